@@ -1,0 +1,212 @@
+/**
+ * @file chainps.h
+ * @brief chainps worker API: what a training program includes.
+ *
+ * A training program opens a client (cps_open), declares its tensors, and then pushes gradients
+ * and pulls parameters. The optimizer runs on the servers. Each key range lives on a chain of
+ * servers; a failover is retried inside these calls, so they block rather than fail.
+ *
+ * Ownership: the caller owns every buffer it passes; calls copy what they need before returning,
+ * except the asynchronous variants, whose buffers must stay valid (and unmodified, for pushes)
+ * until cps_wait() reports completion. Objects returned through `**out` parameters are owned by
+ * the caller and freed by the matching destroy/close call.
+ *
+ * Threading: a cps_client may be used from several threads; calls are serialized internally by
+ * one lock (a call waiting for the network does not hold it while it sleeps in poll, other
+ * callers can make progress). cps_tensor handles are immutable after declaration.
+ *
+ * Errors: every function returns 0 (CPS_OK) or a negative CPS_E... code (see error.h);
+ * cps_strerror() describes it, and the library also logs what went wrong.
+ */
+#ifndef CHAINPS_H
+#define CHAINPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "chainps/error.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CHAINPS_VERSION_MAJOR 0
+#define CHAINPS_VERSION_MINOR 1
+
+typedef struct cps_client cps_client;
+typedef struct cps_tensor cps_tensor;
+typedef struct cps_handle cps_handle;
+
+/**
+ * @brief Join the job described by the environment.
+ *
+ * Reads CHAINPS_ROLE / DMLC_ROLE / MS_ROLE, the scheduler address and the node counts (see the
+ * README's table). If the role is `scheduler` or `server`, this call runs that role until the
+ * job ends and then calls exit(0) (or exit(1) on a fatal error): the same program can be started
+ * in every role, as with ps-lite and MindSpore. If the role is `worker` (the default), it
+ * registers with the scheduler, waits until every expected node has joined, and returns a client.
+ *
+ * @param[out] out the new client; the caller closes it with cps_close().
+ * @return 0, CPS_ECONFIG (a bad or conflicting variable: the message names it), CPS_ETIMEDOUT
+ *         (the scheduler or other nodes never arrived), CPS_ETRANSPORT, CPS_ENOMEM.
+ */
+int cps_open(cps_client **out);
+
+/**
+ * @brief Leave the job: waits for outstanding requests, tells the scheduler this worker is done,
+ * and frees the client and every tensor handle declared on it. NULL is a no-op.
+ * @return 0, or the first error of an outstanding request.
+ */
+int cps_close(cps_client *c);
+
+/** @brief This worker's rank, 0 .. cps_num_workers()-1 (stable for the job). */
+int cps_rank(const cps_client *c);
+/** @brief Number of workers in the job. */
+int cps_num_workers(const cps_client *c);
+/** @brief Number of servers in the job. */
+int cps_num_servers(const cps_client *c);
+
+/** Initial values of a tensor. Deterministic: element i depends only on (seed, i). */
+typedef enum cps_init_kind {
+    CPS_INIT_ZEROS = 0,
+    CPS_INIT_CONSTANT = 1, /**< every element = a */
+    CPS_INIT_UNIFORM = 2,  /**< uniform in [a, b) */
+    CPS_INIT_NORMAL = 3    /**< normal with mean a, standard deviation b */
+} cps_init_kind;
+
+typedef struct cps_init {
+    cps_init_kind kind;
+    float a, b;
+    uint64_t seed;
+} cps_init;
+
+/** Server-side optimizer. */
+typedef enum cps_optim_kind {
+    CPS_OPTIM_SGD = 0,
+    CPS_OPTIM_MOMENTUM = 1,
+    CPS_OPTIM_ADAGRAD = 2,
+    CPS_OPTIM_ADAM = 3,
+    CPS_OPTIM_RMSPROP = 4
+} cps_optim_kind;
+
+typedef struct cps_optim {
+    cps_optim_kind kind;
+    float lr;           /**< learning rate, > 0 */
+    float weight_decay; /**< L2 coefficient added to the gradient, >= 0 */
+    float momentum;     /**< momentum: mu in [0, 1) */
+    int nesterov;       /**< momentum: 1 for Nesterov's variant */
+    float beta1, beta2; /**< Adam: in (0, 1); 0 means the defaults 0.9, 0.999 */
+    float eps;          /**< AdaGrad/Adam/RMSProp: > 0; 0 means the default 1e-8 (1e-10 AdaGrad) */
+    float rho;          /**< RMSProp decay in (0, 1); 0 means the default 0.9 */
+} cps_optim;
+
+/** @brief An SGD optimizer with learning rate `lr` and no weight decay. */
+cps_optim cps_optim_sgd(float lr);
+
+/**
+ * @brief Declare a dense float32 tensor of `length` elements. Every worker declares the same
+ * tensors with the same definitions; the first declaration creates the values on the servers,
+ * later ones (other workers, a restarted worker) find them and keep the trained values.
+ *
+ * The tensor is cut into chunks spread over the key ranges, so a large tensor uses every server.
+ *
+ * @param[in] name  unique name, 1..255 bytes, copied.
+ * @param[in] init  initial values (NULL: zeros).
+ * @param[in] optim server-side optimizer (NULL: SGD with lr 0.01).
+ * @param[out] out  handle, valid until cps_close() (do not free it).
+ * @return 0, CPS_EINVAL (bad name/length/hyper-parameter), CPS_EEXIST (declared before with a
+ *         different length, initializer or optimizer), transport errors.
+ */
+int cps_tensor_declare(cps_client *c, const char *name, uint64_t length, const cps_init *init,
+                       const cps_optim *optim, cps_tensor **out);
+
+/**
+ * @brief Declare an embedding table of `rows` x `cols` float32, addressed by row id for sparse
+ * push/pull (cps_rows_push / cps_rows_pull). Each row is one key. Same rules as
+ * cps_tensor_declare; whole-table push/pull also work.
+ */
+int cps_table_declare(cps_client *c, const char *name, uint64_t rows, uint32_t cols,
+                      const cps_init *init, const cps_optim *optim, cps_tensor **out);
+
+/** @brief Number of float32 elements of a tensor. */
+uint64_t cps_tensor_length(const cps_tensor *t);
+
+/**
+ * @brief Push a gradient for the whole tensor; returns when every server has applied it (async)
+ * or when the step's aggregate of all workers is applied (sync mode: every worker must push).
+ * @param[in] grad `len` values; len must equal the tensor length (else CPS_ESIZE).
+ * @return 0, CPS_EINVAL, CPS_ESIZE, CPS_EUNAVAILABLE (every replica of a range is gone),
+ *         CPS_ETIMEDOUT.
+ */
+int cps_push(cps_client *c, cps_tensor *t, const float *grad, uint64_t len);
+
+/**
+ * @brief Pull the current parameters of the whole tensor into `out` (`len` values).
+ * In SSP mode, waits until the slowest worker is within the staleness bound.
+ */
+int cps_pull(cps_client *c, cps_tensor *t, float *out, uint64_t len);
+
+/** @brief Push a gradient and pull the updated parameters in one round trip. */
+int cps_push_pull(cps_client *c, cps_tensor *t, const float *grad, float *out, uint64_t len);
+
+/**
+ * @brief Asynchronous variants: start the operation and return a handle at once. `grad` and
+ * `out` must stay valid until cps_wait() returns something other than CPS_ETIMEDOUT.
+ */
+int cps_push_async(cps_client *c, cps_tensor *t, const float *grad, uint64_t len,
+                   cps_handle **h);
+int cps_pull_async(cps_client *c, cps_tensor *t, float *out, uint64_t len, cps_handle **h);
+int cps_push_pull_async(cps_client *c, cps_tensor *t, const float *grad, float *out,
+                        uint64_t len, cps_handle **h);
+
+/**
+ * @brief Wait for an asynchronous operation.
+ * @param[in] timeout_ms -1 waits forever, 0 only checks.
+ * @return CPS_ETIMEDOUT if not done yet (the handle stays valid: wait again); otherwise the
+ *         operation's result, and the handle is freed.
+ */
+int cps_wait(cps_handle *h, int timeout_ms);
+
+/**
+ * @brief Sparse rows of a table: push gradients for `nrows` rows (ids in any order, duplicates
+ * allowed: their gradients are summed) or pull them. `grads`/`out` hold nrows*cols values, row
+ * by row in the order of `rows`.
+ * @return 0, CPS_EINVAL (not a table, NULL pointers), CPS_ENOTFOUND (row id >= rows), ...
+ */
+int cps_rows_push(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nrows,
+                  const float *grads);
+int cps_rows_pull(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nrows, float *out);
+
+/**
+ * @brief Block until every live worker has called cps_barrier() the same number of times.
+ * @return 0, CPS_ETIMEDOUT, CPS_ESHUTDOWN.
+ */
+int cps_barrier(cps_client *c);
+
+/**
+ * @brief ps-lite-shaped calls: `nkeys` keys sorted strictly increasing, values concatenated in
+ * key order, `lens[i]` values for key i. Keys must have been created (cps_raw_declare).
+ */
+int cps_raw_declare(cps_client *c, const uint64_t *keys, size_t nkeys, const uint32_t *lens,
+                    const cps_init *init, const cps_optim *optim);
+int cps_raw_push(cps_client *c, const uint64_t *keys, size_t nkeys, const float *vals,
+                 const uint32_t *lens);
+int cps_raw_pull(cps_client *c, const uint64_t *keys, size_t nkeys, float *vals,
+                 const uint32_t *lens);
+
+/** Traffic counters of this client (bytes of push payloads before/after compression, ...). */
+typedef struct cps_client_stats {
+    uint64_t pushes, pulls;
+    uint64_t push_raw_bytes;  /**< push payload bytes before compression */
+    uint64_t push_wire_bytes; /**< push payload bytes as sent */
+    uint64_t pull_bytes;      /**< value bytes received by pulls */
+    uint64_t retries;         /**< requests re-sent (timeouts, failovers) */
+} cps_client_stats;
+
+/** @brief Copy the client's counters into *out. */
+void cps_client_stats_get(const cps_client *c, cps_client_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,64 @@
+/**
+ * @file error.h
+ * @brief chainps status codes: one table, one convention.
+ *
+ * Every fallible chainps function returns an `int`: 0 (CPS_OK) on success or a
+ * negative `CPS_E...` code. cps_strerror() and cps_err_name() turn a code into
+ * text. Codes are stable and also travel on the wire in error replies.
+ */
+#ifndef CHAINPS_ERROR_H
+#define CHAINPS_ERROR_H
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* X(name, value, message). Values are part of the wire protocol: never renumber. */
+#define CPS_ERRNO_MAP(X)                                                                          \
+    X(EINVAL, -1, "invalid argument")                                                             \
+    X(ENOMEM, -2, "out of memory")                                                                \
+    X(ETIMEDOUT, -3, "timed out")                                                                 \
+    X(ESTALE_EPOCH, -4, "stale view epoch")                                                       \
+    X(ENOTFOUND, -5, "not found")                                                                 \
+    X(ESTORE, -6, "storage error")                                                                \
+    X(ETRANSPORT, -7, "transport error")                                                          \
+    X(EUNAVAILABLE, -8, "no replica available")                                                   \
+    X(EPROTO, -9, "malformed or unexpected message")                                              \
+    X(ECORRUPT, -10, "corrupt data")                                                              \
+    X(ESIZE, -11, "length mismatch")                                                              \
+    X(EEXIST, -12, "already exists with a different definition")                                  \
+    X(EUNKNOWN_NODE, -13, "message from an unknown node")                                         \
+    X(ECONFIG, -14, "bad configuration")                                                          \
+    X(EPOISONED, -15, "node poisoned by an earlier fatal error")                                  \
+    X(ECLOSED, -16, "closed")                                                                     \
+    X(EAGAIN, -17, "try again")                                                                   \
+    X(EIO, -18, "input/output error")                                                             \
+    X(ENOTSUP, -19, "not supported")                                                              \
+    X(ESHUTDOWN, -20, "job is shutting down")
+
+/** Status codes. CPS_OK is 0; every error is negative. */
+enum cps_err {
+    CPS_OK = 0,
+#define CPS_ERR_ENUM_(name, val, msg) CPS_##name = (val),
+    CPS_ERRNO_MAP(CPS_ERR_ENUM_)
+#undef CPS_ERR_ENUM_
+};
+
+/**
+ * @brief Human-readable text of a status code.
+ * @param[in] err a status code (any int).
+ * @return a static string; never NULL ("unknown error" for unknown codes).
+ */
+const char *cps_strerror(int err);
+
+/**
+ * @brief Symbolic name of a status code, e.g. "CPS_ETIMEDOUT".
+ * @param[in] err a status code (any int).
+ * @return a static string; never NULL ("CPS_E?" for unknown codes).
+ */
+const char *cps_err_name(int err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

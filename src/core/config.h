@@ -1,0 +1,77 @@
+/* Node configuration from the environment and from command-line flags.
+ *
+ * Environment (first found wins within a row; two set to different values is an error naming
+ * both variables):
+ *   role        CHAINPS_ROLE (scheduler|server|worker), DMLC_ROLE (scheduler|server|worker),
+ *               MS_ROLE (MS_SCHED|MS_PSERVER|MS_WORKER)
+ *   scheduler   CHAINPS_SCHEDULER (host:port); DMLC_PS_ROOT_URI + DMLC_PS_ROOT_PORT;
+ *               MS_SCHED_HOST + MS_SCHED_PORT
+ *   servers     CHAINPS_NUM_SERVERS, DMLC_NUM_SERVER, MS_SERVER_NUM
+ *   workers     CHAINPS_NUM_WORKERS, DMLC_NUM_WORKER, MS_WORKER_NUM
+ *   data dir    CHAINPS_DATA_DIR
+ *   verbosity   CHAINPS_VERBOSE, PS_VERBOSE (0..3)
+ *   mode        CHAINPS_MODE (sync|async|ssp:N)
+ *   replicas    CHAINPS_REPLICAS
+ *   rank        CHAINPS_RANK (requested worker/server rank; set by `chainps launch`)
+ *   bind/adv.   CHAINPS_BIND (host to bind), CHAINPS_ADVERTISE / DMLC_NODE_HOST (host others use)
+ *   port        CHAINPS_PORT (inbox port of this node; 0 = pick a free one)
+ *   timeouts    CHAINPS_JOIN_TIMEOUT_MS, CHAINPS_REQUEST_TIMEOUT_MS
+ *   compress    CHAINPS_COMPRESS (0|1)
+ *   sync        CHAINPS_SYNC (0|1: fsync every commit)
+ */
+#ifndef CPS_CORE_CONFIG_H
+#define CPS_CORE_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/view.h"
+
+typedef struct cps_config {
+    int role;                       /* cps_role; CPS_ROLE_NONE if unset */
+    char sched_host[CPS_ADDR_MAX];  /* default "127.0.0.1" */
+    uint16_t sched_port;            /* default 9091 */
+    uint32_t num_servers;           /* 0 = unset */
+    uint32_t num_workers;           /* 0 = unset */
+    char data_dir[512];             /* default "./chainps-data" */
+    int verbose;                    /* 0 quiet .. 3 debug; default 0 (INFO logs still shown) */
+    uint32_t mode;                  /* cps_mode; default CPS_MODE_SYNC */
+    uint32_t ssp_bound;             /* for CPS_MODE_SSP */
+    uint32_t replicas;              /* 0 = default (min(3, servers)) */
+    uint32_t rank;                  /* UINT32_MAX = any */
+    char bind_host[CPS_ADDR_MAX];   /* default "0.0.0.0" for the scheduler, else advertise host */
+    char advertise_host[CPS_ADDR_MAX]; /* default: the local address facing the scheduler */
+    uint16_t port;                  /* default 0 (pick), scheduler: sched_port */
+    uint32_t join_timeout_ms;       /* default 60000 */
+    uint32_t request_timeout_ms;    /* default 5000 (a request is re-sent after this) */
+    int compress;                   /* default 1 */
+    int sync_every_commit;          /* default 0 */
+} cps_config;
+
+/* Fill every field with its default. */
+void cps__config_defaults(cps_config *cfg);
+
+/* Overlay the environment onto cfg. On a bad or conflicting value returns CPS_ECONFIG and writes
+ * a message naming the variable(s) into err (capacity errlen). */
+int cps__config_from_env(cps_config *cfg, char *err, size_t errlen);
+
+/* Parse helpers shared with the CLI; each returns CPS_ECONFIG with a message naming `what`. */
+int cps__config_parse_u32(const char *what, const char *s, uint32_t min, uint32_t max,
+                          uint32_t *out, char *err, size_t errlen);
+int cps__config_parse_hostport(const char *what, const char *s, char host[CPS_ADDR_MAX],
+                               uint16_t *port, char *err, size_t errlen);
+/* "sync" | "async" | "ssp:N" (N 0..1000000). */
+int cps__config_parse_mode(const char *what, const char *s, uint32_t *mode, uint32_t *bound,
+                           char *err, size_t errlen);
+/* "scheduler"|"server"|"worker" plus MS_SCHED/MS_PSERVER/MS_WORKER. */
+int cps__config_parse_role(const char *what, const char *s, int *role, char *err, size_t errlen);
+
+/* "sync", "async" or "ssp:N" into buf. */
+const char *cps__config_mode_str(uint32_t mode, uint32_t bound, char *buf, size_t len);
+const char *cps__config_role_str(int role);
+
+/* Set CHAINPS_* environment variables describing cfg (for `chainps launch` children).
+ * Returns 0 or CPS_ENOMEM. */
+int cps__config_export_env(const cps_config *cfg);
+
+#endif

@@ -1,0 +1,163 @@
+/* Wire protocol: a fixed 64-byte little-endian header followed by a payload.
+ *
+ * Everything is encoded and decoded by the explicit functions below, never by casting a struct
+ * onto a buffer. Decoders validate every field and length before anything is used and return
+ * CPS_EPROTO / CPS_ESIZE / CPS_ECORRUPT naming nothing they did not check. All pointers returned
+ * by decoders are borrowed from the input buffer and live as long as it does.
+ *
+ * Header layout (offsets in bytes, all little-endian):
+ *    0 u32 magic 'CPS1' (0x31535043)   4 u8 version (1)    5 u8 type    6 u16 flags
+ *    8 u32 sender node id             12 i32 status (0 or CPS_E... in replies)
+ *   16 u64 view epoch                 24 u32 request worker id   28 u32 range id
+ *   32 u64 request sequence number    40 u64 training step
+ *   48 u32 payload length on the wire 52 u32 payload length uncompressed (== payload length
+ *                                           unless CPS_WF_SNAPPY)
+ *   56 u64 aux (type-specific: e.g. the worker's clock on a pull, a checksum seq)
+ */
+#ifndef CPS_CORE_WIRE_H
+#define CPS_CORE_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CPS_WIRE_MAGIC 0x31535043u
+#define CPS_WIRE_VERSION 1
+#define CPS_WIRE_HDR_SIZE 64
+/* Hard cap on one message's payload (compressed or not); larger is refused as CPS_ESIZE. */
+#define CPS_WIRE_MAX_PAYLOAD (1u << 30)
+
+/* Message types. Values are on the wire: never renumber. */
+enum cps_msg_type {
+    CPS_MSG_HELLO = 1,        /* node -> scheduler: join (payload: hello) */
+    CPS_MSG_WELCOME = 2,      /* scheduler -> node: id + rank assigned (payload: view) */
+    CPS_MSG_VIEW = 3,         /* scheduler -> all: a new view (payload: view) */
+    CPS_MSG_GET_VIEW = 4,     /* node -> scheduler: send me the current view */
+    CPS_MSG_HEARTBEAT = 5,    /* node -> scheduler (payload: stats) */
+    CPS_MSG_BARRIER = 6,      /* worker -> scheduler; reply BARRIER_DONE when all arrived */
+    CPS_MSG_BARRIER_DONE = 7, /* scheduler -> worker */
+    CPS_MSG_BYE = 8,          /* worker -> scheduler: this worker finished */
+    CPS_MSG_SHUTDOWN = 9,     /* scheduler -> all: the job is over, exit */
+    CPS_MSG_STATUS = 10,      /* anyone -> scheduler: status request */
+    CPS_MSG_STATUS_REPLY = 11, /* payload: view, then per-node stats */
+    CPS_MSG_DECLARE = 20,     /* worker -> server: create keys if absent (payload: kv + spec) */
+    CPS_MSG_PUSH = 21,        /* worker -> server: gradients (payload: kv with values) */
+    CPS_MSG_PULL = 22,        /* worker -> server: read (payload: kv without values) */
+    CPS_MSG_PUSH_PULL = 23,   /* push, then reply with the new values */
+    CPS_MSG_ACK = 24,         /* server -> worker: request done (no payload) */
+    CPS_MSG_VALUES = 25,      /* server -> worker: reply to PULL / PUSH_PULL (payload: kv) */
+    CPS_MSG_ERROR = 26,       /* reply with status < 0; payload: UTF-8 text, may be empty */
+    CPS_MSG_CHECKSUM = 27,    /* request/reply: checksum of a range (aux = value) */
+    CPS_MSG_TYPE_MAX_ = 28
+};
+
+/* Header flags. */
+#define CPS_WF_SNAPPY 0x0001u /* payload is snappy-compressed; raw_len is its decoded size */
+#define CPS_WF_REPLY 0x0002u  /* message is a reply to a request with the same request id */
+#define CPS_WF_KNOWN_ (CPS_WF_SNAPPY | CPS_WF_REPLY)
+
+typedef struct cps_msg_hdr {
+    uint8_t version;
+    uint8_t type;
+    uint16_t flags;
+    uint32_t sender;
+    int32_t status;
+    uint64_t epoch;
+    uint32_t req_worker;
+    uint32_t range;
+    uint64_t req_seq;
+    uint64_t step;
+    uint32_t payload_len;
+    uint32_t raw_len;
+    uint64_t aux;
+} cps_msg_hdr;
+
+/* Little-endian load/store helpers (unaligned-safe). */
+static inline void cps__le32_put(void *p, uint32_t v)
+{
+    unsigned char *b = p;
+    b[0] = (unsigned char)v, b[1] = (unsigned char)(v >> 8), b[2] = (unsigned char)(v >> 16),
+    b[3] = (unsigned char)(v >> 24);
+}
+static inline uint32_t cps__le32_get(const void *p)
+{
+    const unsigned char *b = p;
+    return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+static inline void cps__le64_put(void *p, uint64_t v)
+{
+    cps__le32_put(p, (uint32_t)v);
+    cps__le32_put((unsigned char *)p + 4, (uint32_t)(v >> 32));
+}
+static inline uint64_t cps__le64_get(const void *p)
+{
+    return (uint64_t)cps__le32_get(p) | (uint64_t)cps__le32_get((const unsigned char *)p + 4) << 32;
+}
+
+/* Write `h` into the first CPS_WIRE_HDR_SIZE bytes of `buf` (magic and version are filled in). */
+void cps__wire_hdr_encode(void *buf, const cps_msg_hdr *h);
+
+/* Parse and validate a header from a whole message of `len` bytes: magic, version, known type,
+ * known flags, payload_len == len - 64, payload_len <= CPS_WIRE_MAX_PAYLOAD, raw_len ==
+ * payload_len unless CPS_WF_SNAPPY (then 0 < raw_len <= CPS_WIRE_MAX_PAYLOAD).
+ * Returns 0, CPS_EPROTO (bad magic/version/type/flags) or CPS_ESIZE (lengths). */
+int cps__wire_hdr_decode(const void *buf, size_t len, cps_msg_hdr *out);
+
+/* ---- key/value payload (DECLARE, PUSH, PULL, PUSH_PULL, VALUES) ----
+ *   u32 nkeys, u32 nvals (sum of lens when values are present, else 0)
+ *   u64 keys[nkeys]        strictly increasing
+ *   u32 lens[nkeys]        each > 0
+ *   zero padding to a multiple of 8 bytes from the payload start
+ *   f32 vals[nvals]        little-endian IEEE-754
+ * nkeys >= 1. A payload without values has nvals == 0 and ends after the padding. */
+typedef struct cps_kv {
+    uint32_t nkeys;
+    uint64_t nvals;        /* 0 when the payload carries no values */
+    const uint64_t *keys;  /* borrowed; 8-byte aligned when the payload is */
+    const uint32_t *lens;  /* borrowed */
+    const float *vals;     /* borrowed; NULL when nvals == 0 */
+} cps_kv;
+
+/* Bytes needed for a kv payload with `nkeys` keys and `nvals` values (0 for none). */
+size_t cps__wire_kv_size(uint32_t nkeys, uint64_t nvals);
+/* Encode into `buf` (capacity `cap`). `vals` may be NULL when nvals == 0. Returns bytes written
+ * or 0 if cap is too small. Does not validate ordering (the decoder does). */
+size_t cps__wire_kv_encode(void *buf, size_t cap, uint32_t nkeys, const uint64_t *keys,
+                           const uint32_t *lens, const float *vals, uint64_t nvals);
+/* Decode and validate a kv payload. `need_vals`: 1 values required, 0 values forbidden,
+ * -1 either. Requires `buf` 8-byte aligned (returns CPS_EINVAL otherwise; the transport's buffers
+ * are). Errors: CPS_EPROTO (nkeys 0, unsorted keys, zero len, bad padding), CPS_ESIZE (sizes). */
+int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps_kv *out);
+
+/* ---- parameter spec (DECLARE: follows the kv payload, 8-byte aligned) ----
+ * For each key: u64 offset of its first element within the whole tensor (so initial values are
+ * the same whatever the chunking), then one fixed 64-byte spec block. */
+enum cps_init_kind_w { CPS_W_INIT_ZEROS = 0, CPS_W_INIT_CONSTANT, CPS_W_INIT_UNIFORM, CPS_W_INIT_NORMAL };
+enum cps_opt_kind_w { CPS_W_OPT_SGD = 0, CPS_W_OPT_MOMENTUM, CPS_W_OPT_ADAGRAD, CPS_W_OPT_ADAM, CPS_W_OPT_RMSPROP };
+
+typedef struct cps_param_spec {
+    uint32_t init_kind; /* cps_init_kind_w */
+    float init_a;       /* constant value / uniform low / normal mean */
+    float init_b;       /* uniform high / normal stddev */
+    uint64_t init_seed;
+    uint32_t opt_kind;  /* cps_opt_kind_w */
+    uint32_t nesterov;  /* 0 or 1, momentum only */
+    float lr, weight_decay, momentum, beta1, beta2, eps, rho;
+} cps_param_spec;
+
+#define CPS_WIRE_SPEC_SIZE 64
+void cps__wire_spec_encode(void *buf, const cps_param_spec *s);
+/* Validates kinds and finite, sane hyper-parameters (lr > 0, 0 <= momentum < 1, 0 < beta < 1,
+ * eps > 0, 0 < rho < 1, weight_decay >= 0, uniform low < high, stddev >= 0).
+ * Errors: CPS_EPROTO naming nothing; the caller logs which key. */
+int cps__wire_spec_decode(const void *buf, cps_param_spec *out);
+
+/* DECLARE payload = kv (no values) + u64 offsets[nkeys] + spec block (one for all keys). */
+size_t cps__wire_declare_size(uint32_t nkeys);
+size_t cps__wire_declare_encode(void *buf, size_t cap, uint32_t nkeys, const uint64_t *keys,
+                                const uint32_t *lens, const uint64_t *offsets,
+                                const cps_param_spec *spec);
+/* `offsets` is borrowed from buf (8-byte aligned). */
+int cps__wire_declare_decode(const void *buf, size_t len, cps_kv *kv, const uint64_t **offsets,
+                             cps_param_spec *spec);
+
+#endif

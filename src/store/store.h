@@ -1,0 +1,106 @@
+/* Parameter store: one LMDB environment per server, under its data directory.
+ *
+ * Databases inside the environment:
+ *   "params" : u64 key (native-endian, MDB_INTEGERKEY) -> param record: a 64-byte header
+ *              (format version, value length n, optimizer kind, optimizer step count t, the
+ *              cps_param_spec) followed by n f32 parameter values and k*n f32 optimizer state
+ *              values (k = cps__optim_state_slots(kind)).
+ *   "ranges" : u32 range id -> range meta (update sequence number, last applied training step).
+ *   "dedup"  : (u32 range, u32 worker) -> last applied request sequence number.
+ *   "meta"   : small named values (node id, job identity).
+ * The update of a range (records, its sequence number, the dedup entries) is written in ONE
+ * write transaction, so a crash leaves all or nothing.
+ *
+ * Durability: MDB_NOSYNC by default; cps__store_sync() flushes (the server calls it periodically
+ * and on shutdown); `sync_every_commit` makes every commit durable (~130 us vs ~3 us here).
+ * The map grows (doubling) when a write transaction hits MDB_MAP_FULL: cps__store_write retries
+ * the whole transaction function after growing, so that function must depend only on its inputs.
+ *
+ * Thread-safety: one writer thread; read transactions may be used from other threads (MDB_NOTLS).
+ */
+#ifndef CPS_STORE_H
+#define CPS_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/wire.h"
+
+typedef struct cps_store cps_store;
+typedef struct cps_txn cps_txn;
+
+typedef struct cps_store_opts {
+    size_t initial_map_bytes; /* 0: 64 MiB */
+    int sync_every_commit;    /* 1: fsync on every commit */
+} cps_store_opts;
+
+/* Open (creating if needed) the environment in directory `dir` (created if missing).
+ * Errors: CPS_EINVAL, CPS_ESTORE (LMDB error text is logged), CPS_ENOMEM. */
+int cps__store_open(const char *dir, const cps_store_opts *opts, cps_store **out);
+/* Sync and close. NULL is a no-op. */
+void cps__store_close(cps_store *s);
+/* Flush committed transactions to disk. Errors: CPS_ESTORE. */
+int cps__store_sync(cps_store *s);
+
+/* A parameter record as seen through the store. Pointers are borrowed from LMDB (read txn) or
+ * from the store's scratch (write txn); valid until the next write or the end of the txn. They
+ * may be unaligned: use memcpy or the store's helpers. */
+typedef struct cps_param_rec {
+    uint32_t len;        /* number of parameter values */
+    uint64_t opt_step;   /* optimizer steps applied so far (Adam's t) */
+    cps_param_spec spec;
+    const float *vals;   /* len values */
+    const float *state;  /* slots*len values (NULL if the optimizer keeps no state) */
+} cps_param_rec;
+
+/* Run `fn` inside one write transaction and commit it. If fn returns non-zero the txn is aborted
+ * and that value returned. MDB_MAP_FULL: abort, grow the map, run fn again.
+ * Errors: fn's error, CPS_ESTORE, CPS_EPOISONED (an earlier commit failed: state unknown). */
+typedef int (*cps_txn_fn)(cps_txn *txn, void *arg);
+int cps__store_write(cps_store *s, cps_txn_fn fn, void *arg);
+/* Same for a read-only transaction (never retried, never commits). */
+int cps__store_read(cps_store *s, cps_txn_fn fn, void *arg);
+
+/* Read key's record. Errors: CPS_ENOTFOUND, CPS_ECORRUPT (bad record), CPS_ESTORE. */
+int cps__store_param_get(cps_txn *txn, uint64_t key, cps_param_rec *out);
+/* Create key with `len` values initialised from spec (see cps__init_fill) at tensor offset
+ * `offset`, zero optimizer state, step 0. If the key exists with the same len and spec: no-op,
+ * returns 0. Different: CPS_EEXIST. */
+int cps__store_param_create(cps_txn *txn, uint64_t key, uint32_t len, uint64_t offset,
+                            const cps_param_spec *spec);
+/* Apply one gradient to key with its optimizer, in place (read, update, write).
+ * Errors: CPS_ENOTFOUND, CPS_ESIZE (glen != len), CPS_ESTORE. */
+int cps__store_param_apply(cps_txn *txn, uint64_t key, const float *grad, uint32_t glen);
+/* Copy key's parameter values into out[0..len). Errors: CPS_ENOTFOUND, CPS_ESIZE (len mismatch). */
+int cps__store_param_read(cps_txn *txn, uint64_t key, float *out, uint32_t len);
+/* Overwrite a whole record (state transfer, checkpoint restore). rec->vals / rec->state used. */
+int cps__store_param_put(cps_txn *txn, uint64_t key, const cps_param_rec *rec);
+
+/* Iterate records with lo <= key <= hi in key order; fn returns non-zero to stop (returned). */
+typedef int (*cps_param_iter_fn)(void *arg, uint64_t key, const cps_param_rec *rec);
+int cps__store_param_scan(cps_txn *txn, uint64_t lo, uint64_t hi, cps_param_iter_fn fn, void *arg);
+
+typedef struct cps_range_meta {
+    uint64_t seq;  /* update sequence number of the last update applied to the range */
+    uint64_t step; /* last training step applied (sync mode) */
+} cps_range_meta;
+/* Missing range reads as zeros (returns 0). */
+int cps__store_range_get(cps_txn *txn, uint32_t range, cps_range_meta *out);
+int cps__store_range_put(cps_txn *txn, uint32_t range, const cps_range_meta *m);
+
+/* Exactly-once record: last applied request seq of `worker` in `range` (0 if none). */
+int cps__store_dedup_get(cps_txn *txn, uint32_t range, uint32_t worker, uint64_t *seq);
+int cps__store_dedup_put(cps_txn *txn, uint32_t range, uint32_t worker, uint64_t seq);
+
+/* Small named values (<= 4 KiB). get: CPS_ENOTFOUND if absent; *len in: capacity, out: size. */
+int cps__store_meta_get(cps_txn *txn, const char *name, void *buf, size_t *len);
+int cps__store_meta_put(cps_txn *txn, const char *name, const void *buf, size_t len);
+
+/* FNV-1a-64 over the parameter values (not optimizer state) of keys lo..hi, in key order, mixed
+ * with each key: equal on two replicas iff they hold the same bits. */
+int cps__store_checksum(cps_txn *txn, uint64_t lo, uint64_t hi, uint64_t *out);
+
+/* Counters for status. */
+int cps__store_count(cps_txn *txn, uint64_t *keys, uint64_t *values);
+
+#endif

@@ -1,0 +1,67 @@
+/* Transport: one inbox per node, one outbound pipe per peer, over nanomsg.
+ *
+ * Every node binds one NN_PULL inbox; to send to a peer it keeps one NN_PUSH socket connected to
+ * that peer's inbox. Sends never block: a message that nanomsg will not take now (peer not yet
+ * connected, buffers full) waits in a per-peer queue that cps__tp_poll() flushes when the peer's
+ * NN_SNDFD becomes writable. Message buffers come from cps__tp_alloc() (nanomsg's allocator) so a
+ * send hands the buffer to nanomsg without a copy.
+ *
+ * NN_RCVMAXSIZE is raised to CPS_WIRE_HDR_SIZE + CPS_WIRE_MAX_PAYLOAD on every socket (nanomsg's
+ * default of 1 MiB makes the receiver drop larger messages silently while the sender sees
+ * success), and socket buffers are set to 4 MiB.
+ *
+ * Not thread-safe: one thread owns a cps_tp.
+ */
+#ifndef CPS_TRANSPORT_H
+#define CPS_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct cps_tp cps_tp;
+
+/* Create a transport with no inbox yet. Errors: CPS_ENOMEM. */
+int cps__tp_create(cps_tp **out);
+/* Close every socket and free queued messages. NULL is a no-op. */
+void cps__tp_destroy(cps_tp *tp);
+
+/* Bind the inbox to `url` ("tcp://host:port"). Port 0 picks a free port in 20000..59999 (tries
+ * several at random) and writes the chosen port to *port_out (may be NULL).
+ * Errors: CPS_EINVAL (bad url), CPS_ETRANSPORT (bind failed; the nanomsg error is logged). */
+int cps__tp_bind(cps_tp *tp, const char *host, uint16_t port, uint16_t *port_out);
+
+/* Register (or re-point) peer `id` at inbox `url`. Idempotent when the url is unchanged; a new
+ * url closes the old socket and drops its queue. Errors: CPS_EINVAL, CPS_ETRANSPORT, CPS_ENOMEM. */
+int cps__tp_peer_set(cps_tp *tp, uint32_t id, const char *url);
+/* Forget a peer: close its socket, free its queue. Unknown id is a no-op. */
+void cps__tp_peer_drop(cps_tp *tp, uint32_t id);
+/* 1 if the peer is registered. */
+int cps__tp_peer_known(const cps_tp *tp, uint32_t id);
+
+/* Allocate a message buffer of `len` bytes (8-byte aligned). NULL on failure. */
+void *cps__tp_alloc(size_t len);
+/* Free a buffer from cps__tp_alloc() or one received from the inbox. NULL is a no-op. */
+void cps__tp_free(void *buf);
+
+/* Send `buf` (from cps__tp_alloc, `len` bytes) to peer `id`. On success the transport owns buf
+ * (it is sent now or queued); on failure the caller still owns it.
+ * Errors: CPS_ENOTFOUND (unknown peer), CPS_EAGAIN (peer queue over its limit), CPS_ETRANSPORT. */
+int cps__tp_send(cps_tp *tp, uint32_t id, void *buf, size_t len);
+
+/* Called for each received message. The callee owns `buf` and must cps__tp_free() it (it may keep
+ * it past the call, e.g. to aggregate gradients without a copy). */
+typedef void (*cps_tp_recv_fn)(void *ctx, void *buf, size_t len);
+
+/* Wait up to `timeout_ms` (-1: forever, 0: just check) for inbox messages, deliver every message
+ * already available to `fn` (at most `max_msgs`, 0 for no limit), and flush peer queues that can
+ * take data. Returns the number delivered (>= 0) or CPS_ETRANSPORT. Interrupted by a signal:
+ * returns 0. Extra fds: `cps__tp_poll_extra` lets the event loop wake on its own fd. */
+int cps__tp_poll(cps_tp *tp, int timeout_ms, cps_tp_recv_fn fn, void *ctx, int max_msgs);
+/* An extra fd to include in poll for reading (e.g. an eventfd); -1 to clear. When it is readable
+ * cps__tp_poll returns (possibly 0 delivered). */
+void cps__tp_poll_extra(cps_tp *tp, int fd);
+
+/* Number of messages waiting in peer queues (all peers). */
+size_t cps__tp_queued(const cps_tp *tp);
+
+#endif
