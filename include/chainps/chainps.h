@@ -100,6 +100,13 @@ typedef struct cps_optim {
     float rho;          /**< RMSProp decay in (0, 1); 0 means the default 0.9 */
 } cps_optim;
 
+/**
+ * @brief Compute the initial values the servers give elements offset..offset+n-1 of a tensor
+ * declared with `init`, into out[0..n). Lets a program reproduce a cluster's initial model
+ * locally (e.g. a single-process baseline). `init` NULL means zeros. Never fails.
+ */
+void cps_init_values(const cps_init *init, uint64_t offset, float *out, size_t n);
+
 /** @brief An SGD optimizer with learning rate `lr` and no weight decay. */
 cps_optim cps_optim_sgd(float lr);
 

@@ -62,9 +62,13 @@ int cps__view_place_ranges(cps_view *v, uint32_t n, const uint32_t *servers, uin
 size_t cps__view_encoded_size(const cps_view *v);
 size_t cps__view_encode(const cps_view *v, void *buf, size_t cap);
 /* Validates counts, roles, addresses (NUL-terminated, non-empty), ranges (sorted, contiguous,
- * covering the key space, chains naming known server nodes). out must be initialised.
+ * covering the key space, chains naming known server nodes; or no ranges before placement).
+ * out must be initialised; it is replaced on success and untouched on error.
  * Errors: CPS_EPROTO, CPS_ESIZE, CPS_ENOMEM. */
 int cps__view_decode(const void *buf, size_t len, cps_view *out);
+/* Same, for a view followed by more data (STATUS_REPLY: view, then per-node stats): the view may
+ * end before `len`; *used receives its encoded size. Errors as cps__view_decode, CPS_EINVAL. */
+int cps__view_decode_prefix(const void *buf, size_t len, cps_view *out, size_t *used);
 
 /* Per-node counters, carried by heartbeats and shown by `chainps status`. */
 typedef struct cps_node_stats {
@@ -80,7 +84,10 @@ void cps__stats_encode(void *buf, const cps_node_stats *s);
 void cps__stats_decode(const void *buf, cps_node_stats *s);
 
 /* HELLO payload: u32 role, u32 requested rank (UINT32_MAX: any), u32 previous id (0: new),
- * u32 addr length, addr bytes (no NUL). */
+ * u32 addr length, addr bytes (no NUL). Also the STATUS request payload, with CPS_ROLE_NONE.
+ * The decoder accepts roles NONE, SERVER and WORKER (the caller checks which it expects), an
+ * address of 1..CPS_ADDR_MAX-1 printable non-space ASCII bytes, and a rank < CPS_MAX_NODES or
+ * UINT32_MAX. Errors: CPS_ESIZE (lengths), CPS_EPROTO (fields). */
 size_t cps__hello_encode(void *buf, size_t cap, uint32_t role, uint32_t want_rank,
                          uint32_t prev_id, const char *addr);
 int cps__hello_decode(const void *buf, size_t len, uint32_t *role, uint32_t *want_rank,

@@ -53,7 +53,10 @@ enum cps_msg_type {
 /* Header flags. */
 #define CPS_WF_SNAPPY 0x0001u /* payload is snappy-compressed; raw_len is its decoded size */
 #define CPS_WF_REPLY 0x0002u  /* message is a reply to a request with the same request id */
-#define CPS_WF_KNOWN_ (CPS_WF_SNAPPY | CPS_WF_REPLY)
+/* Apply this push on arrival even in sync mode: sparse row pushes, whose key sets differ between
+ * workers, so there is no per-step aggregate to wait for. They carry their own sequence space. */
+#define CPS_WF_NOAGG 0x0004u
+#define CPS_WF_KNOWN_ (CPS_WF_SNAPPY | CPS_WF_REPLY | CPS_WF_NOAGG)
 
 typedef struct cps_msg_hdr {
     uint8_t version;
@@ -97,9 +100,10 @@ static inline uint64_t cps__le64_get(const void *p)
 void cps__wire_hdr_encode(void *buf, const cps_msg_hdr *h);
 
 /* Parse and validate a header from a whole message of `len` bytes: magic, version, known type,
- * known flags, payload_len == len - 64, payload_len <= CPS_WIRE_MAX_PAYLOAD, raw_len ==
- * payload_len unless CPS_WF_SNAPPY (then 0 < raw_len <= CPS_WIRE_MAX_PAYLOAD).
- * Returns 0, CPS_EPROTO (bad magic/version/type/flags) or CPS_ESIZE (lengths). */
+ * known flags, status <= 0, payload_len == len - 64, payload_len <= CPS_WIRE_MAX_PAYLOAD, raw_len
+ * == payload_len unless CPS_WF_SNAPPY (then 0 < raw_len <= CPS_WIRE_MAX_PAYLOAD and raw_len <=
+ * 22 * payload_len, the most snappy can expand: so raw_len is safe to allocate).
+ * Returns 0, CPS_EPROTO (bad magic/version/type/flags/status) or CPS_ESIZE (lengths). */
 int cps__wire_hdr_decode(const void *buf, size_t len, cps_msg_hdr *out);
 
 /* ---- key/value payload (DECLARE, PUSH, PULL, PUSH_PULL, VALUES) ----
@@ -117,7 +121,8 @@ typedef struct cps_kv {
     const float *vals;     /* borrowed; NULL when nvals == 0 */
 } cps_kv;
 
-/* Bytes needed for a kv payload with `nkeys` keys and `nvals` values (0 for none). */
+/* Bytes needed for a kv payload with `nkeys` keys and `nvals` values (0 for none); SIZE_MAX when
+ * nvals > UINT32_MAX, which has no encoding. */
 size_t cps__wire_kv_size(uint32_t nkeys, uint64_t nvals);
 /* Encode into `buf` (capacity `cap`). `vals` may be NULL when nvals == 0. Returns bytes written
  * or 0 if cap is too small. Does not validate ordering (the decoder does). */
@@ -147,7 +152,8 @@ typedef struct cps_param_spec {
 #define CPS_WIRE_SPEC_SIZE 64
 void cps__wire_spec_encode(void *buf, const cps_param_spec *s);
 /* Validates kinds and finite, sane hyper-parameters (lr > 0, 0 <= momentum < 1, 0 < beta < 1,
- * eps > 0, 0 < rho < 1, weight_decay >= 0, uniform low < high, stddev >= 0).
+ * eps > 0, 0 < rho < 1, weight_decay >= 0, uniform low < high, stddev >= 0). A hyper-parameter
+ * the chosen optimizer does not use must be 0 or valid; nesterov is 0 unless momentum.
  * Errors: CPS_EPROTO naming nothing; the caller logs which key. */
 int cps__wire_spec_decode(const void *buf, cps_param_spec *out);
 

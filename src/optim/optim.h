@@ -12,6 +12,13 @@
  * Adam 2, RMSProp 1). */
 uint32_t cps__optim_state_slots(uint32_t opt_kind);
 
+/* Replace hyper-parameters left at 0 by their defaults, in place: Adam beta1 0.9, beta2 0.999,
+ * eps 1e-8; AdaGrad eps 1e-10; RMSProp rho 0.9, eps 1e-8. Other fields are left alone. The one
+ * place defaults are resolved: cps__optim_apply() calls it on a copy of its spec, the store
+ * before persisting a spec, and a client should call it before encoding a DECLARE (the wire
+ * decoder refuses zero betas/eps/rho). */
+void cps__optim_spec_defaults(cps_param_spec *spec);
+
 /* Apply one step: `grad` (n values) to `param` (n) with `state` (slots*n, slot-major: slot s of
  * element i at state[s*n + i]). `t` is the 1-based step number of this update (Adam's bias
  * correction). Weight decay adds weight_decay*param to the gradient (L2, as torch.optim does).
@@ -21,7 +28,8 @@ uint32_t cps__optim_state_slots(uint32_t opt_kind);
  *   AdaGrad:   h += g*g;      p -= lr*g/(sqrt(h)+eps)
  *   Adam:      m = b1*m+(1-b1)g; v = b2*v+(1-b2)g*g; p -= lr*(m/(1-b1^t)) / (sqrt(v/(1-b2^t))+eps)
  *   RMSProp:   s = rho*s+(1-rho)g*g; p -= lr*g/(sqrt(s)+eps)
- * Errors: CPS_EINVAL (unknown kind). */
+ * Hyper-parameters left at 0 take their defaults (cps__optim_spec_defaults).
+ * Errors: CPS_EINVAL (unknown kind, t == 0 for Adam, NULL state for a stateful kind). */
 int cps__optim_apply(const cps_param_spec *spec, float *param, float *state, const float *grad,
                      size_t n, uint64_t t);
 

@@ -1,0 +1,41 @@
+/* The `chainps` command: one subcommand per file. */
+#ifndef CPS_CLI_H
+#define CPS_CLI_H
+
+#include "core/config.h"
+
+int cps__cli_scheduler(int argc, char **argv);
+int cps__cli_server(int argc, char **argv);
+int cps__cli_launch(int argc, char **argv);
+int cps__cli_status(int argc, char **argv);
+
+/* Defaults + environment into cfg; prints the error and returns 2 on a bad variable. */
+int cps__cli_config(cps_config *cfg);
+/* Print "chainps <cmd>: <msg>" to stderr and return 2 (usage errors). */
+int cps__cli_usage_error(const char *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Apply one of the flags shared by several subcommands (value in optarg); returns 0 if handled,
+ * 1 if not a shared flag, 2 on a bad value (message printed). */
+int cps__cli_common_flag(const char *cmd, int opt, const char *optarg_, cps_config *cfg);
+
+/* getopt_long codes of the shared flags. */
+enum {
+    CLI_OPT_PORT = 1000,
+    CLI_OPT_BIND,
+    CLI_OPT_ADVERTISE,
+    CLI_OPT_SCHEDULER,
+    CLI_OPT_SERVERS,
+    CLI_OPT_WORKERS,
+    CLI_OPT_MODE,
+    CLI_OPT_REPLICAS,
+    CLI_OPT_DATA,
+    CLI_OPT_RANK,
+    CLI_OPT_JOIN_TIMEOUT,
+    CLI_OPT_SYNC,
+    CLI_OPT_NO_COMPRESS,
+    CLI_OPT_TIMEOUT,
+    CLI_OPT_KEEP_DATA,
+    CLI_OPT_VERIFY,
+};
+
+#endif

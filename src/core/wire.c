@@ -1,0 +1,344 @@
+/* Wire protocol encoders and decoders (layouts in wire.h).
+ *
+ * Decoders are the first code to touch bytes from the network, so they check every count and
+ * length against the buffer in 64-bit arithmetic before forming a pointer, and they accept only
+ * the canonical encoding (zero padding, zero reserved bytes): then decode(encode(x)) == x and
+ * encode(decode(b)) == b, which the fuzz target checks. They never log; the caller knows which
+ * peer sent the message and logs that.
+ *
+ * Parameter spec block (64 bytes, little-endian, offsets in bytes):
+ *    0 u32 init_kind   4 f32 init_a   8 f32 init_b   12 u32 opt_kind   16 u64 init_seed
+ *   24 u32 nesterov   28 f32 lr      32 f32 weight_decay   36 f32 momentum   40 f32 beta1
+ *   44 f32 beta2      48 f32 eps     52 f32 rho     56..63 reserved, zero
+ */
+#include "core/wire.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "chainps/error.h"
+
+/* Keys, lens and values are memcpy'd and handed out as pointers into the buffer: that is only
+ * the little-endian wire format on a little-endian host. */
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "chainps assumes a little-endian host (the wire format is little-endian)"
+#endif
+
+_Static_assert(sizeof(float) == 4, "f32 on the wire is a C float");
+
+/* Snappy emits at most 64 bytes per 3-byte copy tag, so a payload of n compressed bytes can
+ * never decode to more than 22*n: a larger raw_len is a lie, refused before anyone allocates
+ * raw_len bytes on its say-so. */
+#define SNAPPY_MAX_RATIO 22u
+
+static int type_known(uint8_t t)
+{
+    return (t >= CPS_MSG_HELLO && t <= CPS_MSG_STATUS_REPLY) ||
+           (t >= CPS_MSG_DECLARE && t < CPS_MSG_TYPE_MAX_);
+}
+
+void cps__wire_hdr_encode(void *buf, const cps_msg_hdr *h)
+{
+    unsigned char *b = buf;
+    cps__le32_put(b + 0, CPS_WIRE_MAGIC);
+    b[4] = CPS_WIRE_VERSION;
+    b[5] = h->type;
+    b[6] = (unsigned char)h->flags;
+    b[7] = (unsigned char)(h->flags >> 8);
+    cps__le32_put(b + 8, h->sender);
+    cps__le32_put(b + 12, (uint32_t)h->status);
+    cps__le64_put(b + 16, h->epoch);
+    cps__le32_put(b + 24, h->req_worker);
+    cps__le32_put(b + 28, h->range);
+    cps__le64_put(b + 32, h->req_seq);
+    cps__le64_put(b + 40, h->step);
+    cps__le32_put(b + 48, h->payload_len);
+    cps__le32_put(b + 52, h->raw_len);
+    cps__le64_put(b + 56, h->aux);
+}
+
+int cps__wire_hdr_decode(const void *buf, size_t len, cps_msg_hdr *out)
+{
+    const unsigned char *b = buf;
+    cps_msg_hdr h;
+
+    if (!buf || !out)
+        return CPS_EINVAL;
+    if (len < CPS_WIRE_HDR_SIZE)
+        return CPS_ESIZE;
+    if (cps__le32_get(b) != CPS_WIRE_MAGIC || b[4] != CPS_WIRE_VERSION)
+        return CPS_EPROTO;
+    h.version = b[4];
+    h.type = b[5];
+    h.flags = (uint16_t)(b[6] | b[7] << 8);
+    if (!type_known(h.type) || (h.flags & ~CPS_WF_KNOWN_))
+        return CPS_EPROTO;
+    h.sender = cps__le32_get(b + 8);
+    h.status = (int32_t)cps__le32_get(b + 12);
+    /* Status codes are 0 or negative by construction; anything else is garbage. */
+    if (h.status > 0)
+        return CPS_EPROTO;
+    h.epoch = cps__le64_get(b + 16);
+    h.req_worker = cps__le32_get(b + 24);
+    h.range = cps__le32_get(b + 28);
+    h.req_seq = cps__le64_get(b + 32);
+    h.step = cps__le64_get(b + 40);
+    h.payload_len = cps__le32_get(b + 48);
+    h.raw_len = cps__le32_get(b + 52);
+    h.aux = cps__le64_get(b + 56);
+
+    if ((uint64_t)len - CPS_WIRE_HDR_SIZE != h.payload_len || h.payload_len > CPS_WIRE_MAX_PAYLOAD)
+        return CPS_ESIZE;
+    if (h.flags & CPS_WF_SNAPPY) {
+        if (h.raw_len == 0 || h.raw_len > CPS_WIRE_MAX_PAYLOAD ||
+            (uint64_t)h.raw_len > (uint64_t)h.payload_len * SNAPPY_MAX_RATIO)
+            return CPS_ESIZE;
+    } else if (h.raw_len != h.payload_len) {
+        return CPS_ESIZE;
+    }
+    *out = h;
+    return 0;
+}
+
+/* ---- kv payload ---- */
+
+/* Bytes of the kv payload before the values: counts, keys, lens, padding to 8. */
+static uint64_t kv_prefix_size(uint64_t nkeys)
+{
+    return (8 + 12 * nkeys + 7) & ~(uint64_t)7;
+}
+
+size_t cps__wire_kv_size(uint32_t nkeys, uint64_t nvals)
+{
+    /* nvals travels as a u32: a larger count has no encoding, and SIZE_MAX makes any caller's
+     * "too big" check or allocation fail instead of silently sizing a short buffer. */
+    if (nvals > UINT32_MAX)
+        return SIZE_MAX;
+    return (size_t)(kv_prefix_size(nkeys) + 4 * nvals);
+}
+
+size_t cps__wire_kv_encode(void *buf, size_t cap, uint32_t nkeys, const uint64_t *keys,
+                           const uint32_t *lens, const float *vals, uint64_t nvals)
+{
+    unsigned char *b = buf;
+    size_t need = cps__wire_kv_size(nkeys, nvals);
+    size_t pre = (size_t)kv_prefix_size(nkeys);
+
+    if (need == SIZE_MAX || need > cap || !buf || (nkeys && (!keys || !lens)) || (nvals && !vals))
+        return 0;
+    cps__le32_put(b, nkeys);
+    cps__le32_put(b + 4, (uint32_t)nvals);
+    if (nkeys) {
+        memcpy(b + 8, keys, (size_t)nkeys * 8);
+        memcpy(b + 8 + (size_t)nkeys * 8, lens, (size_t)nkeys * 4);
+    }
+    memset(b + 8 + (size_t)nkeys * 12, 0, pre - (8 + (size_t)nkeys * 12));
+    if (nvals)
+        memcpy(b + pre, vals, (size_t)nvals * 4);
+    return need;
+}
+
+int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps_kv *out)
+{
+    const unsigned char *b = buf;
+
+    if (!buf || !out || ((uintptr_t)buf & 7) || need_vals < -1 || need_vals > 1)
+        return CPS_EINVAL;
+    if (len < 8 || len > CPS_WIRE_MAX_PAYLOAD)
+        return CPS_ESIZE;
+    uint32_t nkeys = cps__le32_get(b);
+    uint32_t nvals = cps__le32_get(b + 4);
+    if (nkeys == 0)
+        return CPS_EPROTO;
+    uint64_t pre = kv_prefix_size(nkeys);
+    if (pre + 4 * (uint64_t)nvals != len)
+        return CPS_ESIZE;
+    if ((need_vals == 1 && nvals == 0) || (need_vals == 0 && nvals != 0))
+        return CPS_EPROTO;
+    for (uint64_t i = 8 + 12 * (uint64_t)nkeys; i < pre; i++)
+        if (b[i])
+            return CPS_EPROTO;
+
+    const uint64_t *keys = (const uint64_t *)(b + 8);
+    const uint32_t *lens = (const uint32_t *)(b + 8 + 8 * (size_t)nkeys);
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < nkeys; i++) {
+        if (i > 0 && keys[i] <= keys[i - 1])
+            return CPS_EPROTO;
+        if (lens[i] == 0)
+            return CPS_EPROTO;
+        /* One key's values must fit in one message, or it could never be pushed or pulled. */
+        if (lens[i] > CPS_WIRE_MAX_PAYLOAD / 4)
+            return CPS_ESIZE;
+        sum += lens[i]; /* < 2^32 keys * 2^28: no overflow */
+    }
+    if (nvals != 0 && sum != nvals)
+        return CPS_ESIZE;
+
+    out->nkeys = nkeys;
+    out->nvals = nvals;
+    out->keys = keys;
+    out->lens = lens;
+    out->vals = nvals ? (const float *)(b + pre) : NULL;
+    return 0;
+}
+
+/* ---- parameter spec ---- */
+
+static void put_f32(unsigned char *p, float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    cps__le32_put(p, u);
+}
+
+static float get_f32(const unsigned char *p)
+{
+    uint32_t u = cps__le32_get(p);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+void cps__wire_spec_encode(void *buf, const cps_param_spec *s)
+{
+    unsigned char *b = buf;
+    cps__le32_put(b + 0, s->init_kind);
+    put_f32(b + 4, s->init_a);
+    put_f32(b + 8, s->init_b);
+    cps__le32_put(b + 12, s->opt_kind);
+    cps__le64_put(b + 16, s->init_seed);
+    cps__le32_put(b + 24, s->nesterov);
+    put_f32(b + 28, s->lr);
+    put_f32(b + 32, s->weight_decay);
+    put_f32(b + 36, s->momentum);
+    put_f32(b + 40, s->beta1);
+    put_f32(b + 44, s->beta2);
+    put_f32(b + 48, s->eps);
+    put_f32(b + 52, s->rho);
+    memset(b + 56, 0, 8);
+}
+
+static int in_open01(float x)
+{
+    return x > 0.0f && x < 1.0f;
+}
+
+/* A hyper-parameter the chosen optimizer does not use may be left 0 by the sender or filled
+ * with its default; anything else means the two ends disagree about the spec, so refuse it. */
+static int unused_ok(int used, int valid, float x)
+{
+    return used ? valid : (valid || x == 0.0f);
+}
+
+static int spec_valid(const cps_param_spec *s)
+{
+    const float f[] = {s->init_a, s->init_b, s->lr,  s->weight_decay, s->momentum,
+                       s->beta1,  s->beta2,  s->eps, s->rho};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (!isfinite(f[i]))
+            return 0;
+    if (s->init_kind > CPS_W_INIT_NORMAL || s->opt_kind > CPS_W_OPT_RMSPROP)
+        return 0;
+    if (s->init_kind == CPS_W_INIT_UNIFORM && !(s->init_a < s->init_b))
+        return 0;
+    if (s->init_kind == CPS_W_INIT_NORMAL && !(s->init_b >= 0.0f))
+        return 0;
+    if (!(s->lr > 0.0f) || !(s->weight_decay >= 0.0f))
+        return 0;
+
+    int mom = s->opt_kind == CPS_W_OPT_MOMENTUM, adam = s->opt_kind == CPS_W_OPT_ADAM;
+    int rms = s->opt_kind == CPS_W_OPT_RMSPROP;
+    int uses_eps = adam || rms || s->opt_kind == CPS_W_OPT_ADAGRAD;
+    if (s->nesterov > 1 || (s->nesterov && !mom))
+        return 0;
+    return unused_ok(mom, s->momentum >= 0.0f && s->momentum < 1.0f, s->momentum) &&
+           unused_ok(adam, in_open01(s->beta1), s->beta1) &&
+           unused_ok(adam, in_open01(s->beta2), s->beta2) &&
+           unused_ok(uses_eps, s->eps > 0.0f, s->eps) && unused_ok(rms, in_open01(s->rho), s->rho);
+}
+
+int cps__wire_spec_decode(const void *buf, cps_param_spec *out)
+{
+    const unsigned char *b = buf;
+    cps_param_spec s;
+
+    if (!buf || !out)
+        return CPS_EINVAL;
+    if (cps__le64_get(b + 56) != 0)
+        return CPS_EPROTO;
+    s.init_kind = cps__le32_get(b + 0);
+    s.init_a = get_f32(b + 4);
+    s.init_b = get_f32(b + 8);
+    s.opt_kind = cps__le32_get(b + 12);
+    s.init_seed = cps__le64_get(b + 16);
+    s.nesterov = cps__le32_get(b + 24);
+    s.lr = get_f32(b + 28);
+    s.weight_decay = get_f32(b + 32);
+    s.momentum = get_f32(b + 36);
+    s.beta1 = get_f32(b + 40);
+    s.beta2 = get_f32(b + 44);
+    s.eps = get_f32(b + 48);
+    s.rho = get_f32(b + 52);
+    if (!spec_valid(&s))
+        return CPS_EPROTO;
+    *out = s;
+    return 0;
+}
+
+/* ---- DECLARE ---- */
+
+size_t cps__wire_declare_size(uint32_t nkeys)
+{
+    return (size_t)(kv_prefix_size(nkeys) + 8 * (uint64_t)nkeys + CPS_WIRE_SPEC_SIZE);
+}
+
+size_t cps__wire_declare_encode(void *buf, size_t cap, uint32_t nkeys, const uint64_t *keys,
+                                const uint32_t *lens, const uint64_t *offsets,
+                                const cps_param_spec *spec)
+{
+    size_t need = cps__wire_declare_size(nkeys);
+    if (need > cap || !buf || !spec || (nkeys && !offsets))
+        return 0;
+    size_t kvlen = cps__wire_kv_encode(buf, cap, nkeys, keys, lens, NULL, 0);
+    if (kvlen == 0)
+        return 0;
+    unsigned char *b = (unsigned char *)buf + kvlen;
+    if (nkeys)
+        memcpy(b, offsets, (size_t)nkeys * 8);
+    cps__wire_spec_encode(b + (size_t)nkeys * 8, spec);
+    return need;
+}
+
+int cps__wire_declare_decode(const void *buf, size_t len, cps_kv *kv, const uint64_t **offsets,
+                             cps_param_spec *spec)
+{
+    const unsigned char *b = buf;
+    cps_kv k;
+    cps_param_spec s;
+
+    if (!buf || !kv || !offsets || !spec || ((uintptr_t)buf & 7))
+        return CPS_EINVAL;
+    if (len < 8 || len > CPS_WIRE_MAX_PAYLOAD)
+        return CPS_ESIZE;
+    uint32_t nkeys = cps__le32_get(b);
+    if (nkeys == 0)
+        return CPS_EPROTO;
+    uint64_t kvlen = kv_prefix_size(nkeys);
+    if (kvlen + 8 * (uint64_t)nkeys + CPS_WIRE_SPEC_SIZE != len)
+        return CPS_ESIZE;
+    int rc = cps__wire_kv_decode(buf, (size_t)kvlen, 0, &k);
+    if (rc)
+        return rc;
+    const uint64_t *offs = (const uint64_t *)(b + kvlen);
+    for (uint32_t i = 0; i < nkeys; i++)
+        if (offs[i] > UINT64_MAX - k.lens[i]) /* offset+len is at most a u64 tensor length */
+            return CPS_EPROTO;
+    rc = cps__wire_spec_decode(b + kvlen + 8 * (uint64_t)nkeys, &s);
+    if (rc)
+        return rc;
+    *kv = k;
+    *offsets = offs;
+    *spec = s;
+    return 0;
+}

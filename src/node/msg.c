@@ -1,0 +1,128 @@
+#include "msg.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "chainps/error.h"
+#include "core/codec.h"
+#include "core/log.h"
+
+uint64_t cps__now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+void *cps__msg_alloc(cps_msg_hdr *h, size_t payload_len)
+{
+    if (payload_len > CPS_WIRE_MAX_PAYLOAD)
+        return NULL;
+    void *buf = cps__tp_alloc(CPS_WIRE_HDR_SIZE + payload_len);
+    if (!buf)
+        return NULL;
+    h->payload_len = (uint32_t)payload_len;
+    if (!(h->flags & CPS_WF_SNAPPY))
+        h->raw_len = (uint32_t)payload_len;
+    cps__wire_hdr_encode(buf, h);
+    return buf;
+}
+
+int cps__msg_send(cps_tp *tp, uint32_t peer, cps_msg_hdr *h, const void *payload, size_t len)
+{
+    void *buf = cps__msg_alloc(h, len);
+    if (!buf)
+        return CPS_ENOMEM;
+    if (len)
+        memcpy((char *)buf + CPS_WIRE_HDR_SIZE, payload, len);
+    int rc = cps__tp_send(tp, peer, buf, CPS_WIRE_HDR_SIZE + len);
+    if (rc != 0)
+        cps__tp_free(buf);
+    return rc;
+}
+
+int cps__msg_reply_error(cps_tp *tp, uint32_t self, uint64_t epoch, const cps_msg_hdr *req,
+                         int err, const char *text)
+{
+    cps_msg_hdr h = {0};
+    h.type = CPS_MSG_ERROR;
+    h.flags = CPS_WF_REPLY;
+    h.sender = self;
+    h.status = err;
+    h.epoch = epoch;
+    h.req_worker = req->req_worker;
+    h.req_seq = req->req_seq;
+    h.range = req->range;
+    h.step = req->step;
+    return cps__msg_send(tp, req->sender, &h, text, text ? strlen(text) : 0);
+}
+
+int cps__rx_parse(cps_rx *rx, void *buf, size_t len)
+{
+    memset(rx, 0, sizeof *rx);
+    int rc = cps__wire_hdr_decode(buf, len, &rx->hdr);
+    if (rc != 0) {
+        rx->hdr.type = 0;
+        cps__tp_free(buf);
+        return rc;
+    }
+    rx->buf = buf;
+    const char *p = (const char *)buf + CPS_WIRE_HDR_SIZE;
+    if (rx->hdr.flags & CPS_WF_SNAPPY) {
+        rx->owned = aligned_alloc(16, ((size_t)rx->hdr.raw_len + 15) & ~(size_t)15);
+        if (!rx->owned) {
+            cps__rx_free(rx);
+            return CPS_ENOMEM;
+        }
+        rc = cps__codec_decompress(p, rx->hdr.payload_len, rx->owned, rx->hdr.raw_len);
+        if (rc != 0) {
+            cps__rx_free(rx);
+            return rc;
+        }
+        rx->payload = rx->owned;
+        rx->len = rx->hdr.raw_len;
+    } else if (((uintptr_t)p & 7u) != 0 && rx->hdr.payload_len > 0) {
+        /* Decoders hand out typed pointers into the payload: they need it aligned. */
+        rx->owned = aligned_alloc(16, ((size_t)rx->hdr.payload_len + 15) & ~(size_t)15);
+        if (!rx->owned) {
+            cps__rx_free(rx);
+            return CPS_ENOMEM;
+        }
+        memcpy(rx->owned, p, rx->hdr.payload_len);
+        rx->payload = rx->owned;
+        rx->len = rx->hdr.payload_len;
+    } else {
+        rx->payload = p;
+        rx->len = rx->hdr.payload_len;
+    }
+    return 0;
+}
+
+void cps__rx_free(cps_rx *rx)
+{
+    if (rx->buf)
+        cps__tp_free(rx->buf);
+    free(rx->owned);
+    rx->buf = NULL;
+    rx->owned = NULL;
+    rx->payload = NULL;
+}
+
+uint64_t cps__fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+uint64_t cps__splitmix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}

@@ -1,0 +1,55 @@
+/* Message plumbing shared by the scheduler, servers and the worker client: building a message
+ * into a transport buffer, sending it, and parsing a received one (header validation and snappy
+ * decompression) into an aligned payload. */
+#ifndef CPS_NODE_MSG_H
+#define CPS_NODE_MSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/wire.h"
+#include "transport/transport.h"
+
+/* Request sequence spaces: dense pushes count 1, 2, ... per (worker, range); sparse-row pushes
+ * have this bit set and their own count; other requests (declare, pull) have bit 63. */
+#define CPS_SEQ_SPARSE (1ull << 62)
+/* The exactly-once record of a worker's sparse pushes lives under this id bit. */
+#define CPS_DEDUP_SPARSE_BIT 0x80000000u
+
+/* Monotonic milliseconds. The protocol state machines never call this; the loops do. */
+uint64_t cps__now_ms(void);
+
+/* Allocate a transport buffer for a message with `payload_len` payload bytes and write the
+ * header (payload_len/raw_len are set here). The payload starts at CPS_WIRE_HDR_SIZE.
+ * Returns NULL when out of memory. The caller owns the buffer (send it or cps__tp_free it). */
+void *cps__msg_alloc(cps_msg_hdr *h, size_t payload_len);
+
+/* Build and send a message with a copy of `payload`. Never takes the caller's payload.
+ * Errors: CPS_ENOMEM, CPS_ENOTFOUND (unknown peer), CPS_EAGAIN, CPS_ETRANSPORT. */
+int cps__msg_send(cps_tp *tp, uint32_t peer, cps_msg_hdr *h, const void *payload, size_t len);
+
+/* Send an error reply to `req`'s sender with status `err` and a short text. */
+int cps__msg_reply_error(cps_tp *tp, uint32_t self, uint64_t epoch, const cps_msg_hdr *req,
+                         int err, const char *text);
+
+/* A received message, validated and decompressed. */
+typedef struct cps_rx {
+    cps_msg_hdr hdr;
+    const void *payload; /* 8-byte aligned; hdr.raw_len bytes */
+    size_t len;
+    void *buf;           /* transport buffer (owned) */
+    void *owned;         /* malloc'd payload copy when decompressed or realigned (owned) */
+} cps_rx;
+
+/* Parse `buf` (taken: on success rx owns it, on error it is freed). On a bad message returns
+ * CPS_EPROTO / CPS_ESIZE / CPS_ECORRUPT; rx->hdr is filled as far as it could be decoded
+ * (hdr.type == 0 if the header itself was bad) so the caller can log and maybe reply. */
+int cps__rx_parse(cps_rx *rx, void *buf, size_t len);
+void cps__rx_free(cps_rx *rx);
+
+/* FNV-1a 64 of bytes, continuing from h (start with CPS_FNV_INIT). */
+#define CPS_FNV_INIT 0xcbf29ce484222325ULL
+uint64_t cps__fnv1a(uint64_t h, const void *p, size_t n);
+uint64_t cps__splitmix64(uint64_t x);
+
+#endif

@@ -1,0 +1,33 @@
+#include "roles.h"
+
+#include <signal.h>
+#include <string.h>
+
+static volatile sig_atomic_t stop_requested;
+
+void cps__role_request_stop(void)
+{
+    stop_requested = 1;
+}
+
+int cps__role_stop_requested(void)
+{
+    return stop_requested != 0;
+}
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+void cps__role_install_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}

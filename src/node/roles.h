@@ -1,0 +1,35 @@
+/* Entry points of the long-running roles. Each runs its event loop until the job ends, a fatal
+ * error occurs, or cps__role_request_stop() is called (SIGINT/SIGTERM handlers call it). */
+#ifndef CPS_NODE_ROLES_H
+#define CPS_NODE_ROLES_H
+
+#include "core/config.h"
+
+/* Run the scheduler. Returns 0 when every worker finished, CPS_ETIMEDOUT when the expected nodes
+ * did not all arrive within cfg->join_timeout_ms, other CPS_E... on fatal errors. */
+int cps__scheduler_run(const cps_config *cfg);
+
+/* Run a server. Returns 0 when the scheduler ends the job (or a stop was requested),
+ * CPS_ETIMEDOUT if the scheduler never answered, CPS_ESTORE/CPS_EPOISONED on storage failure. */
+int cps__server_run(const cps_config *cfg);
+
+/* Async-signal-safe: ask the running role loop to stop after its current iteration. */
+void cps__role_request_stop(void);
+/* 1 once a stop was requested. */
+int cps__role_stop_requested(void);
+/* Install SIGINT/SIGTERM handlers that request a stop, and ignore SIGPIPE. */
+void cps__role_install_signals(void);
+
+/* Fill what the environment and flags left open, now that the role is known:
+ *  - advertise host: 127.0.0.1 when the scheduler is on loopback, else the local address the
+ *    kernel would use to reach the scheduler (a UDP connect, which sends nothing);
+ *  - bind host: 0.0.0.0 for the scheduler and whenever an advertise address was given
+ *    explicitly (behind NAT or a Kubernetes service the advertised address is not local),
+ *    else the advertise host;
+ *  - the scheduler's inbox port is the scheduler port. */
+void cps__config_finalize(cps_config *cfg, int role);
+
+/* "tcp://host:port" into out. Errors: CPS_ECONFIG when it does not fit CPS_ADDR_MAX. */
+int cps__make_url(char out[CPS_ADDR_MAX], const char *host, uint16_t port);
+
+#endif

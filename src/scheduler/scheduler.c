@@ -1,0 +1,477 @@
+/* The scheduler: admits nodes, assigns ids and ranks, publishes the view (address book and
+ * key-range chains), runs barriers, collects heartbeat statistics and ends the job when every
+ * worker has finished. It is not on the data path. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/error.h"
+#include "core/config.h"
+#include "core/log.h"
+#include "core/view.h"
+#include "core/wire.h"
+#include "node/msg.h"
+#include "node/roles.h"
+#include "transport/transport.h"
+
+#define SCHED_ID 0u
+/* Peers that are not members (e.g. `chainps status`) get ids from here up, recycled. */
+#define TEMP_PEER_BASE 0x40000000u
+#define TEMP_PEERS 64
+/* A temporary peer is dropped this long after its reply, so the reply has time to leave. */
+#define TEMP_PEER_LINGER_MS 5000
+#define SHUTDOWN_LINGER_MS 300
+
+typedef struct sched_node {
+    cps_node_info info;
+    uint64_t last_seen_ms;
+    cps_node_stats stats;
+    int done;       /* worker said BYE */
+    int in_barrier; /* worker waiting in the current barrier */
+    uint64_t barrier_seq;
+} sched_node;
+
+typedef struct temp_peer {
+    uint32_t id;
+    uint64_t drop_at_ms;
+} temp_peer;
+
+typedef struct sched {
+    cps_config cfg;
+    cps_tp *tp;
+    sched_node *nodes;
+    uint32_t nnodes;
+    uint32_t next_id;
+    cps_view view;
+    int started;
+    uint64_t start_ms;
+    uint32_t workers_done;
+    temp_peer temps[TEMP_PEERS];
+    uint32_t next_temp;
+    int finished;
+} sched;
+
+static const char *role_name(int role)
+{
+    return cps__config_role_str(role);
+}
+
+static uint32_t count_role(const sched *s, int role)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        n += s->nodes[i].info.role == role;
+    return n;
+}
+
+static sched_node *find_node(sched *s, uint32_t id)
+{
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        if (s->nodes[i].info.id == id)
+            return &s->nodes[i];
+    return NULL;
+}
+
+static int rank_taken(const sched *s, int role, uint32_t rank)
+{
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        if (s->nodes[i].info.role == role && s->nodes[i].info.rank == rank)
+            return 1;
+    return 0;
+}
+
+static uint32_t free_rank(const sched *s, int role, uint32_t want, uint32_t limit)
+{
+    if (want != UINT32_MAX && want < limit && !rank_taken(s, role, want))
+        return want;
+    for (uint32_t r = 0; r < limit; r++)
+        if (!rank_taken(s, role, r))
+            return r;
+    return UINT32_MAX;
+}
+
+/* Rebuild the view's node list from the members (ranges are placed once, at start). */
+static int sync_view_nodes(sched *s)
+{
+    cps_node_info *nodes = calloc(s->nnodes ? s->nnodes : 1, sizeof *nodes);
+    if (!nodes)
+        return CPS_ENOMEM;
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        nodes[i] = s->nodes[i].info;
+    free(s->view.nodes);
+    s->view.nodes = nodes;
+    s->view.nnodes = s->nnodes;
+    return 0;
+}
+
+static int send_view(sched *s, uint32_t peer, uint8_t type)
+{
+    size_t len = cps__view_encoded_size(&s->view);
+    cps_msg_hdr h = {0};
+    h.type = type;
+    h.sender = SCHED_ID;
+    h.epoch = s->view.epoch;
+    h.req_worker = peer;
+    void *buf = cps__msg_alloc(&h, len);
+    if (!buf)
+        return CPS_ENOMEM;
+    cps__view_encode(&s->view, (char *)buf + CPS_WIRE_HDR_SIZE, len);
+    int rc = cps__tp_send(s->tp, peer, buf, CPS_WIRE_HDR_SIZE + len);
+    if (rc != 0) {
+        cps__tp_free(buf);
+        cps_log(CPS_LOG_WARN, "scheduler", "could not send view to node %u: %s", peer,
+                cps_strerror(rc));
+    }
+    return rc;
+}
+
+static void send_simple(sched *s, uint32_t peer, uint8_t type, const cps_msg_hdr *req)
+{
+    cps_msg_hdr h = {0};
+    h.type = type;
+    h.sender = SCHED_ID;
+    h.epoch = s->view.epoch;
+    if (req) {
+        h.flags = CPS_WF_REPLY;
+        h.req_worker = req->req_worker;
+        h.req_seq = req->req_seq;
+        h.step = req->step;
+    }
+    int rc = cps__msg_send(s->tp, peer, &h, NULL, 0);
+    if (rc != 0)
+        cps_log(CPS_LOG_WARN, "scheduler", "send to node %u failed: %s", peer, cps_strerror(rc));
+}
+
+static int start_job(sched *s)
+{
+    uint32_t S = count_role(s, CPS_ROLE_SERVER);
+    uint32_t *servers = calloc(S, sizeof *servers);
+    if (!servers)
+        return CPS_ENOMEM;
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        if (s->nodes[i].info.role == CPS_ROLE_SERVER)
+            servers[s->nodes[i].info.rank] = s->nodes[i].info.id;
+    s->view.epoch = 1;
+    s->view.mode = s->cfg.mode;
+    s->view.ssp_bound = s->cfg.ssp_bound;
+    s->view.num_workers = s->cfg.num_workers;
+    s->view.num_servers = S;
+    s->view.replicas = s->cfg.replicas ? s->cfg.replicas : 1;
+    int rc = cps__view_place_ranges(&s->view, S, servers, S, s->view.replicas);
+    free(servers);
+    if (rc == 0)
+        rc = sync_view_nodes(s);
+    if (rc != 0)
+        return rc;
+    s->started = 1;
+    char mode[32];
+    cps_log(CPS_LOG_INFO, "scheduler",
+            "connected %u workers and %u servers; view epoch %llu, %u ranges, %u replica(s), "
+            "mode %s",
+            s->cfg.num_workers, S, (unsigned long long)s->view.epoch, s->view.nranges,
+            s->view.replicas, cps__config_mode_str(s->cfg.mode, s->cfg.ssp_bound, mode, sizeof mode));
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        send_view(s, s->nodes[i].info.id, CPS_MSG_WELCOME);
+    return 0;
+}
+
+static void handle_hello(sched *s, const cps_rx *rx)
+{
+    uint32_t role, want_rank, prev_id;
+    char addr[CPS_ADDR_MAX];
+    int rc = cps__hello_decode(rx->payload, rx->len, &role, &want_rank, &prev_id, addr);
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, "scheduler", "malformed HELLO dropped: %s", cps_strerror(rc));
+        return;
+    }
+    if (role != CPS_ROLE_SERVER && role != CPS_ROLE_WORKER) {
+        cps_log(CPS_LOG_ERROR, "scheduler", "HELLO from %s with role %u refused", addr, role);
+        return;
+    }
+    /* A HELLO repeated because our WELCOME was slow, or a restarted node asking for its id. */
+    sched_node *n = NULL;
+    for (uint32_t i = 0; i < s->nnodes && !n; i++) {
+        sched_node *c = &s->nodes[i];
+        if (c->info.role == role && (strcmp(c->info.addr, addr) == 0 ||
+                                     (prev_id != 0 && c->info.id == prev_id)))
+            n = c;
+    }
+    if (!n) {
+        uint32_t limit = role == CPS_ROLE_SERVER ? s->cfg.num_servers : s->cfg.num_workers;
+        if (count_role(s, (int)role) >= limit) {
+            cps_log(CPS_LOG_ERROR, "scheduler",
+                    "refused a %s at %s: the job already has its %u %ss", role_name((int)role),
+                    addr, limit, role_name((int)role));
+            uint32_t tmp = TEMP_PEER_BASE + (s->next_temp++ % TEMP_PEERS);
+            if (cps__tp_peer_set(s->tp, tmp, addr) == 0) {
+                cps_msg_hdr h = {0};
+                h.sender = tmp; /* the error reply goes to whoever sent this HELLO */
+                cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &h, CPS_ECONFIG,
+                                     "job is full");
+                s->temps[tmp - TEMP_PEER_BASE] =
+                    (temp_peer){tmp, cps__now_ms() + TEMP_PEER_LINGER_MS};
+            }
+            return;
+        }
+        if (s->nnodes >= CPS_MAX_NODES)
+            return;
+        uint32_t rank = free_rank(s, (int)role, want_rank, limit);
+        n = &s->nodes[s->nnodes++];
+        memset(n, 0, sizeof *n);
+        n->info.rank = rank;
+        n->info.id = (prev_id != 0 && !find_node(s, prev_id) && prev_id < TEMP_PEER_BASE)
+                         ? prev_id
+                         : s->next_id;
+        if (n->info.id >= s->next_id)
+            s->next_id = n->info.id + 1;
+        n->info.role = (uint8_t)role;
+        cps_log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) joined from %s", role_name((int)role),
+                n->info.id, n->info.rank, addr);
+    } else if (strcmp(n->info.addr, addr) != 0) {
+        cps_log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) came back at %s",
+                role_name((int)role), n->info.id, n->info.rank, addr);
+    }
+    snprintf(n->info.addr, sizeof n->info.addr, "%s", addr);
+    n->info.alive = 1;
+    n->last_seen_ms = cps__now_ms();
+    rc = cps__tp_peer_set(s->tp, n->info.id, addr);
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, "scheduler", "cannot reach %s: %s", addr, cps_strerror(rc));
+        return;
+    }
+    if (s->started) {
+        sync_view_nodes(s);
+        send_view(s, n->info.id, CPS_MSG_WELCOME);
+        return;
+    }
+    if (count_role(s, CPS_ROLE_SERVER) == s->cfg.num_servers &&
+        count_role(s, CPS_ROLE_WORKER) == s->cfg.num_workers) {
+        rc = start_job(s);
+        if (rc != 0)
+            cps_log(CPS_LOG_ERROR, "scheduler", "cannot start the job: %s", cps_strerror(rc));
+    }
+}
+
+static void maybe_release_barrier(sched *s)
+{
+    uint32_t waiting = 0, live = 0;
+    for (uint32_t i = 0; i < s->nnodes; i++) {
+        sched_node *n = &s->nodes[i];
+        if (n->info.role != CPS_ROLE_WORKER || n->done)
+            continue;
+        live++;
+        waiting += n->in_barrier;
+    }
+    if (live == 0 || waiting < live)
+        return;
+    for (uint32_t i = 0; i < s->nnodes; i++) {
+        sched_node *n = &s->nodes[i];
+        if (n->info.role == CPS_ROLE_WORKER && n->in_barrier) {
+            cps_msg_hdr req = {0};
+            req.req_worker = n->info.id;
+            req.req_seq = n->barrier_seq;
+            send_simple(s, n->info.id, CPS_MSG_BARRIER_DONE, &req);
+            n->in_barrier = 0;
+        }
+    }
+    cps_log(CPS_LOG_DEBUG, "scheduler", "barrier released (%u workers)", live);
+}
+
+static void shutdown_job(sched *s)
+{
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        if (s->nodes[i].info.role == CPS_ROLE_SERVER)
+            send_simple(s, s->nodes[i].info.id, CPS_MSG_SHUTDOWN, NULL);
+    s->finished = 1;
+}
+
+static void handle_status(sched *s, const cps_rx *rx)
+{
+    uint32_t role, want_rank, prev_id;
+    char addr[CPS_ADDR_MAX];
+    if (cps__hello_decode(rx->payload, rx->len, &role, &want_rank, &prev_id, addr) != 0) {
+        cps_log(CPS_LOG_WARN, "scheduler", "malformed STATUS request dropped");
+        return;
+    }
+    uint32_t tmp = TEMP_PEER_BASE + (s->next_temp++ % TEMP_PEERS);
+    if (cps__tp_peer_set(s->tp, tmp, addr) != 0)
+        return;
+    s->temps[tmp - TEMP_PEER_BASE] = (temp_peer){tmp, cps__now_ms() + TEMP_PEER_LINGER_MS};
+    /* Payload: view, u32 count, then per node u32 id, u32 age_ms, stats block. */
+    size_t vlen = cps__view_encoded_size(&s->view);
+    size_t len = vlen + 4 + (size_t)s->nnodes * (8 + CPS_STATS_SIZE);
+    cps_msg_hdr h = {0};
+    h.type = CPS_MSG_STATUS_REPLY;
+    h.flags = CPS_WF_REPLY;
+    h.sender = SCHED_ID;
+    h.epoch = s->view.epoch;
+    h.req_seq = rx->hdr.req_seq;
+    h.aux = s->started;
+    void *buf = cps__msg_alloc(&h, len);
+    if (!buf)
+        return;
+    char *p = (char *)buf + CPS_WIRE_HDR_SIZE;
+    cps__view_encode(&s->view, p, vlen);
+    p += vlen;
+    cps__le32_put(p, s->nnodes);
+    p += 4;
+    uint64_t now = cps__now_ms();
+    for (uint32_t i = 0; i < s->nnodes; i++) {
+        uint64_t age = now - s->nodes[i].last_seen_ms;
+        cps__le32_put(p, s->nodes[i].info.id);
+        cps__le32_put(p + 4, age > UINT32_MAX ? UINT32_MAX : (uint32_t)age);
+        cps__stats_encode(p + 8, &s->nodes[i].stats);
+        p += 8 + CPS_STATS_SIZE;
+    }
+    if (cps__tp_send(s->tp, tmp, buf, CPS_WIRE_HDR_SIZE + len) != 0)
+        cps__tp_free(buf);
+}
+
+static void handle_msg(void *ctx, void *buf, size_t len)
+{
+    sched *s = ctx;
+    cps_rx rx;
+    int rc = cps__rx_parse(&rx, buf, len);
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, "scheduler", "bad message (%zu bytes) dropped: %s", len,
+                cps_strerror(rc));
+        return;
+    }
+    const cps_msg_hdr *h = &rx.hdr;
+    if (h->type == CPS_MSG_HELLO) {
+        handle_hello(s, &rx);
+    } else if (h->type == CPS_MSG_STATUS) {
+        handle_status(s, &rx);
+    } else {
+        sched_node *n = find_node(s, h->sender);
+        if (!n) {
+            cps_log(CPS_LOG_WARN, "scheduler", "message type %u from unknown node %u dropped",
+                    h->type, h->sender);
+            cps__rx_free(&rx);
+            return;
+        }
+        n->last_seen_ms = cps__now_ms();
+        switch (h->type) {
+        case CPS_MSG_HEARTBEAT:
+            if (rx.len >= CPS_STATS_SIZE)
+                cps__stats_decode(rx.payload, &n->stats);
+            break;
+        case CPS_MSG_GET_VIEW:
+            if (s->started)
+                send_view(s, n->info.id, CPS_MSG_VIEW);
+            break;
+        case CPS_MSG_BARRIER:
+            if (n->info.role == CPS_ROLE_WORKER) {
+                n->in_barrier = 1;
+                n->barrier_seq = h->req_seq;
+                maybe_release_barrier(s);
+            }
+            break;
+        case CPS_MSG_BYE:
+            if (n->info.role == CPS_ROLE_WORKER && !n->done) {
+                n->done = 1;
+                if (rx.len >= CPS_STATS_SIZE)
+                    cps__stats_decode(rx.payload, &n->stats);
+                s->workers_done++;
+                cps_log(CPS_LOG_INFO, "scheduler", "worker %u (rank %u) finished (%u of %u)",
+                        n->info.id, n->info.rank, s->workers_done, s->cfg.num_workers);
+                maybe_release_barrier(s);
+            }
+            send_simple(s, n->info.id, CPS_MSG_ACK, h);
+            if (s->workers_done >= s->cfg.num_workers) {
+                cps_log(CPS_LOG_INFO, "scheduler", "all workers finished; ending the job");
+                shutdown_job(s);
+            }
+            break;
+        default:
+            cps_log(CPS_LOG_WARN, "scheduler", "unexpected message type %u from node %u",
+                    h->type, h->sender);
+        }
+    }
+    cps__rx_free(&rx);
+}
+
+static void expire_temps(sched *s, uint64_t now)
+{
+    for (uint32_t i = 0; i < TEMP_PEERS; i++) {
+        if (s->temps[i].id && now >= s->temps[i].drop_at_ms) {
+            cps__tp_peer_drop(s->tp, s->temps[i].id);
+            s->temps[i].id = 0;
+        }
+    }
+}
+
+int cps__scheduler_run(const cps_config *cfg)
+{
+    if (cfg->num_servers == 0 || cfg->num_workers == 0) {
+        cps_log(CPS_LOG_ERROR, "scheduler",
+                "the number of servers and workers must be set (--servers/--workers or "
+                "CHAINPS_NUM_SERVERS/CHAINPS_NUM_WORKERS)");
+        return CPS_ECONFIG;
+    }
+    if (cfg->replicas > 1) {
+        cps_log(CPS_LOG_ERROR, "scheduler",
+                "--replicas %u: chain replication is not built yet (only 1 replica)",
+                cfg->replicas);
+        return CPS_ENOTSUP;
+    }
+    sched s;
+    memset(&s, 0, sizeof s);
+    s.cfg = *cfg;
+    cps__config_finalize(&s.cfg, CPS_ROLE_SCHEDULER);
+    cfg = &s.cfg;
+    s.next_id = 1;
+    cps__view_init(&s.view);
+    s.nodes = calloc(CPS_MAX_NODES, sizeof *s.nodes);
+    int rc = s.nodes ? cps__tp_create(&s.tp) : CPS_ENOMEM;
+    if (rc == 0)
+        rc = cps__tp_bind(s.tp, cfg->bind_host, cfg->sched_port, NULL);
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, "scheduler", "cannot listen on %s:%u: %s", cfg->bind_host,
+                cfg->sched_port, cps_strerror(rc));
+        goto out;
+    }
+    cps__log_set_tag("scheduler");
+    cps_log(CPS_LOG_INFO, "scheduler", "listening on %s:%u, waiting for %u servers and %u workers",
+            cfg->bind_host, cfg->sched_port, cfg->num_servers, cfg->num_workers);
+    s.start_ms = cps__now_ms();
+    uint64_t finish_at = 0;
+    for (;;) {
+        if (cps__role_stop_requested()) {
+            cps_log(CPS_LOG_INFO, "scheduler", "stop requested; telling servers to shut down");
+            shutdown_job(&s);
+            finish_at = cps__now_ms() + SHUTDOWN_LINGER_MS;
+            cps__tp_poll(s.tp, SHUTDOWN_LINGER_MS, handle_msg, &s, 0);
+            break;
+        }
+        int n = cps__tp_poll(s.tp, 100, handle_msg, &s, 0);
+        if (n < 0) {
+            rc = n;
+            break;
+        }
+        uint64_t now = cps__now_ms();
+        expire_temps(&s, now);
+        if (!s.started && now - s.start_ms > cfg->join_timeout_ms) {
+            cps_log(CPS_LOG_ERROR, "scheduler",
+                    "only %u of %u servers and %u of %u workers arrived within %.1f s; giving up",
+                    count_role(&s, CPS_ROLE_SERVER), cfg->num_servers,
+                    count_role(&s, CPS_ROLE_WORKER), cfg->num_workers,
+                    cfg->join_timeout_ms / 1000.0);
+            shutdown_job(&s);
+            cps__tp_poll(s.tp, SHUTDOWN_LINGER_MS, handle_msg, &s, 0);
+            rc = CPS_ETIMEDOUT;
+            break;
+        }
+        if (s.finished) {
+            if (!finish_at)
+                finish_at = now + SHUTDOWN_LINGER_MS;
+            else if (now >= finish_at && cps__tp_queued(s.tp) == 0)
+                break;
+        }
+    }
+out:
+    cps__tp_destroy(s.tp);
+    cps__view_fini(&s.view);
+    free(s.nodes);
+    return rc;
+}

@@ -1,0 +1,370 @@
+/* A parameter server process: joins the scheduler, keeps its key ranges in LMDB, and serves
+ * declare/push/pull requests from workers until the scheduler ends the job. */
+#include "server.h"
+
+#include <cblas.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/error.h"
+#include "core/log.h"
+#include "core/wire.h"
+#include "node/roles.h"
+
+#define HELLO_RETRY_MS 500
+#define HEARTBEAT_MS 1000
+#define SYNC_EVERY_MS 1000
+#define SCHED_PEER 0u
+#define MAX_EARLY 4096
+
+void cps__server_reply_error(server *s, const cps_msg_hdr *req, int err, const char *fmt, ...)
+{
+    char text[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    cps_log(CPS_LOG_WARN, "server", "request %u:%llu (type %u) from node %u refused: %s: %s",
+            req->req_worker, (unsigned long long)req->req_seq, req->type, req->sender,
+            cps_err_name(err), text);
+    if (cps__tp_peer_known(s->tp, req->sender))
+        cps__msg_reply_error(s->tp, s->id, s->view.epoch, req, err, text);
+}
+
+void cps__server_reply_ack(server *s, const cps_msg_hdr *req)
+{
+    cps_msg_hdr h = {0};
+    h.type = CPS_MSG_ACK;
+    h.flags = CPS_WF_REPLY;
+    h.sender = s->id;
+    h.epoch = s->view.epoch;
+    h.req_worker = req->req_worker;
+    h.req_seq = req->req_seq;
+    h.range = req->range;
+    h.step = req->step;
+    int rc = cps__msg_send(s->tp, req->sender, &h, NULL, 0);
+    if (rc != 0)
+        cps_log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", req->sender,
+                cps_strerror(rc));
+}
+
+uint32_t cps__server_worker_rank(const server *s, uint32_t id)
+{
+    const cps_node_info *n = cps__view_node(&s->view, id);
+    return (n && n->role == CPS_ROLE_WORKER) ? n->rank : UINT32_MAX;
+}
+
+uint32_t cps__server_live_workers(const server *s)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->view.nnodes; i++)
+        n += s->view.nodes[i].role == CPS_ROLE_WORKER && s->view.nodes[i].alive;
+    return n;
+}
+
+int cps__server_check_request(server *s, const cps_msg_hdr *h)
+{
+    if (cps__server_worker_rank(s, h->sender) == UINT32_MAX) {
+        /* Unknown node: we cannot even reply. A newer view may name it; ask for one. */
+        cps_log(CPS_LOG_WARN, "server", "request type %u from unknown node %u dropped", h->type,
+                h->sender);
+        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id, .epoch = s->view.epoch};
+        cps__msg_send(s->tp, SCHED_PEER, &g, NULL, 0);
+        s->stats.msgs_bad++;
+        return CPS_EUNKNOWN_NODE;
+    }
+    if (h->epoch < s->view.epoch) {
+        cps__server_reply_error(s, h, CPS_ESTALE_EPOCH, "request epoch %llu < view epoch %llu",
+                                (unsigned long long)h->epoch, (unsigned long long)s->view.epoch);
+        return CPS_ESTALE_EPOCH;
+    }
+    if (h->epoch > s->view.epoch) {
+        /* The worker saw a newer view than we did: catch up, the worker will re-send. */
+        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id, .epoch = s->view.epoch};
+        cps__msg_send(s->tp, SCHED_PEER, &g, NULL, 0);
+        cps__server_reply_error(s, h, CPS_EAGAIN, "server has not seen epoch %llu yet",
+                                (unsigned long long)h->epoch);
+        return CPS_EAGAIN;
+    }
+    if (h->range >= s->view.nranges) {
+        cps__server_reply_error(s, h, CPS_EINVAL, "range %u does not exist (%u ranges)", h->range,
+                                s->view.nranges);
+        return CPS_EINVAL;
+    }
+    const cps_range *r = &s->view.ranges[h->range];
+    if (r->chain_len == 0 || r->chain[0] != s->id) {
+        cps__server_reply_error(s, h, CPS_ESTALE_EPOCH, "range %u is not served here", h->range);
+        return CPS_ESTALE_EPOCH;
+    }
+    return 0;
+}
+
+static void dispatch_request(server *s, cps_rx *rx);
+
+static void install_view(server *s, const cps_rx *rx, int welcome)
+{
+    cps_view v;
+    cps__view_init(&v);
+    int rc = cps__view_decode(rx->payload, rx->len, &v);
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, "server", "bad view from the scheduler dropped: %s",
+                cps_strerror(rc));
+        cps__view_fini(&v);
+        return;
+    }
+    if (s->joined && v.epoch < s->view.epoch) {
+        cps__view_fini(&v);
+        return;
+    }
+    if (welcome || !s->joined) {
+        s->id = rx->hdr.req_worker;
+        const cps_node_info *me = cps__view_node(&v, s->id);
+        if (!me || me->role != CPS_ROLE_SERVER) {
+            cps_log(CPS_LOG_ERROR, "server", "welcome names node %u, not a server of the view",
+                    s->id);
+            cps__view_fini(&v);
+            return;
+        }
+        s->rank = me->rank;
+        char tag[32];
+        snprintf(tag, sizeof tag, "server %u", s->rank);
+        cps__log_set_tag(tag);
+    }
+    for (uint32_t i = 0; i < v.nnodes; i++) {
+        if (v.nodes[i].id == s->id)
+            continue;
+        rc = cps__tp_peer_set(s->tp, v.nodes[i].id, v.nodes[i].addr);
+        if (rc != 0)
+            cps_log(CPS_LOG_WARN, "server", "cannot reach node %u at %s: %s", v.nodes[i].id,
+                    v.nodes[i].addr, cps_strerror(rc));
+    }
+    cps__view_fini(&s->view);
+    s->view = v;
+    if (!s->joined) {
+        s->joined = 1;
+        uint32_t head = 0;
+        for (uint32_t r = 0; r < v.nranges; r++)
+            head += v.ranges[r].chain[0] == s->id;
+        cps_log(CPS_LOG_INFO, "server", "joined as node %u (rank %u), view epoch %llu, head of %u "
+                "of %u ranges", s->id, s->rank, (unsigned long long)v.epoch, head, v.nranges);
+    } else {
+        cps_log(CPS_LOG_INFO, "server", "view epoch %llu installed", (unsigned long long)v.epoch);
+    }
+    cps__server_view_changed(s);
+    for (uint32_t i = 0; i < s->nearly; i++)
+        dispatch_request(s, &s->early[i]);
+    s->nearly = 0;
+}
+
+static void dispatch_request(server *s, cps_rx *rx)
+{
+    if (cps__server_check_request(s, &rx->hdr) != 0) {
+        cps__rx_free(rx);
+        return;
+    }
+    if (rx->hdr.type == CPS_MSG_DECLARE)
+        cps__server_on_declare(s, rx);
+    else if (rx->hdr.type == CPS_MSG_PULL)
+        cps__server_on_pull(s, rx);
+    else
+        cps__server_on_push(s, rx);
+}
+
+static void handle_msg(void *ctx, void *buf, size_t len)
+{
+    server *s = ctx;
+    cps_rx rx;
+    s->stats.msgs_in++;
+    int rc = cps__rx_parse(&rx, buf, len);
+    if (rc != 0) {
+        s->stats.msgs_bad++;
+        cps_log(CPS_LOG_ERROR, "server", "bad message (%zu bytes, type %u, from node %u) dropped: %s",
+                len, rx.hdr.type, rx.hdr.sender, cps_strerror(rc));
+        /* The header decoded: the sender can be told (e.g. corrupt snappy payload). */
+        if (rx.hdr.type != 0 && !(rx.hdr.flags & CPS_WF_REPLY) && s->joined &&
+            cps__server_worker_rank(s, rx.hdr.sender) != UINT32_MAX)
+            cps__server_reply_error(s, &rx.hdr, rc, "payload rejected");
+        return;
+    }
+    switch (rx.hdr.type) {
+    case CPS_MSG_WELCOME:
+    case CPS_MSG_VIEW:
+        if (rx.hdr.sender == SCHED_PEER)
+            install_view(s, &rx, rx.hdr.type == CPS_MSG_WELCOME);
+        break;
+    case CPS_MSG_SHUTDOWN:
+        if (rx.hdr.sender == SCHED_PEER) {
+            cps_log(CPS_LOG_INFO, "server", "the scheduler ended the job");
+            s->shutdown = 1;
+        }
+        break;
+    case CPS_MSG_ERROR:
+        cps_log(CPS_LOG_ERROR, "server", "error from node %u: %s", rx.hdr.sender,
+                cps_strerror(rx.hdr.status));
+        break;
+    case CPS_MSG_DECLARE:
+    case CPS_MSG_PUSH:
+    case CPS_MSG_PUSH_PULL:
+    case CPS_MSG_PULL:
+        if (!s->joined) {
+            /* A worker heard its WELCOME before we heard ours: hold the request until then. */
+            if (!s->early)
+                s->early = calloc(MAX_EARLY, sizeof *s->early);
+            if (s->early && s->nearly < MAX_EARLY) {
+                s->early[s->nearly++] = rx;
+                return;
+            }
+            cps_log(CPS_LOG_WARN, "server", "request before the job started dropped");
+            break;
+        }
+        dispatch_request(s, &rx);
+        return; /* the data path took rx */
+    default:
+        s->stats.msgs_bad++;
+        cps_log(CPS_LOG_WARN, "server", "unexpected message type %u from node %u dropped",
+                rx.hdr.type, rx.hdr.sender);
+    }
+    cps__rx_free(&rx);
+}
+
+static int send_hello(server *s, const char *addr, uint32_t prev_id)
+{
+    char payload[16 + CPS_ADDR_MAX];
+    size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_SERVER, s->cfg.rank, prev_id,
+                                 addr);
+    cps_msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX};
+    return cps__msg_send(s->tp, SCHED_PEER, &h, payload, n);
+}
+
+static void send_heartbeat(server *s)
+{
+    unsigned char payload[CPS_STATS_SIZE];
+    cps__stats_encode(payload, &s->stats);
+    cps_msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .sender = s->id, .epoch = s->view.epoch};
+    cps__msg_send(s->tp, SCHED_PEER, &h, payload, sizeof payload);
+}
+
+typedef struct meta_io {
+    uint32_t id;
+} meta_io;
+
+static int load_id(cps_txn *txn, void *arg)
+{
+    meta_io *m = arg;
+    unsigned char b[4];
+    size_t len = sizeof b;
+    if (cps__store_meta_get(txn, "node_id", b, &len) == 0 && len == 4)
+        m->id = cps__le32_get(b);
+    return 0;
+}
+
+static int save_id(cps_txn *txn, void *arg)
+{
+    unsigned char b[4];
+    cps__le32_put(b, ((meta_io *)arg)->id);
+    return cps__store_meta_put(txn, "node_id", b, sizeof b);
+}
+
+static int count_keys(cps_txn *txn, void *arg)
+{
+    server *s = arg;
+    return cps__store_count(txn, &s->stats.keys_stored, &s->stats.values_stored);
+}
+
+int cps__server_run(const cps_config *cfg)
+{
+    server s;
+    memset(&s, 0, sizeof s);
+    s.cfg = *cfg;
+    cps__config_finalize(&s.cfg, CPS_ROLE_SERVER);
+    cfg = &s.cfg;
+    cps__view_init(&s.view);
+    cps__log_set_tag("server");
+    /* Servers share the machine's cores with workers: BLAS must not spawn threads. */
+    openblas_set_num_threads(1);
+
+    cps_store_opts so = {.initial_map_bytes = 0, .sync_every_commit = cfg->sync_every_commit};
+    int rc = cps__store_open(cfg->data_dir, &so, &s.store);
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, "server", "cannot open the store in %s: %s", cfg->data_dir,
+                cps_strerror(rc));
+        return rc;
+    }
+    meta_io prev = {0};
+    cps__store_read(s.store, load_id, &prev);
+    cps__store_read(s.store, count_keys, &s);
+    if (prev.id)
+        cps_log(CPS_LOG_INFO, "server", "store %s holds %llu keys (%llu values) from node %u",
+                cfg->data_dir, (unsigned long long)s.stats.keys_stored,
+                (unsigned long long)s.stats.values_stored, prev.id);
+
+    rc = cps__tp_create(&s.tp);
+    uint16_t port = 0;
+    if (rc == 0)
+        rc = cps__tp_bind(s.tp, cfg->bind_host, cfg->port, &port);
+    char url[CPS_ADDR_MAX + 16];
+    snprintf(url, sizeof url, "tcp://%s:%u", cfg->sched_host, cfg->sched_port);
+    if (rc == 0)
+        rc = cps__tp_peer_set(s.tp, SCHED_PEER, url);
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, "server", "transport setup failed: %s", cps_strerror(rc));
+        goto out;
+    }
+    char addr[CPS_ADDR_MAX];
+    rc = cps__make_url(addr, cfg->advertise_host, port);
+    if (rc != 0)
+        goto out;
+    cps_log(CPS_LOG_INFO, "server", "inbox %s (bound on %s), data in %s, scheduler %s", addr,
+            cfg->bind_host, cfg->data_dir, url);
+
+    uint64_t start = cps__now_ms(), next_hello = 0, next_beat = 0, next_sync = 0;
+    while (!s.shutdown && !cps__role_stop_requested()) {
+        uint64_t now = cps__now_ms();
+        if (!s.joined) {
+            if (now - start > cfg->join_timeout_ms) {
+                cps_log(CPS_LOG_ERROR, "server", "no answer from the scheduler at %s within "
+                        "%.1f s", url, cfg->join_timeout_ms / 1000.0);
+                rc = CPS_ETIMEDOUT;
+                goto out;
+            }
+            if (now >= next_hello) {
+                send_hello(&s, addr, prev.id);
+                next_hello = now + HELLO_RETRY_MS;
+            }
+        } else {
+            if (prev.id != s.id) {
+                prev.id = s.id;
+                cps__store_write(s.store, save_id, &prev);
+            }
+            if (now >= next_beat) {
+                cps__store_read(s.store, count_keys, &s);
+                send_heartbeat(&s);
+                next_beat = now + HEARTBEAT_MS;
+            }
+            if (now >= next_sync) {
+                if (!cfg->sync_every_commit && cps__store_sync(s.store) != 0)
+                    cps_log(CPS_LOG_WARN, "server", "periodic sync failed");
+                next_sync = now + SYNC_EVERY_MS;
+            }
+        }
+        int n = cps__tp_poll(s.tp, 100, handle_msg, &s, 0);
+        if (n < 0) {
+            rc = n;
+            break;
+        }
+    }
+    rc = rc < 0 ? rc : 0;
+    cps_log(CPS_LOG_INFO, "server", "stopping: %llu updates applied, %llu bad messages",
+            (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad);
+out:
+    for (uint32_t i = 0; i < s.nearly; i++)
+        cps__rx_free(&s.early[i]);
+    free(s.early);
+    cps__server_data_fini(&s);
+    cps__tp_destroy(s.tp);
+    cps__store_close(s.store);
+    cps__view_fini(&s.view);
+    return rc;
+}

@@ -1,0 +1,81 @@
+/* Server internals shared by the event loop (server.c) and the data path (update.c). */
+#ifndef CPS_SERVER_H
+#define CPS_SERVER_H
+
+#include <stdint.h>
+
+#include "core/config.h"
+#include "core/view.h"
+#include "node/msg.h"
+#include "store/store.h"
+#include "transport/transport.h"
+
+/* One sync-mode aggregation: step `step` of the key set `sig` in `range`, waiting for every live
+ * worker's gradient. Contributions are kept as received messages (no copy) indexed by rank. */
+typedef struct agg_slot {
+    int used;
+    uint32_t range;
+    uint64_t sig;
+    uint64_t step;
+    uint32_t count;
+    cps_rx *by_rank; /* num_workers entries; .buf == NULL when missing */
+    cps_kv *kv_by_rank;
+} agg_slot;
+
+/* A pull waiting for the slowest worker (SSP). */
+typedef struct parked_pull {
+    cps_rx rx;
+    cps_kv kv;
+    uint64_t clock;
+} parked_pull;
+
+typedef struct server {
+    cps_config cfg;
+    cps_tp *tp;
+    cps_store *store;
+    uint32_t id;
+    uint32_t rank;
+    cps_view view;
+    int joined;
+    int shutdown;
+    cps_node_stats stats;
+    /* Sync aggregation slots. */
+    agg_slot *slots;
+    uint32_t nslots;
+    float *sum;     /* scratch for aggregated gradients */
+    size_t sum_cap;
+    /* SSP: clock[range * CPS_MAX_NODES + worker id] = steps pushed. */
+    uint64_t *clock;
+    uint32_t clock_ranges;
+    parked_pull *parked;
+    uint32_t nparked, parked_cap;
+    /* Async dedup cache: last applied per-range request seq of each worker, mirrors LMDB. */
+    uint64_t *dedup;    /* nranges * 2 * CPS_MAX_NODES, UINT64_MAX = not loaded */
+    /* Requests that arrived before our own WELCOME (workers can hear theirs first). */
+    cps_rx *early;
+    uint32_t nearly;
+    uint32_t dedup_ranges;
+} server;
+
+/* Data path (update.c). Each takes ownership of rx. */
+void cps__server_on_declare(server *s, cps_rx *rx);
+void cps__server_on_push(server *s, cps_rx *rx);
+void cps__server_on_pull(server *s, cps_rx *rx);
+/* Re-check sync slots and parked pulls after a view change. */
+void cps__server_view_changed(server *s);
+/* Free every slot and parked pull. */
+void cps__server_data_fini(server *s);
+
+/* Reply helpers (server.c). */
+void cps__server_reply_error(server *s, const cps_msg_hdr *req, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+void cps__server_reply_ack(server *s, const cps_msg_hdr *req);
+/* Check that the request's epoch is current and that this server holds the range; replies with
+ * the error and returns non-zero otherwise. */
+int cps__server_check_request(server *s, const cps_msg_hdr *h);
+/* Rank of worker node `id`, or UINT32_MAX if it is not a worker of the view. */
+uint32_t cps__server_worker_rank(const server *s, uint32_t id);
+/* Number of live workers in the view. */
+uint32_t cps__server_live_workers(const server *s);
+
+#endif

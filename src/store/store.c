@@ -1,0 +1,758 @@
+/* Parameter store over LMDB. See store.h for the databases and the transaction rules.
+ *
+ * Param record layout (little-endian header, then raw native f32 arrays):
+ *    0 u16 record format version (REC_VERSION)   2 u8 optimizer kind   3 u8 init kind
+ *    4 u32 len (number of values)                8 u64 optimizer steps applied (Adam's t)
+ *   16 u64 init seed   24 f32 init_a   28 f32 init_b   32 f32 lr   36 f32 weight_decay
+ *   40 f32 momentum    44 f32 beta1    48 f32 beta2    52 f32 eps  56 f32 rho
+ *   60 u8 nesterov     61..63 zero
+ *   64 f32 vals[len]   then f32 state[slots*len] (slot-major, as cps__optim_apply wants)
+ * The wire's 64-byte spec block cannot be reused here: with the version, length and step it
+ * would not fit the 64-byte header, so the record packs the same fields itself (and does not
+ * depend on the wire module).
+ *
+ * LMDB returns data 2-byte aligned at best, so values are always copied (memcpy) between the
+ * map and float buffers; the store's scratch buffer is the aligned side of those copies. */
+#include "store/store.h"
+
+#include <errno.h>
+#include <lmdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "chainps/error.h"
+#include "core/log.h"
+#include "optim/optim.h"
+
+#define SUB               "store"
+#define REC_VERSION       1
+#define REC_HDR           64
+#define DEFAULT_MAP_BYTES ((size_t)64 << 20)
+/* Growth is doubling, so 24 growths in one write take even a 1 MiB map past any real need;
+ * the cap stops a runaway caller (e.g. one that writes garbage sizes) from eating the disk. */
+#define MAX_GROWTHS   24
+#define MAX_MAP_BYTES ((size_t)1 << 40)
+/* Readers are the event loop plus a few off-loop jobs (checkpoint export, state transfer,
+ * status); MDB_NOTLS ties a slot to each open read txn, not to a thread. */
+#define MAX_READERS    126
+#define META_MAX_BYTES 4096
+#define META_MAX_NAME  255
+#define FNV_OFFSET     0xcbf29ce484222325ull
+#define FNV_PRIME      0x100000001b3ull
+
+struct cps_store {
+    MDB_env *env;
+    MDB_dbi params, ranges, dedup, meta;
+    int poisoned;
+    /* mdb_env_set_mapsize() remaps the file: no transaction of this process may be open then
+     * (LMDB does not check). Every txn holds this lock shared; growing takes it exclusive. */
+    pthread_rwlock_t map_lock;
+    float *scratch; /* 64-byte aligned; only the writer thread uses it */
+    size_t scratch_floats;
+    char dir[512];
+};
+
+struct cps_txn {
+    cps_store *s;
+    MDB_txn *t;
+    int map_full; /* some operation hit MDB_MAP_FULL: the whole txn is retried after growing */
+    int failed;   /* some LMDB operation failed: never commit this txn */
+};
+
+/* ---- errors ---- */
+
+static int lmdb_fail(cps_txn *tx, const char *op, uint64_t key, int rc)
+{
+    if (rc == MDB_MAP_FULL && tx) {
+        /* Expected: cps__store_write grows the map and runs the txn again. */
+        tx->map_full = 1;
+        tx->failed = 1;
+        cps_log(CPS_LOG_DEBUG, SUB, "%s key %llu: map full, will grow", op,
+                (unsigned long long)key);
+        return CPS_ESTORE;
+    }
+    if (tx)
+        tx->failed = 1;
+    cps_log(CPS_LOG_ERROR, SUB, "%s key %llu in %s: %s", op, (unsigned long long)key,
+            tx ? tx->s->dir : "?", mdb_strerror(rc));
+    return CPS_ESTORE;
+}
+
+static int env_fail(cps_store *s, const char *op, int rc)
+{
+    cps_log(CPS_LOG_ERROR, SUB, "%s in %s: %s", op, s->dir, mdb_strerror(rc));
+    return CPS_ESTORE;
+}
+
+static void poison(cps_store *s, const char *op, int rc)
+{
+    s->poisoned = 1;
+    cps_log(CPS_LOG_ERROR, SUB,
+            "POISONED: %s in %s failed (%s); the store's state is unknown, every later call "
+            "fails with CPS_EPOISONED until the node restarts",
+            op, s->dir, mdb_strerror(rc));
+}
+
+/* ---- record header ---- */
+
+static void f32_put(unsigned char *p, float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    cps__le32_put(p, u);
+}
+
+static float f32_get(const unsigned char *p)
+{
+    uint32_t u = cps__le32_get(p);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void hdr_encode(unsigned char *h, uint32_t len, uint64_t step, const cps_param_spec *sp)
+{
+    memset(h, 0, REC_HDR);
+    h[0] = (unsigned char)REC_VERSION;
+    h[1] = (unsigned char)(REC_VERSION >> 8);
+    h[2] = (unsigned char)sp->opt_kind;
+    h[3] = (unsigned char)sp->init_kind;
+    cps__le32_put(h + 4, len);
+    cps__le64_put(h + 8, step);
+    cps__le64_put(h + 16, sp->init_seed);
+    f32_put(h + 24, sp->init_a);
+    f32_put(h + 28, sp->init_b);
+    f32_put(h + 32, sp->lr);
+    f32_put(h + 36, sp->weight_decay);
+    f32_put(h + 40, sp->momentum);
+    f32_put(h + 44, sp->beta1);
+    f32_put(h + 48, sp->beta2);
+    f32_put(h + 52, sp->eps);
+    f32_put(h + 56, sp->rho);
+    h[60] = sp->nesterov ? 1 : 0;
+}
+
+static int kinds_valid(const cps_param_spec *sp)
+{
+    return sp->opt_kind <= CPS_W_OPT_RMSPROP && sp->init_kind <= CPS_W_INIT_NORMAL;
+}
+
+static size_t rec_size(uint32_t len, uint32_t opt_kind)
+{
+    return REC_HDR + ((size_t)1 + cps__optim_state_slots(opt_kind)) * len * sizeof(float);
+}
+
+/* Decode and check a stored record; `out` borrows from `d`. */
+static int rec_decode(const MDB_val *d, uint64_t key, cps_param_rec *out)
+{
+    const unsigned char *h = d->mv_data;
+    const char *why = NULL;
+    if (d->mv_size < REC_HDR) {
+        why = "shorter than its header";
+    } else if ((unsigned)h[0] + ((unsigned)h[1] << 8) != REC_VERSION) {
+        why = "unknown format version";
+    } else {
+        memset(out, 0, sizeof *out);
+        out->spec.opt_kind = h[2];
+        out->spec.init_kind = h[3];
+        out->len = cps__le32_get(h + 4);
+        out->opt_step = cps__le64_get(h + 8);
+        out->spec.init_seed = cps__le64_get(h + 16);
+        out->spec.init_a = f32_get(h + 24);
+        out->spec.init_b = f32_get(h + 28);
+        out->spec.lr = f32_get(h + 32);
+        out->spec.weight_decay = f32_get(h + 36);
+        out->spec.momentum = f32_get(h + 40);
+        out->spec.beta1 = f32_get(h + 44);
+        out->spec.beta2 = f32_get(h + 48);
+        out->spec.eps = f32_get(h + 52);
+        out->spec.rho = f32_get(h + 56);
+        out->spec.nesterov = h[60];
+        if (!kinds_valid(&out->spec) || h[60] > 1)
+            why = "unknown optimizer or init kind";
+        else if (out->len == 0 || rec_size(out->len, out->spec.opt_kind) != d->mv_size)
+            why = "length does not match the value size";
+    }
+    if (why) {
+        cps_log(CPS_LOG_ERROR, SUB, "corrupt param record, key %llu (%zu bytes): %s",
+                (unsigned long long)key, d->mv_size, why);
+        return CPS_ECORRUPT;
+    }
+    out->vals = (const float *)(h + REC_HDR);
+    out->state = cps__optim_state_slots(out->spec.opt_kind)
+                     ? (const float *)(h + REC_HDR + (size_t)out->len * sizeof(float))
+                     : NULL;
+    return 0;
+}
+
+/* The canonical form of a spec, as stored and compared: defaults resolved, nesterov 0/1. */
+static cps_param_spec spec_canon(const cps_param_spec *sp)
+{
+    cps_param_spec c = *sp;
+    cps__optim_spec_defaults(&c);
+    c.nesterov = c.nesterov ? 1 : 0;
+    return c;
+}
+
+static int spec_equal(const cps_param_spec *a, const cps_param_spec *b)
+{
+    unsigned char ha[REC_HDR], hb[REC_HDR];
+    cps_param_spec ca = spec_canon(a), cb = spec_canon(b);
+    hdr_encode(ha, 0, 0, &ca);
+    hdr_encode(hb, 0, 0, &cb);
+    return memcmp(ha, hb, REC_HDR) == 0;
+}
+
+static int scratch_reserve(cps_store *s, size_t nfloats)
+{
+    if (nfloats <= s->scratch_floats)
+        return 0;
+    size_t want = s->scratch_floats ? s->scratch_floats : 1024;
+    while (want < nfloats)
+        want *= 2;
+    /* aligned_alloc wants a size that is a multiple of the alignment. */
+    size_t bytes = (want * sizeof(float) + 63) & ~(size_t)63;
+    float *p = aligned_alloc(64, bytes);
+    if (!p) {
+        cps_log(CPS_LOG_ERROR, SUB, "scratch of %zu bytes: out of memory", bytes);
+        return CPS_ENOMEM;
+    }
+    free(s->scratch);
+    s->scratch = p;
+    s->scratch_floats = want;
+    return 0;
+}
+
+/* ---- environment ---- */
+
+static int mkdir_p(const char *dir)
+{
+    char path[512];
+    size_t n = strlen(dir);
+    if (n == 0 || n >= sizeof path)
+        return -1;
+    memcpy(path, dir, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (path[i] == '/' || path[i] == '\0') {
+            char c = path[i];
+            path[i] = '\0';
+            if (mkdir(path, 0775) != 0 && errno != EEXIST)
+                return -1;
+            path[i] = c;
+        }
+    }
+    return 0;
+}
+
+static int open_dbis(cps_store *s)
+{
+    MDB_txn *t;
+    int rc = mdb_txn_begin(s->env, NULL, 0, &t);
+    if (rc)
+        return env_fail(s, "mdb_txn_begin (open)", rc);
+    const struct {
+        const char *name;
+        unsigned flags;
+        MDB_dbi *dbi;
+    } dbs[] = {
+        {"params", MDB_CREATE | MDB_INTEGERKEY, &s->params},
+        {"ranges", MDB_CREATE | MDB_INTEGERKEY, &s->ranges},
+        {"dedup", MDB_CREATE | MDB_INTEGERKEY, &s->dedup},
+        {"meta", MDB_CREATE, &s->meta},
+    };
+    for (size_t i = 0; i < sizeof dbs / sizeof dbs[0]; i++) {
+        rc = mdb_dbi_open(t, dbs[i].name, dbs[i].flags, dbs[i].dbi);
+        if (rc) {
+            mdb_txn_abort(t);
+            cps_log(CPS_LOG_ERROR, SUB, "mdb_dbi_open %s in %s: %s", dbs[i].name, s->dir,
+                    mdb_strerror(rc));
+            return CPS_ESTORE;
+        }
+    }
+    rc = mdb_txn_commit(t);
+    return rc ? env_fail(s, "mdb_txn_commit (open)", rc) : 0;
+}
+
+int cps__store_open(const char *dir, const cps_store_opts *opts, cps_store **out)
+{
+    if (!dir || !out || !*dir || strlen(dir) >= sizeof((cps_store *)0)->dir)
+        return CPS_EINVAL;
+    *out = NULL;
+    if (mkdir_p(dir) != 0) {
+        cps_log(CPS_LOG_ERROR, SUB, "cannot create directory %s: %s", dir, strerror(errno));
+        return CPS_ESTORE;
+    }
+    cps_store *s = calloc(1, sizeof *s);
+    if (!s)
+        return CPS_ENOMEM;
+    snprintf(s->dir, sizeof s->dir, "%s", dir);
+    pthread_rwlockattr_t attr;
+    pthread_rwlockattr_init(&attr);
+    /* A steady stream of readers must not starve a map growth (and so the writer). */
+    pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&s->map_lock, &attr);
+    pthread_rwlockattr_destroy(&attr);
+
+    size_t map = opts && opts->initial_map_bytes ? opts->initial_map_bytes : DEFAULT_MAP_BYTES;
+    unsigned flags = MDB_NOTLS;
+    if (!(opts && opts->sync_every_commit))
+        flags |= MDB_NOSYNC;
+    int rc = mdb_env_create(&s->env);
+    if (rc) {
+        env_fail(s, "mdb_env_create", rc);
+        s->env = NULL;
+        goto fail;
+    }
+    if ((rc = mdb_env_set_maxdbs(s->env, 8)) ||
+        (rc = mdb_env_set_maxreaders(s->env, MAX_READERS)) ||
+        (rc = mdb_env_set_mapsize(s->env, map))) {
+        env_fail(s, "mdb_env_set_*", rc);
+        goto fail;
+    }
+    if ((rc = mdb_env_open(s->env, dir, flags, 0664))) {
+        env_fail(s, "mdb_env_open", rc);
+        goto fail;
+    }
+    if (open_dbis(s) != 0)
+        goto fail;
+    cps_log(CPS_LOG_DEBUG, SUB, "opened %s (map %zu bytes, %s)", dir, map,
+            (flags & MDB_NOSYNC) ? "nosync" : "sync every commit");
+    *out = s;
+    return 0;
+fail:
+    if (s->env)
+        mdb_env_close(s->env);
+    pthread_rwlock_destroy(&s->map_lock);
+    free(s);
+    return CPS_ESTORE;
+}
+
+void cps__store_close(cps_store *s)
+{
+    if (!s)
+        return;
+    if (!s->poisoned) {
+        int rc = mdb_env_sync(s->env, 1);
+        if (rc)
+            env_fail(s, "mdb_env_sync (close)", rc);
+    }
+    mdb_env_close(s->env);
+    pthread_rwlock_destroy(&s->map_lock);
+    free(s->scratch);
+    free(s);
+}
+
+int cps__store_sync(cps_store *s)
+{
+    if (s->poisoned)
+        return CPS_EPOISONED;
+    int rc = mdb_env_sync(s->env, 1);
+    return rc ? env_fail(s, "mdb_env_sync", rc) : 0;
+}
+
+/* Double the map. Called with no txn of ours open; waits for other threads' read txns. */
+static int grow_map(cps_store *s)
+{
+    MDB_envinfo info;
+    int rc = mdb_env_info(s->env, &info);
+    if (rc)
+        return env_fail(s, "mdb_env_info", rc);
+    size_t want = info.me_mapsize * 2;
+    if (want > MAX_MAP_BYTES || want < info.me_mapsize) {
+        cps_log(CPS_LOG_ERROR, SUB, "%s: map full at %zu bytes, refusing to grow past %zu", s->dir,
+                info.me_mapsize, (size_t)MAX_MAP_BYTES);
+        return CPS_ESTORE;
+    }
+    pthread_rwlock_wrlock(&s->map_lock);
+    rc = mdb_env_set_mapsize(s->env, want);
+    pthread_rwlock_unlock(&s->map_lock);
+    if (rc)
+        return env_fail(s, "mdb_env_set_mapsize", rc);
+    cps_log(CPS_LOG_INFO, SUB, "%s: map grown from %zu to %zu bytes", s->dir, info.me_mapsize,
+            want);
+    return 0;
+}
+
+int cps__store_write(cps_store *s, cps_txn_fn fn, void *arg)
+{
+    for (int growths = 0;; growths++) {
+        if (s->poisoned)
+            return CPS_EPOISONED;
+        cps_txn tx = {.s = s};
+        pthread_rwlock_rdlock(&s->map_lock);
+        int rc = mdb_txn_begin(s->env, NULL, 0, &tx.t);
+        if (rc) {
+            pthread_rwlock_unlock(&s->map_lock);
+            if (rc == MDB_PANIC) {
+                poison(s, "mdb_txn_begin", rc);
+                return CPS_EPOISONED;
+            }
+            return env_fail(s, "mdb_txn_begin", rc);
+        }
+        int frc = fn(&tx, arg);
+        if (tx.map_full || frc != 0 || tx.failed) {
+            mdb_txn_abort(tx.t);
+            pthread_rwlock_unlock(&s->map_lock);
+            if (!tx.map_full)
+                return frc != 0 ? frc : CPS_ESTORE; /* an LMDB error fn chose to ignore */
+        } else {
+            rc = mdb_txn_commit(tx.t); /* frees the txn, success or not */
+            pthread_rwlock_unlock(&s->map_lock);
+            if (rc == 0)
+                return 0;
+            if (rc != MDB_MAP_FULL) {
+                poison(s, "mdb_txn_commit", rc);
+                return CPS_EPOISONED;
+            }
+        }
+        /* MDB_MAP_FULL from a put or from the commit: nothing was written; grow and rerun. */
+        if (growths >= MAX_GROWTHS) {
+            cps_log(CPS_LOG_ERROR, SUB, "%s: still map full after %d growths", s->dir, growths);
+            return CPS_ESTORE;
+        }
+        if ((rc = grow_map(s)) != 0)
+            return rc;
+    }
+}
+
+int cps__store_read(cps_store *s, cps_txn_fn fn, void *arg)
+{
+    if (s->poisoned)
+        return CPS_EPOISONED;
+    cps_txn tx = {.s = s};
+    pthread_rwlock_rdlock(&s->map_lock);
+    int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &tx.t);
+    if (rc) {
+        pthread_rwlock_unlock(&s->map_lock);
+        return env_fail(s, "mdb_txn_begin (read)", rc);
+    }
+    rc = fn(&tx, arg);
+    mdb_txn_abort(tx.t);
+    pthread_rwlock_unlock(&s->map_lock);
+    return rc;
+}
+
+/* ---- parameters ---- */
+
+static int param_lookup(cps_txn *tx, uint64_t key, MDB_val *d, cps_param_rec *rec, const char *op)
+{
+    MDB_val k = {sizeof key, &key};
+    int rc = mdb_get(tx->t, tx->s->params, &k, d);
+    if (rc == MDB_NOTFOUND)
+        return CPS_ENOTFOUND;
+    if (rc)
+        return lmdb_fail(tx, op, key, rc);
+    return rec_decode(d, key, rec);
+}
+
+int cps__store_param_get(cps_txn *tx, uint64_t key, cps_param_rec *out)
+{
+    MDB_val d;
+    return param_lookup(tx, key, &d, out, "param_get");
+}
+
+/* Reserve the record's space in the map and write its header; values follow at +REC_HDR. */
+static int rec_reserve(cps_txn *tx, uint64_t key, uint32_t len, uint64_t step,
+                       const cps_param_spec *spec, unsigned char **data, const char *op)
+{
+    MDB_val k = {sizeof key, &key};
+    MDB_val d = {rec_size(len, spec->opt_kind), NULL};
+    int rc = mdb_put(tx->t, tx->s->params, &k, &d, MDB_RESERVE);
+    if (rc)
+        return lmdb_fail(tx, op, key, rc);
+    *data = d.mv_data;
+    hdr_encode(*data, len, step, spec);
+    return 0;
+}
+
+int cps__store_param_create(cps_txn *tx, uint64_t key, uint32_t len, uint64_t offset,
+                            const cps_param_spec *spec)
+{
+    if (len == 0 || !spec || !kinds_valid(spec))
+        return CPS_EINVAL;
+    cps_param_rec old;
+    MDB_val d;
+    int rc = param_lookup(tx, key, &d, &old, "param_create");
+    if (rc == 0) {
+        if (old.len == len && spec_equal(&old.spec, spec))
+            return 0;
+        cps_log(CPS_LOG_WARN, SUB, "param_create key %llu: exists with len %u, asked len %u%s",
+                (unsigned long long)key, old.len, len,
+                old.len == len ? " and a different spec" : "");
+        return CPS_EEXIST;
+    }
+    if (rc != CPS_ENOTFOUND)
+        return rc;
+
+    cps_param_spec c = spec_canon(spec);
+    size_t slots = cps__optim_state_slots(c.opt_kind);
+    /* Fill in aligned scratch: the reserved space in the map may not be float-aligned. */
+    if ((rc = scratch_reserve(tx->s, len)) != 0)
+        return rc;
+    cps__init_fill(&c, offset, tx->s->scratch, len);
+    unsigned char *p;
+    if ((rc = rec_reserve(tx, key, len, 0, &c, &p, "param_create")) != 0)
+        return rc;
+    memcpy(p + REC_HDR, tx->s->scratch, (size_t)len * sizeof(float));
+    memset(p + REC_HDR + (size_t)len * sizeof(float), 0, slots * len * sizeof(float));
+    return 0;
+}
+
+int cps__store_param_apply(cps_txn *tx, uint64_t key, const float *grad, uint32_t glen)
+{
+    cps_param_rec rec;
+    MDB_val d;
+    int rc = param_lookup(tx, key, &d, &rec, "param_apply");
+    if (rc)
+        return rc;
+    if (glen != rec.len) {
+        cps_log(CPS_LOG_WARN, SUB, "param_apply key %llu: gradient of %u values for %u",
+                (unsigned long long)key, glen, rec.len);
+        return CPS_ESIZE;
+    }
+    size_t n = rec.len, slots = cps__optim_state_slots(rec.spec.opt_kind);
+    size_t nfloats = (1 + slots) * n;
+    if ((rc = scratch_reserve(tx->s, nfloats)) != 0)
+        return rc;
+    float *buf = tx->s->scratch;
+    /* Copy out before the put: the put may move or overwrite the record's page. */
+    memcpy(buf, (const unsigned char *)d.mv_data + REC_HDR, nfloats * sizeof(float));
+    rc = cps__optim_apply(&rec.spec, buf, slots ? buf + n : NULL, grad, n, rec.opt_step + 1);
+    if (rc) {
+        cps_log(CPS_LOG_ERROR, SUB, "param_apply key %llu: optimizer %u refused: %s",
+                (unsigned long long)key, rec.spec.opt_kind, cps_strerror(rc));
+        return rc;
+    }
+    unsigned char *p;
+    if ((rc = rec_reserve(tx, key, rec.len, rec.opt_step + 1, &rec.spec, &p, "param_apply")))
+        return rc;
+    memcpy(p + REC_HDR, buf, nfloats * sizeof(float));
+    return 0;
+}
+
+int cps__store_param_read(cps_txn *tx, uint64_t key, float *out, uint32_t len)
+{
+    cps_param_rec rec;
+    MDB_val d;
+    int rc = param_lookup(tx, key, &d, &rec, "param_read");
+    if (rc)
+        return rc;
+    if (len != rec.len)
+        return CPS_ESIZE;
+    memcpy(out, rec.vals, (size_t)len * sizeof(float));
+    return 0;
+}
+
+int cps__store_param_put(cps_txn *tx, uint64_t key, const cps_param_rec *rec)
+{
+    if (!rec || rec->len == 0 || !rec->vals || !kinds_valid(&rec->spec))
+        return CPS_EINVAL;
+    cps_param_spec c = spec_canon(&rec->spec);
+    size_t slots = cps__optim_state_slots(c.opt_kind);
+    if (slots && !rec->state)
+        return CPS_EINVAL;
+    unsigned char *p;
+    int rc = rec_reserve(tx, key, rec->len, rec->opt_step, &c, &p, "param_put");
+    if (rc)
+        return rc;
+    size_t nb = (size_t)rec->len * sizeof(float);
+    memcpy(p + REC_HDR, rec->vals, nb);
+    if (slots)
+        memcpy(p + REC_HDR + nb, rec->state, slots * nb);
+    return 0;
+}
+
+int cps__store_param_scan(cps_txn *tx, uint64_t lo, uint64_t hi, cps_param_iter_fn fn, void *arg)
+{
+    if (lo > hi)
+        return 0;
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(tx->t, tx->s->params, &cur);
+    if (rc)
+        return lmdb_fail(tx, "param_scan (cursor)", lo, rc);
+    MDB_val k = {sizeof lo, &lo}, d;
+    int ret = 0;
+    for (rc = mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE); rc == 0;
+         rc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        uint64_t key;
+        if (k.mv_size != sizeof key) {
+            cps_log(CPS_LOG_ERROR, SUB, "param_scan: key of %zu bytes", k.mv_size);
+            ret = CPS_ECORRUPT;
+            break;
+        }
+        memcpy(&key, k.mv_data, sizeof key);
+        if (key > hi)
+            break;
+        cps_param_rec rec;
+        if ((ret = rec_decode(&d, key, &rec)) != 0)
+            break;
+        if ((ret = fn(arg, key, &rec)) != 0)
+            break;
+    }
+    if (ret == 0 && rc != 0 && rc != MDB_NOTFOUND)
+        ret = lmdb_fail(tx, "param_scan", lo, rc);
+    mdb_cursor_close(cur);
+    return ret;
+}
+
+/* ---- ranges, dedup, meta ---- */
+
+int cps__store_range_get(cps_txn *tx, uint32_t range, cps_range_meta *out)
+{
+    MDB_val k = {sizeof range, &range}, d;
+    int rc = mdb_get(tx->t, tx->s->ranges, &k, &d);
+    if (rc == MDB_NOTFOUND) {
+        out->seq = out->step = 0;
+        return 0;
+    }
+    if (rc)
+        return lmdb_fail(tx, "range_get", range, rc);
+    if (d.mv_size != 16) {
+        cps_log(CPS_LOG_ERROR, SUB, "corrupt range meta, range %u (%zu bytes)", range, d.mv_size);
+        return CPS_ECORRUPT;
+    }
+    out->seq = cps__le64_get(d.mv_data);
+    out->step = cps__le64_get((const unsigned char *)d.mv_data + 8);
+    return 0;
+}
+
+int cps__store_range_put(cps_txn *tx, uint32_t range, const cps_range_meta *m)
+{
+    unsigned char v[16];
+    cps__le64_put(v, m->seq);
+    cps__le64_put(v + 8, m->step);
+    MDB_val k = {sizeof range, &range}, d = {sizeof v, v};
+    int rc = mdb_put(tx->t, tx->s->ranges, &k, &d, 0);
+    return rc ? lmdb_fail(tx, "range_put", range, rc) : 0;
+}
+
+/* One u64 key per (range, worker), range in the high half: a range's entries are adjacent. */
+static uint64_t dedup_key(uint32_t range, uint32_t worker)
+{
+    return (uint64_t)range << 32 | worker;
+}
+
+int cps__store_dedup_get(cps_txn *tx, uint32_t range, uint32_t worker, uint64_t *seq)
+{
+    uint64_t key = dedup_key(range, worker);
+    MDB_val k = {sizeof key, &key}, d;
+    int rc = mdb_get(tx->t, tx->s->dedup, &k, &d);
+    if (rc == MDB_NOTFOUND) {
+        *seq = 0;
+        return 0;
+    }
+    if (rc)
+        return lmdb_fail(tx, "dedup_get", key, rc);
+    if (d.mv_size != 8) {
+        cps_log(CPS_LOG_ERROR, SUB, "corrupt dedup entry, range %u worker %u", range, worker);
+        return CPS_ECORRUPT;
+    }
+    *seq = cps__le64_get(d.mv_data);
+    return 0;
+}
+
+int cps__store_dedup_put(cps_txn *tx, uint32_t range, uint32_t worker, uint64_t seq)
+{
+    uint64_t key = dedup_key(range, worker);
+    unsigned char v[8];
+    cps__le64_put(v, seq);
+    MDB_val k = {sizeof key, &key}, d = {sizeof v, v};
+    int rc = mdb_put(tx->t, tx->s->dedup, &k, &d, 0);
+    return rc ? lmdb_fail(tx, "dedup_put", key, rc) : 0;
+}
+
+static int meta_name(const char *name, MDB_val *k)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n == 0 || n > META_MAX_NAME)
+        return CPS_EINVAL;
+    k->mv_size = n;
+    k->mv_data = (void *)name;
+    return 0;
+}
+
+int cps__store_meta_get(cps_txn *tx, const char *name, void *buf, size_t *len)
+{
+    MDB_val k, d;
+    if (!len || meta_name(name, &k) != 0)
+        return CPS_EINVAL;
+    int rc = mdb_get(tx->t, tx->s->meta, &k, &d);
+    if (rc == MDB_NOTFOUND)
+        return CPS_ENOTFOUND;
+    if (rc)
+        return lmdb_fail(tx, "meta_get", 0, rc);
+    size_t cap = *len;
+    *len = d.mv_size;
+    if (d.mv_size > cap)
+        return CPS_ESIZE;
+    if (d.mv_size)
+        memcpy(buf, d.mv_data, d.mv_size);
+    return 0;
+}
+
+int cps__store_meta_put(cps_txn *tx, const char *name, const void *buf, size_t len)
+{
+    MDB_val k;
+    if (meta_name(name, &k) != 0 || len > META_MAX_BYTES || (len && !buf))
+        return CPS_EINVAL;
+    MDB_val d = {len, (void *)buf};
+    int rc = mdb_put(tx->t, tx->s->meta, &k, &d, 0);
+    return rc ? lmdb_fail(tx, "meta_put", 0, rc) : 0;
+}
+
+/* ---- checksum and counters ---- */
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= FNV_PRIME;
+    }
+    return h;
+}
+
+static int checksum_one(void *arg, uint64_t key, const cps_param_rec *rec)
+{
+    uint64_t *h = arg;
+    unsigned char kb[8];
+    cps__le64_put(kb, key); /* little-endian so the sum does not depend on the host */
+    *h = fnv1a(*h, kb, sizeof kb);
+    *h = fnv1a(*h, rec->vals, (size_t)rec->len * sizeof(float));
+    return 0;
+}
+
+int cps__store_checksum(cps_txn *tx, uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    uint64_t h = FNV_OFFSET;
+    int rc = cps__store_param_scan(tx, lo, hi, checksum_one, &h);
+    if (rc == 0)
+        *out = h;
+    return rc;
+}
+
+static int count_one(void *arg, uint64_t key, const cps_param_rec *rec)
+{
+    (void)key;
+    *(uint64_t *)arg += rec->len;
+    return 0;
+}
+
+int cps__store_count(cps_txn *tx, uint64_t *keys, uint64_t *values)
+{
+    MDB_stat st;
+    int rc = mdb_stat(tx->t, tx->s->params, &st);
+    if (rc)
+        return lmdb_fail(tx, "count (stat)", 0, rc);
+    uint64_t v = 0;
+    if ((rc = cps__store_param_scan(tx, 0, UINT64_MAX, count_one, &v)) != 0)
+        return rc;
+    if (keys)
+        *keys = st.ms_entries;
+    if (values)
+        *values = v;
+    return 0;
+}

@@ -1,0 +1,647 @@
+/* Transport over nanomsg: one NN_PULL inbox, one NN_PUSH socket per peer (see transport.h).
+ *
+ * Why PUSH/PULL: a PUSH socket with a single connected pipe is an ordered, fire-and-forget stream
+ * to one peer, and any number of requests can be in flight (REQ/REP allows one). Replies travel
+ * the same way, on the replier's own PUSH socket to the requester's inbox.
+ *
+ * Why a queue of our own: nn_send(NN_DONTWAIT) on PUSH fails with EAGAIN while the peer is not
+ * connected yet or while the previous message is still being written. Blocking there would stall
+ * the event loop behind one slow peer, so the message waits in a per-peer FIFO instead and
+ * cps__tp_poll() feeds it to nanomsg when the peer's NN_SNDFD says it can take more.
+ */
+#include "transport/transport.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/pipeline.h>
+#include <nanomsg/tcp.h>
+
+#include "chainps/error.h"
+#include "core/log.h"
+#include "core/wire.h"
+
+#define TP_QUEUE_MAX        4096u     /* per-peer backlog before senders see CPS_EAGAIN */
+#define TP_SOCKBUF          (4 << 20) /* NN_SNDBUF / NN_RCVBUF */
+#define TP_LINGER_MS        100
+#define TP_RECONNECT_MS     50
+#define TP_RECONNECT_MAX_MS 500
+#define TP_BIND_TRIES       64
+#define TP_PORT_LO          20000u
+#define TP_PORT_HI          59999u
+#define TP_DESTROY_FLUSH_MS 200
+#define TP_URL_MAX          512
+
+static const char SUB[] = "transport";
+
+typedef struct tp_msg {
+    void *buf;
+    size_t len;
+} tp_msg;
+
+typedef struct tp_peer {
+    uint32_t id;
+    int sock;
+    int sndfd;
+    char *url;
+    tp_msg *q; /* ring buffer: qlen entries starting at qhead */
+    size_t qcap, qhead, qlen;
+    size_t qbytes;
+} tp_peer;
+
+struct cps_tp {
+    int inbox; /* -1 until bound */
+    int rcvfd;
+    int extra_fd;
+    char inbox_url[TP_URL_MAX];
+    tp_peer **peers; /* sorted by id so send() finds a peer by binary search */
+    size_t npeers, peers_cap;
+    size_t queued; /* sum of qlen over peers */
+    struct pollfd *pfds;
+    tp_peer **pfd_peer; /* pfd_peer[i] owns pfds[i], NULL for the inbox and extra fd */
+    size_t pfd_cap;
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Log the pending nanomsg error and translate it at the boundary. */
+static int nn_fail(const char *op, const char *target)
+{
+    int e = nn_errno();
+    cps_log(CPS_LOG_ERROR, SUB, "%s %s: %s", op, target ? target : "", nn_strerror(e));
+    return e == EINVAL ? CPS_EINVAL : CPS_ETRANSPORT;
+}
+
+static int set_opt(int s, int level, int opt, int val, const char *name)
+{
+    if (nn_setsockopt(s, level, opt, &val, sizeof val) < 0)
+        return nn_fail("nn_setsockopt", name);
+    return 0;
+}
+
+static void close_sock(int s)
+{
+    /* nanomsg documents EINTR from nn_close as "not fully closed yet, call again". */
+    while (nn_close(s) < 0 && nn_errno() == EINTR) {
+    }
+}
+
+/* A socket with our options applied. The receive limit goes on every socket, not only the inbox,
+ * because nanomsg's 1 MiB default silently drops bigger messages on whichever side receives. */
+static int open_sock(int proto, int *out)
+{
+    int s = nn_socket(AF_SP, proto);
+    if (s < 0)
+        return nn_fail("nn_socket", proto == NN_PULL ? "PULL" : "PUSH");
+    int rc = set_opt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, CPS_WIRE_HDR_SIZE + CPS_WIRE_MAX_PAYLOAD,
+                     "NN_RCVMAXSIZE");
+    if (!rc)
+        rc = set_opt(s, NN_SOL_SOCKET, NN_SNDBUF, TP_SOCKBUF, "NN_SNDBUF");
+    if (!rc)
+        rc = set_opt(s, NN_SOL_SOCKET, NN_RCVBUF, TP_SOCKBUF, "NN_RCVBUF");
+    if (!rc)
+        rc = set_opt(s, NN_SOL_SOCKET, NN_LINGER, TP_LINGER_MS, "NN_LINGER");
+    /* Short reconnect intervals: a restarted peer or one whose inbox is not bound yet should be
+     * reached within about half a second, well inside a request timeout. */
+    if (!rc)
+        rc = set_opt(s, NN_SOL_SOCKET, NN_RECONNECT_IVL, TP_RECONNECT_MS, "NN_RECONNECT_IVL");
+    if (!rc)
+        rc = set_opt(s, NN_SOL_SOCKET, NN_RECONNECT_IVL_MAX, TP_RECONNECT_MAX_MS,
+                     "NN_RECONNECT_IVL_MAX");
+    /* Requests are small and latency-bound; Nagle would hold them back behind the previous ack. */
+    if (!rc)
+        rc = set_opt(s, NN_TCP, NN_TCP_NODELAY, 1, "NN_TCP_NODELAY");
+    if (rc) {
+        close_sock(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+static int get_fd(int s, int opt, int *fd)
+{
+    size_t sz = sizeof *fd;
+    if (nn_getsockopt(s, NN_SOL_SOCKET, opt, fd, &sz) < 0)
+        return nn_fail("nn_getsockopt", opt == NN_RCVFD ? "NN_RCVFD" : "NN_SNDFD");
+    return 0;
+}
+
+int cps__tp_create(cps_tp **out)
+{
+    if (!out)
+        return CPS_EINVAL;
+    cps_tp *tp = calloc(1, sizeof *tp);
+    if (!tp)
+        return CPS_ENOMEM;
+    tp->inbox = -1;
+    tp->rcvfd = -1;
+    tp->extra_fd = -1;
+    *out = tp;
+    return 0;
+}
+
+/* ---- peers ---- */
+
+/* Index of `id` in tp->peers, or the insertion point with *found = 0. */
+static size_t peer_index(const cps_tp *tp, uint32_t id, int *found)
+{
+    size_t lo = 0, hi = tp->npeers;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (tp->peers[mid]->id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *found = lo < tp->npeers && tp->peers[lo]->id == id;
+    return lo;
+}
+
+static tp_peer *peer_find(const cps_tp *tp, uint32_t id)
+{
+    int found;
+    size_t i = peer_index(tp, id, &found);
+    return found ? tp->peers[i] : NULL;
+}
+
+static void queue_clear(cps_tp *tp, tp_peer *p)
+{
+    for (size_t i = 0; i < p->qlen; i++)
+        nn_freemsg(p->q[(p->qhead + i) % p->qcap].buf);
+    tp->queued -= p->qlen;
+    p->qlen = 0;
+    p->qhead = 0;
+    p->qbytes = 0;
+}
+
+static void peer_free(cps_tp *tp, tp_peer *p)
+{
+    if (p->qlen)
+        cps_log(CPS_LOG_WARN, SUB, "peer %u (%s): dropping %zu queued messages (%zu bytes)", p->id,
+                p->url, p->qlen, p->qbytes);
+    queue_clear(tp, p);
+    close_sock(p->sock);
+    free(p->q);
+    free(p->url);
+    free(p);
+}
+
+static int queue_push(cps_tp *tp, tp_peer *p, void *buf, size_t len)
+{
+    if (p->qlen >= TP_QUEUE_MAX)
+        return CPS_EAGAIN;
+    if (p->qlen == p->qcap) {
+        size_t ncap = p->qcap ? p->qcap * 2 : 16;
+        tp_msg *nq = malloc(ncap * sizeof *nq);
+        if (!nq)
+            return CPS_ENOMEM;
+        for (size_t i = 0; i < p->qlen; i++)
+            nq[i] = p->q[(p->qhead + i) % p->qcap];
+        free(p->q);
+        p->q = nq;
+        p->qcap = ncap;
+        p->qhead = 0;
+    }
+    p->q[(p->qhead + p->qlen) % p->qcap] = (tp_msg){buf, len};
+    p->qlen++;
+    p->qbytes += len;
+    tp->queued++;
+    return 0;
+}
+
+/* 1 sent (nanomsg owns buf now), 0 not now, or a negative error. */
+static int try_send(tp_peer *p, void *buf)
+{
+    for (;;) {
+        void *m = buf;
+        if (nn_send(p->sock, &m, NN_MSG, NN_DONTWAIT) >= 0)
+            return 1;
+        int e = nn_errno();
+        if (e == EAGAIN)
+            return 0;
+        if (e != EINTR) {
+            cps_log(CPS_LOG_ERROR, SUB, "nn_send to peer %u (%s): %s", p->id, p->url,
+                    nn_strerror(e));
+            return CPS_ETRANSPORT;
+        }
+    }
+}
+
+/* Hand queued messages to nanomsg, oldest first, until it pushes back. */
+static int queue_flush(cps_tp *tp, tp_peer *p)
+{
+    while (p->qlen) {
+        tp_msg *m = &p->q[p->qhead];
+        int rc = try_send(p, m->buf);
+        if (rc <= 0)
+            return rc;
+        p->qbytes -= m->len;
+        p->qhead = (p->qhead + 1) % p->qcap;
+        p->qlen--;
+        tp->queued--;
+    }
+    p->qhead = 0;
+    return 0;
+}
+
+static int valid_url(const char *url)
+{
+    if (!url)
+        return 0;
+    size_t n = strnlen(url, TP_URL_MAX);
+    const char *sep = strstr(url, "://");
+    return n > 0 && n < TP_URL_MAX && sep && sep != url && sep[3] != '\0';
+}
+
+static int peer_open(uint32_t id, const char *url, tp_peer **out)
+{
+    tp_peer *p = calloc(1, sizeof *p);
+    if (!p)
+        return CPS_ENOMEM;
+    p->id = id;
+    p->url = strdup(url);
+    if (!p->url) {
+        free(p);
+        return CPS_ENOMEM;
+    }
+    int rc = open_sock(NN_PUSH, &p->sock);
+    if (rc) {
+        free(p->url);
+        free(p);
+        return rc;
+    }
+    /* nn_connect only validates the address; the TCP connection is made (and remade) in the
+     * background, which is what lets a send precede the peer's bind. */
+    if (nn_connect(p->sock, url) < 0)
+        rc = nn_fail("nn_connect", url);
+    if (!rc)
+        rc = get_fd(p->sock, NN_SNDFD, &p->sndfd);
+    if (rc) {
+        close_sock(p->sock);
+        free(p->url);
+        free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+int cps__tp_peer_set(cps_tp *tp, uint32_t id, const char *url)
+{
+    if (!tp || !valid_url(url))
+        return CPS_EINVAL;
+    int found;
+    size_t i = peer_index(tp, id, &found);
+    if (found && strcmp(tp->peers[i]->url, url) == 0)
+        return 0;
+    /* Open the new socket before touching the old one so a failure leaves the peer as it was. */
+    tp_peer *p;
+    int rc = peer_open(id, url, &p);
+    if (rc)
+        return rc;
+    if (found) {
+        cps_log(CPS_LOG_INFO, SUB, "peer %u moved %s -> %s", id, tp->peers[i]->url, url);
+        peer_free(tp, tp->peers[i]);
+        tp->peers[i] = p;
+        return 0;
+    }
+    if (tp->npeers == tp->peers_cap) {
+        size_t ncap = tp->peers_cap ? tp->peers_cap * 2 : 8;
+        tp_peer **np = realloc(tp->peers, ncap * sizeof *np);
+        if (!np) {
+            peer_free(tp, p);
+            return CPS_ENOMEM;
+        }
+        tp->peers = np;
+        tp->peers_cap = ncap;
+    }
+    memmove(&tp->peers[i + 1], &tp->peers[i], (tp->npeers - i) * sizeof *tp->peers);
+    tp->peers[i] = p;
+    tp->npeers++;
+    cps_log(CPS_LOG_DEBUG, SUB, "peer %u at %s", id, url);
+    return 0;
+}
+
+void cps__tp_peer_drop(cps_tp *tp, uint32_t id)
+{
+    if (!tp)
+        return;
+    int found;
+    size_t i = peer_index(tp, id, &found);
+    if (!found)
+        return;
+    peer_free(tp, tp->peers[i]);
+    memmove(&tp->peers[i], &tp->peers[i + 1], (tp->npeers - i - 1) * sizeof *tp->peers);
+    tp->npeers--;
+}
+
+int cps__tp_peer_known(const cps_tp *tp, uint32_t id)
+{
+    return tp && peer_find(tp, id) != NULL;
+}
+
+/* ---- messages ---- */
+
+void *cps__tp_alloc(size_t len)
+{
+    /* nanomsg's chunk header keeps the data 8-byte aligned on LP64; a zero-length chunk is legal
+     * but some callers treat NULL as failure, so ask for at least one byte. */
+    return nn_allocmsg(len ? len : 1, 0);
+}
+
+void cps__tp_free(void *buf)
+{
+    if (buf)
+        nn_freemsg(buf);
+}
+
+/* `len` must be the length given to cps__tp_alloc(): with NN_MSG nanomsg sends the whole chunk,
+ * so a shorter `len` would not shorten the message. */
+int cps__tp_send(cps_tp *tp, uint32_t id, void *buf, size_t len)
+{
+    if (!tp || !buf)
+        return CPS_EINVAL;
+    tp_peer *p = peer_find(tp, id);
+    if (!p)
+        return CPS_ENOTFOUND;
+    /* Older messages go first, or the peer would see them out of order. */
+    if (p->qlen) {
+        int rc = queue_flush(tp, p);
+        if (rc < 0)
+            return rc;
+    }
+    if (!p->qlen) {
+        int rc = try_send(p, buf);
+        if (rc != 0)
+            return rc > 0 ? 0 : rc;
+    }
+    int rc = queue_push(tp, p, buf, len);
+    if (rc == CPS_EAGAIN)
+        cps_log(CPS_LOG_DEBUG, SUB, "peer %u (%s): queue full (%zu messages)", id, p->url, p->qlen);
+    return rc;
+}
+
+size_t cps__tp_queued(const cps_tp *tp)
+{
+    return tp ? tp->queued : 0;
+}
+
+/* ---- inbox ---- */
+
+static uint64_t seed_rng(const void *salt)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t x = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ ((uint64_t)getpid() << 16) ^
+                 (uint64_t)(uintptr_t)salt;
+    return x ? x : 0x9e3779b97f4a7c15ull;
+}
+
+static uint64_t xorshift(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static int valid_host(const char *host)
+{
+    if (!host || !host[0] || strlen(host) >= TP_URL_MAX - 32)
+        return 0;
+    for (const char *c = host; *c; c++)
+        if (*c == '/' || *c == '[' || *c == ']' || *c <= ' ')
+            return 0;
+    return 1;
+}
+
+static void format_url(char *buf, size_t cap, const char *host, unsigned port)
+{
+    /* An IPv6 literal needs brackets to keep its colons apart from the port. */
+    if (strchr(host, ':'))
+        snprintf(buf, cap, "tcp://[%s]:%u", host, port);
+    else
+        snprintf(buf, cap, "tcp://%s:%u", host, port);
+}
+
+int cps__tp_bind(cps_tp *tp, const char *host, uint16_t port, uint16_t *port_out)
+{
+    if (!tp || !valid_host(host))
+        return CPS_EINVAL;
+    if (tp->inbox >= 0) {
+        cps_log(CPS_LOG_ERROR, SUB, "inbox already bound to %s", tp->inbox_url);
+        return CPS_EINVAL;
+    }
+    int s, rc = open_sock(NN_PULL, &s);
+    if (rc)
+        return rc;
+    if (strchr(host, ':'))
+        rc = set_opt(s, NN_SOL_SOCKET, NN_IPV4ONLY, 0, "NN_IPV4ONLY");
+
+    /* Port 0: nanomsg has no "any port" for tcp, so pick one ourselves. Its tcp bind is
+     * synchronous and reports EADDRINUSE, so a taken port is simply skipped; choosing at random
+     * keeps nodes started together from racing for the same ports. */
+    uint64_t rng = seed_rng(tp);
+    int tries = port ? 1 : TP_BIND_TRIES;
+    unsigned chosen = port;
+    char url[TP_URL_MAX];
+    int bound = 0;
+    for (int t = 0; !rc && t < tries && !bound; t++) {
+        if (!port)
+            chosen = TP_PORT_LO + (unsigned)(xorshift(&rng) % (TP_PORT_HI - TP_PORT_LO + 1));
+        format_url(url, sizeof url, host, chosen);
+        if (nn_bind(s, url) >= 0) {
+            bound = 1;
+        } else if (port || nn_errno() != EADDRINUSE) {
+            rc = nn_fail("nn_bind", url);
+        }
+    }
+    if (!rc && !bound) {
+        cps_log(CPS_LOG_ERROR, SUB, "nn_bind %s: no free port after %d tries in %u..%u", host,
+                tries, TP_PORT_LO, TP_PORT_HI);
+        rc = CPS_ETRANSPORT;
+    }
+    if (!rc)
+        rc = get_fd(s, NN_RCVFD, &tp->rcvfd);
+    if (rc) {
+        close_sock(s);
+        tp->rcvfd = -1;
+        return rc;
+    }
+    tp->inbox = s;
+    snprintf(tp->inbox_url, sizeof tp->inbox_url, "%s", url);
+    if (port_out)
+        *port_out = (uint16_t)chosen;
+    cps_log(CPS_LOG_DEBUG, SUB, "inbox bound to %s", url);
+    return 0;
+}
+
+void cps__tp_poll_extra(cps_tp *tp, int fd)
+{
+    if (tp)
+        tp->extra_fd = fd;
+}
+
+static int pfd_reserve(cps_tp *tp, size_t n)
+{
+    if (n <= tp->pfd_cap)
+        return 0;
+    size_t ncap = tp->pfd_cap ? tp->pfd_cap : 8;
+    while (ncap < n)
+        ncap *= 2;
+    struct pollfd *np = realloc(tp->pfds, ncap * sizeof *np);
+    if (!np)
+        return CPS_ENOMEM;
+    tp->pfds = np;
+    tp_peer **pp = realloc(tp->pfd_peer, ncap * sizeof *pp);
+    if (!pp)
+        return CPS_ENOMEM;
+    tp->pfd_peer = pp;
+    tp->pfd_cap = ncap;
+    return 0;
+}
+
+static void pfd_add(cps_tp *tp, size_t *n, int fd, tp_peer *p)
+{
+    tp->pfds[*n] = (struct pollfd){.fd = fd, .events = POLLIN};
+    tp->pfd_peer[*n] = p;
+    (*n)++;
+}
+
+enum { WAKE_INBOX = 1, WAKE_EXTRA = 2, WAKE_FLUSH = 4 };
+
+/* One poll(2): wait up to wait_ms on the inbox (if want_inbox), the extra fd and the NN_SNDFD of
+ * every peer with a backlog; flush the backlogs that became sendable. Returns WAKE_* bits or a
+ * negative error; 0 on timeout or EINTR. */
+static int wait_once(cps_tp *tp, int wait_ms, int want_inbox)
+{
+    size_t n = 0, inbox_at = SIZE_MAX, extra_at = SIZE_MAX;
+    if (pfd_reserve(tp, tp->npeers + 2))
+        return CPS_ENOMEM;
+    if (want_inbox && tp->inbox >= 0) {
+        inbox_at = n;
+        pfd_add(tp, &n, tp->rcvfd, NULL);
+    }
+    if (tp->extra_fd >= 0) {
+        extra_at = n;
+        pfd_add(tp, &n, tp->extra_fd, NULL);
+    }
+    for (size_t i = 0; i < tp->npeers; i++)
+        if (tp->peers[i]->qlen)
+            pfd_add(tp, &n, tp->peers[i]->sndfd, tp->peers[i]);
+
+    int rc = poll(tp->pfds, (nfds_t)n, wait_ms);
+    if (rc < 0) {
+        if (errno == EINTR)
+            return 0;
+        cps_log(CPS_LOG_ERROR, SUB, "poll: %s", strerror(errno));
+        return CPS_ETRANSPORT;
+    }
+    int wake = 0;
+    for (size_t i = 0; rc > 0 && i < n; i++) {
+        if (!tp->pfds[i].revents)
+            continue;
+        if (i == inbox_at) {
+            wake |= WAKE_INBOX;
+        } else if (i == extra_at) {
+            wake |= WAKE_EXTRA;
+        } else {
+            wake |= WAKE_FLUSH;
+            int frc = queue_flush(tp, tp->pfd_peer[i]);
+            if (frc < 0)
+                return frc;
+        }
+    }
+    return wake;
+}
+
+/* Deliver what the inbox holds now, up to `max` (0: all). */
+static int drain_inbox(cps_tp *tp, cps_tp_recv_fn fn, void *ctx, int max)
+{
+    int delivered = 0;
+    while (max <= 0 || delivered < max) {
+        void *buf = NULL;
+        int n = nn_recv(tp->inbox, &buf, NN_MSG, NN_DONTWAIT);
+        if (n < 0) {
+            int e = nn_errno();
+            if (e == EAGAIN || e == EINTR)
+                break;
+            cps_log(CPS_LOG_ERROR, SUB, "nn_recv on %s: %s", tp->inbox_url, nn_strerror(e));
+            return delivered ? delivered : CPS_ETRANSPORT;
+        }
+        delivered++;
+        fn(ctx, buf, (size_t)n);
+    }
+    return delivered;
+}
+
+int cps__tp_poll(cps_tp *tp, int timeout_ms, cps_tp_recv_fn fn, void *ctx, int max_msgs)
+{
+    if (!tp)
+        return CPS_EINVAL;
+    /* Without a callback there is no one to hand messages to, so the inbox is left alone and the
+     * call only waits for and flushes peer backlogs. */
+    int want_inbox = fn != NULL;
+    int64_t deadline = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
+    int wait_ms = timeout_ms;
+    for (;;) {
+        int wake = wait_once(tp, wait_ms, want_inbox);
+        if (wake < 0)
+            return wake;
+        int delivered = 0;
+        if (wake & WAKE_INBOX) {
+            delivered = drain_inbox(tp, fn, ctx, max_msgs);
+            if (delivered < 0)
+                return delivered;
+        }
+        /* Only a flush happened: nothing for the caller yet, so keep waiting out the timeout
+         * rather than handing the event loop a spurious wake-up. */
+        if (delivered || (wake & WAKE_EXTRA) || !(wake & WAKE_FLUSH) || timeout_ms == 0)
+            return delivered;
+        if (!want_inbox && tp->queued == 0 && tp->extra_fd < 0)
+            return 0;
+        if (timeout_ms > 0) {
+            int64_t left = deadline - now_ms();
+            if (left <= 0)
+                return 0;
+            wait_ms = (int)left;
+        }
+    }
+}
+
+void cps__tp_destroy(cps_tp *tp)
+{
+    if (!tp)
+        return;
+    /* Give backlogs a short, bounded chance to reach nanomsg: a node that sends its last words
+     * (a leave notice, a final ack) and exits should not lose them just because the connection
+     * was still coming up. Messages nanomsg has accepted may still be lost at close. */
+    int64_t deadline = now_ms() + TP_DESTROY_FLUSH_MS;
+    tp->extra_fd = -1;
+    while (tp->queued) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0 || wait_once(tp, (int)left, 0) < 0)
+            break;
+    }
+    for (size_t i = 0; i < tp->npeers; i++)
+        peer_free(tp, tp->peers[i]);
+    free(tp->peers);
+    if (tp->inbox >= 0)
+        close_sock(tp->inbox);
+    free(tp->pfds);
+    free(tp->pfd_peer);
+    free(tp);
+}

@@ -1,0 +1,454 @@
+/* The public worker API (include/chainps/chainps.h): argument checks, tensor bookkeeping and
+ * the mapping of each call onto an operation of the request engine in client.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client.h"
+#include "core/log.h"
+#include "node/msg.h"
+
+cps_optim cps_optim_sgd(float lr)
+{
+    cps_optim o;
+    memset(&o, 0, sizeof o);
+    o.kind = CPS_OPTIM_SGD;
+    o.lr = lr;
+    return o;
+}
+
+/* Turn the public init/optimizer description into the wire spec, resolving defaults and
+ * refusing nonsense with a log line that names the parameter. */
+static int make_spec(const char *name, const cps_init *init, const cps_optim *optim,
+                     cps_param_spec *spec)
+{
+    memset(spec, 0, sizeof *spec);
+    if (init) {
+        if ((unsigned)init->kind > CPS_INIT_NORMAL || !isfinite(init->a) || !isfinite(init->b) ||
+            (init->kind == CPS_INIT_UNIFORM && !(init->a < init->b)) ||
+            (init->kind == CPS_INIT_NORMAL && init->b < 0)) {
+            cps_log(CPS_LOG_ERROR, "worker", "tensor %s: bad initializer (kind %d, a %g, b %g)",
+                    name, (int)init->kind, init->a, init->b);
+            return CPS_EINVAL;
+        }
+        spec->init_kind = (uint32_t)init->kind;
+        spec->init_a = init->a;
+        spec->init_b = init->b;
+        spec->init_seed = init->seed;
+    }
+    cps_optim o = optim ? *optim : cps_optim_sgd(0.01f);
+    const char *bad = NULL;
+    if ((unsigned)o.kind > CPS_OPTIM_RMSPROP)
+        bad = "optimizer kind";
+    else if (!(o.lr > 0) || !isfinite(o.lr))
+        bad = "learning rate (must be > 0)";
+    else if (!(o.weight_decay >= 0) || !isfinite(o.weight_decay))
+        bad = "weight decay (must be >= 0)";
+    else if (!(o.momentum >= 0 && o.momentum < 1))
+        bad = "momentum (must be in [0, 1))";
+    else if (o.beta1 != 0 && !(o.beta1 > 0 && o.beta1 < 1))
+        bad = "beta1 (must be in (0, 1))";
+    else if (o.beta2 != 0 && !(o.beta2 > 0 && o.beta2 < 1))
+        bad = "beta2 (must be in (0, 1))";
+    else if (o.eps != 0 && !(o.eps > 0 && isfinite(o.eps)))
+        bad = "eps (must be > 0)";
+    else if (o.rho != 0 && !(o.rho > 0 && o.rho < 1))
+        bad = "rho (must be in (0, 1))";
+    if (bad) {
+        cps_log(CPS_LOG_ERROR, "worker", "tensor %s: bad %s", name, bad);
+        return CPS_EINVAL;
+    }
+    spec->opt_kind = (uint32_t)o.kind;
+    spec->nesterov = o.nesterov ? 1 : 0;
+    spec->lr = o.lr;
+    spec->weight_decay = o.weight_decay;
+    spec->momentum = o.momentum;
+    spec->beta1 = o.beta1 ? o.beta1 : 0.9f;
+    spec->beta2 = o.beta2 ? o.beta2 : 0.999f;
+    spec->eps = o.eps ? o.eps : (o.kind == CPS_OPTIM_ADAGRAD ? 1e-10f : 1e-8f);
+    spec->rho = o.rho ? o.rho : 0.9f;
+    return 0;
+}
+
+static cps_tensor *find_tensor(cps_client *c, const char *name)
+{
+    for (cps_tensor *t = c->tensors; t; t = t->next)
+        if (strcmp(t->name, name) == 0)
+            return t;
+    return NULL;
+}
+
+static int declare(cps_client *c, const char *name, uint64_t length, uint64_t rows,
+                   uint32_t cols, const cps_init *init, const cps_optim *optim, cps_tensor **out)
+{
+    if (!c || !name || !out)
+        return CPS_EINVAL;
+    *out = NULL;
+    size_t nlen = strlen(name);
+    if (nlen == 0 || nlen > 255 || length == 0) {
+        cps_log(CPS_LOG_ERROR, "worker", "tensor name must be 1..255 bytes and length > 0");
+        return CPS_EINVAL;
+    }
+    cps_param_spec spec;
+    int rc = make_spec(name, init, optim, &spec);
+    if (rc != 0)
+        return rc;
+    pthread_mutex_lock(&c->lock);
+    cps_tensor *t = find_tensor(c, name);
+    if (t) {
+        rc = (t->length == length && t->rows == rows && memcmp(&t->spec, &spec, sizeof spec) == 0)
+                 ? 0
+                 : CPS_EEXIST;
+        if (rc == 0)
+            *out = t;
+        else
+            cps_log(CPS_LOG_ERROR, "worker", "tensor %s declared again with another definition",
+                    name);
+        pthread_mutex_unlock(&c->lock);
+        return rc;
+    }
+    t = calloc(1, sizeof *t);
+    if (!t) {
+        pthread_mutex_unlock(&c->lock);
+        return CPS_ENOMEM;
+    }
+    memcpy(t->name, name, nlen + 1);
+    t->length = length;
+    t->rows = rows;
+    t->cols = cols;
+    t->hash = cps__fnv1a(CPS_FNV_INIT, name, nlen);
+    t->spec = spec;
+    rc = cps__layout_tensor(t, &c->view);
+    if (rc == 0) {
+        cps_op op = {.kind = OP_DECLARE, .spec = &t->spec, .parts = t->parts,
+                     .nparts = t->nparts};
+        rc = cps__client_run(c, &op, 1);
+    }
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, "worker", "declaring tensor %s failed: %s", name,
+                cps_strerror(rc));
+        cps__parts_free(t->parts, t->nparts);
+        free(t);
+    } else {
+        t->next = c->tensors;
+        c->tensors = t;
+        *out = t;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int cps_tensor_declare(cps_client *c, const char *name, uint64_t length, const cps_init *init,
+                       const cps_optim *optim, cps_tensor **out)
+{
+    return declare(c, name, length, 0, 0, init, optim, out);
+}
+
+int cps_table_declare(cps_client *c, const char *name, uint64_t rows, uint32_t cols,
+                      const cps_init *init, const cps_optim *optim, cps_tensor **out)
+{
+    if (rows == 0 || cols == 0 || rows > UINT64_MAX / cols)
+        return CPS_EINVAL;
+    return declare(c, name, rows * cols, rows, cols, init, optim, out);
+}
+
+uint64_t cps_tensor_length(const cps_tensor *t)
+{
+    return t ? t->length : 0;
+}
+
+/* Start (and with `wait` finish) a whole-tensor operation. */
+static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, float *out,
+                     uint64_t len, cps_handle **h)
+{
+    if (!c || !t || ((kind == OP_PUSH || kind == OP_PUSH_PULL) && !grad) ||
+        ((kind == OP_PULL || kind == OP_PUSH_PULL) && !out))
+        return CPS_EINVAL;
+    if (len != t->length) {
+        cps_log(CPS_LOG_ERROR, "worker", "tensor %s has %llu values, the call passed %llu",
+                t->name, (unsigned long long)t->length, (unsigned long long)len);
+        return CPS_ESIZE;
+    }
+    cps_handle *hd = NULL;
+    cps_op local;
+    cps_op *op = &local;
+    if (h) {
+        hd = calloc(1, sizeof *hd);
+        if (!hd)
+            return CPS_ENOMEM;
+        op = &hd->op;
+    }
+    memset(op, 0, sizeof *op);
+    op->kind = kind;
+    op->grad = grad;
+    op->out = out;
+    op->parts = t->parts;
+    op->nparts = t->nparts;
+    pthread_mutex_lock(&c->lock);
+    if (kind != OP_PULL)
+        t->step++;
+    op->step = t->step;
+    int rc = cps__client_run(c, op, h == NULL);
+    if (kind == OP_PUSH || kind == OP_PUSH_PULL)
+        c->stats.pushes++;
+    if (kind == OP_PULL || kind == OP_PUSH_PULL)
+        c->stats.pulls++;
+    pthread_mutex_unlock(&c->lock);
+    if (h) {
+        if (rc != 0 && op->pending == 0) {
+            free(hd);
+            return rc;
+        }
+        hd->op.in_use = 1;
+        *h = hd;
+        return 0;
+    }
+    return rc;
+}
+
+int cps_push(cps_client *c, cps_tensor *t, const float *grad, uint64_t len)
+{
+    return tensor_op(c, t, OP_PUSH, grad, NULL, len, NULL);
+}
+
+int cps_pull(cps_client *c, cps_tensor *t, float *out, uint64_t len)
+{
+    return tensor_op(c, t, OP_PULL, NULL, out, len, NULL);
+}
+
+int cps_push_pull(cps_client *c, cps_tensor *t, const float *grad, float *out, uint64_t len)
+{
+    return tensor_op(c, t, OP_PUSH_PULL, grad, out, len, NULL);
+}
+
+int cps_push_async(cps_client *c, cps_tensor *t, const float *grad, uint64_t len, cps_handle **h)
+{
+    if (!h)
+        return CPS_EINVAL;
+    return tensor_op(c, t, OP_PUSH, grad, NULL, len, h);
+}
+
+int cps_pull_async(cps_client *c, cps_tensor *t, float *out, uint64_t len, cps_handle **h)
+{
+    if (!h)
+        return CPS_EINVAL;
+    return tensor_op(c, t, OP_PULL, NULL, out, len, h);
+}
+
+int cps_push_pull_async(cps_client *c, cps_tensor *t, const float *grad, float *out,
+                        uint64_t len, cps_handle **h)
+{
+    if (!h)
+        return CPS_EINVAL;
+    return tensor_op(c, t, OP_PUSH_PULL, grad, out, len, h);
+}
+
+int cps_wait(cps_handle *h, int timeout_ms)
+{
+    if (!h || !h->op.in_use)
+        return CPS_EINVAL;
+    cps_client *c = h->op.client;
+    pthread_mutex_lock(&c->lock);
+    int rc = h->op.pending ? cps__client_wait(c, &h->op, timeout_ms) : h->op.result;
+    pthread_mutex_unlock(&c->lock);
+    if (rc == CPS_ETIMEDOUT && h->op.pending)
+        return rc;
+    free(h->op.scratch);
+    if (h->op.own_parts)
+        cps__parts_free((cps_part *)h->op.parts, h->op.nparts);
+    free(h);
+    return rc;
+}
+
+int cps_barrier(cps_client *c)
+{
+    if (!c)
+        return CPS_EINVAL;
+    pthread_mutex_lock(&c->lock);
+    int rc = cps__client_barrier(c);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+/* ---- raw (ps-lite shaped) ---- */
+
+static int raw_op(cps_client *c, int kind, const uint64_t *keys, size_t nkeys, const float *vals,
+                  float *out, const uint32_t *lens, const cps_param_spec *spec, int noagg)
+{
+    if (!c || !keys || !lens || nkeys == 0)
+        return CPS_EINVAL;
+    pthread_mutex_lock(&c->lock);
+    cps_op op;
+    memset(&op, 0, sizeof op);
+    cps_part *parts = NULL;
+    uint32_t nparts = 0;
+    int rc = cps__layout_raw(&c->view, keys, nkeys, lens, &parts, &nparts);
+    if (rc == 0) {
+        op.kind = kind;
+        op.grad = vals;
+        op.out = out;
+        op.spec = spec;
+        op.parts = parts;
+        op.nparts = nparts;
+        op.noagg = noagg;
+        /* Raw keys have no per-tensor step; sync mode needs one, so use a per-client counter
+         * the caller advances by pushing the same key set once per step. */
+        if (kind == OP_PUSH || kind == OP_PUSH_PULL) {
+            uint64_t sig = cps__fnv1a(CPS_FNV_INIT, keys, nkeys * 8);
+            cps_tensor *t = NULL;
+            char name[32];
+            snprintf(name, sizeof name, "\x01raw%016llx", (unsigned long long)sig);
+            for (t = c->tensors; t && strcmp(t->name, name) != 0; t = t->next)
+                ;
+            if (!t && (t = calloc(1, sizeof *t)) != NULL) {
+                memcpy(t->name, name, sizeof name);
+                t->next = c->tensors;
+                c->tensors = t;
+            }
+            op.step = t ? ++t->step : 0;
+            c->stats.pushes++;
+        } else if (kind == OP_PULL) {
+            c->stats.pulls++;
+        }
+        rc = cps__client_run(c, &op, 1);
+    } else {
+        cps_log(CPS_LOG_ERROR, "worker", "raw keys must be strictly increasing with lens > 0");
+    }
+    pthread_mutex_unlock(&c->lock);
+    cps__parts_free(parts, nparts);
+    return rc;
+}
+
+int cps_raw_declare(cps_client *c, const uint64_t *keys, size_t nkeys, const uint32_t *lens,
+                    const cps_init *init, const cps_optim *optim)
+{
+    cps_param_spec spec;
+    int rc = make_spec("(raw keys)", init, optim, &spec);
+    if (rc != 0)
+        return rc;
+    return raw_op(c, OP_DECLARE, keys, nkeys, NULL, NULL, lens, &spec, 0);
+}
+
+int cps_raw_push(cps_client *c, const uint64_t *keys, size_t nkeys, const float *vals,
+                 const uint32_t *lens)
+{
+    if (!vals)
+        return CPS_EINVAL;
+    return raw_op(c, OP_PUSH, keys, nkeys, vals, NULL, lens, NULL, 0);
+}
+
+int cps_raw_pull(cps_client *c, const uint64_t *keys, size_t nkeys, float *vals,
+                 const uint32_t *lens)
+{
+    if (!vals)
+        return CPS_EINVAL;
+    return raw_op(c, OP_PULL, keys, nkeys, NULL, vals, lens, NULL, 0);
+}
+
+/* ---- sparse rows ---- */
+
+typedef struct row_ref {
+    uint64_t key;
+    uint64_t row;
+    size_t pos; /* index in the caller's list */
+} row_ref;
+
+static int cmp_row_ref(const void *a, const void *b)
+{
+    const row_ref *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->pos < y->pos ? -1 : x->pos > y->pos;
+}
+
+/* Sort the requested rows by key and merge duplicates: returns the unique keys, and for each
+ * caller position the index of its unique key. */
+static int rows_prepare(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nrows,
+                        uint64_t **ukeys, uint32_t **ulens, size_t **slot_of, size_t *nunique)
+{
+    row_ref *refs = malloc(nrows * sizeof *refs);
+    *ukeys = malloc(nrows * sizeof **ukeys);
+    *ulens = malloc(nrows * sizeof **ulens);
+    *slot_of = malloc(nrows * sizeof **slot_of);
+    if (!refs || !*ukeys || !*ulens || !*slot_of) {
+        free(refs);
+        return CPS_ENOMEM;
+    }
+    for (size_t i = 0; i < nrows; i++) {
+        if (rows[i] >= t->rows) {
+            cps_log(CPS_LOG_ERROR, "worker", "table %s: row %llu out of %llu rows", t->name,
+                    (unsigned long long)rows[i], (unsigned long long)t->rows);
+            free(refs);
+            return CPS_ENOTFOUND;
+        }
+        refs[i] = (row_ref){cps__layout_row_key(t, &c->view, rows[i]), rows[i], i};
+    }
+    qsort(refs, nrows, sizeof *refs, cmp_row_ref);
+    size_t n = 0;
+    for (size_t i = 0; i < nrows; i++) {
+        if (n == 0 || (*ukeys)[n - 1] != refs[i].key) {
+            (*ukeys)[n] = refs[i].key;
+            (*ulens)[n] = t->cols;
+            n++;
+        }
+        (*slot_of)[refs[i].pos] = n - 1;
+    }
+    free(refs);
+    *nunique = n;
+    return 0;
+}
+
+static int rows_op(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nrows,
+                   const float *grads, float *out)
+{
+    if (!c || !t || !rows || nrows == 0 || (!grads && !out))
+        return CPS_EINVAL;
+    if (t->rows == 0) {
+        cps_log(CPS_LOG_ERROR, "worker", "%s is a dense tensor, not a table", t->name);
+        return CPS_EINVAL;
+    }
+    uint64_t *ukeys = NULL;
+    uint32_t *ulens = NULL;
+    size_t *slot_of = NULL, n = 0;
+    float *buf = NULL;
+    pthread_mutex_lock(&c->lock);
+    int rc = rows_prepare(c, t, rows, nrows, &ukeys, &ulens, &slot_of, &n);
+    pthread_mutex_unlock(&c->lock);
+    size_t cols = t->cols;
+    if (rc == 0 && !(buf = calloc(n * cols, sizeof *buf)))
+        rc = CPS_ENOMEM;
+    if (rc == 0 && grads) {
+        /* Duplicated rows: their gradients add up, in the caller's order. */
+        for (size_t i = 0; i < nrows; i++)
+            for (size_t j = 0; j < cols; j++)
+                buf[slot_of[i] * cols + j] += grads[i * cols + j];
+        /* Rows differ between workers, so there is no per-step aggregate: applied on arrival. */
+        rc = raw_op(c, OP_PUSH, ukeys, n, buf, NULL, ulens, NULL, 1);
+    } else if (rc == 0) {
+        rc = cps_raw_pull(c, ukeys, n, buf, ulens);
+        if (rc == 0)
+            for (size_t i = 0; i < nrows; i++)
+                memcpy(out + i * cols, buf + slot_of[i] * cols, cols * sizeof *out);
+    }
+    free(ukeys);
+    free(ulens);
+    free(slot_of);
+    free(buf);
+    return rc;
+}
+
+int cps_rows_push(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nrows,
+                  const float *grads)
+{
+    if (!grads)
+        return CPS_EINVAL;
+    return rows_op(c, t, rows, nrows, grads, NULL);
+}
+
+int cps_rows_pull(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nrows, float *out)
+{
+    if (!out)
+        return CPS_EINVAL;
+    return rows_op(c, t, rows, nrows, NULL, out);
+}

@@ -1,0 +1,589 @@
+/* The worker client: joins the job, turns push/pull calls into one request per key range, and
+ * drives them to completion — re-sending after a timeout or a view change, so the caller sees
+ * a result rather than a transient failure. */
+#include "client.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/codec.h"
+#include "core/log.h"
+#include "node/msg.h"
+#include "node/roles.h"
+
+#define SCHED_PEER 0u
+#define HELLO_RETRY_MS 500
+#define VIEW_ASK_MIN_MS 200
+#define EAGAIN_RETRY_MS 50
+#define BYE_WAIT_MS 2000
+/* Compression is tried on a sample first: float gradients rarely compress, and compressing a
+ * whole megabyte to learn that costs more than sending it. */
+#define PROBE_BYTES 4096
+
+static int progress(cps_client *c, int timeout_ms);
+
+/* ---- requests ---- */
+
+static cps_req *req_add(cps_client *c)
+{
+    if (c->nreqs == c->reqs_cap) {
+        uint32_t cap = c->reqs_cap ? c->reqs_cap * 2 : 64;
+        cps_req *grown = realloc(c->reqs, cap * sizeof *grown);
+        if (!grown)
+            return NULL;
+        c->reqs = grown;
+        c->reqs_cap = cap;
+    }
+    cps_req *r = &c->reqs[c->nreqs++];
+    memset(r, 0, sizeof *r);
+    return r;
+}
+
+static void req_remove(cps_client *c, uint32_t i)
+{
+    c->reqs[i] = c->reqs[--c->nreqs];
+}
+
+static uint8_t wire_type(int kind)
+{
+    switch (kind) {
+    case OP_DECLARE:
+        return CPS_MSG_DECLARE;
+    case OP_PUSH:
+        return CPS_MSG_PUSH;
+    case OP_PULL:
+        return CPS_MSG_PULL;
+    default:
+        return CPS_MSG_PUSH_PULL;
+    }
+}
+
+/* Encode and send request r to the head of its range. */
+static int req_send(cps_client *c, cps_req *r)
+{
+    const cps_op *op = r->op;
+    const cps_part *p = &op->parts[r->part];
+    if (r->range >= c->view.nranges || c->view.ranges[r->range].chain_len == 0)
+        return CPS_EUNAVAILABLE;
+    uint32_t head = c->view.ranges[r->range].chain[0];
+    int has_vals = r->type == CPS_MSG_PUSH || r->type == CPS_MSG_PUSH_PULL;
+    size_t len = r->type == CPS_MSG_DECLARE ? cps__wire_declare_size(p->nkeys)
+                                            : cps__wire_kv_size(p->nkeys, has_vals ? p->nvals : 0);
+    cps_msg_hdr h = {0};
+    h.type = r->type;
+    h.sender = c->id;
+    h.epoch = c->view.epoch;
+    h.req_worker = c->id;
+    h.req_seq = r->seq;
+    h.range = r->range;
+    h.step = op->step;
+    h.aux = op->step; /* the SSP clock of a pull */
+    if (op->noagg)
+        h.flags |= CPS_WF_NOAGG;
+    void *buf = cps__msg_alloc(&h, len);
+    if (!buf)
+        return CPS_ENOMEM;
+    char *payload = (char *)buf + CPS_WIRE_HDR_SIZE;
+    if (r->type == CPS_MSG_DECLARE) {
+        cps__wire_declare_encode(payload, len, p->nkeys, p->keys, p->lens, p->init_off, op->spec);
+    } else {
+        cps__wire_kv_encode(payload, len, p->nkeys, p->keys, p->lens, NULL, 0);
+        if (has_vals) {
+            cps__le32_put(payload + 4, (uint32_t)p->nvals);
+            float *dst = (float *)(void *)(payload + cps__wire_kv_size(p->nkeys, 0));
+            for (uint32_t j = 0; j < p->nkeys; j++) {
+                memcpy(dst, op->grad + p->src_off[j], (size_t)p->lens[j] * sizeof(float));
+                dst += p->lens[j];
+            }
+        }
+    }
+    size_t wire_len = len;
+    if (has_vals && c->cfg.compress && len >= CPS_CODEC_MIN_BYTES) {
+        size_t probe = len < PROBE_BYTES ? len : PROBE_BYTES;
+        size_t bound = cps__codec_bound(len);
+        if (c->pack_cap < bound) {
+            void *grown = realloc(c->pack, bound);
+            if (grown) {
+                c->pack = grown;
+                c->pack_cap = bound;
+            }
+        }
+        size_t pz = c->pack_cap >= bound
+                        ? cps__codec_compress(payload + len - probe, probe, c->pack, c->pack_cap)
+                        : 0;
+        size_t z = pz ? cps__codec_compress(payload, len, c->pack, c->pack_cap) : 0;
+        if (z) {
+            cps_msg_hdr zh = h;
+            zh.flags |= CPS_WF_SNAPPY;
+            zh.raw_len = (uint32_t)len;
+            void *zbuf = cps__msg_alloc(&zh, z);
+            if (zbuf) {
+                memcpy((char *)zbuf + CPS_WIRE_HDR_SIZE, c->pack, z);
+                cps__tp_free(buf);
+                buf = zbuf;
+                wire_len = z;
+            }
+        }
+    }
+    if (has_vals && r->attempts == 0) {
+        c->stats.push_raw_bytes += len;
+        c->stats.push_wire_bytes += wire_len;
+    }
+    int rc = cps__tp_send(c->tp, head, buf, CPS_WIRE_HDR_SIZE + wire_len);
+    if (rc != 0) {
+        cps__tp_free(buf);
+        return rc;
+    }
+    r->sent_ms = cps__now_ms();
+    if (r->attempts++ > 0)
+        c->stats.retries++;
+    return 0;
+}
+
+static void op_finish_req(cps_op *op, int err)
+{
+    if (err != 0 && op->result == 0)
+        op->result = err;
+    op->pending--;
+}
+
+/* Start every request of op. On failure the requests already sent stay in flight and complete
+ * normally; the op records the error. */
+static int op_start(cps_client *c, cps_op *op)
+{
+    op->client = c;
+    op->result = 0;
+    op->pending = op->nparts;
+    for (uint32_t i = 0; i < op->nparts; i++) {
+        cps_req *r = req_add(c);
+        if (!r) {
+            op->pending -= op->nparts - i;
+            if (op->result == 0)
+                op->result = CPS_ENOMEM;
+            return CPS_ENOMEM;
+        }
+        r->op = op;
+        r->part = i;
+        r->type = wire_type(op->kind);
+        r->range = op->parts[i].range;
+        /* Pushes carry a dense per-range sequence (the servers' exactly-once record relies on
+         * it); other requests take ids from a separate space so they never leave a gap. */
+        if (op->noagg)
+            r->seq = CPS_SEQ_SPARSE | ++c->sparse_seq[r->range];
+        else if (r->type == CPS_MSG_PUSH || r->type == CPS_MSG_PUSH_PULL)
+            r->seq = ++c->range_seq[r->range];
+        else
+            r->seq = (1ull << 63) | ++c->other_seq;
+        int rc = req_send(c, r);
+        if (rc != 0) {
+            /* Not sent now (peer queue full, ...): the retry timer sends it again. */
+            cps_log(CPS_LOG_DEBUG, "worker", "request to range %u deferred: %s", r->range,
+                    cps_strerror(rc));
+            r->sent_ms = cps__now_ms();
+            r->attempts = 1;
+        }
+    }
+    return 0;
+}
+
+/* Run the loop until op completes or the deadline passes. */
+static int op_wait(cps_client *c, cps_op *op, int timeout_ms)
+{
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : cps__now_ms() + (uint64_t)timeout_ms;
+    while (op->pending > 0) {
+        uint64_t now = cps__now_ms();
+        if (now >= deadline)
+            return CPS_ETIMEDOUT;
+        uint64_t left = deadline - now;
+        int rc = progress(c, left > 50 ? 50 : (int)left);
+        if (rc < 0)
+            return rc;
+        if (c->shutdown && op->pending > 0) {
+            /* The job ended under us; nothing will answer. */
+            return CPS_ESHUTDOWN;
+        }
+    }
+    return op->result;
+}
+
+static void ask_view(cps_client *c)
+{
+    uint64_t now = cps__now_ms();
+    if (now - c->view_asked_ms < VIEW_ASK_MIN_MS)
+        return;
+    c->view_asked_ms = now;
+    cps_msg_hdr h = {.type = CPS_MSG_GET_VIEW, .sender = c->id, .epoch = c->view.epoch};
+    cps__msg_send(c->tp, SCHED_PEER, &h, NULL, 0);
+}
+
+/* Deliver a reply (ACK / VALUES / ERROR) to its request. */
+static void on_reply(cps_client *c, const cps_rx *rx)
+{
+    const cps_msg_hdr *h = &rx->hdr;
+    uint32_t i;
+    for (i = 0; i < c->nreqs; i++)
+        if (c->reqs[i].range == h->range && c->reqs[i].seq == h->req_seq)
+            break;
+    if (i == c->nreqs)
+        return; /* a duplicate answer to a request already completed */
+    cps_req *r = &c->reqs[i];
+    cps_op *op = r->op;
+    if (h->type == CPS_MSG_ERROR) {
+        int err = h->status < 0 ? h->status : CPS_EPROTO;
+        if (err == CPS_ESTALE_EPOCH || err == CPS_EAGAIN) {
+            /* Re-send against the next view (or after a short pause): not the caller's problem. */
+            r->waiting_view = err == CPS_ESTALE_EPOCH;
+            r->sent_ms = cps__now_ms() - c->cfg.request_timeout_ms + EAGAIN_RETRY_MS;
+            ask_view(c);
+            return;
+        }
+        char text[200] = "";
+        size_t n = rx->len < sizeof text - 1 ? rx->len : sizeof text - 1;
+        memcpy(text, rx->payload, n);
+        text[n] = 0;
+        cps_log(CPS_LOG_ERROR, "worker", "server %u refused a request on range %u: %s (%s)",
+                h->sender, h->range, cps_strerror(err), text);
+        op_finish_req(op, err);
+        req_remove(c, i);
+        return;
+    }
+    int err = 0;
+    if (h->type == CPS_MSG_VALUES) {
+        const cps_part *p = &op->parts[r->part];
+        cps_kv kv;
+        err = cps__wire_kv_decode(rx->payload, rx->len, 1, &kv);
+        if (err == 0 && (kv.nkeys != p->nkeys || kv.nvals != p->nvals))
+            err = CPS_EPROTO;
+        for (uint32_t j = 0; err == 0 && j < p->nkeys; j++)
+            if (kv.keys[j] != p->keys[j] || kv.lens[j] != p->lens[j])
+                err = CPS_EPROTO;
+        if (err == 0 && op->out) {
+            const float *src = kv.vals;
+            for (uint32_t j = 0; j < p->nkeys; j++) {
+                memcpy(op->out + p->src_off[j], src, (size_t)p->lens[j] * sizeof(float));
+                src += p->lens[j];
+            }
+            c->stats.pull_bytes += kv.nvals * sizeof(float);
+        }
+        if (err != 0)
+            cps_log(CPS_LOG_ERROR, "worker", "reply from server %u does not match the request",
+                    h->sender);
+    }
+    op_finish_req(op, err);
+    req_remove(c, i);
+}
+
+static void install_view(cps_client *c, const cps_rx *rx)
+{
+    cps_view v;
+    cps__view_init(&v);
+    int rc = cps__view_decode(rx->payload, rx->len, &v);
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, "worker", "bad view from the scheduler dropped: %s",
+                cps_strerror(rc));
+        cps__view_fini(&v);
+        return;
+    }
+    if (c->view.nranges && v.epoch <= c->view.epoch) {
+        cps__view_fini(&v);
+        return;
+    }
+    if (c->view.nranges && v.nranges != c->view.nranges) {
+        cps_log(CPS_LOG_ERROR, "worker", "view epoch %llu changes the range count; ignored",
+                (unsigned long long)v.epoch);
+        cps__view_fini(&v);
+        return;
+    }
+    for (uint32_t i = 0; i < v.nnodes; i++) {
+        if (v.nodes[i].id == c->id || v.nodes[i].role != CPS_ROLE_SERVER)
+            continue;
+        rc = cps__tp_peer_set(c->tp, v.nodes[i].id, v.nodes[i].addr);
+        if (rc != 0)
+            cps_log(CPS_LOG_WARN, "worker", "cannot reach server %u at %s: %s", v.nodes[i].id,
+                    v.nodes[i].addr, cps_strerror(rc));
+    }
+    cps__view_fini(&c->view);
+    c->view = v;
+    /* Requests refused for a stale epoch go out again now. */
+    for (uint32_t i = 0; i < c->nreqs; i++) {
+        if (c->reqs[i].waiting_view) {
+            c->reqs[i].waiting_view = 0;
+            if (req_send(c, &c->reqs[i]) != 0)
+                c->reqs[i].sent_ms = cps__now_ms();
+        }
+    }
+}
+
+static void handle_msg(void *ctx, void *buf, size_t len)
+{
+    cps_client *c = ctx;
+    cps_rx rx;
+    int rc = cps__rx_parse(&rx, buf, len);
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, "worker", "bad message (%zu bytes) dropped: %s", len,
+                cps_strerror(rc));
+        return;
+    }
+    switch (rx.hdr.type) {
+    case CPS_MSG_WELCOME:
+    case CPS_MSG_VIEW:
+        if (rx.hdr.sender == SCHED_PEER) {
+            if (rx.hdr.type == CPS_MSG_WELCOME && c->id == 0)
+                c->id = rx.hdr.req_worker;
+            install_view(c, &rx);
+        }
+        break;
+    case CPS_MSG_ACK:
+        if (rx.hdr.sender == SCHED_PEER)
+            c->bye_acked = 1;
+        else
+            on_reply(c, &rx);
+        break;
+    case CPS_MSG_VALUES:
+    case CPS_MSG_ERROR:
+        if (rx.hdr.sender == SCHED_PEER && rx.hdr.type == CPS_MSG_ERROR) {
+            cps_log(CPS_LOG_ERROR, "worker", "the scheduler refused us: %s",
+                    cps_strerror(rx.hdr.status));
+            c->shutdown = 1;
+        } else {
+            on_reply(c, &rx);
+        }
+        break;
+    case CPS_MSG_BARRIER_DONE:
+        if (rx.hdr.req_seq == c->barrier_seq)
+            c->barrier_done = 1;
+        break;
+    case CPS_MSG_SHUTDOWN:
+        c->shutdown = 1;
+        break;
+    default:
+        cps_log(CPS_LOG_WARN, "worker", "unexpected message type %u from node %u", rx.hdr.type,
+                rx.hdr.sender);
+    }
+    cps__rx_free(&rx);
+}
+
+/* Receive what has arrived (waiting up to timeout_ms) and re-send requests that timed out. */
+static int progress(cps_client *c, int timeout_ms)
+{
+    int n = cps__tp_poll(c->tp, timeout_ms, handle_msg, c, 0);
+    if (n < 0)
+        return n;
+    uint64_t now = cps__now_ms();
+    for (uint32_t i = 0; i < c->nreqs; i++) {
+        cps_req *r = &c->reqs[i];
+        if (r->waiting_view || now - r->sent_ms < c->cfg.request_timeout_ms)
+            continue;
+        cps_log(CPS_LOG_DEBUG, "worker", "request %llu on range %u unanswered after %u ms; "
+                "re-sending", (unsigned long long)r->seq, r->range, c->cfg.request_timeout_ms);
+        ask_view(c);
+        if (req_send(c, r) != 0)
+            r->sent_ms = now;
+    }
+    return 0;
+}
+
+/* ---- open / close ---- */
+
+static int join(cps_client *c)
+{
+    char payload[16 + CPS_ADDR_MAX];
+    size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_WORKER, c->cfg.rank, 0,
+                                 c->addr);
+    uint64_t start = cps__now_ms(), next = 0;
+    while (c->view.nranges == 0) {
+        uint64_t now = cps__now_ms();
+        if (c->shutdown)
+            return CPS_ESHUTDOWN;
+        if (now - start > c->cfg.join_timeout_ms) {
+            cps_log(CPS_LOG_ERROR, "worker",
+                    "the job did not start within %.1f s (scheduler %s:%u unreachable, or not "
+                    "every server and worker arrived)",
+                    c->cfg.join_timeout_ms / 1000.0, c->cfg.sched_host, c->cfg.sched_port);
+            return CPS_ETIMEDOUT;
+        }
+        if (now >= next) {
+            cps_msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX};
+            cps__msg_send(c->tp, SCHED_PEER, &h, payload, n);
+            next = now + HELLO_RETRY_MS;
+        }
+        int rc = progress(c, 100);
+        if (rc < 0)
+            return rc;
+    }
+    const cps_node_info *me = cps__view_node(&c->view, c->id);
+    if (!me || me->role != CPS_ROLE_WORKER) {
+        cps_log(CPS_LOG_ERROR, "worker", "the view does not list us as a worker");
+        return CPS_EPROTO;
+    }
+    c->rank = me->rank;
+    c->range_seq = calloc(c->view.nranges, sizeof *c->range_seq);
+    c->sparse_seq = calloc(c->view.nranges, sizeof *c->sparse_seq);
+    return c->range_seq && c->sparse_seq ? 0 : CPS_ENOMEM;
+}
+
+static void client_free(cps_client *c)
+{
+    cps_tensor *t = c->tensors;
+    while (t) {
+        cps_tensor *next = t->next;
+        cps__parts_free(t->parts, t->nparts);
+        free(t);
+        t = next;
+    }
+    cps__tp_destroy(c->tp);
+    cps__view_fini(&c->view);
+    free(c->range_seq);
+    free(c->sparse_seq);
+    free(c->reqs);
+    free(c->pack);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+int cps_open(cps_client **out)
+{
+    if (!out)
+        return CPS_EINVAL;
+    *out = NULL;
+    cps_config cfg;
+    char err[512];
+    cps__config_defaults(&cfg);
+    if (cps__config_from_env(&cfg, err, sizeof err) != 0) {
+        cps_log(CPS_LOG_ERROR, "config", "%s", err);
+        return CPS_ECONFIG;
+    }
+    if (cfg.role == CPS_ROLE_SCHEDULER || cfg.role == CPS_ROLE_SERVER) {
+        cps__role_install_signals();
+        int rc = cfg.role == CPS_ROLE_SCHEDULER ? cps__scheduler_run(&cfg) : cps__server_run(&cfg);
+        exit(rc == 0 ? 0 : 1);
+    }
+    cps__config_finalize(&cfg, CPS_ROLE_WORKER);
+    /* Workers share the cores with each other: one BLAS thread each unless the user said. */
+    if (!getenv("OPENBLAS_NUM_THREADS"))
+        openblas_set_num_threads(1);
+    cps_client *c = calloc(1, sizeof *c);
+    if (!c)
+        return CPS_ENOMEM;
+    pthread_mutex_init(&c->lock, NULL);
+    c->cfg = cfg;
+    cps__view_init(&c->view);
+    uint16_t port = 0;
+    int rc = cps__tp_create(&c->tp);
+    if (rc == 0)
+        rc = cps__tp_bind(c->tp, cfg.bind_host, cfg.port, &port);
+    char url[CPS_ADDR_MAX + 16];
+    snprintf(url, sizeof url, "tcp://%s:%u", cfg.sched_host, cfg.sched_port);
+    if (rc == 0)
+        rc = cps__tp_peer_set(c->tp, SCHED_PEER, url);
+    if (rc == 0)
+        rc = cps__make_url(c->addr, cfg.advertise_host, port);
+    if (rc == 0)
+        rc = join(c);
+    if (rc != 0) {
+        client_free(c);
+        return rc;
+    }
+    char tag[32];
+    snprintf(tag, sizeof tag, "worker %u", c->rank);
+    cps__log_set_tag(tag);
+    cps_log(CPS_LOG_INFO, "worker", "joined as node %u, rank %u of %u, %u servers, view epoch %llu",
+            c->id, c->rank, c->view.num_workers, c->view.num_servers,
+            (unsigned long long)c->view.epoch);
+    *out = c;
+    return 0;
+}
+
+int cps_close(cps_client *c)
+{
+    if (!c)
+        return 0;
+    pthread_mutex_lock(&c->lock);
+    int result = 0;
+    uint64_t deadline = cps__now_ms() + c->cfg.request_timeout_ms;
+    while (c->nreqs > 0 && !c->shutdown && cps__now_ms() < deadline)
+        progress(c, 50);
+    if (c->nreqs > 0)
+        result = CPS_ETIMEDOUT;
+    unsigned char stats[CPS_STATS_SIZE];
+    cps_node_stats ns = {0};
+    ns.push_raw_bytes = c->stats.push_raw_bytes;
+    ns.push_wire_bytes = c->stats.push_wire_bytes;
+    ns.pull_bytes = c->stats.pull_bytes;
+    cps__stats_encode(stats, &ns);
+    deadline = cps__now_ms() + BYE_WAIT_MS;
+    uint64_t next = 0;
+    while (!c->bye_acked && !c->shutdown && cps__now_ms() < deadline) {
+        if (cps__now_ms() >= next) {
+            cps_msg_hdr h = {.type = CPS_MSG_BYE, .sender = c->id, .epoch = c->view.epoch};
+            cps__msg_send(c->tp, SCHED_PEER, &h, stats, sizeof stats);
+            next = cps__now_ms() + HELLO_RETRY_MS;
+        }
+        progress(c, 50);
+    }
+    pthread_mutex_unlock(&c->lock);
+    client_free(c);
+    return result;
+}
+
+int cps_rank(const cps_client *c)
+{
+    return c ? (int)c->rank : -1;
+}
+
+int cps_num_workers(const cps_client *c)
+{
+    return c ? (int)c->view.num_workers : 0;
+}
+
+int cps_num_servers(const cps_client *c)
+{
+    return c ? (int)c->view.num_servers : 0;
+}
+
+void cps_client_stats_get(const cps_client *c, cps_client_stats *out)
+{
+    if (c && out)
+        *out = c->stats;
+}
+
+/* ---- shared by api.c ---- */
+
+int cps__client_run(cps_client *c, cps_op *op, int wait)
+{
+    int rc = op_start(c, op);
+    if (rc != 0 && op->pending == 0)
+        return rc;
+    if (!wait)
+        return 0;
+    return op_wait(c, op, -1);
+}
+
+int cps__client_wait(cps_client *c, cps_op *op, int timeout_ms)
+{
+    return op_wait(c, op, timeout_ms);
+}
+
+int cps__client_barrier(cps_client *c)
+{
+    c->barrier_seq++;
+    c->barrier_done = 0;
+    uint64_t next = 0;
+    while (!c->barrier_done) {
+        if (c->shutdown)
+            return CPS_ESHUTDOWN;
+        uint64_t now = cps__now_ms();
+        if (now >= next) {
+            cps_msg_hdr h = {.type = CPS_MSG_BARRIER, .sender = c->id, .epoch = c->view.epoch,
+                             .req_worker = c->id, .req_seq = c->barrier_seq};
+            cps__msg_send(c->tp, SCHED_PEER, &h, NULL, 0);
+            next = now + c->cfg.request_timeout_ms;
+        }
+        int rc = progress(c, 50);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}

@@ -1,0 +1,118 @@
+/* Worker client internals: tensors are cut into keys spread over the key ranges (layout.c);
+ * operations fan out into one request per range and complete when every request has been
+ * answered (client.c). */
+#ifndef CPS_WORKER_CLIENT_H
+#define CPS_WORKER_CLIENT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "chainps/chainps.h"
+#include "core/config.h"
+#include "core/view.h"
+#include "core/wire.h"
+#include "transport/transport.h"
+
+/* The keys of one operation that live in one range, sorted, with where each key's values sit
+ * in the caller's buffer. */
+typedef struct cps_part {
+    uint32_t range;
+    uint32_t nkeys;
+    uint64_t *keys;
+    uint32_t *lens;
+    uint64_t *src_off; /* element offset of key j's values in the caller's buffer */
+    uint64_t *init_off; /* element offset of key j within its tensor (declare only) */
+    uint64_t nvals;
+} cps_part;
+
+struct cps_tensor {
+    char name[256];
+    uint64_t length;
+    uint64_t rows; /* tables: rows x cols; dense tensors: rows == 0 */
+    uint32_t cols;
+    uint64_t hash;
+    cps_param_spec spec;
+    uint32_t nparts;
+    cps_part *parts; /* the whole tensor, by range */
+    uint64_t step;   /* pushes so far: the sync step and the SSP clock */
+    struct cps_tensor *next;
+};
+
+/* Fill t->parts for a dense tensor (chunks) or a table (rows) under view v.
+ * Errors: CPS_ENOMEM, CPS_EINVAL. */
+int cps__layout_tensor(cps_tensor *t, const cps_view *v);
+/* Key of row `row` of table t under view v. */
+uint64_t cps__layout_row_key(const cps_tensor *t, const cps_view *v, uint64_t row);
+/* Split sorted raw keys into per-range parts (values contiguous in key order).
+ * Errors: CPS_EINVAL (unsorted / duplicate keys, zero len), CPS_ENOMEM. */
+int cps__layout_raw(const cps_view *v, const uint64_t *keys, size_t nkeys, const uint32_t *lens,
+                    cps_part **parts, uint32_t *nparts);
+void cps__parts_free(cps_part *parts, uint32_t nparts);
+
+enum op_kind { OP_DECLARE = 1, OP_PUSH, OP_PULL, OP_PUSH_PULL };
+
+typedef struct cps_op {
+    int kind;
+    int result;       /* first error, or 0 */
+    uint32_t pending; /* requests not answered yet */
+    const float *grad;
+    float *out;
+    uint64_t step;
+    const cps_param_spec *spec;
+    const cps_part *parts; /* borrowed from the tensor, or owned (own_parts) */
+    uint32_t nparts;
+    int own_parts;
+    float *scratch; /* owned buffer (sparse rows) */
+    struct cps_client *client;
+    int in_use; /* handle given to the caller and not yet waited to completion */
+    int noagg;  /* sparse rows: applied on arrival (CPS_WF_NOAGG) */
+} cps_op;
+
+struct cps_handle {
+    cps_op op;
+};
+
+/* One request on the wire: one part of one operation. */
+typedef struct cps_req {
+    cps_op *op;
+    uint32_t part;
+    uint8_t type;
+    uint32_t range;
+    uint64_t seq;
+    uint64_t sent_ms;
+    uint32_t attempts;
+    int waiting_view; /* re-send once a newer view arrives */
+} cps_req;
+
+struct cps_client {
+    pthread_mutex_t lock;
+    cps_config cfg;
+    cps_tp *tp;
+    uint32_t id;
+    uint32_t rank;
+    cps_view view;
+    char addr[CPS_ADDR_MAX];
+    uint64_t *range_seq; /* last push seq per range (view.nranges entries) */
+    uint64_t *sparse_seq; /* last sparse-row push seq per range */
+    uint64_t other_seq;  /* last id of a declare / pull */
+    cps_req *reqs;       /* in flight */
+    uint32_t nreqs, reqs_cap;
+    cps_tensor *tensors;
+    uint64_t barrier_seq;
+    int barrier_done;
+    int bye_acked;
+    int shutdown;
+    uint64_t view_asked_ms;
+    cps_client_stats stats;
+    void *pack;          /* scratch for compression */
+    size_t pack_cap;
+};
+
+/* Start op's requests; with `wait`, run the loop until it completes and return its result. */
+int cps__client_run(struct cps_client *c, cps_op *op, int wait);
+/* Run the loop until op completes or timeout_ms passes (CPS_ETIMEDOUT). */
+int cps__client_wait(struct cps_client *c, cps_op *op, int timeout_ms);
+/* Scheduler barrier. */
+int cps__client_barrier(struct cps_client *c);
+
+#endif

@@ -1,0 +1,233 @@
+/* Fuzz target for everything that parses bytes from the network: header, snappy payload, kv,
+ * DECLARE, view, hello, spec and stats decoders.
+ *
+ * Beyond "no crash, no sanitizer report", it checks that every accepted input is canonical:
+ * re-encoding what a decoder accepted must give back the very same bytes. A decoder that
+ * accepts two encodings of one value (e.g. ignores a padding byte) would let replicas that
+ * compare bytes disagree, so that is a bug too. */
+#include "fuzz_wire.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/error.h"
+#include "core/codec.h"
+#include "core/view.h"
+#include "core/wire.h"
+
+fuzz_wire_counts fuzz_wire_n;
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "fuzz_wire: check failed at %s:%d: %s\n", __FILE__, __LINE__, #cond);  \
+            abort();                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static int is_error(int rc)
+{
+    return rc == CPS_EPROTO || rc == CPS_ESIZE;
+}
+
+/* Re-encodes with `enc_len` bytes into a fresh buffer and compares with the accepted input. */
+static void check_same(const unsigned char *in, size_t len, const unsigned char *re, size_t re_len)
+{
+    CHECK(re_len == len);
+    CHECK(memcmp(in, re, len) == 0);
+}
+
+static void fuzz_kv(const unsigned char *b, size_t len)
+{
+    cps_kv kv;
+    for (int need = -1; need <= 1; need++) {
+        int rc = cps__wire_kv_decode(b, len, need, &kv);
+        if (rc) {
+            CHECK(is_error(rc));
+            continue;
+        }
+        CHECK(need == -1 || (need == 1) == (kv.nvals != 0));
+        if (need != -1)
+            continue;
+        fuzz_wire_n.kv_ok++;
+        size_t n = cps__wire_kv_size(kv.nkeys, kv.nvals);
+        unsigned char *re = malloc(n);
+        CHECK(re);
+        size_t got = cps__wire_kv_encode(re, n, kv.nkeys, kv.keys, kv.lens, kv.vals, kv.nvals);
+        check_same(b, len, re, got);
+        free(re);
+    }
+}
+
+static void fuzz_declare(const unsigned char *b, size_t len)
+{
+    cps_kv kv;
+    const uint64_t *offs;
+    cps_param_spec spec;
+    int rc = cps__wire_declare_decode(b, len, &kv, &offs, &spec);
+    if (rc) {
+        CHECK(is_error(rc));
+        return;
+    }
+    fuzz_wire_n.declare_ok++;
+    CHECK(kv.nvals == 0);
+    size_t n = cps__wire_declare_size(kv.nkeys);
+    unsigned char *re = malloc(n);
+    CHECK(re);
+    size_t got = cps__wire_declare_encode(re, n, kv.nkeys, kv.keys, kv.lens, offs, &spec);
+    check_same(b, len, re, got);
+    free(re);
+}
+
+/* The prefix decoder must agree with the exact one on the bytes it says it used. */
+static void fuzz_view_prefix(const unsigned char *b, size_t len)
+{
+    cps_view v, w;
+    size_t used = 0;
+    cps__view_init(&v);
+    int rc = cps__view_decode_prefix(b, len, &v, &used);
+    if (rc) {
+        CHECK(is_error(rc));
+        return;
+    }
+    CHECK(used <= len);
+    cps__view_init(&w);
+    CHECK(cps__view_decode(b, used, &w) == 0);
+    CHECK(w.nnodes == v.nnodes && w.nranges == v.nranges && w.epoch == v.epoch);
+    cps__view_fini(&w);
+    cps__view_fini(&v);
+}
+
+static void fuzz_view(const unsigned char *b, size_t len)
+{
+    cps_view v;
+    fuzz_view_prefix(b, len);
+    cps__view_init(&v);
+    int rc = cps__view_decode(b, len, &v);
+    if (rc) {
+        CHECK(is_error(rc));
+        CHECK(v.nodes == NULL && v.ranges == NULL);
+        return;
+    }
+    fuzz_wire_n.view_ok++;
+    if (v.nranges) {
+        /* every key maps to a range that holds it */
+        CHECK(cps__view_range_of(&v, 0) == 0);
+        CHECK(cps__view_range_of(&v, UINT64_MAX) == v.nranges - 1);
+        for (uint32_t r = 0; r < v.nranges; r++) {
+            CHECK(cps__view_range_of(&v, v.ranges[r].lo) == r);
+            CHECK(cps__view_range_of(&v, v.ranges[r].hi) == r);
+            for (uint32_t k = 0; k < v.ranges[r].chain_len; k++)
+                CHECK(cps__view_node(&v, v.ranges[r].chain[k]) != NULL);
+        }
+    }
+    size_t n = cps__view_encoded_size(&v);
+    unsigned char *re = malloc(n);
+    CHECK(re);
+    check_same(b, len, re, cps__view_encode(&v, re, n));
+    free(re);
+
+    cps_view copy;
+    cps__view_init(&copy);
+    CHECK(cps__view_copy(&copy, &v) == 0);
+    CHECK(copy.nnodes == v.nnodes && copy.nranges == v.nranges);
+    cps__view_fini(&copy);
+    cps__view_fini(&v);
+}
+
+static void fuzz_hello(const unsigned char *b, size_t len)
+{
+    uint32_t role, rank, prev;
+    char addr[CPS_ADDR_MAX];
+    int rc = cps__hello_decode(b, len, &role, &rank, &prev, addr);
+    if (rc) {
+        CHECK(is_error(rc));
+        return;
+    }
+    fuzz_wire_n.hello_ok++;
+    CHECK(memchr(addr, 0, CPS_ADDR_MAX) != NULL);
+    unsigned char re[16 + CPS_ADDR_MAX];
+    check_same(b, len, re, cps__hello_encode(re, sizeof re, role, rank, prev, addr));
+}
+
+static void fuzz_fixed(const unsigned char *b, size_t len)
+{
+    unsigned char re[64];
+    if (len < 64)
+        return;
+    /* A DECLARE ends with its spec block: decode the tail, where damage to it lands. */
+    const unsigned char *tail = b + len - CPS_WIRE_SPEC_SIZE;
+    cps_param_spec spec;
+    int rc = cps__wire_spec_decode(tail, &spec);
+    if (rc == 0) {
+        fuzz_wire_n.spec_ok++;
+        cps__wire_spec_encode(re, &spec);
+        CHECK(memcmp(re, tail, 64) == 0);
+    } else {
+        CHECK(rc == CPS_EPROTO);
+    }
+    cps_node_stats st;
+    cps__stats_decode(b, &st);
+    cps__stats_encode(re, &st);
+    CHECK(memcmp(re, b, 64) == 0);
+}
+
+/* Our compressor on fuzzed bytes: whatever it keeps must come back intact. */
+static void fuzz_codec(const unsigned char *b, size_t len)
+{
+    if (len < CPS_CODEC_MIN_BYTES)
+        return;
+    size_t cap = cps__codec_bound(len);
+    unsigned char *c = malloc(cap), *back = malloc(len);
+    CHECK(c && back);
+    size_t clen = cps__codec_compress(b, len, c, cap);
+    if (clen) {
+        CHECK(clen * 100 <= (uint64_t)len * CPS_CODEC_KEEP_PCT);
+        CHECK(cps__codec_decompress(c, clen, back, len) == 0);
+        CHECK(memcmp(back, b, len) == 0);
+    }
+    free(c);
+    free(back);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    cps_msg_hdr h;
+    unsigned char re[CPS_WIRE_HDR_SIZE];
+
+    fuzz_wire_n.inputs++;
+    int rc = cps__wire_hdr_decode(data, size, &h);
+    if (rc) {
+        CHECK(is_error(rc));
+        return 0;
+    }
+    fuzz_wire_n.hdr_ok++;
+    cps__wire_hdr_encode(re, &h);
+    CHECK(memcmp(re, data, CPS_WIRE_HDR_SIZE) == 0);
+
+    /* Decoders want an 8-byte aligned payload, as the transport's buffers are; malloc's is. A
+     * buffer of exactly raw_len bytes lets ASan see any write past it. */
+    size_t plen = h.raw_len;
+    unsigned char *p = malloc(plen ? plen : 1);
+    CHECK(p);
+    if (h.flags & CPS_WF_SNAPPY) {
+        rc = cps__codec_decompress(data + CPS_WIRE_HDR_SIZE, h.payload_len, p, plen);
+        if (rc) {
+            CHECK(rc == CPS_ECORRUPT);
+            free(p);
+            return 0;
+        }
+        fuzz_wire_n.snappy_ok++;
+    } else {
+        memcpy(p, data + CPS_WIRE_HDR_SIZE, plen);
+    }
+    fuzz_kv(p, plen);
+    fuzz_declare(p, plen);
+    fuzz_view(p, plen);
+    fuzz_hello(p, plen);
+    fuzz_fixed(p, plen);
+    fuzz_codec(p, plen);
+    free(p);
+    return 0;
+}

@@ -1,0 +1,380 @@
+/* Deterministic stand-in for libFuzzer, built with any compiler and run by CTest: feeds
+ * LLVMFuzzerTestOneInput a corpus of valid messages of every payload kind, then seeded random
+ * mutations of them (bit flips, byte stores, truncations, extensions, length fields that lie,
+ * damage inside a payload that is then compressed). A failure is an abort naming the check; the
+ * seed and iteration are printed first so it can be replayed.
+ *
+ * usage: fuzz_wire_replay [ITERATIONS [SEED]]
+ *        fuzz_wire_replay --write-corpus DIR   (seed files for the libFuzzer target)
+ */
+#include "fuzz_wire.h"
+
+#include <snappy-c.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/view.h"
+#include "core/wire.h"
+
+typedef struct seed {
+    const char *name;
+    uint8_t type;
+    int compress;
+    unsigned char *payload; /* raw (uncompressed) payload */
+    size_t len;
+} seed;
+
+#define MAX_SEEDS 16
+static seed seeds[MAX_SEEDS];
+static int nseeds;
+
+static uint64_t rng;
+static uint64_t rnd(void)
+{
+    rng ^= rng >> 12;
+    rng ^= rng << 25;
+    rng ^= rng >> 27;
+    return rng * 2685821657736338717ull;
+}
+static size_t below(size_t n)
+{
+    return n ? (size_t)(rnd() % n) : 0;
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "fuzz_wire_replay: out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static void add_seed(const char *name, uint8_t type, int compress, void *payload, size_t len)
+{
+    seeds[nseeds++] = (seed){name, type, compress, payload, len};
+}
+
+static void make_kv_seeds(void)
+{
+    uint64_t keys[5] = {3, 17, 1u << 20, (uint64_t)1 << 40, UINT64_MAX - 1};
+    uint32_t lens[5] = {4, 1, 64, 7, 300};
+    uint64_t nvals = 4 + 1 + 64 + 7 + 300;
+    float *vals = xmalloc(nvals * 4);
+    for (uint64_t i = 0; i < nvals; i++)
+        vals[i] = (float)(i % 8) * 0.25f - 1.0f; /* repetitive: compresses */
+    size_t n = cps__wire_kv_size(5, nvals);
+    unsigned char *p = xmalloc(n);
+    cps__wire_kv_encode(p, n, 5, keys, lens, vals, nvals);
+    add_seed("push", CPS_MSG_PUSH, 0, p, n);
+    unsigned char *q = xmalloc(n);
+    memcpy(q, p, n);
+    add_seed("push-snappy", CPS_MSG_PUSH, 1, q, n);
+
+    n = cps__wire_kv_size(3, 0);
+    p = xmalloc(n);
+    cps__wire_kv_encode(p, n, 3, keys, lens, NULL, 0);
+    add_seed("pull", CPS_MSG_PULL, 0, p, n);
+
+    cps_param_spec s = {0};
+    s.init_kind = CPS_W_INIT_NORMAL;
+    s.init_b = 0.05f;
+    s.init_seed = 42;
+    s.opt_kind = CPS_W_OPT_ADAM;
+    s.lr = 1e-3f;
+    s.beta1 = 0.9f;
+    s.beta2 = 0.999f;
+    s.eps = 1e-8f;
+    uint64_t offs[5] = {0, 4, 5, 69, 76};
+    n = cps__wire_declare_size(5);
+    p = xmalloc(n);
+    cps__wire_declare_encode(p, n, 5, keys, lens, offs, &s);
+    add_seed("declare", CPS_MSG_DECLARE, 0, p, n);
+    free(vals);
+}
+
+static void make_view_seeds(void)
+{
+    cps_view v;
+    cps__view_init(&v);
+    v.epoch = 9;
+    v.mode = CPS_MODE_SYNC;
+    v.num_servers = 4;
+    v.num_workers = 2;
+    v.nnodes = 7;
+    v.nodes = calloc(7, sizeof *v.nodes);
+    uint32_t servers[4];
+    for (uint32_t i = 0; i < 7; i++) {
+        cps_node_info *n = &v.nodes[i];
+        n->id = i == 0 ? 0 : (i <= 4 ? 10 + i : 100 + i);
+        n->role = i == 0 ? CPS_ROLE_SCHEDULER : (i <= 4 ? CPS_ROLE_SERVER : CPS_ROLE_WORKER);
+        n->alive = 1;
+        n->rank = i == 0 ? 0 : (i <= 4 ? i - 1 : i - 5);
+        snprintf(n->addr, CPS_ADDR_MAX, "tcp://127.0.0.1:%u", 7000 + i);
+        if (i >= 1 && i <= 4)
+            servers[i - 1] = n->id;
+    }
+    size_t n = cps__view_encoded_size(&v);
+    unsigned char *p = xmalloc(n);
+    cps__view_encode(&v, p, n);
+    add_seed("welcome", CPS_MSG_WELCOME, 0, p, n);
+
+    if (cps__view_place_ranges(&v, 6, servers, 4, 3) != 0)
+        exit(2);
+    n = cps__view_encoded_size(&v);
+    p = xmalloc(n);
+    cps__view_encode(&v, p, n);
+    add_seed("view", CPS_MSG_VIEW, 0, p, n);
+    unsigned char *q = xmalloc(n);
+    memcpy(q, p, n);
+    add_seed("view-snappy", CPS_MSG_VIEW, 1, q, n);
+
+    /* STATUS_REPLY: the view, u32 count, then per node u32 id, u32 age_ms, stats block */
+    size_t per = 8 + CPS_STATS_SIZE, sn = n + 4 + v.nnodes * per;
+    unsigned char *r = xmalloc(sn);
+    memcpy(r, p, n);
+    cps__le32_put(r + n, v.nnodes);
+    for (uint32_t i = 0; i < v.nnodes; i++) {
+        cps_node_stats st = {i, 0, 1000 * i, 900 * i, 0, 3, 2, 50};
+        unsigned char *e = r + n + 4 + i * per;
+        cps__le32_put(e, v.nodes[i].id);
+        cps__le32_put(e + 4, 250);
+        cps__stats_encode(e + 8, &st);
+    }
+    add_seed("status-reply", CPS_MSG_STATUS_REPLY, 0, r, sn);
+    cps__view_fini(&v);
+}
+
+static void make_other_seeds(void)
+{
+    unsigned char *p = xmalloc(64);
+    size_t n = cps__hello_encode(p, 64, CPS_ROLE_WORKER, 1, 0, "tcp://10.1.2.3:5555");
+    add_seed("hello", CPS_MSG_HELLO, 0, p, n);
+
+    p = xmalloc(64);
+    n = cps__hello_encode(p, 64, CPS_ROLE_NONE, UINT32_MAX, 0, "tcp://10.1.2.4:6000");
+    add_seed("status", CPS_MSG_STATUS, 0, p, n);
+
+    cps_node_stats st = {100, 2, 1 << 20, 1 << 18, 1 << 22, 77, 12, 1 << 16};
+    p = xmalloc(CPS_STATS_SIZE);
+    cps__stats_encode(p, &st);
+    add_seed("heartbeat", CPS_MSG_HEARTBEAT, 0, p, CPS_STATS_SIZE);
+
+    const char *msg = "stale view epoch 3 < 4";
+    p = xmalloc(strlen(msg));
+    memcpy(p, msg, strlen(msg));
+    add_seed("error", CPS_MSG_ERROR, 0, p, strlen(msg));
+    add_seed("ack", CPS_MSG_ACK, 0, xmalloc(0), 0);
+}
+
+/* Header + payload, compressed with snappy when the seed asks (whether or not it pays, so the
+ * compressed path is always exercised). Returns a malloc'd message. */
+static unsigned char *build(const seed *s, const unsigned char *payload, size_t len, size_t *out)
+{
+    cps_msg_hdr h = {0};
+    h.type = s->type;
+    h.sender = 3;
+    h.status = s->type == CPS_MSG_ERROR ? -4 : 0;
+    h.epoch = 5;
+    h.req_worker = 1;
+    h.req_seq = 99;
+    h.step = 12;
+    h.raw_len = (uint32_t)len;
+    size_t cap = CPS_WIRE_HDR_SIZE + snappy_max_compressed_length(len);
+    unsigned char *m = xmalloc(cap);
+    size_t plen = len;
+    if (s->compress && len > 0) {
+        plen = cap - CPS_WIRE_HDR_SIZE;
+        if (snappy_compress((const char *)payload, len, (char *)m + CPS_WIRE_HDR_SIZE, &plen) !=
+            SNAPPY_OK)
+            exit(2);
+        h.flags = CPS_WF_SNAPPY;
+    } else {
+        memcpy(m + CPS_WIRE_HDR_SIZE, payload, len);
+    }
+    h.payload_len = (uint32_t)plen;
+    cps__wire_hdr_encode(m, &h);
+    *out = CPS_WIRE_HDR_SIZE + plen;
+    return m;
+}
+
+static uint32_t lie(uint32_t old)
+{
+    switch (below(9)) {
+    case 0:
+        return 0;
+    case 1:
+        return 1;
+    case 2:
+        return UINT32_MAX;
+    case 3:
+        return 0x80000000u;
+    case 4:
+        return 0x15555556u; /* 12 * this wraps 32 bits */
+    case 5:
+        return old + 1;
+    case 6:
+        return old - 1;
+    case 7:
+        return old * 2;
+    default:
+        return (uint32_t)rnd();
+    }
+}
+
+/* Damage `b[0..*len)` (capacity `cap`) in one of several ways. `fields` lists offsets of u32
+ * length/count fields worth lying in. */
+static void mutate(unsigned char *b, size_t *len, size_t cap, const size_t *fields, int nfields)
+{
+    switch (below(6)) {
+    case 0: /* bit flips */
+        for (int k = 0, n = 1 + (int)below(8); k < n && *len; k++)
+            b[below(*len)] ^= (unsigned char)(1u << below(8));
+        break;
+    case 1: { /* interesting byte */
+        static const unsigned char v[] = {0, 0xff, 0x7f, 0x80, 0x01, 0x20};
+        if (*len)
+            b[below(*len)] = v[below(sizeof v)];
+        break;
+    }
+    case 2: /* truncation */
+        *len = below(*len + 1);
+        break;
+    case 3: { /* extension with junk or zeros */
+        size_t add = 1 + below(16), zero = below(2);
+        for (size_t i = 0; i < add && *len < cap; i++)
+            b[(*len)++] = zero ? 0 : (unsigned char)rnd();
+        break;
+    }
+    default: { /* a length or count field that lies */
+        size_t off = fields[below((size_t)nfields)];
+        if (off + 4 <= *len)
+            cps__le32_put(b + off, lie(cps__le32_get(b + off)));
+        break;
+    }
+    }
+}
+
+/* Length/count fields of a payload, by kind: where a lie hurts most. */
+static int payload_fields(const seed *s, size_t *f)
+{
+    int n = 0;
+    f[n++] = 0;
+    f[n++] = 4;
+    if (s->type == CPS_MSG_VIEW || s->type == CPS_MSG_WELCOME || s->type == CPS_MSG_STATUS_REPLY) {
+        f[n++] = 28, f[n++] = 32, f[n++] = 36;
+        f[n++] = 40 + 140 + 140 * below(6); /* a node's id in the middle of the list */
+    }
+    if (s->type == CPS_MSG_HELLO || s->type == CPS_MSG_STATUS)
+        f[n++] = 12;
+    if (s->type == CPS_MSG_PUSH || s->type == CPS_MSG_DECLARE)
+        f[n++] = 8 + 5 * 8 + 4 * below(5); /* a len */
+    return n;
+}
+
+static void one_case(const seed *s)
+{
+    size_t plen = s->len, cap = s->len + 64;
+    unsigned char *pl = xmalloc(cap);
+    memcpy(pl, s->payload, plen);
+    size_t fields[8];
+    int nf = payload_fields(s, fields);
+    /* Damage inside the payload first, so that compressed seeds still reach the decoders. */
+    if (below(3) == 0) {
+        for (int k = 0, n = 1 + (int)below(3); k < n; k++)
+            mutate(pl, &plen, cap, fields, nf);
+    }
+    size_t mlen;
+    unsigned char *m = build(s, pl, plen, &mlen);
+    if (below(2) == 0) {
+        static const size_t hdr_fields[] = {48, 52, 48, 52, 0, 4, 12};
+        size_t mcap = mlen + 32;
+        unsigned char *big = xmalloc(mcap);
+        memcpy(big, m, mlen);
+        free(m);
+        m = big;
+        mutate(m, &mlen, mcap, hdr_fields, 7);
+        /* Half the time make the header agree again with the damaged length, so the damage is
+         * judged by the payload decoders rather than by the header check alone. */
+        if (below(2) == 0 && mlen >= CPS_WIRE_HDR_SIZE) {
+            uint32_t pl2 = (uint32_t)(mlen - CPS_WIRE_HDR_SIZE);
+            cps__le32_put(m + 48, pl2);
+            if (!(cps__le32_get(m + 6) & CPS_WF_SNAPPY))
+                cps__le32_put(m + 52, pl2);
+        }
+    }
+    /* An exact-size heap copy, so ASan sees any read past the message. */
+    unsigned char *exact = xmalloc(mlen);
+    memcpy(exact, m, mlen);
+    LLVMFuzzerTestOneInput(exact, mlen);
+    free(exact);
+    free(m);
+    free(pl);
+}
+
+static int write_corpus(const char *dir)
+{
+    for (int i = 0; i < nseeds; i++) {
+        char path[4096];
+        size_t mlen;
+        unsigned char *m = build(&seeds[i], seeds[i].payload, seeds[i].len, &mlen);
+        snprintf(path, sizeof path, "%s/seed-%s", dir, seeds[i].name);
+        FILE *f = fopen(path, "wb");
+        if (!f || fwrite(m, 1, mlen, f) != mlen || fclose(f) != 0) {
+            perror(path);
+            return 1;
+        }
+        free(m);
+    }
+    printf("wrote %d seeds to %s\n", nseeds, dir);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    make_kv_seeds();
+    make_view_seeds();
+    make_other_seeds();
+    if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0)
+        return write_corpus(argv[2]);
+
+    long iters = argc > 1 ? atol(argv[1]) : 200000;
+    rng = argc > 2 ? strtoull(argv[2], NULL, 0) : 0x5eed5eed5eedull;
+    if (rng == 0)
+        rng = 1;
+    printf("fuzz_wire_replay: %d seeds, %ld mutations, seed 0x%llx\n", nseeds, iters,
+           (unsigned long long)rng);
+
+    /* every seed must decode cleanly before we trust the mutations built on it */
+    for (int i = 0; i < nseeds; i++) {
+        size_t mlen;
+        unsigned char *m = build(&seeds[i], seeds[i].payload, seeds[i].len, &mlen);
+        uint64_t before = fuzz_wire_n.hdr_ok;
+        LLVMFuzzerTestOneInput(m, mlen);
+        if (fuzz_wire_n.hdr_ok != before + 1) {
+            fprintf(stderr, "seed %s does not decode\n", seeds[i].name);
+            return 1;
+        }
+        free(m);
+    }
+    fuzz_wire_counts base = fuzz_wire_n;
+    if (base.kv_ok < 3 || base.declare_ok != 1 || base.view_ok != 3 || base.hello_ok != 2) {
+        fprintf(stderr, "seeds did not reach their decoders\n");
+        return 1;
+    }
+    for (long it = 0; it < iters; it++)
+        one_case(&seeds[below((size_t)nseeds)]);
+
+    fuzz_wire_counts c = fuzz_wire_n;
+    printf("inputs %llu: header ok %llu, snappy ok %llu, kv ok %llu, declare ok %llu, "
+           "view ok %llu, hello ok %llu, spec ok %llu\n",
+           (unsigned long long)c.inputs, (unsigned long long)c.hdr_ok,
+           (unsigned long long)c.snappy_ok, (unsigned long long)c.kv_ok,
+           (unsigned long long)c.declare_ok, (unsigned long long)c.view_ok,
+           (unsigned long long)c.hello_ok, (unsigned long long)c.spec_ok);
+    for (int i = 0; i < nseeds; i++)
+        free(seeds[i].payload);
+    return 0;
+}

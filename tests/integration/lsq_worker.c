@@ -1,0 +1,114 @@
+/* A worker that trains least squares y = X w* through the parameter server and checks that it
+ * recovers the known true weights. Used by the integration tests as the training program.
+ *
+ * usage: lsq_worker [--dim D] [--samples N] [--steps T] [--lr X] [--tol E] [--checksum]
+ * Prints "final: max |w - w*| = ..., checksum ..." and exits 0 if within tolerance. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/chainps.h"
+
+static uint64_t rng_state;
+static double uniform(void)
+{
+    rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+
+int main(int argc, char **argv)
+{
+    int dim = 16, samples = 512, steps = 300;
+    double lr = 0.1, tol = 1e-3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--dim") && i + 1 < argc)
+            dim = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--samples") && i + 1 < argc)
+            samples = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--lr") && i + 1 < argc)
+            lr = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--tol") && i + 1 < argc)
+            tol = atof(argv[++i]);
+        else {
+            fprintf(stderr, "lsq_worker: unknown argument %s\n", argv[i]);
+            return 2;
+        }
+    }
+    cps_client *c;
+    int rc = cps_open(&c);
+    if (rc != 0) {
+        fprintf(stderr, "lsq_worker: cps_open: %s\n", cps_strerror(rc));
+        return 1;
+    }
+    int rank = cps_rank(c), W = cps_num_workers(c);
+    /* True weights and data are the same in every worker; each uses its own shard. */
+    float *wstar = malloc(sizeof(float) * (size_t)dim);
+    float *X = malloc(sizeof(float) * (size_t)dim * (size_t)samples);
+    float *y = malloc(sizeof(float) * (size_t)samples);
+    float *w = calloc((size_t)dim, sizeof(float));
+    float *g = malloc(sizeof(float) * (size_t)dim);
+    rng_state = 42;
+    for (int j = 0; j < dim; j++)
+        wstar[j] = (float)(uniform() * 2 - 1);
+    for (int i = 0; i < samples; i++) {
+        double acc = 0;
+        for (int j = 0; j < dim; j++) {
+            X[(size_t)i * dim + j] = (float)(uniform() * 2 - 1);
+            acc += X[(size_t)i * dim + j] * wstar[j];
+        }
+        y[i] = (float)acc;
+    }
+    cps_optim opt = cps_optim_sgd((float)lr);
+    cps_tensor *t;
+    rc = cps_tensor_declare(c, "lsq/w", (uint64_t)dim, NULL, &opt, &t);
+    if (rc == 0)
+        rc = cps_pull(c, t, w, (uint64_t)dim);
+    int mine = 0;
+    for (int i = rank; i < samples; i += W)
+        mine++;
+    const char *mode = getenv("CHAINPS_MODE");
+    int sync = !mode || !strcmp(mode, "sync");
+    for (int s = 0; s < steps && rc == 0; s++) {
+        memset(g, 0, sizeof(float) * (size_t)dim);
+        for (int i = rank; i < samples; i += W) {
+            double r = -y[i];
+            for (int j = 0; j < dim; j++)
+                r += X[(size_t)i * dim + j] * w[j];
+            for (int j = 0; j < dim; j++)
+                g[j] += (float)(r * X[(size_t)i * dim + j]);
+        }
+        /* Sync: the servers sum the workers' gradients, so each sends its share of the mean. */
+        float scale = sync ? 1.0f / (float)(mine * W) : 1.0f / (float)mine;
+        for (int j = 0; j < dim; j++)
+            g[j] *= scale;
+        rc = cps_push_pull(c, t, g, w, (uint64_t)dim);
+    }
+    if (rc == 0)
+        rc = cps_barrier(c);
+    if (rc == 0)
+        rc = cps_pull(c, t, w, (uint64_t)dim);
+    double err = 0;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (int j = 0; j < dim; j++) {
+        double e = fabs((double)w[j] - wstar[j]);
+        if (e > err)
+            err = e;
+        const unsigned char *b = (const unsigned char *)&w[j];
+        for (int k = 0; k < 4; k++)
+            h = (h ^ b[k]) * 0x100000001b3ULL;
+    }
+    if (rc != 0)
+        fprintf(stderr, "lsq_worker: training failed: %s\n", cps_strerror(rc));
+    else
+        printf("final: rank %d max |w - w*| = %.3g, checksum %016llx\n", rank, err,
+               (unsigned long long)h);
+    int close_rc = cps_close(c);
+    free(wstar), free(X), free(y), free(w), free(g);
+    if (rc != 0 || close_rc != 0)
+        return 1;
+    return err <= tol ? 0 : 3;
+}
