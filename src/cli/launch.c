@@ -35,7 +35,7 @@ static const char launch_usage[] =
     "  --servers S        number of servers (required)\n"
     "  --workers W        number of workers (required)\n"
     "  --mode M           sync (default), async or ssp:N\n"
-    "  --replicas R       servers per key range (only 1 until chain replication lands)\n"
+    "  --replicas R       servers in each key range's chain (default 3, or S if fewer)\n"
     "  --data DIR         keep the servers' LMDB data in DIR/server-<rank> (kept afterwards;\n"
     "                     a second launch on the same DIR resumes from its parameters);\n"
     "                     default: a fresh temporary directory, removed at the end\n"
@@ -285,9 +285,9 @@ int cps__cli_launch(int argc, char **argv)
         return cps__cli_usage_error("launch", "--servers and --workers are required");
     if (optind >= argc)
         return cps__cli_usage_error("launch", "no program to run (put it after --)");
-    if (cfg.replicas > 1)
-        return cps__cli_usage_error("launch", "--replicas %u: chain replication is not built "
-                                    "yet (only 1 replica)", cfg.replicas);
+    if (cfg.replicas > cfg.num_servers)
+        return cps__cli_usage_error("launch", "--replicas %u needs at least %u servers",
+                                    cfg.replicas, cfg.replicas);
     char **prog = argv + optind;
 
     char data[512];
@@ -330,7 +330,8 @@ int cps__cli_launch(int argc, char **argv)
     child *kids = calloc((size_t)n, sizeof *kids);
     if (!kids)
         return 1;
-    char mode[32], port_s[16], sv_s[16], wk_s[16], sched[64], verbose[8];
+    char mode[32], port_s[16], sv_s[16], wk_s[16], sched[64], verbose[8], repl[16];
+    snprintf(repl, sizeof repl, "%u", cfg.replicas ? cfg.replicas : (S < 3 ? (uint32_t)S : 3u));
     cps__config_mode_str(cfg.mode, cfg.ssp_bound, mode, sizeof mode);
     snprintf(port_s, sizeof port_s, "%d", sched_port);
     snprintf(sv_s, sizeof sv_s, "%d", S);
@@ -360,7 +361,7 @@ int cps__cli_launch(int argc, char **argv)
     int rc = 0;
     {
         char *av[] = {self, "scheduler", "--port", port_s, "--servers", sv_s, "--workers", wk_s,
-                      "--mode", mode, "--bind", "127.0.0.1", NULL};
+                      "--mode", mode, "--replicas", repl, "--bind", "127.0.0.1", NULL};
         char *env[16];
         int k = 0;
         for (int i = 0; i < nc; i++)

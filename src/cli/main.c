@@ -128,7 +128,7 @@ static const char scheduler_usage[] =
     "  --bind ADDR        address to bind (default 0.0.0.0)\n"
     "  --advertise ADDR   address other nodes use to reach the scheduler (informational)\n"
     "  --mode M           sync (default), async or ssp:N (bounded staleness N)\n"
-    "  --replicas R       servers per key range (only 1 until chain replication lands)\n"
+    "  --replicas R       servers in each key range's chain (default 3, or S if fewer)\n"
     "  --join-timeout S   give up if the nodes have not all arrived after S seconds (60)\n"
     "  -v, --verbose      more logging (twice: debug)\n"
     "  -h, --help         this text\n";

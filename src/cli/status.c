@@ -47,9 +47,9 @@ static void on_msg(void *ctx, void *buf, size_t len)
     if (cps__rx_parse(&rx, buf, len) != 0)
         return;
     if (rx.hdr.type == CPS_MSG_STATUS_REPLY && !r->got) {
-        size_t vlen;
-        if (cps__view_decode(rx.payload, rx.len, &r->view) == 0 &&
-            (vlen = cps__view_encoded_size(&r->view)) + 4 <= rx.len) {
+        size_t vlen = 0;
+        if (cps__view_decode_prefix(rx.payload, rx.len, &r->view, &vlen) == 0 &&
+            vlen + 4 <= rx.len) {
             const char *p = (const char *)rx.payload + vlen;
             uint32_t n = cps__le32_get(p);
             p += 4;

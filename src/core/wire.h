@@ -47,7 +47,9 @@ enum cps_msg_type {
     CPS_MSG_VALUES = 25,      /* server -> worker: reply to PULL / PUSH_PULL (payload: kv) */
     CPS_MSG_ERROR = 26,       /* reply with status < 0; payload: UTF-8 text, may be empty */
     CPS_MSG_CHECKSUM = 27,    /* request/reply: checksum of a range (aux = value) */
-    CPS_MSG_TYPE_MAX_ = 28
+    CPS_MSG_FWD = 28,         /* chain: predecessor -> successor, one update (seq in req_seq) */
+    CPS_MSG_CHAIN_ACK = 29,   /* chain: successor -> predecessor, committed up to req_seq */
+    CPS_MSG_TYPE_MAX_ = 30
 };
 
 /* Header flags. */
@@ -57,6 +59,14 @@ enum cps_msg_type {
  * workers, so there is no per-step aggregate to wait for. They carry their own sequence space. */
 #define CPS_WF_NOAGG 0x0004u
 #define CPS_WF_KNOWN_ (CPS_WF_SNAPPY | CPS_WF_REPLY | CPS_WF_NOAGG)
+
+/* Request sequence spaces (header req_seq): dense pushes count 1, 2, ... per (worker, range);
+ * sparse-row pushes (CPS_WF_NOAGG) have CPS_SEQ_SPARSE set and their own count; every other
+ * request (declare, pull) has CPS_SEQ_OTHER set, so it can never leave a gap in a push space. */
+#define CPS_SEQ_SPARSE (1ull << 62)
+#define CPS_SEQ_OTHER (1ull << 63)
+/* A worker's sparse pushes have their exactly-once record under its id with this bit. */
+#define CPS_DEDUP_SPARSE_BIT 0x80000000u
 
 typedef struct cps_msg_hdr {
     uint8_t version;

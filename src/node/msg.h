@@ -10,12 +10,6 @@
 #include "core/wire.h"
 #include "transport/transport.h"
 
-/* Request sequence spaces: dense pushes count 1, 2, ... per (worker, range); sparse-row pushes
- * have this bit set and their own count; other requests (declare, pull) have bit 63. */
-#define CPS_SEQ_SPARSE (1ull << 62)
-/* The exactly-once record of a worker's sparse pushes lives under this id bit. */
-#define CPS_DEDUP_SPARSE_BIT 0x80000000u
-
 /* Monotonic milliseconds. The protocol state machines never call this; the loops do. */
 uint64_t cps__now_ms(void);
 

@@ -156,7 +156,8 @@ static int start_job(sched *s)
     s->view.ssp_bound = s->cfg.ssp_bound;
     s->view.num_workers = s->cfg.num_workers;
     s->view.num_servers = S;
-    s->view.replicas = s->cfg.replicas ? s->cfg.replicas : 1;
+    /* Default: chains of 3 (or every server, when there are fewer). */
+    s->view.replicas = s->cfg.replicas ? s->cfg.replicas : (S < 3 ? S : 3);
     int rc = cps__view_place_ranges(&s->view, S, servers, S, s->view.replicas);
     free(servers);
     if (rc == 0)
@@ -227,10 +228,11 @@ static void handle_hello(sched *s, const cps_rx *rx)
         n->info.role = (uint8_t)role;
         cps_log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) joined from %s", role_name((int)role),
                 n->info.id, n->info.rank, addr);
-    } else if (strcmp(n->info.addr, addr) != 0) {
+    }
+    int moved = strcmp(n->info.addr, addr) != 0 && n->info.addr[0];
+    if (moved)
         cps_log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) came back at %s",
                 role_name((int)role), n->info.id, n->info.rank, addr);
-    }
     snprintf(n->info.addr, sizeof n->info.addr, "%s", addr);
     n->info.alive = 1;
     n->last_seen_ms = cps__now_ms();
@@ -241,6 +243,15 @@ static void handle_hello(sched *s, const cps_rx *rx)
     }
     if (s->started) {
         sync_view_nodes(s);
+        if (moved) {
+            /* Everyone must learn the new address: a new view, with a higher epoch. */
+            s->view.epoch++;
+            for (uint32_t i = 0; i < s->nnodes; i++)
+                if (s->nodes[i].info.id != n->info.id)
+                    send_view(s, s->nodes[i].info.id, CPS_MSG_VIEW);
+            cps_log(CPS_LOG_INFO, "scheduler", "view epoch %llu published",
+                    (unsigned long long)s->view.epoch);
+        }
         send_view(s, n->info.id, CPS_MSG_WELCOME);
         return;
     }
@@ -409,11 +420,10 @@ int cps__scheduler_run(const cps_config *cfg)
                 "CHAINPS_NUM_SERVERS/CHAINPS_NUM_WORKERS)");
         return CPS_ECONFIG;
     }
-    if (cfg->replicas > 1) {
-        cps_log(CPS_LOG_ERROR, "scheduler",
-                "--replicas %u: chain replication is not built yet (only 1 replica)",
-                cfg->replicas);
-        return CPS_ENOTSUP;
+    if (cfg->replicas > cfg->num_servers) {
+        cps_log(CPS_LOG_ERROR, "scheduler", "--replicas %u needs at least %u servers, not %u",
+                cfg->replicas, cfg->replicas, cfg->num_servers);
+        return CPS_ECONFIG;
     }
     sched s;
     memset(&s, 0, sizeof s);

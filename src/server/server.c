@@ -94,8 +94,10 @@ int cps__server_check_request(server *s, const cps_msg_hdr *h)
         return CPS_EINVAL;
     }
     const cps_range *r = &s->view.ranges[h->range];
-    if (r->chain_len == 0 || r->chain[0] != s->id) {
-        cps__server_reply_error(s, h, CPS_ESTALE_EPOCH, "range %u is not served here", h->range);
+    uint32_t want = h->type == CPS_MSG_PULL ? r->chain[r->chain_len - 1] : r->chain[0];
+    if (r->chain_len == 0 || want != s->id) {
+        cps__server_reply_error(s, h, CPS_ESTALE_EPOCH, "this server is not the %s of range %u",
+                                h->type == CPS_MSG_PULL ? "tail" : "head", h->range);
         return CPS_ESTALE_EPOCH;
     }
     return 0;
@@ -204,6 +206,12 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         cps_log(CPS_LOG_ERROR, "server", "error from node %u: %s", rx.hdr.sender,
                 cps_strerror(rx.hdr.status));
         break;
+    case CPS_MSG_FWD:
+    case CPS_MSG_CHAIN_ACK:
+        if (!s->joined)
+            break;
+        cps__server_on_chain(s, &rx);
+        return; /* taken */
     case CPS_MSG_DECLARE:
     case CPS_MSG_PUSH:
     case CPS_MSG_PUSH_PULL:
@@ -349,9 +357,17 @@ int cps__server_run(const cps_config *cfg)
                 next_sync = now + SYNC_EVERY_MS;
             }
         }
-        int n = cps__tp_poll(s.tp, 100, handle_msg, &s, 0);
+        int n = cps__tp_poll(s.tp, s.joined ? 20 : 100, handle_msg, &s, 0);
         if (n < 0) {
             rc = n;
+            break;
+        }
+        if (s.joined)
+            cps__server_tick(&s, cps__now_ms());
+        if (s.poisoned) {
+            cps_log(CPS_LOG_ERROR, "server", "leaving the job: a store write failed, so this "
+                    "replica's state is unknown");
+            rc = CPS_EPOISONED;
             break;
         }
     }
@@ -363,6 +379,7 @@ out:
         cps__rx_free(&s.early[i]);
     free(s.early);
     cps__server_data_fini(&s);
+    cps_chain_destroy(s.chain);
     cps__tp_destroy(s.tp);
     cps__store_close(s.store);
     cps__view_fini(&s.view);

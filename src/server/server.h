@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "core/config.h"
+#include "replication/chain.h"
 #include "core/view.h"
 #include "node/msg.h"
 #include "store/store.h"
@@ -49,19 +50,25 @@ typedef struct server {
     uint32_t clock_ranges;
     parked_pull *parked;
     uint32_t nparked, parked_cap;
-    /* Async dedup cache: last applied per-range request seq of each worker, mirrors LMDB. */
-    uint64_t *dedup;    /* nranges * 2 * CPS_MAX_NODES, UINT64_MAX = not loaded */
+    /* Chain replication state machine of every range this server holds. */
+    cps_chain *chain;
+    int poisoned; /* a store write failed: state unknown, the server must leave */
     /* Requests that arrived before our own WELCOME (workers can hear theirs first). */
     cps_rx *early;
     uint32_t nearly;
-    uint32_t dedup_ranges;
 } server;
 
 /* Data path (update.c). Each takes ownership of rx. */
 void cps__server_on_declare(server *s, cps_rx *rx);
 void cps__server_on_push(server *s, cps_rx *rx);
 void cps__server_on_pull(server *s, cps_rx *rx);
-/* Re-check sync slots and parked pulls after a view change. */
+/* A FWD or CHAIN_ACK from another server (takes rx). */
+void cps__server_on_chain(server *s, cps_rx *rx);
+/* Create the chain state machine (once the node id is known). */
+int cps__server_chain_init(server *s);
+/* Timer: re-send overdue FWDs. */
+void cps__server_tick(server *s, uint64_t now);
+/* Install the new view in the chain, re-check sync slots and parked pulls. */
 void cps__server_view_changed(server *s);
 /* Free every slot and parked pull. */
 void cps__server_data_fini(server *s);
@@ -70,8 +77,8 @@ void cps__server_data_fini(server *s);
 void cps__server_reply_error(server *s, const cps_msg_hdr *req, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 void cps__server_reply_ack(server *s, const cps_msg_hdr *req);
-/* Check that the request's epoch is current and that this server holds the range; replies with
- * the error and returns non-zero otherwise. */
+/* Check that the request's epoch is current and that this server holds the range (as head for
+ * updates, as tail for pulls); replies with the error and returns non-zero otherwise. */
 int cps__server_check_request(server *s, const cps_msg_hdr *h);
 /* Rank of worker node `id`, or UINT32_MAX if it is not a worker of the view. */
 uint32_t cps__server_worker_rank(const server *s, uint32_t id);

@@ -1,8 +1,13 @@
-/* The server's data path: declare, push (async: apply on arrival; sync: aggregate one step of
- * every live worker in rank order, then apply once), pull (SSP: wait for the slowest worker).
+/* The server's data path: the I/O side of chain replication.
  *
- * Every update of a range is one LMDB transaction holding the new values, the range's update
- * sequence number and the exactly-once records, so a crash keeps all of it or none. */
+ * A worker's declare or push arrives at the head of its range. It is validated against the
+ * store, then the chain state machine (replication/chain.c) decides whether it is new, a retry
+ * of something applied, or out of order. New async pushes are submitted at once; sync pushes
+ * wait until every live worker's gradient for the step is here and are summed in rank order,
+ * then submitted as one update. The state machine answers with actions that this file performs
+ * in order: APPLY (one LMDB transaction with the values, the range's sequence number and the
+ * exactly-once records), SEND (FWD / CHAIN_ACK to a neighbour), REPLY (ACK or values to a
+ * worker). Pulls are served by the tail; in SSP mode they wait for the slowest worker. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,80 +18,89 @@
 #include "optim/optim.h"
 #include "server.h"
 
-/* ---- helpers ---- */
-
-static int keys_in_range(const server *s, uint32_t range, const cps_kv *kv)
-{
-    const cps_range *r = &s->view.ranges[range];
-    /* Keys are sorted (the decoder checked), so the ends suffice. */
-    return kv->keys[0] >= r->lo && kv->keys[kv->nkeys - 1] <= r->hi;
-}
-
-static uint64_t keyset_sig(const cps_kv *kv)
-{
-    uint64_t h = cps__fnv1a(CPS_FNV_INIT, kv->keys, (size_t)kv->nkeys * 8);
-    return cps__fnv1a(h, kv->lens, (size_t)kv->nkeys * 4);
-}
+/* ---- store access for the state machine ---- */
 
 static void agg_meta_name(char *buf, size_t len, uint32_t range, uint64_t sig)
 {
     snprintf(buf, len, "agg/%" PRIu32 "/%016" PRIx64, range, sig);
 }
 
-static uint64_t *dedup_slot(server *s, uint32_t range, uint32_t worker)
-{
-    if (s->dedup_ranges != s->view.nranges) {
-        free(s->dedup);
-        s->dedup_ranges = s->view.nranges;
-        size_t n = (size_t)s->dedup_ranges * 2 * CPS_MAX_NODES;
-        s->dedup = malloc(n * sizeof *s->dedup);
-        if (!s->dedup) {
-            s->dedup_ranges = 0;
-            return NULL;
-        }
-        memset(s->dedup, 0xff, n * sizeof *s->dedup);
-    }
-    /* Dense and sparse-row pushes of a worker have separate records (CPS_DEDUP_SPARSE_BIT). */
-    uint32_t slot = worker & ~CPS_DEDUP_SPARSE_BIT;
-    if (range >= s->dedup_ranges || slot >= CPS_MAX_NODES)
-        return NULL;
-    if (worker & CPS_DEDUP_SPARSE_BIT)
-        slot += CPS_MAX_NODES;
-    return &s->dedup[(size_t)range * 2 * CPS_MAX_NODES + slot];
-}
-
-typedef struct dedup_io {
+typedef struct meta_read {
     uint32_t range, worker;
-    uint64_t seq;
-} dedup_io;
+    uint64_t sig;
+    uint64_t value;
+} meta_read;
 
-static int dedup_load(cps_txn *txn, void *arg)
+static int read_range_seq(cps_txn *txn, void *arg)
 {
-    dedup_io *d = arg;
-    return cps__store_dedup_get(txn, d->range, d->worker, &d->seq);
+    meta_read *m = arg;
+    cps_range_meta rm;
+    int rc = cps__store_range_get(txn, m->range, &rm);
+    m->value = rc == 0 ? rm.seq : 0;
+    return rc;
 }
 
-/* Last applied per-range request seq of `worker` (cached; loaded from LMDB on first use). */
-static int dedup_get(server *s, uint32_t range, uint32_t worker, uint64_t *out)
+static int read_dedup(cps_txn *txn, void *arg)
 {
-    uint64_t *slot = dedup_slot(s, range, worker);
-    if (slot && *slot != UINT64_MAX) {
-        *out = *slot;
-        return 0;
-    }
-    dedup_io d = {range, worker, 0};
-    int rc = cps__store_read(s->store, dedup_load, &d);
-    if (rc != 0)
-        return rc;
-    if (slot)
-        *slot = d.seq;
-    *out = d.seq;
-    return 0;
+    meta_read *m = arg;
+    return cps__store_dedup_get(txn, m->range, m->worker, &m->value);
+}
+
+static int read_agg(cps_txn *txn, void *arg)
+{
+    meta_read *m = arg;
+    char name[64];
+    unsigned char b[8];
+    size_t len = sizeof b;
+    agg_meta_name(name, sizeof name, m->range, m->sig);
+    int rc = cps__store_meta_get(txn, name, b, &len);
+    m->value = (rc == 0 && len == 8) ? cps__le64_get(b) : 0;
+    return rc == CPS_ENOTFOUND ? 0 : rc;
+}
+
+static int op_range_seq(void *ctx, uint32_t range, uint64_t *seq)
+{
+    meta_read m = {.range = range};
+    int rc = cps__store_read(((server *)ctx)->store, read_range_seq, &m);
+    *seq = m.value;
+    return rc;
+}
+
+static int op_dedup(void *ctx, uint32_t range, uint32_t worker, uint64_t *seq)
+{
+    meta_read m = {.range = range, .worker = worker};
+    int rc = cps__store_read(((server *)ctx)->store, read_dedup, &m);
+    *seq = m.value;
+    return rc;
+}
+
+static int op_agg_step(void *ctx, uint32_t range, uint64_t sig, uint64_t *step)
+{
+    meta_read m = {.range = range, .sig = sig};
+    int rc = cps__store_read(((server *)ctx)->store, read_agg, &m);
+    *step = m.value;
+    return rc;
+}
+
+static void op_drop_cookie(void *ctx, void *cookie)
+{
+    (void)ctx;
+    cps__rx_free(cookie);
+    free(cookie);
+}
+
+static const cps_chain_store_ops chain_store_ops = {op_range_seq, op_dedup, op_agg_step,
+                                                    op_drop_cookie};
+
+/* Created once our node id is known (at the first view). */
+int cps__server_chain_init(server *s)
+{
+    cps_chain_config cc = {.self = s->id, .resend_ms = 200, .max_unacked = 1024};
+    return cps_chain_create(&cc, &chain_store_ops, s, &s->chain);
 }
 
 /* ---- replies ---- */
 
-/* Reply to `req` with the current values of kv's keys. */
 typedef struct read_io {
     const cps_kv *kv;
     float *out;
@@ -105,172 +119,67 @@ static int read_values(cps_txn *txn, void *arg)
     return 0;
 }
 
-static void reply_values(server *s, const cps_msg_hdr *req, const cps_kv *kv)
+static void reply_header(server *s, cps_msg_hdr *h, uint8_t type, uint32_t worker,
+                         uint64_t req_seq, uint32_t range, uint64_t step)
+{
+    memset(h, 0, sizeof *h);
+    h->type = type;
+    h->flags = CPS_WF_REPLY;
+    h->sender = s->id;
+    h->epoch = s->view.epoch;
+    h->req_worker = worker;
+    h->req_seq = req_seq;
+    h->range = range;
+    h->step = step;
+}
+
+/* Send `worker` the current values of kv's keys as the reply to its request. */
+static void reply_values(server *s, const cps_msg_hdr *rh, const cps_kv *kv)
 {
     uint64_t nvals = 0;
     for (uint32_t i = 0; i < kv->nkeys; i++)
         nvals += kv->lens[i];
     size_t len = cps__wire_kv_size(kv->nkeys, nvals);
-    cps_msg_hdr h = {0};
-    h.type = CPS_MSG_VALUES;
-    h.flags = CPS_WF_REPLY;
-    h.sender = s->id;
-    h.epoch = s->view.epoch;
-    h.req_worker = req->req_worker;
-    h.req_seq = req->req_seq;
-    h.range = req->range;
-    h.step = req->step;
+    cps_msg_hdr h = *rh;
     void *buf = cps__msg_alloc(&h, len);
     if (!buf) {
-        cps__server_reply_error(s, req, CPS_ENOMEM, "no memory for a %zu-byte reply", len);
+        cps__server_reply_error(s, rh, CPS_ENOMEM, "no memory for a %zu-byte reply", len);
         return;
     }
     char *payload = (char *)buf + CPS_WIRE_HDR_SIZE;
-    /* Encode keys and lens; values are read from LMDB straight into the message. */
+    /* Keys and lens first; the values are read from LMDB straight into the message. */
     cps__wire_kv_encode(payload, len, kv->nkeys, kv->keys, kv->lens, NULL, 0);
-    size_t voff = cps__wire_kv_size(kv->nkeys, 0);
     cps__le32_put(payload + 4, (uint32_t)nvals);
-    read_io r = {kv, (float *)(void *)(payload + voff)};
+    read_io r = {kv, (float *)(void *)(payload + cps__wire_kv_size(kv->nkeys, 0))};
     int rc = cps__store_read(s->store, read_values, &r);
     if (rc != 0) {
         cps__tp_free(buf);
-        cps__server_reply_error(s, req, rc, "reading %u keys failed", kv->nkeys);
+        cps__server_reply_error(s, rh, rc, "reading %u keys failed", kv->nkeys);
         return;
     }
     s->stats.pull_bytes += nvals * 4;
-    rc = cps__tp_send(s->tp, req->sender, buf, CPS_WIRE_HDR_SIZE + len);
+    rc = cps__tp_send(s->tp, rh->req_worker, buf, CPS_WIRE_HDR_SIZE + len);
     if (rc != 0) {
         cps__tp_free(buf);
-        cps_log(CPS_LOG_WARN, "server", "reply to node %u failed: %s", req->sender,
+        cps_log(CPS_LOG_WARN, "server", "reply to node %u failed: %s", rh->req_worker,
                 cps_strerror(rc));
     }
 }
 
-static void reply_done(server *s, const cps_msg_hdr *req, const cps_kv *kv)
+/* Answer one request: ACK, or the values of `kv` for a push-pull. */
+static void reply_request(server *s, uint8_t type, uint32_t worker, uint64_t req_seq,
+                          uint32_t range, uint64_t step, const cps_kv *kv)
 {
-    if (req->type == CPS_MSG_PUSH_PULL)
-        reply_values(s, req, kv);
-    else
-        cps__server_reply_ack(s, req);
-}
-
-/* ---- declare ---- */
-
-typedef struct declare_io {
-    const cps_kv *kv;
-    const uint64_t *offsets;
-    const cps_param_spec *spec;
-    uint64_t bad_key;
-} declare_io;
-
-static int declare_txn(cps_txn *txn, void *arg)
-{
-    declare_io *d = arg;
-    for (uint32_t i = 0; i < d->kv->nkeys; i++) {
-        int rc = cps__store_param_create(txn, d->kv->keys[i], d->kv->lens[i], d->offsets[i],
-                                         d->spec);
-        if (rc != 0) {
-            d->bad_key = d->kv->keys[i];
-            return rc;
-        }
+    cps_msg_hdr h;
+    if (type == CPS_MSG_PUSH_PULL && kv) {
+        reply_header(s, &h, CPS_MSG_VALUES, worker, req_seq, range, step);
+        reply_values(s, &h, kv);
+        return;
     }
-    return 0;
-}
-
-void cps__server_on_declare(server *s, cps_rx *rx)
-{
-    cps_kv kv;
-    const uint64_t *offsets;
-    cps_param_spec spec;
-    int rc = cps__wire_declare_decode(rx->payload, rx->len, &kv, &offsets, &spec);
-    if (rc != 0) {
-        cps__server_reply_error(s, &rx->hdr, rc, "malformed DECLARE payload");
-    } else if (!keys_in_range(s, rx->hdr.range, &kv)) {
-        cps__server_reply_error(s, &rx->hdr, CPS_EINVAL, "keys outside range %u", rx->hdr.range);
-    } else {
-        declare_io d = {&kv, offsets, &spec, 0};
-        rc = cps__store_write(s->store, declare_txn, &d);
-        if (rc == CPS_EEXIST)
-            cps__server_reply_error(s, &rx->hdr, rc,
-                                    "key %016" PRIx64 " exists with another length or optimizer",
-                                    d.bad_key);
-        else if (rc != 0)
-            cps__server_reply_error(s, &rx->hdr, rc, "declare of %u keys failed", kv.nkeys);
-        else
-            cps__server_reply_ack(s, &rx->hdr);
-    }
-    cps__rx_free(rx);
-}
-
-/* ---- apply ---- */
-
-typedef struct apply_io {
-    uint32_t range;
-    const cps_kv *kv;
-    const float *grad;
-    uint64_t step;
-    /* exactly-once records written in the same transaction */
-    uint32_t nreq;
-    const uint32_t *workers;
-    const uint64_t *seqs;
-    const char *agg_name; /* sync: name of the applied-step record, else NULL */
-    uint64_t bad_key;
-} apply_io;
-
-static int apply_txn(cps_txn *txn, void *arg)
-{
-    apply_io *a = arg;
-    const float *g = a->grad;
-    for (uint32_t i = 0; i < a->kv->nkeys; i++) {
-        int rc = cps__store_param_apply(txn, a->kv->keys[i], g, a->kv->lens[i]);
-        if (rc != 0) {
-            a->bad_key = a->kv->keys[i];
-            return rc;
-        }
-        g += a->kv->lens[i];
-    }
-    cps_range_meta m;
-    int rc = cps__store_range_get(txn, a->range, &m);
+    reply_header(s, &h, CPS_MSG_ACK, worker, req_seq, range, step);
+    int rc = cps__msg_send(s->tp, worker, &h, NULL, 0);
     if (rc != 0)
-        return rc;
-    m.seq++;
-    if (a->step > m.step)
-        m.step = a->step;
-    rc = cps__store_range_put(txn, a->range, &m);
-    for (uint32_t i = 0; rc == 0 && i < a->nreq; i++)
-        rc = cps__store_dedup_put(txn, a->range, a->workers[i], a->seqs[i]);
-    if (rc == 0 && a->agg_name) {
-        unsigned char b[8];
-        cps__le64_put(b, a->step);
-        rc = cps__store_meta_put(txn, a->agg_name, b, sizeof b);
-    }
-    return rc;
-}
-
-/* Apply and report; returns 0 or the error already sent to nobody (the caller replies). */
-static int apply_update(server *s, apply_io *a)
-{
-    int rc = cps__store_write(s->store, apply_txn, a);
-    if (rc == 0) {
-        s->stats.updates_applied++;
-        for (uint32_t i = 0; i < a->nreq; i++) {
-            uint64_t *slot = dedup_slot(s, a->range, a->workers[i]);
-            if (slot)
-                *slot = a->seqs[i];
-        }
-    }
-    return rc;
-}
-
-static void report_apply_error(server *s, const cps_msg_hdr *req, int rc, const apply_io *a)
-{
-    if (rc == CPS_ENOTFOUND)
-        cps__server_reply_error(s, req, rc, "key %016" PRIx64 " was never declared", a->bad_key);
-    else if (rc == CPS_ESIZE)
-        cps__server_reply_error(s, req, rc, "gradient length does not match key %016" PRIx64,
-                                a->bad_key);
-    else
-        cps__server_reply_error(s, req, rc, "update of range %u failed", a->range);
+        cps_log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", worker, cps_strerror(rc));
 }
 
 /* ---- SSP clocks and parked pulls ---- */
@@ -278,7 +187,6 @@ static void report_apply_error(server *s, const cps_msg_hdr *req, int rc, const 
 static uint64_t *clock_slot(server *s, uint32_t range, uint32_t worker)
 {
     if (!s->clock || s->clock_ranges != s->view.nranges) {
-        /* The range map changed: clocks restart from the pushes seen from now on. */
         free(s->clock);
         s->clock_ranges = s->view.nranges;
         s->clock = calloc((size_t)s->view.nranges * CPS_MAX_NODES, sizeof *s->clock);
@@ -290,8 +198,10 @@ static uint64_t *clock_slot(server *s, uint32_t range, uint32_t worker)
     return &s->clock[(size_t)range * CPS_MAX_NODES + worker];
 }
 
-static uint64_t min_live_clock(server *s, uint32_t range)
+static int pull_may_proceed(server *s, uint32_t range, uint64_t clock)
 {
+    if (s->view.mode != CPS_MODE_SSP)
+        return 1;
     uint64_t m = UINT64_MAX;
     for (uint32_t i = 0; i < s->view.nnodes; i++) {
         const cps_node_info *n = &s->view.nodes[i];
@@ -302,14 +212,6 @@ static uint64_t min_live_clock(server *s, uint32_t range)
         if (v < m)
             m = v;
     }
-    return m;
-}
-
-static int pull_may_proceed(server *s, uint32_t range, uint64_t clock)
-{
-    if (s->view.mode != CPS_MODE_SSP)
-        return 1;
-    uint64_t m = min_live_clock(s, range);
     return m == UINT64_MAX || m + s->view.ssp_bound >= clock;
 }
 
@@ -319,7 +221,10 @@ static void wake_parked(server *s)
     for (uint32_t i = 0; i < s->nparked; i++) {
         parked_pull *p = &s->parked[i];
         if (pull_may_proceed(s, p->rx.hdr.range, p->clock)) {
-            reply_values(s, &p->rx.hdr, &p->kv);
+            cps_msg_hdr h;
+            reply_header(s, &h, CPS_MSG_VALUES, p->rx.hdr.sender, p->rx.hdr.req_seq,
+                         p->rx.hdr.range, p->rx.hdr.step);
+            reply_values(s, &h, &p->kv);
             cps__rx_free(&p->rx);
         } else {
             s->parked[kept++] = *p;
@@ -328,53 +233,283 @@ static void wake_parked(server *s)
     s->nparked = kept;
 }
 
-/* ---- push ---- */
+/* ---- performing the state machine's actions ---- */
 
-static void push_async(server *s, cps_rx *rx, const cps_kv *kv)
+typedef struct apply_io {
+    const cps_chain_action *a;
+    uint64_t bad_key;
+} apply_io;
+
+static int apply_txn(cps_txn *txn, void *arg)
 {
-    const cps_msg_hdr *h = &rx->hdr;
-    uint32_t worker = h->sender;
-    uint64_t last;
-    if (h->flags & CPS_WF_NOAGG) {
-        worker |= CPS_DEDUP_SPARSE_BIT;
-        if (!(h->req_seq & CPS_SEQ_SPARSE)) {
-            cps__server_reply_error(s, h, CPS_EPROTO, "sparse push without a sparse sequence");
-            return;
+    apply_io *io = arg;
+    const cps_chain_action *a = io->a;
+    const cps_chain_update *u = &a->upd;
+    cps_kv kv;
+    int rc;
+    if (u->kind == CPS_UPD_DECLARE) {
+        const uint64_t *offsets;
+        cps_param_spec spec;
+        rc = cps__wire_declare_decode(u->body, u->body_len, &kv, &offsets, &spec);
+        for (uint32_t i = 0; rc == 0 && i < kv.nkeys; i++) {
+            rc = cps__store_param_create(txn, kv.keys[i], kv.lens[i], offsets[i], &spec);
+            if (rc == CPS_EEXIST)
+                rc = 0; /* the head checked; a conflicting re-declare leaves the first */
+            if (rc != 0)
+                io->bad_key = kv.keys[i];
+        }
+    } else {
+        rc = cps__wire_kv_decode(u->body, u->body_len, 1, &kv);
+        const float *g = kv.vals;
+        for (uint32_t i = 0; rc == 0 && i < kv.nkeys; i++) {
+            rc = cps__store_param_apply(txn, kv.keys[i], g, kv.lens[i]);
+            if (rc != 0)
+                io->bad_key = kv.keys[i];
+            g += kv.lens[i];
         }
     }
-    int rc = dedup_get(s, h->range, worker, &last);
+    if (rc != 0)
+        return rc;
+    cps_range_meta m;
+    if ((rc = cps__store_range_get(txn, a->range, &m)) != 0)
+        return rc;
+    m.seq = a->seq;
+    if (u->step > m.step)
+        m.step = u->step;
+    rc = cps__store_range_put(txn, a->range, &m);
+    for (uint32_t i = 0; rc == 0 && i < u->nreqs; i++) {
+        const cps_chain_req *q = &u->reqs[i];
+        if (q->type != CPS_MSG_DECLARE)
+            rc = cps__store_dedup_put(txn, a->range,
+                                      q->noagg ? (q->worker | CPS_DEDUP_SPARSE_BIT) : q->worker,
+                                      q->req_seq);
+    }
+    if (rc == 0 && u->sig) {
+        char name[64];
+        unsigned char b[8];
+        agg_meta_name(name, sizeof name, a->range, u->sig);
+        cps__le64_put(b, u->step);
+        rc = cps__store_meta_put(txn, name, b, sizeof b);
+    }
+    return rc;
+}
+
+static void do_apply(server *s, const cps_chain_action *a)
+{
+    apply_io io = {a, 0};
+    int rc = cps__store_write(s->store, apply_txn, &io);
     if (rc != 0) {
-        cps__server_reply_error(s, h, rc, "exactly-once record unreadable");
+        /* The chain has already counted this update as applied here: we cannot go on. */
+        cps_log(CPS_LOG_ERROR, "server", "range %u: applying update %llu failed at key "
+                "%016" PRIx64 ": %s", a->range, (unsigned long long)a->seq, io.bad_key,
+                cps_strerror(rc));
+        s->poisoned = 1;
         return;
     }
-    if (last == 0 && (h->flags & CPS_WF_NOAGG))
-        last = CPS_SEQ_SPARSE;
-    if (h->req_seq <= last) {
-        /* A retry of an applied push: acknowledge again, never apply twice. */
-        reply_done(s, h, kv);
+    s->stats.updates_applied++;
+    for (uint32_t i = 0; i < a->upd.nreqs; i++) {
+        const cps_chain_req *q = &a->upd.reqs[i];
+        if (q->type == CPS_MSG_DECLARE || q->noagg)
+            continue;
+        uint64_t *c = clock_slot(s, a->range, q->worker);
+        if (c && a->upd.step > *c)
+            *c = a->upd.step;
+    }
+}
+
+static void do_reply(server *s, const cps_chain_action *a)
+{
+    const cps_chain_req *q = &a->req;
+    if (a->cookie) {
+        /* A retry answered once its update is committed: reply from the retried request. */
+        cps_rx *rx = a->cookie;
+        cps_kv kv;
+        int have_kv = rx->hdr.type == CPS_MSG_PUSH_PULL &&
+                      cps__wire_kv_decode(rx->payload, rx->len, 1, &kv) == 0;
+        reply_request(s, q->type, q->worker, q->req_seq, a->range, rx->hdr.step,
+                      have_kv ? &kv : NULL);
+        cps__rx_free(rx);
+        free(rx);
         return;
     }
-    if (h->req_seq != last + 1) {
-        /* An earlier request of this worker was lost; it will re-send both in order. */
-        cps_log(CPS_LOG_DEBUG, "server", "push %llu from node %u waits for %llu: dropped",
-                (unsigned long long)h->req_seq, h->sender, (unsigned long long)last + 1);
-        return;
+    cps_kv kv;
+    int have_kv = q->type == CPS_MSG_PUSH_PULL && a->upd.kind == CPS_UPD_PUSH && a->upd.body &&
+                  cps__wire_kv_decode(a->upd.body, a->upd.body_len, 1, &kv) == 0;
+    reply_request(s, q->type, q->worker, q->req_seq, a->range, a->upd.step, have_kv ? &kv : NULL);
+}
+
+static void run_actions(server *s)
+{
+    const cps_chain_action *acts;
+    size_t n = cps_chain_actions(s->chain, &acts);
+    int applied = 0;
+    for (size_t i = 0; i < n && !s->poisoned; i++) {
+        const cps_chain_action *a = &acts[i];
+        switch (a->kind) {
+        case CPS_CA_APPLY:
+            do_apply(s, a);
+            applied = 1;
+            break;
+        case CPS_CA_SEND: {
+            cps_msg_hdr h;
+            if (cps__wire_hdr_decode(a->msg, a->len, &h) != 0)
+                break;
+            void *buf = cps__tp_alloc(a->len);
+            if (!buf)
+                break;
+            memcpy(buf, a->msg, a->len);
+            int rc = cps__tp_send(s->tp, a->to, buf, a->len);
+            if (rc != 0) {
+                cps__tp_free(buf);
+                cps_log(CPS_LOG_DEBUG, "server", "chain message to node %u not sent: %s", a->to,
+                        cps_strerror(rc));
+            }
+            break;
+        }
+        case CPS_CA_REPLY:
+            do_reply(s, a);
+            break;
+        }
     }
-    apply_io a = {h->range, kv, kv->vals, h->step, 1, &worker, &h->req_seq, NULL, 0};
-    rc = apply_update(s, &a);
-    if (rc != 0) {
-        report_apply_error(s, h, rc, &a);
-        return;
-    }
-    uint64_t *c = clock_slot(s, h->range, h->sender);
-    if (c && !(h->flags & CPS_WF_NOAGG) && h->step > *c)
-        *c = h->step;
-    reply_done(s, h, kv);
-    if (s->nparked)
+    if (applied && s->nparked)
         wake_parked(s);
 }
 
-static agg_slot *find_slot(server *s, uint32_t range, uint64_t sig, uint64_t step, int create)
+/* ---- requests ---- */
+
+static int keys_in_range(const server *s, uint32_t range, const cps_kv *kv)
+{
+    const cps_range *r = &s->view.ranges[range];
+    /* Keys are sorted (the decoder checked), so the ends suffice. */
+    return kv->keys[0] >= r->lo && kv->keys[kv->nkeys - 1] <= r->hi;
+}
+
+static uint64_t keyset_sig(const cps_kv *kv)
+{
+    uint64_t h = cps__fnv1a(CPS_FNV_INIT, kv->keys, (size_t)kv->nkeys * 8);
+    h = cps__fnv1a(h, kv->lens, (size_t)kv->nkeys * 4);
+    return h ? h : 1; /* 0 means "not an aggregate" */
+}
+
+/* Refuse before anything is applied: unknown keys, wrong lengths, conflicting re-declares. */
+typedef struct check_io {
+    const cps_kv *kv;
+    const cps_param_spec *spec; /* declare: the requested definition */
+    uint64_t bad_key;
+    uint32_t have_len;
+} check_io;
+
+static int check_keys(cps_txn *txn, void *arg)
+{
+    check_io *c = arg;
+    for (uint32_t i = 0; i < c->kv->nkeys; i++) {
+        cps_param_rec rec;
+        int rc = cps__store_param_get(txn, c->kv->keys[i], &rec);
+        if (c->spec) {
+            if (rc == CPS_ENOTFOUND)
+                continue;
+            if (rc == 0 && (rec.len != c->kv->lens[i]))
+                rc = CPS_EEXIST;
+        } else if (rc == 0 && rec.len != c->kv->lens[i]) {
+            rc = CPS_ESIZE;
+        }
+        if (rc != 0) {
+            c->bad_key = c->kv->keys[i];
+            c->have_len = rc == CPS_ENOTFOUND ? 0 : rec.len;
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static int refuse_bad_keys(server *s, const cps_msg_hdr *h, const cps_kv *kv,
+                           const cps_param_spec *spec)
+{
+    check_io c = {kv, spec, 0, 0};
+    int rc = cps__store_read(s->store, check_keys, &c);
+    if (rc == 0)
+        return 0;
+    if (rc == CPS_ENOTFOUND)
+        cps__server_reply_error(s, h, rc, "key %016" PRIx64 " was never declared", c.bad_key);
+    else if (rc == CPS_ESIZE)
+        cps__server_reply_error(s, h, rc, "key %016" PRIx64 " holds %u values, not %u",
+                                c.bad_key, c.have_len, kv->lens[0]);
+    else if (rc == CPS_EEXIST)
+        cps__server_reply_error(s, h, rc, "key %016" PRIx64 " exists with %u values",
+                                c.bad_key, c.have_len);
+    else
+        cps__server_reply_error(s, h, rc, "store read failed");
+    return rc;
+}
+
+/* Hand the request to the state machine; returns 1 if it was taken (rx must not be freed). */
+static int admit(server *s, cps_rx *rx, uint64_t sig, int *verdict)
+{
+    const cps_msg_hdr *h = &rx->hdr;
+    cps_chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
+    /* A retry's answer may wait for a commit: the state machine keeps a heap copy of rx. */
+    cps_rx *cookie = malloc(sizeof *cookie);
+    if (!cookie) {
+        cps__server_reply_error(s, h, CPS_ENOMEM, "no memory");
+        *verdict = -1;
+        return 0;
+    }
+    *cookie = *rx;
+    int v = cps_chain_admit(s->chain, h->range, &q, h->step, sig, cookie);
+    *verdict = v;
+    if (v == CPS_ADMIT_DUP) {
+        run_actions(s); /* may answer (and free) the cookie now */
+        return 1;
+    }
+    free(cookie);
+    if (v == CPS_ADMIT_NOT_HEAD)
+        cps__server_reply_error(s, h, CPS_ESTALE_EPOCH, "not the head of range %u", h->range);
+    else if (v == CPS_ADMIT_BUSY)
+        cps__server_reply_error(s, h, CPS_EAGAIN, "range %u has too many updates in flight",
+                                h->range);
+    else if (v == CPS_ADMIT_GAP)
+        cps_log(CPS_LOG_DEBUG, "server", "push %llu from node %u out of order: dropped",
+                (unsigned long long)h->req_seq, h->sender);
+    else if (v < 0)
+        cps__server_reply_error(s, h, v, "exactly-once record unreadable");
+    return 0;
+}
+
+static void submit(server *s, uint32_t range, const cps_chain_update *u)
+{
+    int rc = cps_chain_submit(s->chain, range, u, cps__now_ms());
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, "server", "range %u: submit failed: %s", range, cps_strerror(rc));
+        return;
+    }
+    run_actions(s);
+}
+
+void cps__server_on_declare(server *s, cps_rx *rx)
+{
+    cps_kv kv;
+    const uint64_t *offsets;
+    cps_param_spec spec;
+    int verdict = -1;
+    int rc = cps__wire_declare_decode(rx->payload, rx->len, &kv, &offsets, &spec);
+    if (rc != 0) {
+        cps__server_reply_error(s, &rx->hdr, rc, "malformed DECLARE payload");
+    } else if (!keys_in_range(s, rx->hdr.range, &kv)) {
+        cps__server_reply_error(s, &rx->hdr, CPS_EINVAL, "keys outside range %u", rx->hdr.range);
+    } else if (refuse_bad_keys(s, &rx->hdr, &kv, &spec) == 0 &&
+               !admit(s, rx, 0, &verdict) && verdict == CPS_ADMIT_NEW) {
+        cps_chain_req q = {rx->hdr.sender, CPS_MSG_DECLARE, 0, rx->hdr.req_seq};
+        cps_chain_update u = {CPS_UPD_DECLARE, 0, 0, 1, &q, rx->payload, rx->len};
+        submit(s, rx->hdr.range, &u);
+    } else if (verdict == CPS_ADMIT_DUP) {
+        return; /* taken */
+    }
+    cps__rx_free(rx);
+}
+
+/* ---- sync aggregation ---- */
+
+static agg_slot *find_slot(server *s, uint32_t range, uint64_t sig, uint64_t step)
 {
     agg_slot *free_slot = NULL;
     for (uint32_t i = 0; i < s->nslots; i++) {
@@ -384,8 +519,6 @@ static agg_slot *find_slot(server *s, uint32_t range, uint64_t sig, uint64_t ste
         if (!a->used && !free_slot)
             free_slot = a;
     }
-    if (!create)
-        return NULL;
     uint32_t W = s->view.num_workers;
     if (!free_slot) {
         agg_slot *grown = realloc(s->slots, (s->nslots + 8) * sizeof *grown);
@@ -421,8 +554,8 @@ static void slot_release(server *s, agg_slot *a)
     memset(a, 0, sizeof *a);
 }
 
-/* Apply a slot if every live worker has contributed. Sums in rank order: the same bits on every
- * run and every replica. */
+/* Submit the step's aggregate once every live worker has contributed. The sum runs in rank
+ * order, so every run computes the same bits; replicas apply the sum the head sends them. */
 static void slot_try_complete(server *s, agg_slot *a)
 {
     uint32_t W = s->view.num_workers;
@@ -434,69 +567,42 @@ static void slot_try_complete(server *s, agg_slot *a)
     if (a->count == 0)
         return;
     const cps_kv *kv0 = NULL;
+    cps_chain_req *reqs = calloc(a->count, sizeof *reqs);
+    void *body = NULL;
     uint32_t nreq = 0;
-    uint32_t workers[CPS_MAX_NODES];
-    uint64_t seqs[CPS_MAX_NODES];
-    for (uint32_t r = 0; r < W; r++) {
+    for (uint32_t r = 0; reqs && r < W; r++) {
         if (!a->by_rank[r].buf)
             continue;
         const cps_kv *kv = &a->kv_by_rank[r];
+        const cps_msg_hdr *h = &a->by_rank[r].hdr;
         if (!kv0) {
             kv0 = kv;
-            if (s->sum_cap < kv->nvals) {
-                float *grown = realloc(s->sum, kv->nvals * sizeof *grown);
-                if (!grown) {
-                    cps_log(CPS_LOG_ERROR, "server", "no memory to aggregate %llu values",
-                            (unsigned long long)kv->nvals);
-                    return;
-                }
-                s->sum = grown;
-                s->sum_cap = kv->nvals;
-            }
-            memcpy(s->sum, kv->vals, kv->nvals * sizeof(float));
+            size_t blen = cps__wire_kv_size(kv->nkeys, kv->nvals);
+            body = aligned_alloc(16, (blen + 15) & ~(size_t)15);
+            if (!body)
+                break;
+            cps__wire_kv_encode(body, blen, kv->nkeys, kv->keys, kv->lens, kv->vals, kv->nvals);
         } else {
-            cps__vec_add(s->sum, kv->vals, kv->nvals);
+            float *sum = (float *)(void *)((char *)body + cps__wire_kv_size(kv0->nkeys, 0));
+            cps__vec_add(sum, kv->vals, kv->nvals);
         }
-        workers[nreq] = a->by_rank[r].hdr.sender;
-        seqs[nreq] = a->by_rank[r].hdr.req_seq;
-        nreq++;
+        reqs[nreq++] = (cps_chain_req){h->sender, h->type, 0, h->req_seq};
     }
-    char name[64];
-    agg_meta_name(name, sizeof name, a->range, a->sig);
-    apply_io io = {a->range, kv0, s->sum, a->step, nreq, workers, seqs, name, 0};
-    int rc = apply_update(s, &io);
-    for (uint32_t r = 0; r < W; r++) {
-        if (!a->by_rank[r].buf)
-            continue;
-        if (rc == 0)
-            reply_done(s, &a->by_rank[r].hdr, &a->kv_by_rank[r]);
-        else
-            report_apply_error(s, &a->by_rank[r].hdr, rc, &io);
+    if (!reqs || !body) {
+        cps_log(CPS_LOG_ERROR, "server", "no memory to aggregate step %llu of range %u",
+                (unsigned long long)a->step, a->range);
+    } else {
+        cps_chain_update u = {CPS_UPD_PUSH, a->step, a->sig, nreq, reqs, body,
+                              cps__wire_kv_size(kv0->nkeys, kv0->nvals)};
+        uint32_t range = a->range;
+        uint64_t step = a->step;
+        submit(s, range, &u);
+        cps_log(CPS_LOG_DEBUG, "server", "range %u step %llu: aggregate of %u workers submitted",
+                range, (unsigned long long)step, nreq);
     }
-    cps_log(CPS_LOG_DEBUG, "server", "range %u step %llu: aggregate of %u workers applied",
-            a->range, (unsigned long long)a->step, nreq);
+    free(reqs);
+    free(body);
     slot_release(s, a);
-}
-
-typedef struct agg_io {
-    const char *name;
-    uint64_t step;
-    int found;
-} agg_io;
-
-static int agg_load(cps_txn *txn, void *arg)
-{
-    agg_io *g = arg;
-    unsigned char b[8];
-    size_t len = sizeof b;
-    int rc = cps__store_meta_get(txn, g->name, b, &len);
-    if (rc == CPS_ENOTFOUND)
-        return 0;
-    if (rc == 0 && len == 8) {
-        g->step = cps__le64_get(b);
-        g->found = 1;
-    }
-    return rc;
 }
 
 static void push_sync(server *s, cps_rx *rx, const cps_kv *kv)
@@ -509,22 +615,14 @@ static void push_sync(server *s, cps_rx *rx, const cps_kv *kv)
         return;
     }
     uint64_t sig = keyset_sig(kv);
-    char name[64];
-    agg_meta_name(name, sizeof name, h->range, sig);
-    agg_io g = {name, 0, 0};
-    int rc = cps__store_read(s->store, agg_load, &g);
-    if (rc != 0) {
-        cps__server_reply_error(s, h, rc, "aggregation record unreadable");
+    int verdict;
+    if (admit(s, rx, sig, &verdict))
+        return; /* a retry of an applied step: answered by the state machine */
+    if (verdict != CPS_ADMIT_NEW) {
         cps__rx_free(rx);
         return;
     }
-    if (g.found && h->step <= g.step) {
-        /* This step's aggregate is applied already (our ack was lost): acknowledge again. */
-        reply_done(s, h, kv);
-        cps__rx_free(rx);
-        return;
-    }
-    agg_slot *a = find_slot(s, h->range, sig, h->step, 1);
+    agg_slot *a = find_slot(s, h->range, sig, h->step);
     if (!a) {
         cps__server_reply_error(s, h, CPS_ENOMEM, "no memory for an aggregation slot");
         cps__rx_free(rx);
@@ -535,15 +633,12 @@ static void push_sync(server *s, cps_rx *rx, const cps_kv *kv)
         cps__rx_free(rx);
         return;
     }
-    if (a->count > 0) {
-        /* All contributions share the key set (it is in the signature); lengths too. */
-        for (uint32_t r = 0; r < s->view.num_workers; r++) {
-            if (a->by_rank[r].buf && a->kv_by_rank[r].nvals != kv->nvals) {
-                cps__server_reply_error(s, h, CPS_ESIZE, "gradient length differs between "
-                                        "workers for step %llu", (unsigned long long)h->step);
-                cps__rx_free(rx);
-                return;
-            }
+    for (uint32_t r = 0; r < s->view.num_workers; r++) {
+        if (a->by_rank[r].buf && a->kv_by_rank[r].nvals != kv->nvals) {
+            cps__server_reply_error(s, h, CPS_ESIZE, "gradient length differs between workers "
+                                    "for step %llu", (unsigned long long)h->step);
+            cps__rx_free(rx);
+            return;
         }
     }
     a->by_rank[rank] = *rx;
@@ -566,13 +661,25 @@ void cps__server_on_push(server *s, cps_rx *rx)
         cps__rx_free(rx);
         return;
     }
+    if (refuse_bad_keys(s, &rx->hdr, &kv, NULL) != 0) {
+        cps__rx_free(rx);
+        return;
+    }
     s->stats.push_raw_bytes += rx->hdr.raw_len;
     s->stats.push_wire_bytes += rx->hdr.payload_len;
     if (s->view.mode == CPS_MODE_SYNC && !(rx->hdr.flags & CPS_WF_NOAGG)) {
         push_sync(s, rx, &kv); /* takes rx */
         return;
     }
-    push_async(s, rx, &kv);
+    int verdict;
+    if (admit(s, rx, 0, &verdict))
+        return;
+    if (verdict == CPS_ADMIT_NEW) {
+        cps_chain_req q = {rx->hdr.sender, rx->hdr.type, (rx->hdr.flags & CPS_WF_NOAGG) ? 1 : 0,
+                           rx->hdr.req_seq};
+        cps_chain_update u = {CPS_UPD_PUSH, rx->hdr.step, 0, 1, &q, rx->payload, rx->len};
+        submit(s, rx->hdr.range, &u);
+    }
     cps__rx_free(rx);
 }
 
@@ -599,13 +706,48 @@ void cps__server_on_pull(server *s, cps_rx *rx)
         s->parked[s->nparked++] = (parked_pull){*rx, kv, rx->hdr.aux};
         return; /* kept */
     } else {
-        reply_values(s, &rx->hdr, &kv);
+        cps_msg_hdr h;
+        reply_header(s, &h, CPS_MSG_VALUES, rx->hdr.sender, rx->hdr.req_seq, rx->hdr.range,
+                     rx->hdr.step);
+        reply_values(s, &h, &kv);
     }
     cps__rx_free(rx);
 }
 
+void cps__server_on_chain(server *s, cps_rx *rx)
+{
+    int rc = cps_chain_on_message(s->chain, &rx->hdr, rx->payload, rx->len, cps__now_ms());
+    if (rc == CPS_EAGAIN) {
+        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id, .epoch = s->view.epoch};
+        cps__msg_send(s->tp, 0, &g, NULL, 0);
+    } else if (rc == CPS_ESTALE_EPOCH) {
+        cps_log(CPS_LOG_DEBUG, "server", "chain message from node %u (epoch %llu) fenced",
+                rx->hdr.sender, (unsigned long long)rx->hdr.epoch);
+    } else if (rc != 0) {
+        s->stats.msgs_bad++;
+        cps_log(CPS_LOG_ERROR, "server", "bad chain message from node %u dropped: %s",
+                rx->hdr.sender, cps_strerror(rc));
+    }
+    run_actions(s); /* APPLY bodies point into rx: free it only afterwards */
+    cps__rx_free(rx);
+}
+
+void cps__server_tick(server *s, uint64_t now)
+{
+    if (cps_chain_tick(s->chain, now) == 0)
+        run_actions(s);
+}
+
 void cps__server_view_changed(server *s)
 {
+    int rc = 0;
+    if (!s->chain)
+        rc = cps__server_chain_init(s);
+    if (rc == 0)
+        rc = cps_chain_set_view(s->chain, &s->view, cps__now_ms());
+    if (rc != 0)
+        cps_log(CPS_LOG_ERROR, "server", "chain view change failed: %s", cps_strerror(rc));
+    run_actions(s);
     for (uint32_t i = 0; i < s->nslots; i++)
         if (s->slots[i].used)
             slot_try_complete(s, &s->slots[i]);
@@ -622,12 +764,8 @@ void cps__server_data_fini(server *s)
     for (uint32_t i = 0; i < s->nparked; i++)
         cps__rx_free(&s->parked[i].rx);
     free(s->parked);
-    free(s->sum);
     free(s->clock);
-    free(s->dedup);
     s->slots = NULL;
     s->parked = NULL;
-    s->sum = NULL;
     s->clock = NULL;
-    s->dedup = NULL;
 }

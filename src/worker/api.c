@@ -60,7 +60,7 @@ static int make_spec(const char *name, const cps_init *init, const cps_optim *op
         return CPS_EINVAL;
     }
     spec->opt_kind = (uint32_t)o.kind;
-    spec->nesterov = o.nesterov ? 1 : 0;
+    spec->nesterov = (o.kind == CPS_OPTIM_MOMENTUM && o.nesterov) ? 1 : 0;
     spec->lr = o.lr;
     spec->weight_decay = o.weight_decay;
     spec->momentum = o.momentum;

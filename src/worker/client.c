@@ -67,7 +67,9 @@ static int req_send(cps_client *c, cps_req *r)
     const cps_part *p = &op->parts[r->part];
     if (r->range >= c->view.nranges || c->view.ranges[r->range].chain_len == 0)
         return CPS_EUNAVAILABLE;
-    uint32_t head = c->view.ranges[r->range].chain[0];
+    /* Updates go to the head of the range's chain, reads to its tail. */
+    const cps_range *rg = &c->view.ranges[r->range];
+    uint32_t head = r->type == CPS_MSG_PULL ? rg->chain[rg->chain_len - 1] : rg->chain[0];
     int has_vals = r->type == CPS_MSG_PUSH || r->type == CPS_MSG_PUSH_PULL;
     size_t len = r->type == CPS_MSG_DECLARE ? cps__wire_declare_size(p->nkeys)
                                             : cps__wire_kv_size(p->nkeys, has_vals ? p->nvals : 0);
@@ -175,7 +177,7 @@ static int op_start(cps_client *c, cps_op *op)
         else if (r->type == CPS_MSG_PUSH || r->type == CPS_MSG_PUSH_PULL)
             r->seq = ++c->range_seq[r->range];
         else
-            r->seq = (1ull << 63) | ++c->other_seq;
+            r->seq = CPS_SEQ_OTHER | ++c->other_seq;
         int rc = req_send(c, r);
         if (rc != 0) {
             /* Not sent now (peer queue full, ...): the retry timer sends it again. */
@@ -304,15 +306,18 @@ static void install_view(cps_client *c, const cps_rx *rx)
             cps_log(CPS_LOG_WARN, "worker", "cannot reach server %u at %s: %s", v.nodes[i].id,
                     v.nodes[i].addr, cps_strerror(rc));
     }
+    int first = c->view.nranges == 0;
     cps__view_fini(&c->view);
     c->view = v;
-    /* Requests refused for a stale epoch go out again now. */
+    if (!first)
+        cps_log(CPS_LOG_INFO, "worker", "view epoch %llu installed; re-sending %u requests",
+                (unsigned long long)v.epoch, c->nreqs);
+    /* Every request in flight goes out again under the new view: a server that moved or took
+     * over a range may never have seen it, and servers recognise duplicates. */
     for (uint32_t i = 0; i < c->nreqs; i++) {
-        if (c->reqs[i].waiting_view) {
-            c->reqs[i].waiting_view = 0;
-            if (req_send(c, &c->reqs[i]) != 0)
-                c->reqs[i].sent_ms = cps__now_ms();
-        }
+        c->reqs[i].waiting_view = 0;
+        if (req_send(c, &c->reqs[i]) != 0)
+            c->reqs[i].sent_ms = cps__now_ms();
     }
 }
 

@@ -91,6 +91,7 @@ static void fuzz_view_prefix(const unsigned char *b, size_t len)
         CHECK(is_error(rc));
         return;
     }
+    fuzz_wire_n.view_prefix_ok++;
     CHECK(used <= len);
     cps__view_init(&w);
     CHECK(cps__view_decode(b, used, &w) == 0);

@@ -369,11 +369,12 @@ int main(int argc, char **argv)
 
     fuzz_wire_counts c = fuzz_wire_n;
     printf("inputs %llu: header ok %llu, snappy ok %llu, kv ok %llu, declare ok %llu, "
-           "view ok %llu, hello ok %llu, spec ok %llu\n",
+           "view ok %llu (as prefix %llu), hello ok %llu, spec ok %llu\n",
            (unsigned long long)c.inputs, (unsigned long long)c.hdr_ok,
            (unsigned long long)c.snappy_ok, (unsigned long long)c.kv_ok,
            (unsigned long long)c.declare_ok, (unsigned long long)c.view_ok,
-           (unsigned long long)c.hello_ok, (unsigned long long)c.spec_ok);
+           (unsigned long long)c.view_prefix_ok, (unsigned long long)c.hello_ok,
+           (unsigned long long)c.spec_ok);
     for (int i = 0; i < nseeds; i++)
         free(seeds[i].payload);
     return 0;

@@ -1,0 +1,753 @@
+/* Chain replication state machine: see chain.h for the protocol. Pure: no I/O, no clock.
+ *
+ * FWD payload (little-endian, 8-byte aligned throughout):
+ *    0 u32 kind   4 u32 nreqs   8 u64 sig   16 u64 step
+ *   24 nreqs x { u32 worker, u8 type, u8 noagg, u16 zero, u64 req_seq }
+ *   then the update body (kv payload or DECLARE payload), to the end. */
+#include "chain.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/error.h"
+
+#define FWD_FIXED 24u
+#define FWD_REQ 16u
+#define DEDUP_SLOTS (2u * CPS_MAX_NODES)
+
+typedef struct sent_entry {
+    uint64_t seq;
+    cps_msg_hdr hdr;
+    uint8_t *msg; /* whole wire message, header re-stamped on each send */
+    size_t len;
+    uint64_t sent_ms;
+} sent_entry;
+
+typedef struct wait_reply {
+    cps_chain_req req;
+    uint64_t wait_seq;
+    void *cookie;
+} wait_reply;
+
+typedef struct agg_rec {
+    uint64_t sig, step;
+} agg_rec;
+
+typedef struct range_st {
+    int loaded;
+    uint64_t applied;
+    uint64_t committed;
+    sent_entry *sent; /* ascending seq */
+    uint32_t nsent, sent_cap;
+    wait_reply *waits;
+    uint32_t nwaits, waits_cap;
+    uint64_t *hw; /* DEDUP_SLOTS entries, UINT64_MAX = not loaded */
+    agg_rec *aggs;
+    uint32_t naggs, aggs_cap;
+} range_st;
+
+struct cps_chain {
+    cps_chain_config cfg;
+    const cps_chain_store_ops *ops;
+    void *ctx;
+    cps_view view;
+    int have_view;
+    range_st *ranges;
+    uint32_t nranges;
+    cps_chain_action *acts;
+    size_t nacts, acts_cap;
+    void **scratch; /* buffers owned until the next call */
+    size_t nscratch, scratch_cap;
+    uint64_t fwd_bytes;
+};
+
+/* ---- small helpers ---- */
+
+static int grow(void **arr, uint32_t *cap, uint32_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    uint32_t n = *cap ? *cap : 8;
+    while (n < need)
+        n *= 2;
+    void *p = realloc(*arr, (size_t)n * elem);
+    if (!p)
+        return CPS_ENOMEM;
+    *arr = p;
+    *cap = n;
+    return 0;
+}
+
+static void begin_call(cps_chain *c)
+{
+    for (size_t i = 0; i < c->nscratch; i++)
+        free(c->scratch[i]);
+    c->nscratch = 0;
+    c->nacts = 0;
+}
+
+/* Take ownership of b until the next call (freed by begin_call). */
+static int scratch_keep(cps_chain *c, void *b)
+{
+    if (c->nscratch == c->scratch_cap) {
+        size_t cap = c->scratch_cap ? c->scratch_cap * 2 : 16;
+        void **p = realloc(c->scratch, cap * sizeof *p);
+        if (!p)
+            return CPS_ENOMEM;
+        c->scratch = p;
+        c->scratch_cap = cap;
+    }
+    c->scratch[c->nscratch++] = b;
+    return 0;
+}
+
+static void *scratch_alloc(cps_chain *c, size_t len)
+{
+    void *b = malloc(len ? len : 1);
+    if (b && scratch_keep(c, b) != 0) {
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+static cps_chain_action *act(cps_chain *c, int kind, uint32_t range)
+{
+    if (c->nacts == c->acts_cap) {
+        size_t cap = c->acts_cap ? c->acts_cap * 2 : 32;
+        cps_chain_action *p = realloc(c->acts, cap * sizeof *p);
+        if (!p)
+            return NULL;
+        c->acts = p;
+        c->acts_cap = cap;
+    }
+    cps_chain_action *a = &c->acts[c->nacts++];
+    memset(a, 0, sizeof *a);
+    a->kind = kind;
+    a->range = range;
+    return a;
+}
+
+/* Position of this server in range r's chain, or -1. */
+static int position(const cps_chain *c, uint32_t r)
+{
+    if (!c->have_view || r >= c->view.nranges)
+        return -1;
+    const cps_range *rg = &c->view.ranges[r];
+    for (uint32_t i = 0; i < rg->chain_len; i++)
+        if (rg->chain[i] == c->cfg.self)
+            return (int)i;
+    return -1;
+}
+
+static uint32_t chain_len(const cps_chain *c, uint32_t r)
+{
+    return c->view.ranges[r].chain_len;
+}
+
+static uint32_t neighbour(const cps_chain *c, uint32_t r, int pos)
+{
+    return c->view.ranges[r].chain[pos];
+}
+
+static int load_range(cps_chain *c, uint32_t r)
+{
+    range_st *rs = &c->ranges[r];
+    if (rs->loaded)
+        return 0;
+    uint64_t seq = 0;
+    if (c->ops->range_seq(c->ctx, r, &seq) != 0)
+        return CPS_ESTORE;
+    rs->applied = seq;
+    /* Whatever a server holds when it (re)starts is treated as committed: it has no
+     * unacknowledged FWDs in memory, and a restarted server re-enters a chain only through
+     * state transfer from the tail. */
+    rs->committed = seq;
+    rs->loaded = 1;
+    return 0;
+}
+
+static void forget_range(cps_chain *c, range_st *rs)
+{
+    for (uint32_t i = 0; i < rs->nwaits; i++)
+        if (c->ops->drop_cookie && rs->waits[i].cookie)
+            c->ops->drop_cookie(c->ctx, rs->waits[i].cookie);
+    for (uint32_t i = 0; i < rs->nsent; i++)
+        free(rs->sent[i].msg);
+    free(rs->sent);
+    free(rs->waits);
+    free(rs->hw);
+    free(rs->aggs);
+    memset(rs, 0, sizeof *rs);
+}
+
+static int hw_slot(cps_chain *c, uint32_t r, uint32_t worker, uint64_t **slot)
+{
+    range_st *rs = &c->ranges[r];
+    uint32_t idx = worker & ~CPS_DEDUP_SPARSE_BIT;
+    if (idx >= CPS_MAX_NODES)
+        return CPS_EINVAL;
+    if (worker & CPS_DEDUP_SPARSE_BIT)
+        idx += CPS_MAX_NODES;
+    if (!rs->hw) {
+        rs->hw = malloc(DEDUP_SLOTS * sizeof *rs->hw);
+        if (!rs->hw)
+            return CPS_ENOMEM;
+        memset(rs->hw, 0xff, DEDUP_SLOTS * sizeof *rs->hw);
+    }
+    if (rs->hw[idx] == UINT64_MAX) {
+        uint64_t v = 0;
+        if (c->ops->dedup(c->ctx, r, worker, &v) != 0)
+            return CPS_ESTORE;
+        rs->hw[idx] = v;
+    }
+    *slot = &rs->hw[idx];
+    return 0;
+}
+
+static int agg_slot(cps_chain *c, uint32_t r, uint64_t sig, uint64_t **step)
+{
+    range_st *rs = &c->ranges[r];
+    for (uint32_t i = 0; i < rs->naggs; i++)
+        if (rs->aggs[i].sig == sig) {
+            *step = &rs->aggs[i].step;
+            return 0;
+        }
+    uint64_t v = 0;
+    if (c->ops->agg_step(c->ctx, r, sig, &v) != 0)
+        return CPS_ESTORE;
+    if (grow((void **)&rs->aggs, &rs->aggs_cap, rs->naggs + 1, sizeof *rs->aggs) != 0)
+        return CPS_ENOMEM;
+    rs->aggs[rs->naggs] = (agg_rec){sig, v};
+    *step = &rs->aggs[rs->naggs++].step;
+    return 0;
+}
+
+static uint32_t dedup_id(const cps_chain_req *q)
+{
+    return q->noagg ? (q->worker | CPS_DEDUP_SPARSE_BIT) : q->worker;
+}
+
+/* Record in memory what an applied update did (the APPLY action writes the same to the store). */
+static int note_applied(cps_chain *c, uint32_t r, const cps_chain_update *u)
+{
+    for (uint32_t i = 0; i < u->nreqs; i++) {
+        const cps_chain_req *q = &u->reqs[i];
+        if (q->type == CPS_MSG_DECLARE)
+            continue;
+        uint64_t *hw;
+        int rc = hw_slot(c, r, dedup_id(q), &hw);
+        if (rc != 0)
+            return rc;
+        if (q->req_seq > *hw || *hw == 0)
+            *hw = q->req_seq;
+    }
+    if (u->sig) {
+        uint64_t *st;
+        int rc = agg_slot(c, r, u->sig, &st);
+        if (rc != 0)
+            return rc;
+        if (u->step > *st)
+            *st = u->step;
+    }
+    return 0;
+}
+
+static int emit_reply(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u,
+                      const cps_chain_req *q, void *cookie)
+{
+    cps_chain_action *a = act(c, CPS_CA_REPLY, r);
+    if (!a)
+        return CPS_ENOMEM;
+    a->seq = seq;
+    if (u)
+        a->upd = *u;
+    a->req = *q;
+    a->cookie = cookie;
+    return 0;
+}
+
+static int emit_send(cps_chain *c, uint32_t r, uint32_t to, const void *msg, size_t len)
+{
+    cps_chain_action *a = act(c, CPS_CA_SEND, r);
+    if (!a)
+        return CPS_ENOMEM;
+    a->to = to;
+    a->msg = msg;
+    a->len = len;
+    return 0;
+}
+
+static int send_ack(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
+{
+    cps_msg_hdr h = {0};
+    h.type = CPS_MSG_CHAIN_ACK;
+    h.sender = c->cfg.self;
+    h.epoch = c->view.epoch;
+    h.range = r;
+    h.req_seq = seq;
+    uint8_t *m = scratch_alloc(c, CPS_WIRE_HDR_SIZE);
+    if (!m)
+        return CPS_ENOMEM;
+    cps__wire_hdr_encode(m, &h);
+    return emit_send(c, r, to, m, CPS_WIRE_HDR_SIZE);
+}
+
+/* Answer the requests that waited for the range to commit up to their seq. */
+static int wake_waits(cps_chain *c, uint32_t r)
+{
+    range_st *rs = &c->ranges[r];
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < rs->nwaits; i++) {
+        wait_reply *w = &rs->waits[i];
+        if (w->wait_seq <= rs->committed) {
+            int rc = emit_reply(c, r, w->wait_seq, NULL, &w->req, w->cookie);
+            if (rc != 0)
+                return rc;
+        } else {
+            rs->waits[kept++] = *w;
+        }
+    }
+    rs->nwaits = kept;
+    return 0;
+}
+
+/* Parse a FWD payload into an update view (reqs copied to scratch: they may be unaligned). */
+static int decode_fwd(cps_chain *c, const void *payload, size_t len, cps_chain_update *u)
+{
+    const uint8_t *p = payload;
+    if (len < FWD_FIXED)
+        return CPS_EPROTO;
+    u->kind = cps__le32_get(p);
+    u->nreqs = cps__le32_get(p + 4);
+    u->sig = cps__le64_get(p + 8);
+    u->step = cps__le64_get(p + 16);
+    if ((u->kind != CPS_UPD_PUSH && u->kind != CPS_UPD_DECLARE) || u->nreqs > CPS_MAX_NODES ||
+        (size_t)u->nreqs * FWD_REQ > len - FWD_FIXED)
+        return CPS_EPROTO;
+    cps_chain_req *reqs = scratch_alloc(c, (size_t)u->nreqs * sizeof *reqs);
+    if (!reqs)
+        return CPS_ENOMEM;
+    for (uint32_t i = 0; i < u->nreqs; i++) {
+        const uint8_t *q = p + FWD_FIXED + (size_t)i * FWD_REQ;
+        reqs[i].worker = cps__le32_get(q);
+        reqs[i].type = q[4];
+        reqs[i].noagg = q[5];
+        reqs[i].req_seq = cps__le64_get(q + 8);
+        if ((reqs[i].type != CPS_MSG_PUSH && reqs[i].type != CPS_MSG_PUSH_PULL &&
+             reqs[i].type != CPS_MSG_DECLARE) ||
+            reqs[i].noagg > 1 || q[6] || q[7])
+            return CPS_EPROTO;
+    }
+    u->reqs = reqs;
+    size_t off = FWD_FIXED + (size_t)u->nreqs * FWD_REQ;
+    u->body = p + off;
+    u->body_len = len - off;
+    return 0;
+}
+
+/* Build a FWD message for update u with sequence seq into a new malloc'd buffer. */
+static uint8_t *encode_fwd(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u,
+                           cps_msg_hdr *h, size_t *len_out)
+{
+    size_t plen = FWD_FIXED + (size_t)u->nreqs * FWD_REQ + u->body_len;
+    if (plen > CPS_WIRE_MAX_PAYLOAD)
+        return NULL;
+    uint8_t *m = malloc(CPS_WIRE_HDR_SIZE + plen);
+    if (!m)
+        return NULL;
+    memset(h, 0, sizeof *h);
+    h->type = CPS_MSG_FWD;
+    h->sender = c->cfg.self;
+    h->epoch = c->view.epoch;
+    h->range = r;
+    h->req_seq = seq;
+    h->step = u->step;
+    h->payload_len = (uint32_t)plen;
+    h->raw_len = (uint32_t)plen;
+    cps__wire_hdr_encode(m, h);
+    uint8_t *p = m + CPS_WIRE_HDR_SIZE;
+    cps__le32_put(p, u->kind);
+    cps__le32_put(p + 4, u->nreqs);
+    cps__le64_put(p + 8, u->sig);
+    cps__le64_put(p + 16, u->step);
+    for (uint32_t i = 0; i < u->nreqs; i++) {
+        uint8_t *q = p + FWD_FIXED + (size_t)i * FWD_REQ;
+        cps__le32_put(q, u->reqs[i].worker);
+        q[4] = u->reqs[i].type;
+        q[5] = u->reqs[i].noagg;
+        q[6] = q[7] = 0;
+        cps__le64_put(q + 8, u->reqs[i].req_seq);
+    }
+    if (u->body_len)
+        memcpy(p + FWD_FIXED + (size_t)u->nreqs * FWD_REQ, u->body, u->body_len);
+    *len_out = CPS_WIRE_HDR_SIZE + plen;
+    return m;
+}
+
+/* Send a held FWD (re-stamped with the current epoch and our id) to the successor. */
+static int send_held(cps_chain *c, uint32_t r, sent_entry *e, uint32_t to, uint64_t now)
+{
+    e->hdr.epoch = c->view.epoch;
+    e->hdr.sender = c->cfg.self;
+    cps__wire_hdr_encode(e->msg, &e->hdr);
+    e->sent_ms = now;
+    c->fwd_bytes += e->len;
+    return emit_send(c, r, to, e->msg, e->len);
+}
+
+/* Keep update u (seq) for re-sending and send it to the successor. */
+static int forward(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u, int pos,
+                   uint64_t now)
+{
+    range_st *rs = &c->ranges[r];
+    if (grow((void **)&rs->sent, &rs->sent_cap, rs->nsent + 1, sizeof *rs->sent) != 0)
+        return CPS_ENOMEM;
+    sent_entry *e = &rs->sent[rs->nsent];
+    e->seq = seq;
+    e->msg = encode_fwd(c, r, seq, u, &e->hdr, &e->len);
+    if (!e->msg)
+        return CPS_ENOMEM;
+    rs->nsent++;
+    return send_held(c, r, e, neighbour(c, r, pos + 1), now);
+}
+
+/* This replica is the tail for seq: everything up to it is committed. Reply and ack upstream. */
+static int commit_at_tail(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u,
+                          int pos)
+{
+    range_st *rs = &c->ranges[r];
+    rs->committed = seq;
+    for (uint32_t i = 0; u && i < u->nreqs; i++) {
+        int rc = emit_reply(c, r, seq, u, &u->reqs[i], NULL);
+        if (rc != 0)
+            return rc;
+    }
+    int rc = wake_waits(c, r);
+    if (rc == 0 && pos > 0)
+        rc = send_ack(c, r, neighbour(c, r, pos - 1), seq);
+    return rc;
+}
+
+/* ---- public ---- */
+
+int cps_chain_create(const cps_chain_config *cfg, const cps_chain_store_ops *ops, void *ctx,
+                     cps_chain **out)
+{
+    if (!cfg || !ops || !ops->range_seq || !ops->dedup || !ops->agg_step || !out)
+        return CPS_EINVAL;
+    cps_chain *c = calloc(1, sizeof *c);
+    if (!c)
+        return CPS_ENOMEM;
+    c->cfg = *cfg;
+    if (!c->cfg.resend_ms)
+        c->cfg.resend_ms = 200;
+    if (!c->cfg.max_unacked)
+        c->cfg.max_unacked = 1024;
+    c->ops = ops;
+    c->ctx = ctx;
+    cps__view_init(&c->view);
+    *out = c;
+    return 0;
+}
+
+void cps_chain_destroy(cps_chain *c)
+{
+    if (!c)
+        return;
+    begin_call(c);
+    for (uint32_t r = 0; r < c->nranges; r++)
+        forget_range(c, &c->ranges[r]);
+    free(c->ranges);
+    free(c->acts);
+    free(c->scratch);
+    cps__view_fini(&c->view);
+    free(c);
+}
+
+size_t cps_chain_actions(cps_chain *c, const cps_chain_action **out)
+{
+    *out = c->acts;
+    return c->nacts;
+}
+
+int cps_chain_is_tail(const cps_chain *c, uint32_t r)
+{
+    int pos = position(c, r);
+    return pos >= 0 && (uint32_t)pos == chain_len(c, r) - 1;
+}
+
+int cps_chain_is_head(const cps_chain *c, uint32_t r)
+{
+    return position(c, r) == 0;
+}
+
+uint64_t cps_chain_applied(const cps_chain *c, uint32_t r)
+{
+    return r < c->nranges ? c->ranges[r].applied : 0;
+}
+
+uint64_t cps_chain_committed(const cps_chain *c, uint32_t r)
+{
+    return r < c->nranges ? c->ranges[r].committed : 0;
+}
+
+uint32_t cps_chain_unacked(const cps_chain *c, uint32_t r)
+{
+    return r < c->nranges ? c->ranges[r].nsent : 0;
+}
+
+uint64_t cps_chain_fwd_bytes(const cps_chain *c)
+{
+    return c->fwd_bytes;
+}
+
+/* The tail of range r went away and this replica is the new tail: what it holds is on every
+ * live replica, so it is committed; answer the workers of every held update. */
+static int become_tail(cps_chain *c, uint32_t r, int pos)
+{
+    range_st *rs = &c->ranges[r];
+    for (uint32_t i = 0; i < rs->nsent; i++) {
+        cps_chain_update u;
+        sent_entry *e = &rs->sent[i];
+        if (decode_fwd(c, e->msg + CPS_WIRE_HDR_SIZE, e->len - CPS_WIRE_HDR_SIZE, &u) != 0)
+            continue;
+        for (uint32_t j = 0; j < u.nreqs; j++) {
+            int rc = emit_reply(c, r, e->seq, &u, &u.reqs[j], NULL);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    /* The replies point into the held messages: free them with the next call's scratch. */
+    for (uint32_t i = 0; i < rs->nsent; i++) {
+        if (scratch_keep(c, rs->sent[i].msg) != 0) {
+            /* Keep the rest held rather than leak or free what replies point into. */
+            memmove(rs->sent, rs->sent + i, (rs->nsent - i) * sizeof *rs->sent);
+            rs->nsent -= i;
+            return CPS_ENOMEM;
+        }
+    }
+    rs->nsent = 0;
+    rs->committed = rs->applied;
+    int rc = wake_waits(c, r);
+    if (rc == 0 && pos > 0)
+        rc = send_ack(c, r, neighbour(c, r, pos - 1), rs->committed);
+    return rc;
+}
+
+int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
+{
+    begin_call(c);
+    if (c->have_view && v->nranges != c->nranges)
+        return CPS_EINVAL;
+    if (c->have_view && v->epoch <= c->view.epoch)
+        return 0;
+    if (!c->ranges) {
+        c->ranges = calloc(v->nranges ? v->nranges : 1, sizeof *c->ranges);
+        if (!c->ranges)
+            return CPS_ENOMEM;
+        c->nranges = v->nranges;
+    }
+    /* Old positions, to see what changed. */
+    int *old_pos = malloc((v->nranges ? v->nranges : 1) * sizeof *old_pos);
+    uint32_t *old_succ = malloc((v->nranges ? v->nranges : 1) * sizeof *old_succ);
+    if (!old_pos || !old_succ) {
+        free(old_pos);
+        free(old_succ);
+        return CPS_ENOMEM;
+    }
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        old_pos[r] = c->have_view ? position(c, r) : -1;
+        old_succ[r] = (old_pos[r] >= 0 && (uint32_t)old_pos[r] + 1 < chain_len(c, r))
+                          ? neighbour(c, r, old_pos[r] + 1)
+                          : 0;
+    }
+    int rc = cps__view_copy(&c->view, v);
+    c->have_view = rc == 0;
+    for (uint32_t r = 0; rc == 0 && r < v->nranges; r++) {
+        range_st *rs = &c->ranges[r];
+        int pos = position(c, r);
+        if (pos < 0) {
+            if (old_pos[r] >= 0)
+                forget_range(c, rs);
+            continue;
+        }
+        if ((rc = load_range(c, r)) != 0)
+            break;
+        int tail = (uint32_t)pos == chain_len(c, r) - 1;
+        uint32_t succ = tail ? 0 : neighbour(c, r, pos + 1);
+        if (tail && old_pos[r] >= 0 && old_succ[r] != 0) {
+            rc = become_tail(c, r, pos);
+        } else if (!tail && succ != old_succ[r]) {
+            for (uint32_t i = 0; rc == 0 && i < rs->nsent; i++)
+                rc = send_held(c, r, &rs->sent[i], succ, now);
+        }
+    }
+    free(old_pos);
+    free(old_succ);
+    return rc;
+}
+
+int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t step, uint64_t sig,
+                    void *cookie)
+{
+    begin_call(c);
+    if (position(c, r) != 0)
+        return CPS_ADMIT_NOT_HEAD;
+    int rc = load_range(c, r);
+    if (rc != 0)
+        return rc;
+    range_st *rs = &c->ranges[r];
+    if (q->type == CPS_MSG_DECLARE)
+        return rs->nsent >= c->cfg.max_unacked ? CPS_ADMIT_BUSY : CPS_ADMIT_NEW;
+    int dup;
+    if (sig) {
+        uint64_t *st;
+        if ((rc = agg_slot(c, r, sig, &st)) != 0)
+            return rc;
+        dup = step <= *st;
+    } else {
+        uint64_t *hw;
+        if ((rc = hw_slot(c, r, dedup_id(q), &hw)) != 0)
+            return rc;
+        uint64_t last = *hw;
+        if (q->noagg && last == 0)
+            last = CPS_SEQ_SPARSE;
+        dup = q->req_seq <= last;
+        if (!dup && q->req_seq != last + 1)
+            return CPS_ADMIT_GAP;
+    }
+    if (!dup)
+        return rs->nsent >= c->cfg.max_unacked ? CPS_ADMIT_BUSY : CPS_ADMIT_NEW;
+    if (rs->committed >= rs->applied) {
+        rc = emit_reply(c, r, rs->applied, NULL, q, cookie);
+    } else {
+        rc = grow((void **)&rs->waits, &rs->waits_cap, rs->nwaits + 1, sizeof *rs->waits);
+        if (rc == 0)
+            rs->waits[rs->nwaits++] = (wait_reply){*q, rs->applied, cookie};
+    }
+    return rc == 0 ? CPS_ADMIT_DUP : rc;
+}
+
+int cps_chain_submit(cps_chain *c, uint32_t r, const cps_chain_update *u, uint64_t now)
+{
+    begin_call(c);
+    int pos = position(c, r);
+    if (pos != 0)
+        return CPS_EINVAL;
+    int rc = load_range(c, r);
+    if (rc != 0)
+        return rc;
+    range_st *rs = &c->ranges[r];
+    uint64_t seq = rs->applied + 1;
+    if ((rc = note_applied(c, r, u)) != 0)
+        return rc;
+    rs->applied = seq;
+    cps_chain_action *a = act(c, CPS_CA_APPLY, r);
+    if (!a)
+        return CPS_ENOMEM;
+    a->seq = seq;
+    a->upd = *u;
+    if (chain_len(c, r) == 1)
+        return commit_at_tail(c, r, seq, u, pos);
+    return forward(c, r, seq, u, pos, now);
+}
+
+static int on_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len,
+                  uint64_t now, int pos)
+{
+    uint32_t r = h->range;
+    range_st *rs = &c->ranges[r];
+    if (pos <= 0 || neighbour(c, r, pos - 1) != h->sender)
+        return CPS_ESTALE_EPOCH; /* not from our predecessor in this view */
+    cps_chain_update u;
+    int rc = decode_fwd(c, payload, len, &u);
+    if (rc != 0)
+        return rc;
+    int tail = (uint32_t)pos == chain_len(c, r) - 1;
+    if (h->req_seq <= rs->applied) {
+        /* A re-sent FWD we hold. If it is committed here, say so again: the ack may be lost. */
+        if (rs->committed >= h->req_seq)
+            return send_ack(c, r, h->sender, rs->committed);
+        return 0;
+    }
+    if (h->req_seq != rs->applied + 1)
+        return 0; /* a gap: the predecessor re-sends in order */
+    if ((rc = note_applied(c, r, &u)) != 0)
+        return rc;
+    rs->applied = h->req_seq;
+    cps_chain_action *a = act(c, CPS_CA_APPLY, r);
+    if (!a)
+        return CPS_ENOMEM;
+    a->seq = h->req_seq;
+    a->upd = u;
+    if (tail)
+        return commit_at_tail(c, r, h->req_seq, &u, pos);
+    return forward(c, r, h->req_seq, &u, pos, now);
+}
+
+static int on_ack(cps_chain *c, const cps_msg_hdr *h, int pos)
+{
+    uint32_t r = h->range;
+    range_st *rs = &c->ranges[r];
+    if ((uint32_t)pos + 1 >= chain_len(c, r) || neighbour(c, r, pos + 1) != h->sender)
+        return CPS_ESTALE_EPOCH;
+    uint64_t seq = h->req_seq < rs->applied ? h->req_seq : rs->applied;
+    if (seq <= rs->committed && rs->nsent == 0)
+        return 0;
+    if (seq > rs->committed)
+        rs->committed = seq;
+    uint32_t drop = 0;
+    while (drop < rs->nsent && rs->sent[drop].seq <= seq)
+        free(rs->sent[drop++].msg);
+    if (drop) {
+        memmove(rs->sent, rs->sent + drop, (rs->nsent - drop) * sizeof *rs->sent);
+        rs->nsent -= drop;
+    }
+    int rc = wake_waits(c, r);
+    if (rc == 0 && pos > 0)
+        rc = send_ack(c, r, neighbour(c, r, pos - 1), rs->committed);
+    return rc;
+}
+
+int cps_chain_on_message(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len,
+                         uint64_t now)
+{
+    begin_call(c);
+    if (!c->have_view || h->epoch < c->view.epoch)
+        return CPS_ESTALE_EPOCH; /* fenced: a message from an older configuration */
+    if (h->epoch > c->view.epoch)
+        return CPS_EAGAIN; /* we are behind: the caller fetches the view; the sender re-sends */
+    if (h->range >= c->nranges)
+        return CPS_EPROTO;
+    int pos = position(c, h->range);
+    if (pos < 0)
+        return CPS_ESTALE_EPOCH;
+    int rc = load_range(c, h->range);
+    if (rc != 0)
+        return rc;
+    if (h->type == CPS_MSG_FWD)
+        return on_fwd(c, h, payload, len, now, pos);
+    if (h->type == CPS_MSG_CHAIN_ACK)
+        return on_ack(c, h, pos);
+    return CPS_EPROTO;
+}
+
+int cps_chain_tick(cps_chain *c, uint64_t now)
+{
+    begin_call(c);
+    int rc = 0;
+    for (uint32_t r = 0; rc == 0 && r < c->nranges; r++) {
+        range_st *rs = &c->ranges[r];
+        int pos = position(c, r);
+        if (pos < 0 || rs->nsent == 0 || (uint32_t)pos + 1 >= chain_len(c, r))
+            continue;
+        /* Re-send in order from the oldest unacknowledged one when it is overdue. */
+        if (now - rs->sent[0].sent_ms < c->cfg.resend_ms)
+            continue;
+        uint32_t succ = neighbour(c, r, pos + 1);
+        for (uint32_t i = 0; rc == 0 && i < rs->nsent; i++)
+            rc = send_held(c, r, &rs->sent[i], succ, now);
+    }
+    return rc;
+}

@@ -1,0 +1,148 @@
+/* Chain replication of key ranges, as a pure state machine.
+ *
+ * One cps_chain per server holds the protocol state of every range the server replicates. It is
+ * driven by calls (a worker request admitted at the head, an update submitted at the head, a
+ * message from a neighbour, a timer tick, a new view) and answers with actions that the caller
+ * performs in order: APPLY (write the update to the store, in one transaction with its sequence
+ * number and exactly-once records: persist before send), SEND (a complete wire message to a
+ * node), REPLY (answer a worker's request). It never touches sockets, the store or the clock:
+ * time arrives as `now` arguments, and the store is read only through cps_chain_store_ops.
+ *
+ * Protocol (van Renesse & Schneider, OSDI 2004; the parameter-server layout of Li et al., OSDI
+ * 2014): the head gives each update of a range the next sequence number, applies it and
+ * forwards it (FWD) to its successor, keeping it until acknowledged. Every replica applies FWDs
+ * strictly in sequence order with the same code, so replicas are bitwise identical at equal
+ * sequence numbers. The tail replies to the workers and sends CHAIN_ACK(seq) to its
+ * predecessor; each replica drops what the ack covers and passes the ack up. Unacknowledged
+ * FWDs are re-sent after `resend_ms`, and to a new successor at once when the view changes.
+ *
+ * Exactly once: each update carries the requests it contains (worker, request seq); every
+ * replica records them with the update. A request the head already applied is never applied
+ * again: it is answered once the update that contained it is committed (acknowledged by the
+ * tail), which is at once if nothing is pending.
+ *
+ * Not thread-safe: one event loop owns a cps_chain.
+ */
+#ifndef CPS_REPLICATION_CHAIN_H
+#define CPS_REPLICATION_CHAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/view.h"
+#include "core/wire.h"
+
+typedef struct cps_chain cps_chain;
+
+/* Update kinds. */
+enum { CPS_UPD_PUSH = 1, CPS_UPD_DECLARE = 2 };
+
+/* One worker request contained in an update. */
+typedef struct cps_chain_req {
+    uint32_t worker;  /* node id of the worker */
+    uint8_t type;     /* CPS_MSG_PUSH, CPS_MSG_PUSH_PULL or CPS_MSG_DECLARE */
+    uint8_t noagg;    /* sparse-row push: its own sequence space */
+    uint64_t req_seq;
+} cps_chain_req;
+
+typedef struct cps_chain_update {
+    uint32_t kind;    /* CPS_UPD_* */
+    uint64_t step;    /* training step (sync: the aggregated step) */
+    uint64_t sig;     /* sync aggregate: key-set signature; 0 otherwise */
+    uint32_t nreqs;
+    const cps_chain_req *reqs;
+    const void *body; /* kv payload with values (PUSH) or DECLARE payload; 8-byte aligned */
+    size_t body_len;
+} cps_chain_update;
+
+enum cps_chain_action_kind { CPS_CA_APPLY = 1, CPS_CA_SEND, CPS_CA_REPLY };
+
+typedef struct cps_chain_action {
+    int kind;
+    uint32_t range;
+    uint64_t seq;           /* APPLY: the update's sequence number */
+    cps_chain_update upd;   /* APPLY; REPLY: the update the request was in (body may be NULL) */
+    uint32_t to;            /* SEND: destination node */
+    const void *msg;        /* SEND: whole wire message (header + payload) */
+    size_t len;
+    cps_chain_req req;      /* REPLY */
+    void *cookie;           /* REPLY: what the caller gave cps_chain_admit, or NULL */
+} cps_chain_action;
+
+/* Read access to what the store holds, used when a range is first touched. */
+typedef struct cps_chain_store_ops {
+    /* Sequence number of the last update applied to the range (0 if none). */
+    int (*range_seq)(void *ctx, uint32_t range, uint64_t *seq);
+    /* Last applied request seq of `worker` (with CPS_DEDUP_SPARSE_BIT for sparse pushes). */
+    int (*dedup)(void *ctx, uint32_t range, uint32_t worker, uint64_t *seq);
+    /* Last applied step of the sync aggregate with signature sig; 0 if none. */
+    int (*agg_step)(void *ctx, uint32_t range, uint64_t sig, uint64_t *step);
+    /* Release a cookie of cps_chain_admit that will never be answered (its range left this
+     * server, or the chain is destroyed). May be NULL. */
+    void (*drop_cookie)(void *ctx, void *cookie);
+} cps_chain_store_ops;
+
+typedef struct cps_chain_config {
+    uint32_t self;       /* this server's node id */
+    uint32_t resend_ms;  /* re-send unacknowledged FWDs after this long (default 200) */
+    uint32_t max_unacked; /* FWDs kept per range before admission pushes back (default 1024) */
+} cps_chain_config;
+
+/* Errors: CPS_EINVAL, CPS_ENOMEM. ops and ctx are borrowed for the chain's lifetime. */
+int cps_chain_create(const cps_chain_config *cfg, const cps_chain_store_ops *ops, void *ctx,
+                     cps_chain **out);
+void cps_chain_destroy(cps_chain *c);
+
+/* Install a view (a copy is kept). Ranges whose successor changed re-send their unacknowledged
+ * updates to it; a replica that became tail commits (and replies to) everything it holds; a
+ * range no longer served here is forgotten. Errors: CPS_ENOMEM, CPS_EINVAL (range count
+ * changed). */
+int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now);
+
+/* Verdicts of cps_chain_admit. */
+enum {
+    CPS_ADMIT_NEW = 0,     /* not applied yet: aggregate / submit it */
+    CPS_ADMIT_DUP = 1,     /* applied already: a REPLY action carries `cookie` (now or later) */
+    CPS_ADMIT_GAP = 2,     /* an earlier request of this worker is missing: drop, it re-sends */
+    CPS_ADMIT_NOT_HEAD = 3, /* this server is not the range's head in the current view */
+    CPS_ADMIT_BUSY = 4     /* too many unacknowledged updates: drop, the worker re-sends */
+};
+/* Decide what to do with a worker's push or declare arriving at the head. `sig` is the key-set
+ * signature in sync mode (0 in async mode or for sparse/declare requests); req->step must be
+ * set for sync pushes. Returns a verdict (>= 0) or CPS_ENOMEM / CPS_ESTORE. */
+int cps_chain_admit(cps_chain *c, uint32_t range, const cps_chain_req *req, uint64_t step,
+                    uint64_t sig, void *cookie);
+
+/* At the head: give update u the next sequence number of the range, and emit APPLY, then SEND
+ * to the successor (or REPLY for every request when this server is also the tail). The body is
+ * copied when it must be kept for re-sending. Errors: CPS_EINVAL (not head), CPS_ENOMEM. */
+int cps_chain_submit(cps_chain *c, uint32_t range, const cps_chain_update *u, uint64_t now);
+
+/* A FWD or CHAIN_ACK from another server. The caller has checked the header decodes; this
+ * checks the epoch (older: dropped, fenced) and the payload. Errors: CPS_EPROTO (bad payload),
+ * CPS_ESTALE_EPOCH (dropped), CPS_ENOMEM. */
+int cps_chain_on_message(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len,
+                         uint64_t now);
+
+/* Re-send what waited longer than resend_ms. */
+int cps_chain_tick(cps_chain *c, uint64_t now);
+
+/* 1 if this server is the tail of `range` in the current view (it serves pulls). */
+int cps_chain_is_tail(const cps_chain *c, uint32_t range);
+/* 1 if this server is the head of `range`. */
+int cps_chain_is_head(const cps_chain *c, uint32_t range);
+/* Applied and committed sequence numbers of a range (0 if unknown here). */
+uint64_t cps_chain_applied(const cps_chain *c, uint32_t range);
+uint64_t cps_chain_committed(const cps_chain *c, uint32_t range);
+/* Number of unacknowledged updates held for a range. */
+uint32_t cps_chain_unacked(const cps_chain *c, uint32_t range);
+
+/* The actions produced by the last call, in order. The array and everything it points to stay
+ * valid until the next call into this chain; an APPLY's body may point into the caller's
+ * update (valid as long as the caller keeps it). */
+size_t cps_chain_actions(cps_chain *c, const cps_chain_action **out);
+
+/* Bytes of FWD messages produced so far (replication traffic), and updates committed. */
+uint64_t cps_chain_fwd_bytes(const cps_chain *c);
+
+#endif

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The main job: a local cluster (3 servers, 2 workers, sync SGD) trains a model on Fashion-MNIST
+# through the parameter server. Installs missing packages and builds first.
+# Usage: scripts/demo.sh [--model mlp|cnn] [--epochs N] [other fmnist flags]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+scripts/deps.sh demo
+cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build/release -j"$(nproc)" --target chainps_cli fmnist >/dev/null
+out="$root/out/demo"
+mkdir -p "$out"
+echo "demo: training on Fashion-MNIST with 3 servers and 2 workers (sync SGD); output in $out"
+build/release/chainps launch --servers 3 --workers 2 --mode sync --timeout 3600 -- \
+  build/release/examples/fmnist --model mlp --epochs 3 --out "$out" "$@"
+echo "demo: plot $out/fmnist.png, CSV $out/fmnist.csv, final model $out/model.bin"

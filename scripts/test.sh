@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Build chainps and run every test: unit, simulator, integration and fuzz-replay tests in a
+# normal build, the same again under AddressSanitizer + UndefinedBehaviorSanitizer, and a
+# bounded libFuzzer run of the wire decoders. Installs missing packages first.
+# Usage: scripts/test.sh            (everything, ~10 minutes on 2 cores)
+#        QUICK=1 scripts/test.sh    (normal build only)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+scripts/deps.sh test
+jobs=$(nproc)
+fail=0
+passed=0
+failed=0
+
+run_suite() { # dir label
+  local dir=$1 name=$2 log
+  log=$(mktemp)
+  echo "== $name: configure and build in $dir"
+  cmake -S . -B "$dir" "${@:3}" >/dev/null
+  cmake --build "$dir" -j"$jobs" >/dev/null
+  echo "== $name: ctest"
+  if (cd "$dir" && ctest --output-on-failure -j1 2>&1 | tee "$log"); then :; else fail=1; fi
+  local p f
+  p=$(grep -Eo '[0-9]+ tests passed|tests passed, [0-9]+ tests failed out of [0-9]+' "$log" | head -1 || true)
+  # ctest's summary: "NN% tests passed, F tests failed out of T"
+  f=$(sed -nE 's/.*tests passed, ([0-9]+) tests failed out of ([0-9]+).*/\1 \2/p' "$log" | tail -1)
+  if [ -n "$f" ]; then
+    set -- $f
+    failed=$((failed + $1)); passed=$((passed + $2 - $1))
+  fi
+  rm -f "$log"
+}
+
+run_suite build/test "release build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+if [ -z "${QUICK:-}" ]; then
+  # LSan needs ptrace-free operation; halt on the first UBSan report.
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  run_suite build/asan "ASan+UBSan build" -DCMAKE_BUILD_TYPE=Debug -DCHAINPS_SANITIZE=ON
+  unset ASAN_OPTIONS UBSAN_OPTIONS
+  echo "== libFuzzer: wire decoders for ${FUZZ_SECONDS:-60} s"
+  if tests/fuzz/run_fuzz.sh build/fuzz "${FUZZ_SECONDS:-60}"; then passed=$((passed + 1)); else failed=$((failed + 1)); fail=1; fi
+fi
+echo
+echo "tests: $passed passed, $failed failed"
+exit $fail
