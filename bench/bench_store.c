@@ -1,6 +1,7 @@
 /* Store benchmark: optimizer-apply throughput through LMDB and commit latency.
  *
- * Not part of the CMake build. Compile from the repository root, e.g.:
+ * Built by bench/CMakeLists.txt as bench_store (linked against cps_store, which brings
+ * cps_optim, cps_core, LMDB and OpenBLAS). Or compile by hand from the repository root, e.g.:
  *   cc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc \
  *      $(pkg-config --cflags openblas) bench/bench_store.c src/store/store.c \
  *      src/optim/optim.c src/optim/init.c src/core/log.c src/core/error.c -o /tmp/bench_store \
