@@ -16,19 +16,34 @@
 #define STATUS_TIMEOUT_MS 3000
 
 static const char status_usage[] =
-    "usage: chainps status [--scheduler HOST:PORT]\n"
+    "usage: chainps status [--scheduler HOST:PORT] [--verify]\n"
     "\n"
     "Show a running job: its nodes (role, rank, address, when the scheduler last heard from\n"
     "them), every key range and its chain of servers, and the traffic counters (push bytes\n"
     "before and after compression, pull bytes, updates applied).\n"
     "\n"
     "  --scheduler H:P    the scheduler (default 127.0.0.1:9091; env CHAINPS_SCHEDULER, ...)\n"
+    "  --verify           ask every replica of every range for a checksum of its values at its\n"
+    "                     sequence number and compare replicas at equal sequence numbers;\n"
+    "                     exits 1 on a mismatch, 3 if replicas never stood at the same\n"
+    "                     sequence number while asked (training kept them moving)\n"
     "  -h, --help         this text\n";
 
 static const struct option status_opts[] = {
     {"scheduler", required_argument, 0, CLI_OPT_SCHEDULER},
+    {"verify", no_argument, 0, CLI_OPT_VERIFY},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0}};
+
+#define VERIFY_TRIES 40
+#define VERIFY_WAIT_MS 250
+
+/* One replica's answer to a checksum request. */
+typedef struct sum_answer {
+    int got;
+    int status;
+    uint64_t seq, sum;
+} sum_answer;
 
 typedef struct reply {
     int got;
@@ -38,6 +53,7 @@ typedef struct reply {
     uint32_t ids[CPS_MAX_NODES];
     uint32_t age_ms[CPS_MAX_NODES];
     cps_node_stats stats[CPS_MAX_NODES];
+    sum_answer *sums; /* nranges x CPS_MAX_REPLICAS */
 } reply;
 
 static void on_msg(void *ctx, void *buf, size_t len)
@@ -46,6 +62,15 @@ static void on_msg(void *ctx, void *buf, size_t len)
     cps_rx rx;
     if (cps__rx_parse(&rx, buf, len) != 0)
         return;
+    if (rx.hdr.type == CPS_MSG_CHECKSUM && r->sums && rx.hdr.range < r->view.nranges) {
+        const cps_range *rg = &r->view.ranges[rx.hdr.range];
+        for (uint32_t j = 0; j < rg->chain_len; j++) {
+            if (rg->chain[j] == rx.hdr.sender) {
+                sum_answer *a = &r->sums[rx.hdr.range * CPS_MAX_REPLICAS + j];
+                *a = (sum_answer){1, rx.hdr.status, rx.hdr.req_seq, rx.hdr.aux};
+            }
+        }
+    }
     if (rx.hdr.type == CPS_MSG_STATUS_REPLY && !r->got) {
         size_t vlen = 0;
         if (cps__view_decode_prefix(rx.payload, rx.len, &r->view, &vlen) == 0 &&
@@ -127,17 +152,87 @@ static void print_status(const reply *r)
            bad);
 }
 
+/* Ask every replica of every range for its checksum until, for each range, all replicas
+ * answer at the same sequence number. Returns 0 (all agree), 1 (mismatch), 3 (inconclusive). */
+static int verify(reply *r, cps_tp *tp, const char *me)
+{
+    const cps_view *v = &r->view;
+    r->sums = calloc((size_t)v->nranges * CPS_MAX_REPLICAS, sizeof *r->sums);
+    if (!r->sums)
+        return 1;
+    for (uint32_t i = 0; i < v->nnodes; i++)
+        if (v->nodes[i].role == CPS_ROLE_SERVER)
+            cps__tp_peer_set(tp, v->nodes[i].id, v->nodes[i].addr);
+    char payload[16 + CPS_ADDR_MAX];
+    size_t plen = cps__hello_encode(payload, sizeof payload, CPS_ROLE_NONE, UINT32_MAX, 0, me);
+    int settled = 0;
+    for (int attempt = 0; attempt < VERIFY_TRIES && !settled; attempt++) {
+        memset(r->sums, 0, (size_t)v->nranges * CPS_MAX_REPLICAS * sizeof *r->sums);
+        for (uint32_t g = 0; g < v->nranges; g++) {
+            for (uint32_t j = 0; j < v->ranges[g].chain_len; j++) {
+                cps_msg_hdr h = {.type = CPS_MSG_CHECKSUM, .sender = UINT32_MAX, .range = g};
+                cps__msg_send(tp, v->ranges[g].chain[j], &h, payload, plen);
+            }
+        }
+        uint64_t deadline = cps__now_ms() + 2000;
+        int missing = 1;
+        while (missing && cps__now_ms() < deadline) {
+            cps__tp_poll(tp, 50, on_msg, r, 0);
+            missing = 0;
+            for (uint32_t g = 0; g < v->nranges; g++)
+                for (uint32_t j = 0; j < v->ranges[g].chain_len; j++)
+                    missing |= !r->sums[g * CPS_MAX_REPLICAS + j].got;
+        }
+        settled = !missing;
+        for (uint32_t g = 0; settled && g < v->nranges; g++)
+            for (uint32_t j = 1; j < v->ranges[g].chain_len; j++)
+                settled &= r->sums[g * CPS_MAX_REPLICAS + j].seq == r->sums[g * CPS_MAX_REPLICAS].seq;
+        if (!settled)
+            cps__tp_poll(tp, VERIFY_WAIT_MS, on_msg, r, 0);
+    }
+    int mismatch = 0;
+    printf("\nverify:\n  %-6s %-6s %-12s %-18s %s\n", "range", "node", "seq", "checksum", "");
+    for (uint32_t g = 0; g < v->nranges; g++) {
+        const sum_answer *a0 = &r->sums[g * CPS_MAX_REPLICAS];
+        for (uint32_t j = 0; j < v->ranges[g].chain_len; j++) {
+            const sum_answer *a = &r->sums[g * CPS_MAX_REPLICAS + j];
+            const char *verdict = !a->got         ? "no answer"
+                                  : a->status     ? cps_strerror(a->status)
+                                  : a->seq != a0->seq ? "other seq"
+                                  : a->sum != a0->sum ? "MISMATCH"
+                                                      : "ok";
+            mismatch |= a->got && !a->status && a->seq == a0->seq && a->sum != a0->sum;
+            printf("  %-6u %-6u %-12" PRIu64 " %016" PRIx64 "   %s\n", g, v->ranges[g].chain[j],
+                   a->seq, a->sum, verdict);
+        }
+    }
+    if (mismatch) {
+        printf("verify: FAIL: replicas differ at equal sequence numbers\n");
+        return 1;
+    }
+    if (!settled) {
+        printf("verify: INCONCLUSIVE: replicas never answered at one sequence number\n");
+        return 3;
+    }
+    printf("verify: OK: every range's replicas are identical at their sequence number\n");
+    return 0;
+}
+
 int cps__cli_status(int argc, char **argv)
 {
     cps_config cfg;
     if (cps__cli_config(&cfg) != 0)
         return 2;
-    int opt;
+    int opt, want_verify = 0;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "h", status_opts, NULL)) != -1) {
         if (opt == 'h') {
             fputs(status_usage, stdout);
             return 0;
+        }
+        if (opt == CLI_OPT_VERIFY) {
+            want_verify = 1;
+            continue;
         }
         int rc = cps__cli_common_flag("status", opt, optarg, &cfg);
         if (rc == 2)
@@ -179,9 +274,12 @@ int cps__cli_status(int argc, char **argv)
         exit_code = 1;
     } else {
         print_status(r);
+        if (want_verify)
+            exit_code = r->started ? verify(r, tp, me) : 3;
     }
     cps__tp_destroy(tp);
     cps__view_fini(&r->view);
+    free(r->sums);
     free(r);
     return exit_code;
 }

@@ -12,14 +12,10 @@
 #include "core/wire.h"
 #include "node/msg.h"
 #include "node/roles.h"
+#include "node/temp_peers.h"
 #include "transport/transport.h"
 
 #define SCHED_ID 0u
-/* Peers that are not members (e.g. `chainps status`) get ids from here up, recycled. */
-#define TEMP_PEER_BASE 0x40000000u
-#define TEMP_PEERS 64
-/* A temporary peer is dropped this long after its reply, so the reply has time to leave. */
-#define TEMP_PEER_LINGER_MS 5000
 #define SHUTDOWN_LINGER_MS 300
 
 typedef struct sched_node {
@@ -31,11 +27,6 @@ typedef struct sched_node {
     uint64_t barrier_seq;
 } sched_node;
 
-typedef struct temp_peer {
-    uint32_t id;
-    uint64_t drop_at_ms;
-} temp_peer;
-
 typedef struct sched {
     cps_config cfg;
     cps_tp *tp;
@@ -46,8 +37,7 @@ typedef struct sched {
     int started;
     uint64_t start_ms;
     uint32_t workers_done;
-    temp_peer temps[TEMP_PEERS];
-    uint32_t next_temp;
+    cps_temp_peers temps;
     int finished;
 } sched;
 
@@ -203,14 +193,12 @@ static void handle_hello(sched *s, const cps_rx *rx)
             cps_log(CPS_LOG_ERROR, "scheduler",
                     "refused a %s at %s: the job already has its %u %ss", role_name((int)role),
                     addr, limit, role_name((int)role));
-            uint32_t tmp = TEMP_PEER_BASE + (s->next_temp++ % TEMP_PEERS);
-            if (cps__tp_peer_set(s->tp, tmp, addr) == 0) {
+            uint32_t tmp = cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
+            if (tmp) {
                 cps_msg_hdr h = {0};
                 h.sender = tmp; /* the error reply goes to whoever sent this HELLO */
                 cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &h, CPS_ECONFIG,
                                      "job is full");
-                s->temps[tmp - TEMP_PEER_BASE] =
-                    (temp_peer){tmp, cps__now_ms() + TEMP_PEER_LINGER_MS};
             }
             return;
         }
@@ -220,7 +208,7 @@ static void handle_hello(sched *s, const cps_rx *rx)
         n = &s->nodes[s->nnodes++];
         memset(n, 0, sizeof *n);
         n->info.rank = rank;
-        n->info.id = (prev_id != 0 && !find_node(s, prev_id) && prev_id < TEMP_PEER_BASE)
+        n->info.id = (prev_id != 0 && !find_node(s, prev_id) && prev_id < CPS_TEMP_PEER_BASE)
                          ? prev_id
                          : s->next_id;
         if (n->info.id >= s->next_id)
@@ -304,10 +292,9 @@ static void handle_status(sched *s, const cps_rx *rx)
         cps_log(CPS_LOG_WARN, "scheduler", "malformed STATUS request dropped");
         return;
     }
-    uint32_t tmp = TEMP_PEER_BASE + (s->next_temp++ % TEMP_PEERS);
-    if (cps__tp_peer_set(s->tp, tmp, addr) != 0)
+    uint32_t tmp = cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
+    if (!tmp)
         return;
-    s->temps[tmp - TEMP_PEER_BASE] = (temp_peer){tmp, cps__now_ms() + TEMP_PEER_LINGER_MS};
     /* Payload: view, u32 count, then per node u32 id, u32 age_ms, stats block. */
     size_t vlen = cps__view_encoded_size(&s->view);
     size_t len = vlen + 4 + (size_t)s->nnodes * (8 + CPS_STATS_SIZE);
@@ -402,16 +389,6 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     cps__rx_free(&rx);
 }
 
-static void expire_temps(sched *s, uint64_t now)
-{
-    for (uint32_t i = 0; i < TEMP_PEERS; i++) {
-        if (s->temps[i].id && now >= s->temps[i].drop_at_ms) {
-            cps__tp_peer_drop(s->tp, s->temps[i].id);
-            s->temps[i].id = 0;
-        }
-    }
-}
-
 int cps__scheduler_run(const cps_config *cfg)
 {
     if (cfg->num_servers == 0 || cfg->num_workers == 0) {
@@ -460,7 +437,7 @@ int cps__scheduler_run(const cps_config *cfg)
             break;
         }
         uint64_t now = cps__now_ms();
-        expire_temps(&s, now);
+        cps__temp_peers_expire(&s.temps, s.tp, now);
         if (!s.started && now - s.start_ms > cfg->join_timeout_ms) {
             cps_log(CPS_LOG_ERROR, "scheduler",
                     "only %u of %u servers and %u of %u workers arrived within %.1f s; giving up",
@@ -468,6 +445,10 @@ int cps__scheduler_run(const cps_config *cfg)
                     count_role(&s, CPS_ROLE_WORKER), cfg->num_workers,
                     cfg->join_timeout_ms / 1000.0);
             shutdown_job(&s);
+            /* Workers wait in cps_open() too: tell them now, not after their own timeout. */
+            for (uint32_t i = 0; i < s.nnodes; i++)
+                if (s.nodes[i].info.role == CPS_ROLE_WORKER)
+                    send_simple(&s, s.nodes[i].info.id, CPS_MSG_SHUTDOWN, NULL);
             cps__tp_poll(s.tp, SHUTDOWN_LINGER_MS, handle_msg, &s, 0);
             rc = CPS_ETIMEDOUT;
             break;

@@ -146,11 +146,23 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
     s->view = v;
     if (!s->joined) {
         s->joined = 1;
-        uint32_t head = 0;
-        for (uint32_t r = 0; r < v.nranges; r++)
-            head += v.ranges[r].chain[0] == s->id;
-        cps_log(CPS_LOG_INFO, "server", "joined as node %u (rank %u), view epoch %llu, head of %u "
-                "of %u ranges", s->id, s->rank, (unsigned long long)v.epoch, head, v.nranges);
+        uint32_t head = 0, mid = 0, tail = 0;
+        for (uint32_t r = 0; r < v.nranges; r++) {
+            const cps_range *rg = &v.ranges[r];
+            for (uint32_t j = 0; j < rg->chain_len; j++) {
+                if (rg->chain[j] != s->id)
+                    continue;
+                if (j == 0)
+                    head++;
+                else if (j + 1 == rg->chain_len)
+                    tail++;
+                else
+                    mid++;
+            }
+        }
+        cps_log(CPS_LOG_INFO, "server", "joined as node %u (rank %u), view epoch %llu: head of %u, "
+                "middle of %u, tail of %u of %u ranges (%u replicas)", s->id, s->rank,
+                (unsigned long long)v.epoch, head, mid, tail, v.nranges, v.replicas);
     } else {
         cps_log(CPS_LOG_INFO, "server", "view epoch %llu installed", (unsigned long long)v.epoch);
     }
@@ -172,6 +184,50 @@ static void dispatch_request(server *s, cps_rx *rx)
         cps__server_on_pull(s, rx);
     else
         cps__server_on_push(s, rx);
+}
+
+typedef struct checksum_io {
+    uint32_t range;
+    uint64_t lo, hi;
+    uint64_t seq, sum;
+} checksum_io;
+
+static int checksum_txn(cps_txn *txn, void *arg)
+{
+    checksum_io *c = arg;
+    cps_range_meta m;
+    int rc = cps__store_range_get(txn, c->range, &m);
+    c->seq = m.seq;
+    /* One read transaction: the checksum and the sequence number describe the same state. */
+    return rc ? rc : cps__store_checksum(txn, c->lo, c->hi, &c->sum);
+}
+
+/* `chainps status --verify`: checksum of one range's values at its current sequence number. */
+static void handle_checksum(server *s, const cps_rx *rx)
+{
+    uint32_t role, want_rank, prev_id;
+    char addr[CPS_ADDR_MAX];
+    if (!s->joined || rx->hdr.range >= s->view.nranges ||
+        cps__hello_decode(rx->payload, rx->len, &role, &want_rank, &prev_id, addr) != 0) {
+        cps_log(CPS_LOG_WARN, "server", "malformed checksum request dropped");
+        return;
+    }
+    uint32_t peer = cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
+    if (!peer)
+        return;
+    const cps_range *r = &s->view.ranges[rx->hdr.range];
+    checksum_io c = {rx->hdr.range, r->lo, r->hi, 0, 0};
+    int rc = cps__store_read(s->store, checksum_txn, &c);
+    cps_msg_hdr h = {0};
+    h.type = CPS_MSG_CHECKSUM;
+    h.flags = CPS_WF_REPLY;
+    h.sender = s->id;
+    h.status = rc;
+    h.epoch = s->view.epoch;
+    h.range = rx->hdr.range;
+    h.req_seq = c.seq;
+    h.aux = c.sum;
+    cps__msg_send(s->tp, peer, &h, NULL, 0);
 }
 
 static void handle_msg(void *ctx, void *buf, size_t len)
@@ -205,6 +261,9 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     case CPS_MSG_ERROR:
         cps_log(CPS_LOG_ERROR, "server", "error from node %u: %s", rx.hdr.sender,
                 cps_strerror(rx.hdr.status));
+        break;
+    case CPS_MSG_CHECKSUM:
+        handle_checksum(s, &rx);
         break;
     case CPS_MSG_FWD:
     case CPS_MSG_CHAIN_ACK:
@@ -364,6 +423,7 @@ int cps__server_run(const cps_config *cfg)
         }
         if (s.joined)
             cps__server_tick(&s, cps__now_ms());
+        cps__temp_peers_expire(&s.temps, s.tp, cps__now_ms());
         if (s.poisoned) {
             cps_log(CPS_LOG_ERROR, "server", "leaving the job: a store write failed, so this "
                     "replica's state is unknown");

@@ -8,6 +8,7 @@
 #include "replication/chain.h"
 #include "core/view.h"
 #include "node/msg.h"
+#include "node/temp_peers.h"
 #include "store/store.h"
 #include "transport/transport.h"
 
@@ -56,6 +57,7 @@ typedef struct server {
     /* Requests that arrived before our own WELCOME (workers can hear theirs first). */
     cps_rx *early;
     uint32_t nearly;
+    cps_temp_peers temps; /* `chainps status --verify` and other non-members */
 } server;
 
 /* Data path (update.c). Each takes ownership of rx. */

@@ -141,9 +141,12 @@ static void reply_values(server *s, const cps_msg_hdr *rh, const cps_kv *kv)
         nvals += kv->lens[i];
     size_t len = cps__wire_kv_size(kv->nkeys, nvals);
     cps_msg_hdr h = *rh;
+    /* rh is our reply, sent by us: an error goes to the worker it was for. */
+    cps_msg_hdr req = *rh;
+    req.sender = rh->req_worker;
     void *buf = cps__msg_alloc(&h, len);
     if (!buf) {
-        cps__server_reply_error(s, rh, CPS_ENOMEM, "no memory for a %zu-byte reply", len);
+        cps__server_reply_error(s, &req, CPS_ENOMEM, "no memory for a %zu-byte reply", len);
         return;
     }
     char *payload = (char *)buf + CPS_WIRE_HDR_SIZE;
@@ -154,7 +157,7 @@ static void reply_values(server *s, const cps_msg_hdr *rh, const cps_kv *kv)
     int rc = cps__store_read(s->store, read_values, &r);
     if (rc != 0) {
         cps__tp_free(buf);
-        cps__server_reply_error(s, rh, rc, "reading %u keys failed", kv->nkeys);
+        cps__server_reply_error(s, &req, rc, "reading %u keys failed", kv->nkeys);
         return;
     }
     s->stats.pull_bytes += nvals * 4;
@@ -661,13 +664,14 @@ void cps__server_on_push(server *s, cps_rx *rx)
         cps__rx_free(rx);
         return;
     }
-    if (refuse_bad_keys(s, &rx->hdr, &kv, NULL) != 0) {
+    int sync = s->view.mode == CPS_MODE_SYNC && !(rx->hdr.flags & CPS_WF_NOAGG);
+    if (sync && refuse_bad_keys(s, &rx->hdr, &kv, NULL) != 0) {
         cps__rx_free(rx);
         return;
     }
     s->stats.push_raw_bytes += rx->hdr.raw_len;
     s->stats.push_wire_bytes += rx->hdr.payload_len;
-    if (s->view.mode == CPS_MODE_SYNC && !(rx->hdr.flags & CPS_WF_NOAGG)) {
+    if (sync) {
         push_sync(s, rx, &kv); /* takes rx */
         return;
     }
@@ -677,8 +681,14 @@ void cps__server_on_push(server *s, cps_rx *rx)
     if (verdict == CPS_ADMIT_NEW) {
         cps_chain_req q = {rx->hdr.sender, rx->hdr.type, (rx->hdr.flags & CPS_WF_NOAGG) ? 1 : 0,
                            rx->hdr.req_seq};
-        cps_chain_update u = {CPS_UPD_PUSH, rx->hdr.step, 0, 1, &q, rx->payload, rx->len};
-        submit(s, rx->hdr.range, &u);
+        /* Refused after admission, in sequence order: the refusal uses up the request's number
+         * (the worker never re-sends it; its next push must not look like a gap). */
+        if (refuse_bad_keys(s, &rx->hdr, &kv, NULL) != 0) {
+            cps_chain_skip(s->chain, rx->hdr.range, &q);
+        } else {
+            cps_chain_update u = {CPS_UPD_PUSH, rx->hdr.step, 0, 1, &q, rx->payload, rx->len};
+            submit(s, rx->hdr.range, &u);
+        }
     }
     cps__rx_free(rx);
 }

@@ -1,0 +1,28 @@
+/* Peers that are not members of the job (e.g. `chainps status`): they tell us their inbox in
+ * the request, get a short-lived peer id from a small ring, and are dropped after a linger long
+ * enough for the reply to leave. */
+#ifndef CPS_NODE_TEMP_PEERS_H
+#define CPS_NODE_TEMP_PEERS_H
+
+#include <stdint.h>
+
+#include "transport/transport.h"
+
+#define CPS_TEMP_PEER_BASE 0x40000000u
+#define CPS_TEMP_PEERS 64
+#define CPS_TEMP_PEER_LINGER_MS 5000
+
+typedef struct cps_temp_peers {
+    struct {
+        uint32_t id;
+        uint64_t drop_at_ms;
+    } slot[CPS_TEMP_PEERS];
+    uint32_t next;
+} cps_temp_peers;
+
+/* Register `addr` and return its peer id, or 0 if it cannot be reached. */
+uint32_t cps__temp_peer_add(cps_temp_peers *t, cps_tp *tp, const char *addr, uint64_t now);
+/* Drop the peers whose linger is over. */
+void cps__temp_peers_expire(cps_temp_peers *t, cps_tp *tp, uint64_t now);
+
+#endif
