@@ -166,6 +166,8 @@ static int start_job(sched *s)
     return 0;
 }
 
+static void publish_view(sched *s, const char *why);
+
 static void handle_hello(sched *s, const cps_rx *rx)
 {
     uint32_t role, want_rank, prev_id;
@@ -231,15 +233,8 @@ static void handle_hello(sched *s, const cps_rx *rx)
     }
     if (s->started) {
         sync_view_nodes(s);
-        if (moved) {
-            /* Everyone must learn the new address: a new view, with a higher epoch. */
-            s->view.epoch++;
-            for (uint32_t i = 0; i < s->nnodes; i++)
-                if (s->nodes[i].info.id != n->info.id)
-                    send_view(s, s->nodes[i].info.id, CPS_MSG_VIEW);
-            cps_log(CPS_LOG_INFO, "scheduler", "view epoch %llu published",
-                    (unsigned long long)s->view.epoch);
-        }
+        if (moved)
+            publish_view(s, "a node moved"); /* everyone must learn the new address */
         send_view(s, n->info.id, CPS_MSG_WELCOME);
         return;
     }
@@ -249,6 +244,19 @@ static void handle_hello(sched *s, const cps_rx *rx)
         if (rc != 0)
             cps_log(CPS_LOG_ERROR, "scheduler", "cannot start the job: %s", cps_strerror(rc));
     }
+}
+
+/* A new epoch of the view, sent to every member. */
+static void publish_view(sched *s, const char *why)
+{
+    if (!s->started)
+        return;
+    sync_view_nodes(s);
+    s->view.epoch++;
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        send_view(s, s->nodes[i].info.id, CPS_MSG_VIEW);
+    cps_log(CPS_LOG_INFO, "scheduler", "view epoch %llu published (%s)",
+            (unsigned long long)s->view.epoch, why);
 }
 
 static void maybe_release_barrier(sched *s)
@@ -376,6 +384,12 @@ static void handle_msg(void *ctx, void *buf, size_t len)
                 maybe_release_barrier(s);
             }
             send_simple(s, n->info.id, CPS_MSG_ACK, h);
+            if (s->workers_done < s->cfg.num_workers && n->info.alive) {
+                /* The others may be waiting for its gradient in a sync step: a view without
+                 * it lets the servers complete the step with the workers that are left. */
+                n->info.alive = 0;
+                publish_view(s, "a worker finished");
+            }
             if (s->workers_done >= s->cfg.num_workers) {
                 cps_log(CPS_LOG_INFO, "scheduler", "all workers finished; ending the job");
                 shutdown_job(s);
