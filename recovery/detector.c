@@ -1,0 +1,111 @@
+#include "detector.h"
+
+#include <stdlib.h>
+
+#include "chainps/error.h"
+
+typedef struct watched {
+    uint32_t node;
+    uint64_t last_ms;
+    uint64_t not_before_ms; /* grace: no verdict before this */
+} watched;
+
+struct cps_detector {
+    cps_detector_config cfg;
+    watched *w;
+    size_t n, cap;
+};
+
+int cps_detector_create(const cps_detector_config *cfg, cps_detector **out)
+{
+    if (!cfg || !out || cfg->dead_after_ms == 0)
+        return CPS_EINVAL;
+    cps_detector *d = calloc(1, sizeof *d);
+    if (!d)
+        return CPS_ENOMEM;
+    d->cfg = *cfg;
+    *out = d;
+    return 0;
+}
+
+void cps_detector_destroy(cps_detector *d)
+{
+    if (d) {
+        free(d->w);
+        free(d);
+    }
+}
+
+static watched *find(const cps_detector *d, uint32_t node)
+{
+    for (size_t i = 0; i < d->n; i++)
+        if (d->w[i].node == node)
+            return &d->w[i];
+    return NULL;
+}
+
+int cps_detector_watch(cps_detector *d, uint32_t node, uint64_t now)
+{
+    watched *w = find(d, node);
+    if (!w) {
+        if (d->n == d->cap) {
+            size_t cap = d->cap ? d->cap * 2 : 16;
+            watched *p = realloc(d->w, cap * sizeof *p);
+            if (!p)
+                return CPS_ENOMEM;
+            d->w = p;
+            d->cap = cap;
+        }
+        w = &d->w[d->n++];
+        w->node = node;
+    }
+    w->last_ms = now;
+    w->not_before_ms = 0;
+    return 0;
+}
+
+void cps_detector_forget(cps_detector *d, uint32_t node)
+{
+    watched *w = find(d, node);
+    if (w)
+        *w = d->w[--d->n];
+}
+
+void cps_detector_heard(cps_detector *d, uint32_t node, uint64_t now)
+{
+    watched *w = find(d, node);
+    if (w && now > w->last_ms)
+        w->last_ms = now;
+}
+
+void cps_detector_restart(cps_detector *d, uint64_t now)
+{
+    for (size_t i = 0; i < d->n; i++) {
+        d->w[i].last_ms = now;
+        d->w[i].not_before_ms = now + d->cfg.grace_ms;
+    }
+}
+
+size_t cps_detector_tick(cps_detector *d, uint64_t now, uint32_t *dead, size_t cap)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < d->n && k < cap;) {
+        watched *w = &d->w[i];
+        if (now >= w->not_before_ms && now > w->last_ms &&
+            now - w->last_ms > d->cfg.dead_after_ms) {
+            dead[k++] = w->node;
+            *w = d->w[--d->n]; /* reported once; the caller decides what comes next */
+        } else {
+            i++;
+        }
+    }
+    return k;
+}
+
+uint64_t cps_detector_silence(const cps_detector *d, uint32_t node, uint64_t now)
+{
+    const watched *w = find(d, node);
+    if (!w)
+        return UINT64_MAX;
+    return now > w->last_ms ? now - w->last_ms : 0;
+}

@@ -1,0 +1,43 @@
+#include "view_change.h"
+
+#include "chainps/error.h"
+
+int cps_view_range_available(const cps_view *v, uint32_t r)
+{
+    const cps_range *rg = &v->ranges[r];
+    for (uint32_t j = 0; j < rg->chain_len; j++) {
+        const cps_node_info *n = cps__view_node(v, rg->chain[j]);
+        if (n && n->alive)
+            return 1;
+    }
+    return 0;
+}
+
+int cps_view_without(const cps_view *in, uint32_t node, cps_view *out, uint32_t *lost_ranges)
+{
+    if (!cps__view_node(in, node))
+        return CPS_ENOTFOUND;
+    int rc = cps__view_copy(out, in);
+    if (rc != 0)
+        return rc;
+    out->epoch = in->epoch + 1;
+    for (uint32_t i = 0; i < out->nnodes; i++)
+        if (out->nodes[i].id == node)
+            out->nodes[i].alive = 0;
+    uint32_t lost = 0;
+    for (uint32_t r = 0; r < out->nranges; r++) {
+        cps_range *rg = &out->ranges[r];
+        uint32_t k = 0;
+        for (uint32_t j = 0; j < rg->chain_len; j++)
+            if (rg->chain[j] != node)
+                rg->chain[k++] = rg->chain[j];
+        if (k == 0)
+            k = 1; /* it was the only replica: keep it, the range waits for it to return */
+        else
+            rg->chain_len = k;
+        lost += !cps_view_range_available(out, r);
+    }
+    if (lost_ranges)
+        *lost_ranges = lost;
+    return 0;
+}
