@@ -13,6 +13,8 @@
 #include "node/msg.h"
 #include "node/roles.h"
 #include "node/temp_peers.h"
+#include "recovery/detector.h"
+#include "recovery/view_change.h"
 #include "transport/transport.h"
 
 #define SCHED_ID 0u
@@ -38,6 +40,7 @@ typedef struct sched {
     uint64_t start_ms;
     uint32_t workers_done;
     cps_temp_peers temps;
+    cps_detector *detector;
     int finished;
 } sched;
 
@@ -155,6 +158,9 @@ static int start_job(sched *s)
     if (rc != 0)
         return rc;
     s->started = 1;
+    uint64_t now = cps__now_ms();
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        cps_detector_watch(s->detector, s->nodes[i].info.id, now);
     char mode[32];
     cps_log(CPS_LOG_INFO, "scheduler",
             "connected %u workers and %u servers; view epoch %llu, %u ranges, %u replica(s), "
@@ -167,6 +173,7 @@ static int start_job(sched *s)
 }
 
 static void publish_view(sched *s, const char *why);
+static void maybe_release_barrier(sched *s);
 
 static void handle_hello(sched *s, const cps_rx *rx)
 {
@@ -224,7 +231,10 @@ static void handle_hello(sched *s, const cps_rx *rx)
         cps_log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) came back at %s",
                 role_name((int)role), n->info.id, n->info.rank, addr);
     snprintf(n->info.addr, sizeof n->info.addr, "%s", addr);
+    int revived = !n->info.alive && s->started;
     n->info.alive = 1;
+    if (s->started)
+        cps_detector_watch(s->detector, n->info.id, cps__now_ms());
     n->last_seen_ms = cps__now_ms();
     rc = cps__tp_peer_set(s->tp, n->info.id, addr);
     if (rc != 0) {
@@ -233,8 +243,8 @@ static void handle_hello(sched *s, const cps_rx *rx)
     }
     if (s->started) {
         sync_view_nodes(s);
-        if (moved)
-            publish_view(s, "a node moved"); /* everyone must learn the new address */
+        if (moved || revived)
+            publish_view(s, revived ? "a node came back" : "a node moved");
         send_view(s, n->info.id, CPS_MSG_WELCOME);
         return;
     }
@@ -246,7 +256,8 @@ static void handle_hello(sched *s, const cps_rx *rx)
     }
 }
 
-/* A new epoch of the view, sent to every member. */
+/* A new epoch of the view, sent to every member (the dead too: a node declared dead that is
+ * in fact alive learns from it that it is out). */
 static void publish_view(sched *s, const char *why)
 {
     if (!s->started)
@@ -257,6 +268,54 @@ static void publish_view(sched *s, const char *why)
         send_view(s, s->nodes[i].info.id, CPS_MSG_VIEW);
     cps_log(CPS_LOG_INFO, "scheduler", "view epoch %llu published (%s)",
             (unsigned long long)s->view.epoch, why);
+}
+
+static void log_chains(const sched *s)
+{
+    for (uint32_t r = 0; r < s->view.nranges; r++) {
+        const cps_range *rg = &s->view.ranges[r];
+        char chain[128] = "";
+        size_t off = 0;
+        for (uint32_t j = 0; j < rg->chain_len && off < sizeof chain; j++)
+            off += (size_t)snprintf(chain + off, sizeof chain - off, "%s%u", j ? " -> " : "",
+                                    rg->chain[j]);
+        cps_log(CPS_LOG_INFO, "scheduler", "  range %u: %s%s", r, chain,
+                cps_view_range_available(&s->view, r) ? "" : " (NO LIVE REPLICA)");
+    }
+}
+
+/* A node went silent: take it out of the view and tell everyone. */
+static void declare_dead(sched *s, uint32_t id, uint64_t silence_ms)
+{
+    sched_node *n = find_node(s, id);
+    if (!n || !n->info.alive)
+        return;
+    if (n->info.role == CPS_ROLE_WORKER && n->done)
+        return; /* finished workers stop heartbeating: not a failure */
+    n->info.alive = 0;
+    sync_view_nodes(s);
+    cps_view nv;
+    cps__view_init(&nv);
+    uint32_t lost = 0;
+    if (cps_view_without(&s->view, id, &nv, &lost) != 0) {
+        cps_log(CPS_LOG_ERROR, "scheduler", "cannot build a view without node %u", id);
+        cps__view_fini(&nv);
+        return;
+    }
+    nv.epoch = s->view.epoch; /* publish_view bumps it */
+    cps__view_fini(&s->view);
+    s->view = nv;
+    cps_log(CPS_LOG_WARN, "scheduler", "%s %u (rank %u) silent for %llu ms: declared dead",
+            role_name(n->info.role), id, n->info.rank, (unsigned long long)silence_ms);
+    publish_view(s, n->info.role == CPS_ROLE_SERVER ? "a server died" : "a worker died");
+    if (n->info.role == CPS_ROLE_SERVER) {
+        log_chains(s);
+        if (lost)
+            cps_log(CPS_LOG_ERROR, "scheduler", "%u range(s) have no live replica: their calls "
+                    "wait for a server to come back", lost);
+    } else {
+        maybe_release_barrier(s);
+    }
 }
 
 static void maybe_release_barrier(sched *s)
@@ -357,6 +416,14 @@ static void handle_msg(void *ctx, void *buf, size_t len)
             return;
         }
         n->last_seen_ms = cps__now_ms();
+        cps_detector_heard(s->detector, n->info.id, n->last_seen_ms);
+        if (!n->info.alive && n->info.role == CPS_ROLE_SERVER && s->started &&
+            h->type != CPS_MSG_GET_VIEW) {
+            /* Declared dead but still talking (paused, partitioned): show it the view. */
+            send_view(s, n->info.id, CPS_MSG_VIEW);
+            cps__rx_free(&rx);
+            return;
+        }
         switch (h->type) {
         case CPS_MSG_HEARTBEAT:
             if (rx.len >= CPS_STATS_SIZE)
@@ -376,6 +443,7 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         case CPS_MSG_BYE:
             if (n->info.role == CPS_ROLE_WORKER && !n->done) {
                 n->done = 1;
+                cps_detector_forget(s->detector, n->info.id);
                 if (rx.len >= CPS_STATS_SIZE)
                     cps__stats_decode(rx.payload, &n->stats);
                 s->workers_done++;
@@ -424,7 +492,10 @@ int cps__scheduler_run(const cps_config *cfg)
     s.next_id = 1;
     cps__view_init(&s.view);
     s.nodes = calloc(CPS_MAX_NODES, sizeof *s.nodes);
-    int rc = s.nodes ? cps__tp_create(&s.tp) : CPS_ENOMEM;
+    cps_detector_config dc = {cfg->dead_after_ms, 2 * cfg->dead_after_ms};
+    int rc = s.nodes ? cps_detector_create(&dc, &s.detector) : CPS_ENOMEM;
+    if (rc == 0)
+        rc = cps__tp_create(&s.tp);
     if (rc == 0)
         rc = cps__tp_bind(s.tp, cfg->bind_host, cfg->sched_port, NULL);
     if (rc != 0) {
@@ -445,12 +516,17 @@ int cps__scheduler_run(const cps_config *cfg)
             cps__tp_poll(s.tp, SHUTDOWN_LINGER_MS, handle_msg, &s, 0);
             break;
         }
-        int n = cps__tp_poll(s.tp, 100, handle_msg, &s, 0);
+        int n = cps__tp_poll(s.tp, 20, handle_msg, &s, 0);
         if (n < 0) {
             rc = n;
             break;
         }
         uint64_t now = cps__now_ms();
+        uint32_t dead[16];
+        /* Once the job is ending, servers leave on purpose: not failures. */
+        size_t nd = s.finished ? 0 : cps_detector_tick(s.detector, now, dead, 16);
+        for (size_t i = 0; i < nd; i++)
+            declare_dead(&s, dead[i], now - find_node(&s, dead[i])->last_seen_ms);
         cps__temp_peers_expire(&s.temps, s.tp, now);
         if (!s.started && now - s.start_ms > cfg->join_timeout_ms) {
             cps_log(CPS_LOG_ERROR, "scheduler",
@@ -476,6 +552,7 @@ int cps__scheduler_run(const cps_config *cfg)
     }
 out:
     cps__tp_destroy(s.tp);
+    cps_detector_destroy(s.detector);
     cps__view_fini(&s.view);
     free(s.nodes);
     return rc;

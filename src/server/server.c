@@ -14,7 +14,6 @@
 #include "node/roles.h"
 
 #define HELLO_RETRY_MS 500
-#define HEARTBEAT_MS 1000
 #define SYNC_EVERY_MS 1000
 #define SCHED_PEER 0u
 #define MAX_EARLY 4096
@@ -116,7 +115,13 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
         cps__view_fini(&v);
         return;
     }
-    if (s->joined && v.epoch < s->view.epoch) {
+    if (s->joined && v.epoch <= s->view.epoch) {
+        const cps_node_info *me = cps__view_node(&v, s->id);
+        if (s->suspect && v.epoch == s->view.epoch && me && me->alive) {
+            cps_log(CPS_LOG_INFO, "server", "the scheduler still counts us in (epoch %llu): "
+                    "serving again", (unsigned long long)v.epoch);
+            s->suspect = 0;
+        }
         cps__view_fini(&v);
         return;
     }
@@ -142,6 +147,17 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
             cps_log(CPS_LOG_WARN, "server", "cannot reach node %u at %s: %s", v.nodes[i].id,
                     v.nodes[i].addr, cps_strerror(rc));
     }
+    const cps_node_info *self = cps__view_node(&v, s->id);
+    if (s->joined && self && !self->alive) {
+        /* Fenced: the scheduler declared us dead (we were paused, partitioned or too slow).
+         * Our chains have moved on without us; serving anything now could only do harm. */
+        cps_log(CPS_LOG_ERROR, "server", "declared dead by the scheduler (view epoch %llu); "
+                "leaving the job. Restart it to rejoin.", (unsigned long long)v.epoch);
+        s->fenced = 1;
+        cps__view_fini(&v);
+        return;
+    }
+    s->suspect = 0; /* we heard from the scheduler, and we are in its view */
     cps__view_fini(&s->view);
     s->view = v;
     if (!s->joined) {
@@ -267,7 +283,7 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         break;
     case CPS_MSG_FWD:
     case CPS_MSG_CHAIN_ACK:
-        if (!s->joined)
+        if (!s->joined || s->suspect)
             break;
         cps__server_on_chain(s, &rx);
         return; /* taken */
@@ -275,6 +291,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     case CPS_MSG_PUSH:
     case CPS_MSG_PUSH_PULL:
     case CPS_MSG_PULL:
+        if (s->suspect)
+            break; /* not until the scheduler confirms we are still in (see the loop) */
         if (!s->joined) {
             /* A worker heard its WELCOME before we heard ours: hold the request until then. */
             if (!s->early)
@@ -387,8 +405,21 @@ int cps__server_run(const cps_config *cfg)
             cfg->bind_host, cfg->data_dir, url);
 
     uint64_t start = cps__now_ms(), next_hello = 0, next_beat = 0, next_sync = 0;
-    while (!s.shutdown && !cps__role_stop_requested()) {
+    uint64_t last_iter = start;
+    while (!s.shutdown && !s.fenced && !cps__role_stop_requested()) {
         uint64_t now = cps__now_ms();
+        if (s.joined && now - last_iter > cfg->dead_after_ms && !s.suspect) {
+            /* We did not run for longer than the failure timeout (SIGSTOP, a VM pause, a
+             * starved CPU): the scheduler may have declared us dead and moved our chains on.
+             * Serve nothing until it tells us we are still in. */
+            cps_log(CPS_LOG_WARN, "server", "did not run for %llu ms (more than the %u ms failure "
+                    "timeout): asking the scheduler whether we are still in",
+                    (unsigned long long)(now - last_iter), cfg->dead_after_ms);
+            s.suspect = 1;
+            cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s.id, .epoch = s.view.epoch};
+            cps__msg_send(s.tp, SCHED_PEER, &g, NULL, 0);
+        }
+        last_iter = now;
         if (!s.joined) {
             if (now - start > cfg->join_timeout_ms) {
                 cps_log(CPS_LOG_ERROR, "server", "no answer from the scheduler at %s within "
@@ -406,11 +437,11 @@ int cps__server_run(const cps_config *cfg)
                 cps__store_write(s.store, save_id, &prev);
             }
             if (now >= next_beat) {
-                cps__store_read(s.store, count_keys, &s);
                 send_heartbeat(&s);
-                next_beat = now + HEARTBEAT_MS;
+                next_beat = now + cfg->heartbeat_ms;
             }
             if (now >= next_sync) {
+                cps__store_read(s.store, count_keys, &s); /* for status, once a second */
                 if (!cfg->sync_every_commit && cps__store_sync(s.store) != 0)
                     cps_log(CPS_LOG_WARN, "server", "periodic sync failed");
                 next_sync = now + SYNC_EVERY_MS;
@@ -424,6 +455,10 @@ int cps__server_run(const cps_config *cfg)
         if (s.joined)
             cps__server_tick(&s, cps__now_ms());
         cps__temp_peers_expire(&s.temps, s.tp, cps__now_ms());
+        if (s.fenced) {
+            rc = CPS_ESTALE_EPOCH;
+            break;
+        }
         if (s.poisoned) {
             cps_log(CPS_LOG_ERROR, "server", "leaving the job: a store write failed, so this "
                     "replica's state is unknown");

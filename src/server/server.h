@@ -54,6 +54,9 @@ typedef struct server {
     /* Chain replication state machine of every range this server holds. */
     cps_chain *chain;
     int poisoned; /* a store write failed: state unknown, the server must leave */
+    int suspect;  /* we stalled past the failure timeout: serve nothing until the scheduler
+                     confirms we are still in its view */
+    int fenced;   /* the scheduler declared us dead: leave */
     /* Requests that arrived before our own WELCOME (workers can hear theirs first). */
     cps_rx *early;
     uint32_t nearly;

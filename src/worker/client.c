@@ -4,7 +4,9 @@
 #include "client.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +14,7 @@
 #include "core/log.h"
 #include "node/msg.h"
 #include "node/roles.h"
+#include "recovery/view_change.h"
 
 #define SCHED_PEER 0u
 #define HELLO_RETRY_MS 500
@@ -379,6 +382,22 @@ static int progress(cps_client *c, int timeout_ms)
     uint64_t now = cps__now_ms();
     for (uint32_t i = 0; i < c->nreqs; i++) {
         cps_req *r = &c->reqs[i];
+        if (r->range < c->view.nranges && !cps_view_range_available(&c->view, r->range)) {
+            /* Every replica of the range is gone: wait (one may come back), then give up. */
+            if (!r->unavailable_since) {
+                r->unavailable_since = now;
+                cps_log(CPS_LOG_WARN, "worker", "range %u has no live replica; waiting up to "
+                        "%u ms for one", r->range, c->cfg.unavailable_timeout_ms);
+            } else if (now - r->unavailable_since > c->cfg.unavailable_timeout_ms) {
+                cps_log(CPS_LOG_ERROR, "worker", "range %u unavailable for %u ms: failing the "
+                        "request", r->range, c->cfg.unavailable_timeout_ms);
+                op_finish_req(r->op, CPS_EUNAVAILABLE);
+                req_remove(c, i--);
+                continue;
+            }
+        } else {
+            r->unavailable_since = 0;
+        }
         if (r->waiting_view || now - r->sent_ms < c->cfg.request_timeout_ms)
             continue;
         cps_log(CPS_LOG_DEBUG, "worker", "request %llu on range %u unanswered after %u ms; "
@@ -388,6 +407,52 @@ static int progress(cps_client *c, int timeout_ms)
             r->sent_ms = now;
     }
     return 0;
+}
+
+/* ---- heartbeats ---- */
+
+static void *heartbeat_main(void *arg)
+{
+    cps_client *c = arg;
+    cps_tp *tp = NULL;
+    char url[CPS_ADDR_MAX + 16];
+    snprintf(url, sizeof url, "tcp://%s:%u", c->cfg.sched_host, c->cfg.sched_port);
+    if (cps__tp_create(&tp) != 0 || cps__tp_peer_set(tp, SCHED_PEER, url) != 0) {
+        cps_log(CPS_LOG_ERROR, "worker", "heartbeat thread cannot reach the scheduler");
+        cps__tp_destroy(tp);
+        return NULL;
+    }
+    pthread_mutex_lock(&c->hb_lock);
+    while (!c->hb_stop) {
+        cps_msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .sender = c->id};
+        unsigned char stats[CPS_STATS_SIZE];
+        cps_node_stats ns = {0};
+        cps__stats_encode(stats, &ns);
+        cps__msg_send(tp, SCHED_PEER, &h, stats, sizeof stats);
+        cps__tp_poll(tp, 0, NULL, NULL, 0); /* flush a queued heartbeat */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns_total = (uint64_t)ts.tv_nsec + (uint64_t)c->cfg.heartbeat_ms * 1000000u;
+        ts.tv_sec += (time_t)(ns_total / 1000000000u);
+        ts.tv_nsec = (long)(ns_total % 1000000000u);
+        while (!c->hb_stop && pthread_cond_timedwait(&c->hb_cond, &c->hb_lock, &ts) != ETIMEDOUT)
+            ;
+    }
+    pthread_mutex_unlock(&c->hb_lock);
+    cps__tp_destroy(tp);
+    return NULL;
+}
+
+static void heartbeat_stop(cps_client *c)
+{
+    if (!c->hb_running)
+        return;
+    pthread_mutex_lock(&c->hb_lock);
+    c->hb_stop = 1;
+    pthread_cond_signal(&c->hb_cond);
+    pthread_mutex_unlock(&c->hb_lock);
+    pthread_join(c->hb_thread, NULL);
+    c->hb_running = 0;
 }
 
 /* ---- open / close ---- */
@@ -431,6 +496,9 @@ static int join(cps_client *c)
 
 static void client_free(cps_client *c)
 {
+    heartbeat_stop(c);
+    pthread_mutex_destroy(&c->hb_lock);
+    pthread_cond_destroy(&c->hb_cond);
     cps_tensor *t = c->tensors;
     while (t) {
         cps_tensor *next = t->next;
@@ -473,6 +541,8 @@ int cps_open(cps_client **out)
     if (!c)
         return CPS_ENOMEM;
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->hb_lock, NULL);
+    pthread_cond_init(&c->hb_cond, NULL);
     c->cfg = cfg;
     cps__view_init(&c->view);
     uint16_t port = 0;
@@ -491,6 +561,10 @@ int cps_open(cps_client **out)
         client_free(c);
         return rc;
     }
+    if (pthread_create(&c->hb_thread, NULL, heartbeat_main, c) == 0)
+        c->hb_running = 1;
+    else
+        cps_log(CPS_LOG_WARN, "worker", "no heartbeat thread: a long step may look like a death");
     char tag[32];
     snprintf(tag, sizeof tag, "worker %u", c->rank);
     cps__log_set_tag(tag);

@@ -82,6 +82,7 @@ typedef struct cps_req {
     uint64_t sent_ms;
     uint32_t attempts;
     int waiting_view; /* re-send once a newer view arrives */
+    uint64_t unavailable_since; /* first time its range had no live replica; 0 if it has */
 } cps_req;
 
 struct cps_client {
@@ -106,6 +107,13 @@ struct cps_client {
     cps_client_stats stats;
     void *pack;          /* scratch for compression */
     size_t pack_cap;
+    /* Heartbeats come from a thread of their own (with its own socket), so a long compute
+     * step between calls never looks like a dead worker. */
+    pthread_t hb_thread;
+    int hb_running;
+    int hb_stop;
+    pthread_mutex_t hb_lock;
+    pthread_cond_t hb_cond;
 };
 
 /* Start op's requests; with `wait`, run the loop until it completes and return its result. */
