@@ -45,6 +45,8 @@ typedef struct cps_handle cps_handle;
  * job ends and then calls exit(0) (or exit(1) on a fatal error): the same program can be started
  * in every role, as with ps-lite and MindSpore. If the role is `worker` (the default), it
  * registers with the scheduler, waits until every expected node has joined, and returns a client.
+ * It also raises glibc's malloc trim and mmap thresholds (unless GLIBC_TUNABLES is set), so that
+ * message buffers are reused instead of being mapped and unmapped for every large message.
  *
  * @param[out] out the new client; the caller closes it with cps_close().
  * @return 0, CPS_ECONFIG (a bad or conflicting variable: the message names it), CPS_ETIMEDOUT

@@ -1,6 +1,8 @@
 #include "roles.h"
 
+#include <malloc.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 
 static volatile sig_atomic_t stop_requested;
@@ -30,4 +32,12 @@ void cps__role_install_signals(void)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
+
+void cps__tune_malloc(void)
+{
+    if (getenv("GLIBC_TUNABLES"))
+        return;
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+    mallopt(M_MMAP_THRESHOLD, 128 << 20);
 }

@@ -369,6 +369,7 @@ int cps__server_run(const cps_config *cfg)
     cps__log_set_tag("server");
     /* Servers share the machine's cores with workers: BLAS must not spawn threads. */
     openblas_set_num_threads(1);
+    cps__tune_malloc();
 
     cps_store_opts so = {.initial_map_bytes = 0, .sync_every_commit = cfg->sync_every_commit};
     int rc = cps__store_open(cfg->data_dir, &so, &s.store);

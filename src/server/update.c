@@ -569,9 +569,11 @@ static void slot_try_complete(server *s, agg_slot *a)
     }
     if (a->count == 0)
         return;
+    /* The lowest rank's message is ours: the others are added into its values in place, so
+     * the aggregate costs no copy, and its payload is the update's body as it stands. */
     const cps_kv *kv0 = NULL;
+    const cps_rx *rx0 = NULL;
     cps_chain_req *reqs = calloc(a->count, sizeof *reqs);
-    void *body = NULL;
     uint32_t nreq = 0;
     for (uint32_t r = 0; reqs && r < W; r++) {
         if (!a->by_rank[r].buf)
@@ -580,23 +582,17 @@ static void slot_try_complete(server *s, agg_slot *a)
         const cps_msg_hdr *h = &a->by_rank[r].hdr;
         if (!kv0) {
             kv0 = kv;
-            size_t blen = cps__wire_kv_size(kv->nkeys, kv->nvals);
-            body = aligned_alloc(16, (blen + 15) & ~(size_t)15);
-            if (!body)
-                break;
-            cps__wire_kv_encode(body, blen, kv->nkeys, kv->keys, kv->lens, kv->vals, kv->nvals);
+            rx0 = &a->by_rank[r];
         } else {
-            float *sum = (float *)(void *)((char *)body + cps__wire_kv_size(kv0->nkeys, 0));
-            cps__vec_add(sum, kv->vals, kv->nvals);
+            cps__vec_add((float *)(uintptr_t)kv0->vals, kv->vals, kv->nvals);
         }
         reqs[nreq++] = (cps_chain_req){h->sender, h->type, 0, h->req_seq};
     }
-    if (!reqs || !body) {
+    if (!reqs) {
         cps_log(CPS_LOG_ERROR, "server", "no memory to aggregate step %llu of range %u",
                 (unsigned long long)a->step, a->range);
     } else {
-        cps_chain_update u = {CPS_UPD_PUSH, a->step, a->sig, nreq, reqs, body,
-                              cps__wire_kv_size(kv0->nkeys, kv0->nvals)};
+        cps_chain_update u = {CPS_UPD_PUSH, a->step, a->sig, nreq, reqs, rx0->payload, rx0->len};
         uint32_t range = a->range;
         uint64_t step = a->step;
         submit(s, range, &u);
@@ -604,7 +600,6 @@ static void slot_try_complete(server *s, agg_slot *a)
                 range, (unsigned long long)step, nreq);
     }
     free(reqs);
-    free(body);
     slot_release(s, a);
 }
 

@@ -297,7 +297,9 @@ int cps__store_open(const char *dir, const cps_store_opts *opts, cps_store **out
     pthread_rwlockattr_destroy(&attr);
 
     size_t map = opts && opts->initial_map_bytes ? opts->initial_map_bytes : DEFAULT_MAP_BYTES;
-    unsigned flags = MDB_NOTLS;
+    /* MDB_WRITEMAP: dirty pages are written in the map itself, so a commit does no writev of
+     * every page (measured: ~10% of server CPU for 1 MB updates, ~5 us per small commit). */
+    unsigned flags = MDB_NOTLS | MDB_WRITEMAP;
     if (!(opts && opts->sync_every_commit))
         flags |= MDB_NOSYNC;
     int rc = mdb_env_create(&s->env);

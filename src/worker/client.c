@@ -534,6 +534,7 @@ int cps_open(cps_client **out)
         exit(rc == 0 ? 0 : 1);
     }
     cps__config_finalize(&cfg, CPS_ROLE_WORKER);
+    cps__tune_malloc();
     /* Workers share the cores with each other: one BLAS thread each unless the user said. */
     if (!getenv("OPENBLAS_NUM_THREADS"))
         openblas_set_num_threads(1);

@@ -1,0 +1,322 @@
+/* Raw nanomsg baseline for bench_ps: what the transport alone costs on this machine.
+ *
+ * Two processes' worth of sockets in one process (an echo thread plays the server), wired the way
+ * chainps wires nodes: each side binds one NN_PULL inbox on 127.0.0.1 and sends on an NN_PUSH
+ * socket connected to the other's inbox, with 4 MiB NN_SNDBUF/NN_RCVBUF, NN_TCP_NODELAY and
+ * zero-copy NN_MSG buffers. For each message size it measures:
+ *   rtt   request of `size` bytes, 64-byte reply (a push and its ack): p50/p99 in microseconds
+ *   push  the same, pipelined (window of `depth` requests): MB/s of request bytes
+ *   echo  request and reply both `size` bytes, pipelined: MB/s counting both directions
+ * The echo thread replies by sending the received buffer itself (no copy), so these numbers are
+ * the floor for any protocol on top of nanomsg.
+ *
+ * usage: bench_nn [--out FILE] [--reps N] [--ms MS] [--sizes a,b,...]   (results: key=value
+ *        lines appended to FILE, a table on stdout)
+ *        bench_nn --free-port   (print a TCP port nobody listens on on 127.0.0.1, and exit)
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nanomsg/nn.h>
+#include <nanomsg/pipeline.h>
+#include <nanomsg/tcp.h>
+
+#define SOCKBUF   (4 << 20)
+#define ACK_BYTES 64
+#define MAX_DEPTH 64
+
+enum { OP_ACK = 1, OP_ECHO = 2, OP_QUIT = 3 };
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *what)
+{
+    fprintf(stderr, "bench_nn: %s: %s\n", what, nn_strerror(nn_errno()));
+    exit(1);
+}
+
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+static int make_sock(int proto)
+{
+    int s = nn_socket(AF_SP, proto);
+    if (s < 0)
+        die("nn_socket");
+    int v = -1, buf = SOCKBUF, one = 1;
+    if (nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVMAXSIZE, &v, sizeof v) < 0 ||
+        nn_setsockopt(s, NN_SOL_SOCKET, NN_SNDBUF, &buf, sizeof buf) < 0 ||
+        nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVBUF, &buf, sizeof buf) < 0 ||
+        nn_setsockopt(s, NN_TCP, NN_TCP_NODELAY, &one, sizeof one) < 0)
+        die("nn_setsockopt");
+    return s;
+}
+
+typedef struct echo_arg {
+    int in, out;
+} echo_arg;
+
+static void *echo_main(void *p)
+{
+    echo_arg *a = p;
+    for (;;) {
+        void *m = NULL;
+        int n = nn_recv(a->in, &m, NN_MSG, 0);
+        if (n < 0)
+            die("echo nn_recv");
+        unsigned char op = ((unsigned char *)m)[0];
+        if (op == OP_QUIT) {
+            nn_freemsg(m);
+            return NULL;
+        }
+        if (op == OP_ACK) {
+            nn_freemsg(m);
+            m = nn_allocmsg(ACK_BYTES, 0);
+            if (!m)
+                die("nn_allocmsg");
+            memset(m, 0, ACK_BYTES);
+        }
+        if (nn_send(a->out, &m, NN_MSG, 0) < 0)
+            die("echo nn_send");
+    }
+}
+
+typedef struct client {
+    int out, in;
+    const unsigned char *data;
+} client;
+
+static void send_req(client *c, size_t size, unsigned char op)
+{
+    void *m = nn_allocmsg(size, 0);
+    if (!m)
+        die("nn_allocmsg");
+    /* Fill the message as a sender would: one copy of the payload. */
+    memcpy(m, c->data, size);
+    ((unsigned char *)m)[0] = op;
+    if (nn_send(c->out, &m, NN_MSG, 0) < 0)
+        die("nn_send");
+}
+
+static size_t recv_rep(client *c)
+{
+    void *m = NULL;
+    int n = nn_recv(c->in, &m, NN_MSG, 0);
+    if (n < 0)
+        die("nn_recv");
+    nn_freemsg(m);
+    return (size_t)n;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, int n, double p)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    int i = (int)(p * (n - 1) + 0.5);
+    return v[i];
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Round trips: returns the number of samples written to lat_us. */
+static int run_rtt(client *c, size_t size, int n, double *lat_us)
+{
+    for (int i = 0; i < n; i++) {
+        double t0 = now_s();
+        send_req(c, size, OP_ACK);
+        recv_rep(c);
+        lat_us[i] = (now_s() - t0) * 1e6;
+    }
+    return n;
+}
+
+/* Pipelined: `depth` requests in flight; returns MB/s of the bytes counted. */
+static double run_pipe(client *c, size_t size, int n, int depth, unsigned char op)
+{
+    double t0 = now_s();
+    int sent = 0, done = 0;
+    double bytes = 0;
+    while (done < n) {
+        while (sent < n && sent - done < depth) {
+            send_req(c, size, op);
+            sent++;
+        }
+        size_t got = recv_rep(c);
+        bytes += (double)size + (op == OP_ECHO ? (double)got : 0.0);
+        done++;
+    }
+    return bytes / (now_s() - t0) / 1e6;
+}
+
+/* Number of operations for about `ms` milliseconds, from a short timed warm-up. */
+static int calibrate(client *c, size_t size, int depth, unsigned char op, double ms, int lo, int hi)
+{
+    int w = 8;
+    double t0 = now_s();
+    if (depth <= 1) {
+        double tmp[8];
+        run_rtt(c, size, w, tmp);
+    } else {
+        run_pipe(c, size, w, depth, op);
+    }
+    double per = (now_s() - t0) / w;
+    int n = (int)(ms * 1e-3 / (per > 1e-9 ? per : 1e-9));
+    return n < lo ? lo : n > hi ? hi : n;
+}
+
+int main(int argc, char **argv)
+{
+    const char *out_path = NULL, *sizes_arg = "4096,65536,1048576,16777216";
+    int reps = 5;
+    double ms = 60;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--free-port")) {
+            int p = free_port();
+            if (p <= 0)
+                return 1;
+            printf("%d\n", p);
+            return 0;
+        } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
+            out_path = argv[++i];
+        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--ms") && i + 1 < argc) {
+            ms = atof(argv[++i]);
+        } else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
+            sizes_arg = argv[++i];
+        } else {
+            fprintf(stderr, "usage: bench_nn [--out FILE] [--reps N] [--ms MS] [--sizes a,b]"
+                            " | --free-port\n");
+            return 2;
+        }
+    }
+    if (reps < 1 || reps > 50 || ms <= 0) {
+        fprintf(stderr, "bench_nn: bad --reps or --ms\n");
+        return 2;
+    }
+    size_t sizes[16];
+    int nsizes = 0;
+    for (const char *p = sizes_arg; *p && nsizes < 16;) {
+        char *end;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (end == p || v < ACK_BYTES || v > (1ull << 28)) {
+            fprintf(stderr, "bench_nn: bad --sizes\n");
+            return 2;
+        }
+        sizes[nsizes++] = (size_t)v;
+        p = *end == ',' ? end + 1 : end;
+    }
+
+    int sp = free_port(), cp = free_port();
+    if (sp <= 0 || cp <= 0 || sp == cp) {
+        fprintf(stderr, "bench_nn: no free ports on 127.0.0.1\n");
+        return 1;
+    }
+    char surl[64], curl[64];
+    snprintf(surl, sizeof surl, "tcp://127.0.0.1:%d", sp);
+    snprintf(curl, sizeof curl, "tcp://127.0.0.1:%d", cp);
+    echo_arg ea = {make_sock(NN_PULL), make_sock(NN_PUSH)};
+    client c = {make_sock(NN_PUSH), make_sock(NN_PULL), NULL};
+    if (nn_bind(ea.in, surl) < 0 || nn_bind(c.in, curl) < 0)
+        die("nn_bind");
+    if (nn_connect(ea.out, curl) < 0 || nn_connect(c.out, surl) < 0)
+        die("nn_connect");
+    int to = 10000; /* never hang: a lost message fails the run after 10 s */
+    if (nn_setsockopt(c.in, NN_SOL_SOCKET, NN_RCVTIMEO, &to, sizeof to) < 0)
+        die("nn_setsockopt");
+    pthread_t th;
+    if (pthread_create(&th, NULL, echo_main, &ea) != 0) {
+        fprintf(stderr, "bench_nn: pthread_create failed\n");
+        return 1;
+    }
+
+    size_t maxsz = 0;
+    for (int i = 0; i < nsizes; i++)
+        maxsz = sizes[i] > maxsz ? sizes[i] : maxsz;
+    unsigned char *data = malloc(maxsz);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < maxsz; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        data[i] = (unsigned char)x;
+    }
+    c.data = data;
+
+    FILE *out = out_path ? fopen(out_path, "a") : NULL;
+    if (out_path && !out) {
+        perror(out_path);
+        return 1;
+    }
+    printf("%10s %10s %10s %12s %12s\n", "size", "rtt p50us", "rtt p99us", "push MB/s",
+           "echo MB/s");
+    for (int s = 0; s < nsizes; s++) {
+        size_t size = sizes[s];
+        int depth = (int)((32u << 20) / size);
+        depth = depth < 2 ? 2 : depth > 16 ? 16 : depth;
+        int n_rtt = calibrate(&c, size, 1, OP_ACK, ms, 20, 20000);
+        int n_push = calibrate(&c, size, depth, OP_ACK, ms, 8, 100000);
+        int n_echo = calibrate(&c, size, depth, OP_ECHO, ms, 8, 100000);
+        double *lat = malloc(sizeof *lat * (size_t)n_rtt);
+        double p50[50], p99[50], push[50], echo[50];
+        for (int r = 0; r < reps; r++) {
+            run_rtt(&c, size, n_rtt, lat);
+            p50[r] = pct(lat, n_rtt, 0.50);
+            p99[r] = pct(lat, n_rtt, 0.99);
+            push[r] = run_pipe(&c, size, n_push, depth, OP_ACK);
+            echo[r] = run_pipe(&c, size, n_echo, depth, OP_ECHO);
+        }
+        free(lat);
+        double m50 = median(p50, reps), m99 = median(p99, reps);
+        double mp = median(push, reps), me = median(echo, reps);
+        printf("%10zu %10.1f %10.1f %12.0f %12.0f\n", size, m50, m99, mp, me);
+        if (out)
+            fprintf(out,
+                    "nn size=%zu rtt_p50=%.2f rtt_p99=%.2f push_mbps=%.1f echo_mbps=%.1f "
+                    "depth=%d\n",
+                    size, m50, m99, mp, me, depth);
+    }
+    if (out)
+        fclose(out);
+    send_req(&c, ACK_BYTES, OP_QUIT);
+    pthread_join(th, NULL);
+    nn_close(c.out);
+    nn_close(c.in);
+    nn_close(ea.in);
+    nn_close(ea.out);
+    free(data);
+    return 0;
+}

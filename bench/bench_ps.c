@@ -1,0 +1,390 @@
+/* Push/pull benchmark of a chainps cluster: a worker program, run under `chainps launch`
+ * (bench/run_bench.sh runs it for 1 and 2 servers, compression on and off, and prints the
+ * combined table).
+ *
+ * For each tensor size and each kind of gradient data it measures
+ *   - round-trip latency of the blocking calls cps_push / cps_pull / cps_push_pull: p50 and p99
+ *     in microseconds over the operations of one run;
+ *   - throughput of the asynchronous calls with `depth` operations in flight (cps_*_async +
+ *     cps_wait, oldest first): MB/s of tensor bytes (10^6 bytes), push+pull counting the bytes of
+ *     both directions;
+ * each for `reps` runs of about `ms` milliseconds (the operation count is calibrated once per
+ * case), reporting the median of the runs. The kinds of data:
+ *   dense   random normal floats (scale 1e-3): what a dense layer's gradient looks like, and
+ *           incompressible to snappy;
+ *   sparse  the same with 90% of the elements zero at random positions (ReLU / embedding-like
+ *           gradients): compressible, so the wire ratio of the compression column shows.
+ * The wire ratio is push payload bytes before / after compression (cps_client_stats).
+ *
+ * usage (as a worker): bench_ps [--out FILE] [--reps N] [--ms MS] [--sizes a,b,...]
+ *                               [--depth D] [--data dense|sparse|both] [--only push|pull|pp]
+ *                               [--no-lat]   (pipelined runs only: for profiling)
+ * Results: one key=value line per case appended to FILE; a table on stdout.
+ * Only the public API (chainps.h) is used.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+#include "chainps/chainps.h"
+
+#define MAX_DEPTH 64
+#define MAX_REPS  50
+
+enum { K_PUSH, K_PULL, K_PP, K_N };
+static const char *const kind_name[K_N] = {"push", "pull", "pp"};
+
+typedef struct opts {
+    const char *out;
+    int reps;
+    double ms;
+    size_t sizes[16];
+    int nsizes;
+    int depth; /* 0: by size */
+    int dense, sparse;
+    int only;   /* -1 all, else one K_ kind */
+    int no_lat; /* skip the blocking (latency) runs: for profiling the pipelined path */
+} opts;
+
+/* CPU seconds of this process (all threads: the caller's and nanomsg's I/O thread). */
+static double cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+           ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) * 1e-6;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void check(int rc, const char *what)
+{
+    if (rc != 0) {
+        fprintf(stderr, "bench_ps: %s: %s\n", what, cps_strerror(rc));
+        exit(1);
+    }
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static double rng_unit(uint64_t *s)
+{
+    return ((double)(rng_next(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+/* Normal(0, 1e-3) values; with `sparse`, 90% of them zero. */
+static void fill_grad(float *g, size_t n, int sparse, uint64_t seed)
+{
+    uint64_t s = seed | 1;
+    for (size_t i = 0; i < n; i++) {
+        if (sparse && rng_unit(&s) < 0.9) {
+            g[i] = 0.0f;
+            continue;
+        }
+        double u1 = rng_unit(&s), u2 = rng_unit(&s);
+        g[i] = (float)(1e-3 * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, int n, double p)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[(int)(p * (n - 1) + 0.5)];
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+typedef struct bench {
+    cps_client *c;
+    cps_tensor *t;
+    uint64_t len; /* floats */
+    const float *grad;
+    float *outs[MAX_DEPTH];
+    int depth;
+} bench;
+
+static int blocking_op(bench *b, int kind)
+{
+    switch (kind) {
+    case K_PUSH:
+        return cps_push(b->c, b->t, b->grad, b->len);
+    case K_PULL:
+        return cps_pull(b->c, b->t, b->outs[0], b->len);
+    default:
+        return cps_push_pull(b->c, b->t, b->grad, b->outs[0], b->len);
+    }
+}
+
+static int start_op(bench *b, int kind, float *out, cps_handle **h)
+{
+    switch (kind) {
+    case K_PUSH:
+        return cps_push_async(b->c, b->t, b->grad, b->len, h);
+    case K_PULL:
+        return cps_pull_async(b->c, b->t, out, b->len, h);
+    default:
+        return cps_push_pull_async(b->c, b->t, b->grad, out, b->len, h);
+    }
+}
+
+/* n blocking round trips; latencies in microseconds into lat. */
+static void run_lat(bench *b, int kind, int n, double *lat)
+{
+    for (int i = 0; i < n; i++) {
+        double t0 = now_s();
+        check(blocking_op(b, kind), kind_name[kind]);
+        lat[i] = (now_s() - t0) * 1e6;
+    }
+}
+
+/* n operations with up to b->depth in flight, completed oldest first; MB/s. */
+static double run_pipe(bench *b, int kind, int n)
+{
+    cps_handle *h[MAX_DEPTH];
+    double t0 = now_s();
+    for (int i = 0; i < n; i++) {
+        int slot = i % b->depth;
+        if (i >= b->depth)
+            check(cps_wait(h[slot], -1), "cps_wait");
+        check(start_op(b, kind, b->outs[slot], &h[slot]), kind_name[kind]);
+    }
+    int first = n > b->depth ? n - b->depth : 0;
+    for (int i = first; i < n; i++)
+        check(cps_wait(h[i % b->depth], -1), "cps_wait");
+    double dt = now_s() - t0;
+    double bytes = (double)n * (double)b->len * sizeof(float) * (kind == K_PP ? 2 : 1);
+    return bytes / dt / 1e6;
+}
+
+/* Operations for about ms milliseconds, from a timed warm-up (which also warms the caches). */
+static int calibrate(bench *b, int kind, int pipelined, double ms, int lo, int hi)
+{
+    int w = pipelined ? 2 * b->depth : 4;
+    double t0 = now_s();
+    if (pipelined) {
+        run_pipe(b, kind, w);
+    } else {
+        double tmp[4];
+        run_lat(b, kind, w, tmp);
+    }
+    double per = (now_s() - t0) / w;
+    double n = ms * 1e-3 / (per > 1e-9 ? per : 1e-9);
+    return n < lo ? lo : n > hi ? hi : (int)n;
+}
+
+typedef struct result {
+    double mbps[K_N], p50[K_N], p99[K_N];
+    double wire_ratio;
+    double cpu_us_per_op; /* worker CPU per operation over the measured runs */
+} result;
+
+static void run_case(cps_client *c, const opts *o, size_t size, int sparse, result *res)
+{
+    char name[64];
+    snprintf(name, sizeof name, "bench/%s/%zu", sparse ? "sparse" : "dense", size);
+    bench b = {.c = c, .len = size / sizeof(float)};
+    cps_optim sgd = cps_optim_sgd(1e-3f);
+    check(cps_tensor_declare(c, name, b.len, NULL, &sgd, &b.t), "declare");
+    float *g = malloc(size);
+    if (!g) {
+        fprintf(stderr, "bench_ps: out of memory\n");
+        exit(1);
+    }
+    fill_grad(g, b.len, sparse, 0x1234567 + size);
+    b.grad = g;
+    /* Enough in flight to cover a round trip, capped at 32 MiB of tensors in flight. */
+    int depth = (int)((32u << 20) / size);
+    b.depth = o->depth ? o->depth : depth < 2 ? 2 : depth > 16 ? 16 : depth;
+    for (int i = 0; i < b.depth; i++) {
+        b.outs[i] = malloc(size);
+        if (!b.outs[i]) {
+            fprintf(stderr, "bench_ps: out of memory\n");
+            exit(1);
+        }
+    }
+    cps_client_stats s0, s1;
+    cps_client_stats_get(c, &s0);
+
+    int n_lat[K_N] = {0}, n_pipe[K_N] = {0};
+    for (int k = 0; k < K_N; k++) {
+        if (o->only >= 0 && k != o->only)
+            continue;
+        n_lat[k] = o->no_lat ? 0 : calibrate(&b, k, 0, o->ms, 10, 20000);
+        n_pipe[k] = calibrate(&b, k, 1, o->ms, 2 * b.depth, 100000);
+    }
+    int nmax = 0;
+    for (int k = 0; k < K_N; k++)
+        if ((o->only < 0 || k == o->only) && n_lat[k] > nmax)
+            nmax = n_lat[k];
+    double *lat = malloc(sizeof *lat * (size_t)(nmax ? nmax : 1));
+    double p50[K_N][MAX_REPS], p99[K_N][MAX_REPS], mbps[K_N][MAX_REPS];
+    double cpu0 = cpu_s(), ops = 0;
+    /* Reps outermost, so a slow phase of the machine hits every metric alike. */
+    for (int r = 0; r < o->reps; r++) {
+        for (int k = 0; k < K_N; k++) {
+            if (o->only >= 0 && k != o->only)
+                continue;
+            if (!o->no_lat) {
+                run_lat(&b, k, n_lat[k], lat);
+                p50[k][r] = pct(lat, n_lat[k], 0.50);
+                p99[k][r] = pct(lat, n_lat[k], 0.99);
+                ops += n_lat[k];
+            }
+            mbps[k][r] = run_pipe(&b, k, n_pipe[k]);
+            ops += n_pipe[k];
+        }
+    }
+    res->cpu_us_per_op = (cpu_s() - cpu0) / ops * 1e6;
+    cps_client_stats_get(c, &s1);
+    for (int k = 0; k < K_N; k++) {
+        int on = o->only < 0 || k == o->only;
+        res->p50[k] = on && !o->no_lat ? median(p50[k], o->reps) : NAN;
+        res->p99[k] = on && !o->no_lat ? median(p99[k], o->reps) : NAN;
+        res->mbps[k] = on ? median(mbps[k], o->reps) : NAN;
+    }
+    uint64_t raw = s1.push_raw_bytes - s0.push_raw_bytes;
+    uint64_t wire = s1.push_wire_bytes - s0.push_wire_bytes;
+    res->wire_ratio = wire ? (double)raw / (double)wire : NAN;
+    free(lat);
+    for (int i = 0; i < b.depth; i++)
+        free(b.outs[i]);
+    free(g);
+}
+
+static int parse_sizes(const char *arg, opts *o)
+{
+    o->nsizes = 0;
+    for (const char *p = arg; *p;) {
+        char *end;
+        unsigned long long v = strtoull(p, &end, 10);
+        if (end == p || v < 4 || v % 4 || v > (256ull << 20) || o->nsizes == 16)
+            return -1;
+        o->sizes[o->nsizes++] = (size_t)v;
+        if (*end == ',')
+            end++;
+        else if (*end)
+            return -1;
+        p = end;
+    }
+    return o->nsizes ? 0 : -1;
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: bench_ps [--out FILE] [--reps N] [--ms MS] [--sizes a,b,...] "
+            "[--depth D] [--data dense|sparse|both] [--only push|pull|pp|all] [--no-lat]\n");
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    opts o = {.reps = 5, .ms = 40, .dense = 1, .sparse = 1, .only = -1};
+    parse_sizes("4096,65536,1048576,16777216", &o);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--no-lat")) {
+            o.no_lat = 1;
+            continue;
+        }
+        if (!v)
+            usage();
+        i++;
+        if (!strcmp(a, "--out")) {
+            o.out = v;
+        } else if (!strcmp(a, "--reps")) {
+            o.reps = atoi(v);
+        } else if (!strcmp(a, "--ms")) {
+            o.ms = atof(v);
+        } else if (!strcmp(a, "--depth")) {
+            o.depth = atoi(v);
+        } else if (!strcmp(a, "--sizes")) {
+            if (parse_sizes(v, &o))
+                usage();
+        } else if (!strcmp(a, "--data")) {
+            o.dense = strcmp(v, "sparse") != 0;
+            o.sparse = strcmp(v, "dense") != 0;
+        } else if (!strcmp(a, "--only")) {
+            o.only = !strcmp(v, "push")   ? K_PUSH
+                     : !strcmp(v, "pull") ? K_PULL
+                     : !strcmp(v, "pp")   ? K_PP
+                                          : -1;
+        } else {
+            usage();
+        }
+    }
+    if (o.reps < 1 || o.reps > MAX_REPS || o.ms <= 0 || o.depth < 0 || o.depth > MAX_DEPTH)
+        usage();
+
+    cps_client *c;
+    check(cps_open(&c), "cps_open");
+    const char *cz = getenv("CHAINPS_COMPRESS");
+    int compress = !cz || strcmp(cz, "0") != 0;
+    int S = cps_num_servers(c);
+    FILE *out = o.out ? fopen(o.out, "a") : NULL;
+    if (o.out && !out) {
+        perror(o.out);
+        return 1;
+    }
+    double t0 = now_s();
+    printf("bench_ps: %d servers, compression %s, %d reps of ~%.0f ms per metric\n", S,
+           compress ? "on" : "off", o.reps, o.ms);
+    printf("%-6s %9s %9s %9s %9s %8s %8s %8s %8s %8s %8s %6s %9s\n", "data", "size", "push MB/s",
+           "pull MB/s", "pp MB/s", "push p50", "push p99", "pull p50", "pull p99", "pp p50",
+           "pp p99", "wire", "cpu us/op");
+    for (int s = 0; s < o.nsizes; s++) {
+        for (int sp = 0; sp < 2; sp++) {
+            if ((sp && !o.sparse) || (!sp && !o.dense))
+                continue;
+            result r;
+            run_case(c, &o, o.sizes[s], sp, &r);
+            const char *data = sp ? "sparse" : "dense";
+            printf("%-6s %9zu %9.0f %9.0f %9.0f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %6.2f %9.1f\n",
+                   data, o.sizes[s], r.mbps[K_PUSH], r.mbps[K_PULL], r.mbps[K_PP], r.p50[K_PUSH],
+                   r.p99[K_PUSH], r.p50[K_PULL], r.p99[K_PULL], r.p50[K_PP], r.p99[K_PP],
+                   r.wire_ratio, r.cpu_us_per_op);
+            fflush(stdout);
+            if (out) {
+                fprintf(out,
+                        "ps servers=%d compress=%d data=%s size=%zu push_mbps=%.1f "
+                        "pull_mbps=%.1f pp_mbps=%.1f push_p50=%.2f push_p99=%.2f "
+                        "pull_p50=%.2f pull_p99=%.2f pp_p50=%.2f pp_p99=%.2f wire_ratio=%.3f "
+                        "worker_cpu_us_per_op=%.1f\n",
+                        S, compress, data, o.sizes[s], r.mbps[K_PUSH], r.mbps[K_PULL], r.mbps[K_PP],
+                        r.p50[K_PUSH], r.p99[K_PUSH], r.p50[K_PULL], r.p99[K_PULL], r.p50[K_PP],
+                        r.p99[K_PP], r.wire_ratio, r.cpu_us_per_op);
+                fflush(out);
+            }
+        }
+    }
+    printf("bench_ps: done in %.1f s\n", now_s() - t0);
+    if (out)
+        fclose(out);
+    check(cps_close(c), "cps_close");
+    return 0;
+}
