@@ -517,21 +517,35 @@ int cps__store_param_apply(cps_txn *tx, uint64_t key, const float *grad, uint32_
     }
     size_t n = rec.len, slots = cps__optim_state_slots(rec.spec.opt_kind);
     size_t nfloats = (1 + slots) * n;
-    if ((rc = scratch_reserve(tx->s, nfloats)) != 0)
+    const unsigned char *old = (const unsigned char *)d.mv_data + REC_HDR;
+    unsigned char *p;
+    if ((rc = rec_reserve(tx, key, rec.len, rec.opt_step + 1, &rec.spec, &p, "param_apply")))
         return rc;
-    float *buf = tx->s->scratch;
-    /* Copy out before the put: the put may move or overwrite the record's page. */
-    memcpy(buf, (const unsigned char *)d.mv_data + REC_HDR, nfloats * sizeof(float));
-    rc = cps__optim_apply(&rec.spec, buf, slots ? buf + n : NULL, grad, n, rec.opt_step + 1);
+    float *dst = (float *)(void *)(p + REC_HDR);
+    if (((uintptr_t)dst & (sizeof(float) - 1)) == 0) {
+        /* Update straight into the reserved record: one copy instead of two. LMDB is
+         * copy-on-write: a record not yet written in this transaction keeps its old pages
+         * intact until commit, so `old` is still readable after the reserve (and when LMDB
+         * reuses the same dirty space, old == dst and the copy is skipped). */
+        if ((const unsigned char *)dst != old)
+            memcpy(dst, old, nfloats * sizeof(float));
+        rc = cps__optim_apply(&rec.spec, dst, slots ? dst + n : NULL, grad, n, rec.opt_step + 1);
+    } else {
+        /* A small record inside a leaf page may be misaligned for floats: go through scratch
+         * (`old` is still intact, as above). */
+        if ((rc = scratch_reserve(tx->s, nfloats)) != 0)
+            return rc;
+        float *buf = tx->s->scratch;
+        memcpy(buf, old, nfloats * sizeof(float));
+        rc = cps__optim_apply(&rec.spec, buf, slots ? buf + n : NULL, grad, n, rec.opt_step + 1);
+        if (rc == 0)
+            memcpy(p + REC_HDR, buf, nfloats * sizeof(float));
+    }
     if (rc) {
         cps_log(CPS_LOG_ERROR, SUB, "param_apply key %llu: optimizer %u refused: %s",
                 (unsigned long long)key, rec.spec.opt_kind, cps_strerror(rc));
         return rc;
     }
-    unsigned char *p;
-    if ((rc = rec_reserve(tx, key, rec.len, rec.opt_step + 1, &rec.spec, &p, "param_apply")))
-        return rc;
-    memcpy(p + REC_HDR, buf, nfloats * sizeof(float));
     return 0;
 }
 
