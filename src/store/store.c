@@ -680,6 +680,129 @@ int cps__store_dedup_put(cps_txn *tx, uint32_t range, uint32_t worker, uint64_t 
     return rc ? lmdb_fail(tx, "dedup_put", key, rc) : 0;
 }
 
+static int meta_name(const char *name, MDB_val *k);
+
+int cps__store_dedup_scan(cps_txn *tx, uint32_t range, cps_dedup_iter_fn fn, void *arg)
+{
+    uint64_t lo = dedup_key(range, 0), hi = dedup_key(range, UINT32_MAX);
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(tx->t, tx->s->dedup, &cur);
+    if (rc)
+        return lmdb_fail(tx, "dedup_scan (cursor)", lo, rc);
+    MDB_val k = {sizeof lo, &lo}, d;
+    int ret = 0;
+    for (rc = mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE); rc == 0;
+         rc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        uint64_t key;
+        if (k.mv_size != sizeof key || d.mv_size != 8) {
+            ret = CPS_ECORRUPT;
+            break;
+        }
+        memcpy(&key, k.mv_data, sizeof key);
+        if (key > hi)
+            break;
+        if ((ret = fn(arg, (uint32_t)key, cps__le64_get(d.mv_data))) != 0)
+            break;
+    }
+    if (ret == 0 && rc != 0 && rc != MDB_NOTFOUND)
+        ret = lmdb_fail(tx, "dedup_scan", lo, rc);
+    mdb_cursor_close(cur);
+    return ret;
+}
+
+/* Delete every u64 key lo..hi of dbi. */
+static int delete_span(cps_txn *tx, MDB_dbi dbi, uint64_t lo, uint64_t hi, const char *op)
+{
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(tx->t, dbi, &cur);
+    if (rc)
+        return lmdb_fail(tx, op, lo, rc);
+    MDB_val k = {sizeof lo, &lo}, d;
+    for (rc = mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE); rc == 0;
+         rc = mdb_cursor_get(cur, &k, &d, MDB_GET_CURRENT)) {
+        uint64_t key;
+        memcpy(&key, k.mv_data, sizeof key);
+        if (k.mv_size != sizeof key || key > hi)
+            break;
+        if ((rc = mdb_cursor_del(cur, 0)) != 0)
+            break;
+    }
+    mdb_cursor_close(cur);
+    return (rc == 0 || rc == MDB_NOTFOUND) ? 0 : lmdb_fail(tx, op, lo, rc);
+}
+
+int cps__store_range_clear(cps_txn *tx, uint32_t range, uint64_t lo, uint64_t hi,
+                           const char *meta_prefix)
+{
+    int rc = delete_span(tx, tx->s->params, lo, hi, "range_clear (params)");
+    if (rc == 0)
+        rc = delete_span(tx, tx->s->dedup, dedup_key(range, 0), dedup_key(range, UINT32_MAX),
+                         "range_clear (dedup)");
+    if (rc == 0) {
+        MDB_val k = {sizeof range, &range}; /* the ranges database has u32 keys */
+        int drc = mdb_del(tx->t, tx->s->ranges, &k, NULL);
+        if (drc != 0 && drc != MDB_NOTFOUND)
+            rc = lmdb_fail(tx, "range_clear (range)", range, drc);
+    }
+    while (rc == 0 && meta_prefix) {
+        /* Delete one at a time: a cursor walk while deleting by name is simpler this way. */
+        char first[META_MAX_NAME + 1] = "";
+        MDB_cursor *cur;
+        if ((rc = mdb_cursor_open(tx->t, tx->s->meta, &cur)) != 0)
+            return lmdb_fail(tx, "range_clear (meta)", range, rc);
+        size_t plen = strlen(meta_prefix);
+        MDB_val k = {plen, (void *)meta_prefix}, d;
+        int grc = mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE);
+        if (grc == 0 && k.mv_size >= plen && k.mv_size <= META_MAX_NAME &&
+            memcmp(k.mv_data, meta_prefix, plen) == 0)
+            memcpy(first, k.mv_data, k.mv_size);
+        mdb_cursor_close(cur);
+        if (!first[0])
+            break;
+        rc = cps__store_meta_del(tx, first);
+    }
+    return rc;
+}
+
+int cps__store_meta_scan(cps_txn *tx, const char *prefix, cps_meta_iter_fn fn, void *arg)
+{
+    size_t plen = prefix ? strlen(prefix) : 0;
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(tx->t, tx->s->meta, &cur);
+    if (rc)
+        return lmdb_fail(tx, "meta_scan (cursor)", 0, rc);
+    MDB_val k = {plen, (void *)prefix}, d;
+    int ret = 0;
+    for (rc = plen ? mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE)
+                   : mdb_cursor_get(cur, &k, &d, MDB_FIRST);
+         rc == 0; rc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
+        if (k.mv_size < plen || memcmp(k.mv_data, prefix, plen) != 0)
+            break;
+        char name[META_MAX_NAME + 1];
+        if (k.mv_size > META_MAX_NAME) {
+            ret = CPS_ECORRUPT;
+            break;
+        }
+        memcpy(name, k.mv_data, k.mv_size);
+        name[k.mv_size] = 0;
+        if ((ret = fn(arg, name, d.mv_data, d.mv_size)) != 0)
+            break;
+    }
+    if (ret == 0 && rc != 0 && rc != MDB_NOTFOUND)
+        ret = lmdb_fail(tx, "meta_scan", 0, rc);
+    mdb_cursor_close(cur);
+    return ret;
+}
+
+int cps__store_meta_del(cps_txn *tx, const char *name)
+{
+    MDB_val k;
+    if (meta_name(name, &k) != 0)
+        return CPS_EINVAL;
+    int rc = mdb_del(tx->t, tx->s->meta, &k, NULL);
+    return (rc == 0 || rc == MDB_NOTFOUND) ? 0 : lmdb_fail(tx, "meta_del", 0, rc);
+}
+
 static int meta_name(const char *name, MDB_val *k)
 {
     size_t n = name ? strlen(name) : 0;

@@ -92,6 +92,23 @@ int cps__store_range_put(cps_txn *txn, uint32_t range, const cps_range_meta *m);
 int cps__store_dedup_get(cps_txn *txn, uint32_t range, uint32_t worker, uint64_t *seq);
 int cps__store_dedup_put(cps_txn *txn, uint32_t range, uint32_t worker, uint64_t seq);
 
+/* Every exactly-once record of `range`, in worker order; fn returns non-zero to stop. */
+typedef int (*cps_dedup_iter_fn)(void *arg, uint32_t worker, uint64_t seq);
+int cps__store_dedup_scan(cps_txn *txn, uint32_t range, cps_dedup_iter_fn fn, void *arg);
+
+/* Forget range `range` (keys lo..hi): its parameter records, exactly-once records, sequence
+ * number, and the named values starting with `meta_prefix` (may be NULL). Used before a
+ * replica receives the range afresh (state transfer). */
+int cps__store_range_clear(cps_txn *txn, uint32_t range, uint64_t lo, uint64_t hi,
+                           const char *meta_prefix);
+
+/* Named values whose name starts with `prefix`, in name order; fn returns non-zero to stop.
+ * name is NUL-terminated (borrowed), val borrowed until the next write. */
+typedef int (*cps_meta_iter_fn)(void *arg, const char *name, const void *val, size_t len);
+int cps__store_meta_scan(cps_txn *txn, const char *prefix, cps_meta_iter_fn fn, void *arg);
+/* Delete a named value (absent: 0). */
+int cps__store_meta_del(cps_txn *txn, const char *name);
+
 /* Small named values (<= 4 KiB). get: CPS_ENOTFOUND if absent; *len in: capacity, out: size. */
 int cps__store_meta_get(cps_txn *txn, const char *name, void *buf, size_t *len);
 int cps__store_meta_put(cps_txn *txn, const char *name, const void *buf, size_t len);
