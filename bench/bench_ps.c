@@ -16,9 +16,20 @@
  *           gradients): compressible, so the wire ratio of the compression column shows.
  * The wire ratio is push payload bytes before / after compression (cps_client_stats).
  *
+ * --ops N fixes the operation count of every run (and of the warm-ups) instead of calibrating
+ * it from a timed warm-up: in sync mode with several workers every worker must push the same
+ * number of times, or the step aggregates of one worker's later pushes wait for the others.
+ * --lo-bytes samples the loopback interface's byte counter (/proc/net/dev, "lo" received bytes:
+ * every byte any process sends over 127.0.0.1, IP and TCP headers included) around every
+ * pipelined run and reports bytes per operation = delta / (ops x workers): every byte the job
+ * moves for one operation, worker <-> servers and server <-> server (chain FWDs and acks). Valid
+ * when all workers run the same operations at the same time (--ops, sync mode's lockstep, or
+ * one worker) and nothing else uses the loopback meanwhile; run_replication.sh checks that.
+ *
  * usage (as a worker): bench_ps [--out FILE] [--reps N] [--ms MS] [--sizes a,b,...]
- *                               [--depth D] [--data dense|sparse|both] [--only push|pull|pp]
+ *                               [--depth D] [--data dense|sparse|both] [--only push|pull|pp[,...]]
  *                               [--no-lat]   (pipelined runs only: for profiling)
+ *                               [--ops N] [--lo-bytes]
  * Results: one key=value line per case appended to FILE; a table on stdout.
  * Only the public API (chainps.h) is used.
  */
@@ -46,9 +57,32 @@ typedef struct opts {
     int nsizes;
     int depth; /* 0: by size */
     int dense, sparse;
-    int only;   /* -1 all, else one K_ kind */
+    int only;   /* bit k set: run kind k (all three by default) */
     int no_lat; /* skip the blocking (latency) runs: for profiling the pipelined path */
+    int ops;    /* > 0: fixed operation count of every run (no calibration) */
+    int lo;     /* measure loopback bytes per pipelined operation */
 } opts;
+
+/* Bytes received on the loopback interface so far (/proc/net/dev), or -1 if unreadable. */
+static double lo_bytes(void)
+{
+    FILE *f = fopen("/proc/net/dev", "r");
+    if (!f)
+        return -1;
+    char line[512];
+    double v = -1;
+    while (fgets(line, sizeof line, f)) {
+        char *p = line;
+        while (*p == ' ')
+            p++;
+        if (strncmp(p, "lo:", 3) == 0) {
+            v = strtod(p + 3, NULL);
+            break;
+        }
+    }
+    fclose(f);
+    return v;
+}
 
 /* CPU seconds of this process (all threads: the caller's and nanomsg's I/O thread). */
 static double cpu_s(void)
@@ -182,7 +216,7 @@ static double run_pipe(bench *b, int kind, int n)
 }
 
 /* Operations for about ms milliseconds, from a timed warm-up (which also warms the caches). */
-static int calibrate(bench *b, int kind, int pipelined, double ms, int lo, int hi)
+static int calibrate(bench *b, int kind, int pipelined, double ms, int lo, int hi, int fixed)
 {
     int w = pipelined ? 2 * b->depth : 4;
     double t0 = now_s();
@@ -192,6 +226,8 @@ static int calibrate(bench *b, int kind, int pipelined, double ms, int lo, int h
         double tmp[4];
         run_lat(b, kind, w, tmp);
     }
+    if (fixed > 0)
+        return fixed;
     double per = (now_s() - t0) / w;
     double n = ms * 1e-3 / (per > 1e-9 ? per : 1e-9);
     return n < lo ? lo : n > hi ? hi : (int)n;
@@ -200,7 +236,8 @@ static int calibrate(bench *b, int kind, int pipelined, double ms, int lo, int h
 typedef struct result {
     double mbps[K_N], p50[K_N], p99[K_N];
     double wire_ratio;
-    double cpu_us_per_op; /* worker CPU per operation over the measured runs */
+    double cpu_us_per_op;  /* worker CPU per operation over the measured runs */
+    double lo_per_op[K_N]; /* loopback bytes per operation (all workers), median of the runs */
 } result;
 
 static void run_case(cps_client *c, const opts *o, size_t size, int sparse, result *res)
@@ -232,22 +269,23 @@ static void run_case(cps_client *c, const opts *o, size_t size, int sparse, resu
 
     int n_lat[K_N] = {0}, n_pipe[K_N] = {0};
     for (int k = 0; k < K_N; k++) {
-        if (o->only >= 0 && k != o->only)
+        if (!(o->only >> k & 1))
             continue;
-        n_lat[k] = o->no_lat ? 0 : calibrate(&b, k, 0, o->ms, 10, 20000);
-        n_pipe[k] = calibrate(&b, k, 1, o->ms, 2 * b.depth, 100000);
+        n_lat[k] = o->no_lat ? 0 : calibrate(&b, k, 0, o->ms, 10, 20000, o->ops);
+        n_pipe[k] = calibrate(&b, k, 1, o->ms, 2 * b.depth, 100000, o->ops);
     }
     int nmax = 0;
     for (int k = 0; k < K_N; k++)
-        if ((o->only < 0 || k == o->only) && n_lat[k] > nmax)
+        if ((o->only >> k & 1) && n_lat[k] > nmax)
             nmax = n_lat[k];
     double *lat = malloc(sizeof *lat * (size_t)(nmax ? nmax : 1));
-    double p50[K_N][MAX_REPS], p99[K_N][MAX_REPS], mbps[K_N][MAX_REPS];
+    double p50[K_N][MAX_REPS], p99[K_N][MAX_REPS], mbps[K_N][MAX_REPS], lob[K_N][MAX_REPS];
+    int W = cps_num_workers(c);
     double cpu0 = cpu_s(), ops = 0;
     /* Reps outermost, so a slow phase of the machine hits every metric alike. */
     for (int r = 0; r < o->reps; r++) {
         for (int k = 0; k < K_N; k++) {
-            if (o->only >= 0 && k != o->only)
+            if (!(o->only >> k & 1))
                 continue;
             if (!o->no_lat) {
                 run_lat(&b, k, n_lat[k], lat);
@@ -255,17 +293,21 @@ static void run_case(cps_client *c, const opts *o, size_t size, int sparse, resu
                 p99[k][r] = pct(lat, n_lat[k], 0.99);
                 ops += n_lat[k];
             }
+            double l0 = o->lo ? lo_bytes() : 0;
             mbps[k][r] = run_pipe(&b, k, n_pipe[k]);
+            double l1 = o->lo ? lo_bytes() : 0;
+            lob[k][r] = o->lo && l0 >= 0 && l1 >= 0 ? (l1 - l0) / ((double)n_pipe[k] * W) : NAN;
             ops += n_pipe[k];
         }
     }
     res->cpu_us_per_op = (cpu_s() - cpu0) / ops * 1e6;
     cps_client_stats_get(c, &s1);
     for (int k = 0; k < K_N; k++) {
-        int on = o->only < 0 || k == o->only;
+        int on = o->only >> k & 1;
         res->p50[k] = on && !o->no_lat ? median(p50[k], o->reps) : NAN;
         res->p99[k] = on && !o->no_lat ? median(p99[k], o->reps) : NAN;
         res->mbps[k] = on ? median(mbps[k], o->reps) : NAN;
+        res->lo_per_op[k] = on && o->lo ? median(lob[k], o->reps) : NAN;
     }
     uint64_t raw = s1.push_raw_bytes - s0.push_raw_bytes;
     uint64_t wire = s1.push_wire_bytes - s0.push_wire_bytes;
@@ -298,18 +340,23 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: bench_ps [--out FILE] [--reps N] [--ms MS] [--sizes a,b,...] "
-            "[--depth D] [--data dense|sparse|both] [--only push|pull|pp|all] [--no-lat]\n");
+            "[--depth D] [--data dense|sparse|both] [--only push|pull|pp|all[,...]] [--no-lat] "
+            "[--ops N] [--lo-bytes]\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
-    opts o = {.reps = 5, .ms = 40, .dense = 1, .sparse = 1, .only = -1};
+    opts o = {.reps = 5, .ms = 40, .dense = 1, .sparse = 1, .only = 7};
     parse_sizes("4096,65536,1048576,16777216", &o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-lat")) {
             o.no_lat = 1;
+            continue;
+        }
+        if (!strcmp(a, "--lo-bytes")) {
+            o.lo = 1;
             continue;
         }
         if (!v)
@@ -321,6 +368,8 @@ int main(int argc, char **argv)
             o.reps = atoi(v);
         } else if (!strcmp(a, "--ms")) {
             o.ms = atof(v);
+        } else if (!strcmp(a, "--ops")) {
+            o.ops = atoi(v);
         } else if (!strcmp(a, "--depth")) {
             o.depth = atoi(v);
         } else if (!strcmp(a, "--sizes")) {
@@ -330,15 +379,28 @@ int main(int argc, char **argv)
             o.dense = strcmp(v, "sparse") != 0;
             o.sparse = strcmp(v, "dense") != 0;
         } else if (!strcmp(a, "--only")) {
-            o.only = !strcmp(v, "push")   ? K_PUSH
-                     : !strcmp(v, "pull") ? K_PULL
-                     : !strcmp(v, "pp")   ? K_PP
-                                          : -1;
+            o.only = 0;
+            char buf[64];
+            snprintf(buf, sizeof buf, "%s", v);
+            for (char *save = NULL, *w = strtok_r(buf, ",", &save); w;
+                 w = strtok_r(NULL, ",", &save)) {
+                int bit = !strcmp(w, "push")   ? 1 << K_PUSH
+                          : !strcmp(w, "pull") ? 1 << K_PULL
+                          : !strcmp(w, "pp")   ? 1 << K_PP
+                          : !strcmp(w, "all")  ? 7
+                                               : 0;
+                if (!bit)
+                    usage();
+                o.only |= bit;
+            }
+            if (!o.only)
+                usage();
         } else {
             usage();
         }
     }
-    if (o.reps < 1 || o.reps > MAX_REPS || o.ms <= 0 || o.depth < 0 || o.depth > MAX_DEPTH)
+    if (o.reps < 1 || o.reps > MAX_REPS || o.ms <= 0 || o.depth < 0 || o.depth > MAX_DEPTH ||
+        o.ops < 0)
         usage();
 
     cps_client *c;
@@ -374,10 +436,12 @@ int main(int argc, char **argv)
                         "ps servers=%d compress=%d data=%s size=%zu push_mbps=%.1f "
                         "pull_mbps=%.1f pp_mbps=%.1f push_p50=%.2f push_p99=%.2f "
                         "pull_p50=%.2f pull_p99=%.2f pp_p50=%.2f pp_p99=%.2f wire_ratio=%.3f "
-                        "worker_cpu_us_per_op=%.1f\n",
+                        "worker_cpu_us_per_op=%.1f rank=%d workers=%d push_lo_bytes=%.0f "
+                        "pull_lo_bytes=%.0f pp_lo_bytes=%.0f\n",
                         S, compress, data, o.sizes[s], r.mbps[K_PUSH], r.mbps[K_PULL], r.mbps[K_PP],
                         r.p50[K_PUSH], r.p99[K_PUSH], r.p50[K_PULL], r.p99[K_PULL], r.p50[K_PP],
-                        r.p99[K_PP], r.wire_ratio, r.cpu_us_per_op);
+                        r.p99[K_PP], r.wire_ratio, r.cpu_us_per_op, cps_rank(c), cps_num_workers(c),
+                        r.lo_per_op[K_PUSH], r.lo_per_op[K_PULL], r.lo_per_op[K_PP]);
                 fflush(out);
             }
         }

@@ -11,9 +11,10 @@
 
 #include "chainps/error.h"
 
-#define FWD_FIXED 24u
-#define FWD_REQ 16u
-#define DEDUP_SLOTS (2u * CPS_MAX_NODES)
+#define FWD_FIXED     24u
+#define FWD_REQ       16u
+#define DEDUP_SLOTS   (2u * CPS_MAX_NODES)
+#define REFUSED_SLOTS 16u
 
 typedef struct sent_entry {
     uint64_t seq;
@@ -33,6 +34,11 @@ typedef struct agg_rec {
     uint64_t sig, step;
 } agg_rec;
 
+typedef struct refused_rec {
+    uint32_t id; /* dedup id; 0 = empty */
+    uint64_t req_seq;
+} refused_rec;
+
 typedef struct range_st {
     int loaded;
     uint64_t applied;
@@ -44,6 +50,22 @@ typedef struct range_st {
     uint64_t *hw; /* DEDUP_SLOTS entries, UINT64_MAX = not loaded */
     agg_rec *aggs;
     uint32_t naggs, aggs_cap;
+    refused_rec refused[REFUSED_SLOTS]; /* recent cps_chain_skip requests, a ring */
+    uint32_t refused_next;
+    /* State transfer. At the tail: a joining replica that also receives every update. */
+    uint32_t shadow;
+    /* At the joiner: FWDs from `join_source` held until the snapshot is installed. */
+    int joining, join_ready;
+    uint32_t join_source;
+    sent_entry *held;
+    uint32_t nheld, held_cap;
+    /* A new tail serves reads only once it applied what its predecessor had (the MARK). */
+    int gated;
+    uint64_t mark;
+    int mark_known;
+    /* An ex-tail tells its new successor its applied seq until that successor acks it. */
+    uint64_t mark_to_send;
+    uint64_t mark_sent_ms;
 } range_st;
 
 struct cps_chain {
@@ -59,6 +81,7 @@ struct cps_chain {
     void **scratch; /* buffers owned until the next call */
     size_t nscratch, scratch_cap;
     uint64_t fwd_bytes;
+    uint64_t now; /* the time given by the current call */
 };
 
 /* ---- small helpers ---- */
@@ -167,8 +190,18 @@ static int load_range(cps_chain *c, uint32_t r)
     return 0;
 }
 
+static void drop_held(range_st *rs)
+{
+    for (uint32_t i = 0; i < rs->nheld; i++)
+        free(rs->held[i].msg);
+    free(rs->held);
+    rs->held = NULL;
+    rs->nheld = rs->held_cap = 0;
+}
+
 static void forget_range(cps_chain *c, range_st *rs)
 {
+    drop_held(rs);
     for (uint32_t i = 0; i < rs->nwaits; i++)
         if (c->ops->drop_cookie && rs->waits[i].cookie)
             c->ops->drop_cookie(c->ctx, rs->waits[i].cookie);
@@ -278,10 +311,36 @@ static int emit_send(cps_chain *c, uint32_t r, uint32_t to, const void *msg, siz
     return 0;
 }
 
+/* aux of a CHAIN_ACK that answers a CHAIN_MARK: the MARK arrived. */
+#define ACK_OF_MARK 1u
+
+static int send_ack_aux(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq, uint64_t aux);
+
 static int send_ack(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
 {
+    return send_ack_aux(c, r, to, seq, 0);
+}
+
+static int send_ack_aux(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq, uint64_t aux)
+{
     cps_msg_hdr h = {0};
+    h.aux = aux;
     h.type = CPS_MSG_CHAIN_ACK;
+    h.sender = c->cfg.self;
+    h.epoch = c->view.epoch;
+    h.range = r;
+    h.req_seq = seq;
+    uint8_t *m = scratch_alloc(c, CPS_WIRE_HDR_SIZE);
+    if (!m)
+        return CPS_ENOMEM;
+    cps__wire_hdr_encode(m, &h);
+    return emit_send(c, r, to, m, CPS_WIRE_HDR_SIZE);
+}
+
+static int send_mark(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
+{
+    cps_msg_hdr h = {0};
+    h.type = CPS_MSG_CHAIN_MARK;
     h.sender = c->cfg.self;
     h.epoch = c->view.epoch;
     h.range = r;
@@ -396,9 +455,9 @@ static int send_held(cps_chain *c, uint32_t r, sent_entry *e, uint32_t to, uint6
     return emit_send(c, r, to, e->msg, e->len);
 }
 
-/* Keep update u (seq) for re-sending and send it to the successor. */
-static int forward(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u, int pos,
-                   uint64_t now)
+/* Keep update u (seq) for re-sending and send it to node `to`. */
+static int forward_to(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u,
+                      uint32_t to, uint64_t now)
 {
     range_st *rs = &c->ranges[r];
     if (grow((void **)&rs->sent, &rs->sent_cap, rs->nsent + 1, sizeof *rs->sent) != 0)
@@ -409,7 +468,14 @@ static int forward(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_updat
     if (!e->msg)
         return CPS_ENOMEM;
     rs->nsent++;
-    return send_held(c, r, e, neighbour(c, r, pos + 1), now);
+    return send_held(c, r, e, to, now);
+}
+
+/* Keep update u (seq) for re-sending and send it to the successor. */
+static int forward(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u, int pos,
+                   uint64_t now)
+{
+    return forward_to(c, r, seq, u, neighbour(c, r, pos + 1), now);
 }
 
 /* This replica is the tail for seq: everything up to it is committed. Reply and ack upstream. */
@@ -426,6 +492,9 @@ static int commit_at_tail(cps_chain *c, uint32_t r, uint64_t seq, const cps_chai
     int rc = wake_waits(c, r);
     if (rc == 0 && pos > 0)
         rc = send_ack(c, r, neighbour(c, r, pos - 1), seq);
+    /* A replica copying the range gets the update too (committed here regardless). */
+    if (rc == 0 && rs->shadow && u)
+        rc = forward_to(c, r, seq, u, rs->shadow, c->now);
     return rc;
 }
 
@@ -538,6 +607,7 @@ static int become_tail(cps_chain *c, uint32_t r, int pos)
 int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
 {
     begin_call(c);
+    c->now = now;
     if (c->have_view && v->nranges != c->nranges)
         return CPS_EINVAL;
     if (c->have_view && v->epoch <= c->view.epoch)
@@ -572,20 +642,44 @@ int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
                 forget_range(c, rs);
             continue;
         }
+        if (rs->joining) {
+            /* We copied the range and are now its tail: the predecessor's MARK tells us when
+             * we hold everything it acknowledged, and only then do we serve reads. */
+            rs->joining = 0;
+            drop_held(rs);
+            rs->gated = 1;
+            rs->mark_known = 0;
+        }
         if ((rc = load_range(c, r)) != 0)
             break;
         int tail = (uint32_t)pos == chain_len(c, r) - 1;
         uint32_t succ = tail ? 0 : neighbour(c, r, pos + 1);
+        if (rs->shadow && (succ == rs->shadow || !cps__view_node(v, rs->shadow) ||
+                           !cps__view_node(v, rs->shadow)->alive))
+            rs->shadow = 0; /* it joined as our successor, or it is gone */
         if (tail && old_pos[r] >= 0 && old_succ[r] != 0) {
             rc = become_tail(c, r, pos);
         } else if (!tail && succ != old_succ[r]) {
+            if (old_pos[r] >= 0 && old_succ[r] == 0)
+                rs->mark_to_send = rs->applied; /* we were the tail: hand over a MARK */
             for (uint32_t i = 0; rc == 0 && i < rs->nsent; i++)
                 rc = send_held(c, r, &rs->sent[i], succ, now);
+            if (rc == 0 && rs->mark_to_send)
+                rc = send_mark(c, r, succ, rs->mark_to_send);
         }
     }
     free(old_pos);
     free(old_succ);
     return rc;
+}
+
+/* 1 if cps_chain_skip refused this request recently (the last REFUSED_SLOTS of the range). */
+static int was_refused(const range_st *rs, uint32_t id, uint64_t req_seq)
+{
+    for (uint32_t i = 0; i < REFUSED_SLOTS; i++)
+        if (rs->refused[i].id == id && rs->refused[i].req_seq == req_seq)
+            return 1;
+    return 0;
 }
 
 int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t step, uint64_t sig,
@@ -610,6 +704,11 @@ int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t s
         uint64_t *hw;
         if ((rc = hw_slot(c, r, dedup_id(q), &hw)) != 0)
             return rc;
+        /* A retry (or network duplicate) of a request refused after admission is not applied,
+         * though its number is used up: answering it as a DUP would acknowledge a push that is
+         * nowhere (simulator seed 2). Let the caller check it again, and refuse it again. */
+        if (was_refused(rs, dedup_id(q), q->req_seq))
+            return CPS_ADMIT_NEW;
         uint64_t last = *hw;
         if (q->noagg && last == 0)
             last = CPS_SEQ_SPARSE;
@@ -629,9 +728,32 @@ int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t s
     return rc == 0 ? CPS_ADMIT_DUP : rc;
 }
 
+int cps_chain_skip(cps_chain *c, uint32_t r, const cps_chain_req *q)
+{
+    begin_call(c);
+    if (position(c, r) != 0 || q->type == CPS_MSG_DECLARE)
+        return CPS_EINVAL;
+    int rc = load_range(c, r);
+    uint64_t *hw = NULL;
+    if (rc == 0)
+        rc = hw_slot(c, r, dedup_id(q), &hw);
+    if (rc != 0)
+        return rc;
+    uint64_t last = (q->noagg && *hw == 0) ? CPS_SEQ_SPARSE : *hw;
+    if (q->req_seq == last + 1)
+        *hw = q->req_seq;
+    range_st *rs = &c->ranges[r];
+    if (!was_refused(rs, dedup_id(q), q->req_seq)) {
+        rs->refused[rs->refused_next] = (refused_rec){dedup_id(q), q->req_seq};
+        rs->refused_next = (rs->refused_next + 1) % REFUSED_SLOTS;
+    }
+    return 0;
+}
+
 int cps_chain_submit(cps_chain *c, uint32_t r, const cps_chain_update *u, uint64_t now)
 {
     begin_call(c);
+    c->now = now;
     int pos = position(c, r);
     if (pos != 0)
         return CPS_EINVAL;
@@ -653,8 +775,8 @@ int cps_chain_submit(cps_chain *c, uint32_t r, const cps_chain_update *u, uint64
     return forward(c, r, seq, u, pos, now);
 }
 
-static int on_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len,
-                  uint64_t now, int pos)
+static int on_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len, uint64_t now,
+                  int pos)
 {
     uint32_t r = h->range;
     range_st *rs = &c->ranges[r];
@@ -686,12 +808,32 @@ static int on_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_
     return forward(c, r, h->req_seq, &u, pos, now);
 }
 
+static void drop_acked(range_st *rs, uint64_t seq)
+{
+    uint32_t drop = 0;
+    while (drop < rs->nsent && rs->sent[drop].seq <= seq)
+        free(rs->sent[drop++].msg);
+    if (drop) {
+        memmove(rs->sent, rs->sent + drop, (rs->nsent - drop) * sizeof *rs->sent);
+        rs->nsent -= drop;
+    }
+}
+
 static int on_ack(cps_chain *c, const cps_msg_hdr *h, int pos)
 {
     uint32_t r = h->range;
     range_st *rs = &c->ranges[r];
+    if (rs->shadow && h->sender == rs->shadow && (uint32_t)pos + 1 == chain_len(c, r)) {
+        /* The joining replica has these: nothing to commit, we are the tail. */
+        drop_acked(rs, h->req_seq);
+        return 0;
+    }
     if ((uint32_t)pos + 1 >= chain_len(c, r) || neighbour(c, r, pos + 1) != h->sender)
         return CPS_ESTALE_EPOCH;
+    /* Only the answer to the MARK itself stops its repetition: an ack of updates alone does
+     * not tell that the MARK (perhaps sent before the successor had the view) arrived. */
+    if (rs->mark_to_send && (h->aux & ACK_OF_MARK))
+        rs->mark_to_send = 0;
     uint64_t seq = h->req_seq < rs->applied ? h->req_seq : rs->applied;
     if (seq <= rs->committed && rs->nsent == 0)
         return 0;
@@ -710,10 +852,13 @@ static int on_ack(cps_chain *c, const cps_msg_hdr *h, int pos)
     return rc;
 }
 
+static int on_join_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len);
+
 int cps_chain_on_message(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len,
                          uint64_t now)
 {
     begin_call(c);
+    c->now = now;
     if (!c->have_view || h->epoch < c->view.epoch)
         return CPS_ESTALE_EPOCH; /* fenced: a message from an older configuration */
     if (h->epoch > c->view.epoch)
@@ -721,8 +866,12 @@ int cps_chain_on_message(cps_chain *c, const cps_msg_hdr *h, const void *payload
     if (h->range >= c->nranges)
         return CPS_EPROTO;
     int pos = position(c, h->range);
-    if (pos < 0)
+    if (pos < 0) {
+        range_st *rs = &c->ranges[h->range];
+        if (rs->joining && h->type == CPS_MSG_FWD && h->sender == rs->join_source)
+            return on_join_fwd(c, h, payload, len);
         return CPS_ESTALE_EPOCH;
+    }
     int rc = load_range(c, h->range);
     if (rc != 0)
         return rc;
@@ -730,24 +879,181 @@ int cps_chain_on_message(cps_chain *c, const cps_msg_hdr *h, const void *payload
         return on_fwd(c, h, payload, len, now, pos);
     if (h->type == CPS_MSG_CHAIN_ACK)
         return on_ack(c, h, pos);
+    if (h->type == CPS_MSG_CHAIN_MARK) {
+        range_st *rs = &c->ranges[h->range];
+        if (pos == 0 || neighbour(c, h->range, pos - 1) != h->sender)
+            return CPS_ESTALE_EPOCH;
+        if (!rs->mark_known || h->req_seq > rs->mark)
+            rs->mark = h->req_seq;
+        rs->mark_known = 1;
+        /* Acknowledge the MARK, so the ex-tail stops repeating it. */
+        return send_ack_aux(c, h->range, h->sender, rs->applied, ACK_OF_MARK);
+    }
     return CPS_EPROTO;
 }
 
 int cps_chain_tick(cps_chain *c, uint64_t now)
 {
     begin_call(c);
+    c->now = now;
     int rc = 0;
     for (uint32_t r = 0; rc == 0 && r < c->nranges; r++) {
         range_st *rs = &c->ranges[r];
         int pos = position(c, r);
-        if (pos < 0 || rs->nsent == 0 || (uint32_t)pos + 1 >= chain_len(c, r))
+        if (pos < 0)
             continue;
+        int tail = (uint32_t)pos + 1 >= chain_len(c, r);
+        uint32_t succ = tail ? rs->shadow : neighbour(c, r, pos + 1);
+        if (!succ)
+            continue;
+        if (!tail && rs->mark_to_send && now - rs->mark_sent_ms >= c->cfg.resend_ms) {
+            rs->mark_sent_ms = now;
+            rc = send_mark(c, r, succ, rs->mark_to_send);
+        }
         /* Re-send in order from the oldest unacknowledged one when it is overdue. */
-        if (now - rs->sent[0].sent_ms < c->cfg.resend_ms)
+        if (rs->nsent == 0 || now - rs->sent[0].sent_ms < c->cfg.resend_ms)
             continue;
-        uint32_t succ = neighbour(c, r, pos + 1);
         for (uint32_t i = 0; rc == 0 && i < rs->nsent; i++)
             rc = send_held(c, r, &rs->sent[i], succ, now);
     }
     return rc;
+}
+
+/* ---- state transfer ---- */
+
+int cps_chain_add_shadow(cps_chain *c, uint32_t r, uint32_t node, uint64_t now)
+{
+    begin_call(c);
+    c->now = now;
+    if (!cps_chain_is_tail(c, r) || node == c->cfg.self || node == 0)
+        return CPS_EINVAL;
+    int rc = load_range(c, r);
+    if (rc != 0)
+        return rc;
+    range_st *rs = &c->ranges[r];
+    /* A shadow replaced by another (a retried join): what the old one did not ack is moot. */
+    drop_acked(rs, UINT64_MAX);
+    rs->shadow = node;
+    return 0;
+}
+
+int cps_chain_begin_join(cps_chain *c, uint32_t r, uint32_t source)
+{
+    begin_call(c);
+    if (r >= c->nranges || position(c, r) >= 0 || source == 0)
+        return CPS_EINVAL;
+    range_st *rs = &c->ranges[r];
+    forget_range(c, rs); /* whatever old state we had for the range is about to be replaced */
+    rs->joining = 1;
+    rs->join_ready = 0;
+    rs->join_source = source;
+    return 0;
+}
+
+void cps_chain_join_abort(cps_chain *c, uint32_t r)
+{
+    begin_call(c);
+    if (r < c->nranges && c->ranges[r].joining) {
+        forget_range(c, &c->ranges[r]);
+    }
+}
+
+/* Apply held FWDs in order from applied + 1; stop at a gap (the source re-sends). */
+static int replay_held(cps_chain *c, uint32_t r)
+{
+    range_st *rs = &c->ranges[r];
+    int progressed = 1, rc = 0;
+    while (progressed && rc == 0) {
+        progressed = 0;
+        for (uint32_t i = 0; i < rs->nheld; i++) {
+            sent_entry *e = &rs->held[i];
+            if (e->seq <= rs->applied) {
+                free(e->msg);
+                rs->held[i--] = rs->held[--rs->nheld];
+                continue;
+            }
+            if (e->seq != rs->applied + 1)
+                continue;
+            cps_chain_update u;
+            rc = decode_fwd(c, e->msg + CPS_WIRE_HDR_SIZE, e->len - CPS_WIRE_HDR_SIZE, &u);
+            if (rc == 0)
+                rc = note_applied(c, r, &u);
+            cps_chain_action *a = rc == 0 ? act(c, CPS_CA_APPLY, r) : NULL;
+            if (!a)
+                return rc ? rc : CPS_ENOMEM;
+            a->seq = e->seq;
+            a->upd = u;
+            rs->applied = rs->committed = e->seq;
+            /* The APPLY points into this copy: it lives until the next call. */
+            if ((rc = scratch_keep(c, e->msg)) != 0)
+                return rc;
+            rs->held[i] = rs->held[--rs->nheld];
+            progressed = 1;
+            break;
+        }
+    }
+    return rc;
+}
+
+static int on_join_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len)
+{
+    uint32_t r = h->range;
+    range_st *rs = &c->ranges[r];
+    if (rs->join_ready && h->req_seq <= rs->applied)
+        return send_ack(c, r, h->sender, rs->applied);
+    /* Keep a copy: before the snapshot is in we cannot apply it, after it we apply in order. */
+    if (grow((void **)&rs->held, &rs->held_cap, rs->nheld + 1, sizeof *rs->held) != 0)
+        return CPS_ENOMEM;
+    sent_entry *e = &rs->held[rs->nheld];
+    for (uint32_t i = 0; i < rs->nheld; i++)
+        if (rs->held[i].seq == h->req_seq)
+            return 0; /* a duplicate */
+    e->seq = h->req_seq;
+    e->hdr = *h;
+    e->len = CPS_WIRE_HDR_SIZE + len;
+    e->msg = malloc(e->len);
+    if (!e->msg)
+        return CPS_ENOMEM;
+    cps__wire_hdr_encode(e->msg, h);
+    memcpy(e->msg + CPS_WIRE_HDR_SIZE, payload, len);
+    rs->nheld++;
+    if (!rs->join_ready)
+        return 0;
+    uint64_t before = rs->applied;
+    int rc = replay_held(c, r);
+    if (rc == 0 && rs->applied > before)
+        rc = send_ack(c, r, rs->join_source, rs->applied);
+    return rc;
+}
+
+int cps_chain_join_ready(cps_chain *c, uint32_t r, uint64_t snap_seq, uint64_t now)
+{
+    begin_call(c);
+    c->now = now;
+    if (r >= c->nranges || !c->ranges[r].joining)
+        return CPS_EINVAL;
+    range_st *rs = &c->ranges[r];
+    /* The store now holds the snapshot: caches start afresh from it. */
+    free(rs->hw);
+    rs->hw = NULL;
+    free(rs->aggs);
+    rs->aggs = NULL;
+    rs->naggs = rs->aggs_cap = 0;
+    rs->applied = rs->committed = snap_seq;
+    rs->loaded = 1;
+    rs->join_ready = 1;
+    int rc = replay_held(c, r);
+    if (rc == 0)
+        rc = send_ack(c, r, rs->join_source, rs->applied);
+    return rc;
+}
+
+int cps_chain_can_serve_pull(cps_chain *c, uint32_t r)
+{
+    if (!cps_chain_is_tail(c, r))
+        return 0;
+    range_st *rs = &c->ranges[r];
+    if (rs->gated && rs->mark_known && rs->applied >= rs->mark)
+        rs->gated = 0;
+    return !rs->gated;
 }

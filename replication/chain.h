@@ -113,6 +113,13 @@ enum {
 int cps_chain_admit(cps_chain *c, uint32_t range, const cps_chain_req *req, uint64_t step,
                     uint64_t sig, void *cookie);
 
+/* At the head, after cps_chain_admit said CPS_ADMIT_NEW for a push that the caller then refused
+ * (unknown key, wrong length): the refusal uses up the request's number, since the worker never
+ * re-sends a refused request and would otherwise have every later push of the range dropped as
+ * a gap. Kept in memory only: the worker's next applied push records a higher number on every
+ * replica. Errors: CPS_EINVAL (not head, declare), CPS_ESTORE, CPS_ENOMEM. */
+int cps_chain_skip(cps_chain *c, uint32_t range, const cps_chain_req *req);
+
 /* At the head: give update u the next sequence number of the range, and emit APPLY, then SEND
  * to the successor (or REPLY for every request when this server is also the tail). The body is
  * copied when it must be kept for re-sending. Errors: CPS_EINVAL (not head), CPS_ENOMEM. */
@@ -141,6 +148,23 @@ uint32_t cps_chain_unacked(const cps_chain *c, uint32_t range);
  * valid until the next call into this chain; an APPLY's body may point into the caller's
  * update (valid as long as the caller keeps it). */
 size_t cps_chain_actions(cps_chain *c, const cps_chain_action **out);
+
+/* ---- state transfer (a replica joining a range's chain) ----
+ * At the range's tail: also forward every update applied from now on to `node`, which is
+ * copying the range; its acks are accepted but commit nothing. Cleared when `node` becomes our
+ * successor or leaves the view. Errors: CPS_EINVAL (not the tail). */
+int cps_chain_add_shadow(cps_chain *c, uint32_t range, uint32_t node, uint64_t now);
+/* At the joiner (not in the range's chain): forget our state of the range and hold the FWDs
+ * that `source` sends until cps_chain_join_ready. Errors: CPS_EINVAL. */
+int cps_chain_begin_join(cps_chain *c, uint32_t range, uint32_t source);
+/* The snapshot at `snap_seq` is in the store: apply the held FWDs after it in order (APPLY
+ * actions) and acknowledge them to the source; later FWDs are applied as they come. */
+int cps_chain_join_ready(cps_chain *c, uint32_t range, uint64_t snap_seq, uint64_t now);
+/* Give up a join (held FWDs dropped). */
+void cps_chain_join_abort(cps_chain *c, uint32_t range);
+/* 1 if this server may answer pulls of `range`: it is the tail and, if it became the tail by
+ * joining, it has applied everything its predecessor had acknowledged (CHAIN_MARK). */
+int cps_chain_can_serve_pull(cps_chain *c, uint32_t range);
 
 /* Bytes of FWD messages produced so far (replication traffic), and updates committed. */
 uint64_t cps_chain_fwd_bytes(const cps_chain *c);

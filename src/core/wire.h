@@ -49,7 +49,13 @@ enum cps_msg_type {
     CPS_MSG_CHECKSUM = 27,    /* request/reply: checksum of a range (aux = value) */
     CPS_MSG_FWD = 28,         /* chain: predecessor -> successor, one update (seq in req_seq) */
     CPS_MSG_CHAIN_ACK = 29,   /* chain: successor -> predecessor, committed up to req_seq */
-    CPS_MSG_TYPE_MAX_ = 30
+    CPS_MSG_JOIN_RANGE = 30,  /* scheduler -> server: copy `range` from node `aux`, then join */
+    CPS_MSG_SNAP_REQ = 31,    /* joiner -> tail: send me a snapshot of `range` */
+    CPS_MSG_SNAP = 32,        /* tail -> joiner: snapshot records (req_seq = snapshot seq;
+                                 aux = 1 on the last chunk) */
+    CPS_MSG_CAUGHT_UP = 33,   /* joiner -> scheduler: `range` copied, applied up to req_seq */
+    CPS_MSG_CHAIN_MARK = 34,  /* ex-tail -> its new successor: I had applied up to req_seq */
+    CPS_MSG_TYPE_MAX_ = 35
 };
 
 /* Header flags. */

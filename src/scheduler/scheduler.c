@@ -18,7 +18,11 @@
 #include "transport/transport.h"
 
 #define SCHED_ID 0u
+#define REPAIR_EVERY_MS 500
+#define JOIN_GIVE_UP_MS 120000
 #define SHUTDOWN_LINGER_MS 300
+/* How long the ended job waits for queued messages (SHUTDOWN to a server still connecting). */
+#define SHUTDOWN_DRAIN_MAX_MS 3000
 
 typedef struct sched_node {
     cps_node_info info;
@@ -28,6 +32,13 @@ typedef struct sched_node {
     int in_barrier; /* worker waiting in the current barrier */
     uint64_t barrier_seq;
 } sched_node;
+
+/* A server copying a range to join its chain (state transfer). */
+typedef struct pending_join {
+    uint32_t joiner; /* 0: none */
+    uint32_t source;
+    uint64_t deadline_ms;
+} pending_join;
 
 typedef struct sched {
     cps_config cfg;
@@ -41,6 +52,8 @@ typedef struct sched {
     uint32_t workers_done;
     cps_temp_peers temps;
     cps_detector *detector;
+    pending_join *joins; /* view.nranges entries */
+    uint64_t next_repair_ms;
     int finished;
 } sched;
 
@@ -157,6 +170,9 @@ static int start_job(sched *s)
         rc = sync_view_nodes(s);
     if (rc != 0)
         return rc;
+    s->joins = calloc(s->view.nranges ? s->view.nranges : 1, sizeof *s->joins);
+    if (!s->joins)
+        return CPS_ENOMEM;
     s->started = 1;
     uint64_t now = cps__now_ms();
     for (uint32_t i = 0; i < s->nnodes; i++)
@@ -264,8 +280,12 @@ static void publish_view(sched *s, const char *why)
         return;
     sync_view_nodes(s);
     s->view.epoch++;
-    for (uint32_t i = 0; i < s->nnodes; i++)
-        send_view(s, s->nodes[i].info.id, CPS_MSG_VIEW);
+    for (uint32_t i = 0; i < s->nnodes; i++) {
+        /* A finished worker has closed its inbox: a view for it would wait in its queue for
+         * ever, and the scheduler only exits once every queue is empty. */
+        if (!s->nodes[i].done)
+            send_view(s, s->nodes[i].info.id, CPS_MSG_VIEW);
+    }
     cps_log(CPS_LOG_INFO, "scheduler", "view epoch %llu published (%s)",
             (unsigned long long)s->view.epoch, why);
 }
@@ -282,6 +302,79 @@ static void log_chains(const sched *s)
         cps_log(CPS_LOG_INFO, "scheduler", "  range %u: %s%s", r, chain,
                 cps_view_range_available(&s->view, r) ? "" : " (NO LIVE REPLICA)");
     }
+}
+
+static int in_chain(const cps_range *rg, uint32_t id)
+{
+    for (uint32_t j = 0; j < rg->chain_len; j++)
+        if (rg->chain[j] == id)
+            return 1;
+    return 0;
+}
+
+/* Bring every range back to R live replicas: for a range short of replicas, ask the live server
+ * holding the fewest ranges to copy it from the range's tail (it reports CAUGHT_UP). */
+static void repair(sched *s, uint64_t now)
+{
+    if (!s->started || s->finished || !s->joins)
+        return;
+    for (uint32_t r = 0; r < s->view.nranges; r++) {
+        pending_join *pj = &s->joins[r];
+        if (pj->joiner && now > pj->deadline_ms) {
+            cps_log(CPS_LOG_WARN, "scheduler", "range %u: node %u did not catch up in time; "
+                    "trying again", r, pj->joiner);
+            pj->joiner = 0;
+        }
+        const cps_range *rg = &s->view.ranges[r];
+        uint32_t live = 0, tail = 0;
+        for (uint32_t j = 0; j < rg->chain_len; j++) {
+            const sched_node *m = find_node(s, rg->chain[j]);
+            if (m && m->info.alive) {
+                live++;
+                tail = m->info.id;
+            }
+        }
+        if (pj->joiner || live == 0 || live >= s->view.replicas)
+            continue;
+        uint32_t best = 0, best_load = UINT32_MAX;
+        for (uint32_t i = 0; i < s->nnodes; i++) {
+            const cps_node_info *n = &s->nodes[i].info;
+            if (n->role != CPS_ROLE_SERVER || !n->alive || in_chain(rg, n->id))
+                continue;
+            uint32_t load = 0;
+            for (uint32_t q = 0; q < s->view.nranges; q++)
+                load += in_chain(&s->view.ranges[q], n->id) || s->joins[q].joiner == n->id;
+            if (load < best_load) {
+                best = n->id;
+                best_load = load;
+            }
+        }
+        if (!best)
+            continue;
+        cps_msg_hdr h = {.type = CPS_MSG_JOIN_RANGE, .sender = SCHED_ID, .epoch = s->view.epoch,
+                         .range = r, .aux = tail};
+        if (cps__msg_send(s->tp, best, &h, NULL, 0) == 0) {
+            *pj = (pending_join){best, tail, now + JOIN_GIVE_UP_MS};
+            cps_log(CPS_LOG_INFO, "scheduler", "range %u has %u of %u replicas: server %u copies "
+                    "it from the tail, server %u", r, live, s->view.replicas, best, tail);
+        }
+    }
+}
+
+static void on_caught_up(sched *s, const sched_node *n, const cps_msg_hdr *h)
+{
+    uint32_t r = h->range;
+    if (!s->joins || r >= s->view.nranges || s->joins[r].joiner != n->info.id || !n->info.alive)
+        return;
+    s->joins[r].joiner = 0;
+    cps_range *rg = &s->view.ranges[r];
+    if (in_chain(rg, n->info.id) || rg->chain_len >= CPS_MAX_REPLICAS)
+        return;
+    rg->chain[rg->chain_len++] = n->info.id;
+    char why[96];
+    snprintf(why, sizeof why, "server %u joined range %u as its tail", n->info.id, r);
+    publish_view(s, why);
+    log_chains(s);
 }
 
 /* A node went silent: take it out of the view and tell everyone. */
@@ -305,6 +398,9 @@ static void declare_dead(sched *s, uint32_t id, uint64_t silence_ms)
     nv.epoch = s->view.epoch; /* publish_view bumps it */
     cps__view_fini(&s->view);
     s->view = nv;
+    for (uint32_t r = 0; s->joins && r < s->view.nranges; r++)
+        if (s->joins[r].joiner == id || s->joins[r].source == id)
+            s->joins[r].joiner = 0; /* that copy will not finish */
     cps_log(CPS_LOG_WARN, "scheduler", "%s %u (rank %u) silent for %llu ms: declared dead",
             role_name(n->info.role), id, n->info.rank, (unsigned long long)silence_ms);
     publish_view(s, n->info.role == CPS_ROLE_SERVER ? "a server died" : "a worker died");
@@ -429,6 +525,9 @@ static void handle_msg(void *ctx, void *buf, size_t len)
             if (rx.len >= CPS_STATS_SIZE)
                 cps__stats_decode(rx.payload, &n->stats);
             break;
+        case CPS_MSG_CAUGHT_UP:
+            on_caught_up(s, n, h);
+            break;
         case CPS_MSG_GET_VIEW:
             if (s->started)
                 send_view(s, n->info.id, CPS_MSG_VIEW);
@@ -527,6 +626,10 @@ int cps__scheduler_run(const cps_config *cfg)
         size_t nd = s.finished ? 0 : cps_detector_tick(s.detector, now, dead, 16);
         for (size_t i = 0; i < nd; i++)
             declare_dead(&s, dead[i], now - find_node(&s, dead[i])->last_seen_ms);
+        if (nd || now >= s.next_repair_ms) {
+            repair(&s, now);
+            s.next_repair_ms = now + REPAIR_EVERY_MS;
+        }
         cps__temp_peers_expire(&s.temps, s.tp, now);
         if (!s.started && now - s.start_ms > cfg->join_timeout_ms) {
             cps_log(CPS_LOG_ERROR, "scheduler",
@@ -546,13 +649,15 @@ int cps__scheduler_run(const cps_config *cfg)
         if (s.finished) {
             if (!finish_at)
                 finish_at = now + SHUTDOWN_LINGER_MS;
-            else if (now >= finish_at && cps__tp_queued(s.tp) == 0)
-                break;
+            else if (now >= finish_at &&
+                     (cps__tp_queued(s.tp) == 0 || now >= finish_at + SHUTDOWN_DRAIN_MAX_MS))
+                break; /* a queue for a peer that is gone never drains: wait only so long */
         }
     }
 out:
     cps__tp_destroy(s.tp);
     cps_detector_destroy(s.detector);
+    free(s.joins);
     cps__view_fini(&s.view);
     free(s.nodes);
     return rc;

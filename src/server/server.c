@@ -283,10 +283,26 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         break;
     case CPS_MSG_FWD:
     case CPS_MSG_CHAIN_ACK:
+    case CPS_MSG_CHAIN_MARK:
         if (!s->joined || s->suspect)
             break;
         cps__server_on_chain(s, &rx);
         return; /* taken */
+    case CPS_MSG_JOIN_RANGE:
+        if (!s->joined || s->suspect || rx.hdr.sender != SCHED_PEER)
+            break;
+        cps__server_on_join_range(s, &rx);
+        return;
+    case CPS_MSG_SNAP_REQ:
+        if (!s->joined || s->suspect)
+            break;
+        cps__server_on_snap_req(s, &rx);
+        return;
+    case CPS_MSG_SNAP:
+        if (!s->joined || s->suspect)
+            break;
+        cps__server_on_snap(s, &rx);
+        return;
     case CPS_MSG_DECLARE:
     case CPS_MSG_PUSH:
     case CPS_MSG_PUSH_PULL:
@@ -453,8 +469,11 @@ int cps__server_run(const cps_config *cfg)
             rc = n;
             break;
         }
-        if (s.joined)
+        if (s.joined) {
             cps__server_tick(&s, cps__now_ms());
+            cps__server_reap_snapshots(&s, 0);
+            cps__server_check_joins(&s, cps__now_ms());
+        }
         cps__temp_peers_expire(&s.temps, s.tp, cps__now_ms());
         if (s.fenced) {
             rc = CPS_ESTALE_EPOCH;
@@ -474,6 +493,7 @@ out:
     for (uint32_t i = 0; i < s.nearly; i++)
         cps__rx_free(&s.early[i]);
     free(s.early);
+    cps__server_reap_snapshots(&s, 1);
     cps__server_data_fini(&s);
     cps_chain_destroy(s.chain);
     cps__tp_destroy(s.tp);

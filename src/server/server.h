@@ -31,6 +31,16 @@ typedef struct parked_pull {
     uint64_t clock;
 } parked_pull;
 
+/* A range this server is copying from its tail (state transfer, transfer.c). */
+typedef struct join_state {
+    int active;
+    uint32_t source;
+    uint64_t deadline_ms;
+    uint64_t bytes;
+} join_state;
+
+struct snap_job;
+
 typedef struct server {
     cps_config cfg;
     cps_tp *tp;
@@ -61,6 +71,8 @@ typedef struct server {
     cps_rx *early;
     uint32_t nearly;
     cps_temp_peers temps; /* `chainps status --verify` and other non-members */
+    join_state *joins;      /* view.nranges entries */
+    struct snap_job *snaps; /* snapshots being sent by threads */
 } server;
 
 /* Data path (update.c). Each takes ownership of rx. */
@@ -71,6 +83,16 @@ void cps__server_on_pull(server *s, cps_rx *rx);
 void cps__server_on_chain(server *s, cps_rx *rx);
 /* Create the chain state machine (once the node id is known). */
 int cps__server_chain_init(server *s);
+/* Perform the chain state machine's pending actions. */
+void cps__server_run_actions(server *s);
+/* State transfer (transfer.c). Each takes rx. */
+void cps__server_on_snap_req(server *s, cps_rx *rx);
+void cps__server_on_join_range(server *s, cps_rx *rx);
+void cps__server_on_snap(server *s, cps_rx *rx);
+/* Join finished snapshot threads (all of them, waiting, when `wait`). */
+void cps__server_reap_snapshots(server *s, int wait);
+/* Abandon joins that made no progress in time. */
+void cps__server_check_joins(server *s, uint64_t now);
 /* Timer: re-send overdue FWDs. */
 void cps__server_tick(server *s, uint64_t now);
 /* Install the new view in the chain, re-check sync slots and parked pulls. */

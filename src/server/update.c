@@ -341,7 +341,7 @@ static void do_reply(server *s, const cps_chain_action *a)
     reply_request(s, q->type, q->worker, q->req_seq, a->range, a->upd.step, have_kv ? &kv : NULL);
 }
 
-static void run_actions(server *s)
+void cps__server_run_actions(server *s)
 {
     const cps_chain_action *acts;
     size_t n = cps_chain_actions(s->chain, &acts);
@@ -461,7 +461,7 @@ static int admit(server *s, cps_rx *rx, uint64_t sig, int *verdict)
     int v = cps_chain_admit(s->chain, h->range, &q, h->step, sig, cookie);
     *verdict = v;
     if (v == CPS_ADMIT_DUP) {
-        run_actions(s); /* may answer (and free) the cookie now */
+        cps__server_run_actions(s); /* may answer (and free) the cookie now */
         return 1;
     }
     free(cookie);
@@ -485,7 +485,7 @@ static void submit(server *s, uint32_t range, const cps_chain_update *u)
         cps_log(CPS_LOG_ERROR, "server", "range %u: submit failed: %s", range, cps_strerror(rc));
         return;
     }
-    run_actions(s);
+    cps__server_run_actions(s);
 }
 
 void cps__server_on_declare(server *s, cps_rx *rx)
@@ -696,6 +696,10 @@ void cps__server_on_pull(server *s, cps_rx *rx)
         cps__server_reply_error(s, &rx->hdr, rc, "malformed pull payload");
     } else if (!keys_in_range(s, rx->hdr.range, &kv)) {
         cps__server_reply_error(s, &rx->hdr, CPS_EINVAL, "keys outside range %u", rx->hdr.range);
+    } else if (!cps_chain_can_serve_pull(s->chain, rx->hdr.range)) {
+        /* A new tail that has not yet applied everything its predecessor acknowledged. */
+        cps__server_reply_error(s, &rx->hdr, CPS_EAGAIN, "range %u: new tail catching up",
+                                rx->hdr.range);
     } else if (!pull_may_proceed(s, rx->hdr.range, rx->hdr.aux)) {
         if (s->nparked == s->parked_cap) {
             uint32_t cap = s->parked_cap ? s->parked_cap * 2 : 16;
@@ -733,14 +737,14 @@ void cps__server_on_chain(server *s, cps_rx *rx)
         cps_log(CPS_LOG_ERROR, "server", "bad chain message from node %u dropped: %s",
                 rx->hdr.sender, cps_strerror(rc));
     }
-    run_actions(s); /* APPLY bodies point into rx: free it only afterwards */
+    cps__server_run_actions(s); /* APPLY bodies point into rx: free it only afterwards */
     cps__rx_free(rx);
 }
 
 void cps__server_tick(server *s, uint64_t now)
 {
     if (cps_chain_tick(s->chain, now) == 0)
-        run_actions(s);
+        cps__server_run_actions(s);
 }
 
 void cps__server_view_changed(server *s)
@@ -750,9 +754,14 @@ void cps__server_view_changed(server *s)
         rc = cps__server_chain_init(s);
     if (rc == 0)
         rc = cps_chain_set_view(s->chain, &s->view, cps__now_ms());
+    if (rc == 0 && !s->joins) {
+        s->joins = calloc(s->view.nranges ? s->view.nranges : 1, sizeof *s->joins);
+        if (!s->joins)
+            rc = CPS_ENOMEM;
+    }
     if (rc != 0)
         cps_log(CPS_LOG_ERROR, "server", "chain view change failed: %s", cps_strerror(rc));
-    run_actions(s);
+    cps__server_run_actions(s);
     for (uint32_t i = 0; i < s->nslots; i++)
         if (s->slots[i].used)
             slot_try_complete(s, &s->slots[i]);
@@ -770,7 +779,9 @@ void cps__server_data_fini(server *s)
         cps__rx_free(&s->parked[i].rx);
     free(s->parked);
     free(s->clock);
+    free(s->joins);
     s->slots = NULL;
     s->parked = NULL;
     s->clock = NULL;
+    s->joins = NULL;
 }

@@ -26,6 +26,7 @@
 #define PROBE_BYTES 4096
 
 static int progress(cps_client *c, int timeout_ms);
+static void ask_view(cps_client *c);
 
 /* ---- requests ---- */
 
@@ -73,6 +74,13 @@ static int req_send(cps_client *c, cps_req *r)
     /* Updates go to the head of the range's chain, reads to its tail. */
     const cps_range *rg = &c->view.ranges[r->range];
     uint32_t head = r->type == CPS_MSG_PULL ? rg->chain[rg->chain_len - 1] : rg->chain[0];
+    if (r->type == CPS_MSG_PULL && c->seen_epoch > c->view.epoch) {
+        /* A server already answered under a newer view: our tail may be a removed one that
+         * has not seen our acknowledged writes. Read only once we have that view. */
+        r->waiting_view = 1;
+        ask_view(c);
+        return 0;
+    }
     int has_vals = r->type == CPS_MSG_PUSH || r->type == CPS_MSG_PUSH_PULL;
     size_t len = r->type == CPS_MSG_DECLARE ? cps__wire_declare_size(p->nkeys)
                                             : cps__wire_kv_size(p->nkeys, has_vals ? p->nvals : 0);
@@ -238,8 +246,10 @@ static void on_reply(cps_client *c, const cps_rx *rx)
     if (h->type == CPS_MSG_ERROR) {
         int err = h->status < 0 ? h->status : CPS_EPROTO;
         if (err == CPS_ESTALE_EPOCH || err == CPS_EAGAIN) {
-            /* Re-send against the next view (or after a short pause): not the caller's problem. */
-            r->waiting_view = err == CPS_ESTALE_EPOCH;
+            /* Not the caller's problem: re-send shortly. Wait for a newer view only if the
+             * server has one; a refusal of a send made under an older view of ours is
+             * answered by re-sending under the view we have now. */
+            r->waiting_view = err == CPS_ESTALE_EPOCH && h->epoch > c->view.epoch;
             r->sent_ms = cps__now_ms() - c->cfg.request_timeout_ms + EAGAIN_RETRY_MS;
             ask_view(c);
             return;
@@ -334,6 +344,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
                 cps_strerror(rc));
         return;
     }
+    if (rx.hdr.epoch > c->seen_epoch)
+        c->seen_epoch = rx.hdr.epoch;
     switch (rx.hdr.type) {
     case CPS_MSG_WELCOME:
     case CPS_MSG_VIEW:
@@ -398,8 +410,11 @@ static int progress(cps_client *c, int timeout_ms)
         } else {
             r->unavailable_since = 0;
         }
-        if (r->waiting_view || now - r->sent_ms < c->cfg.request_timeout_ms)
+        if (now - r->sent_ms < c->cfg.request_timeout_ms)
             continue;
+        /* Overdue, or waited for a view that has not come (its answer may be lost): ask
+         * again and send under the view we have. */
+        r->waiting_view = 0;
         cps_log(CPS_LOG_DEBUG, "worker", "request %llu on range %u unanswered after %u ms; "
                 "re-sending", (unsigned long long)r->seq, r->range, c->cfg.request_timeout_ms);
         ask_view(c);

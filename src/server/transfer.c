@@ -1,0 +1,432 @@
+/* State transfer: bringing a range's chain back to R replicas.
+ *
+ * The scheduler picks a live server that does not hold the range and sends it JOIN_RANGE with
+ * the range's tail as the source. The joiner forgets whatever old copy of the range it had and
+ * asks the tail for a snapshot (SNAP_REQ). The tail registers the joiner as a shadow successor
+ * in its chain state machine (every update it applies from now on is also forwarded to the
+ * joiner), then a thread of its own streams the range from one LMDB read transaction — the
+ * records with their optimizer state, the exactly-once records and the sequence number — so the
+ * event loop keeps serving meanwhile. The joiner writes the chunks, then applies the updates
+ * that were forwarded to it after the snapshot's sequence number, and reports CAUGHT_UP; the
+ * scheduler then publishes a view with the joiner as the range's new tail.
+ *
+ * SNAP payload: a sequence of 8-byte-aligned entries, little-endian:
+ *   1 param:  u32 1, u32 len, u64 key, u64 opt_step, u32 slots, u32 0, spec[64],
+ *             f32 values[len], f32 state[slots*len], zero padding to 8
+ *   2 dedup:  u32 2, u32 worker, u64 seq
+ *   3 named:  u32 3, u32 name_len, u32 value_len, u32 0, name, pad to 8, value, pad to 8
+ *   4 range:  u32 4, u32 0, u64 seq, u64 step            (last chunk only) */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/error.h"
+#include "core/log.h"
+#include "optim/optim.h"
+#include "server.h"
+
+#define SNAP_CHUNK (4u << 20)
+#define SNAP_FLUSH_MS 30000
+#define JOIN_TIMEOUT_MS 120000
+
+enum { ENT_PARAM = 1, ENT_DEDUP = 2, ENT_NAMED = 3, ENT_RANGE = 4 };
+
+static size_t pad8(size_t n)
+{
+    return (n + 7) & ~(size_t)7;
+}
+
+/* ---- source side (the range's tail) ---- */
+
+typedef struct snap_job {
+    struct snap_job *next;
+    cps_store *store;
+    uint32_t self, joiner, range;
+    uint64_t epoch, lo, hi;
+    char joiner_addr[CPS_ADDR_MAX];
+    pthread_t thread;
+    int started;
+    volatile int done;
+    int rc;
+    /* the chunk being filled */
+    cps_tp *tp;
+    unsigned char *buf;
+    size_t used;
+    uint64_t seq, step, bytes, records;
+} snap_job;
+
+static int job_flush(snap_job *j, int last)
+{
+    cps_msg_hdr h = {0};
+    h.type = CPS_MSG_SNAP;
+    h.sender = j->self;
+    h.epoch = j->epoch;
+    h.range = j->range;
+    h.req_seq = j->seq;
+    h.step = j->step;
+    h.aux = (uint64_t)last;
+    int rc = cps__msg_send(j->tp, j->joiner, &h, j->buf, j->used);
+    j->bytes += j->used;
+    j->used = 0;
+    /* Let nanomsg take it before building the next one: bounded memory. */
+    uint64_t deadline = cps__now_ms() + SNAP_FLUSH_MS;
+    while (rc == 0 && cps__tp_queued(j->tp) > 0 && cps__now_ms() < deadline)
+        cps__tp_poll(j->tp, 20, NULL, NULL, 0);
+    return rc;
+}
+
+static int job_room(snap_job *j, size_t need)
+{
+    if (j->used + need > SNAP_CHUNK && j->used > 0) {
+        int rc = job_flush(j, 0);
+        if (rc != 0)
+            return rc;
+    }
+    if (need > SNAP_CHUNK) {
+        unsigned char *grown = realloc(j->buf, need);
+        if (!grown)
+            return CPS_ENOMEM;
+        j->buf = grown;
+    }
+    return 0;
+}
+
+static int put_param(void *arg, uint64_t key, const cps_param_rec *rec)
+{
+    snap_job *j = arg;
+    size_t slots = cps__optim_state_slots(rec->spec.opt_kind);
+    size_t data = (1 + slots) * (size_t)rec->len * sizeof(float);
+    size_t need = 32 + CPS_WIRE_SPEC_SIZE + pad8(data);
+    int rc = job_room(j, need);
+    if (rc != 0)
+        return rc;
+    unsigned char *p = j->buf + j->used;
+    memset(p, 0, need);
+    cps__le32_put(p, ENT_PARAM);
+    cps__le32_put(p + 4, rec->len);
+    cps__le64_put(p + 8, key);
+    cps__le64_put(p + 16, rec->opt_step);
+    cps__le32_put(p + 24, (uint32_t)slots);
+    cps__wire_spec_encode(p + 32, &rec->spec);
+    memcpy(p + 32 + CPS_WIRE_SPEC_SIZE, rec->vals, (size_t)rec->len * sizeof(float));
+    if (slots)
+        memcpy(p + 32 + CPS_WIRE_SPEC_SIZE + (size_t)rec->len * sizeof(float), rec->state,
+               slots * rec->len * sizeof(float));
+    j->used += need;
+    j->records++;
+    return 0;
+}
+
+static int put_dedup(void *arg, uint32_t worker, uint64_t seq)
+{
+    snap_job *j = arg;
+    int rc = job_room(j, 16);
+    if (rc != 0)
+        return rc;
+    unsigned char *p = j->buf + j->used;
+    cps__le32_put(p, ENT_DEDUP);
+    cps__le32_put(p + 4, worker);
+    cps__le64_put(p + 8, seq);
+    j->used += 16;
+    return 0;
+}
+
+static int put_named(void *arg, const char *name, const void *val, size_t len)
+{
+    snap_job *j = arg;
+    size_t nlen = strlen(name);
+    size_t need = 16 + pad8(nlen) + pad8(len);
+    int rc = job_room(j, need);
+    if (rc != 0)
+        return rc;
+    unsigned char *p = j->buf + j->used;
+    memset(p, 0, need);
+    cps__le32_put(p, ENT_NAMED);
+    cps__le32_put(p + 4, (uint32_t)nlen);
+    cps__le32_put(p + 8, (uint32_t)len);
+    memcpy(p + 16, name, nlen);
+    memcpy(p + 16 + pad8(nlen), val, len);
+    j->used += need;
+    return 0;
+}
+
+static int snap_txn(cps_txn *txn, void *arg)
+{
+    snap_job *j = arg;
+    cps_range_meta m;
+    int rc = cps__store_range_get(txn, j->range, &m);
+    if (rc != 0)
+        return rc;
+    j->seq = m.seq;
+    j->step = m.step;
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "agg/%" PRIu32 "/", j->range);
+    rc = cps__store_param_scan(txn, j->lo, j->hi, put_param, j);
+    if (rc == 0)
+        rc = cps__store_dedup_scan(txn, j->range, put_dedup, j);
+    if (rc == 0)
+        rc = cps__store_meta_scan(txn, prefix, put_named, j);
+    if (rc == 0 && (rc = job_room(j, 24)) == 0) {
+        unsigned char *p = j->buf + j->used;
+        cps__le32_put(p, ENT_RANGE);
+        cps__le32_put(p + 4, 0);
+        cps__le64_put(p + 8, m.seq);
+        cps__le64_put(p + 16, m.step);
+        j->used += 24;
+    }
+    return rc;
+}
+
+static void *snap_main(void *arg)
+{
+    snap_job *j = arg;
+    uint64_t t0 = cps__now_ms();
+    j->buf = malloc(SNAP_CHUNK);
+    int rc = j->buf ? cps__tp_create(&j->tp) : CPS_ENOMEM;
+    if (rc == 0)
+        rc = cps__tp_peer_set(j->tp, j->joiner, j->joiner_addr);
+    if (rc == 0)
+        rc = cps__store_read(j->store, snap_txn, j);
+    if (rc == 0)
+        rc = job_flush(j, 1);
+    uint64_t ms = cps__now_ms() - t0;
+    if (rc == 0)
+        cps_log(CPS_LOG_INFO, "server", "range %u: snapshot at seq %llu sent to node %u: %llu "
+                "records, %.1f MB in %llu ms (%.0f MB/s)", j->range,
+                (unsigned long long)j->seq, j->joiner, (unsigned long long)j->records,
+                j->bytes / 1e6, (unsigned long long)ms, ms ? j->bytes / 1e3 / (double)ms : 0.0);
+    else
+        cps_log(CPS_LOG_ERROR, "server", "range %u: snapshot for node %u failed: %s", j->range,
+                j->joiner, cps_strerror(rc));
+    cps__tp_destroy(j->tp);
+    free(j->buf);
+    j->rc = rc;
+    j->done = 1;
+    return NULL;
+}
+
+void cps__server_on_snap_req(server *s, cps_rx *rx)
+{
+    uint32_t r = rx->hdr.range;
+    const cps_node_info *joiner = cps__view_node(&s->view, rx->hdr.sender);
+    if (r >= s->view.nranges || !joiner || joiner->role != CPS_ROLE_SERVER ||
+        !cps_chain_is_tail(s->chain, r)) {
+        cps_log(CPS_LOG_WARN, "server", "snapshot request for range %u from node %u refused "
+                "(not the tail, or not a server)", r, rx->hdr.sender);
+        cps__rx_free(rx);
+        return;
+    }
+    snap_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        cps__rx_free(rx);
+        return;
+    }
+    j->store = s->store;
+    j->self = s->id;
+    j->joiner = joiner->id;
+    j->range = r;
+    j->epoch = s->view.epoch;
+    j->lo = s->view.ranges[r].lo;
+    j->hi = s->view.ranges[r].hi;
+    snprintf(j->joiner_addr, sizeof j->joiner_addr, "%s", joiner->addr);
+    /* From here on the joiner also receives every update this tail applies; the snapshot,
+     * taken a moment later, is at that sequence number or beyond: the joiner skips what the
+     * snapshot already holds. */
+    int rc = cps_chain_add_shadow(s->chain, r, joiner->id, cps__now_ms());
+    if (rc == 0 && pthread_create(&j->thread, NULL, snap_main, j) == 0) {
+        j->started = 1;
+        j->next = s->snaps;
+        s->snaps = j;
+        cps_log(CPS_LOG_INFO, "server", "range %u: sending a snapshot to node %u", r, j->joiner);
+    } else {
+        cps_log(CPS_LOG_ERROR, "server", "range %u: cannot start a snapshot for node %u: %s", r,
+                j->joiner, cps_strerror(rc ? rc : CPS_ENOMEM));
+        free(j);
+    }
+    cps__rx_free(rx);
+}
+
+void cps__server_reap_snapshots(server *s, int wait)
+{
+    snap_job **pp = &s->snaps;
+    while (*pp) {
+        snap_job *j = *pp;
+        if (j->done || wait) {
+            pthread_join(j->thread, NULL);
+            *pp = j->next;
+            free(j);
+        } else {
+            pp = &j->next;
+        }
+    }
+}
+
+/* ---- joiner side ---- */
+
+typedef struct install_io {
+    server *s;
+    uint32_t range;
+    const unsigned char *p;
+    size_t len;
+    int last;
+    uint64_t seq, step;
+    int have_range;
+    uint64_t records;
+} install_io;
+
+static int install_txn(cps_txn *txn, void *arg)
+{
+    install_io *io = arg;
+    const unsigned char *p = io->p, *end = io->p + io->len;
+    io->have_range = 0;
+    io->records = 0;
+    while (p < end) {
+        if (end - p < 16)
+            return CPS_EPROTO;
+        uint32_t tag = cps__le32_get(p);
+        int rc = 0;
+        if (tag == ENT_PARAM) {
+            if (end - p < 32 + CPS_WIRE_SPEC_SIZE)
+                return CPS_EPROTO;
+            cps_param_rec rec;
+            memset(&rec, 0, sizeof rec);
+            rec.len = cps__le32_get(p + 4);
+            uint64_t key = cps__le64_get(p + 8);
+            rec.opt_step = cps__le64_get(p + 16);
+            uint32_t slots = cps__le32_get(p + 24);
+            if (cps__wire_spec_decode(p + 32, &rec.spec) != 0 || rec.len == 0 ||
+                slots != cps__optim_state_slots(rec.spec.opt_kind) ||
+                key < io->s->view.ranges[io->range].lo || key > io->s->view.ranges[io->range].hi)
+                return CPS_EPROTO;
+            size_t data = (1 + (size_t)slots) * rec.len * sizeof(float);
+            if ((size_t)(end - p) < 32 + CPS_WIRE_SPEC_SIZE + pad8(data))
+                return CPS_EPROTO;
+            rec.vals = (const float *)(const void *)(p + 32 + CPS_WIRE_SPEC_SIZE);
+            rec.state = slots ? rec.vals + rec.len : NULL;
+            rc = cps__store_param_put(txn, key, &rec);
+            p += 32 + CPS_WIRE_SPEC_SIZE + pad8(data);
+            io->records++;
+        } else if (tag == ENT_DEDUP) {
+            rc = cps__store_dedup_put(txn, io->range, cps__le32_get(p + 4), cps__le64_get(p + 8));
+            p += 16;
+        } else if (tag == ENT_NAMED) {
+            size_t nlen = cps__le32_get(p + 4), vlen = cps__le32_get(p + 8);
+            char name[64];
+            char prefix[32];
+            snprintf(prefix, sizeof prefix, "agg/%" PRIu32 "/", io->range);
+            if (nlen == 0 || nlen >= sizeof name || vlen > 4096 ||
+                (size_t)(end - p) < 16 + pad8(nlen) + pad8(vlen))
+                return CPS_EPROTO;
+            memcpy(name, p + 16, nlen);
+            name[nlen] = 0;
+            if (strncmp(name, prefix, strlen(prefix)) != 0)
+                return CPS_EPROTO; /* only this range's aggregation records travel */
+            rc = cps__store_meta_put(txn, name, p + 16 + pad8(nlen), vlen);
+            p += 16 + pad8(nlen) + pad8(vlen);
+        } else if (tag == ENT_RANGE) {
+            if (end - p < 24 || !io->last)
+                return CPS_EPROTO;
+            cps_range_meta m = {cps__le64_get(p + 8), cps__le64_get(p + 16)};
+            rc = cps__store_range_put(txn, io->range, &m);
+            io->seq = m.seq;
+            io->step = m.step;
+            io->have_range = 1;
+            p += 24;
+        } else {
+            return CPS_EPROTO;
+        }
+        if (rc != 0)
+            return rc;
+    }
+    return (io->last && !io->have_range) ? CPS_EPROTO : 0;
+}
+
+typedef struct clear_io {
+    uint32_t range;
+    uint64_t lo, hi;
+} clear_io;
+
+static int clear_txn(cps_txn *txn, void *arg)
+{
+    clear_io *c = arg;
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "agg/%" PRIu32 "/", c->range);
+    return cps__store_range_clear(txn, c->range, c->lo, c->hi, prefix);
+}
+
+static void join_abort(server *s, uint32_t r, const char *why, int rc)
+{
+    cps_log(CPS_LOG_ERROR, "server", "range %u: joining failed (%s: %s); the scheduler will "
+            "try again", r, why, cps_strerror(rc));
+    cps_chain_join_abort(s->chain, r);
+    s->joins[r].active = 0;
+}
+
+void cps__server_on_join_range(server *s, cps_rx *rx)
+{
+    uint32_t r = rx->hdr.range, source = (uint32_t)rx->hdr.aux;
+    cps__rx_free(rx);
+    if (r >= s->view.nranges || !s->joins || !cps__view_node(&s->view, source))
+        return;
+    if (s->joins[r].active && s->joins[r].source == source)
+        return; /* a repeated request: already under way */
+    clear_io c = {r, s->view.ranges[r].lo, s->view.ranges[r].hi};
+    int rc = cps_chain_begin_join(s->chain, r, source);
+    if (rc == 0)
+        rc = cps__store_write(s->store, clear_txn, &c);
+    if (rc != 0) {
+        join_abort(s, r, "clearing the old copy", rc);
+        return;
+    }
+    s->joins[r] = (join_state){1, source, cps__now_ms() + JOIN_TIMEOUT_MS, 0};
+    cps_msg_hdr h = {.type = CPS_MSG_SNAP_REQ, .sender = s->id, .epoch = s->view.epoch,
+                     .range = r};
+    rc = cps__msg_send(s->tp, source, &h, NULL, 0);
+    if (rc != 0)
+        join_abort(s, r, "asking the tail", rc);
+    else
+        cps_log(CPS_LOG_INFO, "server", "range %u: joining; copying it from node %u", r, source);
+}
+
+void cps__server_on_snap(server *s, cps_rx *rx)
+{
+    uint32_t r = rx->hdr.range;
+    if (r >= s->view.nranges || !s->joins || !s->joins[r].active ||
+        s->joins[r].source != rx->hdr.sender) {
+        cps__rx_free(rx);
+        return;
+    }
+    install_io io = {s, r, rx->payload, rx->len, rx->hdr.aux == 1, 0, 0, 0, 0};
+    int rc = cps__store_write(s->store, install_txn, &io);
+    s->joins[r].bytes += rx->len;
+    cps__rx_free(rx);
+    if (rc != 0) {
+        join_abort(s, r, "installing the snapshot", rc);
+        return;
+    }
+    if (!io.last)
+        return;
+    rc = cps_chain_join_ready(s->chain, r, io.seq, cps__now_ms());
+    cps__server_run_actions(s);
+    if (rc != 0) {
+        join_abort(s, r, "replaying updates", rc);
+        return;
+    }
+    uint64_t applied = cps_chain_applied(s->chain, r);
+    cps_log(CPS_LOG_INFO, "server", "range %u: snapshot at seq %llu installed (%.1f MB), caught "
+            "up to seq %llu", r, (unsigned long long)io.seq, s->joins[r].bytes / 1e6,
+            (unsigned long long)applied);
+    s->joins[r].active = 0;
+    cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP, .sender = s->id, .epoch = s->view.epoch,
+                     .range = r, .req_seq = applied};
+    cps__msg_send(s->tp, 0, &h, NULL, 0);
+}
+
+void cps__server_check_joins(server *s, uint64_t now)
+{
+    for (uint32_t r = 0; s->joins && r < s->view.nranges; r++)
+        if (s->joins[r].active && now > s->joins[r].deadline_ms)
+            join_abort(s, r, "no snapshot in time", CPS_ETIMEDOUT);
+}

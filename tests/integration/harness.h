@@ -1,0 +1,107 @@
+/* Multi-process test harness: start real chainps processes on 127.0.0.1, watch their logs, and
+ * end every one of them by its PID, even when an assertion fails half-way through a test.
+ *
+ * Each spawned process runs in its own process group (so `chainps launch` and its children die
+ * together), with stdout and stderr appended to <test dir>/<name>.log. Every PID is kept in a
+ * registry; h_kill_all() runs from each test's teardown, from atexit(), and from SIGTERM/SIGINT
+ * handlers (CTest's timeout sends SIGTERM), and children also get PR_SET_PDEATHSIG so they die
+ * with the test process even if it is SIGKILLed.
+ *
+ * Nothing here sleeps for a fixed time: every wait polls its condition every few milliseconds
+ * until a deadline.
+ *
+ * Not thread-safe: call from the test's main thread only.
+ */
+#ifndef CPS_TESTS_HARNESS_H
+#define CPS_TESTS_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Every address a test uses. */
+#define H_HOST "127.0.0.1"
+
+/* Make a fresh temp dir for one test (under $TMPDIR, else /tmp) and install the exit/signal
+ * hooks. Returns the dir (static storage until h_test_end). Aborts the test on failure. */
+const char *h_test_begin(const char *name);
+/* Fail the whole test program (killing every child) if it is still running in `seconds`: a
+ * blocking call that never returns must not wait for CTest's timeout. h_test_end disarms it. */
+void h_watchdog(unsigned seconds);
+/* Kill every process still running, and remove the test dir unless CHAINPS_IT_KEEP=1 or
+ * h_test_keep() was called. Returns the number of logs holding a sanitizer report (printed to
+ * stderr; the dir is then kept): child processes under ASan/UBSan must fail the test too, and
+ * one killed by the harness never gets to exit non-zero. Safe to call twice. */
+int h_test_end(void);
+/* Keep the test dir (logs) at h_test_end; also printed to stderr. */
+void h_test_keep(void);
+/* The current test dir. */
+const char *h_dir(void);
+
+/* Start argv[0] (a path) with argv, the parent's environment minus every CHAINPS_, DMLC_, MS_ and
+ * PS_ variable, plus `env` ("NAME=value" strings, NULL-terminated; may be NULL). `cwd` NULL: the
+ * test dir. Output goes to <test dir>/<name>.log (appended: a restarted process keeps one log).
+ * Returns the PID, or -1 (and prints why). */
+pid_t h_spawn(const char *name, char *const argv[], char *const env[], const char *cwd);
+
+/* Path of the log of a process started by h_spawn (NULL if unknown). */
+const char *h_log_path(pid_t pid);
+/* Whole log as a NUL-terminated malloc'd string ("" if none); the caller frees it. */
+char *h_read_log(pid_t pid);
+/* Number of occurrences of `needle` in the log. */
+int h_log_count(pid_t pid, const char *needle);
+/* Wait until the log holds `needle` at least `count` times. Returns 1 when it does, 0 on timeout
+ * or if the process exited without writing it (then the log's tail is printed to stderr). */
+int h_wait_log(pid_t pid, const char *needle, int count, int timeout_ms);
+
+/* Wait for the process to exit. Returns 1 and its wait status in *status (may be NULL), or 0 on
+ * timeout (the process keeps running). */
+int h_wait_exit(pid_t pid, int timeout_ms, int *status);
+/* 1 while the process has not exited. */
+int h_alive(pid_t pid);
+/* Exit code of an exited process, or -1 - signal if killed by a signal, or -1000 if running. */
+int h_exit_code(pid_t pid);
+/* SIGTERM the process group, wait up to grace_ms, then SIGKILL it; reaps the process. */
+void h_kill(pid_t pid, int grace_ms);
+/* SIGKILL the process group now and reap it (a crash, as far as the process can tell). */
+void h_kill_hard(pid_t pid);
+/* Kill every registered process that is still running (async-signal-safe parts only). */
+void h_kill_all(void);
+
+/* Run a process to completion (killed after timeout_ms). Returns its exit code as h_exit_code,
+ * or -1000 on timeout. The log stays readable through *pid_out (may be NULL). */
+int h_run(const char *name, char *const argv[], char *const env[], int timeout_ms, pid_t *pid_out);
+
+/* A TCP port on 127.0.0.1 that nobody listens on right now (bind port 0, read it, close). */
+int h_free_port(void);
+
+/* Milliseconds on a monotonic clock. */
+uint64_t h_now_ms(void);
+
+/* ---- a cluster of separately started processes ---- */
+
+#define H_MAX_SERVERS 8
+
+typedef struct h_cluster {
+    int port;            /* scheduler port */
+    char sched_addr[64]; /* "127.0.0.1:port" */
+    pid_t sched;
+    int nservers;
+    pid_t servers[H_MAX_SERVERS];
+    char data[H_MAX_SERVERS][600];
+} h_cluster;
+
+/* Start `chainps scheduler` (retrying with another port if the chosen one was taken meanwhile)
+ * and wait until it listens. `extra` adds scheduler flags (NULL-terminated, may be NULL).
+ * Returns 0 or -1. */
+int h_start_scheduler(h_cluster *c, int servers, int workers, const char *mode,
+                      const char *const extra[]);
+/* Start server `rank` on <test dir>/server-<rank> (same dir and rank when called again: a
+ * restart). Returns its PID or -1. */
+pid_t h_start_server(h_cluster *c, int rank);
+/* Scheduler plus `servers` servers. Returns 0 or -1. */
+int h_start_cluster(h_cluster *c, int servers, int workers, const char *mode);
+/* The inbox URL a server logged ("tcp://127.0.0.1:port") into url; returns 0 or -1. */
+int h_server_url(pid_t server, char *url, size_t len, int timeout_ms);
+
+#endif

@@ -1,0 +1,228 @@
+/* A server killed with SIGKILL and restarted on the same data dir and rank comes back with its
+ * parameters bitwise intact, and the worker's calls ride through it without an error (the client
+ * re-sends once the scheduler publishes the server's new address). Also: refused requests
+ * (redeclaration, wrong lengths, undeclared keys) return the documented errors and leave the
+ * worker able to keep going.
+ *
+ * The test process itself is the worker: it sets CHAINPS_* with setenv and calls cps_open(). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "chainps/chainps.h"
+#include "harness.h"
+
+/* More than one chunk (16384 values): the tensor lives on both servers. */
+#define LEN     40000
+#define LR      0.5f
+#define WAIT_MS 30000
+
+static h_cluster C;
+
+static void become_worker(const h_cluster *c, int servers)
+{
+    static const char *foreign[] = {"DMLC_ROLE",         "DMLC_PS_ROOT_URI",
+                                    "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
+                                    "DMLC_NUM_WORKER",   "MS_ROLE",
+                                    "MS_SCHED_HOST",     "MS_SCHED_PORT",
+                                    "MS_SERVER_NUM",     "MS_WORKER_NUM",
+                                    "CHAINPS_RANK",      "CHAINPS_PORT",
+                                    "CHAINPS_MODE",      NULL};
+    for (int i = 0; foreign[i]; i++)
+        unsetenv(foreign[i]);
+    char n[16];
+    snprintf(n, sizeof n, "%d", servers);
+    setenv("CHAINPS_ROLE", "worker", 1);
+    setenv("CHAINPS_SCHEDULER", c->sched_addr, 1);
+    setenv("CHAINPS_NUM_SERVERS", n, 1);
+    setenv("CHAINPS_NUM_WORKERS", "1", 1);
+}
+
+/* Dyadic gradients with few significant bits: lr * g is exact in float, so the server's
+ * p -= lr * g and ours give the same bits whatever the instruction selection. */
+static float grad_at(size_t i, int step)
+{
+    return (float)((int)((i * 7 + (size_t)step * 3) % 9) - 4) * 0.0625f;
+}
+
+static void push_step(cps_client *c, cps_tensor *t, float *g, float *expect, int step)
+{
+    for (size_t i = 0; i < LEN; i++) {
+        g[i] = grad_at(i, step);
+        expect[i] -= LR * g[i];
+    }
+    assert_int_equal(cps_push(c, t, g, LEN), 0);
+}
+
+/* The job ends when the only worker leaves; every node must exit cleanly. */
+static void close_and_check_exits(cps_client *c)
+{
+    assert_int_equal(cps_close(c), 0);
+    assert_true(h_wait_exit(C.sched, WAIT_MS, NULL));
+    assert_int_equal(h_exit_code(C.sched), 0);
+    for (int i = 0; i < C.nservers; i++) {
+        assert_true(h_wait_exit(C.servers[i], WAIT_MS, NULL));
+        assert_int_equal(h_exit_code(C.servers[i]), 0);
+    }
+}
+
+static void test_kill_restart_server(void **state)
+{
+    (void)state;
+    assert_int_equal(h_start_cluster(&C, 2, 1, "sync"), 0);
+    become_worker(&C, 2);
+    cps_client *c = NULL;
+    assert_int_equal(cps_open(&c), 0);
+    assert_int_equal(cps_num_servers(c), 2);
+    assert_int_equal(cps_num_workers(c), 1);
+
+    cps_init init = {.kind = CPS_INIT_UNIFORM, .a = -1.0f, .b = 1.0f, .seed = 7};
+    cps_optim opt = cps_optim_sgd(LR);
+    cps_tensor *t = NULL;
+    assert_int_equal(cps_tensor_declare(c, "restart/w", LEN, &init, &opt, &t), 0);
+    float *expect = malloc(LEN * sizeof *expect), *g = malloc(LEN * sizeof *g);
+    float *before = malloc(LEN * sizeof *before), *after = malloc(LEN * sizeof *after);
+    assert_non_null(expect);
+    assert_non_null(g);
+    assert_non_null(before);
+    assert_non_null(after);
+    cps_init_values(&init, 0, expect, LEN);
+    int step = 0;
+    for (; step < 5; step++)
+        push_step(c, t, g, expect, step);
+    assert_int_equal(cps_pull(c, t, before, LEN), 0);
+    assert_memory_equal(before, expect, LEN * sizeof *before);
+
+    /* Both servers hold a chunk; each in turn dies without a chance to flush anything. */
+    for (int victim = 0; victim < 2; victim++) {
+        assert_true(h_wait_log(C.servers[victim], "joined as node", 1, WAIT_MS));
+        h_kill_hard(C.servers[victim]);
+        assert_int_equal(h_exit_code(C.servers[victim]), -1 - 9);
+        assert_true(h_start_server(&C, victim) > 0);
+        if (victim == 0) {
+            /* Pull at once: the request may go to the old address first; the new view makes
+             * the client re-send it, and the caller only sees the answer. */
+            memset(after, 0, LEN * sizeof *after);
+            assert_int_equal(cps_pull(c, t, after, LEN), 0);
+            assert_memory_equal(after, before, LEN * sizeof *after);
+        }
+        /* A push right through the restart (victim 1) or after it (victim 0). */
+        push_step(c, t, g, expect, step++);
+        assert_int_equal(cps_pull(c, t, after, LEN), 0);
+        assert_memory_equal(after, expect, LEN * sizeof *after);
+        memcpy(before, after, LEN * sizeof *before);
+        assert_true(h_wait_log(C.servers[victim], "joined as node", 1, WAIT_MS));
+        assert_true(h_log_count(C.servers[victim], "keys (") >= 1);
+    }
+    assert_true(h_log_count(C.sched, "came back at") == 2);
+    cps_client_stats st;
+    cps_client_stats_get(c, &st);
+    assert_true(st.pushes >= 7);
+    free(expect), free(g), free(before), free(after);
+    close_and_check_exits(c);
+}
+
+/* Refused requests get their documented error, and the worker carries on afterwards. */
+static void check_refusals(const char *mode)
+{
+    assert_int_equal(h_start_cluster(&C, 2, 1, mode), 0);
+    become_worker(&C, 2);
+    cps_client *c = NULL;
+    assert_int_equal(cps_open(&c), 0);
+
+    cps_init one = {.kind = CPS_INIT_CONSTANT, .a = 1.0f};
+    cps_optim opt = cps_optim_sgd(LR);
+    cps_tensor *t = NULL, *t2 = NULL;
+    float w[64], g[65];
+    assert_int_equal(cps_tensor_declare(c, "err/w", 64, &one, &opt, &t), 0);
+    assert_int_equal(cps_tensor_declare(c, "err/w", 65, &one, &opt, &t2), CPS_EEXIST);
+    assert_null(t2);
+    /* The same definition again is fine and returns the same handle. */
+    assert_int_equal(cps_tensor_declare(c, "err/w", 64, &one, &opt, &t2), 0);
+    assert_ptr_equal(t, t2);
+    for (int i = 0; i < 65; i++)
+        g[i] = 1.0f;
+    assert_int_equal(cps_push(c, t, g, 65), CPS_ESIZE);
+    assert_int_equal(cps_push(c, t, g, 63), CPS_ESIZE);
+    assert_int_equal(cps_pull(c, t, w, 63), CPS_ESIZE);
+
+    /* Server-side refusals: raw keys, one in each of the two ranges. */
+    const uint64_t k0 = 1000, k1 = (1ull << 63) + 1000;
+    uint64_t keys[2] = {k0, k1};
+    uint32_t lens[2] = {4, 4};
+    float v[8] = {0}, gv[8];
+    assert_int_equal(cps_raw_declare(c, keys, 2, lens, NULL, &opt), 0);
+    uint32_t len5 = 5;
+    /* The server holds k0 with 4 values: a declaration with 5 is refused there. */
+    assert_int_equal(cps_raw_declare(c, &k0, 1, &len5, NULL, &opt), CPS_EEXIST);
+    for (int i = 0; i < 8; i++)
+        gv[i] = 1.0f;
+    assert_int_equal(cps_raw_push(c, &k0, 1, gv, &len5), CPS_ESIZE);
+    assert_int_equal(cps_raw_push(c, &k1, 1, gv, &len5), CPS_ESIZE);
+    uint64_t missing[2] = {k0 + 1, k1 + 1};
+    assert_int_equal(cps_raw_push(c, missing, 2, gv, lens), CPS_ENOTFOUND);
+    assert_int_equal(cps_raw_pull(c, missing, 1, v, lens), CPS_ENOTFOUND);
+    assert_true(h_log_count(C.servers[0], "refused") + h_log_count(C.servers[1], "refused") >= 5);
+
+    /* Still serving, and nothing refused was applied. The pushes below reuse both ranges: a
+     * refused push must not leave a hole in the worker's per-range request sequence (in async
+     * mode the server would then wait forever for the missing number). */
+    assert_int_equal(cps_raw_pull(c, keys, 2, v, lens), 0);
+    for (int i = 0; i < 8; i++)
+        assert_true(v[i] == 0.0f);
+    cps_handle *h = NULL;
+    assert_int_equal(cps_push_async(c, t, g, 64, &h), 0);
+    assert_int_equal(cps_wait(h, 20000), 0);
+    h = NULL;
+    assert_int_equal(cps_pull_async(c, t, w, 64, &h), 0);
+    assert_int_equal(cps_wait(h, 20000), 0);
+    for (int i = 0; i < 64; i++)
+        assert_true(w[i] == 1.0f - LR);
+    assert_int_equal(cps_raw_push(c, keys, 2, gv, lens), 0);
+    assert_int_equal(cps_raw_pull(c, keys, 2, v, lens), 0);
+    for (int i = 0; i < 8; i++)
+        assert_true(v[i] == -LR);
+    close_and_check_exits(c);
+}
+
+static void test_refusals_sync(void **state)
+{
+    (void)state;
+    check_refusals("sync");
+}
+
+static void test_refusals_async(void **state)
+{
+    (void)state;
+    check_refusals("async");
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    h_test_begin("restart");
+    h_watchdog(60);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return h_test_end();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_kill_restart_server, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refusals_sync, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refusals_async, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

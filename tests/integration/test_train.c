@@ -1,0 +1,147 @@
+/* End-to-end training: `chainps launch` with 2 servers and 2 lsq_worker workers must recover the
+ * true least-squares weights in sync, async and bounded-staleness mode; in sync mode the result
+ * is deterministic (both workers and two whole runs end with bitwise the same weights). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define JOB_TIMEOUT_MS 60000
+
+typedef struct run_result {
+    int exit_code;
+    int nfinal;
+    double err[2];
+    char checksum[2][32];
+} run_result;
+
+/* Run one launch job and collect each worker's "final:" line. */
+static void run_job(const char *name, const char *mode, run_result *r)
+{
+    memset(r, 0, sizeof *r);
+    const char *argv[] = {CHAINPS_BIN, "launch", "--servers", "2",         "--workers",
+                          "2",         "--mode", mode,        "--timeout", "50",
+                          "--",        LSQ_BIN,  "--tol",     "1e-3",      NULL};
+    pid_t pid;
+    r->exit_code = h_run(name, (char *const *)argv, NULL, JOB_TIMEOUT_MS, &pid);
+    char *log = h_read_log(pid);
+    for (const char *p = log; (p = strstr(p, "final: rank ")) != NULL; p++) {
+        int rank;
+        double err;
+        char sum[32];
+        if (sscanf(p, "final: rank %d max |w - w*| = %lf, checksum %31s", &rank, &err, sum) == 3 &&
+            rank >= 0 && rank < 2) {
+            r->err[rank] = err;
+            snprintf(r->checksum[rank], sizeof r->checksum[rank], "%s", sum);
+            r->nfinal++;
+        }
+    }
+    if (r->exit_code != 0 || r->nfinal != 2)
+        fprintf(stderr, "---- %s ----\n%s\n", name, log);
+    free(log);
+}
+
+static void check_trained(const run_result *r)
+{
+    assert_int_equal(r->exit_code, 0);
+    assert_int_equal(r->nfinal, 2);
+    for (int i = 0; i < 2; i++)
+        assert_true(r->err[i] <= 1e-3);
+}
+
+static void test_sync_deterministic(void **state)
+{
+    (void)state;
+    run_result a, b;
+    run_job("launch-sync-1", "sync", &a);
+    check_trained(&a);
+    /* Sync SGD applies one aggregate per step, summed in rank order: both workers pull the same
+     * bits, and a rerun from the same start computes the same bits again. */
+    assert_string_equal(a.checksum[0], a.checksum[1]);
+    run_job("launch-sync-2", "sync", &b);
+    check_trained(&b);
+    assert_string_equal(b.checksum[0], b.checksum[1]);
+    assert_string_equal(a.checksum[0], b.checksum[0]);
+}
+
+static void test_async(void **state)
+{
+    (void)state;
+    run_result r;
+    run_job("launch-async", "async", &r);
+    check_trained(&r);
+}
+
+static void test_ssp(void **state)
+{
+    (void)state;
+    run_result r;
+    run_job("launch-ssp2", "ssp:2", &r);
+    check_trained(&r);
+}
+
+/* The same job with every process started on its own (no launch): scheduler, two servers with
+ * their data dirs, two workers with CHAINPS_* variables. */
+static void test_separate_processes(void **state)
+{
+    (void)state;
+    h_cluster c;
+    assert_int_equal(h_start_cluster(&c, 2, 2, "sync"), 0);
+    char sched[96];
+    snprintf(sched, sizeof sched, "CHAINPS_SCHEDULER=%s", c.sched_addr);
+    pid_t w[2];
+    for (int i = 0; i < 2; i++) {
+        char rank[32], name[32];
+        snprintf(rank, sizeof rank, "CHAINPS_RANK=%d", i);
+        snprintf(name, sizeof name, "worker-%d", i);
+        char *env[] = {"CHAINPS_ROLE=worker",   sched, "CHAINPS_NUM_SERVERS=2",
+                       "CHAINPS_NUM_WORKERS=2", rank,  NULL};
+        char *argv[] = {LSQ_BIN, "--tol", "1e-3", NULL};
+        w[i] = h_spawn(name, argv, env, NULL);
+        assert_true(w[i] > 0);
+    }
+    for (int i = 0; i < 2; i++) {
+        assert_true(h_wait_exit(w[i], JOB_TIMEOUT_MS, NULL));
+        assert_int_equal(h_exit_code(w[i]), 0);
+        assert_int_equal(h_log_count(w[i], "final: rank"), 1);
+    }
+    /* Every worker said BYE: the scheduler ends the job and the servers exit cleanly. */
+    assert_true(h_wait_exit(c.sched, 15000, NULL));
+    assert_int_equal(h_exit_code(c.sched), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_true(h_wait_exit(c.servers[i], 15000, NULL));
+        assert_int_equal(h_exit_code(c.servers[i]), 0);
+    }
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    h_test_begin("train");
+    h_watchdog(60);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return h_test_end();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_sync_deterministic, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_async, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ssp, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_separate_processes, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,367 @@
+/* The simulator's in-memory store (cps_chain_store_ops, written by APPLY actions as update.c
+ * writes LMDB) and the invariants, checked where the state they talk about changes and after
+ * every event.
+ *
+ * "Live replicas" of a range are the servers in its chain in the scheduler's current view.
+ * Views only remove servers here (no joins yet), so a live replica was live at every earlier
+ * moment; that makes each check below, done when the state changes, hold from then on. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim.h"
+
+/* Set key of a declare: declares are re-applied on a retry by design (create-if-absent), so
+ * they are tracked apart from pushes and may appear more than once. */
+#define DECLARE_ID_BIT 0x40000000u
+
+/* ---- the store ---- */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+/* Hash of what an update changes: kind, step, signature, requests and body. */
+static uint64_t upd_hash(const cps_chain_update *u)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t hdr[4] = {u->kind, u->step, u->sig, u->nreqs};
+    h = fnv(h, hdr, sizeof hdr);
+    for (uint32_t i = 0; i < u->nreqs; i++) {
+        uint64_t q[3] = {u->reqs[i].worker, (uint64_t)u->reqs[i].type << 8 | u->reqs[i].noagg,
+                         u->reqs[i].req_seq};
+        h = fnv(h, q, sizeof q);
+    }
+    return fnv(h, u->body, u->body_len);
+}
+
+static uint64_t set_hash(uint32_t id, uint64_t req_seq)
+{
+    uint64_t x = req_seq * 0x9e3779b97f4a7c15ull ^ ((uint64_t)id << 32 | id);
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ull;
+    return x ^ (x >> 29);
+}
+
+static sim_applied_ent *set_find(const sim_rstore *st, uint32_t id, uint64_t req_seq)
+{
+    if (!st->set_cap)
+        return NULL;
+    uint32_t mask = st->set_cap - 1;
+    for (uint32_t i = (uint32_t)set_hash(id, req_seq) & mask;; i = (i + 1) & mask) {
+        sim_applied_ent *e = &st->set[i];
+        if (!e->used)
+            return NULL;
+        if (e->id == id && e->req_seq == req_seq)
+            return e;
+    }
+}
+
+static void set_put(sim_rstore *st, uint32_t id, uint64_t req_seq, uint64_t seq)
+{
+    if (2 * (st->set_n + 1) > st->set_cap) {
+        sim_applied_ent *old = st->set;
+        uint32_t old_cap = st->set_cap;
+        st->set_cap = old_cap ? old_cap * 2 : 64;
+        st->set = calloc(st->set_cap, sizeof *st->set);
+        if (!st->set) {
+            fprintf(stderr, "sim: out of memory\n");
+            exit(2);
+        }
+        st->set_n = 0;
+        for (uint32_t i = 0; i < old_cap; i++)
+            if (old[i].used)
+                set_put(st, old[i].id, old[i].req_seq, old[i].seq);
+        free(old);
+    }
+    uint32_t mask = st->set_cap - 1;
+    uint32_t i = (uint32_t)set_hash(id, req_seq) & mask;
+    while (st->set[i].used)
+        i = (i + 1) & mask;
+    st->set[i] = (sim_applied_ent){id, 1, req_seq, seq};
+    st->set_n++;
+}
+
+/* Index of a worker's exactly-once record: dense pushes by rank, sparse ones after them. */
+static int hw_index(const sim *sm, uint32_t dedup_id)
+{
+    uint32_t id = dedup_id & ~CPS_DEDUP_SPARSE_BIT;
+    if (id <= sm->p.servers || id > sm->p.servers + sm->p.workers)
+        return -1;
+    int idx = (int)(id - sm->p.servers - 1);
+    return (dedup_id & CPS_DEDUP_SPARSE_BIT) ? idx + SIM_MAX_WORKERS : idx;
+}
+
+int sim_op_range_seq(void *ctx, uint32_t range, uint64_t *seq)
+{
+    sim_server *s = ctx;
+    *seq = s->rs[range].applied;
+    return 0;
+}
+
+int sim_op_dedup(void *ctx, uint32_t range, uint32_t worker, uint64_t *seq)
+{
+    sim_server *s = ctx;
+    int idx = hw_index(s->sm, worker);
+    *seq = idx < 0 ? 0 : s->rs[range].hw[idx];
+    return 0;
+}
+
+int sim_op_agg_step(void *ctx, uint32_t range, uint64_t sig, uint64_t *step)
+{
+    sim_server *s = ctx;
+    const sim_rstore *st = &s->rs[range];
+    *step = 0;
+    for (uint32_t i = 0; i < st->naggs; i++)
+        if (st->aggs[i].sig == sig)
+            *step = st->aggs[i].step;
+    return 0;
+}
+
+void sim_op_drop_cookie(void *ctx, void *cookie)
+{
+    (void)ctx;
+    free(cookie);
+}
+
+static void agg_put(sim_rstore *st, uint64_t sig, uint64_t step)
+{
+    for (uint32_t i = 0; i < st->naggs; i++)
+        if (st->aggs[i].sig == sig) {
+            st->aggs[i].step = step;
+            return;
+        }
+    if (st->naggs == st->aggs_cap) {
+        st->aggs_cap = st->aggs_cap ? st->aggs_cap * 2 : 4;
+        st->aggs = realloc(st->aggs, st->aggs_cap * sizeof *st->aggs);
+        if (!st->aggs) {
+            fprintf(stderr, "sim: out of memory\n");
+            exit(2);
+        }
+    }
+    st->aggs[st->naggs++] = (sim_agg){sig, step};
+}
+
+/* An APPLY action: one store transaction with the update, the range's sequence number and the
+ * exactly-once records, as update.c's apply_txn. Checks invariants 2 and 3. */
+void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a)
+{
+    uint32_t r = a->range;
+    sim_rstore *st = &s->rs[r];
+    const cps_chain_update *u = &a->upd;
+    if (a->seq != st->applied + 1) {
+        sim_fail(sm, "apply in order",
+                 "server %u range %u: APPLY of seq %" PRIu64 " after seq %" PRIu64, s->id, r,
+                 a->seq, st->applied);
+        return;
+    }
+    uint64_t h = upd_hash(u);
+    sim_trace(sm, "s%u APPLY r%u seq %" PRIu64 " (%u reqs, step %" PRIu64 ", hash %016" PRIx64 ")",
+              s->id, r, a->seq, u->nreqs, u->step, h);
+    if (st->applied == st->log_cap) {
+        st->log_cap = st->log_cap ? st->log_cap * 2 : 64;
+        st->log = realloc(st->log, st->log_cap * sizeof *st->log);
+        if (!st->log) {
+            fprintf(stderr, "sim: out of memory\n");
+            exit(2);
+        }
+    }
+    st->log[st->applied++] = h;
+    for (uint32_t i = 0; i < u->nreqs; i++) {
+        const cps_chain_req *q = &u->reqs[i];
+        if (q->type == CPS_MSG_DECLARE) {
+            if (!set_find(st, q->worker | DECLARE_ID_BIT, q->req_seq))
+                set_put(st, q->worker | DECLARE_ID_BIT, q->req_seq, a->seq);
+            continue;
+        }
+        uint32_t id = q->noagg ? (q->worker | CPS_DEDUP_SPARSE_BIT) : q->worker;
+        int idx = hw_index(sm, id);
+        if (idx < 0) {
+            sim_fail(sm, "apply", "server %u range %u seq %" PRIu64 ": unknown worker %u", s->id, r,
+                     a->seq, q->worker);
+            return;
+        }
+        /* Invariant 2: no request is ever applied twice on any replica. */
+        const sim_applied_ent *e = set_find(st, id, q->req_seq);
+        if (e) {
+            sim_fail(sm, "(2) applied at most once",
+                     "server %u range %u: request (worker %u, req %" PRIx64
+                     ") applied at seq %" PRIu64 " and again at seq %" PRIu64,
+                     s->id, r, q->worker, q->req_seq, e->seq, a->seq);
+            return;
+        }
+        set_put(st, id, q->req_seq, a->seq);
+        st->hw[idx] = q->req_seq; /* update.c writes the record unconditionally */
+    }
+    if (u->sig)
+        agg_put(st, u->sig, u->step);
+    /* Invariant 3: live replicas agree at equal sequence numbers. */
+    if (!sim_is_member(sm, r, s->id))
+        return;
+    const cps_range *rg = &sim_cur_view(sm)->ranges[r];
+    for (uint32_t i = 0; i < rg->chain_len; i++) {
+        const sim_rstore *o = &sm->servers[rg->chain[i] - 1].rs[r];
+        if (rg->chain[i] != s->id && o->applied >= a->seq && o->log[a->seq - 1] != h) {
+            sim_fail(sm, "(3) replicas agree",
+                     "range %u seq %" PRIu64 ": server %u applied %016" PRIx64
+                     ", server %u holds %016" PRIx64,
+                     r, a->seq, s->id, h, rg->chain[i], o->log[a->seq - 1]);
+            return;
+        }
+    }
+}
+
+void sim_store_free(sim *sm, sim_server *s)
+{
+    for (uint32_t r = 0; s->rs && r < sm->nranges; r++) {
+        free(s->rs[r].log);
+        free(s->rs[r].aggs);
+        free(s->rs[r].set);
+    }
+    free(s->rs);
+}
+
+/* ---- invariants ---- */
+
+/* Invariant 4: a value a worker reads is committed: every live replica holds it. */
+void sim_check_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq, uint64_t hash)
+{
+    if (seq == 0)
+        return;
+    const cps_range *rg = &sim_cur_view(sm)->ranges[r];
+    for (uint32_t i = 0; i < rg->chain_len; i++) {
+        const sim_rstore *o = &sm->servers[rg->chain[i] - 1].rs[r];
+        if (o->applied < seq || o->log[seq - 1] != hash) {
+            sim_fail(sm, "(4) reads are committed",
+                     "server %u (epoch %" PRIu64 ") served range %u at seq %" PRIu64
+                     " which live replica %u %s",
+                     s->id, s->epoch, r, seq, rg->chain[i],
+                     o->applied < seq ? "has not applied" : "holds differently");
+            return;
+        }
+    }
+}
+
+static void check_acked_on_members(sim *sm, const sim_acked *k, const char *when)
+{
+    const cps_range *rg = &sim_cur_view(sm)->ranges[k->range];
+    for (uint32_t i = 0; i < rg->chain_len; i++) {
+        const sim_rstore *o = &sm->servers[rg->chain[i] - 1].rs[k->range];
+        if (!set_find(o, k->id, k->req_seq)) {
+            sim_fail(sm, "(1) acked is on every replica",
+                     "%s: request (id %08x, req %" PRIx64 ") on range %u acknowledged to its "
+                     "worker but not applied on live replica %u (applied %" PRIu64 ")",
+                     when, k->id, k->req_seq, k->range, rg->chain[i], o->applied);
+            return;
+        }
+    }
+}
+
+/* Invariant 1: an acknowledged push is applied (once: invariant 2) on every live replica, so
+ * on the tail and on all the replicas of its chain. */
+void sim_check_acked(sim *sm, sim_worker *w, const sim_req *q)
+{
+    sim_acked k;
+    k.range = q->range;
+    k.req_seq = q->seq;
+    if (q->type == CPS_MSG_DECLARE)
+        k.id = w->id | DECLARE_ID_BIT;
+    else
+        k.id = q->noagg ? (w->id | CPS_DEDUP_SPARSE_BIT) : w->id;
+    if (sm->nacked == sm->acked_cap) {
+        sm->acked_cap = sm->acked_cap ? sm->acked_cap * 2 : 256;
+        sm->acked = realloc(sm->acked, sm->acked_cap * sizeof *sm->acked);
+        if (!sm->acked) {
+            fprintf(stderr, "sim: out of memory\n");
+            exit(2);
+        }
+    }
+    sm->acked[sm->nacked++] = k;
+    check_acked_on_members(sm, &k, "at ack");
+}
+
+/* A REPLY action: the request is on every live replica before the worker is told. */
+void sim_check_reply(sim *sm, sim_server *s, uint32_t r, const cps_chain_req *q)
+{
+    sim_acked k = {r, 0, q->req_seq};
+    if (q->type == CPS_MSG_DECLARE)
+        k.id = q->worker | DECLARE_ID_BIT;
+    else
+        k.id = q->noagg ? (q->worker | CPS_DEDUP_SPARSE_BIT) : q->worker;
+    char when[64];
+    snprintf(when, sizeof when, "at reply by server %u", s->id);
+    check_acked_on_members(sm, &k, when);
+}
+
+/* After every event: cheap structural checks over all ranges and servers. */
+void sim_check_event(sim *sm)
+{
+    const cps_view *v = sim_cur_view(sm);
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        const cps_range *rg = &v->ranges[r];
+        /* (6) Chain prefix: a replica holds everything its successor holds. */
+        for (uint32_t i = 0; i + 1 < rg->chain_len; i++) {
+            uint64_t a = sm->servers[rg->chain[i] - 1].rs[r].applied;
+            uint64_t b = sm->servers[rg->chain[i + 1] - 1].rs[r].applied;
+            if (a < b) {
+                sim_fail(sm, "(6) chain prefix",
+                         "range %u: server %u applied %" PRIu64 " < its successor %u's %" PRIu64, r,
+                         rg->chain[i], a, rg->chain[i + 1], b);
+                return;
+            }
+        }
+    }
+    for (uint32_t i = 0; i < sm->p.servers; i++) {
+        const sim_server *s = &sm->servers[i];
+        if (s->state == SRV_CRASHED)
+            continue;
+        for (uint32_t r = 0; r < s->view->nranges; r++) {
+            const cps_range *rg = &s->view->ranges[r];
+            int in = 0;
+            for (uint32_t k = 0; k < rg->chain_len; k++)
+                in |= rg->chain[k] == s->id;
+            /* (7) The state machine's idea of the range matches the store's. */
+            if (in && cps_chain_applied(s->chain, r) != s->rs[r].applied) {
+                sim_fail(sm, "(7) state machine matches store",
+                         "server %u range %u: chain says applied %" PRIu64 ", store %" PRIu64,
+                         s->id, r, cps_chain_applied(s->chain, r), s->rs[r].applied);
+                return;
+            }
+            if (in && cps_chain_committed(s->chain, r) > s->rs[r].applied) {
+                sim_fail(sm, "(7) state machine matches store",
+                         "server %u range %u: committed %" PRIu64 " > applied %" PRIu64, s->id, r,
+                         cps_chain_committed(s->chain, r), s->rs[r].applied);
+                return;
+            }
+        }
+    }
+}
+
+/* At the end of a run: live replicas are identical, and every acknowledged request is on
+ * each of them. */
+void sim_check_final(sim *sm)
+{
+    const cps_view *v = sim_cur_view(sm);
+    for (uint32_t r = 0; r < v->nranges && !sm->failed; r++) {
+        const cps_range *rg = &v->ranges[r];
+        const sim_rstore *h = &sm->servers[rg->chain[0] - 1].rs[r];
+        for (uint32_t i = 1; i < rg->chain_len; i++) {
+            const sim_rstore *o = &sm->servers[rg->chain[i] - 1].rs[r];
+            if (o->applied != h->applied ||
+                (h->applied && memcmp(o->log, h->log, h->applied * sizeof *h->log) != 0)) {
+                sim_fail(sm, "(3) replicas agree", "range %u: servers %u and %u differ at the end",
+                         r, rg->chain[0], rg->chain[i]);
+                return;
+            }
+        }
+    }
+    for (uint64_t i = 0; i < sm->nacked && !sm->failed; i++)
+        check_acked_on_members(sm, &sm->acked[i], "at the end");
+}

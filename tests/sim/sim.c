@@ -1,0 +1,1234 @@
+/* The cluster simulator: S servers' chain state machines (replication/chain.c) and W workers in
+ * one process, over a simulated network that delays, drops, duplicates and reorders messages,
+ * with servers crashing or pausing and the scheduler publishing new views, all driven by one
+ * seed. Invariants are checked after every event; a failing seed prints one line to replay it.
+ *
+ * Nothing here reads a clock or sleeps: virtual time advances event by event (FoundationDB's
+ * and TigerBeetle's deterministic simulation), so a seed is a reproducible run.
+ *
+ * What is modelled (see the report in the issue for what is not):
+ *  - servers: a cps_chain each, an in-memory store behind cps_chain_store_ops that mirrors what
+ *    src/server/update.c writes to LMDB, and the head-side glue of update.c (request checks,
+ *    cps_chain_admit, sync aggregation in worker-rank order, submit, performing actions);
+ *  - workers: dense per-(worker, range) push sequences, sparse pushes (CPS_SEQ_SPARSE), declares
+ *    and pulls, several in flight, re-sent after a timeout and on every new view, replies matched
+ *    by (range, req_seq), as src/worker/client.c does;
+ *  - the scheduler: ring placement at epoch 1, then view changes that remove a crashed or paused
+ *    server from every chain (or only bump the epoch), published with a random delay per node,
+ *    and answered to GET_VIEW. */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/error.h"
+#include "core/view.h"
+#include "core/wire.h"
+#include "replication/chain.h"
+
+#include "sim.h"
+
+/* ---- PRNG: splitmix64 seeds xoshiro256** (Blackman & Vigna) ---- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void sim_rng_seed(sim_rng *r, uint64_t seed)
+{
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+uint64_t sim_rng_next(sim_rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t out = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return out;
+}
+
+/* Uniform in [0, n); n > 0. The modulo bias is irrelevant for a test's choices. */
+static uint64_t rnd(sim *sm, uint64_t n)
+{
+    return sim_rng_next(&sm->rng) % n;
+}
+
+/* 1 with probability per_mille / 1000. */
+static int chance(sim *sm, uint32_t per_mille)
+{
+    return rnd(sm, 1000) < per_mille;
+}
+
+/* ---- failure reporting ---- */
+
+void sim_trace(sim *sm, const char *fmt, ...)
+{
+    char *line = sm->trace[sm->trace_pos % SIM_TRACE_LINES];
+    int n = snprintf(line, SIM_TRACE_LEN, "#%" PRIu64 " t=%" PRIu64 " ", sm->nevents, sm->now);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && n < SIM_TRACE_LEN)
+        vsnprintf(line + n, SIM_TRACE_LEN - (size_t)n, fmt, ap);
+    va_end(ap);
+    sm->trace_pos++;
+    if (sm->p.verbose)
+        printf("  %s\n", line);
+}
+
+void sim_fail(sim *sm, const char *inv, const char *fmt, ...)
+{
+    if (sm->failed)
+        return;
+    sm->failed = 1;
+    printf("VIOLATION seed=%" PRIu64 " event=%" PRIu64 " t=%" PRIu64 "ms invariant=%s: ",
+           sm->p.seed, sm->nevents, sm->now, inv);
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    printf("\n  last events:\n");
+    uint64_t first = sm->trace_pos > SIM_TRACE_LINES ? sm->trace_pos - SIM_TRACE_LINES : 0;
+    for (uint64_t i = first; i < sm->trace_pos; i++)
+        printf("    %s\n", sm->trace[i % SIM_TRACE_LINES]);
+}
+
+/* ---- event queue: a binary heap ordered by (time, insertion number) ---- */
+
+static int ev_less(const sim_event *a, const sim_event *b)
+{
+    return a->t < b->t || (a->t == b->t && a->n < b->n);
+}
+
+static void ev_push(sim *sm, uint64_t t, int type, uint32_t node, sim_msg *m)
+{
+    if (sm->nev == sm->ev_cap) {
+        sm->ev_cap = sm->ev_cap ? sm->ev_cap * 2 : 1024;
+        sm->ev = realloc(sm->ev, sm->ev_cap * sizeof *sm->ev);
+        if (!sm->ev) {
+            fprintf(stderr, "sim: out of memory\n");
+            exit(2);
+        }
+    }
+    sim_event e = {t, sm->ev_counter++, type, node, m};
+    size_t i = sm->nev++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!ev_less(&e, &sm->ev[parent]))
+            break;
+        sm->ev[i] = sm->ev[parent];
+        i = parent;
+    }
+    sm->ev[i] = e;
+}
+
+static sim_event ev_pop(sim *sm)
+{
+    sim_event top = sm->ev[0];
+    sim_event last = sm->ev[--sm->nev];
+    size_t i = 0;
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        const sim_event *best = &last;
+        if (l < sm->nev && ev_less(&sm->ev[l], best))
+            m = l, best = &sm->ev[l];
+        if (r < sm->nev && ev_less(&sm->ev[r], best))
+            m = r;
+        if (m == i)
+            break;
+        sm->ev[i] = sm->ev[m];
+        i = m;
+    }
+    if (sm->nev > 0)
+        sm->ev[i] = last;
+    return top;
+}
+
+/* ---- the network ---- */
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "sim: out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n ? n : 1, size);
+    if (!p) {
+        fprintf(stderr, "sim: out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static uint64_t net_delay(sim *sm)
+{
+    /* Mostly a few ms; sometimes much longer, so messages overtake each other. */
+    if (chance(sm, sm->p.long_per_mille))
+        return 20 + rnd(sm, 800);
+    return 1 + rnd(sm, 12);
+}
+
+/* Send a whole message (header + payload, copied) from `from` to `to`, after `extra` ms plus a
+ * network delay; the network may drop or duplicate it. */
+static void net_send(sim *sm, uint32_t from, uint32_t to, const void *buf, size_t len,
+                     uint64_t extra)
+{
+    if (sm->lossy && chance(sm, sm->p.drop_per_mille)) {
+        sm->drops++;
+        return;
+    }
+    int copies = sm->lossy && chance(sm, sm->p.dup_per_mille) ? 2 : 1;
+    for (int i = 0; i < copies; i++) {
+        sim_msg *m = xmalloc(sizeof *m + len);
+        m->from = from;
+        m->to = to;
+        m->len = len;
+        memcpy(m->buf, buf, len);
+        ev_push(sm, sm->now + extra + net_delay(sm), EV_DELIVER, to, m);
+    }
+    sm->sent++;
+}
+
+static void send_hdr(sim *sm, uint32_t from, uint32_t to, const cps_msg_hdr *h, const void *pl,
+                     size_t plen, uint64_t extra)
+{
+    uint8_t buf[CPS_WIRE_HDR_SIZE + 64];
+    cps_msg_hdr hh = *h;
+    hh.payload_len = hh.raw_len = (uint32_t)plen;
+    hh.sender = from;
+    cps__wire_hdr_encode(buf, &hh);
+    if (plen)
+        memcpy(buf + CPS_WIRE_HDR_SIZE, pl, plen);
+    net_send(sm, from, to, buf, CPS_WIRE_HDR_SIZE + plen, extra);
+}
+
+/* ---- small helpers ---- */
+
+static int is_worker_id(const sim *sm, uint32_t id)
+{
+    return id > sm->p.servers && id <= sm->p.servers + sm->p.workers;
+}
+
+static uint32_t worker_rank(const sim *sm, uint32_t id)
+{
+    return id - sm->p.servers - 1;
+}
+
+const cps_view *sim_cur_view(const sim *sm)
+{
+    return &sm->views[sm->epoch];
+}
+
+/* 1 if server id is in range r's chain in the scheduler's current view: a live replica. */
+int sim_is_member(const sim *sm, uint32_t r, uint32_t id)
+{
+    const cps_range *rg = &sim_cur_view(sm)->ranges[r];
+    for (uint32_t i = 0; i < rg->chain_len; i++)
+        if (rg->chain[i] == id)
+            return 1;
+    return 0;
+}
+
+/* Key-set signature of a range's dense sync pushes: every worker pushes the same keys. */
+static uint64_t range_sig(uint32_t r)
+{
+    uint64_t x = r;
+    return splitmix64(&x) | 1;
+}
+
+static const char *msg_name(uint8_t type)
+{
+    switch (type) {
+    case CPS_MSG_VIEW:
+        return "VIEW";
+    case CPS_MSG_GET_VIEW:
+        return "GET_VIEW";
+    case CPS_MSG_DECLARE:
+        return "DECLARE";
+    case CPS_MSG_PUSH:
+        return "PUSH";
+    case CPS_MSG_PULL:
+        return "PULL";
+    case CPS_MSG_ACK:
+        return "ACK";
+    case CPS_MSG_VALUES:
+        return "VALUES";
+    case CPS_MSG_ERROR:
+        return "ERROR";
+    case CPS_MSG_FWD:
+        return "FWD";
+    case CPS_MSG_CHAIN_ACK:
+        return "CHAIN_ACK";
+    default:
+        return "?";
+    }
+}
+
+/* ---- servers: performing the state machine's actions ---- */
+
+static void server_actions(sim *sm, sim_server *s);
+
+static void reply_to_worker(sim *sm, sim_server *s, uint8_t type, uint32_t worker, uint32_t range,
+                            uint64_t req_seq, int status, const void *pl, size_t plen, uint64_t aux)
+{
+    cps_msg_hdr h = {0};
+    h.type = type;
+    h.flags = CPS_WF_REPLY;
+    h.status = status;
+    h.epoch = s->epoch;
+    h.req_worker = worker;
+    h.range = range;
+    h.req_seq = req_seq;
+    h.aux = aux;
+    send_hdr(sm, s->id, worker, &h, pl, plen, 0);
+}
+
+static void server_actions(sim *sm, sim_server *s)
+{
+    const cps_chain_action *acts;
+    size_t n = cps_chain_actions(s->chain, &acts);
+    for (size_t i = 0; i < n && !sm->failed; i++) {
+        const cps_chain_action *a = &acts[i];
+        switch (a->kind) {
+        case CPS_CA_APPLY:
+            sim_store_apply(sm, s, a);
+            break;
+        case CPS_CA_SEND: {
+            cps_msg_hdr h;
+            if (cps__wire_hdr_decode(a->msg, a->len, &h) != 0) {
+                sim_fail(sm, "wire", "server %u produced an undecodable chain message", s->id);
+                return;
+            }
+            sim_trace(sm, "s%u send %s r%u seq %" PRIu64 " e%" PRIu64 " -> s%u", s->id,
+                      msg_name(h.type), h.range, h.req_seq, h.epoch, a->to);
+            /* Persist before send: a replica forwards or acknowledges only what it applied. */
+            if (h.range >= sm->nranges || h.req_seq > s->rs[h.range].applied) {
+                sim_fail(sm, "persist before send",
+                         "server %u sent %s of range %u seq %" PRIu64 " having applied %" PRIu64,
+                         s->id, msg_name(h.type), h.range, h.req_seq,
+                         h.range < sm->nranges ? s->rs[h.range].applied : 0);
+                return;
+            }
+            net_send(sm, s->id, a->to, a->msg, a->len, 0);
+            break;
+        }
+        case CPS_CA_REPLY: {
+            const cps_chain_req *q = &a->req;
+            sim_cookie *ck = a->cookie;
+            if (ck && (ck->worker != q->worker || ck->req_seq != q->req_seq)) {
+                sim_fail(sm, "reply",
+                         "server %u: reply cookie (w%u %" PRIx64
+                         ") does not match its request (w%u %" PRIx64 ")",
+                         s->id, ck->worker, ck->req_seq, q->worker, q->req_seq);
+                free(ck);
+                return;
+            }
+            free(ck);
+            /* Invariant 1 when the answer leaves the server, not only when it arrives. */
+            sim_check_reply(sm, s, a->range, q);
+            if (sm->failed)
+                return;
+            sim_trace(sm, "s%u reply ACK r%u w%u req %" PRIx64 " at seq %" PRIu64, s->id, a->range,
+                      q->worker, q->req_seq, a->seq);
+            /* aux: the committed sequence number the reply stands for (read-your-writes). */
+            reply_to_worker(sm, s, CPS_MSG_ACK, q->worker, a->range, q->req_seq, 0, NULL, 0,
+                            a->seq);
+            break;
+        }
+        default:
+            sim_fail(sm, "action", "server %u: unknown action kind %d", s->id, a->kind);
+            return;
+        }
+    }
+}
+
+/* A chain call failed in a way the simulation never provokes (no ENOMEM, no store errors). */
+static int chain_rc(sim *sm, sim_server *s, const char *call, int rc)
+{
+    if (rc < 0)
+        sim_fail(sm, "api", "server %u: %s returned %s", s->id, call, cps_err_name(rc));
+    return rc;
+}
+
+static void submit(sim *sm, sim_server *s, uint32_t r, const cps_chain_update *u)
+{
+    /* Invariant 5: at most one server accepts writes for a range in one epoch. */
+    uint32_t *head = &sm->heads[(size_t)r * (SIM_MAX_EPOCHS + 1) + s->epoch];
+    if (*head && *head != s->id) {
+        sim_fail(sm, "(5) one head per range per epoch",
+                 "range %u epoch %" PRIu64 ": servers %u and %u both accepted writes", r, s->epoch,
+                 *head, s->id);
+        return;
+    }
+    *head = s->id;
+    int rc = cps_chain_submit(s->chain, r, u, sm->now);
+    if (chain_rc(sm, s, "cps_chain_submit", rc) == 0)
+        server_actions(sm, s);
+}
+
+/* ---- servers: the head-side glue of src/server/update.c ---- */
+
+static sim_slot *find_slot(sim *sm, sim_server *s, uint32_t r, uint64_t sig, uint64_t step)
+{
+    sim_slot *free_slot = NULL;
+    for (uint32_t i = 0; i < s->nslots; i++) {
+        sim_slot *a = &s->slots[i];
+        if (a->used && a->range == r && a->sig == sig && a->step == step)
+            return a;
+        if (!a->used && !free_slot)
+            free_slot = a;
+    }
+    if (!free_slot) {
+        s->slots = realloc(s->slots, (s->nslots + 4) * sizeof *s->slots);
+        if (!s->slots) {
+            fprintf(stderr, "sim: out of memory\n");
+            exit(2);
+        }
+        memset(s->slots + s->nslots, 0, 4 * sizeof *s->slots);
+        free_slot = &s->slots[s->nslots];
+        s->nslots += 4;
+    }
+    memset(free_slot, 0, sizeof *free_slot);
+    free_slot->used = 1;
+    free_slot->range = r;
+    free_slot->sig = sig;
+    free_slot->step = step;
+    (void)sm;
+    return free_slot;
+}
+
+/* Submit the step's aggregate once every (live) worker contributed, summed in rank order. */
+static void slot_try_complete(sim *sm, sim_server *s, sim_slot *a)
+{
+    uint32_t W = sm->p.workers;
+    for (uint32_t k = 0; k < W; k++)
+        if (!a->have[k])
+            return;
+    cps_chain_req reqs[SIM_MAX_WORKERS];
+    uint64_t body = 0;
+    for (uint32_t k = 0; k < W; k++) {
+        reqs[k] = (cps_chain_req){sm->p.servers + 1 + k, CPS_MSG_PUSH, 0, a->req_seq[k]};
+        body = body * 1000003u + a->grad[k]; /* order-sensitive, like a float sum */
+    }
+    cps_chain_update u = {CPS_UPD_PUSH, a->step, a->sig, W, reqs, &body, sizeof body};
+    uint32_t r = a->range;
+    a->used = 0;
+    if (!cps_chain_is_head(s->chain, r)) {
+        /* update.c submits and logs the refusal: the head moved while the step was gathered,
+         * and the workers re-send it to the new head. */
+        sim_trace(sm, "s%u slot r%u step %" PRIu64 " complete but not head: dropped", s->id, r,
+                  a->step);
+        return;
+    }
+    sim_trace(sm, "s%u submit aggregate r%u step %" PRIu64, s->id, r, a->step);
+    submit(sm, s, r, &u);
+}
+
+/* The request checks of cps__server_check_request: epoch, range, and the right role. */
+static int check_request(sim *sm, sim_server *s, const cps_msg_hdr *h)
+{
+    if (h->epoch < s->epoch) {
+        reply_to_worker(sm, s, CPS_MSG_ERROR, h->sender, h->range, h->req_seq, CPS_ESTALE_EPOCH,
+                        NULL, 0, 0);
+        return CPS_ESTALE_EPOCH;
+    }
+    if (h->epoch > s->epoch) {
+        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
+        send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
+        reply_to_worker(sm, s, CPS_MSG_ERROR, h->sender, h->range, h->req_seq, CPS_EAGAIN, NULL, 0,
+                        0);
+        return CPS_EAGAIN;
+    }
+    const cps_range *rg = &s->view->ranges[h->range];
+    uint32_t want = h->type == CPS_MSG_PULL ? rg->chain[rg->chain_len - 1] : rg->chain[0];
+    if (want != s->id) {
+        reply_to_worker(sm, s, CPS_MSG_ERROR, h->sender, h->range, h->req_seq, CPS_ESTALE_EPOCH,
+                        NULL, 0, 0);
+        return CPS_ESTALE_EPOCH;
+    }
+    return 0;
+}
+
+/* cps_chain_admit with a heap cookie, as update.c's admit(): returns the verdict. */
+static int admit(sim *sm, sim_server *s, const cps_msg_hdr *h, uint64_t sig)
+{
+    cps_chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
+    sim_cookie *ck = xmalloc(sizeof *ck);
+    *ck = (sim_cookie){h->sender, h->range, h->req_seq};
+    int v = cps_chain_admit(s->chain, h->range, &q, h->step, sig, ck);
+    sim_trace(sm, "s%u admit %s r%u w%u req %" PRIx64 " step %" PRIu64 ": verdict %d", s->id,
+              msg_name(h->type), h->range, h->sender, h->req_seq, h->step, v);
+    if (v == CPS_ADMIT_DUP) {
+        server_actions(sm, s); /* may answer (and free) the cookie now */
+        return v;
+    }
+    free(ck);
+    if (v == CPS_ADMIT_NEW && !sim_is_member(sm, h->range, s->id))
+        sm->zombie_writes++; /* a removed head taking a write in its old epoch */
+    if (v == CPS_ADMIT_NOT_HEAD)
+        reply_to_worker(sm, s, CPS_MSG_ERROR, h->sender, h->range, h->req_seq, CPS_ESTALE_EPOCH,
+                        NULL, 0, 0);
+    else if (v == CPS_ADMIT_BUSY)
+        reply_to_worker(sm, s, CPS_MSG_ERROR, h->sender, h->range, h->req_seq, CPS_EAGAIN, NULL, 0,
+                        0);
+    else if (v < 0)
+        chain_rc(sm, s, "cps_chain_admit", v);
+    return v;
+}
+
+static void on_request(sim *sm, sim_server *s, const cps_msg_hdr *h, const uint8_t *pl, size_t plen)
+{
+    if (!is_worker_id(sm, h->sender) || h->range >= sm->nranges || plen != 8) {
+        sim_fail(sm, "wire", "server %u got a malformed request", s->id);
+        return;
+    }
+    if (check_request(sm, s, h) != 0)
+        return;
+    if (h->type == CPS_MSG_PULL) {
+        /* A pull reads the tail's applied sequence number and the hash of its log there. */
+        uint64_t seq = s->rs[h->range].applied;
+        uint64_t hash = seq ? s->rs[h->range].log[seq - 1] : 0;
+        sim_check_read(sm, s, h->range, seq, hash);
+        uint8_t b[8];
+        cps__le64_put(b, hash);
+        reply_to_worker(sm, s, CPS_MSG_VALUES, h->sender, h->range, h->req_seq, 0, b, 8, seq);
+        return;
+    }
+    uint64_t grad = cps__le64_get(pl);
+    int sync = sm->p.mode == SIM_SYNC && h->type == CPS_MSG_PUSH && !(h->flags & CPS_WF_NOAGG);
+    uint64_t sig = sync ? range_sig(h->range) : 0;
+    int v = admit(sm, s, h, sig);
+    if (v != CPS_ADMIT_NEW || sm->failed)
+        return;
+    cps_chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
+    if (!sync && h->aux == SIM_BAD_KEYS) {
+        /* update.c refuses a push naming an undeclared key after admission, and lets the
+         * refusal use up the request's number (cps_chain_skip). */
+        sim_trace(sm, "s%u refuses r%u w%u req %" PRIx64 " (unknown key)", s->id, h->range,
+                  h->sender, h->req_seq);
+        chain_rc(sm, s, "cps_chain_skip", cps_chain_skip(s->chain, h->range, &q));
+        reply_to_worker(sm, s, CPS_MSG_ERROR, h->sender, h->range, h->req_seq, CPS_ENOTFOUND, NULL,
+                        0, 0);
+        return;
+    }
+    if (!sync) {
+        cps_chain_update u = {h->type == CPS_MSG_DECLARE ? CPS_UPD_DECLARE : CPS_UPD_PUSH,
+                              h->step,
+                              0,
+                              1,
+                              &q,
+                              &grad,
+                              sizeof grad};
+        submit(sm, s, h->range, &u);
+        return;
+    }
+    sim_slot *a = find_slot(sm, s, h->range, sig, h->step);
+    uint32_t rank = worker_rank(sm, h->sender);
+    if (a->have[rank]) {
+        /* A retry while the step is still being gathered: the reply comes when it completes. */
+        return;
+    }
+    a->have[rank] = 1;
+    a->req_seq[rank] = h->req_seq;
+    a->grad[rank] = grad;
+    slot_try_complete(sm, s, a);
+}
+
+static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
+{
+    if (epoch <= s->epoch)
+        return;
+    s->epoch = epoch;
+    s->view = &sm->views[epoch];
+    sim_trace(sm, "s%u installs view e%" PRIu64, s->id, epoch);
+    int rc = cps_chain_set_view(s->chain, s->view, sm->now);
+    if (chain_rc(sm, s, "cps_chain_set_view", rc) != 0)
+        return;
+    server_actions(sm, s);
+    for (uint32_t i = 0; i < s->nslots && !sm->failed; i++)
+        if (s->slots[i].used)
+            slot_try_complete(sm, s, &s->slots[i]);
+}
+
+static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
+{
+    cps_msg_hdr h;
+    if (cps__wire_hdr_decode(m->buf, m->len, &h) != 0) {
+        sim_fail(sm, "wire", "server %u got an undecodable message from %u", s->id, m->from);
+        return;
+    }
+    const uint8_t *pl = m->buf + CPS_WIRE_HDR_SIZE;
+    sim_trace(sm, "s%u(e%" PRIu64 ") <- %u %s r%u seq %" PRIx64 " e%" PRIu64, s->id, s->epoch,
+              m->from, msg_name(h.type), h.range, h.req_seq, h.epoch);
+    switch (h.type) {
+    case CPS_MSG_VIEW:
+        server_install_view(sm, s, h.epoch);
+        break;
+    case CPS_MSG_FWD:
+    case CPS_MSG_CHAIN_ACK: {
+        /* The chain copies what it keeps, and APPLY bodies are hashed before we return. */
+        int rc = cps_chain_on_message(s->chain, &h, pl, h.payload_len, sm->now);
+        if (rc == CPS_EAGAIN) {
+            cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
+            send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
+        } else if (rc == CPS_ESTALE_EPOCH) {
+            sm->fenced++;
+        } else if (rc != 0) {
+            chain_rc(sm, s, "cps_chain_on_message", rc);
+            return;
+        }
+        server_actions(sm, s);
+        break;
+    }
+    case CPS_MSG_PUSH:
+    case CPS_MSG_DECLARE:
+    case CPS_MSG_PULL:
+        on_request(sm, s, &h, pl, h.payload_len);
+        break;
+    default:
+        sim_fail(sm, "wire", "server %u got unexpected message type %u", s->id, h.type);
+    }
+}
+
+/* ---- workers ---- */
+
+static void ask_view(sim *sm, sim_worker *w);
+
+static void worker_send(sim *sm, sim_worker *w, sim_req *q)
+{
+    if (q->type == CPS_MSG_PULL && w->seen_epoch > w->epoch && !sm->p.faithful_client) {
+        /* A reply told us of a newer view than ours (e.g. the ack of our own push by a new
+         * tail). The tail of our view may be a server that view removed, still serving its
+         * old state: reading there could miss our acknowledged writes. client.c does not do
+         * this (see the report); here the pull waits for the view. */
+        q->waiting_view = 1;
+        q->sent_at = sm->now;
+        ask_view(sm, w);
+        return;
+    }
+    const cps_range *rg = &w->view->ranges[q->range];
+    uint32_t to = q->type == CPS_MSG_PULL ? rg->chain[rg->chain_len - 1] : rg->chain[0];
+    cps_msg_hdr h = {0};
+    h.type = q->type;
+    h.epoch = w->epoch;
+    h.req_worker = w->id;
+    h.range = q->range;
+    h.req_seq = q->seq;
+    h.step = q->step;
+    h.aux = q->bad ? SIM_BAD_KEYS : 0;
+    if (q->noagg)
+        h.flags |= CPS_WF_NOAGG;
+    uint8_t b[8];
+    cps__le64_put(b, q->grad);
+    sim_trace(sm, "w%u send %s r%u req %" PRIx64 " step %" PRIu64 " e%" PRIu64 " -> s%u", w->id,
+              msg_name(q->type), q->range, q->seq, q->step, w->epoch, to);
+    send_hdr(sm, w->id, to, &h, b, 8, 0);
+    q->sent_at = sm->now;
+    q->attempts++;
+}
+
+static void ask_view(sim *sm, sim_worker *w)
+{
+    if (w->view_asked && sm->now - w->view_asked < 200)
+        return;
+    w->view_asked = sm->now;
+    cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = w->epoch};
+    send_hdr(sm, w->id, 0, &g, NULL, 0, 0);
+}
+
+static sim_req *req_add(sim_worker *w)
+{
+    if (w->nreqs == w->reqs_cap) {
+        w->reqs_cap = w->reqs_cap ? w->reqs_cap * 2 : 16;
+        w->reqs = realloc(w->reqs, w->reqs_cap * sizeof *w->reqs);
+        if (!w->reqs) {
+            fprintf(stderr, "sim: out of memory\n");
+            exit(2);
+        }
+    }
+    sim_req *q = &w->reqs[w->nreqs++];
+    memset(q, 0, sizeof *q);
+    return q;
+}
+
+/* Start one new request of the given kind on range r. */
+static void worker_issue(sim *sm, sim_worker *w, int kind, uint32_t r)
+{
+    sim_req *q = req_add(w);
+    q->range = r;
+    q->grad = sim_rng_next(&sm->rng) >> 8;
+    switch (kind) {
+    case REQ_DENSE:
+        q->type = CPS_MSG_PUSH;
+        q->seq = ++w->dense_seq[r];
+        if (sm->p.mode == SIM_SYNC) {
+            q->step = ++w->step[r];
+            w->sync_busy[r] = 1;
+        } else {
+            q->step = q->seq;
+            q->bad = chance(sm, sm->p.bad_per_mille);
+        }
+        break;
+    case REQ_SPARSE:
+        q->type = CPS_MSG_PUSH;
+        q->noagg = 1;
+        q->seq = CPS_SEQ_SPARSE | ++w->sparse_seq[r];
+        q->bad = chance(sm, sm->p.bad_per_mille);
+        break;
+    case REQ_DECLARE:
+        q->type = CPS_MSG_DECLARE;
+        q->seq = CPS_SEQ_OTHER | ++w->other_seq;
+        break;
+    default:
+        q->type = CPS_MSG_PULL;
+        q->seq = CPS_SEQ_OTHER | ++w->other_seq;
+        /* The read must see at least what this worker saw before asking. */
+        q->floor = w->read_seq[r];
+        break;
+    }
+    w->issued++;
+    worker_send(sm, w, q);
+}
+
+static int worker_may_issue(const sim *sm, const sim_worker *w)
+{
+    return sm->phase == PHASE_FAULTS && w->nreqs < sm->p.window;
+}
+
+static void worker_tick(sim *sm, sim_worker *w)
+{
+    /* New work. */
+    if (sm->p.mode == SIM_SYNC) {
+        /* One step in flight per range (a sync worker pushes step t+1 after step t is acked);
+         * after the fault phase every worker finishes the highest step any worker began, or
+         * the barrier of that step would never fill. */
+        for (uint32_t r = 0; r < sm->nranges; r++) {
+            if (w->sync_busy[r])
+                continue;
+            if (sm->phase == PHASE_FAULTS ? chance(sm, 500) : w->step[r] < sm->sync_target[r])
+                worker_issue(sm, w, REQ_DENSE, r);
+        }
+    }
+    while (worker_may_issue(sm, w) && chance(sm, 600)) {
+        uint32_t r = (uint32_t)rnd(sm, sm->nranges);
+        uint64_t x = rnd(sm, 100);
+        int kind = x < 8 ? REQ_DECLARE : x < 22 ? REQ_SPARSE : x < 34 ? REQ_PULL : REQ_DENSE;
+        if (kind == REQ_DENSE && sm->p.mode == SIM_SYNC)
+            kind = REQ_SPARSE;
+        worker_issue(sm, w, kind, r);
+    }
+    /* Re-send what timed out, as client.c's progress() does. */
+    for (uint32_t i = 0; i < w->nreqs; i++) {
+        sim_req *q = &w->reqs[i];
+        if (sm->now - q->sent_at < sm->p.timeout_ms)
+            continue;
+        if (q->waiting_view) {
+            /* client.c never re-asks for a request parked by ESTALE_EPOCH: if that GET_VIEW or
+             * its answer is lost, the request hangs until some other view arrives. The sim asks
+             * again after a timeout (see the report). */
+            if (!sm->p.faithful_client) {
+                q->sent_at = sm->now;
+                w->view_asked = 0;
+                ask_view(sm, w);
+            }
+            continue;
+        }
+        ask_view(sm, w);
+        worker_send(sm, w, q);
+    }
+}
+
+static void worker_install_view(sim *sm, sim_worker *w, uint64_t epoch)
+{
+    if (epoch <= w->epoch)
+        return;
+    w->epoch = epoch;
+    w->view = &sm->views[epoch];
+    sim_trace(sm, "w%u installs view e%" PRIu64 ", re-sending %u", w->id, epoch, w->nreqs);
+    /* Every request in flight goes out again: the servers recognise duplicates. */
+    for (uint32_t i = 0; i < w->nreqs; i++) {
+        w->reqs[i].waiting_view = 0;
+        worker_send(sm, w, &w->reqs[i]);
+    }
+}
+
+static void worker_deliver(sim *sm, sim_worker *w, const sim_msg *m)
+{
+    cps_msg_hdr h;
+    if (cps__wire_hdr_decode(m->buf, m->len, &h) != 0) {
+        sim_fail(sm, "wire", "worker %u got an undecodable message from %u", w->id, m->from);
+        return;
+    }
+    sim_trace(sm, "w%u <- %u %s r%u req %" PRIx64 " status %d e%" PRIu64, w->id, m->from,
+              msg_name(h.type), h.range, h.req_seq, h.status, h.epoch);
+    if (h.type != CPS_MSG_VIEW && h.epoch > w->seen_epoch)
+        w->seen_epoch = h.epoch;
+    if (h.type == CPS_MSG_VIEW) {
+        worker_install_view(sm, w, h.epoch);
+        return;
+    }
+    uint32_t i;
+    for (i = 0; i < w->nreqs; i++)
+        if (w->reqs[i].range == h.range && w->reqs[i].seq == h.req_seq)
+            break;
+    if (i == w->nreqs)
+        return; /* a duplicate answer to a request already completed */
+    sim_req *q = &w->reqs[i];
+    if (h.type == CPS_MSG_ERROR && h.status == CPS_ENOTFOUND && q->bad) {
+        /* The expected refusal: the request is over, and applied nowhere. */
+        w->reqs[i] = w->reqs[--w->nreqs];
+        return;
+    }
+    if (h.type != CPS_MSG_ERROR && q->bad) {
+        sim_fail(sm, "(1) acked is on every replica",
+                 "worker %u: push %" PRIx64 " on range %u was refused by the head, yet "
+                 "acknowledged by server %u",
+                 w->id, q->seq, q->range, m->from);
+        return;
+    }
+    if (h.type == CPS_MSG_ERROR) {
+        if (h.status != CPS_ESTALE_EPOCH && h.status != CPS_EAGAIN) {
+            sim_fail(sm, "reply", "worker %u: request %" PRIx64 " on range %u refused: %s", w->id,
+                     q->seq, q->range, cps_err_name(h.status));
+            return;
+        }
+        /* client.c parks every request refused with ESTALE_EPOCH until a newer view arrives.
+         * But the refusal may answer a send made under an older view than the one the worker
+         * now holds (the server's epoch is not newer than ours): then no newer view is coming,
+         * and the parked request would hang for good. Re-send it shortly instead. */
+        int newer = h.epoch > w->epoch;
+        q->waiting_view = h.status == CPS_ESTALE_EPOCH && (sm->p.faithful_client || newer);
+        q->sent_at = sm->now - sm->p.timeout_ms + 50;
+        ask_view(sm, w);
+        return;
+    }
+    if (q->type == CPS_MSG_PULL) {
+        if (h.type != CPS_MSG_VALUES) {
+            sim_fail(sm, "reply", "worker %u: pull answered by %s", w->id, msg_name(h.type));
+            return;
+        }
+        /* Invariant 4: a worker never sees a range's sequence number go backwards: a pull
+         * returns at least what the worker had read, or had acknowledged, before sending it
+         * (pulls in flight together may return in either order). */
+        if (h.aux < q->floor) {
+            sim_fail(sm, "(4) monotonic reads",
+                     "worker %u read range %u at seq %" PRIu64 " after seeing seq %" PRIu64
+                     " (from %u)",
+                     w->id, h.range, h.aux, q->floor, m->from);
+            return;
+        }
+        if (h.aux > w->read_seq[h.range])
+            w->read_seq[h.range] = h.aux;
+    } else {
+        if (h.type != CPS_MSG_ACK) {
+            sim_fail(sm, "reply", "worker %u: push answered by %s", w->id, msg_name(h.type));
+            return;
+        }
+        sim_check_acked(sm, w, q);
+        if (h.aux > w->read_seq[h.range])
+            w->read_seq[h.range] = h.aux;
+        if (q->type == CPS_MSG_PUSH && !q->noagg && sm->p.mode == SIM_SYNC)
+            w->sync_busy[q->range] = 0;
+    }
+    w->acked++;
+    w->reqs[i] = w->reqs[--w->nreqs];
+}
+
+/* ---- the scheduler ---- */
+
+/* Publish view `epoch` to every live server and every worker, each after its own delay, so
+ * nodes briefly disagree on the epoch. */
+static uint64_t publish_delay(sim *sm)
+{
+    /* Now and then a node hears of the view very late: it keeps acting in the old epoch. */
+    return chance(sm, 100) ? rnd(sm, 2500) : rnd(sm, 300);
+}
+
+static void publish(sim *sm)
+{
+    cps_msg_hdr h = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
+    for (uint32_t i = 0; i < sm->p.servers; i++)
+        if (sm->servers[i].state == SRV_UP)
+            send_hdr(sm, 0, sm->servers[i].id, &h, NULL, 0, publish_delay(sm));
+    for (uint32_t i = 0; i < sm->p.workers; i++)
+        send_hdr(sm, 0, sm->workers[i].id, &h, NULL, 0, publish_delay(sm));
+}
+
+/* A new view: epoch + 1, without `victim` (0: the same chains, only a new epoch). */
+static void new_view(sim *sm, uint32_t victim)
+{
+    cps_view *v = &sm->views[sm->epoch + 1];
+    cps__view_init(v);
+    if (cps__view_copy(v, sim_cur_view(sm)) != 0) {
+        fprintf(stderr, "sim: out of memory\n");
+        exit(2);
+    }
+    v->epoch = ++sm->epoch;
+    for (uint32_t r = 0; victim && r < v->nranges; r++) {
+        cps_range *rg = &v->ranges[r];
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < rg->chain_len; i++)
+            if (rg->chain[i] != victim)
+                rg->chain[k++] = rg->chain[i];
+        rg->chain_len = k;
+    }
+    for (uint32_t i = 0; victim && i < v->nnodes; i++)
+        if (v->nodes[i].id == victim)
+            v->nodes[i].alive = 0;
+    publish(sm);
+}
+
+/* Can `id` leave every chain and still leave each range a replica? */
+static int removable(const sim *sm, uint32_t id)
+{
+    const cps_view *v = sim_cur_view(sm);
+    for (uint32_t r = 0; r < v->nranges; r++)
+        if (v->ranges[r].chain_len == 1 && v->ranges[r].chain[0] == id)
+            return 0;
+    return 1;
+}
+
+static void fault(sim *sm)
+{
+    if (sm->epoch >= SIM_MAX_EPOCHS || sm->pending_victim)
+        return;
+    int kinds[3], nk = 0;
+    if (sm->p.faults == SIM_F_CRASH || sm->p.faults == SIM_F_ALL)
+        kinds[nk++] = SRV_CRASHED;
+    if (sm->p.faults == SIM_F_PAUSE || sm->p.faults == SIM_F_ALL)
+        kinds[nk++] = SRV_PAUSED;
+    kinds[nk++] = SRV_UP; /* an epoch change with the same chains */
+    int kind = kinds[rnd(sm, (uint64_t)nk)];
+    uint32_t cand[SIM_MAX_SERVERS], nc = 0;
+    for (uint32_t i = 0; kind != SRV_UP && i < sm->p.servers; i++)
+        if (sm->servers[i].state == SRV_UP && removable(sm, sm->servers[i].id))
+            cand[nc++] = sm->servers[i].id;
+    if (kind == SRV_UP || nc == 0) {
+        sim_trace(sm, "scheduler: epoch bump to e%" PRIu64, sm->epoch + 1);
+        new_view(sm, 0);
+        return;
+    }
+    sim_server *s = &sm->servers[cand[rnd(sm, nc)] - 1];
+    s->state = kind;
+    sm->nfaults++;
+    if (kind == SRV_PAUSED) {
+        /* Sometimes shorter than the failure detector's delay: a node declared dead that was
+         * only slow, and goes on in its old epoch. */
+        s->resume_at = sm->now + (chance(sm, 400) ? 1 + rnd(sm, 400) : 100 + rnd(sm, 3000));
+        ev_push(sm, s->resume_at, EV_RESUME, s->id, NULL);
+    }
+    /* The scheduler notices after a heartbeat timeout; until then the chain waits on it. */
+    sm->pending_victim = s->id;
+    ev_push(sm, sm->now + rnd(sm, 600), EV_DETECT, s->id, NULL);
+    sim_trace(sm, "server %u %s", s->id, kind == SRV_CRASHED ? "crashed" : "paused");
+}
+
+static void scheduler_deliver(sim *sm, const sim_msg *m)
+{
+    cps_msg_hdr h;
+    if (cps__wire_hdr_decode(m->buf, m->len, &h) != 0 || h.type != CPS_MSG_GET_VIEW) {
+        sim_fail(sm, "wire", "scheduler got a bad message from %u", m->from);
+        return;
+    }
+    if (h.epoch < sm->epoch) {
+        cps_msg_hdr v = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
+        send_hdr(sm, 0, m->from, &v, NULL, 0, 0);
+    }
+}
+
+/* ---- the run ---- */
+
+static void deliver(sim *sm, sim_msg *m)
+{
+    if (m->to == 0) {
+        scheduler_deliver(sm, m);
+    } else if (m->to <= sm->p.servers) {
+        sim_server *s = &sm->servers[m->to - 1];
+        if (m->from >= 1 && m->from <= sm->p.servers &&
+            sm->servers[m->from - 1].state == SRV_CRASHED) {
+            /* A crashed server's messages in flight are lost with it. */
+        } else if (s->state == SRV_CRASHED) {
+            sim_trace(sm, "message %u -> crashed s%u lost", m->from, s->id);
+        } else if (s->state == SRV_PAUSED) {
+            /* Held by its inbox until it runs again. */
+            ev_push(sm, s->resume_at + 1 + rnd(sm, 20), EV_DELIVER, m->to, m);
+            return;
+        } else {
+            server_deliver(sm, s, m);
+        }
+    } else {
+        worker_deliver(sm, &sm->workers[worker_rank(sm, m->to)], m);
+    }
+    free(m);
+}
+
+static void heal(sim *sm)
+{
+    sm->phase = PHASE_HEAL;
+    sm->lossy = 0;
+    sim_trace(sm, "network heals; paused servers resume");
+    for (uint32_t i = 0; i < sm->p.servers; i++) {
+        sim_server *s = &sm->servers[i];
+        if (s->state == SRV_PAUSED) {
+            s->resume_at = sm->now;
+            s->state = SRV_UP;
+        }
+    }
+    for (uint32_t r = 0; r < sm->nranges; r++) {
+        uint64_t t = 0;
+        for (uint32_t k = 0; k < sm->p.workers; k++)
+            if (sm->workers[k].step[r] > t)
+                t = sm->workers[k].step[r];
+        sm->sync_target[r] = t;
+    }
+}
+
+static int workers_done(const sim *sm)
+{
+    for (uint32_t k = 0; k < sm->p.workers; k++) {
+        const sim_worker *w = &sm->workers[k];
+        if (w->nreqs)
+            return 0;
+        for (uint32_t r = 0; sm->p.mode == SIM_SYNC && r < sm->nranges; r++)
+            if (w->step[r] < sm->sync_target[r])
+                return 0;
+    }
+    return 1;
+}
+
+/* Every live replica holds every update and nothing is left unacknowledged. */
+static int chains_drained(const sim *sm)
+{
+    const cps_view *v = sim_cur_view(sm);
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        const cps_range *rg = &v->ranges[r];
+        const sim_server *head = &sm->servers[rg->chain[0] - 1];
+        for (uint32_t i = 0; i < rg->chain_len; i++) {
+            const sim_server *s = &sm->servers[rg->chain[i] - 1];
+            if (s->epoch != sm->epoch || cps_chain_unacked(s->chain, r) != 0 ||
+                s->rs[r].applied != head->rs[r].applied)
+                return 0;
+        }
+    }
+    return 1;
+}
+
+static void setup(sim *sm)
+{
+    const sim_params *p = &sm->p;
+    sim_rng_seed(&sm->rng, p->seed ^ 0x5eed5eed5eed5eedull);
+    sm->nranges = p->ranges;
+    sm->lossy = p->faults == SIM_F_DROPS || p->faults == SIM_F_ALL;
+    sm->phase = PHASE_FAULTS;
+    sm->views = xcalloc(SIM_MAX_EPOCHS + 2, sizeof *sm->views);
+    sm->heads = xcalloc((size_t)sm->nranges * (SIM_MAX_EPOCHS + 1), sizeof *sm->heads);
+    sm->sync_target = xcalloc(sm->nranges, sizeof *sm->sync_target);
+
+    cps_view *v = &sm->views[1];
+    cps__view_init(v);
+    uint32_t ids[SIM_MAX_SERVERS];
+    v->epoch = 1;
+    v->mode = p->mode == SIM_SYNC ? CPS_MODE_SYNC : CPS_MODE_ASYNC;
+    v->num_workers = p->workers;
+    v->num_servers = p->servers;
+    v->nnodes = p->servers + p->workers;
+    v->nodes = xcalloc(v->nnodes, sizeof *v->nodes);
+    for (uint32_t i = 0; i < v->nnodes; i++) {
+        cps_node_info *n = &v->nodes[i];
+        n->id = i + 1;
+        n->role = i < p->servers ? CPS_ROLE_SERVER : CPS_ROLE_WORKER;
+        n->rank = i < p->servers ? i : i - p->servers;
+        n->alive = 1;
+        snprintf(n->addr, sizeof n->addr, "sim://%u", n->id);
+        if (i < p->servers)
+            ids[i] = n->id;
+    }
+    if (cps__view_place_ranges(v, sm->nranges, ids, p->servers, p->replicas) != 0) {
+        fprintf(stderr, "sim: cps__view_place_ranges failed\n");
+        exit(2);
+    }
+    sm->epoch = 1;
+
+    static const cps_chain_store_ops ops = {sim_op_range_seq, sim_op_dedup, sim_op_agg_step,
+                                            sim_op_drop_cookie};
+    sm->servers = xcalloc(p->servers, sizeof *sm->servers);
+    for (uint32_t i = 0; i < p->servers; i++) {
+        sim_server *s = &sm->servers[i];
+        s->sm = sm;
+        s->id = i + 1;
+        s->state = SRV_UP;
+        s->rs = xcalloc(sm->nranges, sizeof *s->rs);
+        cps_chain_config cc = {s->id, p->resend_ms, p->max_unacked};
+        if (cps_chain_create(&cc, &ops, s, &s->chain) != 0) {
+            fprintf(stderr, "sim: cps_chain_create failed\n");
+            exit(2);
+        }
+        s->epoch = 1;
+        s->view = v;
+        if (chain_rc(sm, s, "cps_chain_set_view", cps_chain_set_view(s->chain, v, 0)) == 0)
+            server_actions(sm, s);
+        ev_push(sm, rnd(sm, p->tick_ms), EV_TICK, s->id, NULL);
+    }
+    sm->workers = xcalloc(p->workers, sizeof *sm->workers);
+    for (uint32_t k = 0; k < p->workers; k++) {
+        sim_worker *w = &sm->workers[k];
+        w->id = p->servers + 1 + k;
+        w->epoch = 1;
+        w->view = v;
+        w->dense_seq = xcalloc(sm->nranges, sizeof *w->dense_seq);
+        w->sparse_seq = xcalloc(sm->nranges, sizeof *w->sparse_seq);
+        w->step = xcalloc(sm->nranges, sizeof *w->step);
+        w->sync_busy = xcalloc(sm->nranges, sizeof *w->sync_busy);
+        w->read_seq = xcalloc(sm->nranges, sizeof *w->read_seq);
+        ev_push(sm, rnd(sm, SIM_WORKER_TICK_MS), EV_WTICK, w->id, NULL);
+    }
+}
+
+static void teardown(sim *sm)
+{
+    for (size_t i = 0; i < sm->nev; i++)
+        free(sm->ev[i].m);
+    free(sm->ev);
+    for (uint32_t i = 0; sm->servers && i < sm->p.servers; i++) {
+        sim_server *s = &sm->servers[i];
+        cps_chain_destroy(s->chain);
+        sim_store_free(sm, s);
+        free(s->slots);
+    }
+    free(sm->servers);
+    for (uint32_t k = 0; sm->workers && k < sm->p.workers; k++) {
+        sim_worker *w = &sm->workers[k];
+        free(w->reqs);
+        free(w->dense_seq);
+        free(w->sparse_seq);
+        free(w->step);
+        free(w->sync_busy);
+        free(w->read_seq);
+    }
+    free(sm->workers);
+    for (uint64_t e = 1; sm->views && e <= sm->epoch; e++)
+        cps__view_fini(&sm->views[e]);
+    free(sm->views);
+    free(sm->heads);
+    free(sm->sync_target);
+    free(sm->acked);
+}
+
+static void step(sim *sm, sim_event e)
+{
+    switch (e.type) {
+    case EV_DELIVER:
+        deliver(sm, e.m);
+        break;
+    case EV_TICK: {
+        sim_server *s = &sm->servers[e.node - 1];
+        if (s->state == SRV_CRASHED)
+            break;
+        if (s->state == SRV_UP) {
+            int rc = cps_chain_tick(s->chain, sm->now);
+            if (chain_rc(sm, s, "cps_chain_tick", rc) == 0)
+                server_actions(sm, s);
+        }
+        ev_push(sm, sm->now + sm->p.tick_ms, EV_TICK, s->id, NULL);
+        break;
+    }
+    case EV_WTICK: {
+        sim_worker *w = &sm->workers[worker_rank(sm, e.node)];
+        worker_tick(sm, w);
+        ev_push(sm, sm->now + SIM_WORKER_TICK_MS, EV_WTICK, w->id, NULL);
+        break;
+    }
+    case EV_DETECT:
+        sim_trace(sm, "scheduler: server %u declared dead; view e%" PRIu64 " without it", e.node,
+                  sm->epoch + 1);
+        sm->pending_victim = 0;
+        new_view(sm, e.node);
+        break;
+    case EV_RESUME: {
+        sim_server *s = &sm->servers[e.node - 1];
+        if (s->state == SRV_PAUSED && s->resume_at == sm->now) {
+            s->state = SRV_UP;
+            sim_trace(sm, "s%u resumes at e%" PRIu64, s->id, s->epoch);
+        }
+        break;
+    }
+    }
+}
+
+int sim_run(const sim_params *p, sim_summary *out)
+{
+    sim *sm = xcalloc(1, sizeof *sm);
+    sm->p = *p;
+    setup(sm);
+    /* Expected number of view changes over the fault phase. */
+    uint32_t fault_per_million =
+        p->faults == SIM_F_NONE || p->faults == SIM_F_DROPS
+            ? 0
+            : (uint32_t)(1000000ull * (1 + p->servers) / (p->events ? p->events : 1));
+    uint64_t heal_at = 0;
+    while (!sm->failed && sm->nev > 0) {
+        sim_event e = ev_pop(sm);
+        sm->now = e.t;
+        sm->nevents++;
+        if (sm->phase == PHASE_FAULTS && sm->nevents >= p->events) {
+            heal(sm);
+            heal_at = sm->nevents;
+        }
+        if (sm->phase == PHASE_FAULTS && fault_per_million && rnd(sm, 1000000) < fault_per_million)
+            fault(sm);
+        step(sm, e);
+        if (!sm->failed)
+            sim_check_event(sm);
+        if (sm->phase == PHASE_HEAL && workers_done(sm))
+            sm->phase = PHASE_DRAIN;
+        if (sm->phase == PHASE_DRAIN && chains_drained(sm))
+            break;
+        if (sm->phase != PHASE_FAULTS && sm->nevents - heal_at > SIM_HEAL_EVENTS) {
+            uint32_t left = 0;
+            for (uint32_t k = 0; k < p->workers; k++)
+                left += sm->workers[k].nreqs;
+            sim_fail(sm, "liveness",
+                     "%s not finished %u events after the network healed (%u requests "
+                     "unanswered)",
+                     sm->phase == PHASE_HEAL ? "workers" : "replication", SIM_HEAL_EVENTS, left);
+        }
+    }
+    if (!sm->failed)
+        sim_check_final(sm);
+    if (out) {
+        out->events = sm->nevents;
+        out->acked = sm->nacked;
+        out->views = sm->epoch;
+        out->faults = sm->nfaults;
+        out->drops = sm->drops;
+        out->virt_ms = sm->now;
+        out->fenced = sm->fenced;
+        out->zombie_writes = sm->zombie_writes;
+    }
+    int failed = sm->failed;
+    teardown(sm);
+    free(sm);
+    return failed;
+}

@@ -1,0 +1,191 @@
+/* The cluster simulator's shared types: see sim.c for what it models. Everything is owned by the
+ * `sim` of one run and freed by sim_run before it returns. */
+#ifndef CPS_TESTS_SIM_H
+#define CPS_TESTS_SIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/view.h"
+#include "replication/chain.h"
+
+#define SIM_MAX_SERVERS    16
+#define SIM_MAX_WORKERS    16
+#define SIM_MAX_EPOCHS     64
+#define SIM_TRACE_LINES    40
+#define SIM_TRACE_LEN      200
+#define SIM_WORKER_TICK_MS 10
+/* After the network heals, everything must finish within this many events. */
+#define SIM_HEAL_EVENTS 400000u
+/* Header aux of a sim push that the head must refuse, as a push naming an undeclared key. */
+#define SIM_BAD_KEYS 0xbadull
+
+enum { SIM_SYNC = 0, SIM_ASYNC = 1 };
+enum { SIM_F_NONE = 0, SIM_F_DROPS, SIM_F_CRASH, SIM_F_PAUSE, SIM_F_ALL };
+enum { SRV_UP = 0, SRV_PAUSED, SRV_CRASHED };
+enum { EV_DELIVER = 1, EV_TICK, EV_WTICK, EV_RESUME, EV_DETECT };
+enum { PHASE_FAULTS = 0, PHASE_HEAL, PHASE_DRAIN };
+enum { REQ_DENSE = 0, REQ_SPARSE, REQ_DECLARE, REQ_PULL };
+
+typedef struct sim_params {
+    uint64_t seed;
+    uint32_t servers, workers, replicas, ranges;
+    int mode;        /* SIM_SYNC / SIM_ASYNC */
+    int faults;      /* SIM_F_* */
+    uint64_t events; /* length of the fault phase, in events */
+    uint32_t window; /* requests a worker keeps in flight */
+    uint32_t tick_ms, resend_ms, timeout_ms, max_unacked;
+    uint32_t drop_per_mille, dup_per_mille, long_per_mille;
+    uint32_t bad_per_mille; /* pushes the head refuses (unknown key) */
+    int verbose;
+    int faithful_client; /* workers never re-ask for a view while parked (as client.c) */
+} sim_params;
+
+typedef struct sim_summary {
+    uint64_t events, acked, views, faults, drops, virt_ms;
+    uint64_t fenced, zombie_writes; /* chain messages fenced by epoch; writes at removed heads */
+} sim_summary;
+
+typedef struct sim_rng {
+    uint64_t s[4];
+} sim_rng;
+
+typedef struct sim_msg {
+    uint32_t from, to;
+    size_t len;
+    _Alignas(8) uint8_t buf[]; /* whole wire message; 8-byte aligned payload after the header */
+} sim_msg;
+
+typedef struct sim_event {
+    uint64_t t, n;
+    int type;
+    uint32_t node;
+    sim_msg *m;
+} sim_event;
+
+/* Requests a replica applied, (dedup id, req_seq) -> sequence number of the update. */
+typedef struct sim_applied_ent {
+    uint32_t id, used;
+    uint64_t req_seq, seq;
+} sim_applied_ent;
+
+typedef struct sim_agg {
+    uint64_t sig, step;
+} sim_agg;
+
+/* What the store of one server holds for one range (update.c writes the same to LMDB). */
+typedef struct sim_rstore {
+    uint64_t applied;
+    uint64_t *log; /* log[s - 1]: hash of update s (body and requests) */
+    uint64_t log_cap;
+    uint64_t hw[2 * SIM_MAX_WORKERS]; /* last applied request seq: dense by rank, then sparse */
+    sim_agg *aggs;
+    uint32_t naggs, aggs_cap;
+    sim_applied_ent *set;
+    uint32_t set_n, set_cap;
+} sim_rstore;
+
+typedef struct sim_cookie {
+    uint32_t worker, range;
+    uint64_t req_seq;
+} sim_cookie;
+
+/* A sync step being gathered at the head (update.c's agg_slot). */
+typedef struct sim_slot {
+    int used;
+    uint32_t range;
+    uint64_t sig, step;
+    uint8_t have[SIM_MAX_WORKERS];
+    uint64_t req_seq[SIM_MAX_WORKERS], grad[SIM_MAX_WORKERS];
+} sim_slot;
+
+struct sim;
+
+typedef struct sim_server {
+    struct sim *sm;
+    uint32_t id;
+    int state; /* SRV_* */
+    uint64_t resume_at;
+    cps_chain *chain;
+    uint64_t epoch;
+    const cps_view *view; /* borrowed from sim.views */
+    sim_rstore *rs;       /* per range */
+    sim_slot *slots;
+    uint32_t nslots;
+} sim_server;
+
+typedef struct sim_req {
+    uint8_t type, noagg;
+    uint8_t bad; /* names an undeclared key: the head refuses it */
+    int waiting_view;
+    uint32_t range, attempts;
+    uint64_t seq, step, grad, sent_at;
+    uint64_t floor; /* pull: the highest seq of the range seen before it was sent */
+} sim_req;
+
+typedef struct sim_worker {
+    uint32_t id;
+    uint64_t epoch;
+    const cps_view *view;
+    uint64_t *dense_seq, *sparse_seq, other_seq;
+    uint64_t *step;     /* sync: last step pushed per range */
+    int *sync_busy;     /* sync: a dense push of the range is in flight */
+    uint64_t *read_seq; /* highest sequence number read or acknowledged, per range */
+    sim_req *reqs;
+    uint32_t nreqs, reqs_cap;
+    uint64_t view_asked, issued, acked;
+    uint64_t seen_epoch; /* highest epoch of any reply */
+} sim_worker;
+
+typedef struct sim_acked {
+    uint32_t range, id; /* id: dedup id (worker, with CPS_DEDUP_SPARSE_BIT) or declare id */
+    uint64_t req_seq;
+} sim_acked;
+
+typedef struct sim {
+    sim_params p;
+    sim_rng rng;
+    uint64_t now, nevents;
+    int failed, phase, lossy;
+    uint32_t nranges;
+    sim_event *ev;
+    size_t nev, ev_cap;
+    uint64_t ev_counter;
+    cps_view *views;         /* views[e] for e = 1..epoch */
+    uint64_t epoch;          /* the scheduler's current epoch */
+    uint32_t pending_victim; /* failed, not yet removed from the view */
+    uint32_t *heads;         /* [range][epoch]: the server that accepted writes */
+    uint64_t *sync_target;
+    sim_server *servers;
+    sim_worker *workers;
+    sim_acked *acked;
+    uint64_t nacked, acked_cap;
+    uint64_t sent, drops, nfaults, fenced, zombie_writes;
+    char trace[SIM_TRACE_LINES][SIM_TRACE_LEN];
+    uint64_t trace_pos;
+} sim;
+
+/* sim.c */
+void sim_rng_seed(sim_rng *r, uint64_t seed);
+uint64_t sim_rng_next(sim_rng *r);
+void sim_trace(sim *sm, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void sim_fail(sim *sm, const char *inv, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+const cps_view *sim_cur_view(const sim *sm);
+int sim_is_member(const sim *sm, uint32_t r, uint32_t id);
+/* One whole run; returns 1 on a violation (already printed), else 0. */
+int sim_run(const sim_params *p, sim_summary *out);
+
+/* check.c: the in-memory store and the invariants */
+int sim_op_range_seq(void *ctx, uint32_t range, uint64_t *seq);
+int sim_op_dedup(void *ctx, uint32_t range, uint32_t worker, uint64_t *seq);
+int sim_op_agg_step(void *ctx, uint32_t range, uint64_t sig, uint64_t *step);
+void sim_op_drop_cookie(void *ctx, void *cookie);
+void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a);
+void sim_store_free(sim *sm, sim_server *s);
+void sim_check_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq, uint64_t hash);
+void sim_check_acked(sim *sm, sim_worker *w, const sim_req *q);
+void sim_check_reply(sim *sm, sim_server *s, uint32_t r, const cps_chain_req *q);
+void sim_check_event(sim *sm);
+void sim_check_final(sim *sm);
+
+#endif
