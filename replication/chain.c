@@ -381,7 +381,7 @@ static int decode_fwd(cps_chain *c, const void *payload, size_t len, cps_chain_u
     u->nreqs = cps__le32_get(p + 4);
     u->sig = cps__le64_get(p + 8);
     u->step = cps__le64_get(p + 16);
-    if ((u->kind != CPS_UPD_PUSH && u->kind != CPS_UPD_DECLARE) || u->nreqs > CPS_MAX_NODES ||
+    if (u->kind < CPS_UPD_PUSH || u->kind > CPS_UPD_PUT || u->nreqs > CPS_MAX_NODES ||
         (size_t)u->nreqs * FWD_REQ > len - FWD_FIXED)
         return CPS_EPROTO;
     cps_chain_req *reqs = scratch_alloc(c, (size_t)u->nreqs * sizeof *reqs);
@@ -484,7 +484,7 @@ static int commit_at_tail(cps_chain *c, uint32_t r, uint64_t seq, const cps_chai
 {
     range_st *rs = &c->ranges[r];
     rs->committed = seq;
-    for (uint32_t i = 0; u && i < u->nreqs; i++) {
+    for (uint32_t i = 0; u && u->kind != CPS_UPD_SKIP && i < u->nreqs; i++) {
         int rc = emit_reply(c, r, seq, u, &u->reqs[i], NULL);
         if (rc != 0)
             return rc;
@@ -581,7 +581,7 @@ static int become_tail(cps_chain *c, uint32_t r, int pos)
         sent_entry *e = &rs->sent[i];
         if (decode_fwd(c, e->msg + CPS_WIRE_HDR_SIZE, e->len - CPS_WIRE_HDR_SIZE, &u) != 0)
             continue;
-        for (uint32_t j = 0; j < u.nreqs; j++) {
+        for (uint32_t j = 0; u.kind != CPS_UPD_SKIP && j < u.nreqs; j++) {
             int rc = emit_reply(c, r, e->seq, &u, &u.reqs[j], NULL);
             if (rc != 0)
                 return rc;

@@ -35,7 +35,12 @@
 typedef struct cps_chain cps_chain;
 
 /* Update kinds. */
-enum { CPS_UPD_PUSH = 1, CPS_UPD_DECLARE = 2 };
+/* Update kinds. PUSH: gradients (kv with values). DECLARE: create keys. SKIP: no data, only
+ * the exactly-once record of a request the head refused after admitting it (so a new head
+ * does not mistake the worker's next request for a gap); the tail sends no reply for it, the
+ * head already answered with the error. PUT: whole records (values and optimizer state) that
+ * replace what the keys hold (checkpoint restore). */
+enum { CPS_UPD_PUSH = 1, CPS_UPD_DECLARE = 2, CPS_UPD_SKIP = 3, CPS_UPD_PUT = 4 };
 
 /* One worker request contained in an update. */
 typedef struct cps_chain_req {

@@ -89,6 +89,10 @@ void cps__server_run_actions(server *s);
 void cps__server_on_snap_req(server *s, cps_rx *rx);
 void cps__server_on_join_range(server *s, cps_rx *rx);
 void cps__server_on_snap(server *s, cps_rx *rx);
+/* Write snapshot entries (format in transfer.c) for `range` in txn: records, exactly-once
+ * records, aggregation records; a range entry only when `last`. Errors: CPS_EPROTO, store. */
+int cps__server_install_entries(cps_txn *txn, server *s, uint32_t range, const void *buf,
+                                size_t len, int last);
 /* Join finished snapshot threads (all of them, waiting, when `wait`). */
 void cps__server_reap_snapshots(server *s, int wait);
 /* Abandon joins that made no progress in time. */

@@ -276,9 +276,22 @@ typedef struct install_io {
     uint64_t records;
 } install_io;
 
+static int install(cps_txn *txn, install_io *io);
+
+int cps__server_install_entries(cps_txn *txn, server *s, uint32_t range, const void *buf,
+                                size_t len, int last)
+{
+    install_io io = {s, range, buf, len, last, 0, 0, 0, 0};
+    return install(txn, &io);
+}
+
 static int install_txn(cps_txn *txn, void *arg)
 {
-    install_io *io = arg;
+    return install(txn, arg);
+}
+
+static int install(cps_txn *txn, install_io *io)
+{
     const unsigned char *p = io->p, *end = io->p + io->len;
     io->have_range = 0;
     io->records = 0;

@@ -239,6 +239,7 @@ static void wake_parked(server *s)
 /* ---- performing the state machine's actions ---- */
 
 typedef struct apply_io {
+    server *server;
     const cps_chain_action *a;
     uint64_t bad_key;
 } apply_io;
@@ -249,7 +250,7 @@ static int apply_txn(cps_txn *txn, void *arg)
     const cps_chain_action *a = io->a;
     const cps_chain_update *u = &a->upd;
     cps_kv kv;
-    int rc;
+    int rc = 0; /* CPS_UPD_SKIP: nothing but the records below */
     if (u->kind == CPS_UPD_DECLARE) {
         const uint64_t *offsets;
         cps_param_spec spec;
@@ -261,7 +262,9 @@ static int apply_txn(cps_txn *txn, void *arg)
             if (rc != 0)
                 io->bad_key = kv.keys[i];
         }
-    } else {
+    } else if (u->kind == CPS_UPD_PUT) {
+        rc = cps__server_install_entries(txn, io->server, a->range, u->body, u->body_len, 0);
+    } else if (u->kind == CPS_UPD_PUSH) {
         rc = cps__wire_kv_decode(u->body, u->body_len, 1, &kv);
         const float *g = kv.vals;
         for (uint32_t i = 0; rc == 0 && i < kv.nkeys; i++) {
@@ -299,7 +302,7 @@ static int apply_txn(cps_txn *txn, void *arg)
 
 static void do_apply(server *s, const cps_chain_action *a)
 {
-    apply_io io = {a, 0};
+    apply_io io = {s, a, 0};
     int rc = cps__store_write(s->store, apply_txn, &io);
     if (rc != 0) {
         /* The chain has already counted this update as applied here: we cannot go on. */
@@ -679,7 +682,11 @@ void cps__server_on_push(server *s, cps_rx *rx)
         /* Refused after admission, in sequence order: the refusal uses up the request's number
          * (the worker never re-sends it; its next push must not look like a gap). */
         if (refuse_bad_keys(s, &rx->hdr, &kv, NULL) != 0) {
+            /* Record the used-up number on every replica, not only here: a new head must not
+             * take the worker's next push for a gap. */
             cps_chain_skip(s->chain, rx->hdr.range, &q);
+            cps_chain_update u = {CPS_UPD_SKIP, rx->hdr.step, 0, 1, &q, NULL, 0};
+            submit(s, rx->hdr.range, &u);
         } else {
             cps_chain_update u = {CPS_UPD_PUSH, rx->hdr.step, 0, 1, &q, rx->payload, rx->len};
             submit(s, rx->hdr.range, &u);
