@@ -361,7 +361,8 @@ int cps__cli_launch(int argc, char **argv)
     int rc = 0;
     {
         char *av[] = {self, "scheduler", "--port", port_s, "--servers", sv_s, "--workers", wk_s,
-                      "--mode", mode, "--replicas", repl, "--bind", "127.0.0.1", NULL};
+                      "--mode", mode, "--replicas", repl, "--bind", "127.0.0.1", "--data", data,
+                      NULL};
         char *env[16];
         int k = 0;
         for (int i = 0; i < nc; i++)

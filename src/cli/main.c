@@ -130,10 +130,13 @@ static const char scheduler_usage[] =
     "  --mode M           sync (default), async or ssp:N (bounded staleness N)\n"
     "  --replicas R       servers in each key range's chain (default 3, or S if fewer)\n"
     "  --join-timeout S   give up if the nodes have not all arrived after S seconds (60)\n"
+    "  --data DIR         keep the view in DIR/scheduler (default ./chainps-data): a scheduler\n"
+    "                     restarted on the same DIR resumes an unfinished job\n"
     "  -v, --verbose      more logging (twice: debug)\n"
     "  -h, --help         this text\n";
 
 static const struct option scheduler_opts[] = {
+    {"data", required_argument, 0, CLI_OPT_DATA},
     {"servers", required_argument, 0, CLI_OPT_SERVERS},
     {"workers", required_argument, 0, CLI_OPT_WORKERS},
     {"port", required_argument, 0, CLI_OPT_PORT},

@@ -15,6 +15,7 @@
 #include "node/temp_peers.h"
 #include "recovery/detector.h"
 #include "recovery/view_change.h"
+#include "store/store.h"
 #include "transport/transport.h"
 
 #define SCHED_ID 0u
@@ -53,6 +54,7 @@ typedef struct sched {
     cps_temp_peers temps;
     cps_detector *detector;
     pending_join *joins; /* view.nranges entries */
+    cps_store *store;    /* the view and the job's progress, so a restarted scheduler resumes */
     uint64_t next_repair_ms;
     int finished;
 } sched;
@@ -148,6 +150,8 @@ static void send_simple(sched *s, uint32_t peer, uint8_t type, const cps_msg_hdr
         cps_log(CPS_LOG_WARN, "scheduler", "send to node %u failed: %s", peer, cps_strerror(rc));
 }
 
+static void save(sched *s);
+
 static int start_job(sched *s)
 {
     uint32_t S = count_role(s, CPS_ROLE_SERVER);
@@ -183,6 +187,7 @@ static int start_job(sched *s)
             "mode %s",
             s->cfg.num_workers, S, (unsigned long long)s->view.epoch, s->view.nranges,
             s->view.replicas, cps__config_mode_str(s->cfg.mode, s->cfg.ssp_bound, mode, sizeof mode));
+    save(s);
     for (uint32_t i = 0; i < s->nnodes; i++)
         send_view(s, s->nodes[i].info.id, CPS_MSG_WELCOME);
     return 0;
@@ -274,6 +279,144 @@ static void handle_hello(sched *s, const cps_rx *rx)
 
 /* A new epoch of the view, sent to every member (the dead too: a node declared dead that is
  * in fact alive learns from it that it is out). */
+/* ---- persistence: sched/view (the encoded view) and sched/state ----
+ * state: u32 version 1, u32 finished, u32 next_id, u32 workers_done, u32 servers, u32 workers,
+ * u32 n, then n u32 ids of workers that said BYE. */
+typedef struct save_io {
+    sched *s;
+    void *view;
+    size_t view_len;
+} save_io;
+
+static int save_txn(cps_txn *txn, void *arg)
+{
+    save_io *io = arg;
+    sched *s = io->s;
+    uint32_t ndone = 0;
+    unsigned char st[28 + 4 * CPS_MAX_NODES];
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        if (s->nodes[i].done)
+            cps__le32_put(st + 28 + 4 * ndone++, s->nodes[i].info.id);
+    cps__le32_put(st, 1);
+    cps__le32_put(st + 4, (uint32_t)s->finished);
+    cps__le32_put(st + 8, s->next_id);
+    cps__le32_put(st + 12, s->workers_done);
+    cps__le32_put(st + 16, s->cfg.num_servers);
+    cps__le32_put(st + 20, s->cfg.num_workers);
+    cps__le32_put(st + 24, ndone);
+    int rc = cps__store_blob_put(txn, "sched/view", io->view, io->view_len);
+    return rc ? rc : cps__store_blob_put(txn, "sched/state", st, 28 + 4 * (size_t)ndone);
+}
+
+/* Write the view and the job's progress; a failure is logged (the job goes on, a restart
+ * would then not resume). */
+static void save(sched *s)
+{
+    if (!s->store || !s->started)
+        return;
+    save_io io = {s, NULL, cps__view_encoded_size(&s->view)};
+    io.view = malloc(io.view_len ? io.view_len : 1);
+    int rc = io.view ? 0 : CPS_ENOMEM;
+    if (rc == 0) {
+        cps__view_encode(&s->view, io.view, io.view_len);
+        rc = cps__store_write(s->store, save_txn, &io);
+    }
+    free(io.view);
+    if (rc != 0)
+        cps_log(CPS_LOG_ERROR, "scheduler", "cannot save the view: %s (a restarted scheduler "
+                "would not resume this job)", cps_strerror(rc));
+}
+
+typedef struct load_io {
+    sched *s;
+    int found;
+    int rc;
+} load_io;
+
+static int load_txn(cps_txn *txn, void *arg)
+{
+    load_io *io = arg;
+    sched *s = io->s;
+    const void *vb, *sb;
+    size_t vlen, slen;
+    int rc = cps__store_blob_get(txn, "sched/state", &sb, &slen);
+    if (rc == CPS_ENOTFOUND)
+        return 0;
+    if (rc == 0)
+        rc = cps__store_blob_get(txn, "sched/view", &vb, &vlen);
+    if (rc != 0)
+        return rc;
+    const unsigned char *st = sb;
+    if (slen < 28 || cps__le32_get(st) != 1 || slen != 28 + 4 * (size_t)cps__le32_get(st + 24))
+        return CPS_ECORRUPT;
+    if (cps__le32_get(st + 4))
+        return 0; /* that job finished: start a new one */
+    io->found = 1;
+    if (cps__le32_get(st + 16) != s->cfg.num_servers || cps__le32_get(st + 20) != s->cfg.num_workers) {
+        cps_log(CPS_LOG_ERROR, "scheduler", "the data directory holds an unfinished job of %u "
+                "servers and %u workers, not %u and %u: use another --data to start a new job",
+                cps__le32_get(st + 16), cps__le32_get(st + 20), s->cfg.num_servers,
+                s->cfg.num_workers);
+        return CPS_ECONFIG;
+    }
+    cps_view v;
+    cps__view_init(&v);
+    if ((rc = cps__view_decode(vb, vlen, &v)) != 0) {
+        cps__view_fini(&v);
+        return rc;
+    }
+    cps__view_fini(&s->view);
+    s->view = v;
+    s->next_id = cps__le32_get(st + 8);
+    s->workers_done = cps__le32_get(st + 12);
+    s->nnodes = 0;
+    uint64_t now = cps__now_ms();
+    for (uint32_t i = 0; i < v.nnodes && i < CPS_MAX_NODES; i++) {
+        sched_node *n = &s->nodes[s->nnodes++];
+        memset(n, 0, sizeof *n);
+        n->info = v.nodes[i];
+        n->last_seen_ms = now;
+        for (uint32_t j = 0; j < cps__le32_get(st + 24); j++)
+            n->done |= cps__le32_get(st + 28 + 4 * j) == n->info.id;
+    }
+    return 0;
+}
+
+/* Resume an unfinished job from the data directory. Returns 0 (resumed or nothing to resume)
+ * or an error (a different job is there, or the files are corrupt). */
+static int resume(sched *s)
+{
+    load_io io = {s, 0, 0};
+    int rc = cps__store_read(s->store, load_txn, &io);
+    if (rc != 0 || !io.found)
+        return rc;
+    s->joins = calloc(s->view.nranges ? s->view.nranges : 1, sizeof *s->joins);
+    if (!s->joins)
+        return CPS_ENOMEM;
+    s->started = 1;
+    uint64_t now = cps__now_ms();
+    for (uint32_t i = 0; i < s->nnodes; i++) {
+        sched_node *n = &s->nodes[i];
+        if (n->info.alive && !n->done)
+            cps_detector_watch(s->detector, n->info.id, now);
+        if (cps__tp_peer_set(s->tp, n->info.id, n->info.addr) != 0)
+            cps_log(CPS_LOG_WARN, "scheduler", "cannot reach node %u at %s", n->info.id,
+                    n->info.addr);
+    }
+    /* Nobody is declared dead for our own absence: everyone gets a fresh grace period. */
+    cps_detector_restart(s->detector, now);
+    cps_log(CPS_LOG_INFO, "scheduler", "resumed the job from view epoch %llu (%u nodes, %u of "
+            "%u workers finished)", (unsigned long long)s->view.epoch, s->nnodes,
+            s->workers_done, s->cfg.num_workers);
+    /* Everyone learns we are back (and anyone who missed a view gets it now). */
+    s->view.epoch++;
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        if (!s->nodes[i].done)
+            send_view(s, s->nodes[i].info.id, CPS_MSG_VIEW);
+    save(s);
+    return 0;
+}
+
 static void publish_view(sched *s, const char *why)
 {
     if (!s->started)
@@ -286,6 +429,7 @@ static void publish_view(sched *s, const char *why)
         if (!s->nodes[i].done)
             send_view(s, s->nodes[i].info.id, CPS_MSG_VIEW);
     }
+    save(s);
     cps_log(CPS_LOG_INFO, "scheduler", "view epoch %llu published (%s)",
             (unsigned long long)s->view.epoch, why);
 }
@@ -445,6 +589,7 @@ static void shutdown_job(sched *s)
         if (s->nodes[i].info.role == CPS_ROLE_SERVER)
             send_simple(s, s->nodes[i].info.id, CPS_MSG_SHUTDOWN, NULL);
     s->finished = 1;
+    save(s); /* a finished job is not resumed */
 }
 
 static void handle_status(sched *s, const cps_rx *rx)
@@ -603,8 +748,20 @@ int cps__scheduler_run(const cps_config *cfg)
         goto out;
     }
     cps__log_set_tag("scheduler");
-    cps_log(CPS_LOG_INFO, "scheduler", "listening on %s:%u, waiting for %u servers and %u workers",
-            cfg->bind_host, cfg->sched_port, cfg->num_servers, cfg->num_workers);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/scheduler", cfg->data_dir);
+    cps_store_opts so = {.initial_map_bytes = 8u << 20, .sync_every_commit = 1};
+    rc = cps__store_open(dir, &so, &s.store);
+    if (rc == 0)
+        rc = resume(&s);
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, "scheduler", "cannot use %s: %s", dir, cps_strerror(rc));
+        goto out;
+    }
+    if (!s.started)
+        cps_log(CPS_LOG_INFO, "scheduler", "listening on %s:%u, waiting for %u servers and %u "
+                "workers (state in %s)", cfg->bind_host, cfg->sched_port, cfg->num_servers,
+                cfg->num_workers, dir);
     s.start_ms = cps__now_ms();
     uint64_t finish_at = 0;
     for (;;) {
@@ -657,6 +814,7 @@ int cps__scheduler_run(const cps_config *cfg)
 out:
     cps__tp_destroy(s.tp);
     cps_detector_destroy(s.detector);
+    cps__store_close(s.store);
     free(s.joins);
     cps__view_fini(&s.view);
     free(s.nodes);

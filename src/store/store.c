@@ -813,6 +813,32 @@ static int meta_name(const char *name, MDB_val *k)
     return 0;
 }
 
+#define BLOB_MAX_BYTES (64u << 20)
+
+int cps__store_blob_put(cps_txn *tx, const char *name, const void *buf, size_t len)
+{
+    MDB_val k, d = {len, (void *)buf};
+    if (meta_name(name, &k) != 0 || len > BLOB_MAX_BYTES || (len && !buf))
+        return CPS_EINVAL;
+    int rc = mdb_put(tx->t, tx->s->meta, &k, &d, 0);
+    return rc ? lmdb_fail(tx, "blob_put", 0, rc) : 0;
+}
+
+int cps__store_blob_get(cps_txn *tx, const char *name, const void **buf, size_t *len)
+{
+    MDB_val k, d;
+    if (!buf || !len || meta_name(name, &k) != 0)
+        return CPS_EINVAL;
+    int rc = mdb_get(tx->t, tx->s->meta, &k, &d);
+    if (rc == MDB_NOTFOUND)
+        return CPS_ENOTFOUND;
+    if (rc)
+        return lmdb_fail(tx, "blob_get", 0, rc);
+    *buf = d.mv_data;
+    *len = d.mv_size;
+    return 0;
+}
+
 int cps__store_meta_get(cps_txn *tx, const char *name, void *buf, size_t *len)
 {
     MDB_val k, d;

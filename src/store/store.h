@@ -113,6 +113,11 @@ int cps__store_meta_del(cps_txn *txn, const char *name);
 int cps__store_meta_get(cps_txn *txn, const char *name, void *buf, size_t *len);
 int cps__store_meta_put(cps_txn *txn, const char *name, const void *buf, size_t len);
 
+/* Larger named values (<= 64 MiB; e.g. the scheduler's view). blob_get returns a borrowed
+ * pointer valid until the next write or the end of the txn. Errors: CPS_ENOTFOUND, CPS_EINVAL. */
+int cps__store_blob_put(cps_txn *txn, const char *name, const void *buf, size_t len);
+int cps__store_blob_get(cps_txn *txn, const char *name, const void **buf, size_t *len);
+
 /* FNV-1a-64 over the parameter values (not optimizer state) of keys lo..hi, in key order, mixed
  * with each key: equal on two replicas iff they hold the same bits. */
 int cps__store_checksum(cps_txn *txn, uint64_t lo, uint64_t hi, uint64_t *out);
