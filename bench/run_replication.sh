@@ -72,6 +72,10 @@ for mode in $MODES; do
             tail -20 "$log.run" >&2
         fi
         [ -f "$res.run" ] && sed "s/^ps /ps R=$R mode=$mode /" "$res.run" >>"$res"
+        # Nobody is killed here: a server declared dead is a false positive of the failure
+        # detector (a live server silent past CHAINPS_DEAD_AFTER_MS), and its chains shrank.
+        nd=$(grep -c "declared dead" "$log.run")
+        echo "dead R=$R mode=$mode n=$nd" >>"$res"
         cat "$log.run" >>"$log"
         rm -f "$log.run" "$res.run"
     done
@@ -90,6 +94,7 @@ function ratio(a, b) { return (b > 0 && a == a && a != "") ? sprintf("%.2f", a /
 function human(n) {
     return n >= 1048576 ? sprintf("%d MB", n / 1048576) : sprintf("%d KB", n / 1024)
 }
+$1 == "dead" { kv(); if (f["n"] > 0) { dead[f["mode"] SUBSEP f["R"]] = f["n"]; anydead = 1 } }
 $1 == "bg" { kv(); if (f["bytes_per_s"] + 0 > bgmax) bgmax = f["bytes_per_s"] + 0 }
 $1 == "ps" {
     kv()
@@ -131,15 +136,17 @@ END {
             w = W[k] + 0
             ideal = m == "sync" ? (w + R - 1) / w : R
             repl = (k1 in bpp && bpp[k] != "nan") ? sprintf("%.0f", bpp[k] - bpp[k1]) : "-"
-            printf "%-5s %-2d %-6s %2d | %8.0f %5s | %7.0f %5s | %7.0f %5s | %8.0f | %10.0f %5s %10s %6.2f %5.2f\n",
+            printf "%-5s %-2d %-6s %2d | %8.0f %5s | %7.0f %5s | %7.0f %5s | %8.0f | %10.0f %5s %10s %6.2f %5.2f%s\n",
                    m, w, human(s), R, pp[k], ratio(pp[k], pp[k1]), p50[k], ratio(p50[k], p50[k1]),
                    p99[k], ratio(p99[k], p99[k1]), push50[k], bpp[k], ratio(bpp[k], bpp[k1]),
-                   repl, bpp[k] / s, ideal
+                   repl, bpp[k] / s, ideal, ((m SUBSEP R) in dead) ? " *" : ""
         }
     }
     printf "\nUnits: MB/s = 10^6 bytes/s of tensor data (push+pull counts both directions), latency in microseconds.\n"
     printf "ideal copies: async R (the worker sends one copy, each of the R-1 hops forwards one);\n"
     printf "sync (W+R-1)/W (W workers push, the head forwards the step aggregate once per hop).\n"
+    if (anydead)
+        printf "* INVALID: during this launch the scheduler declared a live server dead (failure-detector false\n  positive under load; see the log), so chains were shorter than R for part of the run.\n"
     printf "Loopback traffic from other programs: up to %.0f B/s in the 1 s before a launch%s.\n",
            bgmax, (bgmax > 100000) ? " (NOT quiet: bytes/push are inflated)" : " (quiet)"
     printf "\nWhat limits these figures: everything shares one machine with %d cores and its loopback. The\n", cores

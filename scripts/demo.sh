@@ -13,4 +13,4 @@ mkdir -p "$out"
 echo "demo: training on Fashion-MNIST with 3 servers and 2 workers (sync SGD); output in $out"
 build/release/chainps launch --servers 3 --workers 2 --mode sync --timeout 3600 -- \
   build/release/examples/fmnist --model mlp --epochs 3 --out "$out" "$@"
-echo "demo: plot $out/fmnist.png, CSV $out/fmnist.csv, final model $out/model.bin"
+echo "demo: plot $out/fmnist-mlp.png, CSV $out/fmnist-mlp.csv, final model $out/fmnist-mlp.bin"

@@ -27,19 +27,19 @@ enum cps_json_type {
 
 typedef struct cps_json cps_json;
 struct cps_json {
-    int type;           /* enum cps_json_type */
-    const char *key;    /* member name when inside an object (NUL-terminated), else NULL */
+    int type;        /* enum cps_json_type */
+    const char *key; /* member name when inside an object (NUL-terminated), else NULL */
     size_t key_len;
-    const char *str;    /* STRING: decoded UTF-8, NUL-terminated (no interior NUL) */
+    const char *str; /* STRING: decoded UTF-8, NUL-terminated (no interior NUL) */
     size_t str_len;
-    size_t raw_off;     /* STRING: offset of the first byte after the opening quote in the input;
-                           lets a caller locate a value's bytes (header checksum) */
-    size_t raw_len;     /* STRING: bytes between the quotes in the input */
-    double num;         /* NUMBER: value as a double */
-    int is_uint;        /* NUMBER: 1 if a plain non-negative integer that fits in uint64 */
-    uint64_t u64;       /* NUMBER: the value when is_uint */
-    size_t n;           /* ARRAY/OBJECT: number of children */
-    cps_json *child;    /* ARRAY/OBJECT: first child; siblings through next, in input order */
+    size_t raw_off;  /* STRING: offset of the first byte after the opening quote in the input;
+                        lets a caller locate a value's bytes (header checksum) */
+    size_t raw_len;  /* STRING: bytes between the quotes in the input */
+    double num;      /* NUMBER: value as a double */
+    int is_uint;     /* NUMBER: 1 if a plain non-negative integer that fits in uint64 */
+    uint64_t u64;    /* NUMBER: the value when is_uint */
+    size_t n;        /* ARRAY/OBJECT: number of children */
+    cps_json *child; /* ARRAY/OBJECT: first child; siblings through next, in input order */
     cps_json *next;
 };
 

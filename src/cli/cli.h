@@ -2,12 +2,21 @@
 #ifndef CPS_CLI_H
 #define CPS_CLI_H
 
+#include <stdint.h>
+
 #include "core/config.h"
 
 int cps__cli_scheduler(int argc, char **argv);
 int cps__cli_server(int argc, char **argv);
 int cps__cli_launch(int argc, char **argv);
 int cps__cli_status(int argc, char **argv);
+int cps__cli_checkpoint(int argc, char **argv);
+int cps__cli_chaos(int argc, char **argv);
+
+/* Parse launch's job arguments (`--servers S --workers W ... -- PROGRAM ARGS`) into cfg.
+ * Returns 0, 2 (usage error, printed), or -1 (--help was printed). */
+int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, int *data_given,
+                      int *port, uint32_t *timeout_s, char ***prog);
 
 /* Defaults + environment into cfg; prints the error and returns 2 on a bad variable. */
 int cps__cli_config(cps_config *cfg);
@@ -36,6 +45,8 @@ enum {
     CLI_OPT_TIMEOUT,
     CLI_OPT_KEEP_DATA,
     CLI_OPT_VERIFY,
+    CLI_OPT_HOLD,
+    CLI_OPT_END,
 };
 
 #endif

@@ -21,6 +21,9 @@ static const char usage[] =
     "  server      run a parameter server\n"
     "  launch      run a scheduler, S servers and W copies of a training program locally\n"
     "  status      show a running job: nodes, ranks, key ranges, liveness, traffic\n"
+    "  checkpoint  inspect a checkpoint (safetensors) and verify its checksums\n"
+    "  chaos       run a local job while killing, pausing and restarting its processes,\n"
+    "              then check that nothing was lost\n"
     "\n"
     "`chainps <command> --help` describes each command. Configuration also comes from the\n"
     "environment (CHAINPS_*, ps-lite's DMLC_*, MindSpore's MS_*): see the README.\n";
@@ -100,6 +103,9 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps_config *
     case CLI_OPT_NO_COMPRESS:
         cfg->compress = 0;
         break;
+    case CLI_OPT_HOLD:
+        cfg->hold = 1;
+        break;
     case 'v':
         cfg->verbose++;
         cps__log_set_level(cfg->verbose >= 2 ? CPS_LOG_DEBUG : CPS_LOG_INFO);
@@ -132,11 +138,14 @@ static const char scheduler_usage[] =
     "  --join-timeout S   give up if the nodes have not all arrived after S seconds (60)\n"
     "  --data DIR         keep the view in DIR/scheduler (default ./chainps-data): a scheduler\n"
     "                     restarted on the same DIR resumes an unfinished job\n"
+    "  --hold             when the workers are done, keep the servers up (to inspect them)\n"
+    "                     until `chainps status --end`\n"
     "  -v, --verbose      more logging (twice: debug)\n"
     "  -h, --help         this text\n";
 
 static const struct option scheduler_opts[] = {
     {"data", required_argument, 0, CLI_OPT_DATA},
+    {"hold", no_argument, 0, CLI_OPT_HOLD},
     {"servers", required_argument, 0, CLI_OPT_SERVERS},
     {"workers", required_argument, 0, CLI_OPT_WORKERS},
     {"port", required_argument, 0, CLI_OPT_PORT},
@@ -273,6 +282,10 @@ int main(int argc, char **argv)
         return cps__cli_launch(argc - 1, argv + 1);
     if (!strcmp(cmd, "status"))
         return cps__cli_status(argc - 1, argv + 1);
+    if (!strcmp(cmd, "checkpoint"))
+        return cps__cli_checkpoint(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chaos"))
+        return cps__cli_chaos(argc - 1, argv + 1);
     fprintf(stderr, "chainps: unknown command '%s'\n\n%s", cmd, usage);
     return 2;
 }

@@ -23,6 +23,8 @@ static const char status_usage[] =
     "before and after compression, pull bytes, updates applied).\n"
     "\n"
     "  --scheduler H:P    the scheduler (default 127.0.0.1:9091; env CHAINPS_SCHEDULER, ...)\n"
+    "  --end              end the job: the scheduler tells the servers to stop (for a job\n"
+    "                     whose scheduler runs with --hold)\n"
     "  --verify           ask every replica of every range for a checksum of its values at its\n"
     "                     sequence number and compare replicas at equal sequence numbers;\n"
     "                     exits 1 on a mismatch, 3 if replicas never stood at the same\n"
@@ -32,6 +34,7 @@ static const char status_usage[] =
 static const struct option status_opts[] = {
     {"scheduler", required_argument, 0, CLI_OPT_SCHEDULER},
     {"verify", no_argument, 0, CLI_OPT_VERIFY},
+    {"end", no_argument, 0, CLI_OPT_END},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0}};
 
@@ -223,7 +226,7 @@ int cps__cli_status(int argc, char **argv)
     cps_config cfg;
     if (cps__cli_config(&cfg) != 0)
         return 2;
-    int opt, want_verify = 0;
+    int opt, want_verify = 0, want_end = 0;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "h", status_opts, NULL)) != -1) {
         if (opt == 'h') {
@@ -232,6 +235,10 @@ int cps__cli_status(int argc, char **argv)
         }
         if (opt == CLI_OPT_VERIFY) {
             want_verify = 1;
+            continue;
+        }
+        if (opt == CLI_OPT_END) {
+            want_end = 1;
             continue;
         }
         int rc = cps__cli_common_flag("status", opt, optarg, &cfg);
@@ -276,6 +283,13 @@ int cps__cli_status(int argc, char **argv)
         print_status(r);
         if (want_verify)
             exit_code = r->started ? verify(r, tp, me) : 3;
+        if (want_end) {
+            cps_msg_hdr e = {.type = CPS_MSG_SHUTDOWN, .sender = UINT32_MAX};
+            if (cps__msg_send(tp, 0, &e, NULL, 0) == 0) {
+                cps__tp_poll(tp, 200, NULL, NULL, 0); /* let it leave before we close */
+                printf("status: asked the scheduler to end the job\n");
+            }
+        }
     }
     cps__tp_destroy(tp);
     cps__view_fini(&r->view);

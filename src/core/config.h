@@ -52,6 +52,8 @@ typedef struct cps_config {
     uint32_t unavailable_timeout_ms; /* default 30000 */
     int compress;                   /* default 1 */
     int sync_every_commit;          /* default 0 */
+    int hold;                       /* scheduler: keep servers up after the workers finish,
+                                       until `chainps status --end` (CHAINPS_HOLD) */
 } cps_config;
 
 /* Fill every field with its default. */

@@ -56,6 +56,7 @@ typedef struct sched {
     pending_join *joins; /* view.nranges entries */
     cps_store *store;    /* the view and the job's progress, so a restarted scheduler resumes */
     uint64_t next_repair_ms;
+    int ending_held; /* every worker is done, but cfg.hold keeps the servers up */
     int finished;
 } sched;
 
@@ -195,6 +196,7 @@ static int start_job(sched *s)
 
 static void publish_view(sched *s, const char *why);
 static void maybe_release_barrier(sched *s);
+static void maybe_end_job(sched *s);
 
 static void handle_hello(sched *s, const cps_rx *rx)
 {
@@ -555,6 +557,7 @@ static void declare_dead(sched *s, uint32_t id, uint64_t silence_ms)
                     "wait for a server to come back", lost);
     } else {
         maybe_release_barrier(s);
+        maybe_end_job(s);
     }
 }
 
@@ -563,8 +566,8 @@ static void maybe_release_barrier(sched *s)
     uint32_t waiting = 0, live = 0;
     for (uint32_t i = 0; i < s->nnodes; i++) {
         sched_node *n = &s->nodes[i];
-        if (n->info.role != CPS_ROLE_WORKER || n->done)
-            continue;
+        if (n->info.role != CPS_ROLE_WORKER || n->done || !n->info.alive)
+            continue; /* finished or dead workers do not hold a barrier up */
         live++;
         waiting += n->in_barrier;
     }
@@ -581,6 +584,31 @@ static void maybe_release_barrier(sched *s)
         }
     }
     cps_log(CPS_LOG_DEBUG, "scheduler", "barrier released (%u workers)", live);
+}
+
+static void shutdown_job(sched *s);
+
+/* Every worker finished or died: the job is over (unless held for inspection). */
+static void maybe_end_job(sched *s)
+{
+    if (!s->started || s->finished || s->ending_held)
+        return;
+    uint32_t left = 0;
+    for (uint32_t i = 0; i < s->nnodes; i++) {
+        const sched_node *n = &s->nodes[i];
+        left += n->info.role == CPS_ROLE_WORKER && !n->done && n->info.alive;
+    }
+    if (left)
+        return;
+    if (s->cfg.hold) {
+        s->ending_held = 1;
+        cps_log(CPS_LOG_INFO, "scheduler", "all workers finished; holding the servers until "
+                "`chainps status --end`");
+        return;
+    }
+    cps_log(CPS_LOG_INFO, "scheduler", "all workers finished (%u of %u said goodbye); ending "
+            "the job", s->workers_done, s->cfg.num_workers);
+    shutdown_job(s);
 }
 
 static void shutdown_job(sched *s)
@@ -646,6 +674,10 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     const cps_msg_hdr *h = &rx.hdr;
     if (h->type == CPS_MSG_HELLO) {
         handle_hello(s, &rx);
+    } else if (h->type == CPS_MSG_SHUTDOWN && h->sender == UINT32_MAX) {
+        /* `chainps status --end`: end a held job (or any job, on purpose). */
+        cps_log(CPS_LOG_INFO, "scheduler", "asked to end the job");
+        shutdown_job(s);
     } else if (h->type == CPS_MSG_STATUS) {
         handle_status(s, &rx);
     } else {
@@ -702,10 +734,7 @@ static void handle_msg(void *ctx, void *buf, size_t len)
                 n->info.alive = 0;
                 publish_view(s, "a worker finished");
             }
-            if (s->workers_done >= s->cfg.num_workers) {
-                cps_log(CPS_LOG_INFO, "scheduler", "all workers finished; ending the job");
-                shutdown_job(s);
-            }
+            maybe_end_job(s);
             break;
         default:
             cps_log(CPS_LOG_WARN, "scheduler", "unexpected message type %u from node %u",

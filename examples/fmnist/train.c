@@ -1,0 +1,755 @@
+/* fmnist: train an MLP or a LeNet-5-style CNN on Fashion-MNIST through chainps, or alone with
+ * --local as the baseline.
+ *
+ * Parameter-server mode: every worker declares the same tensors (the optimizer runs on the
+ * servers), pulls the initial values, then per step computes gradients on its batch and
+ * push-pulls each tensor. In sync mode (CHAINPS_MODE unset or "sync") the servers SUM the
+ * gradients of all workers for a step, so each worker scales its gradient by 1/num_workers and
+ * the update uses the average gradient over the global batch, as in single-process training with
+ * batch * num_workers. In async/SSP mode every push is applied by itself, so gradients are sent
+ * unscaled. (The worker API does not report the mode, so it is read from CHAINPS_MODE, the same
+ * variable the library reads.) --schedule cosine also scales the gradient, by a cosine of the
+ * step: the servers' learning rate is fixed at declaration, and with SGD/momentum scaling the
+ * gradient is the same as scaling the rate (see README.md).
+ *
+ * --local runs the same model, data order (rank 0 of a 1-worker job), initial values
+ * (cps_init_values) and update rules (fm_optim_apply, the formulas of the servers) in one
+ * process, so a 1-worker job and --local should follow the same trajectory.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cblas.h>
+
+#include "chainps/chainps.h"
+#include "data.h"
+#include "model.h"
+
+typedef struct opts {
+    fm_model_kind model;
+    int epochs, batch, log_every, local;
+    int cosine; /* --schedule cosine (1) or constant (0) */
+    long steps; /* 0: no limit */
+    float lr;   /* 0: the optimizer's default */
+    float wd;   /* L2 weight decay, applied by the optimizer */
+    uint64_t seed;
+    cps_optim_kind optim;
+    const char *csv, *plot, *out, *data;
+} opts;
+
+typedef struct run {
+    opts o;
+    cps_client *cli;
+    int rank, nworkers;
+    fm_model *m;
+    cps_tensor *tensors[FM_MAX_PARAMS];
+    float *state[FM_MAX_PARAMS]; /* --local optimizer state */
+    cps_optim optim;
+    float grad_scale;     /* 1/num_workers in sync mode, else 1 */
+    uint64_t total_steps; /* planned steps, the length of the cosine schedule */
+    FILE *csv;
+    char csv_path[4096], plot_path[4096], model_path[4096];
+    struct timespec t0;
+    int plot_failed;
+    int loss_rows, acc_rows; /* what the CSV holds, so the plot only draws series with points */
+    double acc_min, acc_max;
+} run;
+
+static const char *optim_name(cps_optim_kind k)
+{
+    static const char *names[] = {"sgd", "momentum", "adagrad", "adam", "rmsprop"};
+    return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
+}
+
+static void usage(FILE *f)
+{
+    fprintf(
+        f,
+        "usage: fmnist [options]\n"
+        "Train an MLP or a LeNet-5-style CNN on Fashion-MNIST through chainps.\n"
+        "  --model mlp|cnn        network (default mlp)\n"
+        "  --epochs N             passes over this worker's shard (default 10)\n"
+        "  --batch B              batch size per worker (default 64)\n"
+        "  --lr X                 learning rate (default: sgd 0.1, momentum 0.01, adam 0.001)\n"
+        "  --optimizer sgd|momentum|adam  server-side optimizer (default momentum 0.9)\n"
+        "  --schedule cosine|constant  step size over the run (default cosine, see README)\n"
+        "  --weight-decay X       L2 coefficient added to the gradient (default 0)\n"
+        "  --seed S               seed of the initial values and the shuffles (default 1)\n"
+        "  --steps N              stop after N steps in total (default: no limit)\n"
+        "  --log-every N          print the loss every N steps of an epoch (default 100, 0 off)\n"
+        "  --local                train in this process, without a parameter server\n"
+        "  --data DIR             IDX .gz files (default " FM_DEFAULT_DATA_DIR ")\n"
+        "  --out DIR              where the CSV, plot and model go (default fmnist-out)\n"
+        "  --csv PATH             CSV of time_s,epoch,step,loss,accuracy (default "
+        "OUT/fmnist-MODEL.csv)\n"
+        "  --plot PATH.png        plot of loss and accuracy (default OUT/fmnist-MODEL.png)\n"
+        "  --help                 this text\n"
+        "In parameter-server mode start the same program in every role (CHAINPS_ROLE=...);\n"
+        "rank 0 writes the CSV, plot and model.\n");
+}
+
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("fmnist: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    exit(1);
+}
+
+static int bad_flag(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("fmnist: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    usage(stderr);
+    return 2;
+}
+
+static int parse_long(const char *flag, const char *s, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > max)
+        return bad_flag("%s: expected an integer in %ld..%ld, got '%s'", flag, min, max, s);
+    *out = v;
+    return 0;
+}
+
+enum {
+    OPT_MODEL = 1000,
+    OPT_EPOCHS,
+    OPT_BATCH,
+    OPT_LR,
+    OPT_WD,
+    OPT_SCHED,
+    OPT_SEED,
+    OPT_LOCAL,
+    OPT_OPTIM,
+    OPT_LOGEVERY,
+    OPT_STEPS,
+    OPT_CSV,
+    OPT_PLOT,
+    OPT_OUT,
+    OPT_DATA,
+    OPT_HELP
+};
+
+static int parse_one(opts *o, int c, const char *arg, const char *flag)
+{
+    long v;
+    int rc = 0;
+    switch (c) {
+    case OPT_MODEL:
+        if (!strcmp(arg, "mlp"))
+            o->model = FM_MODEL_MLP;
+        else if (!strcmp(arg, "cnn"))
+            o->model = FM_MODEL_CNN;
+        else
+            rc = bad_flag("--model: expected mlp or cnn, got '%s'", arg);
+        break;
+    case OPT_SCHED:
+        if (!strcmp(arg, "cosine"))
+            o->cosine = 1;
+        else if (!strcmp(arg, "constant"))
+            o->cosine = 0;
+        else
+            rc = bad_flag("--schedule: expected cosine or constant, got '%s'", arg);
+        break;
+    case OPT_OPTIM:
+        if (!strcmp(arg, "sgd"))
+            o->optim = CPS_OPTIM_SGD;
+        else if (!strcmp(arg, "momentum"))
+            o->optim = CPS_OPTIM_MOMENTUM;
+        else if (!strcmp(arg, "adam"))
+            o->optim = CPS_OPTIM_ADAM;
+        else
+            rc = bad_flag("--optimizer: expected sgd, momentum or adam, got '%s'", arg);
+        break;
+    case OPT_LR:
+    case OPT_WD: {
+        char *end;
+        errno = 0;
+        double d = strtod(arg, &end);
+        if (c == OPT_LR && (errno || end == arg || *end || !(d > 0.0) || d > 100.0))
+            return bad_flag("--lr: expected a number in (0, 100], got '%s'", arg);
+        if (c == OPT_WD && (errno || end == arg || *end || !(d >= 0.0) || d > 1.0))
+            return bad_flag("--weight-decay: expected a number in [0, 1], got '%s'", arg);
+        *(c == OPT_LR ? &o->lr : &o->wd) = (float)d;
+        break;
+    }
+    case OPT_EPOCHS:
+        if (!(rc = parse_long(flag, arg, 1, 100000, &v)))
+            o->epochs = (int)v;
+        break;
+    case OPT_BATCH:
+        if (!(rc = parse_long(flag, arg, 1, 60000, &v)))
+            o->batch = (int)v;
+        break;
+    case OPT_LOGEVERY:
+        if (!(rc = parse_long(flag, arg, 0, 1000000000L, &v)))
+            o->log_every = (int)v;
+        break;
+    case OPT_STEPS:
+        if (!(rc = parse_long(flag, arg, 1, 1000000000L, &v)))
+            o->steps = v;
+        break;
+    case OPT_SEED: {
+        char *end;
+        errno = 0;
+        unsigned long long s = strtoull(arg, &end, 0);
+        if (errno || end == arg || *end || arg[0] == '-')
+            return bad_flag("--seed: expected a non-negative integer, got '%s'", arg);
+        o->seed = s;
+        break;
+    }
+    case OPT_LOCAL:
+        o->local = 1;
+        break;
+    case OPT_CSV:
+        o->csv = arg;
+        break;
+    case OPT_PLOT:
+        o->plot = arg;
+        break;
+    case OPT_OUT:
+        o->out = arg;
+        break;
+    case OPT_DATA:
+        o->data = arg;
+        break;
+    }
+    return rc;
+}
+
+/* Returns 0 to run, 2 on a bad flag, -1 after --help. */
+static int parse_opts(int argc, char **argv, opts *o)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, NULL, OPT_MODEL},
+        {"epochs", required_argument, NULL, OPT_EPOCHS},
+        {"batch", required_argument, NULL, OPT_BATCH},
+        {"lr", required_argument, NULL, OPT_LR},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"local", no_argument, NULL, OPT_LOCAL},
+        {"optimizer", required_argument, NULL, OPT_OPTIM},
+        {"log-every", required_argument, NULL, OPT_LOGEVERY},
+        {"steps", required_argument, NULL, OPT_STEPS},
+        {"csv", required_argument, NULL, OPT_CSV},
+        {"plot", required_argument, NULL, OPT_PLOT},
+        {"out", required_argument, NULL, OPT_OUT},
+        {"data", required_argument, NULL, OPT_DATA},
+        {"weight-decay", required_argument, NULL, OPT_WD},
+        {"schedule", required_argument, NULL, OPT_SCHED},
+        {"help", no_argument, NULL, OPT_HELP},
+        {NULL, 0, NULL, 0},
+    };
+    *o = (opts){.model = FM_MODEL_MLP,
+                .epochs = 10,
+                .batch = 64,
+                .log_every = 100,
+                .cosine = 1,
+                .seed = 1,
+                .optim = CPS_OPTIM_MOMENTUM,
+                .out = "fmnist-out",
+                .data = FM_DEFAULT_DATA_DIR};
+    opterr = 0; /* our own messages, followed by the usage */
+    for (;;) {
+        int idx = -1, prev = optind;
+        int c = getopt_long(argc, argv, ":", longopts, &idx);
+        if (c == -1)
+            break;
+        const char *flag = argv[prev];
+        if (c == '?')
+            return bad_flag("unknown option '%s'", flag);
+        if (c == ':')
+            return bad_flag("option '%s' needs a value", flag);
+        if (c == OPT_HELP) {
+            usage(stdout);
+            return -1;
+        }
+        int rc = parse_one(o, c, optarg, idx >= 0 ? longopts[idx].name : flag);
+        if (rc)
+            return rc;
+    }
+    if (optind < argc)
+        return bad_flag("unexpected argument '%s'", argv[optind]);
+    if (o->lr == 0.0f)
+        o->lr = o->optim == CPS_OPTIM_SGD ? 0.1f : o->optim == CPS_OPTIM_ADAM ? 0.001f : 0.01f;
+    return 0;
+}
+
+static double since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)(t.tv_sec - t0->tv_sec) + (double)(t.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* mkdir -p: the output directory may be several levels deep. */
+static int mkdir_p(const char *dir)
+{
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        return -1;
+    for (char *p = buf + 1; *p; p++) {
+        if (*p == '/') {
+            *p = '\0';
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    }
+    return mkdir(buf, 0777) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+static void check(int rc, const char *what, const char *name)
+{
+    if (rc != CPS_OK)
+        die("%s(%s): %s (%s)", what, name, cps_strerror(rc), cps_err_name(rc));
+}
+
+/* Declare every tensor on the servers and pull its initial values (the first declaration
+ * creates them; later workers find them, so everyone starts from the servers' copy). */
+static void ps_setup(run *r)
+{
+    for (int i = 0; i < fm_model_num_params(r->m); i++) {
+        fm_param *p = fm_model_param(r->m, i);
+        check(cps_tensor_declare(r->cli, p->name, p->len, &p->init, &r->optim, &r->tensors[i]),
+              "cps_tensor_declare", p->name);
+        check(cps_pull(r->cli, r->tensors[i], p->value, p->len), "cps_pull", p->name);
+    }
+}
+
+static void local_setup(run *r)
+{
+    size_t slots = fm_optim_state_slots(r->optim.kind);
+    for (int i = 0; i < fm_model_num_params(r->m); i++) {
+        fm_param *p = fm_model_param(r->m, i);
+        cps_init_values(&p->init, 0, p->value, p->len);
+        if (slots) {
+            r->state[i] = calloc(slots * p->len, sizeof(float));
+            if (!r->state[i])
+                die("out of memory for optimizer state");
+        }
+    }
+}
+
+/* One update. All tensors are started before any is waited for, so their round trips to the
+ * servers overlap. */
+static void apply_update(run *r, uint64_t step)
+{
+    int np = fm_model_num_params(r->m);
+    float scale = r->grad_scale;
+    if (r->o.cosine)
+        scale *= (float)(0.5 * (1.0 + cos(M_PI * (double)(step - 1) / (double)r->total_steps)));
+    /* Scaled the same way in both modes, so --local and a 1-worker job stay bit-identical. */
+    if (scale != 1.0f)
+        for (int i = 0; i < np; i++)
+            cblas_sscal((int)fm_model_param(r->m, i)->len, scale, fm_model_param(r->m, i)->grad, 1);
+    if (r->o.local) {
+        for (int i = 0; i < np; i++) {
+            fm_param *p = fm_model_param(r->m, i);
+            fm_optim_apply(&r->optim, p->value, r->state[i], p->grad, p->len, step);
+        }
+        return;
+    }
+    cps_handle *h[FM_MAX_PARAMS];
+    int started = 0, err = CPS_OK, bad = -1;
+    for (int i = 0; i < np; i++) {
+        fm_param *p = fm_model_param(r->m, i);
+        err = cps_push_pull_async(r->cli, r->tensors[i], p->grad, p->value, p->len, &h[i]);
+        if (err != CPS_OK) {
+            bad = i;
+            break;
+        }
+        started++;
+    }
+    /* Wait even after a failure: started operations still own their buffers. */
+    for (int i = 0; i < started; i++) {
+        int rc = cps_wait(h[i], -1);
+        if (rc != CPS_OK && err == CPS_OK) {
+            err = rc;
+            bad = i;
+        }
+    }
+    if (err != CPS_OK)
+        check(err, "cps_push_pull", fm_model_param(r->m, bad)->name);
+}
+
+static double evaluate(run *r, const fm_dataset *test)
+{
+    int mb = fm_model_max_batch(r->m);
+    float *x = malloc((size_t)mb * FM_PIXELS * sizeof *x);
+    if (!x)
+        die("out of memory");
+    size_t hits = 0;
+    for (size_t i = 0; i < test->n; i += (size_t)mb) {
+        int b = test->n - i < (size_t)mb ? (int)(test->n - i) : mb;
+        int c = 0;
+        fm_pixels_to_float(test->pixels + i * FM_PIXELS, (size_t)b * FM_PIXELS, x);
+        fm_model_evaluate(r->m, x, test->labels + i, b, &c);
+        hits += (size_t)c;
+    }
+    free(x);
+    return 100.0 * (double)hits / (double)test->n;
+}
+
+static void shuffle(uint32_t *perm, size_t n, uint64_t seed, int epoch, int rank)
+{
+    uint64_t s = fm_mix64(fm_mix64(seed ^ 0x5348554646u) ^
+                          fm_mix64(((uint64_t)epoch << 32) | (uint32_t)rank));
+    for (size_t i = 0; i < n; i++)
+        perm[i] = (uint32_t)i;
+    for (size_t i = n - 1; i > 0; i--) {
+        /* Rejection sampling: plain modulo would favour small indices. */
+        uint64_t bound = (uint64_t)i + 1, lim = UINT64_MAX - UINT64_MAX % bound, x;
+        do {
+            s += 0x9e3779b97f4a7c15ull;
+            x = fm_mix64(s);
+        } while (x >= lim);
+        size_t j = (size_t)(x % bound);
+        uint32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+static uint64_t checksum(fm_model *m)
+{
+    uint64_t h = FM_FNV_OFFSET;
+    for (int i = 0; i < fm_model_num_params(m); i++) {
+        fm_param *p = fm_model_param(m, i);
+        h = fm_fnv1a64(h, p->value, p->len * sizeof(float));
+    }
+    return h;
+}
+
+/* Format: "FMNIST01", u32 tensor count, then per tensor u32 name length, name, u64 element
+ * count, float32 values; all little-endian (the host order on every platform we build for). */
+static int save_model(fm_model *m, const char *path)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        return -1;
+    uint32_t np = (uint32_t)fm_model_num_params(m);
+    int ok = fwrite("FMNIST01", 1, 8, f) == 8 && fwrite(&np, sizeof np, 1, f) == 1;
+    for (uint32_t i = 0; ok && i < np; i++) {
+        fm_param *p = fm_model_param(m, (int)i);
+        uint32_t nl = (uint32_t)strlen(p->name);
+        uint64_t len = p->len;
+        ok = fwrite(&nl, sizeof nl, 1, f) == 1 && fwrite(p->name, 1, nl, f) == nl &&
+             fwrite(&len, sizeof len, 1, f) == 1 &&
+             fwrite(p->value, sizeof(float), p->len, f) == p->len;
+    }
+    if (fclose(f) != 0)
+        ok = 0;
+    return ok ? 0 : -1;
+}
+
+static int have_gnuplot(void)
+{
+    const char *path = getenv("PATH");
+    if (!path)
+        path = "/usr/bin:/bin";
+    char buf[4096];
+    for (const char *p = path; *p;) {
+        size_t n = strcspn(p, ":");
+        if (n > 0 && (size_t)snprintf(buf, sizeof buf, "%.*s/gnuplot", (int)n, p) < sizeof buf &&
+            access(buf, X_OK) == 0)
+            return 1;
+        p += n;
+        if (*p == ':')
+            p++;
+    }
+    return 0;
+}
+
+static int plot(run *r)
+{
+    if (!have_gnuplot()) {
+        printf("gnuplot not found in PATH: skipping the plot\n");
+        return -1;
+    }
+    if (r->loss_rows == 0 && r->acc_rows == 0) {
+        printf("nothing to plot\n");
+        return -1;
+    }
+    if (strchr(r->csv_path, '\'') || strchr(r->plot_path, '\'')) {
+        printf("a quote in %s or %s cannot be passed to gnuplot: skipping the plot\n", r->csv_path,
+               r->plot_path);
+        return -1;
+    }
+    FILE *g = popen("gnuplot", "w");
+    if (!g)
+        return -1;
+    /* pngcairo draws anti-aliased lines; plain png is the fallback of builds without cairo. */
+    fprintf(g,
+            "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) "
+            "{ set terminal pngcairo size 1000,600 } else { set terminal png size 1000,600 }\n"
+            "set output '%s'\n"
+            "set datafile separator ','\n"
+            "set title 'Fashion-MNIST %s, %s, %s lr %g (%s), batch %d'\n"
+            "set xlabel 'time (s)'\n"
+            "set ylabel 'training loss (one batch)'\n"
+            "set y2label 'test accuracy (%%)'\n"
+            "set ytics nomirror\n"
+            "set y2tics\n"
+            "set grid\n"
+            "set key center right\n",
+            r->plot_path, fm_model_kind_name(r->o.model), r->o.local ? "local" : "parameter server",
+            optim_name(r->o.optim), (double)r->o.lr, r->o.cosine ? "cosine" : "constant",
+            r->o.batch);
+    /* gnuplot refuses a series without points and warns about a zero-height axis. */
+    if (r->acc_rows > 0 && r->acc_max - r->acc_min < 0.5)
+        fprintf(g, "set y2range [%f:%f]\n", r->acc_min - 1.0, r->acc_max + 1.0);
+    const char *sep = "plot ";
+    if (r->loss_rows > 0) {
+        fprintf(g, "%s'%s' every ::1 using 1:4 with lines lw 1.5 title 'loss'", sep, r->csv_path);
+        sep = ", ";
+    }
+    if (r->acc_rows > 0)
+        fprintf(g,
+                "%s'%s' every ::1 using 1:5 axes x1y2 with linespoints lw 2 pt 7 "
+                "title 'test accuracy'",
+                sep, r->csv_path);
+    fputc('\n', g);
+    if (pclose(g) != 0) {
+        r->plot_failed = 1;
+        return -1;
+    }
+    return 0;
+}
+
+static void csv_row(run *r, int epoch, uint64_t step, double loss, double acc)
+{
+    if (!r->csv)
+        return;
+    if (!isnan(loss))
+        r->loss_rows++;
+    if (!isnan(acc)) {
+        r->acc_min = r->acc_rows == 0 || acc < r->acc_min ? acc : r->acc_min;
+        r->acc_max = r->acc_rows == 0 || acc > r->acc_max ? acc : r->acc_max;
+        r->acc_rows++;
+    }
+    fprintf(r->csv, "%.3f,%d,%llu,", since(&r->t0), epoch, (unsigned long long)step);
+    if (!isnan(loss))
+        fprintf(r->csv, "%.6f", loss);
+    fputc(',', r->csv);
+    if (!isnan(acc))
+        fprintf(r->csv, "%.2f", acc);
+    fputc('\n', r->csv);
+    fflush(r->csv);
+}
+
+static void open_outputs(run *r)
+{
+    const char *mk = fm_model_kind_name(r->o.model);
+    snprintf(r->csv_path, sizeof r->csv_path, "%s/fmnist-%s.csv", r->o.out, mk);
+    snprintf(r->plot_path, sizeof r->plot_path, "%s/fmnist-%s.png", r->o.out, mk);
+    snprintf(r->model_path, sizeof r->model_path, "%s/fmnist-%s.bin", r->o.out, mk);
+    if (r->o.csv)
+        snprintf(r->csv_path, sizeof r->csv_path, "%s", r->o.csv);
+    if (r->o.plot)
+        snprintf(r->plot_path, sizeof r->plot_path, "%s", r->o.plot);
+    if (r->rank != 0)
+        return; /* workers share the output directory; one writer is enough */
+    if (mkdir_p(r->o.out) != 0)
+        die("cannot create output directory %s: %s", r->o.out, strerror(errno));
+    r->csv = fopen(r->csv_path, "w");
+    if (!r->csv)
+        die("cannot write %s: %s", r->csv_path, strerror(errno));
+    fprintf(r->csv, "time_s,epoch,step,loss,accuracy\n");
+}
+
+static void load(const char *dir, const char *prefix, fm_dataset *ds)
+{
+    char err[8192];
+    if (fm_dataset_load_split(ds, dir, prefix, err, sizeof err) != FM_DATA_OK)
+        die("cannot load Fashion-MNIST: %s", err);
+}
+
+/* End of training: final model, its accuracy and checksum, the files, the summary line. */
+static void finish(run *r, const fm_dataset *test, double acc, int acc_fresh, double train_s,
+                   uint64_t samples, int epoch, uint64_t step)
+{
+    if (!r->o.local) {
+        /* After the barrier every push of every worker is applied: pulling then gives all
+         * workers the same final model (in async mode too), so their checksums agree. */
+        check(cps_barrier(r->cli), "cps_barrier", "final");
+        for (int i = 0; i < fm_model_num_params(r->m); i++) {
+            fm_param *p = fm_model_param(r->m, i);
+            check(cps_pull(r->cli, r->tensors[i], p->value, p->len), "cps_pull", p->name);
+        }
+        acc_fresh = 0;
+    }
+    if (!acc_fresh) {
+        acc = evaluate(r, test);
+        if (r->rank == 0)
+            csv_row(r, epoch, step, NAN, acc);
+    }
+    cps_client_stats st = {0};
+    if (r->cli)
+        cps_client_stats_get(r->cli, &st);
+    uint64_t sum = checksum(r->m);
+    if (r->rank == 0) {
+        if (r->csv && fclose(r->csv) != 0)
+            fprintf(stderr, "fmnist: error writing %s\n", r->csv_path);
+        r->csv = NULL;
+        printf("wrote CSV to %s\n", r->csv_path);
+        if (save_model(r->m, r->model_path) == 0)
+            printf("wrote model to %s\n", r->model_path);
+        else
+            fprintf(stderr, "fmnist: cannot write model %s: %s\n", r->model_path, strerror(errno));
+        if (plot(r) == 0)
+            printf("wrote plot to %s\n", r->plot_path);
+        else if (r->plot_failed)
+            fprintf(stderr, "fmnist: gnuplot failed to write %s\n", r->plot_path);
+    }
+    double ratio =
+        st.push_wire_bytes ? (double)st.push_raw_bytes / (double)st.push_wire_bytes : 1.0;
+    printf("final: test accuracy %.2f%%, %.1f samples/s, pushed %.1f MB (wire %.1f MB, ratio "
+           "%.2f), pulled %.1f MB, checksum %016llx\n",
+           acc, train_s > 0 ? (double)samples / train_s : 0.0, (double)st.push_raw_bytes / 1e6,
+           (double)st.push_wire_bytes / 1e6, ratio, (double)st.pull_bytes / 1e6,
+           (unsigned long long)sum);
+    fflush(stdout);
+}
+
+static void train(run *r, const fm_dataset *trainset, const fm_dataset *test)
+{
+    const opts *o = &r->o;
+    size_t shard = trainset->n / (size_t)r->nworkers; /* equal shards: sync steps line up */
+    size_t off = (size_t)r->rank * shard;
+    if (shard == 0)
+        die("%d workers but only %zu training images", r->nworkers, trainset->n);
+    uint32_t *perm = malloc(shard * sizeof *perm);
+    float *x = malloc((size_t)o->batch * FM_PIXELS * sizeof *x);
+    uint8_t *y = malloc((size_t)o->batch);
+    if (!perm || !x || !y)
+        die("out of memory");
+    long steps_per_epoch = (long)((shard + (size_t)o->batch - 1) / (size_t)o->batch);
+    r->total_steps = (uint64_t)steps_per_epoch * (uint64_t)o->epochs;
+    if (o->steps && (uint64_t)o->steps < r->total_steps)
+        r->total_steps = (uint64_t)o->steps;
+    uint64_t step = 0, samples = 0;
+    double train_s = 0.0, acc = 0.0;
+    int acc_fresh = 0, last_epoch = 1;
+    clock_gettime(CLOCK_MONOTONIC, &r->t0);
+    for (int epoch = 1; epoch <= o->epochs && (!o->steps || (long)step < o->steps); epoch++) {
+        last_epoch = epoch;
+        struct timespec te;
+        clock_gettime(CLOCK_MONOTONIC, &te);
+        shuffle(perm, shard, o->seed, epoch, r->rank);
+        long s = 0;
+        for (; s < steps_per_epoch && (!o->steps || (long)step < o->steps); s++) {
+            size_t first = (size_t)s * (size_t)o->batch;
+            int b = shard - first < (size_t)o->batch ? (int)(shard - first) : o->batch;
+            for (int i = 0; i < b; i++) {
+                size_t idx = off + perm[first + (size_t)i];
+                fm_pixels_to_float(trainset->pixels + idx * FM_PIXELS, FM_PIXELS,
+                                   x + (size_t)i * FM_PIXELS);
+                y[i] = trainset->labels[idx];
+            }
+            double loss = fm_model_forward_backward(r->m, x, y, b, NULL);
+            if (!isfinite(loss))
+                die("loss diverged at epoch %d step %ld (%f): lower --lr", epoch, s + 1, loss);
+            apply_update(r, ++step);
+            samples += (uint64_t)b;
+            acc_fresh = 0;
+            if (o->log_every && (s + 1) % o->log_every == 0) {
+                printf("epoch: %d step: %ld, loss is %f\n", epoch, s + 1, loss);
+                fflush(stdout);
+            }
+            /* The CSV keeps its loss curve when printing is off. */
+            if ((s + 1) % (o->log_every ? o->log_every : 100) == 0)
+                csv_row(r, epoch, step, loss, NAN);
+        }
+        train_s += since(&te);
+        if (s == steps_per_epoch && r->rank == 0) {
+            acc = evaluate(r, test);
+            acc_fresh = 1;
+            printf("epoch: %d test accuracy %.2f%%\n", epoch, acc);
+            fflush(stdout);
+            csv_row(r, epoch, step, NAN, acc);
+        }
+    }
+    free(perm);
+    free(x);
+    free(y);
+    finish(r, test, acc, acc_fresh, train_s, samples, last_epoch, step);
+}
+
+int main(int argc, char **argv)
+{
+    run r = {0};
+    int prc = parse_opts(argc, argv, &r.o);
+    if (prc)
+        return prc < 0 ? 0 : prc;
+    /* Workers and servers share few cores; OpenBLAS's own threads would only oversubscribe them. */
+    openblas_set_num_threads(1);
+    r.rank = 0;
+    r.nworkers = 1;
+    r.grad_scale = 1.0f;
+    if (!r.o.local) {
+        /* Servers and the scheduler run their role inside cps_open and never return, so they
+         * never load the data. */
+        check(cps_open(&r.cli), "cps_open", "job");
+        r.rank = cps_rank(r.cli);
+        r.nworkers = cps_num_workers(r.cli);
+        const char *mode = getenv("CHAINPS_MODE");
+        if ((!mode || !strcmp(mode, "sync")) && r.nworkers > 1)
+            r.grad_scale = 1.0f / (float)r.nworkers;
+    }
+    r.optim = (cps_optim){.kind = r.o.optim, .lr = r.o.lr, .weight_decay = r.o.wd};
+    if (r.o.optim == CPS_OPTIM_MOMENTUM)
+        r.optim.momentum = 0.9f;
+
+    fm_dataset trainset, test;
+    load(r.o.data, "train", &trainset);
+    load(r.o.data, "t10k", &test);
+    int max_batch = r.o.batch > 256 ? r.o.batch : 256; /* evaluation uses larger batches */
+    if (fm_model_create(r.o.model, max_batch, r.o.seed, &r.m) != 0)
+        die("out of memory building the model");
+    if (r.o.local)
+        local_setup(&r);
+    else
+        ps_setup(&r);
+    open_outputs(&r);
+    printf("fmnist: %s (%zu parameters in %d tensors), %s lr %g, batch %d, epochs %d, "
+           "worker %d of %d%s, train %zu images (shard %zu), test %zu\n",
+           fm_model_kind_name(r.o.model), fm_model_size(r.m), fm_model_num_params(r.m),
+           optim_name(r.o.optim), (double)r.o.lr, r.o.batch, r.o.epochs, r.rank, r.nworkers,
+           r.o.local ? " (local)" : "", trainset.n, trainset.n / (size_t)r.nworkers, test.n);
+    fflush(stdout);
+    train(&r, &trainset, &test);
+
+    int rc = 0;
+    if (r.cli) {
+        int crc = cps_close(r.cli);
+        if (crc != CPS_OK) {
+            fprintf(stderr, "fmnist: cps_close: %s\n", cps_strerror(crc));
+            rc = 1;
+        }
+    }
+    for (int i = 0; i < FM_MAX_PARAMS; i++)
+        free(r.state[i]);
+    fm_model_destroy(r.m);
+    fm_dataset_fini(&trainset);
+    fm_dataset_fini(&test);
+    return rc;
+}

@@ -1,0 +1,354 @@
+#include "job.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "node/msg.h"
+
+#define KILL_GRACE_MS 3000
+
+/* A port nobody listens on right now: bind port 0 on loopback, read it back, close. */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        return -1;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(fd);
+    return port;
+}
+
+int cps__job_init(cps_job *j, const cps_config *cfg, int data_given, int port, char **prog)
+{
+    memset(j, 0, sizeof *j);
+    j->cfg = *cfg;
+    j->S = (int)cfg->num_servers;
+    j->W = (int)cfg->num_workers;
+    j->prog = prog;
+    j->data_given = data_given;
+    j->prefix = "";
+    if (data_given) {
+        snprintf(j->data, sizeof j->data, "%s", cfg->data_dir);
+        if (mkdir(j->data, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "chainps: cannot create %s: %s\n", j->data, strerror(errno));
+            return 1;
+        }
+    } else {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(j->data, sizeof j->data, "%s/chainps-job-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(j->data)) {
+            fprintf(stderr, "chainps: cannot create a data directory: %s\n", strerror(errno));
+            return 1;
+        }
+    }
+    j->port = port ? port : free_port();
+    if (j->port <= 0) {
+        fprintf(stderr, "chainps: no free port on 127.0.0.1\n");
+        return 1;
+    }
+    ssize_t sl = readlink("/proc/self/exe", j->self, sizeof j->self - 1);
+    if (sl <= 0) {
+        fprintf(stderr, "chainps: cannot find the chainps executable\n");
+        return 1;
+    }
+    j->self[sl] = 0;
+    cps__config_mode_str(cfg->mode, cfg->ssp_bound, j->mode, sizeof j->mode);
+    snprintf(j->repl, sizeof j->repl, "%u",
+             cfg->replicas ? cfg->replicas : (j->S < 3 ? (uint32_t)j->S : 3u));
+    j->n = 1 + j->S + j->W;
+    j->kids = calloc((size_t)j->n, sizeof *j->kids);
+    if (!j->kids)
+        return 1;
+    for (int i = 0; i < j->n; i++) {
+        cps_child *c = &j->kids[i];
+        c->fd = -1;
+        if (i == 0) {
+            snprintf(c->tag, sizeof c->tag, "scheduler");
+            c->role = CPS_ROLE_SCHEDULER;
+        } else if (i <= j->S) {
+            snprintf(c->tag, sizeof c->tag, "server %d", i - 1);
+            c->role = CPS_ROLE_SERVER;
+        } else {
+            snprintf(c->tag, sizeof c->tag, "worker %d", i - 1 - j->S);
+            c->role = CPS_ROLE_WORKER;
+        }
+    }
+    return 0;
+}
+
+/* Remember the last "checksum <hex>" a worker printed: chaos compares runs with it. */
+static void note_checksum(cps_child *c, const char *text, size_t n)
+{
+    static const char key[] = "checksum ";
+    for (size_t i = 0; i + sizeof key - 1 < n; i++) {
+        if (memcmp(text + i, key, sizeof key - 1) != 0)
+            continue;
+        size_t k = 0, p = i + sizeof key - 1;
+        while (p < n && k + 1 < sizeof c->last_checksum &&
+               ((text[p] >= '0' && text[p] <= '9') || (text[p] >= 'a' && text[p] <= 'f')))
+            c->last_checksum[k++] = text[p++];
+        c->last_checksum[k] = 0;
+    }
+}
+
+static void print_line(const cps_job *j, cps_child *c, const char *text, size_t n)
+{
+    note_checksum(c, text, n);
+    if (j->quiet)
+        return;
+    /* One write per line so lines of different processes never interleave. */
+    char out[4300];
+    int k = snprintf(out, sizeof out, "%s[%s] %.*s\n", j->prefix, c->tag, (int)n, text);
+    if (k > 0)
+        fwrite(out, 1, (size_t)k < sizeof out ? (size_t)k : sizeof out - 1, stdout);
+    fflush(stdout);
+}
+
+static void drain(const cps_job *j, cps_child *c)
+{
+    char buf[8192];
+    ssize_t n = read(c->fd, buf, sizeof buf);
+    if (n <= 0) {
+        if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+            if (c->linelen)
+                print_line(j, c, c->line, c->linelen);
+            c->linelen = 0;
+            close(c->fd);
+            c->fd = -1;
+        }
+        return;
+    }
+    for (ssize_t i = 0; i < n; i++) {
+        if (buf[i] == '\n' || c->linelen == sizeof c->line) {
+            print_line(j, c, c->line, c->linelen);
+            c->linelen = 0;
+            if (buf[i] == '\n')
+                continue;
+        }
+        c->line[c->linelen++] = buf[i];
+    }
+}
+
+static int spawn(cps_child *c, char *const argv[], char *const env_add[])
+{
+    int p[2];
+    if (pipe(p) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        close(p[0]);
+        close(p[1]);
+        /* The job's own variables win over anything a ps-lite or MindSpore script exported. */
+        static const char *aliases[] = {"DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT",
+                                        "DMLC_NUM_SERVER", "DMLC_NUM_WORKER", "MS_ROLE",
+                                        "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_SERVER_NUM",
+                                        "MS_WORKER_NUM", "CHAINPS_PORT", "CHAINPS_RANK", NULL};
+        for (int i = 0; aliases[i]; i++)
+            unsetenv(aliases[i]);
+        for (int i = 0; env_add && env_add[i]; i++)
+            putenv(env_add[i]);
+        execvp(argv[0], argv);
+        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(p[1]);
+    if (c->fd >= 0)
+        close(c->fd); /* a restart: the old pipe's reader goes */
+    fcntl(p[0], F_SETFL, O_NONBLOCK);
+    fcntl(p[0], F_SETFD, FD_CLOEXEC);
+    c->pid = pid;
+    c->fd = p[0];
+    c->exited = 0;
+    c->status = 0;
+    c->linelen = 0;
+    c->starts++;
+    return 0;
+}
+
+int cps__job_start(cps_job *j, int i)
+{
+    /* Each child's environment: the job's settings in CHAINPS_* form. Kept in the job so the
+     * strings outlive putenv in the child (the child copies them on exec anyway). */
+    static char env[12][200];
+    char sched[64], port_s[16], sv_s[16], wk_s[16];
+    snprintf(sched, sizeof sched, "127.0.0.1:%d", j->port);
+    snprintf(port_s, sizeof port_s, "%d", j->port);
+    snprintf(sv_s, sizeof sv_s, "%d", j->S);
+    snprintf(wk_s, sizeof wk_s, "%d", j->W);
+    int k = 0;
+    snprintf(env[k++], sizeof env[0], "CHAINPS_SCHEDULER=%s", sched);
+    snprintf(env[k++], sizeof env[0], "CHAINPS_NUM_SERVERS=%d", j->S);
+    snprintf(env[k++], sizeof env[0], "CHAINPS_NUM_WORKERS=%d", j->W);
+    snprintf(env[k++], sizeof env[0], "CHAINPS_MODE=%s", j->mode);
+    snprintf(env[k++], sizeof env[0], "CHAINPS_VERBOSE=%d", j->cfg.verbose);
+    snprintf(env[k++], sizeof env[0], "CHAINPS_COMPRESS=%d", j->cfg.compress);
+    snprintf(env[k++], sizeof env[0], "CHAINPS_BIND=127.0.0.1");
+    snprintf(env[k++], sizeof env[0], "CHAINPS_ADVERTISE=127.0.0.1");
+    cps_child *c = &j->kids[i];
+    if (c->role == CPS_ROLE_SCHEDULER)
+        snprintf(env[k++], sizeof env[0], "CHAINPS_ROLE=scheduler");
+    else if (c->role == CPS_ROLE_SERVER)
+        snprintf(env[k++], sizeof env[0], "CHAINPS_ROLE=server");
+    else {
+        snprintf(env[k++], sizeof env[0], "CHAINPS_ROLE=worker");
+        snprintf(env[k++], sizeof env[0], "CHAINPS_RANK=%d", i - 1 - j->S);
+    }
+    char *envp[13];
+    for (int e = 0; e < k; e++)
+        envp[e] = env[e];
+    envp[k] = NULL;
+    if (c->role == CPS_ROLE_SCHEDULER) {
+        char *av[] = {j->self, "scheduler", "--port", port_s, "--servers", sv_s, "--workers",
+                      wk_s, "--mode", j->mode, "--replicas", j->repl, "--bind", "127.0.0.1",
+                      "--data", j->data, j->hold ? "--hold" : NULL, NULL};
+        return spawn(c, av, envp);
+    }
+    if (c->role == CPS_ROLE_SERVER) {
+        char dir[600], rank[16];
+        snprintf(dir, sizeof dir, "%s/server-%d", j->data, i - 1);
+        snprintf(rank, sizeof rank, "%d", i - 1);
+        char *av[] = {j->self, "server", "--scheduler", sched, "--data", dir, "--rank", rank,
+                      "--bind", "127.0.0.1", "--advertise", "127.0.0.1", NULL};
+        return spawn(c, av, envp);
+    }
+    return spawn(c, j->prog, envp);
+}
+
+int cps__job_start_all(cps_job *j)
+{
+    for (int i = 0; i < j->n; i++)
+        if (cps__job_start(j, i) != 0) {
+            fprintf(stderr, "chainps: could not start %s: %s\n", j->kids[i].tag,
+                    strerror(errno));
+            return 1;
+        }
+    return 0;
+}
+
+static void reap(cps_job *j)
+{
+    for (int i = 0; i < j->n; i++) {
+        cps_child *c = &j->kids[i];
+        if (c->exited || c->pid <= 0)
+            continue;
+        int st;
+        if (waitpid(c->pid, &st, WNOHANG) == c->pid) {
+            c->exited = 1;
+            c->status = st;
+        }
+    }
+}
+
+void cps__job_pump(cps_job *j, int timeout_ms)
+{
+    struct pollfd pfd[1100];
+    int map[1100], k = 0;
+    for (int i = 0; i < j->n && k < 1100; i++) {
+        if (j->kids[i].fd >= 0) {
+            pfd[k] = (struct pollfd){.fd = j->kids[i].fd, .events = POLLIN};
+            map[k++] = i;
+        }
+    }
+    if (k == 0) {
+        struct timespec ts = {0, (long)timeout_ms * 1000000L};
+        nanosleep(&ts, NULL);
+    } else if (poll(pfd, (nfds_t)k, timeout_ms) > 0) {
+        for (int q = 0; q < k; q++)
+            if (pfd[q].revents)
+                drain(j, &j->kids[map[q]]);
+    }
+    reap(j);
+}
+
+void cps__job_stop(cps_job *j, int first, int last, int grace_ms)
+{
+    uint64_t deadline = cps__now_ms() + (uint64_t)grace_ms;
+    for (int phase = 0; phase < 3; phase++) {
+        for (;;) {
+            int alive = 0;
+            for (int i = first; i < last; i++)
+                alive += j->kids[i].pid > 0 && !j->kids[i].exited;
+            if (!alive)
+                return;
+            if (cps__now_ms() >= deadline)
+                break;
+            cps__job_pump(j, 50);
+        }
+        int sig = phase == 0 ? SIGTERM : SIGKILL;
+        for (int i = first; i < last; i++) {
+            cps_child *c = &j->kids[i];
+            if (c->pid > 0 && !c->exited) {
+                kill(c->pid, SIGCONT); /* a paused process cannot act on SIGTERM */
+                kill(c->pid, sig);
+            }
+        }
+        deadline = cps__now_ms() + KILL_GRACE_MS;
+    }
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+void cps__job_fini(cps_job *j)
+{
+    for (;;) {
+        int open = 0;
+        for (int i = 0; i < j->n; i++)
+            open += j->kids[i].fd >= 0;
+        if (!open)
+            break;
+        cps__job_pump(j, 50);
+    }
+    if (!j->data_given && j->data[0])
+        nftw(j->data, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    free(j->kids);
+    j->kids = NULL;
+}
+
+const char *cps__job_exit_text(int st, char *buf, size_t len)
+{
+    if (WIFEXITED(st))
+        snprintf(buf, len, "exit status %d", WEXITSTATUS(st));
+    else if (WIFSIGNALED(st))
+        snprintf(buf, len, "killed by signal %d (%s)", WTERMSIG(st), strsignal(WTERMSIG(st)));
+    else
+        snprintf(buf, len, "status %d", st);
+    return buf;
+}
+
+int cps__job_ok(const cps_job *j, int i)
+{
+    const cps_child *c = &j->kids[i];
+    return c->exited && WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0;
+}

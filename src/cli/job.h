@@ -1,0 +1,59 @@
+/* A local job: a scheduler, S servers and W workers as child processes on 127.0.0.1, their
+ * output streamed with a role prefix, each one startable again (a restart after a kill), and
+ * every one ended by its PID. Used by `chainps launch` and `chainps chaos`. */
+#ifndef CPS_CLI_JOB_H
+#define CPS_CLI_JOB_H
+
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "core/config.h"
+
+typedef struct cps_child {
+    pid_t pid;
+    int fd; /* read end of its stdout+stderr, -1 once closed */
+    char tag[32];
+    int role;
+    int status;
+    int exited;
+    int starts; /* how many times it was started */
+    char line[4096];
+    size_t linelen;
+    char last_checksum[40]; /* the last "checksum <hex>" the process printed */
+} cps_child;
+
+typedef struct cps_job {
+    cps_config cfg;
+    int S, W;
+    int port;
+    char data[512];
+    int data_given; /* keep it afterwards */
+    char self[1024];
+    char **prog;    /* the worker's argv (borrowed) */
+    char mode[32], repl[16];
+    cps_child *kids; /* [0] scheduler, [1..S] servers, [S+1..S+W] workers */
+    int n;
+    const char *prefix; /* printed before every streamed line, e.g. "" */
+    int quiet;          /* do not stream the children's output */
+    int hold;           /* scheduler --hold: servers stay up after the workers finish */
+} cps_job;
+
+/* Set up (data dir, port, executable path). cfg: servers, workers, mode, replicas, compress,
+ * verbose; data_dir used when data_given. Returns 0 or 1 (message printed). */
+int cps__job_init(cps_job *j, const cps_config *cfg, int data_given, int port, char **prog);
+/* Start (or start again) child i. Returns 0 or -1 (errno). */
+int cps__job_start(cps_job *j, int i);
+/* Start everything: scheduler, servers, workers. */
+int cps__job_start_all(cps_job *j);
+/* Stream output for up to timeout_ms and reap exits. */
+void cps__job_pump(cps_job *j, int timeout_ms);
+/* Wait for children first..last-1 to exit, up to grace_ms; then SIGTERM, then SIGKILL. */
+void cps__job_stop(cps_job *j, int first, int last, int grace_ms);
+/* Drain the remaining output, remove the data dir unless it was given, free. */
+void cps__job_fini(cps_job *j);
+/* "exit status 3" / "killed by signal 9 (Killed)". */
+const char *cps__job_exit_text(int status, char *buf, size_t len);
+/* 1 if child i exited with status 0. */
+int cps__job_ok(const cps_job *j, int i);
+
+#endif
