@@ -9,8 +9,11 @@
  *      (with chains of 3 on 3 servers, also the middle of one and the tail of another);
  *   2. pushes the whole table with SGD in a steady loop (one push in flight, each waited for
  *      with a bound), recording when every push started and was acknowledged;
- *   3. from a second thread, SIGKILLs --kill-pid (the server of rank 0) --kill-after-ms after
- *      the first push, noting the time just before kill(2);
+ *   3. from a second thread, SIGKILLs --kill-pid (the server of rank 0) --kill-after-ms plus a
+ *      uniform random 0..--kill-jitter-ms after the first push, noting the time just before
+ *      kill(2). The jitter (give it the heartbeat interval) spreads the kill over the phase of
+ *      the victim's heartbeats: without it every run kills at the same point of that phase,
+ *      because all nodes start their heartbeats when the job starts;
  *   4. keeps pushing until --after-ms after the first push acknowledged after the kill, then
  *      pulls the table and checks exactly-once: the gradient is all ones and the learning rate
  *      2^-10, so after N acknowledged pushes every value must be exactly -N/1024 (a push applied
@@ -22,7 +25,8 @@
  * outage a training loop sees, plus one push round trip (~0.3 ms here). Also reported: the
  * longest gap between consecutive acknowledgements (stall) and the client's retry count.
  *
- * usage: bench_failover --kill-pid PID [--kill-after-ms 1000] [--after-ms 500] [--cols 1024]
+ * usage: bench_failover --kill-pid PID [--kill-after-ms 1000] [--kill-jitter-ms 0]
+ *                       [--after-ms 500] [--cols 1024]
  *                       [--deadline-ms 15000] [--out FILE] [--tag TEXT]
  * Prints one human line and appends one key=value line ("fo ...") to FILE. Exit status: 0 ok,
  * 3 no push acknowledged within --deadline-ms of the kill, 4 exactly-once check failed, 1 other
@@ -96,15 +100,16 @@ static double killed_at(killer *k)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: bench_failover --kill-pid PID [--kill-after-ms MS] [--after-ms MS] "
-                    "[--cols N] [--deadline-ms MS] [--out FILE] [--tag TEXT]\n");
+    fprintf(stderr,
+            "usage: bench_failover --kill-pid PID [--kill-after-ms MS] [--after-ms MS] "
+            "[--kill-jitter-ms MS] [--cols N] [--deadline-ms MS] [--out FILE] [--tag TEXT]\n");
     exit(2);
 }
 
 int main(int argc, char **argv)
 {
     long kill_pid = 0;
-    double kill_after = 1000, after = 500, deadline = 15000;
+    double kill_after = 1000, jitter = 0, after = 500, deadline = 15000;
     long cols = 1024;
     const char *out_path = NULL, *tag = "";
     for (int i = 1; i < argc; i++) {
@@ -116,6 +121,8 @@ int main(int argc, char **argv)
             kill_pid = atol(v);
         else if (!strcmp(a, "--kill-after-ms"))
             kill_after = atof(v);
+        else if (!strcmp(a, "--kill-jitter-ms"))
+            jitter = atof(v);
         else if (!strcmp(a, "--after-ms"))
             after = atof(v);
         else if (!strcmp(a, "--deadline-ms"))
@@ -129,7 +136,7 @@ int main(int argc, char **argv)
         else
             usage();
     }
-    if (kill_pid <= 1 || kill_after < 0 || after < 0 || deadline <= 0 || cols < 1 ||
+    if (kill_pid <= 1 || kill_after < 0 || jitter < 0 || after < 0 || deadline <= 0 || cols < 1 ||
         cols > (1 << 20))
         usage();
 
@@ -156,6 +163,10 @@ int main(int argc, char **argv)
            (unsigned long long)rows, cols, kill_pid, kill_after);
     fflush(stdout);
 
+    struct timespec seed;
+    clock_gettime(CLOCK_REALTIME, &seed);
+    srand((unsigned)(seed.tv_nsec ^ getpid()));
+    kill_after += jitter * ((double)rand() / ((double)RAND_MAX + 1.0));
     double first = now_s();
     killer k = {.pid = (pid_t)kill_pid, .at = first + kill_after * 1e-3};
     pthread_mutex_init(&k.mu, NULL);

@@ -9,7 +9,8 @@
 #     `chainps server --rank i`, each started here so its PID is known, each on a fresh data dir;
 #   - bench_failover as the worker (CHAINPS_ROLE=worker, CHAINPS_SCHEDULER=127.0.0.1:PORT, ...):
 #     it pushes a table spanning every key range in a loop, SIGKILLs the server of rank 0 after
-#     KILL_AFTER_MS (1000) and measures the time from the kill to the acknowledgement of the first
+#     KILL_AFTER_MS (1000) + a random 0..heartbeat ms (so the kill lands anywhere in the phase of
+#     the victim's heartbeats) and measures the time from the kill to the acknowledgement of the first
 #     push started after it; it then checks exactly-once on the pulled values;
 #   - before the kill, `chainps status` confirms that the victim heads a range (the first run's
 #     status before and after the failover is printed);
@@ -123,7 +124,7 @@ one_run() {
     CHAINPS_ROLE=worker CHAINPS_SCHEDULER=127.0.0.1:$port CHAINPS_NUM_SERVERS=$S \
         CHAINPS_NUM_WORKERS=1 CHAINPS_ADVERTISE=127.0.0.1 \
         timeout -s KILL 30 "$BENCH_FO" --kill-pid "${spid[0]}" \
-        --kill-after-ms "$KILL_AFTER_MS" --out "$res" --tag "run=$run" \
+        --kill-after-ms "$KILL_AFTER_MS" --kill-jitter-ms "$hb" --out "$res" --tag "run=$run" \
         >"$d/worker.out" 2>"$d/worker.log" &
     wpid=$!
     pids+=($wpid)
@@ -176,7 +177,7 @@ start=$(date +%s)
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "chainps failover benchmark on $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average $load0"
 echo "each run: fresh scheduler + $S servers (chains of 3, async) + 1 worker pushing $S x 4 KB;" \
-    "SIGKILL server rank 0 after $KILL_AFTER_MS ms"
+    "SIGKILL server rank 0 after $KILL_AFTER_MS ms + U(0, heartbeat)"
 
 fails=0
 for setting in $SETTINGS; do

@@ -11,6 +11,8 @@ cmake --build build/release -j"$(nproc)" --target chainps_cli fmnist >/dev/null
 out="$root/out/demo"
 mkdir -p "$out"
 echo "demo: training on Fashion-MNIST with 3 servers and 2 workers (sync SGD); output in $out"
-build/release/chainps launch --servers 3 --workers 2 --mode sync --timeout 3600 -- \
-  build/release/examples/fmnist --model mlp --epochs 3 --out "$out" "$@"
+echo "demo: 6 s in, the head of a chain is killed (SIGKILL); training carries on without a"
+echo "demo: restart, and the server comes back 2 s later and copies its ranges back"
+build/release/chainps launch --servers 3 --workers 2 --mode sync --timeout 3600 --kill-at 6 -- \
+  build/release/examples/fmnist --model mlp --epochs 5 --out "$out" "$@"
 echo "demo: plot $out/fmnist-mlp.png, CSV $out/fmnist-mlp.csv, final model $out/fmnist-mlp.bin"

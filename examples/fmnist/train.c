@@ -151,7 +151,7 @@ enum {
 
 static int parse_one(opts *o, int c, const char *arg, const char *flag)
 {
-    long v;
+    long v = 0; /* set by parse_long on success; initialised for -O3 flow analysis */
     int rc = 0;
     switch (c) {
     case OPT_MODEL:
@@ -514,6 +514,14 @@ static int plot(run *r)
             r->plot_path, fm_model_kind_name(r->o.model), r->o.local ? "local" : "parameter server",
             optim_name(r->o.optim), (double)r->o.lr, r->o.cosine ? "cosine" : "constant",
             r->o.batch);
+    /* `chainps launch --kill-at` tells us when it killed a server: mark it on the plot, so the
+     * curve visibly carries on through the failover. */
+    const char *kill_at = getenv("CHAINPS_KILL_AT_S");
+    if (kill_at && atof(kill_at) > 0)
+        fprintf(g,
+                "set arrow from %g, graph 0 to %g, graph 1 nohead lc rgb 'red' dt 2 lw 2\n"
+                "set label 'server killed' at %g, graph 0.95 left offset 0.5,0 tc rgb 'red'\n",
+                atof(kill_at), atof(kill_at), atof(kill_at));
     /* gnuplot refuses a series without points and warns about a zero-height axis. */
     if (r->acc_rows > 0 && r->acc_max - r->acc_min < 0.5)
         fprintf(g, "set y2range [%f:%f]\n", r->acc_min - 1.0, r->acc_max + 1.0);

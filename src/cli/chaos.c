@@ -298,10 +298,10 @@ int cps__cli_chaos(int argc, char **argv)
     if (cps__cli_config(&cfg) != 0)
         return 2;
     int data_given, port;
-    uint32_t timeout_s;
+    uint32_t timeout_s, kill_at_s;
     char **prog;
     int prc = cps__cli_job_args("chaos", argc - split, argv + split, &cfg, &data_given, &port,
-                                &timeout_s, &prog);
+                                &timeout_s, &kill_at_s, &prog);
     if (prc != 0)
         return prc < 0 ? 0 : prc;
     if (!timeout_s)

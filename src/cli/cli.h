@@ -16,7 +16,7 @@ int cps__cli_chaos(int argc, char **argv);
 /* Parse launch's job arguments (`--servers S --workers W ... -- PROGRAM ARGS`) into cfg.
  * Returns 0, 2 (usage error, printed), or -1 (--help was printed). */
 int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, int *data_given,
-                      int *port, uint32_t *timeout_s, char ***prog);
+                      int *port, uint32_t *timeout_s, uint32_t *kill_at_s, char ***prog);
 
 /* Defaults + environment into cfg; prints the error and returns 2 on a bad variable. */
 int cps__cli_config(cps_config *cfg);
@@ -47,6 +47,7 @@ enum {
     CLI_OPT_VERIFY,
     CLI_OPT_HOLD,
     CLI_OPT_END,
+    CLI_OPT_KILL_AT,
 };
 
 #endif

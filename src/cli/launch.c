@@ -31,6 +31,9 @@ static const char launch_usage[] =
     "  --port P           scheduler port (default: a free one)\n"
     "  --timeout SEC      stop the job (and fail) if it runs longer than SEC seconds\n"
     "  --no-compress      never snappy-compress pushes\n"
+    "  --kill-at SEC      a demonstration of failover: SIGKILL the head of range 0 (server 0)\n"
+    "                     SEC seconds in, restart it 2 s later (it copies its ranges back);\n"
+    "                     the workers see CHAINPS_KILL_AT_S=SEC (fmnist marks it on its plot)\n"
     "  -v, --verbose      more logging from every process (twice: debug)\n"
     "  -h, --help         this text\n";
 
@@ -43,6 +46,7 @@ static const struct option launch_opts[] = {
     {"port", required_argument, 0, CLI_OPT_PORT},
     {"timeout", required_argument, 0, CLI_OPT_TIMEOUT},
     {"no-compress", no_argument, 0, CLI_OPT_NO_COMPRESS},
+    {"kill-at", required_argument, 0, CLI_OPT_KILL_AT},
     {"verbose", no_argument, 0, 'v'},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0}};
@@ -56,12 +60,12 @@ static void on_interrupt(int sig)
 }
 
 int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, int *data_given,
-                      int *port, uint32_t *timeout_s, char ***prog)
+                      int *port, uint32_t *timeout_s, uint32_t *kill_at_s, char ***prog)
 {
     int opt;
     char err[256];
     *data_given = *port = 0;
-    *timeout_s = 0;
+    *timeout_s = *kill_at_s = 0;
     optind = 1;
     /* '+': stop at the first non-option, so the program's own flags are left alone. */
     while ((opt = getopt_long(argc, argv, "+vh", launch_opts, NULL)) != -1) {
@@ -71,6 +75,14 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, i
         }
         if (opt == CLI_OPT_TIMEOUT) {
             if (cps__config_parse_u32("--timeout", optarg, 1, 604800, timeout_s, err,
+                                      sizeof err) != 0) {
+                fprintf(stderr, "chainps %s: %s\n", cmd, err);
+                return 2;
+            }
+            continue;
+        }
+        if (opt == CLI_OPT_KILL_AT) {
+            if (cps__config_parse_u32("--kill-at", optarg, 1, 604800, kill_at_s, err,
                                       sizeof err) != 0) {
                 fprintf(stderr, "chainps %s: %s\n", cmd, err);
                 return 2;
@@ -110,16 +122,21 @@ int cps__cli_launch(int argc, char **argv)
     if (cps__cli_config(&cfg) != 0)
         return 2;
     int data_given, sched_port;
-    uint32_t timeout_s;
+    uint32_t timeout_s, kill_at_s;
     char **prog;
     int prc = cps__cli_job_args("launch", argc, argv, &cfg, &data_given, &sched_port, &timeout_s,
-                                &prog);
+                                &kill_at_s, &prog);
     if (prc != 0)
         return prc < 0 ? 0 : prc;
 
     cps_job job;
     if (cps__job_init(&job, &cfg, data_given, sched_port, prog) != 0)
         return 1;
+    char kill_env[64];
+    if (kill_at_s) {
+        snprintf(kill_env, sizeof kill_env, "CHAINPS_KILL_AT_S=%u", kill_at_s);
+        putenv(kill_env); /* inherited by every child */
+    }
     struct sigaction sa = {0};
     sa.sa_handler = on_interrupt;
     sigaction(SIGINT, &sa, NULL);
@@ -132,10 +149,28 @@ int cps__cli_launch(int argc, char **argv)
     int rc = cps__job_start_all(&job);
     int S = job.S, n = job.n;
     cps_child *kids = job.kids;
-    uint64_t start = cps__now_ms();
+    uint64_t start = cps__now_ms(), restart_at = 0;
+    int killed = 0;
     const char *why = NULL;
     while (rc == 0) {
         cps__job_pump(&job, 100);
+        uint64_t now = cps__now_ms();
+        if (kill_at_s && !killed && now - start >= (uint64_t)kill_at_s * 1000 &&
+            !kids[1].exited) {
+            printf("launch: +%.1f s: SIGKILL server 0 (pid %d), the head of range 0, to show "
+                   "failover; it restarts in 2 s\n", (now - start) / 1000.0, (int)kids[1].pid);
+            fflush(stdout);
+            kill(kids[1].pid, SIGKILL);
+            killed = 1;
+            restart_at = now + 2000;
+        }
+        if (restart_at && now >= restart_at && kids[1].exited) {
+            restart_at = 0;
+            if (cps__job_start(&job, 1) == 0)
+                printf("launch: +%.1f s: restarted server 0 (pid %d); it copies its ranges back "
+                       "from their tails\n", (now - start) / 1000.0, (int)kids[1].pid);
+            fflush(stdout);
+        }
         int workers_left = 0, failed = -1;
         for (int i = 1 + S; i < n; i++) {
             workers_left += !kids[i].exited;
@@ -182,7 +217,8 @@ int cps__cli_launch(int argc, char **argv)
     }
     for (int i = 0; i <= S; i++) {
         char b[96];
-        if (kids[i].pid > 0 && kids[i].exited && !cps__job_ok(&job, i) && rc == 0)
+        if (kids[i].pid > 0 && kids[i].exited && !cps__job_ok(&job, i) && rc == 0 &&
+            !(i == 1 && killed && restart_at))
             printf("launch: %s ended with %s\n", kids[i].tag,
                    cps__job_exit_text(kids[i].status, b, sizeof b));
     }

@@ -801,7 +801,7 @@ int cps__scheduler_run(const cps_config *cfg)
             cps__tp_poll(s.tp, SHUTDOWN_LINGER_MS, handle_msg, &s, 0);
             break;
         }
-        int n = cps__tp_poll(s.tp, 20, handle_msg, &s, 0);
+        int n = cps__tp_poll(s.tp, 20, handle_msg, &s, 256); /* bounded: timers must run */
         if (n < 0) {
             rc = n;
             break;

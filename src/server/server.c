@@ -17,6 +17,9 @@
 #define SYNC_EVERY_MS 1000
 #define SCHED_PEER 0u
 #define MAX_EARLY 4096
+/* Messages handled per loop turn: under a steady stream of pushes the loop must still come
+ * round to its heartbeat and timers (an unbounded drain once starved them into a false death). */
+#define MSGS_PER_TURN 64
 
 void cps__server_reply_error(server *s, const cps_msg_hdr *req, int err, const char *fmt, ...)
 {
@@ -151,8 +154,9 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
     if (s->joined && self && !self->alive) {
         /* Fenced: the scheduler declared us dead (we were paused, partitioned or too slow).
          * Our chains have moved on without us; serving anything now could only do harm. */
-        cps_log(CPS_LOG_ERROR, "server", "declared dead by the scheduler (view epoch %llu); "
-                "leaving the job. Restart it to rejoin.", (unsigned long long)v.epoch);
+        cps_log(CPS_LOG_WARN, "server", "declared dead by the scheduler (view epoch %llu): "
+                "fenced; dropping our chain state and rejoining as a fresh replica",
+                (unsigned long long)v.epoch);
         s->fenced = 1;
         cps__view_fini(&v);
         return;
@@ -330,6 +334,22 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     cps__rx_free(&rx);
 }
 
+static void rejoin(server *s)
+{
+    cps__server_reap_snapshots(s, 1);
+    cps__server_data_fini(s);
+    cps_chain_destroy(s->chain);
+    s->chain = NULL;
+    for (uint32_t i = 0; i < s->nearly; i++)
+        cps__rx_free(&s->early[i]);
+    s->nearly = 0;
+    cps__view_fini(&s->view);
+    cps__view_init(&s->view);
+    s->joined = 0;
+    s->suspect = 0;
+    s->fenced = 0;
+}
+
 static int send_hello(server *s, const char *addr, uint32_t prev_id)
 {
     char payload[16 + CPS_ADDR_MAX];
@@ -423,8 +443,16 @@ int cps__server_run(const cps_config *cfg)
 
     uint64_t start = cps__now_ms(), next_hello = 0, next_beat = 0, next_sync = 0;
     uint64_t last_iter = start;
-    while (!s.shutdown && !s.fenced && !cps__role_stop_requested()) {
+    while (!s.shutdown && !cps__role_stop_requested()) {
         uint64_t now = cps__now_ms();
+        if (s.fenced) {
+            /* Start over as a new replica: the scheduler revives us, and state transfer gives us
+             * ranges again; what our store holds for other ranges is cleared when we join them. */
+            rejoin(&s);
+            start = now;
+            next_hello = 0;
+            continue;
+        }
         if (s.joined && now - last_iter > cfg->dead_after_ms && !s.suspect) {
             /* We did not run for longer than the failure timeout (SIGSTOP, a VM pause, a
              * starved CPU): the scheduler may have declared us dead and moved our chains on.
@@ -464,7 +492,7 @@ int cps__server_run(const cps_config *cfg)
                 next_sync = now + SYNC_EVERY_MS;
             }
         }
-        int n = cps__tp_poll(s.tp, s.joined ? 20 : 100, handle_msg, &s, 0);
+        int n = cps__tp_poll(s.tp, s.joined ? 20 : 100, handle_msg, &s, MSGS_PER_TURN);
         if (n < 0) {
             rc = n;
             break;
@@ -475,10 +503,6 @@ int cps__server_run(const cps_config *cfg)
             cps__server_check_joins(&s, cps__now_ms());
         }
         cps__temp_peers_expire(&s.temps, s.tp, cps__now_ms());
-        if (s.fenced) {
-            rc = CPS_ESTALE_EPOCH;
-            break;
-        }
         if (s.poisoned) {
             cps_log(CPS_LOG_ERROR, "server", "leaving the job: a store write failed, so this "
                     "replica's state is unknown");
