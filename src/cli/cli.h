@@ -48,6 +48,7 @@ enum {
     CLI_OPT_HOLD,
     CLI_OPT_END,
     CLI_OPT_KILL_AT,
+    CLI_OPT_KILL_SERVER,
 };
 
 #endif

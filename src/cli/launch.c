@@ -31,8 +31,10 @@ static const char launch_usage[] =
     "  --port P           scheduler port (default: a free one)\n"
     "  --timeout SEC      stop the job (and fail) if it runs longer than SEC seconds\n"
     "  --no-compress      never snappy-compress pushes\n"
-    "  --kill-at SEC      a demonstration of failover: SIGKILL the head of range 0 (server 0)\n"
+    "  --kill-at SEC      a demonstration of failover: SIGKILL server 0 (the head of range 0)\n"
     "                     SEC seconds in, restart it 2 s later (it copies its ranges back);\n"
+    "  --kill-server R    kill server rank R instead (with ring placement, rank 1 is the\n"
+    "                     middle and rank R-1 the tail of range 0)\n"
     "                     the workers see CHAINPS_KILL_AT_S=SEC (fmnist marks it on its plot)\n"
     "  -v, --verbose      more logging from every process (twice: debug)\n"
     "  -h, --help         this text\n";
@@ -47,6 +49,7 @@ static const struct option launch_opts[] = {
     {"timeout", required_argument, 0, CLI_OPT_TIMEOUT},
     {"no-compress", no_argument, 0, CLI_OPT_NO_COMPRESS},
     {"kill-at", required_argument, 0, CLI_OPT_KILL_AT},
+    {"kill-server", required_argument, 0, CLI_OPT_KILL_SERVER},
     {"verbose", no_argument, 0, 'v'},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0}};
@@ -58,6 +61,9 @@ static void on_interrupt(int sig)
     (void)sig;
     interrupted = 1;
 }
+
+/* Server rank that --kill-at kills (launch only). */
+static uint32_t kill_server;
 
 int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, int *data_given,
                       int *port, uint32_t *timeout_s, uint32_t *kill_at_s, char ***prog)
@@ -75,6 +81,14 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, i
         }
         if (opt == CLI_OPT_TIMEOUT) {
             if (cps__config_parse_u32("--timeout", optarg, 1, 604800, timeout_s, err,
+                                      sizeof err) != 0) {
+                fprintf(stderr, "chainps %s: %s\n", cmd, err);
+                return 2;
+            }
+            continue;
+        }
+        if (opt == CLI_OPT_KILL_SERVER) {
+            if (cps__config_parse_u32("--kill-server", optarg, 0, 1023, &kill_server, err,
                                       sizeof err) != 0) {
                 fprintf(stderr, "chainps %s: %s\n", cmd, err);
                 return 2;
@@ -112,6 +126,9 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, i
     if (cfg->replicas > cfg->num_servers)
         return cps__cli_usage_error(cmd, "--replicas %u needs at least %u servers",
                                     cfg->replicas, cfg->replicas);
+    if (kill_server >= cfg->num_servers)
+        return cps__cli_usage_error(cmd, "--kill-server %u: there are only %u servers",
+                                    kill_server, cfg->num_servers);
     *prog = argv + optind;
     return 0;
 }
@@ -155,20 +172,22 @@ int cps__cli_launch(int argc, char **argv)
     while (rc == 0) {
         cps__job_pump(&job, 100);
         uint64_t now = cps__now_ms();
+        cps_child *victim = &kids[1 + kill_server];
         if (kill_at_s && !killed && now - start >= (uint64_t)kill_at_s * 1000 &&
-            !kids[1].exited) {
-            printf("launch: +%.1f s: SIGKILL server 0 (pid %d), the head of range 0, to show "
-                   "failover; it restarts in 2 s\n", (now - start) / 1000.0, (int)kids[1].pid);
+            !victim->exited) {
+            printf("launch: +%.1f s: SIGKILL server %u (pid %d) to show failover; it restarts "
+                   "in 2 s\n", (now - start) / 1000.0, kill_server, (int)victim->pid);
             fflush(stdout);
-            kill(kids[1].pid, SIGKILL);
+            kill(victim->pid, SIGKILL);
             killed = 1;
             restart_at = now + 2000;
         }
-        if (restart_at && now >= restart_at && kids[1].exited) {
+        if (restart_at && now >= restart_at && victim->exited) {
             restart_at = 0;
-            if (cps__job_start(&job, 1) == 0)
-                printf("launch: +%.1f s: restarted server 0 (pid %d); it copies its ranges back "
-                       "from their tails\n", (now - start) / 1000.0, (int)kids[1].pid);
+            if (cps__job_start(&job, 1 + (int)kill_server) == 0)
+                printf("launch: +%.1f s: restarted server %u (pid %d); it copies its ranges "
+                       "back from their tails\n", (now - start) / 1000.0, kill_server,
+                       (int)victim->pid);
             fflush(stdout);
         }
         int workers_left = 0, failed = -1;
@@ -218,7 +237,7 @@ int cps__cli_launch(int argc, char **argv)
     for (int i = 0; i <= S; i++) {
         char b[96];
         if (kids[i].pid > 0 && kids[i].exited && !cps__job_ok(&job, i) && rc == 0 &&
-            !(i == 1 && killed && restart_at))
+            !(i == 1 + (int)kill_server && killed && restart_at))
             printf("launch: %s ended with %s\n", kids[i].tag,
                    cps__job_exit_text(kids[i].status, b, sizeof b));
     }
