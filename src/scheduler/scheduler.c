@@ -81,12 +81,28 @@ static sched_node *find_node(sched *s, uint32_t id)
     return NULL;
 }
 
+/* A worker that died (not one that finished) leaves its rank to a worker joining later. */
+static int rank_reusable(const sched_node *n)
+{
+    return n->info.role == CPS_ROLE_WORKER && !n->info.alive && !n->done;
+}
+
 static int rank_taken(const sched *s, int role, uint32_t rank)
 {
     for (uint32_t i = 0; i < s->nnodes; i++)
-        if (s->nodes[i].info.role == role && s->nodes[i].info.rank == rank)
+        if (s->nodes[i].info.role == role && s->nodes[i].info.rank == rank &&
+            !(s->started && rank_reusable(&s->nodes[i])))
             return 1;
     return 0;
+}
+
+/* Members of a role that hold a place in the job (once it runs, dead workers do not). */
+static uint32_t count_places(const sched *s, int role)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        n += s->nodes[i].info.role == role && !(s->started && rank_reusable(&s->nodes[i]));
+    return n;
 }
 
 static uint32_t free_rank(const sched *s, int role, uint32_t want, uint32_t limit)
@@ -221,7 +237,7 @@ static void handle_hello(sched *s, const cps_rx *rx)
     }
     if (!n) {
         uint32_t limit = role == CPS_ROLE_SERVER ? s->cfg.num_servers : s->cfg.num_workers;
-        if (count_role(s, (int)role) >= limit) {
+        if (count_places(s, (int)role) >= limit) {
             cps_log(CPS_LOG_ERROR, "scheduler",
                     "refused a %s at %s: the job already has its %u %ss", role_name((int)role),
                     addr, limit, role_name((int)role));

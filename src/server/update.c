@@ -169,9 +169,9 @@ static void reply_values(server *s, const cps_msg_hdr *rh, const cps_kv *kv)
     }
 }
 
-/* Answer one request: ACK, or the values of `kv` for a push-pull. */
-static void reply_request(server *s, uint8_t type, uint32_t worker, uint64_t req_seq,
-                          uint32_t range, uint64_t step, const cps_kv *kv)
+/* Answer one request: ACK (with `aux`), or the values of `kv` for a push-pull. */
+static void reply_request_aux(server *s, uint8_t type, uint32_t worker, uint64_t req_seq,
+                              uint32_t range, uint64_t step, const cps_kv *kv, uint64_t aux)
 {
     cps_msg_hdr h;
     if (type == CPS_MSG_PUSH_PULL && kv) {
@@ -180,9 +180,33 @@ static void reply_request(server *s, uint8_t type, uint32_t worker, uint64_t req
         return;
     }
     reply_header(s, &h, CPS_MSG_ACK, worker, req_seq, range, step);
+    h.aux = aux;
     int rc = cps__msg_send(s->tp, worker, &h, NULL, 0);
     if (rc != 0)
         cps_log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", worker, cps_strerror(rc));
+}
+
+static void reply_request(server *s, uint8_t type, uint32_t worker, uint64_t req_seq,
+                          uint32_t range, uint64_t step, const cps_kv *kv)
+{
+    reply_request_aux(s, type, worker, req_seq, range, step, kv, 0);
+}
+
+static uint64_t keyset_sig(const cps_kv *kv);
+
+/* The last sync step applied to a declared key set: a worker joining a running job starts its
+ * step count there, so its first push joins the step the others are on. */
+static uint64_t applied_step_of(server *s, uint32_t range, const cps_chain_update *u)
+{
+    cps_kv kv;
+    const uint64_t *offsets;
+    cps_param_spec spec;
+    if (u->kind != CPS_UPD_DECLARE || !u->body ||
+        cps__wire_declare_decode(u->body, u->body_len, &kv, &offsets, &spec) != 0)
+        return 0;
+    uint64_t step = 0;
+    op_agg_step(s, range, keyset_sig(&kv), &step);
+    return step;
 }
 
 /* ---- SSP clocks and parked pulls ---- */
@@ -341,7 +365,9 @@ static void do_reply(server *s, const cps_chain_action *a)
     cps_kv kv;
     int have_kv = q->type == CPS_MSG_PUSH_PULL && a->upd.kind == CPS_UPD_PUSH && a->upd.body &&
                   cps__wire_kv_decode(a->upd.body, a->upd.body_len, 1, &kv) == 0;
-    reply_request(s, q->type, q->worker, q->req_seq, a->range, a->upd.step, have_kv ? &kv : NULL);
+    uint64_t aux = q->type == CPS_MSG_DECLARE ? applied_step_of(s, a->range, &a->upd) : 0;
+    reply_request_aux(s, q->type, q->worker, q->req_seq, a->range, a->upd.step,
+                      have_kv ? &kv : NULL, aux);
 }
 
 void cps__server_run_actions(server *s)

@@ -124,6 +124,10 @@ static int declare(cps_client *c, const char *name, uint64_t length, uint64_t ro
         cps_op op = {.kind = OP_DECLARE, .spec = &t->spec, .parts = t->parts,
                      .nparts = t->nparts};
         rc = cps__client_run(c, &op, 1);
+        t->step = op.step; /* 0 for a new job; the job's current step for a late joiner */
+        if (op.step)
+            cps_log(CPS_LOG_INFO, "worker", "tensor %s: joining at step %llu", name,
+                    (unsigned long long)op.step);
     }
     if (rc != 0) {
         cps_log(CPS_LOG_ERROR, "worker", "declaring tensor %s failed: %s", name,

@@ -286,6 +286,10 @@ static void on_reply(cps_client *c, const cps_rx *rx)
             cps_log(CPS_LOG_ERROR, "worker", "reply from server %u does not match the request",
                     h->sender);
     }
+    /* A declare's answer carries the last sync step the servers applied to the key set: a
+     * worker joining a running job continues from there (its first push is the next step). */
+    if (h->type == CPS_MSG_ACK && op->kind == OP_DECLARE && h->aux > op->step)
+        op->step = h->aux;
     op_finish_req(op, err);
     req_remove(c, i);
 }
