@@ -86,6 +86,13 @@ void cps_detector_restart(cps_detector *d, uint64_t now)
     }
 }
 
+void cps_detector_refresh(cps_detector *d, uint64_t now)
+{
+    for (size_t i = 0; i < d->n; i++)
+        if (now > d->w[i].last_ms)
+            d->w[i].last_ms = now;
+}
+
 size_t cps_detector_tick(cps_detector *d, uint64_t now, uint32_t *dead, size_t cap)
 {
     size_t k = 0;

@@ -31,6 +31,10 @@ void cps_detector_heard(cps_detector *d, uint32_t node, uint64_t now);
  * fresh deadline from `now` plus the grace period, so no one is declared dead for our absence. */
 void cps_detector_restart(cps_detector *d, uint64_t now);
 
+/* We (the watcher) did not run for a while: restart every node's silence from `now`, without
+ * the extra grace of cps_detector_restart. */
+void cps_detector_refresh(cps_detector *d, uint64_t now);
+
 /* Nodes silent past the timeout at `now`, written to dead[0..cap); each is reported once and
  * then no longer watched. Returns how many (at most cap; the rest are reported next tick). */
 size_t cps_detector_tick(cps_detector *d, uint64_t now, uint32_t *dead, size_t cap);

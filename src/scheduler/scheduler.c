@@ -808,7 +808,7 @@ int cps__scheduler_run(const cps_config *cfg)
                 "workers (state in %s)", cfg->bind_host, cfg->sched_port, cfg->num_servers,
                 cfg->num_workers, dir);
     s.start_ms = cps__now_ms();
-    uint64_t finish_at = 0;
+    uint64_t finish_at = 0, last_iter = s.start_ms;
     for (;;) {
         if (cps__role_stop_requested()) {
             cps_log(CPS_LOG_INFO, "scheduler", "stop requested; telling servers to shut down");
@@ -823,6 +823,15 @@ int cps__scheduler_run(const cps_config *cfg)
             break;
         }
         uint64_t now = cps__now_ms();
+        if (now - last_iter > cfg->dead_after_ms / 2) {
+            /* We ourselves did not run (descheduled, paused): the silence we would now see is
+             * ours, not the nodes'. Give everyone a fresh deadline instead of declaring all of
+             * them dead at once. */
+            cps_log(CPS_LOG_WARN, "scheduler", "did not run for %llu ms: not counting that "
+                    "against the nodes", (unsigned long long)(now - last_iter));
+            cps_detector_refresh(s.detector, now);
+        }
+        last_iter = now;
         uint32_t dead[16];
         /* Once the job is ending, servers leave on purpose: not failures. */
         size_t nd = s.finished ? 0 : cps_detector_tick(s.detector, now, dead, 16);

@@ -20,6 +20,7 @@
 /* Messages handled per loop turn: under a steady stream of pushes the loop must still come
  * round to its heartbeat and timers (an unbounded drain once starved them into a false death). */
 #define MSGS_PER_TURN 64
+#define MAX_FUTURE 1024
 
 void cps__server_reply_error(server *s, const cps_msg_hdr *req, int err, const char *fmt, ...)
 {
@@ -106,6 +107,28 @@ int cps__server_check_request(server *s, const cps_msg_hdr *h)
 }
 
 static void dispatch_request(server *s, cps_rx *rx);
+static void dispatch_held(server *s);
+
+/* A message tagged with a newer epoch than ours: hold it and ask for the view. Returns 1 if
+ * held (rx taken). */
+static int hold_future(server *s, cps_rx *rx)
+{
+    if (!s->joined || rx->hdr.epoch <= s->view.epoch)
+        return 0;
+    if (!s->future)
+        s->future = calloc(MAX_FUTURE, sizeof *s->future);
+    if (!s->future)
+        return 0;
+    if (s->nfuture == MAX_FUTURE) {
+        cps__rx_free(&s->future[0]); /* the oldest goes: its sender re-sends it */
+        memmove(s->future, s->future + 1, (MAX_FUTURE - 1) * sizeof *s->future);
+        s->nfuture--;
+    }
+    s->future[s->nfuture++] = *rx;
+    cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id, .epoch = s->view.epoch};
+    cps__msg_send(s->tp, SCHED_PEER, &g, NULL, 0);
+    return 1;
+}
 
 static void install_view(server *s, const cps_rx *rx, int welcome)
 {
@@ -190,6 +213,26 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
     for (uint32_t i = 0; i < s->nearly; i++)
         dispatch_request(s, &s->early[i]);
     s->nearly = 0;
+    dispatch_held(s);
+}
+
+/* Messages held for a newer epoch: those our view now covers go through. */
+static void dispatch_held(server *s)
+{
+    uint32_t kept = 0, n = s->nfuture;
+    for (uint32_t i = 0; i < n; i++) {
+        cps_rx rx = s->future[i];
+        if (rx.hdr.epoch > s->view.epoch) {
+            s->future[kept++] = rx;
+            continue;
+        }
+        if (rx.hdr.type == CPS_MSG_FWD || rx.hdr.type == CPS_MSG_CHAIN_ACK ||
+            rx.hdr.type == CPS_MSG_CHAIN_MARK)
+            cps__server_on_chain(s, &rx);
+        else
+            dispatch_request(s, &rx);
+    }
+    s->nfuture = kept;
 }
 
 static void dispatch_request(server *s, cps_rx *rx)
@@ -290,7 +333,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     case CPS_MSG_CHAIN_MARK:
         if (!s->joined || s->suspect)
             break;
-        cps__server_on_chain(s, &rx);
+        if (!hold_future(s, &rx))
+            cps__server_on_chain(s, &rx);
         return; /* taken */
     case CPS_MSG_JOIN_RANGE:
         if (!s->joined || s->suspect || rx.hdr.sender != SCHED_PEER)
@@ -324,7 +368,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
             cps_log(CPS_LOG_WARN, "server", "request before the job started dropped");
             break;
         }
-        dispatch_request(s, &rx);
+        if (!hold_future(s, &rx))
+            dispatch_request(s, &rx);
         return; /* the data path took rx */
     default:
         s->stats.msgs_bad++;
@@ -343,6 +388,9 @@ static void rejoin(server *s)
     for (uint32_t i = 0; i < s->nearly; i++)
         cps__rx_free(&s->early[i]);
     s->nearly = 0;
+    for (uint32_t i = 0; i < s->nfuture; i++)
+        cps__rx_free(&s->future[i]);
+    s->nfuture = 0;
     cps__view_fini(&s->view);
     cps__view_init(&s->view);
     s->joined = 0;
@@ -517,6 +565,9 @@ out:
     for (uint32_t i = 0; i < s.nearly; i++)
         cps__rx_free(&s.early[i]);
     free(s.early);
+    for (uint32_t i = 0; i < s.nfuture; i++)
+        cps__rx_free(&s.future[i]);
+    free(s.future);
     cps__server_reap_snapshots(&s, 1);
     cps__server_data_fini(&s);
     cps_chain_destroy(s.chain);

@@ -72,6 +72,10 @@ typedef struct server {
     uint32_t nearly;
     cps_temp_peers temps; /* `chainps status --verify` and other non-members */
     join_state *joins;      /* view.nranges entries */
+    /* Messages from a view epoch we have not installed yet, held until we have it (dropping
+     * them would cost the sender a re-send timeout in the middle of a failover). */
+    cps_rx *future;
+    uint32_t nfuture;
     struct snap_job *snaps; /* snapshots being sent by threads */
 } server;
 

@@ -62,6 +62,22 @@ static void restart_grants_grace(void **state)
     cps_detector_destroy(d);
 }
 
+static void refresh_after_our_own_stall(void **state)
+{
+    (void)state;
+    cps_detector *d = make(300, 5000);
+    uint32_t dead[4];
+    cps_detector_watch(d, 1, 0);
+    cps_detector_watch(d, 2, 0);
+    cps_detector_heard(d, 2, 900);
+    /* We were stopped from 100 to 1000: nobody is to blame for that silence. */
+    cps_detector_refresh(d, 1000);
+    assert_int_equal(cps_detector_tick(d, 1300, dead, 4), 0);
+    /* No grace beyond the normal timeout: a node that stays silent is still caught. */
+    assert_int_equal(cps_detector_tick(d, 1301, dead, 4), 2);
+    cps_detector_destroy(d);
+}
+
 static void forget_and_cap(void **state)
 {
     (void)state;
@@ -89,6 +105,7 @@ int main(void)
         cmocka_unit_test(silent_node_is_declared_dead_once),
         cmocka_unit_test(heartbeats_keep_a_node_alive),
         cmocka_unit_test(restart_grants_grace),
+        cmocka_unit_test(refresh_after_our_own_stall),
         cmocka_unit_test(forget_and_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
