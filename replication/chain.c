@@ -65,6 +65,7 @@ typedef struct range_st {
     int mark_known;
     /* An ex-tail tells its new successor its applied seq until that successor acks it. */
     uint64_t mark_to_send;
+    int mark_pending; /* mark_to_send is to be (re)sent: a MARK of 0 is a MARK too */
     uint64_t mark_sent_ms;
 } range_st;
 
@@ -352,6 +353,22 @@ static int send_mark(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
     return emit_send(c, r, to, m, CPS_WIRE_HDR_SIZE);
 }
 
+/* The MARK to hand a new successor: what we applied, or, if we joined and have not caught up
+ * with our own predecessor yet, what it had (its MARK), since that is what may have been
+ * acknowledged. 0 while we wait for our own MARK (simulator seed 416: a second replica joined
+ * from a tail that was itself still catching up, and served reads older than acknowledged). */
+static int mark_value(const range_st *rs, uint64_t *v)
+{
+    *v = rs->applied;
+    if (!rs->gated)
+        return 1;
+    if (!rs->mark_known)
+        return 0;
+    if (rs->mark > *v)
+        *v = rs->mark;
+    return 1;
+}
+
 /* Answer the requests that waited for the range to commit up to their seq. */
 static int wake_waits(cps_chain *c, uint32_t r)
 {
@@ -571,6 +588,8 @@ uint64_t cps_chain_fwd_bytes(const cps_chain *c)
     return c->fwd_bytes;
 }
 
+static void drop_acked(range_st *rs, uint64_t seq);
+
 /* The tail of range r went away and this replica is the new tail: what it holds is on every
  * live replica, so it is committed; answer the workers of every held update. */
 static int become_tail(cps_chain *c, uint32_t r, int pos)
@@ -650,22 +669,41 @@ int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
             rs->gated = 1;
             rs->mark_known = 0;
         }
+        if (rs->gated && pos == 0) {
+            /* We joined and lost our predecessor before its MARK arrived: no one is left to
+             * send one, and what we hold is all the chain holds (simulator seed 262). */
+            rs->gated = 0;
+        }
         if ((rc = load_range(c, r)) != 0)
             break;
         int tail = (uint32_t)pos == chain_len(c, r) - 1;
         uint32_t succ = tail ? 0 : neighbour(c, r, pos + 1);
-        if (rs->shadow && (succ == rs->shadow || !cps__view_node(v, rs->shadow) ||
-                           !cps__view_node(v, rs->shadow)->alive))
-            rs->shadow = 0; /* it joined as our successor, or it is gone */
+        if (rs->shadow && succ != rs->shadow &&
+            (!cps__view_node(v, rs->shadow) || !cps__view_node(v, rs->shadow)->alive)) {
+            /* It is gone. What we held for it is moot; kept, it would never be acknowledged,
+             * and at a head it would count against max_unacked for ever (simulator seed 123). */
+            rs->shadow = 0;
+            if (tail)
+                drop_acked(rs, UINT64_MAX);
+        }
+        if (rs->shadow && succ == rs->shadow)
+            rs->shadow = 0; /* it joined as our successor: what it lacks is re-sent below */
         if (tail && old_pos[r] >= 0 && old_succ[r] != 0) {
             rc = become_tail(c, r, pos);
         } else if (!tail && succ != old_succ[r]) {
-            if (old_pos[r] >= 0 && old_succ[r] == 0)
-                rs->mark_to_send = rs->applied; /* we were the tail: hand over a MARK */
+            /* Hand the new successor a MARK: not only when we were the tail. A joined tail
+             * whose predecessor (the ex-tail) is removed before its MARK arrived would wait
+             * for it for ever (simulator seed 426); the MARK of its new predecessor, which
+             * holds all the ex-tail acknowledged, opens the gate as safely. And a MARK of 0
+             * (an empty range) is sent too, or such a tail would never serve. */
+            if (old_pos[r] >= 0)
+                rs->mark_pending = 1;
             for (uint32_t i = 0; rc == 0 && i < rs->nsent; i++)
                 rc = send_held(c, r, &rs->sent[i], succ, now);
-            if (rc == 0 && rs->mark_to_send)
+            if (rc == 0 && rs->mark_pending && mark_value(rs, &rs->mark_to_send)) {
+                rs->mark_sent_ms = now;
                 rc = send_mark(c, r, succ, rs->mark_to_send);
+            }
         }
     }
     free(old_pos);
@@ -832,8 +870,8 @@ static int on_ack(cps_chain *c, const cps_msg_hdr *h, int pos)
         return CPS_ESTALE_EPOCH;
     /* Only the answer to the MARK itself stops its repetition: an ack of updates alone does
      * not tell that the MARK (perhaps sent before the successor had the view) arrived. */
-    if (rs->mark_to_send && (h->aux & ACK_OF_MARK))
-        rs->mark_to_send = 0;
+    if (rs->mark_pending && (h->aux & ACK_OF_MARK))
+        rs->mark_pending = 0;
     uint64_t seq = h->req_seq < rs->applied ? h->req_seq : rs->applied;
     if (seq <= rs->committed && rs->nsent == 0)
         return 0;
@@ -886,8 +924,10 @@ int cps_chain_on_message(cps_chain *c, const cps_msg_hdr *h, const void *payload
         if (!rs->mark_known || h->req_seq > rs->mark)
             rs->mark = h->req_seq;
         rs->mark_known = 1;
-        /* Acknowledge the MARK, so the ex-tail stops repeating it. */
-        return send_ack_aux(c, h->range, h->sender, rs->applied, ACK_OF_MARK);
+        /* Acknowledge the MARK, so the predecessor stops repeating it. The ack carries what
+         * is committed here: a MARK may now come to a middle replica too, whose applied
+         * updates are not committed (at the tail the two are equal). */
+        return send_ack_aux(c, h->range, h->sender, rs->committed, ACK_OF_MARK);
     }
     return CPS_EPROTO;
 }
@@ -906,7 +946,8 @@ int cps_chain_tick(cps_chain *c, uint64_t now)
         uint32_t succ = tail ? rs->shadow : neighbour(c, r, pos + 1);
         if (!succ)
             continue;
-        if (!tail && rs->mark_to_send && now - rs->mark_sent_ms >= c->cfg.resend_ms) {
+        if (!tail && rs->mark_pending && now - rs->mark_sent_ms >= c->cfg.resend_ms &&
+            mark_value(rs, &rs->mark_to_send)) {
             rs->mark_sent_ms = now;
             rc = send_mark(c, r, succ, rs->mark_to_send);
         }
@@ -926,6 +967,12 @@ int cps_chain_add_shadow(cps_chain *c, uint32_t r, uint32_t node, uint64_t now)
     begin_call(c);
     c->now = now;
     if (!cps_chain_is_tail(c, r) || node == c->cfg.self || node == 0)
+        return CPS_EINVAL;
+    /* A late SNAP_REQ of a node our view already counts dead: it would stay our shadow (only a
+     * view change clears one), and we would hold and re-send its updates for ever (simulator
+     * seed 123). */
+    const cps_node_info *n = cps__view_node(&c->view, node);
+    if (!n || !n->alive)
         return CPS_EINVAL;
     int rc = load_range(c, r);
     if (rc != 0)

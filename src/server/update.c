@@ -813,8 +813,12 @@ void cps__server_data_fini(server *s)
     free(s->parked);
     free(s->clock);
     free(s->joins);
+    /* Counts too: a server that rejoins (fenced) keeps running on this state. */
     s->slots = NULL;
+    s->nslots = 0;
     s->parked = NULL;
+    s->nparked = s->parked_cap = 0;
     s->clock = NULL;
+    s->clock_ranges = 0;
     s->joins = NULL;
 }

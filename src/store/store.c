@@ -717,12 +717,19 @@ static int delete_span(cps_txn *tx, MDB_dbi dbi, uint64_t lo, uint64_t hi, const
     int rc = mdb_cursor_open(tx->t, dbi, &cur);
     if (rc)
         return lmdb_fail(tx, op, lo, rc);
-    MDB_val k = {sizeof lo, &lo}, d;
-    for (rc = mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE); rc == 0;
-         rc = mdb_cursor_get(cur, &k, &d, MDB_GET_CURRENT)) {
+    for (;;) {
+        /* Position afresh after each delete: MDB_GET_CURRENT after deleting the last key of
+         * the database answers EINVAL, not MDB_NOTFOUND. */
+        uint64_t from = lo;
+        MDB_val k = {sizeof from, &from}, d;
+        rc = mdb_cursor_get(cur, &k, &d, MDB_SET_RANGE);
+        if (rc != 0)
+            break;
         uint64_t key;
+        if (k.mv_size != sizeof key)
+            break;
         memcpy(&key, k.mv_data, sizeof key);
-        if (k.mv_size != sizeof key || key > hi)
+        if (key > hi)
             break;
         if ((rc = mdb_cursor_del(cur, 0)) != 0)
             break;

@@ -3,8 +3,12 @@
  * every event.
  *
  * "Live replicas" of a range are the servers in its chain in the scheduler's current view.
- * Views only remove servers here (no joins yet), so a live replica was live at every earlier
- * moment; that makes each check below, done when the state changes, hold from then on. */
+ * Views remove servers, and add them at the tail after a join (state transfer). A removed
+ * server was live at every earlier moment, so each check below, done when the state changes,
+ * holds from then on. A joined replica is the exception while it catches up (sim_lag): it may
+ * lack updates its predecessor acknowledged until then, and must serve no read meanwhile
+ * (invariant 8); once it holds what the others hold, every acknowledged update is checked on it
+ * and it is an ordinary replica. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -202,12 +206,15 @@ void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a)
     }
     if (u->sig)
         agg_put(st, u->sig, u->step);
-    /* Invariant 3: live replicas agree at equal sequence numbers. */
-    if (!sim_is_member(sm, r, s->id))
+    /* Invariant 3: live replicas, and replicas copying the range to join it, agree at equal
+     * sequence numbers. */
+    if (!sim_is_member(sm, r, s->id) && !(s->copying && s->copying[r]))
         return;
     const cps_range *rg = &sim_cur_view(sm)->ranges[r];
     for (uint32_t i = 0; i < rg->chain_len; i++) {
         const sim_rstore *o = &sm->servers[rg->chain[i] - 1].rs[r];
+        if (sm->servers[rg->chain[i] - 1].wiped)
+            continue; /* a member on an empty store, not yet let in again */
         if (rg->chain[i] != s->id && o->applied >= a->seq && o->log[a->seq - 1] != h) {
             sim_fail(sm, "(3) replicas agree",
                      "range %u seq %" PRIu64 ": server %u applied %016" PRIx64
@@ -216,6 +223,43 @@ void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a)
             return;
         }
     }
+}
+
+void sim_rstore_clear(sim_rstore *st)
+{
+    free(st->log);
+    free(st->aggs);
+    free(st->set);
+    memset(st, 0, sizeof *st);
+}
+
+static void *dup_mem(const void *p, size_t n)
+{
+    if (!n)
+        return NULL;
+    void *q = malloc(n);
+    if (!q) {
+        fprintf(stderr, "sim: out of memory\n");
+        exit(2);
+    }
+    memcpy(q, p, n);
+    return q;
+}
+
+/* dst becomes a copy of src (what a snapshot carries: the values, here the log of update hashes
+ * that produced them, the exactly-once records and the aggregation steps). */
+void sim_rstore_copy(sim_rstore *dst, const sim_rstore *src)
+{
+    sim_rstore_clear(dst);
+    dst->applied = src->applied;
+    dst->log_cap = src->applied;
+    dst->log = dup_mem(src->log, src->applied * sizeof *src->log);
+    memcpy(dst->hw, src->hw, sizeof dst->hw);
+    dst->naggs = dst->aggs_cap = src->naggs;
+    dst->aggs = dup_mem(src->aggs, src->naggs * sizeof *src->aggs);
+    dst->set_n = src->set_n;
+    dst->set_cap = src->set_cap;
+    dst->set = dup_mem(src->set, src->set_cap * sizeof *src->set);
 }
 
 void sim_store_free(sim *sm, sim_server *s)
@@ -238,6 +282,10 @@ void sim_check_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq, uint64_t h
     const cps_range *rg = &sim_cur_view(sm)->ranges[r];
     for (uint32_t i = 0; i < rg->chain_len; i++) {
         const sim_rstore *o = &sm->servers[rg->chain[i] - 1].rs[r];
+        if (sm->servers[rg->chain[i] - 1].wiped)
+            continue; /* a member on an empty store, not yet let in again */
+        if (rg->chain[i] == sm->lag[r].node && rg->chain[i] != s->id && o->applied < seq)
+            continue; /* a joined tail still catching up (if it serves, invariant 8 holds it) */
         if (o->applied < seq || o->log[seq - 1] != hash) {
             sim_fail(sm, "(4) reads are committed",
                      "server %u (epoch %" PRIu64 ") served range %u at seq %" PRIu64
@@ -253,7 +301,11 @@ static void check_acked_on_members(sim *sm, const sim_acked *k, const char *when
 {
     const cps_range *rg = &sim_cur_view(sm)->ranges[k->range];
     for (uint32_t i = 0; i < rg->chain_len; i++) {
+        if (rg->chain[i] == sm->lag[k->range].node)
+            continue; /* a joined tail still catching up: checked when it has */
         const sim_rstore *o = &sm->servers[rg->chain[i] - 1].rs[k->range];
+        if (sm->servers[rg->chain[i] - 1].wiped)
+            continue; /* a member on an empty store, not yet let in again */
         if (!set_find(o, k->id, k->req_seq)) {
             sim_fail(sm, "(1) acked is on every replica",
                      "%s: request (id %08x, req %" PRIx64 ") on range %u acknowledged to its "
@@ -300,14 +352,83 @@ void sim_check_reply(sim *sm, sim_server *s, uint32_t r, const cps_chain_req *q)
     check_acked_on_members(sm, &k, when);
 }
 
+/* A snapshot installed at a joiner agrees with every live replica at equal sequence numbers. */
+void sim_check_snapshot(sim *sm, sim_server *s, uint32_t r)
+{
+    const sim_rstore *st = &s->rs[r];
+    const cps_range *rg = &sim_cur_view(sm)->ranges[r];
+    for (uint32_t i = 0; i < rg->chain_len; i++) {
+        const sim_rstore *o = &sm->servers[rg->chain[i] - 1].rs[r];
+        if (sm->servers[rg->chain[i] - 1].wiped)
+            continue; /* a member on an empty store, not yet let in again */
+        uint64_t n = o->applied < st->applied ? o->applied : st->applied;
+        for (uint64_t q = 0; q < n; q++)
+            if (o->log[q] != st->log[q]) {
+                sim_fail(sm, "(3) replicas agree",
+                         "range %u seq %" PRIu64 ": snapshot installed at server %u differs from "
+                         "live replica %u",
+                         r, q + 1, s->id, rg->chain[i]);
+                return;
+            }
+    }
+}
+
+/* Invariant 8: a tail of the current epoch never serves a read older than an update already
+ * acknowledged to a worker (after a join: CHAIN_MARK gating, cps_chain_can_serve_pull). */
+void sim_check_fresh_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq)
+{
+    const cps_range *rg = &sim_cur_view(sm)->ranges[r];
+    if (s->epoch != sm->epoch || rg->chain[rg->chain_len - 1] != s->id)
+        return; /* a server of an older view: fenced by the workers' epochs, not by this */
+    if (seq < sm->acked_seq[r])
+        sim_fail(sm, "(8) a new tail serves no stale read",
+                 "server %u, tail of range %u in epoch %" PRIu64 ", served seq %" PRIu64
+                 " after seq %" PRIu64 " was acknowledged",
+                 s->id, r, s->epoch, seq, sm->acked_seq[r]);
+}
+
+/* A joined tail has caught up once every other replica runs the view that added it and it holds
+ * all they hold: from then on it is checked as any replica. */
+static void check_lag(sim *sm, uint32_t r)
+{
+    sim_lag *lg = &sm->lag[r];
+    if (!lg->node)
+        return;
+    if (!sim_is_member(sm, r, lg->node)) {
+        lg->node = 0;
+        return;
+    }
+    const cps_range *rg = &sim_cur_view(sm)->ranges[r];
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < rg->chain_len; i++) {
+        const sim_server *o = &sm->servers[rg->chain[i] - 1];
+        if (o->id == lg->node || o->wiped)
+            continue;
+        if (o->state != SRV_UP || o->epoch < lg->epoch)
+            return;
+        if (o->rs[r].applied > need)
+            need = o->rs[r].applied;
+    }
+    if (sm->servers[lg->node - 1].rs[r].applied < need)
+        return;
+    lg->node = 0;
+    for (uint64_t i = 0; i < sm->nacked && !sm->failed; i++)
+        if (sm->acked[i].range == r)
+            check_acked_on_members(sm, &sm->acked[i], "when a joined replica caught up");
+}
+
 /* After every event: cheap structural checks over all ranges and servers. */
 void sim_check_event(sim *sm)
 {
     const cps_view *v = sim_cur_view(sm);
+    for (uint32_t r = 0; r < v->nranges && !sm->failed; r++)
+        check_lag(sm, r);
     for (uint32_t r = 0; r < v->nranges; r++) {
         const cps_range *rg = &v->ranges[r];
         /* (6) Chain prefix: a replica holds everything its successor holds. */
         for (uint32_t i = 0; i + 1 < rg->chain_len; i++) {
+            if (sm->servers[rg->chain[i] - 1].wiped || sm->servers[rg->chain[i + 1] - 1].wiped)
+                continue;
             uint64_t a = sm->servers[rg->chain[i] - 1].rs[r].applied;
             uint64_t b = sm->servers[rg->chain[i + 1] - 1].rs[r].applied;
             if (a < b) {
@@ -320,7 +441,7 @@ void sim_check_event(sim *sm)
     }
     for (uint32_t i = 0; i < sm->p.servers; i++) {
         const sim_server *s = &sm->servers[i];
-        if (s->state == SRV_CRASHED)
+        if (s->state == SRV_CRASHED || s->state == SRV_HELLO || !s->view)
             continue;
         for (uint32_t r = 0; r < s->view->nranges; r++) {
             const cps_range *rg = &s->view->ranges[r];

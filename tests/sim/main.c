@@ -1,8 +1,8 @@
 /* The simulator's command line:
  *
  *   sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R] [--ranges N]
- *       [--mode sync|async] [--faults none|drops|crash|pause|all] [--events N]
- *       [--faithful-client] [--refusals] [-v]
+ *       [--mode sync|async] [--faults none|drops|crash|pause|restart|partition|join|all]
+ *       [--events N] [--faithful-client] [--faithful-scheduler] [--refusals] [-v]
  *   sim --regressions FILE
  *
  * Parameters not given are drawn from the seed, from a stream of their own, in a fixed order:
@@ -12,8 +12,11 @@
  * 1 a violation, 2 bad usage.
  *
  * --faithful-client models src/worker/client.c exactly where the sim's worker deviates from it
- * (see sim.c: parked requests, pulls after a newer epoch was seen); --refusals lets the head
- * refuse some pushes after admission (unknown keys: cps_chain_skip). */
+ * (see sim.c: parked requests, pulls after a newer epoch was seen); --faithful-scheduler models
+ * src/scheduler/scheduler.c and src/server/server.c exactly where the sim deviates from them (a
+ * HELLO from a restarted server the scheduler still counts alive; a server not yet let in
+ * taking any VIEW); --refusals lets the head refuse some pushes after admission (unknown keys:
+ * cps_chain_skip). Fault kinds: see sim.h; `all` mixes every kind. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,19 +31,21 @@ typedef struct cli {
     uint32_t servers, workers, replicas, ranges;
     int mode, faults;
     uint64_t events;
-    int verbose, faithful, refusals;
+    int verbose, faithful, faithful_sched, refusals;
     const char *regressions;
 } cli;
 
 static const char *mode_names[] = {"sync", "async"};
-static const char *fault_names[] = {"none", "drops", "crash", "pause", "all"};
+static const char *fault_names[] = {"none", "drops",   "crash",     "pause",
+                                    "all",  "restart", "partition", "join"};
 
 static void usage(void)
 {
     fprintf(stderr,
             "usage: sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R]\n"
-            "           [--ranges N] [--mode sync|async] [--faults none|drops|crash|pause|all]\n"
-            "           [--events N] [--faithful-client] [--refusals] [-v]\n"
+            "           [--ranges N] [--mode sync|async]\n"
+            "           [--faults none|drops|crash|pause|restart|partition|join|all]\n"
+            "           [--events N] [--faithful-client] [--faithful-scheduler] [--refusals] [-v]\n"
             "       sim --regressions FILE\n");
 }
 
@@ -81,6 +86,10 @@ static int parse_args(int argc, char **argv, cli *c)
             c->faithful = 1;
             continue;
         }
+        if (strcmp(a, "--faithful-scheduler") == 0) {
+            c->faithful_sched = 1;
+            continue;
+        }
         if (strcmp(a, "--refusals") == 0) {
             c->refusals = 1;
             continue;
@@ -92,7 +101,7 @@ static int parse_args(int argc, char **argv, cli *c)
             if ((c->mode = parse_name(v, mode_names, 2)) < 0)
                 return -1;
         } else if (strcmp(a, "--faults") == 0) {
-            if ((c->faults = parse_name(v, fault_names, 5)) < 0)
+            if ((c->faults = parse_name(v, fault_names, SIM_F_COUNT_)) < 0)
                 return -1;
         } else if (parse_u64(v, &x) != 0) {
             return -1;
@@ -123,10 +132,12 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
 {
     sim_rng g;
     sim_rng_seed(&g, seed ^ 0x9a7a3e7e75eedull);
-    uint64_t d[16];
-    for (int i = 0; i < 16; i++)
+    uint64_t d[20];
+    for (int i = 0; i < 20; i++)
         d[i] = sim_rng_next(&g);
-    static const int drawn_faults[] = {SIM_F_DROPS, SIM_F_CRASH, SIM_F_PAUSE, SIM_F_ALL, SIM_F_ALL};
+    static const int drawn_faults[] = {SIM_F_DROPS,     SIM_F_CRASH, SIM_F_PAUSE, SIM_F_RESTART,
+                                       SIM_F_PARTITION, SIM_F_JOIN,  SIM_F_ALL,   SIM_F_ALL,
+                                       SIM_F_ALL,       SIM_F_ALL};
     memset(p, 0, sizeof *p);
     p->seed = seed;
     p->servers = c->servers ? c->servers : 1 + (uint32_t)(d[0] % 5);
@@ -134,7 +145,7 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     uint32_t rmax = p->servers < 3 ? p->servers : 3;
     p->replicas = c->replicas ? c->replicas : 1 + (uint32_t)(d[2] % rmax);
     p->mode = c->mode >= 0 ? c->mode : (int)(d[3] % 2);
-    p->faults = c->faults >= 0 ? c->faults : drawn_faults[d[4] % 5];
+    p->faults = c->faults >= 0 ? c->faults : drawn_faults[d[4] % 10];
     p->events = c->events ? c->events : 2000 + d[5] % 8000;
     p->ranges = c->ranges ? c->ranges : 1 + (uint32_t)(d[6] % (2 * p->servers));
     p->window = 1 + (uint32_t)(d[7] % 6);
@@ -148,8 +159,14 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     /* Off unless asked: a refused push followed by a head failover hangs the worker (seed 6,
      * see regressions.txt) until refusals are replicated. */
     p->bad_per_mille = c->refusals ? 1 + (uint32_t)(d[15] % 30) : 0;
+    int all = p->faults == SIM_F_ALL;
+    p->restart_per_mille = (all || p->faults == SIM_F_RESTART) ? 300 + (uint32_t)(d[16] % 700) : 0;
+    p->wipe_per_mille = p->restart_per_mille ? (uint32_t)(d[17] % 600) : 0;
+    p->partition_per_mille = p->faults == SIM_F_PARTITION ? 700 : all ? (uint32_t)(d[18] % 400) : 0;
+    p->spare = p->faults == SIM_F_JOIN || (all && d[19] % 2);
     p->verbose = c->verbose;
     p->faithful_client = c->faithful;
+    p->faithful_sched = c->faithful_sched;
     if (p->replicas > p->servers) {
         fprintf(stderr, "sim: --replicas %u > --servers %u\n", p->replicas, p->servers);
         return -1;
@@ -169,6 +186,8 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --events %" PRIu64, p->events);
     if (c->faithful)
         printf(" --faithful-client");
+    if (c->faithful_sched)
+        printf(" --faithful-scheduler");
     if (c->refusals)
         printf(" --refusals");
     printf("\n");
@@ -177,6 +196,7 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
 static int run_cli(const char *prog, const cli *c)
 {
     uint64_t events = 0, acked = 0, views = 0, faults = 0, fenced = 0, zombie = 0;
+    uint64_t restarts = 0, wipes = 0, parts = 0, joins = 0, rejoins = 0, gated = 0;
     for (uint64_t i = 0; i < c->seeds; i++) {
         sim_params p;
         if (make_params(c, c->seed + i, &p) != 0)
@@ -195,19 +215,31 @@ static int run_cli(const char *prog, const cli *c)
         if (c->verbose || c->seeds == 1)
             printf("seed %" PRIu64 ": ok, %" PRIu64 " events, %" PRIu64 " requests acknowledged, "
                    "%" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
-                   " messages dropped, %" PRIu64 " ms virtual\n",
-                   p.seed, s.events, s.acked, s.views, s.faults, s.drops, s.virt_ms);
+                   " messages dropped, %" PRIu64 " ms virtual; %" PRIu64 " restarts (%" PRIu64
+                   " on an empty store), %" PRIu64 " partitions, %" PRIu64
+                   " fenced rejoins, %" PRIu64 " joins, %" PRIu64 " reads gated\n",
+                   p.seed, s.events, s.acked, s.views, s.faults, s.drops, s.virt_ms, s.restarts,
+                   s.wipes, s.partitions, s.rejoins, s.joins, s.gated);
         events += s.events;
         acked += s.acked;
         views += s.views;
         faults += s.faults;
         fenced += s.fenced;
         zombie += s.zombie_writes;
+        restarts += s.restarts;
+        wipes += s.wipes;
+        parts += s.partitions;
+        joins += s.joins;
+        rejoins += s.rejoins;
+        gated += s.gated;
     }
     printf("sim: %" PRIu64 " seeds from %" PRIu64 " passed: %" PRIu64 " events, %" PRIu64
            " requests acknowledged, %" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
-           " chain messages fenced, %" PRIu64 " writes taken by removed heads\n",
-           c->seeds, c->seed, events, acked, views, faults, fenced, zombie);
+           " chain messages fenced, %" PRIu64 " writes taken by removed heads; %" PRIu64
+           " restarts (%" PRIu64 " on an empty store), %" PRIu64 " partitions, %" PRIu64
+           " fenced rejoins, %" PRIu64 " joins by state transfer, %" PRIu64 " reads gated\n",
+           c->seeds, c->seed, events, acked, views, faults, fenced, zombie, restarts, wipes, parts,
+           rejoins, joins, gated);
     return 0;
 }
 

@@ -13,9 +13,20 @@
  *  - workers: dense per-(worker, range) push sequences, sparse pushes (CPS_SEQ_SPARSE), declares
  *    and pulls, several in flight, re-sent after a timeout and on every new view, replies matched
  *    by (range, req_seq), as src/worker/client.c does;
- *  - the scheduler: ring placement at epoch 1, then view changes that remove a crashed or paused
- *    server from every chain (or only bump the epoch), published with a random delay per node,
- *    and answered to GET_VIEW. */
+ *  - the scheduler: ring placement at epoch 1, then view changes that remove a crashed, paused or
+ *    partitioned server from every chain as recovery/view_change.c does (the last replica of a
+ *    range stays, marked dead), or only bump the epoch, published with a random delay per node,
+ *    and answered to GET_VIEW; HELLO from a (re)started or fenced server revives it; repair()
+ *    and on_caught_up() of scheduler.c bring ranges back to R replicas by state transfer;
+ *  - restarts: a crashed server comes back on its store (kill -9 with LMDB on disk) or on an
+ *    empty one (a replaced disk), with a fresh cps_chain, and asks to be let in (HELLO); a server
+ *    told it was declared dead rejoins the same way (server.c's rejoin);
+ *  - state transfer as src/server/transfer.c does it: JOIN_RANGE -> begin_join and clearing the
+ *    copy -> SNAP_REQ -> add_shadow at the tail, then a snapshot of the tail's store a moment
+ *    later -> SNAP over the network -> install, join_ready -> CAUGHT_UP -> a view with the
+ *    joiner as the new tail, whose reads wait for CHAIN_MARK (cps_chain_can_serve_pull);
+ *  - partitions: servers cut off from the scheduler, their peers or the workers (both ways) for
+ *    a while; the scheduler may declare them dead meanwhile, and they must be fenced. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -25,6 +36,7 @@
 #include "chainps/error.h"
 #include "core/view.h"
 #include "core/wire.h"
+#include "recovery/view_change.h"
 #include "replication/chain.h"
 
 #include "sim.h"
@@ -195,6 +207,10 @@ static uint64_t net_delay(sim *sm)
 static void net_send(sim *sm, uint32_t from, uint32_t to, const void *buf, size_t len,
                      uint64_t extra)
 {
+    if (sm->cut_active && from < SIM_MAX_NODES && to < SIM_MAX_NODES && sm->cut[from][to]) {
+        sm->drops++; /* a partition */
+        return;
+    }
     if (sm->lossy && chance(sm, sm->p.drop_per_mille)) {
         sm->drops++;
         return;
@@ -204,6 +220,7 @@ static void net_send(sim *sm, uint32_t from, uint32_t to, const void *buf, size_
         sim_msg *m = xmalloc(sizeof *m + len);
         m->from = from;
         m->to = to;
+        m->inc = from >= 1 && from <= sm->p.servers ? sm->servers[from - 1].inc : 0;
         m->len = len;
         memcpy(m->buf, buf, len);
         ev_push(sm, sm->now + extra + net_delay(sm), EV_DELIVER, to, m);
@@ -281,8 +298,61 @@ static const char *msg_name(uint8_t type)
         return "FWD";
     case CPS_MSG_CHAIN_ACK:
         return "CHAIN_ACK";
+    case CPS_MSG_CHAIN_MARK:
+        return "CHAIN_MARK";
+    case CPS_MSG_HELLO:
+        return "HELLO";
+    case CPS_MSG_WELCOME:
+        return "WELCOME";
+    case CPS_MSG_HEARTBEAT:
+        return "HEARTBEAT";
+    case CPS_MSG_JOIN_RANGE:
+        return "JOIN_RANGE";
+    case CPS_MSG_SNAP_REQ:
+        return "SNAP_REQ";
+    case CPS_MSG_SNAP:
+        return "SNAP";
+    case CPS_MSG_CAUGHT_UP:
+        return "CAUGHT_UP";
     default:
         return "?";
+    }
+}
+
+/* ---- servers: (re)starting ---- */
+
+static void chain_new(sim *sm, sim_server *s)
+{
+    static const cps_chain_store_ops ops = {sim_op_range_seq, sim_op_dedup, sim_op_agg_step,
+                                            sim_op_drop_cookie};
+    cps_chain_config cc = {s->id, sm->p.resend_ms, sm->p.max_unacked};
+    if (cps_chain_create(&cc, &ops, s, &s->chain) != 0) {
+        fprintf(stderr, "sim: cps_chain_create failed\n");
+        exit(2);
+    }
+}
+
+/* A restarted process, or server.c's rejoin() after being fenced: a fresh chain state machine
+ * (cps_chain_destroy releases the cookies of requests it was holding), no aggregation slots, no
+ * joins, no view; the store stays as it is. It asks the scheduler to let it in (HELLO). */
+static void server_reset(sim *sm, sim_server *s)
+{
+    cps_chain_destroy(s->chain);
+    chain_new(sm, s);
+    for (uint32_t i = 0; i < s->nslots; i++)
+        s->slots[i].used = 0;
+    memset(s->joins, 0, sm->nranges * sizeof *s->joins);
+    memset(s->copying, 0, sm->nranges * sizeof *s->copying);
+    s->epoch = 0;
+    s->view = NULL;
+    s->state = SRV_HELLO;
+    s->boot++;
+    s->hello_at = 0;
+    s->beat_at = 0;
+    s->seen_view = 0;
+    if (!s->ticking) {
+        s->ticking = 1;
+        ev_push(sm, sm->now + 1 + rnd(sm, sm->p.tick_ms), EV_TICK, s->id, NULL);
     }
 }
 
@@ -324,7 +394,9 @@ static void server_actions(sim *sm, sim_server *s)
             sim_trace(sm, "s%u send %s r%u seq %" PRIu64 " e%" PRIu64 " -> s%u", s->id,
                       msg_name(h.type), h.range, h.req_seq, h.epoch, a->to);
             /* Persist before send: a replica forwards or acknowledges only what it applied. */
-            if (h.range >= sm->nranges || h.req_seq > s->rs[h.range].applied) {
+            /* (A CHAIN_MARK is no data: a replica still catching up passes on its own MARK.) */
+            if (h.range >= sm->nranges ||
+                (h.type != CPS_MSG_CHAIN_MARK && h.req_seq > s->rs[h.range].applied)) {
                 sim_fail(sm, "persist before send",
                          "server %u sent %s of range %u seq %" PRIu64 " having applied %" PRIu64,
                          s->id, msg_name(h.type), h.range, h.req_seq,
@@ -352,6 +424,8 @@ static void server_actions(sim *sm, sim_server *s)
                 return;
             sim_trace(sm, "s%u reply ACK r%u w%u req %" PRIx64 " at seq %" PRIu64, s->id, a->range,
                       q->worker, q->req_seq, a->seq);
+            if (a->seq > sm->acked_seq[a->range])
+                sm->acked_seq[a->range] = a->seq;
             /* aux: the committed sequence number the reply stands for (read-your-writes). */
             reply_to_worker(sm, s, CPS_MSG_ACK, q->worker, a->range, q->req_seq, 0, NULL, 0,
                             a->seq);
@@ -507,10 +581,18 @@ static void on_request(sim *sm, sim_server *s, const cps_msg_hdr *h, const uint8
     if (check_request(sm, s, h) != 0)
         return;
     if (h->type == CPS_MSG_PULL) {
+        if (!cps_chain_can_serve_pull(s->chain, h->range)) {
+            /* update.c: a new tail that has not applied what its predecessor acknowledged. */
+            sm->gated++;
+            reply_to_worker(sm, s, CPS_MSG_ERROR, h->sender, h->range, h->req_seq, CPS_EAGAIN, NULL,
+                            0, 0);
+            return;
+        }
         /* A pull reads the tail's applied sequence number and the hash of its log there. */
         uint64_t seq = s->rs[h->range].applied;
         uint64_t hash = seq ? s->rs[h->range].log[seq - 1] : 0;
         sim_check_read(sm, s, h->range, seq, hash);
+        sim_check_fresh_read(sm, s, h->range, seq);
         uint8_t b[8];
         cps__le64_put(b, hash);
         reply_to_worker(sm, s, CPS_MSG_VALUES, h->sender, h->range, h->req_seq, 0, b, 8, seq);
@@ -556,10 +638,21 @@ static void on_request(sim *sm, sim_server *s, const cps_msg_hdr *h, const uint8
     slot_try_complete(sm, s, a);
 }
 
+static void server_reset(sim *sm, sim_server *s);
+
 static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
 {
     if (epoch <= s->epoch)
         return;
+    const cps_node_info *me = cps__view_node(&sm->views[epoch], s->id);
+    if (me && !me->alive) {
+        /* server.c: declared dead (paused, partitioned, slow): fenced. Drop the chain state and
+         * rejoin as a fresh replica; the store stays, cleared range by range when joining. */
+        sim_trace(sm, "s%u fenced by view e%" PRIu64 ": rejoins", s->id, epoch);
+        sm->rejoins++;
+        server_reset(sm, s);
+        return;
+    }
     s->epoch = epoch;
     s->view = &sm->views[epoch];
     sim_trace(sm, "s%u installs view e%" PRIu64, s->id, epoch);
@@ -567,9 +660,160 @@ static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
     if (chain_rc(sm, s, "cps_chain_set_view", rc) != 0)
         return;
     server_actions(sm, s);
+    for (uint32_t r = 0; r < sm->nranges; r++)
+        if (s->copying[r] && sim_is_member(sm, r, s->id))
+            s->copying[r] = 0;
     for (uint32_t i = 0; i < s->nslots && !sm->failed; i++)
         if (s->slots[i].used)
             slot_try_complete(sm, s, &s->slots[i]);
+}
+
+/* ---- servers: state transfer, as src/server/transfer.c ---- */
+
+static void join_abort(sim *sm, sim_server *s, uint32_t r, const char *why)
+{
+    sim_trace(sm, "s%u join of r%u aborted: %s", s->id, r, why);
+    cps_chain_join_abort(s->chain, r);
+    server_actions(sm, s);
+    s->joins[r].active = 0;
+    s->copying[r] = 0;
+}
+
+/* JOIN_RANGE from the scheduler: forget our copy, ask the tail for a snapshot. */
+static void on_join_range(sim *sm, sim_server *s, const cps_msg_hdr *h)
+{
+    uint32_t r = h->range, source = (uint32_t)h->aux;
+    if (r >= sm->nranges || source < 1 || source > sm->p.servers)
+        return;
+    if (s->joins[r].active && s->joins[r].source == source)
+        return; /* a repeated request: already under way */
+    if (h->step <= s->joins[r].id && !sm->p.faithful_sched) {
+        /* A late duplicate of a join we finished (or gave up): transfer.c would clear the copy
+         * it just reported CAUGHT_UP for, and then install a second snapshot into the store
+         * of a range it already serves (simulator seed 1238 with --faithful-scheduler). */
+        return;
+    }
+    int rc = cps_chain_begin_join(s->chain, r, source);
+    server_actions(sm, s);
+    if (rc != 0) {
+        join_abort(sm, s, r, "begin_join refused");
+        s->joins[r].id = h->step;
+        return;
+    }
+    sim_rstore_clear(&s->rs[r]); /* transfer.c's clear_txn */
+    s->copying[r] = 0;
+    s->joins[r] = (sim_join){1, source, sm->now + SIM_JOIN_TIMEOUT_MS, h->step};
+    cps_msg_hdr q = {.type = CPS_MSG_SNAP_REQ, .epoch = s->epoch, .range = r, .step = h->step};
+    send_hdr(sm, s->id, source, &q, NULL, 0, 0);
+}
+
+/* SNAP_REQ at the tail: shadow the joiner, and take the snapshot a moment later (a thread). */
+static void on_snap_req(sim *sm, sim_server *s, const cps_msg_hdr *h)
+{
+    uint32_t r = h->range, joiner = h->sender;
+    if (r >= sm->nranges || joiner < 1 || joiner > sm->p.servers || !cps_chain_is_tail(s->chain, r))
+        return;
+    if (h->epoch > s->epoch && !sm->p.faithful_sched) {
+        /* The joiner runs a newer view than ours: an older one we install next may count it
+         * dead and clear the shadow (with what we held for it), while its snapshot still goes
+         * out and it reports CAUGHT_UP lacking those updates (simulator seed 5596 with
+         * --faithful-scheduler). Fetch the view; the join is retried. transfer.c does not
+         * check the request's epoch. */
+        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
+        send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
+        return;
+    }
+    int rc = cps_chain_add_shadow(s->chain, r, joiner, sm->now);
+    if (rc == CPS_EINVAL)
+        return; /* a joiner our view counts dead: transfer.c logs and starts no snapshot */
+    if (rc != 0) {
+        chain_rc(sm, s, "cps_chain_add_shadow", rc);
+        return;
+    }
+    server_actions(sm, s);
+    sim_msg *m = xmalloc(sizeof *m + CPS_WIRE_HDR_SIZE);
+    m->from = s->id;
+    m->to = joiner;
+    m->inc = s->inc;
+    m->len = CPS_WIRE_HDR_SIZE;
+    /* step: the join id of the request, echoed (transfer.c's SNAP does not name its request). */
+    cps_msg_hdr sh = {
+        .type = CPS_MSG_SNAP, .sender = s->id, .epoch = s->epoch, .range = r, .step = h->step};
+    cps__wire_hdr_encode(m->buf, &sh);
+    ev_push(sm, sm->now + rnd(sm, 40), EV_SNAPSHOT, s->id, m);
+}
+
+/* The snapshot thread reads the store (whatever the chain did since) and sends it. */
+static void snapshot_run(sim *sm, sim_msg *m)
+{
+    sim_server *s = &sm->servers[m->from - 1];
+    if (s->state == SRV_CRASHED || s->inc != m->inc) {
+        free(m); /* the thread died with the process */
+        return;
+    }
+    if (s->state == SRV_PAUSED) {
+        ev_push(sm, s->resume_at + 1, EV_SNAPSHOT, s->id, m);
+        return;
+    }
+    cps_msg_hdr h;
+    cps__wire_hdr_decode(m->buf, m->len, &h);
+    if (sm->nsnaps == sm->snaps_cap) {
+        sm->snaps_cap = sm->snaps_cap ? 2 * sm->snaps_cap : 16;
+        sm->snaps = realloc(sm->snaps, sm->snaps_cap * sizeof *sm->snaps);
+        if (!sm->snaps) {
+            fprintf(stderr, "sim: out of memory\n");
+            exit(2);
+        }
+    }
+    sim_snap *sn = xcalloc(1, sizeof *sn);
+    sn->range = h.range;
+    sn->source = s->id;
+    sim_rstore_copy(&sn->st, &s->rs[h.range]);
+    h.req_seq = sn->st.applied;
+    h.aux = sm->nsnaps;
+    sm->snaps[sm->nsnaps++] = sn;
+    sim_trace(sm, "s%u snapshot of r%u at seq %" PRIu64 " -> s%u", s->id, h.range, h.req_seq,
+              m->to);
+    send_hdr(sm, s->id, m->to, &h, NULL, 0, 0);
+    free(m);
+}
+
+/* SNAP at the joiner: install it, replay what the tail forwarded since, report CAUGHT_UP. */
+static void on_snap(sim *sm, sim_server *s, const cps_msg_hdr *h)
+{
+    uint32_t r = h->range;
+    if (r >= sm->nranges || !s->joins[r].active || s->joins[r].source != h->sender ||
+        h->aux >= sm->nsnaps)
+        return;
+    if (h->step != s->joins[r].id && !sm->p.faithful_sched) {
+        /* A late snapshot for an earlier join of the range from the same tail: the tail's
+         * shadow of that join may be gone with what it held for us, so installing it reports
+         * CAUGHT_UP without updates nobody will send again (simulator seed 5596 with
+         * --faithful-scheduler). */
+        return;
+    }
+    const sim_snap *sn = sm->snaps[h->aux];
+    sim_rstore_copy(&s->rs[r], &sn->st);
+    s->copying[r] = 1;
+    sim_check_snapshot(sm, s, r);
+    if (sm->failed)
+        return;
+    int rc = cps_chain_join_ready(s->chain, r, sn->st.applied, sm->now);
+    server_actions(sm, s);
+    if (rc != 0) {
+        join_abort(sm, s, r, "join_ready refused");
+        return;
+    }
+    s->joins[r].active = 0;
+    uint64_t applied = cps_chain_applied(s->chain, r);
+    sim_trace(sm, "s%u installed snapshot of r%u at seq %" PRIu64 ", caught up to %" PRIu64, s->id,
+              r, sn->st.applied, applied);
+    cps_msg_hdr c = {.type = CPS_MSG_CAUGHT_UP,
+                     .epoch = s->epoch,
+                     .range = r,
+                     .req_seq = applied,
+                     .step = s->joins[r].id};
+    send_hdr(sm, s->id, 0, &c, NULL, 0, 0);
 }
 
 static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
@@ -582,12 +826,36 @@ static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
     const uint8_t *pl = m->buf + CPS_WIRE_HDR_SIZE;
     sim_trace(sm, "s%u(e%" PRIu64 ") <- %u %s r%u seq %" PRIx64 " e%" PRIu64, s->id, s->epoch,
               m->from, msg_name(h.type), h.range, h.req_seq, h.epoch);
+    if (s->state == SRV_HELLO) {
+        /* Not let in yet: only the scheduler's answer to our HELLO counts (server.c takes any
+         * VIEW while not joined: modelled with --faithful-scheduler). */
+        int ok = m->from == 0 && (h.type == CPS_MSG_WELCOME || h.type == CPS_MSG_VIEW) &&
+                 (sm->p.faithful_sched || (h.type == CPS_MSG_WELCOME && h.aux == s->boot));
+        if (!ok) {
+            if (m->from == 0 && h.type == CPS_MSG_VIEW && h.epoch > s->seen_view)
+                s->seen_view = h.epoch; /* installed once let in, if newer than the welcome */
+            return;
+        }
+        const cps_node_info *me = cps__view_node(&sm->views[h.epoch], s->id);
+        if (!me || !me->alive)
+            return; /* server.c would install it; it only leads to another fence */
+        s->state = SRV_UP;
+        s->wiped = 0;
+        s->epoch = 0;
+        sim_trace(sm, "s%u let in at e%" PRIu64, s->id, h.epoch);
+        server_install_view(sm, s, h.epoch);
+        if (s->state == SRV_UP && s->seen_view > s->epoch)
+            server_install_view(sm, s, s->seen_view);
+        return;
+    }
     switch (h.type) {
     case CPS_MSG_VIEW:
+    case CPS_MSG_WELCOME:
         server_install_view(sm, s, h.epoch);
         break;
     case CPS_MSG_FWD:
-    case CPS_MSG_CHAIN_ACK: {
+    case CPS_MSG_CHAIN_ACK:
+    case CPS_MSG_CHAIN_MARK: {
         /* The chain copies what it keeps, and APPLY bodies are hashed before we return. */
         int rc = cps_chain_on_message(s->chain, &h, pl, h.payload_len, sm->now);
         if (rc == CPS_EAGAIN) {
@@ -602,6 +870,16 @@ static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
         server_actions(sm, s);
         break;
     }
+    case CPS_MSG_JOIN_RANGE:
+        if (m->from == 0)
+            on_join_range(sm, s, &h);
+        break;
+    case CPS_MSG_SNAP_REQ:
+        on_snap_req(sm, s, &h);
+        break;
+    case CPS_MSG_SNAP:
+        on_snap(sm, s, &h);
+        break;
     case CPS_MSG_PUSH:
     case CPS_MSG_DECLARE:
     case CPS_MSG_PULL:
@@ -858,8 +1136,9 @@ static void worker_deliver(sim *sm, sim_worker *w, const sim_msg *m)
 
 /* ---- the scheduler ---- */
 
-/* Publish view `epoch` to every live server and every worker, each after its own delay, so
- * nodes briefly disagree on the epoch. */
+/* Publish view `epoch` to every server (the dead too: a node declared dead that is in fact
+ * alive learns from it that it is out) and every worker, each after its own delay, so nodes
+ * briefly disagree on the epoch. */
 static uint64_t publish_delay(sim *sm)
 {
     /* Now and then a node hears of the view very late: it keeps acting in the old epoch. */
@@ -870,15 +1149,19 @@ static void publish(sim *sm)
 {
     cps_msg_hdr h = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
     for (uint32_t i = 0; i < sm->p.servers; i++)
-        if (sm->servers[i].state == SRV_UP)
+        if (sm->servers[i].state != SRV_CRASHED)
             send_hdr(sm, 0, sm->servers[i].id, &h, NULL, 0, publish_delay(sm));
     for (uint32_t i = 0; i < sm->p.workers; i++)
         send_hdr(sm, 0, sm->workers[i].id, &h, NULL, 0, publish_delay(sm));
 }
 
-/* A new view: epoch + 1, without `victim` (0: the same chains, only a new epoch). */
-static void new_view(sim *sm, uint32_t victim)
+/* The next view, a copy of the current one (epoch + 1), for the caller to change. */
+static cps_view *next_view(sim *sm)
 {
+    if (sm->epoch + 1 > SIM_MAX_EPOCHS) {
+        sim_fail(sm, "sim", "more than %d views", SIM_MAX_EPOCHS);
+        return NULL;
+    }
     cps_view *v = &sm->views[sm->epoch + 1];
     cps__view_init(v);
     if (cps__view_copy(v, sim_cur_view(sm)) != 0) {
@@ -886,44 +1169,179 @@ static void new_view(sim *sm, uint32_t victim)
         exit(2);
     }
     v->epoch = ++sm->epoch;
-    for (uint32_t r = 0; victim && r < v->nranges; r++) {
-        cps_range *rg = &v->ranges[r];
-        uint32_t k = 0;
-        for (uint32_t i = 0; i < rg->chain_len; i++)
-            if (rg->chain[i] != victim)
-                rg->chain[k++] = rg->chain[i];
-        rg->chain_len = k;
+    return v;
+}
+
+static void set_alive(cps_view *v, uint32_t id, int alive)
+{
+    for (uint32_t i = 0; i < v->nnodes; i++)
+        if (v->nodes[i].id == id)
+            v->nodes[i].alive = (uint8_t)alive;
+}
+
+static int node_alive(const cps_view *v, uint32_t id)
+{
+    const cps_node_info *n = cps__view_node(v, id);
+    return n && n->alive;
+}
+
+static int in_chain(const cps_range *rg, uint32_t id)
+{
+    for (uint32_t j = 0; j < rg->chain_len; j++)
+        if (rg->chain[j] == id)
+            return 1;
+    return 0;
+}
+
+/* scheduler.c's declare_dead: the view without `victim` (recovery/view_change.c: the last
+ * replica of a range stays, marked dead); joins it was part of will not finish. `revive` also
+ * marks it alive again in the same view (a HELLO of a new incarnation, see sched_hello). */
+static void view_without(sim *sm, uint32_t victim, int revive)
+{
+    if (sm->epoch + 1 > SIM_MAX_EPOCHS) {
+        sim_fail(sm, "sim", "more than %d views", SIM_MAX_EPOCHS);
+        return;
     }
-    for (uint32_t i = 0; victim && i < v->nnodes; i++)
-        if (v->nodes[i].id == victim)
-            v->nodes[i].alive = 0;
+    cps_view *v = &sm->views[sm->epoch + 1];
+    cps__view_init(v);
+    if (cps_view_without(sim_cur_view(sm), victim, v, NULL) != 0) {
+        fprintf(stderr, "sim: cps_view_without failed\n");
+        exit(2);
+    }
+    sm->epoch = v->epoch;
+    if (revive)
+        set_alive(v, victim, 1);
+    /* A replica that joined as tail and has not caught up with the tail before it (sim_lag)
+     * may lack updates that tail acknowledged; if that tail goes, nobody can give them to it
+     * (the predecessors dropped them when that tail acknowledged). scheduler.c keeps it and
+     * loses acknowledged updates (--faithful-scheduler, see the report); the fix modelled here:
+     * it leaves the chain with its predecessor (kept, dead, if it was the last replica), and
+     * repair copies the range again. In the real code: the joiner tells the scheduler when
+     * cps_chain_can_serve_pull first holds, and only then is it counted as a replica. */
+    for (uint32_t r = 0; !sm->p.faithful_sched && r < sm->nranges; r++) {
+        const cps_range *old = &sm->views[sm->epoch - 1].ranges[r];
+        uint32_t lagger = sm->lag[r].node;
+        if (!lagger || lagger == victim)
+            continue;
+        for (uint32_t j = 0; j + 1 < old->chain_len; j++) {
+            if (old->chain[j] != victim || old->chain[j + 1] != lagger)
+                continue;
+            cps_range *rg = &v->ranges[r];
+            uint32_t k = 0;
+            for (uint32_t i = 0; i < rg->chain_len; i++)
+                if (rg->chain[i] != lagger)
+                    rg->chain[k++] = rg->chain[i];
+            if (k == 0)
+                rg->chain[k++] = victim;
+            rg->chain_len = k;
+            sm->lag[r].node = 0;
+            sim_trace(sm, "scheduler: r%u: s%u had not caught up with s%u: out of the chain too", r,
+                      lagger, victim);
+        }
+    }
+    for (uint32_t r = 0; r < sm->nranges; r++)
+        if (sm->pj[r].joiner == victim || sm->pj[r].source == victim)
+            sm->pj[r].joiner = 0;
     publish(sm);
+}
+
+/* A new view: epoch + 1, without `victim` (0: the same chains, only a new epoch). */
+static void new_view(sim *sm, uint32_t victim)
+{
+    if (victim) {
+        view_without(sm, victim, 0);
+        return;
+    }
+    if (next_view(sm))
+        publish(sm);
 }
 
 /* Can `id` leave every chain and still leave each range a replica? */
 static int removable(const sim *sm, uint32_t id)
 {
     const cps_view *v = sim_cur_view(sm);
-    for (uint32_t r = 0; r < v->nranges; r++)
-        if (v->ranges[r].chain_len == 1 && v->ranges[r].chain[0] == id)
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        /* A joined replica still catching up leaves with its predecessor (view_without). */
+        uint32_t others = 0;
+        for (uint32_t j = 0; j < v->ranges[r].chain_len; j++)
+            others += v->ranges[r].chain[j] != id && v->ranges[r].chain[j] != sm->lag[r].node;
+        if (in_chain(&v->ranges[r], id) && others == 0)
             return 0;
+    }
     return 1;
+}
+
+static int has_restarts(const sim *sm)
+{
+    return sm->p.restart_per_mille > 0;
+}
+
+/* A partition: servers cut off (both ways) from the scheduler, from the other servers and/or
+ * from the workers, healed after a while. */
+static void partition(sim *sm)
+{
+    uint32_t cand[SIM_MAX_SERVERS], nc = 0;
+    for (uint32_t i = 0; i < sm->p.servers; i++)
+        if (sm->servers[i].state != SRV_CRASHED)
+            cand[nc++] = sm->servers[i].id;
+    if (nc == 0)
+        return;
+    uint32_t set[2], n = 1 + (nc > 2 && chance(sm, 300));
+    set[0] = cand[rnd(sm, nc)];
+    set[1] = set[0];
+    while (n == 2 && set[1] == set[0])
+        set[1] = cand[rnd(sm, nc)];
+    int from_sched = chance(sm, 600), from_peers = chance(sm, 600), from_workers = chance(sm, 300);
+    if (!from_sched && !from_peers && !from_workers)
+        from_sched = 1;
+    memset(sm->cut, 0, sizeof sm->cut);
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t a = set[k];
+        for (uint32_t b = 0; b <= sm->p.servers + sm->p.workers; b++) {
+            int in_set = b == set[0] || b == set[1];
+            int c = b == 0 ? from_sched
+                           : (b <= sm->p.servers ? from_peers && !in_set && chance(sm, 800)
+                                                 : from_workers);
+            if (c)
+                sm->cut[a][b] = sm->cut[b][a] = 1;
+        }
+    }
+    sm->cut_active = 1;
+    sm->partitions++;
+    sim_trace(sm, "partition: s%u%s%s cut from%s%s%s", set[0], n == 2 ? " and another" : "", "",
+              from_sched ? " scheduler" : "", from_peers ? " peers" : "",
+              from_workers ? " workers" : "");
+    ev_push(sm, sm->now + 50 + rnd(sm, 2500), EV_HEAL_CUT, 0, NULL);
+    if (from_sched && !sm->pending_victim) {
+        /* Silent to the scheduler: it may declare it dead before the partition heals. */
+        sm->pending_victim = set[0];
+        sm->pending_inc = sm->servers[set[0] - 1].inc;
+        sm->nfaults++;
+        ev_push(sm, sm->now + rnd(sm, 900), EV_DETECT, set[0], NULL);
+    }
 }
 
 static void fault(sim *sm)
 {
-    if (sm->epoch >= SIM_MAX_EPOCHS || sm->pending_victim)
+    if (sm->epoch >= SIM_FAULT_EPOCHS || sm->pending_victim)
         return;
+    if (!sm->cut_active && chance(sm, sm->p.partition_per_mille)) {
+        partition(sm);
+        return;
+    }
     int kinds[3], nk = 0;
-    if (sm->p.faults == SIM_F_CRASH || sm->p.faults == SIM_F_ALL)
+    if (sm->p.faults == SIM_F_CRASH || sm->p.faults == SIM_F_ALL || sm->p.faults == SIM_F_RESTART ||
+        sm->p.faults == SIM_F_JOIN)
         kinds[nk++] = SRV_CRASHED;
     if (sm->p.faults == SIM_F_PAUSE || sm->p.faults == SIM_F_ALL)
         kinds[nk++] = SRV_PAUSED;
     kinds[nk++] = SRV_UP; /* an epoch change with the same chains */
     int kind = kinds[rnd(sm, (uint64_t)nk)];
+    /* Without restarts, the last replica of a range never crashes (the range would be gone). */
+    int any = kind == SRV_CRASHED && has_restarts(sm);
     uint32_t cand[SIM_MAX_SERVERS], nc = 0;
     for (uint32_t i = 0; kind != SRV_UP && i < sm->p.servers; i++)
-        if (sm->servers[i].state == SRV_UP && removable(sm, sm->servers[i].id))
+        if (sm->servers[i].state == SRV_UP && (any || removable(sm, sm->servers[i].id)))
             cand[nc++] = sm->servers[i].id;
     if (kind == SRV_UP || nc == 0) {
         sim_trace(sm, "scheduler: epoch bump to e%" PRIu64, sm->epoch + 1);
@@ -938,23 +1356,197 @@ static void fault(sim *sm)
          * only slow, and goes on in its old epoch. */
         s->resume_at = sm->now + (chance(sm, 400) ? 1 + rnd(sm, 400) : 100 + rnd(sm, 3000));
         ev_push(sm, s->resume_at, EV_RESUME, s->id, NULL);
+    } else {
+        s->inc++; /* what it had in flight is lost with it */
+        if (has_restarts(sm) && (!removable(sm, s->id) || chance(sm, sm->p.restart_per_mille)))
+            ev_push(sm, sm->now + 1 + rnd(sm, chance(sm, 500) ? 400 : 3000), EV_RESTART, s->id,
+                    NULL);
     }
     /* The scheduler notices after a heartbeat timeout; until then the chain waits on it. */
     sm->pending_victim = s->id;
+    sm->pending_inc = s->inc;
     ev_push(sm, sm->now + rnd(sm, 600), EV_DETECT, s->id, NULL);
     sim_trace(sm, "server %u %s", s->id, kind == SRV_CRASHED ? "crashed" : "paused");
+}
+
+/* Is server `id` the last replica of some range of the current view? */
+static int sole_replica(const sim *sm, uint32_t id)
+{
+    return !removable(sm, id);
+}
+
+/* A crashed server comes back: on its store, or on an empty one (a replaced disk: never for the
+ * last replica of a range, whose data would be gone), with a fresh chain state machine. */
+static void restart(sim *sm, sim_server *s)
+{
+    if (s->state != SRV_CRASHED)
+        return;
+    int wipe = chance(sm, sm->p.wipe_per_mille) && !sole_replica(sm, s->id);
+    if (wipe) {
+        for (uint32_t r = 0; r < sm->nranges; r++)
+            sim_rstore_clear(&s->rs[r]);
+        s->wiped = 1;
+        sm->wipes++;
+    }
+    sm->restarts++;
+    sim_trace(sm, "s%u restarts%s", s->id, wipe ? " on an empty store" : " on its store");
+    server_reset(sm, s);
+}
+
+/* HELLO from a server (restarted or fenced). scheduler.c revives a node it counted dead (a view
+ * with it alive again: it is in no chain, except where it stayed as the last replica). A HELLO
+ * from a node it still counts alive gets only a WELCOME with the current view: that is kept with
+ * --faithful-scheduler; otherwise the sim's scheduler treats a new incarnation (boot) as a death
+ * and a revival in one view, so the fresh state machine is in no chain (see the report). */
+static void sched_hello(sim *sm, uint32_t id, uint64_t boot)
+{
+    int fresh = boot > sm->sched_boot[id];
+    if (fresh)
+        sm->sched_boot[id] = (uint32_t)boot;
+    if (!node_alive(sim_cur_view(sm), id)) {
+        cps_view *v = next_view(sm);
+        if (!v)
+            return;
+        set_alive(v, id, 1);
+        sim_trace(sm, "scheduler: s%u came back; view e%" PRIu64, id, sm->epoch);
+        publish(sm);
+    } else if (fresh) {
+        if (!sm->p.faithful_sched) {
+            sim_trace(sm,
+                      "scheduler: s%u restarted before it was declared dead; view e%" PRIu64
+                      " without it, alive",
+                      id, sm->epoch + 1);
+            if (sm->pending_victim == id)
+                sm->pending_victim = 0;
+            view_without(sm, id, 1);
+        }
+    }
+    if (sm->failed)
+        return;
+    cps_msg_hdr w = {.type = CPS_MSG_WELCOME, .epoch = sm->epoch, .aux = boot};
+    send_hdr(sm, 0, id, &w, NULL, 0, 0);
+}
+
+/* scheduler.c's repair(): a range with fewer live replicas than R gets one more, copied from
+ * its tail onto the live server holding the fewest ranges. */
+static void repair(sim *sm)
+{
+    const cps_view *v = sim_cur_view(sm);
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        sim_pjoin *pj = &sm->pj[r];
+        if (pj->joiner && sm->now > pj->deadline) {
+            sim_trace(sm, "scheduler: r%u: s%u did not catch up in time", r, pj->joiner);
+            pj->joiner = 0;
+        }
+        const cps_range *rg = &v->ranges[r];
+        uint32_t live = 0, tail = 0;
+        for (uint32_t j = 0; j < rg->chain_len; j++)
+            if (node_alive(v, rg->chain[j])) {
+                live++;
+                tail = rg->chain[j];
+            }
+        if (pj->joiner || live == 0 || live >= v->replicas)
+            continue;
+        if (sm->lag[r].node && !sm->p.faithful_sched)
+            continue; /* its last joiner is not a full replica yet: no copy from it (the fix
+                       * modelled in view_without; scheduler.c would start one) */
+        uint32_t best = 0, best_load = UINT32_MAX;
+        for (uint32_t i = 0; i < v->nnodes; i++) {
+            const cps_node_info *n = &v->nodes[i];
+            if (n->role != CPS_ROLE_SERVER || !n->alive || in_chain(rg, n->id))
+                continue;
+            uint32_t load = 0;
+            for (uint32_t q = 0; q < v->nranges; q++)
+                load += in_chain(&v->ranges[q], n->id) || sm->pj[q].joiner == n->id;
+            if (load < best_load) {
+                best = n->id;
+                best_load = load;
+            }
+        }
+        if (!best)
+            continue;
+        sim_trace(sm, "scheduler: r%u has %u of %u replicas: s%u copies it from s%u", r, live,
+                  v->replicas, best, tail);
+        /* step: an id of this join, echoed in CAUGHT_UP (not in scheduler.c, see below). */
+        cps_msg_hdr h = {.type = CPS_MSG_JOIN_RANGE,
+                         .epoch = sm->epoch,
+                         .range = r,
+                         .aux = tail,
+                         .step = ++sm->join_ids};
+        send_hdr(sm, 0, best, &h, NULL, 0, 0);
+        *pj = (sim_pjoin){best, tail, sm->now + SIM_JOIN_GIVE_UP_MS, sm->join_ids};
+    }
+}
+
+/* scheduler.c's on_caught_up: the joiner becomes the range's new tail. */
+static void sched_caught_up(sim *sm, uint32_t id, const cps_msg_hdr *h)
+{
+    uint32_t r = h->range;
+    if (r >= sm->nranges || sm->pj[r].joiner != id || !node_alive(sim_cur_view(sm), id))
+        return;
+    if (!sm->p.faithful_sched && h->step != sm->pj[r].id) {
+        /* A late CAUGHT_UP of an earlier join of the same range by the same server, which is
+         * copying the range afresh: scheduler.c appends it to the chain with an empty copy
+         * (simulator seed 3782 with --faithful-scheduler). */
+        sim_trace(sm, "scheduler: r%u: stale CAUGHT_UP of join %" PRIu64 " from s%u ignored", r,
+                  h->step, id);
+        return;
+    }
+    sm->pj[r].joiner = 0;
+    const cps_range *cur = &sim_cur_view(sm)->ranges[r];
+    if (in_chain(cur, id) || cur->chain_len >= CPS_MAX_REPLICAS)
+        return;
+    cps_view *v = next_view(sm);
+    if (!v)
+        return;
+    cps_range *rg = &v->ranges[r];
+    rg->chain[rg->chain_len++] = id;
+    sm->lag[r] = (sim_lag){id, sm->epoch};
+    sm->joins++;
+    sim_trace(sm, "scheduler: s%u joined r%u as its tail; view e%" PRIu64, id, r, sm->epoch);
+    publish(sm);
 }
 
 static void scheduler_deliver(sim *sm, const sim_msg *m)
 {
     cps_msg_hdr h;
-    if (cps__wire_hdr_decode(m->buf, m->len, &h) != 0 || h.type != CPS_MSG_GET_VIEW) {
+    if (cps__wire_hdr_decode(m->buf, m->len, &h) != 0 || m->from == 0) {
         sim_fail(sm, "wire", "scheduler got a bad message from %u", m->from);
         return;
     }
-    if (h.epoch < sm->epoch) {
+    int server = m->from <= sm->p.servers;
+    if (server && h.type == CPS_MSG_HELLO) {
+        sched_hello(sm, m->from, h.aux);
+        return;
+    }
+    if (server && h.type != CPS_MSG_GET_VIEW && !node_alive(sim_cur_view(sm), m->from)) {
+        /* Declared dead but still talking (paused, partitioned): show it the view. */
         cps_msg_hdr v = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
         send_hdr(sm, 0, m->from, &v, NULL, 0, 0);
+        return;
+    }
+    switch (h.type) {
+    case CPS_MSG_GET_VIEW:
+        if (h.epoch < sm->epoch) {
+            cps_msg_hdr v = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
+            send_hdr(sm, 0, m->from, &v, NULL, 0, 0);
+        }
+        break;
+    case CPS_MSG_HEARTBEAT:
+        /* A server that missed a VIEW (dropped) and gets no request of a newer epoch would
+         * lag for good: the heartbeat carries its epoch and a stale one gets the view.
+         * scheduler.c does not do this (see the report). */
+        if (h.epoch < sm->epoch) {
+            cps_msg_hdr v = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
+            send_hdr(sm, 0, m->from, &v, NULL, 0, 0);
+        }
+        break;
+    case CPS_MSG_CAUGHT_UP:
+        if (server)
+            sched_caught_up(sm, m->from, &h);
+        break;
+    default:
+        sim_fail(sm, "wire", "scheduler got unexpected %s from %u", msg_name(h.type), m->from);
     }
 }
 
@@ -967,7 +1559,8 @@ static void deliver(sim *sm, sim_msg *m)
     } else if (m->to <= sm->p.servers) {
         sim_server *s = &sm->servers[m->to - 1];
         if (m->from >= 1 && m->from <= sm->p.servers &&
-            sm->servers[m->from - 1].state == SRV_CRASHED) {
+            (sm->servers[m->from - 1].state == SRV_CRASHED ||
+             sm->servers[m->from - 1].inc != m->inc)) {
             /* A crashed server's messages in flight are lost with it. */
         } else if (s->state == SRV_CRASHED) {
             sim_trace(sm, "message %u -> crashed s%u lost", m->from, s->id);
@@ -988,6 +1581,8 @@ static void heal(sim *sm)
 {
     sm->phase = PHASE_HEAL;
     sm->lossy = 0;
+    sm->cut_active = 0;
+    memset(sm->cut, 0, sizeof sm->cut);
     sim_trace(sm, "network heals; paused servers resume");
     for (uint32_t i = 0; i < sm->p.servers; i++) {
         sim_server *s = &sm->servers[i];
@@ -1018,12 +1613,24 @@ static int workers_done(const sim *sm)
     return 1;
 }
 
-/* Every live replica holds every update and nothing is left unacknowledged. */
+/* Every server that runs is let in, every range is back to R live replicas (or as many as
+ * there are live servers), every live replica holds every update and nothing is left
+ * unacknowledged. */
 static int chains_drained(const sim *sm)
 {
     const cps_view *v = sim_cur_view(sm);
+    uint32_t alive = 0;
+    for (uint32_t i = 0; i < sm->p.servers; i++) {
+        const sim_server *s = &sm->servers[i];
+        if (s->state == SRV_HELLO || (s->state == SRV_UP && !node_alive(v, s->id)))
+            return 0;
+        alive += node_alive(v, s->id);
+    }
+    uint32_t want = v->replicas < alive ? v->replicas : alive;
     for (uint32_t r = 0; r < v->nranges; r++) {
         const cps_range *rg = &v->ranges[r];
+        if (sm->pj[r].joiner || sm->lag[r].node || rg->chain_len < want)
+            return 0;
         const sim_server *head = &sm->servers[rg->chain[0] - 1];
         for (uint32_t i = 0; i < rg->chain_len; i++) {
             const sim_server *s = &sm->servers[rg->chain[i] - 1];
@@ -1045,6 +1652,10 @@ static void setup(sim *sm)
     sm->views = xcalloc(SIM_MAX_EPOCHS + 2, sizeof *sm->views);
     sm->heads = xcalloc((size_t)sm->nranges * (SIM_MAX_EPOCHS + 1), sizeof *sm->heads);
     sm->sync_target = xcalloc(sm->nranges, sizeof *sm->sync_target);
+    sm->sched_boot = xcalloc(p->servers + 1, sizeof *sm->sched_boot);
+    sm->pj = xcalloc(sm->nranges, sizeof *sm->pj);
+    sm->lag = xcalloc(sm->nranges, sizeof *sm->lag);
+    sm->acked_seq = xcalloc(sm->nranges, sizeof *sm->acked_seq);
 
     cps_view *v = &sm->views[1];
     cps__view_init(v);
@@ -1065,14 +1676,14 @@ static void setup(sim *sm)
         if (i < p->servers)
             ids[i] = n->id;
     }
-    if (cps__view_place_ranges(v, sm->nranges, ids, p->servers, p->replicas) != 0) {
+    /* A spare server holds nothing at the start: repairs copy ranges onto it. */
+    uint32_t placed = p->spare && p->servers > p->replicas ? p->servers - 1 : p->servers;
+    if (cps__view_place_ranges(v, sm->nranges, ids, placed, p->replicas) != 0) {
         fprintf(stderr, "sim: cps__view_place_ranges failed\n");
         exit(2);
     }
     sm->epoch = 1;
 
-    static const cps_chain_store_ops ops = {sim_op_range_seq, sim_op_dedup, sim_op_agg_step,
-                                            sim_op_drop_cookie};
     sm->servers = xcalloc(p->servers, sizeof *sm->servers);
     for (uint32_t i = 0; i < p->servers; i++) {
         sim_server *s = &sm->servers[i];
@@ -1080,11 +1691,10 @@ static void setup(sim *sm)
         s->id = i + 1;
         s->state = SRV_UP;
         s->rs = xcalloc(sm->nranges, sizeof *s->rs);
-        cps_chain_config cc = {s->id, p->resend_ms, p->max_unacked};
-        if (cps_chain_create(&cc, &ops, s, &s->chain) != 0) {
-            fprintf(stderr, "sim: cps_chain_create failed\n");
-            exit(2);
-        }
+        s->joins = xcalloc(sm->nranges, sizeof *s->joins);
+        s->copying = xcalloc(sm->nranges, sizeof *s->copying);
+        chain_new(sm, s);
+        s->ticking = 1;
         s->epoch = 1;
         s->view = v;
         if (chain_rc(sm, s, "cps_chain_set_view", cps_chain_set_view(s->chain, v, 0)) == 0)
@@ -1104,6 +1714,7 @@ static void setup(sim *sm)
         w->read_seq = xcalloc(sm->nranges, sizeof *w->read_seq);
         ev_push(sm, rnd(sm, SIM_WORKER_TICK_MS), EV_WTICK, w->id, NULL);
     }
+    ev_push(sm, SIM_REPAIR_MS, EV_REPAIR, 0, NULL);
 }
 
 static void teardown(sim *sm)
@@ -1116,6 +1727,8 @@ static void teardown(sim *sm)
         cps_chain_destroy(s->chain);
         sim_store_free(sm, s);
         free(s->slots);
+        free(s->joins);
+        free(s->copying);
     }
     free(sm->servers);
     for (uint32_t k = 0; sm->workers && k < sm->p.workers; k++) {
@@ -1134,6 +1747,15 @@ static void teardown(sim *sm)
     free(sm->heads);
     free(sm->sync_target);
     free(sm->acked);
+    free(sm->sched_boot);
+    free(sm->pj);
+    free(sm->lag);
+    free(sm->acked_seq);
+    for (uint32_t i = 0; i < sm->nsnaps; i++) {
+        sim_rstore_clear(&sm->snaps[i]->st);
+        free(sm->snaps[i]);
+    }
+    free(sm->snaps);
 }
 
 static void step(sim *sm, sim_event e)
@@ -1144,12 +1766,27 @@ static void step(sim *sm, sim_event e)
         break;
     case EV_TICK: {
         sim_server *s = &sm->servers[e.node - 1];
-        if (s->state == SRV_CRASHED)
+        if (s->state == SRV_CRASHED) {
+            s->ticking = 0; /* a restart starts the ticks again */
             break;
+        }
+        if (s->state == SRV_HELLO && sm->now - s->hello_at >= SIM_HELLO_MS) {
+            s->hello_at = sm->now;
+            cps_msg_hdr h = {.type = CPS_MSG_HELLO, .aux = s->boot};
+            send_hdr(sm, s->id, 0, &h, NULL, 0, 0);
+        }
         if (s->state == SRV_UP) {
             int rc = cps_chain_tick(s->chain, sm->now);
             if (chain_rc(sm, s, "cps_chain_tick", rc) == 0)
                 server_actions(sm, s);
+            for (uint32_t r = 0; r < sm->nranges && !sm->failed; r++)
+                if (s->joins[r].active && sm->now > s->joins[r].deadline)
+                    join_abort(sm, s, r, "no snapshot in time");
+            if (sm->now - s->beat_at >= SIM_BEAT_MS) {
+                s->beat_at = sm->now;
+                cps_msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .epoch = s->epoch};
+                send_hdr(sm, s->id, 0, &h, NULL, 0, 0);
+            }
         }
         ev_push(sm, sm->now + sm->p.tick_ms, EV_TICK, s->id, NULL);
         break;
@@ -1160,11 +1797,35 @@ static void step(sim *sm, sim_event e)
         ev_push(sm, sm->now + SIM_WORKER_TICK_MS, EV_WTICK, w->id, NULL);
         break;
     }
-    case EV_DETECT:
+    case EV_DETECT: {
+        sim_server *s = &sm->servers[e.node - 1];
+        if (sm->pending_victim != e.node)
+            break; /* it came back (HELLO) before it was declared dead */
+        sm->pending_victim = 0;
+        if (s->inc != sm->pending_inc || !node_alive(sim_cur_view(sm), e.node))
+            break; /* restarted meanwhile: its HELLO is handled as such */
+        if (s->state == SRV_UP && !(sm->cut_active && sm->cut[e.node][0]) && chance(sm, 500))
+            break; /* a partition healed in time: heartbeats came back */
         sim_trace(sm, "scheduler: server %u declared dead; view e%" PRIu64 " without it", e.node,
                   sm->epoch + 1);
-        sm->pending_victim = 0;
         new_view(sm, e.node);
+        break;
+    }
+    case EV_RESTART:
+        restart(sm, &sm->servers[e.node - 1]);
+        break;
+    case EV_HEAL_CUT:
+        if (sm->cut_active)
+            sim_trace(sm, "partition heals");
+        sm->cut_active = 0;
+        memset(sm->cut, 0, sizeof sm->cut);
+        break;
+    case EV_REPAIR:
+        repair(sm);
+        ev_push(sm, sm->now + SIM_REPAIR_MS, EV_REPAIR, 0, NULL);
+        break;
+    case EV_SNAPSHOT:
+        snapshot_run(sm, e.m);
         break;
     case EV_RESUME: {
         sim_server *s = &sm->servers[e.node - 1];
@@ -1209,6 +1870,24 @@ int sim_run(const sim_params *p, sim_summary *out)
             uint32_t left = 0;
             for (uint32_t k = 0; k < p->workers; k++)
                 left += sm->workers[k].nreqs;
+            const cps_view *cv = sim_cur_view(sm);
+            for (uint32_t i = 0; i < p->servers; i++)
+                printf("  s%u: state %d epoch %" PRIu64 " alive %d boot %u\n", i + 1,
+                       sm->servers[i].state, sm->servers[i].epoch, node_alive(cv, i + 1),
+                       sm->servers[i].boot);
+            for (uint32_t r = 0; r < sm->nranges; r++) {
+                const cps_range *rg = &cv->ranges[r];
+                printf("  r%u: pj %u<-%u lag %u chain", r, sm->pj[r].joiner, sm->pj[r].source,
+                       sm->lag[r].node);
+                for (uint32_t j = 0; j < rg->chain_len; j++) {
+                    const sim_server *x = &sm->servers[rg->chain[j] - 1];
+                    printf(" s%u(applied %" PRIu64 " unacked %u gated %d)", x->id, x->rs[r].applied,
+                           cps_chain_unacked(x->chain, r),
+                           cps_chain_is_tail(x->chain, r) &&
+                               !cps_chain_can_serve_pull(x->chain, r));
+                }
+                printf("\n");
+            }
             sim_fail(sm, "liveness",
                      "%s not finished %u events after the network healed (%u requests "
                      "unanswered)",
@@ -1226,6 +1905,12 @@ int sim_run(const sim_params *p, sim_summary *out)
         out->virt_ms = sm->now;
         out->fenced = sm->fenced;
         out->zombie_writes = sm->zombie_writes;
+        out->restarts = sm->restarts;
+        out->wipes = sm->wipes;
+        out->partitions = sm->partitions;
+        out->joins = sm->joins;
+        out->rejoins = sm->rejoins;
+        out->gated = sm->gated;
     }
     int failed = sm->failed;
     teardown(sm);

@@ -9,9 +9,12 @@
 #include "core/view.h"
 #include "replication/chain.h"
 
-#define SIM_MAX_SERVERS    16
-#define SIM_MAX_WORKERS    16
-#define SIM_MAX_EPOCHS     64
+#define SIM_MAX_SERVERS 16
+#define SIM_MAX_WORKERS 16
+#define SIM_MAX_EPOCHS  512
+/* Faults stop once the scheduler reached this epoch: the rest is room for repairs. */
+#define SIM_FAULT_EPOCHS   384
+#define SIM_MAX_NODES      (1 + SIM_MAX_SERVERS + SIM_MAX_WORKERS)
 #define SIM_TRACE_LINES    40
 #define SIM_TRACE_LEN      200
 #define SIM_WORKER_TICK_MS 10
@@ -21,9 +24,41 @@
 #define SIM_BAD_KEYS 0xbadull
 
 enum { SIM_SYNC = 0, SIM_ASYNC = 1 };
-enum { SIM_F_NONE = 0, SIM_F_DROPS, SIM_F_CRASH, SIM_F_PAUSE, SIM_F_ALL };
-enum { SRV_UP = 0, SRV_PAUSED, SRV_CRASHED };
-enum { EV_DELIVER = 1, EV_TICK, EV_WTICK, EV_RESUME, EV_DETECT };
+/* Scheduler-side timers of state transfer, in virtual ms (scheduler.c: 120 s; scaled down). */
+#define SIM_REPAIR_MS       100
+#define SIM_JOIN_GIVE_UP_MS 3000
+#define SIM_JOIN_TIMEOUT_MS 2500
+#define SIM_HELLO_MS        100
+#define SIM_BEAT_MS         200
+
+/* Fault kinds. restart: crashes, then restarts on the same store or an empty one; partition:
+ * servers cut off from the scheduler, from peers or from workers for a while; join: a server
+ * holding nothing at the start, and crashes (repairs copy ranges onto the survivors); all: every
+ * kind mixed, with drops. Every kind runs the scheduler's repair (state transfer). */
+enum {
+    SIM_F_NONE = 0,
+    SIM_F_DROPS,
+    SIM_F_CRASH,
+    SIM_F_PAUSE,
+    SIM_F_ALL,
+    SIM_F_RESTART,
+    SIM_F_PARTITION,
+    SIM_F_JOIN,
+    SIM_F_COUNT_
+};
+/* SRV_HELLO: (re)started or fenced, asking the scheduler to let it in; serves nothing. */
+enum { SRV_UP = 0, SRV_PAUSED, SRV_CRASHED, SRV_HELLO };
+enum {
+    EV_DELIVER = 1,
+    EV_TICK,
+    EV_WTICK,
+    EV_RESUME,
+    EV_DETECT,
+    EV_RESTART,
+    EV_HEAL_CUT,
+    EV_REPAIR,
+    EV_SNAPSHOT
+};
 enum { PHASE_FAULTS = 0, PHASE_HEAL, PHASE_DRAIN };
 enum { REQ_DENSE = 0, REQ_SPARSE, REQ_DECLARE, REQ_PULL };
 
@@ -39,11 +74,19 @@ typedef struct sim_params {
     uint32_t bad_per_mille; /* pushes the head refuses (unknown key) */
     int verbose;
     int faithful_client; /* workers never re-ask for a view while parked (as client.c) */
+    /* Model scheduler.c / server.c exactly where the sim deviates (see sim.c: a HELLO from a
+     * server the scheduler still counts alive; a (re)starting server taking any VIEW). */
+    int faithful_sched;
+    int spare;                    /* the last server holds no range at the start */
+    uint32_t restart_per_mille;   /* crashes followed by a restart */
+    uint32_t wipe_per_mille;      /* restarts on an empty store (a replaced disk) */
+    uint32_t partition_per_mille; /* faults that are partitions */
 } sim_params;
 
 typedef struct sim_summary {
     uint64_t events, acked, views, faults, drops, virt_ms;
     uint64_t fenced, zombie_writes; /* chain messages fenced by epoch; writes at removed heads */
+    uint64_t restarts, wipes, partitions, joins, rejoins, gated;
 } sim_summary;
 
 typedef struct sim_rng {
@@ -52,6 +95,7 @@ typedef struct sim_rng {
 
 typedef struct sim_msg {
     uint32_t from, to;
+    uint32_t inc; /* the sending server's incarnation (lost with it if it crashes) */
     size_t len;
     _Alignas(8) uint8_t buf[]; /* whole wire message; 8-byte aligned payload after the header */
 } sim_msg;
@@ -99,6 +143,34 @@ typedef struct sim_slot {
     uint64_t req_seq[SIM_MAX_WORKERS], grad[SIM_MAX_WORKERS];
 } sim_slot;
 
+/* A server's side of a join (transfer.c's join_state). */
+typedef struct sim_join {
+    int active;
+    uint32_t source;
+    uint64_t deadline;
+    uint64_t id; /* the scheduler's id of this join, echoed in CAUGHT_UP */
+} sim_join;
+
+/* The scheduler's pending join of a range (scheduler.c's pending_join). */
+typedef struct sim_pjoin {
+    uint32_t joiner, source;
+    uint64_t deadline;
+    uint64_t id;
+} sim_pjoin;
+
+/* A snapshot of one range of a tail's store, referenced by SNAP messages (aux = index). */
+typedef struct sim_snap {
+    uint32_t range, source;
+    sim_rstore st;
+} sim_snap;
+
+/* A replica appended to a chain by a join: until it holds what the rest of the chain holds, it
+ * may lack acknowledged updates (it serves no read meanwhile: CHAIN_MARK gating). */
+typedef struct sim_lag {
+    uint32_t node;
+    uint64_t epoch;
+} sim_lag;
+
 struct sim;
 
 typedef struct sim_server {
@@ -112,6 +184,14 @@ typedef struct sim_server {
     sim_rstore *rs;       /* per range */
     sim_slot *slots;
     uint32_t nslots;
+    uint32_t inc;  /* crash incarnation: messages of an earlier one are lost */
+    uint32_t boot; /* grows on every restart and fenced rejoin; sent in HELLO */
+    uint64_t hello_at, beat_at;
+    uint64_t seen_view; /* the newest VIEW heard while not let in */
+    int ticking;        /* an EV_TICK of this server is queued */
+    int wiped;          /* restarted on an empty store, not yet let in: no longer a replica */
+    sim_join *joins;    /* per range */
+    uint8_t *copying;   /* per range: holds a snapshot, not yet a member */
 } sim_server;
 
 typedef struct sim_req {
@@ -154,7 +234,18 @@ typedef struct sim {
     cps_view *views;         /* views[e] for e = 1..epoch */
     uint64_t epoch;          /* the scheduler's current epoch */
     uint32_t pending_victim; /* failed, not yet removed from the view */
-    uint32_t *heads;         /* [range][epoch]: the server that accepted writes */
+    uint32_t pending_inc;    /* its incarnation then (a restart makes the detection moot) */
+    uint8_t cut[SIM_MAX_NODES][SIM_MAX_NODES]; /* partition: messages from -> to dropped */
+    int cut_active;
+    uint32_t *sched_boot; /* per server id: the last HELLO boot the scheduler answered */
+    sim_pjoin *pj;        /* per range */
+    sim_lag *lag;         /* per range */
+    uint64_t *acked_seq;  /* per range: the highest sequence number acknowledged to a worker */
+    sim_snap **snaps;
+    uint32_t nsnaps, snaps_cap;
+    uint64_t restarts, wipes, partitions, joins, rejoins, gated;
+    uint64_t join_ids; /* JOIN_RANGE ids handed out */
+    uint32_t *heads;   /* [range][epoch]: the server that accepted writes */
     uint64_t *sync_target;
     sim_server *servers;
     sim_worker *workers;
@@ -182,6 +273,10 @@ int sim_op_agg_step(void *ctx, uint32_t range, uint64_t sig, uint64_t *step);
 void sim_op_drop_cookie(void *ctx, void *cookie);
 void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a);
 void sim_store_free(sim *sm, sim_server *s);
+void sim_rstore_clear(sim_rstore *st);
+void sim_rstore_copy(sim_rstore *dst, const sim_rstore *src);
+void sim_check_snapshot(sim *sm, sim_server *s, uint32_t r);
+void sim_check_fresh_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq);
 void sim_check_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq, uint64_t hash);
 void sim_check_acked(sim *sm, sim_worker *w, const sim_req *q);
 void sim_check_reply(sim *sm, sim_server *s, uint32_t r, const cps_chain_req *q);

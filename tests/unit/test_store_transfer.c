@@ -118,6 +118,12 @@ static int clear_range1(cps_txn *t, void *arg)
     return cps__store_range_clear(t, 1, 500, 1000, "agg/1/");
 }
 
+static int clear_last(cps_txn *t, void *arg)
+{
+    (void)arg;
+    return cps__store_range_clear(t, 3, 1500, UINT64_MAX, NULL);
+}
+
 static void scan_then_clear_one_range(void **state)
 {
     cps_store *s = *state;
@@ -140,6 +146,9 @@ static void scan_then_clear_one_range(void **state)
     assert_int_equal(c.r2.seq, 42);
     /* Clearing an empty span or the last keys is fine too. */
     assert_int_equal(cps__store_write(s, clear_range1, NULL), 0);
+    assert_int_equal(cps__store_write(s, clear_last, NULL), 0); /* regression: EINVAL */
+    assert_int_equal(cps__store_read(s, count_all, &c), 0);
+    assert_int_equal(c.params, 8); /* keys 1500..2000 (six) were the last ones */
 }
 
 int main(void)
