@@ -27,6 +27,7 @@
 
 typedef struct sched_node {
     cps_node_info info;
+    uint64_t boot_id; /* the incarnation that said HELLO (servers) */
     uint64_t last_seen_ms;
     cps_node_stats stats;
     int done;       /* worker said BYE */
@@ -39,6 +40,12 @@ typedef struct pending_join {
     uint32_t joiner; /* 0: none */
     uint32_t source;
     uint64_t deadline_ms;
+    uint64_t id;     /* this join's id: CAUGHT_UP must echo it (a late one is ignored) */
+    /* A joiner already appended as tail but not yet holding everything its predecessor
+     * acknowledged (it confirms with a second CAUGHT_UP): if that predecessor dies first, the
+     * joiner may lack acknowledged updates no one can re-send, so it leaves the chain too. */
+    uint32_t unconfirmed;
+    uint32_t unconfirmed_pred;
 } pending_join;
 
 typedef struct sched {
@@ -54,6 +61,7 @@ typedef struct sched {
     cps_temp_peers temps;
     cps_detector *detector;
     pending_join *joins; /* view.nranges entries */
+    uint64_t next_join_id;
     cps_store *store;    /* the view and the job's progress, so a restarted scheduler resumes */
     uint64_t next_repair_ms;
     int ending_held; /* every worker is done, but cfg.hold keeps the servers up */
@@ -213,6 +221,7 @@ static int start_job(sched *s)
 static void publish_view(sched *s, const char *why);
 static void maybe_release_barrier(sched *s);
 static void maybe_end_job(sched *s);
+static void declare_dead(sched *s, uint32_t id, uint64_t silence_ms);
 
 static void handle_hello(sched *s, const cps_rx *rx)
 {
@@ -265,6 +274,18 @@ static void handle_hello(sched *s, const cps_rx *rx)
         cps_log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) joined from %s", role_name((int)role),
                 n->info.id, n->info.rank, addr);
     }
+    uint64_t boot = rx->hdr.aux;
+    if (s->started && n->info.role == CPS_ROLE_SERVER && n->info.alive && n->boot_id &&
+        boot && boot != n->boot_id) {
+        /* A new incarnation of a server we still count alive: it restarted before we noticed.
+         * Its chain state is gone (and maybe its disk): first take the old one out of every
+         * chain, as for any death, then let the new one in like a server coming back. */
+        cps_log(CPS_LOG_WARN, "scheduler", "server %u restarted before it was declared dead: "
+                "treating it as dead, then as coming back", n->info.id);
+        declare_dead(s, n->info.id, 0);
+    }
+    if (boot)
+        n->boot_id = boot;
     int moved = strcmp(n->info.addr, addr) != 0 && n->info.addr[0];
     if (moved)
         cps_log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) came back at %s",
@@ -513,10 +534,14 @@ static void repair(sched *s, uint64_t now)
         }
         if (!best)
             continue;
+        uint64_t id = ++s->next_join_id;
         cps_msg_hdr h = {.type = CPS_MSG_JOIN_RANGE, .sender = SCHED_ID, .epoch = s->view.epoch,
-                         .range = r, .aux = tail};
+                         .range = r, .aux = tail, .step = id};
         if (cps__msg_send(s->tp, best, &h, NULL, 0) == 0) {
-            *pj = (pending_join){best, tail, now + JOIN_GIVE_UP_MS};
+            pj->joiner = best;
+            pj->source = tail;
+            pj->deadline_ms = now + JOIN_GIVE_UP_MS;
+            pj->id = id;
             cps_log(CPS_LOG_INFO, "scheduler", "range %u has %u of %u replicas: server %u copies "
                     "it from the tail, server %u", r, live, s->view.replicas, best, tail);
         }
@@ -526,12 +551,23 @@ static void repair(sched *s, uint64_t now)
 static void on_caught_up(sched *s, const sched_node *n, const cps_msg_hdr *h)
 {
     uint32_t r = h->range;
-    if (!s->joins || r >= s->view.nranges || s->joins[r].joiner != n->info.id || !n->info.alive)
+    if (!s->joins || r >= s->view.nranges)
         return;
-    s->joins[r].joiner = 0;
+    pending_join *pj = &s->joins[r];
+    if (h->aux == 1) {
+        /* The second report: it now holds all its predecessor acknowledged. */
+        if (pj->unconfirmed == n->info.id && h->step == pj->id)
+            pj->unconfirmed = 0;
+        return;
+    }
+    if (pj->joiner != n->info.id || h->step != pj->id || !n->info.alive)
+        return; /* from an earlier join, or a joiner given up on */
+    pj->joiner = 0;
     cps_range *rg = &s->view.ranges[r];
     if (in_chain(rg, n->info.id) || rg->chain_len >= CPS_MAX_REPLICAS)
         return;
+    pj->unconfirmed = n->info.id;
+    pj->unconfirmed_pred = rg->chain[rg->chain_len - 1];
     rg->chain[rg->chain_len++] = n->info.id;
     char why[96];
     snprintf(why, sizeof why, "server %u joined range %u as its tail", n->info.id, r);
@@ -558,6 +594,28 @@ static void declare_dead(sched *s, uint32_t id, uint64_t silence_ms)
         return;
     }
     nv.epoch = s->view.epoch; /* publish_view bumps it */
+    for (uint32_t r = 0; s->joins && r < nv.nranges; r++) {
+        pending_join *pj = &s->joins[r];
+        if (!pj->unconfirmed)
+            continue;
+        if (pj->unconfirmed == id) {
+            pj->unconfirmed = 0;
+        } else if (pj->unconfirmed_pred == id) {
+            /* It may lack updates the dead one acknowledged: out of this chain too (the
+             * replicas before it hold them all); a later join copies the range afresh. */
+            cps_range *rg = &nv.ranges[r];
+            uint32_t k = 0;
+            for (uint32_t j = 0; j < rg->chain_len; j++)
+                if (rg->chain[j] != pj->unconfirmed)
+                    rg->chain[k++] = rg->chain[j];
+            if (k > 0)
+                rg->chain_len = k;
+            cps_log(CPS_LOG_WARN, "scheduler", "range %u: server %u had not caught up with "
+                    "server %u; it leaves the chain and will copy the range again", r,
+                    pj->unconfirmed, id);
+            pj->unconfirmed = 0;
+        }
+    }
     cps__view_fini(&s->view);
     s->view = nv;
     for (uint32_t r = 0; s->joins && r < s->view.nranges; r++)

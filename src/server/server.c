@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "chainps/error.h"
 #include "core/log.h"
@@ -403,7 +404,9 @@ static int send_hello(server *s, const char *addr, uint32_t prev_id)
     char payload[16 + CPS_ADDR_MAX];
     size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_SERVER, s->cfg.rank, prev_id,
                                  addr);
-    cps_msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX};
+    /* aux: this incarnation, so a restart the scheduler had not noticed is not mistaken for
+     * the same process continuing with its old chain state. */
+    cps_msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX, .aux = s->boot_id};
     return cps__msg_send(s->tp, SCHED_PEER, &h, payload, n);
 }
 
@@ -451,6 +454,7 @@ int cps__server_run(const cps_config *cfg)
     cfg = &s.cfg;
     cps__view_init(&s.view);
     cps__log_set_tag("server");
+    s.boot_id = cps__splitmix64(cps__now_ms() ^ ((uint64_t)getpid() << 32)) | 1;
     /* Servers share the machine's cores with workers: BLAS must not spawn threads. */
     openblas_set_num_threads(1);
     cps__tune_malloc();

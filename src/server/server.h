@@ -37,6 +37,11 @@ typedef struct join_state {
     uint32_t source;
     uint64_t deadline_ms;
     uint64_t bytes;
+    uint64_t id;          /* the scheduler's id of this join: stale messages are ignored */
+    uint64_t done_id;     /* the last join that reported CAUGHT_UP (a repeat must not clear it) */
+    int confirm_pending;  /* report again once we may serve reads (CAUGHT_UP, aux 1) */
+    uint64_t snap_req_ms; /* when SNAP_REQ was last sent (re-sent until a SNAP arrives) */
+    int got_snap;
 } join_state;
 
 struct snap_job;
@@ -71,6 +76,7 @@ typedef struct server {
     cps_rx *early;
     uint32_t nearly;
     cps_temp_peers temps; /* `chainps status --verify` and other non-members */
+    uint64_t boot_id;     /* this process's incarnation, sent with HELLO */
     join_state *joins;      /* view.nranges entries */
     /* Messages from a view epoch we have not installed yet, held until we have it (dropping
      * them would cost the sender a re-send timeout in the middle of a failover). */
@@ -99,7 +105,7 @@ int cps__server_install_entries(cps_txn *txn, server *s, uint32_t range, const v
                                 size_t len, int last);
 /* Join finished snapshot threads (all of them, waiting, when `wait`). */
 void cps__server_reap_snapshots(server *s, int wait);
-/* Abandon joins that made no progress in time. */
+/* Abandon joins that made no progress in time, re-ask for snapshots, confirm joins. */
 void cps__server_check_joins(server *s, uint64_t now);
 /* Timer: re-send overdue FWDs. */
 void cps__server_tick(server *s, uint64_t now);

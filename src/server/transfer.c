@@ -44,6 +44,7 @@ typedef struct snap_job {
     struct snap_job *next;
     cps_store *store;
     uint32_t self, joiner, range;
+    uint64_t join_id;
     uint64_t epoch, lo, hi;
     char joiner_addr[CPS_ADDR_MAX];
     pthread_t thread;
@@ -65,7 +66,7 @@ static int job_flush(snap_job *j, int last)
     h.epoch = j->epoch;
     h.range = j->range;
     h.req_seq = j->seq;
-    h.step = j->step;
+    h.step = j->join_id; /* the range's step travels in the range entry */
     h.aux = (uint64_t)last;
     int rc = cps__msg_send(j->tp, j->joiner, &h, j->buf, j->used);
     j->bytes += j->used;
@@ -211,6 +212,18 @@ void cps__server_on_snap_req(server *s, cps_rx *rx)
 {
     uint32_t r = rx->hdr.range;
     const cps_node_info *joiner = cps__view_node(&s->view, rx->hdr.sender);
+    if (rx->hdr.epoch > s->view.epoch) {
+        /* The joiner knows a newer view: we may no longer be the tail. It asks again. */
+        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id, .epoch = s->view.epoch};
+        cps__msg_send(s->tp, 0, &g, NULL, 0);
+        cps__rx_free(rx);
+        return;
+    }
+    for (snap_job *q = s->snaps; q; q = q->next)
+        if (q->range == r && q->joiner == rx->hdr.sender && q->join_id == rx->hdr.step) {
+            cps__rx_free(rx); /* a repeated request for a snapshot already under way */
+            return;
+        }
     if (r >= s->view.nranges || !joiner || joiner->role != CPS_ROLE_SERVER ||
         !cps_chain_is_tail(s->chain, r)) {
         cps_log(CPS_LOG_WARN, "server", "snapshot request for range %u from node %u refused "
@@ -227,6 +240,7 @@ void cps__server_on_snap_req(server *s, cps_rx *rx)
     j->self = s->id;
     j->joiner = joiner->id;
     j->range = r;
+    j->join_id = rx->hdr.step;
     j->epoch = s->view.epoch;
     j->lo = s->view.ranges[r].lo;
     j->hi = s->view.ranges[r].hi;
@@ -377,14 +391,28 @@ static void join_abort(server *s, uint32_t r, const char *why, int rc)
     s->joins[r].active = 0;
 }
 
+static void send_snap_req(server *s, uint32_t r)
+{
+    cps_msg_hdr h = {.type = CPS_MSG_SNAP_REQ, .sender = s->id, .epoch = s->view.epoch,
+                     .range = r, .step = s->joins[r].id};
+    s->joins[r].snap_req_ms = cps__now_ms();
+    int rc = cps__msg_send(s->tp, s->joins[r].source, &h, NULL, 0);
+    if (rc != 0)
+        cps_log(CPS_LOG_WARN, "server", "range %u: asking node %u for a snapshot failed: %s", r,
+                s->joins[r].source, cps_strerror(rc));
+}
+
 void cps__server_on_join_range(server *s, cps_rx *rx)
 {
     uint32_t r = rx->hdr.range, source = (uint32_t)rx->hdr.aux;
+    uint64_t id = rx->hdr.step;
     cps__rx_free(rx);
     if (r >= s->view.nranges || !s->joins || !cps__view_node(&s->view, source))
         return;
-    if (s->joins[r].active && s->joins[r].source == source)
-        return; /* a repeated request: already under way */
+    if ((s->joins[r].active && s->joins[r].id == id) || s->joins[r].done_id == id)
+        return; /* a repeated request: under way, or done (do not clear what we copied) */
+    if (s->joins[r].active)
+        cps_chain_join_abort(s->chain, r); /* a newer join of the range replaces it */
     clear_io c = {r, s->view.ranges[r].lo, s->view.ranges[r].hi};
     int rc = cps_chain_begin_join(s->chain, r, source);
     if (rc == 0)
@@ -393,24 +421,22 @@ void cps__server_on_join_range(server *s, cps_rx *rx)
         join_abort(s, r, "clearing the old copy", rc);
         return;
     }
-    s->joins[r] = (join_state){1, source, cps__now_ms() + JOIN_TIMEOUT_MS, 0};
-    cps_msg_hdr h = {.type = CPS_MSG_SNAP_REQ, .sender = s->id, .epoch = s->view.epoch,
-                     .range = r};
-    rc = cps__msg_send(s->tp, source, &h, NULL, 0);
-    if (rc != 0)
-        join_abort(s, r, "asking the tail", rc);
-    else
-        cps_log(CPS_LOG_INFO, "server", "range %u: joining; copying it from node %u", r, source);
+    uint64_t done = s->joins[r].done_id;
+    s->joins[r] = (join_state){1, source, cps__now_ms() + JOIN_TIMEOUT_MS, 0, id, done, 0, 0, 0};
+    send_snap_req(s, r);
+    cps_log(CPS_LOG_INFO, "server", "range %u: joining (join %llu); copying it from node %u", r,
+            (unsigned long long)id, source);
 }
 
 void cps__server_on_snap(server *s, cps_rx *rx)
 {
     uint32_t r = rx->hdr.range;
     if (r >= s->view.nranges || !s->joins || !s->joins[r].active ||
-        s->joins[r].source != rx->hdr.sender) {
-        cps__rx_free(rx);
+        s->joins[r].source != rx->hdr.sender || s->joins[r].id != rx->hdr.step) {
+        cps__rx_free(rx); /* from an earlier join, or not for us */
         return;
     }
+    s->joins[r].got_snap = 1;
     install_io io = {s, r, rx->payload, rx->len, rx->hdr.aux == 1, 0, 0, 0, 0};
     int rc = cps__store_write(s->store, install_txn, &io);
     s->joins[r].bytes += rx->len;
@@ -432,14 +458,29 @@ void cps__server_on_snap(server *s, cps_rx *rx)
             "up to seq %llu", r, (unsigned long long)io.seq, s->joins[r].bytes / 1e6,
             (unsigned long long)applied);
     s->joins[r].active = 0;
+    s->joins[r].done_id = s->joins[r].id;
+    s->joins[r].confirm_pending = 1;
     cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP, .sender = s->id, .epoch = s->view.epoch,
-                     .range = r, .req_seq = applied};
+                     .range = r, .req_seq = applied, .step = s->joins[r].id};
     cps__msg_send(s->tp, 0, &h, NULL, 0);
 }
 
 void cps__server_check_joins(server *s, uint64_t now)
 {
-    for (uint32_t r = 0; s->joins && r < s->view.nranges; r++)
-        if (s->joins[r].active && now > s->joins[r].deadline_ms)
+    for (uint32_t r = 0; s->joins && r < s->view.nranges; r++) {
+        join_state *js = &s->joins[r];
+        if (js->active && now > js->deadline_ms)
             join_abort(s, r, "no snapshot in time", CPS_ETIMEDOUT);
+        else if (js->active && !js->got_snap && now - js->snap_req_ms > 1000)
+            send_snap_req(s, r); /* lost, or the tail had not seen our view yet */
+        if (js->confirm_pending && cps_chain_can_serve_pull(s->chain, r)) {
+            /* We hold everything the old tail acknowledged: from now on we are a full
+             * replica, and the scheduler stops treating us as one that must leave with our
+             * predecessor. */
+            js->confirm_pending = 0;
+            cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP, .sender = s->id,
+                             .epoch = s->view.epoch, .range = r, .step = js->done_id, .aux = 1};
+            cps__msg_send(s->tp, 0, &h, NULL, 0);
+        }
+    }
 }
