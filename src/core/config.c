@@ -54,6 +54,7 @@ void cps__config_defaults(cps_config *cfg)
      * pause or a busy NIC can silence a node for a second, raise both (e.g. 1000 / 5000). */
     cfg->heartbeat_ms = 100;
     cfg->dead_after_ms = 400;
+    cfg->worker_dead_after_ms = 5000;
     cfg->unavailable_timeout_ms = 30000;
     cfg->compress = 1;
 }
@@ -426,6 +427,7 @@ int cps__config_from_env(cps_config *cfg, char *err, size_t errlen)
     static const char *const heartbeat[] = {"CHAINPS_HEARTBEAT_MS", NULL};
     static const char *const dead_after[] = {"CHAINPS_DEAD_AFTER_MS", NULL};
     static const char *const unavailable[] = {"CHAINPS_UNAVAILABLE_TIMEOUT_MS", NULL};
+    static const char *const worker_dead[] = {"CHAINPS_WORKER_DEAD_AFTER_MS", NULL};
     static const char *const advertise[] = {"CHAINPS_ADVERTISE", "DMLC_NODE_HOST", NULL};
 
     if (err && errlen)
@@ -457,6 +459,8 @@ int cps__config_from_env(cps_config *cfg, char *err, size_t errlen)
         rc = env_u32(dead_after, 2, TIMEOUT_MS_MAX, &c.dead_after_ms, NULL, err, errlen);
     if (!rc)
         rc = env_u32(unavailable, 1, TIMEOUT_MS_MAX, &c.unavailable_timeout_ms, NULL, err, errlen);
+    if (!rc)
+        rc = env_u32(worker_dead, 2, TIMEOUT_MS_MAX, &c.worker_dead_after_ms, NULL, err, errlen);
     if (!rc && c.dead_after_ms <= c.heartbeat_ms) {
         snprintf(err, errlen, "CHAINPS_DEAD_AFTER_MS (%u) must be larger than "
                  "CHAINPS_HEARTBEAT_MS (%u)", c.dead_after_ms, c.heartbeat_ms);
@@ -547,6 +551,8 @@ int cps__config_export_env(const cps_config *cfg)
         rc = put_u32("CHAINPS_DEAD_AFTER_MS", cfg->dead_after_ms);
     if (!rc)
         rc = put_u32("CHAINPS_UNAVAILABLE_TIMEOUT_MS", cfg->unavailable_timeout_ms);
+    if (!rc)
+        rc = put_u32("CHAINPS_WORKER_DEAD_AFTER_MS", cfg->worker_dead_after_ms);
     if (!rc)
         rc = put("CHAINPS_COMPRESS", cfg->compress ? "1" : "0");
     if (!rc)

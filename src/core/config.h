@@ -18,7 +18,8 @@
  *   timeouts    CHAINPS_JOIN_TIMEOUT_MS, CHAINPS_REQUEST_TIMEOUT_MS
  *   failures    CHAINPS_HEARTBEAT_MS (interval), CHAINPS_DEAD_AFTER_MS (silence before a node is
  *               declared dead; > the interval), CHAINPS_UNAVAILABLE_TIMEOUT_MS (how long a call
- *               waits for a range with no live replica before failing with CPS_EUNAVAILABLE)
+ *               waits for a range with no live replica before failing with CPS_EUNAVAILABLE),
+ *               CHAINPS_WORKER_DEAD_AFTER_MS (silence before a worker is declared dead)
  *   compress    CHAINPS_COMPRESS (0|1)
  *   sync        CHAINPS_SYNC (0|1: fsync every commit)
  */
@@ -49,6 +50,8 @@ typedef struct cps_config {
     uint32_t request_timeout_ms;    /* default 5000 (a request is re-sent after this) */
     uint32_t heartbeat_ms;          /* default 100 (loopback; a data center wants ~1000) */
     uint32_t dead_after_ms;         /* default 400 (loopback; a data center wants ~5000) */
+    uint32_t worker_dead_after_ms;  /* default 5000: a worker dropped too early changes a sync
+                                       job's result, one noticed late only delays a step */
     uint32_t unavailable_timeout_ms; /* default 30000 */
     int compress;                   /* default 1 */
     int sync_every_commit;          /* default 0 */

@@ -560,6 +560,15 @@ static void on_caught_up(sched *s, const sched_node *n, const cps_msg_hdr *h)
             pj->unconfirmed = 0;
         return;
     }
+    if (h->aux == 2) {
+        /* The joiner gave up (its log says why): the next repair round tries again. */
+        if (pj->joiner == n->info.id && h->step == pj->id) {
+            cps_log(CPS_LOG_WARN, "scheduler", "range %u: server %u could not copy it; trying "
+                    "again", r, n->info.id);
+            pj->joiner = 0;
+        }
+        return;
+    }
     if (pj->joiner != n->info.id || h->step != pj->id || !n->info.alive)
         return; /* from an earlier join, or a joiner given up on */
     pj->joiner = 0;
@@ -764,6 +773,24 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         }
         n->last_seen_ms = cps__now_ms();
         cps_detector_heard(s->detector, n->info.id, n->last_seen_ms);
+        if (!n->info.alive && n->info.role == CPS_ROLE_WORKER && !n->done && s->started &&
+            h->type == CPS_MSG_HEARTBEAT) {
+            /* A worker declared dead is alive after all (it was starved, not dead): take it
+             * back, unless a new worker has its place. */
+            int taken = 0;
+            for (uint32_t i = 0; i < s->nnodes; i++)
+                taken |= s->nodes[i].info.role == CPS_ROLE_WORKER && s->nodes[i].info.alive &&
+                         s->nodes[i].info.rank == n->info.rank;
+            if (taken) {
+                send_simple(s, n->info.id, CPS_MSG_SHUTDOWN, NULL);
+            } else {
+                n->info.alive = 1;
+                cps_detector_watch(s->detector, n->info.id, n->last_seen_ms);
+                cps_log(CPS_LOG_WARN, "scheduler", "worker %u (rank %u) declared dead is alive: "
+                        "taking it back", n->info.id, n->info.rank);
+                publish_view(s, "a worker came back");
+            }
+        }
         if (!n->info.alive && n->info.role == CPS_ROLE_SERVER && s->started &&
             h->type != CPS_MSG_GET_VIEW) {
             /* Declared dead but still talking (paused, partitioned): show it the view. */
@@ -893,8 +920,18 @@ int cps__scheduler_run(const cps_config *cfg)
         uint32_t dead[16];
         /* Once the job is ending, servers leave on purpose: not failures. */
         size_t nd = s.finished ? 0 : cps_detector_tick(s.detector, now, dead, 16);
-        for (size_t i = 0; i < nd; i++)
-            declare_dead(&s, dead[i], now - find_node(&s, dead[i])->last_seen_ms);
+        for (size_t i = 0; i < nd; i++) {
+            sched_node *dn = find_node(&s, dead[i]);
+            if (!dn)
+                continue;
+            if (dn->info.role == CPS_ROLE_WORKER &&
+                now - dn->last_seen_ms <= cfg->worker_dead_after_ms) {
+                /* Workers get longer (CHAINPS_WORKER_DEAD_AFTER_MS): keep watching. */
+                cps_detector_watch(s.detector, dn->info.id, dn->last_seen_ms);
+                continue;
+            }
+            declare_dead(&s, dead[i], now - dn->last_seen_ms);
+        }
         if (nd || now >= s.next_repair_ms) {
             repair(&s, now);
             s.next_repair_ms = now + REPAIR_EVERY_MS;

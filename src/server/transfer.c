@@ -50,6 +50,7 @@ typedef struct snap_job {
     pthread_t thread;
     int started;
     volatile int done;
+    uint64_t done_ms;
     int rc;
     /* the chunk being filled */
     cps_tp *tp;
@@ -201,10 +202,14 @@ static void *snap_main(void *arg)
     else
         cps_log(CPS_LOG_ERROR, "server", "range %u: snapshot for node %u failed: %s", j->range,
                 j->joiner, cps_strerror(rc));
-    cps__tp_destroy(j->tp);
+    /* The socket stays open: nanomsg drops what has not left yet when a socket closes, and the
+     * last chunk may still be in its buffers. The reaper closes it once the joiner is in the
+     * chain (so it had everything) or after a while. */
     free(j->buf);
+    j->buf = NULL;
     j->rc = rc;
-    j->done = 1;
+    j->done_ms = cps__now_ms();
+    __atomic_store_n(&j->done, 1, __ATOMIC_RELEASE);
     return NULL;
 }
 
@@ -262,13 +267,32 @@ void cps__server_on_snap_req(server *s, cps_rx *rx)
     cps__rx_free(rx);
 }
 
+#define SNAP_SOCKET_LINGER_MS 30000
+
+/* 1 once the joiner of job j is a member of the range's chain: it had the whole snapshot. */
+static int joiner_in_chain(const server *s, const snap_job *j)
+{
+    if (j->range >= s->view.nranges)
+        return 0;
+    const cps_range *rg = &s->view.ranges[j->range];
+    for (uint32_t k = 0; k < rg->chain_len; k++)
+        if (rg->chain[k] == j->joiner)
+            return 1;
+    const cps_node_info *n = cps__view_node(&s->view, j->joiner);
+    return !n || !n->alive; /* gone: nothing to wait for */
+}
+
 void cps__server_reap_snapshots(server *s, int wait)
 {
     snap_job **pp = &s->snaps;
+    uint64_t now = cps__now_ms();
     while (*pp) {
         snap_job *j = *pp;
-        if (j->done || wait) {
+        int done = __atomic_load_n(&j->done, __ATOMIC_ACQUIRE);
+        if (wait || (done && (j->rc != 0 || joiner_in_chain(s, j) ||
+                              now - j->done_ms > SNAP_SOCKET_LINGER_MS))) {
             pthread_join(j->thread, NULL);
+            cps__tp_destroy(j->tp);
             *pp = j->next;
             free(j);
         } else {
@@ -389,6 +413,10 @@ static void join_abort(server *s, uint32_t r, const char *why, int rc)
             "try again", r, why, cps_strerror(rc));
     cps_chain_join_abort(s->chain, r);
     s->joins[r].active = 0;
+    /* Tell the scheduler now (aux 2), rather than let it wait out its own deadline. */
+    cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP, .sender = s->id, .epoch = s->view.epoch,
+                     .range = r, .step = s->joins[r].id, .aux = 2};
+    cps__msg_send(s->tp, 0, &h, NULL, 0);
 }
 
 static void send_snap_req(server *s, uint32_t r)
