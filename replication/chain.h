@@ -44,16 +44,16 @@ enum { CPS_UPD_PUSH = 1, CPS_UPD_DECLARE = 2, CPS_UPD_SKIP = 3, CPS_UPD_PUT = 4 
 
 /* One worker request contained in an update. */
 typedef struct cps_chain_req {
-    uint32_t worker;  /* node id of the worker */
-    uint8_t type;     /* CPS_MSG_PUSH, CPS_MSG_PUSH_PULL or CPS_MSG_DECLARE */
-    uint8_t noagg;    /* sparse-row push: its own sequence space */
+    uint32_t worker; /* node id of the worker */
+    uint8_t type;    /* CPS_MSG_PUSH, CPS_MSG_PUSH_PULL or CPS_MSG_DECLARE */
+    uint8_t noagg;   /* sparse-row push: its own sequence space */
     uint64_t req_seq;
 } cps_chain_req;
 
 typedef struct cps_chain_update {
-    uint32_t kind;    /* CPS_UPD_* */
-    uint64_t step;    /* training step (sync: the aggregated step) */
-    uint64_t sig;     /* sync aggregate: key-set signature; 0 otherwise */
+    uint32_t kind; /* CPS_UPD_* */
+    uint64_t step; /* training step (sync: the aggregated step) */
+    uint64_t sig;  /* sync aggregate: key-set signature; 0 otherwise */
     uint32_t nreqs;
     const cps_chain_req *reqs;
     const void *body; /* kv payload with values (PUSH) or DECLARE payload; 8-byte aligned */
@@ -65,13 +65,13 @@ enum cps_chain_action_kind { CPS_CA_APPLY = 1, CPS_CA_SEND, CPS_CA_REPLY };
 typedef struct cps_chain_action {
     int kind;
     uint32_t range;
-    uint64_t seq;           /* APPLY: the update's sequence number */
-    cps_chain_update upd;   /* APPLY; REPLY: the update the request was in (body may be NULL) */
-    uint32_t to;            /* SEND: destination node */
-    const void *msg;        /* SEND: whole wire message (header + payload) */
+    uint64_t seq;         /* APPLY: the update's sequence number */
+    cps_chain_update upd; /* APPLY; REPLY: the update the request was in (body may be NULL) */
+    uint32_t to;          /* SEND: destination node */
+    const void *msg;      /* SEND: whole wire message (header + payload) */
     size_t len;
-    cps_chain_req req;      /* REPLY */
-    void *cookie;           /* REPLY: what the caller gave cps_chain_admit, or NULL */
+    cps_chain_req req; /* REPLY */
+    void *cookie;      /* REPLY: what the caller gave cps_chain_admit, or NULL */
 } cps_chain_action;
 
 /* Read access to what the store holds, used when a range is first touched. */
@@ -88,8 +88,8 @@ typedef struct cps_chain_store_ops {
 } cps_chain_store_ops;
 
 typedef struct cps_chain_config {
-    uint32_t self;       /* this server's node id */
-    uint32_t resend_ms;  /* re-send unacknowledged FWDs after this long (default 200) */
+    uint32_t self;        /* this server's node id */
+    uint32_t resend_ms;   /* re-send unacknowledged FWDs after this long (default 200) */
     uint32_t max_unacked; /* FWDs kept per range before admission pushes back (default 1024) */
 } cps_chain_config;
 
@@ -106,11 +106,11 @@ int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now);
 
 /* Verdicts of cps_chain_admit. */
 enum {
-    CPS_ADMIT_NEW = 0,     /* not applied yet: aggregate / submit it */
-    CPS_ADMIT_DUP = 1,     /* applied already: a REPLY action carries `cookie` (now or later) */
-    CPS_ADMIT_GAP = 2,     /* an earlier request of this worker is missing: drop, it re-sends */
+    CPS_ADMIT_NEW = 0,      /* not applied yet: aggregate / submit it */
+    CPS_ADMIT_DUP = 1,      /* applied already: a REPLY action carries `cookie` (now or later) */
+    CPS_ADMIT_GAP = 2,      /* an earlier request of this worker is missing: drop, it re-sends */
     CPS_ADMIT_NOT_HEAD = 3, /* this server is not the range's head in the current view */
-    CPS_ADMIT_BUSY = 4     /* too many unacknowledged updates: drop, the worker re-sends */
+    CPS_ADMIT_BUSY = 4      /* too many unacknowledged updates: drop, the worker re-sends */
 };
 /* Decide what to do with a worker's push or declare arriving at the head. `sig` is the key-set
  * signature in sync mode (0 in async mode or for sparse/declare requests); req->step must be

@@ -162,11 +162,10 @@ int cps_push_pull(cps_client *c, cps_tensor *t, const float *grad, float *out, u
  * @brief Asynchronous variants: start the operation and return a handle at once. `grad` and
  * `out` must stay valid until cps_wait() returns something other than CPS_ETIMEDOUT.
  */
-int cps_push_async(cps_client *c, cps_tensor *t, const float *grad, uint64_t len,
-                   cps_handle **h);
+int cps_push_async(cps_client *c, cps_tensor *t, const float *grad, uint64_t len, cps_handle **h);
 int cps_pull_async(cps_client *c, cps_tensor *t, float *out, uint64_t len, cps_handle **h);
-int cps_push_pull_async(cps_client *c, cps_tensor *t, const float *grad, float *out,
-                        uint64_t len, cps_handle **h);
+int cps_push_pull_async(cps_client *c, cps_tensor *t, const float *grad, float *out, uint64_t len,
+                        cps_handle **h);
 
 /**
  * @brief Wait for an asynchronous operation.

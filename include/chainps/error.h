@@ -14,26 +14,26 @@ extern "C" {
 #endif
 
 /* X(name, value, message). Values are part of the wire protocol: never renumber. */
-#define CPS_ERRNO_MAP(X)                                                                          \
-    X(EINVAL, -1, "invalid argument")                                                             \
-    X(ENOMEM, -2, "out of memory")                                                                \
-    X(ETIMEDOUT, -3, "timed out")                                                                 \
-    X(ESTALE_EPOCH, -4, "stale view epoch")                                                       \
-    X(ENOTFOUND, -5, "not found")                                                                 \
-    X(ESTORE, -6, "storage error")                                                                \
-    X(ETRANSPORT, -7, "transport error")                                                          \
-    X(EUNAVAILABLE, -8, "no replica available")                                                   \
-    X(EPROTO, -9, "malformed or unexpected message")                                              \
-    X(ECORRUPT, -10, "corrupt data")                                                              \
-    X(ESIZE, -11, "length mismatch")                                                              \
-    X(EEXIST, -12, "already exists with a different definition")                                  \
-    X(EUNKNOWN_NODE, -13, "message from an unknown node")                                         \
-    X(ECONFIG, -14, "bad configuration")                                                          \
-    X(EPOISONED, -15, "node poisoned by an earlier fatal error")                                  \
-    X(ECLOSED, -16, "closed")                                                                     \
-    X(EAGAIN, -17, "try again")                                                                   \
-    X(EIO, -18, "input/output error")                                                             \
-    X(ENOTSUP, -19, "not supported")                                                              \
+#define CPS_ERRNO_MAP(X)                                                                           \
+    X(EINVAL, -1, "invalid argument")                                                              \
+    X(ENOMEM, -2, "out of memory")                                                                 \
+    X(ETIMEDOUT, -3, "timed out")                                                                  \
+    X(ESTALE_EPOCH, -4, "stale view epoch")                                                        \
+    X(ENOTFOUND, -5, "not found")                                                                  \
+    X(ESTORE, -6, "storage error")                                                                 \
+    X(ETRANSPORT, -7, "transport error")                                                           \
+    X(EUNAVAILABLE, -8, "no replica available")                                                    \
+    X(EPROTO, -9, "malformed or unexpected message")                                               \
+    X(ECORRUPT, -10, "corrupt data")                                                               \
+    X(ESIZE, -11, "length mismatch")                                                               \
+    X(EEXIST, -12, "already exists with a different definition")                                   \
+    X(EUNKNOWN_NODE, -13, "message from an unknown node")                                          \
+    X(ECONFIG, -14, "bad configuration")                                                           \
+    X(EPOISONED, -15, "node poisoned by an earlier fatal error")                                   \
+    X(ECLOSED, -16, "closed")                                                                      \
+    X(EAGAIN, -17, "try again")                                                                    \
+    X(EIO, -18, "input/output error")                                                              \
+    X(ENOTSUP, -19, "not supported")                                                               \
     X(ESHUTDOWN, -20, "job is shutting down")
 
 /** Status codes. CPS_OK is 0; every error is negative. */

@@ -40,20 +40,27 @@ static const char chaos_usage[] =
     "  --no-reference     skip the fault-free run (and the bitwise comparison)\n"
     "  -h, --help         this text\n";
 
-enum { OPT_SEED = 2000, OPT_EVERY, OPT_RESTART, OPT_PAUSE, OPT_KSCHED, OPT_KWORK, OPT_MAXF,
-       OPT_NOREF };
+enum {
+    OPT_SEED = 2000,
+    OPT_EVERY,
+    OPT_RESTART,
+    OPT_PAUSE,
+    OPT_KSCHED,
+    OPT_KWORK,
+    OPT_MAXF,
+    OPT_NOREF
+};
 
-static const struct option chaos_opts[] = {
-    {"seed", required_argument, 0, OPT_SEED},
-    {"kill-every", required_argument, 0, OPT_EVERY},
-    {"restart-after", required_argument, 0, OPT_RESTART},
-    {"pause", no_argument, 0, OPT_PAUSE},
-    {"kill-scheduler", no_argument, 0, OPT_KSCHED},
-    {"kill-workers", no_argument, 0, OPT_KWORK},
-    {"max-faults", required_argument, 0, OPT_MAXF},
-    {"no-reference", no_argument, 0, OPT_NOREF},
-    {"help", no_argument, 0, 'h'},
-    {0, 0, 0, 0}};
+static const struct option chaos_opts[] = {{"seed", required_argument, 0, OPT_SEED},
+                                           {"kill-every", required_argument, 0, OPT_EVERY},
+                                           {"restart-after", required_argument, 0, OPT_RESTART},
+                                           {"pause", no_argument, 0, OPT_PAUSE},
+                                           {"kill-scheduler", no_argument, 0, OPT_KSCHED},
+                                           {"kill-workers", no_argument, 0, OPT_KWORK},
+                                           {"max-faults", required_argument, 0, OPT_MAXF},
+                                           {"no-reference", no_argument, 0, OPT_NOREF},
+                                           {"help", no_argument, 0, 'h'},
+                                           {0, 0, 0, 0}};
 
 static volatile sig_atomic_t interrupted;
 
@@ -136,8 +143,7 @@ static void inject(cps_job *j, chaos *c, uint64_t now)
     c->kills++;
     if (ch->role == CPS_ROLE_WORKER) {
         c->killed_for_good[v] = 1;
-        event(c, "SIGKILL %s (pid %d); it stays down, its shard is skipped", ch->tag,
-              (int)ch->pid);
+        event(c, "SIGKILL %s (pid %d); it stays down, its shard is skipped", ch->tag, (int)ch->pid);
         return;
     }
     c->down_until[v] = now + c->restart_ms;
@@ -181,8 +187,8 @@ static int run_status(const cps_job *j, const char *arg1, const char *arg2)
     snprintf(sched, sizeof sched, "127.0.0.1:%d", j->port);
     pid_t pid = fork();
     if (pid == 0) {
-        char *av[] = {(char *)j->self, "status", "--scheduler", sched, (char *)arg1,
-                      (char *)arg2, NULL};
+        char *av[] = {(char *)j->self, "status",     "--scheduler", sched,
+                      (char *)arg1,    (char *)arg2, NULL};
         execv(j->self, av);
         _exit(127);
     }
@@ -258,9 +264,9 @@ int cps__cli_chaos(int argc, char **argv)
         case OPT_EVERY:
         case OPT_RESTART:
         case OPT_MAXF:
-            if (cps__config_parse_u32(opt == OPT_MAXF ? "--max-faults" : "--kill-every/--restart-after",
-                                      optarg, opt == OPT_MAXF ? 0 : 50, 3600000, &v, err,
-                                      sizeof err)) {
+            if (cps__config_parse_u32(
+                    opt == OPT_MAXF ? "--max-faults" : "--kill-every/--restart-after", optarg,
+                    opt == OPT_MAXF ? 0 : 50, 3600000, &v, err, sizeof err)) {
                 fprintf(stderr, "chainps chaos: %s\n", err);
                 return 2;
             }
@@ -312,7 +318,7 @@ int cps__cli_chaos(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     int W = (int)cfg.num_workers;
-    char (*ref)[40] = calloc((size_t)W, sizeof *ref);
+    char(*ref)[40] = calloc((size_t)W, sizeof *ref);
     if (!ref)
         return 1;
     uint64_t seed = c.rng;
@@ -341,7 +347,8 @@ int cps__cli_chaos(int argc, char **argv)
     int rc = (c.down_until && c.paused && c.killed_for_good) ? cps__job_start_all(&j) : 1;
     c.t0 = cps__now_ms();
     printf("chaos: seed %llu: %d servers (chains of %s), %d workers, mode %s; a fault every "
-           "~%u ms\n", (unsigned long long)seed, j.S, j.repl, j.W, j.mode, c.every_ms);
+           "~%u ms\n",
+           (unsigned long long)seed, j.S, j.repl, j.W, j.mode, c.every_ms);
     uint64_t next_fault = c.t0 + 1000 + next_rand(&c) % c.every_ms;
     const char *fail = NULL;
     char why[256] = "";

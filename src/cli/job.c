@@ -165,10 +165,19 @@ static int spawn(cps_child *c, char *const argv[], char *const env_add[])
         close(p[0]);
         close(p[1]);
         /* The job's own variables win over anything a ps-lite or MindSpore script exported. */
-        static const char *aliases[] = {"DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT",
-                                        "DMLC_NUM_SERVER", "DMLC_NUM_WORKER", "MS_ROLE",
-                                        "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_SERVER_NUM",
-                                        "MS_WORKER_NUM", "CHAINPS_PORT", "CHAINPS_RANK", NULL};
+        static const char *aliases[] = {"DMLC_ROLE",
+                                        "DMLC_PS_ROOT_URI",
+                                        "DMLC_PS_ROOT_PORT",
+                                        "DMLC_NUM_SERVER",
+                                        "DMLC_NUM_WORKER",
+                                        "MS_ROLE",
+                                        "MS_SCHED_HOST",
+                                        "MS_SCHED_PORT",
+                                        "MS_SERVER_NUM",
+                                        "MS_WORKER_NUM",
+                                        "CHAINPS_PORT",
+                                        "CHAINPS_RANK",
+                                        NULL};
         for (int i = 0; aliases[i]; i++)
             unsetenv(aliases[i]);
         for (int i = 0; env_add && env_add[i]; i++)
@@ -224,17 +233,32 @@ int cps__job_start(cps_job *j, int i)
         envp[e] = env[e];
     envp[k] = NULL;
     if (c->role == CPS_ROLE_SCHEDULER) {
-        char *av[] = {j->self, "scheduler", "--port", port_s, "--servers", sv_s, "--workers",
-                      wk_s, "--mode", j->mode, "--replicas", j->repl, "--bind", "127.0.0.1",
-                      "--data", j->data, j->hold ? "--hold" : NULL, NULL};
+        char *av[] = {j->self,
+                      "scheduler",
+                      "--port",
+                      port_s,
+                      "--servers",
+                      sv_s,
+                      "--workers",
+                      wk_s,
+                      "--mode",
+                      j->mode,
+                      "--replicas",
+                      j->repl,
+                      "--bind",
+                      "127.0.0.1",
+                      "--data",
+                      j->data,
+                      j->hold ? "--hold" : NULL,
+                      NULL};
         return spawn(c, av, envp);
     }
     if (c->role == CPS_ROLE_SERVER) {
         char dir[600], rank[16];
         snprintf(dir, sizeof dir, "%s/server-%d", j->data, i - 1);
         snprintf(rank, sizeof rank, "%d", i - 1);
-        char *av[] = {j->self, "server", "--scheduler", sched, "--data", dir, "--rank", rank,
-                      "--bind", "127.0.0.1", "--advertise", "127.0.0.1", NULL};
+        char *av[] = {j->self, "server", "--scheduler", sched,         "--data",    dir, "--rank",
+                      rank,    "--bind", "127.0.0.1",   "--advertise", "127.0.0.1", NULL};
         return spawn(c, av, envp);
     }
     return spawn(c, j->prog, envp);
@@ -244,8 +268,7 @@ int cps__job_start_all(cps_job *j)
 {
     for (int i = 0; i < j->n; i++)
         if (cps__job_start(j, i) != 0) {
-            fprintf(stderr, "chainps: could not start %s: %s\n", j->kids[i].tag,
-                    strerror(errno));
+            fprintf(stderr, "chainps: could not start %s: %s\n", j->kids[i].tag, strerror(errno));
             return 1;
         }
     return 0;

@@ -29,7 +29,7 @@ typedef struct cps_job {
     char data[512];
     int data_given; /* keep it afterwards */
     char self[1024];
-    char **prog;    /* the worker's argv (borrowed) */
+    char **prog; /* the worker's argv (borrowed) */
     char mode[32], repl[16];
     cps_child *kids; /* [0] scheduler, [1..S] servers, [S+1..S+W] workers */
     int n;

@@ -80,8 +80,8 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, i
             return -1;
         }
         if (opt == CLI_OPT_TIMEOUT) {
-            if (cps__config_parse_u32("--timeout", optarg, 1, 604800, timeout_s, err,
-                                      sizeof err) != 0) {
+            if (cps__config_parse_u32("--timeout", optarg, 1, 604800, timeout_s, err, sizeof err) !=
+                0) {
                 fprintf(stderr, "chainps %s: %s\n", cmd, err);
                 return 2;
             }
@@ -96,8 +96,8 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, i
             continue;
         }
         if (opt == CLI_OPT_KILL_AT) {
-            if (cps__config_parse_u32("--kill-at", optarg, 1, 604800, kill_at_s, err,
-                                      sizeof err) != 0) {
+            if (cps__config_parse_u32("--kill-at", optarg, 1, 604800, kill_at_s, err, sizeof err) !=
+                0) {
                 fprintf(stderr, "chainps %s: %s\n", cmd, err);
                 return 2;
             }
@@ -124,11 +124,11 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, i
     if (optind >= argc)
         return cps__cli_usage_error(cmd, "no program to run (put it after --)");
     if (cfg->replicas > cfg->num_servers)
-        return cps__cli_usage_error(cmd, "--replicas %u needs at least %u servers",
-                                    cfg->replicas, cfg->replicas);
+        return cps__cli_usage_error(cmd, "--replicas %u needs at least %u servers", cfg->replicas,
+                                    cfg->replicas);
     if (kill_server >= cfg->num_servers)
-        return cps__cli_usage_error(cmd, "--kill-server %u: there are only %u servers",
-                                    kill_server, cfg->num_servers);
+        return cps__cli_usage_error(cmd, "--kill-server %u: there are only %u servers", kill_server,
+                                    cfg->num_servers);
     *prog = argv + optind;
     return 0;
 }
@@ -160,7 +160,8 @@ int cps__cli_launch(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     printf("launch: scheduler on 127.0.0.1:%d, %d servers (chains of %s), %d workers, mode %s, "
-           "data in %s\n", job.port, job.S, job.repl, job.W, job.mode, job.data);
+           "data in %s\n",
+           job.port, job.S, job.repl, job.W, job.mode, job.data);
     fflush(stdout);
 
     int rc = cps__job_start_all(&job);
@@ -173,10 +174,10 @@ int cps__cli_launch(int argc, char **argv)
         cps__job_pump(&job, 100);
         uint64_t now = cps__now_ms();
         cps_child *victim = &kids[1 + kill_server];
-        if (kill_at_s && !killed && now - start >= (uint64_t)kill_at_s * 1000 &&
-            !victim->exited) {
+        if (kill_at_s && !killed && now - start >= (uint64_t)kill_at_s * 1000 && !victim->exited) {
             printf("launch: +%.1f s: SIGKILL server %u (pid %d) to show failover; it restarts "
-                   "in 2 s\n", (now - start) / 1000.0, kill_server, (int)victim->pid);
+                   "in 2 s\n",
+                   (now - start) / 1000.0, kill_server, (int)victim->pid);
             fflush(stdout);
             kill(victim->pid, SIGKILL);
             killed = 1;
@@ -186,8 +187,8 @@ int cps__cli_launch(int argc, char **argv)
             restart_at = 0;
             if (cps__job_start(&job, 1 + (int)kill_server) == 0)
                 printf("launch: +%.1f s: restarted server %u (pid %d); it copies its ranges "
-                       "back from their tails\n", (now - start) / 1000.0, kill_server,
-                       (int)victim->pid);
+                       "back from their tails\n",
+                       (now - start) / 1000.0, kill_server, (int)victim->pid);
             fflush(stdout);
         }
         int workers_left = 0, failed = -1;

@@ -71,8 +71,8 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps_config *
         snprintf(cfg->advertise_host, sizeof cfg->advertise_host, "%s", arg);
         break;
     case CLI_OPT_SCHEDULER:
-        rc = cps__config_parse_hostport("--scheduler", arg, cfg->sched_host, &cfg->sched_port,
-                                        err, sizeof err);
+        rc = cps__config_parse_hostport("--scheduler", arg, cfg->sched_host, &cfg->sched_port, err,
+                                        sizeof err);
         break;
     case CLI_OPT_SERVERS:
         rc = cps__config_parse_u32("--servers", arg, 1, 512, &cfg->num_servers, err, sizeof err);

@@ -31,14 +31,13 @@ static const char status_usage[] =
     "                     sequence number while asked (training kept them moving)\n"
     "  -h, --help         this text\n";
 
-static const struct option status_opts[] = {
-    {"scheduler", required_argument, 0, CLI_OPT_SCHEDULER},
-    {"verify", no_argument, 0, CLI_OPT_VERIFY},
-    {"end", no_argument, 0, CLI_OPT_END},
-    {"help", no_argument, 0, 'h'},
-    {0, 0, 0, 0}};
+static const struct option status_opts[] = {{"scheduler", required_argument, 0, CLI_OPT_SCHEDULER},
+                                            {"verify", no_argument, 0, CLI_OPT_VERIFY},
+                                            {"end", no_argument, 0, CLI_OPT_END},
+                                            {"help", no_argument, 0, 'h'},
+                                            {0, 0, 0, 0}};
 
-#define VERIFY_TRIES 40
+#define VERIFY_TRIES   40
 #define VERIFY_WAIT_MS 250
 
 /* One replica's answer to a checksum request. */
@@ -118,8 +117,8 @@ static void print_status(const reply *r)
                v->epoch, cps__config_mode_str(v->mode, v->ssp_bound, mode, sizeof mode),
                v->num_workers, v->num_servers, v->nranges, v->replicas);
     }
-    printf("\nnodes:\n  %-5s %-7s %-5s %-28s %-10s %s\n", "id", "role", "rank", "address",
-           "heard", "alive");
+    printf("\nnodes:\n  %-5s %-7s %-5s %-28s %-10s %s\n", "id", "role", "rank", "address", "heard",
+           "alive");
     uint64_t raw = 0, wire = 0, pull = 0, applied = 0, bad = 0;
     for (uint32_t i = 0; i < v->nnodes; i++) {
         const cps_node_info *n = &v->nodes[i];
@@ -127,8 +126,8 @@ static void print_status(const reply *r)
         const cps_node_stats *s = stats_of(r, n->id, &age);
         char heard[32];
         snprintf(heard, sizeof heard, "%.1f s ago", age / 1000.0);
-        printf("  %-5u %-7s %-5u %-28s %-10s %s\n", n->id, cps__config_role_str(n->role),
-               n->rank, n->addr, heard, n->alive ? "yes" : "no");
+        printf("  %-5u %-7s %-5u %-28s %-10s %s\n", n->id, cps__config_role_str(n->role), n->rank,
+               n->addr, heard, n->alive ? "yes" : "no");
         if (s && n->role == CPS_ROLE_SERVER) {
             raw += s->push_raw_bytes;
             wire += s->push_wire_bytes;
@@ -189,7 +188,8 @@ static int verify(reply *r, cps_tp *tp, const char *me)
         settled = !missing;
         for (uint32_t g = 0; settled && g < v->nranges; g++)
             for (uint32_t j = 1; j < v->ranges[g].chain_len; j++)
-                settled &= r->sums[g * CPS_MAX_REPLICAS + j].seq == r->sums[g * CPS_MAX_REPLICAS].seq;
+                settled &=
+                    r->sums[g * CPS_MAX_REPLICAS + j].seq == r->sums[g * CPS_MAX_REPLICAS].seq;
         if (!settled)
             cps__tp_poll(tp, VERIFY_WAIT_MS, on_msg, r, 0);
     }
@@ -199,8 +199,8 @@ static int verify(reply *r, cps_tp *tp, const char *me)
         const sum_answer *a0 = &r->sums[g * CPS_MAX_REPLICAS];
         for (uint32_t j = 0; j < v->ranges[g].chain_len; j++) {
             const sum_answer *a = &r->sums[g * CPS_MAX_REPLICAS + j];
-            const char *verdict = !a->got         ? "no answer"
-                                  : a->status     ? cps_strerror(a->status)
+            const char *verdict = !a->got             ? "no answer"
+                                  : a->status         ? cps_strerror(a->status)
                                   : a->seq != a0->seq ? "other seq"
                                   : a->sum != a0->sum ? "MISMATCH"
                                                       : "ok";

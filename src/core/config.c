@@ -462,8 +462,10 @@ int cps__config_from_env(cps_config *cfg, char *err, size_t errlen)
     if (!rc)
         rc = env_u32(worker_dead, 2, TIMEOUT_MS_MAX, &c.worker_dead_after_ms, NULL, err, errlen);
     if (!rc && c.dead_after_ms <= c.heartbeat_ms) {
-        snprintf(err, errlen, "CHAINPS_DEAD_AFTER_MS (%u) must be larger than "
-                 "CHAINPS_HEARTBEAT_MS (%u)", c.dead_after_ms, c.heartbeat_ms);
+        snprintf(err, errlen,
+                 "CHAINPS_DEAD_AFTER_MS (%u) must be larger than "
+                 "CHAINPS_HEARTBEAT_MS (%u)",
+                 c.dead_after_ms, c.heartbeat_ms);
         rc = CPS_ECONFIG;
     }
     if (!rc)

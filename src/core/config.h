@@ -32,31 +32,31 @@
 #include "core/view.h"
 
 typedef struct cps_config {
-    int role;                       /* cps_role; CPS_ROLE_NONE if unset */
-    char sched_host[CPS_ADDR_MAX];  /* default "127.0.0.1" */
-    uint16_t sched_port;            /* default 9091 */
-    uint32_t num_servers;           /* 0 = unset */
-    uint32_t num_workers;           /* 0 = unset */
-    char data_dir[512];             /* default "./chainps-data" */
-    int verbose;                    /* 0 quiet .. 3 debug; default 0 (INFO logs still shown) */
-    uint32_t mode;                  /* cps_mode; default CPS_MODE_SYNC */
-    uint32_t ssp_bound;             /* for CPS_MODE_SSP */
-    uint32_t replicas;              /* 0 = default (min(3, servers)) */
-    uint32_t rank;                  /* UINT32_MAX = any */
-    char bind_host[CPS_ADDR_MAX];   /* default "0.0.0.0" for the scheduler, else advertise host */
+    int role;                      /* cps_role; CPS_ROLE_NONE if unset */
+    char sched_host[CPS_ADDR_MAX]; /* default "127.0.0.1" */
+    uint16_t sched_port;           /* default 9091 */
+    uint32_t num_servers;          /* 0 = unset */
+    uint32_t num_workers;          /* 0 = unset */
+    char data_dir[512];            /* default "./chainps-data" */
+    int verbose;                   /* 0 quiet .. 3 debug; default 0 (INFO logs still shown) */
+    uint32_t mode;                 /* cps_mode; default CPS_MODE_SYNC */
+    uint32_t ssp_bound;            /* for CPS_MODE_SSP */
+    uint32_t replicas;             /* 0 = default (min(3, servers)) */
+    uint32_t rank;                 /* UINT32_MAX = any */
+    char bind_host[CPS_ADDR_MAX];  /* default "0.0.0.0" for the scheduler, else advertise host */
     char advertise_host[CPS_ADDR_MAX]; /* default: the local address facing the scheduler */
-    uint16_t port;                  /* default 0 (pick), scheduler: sched_port */
-    uint32_t join_timeout_ms;       /* default 60000 */
-    uint32_t request_timeout_ms;    /* default 5000 (a request is re-sent after this) */
-    uint32_t heartbeat_ms;          /* default 100 (loopback; a data center wants ~1000) */
-    uint32_t dead_after_ms;         /* default 400 (loopback; a data center wants ~5000) */
-    uint32_t worker_dead_after_ms;  /* default 5000: a worker dropped too early changes a sync
-                                       job's result, one noticed late only delays a step */
-    uint32_t unavailable_timeout_ms; /* default 30000 */
-    int compress;                   /* default 1 */
-    int sync_every_commit;          /* default 0 */
-    int hold;                       /* scheduler: keep servers up after the workers finish,
-                                       until `chainps status --end` (CHAINPS_HOLD) */
+    uint16_t port;                     /* default 0 (pick), scheduler: sched_port */
+    uint32_t join_timeout_ms;          /* default 60000 */
+    uint32_t request_timeout_ms;       /* default 5000 (a request is re-sent after this) */
+    uint32_t heartbeat_ms;             /* default 100 (loopback; a data center wants ~1000) */
+    uint32_t dead_after_ms;            /* default 400 (loopback; a data center wants ~5000) */
+    uint32_t worker_dead_after_ms;     /* default 5000: a worker dropped too early changes a sync
+                                          job's result, one noticed late only delays a step */
+    uint32_t unavailable_timeout_ms;   /* default 30000 */
+    int compress;                      /* default 1 */
+    int sync_every_commit;             /* default 0 */
+    int hold;                          /* scheduler: keep servers up after the workers finish,
+                                          until `chainps status --end` (CHAINPS_HOLD) */
 } cps_config;
 
 /* Fill every field with its default. */

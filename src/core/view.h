@@ -7,23 +7,28 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CPS_MAX_NODES 1024
+#define CPS_MAX_NODES    1024
 #define CPS_MAX_REPLICAS 8
-#define CPS_ADDR_MAX 128
+#define CPS_ADDR_MAX     128
 
-enum cps_role { CPS_ROLE_NONE = 0, CPS_ROLE_SCHEDULER = 1, CPS_ROLE_SERVER = 2, CPS_ROLE_WORKER = 3 };
+enum cps_role {
+    CPS_ROLE_NONE = 0,
+    CPS_ROLE_SCHEDULER = 1,
+    CPS_ROLE_SERVER = 2,
+    CPS_ROLE_WORKER = 3
+};
 enum cps_mode { CPS_MODE_SYNC = 0, CPS_MODE_ASYNC = 1, CPS_MODE_SSP = 2 };
 
 typedef struct cps_node_info {
-    uint32_t id;   /* >= 1; 0 is the scheduler */
-    uint8_t role;  /* cps_role */
-    uint8_t alive; /* 1 while the scheduler believes it is */
-    uint32_t rank; /* dense per role: worker ranks 0..W-1, server ranks 0..S-1 */
+    uint32_t id;             /* >= 1; 0 is the scheduler */
+    uint8_t role;            /* cps_role */
+    uint8_t alive;           /* 1 while the scheduler believes it is */
+    uint32_t rank;           /* dense per role: worker ranks 0..W-1, server ranks 0..S-1 */
     char addr[CPS_ADDR_MAX]; /* "tcp://host:port" of its inbox */
 } cps_node_info;
 
 typedef struct cps_range {
-    uint64_t lo, hi;   /* keys lo..hi inclusive */
+    uint64_t lo, hi; /* keys lo..hi inclusive */
     uint32_t chain_len;
     uint32_t chain[CPS_MAX_REPLICAS]; /* node ids, head first, tail last */
 } cps_range;
@@ -38,7 +43,7 @@ typedef struct cps_view {
     uint32_t nnodes;
     cps_node_info *nodes; /* owned by the view */
     uint32_t nranges;
-    cps_range *ranges;    /* owned by the view; sorted by lo, covering 0..UINT64_MAX */
+    cps_range *ranges; /* owned by the view; sorted by lo, covering 0..UINT64_MAX */
 } cps_view;
 
 void cps__view_init(cps_view *v);
@@ -88,8 +93,8 @@ void cps__stats_decode(const void *buf, cps_node_stats *s);
  * The decoder accepts roles NONE, SERVER and WORKER (the caller checks which it expects), an
  * address of 1..CPS_ADDR_MAX-1 printable non-space ASCII bytes, and a rank < CPS_MAX_NODES or
  * UINT32_MAX. Errors: CPS_ESIZE (lengths), CPS_EPROTO (fields). */
-size_t cps__hello_encode(void *buf, size_t cap, uint32_t role, uint32_t want_rank,
-                         uint32_t prev_id, const char *addr);
+size_t cps__hello_encode(void *buf, size_t cap, uint32_t role, uint32_t want_rank, uint32_t prev_id,
+                         const char *addr);
 int cps__hello_decode(const void *buf, size_t len, uint32_t *role, uint32_t *want_rank,
                       uint32_t *prev_id, char addr[CPS_ADDR_MAX]);
 

@@ -20,57 +20,57 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define CPS_WIRE_MAGIC 0x31535043u
-#define CPS_WIRE_VERSION 1
+#define CPS_WIRE_MAGIC    0x31535043u
+#define CPS_WIRE_VERSION  1
 #define CPS_WIRE_HDR_SIZE 64
 /* Hard cap on one message's payload (compressed or not); larger is refused as CPS_ESIZE. */
 #define CPS_WIRE_MAX_PAYLOAD (1u << 30)
 
 /* Message types. Values are on the wire: never renumber. */
 enum cps_msg_type {
-    CPS_MSG_HELLO = 1,        /* node -> scheduler: join (payload: hello) */
-    CPS_MSG_WELCOME = 2,      /* scheduler -> node: id + rank assigned (payload: view) */
-    CPS_MSG_VIEW = 3,         /* scheduler -> all: a new view (payload: view) */
-    CPS_MSG_GET_VIEW = 4,     /* node -> scheduler: send me the current view */
-    CPS_MSG_HEARTBEAT = 5,    /* node -> scheduler (payload: stats) */
-    CPS_MSG_BARRIER = 6,      /* worker -> scheduler; reply BARRIER_DONE when all arrived */
-    CPS_MSG_BARRIER_DONE = 7, /* scheduler -> worker */
-    CPS_MSG_BYE = 8,          /* worker -> scheduler: this worker finished */
-    CPS_MSG_SHUTDOWN = 9,     /* scheduler -> all: the job is over, exit */
-    CPS_MSG_STATUS = 10,      /* anyone -> scheduler: status request */
+    CPS_MSG_HELLO = 1,         /* node -> scheduler: join (payload: hello) */
+    CPS_MSG_WELCOME = 2,       /* scheduler -> node: id + rank assigned (payload: view) */
+    CPS_MSG_VIEW = 3,          /* scheduler -> all: a new view (payload: view) */
+    CPS_MSG_GET_VIEW = 4,      /* node -> scheduler: send me the current view */
+    CPS_MSG_HEARTBEAT = 5,     /* node -> scheduler (payload: stats) */
+    CPS_MSG_BARRIER = 6,       /* worker -> scheduler; reply BARRIER_DONE when all arrived */
+    CPS_MSG_BARRIER_DONE = 7,  /* scheduler -> worker */
+    CPS_MSG_BYE = 8,           /* worker -> scheduler: this worker finished */
+    CPS_MSG_SHUTDOWN = 9,      /* scheduler -> all: the job is over, exit */
+    CPS_MSG_STATUS = 10,       /* anyone -> scheduler: status request */
     CPS_MSG_STATUS_REPLY = 11, /* payload: view, then per-node stats */
-    CPS_MSG_DECLARE = 20,     /* worker -> server: create keys if absent (payload: kv + spec) */
-    CPS_MSG_PUSH = 21,        /* worker -> server: gradients (payload: kv with values) */
-    CPS_MSG_PULL = 22,        /* worker -> server: read (payload: kv without values) */
-    CPS_MSG_PUSH_PULL = 23,   /* push, then reply with the new values */
-    CPS_MSG_ACK = 24,         /* server -> worker: request done (no payload) */
-    CPS_MSG_VALUES = 25,      /* server -> worker: reply to PULL / PUSH_PULL (payload: kv) */
-    CPS_MSG_ERROR = 26,       /* reply with status < 0; payload: UTF-8 text, may be empty */
-    CPS_MSG_CHECKSUM = 27,    /* request/reply: checksum of a range (aux = value) */
-    CPS_MSG_FWD = 28,         /* chain: predecessor -> successor, one update (seq in req_seq) */
-    CPS_MSG_CHAIN_ACK = 29,   /* chain: successor -> predecessor, committed up to req_seq */
-    CPS_MSG_JOIN_RANGE = 30,  /* scheduler -> server: copy `range` from node `aux`, then join */
-    CPS_MSG_SNAP_REQ = 31,    /* joiner -> tail: send me a snapshot of `range` */
-    CPS_MSG_SNAP = 32,        /* tail -> joiner: snapshot records (req_seq = snapshot seq;
-                                 aux = 1 on the last chunk) */
-    CPS_MSG_CAUGHT_UP = 33,   /* joiner -> scheduler: `range` copied, applied up to req_seq */
-    CPS_MSG_CHAIN_MARK = 34,  /* ex-tail -> its new successor: I had applied up to req_seq */
+    CPS_MSG_DECLARE = 20,      /* worker -> server: create keys if absent (payload: kv + spec) */
+    CPS_MSG_PUSH = 21,         /* worker -> server: gradients (payload: kv with values) */
+    CPS_MSG_PULL = 22,         /* worker -> server: read (payload: kv without values) */
+    CPS_MSG_PUSH_PULL = 23,    /* push, then reply with the new values */
+    CPS_MSG_ACK = 24,          /* server -> worker: request done (no payload) */
+    CPS_MSG_VALUES = 25,       /* server -> worker: reply to PULL / PUSH_PULL (payload: kv) */
+    CPS_MSG_ERROR = 26,        /* reply with status < 0; payload: UTF-8 text, may be empty */
+    CPS_MSG_CHECKSUM = 27,     /* request/reply: checksum of a range (aux = value) */
+    CPS_MSG_FWD = 28,          /* chain: predecessor -> successor, one update (seq in req_seq) */
+    CPS_MSG_CHAIN_ACK = 29,    /* chain: successor -> predecessor, committed up to req_seq */
+    CPS_MSG_JOIN_RANGE = 30,   /* scheduler -> server: copy `range` from node `aux`, then join */
+    CPS_MSG_SNAP_REQ = 31,     /* joiner -> tail: send me a snapshot of `range` */
+    CPS_MSG_SNAP = 32,         /* tail -> joiner: snapshot records (req_seq = snapshot seq;
+                                  aux = 1 on the last chunk) */
+    CPS_MSG_CAUGHT_UP = 33,    /* joiner -> scheduler: `range` copied, applied up to req_seq */
+    CPS_MSG_CHAIN_MARK = 34,   /* ex-tail -> its new successor: I had applied up to req_seq */
     CPS_MSG_TYPE_MAX_ = 35
 };
 
 /* Header flags. */
 #define CPS_WF_SNAPPY 0x0001u /* payload is snappy-compressed; raw_len is its decoded size */
-#define CPS_WF_REPLY 0x0002u  /* message is a reply to a request with the same request id */
+#define CPS_WF_REPLY  0x0002u /* message is a reply to a request with the same request id */
 /* Apply this push on arrival even in sync mode: sparse row pushes, whose key sets differ between
  * workers, so there is no per-step aggregate to wait for. They carry their own sequence space. */
-#define CPS_WF_NOAGG 0x0004u
+#define CPS_WF_NOAGG  0x0004u
 #define CPS_WF_KNOWN_ (CPS_WF_SNAPPY | CPS_WF_REPLY | CPS_WF_NOAGG)
 
 /* Request sequence spaces (header req_seq): dense pushes count 1, 2, ... per (worker, range);
  * sparse-row pushes (CPS_WF_NOAGG) have CPS_SEQ_SPARSE set and their own count; every other
  * request (declare, pull) has CPS_SEQ_OTHER set, so it can never leave a gap in a push space. */
 #define CPS_SEQ_SPARSE (1ull << 62)
-#define CPS_SEQ_OTHER (1ull << 63)
+#define CPS_SEQ_OTHER  (1ull << 63)
 /* A worker's sparse pushes have their exactly-once record under its id with this bit. */
 #define CPS_DEDUP_SPARSE_BIT 0x80000000u
 
@@ -131,10 +131,10 @@ int cps__wire_hdr_decode(const void *buf, size_t len, cps_msg_hdr *out);
  * nkeys >= 1. A payload without values has nvals == 0 and ends after the padding. */
 typedef struct cps_kv {
     uint32_t nkeys;
-    uint64_t nvals;        /* 0 when the payload carries no values */
-    const uint64_t *keys;  /* borrowed; 8-byte aligned when the payload is */
-    const uint32_t *lens;  /* borrowed */
-    const float *vals;     /* borrowed; NULL when nvals == 0 */
+    uint64_t nvals;       /* 0 when the payload carries no values */
+    const uint64_t *keys; /* borrowed; 8-byte aligned when the payload is */
+    const uint32_t *lens; /* borrowed */
+    const float *vals;    /* borrowed; NULL when nvals == 0 */
 } cps_kv;
 
 /* Bytes needed for a kv payload with `nkeys` keys and `nvals` values (0 for none); SIZE_MAX when
@@ -152,16 +152,27 @@ int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps_kv *out)
 /* ---- parameter spec (DECLARE: follows the kv payload, 8-byte aligned) ----
  * For each key: u64 offset of its first element within the whole tensor (so initial values are
  * the same whatever the chunking), then one fixed 64-byte spec block. */
-enum cps_init_kind_w { CPS_W_INIT_ZEROS = 0, CPS_W_INIT_CONSTANT, CPS_W_INIT_UNIFORM, CPS_W_INIT_NORMAL };
-enum cps_opt_kind_w { CPS_W_OPT_SGD = 0, CPS_W_OPT_MOMENTUM, CPS_W_OPT_ADAGRAD, CPS_W_OPT_ADAM, CPS_W_OPT_RMSPROP };
+enum cps_init_kind_w {
+    CPS_W_INIT_ZEROS = 0,
+    CPS_W_INIT_CONSTANT,
+    CPS_W_INIT_UNIFORM,
+    CPS_W_INIT_NORMAL
+};
+enum cps_opt_kind_w {
+    CPS_W_OPT_SGD = 0,
+    CPS_W_OPT_MOMENTUM,
+    CPS_W_OPT_ADAGRAD,
+    CPS_W_OPT_ADAM,
+    CPS_W_OPT_RMSPROP
+};
 
 typedef struct cps_param_spec {
     uint32_t init_kind; /* cps_init_kind_w */
     float init_a;       /* constant value / uniform low / normal mean */
     float init_b;       /* uniform high / normal stddev */
     uint64_t init_seed;
-    uint32_t opt_kind;  /* cps_opt_kind_w */
-    uint32_t nesterov;  /* 0 or 1, momentum only */
+    uint32_t opt_kind; /* cps_opt_kind_w */
+    uint32_t nesterov; /* 0 or 1, momentum only */
     float lr, weight_decay, momentum, beta1, beta2, eps, rho;
 } cps_param_spec;
 

@@ -46,8 +46,10 @@ void cps__config_finalize(cps_config *cfg, int role)
             local_addr_toward(cfg->sched_host, cfg->sched_port, cfg->advertise_host,
                               sizeof cfg->advertise_host) != 0) {
             if (!is_loopback(cfg->sched_host))
-                cps_log(CPS_LOG_WARN, "config", "cannot tell which local address faces %s; "
-                        "advertising 127.0.0.1 (set CHAINPS_ADVERTISE)", cfg->sched_host);
+                cps_log(CPS_LOG_WARN, "config",
+                        "cannot tell which local address faces %s; "
+                        "advertising 127.0.0.1 (set CHAINPS_ADVERTISE)",
+                        cfg->sched_host);
             snprintf(cfg->advertise_host, sizeof cfg->advertise_host, "127.0.0.1");
         }
     }

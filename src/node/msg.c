@@ -42,8 +42,8 @@ int cps__msg_send(cps_tp *tp, uint32_t peer, cps_msg_hdr *h, const void *payload
     return rc;
 }
 
-int cps__msg_reply_error(cps_tp *tp, uint32_t self, uint64_t epoch, const cps_msg_hdr *req,
-                         int err, const char *text)
+int cps__msg_reply_error(cps_tp *tp, uint32_t self, uint64_t epoch, const cps_msg_hdr *req, int err,
+                         const char *text)
 {
     cps_msg_hdr h = {0};
     h.type = CPS_MSG_ERROR;

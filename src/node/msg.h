@@ -23,16 +23,16 @@ void *cps__msg_alloc(cps_msg_hdr *h, size_t payload_len);
 int cps__msg_send(cps_tp *tp, uint32_t peer, cps_msg_hdr *h, const void *payload, size_t len);
 
 /* Send an error reply to `req`'s sender with status `err` and a short text. */
-int cps__msg_reply_error(cps_tp *tp, uint32_t self, uint64_t epoch, const cps_msg_hdr *req,
-                         int err, const char *text);
+int cps__msg_reply_error(cps_tp *tp, uint32_t self, uint64_t epoch, const cps_msg_hdr *req, int err,
+                         const char *text);
 
 /* A received message, validated and decompressed. */
 typedef struct cps_rx {
     cps_msg_hdr hdr;
     const void *payload; /* 8-byte aligned; hdr.raw_len bytes */
     size_t len;
-    void *buf;           /* transport buffer (owned) */
-    void *owned;         /* malloc'd payload copy when decompressed or realigned (owned) */
+    void *buf;   /* transport buffer (owned) */
+    void *owned; /* malloc'd payload copy when decompressed or realigned (owned) */
 } cps_rx;
 
 /* Parse `buf` (taken: on success rx owns it, on error it is freed). On a bad message returns

@@ -8,8 +8,8 @@
 
 #include "transport/transport.h"
 
-#define CPS_TEMP_PEER_BASE 0x40000000u
-#define CPS_TEMP_PEERS 64
+#define CPS_TEMP_PEER_BASE      0x40000000u
+#define CPS_TEMP_PEERS          64
 #define CPS_TEMP_PEER_LINGER_MS 5000
 
 typedef struct cps_temp_peers {

@@ -18,9 +18,9 @@
 #include "store/store.h"
 #include "transport/transport.h"
 
-#define SCHED_ID 0u
-#define REPAIR_EVERY_MS 500
-#define JOIN_GIVE_UP_MS 120000
+#define SCHED_ID           0u
+#define REPAIR_EVERY_MS    500
+#define JOIN_GIVE_UP_MS    120000
 #define SHUTDOWN_LINGER_MS 300
 /* How long the ended job waits for queued messages (SHUTDOWN to a server still connecting). */
 #define SHUTDOWN_DRAIN_MAX_MS 3000
@@ -40,7 +40,7 @@ typedef struct pending_join {
     uint32_t joiner; /* 0: none */
     uint32_t source;
     uint64_t deadline_ms;
-    uint64_t id;     /* this join's id: CAUGHT_UP must echo it (a late one is ignored) */
+    uint64_t id; /* this join's id: CAUGHT_UP must echo it (a late one is ignored) */
     /* A joiner already appended as tail but not yet holding everything its predecessor
      * acknowledged (it confirms with a second CAUGHT_UP): if that predecessor dies first, the
      * joiner may lack acknowledged updates no one can re-send, so it leaves the chain too. */
@@ -62,7 +62,7 @@ typedef struct sched {
     cps_detector *detector;
     pending_join *joins; /* view.nranges entries */
     uint64_t next_join_id;
-    cps_store *store;    /* the view and the job's progress, so a restarted scheduler resumes */
+    cps_store *store; /* the view and the job's progress, so a restarted scheduler resumes */
     uint64_t next_repair_ms;
     int ending_held; /* every worker is done, but cfg.hold keeps the servers up */
     int finished;
@@ -211,7 +211,8 @@ static int start_job(sched *s)
             "connected %u workers and %u servers; view epoch %llu, %u ranges, %u replica(s), "
             "mode %s",
             s->cfg.num_workers, S, (unsigned long long)s->view.epoch, s->view.nranges,
-            s->view.replicas, cps__config_mode_str(s->cfg.mode, s->cfg.ssp_bound, mode, sizeof mode));
+            s->view.replicas,
+            cps__config_mode_str(s->cfg.mode, s->cfg.ssp_bound, mode, sizeof mode));
     save(s);
     for (uint32_t i = 0; i < s->nnodes; i++)
         send_view(s, s->nodes[i].info.id, CPS_MSG_WELCOME);
@@ -240,8 +241,8 @@ static void handle_hello(sched *s, const cps_rx *rx)
     sched_node *n = NULL;
     for (uint32_t i = 0; i < s->nnodes && !n; i++) {
         sched_node *c = &s->nodes[i];
-        if (c->info.role == role && (strcmp(c->info.addr, addr) == 0 ||
-                                     (prev_id != 0 && c->info.id == prev_id)))
+        if (c->info.role == role &&
+            (strcmp(c->info.addr, addr) == 0 || (prev_id != 0 && c->info.id == prev_id)))
             n = c;
     }
     if (!n) {
@@ -275,21 +276,23 @@ static void handle_hello(sched *s, const cps_rx *rx)
                 n->info.id, n->info.rank, addr);
     }
     uint64_t boot = rx->hdr.aux;
-    if (s->started && n->info.role == CPS_ROLE_SERVER && n->info.alive && n->boot_id &&
-        boot && boot != n->boot_id) {
+    if (s->started && n->info.role == CPS_ROLE_SERVER && n->info.alive && n->boot_id && boot &&
+        boot != n->boot_id) {
         /* A new incarnation of a server we still count alive: it restarted before we noticed.
          * Its chain state is gone (and maybe its disk): first take the old one out of every
          * chain, as for any death, then let the new one in like a server coming back. */
-        cps_log(CPS_LOG_WARN, "scheduler", "server %u restarted before it was declared dead: "
-                "treating it as dead, then as coming back", n->info.id);
+        cps_log(CPS_LOG_WARN, "scheduler",
+                "server %u restarted before it was declared dead: "
+                "treating it as dead, then as coming back",
+                n->info.id);
         declare_dead(s, n->info.id, 0);
     }
     if (boot)
         n->boot_id = boot;
     int moved = strcmp(n->info.addr, addr) != 0 && n->info.addr[0];
     if (moved)
-        cps_log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) came back at %s",
-                role_name((int)role), n->info.id, n->info.rank, addr);
+        cps_log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) came back at %s", role_name((int)role),
+                n->info.id, n->info.rank, addr);
     snprintf(n->info.addr, sizeof n->info.addr, "%s", addr);
     int revived = !n->info.alive && s->started;
     n->info.alive = 1;
@@ -362,8 +365,10 @@ static void save(sched *s)
     }
     free(io.view);
     if (rc != 0)
-        cps_log(CPS_LOG_ERROR, "scheduler", "cannot save the view: %s (a restarted scheduler "
-                "would not resume this job)", cps_strerror(rc));
+        cps_log(CPS_LOG_ERROR, "scheduler",
+                "cannot save the view: %s (a restarted scheduler "
+                "would not resume this job)",
+                cps_strerror(rc));
 }
 
 typedef struct load_io {
@@ -391,8 +396,10 @@ static int load_txn(cps_txn *txn, void *arg)
     if (cps__le32_get(st + 4))
         return 0; /* that job finished: start a new one */
     io->found = 1;
-    if (cps__le32_get(st + 16) != s->cfg.num_servers || cps__le32_get(st + 20) != s->cfg.num_workers) {
-        cps_log(CPS_LOG_ERROR, "scheduler", "the data directory holds an unfinished job of %u "
+    if (cps__le32_get(st + 16) != s->cfg.num_servers ||
+        cps__le32_get(st + 20) != s->cfg.num_workers) {
+        cps_log(CPS_LOG_ERROR, "scheduler",
+                "the data directory holds an unfinished job of %u "
                 "servers and %u workers, not %u and %u: use another --data to start a new job",
                 cps__le32_get(st + 16), cps__le32_get(st + 20), s->cfg.num_servers,
                 s->cfg.num_workers);
@@ -444,9 +451,10 @@ static int resume(sched *s)
     }
     /* Nobody is declared dead for our own absence: everyone gets a fresh grace period. */
     cps_detector_restart(s->detector, now);
-    cps_log(CPS_LOG_INFO, "scheduler", "resumed the job from view epoch %llu (%u nodes, %u of "
-            "%u workers finished)", (unsigned long long)s->view.epoch, s->nnodes,
-            s->workers_done, s->cfg.num_workers);
+    cps_log(CPS_LOG_INFO, "scheduler",
+            "resumed the job from view epoch %llu (%u nodes, %u of "
+            "%u workers finished)",
+            (unsigned long long)s->view.epoch, s->nnodes, s->workers_done, s->cfg.num_workers);
     /* Everyone learns we are back (and anyone who missed a view gets it now). */
     s->view.epoch++;
     for (uint32_t i = 0; i < s->nnodes; i++)
@@ -504,8 +512,10 @@ static void repair(sched *s, uint64_t now)
     for (uint32_t r = 0; r < s->view.nranges; r++) {
         pending_join *pj = &s->joins[r];
         if (pj->joiner && now > pj->deadline_ms) {
-            cps_log(CPS_LOG_WARN, "scheduler", "range %u: node %u did not catch up in time; "
-                    "trying again", r, pj->joiner);
+            cps_log(CPS_LOG_WARN, "scheduler",
+                    "range %u: node %u did not catch up in time; "
+                    "trying again",
+                    r, pj->joiner);
             pj->joiner = 0;
         }
         const cps_range *rg = &s->view.ranges[r];
@@ -535,15 +545,21 @@ static void repair(sched *s, uint64_t now)
         if (!best)
             continue;
         uint64_t id = ++s->next_join_id;
-        cps_msg_hdr h = {.type = CPS_MSG_JOIN_RANGE, .sender = SCHED_ID, .epoch = s->view.epoch,
-                         .range = r, .aux = tail, .step = id};
+        cps_msg_hdr h = {.type = CPS_MSG_JOIN_RANGE,
+                         .sender = SCHED_ID,
+                         .epoch = s->view.epoch,
+                         .range = r,
+                         .aux = tail,
+                         .step = id};
         if (cps__msg_send(s->tp, best, &h, NULL, 0) == 0) {
             pj->joiner = best;
             pj->source = tail;
             pj->deadline_ms = now + JOIN_GIVE_UP_MS;
             pj->id = id;
-            cps_log(CPS_LOG_INFO, "scheduler", "range %u has %u of %u replicas: server %u copies "
-                    "it from the tail, server %u", r, live, s->view.replicas, best, tail);
+            cps_log(CPS_LOG_INFO, "scheduler",
+                    "range %u has %u of %u replicas: server %u copies "
+                    "it from the tail, server %u",
+                    r, live, s->view.replicas, best, tail);
         }
     }
 }
@@ -563,8 +579,10 @@ static void on_caught_up(sched *s, const sched_node *n, const cps_msg_hdr *h)
     if (h->aux == 2) {
         /* The joiner gave up (its log says why): the next repair round tries again. */
         if (pj->joiner == n->info.id && h->step == pj->id) {
-            cps_log(CPS_LOG_WARN, "scheduler", "range %u: server %u could not copy it; trying "
-                    "again", r, n->info.id);
+            cps_log(CPS_LOG_WARN, "scheduler",
+                    "range %u: server %u could not copy it; trying "
+                    "again",
+                    r, n->info.id);
             pj->joiner = 0;
         }
         return;
@@ -619,9 +637,10 @@ static void declare_dead(sched *s, uint32_t id, uint64_t silence_ms)
                     rg->chain[k++] = rg->chain[j];
             if (k > 0)
                 rg->chain_len = k;
-            cps_log(CPS_LOG_WARN, "scheduler", "range %u: server %u had not caught up with "
-                    "server %u; it leaves the chain and will copy the range again", r,
-                    pj->unconfirmed, id);
+            cps_log(CPS_LOG_WARN, "scheduler",
+                    "range %u: server %u had not caught up with "
+                    "server %u; it leaves the chain and will copy the range again",
+                    r, pj->unconfirmed, id);
             pj->unconfirmed = 0;
         }
     }
@@ -636,8 +655,10 @@ static void declare_dead(sched *s, uint32_t id, uint64_t silence_ms)
     if (n->info.role == CPS_ROLE_SERVER) {
         log_chains(s);
         if (lost)
-            cps_log(CPS_LOG_ERROR, "scheduler", "%u range(s) have no live replica: their calls "
-                    "wait for a server to come back", lost);
+            cps_log(CPS_LOG_ERROR, "scheduler",
+                    "%u range(s) have no live replica: their calls "
+                    "wait for a server to come back",
+                    lost);
     } else {
         maybe_release_barrier(s);
         maybe_end_job(s);
@@ -685,12 +706,15 @@ static void maybe_end_job(sched *s)
         return;
     if (s->cfg.hold) {
         s->ending_held = 1;
-        cps_log(CPS_LOG_INFO, "scheduler", "all workers finished; holding the servers until "
+        cps_log(CPS_LOG_INFO, "scheduler",
+                "all workers finished; holding the servers until "
                 "`chainps status --end`");
         return;
     }
-    cps_log(CPS_LOG_INFO, "scheduler", "all workers finished (%u of %u said goodbye); ending "
-            "the job", s->workers_done, s->cfg.num_workers);
+    cps_log(CPS_LOG_INFO, "scheduler",
+            "all workers finished (%u of %u said goodbye); ending "
+            "the job",
+            s->workers_done, s->cfg.num_workers);
     shutdown_job(s);
 }
 
@@ -786,8 +810,10 @@ static void handle_msg(void *ctx, void *buf, size_t len)
             } else {
                 n->info.alive = 1;
                 cps_detector_watch(s->detector, n->info.id, n->last_seen_ms);
-                cps_log(CPS_LOG_WARN, "scheduler", "worker %u (rank %u) declared dead is alive: "
-                        "taking it back", n->info.id, n->info.rank);
+                cps_log(CPS_LOG_WARN, "scheduler",
+                        "worker %u (rank %u) declared dead is alive: "
+                        "taking it back",
+                        n->info.id, n->info.rank);
                 publish_view(s, "a worker came back");
             }
         }
@@ -838,8 +864,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
             maybe_end_job(s);
             break;
         default:
-            cps_log(CPS_LOG_WARN, "scheduler", "unexpected message type %u from node %u",
-                    h->type, h->sender);
+            cps_log(CPS_LOG_WARN, "scheduler", "unexpected message type %u from node %u", h->type,
+                    h->sender);
         }
     }
     cps__rx_free(&rx);
@@ -889,9 +915,10 @@ int cps__scheduler_run(const cps_config *cfg)
         goto out;
     }
     if (!s.started)
-        cps_log(CPS_LOG_INFO, "scheduler", "listening on %s:%u, waiting for %u servers and %u "
-                "workers (state in %s)", cfg->bind_host, cfg->sched_port, cfg->num_servers,
-                cfg->num_workers, dir);
+        cps_log(CPS_LOG_INFO, "scheduler",
+                "listening on %s:%u, waiting for %u servers and %u "
+                "workers (state in %s)",
+                cfg->bind_host, cfg->sched_port, cfg->num_servers, cfg->num_workers, dir);
     s.start_ms = cps__now_ms();
     uint64_t finish_at = 0, last_iter = s.start_ms;
     for (;;) {
@@ -912,8 +939,10 @@ int cps__scheduler_run(const cps_config *cfg)
             /* We ourselves did not run (descheduled, paused): the silence we would now see is
              * ours, not the nodes'. Give everyone a fresh deadline instead of declaring all of
              * them dead at once. */
-            cps_log(CPS_LOG_WARN, "scheduler", "did not run for %llu ms: not counting that "
-                    "against the nodes", (unsigned long long)(now - last_iter));
+            cps_log(CPS_LOG_WARN, "scheduler",
+                    "did not run for %llu ms: not counting that "
+                    "against the nodes",
+                    (unsigned long long)(now - last_iter));
             cps_detector_refresh(s.detector, now);
         }
         last_iter = now;

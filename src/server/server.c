@@ -15,13 +15,13 @@
 #include "node/roles.h"
 
 #define HELLO_RETRY_MS 500
-#define SYNC_EVERY_MS 1000
-#define SCHED_PEER 0u
-#define MAX_EARLY 4096
+#define SYNC_EVERY_MS  1000
+#define SCHED_PEER     0u
+#define MAX_EARLY      4096
 /* Messages handled per loop turn: under a steady stream of pushes the loop must still come
  * round to its heartbeat and timers (an unbounded drain once starved them into a false death). */
 #define MSGS_PER_TURN 64
-#define MAX_FUTURE 1024
+#define MAX_FUTURE    1024
 
 void cps__server_reply_error(server *s, const cps_msg_hdr *req, int err, const char *fmt, ...)
 {
@@ -50,8 +50,7 @@ void cps__server_reply_ack(server *s, const cps_msg_hdr *req)
     h.step = req->step;
     int rc = cps__msg_send(s->tp, req->sender, &h, NULL, 0);
     if (rc != 0)
-        cps_log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", req->sender,
-                cps_strerror(rc));
+        cps_log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", req->sender, cps_strerror(rc));
 }
 
 uint32_t cps__server_worker_rank(const server *s, uint32_t id)
@@ -145,8 +144,10 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
     if (s->joined && v.epoch <= s->view.epoch) {
         const cps_node_info *me = cps__view_node(&v, s->id);
         if (s->suspect && v.epoch == s->view.epoch && me && me->alive) {
-            cps_log(CPS_LOG_INFO, "server", "the scheduler still counts us in (epoch %llu): "
-                    "serving again", (unsigned long long)v.epoch);
+            cps_log(CPS_LOG_INFO, "server",
+                    "the scheduler still counts us in (epoch %llu): "
+                    "serving again",
+                    (unsigned long long)v.epoch);
             s->suspect = 0;
         }
         cps__view_fini(&v);
@@ -178,7 +179,8 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
     if (s->joined && self && !self->alive) {
         /* Fenced: the scheduler declared us dead (we were paused, partitioned or too slow).
          * Our chains have moved on without us; serving anything now could only do harm. */
-        cps_log(CPS_LOG_WARN, "server", "declared dead by the scheduler (view epoch %llu): "
+        cps_log(CPS_LOG_WARN, "server",
+                "declared dead by the scheduler (view epoch %llu): "
                 "fenced; dropping our chain state and rejoining as a fresh replica",
                 (unsigned long long)v.epoch);
         s->fenced = 1;
@@ -204,9 +206,11 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
                     mid++;
             }
         }
-        cps_log(CPS_LOG_INFO, "server", "joined as node %u (rank %u), view epoch %llu: head of %u, "
-                "middle of %u, tail of %u of %u ranges (%u replicas)", s->id, s->rank,
-                (unsigned long long)v.epoch, head, mid, tail, v.nranges, v.replicas);
+        cps_log(CPS_LOG_INFO, "server",
+                "joined as node %u (rank %u), view epoch %llu: head of %u, "
+                "middle of %u, tail of %u of %u ranges (%u replicas)",
+                s->id, s->rank, (unsigned long long)v.epoch, head, mid, tail, v.nranges,
+                v.replicas);
     } else {
         cps_log(CPS_LOG_INFO, "server", "view epoch %llu installed", (unsigned long long)v.epoch);
     }
@@ -302,8 +306,9 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     int rc = cps__rx_parse(&rx, buf, len);
     if (rc != 0) {
         s->stats.msgs_bad++;
-        cps_log(CPS_LOG_ERROR, "server", "bad message (%zu bytes, type %u, from node %u) dropped: %s",
-                len, rx.hdr.type, rx.hdr.sender, cps_strerror(rc));
+        cps_log(CPS_LOG_ERROR, "server",
+                "bad message (%zu bytes, type %u, from node %u) dropped: %s", len, rx.hdr.type,
+                rx.hdr.sender, cps_strerror(rc));
         /* The header decoded: the sender can be told (e.g. corrupt snappy payload). */
         if (rx.hdr.type != 0 && !(rx.hdr.flags & CPS_WF_REPLY) && s->joined &&
             cps__server_worker_rank(s, rx.hdr.sender) != UINT32_MAX)
@@ -402,8 +407,8 @@ static void rejoin(server *s)
 static int send_hello(server *s, const char *addr, uint32_t prev_id)
 {
     char payload[16 + CPS_ADDR_MAX];
-    size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_SERVER, s->cfg.rank, prev_id,
-                                 addr);
+    size_t n =
+        cps__hello_encode(payload, sizeof payload, CPS_ROLE_SERVER, s->cfg.rank, prev_id, addr);
     /* aux: this incarnation, so a restart the scheduler had not noticed is not mistaken for
      * the same process continuing with its old chain state. */
     cps_msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX, .aux = s->boot_id};
@@ -509,7 +514,8 @@ int cps__server_run(const cps_config *cfg)
             /* We did not run for longer than the failure timeout (SIGSTOP, a VM pause, a
              * starved CPU): the scheduler may have declared us dead and moved our chains on.
              * Serve nothing until it tells us we are still in. */
-            cps_log(CPS_LOG_WARN, "server", "did not run for %llu ms (more than the %u ms failure "
+            cps_log(CPS_LOG_WARN, "server",
+                    "did not run for %llu ms (more than the %u ms failure "
                     "timeout): asking the scheduler whether we are still in",
                     (unsigned long long)(now - last_iter), cfg->dead_after_ms);
             s.suspect = 1;
@@ -519,8 +525,10 @@ int cps__server_run(const cps_config *cfg)
         last_iter = now;
         if (!s.joined) {
             if (now - start > cfg->join_timeout_ms) {
-                cps_log(CPS_LOG_ERROR, "server", "no answer from the scheduler at %s within "
-                        "%.1f s", url, cfg->join_timeout_ms / 1000.0);
+                cps_log(CPS_LOG_ERROR, "server",
+                        "no answer from the scheduler at %s within "
+                        "%.1f s",
+                        url, cfg->join_timeout_ms / 1000.0);
                 rc = CPS_ETIMEDOUT;
                 goto out;
             }
@@ -556,7 +564,8 @@ int cps__server_run(const cps_config *cfg)
         }
         cps__temp_peers_expire(&s.temps, s.tp, cps__now_ms());
         if (s.poisoned) {
-            cps_log(CPS_LOG_ERROR, "server", "leaving the job: a store write failed, so this "
+            cps_log(CPS_LOG_ERROR, "server",
+                    "leaving the job: a store write failed, so this "
                     "replica's state is unknown");
             rc = CPS_EPOISONED;
             break;

@@ -59,7 +59,7 @@ typedef struct server {
     /* Sync aggregation slots. */
     agg_slot *slots;
     uint32_t nslots;
-    float *sum;     /* scratch for aggregated gradients */
+    float *sum; /* scratch for aggregated gradients */
     size_t sum_cap;
     /* SSP: clock[range * CPS_MAX_NODES + worker id] = steps pushed. */
     uint64_t *clock;
@@ -77,7 +77,7 @@ typedef struct server {
     uint32_t nearly;
     cps_temp_peers temps; /* `chainps status --verify` and other non-members */
     uint64_t boot_id;     /* this process's incarnation, sent with HELLO */
-    join_state *joins;      /* view.nranges entries */
+    join_state *joins;    /* view.nranges entries */
     /* Messages from a view epoch we have not installed yet, held until we have it (dropping
      * them would cost the sender a re-send timeout in the middle of a failover). */
     cps_rx *future;

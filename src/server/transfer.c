@@ -27,8 +27,8 @@
 #include "optim/optim.h"
 #include "server.h"
 
-#define SNAP_CHUNK (4u << 20)
-#define SNAP_FLUSH_MS 30000
+#define SNAP_CHUNK      (4u << 20)
+#define SNAP_FLUSH_MS   30000
 #define JOIN_TIMEOUT_MS 120000
 
 enum { ENT_PARAM = 1, ENT_DEDUP = 2, ENT_NAMED = 3, ENT_RANGE = 4 };
@@ -195,9 +195,10 @@ static void *snap_main(void *arg)
         rc = job_flush(j, 1);
     uint64_t ms = cps__now_ms() - t0;
     if (rc == 0)
-        cps_log(CPS_LOG_INFO, "server", "range %u: snapshot at seq %llu sent to node %u: %llu "
-                "records, %.1f MB in %llu ms (%.0f MB/s)", j->range,
-                (unsigned long long)j->seq, j->joiner, (unsigned long long)j->records,
+        cps_log(CPS_LOG_INFO, "server",
+                "range %u: snapshot at seq %llu sent to node %u: %llu "
+                "records, %.1f MB in %llu ms (%.0f MB/s)",
+                j->range, (unsigned long long)j->seq, j->joiner, (unsigned long long)j->records,
                 j->bytes / 1e6, (unsigned long long)ms, ms ? j->bytes / 1e3 / (double)ms : 0.0);
     else
         cps_log(CPS_LOG_ERROR, "server", "range %u: snapshot for node %u failed: %s", j->range,
@@ -231,8 +232,10 @@ void cps__server_on_snap_req(server *s, cps_rx *rx)
         }
     if (r >= s->view.nranges || !joiner || joiner->role != CPS_ROLE_SERVER ||
         !cps_chain_is_tail(s->chain, r)) {
-        cps_log(CPS_LOG_WARN, "server", "snapshot request for range %u from node %u refused "
-                "(not the tail, or not a server)", r, rx->hdr.sender);
+        cps_log(CPS_LOG_WARN, "server",
+                "snapshot request for range %u from node %u refused "
+                "(not the tail, or not a server)",
+                r, rx->hdr.sender);
         cps__rx_free(rx);
         return;
     }
@@ -409,20 +412,29 @@ static int clear_txn(cps_txn *txn, void *arg)
 
 static void join_abort(server *s, uint32_t r, const char *why, int rc)
 {
-    cps_log(CPS_LOG_ERROR, "server", "range %u: joining failed (%s: %s); the scheduler will "
-            "try again", r, why, cps_strerror(rc));
+    cps_log(CPS_LOG_ERROR, "server",
+            "range %u: joining failed (%s: %s); the scheduler will "
+            "try again",
+            r, why, cps_strerror(rc));
     cps_chain_join_abort(s->chain, r);
     s->joins[r].active = 0;
     /* Tell the scheduler now (aux 2), rather than let it wait out its own deadline. */
-    cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP, .sender = s->id, .epoch = s->view.epoch,
-                     .range = r, .step = s->joins[r].id, .aux = 2};
+    cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP,
+                     .sender = s->id,
+                     .epoch = s->view.epoch,
+                     .range = r,
+                     .step = s->joins[r].id,
+                     .aux = 2};
     cps__msg_send(s->tp, 0, &h, NULL, 0);
 }
 
 static void send_snap_req(server *s, uint32_t r)
 {
-    cps_msg_hdr h = {.type = CPS_MSG_SNAP_REQ, .sender = s->id, .epoch = s->view.epoch,
-                     .range = r, .step = s->joins[r].id};
+    cps_msg_hdr h = {.type = CPS_MSG_SNAP_REQ,
+                     .sender = s->id,
+                     .epoch = s->view.epoch,
+                     .range = r,
+                     .step = s->joins[r].id};
     s->joins[r].snap_req_ms = cps__now_ms();
     int rc = cps__msg_send(s->tp, s->joins[r].source, &h, NULL, 0);
     if (rc != 0)
@@ -482,14 +494,19 @@ void cps__server_on_snap(server *s, cps_rx *rx)
         return;
     }
     uint64_t applied = cps_chain_applied(s->chain, r);
-    cps_log(CPS_LOG_INFO, "server", "range %u: snapshot at seq %llu installed (%.1f MB), caught "
-            "up to seq %llu", r, (unsigned long long)io.seq, s->joins[r].bytes / 1e6,
-            (unsigned long long)applied);
+    cps_log(CPS_LOG_INFO, "server",
+            "range %u: snapshot at seq %llu installed (%.1f MB), caught "
+            "up to seq %llu",
+            r, (unsigned long long)io.seq, s->joins[r].bytes / 1e6, (unsigned long long)applied);
     s->joins[r].active = 0;
     s->joins[r].done_id = s->joins[r].id;
     s->joins[r].confirm_pending = 1;
-    cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP, .sender = s->id, .epoch = s->view.epoch,
-                     .range = r, .req_seq = applied, .step = s->joins[r].id};
+    cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP,
+                     .sender = s->id,
+                     .epoch = s->view.epoch,
+                     .range = r,
+                     .req_seq = applied,
+                     .step = s->joins[r].id};
     cps__msg_send(s->tp, 0, &h, NULL, 0);
 }
 
@@ -506,8 +523,12 @@ void cps__server_check_joins(server *s, uint64_t now)
              * replica, and the scheduler stops treating us as one that must leave with our
              * predecessor. */
             js->confirm_pending = 0;
-            cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP, .sender = s->id,
-                             .epoch = s->view.epoch, .range = r, .step = js->done_id, .aux = 1};
+            cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP,
+                             .sender = s->id,
+                             .epoch = s->view.epoch,
+                             .range = r,
+                             .step = js->done_id,
+                             .aux = 1};
             cps__msg_send(s->tp, 0, &h, NULL, 0);
         }
     }

@@ -119,8 +119,8 @@ static int read_values(cps_txn *txn, void *arg)
     return 0;
 }
 
-static void reply_header(server *s, cps_msg_hdr *h, uint8_t type, uint32_t worker,
-                         uint64_t req_seq, uint32_t range, uint64_t step)
+static void reply_header(server *s, cps_msg_hdr *h, uint8_t type, uint32_t worker, uint64_t req_seq,
+                         uint32_t range, uint64_t step)
 {
     memset(h, 0, sizeof *h);
     h->type = type;
@@ -330,9 +330,10 @@ static void do_apply(server *s, const cps_chain_action *a)
     int rc = cps__store_write(s->store, apply_txn, &io);
     if (rc != 0) {
         /* The chain has already counted this update as applied here: we cannot go on. */
-        cps_log(CPS_LOG_ERROR, "server", "range %u: applying update %llu failed at key "
-                "%016" PRIx64 ": %s", a->range, (unsigned long long)a->seq, io.bad_key,
-                cps_strerror(rc));
+        cps_log(CPS_LOG_ERROR, "server",
+                "range %u: applying update %llu failed at key "
+                "%016" PRIx64 ": %s",
+                a->range, (unsigned long long)a->seq, io.bad_key, cps_strerror(rc));
         s->poisoned = 1;
         return;
     }
@@ -464,11 +465,11 @@ static int refuse_bad_keys(server *s, const cps_msg_hdr *h, const cps_kv *kv,
     if (rc == CPS_ENOTFOUND)
         cps__server_reply_error(s, h, rc, "key %016" PRIx64 " was never declared", c.bad_key);
     else if (rc == CPS_ESIZE)
-        cps__server_reply_error(s, h, rc, "key %016" PRIx64 " holds %u values, not %u",
-                                c.bad_key, c.have_len, kv->lens[0]);
+        cps__server_reply_error(s, h, rc, "key %016" PRIx64 " holds %u values, not %u", c.bad_key,
+                                c.have_len, kv->lens[0]);
     else if (rc == CPS_EEXIST)
-        cps__server_reply_error(s, h, rc, "key %016" PRIx64 " exists with %u values",
-                                c.bad_key, c.have_len);
+        cps__server_reply_error(s, h, rc, "key %016" PRIx64 " exists with %u values", c.bad_key,
+                                c.have_len);
     else
         cps__server_reply_error(s, h, rc, "store read failed");
     return rc;
@@ -528,8 +529,8 @@ void cps__server_on_declare(server *s, cps_rx *rx)
         cps__server_reply_error(s, &rx->hdr, rc, "malformed DECLARE payload");
     } else if (!keys_in_range(s, rx->hdr.range, &kv)) {
         cps__server_reply_error(s, &rx->hdr, CPS_EINVAL, "keys outside range %u", rx->hdr.range);
-    } else if (refuse_bad_keys(s, &rx->hdr, &kv, &spec) == 0 &&
-               !admit(s, rx, 0, &verdict) && verdict == CPS_ADMIT_NEW) {
+    } else if (refuse_bad_keys(s, &rx->hdr, &kv, &spec) == 0 && !admit(s, rx, 0, &verdict) &&
+               verdict == CPS_ADMIT_NEW) {
         cps_chain_req q = {rx->hdr.sender, CPS_MSG_DECLARE, 0, rx->hdr.req_seq};
         cps_chain_update u = {CPS_UPD_DECLARE, 0, 0, 1, &q, rx->payload, rx->len};
         submit(s, rx->hdr.range, &u);
@@ -662,8 +663,10 @@ static void push_sync(server *s, cps_rx *rx, const cps_kv *kv)
     }
     for (uint32_t r = 0; r < s->view.num_workers; r++) {
         if (a->by_rank[r].buf && a->kv_by_rank[r].nvals != kv->nvals) {
-            cps__server_reply_error(s, h, CPS_ESIZE, "gradient length differs between workers "
-                                    "for step %llu", (unsigned long long)h->step);
+            cps__server_reply_error(s, h, CPS_ESIZE,
+                                    "gradient length differs between workers "
+                                    "for step %llu",
+                                    (unsigned long long)h->step);
             cps__rx_free(rx);
             return;
         }

@@ -46,11 +46,11 @@ int cps__store_sync(cps_store *s);
  * from the store's scratch (write txn); valid until the next write or the end of the txn. They
  * may be unaligned: use memcpy or the store's helpers. */
 typedef struct cps_param_rec {
-    uint32_t len;        /* number of parameter values */
-    uint64_t opt_step;   /* optimizer steps applied so far (Adam's t) */
+    uint32_t len;      /* number of parameter values */
+    uint64_t opt_step; /* optimizer steps applied so far (Adam's t) */
     cps_param_spec spec;
-    const float *vals;   /* len values */
-    const float *state;  /* slots*len values (NULL if the optimizer keeps no state) */
+    const float *vals;  /* len values */
+    const float *state; /* slots*len values (NULL if the optimizer keeps no state) */
 } cps_param_rec;
 
 /* Run `fn` inside one write transaction and commit it. If fn returns non-zero the txn is aborted

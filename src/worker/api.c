@@ -79,8 +79,8 @@ static cps_tensor *find_tensor(cps_client *c, const char *name)
     return NULL;
 }
 
-static int declare(cps_client *c, const char *name, uint64_t length, uint64_t rows,
-                   uint32_t cols, const cps_init *init, const cps_optim *optim, cps_tensor **out)
+static int declare(cps_client *c, const char *name, uint64_t length, uint64_t rows, uint32_t cols,
+                   const cps_init *init, const cps_optim *optim, cps_tensor **out)
 {
     if (!c || !name || !out)
         return CPS_EINVAL;
@@ -121,8 +121,7 @@ static int declare(cps_client *c, const char *name, uint64_t length, uint64_t ro
     t->spec = spec;
     rc = cps__layout_tensor(t, &c->view);
     if (rc == 0) {
-        cps_op op = {.kind = OP_DECLARE, .spec = &t->spec, .parts = t->parts,
-                     .nparts = t->nparts};
+        cps_op op = {.kind = OP_DECLARE, .spec = &t->spec, .parts = t->parts, .nparts = t->nparts};
         rc = cps__client_run(c, &op, 1);
         t->step = op.step; /* 0 for a new job; the job's current step for a late joiner */
         if (op.step)
@@ -130,8 +129,7 @@ static int declare(cps_client *c, const char *name, uint64_t length, uint64_t ro
                     (unsigned long long)op.step);
     }
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "worker", "declaring tensor %s failed: %s", name,
-                cps_strerror(rc));
+        cps_log(CPS_LOG_ERROR, "worker", "declaring tensor %s failed: %s", name, cps_strerror(rc));
         cps__parts_free(t->parts, t->nparts);
         free(t);
     } else {
@@ -170,8 +168,8 @@ static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, 
         ((kind == OP_PULL || kind == OP_PUSH_PULL) && !out))
         return CPS_EINVAL;
     if (len != t->length) {
-        cps_log(CPS_LOG_ERROR, "worker", "tensor %s has %llu values, the call passed %llu",
-                t->name, (unsigned long long)t->length, (unsigned long long)len);
+        cps_log(CPS_LOG_ERROR, "worker", "tensor %s has %llu values, the call passed %llu", t->name,
+                (unsigned long long)t->length, (unsigned long long)len);
         return CPS_ESIZE;
     }
     cps_handle *hd = NULL;
@@ -240,8 +238,8 @@ int cps_pull_async(cps_client *c, cps_tensor *t, float *out, uint64_t len, cps_h
     return tensor_op(c, t, OP_PULL, NULL, out, len, h);
 }
 
-int cps_push_pull_async(cps_client *c, cps_tensor *t, const float *grad, float *out,
-                        uint64_t len, cps_handle **h)
+int cps_push_pull_async(cps_client *c, cps_tensor *t, const float *grad, float *out, uint64_t len,
+                        cps_handle **h)
 {
     if (!h)
         return CPS_EINVAL;

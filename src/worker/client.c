@@ -16,11 +16,11 @@
 #include "node/roles.h"
 #include "recovery/view_change.h"
 
-#define SCHED_PEER 0u
-#define HELLO_RETRY_MS 500
+#define SCHED_PEER      0u
+#define HELLO_RETRY_MS  500
 #define VIEW_ASK_MIN_MS 200
 #define EAGAIN_RETRY_MS 50
-#define BYE_WAIT_MS 2000
+#define BYE_WAIT_MS     2000
 /* Compression is tried on a sample first: float gradients rarely compress, and compressing a
  * whole megabyte to learn that costs more than sending it. */
 #define PROBE_BYTES 4096
@@ -402,11 +402,15 @@ static int progress(cps_client *c, int timeout_ms)
             /* Every replica of the range is gone: wait (one may come back), then give up. */
             if (!r->unavailable_since) {
                 r->unavailable_since = now;
-                cps_log(CPS_LOG_WARN, "worker", "range %u has no live replica; waiting up to "
-                        "%u ms for one", r->range, c->cfg.unavailable_timeout_ms);
+                cps_log(CPS_LOG_WARN, "worker",
+                        "range %u has no live replica; waiting up to "
+                        "%u ms for one",
+                        r->range, c->cfg.unavailable_timeout_ms);
             } else if (now - r->unavailable_since > c->cfg.unavailable_timeout_ms) {
-                cps_log(CPS_LOG_ERROR, "worker", "range %u unavailable for %u ms: failing the "
-                        "request", r->range, c->cfg.unavailable_timeout_ms);
+                cps_log(CPS_LOG_ERROR, "worker",
+                        "range %u unavailable for %u ms: failing the "
+                        "request",
+                        r->range, c->cfg.unavailable_timeout_ms);
                 op_finish_req(r->op, CPS_EUNAVAILABLE);
                 req_remove(c, i--);
                 continue;
@@ -419,8 +423,10 @@ static int progress(cps_client *c, int timeout_ms)
         /* Overdue, or waited for a view that has not come (its answer may be lost): ask
          * again and send under the view we have. */
         r->waiting_view = 0;
-        cps_log(CPS_LOG_DEBUG, "worker", "request %llu on range %u unanswered after %u ms; "
-                "re-sending", (unsigned long long)r->seq, r->range, c->cfg.request_timeout_ms);
+        cps_log(CPS_LOG_DEBUG, "worker",
+                "request %llu on range %u unanswered after %u ms; "
+                "re-sending",
+                (unsigned long long)r->seq, r->range, c->cfg.request_timeout_ms);
         ask_view(c);
         if (req_send(c, r) != 0)
             r->sent_ms = now;
@@ -479,8 +485,7 @@ static void heartbeat_stop(cps_client *c)
 static int join(cps_client *c)
 {
     char payload[16 + CPS_ADDR_MAX];
-    size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_WORKER, c->cfg.rank, 0,
-                                 c->addr);
+    size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_WORKER, c->cfg.rank, 0, c->addr);
     uint64_t start = cps__now_ms(), next = 0;
     while (c->view.nranges == 0) {
         uint64_t now = cps__now_ms();
@@ -675,8 +680,11 @@ int cps__client_barrier(cps_client *c)
             return CPS_ESHUTDOWN;
         uint64_t now = cps__now_ms();
         if (now >= next) {
-            cps_msg_hdr h = {.type = CPS_MSG_BARRIER, .sender = c->id, .epoch = c->view.epoch,
-                             .req_worker = c->id, .req_seq = c->barrier_seq};
+            cps_msg_hdr h = {.type = CPS_MSG_BARRIER,
+                             .sender = c->id,
+                             .epoch = c->view.epoch,
+                             .req_worker = c->id,
+                             .req_seq = c->barrier_seq};
             cps__msg_send(c->tp, SCHED_PEER, &h, NULL, 0);
             next = now + c->cfg.request_timeout_ms;
         }

@@ -20,7 +20,7 @@ typedef struct cps_part {
     uint32_t nkeys;
     uint64_t *keys;
     uint32_t *lens;
-    uint64_t *src_off; /* element offset of key j's values in the caller's buffer */
+    uint64_t *src_off;  /* element offset of key j's values in the caller's buffer */
     uint64_t *init_off; /* element offset of key j within its tensor (declare only) */
     uint64_t nvals;
 } cps_part;
@@ -81,7 +81,7 @@ typedef struct cps_req {
     uint64_t seq;
     uint64_t sent_ms;
     uint32_t attempts;
-    int waiting_view; /* re-send once a newer view arrives */
+    int waiting_view;           /* re-send once a newer view arrives */
     uint64_t unavailable_since; /* first time its range had no live replica; 0 if it has */
 } cps_req;
 
@@ -93,10 +93,10 @@ struct cps_client {
     uint32_t rank;
     cps_view view;
     char addr[CPS_ADDR_MAX];
-    uint64_t *range_seq; /* last push seq per range (view.nranges entries) */
+    uint64_t *range_seq;  /* last push seq per range (view.nranges entries) */
     uint64_t *sparse_seq; /* last sparse-row push seq per range */
-    uint64_t other_seq;  /* last id of a declare / pull */
-    cps_req *reqs;       /* in flight */
+    uint64_t other_seq;   /* last id of a declare / pull */
+    cps_req *reqs;        /* in flight */
     uint32_t nreqs, reqs_cap;
     cps_tensor *tensors;
     uint64_t barrier_seq;
@@ -106,7 +106,7 @@ struct cps_client {
     uint64_t view_asked_ms;
     uint64_t seen_epoch; /* highest epoch any message carried */
     cps_client_stats stats;
-    void *pack;          /* scratch for compression */
+    void *pack; /* scratch for compression */
     size_t pack_cap;
     /* Heartbeats come from a thread of their own (with its own socket), so a long compute
      * step between calls never looks like a dead worker. */

@@ -13,7 +13,7 @@
 #include "node/msg.h"
 
 #define CHUNK_MIN 16384u
-#define KEY_ROOM (1ull << 40)
+#define KEY_ROOM  (1ull << 40)
 
 static uint64_t range_base(const cps_view *v, uint32_t r, uint64_t h)
 {
@@ -88,8 +88,8 @@ int cps__layout_tensor(cps_tensor *t, const cps_view *v)
         for (uint64_t j = 0; j < count; j++) {
             uint64_t i = p + j * n;
             uint64_t off = i * item_len;
-            uint64_t len = t->rows ? item_len : (t->length - off < item_len ? t->length - off
-                                                                            : item_len);
+            uint64_t len =
+                t->rows ? item_len : (t->length - off < item_len ? t->length - off : item_len);
             parts[p].keys[j] = item_key(v, t->hash, i, &parts[p].range);
             parts[p].lens[j] = (uint32_t)len;
             parts[p].src_off[j] = off;

@@ -65,7 +65,8 @@ static void hdr_every_known_type_accepted(void **state)
         h.type = (uint8_t)t;
         h.payload_len = h.raw_len = 0;
         cps__wire_hdr_encode(arena, &h);
-        int known = (t >= 1 && t <= 11) || (t >= 20 && t <= 34); /* 28..34: chain and state transfer */
+        int known =
+            (t >= 1 && t <= 11) || (t >= 20 && t <= 34); /* 28..34: chain and state transfer */
         assert_int_equal(cps__wire_hdr_decode(arena, 64, &g), known ? 0 : CPS_EPROTO);
     }
 }
