@@ -6,8 +6,8 @@ pkgs=(build-essential cmake pkg-config liblmdb-dev libnanomsg-dev libopenblas-de
       libcmocka-dev zlib1g-dev)
 case "$what" in
   demo) pkgs+=(dataset-fashion-mnist gnuplot-nox) ;;
-  test) pkgs+=(clang libclang-rt-14-dev iperf3 python3-numpy dataset-fashion-mnist) ;;
-  all)  pkgs+=(dataset-fashion-mnist gnuplot-nox clang libclang-rt-14-dev iperf3 python3-numpy) ;;
+  test) pkgs+=(clang clang-format libclang-rt-14-dev iperf3 python3-numpy dataset-fashion-mnist) ;;
+  all)  pkgs+=(dataset-fashion-mnist gnuplot-nox clang clang-format libclang-rt-14-dev iperf3 python3-numpy) ;;
   *) echo "usage: $0 [demo|test|all]" >&2; exit 2 ;;
 esac
 missing=()
