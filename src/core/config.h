@@ -56,7 +56,7 @@ typedef struct cps_config {
     int compress;                      /* default 1 */
     int sync_every_commit;             /* default 0 */
     int hold;                          /* scheduler: keep servers up after the workers finish,
-                                          until `chainps status --end` (CHAINPS_HOLD) */
+                                          until `chainps status --end` (flag --hold) */
 } cps_config;
 
 /* Fill every field with its default. */
