@@ -315,42 +315,37 @@ static int emit_send(cps_chain *c, uint32_t r, uint32_t to, const void *msg, siz
 /* aux of a CHAIN_ACK that answers a CHAIN_MARK: the MARK arrived. */
 #define ACK_OF_MARK 1u
 
-static int send_ack_aux(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq, uint64_t aux);
-
-static int send_ack(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
+/* A header-only chain message (CHAIN_ACK or CHAIN_MARK) for range r to node `to`. */
+static int send_control(cps_chain *c, uint32_t r, uint32_t to, uint8_t type, uint64_t seq,
+                        uint64_t aux)
 {
-    return send_ack_aux(c, r, to, seq, 0);
+    cps_msg_hdr h = {0};
+    h.type = type;
+    h.sender = c->cfg.self;
+    h.epoch = c->view.epoch;
+    h.range = r;
+    h.req_seq = seq;
+    h.aux = aux;
+    uint8_t *m = scratch_alloc(c, CPS_WIRE_HDR_SIZE);
+    if (!m)
+        return CPS_ENOMEM;
+    cps__wire_hdr_encode(m, &h);
+    return emit_send(c, r, to, m, CPS_WIRE_HDR_SIZE);
 }
 
 static int send_ack_aux(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq, uint64_t aux)
 {
-    cps_msg_hdr h = {0};
-    h.aux = aux;
-    h.type = CPS_MSG_CHAIN_ACK;
-    h.sender = c->cfg.self;
-    h.epoch = c->view.epoch;
-    h.range = r;
-    h.req_seq = seq;
-    uint8_t *m = scratch_alloc(c, CPS_WIRE_HDR_SIZE);
-    if (!m)
-        return CPS_ENOMEM;
-    cps__wire_hdr_encode(m, &h);
-    return emit_send(c, r, to, m, CPS_WIRE_HDR_SIZE);
+    return send_control(c, r, to, CPS_MSG_CHAIN_ACK, seq, aux);
+}
+
+static int send_ack(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
+{
+    return send_control(c, r, to, CPS_MSG_CHAIN_ACK, seq, 0);
 }
 
 static int send_mark(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
 {
-    cps_msg_hdr h = {0};
-    h.type = CPS_MSG_CHAIN_MARK;
-    h.sender = c->cfg.self;
-    h.epoch = c->view.epoch;
-    h.range = r;
-    h.req_seq = seq;
-    uint8_t *m = scratch_alloc(c, CPS_WIRE_HDR_SIZE);
-    if (!m)
-        return CPS_ENOMEM;
-    cps__wire_hdr_encode(m, &h);
-    return emit_send(c, r, to, m, CPS_WIRE_HDR_SIZE);
+    return send_control(c, r, to, CPS_MSG_CHAIN_MARK, seq, 0);
 }
 
 /* The MARK to hand a new successor: what we applied, or, if we joined and have not caught up

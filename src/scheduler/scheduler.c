@@ -177,6 +177,21 @@ static void send_simple(sched *s, uint32_t peer, uint8_t type, const cps_msg_hdr
 
 static void save(sched *s);
 
+/* The job runs (fresh, or resumed after a restart): join bookkeeping, and the failure detector
+ * watches every live member. */
+static int begin_running(sched *s)
+{
+    s->joins = calloc(s->view.nranges ? s->view.nranges : 1, sizeof *s->joins);
+    if (!s->joins)
+        return CPS_ENOMEM;
+    s->started = 1;
+    uint64_t now = cps__now_ms();
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        if (s->nodes[i].info.alive && !s->nodes[i].done)
+            cps_detector_watch(s->detector, s->nodes[i].info.id, now);
+    return 0;
+}
+
 static int start_job(sched *s)
 {
     uint32_t S = count_role(s, CPS_ROLE_SERVER);
@@ -199,13 +214,9 @@ static int start_job(sched *s)
         rc = sync_view_nodes(s);
     if (rc != 0)
         return rc;
-    s->joins = calloc(s->view.nranges ? s->view.nranges : 1, sizeof *s->joins);
-    if (!s->joins)
-        return CPS_ENOMEM;
-    s->started = 1;
-    uint64_t now = cps__now_ms();
-    for (uint32_t i = 0; i < s->nnodes; i++)
-        cps_detector_watch(s->detector, s->nodes[i].info.id, now);
+    int rc2 = begin_running(s);
+    if (rc2 != 0)
+        return rc2;
     char mode[32];
     cps_log(CPS_LOG_INFO, "scheduler",
             "connected %u workers and %u servers; view epoch %llu, %u ranges, %u replica(s), "
@@ -436,15 +447,11 @@ static int resume(sched *s)
     int rc = cps__store_read(s->store, load_txn, &io);
     if (rc != 0 || !io.found)
         return rc;
-    s->joins = calloc(s->view.nranges ? s->view.nranges : 1, sizeof *s->joins);
-    if (!s->joins)
-        return CPS_ENOMEM;
-    s->started = 1;
+    if ((rc = begin_running(s)) != 0)
+        return rc;
     uint64_t now = cps__now_ms();
     for (uint32_t i = 0; i < s->nnodes; i++) {
         sched_node *n = &s->nodes[i];
-        if (n->info.alive && !n->done)
-            cps_detector_watch(s->detector, n->info.id, now);
         if (cps__tp_peer_set(s->tp, n->info.id, n->info.addr) != 0)
             cps_log(CPS_LOG_WARN, "scheduler", "cannot reach node %u at %s", n->info.id,
                     n->info.addr);

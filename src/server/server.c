@@ -53,6 +53,12 @@ void cps__server_reply_ack(server *s, const cps_msg_hdr *req)
         cps_log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", req->sender, cps_strerror(rc));
 }
 
+void cps__server_ask_view(server *s)
+{
+    cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id, .epoch = s->view.epoch};
+    cps__msg_send(s->tp, SCHED_PEER, &g, NULL, 0);
+}
+
 uint32_t cps__server_worker_rank(const server *s, uint32_t id)
 {
     const cps_node_info *n = cps__view_node(&s->view, id);
@@ -73,8 +79,7 @@ int cps__server_check_request(server *s, const cps_msg_hdr *h)
         /* Unknown node: we cannot even reply. A newer view may name it; ask for one. */
         cps_log(CPS_LOG_WARN, "server", "request type %u from unknown node %u dropped", h->type,
                 h->sender);
-        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id, .epoch = s->view.epoch};
-        cps__msg_send(s->tp, SCHED_PEER, &g, NULL, 0);
+        cps__server_ask_view(s);
         s->stats.msgs_bad++;
         return CPS_EUNKNOWN_NODE;
     }
@@ -85,8 +90,7 @@ int cps__server_check_request(server *s, const cps_msg_hdr *h)
     }
     if (h->epoch > s->view.epoch) {
         /* The worker saw a newer view than we did: catch up, the worker will re-send. */
-        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id, .epoch = s->view.epoch};
-        cps__msg_send(s->tp, SCHED_PEER, &g, NULL, 0);
+        cps__server_ask_view(s);
         cps__server_reply_error(s, h, CPS_EAGAIN, "server has not seen epoch %llu yet",
                                 (unsigned long long)h->epoch);
         return CPS_EAGAIN;
@@ -125,8 +129,7 @@ static int hold_future(server *s, cps_rx *rx)
         s->nfuture--;
     }
     s->future[s->nfuture++] = *rx;
-    cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id, .epoch = s->view.epoch};
-    cps__msg_send(s->tp, SCHED_PEER, &g, NULL, 0);
+    cps__server_ask_view(s);
     return 1;
 }
 
@@ -519,8 +522,7 @@ int cps__server_run(const cps_config *cfg)
                     "timeout): asking the scheduler whether we are still in",
                     (unsigned long long)(now - last_iter), cfg->dead_after_ms);
             s.suspect = 1;
-            cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s.id, .epoch = s.view.epoch};
-            cps__msg_send(s.tp, SCHED_PEER, &g, NULL, 0);
+            cps__server_ask_view(&s);
         }
         last_iter = now;
         if (!s.joined) {

@@ -121,6 +121,8 @@ void cps__server_reply_ack(server *s, const cps_msg_hdr *req);
 /* Check that the request's epoch is current and that this server holds the range (as head for
  * updates, as tail for pulls); replies with the error and returns non-zero otherwise. */
 int cps__server_check_request(server *s, const cps_msg_hdr *h);
+/* Ask the scheduler for the current view (the answer arrives as a VIEW message). */
+void cps__server_ask_view(server *s);
 /* Rank of worker node `id`, or UINT32_MAX if it is not a worker of the view. */
 uint32_t cps__server_worker_rank(const server *s, uint32_t id);
 /* Number of live workers in the view. */

@@ -220,8 +220,7 @@ void cps__server_on_snap_req(server *s, cps_rx *rx)
     const cps_node_info *joiner = cps__view_node(&s->view, rx->hdr.sender);
     if (rx->hdr.epoch > s->view.epoch) {
         /* The joiner knows a newer view: we may no longer be the tail. It asks again. */
-        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id, .epoch = s->view.epoch};
-        cps__msg_send(s->tp, 0, &g, NULL, 0);
+        cps__server_ask_view(s);
         cps__rx_free(rx);
         return;
     }

@@ -763,8 +763,7 @@ void cps__server_on_chain(server *s, cps_rx *rx)
 {
     int rc = cps_chain_on_message(s->chain, &rx->hdr, rx->payload, rx->len, cps__now_ms());
     if (rc == CPS_EAGAIN) {
-        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id, .epoch = s->view.epoch};
-        cps__msg_send(s->tp, 0, &g, NULL, 0);
+        cps__server_ask_view(s);
     } else if (rc == CPS_ESTALE_EPOCH) {
         cps_log(CPS_LOG_DEBUG, "server", "chain message from node %u (epoch %llu) fenced",
                 rx->hdr.sender, (unsigned long long)rx->hdr.epoch);
