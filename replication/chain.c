@@ -257,6 +257,12 @@ static int agg_slot(cps_chain *c, uint32_t r, uint64_t sig, uint64_t **step)
     return 0;
 }
 
+/* Declares and restores (PUT) are idempotent: no exactly-once record, no sequence space. */
+static int keeps_no_record(uint8_t type)
+{
+    return type == CPS_MSG_DECLARE || type == CPS_MSG_PUT;
+}
+
 static uint32_t dedup_id(const cps_chain_req *q)
 {
     return q->noagg ? (q->worker | CPS_DEDUP_SPARSE_BIT) : q->worker;
@@ -267,7 +273,7 @@ static int note_applied(cps_chain *c, uint32_t r, const cps_chain_update *u)
 {
     for (uint32_t i = 0; i < u->nreqs; i++) {
         const cps_chain_req *q = &u->reqs[i];
-        if (q->type == CPS_MSG_DECLARE)
+        if (keeps_no_record(q->type))
             continue;
         uint64_t *hw;
         int rc = hw_slot(c, r, dedup_id(q), &hw);
@@ -406,7 +412,7 @@ static int decode_fwd(cps_chain *c, const void *payload, size_t len, cps_chain_u
         reqs[i].noagg = q[5];
         reqs[i].req_seq = cps__le64_get(q + 8);
         if ((reqs[i].type != CPS_MSG_PUSH && reqs[i].type != CPS_MSG_PUSH_PULL &&
-             reqs[i].type != CPS_MSG_DECLARE) ||
+             !keeps_no_record(reqs[i].type)) ||
             reqs[i].noagg > 1 || q[6] || q[7])
             return CPS_EPROTO;
     }
@@ -725,7 +731,7 @@ int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t s
     if (rc != 0)
         return rc;
     range_st *rs = &c->ranges[r];
-    if (q->type == CPS_MSG_DECLARE)
+    if (keeps_no_record(q->type))
         return rs->nsent >= c->cfg.max_unacked ? CPS_ADMIT_BUSY : CPS_ADMIT_NEW;
     int dup;
     if (sig) {
@@ -764,7 +770,7 @@ int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t s
 int cps_chain_skip(cps_chain *c, uint32_t r, const cps_chain_req *q)
 {
     begin_call(c);
-    if (position(c, r) != 0 || q->type == CPS_MSG_DECLARE)
+    if (position(c, r) != 0 || keeps_no_record(q->type))
         return CPS_EINVAL;
     int rc = load_range(c, r);
     uint64_t *hw = NULL;

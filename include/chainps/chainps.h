@@ -137,6 +137,14 @@ int cps_tensor_declare(cps_client *c, const char *name, uint64_t length, const c
 int cps_table_declare(cps_client *c, const char *name, uint64_t rows, uint32_t cols,
                       const cps_init *init, const cps_optim *optim, cps_tensor **out);
 
+/**
+ * @brief The sync step this tensor is at: the number of steps applied to it when it was
+ * declared (0 for a new job; the job's step for a worker joining a running job, or the step of
+ * the checkpoint the job was restored from), plus the pushes made since. A training program
+ * resuming from a checkpoint starts its loop here so its data order and learning-rate schedule
+ * continue where they stopped. Thread-safe to read while no push of this tensor is running.
+ */
+uint64_t cps_tensor_step(const cps_tensor *t);
 /** @brief Number of float32 elements of a tensor. */
 uint64_t cps_tensor_length(const cps_tensor *t);
 

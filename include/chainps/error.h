@@ -34,7 +34,8 @@ extern "C" {
     X(EAGAIN, -17, "try again")                                                                    \
     X(EIO, -18, "input/output error")                                                              \
     X(ENOTSUP, -19, "not supported")                                                               \
-    X(ESHUTDOWN, -20, "job is shutting down")
+    X(ESHUTDOWN, -20, "job is shutting down")                                                      \
+    X(EPAST, -21, "already past the requested training step")
 
 /** Status codes. CPS_OK is 0; every error is negative. */
 enum cps_err {

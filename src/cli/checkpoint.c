@@ -1,11 +1,14 @@
 /* `chainps checkpoint inspect|export|restore`: checkpoint files (src/checkpoint/ckpt.h). */
+#include <errno.h>
 #include <getopt.h>
+#include <stdlib.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "chainps/error.h"
 #include "checkpoint/ckpt.h"
+#include "checkpoint/cluster.h"
 #include "cli.h"
 
 static const char checkpoint_usage[] =
@@ -21,8 +24,18 @@ static const char checkpoint_usage[] =
     "                 Exit status 0 if the checkpoint is whole, 1 if it is corrupt or\n"
     "                 unreadable, 2 on a usage error.\n"
     "      --no-verify  check the structure only (do not read the tensor data)\n"
-    "  export         not built yet (issue 6): a consistent cut of a running job\n"
-    "  restore        not built yet (issue 6)\n"
+    "  export --scheduler HOST:PORT --out PATH [--step N] [--shard-mb MB] [--timeout S]\n"
+    "                 a consistent cut of a running job: sync jobs exactly at a step boundary\n"
+    "                 (the next one every range reaches, or step N), async jobs at each\n"
+    "                 range's current sequence number. Training does not pause. PATH: a\n"
+    "                 directory (gets model.safetensors) or a .safetensors file; written under\n"
+    "                 a temporary name and renamed when complete.\n"
+    "  restore --scheduler HOST:PORT --from PATH [--optimizer K --lr X] [--timeout S]\n"
+    "                 load a checkpoint into a running cluster of any size (keys are laid out\n"
+    "                 for its servers; chains replicate them) and admit workers held back by\n"
+    "                 `scheduler --restore-from`. Workers that declare the tensors afterwards\n"
+    "                 resume at the checkpoint's step (cps_tensor_step). A file written\n"
+    "                 elsewhere without optimizer descriptions needs --optimizer and --lr.\n"
     "\n"
     "  -h, --help     this text\n";
 
@@ -112,6 +125,148 @@ static int inspect(const char *path, int verify)
 static const struct option checkpoint_opts[] = {
     {"no-verify", no_argument, 0, 'n'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
 
+enum { OPT_SCHED = 1, OPT_OUT, OPT_FROM, OPT_STEP, OPT_SHARD, OPT_TIMEOUT, OPT_OPTIM, OPT_LR };
+static const struct option cluster_opts[] = {{"scheduler", required_argument, 0, OPT_SCHED},
+                                             {"out", required_argument, 0, OPT_OUT},
+                                             {"from", required_argument, 0, OPT_FROM},
+                                             {"step", required_argument, 0, OPT_STEP},
+                                             {"shard-mb", required_argument, 0, OPT_SHARD},
+                                             {"timeout", required_argument, 0, OPT_TIMEOUT},
+                                             {"optimizer", required_argument, 0, OPT_OPTIM},
+                                             {"lr", required_argument, 0, OPT_LR},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+
+static int parse_u64(const char *cmd, const char *what, const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || errno || s[0] == '-')
+        return cps__cli_usage_error(cmd, "%s: '%s' is not a non-negative integer", what, s);
+    *out = v;
+    return 0;
+}
+
+static int cluster_cmd(const char *sub, int argc, char **argv)
+{
+    char cmd[32];
+    snprintf(cmd, sizeof cmd, "checkpoint %s", sub);
+    const char *sched = getenv("CHAINPS_SCHEDULER"), *out = NULL, *from = NULL;
+    uint64_t step = 0, shard_mb = 0, timeout_s = 0;
+    const char *optim = NULL;
+    float lr = 0;
+    int opt;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", cluster_opts, NULL)) != -1) {
+        int rc = 0;
+        switch (opt) {
+        case 'h':
+            fputs(checkpoint_usage, stdout);
+            return 0;
+        case OPT_SCHED:
+            sched = optarg;
+            break;
+        case OPT_OUT:
+            out = optarg;
+            break;
+        case OPT_FROM:
+            from = optarg;
+            break;
+        case OPT_STEP:
+            rc = parse_u64(cmd, "--step", optarg, &step);
+            break;
+        case OPT_SHARD:
+            rc = parse_u64(cmd, "--shard-mb", optarg, &shard_mb);
+            break;
+        case OPT_TIMEOUT:
+            rc = parse_u64(cmd, "--timeout", optarg, &timeout_s);
+            if (rc == 0 && (timeout_s == 0 || timeout_s > 86400))
+                rc = cps__cli_usage_error(cmd, "--timeout: 1..86400 seconds");
+            break;
+        case OPT_OPTIM:
+            optim = optarg;
+            break;
+        case OPT_LR: {
+            char *end;
+            lr = strtof(optarg, &end);
+            if (!*optarg || *end || !(lr > 0))
+                rc = cps__cli_usage_error(cmd, "--lr: '%s' is not a positive number", optarg);
+            break;
+        }
+        default:
+            return cps__cli_usage_error(cmd, "unknown option");
+        }
+        if (rc)
+            return rc;
+    }
+    if (optind < argc)
+        return cps__cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if (!sched || !*sched)
+        return cps__cli_usage_error(cmd,
+                                    "--scheduler HOST:PORT is required (or CHAINPS_SCHEDULER)");
+    if (!strcmp(sub, "export")) {
+        if (!out || from || optim || lr > 0)
+            return cps__cli_usage_error(cmd, "export takes --out PATH (not --from, --optimizer, "
+                                             "--lr)");
+        cps_export_opts o = {.scheduler = sched,
+                             .at_step = step,
+                             .max_shard_bytes = shard_mb << 20,
+                             .timeout_ms = (int)timeout_s * 1000};
+        cps_export_result res;
+        int rc = cps__ckpt_export(&o, out, &res);
+        if (rc != 0) {
+            fprintf(stderr, "chainps checkpoint export: %s: %s\n", out,
+                    rc == CPS_EUNAVAILABLE ? "the job has not started yet (not every server and "
+                                             "worker has joined)"
+                                           : cps_strerror(rc));
+            return 1;
+        }
+        printf("exported %u tensors (%.1f MB with optimizer state) at step %" PRIu64
+               " in %.2f s: %s\n",
+               res.tensors, res.bytes / 1e6, res.step, res.seconds, res.path);
+        return 0;
+    }
+    if (!from || out || step || shard_mb)
+        return cps__cli_usage_error(cmd, "restore takes --from PATH (not --out, --step, "
+                                         "--shard-mb)");
+    cps_param_spec spec;
+    memset(&spec, 0, sizeof spec);
+    if (optim || lr > 0) {
+        static const char *const kinds[] = {"sgd", "momentum", "adagrad", "adam", "rmsprop"};
+        int k = -1;
+        for (int i = 0; optim && i < 5; i++)
+            if (!strcmp(optim, kinds[i]))
+                k = i;
+        if (!optim || k < 0 || !(lr > 0))
+            return cps__cli_usage_error(cmd, "--optimizer sgd|momentum|adagrad|adam|rmsprop and "
+                                             "--lr X go together");
+        spec.opt_kind = (uint32_t)k;
+        spec.lr = lr;
+        spec.momentum = k == 1 ? 0.9f : 0;
+        spec.beta1 = 0.9f;
+        spec.beta2 = 0.999f;
+        spec.eps = k == 2 ? 1e-10f : 1e-8f;
+        spec.rho = 0.9f;
+    }
+    cps_restore_opts o = {.scheduler = sched,
+                          .timeout_ms = (int)timeout_s * 1000,
+                          .default_spec = (optim ? &spec : NULL),
+                          .release = 1};
+    cps_restore_result res;
+    int rc = cps__ckpt_restore(&o, from, &res);
+    if (rc != 0) {
+        fprintf(stderr, "chainps checkpoint restore: %s: %s\n", from,
+                rc == CPS_EUNAVAILABLE ? "the job has not started yet (not every server and "
+                                         "worker has joined)"
+                                       : cps_strerror(rc));
+        return 1;
+    }
+    printf("restored %u tensors (%.1f MB with optimizer state) at step %" PRIu64 " in %.2f s\n",
+           res.tensors, res.bytes / 1e6, res.step, res.seconds);
+    return 0;
+}
+
 int cps__cli_checkpoint(int argc, char **argv)
 {
     if (argc < 2) {
@@ -123,10 +278,8 @@ int cps__cli_checkpoint(int argc, char **argv)
         fputs(checkpoint_usage, stdout);
         return 0;
     }
-    if (!strcmp(sub, "export") || !strcmp(sub, "restore")) {
-        fprintf(stderr, "chainps checkpoint %s: not built yet: see issue 6\n", sub);
-        return 2;
-    }
+    if (!strcmp(sub, "export") || !strcmp(sub, "restore"))
+        return cluster_cmd(sub, argc - 1, argv + 1);
     if (strcmp(sub, "inspect"))
         return cps__cli_usage_error("checkpoint", "unknown subcommand '%s'", sub);
     int opt, verify = 1;

@@ -49,6 +49,25 @@ enum {
     CLI_OPT_END,
     CLI_OPT_KILL_AT,
     CLI_OPT_KILL_SERVER,
+    CLI_OPT_CKPT_EVERY,
+    CLI_OPT_CKPT_DIR,
+    CLI_OPT_KEEP,
+    CLI_OPT_RESTORE_FROM,
 };
+
+/* Help text of the checkpoint flags of `scheduler` and `launch`. */
+#define CPS_CLI_CKPT_HELP                                                                          \
+    "  --checkpoint-every N|Ns  export a checkpoint every N training steps (sync jobs: exactly\n"  \
+    "                     at steps N, 2N, ...) or every N seconds (`30s`)\n"                       \
+    "  --checkpoint-dir DIR     where (default DATA/checkpoints): DIR/step-<step>/ each,\n"        \
+    "                     written under a temporary name and renamed when complete\n"              \
+    "  --keep K           keep the newest K checkpoints (default: all)\n"                          \
+    "  --restore-from PATH      load this checkpoint (any server count: keys are re-sharded)\n"    \
+    "                     before the workers start; they resume at its step\n"
+
+/* Checkpoint threads of the scheduler's process: the periodic export, and the restore that
+ * runs before the workers are let in. Both talk to the scheduler at 127.0.0.1:cfg->sched_port.
+ * Return 0 or an error (logged). */
+int cps__cli_ckpt_threads_start(const cps_config *cfg);
 
 #endif

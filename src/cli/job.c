@@ -233,24 +233,33 @@ int cps__job_start(cps_job *j, int i)
         envp[e] = env[e];
     envp[k] = NULL;
     if (c->role == CPS_ROLE_SCHEDULER) {
-        char *av[] = {j->self,
-                      "scheduler",
-                      "--port",
-                      port_s,
-                      "--servers",
-                      sv_s,
-                      "--workers",
-                      wk_s,
-                      "--mode",
-                      j->mode,
-                      "--replicas",
-                      j->repl,
-                      "--bind",
-                      "127.0.0.1",
-                      "--data",
-                      j->data,
-                      j->hold ? "--hold" : NULL,
-                      NULL};
+        char every[32], keep[16];
+        char *av[32] = {j->self,     "scheduler", "--port", port_s,  "--servers",  sv_s,
+                        "--workers", wk_s,        "--mode", j->mode, "--replicas", j->repl,
+                        "--bind",    "127.0.0.1", "--data", j->data};
+        int a = 16;
+        if (j->hold)
+            av[a++] = "--hold";
+        if (j->cfg.ckpt_every) {
+            snprintf(every, sizeof every, "%llu%s", (unsigned long long)j->cfg.ckpt_every,
+                     j->cfg.ckpt_every_seconds ? "s" : "");
+            av[a++] = "--checkpoint-every";
+            av[a++] = every;
+            /* Not under the data directory: a launch without --data removes that at the end. */
+            av[a++] = "--checkpoint-dir";
+            av[a++] = j->cfg.ckpt_dir[0] ? j->cfg.ckpt_dir : "chainps-checkpoints";
+            if (j->cfg.ckpt_keep) {
+                snprintf(keep, sizeof keep, "%u", j->cfg.ckpt_keep);
+                av[a++] = "--keep";
+                av[a++] = keep;
+            }
+        }
+        /* A scheduler restarted by chaos resumes its job: the restore ran already. */
+        if (j->cfg.restore_from[0] && !c->starts) {
+            av[a++] = "--restore-from";
+            av[a++] = j->cfg.restore_from;
+        }
+        av[a] = NULL;
         return spawn(c, av, envp);
     }
     if (c->role == CPS_ROLE_SERVER) {

@@ -35,11 +35,16 @@ static const char launch_usage[] =
     "                     SEC seconds in, restart it 2 s later (it copies its ranges back);\n"
     "  --kill-server R    kill server rank R instead (with ring placement, rank 1 is the\n"
     "                     middle and rank R-1 the tail of range 0)\n"
-    "                     the workers see CHAINPS_KILL_AT_S=SEC (fmnist marks it on its plot)\n"
+    "                     the workers see CHAINPS_KILL_AT_S=SEC (fmnist marks it on its "
+    "plot)\n" CPS_CLI_CKPT_HELP
     "  -v, --verbose      more logging from every process (twice: debug)\n"
     "  -h, --help         this text\n";
 
 static const struct option launch_opts[] = {
+    {"checkpoint-every", required_argument, 0, CLI_OPT_CKPT_EVERY},
+    {"checkpoint-dir", required_argument, 0, CLI_OPT_CKPT_DIR},
+    {"keep", required_argument, 0, CLI_OPT_KEEP},
+    {"restore-from", required_argument, 0, CLI_OPT_RESTORE_FROM},
     {"servers", required_argument, 0, CLI_OPT_SERVERS},
     {"workers", required_argument, 0, CLI_OPT_WORKERS},
     {"mode", required_argument, 0, CLI_OPT_MODE},
@@ -126,6 +131,8 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, i
     if (cfg->replicas > cfg->num_servers)
         return cps__cli_usage_error(cmd, "--replicas %u needs at least %u servers", cfg->replicas,
                                     cfg->replicas);
+    if ((cfg->ckpt_dir[0] || cfg->ckpt_keep) && !cfg->ckpt_every)
+        return cps__cli_usage_error(cmd, "--checkpoint-dir and --keep need --checkpoint-every");
     if (kill_server >= cfg->num_servers)
         return cps__cli_usage_error(cmd, "--kill-server %u: there are only %u servers", kill_server,
                                     cfg->num_servers);

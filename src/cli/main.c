@@ -21,7 +21,7 @@ static const char usage[] =
     "  server      run a parameter server\n"
     "  launch      run a scheduler, S servers and W copies of a training program locally\n"
     "  status      show a running job: nodes, ranks, key ranges, liveness, traffic\n"
-    "  checkpoint  inspect a checkpoint (safetensors) and verify its checksums\n"
+    "  checkpoint  export a running job's checkpoint, restore one, inspect and verify one\n"
     "  chaos       run a local job while killing, pausing and restarting its processes,\n"
     "              then check that nothing was lost\n"
     "\n"
@@ -106,6 +106,37 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps_config *
     case CLI_OPT_HOLD:
         cfg->hold = 1;
         break;
+    case CLI_OPT_CKPT_EVERY: {
+        char num[32];
+        size_t len = strlen(arg);
+        int secs = len > 1 && arg[len - 1] == 's';
+        snprintf(num, sizeof num, "%.*s", (int)(secs ? len - 1 : len), arg);
+        rc = cps__config_parse_u32("--checkpoint-every", num, 1, 100000000, &v, err, sizeof err);
+        if (rc == 0) {
+            cfg->ckpt_every = v;
+            cfg->ckpt_every_seconds = secs;
+        }
+        break;
+    }
+    case CLI_OPT_CKPT_DIR:
+        if (!*arg || strlen(arg) >= sizeof cfg->ckpt_dir) {
+            snprintf(err, sizeof err, "--checkpoint-dir: empty or too long");
+            rc = CPS_ECONFIG;
+        } else {
+            snprintf(cfg->ckpt_dir, sizeof cfg->ckpt_dir, "%s", arg);
+        }
+        break;
+    case CLI_OPT_KEEP:
+        rc = cps__config_parse_u32("--keep", arg, 1, 1000000, &cfg->ckpt_keep, err, sizeof err);
+        break;
+    case CLI_OPT_RESTORE_FROM:
+        if (!*arg || strlen(arg) >= sizeof cfg->restore_from) {
+            snprintf(err, sizeof err, "--restore-from: empty or too long");
+            rc = CPS_ECONFIG;
+        } else {
+            snprintf(cfg->restore_from, sizeof cfg->restore_from, "%s", arg);
+        }
+        break;
     case 'v':
         cfg->verbose++;
         cps__log_set_level(cfg->verbose >= 2 ? CPS_LOG_DEBUG : CPS_LOG_INFO);
@@ -139,11 +170,15 @@ static const char scheduler_usage[] =
     "  --data DIR         keep the view in DIR/scheduler (default ./chainps-data): a scheduler\n"
     "                     restarted on the same DIR resumes an unfinished job\n"
     "  --hold             when the workers are done, keep the servers up (to inspect them)\n"
-    "                     until `chainps status --end`\n"
+    "                     until `chainps status --end`\n" CPS_CLI_CKPT_HELP
     "  -v, --verbose      more logging (twice: debug)\n"
     "  -h, --help         this text\n";
 
 static const struct option scheduler_opts[] = {
+    {"checkpoint-every", required_argument, 0, CLI_OPT_CKPT_EVERY},
+    {"checkpoint-dir", required_argument, 0, CLI_OPT_CKPT_DIR},
+    {"keep", required_argument, 0, CLI_OPT_KEEP},
+    {"restore-from", required_argument, 0, CLI_OPT_RESTORE_FROM},
     {"data", required_argument, 0, CLI_OPT_DATA},
     {"hold", no_argument, 0, CLI_OPT_HOLD},
     {"servers", required_argument, 0, CLI_OPT_SERVERS},
@@ -191,7 +226,13 @@ int cps__cli_scheduler(int argc, char **argv)
         return cps__cli_usage_error("scheduler", "unexpected argument '%s'", argv[optind]);
     if (cfg.num_servers == 0 || cfg.num_workers == 0)
         return cps__cli_usage_error("scheduler", "--servers and --workers are required");
+    if ((cfg.ckpt_dir[0] || cfg.ckpt_keep) && !cfg.ckpt_every)
+        return cps__cli_usage_error("scheduler", "--checkpoint-dir and --keep need "
+                                                 "--checkpoint-every");
     cps__role_install_signals();
+    cfg.hold_workers = cfg.restore_from[0] != 0;
+    if (cps__cli_ckpt_threads_start(&cfg) != 0)
+        return 1;
     return cps__scheduler_run(&cfg) == 0 ? 0 : 1;
 }
 

@@ -55,8 +55,16 @@ typedef struct cps_config {
     uint32_t unavailable_timeout_ms;   /* default 30000 */
     int compress;                      /* default 1 */
     int sync_every_commit;             /* default 0 */
+    int hold_workers;                  /* scheduler: welcome no worker until a RELEASE (a
+                                          checkpoint is being restored: --restore-from) */
     int hold;                          /* scheduler: keep servers up after the workers finish,
                                           until `chainps status --end` (flag --hold) */
+    /* Checkpoints taken by the scheduler's process (src/cli/ckpt_jobs.c). */
+    uint64_t ckpt_every;    /* 0: none; steps, or seconds if ckpt_every_seconds */
+    int ckpt_every_seconds; /* --checkpoint-every 30s */
+    char ckpt_dir[512];     /* --checkpoint-dir (default DATA/checkpoints) */
+    uint32_t ckpt_keep;     /* --keep: newest checkpoints kept (0: all) */
+    char restore_from[512]; /* --restore-from: load this checkpoint before the workers */
 } cps_config;
 
 /* Fill every field with its default. */

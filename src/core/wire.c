@@ -342,3 +342,57 @@ int cps__wire_declare_decode(const void *buf, size_t len, cps_kv *kv, const uint
     *spec = s;
     return 0;
 }
+
+/* ---- tensor description ---- */
+
+#define DESC_FIXED (32 + CPS_WIRE_SPEC_SIZE + 8)
+
+size_t cps__wire_tensor_desc_size(const cps_tensor_desc *d)
+{
+    return DESC_FIXED + ((strlen(d->name) + 7) & ~(size_t)7);
+}
+
+size_t cps__wire_tensor_desc_encode(void *buf, size_t cap, const cps_tensor_desc *d)
+{
+    size_t n = cps__wire_tensor_desc_size(d), nlen = strlen(d->name);
+    if (cap < n || nlen == 0 || nlen > CPS_TENSOR_NAME_MAX)
+        return 0;
+    unsigned char *p = buf;
+    memset(p, 0, n);
+    cps__le32_put(p, d->kind);
+    cps__le32_put(p + 4, d->cols);
+    cps__le64_put(p + 8, d->length);
+    cps__le64_put(p + 16, d->rows);
+    cps__wire_spec_encode(p + 32, &d->spec);
+    cps__le32_put(p + 32 + CPS_WIRE_SPEC_SIZE, (uint32_t)nlen);
+    memcpy(p + DESC_FIXED, d->name, nlen);
+    return n;
+}
+
+int cps__wire_tensor_desc_decode(const void *buf, size_t len, cps_tensor_desc *out, size_t *used)
+{
+    const unsigned char *p = buf;
+    if (len < DESC_FIXED)
+        return CPS_ESIZE;
+    memset(out, 0, sizeof *out);
+    out->kind = cps__le32_get(p);
+    out->cols = cps__le32_get(p + 4);
+    out->length = cps__le64_get(p + 8);
+    out->rows = cps__le64_get(p + 16);
+    uint32_t nlen = cps__le32_get(p + 32 + CPS_WIRE_SPEC_SIZE);
+    if (out->kind > 1 || out->length == 0 || cps__le64_get(p + 24) != 0 ||
+        cps__le32_get(p + 36 + CPS_WIRE_SPEC_SIZE) != 0 || nlen == 0 || nlen > CPS_TENSOR_NAME_MAX)
+        return CPS_EPROTO;
+    if (out->kind == 0 ? (out->rows != 0 || out->cols != 0)
+                       : (out->cols == 0 || out->rows == 0 ||
+                          out->length / out->rows != out->cols || out->length % out->rows != 0))
+        return CPS_EPROTO;
+    size_t n = DESC_FIXED + ((nlen + 7) & ~(size_t)7);
+    if (len < n)
+        return CPS_ESIZE;
+    if (cps__wire_spec_decode(p + 32, &out->spec) != 0 || memchr(p + DESC_FIXED, 0, nlen))
+        return CPS_EPROTO;
+    memcpy(out->name, p + DESC_FIXED, nlen);
+    *used = n;
+    return 0;
+}

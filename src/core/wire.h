@@ -55,7 +55,21 @@ enum cps_msg_type {
                                   aux = 1 on the last chunk) */
     CPS_MSG_CAUGHT_UP = 33,    /* joiner -> scheduler: `range` copied, applied up to req_seq */
     CPS_MSG_CHAIN_MARK = 34,   /* ex-tail -> its new successor: I had applied up to req_seq */
-    CPS_MSG_TYPE_MAX_ = 35
+    /* Checkpoints (src/server/cut.c, src/checkpoint/cluster.c). A tool that is not a member of
+     * the job sends these with a hello payload naming its inbox (as STATUS does). */
+    CPS_MSG_PUT = 35,       /* restore tool -> head: install records (payload: snapshot entries
+                               of src/server/transfer.c), replicated as one CPS_UPD_PUT */
+    CPS_MSG_CUT_PROBE = 36, /* tool -> tail: `range`'s applied steps (reply: step = lowest sync
+                               step of its key sets, aux = highest, req_seq = range seq) */
+    CPS_MSG_CUT_OPEN = 37,  /* tool -> tail: open read view `aux` of `range` at step boundary
+                               `step` (0: now); reply: step, req_seq = seq, payload = the address
+                               of the thread serving CUT_READ */
+    CPS_MSG_CUT_READ = 38,  /* tool -> cut thread: read a span of records (cut.c) */
+    CPS_MSG_CUT_CLOSE = 39, /* tool -> cut thread: done with read view `aux` */
+    CPS_MSG_REGISTER = 40,  /* worker -> scheduler: a tensor's description (tensor_desc) */
+    CPS_MSG_REGISTRY = 41,  /* tool -> scheduler: reply = view, u32 count, descriptions */
+    CPS_MSG_RELEASE = 42,   /* tool -> scheduler: restore done, admit the held workers */
+    CPS_MSG_TYPE_MAX_ = 43
 };
 
 /* Header flags. */
@@ -192,5 +206,26 @@ size_t cps__wire_declare_encode(void *buf, size_t cap, uint32_t nkeys, const uin
 /* `offsets` is borrowed from buf (8-byte aligned). */
 int cps__wire_declare_decode(const void *buf, size_t len, cps_kv *kv, const uint64_t **offsets,
                              cps_param_spec *spec);
+
+/* ---- tensor description (REGISTER, REGISTRY): what a checkpoint needs to name the keys ----
+ *   u32 kind (0 dense, 1 table), u32 cols (tables; 0 for dense), u64 length (elements), u64 rows
+ *   (tables; 0 for dense), spec block [64], u32 name_len (1..255), u32 0, name, zero pad to 8 */
+#define CPS_TENSOR_NAME_MAX 255
+typedef struct cps_tensor_desc {
+    uint32_t kind; /* 0 dense, 1 table */
+    uint32_t cols;
+    uint64_t length;
+    uint64_t rows;
+    cps_param_spec spec;
+    char name[CPS_TENSOR_NAME_MAX + 1];
+} cps_tensor_desc;
+
+size_t cps__wire_tensor_desc_size(const cps_tensor_desc *d);
+/* Returns bytes written, 0 if cap is too small. */
+size_t cps__wire_tensor_desc_encode(void *buf, size_t cap, const cps_tensor_desc *d);
+/* Decode one description at buf (len bytes available); *used receives its size. Validates the
+ * kind, the shape (table: length == rows * cols), the spec and the name (no NUL inside).
+ * Errors: CPS_ESIZE (truncated), CPS_EPROTO. */
+int cps__wire_tensor_desc_decode(const void *buf, size_t len, cps_tensor_desc *out, size_t *used);
 
 #endif

@@ -66,6 +66,11 @@ typedef struct sched {
     uint64_t next_repair_ms;
     int ending_held; /* every worker is done, but cfg.hold keeps the servers up */
     int finished;
+    /* Tensor registry: the encoded descriptions the workers registered (tensor_desc in
+     * core/wire.h), so a checkpoint can name the keys. Saved as sched/registry. */
+    unsigned char *reg;
+    size_t reg_len, reg_cap;
+    uint32_t reg_count;
 } sched;
 
 static const char *role_name(int role)
@@ -139,6 +144,10 @@ static int sync_view_nodes(sched *s)
 
 static int send_view(sched *s, uint32_t peer, uint8_t type)
 {
+    /* Workers held back (a checkpoint is being restored) learn of the job only at RELEASE. */
+    const sched_node *n = s->cfg.hold_workers ? find_node(s, peer) : NULL;
+    if (n && n->info.role == CPS_ROLE_WORKER)
+        return 0;
     size_t len = cps__view_encoded_size(&s->view);
     cps_msg_hdr h = {0};
     h.type = type;
@@ -227,6 +236,10 @@ static int start_job(sched *s)
     save(s);
     for (uint32_t i = 0; i < s->nnodes; i++)
         send_view(s, s->nodes[i].info.id, CPS_MSG_WELCOME);
+    if (s->cfg.hold_workers)
+        cps_log(CPS_LOG_INFO, "scheduler",
+                "holding the workers back until the checkpoint is "
+                "restored");
     return 0;
 }
 
@@ -407,6 +420,16 @@ static int load_txn(cps_txn *txn, void *arg)
     if (cps__le32_get(st + 4))
         return 0; /* that job finished: start a new one */
     io->found = 1;
+    const void *rb;
+    size_t rlen;
+    if (cps__store_blob_get(txn, "sched/registry", &rb, &rlen) == 0 && rlen > 4) {
+        s->reg = malloc(rlen - 4);
+        if (!s->reg)
+            return CPS_ENOMEM;
+        memcpy(s->reg, (const unsigned char *)rb + 4, rlen - 4);
+        s->reg_len = s->reg_cap = rlen - 4;
+        s->reg_count = cps__le32_get(rb);
+    }
     if (cps__le32_get(st + 16) != s->cfg.num_servers ||
         cps__le32_get(st + 20) != s->cfg.num_workers) {
         cps_log(CPS_LOG_ERROR, "scheduler",
@@ -734,15 +757,22 @@ static void shutdown_job(sched *s)
     save(s); /* a finished job is not resumed */
 }
 
-static void handle_status(sched *s, const cps_rx *rx)
+/* A request from a tool that is not a member (its payload is a hello naming its inbox): the
+ * temporary peer id to answer it at, or 0 (logged) if the request is malformed. */
+static uint32_t tool_peer(sched *s, const cps_rx *rx, const char *what)
 {
     uint32_t role, want_rank, prev_id;
     char addr[CPS_ADDR_MAX];
     if (cps__hello_decode(rx->payload, rx->len, &role, &want_rank, &prev_id, addr) != 0) {
-        cps_log(CPS_LOG_WARN, "scheduler", "malformed STATUS request dropped");
-        return;
+        cps_log(CPS_LOG_WARN, "scheduler", "malformed %s request dropped", what);
+        return 0;
     }
-    uint32_t tmp = cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
+    return cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
+}
+
+static void handle_status(sched *s, const cps_rx *rx)
+{
+    uint32_t tmp = tool_peer(s, rx, "STATUS");
     if (!tmp)
         return;
     /* Payload: view, u32 count, then per node u32 id, u32 age_ms, stats block. */
@@ -775,6 +805,122 @@ static void handle_status(sched *s, const cps_rx *rx)
         cps__tp_free(buf);
 }
 
+/* ---- tensor registry ---- */
+
+static int save_registry_txn(cps_txn *txn, void *arg)
+{
+    sched *s = arg;
+    unsigned char *b = malloc(4 + s->reg_len);
+    if (!b)
+        return CPS_ENOMEM;
+    cps__le32_put(b, s->reg_count);
+    memcpy(b + 4, s->reg, s->reg_len);
+    int rc = cps__store_blob_put(txn, "sched/registry", b, 4 + s->reg_len);
+    free(b);
+    return rc;
+}
+
+/* 1: same name and definition registered; 0: new name; CPS_EEXIST: same name, other shape or
+ * optimizer. */
+static int registry_find(const sched *s, const cps_tensor_desc *d)
+{
+    size_t off = 0, used;
+    cps_tensor_desc e;
+    while (off < s->reg_len &&
+           cps__wire_tensor_desc_decode(s->reg + off, s->reg_len - off, &e, &used) == 0) {
+        off += used;
+        if (strcmp(e.name, d->name) != 0)
+            continue;
+        return (e.kind == d->kind && e.length == d->length && e.rows == d->rows &&
+                e.cols == d->cols && memcmp(&e.spec, &d->spec, sizeof e.spec) == 0)
+                   ? 1
+                   : CPS_EEXIST;
+    }
+    return 0;
+}
+
+static void on_register(sched *s, sched_node *n, const cps_rx *rx)
+{
+    cps_tensor_desc d;
+    size_t used;
+    int rc = n->info.role == CPS_ROLE_WORKER
+                 ? cps__wire_tensor_desc_decode(rx->payload, rx->len, &d, &used)
+                 : CPS_EPROTO;
+    if (rc == 0 && used != rx->len)
+        rc = CPS_EPROTO;
+    if (rc == 0)
+        rc = registry_find(s, &d);
+    if (rc == 0) {
+        size_t need = s->reg_len + cps__wire_tensor_desc_size(&d);
+        if (need > s->reg_cap) {
+            size_t cap = need * 2;
+            unsigned char *grown = realloc(s->reg, cap);
+            if (!grown) {
+                cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &rx->hdr, CPS_ENOMEM,
+                                     "no memory for the tensor registry");
+                return;
+            }
+            s->reg = grown;
+            s->reg_cap = cap;
+        }
+        s->reg_len +=
+            cps__wire_tensor_desc_encode(s->reg + s->reg_len, s->reg_cap - s->reg_len, &d);
+        s->reg_count++;
+        cps_log(CPS_LOG_INFO, "scheduler", "tensor %s registered (%s, %llu values)", d.name,
+                d.kind ? "table" : "dense", (unsigned long long)d.length);
+        if (s->store && (rc = cps__store_write(s->store, save_registry_txn, s)) != 0)
+            cps_log(CPS_LOG_ERROR, "scheduler", "cannot save the tensor registry: %s",
+                    cps_strerror(rc));
+        rc = 0;
+    } else if (rc == 1) {
+        rc = 0;
+    }
+    if (rc == CPS_EEXIST) {
+        cps_log(CPS_LOG_ERROR, "scheduler",
+                "worker %u declared tensor %s with another shape or optimizer than before",
+                n->info.id, d.name);
+        char text[CPS_TENSOR_NAME_MAX + 64];
+        snprintf(text, sizeof text, "tensor %s is registered with another definition", d.name);
+        cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &rx->hdr, rc, text);
+    } else if (rc != 0) {
+        cps_log(CPS_LOG_WARN, "scheduler", "malformed REGISTER from node %u dropped: %s",
+                n->info.id, cps_strerror(rc));
+        cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &rx->hdr, rc,
+                             "malformed tensor description");
+    } else {
+        send_simple(s, n->info.id, CPS_MSG_REGISTER, &rx->hdr);
+    }
+}
+
+/* REGISTRY from a tool: reply with the view, the tensor count and the descriptions. */
+static void handle_registry(sched *s, cps_rx *rx)
+{
+    uint32_t tmp = tool_peer(s, rx, "REGISTRY");
+    if (!tmp)
+        return;
+    size_t vlen = cps__view_encoded_size(&s->view);
+    size_t len = vlen + 8 + s->reg_len;
+    cps_msg_hdr h = {0};
+    h.type = CPS_MSG_REGISTRY;
+    h.flags = CPS_WF_REPLY;
+    h.sender = SCHED_ID;
+    h.epoch = s->view.epoch;
+    h.req_seq = rx->hdr.req_seq;
+    h.aux = s->started;
+    void *buf = cps__msg_alloc(&h, len);
+    if (!buf)
+        return;
+    unsigned char *p = (unsigned char *)buf + CPS_WIRE_HDR_SIZE;
+    cps__view_encode(&s->view, p, vlen);
+    /* The descriptions start 8-byte aligned after the view. */
+    memset(p + vlen, 0, 8);
+    cps__le32_put(p + vlen, s->reg_count);
+    if (s->reg_len)
+        memcpy(p + vlen + 8, s->reg, s->reg_len);
+    if (cps__tp_send(s->tp, tmp, buf, CPS_WIRE_HDR_SIZE + len) != 0)
+        cps__tp_free(buf);
+}
+
 static void handle_msg(void *ctx, void *buf, size_t len)
 {
     sched *s = ctx;
@@ -794,6 +940,16 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         shutdown_job(s);
     } else if (h->type == CPS_MSG_STATUS) {
         handle_status(s, &rx);
+    } else if (h->type == CPS_MSG_REGISTRY) {
+        handle_registry(s, &rx);
+    } else if (h->type == CPS_MSG_RELEASE) {
+        if (s->cfg.hold_workers) {
+            s->cfg.hold_workers = 0;
+            cps_log(CPS_LOG_INFO, "scheduler", "checkpoint restored: admitting the workers");
+            for (uint32_t i = 0; i < s->nnodes; i++)
+                if (s->nodes[i].info.role == CPS_ROLE_WORKER && s->started)
+                    send_view(s, s->nodes[i].info.id, CPS_MSG_WELCOME);
+        }
     } else {
         sched_node *n = find_node(s, h->sender);
         if (!n) {
@@ -849,6 +1005,9 @@ static void handle_msg(void *ctx, void *buf, size_t len)
                 n->barrier_seq = h->req_seq;
                 maybe_release_barrier(s);
             }
+            break;
+        case CPS_MSG_REGISTER:
+            on_register(s, n, &rx);
             break;
         case CPS_MSG_BYE:
             if (n->info.role == CPS_ROLE_WORKER && !n->done) {
@@ -1002,6 +1161,7 @@ out:
     cps__store_close(s.store);
     free(s.joins);
     cps__view_fini(&s.view);
+    free(s.reg);
     free(s.nodes);
     return rc;
 }

@@ -337,6 +337,20 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     case CPS_MSG_CHECKSUM:
         handle_checksum(s, &rx);
         break;
+    case CPS_MSG_CUT_PROBE:
+    case CPS_MSG_CUT_OPEN:
+        if (!s->joined || s->suspect)
+            break;
+        if (rx.hdr.type == CPS_MSG_CUT_PROBE)
+            cps__server_on_cut_probe(s, &rx);
+        else
+            cps__server_on_cut_open(s, &rx);
+        break;
+    case CPS_MSG_PUT:
+        if (!s->joined || s->suspect)
+            break;
+        cps__server_on_put(s, &rx);
+        return; /* taken */
     case CPS_MSG_FWD:
     case CPS_MSG_CHAIN_ACK:
     case CPS_MSG_CHAIN_MARK:
@@ -391,6 +405,7 @@ static void handle_msg(void *ctx, void *buf, size_t len)
 static void rejoin(server *s)
 {
     cps__server_reap_snapshots(s, 1);
+    cps__server_cuts_tick(s, cps__now_ms(), 1);
     cps__server_data_fini(s);
     cps_chain_destroy(s->chain);
     s->chain = NULL;
@@ -562,6 +577,7 @@ int cps__server_run(const cps_config *cfg)
         if (s.joined) {
             cps__server_tick(&s, cps__now_ms());
             cps__server_reap_snapshots(&s, 0);
+            cps__server_cuts_tick(&s, cps__now_ms(), 0);
             cps__server_check_joins(&s, cps__now_ms());
         }
         cps__temp_peers_expire(&s.temps, s.tp, cps__now_ms());
@@ -584,6 +600,7 @@ out:
         cps__rx_free(&s.future[i]);
     free(s.future);
     cps__server_reap_snapshots(&s, 1);
+    cps__server_cuts_tick(&s, cps__now_ms(), 1);
     cps__server_data_fini(&s);
     cps_chain_destroy(s.chain);
     cps__tp_destroy(s.tp);

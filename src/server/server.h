@@ -83,6 +83,7 @@ typedef struct server {
     cps_rx *future;
     uint32_t nfuture;
     struct snap_job *snaps; /* snapshots being sent by threads */
+    struct cut_job *cuts;   /* checkpoint read views, pending or served by threads (cut.c) */
 } server;
 
 /* Data path (update.c). Each takes ownership of rx. */
@@ -113,6 +114,15 @@ void cps__server_tick(server *s, uint64_t now);
 void cps__server_view_changed(server *s);
 /* Free every slot and parked pull. */
 void cps__server_data_fini(server *s);
+
+/* Checkpoints (cut.c): requests from a checkpoint tool. on_put takes rx; the others do not. */
+void cps__server_on_cut_probe(server *s, cps_rx *rx);
+void cps__server_on_cut_open(server *s, cps_rx *rx);
+void cps__server_on_put(server *s, cps_rx *rx);
+/* After an update of `range` is applied: open the cuts waiting for that range's step. */
+void cps__server_cuts_after_apply(server *s, uint32_t range);
+/* Timer: join finished cut threads, drop expired waits; stop_all ends every cut (waiting). */
+void cps__server_cuts_tick(server *s, uint64_t now, int stop_all);
 
 /* Reply helpers (server.c). */
 void cps__server_reply_error(server *s, const cps_msg_hdr *req, int err, const char *fmt, ...)

@@ -15,7 +15,11 @@
  *             f32 values[len], f32 state[slots*len], zero padding to 8
  *   2 dedup:  u32 2, u32 worker, u64 seq
  *   3 named:  u32 3, u32 name_len, u32 value_len, u32 0, name, pad to 8, value, pad to 8
- *   4 range:  u32 4, u32 0, u64 seq, u64 step            (last chunk only) */
+ *   4 range:  u32 4, u32 0, u64 seq, u64 step            (last chunk only)
+ * and, in checkpoint restores only (PUT), whole records sent in slices:
+ *   5 create: u32 5, u32 len, u64 key, u64 opt_step, u64 0, spec[64]   (zero values and state)
+ *   6 slice:  u32 6, u32 slot, u64 key, u64 first, u64 n, f32 values[n], zero padding to 8
+ *             (slot 0: parameters, 1..k: optimizer state slot k-1) */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -31,7 +35,7 @@
 #define SNAP_FLUSH_MS   30000
 #define JOIN_TIMEOUT_MS 120000
 
-enum { ENT_PARAM = 1, ENT_DEDUP = 2, ENT_NAMED = 3, ENT_RANGE = 4 };
+enum { ENT_PARAM = 1, ENT_DEDUP = 2, ENT_NAMED = 3, ENT_RANGE = 4, ENT_CREATE = 5, ENT_SLICE = 6 };
 
 static size_t pad8(size_t n)
 {
@@ -378,6 +382,29 @@ static int install(cps_txn *txn, install_io *io)
                 return CPS_EPROTO; /* only this range's aggregation records travel */
             rc = cps__store_meta_put(txn, name, p + 16 + pad8(nlen), vlen);
             p += 16 + pad8(nlen) + pad8(vlen);
+        } else if (tag == ENT_CREATE) {
+            cps_param_spec spec;
+            uint32_t len = cps__le32_get(p + 4);
+            uint64_t key = cps__le64_get(p + 8);
+            if (end - p < 32 + CPS_WIRE_SPEC_SIZE || len == 0 || cps__le64_get(p + 24) != 0 ||
+                cps__wire_spec_decode(p + 32, &spec) != 0 ||
+                key < io->s->view.ranges[io->range].lo || key > io->s->view.ranges[io->range].hi)
+                return CPS_EPROTO;
+            rc = cps__store_param_reset(txn, key, len, cps__le64_get(p + 16), &spec);
+            p += 32 + CPS_WIRE_SPEC_SIZE;
+            io->records++;
+        } else if (tag == ENT_SLICE) {
+            if (end - p < 32)
+                return CPS_EPROTO;
+            uint64_t key = cps__le64_get(p + 8), n = cps__le64_get(p + 24);
+            if (n > (uint64_t)(end - p - 32) / sizeof(float) ||
+                (size_t)(end - p) < 32 + pad8(n * sizeof(float)))
+                return CPS_EPROTO;
+            rc = cps__store_param_write(txn, key, cps__le32_get(p + 4), cps__le64_get(p + 16),
+                                        (const float *)(const void *)(p + 32), n);
+            if (rc == CPS_ENOTFOUND || rc == CPS_ESIZE)
+                rc = CPS_EPROTO; /* a slice of a record the message did not create */
+            p += 32 + pad8(n * sizeof(float));
         } else if (tag == ENT_RANGE) {
             if (end - p < 24 || !io->last)
                 return CPS_EPROTO;

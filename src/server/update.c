@@ -309,7 +309,7 @@ static int apply_txn(cps_txn *txn, void *arg)
     rc = cps__store_range_put(txn, a->range, &m);
     for (uint32_t i = 0; rc == 0 && i < u->nreqs; i++) {
         const cps_chain_req *q = &u->reqs[i];
-        if (q->type != CPS_MSG_DECLARE)
+        if (q->type != CPS_MSG_DECLARE && q->type != CPS_MSG_PUT)
             rc = cps__store_dedup_put(txn, a->range,
                                       q->noagg ? (q->worker | CPS_DEDUP_SPARSE_BIT) : q->worker,
                                       q->req_seq);
@@ -338,9 +338,11 @@ static void do_apply(server *s, const cps_chain_action *a)
         return;
     }
     s->stats.updates_applied++;
+    if (s->cuts)
+        cps__server_cuts_after_apply(s, a->range);
     for (uint32_t i = 0; i < a->upd.nreqs; i++) {
         const cps_chain_req *q = &a->upd.reqs[i];
-        if (q->type == CPS_MSG_DECLARE || q->noagg)
+        if (q->type == CPS_MSG_DECLARE || q->type == CPS_MSG_PUT || q->noagg)
             continue;
         uint64_t *c = clock_slot(s, a->range, q->worker);
         if (c && a->upd.step > *c)
@@ -351,6 +353,8 @@ static void do_apply(server *s, const cps_chain_action *a)
 static void do_reply(server *s, const cps_chain_action *a)
 {
     const cps_chain_req *q = &a->req;
+    if (q->type == CPS_MSG_PUT)
+        return; /* the restore tool is no member: it polls the tail's sequence number */
     if (a->cookie) {
         /* A retry answered once its update is committed: reply from the retried request. */
         cps_rx *rx = a->cookie;

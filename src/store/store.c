@@ -378,6 +378,24 @@ static int grow_map(cps_store *s)
     return 0;
 }
 
+int cps__store_ensure_room(cps_store *s)
+{
+    MDB_envinfo info;
+    MDB_stat st;
+    int rc = mdb_env_info(s->env, &info);
+    if (rc == 0)
+        rc = mdb_env_stat(s->env, &st);
+    if (rc)
+        return env_fail(s, "mdb_env_info", rc);
+    size_t used = (info.me_last_pgno + 1) * (size_t)st.ms_psize;
+    /* While a snapshot is open, freed pages cannot be reused: every update takes new ones. */
+    while (rc == 0 && used * 4 > info.me_mapsize) {
+        if ((rc = grow_map(s)) == 0 && (rc = mdb_env_info(s->env, &info)) != 0)
+            rc = env_fail(s, "mdb_env_info", rc);
+    }
+    return rc;
+}
+
 int cps__store_write(cps_store *s, cps_txn_fn fn, void *arg)
 {
     for (int growths = 0;; growths++) {
@@ -579,6 +597,75 @@ int cps__store_param_put(cps_txn *tx, uint64_t key, const cps_param_rec *rec)
     if (slots)
         memcpy(p + REC_HDR + nb, rec->state, slots * nb);
     return 0;
+}
+
+int cps__store_param_reset(cps_txn *tx, uint64_t key, uint32_t len, uint64_t opt_step,
+                           const cps_param_spec *spec)
+{
+    if (len == 0 || !spec || !kinds_valid(spec))
+        return CPS_EINVAL;
+    cps_param_spec c = spec_canon(spec);
+    unsigned char *p;
+    int rc = rec_reserve(tx, key, len, opt_step, &c, &p, "param_reset");
+    if (rc)
+        return rc;
+    memset(p + REC_HDR, 0, rec_size(len, c.opt_kind) - REC_HDR);
+    return 0;
+}
+
+int cps__store_param_write(cps_txn *tx, uint64_t key, uint32_t slot, uint64_t first,
+                           const float *vals, uint64_t n)
+{
+    cps_param_rec rec;
+    MDB_val d;
+    int rc = param_lookup(tx, key, &d, &rec, "param_write");
+    if (rc)
+        return rc;
+    size_t slots = cps__optim_state_slots(rec.spec.opt_kind);
+    if (slot > slots || first > rec.len || n > rec.len - first)
+        return CPS_ESIZE;
+    size_t size = d.mv_size;
+    /* Re-put the record with MDB_RESERVE to get writable space, keeping its bytes. */
+    unsigned char *p;
+    if ((rc = scratch_reserve(tx->s, (size + 3) / 4)) != 0)
+        return rc;
+    memcpy(tx->s->scratch, d.mv_data, size);
+    MDB_val k = {sizeof key, &key};
+    MDB_val w = {size, NULL};
+    if ((rc = mdb_put(tx->t, tx->s->params, &k, &w, MDB_RESERVE)) != 0)
+        return lmdb_fail(tx, "param_write", key, rc);
+    p = w.mv_data;
+    memcpy(p, tx->s->scratch, size);
+    memcpy(p + REC_HDR + ((size_t)slot * rec.len + first) * sizeof(float), vals, n * sizeof(float));
+    return 0;
+}
+
+int cps__store_snapshot_begin(cps_store *s, cps_txn **out)
+{
+    if (s->poisoned)
+        return CPS_EPOISONED;
+    cps_txn *tx = calloc(1, sizeof *tx);
+    if (!tx)
+        return CPS_ENOMEM;
+    tx->s = s;
+    pthread_rwlock_rdlock(&s->map_lock);
+    int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &tx->t);
+    if (rc) {
+        pthread_rwlock_unlock(&s->map_lock);
+        free(tx);
+        return env_fail(s, "mdb_txn_begin (snapshot)", rc);
+    }
+    *out = tx;
+    return 0;
+}
+
+void cps__store_snapshot_end(cps_txn *tx)
+{
+    if (!tx)
+        return;
+    mdb_txn_abort(tx->t);
+    pthread_rwlock_unlock(&tx->s->map_lock);
+    free(tx);
 }
 
 int cps__store_param_scan(cps_txn *tx, uint64_t lo, uint64_t hi, cps_param_iter_fn fn, void *arg)

@@ -76,6 +76,28 @@ int cps__store_param_read(cps_txn *txn, uint64_t key, float *out, uint32_t len);
 /* Overwrite a whole record (state transfer, checkpoint restore). rec->vals / rec->state used. */
 int cps__store_param_put(cps_txn *txn, uint64_t key, const cps_param_rec *rec);
 
+/* Create or replace key's record with `len` zero values and zero optimizer state, optimizer
+ * step `opt_step` (checkpoint restore: the data follows with cps__store_param_write).
+ * Errors: CPS_EINVAL, CPS_ESTORE. */
+int cps__store_param_reset(cps_txn *txn, uint64_t key, uint32_t len, uint64_t opt_step,
+                           const cps_param_spec *spec);
+/* Write n values into key's record at element `first` of slot `slot` (0: the parameters, 1..k:
+ * optimizer state slot k-1). Errors: CPS_ENOTFOUND, CPS_ESIZE (out of bounds), CPS_ESTORE. */
+int cps__store_param_write(cps_txn *txn, uint64_t key, uint32_t slot, uint64_t first,
+                           const float *vals, uint64_t n);
+
+/* A read-only transaction kept open across calls, e.g. by a checkpoint's reader thread: it sees
+ * the store as it was at begin, however long it stays open. Meanwhile the map cannot grow: a
+ * writer that needs more room waits until the snapshot ends, so keep it short.
+ * Errors: CPS_ESTORE, CPS_ENOMEM, CPS_EPOISONED. */
+int cps__store_snapshot_begin(cps_store *s, cps_txn **out);
+/* End it (from any thread). NULL is a no-op. */
+void cps__store_snapshot_end(cps_txn *txn);
+/* Grow the map until at most a quarter of it is in use, so that updates applied while a
+ * snapshot is open need not grow it. Call with no transaction of this process open.
+ * Errors: CPS_ESTORE. */
+int cps__store_ensure_room(cps_store *s);
+
 /* Iterate records with lo <= key <= hi in key order; fn returns non-zero to stop (returned). */
 typedef int (*cps_param_iter_fn)(void *arg, uint64_t key, const cps_param_rec *rec);
 int cps__store_param_scan(cps_txn *txn, uint64_t lo, uint64_t hi, cps_param_iter_fn fn, void *arg);

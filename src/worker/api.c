@@ -121,6 +121,16 @@ static int declare(cps_client *c, const char *name, uint64_t length, uint64_t ro
     t->spec = spec;
     rc = cps__layout_tensor(t, &c->view);
     if (rc == 0) {
+        /* The scheduler keeps the names and shapes, so a checkpoint can name the keys. */
+        cps_tensor_desc d = {.kind = rows ? 1 : 0,
+                             .cols = rows ? cols : 0,
+                             .length = length,
+                             .rows = rows,
+                             .spec = spec};
+        memcpy(d.name, name, nlen + 1);
+        rc = cps__client_register(c, &d);
+    }
+    if (rc == 0) {
         cps_op op = {.kind = OP_DECLARE, .spec = &t->spec, .parts = t->parts, .nparts = t->nparts};
         rc = cps__client_run(c, &op, 1);
         t->step = op.step; /* 0 for a new job; the job's current step for a late joiner */
@@ -153,6 +163,11 @@ int cps_table_declare(cps_client *c, const char *name, uint64_t rows, uint32_t c
     if (rows == 0 || cols == 0 || rows > UINT64_MAX / cols)
         return CPS_EINVAL;
     return declare(c, name, rows * cols, rows, cols, init, optim, out);
+}
+
+uint64_t cps_tensor_step(const cps_tensor *t)
+{
+    return t ? t->step : 0;
 }
 
 uint64_t cps_tensor_length(const cps_tensor *t)

@@ -16,11 +16,12 @@
 #include "node/roles.h"
 #include "recovery/view_change.h"
 
-#define SCHED_PEER      0u
-#define HELLO_RETRY_MS  500
-#define VIEW_ASK_MIN_MS 200
-#define EAGAIN_RETRY_MS 50
-#define BYE_WAIT_MS     2000
+#define SCHED_PEER         0u
+#define CPS_REG_WORKER_TAG 0x52454749u /* "REGI" */
+#define HELLO_RETRY_MS     500
+#define VIEW_ASK_MIN_MS    200
+#define EAGAIN_RETRY_MS    50
+#define BYE_WAIT_MS        2000
 /* Compression is tried on a sample first: float gradients rarely compress, and compressing a
  * whole megabyte to learn that costs more than sending it. */
 #define PROBE_BYTES 4096
@@ -367,12 +368,23 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         break;
     case CPS_MSG_VALUES:
     case CPS_MSG_ERROR:
-        if (rx.hdr.sender == SCHED_PEER && rx.hdr.type == CPS_MSG_ERROR) {
+        if (rx.hdr.sender == SCHED_PEER && rx.hdr.type == CPS_MSG_ERROR && c->reg_seq &&
+            rx.hdr.req_seq == c->reg_seq && (rx.hdr.flags & CPS_WF_REPLY) &&
+            rx.hdr.req_worker == CPS_REG_WORKER_TAG) {
+            c->reg_done = 1;
+            c->reg_result = rx.hdr.status;
+        } else if (rx.hdr.sender == SCHED_PEER && rx.hdr.type == CPS_MSG_ERROR) {
             cps_log(CPS_LOG_ERROR, "worker", "the scheduler refused us: %s",
                     cps_strerror(rx.hdr.status));
             c->shutdown = 1;
         } else {
             on_reply(c, &rx);
+        }
+        break;
+    case CPS_MSG_REGISTER:
+        if (rx.hdr.sender == SCHED_PEER && rx.hdr.req_seq == c->reg_seq) {
+            c->reg_done = 1;
+            c->reg_result = 0;
         }
         break;
     case CPS_MSG_BARRIER_DONE:
@@ -670,22 +682,19 @@ int cps__client_wait(cps_client *c, cps_op *op, int timeout_ms)
     return op_wait(c, op, timeout_ms);
 }
 
-int cps__client_barrier(cps_client *c)
+/* Send a request to the scheduler until *done is set (by handle_msg), re-sending it every
+ * request timeout. */
+static int ask_scheduler(cps_client *c, cps_msg_hdr *h, const void *payload, size_t n,
+                         const volatile int *done)
 {
-    c->barrier_seq++;
-    c->barrier_done = 0;
     uint64_t next = 0;
-    while (!c->barrier_done) {
+    while (!*done) {
         if (c->shutdown)
             return CPS_ESHUTDOWN;
         uint64_t now = cps__now_ms();
         if (now >= next) {
-            cps_msg_hdr h = {.type = CPS_MSG_BARRIER,
-                             .sender = c->id,
-                             .epoch = c->view.epoch,
-                             .req_worker = c->id,
-                             .req_seq = c->barrier_seq};
-            cps__msg_send(c->tp, SCHED_PEER, &h, NULL, 0);
+            h->epoch = c->view.epoch;
+            cps__msg_send(c->tp, SCHED_PEER, h, payload, n);
             next = now + c->cfg.request_timeout_ms;
         }
         int rc = progress(c, 50);
@@ -693,4 +702,31 @@ int cps__client_barrier(cps_client *c)
             return rc;
     }
     return 0;
+}
+
+int cps__client_register(cps_client *c, const cps_tensor_desc *d)
+{
+    unsigned char payload[512];
+    size_t n = cps__wire_tensor_desc_encode(payload, sizeof payload, d);
+    if (n == 0)
+        return CPS_EINVAL;
+    c->reg_seq++;
+    c->reg_done = 0;
+    /* req_worker tags the request so an error reply is told apart from a refusal of the whole
+     * worker (which has req_worker 0). */
+    cps_msg_hdr h = {.type = CPS_MSG_REGISTER,
+                     .sender = c->id,
+                     .req_worker = CPS_REG_WORKER_TAG,
+                     .req_seq = c->reg_seq};
+    int rc = ask_scheduler(c, &h, payload, n, &c->reg_done);
+    return rc ? rc : c->reg_result;
+}
+
+int cps__client_barrier(cps_client *c)
+{
+    c->barrier_seq++;
+    c->barrier_done = 0;
+    cps_msg_hdr h = {
+        .type = CPS_MSG_BARRIER, .sender = c->id, .req_worker = c->id, .req_seq = c->barrier_seq};
+    return ask_scheduler(c, &h, NULL, 0, &c->barrier_done);
 }

@@ -101,6 +101,9 @@ struct cps_client {
     cps_tensor *tensors;
     uint64_t barrier_seq;
     int barrier_done;
+    uint64_t reg_seq; /* tensor registrations with the scheduler */
+    int reg_done;     /* 1 when answered; reg_result holds the answer */
+    int reg_result;
     int bye_acked;
     int shutdown;
     uint64_t view_asked_ms;
@@ -123,5 +126,8 @@ int cps__client_run(struct cps_client *c, cps_op *op, int wait);
 int cps__client_wait(struct cps_client *c, cps_op *op, int timeout_ms);
 /* Scheduler barrier. */
 int cps__client_barrier(struct cps_client *c);
+/* Tell the scheduler a tensor's description (for checkpoints) and wait for its answer.
+ * Errors: CPS_EEXIST (registered with another definition), CPS_ESHUTDOWN, transport errors. */
+int cps__client_register(struct cps_client *c, const cps_tensor_desc *d);
 
 #endif

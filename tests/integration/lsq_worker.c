@@ -3,12 +3,15 @@
  *
  * usage: lsq_worker [--dim D] [--samples N] [--steps T] [--lr X] [--tol E]
  *                   [--short-rank R] (rank R stops 10 steps early, as with an uneven shard)
+ *                   [--adam] (Adam instead of SGD) [--step-ms MS] (sleep MS per step)
+ * A job restored from a checkpoint resumes at the checkpoint's step (cps_tensor_step).
  * Prints "final: max |w - w*| = ..., checksum ..." and exits 0 if within tolerance. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "chainps/chainps.h"
 
@@ -19,11 +22,21 @@ static double uniform(void)
     return (double)(rng_state >> 11) / 9007199254740992.0;
 }
 
+/* FNV-1a 64 over the floats' bytes (tests compare it with a checkpoint's tensor). */
+static uint64_t fnv_floats(const float *v, int n)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    const unsigned char *b = (const unsigned char *)v;
+    for (size_t k = 0; k < (size_t)n * sizeof(float); k++)
+        h = (h ^ b[k]) * 0x100000001b3ULL;
+    return h;
+}
+
 int main(int argc, char **argv)
 {
     int dim = 16, samples = 512, steps = 300;
     double lr = 0.1, tol = 1e-3;
-    int short_rank = -1;
+    int short_rank = -1, adam = 0, step_ms = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--dim") && i + 1 < argc)
             dim = atoi(argv[++i]);
@@ -35,6 +48,10 @@ int main(int argc, char **argv)
             lr = atof(argv[++i]);
         else if (!strcmp(argv[i], "--tol") && i + 1 < argc)
             tol = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--adam"))
+            adam = 1;
+        else if (!strcmp(argv[i], "--step-ms") && i + 1 < argc)
+            step_ms = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--short-rank") && i + 1 < argc)
             short_rank = atoi(argv[++i]);
         else {
@@ -67,6 +84,8 @@ int main(int argc, char **argv)
         y[i] = (float)acc;
     }
     cps_optim opt = cps_optim_sgd((float)lr);
+    if (adam)
+        opt.kind = CPS_OPTIM_ADAM; /* default betas and eps */
     cps_tensor *t;
     rc = cps_tensor_declare(c, "lsq/w", (uint64_t)dim, NULL, &opt, &t);
     if (rc == 0)
@@ -78,7 +97,13 @@ int main(int argc, char **argv)
     int sync = !mode || !strcmp(mode, "sync");
     if (rank == short_rank)
         steps -= 10;
-    for (int s = 0; s < steps && rc == 0; s++) {
+    int first = rc == 0 ? (int)cps_tensor_step(t) : 0;
+    if (first)
+        printf("resuming at step %d, values checksum %016llx\n", first,
+               (unsigned long long)fnv_floats(w, dim));
+    for (int s = first; s < steps && rc == 0; s++) {
+        if (step_ms)
+            usleep((useconds_t)step_ms * 1000);
         memset(g, 0, sizeof(float) * (size_t)dim);
         for (int i = rank; i < samples; i += W) {
             double r = -y[i];
@@ -98,15 +123,12 @@ int main(int argc, char **argv)
     if (rc == 0)
         rc = cps_pull(c, t, w, (uint64_t)dim);
     double err = 0;
-    uint64_t h = 0xcbf29ce484222325ULL;
     for (int j = 0; j < dim; j++) {
         double e = fabs((double)w[j] - wstar[j]);
         if (e > err)
             err = e;
-        const unsigned char *b = (const unsigned char *)&w[j];
-        for (int k = 0; k < 4; k++)
-            h = (h ^ b[k]) * 0x100000001b3ULL;
     }
+    uint64_t h = fnv_floats(w, dim);
     if (rc != 0)
         fprintf(stderr, "lsq_worker: training failed: %s\n", cps_strerror(rc));
     else

@@ -2,6 +2,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
@@ -66,7 +67,8 @@ static void hdr_every_known_type_accepted(void **state)
         h.payload_len = h.raw_len = 0;
         cps__wire_hdr_encode(arena, &h);
         int known =
-            (t >= 1 && t <= 11) || (t >= 20 && t <= 34); /* 28..34: chain and state transfer */
+            /* 28..34: chain and state transfer; 35..42: checkpoints */
+            (t >= 1 && t <= 11) || (t >= 20 && t <= 42);
         assert_int_equal(cps__wire_hdr_decode(arena, 64, &g), known ? 0 : CPS_EPROTO);
     }
 }
@@ -470,11 +472,54 @@ static void declare_errors(void **state)
     assert_int_equal(cps__wire_declare_decode(arena, n, &kv, &offs, &g), CPS_EPROTO);
 }
 
+static void tensor_desc_round_trip_and_errors(void **state)
+{
+    (void)state;
+    cps_tensor_desc d = {.kind = 1, .cols = 8, .length = 80, .rows = 10};
+    d.spec.opt_kind = CPS_W_OPT_ADAM;
+    d.spec.lr = 0.01f;
+    d.spec.beta1 = 0.9f;
+    d.spec.beta2 = 0.999f;
+    d.spec.eps = 1e-8f;
+    snprintf(d.name, sizeof d.name, "emb/table");
+    unsigned char buf[512];
+    size_t n = cps__wire_tensor_desc_encode(buf, sizeof buf, &d);
+    assert_int_equal(n, cps__wire_tensor_desc_size(&d));
+    assert_int_equal(n % 8, 0);
+    cps_tensor_desc g;
+    size_t used;
+    assert_int_equal(cps__wire_tensor_desc_decode(buf, n, &g, &used), 0);
+    assert_int_equal(used, n);
+    assert_string_equal(g.name, "emb/table");
+    assert_int_equal(g.rows, 10);
+    assert_int_equal(g.cols, 8);
+    assert_int_equal(g.spec.opt_kind, CPS_W_OPT_ADAM);
+    /* Every truncation is refused. */
+    for (size_t k = 0; k < n; k++)
+        assert_int_not_equal(cps__wire_tensor_desc_decode(buf, k, &g, &used), 0);
+    /* A table whose shape does not multiply out, a dense tensor with rows, an empty name. */
+    unsigned char bad[512];
+    memcpy(bad, buf, n);
+    cps__le64_put(bad + 8, 81);
+    assert_int_equal(cps__wire_tensor_desc_decode(bad, n, &g, &used), CPS_EPROTO);
+    memcpy(bad, buf, n);
+    cps__le32_put(bad, 0);
+    assert_int_equal(cps__wire_tensor_desc_decode(bad, n, &g, &used), CPS_EPROTO);
+    memcpy(bad, buf, n);
+    cps__le32_put(bad + 32 + CPS_WIRE_SPEC_SIZE, 0);
+    assert_int_equal(cps__wire_tensor_desc_decode(bad, n, &g, &used), CPS_EPROTO);
+    /* A NUL inside the name. */
+    memcpy(bad, buf, n);
+    bad[32 + CPS_WIRE_SPEC_SIZE + 8 + 3] = 0;
+    assert_int_equal(cps__wire_tensor_desc_decode(bad, n, &g, &used), CPS_EPROTO);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hdr_round_trip),
         cmocka_unit_test(hdr_every_known_type_accepted),
+        cmocka_unit_test(tensor_desc_round_trip_and_errors),
         cmocka_unit_test(hdr_bad_fields),
         cmocka_unit_test(hdr_bad_lengths),
         cmocka_unit_test(hdr_snappy_raw_len),

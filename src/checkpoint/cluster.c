@@ -1,0 +1,1144 @@
+/* Export and restore of a running job's checkpoints (cluster.h); the server side is
+ * src/server/cut.c. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "chainps/error.h"
+#include "checkpoint/ckpt.h"
+#include "checkpoint/cluster.h"
+#include "core/log.h"
+#include "core/view.h"
+#include "node/msg.h"
+#include "node/roles.h"
+#include "optim/optim.h"
+#include "transport/transport.h"
+#include "worker/client.h"
+
+#define SUB           "ckpt"
+#define SCHED         0u
+#define CUT_PEER_BASE 0x20000000u /* tool-side peer ids of the cut threads: + range */
+#define READ_WINDOW   64          /* CUT_READs in flight */
+#define PUT_BYTES     (16u << 20) /* records per PUT message */
+#define PUT_WINDOW    4           /* PUTs in flight per range */
+#define OPEN_TRIES    8
+
+static size_t pad8(size_t n)
+{
+    return (n + 7) & ~(size_t)7;
+}
+
+/* ---- talking to the cluster ---- */
+
+typedef struct link {
+    cps_tp *tp;
+    char hello[16 + CPS_ADDR_MAX];
+    size_t hello_len;
+    cps_view view;
+    int started;
+    cps_tensor_desc *descs;
+    uint32_t ndescs;
+    int timeout_ms;
+    uint64_t next_req;
+    /* received, not yet consumed */
+    cps_rx *in;
+    size_t nin, capin;
+} link;
+
+static void on_msg(void *ctx, void *buf, size_t len)
+{
+    link *l = ctx;
+    cps_rx rx;
+    if (cps__rx_parse(&rx, buf, len) != 0)
+        return;
+    if (l->nin == l->capin) {
+        size_t cap = l->capin ? l->capin * 2 : 64;
+        cps_rx *grown = realloc(l->in, cap * sizeof *grown);
+        if (!grown) {
+            cps__rx_free(&rx);
+            return;
+        }
+        l->in = grown;
+        l->capin = cap;
+    }
+    l->in[l->nin++] = rx;
+}
+
+/* Take the first received message `match` accepts, waiting until the deadline. */
+typedef int (*match_fn)(const cps_rx *rx, const void *arg);
+
+static int take(link *l, match_fn match, const void *arg, uint64_t deadline, cps_rx *out)
+{
+    for (;;) {
+        for (size_t i = 0; i < l->nin; i++)
+            if (match(&l->in[i], arg)) {
+                *out = l->in[i];
+                memmove(l->in + i, l->in + i + 1, (l->nin - i - 1) * sizeof *l->in);
+                l->nin--;
+                return 0;
+            }
+        uint64_t now = cps__now_ms();
+        if (now >= deadline)
+            return CPS_ETIMEDOUT;
+        uint64_t wait = deadline - now;
+        int rc = cps__tp_poll(l->tp, wait > 100 ? 100 : (int)wait, on_msg, l, 0);
+        if (rc < 0)
+            return rc;
+    }
+}
+
+static void link_close(link *l)
+{
+    for (size_t i = 0; i < l->nin; i++)
+        cps__rx_free(&l->in[i]);
+    free(l->in);
+    free(l->descs);
+    if (l->tp) {
+        uint64_t drain = cps__now_ms() + 2000;
+        while (cps__tp_queued(l->tp) > 0 && cps__now_ms() < drain)
+            cps__tp_poll(l->tp, 20, NULL, NULL, 0);
+        cps__tp_destroy(l->tp);
+    }
+    cps__view_fini(&l->view);
+    memset(l, 0, sizeof *l);
+}
+
+static int link_open(link *l, const char *scheduler, const char *bind, const char *advertise,
+                     int timeout_ms)
+{
+    memset(l, 0, sizeof *l);
+    cps__view_init(&l->view);
+    l->timeout_ms = timeout_ms > 0 ? timeout_ms : 120000;
+    l->next_req = (uint64_t)time(NULL) << 20;
+    if (!scheduler || !*scheduler || strlen(scheduler) > CPS_ADDR_MAX - 8) {
+        cps_log(CPS_LOG_ERROR, SUB, "no scheduler address (HOST:PORT)");
+        return CPS_EINVAL;
+    }
+    char url[CPS_ADDR_MAX + 8], me[CPS_ADDR_MAX];
+    snprintf(url, sizeof url, "tcp://%s", scheduler);
+    uint16_t port = 0;
+    const char *host = bind && *bind ? bind : "127.0.0.1";
+    int rc = cps__tp_create(&l->tp);
+    if (rc == 0)
+        rc = cps__tp_bind(l->tp, host, 0, &port);
+    if (rc == 0)
+        rc = cps__tp_peer_set(l->tp, SCHED, url);
+    if (rc == 0)
+        rc = cps__make_url(me, advertise && *advertise ? advertise : host, port);
+    if (rc == 0) {
+        l->hello_len =
+            cps__hello_encode(l->hello, sizeof l->hello, CPS_ROLE_NONE, UINT32_MAX, 0, me);
+        if (l->hello_len == 0)
+            rc = CPS_EINVAL;
+    }
+    if (rc != 0)
+        cps_log(CPS_LOG_ERROR, SUB, "cannot reach the scheduler at %s: %s", url, cps_strerror(rc));
+    return rc;
+}
+
+static int match_registry(const cps_rx *rx, const void *arg)
+{
+    (void)arg;
+    return rx->hdr.type == CPS_MSG_REGISTRY && (rx->hdr.flags & CPS_WF_REPLY);
+}
+
+/* The view and the tensor registry, asked again every second until the deadline. */
+static int link_registry(link *l, const char *scheduler)
+{
+    uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
+    cps_rx rx;
+    int rc = CPS_ETIMEDOUT;
+    while (cps__now_ms() < deadline) {
+        cps_msg_hdr h = {.type = CPS_MSG_REGISTRY, .sender = UINT32_MAX};
+        cps__msg_send(l->tp, SCHED, &h, l->hello, l->hello_len);
+        uint64_t until = cps__now_ms() + 1000;
+        rc = take(l, match_registry, NULL, until < deadline ? until : deadline, &rx);
+        if (rc == 0)
+            break;
+    }
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, SUB, "no answer from the scheduler at %s within %.0f s", scheduler,
+                l->timeout_ms / 1000.0);
+        return rc;
+    }
+    size_t used = 0;
+    rc = cps__view_decode_prefix(rx.payload, rx.len, &l->view, &used);
+    const unsigned char *p = (const unsigned char *)rx.payload + used;
+    size_t left = rc == 0 && rx.len >= used + 8 ? rx.len - used - 8 : 0;
+    uint32_t n = rc == 0 && rx.len >= used + 8 ? cps__le32_get(p) : 0;
+    if (rc == 0 && rx.len < used + 8)
+        rc = CPS_EPROTO;
+    l->started = (int)rx.hdr.aux;
+    l->descs = calloc(n ? n : 1, sizeof *l->descs);
+    if (rc == 0 && !l->descs)
+        rc = CPS_ENOMEM;
+    p += 8;
+    for (uint32_t i = 0; rc == 0 && i < n; i++) {
+        size_t u;
+        rc = cps__wire_tensor_desc_decode(p, left, &l->descs[i], &u);
+        p += u;
+        left -= u;
+    }
+    l->ndescs = rc == 0 ? n : 0;
+    cps__rx_free(&rx);
+    if (rc != 0)
+        cps_log(CPS_LOG_ERROR, SUB, "malformed registry from the scheduler: %s", cps_strerror(rc));
+    else if (!l->started || l->view.nranges == 0)
+        rc = CPS_EUNAVAILABLE;
+    if (rc == CPS_EUNAVAILABLE)
+        cps_log(CPS_LOG_INFO, SUB,
+                "the job at %s has not started (its servers are not all "
+                "there yet)",
+                scheduler);
+    for (uint32_t i = 0; rc == 0 && i < l->view.nnodes; i++)
+        if (l->view.nodes[i].role == CPS_ROLE_SERVER)
+            rc = cps__tp_peer_set(l->tp, l->view.nodes[i].id, l->view.nodes[i].addr);
+    return rc;
+}
+
+static int tensor_layout(const link *l, const cps_tensor_desc *d, cps_tensor *t)
+{
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", d->name);
+    t->length = d->length;
+    t->rows = d->kind ? d->rows : 0;
+    t->cols = d->kind ? d->cols : 0;
+    t->hash = cps__fnv1a(CPS_FNV_INIT, d->name, strlen(d->name));
+    t->spec = d->spec;
+    return cps__layout_tensor(t, &l->view);
+}
+
+/* The pieces of a tensor (one per key), in element order. */
+typedef struct piece {
+    uint64_t off; /* first element within the tensor */
+    uint64_t key;
+    uint32_t len;
+    uint32_t range;
+} piece;
+
+static int piece_cmp(const void *a, const void *b)
+{
+    const piece *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+static piece *tensor_pieces(const cps_tensor *t, size_t *n)
+{
+    size_t total = 0;
+    for (uint32_t i = 0; i < t->nparts; i++)
+        total += t->parts[i].nkeys;
+    piece *p = calloc(total ? total : 1, sizeof *p);
+    if (!p)
+        return NULL;
+    size_t k = 0;
+    for (uint32_t i = 0; i < t->nparts; i++)
+        for (uint32_t j = 0; j < t->parts[i].nkeys; j++)
+            p[k++] = (piece){t->parts[i].src_off[j], t->parts[i].keys[j], t->parts[i].lens[j],
+                             t->parts[i].range};
+    qsort(p, total, sizeof *p, piece_cmp);
+    *n = total;
+    return p;
+}
+
+/* ---- export ---- */
+
+typedef struct cut {
+    uint64_t id;
+    uint32_t nranges;
+    int *open;         /* per range: the thread answered */
+    uint64_t *seq;     /* per range: its sequence number at the cut */
+    uint64_t *at_step; /* per range: the step it reports */
+} cut;
+
+typedef struct export_ctx {
+    link *l;
+    cut *c;
+    const cps_tensor_desc *d;
+    piece *pieces;
+    size_t npieces;
+    uint32_t slot; /* 0 values, k: optimizer slot k-1 */
+    int steps;     /* fill optimizer step counts (U64) instead of values */
+    int rc;
+} export_ctx;
+
+typedef struct read_req {
+    uint64_t req;
+    uint32_t range;
+    uint64_t lo, hi, first, count;
+    size_t dest;      /* element index in the fill buffer of key lo's first value */
+    size_t dest_step; /* distance between consecutive keys' values in the buffer */
+} read_req;
+
+static int match_req(const cps_rx *rx, const void *arg)
+{
+    const read_req *q = arg;
+    return (rx->hdr.flags & CPS_WF_REPLY) && rx->hdr.req_seq == q->req &&
+           (rx->hdr.type == CPS_MSG_CUT_READ || rx->hdr.type == CPS_MSG_ERROR) &&
+           rx->hdr.range == q->range;
+}
+
+static int send_read(export_ctx *x, read_req *q)
+{
+    unsigned char p[40] = {0};
+    cps__le64_put(p, q->lo);
+    cps__le64_put(p + 8, q->hi);
+    cps__le32_put(p + 16, x->slot);
+    cps__le64_put(p + 24, q->first);
+    cps__le64_put(p + 32, q->count);
+    q->req = ++x->l->next_req;
+    cps_msg_hdr h = {.type = CPS_MSG_CUT_READ,
+                     .sender = UINT32_MAX,
+                     .range = q->range,
+                     .req_seq = q->req,
+                     .aux = x->c->id};
+    return cps__msg_send(x->l->tp, CUT_PEER_BASE + q->range, &h, p, sizeof p);
+}
+
+static int finish_read(export_ctx *x, const read_req *q, void *buf);
+typedef struct window window;
+static int window_drain(export_ctx *x, window *w, void *buf);
+
+static int finish_read(export_ctx *x, const read_req *q, void *buf)
+{
+    cps_rx rx;
+    int rc = take(x->l, match_req, q, cps__now_ms() + (uint64_t)x->l->timeout_ms, &rx);
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, SUB, "tensor %s: no answer from range %u's read view in %.0f s",
+                x->d->name, q->range, x->l->timeout_ms / 1000.0);
+        return rc;
+    }
+    uint64_t nkeys = q->hi - q->lo + 1;
+    size_t head = 8 + pad8(nkeys * 12);
+    if (rx.hdr.type == CPS_MSG_ERROR) {
+        rc = rx.hdr.status ? rx.hdr.status : CPS_EPROTO;
+        cps_log(CPS_LOG_ERROR, SUB, "tensor %s: range %u refused a read: %s", x->d->name, q->range,
+                cps_strerror(rc));
+    } else if (rx.len != head + nkeys * q->count * sizeof(float) ||
+               cps__le32_get(rx.payload) != nkeys) {
+        rc = CPS_EPROTO;
+        cps_log(CPS_LOG_ERROR, SUB, "tensor %s: malformed read answer from range %u", x->d->name,
+                q->range);
+    } else {
+        const unsigned char *p = rx.payload;
+        for (uint64_t i = 0; i < nkeys; i++) {
+            if (x->steps) {
+                uint64_t st = cps__le64_get(p + 8 + i * 8);
+                memcpy((uint64_t *)buf + q->dest + i * q->dest_step, &st, sizeof st);
+            } else {
+                memcpy((float *)buf + q->dest + i * q->dest_step,
+                       p + head + i * q->count * sizeof(float), q->count * sizeof(float));
+            }
+        }
+    }
+    cps__rx_free(&rx);
+    return rc;
+}
+
+struct window {
+    read_req q[READ_WINDOW];
+    size_t n;
+};
+
+static int window_drain(export_ctx *x, window *w, void *buf)
+{
+    int rc = 0;
+    for (size_t k = 0; k < w->n; k++) {
+        int r = finish_read(x, &w->q[k], buf);
+        rc = rc ? rc : r;
+    }
+    w->n = 0;
+    return rc;
+}
+
+static int window_add(export_ctx *x, window *w, read_req q, void *buf)
+{
+    int rc = send_read(x, &q);
+    if (rc != 0)
+        return rc;
+    w->q[w->n++] = q;
+    if (w->n < READ_WINDOW)
+        return 0;
+    return window_drain(x, w, buf);
+}
+
+/* Fill elements first..first+n-1 (values or optimizer state), or, with x->steps, the step
+ * counts of rows first..first+n-1 (tables) or of the whole tensor (dense: one element). */
+static int export_fill(void *arg, uint64_t first, void *buf, size_t n)
+{
+    export_ctx *x = arg;
+    const cps_tensor_desc *d = x->d;
+    window w = {.n = 0};
+    int rc = 0;
+    uint64_t end = first + n;
+    if (d->kind == 0) {
+        if (x->steps) {
+            /* A dense tensor's chunks take every step together: chunk 0 speaks for all. */
+            read_req q = {0, x->pieces[0].range, x->pieces[0].key, x->pieces[0].key, 0, 0, 0, 1};
+            rc = window_add(x, &w, q, buf);
+        }
+        for (size_t i = 0; !x->steps && rc == 0 && i < x->npieces; i++) {
+            const piece *p = &x->pieces[i];
+            if (p->off + p->len <= first || p->off >= end)
+                continue;
+            uint64_t s0 = p->off < first ? first : p->off;
+            uint64_t s1 = p->off + p->len > end ? end : p->off + p->len;
+            read_req q = {0, p->range, p->key, p->key, s0 - p->off, s1 - s0, s0 - first, 0};
+            rc = window_add(x, &w, q, buf);
+        }
+    } else {
+        /* Row i of a table lives in range (h + i) mod nr under key base + i / nr: the rows of
+         * one range are every nr-th row, with consecutive keys, read in one request. */
+        uint64_t unit = x->steps ? 1 : d->cols; /* buffer elements per row */
+        uint64_t count = x->steps ? 0 : d->cols;
+        uint32_t nr = x->l->view.nranges;
+        uint64_t ra = first / unit, rb = (end + unit - 1) / unit, wa = ra, wb = rb;
+        if (first % unit) { /* a row cut by the fill's start */
+            const piece *p = &x->pieces[ra];
+            uint64_t s0 = first - ra * unit, s1 = end - ra * unit < unit ? end - ra * unit : unit;
+            read_req q = {0, p->range, p->key, p->key, s0, s1 - s0, 0, 0};
+            rc = window_add(x, &w, q, buf);
+            wa = ra + 1;
+        }
+        if (rc == 0 && end % unit && rb - 1 >= wa) { /* a row cut by its end */
+            const piece *p = &x->pieces[rb - 1];
+            read_req q = {
+                0, p->range, p->key, p->key, 0, end - (rb - 1) * unit, (rb - 1) * unit - first, 0};
+            rc = window_add(x, &w, q, buf);
+            wb = rb - 1;
+        }
+        for (uint32_t m = 0; rc == 0 && m < nr && wa + m < wb; m++) {
+            for (uint64_t r0 = wa + m; rc == 0 && r0 < wb;) {
+                uint64_t cnt = (wb - r0 + nr - 1) / nr;
+                cnt = cnt > 65536 ? 65536 : cnt;
+                const piece *p = &x->pieces[r0];
+                read_req q = {0,
+                              p->range,
+                              p->key,
+                              p->key + cnt - 1,
+                              0,
+                              count,
+                              r0 * unit - first,
+                              (size_t)(nr * unit)};
+                rc = window_add(x, &w, q, buf);
+                r0 += cnt * nr;
+            }
+        }
+    }
+    int rc2 = window_drain(x, &w, buf);
+    return rc ? rc : rc2;
+}
+
+static int match_open(const cps_rx *rx, const void *arg)
+{
+    const cut *c = arg;
+    return (rx->hdr.flags & CPS_WF_REPLY) && rx->hdr.aux == c->id &&
+           (rx->hdr.type == CPS_MSG_CUT_OPEN || rx->hdr.type == CPS_MSG_ERROR);
+}
+
+static int match_probe(const cps_rx *rx, const void *arg)
+{
+    (void)arg;
+    return (rx->hdr.flags & CPS_WF_REPLY) &&
+           (rx->hdr.type == CPS_MSG_CUT_PROBE || rx->hdr.type == CPS_MSG_ERROR);
+}
+
+static uint32_t tail_of(const link *l, uint32_t r)
+{
+    const cps_range *g = &l->view.ranges[r];
+    return g->chain_len ? g->chain[g->chain_len - 1] : 0;
+}
+
+static void close_cut(link *l, cut *c)
+{
+    for (uint32_t r = 0; r < c->nranges; r++)
+        if (c->open[r]) {
+            cps_msg_hdr h = {
+                .type = CPS_MSG_CUT_CLOSE, .sender = UINT32_MAX, .range = r, .aux = c->id};
+            cps__msg_send(l->tp, CUT_PEER_BASE + r, &h, NULL, 0);
+            c->open[r] = 0;
+        }
+}
+
+/* The highest step any range reports (sync jobs: the cut goes there or later). */
+static int probe_steps(link *l, uint64_t *hi_out)
+{
+    uint32_t n = l->view.nranges, got = 0;
+    uint64_t hi = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        cps_msg_hdr h = {.type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = r};
+        cps__msg_send(l->tp, tail_of(l, r), &h, l->hello, l->hello_len);
+    }
+    uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
+    while (got < n) {
+        cps_rx rx;
+        int rc = take(l, match_probe, NULL, deadline, &rx);
+        if (rc != 0) {
+            cps_log(CPS_LOG_ERROR, SUB, "%u of %u ranges did not say where they are", n - got, n);
+            return rc;
+        }
+        rc = rx.hdr.type == CPS_MSG_ERROR ? rx.hdr.status : 0;
+        if (rc == 0 && rx.hdr.aux > hi)
+            hi = rx.hdr.aux;
+        cps__rx_free(&rx);
+        if (rc != 0) {
+            cps_log(CPS_LOG_ERROR, SUB, "range probe refused: %s", cps_strerror(rc));
+            return rc;
+        }
+        got++;
+    }
+    *hi_out = hi;
+    return 0;
+}
+
+/* Open a read view on every range at step `step` (0: now). *past receives the highest step
+ * reported by a range that is already past it (CPS_EPAST). */
+static int open_cut(link *l, cut *c, uint64_t step, uint64_t *past)
+{
+    uint32_t n = l->view.nranges, got = 0;
+    int first_err = 0;
+    c->id = cps__splitmix64(cps__now_ms() ^ ++l->next_req);
+    *past = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        cps_msg_hdr h = {.type = CPS_MSG_CUT_OPEN,
+                         .sender = UINT32_MAX,
+                         .range = r,
+                         .step = step,
+                         .aux = c->id,
+                         .req_seq = ++l->next_req};
+        cps__msg_send(l->tp, tail_of(l, r), &h, l->hello, l->hello_len);
+    }
+    uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
+    while (got < n) {
+        cps_rx rx;
+        int rc = take(l, match_open, c, deadline, &rx);
+        if (rc != 0) {
+            cps_log(CPS_LOG_ERROR, SUB,
+                    "%u of %u ranges did not open a read view at step %" PRIu64 " within %.0f s",
+                    n - got, n, step, l->timeout_ms / 1000.0);
+            return first_err ? first_err : rc;
+        }
+        uint32_t r = rx.hdr.range;
+        if (r < n && rx.hdr.type == CPS_MSG_ERROR) {
+            int err = rx.hdr.status ? rx.hdr.status : CPS_EPROTO;
+            if (err == CPS_EPAST && rx.hdr.step > *past)
+                *past = rx.hdr.step;
+            first_err = first_err ? first_err : err;
+            got++;
+        } else if (r < n && !c->open[r]) {
+            const char *url = rx.payload;
+            if (rx.len < 2 || url[rx.len - 1] != 0 ||
+                cps__tp_peer_set(l->tp, CUT_PEER_BASE + r, url) != 0) {
+                first_err = first_err ? first_err : CPS_EPROTO;
+            } else {
+                c->open[r] = 1;
+                c->seq[r] = rx.hdr.req_seq;
+                c->at_step[r] = rx.hdr.step;
+            }
+            got++;
+        }
+        cps__rx_free(&rx);
+    }
+    return first_err;
+}
+
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(((const cps_tensor_desc *)a)->name, ((const cps_tensor_desc *)b)->name);
+}
+
+typedef struct tensor_job {
+    cps_tensor t;
+    piece *pieces;
+    size_t npieces;
+    export_ctx ctx[1 + 2 + 1]; /* values, up to two optimizer slots, step counts */
+} tensor_job;
+
+int cps__ckpt_export(const cps_export_opts *o, const char *out, cps_export_result *res)
+{
+    if (!o || !out || !res)
+        return CPS_EINVAL;
+    memset(res, 0, sizeof *res);
+    uint64_t t0 = cps__now_ms();
+    link l;
+    cut c = {0};
+    tensor_job *jobs = NULL;
+    cps_ckpt_writer *w = NULL;
+    int rc = link_open(&l, o->scheduler, o->bind_host, o->advertise, o->timeout_ms);
+    if (rc == 0)
+        rc = link_registry(&l, o->scheduler);
+    if (rc == 0 && l.ndescs == 0) {
+        cps_log(CPS_LOG_ERROR, SUB,
+                "the job has no tensors yet (workers register them when "
+                "they declare them): nothing to export");
+        rc = CPS_ENOTFOUND;
+    }
+    uint32_t n = l.view.nranges;
+    if (rc == 0) {
+        c.nranges = n;
+        c.open = calloc(n, sizeof *c.open);
+        c.seq = calloc(n, sizeof *c.seq);
+        c.at_step = calloc(n, sizeof *c.at_step);
+        if (!c.open || !c.seq || !c.at_step)
+            rc = CPS_ENOMEM;
+    }
+    /* The cut: sync jobs at a step boundary, the others now. */
+    int sync = l.view.mode == CPS_MODE_SYNC;
+    uint64_t step = 0;
+    if (rc == 0 && sync) {
+        if (o->at_step)
+            step = o->at_step;
+        else
+            rc = probe_steps(&l, &step);
+    }
+    uint64_t past = 0;
+    for (int attempt = 0; rc == 0; attempt++) {
+        rc = open_cut(&l, &c, sync ? (step ? step : 0) : 0, &past);
+        if (rc != CPS_EPAST || o->at_step || attempt + 1 >= OPEN_TRIES)
+            break;
+        /* Training moved on while we asked: aim at the step after the furthest range. */
+        close_cut(&l, &c);
+        step = past + 1;
+        rc = 0;
+        cps_log(CPS_LOG_INFO, SUB,
+                "the job moved past the step; cutting at step %" PRIu64 " instead", step);
+    }
+    if (rc == CPS_EPAST) {
+        cps_log(CPS_LOG_INFO, SUB, "the job is already past step %" PRIu64 " (at %" PRIu64 ")",
+                step, past);
+        step = past; /* reported in res->step */
+    }
+    if (rc == 0 && !sync)
+        for (uint32_t r = 0; r < n; r++)
+            step = c.at_step[r] > step ? c.at_step[r] : step;
+    /* The checkpoint. */
+    if (rc == 0)
+        rc = cps__ckpt_writer_open(out, o->max_shard_bytes, &w);
+    if (rc == 0) {
+        qsort(l.descs, l.ndescs, sizeof *l.descs, name_cmp);
+        jobs = calloc(l.ndescs, sizeof *jobs);
+        if (!jobs)
+            rc = CPS_ENOMEM;
+    }
+    char key[CPS_CKPT_NAME_MAX], val[1024];
+    for (uint32_t i = 0; rc == 0 && i < l.ndescs; i++) {
+        const cps_tensor_desc *d = &l.descs[i];
+        tensor_job *j = &jobs[i];
+        if ((rc = tensor_layout(&l, d, &j->t)) != 0)
+            break;
+        if (!(j->pieces = tensor_pieces(&j->t, &j->npieces))) {
+            rc = CPS_ENOMEM;
+            break;
+        }
+        uint64_t shape[2] = {d->kind ? d->rows : d->length, d->cols};
+        uint32_t slots = (uint32_t)cps__optim_state_slots(d->spec.opt_kind);
+        for (uint32_t k = 0; k <= slots + 1 && rc == 0; k++) {
+            export_ctx *x = &j->ctx[k];
+            *x = (export_ctx){&l, &c, d, j->pieces, j->npieces, k <= slots ? k : 0, k > slots, 0};
+            if (k == 0) {
+                rc = cps__ckpt_writer_add_stream(w, d->name, CPS_CKPT_F32, d->kind ? 2 : 1, shape,
+                                                 export_fill, x);
+            } else if (k <= slots) {
+                if ((rc = cps__ckpt_optim_tensor_name(key, sizeof key, d->spec.opt_kind, k - 1,
+                                                      d->name)) == 0)
+                    rc = cps__ckpt_writer_add_stream(w, key, CPS_CKPT_F32, d->kind ? 2 : 1, shape,
+                                                     export_fill, x);
+            } else {
+                uint64_t sshape[1] = {d->kind ? d->rows : 1};
+                snprintf(key, sizeof key, "%sstep/%s", CPS_CKPT_OPTIM_PREFIX, d->name);
+                rc = cps__ckpt_writer_add_stream(w, key, CPS_CKPT_U64, 1, sshape, export_fill, x);
+            }
+        }
+        if (rc == 0 && cps__ckpt_spec_to_json(&d->spec, val, sizeof val) > 0) {
+            snprintf(key, sizeof key, "%s%s", CPS_CKPT_META_HPARAM, d->name);
+            rc = cps__ckpt_writer_set_meta(w, key, val);
+        }
+        if (rc == 0) {
+            snprintf(key, sizeof key, "kind/%s", d->name);
+            rc = cps__ckpt_writer_set_meta(w, key, d->kind ? "table" : "dense");
+        }
+        res->bytes += d->length * 4 * (1 + slots);
+    }
+    if (rc == 0) {
+        char mode[32];
+        snprintf(val, sizeof val, "%" PRIu64, step);
+        rc = cps__ckpt_writer_set_meta(w, CPS_CKPT_META_STEP, val);
+        snprintf(mode, sizeof mode, "%s",
+                 sync                          ? "sync"
+                 : l.view.mode == CPS_MODE_SSP ? "ssp"
+                                               : "async");
+        if (rc == 0)
+            rc = cps__ckpt_writer_set_meta(w, "mode", mode);
+        if (rc == 0)
+            rc = cps__ckpt_writer_set_meta(w, "cut",
+                                           sync ? "step boundary" : "per-range sequence number");
+        for (uint32_t r = 0; rc == 0 && r < n; r++) {
+            snprintf(key, sizeof key, "cut/seq/%u", r);
+            snprintf(val, sizeof val, "%" PRIu64, c.seq[r]);
+            rc = cps__ckpt_writer_set_meta(w, key, val);
+        }
+        if (rc == 0 && l.ndescs == 1 && cps__ckpt_optim_kind_name(l.descs[0].spec.opt_kind))
+            rc = cps__ckpt_writer_set_meta(w, CPS_CKPT_META_OPTIM,
+                                           cps__ckpt_optim_kind_name(l.descs[0].spec.opt_kind));
+    }
+    if (rc == 0) {
+        rc = cps__ckpt_writer_commit(w, res->path, sizeof res->path);
+        w = NULL;
+    }
+    cps__ckpt_writer_abort(w);
+    if (c.open)
+        close_cut(&l, &c);
+    for (uint32_t i = 0; jobs && i < l.ndescs; i++) {
+        cps__parts_free(jobs[i].t.parts, jobs[i].t.nparts);
+        free(jobs[i].pieces);
+    }
+    res->step = step;
+    res->tensors = l.ndescs;
+    res->seconds = (double)(cps__now_ms() - t0) / 1000.0;
+    free(jobs);
+    free(c.open);
+    free(c.seq);
+    free(c.at_step);
+    link_close(&l);
+    return rc;
+}
+
+/* ---- restore ---- */
+
+typedef struct put_buf {
+    unsigned char *buf; /* message: header room + payload */
+    size_t used;        /* payload bytes so far (hello prefix included) */
+    size_t cap;
+    uint32_t inflight;
+    uint64_t acked_seq; /* highest sequence number a head reported */
+} put_buf;
+
+typedef struct restore_ctx {
+    link *l;
+    put_buf *pb; /* per range */
+    size_t base; /* payload offset where entries start */
+    uint64_t tag;
+    int rc;
+    /* streaming one tensor's slot */
+    piece *pieces;
+    size_t npieces;
+    uint32_t slot;
+} restore_ctx;
+
+static int match_put(const cps_rx *rx, const void *arg)
+{
+    const uint64_t *tag = arg;
+    return (rx->hdr.flags & CPS_WF_REPLY) &&
+           ((rx->hdr.type == CPS_MSG_PUT && rx->hdr.aux == *tag) || rx->hdr.type == CPS_MSG_ERROR);
+}
+
+static int put_wait_one(restore_ctx *x)
+{
+    cps_rx rx;
+    int rc = take(x->l, match_put, &x->tag, cps__now_ms() + (uint64_t)x->l->timeout_ms, &rx);
+    if (rc != 0) {
+        cps_log(CPS_LOG_ERROR, SUB, "a range head did not take the records within %.0f s",
+                x->l->timeout_ms / 1000.0);
+        return rc;
+    }
+    uint32_t r = rx.hdr.range;
+    if (rx.hdr.type == CPS_MSG_ERROR) {
+        rc = rx.hdr.status ? rx.hdr.status : CPS_EPROTO;
+        cps_log(CPS_LOG_ERROR, SUB, "range %u refused the records: %s (%.*s)", r, cps_strerror(rc),
+                (int)(rx.len > 200 ? 200 : rx.len), (const char *)rx.payload);
+    } else if (r < x->l->view.nranges) {
+        put_buf *b = &x->pb[r];
+        if (b->inflight)
+            b->inflight--;
+        if (rx.hdr.req_seq > b->acked_seq)
+            b->acked_seq = rx.hdr.req_seq;
+    }
+    cps__rx_free(&rx);
+    return rc;
+}
+
+static int put_flush(restore_ctx *x, uint32_t r)
+{
+    put_buf *b = &x->pb[r];
+    if (b->used <= x->base)
+        return 0;
+    while (b->inflight >= PUT_WINDOW) {
+        int rc = put_wait_one(x);
+        if (rc != 0)
+            return rc;
+    }
+    cps_msg_hdr h = {.type = CPS_MSG_PUT,
+                     .sender = UINT32_MAX,
+                     .range = r,
+                     .epoch = x->l->view.epoch,
+                     .req_seq = ++x->l->next_req,
+                     .aux = x->tag,
+                     .payload_len = (uint32_t)b->used,
+                     .raw_len = (uint32_t)b->used};
+    /* The transport sends whole buffers (nanomsg's zero-copy chunks): one of the exact size. */
+    unsigned char *msg = cps__tp_alloc(CPS_WIRE_HDR_SIZE + b->used);
+    if (!msg)
+        return CPS_ENOMEM;
+    cps__wire_hdr_encode(msg, &h);
+    memcpy(msg + CPS_WIRE_HDR_SIZE, b->buf + CPS_WIRE_HDR_SIZE, b->used);
+    int rc =
+        cps__tp_send(x->l->tp, x->l->view.ranges[r].chain[0], msg, CPS_WIRE_HDR_SIZE + b->used);
+    if (rc != 0) {
+        cps__tp_free(msg);
+        return rc;
+    }
+    b->inflight++;
+    b->used = x->base; /* the hello stays in front */
+    return 0;
+}
+
+/* Room for `n` more bytes in range r's message. */
+static int put_room(restore_ctx *x, uint32_t r, size_t n, unsigned char **at)
+{
+    put_buf *b = &x->pb[r];
+    if (b->used + n > b->cap) {
+        int rc = put_flush(x, r);
+        if (rc != 0)
+            return rc;
+    }
+    if (b->used + n > b->cap)
+        return CPS_ESIZE;
+    *at = b->buf + CPS_WIRE_HDR_SIZE + b->used;
+    memset(*at, 0, n);
+    b->used += n;
+    return 0;
+}
+
+static int restore_sink(void *arg, uint64_t first, const void *buf, size_t n)
+{
+    restore_ctx *x = arg;
+    const float *v = buf;
+    uint64_t end = first + n;
+    size_t lo = 0, hi = x->npieces;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (x->pieces[mid].off + x->pieces[mid].len <= first)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (size_t i = lo; i < x->npieces && x->pieces[i].off < end; i++) {
+        const piece *p = &x->pieces[i];
+        uint64_t s0 = p->off < first ? first : p->off;
+        uint64_t s1 = p->off + p->len > end ? end : p->off + p->len;
+        while (s0 < s1) {
+            /* Slices up to a message's size. */
+            uint64_t cnt = s1 - s0, max = (PUT_BYTES - 64) / sizeof(float);
+            cnt = cnt > max ? max : cnt;
+            unsigned char *at;
+            int rc = put_room(x, p->range, 32 + pad8(cnt * sizeof(float)), &at);
+            if (rc != 0)
+                return rc;
+            cps__le32_put(at, 6);
+            cps__le32_put(at + 4, x->slot);
+            cps__le64_put(at + 8, p->key);
+            cps__le64_put(at + 16, s0 - p->off);
+            cps__le64_put(at + 24, cnt);
+            memcpy(at + 32, v + (s0 - first), cnt * sizeof(float));
+            s0 += cnt;
+        }
+    }
+    return 0;
+}
+
+/* Key-set signature of a sync push (as src/server/update.c computes it). */
+static uint64_t keyset_sig(const cps_part *p)
+{
+    uint64_t h = cps__fnv1a(CPS_FNV_INIT, p->keys, (size_t)p->nkeys * 8);
+    h = cps__fnv1a(h, p->lens, (size_t)p->nkeys * 4);
+    return h ? h : 1;
+}
+
+static int match_probe_range(const cps_rx *rx, const void *arg)
+{
+    const uint32_t *r = arg;
+    return match_probe(rx, NULL) && rx->hdr.range == *r;
+}
+
+/* Wait until each range's tail has applied everything the heads took. */
+static int wait_tails(restore_ctx *x)
+{
+    link *l = x->l;
+    uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
+    for (uint32_t r = 0; r < l->view.nranges; r++) {
+        for (;;) {
+            cps_msg_hdr h = {.type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = r};
+            cps__msg_send(l->tp, tail_of(l, r), &h, l->hello, l->hello_len);
+            cps_rx rx;
+            uint64_t until = cps__now_ms() + 1000;
+            int rc = take(l, match_probe_range, &r, until < deadline ? until : deadline, &rx);
+            if (rc == 0) {
+                int ok = rx.hdr.type == CPS_MSG_CUT_PROBE && rx.hdr.req_seq >= x->pb[r].acked_seq;
+                cps__rx_free(&rx);
+                if (ok)
+                    break;
+            }
+            if (cps__now_ms() >= deadline) {
+                cps_log(CPS_LOG_ERROR, SUB,
+                        "range %u's tail did not confirm the records within "
+                        "%.0f s",
+                        r, l->timeout_ms / 1000.0);
+                return CPS_ETIMEDOUT;
+            }
+            cps__tp_poll(l->tp, 20, on_msg, l, 0);
+        }
+    }
+    return 0;
+}
+
+static const cps_tensor_desc *registry_find(const link *l, const char *name)
+{
+    for (uint32_t i = 0; i < l->ndescs; i++)
+        if (!strcmp(l->descs[i].name, name))
+            return &l->descs[i];
+    return NULL;
+}
+
+int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_result *res)
+{
+    if (!o || !from || !res)
+        return CPS_EINVAL;
+    memset(res, 0, sizeof *res);
+    uint64_t t0 = cps__now_ms();
+    cps_ckpt_reader *rd = NULL;
+    link l;
+    memset(&l, 0, sizeof l);
+    cps__view_init(&l.view);
+    restore_ctx x = {0};
+    int rc = cps__ckpt_reader_open(from, &rd);
+    size_t nt = rc == 0 ? cps__ckpt_reader_count(rd) : 0;
+    /* Every checksum first: a corrupt file writes nothing. */
+    for (size_t i = 0; rc == 0 && i < nt; i++)
+        rc = cps__ckpt_reader_verify(rd, cps__ckpt_reader_tensor(rd, i));
+    const char *step_s = rc == 0 ? cps__ckpt_reader_meta(rd, CPS_CKPT_META_STEP) : NULL;
+    uint64_t step = step_s ? strtoull(step_s, NULL, 10) : 0;
+    /* The parameter tensors and what each needs. */
+    cps_tensor_desc *want = rc == 0 ? calloc(nt ? nt : 1, sizeof *want) : NULL;
+    uint32_t nwant = 0;
+    if (rc == 0 && !want)
+        rc = CPS_ENOMEM;
+    char key[CPS_CKPT_NAME_MAX];
+    for (size_t i = 0; rc == 0 && i < nt; i++) {
+        const cps_ckpt_tensor *t = cps__ckpt_reader_tensor(rd, i);
+        if (!strncmp(t->name, CPS_CKPT_OPTIM_PREFIX, strlen(CPS_CKPT_OPTIM_PREFIX)))
+            continue;
+        cps_tensor_desc *d = &want[nwant];
+        if (strcmp(t->dtype, "F32") != 0 || t->ndim < 1 || t->ndim > 2 || t->numel == 0 ||
+            strlen(t->name) > CPS_TENSOR_NAME_MAX) {
+            cps_log(CPS_LOG_ERROR, SUB,
+                    "%s: tensor %s is not a float32 vector or matrix with "
+                    "a name of at most 255 bytes",
+                    t->file, t->name);
+            rc = CPS_EINVAL;
+            break;
+        }
+        snprintf(d->name, sizeof d->name, "%s", t->name);
+        snprintf(key, sizeof key, "kind/%s", t->name);
+        const char *kind = cps__ckpt_reader_meta(rd, key);
+        d->kind = kind && !strcmp(kind, "table") && t->ndim == 2;
+        d->length = t->numel;
+        d->rows = d->kind ? t->shape[0] : 0;
+        d->cols = d->kind ? (uint32_t)t->shape[1] : 0;
+        snprintf(key, sizeof key, "%s%s", CPS_CKPT_META_HPARAM, t->name);
+        const char *hp = cps__ckpt_reader_meta(rd, key);
+        if (hp) {
+            rc = cps__ckpt_spec_from_json(hp, &d->spec);
+            unsigned char blk[CPS_WIRE_SPEC_SIZE];
+            if (rc == 0) {
+                cps__wire_spec_encode(blk, &d->spec);
+                if (cps__wire_spec_decode(blk, &d->spec) != 0) {
+                    cps_log(CPS_LOG_ERROR, SUB, "%s: invalid optimizer description for %s: %s",
+                            t->file, t->name, hp);
+                    rc = CPS_ECORRUPT;
+                }
+            }
+        } else if (o->default_spec) {
+            d->spec = *o->default_spec;
+        } else {
+            cps_log(CPS_LOG_ERROR, SUB,
+                    "%s: tensor %s has no optimizer description "
+                    "(hparams/%s): give one (--optimizer, --lr)",
+                    t->file, t->name, t->name);
+            rc = CPS_EINVAL;
+        }
+        nwant++;
+    }
+    const char **names = rc == 0 ? calloc(nwant ? nwant : 1, sizeof *names) : NULL;
+    for (uint32_t i = 0; names && i < nwant; i++)
+        names[i] = want[i].name;
+    if (rc == 0 && !names)
+        rc = CPS_ENOMEM;
+    if (rc == 0)
+        rc = cps__ckpt_reader_check_names(rd, names, nwant);
+    if (rc == 0 && nwant == 0) {
+        cps_log(CPS_LOG_ERROR, SUB, "%s: no parameter tensors", from);
+        rc = CPS_ENOTFOUND;
+    }
+    /* Optimizer state of an optimizer the tensor does not have is a tensor no one knows. */
+    for (size_t i = 0; rc == 0 && i < nt; i++) {
+        const cps_ckpt_tensor *t = cps__ckpt_reader_tensor(rd, i);
+        if (strncmp(t->name, CPS_CKPT_OPTIM_PREFIX, strlen(CPS_CKPT_OPTIM_PREFIX)))
+            continue;
+        int known = 0;
+        for (uint32_t j = 0; j < nwant && !known; j++) {
+            const cps_tensor_desc *d = &want[j];
+            uint32_t slots = (uint32_t)cps__optim_state_slots(d->spec.opt_kind);
+            for (uint32_t k = 0; k < slots && !known; k++)
+                known = cps__ckpt_optim_tensor_name(key, sizeof key, d->spec.opt_kind, k,
+                                                    d->name) == 0 &&
+                        !strcmp(key, t->name) && t->numel == d->length;
+            snprintf(key, sizeof key, "%sstep/%s", CPS_CKPT_OPTIM_PREFIX, d->name);
+            known |= !strcmp(key, t->name) && !strcmp(t->dtype, "U64") &&
+                     t->numel == (d->kind ? d->rows : 1);
+        }
+        if (!known) {
+            cps_log(CPS_LOG_ERROR, SUB,
+                    "%s: tensor %s matches no parameter's optimizer state "
+                    "(wrong name, optimizer or size)",
+                    t->file, t->name);
+            rc = CPS_ENOTFOUND;
+        }
+    }
+    if (rc == 0)
+        rc = link_open(&l, o->scheduler, o->bind_host, o->advertise, o->timeout_ms);
+    if (rc == 0)
+        rc = link_registry(&l, o->scheduler);
+    /* A job that already declared tensors must know every one of them, with the same shape. */
+    for (uint32_t i = 0; rc == 0 && l.ndescs && i < nwant; i++) {
+        const cps_tensor_desc *e = registry_find(&l, want[i].name);
+        if (!e || e->length != want[i].length || e->kind != want[i].kind) {
+            cps_log(CPS_LOG_ERROR, SUB, "%s: tensor %s %s", from, want[i].name,
+                    e ? "has another shape in the running job" : "is not a tensor of the job");
+            rc = CPS_ENOTFOUND;
+        }
+    }
+    uint32_t nr = l.view.nranges;
+    if (rc == 0) {
+        x.l = &l;
+        x.tag = cps__splitmix64(cps__now_ms());
+        x.base = pad8(8 + l.hello_len);
+        x.pb = calloc(nr, sizeof *x.pb);
+        if (!x.pb)
+            rc = CPS_ENOMEM;
+        for (uint32_t r = 0; rc == 0 && r < nr; r++) {
+            x.pb[r].cap = PUT_BYTES + x.base;
+            x.pb[r].buf = cps__tp_alloc(CPS_WIRE_HDR_SIZE + x.pb[r].cap);
+            if (!x.pb[r].buf) {
+                rc = CPS_ENOMEM;
+                break;
+            }
+            unsigned char *p = x.pb[r].buf + CPS_WIRE_HDR_SIZE;
+            memset(p, 0, x.base);
+            cps__le32_put(p, (uint32_t)l.hello_len);
+            memcpy(p + 8, l.hello, l.hello_len);
+            x.pb[r].used = x.base;
+        }
+    }
+    uint64_t *steps = NULL;
+    for (uint32_t i = 0; rc == 0 && i < nwant; i++) {
+        const cps_tensor_desc *d = &want[i];
+        cps_tensor t;
+        if ((rc = tensor_layout(&l, d, &t)) != 0)
+            break;
+        x.pieces = tensor_pieces(&t, &x.npieces);
+        if (!x.pieces)
+            rc = CPS_ENOMEM;
+        /* Optimizer step counts: per row (tables) or one for the tensor. */
+        size_t nsteps = d->kind ? d->rows : 1;
+        steps = rc == 0 ? calloc(nsteps, sizeof *steps) : NULL;
+        if (rc == 0 && !steps)
+            rc = CPS_ENOMEM;
+        snprintf(key, sizeof key, "%sstep/%s", CPS_CKPT_OPTIM_PREFIX, d->name);
+        const cps_ckpt_tensor *st = rc == 0 ? cps__ckpt_reader_find(rd, key) : NULL;
+        if (st)
+            rc = cps__ckpt_reader_read(rd, st, steps, nsteps * sizeof *steps);
+        /* Create every key (zeros), then stream the values and optimizer state into them. */
+        for (size_t k = 0; rc == 0 && k < x.npieces; k++) {
+            const piece *p = &x.pieces[k];
+            unsigned char *at;
+            if ((rc = put_room(&x, p->range, 32 + CPS_WIRE_SPEC_SIZE, &at)) != 0)
+                break;
+            cps__le32_put(at, 5);
+            cps__le32_put(at + 4, p->len);
+            cps__le64_put(at + 8, p->key);
+            cps__le64_put(at + 16, steps[d->kind ? p->off / d->cols : 0]);
+            cps__wire_spec_encode(at + 32, &d->spec);
+        }
+        uint32_t slots = (uint32_t)cps__optim_state_slots(d->spec.opt_kind);
+        for (uint32_t k = 0; rc == 0 && k <= slots; k++) {
+            const cps_ckpt_tensor *ct;
+            if (k == 0) {
+                ct = cps__ckpt_reader_find(rd, d->name);
+            } else {
+                cps__ckpt_optim_tensor_name(key, sizeof key, d->spec.opt_kind, k - 1, d->name);
+                ct = cps__ckpt_reader_find(rd, key);
+                if (!ct)
+                    cps_log(CPS_LOG_WARN, SUB, "%s: no %s: that optimizer state starts at zero",
+                            from, key);
+            }
+            x.slot = k;
+            if (ct)
+                rc = cps__ckpt_reader_stream(rd, ct, restore_sink, &x);
+        }
+        /* Sync jobs: the step the key sets are at, so workers declaring them resume there. */
+        for (uint32_t k = 0; rc == 0 && !d->kind && step && k < t.nparts; k++) {
+            char name[64];
+            int nlen = snprintf(name, sizeof name, "agg/%" PRIu32 "/%016" PRIx64, t.parts[k].range,
+                                keyset_sig(&t.parts[k]));
+            unsigned char *at;
+            if ((rc = put_room(&x, t.parts[k].range, 16 + pad8((size_t)nlen) + 8, &at)) != 0)
+                break;
+            cps__le32_put(at, 3);
+            cps__le32_put(at + 4, (uint32_t)nlen);
+            cps__le32_put(at + 8, 8);
+            memcpy(at + 16, name, (size_t)nlen);
+            cps__le64_put(at + 16 + pad8((size_t)nlen), step);
+        }
+        res->bytes += d->length * 4 * (1 + slots);
+        free(steps);
+        steps = NULL;
+        free(x.pieces);
+        x.pieces = NULL;
+        cps__parts_free(t.parts, t.nparts);
+    }
+    for (uint32_t r = 0; rc == 0 && r < nr; r++)
+        rc = put_flush(&x, r);
+    for (uint32_t r = 0; rc == 0 && r < nr; r++)
+        while (rc == 0 && x.pb[r].inflight)
+            rc = put_wait_one(&x);
+    if (rc == 0)
+        rc = wait_tails(&x);
+    if (rc == 0 && o->release) {
+        cps_msg_hdr h = {.type = CPS_MSG_RELEASE, .sender = UINT32_MAX};
+        rc = cps__msg_send(l.tp, SCHED, &h, l.hello, l.hello_len);
+    }
+    for (uint32_t r = 0; x.pb && r < nr; r++)
+        cps__tp_free(x.pb[r].buf);
+    free(x.pb);
+    free(names);
+    free(want);
+    res->step = step;
+    res->tensors = nwant;
+    res->seconds = (double)(cps__now_ms() - t0) / 1000.0;
+    cps__ckpt_reader_close(rd);
+    link_close(&l);
+    return rc;
+}
+
+int cps__ckpt_release_workers(const char *scheduler, const char *bind_host)
+{
+    link l;
+    int rc = link_open(&l, scheduler, bind_host, NULL, 5000);
+    if (rc == 0) {
+        cps_msg_hdr h = {.type = CPS_MSG_RELEASE, .sender = UINT32_MAX};
+        rc = cps__msg_send(l.tp, SCHED, &h, l.hello, l.hello_len);
+    }
+    link_close(&l);
+    return rc;
+}

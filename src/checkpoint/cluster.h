@@ -1,0 +1,88 @@
+/**
+ * @file cluster.h
+ * @brief Checkpoints of a running job: export a consistent cut to safetensors, restore one into
+ * a cluster (any number of servers and replicas: keys are laid out afresh for its view).
+ *
+ * Export: asks the scheduler for the view and the tensor registry (every tensor a worker
+ * declared), then opens a read view on every range's tail at one training step (src/server/
+ * cut.c: in sync mode exactly at a step boundary, the next one the whole job reaches; in async
+ * and SSP modes at each range's current sequence number, recorded in the metadata), and streams
+ * the tensors from those read views into a checkpoint written under a temporary name and renamed
+ * when complete (src/checkpoint/ckpt.h). Training is not paused: the read views are LMDB read
+ * transactions served by threads of their own.
+ *
+ * Restore: verifies every checksum first, then sends each range's head the records (values,
+ * optimizer state and step counts, and the step the job is at) as PUT updates, which the chain
+ * replicates; returns once every range's tail holds them. Workers that declare their tensors
+ * afterwards find them in place, and cps_tensor_step() tells them the step to resume from.
+ *
+ * Not exported: raw keys (cps_raw_*; they have no name). Sparse tables are cut at the same
+ * moment as the dense tensors, but sparse pushes are not aligned to steps, so a table may hold
+ * rows pushed during the step after the cut (recorded per range as the sequence number).
+ */
+#ifndef CPS_CHECKPOINT_CLUSTER_H
+#define CPS_CHECKPOINT_CLUSTER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/wire.h"
+
+typedef struct cps_export_opts {
+    const char *scheduler;    /**< "host:port" */
+    const char *bind_host;    /**< where this tool listens for answers; NULL: 127.0.0.1 */
+    const char *advertise;    /**< the address servers reach us at; NULL: bind_host */
+    uint64_t at_step;         /**< sync jobs: cut exactly at this step (0: the next boundary) */
+    uint64_t max_shard_bytes; /**< 0: one file */
+    int timeout_ms;           /**< for the cut to open and for each read; 0: 120 s */
+} cps_export_opts;
+
+typedef struct cps_export_result {
+    char path[1024];  /**< what a reader opens */
+    uint64_t step;    /**< the step of the cut */
+    uint64_t bytes;   /**< tensor data written */
+    uint32_t tensors; /**< parameter tensors (optimizer state not counted) */
+    double seconds;
+} cps_export_result;
+
+/**
+ * @brief Export a consistent cut of the running job at opts->scheduler to `out` (a directory,
+ * created if missing, receiving model.safetensors; or a path ending in .safetensors).
+ * @return 0; CPS_ETIMEDOUT (scheduler or a server did not answer, or the step was not reached
+ *         in time), CPS_ENOTFOUND (no tensor registered yet), CPS_EPAST (at_step is behind the
+ *         job), CPS_EIO (writing failed: disk full...), CPS_EUNAVAILABLE (a range has no live
+ *         replica), CPS_ENOMEM. Every error is logged with what failed. On error no checkpoint
+ *         file is left and an earlier one of the same name is untouched.
+ */
+int cps__ckpt_export(const cps_export_opts *opts, const char *out, cps_export_result *res);
+
+typedef struct cps_restore_opts {
+    const char *scheduler;
+    const char *bind_host;
+    const char *advertise;
+    int timeout_ms; /**< for each answer; 0: 120 s */
+    /** Tensors of a file written elsewhere carry no optimizer description: use this one. */
+    const cps_param_spec *default_spec;
+    int release; /**< tell the scheduler to admit the workers it holds back (--hold-workers) */
+} cps_restore_opts;
+
+typedef struct cps_restore_result {
+    uint64_t step;
+    uint64_t bytes;
+    uint32_t tensors;
+    double seconds;
+} cps_restore_result;
+
+/**
+ * @brief Load checkpoint `from` into the cluster at opts->scheduler.
+ * @return 0; CPS_ECORRUPT (a checksum or the structure is wrong: nothing was written),
+ *         CPS_ENOTFOUND (a tensor the job's registry does not know, or optimizer state for a
+ *         tensor that is not there), CPS_EINVAL (no optimizer description and no default),
+ *         CPS_ETIMEDOUT, CPS_EIO, CPS_ENOMEM, or a server's refusal. Logged.
+ */
+int cps__ckpt_restore(const cps_restore_opts *opts, const char *from, cps_restore_result *res);
+
+/** @brief Ask the scheduler to admit the workers it holds back. */
+int cps__ckpt_release_workers(const char *scheduler, const char *bind_host);
+
+#endif

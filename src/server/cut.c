@@ -1,0 +1,556 @@
+/* Checkpoints on the server side: consistent read views ("cuts") for export, and PUT for restore.
+ *
+ * Export. A checkpoint tool asks each range's tail for a cut (CUT_OPEN) at a training step T:
+ * the tail opens an LMDB read transaction at the moment the range holds exactly the state after
+ * step T — every sync key set of the range applied T and none applied T + 1 — which is at once
+ * if the range is there, or right after the commit that brings it there (checked after every
+ * applied update, on the event loop, so no later update can slip in between). T = 0 means now
+ * (async and SSP jobs: the cut is the range's current sequence number). A range already past T
+ * answers CPS_EPAST with its step, and the tool tries a later step.
+ *
+ * The transaction is handed to a thread of its own, with its own socket, which answers the
+ * tool's CUT_READs until CUT_CLOSE (or an idle timeout): training goes on meanwhile, and the
+ * event loop never waits for the tool. While a cut is open LMDB cannot reuse the pages that
+ * updates free, so a probe first grows the map to leave room (cps__store_ensure_room).
+ *
+ * CUT_READ payload: u64 key_lo, u64 key_hi, u32 slot (0: values, 1..k: optimizer state slot
+ * k-1), u32 0, u64 first, u64 count. Reads elements first..first+count-1 of `slot` of every key
+ * key_lo..key_hi (each must exist). Reply (CUT_READ | REPLY): u32 nkeys, u32 0,
+ * u64 opt_step[nkeys], u32 len[nkeys], zero pad to 8, f32 values[nkeys * count].
+ *
+ * Restore. PUT carries records (create + slices, src/server/transfer.c) for one range to its
+ * head, which checks them in a transaction it aborts, then replicates them through the chain as
+ * one CPS_UPD_PUT update and answers with the range's sequence number: once the tail reports
+ * that number (CUT_PROBE), every replica holds the records.
+ * PUT payload: u32 hello_len, u32 0, hello (the tool's inbox), zero pad to 8, entries. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/error.h"
+#include "core/log.h"
+#include "node/roles.h"
+#include "optim/optim.h"
+#include "server.h"
+
+#define CUT_PENDING_MS (10 * 60 * 1000) /* how long a cut may wait for its step */
+#define CUT_IDLE_MS    60000            /* an open cut nobody reads is closed after this */
+#define CUT_READ_MAX   (256u << 20)     /* bytes of values in one reply */
+#define CUT_READ_KEYS  (1u << 20)
+#define TOOL_PEER      1u
+
+typedef struct cut_job {
+    struct cut_job *next;
+    uint64_t id;
+    uint32_t range;
+    uint64_t step;    /* the wanted boundary; 0: now */
+    uint64_t req_seq; /* the tool's request number, echoed */
+    char tool[CPS_ADDR_MAX];
+    uint64_t deadline_ms; /* pending: give up then */
+    int open;             /* the thread runs */
+    /* thread side */
+    pthread_t thread;
+    volatile int stop, done;
+    cps_txn *txn;
+    uint64_t seq, at_step;
+    uint32_t self;
+    uint64_t epoch;
+    char bind_host[CPS_ADDR_MAX], advertise_host[CPS_ADDR_MAX];
+} cut_job;
+
+static size_t pad8(size_t n)
+{
+    return (n + 7) & ~(size_t)7;
+}
+
+/* ---- the steps of a range's sync key sets ---- */
+
+typedef struct agg_span {
+    uint64_t lo, hi;
+    uint32_t n;
+} agg_span;
+
+static int agg_one(void *arg, const char *name, const void *val, size_t len)
+{
+    (void)name;
+    agg_span *a = arg;
+    if (len != 8)
+        return 0;
+    uint64_t v = cps__le64_get(val);
+    a->lo = a->n == 0 || v < a->lo ? v : a->lo;
+    a->hi = a->n == 0 || v > a->hi ? v : a->hi;
+    a->n++;
+    return 0;
+}
+
+typedef struct span_io {
+    uint32_t range;
+    agg_span span;
+    cps_range_meta meta;
+} span_io;
+
+static int span_txn(cps_txn *txn, void *arg)
+{
+    span_io *io = arg;
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "agg/%" PRIu32 "/", io->range);
+    int rc = cps__store_meta_scan(txn, prefix, agg_one, &io->span);
+    return rc ? rc : cps__store_range_get(txn, io->range, &io->meta);
+}
+
+static int range_span(server *s, uint32_t range, span_io *io)
+{
+    memset(io, 0, sizeof *io);
+    io->range = range;
+    return cps__store_read(s->store, span_txn, io);
+}
+
+/* ---- replies from the event loop ---- */
+
+/* The temporary peer id to answer a tool's request at (its payload starts with a hello naming
+ * its inbox), or 0 (logged) if the request is malformed. */
+static uint32_t tool_peer(server *s, const cps_rx *rx, char addr[CPS_ADDR_MAX])
+{
+    uint32_t role, want_rank, prev_id;
+    const void *hello = rx->payload;
+    size_t hlen = rx->len;
+    if (rx->hdr.type == CPS_MSG_PUT) {
+        if (rx->len < 8 || cps__le32_get(rx->payload) > rx->len - 8) {
+            cps_log(CPS_LOG_WARN, "server", "malformed PUT dropped");
+            return 0;
+        }
+        hello = (const char *)rx->payload + 8;
+        hlen = cps__le32_get(rx->payload);
+    }
+    if (cps__hello_decode(hello, hlen, &role, &want_rank, &prev_id, addr) != 0) {
+        cps_log(CPS_LOG_WARN, "server", "malformed checkpoint request (type %u) dropped",
+                rx->hdr.type);
+        return 0;
+    }
+    return cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
+}
+
+static void tool_reply(server *s, uint32_t peer, const cps_msg_hdr *req, int status, uint64_t step,
+                       uint64_t seq, uint64_t aux, const char *text)
+{
+    cps_msg_hdr h = {0};
+    h.type = status ? CPS_MSG_ERROR : req->type;
+    h.flags = CPS_WF_REPLY;
+    h.sender = s->id;
+    h.status = status;
+    h.epoch = s->view.epoch;
+    h.range = req->range;
+    h.req_worker = req->req_worker;
+    h.req_seq = status ? req->req_seq : seq;
+    h.step = step;
+    h.aux = aux;
+    if (status) {
+        /* An error names the request by its number; the step and aux say where the range is. */
+        cps_log(CPS_LOG_INFO, "server", "checkpoint request (type %u, range %u) refused: %s%s%s",
+                req->type, req->range, cps_strerror(status), text ? ": " : "", text ? text : "");
+    }
+    cps__msg_send(s->tp, peer, &h, text, text ? strlen(text) : 0);
+}
+
+static int is_tail(const server *s, uint32_t range)
+{
+    if (range >= s->view.nranges)
+        return 0;
+    const cps_range *r = &s->view.ranges[range];
+    return r->chain_len > 0 && r->chain[r->chain_len - 1] == s->id;
+}
+
+static int holds(const server *s, uint32_t range)
+{
+    if (range >= s->view.nranges)
+        return 0;
+    const cps_range *r = &s->view.ranges[range];
+    for (uint32_t i = 0; i < r->chain_len; i++)
+        if (r->chain[i] == s->id)
+            return 1;
+    return 0;
+}
+
+static int cuts_open(const server *s)
+{
+    for (const cut_job *j = s->cuts; j; j = j->next)
+        if (j->open && !j->done)
+            return 1;
+    return 0;
+}
+
+/* ---- CUT_PROBE ---- */
+
+void cps__server_on_cut_probe(server *s, cps_rx *rx)
+{
+    char addr[CPS_ADDR_MAX];
+    uint32_t peer = tool_peer(s, rx, addr);
+    if (!peer)
+        return;
+    const cps_msg_hdr *h = &rx->hdr;
+    if (!holds(s, h->range)) {
+        tool_reply(s, peer, h, CPS_ESTALE_EPOCH, 0, 0, 0, "this server does not hold the range");
+        return;
+    }
+    /* Make room now, while no cut of ours pins the map. */
+    if (!cuts_open(s)) {
+        int rc = cps__store_ensure_room(s->store);
+        if (rc != 0)
+            cps_log(CPS_LOG_WARN, "server", "cannot grow the store ahead of a checkpoint: %s",
+                    cps_strerror(rc));
+    }
+    span_io io;
+    int rc = range_span(s, h->range, &io);
+    if (rc != 0) {
+        tool_reply(s, peer, h, rc, 0, 0, 0, "store read failed");
+        return;
+    }
+    tool_reply(s, peer, h, 0, io.span.lo, io.meta.seq, io.span.hi, NULL);
+}
+
+/* ---- the cut thread ---- */
+
+static void thread_reply(cps_tp *tp, cut_job *j, const cps_msg_hdr *req, int type, int status,
+                         void *payload_buf, size_t len)
+{
+    cps_msg_hdr h = {0};
+    h.type = (uint8_t)(status ? CPS_MSG_ERROR : type);
+    h.flags = CPS_WF_REPLY;
+    h.sender = j->self;
+    h.status = status;
+    h.epoch = j->epoch;
+    h.range = j->range;
+    h.req_seq = req->req_seq;
+    h.step = j->at_step;
+    h.aux = j->id;
+    if (payload_buf) {
+        /* payload_buf came from cps__msg_alloc with this header's room in front */
+        h.payload_len = (uint32_t)len;
+        h.raw_len = (uint32_t)len;
+        cps__wire_hdr_encode(payload_buf, &h);
+        if (cps__tp_send(tp, TOOL_PEER, payload_buf, CPS_WIRE_HDR_SIZE + len) != 0)
+            cps__tp_free(payload_buf);
+        return;
+    }
+    cps__msg_send(tp, TOOL_PEER, &h, NULL, 0);
+}
+
+typedef struct read_req {
+    uint64_t lo, hi, first, count;
+    uint32_t slot;
+} read_req;
+
+static void serve_read(cps_tp *tp, cut_job *j, const cps_rx *rx)
+{
+    read_req q;
+    if (rx->len != 40 || cps__le32_get((const char *)rx->payload + 20) != 0) {
+        thread_reply(tp, j, &rx->hdr, 0, CPS_EPROTO, NULL, 0);
+        return;
+    }
+    const char *p = rx->payload;
+    q.lo = cps__le64_get(p);
+    q.hi = cps__le64_get(p + 8);
+    q.slot = cps__le32_get(p + 16);
+    q.first = cps__le64_get(p + 24);
+    q.count = cps__le64_get(p + 32);
+    uint64_t nkeys = q.hi - q.lo + 1;
+    if (q.hi < q.lo || nkeys > CUT_READ_KEYS || q.count > CUT_READ_MAX / sizeof(float) ||
+        nkeys * q.count > CUT_READ_MAX / sizeof(float)) {
+        thread_reply(tp, j, &rx->hdr, 0, CPS_ESIZE, NULL, 0);
+        return;
+    }
+    size_t head = 8 + pad8(nkeys * 12);
+    size_t len = head + nkeys * q.count * sizeof(float);
+    cps_msg_hdr h = {0};
+    unsigned char *buf = cps__msg_alloc(&h, len);
+    if (!buf) {
+        thread_reply(tp, j, &rx->hdr, 0, CPS_ENOMEM, NULL, 0);
+        return;
+    }
+    unsigned char *out = buf + CPS_WIRE_HDR_SIZE;
+    memset(out, 0, head);
+    cps__le32_put(out, (uint32_t)nkeys);
+    float *vals = (float *)(void *)(out + head);
+    int rc = 0;
+    for (uint64_t i = 0; i < nkeys && rc == 0; i++) {
+        cps_param_rec rec;
+        rc = cps__store_param_get(j->txn, q.lo + i, &rec);
+        if (rc != 0)
+            break;
+        uint32_t slots = (uint32_t)cps__optim_state_slots(rec.spec.opt_kind);
+        if (q.slot > slots || q.first > rec.len || q.count > rec.len - q.first) {
+            rc = CPS_ESIZE;
+            break;
+        }
+        cps__le64_put(out + 8 + i * 8, rec.opt_step);
+        cps__le32_put(out + 8 + nkeys * 8 + i * 4, rec.len);
+        const float *src = q.slot == 0 ? rec.vals : rec.state + (size_t)(q.slot - 1) * rec.len;
+        memcpy(vals + i * q.count, src + q.first, q.count * sizeof(float));
+    }
+    if (rc != 0) {
+        cps__tp_free(buf);
+        thread_reply(tp, j, &rx->hdr, 0, rc, NULL, 0);
+        return;
+    }
+    thread_reply(tp, j, &rx->hdr, CPS_MSG_CUT_READ, 0, buf, len);
+}
+
+typedef struct thread_ctx {
+    cut_job *job;
+    cps_tp *tp;
+    int closed;
+    uint64_t last_ms;
+} thread_ctx;
+
+static void on_thread_msg(void *ctx, void *buf, size_t len)
+{
+    thread_ctx *t = ctx;
+    cps_rx rx;
+    if (cps__rx_parse(&rx, buf, len) != 0)
+        return;
+    if (rx.hdr.aux == t->job->id && rx.hdr.range == t->job->range) {
+        t->last_ms = cps__now_ms();
+        if (rx.hdr.type == CPS_MSG_CUT_READ)
+            serve_read(t->tp, t->job, &rx);
+        else if (rx.hdr.type == CPS_MSG_CUT_CLOSE)
+            t->closed = 1;
+    }
+    cps__rx_free(&rx);
+}
+
+static void *cut_thread(void *arg)
+{
+    cut_job *j = arg;
+    thread_ctx t = {j, NULL, 0, cps__now_ms()};
+    uint16_t port = 0;
+    char url[CPS_ADDR_MAX];
+    int rc = cps__tp_create(&t.tp);
+    if (rc == 0)
+        rc = cps__tp_bind(t.tp, j->bind_host, 0, &port);
+    if (rc == 0)
+        rc = cps__tp_peer_set(t.tp, TOOL_PEER, j->tool);
+    if (rc == 0)
+        rc = cps__make_url(url, j->advertise_host, port);
+    if (t.tp) {
+        /* The answer to CUT_OPEN: where to send the reads. */
+        cps_msg_hdr req = {.type = CPS_MSG_CUT_OPEN, .req_seq = j->seq};
+        size_t n = strlen(url) + 1;
+        cps_msg_hdr h = {0};
+        void *buf = rc == 0 ? cps__msg_alloc(&h, n) : NULL;
+        if (buf)
+            memcpy((char *)buf + CPS_WIRE_HDR_SIZE, url, n);
+        thread_reply(t.tp, j, &req, CPS_MSG_CUT_OPEN, rc ? rc : (buf ? 0 : CPS_ENOMEM), buf, n);
+        while (rc == 0 && !t.closed && !j->stop && cps__now_ms() - t.last_ms < CUT_IDLE_MS)
+            cps__tp_poll(t.tp, 100, on_thread_msg, &t, 0);
+        uint64_t drain = cps__now_ms() + 2000;
+        while (cps__tp_queued(t.tp) > 0 && cps__now_ms() < drain)
+            cps__tp_poll(t.tp, 20, NULL, NULL, 0);
+        cps__tp_destroy(t.tp);
+    }
+    cps__store_snapshot_end(j->txn);
+    j->txn = NULL;
+    if (!t.closed && !j->stop)
+        cps_log(CPS_LOG_WARN, "server",
+                "checkpoint read view %" PRIu64 " of range %u closed "
+                "after %d s without a request",
+                j->id, j->range, CUT_IDLE_MS / 1000);
+    j->done = 1;
+    return NULL;
+}
+
+static int open_cut(server *s, cut_job *j, const span_io *io)
+{
+    int rc = cps__store_snapshot_begin(s->store, &j->txn);
+    if (rc != 0)
+        return rc;
+    j->seq = io->meta.seq;
+    j->at_step = io->span.n ? io->span.hi : io->meta.step;
+    j->self = s->id;
+    j->epoch = s->view.epoch;
+    snprintf(j->bind_host, sizeof j->bind_host, "%s", s->cfg.bind_host);
+    snprintf(j->advertise_host, sizeof j->advertise_host, "%s", s->cfg.advertise_host);
+    if (pthread_create(&j->thread, NULL, cut_thread, j) != 0) {
+        cps__store_snapshot_end(j->txn);
+        j->txn = NULL;
+        return CPS_ENOMEM;
+    }
+    j->open = 1;
+    cps_log(CPS_LOG_INFO, "server",
+            "range %u: checkpoint read view %" PRIu64 " opened at step %" PRIu64
+            ", sequence number %" PRIu64,
+            j->range, j->id, j->at_step, j->seq);
+    return 0;
+}
+
+/* 1: the range is at the boundary of j->step (or the cut is "now"); 0: not yet; CPS_EPAST:
+ * past it (io->span.hi says where). */
+static int cut_ready(const cut_job *j, const span_io *io)
+{
+    if (j->step == 0)
+        return 1;
+    if (io->span.n == 0) /* no sync key set has been pushed yet (or only sparse tables) */
+        return io->meta.step >= j->step;
+    if (io->span.hi > j->step)
+        return CPS_EPAST;
+    return io->span.lo == j->step && io->span.hi == j->step;
+}
+
+static void drop_job(server *s, cut_job *j)
+{
+    for (cut_job **pp = &s->cuts; *pp; pp = &(*pp)->next)
+        if (*pp == j) {
+            *pp = j->next;
+            break;
+        }
+    free(j);
+}
+
+/* Try to open pending cut j now. Returns 1 if it is settled (opened or refused). */
+static int try_cut(server *s, cut_job *j)
+{
+    span_io io;
+    int rc = range_span(s, j->range, &io);
+    int ready = rc ? rc : cut_ready(j, &io);
+    if (ready == 0)
+        return 0;
+    if (ready == 1 && (rc = open_cut(s, j, &io)) == 0)
+        return 1;
+    char addr[CPS_ADDR_MAX];
+    snprintf(addr, sizeof addr, "%s", j->tool);
+    uint32_t peer = cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
+    cps_msg_hdr req = {.type = CPS_MSG_CUT_OPEN, .range = j->range, .req_seq = j->req_seq};
+    int err = ready == 1 ? rc : ready;
+    if (peer)
+        tool_reply(s, peer, &req, err, io.span.hi, 0, j->id,
+                   err == CPS_EPAST ? "the range is past that step" : "cannot open a read view");
+    drop_job(s, j);
+    return 1;
+}
+
+void cps__server_on_cut_open(server *s, cps_rx *rx)
+{
+    char addr[CPS_ADDR_MAX];
+    uint32_t peer = tool_peer(s, rx, addr);
+    if (!peer)
+        return;
+    const cps_msg_hdr *h = &rx->hdr;
+    if (!is_tail(s, h->range)) {
+        tool_reply(s, peer, h, CPS_ESTALE_EPOCH, 0, 0, h->aux, "not the tail of the range");
+        return;
+    }
+    for (cut_job *j = s->cuts; j; j = j->next)
+        if (j->id == h->aux && j->range == h->range)
+            return; /* a repeat: the first one is pending or answered */
+    cut_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        tool_reply(s, peer, h, CPS_ENOMEM, 0, 0, h->aux, "no memory");
+        return;
+    }
+    j->id = h->aux;
+    j->range = h->range;
+    j->step = h->step;
+    j->req_seq = h->req_seq;
+    snprintf(j->tool, sizeof j->tool, "%s", addr);
+    j->deadline_ms = cps__now_ms() + CUT_PENDING_MS;
+    j->next = s->cuts;
+    s->cuts = j;
+    try_cut(s, j);
+}
+
+void cps__server_cuts_after_apply(server *s, uint32_t range)
+{
+    for (cut_job *j = s->cuts, *next; j; j = next) {
+        next = j->next;
+        if (!j->open && j->range == range)
+            try_cut(s, j);
+    }
+}
+
+void cps__server_cuts_tick(server *s, uint64_t now, int stop_all)
+{
+    for (cut_job *j = s->cuts, *next; j; j = next) {
+        next = j->next;
+        if (j->open) {
+            if (stop_all)
+                j->stop = 1;
+            if (j->done || stop_all) {
+                pthread_join(j->thread, NULL);
+                drop_job(s, j);
+            }
+        } else if (stop_all || now >= j->deadline_ms ||
+                   (s->view.nranges && !is_tail(s, j->range))) {
+            /* The tool asks again (at the new tail, if that moved). */
+            drop_job(s, j);
+        }
+    }
+}
+
+/* ---- PUT ---- */
+
+typedef struct put_io {
+    server *s;
+    uint32_t range;
+    const void *entries;
+    size_t len;
+} put_io;
+
+static int put_dry_run(cps_txn *txn, void *arg)
+{
+    put_io *io = arg;
+    int rc = cps__server_install_entries(txn, io->s, io->range, io->entries, io->len, 0);
+    return rc ? rc : 1; /* 1: abort the transaction, all went well */
+}
+
+void cps__server_on_put(server *s, cps_rx *rx)
+{
+    char addr[CPS_ADDR_MAX];
+    uint32_t peer = tool_peer(s, rx, addr);
+    if (!peer) {
+        cps__rx_free(rx);
+        return;
+    }
+    const cps_msg_hdr *h = &rx->hdr;
+    size_t off = pad8(8 + cps__le32_get(rx->payload));
+    if (off >= rx->len || h->range >= s->view.nranges) {
+        tool_reply(s, peer, h, CPS_EPROTO, 0, 0, 0, "PUT without records");
+        cps__rx_free(rx);
+        return;
+    }
+    const unsigned char *entries = (const unsigned char *)rx->payload + off;
+    size_t elen = rx->len - off;
+    /* Check every record before the chain counts the update as applied: a failure while
+     * applying it would leave the replica poisoned. */
+    put_io io = {s, h->range, entries, elen};
+    int rc = cps__store_write(s->store, put_dry_run, &io);
+    if (rc != 1) {
+        tool_reply(s, peer, h, rc ? rc : CPS_EPROTO, 0, 0, 0, "records refused");
+        cps__rx_free(rx);
+        return;
+    }
+    cps_chain_req q = {UINT32_MAX, CPS_MSG_PUT, 0, h->req_seq};
+    int v = cps_chain_admit(s->chain, h->range, &q, 0, 0, NULL);
+    if (v != CPS_ADMIT_NEW) {
+        tool_reply(s, peer, h,
+                   v == CPS_ADMIT_NOT_HEAD ? CPS_ESTALE_EPOCH
+                   : v == CPS_ADMIT_BUSY   ? CPS_EAGAIN
+                                           : (v < 0 ? v : CPS_EPROTO),
+                   0, 0, 0, "not admitted");
+        cps__rx_free(rx);
+        return;
+    }
+    /* The body must be 8-byte aligned: the entries start at an 8-byte offset of the payload. */
+    cps_chain_update u = {CPS_UPD_PUT, 0, 0, 1, &q, entries, elen};
+    rc = cps_chain_submit(s->chain, h->range, &u, cps__now_ms());
+    if (rc == 0)
+        cps__server_run_actions(s);
+    span_io sp;
+    if (rc == 0)
+        rc = range_span(s, h->range, &sp);
+    if (rc != 0)
+        tool_reply(s, peer, h, rc, 0, 0, 0, "submit failed");
+    else
+        tool_reply(s, peer, h, 0, 0, sp.meta.seq, h->aux, NULL);
+    cps__rx_free(rx);
+}
