@@ -1,5 +1,6 @@
 /* chainps: run a scheduler or a server, launch a local job, or show a job's status. */
 #include <getopt.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -302,6 +303,9 @@ int cps__cli_server(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+    /* A file size limit reached while writing (a checkpoint, LMDB) must come back as EFBIG, an
+     * error we report with the file's name, not as a signal that kills the process. */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2) {
         fputs(usage, stderr);
         return 2;

@@ -770,27 +770,38 @@ static uint32_t tool_peer(sched *s, const cps_rx *rx, const char *what)
     return cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
 }
 
+/* A reply to a tool: the view, then `extra` bytes for the caller to fill; aux says whether the
+ * job runs. *len receives the payload length. NULL if out of memory. */
+static unsigned char *view_reply(sched *s, const cps_rx *rx, uint8_t type, size_t extra,
+                                 size_t *len)
+{
+    size_t vlen = cps__view_encoded_size(&s->view);
+    *len = vlen + extra;
+    cps_msg_hdr h = {0};
+    h.type = type;
+    h.flags = CPS_WF_REPLY;
+    h.sender = SCHED_ID;
+    h.epoch = s->view.epoch;
+    h.req_seq = rx->hdr.req_seq;
+    h.aux = s->started;
+    unsigned char *buf = cps__msg_alloc(&h, *len);
+    if (buf)
+        cps__view_encode(&s->view, buf + CPS_WIRE_HDR_SIZE, vlen);
+    return buf;
+}
+
 static void handle_status(sched *s, const cps_rx *rx)
 {
     uint32_t tmp = tool_peer(s, rx, "STATUS");
     if (!tmp)
         return;
     /* Payload: view, u32 count, then per node u32 id, u32 age_ms, stats block. */
-    size_t vlen = cps__view_encoded_size(&s->view);
-    size_t len = vlen + 4 + (size_t)s->nnodes * (8 + CPS_STATS_SIZE);
-    cps_msg_hdr h = {0};
-    h.type = CPS_MSG_STATUS_REPLY;
-    h.flags = CPS_WF_REPLY;
-    h.sender = SCHED_ID;
-    h.epoch = s->view.epoch;
-    h.req_seq = rx->hdr.req_seq;
-    h.aux = s->started;
-    void *buf = cps__msg_alloc(&h, len);
+    size_t len;
+    unsigned char *buf =
+        view_reply(s, rx, CPS_MSG_STATUS_REPLY, 4 + (size_t)s->nnodes * (8 + CPS_STATS_SIZE), &len);
     if (!buf)
         return;
-    char *p = (char *)buf + CPS_WIRE_HDR_SIZE;
-    cps__view_encode(&s->view, p, vlen);
-    p += vlen;
+    unsigned char *p = buf + CPS_WIRE_HDR_SIZE + cps__view_encoded_size(&s->view);
     cps__le32_put(p, s->nnodes);
     p += 4;
     uint64_t now = cps__now_ms();
@@ -831,8 +842,12 @@ static int registry_find(const sched *s, const cps_tensor_desc *d)
         off += used;
         if (strcmp(e.name, d->name) != 0)
             continue;
+        /* Specs compare as their wire blocks: struct padding holds no meaning. */
+        unsigned char a[CPS_WIRE_SPEC_SIZE], b[CPS_WIRE_SPEC_SIZE];
+        cps__wire_spec_encode(a, &e.spec);
+        cps__wire_spec_encode(b, &d->spec);
         return (e.kind == d->kind && e.length == d->length && e.rows == d->rows &&
-                e.cols == d->cols && memcmp(&e.spec, &d->spec, sizeof e.spec) == 0)
+                e.cols == d->cols && memcmp(a, b, sizeof a) == 0)
                    ? 1
                    : CPS_EEXIST;
     }
@@ -898,20 +913,12 @@ static void handle_registry(sched *s, cps_rx *rx)
     uint32_t tmp = tool_peer(s, rx, "REGISTRY");
     if (!tmp)
         return;
-    size_t vlen = cps__view_encoded_size(&s->view);
-    size_t len = vlen + 8 + s->reg_len;
-    cps_msg_hdr h = {0};
-    h.type = CPS_MSG_REGISTRY;
-    h.flags = CPS_WF_REPLY;
-    h.sender = SCHED_ID;
-    h.epoch = s->view.epoch;
-    h.req_seq = rx->hdr.req_seq;
-    h.aux = s->started;
-    void *buf = cps__msg_alloc(&h, len);
+    size_t len;
+    unsigned char *buf = view_reply(s, rx, CPS_MSG_REGISTRY, 8 + s->reg_len, &len);
     if (!buf)
         return;
-    unsigned char *p = (unsigned char *)buf + CPS_WIRE_HDR_SIZE;
-    cps__view_encode(&s->view, p, vlen);
+    size_t vlen = cps__view_encoded_size(&s->view);
+    unsigned char *p = buf + CPS_WIRE_HDR_SIZE;
     /* The descriptions start 8-byte aligned after the view. */
     memset(p + vlen, 0, 8);
     cps__le32_put(p + vlen, s->reg_count);

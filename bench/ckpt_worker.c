@@ -1,0 +1,181 @@
+/* ckpt_worker: the training program of bench/run_ckpt_cluster.sh (checkpoint export/restore
+ * against a running job, project issue 6).
+ *
+ *   ckpt_worker [--params N] [--steps T] [--lr X] [--stop-file PATH] [--crc]
+ *   ckpt_worker --now
+ *
+ * Declares one dense float32 tensor "bench/w" of N elements (default 100 M = 400 MB; initialised
+ * normal(0, 0.05) on the servers, so the bytes are not trivially compressible) with SGD (no
+ * optimizer state), then runs T steps (default 1000) of cps_push_pull with a synthetic gradient:
+ * uniform noise in [-1, 1), generated once and pushed every step (cheap: the worker's CPU goes to
+ * the transport, not to computing gradients; and, like a real gradient, it does not compress).
+ * The loop starts at cps_tensor_step(), so a job restored from a checkpoint resumes where the
+ * export cut it; T counts the steps run by this process, not the absolute step number.
+ *
+ * One line per step, flushed at once (the driver reads them while the job runs):
+ *   step S t_ms END dur_ms D
+ * S is the absolute step number the push completes (the resume step + the steps done before),
+ * END the CLOCK_MONOTONIC time in ms when cps_push_pull returned and D its duration in ms (the
+ * step ran from END - D to END). `--now` prints the CLOCK_MONOTONIC time in ms and exits, so a
+ * script can stamp events on the same clock.
+ *
+ * --stop-file PATH: stop after the step during which PATH appeared. --crc: before the first step,
+ * pull the tensor and print "values crc32:xxxxxxxx at step S" (zlib's CRC-32 of the float bytes,
+ * as a checkpoint's metadata states it), to check a restore against the file it came from.
+ * Ends with "done: T steps, at step S". Exit status 0, 1 on an error (printed).
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include "chainps/chainps.h"
+
+static double mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || *s == '-')
+        return -1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* zlib's crc32_z takes a size_t length but may not exist in old zlibs: feed 1 GiB at a time. */
+static uint32_t crc_floats(const float *v, uint64_t n)
+{
+    const unsigned char *b = (const unsigned char *)v;
+    uint64_t left = n * sizeof(float);
+    uLong crc = crc32(0L, Z_NULL, 0);
+    while (left > 0) {
+        uInt k = left > (1u << 30) ? (1u << 30) : (uInt)left;
+        crc = crc32(crc, b, k);
+        b += k;
+        left -= k;
+    }
+    return (uint32_t)crc;
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t params = 100000000ULL, steps = 1000;
+    double lr = 0.001;
+    const char *stop_file = NULL;
+    int want_crc = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--now")) {
+            printf("%.3f\n", mono_ms());
+            return 0;
+        } else if (!strcmp(argv[i], "--params") && i + 1 < argc) {
+            if (parse_u64(argv[++i], &params) != 0 || params == 0) {
+                fprintf(stderr, "ckpt_worker: --params: '%s' is not a positive count\n", argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
+            if (parse_u64(argv[++i], &steps) != 0) {
+                fprintf(stderr, "ckpt_worker: --steps: '%s' is not a count\n", argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--lr") && i + 1 < argc) {
+            lr = atof(argv[++i]);
+            if (!(lr > 0)) {
+                fprintf(stderr, "ckpt_worker: --lr must be positive\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--stop-file") && i + 1 < argc) {
+            stop_file = argv[++i];
+        } else if (!strcmp(argv[i], "--crc")) {
+            want_crc = 1;
+        } else {
+            fprintf(stderr, "ckpt_worker: unknown argument %s\n", argv[i]);
+            return 2;
+        }
+    }
+    float *grad = malloc(params * sizeof(float));
+    float *vals = malloc(params * sizeof(float));
+    if (!grad || !vals) {
+        fprintf(stderr, "ckpt_worker: out of memory for %llu parameters\n",
+                (unsigned long long)params);
+        free(grad), free(vals);
+        return 1;
+    }
+    uint64_t x = 0x9e3779b97f4a7c15ULL; /* xorshift64: the same gradient in every run */
+    for (uint64_t i = 0; i < params; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        grad[i] = (float)((double)(x >> 11) / 4503599627370496.0 - 1.0);
+    }
+
+    cps_client *c;
+    int rc = cps_open(&c);
+    if (rc != 0) {
+        fprintf(stderr, "ckpt_worker: cps_open: %s\n", cps_strerror(rc));
+        free(grad), free(vals);
+        return 1;
+    }
+    cps_init init = {.kind = CPS_INIT_NORMAL, .a = 0.0f, .b = 0.05f, .seed = 1};
+    cps_optim opt = cps_optim_sgd((float)lr);
+    cps_tensor *t = NULL;
+    double t0 = mono_ms();
+    rc = cps_tensor_declare(c, "bench/w", params, &init, &opt, &t);
+    if (rc != 0) {
+        fprintf(stderr, "ckpt_worker: declaring %llu parameters: %s\n", (unsigned long long)params,
+                cps_strerror(rc));
+        cps_close(c);
+        free(grad), free(vals);
+        return 1;
+    }
+    uint64_t first = cps_tensor_step(t);
+    printf("declared bench/w: %llu float32 (%.1f MB), SGD lr %g, at step %llu, in %.0f ms\n",
+           (unsigned long long)params, (double)params * 4 / 1e6, lr, (unsigned long long)first,
+           mono_ms() - t0);
+    fflush(stdout);
+    if (want_crc) {
+        t0 = mono_ms();
+        rc = cps_pull(c, t, vals, params);
+        if (rc != 0) {
+            fprintf(stderr, "ckpt_worker: pull: %s\n", cps_strerror(rc));
+        } else {
+            printf("values crc32:%08x at step %llu (pull %.0f ms)\n", crc_floats(vals, params),
+                   (unsigned long long)first, mono_ms() - t0);
+            fflush(stdout);
+        }
+    }
+    uint64_t done = 0;
+    for (; rc == 0 && done < steps; done++) {
+        double a = mono_ms();
+        rc = cps_push_pull(c, t, grad, vals, params);
+        double b = mono_ms();
+        if (rc != 0) {
+            fprintf(stderr, "ckpt_worker: push_pull at step %llu: %s\n",
+                    (unsigned long long)(first + done), cps_strerror(rc));
+            break;
+        }
+        printf("step %llu t_ms %.1f dur_ms %.1f\n", (unsigned long long)(first + done + 1), b,
+               b - a);
+        fflush(stdout);
+        if (stop_file && access(stop_file, F_OK) == 0) {
+            done++;
+            break;
+        }
+    }
+    if (rc == 0) {
+        printf("done: %llu steps, at step %llu\n", (unsigned long long)done,
+               (unsigned long long)cps_tensor_step(t));
+        fflush(stdout);
+    }
+    int close_rc = cps_close(c);
+    free(grad), free(vals);
+    return rc != 0 || close_rc != 0 ? 1 : 0;
+}
