@@ -29,8 +29,11 @@
 # safety net), EXPORT_TIMEOUT (chainps checkpoint export --timeout, 120 s), DEAD_MS (60000:
 # CHAINPS_DEAD_AFTER_MS for every process: a server applying a 200 MB chunk, or initialising one,
 # is silent for seconds on a loaded 2-core machine, and the default 400 ms declares it dead;
-# this benchmark is not about failure detection), PORT (first of two scheduler ports; default
-# free ones), KEEP=1.
+# this benchmark is not about failure detection), REQUEST_MS (60000: CHAINPS_REQUEST_TIMEOUT_MS;
+# with the default 5 s a step slowed down by an export re-sends its 200 MB chunks, the servers
+# queue the copies (GBs) and the job stops making progress), MEM_LIMIT_MB (8000: the run is
+# stopped if the job's processes together use more), PORT (first of two scheduler ports;
+# default free ones), KEEP=1.
 # Every process started here is ended by its PID on exit (launch first, which ends its own
 # children; whatever is left of them is then killed by PID).
 set -u
@@ -49,7 +52,8 @@ WARM=${WARM:-2}
 GAP=${GAP:-2}
 TIMEOUT=${TIMEOUT:-330}
 EXPORT_TIMEOUT=${EXPORT_TIMEOUT:-120}
-export CHAINPS_DEAD_AFTER_MS=${DEAD_MS:-60000}
+export CHAINPS_DEAD_AFTER_MS=${DEAD_MS:-60000} CHAINPS_REQUEST_TIMEOUT_MS=${REQUEST_MS:-60000}
+MEM_LIMIT_MB=${MEM_LIMIT_MB:-8000}
 export LC_ALL=C
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/chainps-ckpt-bench-XXXXXX") || exit 2
@@ -134,6 +138,7 @@ echo 0 >"$tmp/launch"
         lp=$(cat "$tmp/launch" 2>/dev/null)
         ph=$(cat "$tmp/phase" 2>/dev/null)
         if [ -n "$lp" ] && [ "$lp" != 0 ]; then
+            total=0
             for k in $(ps -o pid= --ppid "$lp" 2>/dev/null); do
                 args=$({ tr '\0' ' ' <"/proc/$k/cmdline"; } 2>/dev/null)
                 case $args in
@@ -144,7 +149,9 @@ echo 0 >"$tmp/launch"
                 awk -v ph="$ph" -v role="$role" -v pid="$k" '
                     /^RssAnon:/ { a = $2 } /^RssFile:/ { f = $2 } /^RssShmem:/ { s = $2 }
                     END { if (a != "") print ph, role, pid, a, f + s }' "/proc/$k/status" 2>/dev/null
+                total=$((total + $(awk '/^VmRSS:/ { print $2 }' "/proc/$k/status" 2>/dev/null || echo 0)))
             done
+            [ "$total" -gt $((MEM_LIMIT_MB * 1024)) ] && echo "$((total / 1024))" >"$tmp/memguard"
         fi
         sleep 0.5
     done >>"$tmp/rss.txt"
@@ -177,6 +184,12 @@ phase warm
 launch_pid=$!
 echo "$launch_pid" >"$tmp/launch"
 
+memguard() {
+    [ -f "$tmp/memguard" ] && die "the job's processes use $(cat "$tmp/memguard") MB (more than" \
+        "MEM_LIMIT_MB=$MEM_LIMIT_MB): stopped. Last lines: $(grep -v refused "$tmp/train.log" |
+            tail -5)"
+    return 0
+}
 # Steps done (optionally: that started after monotonic time $1).
 steps_done() {
     [ -f "$tmp/train.log" ] || { echo 0; return; }
@@ -190,6 +203,7 @@ wait_steps() { # N [AFTER_MS]: wait until N steps are done (that started after A
         n=$(steps_done "${2:-0}")
         [ "$n" -ge "$1" ] && return 0
         alive "$launch_pid" || die "the training job ended early: $(tail -5 "$tmp/train.log")"
+        memguard
         sleep 0.3
     done
 }
@@ -203,6 +217,10 @@ for r in $(seq "$REPS"); do
     "$CHAINPS" checkpoint export --scheduler "127.0.0.1:$port1" --out "$tmp/ckpt-$r" \
         --timeout "$EXPORT_TIMEOUT" >"$tmp/export-$r.log" 2>&1 &
     export_pid=$!
+    while alive "$export_pid"; do
+        memguard
+        sleep 0.1
+    done
     wait "$export_pid"
     erc=$?
     export_pid=
@@ -229,6 +247,7 @@ phase stop
 touch "$tmp/stop"
 for _ in $(seq 600); do
     alive "$launch_pid" || break
+    memguard
     sleep 0.1
 done
 wait "$launch_pid"
@@ -252,6 +271,10 @@ if [ -f "$ck" ]; then
         -- "$WORKER" --params "$PARAMS" --steps 1 --crc >"$tmp/restore.log" 2>&1 &
     launch_pid=$!
     echo "$launch_pid" >"$tmp/launch"
+    while alive "$launch_pid"; do
+        memguard
+        sleep 0.3
+    done
     wait "$launch_pid"
     restore_rc=$?
     launch_pid=
@@ -281,7 +304,7 @@ dead=$(cat "$tmp/train.log" "$tmp/restore.log" 2>/dev/null | grep -c 'declared d
 awk -v reps="$REPS" -v mb="$mb" -v params="$PARAMS" -v warm="$WARM" -v gap="$GAP" \
     -v train_rc="$train_rc" -v restore_rc="$restore_rc" -v load0="$load0" \
     -v load1="$(cut -d' ' -f1-3 /proc/loadavg)" -v secs="$(($(date +%s) - tstart))" \
-    -v dead="$dead" -v dead_ms="$CHAINPS_DEAD_AFTER_MS" -v tmp="$tmp" '
+    -v dead="$dead" -v dead_ms="$CHAINPS_DEAD_AFTER_MS" -v req_ms="$CHAINPS_REQUEST_TIMEOUT_MS" -v tmp="$tmp" '
 function med(a, n,    i, j, t, b) {
     if (n == 0) return -1
     for (i = 1; i <= n; i++) b[i] = a[i]
@@ -384,8 +407,8 @@ END {
                ptot[k] / 1024, wan[k] / 1024
     }
     printf "%s\n", line
-    printf "exports failed: %d of %d; training job exit %s; restore job exit %s; \"declared dead\" in the logs: %d (CHAINPS_DEAD_AFTER_MS=%s)\n",
-           fails + 0, reps, train_rc, restore_rc, dead, dead_ms
+    printf "exports failed: %d of %d; training job exit %s; restore job exit %s; \"declared dead\" in the logs: %d (CHAINPS_DEAD_AFTER_MS=%s, CHAINPS_REQUEST_TIMEOUT_MS=%s)\n",
+           fails + 0, reps, train_rc, restore_rc, dead, dead_ms, req_ms
     printf "bench run took %d s; load average %s at start, %s at end\n", secs, load0, load1
 }' "$tmp/results.txt" "$tmp/windows.txt" "$tmp/train.log" "$tmp/steps.txt" "$tmp/rss.txt"
 if [ -n "$notes" ]; then

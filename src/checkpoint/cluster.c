@@ -1009,6 +1009,10 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
         rc = link_open(&l, o->scheduler, o->bind_host, o->advertise, o->timeout_ms);
     if (rc == 0)
         rc = link_registry(&l, o->scheduler);
+    if (rc == 0 && l.ndescs)
+        cps_log(CPS_LOG_WARN, SUB,
+                "the job's workers declared their tensors already: the "
+                "restored values replace what they train on");
     /* A job that already declared tensors must know every one of them, with the same shape. */
     for (uint32_t i = 0; rc == 0 && l.ndescs && i < nwant; i++) {
         const cps_tensor_desc *e = registry_find(&l, want[i].name);

@@ -392,6 +392,9 @@ int cps__wire_tensor_desc_decode(const void *buf, size_t len, cps_tensor_desc *o
         return CPS_ESIZE;
     if (cps__wire_spec_decode(p + 32, &out->spec) != 0 || memchr(p + DESC_FIXED, 0, nlen))
         return CPS_EPROTO;
+    for (size_t i = DESC_FIXED + nlen; i < n; i++)
+        if (p[i] != 0)
+            return CPS_EPROTO; /* padding is zero: one encoding per description */
     memcpy(out->name, p + DESC_FIXED, nlen);
     *used = n;
     return 0;

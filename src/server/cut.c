@@ -181,6 +181,18 @@ static int cuts_open(const server *s)
     return 0;
 }
 
+/* Grow the map now, while no cut of ours pins it: a writer that had to grow it while a cut is
+ * open would wait for the cut to close, and the event loop with it. */
+static void make_room(server *s)
+{
+    if (cuts_open(s))
+        return;
+    int rc = cps__store_ensure_room(s->store);
+    if (rc != 0)
+        cps_log(CPS_LOG_WARN, "server", "cannot grow the store ahead of a checkpoint: %s",
+                cps_strerror(rc));
+}
+
 /* ---- CUT_PROBE ---- */
 
 void cps__server_on_cut_probe(server *s, cps_rx *rx)
@@ -194,13 +206,7 @@ void cps__server_on_cut_probe(server *s, cps_rx *rx)
         tool_reply(s, peer, h, CPS_ESTALE_EPOCH, 0, 0, 0, "this server does not hold the range");
         return;
     }
-    /* Make room now, while no cut of ours pins the map. */
-    if (!cuts_open(s)) {
-        int rc = cps__store_ensure_room(s->store);
-        if (rc != 0)
-            cps_log(CPS_LOG_WARN, "server", "cannot grow the store ahead of a checkpoint: %s",
-                    cps_strerror(rc));
-    }
+    make_room(s);
     span_io io;
     int rc = range_span(s, h->range, &io);
     if (rc != 0) {
@@ -443,6 +449,7 @@ void cps__server_on_cut_open(server *s, cps_rx *rx)
     for (cut_job *j = s->cuts; j; j = j->next)
         if (j->id == h->aux && j->range == h->range)
             return; /* a repeat: the first one is pending or answered */
+    make_room(s);
     cut_job *j = calloc(1, sizeof *j);
     if (!j) {
         tool_reply(s, peer, h, CPS_ENOMEM, 0, 0, h->aux, "no memory");

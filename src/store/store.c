@@ -388,8 +388,9 @@ int cps__store_ensure_room(cps_store *s)
     if (rc)
         return env_fail(s, "mdb_env_info", rc);
     size_t used = (info.me_last_pgno + 1) * (size_t)st.ms_psize;
-    /* While a snapshot is open, freed pages cannot be reused: every update takes new ones. */
-    while (rc == 0 && used * 4 > info.me_mapsize) {
+    /* While a snapshot is open, freed pages cannot be reused: every update takes new ones, and
+     * a training step rewrites every record. Room for several steps of the whole store. */
+    while (rc == 0 && used * 8 > info.me_mapsize) {
         if ((rc = grow_map(s)) == 0 && (rc = mdb_env_info(s->env, &info)) != 0)
             rc = env_fail(s, "mdb_env_info", rc);
     }

@@ -93,7 +93,7 @@ int cps__store_param_write(cps_txn *txn, uint64_t key, uint32_t slot, uint64_t f
 int cps__store_snapshot_begin(cps_store *s, cps_txn **out);
 /* End it (from any thread). NULL is a no-op. */
 void cps__store_snapshot_end(cps_txn *txn);
-/* Grow the map until at most a quarter of it is in use, so that updates applied while a
+/* Grow the map until at most an eighth of it is in use, so that updates applied while a
  * snapshot is open need not grow it. Call with no transaction of this process open.
  * Errors: CPS_ESTORE. */
 int cps__store_ensure_room(cps_store *s);

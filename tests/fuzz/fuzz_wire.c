@@ -152,6 +152,24 @@ static void fuzz_hello(const unsigned char *b, size_t len)
     check_same(b, len, re, cps__hello_encode(re, sizeof re, role, rank, prev, addr));
 }
 
+/* Tensor descriptions (REGISTER, REGISTRY): a run of them, each re-encoding to its bytes. */
+static void fuzz_tensor_desc(const unsigned char *b, size_t len)
+{
+    size_t off = 0, used;
+    cps_tensor_desc d;
+    while (off < len) {
+        int rc = cps__wire_tensor_desc_decode(b + off, len - off, &d, &used);
+        if (rc) {
+            CHECK(rc == CPS_EPROTO || rc == CPS_ESIZE);
+            return;
+        }
+        CHECK(used > 0 && used <= len - off && strlen(d.name) > 0);
+        unsigned char re[512];
+        check_same(b + off, used, re, cps__wire_tensor_desc_encode(re, sizeof re, &d));
+        off += used;
+    }
+}
+
 static void fuzz_fixed(const unsigned char *b, size_t len)
 {
     unsigned char re[64];
@@ -227,6 +245,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_declare(p, plen);
     fuzz_view(p, plen);
     fuzz_hello(p, plen);
+    fuzz_tensor_desc(p, plen);
     fuzz_fixed(p, plen);
     fuzz_codec(p, plen);
     free(p);

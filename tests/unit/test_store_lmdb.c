@@ -593,6 +593,94 @@ static void test_open_errors(void **state)
     cps__store_close(NULL);
 }
 
+/* ---- checkpoint restore and read views ---- */
+
+typedef struct slice_op {
+    uint64_t key;
+    uint32_t len, slot;
+    uint64_t opt_step, first, n;
+    cps_param_spec spec;
+    const float *vals;
+    int reset;
+} slice_op;
+
+static int do_slice(cps_txn *t, void *a)
+{
+    slice_op *o = a;
+    if (o->reset)
+        return cps__store_param_reset(t, o->key, o->len, o->opt_step, &o->spec);
+    return cps__store_param_write(t, o->key, o->slot, o->first, o->vals, o->n);
+}
+
+static void test_reset_and_write_slices(void **state)
+{
+    fixture *f = *state;
+    open_store(f, 0);
+    cps_param_spec adam = spec_of(CPS_W_OPT_ADAM, CPS_W_INIT_UNIFORM, 0.01f);
+    adam.beta1 = 0.9f;
+    adam.beta2 = 0.999f;
+    adam.eps = 1e-8f;
+    slice_op o = {.key = 9, .len = 6, .opt_step = 41, .spec = adam, .reset = 1};
+    assert_int_equal(cps__store_write(f->s, do_slice, &o), 0);
+    /* Zeros everywhere, the step as given. */
+    float v[6], st[12];
+    op g = {.key = 9, .copy = v, .copy_state = st};
+    assert_int_equal(cps__store_read(f->s, do_get, &g), 0);
+    assert_int_equal(g.rec.len, 6);
+    assert_int_equal(g.rec.opt_step, 41);
+    for (int i = 0; i < 6; i++)
+        assert_true(v[i] == 0.0f);
+    /* Slices of the values and of the second state slot land where they are aimed. */
+    const float a[3] = {1, 2, 3}, b[2] = {7, 8};
+    slice_op w1 = {.key = 9, .slot = 0, .first = 2, .n = 3, .vals = a};
+    slice_op w2 = {.key = 9, .slot = 2, .first = 4, .n = 2, .vals = b};
+    assert_int_equal(cps__store_write(f->s, do_slice, &w1), 0);
+    assert_int_equal(cps__store_write(f->s, do_slice, &w2), 0);
+    assert_int_equal(cps__store_read(f->s, do_get, &g), 0);
+    const float want_v[6] = {0, 0, 1, 2, 3, 0};
+    const float want_st[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 8};
+    assert_memory_equal(v, want_v, sizeof v);
+    assert_memory_equal(st, want_st, sizeof st);
+    assert_int_equal(g.rec.opt_step, 41);
+    /* Out of bounds, a slot Adam does not have, a key that is not there. */
+    slice_op bad1 = {.key = 9, .slot = 0, .first = 5, .n = 2, .vals = a};
+    slice_op bad2 = {.key = 9, .slot = 3, .first = 0, .n = 1, .vals = a};
+    slice_op bad3 = {.key = 10, .slot = 0, .first = 0, .n = 1, .vals = a};
+    assert_int_equal(cps__store_write(f->s, do_slice, &bad1), CPS_ESIZE);
+    assert_int_equal(cps__store_write(f->s, do_slice, &bad2), CPS_ESIZE);
+    assert_int_equal(cps__store_write(f->s, do_slice, &bad3), CPS_ENOTFOUND);
+    assert_int_equal(cps__store_read(f->s, do_get, &g), 0);
+    assert_memory_equal(v, want_v, sizeof v);
+}
+
+static void test_snapshot_sees_its_moment(void **state)
+{
+    fixture *f = *state;
+    open_store(f, 0);
+    cps_param_spec sgd = spec_of(CPS_W_OPT_SGD, CPS_W_INIT_ZEROS, 1.0f);
+    assert_int_equal(create(f->s, 5, 4, 0, &sgd), 0);
+    cps_txn *snap;
+    assert_int_equal(cps__store_ensure_room(f->s), 0);
+    assert_int_equal(cps__store_snapshot_begin(f->s, &snap), 0);
+    const float grad[4] = {1, 1, 1, 1};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(apply(f->s, 5, grad, 4), 0);
+    /* The read view still holds the values of its moment; a fresh read sees the updates. */
+    cps_param_rec rec;
+    assert_int_equal(cps__store_param_get(snap, 5, &rec), 0);
+    assert_int_equal(rec.opt_step, 0);
+    float then[4];
+    memcpy(then, rec.vals, sizeof then);
+    for (int i = 0; i < 4; i++)
+        assert_true(then[i] == 0.0f);
+    cps__store_snapshot_end(snap);
+    float now[4];
+    assert_int_equal(readv(f->s, 5, now, 4), 0);
+    for (int i = 0; i < 4; i++)
+        assert_true(now[i] == -3.0f);
+    cps__store_snapshot_end(NULL);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -607,6 +695,8 @@ int main(void)
         T(test_reopen),
         T(test_corrupt),
         T(test_open_errors),
+        T(test_reset_and_write_slices),
+        T(test_snapshot_sees_its_moment),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
