@@ -19,11 +19,21 @@
 #      --steps 1 --crc: the scheduler's "restored ... in S s" line gives the restore MB/s; the
 #      worker's CRC-32 of the pulled values must equal the one in the checkpoint's metadata.
 # Figures: export MB/s = MB / the command's own "in S s" (it includes the wait for the next step
-# boundary of the sync job: the cut is exactly at a step); "write" = from the moment the last
-# range opened its read view (servers' log) to the command's end; step times: median duration of
-# steps whose [start, end] overlaps an export command's [start, end] vs of the other steps
-# (after the warm-up). Medians over REPS. Memory: the servers' and the worker's RSS sampled every
-# 0.5 s (anonymous and file-backed, /proc/PID/status), peak per phase.
+# boundary of the sync job: the cut is exactly at a step); "cut wait" = from the command's start
+# to the moment the last range opened its read view (servers' log, ms), "write" = the command's
+# "in S s" minus that (reading the views, CRC-32, writing, fsync, rename); step times: median
+# duration of steps whose [start, end] overlaps an export command's [start, end] vs of the other
+# steps (after the warm-up). Medians over REPS. Memory: the servers' and the worker's RSS sampled
+# every 0.5 s (anonymous and file-backed, /proc/PID/status), peak per phase.
+#
+# REPLICAS (default 1: chains of 1, see below) is passed to both launches as --replicas.
+#
+# Why chains of 1 by default: the tensor is cut into one chunk per key range, so with 2 servers
+# every push carries two 200 MB chunks. With chains of 2 the head forwards each chunk to the tail
+# and re-sends it every 200 ms until the tail acknowledges it (src/server/update.c: resend_ms =
+# 200, not configurable); applying 200 MB takes longer than that on this machine, so the copies
+# pile up in the head's send queue (3.6 GB after 3 steps, without any export), the servers'
+# memory grows by ~0.5 GB/s and the job stalls. REPLICAS=2 runs it anyway (MEM_LIMIT_MB stops it).
 #
 # Knobs: PARAMS (100000000), REPS (3), WARM (2), GAP (2), TIMEOUT (launch --timeout, 330 s; the
 # safety net), EXPORT_TIMEOUT (chainps checkpoint export --timeout, 120 s), DEAD_MS (60000:
@@ -31,7 +41,7 @@
 # is silent for seconds on a loaded 2-core machine, and the default 400 ms declares it dead;
 # this benchmark is not about failure detection), REQUEST_MS (60000: CHAINPS_REQUEST_TIMEOUT_MS;
 # with the default 5 s a step slowed down by an export re-sends its 200 MB chunks, the servers
-# queue the copies (GBs) and the job stops making progress), MEM_LIMIT_MB (8000: the run is
+# queue the copies (GBs) and the job stops making progress), MEM_LIMIT_MB (6000: the run is
 # stopped if the job's processes together use more), PORT (first of two scheduler ports;
 # default free ones), KEEP=1.
 # Every process started here is ended by its PID on exit (launch first, which ends its own
@@ -53,7 +63,8 @@ GAP=${GAP:-2}
 TIMEOUT=${TIMEOUT:-330}
 EXPORT_TIMEOUT=${EXPORT_TIMEOUT:-120}
 export CHAINPS_DEAD_AFTER_MS=${DEAD_MS:-60000} CHAINPS_REQUEST_TIMEOUT_MS=${REQUEST_MS:-60000}
-MEM_LIMIT_MB=${MEM_LIMIT_MB:-8000}
+MEM_LIMIT_MB=${MEM_LIMIT_MB:-6000}
+REPLICAS=${REPLICAS:-1}
 export LC_ALL=C
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/chainps-ckpt-bench-XXXXXX") || exit 2
@@ -70,12 +81,12 @@ alive() {
 # End PID (and the children it had): SIGTERM, up to 10 s, then SIGKILL for whoever is left
 # (reported unless QUIET is given: the monitor's last `sleep`).
 end_tree() {
-    local p=$1 quiet=${2:-} kids k i
+    local p=$1 quiet=${2:-} kids k
     [ -n "$p" ] || return 0
     kids=$(kids_of "$p")
     if alive "$p"; then
         kill -TERM "$p" 2>/dev/null
-        for i in $(seq 100); do
+        for _ in $(seq 100); do
             alive "$p" || break
             sleep 0.1
         done
@@ -161,8 +172,12 @@ monitor_pid=$!
 echo "chainps checkpoint benchmark on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo |
     cut -d: -f2 | sed 's/^ *//')), $(date -u '+%Y-%m-%d %H:%M UTC'), load average $load0"
 echo "model: $PARAMS float32 parameters in one dense tensor ($mb MB), SGD (no optimizer state);" \
-    "2 servers (chains of 2), 1 worker, sync; files in $tmp ($(df -PT "$tmp" | awk 'NR == 2 {
+    "2 servers (chains of $REPLICAS: --replicas $REPLICAS), 1 worker, sync; files in $tmp ($(df -PT "$tmp" | awk 'NR == 2 {
     print $2 " on " $1}'))"
+echo "uptime:$(uptime)"
+echo "knobs: PARAMS=$PARAMS REPS=$REPS WARM=$WARM GAP=$GAP REPLICAS=$REPLICAS" \
+    "CHAINPS_DEAD_AFTER_MS=$CHAINPS_DEAD_AFTER_MS CHAINPS_REQUEST_TIMEOUT_MS=$CHAINPS_REQUEST_TIMEOUT_MS" \
+    "TIMEOUT=$TIMEOUT EXPORT_TIMEOUT=$EXPORT_TIMEOUT MEM_LIMIT_MB=$MEM_LIMIT_MB"
 
 # ---- 1. raw disk write speed ----
 phase dd
@@ -179,8 +194,8 @@ done
 
 # ---- 2. the training job, and the exports ----
 phase warm
-"$CHAINPS" launch --servers 2 --workers 1 --port "$port1" --data "$tmp/data" --timeout "$TIMEOUT" \
-    -- "$WORKER" --params "$PARAMS" --steps 1000000 --stop-file "$tmp/stop" >"$tmp/train.log" 2>&1 &
+"$CHAINPS" launch --servers 2 --workers 1 --replicas "$REPLICAS" --port "$port1" --data "$tmp/data" \
+    --timeout "$TIMEOUT" -- "$WORKER" --params "$PARAMS" --steps 1000000 --stop-file "$tmp/stop" >"$tmp/train.log" 2>&1 &
 launch_pid=$!
 echo "$launch_pid" >"$tmp/launch"
 
@@ -266,7 +281,7 @@ if [ -f "$ck" ]; then
     want=$(head -c 65536 "$ck" | grep -a -o '"checksum/bench/w":"crc32:[0-9a-f]*"' | cut -d: -f3 |
         tr -d '"')
     phase restore
-    "$CHAINPS" launch --servers 2 --workers 1 --port "$port2" --data "$tmp/data2" \
+    "$CHAINPS" launch --servers 2 --workers 1 --replicas "$REPLICAS" --port "$port2" --data "$tmp/data2" \
         --timeout "$TIMEOUT" --restore-from "$ck" \
         -- "$WORKER" --params "$PARAMS" --steps 1 --crc >"$tmp/restore.log" 2>&1 &
     launch_pid=$!
@@ -279,7 +294,7 @@ if [ -f "$ck" ]; then
     restore_rc=$?
     launch_pid=
     echo 0 >"$tmp/launch"
-    phase done
+    phase finished
     # "[scheduler] ... ckpt: restored PATH: 1 tensors, 400.0 MB at step 20 in 0.85 s; ..."
     grep -m1 'ckpt: restored ' "$tmp/restore.log" | awk -v c="${cached:-?}" '{
         for (i = 1; i <= NF; i++) { if ($i == "MB") m = $(i - 1); if ($i == "step") st = $(i + 1)
@@ -290,7 +305,7 @@ if [ -f "$ck" ]; then
         if ($i == "step") print $(i + 1) }')
     echo "crc ${want:-none} ${got:-none} ${gotstep:-?}" >>"$tmp/results.txt"
 fi
-phase done
+phase finished
 end_tree "$monitor_pid" quiet
 monitor_pid=
 
@@ -304,7 +319,7 @@ dead=$(cat "$tmp/train.log" "$tmp/restore.log" 2>/dev/null | grep -c 'declared d
 awk -v reps="$REPS" -v mb="$mb" -v params="$PARAMS" -v warm="$WARM" -v gap="$GAP" \
     -v train_rc="$train_rc" -v restore_rc="$restore_rc" -v load0="$load0" \
     -v load1="$(cut -d' ' -f1-3 /proc/loadavg)" -v secs="$(($(date +%s) - tstart))" \
-    -v dead="$dead" -v dead_ms="$CHAINPS_DEAD_AFTER_MS" -v req_ms="$CHAINPS_REQUEST_TIMEOUT_MS" -v tmp="$tmp" '
+    -v dead="$dead" -v dead_ms="$CHAINPS_DEAD_AFTER_MS" -v req_ms="$CHAINPS_REQUEST_TIMEOUT_MS" -v tmp="$tmp" -v repl="$REPLICAS" '
 function med(a, n,    i, j, t, b) {
     if (n == 0) return -1
     for (i = 1; i <= n; i++) b[i] = a[i]
@@ -370,7 +385,7 @@ END {
         cut = -1
         for (i = 1; i <= nop; i++) if (opened[i] >= d0[r] - 0.01 && opened[i] <= d1[r] + 0.01) cut = opened[i]
         wait_s = cut >= 0 ? cut - d0[r] : -1
-        wr_s = cut >= 0 ? d1[r] - cut : -1
+        wr_s = cut >= 0 ? ex_s[r] - wait_s : -1
         wmbps = wr_s > 0 ? ex_mb[r] / wr_s : -1
         printf "%4d %8d %8.1f %9.2f %8.1f %8s | %9s %8s %8s %8s\n", r, ex_step[r], ex_mb[r],
                ex_s[r], mbps, ratio(mbps, ddm), f2(wait_s), f2(wr_s), f1(wmbps), ratio(wmbps, ddm)
@@ -384,7 +399,7 @@ END {
     printf "%s\n", line
     if (rs_s > 0) {
         rm_ = rs_mb / rs_s
-        printf "restore (chainps launch --restore-from, 2 servers, chains of 2; file pages in cache before: %s B):\n", rs_cached
+        printf "restore (chainps launch --restore-from, 2 servers, chains of %s; file pages in cache before: %s B):\n", repl, rs_cached
         printf "     %8.1f MB at step %d in %.2f s = %.1f MB/s (%s x dd write); values after restore: crc32 %s, checkpoint says %s: %s\n",
                rs_mb, rs_step, rs_s, rm_, ratio(rm_, ddm), crc_got, crc_want,
                (crc_got == crc_want && crc_got != "none") ? "match" : "MISMATCH"

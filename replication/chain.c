@@ -16,6 +16,11 @@
 #define DEDUP_SLOTS   (2u * CPS_MAX_NODES)
 #define REFUSED_SLOTS 16u
 
+/* Re-send timing: resend_ms plus 1 ms per this many bytes of the oldest held update, doubled
+ * per unanswered round up to 2^RESEND_MAX_DOUBLINGS times. */
+#define RESEND_BYTES_PER_MS  (50u << 10) /* ~50 MB/s: a slow successor applying a big update */
+#define RESEND_MAX_DOUBLINGS 4
+
 typedef struct sent_entry {
     uint64_t seq;
     cps_msg_hdr hdr;
@@ -67,6 +72,7 @@ typedef struct range_st {
     uint64_t mark_to_send;
     int mark_pending; /* mark_to_send is to be (re)sent: a MARK of 0 is a MARK too */
     uint64_t mark_sent_ms;
+    uint32_t backoff; /* re-send rounds without an ack since the last one (doubles the wait) */
 } range_st;
 
 struct cps_chain {
@@ -699,6 +705,7 @@ int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
              * (an empty range) is sent too, or such a tail would never serve. */
             if (old_pos[r] >= 0)
                 rs->mark_pending = 1;
+            rs->backoff = 0; /* a new successor: its clock starts now */
             for (uint32_t i = 0; rc == 0 && i < rs->nsent; i++)
                 rc = send_held(c, r, &rs->sent[i], succ, now);
             if (rc == 0 && rs->mark_pending && mark_value(rs, &rs->mark_to_send)) {
@@ -850,6 +857,8 @@ static int on_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_
 static void drop_acked(range_st *rs, uint64_t seq)
 {
     uint32_t drop = 0;
+    if (rs->nsent && rs->sent[0].seq <= seq)
+        rs->backoff = 0; /* progress: the successor is there and keeping up */
     while (drop < rs->nsent && rs->sent[drop].seq <= seq)
         free(rs->sent[drop++].msg);
     if (drop) {
@@ -952,9 +961,18 @@ int cps_chain_tick(cps_chain *c, uint64_t now)
             rs->mark_sent_ms = now;
             rc = send_mark(c, r, succ, rs->mark_to_send);
         }
-        /* Re-send in order from the oldest unacknowledged one when it is overdue. */
-        if (rs->nsent == 0 || now - rs->sent[0].sent_ms < c->cfg.resend_ms)
+        /* Re-send in order from the oldest unacknowledged one when it is overdue. Overdue
+         * grows with the update's size (a successor applies a 200 MB update for longer than a
+         * small one) and doubles with each unanswered round: re-sending a big update every
+         * 200 ms to a successor still applying it piles copies up in the transport. */
+        if (rs->nsent == 0)
             continue;
+        uint64_t wait =
+            ((uint64_t)c->cfg.resend_ms + rs->sent[0].len / RESEND_BYTES_PER_MS)
+            << (rs->backoff < RESEND_MAX_DOUBLINGS ? rs->backoff : RESEND_MAX_DOUBLINGS);
+        if (now - rs->sent[0].sent_ms < wait)
+            continue;
+        rs->backoff++;
         for (uint32_t i = 0; rc == 0 && i < rs->nsent; i++)
             rc = send_held(c, r, &rs->sent[i], succ, now);
     }

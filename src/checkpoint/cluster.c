@@ -21,7 +21,8 @@
 #define SCHED         0u
 #define CUT_PEER_BASE 0x20000000u /* tool-side peer ids of the cut threads: + range */
 #define READ_WINDOW   64          /* CUT_READs in flight */
-#define PUT_BYTES     (16u << 20) /* records per PUT message */
+#define READ_SPLIT    (1u << 20)  /* elements per CUT_READ of a dense chunk */
+#define PUT_BYTES     (64u << 20) /* records per PUT message */
 #define PUT_WINDOW    4           /* PUTs in flight per range */
 #define OPEN_TRIES    8
 
@@ -384,8 +385,12 @@ static int export_fill(void *arg, uint64_t first, void *buf, size_t n)
                 continue;
             uint64_t s0 = p->off < first ? first : p->off;
             uint64_t s1 = p->off + p->len > end ? end : p->off + p->len;
-            read_req q = {0, p->range, p->key, p->key, s0 - p->off, s1 - s0, s0 - first, 0};
-            rc = window_add(x, &w, q, buf);
+            /* Several requests in flight: the server copies one while we take the previous. */
+            for (uint64_t a = s0; rc == 0 && a < s1; a += READ_SPLIT) {
+                uint64_t b = s1 - a > READ_SPLIT ? a + READ_SPLIT : s1;
+                read_req q = {0, p->range, p->key, p->key, a - p->off, b - a, a - first, 0};
+                rc = window_add(x, &w, q, buf);
+            }
         }
     } else {
         /* Row i of a table lives in range (h + i) mod nr under key base + i / nr: the rows of

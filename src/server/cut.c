@@ -19,8 +19,8 @@
  * u64 opt_step[nkeys], u32 len[nkeys], zero pad to 8, f32 values[nkeys * count].
  *
  * Restore. PUT carries records (create + slices, src/server/transfer.c) for one range to its
- * head, which checks them in a transaction it aborts, then replicates them through the chain as
- * one CPS_UPD_PUT update and answers with the range's sequence number: once the tail reports
+ * head, which checks them against the store without writing, then replicates them through the chain
+ * as one CPS_UPD_PUT update and answers with the range's sequence number: once the tail reports
  * that number (CUT_PROBE), every replica holds the records.
  * PUT payload: u32 hello_len, u32 0, hello (the tool's inbox), zero pad to 8, entries. */
 #include <inttypes.h>
@@ -496,20 +496,6 @@ void cps__server_cuts_tick(server *s, uint64_t now, int stop_all)
 
 /* ---- PUT ---- */
 
-typedef struct put_io {
-    server *s;
-    uint32_t range;
-    const void *entries;
-    size_t len;
-} put_io;
-
-static int put_dry_run(cps_txn *txn, void *arg)
-{
-    put_io *io = arg;
-    int rc = cps__server_install_entries(txn, io->s, io->range, io->entries, io->len, 0);
-    return rc ? rc : 1; /* 1: abort the transaction, all went well */
-}
-
 void cps__server_on_put(server *s, cps_rx *rx)
 {
     char addr[CPS_ADDR_MAX];
@@ -529,10 +515,10 @@ void cps__server_on_put(server *s, cps_rx *rx)
     size_t elen = rx->len - off;
     /* Check every record before the chain counts the update as applied: a failure while
      * applying it would leave the replica poisoned. */
-    put_io io = {s, h->range, entries, elen};
-    int rc = cps__store_write(s->store, put_dry_run, &io);
-    if (rc != 1) {
-        tool_reply(s, peer, h, rc ? rc : CPS_EPROTO, 0, 0, 0, "records refused");
+    char why[200];
+    int rc = cps__server_check_put(s, h->range, entries, elen, why, sizeof why);
+    if (rc != 0) {
+        tool_reply(s, peer, h, rc, 0, 0, 0, why);
         cps__rx_free(rx);
         return;
     }

@@ -104,6 +104,11 @@ void cps__server_on_snap(server *s, cps_rx *rx);
  * records, aggregation records; a range entry only when `last`. Errors: CPS_EPROTO, store. */
 int cps__server_install_entries(cps_txn *txn, server *s, uint32_t range, const void *buf,
                                 size_t len, int last);
+/* Check a restore's records (PUT: create, slice and aggregation entries only) against the
+ * store without writing: every slice within a record this message creates or the store holds.
+ * Errors: CPS_EPROTO (why says which entry), CPS_ESTORE, CPS_ENOMEM. */
+int cps__server_check_put(server *s, uint32_t range, const void *buf, size_t len, char *why,
+                          size_t cap);
 /* Join finished snapshot threads (all of them, waiting, when `wait`). */
 void cps__server_reap_snapshots(server *s, int wait);
 /* Abandon joins that made no progress in time, re-ask for snapshots, confirm joins. */

@@ -58,6 +58,12 @@ struct cps_store {
 struct cps_txn {
     cps_store *s;
     MDB_txn *t;
+    /* The record cps__store_param_write (or _reset) last made writable in this txn: further
+     * slices of it are written in place, without copying the record again. Any other write to
+     * the params database forgets it. */
+    uint64_t wkey;
+    unsigned char *wrec;
+    size_t wsize;
     int map_full; /* some operation hit MDB_MAP_FULL: the whole txn is retried after growing */
     int failed;   /* some LMDB operation failed: never commit this txn */
 };
@@ -481,6 +487,7 @@ static int rec_reserve(cps_txn *tx, uint64_t key, uint32_t len, uint64_t step,
 {
     MDB_val k = {sizeof key, &key};
     MDB_val d = {rec_size(len, spec->opt_kind), NULL};
+    tx->wrec = NULL;
     int rc = mdb_put(tx->t, tx->s->params, &k, &d, MDB_RESERVE);
     if (rc)
         return lmdb_fail(tx, op, key, rc);
@@ -611,6 +618,9 @@ int cps__store_param_reset(cps_txn *tx, uint64_t key, uint32_t len, uint64_t opt
     if (rc)
         return rc;
     memset(p + REC_HDR, 0, rec_size(len, c.opt_kind) - REC_HDR);
+    tx->wkey = key;
+    tx->wrec = p;
+    tx->wsize = rec_size(len, c.opt_kind);
     return 0;
 }
 
@@ -625,19 +635,26 @@ int cps__store_param_write(cps_txn *tx, uint64_t key, uint32_t slot, uint64_t fi
     size_t slots = cps__optim_state_slots(rec.spec.opt_kind);
     if (slot > slots || first > rec.len || n > rec.len - first)
         return CPS_ESIZE;
-    size_t size = d.mv_size;
-    /* Re-put the record with MDB_RESERVE to get writable space, keeping its bytes. */
-    unsigned char *p;
-    if ((rc = scratch_reserve(tx->s, (size + 3) / 4)) != 0)
-        return rc;
-    memcpy(tx->s->scratch, d.mv_data, size);
-    MDB_val k = {sizeof key, &key};
-    MDB_val w = {size, NULL};
-    if ((rc = mdb_put(tx->t, tx->s->params, &k, &w, MDB_RESERVE)) != 0)
-        return lmdb_fail(tx, "param_write", key, rc);
-    p = w.mv_data;
-    memcpy(p, tx->s->scratch, size);
-    memcpy(p + REC_HDR + ((size_t)slot * rec.len + first) * sizeof(float), vals, n * sizeof(float));
+    if (!tx->wrec || tx->wkey != key || tx->wsize != d.mv_size) {
+        /* Make the record writable: put it again (MDB_RESERVE) with its own bytes. LMDB is
+         * copy-on-write, so the old bytes stay readable until the put returns new space, but
+         * that space may be the same dirty pages: copy through scratch. */
+        size_t size = d.mv_size;
+        if ((rc = scratch_reserve(tx->s, (size + 3) / 4)) != 0)
+            return rc;
+        memcpy(tx->s->scratch, d.mv_data, size);
+        MDB_val k = {sizeof key, &key};
+        MDB_val w = {size, NULL};
+        tx->wrec = NULL;
+        if ((rc = mdb_put(tx->t, tx->s->params, &k, &w, MDB_RESERVE)) != 0)
+            return lmdb_fail(tx, "param_write", key, rc);
+        memcpy(w.mv_data, tx->s->scratch, size);
+        tx->wkey = key;
+        tx->wrec = w.mv_data;
+        tx->wsize = size;
+    }
+    memcpy(tx->wrec + REC_HDR + ((size_t)slot * rec.len + first) * sizeof(float), vals,
+           n * sizeof(float));
     return 0;
 }
 
@@ -801,6 +818,7 @@ int cps__store_dedup_scan(cps_txn *tx, uint32_t range, cps_dedup_iter_fn fn, voi
 /* Delete every u64 key lo..hi of dbi. */
 static int delete_span(cps_txn *tx, MDB_dbi dbi, uint64_t lo, uint64_t hi, const char *op)
 {
+    tx->wrec = NULL;
     MDB_cursor *cur;
     int rc = mdb_cursor_open(tx->t, dbi, &cur);
     if (rc)
