@@ -253,6 +253,70 @@ static void expect_logged(pid_t pid, const char *needle, int before, int count)
     assert_true(h_alive(C.servers[0]));
 }
 
+/* A PUT (restore) for range 0: our inbox, then the entries. */
+static void send_put(uint64_t seq, const unsigned char *entries, size_t elen, uint32_t lie)
+{
+    unsigned char buf[1024] = {0};
+    char hello[16 + CPS_ADDR_MAX];
+    size_t hn = cps__hello_encode(hello, sizeof hello, CPS_ROLE_NONE, UINT32_MAX, 0, I.url);
+    size_t off = (8 + hn + 7) & ~(size_t)7;
+    cps__le32_put(buf, lie ? lie : (uint32_t)hn);
+    memcpy(buf + 8, hello, hn);
+    memcpy(buf + off, entries, elen);
+    cps_msg_hdr h = {.type = CPS_MSG_PUT, .sender = UINT32_MAX, .epoch = I.epoch, .req_seq = seq};
+    send_msg(I.server_id, &h, buf, off + elen);
+}
+
+static void bad_checkpoint_messages(pid_t srv, pid_t sch)
+{
+    int32_t st;
+    unsigned char e[256] = {0};
+    /* A slice of a key that does not exist. */
+    cps__le32_put(e, 6);
+    cps__le64_put(e + 8, KEY + 1);
+    cps__le64_put(e + 24, 2);
+    send_put(9001, e, 40, 0);
+    assert_int_equal(wait_reply(9001, &st), CPS_MSG_ERROR);
+    assert_int_equal(st, CPS_EPROTO);
+    /* A slice past the end of an existing key (KLEN values). */
+    cps__le64_put(e + 8, KEY);
+    cps__le64_put(e + 16, KLEN - 1);
+    send_put(9002, e, 40, 0);
+    assert_int_equal(wait_reply(9002, &st), CPS_MSG_ERROR);
+    /* A whole-record entry (state transfer only) does not belong in a restore. */
+    memset(e, 0, sizeof e);
+    cps__le32_put(e, 1);
+    send_put(9003, e, 128, 0);
+    assert_int_equal(wait_reply(9003, &st), CPS_MSG_ERROR);
+    /* An inbox length past the message: dropped with a log line. */
+    int before = h_log_count(srv, "malformed PUT dropped");
+    send_put(9004, e, 16, 5000);
+    expect_logged(srv, "malformed PUT dropped", before, 1);
+    /* A read-view request without a readable inbox. */
+    before = h_log_count(srv, "malformed checkpoint request (type 37)");
+    cps_msg_hdr o = {.type = CPS_MSG_CUT_OPEN, .sender = UINT32_MAX, .aux = 5, .req_seq = 9005};
+    send_msg(I.server_id, &o, "junk", 4);
+    expect_logged(srv, "malformed checkpoint request (type 37)", before, 1);
+    /* The registry: a description that does not parse, and a known name with another shape. */
+    cps_msg_hdr r = {.type = CPS_MSG_REGISTER, .sender = I.g.id, .epoch = I.epoch, .req_seq = 9006};
+    send_msg(0, &r, "not a description", 17);
+    assert_int_equal(wait_reply(9006, &st), CPS_MSG_ERROR);
+    assert_int_equal(st, CPS_ESIZE); /* shorter than any description */
+    cps_tensor_desc d = {.kind = 0, .length = 99};
+    d.spec.lr = 0.5f;
+    snprintf(d.name, sizeof d.name, "bad/w");
+    unsigned char db[512];
+    size_t dn = cps__wire_tensor_desc_encode(db, sizeof db, &d);
+    r.req_seq = 9007;
+    send_msg(0, &r, db, dn);
+    assert_int_equal(wait_reply(9007, &st), CPS_MSG_ERROR);
+    assert_int_equal(st, CPS_EEXIST);
+    before = h_log_count(sch, "malformed REGISTRY request dropped");
+    cps_msg_hdr g = {.type = CPS_MSG_REGISTRY, .sender = UINT32_MAX, .req_seq = 9008};
+    send_msg(0, &g, "xx", 2);
+    expect_logged(sch, "malformed REGISTRY request dropped", before, 1);
+}
+
 static void test_bad_messages(void **state)
 {
     (void)state;
@@ -378,6 +442,10 @@ static void test_bad_messages(void **state)
     send_msg(0, &hb, NULL, 0);
     expect_logged(srv, "from unknown node 777", 0, 1);
     expect_logged(sch, "from unknown node 777", 0, 1);
+
+    /* 2. Checkpoint messages gone wrong (src/server/cut.c, the scheduler's registry): each is
+     * refused with a reply or a log line, and nothing stored changes. */
+    bad_checkpoint_messages(srv, sch);
 
     /* The real worker sees exactly what it had. */
     assert_int_equal(cps_pull(c, t, after, 100), 0);
