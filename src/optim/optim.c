@@ -12,6 +12,7 @@
 #include <cblas.h>
 #include <limits.h>
 #include <math.h>
+#include <string.h>
 
 #include "chainps/error.h"
 
@@ -93,6 +94,15 @@ static void apply_sgd(const cps_param_spec *s, float *restrict p, const float *r
         p[i] -= lr * decayed(g[i], p[i], wd);
 }
 
+/* SGD out of place: one pass over the values instead of a copy and an update. */
+static void apply_sgd_copy(const cps_param_spec *s, const float *restrict src, float *restrict dst,
+                           const float *restrict g, size_t n)
+{
+    const float lr = s->lr, wd = s->weight_decay;
+    for (size_t i = 0; i < n; i++)
+        dst[i] = src[i] - lr * decayed(g[i], src[i], wd);
+}
+
 static void apply_momentum(const cps_param_spec *s, float *restrict p, float *restrict v,
                            const float *restrict g, size_t n)
 {
@@ -147,35 +157,82 @@ static void apply_rmsprop(const cps_param_spec *s, float *restrict p, float *res
     }
 }
 
+/* Resolve the defaults of *spec into *s and check the arguments. */
+static int apply_prepare(const cps_param_spec *spec, cps_param_spec *s, int have_state, size_t n,
+                         uint64_t t)
+{
+    *s = *spec;
+    cps__optim_spec_defaults(s);
+    if (s->opt_kind > CPS_W_OPT_RMSPROP)
+        return CPS_EINVAL;
+    if (cps__optim_state_slots(s->opt_kind) > 0 && !have_state && n > 0)
+        return CPS_EINVAL;
+    /* t is 1-based: t == 0 would divide by a zero bias correction. */
+    if (s->opt_kind == CPS_W_OPT_ADAM && t == 0)
+        return CPS_EINVAL;
+    return 0;
+}
+
+/* One step on n elements whose state slot k starts at state + k*stride. */
+static void apply_kind(const cps_param_spec *s, float *param, float *state, size_t stride,
+                       const float *grad, size_t n, uint64_t t)
+{
+    switch (s->opt_kind) {
+    case CPS_W_OPT_SGD:
+        apply_sgd(s, param, grad, n);
+        break;
+    case CPS_W_OPT_MOMENTUM:
+        apply_momentum(s, param, state, grad, n);
+        break;
+    case CPS_W_OPT_ADAGRAD:
+        apply_adagrad(s, param, state, grad, n);
+        break;
+    case CPS_W_OPT_ADAM:
+        apply_adam(s, param, state, state + stride, grad, n, t);
+        break;
+    case CPS_W_OPT_RMSPROP:
+        apply_rmsprop(s, param, state, grad, n);
+        break;
+    default:
+        break;
+    }
+}
+
 int cps__optim_apply(const cps_param_spec *spec, float *param, float *state, const float *grad,
                      size_t n, uint64_t t)
 {
-    cps_param_spec s = *spec;
-    cps__optim_spec_defaults(&s);
-    if (cps__optim_state_slots(s.opt_kind) > 0 && !state && n > 0)
-        return CPS_EINVAL;
-    switch (s.opt_kind) {
-    case CPS_W_OPT_SGD:
-        apply_sgd(&s, param, grad, n);
+    cps_param_spec s;
+    int rc = apply_prepare(spec, &s, state != NULL, n, t);
+    if (rc == 0)
+        apply_kind(&s, param, state, n, grad, n, t);
+    return rc;
+}
+
+/* Elements per block of cps__optim_apply_copy: a block of every array (values, up to two state
+ * slots, gradient) stays in L1/L2 between its copy and its update. */
+#define APPLY_BLOCK 2048
+
+int cps__optim_apply_copy(const cps_param_spec *spec, const float *src, float *dst,
+                          const float *grad, size_t n, uint64_t t)
+{
+    cps_param_spec s;
+    int rc = apply_prepare(spec, &s, 1, n, t);
+    if (rc != 0)
+        return rc;
+    if (s.opt_kind == CPS_W_OPT_SGD) {
+        apply_sgd_copy(&s, src, dst, grad, n);
         return 0;
-    case CPS_W_OPT_MOMENTUM:
-        apply_momentum(&s, param, state, grad, n);
-        return 0;
-    case CPS_W_OPT_ADAGRAD:
-        apply_adagrad(&s, param, state, grad, n);
-        return 0;
-    case CPS_W_OPT_ADAM:
-        /* t is 1-based: t == 0 would divide by a zero bias correction. */
-        if (t == 0)
-            return CPS_EINVAL;
-        apply_adam(&s, param, state, state + n, grad, n, t);
-        return 0;
-    case CPS_W_OPT_RMSPROP:
-        apply_rmsprop(&s, param, state, grad, n);
-        return 0;
-    default:
-        return CPS_EINVAL;
     }
+    size_t slots = cps__optim_state_slots(s.opt_kind);
+    /* Every rule is elementwise, so updating block by block computes the same bits as one call
+     * over all n elements. */
+    for (size_t i = 0; i < n; i += APPLY_BLOCK) {
+        size_t k = n - i < APPLY_BLOCK ? n - i : APPLY_BLOCK;
+        for (size_t a = 0; a <= slots; a++)
+            memcpy(dst + a * n + i, src + a * n + i, k * sizeof(float));
+        apply_kind(&s, dst + i, dst + n + i, n, grad + i, k, t);
+    }
+    return 0;
 }
 
 /* BLAS lengths are `blasint` (int in this build): feed long vectors in chunks. */

@@ -33,6 +33,15 @@ void cps__optim_spec_defaults(cps_param_spec *spec);
 int cps__optim_apply(const cps_param_spec *spec, float *param, float *state, const float *grad,
                      size_t n, uint64_t t);
 
+/* The same step out of place: dst = src after the step, where src and dst each hold a record's
+ * values, n params then the slots*n state values (slot-major, as above). SGD reads src and
+ * writes dst in one pass; the stateful rules copy and update block by block while the block is
+ * in cache. Either way the values cross memory once instead of being copied and then updated in
+ * a second pass, and the result is bitwise that of copying src to dst and calling
+ * cps__optim_apply. src and dst must not overlap. Errors: as cps__optim_apply. */
+int cps__optim_apply_copy(const cps_param_spec *spec, const float *src, float *dst,
+                          const float *grad, size_t n, uint64_t t);
+
 /* Fill out[0..n) with the initial values of tensor elements offset..offset+n-1, from a
  * counter-based generator keyed by (seed, element index): so values do not depend on how the
  * tensor is cut into keys or on which server creates them. */

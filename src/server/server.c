@@ -321,8 +321,11 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     switch (rx.hdr.type) {
     case CPS_MSG_WELCOME:
     case CPS_MSG_VIEW:
-        if (rx.hdr.sender == SCHED_PEER)
+        if (rx.hdr.sender == SCHED_PEER) {
+            /* Held acks go out under the view they were made in, as if sent at once. */
+            cps__server_flush_acks(s, 0, 1);
             install_view(s, &rx, rx.hdr.type == CPS_MSG_WELCOME);
+        }
         break;
     case CPS_MSG_SHUTDOWN:
         if (rx.hdr.sender == SCHED_PEER) {
@@ -569,12 +572,14 @@ int cps__server_run(const cps_config *cfg)
                 next_sync = now + SYNC_EVERY_MS;
             }
         }
-        int n = cps__tp_poll(s.tp, s.joined ? 20 : 100, handle_msg, &s, MSGS_PER_TURN);
+        int wait_ms = s.joined ? cps__server_ack_wait_ms(&s, cps__now_ms(), 20) : 100;
+        int n = cps__tp_poll(s.tp, wait_ms, handle_msg, &s, MSGS_PER_TURN);
         if (n < 0) {
             rc = n;
             break;
         }
         if (s.joined) {
+            cps__server_flush_acks(&s, cps__now_ms(), 0);
             cps__server_tick(&s, cps__now_ms());
             cps__server_reap_snapshots(&s, 0);
             cps__server_cuts_tick(&s, cps__now_ms(), 0);
@@ -590,6 +595,8 @@ int cps__server_run(const cps_config *cfg)
         }
     }
     rc = rc < 0 ? rc : 0;
+    if (!s.poisoned)
+        cps__server_flush_acks(&s, 0, 1);
     cps_log(CPS_LOG_INFO, "server", "stopping: %llu updates applied, %llu bad messages",
             (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad);
 out:

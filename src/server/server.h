@@ -44,6 +44,13 @@ typedef struct join_state {
     int got_snap;
 } join_state;
 
+/* A CHAIN_ACK held back for a moment before it is sent (update.c). */
+typedef struct held_ack {
+    int used;
+    uint32_t to;
+    cps_msg_hdr hdr;
+} held_ack;
+
 struct snap_job;
 
 typedef struct server {
@@ -84,6 +91,11 @@ typedef struct server {
     uint32_t nfuture;
     struct snap_job *snaps; /* snapshots being sent by threads */
     struct cut_job *cuts;   /* checkpoint read views, pending or served by threads (cut.c) */
+    /* CHAIN_ACKs waiting to be sent, one per range (acks are cumulative: the latest covers
+     * the earlier ones). */
+    held_ack *acks; /* acks_ranges entries */
+    uint32_t acks_ranges, nacks_held;
+    uint64_t acks_since; /* when the oldest one was held */
 } server;
 
 /* Data path (update.c). Each takes ownership of rx. */
@@ -113,6 +125,10 @@ int cps__server_check_put(server *s, uint32_t range, const void *buf, size_t len
 void cps__server_reap_snapshots(server *s, int wait);
 /* Abandon joins that made no progress in time, re-ask for snapshots, confirm joins. */
 void cps__server_check_joins(server *s, uint64_t now);
+/* Send the held CHAIN_ACKs that are due (all of them when `force`). */
+void cps__server_flush_acks(server *s, uint64_t now, int force);
+/* Milliseconds the event loop may sleep before held acks are due (`max_ms` if none). */
+int cps__server_ack_wait_ms(const server *s, uint64_t now, int max_ms);
 /* Timer: re-send overdue FWDs. */
 void cps__server_tick(server *s, uint64_t now);
 /* Install the new view in the chain, re-check sync slots and parked pulls. */

@@ -549,13 +549,19 @@ int cps__store_param_apply(cps_txn *tx, uint64_t key, const float *grad, uint32_
         return rc;
     float *dst = (float *)(void *)(p + REC_HDR);
     if (((uintptr_t)dst & (sizeof(float) - 1)) == 0) {
-        /* Update straight into the reserved record: one copy instead of two. LMDB is
-         * copy-on-write: a record not yet written in this transaction keeps its old pages
-         * intact until commit, so `old` is still readable after the reserve (and when LMDB
-         * reuses the same dirty space, old == dst and the copy is skipped). */
-        if ((const unsigned char *)dst != old)
-            memcpy(dst, old, nfloats * sizeof(float));
-        rc = cps__optim_apply(&rec.spec, dst, slots ? dst + n : NULL, grad, n, rec.opt_step + 1);
+        /* Update straight into the reserved record. LMDB is copy-on-write: a record not yet
+         * written in this transaction keeps its old pages intact until commit, so `old` is
+         * still readable after the reserve and does not overlap `dst` (when LMDB reuses the
+         * same dirty space, old == dst and the update is in place). An aligned `old` is read
+         * by the optimizer itself, so the values cross memory once (no copy pass first). */
+        uint64_t t = rec.opt_step + 1;
+        if ((const unsigned char *)dst != old && ((uintptr_t)old & (sizeof(float) - 1)) == 0) {
+            rc = cps__optim_apply_copy(&rec.spec, (const void *)old, dst, grad, n, t);
+        } else {
+            if ((const unsigned char *)dst != old)
+                memcpy(dst, old, nfloats * sizeof(float));
+            rc = cps__optim_apply(&rec.spec, dst, slots ? dst + n : NULL, grad, n, t);
+        }
     } else {
         /* A small record inside a leaf page may be misaligned for floats: go through scratch
          * (`old` is still intact, as above). */

@@ -127,7 +127,10 @@ static int req_send(cps_client *c, cps_req *r)
         size_t pz = c->pack_cap >= bound
                         ? cps__codec_compress(payload + len - probe, probe, c->pack, c->pack_cap)
                         : 0;
-        size_t z = pz ? cps__codec_compress(payload, len, c->pack, c->pack_cap) : 0;
+        /* A payload no bigger than the probe was compressed whole by the probe itself. */
+        size_t z = probe == len ? pz
+                   : pz         ? cps__codec_compress(payload, len, c->pack, c->pack_cap)
+                                : 0;
         if (z) {
             cps_msg_hdr zh = h;
             zh.flags |= CPS_WF_SNAPPY;

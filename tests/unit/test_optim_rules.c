@@ -294,6 +294,46 @@ static void test_alignment_independent(void **st)
     assert_memory_equal(pa, pb, M * sizeof(float));
 }
 
+/* The out-of-place step (the store's path for records that LMDB moves) gives bitwise what a
+ * copy followed by the in-place step gives, for every rule, over several blocks and a tail; the
+ * source record is left alone. */
+static void test_apply_copy(void **st)
+{
+    (void)st;
+    enum { M = 5000 }; /* more than two blocks, not a multiple of one */
+    float *src = malloc(3 * M * sizeof(float)), *ref = malloc(3 * M * sizeof(float));
+    float *dst = malloc(3 * M * sizeof(float)), *keep = malloc(3 * M * sizeof(float));
+    float *g = malloc(M * sizeof(float));
+    assert_non_null(src && ref && dst && keep && g);
+    for (uint32_t kind = 0; kind <= CPS_W_OPT_RMSPROP; kind++) {
+        cps_param_spec s = spec_of(kind, 0.01f);
+        s.momentum = 0.9f;
+        s.weight_decay = 0.01f;
+        s.nesterov = kind == CPS_W_OPT_MOMENTUM;
+        size_t slots = cps__optim_state_slots(kind);
+        for (int i = 0; i < 3 * M; i++)
+            src[i] = i < M ? (float)sin(i * 0.37) * 2.0f : (float)fabs(cos(i * 0.11));
+        for (int i = 0; i < M; i++)
+            g[i] = (float)cos(i * 1.3);
+        size_t bytes = (1 + slots) * M * sizeof(float);
+        memcpy(ref, src, bytes);
+        memcpy(keep, src, bytes);
+        assert_int_equal(cps__optim_apply(&s, ref, slots ? ref + M : NULL, g, M, 3), 0);
+        assert_int_equal(cps__optim_apply_copy(&s, src, dst, g, M, 3), 0);
+        assert_memory_equal(dst, ref, bytes);
+        assert_memory_equal(src, keep, bytes);
+    }
+    cps_param_spec a = spec_of(CPS_W_OPT_ADAM, 0.1f);
+    assert_int_equal(cps__optim_apply_copy(&a, src, dst, g, M, 0), CPS_EINVAL);
+    cps_param_spec bad = spec_of(99, 0.1f);
+    assert_int_equal(cps__optim_apply_copy(&bad, src, dst, g, M, 1), CPS_EINVAL);
+    free(src);
+    free(ref);
+    free(dst);
+    free(keep);
+    free(g);
+}
+
 static void test_vec_ops(void **st)
 {
     (void)st;
@@ -466,6 +506,7 @@ int main(void)
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_alignment_independent),
+        cmocka_unit_test(test_apply_copy),
         cmocka_unit_test(test_vec_ops),
         cmocka_unit_test(test_init_chunking),
         cmocka_unit_test(test_init_uniform),
