@@ -16,8 +16,8 @@
 #define DEDUP_SLOTS   (2u * CPS_MAX_NODES)
 #define REFUSED_SLOTS 16u
 
-/* Re-send timing: resend_ms plus 1 ms per this many bytes of the oldest held update, doubled
- * per unanswered round up to 2^RESEND_MAX_DOUBLINGS times. */
+/* Re-send timing: resend_ms, plus 1 ms per this many bytes of the oldest held update doubled per
+ * unanswered round up to 2^RESEND_MAX_DOUBLINGS times. */
 #define RESEND_BYTES_PER_MS  (50u << 10) /* ~50 MB/s: a slow successor applying a big update */
 #define RESEND_MAX_DOUBLINGS 4
 
@@ -961,15 +961,17 @@ int cps_chain_tick(cps_chain *c, uint64_t now)
             rs->mark_sent_ms = now;
             rc = send_mark(c, r, succ, rs->mark_to_send);
         }
-        /* Re-send in order from the oldest unacknowledged one when it is overdue. Overdue
-         * grows with the update's size (a successor applies a 200 MB update for longer than a
-         * small one) and doubles with each unanswered round: re-sending a big update every
-         * 200 ms to a successor still applying it piles copies up in the transport. */
+        /* Re-send in order from the oldest unacknowledged one when it is overdue: after
+         * resend_ms, plus time for the successor to take a big update, which doubles with each
+         * unanswered round (re-sending a 200 MB update every 200 ms to a successor still
+         * applying it piled copies up in the transport). Small updates keep the plain
+         * resend_ms, so a lost one is replaced as fast as ever. */
         if (rs->nsent == 0)
             continue;
+        uint64_t extra = rs->sent[0].len / RESEND_BYTES_PER_MS;
         uint64_t wait =
-            ((uint64_t)c->cfg.resend_ms + rs->sent[0].len / RESEND_BYTES_PER_MS)
-            << (rs->backoff < RESEND_MAX_DOUBLINGS ? rs->backoff : RESEND_MAX_DOUBLINGS);
+            (uint64_t)c->cfg.resend_ms +
+            (extra << (rs->backoff < RESEND_MAX_DOUBLINGS ? rs->backoff : RESEND_MAX_DOUBLINGS));
         if (now - rs->sent[0].sent_ms < wait)
             continue;
         rs->backoff++;
