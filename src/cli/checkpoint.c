@@ -148,14 +148,42 @@ static int parse_u64(const char *cmd, const char *what, const char *s, uint64_t 
     return 0;
 }
 
+int cps__cli_parse_optim(const char *kind, const char *lr_text, cps_param_spec *spec)
+{
+    static const char *const kinds[] = {"sgd", "momentum", "adagrad", "adam", "rmsprop"};
+    char name[32];
+    const char *colon = lr_text ? NULL : strchr(kind, ':');
+    size_t klen = colon ? (size_t)(colon - kind) : strlen(kind);
+    if (!lr_text && !colon)
+        return -1;
+    snprintf(name, sizeof name, "%.*s", (int)(klen < sizeof name ? klen : sizeof name - 1), kind);
+    const char *num = lr_text ? lr_text : colon + 1;
+    char *end;
+    float lr = strtof(num, &end);
+    int k = -1;
+    for (int i = 0; i < 5; i++)
+        if (!strcmp(name, kinds[i]))
+            k = i;
+    if (k < 0 || !*num || *end || !(lr > 0) || lr > 1e6f)
+        return -1;
+    /* The defaults cps_tensor_declare fills in, so a worker's declaration matches. */
+    memset(spec, 0, sizeof *spec);
+    spec->opt_kind = (uint32_t)k;
+    spec->lr = lr;
+    spec->beta1 = 0.9f;
+    spec->beta2 = 0.999f;
+    spec->eps = k == CPS_W_OPT_ADAGRAD ? 1e-10f : 1e-8f;
+    spec->rho = 0.9f;
+    return 0;
+}
+
 static int cluster_cmd(const char *sub, int argc, char **argv)
 {
     char cmd[32];
     snprintf(cmd, sizeof cmd, "checkpoint %s", sub);
     const char *sched = getenv("CHAINPS_SCHEDULER"), *out = NULL, *from = NULL;
     uint64_t step = 0, shard_mb = 0, timeout_s = 0;
-    const char *optim = NULL;
-    float lr = 0;
+    const char *optim = NULL, *lr_text = NULL;
     int opt;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "h", cluster_opts, NULL)) != -1) {
@@ -187,13 +215,9 @@ static int cluster_cmd(const char *sub, int argc, char **argv)
         case OPT_OPTIM:
             optim = optarg;
             break;
-        case OPT_LR: {
-            char *end;
-            lr = strtof(optarg, &end);
-            if (!*optarg || *end || !(lr > 0))
-                rc = cps__cli_usage_error(cmd, "--lr: '%s' is not a positive number", optarg);
+        case OPT_LR:
+            lr_text = optarg;
             break;
-        }
         default:
             return cps__cli_usage_error(cmd, "unknown option");
         }
@@ -206,7 +230,7 @@ static int cluster_cmd(const char *sub, int argc, char **argv)
         return cps__cli_usage_error(cmd,
                                     "--scheduler HOST:PORT is required (or CHAINPS_SCHEDULER)");
     if (!strcmp(sub, "export")) {
-        if (!out || from || optim || lr > 0)
+        if (!out || from || optim || lr_text)
             return cps__cli_usage_error(cmd, "export takes --out PATH (not --from, --optimizer, "
                                              "--lr)");
         cps_export_opts o = {.scheduler = sched,
@@ -231,24 +255,9 @@ static int cluster_cmd(const char *sub, int argc, char **argv)
         return cps__cli_usage_error(cmd, "restore takes --from PATH (not --out, --step, "
                                          "--shard-mb)");
     cps_param_spec spec;
-    memset(&spec, 0, sizeof spec);
-    if (optim || lr > 0) {
-        static const char *const kinds[] = {"sgd", "momentum", "adagrad", "adam", "rmsprop"};
-        int k = -1;
-        for (int i = 0; optim && i < 5; i++)
-            if (!strcmp(optim, kinds[i]))
-                k = i;
-        if (!optim || k < 0 || !(lr > 0))
-            return cps__cli_usage_error(cmd, "--optimizer sgd|momentum|adagrad|adam|rmsprop and "
-                                             "--lr X go together");
-        spec.opt_kind = (uint32_t)k;
-        spec.lr = lr;
-        spec.momentum = k == 1 ? 0.9f : 0;
-        spec.beta1 = 0.9f;
-        spec.beta2 = 0.999f;
-        spec.eps = k == 2 ? 1e-10f : 1e-8f;
-        spec.rho = 0.9f;
-    }
+    if ((optim || lr_text) && (!optim || !lr_text || cps__cli_parse_optim(optim, lr_text, &spec)))
+        return cps__cli_usage_error(cmd, "--optimizer sgd|momentum|adagrad|adam|rmsprop and "
+                                         "--lr X (> 0) go together");
     cps_restore_opts o = {.scheduler = sched,
                           .timeout_ms = (int)timeout_s * 1000,
                           .default_spec = (optim ? &spec : NULL),

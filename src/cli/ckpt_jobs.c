@@ -36,7 +36,13 @@ static void sleep_ms(uint64_t ms)
 static void *restore_thread(void *arg)
 {
     ckpt_thread_cfg *t = arg;
-    cps_restore_opts o = {.scheduler = t->sched, .release = 1, .timeout_ms = 120000};
+    cps_param_spec spec;
+    int have_spec =
+        t->cfg.restore_optim[0] && cps__cli_parse_optim(t->cfg.restore_optim, NULL, &spec) == 0;
+    cps_restore_opts o = {.scheduler = t->sched,
+                          .release = 1,
+                          .timeout_ms = 120000,
+                          .default_spec = have_spec ? &spec : NULL};
     cps_restore_result res;
     /* The job starts once every server and worker has said HELLO: until then, ask again. */
     int rc;

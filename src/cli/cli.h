@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "core/config.h"
+#include "core/wire.h"
 
 int cps__cli_scheduler(int argc, char **argv);
 int cps__cli_server(int argc, char **argv);
@@ -53,6 +54,7 @@ enum {
     CLI_OPT_CKPT_DIR,
     CLI_OPT_KEEP,
     CLI_OPT_RESTORE_FROM,
+    CLI_OPT_RESTORE_OPTIM,
 };
 
 /* Help text of the checkpoint flags of `scheduler` and `launch`. */
@@ -63,11 +65,17 @@ enum {
     "                     written under a temporary name and renamed when complete\n"              \
     "  --keep K           keep the newest K checkpoints (default: all)\n"                          \
     "  --restore-from PATH      load this checkpoint (any server count: keys are re-sharded)\n"    \
-    "                     before the workers start; they resume at its step\n"
+    "                     before the workers start; they resume at its step\n"                     \
+    "  --restore-optimizer KIND:LR  for tensors of a file written elsewhere (no optimizer\n"       \
+    "                     description in it), e.g. sgd:0.1 or adam:0.001\n"
 
 /* Checkpoint threads of the scheduler's process: the periodic export, and the restore that
  * runs before the workers are let in. Both talk to the scheduler at 127.0.0.1:cfg->sched_port.
  * Return 0 or an error (logged). */
 int cps__cli_ckpt_threads_start(const cps_config *cfg);
+/* The optimizer description "KIND:LR" (or KIND and LR apart: pass lr_text NULL to split at ':')
+ * into spec, with the library's defaults for everything else. Returns 0, or -1 (bad kind or
+ * learning rate). */
+int cps__cli_parse_optim(const char *kind, const char *lr_text, cps_param_spec *spec);
 
 #endif

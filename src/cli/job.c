@@ -258,6 +258,10 @@ int cps__job_start(cps_job *j, int i)
         if (j->cfg.restore_from[0] && !c->starts) {
             av[a++] = "--restore-from";
             av[a++] = j->cfg.restore_from;
+            if (j->cfg.restore_optim[0]) {
+                av[a++] = "--restore-optimizer";
+                av[a++] = j->cfg.restore_optim;
+            }
         }
         av[a] = NULL;
         return spawn(c, av, envp);

@@ -45,6 +45,7 @@ static const struct option launch_opts[] = {
     {"checkpoint-dir", required_argument, 0, CLI_OPT_CKPT_DIR},
     {"keep", required_argument, 0, CLI_OPT_KEEP},
     {"restore-from", required_argument, 0, CLI_OPT_RESTORE_FROM},
+    {"restore-optimizer", required_argument, 0, CLI_OPT_RESTORE_OPTIM},
     {"servers", required_argument, 0, CLI_OPT_SERVERS},
     {"workers", required_argument, 0, CLI_OPT_WORKERS},
     {"mode", required_argument, 0, CLI_OPT_MODE},
@@ -133,6 +134,8 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, i
                                     cfg->replicas);
     if ((cfg->ckpt_dir[0] || cfg->ckpt_keep) && !cfg->ckpt_every)
         return cps__cli_usage_error(cmd, "--checkpoint-dir and --keep need --checkpoint-every");
+    if (cfg->restore_optim[0] && !cfg->restore_from[0])
+        return cps__cli_usage_error(cmd, "--restore-optimizer needs --restore-from");
     if (kill_server >= cfg->num_servers)
         return cps__cli_usage_error(cmd, "--kill-server %u: there are only %u servers", kill_server,
                                     cfg->num_servers);

@@ -130,6 +130,19 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps_config *
     case CLI_OPT_KEEP:
         rc = cps__config_parse_u32("--keep", arg, 1, 1000000, &cfg->ckpt_keep, err, sizeof err);
         break;
+    case CLI_OPT_RESTORE_OPTIM: {
+        cps_param_spec spec;
+        if (strlen(arg) >= sizeof cfg->restore_optim || cps__cli_parse_optim(arg, NULL, &spec)) {
+            snprintf(err, sizeof err,
+                     "--restore-optimizer: '%s' is not KIND:LR (KIND sgd, momentum, adagrad, "
+                     "adam or rmsprop; LR > 0)",
+                     arg);
+            rc = CPS_ECONFIG;
+        } else {
+            snprintf(cfg->restore_optim, sizeof cfg->restore_optim, "%s", arg);
+        }
+        break;
+    }
     case CLI_OPT_RESTORE_FROM:
         if (!*arg || strlen(arg) >= sizeof cfg->restore_from) {
             snprintf(err, sizeof err, "--restore-from: empty or too long");
@@ -180,6 +193,7 @@ static const struct option scheduler_opts[] = {
     {"checkpoint-dir", required_argument, 0, CLI_OPT_CKPT_DIR},
     {"keep", required_argument, 0, CLI_OPT_KEEP},
     {"restore-from", required_argument, 0, CLI_OPT_RESTORE_FROM},
+    {"restore-optimizer", required_argument, 0, CLI_OPT_RESTORE_OPTIM},
     {"data", required_argument, 0, CLI_OPT_DATA},
     {"hold", no_argument, 0, CLI_OPT_HOLD},
     {"servers", required_argument, 0, CLI_OPT_SERVERS},
@@ -231,6 +245,8 @@ int cps__cli_scheduler(int argc, char **argv)
         return cps__cli_usage_error("scheduler", "--checkpoint-dir and --keep need "
                                                  "--checkpoint-every");
     cps__role_install_signals();
+    if (cfg.restore_optim[0] && !cfg.restore_from[0])
+        return cps__cli_usage_error("scheduler", "--restore-optimizer needs --restore-from");
     cfg.hold_workers = cfg.restore_from[0] != 0;
     if (cps__cli_ckpt_threads_start(&cfg) != 0)
         return 1;

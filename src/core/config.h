@@ -65,6 +65,7 @@ typedef struct cps_config {
     char ckpt_dir[512];     /* --checkpoint-dir (default DATA/checkpoints) */
     uint32_t ckpt_keep;     /* --keep: newest checkpoints kept (0: all) */
     char restore_from[512]; /* --restore-from: load this checkpoint before the workers */
+    char restore_optim[64]; /* --restore-optimizer KIND:LR for tensors without a description */
 } cps_config;
 
 /* Fill every field with its default. */

@@ -334,6 +334,67 @@ static int setup_async(void **state)
     return 0;
 }
 
+/* A safetensors file written elsewhere (no optimizer description, no chainps metadata but the
+ * step) initialises a job: the workers start from its values at its step. */
+static void initialise_from_a_foreign_file(void **state)
+{
+    (void)state;
+    char path[700];
+    snprintf(path, sizeof path, "%s/pretrained.safetensors", h_dir());
+    static float v[40000];
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (size_t i = 0; i < 40000; i++)
+        v[i] = (float)((int)(i % 13) - 6) * 0.125f;
+    const unsigned char *b = (const unsigned char *)v;
+    for (size_t k = 0; k < sizeof v; k++)
+        h = (h ^ b[k]) * 0x100000001b3ULL;
+    uint64_t shape[1] = {40000};
+    cps_ckpt_writer *w;
+    assert_int_equal(cps__ckpt_writer_open(path, 0, &w), 0);
+    assert_int_equal(cps__ckpt_writer_add(w, "lsq/w", CPS_CKPT_F32, 1, shape, v), 0);
+    assert_int_equal(cps__ckpt_writer_set_meta(w, "step", "5"), 0);
+    assert_int_equal(cps__ckpt_writer_commit(w, NULL, 0), 0);
+    /* The workers run SGD with lr 0.1 (no --adam): the same description is given. */
+    char *av[] = {CHAINPS_BIN,
+                  "launch",
+                  "--servers",
+                  "2",
+                  "--workers",
+                  "1",
+                  "--timeout",
+                  "60",
+                  "--restore-from",
+                  path,
+                  "--restore-optimizer",
+                  "sgd:0.1",
+                  "--",
+                  LSQ_BIN,
+                  "--dim",
+                  DIM,
+                  "--steps",
+                  "10",
+                  "--lr",
+                  "0.1",
+                  "--tol",
+                  "100",
+                  NULL};
+    pid_t run;
+    assert_int_equal(h_run("foreign", av, NULL, RUN_MS, &run), 0);
+    char want[80];
+    snprintf(want, sizeof want, "resuming at step 5, values checksum %016llx",
+             (unsigned long long)h);
+    assert_int_equal(h_log_count(run, want), 1);
+    assert_int_equal(h_log_count(run, "final: rank 0"), 1);
+}
+
+static int setup_foreign(void **state)
+{
+    (void)state;
+    h_test_begin("ckpt-foreign");
+    h_watchdog(120);
+    return 0;
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -363,6 +424,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(periodic_checkpoints_keep_the_newest, setup_periodic,
                                         teardown),
         cmocka_unit_test_setup_teardown(async_export_by_the_clock, setup_async, teardown),
+        cmocka_unit_test_setup_teardown(initialise_from_a_foreign_file, setup_foreign, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
