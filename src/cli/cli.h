@@ -61,8 +61,9 @@ enum {
 #define CPS_CLI_CKPT_HELP                                                                          \
     "  --checkpoint-every N|Ns  export a checkpoint every N training steps (sync jobs: exactly\n"  \
     "                     at steps N, 2N, ...) or every N seconds (`30s`)\n"                       \
-    "  --checkpoint-dir DIR     where (default DATA/checkpoints): DIR/step-<step>/ each,\n"        \
-    "                     written under a temporary name and renamed when complete\n"              \
+    "  --checkpoint-dir DIR     where: DIR/step-<step>/ each, written under a temporary\n"         \
+    "                     name and renamed when complete (default: DATA/checkpoints for\n"         \
+    "                     `scheduler`, ./chainps-checkpoints for `launch`)\n"                      \
     "  --keep K           keep the newest K checkpoints (default: all)\n"                          \
     "  --restore-from PATH      load this checkpoint (any server count: keys are re-sharded)\n"    \
     "                     before the workers start; they resume at its step\n"                     \

@@ -33,10 +33,9 @@ static const char launch_usage[] =
     "  --no-compress      never snappy-compress pushes\n"
     "  --kill-at SEC      a demonstration of failover: SIGKILL server 0 (the head of range 0)\n"
     "                     SEC seconds in, restart it 2 s later (it copies its ranges back);\n"
+    "                     the workers see CHAINPS_KILL_AT_S=SEC (fmnist marks it on its plot)\n"
     "  --kill-server R    kill server rank R instead (with ring placement, rank 1 is the\n"
-    "                     middle and rank R-1 the tail of range 0)\n"
-    "                     the workers see CHAINPS_KILL_AT_S=SEC (fmnist marks it on its "
-    "plot)\n" CPS_CLI_CKPT_HELP
+    "                     middle and rank R-1 the tail of range 0)\n" CPS_CLI_CKPT_HELP
     "  -v, --verbose      more logging from every process (twice: debug)\n"
     "  -h, --help         this text\n";
 

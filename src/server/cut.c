@@ -25,6 +25,7 @@
  * PUT payload: u32 hello_len, u32 0, hello (the tool's inbox), zero pad to 8, entries. */
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,7 +53,7 @@ typedef struct cut_job {
     int open;             /* the thread runs */
     /* thread side */
     pthread_t thread;
-    volatile int stop, done;
+    atomic_int stop, done; /* set by one thread, read by the other */
     cps_txn *txn;
     uint64_t seq, at_step;
     uint32_t self;
