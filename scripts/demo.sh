@@ -13,9 +13,9 @@ mkdir -p "$out"
 echo "demo: training on Fashion-MNIST with 3 servers and 2 workers (sync SGD); output in $out"
 echo "demo: 6 s in, the head of a chain is killed (SIGKILL); training carries on without a"
 echo "demo: restart, and the server comes back 2 s later and copies its ranges back"
-echo "demo: every 30 s the job is checkpointed while it trains (newest 2 kept in $out/checkpoints)"
+echo "demo: every 500 steps the job is checkpointed while it trains (newest 2 kept in $out/checkpoints)"
 build/release/chainps launch --servers 3 --workers 2 --mode sync --timeout 3600 --kill-at 6 \
-  --checkpoint-every 30s --checkpoint-dir "$out/checkpoints" --keep 2 -- \
+  --checkpoint-every 500 --checkpoint-dir "$out/checkpoints" --keep 2 -- \
   build/release/examples/fmnist --model mlp --epochs 5 --out "$out" "$@"
 echo "demo: plot $out/fmnist-mlp.png, CSV $out/fmnist-mlp.csv, final model $out/fmnist-mlp.bin"
 echo "demo: checkpoints: build/release/chainps checkpoint inspect $out/checkpoints/<step-...>"
