@@ -25,6 +25,8 @@
 #define PUT_BYTES     (64u << 20) /* records per PUT message */
 #define PUT_WINDOW    4           /* PUTs in flight per range */
 #define OPEN_TRIES    8
+#define REFRESH_MS    2000  /* waiting for a cut: ask for the view again this often */
+#define READ_WAIT_MS  30000 /* one read's answer (a tail that died fails the export) */
 
 static size_t pad8(size_t n)
 {
@@ -145,20 +147,55 @@ static int match_registry(const cps_rx *rx, const void *arg)
     return rx->hdr.type == CPS_MSG_REGISTRY && (rx->hdr.flags & CPS_WF_REPLY);
 }
 
-/* The view and the tensor registry, asked again every second until the deadline. */
-static int link_registry(link *l, const char *scheduler)
+/* Ask the scheduler for its REGISTRY answer, again every second until `deadline`. */
+static int fetch_registry(link *l, uint64_t deadline, cps_rx *rx)
 {
-    uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
-    cps_rx rx;
     int rc = CPS_ETIMEDOUT;
     while (cps__now_ms() < deadline) {
         cps_msg_hdr h = {.type = CPS_MSG_REGISTRY, .sender = UINT32_MAX};
         cps__msg_send(l->tp, SCHED, &h, l->hello, l->hello_len);
         uint64_t until = cps__now_ms() + 1000;
-        rc = take(l, match_registry, NULL, until < deadline ? until : deadline, &rx);
+        rc = take(l, match_registry, NULL, until < deadline ? until : deadline, rx);
         if (rc == 0)
             break;
     }
+    return rc;
+}
+
+static int connect_servers(link *l)
+{
+    int rc = 0;
+    if (rc == 0)
+        rc = connect_servers(l);
+    return rc;
+}
+
+/* The current view only (the tails may have moved since we asked). */
+static int link_refresh_view(link *l)
+{
+    cps_rx rx;
+    int rc = fetch_registry(l, cps__now_ms() + 2000, &rx);
+    if (rc != 0)
+        return rc;
+    cps_view v;
+    cps__view_init(&v);
+    size_t used;
+    rc = cps__view_decode_prefix(rx.payload, rx.len, &v, &used);
+    cps__rx_free(&rx);
+    if (rc == 0 && v.nranges == l->view.nranges) {
+        cps__view_fini(&l->view);
+        l->view = v;
+        return connect_servers(l);
+    }
+    cps__view_fini(&v);
+    return rc ? rc : CPS_EPROTO;
+}
+
+/* The view and the tensor registry, asked again every second until the deadline. */
+static int link_registry(link *l, const char *scheduler)
+{
+    cps_rx rx;
+    int rc = fetch_registry(l, cps__now_ms() + (uint64_t)l->timeout_ms, &rx);
     if (rc != 0) {
         cps_log(CPS_LOG_ERROR, SUB, "no answer from the scheduler at %s within %.0f s", scheduler,
                 l->timeout_ms / 1000.0);
@@ -304,10 +341,11 @@ static int window_drain(export_ctx *x, window *w, void *buf);
 static int finish_read(export_ctx *x, const read_req *q, void *buf)
 {
     cps_rx rx;
-    int rc = take(x->l, match_req, q, cps__now_ms() + (uint64_t)x->l->timeout_ms, &rx);
+    int wait = x->l->timeout_ms < READ_WAIT_MS ? x->l->timeout_ms : READ_WAIT_MS;
+    int rc = take(x->l, match_req, q, cps__now_ms() + (uint64_t)wait, &rx);
     if (rc != 0) {
         cps_log(CPS_LOG_ERROR, SUB, "tensor %s: no answer from range %u's read view in %.0f s",
-                x->d->name, q->range, x->l->timeout_ms / 1000.0);
+                x->d->name, q->range, wait / 1000.0);
         return rc;
     }
     uint64_t nkeys = q->hi - q->lo + 1;
@@ -497,15 +535,11 @@ static int probe_steps(link *l, uint64_t *hi_out)
     return 0;
 }
 
-/* Open a read view on every range at step `step` (0: now). *past receives the highest step
- * reported by a range that is already past it (CPS_EPAST). */
-static int open_cut(link *l, cut *c, uint64_t step, uint64_t *past)
+static void send_opens(link *l, const cut *c, uint64_t step, const unsigned char *answered)
 {
-    uint32_t n = l->view.nranges, got = 0;
-    int first_err = 0;
-    c->id = cps__splitmix64(cps__now_ms() ^ ++l->next_req);
-    *past = 0;
-    for (uint32_t r = 0; r < n; r++) {
+    for (uint32_t r = 0; r < l->view.nranges; r++) {
+        if (answered[r])
+            continue;
         cps_msg_hdr h = {.type = CPS_MSG_CUT_OPEN,
                          .sender = UINT32_MAX,
                          .range = r,
@@ -514,24 +548,61 @@ static int open_cut(link *l, cut *c, uint64_t step, uint64_t *past)
                          .req_seq = ++l->next_req};
         cps__msg_send(l->tp, tail_of(l, r), &h, l->hello, l->hello_len);
     }
+}
+
+/* Open a read view on every range at step `step` (0: now). A tail may wait for the step for a
+ * long time: meanwhile the view is asked for again every few seconds and the ranges not yet
+ * answered are asked at their current tails (a tail that died took our request with it; a
+ * repeat to the same tail is ignored). *past receives the highest step reported by a range
+ * that is already past `step` (CPS_EPAST). */
+static int open_cut(link *l, cut *c, uint64_t step, uint64_t *past)
+{
+    uint32_t n = l->view.nranges, got = 0;
+    int first_err = 0;
+    unsigned char *answered = calloc(n ? n : 1, 1);
+    if (!answered)
+        return CPS_ENOMEM;
+    c->id = cps__splitmix64(cps__now_ms() ^ ++l->next_req);
+    *past = 0;
+    send_opens(l, c, step, answered);
     uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
+    uint64_t refresh = cps__now_ms() + REFRESH_MS;
+    int rc = 0;
     while (got < n) {
-        cps_rx rx;
-        int rc = take(l, match_open, c, deadline, &rx);
-        if (rc != 0) {
+        uint64_t now = cps__now_ms();
+        if (now >= deadline) {
             cps_log(CPS_LOG_ERROR, SUB,
                     "%u of %u ranges did not open a read view at step %" PRIu64 " within %.0f s",
                     n - got, n, step, l->timeout_ms / 1000.0);
-            return first_err ? first_err : rc;
+            rc = CPS_ETIMEDOUT;
+            break;
         }
+        cps_rx rx;
+        rc = take(l, match_open, c, refresh < deadline ? refresh : deadline, &rx);
+        if (rc == CPS_ETIMEDOUT) {
+            if (cps__now_ms() >= refresh) {
+                if (link_refresh_view(l) == 0)
+                    send_opens(l, c, step, answered);
+                refresh = cps__now_ms() + REFRESH_MS;
+            }
+            rc = 0;
+            continue;
+        }
+        if (rc != 0)
+            break;
         uint32_t r = rx.hdr.range;
-        if (r < n && rx.hdr.type == CPS_MSG_ERROR) {
+        if (r < n && !answered[r] && rx.hdr.type == CPS_MSG_ERROR) {
             int err = rx.hdr.status ? rx.hdr.status : CPS_EPROTO;
-            if (err == CPS_EPAST && rx.hdr.step > *past)
-                *past = rx.hdr.step;
-            first_err = first_err ? first_err : err;
-            got++;
-        } else if (r < n && !c->open[r]) {
+            if (err == CPS_ESTALE_EPOCH) {
+                refresh = 0; /* the tail moved: ask the new one */
+            } else {
+                if (err == CPS_EPAST && rx.hdr.step > *past)
+                    *past = rx.hdr.step;
+                first_err = first_err ? first_err : err;
+                answered[r] = 1;
+                got++;
+            }
+        } else if (r < n && !answered[r]) {
             const char *url = rx.payload;
             if (rx.len < 2 || url[rx.len - 1] != 0 ||
                 cps__tp_peer_set(l->tp, CUT_PEER_BASE + r, url) != 0) {
@@ -541,11 +612,13 @@ static int open_cut(link *l, cut *c, uint64_t step, uint64_t *past)
                 c->seq[r] = rx.hdr.req_seq;
                 c->at_step[r] = rx.hdr.step;
             }
+            answered[r] = 1;
             got++;
         }
         cps__rx_free(&rx);
     }
-    return first_err;
+    free(answered);
+    return rc ? (first_err ? first_err : rc) : first_err;
 }
 
 static int name_cmp(const void *a, const void *b)
@@ -574,7 +647,7 @@ int cps__ckpt_export(const cps_export_opts *o, const char *out, cps_export_resul
     if (rc == 0)
         rc = link_registry(&l, o->scheduler);
     if (rc == 0 && l.ndescs == 0) {
-        cps_log(CPS_LOG_ERROR, SUB,
+        cps_log(o->quiet_until_ready ? CPS_LOG_DEBUG : CPS_LOG_ERROR, SUB,
                 "the job has no tensors yet (workers register them when "
                 "they declare them): nothing to export");
         rc = CPS_ENOTFOUND;

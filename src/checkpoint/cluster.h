@@ -34,7 +34,8 @@ typedef struct cps_export_opts {
     const char *advertise;    /**< the address servers reach us at; NULL: bind_host */
     uint64_t at_step;         /**< sync jobs: cut exactly at this step (0: the next boundary) */
     uint64_t max_shard_bytes; /**< 0: one file */
-    int timeout_ms;           /**< for the cut to open and for each read; 0: 120 s */
+    int timeout_ms;           /**< for the cut to open (each read: at most 30 s); 0: 120 s */
+    int quiet_until_ready;    /**< log "not started" / "no tensors yet" at debug level only */
 } cps_export_opts;
 
 typedef struct cps_export_result {

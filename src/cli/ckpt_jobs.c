@@ -134,8 +134,10 @@ static int export_one(const ckpt_thread_cfg *t, uint64_t at_step, cps_export_res
     char tmp[700], final[700];
     snprintf(tmp, sizeof tmp, "%s/.tmp-export", dir);
     remove_tree(tmp); /* an export that crashed half-way */
-    cps_export_opts o = {
-        .scheduler = t->sched, .at_step = at_step, .timeout_ms = at_step ? 600000 : 120000};
+    cps_export_opts o = {.scheduler = t->sched,
+                         .at_step = at_step,
+                         .timeout_ms = at_step ? 600000 : 120000,
+                         .quiet_until_ready = 1};
     int rc = cps__ckpt_export(&o, tmp, res);
     if (rc != 0) {
         remove_tree(tmp);
