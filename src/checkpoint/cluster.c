@@ -312,6 +312,10 @@ typedef struct read_req {
 static int match_req(const cps_rx *rx, const void *arg)
 {
     const read_req *q = arg;
+    /* A read view the server had to close answers every read that way (req_seq UINT64_MAX). */
+    if ((rx->hdr.flags & CPS_WF_REPLY) && rx->hdr.type == CPS_MSG_ERROR &&
+        rx->hdr.req_seq == UINT64_MAX && rx->hdr.range == q->range)
+        return 1;
     return (rx->hdr.flags & CPS_WF_REPLY) && rx->hdr.req_seq == q->req &&
            (rx->hdr.type == CPS_MSG_CUT_READ || rx->hdr.type == CPS_MSG_ERROR) &&
            rx->hdr.range == q->range;
@@ -383,10 +387,9 @@ struct window {
 static int window_drain(export_ctx *x, window *w, void *buf)
 {
     int rc = 0;
-    for (size_t k = 0; k < w->n; k++) {
-        int r = finish_read(x, &w->q[k], buf);
-        rc = rc ? rc : r;
-    }
+    /* After the first failure the export is over: do not wait for the other answers. */
+    for (size_t k = 0; k < w->n && rc == 0; k++)
+        rc = finish_read(x, &w->q[k], buf);
     w->n = 0;
     return rc;
 }

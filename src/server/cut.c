@@ -350,14 +350,23 @@ static void *cut_thread(void *arg)
             memcpy((char *)buf + CPS_WIRE_HDR_SIZE, url, n);
         thread_reply(t.tp, j, &req, CPS_MSG_CUT_OPEN, rc ? rc : (buf ? 0 : CPS_ENOMEM), buf, n);
         while (rc == 0 && !t.closed && !j->stop && cps__now_ms() - t.last_ms < CUT_IDLE_MS)
-            cps__tp_poll(t.tp, 100, on_thread_msg, &t, 0);
-        uint64_t drain = cps__now_ms() + 2000;
+            cps__tp_poll(t.tp, 20, on_thread_msg, &t, 0);
+    }
+    /* The read transaction first: a writer may be waiting for it (to grow the map). */
+    cps__store_snapshot_end(j->txn);
+    j->txn = NULL;
+    if (t.tp) {
+        if (j->stop && rc == 0) {
+            /* Tell the exporter at once (req_seq UINT64_MAX: no request of its own). */
+            cps_msg_hdr gone = {.type = CPS_MSG_CUT_READ, .req_seq = UINT64_MAX};
+            thread_reply(t.tp, j, &gone, 0, CPS_EAGAIN, NULL, 0);
+        }
+        /* Let the last answers leave; briefly if the event loop is waiting for us. */
+        uint64_t drain = cps__now_ms() + (j->stop ? 50 : 2000);
         while (cps__tp_queued(t.tp) > 0 && cps__now_ms() < drain)
             cps__tp_poll(t.tp, 20, NULL, NULL, 0);
         cps__tp_destroy(t.tp);
     }
-    cps__store_snapshot_end(j->txn);
-    j->txn = NULL;
     if (!t.closed && !j->stop)
         cps_log(CPS_LOG_WARN, "server",
                 "checkpoint read view %" PRIu64 " of range %u closed "
@@ -474,6 +483,26 @@ void cps__server_cuts_after_apply(server *s, uint32_t range)
         if (!j->open && j->range == range)
             try_cut(s, j);
     }
+}
+
+void cps__server_cuts_before_grow(void *ctx)
+{
+    server *s = ctx;
+    int n = 0;
+    for (cut_job *j = s->cuts, *next; j; j = next) {
+        next = j->next;
+        if (!j->open)
+            continue;
+        j->stop = 1;
+        pthread_join(j->thread, NULL);
+        drop_job(s, j);
+        n++;
+    }
+    if (n)
+        cps_log(CPS_LOG_WARN, "server",
+                "closed %d checkpoint read view(s): the store had to grow while they were "
+                "open (the export fails and is tried again)",
+                n);
 }
 
 void cps__server_cuts_tick(server *s, uint64_t now, int stop_all)

@@ -485,7 +485,10 @@ int cps__server_run(const cps_config *cfg)
     openblas_set_num_threads(1);
     cps__tune_malloc();
 
-    cps_store_opts so = {.initial_map_bytes = 0, .sync_every_commit = cfg->sync_every_commit};
+    cps_store_opts so = {.initial_map_bytes = 0,
+                         .sync_every_commit = cfg->sync_every_commit,
+                         .before_grow = cps__server_cuts_before_grow,
+                         .grow_ctx = &s};
     int rc = cps__store_open(cfg->data_dir, &so, &s.store);
     if (rc != 0) {
         cps_log(CPS_LOG_ERROR, "server", "cannot open the store in %s: %s", cfg->data_dir,

@@ -142,6 +142,10 @@ void cps__server_on_cut_open(server *s, cps_rx *rx);
 void cps__server_on_put(server *s, cps_rx *rx);
 /* After an update of `range` is applied: open the cuts waiting for that range's step. */
 void cps__server_cuts_after_apply(server *s, uint32_t range);
+/* The store must grow its map, which waits for every read transaction: end the open cuts now
+ * (their exports fail and are tried again) rather than stall the event loop until they end.
+ * ctx is the server. */
+void cps__server_cuts_before_grow(void *ctx);
 /* Timer: join finished cut threads, drop expired waits; stop_all ends every cut (waiting). */
 void cps__server_cuts_tick(server *s, uint64_t now, int stop_all);
 

@@ -35,6 +35,7 @@
  * the cap stops a runaway caller (e.g. one that writes garbage sizes) from eating the disk. */
 #define MAX_GROWTHS   24
 #define MAX_MAP_BYTES ((size_t)1 << 40)
+#define ROOM_MIN_FREE ((size_t)1 << 30) /* ensure_room: free map space, at least */
 /* Readers are the event loop plus a few off-loop jobs (checkpoint export, state transfer,
  * status); MDB_NOTLS ties a slot to each open read txn, not to a thread. */
 #define MAX_READERS    126
@@ -51,6 +52,8 @@ struct cps_store {
      * (LMDB does not check). Every txn holds this lock shared; growing takes it exclusive. */
     pthread_rwlock_t map_lock;
     float *scratch; /* 64-byte aligned; only the writer thread uses it */
+    void (*before_grow)(void *ctx);
+    void *grow_ctx;
     size_t scratch_floats;
     char dir[512];
 };
@@ -303,6 +306,10 @@ int cps__store_open(const char *dir, const cps_store_opts *opts, cps_store **out
     pthread_rwlockattr_destroy(&attr);
 
     size_t map = opts && opts->initial_map_bytes ? opts->initial_map_bytes : DEFAULT_MAP_BYTES;
+    if (opts) {
+        s->before_grow = opts->before_grow;
+        s->grow_ctx = opts->grow_ctx;
+    }
     /* MDB_WRITEMAP: dirty pages are written in the map itself, so a commit does no writev of
      * every page (measured: ~10% of server CPU for 1 MB updates, ~5 us per small commit). */
     unsigned flags = MDB_NOTLS | MDB_WRITEMAP;
@@ -374,6 +381,8 @@ static int grow_map(cps_store *s)
                 info.me_mapsize, (size_t)MAX_MAP_BYTES);
         return CPS_ESTORE;
     }
+    if (s->before_grow)
+        s->before_grow(s->grow_ctx);
     pthread_rwlock_wrlock(&s->map_lock);
     rc = mdb_env_set_mapsize(s->env, want);
     pthread_rwlock_unlock(&s->map_lock);
@@ -396,7 +405,7 @@ int cps__store_ensure_room(cps_store *s)
     size_t used = (info.me_last_pgno + 1) * (size_t)st.ms_psize;
     /* While a snapshot is open, freed pages cannot be reused: every update takes new ones, and
      * a training step rewrites every record. Room for several steps of the whole store. */
-    while (rc == 0 && used * 8 > info.me_mapsize) {
+    while (rc == 0 && (used * 8 > info.me_mapsize || info.me_mapsize - used < ROOM_MIN_FREE)) {
         if ((rc = grow_map(s)) == 0 && (rc = mdb_env_info(s->env, &info)) != 0)
             rc = env_fail(s, "mdb_env_info", rc);
     }

@@ -32,6 +32,11 @@ typedef struct cps_txn cps_txn;
 typedef struct cps_store_opts {
     size_t initial_map_bytes; /* 0: 64 MiB */
     int sync_every_commit;    /* 1: fsync on every commit */
+    /* Called on the writer's thread before the map grows, which must wait for every read
+     * transaction of this process to end: the owner of long-lived snapshots ends them here
+     * (a snapshot waiting on that same thread would never end). May be NULL. */
+    void (*before_grow)(void *ctx);
+    void *grow_ctx;
 } cps_store_opts;
 
 /* Open (creating if needed) the environment in directory `dir` (created if missing).
@@ -93,7 +98,8 @@ int cps__store_param_write(cps_txn *txn, uint64_t key, uint32_t slot, uint64_t f
 int cps__store_snapshot_begin(cps_store *s, cps_txn **out);
 /* End it (from any thread). NULL is a no-op. */
 void cps__store_snapshot_end(cps_txn *txn);
-/* Grow the map until at most an eighth of it is in use, so that updates applied while a
+/* Grow the map until at most an eighth of it is in use and at least 1 GiB is free (address
+ * space: the file is sparse), so that updates applied while a
  * snapshot is open need not grow it. Call with no transaction of this process open.
  * Errors: CPS_ESTORE. */
 int cps__store_ensure_room(cps_store *s);
