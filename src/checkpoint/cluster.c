@@ -165,8 +165,9 @@ static int fetch_registry(link *l, uint64_t deadline, cps_rx *rx)
 static int connect_servers(link *l)
 {
     int rc = 0;
-    if (rc == 0)
-        rc = connect_servers(l);
+    for (uint32_t i = 0; rc == 0 && i < l->view.nnodes; i++)
+        if (l->view.nodes[i].role == CPS_ROLE_SERVER)
+            rc = cps__tp_peer_set(l->tp, l->view.nodes[i].id, l->view.nodes[i].addr);
     return rc;
 }
 
@@ -230,9 +231,8 @@ static int link_registry(link *l, const char *scheduler)
                 "the job at %s has not started (its servers are not all "
                 "there yet)",
                 scheduler);
-    for (uint32_t i = 0; rc == 0 && i < l->view.nnodes; i++)
-        if (l->view.nodes[i].role == CPS_ROLE_SERVER)
-            rc = cps__tp_peer_set(l->tp, l->view.nodes[i].id, l->view.nodes[i].addr);
+    if (rc == 0)
+        rc = connect_servers(l);
     return rc;
 }
 
