@@ -554,7 +554,7 @@ static void send_opens(link *l, const cut *c, uint64_t step, const unsigned char
 }
 
 /* Open a read view on every range at step `step` (0: now). A tail may wait for the step for a
- * long time: meanwhile the view is asked for again every few seconds and the ranges not yet
+ * long time: meanwhile the view is asked for again every REFRESH_MS and the ranges not yet
  * answered are asked at their current tails (a tail that died took our request with it; a
  * repeat to the same tail is ignored). *past receives the highest step reported by a range
  * that is already past `step` (CPS_EPAST). */
