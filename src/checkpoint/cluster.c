@@ -928,14 +928,6 @@ static int restore_sink(void *arg, uint64_t first, const void *buf, size_t n)
     return 0;
 }
 
-/* Key-set signature of a sync push (as src/server/update.c computes it). */
-static uint64_t keyset_sig(const cps_part *p)
-{
-    uint64_t h = cps__fnv1a(CPS_FNV_INIT, p->keys, (size_t)p->nkeys * 8);
-    h = cps__fnv1a(h, p->lens, (size_t)p->nkeys * 4);
-    return h ? h : 1;
-}
-
 static int match_probe_range(const cps_rx *rx, const void *arg)
 {
     const uint32_t *r = arg;
@@ -1174,8 +1166,9 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
         /* Sync jobs: the step the key sets are at, so workers declaring them resume there. */
         for (uint32_t k = 0; rc == 0 && !d->kind && step && k < t.nparts; k++) {
             char name[64];
-            int nlen = snprintf(name, sizeof name, "agg/%" PRIu32 "/%016" PRIx64, t.parts[k].range,
-                                keyset_sig(&t.parts[k]));
+            int nlen =
+                snprintf(name, sizeof name, "agg/%" PRIu32 "/%016" PRIx64, t.parts[k].range,
+                         cps__keyset_sig(t.parts[k].keys, t.parts[k].lens, t.parts[k].nkeys));
             unsigned char *at;
             if ((rc = put_room(&x, t.parts[k].range, 16 + pad8((size_t)nlen) + 8, &at)) != 0)
                 break;
@@ -1212,18 +1205,6 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
     res->tensors = nwant;
     res->seconds = (double)(cps__now_ms() - t0) / 1000.0;
     cps__ckpt_reader_close(rd);
-    link_close(&l);
-    return rc;
-}
-
-int cps__ckpt_release_workers(const char *scheduler, const char *bind_host)
-{
-    link l;
-    int rc = link_open(&l, scheduler, bind_host, NULL, 5000);
-    if (rc == 0) {
-        cps_msg_hdr h = {.type = CPS_MSG_RELEASE, .sender = UINT32_MAX};
-        rc = cps__msg_send(l.tp, SCHED, &h, l.hello, l.hello_len);
-    }
     link_close(&l);
     return rc;
 }

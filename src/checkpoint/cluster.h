@@ -83,7 +83,4 @@ typedef struct cps_restore_result {
  */
 int cps__ckpt_restore(const cps_restore_opts *opts, const char *from, cps_restore_result *res);
 
-/** @brief Ask the scheduler to admit the workers it holds back. */
-int cps__ckpt_release_workers(const char *scheduler, const char *bind_host);
-
 #endif

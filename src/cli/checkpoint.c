@@ -9,6 +9,7 @@
 #include "chainps/error.h"
 #include "checkpoint/ckpt.h"
 #include "checkpoint/cluster.h"
+#include "worker/client.h"
 #include "cli.h"
 
 static const char checkpoint_usage[] =
@@ -166,15 +167,9 @@ int cps__cli_parse_optim(const char *kind, const char *lr_text, cps_param_spec *
             k = i;
     if (k < 0 || !*num || *end || !(lr > 0) || lr > 1e6f)
         return -1;
-    /* The defaults cps_tensor_declare fills in, so a worker's declaration matches. */
-    memset(spec, 0, sizeof *spec);
-    spec->opt_kind = (uint32_t)k;
-    spec->lr = lr;
-    spec->beta1 = 0.9f;
-    spec->beta2 = 0.999f;
-    spec->eps = k == CPS_W_OPT_ADAGRAD ? 1e-10f : 1e-8f;
-    spec->rho = 0.9f;
-    return 0;
+    /* Built as a worker's declaration is, so the restored records match it. */
+    cps_optim o = {.kind = (cps_optim_kind)k, .lr = lr};
+    return cps__spec_make("(restore)", NULL, &o, spec) == 0 ? 0 : -1;
 }
 
 static int cluster_cmd(const char *sub, int argc, char **argv)

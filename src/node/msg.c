@@ -126,3 +126,10 @@ uint64_t cps__splitmix64(uint64_t x)
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
     return x ^ (x >> 31);
 }
+
+uint64_t cps__keyset_sig(const uint64_t *keys, const uint32_t *lens, uint32_t n)
+{
+    uint64_t h = cps__fnv1a(CPS_FNV_INIT, keys, (size_t)n * 8);
+    h = cps__fnv1a(h, lens, (size_t)n * 4);
+    return h ? h : 1;
+}

@@ -45,5 +45,9 @@ void cps__rx_free(cps_rx *rx);
 #define CPS_FNV_INIT 0xcbf29ce484222325ULL
 uint64_t cps__fnv1a(uint64_t h, const void *p, size_t n);
 uint64_t cps__splitmix64(uint64_t x);
+/* Signature of the key set of a sync push (its keys and lengths): the servers count each key
+ * set's applied steps under it, and a restore writes those counts. Never 0 (0 means "not an
+ * aggregate"). */
+uint64_t cps__keyset_sig(const uint64_t *keys, const uint32_t *lens, uint32_t n);
 
 #endif

@@ -1,5 +1,10 @@
 #include "temp_peers.h"
 
+#include "chainps/error.h"
+#include "core/view.h"
+
+#include <string.h>
+
 uint32_t cps__temp_peer_add(cps_temp_peers *t, cps_tp *tp, const char *addr, uint64_t now)
 {
     uint32_t i = t->next++ % CPS_TEMP_PEERS;
@@ -19,4 +24,18 @@ void cps__temp_peers_expire(cps_temp_peers *t, cps_tp *tp, uint64_t now)
             t->slot[i].id = 0;
         }
     }
+}
+
+int cps__temp_peer_from_hello(cps_temp_peers *t, cps_tp *tp, const void *hello, size_t len,
+                              uint64_t now, uint32_t *peer, char *addr)
+{
+    uint32_t role, want_rank, prev_id;
+    char a[CPS_ADDR_MAX];
+    *peer = 0;
+    if (cps__hello_decode(hello, len, &role, &want_rank, &prev_id, a) != 0)
+        return CPS_EPROTO;
+    if (addr)
+        memcpy(addr, a, CPS_ADDR_MAX);
+    *peer = cps__temp_peer_add(t, tp, a, now);
+    return 0;
 }

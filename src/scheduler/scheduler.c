@@ -761,13 +761,11 @@ static void shutdown_job(sched *s)
  * temporary peer id to answer it at, or 0 (logged) if the request is malformed. */
 static uint32_t tool_peer(sched *s, const cps_rx *rx, const char *what)
 {
-    uint32_t role, want_rank, prev_id;
-    char addr[CPS_ADDR_MAX];
-    if (cps__hello_decode(rx->payload, rx->len, &role, &want_rank, &prev_id, addr) != 0) {
+    uint32_t peer;
+    if (cps__temp_peer_from_hello(&s->temps, s->tp, rx->payload, rx->len, cps__now_ms(), &peer,
+                                  NULL) != 0)
         cps_log(CPS_LOG_WARN, "scheduler", "malformed %s request dropped", what);
-        return 0;
-    }
-    return cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
+    return peer;
 }
 
 /* A reply to a tool: the view, then `extra` bytes for the caller to fill; aux says whether the

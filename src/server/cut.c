@@ -114,7 +114,6 @@ static int range_span(server *s, uint32_t range, span_io *io)
  * its inbox), or 0 (logged) if the request is malformed. */
 static uint32_t tool_peer(server *s, const cps_rx *rx, char addr[CPS_ADDR_MAX])
 {
-    uint32_t role, want_rank, prev_id;
     const void *hello = rx->payload;
     size_t hlen = rx->len;
     if (rx->hdr.type == CPS_MSG_PUT) {
@@ -125,12 +124,11 @@ static uint32_t tool_peer(server *s, const cps_rx *rx, char addr[CPS_ADDR_MAX])
         hello = (const char *)rx->payload + 8;
         hlen = cps__le32_get(rx->payload);
     }
-    if (cps__hello_decode(hello, hlen, &role, &want_rank, &prev_id, addr) != 0) {
+    uint32_t peer;
+    if (cps__temp_peer_from_hello(&s->temps, s->tp, hello, hlen, cps__now_ms(), &peer, addr) != 0)
         cps_log(CPS_LOG_WARN, "server", "malformed checkpoint request (type %u) dropped",
                 rx->hdr.type);
-        return 0;
-    }
-    return cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
+    return peer;
 }
 
 static void tool_reply(server *s, uint32_t peer, const cps_msg_hdr *req, int status, uint64_t step,
@@ -157,10 +155,7 @@ static void tool_reply(server *s, uint32_t peer, const cps_msg_hdr *req, int sta
 
 static int is_tail(const server *s, uint32_t range)
 {
-    if (range >= s->view.nranges)
-        return 0;
-    const cps_range *r = &s->view.ranges[range];
-    return r->chain_len > 0 && r->chain[r->chain_len - 1] == s->id;
+    return s->chain && cps_chain_is_tail(s->chain, range);
 }
 
 static int holds(const server *s, uint32_t range)

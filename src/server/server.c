@@ -276,14 +276,13 @@ static int checksum_txn(cps_txn *txn, void *arg)
 /* `chainps status --verify`: checksum of one range's values at its current sequence number. */
 static void handle_checksum(server *s, const cps_rx *rx)
 {
-    uint32_t role, want_rank, prev_id;
-    char addr[CPS_ADDR_MAX];
+    uint32_t peer = 0;
     if (!s->joined || rx->hdr.range >= s->view.nranges ||
-        cps__hello_decode(rx->payload, rx->len, &role, &want_rank, &prev_id, addr) != 0) {
+        cps__temp_peer_from_hello(&s->temps, s->tp, rx->payload, rx->len, cps__now_ms(), &peer,
+                                  NULL) != 0) {
         cps_log(CPS_LOG_WARN, "server", "malformed checksum request dropped");
         return;
     }
-    uint32_t peer = cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
     if (!peer)
         return;
     const cps_range *r = &s->view.ranges[rx->hdr.range];

@@ -495,9 +495,7 @@ static int keys_in_range(const server *s, uint32_t range, const cps_kv *kv)
 
 static uint64_t keyset_sig(const cps_kv *kv)
 {
-    uint64_t h = cps__fnv1a(CPS_FNV_INIT, kv->keys, (size_t)kv->nkeys * 8);
-    h = cps__fnv1a(h, kv->lens, (size_t)kv->nkeys * 4);
-    return h ? h : 1; /* 0 means "not an aggregate" */
+    return cps__keyset_sig(kv->keys, kv->lens, kv->nkeys);
 }
 
 /* Refuse before anything is applied: unknown keys, wrong lengths, conflicting re-declares. */

@@ -20,8 +20,8 @@ cps_optim cps_optim_sgd(float lr)
 
 /* Turn the public init/optimizer description into the wire spec, resolving defaults and
  * refusing nonsense with a log line that names the parameter. */
-static int make_spec(const char *name, const cps_init *init, const cps_optim *optim,
-                     cps_param_spec *spec)
+int cps__spec_make(const char *name, const cps_init *init, const cps_optim *optim,
+                   cps_param_spec *spec)
 {
     memset(spec, 0, sizeof *spec);
     if (init) {
@@ -91,7 +91,7 @@ static int declare(cps_client *c, const char *name, uint64_t length, uint64_t ro
         return CPS_EINVAL;
     }
     cps_param_spec spec;
-    int rc = make_spec(name, init, optim, &spec);
+    int rc = cps__spec_make(name, init, optim, &spec);
     if (rc != 0)
         return rc;
     pthread_mutex_lock(&c->lock);
@@ -341,7 +341,7 @@ int cps_raw_declare(cps_client *c, const uint64_t *keys, size_t nkeys, const uin
                     const cps_init *init, const cps_optim *optim)
 {
     cps_param_spec spec;
-    int rc = make_spec("(raw keys)", init, optim, &spec);
+    int rc = cps__spec_make("(raw keys)", init, optim, &spec);
     if (rc != 0)
         return rc;
     return raw_op(c, OP_DECLARE, keys, nkeys, NULL, NULL, lens, &spec, 0);

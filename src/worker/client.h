@@ -41,6 +41,11 @@ struct cps_tensor {
 /* Fill t->parts for a dense tensor (chunks) or a table (rows) under view v.
  * Errors: CPS_ENOMEM, CPS_EINVAL. */
 int cps__layout_tensor(cps_tensor *t, const cps_view *v);
+/* The wire description of a declaration: `init` (NULL: zeros) and `optim` (NULL: SGD 0.01)
+ * checked, the optimizer's defaults filled in. Whatever else builds a spec a worker must match
+ * (a restore's --optimizer) goes through here too. `name` is for the log. Errors: CPS_EINVAL. */
+int cps__spec_make(const char *name, const cps_init *init, const cps_optim *optim,
+                   cps_param_spec *spec);
 /* Key of row `row` of table t under view v. */
 uint64_t cps__layout_row_key(const cps_tensor *t, const cps_view *v, uint64_t row);
 /* Split sorted raw keys into per-range parts (values contiguous in key order).
