@@ -56,64 +56,8 @@ R=3
 
 res=$(mktemp "${TMPDIR:-/tmp}/chainps-catchup-XXXXXX")
 work=$(mktemp -d "${TMPDIR:-/tmp}/chainps-catchup-XXXXXX")
-pids=()
-
-alive() {
-    local st
-    st=$(ps -o stat= -p "$1" 2>/dev/null)
-    [ -n "$st" ] && [ "${st#Z}" = "$st" ]
-}
-reap() {
-    local p
-    for p in "$@"; do
-        { wait "$p"; } 2>/dev/null
-    done
-}
-signalled=0
-stop_all() {
-    # Every process this script started, by PID. They should exit by themselves once the worker
-    # is done (the scheduler ends the job); whoever is left after 2 s gets SIGTERM, then SIGKILL.
-    local p left sig
-    for sig in none TERM KILL; do
-        for _ in $(seq 20); do
-            left=0
-            for p in "${pids[@]}"; do
-                alive "$p" && left=1
-            done
-            [ "$left" = 0 ] && break
-            sleep 0.1
-        done
-        [ "$left" = 0 ] && break
-        [ "$sig" = none ] && continue
-        for p in "${pids[@]}"; do
-            if alive "$p"; then
-                echo "left after the job: pid $p ($(ps -o args= -p "$p" | cut -c1-40)...): SIG$sig" \
-                    >>"$work/stop.log"
-                kill "-$sig" "$p" 2>/dev/null
-                signalled=$((signalled + 1))
-            fi
-        done
-    done
-    reap "${pids[@]}"
-    pids=()
-}
-cleanup() {
-    for p in "${pids[@]}"; do
-        kill -KILL "$p" 2>/dev/null
-    done
-    reap "${pids[@]}"
-    if [ "${KEEP:-0}" = 1 ]; then
-        echo "raw results kept in $res, logs in $work"
-    else
-        rm -rf "$res" "$work"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
+# shellcheck source=lib_procs.sh
+. "$here/lib_procs.sh"
 
 # wait_for FILE REGEX SECONDS [COUNT] [PID] [FROM]: until FILE has COUNT (1) lines matching REGEX
 # from its line FROM (1) on; gives up after SECONDS or when PID (if given) is gone.
