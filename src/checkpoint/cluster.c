@@ -210,6 +210,7 @@ static int link_registry(link *l, const char *scheduler)
     if (rc == 0 && rx.len < used + 8)
         rc = CPS_EPROTO;
     l->started = (int)rx.hdr.aux;
+    free(l->descs);
     l->descs = calloc(n ? n : 1, sizeof *l->descs);
     if (rc == 0 && !l->descs)
         rc = CPS_ENOMEM;
@@ -690,6 +691,10 @@ int cps__ckpt_export(const cps_export_opts *o, const char *out, cps_export_resul
                 step, past);
         step = past; /* reported in res->step */
     }
+    /* The registry again, now that the cut is open: a cut that waited for its step must hold the
+     * tensors declared meanwhile (workers declare while the exporter waits at a job's start). */
+    if (rc == 0)
+        rc = link_registry(&l, o->scheduler);
     if (rc == 0 && !sync)
         for (uint32_t r = 0; r < n; r++)
             step = c.at_step[r] > step ? c.at_step[r] : step;
