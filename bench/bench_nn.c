@@ -1,22 +1,31 @@
-/* Raw nanomsg baseline for bench_ps: what the transport alone costs on this machine.
+/* Raw nanomsg and raw TCP baselines for bench_ps: what the transport alone costs on this machine.
  *
- * Two processes' worth of sockets in one process (an echo thread plays the server), wired the way
- * chainps wires nodes: each side binds one NN_PULL inbox on 127.0.0.1 and sends on an NN_PUSH
- * socket connected to the other's inbox, with 4 MiB NN_SNDBUF/NN_RCVBUF, NN_TCP_NODELAY and
- * zero-copy NN_MSG buffers. For each message size it measures:
+ * Two processes, as a chainps worker and server are: a forked child echoes, wired the way chainps
+ * wires nodes: each side binds one NN_PULL inbox on 127.0.0.1 and sends on an NN_PUSH socket
+ * connected to the other's inbox, with 4 MiB NN_SNDBUF/NN_RCVBUF, NN_TCP_NODELAY and zero-copy
+ * NN_MSG buffers. For each message size it measures:
  *   rtt   request of `size` bytes, 64-byte reply (a push and its ack): p50/p99 in microseconds
  *   push  the same, pipelined (window of `depth` requests): MB/s of request bytes
  *   echo  request and reply both `size` bytes, pipelined: MB/s counting both directions
- * The echo thread replies by sending the received buffer itself (no copy), so these numbers are
- * the floor for any protocol on top of nanomsg.
+ *   tcp   the rtt over a plain blocking TCP socket (TCP_NODELAY) to another forked child: the
+ *         floor below nanomsg, whose I/O thread adds a thread hand-off at each end
+ * The echo child replies by sending the received buffer itself (no copy), so these numbers are
+ * the floor for any protocol on top of nanomsg. Both children are ended by their PID.
  *
- * usage: bench_nn [--out FILE] [--reps N] [--ms MS] [--sizes a,b,...]   (results: key=value
- *        lines appended to FILE, a table on stdout)
+ * usage: bench_nn [--out FILE] [--reps N] [--ms MS] [--sizes a,b,...] [--rtt-only] [--tag T]
+ *        (results: key=value lines appended to FILE, a table on stdout; --rtt-only measures
+ *        only the round trips, in about a second, so a caller can repeat it beside each of its
+ *        own runs; --tag T is written into each result line as tag=T)
  *        bench_nn --free-port   (print a TCP port nobody listens on on 127.0.0.1, and exit)
  */
 #include <arpa/inet.h>
+#include <malloc.h>
+#include <errno.h>
 #include <netinet/in.h>
-#include <pthread.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,9 +91,8 @@ typedef struct echo_arg {
     int in, out;
 } echo_arg;
 
-static void *echo_main(void *p)
+static void echo_main(echo_arg *a)
 {
-    echo_arg *a = p;
     for (;;) {
         void *m = NULL;
         int n = nn_recv(a->in, &m, NN_MSG, 0);
@@ -93,7 +101,7 @@ static void *echo_main(void *p)
         unsigned char op = ((unsigned char *)m)[0];
         if (op == OP_QUIT) {
             nn_freemsg(m);
-            return NULL;
+            return;
         }
         if (op == OP_ACK) {
             nn_freemsg(m);
@@ -183,6 +191,89 @@ static double run_pipe(client *c, size_t size, int n, int depth, unsigned char o
     return bytes / (now_s() - t0) / 1e6;
 }
 
+/* ---- raw TCP: [u32 length][payload] requests, 64-byte replies; length 0 ends the child ---- */
+
+static int read_full(int fd, void *buf, size_t n)
+{
+    for (size_t got = 0; got < n;) {
+        ssize_t r = read(fd, (char *)buf + got, n - got);
+        if (r > 0)
+            got += (size_t)r;
+        else if (r == 0 || errno != EINTR)
+            return -1;
+    }
+    return 0;
+}
+
+static int write_full(int fd, const void *buf, size_t n)
+{
+    for (size_t put = 0; put < n;) {
+        ssize_t r = write(fd, (const char *)buf + put, n - put);
+        if (r > 0)
+            put += (size_t)r;
+        else if (r == 0 || errno != EINTR)
+            return -1;
+    }
+    return 0;
+}
+
+static void tcp_echo_main(int lfd, size_t maxsz)
+{
+    int fd = accept(lfd, NULL, NULL);
+    int one = 1;
+    char *buf = malloc(maxsz);
+    if (fd < 0 || !buf || setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0)
+        _exit(1);
+    char ack[ACK_BYTES] = {0};
+    for (;;) {
+        uint32_t len;
+        if (read_full(fd, &len, sizeof len) < 0 || len == 0 || len > maxsz)
+            _exit(0);
+        if (read_full(fd, buf, len) < 0 || write_full(fd, ack, sizeof ack) < 0)
+            _exit(1);
+    }
+}
+
+static int tcp_rtt(int fd, const unsigned char *data, size_t size, int n, double *lat_us)
+{
+    char ack[ACK_BYTES];
+    uint32_t len = (uint32_t)size;
+    for (int i = 0; i < n; i++) {
+        double t0 = now_s();
+        if (write_full(fd, &len, sizeof len) < 0 || write_full(fd, data, size) < 0 ||
+            read_full(fd, ack, sizeof ack) < 0)
+            return -1;
+        lat_us[i] = (now_s() - t0) * 1e6;
+    }
+    return n;
+}
+
+/* A child that dies with us (PR_SET_PDEATHSIG) and after `secs` at the latest, so an aborted run
+ * leaves nothing behind. */
+static pid_t fork_child(unsigned secs)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        alarm(secs);
+    }
+    return pid;
+}
+
+static void end_child(pid_t pid)
+{
+    if (pid <= 0)
+        return;
+    int st;
+    for (int i = 0; i < 200; i++) { /* 2 s to leave on its own, then SIGKILL */
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return;
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &st, 0);
+}
+
 /* Number of operations for about `ms` milliseconds, from a short timed warm-up. */
 static int calibrate(client *c, size_t size, int depth, unsigned char op, double ms, int lo, int hi)
 {
@@ -201,8 +292,8 @@ static int calibrate(client *c, size_t size, int depth, unsigned char op, double
 
 int main(int argc, char **argv)
 {
-    const char *out_path = NULL, *sizes_arg = "4096,65536,1048576,16777216";
-    int reps = 5;
+    const char *out_path = NULL, *sizes_arg = "4096,65536,1048576,16777216", *tag = NULL;
+    int reps = 5, rtt_only = 0;
     double ms = 60;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--free-port")) {
@@ -219,9 +310,13 @@ int main(int argc, char **argv)
             ms = atof(argv[++i]);
         } else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
             sizes_arg = argv[++i];
+        } else if (!strcmp(argv[i], "--tag") && i + 1 < argc) {
+            tag = argv[++i];
+        } else if (!strcmp(argv[i], "--rtt-only")) {
+            rtt_only = 1;
         } else {
             fprintf(stderr, "usage: bench_nn [--out FILE] [--reps N] [--ms MS] [--sizes a,b]"
-                            " | --free-port\n");
+                            " [--rtt-only] [--tag T] | --free-port\n");
             return 2;
         }
     }
@@ -241,6 +336,13 @@ int main(int argc, char **argv)
         sizes[nsizes++] = (size_t)v;
         p = *end == ',' ? end + 1 : end;
     }
+    size_t maxsz = 0;
+    for (int i = 0; i < nsizes; i++)
+        maxsz = sizes[i] > maxsz ? sizes[i] : maxsz;
+    /* As chainps's processes do (src/node/roles.c): keep large message buffers in the heap
+     * instead of an mmap and munmap for each one, so the floor is measured the same way. */
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+    mallopt(M_MMAP_THRESHOLD, 128 << 20);
 
     int sp = free_port(), cp = free_port();
     if (sp <= 0 || cp <= 0 || sp == cp) {
@@ -250,24 +352,54 @@ int main(int argc, char **argv)
     char surl[64], curl[64];
     snprintf(surl, sizeof surl, "tcp://127.0.0.1:%d", sp);
     snprintf(curl, sizeof curl, "tcp://127.0.0.1:%d", cp);
-    echo_arg ea = {make_sock(NN_PULL), make_sock(NN_PUSH)};
+
+    /* The TCP echo child: listening before the fork, so the connect below cannot race it. */
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in la = {.sin_family = AF_INET, .sin_port = 0};
+    la.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t lalen = sizeof la;
+    if (lfd < 0 || bind(lfd, (struct sockaddr *)&la, sizeof la) < 0 || listen(lfd, 1) < 0 ||
+        getsockname(lfd, (struct sockaddr *)&la, &lalen) < 0) {
+        perror("bench_nn: tcp listen");
+        return 1;
+    }
+    /* Children fork before this process opens any nanomsg socket: nanomsg's threads do not
+     * survive a fork. */
+    pid_t tcp_child = fork_child(900);
+    if (tcp_child == 0)
+        tcp_echo_main(lfd, maxsz);
+    close(lfd);
+    pid_t nn_child = fork_child(900);
+    if (nn_child == 0) {
+        echo_arg ea = {make_sock(NN_PULL), make_sock(NN_PUSH)};
+        if (nn_bind(ea.in, surl) < 0 || nn_connect(ea.out, curl) < 0)
+            die("echo bind/connect");
+        echo_main(&ea);
+        nn_close(ea.in);
+        nn_close(ea.out);
+        _exit(0);
+    }
+    if (tcp_child < 0 || nn_child < 0) {
+        perror("bench_nn: fork");
+        end_child(tcp_child);
+        end_child(nn_child);
+        return 1;
+    }
+    int tfd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    if (tfd < 0 || connect(tfd, (struct sockaddr *)&la, sizeof la) < 0 ||
+        setsockopt(tfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) < 0) {
+        perror("bench_nn: tcp connect");
+        return 1;
+    }
     client c = {make_sock(NN_PUSH), make_sock(NN_PULL), NULL};
-    if (nn_bind(ea.in, surl) < 0 || nn_bind(c.in, curl) < 0)
+    if (nn_bind(c.in, curl) < 0)
         die("nn_bind");
-    if (nn_connect(ea.out, curl) < 0 || nn_connect(c.out, surl) < 0)
+    if (nn_connect(c.out, surl) < 0)
         die("nn_connect");
     int to = 10000; /* never hang: a lost message fails the run after 10 s */
     if (nn_setsockopt(c.in, NN_SOL_SOCKET, NN_RCVTIMEO, &to, sizeof to) < 0)
         die("nn_setsockopt");
-    pthread_t th;
-    if (pthread_create(&th, NULL, echo_main, &ea) != 0) {
-        fprintf(stderr, "bench_nn: pthread_create failed\n");
-        return 1;
-    }
 
-    size_t maxsz = 0;
-    for (int i = 0; i < nsizes; i++)
-        maxsz = sizes[i] > maxsz ? sizes[i] : maxsz;
     unsigned char *data = malloc(maxsz);
     uint64_t x = 0x9e3779b97f4a7c15ull;
     for (size_t i = 0; i < maxsz; i++) {
@@ -281,42 +413,54 @@ int main(int argc, char **argv)
         perror(out_path);
         return 1;
     }
-    printf("%10s %10s %10s %12s %12s\n", "size", "rtt p50us", "rtt p99us", "push MB/s",
-           "echo MB/s");
+    printf("%10s %10s %10s %12s %12s %10s %10s\n", "size", "rtt p50us", "rtt p99us", "push MB/s",
+           "echo MB/s", "tcp p50us", "tcp p99us");
     for (int s = 0; s < nsizes; s++) {
         size_t size = sizes[s];
         int depth = (int)((32u << 20) / size);
         depth = depth < 2 ? 2 : depth > 16 ? 16 : depth;
         int n_rtt = calibrate(&c, size, 1, OP_ACK, ms, 20, 20000);
-        int n_push = calibrate(&c, size, depth, OP_ACK, ms, 8, 100000);
-        int n_echo = calibrate(&c, size, depth, OP_ECHO, ms, 8, 100000);
+        int n_push = rtt_only ? 0 : calibrate(&c, size, depth, OP_ACK, ms, 8, 100000);
+        int n_echo = rtt_only ? 0 : calibrate(&c, size, depth, OP_ECHO, ms, 8, 100000);
         double *lat = malloc(sizeof *lat * (size_t)n_rtt);
-        double p50[50], p99[50], push[50], echo[50];
+        double p50[50], p99[50], push[50], echo[50], t50[50], t99[50];
         for (int r = 0; r < reps; r++) {
             run_rtt(&c, size, n_rtt, lat);
             p50[r] = pct(lat, n_rtt, 0.50);
             p99[r] = pct(lat, n_rtt, 0.99);
-            push[r] = run_pipe(&c, size, n_push, depth, OP_ACK);
-            echo[r] = run_pipe(&c, size, n_echo, depth, OP_ECHO);
+            if (tcp_rtt(tfd, data, size, n_rtt, lat) < 0) {
+                perror("bench_nn: tcp round trip");
+                return 1;
+            }
+            t50[r] = pct(lat, n_rtt, 0.50);
+            t99[r] = pct(lat, n_rtt, 0.99);
+            push[r] = rtt_only ? 0 : run_pipe(&c, size, n_push, depth, OP_ACK);
+            echo[r] = rtt_only ? 0 : run_pipe(&c, size, n_echo, depth, OP_ECHO);
         }
         free(lat);
         double m50 = median(p50, reps), m99 = median(p99, reps);
         double mp = median(push, reps), me = median(echo, reps);
-        printf("%10zu %10.1f %10.1f %12.0f %12.0f\n", size, m50, m99, mp, me);
+        double tm50 = median(t50, reps), tm99 = median(t99, reps);
+        printf("%10zu %10.1f %10.1f %12.0f %12.0f %10.1f %10.1f\n", size, m50, m99, mp, me, tm50,
+               tm99);
         if (out)
             fprintf(out,
-                    "nn size=%zu rtt_p50=%.2f rtt_p99=%.2f push_mbps=%.1f echo_mbps=%.1f "
-                    "depth=%d\n",
-                    size, m50, m99, mp, me, depth);
+                    "%s size=%zu rtt_p50=%.2f rtt_p99=%.2f push_mbps=%.1f echo_mbps=%.1f "
+                    "depth=%d tcp_p50=%.2f tcp_p99=%.2f tag=%s\n",
+                    rtt_only ? "nnrtt" : "nn", size, m50, m99, mp, me, depth, tm50, tm99,
+                    tag ? tag : "-");
     }
     if (out)
         fclose(out);
     send_req(&c, ACK_BYTES, OP_QUIT);
-    pthread_join(th, NULL);
+    uint32_t zero = 0;
+    if (write_full(tfd, &zero, sizeof zero) < 0)
+        perror("bench_nn: tcp quit");
+    close(tfd);
+    end_child(nn_child);
+    end_child(tcp_child);
     nn_close(c.out);
     nn_close(c.in);
-    nn_close(ea.in);
-    nn_close(ea.out);
     free(data);
     return 0;
 }

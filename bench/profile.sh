@@ -4,6 +4,7 @@
 #   bench/profile.sh NAME SIZE KIND [SERVERS] [BUILD_DIR]
 #     NAME     output prefix (perf data, logs: $TMPDIR/chainps-prof-NAME.*)
 #     SIZE     tensor bytes, e.g. 1048576;   KIND  push | pull | pp
+#     env REPLICAS: chain length (default: SERVERS, capped by launch at 3); DATA: dense|sparse
 #
 # Starts `chainps launch` with bench_ps running only that case, pipelined, dense data, for
 # about 8 s; once the worker has joined, records the server and the worker for 4 s (one
@@ -21,7 +22,7 @@ build=$(cd "${5:-$here/../build-bench}" && pwd) || exit 2
 out=${TMPDIR:-/tmp}/chainps-prof-$name
 hz=$(getconf CLK_TCK)
 
-"$build/chainps" launch --servers "$S" --workers 1 --timeout 60 -- "$build/bench/bench_ps" \
+"$build/chainps" launch --servers "$S" --replicas "${REPLICAS:-$S}" --workers 1 --timeout 60 -- "$build/bench/bench_ps" \
     --sizes "$size" --data "${DATA:-dense}" --only "$kind" --no-lat --reps 25 --ms 500 >"$out.log" 2>&1 &
 launch=$!
 perfs=()
