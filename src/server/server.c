@@ -19,7 +19,7 @@
 #define SCHED_PEER     0u
 #define MAX_EARLY      4096
 /* Messages handled per loop turn: under a steady stream of pushes the loop must still come
- * round to its heartbeat and timers (an unbounded drain once starved them into a false death). */
+ * round to its timers (held acks, re-sends, joins) and tell the heartbeat thread it turned. */
 #define MSGS_PER_TURN 64
 #define MAX_FUTURE    1024
 
@@ -181,11 +181,13 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
     const cps_node_info *self = cps__view_node(&v, s->id);
     if (s->joined && self && !self->alive) {
         /* Fenced: the scheduler declared us dead (we were paused, partitioned or too slow).
-         * Our chains have moved on without us; serving anything now could only do harm. */
-        cps_log(CPS_LOG_WARN, "server",
-                "declared dead by the scheduler (view epoch %llu): "
-                "fenced; dropping our chain state and rejoining as a fresh replica",
-                (unsigned long long)v.epoch);
+         * Our chains have moved on without us; serving anything now could only do harm. The
+         * views queued while we were paused all say so: log the first. */
+        if (!s->fenced)
+            cps_log(CPS_LOG_WARN, "server",
+                    "declared dead by the scheduler (view epoch %llu): "
+                    "fenced; dropping our chain state and rejoining as a fresh replica",
+                    (unsigned long long)v.epoch);
         s->fenced = 1;
         cps__view_fini(&v);
         return;
@@ -435,14 +437,6 @@ static int send_hello(server *s, const char *addr, uint32_t prev_id)
     return cps__msg_send(s->tp, SCHED_PEER, &h, payload, n);
 }
 
-static void send_heartbeat(server *s)
-{
-    unsigned char payload[CPS_STATS_SIZE];
-    cps__stats_encode(payload, &s->stats);
-    cps_msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .sender = s->id, .epoch = s->view.epoch};
-    cps__msg_send(s->tp, SCHED_PEER, &h, payload, sizeof payload);
-}
-
 typedef struct meta_io {
     uint32_t id;
 } meta_io;
@@ -521,7 +515,10 @@ int cps__server_run(const cps_config *cfg)
     cps_log(CPS_LOG_INFO, "server", "inbox %s (bound on %s), data in %s, scheduler %s", addr,
             cfg->bind_host, cfg->data_dir, url);
 
-    uint64_t start = cps__now_ms(), next_hello = 0, next_beat = 0, next_sync = 0;
+    rc = cps__server_beat_start(&s, url, 0);
+    if (rc != 0)
+        goto out;
+    uint64_t start = cps__now_ms(), next_hello = 0, next_sync = 0;
     uint64_t last_iter = start;
     while (!s.shutdown && !cps__role_stop_requested()) {
         uint64_t now = cps__now_ms();
@@ -545,6 +542,7 @@ int cps__server_run(const cps_config *cfg)
             cps__server_ask_view(&s);
         }
         last_iter = now;
+        cps__server_beat_publish(&s, now);
         if (!s.joined) {
             if (now - start > cfg->join_timeout_ms) {
                 cps_log(CPS_LOG_ERROR, "server",
@@ -562,10 +560,6 @@ int cps__server_run(const cps_config *cfg)
             if (prev.id != s.id) {
                 prev.id = s.id;
                 cps__store_write(s.store, save_id, &prev);
-            }
-            if (now >= next_beat) {
-                send_heartbeat(&s);
-                next_beat = now + cfg->heartbeat_ms;
             }
             if (now >= next_sync) {
                 cps__store_read(s.store, count_keys, &s); /* for status, once a second */
@@ -602,6 +596,7 @@ int cps__server_run(const cps_config *cfg)
     cps_log(CPS_LOG_INFO, "server", "stopping: %llu updates applied, %llu bad messages",
             (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad);
 out:
+    cps__server_beat_stop(&s);
     for (uint32_t i = 0; i < s.nearly; i++)
         cps__rx_free(&s.early[i]);
     free(s.early);

@@ -1,0 +1,130 @@
+/* The server's heartbeat thread (src/server/beat.c) against a stand-in scheduler inbox on
+ * 127.0.0.1: beats go on while the event loop is in one long turn, stop once the loop has not
+ * turned for the stall limit, resume when it turns again, and are never sent before joining.
+ * Every wait is a poll loop with a deadline. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "chainps/error.h"
+#include "core/log.h"
+#include "node/msg.h"
+#include "server/server.h"
+
+typedef struct beats {
+    unsigned n;      /* heartbeats from node 7 */
+    unsigned other;  /* anything else */
+    uint64_t epoch;  /* of the last heartbeat */
+    uint64_t pushes; /* stats.msgs_in of the last heartbeat */
+} beats;
+
+static void on_msg(void *ctx, void *buf, size_t len)
+{
+    beats *b = ctx;
+    cps_rx rx;
+    if (cps__rx_parse(&rx, buf, len) != 0) {
+        b->other++;
+        return;
+    }
+    if (rx.hdr.type == CPS_MSG_HEARTBEAT && rx.hdr.sender == 7 && rx.len >= CPS_STATS_SIZE) {
+        cps_node_stats st;
+        cps__stats_decode(rx.payload, &st);
+        b->n++;
+        b->epoch = rx.hdr.epoch;
+        b->pushes = st.msgs_in;
+    } else {
+        b->other++;
+    }
+    cps__rx_free(&rx);
+}
+
+/* Count what arrives over the next `ms` milliseconds. */
+static beats listen_for(cps_tp *tp, uint64_t ms)
+{
+    beats b = {0};
+    uint64_t end = cps__now_ms() + ms;
+    for (uint64_t now = cps__now_ms(); now < end; now = cps__now_ms())
+        cps__tp_poll(tp, (int)(end - now), on_msg, &b, 0);
+    return b;
+}
+
+static void quiet_sink(void *ctx, int level, const char *subsystem, const char *line)
+{
+    (void)ctx, (void)level, (void)subsystem, (void)line;
+}
+
+static void beats_follow_the_loop(void **state)
+{
+    (void)state;
+    cps_tp *sched = NULL;
+    uint16_t port = 0;
+    assert_int_equal(cps__tp_create(&sched), 0);
+    assert_int_equal(cps__tp_bind(sched, "127.0.0.1", 0, &port), 0);
+    char url[64];
+    snprintf(url, sizeof url, "tcp://127.0.0.1:%u", port);
+
+    server s;
+    memset(&s, 0, sizeof s);
+    s.cfg.heartbeat_ms = 20;
+    s.cfg.dead_after_ms = 100;
+    s.id = 7;
+    s.view.epoch = 3;
+    s.stats.msgs_in = 11;
+    assert_int_equal(cps__server_beat_start(&s, url, 600), 0);
+
+    /* Not joined yet: nothing is sent. */
+    cps__server_beat_publish(&s, cps__now_ms());
+    beats b = listen_for(sched, 300);
+    assert_int_equal(b.n, 0);
+
+    /* Joined, then one long turn (no publish) past the failure timeout, short of the stall
+     * limit: the scheduler keeps hearing from us, with what the loop handed over. */
+    s.joined = 1;
+    cps__server_beat_publish(&s, cps__now_ms());
+    b = listen_for(sched, 350);
+    assert_true(b.n >= 3);
+    assert_int_equal(b.epoch, 3);
+    assert_int_equal(b.pushes, 11);
+
+    /* Past the stall limit (600 ms since the last turn): the beats stop. */
+    listen_for(sched, 400);
+    b = listen_for(sched, 400);
+    assert_int_equal(b.n, 0);
+
+    /* The loop turns again, with a new view: the beats resume and carry it. */
+    s.view.epoch = 4;
+    s.stats.msgs_in = 12;
+    cps__server_beat_publish(&s, cps__now_ms());
+    b = listen_for(sched, 300);
+    assert_true(b.n >= 2);
+    assert_int_equal(b.epoch, 4);
+    assert_int_equal(b.pushes, 12);
+
+    /* Fenced (declared dead): silent again, even while the loop turns. */
+    s.fenced = 1;
+    cps__server_beat_publish(&s, cps__now_ms());
+    listen_for(sched, 100);
+    b = listen_for(sched, 200);
+    assert_int_equal(b.n, 0);
+    assert_int_equal(b.other, 0);
+
+    cps__server_beat_stop(&s);
+    assert_null(s.beat);
+    cps__server_beat_stop(&s); /* a no-op once stopped */
+    cps__tp_destroy(sched);
+}
+
+int main(void)
+{
+    cps__log_set_sink(quiet_sink, NULL);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(beats_follow_the_loop),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
