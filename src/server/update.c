@@ -186,29 +186,6 @@ static void reply_request_aux(server *s, uint8_t type, uint32_t worker, uint64_t
         cps_log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", worker, cps_strerror(rc));
 }
 
-static void reply_request(server *s, uint8_t type, uint32_t worker, uint64_t req_seq,
-                          uint32_t range, uint64_t step, const cps_kv *kv)
-{
-    reply_request_aux(s, type, worker, req_seq, range, step, kv, 0);
-}
-
-static uint64_t keyset_sig(const cps_kv *kv);
-
-/* The last sync step applied to a declared key set: a worker joining a running job starts its
- * step count there, so its first push joins the step the others are on. */
-static uint64_t applied_step_of(server *s, uint32_t range, const cps_chain_update *u)
-{
-    cps_kv kv;
-    const uint64_t *offsets;
-    cps_param_spec spec;
-    if (u->kind != CPS_UPD_DECLARE || !u->body ||
-        cps__wire_declare_decode(u->body, u->body_len, &kv, &offsets, &spec) != 0)
-        return 0;
-    uint64_t step = 0;
-    op_agg_step(s, range, keyset_sig(&kv), &step);
-    return step;
-}
-
 /* ---- SSP clocks and parked pulls ---- */
 
 static uint64_t *clock_slot(server *s, uint32_t range, uint32_t worker)
@@ -225,21 +202,80 @@ static uint64_t *clock_slot(server *s, uint32_t range, uint32_t worker)
     return &s->clock[(size_t)range * CPS_MAX_NODES + worker];
 }
 
-static int pull_may_proceed(server *s, uint32_t range, uint64_t clock)
+/* The lowest clock in `range` of the live workers other than `except` (UINT64_MAX: none). */
+static uint64_t slowest_clock(server *s, uint32_t range, uint32_t except)
 {
-    if (s->view.mode != CPS_MODE_SSP)
-        return 1;
     uint64_t m = UINT64_MAX;
     for (uint32_t i = 0; i < s->view.nnodes; i++) {
         const cps_node_info *n = &s->view.nodes[i];
-        if (n->role != CPS_ROLE_WORKER || !n->alive)
+        if (n->role != CPS_ROLE_WORKER || !n->alive || n->id == except)
             continue;
         uint64_t *c = clock_slot(s, range, n->id);
         uint64_t v = c ? *c : 0;
         if (v < m)
             m = v;
     }
+    return m;
+}
+
+/* The bound is on how far a worker runs ahead of the others: its own clock never holds back its
+ * pull (it may lag its pull's clock while its own push is still on the way to this range, or
+ * while it has just taken a dead worker's place). */
+static int pull_may_proceed(server *s, uint32_t range, uint64_t clock, uint32_t worker)
+{
+    if (s->view.mode != CPS_MODE_SSP)
+        return 1;
+    uint64_t m = slowest_clock(s, range, worker);
     return m == UINT64_MAX || m + s->view.ssp_bound >= clock;
+}
+
+/* A worker holding the rank of a worker that died: it joins a running job. */
+static int takes_dead_workers_place(const server *s, uint32_t worker)
+{
+    const cps_node_info *me = cps__view_node(&s->view, worker);
+    if (!me)
+        return 0;
+    for (uint32_t i = 0; i < s->view.nnodes; i++) {
+        const cps_node_info *n = &s->view.nodes[i];
+        if (n->role == CPS_ROLE_WORKER && !n->alive && n->id != worker && n->rank == me->rank)
+            return 1;
+    }
+    return 0;
+}
+
+/* An SSP worker taking a dead worker's place starts at the slowest clock of the others: at 0 it
+ * would hold every other worker's pulls back until it had pushed its way up from the first step
+ * on its own. Every replica applies the DECLARE, so every replica sets the same clock. */
+static void ssp_place_joiner(server *s, uint32_t range, uint32_t worker)
+{
+    if (s->view.mode != CPS_MODE_SSP || !takes_dead_workers_place(s, worker))
+        return;
+    uint64_t *c = clock_slot(s, range, worker);
+    uint64_t m = slowest_clock(s, range, worker);
+    if (c && *c == 0 && m != UINT64_MAX)
+        *c = m;
+}
+
+static uint64_t keyset_sig(const cps_kv *kv);
+
+/* The step a DECLARE answers with, where a worker joining a running job starts counting. Sync:
+ * the last step applied to the key set, so its first push joins the step the others are on.
+ * SSP: its clock in the range (ssp_place_joiner). Async: 0. */
+static uint64_t declare_step(server *s, uint32_t range, uint32_t worker, const void *body,
+                             size_t len)
+{
+    if (s->view.mode == CPS_MODE_SSP) {
+        uint64_t *c = clock_slot(s, range, worker);
+        return c ? *c : 0;
+    }
+    cps_kv kv;
+    const uint64_t *offsets;
+    cps_param_spec spec;
+    if (!body || cps__wire_declare_decode(body, len, &kv, &offsets, &spec) != 0)
+        return 0;
+    uint64_t step = 0;
+    op_agg_step(s, range, keyset_sig(&kv), &step);
+    return step;
 }
 
 static void wake_parked(server *s)
@@ -247,7 +283,7 @@ static void wake_parked(server *s)
     uint32_t kept = 0;
     for (uint32_t i = 0; i < s->nparked; i++) {
         parked_pull *p = &s->parked[i];
-        if (pull_may_proceed(s, p->rx.hdr.range, p->clock)) {
+        if (pull_may_proceed(s, p->rx.hdr.range, p->clock, p->rx.hdr.sender)) {
             cps_msg_hdr h;
             reply_header(s, &h, CPS_MSG_VALUES, p->rx.hdr.sender, p->rx.hdr.req_seq,
                          p->rx.hdr.range, p->rx.hdr.step);
@@ -342,6 +378,8 @@ static void do_apply(server *s, const cps_chain_action *a)
         cps__server_cuts_after_apply(s, a->range);
     for (uint32_t i = 0; i < a->upd.nreqs; i++) {
         const cps_chain_req *q = &a->upd.reqs[i];
+        if (q->type == CPS_MSG_DECLARE)
+            ssp_place_joiner(s, a->range, q->worker);
         if (q->type == CPS_MSG_DECLARE || q->type == CPS_MSG_PUT || q->noagg)
             continue;
         uint64_t *c = clock_slot(s, a->range, q->worker);
@@ -361,8 +399,11 @@ static void do_reply(server *s, const cps_chain_action *a)
         cps_kv kv;
         int have_kv = rx->hdr.type == CPS_MSG_PUSH_PULL &&
                       cps__wire_kv_decode(rx->payload, rx->len, 1, &kv) == 0;
-        reply_request(s, q->type, q->worker, q->req_seq, a->range, rx->hdr.step,
-                      have_kv ? &kv : NULL);
+        uint64_t aux = q->type == CPS_MSG_DECLARE
+                           ? declare_step(s, a->range, q->worker, rx->payload, rx->len)
+                           : 0;
+        reply_request_aux(s, q->type, q->worker, q->req_seq, a->range, rx->hdr.step,
+                          have_kv ? &kv : NULL, aux);
         cps__rx_free(rx);
         free(rx);
         return;
@@ -370,7 +411,9 @@ static void do_reply(server *s, const cps_chain_action *a)
     cps_kv kv;
     int have_kv = q->type == CPS_MSG_PUSH_PULL && a->upd.kind == CPS_UPD_PUSH && a->upd.body &&
                   cps__wire_kv_decode(a->upd.body, a->upd.body_len, 1, &kv) == 0;
-    uint64_t aux = q->type == CPS_MSG_DECLARE ? applied_step_of(s, a->range, &a->upd) : 0;
+    uint64_t aux = q->type == CPS_MSG_DECLARE && a->upd.kind == CPS_UPD_DECLARE
+                       ? declare_step(s, a->range, q->worker, a->upd.body, a->upd.body_len)
+                       : 0;
     reply_request_aux(s, q->type, q->worker, q->req_seq, a->range, a->upd.step,
                       have_kv ? &kv : NULL, aux);
 }
@@ -810,7 +853,7 @@ void cps__server_on_pull(server *s, cps_rx *rx)
         /* A new tail that has not yet applied everything its predecessor acknowledged. */
         cps__server_reply_error(s, &rx->hdr, CPS_EAGAIN, "range %u: new tail catching up",
                                 rx->hdr.range);
-    } else if (!pull_may_proceed(s, rx->hdr.range, rx->hdr.aux)) {
+    } else if (!pull_may_proceed(s, rx->hdr.range, rx->hdr.aux, rx->hdr.sender)) {
         if (s->nparked == s->parked_cap) {
             uint32_t cap = s->parked_cap ? s->parked_cap * 2 : 16;
             parked_pull *grown = realloc(s->parked, cap * sizeof *grown);

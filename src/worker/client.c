@@ -502,7 +502,9 @@ static int join(cps_client *c)
     char payload[16 + CPS_ADDR_MAX];
     size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_WORKER, c->cfg.rank, 0, c->addr);
     uint64_t start = cps__now_ms(), next = 0;
-    while (c->view.nranges == 0) {
+    /* Wait for our WELCOME, not just any view: a worker joining a running job is in the view the
+     * scheduler publishes to everyone as it admits it, which can arrive first. */
+    while (c->view.nranges == 0 || c->id == 0) {
         uint64_t now = cps__now_ms();
         if (c->shutdown)
             return CPS_ESHUTDOWN;

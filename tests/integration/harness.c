@@ -458,6 +458,12 @@ int h_free_port(void)
 int h_start_scheduler(h_cluster *c, int servers, int workers, const char *mode,
                       const char *const extra[])
 {
+    return h_start_scheduler_env(c, servers, workers, mode, extra, NULL);
+}
+
+int h_start_scheduler_env(h_cluster *c, int servers, int workers, const char *mode,
+                          const char *const extra[], char *const env[])
+{
     char sv[16], wk[16], port[16];
     snprintf(sv, sizeof sv, "%d", servers);
     snprintf(wk, sizeof wk, "%d", workers);
@@ -474,7 +480,7 @@ int h_start_scheduler(h_cluster *c, int servers, int workers, const char *mode,
         for (int i = 0; extra && extra[i] && n < 31; i++)
             argv[n++] = extra[i];
         argv[n] = NULL;
-        c->sched = h_spawn("scheduler", (char *const *)argv, NULL, NULL);
+        c->sched = h_spawn("scheduler", (char *const *)argv, env, NULL);
         if (c->sched < 0)
             return -1;
         uint64_t deadline = h_now_ms() + 10000;

@@ -96,6 +96,9 @@ typedef struct h_cluster {
  * Returns 0 or -1. */
 int h_start_scheduler(h_cluster *c, int servers, int workers, const char *mode,
                       const char *const extra[]);
+/* The same with `env` ("NAME=value", NULL-terminated, may be NULL) added to its environment. */
+int h_start_scheduler_env(h_cluster *c, int servers, int workers, const char *mode,
+                          const char *const extra[], char *const env[]);
 /* Start server `rank` on <test dir>/server-<rank> (same dir and rank when called again: a
  * restart). Returns its PID or -1. */
 pid_t h_start_server(h_cluster *c, int rank);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -121,6 +122,60 @@ static void test_separate_processes(void **state)
     }
 }
 
+static pid_t spawn_lsq(const h_cluster *c, int rank, const char *name, const char *steps)
+{
+    char sched[96], rk[32];
+    snprintf(sched, sizeof sched, "CHAINPS_SCHEDULER=%s", c->sched_addr);
+    snprintf(rk, sizeof rk, "CHAINPS_RANK=%d", rank);
+    char *env[] = {
+        "CHAINPS_ROLE=worker", sched, "CHAINPS_NUM_SERVERS=2", "CHAINPS_NUM_WORKERS=2", rk,
+        "CHAINPS_MODE=ssp:2",  NULL};
+    char *argv[] = {LSQ_BIN, "--steps", (char *)steps, "--step-ms", "4", "--tol", "1e-3", NULL};
+    return h_spawn(name, argv, env, NULL);
+}
+
+/* Bounded staleness with a worker killed and another started in its place: the newcomer starts
+ * at the clock of the slowest worker still running (not at step 0, which would hold the other
+ * worker's pulls back until it had pushed its way up alone), and both finish trained. */
+static void test_ssp_worker_replaced(void **state)
+{
+    (void)state;
+    h_cluster c;
+    char *fast_death[] = {"CHAINPS_WORKER_DEAD_AFTER_MS=1000", NULL};
+    assert_int_equal(h_start_scheduler_env(&c, 2, 2, "ssp:2", NULL, fast_death), 0);
+    for (int i = 0; i < 2; i++)
+        assert_true(h_start_server(&c, i) > 0);
+    pid_t w0 = spawn_lsq(&c, 0, "worker-0", "900");
+    pid_t w1 = spawn_lsq(&c, 1, "worker-1", "900");
+    assert_true(w0 > 0 && w1 > 0);
+    assert_true(h_wait_log(c.sched, "connected 2 workers", 1, 30000));
+    usleep(1000 * 1000); /* a few hundred steps in */
+    h_kill_hard(w1);
+    assert_true(h_wait_log(c.sched, "declared dead", 1, 15000));
+    pid_t w2 = spawn_lsq(&c, 1, "worker-1b", "900");
+    assert_true(w2 > 0);
+    assert_true(h_wait_exit(w2, JOB_TIMEOUT_MS, NULL));
+    assert_true(h_wait_exit(w0, JOB_TIMEOUT_MS, NULL));
+    char *log = h_read_log(w2);
+    int first = 0;
+    const char *p = strstr(log, "resuming at step ");
+    if (p)
+        first = atoi(p + strlen("resuming at step "));
+    if (!p || first < 50 || h_exit_code(w2) != 0 || h_exit_code(w0) != 0) {
+        fprintf(stderr, "---- worker-1b ----\n%s\n", log);
+        char *sl = h_read_log(c.sched);
+        fprintf(stderr, "---- scheduler ----\n%s\n", sl);
+        free(sl);
+    }
+    free(log);
+    assert_non_null(p);
+    assert_true(first >= 50);
+    assert_int_equal(h_exit_code(w0), 0);
+    assert_int_equal(h_exit_code(w2), 0);
+    assert_int_equal(h_log_count(w0, "final: rank 0"), 1);
+    assert_int_equal(h_log_count(w2, "final: rank 1"), 1);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -142,6 +197,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_async, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ssp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_separate_processes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ssp_worker_replaced, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
