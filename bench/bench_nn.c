@@ -344,15 +344,6 @@ int main(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, 512 << 20);
     mallopt(M_MMAP_THRESHOLD, 128 << 20);
 
-    int sp = free_port(), cp = free_port();
-    if (sp <= 0 || cp <= 0 || sp == cp) {
-        fprintf(stderr, "bench_nn: no free ports on 127.0.0.1\n");
-        return 1;
-    }
-    char surl[64], curl[64];
-    snprintf(surl, sizeof surl, "tcp://127.0.0.1:%d", sp);
-    snprintf(curl, sizeof curl, "tcp://127.0.0.1:%d", cp);
-
     /* The TCP echo child: listening before the fork, so the connect below cannot race it. */
     int lfd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in la = {.sin_family = AF_INET, .sin_port = 0};
@@ -363,6 +354,15 @@ int main(int argc, char **argv)
         perror("bench_nn: tcp listen");
         return 1;
     }
+    int sp = free_port(), cp = free_port();
+    if (sp <= 0 || cp <= 0 || sp == cp) {
+        fprintf(stderr, "bench_nn: no free ports on 127.0.0.1\n");
+        return 1;
+    }
+    char surl[64], curl[64];
+    snprintf(surl, sizeof surl, "tcp://127.0.0.1:%d", sp);
+    snprintf(curl, sizeof curl, "tcp://127.0.0.1:%d", cp);
+
     /* Children fork before this process opens any nanomsg socket: nanomsg's threads do not
      * survive a fork. */
     pid_t tcp_child = fork_child(900);

@@ -96,7 +96,7 @@ for cfg in 1:1 2:1 2:2; do
     for comp in on off; do
         flag=()
         [ "$comp" = off ] && flag=(--no-compress)
-        "$BENCH_NN" --rtt-only --sizes 4096 --reps 3 --ms 100 --out "$res" \
+        timeout 60 "$BENCH_NN" --rtt-only --sizes 4096 --reps 3 --ms 100 --out "$res" \
             --tag "$S:$R:$comp" >>"$log" 2>&1 || echo "run_bench: bench_nn --rtt-only failed" >&2
         : >"$res.run"
         if ! "$CHAINPS" launch --servers "$S" --replicas "$R" --workers 1 --mode "$MODE" \

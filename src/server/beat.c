@@ -13,6 +13,7 @@
  * only peer; what it sends (node id, view epoch, counters) is copied in by the loop each turn. */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,16 +109,27 @@ int cps__server_beat_start(server *s, const char *sched_url, uint32_t stall_limi
     b->stall_limit_ms = stall_limit_ms;
     b->turn_ms = cps__now_ms();
     pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    int rc = pthread_cond_init(&b->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    int rc = pthread_condattr_init(&ca);
+    if (rc == 0) {
+        rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        rc = rc ? rc : pthread_cond_init(&b->cond, &ca);
+        pthread_condattr_destroy(&ca);
+    }
     if (rc != 0) {
         free(b);
         return CPS_ENOMEM;
     }
     pthread_mutex_init(&b->lock, NULL);
-    if (pthread_create(&b->thread, NULL, beat_main, b) != 0) {
+    /* SIGINT and SIGTERM are for the event loop (it stops the server cleanly): the thread is
+     * created with them blocked, so they are never delivered to it. */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    rc = pthread_create(&b->thread, NULL, beat_main, b);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
         pthread_cond_destroy(&b->cond);
         pthread_mutex_destroy(&b->lock);
         free(b);

@@ -524,7 +524,10 @@ int cps__server_run(const cps_config *cfg)
         uint64_t now = cps__now_ms();
         if (s.fenced) {
             /* Start over as a new replica: the scheduler revives us, and state transfer gives us
-             * ranges again; what our store holds for other ranges is cleared when we join them. */
+             * ranges again; what our store holds for other ranges is cleared when we join them.
+             * Silence the heartbeats first: a beat from a server the view lists as dead earns it
+             * a VIEW that the rejoin would take for its WELCOME. */
+            cps__server_beat_publish(&s, now);
             rejoin(&s);
             start = now;
             next_hello = 0;

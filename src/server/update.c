@@ -202,7 +202,23 @@ static uint64_t *clock_slot(server *s, uint32_t range, uint32_t worker)
     return &s->clock[(size_t)range * CPS_MAX_NODES + worker];
 }
 
-/* The lowest clock in `range` of the live workers other than `except` (UINT64_MAX: none). */
+/* A worker holding the rank of a worker that died: it joins a running job. */
+static int takes_dead_workers_place(const server *s, uint32_t worker)
+{
+    const cps_node_info *me = cps__view_node(&s->view, worker);
+    if (!me)
+        return 0;
+    for (uint32_t i = 0; i < s->view.nnodes; i++) {
+        const cps_node_info *n = &s->view.nodes[i];
+        if (n->role == CPS_ROLE_WORKER && !n->alive && n->id != worker && n->rank == me->rank)
+            return 1;
+    }
+    return 0;
+}
+
+/* The lowest clock in `range` of the live workers other than `except` (UINT64_MAX: none). A
+ * replacement whose DECLARE has not been applied here yet has no clock: it does not count (two
+ * replacements admitted together would otherwise each start at the other's 0). */
 static uint64_t slowest_clock(server *s, uint32_t range, uint32_t except)
 {
     uint64_t m = UINT64_MAX;
@@ -212,6 +228,8 @@ static uint64_t slowest_clock(server *s, uint32_t range, uint32_t except)
             continue;
         uint64_t *c = clock_slot(s, range, n->id);
         uint64_t v = c ? *c : 0;
+        if (v == 0 && takes_dead_workers_place(s, n->id))
+            continue;
         if (v < m)
             m = v;
     }
@@ -227,20 +245,6 @@ static int pull_may_proceed(server *s, uint32_t range, uint64_t clock, uint32_t 
         return 1;
     uint64_t m = slowest_clock(s, range, worker);
     return m == UINT64_MAX || m + s->view.ssp_bound >= clock;
-}
-
-/* A worker holding the rank of a worker that died: it joins a running job. */
-static int takes_dead_workers_place(const server *s, uint32_t worker)
-{
-    const cps_node_info *me = cps__view_node(&s->view, worker);
-    if (!me)
-        return 0;
-    for (uint32_t i = 0; i < s->view.nnodes; i++) {
-        const cps_node_info *n = &s->view.nodes[i];
-        if (n->role == CPS_ROLE_WORKER && !n->alive && n->id != worker && n->rank == me->rank)
-            return 1;
-    }
-    return 0;
 }
 
 /* An SSP worker taking a dead worker's place starts at the slowest clock of the others: at 0 it
@@ -260,12 +264,12 @@ static uint64_t keyset_sig(const cps_kv *kv);
 
 /* The step a DECLARE answers with, where a worker joining a running job starts counting. Sync:
  * the last step applied to the key set, so its first push joins the step the others are on.
- * SSP: its clock in the range (ssp_place_joiner). Async: 0. */
+ * SSP: a replacement's clock in the range (ssp_place_joiner), else 0. Async: 0. */
 static uint64_t declare_step(server *s, uint32_t range, uint32_t worker, const void *body,
                              size_t len)
 {
     if (s->view.mode == CPS_MODE_SSP) {
-        uint64_t *c = clock_slot(s, range, worker);
+        uint64_t *c = takes_dead_workers_place(s, worker) ? clock_slot(s, range, worker) : NULL;
         return c ? *c : 0;
     }
     cps_kv kv;
@@ -294,6 +298,22 @@ static void wake_parked(server *s)
         }
     }
     s->nparked = kept;
+}
+
+/* Keep a pull (or the pull half of a push-pull) until the slowest worker catches up; takes rx.
+ * Returns 0, or CPS_ENOMEM with rx still the caller's. */
+static int park_pull(server *s, cps_rx *rx, const cps_kv *kv, uint64_t clock)
+{
+    if (s->nparked == s->parked_cap) {
+        uint32_t cap = s->parked_cap ? s->parked_cap * 2 : 16;
+        parked_pull *grown = realloc(s->parked, cap * sizeof *grown);
+        if (!grown)
+            return CPS_ENOMEM;
+        s->parked = grown;
+        s->parked_cap = cap;
+    }
+    s->parked[s->nparked++] = (parked_pull){*rx, *kv, clock};
+    return 0;
 }
 
 /* ---- performing the state machine's actions ---- */
@@ -854,19 +874,9 @@ void cps__server_on_pull(server *s, cps_rx *rx)
         cps__server_reply_error(s, &rx->hdr, CPS_EAGAIN, "range %u: new tail catching up",
                                 rx->hdr.range);
     } else if (!pull_may_proceed(s, rx->hdr.range, rx->hdr.aux, rx->hdr.sender)) {
-        if (s->nparked == s->parked_cap) {
-            uint32_t cap = s->parked_cap ? s->parked_cap * 2 : 16;
-            parked_pull *grown = realloc(s->parked, cap * sizeof *grown);
-            if (!grown) {
-                cps__server_reply_error(s, &rx->hdr, CPS_ENOMEM, "no memory to park a pull");
-                cps__rx_free(rx);
-                return;
-            }
-            s->parked = grown;
-            s->parked_cap = cap;
-        }
-        s->parked[s->nparked++] = (parked_pull){*rx, kv, rx->hdr.aux};
-        return; /* kept */
+        if (park_pull(s, rx, &kv, rx->hdr.aux) == 0)
+            return; /* kept */
+        cps__server_reply_error(s, &rx->hdr, CPS_ENOMEM, "no memory to park a pull");
     } else {
         cps_msg_hdr h;
         reply_header(s, &h, CPS_MSG_VALUES, rx->hdr.sender, rx->hdr.req_seq, rx->hdr.range,
