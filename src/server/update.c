@@ -316,6 +316,12 @@ static int park_pull(server *s, cps_rx *rx, const cps_kv *kv, uint64_t clock)
     return 0;
 }
 
+/* SSP: a push-pull's values wait like a pull's. Its push is applied; only the reply waits. */
+static int pp_must_wait(server *s, const cps_chain_req *q, uint32_t range, uint64_t step)
+{
+    return q->type == CPS_MSG_PUSH_PULL && !pull_may_proceed(s, range, step, q->worker);
+}
+
 /* ---- performing the state machine's actions ---- */
 
 typedef struct apply_io {
@@ -422,6 +428,11 @@ static void do_reply(server *s, const cps_chain_action *a)
         uint64_t aux = q->type == CPS_MSG_DECLARE
                            ? declare_step(s, a->range, q->worker, rx->payload, rx->len)
                            : 0;
+        if (have_kv && pp_must_wait(s, q, a->range, rx->hdr.step) &&
+            park_pull(s, rx, &kv, rx->hdr.step) == 0) {
+            free(rx); /* its buffers now belong to the parked pull */
+            return;
+        }
         reply_request_aux(s, q->type, q->worker, q->req_seq, a->range, rx->hdr.step,
                           have_kv ? &kv : NULL, aux);
         cps__rx_free(rx);
@@ -434,6 +445,27 @@ static void do_reply(server *s, const cps_chain_action *a)
     uint64_t aux = q->type == CPS_MSG_DECLARE && a->upd.kind == CPS_UPD_DECLARE
                        ? declare_step(s, a->range, q->worker, a->upd.body, a->upd.body_len)
                        : 0;
+    if (have_kv && pp_must_wait(s, q, a->range, a->upd.step)) {
+        /* The update's body belongs to the chain: the parked pull keeps a copy of it. */
+        cps_rx rx = {.len = a->upd.body_len};
+        rx.owned = malloc(a->upd.body_len ? a->upd.body_len : 1);
+        if (rx.owned) {
+            memcpy(rx.owned, a->upd.body, a->upd.body_len);
+            rx.payload = rx.owned;
+            /* As the request came in: wake_parked answers hdr.sender. */
+            rx.hdr.type = CPS_MSG_PUSH_PULL;
+            rx.hdr.sender = q->worker;
+            rx.hdr.req_seq = q->req_seq;
+            rx.hdr.range = a->range;
+            rx.hdr.step = a->upd.step;
+            cps_kv kept;
+            if (cps__wire_kv_decode(rx.payload, rx.len, 1, &kept) == 0 &&
+                park_pull(s, &rx, &kept, a->upd.step) == 0)
+                return;
+            cps__rx_free(&rx);
+        }
+        /* No memory to wait: answer now rather than not at all (staleness over a hang). */
+    }
     reply_request_aux(s, q->type, q->worker, q->req_seq, a->range, a->upd.step,
                       have_kv ? &kv : NULL, aux);
 }

@@ -4,6 +4,8 @@
  * usage: lsq_worker [--dim D] [--samples N] [--steps T] [--lr X] [--tol E]
  *                   [--short-rank R] (rank R stops 10 steps early, as with an uneven shard)
  *                   [--adam] (Adam instead of SGD) [--step-ms MS] (sleep MS per step)
+ *                   [--slow-rank R] (only rank R sleeps --step-ms per step)
+ * Prints "trained N steps in S s" when its own steps are done (before the final barrier).
  * A job restored from a checkpoint resumes at the checkpoint's step (cps_tensor_step).
  * Prints "final: max |w - w*| = ..., checksum ..." and exits 0 if within tolerance. */
 #include <math.h>
@@ -11,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "chainps/chainps.h"
@@ -36,7 +39,7 @@ int main(int argc, char **argv)
 {
     int dim = 16, samples = 512, steps = 300;
     double lr = 0.1, tol = 1e-3;
-    int short_rank = -1, adam = 0, step_ms = 0;
+    int short_rank = -1, slow_rank = -1, adam = 0, step_ms = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--dim") && i + 1 < argc)
             dim = atoi(argv[++i]);
@@ -52,6 +55,8 @@ int main(int argc, char **argv)
             adam = 1;
         else if (!strcmp(argv[i], "--step-ms") && i + 1 < argc)
             step_ms = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--slow-rank") && i + 1 < argc)
+            slow_rank = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--short-rank") && i + 1 < argc)
             short_rank = atoi(argv[++i]);
         else {
@@ -101,6 +106,10 @@ int main(int argc, char **argv)
     if (first)
         printf("resuming at step %d, values checksum %016llx\n", first,
                (unsigned long long)fnv_floats(w, dim));
+    if (slow_rank >= 0 && rank != slow_rank)
+        step_ms = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int s = first; s < steps && rc == 0; s++) {
         if (step_ms)
             usleep((useconds_t)step_ms * 1000);
@@ -118,6 +127,10 @@ int main(int argc, char **argv)
             g[j] *= scale;
         rc = cps_push_pull(c, t, g, w, (uint64_t)dim);
     }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (rc == 0)
+        printf("trained %d steps in %.3f s\n", steps - first,
+               (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
     if (rc == 0 && short_rank < 0)
         rc = cps_barrier(c);
     if (rc == 0)

@@ -122,6 +122,36 @@ static void test_separate_processes(void **state)
     }
 }
 
+/* ssp:2 with rank 1 sleeping 10 ms a step and rank 0 not at all: push-pulls hold rank 0 within 2
+ * steps of rank 1, so its own 150 steps take about as long as rank 1's (1.5 s), not the few
+ * milliseconds they take unbounded; both still end trained. */
+static void test_ssp_bound_holds_push_pull(void **state)
+{
+    (void)state;
+    run_result r;
+    const char *argv[] = {CHAINPS_BIN, "launch", "--servers", "2",  "--workers",   "2",
+                          "--mode",    "ssp:2",  "--timeout", "50", "--",          LSQ_BIN,
+                          "--steps",   "150",    "--step-ms", "10", "--slow-rank", "1",
+                          "--tol",     "1e-2",   NULL};
+    pid_t pid;
+    memset(&r, 0, sizeof r);
+    r.exit_code = h_run("launch-ssp-slow", (char *const *)argv, NULL, JOB_TIMEOUT_MS, &pid);
+    char *log = h_read_log(pid);
+    double fast = -1, slow = -1;
+    for (const char *p = log; (p = strstr(p, "[worker ")) != NULL; p++) {
+        int rank, n;
+        double secs;
+        if (sscanf(p, "[worker %d] trained %d steps in %lf s", &rank, &n, &secs) == 3)
+            *(rank == 0 ? &fast : &slow) = secs;
+    }
+    if (r.exit_code != 0 || fast < 0 || slow < 0 || fast < 0.8 * slow)
+        fprintf(stderr, "---- launch-ssp-slow ----\n%s\n", log);
+    free(log);
+    assert_int_equal(r.exit_code, 0);
+    assert_true(slow >= 1.4);
+    assert_true(fast >= 0.8 * slow);
+}
+
 static pid_t spawn_lsq(const h_cluster *c, int rank, const char *name, const char *steps)
 {
     char sched[96], rk[32];
@@ -130,7 +160,7 @@ static pid_t spawn_lsq(const h_cluster *c, int rank, const char *name, const cha
     char *env[] = {
         "CHAINPS_ROLE=worker", sched, "CHAINPS_NUM_SERVERS=2", "CHAINPS_NUM_WORKERS=2", rk,
         "CHAINPS_MODE=ssp:2",  NULL};
-    char *argv[] = {LSQ_BIN, "--steps", (char *)steps, "--step-ms", "4", "--tol", "1e-3", NULL};
+    char *argv[] = {LSQ_BIN, "--steps", (char *)steps, "--step-ms", "2", "--tol", "1e-3", NULL};
     return h_spawn(name, argv, env, NULL);
 }
 
@@ -145,16 +175,16 @@ static void test_ssp_worker_replaced(void **state)
     assert_int_equal(h_start_scheduler_env(&c, 2, 2, "ssp:2", NULL, fast_death), 0);
     for (int i = 0; i < 2; i++)
         assert_true(h_start_server(&c, i) > 0);
-    /* Worker 0 runs long enough to still be training when the newcomer declares (else the
-     * newcomer would find nobody to start from). */
-    pid_t w0 = spawn_lsq(&c, 0, "worker-0", "2500");
-    pid_t w1 = spawn_lsq(&c, 1, "worker-1", "900");
+    /* Every worker runs the same number of steps: under a staleness bound a worker that has
+     * stopped pushing (here: waiting in the final barrier) holds the others at its clock + N. */
+    pid_t w0 = spawn_lsq(&c, 0, "worker-0", "2000");
+    pid_t w1 = spawn_lsq(&c, 1, "worker-1", "2000");
     assert_true(w0 > 0 && w1 > 0);
     assert_true(h_wait_log(c.sched, "connected 2 workers", 1, 30000));
     usleep(1000 * 1000); /* a few hundred steps in */
     h_kill_hard(w1);
     assert_true(h_wait_log(c.sched, "(a worker died)", 1, 15000));
-    pid_t w2 = spawn_lsq(&c, 1, "worker-1b", "900");
+    pid_t w2 = spawn_lsq(&c, 1, "worker-1b", "2000");
     assert_true(w2 > 0);
     assert_true(h_wait_exit(w2, JOB_TIMEOUT_MS, NULL));
     assert_true(h_wait_exit(w0, JOB_TIMEOUT_MS, NULL));
@@ -200,6 +230,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ssp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_separate_processes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ssp_worker_replaced, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ssp_bound_holds_push_pull, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
