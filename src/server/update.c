@@ -446,11 +446,14 @@ static void do_reply(server *s, const cps_chain_action *a)
                        ? declare_step(s, a->range, q->worker, a->upd.body, a->upd.body_len)
                        : 0;
     if (have_kv && pp_must_wait(s, q, a->range, a->upd.step)) {
-        /* The update's body belongs to the chain: the parked pull keeps a copy of it. */
-        cps_rx rx = {.len = a->upd.body_len};
-        rx.owned = malloc(a->upd.body_len ? a->upd.body_len : 1);
-        if (rx.owned) {
-            memcpy(rx.owned, a->upd.body, a->upd.body_len);
+        /* The update's body belongs to the chain, and the reply needs only its keys: park a
+         * pull's payload of them (no copy of the gradient). */
+        cps_rx rx = {.len = cps__wire_kv_size(kv.nkeys, 0)};
+        rx.owned = malloc(rx.len);
+        cps_kv kept;
+        if (rx.owned &&
+            cps__wire_kv_encode(rx.owned, rx.len, kv.nkeys, kv.keys, kv.lens, NULL, 0) &&
+            cps__wire_kv_decode(rx.owned, rx.len, 0, &kept) == 0) {
             rx.payload = rx.owned;
             /* As the request came in: wake_parked answers hdr.sender. */
             rx.hdr.type = CPS_MSG_PUSH_PULL;
@@ -458,12 +461,10 @@ static void do_reply(server *s, const cps_chain_action *a)
             rx.hdr.req_seq = q->req_seq;
             rx.hdr.range = a->range;
             rx.hdr.step = a->upd.step;
-            cps_kv kept;
-            if (cps__wire_kv_decode(rx.payload, rx.len, 1, &kept) == 0 &&
-                park_pull(s, &rx, &kept, a->upd.step) == 0)
+            if (park_pull(s, &rx, &kept, a->upd.step) == 0)
                 return;
-            cps__rx_free(&rx);
         }
+        cps__rx_free(&rx);
         /* No memory to wait: answer now rather than not at all (staleness over a hang). */
     }
     reply_request_aux(s, q->type, q->worker, q->req_seq, a->range, a->upd.step,
