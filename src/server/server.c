@@ -22,6 +22,9 @@
  * round to its timers (held acks, re-sends, joins) and tell the heartbeat thread it turned. */
 #define MSGS_PER_TURN 64
 #define MAX_FUTURE    1024
+/* Heartbeats pause once the loop has not turned for this long (or 4x the failure timeout, if
+ * that is longer): far above any honest turn, and a wedged server is still failed over. */
+#define BEAT_STALL_LIMIT_MS 30000u
 
 void cps__server_reply_error(server *s, const cps_msg_hdr *req, int err, const char *fmt, ...)
 {
@@ -464,6 +467,12 @@ static int count_keys(cps_txn *txn, void *arg)
     return cps__store_count(txn, &s->stats.keys_stored, &s->stats.values_stored);
 }
 
+/* Every loop turn: what the heartbeat thread sends, and that the loop turned. */
+static void beat_publish(server *s, uint64_t now)
+{
+    cps__heartbeat_publish(s->beat, s->joined && !s->fenced, s->id, s->view.epoch, &s->stats, now);
+}
+
 int cps__server_run(const cps_config *cfg)
 {
     server s;
@@ -515,7 +524,9 @@ int cps__server_run(const cps_config *cfg)
     cps_log(CPS_LOG_INFO, "server", "inbox %s (bound on %s), data in %s, scheduler %s", addr,
             cfg->bind_host, cfg->data_dir, url);
 
-    rc = cps__server_beat_start(&s, url, 0);
+    uint32_t stall_ms =
+        4 * cfg->dead_after_ms > BEAT_STALL_LIMIT_MS ? 4 * cfg->dead_after_ms : BEAT_STALL_LIMIT_MS;
+    rc = cps__heartbeat_start(url, cfg->heartbeat_ms, stall_ms, "server", &s.beat);
     if (rc != 0)
         goto out;
     uint64_t start = cps__now_ms(), next_hello = 0, next_sync = 0;
@@ -527,7 +538,7 @@ int cps__server_run(const cps_config *cfg)
              * ranges again; what our store holds for other ranges is cleared when we join them.
              * Silence the heartbeats first: a beat from a server the view lists as dead earns it
              * a VIEW that the rejoin would take for its WELCOME. */
-            cps__server_beat_publish(&s, now);
+            beat_publish(&s, now);
             rejoin(&s);
             start = now;
             next_hello = 0;
@@ -545,7 +556,7 @@ int cps__server_run(const cps_config *cfg)
             cps__server_ask_view(&s);
         }
         last_iter = now;
-        cps__server_beat_publish(&s, now);
+        beat_publish(&s, now);
         if (!s.joined) {
             if (now - start > cfg->join_timeout_ms) {
                 cps_log(CPS_LOG_ERROR, "server",
@@ -599,7 +610,7 @@ int cps__server_run(const cps_config *cfg)
     cps_log(CPS_LOG_INFO, "server", "stopping: %llu updates applied, %llu bad messages",
             (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad);
 out:
-    cps__server_beat_stop(&s);
+    cps__heartbeat_stop(s.beat);
     for (uint32_t i = 0; i < s.nearly; i++)
         cps__rx_free(&s.early[i]);
     free(s.early);

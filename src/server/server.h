@@ -7,6 +7,7 @@
 #include "core/config.h"
 #include "replication/chain.h"
 #include "core/view.h"
+#include "node/heartbeat.h"
 #include "node/msg.h"
 #include "node/temp_peers.h"
 #include "store/store.h"
@@ -52,7 +53,6 @@ typedef struct held_ack {
 } held_ack;
 
 struct snap_job;
-typedef struct server_beat server_beat;
 
 typedef struct server {
     cps_config cfg;
@@ -97,17 +97,8 @@ typedef struct server {
     held_ack *acks; /* acks_ranges entries */
     uint32_t acks_ranges, nacks_held;
     uint64_t acks_since; /* when the oldest one was held */
-    server_beat *beat;   /* the heartbeat thread (beat.c) */
+    cps_heartbeat *beat; /* the heartbeat thread (node/heartbeat.c) */
 } server;
-
-/* Heartbeats (beat.c): a thread of their own sends one every heartbeat_ms while this server
- * has joined and its event loop turned within the stall limit. start: sched_url is copied;
- * stall_limit_ms 0 means 30 s, or 4x the failure timeout if that is longer. Errors: CPS_ENOMEM
- * (logged). publish: the loop hands over id, epoch, counters and the time of this turn; call
- * it every turn. stop: joins the thread; a no-op if it never started. */
-int cps__server_beat_start(server *s, const char *sched_url, uint32_t stall_limit_ms);
-void cps__server_beat_publish(server *s, uint64_t now);
-void cps__server_beat_stop(server *s);
 
 /* Data path (update.c). Each takes ownership of rx. */
 void cps__server_on_declare(server *s, cps_rx *rx);

@@ -449,52 +449,6 @@ static int progress(cps_client *c, int timeout_ms)
     return 0;
 }
 
-/* ---- heartbeats ---- */
-
-static void *heartbeat_main(void *arg)
-{
-    cps_client *c = arg;
-    cps_tp *tp = NULL;
-    char url[CPS_ADDR_MAX + 16];
-    snprintf(url, sizeof url, "tcp://%s:%u", c->cfg.sched_host, c->cfg.sched_port);
-    if (cps__tp_create(&tp) != 0 || cps__tp_peer_set(tp, SCHED_PEER, url) != 0) {
-        cps_log(CPS_LOG_ERROR, "worker", "heartbeat thread cannot reach the scheduler");
-        cps__tp_destroy(tp);
-        return NULL;
-    }
-    pthread_mutex_lock(&c->hb_lock);
-    while (!c->hb_stop) {
-        cps_msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .sender = c->id};
-        unsigned char stats[CPS_STATS_SIZE];
-        cps_node_stats ns = {0};
-        cps__stats_encode(stats, &ns);
-        cps__msg_send(tp, SCHED_PEER, &h, stats, sizeof stats);
-        cps__tp_poll(tp, 0, NULL, NULL, 0); /* flush a queued heartbeat */
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t ns_total = (uint64_t)ts.tv_nsec + (uint64_t)c->cfg.heartbeat_ms * 1000000u;
-        ts.tv_sec += (time_t)(ns_total / 1000000000u);
-        ts.tv_nsec = (long)(ns_total % 1000000000u);
-        while (!c->hb_stop && pthread_cond_timedwait(&c->hb_cond, &c->hb_lock, &ts) != ETIMEDOUT)
-            ;
-    }
-    pthread_mutex_unlock(&c->hb_lock);
-    cps__tp_destroy(tp);
-    return NULL;
-}
-
-static void heartbeat_stop(cps_client *c)
-{
-    if (!c->hb_running)
-        return;
-    pthread_mutex_lock(&c->hb_lock);
-    c->hb_stop = 1;
-    pthread_cond_signal(&c->hb_cond);
-    pthread_mutex_unlock(&c->hb_lock);
-    pthread_join(c->hb_thread, NULL);
-    c->hb_running = 0;
-}
-
 /* ---- open / close ---- */
 
 static int join(cps_client *c)
@@ -537,9 +491,7 @@ static int join(cps_client *c)
 
 static void client_free(cps_client *c)
 {
-    heartbeat_stop(c);
-    pthread_mutex_destroy(&c->hb_lock);
-    pthread_cond_destroy(&c->hb_cond);
+    cps__heartbeat_stop(c->hb);
     cps_tensor *t = c->tensors;
     while (t) {
         cps_tensor *next = t->next;
@@ -583,8 +535,6 @@ int cps_open(cps_client **out)
     if (!c)
         return CPS_ENOMEM;
     pthread_mutex_init(&c->lock, NULL);
-    pthread_mutex_init(&c->hb_lock, NULL);
-    pthread_cond_init(&c->hb_cond, NULL);
     c->cfg = cfg;
     cps__view_init(&c->view);
     uint16_t port = 0;
@@ -603,8 +553,9 @@ int cps_open(cps_client **out)
         client_free(c);
         return rc;
     }
-    if (pthread_create(&c->hb_thread, NULL, heartbeat_main, c) == 0)
-        c->hb_running = 1;
+    /* No stall limit: a worker may compute for as long as it likes between two calls. */
+    if (cps__heartbeat_start(url, cfg.heartbeat_ms, 0, "worker", &c->hb) == 0)
+        cps__heartbeat_publish(c->hb, 1, c->id, 0, NULL, cps__now_ms());
     else
         cps_log(CPS_LOG_WARN, "worker", "no heartbeat thread: a long step may look like a death");
     char tag[32];

@@ -11,6 +11,7 @@
 #include "core/config.h"
 #include "core/view.h"
 #include "core/wire.h"
+#include "node/heartbeat.h"
 #include "transport/transport.h"
 
 /* The keys of one operation that live in one range, sorted, with where each key's values sit
@@ -118,11 +119,7 @@ struct cps_client {
     size_t pack_cap;
     /* Heartbeats come from a thread of their own (with its own socket), so a long compute
      * step between calls never looks like a dead worker. */
-    pthread_t hb_thread;
-    int hb_running;
-    int hb_stop;
-    pthread_mutex_t hb_lock;
-    pthread_cond_t hb_cond;
+    cps_heartbeat *hb; /* heartbeats from a thread (a long step is no death) */
 };
 
 /* Start op's requests; with `wait`, run the loop until it completes and return its result. */

@@ -1,16 +1,6 @@
-/* A server's heartbeats, sent by a thread of their own.
- *
- * Why not from the event loop: one loop turn can take longer than the failure timeout without
- * anything being wrong (a 64 MB restore message applied in one transaction, a periodic sync
- * flushing many dirty pages, a machine whose two cores are shared by six processes under a
- * sanitizer), and the scheduler would declare a working server dead and move its chains on.
- * Why the loop still matters: a server whose loop is wedged serves nothing, so the thread stops
- * beating once the loop has not turned for BEAT_STALL_LIMIT_MS, and the scheduler then fails the
- * server over as if it had died. A process that is killed, paused (SIGSTOP) or cut off stops
- * beating at once, as before.
- *
- * The thread has its own transport (a cps_tp belongs to one thread) with the scheduler as its
- * only peer; what it sends (node id, view epoch, counters) is copied in by the loop each turn. */
+/* Heartbeats from a thread of their own (see heartbeat.h). */
+#include "node/heartbeat.h"
+
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -21,24 +11,26 @@
 
 #include "chainps/error.h"
 #include "core/log.h"
-#include "server.h"
+#include "core/wire.h"
+#include "node/msg.h"
+#include "transport/transport.h"
 
-#define SCHED_PEER          0u
-#define BEAT_STALL_LIMIT_MS 30000u
+#define SCHED_PEER 0u
 
-struct server_beat {
+struct cps_heartbeat {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     pthread_t thread;
     int stop;
     char sched_url[CPS_ADDR_MAX + 16];
+    char who[16];
     uint32_t period_ms;
     uint32_t stall_limit_ms;
-    /* Copied in by the loop (cps__server_beat_publish), under lock. */
-    int joined;
+    /* Handed over by cps__heartbeat_publish, under lock. */
+    int beating;
     uint32_t id;
     uint64_t epoch;
-    uint64_t turn_ms; /* when the loop last turned */
+    uint64_t published_ms;
     cps_node_stats stats;
 };
 
@@ -52,11 +44,11 @@ static void deadline_after(struct timespec *ts, uint32_t ms)
 
 static void *beat_main(void *arg)
 {
-    server_beat *b = arg;
+    cps_heartbeat *b = arg;
     cps_tp *tp = NULL;
     if (cps__tp_create(&tp) != 0 || cps__tp_peer_set(tp, SCHED_PEER, b->sched_url) != 0) {
         /* Without heartbeats the scheduler declares us dead: say why loudly. */
-        cps_log(CPS_LOG_ERROR, "server", "heartbeat thread cannot reach the scheduler at %s",
+        cps_log(CPS_LOG_ERROR, b->who, "heartbeat thread cannot reach the scheduler at %s",
                 b->sched_url);
         cps__tp_destroy(tp);
         return NULL;
@@ -65,10 +57,10 @@ static void *beat_main(void *arg)
     pthread_mutex_lock(&b->lock);
     while (!b->stop) {
         uint64_t now = cps__now_ms();
-        uint64_t idle = now > b->turn_ms ? now - b->turn_ms : 0;
-        if (b->joined && idle <= b->stall_limit_ms) {
+        uint64_t idle = now > b->published_ms ? now - b->published_ms : 0;
+        if (b->beating && (!b->stall_limit_ms || idle <= b->stall_limit_ms)) {
             if (stalled)
-                cps_log(CPS_LOG_WARN, "server", "event loop turning again: heartbeats resume");
+                cps_log(CPS_LOG_WARN, b->who, "event loop turning again: heartbeats resume");
             stalled = 0;
             unsigned char payload[CPS_STATS_SIZE];
             cps__stats_encode(payload, &b->stats);
@@ -77,11 +69,11 @@ static void *beat_main(void *arg)
             cps__msg_send(tp, SCHED_PEER, &h, payload, sizeof payload);
             cps__tp_poll(tp, 0, NULL, NULL, 0); /* flush one that had to queue */
             pthread_mutex_lock(&b->lock);
-        } else if (b->joined && !stalled) {
+        } else if (b->beating && !stalled) {
             stalled = 1;
-            cps_log(CPS_LOG_ERROR, "server",
+            cps_log(CPS_LOG_ERROR, b->who,
                     "event loop has not turned for %llu ms: heartbeats stop, so the scheduler "
-                    "fails this server over",
+                    "fails this node over",
                     (unsigned long long)idle);
         }
         struct timespec ts;
@@ -94,20 +86,17 @@ static void *beat_main(void *arg)
     return NULL;
 }
 
-int cps__server_beat_start(server *s, const char *sched_url, uint32_t stall_limit_ms)
+int cps__heartbeat_start(const char *sched_url, uint32_t period_ms, uint32_t stall_limit_ms,
+                         const char *who, cps_heartbeat **out)
 {
-    server_beat *b = calloc(1, sizeof *b);
+    cps_heartbeat *b = calloc(1, sizeof *b);
     if (!b)
         return CPS_ENOMEM;
     snprintf(b->sched_url, sizeof b->sched_url, "%s", sched_url);
-    b->period_ms = s->cfg.heartbeat_ms;
-    /* A loop stalled longer than the failure timeout is already suspect to itself (server.c);
-     * the limit only has to be far above any honest turn. */
-    uint32_t floor = 4 * s->cfg.dead_after_ms;
-    if (!stall_limit_ms)
-        stall_limit_ms = BEAT_STALL_LIMIT_MS > floor ? BEAT_STALL_LIMIT_MS : floor;
+    snprintf(b->who, sizeof b->who, "%s", who);
+    b->period_ms = period_ms;
     b->stall_limit_ms = stall_limit_ms;
-    b->turn_ms = cps__now_ms();
+    b->published_ms = cps__now_ms();
     pthread_condattr_t ca;
     int rc = pthread_condattr_init(&ca);
     if (rc == 0) {
@@ -120,8 +109,8 @@ int cps__server_beat_start(server *s, const char *sched_url, uint32_t stall_limi
         return CPS_ENOMEM;
     }
     pthread_mutex_init(&b->lock, NULL);
-    /* SIGINT and SIGTERM are for the event loop (it stops the server cleanly): the thread is
-     * created with them blocked, so they are never delivered to it. */
+    /* SIGINT and SIGTERM are for the node's own thread (it stops cleanly): this one is created
+     * with them blocked, so they are never delivered to it. */
     sigset_t block, old;
     sigemptyset(&block);
     sigaddset(&block, SIGINT);
@@ -133,30 +122,32 @@ int cps__server_beat_start(server *s, const char *sched_url, uint32_t stall_limi
         pthread_cond_destroy(&b->cond);
         pthread_mutex_destroy(&b->lock);
         free(b);
-        cps_log(CPS_LOG_ERROR, "server", "cannot start the heartbeat thread");
+        cps_log(CPS_LOG_ERROR, who, "cannot start the heartbeat thread");
         return CPS_ENOMEM;
     }
-    s->beat = b;
+    *out = b;
     return 0;
 }
 
-void cps__server_beat_publish(server *s, uint64_t now)
+void cps__heartbeat_publish(cps_heartbeat *b, int beating, uint32_t id, uint64_t epoch,
+                            const cps_node_stats *stats, uint64_t now)
 {
-    server_beat *b = s->beat;
     if (!b)
         return;
     pthread_mutex_lock(&b->lock);
-    b->joined = s->joined && !s->fenced;
-    b->id = s->id;
-    b->epoch = s->view.epoch;
-    b->turn_ms = now;
-    b->stats = s->stats;
+    b->beating = beating;
+    b->id = id;
+    b->epoch = epoch;
+    b->published_ms = now;
+    if (stats)
+        b->stats = *stats;
+    else
+        memset(&b->stats, 0, sizeof b->stats);
     pthread_mutex_unlock(&b->lock);
 }
 
-void cps__server_beat_stop(server *s)
+void cps__heartbeat_stop(cps_heartbeat *b)
 {
-    server_beat *b = s->beat;
     if (!b)
         return;
     pthread_mutex_lock(&b->lock);
@@ -167,5 +158,4 @@ void cps__server_beat_stop(server *s)
     pthread_cond_destroy(&b->cond);
     pthread_mutex_destroy(&b->lock);
     free(b);
-    s->beat = NULL;
 }

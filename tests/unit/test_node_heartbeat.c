@@ -1,7 +1,7 @@
-/* The server's heartbeat thread (src/server/beat.c) against a stand-in scheduler inbox on
- * 127.0.0.1: beats go on while the event loop is in one long turn, stop once the loop has not
- * turned for the stall limit, resume when it turns again, and are never sent before joining.
- * Every wait is a poll loop with a deadline. */
+/* The heartbeat thread (src/node/heartbeat.c) against a stand-in scheduler inbox on 127.0.0.1:
+ * beats go on while the node's loop is in one long turn, stop once nothing was published for the
+ * stall limit, resume when the loop turns again, never go out before joining or once fenced, and
+ * without a stall limit never stop. Every wait is a poll loop with a deadline. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,7 +15,8 @@
 #include "chainps/error.h"
 #include "core/log.h"
 #include "node/msg.h"
-#include "server/server.h"
+#include "node/heartbeat.h"
+#include "transport/transport.h"
 
 typedef struct beats {
     unsigned n;      /* heartbeats from node 7 */
@@ -59,34 +60,37 @@ static void quiet_sink(void *ctx, int level, const char *subsystem, const char *
     (void)ctx, (void)level, (void)subsystem, (void)line;
 }
 
-static void beats_follow_the_loop(void **state)
+/* An inbox on 127.0.0.1 playing the scheduler; its URL into url[64]. */
+static cps_tp *stand_in_scheduler(char *url)
 {
-    (void)state;
     cps_tp *sched = NULL;
     uint16_t port = 0;
     assert_int_equal(cps__tp_create(&sched), 0);
     assert_int_equal(cps__tp_bind(sched, "127.0.0.1", 0, &port), 0);
-    char url[64];
-    snprintf(url, sizeof url, "tcp://127.0.0.1:%u", port);
+    snprintf(url, 64, "tcp://127.0.0.1:%u", port);
+    return sched;
+}
 
-    server s;
-    memset(&s, 0, sizeof s);
-    s.cfg.heartbeat_ms = 20;
-    s.cfg.dead_after_ms = 100;
-    s.id = 7;
-    s.view.epoch = 3;
-    s.stats.msgs_in = 11;
-    assert_int_equal(cps__server_beat_start(&s, url, 600), 0);
+static void beats_follow_the_loop(void **state)
+{
+    (void)state;
+    char url[64];
+    cps_tp *sched = stand_in_scheduler(url);
+
+    cps_node_stats st;
+    memset(&st, 0, sizeof st);
+    st.msgs_in = 11;
+    cps_heartbeat *hb = NULL;
+    assert_int_equal(cps__heartbeat_start(url, 20, 600, "server", &hb), 0);
 
     /* Not joined yet: nothing is sent. */
-    cps__server_beat_publish(&s, cps__now_ms());
+    cps__heartbeat_publish(hb, 0, 7, 3, &st, cps__now_ms());
     beats b = listen_for(sched, 300);
     assert_int_equal(b.n, 0);
 
-    /* Joined, then one long turn (no publish) past the failure timeout, short of the stall
+    /* Joined, then one long turn (no publish) past a 100 ms failure timeout, short of the stall
      * limit: the scheduler keeps hearing from us, with what the loop handed over. */
-    s.joined = 1;
-    cps__server_beat_publish(&s, cps__now_ms());
+    cps__heartbeat_publish(hb, 1, 7, 3, &st, cps__now_ms());
     b = listen_for(sched, 350);
     assert_true(b.n >= 3);
     assert_int_equal(b.epoch, 3);
@@ -98,25 +102,39 @@ static void beats_follow_the_loop(void **state)
     assert_int_equal(b.n, 0);
 
     /* The loop turns again, with a new view: the beats resume and carry it. */
-    s.view.epoch = 4;
-    s.stats.msgs_in = 12;
-    cps__server_beat_publish(&s, cps__now_ms());
+    st.msgs_in = 12;
+    cps__heartbeat_publish(hb, 1, 7, 4, &st, cps__now_ms());
     b = listen_for(sched, 300);
     assert_true(b.n >= 2);
     assert_int_equal(b.epoch, 4);
     assert_int_equal(b.pushes, 12);
 
     /* Fenced (declared dead): silent again, even while the loop turns. */
-    s.fenced = 1;
-    cps__server_beat_publish(&s, cps__now_ms());
+    cps__heartbeat_publish(hb, 0, 7, 4, &st, cps__now_ms());
     listen_for(sched, 100);
     b = listen_for(sched, 200);
     assert_int_equal(b.n, 0);
     assert_int_equal(b.other, 0);
 
-    cps__server_beat_stop(&s);
-    assert_null(s.beat);
-    cps__server_beat_stop(&s); /* a no-op once stopped */
+    cps__heartbeat_stop(hb);
+    cps__heartbeat_stop(NULL); /* a no-op */
+    cps__tp_destroy(sched);
+}
+
+/* A worker's: no stall limit, so one publish keeps it beating however long the caller computes. */
+static void no_limit_beats_on(void **state)
+{
+    (void)state;
+    char url[64];
+    cps_tp *sched = stand_in_scheduler(url);
+    cps_heartbeat *hb = NULL;
+    assert_int_equal(cps__heartbeat_start(url, 20, 0, "worker", &hb), 0);
+    cps__heartbeat_publish(hb, 1, 7, 0, NULL, cps__now_ms());
+    listen_for(sched, 700);
+    beats b = listen_for(sched, 300);
+    assert_true(b.n >= 3);
+    assert_int_equal(b.pushes, 0);
+    cps__heartbeat_stop(hb);
     cps__tp_destroy(sched);
 }
 
@@ -125,6 +143,7 @@ int main(void)
     cps__log_set_sink(quiet_sink, NULL);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(beats_follow_the_loop),
+        cmocka_unit_test(no_limit_beats_on),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
