@@ -68,6 +68,19 @@ int cps_num_workers(const cps_client *c);
 /** @brief Number of servers in the job. */
 int cps_num_servers(const cps_client *c);
 
+/** Training mode of a job (chosen by the scheduler's --mode / CHAINPS_MODE). */
+typedef enum cps_mode {
+    CPS_MODE_SYNC = 0,  /**< per-step aggregate of every live worker's gradient */
+    CPS_MODE_ASYNC = 1, /**< each push applied as it arrives */
+    CPS_MODE_SSP = 2    /**< asynchronous, with pulls held within a staleness bound */
+} cps_mode;
+
+/**
+ * @brief The job's training mode into `*mode`; `*staleness` (if not NULL) receives the bound N of
+ * `ssp:N` (0 for the other modes). @return 0, or CPS_EINVAL (NULL client or mode).
+ */
+int cps_mode_get(const cps_client *c, cps_mode *mode, uint32_t *staleness);
+
 /** Initial values of a tensor. Deterministic: element i depends only on (seed, i). */
 typedef enum cps_init_kind {
     CPS_INIT_ZEROS = 0,
@@ -129,6 +142,26 @@ cps_optim cps_optim_sgd(float lr);
 int cps_tensor_declare(cps_client *c, const char *name, uint64_t length, const cps_init *init,
                        const cps_optim *optim, cps_tensor **out);
 
+/** Most dimensions a tensor's shape may have (as in safetensors readers: 8). */
+#define CPS_MAX_NDIM 8
+
+/**
+ * @brief Declare a dense float32 tensor with a shape: `ndim` dimensions `dims[0..ndim)`, row-major
+ * (C order, as numpy and torch lay out a contiguous tensor). The length is the product of the
+ * dimensions. Behaves exactly like cps_tensor_declare() otherwise; the shape is recorded with the
+ * job (the scheduler's tensor registry) and written into checkpoints, so an export loads into a
+ * model as it is (torch's `load_state_dict`). Push, pull and push-pull still take flat buffers of
+ * cps_tensor_length() values.
+ *
+ * @param[in] ndim  1..CPS_MAX_NDIM.
+ * @param[in] dims  `ndim` sizes, each >= 1, copied; their product must fit in 2^62 elements.
+ * @return 0, CPS_EINVAL (bad name, ndim, a zero dimension, an overflowing product, bad
+ *         hyper-parameter), CPS_EEXIST (declared before, by this or another worker, with another
+ *         shape, initializer or optimizer: the log names the tensor), transport errors.
+ */
+int cps_tensor_declare_shape(cps_client *c, const char *name, uint32_t ndim, const uint64_t *dims,
+                             const cps_init *init, const cps_optim *optim, cps_tensor **out);
+
 /**
  * @brief Declare an embedding table of `rows` x `cols` float32, addressed by row id for sparse
  * push/pull (cps_rows_push / cps_rows_pull). Each row is one key. Same rules as
@@ -147,6 +180,15 @@ int cps_table_declare(cps_client *c, const char *name, uint64_t rows, uint32_t c
 uint64_t cps_tensor_step(const cps_tensor *t);
 /** @brief Number of float32 elements of a tensor. */
 uint64_t cps_tensor_length(const cps_tensor *t);
+/** @brief The tensor's name as declared (owned by the handle; valid until cps_close()). */
+const char *cps_tensor_name(const cps_tensor *t);
+/**
+ * @brief Number of dimensions of a tensor's shape: as declared with cps_tensor_declare_shape(),
+ * 1 for cps_tensor_declare(), 2 for a table (rows, cols). 0 for NULL.
+ */
+uint32_t cps_tensor_ndim(const cps_tensor *t);
+/** @brief Size of dimension `i` (0 .. ndim-1) of a tensor's shape; 0 when i is out of range. */
+uint64_t cps_tensor_dim(const cps_tensor *t, uint32_t i);
 
 /**
  * @brief Push a gradient for the whole tensor; returns when every server has applied it (async)

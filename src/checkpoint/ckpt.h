@@ -10,7 +10,8 @@
  * `safetensors.numpy.load_file` or with json + numpy alone (tests/integration/ckpt_reader.py).
  *
  * What chainps puts in a checkpoint:
- *  - parameters under their tensor names; dtype F32; shape [n] or [rows, cols];
+ *  - parameters under their tensor names; dtype F32; the shape they were declared with ([n]
+ *    for a plain declaration, [rows, cols] for a table);
  *  - optimizer state as "optim/<slot>/<tensor>" with torch.optim's state names, so the tensors
  *    map one to one onto a torch optimizer's state_dict (see cps__ckpt_slot_name):
  *      momentum: momentum_buffer;  AdaGrad: sum;  Adam: exp_avg, exp_avg_sq;  RMSProp: square_avg;
@@ -53,8 +54,8 @@
 
 #include "core/wire.h"
 
-#define CPS_CKPT_MAX_DIMS     8    /**< the reader accepts up to 8 dims; the writer 1 or 2 */
-#define CPS_CKPT_NAME_MAX     1024 /**< bytes of a tensor name or metadata key */
+#define CPS_CKPT_MAX_DIMS     8            /**< most dims of a tensor, reading and writing */
+#define CPS_CKPT_NAME_MAX     1024         /**< bytes of a tensor name or metadata key */
 #define CPS_CKPT_HEADER_MAX   (100u << 20) /**< same cap as the safetensors reference */
 #define CPS_CKPT_META_STEP    "step"       /**< training step of the cut, decimal */
 #define CPS_CKPT_META_OPTIM   "optimizer"  /**< e.g. "adam"; see cps__ckpt_optim_kind_name */
@@ -88,7 +89,8 @@ int cps__ckpt_writer_open(const char *dir_or_path, uint64_t max_shard_bytes, cps
  * @brief Add a tensor whose data sits in memory. `data` is borrowed: it must stay valid and
  * unchanged until commit or abort returns. Names must be 1..CPS_CKPT_NAME_MAX-1 bytes of UTF-8,
  * not start with "__", and be unique in the checkpoint (checked at commit).
- * @param[in] ndim 1 or 2; shape[0..ndim) element counts (0 allowed); total bytes < 2^62.
+ * @param[in] ndim 1..CPS_CKPT_MAX_DIMS; shape[0..ndim) element counts (0 allowed); total bytes <
+ * 2^62.
  * @return 0, CPS_EINVAL (bad name, dtype, ndim, shape, NULL data with a non-empty shape),
  *         CPS_ENOMEM.
  */

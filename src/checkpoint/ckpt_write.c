@@ -26,7 +26,7 @@ typedef struct wtensor {
     char *name;
     cps_ckpt_dtype dtype;
     uint32_t ndim;
-    uint64_t shape[2];
+    uint64_t shape[CPS_CKPT_MAX_DIMS];
     uint64_t nbytes;
     const void *data;
     cps_ckpt_fill_fn fill;
@@ -152,8 +152,8 @@ static int name_ok(const char *s)
 static int add(cps_ckpt_writer *w, const char *name, cps_ckpt_dtype dtype, uint32_t ndim,
                const uint64_t *shape, const void *data, cps_ckpt_fill_fn fill, void *arg)
 {
-    if (!w || !name_ok(name) || !strncmp(name, "__", 2) || (ndim != 1 && ndim != 2) || !shape ||
-        (dtype != CPS_CKPT_F32 && dtype != CPS_CKPT_U64))
+    if (!w || !name_ok(name) || !strncmp(name, "__", 2) || ndim < 1 || ndim > CPS_CKPT_MAX_DIMS ||
+        !shape || (dtype != CPS_CKPT_F32 && dtype != CPS_CKPT_U64))
         return CPS_EINVAL;
     uint64_t numel = 1;
     for (uint32_t d = 0; d < ndim; d++) {

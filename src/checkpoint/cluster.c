@@ -717,19 +717,22 @@ int cps__ckpt_export(const cps_export_opts *o, const char *out, cps_export_resul
             rc = CPS_ENOMEM;
             break;
         }
-        uint64_t shape[2] = {d->kind ? d->rows : d->length, d->cols};
+        /* The declared shape, so torch's load_state_dict takes the file as it is; optimizer
+         * slots have their parameter's shape, as in torch.optim's state. */
+        uint64_t shape[CPS_MAX_NDIM];
+        uint32_t ndim = cps__tensor_desc_shape(d, shape);
         uint32_t slots = (uint32_t)cps__optim_state_slots(d->spec.opt_kind);
         for (uint32_t k = 0; k <= slots + 1 && rc == 0; k++) {
             export_ctx *x = &j->ctx[k];
             *x = (export_ctx){&l, &c, d, j->pieces, j->npieces, k <= slots ? k : 0, k > slots, 0};
             if (k == 0) {
-                rc = cps__ckpt_writer_add_stream(w, d->name, CPS_CKPT_F32, d->kind ? 2 : 1, shape,
-                                                 export_fill, x);
+                rc = cps__ckpt_writer_add_stream(w, d->name, CPS_CKPT_F32, ndim, shape, export_fill,
+                                                 x);
             } else if (k <= slots) {
                 if ((rc = cps__ckpt_optim_tensor_name(key, sizeof key, d->spec.opt_kind, k - 1,
                                                       d->name)) == 0)
-                    rc = cps__ckpt_writer_add_stream(w, key, CPS_CKPT_F32, d->kind ? 2 : 1, shape,
-                                                     export_fill, x);
+                    rc = cps__ckpt_writer_add_stream(w, key, CPS_CKPT_F32, ndim, shape, export_fill,
+                                                     x);
             } else {
                 uint64_t sshape[1] = {d->kind ? d->rows : 1};
                 snprintf(key, sizeof key, "%sstep/%s", CPS_CKPT_OPTIM_PREFIX, d->name);
@@ -1007,12 +1010,12 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
         if (!strncmp(t->name, CPS_CKPT_OPTIM_PREFIX, strlen(CPS_CKPT_OPTIM_PREFIX)))
             continue;
         cps_tensor_desc *d = &want[nwant];
-        if (strcmp(t->dtype, "F32") != 0 || t->ndim < 1 || t->ndim > 2 || t->numel == 0 ||
-            strlen(t->name) > CPS_TENSOR_NAME_MAX) {
+        if (strcmp(t->dtype, "F32") != 0 || t->ndim < 1 || t->ndim > CPS_MAX_NDIM ||
+            t->numel == 0 || strlen(t->name) > CPS_TENSOR_NAME_MAX) {
             cps_log(CPS_LOG_ERROR, SUB,
-                    "%s: tensor %s is not a float32 vector or matrix with "
+                    "%s: tensor %s is not a non-empty float32 tensor of 1..%d dims with "
                     "a name of at most 255 bytes",
-                    t->file, t->name);
+                    t->file, t->name, CPS_MAX_NDIM);
             rc = CPS_EINVAL;
             break;
         }
@@ -1023,6 +1026,8 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
         d->length = t->numel;
         d->rows = d->kind ? t->shape[0] : 0;
         d->cols = d->kind ? (uint32_t)t->shape[1] : 0;
+        d->ndim = t->ndim;
+        memcpy(d->dims, t->shape, t->ndim * sizeof *t->shape);
         snprintf(key, sizeof key, "%s%s", CPS_CKPT_META_HPARAM, t->name);
         const char *hp = cps__ckpt_reader_meta(rd, key);
         if (hp) {
@@ -1094,7 +1099,11 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
     /* A job that already declared tensors must know every one of them, with the same shape. */
     for (uint32_t i = 0; rc == 0 && l.ndescs && i < nwant; i++) {
         const cps_tensor_desc *e = registry_find(&l, want[i].name);
-        if (!e || e->length != want[i].length || e->kind != want[i].kind) {
+        uint64_t a[CPS_MAX_NDIM], b[CPS_MAX_NDIM];
+        uint32_t na = e ? cps__tensor_desc_shape(e, a) : 0,
+                 nb = cps__tensor_desc_shape(&want[i], b);
+        if (!e || e->length != want[i].length || e->kind != want[i].kind ||
+            (e->ndim && (na != nb || memcmp(a, b, na * sizeof *a) != 0))) {
             cps_log(CPS_LOG_ERROR, SUB, "%s: tensor %s %s", from, want[i].name,
                     e ? "has another shape in the running job" : "is not a tensor of the job");
             rc = CPS_ENOTFOUND;

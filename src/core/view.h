@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "chainps/chainps.h" /* cps_mode */
+
 #define CPS_MAX_NODES    1024
 #define CPS_MAX_REPLICAS 8
 #define CPS_ADDR_MAX     128
@@ -17,7 +19,6 @@ enum cps_role {
     CPS_ROLE_SERVER = 2,
     CPS_ROLE_WORKER = 3
 };
-enum cps_mode { CPS_MODE_SYNC = 0, CPS_MODE_ASYNC = 1, CPS_MODE_SSP = 2 };
 
 typedef struct cps_node_info {
     uint32_t id;             /* >= 1; 0 is the scheduler */

@@ -347,15 +347,48 @@ int cps__wire_declare_decode(const void *buf, size_t len, cps_kv *kv, const uint
 
 #define DESC_FIXED (32 + CPS_WIRE_SPEC_SIZE + 8)
 
+int cps__shape_matches(uint32_t ndim, const uint64_t *dims, uint64_t length)
+{
+    if (ndim < 1 || ndim > CPS_MAX_NDIM)
+        return 0;
+    uint64_t n = 1;
+    for (uint32_t i = 0; i < ndim; i++) {
+        if (dims[i] == 0 || n > UINT64_MAX / dims[i])
+            return 0;
+        n *= dims[i];
+    }
+    return n == length;
+}
+
+uint32_t cps__tensor_desc_shape(const cps_tensor_desc *d, uint64_t *dims)
+{
+    if (d->ndim) {
+        memcpy(dims, d->dims, d->ndim * sizeof *dims);
+        return d->ndim;
+    }
+    if (d->kind) {
+        dims[0] = d->rows;
+        dims[1] = d->cols;
+        return 2;
+    }
+    dims[0] = d->length;
+    return 1;
+}
+
+static size_t desc_size(size_t nlen, uint32_t ndim)
+{
+    return DESC_FIXED + ((nlen + 7) & ~(size_t)7) + 8 * (size_t)ndim;
+}
+
 size_t cps__wire_tensor_desc_size(const cps_tensor_desc *d)
 {
-    return DESC_FIXED + ((strlen(d->name) + 7) & ~(size_t)7);
+    return desc_size(strlen(d->name), d->ndim <= CPS_MAX_NDIM ? d->ndim : 0);
 }
 
 size_t cps__wire_tensor_desc_encode(void *buf, size_t cap, const cps_tensor_desc *d)
 {
     size_t n = cps__wire_tensor_desc_size(d), nlen = strlen(d->name);
-    if (cap < n || nlen == 0 || nlen > CPS_TENSOR_NAME_MAX)
+    if (cap < n || nlen == 0 || nlen > CPS_TENSOR_NAME_MAX || d->ndim > CPS_MAX_NDIM)
         return 0;
     unsigned char *p = buf;
     memset(p, 0, n);
@@ -365,7 +398,11 @@ size_t cps__wire_tensor_desc_encode(void *buf, size_t cap, const cps_tensor_desc
     cps__le64_put(p + 16, d->rows);
     cps__wire_spec_encode(p + 32, &d->spec);
     cps__le32_put(p + 32 + CPS_WIRE_SPEC_SIZE, (uint32_t)nlen);
+    cps__le32_put(p + 36 + CPS_WIRE_SPEC_SIZE, d->ndim);
     memcpy(p + DESC_FIXED, d->name, nlen);
+    unsigned char *dp = p + DESC_FIXED + ((nlen + 7) & ~(size_t)7);
+    for (uint32_t i = 0; i < d->ndim; i++)
+        cps__le64_put(dp + 8 * i, d->dims[i]);
     return n;
 }
 
@@ -380,21 +417,28 @@ int cps__wire_tensor_desc_decode(const void *buf, size_t len, cps_tensor_desc *o
     out->length = cps__le64_get(p + 8);
     out->rows = cps__le64_get(p + 16);
     uint32_t nlen = cps__le32_get(p + 32 + CPS_WIRE_SPEC_SIZE);
+    out->ndim = cps__le32_get(p + 36 + CPS_WIRE_SPEC_SIZE);
     if (out->kind > 1 || out->length == 0 || cps__le64_get(p + 24) != 0 ||
-        cps__le32_get(p + 36 + CPS_WIRE_SPEC_SIZE) != 0 || nlen == 0 || nlen > CPS_TENSOR_NAME_MAX)
+        out->ndim > CPS_MAX_NDIM || nlen == 0 || nlen > CPS_TENSOR_NAME_MAX)
         return CPS_EPROTO;
     if (out->kind == 0 ? (out->rows != 0 || out->cols != 0)
                        : (out->cols == 0 || out->rows == 0 ||
                           out->length / out->rows != out->cols || out->length % out->rows != 0))
         return CPS_EPROTO;
-    size_t n = DESC_FIXED + ((nlen + 7) & ~(size_t)7);
+    size_t pad_end = DESC_FIXED + ((nlen + 7) & ~(size_t)7), n = desc_size(nlen, out->ndim);
     if (len < n)
         return CPS_ESIZE;
     if (cps__wire_spec_decode(p + 32, &out->spec) != 0 || memchr(p + DESC_FIXED, 0, nlen))
         return CPS_EPROTO;
-    for (size_t i = DESC_FIXED + nlen; i < n; i++)
+    for (size_t i = DESC_FIXED + nlen; i < pad_end; i++)
         if (p[i] != 0)
             return CPS_EPROTO; /* padding is zero: one encoding per description */
+    for (uint32_t i = 0; i < out->ndim; i++)
+        out->dims[i] = cps__le64_get(p + pad_end + 8 * i);
+    if (out->ndim &&
+        (!cps__shape_matches(out->ndim, out->dims, out->length) ||
+         (out->kind && (out->ndim != 2 || out->dims[0] != out->rows || out->dims[1] != out->cols))))
+        return CPS_EPROTO;
     memcpy(out->name, p + DESC_FIXED, nlen);
     *used = n;
     return 0;

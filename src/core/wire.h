@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "chainps/chainps.h" /* CPS_MAX_NDIM */
+
 #define CPS_WIRE_MAGIC    0x31535043u
 #define CPS_WIRE_VERSION  1
 #define CPS_WIRE_HDR_SIZE 64
@@ -209,7 +211,11 @@ int cps__wire_declare_decode(const void *buf, size_t len, cps_kv *kv, const uint
 
 /* ---- tensor description (REGISTER, REGISTRY): what a checkpoint needs to name the keys ----
  *   u32 kind (0 dense, 1 table), u32 cols (tables; 0 for dense), u64 length (elements), u64 rows
- *   (tables; 0 for dense), spec block [64], u32 name_len (1..255), u32 0, name, zero pad to 8 */
+ *   (tables; 0 for dense), u64 0, spec block [64], u32 name_len (1..255), u32 ndim (0..8), name,
+ *   zero pad to 8, u64 dims[ndim].
+ * ndim 0 is a description from before shapes were recorded (a scheduler's saved registry): its
+ * shape is [length] (dense) or [rows, cols] (table). A table's shape, when given, is [rows, cols];
+ * a dense tensor's dims multiply to its length. */
 #define CPS_TENSOR_NAME_MAX 255
 typedef struct cps_tensor_desc {
     uint32_t kind; /* 0 dense, 1 table */
@@ -217,8 +223,16 @@ typedef struct cps_tensor_desc {
     uint64_t length;
     uint64_t rows;
     cps_param_spec spec;
+    uint32_t ndim; /* 0: not recorded */
+    uint64_t dims[CPS_MAX_NDIM];
     char name[CPS_TENSOR_NAME_MAX + 1];
 } cps_tensor_desc;
+
+/* The shape a description stands for: its recorded dims, or the implied ones when ndim is 0.
+ * Writes at most CPS_MAX_NDIM dims; returns their count (>= 1). */
+uint32_t cps__tensor_desc_shape(const cps_tensor_desc *d, uint64_t *dims);
+/* 1 if dims[0..ndim) are each >= 1 and multiply to `length` without overflow, else 0. */
+int cps__shape_matches(uint32_t ndim, const uint64_t *dims, uint64_t length);
 
 size_t cps__wire_tensor_desc_size(const cps_tensor_desc *d);
 /* Returns bytes written, 0 if cap is too small. */

@@ -829,14 +829,16 @@ static int save_registry_txn(cps_txn *txn, void *arg)
     return rc;
 }
 
-/* 1: same name and definition registered; 0: new name; CPS_EEXIST: same name, other shape or
- * optimizer. */
-static int registry_find(const sched *s, const cps_tensor_desc *d)
+/* 1: same name and definition registered; 0: new name; 2: registered before shapes were
+ * recorded (ndim 0), same otherwise: its entry at *at takes the shape; CPS_EEXIST: same name,
+ * other shape or optimizer. */
+static int registry_find(const sched *s, const cps_tensor_desc *d, size_t *at)
 {
     size_t off = 0, used;
     cps_tensor_desc e;
     while (off < s->reg_len &&
            cps__wire_tensor_desc_decode(s->reg + off, s->reg_len - off, &e, &used) == 0) {
+        *at = off;
         off += used;
         if (strcmp(e.name, d->name) != 0)
             continue;
@@ -844,11 +846,31 @@ static int registry_find(const sched *s, const cps_tensor_desc *d)
         unsigned char a[CPS_WIRE_SPEC_SIZE], b[CPS_WIRE_SPEC_SIZE];
         cps__wire_spec_encode(a, &e.spec);
         cps__wire_spec_encode(b, &d->spec);
-        return (e.kind == d->kind && e.length == d->length && e.rows == d->rows &&
-                e.cols == d->cols && memcmp(a, b, sizeof a) == 0)
+        if (!(e.kind == d->kind && e.length == d->length && e.rows == d->rows &&
+              e.cols == d->cols && memcmp(a, b, sizeof a) == 0))
+            return CPS_EEXIST;
+        if (e.ndim == 0 && d->ndim != 0)
+            return 2;
+        return (d->ndim == 0 ||
+                (e.ndim == d->ndim && memcmp(e.dims, d->dims, d->ndim * sizeof *d->dims) == 0))
                    ? 1
                    : CPS_EEXIST;
     }
+    return 0;
+}
+
+/* Room for `extra` more bytes of registry. Errors: CPS_ENOMEM. */
+static int registry_reserve(sched *s, size_t extra)
+{
+    size_t need = s->reg_len + extra;
+    if (need <= s->reg_cap)
+        return 0;
+    size_t cap = need * 2;
+    unsigned char *grown = realloc(s->reg, cap);
+    if (!grown)
+        return CPS_ENOMEM;
+    s->reg = grown;
+    s->reg_cap = cap;
     return 0;
 }
 
@@ -861,26 +883,32 @@ static void on_register(sched *s, sched_node *n, const cps_rx *rx)
                  : CPS_EPROTO;
     if (rc == 0 && used != rx->len)
         rc = CPS_EPROTO;
+    size_t at = 0;
     if (rc == 0)
-        rc = registry_find(s, &d);
-    if (rc == 0) {
-        size_t need = s->reg_len + cps__wire_tensor_desc_size(&d);
-        if (need > s->reg_cap) {
-            size_t cap = need * 2;
-            unsigned char *grown = realloc(s->reg, cap);
-            if (!grown) {
-                cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &rx->hdr, CPS_ENOMEM,
-                                     "no memory for the tensor registry");
-                return;
-            }
-            s->reg = grown;
-            s->reg_cap = cap;
-        }
+        rc = registry_find(s, &d, &at);
+    if ((rc == 0 || rc == 2) && registry_reserve(s, cps__wire_tensor_desc_size(&d)) != 0) {
+        cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &rx->hdr, CPS_ENOMEM,
+                             "no memory for the tensor registry");
+        return;
+    }
+    if (rc == 2) {
+        /* The entry grows by its dims: move what follows it, then write it again in place. */
+        cps_tensor_desc e;
+        size_t old_size;
+        cps__wire_tensor_desc_decode(s->reg + at, s->reg_len - at, &e, &old_size);
+        size_t new_size = cps__wire_tensor_desc_size(&d);
+        memmove(s->reg + at + new_size, s->reg + at + old_size, s->reg_len - at - old_size);
+        cps__wire_tensor_desc_encode(s->reg + at, new_size, &d);
+        s->reg_len += new_size - old_size;
+        cps_log(CPS_LOG_INFO, "scheduler", "tensor %s: its shape is now recorded", d.name);
+    } else if (rc == 0) {
         s->reg_len +=
             cps__wire_tensor_desc_encode(s->reg + s->reg_len, s->reg_cap - s->reg_len, &d);
         s->reg_count++;
         cps_log(CPS_LOG_INFO, "scheduler", "tensor %s registered (%s, %llu values)", d.name,
                 d.kind ? "table" : "dense", (unsigned long long)d.length);
+    }
+    if (rc == 0 || rc == 2) {
         if (s->store && (rc = cps__store_write(s->store, save_registry_txn, s)) != 0)
             cps_log(CPS_LOG_ERROR, "scheduler", "cannot save the tensor registry: %s",
                     cps_strerror(rc));

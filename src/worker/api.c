@@ -79,16 +79,47 @@ static cps_tensor *find_tensor(cps_client *c, const char *name)
     return NULL;
 }
 
-static int declare(cps_client *c, const char *name, uint64_t length, uint64_t rows, uint32_t cols,
-                   const cps_init *init, const cps_optim *optim, cps_tensor **out)
+/* A tensor's identity: length, table shape and shape, each compared. */
+static int same_shape(const cps_tensor *t, uint64_t rows, uint32_t ndim, const uint64_t *dims)
+{
+    return t->rows == rows && t->ndim == ndim && memcmp(t->dims, dims, ndim * sizeof *dims) == 0;
+}
+
+static void format_shape(char *buf, size_t len, uint32_t ndim, const uint64_t *dims)
+{
+    size_t off = 0;
+    buf[0] = 0;
+    for (uint32_t i = 0; i < ndim && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%llu", i ? "x" : "",
+                                (unsigned long long)dims[i]);
+}
+
+static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_t *dims,
+                   uint64_t rows, uint32_t cols, const cps_init *init, const cps_optim *optim,
+                   cps_tensor **out)
 {
     if (!c || !name || !out)
         return CPS_EINVAL;
     *out = NULL;
     size_t nlen = strlen(name);
-    if (nlen == 0 || nlen > 255 || length == 0) {
-        cps_log(CPS_LOG_ERROR, "worker", "tensor name must be 1..255 bytes and length > 0");
+    if (nlen == 0 || nlen > 255) {
+        cps_log(CPS_LOG_ERROR, "worker", "a tensor name must be 1..255 bytes");
         return CPS_EINVAL;
+    }
+    uint64_t length = 1;
+    if (!dims || ndim < 1 || ndim > CPS_MAX_NDIM) {
+        cps_log(CPS_LOG_ERROR, "worker", "tensor %s: a shape needs 1..%d dimensions, not %u", name,
+                CPS_MAX_NDIM, ndim);
+        return CPS_EINVAL;
+    }
+    for (uint32_t i = 0; i < ndim; i++) {
+        if (dims[i] == 0 || length > (UINT64_C(1) << 62) / dims[i]) {
+            cps_log(CPS_LOG_ERROR, "worker",
+                    "tensor %s: dimension %u is %llu (each must be >= 1, the product < 2^62)", name,
+                    i, (unsigned long long)dims[i]);
+            return CPS_EINVAL;
+        }
+        length *= dims[i];
     }
     cps_param_spec spec;
     int rc = cps__spec_make(name, init, optim, &spec);
@@ -97,14 +128,19 @@ static int declare(cps_client *c, const char *name, uint64_t length, uint64_t ro
     pthread_mutex_lock(&c->lock);
     cps_tensor *t = find_tensor(c, name);
     if (t) {
-        rc = (t->length == length && t->rows == rows && memcmp(&t->spec, &spec, sizeof spec) == 0)
+        rc = (same_shape(t, rows, ndim, dims) && memcmp(&t->spec, &spec, sizeof spec) == 0)
                  ? 0
                  : CPS_EEXIST;
-        if (rc == 0)
+        if (rc == 0) {
             *out = t;
-        else
-            cps_log(CPS_LOG_ERROR, "worker", "tensor %s declared again with another definition",
-                    name);
+        } else {
+            char was[200], now[200];
+            format_shape(was, sizeof was, t->ndim, t->dims);
+            format_shape(now, sizeof now, ndim, dims);
+            cps_log(CPS_LOG_ERROR, "worker",
+                    "tensor %s declared again with another definition (shape %s, was %s)", name,
+                    now, was);
+        }
         pthread_mutex_unlock(&c->lock);
         return rc;
     }
@@ -117,6 +153,8 @@ static int declare(cps_client *c, const char *name, uint64_t length, uint64_t ro
     t->length = length;
     t->rows = rows;
     t->cols = cols;
+    t->ndim = ndim;
+    memcpy(t->dims, dims, ndim * sizeof *dims);
     t->hash = cps__fnv1a(CPS_FNV_INIT, name, nlen);
     t->spec = spec;
     rc = cps__layout_tensor(t, &c->view);
@@ -126,7 +164,9 @@ static int declare(cps_client *c, const char *name, uint64_t length, uint64_t ro
                              .cols = rows ? cols : 0,
                              .length = length,
                              .rows = rows,
-                             .spec = spec};
+                             .spec = spec,
+                             .ndim = ndim};
+        memcpy(d.dims, dims, ndim * sizeof *dims);
         memcpy(d.name, name, nlen + 1);
         rc = cps__client_register(c, &d);
     }
@@ -154,7 +194,13 @@ static int declare(cps_client *c, const char *name, uint64_t length, uint64_t ro
 int cps_tensor_declare(cps_client *c, const char *name, uint64_t length, const cps_init *init,
                        const cps_optim *optim, cps_tensor **out)
 {
-    return declare(c, name, length, 0, 0, init, optim, out);
+    return declare(c, name, 1, &length, 0, 0, init, optim, out);
+}
+
+int cps_tensor_declare_shape(cps_client *c, const char *name, uint32_t ndim, const uint64_t *dims,
+                             const cps_init *init, const cps_optim *optim, cps_tensor **out)
+{
+    return declare(c, name, ndim, dims, 0, 0, init, optim, out);
 }
 
 int cps_table_declare(cps_client *c, const char *name, uint64_t rows, uint32_t cols,
@@ -162,7 +208,8 @@ int cps_table_declare(cps_client *c, const char *name, uint64_t rows, uint32_t c
 {
     if (rows == 0 || cols == 0 || rows > UINT64_MAX / cols)
         return CPS_EINVAL;
-    return declare(c, name, rows * cols, rows, cols, init, optim, out);
+    uint64_t dims[2] = {rows, cols};
+    return declare(c, name, 2, dims, rows, cols, init, optim, out);
 }
 
 uint64_t cps_tensor_step(const cps_tensor *t)
@@ -173,6 +220,21 @@ uint64_t cps_tensor_step(const cps_tensor *t)
 uint64_t cps_tensor_length(const cps_tensor *t)
 {
     return t ? t->length : 0;
+}
+
+const char *cps_tensor_name(const cps_tensor *t)
+{
+    return t ? t->name : NULL;
+}
+
+uint32_t cps_tensor_ndim(const cps_tensor *t)
+{
+    return t ? t->ndim : 0;
+}
+
+uint64_t cps_tensor_dim(const cps_tensor *t, uint32_t i)
+{
+    return t && i < t->ndim ? t->dims[i] : 0;
 }
 
 /* Start (and with `wait` finish) a whole-tensor operation. */

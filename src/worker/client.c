@@ -615,6 +615,16 @@ int cps_num_servers(const cps_client *c)
     return c ? (int)c->view.num_servers : 0;
 }
 
+int cps_mode_get(const cps_client *c, cps_mode *mode, uint32_t *staleness)
+{
+    if (!c || !mode)
+        return CPS_EINVAL;
+    *mode = (cps_mode)c->view.mode;
+    if (staleness)
+        *staleness = c->view.mode == CPS_MODE_SSP ? c->view.ssp_bound : 0;
+    return 0;
+}
+
 void cps_client_stats_get(const cps_client *c, cps_client_stats *out)
 {
     if (c && out)

@@ -31,6 +31,8 @@ struct cps_tensor {
     uint64_t length;
     uint64_t rows; /* tables: rows x cols; dense tensors: rows == 0 */
     uint32_t cols;
+    uint32_t ndim; /* shape: dims[0..ndim), row-major; [length] for a plain declaration */
+    uint64_t dims[CPS_MAX_NDIM];
     uint64_t hash;
     cps_param_spec spec;
     uint32_t nparts;

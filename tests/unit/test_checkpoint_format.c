@@ -270,6 +270,34 @@ static void round_trip_sharded_with_index(void **state)
     cps__ckpt_reader_close(r);
 }
 
+/* A convolution's weight keeps its 4 dims through a write and a read (torch's load_state_dict
+ * needs them as declared). */
+static void four_dim_shape_round_trips(void **state)
+{
+    (void)state;
+    char p[4096];
+    pathf(p, "conv.safetensors");
+    cps_ckpt_writer *w;
+    assert_int_equal(cps__ckpt_writer_open(p, 0, &w), 0);
+    uint64_t s[4] = {3, 1, 2, 2};
+    float d[12];
+    for (int i = 0; i < 12; i++)
+        d[i] = val(5, (uint64_t)i);
+    assert_int_equal(cps__ckpt_writer_add(w, "conv1.weight", CPS_CKPT_F32, 4, s, d), 0);
+    assert_int_equal(cps__ckpt_writer_commit(w, NULL, 0), 0);
+    cps_ckpt_reader *r;
+    assert_int_equal(cps__ckpt_reader_open(p, &r), 0);
+    const cps_ckpt_tensor *t = cps__ckpt_reader_find(r, "conv1.weight");
+    assert_non_null(t);
+    assert_int_equal(t->ndim, 4);
+    assert_memory_equal(t->shape, s, sizeof s);
+    assert_int_equal(t->numel, 12);
+    float back[12];
+    assert_int_equal(cps__ckpt_reader_read(r, t, back, sizeof back), 0);
+    assert_memory_equal(back, d, sizeof d);
+    cps__ckpt_reader_close(r);
+}
+
 static void writer_refuses_bad_input(void **state)
 {
     (void)state;
@@ -282,7 +310,10 @@ static void writer_refuses_bad_input(void **state)
     assert_int_equal(cps__ckpt_writer_add(w, "", CPS_CKPT_F32, 1, s, d), CPS_EINVAL);
     assert_int_equal(cps__ckpt_writer_add(w, "__metadata__", CPS_CKPT_F32, 1, s, d), CPS_EINVAL);
     assert_int_equal(cps__ckpt_writer_add(w, "bad\xff", CPS_CKPT_F32, 1, s, d), CPS_EINVAL);
-    assert_int_equal(cps__ckpt_writer_add(w, "x", CPS_CKPT_F32, 3, s, d), CPS_EINVAL);
+    uint64_t nine[CPS_CKPT_MAX_DIMS + 1] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
+    assert_int_equal(cps__ckpt_writer_add(w, "x", CPS_CKPT_F32, CPS_CKPT_MAX_DIMS + 1, nine, d),
+                     CPS_EINVAL);
+    assert_int_equal(cps__ckpt_writer_add(w, "x", CPS_CKPT_F32, 0, s, d), CPS_EINVAL);
     assert_int_equal(cps__ckpt_writer_add(w, "x", (cps_ckpt_dtype)7, 1, s, d), CPS_EINVAL);
     assert_int_equal(cps__ckpt_writer_add(w, "x", CPS_CKPT_F32, 1, s, NULL), CPS_EINVAL);
     uint64_t huge[2] = {UINT64_C(1) << 40, UINT64_C(1) << 40};
@@ -788,6 +819,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(round_trip_single_file, setup, teardown),
         cmocka_unit_test_setup_teardown(round_trip_sharded_with_index, setup, teardown),
         cmocka_unit_test_setup_teardown(writer_refuses_bad_input, setup, teardown),
+        cmocka_unit_test_setup_teardown(four_dim_shape_round_trips, setup, teardown),
         cmocka_unit_test_setup_teardown(fill_error_fails_the_commit_and_leaves_nothing, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(truncated_file_is_refused_at_every_length, setup, teardown),

@@ -514,12 +514,67 @@ static void tensor_desc_round_trip_and_errors(void **state)
     assert_int_equal(cps__wire_tensor_desc_decode(bad, n, &g, &used), CPS_EPROTO);
 }
 
+/* A shape travels after the name; it must multiply out to the length, have no zero dimension,
+ * and, for a table, be [rows, cols]. A description without one (ndim 0) still decodes. */
+static void tensor_desc_shape(void **state)
+{
+    (void)state;
+    cps_tensor_desc d = {.kind = 0, .length = 2 * 3 * 5 * 7, .ndim = 4, .dims = {2, 3, 5, 7}};
+    d.spec.lr = 0.1f;
+    snprintf(d.name, sizeof d.name, "conv1.weight");
+    unsigned char buf[512], bad[512];
+    size_t n = cps__wire_tensor_desc_encode(buf, sizeof buf, &d), used;
+    assert_int_equal(n, cps__wire_tensor_desc_size(&d));
+    assert_int_equal(n, 32 + CPS_WIRE_SPEC_SIZE + 8 + 16 + 4 * 8);
+    cps_tensor_desc g;
+    assert_int_equal(cps__wire_tensor_desc_decode(buf, n, &g, &used), 0);
+    assert_int_equal(used, n);
+    assert_int_equal(g.ndim, 4);
+    assert_memory_equal(g.dims, d.dims, 4 * sizeof *d.dims);
+    uint64_t dims[CPS_MAX_NDIM];
+    assert_int_equal(cps__tensor_desc_shape(&g, dims), 4);
+    assert_int_equal(dims[3], 7);
+    for (size_t k = 0; k < n; k++)
+        assert_int_not_equal(cps__wire_tensor_desc_decode(buf, k, &g, &used), 0);
+    size_t dims_at = n - 4 * 8;
+    memcpy(bad, buf, n); /* the product is not the length */
+    cps__le64_put(bad + dims_at + 8, 4);
+    assert_int_equal(cps__wire_tensor_desc_decode(bad, n, &g, &used), CPS_EPROTO);
+    memcpy(bad, buf, n); /* a zero dimension */
+    cps__le64_put(bad + dims_at, 0);
+    assert_int_equal(cps__wire_tensor_desc_decode(bad, n, &g, &used), CPS_EPROTO);
+    memcpy(bad, buf, n); /* too many dimensions */
+    cps__le32_put(bad + 36 + CPS_WIRE_SPEC_SIZE, CPS_MAX_NDIM + 1);
+    assert_int_not_equal(cps__wire_tensor_desc_decode(bad, sizeof bad, &g, &used), 0);
+    /* No shape recorded: dense [length]. */
+    d.ndim = 0;
+    n = cps__wire_tensor_desc_encode(buf, sizeof buf, &d);
+    assert_int_equal(cps__wire_tensor_desc_decode(buf, n, &g, &used), 0);
+    assert_int_equal(cps__tensor_desc_shape(&g, dims), 1);
+    assert_int_equal(dims[0], d.length);
+    /* A table's shape is [rows, cols]; [cols, rows] is refused. */
+    cps_tensor_desc t = {.kind = 1, .cols = 4, .length = 12, .rows = 3, .ndim = 2, .dims = {3, 4}};
+    t.spec.lr = 0.1f;
+    snprintf(t.name, sizeof t.name, "emb");
+    n = cps__wire_tensor_desc_encode(buf, sizeof buf, &t);
+    assert_int_equal(cps__wire_tensor_desc_decode(buf, n, &g, &used), 0);
+    t.dims[0] = 4;
+    t.dims[1] = 3;
+    n = cps__wire_tensor_desc_encode(buf, sizeof buf, &t);
+    assert_int_equal(cps__wire_tensor_desc_decode(buf, n, &g, &used), CPS_EPROTO);
+    assert_int_equal(cps__shape_matches(2, t.dims, 12), 1);
+    assert_int_equal(cps__shape_matches(0, t.dims, 12), 0);
+    uint64_t huge[2] = {UINT64_C(1) << 40, UINT64_C(1) << 40};
+    assert_int_equal(cps__shape_matches(2, huge, 0), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hdr_round_trip),
         cmocka_unit_test(hdr_every_known_type_accepted),
         cmocka_unit_test(tensor_desc_round_trip_and_errors),
+        cmocka_unit_test(tensor_desc_shape),
         cmocka_unit_test(hdr_bad_fields),
         cmocka_unit_test(hdr_bad_lengths),
         cmocka_unit_test(hdr_snappy_raw_len),
