@@ -275,12 +275,17 @@ static size_t out_size(const layer *l)
 
 /* He-normal for weights feeding a ReLU (keeps activation variance ~constant with depth),
  * Glorot-uniform for the logits layer (no ReLU after it). */
-static int add_param(fm_model *m, const char *name, size_t len, cps_init init)
+static int add_param(fm_model *m, const char *name, uint32_t ndim, const uint64_t *dims,
+                     cps_init init)
 {
     if (m->nparams >= FM_MAX_PARAMS)
         return -1;
     fm_param *p = &m->params[m->nparams];
     snprintf(p->name, sizeof p->name, "%s", name);
+    size_t len = 1;
+    for (uint32_t i = 0; i < ndim; i++)
+        len *= (size_t)(p->dims[i] = dims[i]);
+    p->ndim = ndim;
     p->len = len;
     p->init = init;
     p->init.seed = fm_mix64(m->seed ^ fm_mix64((uint64_t)m->nparams + 1));
@@ -310,9 +315,13 @@ static layer *add_layer(fm_model *m, lkind kind)
     return l;
 }
 
-static int add_weights(fm_model *m, layer *l, const char *name, size_t fan_in, size_t fan_out,
-                       int last)
+/* wdims: the weight's shape, [fan_out, fan_in] or [cout, cin, k, k]. */
+static int add_weights(fm_model *m, layer *l, const char *name, uint32_t wndim,
+                       const uint64_t *wdims, int last)
 {
+    size_t fan_out = (size_t)wdims[0], fan_in = 1;
+    for (uint32_t i = 1; i < wndim; i++)
+        fan_in *= (size_t)wdims[i];
     char wn[FM_NAME_MAX], bn[FM_NAME_MAX];
     snprintf(wn, sizeof wn, "%s.weight", name);
     snprintf(bn, sizeof bn, "%s.bias", name);
@@ -322,8 +331,8 @@ static int add_weights(fm_model *m, layer *l, const char *name, size_t fan_in, s
         wi = (cps_init){.kind = CPS_INIT_UNIFORM, .a = -lim, .b = lim};
     }
     cps_init zi = {.kind = CPS_INIT_ZEROS};
-    l->pw = add_param(m, wn, fan_in * fan_out, wi);
-    l->pb = l->pw < 0 ? -1 : add_param(m, bn, fan_out, zi);
+    l->pw = add_param(m, wn, wndim, wdims, wi);
+    l->pb = l->pw < 0 ? -1 : add_param(m, bn, 1, wdims, zi);
     return l->pw < 0 || l->pb < 0 ? -1 : 0;
 }
 
@@ -334,7 +343,8 @@ static int add_dense(fm_model *m, const char *name, int out, int last)
         return -1;
     l->cin = (int)in_size(l), l->hin = l->win = 1;
     l->cout = out, l->hout = l->wout = 1;
-    return add_weights(m, l, name, (size_t)l->cin, (size_t)out, last);
+    uint64_t dims[2] = {(uint64_t)out, (uint64_t)l->cin};
+    return add_weights(m, l, name, 2, dims, last);
 }
 
 static int add_conv(fm_model *m, const char *name, int cout, int k, int pad)
@@ -349,7 +359,8 @@ static int add_conv(fm_model *m, const char *name, int cout, int k, int pad)
     l->dcol = malloc(colsz * sizeof *l->dcol);
     if (!l->col || !l->dcol)
         return -1;
-    return add_weights(m, l, name, (size_t)l->cin * k * k, (size_t)cout, 0);
+    uint64_t dims[4] = {(uint64_t)cout, (uint64_t)l->cin, (uint64_t)k, (uint64_t)k};
+    return add_weights(m, l, name, 4, dims, 0);
 }
 
 static int add_simple(fm_model *m, lkind kind)

@@ -28,7 +28,9 @@ typedef enum fm_model_kind { FM_MODEL_MLP = 0, FM_MODEL_CNN = 1 } fm_model_kind;
 typedef struct fm_param {
     char name[FM_NAME_MAX];
     size_t len;
-    cps_init init; /* how the servers initialise it: He normal, Glorot uniform or zeros */
+    uint32_t ndim;    /* shape as torch lays it out: [out, in], [out, in, k, k] or [out] */
+    uint64_t dims[4]; /* so a checkpoint loads into the same model in torch as it is */
+    cps_init init;    /* how the servers initialise it: He normal, Glorot uniform or zeros */
     float *value;
     float *grad;
 } fm_param;

@@ -329,8 +329,9 @@ static void ps_setup(run *r)
 {
     for (int i = 0; i < fm_model_num_params(r->m); i++) {
         fm_param *p = fm_model_param(r->m, i);
-        check(cps_tensor_declare(r->cli, p->name, p->len, &p->init, &r->optim, &r->tensors[i]),
-              "cps_tensor_declare", p->name);
+        check(cps_tensor_declare_shape(r->cli, p->name, p->ndim, p->dims, &p->init, &r->optim,
+                                       &r->tensors[i]),
+              "cps_tensor_declare_shape", p->name);
         check(cps_pull(r->cli, r->tensors[i], p->value, p->len), "cps_pull", p->name);
     }
 }
