@@ -1,0 +1,233 @@
+#!/usr/bin/python3
+"""A small ConvNet on Fashion-MNIST, trained by PyTorch through chainps.
+
+The model of Ray's parameter-server example (one 3x3 convolution, a 3x3 max-pool, one linear
+layer), trained on Debian's dataset-fashion-mnist, read with numpy (no download). One script
+serves every role, as in MindSpore's parameter-server mode:
+
+    chainps launch --servers 3 --workers 2 --mode sync -- /usr/bin/python3 examples/torch/train.py
+
+or by hand, one process per role (see README.md beside this file):
+
+    MS_ROLE=MS_SCHED   MS_SCHED_HOST=127.0.0.1 MS_SCHED_PORT=9091 MS_WORKER_NUM=2 MS_SERVER_NUM=2 python3 train.py
+    MS_ROLE=MS_PSERVER ...
+    MS_ROLE=MS_WORKER  ...
+
+It prints MindSpore-style lines (``epoch: 1 step: 100, loss is 0.512``) and, at the end, one
+``final:`` line with the test accuracy, samples/s and a checksum of the parameters; in sync mode
+every worker prints the same checksum, and a run with a server killed on the way prints the
+same one as a run without. ``--local`` trains in this process alone, as the baseline.
+"""
+
+import argparse
+import gzip
+import hashlib
+import math
+import os
+import struct
+import sys
+import time
+
+import numpy as np
+
+DATA = "/usr/share/datasets/fashion-mnist"
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=1, help="passes over this worker's shard (1)")
+    ap.add_argument("--steps", type=int, default=0, help="stop after N steps in all (0: no limit)")
+    ap.add_argument("--batch", type=int, default=64, help="batch size per worker (64)")
+    ap.add_argument("--optimizer", choices=["sgd", "momentum", "adam"], default="momentum",
+                    help="server-side optimizer (momentum 0.9)")
+    ap.add_argument("--lr", type=float, default=0.0,
+                    help="learning rate (default sgd 0.1, momentum 0.02, adam 0.002)")
+    ap.add_argument("--seed", type=int, default=1, help="initial values and shuffles (1)")
+    ap.add_argument("--log-every", type=int, default=100, help="loss line every N steps (100)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch intra-op threads (1: workers share the machine's cores)")
+    ap.add_argument("--no-overlap", action="store_true",
+                    help="push every gradient after backward() instead of from its hook")
+    ap.add_argument("--local", action="store_true",
+                    help="train in this process alone (torch.optim), without a parameter server")
+    ap.add_argument("--eval", metavar="CKPT",
+                    help="load a chainps checkpoint into the model, print its test accuracy, exit")
+    ap.add_argument("--save", metavar="PATH", help="rank 0 saves the final state_dict (torch.save)")
+    ap.add_argument("--slow-ms", type=float, default=0.0,
+                    help="sleep this long per step (to make one worker a straggler)")
+    ap.add_argument("--data", default=DATA, help=f"IDX .gz files ({DATA})")
+    a = ap.parse_args(argv)
+    if a.epochs < 1 or a.batch < 1 or a.steps < 0 or a.threads < 1 or a.lr < 0:
+        ap.error("--epochs, --batch and --threads must be >= 1; --steps and --lr >= 0")
+    if not a.lr:
+        a.lr = {"sgd": 0.1, "momentum": 0.02, "adam": 0.002}[a.optimizer]
+    return a
+
+
+def read_idx(path, magic, dims):
+    """A gzipped IDX file as a numpy array; every malformed case raises naming the file."""
+    try:
+        with gzip.open(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as e:
+        sys.exit(f"train.py: cannot read {path}: {e} (install dataset-fashion-mnist)")
+    if len(raw) < 4 + 4 * dims:
+        sys.exit(f"train.py: {path}: truncated")
+    head = struct.unpack(">" + "I" * (1 + dims), raw[: 4 + 4 * dims])
+    if head[0] != magic:
+        sys.exit(f"train.py: {path}: bad magic {head[0]:#x}")
+    shape = head[1:]
+    body = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims)
+    if body.size != int(np.prod(shape)):
+        sys.exit(f"train.py: {path}: {body.size} bytes of data for shape {shape}")
+    return body.reshape(shape)
+
+
+def load(data_dir, split):
+    x = read_idx(os.path.join(data_dir, f"{split}-images-idx3-ubyte.gz"), 0x803, 3)
+    y = read_idx(os.path.join(data_dir, f"{split}-labels-idx1-ubyte.gz"), 0x801, 1)
+    if len(x) != len(y) or y.max() > 9:
+        sys.exit(f"train.py: {split}: {len(x)} images, {len(y)} labels, max label {y.max()}")
+    # The dataset's mean and standard deviation, as torchvision's examples normalise it.
+    x = (x.astype(np.float32) / 255.0 - 0.2860) / 0.3530
+    return x.reshape(-1, 1, 28, 28), y.astype(np.int64)
+
+
+def make_model(torch):
+    nn, F = torch.nn, torch.nn.functional
+
+    class ConvNet(nn.Module):
+        """Ray's parameter-server example's model."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 3, kernel_size=3)
+            self.fc = nn.Linear(192, 10)
+
+        def forward(self, x):
+            x = F.relu(F.max_pool2d(self.conv1(x), 3))
+            return F.log_softmax(self.fc(x.view(-1, 192)), dim=1)
+
+    return ConvNet()
+
+
+def checksum(model):
+    h = hashlib.blake2b(digest_size=8)
+    for name, p in sorted(model.named_parameters()):
+        h.update(name.encode())
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def accuracy(torch, model, x, y):
+    with torch.no_grad():
+        correct = 0
+        for i in range(0, len(x), 1000):
+            out = model(torch.from_numpy(x[i:i + 1000]))
+            correct += int((out.argmax(1).numpy() == y[i:i + 1000]).sum())
+    return 100.0 * correct / len(x)
+
+
+def chainps_optim(chainps, a):
+    if a.optimizer == "sgd":
+        return chainps.SGD(a.lr)
+    if a.optimizer == "momentum":
+        return chainps.Momentum(a.lr, momentum=0.9)
+    return chainps.Adam(a.lr)
+
+
+def local_optimizer(torch, a, params):
+    if a.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=a.lr)
+    if a.optimizer == "momentum":
+        return torch.optim.SGD(params, lr=a.lr, momentum=0.9)
+    return torch.optim.Adam(params, lr=a.lr)
+
+
+def main(argv):
+    a = parse_args(argv)
+    import chainps  # noqa: E402  (after argument errors, which need no library)
+
+    client = None
+    if not a.local and not a.eval:
+        # In a scheduler or server role this runs that role, then the process exits 0.
+        client = chainps.init()
+    import torch
+    import chainps.torch as cpt
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    model = make_model(torch)
+    xt, yt = load(a.data, "t10k")
+    if a.eval:
+        step = cpt.load_state_dict(model, a.eval)
+        print(f"eval: {a.eval} at step {step}: test accuracy {accuracy(torch, model, xt, yt):.2f}%, "
+              f"checksum {checksum(model)}", flush=True)
+        return 0
+    x, y = load(a.data, "train")
+    rank, nw = (client.rank, client.num_workers) if client else (0, 1)
+    lo, hi = rank * len(x) // nw, (rank + 1) * len(x) // nw
+    x, y = x[lo:hi], y[lo:hi]
+    per_epoch = len(x) // a.batch
+    total = per_epoch * a.epochs
+    if a.steps:
+        total = min(total, a.steps)
+
+    if client:
+        opt = cpt.DistributedOptimizer(model.named_parameters(), chainps_optim(chainps, a),
+                                       client=client, seed=a.seed, overlap=not a.no_overlap)
+        start = opt.start_step
+        print(f"worker {rank} of {nw}: mode {client.mode}, {client.num_servers} servers, "
+              f"steps {start}..{total}", flush=True)
+    else:
+        # The servers' initial values, drawn locally: the same starting point as a job's.
+        params = dict(model.named_parameters())
+        with torch.no_grad():
+            for name, p in params.items():
+                init = cpt.default_init(name, p, params, a.seed)
+                p.copy_(torch.from_numpy(chainps.init_values(init, 0, p.numel())).view_as(p))
+        opt = local_optimizer(torch, a, model.parameters())
+        start = 0
+    loss_fn = torch.nn.functional.nll_loss
+    t0 = time.monotonic()
+    samples = 0
+    loss = None
+    epoch = -1
+    order = None
+    for step in range(start, total):
+        e, i = divmod(step, per_epoch)
+        if e != epoch:
+            epoch = e
+            order = np.random.default_rng([a.seed, e, rank]).permutation(len(x))
+        idx = order[i * a.batch:(i + 1) * a.batch]
+        xb, yb = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
+        opt.zero_grad()
+        loss = loss_fn(model(xb), yb)
+        loss.backward()
+        if a.slow_ms:
+            time.sleep(a.slow_ms / 1000.0)
+        opt.step()
+        samples += len(idx)
+        if a.log_every and (step + 1) % a.log_every == 0:
+            print(f"epoch: {e + 1} step: {step + 1}, loss is {loss.item():.4f}", flush=True)
+    elapsed = time.monotonic() - t0
+    if client:
+        client.barrier()  # every worker's last step is in before the final pull
+        opt.pull()
+    acc = accuracy(torch, model, xt, yt)
+    if a.save and rank == 0:
+        torch.save(model.state_dict(), a.save)
+    rate = samples / elapsed if elapsed > 0 else 0.0
+    print(f"final: test accuracy {acc:.2f}%, {rate:.1f} samples/s, steps {total}, "
+          f"checksum {checksum(model)}", flush=True)
+    if client:
+        client.close()
+    if loss is not None and not math.isfinite(loss.item()):
+        print("train.py: the loss diverged", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,231 @@
+"""PyTorch on chainps: the parameters live on the servers, the optimizer runs there.
+
+In the convention of Horovod's and BytePS's ``DistributedOptimizer``::
+
+    import chainps, chainps.torch
+    client = chainps.init()                    # a scheduler or server role runs and exits here
+    model = Net()
+    opt = chainps.torch.DistributedOptimizer(model.named_parameters(), chainps.SGD(0.05),
+                                             client=client)
+    for step in range(opt.start_step, steps):  # a resumed job starts at its checkpoint's step
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()        # each gradient is pushed as soon as it is ready
+        opt.step()                             # waits for the new parameters, now in the model
+
+Each parameter is declared under its ``named_parameters()`` name with its shape, so a checkpoint
+of the job loads with ``model.load_state_dict(chainps.checkpoint.load(path))``. Pushes start
+from gradient hooks during ``backward()``, so communication overlaps the rest of the backward
+pass; ``step()`` waits for them. In sync mode the servers sum the workers' gradients (in rank
+order: the run is deterministic), so each worker pushes its share of the mean (gradient / W);
+in async and ssp:N modes each push is applied on its own, as it is.
+
+Initial values come from the servers (the first declaration creates them; every worker pulls
+the same ones), drawn like torch's defaults for Linear and Conv layers: weights and their biases
+uniform in +-1/sqrt(fan_in), other one-dimensional parameters constant at their local value when
+it is constant (LayerNorm's 1 and 0), else zeros. Pass ``init=`` to choose per parameter.
+"""
+
+import hashlib
+
+import torch
+
+import chainps
+from chainps import checkpoint as _ckpt
+
+__all__ = ["DistributedOptimizer", "default_init", "load_state_dict"]
+
+
+def _seed_of(name, seed):
+    h = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little")
+
+
+def default_init(name, param, params, seed=0):
+    """The chainps.Init a parameter gets by default (see the module's docstring).
+
+    ``params`` maps names to every parameter, so a bias finds its weight's fan-in.
+    """
+    s = _seed_of(name, seed)
+    if param.dim() >= 2:
+        fan_in = param[0].numel()
+        bound = 1.0 / fan_in ** 0.5
+        return chainps.Init.uniform(-bound, bound, seed=s)
+    if name.endswith("bias"):
+        w = params.get(name[: -len("bias")] + "weight")
+        if w is not None and w.dim() >= 2:
+            bound = 1.0 / w[0].numel() ** 0.5
+            return chainps.Init.uniform(-bound, bound, seed=s)
+    flat = param.detach().reshape(-1)
+    if flat.numel() and bool((flat == flat[0]).all()) and float(flat[0]) != 0.0:
+        return chainps.Init.constant(float(flat[0]))
+    return chainps.Init.zeros()
+
+
+def _check_param(name, p):
+    if p.dtype != torch.float32:
+        raise TypeError(f"parameter {name}: chainps trains float32 parameters, not {p.dtype}")
+    if p.device.type != "cpu":
+        raise TypeError(f"parameter {name}: on {p.device}; chainps takes CPU tensors only")
+    if not p.is_contiguous():
+        raise ValueError(f"parameter {name}: not contiguous")
+
+
+class DistributedOptimizer:
+    """Push every gradient of a model and bring back its new parameters, through chainps.
+
+    Args:
+        named_parameters: ``model.named_parameters()`` (or a list of (name, parameter)).
+        optim: the server-side optimizer, e.g. ``chainps.Adam(1e-3)`` (default SGD 0.01).
+        client: a ``chainps.Client`` (default: ``chainps.init()``).
+        init: None for :func:`default_init`, a ``chainps.Init`` for every parameter, or a
+            function (name, parameter) -> chainps.Init.
+        seed: mixed into the default initial values' seeds.
+        overlap: push from gradient hooks during backward() (default); False pushes everything
+            in step(), one asynchronous push-pull per parameter (for comparison).
+        prefix: prepended to every declared name (to train two models in one job).
+
+    The constructor declares every parameter (with its shape) and pulls its values into the
+    model, so every worker starts from the same parameters. Raises TypeError/ValueError for a
+    parameter that is not a contiguous float32 CPU tensor, chainps.Error when a declaration is
+    refused (e.g. CPS_EEXIST: the job has that name with another shape).
+    """
+
+    def __init__(self, named_parameters, optim=None, client=None, init=None, seed=0,
+                 overlap=True, prefix=""):
+        self.client = client if client is not None else chainps.init()
+        self._named = [(prefix + n, p) for n, p in named_parameters if p.requires_grad]
+        if not self._named:
+            raise ValueError("no parameters that require a gradient")
+        names = [n for n, _ in self._named]
+        if len(set(names)) != len(names):
+            raise ValueError("two parameters share a name")
+        self.optim = optim if optim is not None else chainps.SGD(0.01)
+        self.overlap = overlap
+        mode = self.client.mode
+        self.grad_scale = 1.0 / self.client.num_workers if mode == "sync" else 1.0
+        by_name = dict(self._named)
+        self._tensors = {}
+        self._send = {}
+        for name, p in self._named:
+            _check_param(name, p)
+            if init is None:
+                i = default_init(name, p, by_name, seed)
+            elif callable(init):
+                i = init(name, p)
+            else:
+                i = init
+            t = self.client.declare(name, tuple(p.shape), init=i, optim=self.optim)
+            self._tensors[name] = t
+            if self.grad_scale != 1.0:
+                self._send[name] = torch.empty_like(p, memory_format=torch.contiguous_format)
+        # Every worker starts from the servers' values (fresh, or those of a resumed job).
+        with torch.no_grad():
+            handles = [self.client.pull_async(self._tensors[n], p.data) for n, p in self._named]
+            for h in handles:
+                h.wait()
+        self.start_step = min(t.step for t in self._tensors.values())
+        self.steps = 0
+        self._handles = {}
+        self._hooks = []
+        if overlap:
+            self._install_hooks()
+
+    # ---- hooks ----------------------------------------------------------------------------
+    def _install_hooks(self):
+        # The hook of a parameter's AccumulateGrad node fires once its .grad holds this
+        # backward's whole gradient, i.e. after every use of the parameter in backward (shared
+        # weights included), so the new values may be written into it from then on.
+        for name, p in self._named:
+            acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            acc.register_hook(self._make_hook(name, p))
+            self._hooks.append(acc)  # the node must outlive this constructor
+
+    def _make_hook(self, name, p):
+        def hook(*_):
+            self._start(name, p)
+
+        return hook
+
+    def _start(self, name, p):
+        if name in self._handles:
+            raise RuntimeError(f"parameter {name} got a second gradient before step(): call "
+                               f"step() after each backward()")
+        g = p.grad
+        if g is None:
+            g = self._zeros(name, p)
+        elif g.dtype != torch.float32 or g.is_sparse or not g.is_contiguous():
+            g = g.to(torch.float32).to_dense().contiguous()
+        if self.grad_scale != 1.0:
+            send = self._send[name]
+            torch.mul(g, self.grad_scale, out=send)
+            g = send
+        self._handles[name] = (self.client.push_pull_async(self._tensors[name], g, p.data), g)
+
+    def _zeros(self, name, p):
+        z = self._send.get(name)
+        if z is None:
+            z = self._send[name] = torch.zeros_like(p, memory_format=torch.contiguous_format)
+        else:
+            z.zero_()
+        return z
+
+    # ---- the optimizer's interface --------------------------------------------------------
+    def zero_grad(self, set_to_none=True):
+        """Clear the gradients (as torch.optim's zero_grad)."""
+        for _, p in self._named:
+            if p.grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                p.grad.detach_()
+                p.grad.zero_()
+
+    def step(self, closure=None):
+        """Finish this step: push what the hooks did not (a parameter with no gradient pushes
+        zeros, so a sync step still completes), wait for every push-pull, and leave the new
+        parameters in the model. Returns the closure's loss when one is given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        with torch.no_grad():
+            for name, p in self._named:
+                if name not in self._handles:
+                    self._start(name, p)
+            try:
+                for name, _ in self._named:
+                    self._handles[name][0].wait()
+            finally:
+                self._handles.clear()
+        self.steps += 1
+        return loss
+
+    @property
+    def step_count(self):
+        """The job's step: the step this run started at plus the steps taken since."""
+        return self.start_step + self.steps
+
+    def pull(self):
+        """Bring the servers' current parameters into the model (after an async job, say)."""
+        with torch.no_grad():
+            handles = [self.client.pull_async(self._tensors[n], p.data) for n, p in self._named]
+            for h in handles:
+                h.wait()
+
+    def tensors(self):
+        """The declared chainps tensors by name."""
+        return dict(self._tensors)
+
+
+def load_state_dict(model, path, strict=True):
+    """Load a chainps checkpoint into a model: shapes are checked first and every mismatch is
+    named (CheckpointError), then ``model.load_state_dict`` runs. Buffers a model has and a
+    checkpoint lacks (BatchNorm's running statistics) are left as they are when ``strict`` is
+    false. Returns the checkpoint's step."""
+    state = _ckpt.load(path)
+    model_params = dict(model.named_parameters())
+    _ckpt.check_shapes(state, model_params if not strict else
+                       {k: v for k, v in model.state_dict().items()})
+    model.load_state_dict(state, strict=strict)
+    return _ckpt.step(path)
