@@ -1,0 +1,122 @@
+"""A PyTorch training script (examples/torch/train.py) trains through chainps: sync runs are
+bitwise reproducible and survive a server's SIGKILL with the same result, async and ssp:2
+converge, and an export of the final model loads with load_state_dict and reproduces the job's
+accuracy. Each job is bounded in time and every process is ended by its PID."""
+
+import os
+
+import numpy as np
+import pytest
+
+import torch_jobs as tj
+
+torch = pytest.importorskip("torch")
+chainps_ckpt = pytest.importorskip("chainps.checkpoint")
+
+# 2 workers x 150 steps of 64 images: about 10 s a job on 2 cores.
+STEPS = ["--steps", "150", "--log-every", "50"]
+SYNC = ["--servers", "3", "--workers", "2", "--mode", "sync"]
+
+
+def run_ok(args, train_args=STEPS, timeout=240):
+    rc, out = tj.launch(args, train_args, timeout)
+    f = tj.finals(out)
+    assert rc == 0 and len(f) == 2, f"launch exit {rc}, final lines {f}:\n{out[-6000:]}"
+    return f, out
+
+
+@pytest.fixture(scope="module")
+def sync_reference():
+    f, out = run_ok(SYNC)
+    return f, out
+
+
+def test_sync_is_bitwise_equal_across_workers_and_runs(sync_reference):
+    f, out = sync_reference
+    assert f[0][2] == f[1][2], "workers ended with different parameters"
+    assert "epoch: 1 step: 50, loss is" in out
+    again, _ = run_ok(SYNC)
+    assert again[0][2] == f[0][2] and again[1][2] == f[0][2], "a second run differs"
+    assert f[0][0] > 50.0, f"test accuracy {f[0][0]}% after 150 steps"
+
+
+def test_sync_survives_a_server_kill_with_the_same_result(sync_reference):
+    ref, _ = sync_reference
+    # Server 0, the head of range 0, SIGKILLed 4 s in (the job is training by then) and
+    # restarted 2 s later: it copies its ranges back while the workers carry on.
+    f, out = run_ok(SYNC + ["--kill-at", "4"], STEPS + ["--steps", "250"])
+    assert "SIGKILL server 0" in out, out[-3000:]
+    ref250, _ = run_ok(SYNC, STEPS + ["--steps", "250"])
+    assert f[0][2] == f[1][2] == ref250[0][2], (f, ref250)
+    assert ref[0][2] != ref250[0][2]  # the reference trained further: a real comparison
+
+
+@pytest.mark.parametrize("mode", ["async", "ssp:2"])
+def test_async_and_ssp_converge(mode):
+    f, _ = run_ok(["--servers", "2", "--workers", "2", "--mode", mode])
+    for acc, rate, _ in f:
+        assert acc > 50.0 and rate > 0, f"{mode}: accuracy {acc}%"
+
+
+def test_overlap_off_gives_the_same_bits(sync_reference):
+    ref, _ = sync_reference
+    f, _ = run_ok(SYNC, STEPS + ["--no-overlap"])
+    assert f[0][2] == ref[0][2]
+
+
+def test_export_loads_into_the_model_and_reproduces_the_accuracy(tmp_path):
+    c = tj.Cluster(str(tmp_path), servers=2, workers=2, replicas=2)
+    try:
+        ws = [c.worker(r, STEPS) for r in range(2)]
+        codes = tj.wait_all(ws, 180)
+        outs = [c.output(f"worker{r}") for r in range(2)]
+        assert codes == [0, 0], f"workers exited {codes}:\n{outs[0][-3000:]}\n{outs[1][-3000:]}"
+        job = tj.finals(outs[0])[0]
+        ck = tmp_path / "ckpt"
+        r = c.run("checkpoint", "export", "--scheduler", c.addr, "--step", "150", "--out",
+                  str(ck), timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        c.close()
+    state = chainps_ckpt.load(str(ck))
+    assert tuple(state["conv1.weight"].shape) == (3, 1, 3, 3)
+    assert tuple(state["fc.weight"].shape) == (10, 192)
+    assert state["fc.bias"].dtype == torch.float32
+    assert chainps_ckpt.step(str(ck)) == 150
+    # A fresh process loads it with load_state_dict and evaluates: the job's accuracy and bits.
+    out = tj.subprocess.run([tj.PYTHON, tj.TRAIN, "--eval", str(ck)], capture_output=True,
+                            text=True, timeout=120, env=tj.env())
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"test accuracy {job[0]:.2f}%" in out.stdout, (job, out.stdout)
+    assert f"checksum {job[2]}" in out.stdout, (job, out.stdout)
+    with_optim = chainps_ckpt.load(str(ck), optimizer_state=True, as_numpy=True)
+    assert with_optim["optim/momentum_buffer/fc.weight"].shape == (10, 192)
+    # One flipped bit in the data is refused, naming the tensor it hit.
+    f = ck / "model.safetensors"
+    raw = bytearray(f.read_bytes())
+    raw[-5] ^= 0x10
+    f.write_bytes(bytes(raw))
+    with pytest.raises(chainps_ckpt.CheckpointError, match="checksum mismatch"):
+        chainps_ckpt.load(str(ck))
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_by_name(tmp_path):
+    import chainps.torch as cpt
+
+    bad = tmp_path / "bad.safetensors"
+    # A file with fc.weight transposed: same numbers of values, another shape.
+    header = ('{"fc.weight":{"dtype":"F32","shape":[192,10],"data_offsets":[0,7680]}}')
+    pad = (8 - len(header) % 8) % 8
+    header += " " * pad
+    bad.write_bytes(len(header).to_bytes(8, "little") + header.encode() +
+                    np.zeros(1920, np.float32).tobytes())
+    model = torch.nn.Sequential()
+    model.add_module("fc", torch.nn.Linear(192, 10))
+    with pytest.raises(chainps_ckpt.CheckpointError, match=r"fc.weight: checkpoint \[192, 10\]"):
+        cpt.load_state_dict(model, str(bad))
+    with pytest.raises(chainps_ckpt.CheckpointError, match="no such checkpoint"):
+        chainps_ckpt.load(str(tmp_path / "missing"))
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q"]))

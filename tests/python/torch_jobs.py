@@ -1,0 +1,130 @@
+"""Start chainps jobs for the torch tests: `chainps launch` runs, or a hand-started cluster that
+stays up after its workers (for a checkpoint export of the final model). Every process is
+started with a deadline and ended by its PID; everything listens on 127.0.0.1."""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+TRAIN = os.path.join(ROOT, "examples", "torch", "train.py")
+PYTHON = "/usr/bin/python3"
+
+
+def cli():
+    path = os.environ.get("CHAINPS_CLI")
+    if not path or not os.access(path, os.X_OK):
+        raise RuntimeError("set CHAINPS_CLI to the chainps command (ctest does)")
+    return path
+
+
+def env(**extra):
+    e = dict(os.environ)
+    for k in list(e):
+        if k.startswith(("CHAINPS_", "DMLC_", "MS_")) and k != "CHAINPS_CLI":
+            del e[k]
+    e.update({k: str(v) for k, v in extra.items()})
+    return e
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def finals(text):
+    """The `final:` lines of a job's output: [(accuracy, samples/s, checksum)]."""
+    pat = r"final: test accuracy ([0-9.]+)%, ([0-9.]+) samples/s, steps \d+, checksum ([0-9a-f]+)"
+    return [(float(a), float(r), c) for a, r, c in re.findall(pat, text)]
+
+
+def launch(args, train_args, timeout=240):
+    """Run `chainps launch ARGS -- python3 train.py TRAIN_ARGS`; returns (exit code, output)."""
+    cmd = [cli(), "launch", "--timeout", str(timeout - 20), *args, "--", PYTHON, TRAIN,
+           *train_args]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=env(), start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        raise AssertionError(f"launch did not end in {timeout} s:\n{out[-4000:]}")
+    return p.returncode, out
+
+
+class Cluster:
+    """A scheduler (--hold) and S servers started by hand, for workers started by the test."""
+
+    def __init__(self, tmp, servers, workers, mode="sync", replicas=None):
+        self.port = free_port()
+        self.addr = f"127.0.0.1:{self.port}"
+        self.procs = []
+        self.logs = []
+        self.tmp = tmp
+        args = [cli(), "scheduler", "--servers", str(servers), "--workers", str(workers),
+                "--port", str(self.port), "--bind", "127.0.0.1", "--mode", mode, "--hold",
+                "--data", os.path.join(tmp, "sched")]
+        if replicas:
+            args += ["--replicas", str(replicas)]
+        self._start("scheduler", args)
+        for i in range(servers):
+            self._start(f"server{i}", [cli(), "server", "--scheduler", self.addr,
+                                       "--data", os.path.join(tmp, f"server{i}")])
+
+    def _start(self, name, args, extra_env=None):
+        log = open(os.path.join(self.tmp, f"{name}.log"), "w+")
+        p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                             env=env(**(extra_env or {})), start_new_session=True)
+        self.procs.append(p)
+        self.logs.append(log)
+        return p
+
+    def worker(self, rank, train_args):
+        return self._start(f"worker{rank}", [PYTHON, TRAIN, *train_args],
+                           {"CHAINPS_ROLE": "worker", "CHAINPS_SCHEDULER": self.addr,
+                            "CHAINPS_RANK": rank})
+
+    def output(self, name):
+        with open(os.path.join(self.tmp, f"{name}.log")) as f:
+            return f.read()
+
+    def run(self, *args, timeout=60):
+        return subprocess.run([cli(), *args], capture_output=True, text=True, timeout=timeout,
+                              env=env())
+
+    def close(self):
+        self.run("status", "--scheduler", self.addr, "--end")
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for p in self.procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait()
+        for log in self.logs:
+            log.close()
+
+
+def wait_all(procs, timeout):
+    deadline = time.monotonic() + timeout
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    return codes
+
+
+if __name__ == "__main__":
+    sys.exit("a helper module of tests/python/test_torch.py")
