@@ -31,6 +31,13 @@ def sync_reference():
     return f, out
 
 
+@pytest.fixture(scope="module")
+def sync_250():
+    """The same job trained on to step 250, without a fault."""
+    f, _ = run_ok(SYNC, STEPS + ["--steps", "250"])
+    return f
+
+
 def test_sync_is_bitwise_equal_across_workers_and_runs(sync_reference):
     f, out = sync_reference
     assert f[0][2] == f[1][2], "workers ended with different parameters"
@@ -40,13 +47,13 @@ def test_sync_is_bitwise_equal_across_workers_and_runs(sync_reference):
     assert f[0][0] > 50.0, f"test accuracy {f[0][0]}% after 150 steps"
 
 
-def test_sync_survives_a_server_kill_with_the_same_result(sync_reference):
+def test_sync_survives_a_server_kill_with_the_same_result(sync_reference, sync_250):
     ref, _ = sync_reference
+    ref250 = sync_250
     # Server 0, the head of range 0, SIGKILLed 4 s in (the job is training by then) and
     # restarted 2 s later: it copies its ranges back while the workers carry on.
     f, out = run_ok(SYNC + ["--kill-at", "4"], STEPS + ["--steps", "250"])
     assert "SIGKILL server 0" in out, out[-3000:]
-    ref250, _ = run_ok(SYNC, STEPS + ["--steps", "250"])
     assert f[0][2] == f[1][2] == ref250[0][2], (f, ref250)
     assert ref[0][2] != ref250[0][2]  # the reference trained further: a real comparison
 
@@ -64,7 +71,7 @@ def test_overlap_off_gives_the_same_bits(sync_reference):
     assert f[0][2] == ref[0][2]
 
 
-def test_export_loads_into_the_model_and_reproduces_the_accuracy(tmp_path):
+def test_export_loads_into_the_model_and_reproduces_the_accuracy(tmp_path, sync_250):
     c = tj.Cluster(str(tmp_path), servers=2, workers=2, replicas=2)
     try:
         ws = [c.worker(r, STEPS) for r in range(2)]
@@ -91,11 +98,17 @@ def test_export_loads_into_the_model_and_reproduces_the_accuracy(tmp_path):
     assert f"checksum {job[2]}" in out.stdout, (job, out.stdout)
     with_optim = chainps_ckpt.load(str(ck), optimizer_state=True, as_numpy=True)
     assert with_optim["optim/momentum_buffer/fc.weight"].shape == (10, 192)
+    # A job restored from the export (another cluster shape) resumes at step 150 and ends
+    # bitwise where the uninterrupted run did: parameters, momentum and data order continue.
+    f, out = run_ok(SYNC + ["--restore-from", str(ck)], STEPS + ["--steps", "250"])
+    assert "steps 150..250" in out, out[-3000:]
+    assert f[0][2] == f[1][2] == sync_250[0][2], (f, sync_250)
+
     # One flipped bit in the data is refused, naming the tensor it hit.
-    f = ck / "model.safetensors"
-    raw = bytearray(f.read_bytes())
+    st = ck / "model.safetensors"
+    raw = bytearray(st.read_bytes())
     raw[-5] ^= 0x10
-    f.write_bytes(bytes(raw))
+    st.write_bytes(bytes(raw))
     with pytest.raises(chainps_ckpt.CheckpointError, match="checksum mismatch"):
         chainps_ckpt.load(str(ck))
 
