@@ -226,6 +226,16 @@ int cps_push_pull_async(cps_client *c, cps_tensor *t, const float *grad, float *
 int cps_wait(cps_handle *h, int timeout_ms);
 
 /**
+ * @brief Wait for an asynchronous operation, telling "still running" apart from an operation
+ * that failed with CPS_ETIMEDOUT (which cps_wait() reports alike).
+ * @param[in] timeout_ms -1 waits forever, 0 only checks.
+ * @param[out] result the operation's result (0 or a CPS_E... code) when it completed.
+ * @return 1: completed, *result set, the handle is freed; 0: still running after timeout_ms, the
+ *         handle stays valid (wait again); CPS_EINVAL: NULL or already completed handle.
+ */
+int cps_wait_result(cps_handle *h, int timeout_ms, int *result);
+
+/**
  * @brief Sparse rows of a table: push gradients for `nrows` rows (ids in any order, duplicates
  * allowed: their gradients are summed) or pull them. `grads`/`out` hold nrows*cols values, row
  * by row in the order of `rows`.

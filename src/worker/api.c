@@ -323,21 +323,32 @@ int cps_push_pull_async(cps_client *c, cps_tensor *t, const float *grad, float *
     return tensor_op(c, t, OP_PUSH_PULL, grad, out, len, h);
 }
 
-int cps_wait(cps_handle *h, int timeout_ms)
+int cps_wait_result(cps_handle *h, int timeout_ms, int *result)
 {
-    if (!h || !h->op.in_use)
+    if (!h || !h->op.in_use || !result)
         return CPS_EINVAL;
     cps_client *c = h->op.client;
     pthread_mutex_lock(&c->lock);
     int rc = h->op.pending ? cps__client_wait(c, &h->op, timeout_ms) : h->op.result;
+    int pending = h->op.pending != 0;
     pthread_mutex_unlock(&c->lock);
-    if (rc == CPS_ETIMEDOUT && h->op.pending)
-        return rc;
+    if (pending)
+        return 0;
     free(h->op.scratch);
     if (h->op.own_parts)
         cps__parts_free((cps_part *)h->op.parts, h->op.nparts);
     free(h);
-    return rc;
+    *result = rc;
+    return 1;
+}
+
+int cps_wait(cps_handle *h, int timeout_ms)
+{
+    int result;
+    int rc = cps_wait_result(h, timeout_ms, &result);
+    if (rc < 0)
+        return rc;
+    return rc ? result : CPS_ETIMEDOUT;
 }
 
 int cps_barrier(cps_client *c)

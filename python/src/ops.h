@@ -1,0 +1,42 @@
+/* In-flight operations of a Python client: each started C operation (a cps_handle) with the
+ * buffers it reads or writes, kept alive until the C side is done with them, whoever stops
+ * waiting for it (a Handle dropped early, a call interrupted by Ctrl-C, a closing client). */
+#ifndef CHAINPS_PY_OPS_H
+#define CHAINPS_PY_OPS_H
+
+#include "buffers.h"
+#include "chainps/chainps.h"
+
+typedef struct cpy_op {
+    cps_handle *h; /* NULL once completed */
+    cpy_buf bufs[2];
+    int nbufs;
+    int done;
+    int result; /* the operation's result once done */
+    int busy;   /* a thread is inside cps_wait_result on h (with the GIL released) */
+    int orphan; /* no Handle refers to it any more: freed when it completes */
+    struct cpy_op *prev, *next;
+} cpy_op;
+
+typedef struct cpy_ops {
+    cpy_op *head;
+} cpy_ops;
+
+/* A new operation record (buffers moved in: the caller's cpy_buf are zeroed), linked into
+ * `ops`. NULL with MemoryError set. */
+cpy_op *cpy_op_new(cpy_ops *ops, cps_handle *h, cpy_buf *bufs, int nbufs);
+/* Wait for op until it completes or `timeout_s` passes (< 0: no limit), in slices with the GIL
+ * released, checking for signals between them. Returns 1 (done: op->result holds the result,
+ * buffers released, unlinked from `ops`), 0 (still running), -1 (a signal handler raised,
+ * e.g. KeyboardInterrupt; the operation keeps running). */
+int cpy_op_wait(cpy_ops *ops, cpy_op *op, double timeout_s);
+/* The Handle that owned op is gone: free op now if complete, else when it completes. */
+void cpy_op_orphan(cpy_ops *ops, cpy_op *op);
+/* Check orphaned operations without blocking; free those that completed. */
+void cpy_ops_reap(cpy_ops *ops);
+/* Wait for every operation (before the client closes). Signals are not checked: the C side
+ * may still write into the buffers, so they must outlive it; each operation ends by itself
+ * (completed, failed, or timed out by the library's request timeouts). */
+void cpy_ops_drain(cpy_ops *ops);
+
+#endif
