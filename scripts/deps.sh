@@ -3,11 +3,13 @@
 set -euo pipefail
 what=${1:-all}
 pkgs=(build-essential cmake pkg-config liblmdb-dev libnanomsg-dev libopenblas-dev libsnappy-dev
-      libcmocka-dev zlib1g-dev)
+      libcmocka-dev zlib1g-dev python3-dev)
 case "$what" in
   demo) pkgs+=(dataset-fashion-mnist gnuplot-nox) ;;
-  test) pkgs+=(clang clang-format libclang-rt-14-dev iperf3 python3-numpy dataset-fashion-mnist) ;;
-  all)  pkgs+=(dataset-fashion-mnist gnuplot-nox clang clang-format libclang-rt-14-dev iperf3 python3-numpy) ;;
+  test) pkgs+=(clang clang-format libclang-rt-14-dev iperf3 dataset-fashion-mnist
+              python3-dev python3-numpy python3-torch python3-pytest) ;;
+  all)  pkgs+=(dataset-fashion-mnist gnuplot-nox clang clang-format libclang-rt-14-dev iperf3
+              python3-dev python3-numpy python3-torch python3-pytest) ;;
   *) echo "usage: $0 [demo|test|all]" >&2; exit 2 ;;
 esac
 missing=()

@@ -1,0 +1,242 @@
+"""The chainps Python binding against a real job: a scheduler and a server started here (on
+127.0.0.1, ended by their PIDs), this test process joining as the job's only worker. Values are
+checked exactly (SGD with lr 0.5 on small integers is exact in float32)."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import torch_jobs as tj
+
+import chainps
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("job"))
+    c = tj.Cluster(tmp, servers=1, workers=1)
+    saved = dict(os.environ)
+    os.environ.update({"CHAINPS_ROLE": "worker", "CHAINPS_SCHEDULER": c.addr})
+    try:
+        cl = chainps.init()
+        yield cl
+        cl.close()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        c.close()
+
+
+SGD = chainps.SGD(0.5)
+
+
+def test_job_facts(client):
+    assert (client.rank, client.num_workers, client.num_servers) == (0, 1, 1)
+    assert client.mode == "sync" and client.staleness == 0
+    assert isinstance(chainps.__version__, str) and chainps.__version__.count(".") == 2
+
+
+def test_declare_push_pull_exact(client):
+    t = client.declare("exact", (4, 3), init=chainps.Init.constant(1.0), optim=SGD)
+    assert t.shape == (4, 3) and t.numel == 12 and t.name == "exact" and not t.is_table
+    out = np.zeros(12, np.float32)
+    client.pull(t, out)
+    assert (out == 1.0).all()
+    g = np.arange(12, dtype=np.float32)
+    client.push(t, g)
+    client.pull(t, out)
+    np.testing.assert_array_equal(out, 1.0 - 0.5 * g)
+    client.push_pull(t, g, out)
+    np.testing.assert_array_equal(out, 1.0 - g)
+    assert t.step == 2
+
+
+def test_torch_tensors_are_read_and_written_in_place(client):
+    t = client.declare("torch", 6, init=chainps.Init.constant(2.0), optim=SGD)
+    out = torch.zeros(2, 3)
+    ptr = out.data_ptr()
+    client.pull(t, out)
+    assert out.data_ptr() == ptr and bool((out == 2.0).all())
+    grad = torch.arange(6, dtype=torch.float32)
+    h = client.push_pull_async(t, grad, out)
+    h.wait()
+    assert h.done()
+    assert out.view(-1).tolist() == [2.0 - 0.5 * i for i in range(6)]
+    # A parameter that requires grad, through .data, as chainps.torch passes it.
+    p = torch.nn.Parameter(torch.zeros(6))
+    client.pull(t, p.data)
+    assert p.data.tolist() == out.view(-1).tolist()
+
+
+def test_async_handles(client):
+    t = client.declare("async", 1000, init=chainps.Init.zeros(), optim=SGD)
+    g = np.ones(1000, np.float32)
+    hs = [client.push_async(t, g) for _ in range(3)]
+    for h in hs:
+        h.wait(timeout=30)
+    out = np.zeros(1000, np.float32)
+    client.pull_async(t, out).wait()
+    np.testing.assert_array_equal(out, -1.5)
+    with pytest.raises(ValueError, match="timeout"):
+        client.pull_async(t, out).wait(timeout=-1)
+    del hs
+    h = client.pull_async(t, out)
+    del h  # dropped before completion: its buffer stays alive until the library is done
+    client.barrier()
+
+
+def test_rows(client):
+    t = client.declare_table("emb", 10, 4, init=chainps.Init.constant(1.0), optim=SGD)
+    assert t.is_table and t.shape == (10, 4)
+    client.rows_push(t, [3, 7], np.ones(8, np.float32))
+    out = np.zeros(12, np.float32)
+    client.rows_pull(t, np.array([3, 0, 7], dtype=np.int64), out)
+    np.testing.assert_array_equal(out, [0.5] * 4 + [1.0] * 4 + [0.5] * 4)
+    with pytest.raises(ValueError, match="2 rows of 4 values need 8"):
+        client.rows_push(t, [1, 2], np.ones(7, np.float32))
+    with pytest.raises(chainps.Error) as e:
+        client.rows_pull(t, [10], np.zeros(4, np.float32))
+    assert e.value.code == chainps.CPS_ENOTFOUND and e.value.name == "CPS_ENOTFOUND"
+    with pytest.raises(TypeError, match="not a table"):
+        client.rows_pull(client.declare("dense_r", 4), [0], np.zeros(4, np.float32))
+
+
+def test_bad_input_is_an_exception_naming_the_tensor(client):
+    t = client.declare("bad", 12, optim=SGD)
+    cases = [
+        (np.zeros(12), TypeError, "bad: gradient must hold float32 values .got float64"),
+        (np.zeros(12, np.int64), TypeError, "float32"),
+        (np.zeros(24, np.float32)[::2], ValueError, "not C-contiguous"),
+        (np.zeros(5, np.float32), ValueError, "gradient has 5 values, the tensor has 12"),
+        (torch.zeros(12, dtype=torch.float64), TypeError, "torch.float32, not torch.float64"),
+        (torch.zeros(12, dtype=torch.int64), TypeError, "torch.float32"),
+        (torch.zeros(24)[::2], ValueError, "not a contiguous"),
+        ([1.0] * 12, TypeError, "numpy array, a torch CPU tensor"),
+        (torch.zeros(12, device="meta"), TypeError, "CPU tensors only"),
+    ]
+    for buf, exc, text in cases:
+        with pytest.raises(exc, match=text):
+            client.push(t, buf)
+    ro = np.zeros(12, np.float32)
+    ro.setflags(write=False)
+    with pytest.raises(ValueError, match="read-only"):
+        client.pull(t, ro)
+    for shape in [(0,), (), tuple([1] * 9), -3]:
+        with pytest.raises(ValueError):
+            client.declare("badshape", shape)
+    client.declare("reshaped", (3, 4))
+    with pytest.raises(chainps.Error) as e:
+        client.declare("reshaped", (4, 3))
+    assert e.value.code == chainps.CPS_EEXIST
+    with pytest.raises(TypeError):
+        client.declare("x", 4, init="zeros")
+    with pytest.raises(chainps.Error) as e:
+        client.declare("badlr", 4, optim=chainps.SGD(-1.0))
+    assert e.value.code == chainps.CPS_EINVAL
+    # After all that the job still serves.
+    out = np.zeros(12, np.float32)
+    client.pull(t, out)
+
+
+def test_init_values_match_the_servers(client):
+    init = chainps.Init.normal(0.0, 0.05, seed=42)
+    t = client.declare("initv", 5000, init=init, optim=SGD)
+    out = np.zeros(5000, np.float32)
+    client.pull(t, out)
+    np.testing.assert_array_equal(out, chainps.init_values(init, 0, 5000))
+    assert abs(float(out.std()) - 0.05) < 0.005
+
+
+def test_threads_share_a_client(client):
+    ts = [client.declare(f"thr{i}", 256, optim=SGD) for i in range(4)]
+    errors = []
+
+    def work(t):
+        try:
+            out = np.zeros(256, np.float32)
+            for _ in range(20):
+                client.push_pull(t, np.ones(256, np.float32), out)
+            assert (out == -10.0).all()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    th = [threading.Thread(target=work, args=(t,)) for t in ts]
+    for x in th:
+        x.start()
+    for x in th:
+        x.join(60)
+    assert not errors
+
+
+def test_stats_move(client):
+    s = client.stats()
+    t = client.declare("stats", 100)
+    client.push(t, np.ones(100, np.float32))
+    s2 = client.stats()
+    assert s2["pushes"] > s["pushes"] and s2["push_raw_bytes"] >= s["push_raw_bytes"] + 400
+
+
+def test_closed_client_refuses_calls(tmp_path):
+    c = tj.Cluster(str(tmp_path), servers=1, workers=1, mode="async")
+    env = tj.env(CHAINPS_ROLE="worker", CHAINPS_SCHEDULER=c.addr)
+    code = ("import chainps, numpy as np\n"
+            "c = chainps.init(); t = c.declare('w', 4); assert c.mode == 'async'\n"
+            "c.close(); assert c.closed\n"
+            "try:\n    c.pull(t, np.zeros(4, np.float32))\nexcept ValueError as e:\n"
+            "    print('refused:', e)\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=60)
+    finally:
+        c.close()
+    assert r.returncode == 0, r.stderr
+    assert "refused: pull: chainps client is closed" in r.stdout
+
+
+@pytest.mark.parametrize("role_env", [
+    {"CHAINPS_ROLE": "server"},
+    {"MS_ROLE": "MS_PSERVER"},
+])
+def test_init_runs_a_server_role_and_exits_0(tmp_path, role_env):
+    """One script for every role: chainps.init() as a server serves the job, then exits 0."""
+    port = tj.free_port()
+    sched = subprocess.Popen(
+        [tj.cli(), "scheduler", "--servers", "1", "--workers", "1", "--port", str(port),
+         "--bind", "127.0.0.1", "--data", str(tmp_path / "s")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=tj.env())
+    env = dict(role_env, CHAINPS_DATA_DIR=str(tmp_path / "d"))
+    if "MS_ROLE" in role_env:
+        env.update(MS_SCHED_HOST="127.0.0.1", MS_SCHED_PORT=port, MS_SERVER_NUM=1,
+                   MS_WORKER_NUM=1)
+    else:
+        env["CHAINPS_SCHEDULER"] = f"127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-c",
+                               "import chainps; print('before', flush=True); chainps.init(); "
+                               "print('never here')"],
+                              env=tj.env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    worker = subprocess.run(
+        [sys.executable, "-c",
+         "import chainps, numpy as np\n"
+         "c = chainps.init(); t = c.declare('w', 3, optim=chainps.SGD(1.0))\n"
+         "o = np.zeros(3, np.float32); c.push_pull(t, np.ones(3, np.float32), o)\n"
+         "assert (o == -1).all(), o\nc.close()\n"],
+        env=tj.env(CHAINPS_ROLE="worker", CHAINPS_SCHEDULER=f"127.0.0.1:{port}"),
+        capture_output=True, text=True, timeout=60)
+    try:
+        out, _ = server.communicate(timeout=30)
+        sched.wait(timeout=30)
+    finally:
+        for p in (server, sched):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert worker.returncode == 0, worker.stderr
+    assert server.returncode == 0, out
+    assert "before" in out and "never here" not in out
