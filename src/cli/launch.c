@@ -12,6 +12,8 @@
 #include "node/msg.h"
 
 #define STOP_GRACE_MS 10000
+/* How long workers may take to exit after the job ended, unless --timeout says otherwise. */
+#define FINISH_WAIT_MS 600000
 
 static const char launch_usage[] =
     "usage: chainps launch --servers S --workers W [options] -- PROGRAM [ARGS...]\n"
@@ -29,7 +31,9 @@ static const char launch_usage[] =
     "                     a second launch on the same DIR resumes from its parameters);\n"
     "                     default: a fresh temporary directory, removed at the end\n"
     "  --port P           scheduler port (default: a free one)\n"
-    "  --timeout SEC      stop the job (and fail) if it runs longer than SEC seconds\n"
+    "  --timeout SEC      stop the job (and fail) if it runs longer than SEC seconds;\n"
+    "                     workers still exiting after the job ended (saving a model, an\n"
+    "                     interpreter shutting down) are waited for within it (or 600 s)\n"
     "  --no-compress      never snappy-compress pushes\n"
     "  --kill-at SEC      a demonstration of failover: SIGKILL server 0 (the head of range 0)\n"
     "                     SEC seconds in, restart it 2 s later (it copies its ranges back);\n"
@@ -176,7 +180,7 @@ int cps__cli_launch(int argc, char **argv)
     int rc = cps__job_start_all(&job);
     int S = job.S, n = job.n;
     cps_child *kids = job.kids;
-    uint64_t start = cps__now_ms(), restart_at = 0;
+    uint64_t start = cps__now_ms(), restart_at = 0, job_ended_at = 0;
     int killed = 0;
     const char *why = NULL;
     while (rc == 0) {
@@ -215,7 +219,22 @@ int cps__cli_launch(int argc, char **argv)
         }
         if (!workers_left)
             break;
-        if (kids[0].exited) {
+        if (kids[0].exited && cps__job_ok(&job, 0)) {
+            /* Every worker said goodbye and the job ended; some are still exiting (saving a
+             * model, an interpreter shutting down). Wait for them, within bounds. */
+            uint64_t limit = timeout_s ? UINT64_MAX : FINISH_WAIT_MS; /* --timeout bounds it */
+            if (!job_ended_at) {
+                job_ended_at = now;
+                printf("launch: the job ended; waiting for %d worker%s still exiting\n",
+                       workers_left, workers_left == 1 ? "" : "s");
+                fflush(stdout);
+            } else if (now - job_ended_at > limit) {
+                printf("launch: %d worker%s still running %.0f s after the job ended; stopping\n",
+                       workers_left, workers_left == 1 ? "" : "s", limit / 1000.0);
+                rc = 1;
+                break;
+            }
+        } else if (kids[0].exited) {
             char b[96];
             printf("launch: the scheduler exited (%s) while workers were running; stopping\n",
                    cps__job_exit_text(kids[0].status, b, sizeof b));
