@@ -25,13 +25,23 @@
 #include <stdint.h>
 
 #include "chainps/error.h"
+#include "chainps/export.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/* The version of these headers; cps_version() tells the library's at run time. CMake's project
+ * version must match (the build checks it). */
 #define CHAINPS_VERSION_MAJOR 0
 #define CHAINPS_VERSION_MINOR 1
+#define CHAINPS_VERSION_PATCH 0
+
+/**
+ * @brief The library's version, "MAJOR.MINOR.PATCH" (a static string). A program built against
+ * one set of headers can check which library it runs with.
+ */
+CPS_API const char *cps_version(void);
 
 typedef struct cps_client cps_client;
 typedef struct cps_tensor cps_tensor;
@@ -52,21 +62,21 @@ typedef struct cps_handle cps_handle;
  * @return 0, CPS_ECONFIG (a bad or conflicting variable: the message names it), CPS_ETIMEDOUT
  *         (the scheduler or other nodes never arrived), CPS_ETRANSPORT, CPS_ENOMEM.
  */
-int cps_open(cps_client **out);
+CPS_API int cps_open(cps_client **out);
 
 /**
  * @brief Leave the job: waits for outstanding requests, tells the scheduler this worker is done,
  * and frees the client and every tensor handle declared on it. NULL is a no-op.
  * @return 0, or the first error of an outstanding request.
  */
-int cps_close(cps_client *c);
+CPS_API int cps_close(cps_client *c);
 
 /** @brief This worker's rank, 0 .. cps_num_workers()-1 (stable for the job). */
-int cps_rank(const cps_client *c);
+CPS_API int cps_rank(const cps_client *c);
 /** @brief Number of workers in the job. */
-int cps_num_workers(const cps_client *c);
+CPS_API int cps_num_workers(const cps_client *c);
 /** @brief Number of servers in the job. */
-int cps_num_servers(const cps_client *c);
+CPS_API int cps_num_servers(const cps_client *c);
 
 /** Training mode of a job (chosen by the scheduler's --mode / CHAINPS_MODE). */
 typedef enum cps_mode {
@@ -79,7 +89,7 @@ typedef enum cps_mode {
  * @brief The job's training mode into `*mode`; `*staleness` (if not NULL) receives the bound N of
  * `ssp:N` (0 for the other modes). @return 0, or CPS_EINVAL (NULL client or mode).
  */
-int cps_mode_get(const cps_client *c, cps_mode *mode, uint32_t *staleness);
+CPS_API int cps_mode_get(const cps_client *c, cps_mode *mode, uint32_t *staleness);
 
 /** Initial values of a tensor. Deterministic: element i depends only on (seed, i). */
 typedef enum cps_init_kind {
@@ -120,10 +130,10 @@ typedef struct cps_optim {
  * declared with `init`, into out[0..n). Lets a program reproduce a cluster's initial model
  * locally (e.g. a single-process baseline). `init` NULL means zeros. Never fails.
  */
-void cps_init_values(const cps_init *init, uint64_t offset, float *out, size_t n);
+CPS_API void cps_init_values(const cps_init *init, uint64_t offset, float *out, size_t n);
 
 /** @brief An SGD optimizer with learning rate `lr` and no weight decay. */
-cps_optim cps_optim_sgd(float lr);
+CPS_API cps_optim cps_optim_sgd(float lr);
 
 /**
  * @brief Declare a dense float32 tensor of `length` elements. Every worker declares the same
@@ -139,8 +149,8 @@ cps_optim cps_optim_sgd(float lr);
  * @return 0, CPS_EINVAL (bad name/length/hyper-parameter), CPS_EEXIST (declared before with a
  *         different length, initializer or optimizer), transport errors.
  */
-int cps_tensor_declare(cps_client *c, const char *name, uint64_t length, const cps_init *init,
-                       const cps_optim *optim, cps_tensor **out);
+CPS_API int cps_tensor_declare(cps_client *c, const char *name, uint64_t length,
+                               const cps_init *init, const cps_optim *optim, cps_tensor **out);
 
 /** Most dimensions a tensor's shape may have (as in safetensors readers: 8). */
 #define CPS_MAX_NDIM 8
@@ -159,16 +169,17 @@ int cps_tensor_declare(cps_client *c, const char *name, uint64_t length, const c
  *         hyper-parameter), CPS_EEXIST (declared before, by this or another worker, with another
  *         shape, initializer or optimizer: the log names the tensor), transport errors.
  */
-int cps_tensor_declare_shape(cps_client *c, const char *name, uint32_t ndim, const uint64_t *dims,
-                             const cps_init *init, const cps_optim *optim, cps_tensor **out);
+CPS_API int cps_tensor_declare_shape(cps_client *c, const char *name, uint32_t ndim,
+                                     const uint64_t *dims, const cps_init *init,
+                                     const cps_optim *optim, cps_tensor **out);
 
 /**
  * @brief Declare an embedding table of `rows` x `cols` float32, addressed by row id for sparse
  * push/pull (cps_rows_push / cps_rows_pull). Each row is one key. Same rules as
  * cps_tensor_declare; whole-table push/pull also work.
  */
-int cps_table_declare(cps_client *c, const char *name, uint64_t rows, uint32_t cols,
-                      const cps_init *init, const cps_optim *optim, cps_tensor **out);
+CPS_API int cps_table_declare(cps_client *c, const char *name, uint64_t rows, uint32_t cols,
+                              const cps_init *init, const cps_optim *optim, cps_tensor **out);
 
 /**
  * @brief The sync step this tensor is at: the number of steps applied to it when it was
@@ -177,18 +188,18 @@ int cps_table_declare(cps_client *c, const char *name, uint64_t rows, uint32_t c
  * resuming from a checkpoint starts its loop here so its data order and learning-rate schedule
  * continue where they stopped. Thread-safe to read while no push of this tensor is running.
  */
-uint64_t cps_tensor_step(const cps_tensor *t);
+CPS_API uint64_t cps_tensor_step(const cps_tensor *t);
 /** @brief Number of float32 elements of a tensor. */
-uint64_t cps_tensor_length(const cps_tensor *t);
+CPS_API uint64_t cps_tensor_length(const cps_tensor *t);
 /** @brief The tensor's name as declared (owned by the handle; valid until cps_close()). */
-const char *cps_tensor_name(const cps_tensor *t);
+CPS_API const char *cps_tensor_name(const cps_tensor *t);
 /**
  * @brief Number of dimensions of a tensor's shape: as declared with cps_tensor_declare_shape(),
  * 1 for cps_tensor_declare(), 2 for a table (rows, cols). 0 for NULL.
  */
-uint32_t cps_tensor_ndim(const cps_tensor *t);
+CPS_API uint32_t cps_tensor_ndim(const cps_tensor *t);
 /** @brief Size of dimension `i` (0 .. ndim-1) of a tensor's shape; 0 when i is out of range. */
-uint64_t cps_tensor_dim(const cps_tensor *t, uint32_t i);
+CPS_API uint64_t cps_tensor_dim(const cps_tensor *t, uint32_t i);
 
 /**
  * @brief Push a gradient for the whole tensor; returns when every server has applied it (async)
@@ -197,25 +208,27 @@ uint64_t cps_tensor_dim(const cps_tensor *t, uint32_t i);
  * @return 0, CPS_EINVAL, CPS_ESIZE, CPS_EUNAVAILABLE (every replica of a range is gone),
  *         CPS_ETIMEDOUT.
  */
-int cps_push(cps_client *c, cps_tensor *t, const float *grad, uint64_t len);
+CPS_API int cps_push(cps_client *c, cps_tensor *t, const float *grad, uint64_t len);
 
 /**
  * @brief Pull the current parameters of the whole tensor into `out` (`len` values).
  * In SSP mode, waits until the slowest worker is within the staleness bound.
  */
-int cps_pull(cps_client *c, cps_tensor *t, float *out, uint64_t len);
+CPS_API int cps_pull(cps_client *c, cps_tensor *t, float *out, uint64_t len);
 
 /** @brief Push a gradient and pull the updated parameters in one round trip. */
-int cps_push_pull(cps_client *c, cps_tensor *t, const float *grad, float *out, uint64_t len);
+CPS_API int cps_push_pull(cps_client *c, cps_tensor *t, const float *grad, float *out,
+                          uint64_t len);
 
 /**
  * @brief Asynchronous variants: start the operation and return a handle at once. `grad` and
  * `out` must stay valid until cps_wait() returns something other than CPS_ETIMEDOUT.
  */
-int cps_push_async(cps_client *c, cps_tensor *t, const float *grad, uint64_t len, cps_handle **h);
-int cps_pull_async(cps_client *c, cps_tensor *t, float *out, uint64_t len, cps_handle **h);
-int cps_push_pull_async(cps_client *c, cps_tensor *t, const float *grad, float *out, uint64_t len,
-                        cps_handle **h);
+CPS_API int cps_push_async(cps_client *c, cps_tensor *t, const float *grad, uint64_t len,
+                           cps_handle **h);
+CPS_API int cps_pull_async(cps_client *c, cps_tensor *t, float *out, uint64_t len, cps_handle **h);
+CPS_API int cps_push_pull_async(cps_client *c, cps_tensor *t, const float *grad, float *out,
+                                uint64_t len, cps_handle **h);
 
 /**
  * @brief Wait for an asynchronous operation.
@@ -223,7 +236,7 @@ int cps_push_pull_async(cps_client *c, cps_tensor *t, const float *grad, float *
  * @return CPS_ETIMEDOUT if not done yet (the handle stays valid: wait again); otherwise the
  *         operation's result, and the handle is freed.
  */
-int cps_wait(cps_handle *h, int timeout_ms);
+CPS_API int cps_wait(cps_handle *h, int timeout_ms);
 
 /**
  * @brief Wait for an asynchronous operation, telling "still running" apart from an operation
@@ -233,7 +246,7 @@ int cps_wait(cps_handle *h, int timeout_ms);
  * @return 1: completed, *result set, the handle is freed; 0: still running after timeout_ms, the
  *         handle stays valid (wait again); CPS_EINVAL: NULL or already completed handle.
  */
-int cps_wait_result(cps_handle *h, int timeout_ms, int *result);
+CPS_API int cps_wait_result(cps_handle *h, int timeout_ms, int *result);
 
 /**
  * @brief Sparse rows of a table: push gradients for `nrows` rows (ids in any order, duplicates
@@ -241,26 +254,27 @@ int cps_wait_result(cps_handle *h, int timeout_ms, int *result);
  * by row in the order of `rows`.
  * @return 0, CPS_EINVAL (not a table, NULL pointers), CPS_ENOTFOUND (row id >= rows), ...
  */
-int cps_rows_push(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nrows,
-                  const float *grads);
-int cps_rows_pull(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nrows, float *out);
+CPS_API int cps_rows_push(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nrows,
+                          const float *grads);
+CPS_API int cps_rows_pull(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nrows,
+                          float *out);
 
 /**
  * @brief Block until every live worker has called cps_barrier() the same number of times.
  * @return 0, CPS_ETIMEDOUT, CPS_ESHUTDOWN.
  */
-int cps_barrier(cps_client *c);
+CPS_API int cps_barrier(cps_client *c);
 
 /**
  * @brief ps-lite-shaped calls: `nkeys` keys sorted strictly increasing, values concatenated in
  * key order, `lens[i]` values for key i. Keys must have been created (cps_raw_declare).
  */
-int cps_raw_declare(cps_client *c, const uint64_t *keys, size_t nkeys, const uint32_t *lens,
-                    const cps_init *init, const cps_optim *optim);
-int cps_raw_push(cps_client *c, const uint64_t *keys, size_t nkeys, const float *vals,
-                 const uint32_t *lens);
-int cps_raw_pull(cps_client *c, const uint64_t *keys, size_t nkeys, float *vals,
-                 const uint32_t *lens);
+CPS_API int cps_raw_declare(cps_client *c, const uint64_t *keys, size_t nkeys, const uint32_t *lens,
+                            const cps_init *init, const cps_optim *optim);
+CPS_API int cps_raw_push(cps_client *c, const uint64_t *keys, size_t nkeys, const float *vals,
+                         const uint32_t *lens);
+CPS_API int cps_raw_pull(cps_client *c, const uint64_t *keys, size_t nkeys, float *vals,
+                         const uint32_t *lens);
 
 /** Traffic counters of this client (bytes of push payloads before/after compression, ...). */
 typedef struct cps_client_stats {
@@ -272,7 +286,7 @@ typedef struct cps_client_stats {
 } cps_client_stats;
 
 /** @brief Copy the client's counters into *out. */
-void cps_client_stats_get(const cps_client *c, cps_client_stats *out);
+CPS_API void cps_client_stats_get(const cps_client *c, cps_client_stats *out);
 
 #ifdef __cplusplus
 }

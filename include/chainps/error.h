@@ -9,6 +9,8 @@
 #ifndef CHAINPS_ERROR_H
 #define CHAINPS_ERROR_H
 
+#include "chainps/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -50,14 +52,14 @@ enum cps_err {
  * @param[in] err a status code (any int).
  * @return a static string; never NULL ("unknown error" for unknown codes).
  */
-const char *cps_strerror(int err);
+CPS_API const char *cps_strerror(int err);
 
 /**
  * @brief Symbolic name of a status code, e.g. "CPS_ETIMEDOUT".
  * @param[in] err a status code (any int).
  * @return a static string; never NULL ("CPS_E?" for unknown codes).
  */
-const char *cps_err_name(int err);
+CPS_API const char *cps_err_name(int err);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,47 @@
+#!/bin/sh
+# Install the build into a temporary prefix and use it as an outside project would: a C program
+# built with pkg-config (shared and static), a CMake project with find_package(chainps), each
+# run in a real job started by the INSTALLED `chainps launch`; the installed library exports
+# only cps_ functions; the installed Python package imports with the installed library.
+# usage: test_install.sh BUILD_DIR SOURCE_DIR
+set -eu
+build=$1
+src=$2
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/chainps-install-XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+p=$tmp/prefix
+cmake --install "$build" --prefix "$p" >/dev/null
+for f in bin/chainps include/chainps/chainps.h include/chainps/error.h include/chainps/export.h \
+    lib/libchainps.so lib/libchainps.a lib/pkgconfig/chainps.pc \
+    lib/cmake/chainps/chainpsConfig.cmake lib/cmake/chainps/chainpsConfigVersion.cmake; do
+    [ -e "$p/$f" ] || { echo "FAIL: $f not installed"; exit 1; }
+done
+other=$(nm -D --defined-only "$p/lib/libchainps.so" | awk '$2 == "T" && $3 !~ /^cps_/ {print $3}')
+[ -z "$other" ] || { echo "FAIL: libchainps.so exports non-cps_ symbols: $other"; exit 1; }
+internal=$(nm -D --defined-only "$p/lib/libchainps.so" | awk '$3 ~ /^cps__/ {print $3}')
+[ -z "$internal" ] || { echo "FAIL: internal symbols exported: $internal"; exit 1; }
+echo "libchainps.so exports $(nm -D --defined-only "$p/lib/libchainps.so" | grep -c ' T ') functions"
+
+export PKG_CONFIG_PATH=$p/lib/pkgconfig
+cc -std=c11 -Wall -Wextra -Werror -o "$tmp/consumer_pc" "$src/tests/install/consumer.c" \
+    $(pkg-config --cflags --libs chainps) -Wl,-rpath,"$p/lib"
+cc -std=c11 -Wall -Wextra -Werror -o "$tmp/consumer_pc_static" "$src/tests/install/consumer.c" \
+    $(pkg-config --cflags chainps) "$p/lib/libchainps.a" $(pkg-config --libs --static chainps | sed 's/-lchainps//')
+cmake -S "$src/tests/install/cmake_consumer" -B "$tmp/cm" -DCMAKE_PREFIX_PATH="$p" >/dev/null
+cmake --build "$tmp/cm" >/dev/null
+ldd "$tmp/cm/consumer_shared" | grep -q "$p/lib/libchainps.so" ||
+    { echo "FAIL: the CMake consumer does not run on the installed library"; ldd "$tmp/cm/consumer_shared"; exit 1; }
+
+for prog in "$tmp/consumer_pc" "$tmp/consumer_pc_static" "$tmp/cm/consumer_shared" "$tmp/cm/consumer_static"; do
+    out=$(cd "$tmp" && timeout 120 "$p/bin/chainps" launch --servers 1 --workers 1 --timeout 100 -- "$prog" 2>&1) || {
+        echo "$out" | tail -20; echo "FAIL: $prog in a job"; exit 1; }
+    echo "$out" | grep -q "consumer ok" || { echo "$out" | tail -20; echo "FAIL: $prog"; exit 1; }
+    echo "ok: $(basename "$prog") in a job started by the installed chainps"
+done
+
+py=$p/lib/python3/dist-packages
+if [ -f "$py/chainps/__init__.py" ]; then
+    PYTHONPATH=$py /usr/bin/python3 -c 'import chainps, sys; print("python package", chainps.__version__)' ||
+        { echo "FAIL: the installed Python package does not import"; exit 1; }
+fi
+echo "PASS: installed prefix works with pkg-config, find_package and Python"
