@@ -17,6 +17,10 @@
 
 static PyObject *Error, *TimeoutErr;
 
+/* close() lets operations in flight finish for this long before it leaves the job anyway (a
+ * sync push interrupted by Ctrl-C may wait for workers that never push). */
+#define CLOSE_DRAIN_S 5.0
+
 /* Raise chainps.Error (chainps.TimeoutError for CPS_ETIMEDOUT) for code `rc`, with the context
  * (which call, which tensor) in front of cps_strerror's text. Returns NULL. */
 static PyObject *raise_cps(int rc, const char *call, const char *tensor)
@@ -106,9 +110,10 @@ static int Client_init(ClientObject *self, PyObject *args, PyObject *kwds)
     flush_std();
     int rc;
     cps_client *c = NULL;
-    Py_BEGIN_ALLOW_THREADS rc = cps_open(&c);
-    Py_END_ALLOW_THREADS if (rc != 0)
-    {
+    Py_BEGIN_ALLOW_THREADS
+    rc = cps_open(&c);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) {
         raise_cps(rc, "chainps.init", NULL);
         return -1;
     }
@@ -120,12 +125,15 @@ static int close_client(ClientObject *self)
 {
     if (!self->c)
         return 0;
-    cpy_ops_drain(&self->ops);
+    cpy_ops_drain(&self->ops, CLOSE_DRAIN_S);
     cps_client *c = self->c;
     self->c = NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = cps_close(c);
-    Py_END_ALLOW_THREADS return rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = cps_close(c);
+    Py_END_ALLOW_THREADS
+    cpy_ops_close_all(&self->ops, CPS_ECLOSED);
+    return rc;
 }
 
 static void Client_dealloc(ClientObject *self)
@@ -349,8 +357,11 @@ static PyObject *Client_declare(ClientObject *self, PyObject *args, PyObject *kw
         return NULL;
     cps_tensor *t = NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = cps_tensor_declare_shape(self->c, cname, nd, dims, ip, op, &t);
-    Py_END_ALLOW_THREADS if (rc != 0) return raise_cps(rc, "declare", cname);
+    Py_BEGIN_ALLOW_THREADS
+    rc = cps_tensor_declare_shape(self->c, cname, nd, dims, ip, op, &t);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return raise_cps(rc, "declare", cname);
     return make_tensor(self, t, name, 0);
 }
 
@@ -374,8 +385,11 @@ static PyObject *Client_declare_table(ClientObject *self, PyObject *args, PyObje
         return NULL;
     cps_tensor *t = NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = cps_table_declare(self->c, cname, rows, cols, ip, op, &t);
-    Py_END_ALLOW_THREADS if (rc != 0) return raise_cps(rc, "declare_table", cname);
+    Py_BEGIN_ALLOW_THREADS
+    rc = cps_table_declare(self->c, cname, rows, cols, ip, op, &t);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return raise_cps(rc, "declare_table", cname);
     return make_tensor(self, t, name, 1);
 }
 
@@ -468,8 +482,11 @@ static cpy_op *start_op(ClientObject *self, int kind, PyObject *args, const char
     if (!op) {
         /* No record to keep the buffers alive: the operation must end before we return. */
         int result;
-        Py_BEGIN_ALLOW_THREADS cps_wait_result(h, -1, &result);
-        Py_END_ALLOW_THREADS for (int i = 0; i < nb; i++) cpy_buf_release(&bufs[i]);
+        Py_BEGIN_ALLOW_THREADS
+        cps_wait_result(h, -1, &result);
+        Py_END_ALLOW_THREADS
+        for (int i = 0; i < nb; i++)
+            cpy_buf_release(&bufs[i]);
     }
     return op;
 }
@@ -609,9 +626,11 @@ static PyObject *rows_call(ClientObject *self, PyObject *args, int push)
     }
     int rc;
     const uint64_t *rows = rb.ptr;
-    Py_BEGIN_ALLOW_THREADS rc = push ? cps_rows_push(self->c, t->t, rows, (size_t)nrows, vb.ptr)
-                                     : cps_rows_pull(self->c, t->t, rows, (size_t)nrows, vb.ptr);
-    Py_END_ALLOW_THREADS cpy_buf_release(&vb);
+    Py_BEGIN_ALLOW_THREADS
+    rc = push ? cps_rows_push(self->c, t->t, rows, (size_t)nrows, vb.ptr)
+              : cps_rows_pull(self->c, t->t, rows, (size_t)nrows, vb.ptr);
+    Py_END_ALLOW_THREADS
+    cpy_buf_release(&vb);
     cpy_buf_release(&rb);
     PyMem_Free(tmp);
     if (rc != 0)
@@ -638,8 +657,11 @@ static PyObject *Client_barrier(ClientObject *self, PyObject *unused)
     if (client_open(self, "barrier"))
         return NULL;
     int rc;
-    Py_BEGIN_ALLOW_THREADS rc = cps_barrier(self->c);
-    Py_END_ALLOW_THREADS if (rc != 0) return raise_cps(rc, "barrier", NULL);
+    Py_BEGIN_ALLOW_THREADS
+    rc = cps_barrier(self->c);
+    Py_END_ALLOW_THREADS
+    if (rc != 0)
+        return raise_cps(rc, "barrier", NULL);
     Py_RETURN_NONE;
 }
 
@@ -832,8 +854,10 @@ static PyObject *mod_init_values(PyObject *m, PyObject *args)
     if (!ba)
         return NULL;
     float *out = (float *)PyByteArray_AS_STRING(ba);
-    Py_BEGIN_ALLOW_THREADS cps_init_values(ip, offset, out, (size_t)n);
-    Py_END_ALLOW_THREADS return ba;
+    Py_BEGIN_ALLOW_THREADS
+    cps_init_values(ip, offset, out, (size_t)n);
+    Py_END_ALLOW_THREADS
+    return ba;
 }
 
 static PyObject *mod_strerror(PyObject *m, PyObject *arg)
@@ -882,7 +906,7 @@ PyMODINIT_FUNC PyInit__chainps(void)
         PyModule_AddObjectRef(m, "Client", (PyObject *)&ClientType) < 0 ||
         PyModule_AddObjectRef(m, "Tensor", (PyObject *)&TensorType) < 0 ||
         PyModule_AddObjectRef(m, "Handle", (PyObject *)&HandleType) < 0 ||
-        PyModule_AddStringConstant(m, "version", CHAINPS_PY_VERSION) < 0) {
+        PyModule_AddStringConstant(m, "version", cps_version()) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -65,8 +65,10 @@ static int wait_slice(cpy_ops *ops, cpy_op *op, int ms)
     int result = 0, rc;
     cps_handle *h = op->h;
     op->busy = 1;
-    Py_BEGIN_ALLOW_THREADS rc = cps_wait_result(h, ms, &result);
-    Py_END_ALLOW_THREADS op->busy = 0;
+    Py_BEGIN_ALLOW_THREADS
+    rc = cps_wait_result(h, ms, &result);
+    Py_END_ALLOW_THREADS
+    op->busy = 0;
     if (rc == 0)
         return 0;
     complete(ops, op, rc == 1 ? result : rc);
@@ -87,7 +89,8 @@ int cpy_op_wait(cpy_ops *ops, cpy_op *op, double timeout_s)
         }
         if (op->busy) {
             /* Another thread waits on this handle: let it finish, then look again. */
-            Py_BEGIN_ALLOW_THREADS struct timespec ts = {0, 1000000};
+            Py_BEGIN_ALLOW_THREADS
+            struct timespec ts = {0, 1000000};
             nanosleep(&ts, NULL);
             Py_END_ALLOW_THREADS
         } else if (wait_slice(ops, op, ms)) {
@@ -121,15 +124,24 @@ void cpy_ops_reap(cpy_ops *ops)
     }
 }
 
-void cpy_ops_drain(cpy_ops *ops)
+void cpy_ops_drain(cpy_ops *ops, double budget_s)
 {
-    while (ops->head) {
+    double deadline = now_s() + budget_s;
+    while (ops->head && now_s() < deadline) {
         cpy_op *op = ops->head;
         if (op->busy) {
-            Py_BEGIN_ALLOW_THREADS struct timespec ts = {0, 1000000};
+            Py_BEGIN_ALLOW_THREADS
+            struct timespec ts = {0, 1000000};
             nanosleep(&ts, NULL);
-            Py_END_ALLOW_THREADS continue;
+            Py_END_ALLOW_THREADS
+            continue;
         }
         wait_slice(ops, op, SLICE_MS);
     }
+}
+
+void cpy_ops_close_all(cpy_ops *ops, int result)
+{
+    while (ops->head)
+        complete(ops, ops->head, result);
 }

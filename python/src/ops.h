@@ -34,9 +34,12 @@ int cpy_op_wait(cpy_ops *ops, cpy_op *op, double timeout_s);
 void cpy_op_orphan(cpy_ops *ops, cpy_op *op);
 /* Check orphaned operations without blocking; free those that completed. */
 void cpy_ops_reap(cpy_ops *ops);
-/* Wait for every operation (before the client closes). Signals are not checked: the C side
- * may still write into the buffers, so they must outlive it; each operation ends by itself
- * (completed, failed, or timed out by the library's request timeouts). */
-void cpy_ops_drain(cpy_ops *ops);
+/* Before the client closes: wait up to `budget_s` for every operation to end by itself (a sync
+ * push may wait for other workers for ever, so the wait is bounded). Signals are not checked. */
+void cpy_ops_drain(cpy_ops *ops, double budget_s);
+/* After cps_close() returned: the library writes into no buffer any more, so every operation
+ * still listed ends now with `result` (CPS_ECLOSED); its buffers are released. Their cps_handle
+ * memory is left behind on purpose: a handle of a closed client must not be touched. */
+void cpy_ops_close_all(cpy_ops *ops, int result);
 
 #endif

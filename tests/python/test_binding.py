@@ -240,3 +240,44 @@ def test_init_runs_a_server_role_and_exits_0(tmp_path, role_env):
     assert worker.returncode == 0, worker.stderr
     assert server.returncode == 0, out
     assert "before" in out and "never here" not in out
+
+
+def test_ctrl_c_interrupts_a_blocked_call(tmp_path):
+    """A sync push that waits for a worker which does not push is interrupted by SIGINT:
+    KeyboardInterrupt in the caller, and the process still closes and exits in bounded time."""
+    import signal
+    import time
+
+    c = tj.Cluster(str(tmp_path), servers=1, workers=2)
+    env = tj.env(CHAINPS_ROLE="worker", CHAINPS_SCHEDULER=c.addr)
+    blocked = ("import chainps, numpy as np, time\n"
+               "c = chainps.init(); t = c.declare('w', 4)\n"
+               "print('pushing', flush=True)\n"
+               "t0 = time.monotonic()\n"
+               "try:\n    c.push(t, np.ones(4, np.float32))\n"
+               "except KeyboardInterrupt:\n"
+               "    print(f'interrupted after {time.monotonic() - t0:.1f} s', flush=True)\n"
+               "c.close(); print('closed', flush=True)\n")
+    idle = ("import chainps, time\n"
+            "c = chainps.init(); t = c.declare('w', 4); time.sleep(8); c.close()\n")
+    try:
+        a = subprocess.Popen([sys.executable, "-c", blocked], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        b = subprocess.Popen([sys.executable, "-c", idle], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        line = "-"
+        while line and "pushing" not in line:  # the library logs its joining first
+            line = a.stdout.readline()
+        assert line, "the worker ended before its push"
+        time.sleep(1.0)
+        a.send_signal(signal.SIGINT)
+        out, _ = a.communicate(timeout=60)
+        b.wait(timeout=60)
+    finally:
+        for p in (a, b):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        c.close()
+    assert "interrupted after" in out and "closed" in out, out
+    assert a.returncode == 0, out
