@@ -89,6 +89,7 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps_config *
         break;
     case CLI_OPT_DATA:
         snprintf(cfg->data_dir, sizeof cfg->data_dir, "%s", arg);
+        cfg->data_dir_given = 1;
         break;
     case CLI_OPT_RANK:
         rc = cps__config_parse_u32("--rank", arg, 0, 1023, &cfg->rank, err, sizeof err);
@@ -176,7 +177,9 @@ static const char scheduler_usage[] =
     "  --servers S        number of servers (env CHAINPS_NUM_SERVERS, DMLC_NUM_SERVER)\n"
     "  --workers W        number of workers (env CHAINPS_NUM_WORKERS, DMLC_NUM_WORKER)\n"
     "  --port P           port to listen on (default 9091; env CHAINPS_SCHEDULER port)\n"
-    "  --bind ADDR        address to bind (default 0.0.0.0)\n"
+    "  --bind ADDR        address to listen on (default: the scheduler's own address as the\n"
+    "                     job names it, 127.0.0.1 unless CHAINPS_SCHEDULER / --advertise say\n"
+    "                     otherwise; 0.0.0.0 listens on every interface)\n"
     "  --advertise ADDR   address other nodes use to reach the scheduler (informational)\n"
     "  --mode M           sync (default), async or ssp:N (bounded staleness N)\n"
     "  --replicas R       servers in each key range's chain (default 3, or S if fewer)\n"
@@ -265,7 +268,9 @@ static const char server_usage[] =
     "\n"
     "  --scheduler H:P    the scheduler (default 127.0.0.1:9091; env CHAINPS_SCHEDULER,\n"
     "                     DMLC_PS_ROOT_URI + DMLC_PS_ROOT_PORT, MS_SCHED_HOST + MS_SCHED_PORT)\n"
-    "  --data DIR         LMDB directory (default ./chainps-data; env CHAINPS_DATA_DIR)\n"
+    "  --data DIR         LMDB directory, used by this server alone (env CHAINPS_DATA_DIR);\n"
+    "                     default: the first of ./chainps-data/server-0, server-1, ... that\n"
+    "                     no other process holds\n"
     "  --port P           inbox port (default: a free one)\n"
     "  --bind ADDR        address to bind (default: the advertised address)\n"
     "  --advertise ADDR   address others use to reach this server (default: the local\n"

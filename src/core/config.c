@@ -384,6 +384,7 @@ static int env_misc(cps_config *cfg, char *err, size_t errlen)
             return fail(err, errlen, "CHAINPS_DATA_DIR: longer than %zu characters",
                         DATA_DIR_MAX - 1);
         snprintf(cfg->data_dir, sizeof cfg->data_dir, "%s", s);
+        cfg->data_dir_given = 1;
     }
     s = env("CHAINPS_MODE");
     if (s) {
@@ -391,6 +392,10 @@ static int env_misc(cps_config *cfg, char *err, size_t errlen)
             cps__config_parse_mode("CHAINPS_MODE", s, &cfg->mode, &cfg->ssp_bound, err, errlen);
         if (rc)
             return rc;
+    } else if (env("DMLC_ROLE") && !env("CHAINPS_ROLE") && !env("MS_ROLE")) {
+        /* A job set up for ps-lite gets ps-lite's semantics: each push applied as it arrives.
+         * Its workers may push different keys, which a sync step would wait for forever. */
+        cfg->mode = CPS_MODE_ASYNC;
     }
     s = env("CHAINPS_PORT");
     if (s) {

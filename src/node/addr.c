@@ -38,6 +38,23 @@ static int local_addr_toward(const char *host, uint16_t port, char *out, size_t 
     return rc;
 }
 
+/* `host` as a dotted IPv4 address (resolved if it is a name) into out; -1 if it resolves to
+ * none. */
+static int numeric_ipv4(const char *host, char *out, size_t len)
+{
+    if (strcmp(host, "localhost") == 0) {
+        snprintf(out, len, "127.0.0.1");
+        return 0;
+    }
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo(host, NULL, &hints, &res) != 0 || !res)
+        return -1;
+    const struct sockaddr_in *a = (const struct sockaddr_in *)res->ai_addr;
+    int rc = inet_ntop(AF_INET, &a->sin_addr, out, (socklen_t)len) ? 0 : -1;
+    freeaddrinfo(res);
+    return rc;
+}
+
 void cps__config_finalize(cps_config *cfg, int role)
 {
     int advertise_given = cfg->advertise_host[0] != 0;
@@ -54,10 +71,13 @@ void cps__config_finalize(cps_config *cfg, int role)
         }
     }
     if (!cfg->bind_host[0]) {
-        if (role == CPS_ROLE_SCHEDULER || advertise_given)
-            snprintf(cfg->bind_host, sizeof cfg->bind_host, "0.0.0.0");
-        else
-            snprintf(cfg->bind_host, sizeof cfg->bind_host, "%s", cfg->advertise_host);
+        /* Listen only where we are reached: the scheduler at the address the job names it by
+         * (unless it advertises another), every other node at the one it advertises. Every
+         * interface (0.0.0.0) only when --bind says so. nanomsg binds addresses, not names. */
+        const char *host =
+            role == CPS_ROLE_SCHEDULER && !advertise_given ? cfg->sched_host : cfg->advertise_host;
+        if (numeric_ipv4(host, cfg->bind_host, sizeof cfg->bind_host) != 0)
+            snprintf(cfg->bind_host, sizeof cfg->bind_host, "%s", host);
     }
     if (role == CPS_ROLE_SCHEDULER)
         cfg->port = cfg->sched_port;

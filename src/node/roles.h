@@ -29,9 +29,11 @@ void cps__role_install_signals(void);
 /* Fill what the environment and flags left open, now that the role is known:
  *  - advertise host: 127.0.0.1 when the scheduler is on loopback, else the local address the
  *    kernel would use to reach the scheduler (a UDP connect, which sends nothing);
- *  - bind host: 0.0.0.0 for the scheduler and whenever an advertise address was given
- *    explicitly (behind NAT or a Kubernetes service the advertised address is not local),
- *    else the advertise host;
+ *  - bind host: the address the node is reached at: for the scheduler its own address as the
+ *    job names it (CHAINPS_SCHEDULER, DMLC_PS_ROOT_URI, MS_SCHED_HOST) unless it advertises
+ *    another, for the others their advertise host; names are resolved to an IPv4 address.
+ *    Every interface (0.0.0.0) only when --bind / CHAINPS_BIND says so (behind NAT or a
+ *    Kubernetes service, where the advertised address is not local);
  *  - the scheduler's inbox port is the scheduler port. */
 void cps__config_finalize(cps_config *cfg, int role);
 

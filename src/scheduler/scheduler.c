@@ -1098,8 +1098,10 @@ int cps__scheduler_run(const cps_config *cfg)
     if (rc == 0)
         rc = cps__tp_bind(s.tp, cfg->bind_host, cfg->sched_port, NULL);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "scheduler", "cannot listen on %s:%u: %s", cfg->bind_host,
-                cfg->sched_port, cps_strerror(rc));
+        cps_log(CPS_LOG_ERROR, "scheduler",
+                "cannot listen on %s:%u: %s (is the address local? --bind 0.0.0.0 listens on "
+                "every interface)",
+                cfg->bind_host, cfg->sched_port, cps_strerror(rc));
         goto out;
     }
     cps__log_set_tag("scheduler");

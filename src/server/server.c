@@ -473,6 +473,33 @@ static void beat_publish(server *s, uint64_t now)
     cps__heartbeat_publish(s->beat, s->joined && !s->fenced, s->id, s->view.epoch, &s->stats, now);
 }
 
+/* The server's store: the directory it was given, or by default the first DIR/server-N that
+ * no other process holds, so that servers started from one working directory (ps-lite's
+ * local.sh does that) never share an environment. s->cfg.data_dir becomes the one in use. */
+static int open_store(server *s, const cps_store_opts *so)
+{
+    if (s->cfg.data_dir_given)
+        return cps__store_open(s->cfg.data_dir, so, &s->store);
+    char base[sizeof s->cfg.data_dir];
+    snprintf(base, sizeof base, "%s", s->cfg.data_dir);
+    cps_store_opts quiet = *so;
+    quiet.quiet_busy = 1;
+    for (int n = 0; n < CPS_MAX_NODES; n++) {
+        if (snprintf(s->cfg.data_dir, sizeof s->cfg.data_dir, "%s/server-%d", base, n) >=
+            (int)sizeof s->cfg.data_dir)
+            return CPS_EINVAL;
+        int rc = cps__store_open(s->cfg.data_dir, &quiet, &s->store);
+        if (rc != CPS_EBUSY) {
+            if (rc == 0 && n > 0)
+                cps_log(CPS_LOG_INFO, "server",
+                        "%s/server-0..%d are held by other processes: using %s", base, n - 1,
+                        s->cfg.data_dir);
+            return rc;
+        }
+    }
+    return CPS_EBUSY;
+}
+
 int cps__server_run(const cps_config *cfg)
 {
     server s;
@@ -491,7 +518,7 @@ int cps__server_run(const cps_config *cfg)
                          .sync_every_commit = cfg->sync_every_commit,
                          .before_grow = cps__server_cuts_before_grow,
                          .grow_ctx = &s};
-    int rc = cps__store_open(cfg->data_dir, &so, &s.store);
+    int rc = open_store(&s, &so);
     if (rc != 0) {
         cps_log(CPS_LOG_ERROR, "server", "cannot open the store in %s: %s", cfg->data_dir,
                 cps_strerror(rc));

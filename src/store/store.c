@@ -21,7 +21,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "chainps/error.h"
 #include "core/log.h"
@@ -55,6 +58,7 @@ struct cps_store {
     void (*before_grow)(void *ctx);
     void *grow_ctx;
     size_t scratch_floats;
+    int lock_fd; /* DIR/chainps.lock, flock'ed for the store's life */
     char dir[512];
 };
 
@@ -285,6 +289,43 @@ static int open_dbis(cps_store *s)
     return rc ? env_fail(s, "mdb_txn_commit (open)", rc) : 0;
 }
 
+/* One store, one process: two LMDB writers on one environment (two servers started from one
+ * directory) would apply every update twice. flock() is per open file, so a second store in
+ * the same process is refused too; the holder's pid is written in the file for the message. */
+static int lock_dir(const char *dir, int quiet_busy, int *fd_out)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/chainps.lock", dir);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        cps_log(CPS_LOG_ERROR, SUB, "cannot open %s: %s", path, strerror(errno));
+        return CPS_ESTORE;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        char pid[32] = "";
+        ssize_t n = pread(fd, pid, sizeof pid - 1, 0);
+        pid[n > 0 ? n : 0] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        close(fd);
+        if (e == EWOULDBLOCK) {
+            cps_log(quiet_busy ? CPS_LOG_DEBUG : CPS_LOG_ERROR, SUB,
+                    "data directory %s is in use by process %s (another chainps server or "
+                    "scheduler): two servers must not share a store; give each its own --data",
+                    dir, pid[0] ? pid : "?");
+            return CPS_EBUSY;
+        }
+        cps_log(CPS_LOG_ERROR, SUB, "cannot lock %s: %s", path, strerror(e));
+        return CPS_ESTORE;
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n)
+        cps_log(CPS_LOG_WARN, SUB, "cannot record our pid in %s: %s", path, strerror(errno));
+    *fd_out = fd;
+    return 0;
+}
+
 int cps__store_open(const char *dir, const cps_store_opts *opts, cps_store **out)
 {
     if (!dir || !out || !*dir || strlen(dir) >= sizeof((cps_store *)0)->dir)
@@ -294,9 +335,16 @@ int cps__store_open(const char *dir, const cps_store_opts *opts, cps_store **out
         cps_log(CPS_LOG_ERROR, SUB, "cannot create directory %s: %s", dir, strerror(errno));
         return CPS_ESTORE;
     }
+    int lock_fd;
+    int lrc = lock_dir(dir, opts && opts->quiet_busy, &lock_fd);
+    if (lrc != 0)
+        return lrc;
     cps_store *s = calloc(1, sizeof *s);
-    if (!s)
+    if (!s) {
+        close(lock_fd);
         return CPS_ENOMEM;
+    }
+    s->lock_fd = lock_fd;
     snprintf(s->dir, sizeof s->dir, "%s", dir);
     pthread_rwlockattr_t attr;
     pthread_rwlockattr_init(&attr);
@@ -341,6 +389,7 @@ fail:
     if (s->env)
         mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->map_lock);
+    close(s->lock_fd);
     free(s);
     return CPS_ESTORE;
 }
@@ -357,6 +406,7 @@ void cps__store_close(cps_store *s)
     mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->map_lock);
     free(s->scratch);
+    close(s->lock_fd); /* after the environment: the next owner finds it closed */
     free(s);
 }
 

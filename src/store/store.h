@@ -37,10 +37,13 @@ typedef struct cps_store_opts {
      * (a snapshot waiting on that same thread would never end). May be NULL. */
     void (*before_grow)(void *ctx);
     void *grow_ctx;
+    int quiet_busy; /* a held directory is expected (the caller tries the next): no ERROR log */
 } cps_store_opts;
 
-/* Open (creating if needed) the environment in directory `dir` (created if missing).
- * Errors: CPS_EINVAL, CPS_ESTORE (LMDB error text is logged), CPS_ENOMEM. */
+/* Open (creating if needed) the environment in directory `dir` (created if missing), holding an
+ * exclusive lock on DIR/chainps.lock until cps__store_close.
+ * Errors: CPS_EINVAL, CPS_EBUSY (another store, in this or another process, holds the
+ * directory: the message names its pid), CPS_ESTORE (LMDB error text is logged), CPS_ENOMEM. */
 int cps__store_open(const char *dir, const cps_store_opts *opts, cps_store **out);
 /* Sync and close. NULL is a no-op. */
 void cps__store_close(cps_store *s);

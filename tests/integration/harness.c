@@ -435,6 +435,21 @@ int h_run(const char *name, char *const argv[], char *const env[], int timeout_m
     return h_exit_code(pid);
 }
 
+int h_wait_listening(pid_t sched, int timeout_ms)
+{
+    uint64_t deadline = h_now_ms() + (uint64_t)timeout_ms;
+    while (h_now_ms() < deadline) {
+        if (h_log_count(sched, "listening on") > 0)
+            return 0;
+        if (h_log_count(sched, "cannot listen") > 0) {
+            h_kill(sched, 1000);
+            return 1;
+        }
+        usleep(20000);
+    }
+    return -1;
+}
+
 int h_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -104,6 +104,9 @@ int h_start_scheduler_env(h_cluster *c, int servers, int workers, const char *mo
 pid_t h_start_server(h_cluster *c, int rank);
 /* Scheduler plus `servers` servers. Returns 0 or -1. */
 int h_start_cluster(h_cluster *c, int servers, int workers, const char *mode);
+/* Wait until scheduler `sched` listens. Returns 0; 1 when its port was taken meanwhile (it is
+ * killed: start another on a new port); -1 when it neither listened nor failed in timeout_ms. */
+int h_wait_listening(pid_t sched, int timeout_ms);
 /* The inbox URL a server logged ("tcp://127.0.0.1:port") into url; returns 0 or -1. */
 int h_server_url(pid_t server, char *url, size_t len, int timeout_ms);
 

@@ -48,12 +48,10 @@ static int try_job(const char *tag, const char *role_var, const char *port_var,
         assert_true(pids[i] > 0);
         if (i == 0) {
             /* Nodes retry their HELLO, so only the scheduler has to be up first. */
-            assert_true(h_wait_log(pids[0], "listening on", 1, JOB_MS) ||
-                        h_log_count(pids[0], "cannot listen") > 0);
-            if (h_log_count(pids[0], "cannot listen") > 0) {
-                h_kill(pids[0], 1000);
+            int l = h_wait_listening(pids[0], JOB_MS);
+            assert_int_not_equal(l, -1);
+            if (l == 1)
                 return 1;
-            }
         }
     }
     for (int i = 3; i < 5; i++) {

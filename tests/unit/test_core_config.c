@@ -188,6 +188,36 @@ static void role_aliases(void **state)
     }
 }
 
+/* ps-lite's semantics for a ps-lite job: DMLC_ROLE alone means async; a chainps or MindSpore
+ * role, or CHAINPS_MODE, keeps the chainps default (sync) or what it says. The data directory
+ * counts as given only when a variable or flag gives it. */
+static void pslite_jobs_default_to_async(void **state)
+{
+    (void)state;
+    cps_config c;
+    char err[128];
+    clear_env();
+    setenv("DMLC_ROLE", "server", 1);
+    assert_int_equal(load(&c, err, sizeof err), 0);
+    assert_int_equal(c.mode, CPS_MODE_ASYNC);
+    assert_int_equal(c.data_dir_given, 0);
+    setenv("CHAINPS_MODE", "sync", 1);
+    assert_int_equal(load(&c, err, sizeof err), 0);
+    assert_int_equal(c.mode, CPS_MODE_SYNC);
+    clear_env();
+    setenv("DMLC_ROLE", "worker", 1);
+    setenv("CHAINPS_ROLE", "worker", 1);
+    assert_int_equal(load(&c, err, sizeof err), 0);
+    assert_int_equal(c.mode, CPS_MODE_SYNC);
+    clear_env();
+    assert_int_equal(load(&c, err, sizeof err), 0);
+    assert_int_equal(c.mode, CPS_MODE_SYNC);
+    setenv("CHAINPS_DATA_DIR", "/tmp/x", 1);
+    assert_int_equal(load(&c, err, sizeof err), 0);
+    assert_int_equal(c.data_dir_given, 1);
+    clear_env();
+}
+
 static void role_conflicts(void **state)
 {
     (void)state;
@@ -672,6 +702,7 @@ int main(void)
         T(defaults),
         T(role_aliases),
         T(role_conflicts),
+        T(pslite_jobs_default_to_async),
         T(empty_value_is_unset),
         T(scheduler_aliases),
         T(scheduler_errors),

@@ -1,0 +1,142 @@
+/* One store, one server (issue 12): a second server on a directory another one holds is refused
+ * naming the directory and the holder's pid; servers started from one working directory with no
+ * --data take directories of their own; and ps-lite's local.sh layout (every process in one
+ * directory, DMLC_* variables only) passes a port of ps-lite's test_kv_app check exactly, in
+ * the mode ps-lite users expect (each push applied as it arrives). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+
+#include "harness.h"
+
+#define JOB_MS 60000
+
+static void second_server_on_a_held_directory_is_refused(void **state)
+{
+    (void)state;
+    h_test_begin("datadir-held");
+    h_watchdog(120);
+    h_cluster c;
+    assert_int_equal(h_start_scheduler(&c, 2, 1, "sync", NULL), 0);
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/shared", h_dir());
+    char *a_argv[] = {CHAINPS_BIN, "server", "--scheduler", c.sched_addr, "--data", dir, NULL};
+    pid_t a = h_spawn("server-a", a_argv, NULL, h_dir());
+    assert_true(a > 0);
+    assert_true(h_wait_log(a, "inbox", 1, JOB_MS));
+    pid_t b = h_spawn("server-b", a_argv, NULL, h_dir());
+    assert_true(b > 0);
+    assert_true(h_wait_exit(b, 20000, NULL));
+    assert_int_not_equal(h_exit_code(b), 0);
+    char want[800];
+    snprintf(want, sizeof want, "data directory %s is in use by process %d", dir, (int)a);
+    assert_int_equal(h_log_count(b, want), 1);
+    assert_true(h_alive(a)); /* the first one is unaffected */
+    /* Without --data, from one working directory: each takes a directory of its own. */
+    char *d_argv[] = {CHAINPS_BIN, "server", "--scheduler", c.sched_addr, NULL};
+    pid_t d1 = h_spawn("default-1", d_argv, NULL, h_dir());
+    assert_true(h_wait_log(d1, "inbox", 1, JOB_MS));
+    assert_int_equal(h_log_count(d1, "data in ./chainps-data/server-0"), 1);
+    pid_t d2 = h_spawn("default-2", d_argv, NULL, h_dir());
+    assert_true(h_wait_log(d2, "inbox", 1, JOB_MS));
+    assert_int_equal(h_log_count(d2, "data in ./chainps-data/server-1"), 1);
+    /* A second scheduler on the first one's data directory is refused too. */
+    char sdata[700];
+    snprintf(sdata, sizeof sdata, "%s/sched-data", h_dir());
+    mkdir(sdata, 0755);
+    char port[16];
+    snprintf(port, sizeof port, "%d", h_free_port());
+    char *s1_argv[] = {CHAINPS_BIN, "scheduler", "--servers", "1",      "--workers", "1", "--port",
+                       port,        "--bind",    H_HOST,      "--data", sdata,       NULL};
+    pid_t s1 = h_spawn("sched-1", s1_argv, NULL, h_dir());
+    assert_true(h_wait_log(s1, "listening on", 1, JOB_MS));
+    snprintf(port, sizeof port, "%d", h_free_port());
+    pid_t s2 = h_spawn("sched-2", s1_argv, NULL, h_dir());
+    assert_true(h_wait_exit(s2, 20000, NULL));
+    assert_int_not_equal(h_exit_code(s2), 0);
+    assert_int_equal(h_log_count(s2, "is in use by process"), 1);
+    assert_true(h_alive(s1));
+    assert_int_equal(h_test_end(), 0);
+}
+
+/* ps-lite's tests/local.sh: scheduler, 2 servers and 2 workers, one directory, DMLC_* only. */
+static int pslite_job(const char *tag)
+{
+    char port[64], cwd[700];
+    snprintf(port, sizeof port, "DMLC_PS_ROOT_PORT=%d", h_free_port());
+    snprintf(cwd, sizeof cwd, "%s/%s", h_dir(), tag);
+    mkdir(cwd, 0755);
+    const char *roles[5] = {"scheduler", "server", "server", "worker", "worker"};
+    pid_t pids[5];
+    for (int i = 0; i < 5; i++) {
+        char role[64], name[64];
+        snprintf(role, sizeof role, "DMLC_ROLE=%s", roles[i]);
+        snprintf(name, sizeof name, "%s-%s-%d", tag, roles[i], i);
+        /* CHAINPS_BIND keeps the scheduler on loopback, as everything in the tests. */
+        char *env[] = {role,
+                       port,
+                       "DMLC_PS_ROOT_URI=" H_HOST,
+                       "DMLC_NUM_SERVER=2",
+                       "DMLC_NUM_WORKER=2",
+                       "CHAINPS_BIND=" H_HOST,
+                       NULL};
+        char *argv[] = {KV_APP_BIN, NULL};
+        pids[i] = h_spawn(name, argv, env, cwd);
+        assert_true(pids[i] > 0);
+        if (i == 0) {
+            int l = h_wait_listening(pids[0], JOB_MS);
+            assert_int_not_equal(l, -1);
+            if (l == 1)
+                return 1;
+        }
+    }
+    for (int i = 3; i < 5; i++) {
+        assert_true(h_wait_exit(pids[i], JOB_MS, NULL));
+        if (h_exit_code(pids[i]) != 0)
+            h_wait_log(pids[i], "kv_app: rank", 1, 0); /* prints the log */
+        assert_int_equal(h_exit_code(pids[i]), 0);
+        assert_int_equal(h_log_count(pids[i], "keys exact after 20 pushes by 2 workers (mode "
+                                              "async)"),
+                         1);
+    }
+    for (int i = 0; i < 3; i++) {
+        assert_true(h_wait_exit(pids[i], 15000, NULL));
+        assert_int_equal(h_exit_code(pids[i]), 0);
+    }
+    /* The two servers of one directory kept separate stores. */
+    const char *d0 = "data in ./chainps-data/server-0", *d1 = "data in ./chainps-data/server-1";
+    assert_true((h_log_count(pids[1], d0) == 1 && h_log_count(pids[2], d1) == 1) ||
+                (h_log_count(pids[1], d1) == 1 && h_log_count(pids[2], d0) == 1));
+    return 0;
+}
+
+static void pslite_local_sh_layout_is_exact(void **state)
+{
+    (void)state;
+    h_test_begin("datadir-pslite");
+    h_watchdog(240);
+    char tag[32];
+    for (int attempt = 0;; attempt++) {
+        assert_true(attempt < 3);
+        snprintf(tag, sizeof tag, "local%d", attempt);
+        if (pslite_job(tag) == 0)
+            break;
+    }
+    assert_int_equal(h_test_end(), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(second_server_on_a_held_directory_is_refused),
+        cmocka_unit_test(pslite_local_sh_layout_is_exact),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
