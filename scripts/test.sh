@@ -38,7 +38,7 @@ if [ -z "${QUICK:-}" ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   run_suite build/asan "ASan+UBSan build" -DCMAKE_BUILD_TYPE=Debug -DCHAINPS_SANITIZE=ON
   unset ASAN_OPTIONS UBSAN_OPTIONS
-  echo "== libFuzzer: wire decoders for ${FUZZ_SECONDS:-60} s"
+  echo "== libFuzzer: wire decoders for ${FUZZ_SECONDS:-60} s, the checkpoint JSON reader for half that"
   if tests/fuzz/run_fuzz.sh build/fuzz "${FUZZ_SECONDS:-60}"; then passed=$((passed + 1)); else failed=$((failed + 1)); fail=1; fi
 fi
 echo
