@@ -7,6 +7,7 @@
  *
  * usage: fuzz_json_replay CORPUS_DIR [ITERATIONS [SEED]] */
 #include "fuzz_json.h"
+#include "fuzz_rng.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -20,15 +21,6 @@
 static unsigned char *seeds[MAX_SEEDS];
 static size_t seed_len[MAX_SEEDS];
 static int nseeds;
-
-static uint64_t rng;
-static uint64_t rnd(void)
-{
-    rng ^= rng >> 12;
-    rng ^= rng << 25;
-    rng ^= rng >> 27;
-    return rng * 2685821657736338717ull;
-}
 
 static void load_corpus(const char *dir)
 {

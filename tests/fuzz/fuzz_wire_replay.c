@@ -8,6 +8,7 @@
  *        fuzz_wire_replay --write-corpus DIR   (seed files for the libFuzzer target)
  */
 #include "fuzz_wire.h"
+#include "fuzz_rng.h"
 
 #include <snappy-c.h>
 #include <stdio.h>
@@ -29,14 +30,6 @@ typedef struct seed {
 static seed seeds[MAX_SEEDS];
 static int nseeds;
 
-static uint64_t rng;
-static uint64_t rnd(void)
-{
-    rng ^= rng >> 12;
-    rng ^= rng << 25;
-    rng ^= rng >> 27;
-    return rng * 2685821657736338717ull;
-}
 static size_t below(size_t n)
 {
     return n ? (size_t)(rnd() % n) : 0;
