@@ -283,6 +283,25 @@ static piece *tensor_pieces(const cps_tensor *t, size_t *n)
 
 /* ---- export ---- */
 
+/* need[r] = 1 for every range holding a key of some registered tensor. A range with none (a
+ * small model on many servers) never advances its sync step, so a cut must not wait for it;
+ * it has nothing to give. Errors: CPS_ENOMEM, layout errors. */
+static int needed_ranges(const link *l, unsigned char *need)
+{
+    memset(need, 0, l->view.nranges ? l->view.nranges : 1);
+    for (uint32_t i = 0; i < l->ndescs; i++) {
+        cps_tensor t;
+        int rc = tensor_layout(l, &l->descs[i], &t);
+        if (rc != 0)
+            return rc;
+        for (uint32_t k = 0; k < t.nparts; k++)
+            if (t.parts[k].nkeys && t.parts[k].range < l->view.nranges)
+                need[t.parts[k].range] = 1;
+        cps__parts_free(t.parts, t.nparts);
+    }
+    return 0;
+}
+
 typedef struct cut {
     uint64_t id;
     uint32_t nranges;
@@ -554,18 +573,23 @@ static void send_opens(link *l, const cut *c, uint64_t step, const unsigned char
     }
 }
 
-/* Open a read view on every range at step `step` (0: now). A tail may wait for the step for a
- * long time: meanwhile the view is asked for again every REFRESH_MS and the ranges not yet
- * answered are asked at their current tails (a tail that died took our request with it; a
+/* Open a read view on every range `need` marks at step `step` (0: now). A tail may wait for the
+ * step for a long time: meanwhile the view is asked for again every REFRESH_MS and the ranges not
+ * yet answered are asked at their current tails (a tail that died took our request with it; a
  * repeat to the same tail is ignored). *past receives the highest step reported by a range
  * that is already past `step` (CPS_EPAST). */
-static int open_cut(link *l, cut *c, uint64_t step, uint64_t *past)
+static int open_cut(link *l, cut *c, uint64_t step, const unsigned char *need, uint64_t *past)
 {
     uint32_t n = l->view.nranges, got = 0;
     int first_err = 0;
     unsigned char *answered = calloc(n ? n : 1, 1);
     if (!answered)
         return CPS_ENOMEM;
+    for (uint32_t r = 0; r < n; r++)
+        if (!need[r]) {
+            answered[r] = 1; /* no keys there: nothing to read, nothing to wait for */
+            got++;
+        }
     c->id = cps__splitmix64(cps__now_ms() ^ ++l->next_req);
     *past = 0;
     send_opens(l, c, step, answered);
@@ -675,8 +699,13 @@ int cps__ckpt_export(const cps_export_opts *o, const char *out, cps_export_resul
             rc = probe_steps(&l, &step);
     }
     uint64_t past = 0;
+    unsigned char *need = rc == 0 ? calloc(n ? n : 1, 1) : NULL;
+    if (rc == 0 && !need)
+        rc = CPS_ENOMEM;
+    if (rc == 0)
+        rc = needed_ranges(&l, need);
     for (int attempt = 0; rc == 0; attempt++) {
-        rc = open_cut(&l, &c, sync ? (step ? step : 0) : 0, &past);
+        rc = open_cut(&l, &c, sync ? (step ? step : 0) : 0, need, &past);
         if (rc != CPS_EPAST || o->at_step || attempt + 1 >= OPEN_TRIES)
             break;
         /* Training moved on while we asked: aim at the step after the furthest range. */
@@ -695,6 +724,16 @@ int cps__ckpt_export(const cps_export_opts *o, const char *out, cps_export_resul
      * tensors declared meanwhile (workers declare while the exporter waits at a job's start). */
     if (rc == 0)
         rc = link_registry(&l, o->scheduler);
+    if (rc == 0 && (rc = needed_ranges(&l, need)) == 0)
+        for (uint32_t r = 0; r < n; r++)
+            if (need[r] && !c.open[r]) {
+                /* A tensor declared meanwhile has keys in a range the cut skipped: the export
+                 * fails now and is tried again (the periodic thread does) with every range. */
+                cps_log(CPS_LOG_WARN, SUB,
+                        "range %u got keys while the cut was opened; export again", r);
+                rc = CPS_EAGAIN;
+                break;
+            }
     if (rc == 0 && !sync)
         for (uint32_t r = 0; r < n; r++)
             step = c.at_step[r] > step ? c.at_step[r] : step;
@@ -786,6 +825,7 @@ int cps__ckpt_export(const cps_export_opts *o, const char *out, cps_export_resul
     res->tensors = l.ndescs;
     res->seconds = (double)(cps__now_ms() - t0) / 1000.0;
     free(jobs);
+    free(need);
     free(c.open);
     free(c.seq);
     free(c.at_step);

@@ -302,6 +302,51 @@ static void periodic_checkpoints_keep_the_newest(void **state)
     }
 }
 
+/* A model smaller than the cluster (16 values: one key, so one range of four holds anything):
+ * the ranges without keys never reach a step, and a sync cut must not wait for them (issue 12:
+ * the export never completed). */
+static void sync_export_with_empty_ranges(void **state)
+{
+    (void)state;
+    char ckdir[600];
+    snprintf(ckdir, sizeof ckdir, "%s/empty-ranges", h_dir());
+    char *av[] = {CHAINPS_BIN,
+                  "launch",
+                  "--servers",
+                  "4",
+                  "--workers",
+                  "1",
+                  "--timeout",
+                  "80",
+                  "--checkpoint-every",
+                  "40",
+                  "--checkpoint-dir",
+                  ckdir,
+                  "--",
+                  LSQ_BIN,
+                  "--dim",
+                  "16",
+                  "--steps",
+                  "200",
+                  "--step-ms",
+                  "10",
+                  "--tol",
+                  "100",
+                  NULL};
+    pid_t run = h_spawn("empty-ranges", av, NULL, NULL);
+    assert_true(h_wait_exit(run, RUN_MS, NULL));
+    assert_int_equal(h_exit_code(run), 0);
+    assert_true(h_log_count(run, "checkpoint at step ") >= 2);
+    char names[8][64];
+    assert_true(count_entries(ckdir, "step-", names, 8) >= 2);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%s", ckdir, names[0]);
+    const char *insp[] = {CHAINPS_BIN, "checkpoint", "inspect", path, NULL};
+    pid_t ip;
+    assert_int_equal(run_cli("inspect-empty", insp, &ip), 0);
+    assert_int_equal(h_log_count(ip, "lsq/w"), 4); /* values, Adam's two slots, its steps */
+}
+
 /* Async jobs are cut at each range's current sequence number, recorded in the metadata. */
 static void async_export_by_the_clock(void **state)
 {
@@ -469,6 +514,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(periodic_checkpoints_keep_the_newest, setup_periodic,
                                         teardown),
         cmocka_unit_test_setup_teardown(async_export_by_the_clock, setup_async, teardown),
+        cmocka_unit_test_setup_teardown(sync_export_with_empty_ranges, setup_periodic, teardown),
         cmocka_unit_test_setup_teardown(initialise_from_a_foreign_file, setup_foreign, teardown),
         cmocka_unit_test_setup_teardown(export_rides_through_a_failover, setup_failover, teardown),
     };
