@@ -21,7 +21,9 @@ typedef struct agg_slot {
     uint64_t sig;
     uint64_t step;
     uint32_t count;
-    cps_rx *by_rank; /* num_workers entries; .buf == NULL when missing */
+    uint64_t since_ms;  /* first contribution: a step waiting long is reported */
+    uint64_t warned_ms; /* last report */
+    cps_rx *by_rank;    /* num_workers entries; .buf == NULL when missing */
     cps_kv *kv_by_rank;
 } agg_slot;
 

@@ -744,6 +744,8 @@ static agg_slot *find_slot(server *s, uint32_t range, uint64_t sig, uint64_t ste
     free_slot->sig = sig;
     free_slot->step = step;
     free_slot->count = 0;
+    free_slot->since_ms = cps__now_ms();
+    free_slot->warned_ms = 0;
     return free_slot;
 }
 
@@ -936,10 +938,52 @@ void cps__server_on_chain(server *s, cps_rx *rx)
     cps__rx_free(rx);
 }
 
+/* A sync step that cannot complete is said out loud: the live workers it waits for have not
+ * pushed this key set for this step. Either they are slow or stopped (they will be dropped once
+ * declared dead), or they push other keys (ps-lite-style jobs), which sync mode never
+ * completes. Only the head gathers, so only it reports; at most every STUCK_REPEAT_MS. */
+#define STUCK_WARN_MS   5000
+#define STUCK_REPEAT_MS 10000
+
+static void report_stuck_slots(server *s, uint64_t now)
+{
+    uint32_t W = s->view.num_workers;
+    for (uint32_t i = 0; i < s->nslots; i++) {
+        agg_slot *a = &s->slots[i];
+        if (!a->used || now - a->since_ms < STUCK_WARN_MS ||
+            (a->warned_ms && now - a->warned_ms < STUCK_REPEAT_MS))
+            continue;
+        char waiting[256], have[256];
+        size_t wo = 0, ho = 0;
+        waiting[0] = have[0] = 0;
+        for (uint32_t k = 0; k < s->view.nnodes; k++) {
+            const cps_node_info *n = &s->view.nodes[k];
+            if (n->role != CPS_ROLE_WORKER || !n->alive || n->rank >= W)
+                continue;
+            int got = a->by_rank[n->rank].buf != NULL;
+            char *b = got ? have : waiting;
+            size_t *o = got ? &ho : &wo;
+            if (*o < sizeof waiting - 12)
+                *o +=
+                    (size_t)snprintf(b + *o, sizeof waiting - *o, "%s%u", *o ? ", " : "", n->rank);
+        }
+        a->warned_ms = now;
+        cps_log(CPS_LOG_WARN, "server",
+                "range %u: sync step %llu has waited %.0f s for worker rank(s) %s (rank(s) %s "
+                "pushed): they are slow or stopped, or push other keys; a sync step needs "
+                "every live worker to push the same keys (workers that push different keys "
+                "need --mode async)",
+                a->range, (unsigned long long)a->step, (now - a->since_ms) / 1000.0,
+                waiting[0] ? waiting : "none", have[0] ? have : "none");
+    }
+}
+
 void cps__server_tick(server *s, uint64_t now)
 {
     if (cps_chain_tick(s->chain, now) == 0)
         cps__server_run_actions(s);
+    if (s->nslots)
+        report_stuck_slots(s, now);
 }
 
 void cps__server_view_changed(server *s)

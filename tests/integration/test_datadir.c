@@ -67,14 +67,16 @@ static void second_server_on_a_held_directory_is_refused(void **state)
 }
 
 /* ps-lite's tests/local.sh: scheduler, 2 servers and 2 workers, one directory, DMLC_* only. */
-static int pslite_job(const char *tag)
+/* Start the local.sh layout in <test dir>/tag: kv_app in every role, `arg` its argument (NULL
+ * or "--disjoint"), `extra` one more variable for every process (NULL or a CHAINPS_MODE).
+ * Returns 1 when the scheduler's port was taken meanwhile (try again), else 0 with pids[5]. */
+static int pslite_start(const char *tag, char *arg, char *extra, pid_t pids[5])
 {
     char port[64], cwd[700];
     snprintf(port, sizeof port, "DMLC_PS_ROOT_PORT=%d", h_free_port());
     snprintf(cwd, sizeof cwd, "%s/%s", h_dir(), tag);
     mkdir(cwd, 0755);
     const char *roles[5] = {"scheduler", "server", "server", "worker", "worker"};
-    pid_t pids[5];
     for (int i = 0; i < 5; i++) {
         char role[64], name[64];
         snprintf(role, sizeof role, "DMLC_ROLE=%s", roles[i]);
@@ -86,8 +88,9 @@ static int pslite_job(const char *tag)
                        "DMLC_NUM_SERVER=2",
                        "DMLC_NUM_WORKER=2",
                        "CHAINPS_BIND=" H_HOST,
+                       extra,
                        NULL};
-        char *argv[] = {KV_APP_BIN, NULL};
+        char *argv[] = {KV_APP_BIN, arg, NULL};
         pids[i] = h_spawn(name, argv, env, cwd);
         assert_true(pids[i] > 0);
         if (i == 0) {
@@ -97,6 +100,13 @@ static int pslite_job(const char *tag)
                 return 1;
         }
     }
+    return 0;
+}
+
+/* The job ends with every value exact, each process exits 0, and the two servers of one
+ * directory kept separate stores. */
+static void pslite_expect_exact(pid_t pids[5])
+{
     for (int i = 3; i < 5; i++) {
         assert_true(h_wait_exit(pids[i], JOB_MS, NULL));
         if (h_exit_code(pids[i]) != 0)
@@ -110,11 +120,20 @@ static int pslite_job(const char *tag)
         assert_true(h_wait_exit(pids[i], 15000, NULL));
         assert_int_equal(h_exit_code(pids[i]), 0);
     }
-    /* The two servers of one directory kept separate stores. */
     const char *d0 = "data in ./chainps-data/server-0", *d1 = "data in ./chainps-data/server-1";
     assert_true((h_log_count(pids[1], d0) == 1 && h_log_count(pids[2], d1) == 1) ||
                 (h_log_count(pids[1], d1) == 1 && h_log_count(pids[2], d0) == 1));
-    return 0;
+}
+
+static void pslite_run(const char *tag, char *arg, char *extra, pid_t pids[5])
+{
+    char name[32];
+    for (int attempt = 0;; attempt++) {
+        assert_true(attempt < 3);
+        snprintf(name, sizeof name, "%s%d", tag, attempt);
+        if (pslite_start(name, arg, extra, pids) == 0)
+            return;
+    }
 }
 
 static void pslite_local_sh_layout_is_exact(void **state)
@@ -122,13 +141,25 @@ static void pslite_local_sh_layout_is_exact(void **state)
     (void)state;
     h_test_begin("datadir-pslite");
     h_watchdog(240);
-    char tag[32];
-    for (int attempt = 0;; attempt++) {
-        assert_true(attempt < 3);
-        snprintf(tag, sizeof tag, "local%d", attempt);
-        if (pslite_job(tag) == 0)
-            break;
-    }
+    pid_t pids[5];
+    pslite_run("local", NULL, NULL, pids);
+    pslite_expect_exact(pids);
+    /* Workers that push different keys, as ps-lite's own tests do: exact in the DMLC default
+     * (async) ... */
+    pslite_run("disjoint", "--disjoint", NULL, pids);
+    pslite_expect_exact(pids);
+    /* ... and in sync mode, where the steps can never complete, a WARN says so (the job is
+     * then ended by the test). */
+    pslite_run("sync", "--disjoint", "CHAINPS_MODE=sync", pids);
+    const char *warn = "has waited";
+    uint64_t deadline = h_now_ms() + 20000;
+    while (!h_log_count(pids[1], warn) && !h_log_count(pids[2], warn) && h_now_ms() < deadline)
+        h_wait_log(pids[1], warn, 1, 100);
+    assert_true(h_log_count(pids[1], warn) + h_log_count(pids[2], warn) > 0);
+    char *log = h_read_log(h_log_count(pids[1], warn) ? pids[1] : pids[2]);
+    assert_non_null(strstr(log, "for worker rank(s) "));
+    assert_non_null(strstr(log, "workers that push different keys need --mode async"));
+    free(log);
     assert_int_equal(h_test_end(), 0);
 }
 
