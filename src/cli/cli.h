@@ -55,6 +55,7 @@ enum {
     CLI_OPT_KEEP,
     CLI_OPT_RESTORE_FROM,
     CLI_OPT_RESTORE_OPTIM,
+    CLI_OPT_RESTART_WORKERS,
 };
 
 /* Help text of the checkpoint flags of `scheduler` and `launch`. */

@@ -3,6 +3,7 @@
  * its role and rank, and ends every process it started (by PID) before it returns. */
 #include <getopt.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,11 @@
 #define STOP_GRACE_MS 10000
 /* How long workers may take to exit after the job ended, unless --timeout says otherwise. */
 #define FINISH_WAIT_MS 600000
+/* Restarts: a worker with --restart-workers, the scheduler always (bounded, so a scheduler that
+ * cannot start ends the job instead of looping). */
+#define MAX_WORKER_RESTARTS 3
+#define MAX_SCHED_RESTARTS  3
+#define SCHED_RESTART_MS    1000
 
 static const char launch_usage[] =
     "usage: chainps launch --servers S --workers W [options] -- PROGRAM [ARGS...]\n"
@@ -21,7 +27,14 @@ static const char launch_usage[] =
     "Run a whole job on this machine: a scheduler and S servers on 127.0.0.1, and W copies of\n"
     "PROGRAM as workers (with CHAINPS_ROLE=worker, CHAINPS_SCHEDULER, CHAINPS_RANK, ... set).\n"
     "Every line a process prints is shown prefixed by its role and rank. When the workers are\n"
-    "done the job ends and every process is stopped. Exits non-zero if any worker failed.\n"
+    "done the job ends and every process is stopped.\n"
+    "\n"
+    "As resilient as a cluster started by hand: a server that dies is failed over (restart it\n"
+    "yourself or see --kill-at); a worker killed by a signal is dropped (or restarted with\n"
+    "--restart-workers); a scheduler that dies is restarted on its data directory and port\n"
+    "(up to 3 times) and resumes the job. Exits 0 when the job finished; non-zero when a\n"
+    "worker exited with an error (the program failed: the job is stopped), every worker died,\n"
+    "the scheduler could not be brought back, or --timeout passed.\n"
     "\n"
     "  --servers S        number of servers (required)\n"
     "  --workers W        number of workers (required)\n"
@@ -39,7 +52,11 @@ static const char launch_usage[] =
     "                     SEC seconds in, restart it 2 s later (it copies its ranges back);\n"
     "                     the workers see CHAINPS_KILL_AT_S=SEC (fmnist marks it on its plot)\n"
     "  --kill-server R    kill server rank R instead (with ring placement, rank 1 is the\n"
-    "                     middle and rank R-1 the tail of range 0)\n" CPS_CLI_CKPT_HELP
+    "                     middle and rank R-1 the tail of range 0)\n"
+    "  --restart-workers  a worker that dies (killed by a signal) is started again with its\n"
+    "                     rank, once the scheduler has declared it dead, up to 3 times; it\n"
+    "                     joins at the step the others are on. Without it, a dead worker\n"
+    "                     is dropped and the job goes on with the others\n" CPS_CLI_CKPT_HELP
     "  -v, --verbose      more logging from every process (twice: debug)\n"
     "  -h, --help         this text\n";
 
@@ -59,6 +76,7 @@ static const struct option launch_opts[] = {
     {"no-compress", no_argument, 0, CLI_OPT_NO_COMPRESS},
     {"kill-at", required_argument, 0, CLI_OPT_KILL_AT},
     {"kill-server", required_argument, 0, CLI_OPT_KILL_SERVER},
+    {"restart-workers", no_argument, 0, CLI_OPT_RESTART_WORKERS},
     {"verbose", no_argument, 0, 'v'},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0}};
@@ -73,6 +91,8 @@ static void on_interrupt(int sig)
 
 /* Server rank that --kill-at kills (launch only). */
 static uint32_t kill_server;
+/* --restart-workers (launch only). */
+static int restart_workers;
 
 int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, int *data_given,
                       int *port, uint32_t *timeout_s, uint32_t *kill_at_s, char ***prog)
@@ -94,6 +114,10 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, i
                 fprintf(stderr, "chainps %s: %s\n", cmd, err);
                 return 2;
             }
+            continue;
+        }
+        if (opt == CLI_OPT_RESTART_WORKERS) {
+            restart_workers = 1;
             continue;
         }
         if (opt == CLI_OPT_KILL_SERVER) {
@@ -180,8 +204,15 @@ int cps__cli_launch(int argc, char **argv)
     int rc = cps__job_start_all(&job);
     int S = job.S, n = job.n;
     cps_child *kids = job.kids;
-    uint64_t start = cps__now_ms(), restart_at = 0, job_ended_at = 0;
-    int killed = 0;
+    uint64_t start = cps__now_ms(), restart_at = 0, job_ended_at = 0, sched_back_at = 0;
+    int killed = 0, sched_restarts = 0, dropped = 0, worker_restarts = 0;
+    /* Per worker: when a restart is due (0: none pending), how often it was restarted, and
+     * whether it was dropped for good. */
+    uint64_t *w_restart_at = calloc((size_t)n, sizeof *w_restart_at);
+    int *w_restarts = calloc((size_t)n, sizeof *w_restarts);
+    unsigned char *w_dropped = calloc((size_t)n, 1);
+    if (!w_restart_at || !w_restarts || !w_dropped)
+        rc = 1;
     const char *why = NULL;
     while (rc == 0) {
         cps__job_pump(&job, 100);
@@ -204,11 +235,57 @@ int cps__cli_launch(int argc, char **argv)
                        (now - start) / 1000.0, kill_server, (int)victim->pid);
             fflush(stdout);
         }
-        int workers_left = 0, failed = -1;
+        int workers_left = 0, failed = -1, finished = 0;
         for (int i = 1 + S; i < n; i++) {
-            workers_left += !kids[i].exited;
-            if (kids[i].exited && !cps__job_ok(&job, i))
-                failed = i;
+            cps_child *k = &kids[i];
+            char b[96];
+            if (w_restart_at[i]) {
+                workers_left++;
+                if (now >= w_restart_at[i] && cps__job_start(&job, i) == 0) {
+                    w_restart_at[i] = 0;
+                    printf("launch: +%.1f s: restarted %s (pid %d); it takes its place at the "
+                           "step the others are on\n",
+                           (now - start) / 1000.0, k->tag, (int)k->pid);
+                    fflush(stdout);
+                }
+                continue;
+            }
+            if (!k->exited) {
+                workers_left++;
+                continue;
+            }
+            if (w_dropped[i])
+                continue;
+            if (cps__job_ok(&job, i)) {
+                finished++;
+                continue;
+            }
+            if (WIFSIGNALED(k->status) && !job_ended_at) {
+                /* A death, not the program's own failure: the job can go on without it. */
+                if (restart_workers && w_restarts[i] < MAX_WORKER_RESTARTS) {
+                    /* A new worker of the same rank is let in once the old one is declared
+                     * dead (CHAINPS_WORKER_DEAD_AFTER_MS). */
+                    uint64_t wait = (uint64_t)job.cfg.worker_dead_after_ms + 1000;
+                    w_restart_at[i] = now + wait;
+                    w_restarts[i]++;
+                    worker_restarts++;
+                    workers_left++;
+                    printf("launch: +%.1f s: %s died (%s); restarting it in %.1f s, once the "
+                           "scheduler has declared it dead\n",
+                           (now - start) / 1000.0, k->tag,
+                           cps__job_exit_text(k->status, b, sizeof b), wait / 1000.0);
+                } else {
+                    w_dropped[i] = 1;
+                    dropped++;
+                    printf("launch: +%.1f s: %s died (%s); the job goes on without it%s\n",
+                           (now - start) / 1000.0, k->tag,
+                           cps__job_exit_text(k->status, b, sizeof b),
+                           restart_workers ? " (restarted too often)" : "");
+                }
+                fflush(stdout);
+                continue;
+            }
+            failed = i;
         }
         if (failed >= 0) {
             char b[96];
@@ -217,8 +294,13 @@ int cps__cli_launch(int argc, char **argv)
             rc = 1;
             break;
         }
-        if (!workers_left)
+        if (!workers_left) {
+            if (!finished) {
+                printf("launch: every worker died; stopping the job\n");
+                rc = 1;
+            }
             break;
+        }
         if (kids[0].exited && cps__job_ok(&job, 0)) {
             /* Every worker said goodbye and the job ended; some are still exiting (saving a
              * model, an interpreter shutting down). Wait for them, within bounds. */
@@ -234,12 +316,29 @@ int cps__cli_launch(int argc, char **argv)
                 rc = 1;
                 break;
             }
-        } else if (kids[0].exited) {
+        } else if (kids[0].exited && !sched_back_at) {
             char b[96];
-            printf("launch: the scheduler exited (%s) while workers were running; stopping\n",
-                   cps__job_exit_text(kids[0].status, b, sizeof b));
-            rc = 1;
-            break;
+            if (sched_restarts >= MAX_SCHED_RESTARTS) {
+                printf("launch: the scheduler exited (%s) and was restarted %d times already; "
+                       "stopping\n",
+                       cps__job_exit_text(kids[0].status, b, sizeof b), sched_restarts);
+                rc = 1;
+                break;
+            }
+            /* It is not on the data path: training goes on while it is down, and a new one on
+             * the same data directory resumes the job. */
+            sched_back_at = now + SCHED_RESTART_MS;
+            printf("launch: +%.1f s: the scheduler exited (%s); restarting it on its data "
+                   "directory\n",
+                   (now - start) / 1000.0, cps__job_exit_text(kids[0].status, b, sizeof b));
+            fflush(stdout);
+        } else if (sched_back_at && now >= sched_back_at) {
+            sched_back_at = 0;
+            sched_restarts++;
+            if (cps__job_start(&job, 0) == 0)
+                printf("launch: +%.1f s: restarted the scheduler (pid %d)\n",
+                       (now - start) / 1000.0, (int)kids[0].pid);
+            fflush(stdout);
         }
         if (interrupted) {
             why = "interrupted";
@@ -252,6 +351,9 @@ int cps__cli_launch(int argc, char **argv)
             break;
         }
     }
+    free(w_restart_at);
+    free(w_restarts);
+    free(w_dropped);
     if (why)
         printf("launch: %s; stopping every process\n", why);
     fflush(stdout);
@@ -271,7 +373,12 @@ int cps__cli_launch(int argc, char **argv)
                    cps__job_exit_text(kids[i].status, b, sizeof b));
     }
     cps__job_fini(&job);
-    printf("launch: job %s in %.1f s\n", rc == 0 ? "finished" : "FAILED",
+    printf("launch: job %s in %.1f s", rc == 0 ? "finished" : "FAILED",
            (cps__now_ms() - start) / 1000.0);
+    if (dropped || worker_restarts || sched_restarts)
+        printf(" (%d worker%s dropped, %d worker restart%s, %d scheduler restart%s)", dropped,
+               dropped == 1 ? "" : "s", worker_restarts, worker_restarts == 1 ? "" : "s",
+               sched_restarts, sched_restarts == 1 ? "" : "s");
+    printf("\n");
     return rc;
 }
