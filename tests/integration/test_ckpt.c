@@ -80,9 +80,14 @@ static pid_t launch(const char *name, const char *const flags[], const char *e1,
     return h_spawn(name, av, NULL, NULL);
 }
 
+static int run_cli_within(const char *name, const char *const argv[], int ms, pid_t *pid)
+{
+    return h_run(name, (char *const *)argv, NULL, ms, pid);
+}
+
 static int run_cli(const char *name, const char *const argv[], pid_t *pid)
 {
-    return h_run(name, (char *const *)argv, NULL, WAIT_MS, pid);
+    return run_cli_within(name, argv, WAIT_MS, pid);
 }
 
 /* Run an export; returns the step it reports. */
@@ -459,7 +464,9 @@ static void export_rides_through_a_failover(void **state)
     const char *ex[] = {CHAINPS_BIN, "checkpoint", "export", "--scheduler", sched, "--out",
                         out,         "--step",     "70",     "--timeout",   "40",  NULL};
     pid_t ex_pid;
-    int rc = run_cli("export-failover", ex, &ex_pid);
+    /* Waited for longer than its own --timeout: the export must end by itself, with a result or
+     * a named error, and the test must not race that (it killed a slow export at 30 s). */
+    int rc = run_cli_within("export-failover", ex, 40000 + WAIT_MS, &ex_pid);
     if (rc == 0) {
         assert_int_equal(h_log_count(ex_pid, "at step 70 in"), 1);
     } else {
