@@ -305,11 +305,29 @@ static void handle_checksum(server *s, const cps_rx *rx)
     cps__msg_send(s->tp, peer, &h, NULL, 0);
 }
 
+/* We did not run for longer than the failure timeout (SIGSTOP, a VM pause, a starved CPU): the
+ * scheduler may have declared us dead and moved our chains on. Serve nothing until it tells us
+ * we are still in. Checked before every message, not only once per loop turn: after a pause
+ * the poll that was waiting returns a batch of queued requests, and none of them may be
+ * answered under the view we had before the pause. */
+static void check_stall(server *s, uint64_t now)
+{
+    if (!s->joined || s->suspect || now - s->last_turn_ms <= s->cfg.dead_after_ms)
+        return;
+    cps_log(CPS_LOG_WARN, "server",
+            "did not run for %llu ms (more than the %u ms failure timeout): asking the "
+            "scheduler whether we are still in before serving anything",
+            (unsigned long long)(now - s->last_turn_ms), s->cfg.dead_after_ms);
+    s->suspect = 1;
+    cps__server_ask_view(s);
+}
+
 static void handle_msg(void *ctx, void *buf, size_t len)
 {
     server *s = ctx;
     cps_rx rx;
     s->stats.msgs_in++;
+    check_stall(s, cps__now_ms());
     int rc = cps__rx_parse(&rx, buf, len);
     if (rc != 0) {
         s->stats.msgs_bad++;
@@ -557,7 +575,7 @@ int cps__server_run(const cps_config *cfg)
     if (rc != 0)
         goto out;
     uint64_t start = cps__now_ms(), next_hello = 0, next_sync = 0;
-    uint64_t last_iter = start;
+    s.last_turn_ms = start;
     while (!s.shutdown && !cps__role_stop_requested()) {
         uint64_t now = cps__now_ms();
         if (s.fenced) {
@@ -571,18 +589,8 @@ int cps__server_run(const cps_config *cfg)
             next_hello = 0;
             continue;
         }
-        if (s.joined && now - last_iter > cfg->dead_after_ms && !s.suspect) {
-            /* We did not run for longer than the failure timeout (SIGSTOP, a VM pause, a
-             * starved CPU): the scheduler may have declared us dead and moved our chains on.
-             * Serve nothing until it tells us we are still in. */
-            cps_log(CPS_LOG_WARN, "server",
-                    "did not run for %llu ms (more than the %u ms failure "
-                    "timeout): asking the scheduler whether we are still in",
-                    (unsigned long long)(now - last_iter), cfg->dead_after_ms);
-            s.suspect = 1;
-            cps__server_ask_view(&s);
-        }
-        last_iter = now;
+        check_stall(&s, now);
+        s.last_turn_ms = now;
         beat_publish(&s, now);
         if (!s.joined) {
             if (now - start > cfg->join_timeout_ms) {

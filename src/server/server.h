@@ -78,10 +78,11 @@ typedef struct server {
     uint32_t nparked, parked_cap;
     /* Chain replication state machine of every range this server holds. */
     cps_chain *chain;
-    int poisoned; /* a store write failed: state unknown, the server must leave */
-    int suspect;  /* we stalled past the failure timeout: serve nothing until the scheduler
-                     confirms we are still in its view */
-    int fenced;   /* the scheduler declared us dead: leave */
+    int poisoned;          /* a store write failed: state unknown, the server must leave */
+    int suspect;           /* we stalled past the failure timeout: serve nothing until the scheduler
+                              confirms we are still in its view */
+    uint64_t last_turn_ms; /* when the event loop last turned (a stall is measured from it) */
+    int fenced;            /* the scheduler declared us dead: leave */
     /* Requests that arrived before our own WELCOME (workers can hear theirs first). */
     cps_rx *early;
     uint32_t nearly;

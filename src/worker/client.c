@@ -89,6 +89,7 @@ static int req_send(cps_client *c, cps_req *r)
     h.type = r->type;
     h.sender = c->id;
     h.epoch = c->view.epoch;
+    r->sent_epoch = c->view.epoch;
     h.req_worker = c->id;
     h.req_seq = r->seq;
     h.range = r->range;
@@ -266,6 +267,21 @@ static void on_reply(cps_client *c, const cps_rx *rx)
                 h->sender, h->range, cps_strerror(err), text);
         op_finish_req(op, err);
         req_remove(c, i);
+        return;
+    }
+    if (h->epoch != r->sent_epoch) {
+        /* An answer produced under another configuration than the one the request entered
+         * (a server that kept running through a view change, or one paused and woken): not
+         * taken. The request is re-sent under the current view, where the chain answers it
+         * again (exactly-once makes the repeat harmless). */
+        cps_log(CPS_LOG_DEBUG, "worker",
+                "reply from server %u under epoch %llu to a request sent under %llu: ignored",
+                h->sender, (unsigned long long)h->epoch, (unsigned long long)r->sent_epoch);
+        if (h->epoch > c->view.epoch)
+            ask_view(c); /* installing the newer view re-sends it */
+        else if (h->epoch > r->sent_epoch)
+            r->sent_ms = cps__now_ms() - c->cfg.request_timeout_ms; /* re-send now */
+        /* else: a late answer to an earlier send; the answer to the last one is coming */
         return;
     }
     int err = 0;

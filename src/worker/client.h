@@ -88,6 +88,8 @@ typedef struct cps_req {
     uint32_t range;
     uint64_t seq;
     uint64_t sent_ms;
+    uint64_t sent_epoch; /* the view epoch it was last sent under: only a reply produced under
+                            that epoch answers it */
     uint32_t attempts;
     int waiting_view;           /* re-send once a newer view arrives */
     uint64_t unavailable_since; /* first time its range had no live replica; 0 if it has */
