@@ -56,6 +56,7 @@ enum {
     CLI_OPT_RESTORE_FROM,
     CLI_OPT_RESTORE_OPTIM,
     CLI_OPT_RESTART_WORKERS,
+    CLI_OPT_RESET_DATA,
 };
 
 /* Help text of the checkpoint flags of `scheduler` and `launch`. */

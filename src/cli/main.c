@@ -99,6 +99,9 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps_config *
         if (rc == 0)
             cfg->join_timeout_ms = v * 1000;
         break;
+    case CLI_OPT_RESET_DATA:
+        cfg->reset_data = 1;
+        break;
     case CLI_OPT_SYNC:
         cfg->sync_every_commit = 1;
         break;
@@ -276,6 +279,8 @@ static const char server_usage[] =
     "  --advertise ADDR   address others use to reach this server (default: the local\n"
     "                     address facing the scheduler)\n"
     "  --rank R           ask for server rank R (e.g. to come back as the same server)\n"
+    "  --reset-data       empty the data directory's store first: needed to reuse the\n"
+    "                     directory of another job, which is otherwise refused\n"
     "  --sync             fsync every commit (~130 us each here instead of ~3 us); by default\n"
     "                     commits are flushed every second and on exit\n"
     "  --join-timeout S   give up if the scheduler does not answer within S seconds (60)\n"
@@ -290,6 +295,7 @@ static const struct option server_opts[] = {
     {"advertise", required_argument, 0, CLI_OPT_ADVERTISE},
     {"rank", required_argument, 0, CLI_OPT_RANK},
     {"sync", no_argument, 0, CLI_OPT_SYNC},
+    {"reset-data", no_argument, 0, CLI_OPT_RESET_DATA},
     {"join-timeout", required_argument, 0, CLI_OPT_JOIN_TIMEOUT},
     {"verbose", no_argument, 0, 'v'},
     {"help", no_argument, 0, 'h'},

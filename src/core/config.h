@@ -38,6 +38,7 @@ typedef struct cps_config {
     uint32_t num_servers;          /* 0 = unset */
     uint32_t num_workers;          /* 0 = unset */
     char data_dir[512];            /* default "./chainps-data" */
+    int reset_data;                /* server --reset-data: wipe the store before joining */
     int data_dir_given;            /* 1 if set by --data or CHAINPS_DATA_DIR: a server then uses
                                       it as it is, else the first free DIR/server-N */
     int verbose;                   /* 0 quiet .. 3 debug; default 0 (INFO logs still shown) */

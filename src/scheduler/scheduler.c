@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "chainps/error.h"
 #include "core/config.h"
@@ -50,6 +51,7 @@ typedef struct pending_join {
 
 typedef struct sched {
     cps_config cfg;
+    uint64_t job_id; /* made once per scheduler data directory; servers record it */
     cps_tp *tp;
     sched_node *nodes;
     uint32_t nnodes;
@@ -154,6 +156,7 @@ static int send_view(sched *s, uint32_t peer, uint8_t type)
     h.sender = SCHED_ID;
     h.epoch = s->view.epoch;
     h.req_worker = peer;
+    h.aux = s->job_id; /* servers refuse a data directory of another job */
     void *buf = cps__msg_alloc(&h, len);
     if (!buf)
         return CPS_ENOMEM;
@@ -464,6 +467,31 @@ static int load_txn(cps_txn *txn, void *arg)
 
 /* Resume an unfinished job from the data directory. Returns 0 (resumed or nothing to resume)
  * or an error (a different job is there, or the files are corrupt). */
+static int job_id_txn(cps_txn *txn, void *arg)
+{
+    sched *s = arg;
+    const void *have;
+    size_t len = 0;
+    if (cps__store_blob_get(txn, "sched/job_id", &have, &len) == 0 && len == 8) {
+        s->job_id = cps__le64_get(have);
+        return 0;
+    }
+    unsigned char b[8];
+    cps__le64_put(b, s->job_id);
+    return cps__store_blob_put(txn, "sched/job_id", b, sizeof b);
+}
+
+/* The job's id: the one this data directory has, or a new one (a resumed scheduler is the same
+ * job; a scheduler on a fresh directory a new one). */
+static int job_id_load(sched *s)
+{
+    s->job_id = cps__splitmix64(cps__now_ms() ^ ((uint64_t)getpid() << 20) ^ (uintptr_t)s) | 1;
+    int rc = cps__store_write(s->store, job_id_txn, s);
+    if (rc == 0)
+        cps_log(CPS_LOG_INFO, "scheduler", "job %016llx", (unsigned long long)s->job_id);
+    return rc;
+}
+
 static int resume(sched *s)
 {
     load_io io = {s, 0, 0};
@@ -1109,6 +1137,8 @@ int cps__scheduler_run(const cps_config *cfg)
     snprintf(dir, sizeof dir, "%s/scheduler", cfg->data_dir);
     cps_store_opts so = {.initial_map_bytes = 8u << 20, .sync_every_commit = 1};
     rc = cps__store_open(dir, &so, &s.store);
+    if (rc == 0)
+        rc = job_id_load(&s);
     if (rc == 0)
         rc = resume(&s);
     if (rc != 0) {

@@ -136,6 +136,8 @@ static int hold_future(server *s, cps_rx *rx)
     return 1;
 }
 
+static int check_job(server *s, uint64_t job);
+
 static void install_view(server *s, const cps_rx *rx, int welcome)
 {
     cps_view v;
@@ -156,6 +158,12 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
                     (unsigned long long)v.epoch);
             s->suspect = 0;
         }
+        cps__view_fini(&v);
+        return;
+    }
+    if ((welcome || !s->joined) && (rc = check_job(s, rx->hdr.aux)) != 0) {
+        s->refused = rc;
+        s->shutdown = 1;
         cps__view_fini(&v);
         return;
     }
@@ -479,6 +487,51 @@ static int save_id(cps_txn *txn, void *arg)
     return cps__store_meta_put(txn, "node_id", b, sizeof b);
 }
 
+typedef struct job_io {
+    uint64_t job, stored;
+} job_io;
+
+/* Record the job this directory belongs to, or report the one it already belongs to. */
+static int job_txn(cps_txn *txn, void *arg)
+{
+    job_io *j = arg;
+    unsigned char b[8];
+    size_t len = sizeof b;
+    if (cps__store_meta_get(txn, "job_id", b, &len) == 0 && len == 8) {
+        j->stored = cps__le64_get(b);
+        return 0;
+    }
+    j->stored = 0;
+    cps__le64_put(b, j->job);
+    return cps__store_meta_put(txn, "job_id", b, sizeof b);
+}
+
+/* A directory that holds another job's parameters is refused: joining would mix two models
+ * (and two jobs' node ids). Returns 0 to go on, or CPS_EEXIST (logged). */
+static int check_job(server *s, uint64_t job)
+{
+    if (!job)
+        return 0; /* a scheduler from before job ids */
+    job_io j = {job, 0};
+    int rc = cps__store_write(s->store, job_txn, &j);
+    if (rc != 0)
+        return rc;
+    if (j.stored && j.stored != job) {
+        cps_log(CPS_LOG_ERROR, "server",
+                "data directory %s belongs to job %016llx, not to this job (%016llx): refusing "
+                "it; give this server another --data, or --reset-data to empty it",
+                s->cfg.data_dir, (unsigned long long)j.stored, (unsigned long long)job);
+        return CPS_EEXIST;
+    }
+    return 0;
+}
+
+static int wipe_txn(cps_txn *txn, void *arg)
+{
+    (void)arg;
+    return cps__store_wipe(txn);
+}
+
 static int count_keys(cps_txn *txn, void *arg)
 {
     server *s = arg;
@@ -541,6 +594,16 @@ int cps__server_run(const cps_config *cfg)
         cps_log(CPS_LOG_ERROR, "server", "cannot open the store in %s: %s", cfg->data_dir,
                 cps_strerror(rc));
         return rc;
+    }
+    if (cfg->reset_data) {
+        rc = cps__store_write(s.store, wipe_txn, NULL);
+        if (rc != 0) {
+            cps_log(CPS_LOG_ERROR, "server", "cannot empty %s: %s", cfg->data_dir,
+                    cps_strerror(rc));
+            cps__store_close(s.store);
+            return rc;
+        }
+        cps_log(CPS_LOG_INFO, "server", "emptied the store in %s (--reset-data)", cfg->data_dir);
     }
     meta_io prev = {0};
     cps__store_read(s.store, load_id, &prev);
@@ -659,5 +722,5 @@ out:
     cps__tp_destroy(s.tp);
     cps__store_close(s.store);
     cps__view_fini(&s.view);
-    return rc;
+    return s.refused ? s.refused : rc;
 }

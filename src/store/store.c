@@ -972,6 +972,17 @@ int cps__store_meta_scan(cps_txn *tx, const char *prefix, cps_meta_iter_fn fn, v
     return ret;
 }
 
+int cps__store_wipe(cps_txn *tx)
+{
+    MDB_dbi dbs[4] = {tx->s->params, tx->s->ranges, tx->s->dedup, tx->s->meta};
+    for (int i = 0; i < 4; i++) {
+        int rc = mdb_drop(tx->t, dbs[i], 0);
+        if (rc != 0)
+            return lmdb_fail(tx, "mdb_drop", 0, rc);
+    }
+    return 0;
+}
+
 int cps__store_meta_del(cps_txn *tx, const char *name)
 {
     MDB_val k;

@@ -139,6 +139,9 @@ typedef int (*cps_meta_iter_fn)(void *arg, const char *name, const void *val, si
 int cps__store_meta_scan(cps_txn *txn, const char *prefix, cps_meta_iter_fn fn, void *arg);
 /* Delete a named value (absent: 0). */
 int cps__store_meta_del(cps_txn *txn, const char *name);
+/* Empty the store: parameters, range sequence numbers, exactly-once records and metadata
+ * (`chainps server --reset-data`). Errors: CPS_ESTORE. */
+int cps__store_wipe(cps_txn *txn);
 
 /* Small named values (<= 4 KiB). get: CPS_ENOTFOUND if absent; *len in: capacity, out: size. */
 int cps__store_meta_get(cps_txn *txn, const char *name, void *buf, size_t *len);

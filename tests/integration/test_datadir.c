@@ -163,11 +163,69 @@ static void pslite_local_sh_layout_is_exact(void **state)
     assert_int_equal(h_test_end(), 0);
 }
 
+/* A job of one server and one lsq worker: the scheduler on <dir>/tag, the server on `data`
+ * (with `flag`, may be NULL). Returns the server's pid once the worker ended (or after 60 s). */
+static pid_t small_job(const char *tag, const char *data, char *flag, pid_t *worker)
+{
+    char sdir[700];
+    snprintf(sdir, sizeof sdir, "%s/%s", h_dir(), tag);
+    const char *extra[] = {"--data", sdir, NULL};
+    h_cluster c;
+    assert_int_equal(h_start_scheduler(&c, 1, 1, "sync", extra), 0);
+    char name[64];
+    snprintf(name, sizeof name, "%s-server", tag);
+    char *sv[] = {CHAINPS_BIN, "server",     "--scheduler", c.sched_addr,
+                  "--data",    (char *)data, flag,          NULL};
+    pid_t s = h_spawn(name, sv, NULL, h_dir());
+    char env_s[96];
+    snprintf(env_s, sizeof env_s, "CHAINPS_SCHEDULER=%s", c.sched_addr);
+    char *env[] = {"CHAINPS_ROLE=worker", env_s, NULL};
+    char *wv[] = {LSQ_BIN, "--steps", "300", "--tol", "1e-2", NULL};
+    snprintf(name, sizeof name, "%s-worker", tag);
+    *worker = h_spawn(name, wv, env, h_dir());
+    assert_true(s > 0 && *worker > 0);
+    return s;
+}
+
+/* A server's directory records its job: another job is refused it (the first job's parameters
+ * would be mixed into the second), unless told to empty it. */
+static void another_jobs_directory_is_refused(void **state)
+{
+    (void)state;
+    h_test_begin("datadir-job");
+    h_watchdog(180);
+    char data[700];
+    snprintf(data, sizeof data, "%s/server-data", h_dir());
+    pid_t w, s = small_job("job-a", data, NULL, &w);
+    assert_true(h_wait_exit(w, JOB_MS, NULL));
+    assert_int_equal(h_exit_code(w), 0);
+    assert_true(h_wait_exit(s, 20000, NULL));
+    assert_int_equal(h_exit_code(s), 0);
+    /* Another job (its scheduler has a data directory of its own): refused, by name. */
+    s = small_job("job-b", data, NULL, &w);
+    assert_true(h_wait_exit(s, JOB_MS, NULL));
+    assert_int_not_equal(h_exit_code(s), 0);
+    char want[800];
+    snprintf(want, sizeof want, "data directory %s belongs to job ", data);
+    assert_int_equal(h_log_count(s, want), 1);
+    assert_int_equal(h_log_count(s, "--reset-data to empty it"), 1);
+    h_kill(w, 1000);
+    /* Told to empty it, a third job takes it. */
+    s = small_job("job-c", data, "--reset-data", &w);
+    assert_true(h_wait_exit(w, JOB_MS, NULL));
+    assert_int_equal(h_exit_code(w), 0);
+    assert_true(h_wait_exit(s, 20000, NULL));
+    assert_int_equal(h_exit_code(s), 0);
+    assert_int_equal(h_log_count(s, "emptied the store"), 1);
+    assert_int_equal(h_test_end(), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(second_server_on_a_held_directory_is_refused),
         cmocka_unit_test(pslite_local_sh_layout_is_exact),
+        cmocka_unit_test(another_jobs_directory_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
