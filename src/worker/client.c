@@ -370,6 +370,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     }
     if (rx.hdr.epoch > c->seen_epoch)
         c->seen_epoch = rx.hdr.epoch;
+    if (rx.hdr.sender == SCHED_PEER)
+        c->sched_heard_ms = cps__now_ms();
     switch (rx.hdr.type) {
     case CPS_MSG_WELCOME:
     case CPS_MSG_VIEW:
@@ -669,14 +671,31 @@ int cps__client_wait(cps_client *c, cps_op *op, int timeout_ms)
 static int ask_scheduler(cps_client *c, cps_msg_hdr *h, const void *payload, size_t n,
                          const volatile int *done)
 {
-    uint64_t next = 0;
+    uint64_t next = 0, start = cps__now_ms();
+    /* At least three view requests go unanswered before the scheduler counts as gone. */
+    uint64_t gone_ms = c->cfg.unavailable_timeout_ms > 3 * (uint64_t)c->cfg.request_timeout_ms
+                           ? c->cfg.unavailable_timeout_ms
+                           : 3 * (uint64_t)c->cfg.request_timeout_ms;
+    if (c->sched_heard_ms < start)
+        c->sched_heard_ms = start;
     while (!*done) {
         if (c->shutdown)
             return CPS_ESHUTDOWN;
         uint64_t now = cps__now_ms();
+        if (now - c->sched_heard_ms > gone_ms) {
+            /* A barrier may rightly wait for slow workers for ever, but not for a scheduler
+             * that answers nothing (not even the views we ask for): it is gone. */
+            cps_log(CPS_LOG_ERROR, "worker",
+                    "the scheduler has not answered for %.1f s (CHAINPS_UNAVAILABLE_TIMEOUT_MS, "
+                    "at least 3 request timeouts): giving up",
+                    (now - c->sched_heard_ms) / 1000.0);
+            return CPS_EUNAVAILABLE;
+        }
         if (now >= next) {
             h->epoch = c->view.epoch;
             cps__msg_send(c->tp, SCHED_PEER, h, payload, n);
+            /* The view request is answered even while the barrier waits: proof of life. */
+            ask_view(c);
             next = now + c->cfg.request_timeout_ms;
         }
         int rc = progress(c, 50);

@@ -117,7 +117,8 @@ struct cps_client {
     int bye_acked;
     int shutdown;
     uint64_t view_asked_ms;
-    uint64_t seen_epoch; /* highest epoch any message carried */
+    uint64_t sched_heard_ms; /* last message from the scheduler */
+    uint64_t seen_epoch;     /* highest epoch any message carried */
     cps_client_stats stats;
     void *pack; /* scratch for compression */
     size_t pack_cap;

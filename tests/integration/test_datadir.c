@@ -220,12 +220,53 @@ static void another_jobs_directory_is_refused(void **state)
     assert_int_equal(h_test_end(), 0);
 }
 
+/* The scheduler killed for good (no one restarts it): training goes on (it is not on the data
+ * path), and the workers' final barrier fails with a named error in bounded time instead of
+ * waiting for ever (issue 12). */
+static void workers_fail_when_the_scheduler_is_gone_for_good(void **state)
+{
+    (void)state;
+    h_test_begin("datadir-nosched");
+    h_watchdog(120);
+    h_cluster c;
+    char sdir[700];
+    snprintf(sdir, sizeof sdir, "%s/sched", h_dir());
+    const char *extra[] = {"--data", sdir, NULL};
+    assert_int_equal(h_start_scheduler(&c, 1, 2, "sync", extra), 0);
+    char *sv[] = {CHAINPS_BIN, "server", "--scheduler", c.sched_addr, NULL};
+    assert_true(h_spawn("server", sv, NULL, h_dir()) > 0);
+    char env_s[96];
+    snprintf(env_s, sizeof env_s, "CHAINPS_SCHEDULER=%s", c.sched_addr);
+    char *env[] = {"CHAINPS_ROLE=worker", env_s, "CHAINPS_UNAVAILABLE_TIMEOUT_MS=3000",
+                   "CHAINPS_REQUEST_TIMEOUT_MS=1000", NULL};
+    char *wv[] = {LSQ_BIN, "--steps", "300", "--step-ms", "5", "--tol", "1", NULL};
+    pid_t w[2];
+    for (int i = 0; i < 2; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "worker-%d", i);
+        w[i] = h_spawn(name, wv, env, h_dir());
+        assert_true(w[i] > 0);
+    }
+    assert_true(h_wait_log(c.sched, "connected 2 workers", 1, JOB_MS));
+    h_kill_hard(c.sched);
+    uint64_t t0 = h_now_ms();
+    for (int i = 0; i < 2; i++) {
+        assert_true(h_wait_exit(w[i], 40000, NULL));
+        assert_int_not_equal(h_exit_code(w[i]), 0);
+        assert_int_equal(h_log_count(w[i], "trained 300 steps"), 1); /* training went on */
+        assert_int_equal(h_log_count(w[i], "the scheduler has not answered for"), 1);
+    }
+    assert_true(h_now_ms() - t0 < 30000);
+    assert_int_equal(h_test_end(), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(second_server_on_a_held_directory_is_refused),
         cmocka_unit_test(pslite_local_sh_layout_is_exact),
         cmocka_unit_test(another_jobs_directory_is_refused),
+        cmocka_unit_test(workers_fail_when_the_scheduler_is_gone_for_good),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
