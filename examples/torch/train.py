@@ -147,7 +147,12 @@ def local_optimizer(torch, a, params):
 
 def main(argv):
     a = parse_args(argv)
-    import chainps  # noqa: E402  (after argument errors, which need no library)
+    try:
+        import chainps  # noqa: E402  (after argument errors, which need no library)
+    except ImportError as e:
+        sys.exit(f"train.py: cannot import the chainps package ({e}): build the project "
+                 f"(scripts/demo.sh or cmake --build build/rel) and set "
+                 f"PYTHONPATH=build/rel/python, or install it with cmake --install")
 
     client = None
     if not a.local and not a.eval:
