@@ -150,9 +150,9 @@ def main(argv):
     try:
         import chainps  # noqa: E402  (after argument errors, which need no library)
     except ImportError as e:
-        sys.exit(f"train.py: cannot import the chainps package ({e}): build the project "
-                 f"(scripts/demo.sh or cmake --build build/rel) and set "
-                 f"PYTHONPATH=build/rel/python, or install it with cmake --install")
+        sys.exit(f"train.py: cannot import the chainps package ({e}): build the project and "
+                 f"set PYTHONPATH=BUILD/python (build/release/python after scripts/demo.sh), "
+                 f"or install it with cmake --install")
 
     client = None
     if not a.local and not a.eval:
