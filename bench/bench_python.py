@@ -71,6 +71,27 @@ def main():
         print(f"py size={size} pp_p50={statistics.median(p50s):.2f} "
               f"pp_mbps={statistics.median(mbps):.1f} cpu_us={cpu:.2f} ops={ops} "
               f"buffers={'torch' if a.torch else 'numpy'}", flush=True)
+    # The binding's own cost per call, without the network: a push_pull whose output is one
+    # value short is refused after both buffers were taken and checked (an upper bound: it
+    # also builds the ValueError). Steady where round trips on this VM drift by tens of us.
+    t = c.declare("bench/py/binding", 1024, optim=chainps.SGD(1e-6))
+    for kind in ("numpy", "torch"):
+        if kind == "torch" and not a.torch:
+            continue
+        g = np.zeros(1024, np.float32)
+        o = np.zeros(1023, np.float32)
+        if kind == "torch":
+            import torch
+
+            g, o = torch.from_numpy(g), torch.from_numpy(o)
+        n = 100000
+        t0 = time.perf_counter()
+        for _ in range(n):
+            try:
+                c.push_pull(t, g, o)
+            except ValueError:
+                pass
+        print(f"py binding={kind} us={(time.perf_counter() - t0) / n * 1e6:.2f}", flush=True)
     c.close()
     return 0
 

@@ -34,7 +34,8 @@ for r in $(seq 1 "$REPS"); do
         [ $buf = torch ] && extra=(--torch)
         "$CHAINPS" "${job[@]}" "$PY" "$here/bench_python.py" --reps 1 --ms "$MS" --depth "$DEPTH" \
             "${extra[@]}" 2>/dev/null |
-            sed -nE "s/.*py size=([0-9]+) pp_p50=([0-9.]+) pp_mbps=([0-9.]+) cpu_us=([0-9.]+).*/$buf \1 \2 \3 \4/p" >>"$res"
+            sed -nE -e "s/.*py size=([0-9]+) pp_p50=([0-9.]+) pp_mbps=([0-9.]+) cpu_us=([0-9.]+).*/$buf \1 \2 \3 \4/p" \
+                -e "s/.*py binding=([a-z]+) us=([0-9.]+).*/binding \1 \2 0 0/p" >>"$res"
     done
     echo "round $r of $REPS done"
 done
@@ -57,6 +58,14 @@ END {
         if (w == 1) { cp = p; cm = m; cu = u }
         printf "%-6s %-8s %8.1f (%5.1f-%5.1f) %+9.1f %9.0f (%5.0f-%5.0f) %6.2fx %12.2f %+9.2f\n", sizes[s] == 4096 ? "4 KB" : "1 MB",
             who[w] == "c" ? "C" : "py/" who[w], p, l0, h0, p - cp, m, l1, h1, cm ? m / cm : 0, u, u - cu
+    }
+}' "$res"
+awk '$1 == "binding" { n[$2]++; v[$2, n[$2]] = $3 }
+END {
+    for (k in n) {
+        m = n[k]; for (i = 1; i <= m; i++) a[i] = v[k, i]
+        for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+        printf "binding cost per push_pull call, %s buffers (no network; argument and buffer checks): %.2f us (%.2f-%.2f)\n", k, m % 2 ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2, a[1], a[m]
     }
 }' "$res"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
