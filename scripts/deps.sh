@@ -6,9 +6,9 @@ pkgs=(build-essential cmake pkg-config liblmdb-dev libnanomsg-dev libopenblas-de
       libcmocka-dev zlib1g-dev python3-dev)
 case "$what" in
   demo) pkgs+=(dataset-fashion-mnist gnuplot-nox) ;;
-  test) pkgs+=(clang clang-format libclang-rt-14-dev iperf3 dataset-fashion-mnist
+  test) pkgs+=(clang clang-format libclang-rt-14-dev iperf3 dataset-fashion-mnist procps
               python3-numpy python3-torch python3-pytest) ;;
-  all)  pkgs+=(dataset-fashion-mnist gnuplot-nox clang clang-format libclang-rt-14-dev iperf3
+  all)  pkgs+=(dataset-fashion-mnist gnuplot-nox clang clang-format libclang-rt-14-dev iperf3 procps
               python3-numpy python3-torch python3-pytest) ;;
   *) echo "usage: $0 [demo|test|all]" >&2; exit 2 ;;
 esac

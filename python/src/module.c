@@ -166,62 +166,42 @@ static PyObject *Client_enter(ClientObject *self, PyObject *unused)
 static PyObject *Client_exit(ClientObject *self, PyObject *args)
 {
     (void)args;
-    int rc = close_client(self);
-    if (rc != 0)
-        return raise_cps(rc, "close", NULL);
-    Py_RETURN_FALSE;
+    PyObject *r = Client_close(self, NULL);
+    if (!r)
+        return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE; /* exceptions of the with-block propagate */
 }
 
-static PyObject *Client_get_rank(ClientObject *self, void *unused)
-{
-    (void)unused;
-    if (client_open(self, "rank"))
-        return NULL;
-    return PyLong_FromLong(cps_rank(self->c));
-}
+/* The job facts a client reads from the library, one getter for all (the closure picks). */
+enum { F_RANK, F_NUM_WORKERS, F_NUM_SERVERS, F_MODE, F_STALENESS };
+static const char *const fact_names[] = {"rank", "num_workers", "num_servers", "mode", "staleness"};
 
-static PyObject *Client_get_num_workers(ClientObject *self, void *unused)
+static PyObject *Client_get_fact(ClientObject *self, void *closure)
 {
-    (void)unused;
-    if (client_open(self, "num_workers"))
+    int f = (int)(intptr_t)closure;
+    if (client_open(self, fact_names[f]))
         return NULL;
-    return PyLong_FromLong(cps_num_workers(self->c));
-}
-
-static PyObject *Client_get_num_servers(ClientObject *self, void *unused)
-{
-    (void)unused;
-    if (client_open(self, "num_servers"))
-        return NULL;
-    return PyLong_FromLong(cps_num_servers(self->c));
-}
-
-static PyObject *Client_get_mode(ClientObject *self, void *unused)
-{
-    (void)unused;
-    if (client_open(self, "mode"))
-        return NULL;
+    switch (f) {
+    case F_RANK:
+        return PyLong_FromLong(cps_rank(self->c));
+    case F_NUM_WORKERS:
+        return PyLong_FromLong(cps_num_workers(self->c));
+    case F_NUM_SERVERS:
+        return PyLong_FromLong(cps_num_servers(self->c));
+    default:
+        break;
+    }
     cps_mode m;
-    uint32_t s;
-    int rc = cps_mode_get(self->c, &m, &s);
+    uint32_t staleness;
+    int rc = cps_mode_get(self->c, &m, &staleness);
     if (rc != 0)
-        return raise_cps(rc, "mode", NULL);
+        return raise_cps(rc, fact_names[f], NULL);
+    if (f == F_STALENESS)
+        return PyLong_FromUnsignedLong(staleness);
     return PyUnicode_FromString(m == CPS_MODE_SYNC    ? "sync"
                                 : m == CPS_MODE_ASYNC ? "async"
                                                       : "ssp");
-}
-
-static PyObject *Client_get_staleness(ClientObject *self, void *unused)
-{
-    (void)unused;
-    if (client_open(self, "staleness"))
-        return NULL;
-    cps_mode m;
-    uint32_t s;
-    int rc = cps_mode_get(self->c, &m, &s);
-    if (rc != 0)
-        return raise_cps(rc, "staleness", NULL);
-    return PyLong_FromUnsignedLong(s);
 }
 
 static PyObject *Client_get_closed(ClientObject *self, void *unused)
@@ -336,46 +316,15 @@ static int parse_shape(PyObject *shape, uint64_t *dims, uint32_t *ndim)
     return 0;
 }
 
-static PyObject *Client_declare(ClientObject *self, PyObject *args, PyObject *kwds)
+/* Declare a dense tensor of shape dims[0..nd) or (is_table) a table of dims[0] rows of dims[1]
+ * values, with the init and optim tuples io/oo (None for the defaults). */
+static PyObject *declare(ClientObject *self, const char *call, PyObject *name, int is_table,
+                         uint32_t nd, const uint64_t *dims, PyObject *io, PyObject *oo)
 {
-    static char *kw[] = {"name", "shape", "init", "optim", NULL};
-    PyObject *name, *shape, *io = Py_None, *oo = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UO|OO:declare", kw, &name, &shape, &io, &oo))
+    if (client_open(self, call))
         return NULL;
-    if (client_open(self, "declare"))
-        return NULL;
-    cpy_ops_reap(&self->ops);
-    uint64_t dims[CPS_MAX_NDIM];
-    uint32_t nd;
-    cps_init init;
-    cps_optim opt;
-    const cps_init *ip;
-    const cps_optim *op;
-    const char *cname = PyUnicode_AsUTF8(name);
-    if (!cname || parse_shape(shape, dims, &nd) || parse_init(io, &init, &ip) ||
-        parse_optim(oo, &opt, &op))
-        return NULL;
-    cps_tensor *t = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = cps_tensor_declare_shape(self->c, cname, nd, dims, ip, op, &t);
-    Py_END_ALLOW_THREADS
-    if (rc != 0)
-        return raise_cps(rc, "declare", cname);
-    return make_tensor(self, t, name, 0);
-}
-
-static PyObject *Client_declare_table(ClientObject *self, PyObject *args, PyObject *kwds)
-{
-    static char *kw[] = {"name", "rows", "cols", "init", "optim", NULL};
-    PyObject *name, *io = Py_None, *oo = Py_None;
-    unsigned long long rows;
-    unsigned int cols;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UKI|OO:declare_table", kw, &name, &rows, &cols,
-                                     &io, &oo))
-        return NULL;
-    if (client_open(self, "declare_table"))
-        return NULL;
+    if (self->ops.head)
+        cpy_ops_reap(&self->ops);
     cps_init init;
     cps_optim opt;
     const cps_init *ip;
@@ -383,18 +332,51 @@ static PyObject *Client_declare_table(ClientObject *self, PyObject *args, PyObje
     const char *cname = PyUnicode_AsUTF8(name);
     if (!cname || parse_init(io, &init, &ip) || parse_optim(oo, &opt, &op))
         return NULL;
+    if (is_table && dims[1] > UINT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s(%s): cols must be below 2^32", call, cname);
+        return NULL;
+    }
     cps_tensor *t = NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = cps_table_declare(self->c, cname, rows, cols, ip, op, &t);
+    rc = is_table ? cps_table_declare(self->c, cname, dims[0], (uint32_t)dims[1], ip, op, &t)
+                  : cps_tensor_declare_shape(self->c, cname, nd, dims, ip, op, &t);
     Py_END_ALLOW_THREADS
     if (rc != 0)
-        return raise_cps(rc, "declare_table", cname);
-    return make_tensor(self, t, name, 1);
+        return raise_cps(rc, call, cname);
+    return make_tensor(self, t, name, is_table);
 }
 
+static PyObject *Client_declare(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"name", "shape", "init", "optim", NULL};
+    PyObject *name, *shape, *io = Py_None, *oo = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UO|OO:declare", kw, &name, &shape, &io, &oo))
+        return NULL;
+    uint64_t dims[CPS_MAX_NDIM];
+    uint32_t nd;
+    if (parse_shape(shape, dims, &nd))
+        return NULL;
+    return declare(self, "declare", name, 0, nd, dims, io, oo);
+}
+
+static PyObject *Client_declare_table(ClientObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"name", "rows", "cols", "init", "optim", NULL};
+    PyObject *name, *io = Py_None, *oo = Py_None;
+    unsigned long long rows, cols;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "UKK|OO:declare_table", kw, &name, &rows, &cols,
+                                     &io, &oo))
+        return NULL;
+    uint64_t dims[2] = {rows, cols};
+    return declare(self, "declare_table", name, 1, 2, dims, io, oo);
+}
+
+/* The tensor argument of a call on an open client: a Tensor declared on this client. */
 static TensorObject *tensor_arg(ClientObject *self, PyObject *o, const char *call)
 {
+    if (client_open(self, call))
+        return NULL;
     if (!PyObject_TypeCheck(o, &TensorType)) {
         PyErr_Format(PyExc_TypeError, "%s: the first argument must be a chainps.Tensor, not %.100s",
                      call, Py_TYPE(o)->tp_name);
@@ -451,8 +433,6 @@ static cpy_op *start_op(ClientObject *self, int kind, PyObject *args, const char
     } else if (!PyArg_ParseTuple(args, "OO", &to, &a)) {
         return NULL;
     }
-    if (client_open(self, call))
-        return NULL;
     TensorObject *t = tensor_arg(self, to, call);
     if (!t)
         return NULL;
@@ -532,30 +512,21 @@ static PyObject *asynchronous(ClientObject *self, int kind, PyObject *args)
     return (PyObject *)h;
 }
 
-static PyObject *Client_push(ClientObject *self, PyObject *args)
-{
-    return blocking(self, K_PUSH, args);
-}
-static PyObject *Client_pull(ClientObject *self, PyObject *args)
-{
-    return blocking(self, K_PULL, args);
-}
-static PyObject *Client_push_pull(ClientObject *self, PyObject *args)
-{
-    return blocking(self, K_PUSH_PULL, args);
-}
-static PyObject *Client_push_async(ClientObject *self, PyObject *args)
-{
-    return asynchronous(self, K_PUSH, args);
-}
-static PyObject *Client_pull_async(ClientObject *self, PyObject *args)
-{
-    return asynchronous(self, K_PULL, args);
-}
-static PyObject *Client_push_pull_async(ClientObject *self, PyObject *args)
-{
-    return asynchronous(self, K_PUSH_PULL, args);
-}
+/* CPython's method table has no closure: one trampoline per call, generated. */
+#define CPY_TENSOR_CALLS(X)                                                                        \
+    X(push, blocking, K_PUSH)                                                                      \
+    X(pull, blocking, K_PULL)                                                                      \
+    X(push_pull, blocking, K_PUSH_PULL)                                                            \
+    X(push_async, asynchronous, K_PUSH)                                                            \
+    X(pull_async, asynchronous, K_PULL)                                                            \
+    X(push_pull_async, asynchronous, K_PUSH_PULL)
+#define CPY_TRAMPOLINE_(name, how, kind)                                                           \
+    static PyObject *Client_##name(ClientObject *self, PyObject *args)                             \
+    {                                                                                              \
+        return how(self, kind, args);                                                              \
+    }
+CPY_TENSOR_CALLS(CPY_TRAMPOLINE_)
+#undef CPY_TRAMPOLINE_
 
 /* Row ids: a 64-bit integer buffer as it is, or any sequence of ints copied into `tmp`. */
 static int rows_arg(PyObject *o, const char *tn, cpy_buf *b, uint64_t **tmp, Py_ssize_t *n)
@@ -600,8 +571,6 @@ static PyObject *rows_call(ClientObject *self, PyObject *args, int push)
     const char *call = push ? "rows_push" : "rows_pull";
     PyObject *to, *ro, *vo;
     if (!PyArg_ParseTuple(args, "OOO", &to, &ro, &vo))
-        return NULL;
-    if (client_open(self, call))
         return NULL;
     TensorObject *t = tensor_arg(self, to, call);
     if (!t)
@@ -701,11 +670,11 @@ static PyMethodDef Client_methods[] = {
     {NULL, NULL, 0, NULL}};
 
 static PyGetSetDef Client_getset[] = {
-    {"rank", (getter)Client_get_rank, NULL, "this worker's rank", NULL},
-    {"num_workers", (getter)Client_get_num_workers, NULL, "workers in the job", NULL},
-    {"num_servers", (getter)Client_get_num_servers, NULL, "servers in the job", NULL},
-    {"mode", (getter)Client_get_mode, NULL, "'sync', 'async' or 'ssp'", NULL},
-    {"staleness", (getter)Client_get_staleness, NULL, "N of ssp:N (0 otherwise)", NULL},
+    {"rank", (getter)Client_get_fact, NULL, "this worker's rank", (void *)F_RANK},
+    {"num_workers", (getter)Client_get_fact, NULL, "workers in the job", (void *)F_NUM_WORKERS},
+    {"num_servers", (getter)Client_get_fact, NULL, "servers in the job", (void *)F_NUM_SERVERS},
+    {"mode", (getter)Client_get_fact, NULL, "'sync', 'async' or 'ssp'", (void *)F_MODE},
+    {"staleness", (getter)Client_get_fact, NULL, "N of ssp:N (0 otherwise)", (void *)F_STALENESS},
     {"closed", (getter)Client_get_closed, NULL, "True after close()", NULL},
     {NULL, NULL, NULL, NULL, NULL}};
 

@@ -450,6 +450,38 @@ int h_wait_listening(pid_t sched, int timeout_ms)
     return -1;
 }
 
+int h_start_role_job(const char *tag, const char *role_var, const char *const roles[5],
+                     const char *port_var, char *const vars[], char *const argv[], int shared_cwd,
+                     int timeout_ms, pid_t pids[5])
+{
+    char port[64];
+    snprintf(port, sizeof port, "%s=%d", port_var, h_free_port());
+    for (int i = 0; i < 5; i++) {
+        char name[128], role[64], cwd[700];
+        snprintf(name, sizeof name, "%s-%d-%s", tag, i, roles[i]);
+        snprintf(role, sizeof role, "%s=%s", role_var, roles[i]);
+        snprintf(cwd, sizeof cwd, "%s/%s", h_dir(), shared_cwd ? tag : name);
+        mkdir(cwd, 0755);
+        char *env[16];
+        int k = 0;
+        env[k++] = role;
+        env[k++] = port;
+        for (int j = 0; vars && vars[j] && k < 15; j++)
+            env[k++] = vars[j];
+        env[k] = NULL;
+        pids[i] = h_spawn(name, argv, env, cwd);
+        if (pids[i] <= 0)
+            return -1;
+        /* Nodes retry their HELLO, so only the scheduler has to be up first. */
+        if (i == 0) {
+            int l = h_wait_listening(pids[0], timeout_ms);
+            if (l != 0)
+                return l;
+        }
+    }
+    return 0;
+}
+
 int h_free_port(void)
 {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

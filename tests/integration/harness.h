@@ -107,6 +107,15 @@ int h_start_cluster(h_cluster *c, int servers, int workers, const char *mode);
 /* Wait until scheduler `sched` listens. Returns 0; 1 when its port was taken meanwhile (it is
  * killed: start another on a new port); -1 when it neither listened nor failed in timeout_ms. */
 int h_wait_listening(pid_t sched, int timeout_ms);
+/* A job started the way ps-lite and MindSpore scripts start one: `argv` five times (scheduler,
+ * two servers, two workers), each with role_var=roles[i], port_var=<a free port> and `vars`
+ * (NAME=value, NULL-terminated, at most 12). Processes are named <tag>-<i>-<role>; all run in
+ * <test dir>/<tag> when `shared_cwd`, else each in <test dir>/<its name>. Returns 0 with
+ * pids[5]; 1 when the scheduler's port was taken meanwhile (start again); -1 when a process
+ * could not be started or the scheduler neither listened nor failed in timeout_ms. */
+int h_start_role_job(const char *tag, const char *role_var, const char *const roles[5],
+                     const char *port_var, char *const vars[], char *const argv[], int shared_cwd,
+                     int timeout_ms, pid_t pids[5]);
 /* The inbox URL a server logged ("tcp://127.0.0.1:port") into url; returns 0 or -1. */
 int h_server_url(pid_t server, char *url, size_t len, int timeout_ms);
 

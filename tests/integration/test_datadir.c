@@ -73,35 +73,19 @@ static void second_server_on_a_held_directory_is_refused(void **state)
  * Returns 1 when the scheduler's port was taken meanwhile (try again), else 0 with pids[5]. */
 static int pslite_start(const char *tag, char *arg, char *extra, pid_t pids[5])
 {
-    char port[64], cwd[700];
-    snprintf(port, sizeof port, "DMLC_PS_ROOT_PORT=%d", h_free_port());
-    snprintf(cwd, sizeof cwd, "%s/%s", h_dir(), tag);
-    mkdir(cwd, 0755);
     const char *roles[5] = {"scheduler", "server", "server", "worker", "worker"};
-    for (int i = 0; i < 5; i++) {
-        char role[64], name[64];
-        snprintf(role, sizeof role, "DMLC_ROLE=%s", roles[i]);
-        snprintf(name, sizeof name, "%s-%s-%d", tag, roles[i], i);
-        /* CHAINPS_BIND keeps the scheduler on loopback, as everything in the tests. */
-        char *env[] = {role,
-                       port,
-                       "DMLC_PS_ROOT_URI=" H_HOST,
-                       "DMLC_NUM_SERVER=2",
-                       "DMLC_NUM_WORKER=2",
-                       "CHAINPS_BIND=" H_HOST,
-                       extra,
-                       NULL};
-        char *argv[] = {KV_APP_BIN, arg, NULL};
-        pids[i] = h_spawn(name, argv, env, cwd);
-        assert_true(pids[i] > 0);
-        if (i == 0) {
-            int l = h_wait_listening(pids[0], JOB_MS);
-            assert_int_not_equal(l, -1);
-            if (l == 1)
-                return 1;
-        }
-    }
-    return 0;
+    /* CHAINPS_BIND keeps the scheduler on loopback, as everything in the tests. */
+    char *vars[] = {"DMLC_PS_ROOT_URI=" H_HOST,
+                    "DMLC_NUM_SERVER=2",
+                    "DMLC_NUM_WORKER=2",
+                    "CHAINPS_BIND=" H_HOST,
+                    extra,
+                    NULL};
+    char *argv[] = {KV_APP_BIN, arg, NULL};
+    int rc =
+        h_start_role_job(tag, "DMLC_ROLE", roles, "DMLC_PS_ROOT_PORT", vars, argv, 1, JOB_MS, pids);
+    assert_int_not_equal(rc, -1);
+    return rc;
 }
 
 /* The job ends with every value exact, each process exits 0, and the two servers of one

@@ -25,35 +25,13 @@
 static int try_job(const char *tag, const char *role_var, const char *port_var,
                    const char *const values[3], char *const vars[])
 {
-    const char *names[5] = {"sched", "server-a", "server-b", "worker-a", "worker-b"};
-    const char *role_of[5] = {values[0], values[1], values[1], values[2], values[2]};
-    char port[64];
-    snprintf(port, sizeof port, "%s=%d", port_var, h_free_port());
+    const char *roles[5] = {values[0], values[1], values[1], values[2], values[2]};
+    char *argv[] = {LSQ_BIN, "--tol", "1e-3", NULL};
     pid_t pids[5];
-    for (int i = 0; i < 5; i++) {
-        char name[64], role[64], cwd[600];
-        snprintf(name, sizeof name, "%s-%s", tag, names[i]);
-        snprintf(role, sizeof role, "%s=%s", role_var, role_of[i]);
-        snprintf(cwd, sizeof cwd, "%s/%s", h_dir(), name);
-        mkdir(cwd, 0755);
-        char *env[16];
-        int k = 0;
-        env[k++] = role;
-        env[k++] = port;
-        for (int j = 0; vars[j] && k < 15; j++)
-            env[k++] = vars[j];
-        env[k] = NULL;
-        char *argv[] = {LSQ_BIN, "--tol", "1e-3", NULL};
-        pids[i] = h_spawn(name, argv, env, cwd);
-        assert_true(pids[i] > 0);
-        if (i == 0) {
-            /* Nodes retry their HELLO, so only the scheduler has to be up first. */
-            int l = h_wait_listening(pids[0], JOB_MS);
-            assert_int_not_equal(l, -1);
-            if (l == 1)
-                return 1;
-        }
-    }
+    int rc = h_start_role_job(tag, role_var, roles, port_var, vars, argv, 0, JOB_MS, pids);
+    assert_int_not_equal(rc, -1);
+    if (rc == 1)
+        return 1;
     for (int i = 3; i < 5; i++) {
         assert_true(h_wait_exit(pids[i], JOB_MS, NULL));
         if (h_exit_code(pids[i]) != 0)

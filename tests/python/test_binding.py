@@ -206,37 +206,35 @@ def test_closed_client_refuses_calls(tmp_path):
 def test_init_runs_a_server_role_and_exits_0(tmp_path, role_env):
     """One script for every role: chainps.init() as a server serves the job, then exits 0."""
     port = tj.free_port()
-    sched = subprocess.Popen(
-        [tj.cli(), "scheduler", "--servers", "1", "--workers", "1", "--port", str(port),
-         "--bind", "127.0.0.1", "--data", str(tmp_path / "s")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=tj.env())
     env = dict(role_env, CHAINPS_DATA_DIR=str(tmp_path / "d"))
     if "MS_ROLE" in role_env:
         env.update(MS_SCHED_HOST="127.0.0.1", MS_SCHED_PORT=port, MS_SERVER_NUM=1,
                    MS_WORKER_NUM=1)
     else:
         env["CHAINPS_SCHEDULER"] = f"127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-c",
-                               "import chainps; print('before', flush=True); chainps.init(); "
-                               "print('never here')"],
-                              env=tj.env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
-    worker = subprocess.run(
-        [sys.executable, "-c",
-         "import chainps, numpy as np\n"
-         "c = chainps.init(); t = c.declare('w', 3, optim=chainps.SGD(1.0))\n"
-         "o = np.zeros(3, np.float32); c.push_pull(t, np.ones(3, np.float32), o)\n"
-         "assert (o == -1).all(), o\nc.close()\n"],
-        env=tj.env(CHAINPS_ROLE="worker", CHAINPS_SCHEDULER=f"127.0.0.1:{port}"),
-        capture_output=True, text=True, timeout=60)
+    sched = server = None
     try:
+        sched = subprocess.Popen(
+            [tj.cli(), "scheduler", "--servers", "1", "--workers", "1", "--port", str(port),
+             "--bind", "127.0.0.1", "--data", str(tmp_path / "s")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=tj.env())
+        server = subprocess.Popen([sys.executable, "-c",
+                                   "import chainps; print('before', flush=True); "
+                                   "chainps.init(); print('never here')"],
+                                  env=tj.env(**env), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
+        worker = subprocess.run(
+            [sys.executable, "-c",
+             "import chainps, numpy as np\n"
+             "c = chainps.init(); t = c.declare('w', 3, optim=chainps.SGD(1.0))\n"
+             "o = np.zeros(3, np.float32); c.push_pull(t, np.ones(3, np.float32), o)\n"
+             "assert (o == -1).all(), o\nc.close()\n"],
+            env=tj.env(CHAINPS_ROLE="worker", CHAINPS_SCHEDULER=f"127.0.0.1:{port}"),
+            capture_output=True, text=True, timeout=60)
         out, _ = server.communicate(timeout=30)
         sched.wait(timeout=30)
     finally:
-        for p in (server, sched):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        tj.kill_all((server, sched))
     assert worker.returncode == 0, worker.stderr
     assert server.returncode == 0, out
     assert "before" in out and "never here" not in out
@@ -260,6 +258,7 @@ def test_ctrl_c_interrupts_a_blocked_call(tmp_path):
                "c.close(); print('closed', flush=True)\n")
     idle = ("import chainps, time\n"
             "c = chainps.init(); t = c.declare('w', 4); time.sleep(8); c.close()\n")
+    a = b = None
     try:
         a = subprocess.Popen([sys.executable, "-c", blocked], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
@@ -274,10 +273,7 @@ def test_ctrl_c_interrupts_a_blocked_call(tmp_path):
         out, _ = a.communicate(timeout=60)
         b.wait(timeout=60)
     finally:
-        for p in (a, b):
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        tj.kill_all((a, b))
         c.close()
     assert "interrupted after" in out and "closed" in out, out
     assert a.returncode == 0, out

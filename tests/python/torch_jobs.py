@@ -38,6 +38,14 @@ def free_port():
         return s.getsockname()[1]
 
 
+def kill_all(procs):
+    """End every process of `procs` still running, by its PID, and reap it."""
+    for p in procs:
+        if p is not None and p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+
+
 def finals(text):
     """The `final:` lines of a job's output: [(accuracy, samples/s, checksum)]."""
     pat = r"final: test accuracy ([0-9.]+)%, ([0-9.]+) samples/s, steps \d+, checksum ([0-9a-f]+)"
@@ -107,10 +115,7 @@ class Cluster:
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for p in self.procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait()
+        kill_all(self.procs)
         for log in self.logs:
             log.close()
 
