@@ -170,6 +170,75 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, i
     return 0;
 }
 
+/* What launch knows of its workers beyond their processes: per worker, when a restart is due
+ * (0: none pending), how often it was restarted, and whether it was dropped for good. */
+typedef struct supervisor {
+    uint64_t *restart_at;
+    int *restarts;
+    unsigned char *dropped;
+    int ndropped, nrestarts;
+} supervisor;
+
+/* One look at every worker: start the restarts that are due, and decide about workers that
+ * ended. A worker killed by a signal before the job ended is a death the job survives: it is
+ * dropped, or (--restart-workers) started again with its rank once the scheduler has declared
+ * it dead (CHAINPS_WORKER_DEAD_AFTER_MS). One that exited with an error is the program's own
+ * failure: its index is returned (else -1). *left counts workers running or due back,
+ * *finished those that exited 0. */
+static int supervise_workers(supervisor *sup, cps_job *job, uint64_t now, uint64_t start,
+                             int job_ended, int *left, int *finished)
+{
+    int failed = -1;
+    for (int i = 1 + job->S; i < job->n; i++) {
+        cps_child *k = &job->kids[i];
+        char b[96];
+        if (sup->restart_at[i]) {
+            ++*left;
+            if (now >= sup->restart_at[i] && cps__job_start(job, i) == 0) {
+                sup->restart_at[i] = 0;
+                printf("launch: +%.1f s: restarted %s (pid %d); it takes its place at the step "
+                       "the others are on\n",
+                       (now - start) / 1000.0, k->tag, (int)k->pid);
+                fflush(stdout);
+            }
+            continue;
+        }
+        if (!k->exited) {
+            ++*left;
+            continue;
+        }
+        if (sup->dropped[i])
+            continue;
+        if (cps__job_ok(job, i)) {
+            ++*finished;
+            continue;
+        }
+        if (!WIFSIGNALED(k->status) || job_ended) {
+            failed = i;
+            continue;
+        }
+        if (restart_workers && sup->restarts[i] < MAX_WORKER_RESTARTS) {
+            uint64_t wait = (uint64_t)job->cfg.worker_dead_after_ms + 1000;
+            sup->restart_at[i] = now + wait;
+            sup->restarts[i]++;
+            sup->nrestarts++;
+            ++*left;
+            printf("launch: +%.1f s: %s died (%s); restarting it in %.1f s, once the scheduler "
+                   "has declared it dead\n",
+                   (now - start) / 1000.0, k->tag, cps__job_exit_text(k->status, b, sizeof b),
+                   wait / 1000.0);
+        } else {
+            sup->dropped[i] = 1;
+            sup->ndropped++;
+            printf("launch: +%.1f s: %s died (%s); the job goes on without it%s\n",
+                   (now - start) / 1000.0, k->tag, cps__job_exit_text(k->status, b, sizeof b),
+                   restart_workers ? " (restarted too often)" : "");
+        }
+        fflush(stdout);
+    }
+    return failed;
+}
+
 int cps__cli_launch(int argc, char **argv)
 {
     cps_config cfg;
@@ -205,13 +274,12 @@ int cps__cli_launch(int argc, char **argv)
     int S = job.S, n = job.n;
     cps_child *kids = job.kids;
     uint64_t start = cps__now_ms(), restart_at = 0, job_ended_at = 0, sched_back_at = 0;
-    int killed = 0, sched_restarts = 0, dropped = 0, worker_restarts = 0;
-    /* Per worker: when a restart is due (0: none pending), how often it was restarted, and
-     * whether it was dropped for good. */
-    uint64_t *w_restart_at = calloc((size_t)n, sizeof *w_restart_at);
-    int *w_restarts = calloc((size_t)n, sizeof *w_restarts);
-    unsigned char *w_dropped = calloc((size_t)n, 1);
-    if (!w_restart_at || !w_restarts || !w_dropped)
+    int killed = 0, sched_restarts = 0;
+    supervisor sup = {0};
+    sup.restart_at = calloc((size_t)n, sizeof *sup.restart_at);
+    sup.restarts = calloc((size_t)n, sizeof *sup.restarts);
+    sup.dropped = calloc((size_t)n, 1);
+    if (!sup.restart_at || !sup.restarts || !sup.dropped)
         rc = 1;
     const char *why = NULL;
     while (rc == 0) {
@@ -235,58 +303,9 @@ int cps__cli_launch(int argc, char **argv)
                        (now - start) / 1000.0, kill_server, (int)victim->pid);
             fflush(stdout);
         }
-        int workers_left = 0, failed = -1, finished = 0;
-        for (int i = 1 + S; i < n; i++) {
-            cps_child *k = &kids[i];
-            char b[96];
-            if (w_restart_at[i]) {
-                workers_left++;
-                if (now >= w_restart_at[i] && cps__job_start(&job, i) == 0) {
-                    w_restart_at[i] = 0;
-                    printf("launch: +%.1f s: restarted %s (pid %d); it takes its place at the "
-                           "step the others are on\n",
-                           (now - start) / 1000.0, k->tag, (int)k->pid);
-                    fflush(stdout);
-                }
-                continue;
-            }
-            if (!k->exited) {
-                workers_left++;
-                continue;
-            }
-            if (w_dropped[i])
-                continue;
-            if (cps__job_ok(&job, i)) {
-                finished++;
-                continue;
-            }
-            if (WIFSIGNALED(k->status) && !job_ended_at) {
-                /* A death, not the program's own failure: the job can go on without it. */
-                if (restart_workers && w_restarts[i] < MAX_WORKER_RESTARTS) {
-                    /* A new worker of the same rank is let in once the old one is declared
-                     * dead (CHAINPS_WORKER_DEAD_AFTER_MS). */
-                    uint64_t wait = (uint64_t)job.cfg.worker_dead_after_ms + 1000;
-                    w_restart_at[i] = now + wait;
-                    w_restarts[i]++;
-                    worker_restarts++;
-                    workers_left++;
-                    printf("launch: +%.1f s: %s died (%s); restarting it in %.1f s, once the "
-                           "scheduler has declared it dead\n",
-                           (now - start) / 1000.0, k->tag,
-                           cps__job_exit_text(k->status, b, sizeof b), wait / 1000.0);
-                } else {
-                    w_dropped[i] = 1;
-                    dropped++;
-                    printf("launch: +%.1f s: %s died (%s); the job goes on without it%s\n",
-                           (now - start) / 1000.0, k->tag,
-                           cps__job_exit_text(k->status, b, sizeof b),
-                           restart_workers ? " (restarted too often)" : "");
-                }
-                fflush(stdout);
-                continue;
-            }
-            failed = i;
-        }
+        int workers_left = 0, finished = 0;
+        int failed =
+            supervise_workers(&sup, &job, now, start, job_ended_at != 0, &workers_left, &finished);
         if (failed >= 0) {
             char b[96];
             printf("launch: %s failed (%s); stopping the job\n", kids[failed].tag,
@@ -351,9 +370,9 @@ int cps__cli_launch(int argc, char **argv)
             break;
         }
     }
-    free(w_restart_at);
-    free(w_restarts);
-    free(w_dropped);
+    free(sup.restart_at);
+    free(sup.restarts);
+    free(sup.dropped);
     if (why)
         printf("launch: %s; stopping every process\n", why);
     fflush(stdout);
@@ -375,9 +394,9 @@ int cps__cli_launch(int argc, char **argv)
     cps__job_fini(&job);
     printf("launch: job %s in %.1f s", rc == 0 ? "finished" : "FAILED",
            (cps__now_ms() - start) / 1000.0);
-    if (dropped || worker_restarts || sched_restarts)
-        printf(" (%d worker%s dropped, %d worker restart%s, %d scheduler restart%s)", dropped,
-               dropped == 1 ? "" : "s", worker_restarts, worker_restarts == 1 ? "" : "s",
+    if (sup.ndropped || sup.nrestarts || sched_restarts)
+        printf(" (%d worker%s dropped, %d worker restart%s, %d scheduler restart%s)", sup.ndropped,
+               sup.ndropped == 1 ? "" : "s", sup.nrestarts, sup.nrestarts == 1 ? "" : "s",
                sched_restarts, sched_restarts == 1 ? "" : "s");
     printf("\n");
     return rc;
