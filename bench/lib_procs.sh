@@ -60,3 +60,9 @@ trap 'exit 130' INT TERM
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
+
+# The job's secret: every process started here (and `chainps status`) inherits it.
+if [ -z "${CHAINPS_SECRET_FILE:-}" ] && [ "${CHAINPS_INSECURE:-0}" != 1 ]; then
+    "$CHAINPS" secret "$work/job.secret" >/dev/null
+    export CHAINPS_SECRET_FILE=$work/job.secret
+fi

@@ -68,6 +68,11 @@ REPLICAS=${REPLICAS:-1}
 export LC_ALL=C
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/chainps-ckpt-bench-XXXXXX") || exit 2
+# One secret for the job and the export tool that talks to it.
+if [ -z "${CHAINPS_SECRET_FILE:-}" ] && [ "${CHAINPS_INSECURE:-0}" != 1 ]; then
+    "$CHAINPS" secret "$tmp/job.secret" >/dev/null || exit 2
+    export CHAINPS_SECRET_FILE=$tmp/job.secret
+fi
 launch_pid=
 monitor_pid=
 export_pid=

@@ -17,16 +17,17 @@
 #include "transport/transport.h"
 #include "worker/client.h"
 
-#define SUB           "ckpt"
-#define SCHED         0u
-#define CUT_PEER_BASE 0x20000000u /* tool-side peer ids of the cut threads: + range */
-#define READ_WINDOW   64          /* CUT_READs in flight */
-#define READ_SPLIT    (1u << 20)  /* elements per CUT_READ of a dense chunk */
-#define PUT_BYTES     (64u << 20) /* records per PUT message */
-#define PUT_WINDOW    4           /* PUTs in flight per range */
-#define OPEN_TRIES    8
-#define REFRESH_MS    2000  /* waiting for a cut: ask for the view again this often */
-#define READ_WAIT_MS  30000 /* one read's answer (a tail that died fails the export) */
+#define SUB              "ckpt"
+#define SCHED            0u
+#define CUT_PEER_BASE    0x20000000u /* tool-side peer ids of the cut threads: + range */
+#define READ_WINDOW      64          /* CUT_READs in flight */
+#define READ_SPLIT       (1u << 20)  /* elements per CUT_READ of a dense chunk */
+#define PUT_BYTES        (64u << 20) /* records per PUT message */
+#define PUT_WINDOW       4           /* PUTs in flight per range */
+#define OPEN_TRIES       8
+#define REFRESH_MS       2000  /* waiting for a cut: ask for the view again this often */
+#define SILENT_REFRESHES 3     /* ... and give up once the scheduler left that many unanswered */
+#define READ_WAIT_MS     30000 /* one read's answer (a tail that died fails the export) */
 
 static size_t pad8(size_t n)
 {
@@ -109,7 +110,7 @@ static void link_close(link *l)
 }
 
 static int link_open(link *l, const char *scheduler, const char *bind, const char *advertise,
-                     int timeout_ms)
+                     const unsigned char *key, int timeout_ms)
 {
     memset(l, 0, sizeof *l);
     cps__view_init(&l->view);
@@ -123,7 +124,7 @@ static int link_open(link *l, const char *scheduler, const char *bind, const cha
     snprintf(url, sizeof url, "tcp://%s", scheduler);
     uint16_t port = 0;
     const char *host = bind && *bind ? bind : "127.0.0.1";
-    int rc = cps__tp_create(&l->tp);
+    int rc = cps__tp_create(key, &l->tp);
     if (rc == 0)
         rc = cps__tp_bind(l->tp, host, 0, &port);
     if (rc == 0)
@@ -595,7 +596,7 @@ static int open_cut(link *l, cut *c, uint64_t step, const unsigned char *need, u
     send_opens(l, c, step, answered);
     uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
     uint64_t refresh = cps__now_ms() + REFRESH_MS;
-    int rc = 0;
+    int rc = 0, silent = 0;
     while (got < n) {
         uint64_t now = cps__now_ms();
         if (now >= deadline) {
@@ -609,8 +610,22 @@ static int open_cut(link *l, cut *c, uint64_t step, const unsigned char *need, u
         rc = take(l, match_open, c, refresh < deadline ? refresh : deadline, &rx);
         if (rc == CPS_ETIMEDOUT) {
             if (cps__now_ms() >= refresh) {
-                if (link_refresh_view(l) == 0)
+                int vrc = link_refresh_view(l);
+                if (vrc == 0)
                     send_opens(l, c, step, answered);
+                /* A job that ended (or whose scheduler is gone) answers nothing more: say so
+                 * after a few silent asks instead of waiting out the whole timeout. A restarted
+                 * scheduler answers again within about a second. */
+                silent = vrc == CPS_ETIMEDOUT ? silent + 1 : 0;
+                if (silent >= SILENT_REFRESHES) {
+                    cps_log(CPS_LOG_ERROR, SUB,
+                            "the scheduler has not answered for %d s while %u of %u ranges had "
+                            "not opened a read view at step %" PRIu64
+                            ": the job has ended or its scheduler is down",
+                            SILENT_REFRESHES * (REFRESH_MS + 2000) / 1000, n - got, n, step);
+                    rc = CPS_ESHUTDOWN;
+                    break;
+                }
                 refresh = cps__now_ms() + REFRESH_MS;
             }
             rc = 0;
@@ -671,7 +686,7 @@ int cps__ckpt_export(const cps_export_opts *o, const char *out, cps_export_resul
     cut c = {0};
     tensor_job *jobs = NULL;
     cps_ckpt_writer *w = NULL;
-    int rc = link_open(&l, o->scheduler, o->bind_host, o->advertise, o->timeout_ms);
+    int rc = link_open(&l, o->scheduler, o->bind_host, o->advertise, o->key, o->timeout_ms);
     if (rc == 0)
         rc = link_registry(&l, o->scheduler);
     if (rc == 0 && l.ndescs == 0) {
@@ -1129,7 +1144,7 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
         }
     }
     if (rc == 0)
-        rc = link_open(&l, o->scheduler, o->bind_host, o->advertise, o->timeout_ms);
+        rc = link_open(&l, o->scheduler, o->bind_host, o->advertise, o->key, o->timeout_ms);
     if (rc == 0)
         rc = link_registry(&l, o->scheduler);
     if (rc == 0 && l.ndescs)

@@ -32,6 +32,7 @@ typedef struct cps_export_opts {
     const char *scheduler;    /**< "host:port" */
     const char *bind_host;    /**< where this tool listens for answers; NULL: 127.0.0.1 */
     const char *advertise;    /**< the address servers reach us at; NULL: bind_host */
+    const unsigned char *key; /**< the job's key (32 bytes, see transport/auth.h); NULL: none */
     uint64_t at_step;         /**< sync jobs: cut exactly at this step (0: the next boundary) */
     uint64_t max_shard_bytes; /**< 0: one file */
     int timeout_ms;           /**< for the cut to open (each read: at most 30 s); 0: 120 s */
@@ -61,7 +62,8 @@ typedef struct cps_restore_opts {
     const char *scheduler;
     const char *bind_host;
     const char *advertise;
-    int timeout_ms; /**< for each answer; 0: 120 s */
+    const unsigned char *key; /**< the job's key (32 bytes); NULL: none (an insecure job) */
+    int timeout_ms;           /**< for each answer; 0: 120 s */
     /** Tensors of a file written elsewhere carry no optimizer description: use this one. */
     const cps_param_spec *default_spec;
     int release; /**< tell the scheduler to admit the workers it holds back (--hold-workers) */

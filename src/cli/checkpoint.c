@@ -9,6 +9,7 @@
 #include "chainps/error.h"
 #include "checkpoint/ckpt.h"
 #include "checkpoint/cluster.h"
+#include "node/roles.h"
 #include "worker/client.h"
 #include "cli.h"
 
@@ -37,7 +38,7 @@ static const char checkpoint_usage[] =
     "                 `scheduler --restore-from`. Workers that declare the tensors afterwards\n"
     "                 resume at the checkpoint's step (cps_tensor_step). A file written\n"
     "                 elsewhere without optimizer descriptions needs --optimizer and --lr.\n"
-    "\n"
+    "  export and restore talk to the job, so they need its secret:\n" CPS_CLI_SECRET_HELP "\n"
     "  -h, --help     this text\n";
 
 static int inspect(const char *path, int verify)
@@ -135,6 +136,7 @@ static const struct option cluster_opts[] = {{"scheduler", required_argument, 0,
                                              {"timeout", required_argument, 0, OPT_TIMEOUT},
                                              {"optimizer", required_argument, 0, OPT_OPTIM},
                                              {"lr", required_argument, 0, OPT_LR},
+                                             CPS_CLI_SECRET_OPTS,
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
 
@@ -179,6 +181,9 @@ static int cluster_cmd(const char *sub, int argc, char **argv)
     const char *sched = getenv("CHAINPS_SCHEDULER"), *out = NULL, *from = NULL;
     uint64_t step = 0, shard_mb = 0, timeout_s = 0;
     const char *optim = NULL, *lr_text = NULL;
+    cps_config cfg; /* for the job's secret */
+    if (cps__cli_config(&cfg) != 0)
+        return 2;
     int opt;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "h", cluster_opts, NULL)) != -1) {
@@ -213,6 +218,10 @@ static int cluster_cmd(const char *sub, int argc, char **argv)
         case OPT_LR:
             lr_text = optarg;
             break;
+        case CLI_OPT_SECRET_FILE:
+        case CLI_OPT_INSECURE:
+            rc = cps__cli_common_flag(cmd, opt, optarg, &cfg);
+            break;
         default:
             return cps__cli_usage_error(cmd, "unknown option");
         }
@@ -224,11 +233,14 @@ static int cluster_cmd(const char *sub, int argc, char **argv)
     if (!sched || !*sched)
         return cps__cli_usage_error(cmd,
                                     "--scheduler HOST:PORT is required (or CHAINPS_SCHEDULER)");
+    if (cps__node_load_secret(&cfg, "checkpoint") != 0)
+        return 2;
     if (!strcmp(sub, "export")) {
         if (!out || from || optim || lr_text)
             return cps__cli_usage_error(cmd, "export takes --out PATH (not --from, --optimizer, "
                                              "--lr)");
         cps_export_opts o = {.scheduler = sched,
+                             .key = cps__node_key(&cfg),
                              .at_step = step,
                              .max_shard_bytes = shard_mb << 20,
                              .timeout_ms = (int)timeout_s * 1000};
@@ -254,6 +266,7 @@ static int cluster_cmd(const char *sub, int argc, char **argv)
         return cps__cli_usage_error(cmd, "--optimizer sgd|momentum|adagrad|adam|rmsprop and "
                                          "--lr X (> 0) go together");
     cps_restore_opts o = {.scheduler = sched,
+                          .key = cps__node_key(&cfg),
                           .timeout_ms = (int)timeout_s * 1000,
                           .default_spec = (optim ? &spec : NULL),
                           .release = 1};

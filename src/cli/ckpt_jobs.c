@@ -18,6 +18,7 @@
 #include "cli.h"
 #include "core/log.h"
 #include "node/msg.h"
+#include "node/roles.h"
 
 #define RETRY_MS 100 /* the job has not started, or no tensor is declared yet */
 
@@ -40,6 +41,7 @@ static void *restore_thread(void *arg)
     int have_spec =
         t->cfg.restore_optim[0] && cps__cli_parse_optim(t->cfg.restore_optim, NULL, &spec) == 0;
     cps_restore_opts o = {.scheduler = t->sched,
+                          .key = cps__node_key(&t->cfg),
                           .release = 1,
                           .timeout_ms = 120000,
                           .default_spec = have_spec ? &spec : NULL};
@@ -135,6 +137,7 @@ static int export_one(const ckpt_thread_cfg *t, uint64_t at_step, cps_export_res
     snprintf(tmp, sizeof tmp, "%s/.tmp-export", dir);
     remove_tree(tmp); /* an export that crashed half-way */
     cps_export_opts o = {.scheduler = t->sched,
+                         .key = cps__node_key(&t->cfg),
                          .at_step = at_step,
                          .timeout_ms = at_step ? 600000 : 120000,
                          .quiet_until_ready = 1};

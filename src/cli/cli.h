@@ -13,6 +13,7 @@ int cps__cli_launch(int argc, char **argv);
 int cps__cli_status(int argc, char **argv);
 int cps__cli_checkpoint(int argc, char **argv);
 int cps__cli_chaos(int argc, char **argv);
+int cps__cli_secret(int argc, char **argv);
 
 /* Parse launch's job arguments (`--servers S --workers W ... -- PROGRAM ARGS`) into cfg.
  * Returns 0, 2 (usage error, printed), or -1 (--help was printed). */
@@ -57,7 +58,21 @@ enum {
     CLI_OPT_RESTORE_OPTIM,
     CLI_OPT_RESTART_WORKERS,
     CLI_OPT_RESET_DATA,
+    CLI_OPT_SECRET_FILE,
+    CLI_OPT_INSECURE,
 };
+
+/* The job-secret flags every subcommand takes, for its struct option table and its help. */
+#define CPS_CLI_SECRET_OPTS                                                                        \
+    {"secret-file", required_argument, 0, CLI_OPT_SECRET_FILE},                                    \
+    {                                                                                              \
+        "insecure", no_argument, 0, CLI_OPT_INSECURE                                               \
+    }
+#define CPS_CLI_SECRET_HELP                                                                        \
+    "  --secret-file F    the job's secret (env CHAINPS_SECRET_FILE): every message carries a\n"   \
+    "                     MAC under it; `chainps secret F` makes one\n"                            \
+    "  --insecure         run without a secret (env CHAINPS_INSECURE=1): anyone who reaches\n"     \
+    "                     the job's ports can join, read, overwrite or end it\n"
 
 /* Help text of the checkpoint flags of `scheduler` and `launch`. */
 #define CPS_CLI_CKPT_HELP                                                                          \

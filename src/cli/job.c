@@ -17,6 +17,8 @@
 #include <unistd.h>
 
 #include "node/msg.h"
+#include "node/roles.h"
+#include "transport/auth.h"
 
 #define KILL_GRACE_MS 3000
 
@@ -35,6 +37,38 @@ static int free_port(void)
         port = ntohs(a.sin_port);
     close(fd);
     return port;
+}
+
+/* The job's secret: the user's (--secret-file, CHAINPS_SECRET_FILE), or a new one in a private
+ * directory removed at the end, unless the job runs --insecure. */
+static int make_secret(cps_job *j)
+{
+    if (!j->cfg.secret_file[0] && !j->cfg.insecure) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(j->secret_dir, sizeof j->secret_dir, "%s/chainps-secret-XXXXXX",
+                 tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(j->secret_dir)) {
+            fprintf(stderr, "chainps: cannot create a directory for the job's secret: %s\n",
+                    strerror(errno));
+            j->secret_dir[0] = 0;
+            return 1;
+        }
+        char err[768];
+        snprintf(j->cfg.secret_file, sizeof j->cfg.secret_file, "%.400s/job.secret", j->secret_dir);
+        if (cps__auth_create_file(j->cfg.secret_file, err, sizeof err) != 0) {
+            fprintf(stderr, "chainps: %s\n", err);
+            return 1;
+        }
+    }
+    /* Loaded here too: the file is checked once, before any process starts, and chaos's own
+     * requests carry the key. */
+    if (cps__node_load_secret(&j->cfg, "launch") != 0)
+        return 1;
+    if ((j->cfg.secret_file[0] ? setenv("CHAINPS_SECRET_FILE", j->cfg.secret_file, 1)
+                               : unsetenv("CHAINPS_SECRET_FILE")) != 0 ||
+        (j->cfg.insecure ? setenv("CHAINPS_INSECURE", "1", 1) : unsetenv("CHAINPS_INSECURE")))
+        return 1;
+    return 0;
 }
 
 int cps__job_init(cps_job *j, const cps_config *cfg, int data_given, int port, char **prog)
@@ -60,6 +94,8 @@ int cps__job_init(cps_job *j, const cps_config *cfg, int data_given, int port, c
             return 1;
         }
     }
+    if (make_secret(j) != 0)
+        return 1;
     j->port = port ? port : free_port();
     if (j->port <= 0) {
         fprintf(stderr, "chainps: no free port on 127.0.0.1\n");
@@ -368,6 +404,8 @@ void cps__job_fini(cps_job *j)
     }
     if (!j->data_given && j->data[0])
         nftw(j->data, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (j->secret_dir[0])
+        nftw(j->secret_dir, rm_entry, 4, FTW_DEPTH | FTW_PHYS);
     free(j->kids);
     j->kids = NULL;
 }

@@ -33,12 +33,15 @@ typedef struct cps_job {
     char mode[32], repl[16];
     cps_child *kids; /* [0] scheduler, [1..S] servers, [S+1..S+W] workers */
     int n;
-    const char *prefix; /* printed before every streamed line, e.g. "" */
-    int quiet;          /* do not stream the children's output */
-    int hold;           /* scheduler --hold: servers stay up after the workers finish */
+    const char *prefix;   /* printed before every streamed line, e.g. "" */
+    int quiet;            /* do not stream the children's output */
+    int hold;             /* scheduler --hold: servers stay up after the workers finish */
+    char secret_dir[400]; /* a directory of our own holding the secret we made; "" if none */
 } cps_job;
 
-/* Set up (data dir, port, executable path). cfg: servers, workers, mode, replicas, compress,
+/* Set up (data dir, port, executable path, the job's secret: the one cfg names, or a new one
+ * made for this job unless cfg->insecure; exported as CHAINPS_SECRET_FILE / CHAINPS_INSECURE so
+ * every child and tool run from here has it). cfg: servers, workers, mode, replicas, compress,
  * verbose; data_dir used when data_given. Returns 0 or 1 (message printed). */
 int cps__job_init(cps_job *j, const cps_config *cfg, int data_given, int port, char **prog);
 /* Start (or start again) child i. Returns 0 or -1 (errno). */

@@ -57,6 +57,9 @@ static const char launch_usage[] =
     "                     rank, once the scheduler has declared it dead, up to 3 times; it\n"
     "                     joins at the step the others are on. Without it, a dead worker\n"
     "                     is dropped and the job goes on with the others\n" CPS_CLI_CKPT_HELP
+    "  --secret-file F    the job's secret (env CHAINPS_SECRET_FILE); default: a new one made\n"
+    "                     for this job, handed to every process as CHAINPS_SECRET_FILE\n"
+    "  --insecure         no secret: messages are not authenticated (env CHAINPS_INSECURE=1)\n"
     "  -v, --verbose      more logging from every process (twice: debug)\n"
     "  -h, --help         this text\n";
 
@@ -77,6 +80,7 @@ static const struct option launch_opts[] = {
     {"kill-at", required_argument, 0, CLI_OPT_KILL_AT},
     {"kill-server", required_argument, 0, CLI_OPT_KILL_SERVER},
     {"restart-workers", no_argument, 0, CLI_OPT_RESTART_WORKERS},
+    CPS_CLI_SECRET_OPTS,
     {"verbose", no_argument, 0, 'v'},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0}};

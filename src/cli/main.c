@@ -25,6 +25,7 @@ static const char usage[] =
     "  checkpoint  export a running job's checkpoint, restore one, inspect and verify one\n"
     "  chaos       run a local job while killing, pausing and restarting its processes,\n"
     "              then check that nothing was lost\n"
+    "  secret      create a job secret file (every process of a job is given the same one)\n"
     "\n"
     "`chainps <command> --help` describes each command. Configuration also comes from the\n"
     "environment (CHAINPS_*, ps-lite's DMLC_*, MindSpore's MS_*): see the README.\n";
@@ -101,6 +102,18 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps_config *
         break;
     case CLI_OPT_RESET_DATA:
         cfg->reset_data = 1;
+        break;
+    case CLI_OPT_SECRET_FILE:
+        if (!*arg || strlen(arg) >= sizeof cfg->secret_file) {
+            snprintf(err, sizeof err, "--secret-file: empty or longer than %zu characters",
+                     sizeof cfg->secret_file - 1);
+            rc = CPS_ECONFIG;
+        } else {
+            snprintf(cfg->secret_file, sizeof cfg->secret_file, "%s", arg);
+        }
+        break;
+    case CLI_OPT_INSECURE:
+        cfg->insecure = 1;
         break;
     case CLI_OPT_SYNC:
         cfg->sync_every_commit = 1;
@@ -190,7 +203,7 @@ static const char scheduler_usage[] =
     "  --data DIR         keep the view in DIR/scheduler (default ./chainps-data): a scheduler\n"
     "                     restarted on the same DIR resumes an unfinished job\n"
     "  --hold             when the workers are done, keep the servers up (to inspect them)\n"
-    "                     until `chainps status --end`\n" CPS_CLI_CKPT_HELP
+    "                     until `chainps status --end`\n" CPS_CLI_CKPT_HELP CPS_CLI_SECRET_HELP
     "  -v, --verbose      more logging (twice: debug)\n"
     "  -h, --help         this text\n";
 
@@ -210,6 +223,7 @@ static const struct option scheduler_opts[] = {
     {"mode", required_argument, 0, CLI_OPT_MODE},
     {"replicas", required_argument, 0, CLI_OPT_REPLICAS},
     {"join-timeout", required_argument, 0, CLI_OPT_JOIN_TIMEOUT},
+    CPS_CLI_SECRET_OPTS,
     {"verbose", no_argument, 0, 'v'},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0}};
@@ -254,6 +268,9 @@ int cps__cli_scheduler(int argc, char **argv)
     if (cfg.restore_optim[0] && !cfg.restore_from[0])
         return cps__cli_usage_error("scheduler", "--restore-optimizer needs --restore-from");
     cfg.hold_workers = cfg.restore_from[0] != 0;
+    /* Before the checkpoint threads, which talk to the scheduler with the same key. */
+    if (cps__node_load_secret(&cfg, "scheduler") != 0)
+        return 2;
     if (cps__cli_ckpt_threads_start(&cfg) != 0)
         return 1;
     return cps__scheduler_run(&cfg) == 0 ? 0 : 1;
@@ -283,8 +300,8 @@ static const char server_usage[] =
     "                     directory of another job, which is otherwise refused\n"
     "  --sync             fsync every commit (~130 us each here instead of ~3 us); by default\n"
     "                     commits are flushed every second and on exit\n"
-    "  --join-timeout S   give up if the scheduler does not answer within S seconds (60)\n"
-    "  -v, --verbose      more logging (twice: debug)\n"
+    "  --join-timeout S   give up if the scheduler does not answer within S seconds "
+    "(60)\n" CPS_CLI_SECRET_HELP "  -v, --verbose      more logging (twice: debug)\n"
     "  -h, --help         this text\n";
 
 static const struct option server_opts[] = {
@@ -297,6 +314,7 @@ static const struct option server_opts[] = {
     {"sync", no_argument, 0, CLI_OPT_SYNC},
     {"reset-data", no_argument, 0, CLI_OPT_RESET_DATA},
     {"join-timeout", required_argument, 0, CLI_OPT_JOIN_TIMEOUT},
+    CPS_CLI_SECRET_OPTS,
     {"verbose", no_argument, 0, 'v'},
     {"help", no_argument, 0, 'h'},
     {0, 0, 0, 0}};
@@ -358,6 +376,8 @@ int main(int argc, char **argv)
         return cps__cli_checkpoint(argc - 1, argv + 1);
     if (!strcmp(cmd, "chaos"))
         return cps__cli_chaos(argc - 1, argv + 1);
+    if (!strcmp(cmd, "secret"))
+        return cps__cli_secret(argc - 1, argv + 1);
     fprintf(stderr, "chainps: unknown command '%s'\n\n%s", cmd, usage);
     return 2;
 }

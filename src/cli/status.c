@@ -16,7 +16,7 @@
 #define STATUS_TIMEOUT_MS 3000
 
 static const char status_usage[] =
-    "usage: chainps status [--scheduler HOST:PORT] [--verify]\n"
+    "usage: chainps status [--scheduler HOST:PORT] [--secret-file F] [--verify] [--end]\n"
     "\n"
     "Show a running job: its nodes (role, rank, address, when the scheduler last heard from\n"
     "them), every key range and its chain of servers, and the traffic counters (push bytes\n"
@@ -28,12 +28,13 @@ static const char status_usage[] =
     "  --verify           ask every replica of every range for a checksum of its values at its\n"
     "                     sequence number and compare replicas at equal sequence numbers;\n"
     "                     exits 1 on a mismatch, 3 if replicas never stood at the same\n"
-    "                     sequence number while asked (training kept them moving)\n"
-    "  -h, --help         this text\n";
+    "                     sequence number while asked (training kept them "
+    "moving)\n" CPS_CLI_SECRET_HELP "  -h, --help         this text\n";
 
 static const struct option status_opts[] = {{"scheduler", required_argument, 0, CLI_OPT_SCHEDULER},
                                             {"verify", no_argument, 0, CLI_OPT_VERIFY},
                                             {"end", no_argument, 0, CLI_OPT_END},
+                                            CPS_CLI_SECRET_OPTS,
                                             {"help", no_argument, 0, 'h'},
                                             {0, 0, 0, 0}};
 
@@ -250,6 +251,8 @@ int cps__cli_status(int argc, char **argv)
     if (optind < argc)
         return cps__cli_usage_error("status", "unexpected argument '%s'", argv[optind]);
     cps__config_finalize(&cfg, CPS_ROLE_NONE);
+    if (cps__node_load_secret(&cfg, "status") != 0)
+        return 2;
 
     reply *r = calloc(1, sizeof *r);
     cps_tp *tp = NULL;
@@ -259,7 +262,7 @@ int cps__cli_status(int argc, char **argv)
     uint16_t port = 0;
     char url[CPS_ADDR_MAX + 16], me[CPS_ADDR_MAX];
     snprintf(url, sizeof url, "tcp://%s:%u", cfg.sched_host, cfg.sched_port);
-    int rc = cps__tp_create(&tp);
+    int rc = cps__tp_create(cps__node_key(&cfg), &tp);
     if (rc == 0)
         rc = cps__tp_bind(tp, cfg.bind_host, 0, &port);
     if (rc == 0)
@@ -276,7 +279,10 @@ int cps__cli_status(int argc, char **argv)
         cps__tp_poll(tp, 100, on_msg, r, 0);
     int exit_code = 0;
     if (!r->got) {
-        fprintf(stderr, "chainps status: no answer from the scheduler at %s within %.1f s%s%s\n",
+        fprintf(stderr,
+                "chainps status: no answer from the scheduler at %s within %.1f s%s%s (is it "
+                "running, and is this the job's secret? a job drops messages it cannot "
+                "authenticate)\n",
                 url, STATUS_TIMEOUT_MS / 1000.0, rc ? ": " : "", rc ? cps_strerror(rc) : "");
         exit_code = 1;
     } else {

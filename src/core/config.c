@@ -412,9 +412,18 @@ static int env_misc(cps_config *cfg, char *err, size_t errlen)
             return rc;
         snprintf(cfg->bind_host, sizeof cfg->bind_host, "%s", s);
     }
+    s = env("CHAINPS_SECRET_FILE");
+    if (s) {
+        if (!*s || strlen(s) >= sizeof cfg->secret_file)
+            return fail(err, errlen, "CHAINPS_SECRET_FILE: empty or longer than %zu characters",
+                        sizeof cfg->secret_file - 1);
+        snprintf(cfg->secret_file, sizeof cfg->secret_file, "%s", s);
+    }
     int rc = env_flag("CHAINPS_COMPRESS", &cfg->compress, err, errlen);
     if (!rc)
         rc = env_flag("CHAINPS_SYNC", &cfg->sync_every_commit, err, errlen);
+    if (!rc)
+        rc = env_flag("CHAINPS_INSECURE", &cfg->insecure, err, errlen);
     return rc;
 }
 
@@ -564,5 +573,9 @@ int cps__config_export_env(const cps_config *cfg)
         rc = put("CHAINPS_COMPRESS", cfg->compress ? "1" : "0");
     if (!rc)
         rc = put("CHAINPS_SYNC", cfg->sync_every_commit ? "1" : "0");
+    if (!rc)
+        rc = put("CHAINPS_SECRET_FILE", cfg->secret_file[0] ? cfg->secret_file : NULL);
+    if (!rc)
+        rc = put("CHAINPS_INSECURE", cfg->insecure ? "1" : NULL);
     return rc;
 }

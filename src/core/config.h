@@ -22,6 +22,8 @@
  *               CHAINPS_WORKER_DEAD_AFTER_MS (silence before a worker is declared dead)
  *   compress    CHAINPS_COMPRESS (0|1)
  *   sync        CHAINPS_SYNC (0|1: fsync every commit)
+ *   secret      CHAINPS_SECRET_FILE (the job's secret: every message carries a MAC under it),
+ *               CHAINPS_INSECURE (0|1: run without one; refused otherwise)
  */
 #ifndef CPS_CORE_CONFIG_H
 #define CPS_CORE_CONFIG_H
@@ -69,6 +71,12 @@ typedef struct cps_config {
     uint32_t ckpt_keep;     /* --keep: newest checkpoints kept (0: all) */
     char restore_from[512]; /* --restore-from: load this checkpoint before the workers */
     char restore_optim[64]; /* --restore-optimizer KIND:LR for tensors without a description */
+    /* The job's secret (src/transport/auth.h). cps__config_load_secret() reads secret_file into
+     * secret_key; without a file a node refuses to start unless `insecure` says so. */
+    char secret_file[512];
+    int insecure;
+    int secret_loaded;
+    unsigned char secret_key[32];
 } cps_config;
 
 /* Fill every field with its default. */

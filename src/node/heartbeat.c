@@ -24,6 +24,8 @@ struct cps_heartbeat {
     int stop;
     char sched_url[CPS_ADDR_MAX + 16];
     char who[16];
+    unsigned char key[32];
+    int keyed;
     uint32_t period_ms;
     uint32_t stall_limit_ms;
     /* Handed over by cps__heartbeat_publish, under lock. */
@@ -46,7 +48,8 @@ static void *beat_main(void *arg)
 {
     cps_heartbeat *b = arg;
     cps_tp *tp = NULL;
-    if (cps__tp_create(&tp) != 0 || cps__tp_peer_set(tp, SCHED_PEER, b->sched_url) != 0) {
+    if (cps__tp_create(b->keyed ? b->key : NULL, &tp) != 0 ||
+        cps__tp_peer_set(tp, SCHED_PEER, b->sched_url) != 0) {
         /* Without heartbeats the scheduler declares us dead: say why loudly. */
         cps_log(CPS_LOG_ERROR, b->who, "heartbeat thread cannot reach the scheduler at %s",
                 b->sched_url);
@@ -86,12 +89,16 @@ static void *beat_main(void *arg)
     return NULL;
 }
 
-int cps__heartbeat_start(const char *sched_url, uint32_t period_ms, uint32_t stall_limit_ms,
-                         const char *who, cps_heartbeat **out)
+int cps__heartbeat_start(const char *sched_url, const unsigned char *key, uint32_t period_ms,
+                         uint32_t stall_limit_ms, const char *who, cps_heartbeat **out)
 {
     cps_heartbeat *b = calloc(1, sizeof *b);
     if (!b)
         return CPS_ENOMEM;
+    if (key) {
+        memcpy(b->key, key, sizeof b->key);
+        b->keyed = 1;
+    }
     snprintf(b->sched_url, sizeof b->sched_url, "%s", sched_url);
     snprintf(b->who, sizeof b->who, "%s", who);
     b->period_ms = period_ms;

@@ -16,11 +16,12 @@
 typedef struct cps_heartbeat cps_heartbeat;
 
 /* Start the thread: a heartbeat to `sched_url` every `period_ms` while beating (nothing is sent
- * until the first publish with beating set). `stall_limit_ms` 0: no limit; else the beats pause
+ * until the first publish with beating set), authenticated with `key` (32 bytes, copied; NULL
+ * for an insecure job). `stall_limit_ms` 0: no limit; else the beats pause
  * while the last publish is older than that. `who` names the node in the log ("server").
  * Strings are copied. Errors: CPS_ENOMEM (logged). */
-int cps__heartbeat_start(const char *sched_url, uint32_t period_ms, uint32_t stall_limit_ms,
-                         const char *who, cps_heartbeat **out);
+int cps__heartbeat_start(const char *sched_url, const unsigned char *key, uint32_t period_ms,
+                         uint32_t stall_limit_ms, const char *who, cps_heartbeat **out);
 /* Hand the thread what to send, and the time of this call (`now`, cps__now_ms). `beating` 0
  * silences it (not joined yet, fenced). `stats` is copied; NULL sends zeros. */
 void cps__heartbeat_publish(cps_heartbeat *hb, int beating, uint32_t id, uint64_t epoch,

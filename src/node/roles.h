@@ -37,6 +37,13 @@ void cps__role_install_signals(void);
  *  - the scheduler's inbox port is the scheduler port. */
 void cps__config_finalize(cps_config *cfg, int role);
 
+/* Read the job's secret (cfg->secret_file) into cfg, once; without one, accept running
+ * unauthenticated only when cfg->insecure says so (then warn once per process). `who` names the
+ * subsystem in the log. Returns 0, or CPS_ECONFIG with the reason and the fix logged. */
+int cps__node_load_secret(cps_config *cfg, const char *who);
+/* The key to hand cps__tp_create(): NULL for an insecure job. */
+const unsigned char *cps__node_key(const cps_config *cfg);
+
 /* "tcp://host:port" into out. Errors: CPS_ECONFIG when it does not fit CPS_ADDR_MAX. */
 int cps__make_url(char out[CPS_ADDR_MAX], const char *host, uint16_t port);
 

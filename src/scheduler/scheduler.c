@@ -1116,13 +1116,15 @@ int cps__scheduler_run(const cps_config *cfg)
     s.cfg = *cfg;
     cps__config_finalize(&s.cfg, CPS_ROLE_SCHEDULER);
     cfg = &s.cfg;
+    if (cps__node_load_secret(&s.cfg, "scheduler") != 0)
+        return CPS_ECONFIG;
     s.next_id = 1;
     cps__view_init(&s.view);
     s.nodes = calloc(CPS_MAX_NODES, sizeof *s.nodes);
     cps_detector_config dc = {cfg->dead_after_ms, 2 * cfg->dead_after_ms};
     int rc = s.nodes ? cps_detector_create(&dc, &s.detector) : CPS_ENOMEM;
     if (rc == 0)
-        rc = cps__tp_create(&s.tp);
+        rc = cps__tp_create(cps__node_key(cfg), &s.tp);
     if (rc == 0)
         rc = cps__tp_bind(s.tp, cfg->bind_host, cfg->sched_port, NULL);
     if (rc != 0) {

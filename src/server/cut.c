@@ -59,6 +59,8 @@ typedef struct cut_job {
     uint32_t self;
     uint64_t epoch;
     char bind_host[CPS_ADDR_MAX], advertise_host[CPS_ADDR_MAX];
+    unsigned char key[32]; /* the job's, for the thread's own transport */
+    int keyed;
 } cut_job;
 
 static size_t pad8(size_t n)
@@ -328,7 +330,7 @@ static void *cut_thread(void *arg)
     thread_ctx t = {j, NULL, 0, cps__now_ms()};
     uint16_t port = 0;
     char url[CPS_ADDR_MAX];
-    int rc = cps__tp_create(&t.tp);
+    int rc = cps__tp_create(j->keyed ? j->key : NULL, &t.tp);
     if (rc == 0)
         rc = cps__tp_bind(t.tp, j->bind_host, 0, &port);
     if (rc == 0)
@@ -381,6 +383,8 @@ static int open_cut(server *s, cut_job *j, const span_io *io)
     j->self = s->id;
     j->epoch = s->view.epoch;
     snprintf(j->bind_host, sizeof j->bind_host, "%s", s->cfg.bind_host);
+    j->keyed = s->cfg.secret_loaded;
+    memcpy(j->key, s->cfg.secret_key, sizeof j->key);
     snprintf(j->advertise_host, sizeof j->advertise_host, "%s", s->cfg.advertise_host);
     if (pthread_create(&j->thread, NULL, cut_thread, j) != 0) {
         cps__store_snapshot_end(j->txn);

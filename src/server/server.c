@@ -578,8 +578,10 @@ int cps__server_run(const cps_config *cfg)
     s.cfg = *cfg;
     cps__config_finalize(&s.cfg, CPS_ROLE_SERVER);
     cfg = &s.cfg;
-    cps__view_init(&s.view);
     cps__log_set_tag("server");
+    if (cps__node_load_secret(&s.cfg, "server") != 0)
+        return CPS_ECONFIG;
+    cps__view_init(&s.view);
     s.boot_id = cps__splitmix64(cps__now_ms() ^ ((uint64_t)getpid() << 32)) | 1;
     /* Servers share the machine's cores with workers: BLAS must not spawn threads. */
     openblas_set_num_threads(1);
@@ -613,7 +615,7 @@ int cps__server_run(const cps_config *cfg)
                 cfg->data_dir, (unsigned long long)s.stats.keys_stored,
                 (unsigned long long)s.stats.values_stored, prev.id);
 
-    rc = cps__tp_create(&s.tp);
+    rc = cps__tp_create(cps__node_key(cfg), &s.tp);
     uint16_t port = 0;
     if (rc == 0)
         rc = cps__tp_bind(s.tp, cfg->bind_host, cfg->port, &port);
@@ -634,7 +636,8 @@ int cps__server_run(const cps_config *cfg)
 
     uint32_t stall_ms =
         4 * cfg->dead_after_ms > BEAT_STALL_LIMIT_MS ? 4 * cfg->dead_after_ms : BEAT_STALL_LIMIT_MS;
-    rc = cps__heartbeat_start(url, cfg->heartbeat_ms, stall_ms, "server", &s.beat);
+    rc = cps__heartbeat_start(url, cps__node_key(cfg), cfg->heartbeat_ms, stall_ms, "server",
+                              &s.beat);
     if (rc != 0)
         goto out;
     uint64_t start = cps__now_ms(), next_hello = 0, next_sync = 0;

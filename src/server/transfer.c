@@ -51,6 +51,8 @@ typedef struct snap_job {
     uint64_t join_id;
     uint64_t epoch, lo, hi;
     char joiner_addr[CPS_ADDR_MAX];
+    unsigned char key[32]; /* the job's, for this thread's own transport */
+    int keyed;
     pthread_t thread;
     int started;
     volatile int done;
@@ -190,7 +192,7 @@ static void *snap_main(void *arg)
     snap_job *j = arg;
     uint64_t t0 = cps__now_ms();
     j->buf = malloc(SNAP_CHUNK);
-    int rc = j->buf ? cps__tp_create(&j->tp) : CPS_ENOMEM;
+    int rc = j->buf ? cps__tp_create(j->keyed ? j->key : NULL, &j->tp) : CPS_ENOMEM;
     if (rc == 0)
         rc = cps__tp_peer_set(j->tp, j->joiner, j->joiner_addr);
     if (rc == 0)
@@ -256,6 +258,8 @@ void cps__server_on_snap_req(server *s, cps_rx *rx)
     j->lo = s->view.ranges[r].lo;
     j->hi = s->view.ranges[r].hi;
     snprintf(j->joiner_addr, sizeof j->joiner_addr, "%s", joiner->addr);
+    j->keyed = s->cfg.secret_loaded;
+    memcpy(j->key, s->cfg.secret_key, sizeof j->key);
     /* From here on the joiner also receives every update this tail applies; the snapshot,
      * taken a moment later, is at that sequence number or beyond: the joiner skips what the
      * snapshot already holds. */

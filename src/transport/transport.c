@@ -27,6 +27,7 @@
 #include "chainps/error.h"
 #include "core/log.h"
 #include "core/wire.h"
+#include "transport/auth.h"
 
 #define TP_QUEUE_MAX        4096u     /* per-peer backlog before senders see CPS_EAGAIN */
 #define TP_SOCKBUF          (4 << 20) /* NN_SNDBUF / NN_RCVBUF */
@@ -38,6 +39,7 @@
 #define TP_PORT_HI          59999u
 #define TP_DESTROY_FLUSH_MS 200
 #define TP_URL_MAX          512
+#define TP_AUTH_LOG_MS      1000 /* at most one line a second about refused messages */
 
 static const char SUB[] = "transport";
 
@@ -67,6 +69,10 @@ struct cps_tp {
     struct pollfd *pfds;
     tp_peer **pfd_peer; /* pfd_peer[i] owns pfds[i], NULL for the inbox and extra fd */
     size_t pfd_cap;
+    cps_auth *auth;
+    uint64_t auth_dropped;  /* messages refused by the MAC check, ever */
+    uint64_t auth_unlogged; /* refused since the last log line */
+    int64_t auth_logged_ms; /* time of that line */
 };
 
 static int64_t now_ms(void)
@@ -139,13 +145,18 @@ static int get_fd(int s, int opt, int *fd)
     return 0;
 }
 
-int cps__tp_create(cps_tp **out)
+int cps__tp_create(const unsigned char *key, cps_tp **out)
 {
     if (!out)
         return CPS_EINVAL;
     cps_tp *tp = calloc(1, sizeof *tp);
     if (!tp)
         return CPS_ENOMEM;
+    int rc = cps__auth_create(key, &tp->auth);
+    if (rc != 0) {
+        free(tp);
+        return rc;
+    }
     tp->inbox = -1;
     tp->rcvfd = -1;
     tp->extra_fd = -1;
@@ -359,7 +370,8 @@ void *cps__tp_alloc(size_t len)
 {
     /* nanomsg's chunk header keeps the data 8-byte aligned on LP64; a zero-length chunk is legal
      * but some callers treat NULL as failure, so ask for at least one byte. */
-    return nn_allocmsg(len ? len : 1, 0);
+    /* Room for the authentication trailer that cps__tp_send() writes after the `len` bytes. */
+    return nn_allocmsg(len + CPS_AUTH_TRAILER, 0);
 }
 
 void cps__tp_free(void *buf)
@@ -368,8 +380,10 @@ void cps__tp_free(void *buf)
         nn_freemsg(buf);
 }
 
-/* `len` must be the length given to cps__tp_alloc(): with NN_MSG nanomsg sends the whole chunk,
- * so a shorter `len` would not shorten the message. */
+/* `len` must be the length given to cps__tp_alloc() (or received): with NN_MSG nanomsg sends the
+ * whole chunk, so a shorter `len` would not shorten the message, and the trailer goes right after
+ * `len` bytes. The trailer is written here, so a message forwarded as it was received is sealed
+ * afresh by this sender. */
 int cps__tp_send(cps_tp *tp, uint32_t id, void *buf, size_t len)
 {
     if (!tp || !buf)
@@ -377,6 +391,8 @@ int cps__tp_send(cps_tp *tp, uint32_t id, void *buf, size_t len)
     tp_peer *p = peer_find(tp, id);
     if (!p)
         return CPS_ENOTFOUND;
+    /* Sealed now, in sending order: a peer's FIFO keeps each sender's counters increasing. */
+    cps__auth_seal(tp->auth, buf, len);
     /* Older messages go first, or the peer would see them out of order. */
     if (p->qlen) {
         int rc = queue_flush(tp, p);
@@ -397,6 +413,34 @@ int cps__tp_send(cps_tp *tp, uint32_t id, void *buf, size_t len)
 size_t cps__tp_queued(const cps_tp *tp)
 {
     return tp ? tp->queued : 0;
+}
+
+uint64_t cps__tp_auth_dropped(const cps_tp *tp)
+{
+    return tp ? tp->auth_dropped : 0;
+}
+
+/* A message that failed the check: counted, and logged at most once a second. nanomsg does not
+ * say which address a message came from, so the line names what the message claims (its header's
+ * sender and type, unauthenticated) and the sender instance (salt) it bears. */
+static void auth_refused(cps_tp *tp, const unsigned char *m, size_t n, int verdict)
+{
+    tp->auth_dropped++;
+    tp->auth_unlogged++;
+    int64_t now = now_ms();
+    if (tp->auth_logged_ms && now - tp->auth_logged_ms < TP_AUTH_LOG_MS)
+        return;
+    uint32_t claimed = n >= 12 ? cps__le32_get(m + 8) : 0;
+    unsigned type = n >= 6 ? m[5] : 0;
+    unsigned salt = n >= CPS_AUTH_TRAILER ? cps__le32_get(m + n - CPS_AUTH_TRAILER) : 0;
+    cps_log(CPS_LOG_WARN, SUB,
+            "%s: dropped %llu message(s) that failed authentication (%llu in all); the last: "
+            "%zu bytes, %s, claims sender %u, type %u, sender instance %08x",
+            tp->inbox_url, (unsigned long long)tp->auth_unlogged,
+            (unsigned long long)tp->auth_dropped, n, cps__auth_verdict_str(verdict), claimed, type,
+            salt);
+    tp->auth_unlogged = 0;
+    tp->auth_logged_ms = now;
 }
 
 /* ---- inbox ---- */
@@ -571,8 +615,10 @@ static int wait_once(cps_tp *tp, int wait_ms, int want_inbox)
 /* Deliver what the inbox holds now, up to `max` (0: all). */
 static int drain_inbox(cps_tp *tp, cps_tp_recv_fn fn, void *ctx, int max)
 {
-    int delivered = 0;
-    while (max <= 0 || delivered < max) {
+    int delivered = 0, refused = 0;
+    /* Refused messages end the batch too, after a while: a flood of forgeries must not keep the
+     * event loop from its timers. */
+    while ((max <= 0 || delivered < max) && refused < 256) {
         void *buf = NULL;
         int n = nn_recv(tp->inbox, &buf, NN_MSG, NN_DONTWAIT);
         if (n < 0) {
@@ -582,8 +628,16 @@ static int drain_inbox(cps_tp *tp, cps_tp_recv_fn fn, void *ctx, int max)
             cps_log(CPS_LOG_ERROR, SUB, "nn_recv on %s: %s", tp->inbox_url, nn_strerror(e));
             return delivered ? delivered : CPS_ETRANSPORT;
         }
+        size_t body;
+        int verdict = cps__auth_open(tp->auth, buf, (size_t)n, &body);
+        if (verdict != CPS_AUTH_OK) {
+            auth_refused(tp, buf, (size_t)n, verdict);
+            nn_freemsg(buf);
+            refused++;
+            continue;
+        }
         delivered++;
-        fn(ctx, buf, (size_t)n);
+        fn(ctx, buf, body);
     }
     return delivered;
 }
@@ -643,5 +697,6 @@ void cps__tp_destroy(cps_tp *tp)
         close_sock(tp->inbox);
     free(tp->pfds);
     free(tp->pfd_peer);
+    cps__auth_destroy(tp->auth);
     free(tp);
 }

@@ -20,8 +20,12 @@
 
 typedef struct cps_tp cps_tp;
 
-/* Create a transport with no inbox yet. Errors: CPS_ENOMEM. */
-int cps__tp_create(cps_tp **out);
+/* Create a transport with no inbox yet. `key` is the job's CPS_AUTH_KEY_SIZE-byte key (copied)
+ * or NULL for a job without a secret (--insecure): see transport/auth.h. With a key, every
+ * message sent carries a MAC and every message received is checked before it is delivered;
+ * one that fails is dropped, counted (cps__tp_auth_dropped) and logged at most once a second.
+ * Errors: CPS_ENOMEM, CPS_EIO (no randomness for the sender's salt). */
+int cps__tp_create(const unsigned char *key, cps_tp **out);
 /* Close every socket and free queued messages. NULL is a no-op. */
 void cps__tp_destroy(cps_tp *tp);
 
@@ -38,7 +42,8 @@ void cps__tp_peer_drop(cps_tp *tp, uint32_t id);
 /* 1 if the peer is registered. */
 int cps__tp_peer_known(const cps_tp *tp, uint32_t id);
 
-/* Allocate a message buffer of `len` bytes (8-byte aligned). NULL on failure. */
+/* Allocate a message buffer of `len` bytes (8-byte aligned), with room after them for the
+ * authentication trailer. NULL on failure. */
 void *cps__tp_alloc(size_t len);
 /* Free a buffer from cps__tp_alloc() or one received from the inbox. NULL is a no-op. */
 void cps__tp_free(void *buf);
@@ -48,7 +53,8 @@ void cps__tp_free(void *buf);
  * Errors: CPS_ENOTFOUND (unknown peer), CPS_EAGAIN (peer queue over its limit), CPS_ETRANSPORT. */
 int cps__tp_send(cps_tp *tp, uint32_t id, void *buf, size_t len);
 
-/* Called for each received message. The callee owns `buf` and must cps__tp_free() it (it may keep
+/* Called for each received message that passed authentication; `len` excludes the trailer. The
+ * callee owns `buf` and must cps__tp_free() it (it may keep
  * it past the call, e.g. to aggregate gradients without a copy). */
 typedef void (*cps_tp_recv_fn)(void *ctx, void *buf, size_t len);
 
@@ -63,5 +69,7 @@ void cps__tp_poll_extra(cps_tp *tp, int fd);
 
 /* Number of messages waiting in peer queues (all peers). */
 size_t cps__tp_queued(const cps_tp *tp);
+/* Messages refused so far because they failed authentication (or were replayed). */
+uint64_t cps__tp_auth_dropped(const cps_tp *tp);
 
 #endif

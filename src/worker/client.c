@@ -556,7 +556,9 @@ int cps_open(cps_client **out)
     c->cfg = cfg;
     cps__view_init(&c->view);
     uint16_t port = 0;
-    int rc = cps__tp_create(&c->tp);
+    int rc = cps__node_load_secret(&c->cfg, "worker");
+    if (rc == 0)
+        rc = cps__tp_create(cps__node_key(&c->cfg), &c->tp);
     if (rc == 0)
         rc = cps__tp_bind(c->tp, cfg.bind_host, cfg.port, &port);
     char url[CPS_ADDR_MAX + 16];
@@ -572,7 +574,8 @@ int cps_open(cps_client **out)
         return rc;
     }
     /* No stall limit: a worker may compute for as long as it likes between two calls. */
-    if (cps__heartbeat_start(url, cfg.heartbeat_ms, 0, "worker", &c->hb) == 0)
+    if (cps__heartbeat_start(url, cps__node_key(&c->cfg), cfg.heartbeat_ms, 0, "worker", &c->hb) ==
+        0)
         cps__heartbeat_publish(c->hb, 1, c->id, 0, NULL, cps__now_ms());
     else
         cps_log(CPS_LOG_WARN, "worker", "no heartbeat thread: a long step may look like a death");

@@ -17,6 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "transport/auth.h"
+
 #ifndef CHAINPS_BIN
 #error "CHAINPS_BIN must name the chainps executable"
 #endif
@@ -36,6 +38,9 @@ typedef struct proc {
 
 static proc procs[MAX_PROCS];
 static int nprocs;
+static char secret_path[700];
+static char secret_env[760];
+static unsigned char secret_key[32];
 static char test_dir[512];
 static int keep_dir;
 static int hooks_installed;
@@ -154,7 +159,27 @@ const char *h_test_begin(const char *name)
         abort();
     }
     keep_dir = getenv("CHAINPS_IT_KEEP") && !strcmp(getenv("CHAINPS_IT_KEEP"), "1");
+    char err[768];
+    snprintf(secret_path, sizeof secret_path, "%s/job.secret", test_dir);
+    snprintf(secret_env, sizeof secret_env, "CHAINPS_SECRET_FILE=%s", secret_path);
+    if (cps__auth_create_file(secret_path, err, sizeof err) != 0 ||
+        cps__auth_load_file(secret_path, secret_key, err, sizeof err) != 0) {
+        fprintf(stderr, "harness: %s\n", err);
+        abort();
+    }
+    /* For a test that is a worker itself (cps_open in this process). */
+    setenv("CHAINPS_SECRET_FILE", secret_path, 1);
     return test_dir;
+}
+
+const char *h_secret_file(void)
+{
+    return secret_path;
+}
+
+const unsigned char *h_key(void)
+{
+    return secret_key;
 }
 
 void h_test_keep(void)
@@ -230,17 +255,21 @@ pid_t h_spawn(const char *name, char *const argv[], char *const env[], const cha
     /* Build everything the child needs before fork: the test process may have nanomsg threads,
      * so the child calls only async-signal-safe functions until exec. */
     size_t n = 0, k = 0;
+    int own_secret = 0;
     while (environ[n])
         n++;
-    for (size_t i = 0; env && env[i]; i++)
-        k++;
-    char **envp = calloc(n + k + 1, sizeof *envp);
+    for (size_t i = 0; env && env[i]; i++, k++)
+        own_secret |= !strncmp(env[i], "CHAINPS_SECRET_FILE=", 20) ||
+                      !strncmp(env[i], "CHAINPS_INSECURE=", 17);
+    char **envp = calloc(n + k + 2, sizeof *envp);
     if (!envp)
         return -1;
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
         if (!drop_var(environ[i]))
             envp[m++] = environ[i];
+    if (!own_secret && secret_path[0])
+        envp[m++] = secret_env;
     for (size_t i = 0; i < k; i++)
         envp[m++] = env[i];
     envp[m] = NULL;

@@ -37,11 +37,17 @@ int h_test_end(void);
 void h_test_keep(void);
 /* The current test dir. */
 const char *h_dir(void);
+/* The job secret h_test_begin made (<test dir>/job.secret, also set as CHAINPS_SECRET_FILE in
+ * this process) and its key: every process h_spawn
+ * starts gets CHAINPS_SECRET_FILE naming it, unless its `env` sets CHAINPS_SECRET_FILE or
+ * CHAINPS_INSECURE itself; transports the test opens pass h_key() to cps__tp_create. */
+const char *h_secret_file(void);
+const unsigned char *h_key(void);
 
 /* Start argv[0] (a path) with argv, the parent's environment minus every CHAINPS_, DMLC_, MS_ and
- * PS_ variable, plus `env` ("NAME=value" strings, NULL-terminated; may be NULL). `cwd` NULL: the
- * test dir. Output goes to <test dir>/<name>.log (appended: a restarted process keeps one log).
- * Returns the PID, or -1 (and prints why). */
+ * PS_ variable, plus CHAINPS_SECRET_FILE (see h_secret_file), plus `env` ("NAME=value" strings,
+ * NULL-terminated; may be NULL). `cwd` NULL: the test dir. Output goes to <test dir>/<name>.log
+ * (appended: a restarted process keeps one log). Returns the PID, or -1 (and prints why). */
 pid_t h_spawn(const char *name, char *const argv[], char *const env[], const char *cwd);
 
 /* Path of the log of a process started by h_spawn (NULL if unknown). */

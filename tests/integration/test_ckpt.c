@@ -458,9 +458,12 @@ static void export_rides_through_a_failover(void **state)
      * later. */
     const char *flags[] = {"--servers", "3",         "--replicas", "2", "--port",
                            port_s,      "--kill-at", "2",          NULL};
-    pid_t run = launch("failover", flags, "--step-ms", "30");
+    pid_t run = launch("failover", flags, "--step-ms", "100");
     assert_true(h_wait_log(run, "tensor lsq/w registered", 1, WAIT_MS));
-    /* Step 70 comes about 2 s after the kill: the wait spans the failover. */
+    /* Step 70 comes about 5 s after the kill (100 ms a step), so the wait spans the failover,
+     * and the exporter, which asks for the view every 2 s, has asked the new tails well before
+     * the job's last step (80). At 30 ms a step, step 70 came with the kill and the job could
+     * end before the new tails were asked: the export then waited for servers that were gone. */
     const char *ex[] = {CHAINPS_BIN, "checkpoint", "export", "--scheduler", sched, "--out",
                         out,         "--step",     "70",     "--timeout",   "40",  NULL};
     pid_t ex_pid;

@@ -22,7 +22,8 @@ def client(tmp_path_factory):
     tmp = str(tmp_path_factory.mktemp("job"))
     c = tj.Cluster(tmp, servers=1, workers=1)
     saved = dict(os.environ)
-    os.environ.update({"CHAINPS_ROLE": "worker", "CHAINPS_SCHEDULER": c.addr})
+    os.environ.update({"CHAINPS_ROLE": "worker", "CHAINPS_SCHEDULER": c.addr,
+                       "CHAINPS_SECRET_FILE": tj.secret_file()})
     try:
         cl = chainps.init()
         yield cl

@@ -23,11 +23,34 @@ def cli():
     return path
 
 
+_secret = None
+
+
+def secret_file():
+    """This test process's job secret (made once by `chainps secret`, removed at exit)."""
+    global _secret
+    if _secret is None:
+        import atexit
+        import shutil
+        import tempfile
+        d = tempfile.mkdtemp(prefix="chainps-py-secret-")
+        atexit.register(shutil.rmtree, d, True)
+        path = os.path.join(d, "job.secret")
+        subprocess.run([cli(), "secret", path], check=True, stdout=subprocess.DEVNULL,
+                       timeout=30)
+        _secret = path
+    return _secret
+
+
 def env(**extra):
+    """The environment for a job's process: ours without any job variables, the job's secret,
+    and `extra`."""
     e = dict(os.environ)
     for k in list(e):
         if k.startswith(("CHAINPS_", "DMLC_", "MS_")) and k != "CHAINPS_CLI":
             del e[k]
+    if "CHAINPS_INSECURE" not in extra:
+        e["CHAINPS_SECRET_FILE"] = secret_file()
     e.update({k: str(v) for k, v in extra.items()})
     return e
 

@@ -13,6 +13,8 @@
 #include <cmocka.h>
 
 #include "chainps/error.h"
+
+static const unsigned char KEY[32] = "chainps heartbeat unit test key";
 #include "core/log.h"
 #include "node/msg.h"
 #include "node/heartbeat.h"
@@ -65,7 +67,7 @@ static cps_tp *stand_in_scheduler(char *url)
 {
     cps_tp *sched = NULL;
     uint16_t port = 0;
-    assert_int_equal(cps__tp_create(&sched), 0);
+    assert_int_equal(cps__tp_create(KEY, &sched), 0);
     assert_int_equal(cps__tp_bind(sched, "127.0.0.1", 0, &port), 0);
     snprintf(url, 64, "tcp://127.0.0.1:%u", port);
     return sched;
@@ -81,7 +83,7 @@ static void beats_follow_the_loop(void **state)
     memset(&st, 0, sizeof st);
     st.msgs_in = 11;
     cps_heartbeat *hb = NULL;
-    assert_int_equal(cps__heartbeat_start(url, 20, 600, "server", &hb), 0);
+    assert_int_equal(cps__heartbeat_start(url, KEY, 20, 600, "server", &hb), 0);
 
     /* Not joined yet: nothing is sent. */
     cps__heartbeat_publish(hb, 0, 7, 3, &st, cps__now_ms());
@@ -128,7 +130,7 @@ static void no_limit_beats_on(void **state)
     char url[64];
     cps_tp *sched = stand_in_scheduler(url);
     cps_heartbeat *hb = NULL;
-    assert_int_equal(cps__heartbeat_start(url, 20, 0, "worker", &hb), 0);
+    assert_int_equal(cps__heartbeat_start(url, KEY, 20, 0, "worker", &hb), 0);
     cps__heartbeat_publish(hb, 1, 7, 0, NULL, cps__now_ms());
     listen_for(sched, 700);
     beats b = listen_for(sched, 300);

@@ -16,6 +16,9 @@
 #include "core/log.h"
 #include "transport/transport.h"
 
+/* Every transport here runs keyed, as a real job does (test_transport_auth.c tests the MAC). */
+static const unsigned char KEY[32] = "chainps transport unit test key";
+
 #define HOST     "127.0.0.1"
 #define WAIT_MS  5000
 #define MAX_RECV 64
@@ -93,7 +96,7 @@ static int wait_for(cps_tp *snd, cps_tp *rcv, inbox *ib, cps_tp_recv_fn fn, size
 static cps_tp *bound(uint16_t *port)
 {
     cps_tp *tp = NULL;
-    assert_int_equal(cps__tp_create(&tp), 0);
+    assert_int_equal(cps__tp_create(KEY, &tp), 0);
     assert_int_equal(cps__tp_bind(tp, HOST, 0, port), 0);
     return tp;
 }
@@ -301,7 +304,7 @@ static void send_before_peer_binds(void **state)
     assert_int_equal(cps__tp_queued(a), 3);
 
     cps_tp *b = NULL;
-    assert_int_equal(cps__tp_create(&b), 0);
+    assert_int_equal(cps__tp_create(KEY, &b), 0);
     uint16_t got = 0;
     assert_int_equal(cps__tp_bind(b, HOST, port, &got), 0);
     assert_int_equal(got, port);
@@ -401,7 +404,7 @@ static void port0_bind(void **state)
     assert_int_not_equal(p1, p2);
 
     cps_tp *c = NULL;
-    assert_int_equal(cps__tp_create(&c), 0);
+    assert_int_equal(cps__tp_create(KEY, &c), 0);
     assert_int_equal(cps__tp_bind(c, HOST, p1, NULL), CPS_ETRANSPORT); /* taken */
     assert_int_equal(cps__tp_bind(c, "", 0, NULL), CPS_EINVAL);
     assert_int_equal(cps__tp_bind(c, NULL, 0, NULL), CPS_EINVAL);
@@ -429,7 +432,7 @@ static void poll_timeout(void **state)
 
     /* An unbound transport with no peers still honours the timeout. */
     cps_tp *u = NULL;
-    assert_int_equal(cps__tp_create(&u), 0);
+    assert_int_equal(cps__tp_create(KEY, &u), 0);
     t0 = now_ms();
     assert_int_equal(cps__tp_poll(u, 50, keep_fn, &ib, 0), 0);
     el = now_ms() - t0;

@@ -1,0 +1,362 @@
+/* Message authentication with OpenSSL's AES-128-GCM used as GMAC (see auth.h for the format). */
+#include "transport/auth.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+
+#include "chainps/error.h"
+#include "core/wire.h"
+
+#define NONCE_LEN     12
+#define SUBKEY_LEN    16
+#define REPLAY_WINDOW 1024u
+#define SENDERS_MAX   64
+#define SECRET_LABEL  "chainps job secret v1"
+#define SUBKEY_LABEL  "chainps message key v1"
+
+typedef struct sender {
+    unsigned char salt[CPS_AUTH_SALT];
+    EVP_CIPHER_CTX *ctx;               /* keyed with this sender's subkey */
+    uint64_t max;                      /* highest counter taken */
+    uint64_t seen[REPLAY_WINDOW / 64]; /* bit (c % WINDOW) for counters max-WINDOW+1..max */
+    uint64_t used;                     /* for least-recently-heard eviction */
+    int live;
+} sender;
+
+struct cps_auth {
+    int keyed;
+    unsigned char key[CPS_AUTH_KEY_SIZE];
+    unsigned char salt[CPS_AUTH_SALT];
+    uint64_t counter;
+    EVP_CIPHER_CTX *own;   /* our sending subkey */
+    EVP_CIPHER_CTX *spare; /* checks a sender not yet in the table */
+    sender senders[SENDERS_MAX];
+    uint64_t tick;
+};
+
+const char *cps__auth_verdict_str(int v)
+{
+    switch (v) {
+    case CPS_AUTH_OK:
+        return "ok";
+    case CPS_AUTH_SHORT:
+        return "too short to carry a MAC";
+    case CPS_AUTH_UNSIGNED:
+        return "no MAC (the sender runs without a secret: --insecure?)";
+    case CPS_AUTH_BAD_TAG:
+        return "wrong MAC (another job's secret, a forgery or a corrupted message)";
+    case CPS_AUTH_REPLAY:
+        return "replayed (this sender's counter was taken already)";
+    case CPS_AUTH_TOO_OLD:
+        return "older than the replay window";
+    case CPS_AUTH_NOMEM:
+        return "out of memory while checking";
+    }
+    return "?";
+}
+
+/* ---- secret files ---- */
+
+static int fail(char *err, size_t errlen, int rc, const char *fmt, const char *a, const char *b)
+{
+    if (err && errlen)
+        snprintf(err, errlen, fmt, a, b);
+    return rc;
+}
+
+static int sha256_parts(const void *a, size_t alen, const void *b, size_t blen, const void *c,
+                        size_t clen, unsigned char out[32])
+{
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    unsigned int n = 0;
+    int ok = md && EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1 &&
+             EVP_DigestUpdate(md, a, alen) == 1 && (!blen || EVP_DigestUpdate(md, b, blen) == 1) &&
+             (!clen || EVP_DigestUpdate(md, c, clen) == 1) && EVP_DigestFinal_ex(md, out, &n) == 1;
+    EVP_MD_CTX_free(md);
+    return ok && n == 32 ? 0 : CPS_ENOMEM;
+}
+
+int cps__auth_load_file(const char *path, unsigned char key[CPS_AUTH_KEY_SIZE], char *err,
+                        size_t errlen)
+{
+    if (!path || !*path)
+        return fail(err, errlen, CPS_ECONFIG, "no secret file named%s%s", "", "");
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return fail(err, errlen, CPS_ECONFIG, "cannot open the secret file %s: %s", path,
+                    strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return fail(err, errlen, CPS_ECONFIG, "the secret file %s is not a regular file%s", path,
+                    "");
+    }
+    if (st.st_mode & 077) {
+        char mode[16];
+        snprintf(mode, sizeof mode, "%04o", (unsigned)(st.st_mode & 07777));
+        close(fd);
+        char msg[64];
+        snprintf(msg, sizeof msg, "(mode %s): chmod 600 it", mode);
+        return fail(err, errlen, CPS_ECONFIG, "the secret file %s is open to other users %s", path,
+                    msg);
+    }
+    unsigned char buf[CPS_SECRET_MAX + 1];
+    size_t n = 0;
+    for (;;) {
+        ssize_t r = read(fd, buf + n, sizeof buf - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            close(fd);
+            return fail(err, errlen, CPS_ECONFIG, "cannot read the secret file %s: %s", path,
+                        strerror(errno));
+        }
+        if (r == 0 || (n += (size_t)r) == sizeof buf)
+            break;
+    }
+    close(fd);
+    while (n > 0 && isspace(buf[n - 1]))
+        n--;
+    if (n > CPS_SECRET_MAX)
+        return fail(err, errlen, CPS_ECONFIG, "the secret file %s is longer than 4096 bytes%s",
+                    path, "");
+    if (n < CPS_SECRET_MIN)
+        return fail(err, errlen, CPS_ECONFIG,
+                    "the secret file %s holds fewer than 16 bytes (`chainps secret %s` makes one)",
+                    path, path);
+    int rc = sha256_parts(SECRET_LABEL, sizeof SECRET_LABEL, buf, n, NULL, 0, key);
+    OPENSSL_cleanse(buf, sizeof buf);
+    return rc ? fail(err, errlen, rc, "cannot hash the secret file %s%s", path, "") : 0;
+}
+
+int cps__auth_create_file(const char *path, char *err, size_t errlen)
+{
+    unsigned char raw[32];
+    char hex[2 * sizeof raw + 2];
+    if (RAND_bytes(raw, sizeof raw) != 1)
+        return fail(err, errlen, CPS_EIO, "no randomness for a secret for %s%s", path, "");
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    hex[2 * sizeof raw] = '\n';
+    hex[2 * sizeof raw + 1] = 0;
+    OPENSSL_cleanse(raw, sizeof raw);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        int e = errno;
+        OPENSSL_cleanse(hex, sizeof hex);
+        return fail(err, errlen, e == EEXIST ? CPS_EEXIST : CPS_EIO,
+                    "cannot create the secret file %s: %s", path, strerror(e));
+    }
+    size_t len = 2 * sizeof raw + 1;
+    int ok = write(fd, hex, len) == (ssize_t)len && fsync(fd) == 0;
+    int e = errno;
+    OPENSSL_cleanse(hex, sizeof hex);
+    if (close(fd) != 0 || !ok) {
+        unlink(path);
+        return fail(err, errlen, CPS_EIO, "cannot write the secret file %s: %s", path, strerror(e));
+    }
+    return 0;
+}
+
+/* ---- sealing and checking ---- */
+
+static EVP_CIPHER_CTX *gcm_new(void)
+{
+    EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+    if (c && EVP_EncryptInit_ex(c, EVP_aes_128_gcm(), NULL, NULL, NULL) != 1) {
+        EVP_CIPHER_CTX_free(c);
+        c = NULL;
+    }
+    return c;
+}
+
+/* Key `c` with the subkey of `salt` under the job key. */
+static int gcm_key(const cps_auth *a, EVP_CIPHER_CTX *c, const unsigned char *salt)
+{
+    unsigned char sub[32];
+    int rc = sha256_parts(SUBKEY_LABEL, sizeof SUBKEY_LABEL, a->key, sizeof a->key, salt,
+                          CPS_AUTH_SALT, sub);
+    if (rc == 0 && EVP_EncryptInit_ex(c, NULL, NULL, sub, NULL) != 1)
+        rc = CPS_ENOMEM;
+    OPENSSL_cleanse(sub, sizeof sub);
+    return rc;
+}
+
+/* The tag of data[0, len) (len >= 24: it ends with the salt and the counter). */
+static int gmac(EVP_CIPHER_CTX *c, uint64_t counter, const unsigned char *data, size_t len,
+                unsigned char tag[CPS_AUTH_TAG])
+{
+    unsigned char nonce[NONCE_LEN] = {0};
+    cps__le64_put(nonce, counter);
+    if (EVP_EncryptInit_ex(c, NULL, NULL, NULL, nonce) != 1)
+        return -1;
+    int outl;
+    while (len > 0) {
+        int part = len > (1u << 30) ? (1 << 30) : (int)len;
+        if (EVP_EncryptUpdate(c, NULL, &outl, data, part) != 1)
+            return -1;
+        data += part;
+        len -= (size_t)part;
+    }
+    unsigned char none[16];
+    if (EVP_EncryptFinal_ex(c, none, &outl) != 1 ||
+        EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, CPS_AUTH_TAG, tag) != 1)
+        return -1;
+    return 0;
+}
+
+int cps__auth_create(const unsigned char *key, cps_auth **out)
+{
+    cps_auth *a = calloc(1, sizeof *a);
+    if (!a)
+        return CPS_ENOMEM;
+    if (key) {
+        a->keyed = 1;
+        memcpy(a->key, key, sizeof a->key);
+        if (RAND_bytes(a->salt, sizeof a->salt) != 1) {
+            cps__auth_destroy(a);
+            return CPS_EIO;
+        }
+        a->own = gcm_new();
+        a->spare = gcm_new();
+        if (!a->own || !a->spare || gcm_key(a, a->own, a->salt) != 0) {
+            cps__auth_destroy(a);
+            return CPS_ENOMEM;
+        }
+    }
+    *out = a;
+    return 0;
+}
+
+void cps__auth_destroy(cps_auth *a)
+{
+    if (!a)
+        return;
+    EVP_CIPHER_CTX_free(a->own);
+    EVP_CIPHER_CTX_free(a->spare);
+    for (size_t i = 0; i < SENDERS_MAX; i++)
+        EVP_CIPHER_CTX_free(a->senders[i].ctx);
+    OPENSSL_cleanse(a, sizeof *a);
+    free(a);
+}
+
+int cps__auth_keyed(const cps_auth *a)
+{
+    return a && a->keyed;
+}
+
+void cps__auth_seal(cps_auth *a, unsigned char *msg, size_t len)
+{
+    unsigned char *t = msg + len;
+    if (!a->keyed) {
+        memset(t, 0, CPS_AUTH_TRAILER);
+        return;
+    }
+    uint64_t ctr = ++a->counter;
+    memcpy(t, a->salt, CPS_AUTH_SALT);
+    cps__le64_put(t + CPS_AUTH_SALT, ctr);
+    /* A context that fails here (OpenSSL out of memory) leaves a zero tag, which every receiver
+     * refuses: the message is lost like a dropped packet, and the protocol re-sends. */
+    if (gmac(a->own, ctr, msg, len + CPS_AUTH_SALT + 8, t + CPS_AUTH_SALT + 8) != 0)
+        memset(t + CPS_AUTH_SALT + 8, 0, CPS_AUTH_TAG);
+}
+
+static int all_zero(const unsigned char *p, size_t n)
+{
+    unsigned char acc = 0;
+    for (size_t i = 0; i < n; i++)
+        acc |= p[i];
+    return acc == 0;
+}
+
+static int window_bit(const sender *s, uint64_t c)
+{
+    return (int)(s->seen[(c % REPLAY_WINDOW) / 64] >> (c % 64) & 1u);
+}
+
+static void window_set(sender *s, uint64_t c)
+{
+    s->seen[(c % REPLAY_WINDOW) / 64] |= 1ull << (c % 64);
+}
+
+/* Take counter c from s, or say why not. Only called once the tag is right, so a forger cannot
+ * move the window. */
+static int window_take(sender *s, uint64_t c)
+{
+    if (c > s->max) {
+        if (c - s->max >= REPLAY_WINDOW) {
+            memset(s->seen, 0, sizeof s->seen);
+        } else {
+            for (uint64_t x = s->max + 1; x < c; x++)
+                s->seen[(x % REPLAY_WINDOW) / 64] &= ~(1ull << (x % 64));
+        }
+        s->max = c;
+        window_set(s, c);
+        return CPS_AUTH_OK;
+    }
+    if (s->max - c >= REPLAY_WINDOW)
+        return CPS_AUTH_TOO_OLD;
+    if (window_bit(s, c))
+        return CPS_AUTH_REPLAY;
+    window_set(s, c);
+    return CPS_AUTH_OK;
+}
+
+int cps__auth_open(cps_auth *a, const unsigned char *msg, size_t len, size_t *body_len)
+{
+    if (len < CPS_AUTH_TRAILER)
+        return CPS_AUTH_SHORT;
+    size_t body = len - CPS_AUTH_TRAILER;
+    *body_len = body;
+    if (!a->keyed)
+        return CPS_AUTH_OK;
+    const unsigned char *t = msg + body;
+    uint64_t ctr = cps__le64_get(t + CPS_AUTH_SALT);
+    if (ctr == 0 && all_zero(t, CPS_AUTH_SALT))
+        return CPS_AUTH_UNSIGNED;
+
+    sender *s = NULL;
+    for (size_t i = 0; i < SENDERS_MAX && !s; i++)
+        if (a->senders[i].live && memcmp(a->senders[i].salt, t, CPS_AUTH_SALT) == 0)
+            s = &a->senders[i];
+    /* A sender not in the table is checked with the spare context and only enters the table once
+     * its tag is right, so forged salts cannot push real senders out. */
+    EVP_CIPHER_CTX *c = s ? s->ctx : a->spare;
+    if (!c || (!s && gcm_key(a, c, t) != 0))
+        return CPS_AUTH_NOMEM;
+    unsigned char tag[CPS_AUTH_TAG];
+    if (gmac(c, ctr, msg, body + CPS_AUTH_SALT + 8, tag) != 0)
+        return CPS_AUTH_NOMEM;
+    if (CRYPTO_memcmp(tag, t + CPS_AUTH_SALT + 8, CPS_AUTH_TAG) != 0)
+        return CPS_AUTH_BAD_TAG;
+    if (!s) {
+        /* A new sender takes a free slot, else the one heard from least recently. */
+        s = &a->senders[0];
+        for (size_t i = 0; i < SENDERS_MAX && s->live; i++)
+            if (!a->senders[i].live || a->senders[i].used < s->used)
+                s = &a->senders[i];
+        EVP_CIPHER_CTX *old = s->ctx;
+        memset(s, 0, sizeof *s);
+        memcpy(s->salt, t, CPS_AUTH_SALT);
+        s->ctx = a->spare;
+        s->live = 1;
+        s->max = ctr;
+        window_set(s, ctr);
+        s->used = ++a->tick;
+        /* Without a spare (out of memory) the next new sender gets CPS_AUTH_NOMEM. */
+        a->spare = old ? old : gcm_new();
+        return CPS_AUTH_OK;
+    }
+    s->used = ++a->tick;
+    return window_take(s, ctr);
+}

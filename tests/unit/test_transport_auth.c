@@ -1,0 +1,396 @@
+/* Message authentication (src/transport/auth.c): the MAC trailer, replays, other jobs' keys and
+ * unsigned senders, on buffers and through real sockets on 127.0.0.1. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <nanomsg/nn.h>
+#include <nanomsg/pipeline.h>
+
+#include "chainps/error.h"
+#include "core/log.h"
+#include "core/wire.h"
+#include "transport/auth.h"
+#include "transport/transport.h"
+
+#define HOST    "127.0.0.1"
+#define WAIT_MS 5000
+#define BODY    200
+
+static const unsigned char KEY[32] = "chainps auth unit test job key";
+static const unsigned char OTHER[32] = "another job's key, not ours!!!";
+
+/* A message of BODY bytes and room for the trailer. */
+static unsigned char *message(uint32_t seed)
+{
+    unsigned char *m = malloc(BODY + CPS_AUTH_TRAILER);
+    assert_non_null(m);
+    for (size_t i = 0; i < BODY; i++)
+        m[i] = (unsigned char)(seed * 31u + i * 7u);
+    return m;
+}
+
+static int open_copy(cps_auth *rx, const unsigned char *m, size_t len)
+{
+    size_t body = 0;
+    int v = cps__auth_open(rx, m, len, &body);
+    if (v == CPS_AUTH_OK)
+        assert_int_equal(body, len - CPS_AUTH_TRAILER);
+    return v;
+}
+
+static void sealed_opens_and_every_changed_byte_fails(void **state)
+{
+    (void)state;
+    cps_auth *tx, *rx;
+    assert_int_equal(cps__auth_create(KEY, &tx), 0);
+    unsigned char *m = message(1);
+    cps__auth_seal(tx, m, BODY);
+    /* Every byte is covered: header, payload, salt, counter and the tag itself. */
+    for (size_t at = 0; at < BODY + CPS_AUTH_TRAILER; at += 7) {
+        assert_int_equal(cps__auth_create(KEY, &rx), 0);
+        m[at] ^= 0x01;
+        assert_int_equal(open_copy(rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_BAD_TAG);
+        m[at] ^= 0x01;
+        assert_int_equal(open_copy(rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+        cps__auth_destroy(rx);
+    }
+    /* Cut short: the tag no longer matches (or there is no trailer at all). */
+    assert_int_equal(cps__auth_create(KEY, &rx), 0);
+    assert_int_equal(open_copy(rx, m, BODY + CPS_AUTH_TRAILER - 1), CPS_AUTH_BAD_TAG);
+    assert_int_equal(open_copy(rx, m, CPS_AUTH_TRAILER - 1), CPS_AUTH_SHORT);
+    cps__auth_destroy(rx);
+    free(m);
+    cps__auth_destroy(tx);
+}
+
+static void other_key_and_unsigned_are_refused(void **state)
+{
+    (void)state;
+    cps_auth *ours, *theirs, *none, *rx, *open_rx;
+    assert_int_equal(cps__auth_create(KEY, &ours), 0);
+    assert_int_equal(cps__auth_create(OTHER, &theirs), 0);
+    assert_int_equal(cps__auth_create(NULL, &none), 0);
+    assert_int_equal(cps__auth_create(KEY, &rx), 0);
+    assert_int_equal(cps__auth_create(NULL, &open_rx), 0);
+    assert_false(cps__auth_keyed(none));
+    assert_true(cps__auth_keyed(rx));
+
+    unsigned char *a = message(2), *b = message(2), *c = message(2);
+    cps__auth_seal(theirs, a, BODY);
+    cps__auth_seal(none, b, BODY);
+    cps__auth_seal(ours, c, BODY);
+    assert_int_equal(open_copy(rx, a, BODY + CPS_AUTH_TRAILER), CPS_AUTH_BAD_TAG);
+    assert_int_equal(open_copy(rx, b, BODY + CPS_AUTH_TRAILER), CPS_AUTH_UNSIGNED);
+    assert_int_equal(open_copy(rx, c, BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+    /* A receiver without a key (an --insecure job) takes anything with a trailer. */
+    assert_int_equal(open_copy(open_rx, a, BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+    assert_int_equal(open_copy(open_rx, b, BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+    /* Forged tags cost the receiver nothing lasting: the real sender still gets through after
+     * a flood of forgeries bearing fresh salts (they never enter the sender table). */
+    for (int i = 0; i < 500; i++) {
+        unsigned char *f = message((uint32_t)i);
+        cps__auth_seal(theirs, f, BODY);
+        f[i % 16 + BODY] ^= 0x5a; /* another salt */
+        assert_int_equal(open_copy(rx, f, BODY + CPS_AUTH_TRAILER), CPS_AUTH_BAD_TAG);
+        free(f);
+    }
+    unsigned char *d = message(3);
+    cps__auth_seal(ours, d, BODY);
+    assert_int_equal(open_copy(rx, d, BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+    free(a), free(b), free(c), free(d);
+    cps__auth_destroy(ours), cps__auth_destroy(theirs), cps__auth_destroy(none);
+    cps__auth_destroy(rx), cps__auth_destroy(open_rx);
+}
+
+static void replays_are_refused_reordering_is_not(void **state)
+{
+    (void)state;
+    cps_auth *tx, *rx;
+    assert_int_equal(cps__auth_create(KEY, &tx), 0);
+    assert_int_equal(cps__auth_create(KEY, &rx), 0);
+    enum { N = 1200 };
+    unsigned char **m = calloc(N, sizeof *m);
+    assert_non_null(m);
+    for (int i = 0; i < N; i++) {
+        m[i] = message((uint32_t)i);
+        cps__auth_seal(tx, m[i], BODY);
+    }
+    /* Two pipes to one receiver can interleave: a later message may come first. */
+    assert_int_equal(open_copy(rx, m[5], BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+    assert_int_equal(open_copy(rx, m[3], BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+    assert_int_equal(open_copy(rx, m[4], BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+    /* ... but each only once. */
+    assert_int_equal(open_copy(rx, m[5], BODY + CPS_AUTH_TRAILER), CPS_AUTH_REPLAY);
+    assert_int_equal(open_copy(rx, m[3], BODY + CPS_AUTH_TRAILER), CPS_AUTH_REPLAY);
+    /* Far ahead: the window moves, what fell out of it cannot be told from a replay. */
+    assert_int_equal(open_copy(rx, m[N - 1], BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+    assert_int_equal(open_copy(rx, m[6], BODY + CPS_AUTH_TRAILER), CPS_AUTH_TOO_OLD);
+    assert_int_equal(open_copy(rx, m[N - 2], BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+    assert_int_equal(open_copy(rx, m[N - 2], BODY + CPS_AUTH_TRAILER), CPS_AUTH_REPLAY);
+    assert_int_equal(open_copy(rx, m[N - 1], BODY + CPS_AUTH_TRAILER), CPS_AUTH_REPLAY);
+    /* Every message is refused after it was taken once, in any order. */
+    for (int i = N - 1000; i < N - 2; i += 3)
+        assert_int_equal(open_copy(rx, m[i], BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+    for (int i = N - 1000; i < N; i += 3)
+        assert_int_equal(open_copy(rx, m[i], BODY + CPS_AUTH_TRAILER), CPS_AUTH_REPLAY);
+    for (int i = 0; i < N; i++)
+        free(m[i]);
+    free(m);
+    cps__auth_destroy(tx);
+    cps__auth_destroy(rx);
+}
+
+static void many_senders(void **state)
+{
+    (void)state;
+    cps_auth *rx;
+    assert_int_equal(cps__auth_create(KEY, &rx), 0);
+    enum { S = 100 };
+    cps_auth *tx[S];
+    unsigned char *first[S];
+    for (int s = 0; s < S; s++) {
+        assert_int_equal(cps__auth_create(KEY, &tx[s]), 0);
+        first[s] = message((uint32_t)s);
+        cps__auth_seal(tx[s], first[s], BODY);
+        assert_int_equal(open_copy(rx, first[s], BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+    }
+    /* The most recent 64 senders are remembered: their first messages are replays. */
+    for (int s = S - 64; s < S; s++)
+        assert_int_equal(open_copy(rx, first[s], BODY + CPS_AUTH_TRAILER), CPS_AUTH_REPLAY);
+    /* Every sender, remembered or not, still gets new messages through. */
+    for (int s = 0; s < S; s++) {
+        unsigned char *m = message((uint32_t)s + 1000);
+        cps__auth_seal(tx[s], m, BODY);
+        assert_int_equal(open_copy(rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+        free(m);
+        free(first[s]);
+        cps__auth_destroy(tx[s]);
+    }
+    cps__auth_destroy(rx);
+}
+
+/* ---- secret files ---- */
+
+static void secret_files(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/cps-secret-test-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[256], err[1024];
+    unsigned char k1[32], k2[32];
+    snprintf(path, sizeof path, "%s/job.secret", dir);
+    assert_int_equal(cps__auth_create_file(path, err, sizeof err), 0);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    assert_int_equal(st.st_size, 65); /* 64 hex digits and a newline */
+    assert_int_equal(cps__auth_create_file(path, err, sizeof err), CPS_EEXIST);
+    assert_non_null(strstr(err, path));
+    assert_int_equal(cps__auth_load_file(path, k1, err, sizeof err), 0);
+    assert_int_equal(cps__auth_load_file(path, k2, err, sizeof err), 0);
+    assert_memory_equal(k1, k2, 32);
+
+    /* Open to others: refused, naming the file and the fix. */
+    assert_int_equal(chmod(path, 0644), 0);
+    assert_int_equal(cps__auth_load_file(path, k1, err, sizeof err), CPS_ECONFIG);
+    assert_non_null(strstr(err, "chmod 600"));
+    assert_non_null(strstr(err, path));
+
+    /* Too short (trailing whitespace does not count), and missing. */
+    char shortp[256];
+    snprintf(shortp, sizeof shortp, "%s/short", dir);
+    FILE *f = fopen(shortp, "w");
+    assert_non_null(f);
+    fputs("fifteen bytes!!\n\n   \n", f);
+    fclose(f);
+    assert_int_equal(chmod(shortp, 0600), 0);
+    assert_int_equal(cps__auth_load_file(shortp, k1, err, sizeof err), CPS_ECONFIG);
+    assert_non_null(strstr(err, "fewer than 16 bytes"));
+    /* A hand-made secret of 16 bytes is enough; its trailing newline is ignored. */
+    f = fopen(shortp, "w");
+    fputs("sixteen bytes!!!\n", f);
+    fclose(f);
+    assert_int_equal(cps__auth_load_file(shortp, k1, err, sizeof err), 0);
+    f = fopen(shortp, "w");
+    fputs("sixteen bytes!!!", f);
+    fclose(f);
+    assert_int_equal(cps__auth_load_file(shortp, k2, err, sizeof err), 0);
+    assert_memory_equal(k1, k2, 32);
+    unlink(shortp);
+    assert_int_equal(cps__auth_load_file(shortp, k1, err, sizeof err), CPS_ECONFIG);
+    assert_non_null(strstr(err, "No such file"));
+    assert_int_equal(cps__auth_load_file(dir, k1, err, sizeof err), CPS_ECONFIG);
+    unlink(path);
+    rmdir(dir);
+}
+
+/* ---- through sockets ---- */
+
+typedef struct inbox {
+    int n;
+    size_t last_len;
+    unsigned char last[BODY];
+} inbox;
+
+static void keep(void *ctx, void *buf, size_t len)
+{
+    inbox *ib = ctx;
+    ib->n++;
+    ib->last_len = len;
+    memcpy(ib->last, buf, len < BODY ? len : BODY);
+    cps__tp_free(buf);
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+/* Poll rcv (and flush snd) for up to ms; returns what was delivered. */
+static void pump(cps_tp *snd, cps_tp *rcv, inbox *ib, int want, int ms)
+{
+    uint64_t end = now_ms() + (uint64_t)ms;
+    while (ib->n < want && now_ms() < end) {
+        if (snd)
+            cps__tp_poll(snd, 0, NULL, NULL, 0);
+        cps__tp_poll(rcv, 10, keep, ib, 0);
+    }
+}
+
+static void sockets_deliver_ours_drop_the_rest(void **state)
+{
+    (void)state;
+    cps_tp *rcv, *good, *bad, *open_tp;
+    uint16_t port = 0;
+    assert_int_equal(cps__tp_create(KEY, &rcv), 0);
+    assert_int_equal(cps__tp_bind(rcv, HOST, 0, &port), 0);
+    char url[64];
+    snprintf(url, sizeof url, "tcp://" HOST ":%u", port);
+    assert_int_equal(cps__tp_create(KEY, &good), 0);
+    assert_int_equal(cps__tp_create(OTHER, &bad), 0);
+    assert_int_equal(cps__tp_create(NULL, &open_tp), 0);
+    cps_tp *senders[] = {bad, open_tp, good};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(cps__tp_peer_set(senders[i], 1, url), 0);
+        unsigned char *m = cps__tp_alloc(BODY);
+        memset(m, 'a' + i, BODY);
+        assert_int_equal(cps__tp_send(senders[i], 1, m, BODY), 0);
+    }
+    inbox ib = {0};
+    uint64_t end = now_ms() + WAIT_MS;
+    while ((ib.n < 1 || cps__tp_auth_dropped(rcv) < 2) && now_ms() < end) {
+        for (int i = 0; i < 3; i++)
+            cps__tp_poll(senders[i], 0, NULL, NULL, 0);
+        cps__tp_poll(rcv, 10, keep, &ib, 0);
+    }
+    pump(NULL, rcv, &ib, 2, 200); /* nothing more may come */
+    assert_int_equal(ib.n, 1);
+    assert_int_equal(ib.last_len, BODY);
+    assert_int_equal(ib.last[0], 'c');
+    assert_int_equal(cps__tp_auth_dropped(rcv), 2);
+
+    /* A captured message replayed byte for byte, through a plain nanomsg socket: the first
+     * copy is taken, the replay is dropped and counted. */
+    cps_auth *seal;
+    assert_int_equal(cps__auth_create(KEY, &seal), 0);
+    unsigned char wire[BODY + CPS_AUTH_TRAILER];
+    memset(wire, 'r', BODY);
+    cps__auth_seal(seal, wire, BODY);
+    int raw = nn_socket(AF_SP, NN_PUSH);
+    assert_true(raw >= 0);
+    assert_true(nn_connect(raw, url) >= 0);
+    for (int copy = 0; copy < 2; copy++)
+        assert_int_equal(nn_send(raw, wire, sizeof wire, 0), (int)sizeof wire);
+    pump(NULL, rcv, &ib, 2, WAIT_MS);
+    end = now_ms() + WAIT_MS;
+    while (cps__tp_auth_dropped(rcv) < 3 && now_ms() < end)
+        cps__tp_poll(rcv, 10, keep, &ib, 0);
+    assert_int_equal(ib.n, 2);
+    assert_int_equal(ib.last[0], 'r');
+    assert_int_equal(cps__tp_auth_dropped(rcv), 3);
+    nn_close(raw);
+    cps__auth_destroy(seal);
+
+    for (int i = 0; i < 3; i++)
+        cps__tp_destroy(senders[i]);
+    cps__tp_destroy(rcv);
+}
+
+/* Keeps the one buffer delivered, to send it on as it is. */
+typedef struct hold {
+    void *buf;
+    size_t len;
+} hold;
+
+static void take(void *ctx, void *buf, size_t len)
+{
+    hold *h = ctx;
+    h->buf = buf;
+    h->len = len;
+}
+
+/* A message received and sent on as it is (a server forwarding a buffer) is sealed afresh by
+ * the sender: the trailer after `len` bytes belongs to the transport. */
+static void forwarded_buffer_is_resealed(void **state)
+{
+    (void)state;
+    cps_tp *a, *b, *c;
+    uint16_t pb = 0, pc = 0;
+    assert_int_equal(cps__tp_create(KEY, &a), 0);
+    assert_int_equal(cps__tp_create(KEY, &b), 0);
+    assert_int_equal(cps__tp_create(KEY, &c), 0);
+    assert_int_equal(cps__tp_bind(b, HOST, 0, &pb), 0);
+    assert_int_equal(cps__tp_bind(c, HOST, 0, &pc), 0);
+    char ub[64], uc[64];
+    snprintf(ub, sizeof ub, "tcp://" HOST ":%u", pb);
+    snprintf(uc, sizeof uc, "tcp://" HOST ":%u", pc);
+    assert_int_equal(cps__tp_peer_set(a, 2, ub), 0);
+    assert_int_equal(cps__tp_peer_set(b, 3, uc), 0);
+
+    unsigned char *m = cps__tp_alloc(BODY);
+    memset(m, 'f', BODY);
+    assert_int_equal(cps__tp_send(a, 2, m, BODY), 0);
+    hold got = {0};
+    uint64_t end = now_ms() + WAIT_MS;
+    while (!got.buf && now_ms() < end) {
+        cps__tp_poll(a, 0, NULL, NULL, 0);
+        cps__tp_poll(b, 10, take, &got, 1);
+    }
+    assert_non_null(got.buf);
+    assert_int_equal(got.len, BODY);
+    assert_int_equal(cps__tp_send(b, 3, got.buf, got.len), 0);
+    inbox ic = {0};
+    pump(b, c, &ic, 1, WAIT_MS);
+    assert_int_equal(ic.n, 1);
+    assert_int_equal(ic.last[BODY - 1], 'f');
+    assert_int_equal(cps__tp_auth_dropped(c), 0);
+    cps__tp_destroy(a);
+    cps__tp_destroy(b);
+    cps__tp_destroy(c);
+}
+
+int main(void)
+{
+    cps__log_set_level(CPS_LOG_ERROR);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(sealed_opens_and_every_changed_byte_fails),
+        cmocka_unit_test(other_key_and_unsigned_are_refused),
+        cmocka_unit_test(replays_are_refused_reordering_is_not),
+        cmocka_unit_test(many_senders),
+        cmocka_unit_test(secret_files),
+        cmocka_unit_test(sockets_deliver_ours_drop_the_rest),
+        cmocka_unit_test(forwarded_buffer_is_resealed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
