@@ -42,7 +42,10 @@
  * the cap stops a runaway caller (e.g. one that writes garbage sizes) from eating the disk. */
 #define MAX_GROWTHS   24
 #define MAX_MAP_BYTES ((size_t)1 << 40)
-#define ROOM_MIN_FREE ((size_t)1 << 30) /* ensure_room: free map space, at least */
+/* ensure_room: free map space, at least. It is reserved on disk (and in memory on a tmpfs),
+ * so not the 1 GiB of address space it once was: 256 MiB is still hundreds of steps of a small
+ * store while a checkpoint reads, and a larger store gets 7 times its size anyway. */
+#define ROOM_MIN_FREE ((size_t)256 << 20)
 /* LMDB sizes its lock file for MAX_READERS slots of one cache line each (~8 KiB): reserve a
  * generous bound before LMDB creates and maps it (see reserve_lock_file). */
 #define LOCK_RESERVE ((off_t)64 << 10)

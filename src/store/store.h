@@ -111,7 +111,7 @@ int cps__store_param_write(cps_txn *txn, uint64_t key, uint32_t slot, uint64_t f
 int cps__store_snapshot_begin(cps_store *s, cps_txn **out);
 /* End it (from any thread). NULL is a no-op. */
 void cps__store_snapshot_end(cps_txn *txn);
-/* Grow the map until at most an eighth of it is in use and at least 1 GiB is free, so that
+/* Grow the map until at most an eighth of it is in use and at least 256 MiB is free, so that
  * updates applied while a snapshot is open need not grow it. The room is reserved on disk, so
  * the growth stops (CPS_ENOSPC, a warning) rather than take the filesystem's last free half.
  * Call with no transaction of this process open.
