@@ -38,7 +38,8 @@ extern "C" {
     X(ENOTSUP, -19, "not supported")                                                               \
     X(ESHUTDOWN, -20, "job is shutting down")                                                      \
     X(EPAST, -21, "already past the requested training step")                                      \
-    X(EBUSY, -22, "in use by another process")
+    X(EBUSY, -22, "in use by another process")                                                     \
+    X(ENOSPC, -23, "disk full")
 
 /** Status codes. CPS_OK is 0; every error is negative. */
 enum cps_err {

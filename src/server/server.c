@@ -697,6 +697,16 @@ int cps__server_run(const cps_config *cfg)
             cps__server_check_joins(&s, cps__now_ms());
         }
         cps__temp_peers_expire(&s.temps, s.tp, cps__now_ms());
+        if (s.disk_full) {
+            /* Heartbeats stop with us: the scheduler fails our ranges over within its failure
+             * timeout, and a restart once there is room rejoins them by state transfer. */
+            cps_log(CPS_LOG_ERROR, "server",
+                    "leaving the job: disk full in %s (the update it could not store is not "
+                    "acknowledged); free space there and restart this server to rejoin",
+                    cfg->data_dir);
+            rc = CPS_ENOSPC;
+            break;
+        }
         if (s.poisoned) {
             cps_log(CPS_LOG_ERROR, "server",
                     "leaving the job: a store write failed, so this "

@@ -79,6 +79,7 @@ typedef struct server {
     /* Chain replication state machine of every range this server holds. */
     cps_chain *chain;
     int poisoned;          /* a store write failed: state unknown, the server must leave */
+    int disk_full;         /* a store write failed with CPS_ENOSPC: leave, saying so */
     int suspect;           /* we stalled past the failure timeout: serve nothing until the scheduler
                               confirms we are still in its view */
     uint64_t last_turn_ms; /* when the event loop last turned (a stall is measured from it) */

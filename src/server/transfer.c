@@ -586,6 +586,7 @@ void cps__server_on_join_range(server *s, cps_rx *rx)
         rc = cps__store_write(s->store, clear_txn, &c);
     if (rc != 0) {
         join_abort(s, r, "clearing the old copy", rc);
+        s->disk_full = rc == CPS_ENOSPC;
         return;
     }
     uint64_t done = s->joins[r].done_id;
@@ -610,6 +611,8 @@ void cps__server_on_snap(server *s, cps_rx *rx)
     cps__rx_free(rx);
     if (rc != 0) {
         join_abort(s, r, "installing the snapshot", rc);
+        /* A full disk does not clear itself: joining again would fail again, unseen. */
+        s->disk_full = rc == CPS_ENOSPC;
         return;
     }
     if (!io.last)

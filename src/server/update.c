@@ -396,7 +396,11 @@ static void do_apply(server *s, const cps_chain_action *a)
                 "range %u: applying update %llu failed at key "
                 "%016" PRIx64 ": %s",
                 a->range, (unsigned long long)a->seq, io.bad_key, cps_strerror(rc));
+        /* Nothing of this update was committed (CPS_ENOSPC aborts the txn), but the chain
+         * counts it as applied here and our successors and the worker's ack wait on it: the
+         * replica leaves, and poisoned stops every later action (no forward, no ack). */
         s->poisoned = 1;
+        s->disk_full = rc == CPS_ENOSPC;
         return;
     }
     s->stats.updates_applied++;

@@ -16,6 +16,14 @@
  * The map grows (doubling) when a write transaction hits MDB_MAP_FULL: cps__store_write retries
  * the whole transaction function after growing, so that function must depend only on its inputs.
  *
+ * Disk space: the data file's blocks are allocated (posix_fallocate) for the whole map when it is
+ * opened and before it grows, because LMDB writes through a shared map of a sparse file, where a
+ * full disk is a SIGBUS. A full disk is therefore CPS_ENOSPC from the open or from the write
+ * whose growth failed (nothing of it committed, the store stays usable), logged as
+ * "store DIR: disk full (...)". The data file takes its map size on disk. A SIGBUS that still
+ * hits the store's maps (a filesystem without fallocate) ends the process with one message
+ * naming DIR and exit status 1.
+ *
  * Thread-safety: one writer thread; read transactions may be used from other threads (MDB_NOTLS).
  */
 #ifndef CPS_STORE_H
@@ -43,7 +51,8 @@ typedef struct cps_store_opts {
 /* Open (creating if needed) the environment in directory `dir` (created if missing), holding an
  * exclusive lock on DIR/chainps.lock until cps__store_close.
  * Errors: CPS_EINVAL, CPS_EBUSY (another store, in this or another process, holds the
- * directory: the message names its pid), CPS_ESTORE (LMDB error text is logged), CPS_ENOMEM. */
+ * directory: the message names its pid), CPS_ENOSPC (no room for the map on DIR's filesystem),
+ * CPS_ESTORE (LMDB error text is logged), CPS_ENOMEM. */
 int cps__store_open(const char *dir, const cps_store_opts *opts, cps_store **out);
 /* Sync and close. NULL is a no-op. */
 void cps__store_close(cps_store *s);
@@ -63,7 +72,8 @@ typedef struct cps_param_rec {
 
 /* Run `fn` inside one write transaction and commit it. If fn returns non-zero the txn is aborted
  * and that value returned. MDB_MAP_FULL: abort, grow the map, run fn again.
- * Errors: fn's error, CPS_ESTORE, CPS_EPOISONED (an earlier commit failed: state unknown). */
+ * Errors: fn's error, CPS_ESTORE, CPS_ENOSPC (the map had to grow and the disk is full: nothing
+ * was written), CPS_EPOISONED (an earlier commit failed: state unknown). */
 typedef int (*cps_txn_fn)(cps_txn *txn, void *arg);
 int cps__store_write(cps_store *s, cps_txn_fn fn, void *arg);
 /* Same for a read-only transaction (never retried, never commits). */
@@ -101,10 +111,11 @@ int cps__store_param_write(cps_txn *txn, uint64_t key, uint32_t slot, uint64_t f
 int cps__store_snapshot_begin(cps_store *s, cps_txn **out);
 /* End it (from any thread). NULL is a no-op. */
 void cps__store_snapshot_end(cps_txn *txn);
-/* Grow the map until at most an eighth of it is in use and at least 1 GiB is free (address
- * space: the file is sparse), so that updates applied while a
- * snapshot is open need not grow it. Call with no transaction of this process open.
- * Errors: CPS_ESTORE. */
+/* Grow the map until at most an eighth of it is in use and at least 256 MiB is free, so that
+ * updates applied while a snapshot is open need not grow it. The room is reserved on disk, so
+ * the growth stops (CPS_ENOSPC, a warning) rather than take the filesystem's last free half.
+ * Call with no transaction of this process open.
+ * Errors: CPS_ESTORE, CPS_ENOSPC. */
 int cps__store_ensure_room(cps_store *s);
 
 /* Iterate records with lo <= key <= hi in key order; fn returns non-zero to stop (returned). */
