@@ -586,7 +586,8 @@ void cps__server_on_join_range(server *s, cps_rx *rx)
         rc = cps__store_write(s->store, clear_txn, &c);
     if (rc != 0) {
         join_abort(s, r, "clearing the old copy", rc);
-        s->disk_full = rc == CPS_ENOSPC;
+        if (rc == CPS_ENOSPC)
+            s->disk_full = 1;
         return;
     }
     uint64_t done = s->joins[r].done_id;
@@ -612,7 +613,8 @@ void cps__server_on_snap(server *s, cps_rx *rx)
     if (rc != 0) {
         join_abort(s, r, "installing the snapshot", rc);
         /* A full disk does not clear itself: joining again would fail again, unseen. */
-        s->disk_full = rc == CPS_ENOSPC;
+        if (rc == CPS_ENOSPC)
+            s->disk_full = 1;
         return;
     }
     if (!io.last)

@@ -2,6 +2,7 @@
 #include "transport/auth.h"
 
 #include <ctype.h>
+#include <stdarg.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -67,10 +68,15 @@ const char *cps__auth_verdict_str(int v)
 
 /* ---- secret files ---- */
 
-static int fail(char *err, size_t errlen, int rc, const char *fmt, const char *a, const char *b)
+__attribute__((format(printf, 4, 5))) static int fail(char *err, size_t errlen, int rc,
+                                                      const char *fmt, ...)
 {
-    if (err && errlen)
-        snprintf(err, errlen, fmt, a, b);
+    if (err && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errlen, fmt, ap);
+        va_end(ap);
+    }
     return rc;
 }
 
@@ -90,7 +96,7 @@ int cps__auth_load_file(const char *path, unsigned char key[CPS_AUTH_KEY_SIZE], 
                         size_t errlen)
 {
     if (!path || !*path)
-        return fail(err, errlen, CPS_ECONFIG, "no secret file named%s%s", "", "");
+        return fail(err, errlen, CPS_ECONFIG, "no secret file named");
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0)
         return fail(err, errlen, CPS_ECONFIG, "cannot open the secret file %s: %s", path,
@@ -98,17 +104,13 @@ int cps__auth_load_file(const char *path, unsigned char key[CPS_AUTH_KEY_SIZE], 
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(err, errlen, CPS_ECONFIG, "the secret file %s is not a regular file%s", path,
-                    "");
+        return fail(err, errlen, CPS_ECONFIG, "the secret file %s is not a regular file", path);
     }
     if (st.st_mode & 077) {
-        char mode[16];
-        snprintf(mode, sizeof mode, "%04o", (unsigned)(st.st_mode & 07777));
         close(fd);
-        char msg[64];
-        snprintf(msg, sizeof msg, "(mode %s): chmod 600 it", mode);
-        return fail(err, errlen, CPS_ECONFIG, "the secret file %s is open to other users %s", path,
-                    msg);
+        return fail(err, errlen, CPS_ECONFIG,
+                    "the secret file %s is open to other users (mode %04o): chmod 600 it", path,
+                    (unsigned)(st.st_mode & 07777));
     }
     unsigned char buf[CPS_SECRET_MAX + 1];
     size_t n = 0;
@@ -117,9 +119,11 @@ int cps__auth_load_file(const char *path, unsigned char key[CPS_AUTH_KEY_SIZE], 
         if (r < 0 && errno == EINTR)
             continue;
         if (r < 0) {
+            int e = errno;
             close(fd);
+            OPENSSL_cleanse(buf, sizeof buf);
             return fail(err, errlen, CPS_ECONFIG, "cannot read the secret file %s: %s", path,
-                        strerror(errno));
+                        strerror(e));
         }
         if (r == 0 || (n += (size_t)r) == sizeof buf)
             break;
@@ -127,16 +131,17 @@ int cps__auth_load_file(const char *path, unsigned char key[CPS_AUTH_KEY_SIZE], 
     close(fd);
     while (n > 0 && isspace(buf[n - 1]))
         n--;
+    int rc = n < CPS_SECRET_MIN || n > CPS_SECRET_MAX
+                 ? CPS_ECONFIG
+                 : sha256_parts(SECRET_LABEL, sizeof SECRET_LABEL, buf, n, NULL, 0, key);
+    OPENSSL_cleanse(buf, sizeof buf);
     if (n > CPS_SECRET_MAX)
-        return fail(err, errlen, CPS_ECONFIG, "the secret file %s is longer than 4096 bytes%s",
-                    path, "");
+        return fail(err, errlen, rc, "the secret file %s is longer than 4096 bytes", path);
     if (n < CPS_SECRET_MIN)
-        return fail(err, errlen, CPS_ECONFIG,
+        return fail(err, errlen, rc,
                     "the secret file %s holds fewer than 16 bytes (`chainps secret %s` makes one)",
                     path, path);
-    int rc = sha256_parts(SECRET_LABEL, sizeof SECRET_LABEL, buf, n, NULL, 0, key);
-    OPENSSL_cleanse(buf, sizeof buf);
-    return rc ? fail(err, errlen, rc, "cannot hash the secret file %s%s", path, "") : 0;
+    return rc ? fail(err, errlen, rc, "cannot hash the secret file %s", path) : 0;
 }
 
 int cps__auth_create_file(const char *path, char *err, size_t errlen)
@@ -144,7 +149,7 @@ int cps__auth_create_file(const char *path, char *err, size_t errlen)
     unsigned char raw[32];
     char hex[2 * sizeof raw + 2];
     if (RAND_bytes(raw, sizeof raw) != 1)
-        return fail(err, errlen, CPS_EIO, "no randomness for a secret for %s%s", path, "");
+        return fail(err, errlen, CPS_EIO, "no randomness for a secret for %s", path);
     for (size_t i = 0; i < sizeof raw; i++)
         snprintf(hex + 2 * i, 3, "%02x", raw[i]);
     hex[2 * sizeof raw] = '\n';

@@ -624,3 +624,59 @@ int h_server_url(pid_t server, char *url, size_t len, int timeout_ms)
     free(log);
     return rc;
 }
+
+void h_become_worker(const char *sched_addr, int servers, int workers)
+{
+    static const char *foreign[] = {"DMLC_ROLE",         "DMLC_PS_ROOT_URI",
+                                    "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
+                                    "DMLC_NUM_WORKER",   "MS_ROLE",
+                                    "MS_SCHED_HOST",     "MS_SCHED_PORT",
+                                    "MS_SERVER_NUM",     "MS_WORKER_NUM",
+                                    "CHAINPS_RANK",      "CHAINPS_PORT",
+                                    "CHAINPS_MODE",      NULL};
+    for (int i = 0; foreign[i]; i++)
+        unsetenv(foreign[i]);
+    char n[16], w[16];
+    snprintf(n, sizeof n, "%d", servers);
+    snprintf(w, sizeof w, "%d", workers);
+    setenv("CHAINPS_ROLE", "worker", 1);
+    setenv("CHAINPS_SCHEDULER", sched_addr, 1);
+    setenv("CHAINPS_NUM_SERVERS", n, 1);
+    setenv("CHAINPS_NUM_WORKERS", w, 1);
+}
+
+int h_tcp_connect(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0)
+        abort();
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_port = htons((uint16_t)port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+        fprintf(stderr, "harness: connect 127.0.0.1:%d: %s\n", port, strerror(errno));
+        abort();
+    }
+    return fd;
+}
+
+void h_sp_send(int port, const void *msg, size_t len, uint64_t claimed)
+{
+    unsigned char out[256];
+    static const unsigned char hello[8] = {0, 'S', 'P', 0, 0x00, 0x50, 0, 0};
+    if (len + 16 > sizeof out)
+        abort();
+    memcpy(out, hello, 8);
+    for (int i = 0; i < 8; i++)
+        out[8 + i] = (unsigned char)(claimed >> (56 - 8 * i));
+    memcpy(out + 16, msg, len);
+    int fd = h_tcp_connect(port);
+    ssize_t w = send(fd, out, 16 + len, MSG_NOSIGNAL);
+    (void)w;
+    unsigned char in[8];
+    ssize_t r = recv(fd, in, sizeof in, 0);
+    (void)r;
+    close(fd);
+}

@@ -78,6 +78,19 @@ void h_kill_all(void);
  * or -1000 on timeout. The log stays readable through *pid_out (may be NULL). */
 int h_run(const char *name, char *const argv[], char *const env[], int timeout_ms, pid_t *pid_out);
 
+/* Make this process a worker of the job at `sched_addr` (host:port) with `servers` servers and
+ * `workers` workers, for a test that calls cps_open itself: sets CHAINPS_ROLE, _SCHEDULER,
+ * _NUM_SERVERS and _NUM_WORKERS and clears every other role, rank, port and mode variable
+ * (CHAINPS_, DMLC_ and MS_) a job script may have left. */
+void h_become_worker(const char *sched_addr, int servers, int workers);
+
+/* A TCP connection to 127.0.0.1:port (aborts the test on failure). */
+int h_tcp_connect(int port);
+/* What an attacker writes by hand: nanomsg's SP handshake for a PUSH socket, then one frame whose
+ * 8-byte length says `claimed` while `len` (<= 240) bytes of `msg` follow, on a fresh
+ * connection; waits for the peer's handshake so the frame is read before the close. */
+void h_sp_send(int port, const void *msg, size_t len, uint64_t claimed);
+
 /* A TCP port on 127.0.0.1 that nobody listens on right now (bind port 0, read it, close). */
 int h_free_port(void);
 

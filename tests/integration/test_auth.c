@@ -64,36 +64,6 @@ static int final_checksum(pid_t pid, char out[17])
     return ok ? 0 : -1;
 }
 
-/* Open a TCP connection to 127.0.0.1:port (for frames no nanomsg socket would send). */
-static int tcp_connect(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    inet_pton(AF_INET, H_HOST, &a.sin_addr);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    return fd;
-}
-
-/* One SP-framed message on a fresh connection: the frames an attacker writes by hand. */
-static void sp_send(int port, const void *msg, size_t len)
-{
-    unsigned char out[512];
-    static const unsigned char hello[8] = {0, 'S', 'P', 0, 0x00, 0x50, 0, 0};
-    assert_true(len + 16 <= sizeof out);
-    memcpy(out, hello, 8);
-    for (int i = 0; i < 8; i++)
-        out[8 + i] = (unsigned char)((uint64_t)len >> (56 - 8 * i));
-    memcpy(out + 16, msg, len);
-    int fd = tcp_connect(port);
-    ssize_t w = send(fd, out, 16 + len, MSG_NOSIGNAL);
-    (void)w;
-    unsigned char in[8];
-    ssize_t r = recv(fd, in, sizeof in, 0);
-    (void)r;
-    close(fd);
-}
-
 /* The frames that ended or hijacked a job before messages were authenticated: a BYE and a
  * SHUTDOWN claiming every plausible node id, a HELLO re-pointing node ids at our inbox, and a
  * STATUS; each sealed with `key` (NULL: a zeroed trailer, as an --insecure node sends) and sent
@@ -123,7 +93,8 @@ static void forge(int sched_port, const unsigned char *key)
             if (plen)
                 memcpy(raw + CPS_WIRE_HDR_SIZE, payload, plen);
             cps__auth_seal(seal, raw, CPS_WIRE_HDR_SIZE + plen);
-            sp_send(sched_port, raw, CPS_WIRE_HDR_SIZE + plen + CPS_AUTH_TRAILER);
+            h_sp_send(sched_port, raw, CPS_WIRE_HDR_SIZE + plen + CPS_AUTH_TRAILER,
+                      CPS_WIRE_HDR_SIZE + plen + CPS_AUTH_TRAILER);
         }
     }
     uint64_t end = h_now_ms() + 2000;

@@ -147,46 +147,12 @@ static void push_kv(uint64_t seq, uint64_t key, uint32_t len)
     send_msg(I.server_id, &h, payload, n);
 }
 
-static int tcp_connect(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_port = htons((uint16_t)port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    return fd;
-}
-
 /* Write bytes and close; the peer may reset the connection half-way, which is fine. */
 static void tcp_blast(int port, const void *bytes, size_t len)
 {
-    int fd = tcp_connect(port);
+    int fd = h_tcp_connect(port);
     ssize_t w = send(fd, bytes, len, MSG_NOSIGNAL);
     (void)w;
-    close(fd);
-}
-
-/* nanomsg's SP handshake for a PUSH socket (protocol 0x50), then one frame whose 8-byte length
- * says `claimed` while `len` bytes follow. */
-static void sp_frame(int port, const void *msg, size_t len, uint64_t claimed)
-{
-    unsigned char out[256];
-    static const unsigned char hello[8] = {0, 'S', 'P', 0, 0x00, 0x50, 0, 0};
-    assert_true(len + 16 <= sizeof out);
-    memcpy(out, hello, 8);
-    for (int i = 0; i < 8; i++)
-        out[8 + i] = (unsigned char)(claimed >> (56 - 8 * i));
-    memcpy(out + 16, msg, len);
-    int fd = tcp_connect(port);
-    ssize_t w = send(fd, out, 16 + len, MSG_NOSIGNAL);
-    (void)w;
-    /* Read the server's handshake so the frame is processed before we close. */
-    unsigned char in[8];
-    ssize_t r = recv(fd, in, sizeof in, 0);
-    (void)r;
     close(fd);
 }
 
@@ -235,13 +201,7 @@ static void intruder_welcome(void)
 
 static void become_worker(void)
 {
-    static const char *foreign[] = {"DMLC_ROLE", "MS_ROLE", "CHAINPS_RANK", "CHAINPS_PORT", NULL};
-    for (int i = 0; foreign[i]; i++)
-        unsetenv(foreign[i]);
-    setenv("CHAINPS_ROLE", "worker", 1);
-    setenv("CHAINPS_SCHEDULER", C.sched_addr, 1);
-    setenv("CHAINPS_NUM_SERVERS", "1", 1);
-    setenv("CHAINPS_NUM_WORKERS", "2", 1);
+    h_become_worker(C.sched_addr, 1, 2);
     setenv("CHAINPS_RANK", "0", 1);
 }
 
@@ -360,8 +320,8 @@ static void test_bad_messages(void **state)
     tcp_blast(sport, junk, sizeof junk);
     tcp_blast(C.port, junk, sizeof junk);
     /* A correct SP handshake with a frame length far past the receive limit. */
-    sp_frame(sport, junk, 16, 1ull << 40);
-    sp_frame(C.port, junk, 16, 1ull << 40);
+    h_sp_send(sport, junk, 16, 1ull << 40);
+    h_sp_send(C.port, junk, 16, 1ull << 40);
 
     /* 2. Well-framed nanomsg messages with a bad magic. */
     unsigned char hdr[CPS_WIRE_HDR_SIZE + 16];
@@ -379,7 +339,7 @@ static void test_bad_messages(void **state)
     /* ... and through a raw TCP connection speaking SP, without the job's MAC: the transport
      * drops it before any decoder sees it, and says so. */
     int auth_s = h_log_count(srv, "failed authentication");
-    sp_frame(sport, bad_magic, sizeof bad_magic, sizeof bad_magic);
+    h_sp_send(sport, bad_magic, sizeof bad_magic, sizeof bad_magic);
     expect_logged(srv, "failed authentication", auth_s, 1);
     expect_logged(srv, "bad message (80 bytes", 0, 1);
 

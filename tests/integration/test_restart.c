@@ -27,21 +27,7 @@ static h_cluster C;
 
 static void become_worker(const h_cluster *c, int servers)
 {
-    static const char *foreign[] = {"DMLC_ROLE",         "DMLC_PS_ROOT_URI",
-                                    "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER",
-                                    "DMLC_NUM_WORKER",   "MS_ROLE",
-                                    "MS_SCHED_HOST",     "MS_SCHED_PORT",
-                                    "MS_SERVER_NUM",     "MS_WORKER_NUM",
-                                    "CHAINPS_RANK",      "CHAINPS_PORT",
-                                    "CHAINPS_MODE",      NULL};
-    for (int i = 0; foreign[i]; i++)
-        unsetenv(foreign[i]);
-    char n[16];
-    snprintf(n, sizeof n, "%d", servers);
-    setenv("CHAINPS_ROLE", "worker", 1);
-    setenv("CHAINPS_SCHEDULER", c->sched_addr, 1);
-    setenv("CHAINPS_NUM_SERVERS", n, 1);
-    setenv("CHAINPS_NUM_WORKERS", "1", 1);
+    h_become_worker(c->sched_addr, servers, 1);
 }
 
 /* Dyadic gradients with few significant bits: lr * g is exact in float, so the server's
