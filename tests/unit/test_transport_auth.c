@@ -14,6 +14,7 @@
 #include <cmocka.h>
 #include <nanomsg/nn.h>
 #include <nanomsg/pipeline.h>
+#include <openssl/evp.h>
 
 #include "chainps/error.h"
 #include "core/log.h"
@@ -70,6 +71,48 @@ static void sealed_opens_and_every_changed_byte_fails(void **state)
     cps__auth_destroy(rx);
     free(m);
     cps__auth_destroy(tx);
+}
+
+/* The trailer is the documented construction, computed here straight from OpenSSL: subkey =
+ * SHA-256("chainps message key v1\0" | job key | salt), tag = ChaCha20-Poly1305 under it with
+ * nonce = counter (le64) | 0000 and the message up to the tag as additional data. Pins the wire
+ * format, so two builds of chainps keep understanding each other. */
+static void trailer_is_the_documented_construction(void **state)
+{
+    (void)state;
+    cps_auth *a;
+    assert_int_equal(cps__auth_create(KEY, &a), 0);
+    unsigned char *m = message(9);
+    cps__auth_seal(a, m, BODY);
+    cps__auth_seal(a, m, BODY); /* counter 2 */
+    const unsigned char *t = m + BODY;
+    assert_int_equal(cps__le64_get(t + CPS_AUTH_SALT), 2);
+
+    static const char label[] = "chainps message key v1";
+    unsigned char sub[32];
+    unsigned int sublen = 0;
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    assert_non_null(md);
+    assert_int_equal(EVP_DigestInit_ex(md, EVP_sha256(), NULL), 1);
+    assert_int_equal(EVP_DigestUpdate(md, label, sizeof label), 1);
+    assert_int_equal(EVP_DigestUpdate(md, KEY, sizeof KEY), 1);
+    assert_int_equal(EVP_DigestUpdate(md, t, CPS_AUTH_SALT), 1);
+    assert_int_equal(EVP_DigestFinal_ex(md, sub, &sublen), 1);
+    EVP_MD_CTX_free(md);
+
+    unsigned char nonce[12] = {0}, tag[16], none[16];
+    cps__le64_put(nonce, 2);
+    int outl;
+    EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+    assert_non_null(c);
+    assert_int_equal(EVP_EncryptInit_ex(c, EVP_chacha20_poly1305(), NULL, sub, nonce), 1);
+    assert_int_equal(EVP_EncryptUpdate(c, NULL, &outl, m, BODY + CPS_AUTH_SALT + 8), 1);
+    assert_int_equal(EVP_EncryptFinal_ex(c, none, &outl), 1);
+    assert_int_equal(EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, 16, tag), 1);
+    EVP_CIPHER_CTX_free(c);
+    assert_memory_equal(tag, t + CPS_AUTH_SALT + 8, CPS_AUTH_TAG);
+    free(m);
+    cps__auth_destroy(a);
 }
 
 static void other_key_and_unsigned_are_refused(void **state)
@@ -385,6 +428,7 @@ int main(void)
     cps__log_set_level(CPS_LOG_ERROR);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sealed_opens_and_every_changed_byte_fails),
+        cmocka_unit_test(trailer_is_the_documented_construction),
         cmocka_unit_test(other_key_and_unsigned_are_refused),
         cmocka_unit_test(replays_are_refused_reordering_is_not),
         cmocka_unit_test(many_senders),
