@@ -21,6 +21,7 @@
 
 #define SCHED_ID           0u
 #define REPAIR_EVERY_MS    500
+#define SAVE_RETRY_MS      200
 #define JOIN_GIVE_UP_MS    120000
 #define SHUTDOWN_LINGER_MS 300
 /* How long the ended job waits for queued messages (SHUTDOWN to a server still connecting). */
@@ -66,6 +67,17 @@ typedef struct sched {
     uint64_t next_join_id;
     cps_store *store; /* the view and the job's progress, so a restarted scheduler resumes */
     uint64_t next_repair_ms;
+    /* The view in memory is newer than the saved one: no node is sent it until it is saved
+     * (persist before publish), so a restarted scheduler never resumes an epoch older than one
+     * some node has seen. Retried every SAVE_RETRY_MS. */
+    int unsaved;
+    uint8_t held_type; /* what the held view goes out as once saved: WELCOME or VIEW */
+    uint32_t failed_saves;
+    uint64_t next_save_ms;
+    const char *dir;
+    /* Test-only fault injection (CHAINPS_FAILPOINT_SCHED_SAVE=FIRST:COUNT): saves number FIRST
+     * .. FIRST+COUNT-1 (counted from 1) fail as a full disk would. */
+    uint32_t saves, fail_first, fail_count;
     int ending_held; /* every worker is done, but cfg.hold keeps the servers up */
     int finished;
     /* Tensor registry: the encoded descriptions the workers registered (tensor_desc in
@@ -146,6 +158,8 @@ static int sync_view_nodes(sched *s)
 
 static int send_view(sched *s, uint32_t peer, uint8_t type)
 {
+    if (s->unsaved)
+        return CPS_EAGAIN; /* sent once saved (save_retry); nodes ask again meanwhile */
     /* Workers held back (a checkpoint is being restored) learn of the job only at RELEASE. */
     const sched_node *n = s->cfg.hold_workers ? find_node(s, peer) : NULL;
     if (n && n->info.role == CPS_ROLE_WORKER)
@@ -187,7 +201,7 @@ static void send_simple(sched *s, uint32_t peer, uint8_t type, const cps_msg_hdr
         cps_log(CPS_LOG_WARN, "scheduler", "send to node %u failed: %s", peer, cps_strerror(rc));
 }
 
-static void save(sched *s);
+static int save(sched *s);
 
 /* The job runs (fresh, or resumed after a restart): join bookkeeping, and the failure detector
  * watches every live member. */
@@ -236,6 +250,7 @@ static int start_job(sched *s)
             s->cfg.num_workers, S, (unsigned long long)s->view.epoch, s->view.nranges,
             s->view.replicas,
             cps__config_mode_str(s->cfg.mode, s->cfg.ssp_bound, mode, sizeof mode));
+    s->held_type = CPS_MSG_WELCOME;
     save(s);
     for (uint32_t i = 0; i < s->nnodes; i++)
         send_view(s, s->nodes[i].info.id, CPS_MSG_WELCOME);
@@ -377,25 +392,51 @@ static int save_txn(cps_txn *txn, void *arg)
     return rc ? rc : cps__store_blob_put(txn, "sched/state", st, 28 + 4 * (size_t)ndone);
 }
 
-/* Write the view and the job's progress; a failure is logged (the job goes on, a restart
- * would then not resume). */
-static void save(sched *s)
+/* Write the view and the job's progress. On failure (a full disk, an I/O error) the view is
+ * held: send_view sends nothing until a retry succeeds, because a view some node saw but the
+ * disk did not could be lost by a scheduler restart, and the restarted one would publish another
+ * view under the same epoch. Failover waits meanwhile; that is the price of not losing it. */
+static int save(sched *s)
 {
     if (!s->store || !s->started)
-        return;
+        return 0;
     save_io io = {s, NULL, cps__view_encoded_size(&s->view)};
     io.view = malloc(io.view_len ? io.view_len : 1);
     int rc = io.view ? 0 : CPS_ENOMEM;
+    s->saves++;
+    if (rc == 0 && s->saves >= s->fail_first && s->saves - s->fail_first < s->fail_count)
+        rc = CPS_ENOSPC; /* the failpoint */
     if (rc == 0) {
         cps__view_encode(&s->view, io.view, io.view_len);
         rc = cps__store_write(s->store, save_txn, &io);
     }
     free(io.view);
-    if (rc != 0)
-        cps_log(CPS_LOG_ERROR, "scheduler",
-                "cannot save the view: %s (a restarted scheduler "
-                "would not resume this job)",
-                cps_strerror(rc));
+    if (rc != 0) {
+        if (!s->unsaved)
+            cps_log(CPS_LOG_ERROR, "scheduler",
+                    "cannot save view epoch %llu in %s: %s; no node is sent it until it is "
+                    "saved (failover waits), retrying every %d ms",
+                    (unsigned long long)s->view.epoch, s->dir ? s->dir : "?", cps_strerror(rc),
+                    SAVE_RETRY_MS);
+        if (!s->unsaved && !s->held_type)
+            s->held_type = CPS_MSG_VIEW;
+        s->unsaved = 1;
+        s->failed_saves++;
+        s->next_save_ms = cps__now_ms() + SAVE_RETRY_MS;
+        return rc;
+    }
+    if (s->unsaved) {
+        s->unsaved = 0;
+        cps_log(CPS_LOG_INFO, "scheduler",
+                "saved view epoch %llu after %u failed tries: sending it to every node",
+                (unsigned long long)s->view.epoch, s->failed_saves);
+        s->failed_saves = 0;
+        for (uint32_t i = 0; i < s->nnodes; i++)
+            if (!s->nodes[i].done)
+                send_view(s, s->nodes[i].info.id, s->held_type);
+    }
+    s->held_type = 0;
+    return 0;
 }
 
 typedef struct load_io {
@@ -515,10 +556,10 @@ static int resume(sched *s)
             (unsigned long long)s->view.epoch, s->nnodes, s->workers_done, s->cfg.num_workers);
     /* Everyone learns we are back (and anyone who missed a view gets it now). */
     s->view.epoch++;
-    for (uint32_t i = 0; i < s->nnodes; i++)
-        if (!s->nodes[i].done)
-            send_view(s, s->nodes[i].info.id, CPS_MSG_VIEW);
-    save(s);
+    if (save(s) == 0)
+        for (uint32_t i = 0; i < s->nnodes; i++)
+            if (!s->nodes[i].done)
+                send_view(s, s->nodes[i].info.id, CPS_MSG_VIEW);
     return 0;
 }
 
@@ -528,15 +569,14 @@ static void publish_view(sched *s, const char *why)
         return;
     sync_view_nodes(s);
     s->view.epoch++;
-    for (uint32_t i = 0; i < s->nnodes; i++) {
-        /* A finished worker has closed its inbox: a view for it would wait in its queue for
-         * ever, and the scheduler only exits once every queue is empty. */
+    int rc = save(s);
+    /* A finished worker has closed its inbox: a view for it would wait in its queue for ever,
+     * and the scheduler only exits once every queue is empty. */
+    for (uint32_t i = 0; rc == 0 && i < s->nnodes; i++)
         if (!s->nodes[i].done)
             send_view(s, s->nodes[i].info.id, CPS_MSG_VIEW);
-    }
-    save(s);
-    cps_log(CPS_LOG_INFO, "scheduler", "view epoch %llu published (%s)",
-            (unsigned long long)s->view.epoch, why);
+    cps_log(CPS_LOG_INFO, "scheduler", "view epoch %llu %s (%s)", (unsigned long long)s->view.epoch,
+            rc == 0 ? "published" : "held until saved", why);
 }
 
 static void log_chains(const sched *s)
@@ -1098,6 +1138,27 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     cps__rx_free(&rx);
 }
 
+/* CHAINPS_FAILPOINT_SCHED_SAVE=FIRST:COUNT (tests only): see sched.fail_first. */
+static int failpoint_parse(sched *s)
+{
+    const char *v = getenv("CHAINPS_FAILPOINT_SCHED_SAVE");
+    if (!v || !*v)
+        return 0;
+    unsigned first, count;
+    char end;
+    if (sscanf(v, "%u:%u%c", &first, &count, &end) != 2 || first == 0) {
+        cps_log(CPS_LOG_ERROR, "scheduler",
+                "CHAINPS_FAILPOINT_SCHED_SAVE must be FIRST:COUNT (FIRST >= 1), not '%s'", v);
+        return -1;
+    }
+    s->fail_first = first;
+    s->fail_count = count;
+    cps_log(CPS_LOG_WARN, "scheduler",
+            "test failpoint: saves %u to %u of the view fail as on a full disk", first,
+            first + count - 1);
+    return 0;
+}
+
 int cps__scheduler_run(const cps_config *cfg)
 {
     if (cfg->num_servers == 0 || cfg->num_workers == 0) {
@@ -1137,6 +1198,11 @@ int cps__scheduler_run(const cps_config *cfg)
     cps__log_set_tag("scheduler");
     char dir[600];
     snprintf(dir, sizeof dir, "%s/scheduler", cfg->data_dir);
+    s.dir = dir;
+    if (failpoint_parse(&s) != 0) {
+        rc = CPS_ECONFIG;
+        goto out;
+    }
     cps_store_opts so = {.initial_map_bytes = 8u << 20, .sync_every_commit = 1};
     rc = cps__store_open(dir, &so, &s.store);
     if (rc == 0)
@@ -1194,6 +1260,8 @@ int cps__scheduler_run(const cps_config *cfg)
             }
             declare_dead(&s, dead[i], now - dn->last_seen_ms);
         }
+        if (s.unsaved && now >= s.next_save_ms)
+            save(&s);
         if (nd || now >= s.next_repair_ms) {
             repair(&s, now);
             s.next_repair_ms = now + REPAIR_EVERY_MS;

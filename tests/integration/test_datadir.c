@@ -208,6 +208,25 @@ static void another_jobs_directory_is_refused(void **state)
     assert_int_equal(h_test_end(), 0);
 }
 
+/* Two lsq workers of `steps` steps of 5 ms (trained to `tol`) on c's job, in w[0..1];
+ * unavailable_ms > 0 bounds how long they wait for the scheduler or a range. */
+static void spawn_lsq_workers(const h_cluster *c, const char *steps, const char *tol,
+                              int unavailable_ms, pid_t w[2])
+{
+    char env_s[96], env_u[64];
+    snprintf(env_s, sizeof env_s, "CHAINPS_SCHEDULER=%s", c->sched_addr);
+    snprintf(env_u, sizeof env_u, "CHAINPS_UNAVAILABLE_TIMEOUT_MS=%d", unavailable_ms);
+    char *env[] = {"CHAINPS_ROLE=worker", env_s, "CHAINPS_REQUEST_TIMEOUT_MS=1000",
+                   unavailable_ms > 0 ? env_u : NULL, NULL};
+    char *wv[] = {LSQ_BIN, "--steps", (char *)steps, "--step-ms", "5", "--tol", (char *)tol, NULL};
+    for (int i = 0; i < 2; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "worker-%d", i);
+        w[i] = h_spawn(name, wv, env, h_dir());
+        assert_true(w[i] > 0);
+    }
+}
+
 /* The scheduler killed for good (no one restarts it): training goes on (it is not on the data
  * path), and the workers' final barrier fails with a named error in bounded time instead of
  * waiting for ever (issue 12). */
@@ -223,18 +242,8 @@ static void workers_fail_when_the_scheduler_is_gone_for_good(void **state)
     assert_int_equal(h_start_scheduler(&c, 1, 2, "sync", extra), 0);
     char *sv[] = {CHAINPS_BIN, "server", "--scheduler", c.sched_addr, NULL};
     assert_true(h_spawn("server", sv, NULL, h_dir()) > 0);
-    char env_s[96];
-    snprintf(env_s, sizeof env_s, "CHAINPS_SCHEDULER=%s", c.sched_addr);
-    char *env[] = {"CHAINPS_ROLE=worker", env_s, "CHAINPS_UNAVAILABLE_TIMEOUT_MS=3000",
-                   "CHAINPS_REQUEST_TIMEOUT_MS=1000", NULL};
-    char *wv[] = {LSQ_BIN, "--steps", "300", "--step-ms", "5", "--tol", "1", NULL};
     pid_t w[2];
-    for (int i = 0; i < 2; i++) {
-        char name[32];
-        snprintf(name, sizeof name, "worker-%d", i);
-        w[i] = h_spawn(name, wv, env, h_dir());
-        assert_true(w[i] > 0);
-    }
+    spawn_lsq_workers(&c, "300", "1", 3000, w);
     /* Killed once training runs: both workers have registered their tensor with it (the
      * second registration, a few ms after the first, is not logged: give it 0.5 s; 300 steps
      * of 5 ms leave the workers training well past that). */
@@ -252,6 +261,83 @@ static void workers_fail_when_the_scheduler_is_gone_for_good(void **state)
     assert_int_equal(h_test_end(), 0);
 }
 
+/* The time of day (ms) of the log line holding `what` in `log`, or -1. */
+static long line_ms(const char *log, const char *what)
+{
+    const char *p = strstr(log, what);
+    if (!p)
+        return -1;
+    while (p > log && p[-1] != '\n')
+        p--;
+    int h, m, sec, ms;
+    if (sscanf(p, "%d:%d:%d.%d", &h, &m, &sec, &ms) != 4)
+        return -1;
+    return ((h * 60L + m) * 60 + sec) * 1000 + ms;
+}
+
+/* Persist before publish (issue 12): a view the scheduler cannot save (here a failpoint makes
+ * five saves in a row fail as a full disk would) is sent to no node until a retry saves it, so a
+ * restarted scheduler can never resume an epoch older than one a node has seen. The failover
+ * waits for it, then the job finishes trained, and the log names what happened. */
+static void a_view_that_cannot_be_saved_is_held(void **state)
+{
+    (void)state;
+    h_test_begin("datadir-unsaved");
+    h_watchdog(120);
+    h_cluster c;
+    char sdir[700];
+    snprintf(sdir, sizeof sdir, "%s/sched", h_dir());
+    const char *extra[] = {"--data", sdir, NULL};
+    char *fail_saves[] = {"CHAINPS_FAILPOINT_SCHED_SAVE=2:5", NULL};
+    assert_int_equal(h_start_scheduler_env(&c, 3, 2, "sync", extra, fail_saves), 0);
+    for (int i = 0; i < 3; i++)
+        assert_true(h_start_server(&c, i) > 0);
+    pid_t w[2];
+    spawn_lsq_workers(&c, "400", "1e-3", 0, w);
+    assert_true(h_wait_log(c.sched, "tensor lsq/w registered", 1, JOB_MS));
+    usleep(300 * 1000);
+    h_kill_hard(c.servers[0]);
+    assert_true(h_wait_log(c.sched, "after 5 failed tries: sending it", 1, 30000));
+    for (int i = 0; i < 2; i++) {
+        assert_true(h_wait_exit(w[i], JOB_MS, NULL));
+        assert_int_equal(h_exit_code(w[i]), 0);
+    }
+    assert_true(h_wait_exit(c.sched, 20000, NULL));
+    assert_int_equal(h_exit_code(c.sched), 0);
+    char *log = h_read_log(c.sched);
+    const char *err = strstr(log, "cannot save view epoch");
+    const char *held = strstr(log, "held until saved");
+    const char *saved = strstr(log, "after 5 failed tries");
+    if (!err || !held || !saved || !(err < saved && held < saved))
+        fprintf(stderr, "---- scheduler ----\n%s\n", log);
+    assert_non_null(err);
+    assert_non_null(held);
+    assert_non_null(saved);
+    assert_true(err < saved && held < saved);
+    /* Only the saved epoch went out: every "published" line comes after the save or before
+     * the failure, none in between. */
+    const char *pub = strstr(err, "published");
+    assert_true(pub == NULL || pub > saved);
+    /* And no node had the view before it was saved. */
+    long saved_ms = line_ms(log, "after 5 failed tries");
+    char held_view[64];
+    snprintf(held_view, sizeof held_view, "view epoch %d installed",
+             atoi(err + strlen("cannot save view epoch ")));
+    for (int i = 0; i < 2; i++) {
+        char *wl = h_read_log(w[i]);
+        long got = line_ms(wl, held_view);
+        if (got < saved_ms)
+            fprintf(stderr, "---- worker %d: '%s' at %ld, saved at %ld ----\n%s\n", i, held_view,
+                    got, saved_ms, wl);
+        assert_true(got >= saved_ms);
+        free(wl);
+    }
+    free(log);
+    for (int i = 0; i < 2; i++) /* trained to --tol, or the worker exits non-zero */
+        assert_int_equal(h_log_count(w[i], "final: rank "), 1);
+    assert_int_equal(h_test_end(), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -259,6 +345,9 @@ int main(void)
         cmocka_unit_test(pslite_local_sh_layout_is_exact),
         cmocka_unit_test(another_jobs_directory_is_refused),
         cmocka_unit_test(workers_fail_when_the_scheduler_is_gone_for_good),
+        cmocka_unit_test(a_view_that_cannot_be_saved_is_held),
     };
+    if (getenv("CPS_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("CPS_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
