@@ -13,7 +13,11 @@
  *    tail of another), sends it a push and a pull, waits for the view that declares it dead and
  *    SIGCONTs it: nothing comes back from it for the requests it held, and nothing under the
  *    epoch it was paused in; the push, re-sent to the new chain, is applied exactly once; the
- *    paused server says it stalled and what it dropped; every process exits 0 at the end. */
+ *    paused server says it stalled and what it dropped; every process exits 0 at the end.
+ *  - paused_head_during_training: two lsq_worker processes train in sync mode on 3 servers in
+ *    chains of 3; the head of range 0 is SIGSTOPped until the scheduler declares it dead, then
+ *    woken: it says it stalled and what it dropped, and the job ends with the parameters of an
+ *    undisturbed run, bit for bit. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -23,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -594,6 +599,95 @@ static void paused_head_answers_nothing_queued(void **state)
     cps__view_fini(&w->view);
 }
 
+/* ---- part 3: a paused head during training ---- */
+
+static pid_t spawn_lsq(const h_cluster *c, int rank, const char *tag)
+{
+    char sched[96], rk[32], name[64];
+    snprintf(sched, sizeof sched, "CHAINPS_SCHEDULER=%s", c->sched_addr);
+    snprintf(rk, sizeof rk, "CHAINPS_RANK=%d", rank);
+    snprintf(name, sizeof name, "%s-worker-%d", tag, rank);
+    char *env[] = {"CHAINPS_ROLE=worker",   sched, "CHAINPS_NUM_SERVERS=3",
+                   "CHAINPS_NUM_WORKERS=2", rk,    NULL};
+    /* About 4 s of training: the pause lands in the middle of it. */
+    char *argv[] = {LSQ_BIN, "--steps", "400", "--step-ms", "10", "--tol", "1e-2", NULL};
+    return h_spawn(name, argv, env, NULL);
+}
+
+static void idle(int ms)
+{
+    uint64_t end = h_now_ms() + (uint64_t)ms;
+    while (h_now_ms() < end) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* One sync job of 3 servers and 2 lsq workers; with `pause`, server rank 0 (the head of range 0)
+ * is SIGSTOPped a second into training until the scheduler declares it dead. Returns rank 0's
+ * final checksum in `sum`; every process must exit 0. */
+static void train(const char *tag, int pause, char sum[17])
+{
+    h_cluster C;
+    memset(&C, 0, sizeof C);
+    char data[700];
+    snprintf(data, sizeof data, "%s/%s-scheduler", h_dir(), tag);
+    const char *extra[] = {"--data", data, NULL};
+    assert_int_equal(h_start_scheduler(&C, 3, 2, "sync", extra), 0);
+    C.nservers = 3;
+    for (int i = 0; i < 3; i++)
+        assert_true(h_start_server(&C, i) > 0);
+    pid_t w[2];
+    for (int i = 0; i < 2; i++)
+        w[i] = spawn_lsq(&C, i, tag);
+    if (pause) {
+        assert_true(h_wait_log(C.sched, "tensor lsq/w registered", 1, WAIT_MS));
+        idle(1000);
+        assert_true(h_alive(w[0]) && h_alive(w[1])); /* still training */
+        assert_int_equal(kill(C.servers[0], SIGSTOP), 0);
+        int dead = h_wait_log(C.sched, "(rank 0) silent for", 1, WAIT_MS);
+        idle(300);
+        kill(C.servers[0], SIGCONT);
+        assert_true(dead);
+    }
+    for (int i = 0; i < 2; i++) {
+        assert_true(h_wait_exit(w[i], 120000, NULL));
+        assert_int_equal(h_exit_code(w[i]), 0);
+    }
+    assert_true(h_wait_exit(C.sched, WAIT_MS, NULL));
+    assert_int_equal(h_exit_code(C.sched), 0);
+    for (int i = 0; i < 3; i++) {
+        assert_true(h_wait_exit(C.servers[i], WAIT_MS, NULL));
+        assert_int_equal(h_exit_code(C.servers[i]), 0);
+    }
+    if (pause) {
+        /* It noticed its pause and answered nothing before learning it had been replaced. */
+        assert_true(h_log_count(C.servers[0], "did not run for") > 0);
+        assert_true(h_log_count(C.servers[0], "dropped unanswered") > 0);
+    }
+    char *log = h_read_log(w[0]);
+    const char *p = strstr(log, "final: rank 0");
+    p = p ? strstr(p, "checksum ") : NULL;
+    int ok = p && sscanf(p, "checksum %16s", sum) == 1;
+    free(log);
+    assert_true(ok);
+    /* The next job gets fresh server directories (the harness names them by rank). */
+    for (int i = 0; i < 3; i++) {
+        char to[700];
+        snprintf(to, sizeof to, "%s/%s-server-%d", h_dir(), tag, i);
+        assert_int_equal(rename(C.data[i], to), 0);
+    }
+}
+
+static void paused_head_during_training(void **state)
+{
+    (void)state;
+    char want[17] = "", got[17] = "";
+    train("reference", 0, want);
+    train("paused", 1, got);
+    assert_string_equal(got, want);
+}
+
 static int teardown(void **state)
 {
     (void)state;
@@ -613,6 +707,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(reply_of_another_epoch_is_not_taken, setup, teardown),
         cmocka_unit_test_setup_teardown(paused_head_answers_nothing_queued, setup, teardown),
+        cmocka_unit_test_setup_teardown(paused_head_during_training, setup, teardown),
     };
     if (getenv("CPS_TEST_FILTER"))
         cmocka_set_test_filter(getenv("CPS_TEST_FILTER"));
