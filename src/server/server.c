@@ -153,9 +153,9 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
         const cps_node_info *me = cps__view_node(&v, s->id);
         if (s->suspect && v.epoch == s->view.epoch && me && me->alive) {
             cps_log(CPS_LOG_INFO, "server",
-                    "the scheduler still counts us in (epoch %llu): "
-                    "serving again",
-                    (unsigned long long)v.epoch);
+                    "the scheduler still counts us in (epoch %llu): serving again; %llu "
+                    "messages that came while we were unsure were dropped unanswered",
+                    (unsigned long long)v.epoch, (unsigned long long)s->suspect_dropped);
             s->suspect = 0;
         }
         cps__view_fini(&v);
@@ -327,7 +327,18 @@ static void check_stall(server *s, uint64_t now)
             "scheduler whether we are still in before serving anything",
             (unsigned long long)(now - s->last_turn_ms), s->cfg.dead_after_ms);
     s->suspect = 1;
+    s->suspect_dropped = 0;
     cps__server_ask_view(s);
+}
+
+/* 1 while we wait to hear whether we are still in (check_stall): the message is not served, and
+ * counted. */
+static int unsure(server *s)
+{
+    if (!s->suspect)
+        return 0;
+    s->suspect_dropped++;
+    return 1;
 }
 
 static void handle_msg(void *ctx, void *buf, size_t len)
@@ -372,7 +383,7 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         break;
     case CPS_MSG_CUT_PROBE:
     case CPS_MSG_CUT_OPEN:
-        if (!s->joined || s->suspect)
+        if (!s->joined || unsure(s))
             break;
         if (rx.hdr.type == CPS_MSG_CUT_PROBE)
             cps__server_on_cut_probe(s, &rx);
@@ -380,14 +391,14 @@ static void handle_msg(void *ctx, void *buf, size_t len)
             cps__server_on_cut_open(s, &rx);
         break;
     case CPS_MSG_PUT:
-        if (!s->joined || s->suspect)
+        if (!s->joined || unsure(s))
             break;
         cps__server_on_put(s, &rx);
         return; /* taken */
     case CPS_MSG_FWD:
     case CPS_MSG_CHAIN_ACK:
     case CPS_MSG_CHAIN_MARK:
-        if (!s->joined || s->suspect)
+        if (!s->joined || unsure(s))
             break;
         if (!hold_future(s, &rx))
             cps__server_on_chain(s, &rx);
@@ -398,12 +409,12 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         cps__server_on_join_range(s, &rx);
         return;
     case CPS_MSG_SNAP_REQ:
-        if (!s->joined || s->suspect)
+        if (!s->joined || unsure(s))
             break;
         cps__server_on_snap_req(s, &rx);
         return;
     case CPS_MSG_SNAP:
-        if (!s->joined || s->suspect)
+        if (!s->joined || unsure(s))
             break;
         cps__server_on_snap(s, &rx);
         return;
@@ -411,7 +422,7 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     case CPS_MSG_PUSH:
     case CPS_MSG_PUSH_PULL:
     case CPS_MSG_PULL:
-        if (s->suspect)
+        if (unsure(s))
             break; /* not until the scheduler confirms we are still in (see the loop) */
         if (!s->joined) {
             /* A worker heard its WELCOME before we heard ours: hold the request until then. */
@@ -437,6 +448,11 @@ static void handle_msg(void *ctx, void *buf, size_t len)
 
 static void rejoin(server *s)
 {
+    if (s->suspect)
+        cps_log(CPS_LOG_INFO, "server",
+                "%llu messages that came while we were unsure of our standing were dropped "
+                "unanswered (none was answered under view epoch %llu)",
+                (unsigned long long)s->suspect_dropped, (unsigned long long)s->view.epoch);
     cps__server_reap_snapshots(s, 1);
     cps__server_cuts_tick(s, cps__now_ms(), 1);
     cps__server_data_fini(s);

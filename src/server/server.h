@@ -83,8 +83,9 @@ typedef struct server {
     int suspect;           /* we stalled past the failure timeout: serve nothing until the scheduler
                               confirms we are still in its view */
     uint64_t last_turn_ms; /* when the event loop last turned (a stall is measured from it) */
-    int fenced;            /* the scheduler declared us dead: leave */
-    int refused;           /* our data directory belongs to another job: leave with this error */
+    uint64_t suspect_dropped; /* requests and chain messages not served while suspect */
+    int fenced;               /* the scheduler declared us dead: leave */
+    int refused;              /* our data directory belongs to another job: leave with this error */
     /* Requests that arrived before our own WELCOME (workers can hear theirs first). */
     cps_rx *early;
     uint32_t nearly;
