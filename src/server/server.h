@@ -6,26 +6,13 @@
 
 #include "core/config.h"
 #include "replication/chain.h"
+#include "replication/sync.h"
 #include "core/view.h"
 #include "node/heartbeat.h"
 #include "node/msg.h"
 #include "node/temp_peers.h"
 #include "store/store.h"
 #include "transport/transport.h"
-
-/* One sync-mode aggregation: step `step` of the key set `sig` in `range`, waiting for every live
- * worker's gradient. Contributions are kept as received messages (no copy) indexed by rank. */
-typedef struct agg_slot {
-    int used;
-    uint32_t range;
-    uint64_t sig;
-    uint64_t step;
-    uint32_t count;
-    uint64_t since_ms;  /* first contribution: a step waiting long is reported */
-    uint64_t warned_ms; /* last report */
-    cps_rx *by_rank;    /* num_workers entries; .buf == NULL when missing */
-    cps_kv *kv_by_rank;
-} agg_slot;
 
 /* A pull waiting for the slowest worker (SSP). */
 typedef struct parked_pull {
@@ -66,11 +53,8 @@ typedef struct server {
     int joined;
     int shutdown;
     cps_node_stats stats;
-    /* Sync aggregation slots. */
-    agg_slot *slots;
-    uint32_t nslots;
-    float *sum; /* scratch for aggregated gradients */
-    size_t sum_cap;
+    /* Sync steps being gathered at the heads we are (created at the first sync push). */
+    cps_sync *sync;
     /* SSP: clock[range * CPS_MAX_NODES + worker id] = steps pushed. */
     uint64_t *clock;
     uint32_t clock_ranges;

@@ -714,99 +714,95 @@ void cps__server_on_declare(server *s, cps_rx *rx)
     cps__rx_free(rx);
 }
 
-/* ---- sync aggregation ---- */
+/* ---- sync aggregation (replication/sync.c decides; this performs) ---- */
 
-static agg_slot *find_slot(server *s, uint32_t range, uint64_t sig, uint64_t step)
+/* A gathered push as the aggregator holds it: the received message, no copy. */
+typedef struct sync_push {
+    cps_rx rx;
+    cps_kv kv;
+} sync_push;
+
+static void sync_push_free(void *ctx, void *cookie)
 {
-    agg_slot *free_slot = NULL;
-    for (uint32_t i = 0; i < s->nslots; i++) {
-        agg_slot *a = &s->slots[i];
-        if (a->used && a->range == range && a->sig == sig && a->step == step)
-            return a;
-        if (!a->used && !free_slot)
-            free_slot = a;
-    }
-    uint32_t W = s->view.num_workers;
-    if (!free_slot) {
-        agg_slot *grown = realloc(s->slots, (s->nslots + 8) * sizeof *grown);
-        if (!grown)
-            return NULL;
-        memset(grown + s->nslots, 0, 8 * sizeof *grown);
-        s->slots = grown;
-        free_slot = &s->slots[s->nslots];
-        s->nslots += 8;
-    }
-    free_slot->by_rank = calloc(W, sizeof *free_slot->by_rank);
-    free_slot->kv_by_rank = calloc(W, sizeof *free_slot->kv_by_rank);
-    if (!free_slot->by_rank || !free_slot->kv_by_rank) {
-        free(free_slot->by_rank);
-        free(free_slot->kv_by_rank);
-        return NULL;
-    }
-    free_slot->used = 1;
-    free_slot->range = range;
-    free_slot->sig = sig;
-    free_slot->step = step;
-    free_slot->count = 0;
-    free_slot->since_ms = cps__now_ms();
-    free_slot->warned_ms = 0;
-    return free_slot;
+    (void)ctx;
+    sync_push *p = cookie;
+    cps__rx_free(&p->rx);
+    free(p);
 }
 
-static void slot_release(server *s, agg_slot *a)
+/* The sum runs in rank order, so every run computes the same bits; replicas apply the sum the
+ * head sends them. The lowest rank's message is ours: the others are added into its values in
+ * place, so the aggregate costs no copy, and its payload is the update's body as it stands. */
+static void sync_submit(server *s, const cps_sync_action *a)
 {
-    for (uint32_t r = 0; r < s->view.num_workers; r++)
-        if (a->by_rank[r].buf)
-            cps__rx_free(&a->by_rank[r]);
-    free(a->by_rank);
-    free(a->kv_by_rank);
-    memset(a, 0, sizeof *a);
-}
-
-/* Submit the step's aggregate once every live worker has contributed. The sum runs in rank
- * order, so every run computes the same bits; replicas apply the sum the head sends them. */
-static void slot_try_complete(server *s, agg_slot *a)
-{
-    uint32_t W = s->view.num_workers;
-    for (uint32_t i = 0; i < s->view.nnodes; i++) {
-        const cps_node_info *n = &s->view.nodes[i];
-        if (n->role == CPS_ROLE_WORKER && n->alive && n->rank < W && !a->by_rank[n->rank].buf)
-            return;
-    }
-    if (a->count == 0)
-        return;
-    /* The lowest rank's message is ours: the others are added into its values in place, so
-     * the aggregate costs no copy, and its payload is the update's body as it stands. */
-    const cps_kv *kv0 = NULL;
-    const cps_rx *rx0 = NULL;
+    sync_push *p0 = NULL;
     cps_chain_req *reqs = calloc(a->count, sizeof *reqs);
     uint32_t nreq = 0;
-    for (uint32_t r = 0; reqs && r < W; r++) {
-        if (!a->by_rank[r].buf)
+    for (uint32_t r = 0; reqs && r < a->nranks; r++) {
+        sync_push *p = a->by_rank[r].cookie;
+        if (!p)
             continue;
-        const cps_kv *kv = &a->kv_by_rank[r];
-        const cps_msg_hdr *h = &a->by_rank[r].hdr;
-        if (!kv0) {
-            kv0 = kv;
-            rx0 = &a->by_rank[r];
-        } else {
-            cps__vec_add((float *)(uintptr_t)kv0->vals, kv->vals, kv->nvals);
-        }
-        reqs[nreq++] = (cps_chain_req){h->sender, h->type, 0, h->req_seq};
+        if (!p0)
+            p0 = p;
+        else
+            cps__vec_add((float *)(uintptr_t)p0->kv.vals, p->kv.vals, p->kv.nvals);
+        reqs[nreq++] =
+            (cps_chain_req){a->by_rank[r].worker, a->by_rank[r].type, 0, a->by_rank[r].req_seq};
     }
     if (!reqs) {
         cps_log(CPS_LOG_ERROR, "server", "no memory to aggregate step %llu of range %u",
                 (unsigned long long)a->step, a->range);
     } else {
-        cps_chain_update u = {CPS_UPD_PUSH, a->step, a->sig, nreq, reqs, rx0->payload, rx0->len};
-        uint32_t range = a->range;
-        uint64_t step = a->step;
-        submit(s, range, &u);
+        cps_chain_update u = {CPS_UPD_PUSH, a->step,        a->sig,    nreq,
+                              reqs,         p0->rx.payload, p0->rx.len};
+        submit(s, a->range, &u);
         cps_log(CPS_LOG_DEBUG, "server", "range %u step %llu: aggregate of %u workers submitted",
-                range, (unsigned long long)step, nreq);
+                a->range, (unsigned long long)a->step, nreq);
     }
     free(reqs);
-    slot_release(s, a);
+    for (uint32_t r = 0; r < a->nranks; r++)
+        if (a->by_rank[r].cookie)
+            sync_push_free(NULL, a->by_rank[r].cookie);
+}
+
+/* A step that cannot complete is said out loud: the live workers it waits for have not pushed
+ * this key set for this step. Either they are slow or stopped (they will be dropped once
+ * declared dead), or they push other keys (ps-lite-style jobs), which sync mode never
+ * completes. */
+static void sync_report_stuck(server *s, const cps_sync_action *a, uint64_t now)
+{
+    char waiting[256], have[256];
+    size_t wo = 0, ho = 0;
+    waiting[0] = have[0] = 0;
+    for (uint32_t k = 0; k < s->view.nnodes; k++) {
+        const cps_node_info *n = &s->view.nodes[k];
+        if (n->role != CPS_ROLE_WORKER || !n->alive || n->rank >= a->nranks)
+            continue;
+        int got = a->by_rank[n->rank].cookie != NULL;
+        char *b = got ? have : waiting;
+        size_t *o = got ? &ho : &wo;
+        if (*o < sizeof waiting - 12)
+            *o += (size_t)snprintf(b + *o, sizeof waiting - *o, "%s%u", *o ? ", " : "", n->rank);
+    }
+    cps_log(CPS_LOG_WARN, "server",
+            "range %u: sync step %llu has waited %.0f s for worker rank(s) %s (rank(s) %s "
+            "pushed): they are slow or stopped, or push other keys; a sync step needs "
+            "every live worker to push the same keys (workers that push different keys "
+            "need --mode async)",
+            a->range, (unsigned long long)a->step, (now - a->since_ms) / 1000.0,
+            waiting[0] ? waiting : "none", have[0] ? have : "none");
+}
+
+static void run_sync_actions(server *s, uint64_t now)
+{
+    const cps_sync_action *acts;
+    size_t n = cps_sync_actions(s->sync, &acts);
+    for (size_t i = 0; i < n; i++) {
+        if (acts[i].kind == CPS_SA_SUBMIT)
+            sync_submit(s, &acts[i]);
+        else if (acts[i].kind == CPS_SA_STUCK)
+            sync_report_stuck(s, &acts[i], now);
+    }
 }
 
 static void push_sync(server *s, cps_rx *rx, const cps_kv *kv)
@@ -826,31 +822,27 @@ static void push_sync(server *s, cps_rx *rx, const cps_kv *kv)
         cps__rx_free(rx);
         return;
     }
-    agg_slot *a = find_slot(s, h->range, sig, h->step);
-    if (!a) {
-        cps__server_reply_error(s, h, CPS_ENOMEM, "no memory for an aggregation slot");
-        cps__rx_free(rx);
+    sync_push *p = malloc(sizeof *p);
+    int v = CPS_ENOMEM;
+    if (p && (s->sync || cps_sync_create(sync_push_free, NULL, &s->sync) == 0)) {
+        *p = (sync_push){*rx, *kv};
+        cps_sync_contrib c = {h->sender, h->type, h->req_seq, kv->nvals, p};
+        v = cps_sync_push(s->sync, &s->view, h->range, sig, h->step, rank, &c, cps__now_ms());
+    }
+    if (v == CPS_SYNC_TAKEN) {
+        run_sync_actions(s, 0);
         return;
     }
-    if (a->by_rank[rank].buf) {
-        /* A retry while the step is still being gathered: the reply comes when it completes. */
-        cps__rx_free(rx);
-        return;
-    }
-    for (uint32_t r = 0; r < s->view.num_workers; r++) {
-        if (a->by_rank[r].buf && a->kv_by_rank[r].nvals != kv->nvals) {
-            cps__server_reply_error(s, h, CPS_ESIZE,
-                                    "gradient length differs between workers "
-                                    "for step %llu",
-                                    (unsigned long long)h->step);
-            cps__rx_free(rx);
-            return;
-        }
-    }
-    a->by_rank[rank] = *rx;
-    a->kv_by_rank[rank] = *kv;
-    a->count++;
-    slot_try_complete(s, a);
+    free(p);
+    if (v == CPS_SYNC_SIZE)
+        cps__server_reply_error(s, h, CPS_ESIZE,
+                                "gradient length differs between workers for step %llu",
+                                (unsigned long long)h->step);
+    else if (v < 0)
+        cps__server_reply_error(s, h, v, "no memory for an aggregation slot");
+    /* CPS_SYNC_RETRY: a retry while the step is still being gathered; the reply comes when it
+     * completes. */
+    cps__rx_free(rx);
 }
 
 void cps__server_on_push(server *s, cps_rx *rx)
@@ -942,52 +934,12 @@ void cps__server_on_chain(server *s, cps_rx *rx)
     cps__rx_free(rx);
 }
 
-/* A sync step that cannot complete is said out loud: the live workers it waits for have not
- * pushed this key set for this step. Either they are slow or stopped (they will be dropped once
- * declared dead), or they push other keys (ps-lite-style jobs), which sync mode never
- * completes. Only the head gathers, so only it reports; at most every STUCK_REPEAT_MS. */
-#define STUCK_WARN_MS   5000
-#define STUCK_REPEAT_MS 10000
-
-static void report_stuck_slots(server *s, uint64_t now)
-{
-    uint32_t W = s->view.num_workers;
-    for (uint32_t i = 0; i < s->nslots; i++) {
-        agg_slot *a = &s->slots[i];
-        if (!a->used || now - a->since_ms < STUCK_WARN_MS ||
-            (a->warned_ms && now - a->warned_ms < STUCK_REPEAT_MS))
-            continue;
-        char waiting[256], have[256];
-        size_t wo = 0, ho = 0;
-        waiting[0] = have[0] = 0;
-        for (uint32_t k = 0; k < s->view.nnodes; k++) {
-            const cps_node_info *n = &s->view.nodes[k];
-            if (n->role != CPS_ROLE_WORKER || !n->alive || n->rank >= W)
-                continue;
-            int got = a->by_rank[n->rank].buf != NULL;
-            char *b = got ? have : waiting;
-            size_t *o = got ? &ho : &wo;
-            if (*o < sizeof waiting - 12)
-                *o +=
-                    (size_t)snprintf(b + *o, sizeof waiting - *o, "%s%u", *o ? ", " : "", n->rank);
-        }
-        a->warned_ms = now;
-        cps_log(CPS_LOG_WARN, "server",
-                "range %u: sync step %llu has waited %.0f s for worker rank(s) %s (rank(s) %s "
-                "pushed): they are slow or stopped, or push other keys; a sync step needs "
-                "every live worker to push the same keys (workers that push different keys "
-                "need --mode async)",
-                a->range, (unsigned long long)a->step, (now - a->since_ms) / 1000.0,
-                waiting[0] ? waiting : "none", have[0] ? have : "none");
-    }
-}
-
 void cps__server_tick(server *s, uint64_t now)
 {
     if (cps_chain_tick(s->chain, now) == 0)
         cps__server_run_actions(s);
-    if (s->nslots)
-        report_stuck_slots(s, now);
+    if (cps_sync_pending(s->sync) && cps_sync_tick(s->sync, now) == 0)
+        run_sync_actions(s, now);
 }
 
 void cps__server_view_changed(server *s)
@@ -1005,19 +957,15 @@ void cps__server_view_changed(server *s)
     if (rc != 0)
         cps_log(CPS_LOG_ERROR, "server", "chain view change failed: %s", cps_strerror(rc));
     cps__server_run_actions(s);
-    for (uint32_t i = 0; i < s->nslots; i++)
-        if (s->slots[i].used)
-            slot_try_complete(s, &s->slots[i]);
+    if (s->sync && cps_sync_set_view(s->sync, &s->view) == 0)
+        run_sync_actions(s, 0);
     if (s->nparked)
         wake_parked(s);
 }
 
 void cps__server_data_fini(server *s)
 {
-    for (uint32_t i = 0; i < s->nslots; i++)
-        if (s->slots[i].used)
-            slot_release(s, &s->slots[i]);
-    free(s->slots);
+    cps_sync_destroy(s->sync);
     for (uint32_t i = 0; i < s->nparked; i++)
         cps__rx_free(&s->parked[i].rx);
     free(s->parked);
@@ -1028,8 +976,7 @@ void cps__server_data_fini(server *s)
     s->acks = NULL;
     s->acks_ranges = s->nacks_held = 0;
     /* Counts too: a server that rejoins (fenced) keeps running on this state. */
-    s->slots = NULL;
-    s->nslots = 0;
+    s->sync = NULL;
     s->parked = NULL;
     s->nparked = s->parked_cap = 0;
     s->clock = NULL;
