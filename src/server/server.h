@@ -6,6 +6,7 @@
 
 #include "core/config.h"
 #include "replication/chain.h"
+#include "replication/ssp.h"
 #include "replication/sync.h"
 #include "core/view.h"
 #include "node/heartbeat.h"
@@ -13,13 +14,6 @@
 #include "node/temp_peers.h"
 #include "store/store.h"
 #include "transport/transport.h"
-
-/* A pull waiting for the slowest worker (SSP). */
-typedef struct parked_pull {
-    cps_rx rx;
-    cps_kv kv;
-    uint64_t clock;
-} parked_pull;
 
 /* A range this server is copying from its tail (state transfer, transfer.c). */
 typedef struct join_state {
@@ -55,11 +49,8 @@ typedef struct server {
     cps_node_stats stats;
     /* Sync steps being gathered at the heads we are (created at the first sync push). */
     cps_sync *sync;
-    /* SSP: clock[range * CPS_MAX_NODES + worker id] = steps pushed. */
-    uint64_t *clock;
-    uint32_t clock_ranges;
-    parked_pull *parked;
-    uint32_t nparked, parked_cap;
+    /* SSP clocks of every range and the pulls they hold back (with the chain). */
+    cps_ssp *ssp;
     /* Chain replication state machine of every range this server holds. */
     cps_chain *chain;
     int poisoned;          /* a store write failed: state unknown, the server must leave */

@@ -92,11 +92,14 @@ static void op_drop_cookie(void *ctx, void *cookie)
 static const cps_chain_store_ops chain_store_ops = {op_range_seq, op_dedup, op_agg_step,
                                                     op_drop_cookie};
 
-/* Created once our node id is known (at the first view). */
+static void parked_pull_free(void *ctx, void *cookie);
+
+/* Created once our node id is known (at the first view), with the SSP gate of its ranges. */
 int cps__server_chain_init(server *s)
 {
     cps_chain_config cc = {.self = s->id, .resend_ms = 200, .max_unacked = 1024};
-    return cps_chain_create(&cc, &chain_store_ops, s, &s->chain);
+    int rc = s->ssp ? 0 : cps_ssp_create(parked_pull_free, NULL, &s->ssp);
+    return rc ? rc : cps_chain_create(&cc, &chain_store_ops, s, &s->chain);
 }
 
 /* ---- replies ---- */
@@ -186,92 +189,37 @@ static void reply_request_aux(server *s, uint8_t type, uint32_t worker, uint64_t
         cps_log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", worker, cps_strerror(rc));
 }
 
-/* ---- SSP clocks and parked pulls ---- */
+/* ---- SSP clocks and parked pulls (replication/ssp.c decides; this answers) ---- */
 
-static uint64_t *clock_slot(server *s, uint32_t range, uint32_t worker)
+/* A pull waiting for the slowest worker, as the gate holds it: the received message. */
+typedef struct parked_pull {
+    cps_rx rx;
+    cps_kv kv;
+} parked_pull;
+
+static void parked_pull_free(void *ctx, void *cookie)
 {
-    if (!s->clock || s->clock_ranges != s->view.nranges) {
-        free(s->clock);
-        s->clock_ranges = s->view.nranges;
-        s->clock = calloc((size_t)s->view.nranges * CPS_MAX_NODES, sizeof *s->clock);
-        if (!s->clock)
-            return NULL;
-    }
-    if (range >= s->view.nranges || worker >= CPS_MAX_NODES)
-        return NULL;
-    return &s->clock[(size_t)range * CPS_MAX_NODES + worker];
+    (void)ctx;
+    parked_pull *p = cookie;
+    cps__rx_free(&p->rx);
+    free(p);
 }
 
-/* A worker holding the rank of a worker that died: it joins a running job. */
-static int takes_dead_workers_place(const server *s, uint32_t worker)
-{
-    const cps_node_info *me = cps__view_node(&s->view, worker);
-    if (!me)
-        return 0;
-    for (uint32_t i = 0; i < s->view.nnodes; i++) {
-        const cps_node_info *n = &s->view.nodes[i];
-        if (n->role == CPS_ROLE_WORKER && !n->alive && n->id != worker && n->rank == me->rank)
-            return 1;
-    }
-    return 0;
-}
-
-/* The lowest clock in `range` of the live workers other than `except` (UINT64_MAX: none). A
- * replacement whose DECLARE has not been applied here yet has no clock: it does not count (two
- * replacements admitted together would otherwise each start at the other's 0). */
-static uint64_t slowest_clock(server *s, uint32_t range, uint32_t except)
-{
-    uint64_t m = UINT64_MAX;
-    for (uint32_t i = 0; i < s->view.nnodes; i++) {
-        const cps_node_info *n = &s->view.nodes[i];
-        if (n->role != CPS_ROLE_WORKER || !n->alive || n->id == except)
-            continue;
-        uint64_t *c = clock_slot(s, range, n->id);
-        uint64_t v = c ? *c : 0;
-        if (v == 0 && takes_dead_workers_place(s, n->id))
-            continue;
-        if (v < m)
-            m = v;
-    }
-    return m;
-}
-
-/* The bound is on how far a worker runs ahead of the others: its own clock never holds back its
- * pull (it may lag its pull's clock while its own push is still on the way to this range, or
- * while it has just taken a dead worker's place). */
 static int pull_may_proceed(server *s, uint32_t range, uint64_t clock, uint32_t worker)
 {
-    if (s->view.mode != CPS_MODE_SSP)
-        return 1;
-    uint64_t m = slowest_clock(s, range, worker);
-    return m == UINT64_MAX || m + s->view.ssp_bound >= clock;
-}
-
-/* An SSP worker taking a dead worker's place starts at the slowest clock of the others: at 0 it
- * would hold every other worker's pulls back until it had pushed its way up from the first step
- * on its own. Every replica applies the DECLARE, so every replica sets the same clock. */
-static void ssp_place_joiner(server *s, uint32_t range, uint32_t worker)
-{
-    if (s->view.mode != CPS_MODE_SSP || !takes_dead_workers_place(s, worker))
-        return;
-    uint64_t *c = clock_slot(s, range, worker);
-    uint64_t m = slowest_clock(s, range, worker);
-    if (c && *c == 0 && m != UINT64_MAX)
-        *c = m;
+    return cps_ssp_may_proceed(s->ssp, &s->view, range, clock, worker);
 }
 
 static uint64_t keyset_sig(const cps_kv *kv);
 
 /* The step a DECLARE answers with, where a worker joining a running job starts counting. Sync:
  * the last step applied to the key set, so its first push joins the step the others are on.
- * SSP: a replacement's clock in the range (ssp_place_joiner), else 0. Async: 0. */
+ * SSP: a replacement's clock in the range (cps_ssp_declared placed it), else 0. Async: 0. */
 static uint64_t declare_step(server *s, uint32_t range, uint32_t worker, const void *body,
                              size_t len)
 {
-    if (s->view.mode == CPS_MODE_SSP) {
-        uint64_t *c = takes_dead_workers_place(s, worker) ? clock_slot(s, range, worker) : NULL;
-        return c ? *c : 0;
-    }
+    if (s->view.mode == CPS_MODE_SSP)
+        return cps_ssp_declare_step(s->ssp, &s->view, range, worker);
     cps_kv kv;
     const uint64_t *offsets;
     cps_param_spec spec;
@@ -284,36 +232,31 @@ static uint64_t declare_step(server *s, uint32_t range, uint32_t worker, const v
 
 static void wake_parked(server *s)
 {
-    uint32_t kept = 0;
-    for (uint32_t i = 0; i < s->nparked; i++) {
-        parked_pull *p = &s->parked[i];
-        if (pull_may_proceed(s, p->rx.hdr.range, p->clock, p->rx.hdr.sender)) {
-            cps_msg_hdr h;
-            reply_header(s, &h, CPS_MSG_VALUES, p->rx.hdr.sender, p->rx.hdr.req_seq,
-                         p->rx.hdr.range, p->rx.hdr.step);
-            reply_values(s, &h, &p->kv);
-            cps__rx_free(&p->rx);
-        } else {
-            s->parked[kept++] = *p;
-        }
+    void *const *released;
+    cps_ssp_wake(s->ssp, &s->view);
+    size_t n = cps_ssp_released(s->ssp, &released);
+    for (size_t i = 0; i < n; i++) {
+        parked_pull *p = released[i];
+        cps_msg_hdr h;
+        reply_header(s, &h, CPS_MSG_VALUES, p->rx.hdr.sender, p->rx.hdr.req_seq, p->rx.hdr.range,
+                     p->rx.hdr.step);
+        reply_values(s, &h, &p->kv);
+        parked_pull_free(NULL, p);
     }
-    s->nparked = kept;
 }
 
 /* Keep a pull (or the pull half of a push-pull) until the slowest worker catches up; takes rx.
  * Returns 0, or CPS_ENOMEM with rx still the caller's. */
 static int park_pull(server *s, cps_rx *rx, const cps_kv *kv, uint64_t clock)
 {
-    if (s->nparked == s->parked_cap) {
-        uint32_t cap = s->parked_cap ? s->parked_cap * 2 : 16;
-        parked_pull *grown = realloc(s->parked, cap * sizeof *grown);
-        if (!grown)
-            return CPS_ENOMEM;
-        s->parked = grown;
-        s->parked_cap = cap;
-    }
-    s->parked[s->nparked++] = (parked_pull){*rx, *kv, clock};
-    return 0;
+    parked_pull *p = malloc(sizeof *p);
+    if (!p)
+        return CPS_ENOMEM;
+    *p = (parked_pull){*rx, *kv};
+    int rc = cps_ssp_park(s->ssp, rx->hdr.range, rx->hdr.sender, clock, p);
+    if (rc != 0)
+        free(p);
+    return rc;
 }
 
 /* SSP: a push-pull's values wait like a pull's. Its push is applied; only the reply waits. */
@@ -409,12 +352,9 @@ static void do_apply(server *s, const cps_chain_action *a)
     for (uint32_t i = 0; i < a->upd.nreqs; i++) {
         const cps_chain_req *q = &a->upd.reqs[i];
         if (q->type == CPS_MSG_DECLARE)
-            ssp_place_joiner(s, a->range, q->worker);
-        if (q->type == CPS_MSG_DECLARE || q->type == CPS_MSG_PUT || q->noagg)
-            continue;
-        uint64_t *c = clock_slot(s, a->range, q->worker);
-        if (c && a->upd.step > *c)
-            *c = a->upd.step;
+            cps_ssp_declared(s->ssp, &s->view, a->range, q->worker);
+        else if (q->type != CPS_MSG_PUT && !q->noagg)
+            cps_ssp_pushed(s->ssp, &s->view, a->range, q->worker, a->upd.step);
     }
 }
 
@@ -580,7 +520,7 @@ void cps__server_run_actions(server *s)
             break;
         }
     }
-    if (applied && s->nparked)
+    if (applied && cps_ssp_parked(s->ssp))
         wake_parked(s);
 }
 
@@ -959,17 +899,14 @@ void cps__server_view_changed(server *s)
     cps__server_run_actions(s);
     if (s->sync && cps_sync_set_view(s->sync, &s->view) == 0)
         run_sync_actions(s, 0);
-    if (s->nparked)
+    if (cps_ssp_parked(s->ssp))
         wake_parked(s);
 }
 
 void cps__server_data_fini(server *s)
 {
     cps_sync_destroy(s->sync);
-    for (uint32_t i = 0; i < s->nparked; i++)
-        cps__rx_free(&s->parked[i].rx);
-    free(s->parked);
-    free(s->clock);
+    cps_ssp_destroy(s->ssp);
     free(s->joins);
     /* Held acks are dropped: the chain state they came from is gone. */
     free(s->acks);
@@ -977,9 +914,6 @@ void cps__server_data_fini(server *s)
     s->acks_ranges = s->nacks_held = 0;
     /* Counts too: a server that rejoins (fenced) keeps running on this state. */
     s->sync = NULL;
-    s->parked = NULL;
-    s->nparked = s->parked_cap = 0;
-    s->clock = NULL;
-    s->clock_ranges = 0;
+    s->ssp = NULL;
     s->joins = NULL;
 }
