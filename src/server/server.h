@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "core/config.h"
+#include "replication/ackhold.h"
 #include "replication/chain.h"
 #include "replication/ssp.h"
 #include "replication/sync.h"
@@ -27,13 +28,6 @@ typedef struct join_state {
     uint64_t snap_req_ms; /* when SNAP_REQ was last sent (re-sent until a SNAP arrives) */
     int got_snap;
 } join_state;
-
-/* A CHAIN_ACK held back for a moment before it is sent (update.c). */
-typedef struct held_ack {
-    int used;
-    uint32_t to;
-    cps_msg_hdr hdr;
-} held_ack;
 
 struct snap_job;
 
@@ -73,11 +67,8 @@ typedef struct server {
     uint32_t nfuture;
     struct snap_job *snaps; /* snapshots being sent by threads */
     struct cut_job *cuts;   /* checkpoint read views, pending or served by threads (cut.c) */
-    /* CHAIN_ACKs waiting to be sent, one per range (acks are cumulative: the latest covers
-     * the earlier ones). */
-    held_ack *acks; /* acks_ranges entries */
-    uint32_t acks_ranges, nacks_held;
-    uint64_t acks_since; /* when the oldest one was held */
+    /* CHAIN_ACKs held back for a moment before they are sent (replication/ackhold.h). */
+    cps_ackhold *acks;
     cps_heartbeat *beat; /* the heartbeat thread (node/heartbeat.c) */
 } server;
 

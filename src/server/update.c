@@ -415,74 +415,42 @@ static void do_reply(server *s, const cps_chain_action *a)
                       have_kv ? &kv : NULL, aux);
 }
 
-/* ---- held CHAIN_ACKs ----
- *
- * A tail (or a middle replica passing an ack up) acknowledges every update to its predecessor.
- * Sent at once, that ack is one more message per update (one in four of a push with 2 replicas),
- * and for small updates its send, wake-ups and receive are a good part of what the update itself
- * costs the two servers. The acks only let the predecessors drop what they keep for
- * re-sending (and answer retried requests once they are committed), so each is held for up to
- * ACK_HOLD_MS, and a later ack of the same range replaces it: CHAIN_ACK(seq) covers every update
- * up to seq (bench_ps, 4 KB pushes, 2 servers: +30% pushes per second). For the protocol this is a
- * network that delays acks a little and loses the superseded ones, which it tolerates (the
- * simulator's network does both); ACK_HOLD_MS is far below the FWD re-send time (200 ms). Acks
- * with a flag (the answer to a MARK) and everything else go out at once. */
-#define ACK_HOLD_MS 2
+/* ---- held CHAIN_ACKs (replication/ackhold.c decides when; this sends) ---- */
 
-static void send_held_ack(server *s, held_ack *a)
+static void send_released_acks(server *s)
 {
-    int rc = cps__msg_send(s->tp, a->to, &a->hdr, NULL, 0);
-    if (rc != 0)
-        cps_log(CPS_LOG_DEBUG, "server", "chain ack to node %u not sent: %s", a->to,
-                cps_strerror(rc));
-    a->used = 0;
-    s->nacks_held--;
+    const cps_ackhold_send *out;
+    size_t n = cps_ackhold_sends(s->acks, &out);
+    for (size_t i = 0; i < n; i++) {
+        cps_msg_hdr h = out[i].hdr; /* cps__msg_send fills in the header */
+        int rc = cps__msg_send(s->tp, out[i].to, &h, NULL, 0);
+        if (rc != 0)
+            cps_log(CPS_LOG_DEBUG, "server", "chain ack to node %u not sent: %s", out[i].to,
+                    cps_strerror(rc));
+    }
 }
 
 /* Hold the CHAIN_ACK `h` to node `to`; 1 if held, 0 if the caller must send it now. */
 static int hold_ack(server *s, uint32_t to, const cps_msg_hdr *h)
 {
-    if (h->aux != 0 || h->payload_len != 0 || h->range >= s->view.nranges)
+    if (!s->acks && cps_ackhold_create(&s->acks) != 0)
         return 0;
-    if (s->acks_ranges != s->view.nranges) {
-        cps__server_flush_acks(s, 0, 1);
-        held_ack *grown = realloc(s->acks, s->view.nranges * sizeof *grown);
-        if (!grown)
-            return 0;
-        memset(grown, 0, s->view.nranges * sizeof *grown);
-        s->acks = grown;
-        s->acks_ranges = s->view.nranges;
-    }
-    held_ack *a = &s->acks[h->range];
-    /* Only a later ack on the same link and epoch covers the held one. */
-    if (a->used && (a->to != to || a->hdr.epoch != h->epoch || a->hdr.req_seq > h->req_seq))
-        send_held_ack(s, a);
-    if (!a->used) {
-        if (s->nacks_held++ == 0)
-            s->acks_since = cps__now_ms();
-    }
-    a->used = 1;
-    a->to = to;
-    a->hdr = *h;
-    return 1;
+    int held = cps_ackhold_offer(s->acks, s->view.nranges, to, h, cps__now_ms());
+    send_released_acks(s);
+    return held;
 }
 
 void cps__server_flush_acks(server *s, uint64_t now, int force)
 {
-    if (s->nacks_held == 0 || (!force && now - s->acks_since < ACK_HOLD_MS))
+    if (!cps_ackhold_held(s->acks))
         return;
-    for (uint32_t r = 0; r < s->acks_ranges && s->nacks_held; r++)
-        if (s->acks[r].used)
-            send_held_ack(s, &s->acks[r]);
+    cps_ackhold_due(s->acks, now, force);
+    send_released_acks(s);
 }
 
 int cps__server_ack_wait_ms(const server *s, uint64_t now, int max_ms)
 {
-    if (s->nacks_held == 0)
-        return max_ms;
-    uint64_t due = s->acks_since + ACK_HOLD_MS;
-    int wait = now >= due ? 0 : (int)(due - now);
-    return wait < max_ms ? wait : max_ms;
+    return cps_ackhold_wait_ms(s->acks, now, max_ms);
 }
 
 void cps__server_run_actions(server *s)
@@ -909,9 +877,8 @@ void cps__server_data_fini(server *s)
     cps_ssp_destroy(s->ssp);
     free(s->joins);
     /* Held acks are dropped: the chain state they came from is gone. */
-    free(s->acks);
+    cps_ackhold_destroy(s->acks);
     s->acks = NULL;
-    s->acks_ranges = s->nacks_held = 0;
     /* Counts too: a server that rejoins (fenced) keeps running on this state. */
     s->sync = NULL;
     s->ssp = NULL;
