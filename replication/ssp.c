@@ -118,6 +118,21 @@ void cps_ssp_declared(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t wo
         *c = m;
 }
 
+int cps_ssp_applied(cps_ssp *g, const cps_view *v, uint32_t range, const cps_chain_update *u)
+{
+    int rc = 0;
+    for (uint32_t i = 0; i < u->nreqs; i++) {
+        const cps_chain_req *q = &u->reqs[i];
+        if (q->type == CPS_MSG_DECLARE) {
+            cps_ssp_declared(g, v, range, q->worker);
+        } else if (q->type != CPS_MSG_PUT && !q->noagg) {
+            int r = cps_ssp_pushed(g, v, range, q->worker, u->step);
+            rc = rc ? rc : r;
+        }
+    }
+    return rc;
+}
+
 uint64_t cps_ssp_declare_step(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worker)
 {
     uint64_t *c = takes_dead_workers_place(v, worker) ? clock_slot(g, v, range, worker) : NULL;

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "core/view.h"
+#include "replication/chain.h"
 
 typedef struct cps_ssp cps_ssp;
 
@@ -36,6 +37,12 @@ void cps_ssp_destroy(cps_ssp *g);
  * with another range count starts them again from 0. Errors: CPS_EINVAL (range or worker id
  * out of bounds), CPS_ENOMEM (the clock is not moved). */
 int cps_ssp_pushed(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worker, uint64_t step);
+
+/* Update `u` was applied to `range`: each dense push or push-pull it holds moves its worker's
+ * clock (cps_ssp_pushed), each DECLARE places a replacement (cps_ssp_declared); sparse pushes
+ * and restores (PUT) are not steps and move nothing. Errors are those of cps_ssp_pushed; the
+ * other requests are still counted. */
+int cps_ssp_applied(cps_ssp *g, const cps_view *v, uint32_t range, const cps_chain_update *u);
 
 /* `worker`'s DECLARE was applied to `range`. In SSP mode a worker taking a dead worker's rank
  * whose clock is still 0 starts at the slowest clock of the other live workers. */

@@ -349,13 +349,7 @@ static void do_apply(server *s, const cps_chain_action *a)
     s->stats.updates_applied++;
     if (s->cuts)
         cps__server_cuts_after_apply(s, a->range);
-    for (uint32_t i = 0; i < a->upd.nreqs; i++) {
-        const cps_chain_req *q = &a->upd.reqs[i];
-        if (q->type == CPS_MSG_DECLARE)
-            cps_ssp_declared(s->ssp, &s->view, a->range, q->worker);
-        else if (q->type != CPS_MSG_PUT && !q->noagg)
-            cps_ssp_pushed(s->ssp, &s->view, a->range, q->worker, a->upd.step);
-    }
+    cps_ssp_applied(s->ssp, &s->view, a->range, &a->upd);
 }
 
 static void do_reply(server *s, const cps_chain_action *a)

@@ -177,6 +177,36 @@ static void replacement_starts_at_the_slowest_clock(void **state)
     cps_ssp_destroy(g);
 }
 
+static void an_applied_update_moves_the_clocks_of_its_dense_pushes(void **state)
+{
+    (void)state;
+    cps_view v;
+    make_view(&v, CPS_MODE_SSP, 1, 3);
+    int dropped;
+    cps_ssp *g = new_gate(&dropped);
+    assert_int_equal(cps_ssp_pushed(g, &v, 0, 11, 4), 0);
+    /* A sync aggregate of workers 10 and 11 at step 6, a sparse push and a restore of 12. */
+    cps_chain_req reqs[] = {{10, CPS_MSG_PUSH, 0, 1},
+                            {11, CPS_MSG_PUSH_PULL, 0, 2},
+                            {12, CPS_MSG_PUSH, 1, 3},
+                            {12, CPS_MSG_PUT, 0, 4}};
+    cps_chain_update u = {CPS_UPD_PUSH, 6, 0x5, 4, reqs, NULL, 0};
+    assert_int_equal(cps_ssp_applied(g, &v, 0, &u), 0);
+    assert_int_equal(cps_ssp_clock(g, &v, 0, 10), 6);
+    assert_int_equal(cps_ssp_clock(g, &v, 0, 11), 6);
+    assert_int_equal(cps_ssp_clock(g, &v, 0, 12), 0);
+    assert_int_equal(cps_ssp_clock(g, &v, 1, 10), 0);
+    /* A DECLARE of a replacement of worker 12 places it at the slowest of the others (6). */
+    nodes[3].alive = 0;
+    nodes[4] = (cps_node_info){.id = 13, .role = CPS_ROLE_WORKER, .alive = 1, .rank = 2};
+    v.nnodes = 5;
+    cps_chain_req d = {13, CPS_MSG_DECLARE, 0, 1};
+    cps_chain_update du = {CPS_UPD_DECLARE, 0, 0, 1, &d, NULL, 0};
+    assert_int_equal(cps_ssp_applied(g, &v, 0, &du), 0);
+    assert_int_equal(cps_ssp_clock(g, &v, 0, 13), 6);
+    cps_ssp_destroy(g);
+}
+
 static void clocks_only_move_forward_and_reset_with_the_range_count(void **state)
 {
     (void)state;
@@ -234,6 +264,7 @@ int main(void)
         cmocka_unit_test(other_modes_never_hold_a_pull),
         cmocka_unit_test(dead_worker_is_not_waited_for),
         cmocka_unit_test(replacement_starts_at_the_slowest_clock),
+        cmocka_unit_test(an_applied_update_moves_the_clocks_of_its_dense_pushes),
         cmocka_unit_test(clocks_only_move_forward_and_reset_with_the_range_count),
         cmocka_unit_test(wake_keeps_order_and_destroy_drops_what_is_parked),
     };
