@@ -5,34 +5,16 @@
 #include <stdint.h>
 
 #include "core/config.h"
+#include "replication/ackhold.h"
 #include "replication/chain.h"
+#include "replication/ssp.h"
+#include "replication/sync.h"
 #include "core/view.h"
 #include "node/heartbeat.h"
 #include "node/msg.h"
 #include "node/temp_peers.h"
 #include "store/store.h"
 #include "transport/transport.h"
-
-/* One sync-mode aggregation: step `step` of the key set `sig` in `range`, waiting for every live
- * worker's gradient. Contributions are kept as received messages (no copy) indexed by rank. */
-typedef struct agg_slot {
-    int used;
-    uint32_t range;
-    uint64_t sig;
-    uint64_t step;
-    uint32_t count;
-    uint64_t since_ms;  /* first contribution: a step waiting long is reported */
-    uint64_t warned_ms; /* last report */
-    cps_rx *by_rank;    /* num_workers entries; .buf == NULL when missing */
-    cps_kv *kv_by_rank;
-} agg_slot;
-
-/* A pull waiting for the slowest worker (SSP). */
-typedef struct parked_pull {
-    cps_rx rx;
-    cps_kv kv;
-    uint64_t clock;
-} parked_pull;
 
 /* A range this server is copying from its tail (state transfer, transfer.c). */
 typedef struct join_state {
@@ -47,13 +29,6 @@ typedef struct join_state {
     int got_snap;
 } join_state;
 
-/* A CHAIN_ACK held back for a moment before it is sent (update.c). */
-typedef struct held_ack {
-    int used;
-    uint32_t to;
-    cps_msg_hdr hdr;
-} held_ack;
-
 struct snap_job;
 
 typedef struct server {
@@ -66,16 +41,10 @@ typedef struct server {
     int joined;
     int shutdown;
     cps_node_stats stats;
-    /* Sync aggregation slots. */
-    agg_slot *slots;
-    uint32_t nslots;
-    float *sum; /* scratch for aggregated gradients */
-    size_t sum_cap;
-    /* SSP: clock[range * CPS_MAX_NODES + worker id] = steps pushed. */
-    uint64_t *clock;
-    uint32_t clock_ranges;
-    parked_pull *parked;
-    uint32_t nparked, parked_cap;
+    /* Sync steps being gathered at the heads we are (created at the first sync push). */
+    cps_sync *sync;
+    /* SSP clocks of every range and the pulls they hold back (with the chain). */
+    cps_ssp *ssp;
     /* Chain replication state machine of every range this server holds. */
     cps_chain *chain;
     int poisoned;          /* a store write failed: state unknown, the server must leave */
@@ -98,11 +67,8 @@ typedef struct server {
     uint32_t nfuture;
     struct snap_job *snaps; /* snapshots being sent by threads */
     struct cut_job *cuts;   /* checkpoint read views, pending or served by threads (cut.c) */
-    /* CHAIN_ACKs waiting to be sent, one per range (acks are cumulative: the latest covers
-     * the earlier ones). */
-    held_ack *acks; /* acks_ranges entries */
-    uint32_t acks_ranges, nacks_held;
-    uint64_t acks_since; /* when the oldest one was held */
+    /* CHAIN_ACKs held back for a moment before they are sent (replication/ackhold.h). */
+    cps_ackhold *acks;
     cps_heartbeat *beat; /* the heartbeat thread (node/heartbeat.c) */
 } server;
 

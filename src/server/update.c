@@ -92,11 +92,14 @@ static void op_drop_cookie(void *ctx, void *cookie)
 static const cps_chain_store_ops chain_store_ops = {op_range_seq, op_dedup, op_agg_step,
                                                     op_drop_cookie};
 
-/* Created once our node id is known (at the first view). */
+static void parked_pull_free(void *ctx, void *cookie);
+
+/* Created once our node id is known (at the first view), with the SSP gate of its ranges. */
 int cps__server_chain_init(server *s)
 {
     cps_chain_config cc = {.self = s->id, .resend_ms = 200, .max_unacked = 1024};
-    return cps_chain_create(&cc, &chain_store_ops, s, &s->chain);
+    int rc = s->ssp ? 0 : cps_ssp_create(parked_pull_free, NULL, &s->ssp);
+    return rc ? rc : cps_chain_create(&cc, &chain_store_ops, s, &s->chain);
 }
 
 /* ---- replies ---- */
@@ -186,92 +189,37 @@ static void reply_request_aux(server *s, uint8_t type, uint32_t worker, uint64_t
         cps_log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", worker, cps_strerror(rc));
 }
 
-/* ---- SSP clocks and parked pulls ---- */
+/* ---- SSP clocks and parked pulls (replication/ssp.c decides; this answers) ---- */
 
-static uint64_t *clock_slot(server *s, uint32_t range, uint32_t worker)
+/* A pull waiting for the slowest worker, as the gate holds it: the received message. */
+typedef struct parked_pull {
+    cps_rx rx;
+    cps_kv kv;
+} parked_pull;
+
+static void parked_pull_free(void *ctx, void *cookie)
 {
-    if (!s->clock || s->clock_ranges != s->view.nranges) {
-        free(s->clock);
-        s->clock_ranges = s->view.nranges;
-        s->clock = calloc((size_t)s->view.nranges * CPS_MAX_NODES, sizeof *s->clock);
-        if (!s->clock)
-            return NULL;
-    }
-    if (range >= s->view.nranges || worker >= CPS_MAX_NODES)
-        return NULL;
-    return &s->clock[(size_t)range * CPS_MAX_NODES + worker];
+    (void)ctx;
+    parked_pull *p = cookie;
+    cps__rx_free(&p->rx);
+    free(p);
 }
 
-/* A worker holding the rank of a worker that died: it joins a running job. */
-static int takes_dead_workers_place(const server *s, uint32_t worker)
-{
-    const cps_node_info *me = cps__view_node(&s->view, worker);
-    if (!me)
-        return 0;
-    for (uint32_t i = 0; i < s->view.nnodes; i++) {
-        const cps_node_info *n = &s->view.nodes[i];
-        if (n->role == CPS_ROLE_WORKER && !n->alive && n->id != worker && n->rank == me->rank)
-            return 1;
-    }
-    return 0;
-}
-
-/* The lowest clock in `range` of the live workers other than `except` (UINT64_MAX: none). A
- * replacement whose DECLARE has not been applied here yet has no clock: it does not count (two
- * replacements admitted together would otherwise each start at the other's 0). */
-static uint64_t slowest_clock(server *s, uint32_t range, uint32_t except)
-{
-    uint64_t m = UINT64_MAX;
-    for (uint32_t i = 0; i < s->view.nnodes; i++) {
-        const cps_node_info *n = &s->view.nodes[i];
-        if (n->role != CPS_ROLE_WORKER || !n->alive || n->id == except)
-            continue;
-        uint64_t *c = clock_slot(s, range, n->id);
-        uint64_t v = c ? *c : 0;
-        if (v == 0 && takes_dead_workers_place(s, n->id))
-            continue;
-        if (v < m)
-            m = v;
-    }
-    return m;
-}
-
-/* The bound is on how far a worker runs ahead of the others: its own clock never holds back its
- * pull (it may lag its pull's clock while its own push is still on the way to this range, or
- * while it has just taken a dead worker's place). */
 static int pull_may_proceed(server *s, uint32_t range, uint64_t clock, uint32_t worker)
 {
-    if (s->view.mode != CPS_MODE_SSP)
-        return 1;
-    uint64_t m = slowest_clock(s, range, worker);
-    return m == UINT64_MAX || m + s->view.ssp_bound >= clock;
-}
-
-/* An SSP worker taking a dead worker's place starts at the slowest clock of the others: at 0 it
- * would hold every other worker's pulls back until it had pushed its way up from the first step
- * on its own. Every replica applies the DECLARE, so every replica sets the same clock. */
-static void ssp_place_joiner(server *s, uint32_t range, uint32_t worker)
-{
-    if (s->view.mode != CPS_MODE_SSP || !takes_dead_workers_place(s, worker))
-        return;
-    uint64_t *c = clock_slot(s, range, worker);
-    uint64_t m = slowest_clock(s, range, worker);
-    if (c && *c == 0 && m != UINT64_MAX)
-        *c = m;
+    return cps_ssp_may_proceed(s->ssp, &s->view, range, clock, worker);
 }
 
 static uint64_t keyset_sig(const cps_kv *kv);
 
 /* The step a DECLARE answers with, where a worker joining a running job starts counting. Sync:
  * the last step applied to the key set, so its first push joins the step the others are on.
- * SSP: a replacement's clock in the range (ssp_place_joiner), else 0. Async: 0. */
+ * SSP: a replacement's clock in the range (cps_ssp_declared placed it), else 0. Async: 0. */
 static uint64_t declare_step(server *s, uint32_t range, uint32_t worker, const void *body,
                              size_t len)
 {
-    if (s->view.mode == CPS_MODE_SSP) {
-        uint64_t *c = takes_dead_workers_place(s, worker) ? clock_slot(s, range, worker) : NULL;
-        return c ? *c : 0;
-    }
+    if (s->view.mode == CPS_MODE_SSP)
+        return cps_ssp_declare_step(s->ssp, &s->view, range, worker);
     cps_kv kv;
     const uint64_t *offsets;
     cps_param_spec spec;
@@ -284,36 +232,31 @@ static uint64_t declare_step(server *s, uint32_t range, uint32_t worker, const v
 
 static void wake_parked(server *s)
 {
-    uint32_t kept = 0;
-    for (uint32_t i = 0; i < s->nparked; i++) {
-        parked_pull *p = &s->parked[i];
-        if (pull_may_proceed(s, p->rx.hdr.range, p->clock, p->rx.hdr.sender)) {
-            cps_msg_hdr h;
-            reply_header(s, &h, CPS_MSG_VALUES, p->rx.hdr.sender, p->rx.hdr.req_seq,
-                         p->rx.hdr.range, p->rx.hdr.step);
-            reply_values(s, &h, &p->kv);
-            cps__rx_free(&p->rx);
-        } else {
-            s->parked[kept++] = *p;
-        }
+    void *const *released;
+    cps_ssp_wake(s->ssp, &s->view);
+    size_t n = cps_ssp_released(s->ssp, &released);
+    for (size_t i = 0; i < n; i++) {
+        parked_pull *p = released[i];
+        cps_msg_hdr h;
+        reply_header(s, &h, CPS_MSG_VALUES, p->rx.hdr.sender, p->rx.hdr.req_seq, p->rx.hdr.range,
+                     p->rx.hdr.step);
+        reply_values(s, &h, &p->kv);
+        parked_pull_free(NULL, p);
     }
-    s->nparked = kept;
 }
 
 /* Keep a pull (or the pull half of a push-pull) until the slowest worker catches up; takes rx.
  * Returns 0, or CPS_ENOMEM with rx still the caller's. */
 static int park_pull(server *s, cps_rx *rx, const cps_kv *kv, uint64_t clock)
 {
-    if (s->nparked == s->parked_cap) {
-        uint32_t cap = s->parked_cap ? s->parked_cap * 2 : 16;
-        parked_pull *grown = realloc(s->parked, cap * sizeof *grown);
-        if (!grown)
-            return CPS_ENOMEM;
-        s->parked = grown;
-        s->parked_cap = cap;
-    }
-    s->parked[s->nparked++] = (parked_pull){*rx, *kv, clock};
-    return 0;
+    parked_pull *p = malloc(sizeof *p);
+    if (!p)
+        return CPS_ENOMEM;
+    *p = (parked_pull){*rx, *kv};
+    int rc = cps_ssp_park(s->ssp, rx->hdr.range, rx->hdr.sender, clock, p);
+    if (rc != 0)
+        free(p);
+    return rc;
 }
 
 /* SSP: a push-pull's values wait like a pull's. Its push is applied; only the reply waits. */
@@ -406,16 +349,7 @@ static void do_apply(server *s, const cps_chain_action *a)
     s->stats.updates_applied++;
     if (s->cuts)
         cps__server_cuts_after_apply(s, a->range);
-    for (uint32_t i = 0; i < a->upd.nreqs; i++) {
-        const cps_chain_req *q = &a->upd.reqs[i];
-        if (q->type == CPS_MSG_DECLARE)
-            ssp_place_joiner(s, a->range, q->worker);
-        if (q->type == CPS_MSG_DECLARE || q->type == CPS_MSG_PUT || q->noagg)
-            continue;
-        uint64_t *c = clock_slot(s, a->range, q->worker);
-        if (c && a->upd.step > *c)
-            *c = a->upd.step;
-    }
+    cps_ssp_applied(s->ssp, &s->view, a->range, &a->upd);
 }
 
 static void do_reply(server *s, const cps_chain_action *a)
@@ -475,74 +409,42 @@ static void do_reply(server *s, const cps_chain_action *a)
                       have_kv ? &kv : NULL, aux);
 }
 
-/* ---- held CHAIN_ACKs ----
- *
- * A tail (or a middle replica passing an ack up) acknowledges every update to its predecessor.
- * Sent at once, that ack is one more message per update (one in four of a push with 2 replicas),
- * and for small updates its send, wake-ups and receive are a good part of what the update itself
- * costs the two servers. The acks only let the predecessors drop what they keep for
- * re-sending (and answer retried requests once they are committed), so each is held for up to
- * ACK_HOLD_MS, and a later ack of the same range replaces it: CHAIN_ACK(seq) covers every update
- * up to seq (bench_ps, 4 KB pushes, 2 servers: +30% pushes per second). For the protocol this is a
- * network that delays acks a little and loses the superseded ones, which it tolerates (the
- * simulator's network does both); ACK_HOLD_MS is far below the FWD re-send time (200 ms). Acks
- * with a flag (the answer to a MARK) and everything else go out at once. */
-#define ACK_HOLD_MS 2
+/* ---- held CHAIN_ACKs (replication/ackhold.c decides when; this sends) ---- */
 
-static void send_held_ack(server *s, held_ack *a)
+static void send_released_acks(server *s)
 {
-    int rc = cps__msg_send(s->tp, a->to, &a->hdr, NULL, 0);
-    if (rc != 0)
-        cps_log(CPS_LOG_DEBUG, "server", "chain ack to node %u not sent: %s", a->to,
-                cps_strerror(rc));
-    a->used = 0;
-    s->nacks_held--;
+    const cps_ackhold_send *out;
+    size_t n = cps_ackhold_sends(s->acks, &out);
+    for (size_t i = 0; i < n; i++) {
+        cps_msg_hdr h = out[i].hdr; /* cps__msg_send fills in the header */
+        int rc = cps__msg_send(s->tp, out[i].to, &h, NULL, 0);
+        if (rc != 0)
+            cps_log(CPS_LOG_DEBUG, "server", "chain ack to node %u not sent: %s", out[i].to,
+                    cps_strerror(rc));
+    }
 }
 
 /* Hold the CHAIN_ACK `h` to node `to`; 1 if held, 0 if the caller must send it now. */
 static int hold_ack(server *s, uint32_t to, const cps_msg_hdr *h)
 {
-    if (h->aux != 0 || h->payload_len != 0 || h->range >= s->view.nranges)
+    if (!s->acks && cps_ackhold_create(&s->acks) != 0)
         return 0;
-    if (s->acks_ranges != s->view.nranges) {
-        cps__server_flush_acks(s, 0, 1);
-        held_ack *grown = realloc(s->acks, s->view.nranges * sizeof *grown);
-        if (!grown)
-            return 0;
-        memset(grown, 0, s->view.nranges * sizeof *grown);
-        s->acks = grown;
-        s->acks_ranges = s->view.nranges;
-    }
-    held_ack *a = &s->acks[h->range];
-    /* Only a later ack on the same link and epoch covers the held one. */
-    if (a->used && (a->to != to || a->hdr.epoch != h->epoch || a->hdr.req_seq > h->req_seq))
-        send_held_ack(s, a);
-    if (!a->used) {
-        if (s->nacks_held++ == 0)
-            s->acks_since = cps__now_ms();
-    }
-    a->used = 1;
-    a->to = to;
-    a->hdr = *h;
-    return 1;
+    int held = cps_ackhold_offer(s->acks, s->view.nranges, to, h, cps__now_ms());
+    send_released_acks(s);
+    return held;
 }
 
 void cps__server_flush_acks(server *s, uint64_t now, int force)
 {
-    if (s->nacks_held == 0 || (!force && now - s->acks_since < ACK_HOLD_MS))
+    if (!cps_ackhold_held(s->acks))
         return;
-    for (uint32_t r = 0; r < s->acks_ranges && s->nacks_held; r++)
-        if (s->acks[r].used)
-            send_held_ack(s, &s->acks[r]);
+    cps_ackhold_due(s->acks, now, force);
+    send_released_acks(s);
 }
 
 int cps__server_ack_wait_ms(const server *s, uint64_t now, int max_ms)
 {
-    if (s->nacks_held == 0)
-        return max_ms;
-    uint64_t due = s->acks_since + ACK_HOLD_MS;
-    int wait = now >= due ? 0 : (int)(due - now);
-    return wait < max_ms ? wait : max_ms;
+    return cps_ackhold_wait_ms(s->acks, now, max_ms);
 }
 
 void cps__server_run_actions(server *s)
@@ -580,7 +482,7 @@ void cps__server_run_actions(server *s)
             break;
         }
     }
-    if (applied && s->nparked)
+    if (applied && cps_ssp_parked(s->ssp))
         wake_parked(s);
 }
 
@@ -714,99 +616,95 @@ void cps__server_on_declare(server *s, cps_rx *rx)
     cps__rx_free(rx);
 }
 
-/* ---- sync aggregation ---- */
+/* ---- sync aggregation (replication/sync.c decides; this performs) ---- */
 
-static agg_slot *find_slot(server *s, uint32_t range, uint64_t sig, uint64_t step)
+/* A gathered push as the aggregator holds it: the received message, no copy. */
+typedef struct sync_push {
+    cps_rx rx;
+    cps_kv kv;
+} sync_push;
+
+static void sync_push_free(void *ctx, void *cookie)
 {
-    agg_slot *free_slot = NULL;
-    for (uint32_t i = 0; i < s->nslots; i++) {
-        agg_slot *a = &s->slots[i];
-        if (a->used && a->range == range && a->sig == sig && a->step == step)
-            return a;
-        if (!a->used && !free_slot)
-            free_slot = a;
-    }
-    uint32_t W = s->view.num_workers;
-    if (!free_slot) {
-        agg_slot *grown = realloc(s->slots, (s->nslots + 8) * sizeof *grown);
-        if (!grown)
-            return NULL;
-        memset(grown + s->nslots, 0, 8 * sizeof *grown);
-        s->slots = grown;
-        free_slot = &s->slots[s->nslots];
-        s->nslots += 8;
-    }
-    free_slot->by_rank = calloc(W, sizeof *free_slot->by_rank);
-    free_slot->kv_by_rank = calloc(W, sizeof *free_slot->kv_by_rank);
-    if (!free_slot->by_rank || !free_slot->kv_by_rank) {
-        free(free_slot->by_rank);
-        free(free_slot->kv_by_rank);
-        return NULL;
-    }
-    free_slot->used = 1;
-    free_slot->range = range;
-    free_slot->sig = sig;
-    free_slot->step = step;
-    free_slot->count = 0;
-    free_slot->since_ms = cps__now_ms();
-    free_slot->warned_ms = 0;
-    return free_slot;
+    (void)ctx;
+    sync_push *p = cookie;
+    cps__rx_free(&p->rx);
+    free(p);
 }
 
-static void slot_release(server *s, agg_slot *a)
+/* The sum runs in rank order, so every run computes the same bits; replicas apply the sum the
+ * head sends them. The lowest rank's message is ours: the others are added into its values in
+ * place, so the aggregate costs no copy, and its payload is the update's body as it stands. */
+static void sync_submit(server *s, const cps_sync_action *a)
 {
-    for (uint32_t r = 0; r < s->view.num_workers; r++)
-        if (a->by_rank[r].buf)
-            cps__rx_free(&a->by_rank[r]);
-    free(a->by_rank);
-    free(a->kv_by_rank);
-    memset(a, 0, sizeof *a);
-}
-
-/* Submit the step's aggregate once every live worker has contributed. The sum runs in rank
- * order, so every run computes the same bits; replicas apply the sum the head sends them. */
-static void slot_try_complete(server *s, agg_slot *a)
-{
-    uint32_t W = s->view.num_workers;
-    for (uint32_t i = 0; i < s->view.nnodes; i++) {
-        const cps_node_info *n = &s->view.nodes[i];
-        if (n->role == CPS_ROLE_WORKER && n->alive && n->rank < W && !a->by_rank[n->rank].buf)
-            return;
-    }
-    if (a->count == 0)
-        return;
-    /* The lowest rank's message is ours: the others are added into its values in place, so
-     * the aggregate costs no copy, and its payload is the update's body as it stands. */
-    const cps_kv *kv0 = NULL;
-    const cps_rx *rx0 = NULL;
+    sync_push *p0 = NULL;
     cps_chain_req *reqs = calloc(a->count, sizeof *reqs);
     uint32_t nreq = 0;
-    for (uint32_t r = 0; reqs && r < W; r++) {
-        if (!a->by_rank[r].buf)
+    for (uint32_t r = 0; reqs && r < a->nranks; r++) {
+        sync_push *p = a->by_rank[r].cookie;
+        if (!p)
             continue;
-        const cps_kv *kv = &a->kv_by_rank[r];
-        const cps_msg_hdr *h = &a->by_rank[r].hdr;
-        if (!kv0) {
-            kv0 = kv;
-            rx0 = &a->by_rank[r];
-        } else {
-            cps__vec_add((float *)(uintptr_t)kv0->vals, kv->vals, kv->nvals);
-        }
-        reqs[nreq++] = (cps_chain_req){h->sender, h->type, 0, h->req_seq};
+        if (!p0)
+            p0 = p;
+        else
+            cps__vec_add((float *)(uintptr_t)p0->kv.vals, p->kv.vals, p->kv.nvals);
+        reqs[nreq++] =
+            (cps_chain_req){a->by_rank[r].worker, a->by_rank[r].type, 0, a->by_rank[r].req_seq};
     }
     if (!reqs) {
         cps_log(CPS_LOG_ERROR, "server", "no memory to aggregate step %llu of range %u",
                 (unsigned long long)a->step, a->range);
     } else {
-        cps_chain_update u = {CPS_UPD_PUSH, a->step, a->sig, nreq, reqs, rx0->payload, rx0->len};
-        uint32_t range = a->range;
-        uint64_t step = a->step;
-        submit(s, range, &u);
+        cps_chain_update u = {CPS_UPD_PUSH, a->step,        a->sig,    nreq,
+                              reqs,         p0->rx.payload, p0->rx.len};
+        submit(s, a->range, &u);
         cps_log(CPS_LOG_DEBUG, "server", "range %u step %llu: aggregate of %u workers submitted",
-                range, (unsigned long long)step, nreq);
+                a->range, (unsigned long long)a->step, nreq);
     }
     free(reqs);
-    slot_release(s, a);
+    for (uint32_t r = 0; r < a->nranks; r++)
+        if (a->by_rank[r].cookie)
+            sync_push_free(NULL, a->by_rank[r].cookie);
+}
+
+/* A step that cannot complete is said out loud: the live workers it waits for have not pushed
+ * this key set for this step. Either they are slow or stopped (they will be dropped once
+ * declared dead), or they push other keys (ps-lite-style jobs), which sync mode never
+ * completes. */
+static void sync_report_stuck(server *s, const cps_sync_action *a, uint64_t now)
+{
+    char waiting[256], have[256];
+    size_t wo = 0, ho = 0;
+    waiting[0] = have[0] = 0;
+    for (uint32_t k = 0; k < s->view.nnodes; k++) {
+        const cps_node_info *n = &s->view.nodes[k];
+        if (n->role != CPS_ROLE_WORKER || !n->alive || n->rank >= a->nranks)
+            continue;
+        int got = a->by_rank[n->rank].cookie != NULL;
+        char *b = got ? have : waiting;
+        size_t *o = got ? &ho : &wo;
+        if (*o < sizeof waiting - 12)
+            *o += (size_t)snprintf(b + *o, sizeof waiting - *o, "%s%u", *o ? ", " : "", n->rank);
+    }
+    cps_log(CPS_LOG_WARN, "server",
+            "range %u: sync step %llu has waited %.0f s for worker rank(s) %s (rank(s) %s "
+            "pushed): they are slow or stopped, or push other keys; a sync step needs "
+            "every live worker to push the same keys (workers that push different keys "
+            "need --mode async)",
+            a->range, (unsigned long long)a->step, (now - a->since_ms) / 1000.0,
+            waiting[0] ? waiting : "none", have[0] ? have : "none");
+}
+
+static void run_sync_actions(server *s, uint64_t now)
+{
+    const cps_sync_action *acts;
+    size_t n = cps_sync_actions(s->sync, &acts);
+    for (size_t i = 0; i < n; i++) {
+        if (acts[i].kind == CPS_SA_SUBMIT)
+            sync_submit(s, &acts[i]);
+        else if (acts[i].kind == CPS_SA_STUCK)
+            sync_report_stuck(s, &acts[i], now);
+    }
 }
 
 static void push_sync(server *s, cps_rx *rx, const cps_kv *kv)
@@ -826,31 +724,27 @@ static void push_sync(server *s, cps_rx *rx, const cps_kv *kv)
         cps__rx_free(rx);
         return;
     }
-    agg_slot *a = find_slot(s, h->range, sig, h->step);
-    if (!a) {
-        cps__server_reply_error(s, h, CPS_ENOMEM, "no memory for an aggregation slot");
-        cps__rx_free(rx);
+    sync_push *p = malloc(sizeof *p);
+    int v = CPS_ENOMEM;
+    if (p && (s->sync || cps_sync_create(sync_push_free, NULL, &s->sync) == 0)) {
+        *p = (sync_push){*rx, *kv};
+        cps_sync_contrib c = {h->sender, h->type, h->req_seq, kv->nvals, p};
+        v = cps_sync_push(s->sync, &s->view, h->range, sig, h->step, rank, &c, cps__now_ms());
+    }
+    if (v == CPS_SYNC_TAKEN) {
+        run_sync_actions(s, 0);
         return;
     }
-    if (a->by_rank[rank].buf) {
-        /* A retry while the step is still being gathered: the reply comes when it completes. */
-        cps__rx_free(rx);
-        return;
-    }
-    for (uint32_t r = 0; r < s->view.num_workers; r++) {
-        if (a->by_rank[r].buf && a->kv_by_rank[r].nvals != kv->nvals) {
-            cps__server_reply_error(s, h, CPS_ESIZE,
-                                    "gradient length differs between workers "
-                                    "for step %llu",
-                                    (unsigned long long)h->step);
-            cps__rx_free(rx);
-            return;
-        }
-    }
-    a->by_rank[rank] = *rx;
-    a->kv_by_rank[rank] = *kv;
-    a->count++;
-    slot_try_complete(s, a);
+    free(p);
+    if (v == CPS_SYNC_SIZE)
+        cps__server_reply_error(s, h, CPS_ESIZE,
+                                "gradient length differs between workers for step %llu",
+                                (unsigned long long)h->step);
+    else if (v < 0)
+        cps__server_reply_error(s, h, v, "no memory for an aggregation slot");
+    /* CPS_SYNC_RETRY: a retry while the step is still being gathered; the reply comes when it
+     * completes. */
+    cps__rx_free(rx);
 }
 
 void cps__server_on_push(server *s, cps_rx *rx)
@@ -942,52 +836,12 @@ void cps__server_on_chain(server *s, cps_rx *rx)
     cps__rx_free(rx);
 }
 
-/* A sync step that cannot complete is said out loud: the live workers it waits for have not
- * pushed this key set for this step. Either they are slow or stopped (they will be dropped once
- * declared dead), or they push other keys (ps-lite-style jobs), which sync mode never
- * completes. Only the head gathers, so only it reports; at most every STUCK_REPEAT_MS. */
-#define STUCK_WARN_MS   5000
-#define STUCK_REPEAT_MS 10000
-
-static void report_stuck_slots(server *s, uint64_t now)
-{
-    uint32_t W = s->view.num_workers;
-    for (uint32_t i = 0; i < s->nslots; i++) {
-        agg_slot *a = &s->slots[i];
-        if (!a->used || now - a->since_ms < STUCK_WARN_MS ||
-            (a->warned_ms && now - a->warned_ms < STUCK_REPEAT_MS))
-            continue;
-        char waiting[256], have[256];
-        size_t wo = 0, ho = 0;
-        waiting[0] = have[0] = 0;
-        for (uint32_t k = 0; k < s->view.nnodes; k++) {
-            const cps_node_info *n = &s->view.nodes[k];
-            if (n->role != CPS_ROLE_WORKER || !n->alive || n->rank >= W)
-                continue;
-            int got = a->by_rank[n->rank].buf != NULL;
-            char *b = got ? have : waiting;
-            size_t *o = got ? &ho : &wo;
-            if (*o < sizeof waiting - 12)
-                *o +=
-                    (size_t)snprintf(b + *o, sizeof waiting - *o, "%s%u", *o ? ", " : "", n->rank);
-        }
-        a->warned_ms = now;
-        cps_log(CPS_LOG_WARN, "server",
-                "range %u: sync step %llu has waited %.0f s for worker rank(s) %s (rank(s) %s "
-                "pushed): they are slow or stopped, or push other keys; a sync step needs "
-                "every live worker to push the same keys (workers that push different keys "
-                "need --mode async)",
-                a->range, (unsigned long long)a->step, (now - a->since_ms) / 1000.0,
-                waiting[0] ? waiting : "none", have[0] ? have : "none");
-    }
-}
-
 void cps__server_tick(server *s, uint64_t now)
 {
     if (cps_chain_tick(s->chain, now) == 0)
         cps__server_run_actions(s);
-    if (s->nslots)
-        report_stuck_slots(s, now);
+    if (cps_sync_pending(s->sync) && cps_sync_tick(s->sync, now) == 0)
+        run_sync_actions(s, now);
 }
 
 void cps__server_view_changed(server *s)
@@ -1005,34 +859,22 @@ void cps__server_view_changed(server *s)
     if (rc != 0)
         cps_log(CPS_LOG_ERROR, "server", "chain view change failed: %s", cps_strerror(rc));
     cps__server_run_actions(s);
-    for (uint32_t i = 0; i < s->nslots; i++)
-        if (s->slots[i].used)
-            slot_try_complete(s, &s->slots[i]);
-    if (s->nparked)
+    if (s->sync && cps_sync_set_view(s->sync, &s->view) == 0)
+        run_sync_actions(s, 0);
+    if (cps_ssp_parked(s->ssp))
         wake_parked(s);
 }
 
 void cps__server_data_fini(server *s)
 {
-    for (uint32_t i = 0; i < s->nslots; i++)
-        if (s->slots[i].used)
-            slot_release(s, &s->slots[i]);
-    free(s->slots);
-    for (uint32_t i = 0; i < s->nparked; i++)
-        cps__rx_free(&s->parked[i].rx);
-    free(s->parked);
-    free(s->clock);
+    cps_sync_destroy(s->sync);
+    cps_ssp_destroy(s->ssp);
     free(s->joins);
     /* Held acks are dropped: the chain state they came from is gone. */
-    free(s->acks);
+    cps_ackhold_destroy(s->acks);
     s->acks = NULL;
-    s->acks_ranges = s->nacks_held = 0;
     /* Counts too: a server that rejoins (fenced) keeps running on this state. */
-    s->slots = NULL;
-    s->nslots = 0;
-    s->parked = NULL;
-    s->nparked = s->parked_cap = 0;
-    s->clock = NULL;
-    s->clock_ranges = 0;
+    s->sync = NULL;
+    s->ssp = NULL;
     s->joins = NULL;
 }

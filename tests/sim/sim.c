@@ -339,8 +339,8 @@ static void server_reset(sim *sm, sim_server *s)
 {
     cps_chain_destroy(s->chain);
     chain_new(sm, s);
-    for (uint32_t i = 0; i < s->nslots; i++)
-        s->slots[i].used = 0;
+    cps_sync_destroy(s->sync);
+    s->sync = NULL;
     memset(s->joins, 0, sm->nranges * sizeof *s->joins);
     memset(s->copying, 0, sm->nranges * sizeof *s->copying);
     s->epoch = 0;
@@ -464,60 +464,45 @@ static void submit(sim *sm, sim_server *s, uint32_t r, const cps_chain_update *u
 
 /* ---- servers: the head-side glue of src/server/update.c ---- */
 
-static sim_slot *find_slot(sim *sm, sim_server *s, uint32_t r, uint64_t sig, uint64_t step)
+/* A gathered push: the simulated gradient (the cookie of replication/sync.c). */
+static void sim_grad_free(void *ctx, void *cookie)
 {
-    sim_slot *free_slot = NULL;
-    for (uint32_t i = 0; i < s->nslots; i++) {
-        sim_slot *a = &s->slots[i];
-        if (a->used && a->range == r && a->sig == sig && a->step == step)
-            return a;
-        if (!a->used && !free_slot)
-            free_slot = a;
-    }
-    if (!free_slot) {
-        s->slots = realloc(s->slots, (s->nslots + 4) * sizeof *s->slots);
-        if (!s->slots) {
-            fprintf(stderr, "sim: out of memory\n");
-            exit(2);
-        }
-        memset(s->slots + s->nslots, 0, 4 * sizeof *s->slots);
-        free_slot = &s->slots[s->nslots];
-        s->nslots += 4;
-    }
-    memset(free_slot, 0, sizeof *free_slot);
-    free_slot->used = 1;
-    free_slot->range = r;
-    free_slot->sig = sig;
-    free_slot->step = step;
-    (void)sm;
-    return free_slot;
+    (void)ctx;
+    free(cookie);
 }
 
-/* Submit the step's aggregate once every (live) worker contributed, summed in rank order. */
-static void slot_try_complete(sim *sm, sim_server *s, sim_slot *a)
+/* Perform the aggregator's SUBMITs: the sum in rank order, as update.c's sync_submit. */
+static void sync_actions(sim *sm, sim_server *s)
 {
-    uint32_t W = sm->p.workers;
-    for (uint32_t k = 0; k < W; k++)
-        if (!a->have[k])
-            return;
-    cps_chain_req reqs[SIM_MAX_WORKERS];
-    uint64_t body = 0;
-    for (uint32_t k = 0; k < W; k++) {
-        reqs[k] = (cps_chain_req){sm->p.servers + 1 + k, CPS_MSG_PUSH, 0, a->req_seq[k]};
-        body = body * 1000003u + a->grad[k]; /* order-sensitive, like a float sum */
+    const cps_sync_action *acts;
+    size_t n = cps_sync_actions(s->sync, &acts);
+    for (size_t i = 0; i < n && !sm->failed; i++) {
+        const cps_sync_action *a = &acts[i];
+        if (a->kind != CPS_SA_SUBMIT)
+            continue;
+        cps_chain_req reqs[SIM_MAX_WORKERS];
+        uint32_t nreq = 0;
+        uint64_t body = 0;
+        for (uint32_t k = 0; k < a->nranks && k < SIM_MAX_WORKERS; k++) {
+            const cps_sync_contrib *c = &a->by_rank[k];
+            if (!c->cookie)
+                continue;
+            reqs[nreq++] = (cps_chain_req){c->worker, c->type, 0, c->req_seq};
+            body = body * 1000003u + *(uint64_t *)c->cookie; /* order-sensitive, like a float sum */
+        }
+        for (uint32_t k = 0; k < a->nranks; k++)
+            free(a->by_rank[k].cookie);
+        cps_chain_update u = {CPS_UPD_PUSH, a->step, a->sig, nreq, reqs, &body, sizeof body};
+        if (!cps_chain_is_head(s->chain, a->range)) {
+            /* update.c submits and logs the refusal: the head moved while the step was
+             * gathered, and the workers re-send it to the new head. */
+            sim_trace(sm, "s%u slot r%u step %" PRIu64 " complete but not head: dropped", s->id,
+                      a->range, a->step);
+            continue;
+        }
+        sim_trace(sm, "s%u submit aggregate r%u step %" PRIu64, s->id, a->range, a->step);
+        submit(sm, s, a->range, &u);
     }
-    cps_chain_update u = {CPS_UPD_PUSH, a->step, a->sig, W, reqs, &body, sizeof body};
-    uint32_t r = a->range;
-    a->used = 0;
-    if (!cps_chain_is_head(s->chain, r)) {
-        /* update.c submits and logs the refusal: the head moved while the step was gathered,
-         * and the workers re-send it to the new head. */
-        sim_trace(sm, "s%u slot r%u step %" PRIu64 " complete but not head: dropped", s->id, r,
-                  a->step);
-        return;
-    }
-    sim_trace(sm, "s%u submit aggregate r%u step %" PRIu64, s->id, r, a->step);
-    submit(sm, s, r, &u);
 }
 
 /* The request checks of cps__server_check_request: epoch, range, and the right role. */
@@ -626,16 +611,24 @@ static void on_request(sim *sm, sim_server *s, const cps_msg_hdr *h, const uint8
         submit(sm, s, h->range, &u);
         return;
     }
-    sim_slot *a = find_slot(sm, s, h->range, sig, h->step);
-    uint32_t rank = worker_rank(sm, h->sender);
-    if (a->have[rank]) {
-        /* A retry while the step is still being gathered: the reply comes when it completes. */
+    if (!s->sync && cps_sync_create(sim_grad_free, NULL, &s->sync) != 0) {
+        fprintf(stderr, "sim: out of memory\n");
+        exit(2);
+    }
+    uint64_t *g = xmalloc(sizeof *g);
+    *g = grad;
+    cps_sync_contrib c = {h->sender, h->type, h->req_seq, 1, g};
+    int sv = cps_sync_push(s->sync, s->view, h->range, sig, h->step, worker_rank(sm, h->sender), &c,
+                           sm->now);
+    if (sv != CPS_SYNC_TAKEN) {
+        /* CPS_SYNC_RETRY: a retry while the step is still being gathered; the reply comes when
+         * it completes. The simulator's gradients all have one length. */
+        free(g);
+        if (sv != CPS_SYNC_RETRY)
+            sim_fail(sm, "api", "server %u: cps_sync_push returned %d", s->id, sv);
         return;
     }
-    a->have[rank] = 1;
-    a->req_seq[rank] = h->req_seq;
-    a->grad[rank] = grad;
-    slot_try_complete(sm, s, a);
+    sync_actions(sm, s);
 }
 
 static void server_reset(sim *sm, sim_server *s);
@@ -663,9 +656,9 @@ static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
     for (uint32_t r = 0; r < sm->nranges; r++)
         if (s->copying[r] && sim_is_member(sm, r, s->id))
             s->copying[r] = 0;
-    for (uint32_t i = 0; i < s->nslots && !sm->failed; i++)
-        if (s->slots[i].used)
-            slot_try_complete(sm, s, &s->slots[i]);
+    if (s->sync && !sm->failed &&
+        chain_rc(sm, s, "cps_sync_set_view", cps_sync_set_view(s->sync, s->view)) == 0)
+        sync_actions(sm, s);
 }
 
 /* ---- servers: state transfer, as src/server/transfer.c ---- */
@@ -1726,7 +1719,7 @@ static void teardown(sim *sm)
         sim_server *s = &sm->servers[i];
         cps_chain_destroy(s->chain);
         sim_store_free(sm, s);
-        free(s->slots);
+        cps_sync_destroy(s->sync);
         free(s->joins);
         free(s->copying);
     }

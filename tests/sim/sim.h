@@ -8,6 +8,7 @@
 
 #include "core/view.h"
 #include "replication/chain.h"
+#include "replication/sync.h"
 
 #define SIM_MAX_SERVERS 16
 #define SIM_MAX_WORKERS 16
@@ -134,15 +135,6 @@ typedef struct sim_cookie {
     uint64_t req_seq;
 } sim_cookie;
 
-/* A sync step being gathered at the head (update.c's agg_slot). */
-typedef struct sim_slot {
-    int used;
-    uint32_t range;
-    uint64_t sig, step;
-    uint8_t have[SIM_MAX_WORKERS];
-    uint64_t req_seq[SIM_MAX_WORKERS], grad[SIM_MAX_WORKERS];
-} sim_slot;
-
 /* A server's side of a join (transfer.c's join_state). */
 typedef struct sim_join {
     int active;
@@ -182,10 +174,9 @@ typedef struct sim_server {
     uint64_t epoch;
     const cps_view *view; /* borrowed from sim.views */
     sim_rstore *rs;       /* per range */
-    sim_slot *slots;
-    uint32_t nslots;
-    uint32_t inc;  /* crash incarnation: messages of an earlier one are lost */
-    uint32_t boot; /* grows on every restart and fenced rejoin; sent in HELLO */
+    cps_sync *sync;       /* sync steps being gathered (replication/sync.c), NULL until used */
+    uint32_t inc;         /* crash incarnation: messages of an earlier one are lost */
+    uint32_t boot;        /* grows on every restart and fenced rejoin; sent in HELLO */
     uint64_t hello_at, beat_at;
     uint64_t seen_view; /* the newest VIEW heard while not let in */
     int ticking;        /* an EV_TICK of this server is queued */

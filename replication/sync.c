@@ -1,0 +1,197 @@
+/* Sync-mode aggregation slots: see sync.h. */
+#include "sync.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/error.h"
+#include "core/array.h"
+
+typedef struct slot {
+    int used;
+    uint32_t range;
+    uint64_t sig, step;
+    uint32_t count;
+    uint64_t since_ms, warned_ms;
+    /* Kept when the slot is released: a SUBMIT's by_rank points here until the next call, and
+     * the next step of the key set reuses it without an allocation. */
+    cps_sync_contrib *by_rank;
+    uint32_t nranks, cap;
+} slot;
+
+struct cps_sync {
+    slot *slots;
+    uint32_t nslots;
+    void (*drop)(void *ctx, void *cookie);
+    void *ctx;
+    cps_sync_action *acts;
+    size_t nacts, acts_cap;
+};
+
+int cps_sync_create(void (*drop)(void *ctx, void *cookie), void *ctx, cps_sync **out)
+{
+    cps_sync *a = calloc(1, sizeof *a);
+    if (!a)
+        return CPS_ENOMEM;
+    a->drop = drop;
+    a->ctx = ctx;
+    *out = a;
+    return 0;
+}
+
+void cps_sync_destroy(cps_sync *a)
+{
+    if (!a)
+        return;
+    for (uint32_t i = 0; i < a->nslots; i++) {
+        slot *s = &a->slots[i];
+        for (uint32_t r = 0; s->used && a->drop && r < s->nranks; r++)
+            if (s->by_rank[r].cookie)
+                a->drop(a->ctx, s->by_rank[r].cookie);
+        free(s->by_rank);
+    }
+    free(a->slots);
+    free(a->acts);
+    free(a);
+}
+
+static int emit(cps_sync *a, int kind, const slot *s)
+{
+    void *acts = a->acts;
+    if (cps__array_reserve(&acts, &a->acts_cap, a->nacts + 1, sizeof *a->acts, 8) != 0)
+        return CPS_ENOMEM;
+    a->acts = acts;
+    a->acts[a->nacts++] = (cps_sync_action){kind,        s->range, s->sig,    s->step,
+                                            s->since_ms, s->count, s->nranks, s->by_rank};
+    return 0;
+}
+
+static slot *find_slot(cps_sync *a, uint32_t range, uint64_t sig, uint64_t step, uint32_t nranks,
+                       uint64_t now)
+{
+    slot *free_slot = NULL;
+    for (uint32_t i = 0; i < a->nslots; i++) {
+        slot *s = &a->slots[i];
+        if (s->used && s->range == range && s->sig == sig && s->step == step)
+            return s;
+        if (!s->used && !free_slot)
+            free_slot = s;
+    }
+    if (!free_slot) {
+        void *slots = a->slots;
+        size_t cap = a->nslots;
+        if (cps__array_reserve(&slots, &cap, cap + 1, sizeof *a->slots, 8) != 0)
+            return NULL;
+        a->slots = slots;
+        memset(a->slots + a->nslots, 0, (cap - a->nslots) * sizeof *a->slots);
+        free_slot = &a->slots[a->nslots];
+        a->nslots = (uint32_t)cap;
+    }
+    if (free_slot->cap < nranks) {
+        cps_sync_contrib *b = realloc(free_slot->by_rank, nranks * sizeof *b);
+        if (!b)
+            return NULL;
+        free_slot->by_rank = b;
+        free_slot->cap = nranks;
+    }
+    if (nranks)
+        memset(free_slot->by_rank, 0, nranks * sizeof *free_slot->by_rank);
+    free_slot->used = 1;
+    free_slot->range = range;
+    free_slot->sig = sig;
+    free_slot->step = step;
+    free_slot->count = 0;
+    free_slot->nranks = nranks;
+    free_slot->since_ms = now;
+    free_slot->warned_ms = 0;
+    return free_slot;
+}
+
+/* Complete once no live worker is missing; a slot nobody pushed to (only a retry's lookup
+ * opened it) never completes on its own. */
+static int slot_complete(const slot *s, const cps_view *v)
+{
+    for (uint32_t i = 0; i < v->nnodes; i++) {
+        const cps_node_info *n = &v->nodes[i];
+        if (n->role == CPS_ROLE_WORKER && n->alive && n->rank < s->nranks &&
+            !s->by_rank[n->rank].cookie)
+            return 0;
+    }
+    return s->count > 0;
+}
+
+static int try_complete(cps_sync *a, slot *s, const cps_view *v)
+{
+    if (!slot_complete(s, v))
+        return 0;
+    int rc = emit(a, CPS_SA_SUBMIT, s);
+    if (rc == 0)
+        s->used = 0; /* by_rank stays allocated for the action and the next step */
+    return rc;
+}
+
+int cps_sync_push(cps_sync *a, const cps_view *v, uint32_t range, uint64_t sig, uint64_t step,
+                  uint32_t rank, const cps_sync_contrib *c, uint64_t now)
+{
+    a->nacts = 0;
+    if (rank >= v->num_workers || !c->cookie)
+        return CPS_EINVAL;
+    slot *s = find_slot(a, range, sig, step, v->num_workers, now);
+    if (!s)
+        return CPS_ENOMEM;
+    if (rank >= s->nranks)
+        return CPS_EINVAL; /* the slot was opened under a view with fewer workers */
+    if (s->by_rank[rank].cookie)
+        return CPS_SYNC_RETRY;
+    for (uint32_t r = 0; r < s->nranks; r++)
+        if (s->by_rank[r].cookie && s->by_rank[r].nvals != c->nvals)
+            return CPS_SYNC_SIZE;
+    /* Emit room first: once taken, the cookie must not be lost to a failed emit. */
+    if (a->nacts == a->acts_cap && emit(a, CPS_SA_SUBMIT, s) != 0)
+        return CPS_ENOMEM;
+    a->nacts = 0;
+    s->by_rank[rank] = *c;
+    s->count++;
+    try_complete(a, s, v);
+    return CPS_SYNC_TAKEN;
+}
+
+int cps_sync_set_view(cps_sync *a, const cps_view *v)
+{
+    a->nacts = 0;
+    int rc = 0;
+    for (uint32_t i = 0; i < a->nslots && rc == 0; i++)
+        if (a->slots[i].used)
+            rc = try_complete(a, &a->slots[i], v);
+    return rc;
+}
+
+int cps_sync_tick(cps_sync *a, uint64_t now)
+{
+    a->nacts = 0;
+    for (uint32_t i = 0; i < a->nslots; i++) {
+        slot *s = &a->slots[i];
+        if (!s->used || now - s->since_ms < CPS_SYNC_STUCK_MS ||
+            (s->warned_ms && now - s->warned_ms < CPS_SYNC_STUCK_REPEAT_MS))
+            continue;
+        int rc = emit(a, CPS_SA_STUCK, s);
+        if (rc != 0)
+            return rc;
+        s->warned_ms = now;
+    }
+    return 0;
+}
+
+uint32_t cps_sync_pending(const cps_sync *a)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; a && i < a->nslots; i++)
+        n += a->slots[i].used != 0;
+    return n;
+}
+
+size_t cps_sync_actions(cps_sync *a, const cps_sync_action **out)
+{
+    *out = a->acts;
+    return a->nacts;
+}

@@ -1,0 +1,99 @@
+/* Sync-mode aggregation at the head of a range, as a pure state machine.
+ *
+ * In sync mode a step of a key set is applied once, as the sum of every live worker's gradient.
+ * The head gathers the workers' pushes of (range, key-set signature, step) in a slot indexed by
+ * worker rank; the slot is complete when every worker the view says is alive has pushed (a
+ * worker declared dead is no longer waited for; what it pushed before dying still counts). The
+ * complete slot is handed back as a SUBMIT action listing the contributions by rank: the caller
+ * sums them in that order, so every run and every arrival order computes the same bits, and
+ * submits the sum as one chain update (replication/chain.h).
+ *
+ * Contributions are the caller's: the state machine keeps an opaque cookie for each (the
+ * received message) and never looks inside it. A cookie it takes is handed back exactly once:
+ * in a SUBMIT action, or to the drop callback when the state machine is destroyed.
+ *
+ * Pure: no I/O, no clock (time arrives as `now`), no store. Not thread-safe: one event loop
+ * owns a cps_sync.
+ */
+#ifndef CPS_REPLICATION_SYNC_H
+#define CPS_REPLICATION_SYNC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/view.h"
+
+typedef struct cps_sync cps_sync;
+
+/* One worker's push for a step. */
+typedef struct cps_sync_contrib {
+    uint32_t worker; /* node id */
+    uint8_t type;    /* CPS_MSG_PUSH or CPS_MSG_PUSH_PULL */
+    uint64_t req_seq;
+    uint64_t nvals; /* gradient length: the pushes of one step must agree */
+    void *cookie;   /* the caller's; NULL in a by_rank array: that rank has not pushed */
+} cps_sync_contrib;
+
+enum cps_sync_action_kind {
+    /* The slot is complete and released: its cookies are the caller's again. Sum by_rank in
+     * index order, submit, then free every cookie. */
+    CPS_SA_SUBMIT = 1,
+    /* The slot has waited long (CPS_SYNC_STUCK_MS, repeated every CPS_SYNC_STUCK_REPEAT_MS):
+     * say which live ranks it waits for. The slot and its cookies stay the state machine's. */
+    CPS_SA_STUCK
+};
+
+/* A step that cannot complete is said out loud; only the head gathers, so only it reports. */
+#define CPS_SYNC_STUCK_MS        5000
+#define CPS_SYNC_STUCK_REPEAT_MS 10000
+
+typedef struct cps_sync_action {
+    int kind; /* CPS_SA_* */
+    uint32_t range;
+    uint64_t sig, step;
+    uint64_t since_ms;               /* when the slot got its first push */
+    uint32_t count;                  /* pushes held */
+    uint32_t nranks;                 /* the view's num_workers when the slot was opened */
+    const cps_sync_contrib *by_rank; /* nranks entries, index = worker rank */
+} cps_sync_action;
+
+/* Verdicts of cps_sync_push. */
+enum {
+    CPS_SYNC_TAKEN = 0, /* held (cookie now the state machine's); a SUBMIT may follow */
+    CPS_SYNC_RETRY = 1, /* this rank's push of the step is held already: the reply comes when
+                           the step completes; the cookie stays the caller's */
+    CPS_SYNC_SIZE = 2   /* gradient length differs from another rank's for this step: refuse
+                           (CPS_ESIZE); the cookie stays the caller's */
+};
+
+/* Create an empty aggregator. `drop` (may be NULL) releases cookies still held when the
+ * aggregator is destroyed; `ctx` is passed to it. Errors: CPS_ENOMEM. */
+int cps_sync_create(void (*drop)(void *ctx, void *cookie), void *ctx, cps_sync **out);
+/* Free the aggregator, handing every held cookie to `drop`. NULL is a no-op. */
+void cps_sync_destroy(cps_sync *a);
+
+/* A push of worker rank `rank` (its node id and request in *c) for step `step` of the key set
+ * `sig` in `range`, which the chain admitted as new (CPS_ADMIT_NEW). `v` (borrowed for the
+ * call) says which workers are alive and how many ranks there are. Returns a verdict (>= 0)
+ * or CPS_EINVAL (rank >= v->num_workers, NULL cookie), CPS_ENOMEM; on an error the cookie stays
+ * the caller's. */
+int cps_sync_push(cps_sync *a, const cps_view *v, uint32_t range, uint64_t sig, uint64_t step,
+                  uint32_t rank, const cps_sync_contrib *c, uint64_t now);
+
+/* A new view: every slot that no longer waits for anyone (its missing workers were declared
+ * dead) is complete (SUBMIT actions, in slot order). `v` is borrowed for the call. Errors:
+ * CPS_ENOMEM (the slots stay and are tried again at the next view). */
+int cps_sync_set_view(cps_sync *a, const cps_view *v);
+
+/* Timer: a STUCK action for each slot that has waited CPS_SYNC_STUCK_MS and was not reported
+ * in the last CPS_SYNC_STUCK_REPEAT_MS. Errors: CPS_ENOMEM. */
+int cps_sync_tick(cps_sync *a, uint64_t now);
+
+/* Slots being gathered. */
+uint32_t cps_sync_pending(const cps_sync *a);
+
+/* The actions produced by the last call, in order. The array and everything it points to stay
+ * valid until the next call into this aggregator. */
+size_t cps_sync_actions(cps_sync *a, const cps_sync_action **out);
+
+#endif
