@@ -14,6 +14,7 @@ typedef struct pending_join {
     /* Appended as tail, not yet holding all its predecessor acknowledged (see repair.h). */
     uint32_t unconfirmed;
     uint32_t unconfirmed_pred;
+    uint64_t unconfirmed_until; /* its confirmation holds repairs of the range back till then */
 } pending_join;
 
 struct cps_repair {
@@ -79,7 +80,7 @@ int cps_repair_declare_dead(cps_repair *rp, const cps_view *in, uint32_t node, c
     rp->nactions = 0;
     if (in->nranges != rp->cfg.nranges)
         return CPS_EINVAL;
-    int rc = cps_view_without(in, node, out, lost_ranges);
+    int rc = cps_view_without(in, node, out, NULL);
     if (rc != 0)
         return rc;
     for (uint32_t r = 0; r < out->nranges; r++) {
@@ -95,8 +96,9 @@ int cps_repair_declare_dead(cps_repair *rp, const cps_view *in, uint32_t node, c
             for (uint32_t j = 0; j < rg->chain_len; j++)
                 if (rg->chain[j] != pj->unconfirmed)
                     rg->chain[k++] = rg->chain[j];
-            if (k > 0)
-                rg->chain_len = k;
+            if (k == 0)
+                rg->chain[k++] = node; /* the dead one has it all: the range waits for it */
+            rg->chain_len = k;
             act(rp, CPS_RA_EVICTED, r, pj->unconfirmed, node, 0, pj->id);
             pj->unconfirmed = 0;
         }
@@ -104,6 +106,11 @@ int cps_repair_declare_dead(cps_repair *rp, const cps_view *in, uint32_t node, c
     for (uint32_t r = 0; r < rp->cfg.nranges; r++)
         if (rp->joins[r].joiner == node || rp->joins[r].source == node)
             rp->joins[r].joiner = 0; /* that copy will not finish */
+    if (lost_ranges) {
+        *lost_ranges = 0;
+        for (uint32_t r = 0; r < out->nranges; r++)
+            *lost_ranges += !cps_view_range_available(out, r);
+    }
     return 0;
 }
 
@@ -144,7 +151,11 @@ int cps_repair_tick(cps_repair *rp, const cps_view *v, uint64_t now)
                 live++;
                 tail = rg->chain[j];
             }
-        if (pj->joiner || live == 0 || live >= v->replicas)
+        /* A tail still unconfirmed may lack acknowledged updates: a copy of it would too, and
+         * the copy's own unconfirmed mark would replace its (one per range). Its confirmation
+         * travels once, unacknowledged: when it is lost the range is repaired after all. */
+        int held = pj->unconfirmed && now <= pj->unconfirmed_until;
+        if (pj->joiner || held || live == 0 || live >= v->replicas)
             continue;
         uint32_t best = least_loaded(rp, v, rg);
         if (!best)
@@ -166,7 +177,7 @@ void cps_repair_join_unsent(cps_repair *rp, uint32_t range, uint64_t join_id)
 }
 
 int cps_repair_caught_up(cps_repair *rp, const cps_view *v, uint32_t node, uint32_t range,
-                         uint64_t join_id, uint64_t kind)
+                         uint64_t join_id, uint64_t kind, uint64_t now)
 {
     if (range >= rp->cfg.nranges || range >= v->nranges)
         return CPS_REPAIR_IGNORED;
@@ -191,6 +202,7 @@ int cps_repair_caught_up(cps_repair *rp, const cps_view *v, uint32_t node, uint3
         return CPS_REPAIR_IGNORED;
     pj->unconfirmed = node;
     pj->unconfirmed_pred = rg->chain[rg->chain_len - 1];
+    pj->unconfirmed_until = now + rp->cfg.join_give_up_ms;
     return CPS_REPAIR_APPEND;
 }
 

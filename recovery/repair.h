@@ -62,33 +62,35 @@ void cps_repair_destroy(cps_repair *rp);
 
 /* Node `node` is declared dead: out = in without it (cps_view_without: kept order, the last
  * replica of a range stays, marked dead), and an unconfirmed joiner whose predecessor it was
- * leaves that chain too (CPS_RA_EVICTED) unless it is the last replica. out->epoch is
- * in->epoch + 1. Joins that `node` copied or served are abandoned (no action: they will not
- * finish). *lost_ranges (may be NULL) receives how many ranges have no live replica.
- * in is borrowed; out must be initialised (cps__view_init), its content is replaced and stays
- * the caller's. Errors: CPS_ENOTFOUND (no such node), CPS_ENOMEM; rp is unchanged on error. */
+ * leaves that chain too (CPS_RA_EVICTED); were it the only one left, the dead node stays in its
+ * place instead (the range waits for it, rather than serve what may lack acknowledged updates).
+ * out->epoch is in->epoch + 1. Joins that `node` copied or served are abandoned (no action: they
+ * will not finish). *lost_ranges (may be NULL) receives how many ranges have no live replica. in is
+ * borrowed; out must be initialised (cps__view_init), its content is replaced and stays the
+ * caller's. Errors: CPS_ENOTFOUND (no such node), CPS_ENOMEM; rp is unchanged on error. */
 int cps_repair_declare_dead(cps_repair *rp, const cps_view *in, uint32_t node, cps_view *out,
                             uint32_t *lost_ranges);
 
 /* A repair round at `now` over view v (borrowed): joins past their deadline are abandoned
  * (CPS_RA_TIMED_OUT), and every range with at least one but fewer than v->replicas live
- * replicas and no join under way gets one (CPS_RA_JOIN): the live server not in its chain that
- * holds or is copying the fewest ranges (the lowest position in v->nodes on a tie) copies it from
- * the range's live tail. No spare server: no join. Returns the number of actions
- * (cps_repair_actions); errors: CPS_EINVAL (v has another range count). */
+ * replicas, no join under way and no unconfirmed tail (for join_give_up_ms after it joined: a
+ * lost confirmation must not stop repairs for good) gets one (CPS_RA_JOIN): the live server not
+ * in its chain that holds or is copying the fewest ranges (the lowest position in v->nodes on a
+ * tie) copies it from the range's live tail. No spare server: no join. Returns the number of
+ * actions (cps_repair_actions); errors: CPS_EINVAL (v has another range count). */
 int cps_repair_tick(cps_repair *rp, const cps_view *v, uint64_t now);
 
 /* The caller could not send the JOIN_RANGE of action `join_id` for `range`: forget that join
  * (the next tick tries again). Unknown join: no-op. */
 void cps_repair_join_unsent(cps_repair *rp, uint32_t range, uint64_t join_id);
 
-/* CAUGHT_UP from server `node` for `range` with the join id it echoes (step) and its kind
- * (the header's aux: 0 snapshot installed, 1 holds everything its predecessor acknowledged,
+/* CAUGHT_UP from server `node` for `range` at `now`, with the join id it echoes (step) and its
+ * kind (the header's aux: 0 snapshot installed, 1 holds everything its predecessor acknowledged,
  * 2 gave up). v (borrowed) is the current view. Returns a CPS_REPAIR_* verdict; only for
  * CPS_REPAIR_APPEND must the caller append `node` as range's tail in the next view it
  * publishes (the predecessor it must catch up with is v's tail of the range). */
 int cps_repair_caught_up(cps_repair *rp, const cps_view *v, uint32_t node, uint32_t range,
-                         uint64_t join_id, uint64_t kind);
+                         uint64_t join_id, uint64_t kind, uint64_t now);
 
 /* The actions of the last cps_repair_tick or cps_repair_declare_dead, in order. Valid until the
  * next call into rp; owned by rp. Returns their number. */

@@ -623,7 +623,8 @@ static void on_caught_up(sched *s, const sched_node *n, const cps_msg_hdr *h)
     if (!s->repair)
         return;
     uint32_t r = h->range;
-    int verdict = cps_repair_caught_up(s->repair, &s->view, n->info.id, r, h->step, h->aux);
+    int verdict =
+        cps_repair_caught_up(s->repair, &s->view, n->info.id, r, h->step, h->aux, cps__now_ms());
     if (verdict == CPS_REPAIR_RETRY)
         cps_log(CPS_LOG_WARN, "scheduler",
                 "range %u: server %u could not copy it; trying "

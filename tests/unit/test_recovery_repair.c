@@ -255,18 +255,18 @@ static void caught_up_appends_only_the_current_join(void **state)
     cps_view v;
     cps_repair *rp;
     uint64_t id = one_short_range(&v, &rp);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id - 1, 0), CPS_REPAIR_IGNORED);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 1, 0, id, 0), CPS_REPAIR_IGNORED);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 5, id, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id - 1, 0, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 1, 0, id, 0, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 5, id, 0, 0), CPS_REPAIR_IGNORED);
     assert_int_equal(cps_repair_joiner(rp, 0, NULL), 3);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 0), CPS_REPAIR_APPEND);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 0, 0), CPS_REPAIR_APPEND);
     assert_int_equal(cps_repair_joiner(rp, 0, NULL), 0);
     assert_int_equal(cps_repair_unconfirmed(rp, 0), 3);
     /* A duplicate of that report changes nothing. */
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 0, 0), CPS_REPAIR_IGNORED);
     /* The confirmation must name the same join. */
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id + 1, 1), CPS_REPAIR_IGNORED);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 1), CPS_REPAIR_CONFIRMED);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id + 1, 1, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 1, 0), CPS_REPAIR_CONFIRMED);
     assert_int_equal(cps_repair_unconfirmed(rp, 0), 0);
     cps__view_fini(&v);
     cps_repair_destroy(rp);
@@ -291,8 +291,8 @@ static void stale_caught_up_after_a_retry_is_ignored(void **state)
     assert_int_equal(a[1].node, 3);
     uint64_t second = a[1].join_id;
     assert_true(second > first);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, first, 0), CPS_REPAIR_IGNORED);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, second, 0), CPS_REPAIR_APPEND);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, first, 0, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, second, 0, 0), CPS_REPAIR_APPEND);
     cps__view_fini(&v);
     cps_repair_destroy(rp);
 }
@@ -306,9 +306,9 @@ static void caught_up_from_a_dead_or_member_joiner_is_ignored(void **state)
     uint64_t id[2];
     two_short_ranges(&v, &rp, id);
     set_alive(&v, 3, 0);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id[0], 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id[0], 0, 0), CPS_REPAIR_IGNORED);
     v.ranges[1].chain[v.ranges[1].chain_len++] = 4;
-    assert_int_equal(cps_repair_caught_up(rp, &v, 4, 1, id[1], 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 4, 1, id[1], 0, 0), CPS_REPAIR_IGNORED);
     assert_int_equal(cps_repair_joiner(rp, 1, NULL), 0);
     cps__view_fini(&v);
     cps_repair_destroy(rp);
@@ -321,8 +321,8 @@ static void joiner_giving_up_is_retried(void **state)
     cps_view v;
     cps_repair *rp;
     uint64_t id = one_short_range(&v, &rp);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 2, 0, id, 2), CPS_REPAIR_IGNORED);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 2), CPS_REPAIR_RETRY);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 2, 0, id, 2, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 2, 0), CPS_REPAIR_RETRY);
     uint64_t again = expect_one_join(rp, &v, 10, 0, 3, 2);
     assert_true(again > id);
     /* A join order that could not be sent is forgotten too. */
@@ -364,11 +364,11 @@ static void unconfirmed_tail_leaves_with_its_predecessor(void **state)
     const uint32_t j0 = 3, j1 = 4;
     uint64_t id0 = id[0], id1 = id[1];
     const cps_repair_action *a;
-    assert_int_equal(cps_repair_caught_up(rp, &v, j0, 0, id0, 0), CPS_REPAIR_APPEND);
+    assert_int_equal(cps_repair_caught_up(rp, &v, j0, 0, id0, 0, 0), CPS_REPAIR_APPEND);
     v.ranges[0].chain[v.ranges[0].chain_len++] = j0;
-    assert_int_equal(cps_repair_caught_up(rp, &v, j1, 1, id1, 0), CPS_REPAIR_APPEND);
+    assert_int_equal(cps_repair_caught_up(rp, &v, j1, 1, id1, 0, 0), CPS_REPAIR_APPEND);
     v.ranges[1].chain[v.ranges[1].chain_len++] = j1;
-    assert_int_equal(cps_repair_caught_up(rp, &v, j1, 1, id1, 1), CPS_REPAIR_CONFIRMED);
+    assert_int_equal(cps_repair_caught_up(rp, &v, j1, 1, id1, 1, 0), CPS_REPAIR_CONFIRMED);
     cps__view_init(&w);
     assert_int_equal(cps_repair_declare_dead(rp, &v, 2, &w, NULL), 0);
     assert_chain(&w, 0, (const uint32_t[]){1}, 1);     /* j0 left with 2 */
@@ -387,6 +387,72 @@ static void unconfirmed_tail_leaves_with_its_predecessor(void **state)
     cps_repair_destroy(rp);
 }
 
+/* Servers 1..4, one range on 1 -> 2 with R = 4: server 3 copies it and joins as its tail at
+ * `at`, unconfirmed; server 4 is spare. Returns the join's id. */
+static uint64_t unconfirmed_third_replica(cps_view *v, cps_repair **rp, uint64_t at)
+{
+    static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2}};
+    make_view(v, 4, 4, 1, chains);
+    *rp = make_repair(1);
+    uint64_t id = expect_one_join(*rp, v, 0, 0, 3, 2);
+    assert_int_equal(cps_repair_caught_up(*rp, v, 3, 0, id, 0, at), CPS_REPAIR_APPEND);
+    v->ranges[0].chain[v->ranges[0].chain_len++] = 3;
+    return id;
+}
+
+/* No range is copied from a joined tail that is not confirmed yet: the copy could lack what it
+ * lacks. Once confirmed, the range is repaired again. */
+static void no_copy_from_an_unconfirmed_tail(void **state)
+{
+    (void)state;
+    cps_view v;
+    cps_repair *rp;
+    uint64_t id = unconfirmed_third_replica(&v, &rp, 0);
+    assert_int_equal(cps_repair_tick(rp, &v, 10), 0);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 1, 0), CPS_REPAIR_CONFIRMED);
+    expect_one_join(rp, &v, 20, 0, 4, 3);
+    cps__view_fini(&v);
+    cps_repair_destroy(rp);
+}
+
+/* A confirmation lost on the way holds the range's repairs back only for join_give_up_ms. */
+static void lost_confirmation_holds_repairs_for_a_while(void **state)
+{
+    (void)state;
+    cps_view v;
+    cps_repair *rp;
+    unconfirmed_third_replica(&v, &rp, 100);
+    assert_int_equal(cps_repair_tick(rp, &v, 100 + GIVE_UP_MS), 0);
+    expect_one_join(rp, &v, 101 + GIVE_UP_MS, 0, 4, 3);
+    cps__view_fini(&v);
+    cps_repair_destroy(rp);
+}
+
+/* An unconfirmed tail never becomes a range's only replica: its dead predecessor stays. */
+static void unconfirmed_tail_is_never_left_alone(void **state)
+{
+    (void)state;
+    static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{2}};
+    cps_view v, w;
+    make_view(&v, 3, 2, 1, chains);
+    cps_repair *rp = make_repair(1);
+    uint64_t id = expect_one_join(rp, &v, 0, 0, 1, 2);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 1, 0, id, 0, 0), CPS_REPAIR_APPEND);
+    v.ranges[0].chain[v.ranges[0].chain_len++] = 1;
+    cps__view_init(&w);
+    uint32_t lost = 0;
+    assert_int_equal(cps_repair_declare_dead(rp, &v, 2, &w, &lost), 0);
+    assert_chain(&w, 0, (const uint32_t[]){2}, 1);
+    assert_int_equal(lost, 1);
+    const cps_repair_action *a;
+    assert_int_equal(cps_repair_actions(rp, &a), 1);
+    assert_int_equal(a[0].kind, CPS_RA_EVICTED);
+    assert_int_equal(a[0].node, 1);
+    cps__view_fini(&w);
+    cps__view_fini(&v);
+    cps_repair_destroy(rp);
+}
+
 /* The unconfirmed tail dying itself just ends its probation. */
 static void unconfirmed_tail_dying_is_forgotten(void **state)
 {
@@ -394,7 +460,7 @@ static void unconfirmed_tail_dying_is_forgotten(void **state)
     cps_view v, w;
     cps_repair *rp;
     uint64_t id = one_short_range(&v, &rp);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 0), CPS_REPAIR_APPEND);
+    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 0, 0), CPS_REPAIR_APPEND);
     v.ranges[0].chain[v.ranges[0].chain_len++] = 3;
     cps__view_init(&w);
     assert_int_equal(cps_repair_declare_dead(rp, &v, 3, &w, NULL), 0);
@@ -423,6 +489,9 @@ int main(void)
         cmocka_unit_test(join_abandoned_when_joiner_or_source_dies),
         cmocka_unit_test(unconfirmed_tail_leaves_with_its_predecessor),
         cmocka_unit_test(unconfirmed_tail_dying_is_forgotten),
+        cmocka_unit_test(unconfirmed_tail_is_never_left_alone),
+        cmocka_unit_test(no_copy_from_an_unconfirmed_tail),
+        cmocka_unit_test(lost_confirmation_holds_repairs_for_a_while),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
