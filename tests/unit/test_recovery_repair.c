@@ -200,6 +200,19 @@ static void short_range_is_copied_from_its_tail_to_the_least_loaded(void **state
     cps_repair_destroy(rp);
 }
 
+/* A replica of the range is never its own copier, even when it is the least loaded server. */
+static void a_member_never_copies_its_own_range(void **state)
+{
+    (void)state;
+    static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1}, {2, 3}, {3, 2}, {2, 3}};
+    cps_view v;
+    make_view(&v, 3, 2, 4, chains);
+    cps_repair *rp = make_repair(4);
+    expect_one_join(rp, &v, 0, 0, 2, 1);
+    cps__view_fini(&v);
+    cps_repair_destroy(rp);
+}
+
 /* Equal loads: joins spread over the spares instead of piling onto the first. */
 static void placement_is_balanced(void **state)
 {
@@ -480,6 +493,7 @@ int main(void)
         cmocka_unit_test(dead_head_middle_tail_leave_in_order),
         cmocka_unit_test(last_replica_stays_and_is_not_repaired),
         cmocka_unit_test(short_range_is_copied_from_its_tail_to_the_least_loaded),
+        cmocka_unit_test(a_member_never_copies_its_own_range),
         cmocka_unit_test(placement_is_balanced),
         cmocka_unit_test(no_repair_without_a_spare),
         cmocka_unit_test(caught_up_appends_only_the_current_join),
