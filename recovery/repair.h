@@ -67,7 +67,8 @@ void cps_repair_destroy(cps_repair *rp);
  * out->epoch is in->epoch + 1. Joins that `node` copied or served are abandoned (no action: they
  * will not finish). *lost_ranges (may be NULL) receives how many ranges have no live replica. in is
  * borrowed; out must be initialised (cps__view_init), its content is replaced and stays the
- * caller's. Errors: CPS_ENOTFOUND (no such node), CPS_ENOMEM; rp is unchanged on error. */
+ * caller's. Errors: CPS_EINVAL (in has another range count), CPS_ENOTFOUND (no such node),
+ * CPS_ENOMEM; the join table is unchanged on error. */
 int cps_repair_declare_dead(cps_repair *rp, const cps_view *in, uint32_t node, cps_view *out,
                             uint32_t *lost_ranges);
 
