@@ -15,6 +15,7 @@
 #include "node/roles.h"
 #include "node/temp_peers.h"
 #include "recovery/detector.h"
+#include "recovery/repair.h"
 #include "recovery/view_change.h"
 #include "store/store.h"
 #include "transport/transport.h"
@@ -37,19 +38,6 @@ typedef struct sched_node {
     uint64_t barrier_seq;
 } sched_node;
 
-/* A server copying a range to join its chain (state transfer). */
-typedef struct pending_join {
-    uint32_t joiner; /* 0: none */
-    uint32_t source;
-    uint64_t deadline_ms;
-    uint64_t id; /* this join's id: CAUGHT_UP must echo it (a late one is ignored) */
-    /* A joiner already appended as tail but not yet holding everything its predecessor
-     * acknowledged (it confirms with a second CAUGHT_UP): if that predecessor dies first, the
-     * joiner may lack acknowledged updates no one can re-send, so it leaves the chain too. */
-    uint32_t unconfirmed;
-    uint32_t unconfirmed_pred;
-} pending_join;
-
 typedef struct sched {
     cps_config cfg;
     uint64_t job_id; /* made once per scheduler data directory; servers record it */
@@ -63,9 +51,8 @@ typedef struct sched {
     uint32_t workers_done;
     cps_temp_peers temps;
     cps_detector *detector;
-    pending_join *joins; /* view.nranges entries */
-    uint64_t next_join_id;
-    cps_store *store; /* the view and the job's progress, so a restarted scheduler resumes */
+    cps_repair *repair; /* joins under way; made when the job runs */
+    cps_store *store;   /* the view and the job's progress, so a restarted scheduler resumes */
     uint64_t next_repair_ms;
     /* The view in memory is newer than the saved one: no node is sent it until it is saved
      * (persist before publish), so a restarted scheduler never resumes an epoch older than one
@@ -207,9 +194,10 @@ static int save(sched *s);
  * watches every live member. */
 static int begin_running(sched *s)
 {
-    s->joins = calloc(s->view.nranges ? s->view.nranges : 1, sizeof *s->joins);
-    if (!s->joins)
-        return CPS_ENOMEM;
+    cps_repair_config rcfg = {s->view.nranges, JOIN_GIVE_UP_MS};
+    int err = cps_repair_create(&rcfg, &s->repair);
+    if (err != 0)
+        return err;
     s->started = 1;
     uint64_t now = cps__now_ms();
     for (uint32_t i = 0; i < s->nnodes; i++)
@@ -593,106 +581,58 @@ static void log_chains(const sched *s)
     }
 }
 
-static int in_chain(const cps_range *rg, uint32_t id)
-{
-    for (uint32_t j = 0; j < rg->chain_len; j++)
-        if (rg->chain[j] == id)
-            return 1;
-    return 0;
-}
-
-/* Bring every range back to R live replicas: for a range short of replicas, ask the live server
- * holding the fewest ranges to copy it from the range's tail (it reports CAUGHT_UP). */
+/* Bring every range back to R live replicas: recovery/repair.c decides who copies which range
+ * from whom; the joiner reports CAUGHT_UP. */
 static void repair(sched *s, uint64_t now)
 {
-    if (!s->started || s->finished || !s->joins)
+    if (!s->started || s->finished || !s->repair)
         return;
-    for (uint32_t r = 0; r < s->view.nranges; r++) {
-        pending_join *pj = &s->joins[r];
-        if (pj->joiner && now > pj->deadline_ms) {
+    if (cps_repair_tick(s->repair, &s->view, now) <= 0)
+        return;
+    const cps_repair_action *a;
+    size_t na = cps_repair_actions(s->repair, &a);
+    for (size_t i = 0; i < na; i++) {
+        if (a[i].kind == CPS_RA_TIMED_OUT) {
             cps_log(CPS_LOG_WARN, "scheduler",
                     "range %u: node %u did not catch up in time; "
                     "trying again",
-                    r, pj->joiner);
-            pj->joiner = 0;
-        }
-        const cps_range *rg = &s->view.ranges[r];
-        uint32_t live = 0, tail = 0;
-        for (uint32_t j = 0; j < rg->chain_len; j++) {
-            const sched_node *m = find_node(s, rg->chain[j]);
-            if (m && m->info.alive) {
-                live++;
-                tail = m->info.id;
-            }
-        }
-        if (pj->joiner || live == 0 || live >= s->view.replicas)
+                    a[i].range, a[i].node);
             continue;
-        uint32_t best = 0, best_load = UINT32_MAX;
-        for (uint32_t i = 0; i < s->nnodes; i++) {
-            const cps_node_info *n = &s->nodes[i].info;
-            if (n->role != CPS_ROLE_SERVER || !n->alive || in_chain(rg, n->id))
-                continue;
-            uint32_t load = 0;
-            for (uint32_t q = 0; q < s->view.nranges; q++)
-                load += in_chain(&s->view.ranges[q], n->id) || s->joins[q].joiner == n->id;
-            if (load < best_load) {
-                best = n->id;
-                best_load = load;
-            }
         }
-        if (!best)
+        if (a[i].kind != CPS_RA_JOIN)
             continue;
-        uint64_t id = ++s->next_join_id;
         cps_msg_hdr h = {.type = CPS_MSG_JOIN_RANGE,
                          .sender = SCHED_ID,
                          .epoch = s->view.epoch,
-                         .range = r,
-                         .aux = tail,
-                         .step = id};
-        if (cps__msg_send(s->tp, best, &h, NULL, 0) == 0) {
-            pj->joiner = best;
-            pj->source = tail;
-            pj->deadline_ms = now + JOIN_GIVE_UP_MS;
-            pj->id = id;
-            cps_log(CPS_LOG_INFO, "scheduler",
-                    "range %u has %u of %u replicas: server %u copies "
-                    "it from the tail, server %u",
-                    r, live, s->view.replicas, best, tail);
+                         .range = a[i].range,
+                         .aux = a[i].source,
+                         .step = a[i].join_id};
+        if (cps__msg_send(s->tp, a[i].node, &h, NULL, 0) != 0) {
+            cps_repair_join_unsent(s->repair, a[i].range, a[i].join_id);
+            continue;
         }
+        cps_log(CPS_LOG_INFO, "scheduler",
+                "range %u has %u of %u replicas: server %u copies "
+                "it from the tail, server %u",
+                a[i].range, a[i].live, s->view.replicas, a[i].node, a[i].source);
     }
 }
 
 static void on_caught_up(sched *s, const sched_node *n, const cps_msg_hdr *h)
 {
+    if (!s->repair)
+        return;
     uint32_t r = h->range;
-    if (!s->joins || r >= s->view.nranges)
+    int verdict =
+        cps_repair_caught_up(s->repair, &s->view, n->info.id, r, h->step, h->aux, cps__now_ms());
+    if (verdict == CPS_REPAIR_RETRY)
+        cps_log(CPS_LOG_WARN, "scheduler",
+                "range %u: server %u could not copy it; trying "
+                "again",
+                r, n->info.id);
+    if (verdict != CPS_REPAIR_APPEND)
         return;
-    pending_join *pj = &s->joins[r];
-    if (h->aux == 1) {
-        /* The second report: it now holds all its predecessor acknowledged. */
-        if (pj->unconfirmed == n->info.id && h->step == pj->id)
-            pj->unconfirmed = 0;
-        return;
-    }
-    if (h->aux == 2) {
-        /* The joiner gave up (its log says why): the next repair round tries again. */
-        if (pj->joiner == n->info.id && h->step == pj->id) {
-            cps_log(CPS_LOG_WARN, "scheduler",
-                    "range %u: server %u could not copy it; trying "
-                    "again",
-                    r, n->info.id);
-            pj->joiner = 0;
-        }
-        return;
-    }
-    if (pj->joiner != n->info.id || h->step != pj->id || !n->info.alive)
-        return; /* from an earlier join, or a joiner given up on */
-    pj->joiner = 0;
     cps_range *rg = &s->view.ranges[r];
-    if (in_chain(rg, n->info.id) || rg->chain_len >= CPS_MAX_REPLICAS)
-        return;
-    pj->unconfirmed = n->info.id;
-    pj->unconfirmed_pred = rg->chain[rg->chain_len - 1];
     rg->chain[rg->chain_len++] = n->info.id;
     char why[96];
     snprintf(why, sizeof why, "server %u joined range %u as its tail", n->info.id, r);
@@ -713,40 +653,24 @@ static void declare_dead(sched *s, uint32_t id, uint64_t silence_ms)
     cps_view nv;
     cps__view_init(&nv);
     uint32_t lost = 0;
-    if (cps_view_without(&s->view, id, &nv, &lost) != 0) {
+    int rc = s->repair ? cps_repair_declare_dead(s->repair, &s->view, id, &nv, &lost)
+                       : cps_view_without(&s->view, id, &nv, &lost);
+    if (rc != 0) {
         cps_log(CPS_LOG_ERROR, "scheduler", "cannot build a view without node %u", id);
         cps__view_fini(&nv);
         return;
     }
     nv.epoch = s->view.epoch; /* publish_view bumps it */
-    for (uint32_t r = 0; s->joins && r < nv.nranges; r++) {
-        pending_join *pj = &s->joins[r];
-        if (!pj->unconfirmed)
-            continue;
-        if (pj->unconfirmed == id) {
-            pj->unconfirmed = 0;
-        } else if (pj->unconfirmed_pred == id) {
-            /* It may lack updates the dead one acknowledged: out of this chain too (the
-             * replicas before it hold them all); a later join copies the range afresh. */
-            cps_range *rg = &nv.ranges[r];
-            uint32_t k = 0;
-            for (uint32_t j = 0; j < rg->chain_len; j++)
-                if (rg->chain[j] != pj->unconfirmed)
-                    rg->chain[k++] = rg->chain[j];
-            if (k > 0)
-                rg->chain_len = k;
+    const cps_repair_action *a;
+    size_t na = s->repair ? cps_repair_actions(s->repair, &a) : 0;
+    for (size_t i = 0; i < na; i++)
+        if (a[i].kind == CPS_RA_EVICTED)
             cps_log(CPS_LOG_WARN, "scheduler",
                     "range %u: server %u had not caught up with "
                     "server %u; it leaves the chain and will copy the range again",
-                    r, pj->unconfirmed, id);
-            pj->unconfirmed = 0;
-        }
-    }
+                    a[i].range, a[i].node, a[i].source);
     cps__view_fini(&s->view);
     s->view = nv;
-    for (uint32_t r = 0; s->joins && r < s->view.nranges; r++)
-        if (s->joins[r].joiner == id || s->joins[r].source == id)
-            s->joins[r].joiner = 0; /* that copy will not finish */
     cps_log(CPS_LOG_WARN, "scheduler", "%s %u (rank %u) silent for %llu ms: declared dead",
             role_name(n->info.role), id, n->info.rank, (unsigned long long)silence_ms);
     publish_view(s, n->info.role == CPS_ROLE_SERVER ? "a server died" : "a worker died");
@@ -1294,7 +1218,7 @@ out:
     cps__tp_destroy(s.tp);
     cps_detector_destroy(s.detector);
     cps__store_close(s.store);
-    free(s.joins);
+    cps_repair_destroy(s.repair);
     cps__view_fini(&s.view);
     free(s.reg);
     free(s.nodes);

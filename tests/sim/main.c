@@ -13,10 +13,11 @@
  *
  * --faithful-client models src/worker/client.c exactly where the sim's worker deviates from it
  * (see sim.c: parked requests, pulls after a newer epoch was seen); --faithful-scheduler models
- * src/scheduler/scheduler.c and src/server/server.c exactly where the sim deviates from them (a
- * HELLO from a restarted server the scheduler still counts alive; a server not yet let in
- * taking any VIEW); --refusals lets the head refuse some pushes after admission (unknown keys:
- * cps_chain_skip). Fault kinds: see sim.h; `all` mixes every kind. */
+ * src/scheduler/scheduler.c and src/server/{server,transfer}.c exactly where the sim deviates from
+ * them (a HELLO from a restarted server the scheduler still counts alive; a server not yet let in
+ * taking any VIEW; a JOIN_RANGE overtaking views; late join messages); the repair policy is the
+ * scheduler's own either way (recovery/repair.c); --refusals lets the head refuse some pushes after
+ * admission (unknown keys: cps_chain_skip). Fault kinds: see sim.h; `all` mixes every kind. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -16,15 +16,17 @@
  *  - the scheduler: ring placement at epoch 1, then view changes that remove a crashed, paused or
  *    partitioned server from every chain as recovery/view_change.c does (the last replica of a
  *    range stays, marked dead), or only bump the epoch, published with a random delay per node,
- *    and answered to GET_VIEW; HELLO from a (re)started or fenced server revives it; repair()
- *    and on_caught_up() of scheduler.c bring ranges back to R replicas by state transfer;
+ *    and answered to GET_VIEW; HELLO from a (re)started or fenced server revives it; the
+ *    scheduler's own repair policy (recovery/repair.c: declare dead, who copies which range
+ *    from whom, caught up) brings ranges back to R replicas by state transfer;
  *  - restarts: a crashed server comes back on its store (kill -9 with LMDB on disk) or on an
  *    empty one (a replaced disk), with a fresh cps_chain, and asks to be let in (HELLO); a server
  *    told it was declared dead rejoins the same way (server.c's rejoin);
  *  - state transfer as src/server/transfer.c does it: JOIN_RANGE -> begin_join and clearing the
  *    copy -> SNAP_REQ -> add_shadow at the tail, then a snapshot of the tail's store a moment
  *    later -> SNAP over the network -> install, join_ready -> CAUGHT_UP -> a view with the
- *    joiner as the new tail, whose reads wait for CHAIN_MARK (cps_chain_can_serve_pull);
+ *    joiner as the new tail, whose reads wait for CHAIN_MARK (cps_chain_can_serve_pull), and
+ *    a second CAUGHT_UP (aux 1) once they may be served;
  *  - partitions: servers cut off from the scheduler, their peers or the workers (both ways) for
  *    a while; the scheduler may declare them dead meanwhile, and they must be fenced. */
 #include <inttypes.h>
@@ -686,6 +688,15 @@ static void on_join_range(sim *sm, sim_server *s, const cps_msg_hdr *h)
          * of a range it already serves (simulator seed 1238 with --faithful-scheduler). */
         return;
     }
+    if (h->epoch > s->epoch && !sm->p.faithful_sched) {
+        /* The order overtook views sent before it, which one TCP connection never lets happen:
+         * a view installed after the snapshot could make us a member of the range meanwhile,
+         * and the snapshot then lands in a store the chain no longer expects it in (simulator
+         * seed 2942 with --faithful-scheduler). Fetch the view; the scheduler retries. */
+        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
+        send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
+        return;
+    }
     int rc = cps_chain_begin_join(s->chain, r, source);
     server_actions(sm, s);
     if (rc != 0) {
@@ -695,7 +706,7 @@ static void on_join_range(sim *sm, sim_server *s, const cps_msg_hdr *h)
     }
     sim_rstore_clear(&s->rs[r]); /* transfer.c's clear_txn */
     s->copying[r] = 0;
-    s->joins[r] = (sim_join){1, source, sm->now + SIM_JOIN_TIMEOUT_MS, h->step};
+    s->joins[r] = (sim_join){1, source, sm->now + SIM_JOIN_TIMEOUT_MS, h->step, 0};
     cps_msg_hdr q = {.type = CPS_MSG_SNAP_REQ, .epoch = s->epoch, .range = r, .step = h->step};
     send_hdr(sm, s->id, source, &q, NULL, 0, 0);
 }
@@ -798,6 +809,7 @@ static void on_snap(sim *sm, sim_server *s, const cps_msg_hdr *h)
         return;
     }
     s->joins[r].active = 0;
+    s->joins[r].confirm = s->joins[r].id;
     uint64_t applied = cps_chain_applied(s->chain, r);
     sim_trace(sm, "s%u installed snapshot of r%u at seq %" PRIu64 ", caught up to %" PRIu64, s->id,
               r, sn->st.applied, applied);
@@ -1186,9 +1198,9 @@ static int in_chain(const cps_range *rg, uint32_t id)
     return 0;
 }
 
-/* scheduler.c's declare_dead: the view without `victim` (recovery/view_change.c: the last
- * replica of a range stays, marked dead); joins it was part of will not finish. `revive` also
- * marks it alive again in the same view (a HELLO of a new incarnation, see sched_hello). */
+/* scheduler.c's declare_dead, by the same recovery/repair.c: the view without `victim`, an
+ * unconfirmed joiner leaving with its predecessor. `revive` also marks the victim alive again in
+ * the same view (a HELLO of a new incarnation, see sched_hello). */
 static void view_without(sim *sm, uint32_t victim, int revive)
 {
     if (sm->epoch + 1 > SIM_MAX_EPOCHS) {
@@ -1197,44 +1209,23 @@ static void view_without(sim *sm, uint32_t victim, int revive)
     }
     cps_view *v = &sm->views[sm->epoch + 1];
     cps__view_init(v);
-    if (cps_view_without(sim_cur_view(sm), victim, v, NULL) != 0) {
-        fprintf(stderr, "sim: cps_view_without failed\n");
+    if (cps_repair_declare_dead(sm->repair, sim_cur_view(sm), victim, v, NULL) != 0) {
+        fprintf(stderr, "sim: cps_repair_declare_dead failed\n");
         exit(2);
     }
     sm->epoch = v->epoch;
     if (revive)
         set_alive(v, victim, 1);
-    /* A replica that joined as tail and has not caught up with the tail before it (sim_lag)
-     * may lack updates that tail acknowledged; if that tail goes, nobody can give them to it
-     * (the predecessors dropped them when that tail acknowledged). scheduler.c keeps it and
-     * loses acknowledged updates (--faithful-scheduler, see the report); the fix modelled here:
-     * it leaves the chain with its predecessor (kept, dead, if it was the last replica), and
-     * repair copies the range again. In the real code: the joiner tells the scheduler when
-     * cps_chain_can_serve_pull first holds, and only then is it counted as a replica. */
-    for (uint32_t r = 0; !sm->p.faithful_sched && r < sm->nranges; r++) {
-        const cps_range *old = &sm->views[sm->epoch - 1].ranges[r];
-        uint32_t lagger = sm->lag[r].node;
-        if (!lagger || lagger == victim)
+    const cps_repair_action *a;
+    size_t na = cps_repair_actions(sm->repair, &a);
+    for (size_t i = 0; i < na; i++) {
+        if (a[i].kind != CPS_RA_EVICTED)
             continue;
-        for (uint32_t j = 0; j + 1 < old->chain_len; j++) {
-            if (old->chain[j] != victim || old->chain[j + 1] != lagger)
-                continue;
-            cps_range *rg = &v->ranges[r];
-            uint32_t k = 0;
-            for (uint32_t i = 0; i < rg->chain_len; i++)
-                if (rg->chain[i] != lagger)
-                    rg->chain[k++] = rg->chain[i];
-            if (k == 0)
-                rg->chain[k++] = victim;
-            rg->chain_len = k;
-            sm->lag[r].node = 0;
-            sim_trace(sm, "scheduler: r%u: s%u had not caught up with s%u: out of the chain too", r,
-                      lagger, victim);
-        }
+        if (sm->lag[a[i].range].node == a[i].node)
+            sm->lag[a[i].range].node = 0;
+        sim_trace(sm, "scheduler: r%u: s%u had not caught up with s%u: out of the chain too",
+                  a[i].range, a[i].node, a[i].source);
     }
-    for (uint32_t r = 0; r < sm->nranges; r++)
-        if (sm->pj[r].joiner == victim || sm->pj[r].source == victim)
-            sm->pj[r].joiner = 0;
     publish(sm);
 }
 
@@ -1254,10 +1245,13 @@ static int removable(const sim *sm, uint32_t id)
 {
     const cps_view *v = sim_cur_view(sm);
     for (uint32_t r = 0; r < v->nranges; r++) {
-        /* A joined replica still catching up leaves with its predecessor (view_without). */
-        uint32_t others = 0;
-        for (uint32_t j = 0; j < v->ranges[r].chain_len; j++)
-            others += v->ranges[r].chain[j] != id && v->ranges[r].chain[j] != sm->lag[r].node;
+        /* A joined replica still catching up, or not yet confirmed to the scheduler, leaves
+         * with its predecessor (view_without). */
+        uint32_t others = 0, unconfirmed = cps_repair_unconfirmed(sm->repair, r);
+        for (uint32_t j = 0; j < v->ranges[r].chain_len; j++) {
+            uint32_t m = v->ranges[r].chain[j];
+            others += m != id && m != sm->lag[r].node && m != unconfirmed;
+        }
         if (in_chain(&v->ranges[r], id) && others == 0)
             return 0;
     }
@@ -1420,74 +1414,44 @@ static void sched_hello(sim *sm, uint32_t id, uint64_t boot)
     send_hdr(sm, 0, id, &w, NULL, 0, 0);
 }
 
-/* scheduler.c's repair(): a range with fewer live replicas than R gets one more, copied from
- * its tail onto the live server holding the fewest ranges. */
+/* scheduler.c's repair(): recovery/repair.c decides, the sim sends the JOIN_RANGE orders. */
 static void repair(sim *sm)
 {
     const cps_view *v = sim_cur_view(sm);
-    for (uint32_t r = 0; r < v->nranges; r++) {
-        sim_pjoin *pj = &sm->pj[r];
-        if (pj->joiner && sm->now > pj->deadline) {
-            sim_trace(sm, "scheduler: r%u: s%u did not catch up in time", r, pj->joiner);
-            pj->joiner = 0;
-        }
-        const cps_range *rg = &v->ranges[r];
-        uint32_t live = 0, tail = 0;
-        for (uint32_t j = 0; j < rg->chain_len; j++)
-            if (node_alive(v, rg->chain[j])) {
-                live++;
-                tail = rg->chain[j];
-            }
-        if (pj->joiner || live == 0 || live >= v->replicas)
+    if (cps_repair_tick(sm->repair, v, sm->now) < 0) {
+        sim_fail(sm, "sim", "cps_repair_tick refused the view");
+        return;
+    }
+    const cps_repair_action *a;
+    size_t na = cps_repair_actions(sm->repair, &a);
+    for (size_t i = 0; i < na; i++) {
+        if (a[i].kind == CPS_RA_TIMED_OUT) {
+            sim_trace(sm, "scheduler: r%u: s%u did not catch up in time", a[i].range, a[i].node);
             continue;
-        if (sm->lag[r].node && !sm->p.faithful_sched)
-            continue; /* its last joiner is not a full replica yet: no copy from it (the fix
-                       * modelled in view_without; scheduler.c would start one) */
-        uint32_t best = 0, best_load = UINT32_MAX;
-        for (uint32_t i = 0; i < v->nnodes; i++) {
-            const cps_node_info *n = &v->nodes[i];
-            if (n->role != CPS_ROLE_SERVER || !n->alive || in_chain(rg, n->id))
-                continue;
-            uint32_t load = 0;
-            for (uint32_t q = 0; q < v->nranges; q++)
-                load += in_chain(&v->ranges[q], n->id) || sm->pj[q].joiner == n->id;
-            if (load < best_load) {
-                best = n->id;
-                best_load = load;
-            }
         }
-        if (!best)
+        if (a[i].kind != CPS_RA_JOIN)
             continue;
-        sim_trace(sm, "scheduler: r%u has %u of %u replicas: s%u copies it from s%u", r, live,
-                  v->replicas, best, tail);
-        /* step: an id of this join, echoed in CAUGHT_UP (not in scheduler.c, see below). */
+        sim_trace(sm, "scheduler: r%u has %u of %u replicas: s%u copies it from s%u", a[i].range,
+                  a[i].live, v->replicas, a[i].node, a[i].source);
         cps_msg_hdr h = {.type = CPS_MSG_JOIN_RANGE,
                          .epoch = sm->epoch,
-                         .range = r,
-                         .aux = tail,
-                         .step = ++sm->join_ids};
-        send_hdr(sm, 0, best, &h, NULL, 0, 0);
-        *pj = (sim_pjoin){best, tail, sm->now + SIM_JOIN_GIVE_UP_MS, sm->join_ids};
+                         .range = a[i].range,
+                         .aux = a[i].source,
+                         .step = a[i].join_id};
+        send_hdr(sm, 0, a[i].node, &h, NULL, 0, 0);
     }
 }
 
-/* scheduler.c's on_caught_up: the joiner becomes the range's new tail. */
+/* scheduler.c's on_caught_up: recovery/repair.c says whether the joiner becomes the tail. */
 static void sched_caught_up(sim *sm, uint32_t id, const cps_msg_hdr *h)
 {
     uint32_t r = h->range;
-    if (r >= sm->nranges || sm->pj[r].joiner != id || !node_alive(sim_cur_view(sm), id))
-        return;
-    if (!sm->p.faithful_sched && h->step != sm->pj[r].id) {
-        /* A late CAUGHT_UP of an earlier join of the same range by the same server, which is
-         * copying the range afresh: scheduler.c appends it to the chain with an empty copy
-         * (simulator seed 3782 with --faithful-scheduler). */
-        sim_trace(sm, "scheduler: r%u: stale CAUGHT_UP of join %" PRIu64 " from s%u ignored", r,
-                  h->step, id);
-        return;
-    }
-    sm->pj[r].joiner = 0;
-    const cps_range *cur = &sim_cur_view(sm)->ranges[r];
-    if (in_chain(cur, id) || cur->chain_len >= CPS_MAX_REPLICAS)
+    int verdict =
+        cps_repair_caught_up(sm->repair, sim_cur_view(sm), id, r, h->step, h->aux, sm->now);
+    if (verdict == CPS_REPAIR_IGNORED && h->aux == 0)
+        sim_trace(sm, "scheduler: r%u: CAUGHT_UP of join %" PRIu64 " from s%u ignored", r, h->step,
+                  id);
+    if (verdict != CPS_REPAIR_APPEND)
         return;
     cps_view *v = next_view(sm);
     if (!v)
@@ -1622,7 +1586,7 @@ static int chains_drained(const sim *sm)
     uint32_t want = v->replicas < alive ? v->replicas : alive;
     for (uint32_t r = 0; r < v->nranges; r++) {
         const cps_range *rg = &v->ranges[r];
-        if (sm->pj[r].joiner || sm->lag[r].node || rg->chain_len < want)
+        if (cps_repair_joiner(sm->repair, r, NULL) || sm->lag[r].node || rg->chain_len < want)
             return 0;
         const sim_server *head = &sm->servers[rg->chain[0] - 1];
         for (uint32_t i = 0; i < rg->chain_len; i++) {
@@ -1646,7 +1610,11 @@ static void setup(sim *sm)
     sm->heads = xcalloc((size_t)sm->nranges * (SIM_MAX_EPOCHS + 1), sizeof *sm->heads);
     sm->sync_target = xcalloc(sm->nranges, sizeof *sm->sync_target);
     sm->sched_boot = xcalloc(p->servers + 1, sizeof *sm->sched_boot);
-    sm->pj = xcalloc(sm->nranges, sizeof *sm->pj);
+    cps_repair_config rcfg = {sm->nranges, SIM_JOIN_GIVE_UP_MS};
+    if (cps_repair_create(&rcfg, &sm->repair) != 0) {
+        fprintf(stderr, "sim: cps_repair_create failed\n");
+        exit(2);
+    }
     sm->lag = xcalloc(sm->nranges, sizeof *sm->lag);
     sm->acked_seq = xcalloc(sm->nranges, sizeof *sm->acked_seq);
 
@@ -1741,7 +1709,7 @@ static void teardown(sim *sm)
     free(sm->sync_target);
     free(sm->acked);
     free(sm->sched_boot);
-    free(sm->pj);
+    cps_repair_destroy(sm->repair);
     free(sm->lag);
     free(sm->acked_seq);
     for (uint32_t i = 0; i < sm->nsnaps; i++) {
@@ -1772,9 +1740,20 @@ static void step(sim *sm, sim_event e)
             int rc = cps_chain_tick(s->chain, sm->now);
             if (chain_rc(sm, s, "cps_chain_tick", rc) == 0)
                 server_actions(sm, s);
-            for (uint32_t r = 0; r < sm->nranges && !sm->failed; r++)
+            for (uint32_t r = 0; r < sm->nranges && !sm->failed; r++) {
                 if (s->joins[r].active && sm->now > s->joins[r].deadline)
                     join_abort(sm, s, r, "no snapshot in time");
+                if (s->joins[r].confirm && cps_chain_can_serve_pull(s->chain, r)) {
+                    /* transfer.c's second report: we hold all our predecessor acknowledged. */
+                    cps_msg_hdr c = {.type = CPS_MSG_CAUGHT_UP,
+                                     .epoch = s->epoch,
+                                     .range = r,
+                                     .step = s->joins[r].confirm,
+                                     .aux = 1};
+                    s->joins[r].confirm = 0;
+                    send_hdr(sm, s->id, 0, &c, NULL, 0, 0);
+                }
+            }
             if (sm->now - s->beat_at >= SIM_BEAT_MS) {
                 s->beat_at = sm->now;
                 cps_msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .epoch = s->epoch};
@@ -1870,8 +1849,9 @@ int sim_run(const sim_params *p, sim_summary *out)
                        sm->servers[i].boot);
             for (uint32_t r = 0; r < sm->nranges; r++) {
                 const cps_range *rg = &cv->ranges[r];
-                printf("  r%u: pj %u<-%u lag %u chain", r, sm->pj[r].joiner, sm->pj[r].source,
-                       sm->lag[r].node);
+                uint32_t src = 0, joiner = cps_repair_joiner(sm->repair, r, &src);
+                printf("  r%u: pj %u<-%u unconfirmed %u lag %u chain", r, joiner, src,
+                       cps_repair_unconfirmed(sm->repair, r), sm->lag[r].node);
                 for (uint32_t j = 0; j < rg->chain_len; j++) {
                     const sim_server *x = &sm->servers[rg->chain[j] - 1];
                     printf(" s%u(applied %" PRIu64 " unacked %u gated %d)", x->id, x->rs[r].applied,

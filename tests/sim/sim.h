@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "core/view.h"
+#include "recovery/repair.h"
 #include "replication/chain.h"
 #include "replication/sync.h"
 
@@ -141,14 +142,10 @@ typedef struct sim_join {
     uint32_t source;
     uint64_t deadline;
     uint64_t id; /* the scheduler's id of this join, echoed in CAUGHT_UP */
+    /* The join installed: report it again (CAUGHT_UP, aux 1) once we may serve reads, as
+     * transfer.c's confirm_pending. 0: nothing to confirm. */
+    uint64_t confirm;
 } sim_join;
-
-/* The scheduler's pending join of a range (scheduler.c's pending_join). */
-typedef struct sim_pjoin {
-    uint32_t joiner, source;
-    uint64_t deadline;
-    uint64_t id;
-} sim_pjoin;
 
 /* A snapshot of one range of a tail's store, referenced by SNAP messages (aux = index). */
 typedef struct sim_snap {
@@ -229,14 +226,13 @@ typedef struct sim {
     uint8_t cut[SIM_MAX_NODES][SIM_MAX_NODES]; /* partition: messages from -> to dropped */
     int cut_active;
     uint32_t *sched_boot; /* per server id: the last HELLO boot the scheduler answered */
-    sim_pjoin *pj;        /* per range */
+    cps_repair *repair;   /* the scheduler's repair policy (recovery/repair.c) */
     sim_lag *lag;         /* per range */
     uint64_t *acked_seq;  /* per range: the highest sequence number acknowledged to a worker */
     sim_snap **snaps;
     uint32_t nsnaps, snaps_cap;
     uint64_t restarts, wipes, partitions, joins, rejoins, gated;
-    uint64_t join_ids; /* JOIN_RANGE ids handed out */
-    uint32_t *heads;   /* [range][epoch]: the server that accepted writes */
+    uint32_t *heads; /* [range][epoch]: the server that accepted writes */
     uint64_t *sync_target;
     sim_server *servers;
     sim_worker *workers;

@@ -1,0 +1,229 @@
+#include "repair.h"
+
+#include <stdlib.h>
+
+#include "chainps/error.h"
+#include "view_change.h"
+
+/* A server copying a range to join its chain. */
+typedef struct pending_join {
+    uint32_t joiner; /* 0: none */
+    uint32_t source;
+    uint64_t deadline_ms;
+    uint64_t id; /* CAUGHT_UP must echo it: a late one of an earlier join is ignored */
+    /* Appended as tail, not yet holding all its predecessor acknowledged (see repair.h). */
+    uint32_t unconfirmed;
+    uint32_t unconfirmed_pred;
+    uint64_t unconfirmed_until; /* its confirmation holds repairs of the range back till then */
+} pending_join;
+
+struct cps_repair {
+    cps_repair_config cfg;
+    pending_join *joins; /* cfg.nranges */
+    uint64_t next_join_id;
+    /* At most two per range per call (a timeout and a new join). */
+    cps_repair_action *actions;
+    size_t nactions;
+};
+
+int cps_repair_create(const cps_repair_config *cfg, cps_repair **out)
+{
+    if (!cfg || !out || cfg->join_give_up_ms == 0)
+        return CPS_EINVAL;
+    cps_repair *rp = calloc(1, sizeof *rp);
+    if (!rp)
+        return CPS_ENOMEM;
+    rp->cfg = *cfg;
+    size_t n = cfg->nranges ? cfg->nranges : 1;
+    rp->joins = calloc(n, sizeof *rp->joins);
+    rp->actions = calloc(2 * n, sizeof *rp->actions);
+    if (!rp->joins || !rp->actions) {
+        cps_repair_destroy(rp);
+        return CPS_ENOMEM;
+    }
+    *out = rp;
+    return 0;
+}
+
+void cps_repair_destroy(cps_repair *rp)
+{
+    if (rp) {
+        free(rp->joins);
+        free(rp->actions);
+        free(rp);
+    }
+}
+
+static int in_chain(const cps_range *rg, uint32_t id)
+{
+    for (uint32_t j = 0; j < rg->chain_len; j++)
+        if (rg->chain[j] == id)
+            return 1;
+    return 0;
+}
+
+static int node_alive(const cps_view *v, uint32_t id)
+{
+    const cps_node_info *n = cps__view_node(v, id);
+    return n && n->alive;
+}
+
+static void act(cps_repair *rp, int kind, uint32_t range, uint32_t node, uint32_t source,
+                uint32_t live, uint64_t join_id)
+{
+    rp->actions[rp->nactions++] = (cps_repair_action){kind, range, node, source, live, join_id};
+}
+
+int cps_repair_declare_dead(cps_repair *rp, const cps_view *in, uint32_t node, cps_view *out,
+                            uint32_t *lost_ranges)
+{
+    rp->nactions = 0;
+    if (in->nranges != rp->cfg.nranges)
+        return CPS_EINVAL;
+    int rc = cps_view_without(in, node, out, NULL);
+    if (rc != 0)
+        return rc;
+    for (uint32_t r = 0; r < out->nranges; r++) {
+        pending_join *pj = &rp->joins[r];
+        if (!pj->unconfirmed)
+            continue;
+        if (pj->unconfirmed == node) {
+            pj->unconfirmed = 0;
+        } else if (pj->unconfirmed_pred == node) {
+            /* The replicas before it hold every acknowledged update; it may not. */
+            cps_range *rg = &out->ranges[r];
+            uint32_t k = 0;
+            for (uint32_t j = 0; j < rg->chain_len; j++)
+                if (rg->chain[j] != pj->unconfirmed)
+                    rg->chain[k++] = rg->chain[j];
+            if (k == 0)
+                rg->chain[k++] = node; /* the dead one has it all: the range waits for it */
+            rg->chain_len = k;
+            act(rp, CPS_RA_EVICTED, r, pj->unconfirmed, node, 0, pj->id);
+            pj->unconfirmed = 0;
+        }
+    }
+    for (uint32_t r = 0; r < rp->cfg.nranges; r++)
+        if (rp->joins[r].joiner == node || rp->joins[r].source == node)
+            rp->joins[r].joiner = 0; /* that copy will not finish */
+    if (lost_ranges) {
+        *lost_ranges = 0;
+        for (uint32_t r = 0; r < out->nranges; r++)
+            *lost_ranges += !cps_view_range_available(out, r);
+    }
+    return 0;
+}
+
+/* The live server outside rg's chain holding or copying the fewest ranges, 0 if none. */
+static uint32_t least_loaded(const cps_repair *rp, const cps_view *v, const cps_range *rg)
+{
+    uint32_t best = 0, best_load = UINT32_MAX;
+    for (uint32_t i = 0; i < v->nnodes; i++) {
+        const cps_node_info *n = &v->nodes[i];
+        if (n->role != CPS_ROLE_SERVER || !n->alive || in_chain(rg, n->id))
+            continue;
+        uint32_t load = 0;
+        for (uint32_t q = 0; q < v->nranges; q++)
+            load += in_chain(&v->ranges[q], n->id) || rp->joins[q].joiner == n->id;
+        if (load < best_load) {
+            best = n->id;
+            best_load = load;
+        }
+    }
+    return best;
+}
+
+int cps_repair_tick(cps_repair *rp, const cps_view *v, uint64_t now)
+{
+    rp->nactions = 0;
+    if (v->nranges != rp->cfg.nranges)
+        return CPS_EINVAL;
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        pending_join *pj = &rp->joins[r];
+        if (pj->joiner && now > pj->deadline_ms) {
+            act(rp, CPS_RA_TIMED_OUT, r, pj->joiner, pj->source, 0, pj->id);
+            pj->joiner = 0;
+        }
+        const cps_range *rg = &v->ranges[r];
+        uint32_t live = 0, tail = 0;
+        for (uint32_t j = 0; j < rg->chain_len; j++)
+            if (node_alive(v, rg->chain[j])) {
+                live++;
+                tail = rg->chain[j];
+            }
+        /* A tail still unconfirmed may lack acknowledged updates: a copy of it would too, and
+         * the copy's own unconfirmed mark would replace its (one per range). Its confirmation
+         * travels once, unacknowledged: when it is lost the range is repaired after all. */
+        int held = pj->unconfirmed && now <= pj->unconfirmed_until;
+        if (pj->joiner || held || live == 0 || live >= v->replicas)
+            continue;
+        uint32_t best = least_loaded(rp, v, rg);
+        if (!best)
+            continue;
+        uint64_t id = ++rp->next_join_id;
+        pj->joiner = best;
+        pj->source = tail;
+        pj->deadline_ms = now + rp->cfg.join_give_up_ms;
+        pj->id = id;
+        act(rp, CPS_RA_JOIN, r, best, tail, live, id);
+    }
+    return (int)rp->nactions;
+}
+
+void cps_repair_join_unsent(cps_repair *rp, uint32_t range, uint64_t join_id)
+{
+    if (range < rp->cfg.nranges && rp->joins[range].joiner && rp->joins[range].id == join_id)
+        rp->joins[range].joiner = 0;
+}
+
+int cps_repair_caught_up(cps_repair *rp, const cps_view *v, uint32_t node, uint32_t range,
+                         uint64_t join_id, uint64_t kind, uint64_t now)
+{
+    if (range >= rp->cfg.nranges || range >= v->nranges)
+        return CPS_REPAIR_IGNORED;
+    pending_join *pj = &rp->joins[range];
+    if (kind == 1) {
+        if (pj->unconfirmed != node || join_id != pj->id)
+            return CPS_REPAIR_IGNORED;
+        pj->unconfirmed = 0;
+        return CPS_REPAIR_CONFIRMED;
+    }
+    if (kind == 2) {
+        if (pj->joiner != node || join_id != pj->id)
+            return CPS_REPAIR_IGNORED;
+        pj->joiner = 0;
+        return CPS_REPAIR_RETRY;
+    }
+    if (pj->joiner != node || join_id != pj->id || !node_alive(v, node))
+        return CPS_REPAIR_IGNORED; /* from an earlier join, or a joiner given up on */
+    pj->joiner = 0;
+    const cps_range *rg = &v->ranges[range];
+    if (in_chain(rg, node) || rg->chain_len >= CPS_MAX_REPLICAS || rg->chain_len == 0)
+        return CPS_REPAIR_IGNORED;
+    pj->unconfirmed = node;
+    pj->unconfirmed_pred = rg->chain[rg->chain_len - 1];
+    pj->unconfirmed_until = now + rp->cfg.join_give_up_ms;
+    return CPS_REPAIR_APPEND;
+}
+
+size_t cps_repair_actions(const cps_repair *rp, const cps_repair_action **out)
+{
+    *out = rp->actions;
+    return rp->nactions;
+}
+
+uint32_t cps_repair_joiner(const cps_repair *rp, uint32_t range, uint32_t *source)
+{
+    if (range >= rp->cfg.nranges)
+        return 0;
+    if (source)
+        *source = rp->joins[range].source;
+    return rp->joins[range].joiner;
+}
+
+uint32_t cps_repair_unconfirmed(const cps_repair *rp, uint32_t range)
+{
+    if (range >= rp->cfg.nranges)
+        return 0;
+    return rp->joins[range].unconfirmed;
+}

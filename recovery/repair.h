@@ -1,0 +1,107 @@
+/* The scheduler's repair policy, as a pure state machine: what a view becomes when a node is
+ * declared dead, which range is copied by whom from whom when it has fewer live replicas than
+ * the view's R, and when a server that copied a range (state transfer) joins its chain as the
+ * tail. It keeps the joins under way (one per range) and nothing else; the caller owns the view,
+ * publishes it (a new epoch), sends the JOIN_RANGE orders and logs. It never reads the clock:
+ * time arrives as `now`.
+ *
+ * A joiner reports CAUGHT_UP twice: once its snapshot is installed (it becomes the tail), and
+ * again once it holds everything its predecessor acknowledged (cps_chain_can_serve_pull). In
+ * between it is "unconfirmed": if that predecessor dies, the joiner may lack acknowledged updates
+ * nobody can re-send, so it leaves the chain with it and the range is copied afresh.
+ *
+ * Not thread-safe: one event loop owns a cps_repair. */
+#ifndef CPS_RECOVERY_REPAIR_H
+#define CPS_RECOVERY_REPAIR_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/view.h"
+
+typedef struct cps_repair cps_repair;
+
+typedef struct cps_repair_config {
+    uint32_t nranges;         /* ranges of the job's view (fixed for the job) */
+    uint32_t join_give_up_ms; /* a join not caught up by then is abandoned and retried (> 0) */
+} cps_repair_config;
+
+enum cps_repair_action_kind {
+    /* Order `node` to copy `range` from `source` (the range's live tail): JOIN_RANGE with
+     * step = join_id, which its CAUGHT_UP reports echo. `live` replicas are left. */
+    CPS_RA_JOIN = 1,
+    /* The join of `range` by `node` did not catch up before its deadline: abandoned. */
+    CPS_RA_TIMED_OUT,
+    /* `node` had joined `range` but not caught up with `source`, which died: it left the chain
+     * too and the range will be copied again. */
+    CPS_RA_EVICTED
+};
+
+typedef struct cps_repair_action {
+    int kind; /* CPS_RA_* */
+    uint32_t range;
+    uint32_t node;
+    uint32_t source;
+    uint32_t live;
+    uint64_t join_id;
+} cps_repair_action;
+
+/* Verdicts of cps_repair_caught_up. */
+enum {
+    CPS_REPAIR_IGNORED = 0,   /* stale (an earlier join), or from a joiner given up on */
+    CPS_REPAIR_APPEND = 1,    /* append `node` to the range's chain as its tail and publish */
+    CPS_REPAIR_CONFIRMED = 2, /* the joined tail now holds everything: a full replica */
+    CPS_REPAIR_RETRY = 3      /* the joiner could not copy the range: the next tick retries */
+};
+
+/* Errors: CPS_EINVAL (cfg or out NULL, join_give_up_ms 0), CPS_ENOMEM. *out is the
+ * caller's, to free with cps_repair_destroy. */
+int cps_repair_create(const cps_repair_config *cfg, cps_repair **out);
+/* NULL: no-op. */
+void cps_repair_destroy(cps_repair *rp);
+
+/* Node `node` is declared dead: out = in without it (cps_view_without: kept order, the last
+ * replica of a range stays, marked dead), and an unconfirmed joiner whose predecessor it was
+ * leaves that chain too (CPS_RA_EVICTED); were it the only one left, the dead node stays in its
+ * place instead (the range waits for it, rather than serve what may lack acknowledged updates).
+ * out->epoch is in->epoch + 1. Joins that `node` copied or served are abandoned (no action: they
+ * will not finish). *lost_ranges (may be NULL) receives how many ranges have no live replica. in is
+ * borrowed; out must be initialised (cps__view_init), its content is replaced and stays the
+ * caller's. Errors: CPS_EINVAL (in has another range count), CPS_ENOTFOUND (no such node),
+ * CPS_ENOMEM; the join table is unchanged on error. */
+int cps_repair_declare_dead(cps_repair *rp, const cps_view *in, uint32_t node, cps_view *out,
+                            uint32_t *lost_ranges);
+
+/* A repair round at `now` over view v (borrowed): joins past their deadline are abandoned
+ * (CPS_RA_TIMED_OUT), and every range with at least one but fewer than v->replicas live
+ * replicas, no join under way and no unconfirmed tail (for join_give_up_ms after it joined: a
+ * lost confirmation must not stop repairs for good) gets one (CPS_RA_JOIN): the live server not
+ * in its chain that holds or is copying the fewest ranges (the lowest position in v->nodes on a
+ * tie) copies it from the range's live tail. No spare server: no join. Returns the number of
+ * actions (cps_repair_actions); errors: CPS_EINVAL (v has another range count). */
+int cps_repair_tick(cps_repair *rp, const cps_view *v, uint64_t now);
+
+/* The caller could not send the JOIN_RANGE of action `join_id` for `range`: forget that join
+ * (the next tick tries again). Unknown join: no-op. */
+void cps_repair_join_unsent(cps_repair *rp, uint32_t range, uint64_t join_id);
+
+/* CAUGHT_UP from server `node` for `range` at `now`, with the join id it echoes (step) and its
+ * kind (the header's aux: 0 snapshot installed, 1 holds everything its predecessor acknowledged,
+ * 2 gave up). v (borrowed) is the current view. Returns a CPS_REPAIR_* verdict; only for
+ * CPS_REPAIR_APPEND must the caller append `node` as range's tail in the next view it
+ * publishes (the predecessor it must catch up with is v's tail of the range). */
+int cps_repair_caught_up(cps_repair *rp, const cps_view *v, uint32_t node, uint32_t range,
+                         uint64_t join_id, uint64_t kind, uint64_t now);
+
+/* The actions of the last cps_repair_tick or cps_repair_declare_dead, in order. Valid until the
+ * next call into rp; owned by rp. Returns their number. */
+size_t cps_repair_actions(const cps_repair *rp, const cps_repair_action **out);
+
+/* The server copying `range` now (0: none), and (if source is not NULL) the tail it copies
+ * from. Out of range: 0. */
+uint32_t cps_repair_joiner(const cps_repair *rp, uint32_t range, uint32_t *source);
+
+/* The joined tail of `range` not yet confirmed (0: none). Out of range: 0. */
+uint32_t cps_repair_unconfirmed(const cps_repair *rp, uint32_t range);
+
+#endif
