@@ -256,7 +256,7 @@ static int env_role(cps_config *cfg, char *err, size_t errlen)
         const char *s = env(*n);
         if (!s)
             continue;
-        int r;
+        int r = CPS_ROLE_NONE;
         int rc = cps__config_parse_role(*n, s, &r, err, errlen);
         if (rc)
             return rc;
