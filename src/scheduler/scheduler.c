@@ -274,16 +274,24 @@ static void handle_hello(sched *s, const cps_rx *rx)
     }
     if (!n) {
         uint32_t limit = role == CPS_ROLE_SERVER ? s->cfg.num_servers : s->cfg.num_workers;
-        if (count_places(s, (int)role) >= limit) {
-            cps_log(CPS_LOG_ERROR, "scheduler",
-                    "refused a %s at %s: the job already has its %u %ss", role_name((int)role),
-                    addr, limit, role_name((int)role));
+        /* A worker arriving after the job ended (one that was to replace a dead worker, too
+         * late) would wait for servers that are gone: tell it. */
+        int ended = s->finished && role == CPS_ROLE_WORKER;
+        if (ended || count_places(s, (int)role) >= limit) {
+            if (ended)
+                cps_log(CPS_LOG_ERROR, "scheduler", "refused a worker at %s: the job has ended",
+                        addr);
+            else
+                cps_log(CPS_LOG_ERROR, "scheduler",
+                        "refused a %s at %s: the job already has its %u %ss", role_name((int)role),
+                        addr, limit, role_name((int)role));
             uint32_t tmp = cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
             if (tmp) {
                 cps_msg_hdr h = {0};
                 h.sender = tmp; /* the error reply goes to whoever sent this HELLO */
-                cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &h, CPS_ECONFIG,
-                                     "job is full");
+                cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &h,
+                                     ended ? CPS_ESHUTDOWN : CPS_ECONFIG,
+                                     ended ? "the job has ended" : "job is full");
             }
             return;
         }
