@@ -758,7 +758,25 @@ static void maybe_release_barrier(sched *s)
 
 static void shutdown_job(sched *s);
 
-/* Every worker finished or died: the job is over (unless held for inspection). */
+/* A worker rank that no live worker holds and none finished (its worker died and no other
+ * took its place yet), or UINT32_MAX. */
+static uint32_t unfinished_dead_rank(const sched *s)
+{
+    for (uint32_t r = 0; r < s->cfg.num_workers; r++) {
+        int held = 0;
+        for (uint32_t i = 0; i < s->nnodes && !held; i++) {
+            const sched_node *n = &s->nodes[i];
+            held =
+                n->info.role == CPS_ROLE_WORKER && n->info.rank == r && (n->done || n->info.alive);
+        }
+        if (!held)
+            return r;
+    }
+    return UINT32_MAX;
+}
+
+/* Every worker finished or died: the job is over (unless held for inspection, or a dead
+ * worker's replacement is awaited). */
 static void maybe_end_job(sched *s)
 {
     if (!s->started || s->finished || s->ending_held)
@@ -770,6 +788,17 @@ static void maybe_end_job(sched *s)
     }
     if (left)
         return;
+    uint32_t dead_rank = s->cfg.await_replacements ? unfinished_dead_rank(s) : UINT32_MAX;
+    if (dead_rank != UINT32_MAX) {
+        /* Ending now would leave the worker that takes its place (chainps launch
+         * --restart-workers starts one) without servers: it could only fail. Whoever started
+         * us with --await-replacements ends the job if it gives up on that worker. */
+        cps_log(CPS_LOG_INFO, "scheduler",
+                "the live workers finished; the job stays open for the worker that takes dead "
+                "rank %u's place",
+                dead_rank);
+        return;
+    }
     if (s->cfg.hold) {
         s->ending_held = 1;
         cps_log(CPS_LOG_INFO, "scheduler",
