@@ -247,16 +247,36 @@ static int pull_may_proceed(server *s, uint32_t range, uint64_t clock, uint32_t 
     return m == UINT64_MAX || m + s->view.ssp_bound >= clock;
 }
 
+/* The highest clock in `range` of any worker other than `except`, live, finished or dead: how
+ * far the job got there (0: nowhere). */
+static uint64_t furthest_clock(server *s, uint32_t range, uint32_t except)
+{
+    uint64_t m = 0;
+    for (uint32_t i = 0; i < s->view.nnodes; i++) {
+        const cps_node_info *n = &s->view.nodes[i];
+        uint64_t *c =
+            n->role == CPS_ROLE_WORKER && n->id != except ? clock_slot(s, range, n->id) : NULL;
+        if (c && *c > m)
+            m = *c;
+    }
+    return m;
+}
+
 /* An SSP worker taking a dead worker's place starts at the slowest clock of the others: at 0 it
  * would hold every other worker's pulls back until it had pushed its way up from the first step
- * on its own. Every replica applies the DECLARE, so every replica sets the same clock. */
+ * on its own. With no other worker running (they finished while it was being restarted), it
+ * starts where the job got to, as a sync joiner does, not at 0, which would run the whole job
+ * again on its shard alone. Every replica applies the DECLARE, so every replica sets the same
+ * clock. */
 static void ssp_place_joiner(server *s, uint32_t range, uint32_t worker)
 {
     if (s->view.mode != CPS_MODE_SSP || !takes_dead_workers_place(s, worker))
         return;
     uint64_t *c = clock_slot(s, range, worker);
     uint64_t m = slowest_clock(s, range, worker);
-    if (c && *c == 0 && m != UINT64_MAX)
+    if (m == UINT64_MAX)
+        m = furthest_clock(s, range, worker);
+    if (c && *c == 0)
         *c = m;
 }
 
