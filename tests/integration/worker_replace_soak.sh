@@ -112,7 +112,10 @@ for mode in $modes; do
         rnd $((train_ms / 3))
         at_ms=$((train_ms * phase / 3 + r + 50))
         names=(early mid late)
-        log=$tmp/run.log
+        # A log of its own, made here: the launched shell opens it only after the fork, and a
+        # grep of a log shared with the previous run could find that run's lines first.
+        log=$tmp/${mode/:/}-$run.log
+        : >"$log"
         t0=$(now_ms)
         "$cps" launch --servers 4 --workers 2 --replicas 3 --mode "$mode" --restart-workers \
             --timeout "$limit" -- "$lsq" --steps "$steps" --step-ms "$step_ms" "${lsq_args[@]}" >"$log" 2>&1 &
