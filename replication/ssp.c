@@ -97,6 +97,21 @@ static uint64_t slowest_clock(cps_ssp *g, const cps_view *v, uint32_t range, uin
     return m;
 }
 
+/* The highest clock in `range` of any worker other than `except`, live, finished or dead: how
+ * far the job got there (0: nowhere). */
+static uint64_t furthest_clock(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t except)
+{
+    uint64_t m = 0;
+    for (uint32_t i = 0; i < v->nnodes; i++) {
+        const cps_node_info *n = &v->nodes[i];
+        uint64_t *c =
+            n->role == CPS_ROLE_WORKER && n->id != except ? clock_slot(g, v, range, n->id) : NULL;
+        if (c && *c > m)
+            m = *c;
+    }
+    return m;
+}
+
 int cps_ssp_pushed(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worker, uint64_t step)
 {
     uint64_t *c = clock_slot(g, v, range, worker);
@@ -107,14 +122,19 @@ int cps_ssp_pushed(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worke
     return 0;
 }
 
-/* Every replica applies the DECLARE, so every replica sets the same clock. */
+/* Every replica applies the DECLARE, so every replica sets the same clock. With no other worker
+ * running (they finished while this one was being restarted) the replacement starts where the
+ * job got to, as a sync joiner does, not at 0, which would run the whole job again on its shard
+ * alone. */
 void cps_ssp_declared(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worker)
 {
     if (v->mode != CPS_MODE_SSP || !takes_dead_workers_place(v, worker))
         return;
     uint64_t *c = clock_slot(g, v, range, worker);
     uint64_t m = slowest_clock(g, v, range, worker);
-    if (c && *c == 0 && m != UINT64_MAX)
+    if (m == UINT64_MAX)
+        m = furthest_clock(g, v, range, worker);
+    if (c && *c == 0)
         *c = m;
 }
 

@@ -45,7 +45,8 @@ int cps_ssp_pushed(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worke
 int cps_ssp_applied(cps_ssp *g, const cps_view *v, uint32_t range, const cps_chain_update *u);
 
 /* `worker`'s DECLARE was applied to `range`. In SSP mode a worker taking a dead worker's rank
- * whose clock is still 0 starts at the slowest clock of the other live workers. */
+ * whose clock is still 0 starts at the slowest clock of the other live workers, or, with none
+ * running, at the highest clock any other worker reached. */
 void cps_ssp_declared(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worker);
 
 /* The step a DECLARE of `worker` answers with in SSP mode: its clock in `range` if it takes a

@@ -276,6 +276,8 @@ int cps__job_start(cps_job *j, int i)
         int a = 16;
         if (j->hold)
             av[a++] = "--hold";
+        if (j->await_replacements)
+            av[a++] = "--await-replacements";
         if (j->cfg.ckpt_every) {
             snprintf(every, sizeof every, "%llu%s", (unsigned long long)j->cfg.ckpt_every,
                      j->cfg.ckpt_every_seconds ? "s" : "");

@@ -33,10 +33,12 @@ typedef struct cps_job {
     char mode[32], repl[16];
     cps_child *kids; /* [0] scheduler, [1..S] servers, [S+1..S+W] workers */
     int n;
-    const char *prefix;   /* printed before every streamed line, e.g. "" */
-    int quiet;            /* do not stream the children's output */
-    int hold;             /* scheduler --hold: servers stay up after the workers finish */
-    char secret_dir[400]; /* a directory of our own holding the secret we made; "" if none */
+    const char *prefix;     /* printed before every streamed line, e.g. "" */
+    int quiet;              /* do not stream the children's output */
+    int hold;               /* scheduler --hold: servers stay up after the workers finish */
+    int await_replacements; /* scheduler --await-replacements: a dead worker's rank holds the
+                               job's end until a replacement finished it */
+    char secret_dir[400];   /* a directory of our own holding the secret we made; "" if none */
 } cps_job;
 
 /* Set up (data dir, port, executable path, the job's secret: the one cfg names, or a new one

@@ -259,6 +259,9 @@ int cps__cli_launch(int argc, char **argv)
     cps_job job;
     if (cps__job_init(&job, &cfg, data_given, sched_port, prog) != 0)
         return 1;
+    /* A worker we restart must find the job still running: the scheduler keeps it open while
+     * a dead worker's rank is unfinished, and we end it ourselves if we give up on one. */
+    job.await_replacements = restart_workers;
     char kill_env[64];
     if (kill_at_s) {
         snprintf(kill_env, sizeof kill_env, "CHAINPS_KILL_AT_S=%u", kill_at_s);
@@ -385,7 +388,11 @@ int cps__cli_launch(int argc, char **argv)
         cps__job_stop(&job, 1 + S, n, 0);
         cps__job_stop(&job, 0, 1 + S, 2000);
     } else {
-        /* Normal end: the scheduler tells the servers to stop once every worker said BYE. */
+        /* Normal end: the scheduler tells the servers to stop once every worker said BYE. But
+         * one that awaits the replacement of a worker we dropped (restarted too often) waits
+         * for nothing: end it now (SIGTERM: it tells the servers to stop). */
+        if (job.await_replacements && sup.ndropped && kids[0].pid > 0 && !kids[0].exited)
+            kill(kids[0].pid, SIGTERM);
         cps__job_stop(&job, 0, 1 + S, STOP_GRACE_MS);
     }
     for (int i = 0; i <= S; i++) {

@@ -124,6 +124,9 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps_config *
     case CLI_OPT_HOLD:
         cfg->hold = 1;
         break;
+    case CLI_OPT_AWAIT_REPLACEMENTS:
+        cfg->await_replacements = 1;
+        break;
     case CLI_OPT_CKPT_EVERY: {
         char num[32];
         size_t len = strlen(arg);
@@ -203,8 +206,12 @@ static const char scheduler_usage[] =
     "  --data DIR         keep the view in DIR/scheduler (default ./chainps-data): a scheduler\n"
     "                     restarted on the same DIR resumes an unfinished job\n"
     "  --hold             when the workers are done, keep the servers up (to inspect them)\n"
-    "                     until `chainps status --end`\n" CPS_CLI_CKPT_HELP CPS_CLI_SECRET_HELP
-    "  -v, --verbose      more logging (twice: debug)\n"
+    "                     until `chainps status --end`\n"
+    "  --await-replacements  a worker that died holds the job's end until a new worker has\n"
+    "                     taken its rank and finished (chainps launch --restart-workers sets\n"
+    "                     it); without it the job ends when the live workers are done, and a\n"
+    "                     worker arriving later is refused (the job has ended)\n" CPS_CLI_CKPT_HELP
+        CPS_CLI_SECRET_HELP "  -v, --verbose      more logging (twice: debug)\n"
     "  -h, --help         this text\n";
 
 static const struct option scheduler_opts[] = {
@@ -215,6 +222,7 @@ static const struct option scheduler_opts[] = {
     {"restore-optimizer", required_argument, 0, CLI_OPT_RESTORE_OPTIM},
     {"data", required_argument, 0, CLI_OPT_DATA},
     {"hold", no_argument, 0, CLI_OPT_HOLD},
+    {"await-replacements", no_argument, 0, CLI_OPT_AWAIT_REPLACEMENTS},
     {"servers", required_argument, 0, CLI_OPT_SERVERS},
     {"workers", required_argument, 0, CLI_OPT_WORKERS},
     {"port", required_argument, 0, CLI_OPT_PORT},

@@ -64,6 +64,11 @@ typedef struct cps_config {
                                           checkpoint is being restored: --restore-from) */
     int hold;                          /* scheduler: keep servers up after the workers finish,
                                           until `chainps status --end` (flag --hold) */
+    int await_replacements;            /* scheduler: the job does not end while a dead worker's
+                                          rank has no worker that finished it: a replacement is
+                                          coming (flag --await-replacements; launch
+                                          --restart-workers sets it and ends the job itself if
+                                          it gives up on one) */
     /* Checkpoints taken by the scheduler's process (src/cli/ckpt_jobs.c). */
     uint64_t ckpt_every;    /* 0: none; steps, or seconds if ckpt_every_seconds */
     int ckpt_every_seconds; /* --checkpoint-every 30s */

@@ -277,16 +277,24 @@ static void handle_hello(sched *s, const cps_rx *rx)
     }
     if (!n) {
         uint32_t limit = role == CPS_ROLE_SERVER ? s->cfg.num_servers : s->cfg.num_workers;
-        if (count_places(s, (int)role) >= limit) {
-            cps_log(CPS_LOG_ERROR, "scheduler",
-                    "refused a %s at %s: the job already has its %u %ss", role_name((int)role),
-                    addr, limit, role_name((int)role));
+        /* A worker arriving after the job ended (one that was to replace a dead worker, too
+         * late) would wait for servers that are gone: tell it. */
+        int ended = s->finished && role == CPS_ROLE_WORKER;
+        if (ended || count_places(s, (int)role) >= limit) {
+            if (ended)
+                cps_log(CPS_LOG_ERROR, "scheduler", "refused a worker at %s: the job has ended",
+                        addr);
+            else
+                cps_log(CPS_LOG_ERROR, "scheduler",
+                        "refused a %s at %s: the job already has its %u %ss", role_name((int)role),
+                        addr, limit, role_name((int)role));
             uint32_t tmp = cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
             if (tmp) {
                 cps_msg_hdr h = {0};
                 h.sender = tmp; /* the error reply goes to whoever sent this HELLO */
-                cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &h, CPS_ECONFIG,
-                                     "job is full");
+                cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &h,
+                                     ended ? CPS_ESHUTDOWN : CPS_ECONFIG,
+                                     ended ? "the job has ended" : "job is full");
             }
             return;
         }
@@ -714,7 +722,25 @@ static void maybe_release_barrier(sched *s)
 
 static void shutdown_job(sched *s);
 
-/* Every worker finished or died: the job is over (unless held for inspection). */
+/* A worker rank that no live worker holds and none finished (its worker died and no other
+ * took its place yet), or UINT32_MAX. */
+static uint32_t unfinished_dead_rank(const sched *s)
+{
+    for (uint32_t r = 0; r < s->cfg.num_workers; r++) {
+        int held = 0;
+        for (uint32_t i = 0; i < s->nnodes && !held; i++) {
+            const sched_node *n = &s->nodes[i];
+            held =
+                n->info.role == CPS_ROLE_WORKER && n->info.rank == r && (n->done || n->info.alive);
+        }
+        if (!held)
+            return r;
+    }
+    return UINT32_MAX;
+}
+
+/* Every worker finished or died: the job is over (unless held for inspection, or a dead
+ * worker's replacement is awaited). */
 static void maybe_end_job(sched *s)
 {
     if (!s->started || s->finished || s->ending_held)
@@ -726,6 +752,17 @@ static void maybe_end_job(sched *s)
     }
     if (left)
         return;
+    uint32_t dead_rank = s->cfg.await_replacements ? unfinished_dead_rank(s) : UINT32_MAX;
+    if (dead_rank != UINT32_MAX) {
+        /* Ending now would leave the worker that takes its place (chainps launch
+         * --restart-workers starts one) without servers: it could only fail. Whoever started
+         * us with --await-replacements ends the job if it gives up on that worker. */
+        cps_log(CPS_LOG_INFO, "scheduler",
+                "the live workers finished; the job stays open for the worker that takes dead "
+                "rank %u's place",
+                dead_rank);
+        return;
+    }
     if (s->cfg.hold) {
         s->ending_held = 1;
         cps_log(CPS_LOG_INFO, "scheduler",

@@ -395,8 +395,11 @@ static void handle_msg(void *ctx, void *buf, size_t len)
             c->reg_done = 1;
             c->reg_result = rx.hdr.status;
         } else if (rx.hdr.sender == SCHED_PEER && rx.hdr.type == CPS_MSG_ERROR) {
-            cps_log(CPS_LOG_ERROR, "worker", "the scheduler refused us: %s",
-                    cps_strerror(rx.hdr.status));
+            /* Its text says why ("job is full", "the job has ended"). */
+            int tl = rx.len > 200 ? 200 : (int)rx.len;
+            cps_log(CPS_LOG_ERROR, "worker", "the scheduler refused us: %s%s%.*s%s",
+                    cps_strerror(rx.hdr.status), tl ? " (" : "", tl,
+                    tl ? (const char *)rx.payload : "", tl ? ")" : "");
             c->shutdown = 1;
         } else {
             on_reply(c, &rx);

@@ -152,16 +152,99 @@ static void test_ssp_bound_holds_push_pull(void **state)
     assert_true(fast >= 0.8 * slow);
 }
 
-static pid_t spawn_lsq(const h_cluster *c, int rank, const char *name, const char *steps)
+static pid_t spawn_lsq_mode(const h_cluster *c, int rank, const char *name, const char *steps,
+                            const char *mode)
 {
-    char sched[96], rk[32];
+    char sched[96], rk[32], md[48];
     snprintf(sched, sizeof sched, "CHAINPS_SCHEDULER=%s", c->sched_addr);
     snprintf(rk, sizeof rk, "CHAINPS_RANK=%d", rank);
-    char *env[] = {
-        "CHAINPS_ROLE=worker", sched, "CHAINPS_NUM_SERVERS=2", "CHAINPS_NUM_WORKERS=2", rk,
-        "CHAINPS_MODE=ssp:2",  NULL};
+    snprintf(md, sizeof md, "CHAINPS_MODE=%s", mode);
+    char *env[] = {"CHAINPS_ROLE=worker",
+                   sched,
+                   "CHAINPS_NUM_SERVERS=2",
+                   "CHAINPS_NUM_WORKERS=2",
+                   rk,
+                   md,
+                   NULL};
     char *argv[] = {LSQ_BIN, "--steps", (char *)steps, "--step-ms", "2", "--tol", "1e-3", NULL};
     return h_spawn(name, argv, env, NULL);
+}
+
+static pid_t spawn_lsq(const h_cluster *c, int rank, const char *name, const char *steps)
+{
+    return spawn_lsq_mode(c, rank, name, steps, "ssp:2");
+}
+
+/* The checksum of a worker's "final:" line into sum (""): compared across workers. */
+static void final_checksum(pid_t w, char *sum, size_t len)
+{
+    char *log = h_read_log(w);
+    const char *p = strstr(log, "checksum ");
+    snprintf(sum, len, "%.16s", p ? p + strlen("checksum ") : "");
+    free(log);
+}
+
+/* A worker killed near the end of a job, and its replacement started only after the other worker
+ * finished (as `chainps launch --restart-workers` does when the kill comes late): with
+ * --await-replacements the scheduler keeps the job open for it, so the replacement finishes too,
+ * and then the job ends. Without it the job ended under the replacement, which then waited for
+ * servers that were gone until launch's --timeout (issue 12: the replaced worker that hung the
+ * job). It joins where the job got to (sync: the last step; ssp: the finished worker's clock, not
+ * 0, which would train the whole job again on its shard alone), so it has nothing left to push
+ * and pulls what rank 0 pulled. */
+static void replacement_after_the_others_finished(const char *mode)
+{
+    h_cluster c;
+    char *fast_death[] = {"CHAINPS_WORKER_DEAD_AFTER_MS=1000", NULL};
+    const char *extra[] = {"--await-replacements", NULL};
+    assert_int_equal(h_start_scheduler_env(&c, 2, 2, mode, extra, fast_death), 0);
+    for (int i = 0; i < 2; i++)
+        assert_true(h_start_server(&c, i) > 0);
+    pid_t w0 = spawn_lsq_mode(&c, 0, "worker-0", "800", mode);
+    pid_t w1 = spawn_lsq_mode(&c, 1, "worker-1", "800", mode);
+    assert_true(w0 > 0 && w1 > 0);
+    assert_true(h_wait_log(c.sched, "connected 2 workers", 1, 30000));
+    usleep(200 * 1000);
+    h_kill_hard(w1);
+    /* Rank 0 goes on alone (sync: once rank 1 is declared dead), and finishes. */
+    assert_true(h_wait_exit(w0, JOB_TIMEOUT_MS, NULL));
+    assert_int_equal(h_exit_code(w0), 0);
+    assert_int_equal(h_log_count(w0, "final: rank 0"), 1);
+    assert_true(
+        h_wait_log(c.sched, "stays open for the worker that takes dead rank 1's place", 1, 5000));
+    assert_true(h_alive(c.sched));
+    pid_t w2 = spawn_lsq_mode(&c, 1, "worker-1b", "800", mode);
+    assert_true(w2 > 0);
+    assert_true(h_wait_exit(w2, JOB_TIMEOUT_MS, NULL));
+    if (h_exit_code(w2) != 0 || h_log_count(w2, "resuming at step 800") != 1) {
+        char *log = h_read_log(w2);
+        fprintf(stderr, "---- worker-1b ----\n%s\n", log);
+        free(log);
+    }
+    assert_int_equal(h_exit_code(w2), 0);
+    assert_int_equal(h_log_count(w2, "final: rank 1"), 1);
+    assert_int_equal(h_log_count(w2, "resuming at step 800"), 1);
+    char s0[32], s2[32];
+    final_checksum(w0, s0, sizeof s0);
+    final_checksum(w2, s2, sizeof s2);
+    assert_true(s0[0] != 0);
+    assert_string_equal(s0, s2);
+    /* Then the job ends by itself. */
+    assert_true(h_wait_log(c.sched, "ending the job", 1, 10000));
+    assert_true(h_wait_exit(c.sched, 15000, NULL));
+    assert_int_equal(h_exit_code(c.sched), 0);
+}
+
+static void test_sync_replacement_after_the_others_finished(void **state)
+{
+    (void)state;
+    replacement_after_the_others_finished("sync");
+}
+
+static void test_ssp_replacement_after_the_others_finished(void **state)
+{
+    (void)state;
+    replacement_after_the_others_finished("ssp:2");
 }
 
 /* Bounded staleness with a worker killed and another started in its place: the newcomer starts
@@ -230,7 +313,13 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_ssp, setup, teardown),
         cmocka_unit_test_setup_teardown(test_separate_processes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ssp_worker_replaced, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sync_replacement_after_the_others_finished, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_ssp_replacement_after_the_others_finished, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_ssp_bound_holds_push_pull, setup, teardown),
     };
+    if (getenv("CPS_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("CPS_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

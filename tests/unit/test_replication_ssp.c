@@ -177,6 +177,26 @@ static void replacement_starts_at_the_slowest_clock(void **state)
     cps_ssp_destroy(g);
 }
 
+/* The others finished (not alive) while rank 0 was being replaced: the replacement starts at the
+ * furthest clock the job reached there, not at 0 (it would train the whole job again alone). */
+static void late_replacement_starts_where_the_job_got_to(void **state)
+{
+    (void)state;
+    cps_view v;
+    make_view(&v, CPS_MODE_SSP, 1, 3);
+    int dropped;
+    cps_ssp *g = new_gate(&dropped);
+    assert_int_equal(cps_ssp_pushed(g, &v, 0, 10, 3), 0);
+    assert_int_equal(cps_ssp_pushed(g, &v, 0, 11, 9), 0);
+    assert_int_equal(cps_ssp_pushed(g, &v, 0, 12, 8), 0);
+    nodes[2].alive = 0;
+    nodes[3].alive = 0;
+    replace_rank0(&v);
+    cps_ssp_declared(g, &v, 0, 13);
+    assert_int_equal(cps_ssp_clock(g, &v, 0, 13), 9);
+    cps_ssp_destroy(g);
+}
+
 static void an_applied_update_moves_the_clocks_of_its_dense_pushes(void **state)
 {
     (void)state;
@@ -264,6 +284,7 @@ int main(void)
         cmocka_unit_test(other_modes_never_hold_a_pull),
         cmocka_unit_test(dead_worker_is_not_waited_for),
         cmocka_unit_test(replacement_starts_at_the_slowest_clock),
+        cmocka_unit_test(late_replacement_starts_where_the_job_got_to),
         cmocka_unit_test(an_applied_update_moves_the_clocks_of_its_dense_pushes),
         cmocka_unit_test(clocks_only_move_forward_and_reset_with_the_range_count),
         cmocka_unit_test(wake_keeps_order_and_destroy_drops_what_is_parked),
