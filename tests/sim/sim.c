@@ -768,9 +768,10 @@ static void on_snap_req(sim *sm, sim_server *s, const cps_msg_hdr *h)
         send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
         return;
     }
-    int rc = cps_chain_add_shadow(s->chain, r, joiner, sm->now);
-    if (rc == CPS_EINVAL)
-        return; /* a joiner our view counts dead: transfer.c logs and starts no snapshot */
+    int rc = cps_chain_add_shadow(s->chain, r, joiner, h->step, sm->now);
+    if (rc == CPS_EINVAL || rc == CPS_ESTALE_EPOCH)
+        return; /* a joiner our view counts dead, or a late request of a replaced join:
+                 * transfer.c logs and starts no snapshot */
     if (rc != 0) {
         chain_rc(sm, s, "cps_chain_add_shadow", rc);
         return;
