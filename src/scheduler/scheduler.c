@@ -556,6 +556,10 @@ static int resume(sched *s)
             (unsigned long long)s->view.epoch, s->nnodes, s->workers_done, s->cfg.num_workers);
     /* Everyone learns we are back (and anyone who missed a view gets it now). */
     s->view.epoch++;
+    /* Join ids must keep growing across our restarts: a range's tail refuses a snapshot request
+     * whose join id is below one it served (a late request of a replaced join). Our earlier
+     * lives ran at lower epochs and issued fewer than 2^32 joins each. */
+    s->next_join_id = s->view.epoch << 32;
     if (save(s) == 0)
         for (uint32_t i = 0; i < s->nnodes; i++)
             if (!s->nodes[i].done)
