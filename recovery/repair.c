@@ -34,6 +34,7 @@ int cps_repair_create(const cps_repair_config *cfg, cps_repair **out)
     if (!rp)
         return CPS_ENOMEM;
     rp->cfg = *cfg;
+    rp->next_join_id = cfg->first_join_id;
     size_t n = cfg->nranges ? cfg->nranges : 1;
     rp->joins = calloc(n, sizeof *rp->joins);
     rp->actions = calloc(2 * n, sizeof *rp->actions);

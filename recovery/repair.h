@@ -24,6 +24,11 @@ typedef struct cps_repair cps_repair;
 typedef struct cps_repair_config {
     uint32_t nranges;         /* ranges of the job's view (fixed for the job) */
     uint32_t join_give_up_ms; /* a join not caught up by then is abandoned and retried (> 0) */
+    /* Join ids handed out start above this. They must keep growing across scheduler restarts:
+     * a range's tail refuses a snapshot request whose join id is below one it served (a late
+     * request of a replaced join), so a restarted scheduler passes a floor above its earlier
+     * lives' ids. */
+    uint64_t first_join_id;
 } cps_repair_config;
 
 enum cps_repair_action_kind {

@@ -57,8 +57,11 @@ typedef struct range_st {
     uint32_t naggs, aggs_cap;
     refused_rec refused[REFUSED_SLOTS]; /* recent cps_chain_skip requests, a ring */
     uint32_t refused_next;
-    /* State transfer. At the tail: a joining replica that also receives every update. */
+    /* State transfer. At the tail: a joining replica that also receives every update, and the
+     * highest join id a shadow was added for (the scheduler's ids only grow: a lower one is a
+     * late request of an abandoned join). */
     uint32_t shadow;
+    uint64_t shadow_join;
     /* At the joiner: FWDs from `join_source` held until the snapshot is installed. */
     int joining, join_ready;
     uint32_t join_source;
@@ -983,12 +986,19 @@ int cps_chain_tick(cps_chain *c, uint64_t now)
 
 /* ---- state transfer ---- */
 
-int cps_chain_add_shadow(cps_chain *c, uint32_t r, uint32_t node, uint64_t now)
+int cps_chain_add_shadow(cps_chain *c, uint32_t r, uint32_t node, uint64_t join_id, uint64_t now)
 {
     begin_call(c);
     c->now = now;
     if (!cps_chain_is_tail(c, r) || node == c->cfg.self || node == 0)
         return CPS_EINVAL;
+    /* A late SNAP_REQ of a join the scheduler has since replaced (sent, say, by a node before it
+     * was fenced, and delivered after it came back): taken, it would replace the shadow of the
+     * current join and drop what we held for it, and that joiner, whose snapshot may already be
+     * on its way, would report CAUGHT_UP lacking updates we acknowledged (simulator seed
+     * 10010). */
+    if (join_id < c->ranges[r].shadow_join)
+        return CPS_ESTALE_EPOCH;
     /* A late SNAP_REQ of a node our view already counts dead: it would stay our shadow (only a
      * view change clears one), and we would hold and re-send its updates for ever (simulator
      * seed 123). */
@@ -999,9 +1009,14 @@ int cps_chain_add_shadow(cps_chain *c, uint32_t r, uint32_t node, uint64_t now)
     if (rc != 0)
         return rc;
     range_st *rs = &c->ranges[r];
+    /* A repeated request of the current join (a duplicate, or the joiner asking again): what
+     * we hold for it is still owed to it, whichever snapshot it installs. */
+    if (rs->shadow == node && rs->shadow_join == join_id)
+        return 0;
     /* A shadow replaced by another (a retried join): what the old one did not ack is moot. */
     drop_acked(rs, UINT64_MAX);
     rs->shadow = node;
+    rs->shadow_join = join_id;
     return 0;
 }
 

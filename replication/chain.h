@@ -156,10 +156,13 @@ size_t cps_chain_actions(cps_chain *c, const cps_chain_action **out);
 
 /* ---- state transfer (a replica joining a range's chain) ----
  * At the range's tail: also forward every update applied from now on to `node`, which is
- * copying the range; its acks are accepted but commit nothing. Cleared when `node` becomes our
- * successor or leaves the view. Errors: CPS_EINVAL (not the tail, or `node` is not alive in
- * our view). */
-int cps_chain_add_shadow(cps_chain *c, uint32_t range, uint32_t node, uint64_t now);
+ * copying the range for the scheduler's join `join_id`; its acks are accepted but commit
+ * nothing. Cleared when `node` becomes our successor or leaves the view. Errors: CPS_EINVAL
+ * (not the tail, or `node` is not alive in our view), CPS_ESTALE_EPOCH (`join_id` is below one
+ * a shadow of the range was added for since we became its tail: a late request of an earlier
+ * join, which must not displace the current one). */
+int cps_chain_add_shadow(cps_chain *c, uint32_t range, uint32_t node, uint64_t join_id,
+                         uint64_t now);
 /* At the joiner (not in the range's chain): forget our state of the range and hold the FWDs
  * that `source` sends until cps_chain_join_ready. Errors: CPS_EINVAL. */
 int cps_chain_begin_join(cps_chain *c, uint32_t range, uint32_t source);

@@ -194,7 +194,10 @@ static int save(sched *s);
  * watches every live member. */
 static int begin_running(sched *s)
 {
-    cps_repair_config rcfg = {s->view.nranges, JOIN_GIVE_UP_MS};
+    /* Join ids grow across our restarts (see cps_repair_config): each life starts its ids at
+     * (its first epoch) << 32, above the saved epoch of any earlier life, since a life saves the
+     * epoch it starts at before it issues a join; none issues 2^32 joins. */
+    cps_repair_config rcfg = {s->view.nranges, JOIN_GIVE_UP_MS, (s->view.epoch + 1) << 32};
     int err = cps_repair_create(&rcfg, &s->repair);
     if (err != 0)
         return err;

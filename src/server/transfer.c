@@ -263,8 +263,16 @@ void cps__server_on_snap_req(server *s, cps_rx *rx)
     /* From here on the joiner also receives every update this tail applies; the snapshot,
      * taken a moment later, is at that sequence number or beyond: the joiner skips what the
      * snapshot already holds. */
-    int rc = cps_chain_add_shadow(s->chain, r, joiner->id, cps__now_ms());
-    if (rc == 0 && pthread_create(&j->thread, NULL, snap_main, j) == 0) {
+    int rc = cps_chain_add_shadow(s->chain, r, joiner->id, j->join_id, cps__now_ms());
+    if (rc == CPS_ESTALE_EPOCH) {
+        /* A late request of a join the scheduler has replaced since (e.g. sent by the node in
+         * an earlier life): serving it would displace the current joiner. */
+        cps_log(CPS_LOG_WARN, "server",
+                "range %u: snapshot request of node %u for join %llu refused: a later join "
+                "of the range is under way",
+                r, j->joiner, (unsigned long long)j->join_id);
+        free(j);
+    } else if (rc == 0 && pthread_create(&j->thread, NULL, snap_main, j) == 0) {
         j->started = 1;
         j->next = s->snaps;
         s->snaps = j;

@@ -343,6 +343,8 @@ static void server_reset(sim *sm, sim_server *s)
     chain_new(sm, s);
     cps_sync_destroy(s->sync);
     s->sync = NULL;
+    cps_ackhold_destroy(s->acks); /* held acks are lost with the chain state they came from */
+    s->acks = NULL;
     memset(s->joins, 0, sm->nranges * sizeof *s->joins);
     memset(s->copying, 0, sm->nranges * sizeof *s->copying);
     s->epoch = 0;
@@ -377,6 +379,60 @@ static void reply_to_worker(sim *sm, sim_server *s, uint8_t type, uint32_t worke
     send_hdr(sm, s->id, worker, &h, pl, plen, 0);
 }
 
+/* Persist before send: a replica forwards or acknowledges only what it applied. (A CHAIN_MARK
+ * is no data: a replica still catching up passes on its own MARK.) */
+static int check_persisted(sim *sm, sim_server *s, const cps_msg_hdr *h)
+{
+    if (h->range < sm->nranges &&
+        (h->type == CPS_MSG_CHAIN_MARK || h->req_seq <= s->rs[h->range].applied))
+        return 0;
+    sim_fail(sm, "persist before send",
+             "server %u sent %s of range %u seq %" PRIu64 " having applied %" PRIu64, s->id,
+             msg_name(h->type), h->range, h->req_seq,
+             h->range < sm->nranges ? s->rs[h->range].applied : 0);
+    return -1;
+}
+
+/* Send the acks the hold released. Persist-before-send was checked when the chain made them:
+ * holding is a network that delays acks, and what the ack covered may be gone by now (a joiner
+ * that cleared its copy for a new JOIN_RANGE still sends the held shadow ack, which commits
+ * nothing at the source; sim seed 1935 with the check here). */
+static void send_released_acks(sim *sm, sim_server *s)
+{
+    const cps_ackhold_send *out;
+    size_t n = s->acks ? cps_ackhold_sends(s->acks, &out) : 0;
+    for (size_t i = 0; i < n && !sm->failed; i++) {
+        sim_trace(sm, "s%u send held CHAIN_ACK r%u seq %" PRIu64 " e%" PRIu64 " -> s%u", s->id,
+                  out[i].hdr.range, out[i].hdr.req_seq, out[i].hdr.epoch, out[i].to);
+        send_hdr(sm, s->id, out[i].to, &out[i].hdr, NULL, 0, 0);
+    }
+}
+
+/* update.c's hold_ack: 1 if held. The first held ack schedules its own flush, as the server's
+ * loop sleeps no longer than cps_ackhold_wait_ms. */
+static int hold_ack(sim *sm, sim_server *s, uint32_t to, const cps_msg_hdr *h)
+{
+    if (!s->acks && cps_ackhold_create(&s->acks) != 0) {
+        fprintf(stderr, "sim: out of memory\n");
+        exit(2);
+    }
+    uint32_t before = cps_ackhold_held(s->acks);
+    int held = cps_ackhold_offer(s->acks, s->view ? s->view->nranges : 0, to, h, sm->now);
+    send_released_acks(sm, s);
+    if (held && before == 0)
+        ev_push(sm, sm->now + CPS_ACK_HOLD_MS, EV_ACKS, s->id, NULL);
+    return held;
+}
+
+/* update.c's cps__server_flush_acks. */
+static void flush_acks(sim *sm, sim_server *s, int force)
+{
+    if (!cps_ackhold_held(s->acks))
+        return;
+    cps_ackhold_due(s->acks, sm->now, force);
+    send_released_acks(sm, s);
+}
+
 static void server_actions(sim *sm, sim_server *s)
 {
     const cps_chain_action *acts;
@@ -395,16 +451,10 @@ static void server_actions(sim *sm, sim_server *s)
             }
             sim_trace(sm, "s%u send %s r%u seq %" PRIu64 " e%" PRIu64 " -> s%u", s->id,
                       msg_name(h.type), h.range, h.req_seq, h.epoch, a->to);
-            /* Persist before send: a replica forwards or acknowledges only what it applied. */
-            /* (A CHAIN_MARK is no data: a replica still catching up passes on its own MARK.) */
-            if (h.range >= sm->nranges ||
-                (h.type != CPS_MSG_CHAIN_MARK && h.req_seq > s->rs[h.range].applied)) {
-                sim_fail(sm, "persist before send",
-                         "server %u sent %s of range %u seq %" PRIu64 " having applied %" PRIu64,
-                         s->id, msg_name(h.type), h.range, h.req_seq,
-                         h.range < sm->nranges ? s->rs[h.range].applied : 0);
+            if (check_persisted(sm, s, &h) != 0)
                 return;
-            }
+            if (h.type == CPS_MSG_CHAIN_ACK && hold_ack(sm, s, a->to, &h))
+                break;
             net_send(sm, s->id, a->to, a->msg, a->len, 0);
             break;
         }
@@ -637,6 +687,8 @@ static void server_reset(sim *sm, sim_server *s);
 
 static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
 {
+    /* server.c: held acks go out under the view they were made in, as if sent at once. */
+    flush_acks(sm, s, 1);
     if (epoch <= s->epoch)
         return;
     const cps_node_info *me = cps__view_node(&sm->views[epoch], s->id);
@@ -727,9 +779,10 @@ static void on_snap_req(sim *sm, sim_server *s, const cps_msg_hdr *h)
         send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
         return;
     }
-    int rc = cps_chain_add_shadow(s->chain, r, joiner, sm->now);
-    if (rc == CPS_EINVAL)
-        return; /* a joiner our view counts dead: transfer.c logs and starts no snapshot */
+    int rc = cps_chain_add_shadow(s->chain, r, joiner, h->step, sm->now);
+    if (rc == CPS_EINVAL || rc == CPS_ESTALE_EPOCH)
+        return; /* a joiner our view counts dead, or a late request of a replaced join:
+                 * transfer.c logs and starts no snapshot */
     if (rc != 0) {
         chain_rc(sm, s, "cps_chain_add_shadow", rc);
         return;
@@ -1610,7 +1663,7 @@ static void setup(sim *sm)
     sm->heads = xcalloc((size_t)sm->nranges * (SIM_MAX_EPOCHS + 1), sizeof *sm->heads);
     sm->sync_target = xcalloc(sm->nranges, sizeof *sm->sync_target);
     sm->sched_boot = xcalloc(p->servers + 1, sizeof *sm->sched_boot);
-    cps_repair_config rcfg = {sm->nranges, SIM_JOIN_GIVE_UP_MS};
+    cps_repair_config rcfg = {sm->nranges, SIM_JOIN_GIVE_UP_MS, 0};
     if (cps_repair_create(&rcfg, &sm->repair) != 0) {
         fprintf(stderr, "sim: cps_repair_create failed\n");
         exit(2);
@@ -1688,6 +1741,7 @@ static void teardown(sim *sm)
         cps_chain_destroy(s->chain);
         sim_store_free(sm, s);
         cps_sync_destroy(s->sync);
+        cps_ackhold_destroy(s->acks);
         free(s->joins);
         free(s->copying);
     }
@@ -1737,6 +1791,7 @@ static void step(sim *sm, sim_event e)
             send_hdr(sm, s->id, 0, &h, NULL, 0, 0);
         }
         if (s->state == SRV_UP) {
+            flush_acks(sm, s, 0);
             int rc = cps_chain_tick(s->chain, sm->now);
             if (chain_rc(sm, s, "cps_chain_tick", rc) == 0)
                 server_actions(sm, s);
@@ -1799,6 +1854,14 @@ static void step(sim *sm, sim_event e)
     case EV_SNAPSHOT:
         snapshot_run(sm, e.m);
         break;
+    case EV_ACKS: {
+        /* Held acks due; a paused server sends them at its next tick after resuming, a crashed
+         * one lost them. */
+        sim_server *s = &sm->servers[e.node - 1];
+        if (s->state == SRV_UP)
+            flush_acks(sm, s, 0);
+        break;
+    }
     case EV_RESUME: {
         sim_server *s = &sm->servers[e.node - 1];
         if (s->state == SRV_PAUSED && s->resume_at == sm->now) {

@@ -8,6 +8,7 @@
 
 #include "core/view.h"
 #include "recovery/repair.h"
+#include "replication/ackhold.h"
 #include "replication/chain.h"
 #include "replication/sync.h"
 
@@ -59,7 +60,8 @@ enum {
     EV_RESTART,
     EV_HEAL_CUT,
     EV_REPAIR,
-    EV_SNAPSHOT
+    EV_SNAPSHOT,
+    EV_ACKS
 };
 enum { PHASE_FAULTS = 0, PHASE_HEAL, PHASE_DRAIN };
 enum { REQ_DENSE = 0, REQ_SPARSE, REQ_DECLARE, REQ_PULL };
@@ -171,6 +173,7 @@ typedef struct sim_server {
     uint64_t epoch;
     const cps_view *view; /* borrowed from sim.views */
     sim_rstore *rs;       /* per range */
+    cps_ackhold *acks;    /* CHAIN_ACKs held back a moment (replication/ackhold.c), as update.c */
     cps_sync *sync;       /* sync steps being gathered (replication/sync.c), NULL until used */
     uint32_t inc;         /* crash incarnation: messages of an earlier one are lost */
     uint32_t boot;        /* grows on every restart and fenced rejoin; sent in HELLO */

@@ -46,7 +46,7 @@ static void make_view(cps_view *v, uint32_t nservers, uint32_t replicas, uint32_
 
 static cps_repair *make_repair(uint32_t nranges)
 {
-    cps_repair_config cfg = {nranges, GIVE_UP_MS};
+    cps_repair_config cfg = {nranges, GIVE_UP_MS, 0};
     cps_repair *rp = NULL;
     assert_int_equal(cps_repair_create(&cfg, &rp), 0);
     return rp;
@@ -112,7 +112,7 @@ static void config_is_checked(void **state)
 {
     (void)state;
     cps_repair *rp = NULL;
-    cps_repair_config cfg = {4, 0};
+    cps_repair_config cfg = {4, 0, 0};
     assert_int_equal(cps_repair_create(&cfg, &rp), CPS_EINVAL);
     assert_int_equal(cps_repair_create(NULL, &rp), CPS_EINVAL);
     assert_null(rp);
@@ -120,6 +120,25 @@ static void config_is_checked(void **state)
 }
 
 /* A dead head, middle or tail leaves the chain; the others keep their order. */
+/* A restarted scheduler passes a floor: its join ids start above it, so a range's tail, which
+ * refuses a join id below one it served, takes the new lives' joins. */
+static void join_ids_start_above_the_floor(void **state)
+{
+    (void)state;
+    static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2}};
+    cps_view v;
+    make_view(&v, 3, 3, 1, chains);
+    cps_repair_config cfg = {1, GIVE_UP_MS, 7ull << 32};
+    cps_repair *rp = NULL;
+    assert_int_equal(cps_repair_create(&cfg, &rp), 0);
+    assert_int_equal(cps_repair_tick(rp, &v, 0), 1);
+    const cps_repair_action *a;
+    assert_int_equal(cps_repair_actions(rp, &a), 1);
+    assert_true(a[0].join_id > 7ull << 32);
+    cps__view_fini(&v);
+    cps_repair_destroy(rp);
+}
+
 static void dead_head_middle_tail_leave_in_order(void **state)
 {
     (void)state;
@@ -490,6 +509,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(config_is_checked),
+        cmocka_unit_test(join_ids_start_above_the_floor),
         cmocka_unit_test(dead_head_middle_tail_leave_in_order),
         cmocka_unit_test(last_replica_stays_and_is_not_repaired),
         cmocka_unit_test(short_range_is_copied_from_its_tail_to_the_least_loaded),
