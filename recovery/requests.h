@@ -72,7 +72,7 @@ typedef struct cps_reqs_action {
 /* Verdicts of cps_reqs_reply: what the caller does with the reply. */
 enum cps_reqs_verdict {
     CPS_RQ_REPLY_UNKNOWN = 0, /* no such request: a duplicate answer to one completed; drop */
-    CPS_RQ_REPLY_RETRY,       /* CPS_EAGAIN / CPS_ESTALE_EPOCH: re-sent later; drop */
+    CPS_RQ_REPLY_RETRY,       /* CPS_EAGAIN / CPS_ESTALE_EPOCH: parked; drop (see _reply) */
     CPS_RQ_REPLY_OTHER_EPOCH, /* produced under another epoch than its send: drop */
     CPS_RQ_REPLY_FAILED,      /* the server refused it: complete it with done->status */
     CPS_RQ_REPLY_TAKEN        /* the answer: decode it and complete the request */
@@ -116,13 +116,17 @@ int cps_reqs_add(cps_reqs *rq, const cps_view *v, void *ctx, uint32_t part, uint
 
 /* The caller performed the CPS_RQ_SEND of request `index` from the last call at `now`, with
  * result rc (0: sent). A failed send (peer queue full, no memory) waits the request timeout
- * before the next try. Hands back no actions and keeps the last call's. Bad index: no-op. */
+ * before the next try; a failed first send counts as an attempt all the same (the next one's
+ * `attempt` is 1). Hands back no actions and keeps the last call's. Bad index: no-op. */
 void cps_reqs_sent(cps_reqs *rq, uint32_t index, int rc, uint64_t now);
 
 /* A reply to (in->range, in->req_seq) arrived at `now`; v (borrowed) is the current view. See
  * cps_reqs_verdict. For CPS_RQ_REPLY_FAILED and _TAKEN the request has left the table; *done
- * (may be NULL) says which it was. May hand back a CPS_RQ_ASK_VIEW (a retryable refusal, or a
- * reply under an epoch newer than v's). */
+ * (may be NULL) says which it was. A retryable refusal parks the request: it goes out again
+ * retry_ms later (cps_reqs_tick) or at once when a view is installed (cps_reqs_view), and a view
+ * is asked for. A reply of another epoch re-sends it at the next tick if produced under an epoch
+ * newer than its send's but not v's, asks for the view if newer than v's, and does nothing if older
+ * (the answer to the last send is coming). May hand back one CPS_RQ_ASK_VIEW. */
 int cps_reqs_reply(cps_reqs *rq, const cps_view *v, const cps_reqs_reply_in *in, uint64_t now,
                    cps_reqs_done *done);
 
@@ -131,9 +135,10 @@ int cps_reqs_reply(cps_reqs *rq, const cps_view *v, const cps_reqs_reply_in *in,
 void cps_reqs_view(cps_reqs *rq, const cps_view *v, uint64_t now);
 
 /* A tick at `now` under view v (borrowed): a request whose range has had no live replica for
- * more than the unavailable timeout completes with CPS_EUNAVAILABLE (CPS_RQ_COMPLETE); one
- * unanswered (or parked) for the request timeout asks for a view and goes out again under v
- * (CPS_RQ_WHY_TIMEOUT). */
+ * more than the unavailable timeout completes with CPS_EUNAVAILABLE (CPS_RQ_COMPLETE; the first
+ * tick that finds it so hands back CPS_RQ_WAIT_REPLICA); one unanswered for the request timeout
+ * (a parked one: retry_ms) asks for a view and goes out again under v (CPS_RQ_WHY_TIMEOUT), a
+ * pull that must wait for a newer view than v excepted. */
 void cps_reqs_tick(cps_reqs *rq, const cps_view *v, uint64_t now);
 
 /* Requests in the table. */
