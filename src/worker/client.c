@@ -14,7 +14,6 @@
 #include "core/log.h"
 #include "node/msg.h"
 #include "node/roles.h"
-#include "recovery/view_change.h"
 
 #define SCHED_PEER         0u
 #define CPS_REG_WORKER_TAG 0x52454749u /* "REGI" */
@@ -29,27 +28,7 @@
 static int progress(cps_client *c, int timeout_ms);
 static void ask_view(cps_client *c);
 
-/* ---- requests ---- */
-
-static cps_req *req_add(cps_client *c)
-{
-    if (c->nreqs == c->reqs_cap) {
-        uint32_t cap = c->reqs_cap ? c->reqs_cap * 2 : 64;
-        cps_req *grown = realloc(c->reqs, cap * sizeof *grown);
-        if (!grown)
-            return NULL;
-        c->reqs = grown;
-        c->reqs_cap = cap;
-    }
-    cps_req *r = &c->reqs[c->nreqs++];
-    memset(r, 0, sizeof *r);
-    return r;
-}
-
-static void req_remove(cps_client *c, uint32_t i)
-{
-    c->reqs[i] = c->reqs[--c->nreqs];
-}
+/* ---- requests: recovery/requests.c decides, this part encodes, sends and completes ---- */
 
 static uint8_t wire_type(int kind)
 {
@@ -65,34 +44,21 @@ static uint8_t wire_type(int kind)
     }
 }
 
-/* Encode and send request r to the head of its range. */
-static int req_send(cps_client *c, cps_req *r)
+/* Encode the request of a CPS_RQ_SEND action and send it to a->to under a->epoch. */
+static int req_send(cps_client *c, const cps_reqs_action *a)
 {
-    const cps_op *op = r->op;
-    const cps_part *p = &op->parts[r->part];
-    if (r->range >= c->view.nranges || c->view.ranges[r->range].chain_len == 0)
-        return CPS_EUNAVAILABLE;
-    /* Updates go to the head of the range's chain, reads to its tail. */
-    const cps_range *rg = &c->view.ranges[r->range];
-    uint32_t head = r->type == CPS_MSG_PULL ? rg->chain[rg->chain_len - 1] : rg->chain[0];
-    if (r->type == CPS_MSG_PULL && c->seen_epoch > c->view.epoch) {
-        /* A server already answered under a newer view: our tail may be a removed one that
-         * has not seen our acknowledged writes. Read only once we have that view. */
-        r->waiting_view = 1;
-        ask_view(c);
-        return 0;
-    }
-    int has_vals = r->type == CPS_MSG_PUSH || r->type == CPS_MSG_PUSH_PULL;
-    size_t len = r->type == CPS_MSG_DECLARE ? cps__wire_declare_size(p->nkeys)
+    const cps_op *op = a->ctx;
+    const cps_part *p = &op->parts[a->part];
+    int has_vals = a->type == CPS_MSG_PUSH || a->type == CPS_MSG_PUSH_PULL;
+    size_t len = a->type == CPS_MSG_DECLARE ? cps__wire_declare_size(p->nkeys)
                                             : cps__wire_kv_size(p->nkeys, has_vals ? p->nvals : 0);
     cps_msg_hdr h = {0};
-    h.type = r->type;
+    h.type = a->type;
     h.sender = c->id;
-    h.epoch = c->view.epoch;
-    r->sent_epoch = c->view.epoch;
+    h.epoch = a->epoch;
     h.req_worker = c->id;
-    h.req_seq = r->seq;
-    h.range = r->range;
+    h.req_seq = a->seq;
+    h.range = a->range;
     h.step = op->step;
     h.aux = op->step; /* the SSP clock of a pull */
     if (op->noagg)
@@ -101,7 +67,7 @@ static int req_send(cps_client *c, cps_req *r)
     if (!buf)
         return CPS_ENOMEM;
     char *payload = (char *)buf + CPS_WIRE_HDR_SIZE;
-    if (r->type == CPS_MSG_DECLARE) {
+    if (a->type == CPS_MSG_DECLARE) {
         cps__wire_declare_encode(payload, len, p->nkeys, p->keys, p->lens, p->init_off, op->spec);
     } else {
         cps__wire_kv_encode(payload, len, p->nkeys, p->keys, p->lens, NULL, 0);
@@ -145,17 +111,16 @@ static int req_send(cps_client *c, cps_req *r)
             }
         }
     }
-    if (has_vals && r->attempts == 0) {
+    if (has_vals && a->attempt == 0) {
         c->stats.push_raw_bytes += len;
         c->stats.push_wire_bytes += wire_len;
     }
-    int rc = cps__tp_send(c->tp, head, buf, CPS_WIRE_HDR_SIZE + wire_len);
+    int rc = cps__tp_send(c->tp, a->to, buf, CPS_WIRE_HDR_SIZE + wire_len);
     if (rc != 0) {
         cps__tp_free(buf);
         return rc;
     }
-    r->sent_ms = cps__now_ms();
-    if (r->attempts++ > 0)
+    if (a->attempt > 0)
         c->stats.retries++;
     return 0;
 }
@@ -167,6 +132,44 @@ static void op_finish_req(cps_op *op, int err)
     op->pending--;
 }
 
+/* Perform what the last call into the request table decided. */
+static void perform(cps_client *c)
+{
+    const cps_reqs_action *acts;
+    size_t n = cps_reqs_actions(c->rq, &acts);
+    for (size_t k = 0; k < n; k++) {
+        const cps_reqs_action *a = &acts[k];
+        switch (a->kind) {
+        case CPS_RQ_SEND: {
+            if (a->why == CPS_RQ_WHY_TIMEOUT)
+                cps_log(CPS_LOG_DEBUG, "worker",
+                        "request %llu on range %u unanswered after %u ms; re-sending",
+                        (unsigned long long)a->seq, a->range, c->cfg.request_timeout_ms);
+            int rc = req_send(c, a);
+            if (rc != 0 && a->why == CPS_RQ_WHY_NEW)
+                /* Not sent now (peer queue full, ...): the retry timer sends it again. */
+                cps_log(CPS_LOG_DEBUG, "worker", "request to range %u deferred: %s", a->range,
+                        cps_strerror(rc));
+            cps_reqs_sent(c->rq, a->index, rc, cps__now_ms());
+            break;
+        }
+        case CPS_RQ_ASK_VIEW:
+            ask_view(c);
+            break;
+        case CPS_RQ_WAIT_REPLICA:
+            cps_log(CPS_LOG_WARN, "worker",
+                    "range %u has no live replica; waiting up to %u ms for one", a->range,
+                    c->cfg.unavailable_timeout_ms);
+            break;
+        case CPS_RQ_COMPLETE:
+            cps_log(CPS_LOG_ERROR, "worker", "range %u unavailable for %u ms: failing the request",
+                    a->range, c->cfg.unavailable_timeout_ms);
+            op_finish_req(a->ctx, a->status);
+            break;
+        }
+    }
+}
+
 /* Start every request of op. On failure the requests already sent stay in flight and complete
  * normally; the op records the error. */
 static int op_start(cps_client *c, cps_op *op)
@@ -175,33 +178,28 @@ static int op_start(cps_client *c, cps_op *op)
     op->result = 0;
     op->pending = op->nparts;
     for (uint32_t i = 0; i < op->nparts; i++) {
-        cps_req *r = req_add(c);
-        if (!r) {
+        uint8_t type = wire_type(op->kind);
+        uint32_t range = op->parts[i].range;
+        /* Pushes carry a dense per-range sequence (the servers' exactly-once record relies on
+         * it); other requests take ids from a separate space so they never leave a gap. The
+         * counter moves only once the request is in the table, for the same reason. */
+        uint64_t *last, space;
+        if (op->noagg)
+            last = &c->sparse_seq[range], space = CPS_SEQ_SPARSE;
+        else if (type == CPS_MSG_PUSH || type == CPS_MSG_PUSH_PULL)
+            last = &c->range_seq[range], space = 0;
+        else
+            last = &c->other_seq, space = CPS_SEQ_OTHER;
+        int rc =
+            cps_reqs_add(c->rq, &c->view, op, i, type, range, space | (*last + 1), cps__now_ms());
+        if (rc != 0) {
             op->pending -= op->nparts - i;
             if (op->result == 0)
                 op->result = CPS_ENOMEM;
             return CPS_ENOMEM;
         }
-        r->op = op;
-        r->part = i;
-        r->type = wire_type(op->kind);
-        r->range = op->parts[i].range;
-        /* Pushes carry a dense per-range sequence (the servers' exactly-once record relies on
-         * it); other requests take ids from a separate space so they never leave a gap. */
-        if (op->noagg)
-            r->seq = CPS_SEQ_SPARSE | ++c->sparse_seq[r->range];
-        else if (r->type == CPS_MSG_PUSH || r->type == CPS_MSG_PUSH_PULL)
-            r->seq = ++c->range_seq[r->range];
-        else
-            r->seq = CPS_SEQ_OTHER | ++c->other_seq;
-        int rc = req_send(c, r);
-        if (rc != 0) {
-            /* Not sent now (peer queue full, ...): the retry timer sends it again. */
-            cps_log(CPS_LOG_DEBUG, "worker", "request to range %u deferred: %s", r->range,
-                    cps_strerror(rc));
-            r->sent_ms = cps__now_ms();
-            r->attempts = 1;
-        }
+        ++*last;
+        perform(c);
     }
     return 0;
 }
@@ -240,53 +238,36 @@ static void ask_view(cps_client *c)
 static void on_reply(cps_client *c, const cps_rx *rx)
 {
     const cps_msg_hdr *h = &rx->hdr;
-    uint32_t i;
-    for (i = 0; i < c->nreqs; i++)
-        if (c->reqs[i].range == h->range && c->reqs[i].seq == h->req_seq)
-            break;
-    if (i == c->nreqs)
-        return; /* a duplicate answer to a request already completed */
-    cps_req *r = &c->reqs[i];
-    cps_op *op = r->op;
-    if (h->type == CPS_MSG_ERROR) {
-        int err = h->status < 0 ? h->status : CPS_EPROTO;
-        if (err == CPS_ESTALE_EPOCH || err == CPS_EAGAIN) {
-            /* Not the caller's problem: re-send shortly. Wait for a newer view only if the
-             * server has one; a refusal of a send made under an older view of ours is
-             * answered by re-sending under the view we have now. */
-            r->waiting_view = err == CPS_ESTALE_EPOCH && h->epoch > c->view.epoch;
-            r->sent_ms = cps__now_ms() - c->cfg.request_timeout_ms + EAGAIN_RETRY_MS;
-            ask_view(c);
-            return;
-        }
+    cps_reqs_reply_in in = {.type = h->type,
+                            .range = h->range,
+                            .req_seq = h->req_seq,
+                            .epoch = h->epoch,
+                            .status = h->status};
+    cps_reqs_done d;
+    int verdict = cps_reqs_reply(c->rq, &c->view, &in, cps__now_ms(), &d);
+    perform(c);
+    if (verdict == CPS_RQ_REPLY_UNKNOWN || verdict == CPS_RQ_REPLY_RETRY)
+        return;
+    if (verdict == CPS_RQ_REPLY_OTHER_EPOCH) {
+        cps_log(CPS_LOG_DEBUG, "worker",
+                "reply from server %u under epoch %llu to a request sent under %llu: ignored",
+                h->sender, (unsigned long long)h->epoch, (unsigned long long)d.sent_epoch);
+        return;
+    }
+    cps_op *op = d.ctx;
+    if (verdict == CPS_RQ_REPLY_FAILED) {
         char text[200] = "";
         size_t n = rx->len < sizeof text - 1 ? rx->len : sizeof text - 1;
         memcpy(text, rx->payload, n);
         text[n] = 0;
         cps_log(CPS_LOG_ERROR, "worker", "server %u refused a request on range %u: %s (%s)",
-                h->sender, h->range, cps_strerror(err), text);
-        op_finish_req(op, err);
-        req_remove(c, i);
-        return;
-    }
-    if (h->epoch != r->sent_epoch) {
-        /* An answer produced under another configuration than the one the request entered
-         * (a server that kept running through a view change, or one paused and woken): not
-         * taken. The request is re-sent under the current view, where the chain answers it
-         * again (exactly-once makes the repeat harmless). */
-        cps_log(CPS_LOG_DEBUG, "worker",
-                "reply from server %u under epoch %llu to a request sent under %llu: ignored",
-                h->sender, (unsigned long long)h->epoch, (unsigned long long)r->sent_epoch);
-        if (h->epoch > c->view.epoch)
-            ask_view(c); /* installing the newer view re-sends it */
-        else if (h->epoch > r->sent_epoch)
-            r->sent_ms = cps__now_ms() - c->cfg.request_timeout_ms; /* re-send now */
-        /* else: a late answer to an earlier send; the answer to the last one is coming */
+                h->sender, h->range, cps_strerror(d.status), text);
+        op_finish_req(op, d.status);
         return;
     }
     int err = 0;
     if (h->type == CPS_MSG_VALUES) {
-        const cps_part *p = &op->parts[r->part];
+        const cps_part *p = &op->parts[d.part];
         cps_kv kv;
         err = cps__wire_kv_decode(rx->payload, rx->len, 1, &kv);
         if (err == 0 && (kv.nkeys != p->nkeys || kv.nvals != p->nvals))
@@ -311,7 +292,6 @@ static void on_reply(cps_client *c, const cps_rx *rx)
     if (h->type == CPS_MSG_ACK && op->kind == OP_DECLARE && h->aux > op->step)
         op->step = h->aux;
     op_finish_req(op, err);
-    req_remove(c, i);
 }
 
 static void install_view(cps_client *c, const cps_rx *rx)
@@ -348,14 +328,11 @@ static void install_view(cps_client *c, const cps_rx *rx)
     c->view = v;
     if (!first)
         cps_log(CPS_LOG_INFO, "worker", "view epoch %llu installed; re-sending %u requests",
-                (unsigned long long)v.epoch, c->nreqs);
+                (unsigned long long)v.epoch, cps_reqs_count(c->rq));
     /* Every request in flight goes out again under the new view: a server that moved or took
      * over a range may never have seen it, and servers recognise duplicates. */
-    for (uint32_t i = 0; i < c->nreqs; i++) {
-        c->reqs[i].waiting_view = 0;
-        if (req_send(c, &c->reqs[i]) != 0)
-            c->reqs[i].sent_ms = cps__now_ms();
-    }
+    cps_reqs_view(c->rq, &c->view, cps__now_ms());
+    perform(c);
 }
 
 static void handle_msg(void *ctx, void *buf, size_t len)
@@ -368,8 +345,7 @@ static void handle_msg(void *ctx, void *buf, size_t len)
                 cps_strerror(rc));
         return;
     }
-    if (rx.hdr.epoch > c->seen_epoch)
-        c->seen_epoch = rx.hdr.epoch;
+    cps_reqs_epoch_seen(c->rq, rx.hdr.epoch);
     if (rx.hdr.sender == SCHED_PEER)
         c->sched_heard_ms = cps__now_ms();
     switch (rx.hdr.type) {
@@ -431,42 +407,8 @@ static int progress(cps_client *c, int timeout_ms)
     int n = cps__tp_poll(c->tp, timeout_ms, handle_msg, c, 0);
     if (n < 0)
         return n;
-    uint64_t now = cps__now_ms();
-    for (uint32_t i = 0; i < c->nreqs; i++) {
-        cps_req *r = &c->reqs[i];
-        if (r->range < c->view.nranges && !cps_view_range_available(&c->view, r->range)) {
-            /* Every replica of the range is gone: wait (one may come back), then give up. */
-            if (!r->unavailable_since) {
-                r->unavailable_since = now;
-                cps_log(CPS_LOG_WARN, "worker",
-                        "range %u has no live replica; waiting up to "
-                        "%u ms for one",
-                        r->range, c->cfg.unavailable_timeout_ms);
-            } else if (now - r->unavailable_since > c->cfg.unavailable_timeout_ms) {
-                cps_log(CPS_LOG_ERROR, "worker",
-                        "range %u unavailable for %u ms: failing the "
-                        "request",
-                        r->range, c->cfg.unavailable_timeout_ms);
-                op_finish_req(r->op, CPS_EUNAVAILABLE);
-                req_remove(c, i--);
-                continue;
-            }
-        } else {
-            r->unavailable_since = 0;
-        }
-        if (now - r->sent_ms < c->cfg.request_timeout_ms)
-            continue;
-        /* Overdue, or waited for a view that has not come (its answer may be lost): ask
-         * again and send under the view we have. */
-        r->waiting_view = 0;
-        cps_log(CPS_LOG_DEBUG, "worker",
-                "request %llu on range %u unanswered after %u ms; "
-                "re-sending",
-                (unsigned long long)r->seq, r->range, c->cfg.request_timeout_ms);
-        ask_view(c);
-        if (req_send(c, r) != 0)
-            r->sent_ms = now;
-    }
+    cps_reqs_tick(c->rq, &c->view, cps__now_ms());
+    perform(c);
     return 0;
 }
 
@@ -524,7 +466,7 @@ static void client_free(cps_client *c)
     cps__view_fini(&c->view);
     free(c->range_seq);
     free(c->sparse_seq);
-    free(c->reqs);
+    cps_reqs_destroy(c->rq);
     free(c->pack);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -559,7 +501,12 @@ int cps_open(cps_client **out)
     c->cfg = cfg;
     cps__view_init(&c->view);
     uint16_t port = 0;
-    int rc = cps__node_load_secret(&c->cfg, "worker");
+    cps_reqs_config rcfg = {.request_timeout_ms = cfg.request_timeout_ms,
+                            .unavailable_timeout_ms = cfg.unavailable_timeout_ms,
+                            .retry_ms = EAGAIN_RETRY_MS};
+    int rc = cps_reqs_create(&rcfg, &c->rq);
+    if (rc == 0)
+        rc = cps__node_load_secret(&c->cfg, "worker");
     if (rc == 0)
         rc = cps__tp_create(cps__node_key(&c->cfg), &c->tp);
     if (rc == 0)
@@ -599,9 +546,9 @@ int cps_close(cps_client *c)
     pthread_mutex_lock(&c->lock);
     int result = 0;
     uint64_t deadline = cps__now_ms() + c->cfg.request_timeout_ms;
-    while (c->nreqs > 0 && !c->shutdown && cps__now_ms() < deadline)
+    while (cps_reqs_count(c->rq) > 0 && !c->shutdown && cps__now_ms() < deadline)
         progress(c, 50);
-    if (c->nreqs > 0)
+    if (cps_reqs_count(c->rq) > 0)
         result = CPS_ETIMEDOUT;
     unsigned char stats[CPS_STATS_SIZE];
     cps_node_stats ns = {0};

@@ -12,6 +12,7 @@
 #include "core/view.h"
 #include "core/wire.h"
 #include "node/heartbeat.h"
+#include "recovery/requests.h"
 #include "transport/transport.h"
 
 /* The keys of one operation that live in one range, sorted, with where each key's values sit
@@ -80,21 +81,6 @@ struct cps_handle {
     cps_op op;
 };
 
-/* One request on the wire: one part of one operation. */
-typedef struct cps_req {
-    cps_op *op;
-    uint32_t part;
-    uint8_t type;
-    uint32_t range;
-    uint64_t seq;
-    uint64_t sent_ms;
-    uint64_t sent_epoch; /* the view epoch it was last sent under: only a reply produced under
-                            that epoch answers it */
-    uint32_t attempts;
-    int waiting_view;           /* re-send once a newer view arrives */
-    uint64_t unavailable_since; /* first time its range had no live replica; 0 if it has */
-} cps_req;
-
 struct cps_client {
     pthread_mutex_t lock;
     cps_config cfg;
@@ -106,8 +92,7 @@ struct cps_client {
     uint64_t *range_seq;  /* last push seq per range (view.nranges entries) */
     uint64_t *sparse_seq; /* last sparse-row push seq per range */
     uint64_t other_seq;   /* last id of a declare / pull */
-    cps_req *reqs;        /* in flight */
-    uint32_t nreqs, reqs_cap;
+    cps_reqs *rq;         /* requests in flight: one per part of each operation */
     cps_tensor *tensors;
     uint64_t barrier_seq;
     int barrier_done;
@@ -118,7 +103,6 @@ struct cps_client {
     int shutdown;
     uint64_t view_asked_ms;
     uint64_t sched_heard_ms; /* last message from the scheduler */
-    uint64_t seen_epoch;     /* highest epoch any message carried */
     cps_client_stats stats;
     void *pack; /* scratch for compression */
     size_t pack_cap;

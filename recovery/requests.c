@@ -1,0 +1,259 @@
+/* The worker's request table: see requests.h. */
+#include "requests.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/error.h"
+#include "core/array.h"
+#include "core/wire.h"
+#include "recovery/view_change.h"
+
+typedef struct entry {
+    void *ctx;
+    uint32_t part;
+    uint8_t type;
+    uint32_t range;
+    uint64_t seq;
+    uint64_t sent_ms;
+    uint64_t sent_epoch; /* the view epoch it was last sent under: only a reply produced under
+                            that epoch answers it */
+    uint32_t attempts;
+    int fresh;                  /* its first send is being performed (see cps_reqs_sent) */
+    uint64_t unavailable_since; /* first time its range had no live replica; 0 if it has */
+} entry;
+
+struct cps_reqs {
+    cps_reqs_config cfg;
+    entry *reqs;
+    size_t nreqs, reqs_cap;
+    uint64_t seen_epoch; /* highest epoch any message carried */
+    /* Room for two actions per request and one more, reserved as requests are added, so that
+     * no call but cps_reqs_add needs memory. */
+    cps_reqs_action *acts;
+    size_t nacts, acts_cap;
+    int asked_view; /* the last call already asks for a view */
+};
+
+int cps_reqs_create(const cps_reqs_config *cfg, cps_reqs **out)
+{
+    if (!cfg || !out)
+        return CPS_EINVAL;
+    cps_reqs *rq = calloc(1, sizeof *rq);
+    if (!rq)
+        return CPS_ENOMEM;
+    rq->cfg = *cfg;
+    *out = rq;
+    return 0;
+}
+
+void cps_reqs_destroy(cps_reqs *rq)
+{
+    if (!rq)
+        return;
+    free(rq->reqs);
+    free(rq->acts);
+    free(rq);
+}
+
+static void begin(cps_reqs *rq)
+{
+    rq->nacts = 0;
+    rq->asked_view = 0;
+}
+
+/* One view request per call is enough: the caller rate-limits them anyway. */
+static void ask_view(cps_reqs *rq)
+{
+    if (rq->asked_view)
+        return;
+    rq->asked_view = 1;
+    rq->acts[rq->nacts++] = (cps_reqs_action){.kind = CPS_RQ_ASK_VIEW};
+}
+
+static cps_reqs_action *push(cps_reqs *rq, int kind, uint32_t i)
+{
+    const entry *e = &rq->reqs[i];
+    cps_reqs_action *a = &rq->acts[rq->nacts++];
+    *a = (cps_reqs_action){.kind = kind,
+                           .index = i,
+                           .ctx = e->ctx,
+                           .part = e->part,
+                           .type = e->type,
+                           .range = e->range,
+                           .seq = e->seq};
+    return a;
+}
+
+/* Send request i under v: to the head of its range's chain (updates) or its tail (reads).
+ * Returns 0 if a send was handed out or the request waits for a view, CPS_EUNAVAILABLE if v
+ * has no chain for its range. */
+static int try_send(cps_reqs *rq, const cps_view *v, uint32_t i, int why)
+{
+    entry *e = &rq->reqs[i];
+    if (e->range >= v->nranges || v->ranges[e->range].chain_len == 0)
+        return CPS_EUNAVAILABLE;
+    const cps_range *rg = &v->ranges[e->range];
+    uint32_t to = e->type == CPS_MSG_PULL ? rg->chain[rg->chain_len - 1] : rg->chain[0];
+    if (e->type == CPS_MSG_PULL && rq->seen_epoch > v->epoch) {
+        /* A server already answered under a newer view: our tail may be a removed one that
+         * has not seen our acknowledged writes. Read only once we have that view. */
+        ask_view(rq);
+        return 0;
+    }
+    e->sent_epoch = v->epoch;
+    cps_reqs_action *a = push(rq, CPS_RQ_SEND, i);
+    a->why = why;
+    a->to = to;
+    a->epoch = v->epoch;
+    a->attempt = e->attempts;
+    return 0;
+}
+
+static void remove_at(cps_reqs *rq, uint32_t i)
+{
+    rq->reqs[i] = rq->reqs[--rq->nreqs];
+}
+
+void cps_reqs_epoch_seen(cps_reqs *rq, uint64_t epoch)
+{
+    if (epoch > rq->seen_epoch)
+        rq->seen_epoch = epoch;
+}
+
+int cps_reqs_add(cps_reqs *rq, const cps_view *v, void *ctx, uint32_t part, uint8_t type,
+                 uint32_t range, uint64_t seq, uint64_t now)
+{
+    begin(rq);
+    void *items = rq->reqs;
+    if (cps__array_reserve(&items, &rq->reqs_cap, rq->nreqs + 1, sizeof *rq->reqs, 64) != 0)
+        return CPS_ENOMEM;
+    rq->reqs = items;
+    items = rq->acts;
+    if (cps__array_reserve(&items, &rq->acts_cap, 2 * (rq->nreqs + 1) + 1, sizeof *rq->acts, 129) !=
+        0)
+        return CPS_ENOMEM;
+    rq->acts = items;
+    uint32_t i = (uint32_t)rq->nreqs++;
+    entry *e = &rq->reqs[i];
+    memset(e, 0, sizeof *e);
+    e->ctx = ctx;
+    e->part = part;
+    e->type = type;
+    e->range = range;
+    e->seq = seq;
+    if (try_send(rq, v, i, CPS_RQ_WHY_NEW) != 0) {
+        /* Not sent now: the retry timer sends it again. */
+        e->sent_ms = now;
+        e->attempts = 1;
+    } else if (rq->nacts > 0 && rq->acts[rq->nacts - 1].kind == CPS_RQ_SEND) {
+        e->fresh = 1;
+    }
+    return 0;
+}
+
+void cps_reqs_sent(cps_reqs *rq, uint32_t index, int rc, uint64_t now)
+{
+    if (index >= rq->nreqs)
+        return;
+    entry *e = &rq->reqs[index];
+    e->sent_ms = now;
+    if (rc == 0)
+        e->attempts++;
+    else if (e->fresh)
+        e->attempts = 1; /* a first send that failed counts as made: its retry is a retry */
+    e->fresh = 0;
+}
+
+int cps_reqs_reply(cps_reqs *rq, const cps_view *v, const cps_reqs_reply_in *in, uint64_t now,
+                   cps_reqs_done *done)
+{
+    begin(rq);
+    uint32_t i;
+    for (i = 0; i < rq->nreqs; i++)
+        if (rq->reqs[i].range == in->range && rq->reqs[i].seq == in->req_seq)
+            break;
+    if (i == rq->nreqs)
+        return CPS_RQ_REPLY_UNKNOWN; /* a duplicate answer to a request already completed */
+    entry *e = &rq->reqs[i];
+    if (done)
+        *done = (cps_reqs_done){.ctx = e->ctx, .part = e->part, .sent_epoch = e->sent_epoch};
+    if (in->type == CPS_MSG_ERROR) {
+        int err = in->status < 0 ? in->status : CPS_EPROTO;
+        if (err == CPS_ESTALE_EPOCH || err == CPS_EAGAIN) {
+            /* Not the caller's problem: the request is parked for retry_ms, and goes out at
+             * once if the view asked for arrives in the meantime. A server with a newer view
+             * refuses again until we have it, and a refusal of a send made under an older view
+             * of ours is answered by the re-send under the view we have now. */
+            e->sent_ms = now - rq->cfg.request_timeout_ms + rq->cfg.retry_ms;
+            ask_view(rq);
+            return CPS_RQ_REPLY_RETRY;
+        }
+        if (done)
+            done->status = err;
+        remove_at(rq, i);
+        return CPS_RQ_REPLY_FAILED;
+    }
+    if (in->epoch != e->sent_epoch) {
+        /* An answer produced under another configuration than the one the request entered:
+         * not taken. The request is re-sent under the current view, where the chain answers
+         * it again (exactly-once makes the repeat harmless). */
+        if (in->epoch > v->epoch)
+            ask_view(rq); /* installing the newer view re-sends it */
+        else if (in->epoch > e->sent_epoch)
+            e->sent_ms = now - rq->cfg.request_timeout_ms; /* re-send at the next tick */
+        /* else: a late answer to an earlier send; the answer to the last one is coming */
+        return CPS_RQ_REPLY_OTHER_EPOCH;
+    }
+    remove_at(rq, i);
+    return CPS_RQ_REPLY_TAKEN;
+}
+
+void cps_reqs_view(cps_reqs *rq, const cps_view *v, uint64_t now)
+{
+    begin(rq);
+    for (uint32_t i = 0; i < rq->nreqs; i++) {
+        if (try_send(rq, v, i, CPS_RQ_WHY_VIEW) != 0)
+            rq->reqs[i].sent_ms = now;
+    }
+}
+
+void cps_reqs_tick(cps_reqs *rq, const cps_view *v, uint64_t now)
+{
+    begin(rq);
+    for (uint32_t i = 0; i < rq->nreqs; i++) {
+        entry *e = &rq->reqs[i];
+        if (e->range < v->nranges && !cps_view_range_available(v, e->range)) {
+            /* Every replica of the range is gone: wait (one may come back), then give up. */
+            if (!e->unavailable_since) {
+                e->unavailable_since = now;
+                push(rq, CPS_RQ_WAIT_REPLICA, i);
+            } else if (now - e->unavailable_since > rq->cfg.unavailable_timeout_ms) {
+                push(rq, CPS_RQ_COMPLETE, i)->status = CPS_EUNAVAILABLE;
+                /* The last request moves to i: actions so far name requests before i only. */
+                remove_at(rq, i--);
+                continue;
+            }
+        } else {
+            e->unavailable_since = 0;
+        }
+        if (now - e->sent_ms < rq->cfg.request_timeout_ms)
+            continue;
+        /* Overdue, or waited for a view that has not come (its answer may be lost): ask again
+         * and send under the view we have. */
+        ask_view(rq);
+        if (try_send(rq, v, i, CPS_RQ_WHY_TIMEOUT) != 0)
+            e->sent_ms = now;
+    }
+}
+
+uint32_t cps_reqs_count(const cps_reqs *rq)
+{
+    return rq ? (uint32_t)rq->nreqs : 0;
+}
+
+size_t cps_reqs_actions(const cps_reqs *rq, const cps_reqs_action **out)
+{
+    *out = rq->acts;
+    return rq->nacts;
+}

@@ -1,0 +1,151 @@
+/* The worker's request table, as a pure state machine: which server each request in flight goes
+ * to and under which view epoch, when it goes out again (a timeout, a new view, a refusal under a
+ * stale epoch, a reply produced under another epoch) and when it is given up (its range had no
+ * live replica for the unavailable timeout).
+ *
+ * The caller (src/worker/client.c) owns the view, the operations the requests belong to, the
+ * encoding and the sockets: it feeds in events (a request added, a reply's header, a view
+ * installed, a tick, any message's epoch) and performs the actions the calls hand back
+ * (cps_reqs_actions), reporting each send's outcome with cps_reqs_sent. Pure: no I/O, no clock
+ * (time arrives as `now`, in milliseconds of any monotonic clock). Not thread-safe: one worker's
+ * loop owns a cps_reqs.
+ *
+ * Why a request is re-sent when a view is installed: a server that moved or took over a range
+ * may never have seen it, and the servers recognise duplicates (exactly-once), so re-sending is
+ * harmless. Why a reply must carry the epoch its request was sent under: a server that kept
+ * running through a view change, or one paused and woken, may answer from a configuration that
+ * is no longer the range's, e.g. values without acknowledged writes.
+ */
+#ifndef CPS_RECOVERY_REQUESTS_H
+#define CPS_RECOVERY_REQUESTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/view.h"
+
+typedef struct cps_reqs cps_reqs;
+
+typedef struct cps_reqs_config {
+    uint32_t request_timeout_ms;     /* unanswered for this long: ask for a view and re-send */
+    uint32_t unavailable_timeout_ms; /* range without a live replica this long: CPS_EUNAVAILABLE */
+    uint32_t retry_ms; /* after CPS_EAGAIN / CPS_ESTALE_EPOCH: re-send this much later */
+} cps_reqs_config;
+
+enum cps_reqs_action_kind {
+    /* Encode request `index` (ctx, part, type, range, seq) and send it to node `to` under view
+     * epoch `epoch`; then report the outcome with cps_reqs_sent(index). `attempt` is how many
+     * sends of it went out before (0: its first), `why` a CPS_RQ_WHY_*. */
+    CPS_RQ_SEND = 1,
+    /* Ask the scheduler for the current view (the caller may rate-limit these). */
+    CPS_RQ_ASK_VIEW,
+    /* Request (ctx, part) is over with `status` (CPS_EUNAVAILABLE: its range had no live
+     * replica for the unavailable timeout); it has left the table. */
+    CPS_RQ_COMPLETE,
+    /* The range of request `index` has just lost its last live replica: the request waits up to
+     * the unavailable timeout for one to come back (for the log). */
+    CPS_RQ_WAIT_REPLICA
+};
+
+enum cps_reqs_why {
+    CPS_RQ_WHY_NEW = 1, /* the request was just added */
+    CPS_RQ_WHY_VIEW,    /* a new view was installed */
+    CPS_RQ_WHY_TIMEOUT  /* unanswered (or waited for a view) for the request timeout */
+};
+
+typedef struct cps_reqs_action {
+    int kind; /* CPS_RQ_* */
+    int why;  /* CPS_RQ_SEND: CPS_RQ_WHY_* */
+    int status;
+    uint32_t index; /* position in the table until the next call other than cps_reqs_sent;
+                       meaningless for CPS_RQ_COMPLETE (the request has left) */
+    void *ctx;      /* the caller's, from cps_reqs_add */
+    uint32_t part;
+    uint8_t type;
+    uint32_t range;
+    uint64_t seq;
+    uint32_t to;
+    uint64_t epoch;
+    uint32_t attempt;
+} cps_reqs_action;
+
+/* Verdicts of cps_reqs_reply: what the caller does with the reply. */
+enum cps_reqs_verdict {
+    CPS_RQ_REPLY_UNKNOWN = 0, /* no such request: a duplicate answer to one completed; drop */
+    CPS_RQ_REPLY_RETRY,       /* CPS_EAGAIN / CPS_ESTALE_EPOCH: parked; drop (see _reply) */
+    CPS_RQ_REPLY_OTHER_EPOCH, /* produced under another epoch than its send: drop */
+    CPS_RQ_REPLY_FAILED,      /* the server refused it: complete it with done->status */
+    CPS_RQ_REPLY_TAKEN        /* the answer: decode it and complete the request */
+};
+
+/* The request a reply was matched with (verdicts other than CPS_RQ_REPLY_UNKNOWN). */
+typedef struct cps_reqs_done {
+    void *ctx;
+    uint32_t part;
+    int status;          /* CPS_RQ_REPLY_FAILED: the error to complete it with */
+    uint64_t sent_epoch; /* the epoch it was last sent under */
+} cps_reqs_done;
+
+/* The header fields of a reply (ACK, VALUES or ERROR) that the table reads. */
+typedef struct cps_reqs_reply_in {
+    uint8_t type; /* CPS_MSG_ACK, CPS_MSG_VALUES or CPS_MSG_ERROR */
+    uint32_t range;
+    uint64_t req_seq;
+    uint64_t epoch; /* the epoch the reply was produced under */
+    int status; /* the header's status; for CPS_MSG_ERROR a negative CPS_E… (else CPS_EPROTO) */
+} cps_reqs_reply_in;
+
+/* Errors: CPS_EINVAL (cfg or out NULL), CPS_ENOMEM. *out is the caller's, to free with
+ * cps_reqs_destroy. */
+int cps_reqs_create(const cps_reqs_config *cfg, cps_reqs **out);
+/* Requests still in the table are dropped. NULL: no-op. */
+void cps_reqs_destroy(cps_reqs *rq);
+
+/* A message of any kind arrived carrying `epoch`: the table remembers the highest, since a pull
+ * must not go to a tail of an older view than a server already answered under. */
+void cps_reqs_epoch_seen(cps_reqs *rq, uint64_t epoch);
+
+/* Add request (ctx, part) of wire type `type` with id `seq` on `range` at `now`, and send it
+ * under view v (borrowed): a CPS_RQ_SEND to the range's head (its tail for CPS_MSG_PULL), or,
+ * for a pull while a newer epoch than v's has been seen, a CPS_RQ_ASK_VIEW (it goes out once
+ * that view is installed, or after the request timeout). A range v has no chain for is not
+ * sent now: the timeout re-sends it. ctx is borrowed and handed back in actions and verdicts.
+ * Errors: CPS_ENOMEM (nothing added, no action). */
+int cps_reqs_add(cps_reqs *rq, const cps_view *v, void *ctx, uint32_t part, uint8_t type,
+                 uint32_t range, uint64_t seq, uint64_t now);
+
+/* The caller performed the CPS_RQ_SEND of request `index` from the last call at `now`, with
+ * result rc (0: sent). A failed send (peer queue full, no memory) waits the request timeout
+ * before the next try; a failed first send counts as an attempt all the same (the next one's
+ * `attempt` is 1). Hands back no actions and keeps the last call's. Bad index: no-op. */
+void cps_reqs_sent(cps_reqs *rq, uint32_t index, int rc, uint64_t now);
+
+/* A reply to (in->range, in->req_seq) arrived at `now`; v (borrowed) is the current view. See
+ * cps_reqs_verdict. For CPS_RQ_REPLY_FAILED and _TAKEN the request has left the table; *done
+ * (may be NULL) says which it was. A retryable refusal parks the request: it goes out again
+ * retry_ms later (cps_reqs_tick) or at once when a view is installed (cps_reqs_view), and a view
+ * is asked for. A reply of another epoch re-sends it at the next tick if produced under an epoch
+ * newer than its send's but not v's, asks for the view if newer than v's, and does nothing if older
+ * (the answer to the last send is coming). May hand back one CPS_RQ_ASK_VIEW. */
+int cps_reqs_reply(cps_reqs *rq, const cps_view *v, const cps_reqs_reply_in *in, uint64_t now,
+                   cps_reqs_done *done);
+
+/* View v (borrowed) was installed at `now`: every request goes out again under it
+ * (CPS_RQ_WHY_VIEW), parked ones included. */
+void cps_reqs_view(cps_reqs *rq, const cps_view *v, uint64_t now);
+
+/* A tick at `now` under view v (borrowed): a request whose range has had no live replica for
+ * more than the unavailable timeout completes with CPS_EUNAVAILABLE (CPS_RQ_COMPLETE; the first
+ * tick that finds it so hands back CPS_RQ_WAIT_REPLICA); one unanswered for the request timeout
+ * (a parked one: retry_ms) asks for a view and goes out again under v (CPS_RQ_WHY_TIMEOUT), a
+ * pull that must wait for a newer view than v excepted. */
+void cps_reqs_tick(cps_reqs *rq, const cps_view *v, uint64_t now);
+
+/* Requests in the table. */
+uint32_t cps_reqs_count(const cps_reqs *rq);
+
+/* The actions of the last call other than cps_reqs_sent, in the order to perform them. Valid
+ * until the next such call; owned by rq. Returns their number. */
+size_t cps_reqs_actions(const cps_reqs *rq, const cps_reqs_action **out);
+
+#endif

@@ -1,0 +1,426 @@
+/* The worker's request table (recovery/requests.c) on its own: events in, actions out, no
+ * sockets and no clock. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cmocka.h>
+
+#include "chainps/error.h"
+#include "core/wire.h"
+#include "recovery/requests.h"
+
+#define TIMEOUT_MS 5000
+#define UNAVAIL_MS 30000
+#define RETRY_MS   50
+#define T0         1000000u /* far from 0, as a monotonic clock is */
+
+/* Servers 1..3, one worker (9); range r's chain is chains[r] (0-terminated). */
+static void make_view(cps_view *v, uint64_t epoch, uint32_t nranges,
+                      const uint32_t chains[][CPS_MAX_REPLICAS + 1])
+{
+    cps__view_init(v);
+    v->epoch = epoch;
+    v->replicas = 3;
+    v->num_servers = 3;
+    v->num_workers = 1;
+    v->nnodes = 4;
+    v->nodes = calloc(v->nnodes, sizeof *v->nodes);
+    assert_non_null(v->nodes);
+    for (uint32_t i = 0; i < v->nnodes; i++) {
+        cps_node_info *n = &v->nodes[i];
+        n->id = i < 3 ? i + 1 : 9;
+        n->role = i < 3 ? CPS_ROLE_SERVER : CPS_ROLE_WORKER;
+        n->alive = 1;
+        snprintf(n->addr, sizeof n->addr, "tcp://127.0.0.1:%u", 3000 + i);
+    }
+    v->nranges = nranges;
+    v->ranges = calloc(nranges, sizeof *v->ranges);
+    assert_non_null(v->ranges);
+    for (uint32_t r = 0; r < nranges; r++)
+        for (uint32_t j = 0; chains[r][j]; j++)
+            v->ranges[r].chain[v->ranges[r].chain_len++] = chains[r][j];
+}
+
+static const uint32_t ONE_RANGE[][CPS_MAX_REPLICAS + 1] = {{1, 2, 3}};
+static const uint32_t ONE_RANGE_MOVED[][CPS_MAX_REPLICAS + 1] = {{2, 3}};
+static const uint32_t TWO_RANGES[][CPS_MAX_REPLICAS + 1] = {{1}, {2, 3}};
+
+static cps_reqs *make_reqs(void)
+{
+    cps_reqs_config cfg = {TIMEOUT_MS, UNAVAIL_MS, RETRY_MS};
+    cps_reqs *rq = NULL;
+    assert_int_equal(cps_reqs_create(&cfg, &rq), 0);
+    return rq;
+}
+
+static size_t actions(cps_reqs *rq, const cps_reqs_action **a)
+{
+    return cps_reqs_actions(rq, a);
+}
+
+/* The last call handed back exactly one SEND, of seq to node `to` under `epoch`, after
+ * `attempt` earlier sends; it is reported sent at `now`. */
+static void expect_send(cps_reqs *rq, uint64_t seq, uint32_t to, uint64_t epoch, uint32_t attempt,
+                        int why, uint64_t now)
+{
+    const cps_reqs_action *a;
+    size_t n = actions(rq, &a), k, sends = 0, at = 0;
+    for (k = 0; k < n; k++)
+        if (a[k].kind == CPS_RQ_SEND)
+            sends++, at = k;
+    assert_int_equal(sends, 1);
+    assert_int_equal(a[at].seq, seq);
+    assert_int_equal(a[at].to, to);
+    assert_int_equal(a[at].epoch, epoch);
+    assert_int_equal(a[at].attempt, attempt);
+    assert_int_equal(a[at].why, why);
+    cps_reqs_sent(rq, a[at].index, 0, now);
+}
+
+static int has_action(cps_reqs *rq, int kind)
+{
+    const cps_reqs_action *a;
+    size_t n = actions(rq, &a);
+    for (size_t k = 0; k < n; k++)
+        if (a[k].kind == kind)
+            return 1;
+    return 0;
+}
+
+static int reply(cps_reqs *rq, const cps_view *v, uint8_t type, uint64_t seq, uint64_t epoch,
+                 int status, uint64_t now, cps_reqs_done *d)
+{
+    cps_reqs_reply_in in = {type, 0, seq, epoch, status};
+    return cps_reqs_reply(rq, v, &in, now, d);
+}
+
+static int ctx_a, ctx_b;
+
+/* Most tests: view 5 with range 0 on 1 -> 2 -> 3, view 6 with it on 2 -> 3, an empty table. */
+typedef struct fixture {
+    cps_view v5, v6;
+    cps_reqs *rq;
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    assert_non_null(f);
+    make_view(&f->v5, 5, 1, ONE_RANGE);
+    make_view(&f->v6, 6, 1, ONE_RANGE_MOVED);
+    f->rq = make_reqs();
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    cps_reqs_destroy(f->rq);
+    cps__view_fini(&f->v5);
+    cps__view_fini(&f->v6);
+    free(f);
+    return 0;
+}
+
+static void config_is_checked(void **state)
+{
+    (void)state;
+    cps_reqs *rq = NULL;
+    cps_reqs_config cfg = {TIMEOUT_MS, UNAVAIL_MS, RETRY_MS};
+    assert_int_equal(cps_reqs_create(NULL, &rq), CPS_EINVAL);
+    assert_int_equal(cps_reqs_create(&cfg, NULL), CPS_EINVAL);
+    assert_null(rq);
+    cps_reqs_destroy(NULL);
+    assert_int_equal(cps_reqs_count(NULL), 0);
+}
+
+/* Updates go to the head of the chain, reads to its tail, under the view's epoch. */
+static void updates_go_to_the_head_reads_to_the_tail(void **state)
+{
+    fixture *f = *state;
+    cps_reqs *rq = f->rq;
+    const cps_view *v = &f->v5;
+    assert_int_equal(cps_reqs_add(rq, v, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    assert_int_equal(cps_reqs_add(rq, v, &ctx_b, 3, CPS_MSG_PULL, 0, 2, T0), 0);
+    expect_send(rq, 2, 3, 5, 0, CPS_RQ_WHY_NEW, T0);
+    const cps_reqs_action *a;
+    actions(rq, &a);
+    assert_ptr_equal(a[0].ctx, &ctx_b);
+    assert_int_equal(a[0].part, 3);
+    assert_int_equal(cps_reqs_count(rq), 2);
+}
+
+/* A reply produced under another epoch than the request was last sent under is not taken: the
+ * request went out again under the current view, and only that one's answer completes it. */
+static void reply_of_another_epoch_is_dropped_and_resent_under_current_view(void **state)
+{
+    fixture *f = *state;
+    cps_reqs *rq = f->rq;
+    const cps_view *v5 = &f->v5, *v6 = &f->v6;
+    assert_int_equal(cps_reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    cps_reqs_view(rq, v6, T0 + 10);
+    expect_send(rq, 1, 2, 6, 1, CPS_RQ_WHY_VIEW, T0 + 10);
+
+    cps_reqs_done d;
+    assert_int_equal(reply(rq, v6, CPS_MSG_ACK, 1, 5, 0, T0 + 20, &d), CPS_RQ_REPLY_OTHER_EPOCH);
+    assert_int_equal(d.sent_epoch, 6);
+    const cps_reqs_action *a;
+    assert_int_equal(actions(rq, &a), 0); /* the answer to the send under 6 is coming */
+    assert_int_equal(cps_reqs_count(rq), 1);
+    assert_int_equal(reply(rq, v6, CPS_MSG_VALUES, 1, 5, 0, T0 + 21, &d), CPS_RQ_REPLY_OTHER_EPOCH);
+    assert_int_equal(cps_reqs_count(rq), 1);
+
+    assert_int_equal(reply(rq, v6, CPS_MSG_ACK, 1, 6, 0, T0 + 30, &d), CPS_RQ_REPLY_TAKEN);
+    assert_ptr_equal(d.ctx, &ctx_a);
+    assert_int_equal(d.part, 0);
+    assert_int_equal(cps_reqs_count(rq), 0);
+}
+
+/* A reply under a newer epoch than ours is not taken either: we ask for that view, and
+ * installing it sends the request again. */
+static void newer_epoch_reply_asks_for_the_view(void **state)
+{
+    fixture *f = *state;
+    cps_reqs *rq = f->rq;
+    const cps_view *v5 = &f->v5, *v6 = &f->v6;
+    assert_int_equal(cps_reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PULL, 0, 7, T0), 0);
+    expect_send(rq, 7, 3, 5, 0, CPS_RQ_WHY_NEW, T0);
+    assert_int_equal(reply(rq, v5, CPS_MSG_VALUES, 7, 6, 0, T0 + 5, NULL),
+                     CPS_RQ_REPLY_OTHER_EPOCH);
+    const cps_reqs_action *a;
+    assert_int_equal(actions(rq, &a), 1);
+    assert_int_equal(a[0].kind, CPS_RQ_ASK_VIEW);
+    /* Nothing goes out before the view or the timeout. */
+    cps_reqs_tick(rq, v5, T0 + 100);
+    assert_int_equal(actions(rq, &a), 0);
+    cps_reqs_view(rq, v6, T0 + 200);
+    expect_send(rq, 7, 3, 6, 1, CPS_RQ_WHY_VIEW, T0 + 200);
+    assert_int_equal(reply(rq, v6, CPS_MSG_VALUES, 7, 6, 0, T0 + 210, NULL), CPS_RQ_REPLY_TAKEN);
+}
+
+/* Once a server answered under a newer epoch, a pull is not sent to the tail of an older view
+ * (a removed tail may lack acknowledged writes); a reply under that newer epoch to an earlier
+ * send of it makes the next tick try again at once. */
+static void pull_waits_for_a_view_as_new_as_any_seen(void **state)
+{
+    fixture *f = *state;
+    cps_reqs *rq = f->rq;
+    const cps_view *v5 = &f->v5, *v6 = &f->v6;
+    cps_view v7;
+    make_view(&v7, 7, 1, ONE_RANGE);
+    assert_int_equal(cps_reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PULL, 0, 1, T0), 0);
+    expect_send(rq, 1, 3, 5, 0, CPS_RQ_WHY_NEW, T0);
+    cps_reqs_epoch_seen(rq, 7);
+    cps_reqs_epoch_seen(rq, 4); /* the highest is kept */
+    cps_reqs_view(rq, v6, T0 + 10);
+    assert_false(has_action(rq, CPS_RQ_SEND));
+    assert_true(has_action(rq, CPS_RQ_ASK_VIEW));
+    /* A push is not held back: the head orders it under any epoch. */
+    assert_int_equal(cps_reqs_add(rq, v6, &ctx_b, 0, CPS_MSG_PUSH, 0, 2, T0 + 10), 0);
+    expect_send(rq, 2, 2, 6, 0, CPS_RQ_WHY_NEW, T0 + 10);
+
+    assert_int_equal(reply(rq, v6, CPS_MSG_VALUES, 1, 6, 0, T0 + 20, NULL),
+                     CPS_RQ_REPLY_OTHER_EPOCH);
+    cps_reqs_tick(rq, v6, T0 + 20);
+    assert_true(has_action(rq, CPS_RQ_ASK_VIEW));
+    assert_false(has_action(rq, CPS_RQ_SEND)); /* still no view 7 */
+    cps_reqs_view(rq, &v7, T0 + 30);
+    const cps_reqs_action *a;
+    assert_int_equal(actions(rq, &a), 2);
+    assert_int_equal(a[0].kind, CPS_RQ_SEND);
+    assert_int_equal(a[0].seq, 1);
+    assert_int_equal(a[0].to, 3);
+    assert_int_equal(a[0].epoch, 7);
+    cps__view_fini(&v7);
+}
+
+/* CPS_ESTALE_EPOCH from a server with a newer view: the request is parked (no re-send), a view
+ * is asked for, and the view's arrival sends it under that view. Left waiting, it is tried
+ * again retry_ms later under the view we have. */
+static void stale_epoch_parks_until_a_newer_view(void **state)
+{
+    fixture *f = *state;
+    cps_reqs *rq = f->rq;
+    const cps_view *v5 = &f->v5, *v6 = &f->v6;
+    assert_int_equal(cps_reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    assert_int_equal(reply(rq, v5, CPS_MSG_ERROR, 1, 6, CPS_ESTALE_EPOCH, T0 + 100, NULL),
+                     CPS_RQ_REPLY_RETRY);
+    const cps_reqs_action *a;
+    assert_int_equal(actions(rq, &a), 1);
+    assert_int_equal(a[0].kind, CPS_RQ_ASK_VIEW);
+    assert_int_equal(cps_reqs_count(rq), 1);
+    cps_reqs_tick(rq, v5, T0 + 100 + RETRY_MS - 1);
+    assert_int_equal(actions(rq, &a), 0);
+    cps_reqs_view(rq, v6, T0 + 120);
+    expect_send(rq, 1, 2, 6, 1, CPS_RQ_WHY_VIEW, T0 + 120);
+    assert_int_equal(reply(rq, v6, CPS_MSG_ACK, 1, 6, 0, T0 + 130, NULL), CPS_RQ_REPLY_TAKEN);
+
+    /* No view comes: tried again after retry_ms, and refused again until one does. */
+    assert_int_equal(cps_reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PUSH, 0, 2, T0), 0);
+    expect_send(rq, 2, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    assert_int_equal(reply(rq, v5, CPS_MSG_ERROR, 2, 6, CPS_EAGAIN, T0 + 100, NULL),
+                     CPS_RQ_REPLY_RETRY);
+    cps_reqs_tick(rq, v5, T0 + 100 + RETRY_MS);
+    assert_true(has_action(rq, CPS_RQ_ASK_VIEW));
+    expect_send(rq, 2, 1, 5, 1, CPS_RQ_WHY_TIMEOUT, T0 + 100 + RETRY_MS);
+}
+
+/* An unanswered request asks for a view and goes out again after the request timeout, under
+ * the view we have; a first send that failed is retried the same way. */
+static void timeout_resends(void **state)
+{
+    fixture *f = *state;
+    cps_reqs *rq = f->rq;
+    const cps_view *v = &f->v5;
+    assert_int_equal(cps_reqs_add(rq, v, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    const cps_reqs_action *a;
+    cps_reqs_tick(rq, v, T0 + TIMEOUT_MS - 1);
+    assert_int_equal(actions(rq, &a), 0);
+    cps_reqs_tick(rq, v, T0 + TIMEOUT_MS);
+    assert_int_equal(actions(rq, &a), 2);
+    assert_int_equal(a[0].kind, CPS_RQ_ASK_VIEW);
+    expect_send(rq, 1, 1, 5, 1, CPS_RQ_WHY_TIMEOUT, T0 + TIMEOUT_MS);
+    cps_reqs_tick(rq, v, T0 + 2 * TIMEOUT_MS - 1);
+    assert_int_equal(actions(rq, &a), 0);
+
+    /* The first send failed (peer queue full): counted as made, retried after the timeout. */
+    assert_int_equal(cps_reqs_add(rq, v, &ctx_b, 0, CPS_MSG_PULL, 0, 2, T0), 0);
+    assert_int_equal(actions(rq, &a), 1);
+    cps_reqs_sent(rq, a[0].index, CPS_EAGAIN, T0);
+    cps_reqs_tick(rq, v, T0 + TIMEOUT_MS);
+    expect_send(rq, 2, 3, 5, 1, CPS_RQ_WHY_TIMEOUT, T0 + TIMEOUT_MS);
+}
+
+/* A request whose range has no live replica waits up to the unavailable timeout for one, then
+ * completes with CPS_EUNAVAILABLE; requests on other ranges carry on. */
+static void gives_up_after_the_unavailable_timeout(void **state)
+{
+    (void)state;
+    cps_view v;
+    make_view(&v, 5, 2, TWO_RANGES);
+    v.nodes[0].alive = 0; /* server 1, range 0's only replica */
+    cps_reqs *rq = make_reqs();
+    assert_int_equal(cps_reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    assert_int_equal(cps_reqs_add(rq, &v, &ctx_b, 1, CPS_MSG_PUSH, 1, 1, T0), 0);
+    expect_send(rq, 1, 2, 5, 0, CPS_RQ_WHY_NEW, T0);
+
+    const cps_reqs_action *a;
+    cps_reqs_tick(rq, &v, T0 + 1);
+    assert_int_equal(actions(rq, &a), 1);
+    assert_int_equal(a[0].kind, CPS_RQ_WAIT_REPLICA);
+    assert_int_equal(a[0].range, 0);
+    cps_reqs_tick(rq, &v, T0 + 1 + UNAVAIL_MS);
+    assert_false(has_action(rq, CPS_RQ_COMPLETE));
+    cps_reqs_tick(rq, &v, T0 + 2 + UNAVAIL_MS);
+    size_t n = actions(rq, &a), done = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (a[k].kind != CPS_RQ_COMPLETE)
+            continue;
+        done++;
+        assert_ptr_equal(a[k].ctx, &ctx_a);
+        assert_int_equal(a[k].status, CPS_EUNAVAILABLE);
+    }
+    assert_int_equal(done, 1);
+    assert_int_equal(cps_reqs_count(rq), 1);
+    cps_reqs_done d;
+    assert_int_equal(reply(rq, &v, CPS_MSG_ACK, 1, 5, 0, T0 + 3 + UNAVAIL_MS, &d),
+                     CPS_RQ_REPLY_UNKNOWN); /* range 0's request is gone */
+    cps_reqs_reply_in in = {CPS_MSG_ACK, 1, 1, 5, 0};
+    assert_int_equal(cps_reqs_reply(rq, &v, &in, T0 + 3 + UNAVAIL_MS, &d), CPS_RQ_REPLY_TAKEN);
+    assert_ptr_equal(d.ctx, &ctx_b);
+
+    /* A replica back in time resets the wait. */
+    assert_int_equal(cps_reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 2, T0), 0);
+    cps_reqs_tick(rq, &v, T0);
+    assert_true(has_action(rq, CPS_RQ_WAIT_REPLICA));
+    v.nodes[0].alive = 1;
+    cps_reqs_tick(rq, &v, T0 + 10);
+    v.nodes[0].alive = 0;
+    cps_reqs_tick(rq, &v, T0 + 20);
+    assert_true(has_action(rq, CPS_RQ_WAIT_REPLICA));
+    cps_reqs_tick(rq, &v, T0 + 21 + UNAVAIL_MS - 10);
+    assert_false(has_action(rq, CPS_RQ_COMPLETE));
+    cps_reqs_destroy(rq);
+    cps__view_fini(&v);
+}
+
+/* A refusal completes the request with the server's error; answers to a completed request,
+ * duplicates included, are not matched with anything. */
+static void refusals_complete_and_duplicates_are_ignored(void **state)
+{
+    fixture *f = *state;
+    cps_reqs *rq = f->rq;
+    const cps_view *v = &f->v5;
+    assert_int_equal(cps_reqs_add(rq, v, &ctx_a, 0, CPS_MSG_DECLARE, 0, 1, T0), 0);
+    expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    assert_int_equal(cps_reqs_add(rq, v, &ctx_b, 0, CPS_MSG_PUSH, 0, 2, T0), 0);
+    expect_send(rq, 2, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    cps_reqs_done d;
+    assert_int_equal(reply(rq, v, CPS_MSG_ERROR, 1, 5, CPS_EINVAL, T0 + 1, &d),
+                     CPS_RQ_REPLY_FAILED);
+    assert_int_equal(d.status, CPS_EINVAL);
+    assert_ptr_equal(d.ctx, &ctx_a);
+    assert_int_equal(reply(rq, v, CPS_MSG_ERROR, 2, 5, 3, T0 + 1, &d), CPS_RQ_REPLY_FAILED);
+    assert_int_equal(d.status, CPS_EPROTO); /* not an error code */
+    assert_int_equal(cps_reqs_count(rq), 0);
+    assert_int_equal(reply(rq, v, CPS_MSG_ACK, 1, 5, 0, T0 + 2, &d), CPS_RQ_REPLY_UNKNOWN);
+    assert_int_equal(reply(rq, v, CPS_MSG_ERROR, 2, 5, CPS_EAGAIN, T0 + 2, &d),
+                     CPS_RQ_REPLY_UNKNOWN);
+    const cps_reqs_action *a;
+    assert_int_equal(actions(rq, &a), 0);
+
+    assert_int_equal(cps_reqs_add(rq, v, &ctx_a, 0, CPS_MSG_PUSH, 0, 3, T0), 0);
+    expect_send(rq, 3, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    assert_int_equal(reply(rq, v, CPS_MSG_ACK, 3, 5, 0, T0 + 1, &d), CPS_RQ_REPLY_TAKEN);
+    assert_int_equal(reply(rq, v, CPS_MSG_ACK, 3, 5, 0, T0 + 2, &d), CPS_RQ_REPLY_UNKNOWN);
+}
+
+/* A range the view has no chain for is not sent to; the timeout tries again. */
+static void range_without_chain_waits_for_the_timeout(void **state)
+{
+    (void)state;
+    static const uint32_t none[][CPS_MAX_REPLICAS + 1] = {{0}};
+    cps_view v0, v5;
+    make_view(&v0, 4, 1, none);
+    make_view(&v5, 5, 1, ONE_RANGE);
+    cps_reqs *rq = make_reqs();
+    assert_int_equal(cps_reqs_add(rq, &v0, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    const cps_reqs_action *a;
+    assert_int_equal(actions(rq, &a), 0);
+    cps_reqs_tick(rq, &v5, T0 + TIMEOUT_MS - 1);
+    assert_false(has_action(rq, CPS_RQ_SEND));
+    cps_reqs_tick(rq, &v5, T0 + TIMEOUT_MS);
+    expect_send(rq, 1, 1, 5, 1, CPS_RQ_WHY_TIMEOUT, T0 + TIMEOUT_MS);
+    cps_reqs_destroy(rq);
+    cps__view_fini(&v0);
+    cps__view_fini(&v5);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(config_is_checked),
+        cmocka_unit_test_setup_teardown(updates_go_to_the_head_reads_to_the_tail, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            reply_of_another_epoch_is_dropped_and_resent_under_current_view, setup, teardown),
+        cmocka_unit_test_setup_teardown(newer_epoch_reply_asks_for_the_view, setup, teardown),
+        cmocka_unit_test_setup_teardown(pull_waits_for_a_view_as_new_as_any_seen, setup, teardown),
+        cmocka_unit_test_setup_teardown(stale_epoch_parks_until_a_newer_view, setup, teardown),
+        cmocka_unit_test_setup_teardown(timeout_resends, setup, teardown),
+        cmocka_unit_test(gives_up_after_the_unavailable_timeout),
+        cmocka_unit_test_setup_teardown(refusals_complete_and_duplicates_are_ignored, setup,
+                                        teardown),
+        cmocka_unit_test(range_without_chain_waits_for_the_timeout),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
