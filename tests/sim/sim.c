@@ -1450,6 +1450,14 @@ static void sched_hello(sim *sm, uint32_t id, uint64_t boot)
         set_alive(v, id, 1);
         sim_trace(sm, "scheduler: s%u came back; view e%" PRIu64, id, sm->epoch);
         publish(sm);
+        if (sm->servers[id - 1].state == SRV_CRASHED) {
+            /* A late copy of a HELLO its sender sent before it crashed. scheduler.c watches
+             * every node a HELLO revives (cps_detector_watch) and declares it dead again when
+             * it stays silent; the sim's detector follows only injected faults, and so kept a
+             * crashed server alive for good (seeds 29572, 72473: liveness). */
+            sm->rewatch[id] = 1;
+            ev_push(sm, sm->now + SIM_DEAD_AFTER_MS, EV_DETECT, id, NULL);
+        }
     } else if (fresh) {
         if (!sm->p.faithful_sched) {
             sim_trace(sm,
@@ -1826,6 +1834,18 @@ static void step(sim *sm, sim_event e)
     }
     case EV_DETECT: {
         sim_server *s = &sm->servers[e.node - 1];
+        if (sm->rewatch[e.node] && sm->pending_victim != e.node) {
+            /* Revived while crashed (see sched_hello): still silent unless it restarted. */
+            sm->rewatch[e.node] = 0;
+            if (s->state == SRV_CRASHED && node_alive(sim_cur_view(sm), e.node)) {
+                sim_trace(sm,
+                          "scheduler: server %u silent since it came back; view e%" PRIu64
+                          " without it",
+                          e.node, sm->epoch + 1);
+                new_view(sm, e.node);
+            }
+            break;
+        }
         if (sm->pending_victim != e.node)
             break; /* it came back (HELLO) before it was declared dead */
         sm->pending_victim = 0;

@@ -33,6 +33,9 @@ enum { SIM_SYNC = 0, SIM_ASYNC = 1 };
 #define SIM_JOIN_TIMEOUT_MS 2500
 #define SIM_HELLO_MS        100
 #define SIM_BEAT_MS         200
+/* A revived server that stays silent is declared dead again after this (scheduler.c: its
+ * detector's dead_after_ms; scaled down like the timers above). */
+#define SIM_DEAD_AFTER_MS 600
 
 /* Fault kinds. restart: crashes, then restarts on the same store or an empty one; partition:
  * servers cut off from the scheduler, from peers or from workers for a while; join: a server
@@ -226,6 +229,8 @@ typedef struct sim {
     uint64_t epoch;          /* the scheduler's current epoch */
     uint32_t pending_victim; /* failed, not yet removed from the view */
     uint32_t pending_inc;    /* its incarnation then (a restart makes the detection moot) */
+    /* Per server id: revived by a HELLO while crashed, so the detector must notice it again. */
+    uint8_t rewatch[SIM_MAX_SERVERS + 1];
     uint8_t cut[SIM_MAX_NODES][SIM_MAX_NODES]; /* partition: messages from -> to dropped */
     int cut_active;
     uint32_t *sched_boot; /* per server id: the last HELLO boot the scheduler answered */
