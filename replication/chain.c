@@ -578,6 +578,11 @@ int cps_chain_is_head(const cps_chain *c, uint32_t r)
     return position(c, r) == 0;
 }
 
+int cps_chain_joining(const cps_chain *c, uint32_t r)
+{
+    return r < c->nranges && c->ranges[r].joining;
+}
+
 uint64_t cps_chain_applied(const cps_chain *c, uint32_t r)
 {
     return r < c->nranges ? c->ranges[r].applied : 0;

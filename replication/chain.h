@@ -141,6 +141,10 @@ int cps_chain_tick(cps_chain *c, uint64_t now);
 
 /* 1 if this server is the tail of `range` in the current view (it serves pulls). */
 int cps_chain_is_tail(const cps_chain *c, uint32_t range);
+
+/* 1 if this server is joining `range` (cps_chain_begin_join, and no view since made it a member
+ * or took the range away): only then may a snapshot be installed into its store. */
+int cps_chain_joining(const cps_chain *c, uint32_t range);
 /* 1 if this server is the head of `range`. */
 int cps_chain_is_head(const cps_chain *c, uint32_t range);
 /* Applied and committed sequence numbers of a range (0 if unknown here). */

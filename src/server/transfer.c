@@ -613,6 +613,14 @@ void cps__server_on_snap(server *s, cps_rx *rx)
         cps__rx_free(rx); /* from an earlier join, or not for us */
         return;
     }
+    if (!cps_chain_joining(s->chain, r)) {
+        /* A view that came since made us a member of the range, or took it from us: a snapshot
+         * written now would overwrite a store the chain already serves from. Messages from the
+         * scheduler arrive in order, so this is a guard, not a path the protocol takes. */
+        cps__rx_free(rx);
+        join_abort(s, r, "the chain is no longer joining", CPS_ESTALE_EPOCH);
+        return;
+    }
     s->joins[r].got_snap = 1;
     install_io io = {s, r, rx->payload, rx->len, rx->hdr.aux == 1, 0, 0, 0, 0};
     int rc = cps__store_write(s->store, install_txn, &io);

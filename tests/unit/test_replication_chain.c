@@ -124,10 +124,34 @@ static void a_late_request_of_an_earlier_join_keeps_the_current_shadow(void **st
     cps__view_fini(&v);
 }
 
+/* A joiner stops joining once a view makes it a member of the range: a snapshot arriving after
+ * that must not be installed (transfer.c asks cps_chain_joining first). */
+static void a_view_that_makes_the_joiner_a_member_ends_the_join(void **state)
+{
+    (void)state;
+    cps_view v;
+    make_view(&v);
+    cps_chain_config cfg = {3, 200, 1024};
+    cps_chain *c = NULL;
+    assert_int_equal(cps_chain_create(&cfg, &ops, NULL, &c), 0);
+    assert_int_equal(cps_chain_set_view(c, &v, 0), 0);
+    assert_false(cps_chain_joining(c, 0));
+    assert_int_equal(cps_chain_begin_join(c, 0, 1), 0);
+    assert_true(cps_chain_joining(c, 0));
+    v.epoch++;
+    v.ranges[0].chain[v.ranges[0].chain_len++] = 3;
+    assert_int_equal(cps_chain_set_view(c, &v, 1), 0);
+    assert_false(cps_chain_joining(c, 0));
+    assert_false(cps_chain_joining(c, 5)); /* no such range */
+    cps_chain_destroy(c);
+    cps__view_fini(&v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_late_request_of_an_earlier_join_keeps_the_current_shadow),
+        cmocka_unit_test(a_view_that_makes_the_joiner_a_member_ends_the_join),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
