@@ -260,6 +260,11 @@ static uint64_t declare_step(server *s, uint32_t range, uint32_t worker, const v
     return step;
 }
 
+/* Answer the parked pulls the gate releases. A pull is answered only by the range's tail, with
+ * what is committed: one parked while we were the tail may be released after a view made us
+ * head or middle (a joiner appended after us), when our store holds updates the tail has not
+ * applied, and reading them here would read uncommitted values (simulator, --mode ssp, seed 6).
+ * Such a pull is refused with EAGAIN: the worker asks the tail of its view again. */
 static void wake_parked(server *s)
 {
     void *const *released;
@@ -267,6 +272,13 @@ static void wake_parked(server *s)
     size_t n = cps_ssp_released(s->ssp, &released);
     for (size_t i = 0; i < n; i++) {
         parked_pull *p = released[i];
+        uint32_t r = p->rx.hdr.range;
+        if (!cps_chain_is_tail(s->chain, r) || !cps_chain_can_serve_pull(s->chain, r)) {
+            cps__server_reply_error(s, &p->rx.hdr, CPS_EAGAIN,
+                                    "range %u: no longer its tail, or catching up", r);
+            parked_pull_free(NULL, p);
+            continue;
+        }
         cps_msg_hdr h;
         reply_header(s, &h, CPS_MSG_VALUES, p->rx.hdr.sender, p->rx.hdr.req_seq, p->rx.hdr.range,
                      p->rx.hdr.step);
