@@ -139,19 +139,20 @@ static int ssp_step(cps_client *c, cps_tensor *t, float *g, float *w, int step, 
     return rc ? rc : cps_wait(h, ms);
 }
 
-/* Bounded staleness (ssp:2), two workers, every range on both servers. Server 0 is killed and
- * restarted mid-training: it copies every range from server 1 and joins as the tail, the replica
- * whose SSP gate answers pulls. The SSP clocks are replicated state of a range (a worker's clock
- * is the highest step of its pushes applied there), so the new tail must know both workers are
- * at step 10 although it applied none of their pushes: worker 1's next push-pull and pull are
- * answered while worker 0 pushes nothing more (as a worker that finished, or waits in the final
- * barrier, pushes nothing more). A new tail that started every clock at 0 held them until
- * worker 0 pushed again, for ever for a worker that has finished. */
-static void test_ssp_clocks_survive_restart(void **state)
+/* Bounded staleness (ssp:2), two workers; server 0 is killed and restarted mid-training. The
+ * SSP clocks are replicated state of a range (a worker's clock is the highest step of its pushes
+ * applied there), so the restarted server, once it answers pulls again, must know both workers
+ * are at step 10 although it applied none of their pushes since it came back: worker 1's next
+ * push-pull and pull are answered while worker 0 pushes nothing more (as a worker that
+ * finished, or waits in the final barrier, pushes nothing more). A server that started every
+ * clock at 0 held them until worker 0 pushed again, for ever for a worker that has finished.
+ * Two servers: every range is on both, and server 0 copies them from server 1 (the clocks come
+ * with the snapshot) and joins as their tail. One server: it is the last replica of its range
+ * and resumes on its store (the clocks come from LMDB). */
+static void ssp_clocks_survive_restart(int servers)
 {
-    (void)state;
-    assert_int_equal(h_start_cluster(&C, 2, 2, "ssp:2"), 0);
-    h_become_worker(C.sched_addr, 2, 2);
+    assert_int_equal(h_start_cluster(&C, servers, 2, "ssp:2"), 0);
+    h_become_worker(C.sched_addr, servers, 2);
     opener o[2] = {{0}};
     pthread_t th[2];
     for (int i = 0; i < 2; i++)
@@ -176,8 +177,10 @@ static void test_ssp_clocks_survive_restart(void **state)
     assert_true(h_wait_log(C.servers[0], "joined as node", 1, WAIT_MS));
     h_kill_hard(C.servers[0]);
     assert_true(h_start_server(&C, 0) > 0);
-    /* Two ranges (one per server), both back on two replicas with server 0 as their tail. */
-    assert_true(h_wait_log(C.sched, "joined range", 2, WAIT_MS));
+    if (servers == 2) /* both ranges back on two replicas, with server 0 as their tail */
+        assert_true(h_wait_log(C.sched, "joined range", 2, WAIT_MS));
+    else
+        assert_true(h_wait_log(C.sched, "came back at", 1, WAIT_MS));
 
     /* Worker 1 alone: one step ahead of worker 0 (within the bound), then its pull. */
     int rc = ssp_step(o[1].c, t[1], g, w, step, 10000);
@@ -200,6 +203,18 @@ static void test_ssp_clocks_survive_restart(void **state)
     free(g), free(w);
     assert_int_equal(cps_close(o[0].c), 0);
     close_and_check_exits(o[1].c);
+}
+
+static void test_ssp_clocks_survive_restart(void **state)
+{
+    (void)state;
+    ssp_clocks_survive_restart(2);
+}
+
+static void test_ssp_clocks_survive_restart_sole_replica(void **state)
+{
+    (void)state;
+    ssp_clocks_survive_restart(1);
 }
 
 /* Refused requests get their documented error, and the worker carries on afterwards. */
@@ -296,6 +311,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_kill_restart_server, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ssp_clocks_survive_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ssp_clocks_survive_restart_sole_replica, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_refusals_sync, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals_async, setup, teardown),
     };
