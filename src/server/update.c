@@ -112,13 +112,20 @@ static int load_clocks(cps_txn *txn, void *arg)
     return cps__store_dedup_scan(txn, ((clock_load *)arg)->range, load_clock, arg);
 }
 
+static void wake_parked(server *s);
+
+/* Clocks that moved may release parked pulls, as an applied update does (simulator --mode ssp
+ * seed 10250: a pull parked before the range was copied again waited for the next update). */
 int cps__server_ssp_load(server *s, uint32_t range)
 {
     if (!s->ssp || s->view.mode != CPS_MODE_SSP)
         return 0;
     cps_ssp_forget_range(s->ssp, range);
     clock_load l = {s, range};
-    return cps__store_read(s->store, load_clocks, &l);
+    int rc = cps__store_read(s->store, load_clocks, &l);
+    if (cps_ssp_parked(s->ssp))
+        wake_parked(s);
+    return rc;
 }
 
 /* Created once our node id is known (at the first view), with the SSP gate of its ranges, whose
@@ -273,7 +280,8 @@ static void wake_parked(server *s)
     for (size_t i = 0; i < n; i++) {
         parked_pull *p = released[i];
         uint32_t r = p->rx.hdr.range;
-        if (!cps_chain_is_tail(s->chain, r) || !cps_chain_can_serve_pull(s->chain, r)) {
+        if (!s->chain || !cps_chain_is_tail(s->chain, r) ||
+            !cps_chain_can_serve_pull(s->chain, r)) {
             cps__server_reply_error(s, &p->rx.hdr, CPS_EAGAIN,
                                     "range %u: no longer its tail, or catching up", r);
             parked_pull_free(NULL, p);

@@ -335,7 +335,10 @@ static void ssp_drop(void *ctx, void *cookie)
     free(cookie);
 }
 
-/* update.c's cps__server_ssp_load: the gate's clocks of range r become those in the store. */
+static void ssp_wake(sim *sm, sim_server *s);
+
+/* update.c's cps__server_ssp_load: the gate's clocks of range r become those in the store, and
+ * pulls they release are answered (or refused: we are not the tail while copying). */
 static void ssp_load(sim *sm, sim_server *s, uint32_t r)
 {
     cps_ssp_forget_range(s->ssp, r);
@@ -343,6 +346,8 @@ static void ssp_load(sim *sm, sim_server *s, uint32_t r)
         if (s->rs[r].clock[k] &&
             cps_ssp_pushed(s->ssp, sim_cur_view(sm), r, sm->p.servers + 1 + k, s->rs[r].clock[k]))
             sim_fail(sm, "api", "server %u: cps_ssp_pushed failed", s->id);
+    if (cps_ssp_parked(s->ssp) && !sm->failed)
+        ssp_wake(sm, s);
 }
 
 static void chain_new(sim *sm, sim_server *s)
