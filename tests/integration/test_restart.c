@@ -146,9 +146,10 @@ static int ssp_step(cps_client *c, cps_tensor *t, float *g, float *w, int step, 
  * push-pull and pull are answered while worker 0 pushes nothing more (as a worker that
  * finished, or waits in the final barrier, pushes nothing more). A server that started every
  * clock at 0 held them until worker 0 pushed again, for ever for a worker that has finished.
- * Two servers: every range is on both, and server 0 copies them from server 1 (the clocks come
- * with the snapshot) and joins as their tail. One server: it is the last replica of its range
- * and resumes on its store (the clocks come from LMDB). */
+ * Two servers: every range is on both; server 1 answers alone after the failover, then server 0
+ * copies every range from it (the clocks come with the snapshot) and joins as their tail. One
+ * server: it is the last replica of its range and resumes on its store (the clocks come from LMDB).
+ */
 static void ssp_clocks_survive_restart(int servers)
 {
     assert_int_equal(h_start_cluster(&C, servers, 2, "ssp:2"), 0);
@@ -176,6 +177,14 @@ static void ssp_clocks_survive_restart(int servers)
 
     assert_true(h_wait_log(C.servers[0], "joined as node", 1, WAIT_MS));
     h_kill_hard(C.servers[0]);
+    if (servers == 2) {
+        /* Failover first: server 1, the other replica of every range, answers every pull now,
+         * with the clocks it applied (every replica moves them as it applies). */
+        assert_true(h_wait_log(C.sched, "declared dead", 1, WAIT_MS));
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(ssp_step(o[i].c, t[i], g, w, step, 10000), 0);
+        step++;
+    }
     assert_true(h_start_server(&C, 0) > 0);
     if (servers == 2) /* both ranges back on two replicas, with server 0 as their tail */
         assert_true(h_wait_log(C.sched, "joined range", 2, WAIT_MS));
