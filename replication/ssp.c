@@ -2,6 +2,7 @@
 #include "ssp.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "chainps/error.h"
 #include "core/array.h"
@@ -157,6 +158,12 @@ uint64_t cps_ssp_declare_step(cps_ssp *g, const cps_view *v, uint32_t range, uin
 {
     uint64_t *c = takes_dead_workers_place(v, worker) ? clock_slot(g, v, range, worker) : NULL;
     return c ? *c : 0;
+}
+
+void cps_ssp_forget_range(cps_ssp *g, uint32_t range)
+{
+    if (g->clock && range < g->clock_ranges)
+        memset(&g->clock[(size_t)range * CPS_MAX_NODES], 0, CPS_MAX_NODES * sizeof *g->clock);
 }
 
 uint64_t cps_ssp_clock(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worker)

@@ -3,10 +3,14 @@
  * In SSP mode a worker may run at most `ssp_bound` steps ahead of the slowest live worker (Ho
  * et al., NIPS 2013). Each replica keeps, per range, the clock of every worker: the highest
  * step of its pushes applied to the range (every replica applies the same updates, so every
- * replica has the same clocks). A pull carries the clock it reads at; the tail serves it once
- * the slowest clock of the other live workers is within the bound, and parks it until then. A
- * worker taking a dead worker's rank starts at the slowest clock of the others, not at 0,
- * where it would hold every other worker back until it had pushed its way up alone.
+ * replica has the same clocks). They are state of the range like its values: the server stores
+ * each clock an update moves in that update's transaction and a snapshot carries them
+ * (CPS_DEDUP_CLOCK_BIT), so a restarted replica or a new tail loads them (cps_ssp_pushed) instead
+ * of starting every worker at 0 and holding pulls until each pushes again. A pull carries the clock
+ * it reads at; the tail serves it once the slowest clock of the other live workers is within the
+ * bound, and parks it until then. A worker taking a dead worker's rank starts at the slowest clock
+ * of the others, not at 0, where it would hold every other worker back until it had pushed its way
+ * up alone.
  *
  * Parked pulls are the caller's opaque cookies. A cookie the gate takes is handed back exactly
  * once: in the released list of cps_ssp_wake, or to the drop callback at destroy.
@@ -52,6 +56,9 @@ void cps_ssp_declared(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t wo
 /* The step a DECLARE of `worker` answers with in SSP mode: its clock in `range` if it takes a
  * dead worker's rank, else 0 (a worker starting with the job counts from 0). */
 uint64_t cps_ssp_declare_step(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worker);
+
+/* Forget every clock of `range` (its replica is copied again from another). */
+void cps_ssp_forget_range(cps_ssp *g, uint32_t range);
 
 /* `worker`'s clock in `range` (0 if unknown). */
 uint64_t cps_ssp_clock(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worker);

@@ -89,6 +89,12 @@ enum cps_msg_type {
 #define CPS_SEQ_OTHER  (1ull << 63)
 /* A worker's sparse pushes have their exactly-once record under its id with this bit. */
 #define CPS_DEDUP_SPARSE_BIT 0x80000000u
+/* In SSP mode a worker's clock in a range (the highest step of its dense pushes applied there,
+ * replication/ssp.h) is kept under its id with this bit, next to its exactly-once records: it is
+ * written in the same transaction as the update that moves it and travels in a state-transfer
+ * snapshot with them, so a restarted server or a new tail gates pulls on the same clocks as the
+ * replicas that applied those pushes. */
+#define CPS_DEDUP_CLOCK_BIT 0x40000000u
 
 typedef struct cps_msg_hdr {
     uint8_t version;

@@ -80,6 +80,8 @@ void cps__server_on_pull(server *s, cps_rx *rx);
 void cps__server_on_chain(server *s, cps_rx *rx);
 /* Create the chain state machine (once the node id is known). */
 int cps__server_chain_init(server *s);
+/* Set the SSP clocks of `range` to those in the store (SSP mode only; else a no-op). */
+int cps__server_ssp_load(server *s, uint32_t range);
 /* Perform the chain state machine's pending actions. */
 void cps__server_run_actions(server *s);
 /* State transfer (transfer.c). Each takes rx. */

@@ -13,7 +13,7 @@
  * SNAP payload: a sequence of 8-byte-aligned entries, little-endian:
  *   1 param:  u32 1, u32 len, u64 key, u64 opt_step, u32 slots, u32 0, spec[64],
  *             f32 values[len], f32 state[slots*len], zero padding to 8
- *   2 dedup:  u32 2, u32 worker, u64 seq
+ *   2 dedup:  u32 2, u32 worker, u64 seq   (worker | CPS_DEDUP_CLOCK_BIT: its SSP clock)
  *   3 named:  u32 3, u32 name_len, u32 value_len, u32 0, name, pad to 8, value, pad to 8
  *   4 range:  u32 4, u32 0, u64 seq, u64 step            (last chunk only)
  * and, in checkpoint restores only (PUT), whole records sent in slices:
@@ -635,6 +635,12 @@ void cps__server_on_snap(server *s, cps_rx *rx)
     }
     if (!io.last)
         return;
+    /* The snapshot's SSP clocks, before the updates after it move them further. */
+    rc = cps__server_ssp_load(s, r);
+    if (rc != 0) {
+        join_abort(s, r, "loading the SSP clocks", rc);
+        return;
+    }
     rc = cps_chain_join_ready(s->chain, r, io.seq, cps__now_ms());
     cps__server_run_actions(s);
     if (rc != 0) {

@@ -94,11 +94,48 @@ static const cps_chain_store_ops chain_store_ops = {op_range_seq, op_dedup, op_a
 
 static void parked_pull_free(void *ctx, void *cookie);
 
-/* Created once our node id is known (at the first view), with the SSP gate of its ranges. */
+typedef struct clock_load {
+    server *s;
+    uint32_t range;
+} clock_load;
+
+static int load_clock(void *arg, uint32_t id, uint64_t value)
+{
+    clock_load *l = arg;
+    if ((id & (CPS_DEDUP_CLOCK_BIT | CPS_DEDUP_SPARSE_BIT)) == CPS_DEDUP_CLOCK_BIT)
+        cps_ssp_pushed(l->s->ssp, &l->s->view, l->range, id & ~CPS_DEDUP_CLOCK_BIT, value);
+    return 0;
+}
+
+static int load_clocks(cps_txn *txn, void *arg)
+{
+    return cps__store_dedup_scan(txn, ((clock_load *)arg)->range, load_clock, arg);
+}
+
+static void wake_parked(server *s);
+
+/* Clocks that moved may release parked pulls, as an applied update does (simulator --mode ssp
+ * seed 10250: a pull parked before the range was copied again waited for the next update). */
+int cps__server_ssp_load(server *s, uint32_t range)
+{
+    if (!s->ssp || s->view.mode != CPS_MODE_SSP)
+        return 0;
+    cps_ssp_forget_range(s->ssp, range);
+    clock_load l = {s, range};
+    int rc = cps__store_read(s->store, load_clocks, &l);
+    if (cps_ssp_parked(s->ssp))
+        wake_parked(s);
+    return rc;
+}
+
+/* Created once our node id is known (at the first view), with the SSP gate of its ranges, whose
+ * clocks start where the store has them (a restarted server holds the pushes it applied). */
 int cps__server_chain_init(server *s)
 {
     cps_chain_config cc = {.self = s->id, .resend_ms = 200, .max_unacked = 1024};
     int rc = s->ssp ? 0 : cps_ssp_create(parked_pull_free, NULL, &s->ssp);
+    for (uint32_t r = 0; rc == 0 && r < s->view.nranges; r++)
+        rc = cps__server_ssp_load(s, r);
     return rc ? rc : cps_chain_create(&cc, &chain_store_ops, s, &s->chain);
 }
 
@@ -230,6 +267,11 @@ static uint64_t declare_step(server *s, uint32_t range, uint32_t worker, const v
     return step;
 }
 
+/* Answer the parked pulls the gate releases. A pull is answered only by the range's tail, with
+ * what is committed: one parked while we were the tail may be released after a view made us
+ * head or middle (a joiner appended after us), when our store holds updates the tail has not
+ * applied, and reading them here would read uncommitted values (simulator, --mode ssp, seed 6).
+ * Such a pull is refused with EAGAIN: the worker asks the tail of its view again. */
 static void wake_parked(server *s)
 {
     void *const *released;
@@ -237,6 +279,14 @@ static void wake_parked(server *s)
     size_t n = cps_ssp_released(s->ssp, &released);
     for (size_t i = 0; i < n; i++) {
         parked_pull *p = released[i];
+        uint32_t r = p->rx.hdr.range;
+        if (!s->chain || !cps_chain_is_tail(s->chain, r) ||
+            !cps_chain_can_serve_pull(s->chain, r)) {
+            cps__server_reply_error(s, &p->rx.hdr, CPS_EAGAIN,
+                                    "range %u: no longer its tail, or catching up", r);
+            parked_pull_free(NULL, p);
+            continue;
+        }
         cps_msg_hdr h;
         reply_header(s, &h, CPS_MSG_VALUES, p->rx.hdr.sender, p->rx.hdr.req_seq, p->rx.hdr.range,
                      p->rx.hdr.step);
@@ -319,6 +369,14 @@ static int apply_txn(cps_txn *txn, void *arg)
                                       q->noagg ? (q->worker | CPS_DEDUP_SPARSE_BIT) : q->worker,
                                       q->req_seq);
     }
+    /* SSP: the clocks this update moved (do_apply moved them in memory first), in its own
+     * transaction, so the store never holds an update without the clocks it implies. */
+    for (uint32_t i = 0; rc == 0 && io->server->view.mode == CPS_MODE_SSP && i < u->nreqs; i++) {
+        const cps_chain_req *q = &u->reqs[i];
+        uint64_t c = cps_ssp_clock(io->server->ssp, &io->server->view, a->range, q->worker);
+        if (q->type != CPS_MSG_PUT && !q->noagg && c)
+            rc = cps__store_dedup_put(txn, a->range, q->worker | CPS_DEDUP_CLOCK_BIT, c);
+    }
     if (rc == 0 && u->sig) {
         char name[64];
         unsigned char b[8];
@@ -332,6 +390,9 @@ static int apply_txn(cps_txn *txn, void *arg)
 static void do_apply(server *s, const cps_chain_action *a)
 {
     apply_io io = {s, a, 0};
+    /* Clocks first: apply_txn stores what they became. Should the write fail, the replica
+     * leaves (poisoned below), so memory ahead of the store is never used. */
+    cps_ssp_applied(s->ssp, &s->view, a->range, &a->upd);
     int rc = cps__store_write(s->store, apply_txn, &io);
     if (rc != 0) {
         /* The chain has already counted this update as applied here: we cannot go on. */
@@ -349,7 +410,6 @@ static void do_apply(server *s, const cps_chain_action *a)
     s->stats.updates_applied++;
     if (s->cuts)
         cps__server_cuts_after_apply(s, a->range);
-    cps_ssp_applied(s->ssp, &s->view, a->range, &a->upd);
 }
 
 static void do_reply(server *s, const cps_chain_action *a)

@@ -6,7 +6,9 @@
  *              cps_param_spec) followed by n f32 parameter values and k*n f32 optimizer state
  *              values (k = cps__optim_state_slots(kind)).
  *   "ranges" : u32 range id -> range meta (update sequence number, last applied training step).
- *   "dedup"  : (u32 range, u32 worker) -> last applied request sequence number.
+ *   "dedup"  : (u32 range, u32 worker) -> last applied request sequence number (worker with
+ *              CPS_DEDUP_SPARSE_BIT: of its sparse pushes; with CPS_DEDUP_CLOCK_BIT: not a
+ *              sequence number but its SSP clock in the range).
  *   "meta"   : small named values (node id, job identity).
  * The update of a range (records, its sequence number, the dedup entries) is written in ONE
  * write transaction, so a crash leaves all or nothing.

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include <cmocka.h>
+#include <pthread.h>
 
 #include "chainps/chainps.h"
 #include "harness.h"
@@ -114,6 +115,117 @@ static void test_kill_restart_server(void **state)
     close_and_check_exits(c);
 }
 
+/* ---- SSP clocks across a restart ---- */
+
+typedef struct opener {
+    cps_client *c;
+    int rc;
+} opener;
+
+static void *open_client(void *arg)
+{
+    opener *o = arg;
+    o->rc = cps_open(&o->c);
+    return NULL;
+}
+
+/* One step of worker `c`: a push-pull of `step`, which must be answered within `ms`. */
+static int ssp_step(cps_client *c, cps_tensor *t, float *g, float *w, int step, int ms)
+{
+    for (size_t i = 0; i < LEN; i++)
+        g[i] = grad_at(i, step) * 0.001f;
+    cps_handle *h = NULL;
+    int rc = cps_push_pull_async(c, t, g, w, LEN, &h);
+    return rc ? rc : cps_wait(h, ms);
+}
+
+/* Bounded staleness (ssp:2), two workers; server 0 is killed and restarted mid-training. The
+ * SSP clocks are replicated state of a range (a worker's clock is the highest step of its pushes
+ * applied there), so the restarted server, once it answers pulls again, must know both workers
+ * are at step 10 although it applied none of their pushes since it came back: worker 1's next
+ * push-pull and pull are answered while worker 0 pushes nothing more (as a worker that
+ * finished, or waits in the final barrier, pushes nothing more). A server that started every
+ * clock at 0 held them until worker 0 pushed again, for ever for a worker that has finished.
+ * Two servers: every range is on both; server 1 answers alone after the failover, then server 0
+ * copies every range from it (the clocks come with the snapshot) and joins as their tail. One
+ * server: it is the last replica of its range and resumes on its store (the clocks come from LMDB).
+ */
+static void ssp_clocks_survive_restart(int servers)
+{
+    assert_int_equal(h_start_cluster(&C, servers, 2, "ssp:2"), 0);
+    h_become_worker(C.sched_addr, servers, 2);
+    opener o[2] = {{0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, open_client, &o[i]), 0);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(o[i].rc, 0);
+    }
+    cps_init init = {.kind = CPS_INIT_UNIFORM, .a = -1.0f, .b = 1.0f, .seed = 7};
+    cps_optim opt = cps_optim_sgd(LR);
+    cps_tensor *t[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(cps_tensor_declare(o[i].c, "ssp/w", LEN, &init, &opt, &t[i]), 0);
+    float *g = malloc(LEN * sizeof *g), *w = malloc(LEN * sizeof *w);
+    assert_non_null(g);
+    assert_non_null(w);
+    int step = 0;
+    for (; step < 10; step++)
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(ssp_step(o[i].c, t[i], g, w, step, WAIT_MS), 0);
+
+    assert_true(h_wait_log(C.servers[0], "joined as node", 1, WAIT_MS));
+    h_kill_hard(C.servers[0]);
+    if (servers == 2) {
+        /* Failover first: server 1, the other replica of every range, answers every pull now,
+         * with the clocks it applied (every replica moves them as it applies). */
+        assert_true(h_wait_log(C.sched, "declared dead", 1, WAIT_MS));
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(ssp_step(o[i].c, t[i], g, w, step, 10000), 0);
+        step++;
+    }
+    assert_true(h_start_server(&C, 0) > 0);
+    if (servers == 2) /* both ranges back on two replicas, with server 0 as their tail */
+        assert_true(h_wait_log(C.sched, "joined range", 2, WAIT_MS));
+    else
+        assert_true(h_wait_log(C.sched, "came back at", 1, WAIT_MS));
+
+    /* Worker 1 alone: one step ahead of worker 0 (within the bound), then its pull. */
+    int rc = ssp_step(o[1].c, t[1], g, w, step, 10000);
+    if (rc == 0) {
+        cps_handle *h = NULL;
+        rc = cps_pull_async(o[1].c, t[1], w, LEN, &h);
+        rc = rc ? rc : cps_wait(h, 10000);
+    }
+    if (rc != 0) {
+        char *log = h_read_log(C.servers[0]);
+        fprintf(stderr, "---- restarted server 0 ----\n%s\n", log);
+        free(log);
+    }
+    assert_int_equal(rc, 0);
+    /* And training goes on for both. */
+    assert_int_equal(ssp_step(o[0].c, t[0], g, w, step, WAIT_MS), 0);
+    for (step++; step < 14; step++)
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(ssp_step(o[i].c, t[i], g, w, step, WAIT_MS), 0);
+    free(g), free(w);
+    assert_int_equal(cps_close(o[0].c), 0);
+    close_and_check_exits(o[1].c);
+}
+
+static void test_ssp_clocks_survive_restart(void **state)
+{
+    (void)state;
+    ssp_clocks_survive_restart(2);
+}
+
+static void test_ssp_clocks_survive_restart_sole_replica(void **state)
+{
+    (void)state;
+    ssp_clocks_survive_restart(1);
+}
+
 /* Refused requests get their documented error, and the worker carries on afterwards. */
 static void check_refusals(const char *mode)
 {
@@ -207,8 +319,13 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_kill_restart_server, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ssp_clocks_survive_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ssp_clocks_survive_restart_sole_replica, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_refusals_sync, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refusals_async, setup, teardown),
     };
+    if (getenv("CPS_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("CPS_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

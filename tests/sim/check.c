@@ -153,6 +153,65 @@ static void agg_put(sim_rstore *st, uint64_t sig, uint64_t step)
     st->aggs[st->naggs++] = (sim_agg){sig, step};
 }
 
+/* SSP: the clocks of the range in store st once its updates 1..seq are applied (seq <= applied). */
+static const uint64_t *truth_row(const sim *sm, const sim_rstore *st, uint64_t seq)
+{
+    static const uint64_t zero[SIM_MAX_WORKERS];
+    (void)sm;
+    return seq ? &st->truth[(seq - 1) * SIM_MAX_WORKERS] : zero;
+}
+
+/* SSP: update a was appended to st's log: its clocks are those after the update before it, moved
+ * by the dense pushes it holds (what replication/ssp.h promises, stated again). */
+static void truth_append(sim *sm, sim_rstore *st, const cps_chain_action *a)
+{
+    if (st->truth_cap < st->log_cap) {
+        st->truth_cap = st->log_cap;
+        st->truth = realloc(st->truth, st->truth_cap * SIM_MAX_WORKERS * sizeof *st->truth);
+        if (!st->truth) {
+            fprintf(stderr, "sim: out of memory\n");
+            exit(2);
+        }
+    }
+    uint64_t *row = &st->truth[(a->seq - 1) * SIM_MAX_WORKERS];
+    memcpy(row, truth_row(sm, st, a->seq - 1), SIM_MAX_WORKERS * sizeof *row);
+    for (uint32_t i = 0; i < a->upd.nreqs; i++) {
+        const cps_chain_req *q = &a->upd.reqs[i];
+        int k = hw_index(sm, q->worker);
+        if (q->type == CPS_MSG_PUSH && !q->noagg && k >= 0 && a->upd.step > row[k])
+            row[k] = a->upd.step;
+    }
+}
+
+/* SSP, at every APPLY: the server's gate (replication/ssp.c) holds the range's clocks, and the
+ * store gets what update.c's apply_txn writes (the clocks of the update's workers). A replica
+ * that came back on its store, or copied the range, must have them too (invariant 9). */
+static void ssp_apply(sim *sm, sim_server *s, const cps_chain_action *a)
+{
+    uint32_t r = a->range;
+    truth_append(sm, &s->rs[r], a);
+    const uint64_t *want = truth_row(sm, &s->rs[r], a->seq);
+    const cps_view *v = s->view ? s->view : sim_cur_view(sm);
+    for (uint32_t k = 0; k < sm->p.workers; k++) {
+        uint32_t id = sm->p.servers + 1 + k;
+        uint64_t c = cps_ssp_clock(s->ssp, v, r, id);
+        if (c != want[k]) {
+            sim_fail(sm, "(9) SSP clocks are the range's",
+                     "server %u range %u after seq %" PRIu64 ": worker %u's clock is %" PRIu64
+                     ", its pushes applied there reach step %" PRIu64,
+                     s->id, r, a->seq, id, c, want[k]);
+            return;
+        }
+    }
+    for (uint32_t i = 0; i < a->upd.nreqs; i++) {
+        const cps_chain_req *q = &a->upd.reqs[i];
+        int k = hw_index(sm, q->worker);
+        uint64_t c = cps_ssp_clock(s->ssp, v, r, q->worker);
+        if (q->type != CPS_MSG_PUT && !q->noagg && k >= 0 && c)
+            s->rs[r].clock[k] = c;
+    }
+}
+
 /* An APPLY action: one store transaction with the update, the range's sequence number and the
  * exactly-once records, as update.c's apply_txn. Checks invariants 2 and 3. */
 void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a)
@@ -206,6 +265,11 @@ void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a)
     }
     if (u->sig)
         agg_put(st, u->sig, u->step);
+    if (sm->p.mode == SIM_SSP) {
+        ssp_apply(sm, s, a);
+        if (sm->failed)
+            return;
+    }
     /* Invariant 3: live replicas, and replicas copying the range to join it, agree at equal
      * sequence numbers. */
     if (!sim_is_member(sm, r, s->id) && !(s->copying && s->copying[r]))
@@ -228,6 +292,7 @@ void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a)
 void sim_rstore_clear(sim_rstore *st)
 {
     free(st->log);
+    free(st->truth);
     free(st->aggs);
     free(st->set);
     memset(st, 0, sizeof *st);
@@ -247,14 +312,19 @@ static void *dup_mem(const void *p, size_t n)
 }
 
 /* dst becomes a copy of src (what a snapshot carries: the values, here the log of update hashes
- * that produced them, the exactly-once records and the aggregation steps). */
+ * that produced them, the exactly-once records, the aggregation steps and the SSP clocks). */
 void sim_rstore_copy(sim_rstore *dst, const sim_rstore *src)
 {
     sim_rstore_clear(dst);
     dst->applied = src->applied;
     dst->log_cap = src->applied;
+    dst->truth_cap = src->truth ? src->applied : 0;
     dst->log = dup_mem(src->log, src->applied * sizeof *src->log);
+    dst->truth = src->truth
+                     ? dup_mem(src->truth, src->applied * SIM_MAX_WORKERS * sizeof *dst->truth)
+                     : NULL;
     memcpy(dst->hw, src->hw, sizeof dst->hw);
+    memcpy(dst->clock, src->clock, sizeof dst->clock);
     dst->naggs = dst->aggs_cap = src->naggs;
     dst->aggs = dup_mem(src->aggs, src->naggs * sizeof *src->aggs);
     dst->set_n = src->set_n;
@@ -266,6 +336,7 @@ void sim_store_free(sim *sm, sim_server *s)
 {
     for (uint32_t r = 0; s->rs && r < sm->nranges; r++) {
         free(s->rs[r].log);
+        free(s->rs[r].truth);
         free(s->rs[r].aggs);
         free(s->rs[r].set);
     }
@@ -385,6 +456,54 @@ void sim_check_fresh_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq)
                  "server %u, tail of range %u in epoch %" PRIu64 ", served seq %" PRIu64
                  " after seq %" PRIu64 " was acknowledged",
                  s->id, r, s->epoch, seq, sm->acked_seq[r]);
+}
+
+/* Invariant 10, the staleness bound: a pull of `worker` reading at `clock` is answered only once
+ * every other live worker's clock in the range, as the updates the server applied set it, is at
+ * least clock - bound (Ho et al.'s SSP condition). */
+/* A live worker other than `worker` whose clock in range r, as server s applied the range, is
+ * below clock - bound (its clock in *at), or 0 when none is. */
+static uint32_t ssp_behind(const sim *sm, const sim_server *s, uint32_t r, uint32_t worker,
+                           uint64_t clock, uint64_t *at)
+{
+    const uint64_t *row = truth_row(sm, &s->rs[r], s->rs[r].applied);
+    const cps_view *v = sim_cur_view(sm);
+    for (uint32_t k = 0; k < sm->p.workers; k++) {
+        uint32_t id = sm->p.servers + 1 + k;
+        const cps_node_info *ni = cps__view_node(v, id);
+        if (id != worker && ni && ni->alive && row[k] + sm->p.ssp_bound < clock) {
+            *at = row[k];
+            return id;
+        }
+    }
+    return 0;
+}
+
+void sim_check_ssp_read(sim *sm, sim_server *s, uint32_t r, uint32_t worker, uint64_t clock)
+{
+    uint64_t at = 0;
+    uint32_t slow = ssp_behind(sm, s, r, worker, clock, &at);
+    if (slow)
+        sim_fail(sm, "(10) staleness bound",
+                 "server %u answered worker %u's pull of range %u at clock %" PRIu64
+                 " (seq %" PRIu64 ") while worker %u is at %" PRIu64 ", bound %u",
+                 s->id, worker, r, clock, s->rs[r].applied, slow, at, sm->p.ssp_bound);
+}
+
+/* Invariant 11: a pull stays parked only while the bound holds it back (checked after parking
+ * and after every wake): a gate that forgot one would leave it to the worker's re-send. */
+void sim_check_ssp_parked(sim *sm, sim_server *s)
+{
+    for (uint32_t i = 0; i < s->nparked && !sm->failed; i++) {
+        const sim_cookie *ck = s->parked[i];
+        uint64_t at = 0;
+        if (!ssp_behind(sm, s, ck->range, ck->worker, ck->clock, &at))
+            sim_fail(sm, "(11) a parked pull waits only for the bound",
+                     "server %u keeps worker %u's pull of range %u at clock %" PRIu64
+                     " (seq %" PRIu64 ") parked, yet every other worker is within bound %u",
+                     s->id, ck->worker, ck->range, ck->clock, s->rs[ck->range].applied,
+                     sm->p.ssp_bound);
+    }
 }
 
 /* A joined tail has caught up once every other replica runs the view that added it and it holds

@@ -1,7 +1,7 @@
 /* The simulator's command line:
  *
  *   sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R] [--ranges N]
- *       [--mode sync|async] [--faults none|drops|crash|pause|restart|partition|join|all]
+ *       [--mode sync|async|ssp|ssp:N] [--faults none|drops|crash|pause|restart|partition|join|all]
  *       [--events N] [--faithful-client] [--faithful-scheduler] [--refusals] [-v]
  *   sim --regressions FILE
  *
@@ -10,6 +10,12 @@
  * N..N+K-1 run until the first failure, which prints one "replay:" line. A regressions file
  * holds such lines (and # comments); every line must pass. Exit status: 0 all passed,
  * 1 a violation, 2 bad usage.
+ *
+ * --mode ssp:N runs bounded staleness with bound N (`ssp`: N drawn from the seed, 0..3). The mode
+ * is drawn as sync or async only, so SSP runs are asked for (sim.seeds_ssp) and the seeds of
+ * sim.seeds keep their runs. Workers then run steps of a push and a pull at its clock, and
+ * every pull answered is checked against the bound (invariant 10) and every apply against the
+ * range's clocks (invariant 9).
  *
  * --faithful-client models src/worker/client.c exactly where the sim's worker deviates from it
  * (see sim.c: parked requests, pulls after a newer epoch was seen); --faithful-scheduler models
@@ -31,12 +37,13 @@ typedef struct cli {
     /* Explicit values; 0 / -1 when drawn from the seed. */
     uint32_t servers, workers, replicas, ranges;
     int mode, faults;
+    int ssp_bound; /* --mode ssp:N; -1 when drawn */
     uint64_t events;
     int verbose, faithful, faithful_sched, refusals;
     const char *regressions;
 } cli;
 
-static const char *mode_names[] = {"sync", "async"};
+static const char *mode_names[] = {"sync", "async", "ssp"};
 static const char *fault_names[] = {"none", "drops",   "crash",     "pause",
                                     "all",  "restart", "partition", "join"};
 
@@ -44,7 +51,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R]\n"
-            "           [--ranges N] [--mode sync|async]\n"
+            "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
             "           [--faults none|drops|crash|pause|restart|partition|join|all]\n"
             "           [--events N] [--faithful-client] [--faithful-scheduler] [--refusals] [-v]\n"
             "       sim --regressions FILE\n");
@@ -73,7 +80,7 @@ static int parse_name(const char *s, const char **names, int n)
 static int parse_args(int argc, char **argv, cli *c)
 {
     memset(c, 0, sizeof *c);
-    c->mode = c->faults = -1;
+    c->mode = c->faults = c->ssp_bound = -1;
     c->seeds = 1;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -98,8 +105,13 @@ static int parse_args(int argc, char **argv, cli *c)
         i++;
         if (strcmp(a, "--regressions") == 0 && v) {
             c->regressions = v;
+        } else if (strcmp(a, "--mode") == 0 && v && strncmp(v, "ssp:", 4) == 0) {
+            if (parse_u64(v + 4, &x) != 0 || x > 1000)
+                return -1;
+            c->mode = SIM_SSP;
+            c->ssp_bound = (int)x;
         } else if (strcmp(a, "--mode") == 0) {
-            if ((c->mode = parse_name(v, mode_names, 2)) < 0)
+            if ((c->mode = parse_name(v, mode_names, 3)) < 0)
                 return -1;
         } else if (strcmp(a, "--faults") == 0) {
             if ((c->faults = parse_name(v, fault_names, SIM_F_COUNT_)) < 0)
@@ -133,8 +145,8 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
 {
     sim_rng g;
     sim_rng_seed(&g, seed ^ 0x9a7a3e7e75eedull);
-    uint64_t d[20];
-    for (int i = 0; i < 20; i++)
+    uint64_t d[21];
+    for (int i = 0; i < 21; i++)
         d[i] = sim_rng_next(&g);
     static const int drawn_faults[] = {SIM_F_DROPS,     SIM_F_CRASH, SIM_F_PAUSE, SIM_F_RESTART,
                                        SIM_F_PARTITION, SIM_F_JOIN,  SIM_F_ALL,   SIM_F_ALL,
@@ -146,6 +158,7 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     uint32_t rmax = p->servers < 3 ? p->servers : 3;
     p->replicas = c->replicas ? c->replicas : 1 + (uint32_t)(d[2] % rmax);
     p->mode = c->mode >= 0 ? c->mode : (int)(d[3] % 2);
+    p->ssp_bound = c->ssp_bound >= 0 ? (uint32_t)c->ssp_bound : (uint32_t)(d[20] % 4);
     p->faults = c->faults >= 0 ? c->faults : drawn_faults[d[4] % 10];
     p->events = c->events ? c->events : 2000 + d[5] % 8000;
     p->ranges = c->ranges ? c->ranges : 1 + (uint32_t)(d[6] % (2 * p->servers));
@@ -177,10 +190,14 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
 
 static void print_replay(const char *prog, const cli *c, const sim_params *p)
 {
+    char mode[32];
+    if (p->mode == SIM_SSP)
+        snprintf(mode, sizeof mode, "ssp:%u", p->ssp_bound);
+    else
+        snprintf(mode, sizeof mode, "%s", mode_names[p->mode]);
     printf("replay: %s --seed %" PRIu64 " --servers %u --workers %u --replicas %u --mode %s "
            "--faults %s",
-           prog, p->seed, p->servers, p->workers, p->replicas, mode_names[p->mode],
-           fault_names[p->faults]);
+           prog, p->seed, p->servers, p->workers, p->replicas, mode, fault_names[p->faults]);
     if (c->ranges)
         printf(" --ranges %u", p->ranges);
     if (c->events)
@@ -197,7 +214,7 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
 static int run_cli(const char *prog, const cli *c)
 {
     uint64_t events = 0, acked = 0, views = 0, faults = 0, fenced = 0, zombie = 0;
-    uint64_t restarts = 0, wipes = 0, parts = 0, joins = 0, rejoins = 0, gated = 0;
+    uint64_t restarts = 0, wipes = 0, parts = 0, joins = 0, rejoins = 0, gated = 0, parked = 0;
     for (uint64_t i = 0; i < c->seeds; i++) {
         sim_params p;
         if (make_params(c, c->seed + i, &p) != 0)
@@ -218,9 +235,10 @@ static int run_cli(const char *prog, const cli *c)
                    "%" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
                    " messages dropped, %" PRIu64 " ms virtual; %" PRIu64 " restarts (%" PRIu64
                    " on an empty store), %" PRIu64 " partitions, %" PRIu64
-                   " fenced rejoins, %" PRIu64 " joins, %" PRIu64 " reads gated\n",
+                   " fenced rejoins, %" PRIu64 " joins, %" PRIu64 " reads gated, %" PRIu64
+                   " pulls parked (SSP)\n",
                    p.seed, s.events, s.acked, s.views, s.faults, s.drops, s.virt_ms, s.restarts,
-                   s.wipes, s.partitions, s.rejoins, s.joins, s.gated);
+                   s.wipes, s.partitions, s.rejoins, s.joins, s.gated, s.ssp_parked);
         events += s.events;
         acked += s.acked;
         views += s.views;
@@ -233,14 +251,16 @@ static int run_cli(const char *prog, const cli *c)
         joins += s.joins;
         rejoins += s.rejoins;
         gated += s.gated;
+        parked += s.ssp_parked;
     }
     printf("sim: %" PRIu64 " seeds from %" PRIu64 " passed: %" PRIu64 " events, %" PRIu64
            " requests acknowledged, %" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
            " chain messages fenced, %" PRIu64 " writes taken by removed heads; %" PRIu64
            " restarts (%" PRIu64 " on an empty store), %" PRIu64 " partitions, %" PRIu64
-           " fenced rejoins, %" PRIu64 " joins by state transfer, %" PRIu64 " reads gated\n",
+           " fenced rejoins, %" PRIu64 " joins by state transfer, %" PRIu64 " reads gated, %" PRIu64
+           " pulls parked (SSP)\n",
            c->seeds, c->seed, events, acked, views, faults, fenced, zombie, restarts, wipes, parts,
-           rejoins, joins, gated);
+           rejoins, joins, gated, parked);
     return 0;
 }
 

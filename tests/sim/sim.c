@@ -28,7 +28,13 @@
  *    joiner as the new tail, whose reads wait for CHAIN_MARK (cps_chain_can_serve_pull), and
  *    a second CAUGHT_UP (aux 1) once they may be served;
  *  - partitions: servers cut off from the scheduler, their peers or the workers (both ways) for
- *    a while; the scheduler may declare them dead meanwhile, and they must be fenced. */
+ *    a while; the scheduler may declare them dead meanwhile, and they must be fenced;
+ *  - SSP (--mode ssp:N): each server's gate is replication/ssp.c, moved at every APPLY, its
+ *    clocks stored with the update and carried by snapshots and loaded at a restart and after
+ *    a snapshot, as update.c and transfer.c do; pulls park and wake as in update.c. Workers
+ *    run steps per range of a dense push, then a pull at that clock. Checked: every APPLY
+ *    leaves the gate with the clocks the applied updates imply (9), no pull is answered beyond
+ *    the bound (10), none stays parked once within it (11), and the run finishes. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -323,6 +329,27 @@ static const char *msg_name(uint8_t type)
 
 /* ---- servers: (re)starting ---- */
 
+static void ssp_drop(void *ctx, void *cookie)
+{
+    (void)ctx;
+    free(cookie);
+}
+
+static void ssp_wake(sim *sm, sim_server *s);
+
+/* update.c's cps__server_ssp_load: the gate's clocks of range r become those in the store, and
+ * pulls they release are answered (or refused: we are not the tail while copying). */
+static void ssp_load(sim *sm, sim_server *s, uint32_t r)
+{
+    cps_ssp_forget_range(s->ssp, r);
+    for (uint32_t k = 0; k < sm->p.workers; k++)
+        if (s->rs[r].clock[k] &&
+            cps_ssp_pushed(s->ssp, sim_cur_view(sm), r, sm->p.servers + 1 + k, s->rs[r].clock[k]))
+            sim_fail(sm, "api", "server %u: cps_ssp_pushed failed", s->id);
+    if (cps_ssp_parked(s->ssp) && !sm->failed)
+        ssp_wake(sm, s);
+}
+
 static void chain_new(sim *sm, sim_server *s)
 {
     static const cps_chain_store_ops ops = {sim_op_range_seq, sim_op_dedup, sim_op_agg_step,
@@ -332,6 +359,17 @@ static void chain_new(sim *sm, sim_server *s)
         fprintf(stderr, "sim: cps_chain_create failed\n");
         exit(2);
     }
+    /* SSP: a fresh gate (parked pulls are lost with the process: their workers re-send) whose
+     * clocks start where the store has them, as update.c's cps__server_chain_init. */
+    s->nparked = 0; /* freed by ssp_drop */
+    cps_ssp_destroy(s->ssp);
+    s->ssp = NULL;
+    if (sm->p.mode == SIM_SSP && cps_ssp_create(ssp_drop, NULL, &s->ssp) != 0) {
+        fprintf(stderr, "sim: cps_ssp_create failed\n");
+        exit(2);
+    }
+    for (uint32_t r = 0; s->ssp && r < sm->nranges; r++)
+        ssp_load(sm, s, r);
 }
 
 /* A restarted process, or server.c's rejoin() after being fenced: a fresh chain state machine
@@ -433,15 +471,67 @@ static void flush_acks(sim *sm, sim_server *s, int force)
     send_released_acks(sm, s);
 }
 
+/* A pull the tail answers: it reads its applied sequence number and the hash of its log there. */
+static void answer_pull(sim *sm, sim_server *s, uint32_t r, uint32_t worker, uint64_t req_seq,
+                        uint64_t clock)
+{
+    uint64_t seq = s->rs[r].applied;
+    uint64_t hash = seq ? s->rs[r].log[seq - 1] : 0;
+    sim_check_read(sm, s, r, seq, hash);
+    sim_check_fresh_read(sm, s, r, seq);
+    if (s->ssp && !sm->failed)
+        sim_check_ssp_read(sm, s, r, worker, clock);
+    if (sm->failed)
+        return;
+    uint8_t b[8];
+    cps__le64_put(b, hash);
+    reply_to_worker(sm, s, CPS_MSG_VALUES, worker, r, req_seq, 0, b, 8, seq);
+}
+
+/* update.c's wake_parked: answer every parked pull the gate releases now, if we are still the
+ * range's tail and may serve reads (else EAGAIN: the worker asks its view's tail again). */
+static void ssp_wake(sim *sm, sim_server *s)
+{
+    void *const *released;
+    cps_ssp_wake(s->ssp, s->view);
+    size_t n = cps_ssp_released(s->ssp, &released);
+    for (size_t i = 0; i < n; i++) {
+        sim_cookie *ck = released[i];
+        for (uint32_t k = 0; k < s->nparked; k++)
+            if (s->parked[k] == ck) {
+                s->parked[k] = s->parked[--s->nparked];
+                break;
+            }
+        sim_trace(sm, "s%u wakes pull r%u w%u at clock %" PRIu64, s->id, ck->range, ck->worker,
+                  ck->clock);
+        if (sm->failed) {
+        } else if (!cps_chain_is_tail(s->chain, ck->range) ||
+                   !cps_chain_can_serve_pull(s->chain, ck->range)) {
+            reply_to_worker(sm, s, CPS_MSG_ERROR, ck->worker, ck->range, ck->req_seq, CPS_EAGAIN,
+                            NULL, 0, 0);
+        } else {
+            answer_pull(sm, s, ck->range, ck->worker, ck->req_seq, ck->clock);
+        }
+        free(ck);
+    }
+    sim_check_ssp_parked(sm, s);
+}
+
 static void server_actions(sim *sm, sim_server *s)
 {
     const cps_chain_action *acts;
     size_t n = cps_chain_actions(s->chain, &acts);
+    int applied = 0;
     for (size_t i = 0; i < n && !sm->failed; i++) {
         const cps_chain_action *a = &acts[i];
         switch (a->kind) {
         case CPS_CA_APPLY:
+            /* update.c's do_apply moves the clocks first; the store records what they became. */
+            if (s->ssp && cps_ssp_applied(s->ssp, s->view ? s->view : sim_cur_view(sm), a->range,
+                                          &a->upd) != 0)
+                sim_fail(sm, "api", "server %u: cps_ssp_applied failed", s->id);
             sim_store_apply(sm, s, a);
+            applied = 1;
             break;
         case CPS_CA_SEND: {
             cps_msg_hdr h;
@@ -488,6 +578,8 @@ static void server_actions(sim *sm, sim_server *s)
             return;
         }
     }
+    if (applied && s->ssp && cps_ssp_parked(s->ssp) && !sm->failed)
+        ssp_wake(sm, s);
 }
 
 /* A chain call failed in a way the simulation never provokes (no ENOMEM, no store errors). */
@@ -587,7 +679,7 @@ static int admit(sim *sm, sim_server *s, const cps_msg_hdr *h, uint64_t sig)
 {
     cps_chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
     sim_cookie *ck = xmalloc(sizeof *ck);
-    *ck = (sim_cookie){h->sender, h->range, h->req_seq};
+    *ck = (sim_cookie){h->sender, h->range, h->req_seq, 0};
     int v = cps_chain_admit(s->chain, h->range, &q, h->step, sig, ck);
     sim_trace(sm, "s%u admit %s r%u w%u req %" PRIx64 " step %" PRIu64 ": verdict %d", s->id,
               msg_name(h->type), h->range, h->sender, h->req_seq, h->step, v);
@@ -625,14 +717,31 @@ static void on_request(sim *sm, sim_server *s, const cps_msg_hdr *h, const uint8
                             0, 0);
             return;
         }
-        /* A pull reads the tail's applied sequence number and the hash of its log there. */
-        uint64_t seq = s->rs[h->range].applied;
-        uint64_t hash = seq ? s->rs[h->range].log[seq - 1] : 0;
-        sim_check_read(sm, s, h->range, seq, hash);
-        sim_check_fresh_read(sm, s, h->range, seq);
-        uint8_t b[8];
-        cps__le64_put(b, hash);
-        reply_to_worker(sm, s, CPS_MSG_VALUES, h->sender, h->range, h->req_seq, 0, b, 8, seq);
+        if (s->ssp && !cps_ssp_may_proceed(s->ssp, s->view, h->range, h->aux, h->sender)) {
+            /* update.c's park_pull: answered when the slowest worker catches up. */
+            sim_cookie *ck = xmalloc(sizeof *ck);
+            *ck = (sim_cookie){h->sender, h->range, h->req_seq, h->aux};
+            if (cps_ssp_park(s->ssp, h->range, h->sender, h->aux, ck) != 0) {
+                free(ck);
+                sim_fail(sm, "api", "server %u: cps_ssp_park failed", s->id);
+                return;
+            }
+            sm->ssp_parked++;
+            if (s->nparked == s->parked_cap) {
+                s->parked_cap = s->parked_cap ? 2 * s->parked_cap : 16;
+                s->parked = realloc(s->parked, s->parked_cap * sizeof *s->parked);
+                if (!s->parked) {
+                    fprintf(stderr, "sim: out of memory\n");
+                    exit(2);
+                }
+            }
+            s->parked[s->nparked++] = ck;
+            sim_check_ssp_parked(sm, s);
+            sim_trace(sm, "s%u parks pull r%u w%u at clock %" PRIu64, s->id, h->range, h->sender,
+                      h->aux);
+            return;
+        }
+        answer_pull(sm, s, h->range, h->sender, h->req_seq, h->aux);
         return;
     }
     uint64_t grad = cps__le64_get(pl);
@@ -713,6 +822,8 @@ static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
     if (s->sync && !sm->failed &&
         chain_rc(sm, s, "cps_sync_set_view", cps_sync_set_view(s->sync, s->view)) == 0)
         sync_actions(sm, s);
+    if (s->ssp && cps_ssp_parked(s->ssp) && !sm->failed)
+        ssp_wake(sm, s);
 }
 
 /* ---- servers: state transfer, as src/server/transfer.c ---- */
@@ -855,6 +966,9 @@ static void on_snap(sim *sm, sim_server *s, const cps_msg_hdr *h)
     sim_check_snapshot(sm, s, r);
     if (sm->failed)
         return;
+    /* transfer.c: the snapshot's SSP clocks, before the updates after it move them. */
+    if (s->ssp)
+        ssp_load(sm, s, r);
     int rc = cps_chain_join_ready(s->chain, r, sn->st.applied, sm->now);
     server_actions(sm, s);
     if (rc != 0) {
@@ -973,7 +1087,7 @@ static void worker_send(sim *sm, sim_worker *w, sim_req *q)
     h.range = q->range;
     h.req_seq = q->seq;
     h.step = q->step;
-    h.aux = q->bad ? SIM_BAD_KEYS : 0;
+    h.aux = q->bad ? SIM_BAD_KEYS : q->clock;
     if (q->noagg)
         h.flags |= CPS_WF_NOAGG;
     uint8_t b[8];
@@ -1010,7 +1124,7 @@ static sim_req *req_add(sim_worker *w)
 }
 
 /* Start one new request of the given kind on range r. */
-static void worker_issue(sim *sm, sim_worker *w, int kind, uint32_t r)
+static sim_req *worker_issue(sim *sm, sim_worker *w, int kind, uint32_t r)
 {
     sim_req *q = req_add(w);
     q->range = r;
@@ -1019,7 +1133,7 @@ static void worker_issue(sim *sm, sim_worker *w, int kind, uint32_t r)
     case REQ_DENSE:
         q->type = CPS_MSG_PUSH;
         q->seq = ++w->dense_seq[r];
-        if (sm->p.mode == SIM_SYNC) {
+        if (sm->p.mode != SIM_ASYNC) {
             q->step = ++w->step[r];
             w->sync_busy[r] = 1;
         } else {
@@ -1042,10 +1156,13 @@ static void worker_issue(sim *sm, sim_worker *w, int kind, uint32_t r)
         q->seq = CPS_SEQ_OTHER | ++w->other_seq;
         /* The read must see at least what this worker saw before asking. */
         q->floor = w->read_seq[r];
+        /* SSP: it reads at the worker's clock, as client.c's pull at the tensor's step. */
+        q->clock = sm->p.mode == SIM_SSP ? w->step[r] : 0;
         break;
     }
     w->issued++;
     worker_send(sm, w, q);
+    return q;
 }
 
 static int worker_may_issue(const sim *sm, const sim_worker *w)
@@ -1056,8 +1173,10 @@ static int worker_may_issue(const sim *sm, const sim_worker *w)
 static void worker_tick(sim *sm, sim_worker *w)
 {
     /* New work. */
-    if (sm->p.mode == SIM_SYNC) {
-        /* One step in flight per range (a sync worker pushes step t+1 after step t is acked);
+    if (sm->p.mode != SIM_ASYNC) {
+        /* SSP: a step is a push, then a pull at its clock (a training loop's push_pull); the
+         * next push waits for that pull, which the staleness bound may hold.
+         * One step in flight per range (a sync worker pushes step t+1 after step t is acked);
          * after the fault phase every worker finishes the highest step any worker began, or
          * the barrier of that step would never fill. */
         for (uint32_t r = 0; r < sm->nranges; r++) {
@@ -1071,7 +1190,7 @@ static void worker_tick(sim *sm, sim_worker *w)
         uint32_t r = (uint32_t)rnd(sm, sm->nranges);
         uint64_t x = rnd(sm, 100);
         int kind = x < 8 ? REQ_DECLARE : x < 22 ? REQ_SPARSE : x < 34 ? REQ_PULL : REQ_DENSE;
-        if (kind == REQ_DENSE && sm->p.mode == SIM_SYNC)
+        if (kind == REQ_DENSE && sm->p.mode != SIM_ASYNC)
             kind = REQ_SPARSE;
         worker_issue(sm, w, kind, r);
     }
@@ -1177,6 +1296,8 @@ static void worker_deliver(sim *sm, sim_worker *w, const sim_msg *m)
         }
         if (h.aux > w->read_seq[h.range])
             w->read_seq[h.range] = h.aux;
+        if (q->ssp_step)
+            w->sync_busy[q->range] = 0;
     } else {
         if (h.type != CPS_MSG_ACK) {
             sim_fail(sm, "reply", "worker %u: push answered by %s", w->id, msg_name(h.type));
@@ -1188,8 +1309,11 @@ static void worker_deliver(sim *sm, sim_worker *w, const sim_msg *m)
         if (q->type == CPS_MSG_PUSH && !q->noagg && sm->p.mode == SIM_SYNC)
             w->sync_busy[q->range] = 0;
     }
+    int ssp_pull = q->type == CPS_MSG_PUSH && !q->noagg && sm->p.mode == SIM_SSP;
     w->acked++;
     w->reqs[i] = w->reqs[--w->nreqs];
+    if (ssp_pull)
+        worker_issue(sm, w, REQ_PULL, h.range)->ssp_step = 1;
 }
 
 /* ---- the scheduler ---- */
@@ -1624,7 +1748,7 @@ static int workers_done(const sim *sm)
         const sim_worker *w = &sm->workers[k];
         if (w->nreqs)
             return 0;
-        for (uint32_t r = 0; sm->p.mode == SIM_SYNC && r < sm->nranges; r++)
+        for (uint32_t r = 0; sm->p.mode != SIM_ASYNC && r < sm->nranges; r++)
             if (w->step[r] < sm->sync_target[r])
                 return 0;
     }
@@ -1683,7 +1807,10 @@ static void setup(sim *sm)
     cps__view_init(v);
     uint32_t ids[SIM_MAX_SERVERS];
     v->epoch = 1;
-    v->mode = p->mode == SIM_SYNC ? CPS_MODE_SYNC : CPS_MODE_ASYNC;
+    v->mode = p->mode == SIM_SYNC  ? CPS_MODE_SYNC
+              : p->mode == SIM_SSP ? CPS_MODE_SSP
+                                   : CPS_MODE_ASYNC;
+    v->ssp_bound = p->mode == SIM_SSP ? p->ssp_bound : 0;
     v->num_workers = p->workers;
     v->num_servers = p->servers;
     v->nnodes = p->servers + p->workers;
@@ -1749,6 +1876,8 @@ static void teardown(sim *sm)
         cps_chain_destroy(s->chain);
         sim_store_free(sm, s);
         cps_sync_destroy(s->sync);
+        cps_ssp_destroy(s->ssp);
+        free(s->parked);
         cps_ackhold_destroy(s->acks);
         free(s->joins);
         free(s->copying);
@@ -1967,6 +2096,7 @@ int sim_run(const sim_params *p, sim_summary *out)
         out->joins = sm->joins;
         out->rejoins = sm->rejoins;
         out->gated = sm->gated;
+        out->ssp_parked = sm->ssp_parked;
     }
     int failed = sm->failed;
     teardown(sm);

@@ -10,6 +10,7 @@
 #include "recovery/repair.h"
 #include "replication/ackhold.h"
 #include "replication/chain.h"
+#include "replication/ssp.h"
 #include "replication/sync.h"
 
 #define SIM_MAX_SERVERS 16
@@ -26,7 +27,9 @@
 /* Header aux of a sim push that the head must refuse, as a push naming an undeclared key. */
 #define SIM_BAD_KEYS 0xbadull
 
-enum { SIM_SYNC = 0, SIM_ASYNC = 1 };
+/* SIM_SSP: bounded staleness (--mode ssp:N), never drawn from a seed, so the seeds of sim.seeds
+ * keep their runs. */
+enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 /* Scheduler-side timers of state transfer, in virtual ms (scheduler.c: 120 s; scaled down). */
 #define SIM_REPAIR_MS       100
 #define SIM_JOIN_GIVE_UP_MS 3000
@@ -72,10 +75,11 @@ enum { REQ_DENSE = 0, REQ_SPARSE, REQ_DECLARE, REQ_PULL };
 typedef struct sim_params {
     uint64_t seed;
     uint32_t servers, workers, replicas, ranges;
-    int mode;        /* SIM_SYNC / SIM_ASYNC */
-    int faults;      /* SIM_F_* */
-    uint64_t events; /* length of the fault phase, in events */
-    uint32_t window; /* requests a worker keeps in flight */
+    int mode;           /* SIM_SYNC / SIM_ASYNC / SIM_SSP */
+    uint32_t ssp_bound; /* SIM_SSP: the staleness bound */
+    int faults;         /* SIM_F_* */
+    uint64_t events;    /* length of the fault phase, in events */
+    uint32_t window;    /* requests a worker keeps in flight */
     uint32_t tick_ms, resend_ms, timeout_ms, max_unacked;
     uint32_t drop_per_mille, dup_per_mille, long_per_mille;
     uint32_t bad_per_mille; /* pushes the head refuses (unknown key) */
@@ -93,7 +97,7 @@ typedef struct sim_params {
 typedef struct sim_summary {
     uint64_t events, acked, views, faults, drops, virt_ms;
     uint64_t fenced, zombie_writes; /* chain messages fenced by epoch; writes at removed heads */
-    uint64_t restarts, wipes, partitions, joins, rejoins, gated;
+    uint64_t restarts, wipes, partitions, joins, rejoins, gated, ssp_parked;
 } sim_summary;
 
 typedef struct sim_rng {
@@ -129,16 +133,23 @@ typedef struct sim_rstore {
     uint64_t applied;
     uint64_t *log; /* log[s - 1]: hash of update s (body and requests) */
     uint64_t log_cap;
+    /* SSP: part of the values, as the log: truth[(s - 1) * SIM_MAX_WORKERS + rank] = the clock
+     * of worker `rank` once updates 1..s are applied (the highest step of its dense pushes). */
+    uint64_t *truth;
+    uint64_t truth_cap;               /* rows */
     uint64_t hw[2 * SIM_MAX_WORKERS]; /* last applied request seq: dense by rank, then sparse */
     sim_agg *aggs;
     uint32_t naggs, aggs_cap;
     sim_applied_ent *set;
     uint32_t set_n, set_cap;
+    /* SSP: each worker's clock (by rank), as update.c stores it under CPS_DEDUP_CLOCK_BIT. */
+    uint64_t clock[SIM_MAX_WORKERS];
 } sim_rstore;
 
 typedef struct sim_cookie {
     uint32_t worker, range;
     uint64_t req_seq;
+    uint64_t clock; /* a pull parked by the SSP gate: the clock it reads at */
 } sim_cookie;
 
 /* A server's side of a join (transfer.c's join_state). */
@@ -178,8 +189,11 @@ typedef struct sim_server {
     sim_rstore *rs;       /* per range */
     cps_ackhold *acks;    /* CHAIN_ACKs held back a moment (replication/ackhold.c), as update.c */
     cps_sync *sync;       /* sync steps being gathered (replication/sync.c), NULL until used */
-    uint32_t inc;         /* crash incarnation: messages of an earlier one are lost */
-    uint32_t boot;        /* grows on every restart and fenced rejoin; sent in HELLO */
+    cps_ssp *ssp;         /* SSP clocks and parked pulls (replication/ssp.c), as update.c */
+    sim_cookie **parked;  /* the pulls ssp holds, for invariant 11 */
+    uint32_t nparked, parked_cap;
+    uint32_t inc;  /* crash incarnation: messages of an earlier one are lost */
+    uint32_t boot; /* grows on every restart and fenced rejoin; sent in HELLO */
     uint64_t hello_at, beat_at;
     uint64_t seen_view; /* the newest VIEW heard while not let in */
     int ticking;        /* an EV_TICK of this server is queued */
@@ -195,6 +209,8 @@ typedef struct sim_req {
     uint32_t range, attempts;
     uint64_t seq, step, grad, sent_at;
     uint64_t floor; /* pull: the highest seq of the range seen before it was sent */
+    uint64_t clock; /* SSP pull: the clock it reads at (header aux) */
+    int ssp_step;   /* SSP pull: the one that ends the worker's step of the range */
 } sim_req;
 
 typedef struct sim_worker {
@@ -202,8 +218,8 @@ typedef struct sim_worker {
     uint64_t epoch;
     const cps_view *view;
     uint64_t *dense_seq, *sparse_seq, other_seq;
-    uint64_t *step;     /* sync: last step pushed per range */
-    int *sync_busy;     /* sync: a dense push of the range is in flight */
+    uint64_t *step;     /* sync, SSP: last step pushed per range */
+    int *sync_busy;     /* sync: a dense push of the range is in flight; SSP: or its pull */
     uint64_t *read_seq; /* highest sequence number read or acknowledged, per range */
     sim_req *reqs;
     uint32_t nreqs, reqs_cap;
@@ -239,7 +255,7 @@ typedef struct sim {
     uint64_t *acked_seq;  /* per range: the highest sequence number acknowledged to a worker */
     sim_snap **snaps;
     uint32_t nsnaps, snaps_cap;
-    uint64_t restarts, wipes, partitions, joins, rejoins, gated;
+    uint64_t restarts, wipes, partitions, joins, rejoins, gated, ssp_parked;
     uint32_t *heads; /* [range][epoch]: the server that accepted writes */
     uint64_t *sync_target;
     sim_server *servers;
@@ -275,6 +291,8 @@ void sim_check_fresh_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq);
 void sim_check_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq, uint64_t hash);
 void sim_check_acked(sim *sm, sim_worker *w, const sim_req *q);
 void sim_check_reply(sim *sm, sim_server *s, uint32_t r, const cps_chain_req *q);
+void sim_check_ssp_read(sim *sm, sim_server *s, uint32_t r, uint32_t worker, uint64_t clock);
+void sim_check_ssp_parked(sim *sm, sim_server *s);
 void sim_check_event(sim *sm);
 void sim_check_final(sim *sm);
 

@@ -244,6 +244,26 @@ static void clocks_only_move_forward_and_reset_with_the_range_count(void **state
     cps_ssp_destroy(g);
 }
 
+/* A replica copied again forgets the range's clocks (then loads the snapshot's); others stay. */
+static void forget_range_clears_only_that_range(void **state)
+{
+    (void)state;
+    cps_view v;
+    make_view(&v, CPS_MODE_SSP, 1, 2);
+    int dropped;
+    cps_ssp *g = new_gate(&dropped);
+    cps_ssp_forget_range(g, 0); /* no clocks yet: nothing to forget */
+    assert_int_equal(cps_ssp_pushed(g, &v, 0, 10, 5), 0);
+    assert_int_equal(cps_ssp_pushed(g, &v, 1, 10, 7), 0);
+    cps_ssp_forget_range(g, 0);
+    cps_ssp_forget_range(g, 9); /* out of bounds: ignored */
+    assert_int_equal(cps_ssp_clock(g, &v, 0, 10), 0);
+    assert_int_equal(cps_ssp_clock(g, &v, 1, 10), 7);
+    assert_int_equal(cps_ssp_pushed(g, &v, 0, 10, 4), 0); /* loaded from a snapshot */
+    assert_int_equal(cps_ssp_clock(g, &v, 0, 10), 4);
+    cps_ssp_destroy(g);
+}
+
 static void wake_keeps_order_and_destroy_drops_what_is_parked(void **state)
 {
     (void)state;
@@ -287,6 +307,7 @@ int main(void)
         cmocka_unit_test(late_replacement_starts_where_the_job_got_to),
         cmocka_unit_test(an_applied_update_moves_the_clocks_of_its_dense_pushes),
         cmocka_unit_test(clocks_only_move_forward_and_reset_with_the_range_count),
+        cmocka_unit_test(forget_range_clears_only_that_range),
         cmocka_unit_test(wake_keeps_order_and_destroy_drops_what_is_parked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
