@@ -984,11 +984,19 @@ static void req_send(sim *sm, sim_worker *w, const cps_reqs_action *a)
     send_hdr(sm, w->id, a->to, &h, b, 8, 0);
 }
 
-/* The request is over (answered, refused or given up): the application's op completes. */
-static void req_finish(sim *sm, sim_worker *w, sim_req *q)
+/* The application's op is over (answered, refused or given up): a sync worker goes on to the
+ * next step of the range. */
+static void op_finish(sim *sm, sim_worker *w, const sim_req *q)
 {
     if (q->type == CPS_MSG_PUSH && !q->noagg && sm->p.mode == SIM_SYNC)
         w->sync_busy[q->range] = 0;
+}
+
+/* The request has left the table. */
+static void req_finish(sim *sm, sim_worker *w, sim_req *q)
+{
+    if (!q->detached)
+        op_finish(sm, w, q);
     if (q->prev)
         q->prev->next = q->next;
     else
@@ -1024,7 +1032,14 @@ static void perform(sim *sm, sim_worker *w)
                 sim_fail(sm, "api", "worker %u: request completed with %s", w->id,
                          cps_err_name(a->status));
             w->unavailable++;
-            req_finish(sm, w, q);
+            if (!a->detach) {
+                req_finish(sm, w, q);
+                break;
+            }
+            /* A push: client.c hands the table a copy of it; the sim's request is its own. */
+            op_finish(sm, w, q);
+            q->detached = 1;
+            cps_reqs_detach(w->rq, a->index, q, 0);
             break;
         }
         default:
@@ -1157,7 +1172,8 @@ static void worker_answered(sim *sm, sim_worker *w, sim_req *q, const cps_msg_hd
         }
         sim_check_acked(sm, w, q);
     }
-    if (h->aux > w->read_seq[h->range])
+    /* A detached push's answer reaches no application: it raises no floor of later reads. */
+    if (!q->detached && h->aux > w->read_seq[h->range])
         w->read_seq[h->range] = h->aux;
     w->acked++;
 }

@@ -193,7 +193,8 @@ typedef struct sim_server {
  * answer is checked against. */
 typedef struct sim_req {
     uint8_t type, noagg;
-    uint8_t bad; /* names an undeclared key: the head refuses it */
+    uint8_t bad;      /* names an undeclared key: the head refuses it */
+    uint8_t detached; /* given up, still sent (cps_reqs_detach): no longer the application's */
     uint32_t range;
     uint64_t seq, step, grad;
     uint64_t floor;              /* pull: the highest seq of the range seen before it was sent */
