@@ -101,6 +101,12 @@ int cps_repair_declare_dead(cps_repair *rp, const cps_view *in, uint32_t node, c
                 rg->chain[k++] = node; /* the dead one has it all: the range waits for it */
             rg->chain_len = k;
             act(rp, CPS_RA_EVICTED, r, pj->unconfirmed, node, 0, pj->id);
+            /* A copy being made from it (its confirmation was lost, so the range was repaired
+             * from it) lacks what it lacks: abandoned too, or the copy joins a chain it cannot
+             * catch up with (simulator seed 8334: its predecessor came back as head without
+             * the updates between). */
+            if (pj->joiner && pj->source == pj->unconfirmed)
+                pj->joiner = 0;
             pj->unconfirmed = 0;
         }
     }

@@ -21,12 +21,15 @@ typedef struct entry {
     uint32_t attempts;
     int fresh;                  /* its first send is being performed (see cps_reqs_sent) */
     uint64_t unavailable_since; /* first time its range had no live replica; 0 if it has */
+    int detached;               /* completed for the caller, still sent (cps_reqs_detach) */
+    int dropped;                /* detached with no context: leaves at the next call */
 } entry;
 
 struct cps_reqs {
     cps_reqs_config cfg;
     entry *reqs;
     size_t nreqs, reqs_cap;
+    size_t ndetached;
     uint64_t seen_epoch; /* highest epoch any message carried */
     /* Room for two actions per request and one more, reserved as requests are added, so that
      * no call but cps_reqs_add needs memory. */
@@ -56,10 +59,21 @@ void cps_reqs_destroy(cps_reqs *rq)
     free(rq);
 }
 
+static void remove_at(cps_reqs *rq, uint32_t i)
+{
+    if (rq->reqs[i].detached)
+        rq->ndetached--;
+    rq->reqs[i] = rq->reqs[--rq->nreqs];
+}
+
 static void begin(cps_reqs *rq)
 {
     rq->nacts = 0;
     rq->asked_view = 0;
+    /* Removed only now: the indices of the last call's actions held until this call. */
+    for (uint32_t i = 0; i < rq->nreqs; i++)
+        if (rq->reqs[i].dropped)
+            remove_at(rq, i--);
 }
 
 /* One view request per call is enough: the caller rate-limits them anyway. */
@@ -110,9 +124,14 @@ static int try_send(cps_reqs *rq, const cps_view *v, uint32_t i, int why)
     return 0;
 }
 
-static void remove_at(cps_reqs *rq, uint32_t i)
+/* Is e a push the head admits only in its worker's sequence (the exactly-once record)? A sync
+ * step's dense push is not: the head keeps it by its step, and once the workers went past a step
+ * given up nobody wants it applied (a late one would be answered as if it had been). */
+static int in_sequence(const cps_view *v, const entry *e)
 {
-    rq->reqs[i] = rq->reqs[--rq->nreqs];
+    if (e->type != CPS_MSG_PUSH && e->type != CPS_MSG_PUSH_PULL)
+        return 0;
+    return (e->seq & CPS_SEQ_SPARSE) || v->mode != CPS_MODE_SYNC;
 }
 
 void cps_reqs_epoch_seen(cps_reqs *rq, uint64_t epoch)
@@ -177,7 +196,8 @@ int cps_reqs_reply(cps_reqs *rq, const cps_view *v, const cps_reqs_reply_in *in,
         return CPS_RQ_REPLY_UNKNOWN; /* a duplicate answer to a request already completed */
     entry *e = &rq->reqs[i];
     if (done)
-        *done = (cps_reqs_done){.ctx = e->ctx, .part = e->part, .sent_epoch = e->sent_epoch};
+        *done = (cps_reqs_done){
+            .ctx = e->ctx, .part = e->part, .sent_epoch = e->sent_epoch, .detached = e->detached};
     if (in->type == CPS_MSG_ERROR) {
         int err = in->status < 0 ? in->status : CPS_EPROTO;
         if (err == CPS_ESTALE_EPOCH || err == CPS_EAGAIN) {
@@ -223,13 +243,25 @@ void cps_reqs_tick(cps_reqs *rq, const cps_view *v, uint64_t now)
     begin(rq);
     for (uint32_t i = 0; i < rq->nreqs; i++) {
         entry *e = &rq->reqs[i];
-        if (e->range < v->nranges && !cps_view_range_available(v, e->range)) {
+        if (e->detached) {
+            /* Over for the caller: it waits for a replica however long it takes. */
+        } else if (e->range < v->nranges && !cps_view_range_available(v, e->range)) {
             /* Every replica of the range is gone: wait (one may come back), then give up. */
             if (!e->unavailable_since) {
                 e->unavailable_since = now;
                 push(rq, CPS_RQ_WAIT_REPLICA, i);
             } else if (now - e->unavailable_since > rq->cfg.unavailable_timeout_ms) {
-                push(rq, CPS_RQ_COMPLETE, i)->status = CPS_EUNAVAILABLE;
+                cps_reqs_action *a = push(rq, CPS_RQ_COMPLETE, i);
+                a->status = CPS_EUNAVAILABLE;
+                if (in_sequence(v, e)) {
+                    /* Its number must still reach the head (see cps_reqs_detach); the caller
+                     * hands it a context of its own before it goes out again. */
+                    a->detach = 1;
+                    e->detached = 1;
+                    e->ctx = NULL;
+                    rq->ndetached++;
+                    continue;
+                }
                 /* The last request moves to i: actions so far name requests before i only. */
                 remove_at(rq, i--);
                 continue;
@@ -247,9 +279,25 @@ void cps_reqs_tick(cps_reqs *rq, const cps_view *v, uint64_t now)
     }
 }
 
+void cps_reqs_detach(cps_reqs *rq, uint32_t index, void *ctx, uint32_t part)
+{
+    if (index >= rq->nreqs || !rq->reqs[index].detached || rq->reqs[index].ctx)
+        return;
+    if (ctx) {
+        rq->reqs[index].ctx = ctx;
+        rq->reqs[index].part = part;
+    } else
+        rq->reqs[index].dropped = 1;
+}
+
 uint32_t cps_reqs_count(const cps_reqs *rq)
 {
     return rq ? (uint32_t)rq->nreqs : 0;
+}
+
+uint32_t cps_reqs_detached(const cps_reqs *rq)
+{
+    return rq ? (uint32_t)rq->ndetached : 0;
 }
 
 size_t cps_reqs_actions(const cps_reqs *rq, const cps_reqs_action **out)

@@ -40,7 +40,8 @@ enum cps_reqs_action_kind {
     /* Ask the scheduler for the current view (the caller may rate-limit these). */
     CPS_RQ_ASK_VIEW,
     /* Request (ctx, part) is over with `status` (CPS_EUNAVAILABLE: its range had no live
-     * replica for the unavailable timeout); it has left the table. */
+     * replica for the unavailable timeout); it has left the table, unless `detach` is set: see
+     * cps_reqs_detach, which the caller then calls with `index`. */
     CPS_RQ_COMPLETE,
     /* The range of request `index` has just lost its last live replica: the request waits up to
      * the unavailable timeout for one to come back (for the log). */
@@ -57,8 +58,9 @@ typedef struct cps_reqs_action {
     int kind; /* CPS_RQ_* */
     int why;  /* CPS_RQ_SEND: CPS_RQ_WHY_* */
     int status;
-    uint32_t index; /* position in the table until the next call other than cps_reqs_sent;
-                       meaningless for CPS_RQ_COMPLETE (the request has left) */
+    uint32_t index; /* position in the table until the next call other than cps_reqs_sent
+                       and cps_reqs_detach; for CPS_RQ_COMPLETE only with detach set (else
+                       the request has left) */
     void *ctx;      /* the caller's, from cps_reqs_add */
     uint32_t part;
     uint8_t type;
@@ -67,6 +69,7 @@ typedef struct cps_reqs_action {
     uint32_t to;
     uint64_t epoch;
     uint32_t attempt;
+    int detach; /* CPS_RQ_COMPLETE of a push in sequence: it stays (see cps_reqs_detach) */
 } cps_reqs_action;
 
 /* Verdicts of cps_reqs_reply: what the caller does with the reply. */
@@ -84,6 +87,7 @@ typedef struct cps_reqs_done {
     uint32_t part;
     int status;          /* CPS_RQ_REPLY_FAILED: the error to complete it with */
     uint64_t sent_epoch; /* the epoch it was last sent under */
+    int detached;        /* completed already (see cps_reqs_detach): ctx is the detached one */
 } cps_reqs_done;
 
 /* The header fields of a reply (ACK, VALUES or ERROR) that the table reads. */
@@ -135,14 +139,30 @@ int cps_reqs_reply(cps_reqs *rq, const cps_view *v, const cps_reqs_reply_in *in,
 void cps_reqs_view(cps_reqs *rq, const cps_view *v, uint64_t now);
 
 /* A tick at `now` under view v (borrowed): a request whose range has had no live replica for
- * more than the unavailable timeout completes with CPS_EUNAVAILABLE (CPS_RQ_COMPLETE; the first
- * tick that finds it so hands back CPS_RQ_WAIT_REPLICA); one unanswered for the request timeout
- * (a parked one: retry_ms) asks for a view and goes out again under v (CPS_RQ_WHY_TIMEOUT), a
- * pull that must wait for a newer view than v excepted. */
+ * more than the unavailable timeout completes with CPS_EUNAVAILABLE (CPS_RQ_COMPLETE, with detach
+ * set for a push the head admits in sequence: an async or SSP push, or a sparse-row one; the first
+ * tick that finds it so hands back CPS_RQ_WAIT_REPLICA); one unanswered
+ * for the request timeout (a parked one: retry_ms) asks for a view and goes out again under v
+ * (CPS_RQ_WHY_TIMEOUT), a pull that must wait for a newer view than v excepted. */
 void cps_reqs_tick(cps_reqs *rq, const cps_view *v, uint64_t now);
 
-/* Requests in the table. */
+/* The caller performed the CPS_RQ_COMPLETE (detach set) of push `index` from the last call: the
+ * push is over for the caller's operation, yet it stays in the table, re-sent as any other under
+ * (ctx, part) (the caller's own copy of what it sends, handed back in its actions and verdicts,
+ * with cps_reqs_done.detached set) until a server answers it, however long its range stays without
+ * a replica. Why: its number was taken from the worker's sequence on the range, and the head drops
+ * a later push of the worker as a gap until every earlier number reached it, so a push given up
+ * for good would stall every later push of the worker on that range for ever (simulator seed 16
+ * with --give-up). A server applies it at most once, so the caller's CPS_EUNAVAILABLE means "not
+ * known to be applied", as it always did: it may have been applied before its replicas failed.
+ * ctx NULL: the push leaves the table after all (a caller out of memory). Bad index: no-op. */
+void cps_reqs_detach(cps_reqs *rq, uint32_t index, void *ctx, uint32_t part);
+
+/* Requests in the table, detached ones included. */
 uint32_t cps_reqs_count(const cps_reqs *rq);
+
+/* Detached requests in the table (see cps_reqs_detach). */
+uint32_t cps_reqs_detached(const cps_reqs *rq);
 
 /* The actions of the last call other than cps_reqs_sent, in the order to perform them. Valid
  * until the next such call; owned by rq. Returns their number. */

@@ -132,6 +132,76 @@ static void op_finish_req(cps_op *op, int err)
     op->pending--;
 }
 
+/* A push given up with CPS_EUNAVAILABLE whose number the head still needs (cps_reqs_detach):
+ * a copy of the one part it sends, since the caller's operation (and gradient) is gone once
+ * it returns. */
+typedef struct detached_push {
+    cps_op op;
+    cps_part part;
+    float *vals;
+    struct detached_push *next;
+} detached_push;
+
+static void detached_free(detached_push *d)
+{
+    free(d->part.keys);
+    free(d->part.lens);
+    free(d->part.src_off);
+    free(d->vals);
+    free(d);
+}
+
+/* Copy part i of op; NULL if out of memory. */
+static detached_push *detach_copy(cps_client *c, const cps_op *op, uint32_t i)
+{
+    const cps_part *p = &op->parts[i];
+    detached_push *d = calloc(1, sizeof *d);
+    if (!d)
+        return NULL;
+    d->part.range = p->range;
+    d->part.nkeys = p->nkeys;
+    d->part.nvals = p->nvals;
+    d->part.keys = malloc((p->nkeys ? p->nkeys : 1) * sizeof *d->part.keys);
+    d->part.lens = malloc((p->nkeys ? p->nkeys : 1) * sizeof *d->part.lens);
+    d->part.src_off = malloc((p->nkeys ? p->nkeys : 1) * sizeof *d->part.src_off);
+    d->vals = malloc((p->nvals ? p->nvals : 1) * sizeof *d->vals);
+    if (!d->part.keys || !d->part.lens || !d->part.src_off || !d->vals) {
+        detached_free(d);
+        return NULL;
+    }
+    uint64_t off = 0;
+    for (uint32_t j = 0; j < p->nkeys; j++) {
+        d->part.keys[j] = p->keys[j];
+        d->part.lens[j] = p->lens[j];
+        d->part.src_off[j] = off;
+        memcpy(d->vals + off, op->grad + p->src_off[j], (size_t)p->lens[j] * sizeof(float));
+        off += p->lens[j];
+    }
+    d->op.kind = op->kind;
+    d->op.grad = d->vals;
+    d->op.step = op->step;
+    d->op.noagg = op->noagg;
+    d->op.parts = &d->part;
+    d->op.nparts = 1;
+    d->op.client = c;
+    d->next = c->detached;
+    c->detached = d;
+    return d;
+}
+
+/* A detached push was answered: it is over. */
+static void detached_done(cps_client *c, cps_op *op)
+{
+    for (detached_push **pp = &c->detached; *pp; pp = &(*pp)->next) {
+        if (&(*pp)->op == op) {
+            detached_push *d = *pp;
+            *pp = d->next;
+            detached_free(d);
+            return;
+        }
+    }
+}
+
 /* Perform what the last call into the request table decided. */
 static void perform(cps_client *c)
 {
@@ -164,6 +234,16 @@ static void perform(cps_client *c)
         case CPS_RQ_COMPLETE:
             cps_log(CPS_LOG_ERROR, "worker", "range %u unavailable for %u ms: failing the request",
                     a->range, c->cfg.unavailable_timeout_ms);
+            if (a->detach) {
+                /* Its number must still reach the head, or it drops our later pushes on the
+                 * range as a gap (see cps_reqs_detach): keep sending a copy. */
+                detached_push *d = detach_copy(c, a->ctx, a->part);
+                if (!d)
+                    cps_log(CPS_LOG_ERROR, "worker",
+                            "no memory to keep push %llu on range %u: later pushes on it may stall",
+                            (unsigned long long)a->seq, a->range);
+                cps_reqs_detach(c->rq, a->index, d ? &d->op : NULL, 0);
+            }
             op_finish_req(a->ctx, a->status);
             break;
         }
@@ -255,6 +335,14 @@ static void on_reply(cps_client *c, const cps_rx *rx)
         return;
     }
     cps_op *op = d.ctx;
+    if (d.detached) {
+        /* A push given up earlier, answered at last: its caller has long had its error. */
+        if (verdict == CPS_RQ_REPLY_FAILED)
+            cps_log(CPS_LOG_WARN, "worker", "server %u refused push %llu given up on range %u: %s",
+                    h->sender, (unsigned long long)h->req_seq, h->range, cps_strerror(d.status));
+        detached_done(c, op);
+        return;
+    }
     if (verdict == CPS_RQ_REPLY_FAILED) {
         char text[200] = "";
         size_t n = rx->len < sizeof text - 1 ? rx->len : sizeof text - 1;
@@ -467,6 +555,11 @@ static void client_free(cps_client *c)
     free(c->range_seq);
     free(c->sparse_seq);
     cps_reqs_destroy(c->rq);
+    while (c->detached) {
+        detached_push *d = c->detached;
+        c->detached = d->next;
+        detached_free(d);
+    }
     free(c->pack);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -548,7 +641,8 @@ int cps_close(cps_client *c)
     uint64_t deadline = cps__now_ms() + c->cfg.request_timeout_ms;
     while (cps_reqs_count(c->rq) > 0 && !c->shutdown && cps__now_ms() < deadline)
         progress(c, 50);
-    if (cps_reqs_count(c->rq) > 0)
+    /* Pushes given up (detached) are no call's any more: they may go unanswered. */
+    if (cps_reqs_count(c->rq) > cps_reqs_detached(c->rq))
         result = CPS_ETIMEDOUT;
     unsigned char stats[CPS_STATS_SIZE];
     cps_node_stats ns = {0};

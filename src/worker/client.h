@@ -89,10 +89,11 @@ struct cps_client {
     uint32_t rank;
     cps_view view;
     char addr[CPS_ADDR_MAX];
-    uint64_t *range_seq;  /* last push seq per range (view.nranges entries) */
-    uint64_t *sparse_seq; /* last sparse-row push seq per range */
-    uint64_t other_seq;   /* last id of a declare / pull */
-    cps_reqs *rq;         /* requests in flight: one per part of each operation */
+    uint64_t *range_seq;            /* last push seq per range (view.nranges entries) */
+    uint64_t *sparse_seq;           /* last sparse-row push seq per range */
+    uint64_t other_seq;             /* last id of a declare / pull */
+    cps_reqs *rq;                   /* requests in flight: one per part of each operation */
+    struct detached_push *detached; /* pushes given up, still sent (see client.c) */
     cps_tensor *tensors;
     uint64_t barrier_seq;
     int barrier_done;

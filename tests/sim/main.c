@@ -2,7 +2,7 @@
  *
  *   sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R] [--ranges N]
  *       [--mode sync|async|ssp|ssp:N] [--faults none|drops|crash|pause|restart|partition|join|all]
- *       [--events N] [--faithful-client] [--faithful-scheduler] [--refusals] [-v]
+ *       [--events N] [--faithful-scheduler] [--refusals] [--give-up] [-v]
  *   sim --regressions FILE
  *
  * Parameters not given are drawn from the seed, from a stream of their own, in a fixed order:
@@ -17,13 +17,14 @@
  * every pull answered is checked against the bound (invariant 10) and every apply against the
  * range's clocks (invariant 9).
  *
- * --faithful-client models src/worker/client.c exactly where the sim's worker deviates from it
- * (see sim.c: parked requests, pulls after a newer epoch was seen); --faithful-scheduler models
- * src/scheduler/scheduler.c and src/server/{server,transfer}.c exactly where the sim deviates from
- * them (a HELLO from a restarted server the scheduler still counts alive; a server not yet let in
- * taking any VIEW; a JOIN_RANGE overtaking views; late join messages); the repair policy is the
- * scheduler's own either way (recovery/repair.c); --refusals lets the head refuse some pushes after
- * admission (unknown keys: cps_chain_skip). Fault kinds: see sim.h; `all` mixes every kind. */
+ * Workers run the real request table (recovery/requests.c) as src/worker/client.c drives it;
+ * they give requests up when their range has no live replica for the unavailable timeout, in
+ * sync mode only with --give-up. --faithful-scheduler models src/scheduler/scheduler.c and
+ * src/server/{server,transfer}.c exactly where the sim deviates from them (a HELLO from a
+ * restarted server the scheduler still counts alive; a server not yet let in taking any VIEW; a
+ * JOIN_RANGE overtaking views; late join messages); the repair policy is the scheduler's own
+ * either way (recovery/repair.c); --refusals lets the head refuse some pushes after admission
+ * (unknown keys: cps_chain_skip). Fault kinds: see sim.h; `all` mixes every kind. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,7 +40,7 @@ typedef struct cli {
     int mode, faults;
     int ssp_bound; /* --mode ssp:N; -1 when drawn */
     uint64_t events;
-    int verbose, faithful, faithful_sched, refusals;
+    int verbose, faithful_sched, refusals, give_up;
     const char *regressions;
 } cli;
 
@@ -49,12 +50,11 @@ static const char *fault_names[] = {"none", "drops",   "crash",     "pause",
 
 static void usage(void)
 {
-    fprintf(stderr,
-            "usage: sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R]\n"
-            "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
-            "           [--faults none|drops|crash|pause|restart|partition|join|all]\n"
-            "           [--events N] [--faithful-client] [--faithful-scheduler] [--refusals] [-v]\n"
-            "       sim --regressions FILE\n");
+    fprintf(stderr, "usage: sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R]\n"
+                    "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
+                    "           [--faults none|drops|crash|pause|restart|partition|join|all]\n"
+                    "           [--events N] [--faithful-scheduler] [--refusals] [--give-up] [-v]\n"
+                    "       sim --regressions FILE\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -90,12 +90,12 @@ static int parse_args(int argc, char **argv, cli *c)
             c->verbose = 1;
             continue;
         }
-        if (strcmp(a, "--faithful-client") == 0) {
-            c->faithful = 1;
-            continue;
-        }
         if (strcmp(a, "--faithful-scheduler") == 0) {
             c->faithful_sched = 1;
+            continue;
+        }
+        if (strcmp(a, "--give-up") == 0) {
+            c->give_up = 1;
             continue;
         }
         if (strcmp(a, "--refusals") == 0) {
@@ -145,8 +145,8 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
 {
     sim_rng g;
     sim_rng_seed(&g, seed ^ 0x9a7a3e7e75eedull);
-    uint64_t d[21];
-    for (int i = 0; i < 21; i++)
+    uint64_t d[22];
+    for (int i = 0; i < 22; i++)
         d[i] = sim_rng_next(&g);
     static const int drawn_faults[] = {SIM_F_DROPS,     SIM_F_CRASH, SIM_F_PAUSE, SIM_F_RESTART,
                                        SIM_F_PARTITION, SIM_F_JOIN,  SIM_F_ALL,   SIM_F_ALL,
@@ -158,7 +158,7 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     uint32_t rmax = p->servers < 3 ? p->servers : 3;
     p->replicas = c->replicas ? c->replicas : 1 + (uint32_t)(d[2] % rmax);
     p->mode = c->mode >= 0 ? c->mode : (int)(d[3] % 2);
-    p->ssp_bound = c->ssp_bound >= 0 ? (uint32_t)c->ssp_bound : (uint32_t)(d[20] % 4);
+    p->ssp_bound = c->ssp_bound >= 0 ? (uint32_t)c->ssp_bound : (uint32_t)(d[21] % 4);
     p->faults = c->faults >= 0 ? c->faults : drawn_faults[d[4] % 10];
     p->events = c->events ? c->events : 2000 + d[5] % 8000;
     p->ranges = c->ranges ? c->ranges : 1 + (uint32_t)(d[6] % (2 * p->servers));
@@ -166,6 +166,13 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->tick_ms = 20 + (uint32_t)(d[8] % 60);
     p->resend_ms = 50 + (uint32_t)(d[9] % 300);
     p->timeout_ms = 150 + (uint32_t)(d[10] % 600);
+    /* client.c's default is 6 request timeouts; from 2 to 10 here, so that a sole replica's
+     * restart sometimes outlasts it (the request is given up) and sometimes not. In sync mode
+     * only with --give-up: a step given up by some workers and not others is never completed
+     * (seed 576, see regressions.txt). */
+    p->unavailable_timeout_ms = c->give_up || p->mode != SIM_SYNC
+                                    ? p->timeout_ms * (2 + (uint32_t)(d[20] % 9))
+                                    : UINT32_MAX;
     p->max_unacked = 2 + (uint32_t)(d[11] % 30);
     p->drop_per_mille = 20 + (uint32_t)(d[12] % 60);
     p->dup_per_mille = 10 + (uint32_t)(d[13] % 40);
@@ -179,7 +186,6 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->partition_per_mille = p->faults == SIM_F_PARTITION ? 700 : all ? (uint32_t)(d[18] % 400) : 0;
     p->spare = p->faults == SIM_F_JOIN || (all && d[19] % 2);
     p->verbose = c->verbose;
-    p->faithful_client = c->faithful;
     p->faithful_sched = c->faithful_sched;
     if (p->replicas > p->servers) {
         fprintf(stderr, "sim: --replicas %u > --servers %u\n", p->replicas, p->servers);
@@ -202,12 +208,12 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --ranges %u", p->ranges);
     if (c->events)
         printf(" --events %" PRIu64, p->events);
-    if (c->faithful)
-        printf(" --faithful-client");
     if (c->faithful_sched)
         printf(" --faithful-scheduler");
     if (c->refusals)
         printf(" --refusals");
+    if (c->give_up)
+        printf(" --give-up");
     printf("\n");
 }
 
@@ -215,6 +221,7 @@ static int run_cli(const char *prog, const cli *c)
 {
     uint64_t events = 0, acked = 0, views = 0, faults = 0, fenced = 0, zombie = 0;
     uint64_t restarts = 0, wipes = 0, parts = 0, joins = 0, rejoins = 0, gated = 0, parked = 0;
+    uint64_t unavailable = 0;
     for (uint64_t i = 0; i < c->seeds; i++) {
         sim_params p;
         if (make_params(c, c->seed + i, &p) != 0)
@@ -236,9 +243,9 @@ static int run_cli(const char *prog, const cli *c)
                    " messages dropped, %" PRIu64 " ms virtual; %" PRIu64 " restarts (%" PRIu64
                    " on an empty store), %" PRIu64 " partitions, %" PRIu64
                    " fenced rejoins, %" PRIu64 " joins, %" PRIu64 " reads gated, %" PRIu64
-                   " pulls parked (SSP)\n",
+                   " pulls parked (SSP), %" PRIu64 " requests given up (no replica)\n",
                    p.seed, s.events, s.acked, s.views, s.faults, s.drops, s.virt_ms, s.restarts,
-                   s.wipes, s.partitions, s.rejoins, s.joins, s.gated, s.ssp_parked);
+                   s.wipes, s.partitions, s.rejoins, s.joins, s.gated, s.ssp_parked, s.unavailable);
         events += s.events;
         acked += s.acked;
         views += s.views;
@@ -252,15 +259,16 @@ static int run_cli(const char *prog, const cli *c)
         rejoins += s.rejoins;
         gated += s.gated;
         parked += s.ssp_parked;
+        unavailable += s.unavailable;
     }
     printf("sim: %" PRIu64 " seeds from %" PRIu64 " passed: %" PRIu64 " events, %" PRIu64
            " requests acknowledged, %" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
            " chain messages fenced, %" PRIu64 " writes taken by removed heads; %" PRIu64
            " restarts (%" PRIu64 " on an empty store), %" PRIu64 " partitions, %" PRIu64
            " fenced rejoins, %" PRIu64 " joins by state transfer, %" PRIu64 " reads gated, %" PRIu64
-           " pulls parked (SSP)\n",
+           " pulls parked (SSP), %" PRIu64 " requests given up (no replica)\n",
            c->seeds, c->seed, events, acked, views, faults, fenced, zombie, restarts, wipes, parts,
-           rejoins, joins, gated, parked);
+           rejoins, joins, gated, parked, unavailable);
     return 0;
 }
 

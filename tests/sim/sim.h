@@ -8,6 +8,7 @@
 
 #include "core/view.h"
 #include "recovery/repair.h"
+#include "recovery/requests.h"
 #include "replication/ackhold.h"
 #include "replication/chain.h"
 #include "replication/ssp.h"
@@ -80,11 +81,12 @@ typedef struct sim_params {
     int faults;         /* SIM_F_* */
     uint64_t events;    /* length of the fault phase, in events */
     uint32_t window;    /* requests a worker keeps in flight */
-    uint32_t tick_ms, resend_ms, timeout_ms, max_unacked;
+    uint32_t tick_ms, resend_ms, max_unacked;
+    uint32_t timeout_ms;             /* a worker's request timeout */
+    uint32_t unavailable_timeout_ms; /* a worker gives up a range without a replica this long */
     uint32_t drop_per_mille, dup_per_mille, long_per_mille;
     uint32_t bad_per_mille; /* pushes the head refuses (unknown key) */
     int verbose;
-    int faithful_client; /* workers never re-ask for a view while parked (as client.c) */
     /* Model scheduler.c / server.c exactly where the sim deviates (see sim.c: a HELLO from a
      * server the scheduler still counts alive; a (re)starting server taking any VIEW). */
     int faithful_sched;
@@ -98,6 +100,7 @@ typedef struct sim_summary {
     uint64_t events, acked, views, faults, drops, virt_ms;
     uint64_t fenced, zombie_writes; /* chain messages fenced by epoch; writes at removed heads */
     uint64_t restarts, wipes, partitions, joins, rejoins, gated, ssp_parked;
+    uint64_t unavailable; /* requests workers gave up with CPS_EUNAVAILABLE */
 } sim_summary;
 
 typedef struct sim_rng {
@@ -202,15 +205,19 @@ typedef struct sim_server {
     uint8_t *copying;   /* per range: holds a snapshot, not yet a member */
 } sim_server;
 
+/* One request of the application (client.c's cps_op with one part): the request table
+ * (recovery/requests.c) decides where and when it goes; this is what it carries and what its
+ * answer is checked against. */
 typedef struct sim_req {
     uint8_t type, noagg;
-    uint8_t bad; /* names an undeclared key: the head refuses it */
-    int waiting_view;
-    uint32_t range, attempts;
-    uint64_t seq, step, grad, sent_at;
-    uint64_t floor; /* pull: the highest seq of the range seen before it was sent */
-    uint64_t clock; /* SSP pull: the clock it reads at (header aux) */
-    int ssp_step;   /* SSP pull: the one that ends the worker's step of the range */
+    uint8_t bad;      /* names an undeclared key: the head refuses it */
+    uint8_t detached; /* given up, still sent (cps_reqs_detach): no longer the application's */
+    uint32_t range;
+    uint64_t seq, step, grad;
+    uint64_t floor;              /* pull: the highest seq of the range seen before it was sent */
+    uint64_t clock;              /* SSP pull: the clock it reads at (header aux, as client.c) */
+    int ssp_step;                /* SSP pull: the one that ends the worker's step of the range */
+    struct sim_req *prev, *next; /* the worker's requests not yet over */
 } sim_req;
 
 typedef struct sim_worker {
@@ -221,10 +228,10 @@ typedef struct sim_worker {
     uint64_t *step;     /* sync, SSP: last step pushed per range */
     int *sync_busy;     /* sync: a dense push of the range is in flight; SSP: or its pull */
     uint64_t *read_seq; /* highest sequence number read or acknowledged, per range */
-    sim_req *reqs;
-    uint32_t nreqs, reqs_cap;
+    cps_reqs *rq;       /* the worker's request table (recovery/requests.c), as client.c's */
+    sim_req *live;      /* every request in rq (ctx), to free at the end */
     uint64_t view_asked, issued, acked;
-    uint64_t seen_epoch; /* highest epoch of any reply */
+    uint64_t unavailable; /* requests given up with CPS_EUNAVAILABLE */
 } sim_worker;
 
 typedef struct sim_acked {

@@ -460,6 +460,31 @@ static void lost_confirmation_holds_repairs_for_a_while(void **state)
     cps_repair_destroy(rp);
 }
 
+/* A copy made from an unconfirmed tail (its confirmation lost) is abandoned when that tail
+ * leaves with its predecessor: it lacks what the tail lacks (simulator seed 8334). */
+static void copy_of_an_evicted_tail_is_abandoned(void **state)
+{
+    (void)state;
+    cps_view v, w;
+    cps_repair *rp;
+    unconfirmed_third_replica(&v, &rp, 100);
+    uint64_t id = expect_one_join(rp, &v, 101 + GIVE_UP_MS, 0, 4, 3);
+    cps__view_init(&w);
+    assert_int_equal(cps_repair_declare_dead(rp, &v, 2, &w, NULL), 0);
+    assert_chain(&w, 0, (const uint32_t[]){1}, 1); /* 3 left with 2 */
+    assert_int_equal(cps_repair_joiner(rp, 0, NULL), 0);
+    assert_int_equal(cps_repair_caught_up(rp, &w, 4, 0, id, 0, 102 + GIVE_UP_MS),
+                     CPS_REPAIR_IGNORED);
+    /* The range is copied afresh, from its live tail. */
+    assert_int_equal(cps_repair_tick(rp, &w, 103 + GIVE_UP_MS), 1);
+    const cps_repair_action *a;
+    assert_int_equal(cps_repair_actions(rp, &a), 1);
+    assert_int_equal(a[0].source, 1);
+    cps__view_fini(&w);
+    cps__view_fini(&v);
+    cps_repair_destroy(rp);
+}
+
 /* An unconfirmed tail never becomes a range's only replica: its dead predecessor stays. */
 static void unconfirmed_tail_is_never_left_alone(void **state)
 {
@@ -526,6 +551,7 @@ int main(void)
         cmocka_unit_test(unconfirmed_tail_is_never_left_alone),
         cmocka_unit_test(no_copy_from_an_unconfirmed_tail),
         cmocka_unit_test(lost_confirmation_holds_repairs_for_a_while),
+        cmocka_unit_test(copy_of_an_evicted_tail_is_abandoned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

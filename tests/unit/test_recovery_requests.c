@@ -300,16 +300,24 @@ static void timeout_resends(void **state)
     expect_send(rq, 2, 3, 5, 1, CPS_RQ_WHY_TIMEOUT, T0 + TIMEOUT_MS);
 }
 
+/* View 5 of TWO_RANGES in `mode`, with server 1 (range 0's only replica) dead. */
+static void make_view_range0_down(cps_view *v, int mode)
+{
+    make_view(v, 5, 2, TWO_RANGES);
+    v->mode = (uint32_t)mode;
+    v->nodes[0].alive = 0;
+}
+
 /* A request whose range has no live replica waits up to the unavailable timeout for one, then
  * completes with CPS_EUNAVAILABLE; requests on other ranges carry on. */
 static void gives_up_after_the_unavailable_timeout(void **state)
 {
     (void)state;
     cps_view v;
-    make_view(&v, 5, 2, TWO_RANGES);
-    v.nodes[0].alive = 0; /* server 1, range 0's only replica */
+    make_view_range0_down(&v, CPS_MODE_SYNC);
     cps_reqs *rq = make_reqs();
-    assert_int_equal(cps_reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    /* A read: it leaves the table (a push stays, detached: see the next test). */
+    assert_int_equal(cps_reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PULL, 0, 1, T0), 0);
     expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
     assert_int_equal(cps_reqs_add(rq, &v, &ctx_b, 1, CPS_MSG_PUSH, 1, 1, T0), 0);
     expect_send(rq, 1, 2, 5, 0, CPS_RQ_WHY_NEW, T0);
@@ -329,6 +337,7 @@ static void gives_up_after_the_unavailable_timeout(void **state)
         done++;
         assert_ptr_equal(a[k].ctx, &ctx_a);
         assert_int_equal(a[k].status, CPS_EUNAVAILABLE);
+        assert_false(a[k].detach);
     }
     assert_int_equal(done, 1);
     assert_int_equal(cps_reqs_count(rq), 1);
@@ -351,6 +360,112 @@ static void gives_up_after_the_unavailable_timeout(void **state)
     cps_reqs_tick(rq, &v, T0 + 21 + UNAVAIL_MS - 10);
     assert_false(has_action(rq, CPS_RQ_COMPLETE));
     cps_reqs_destroy(rq);
+    cps__view_fini(&v);
+}
+
+/* A push given up (CPS_EUNAVAILABLE) stays in the table under the caller's detached context and
+ * goes on being sent until a server answers it: its number is one of the worker's sequence on
+ * the range, and the head drops the worker's later pushes as a gap until it has it (simulator
+ * seed 16 with --give-up: every later push of the worker on the range hung). */
+static void given_up_push_is_detached_and_still_sent(void **state)
+{
+    (void)state;
+    static int ctx_c;
+    cps_view v;
+    make_view_range0_down(&v, CPS_MODE_ASYNC);
+    cps_reqs *rq = make_reqs();
+    assert_int_equal(cps_reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    assert_int_equal(cps_reqs_add(rq, &v, &ctx_b, 0, CPS_MSG_PULL, 0, 2, T0), 0);
+    expect_send(rq, 2, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    cps_reqs_tick(rq, &v, T0 + 1);
+    uint64_t t = T0 + 2 + UNAVAIL_MS;
+    cps_reqs_tick(rq, &v, t);
+    const cps_reqs_action *a;
+    size_t n = actions(rq, &a), done = 0;
+    for (size_t k = 0; k < n; k++) {
+        assert_int_not_equal(a[k].kind, CPS_RQ_SEND); /* not before it has a context */
+        if (a[k].kind != CPS_RQ_COMPLETE)
+            continue;
+        done++;
+        assert_int_equal(a[k].status, CPS_EUNAVAILABLE);
+        if (a[k].ctx == &ctx_a) {
+            assert_true(a[k].detach);
+            cps_reqs_detach(rq, a[k].index, &ctx_c, 7);
+        } else {
+            assert_ptr_equal(a[k].ctx, &ctx_b);
+            assert_false(a[k].detach);
+        }
+    }
+    assert_int_equal(done, 2);
+    assert_int_equal(cps_reqs_count(rq), 1);
+    assert_int_equal(cps_reqs_detached(rq), 1);
+
+    /* Never completed again, however long the range stays without a replica; re-sent on every
+     * timeout under the detached context. */
+    cps_reqs_tick(rq, &v, t + 10 * UNAVAIL_MS);
+    assert_false(has_action(rq, CPS_RQ_COMPLETE));
+    n = actions(rq, &a);
+    size_t sends = 0;
+    for (size_t k = 0; k < n; k++)
+        if (a[k].kind == CPS_RQ_SEND) {
+            sends++;
+            assert_ptr_equal(a[k].ctx, &ctx_c);
+            assert_int_equal(a[k].part, 7);
+            assert_int_equal(a[k].seq, 1);
+            cps_reqs_sent(rq, a[k].index, 0, t + 10 * UNAVAIL_MS);
+        }
+    assert_int_equal(sends, 1);
+
+    /* The replica is back: its answer ends the request, marked detached for the caller. */
+    v.nodes[0].alive = 1;
+    cps_reqs_done d;
+    assert_int_equal(reply(rq, &v, CPS_MSG_ACK, 1, 5, 0, t + 10 * UNAVAIL_MS + 1, &d),
+                     CPS_RQ_REPLY_TAKEN);
+    assert_ptr_equal(d.ctx, &ctx_c);
+    assert_int_equal(d.part, 7);
+    assert_true(d.detached);
+    assert_int_equal(cps_reqs_count(rq), 0);
+    assert_int_equal(cps_reqs_detached(rq), 0);
+
+    /* A caller with no context for it lets it go: it leaves at the next call. */
+    v.nodes[0].alive = 0;
+    assert_int_equal(cps_reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 2, t), 0);
+    expect_send(rq, 2, 1, 5, 0, CPS_RQ_WHY_NEW, t);
+    cps_reqs_tick(rq, &v, t + 1);
+    cps_reqs_tick(rq, &v, t + 2 + UNAVAIL_MS);
+    n = actions(rq, &a);
+    for (size_t k = 0; k < n; k++)
+        if (a[k].kind == CPS_RQ_COMPLETE)
+            cps_reqs_detach(rq, a[k].index, NULL, 0);
+    cps_reqs_tick(rq, &v, t + 3 + UNAVAIL_MS);
+    assert_int_equal(cps_reqs_count(rq), 0);
+    assert_int_equal(cps_reqs_detached(rq), 0);
+
+    /* Sync: a step's dense push is kept by its step, not in sequence: it leaves; a sparse-row
+     * push is in sequence: it stays. */
+    v.mode = CPS_MODE_SYNC;
+    t += 10 * UNAVAIL_MS;
+    assert_int_equal(cps_reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 3, t), 0);
+    expect_send(rq, 3, 1, 5, 0, CPS_RQ_WHY_NEW, t);
+    assert_int_equal(cps_reqs_add(rq, &v, &ctx_b, 0, CPS_MSG_PUSH, 0, CPS_SEQ_SPARSE | 1, t), 0);
+    expect_send(rq, CPS_SEQ_SPARSE | 1, 1, 5, 0, CPS_RQ_WHY_NEW, t);
+    cps_reqs_tick(rq, &v, t + 1);
+    cps_reqs_tick(rq, &v, t + 2 + UNAVAIL_MS);
+    n = actions(rq, &a);
+    done = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (a[k].kind != CPS_RQ_COMPLETE)
+            continue;
+        done++;
+        assert_int_equal(a[k].detach, a[k].ctx == &ctx_b);
+        if (a[k].detach)
+            cps_reqs_detach(rq, a[k].index, &ctx_c, 7);
+    }
+    assert_int_equal(done, 2);
+    assert_int_equal(cps_reqs_count(rq), 1);
+    assert_int_equal(cps_reqs_detached(rq), 1);
+    cps_reqs_destroy(rq); /* a detached request left in the table is dropped */
     cps__view_fini(&v);
 }
 
@@ -418,6 +533,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(stale_epoch_parks_until_a_newer_view, setup, teardown),
         cmocka_unit_test_setup_teardown(timeout_resends, setup, teardown),
         cmocka_unit_test(gives_up_after_the_unavailable_timeout),
+        cmocka_unit_test(given_up_push_is_detached_and_still_sent),
         cmocka_unit_test_setup_teardown(refusals_complete_and_duplicates_are_ignored, setup,
                                         teardown),
         cmocka_unit_test(range_without_chain_waits_for_the_timeout),
