@@ -1,0 +1,161 @@
+#!/bin/bash
+# deploy/slurm/chainps.sbatch under Slurm (issue 15): a sync job of 2 servers and 2 workers
+# (lsq_worker) submitted with sbatch, then the same job with a server task killed (kill -9)
+# mid-run, then with a server killed under CHAINPS_SLURM_RESTART_SERVERS=1. Each must exit 0
+# with both workers' `final:` lines and the fault-free run's checksum.
+#
+# The cluster: one already answering `sinfo` with an idle node within a few seconds, else a
+# private one-node cluster that tests/integration/slurm_cluster.sh starts and stops by PID
+# (needs root and Debian's slurm-wlm + munge). Neither: exit 77 (skipped), with the reason.
+# Every job the test submits is ended by its id (scancel) if it outlives its time.
+#
+# usage: slurm_job.sh CHAINPS LSQ_WORKER DEPLOY_SLURM_DIR
+set -euo pipefail
+
+cps=$(realpath "$1")
+lsq=$(realpath "$2")
+deploy=$(realpath "$3")
+here=$(cd "$(dirname "$0")" && pwd)
+steps=${SLURM_TEST_STEPS:-20000}
+job_timeout=60
+
+skip() {
+    echo "SKIP: $*"
+    exit 77
+}
+for b in sbatch sinfo squeue scancel; do
+    command -v "$b" >/dev/null || skip "no $b here (Debian: apt-get install slurm-wlm munge)"
+done
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/chainps-slurm-test.XXXXXX")
+cluster=""
+jobs=()
+cleanup() {
+    local j
+    for j in "${jobs[@]}"; do
+        scancel "$j" 2>/dev/null || true
+    done
+    if [[ -n $cluster ]]; then
+        "$here/slurm_cluster.sh" stop "$cluster" || true
+    fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+idle_node() {
+    local i
+    for ((i = 0; i < ${1:-10}; i++)); do
+        if timeout 5 sinfo -h -N -t idle -o '%N' 2>/dev/null | grep -q .; then
+            return 0
+        fi
+        sleep 0.5
+    done
+    return 1
+}
+if ! idle_node 4; then
+    cluster="$work/cluster"
+    rc=0
+    out=$("$here/slurm_cluster.sh" start "$cluster") || rc=$?
+    if ((rc == 77)); then
+        cluster=""
+        skip "no Slurm cluster answers here and a private one could not be started"
+    fi
+    ((rc == 0)) || { echo "FAIL: slurm_cluster.sh start exited $rc"; exit 1; }
+    export SLURM_CONF="${out#export SLURM_CONF=}"
+    echo "started a private one-node Slurm cluster ($SLURM_CONF)"
+    idle_node 20 || skip "the private cluster's node did not become idle"
+fi
+sinfo
+
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# run_job NAME KILL_RANK RESTART: submits the job, kills server KILL_RANK (none: -1) once
+# training runs, waits; prints the job's output file name in $out_file, exit code in $job_rc.
+run_job() {
+    local name=$1 kill_rank=$2 restart=$3 jid sb_pid t0 pidf pid
+    out_file="$work/$name.out"
+    local local_dir="$work/local-$name"
+    mkdir -p "$local_dir"
+    sbatch --parsable --wait -n 5 -o "$out_file" -J "chainps-$name" \
+        --export="ALL,CHAINPS_BIN=$cps,CHAINPS_SLURM_HOME=$deploy,CHAINPS_SLURM_LOCAL=$local_dir,CHAINPS_SLURM_PORT=$(free_port),CHAINPS_SLURM_RESTART_SERVERS=$restart,CHAINPS_SLURM_SERVERS=2,CHAINPS_SLURM_WORKERS=2,CHAINPS_MODE=sync" \
+        "$deploy/chainps.sbatch" "$lsq" --steps "$steps" >"$work/$name.jid" &
+    sb_pid=$!
+    t0=$SECONDS
+    jid=""
+    while [[ -z $jid ]] && ((SECONDS - t0 < 10)); do
+        jid=$(head -1 "$work/$name.jid" 2>/dev/null | cut -d';' -f1 || true)
+        sleep 0.1
+    done
+    [[ -n $jid ]] || { echo "FAIL: $name: sbatch gave no job id"; kill "$sb_pid" 2>/dev/null; return 1; }
+    jobs+=("$jid")
+    echo "$name: job $jid submitted"
+    if ((kill_rank >= 0)); then
+        pidf="$local_dir/chainps-$jid/server-$kill_rank.pid"
+        # Training has begun once the workers' tensor is registered; kill a second later.
+        while ((SECONDS - t0 < job_timeout)) && ! grep -q 'registered' "$out_file" 2>/dev/null; do
+            sleep 0.1
+        done
+        sleep 1
+        pid=$(cat "$pidf" 2>/dev/null || true)
+        [[ $pid =~ ^[0-9]+$ ]] || { echo "FAIL: $name: no pid in $pidf"; return 1; }
+        echo "$name: kill -9 server $kill_rank (pid $pid: $(ps -o args= -p "$pid" || true))"
+        kill -9 "$pid"
+    fi
+    while kill -0 "$sb_pid" 2>/dev/null && ((SECONDS - t0 < job_timeout)); do
+        sleep 0.2
+    done
+    if kill -0 "$sb_pid" 2>/dev/null; then
+        echo "FAIL: $name: job $jid still running after ${job_timeout}s: scancel $jid"
+        scancel "$jid" || true
+        wait "$sb_pid" || true
+        tail -30 "$out_file" || true
+        return 1
+    fi
+    job_rc=0
+    wait "$sb_pid" || job_rc=$?
+    echo "$name: job $jid ended with exit code $job_rc after $((SECONDS - t0)) s"
+}
+
+checksum() { # the workers' common final checksum, or nothing
+    sed -n 's/.*final: rank [0-9]* .*checksum \([0-9a-f]*\)$/\1/p' "$1" | sort -u
+}
+check_job() { # NAME REF_CHECKSUM
+    local name=$1 ref=$2 sum
+    if ((job_rc != 0)); then
+        tail -30 "$out_file"
+        echo "FAIL: $name: the job exited $job_rc"
+        exit 1
+    fi
+    for r in 0 1; do
+        grep -q "final: rank $r " "$out_file" || {
+            tail -30 "$out_file"
+            echo "FAIL: $name: no final: line from worker $r"
+            exit 1
+        }
+    done
+    sum=$(checksum "$out_file")
+    if [[ -z $sum || $sum == *$'\n'* || (-n $ref && $sum != "$ref") ]]; then
+        echo "FAIL: $name: checksum '$sum', fault-free run '$ref'"
+        exit 1
+    fi
+    echo "$name: PASS (checksum $sum)"
+}
+
+run_job plain -1 0 || exit 1
+check_job plain ""
+ref=$(checksum "$out_file")
+
+run_job kill 1 0 || exit 1
+check_job kill "$ref"
+grep -q 'declared dead' "$out_file" || { echo "FAIL: kill: no server was declared dead"; exit 1; }
+grep -E 'Killed|declared dead' "$out_file" || true
+
+run_job restart 0 1 || exit 1
+check_job restart "$ref"
+grep -q 'restarting it on' "$out_file" || { echo "FAIL: restart: the server was not restarted"; exit 1; }
+grep -q 'joined range' "$out_file" || { echo "FAIL: restart: the restarted server joined no range"; exit 1; }
+grep -E 'declared dead|restarting it on|joined range' "$out_file" || true
+
+echo "PASS: chainps.sbatch under Slurm: fault-free, server killed, server killed and restarted"
