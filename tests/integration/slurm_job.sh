@@ -74,21 +74,15 @@ free_port() {
 # run_job NAME KILL_RANK RESTART: submits the job, kills server KILL_RANK (none: -1) once
 # training runs, waits; prints the job's output file name in $out_file, exit code in $job_rc.
 run_job() {
-    local name=$1 kill_rank=$2 restart=$3 jid sb_pid t0 pidf pid
+    local name=$1 kill_rank=$2 restart=$3 jid t0 pidf pid
     out_file="$work/$name.out"
     local local_dir="$work/local-$name"
     mkdir -p "$local_dir"
-    sbatch --parsable --wait -n 5 -o "$out_file" -J "chainps-$name" \
-        --export="ALL,CHAINPS_BIN=$cps,CHAINPS_SLURM_HOME=$deploy,CHAINPS_SLURM_LOCAL=$local_dir,CHAINPS_SLURM_PORT=$(free_port),CHAINPS_SLURM_RESTART_SERVERS=$restart,CHAINPS_SLURM_SERVERS=2,CHAINPS_SLURM_WORKERS=2,CHAINPS_MODE=sync" \
-        "$deploy/chainps.sbatch" "$lsq" --steps "$steps" >"$work/$name.jid" &
-    sb_pid=$!
     t0=$SECONDS
-    jid=""
-    while [[ -z $jid ]] && ((SECONDS - t0 < 10)); do
-        jid=$(head -1 "$work/$name.jid" 2>/dev/null | cut -d';' -f1 || true)
-        sleep 0.1
-    done
-    [[ -n $jid ]] || { echo "FAIL: $name: sbatch gave no job id"; kill "$sb_pid" 2>/dev/null; return 1; }
+    jid=$(sbatch --parsable -n 5 -o "$out_file" -J "chainps-$name" \
+        --export="ALL,CHAINPS_BIN=$cps,CHAINPS_SLURM_HOME=$deploy,CHAINPS_SLURM_LOCAL=$local_dir,CHAINPS_SLURM_PORT=$(free_port),CHAINPS_SLURM_RESTART_SERVERS=$restart,CHAINPS_SLURM_SERVERS=2,CHAINPS_SLURM_WORKERS=2,CHAINPS_MODE=sync" \
+        "$deploy/chainps.sbatch" "$lsq" --steps "$steps" | cut -d';' -f1) || true
+    [[ $jid =~ ^[0-9]+$ ]] || { echo "FAIL: $name: sbatch gave no job id"; return 1; }
     jobs+=("$jid")
     echo "$name: job $jid submitted"
     if ((kill_rank >= 0)); then
@@ -103,19 +97,29 @@ run_job() {
         echo "$name: kill -9 server $kill_rank (pid $pid: $(ps -o args= -p "$pid" || true))"
         kill -9 "$pid"
     fi
-    while kill -0 "$sb_pid" 2>/dev/null && ((SECONDS - t0 < job_timeout)); do
-        sleep 0.2
+    # sbatch --wait polls at growing intervals: ask for the job's state every 0.2 s instead.
+    local info state=""
+    while ((SECONDS - t0 < job_timeout)); do
+        info=$(scontrol show job -o "$jid" 2>/dev/null || true)
+        state=$(sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' <<<"$info")
+        case $state in
+        PENDING | CONFIGURING | RUNNING | COMPLETING | SUSPENDED | "") sleep 0.2 ;;
+        *) break ;;
+        esac
     done
-    if kill -0 "$sb_pid" 2>/dev/null; then
-        echo "FAIL: $name: job $jid still running after ${job_timeout}s: scancel $jid"
+    case $state in
+    PENDING | CONFIGURING | RUNNING | COMPLETING | SUSPENDED | "")
+        echo "FAIL: $name: job $jid still ${state:-unknown} after ${job_timeout}s: scancel $jid"
         scancel "$jid" || true
-        wait "$sb_pid" || true
         tail -30 "$out_file" || true
         return 1
-    fi
-    job_rc=0
-    wait "$sb_pid" || job_rc=$?
+        ;;
+    esac
+    job_rc=$(sed -n 's/.* ExitCode=\([0-9]*\):.*/\1/p' <<<"$info")
+    [[ $state == COMPLETED ]] || echo "$name: job $jid ended $state"
+    [[ $state == COMPLETED || $job_rc != 0 ]] || job_rc=1
     echo "$name: job $jid ended with exit code $job_rc after $((SECONDS - t0)) s"
+    grep -E 'chainps.sbatch|^srun' "$out_file" || true
 }
 
 checksum() { # the workers' common final checksum, or nothing
