@@ -7,9 +7,9 @@ pkgs=(build-essential cmake pkg-config liblmdb-dev libnanomsg-dev libopenblas-de
 case "$what" in
   demo) pkgs+=(dataset-fashion-mnist gnuplot-nox) ;;
   test) pkgs+=(clang clang-format libclang-rt-14-dev iperf3 dataset-fashion-mnist procps
-              python3-numpy python3-torch python3-pytest) ;;
+              python3-numpy python3-torch python3-pytest slurm-wlm munge) ;;
   all)  pkgs+=(dataset-fashion-mnist gnuplot-nox clang clang-format libclang-rt-14-dev iperf3 procps
-              python3-numpy python3-torch python3-pytest) ;;
+              python3-numpy python3-torch python3-pytest slurm-wlm munge) ;;
   *) echo "usage: $0 [demo|test|all]" >&2; exit 2 ;;
 esac
 missing=()
