@@ -1,5 +1,4 @@
-/* Message authentication with OpenSSL's ChaCha20-Poly1305 used as a MAC (see auth.h for the
- * format and the choice). */
+/* Message authentication with OpenSSL's AES-128-GCM used as GMAC (see auth.h for the format). */
 #include "transport/auth.h"
 
 #include <ctype.h>
@@ -20,6 +19,7 @@
 #include "core/wire.h"
 
 #define NONCE_LEN     12
+#define SUBKEY_LEN    16
 #define REPLAY_WINDOW 1024u
 #define SENDERS_MAX   64
 #define SECRET_LABEL  "chainps job secret v1"
@@ -175,10 +175,10 @@ int cps__auth_create_file(const char *path, char *err, size_t errlen)
 
 /* ---- sealing and checking ---- */
 
-static EVP_CIPHER_CTX *aead_new(void)
+static EVP_CIPHER_CTX *gcm_new(void)
 {
     EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
-    if (c && EVP_EncryptInit_ex(c, EVP_chacha20_poly1305(), NULL, NULL, NULL) != 1) {
+    if (c && EVP_EncryptInit_ex(c, EVP_aes_128_gcm(), NULL, NULL, NULL) != 1) {
         EVP_CIPHER_CTX_free(c);
         c = NULL;
     }
@@ -186,7 +186,7 @@ static EVP_CIPHER_CTX *aead_new(void)
 }
 
 /* Key `c` with the subkey of `salt` under the job key. */
-static int aead_key(const cps_auth *a, EVP_CIPHER_CTX *c, const unsigned char *salt)
+static int gcm_key(const cps_auth *a, EVP_CIPHER_CTX *c, const unsigned char *salt)
 {
     unsigned char sub[32];
     int rc = sha256_parts(SUBKEY_LABEL, sizeof SUBKEY_LABEL, a->key, sizeof a->key, salt,
@@ -197,10 +197,9 @@ static int aead_key(const cps_auth *a, EVP_CIPHER_CTX *c, const unsigned char *s
     return rc;
 }
 
-/* The tag of data[0, len) (len >= 24: it ends with the salt and the counter): the AEAD's tag
- * with data as additional data and no plaintext. */
-static int mac_tag(EVP_CIPHER_CTX *c, uint64_t counter, const unsigned char *data, size_t len,
-                   unsigned char tag[CPS_AUTH_TAG])
+/* The tag of data[0, len) (len >= 24: it ends with the salt and the counter). */
+static int gmac(EVP_CIPHER_CTX *c, uint64_t counter, const unsigned char *data, size_t len,
+                unsigned char tag[CPS_AUTH_TAG])
 {
     unsigned char nonce[NONCE_LEN] = {0};
     cps__le64_put(nonce, counter);
@@ -216,7 +215,7 @@ static int mac_tag(EVP_CIPHER_CTX *c, uint64_t counter, const unsigned char *dat
     }
     unsigned char none[16];
     if (EVP_EncryptFinal_ex(c, none, &outl) != 1 ||
-        EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, CPS_AUTH_TAG, tag) != 1)
+        EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, CPS_AUTH_TAG, tag) != 1)
         return -1;
     return 0;
 }
@@ -233,9 +232,9 @@ int cps__auth_create(const unsigned char *key, cps_auth **out)
             cps__auth_destroy(a);
             return CPS_EIO;
         }
-        a->own = aead_new();
-        a->spare = aead_new();
-        if (!a->own || !a->spare || aead_key(a, a->own, a->salt) != 0) {
+        a->own = gcm_new();
+        a->spare = gcm_new();
+        if (!a->own || !a->spare || gcm_key(a, a->own, a->salt) != 0) {
             cps__auth_destroy(a);
             return CPS_ENOMEM;
         }
@@ -273,7 +272,7 @@ void cps__auth_seal(cps_auth *a, unsigned char *msg, size_t len)
     cps__le64_put(t + CPS_AUTH_SALT, ctr);
     /* A context that fails here (OpenSSL out of memory) leaves a zero tag, which every receiver
      * refuses: the message is lost like a dropped packet, and the protocol re-sends. */
-    if (mac_tag(a->own, ctr, msg, len + CPS_AUTH_SALT + 8, t + CPS_AUTH_SALT + 8) != 0)
+    if (gmac(a->own, ctr, msg, len + CPS_AUTH_SALT + 8, t + CPS_AUTH_SALT + 8) != 0)
         memset(t + CPS_AUTH_SALT + 8, 0, CPS_AUTH_TAG);
 }
 
@@ -338,10 +337,10 @@ int cps__auth_open(cps_auth *a, const unsigned char *msg, size_t len, size_t *bo
     /* A sender not in the table is checked with the spare context and only enters the table once
      * its tag is right, so forged salts cannot push real senders out. */
     EVP_CIPHER_CTX *c = s ? s->ctx : a->spare;
-    if (!c || (!s && aead_key(a, c, t) != 0))
+    if (!c || (!s && gcm_key(a, c, t) != 0))
         return CPS_AUTH_NOMEM;
     unsigned char tag[CPS_AUTH_TAG];
-    if (mac_tag(c, ctr, msg, body + CPS_AUTH_SALT + 8, tag) != 0)
+    if (gmac(c, ctr, msg, body + CPS_AUTH_SALT + 8, tag) != 0)
         return CPS_AUTH_NOMEM;
     if (CRYPTO_memcmp(tag, t + CPS_AUTH_SALT + 8, CPS_AUTH_TAG) != 0)
         return CPS_AUTH_BAD_TAG;
@@ -360,7 +359,7 @@ int cps__auth_open(cps_auth *a, const unsigned char *msg, size_t len, size_t *bo
         window_set(s, ctr);
         s->used = ++a->tick;
         /* Without a spare (out of memory) the next new sender gets CPS_AUTH_NOMEM. */
-        a->spare = old ? old : aead_new();
+        a->spare = old ? old : gcm_new();
         return CPS_AUTH_OK;
     }
     s->used = ++a->tick;
