@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "chainps/error.h"
+#include "core/array.h"
 
 typedef struct watched {
     uint32_t node;
@@ -48,14 +49,11 @@ int cps_detector_watch(cps_detector *d, uint32_t node, uint64_t now)
 {
     watched *w = find(d, node);
     if (!w) {
-        if (d->n == d->cap) {
-            size_t cap = d->cap ? d->cap * 2 : 16;
-            watched *p = realloc(d->w, cap * sizeof *p);
-            if (!p)
-                return CPS_ENOMEM;
-            d->w = p;
-            d->cap = cap;
-        }
+        void *p = d->w;
+        int rc = cps__array_reserve(&p, &d->cap, d->n + 1, sizeof *d->w, 16);
+        d->w = p;
+        if (rc != 0)
+            return rc;
         w = &d->w[d->n++];
         w->node = node;
     }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "chainps/error.h"
+#include "core/array.h"
 
 #define FWD_FIXED     24u
 #define FWD_REQ       16u
@@ -122,14 +123,11 @@ static void begin_call(cps_chain *c)
 /* Take ownership of b until the next call (freed by begin_call). */
 static int scratch_keep(cps_chain *c, void *b)
 {
-    if (c->nscratch == c->scratch_cap) {
-        size_t cap = c->scratch_cap ? c->scratch_cap * 2 : 16;
-        void **p = realloc(c->scratch, cap * sizeof *p);
-        if (!p)
-            return CPS_ENOMEM;
-        c->scratch = p;
-        c->scratch_cap = cap;
-    }
+    void *p = c->scratch;
+    int rc = cps__array_reserve(&p, &c->scratch_cap, c->nscratch + 1, sizeof *c->scratch, 16);
+    c->scratch = p;
+    if (rc != 0)
+        return rc;
     c->scratch[c->nscratch++] = b;
     return 0;
 }
@@ -146,14 +144,11 @@ static void *scratch_alloc(cps_chain *c, size_t len)
 
 static cps_chain_action *act(cps_chain *c, int kind, uint32_t range)
 {
-    if (c->nacts == c->acts_cap) {
-        size_t cap = c->acts_cap ? c->acts_cap * 2 : 32;
-        cps_chain_action *p = realloc(c->acts, cap * sizeof *p);
-        if (!p)
-            return NULL;
-        c->acts = p;
-        c->acts_cap = cap;
-    }
+    void *p = c->acts;
+    int rc = cps__array_reserve(&p, &c->acts_cap, c->nacts + 1, sizeof *c->acts, 32);
+    c->acts = p;
+    if (rc != 0)
+        return NULL;
     cps_chain_action *a = &c->acts[c->nacts++];
     memset(a, 0, sizeof *a);
     a->kind = kind;

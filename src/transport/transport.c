@@ -25,6 +25,7 @@
 #include <nanomsg/tcp.h>
 
 #include "chainps/error.h"
+#include "core/array.h"
 #include "core/log.h"
 #include "core/wire.h"
 #include "transport/auth.h"
@@ -329,15 +330,12 @@ int cps__tp_peer_set(cps_tp *tp, uint32_t id, const char *url)
         tp->peers[i] = p;
         return 0;
     }
-    if (tp->npeers == tp->peers_cap) {
-        size_t ncap = tp->peers_cap ? tp->peers_cap * 2 : 8;
-        tp_peer **np = realloc(tp->peers, ncap * sizeof *np);
-        if (!np) {
-            peer_free(tp, p);
-            return CPS_ENOMEM;
-        }
-        tp->peers = np;
-        tp->peers_cap = ncap;
+    void *np = tp->peers;
+    int grown = cps__array_reserve(&np, &tp->peers_cap, tp->npeers + 1, sizeof *tp->peers, 8);
+    tp->peers = np;
+    if (grown != 0) {
+        peer_free(tp, p);
+        return grown;
     }
     memmove(&tp->peers[i + 1], &tp->peers[i], (tp->npeers - i) * sizeof *tp->peers);
     tp->peers[i] = p;
