@@ -23,6 +23,10 @@ typedef struct entry {
     uint64_t unavailable_since; /* first time its range had no live replica; 0 if it has */
     int detached;               /* completed for the caller, still sent (cps_reqs_detach) */
     int dropped;                /* detached with no context: leaves at the next call */
+    uint64_t order;             /* 0, or its key set's: see cps_reqs_add_ordered */
+    int held;                   /* waits for an earlier request of its (range, order) to leave */
+    int released;               /* that request left: send it (send_released) */
+    uint64_t added;             /* when it was added, in adds: held ones leave in this order */
 } entry;
 
 struct cps_reqs {
@@ -30,6 +34,7 @@ struct cps_reqs {
     entry *reqs;
     size_t nreqs, reqs_cap;
     size_t ndetached;
+    uint64_t nadded;
     uint64_t seen_epoch; /* highest epoch any message carried */
     /* Room for two actions per request and one more, reserved as requests are added, so that
      * no call but cps_reqs_add needs memory. */
@@ -59,10 +64,28 @@ void cps_reqs_destroy(cps_reqs *rq)
     free(rq);
 }
 
+/* Request i left: the first request held behind it goes out at the next tick (sent_ms 0 makes
+ * it overdue), or at once where the caller has a view (release_sends). */
 static void remove_at(cps_reqs *rq, uint32_t i)
 {
-    if (rq->reqs[i].detached)
+    entry *e = &rq->reqs[i];
+    if (e->detached)
         rq->ndetached--;
+    if (e->order && !e->held) {
+        /* The table is not in adding order (removal moves the last entry into the hole). */
+        entry *next = NULL;
+        for (uint32_t j = 0; j < rq->nreqs; j++) {
+            entry *h = &rq->reqs[j];
+            if (h->held && h->range == e->range && h->order == e->order &&
+                (!next || h->added < next->added))
+                next = h;
+        }
+        if (next) {
+            next->held = 0;
+            next->released = 1;
+            next->sent_ms = 0;
+        }
+    }
     rq->reqs[i] = rq->reqs[--rq->nreqs];
 }
 
@@ -105,6 +128,8 @@ static cps_reqs_action *push(cps_reqs *rq, int kind, uint32_t i)
 static int try_send(cps_reqs *rq, const cps_view *v, uint32_t i, int why)
 {
     entry *e = &rq->reqs[i];
+    if (e->held)
+        return 0; /* goes out when the request ahead of it leaves */
     if (e->range >= v->nranges || v->ranges[e->range].chain_len == 0)
         return CPS_EUNAVAILABLE;
     const cps_range *rg = &v->ranges[e->range];
@@ -124,14 +149,28 @@ static int try_send(cps_reqs *rq, const cps_view *v, uint32_t i, int why)
     return 0;
 }
 
-/* Is e a push the head admits only in its worker's sequence (the exactly-once record)? A sync
- * step's dense push is not: the head keeps it by its step, and once the workers went past a step
- * given up nobody wants it applied (a late one would be answered as if it had been). */
-static int in_sequence(const cps_view *v, const entry *e)
+/* Send the requests remove_at let go, under v. */
+static void send_released(cps_reqs *rq, const cps_view *v, uint64_t now)
 {
-    if (e->type != CPS_MSG_PUSH && e->type != CPS_MSG_PUSH_PULL)
-        return 0;
-    return (e->seq & CPS_SEQ_SPARSE) || v->mode != CPS_MODE_SYNC;
+    for (uint32_t i = 0; i < rq->nreqs; i++) {
+        entry *e = &rq->reqs[i];
+        if (!e->released)
+            continue;
+        e->released = 0;
+        size_t before = rq->nacts;
+        if (try_send(rq, v, i, CPS_RQ_WHY_NEW) == 0)
+            e->sent_ms = now;
+        e->fresh = rq->nacts > before && rq->acts[rq->nacts - 1].kind == CPS_RQ_SEND;
+    }
+}
+
+/* Is e a push whose give-up must still reach the head (see cps_reqs_detach)? Every push is:
+ * an async or SSP one, or a sparse-row one, holds a number in its worker's sequence that the head
+ * waits for; a sync step's dense push is one of the step's contributions, and the step (and every
+ * later step of its key set, which the head applies in step order) completes only once it came. */
+static int is_push(const entry *e)
+{
+    return e->type == CPS_MSG_PUSH || e->type == CPS_MSG_PUSH_PULL;
 }
 
 void cps_reqs_epoch_seen(cps_reqs *rq, uint64_t epoch)
@@ -142,6 +181,12 @@ void cps_reqs_epoch_seen(cps_reqs *rq, uint64_t epoch)
 
 int cps_reqs_add(cps_reqs *rq, const cps_view *v, void *ctx, uint32_t part, uint8_t type,
                  uint32_t range, uint64_t seq, uint64_t now)
+{
+    return cps_reqs_add_ordered(rq, v, ctx, part, type, range, seq, 0, now);
+}
+
+int cps_reqs_add_ordered(cps_reqs *rq, const cps_view *v, void *ctx, uint32_t part, uint8_t type,
+                         uint32_t range, uint64_t seq, uint64_t order, uint64_t now)
 {
     begin(rq);
     void *items = rq->reqs;
@@ -161,7 +206,14 @@ int cps_reqs_add(cps_reqs *rq, const cps_view *v, void *ctx, uint32_t part, uint
     e->type = type;
     e->range = range;
     e->seq = seq;
-    if (try_send(rq, v, i, CPS_RQ_WHY_NEW) != 0) {
+    e->order = order;
+    e->added = ++rq->nadded;
+    for (uint32_t j = 0; order && j < i; j++)
+        if (rq->reqs[j].range == range && rq->reqs[j].order == order)
+            e->held = 1;
+    if (e->held) {
+        e->sent_ms = now; /* not overdue: it leaves the queue through remove_at */
+    } else if (try_send(rq, v, i, CPS_RQ_WHY_NEW) != 0) {
         /* Not sent now: the retry timer sends it again. */
         e->sent_ms = now;
         e->attempts = 1;
@@ -212,6 +264,7 @@ int cps_reqs_reply(cps_reqs *rq, const cps_view *v, const cps_reqs_reply_in *in,
         if (done)
             done->status = err;
         remove_at(rq, i);
+        send_released(rq, v, now);
         return CPS_RQ_REPLY_FAILED;
     }
     if (in->epoch != e->sent_epoch) {
@@ -226,6 +279,7 @@ int cps_reqs_reply(cps_reqs *rq, const cps_view *v, const cps_reqs_reply_in *in,
         return CPS_RQ_REPLY_OTHER_EPOCH;
     }
     remove_at(rq, i);
+    send_released(rq, v, now);
     return CPS_RQ_REPLY_TAKEN;
 }
 
@@ -253,7 +307,7 @@ void cps_reqs_tick(cps_reqs *rq, const cps_view *v, uint64_t now)
             } else if (now - e->unavailable_since > rq->cfg.unavailable_timeout_ms) {
                 cps_reqs_action *a = push(rq, CPS_RQ_COMPLETE, i);
                 a->status = CPS_EUNAVAILABLE;
-                if (in_sequence(v, e)) {
+                if (is_push(e)) {
                     /* Its number must still reach the head (see cps_reqs_detach); the caller
                      * hands it a context of its own before it goes out again. */
                     a->detach = 1;
@@ -269,8 +323,9 @@ void cps_reqs_tick(cps_reqs *rq, const cps_view *v, uint64_t now)
         } else {
             e->unavailable_since = 0;
         }
-        if (now - e->sent_ms < rq->cfg.request_timeout_ms)
+        if (e->held || now - e->sent_ms < rq->cfg.request_timeout_ms)
             continue;
+        e->released = 0;
         /* Overdue, or waited for a view that has not come (its answer may be lost): ask again
          * and send under the view we have. */
         ask_view(rq);

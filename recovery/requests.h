@@ -118,6 +118,19 @@ void cps_reqs_epoch_seen(cps_reqs *rq, uint64_t epoch);
 int cps_reqs_add(cps_reqs *rq, const cps_view *v, void *ctx, uint32_t part, uint8_t type,
                  uint32_t range, uint64_t seq, uint64_t now);
 
+/* cps_reqs_add for a request that must not overtake an earlier one: with `order` not 0, a
+ * request added while another of the same (range, order) is in the table (detached ones
+ * included) is held, neither sent nor re-sent, until every earlier one left; it then goes out
+ * (CPS_RQ_WHY_NEW) from the call that removed the one ahead of it, or from the next tick. A held
+ * request is given up as any other when its range has no replica (cps_reqs_tick). Why: the
+ * worker passes a sync push's key set, because the head applies a key set's steps as they
+ * complete and takes a push of a step at or below the last applied as a duplicate; a worker's
+ * later step reaching the head first (a lost push re-sent, or one given up and detached) would
+ * make its earlier step's push be answered as applied though it is in no update (simulator seed
+ * 351). `order` 0 is cps_reqs_add. Errors: as cps_reqs_add. */
+int cps_reqs_add_ordered(cps_reqs *rq, const cps_view *v, void *ctx, uint32_t part, uint8_t type,
+                         uint32_t range, uint64_t seq, uint64_t order, uint64_t now);
+
 /* The caller performed the CPS_RQ_SEND of request `index` from the last call at `now`, with
  * result rc (0: sent). A failed send (peer queue full, no memory) waits the request timeout
  * before the next try; a failed first send counts as an attempt all the same (the next one's

@@ -12,6 +12,7 @@ typedef struct slot {
     uint32_t range;
     uint64_t sig, step;
     uint32_t count;
+    int ready; /* complete, held until every earlier step of its key set is submitted */
     uint64_t since_ms, warned_ms;
     /* Kept when the slot is released: a SUBMIT's by_rank points here until the next call, and
      * the next step of the key set reuses it without an allocation. */
@@ -101,6 +102,7 @@ static slot *find_slot(cps_sync *a, uint32_t range, uint64_t sig, uint64_t step,
     free_slot->sig = sig;
     free_slot->step = step;
     free_slot->count = 0;
+    free_slot->ready = 0;
     free_slot->nranks = nranks;
     free_slot->since_ms = now;
     free_slot->warned_ms = 0;
@@ -120,14 +122,48 @@ static int slot_complete(const slot *s, const cps_view *v)
     return s->count > 0;
 }
 
+/* An earlier step of s's key set that someone pushed to and that is not submitted yet. */
+static int earlier_step_open(const cps_sync *a, const slot *s)
+{
+    for (uint32_t i = 0; i < a->nslots; i++) {
+        const slot *o = &a->slots[i];
+        if (o->used && o->count > 0 && o->range == s->range && o->sig == s->sig &&
+            o->step < s->step)
+            return 1;
+    }
+    return 0;
+}
+
+/* Submit ready slots, each only once no earlier step of its key set is open. Why the order:
+ * the head takes a push of a step at or below the last one applied as a duplicate, so a later
+ * step applied first would answer an earlier step's missing pushes as applied though they are
+ * in no update (a worker with two steps in flight whose first push was lost, or a step given up
+ * and re-sent detached: simulator seed 576 with --give-up). */
+static int release_ready(cps_sync *a)
+{
+    for (;;) {
+        slot *next = NULL;
+        for (uint32_t i = 0; i < a->nslots; i++) {
+            slot *s = &a->slots[i];
+            if (s->used && s->ready && !earlier_step_open(a, s)) {
+                next = s;
+                break;
+            }
+        }
+        if (!next)
+            return 0;
+        int rc = emit(a, CPS_SA_SUBMIT, next);
+        if (rc != 0)
+            return rc;  /* still ready: released at the next call */
+        next->used = 0; /* by_rank stays allocated for the action and the next step */
+    }
+}
+
 static int try_complete(cps_sync *a, slot *s, const cps_view *v)
 {
-    if (!slot_complete(s, v))
-        return 0;
-    int rc = emit(a, CPS_SA_SUBMIT, s);
-    if (rc == 0)
-        s->used = 0; /* by_rank stays allocated for the action and the next step */
-    return rc;
+    if (slot_complete(s, v))
+        s->ready = 1;
+    return release_ready(a);
 }
 
 int cps_sync_push(cps_sync *a, const cps_view *v, uint32_t range, uint64_t sig, uint64_t step,
@@ -171,7 +207,8 @@ int cps_sync_tick(cps_sync *a, uint64_t now)
     a->nacts = 0;
     for (uint32_t i = 0; i < a->nslots; i++) {
         slot *s = &a->slots[i];
-        if (!s->used || now - s->since_ms < CPS_SYNC_STUCK_MS ||
+        /* A ready slot waits for an earlier step, which is reported itself. */
+        if (!s->used || s->ready || now - s->since_ms < CPS_SYNC_STUCK_MS ||
             (s->warned_ms && now - s->warned_ms < CPS_SYNC_STUCK_REPEAT_MS))
             continue;
         int rc = emit(a, CPS_SA_STUCK, s);

@@ -206,7 +206,8 @@ CPS_API uint64_t cps_tensor_dim(const cps_tensor *t, uint32_t i);
  * or when the step's aggregate of all workers is applied (sync mode: every worker must push).
  * @param[in] grad `len` values; len must equal the tensor length (else CPS_ESIZE).
  * @return 0, CPS_EINVAL, CPS_ESIZE, CPS_EUNAVAILABLE (every replica of a range is gone; the
- *         push may still be applied, once, if one comes back: later pushes depend on it),
+ *         push may still be applied, once, if one comes back: later pushes depend on it; in
+ *         sync mode the step, and this worker's next push of the tensor, wait for it),
  *         CPS_ETIMEDOUT.
  */
 CPS_API int cps_push(cps_client *c, cps_tensor *t, const float *grad, uint64_t len);

@@ -2,7 +2,7 @@
  *
  *   sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R] [--ranges N]
  *       [--mode sync|async|ssp|ssp:N] [--faults none|drops|crash|pause|restart|partition|join|all]
- *       [--events N] [--faithful-scheduler] [--refusals] [--give-up] [-v]
+ *       [--events N] [--faithful-scheduler] [--refusals] [-v]
  *   sim --regressions FILE
  *
  * Parameters not given are drawn from the seed, from a stream of their own, in a fixed order:
@@ -18,13 +18,13 @@
  * range's clocks (invariant 9).
  *
  * Workers run the real request table (recovery/requests.c) as src/worker/client.c drives it;
- * they give requests up when their range has no live replica for the unavailable timeout, in
- * sync mode only with --give-up. --faithful-scheduler models src/scheduler/scheduler.c and
- * src/server/{server,transfer}.c exactly where the sim deviates from them (a HELLO from a
- * restarted server the scheduler still counts alive; a server not yet let in taking any VIEW; a
- * JOIN_RANGE overtaking views; late join messages); the repair policy is the scheduler's own
- * either way (recovery/repair.c); --refusals lets the head refuse some pushes after admission
- * (unknown keys: cps_chain_skip). Fault kinds: see sim.h; `all` mixes every kind. */
+ * they give requests up when their range has no live replica for the unavailable timeout (a
+ * given-up push stays in the table, detached, and is still sent). --faithful-scheduler models
+ * src/scheduler/scheduler.c and src/server/{server,transfer}.c exactly where the sim deviates from
+ * them (a HELLO from a restarted server the scheduler still counts alive; a server not yet let in
+ * taking any VIEW; a JOIN_RANGE overtaking views; late join messages); the repair policy is the
+ * scheduler's own either way (recovery/repair.c); --refusals lets the head refuse some pushes after
+ * admission (unknown keys: cps_chain_skip). Fault kinds: see sim.h; `all` mixes every kind. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,7 +40,7 @@ typedef struct cli {
     int mode, faults;
     int ssp_bound; /* --mode ssp:N; -1 when drawn */
     uint64_t events;
-    int verbose, faithful_sched, refusals, give_up;
+    int verbose, faithful_sched, refusals;
     const char *regressions;
 } cli;
 
@@ -53,7 +53,7 @@ static void usage(void)
     fprintf(stderr, "usage: sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R]\n"
                     "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
                     "           [--faults none|drops|crash|pause|restart|partition|join|all]\n"
-                    "           [--events N] [--faithful-scheduler] [--refusals] [--give-up] [-v]\n"
+                    "           [--events N] [--faithful-scheduler] [--refusals] [-v]\n"
                     "       sim --regressions FILE\n");
 }
 
@@ -92,10 +92,6 @@ static int parse_args(int argc, char **argv, cli *c)
         }
         if (strcmp(a, "--faithful-scheduler") == 0) {
             c->faithful_sched = 1;
-            continue;
-        }
-        if (strcmp(a, "--give-up") == 0) {
-            c->give_up = 1;
             continue;
         }
         if (strcmp(a, "--refusals") == 0) {
@@ -167,12 +163,8 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->resend_ms = 50 + (uint32_t)(d[9] % 300);
     p->timeout_ms = 150 + (uint32_t)(d[10] % 600);
     /* client.c's default is 6 request timeouts; from 2 to 10 here, so that a sole replica's
-     * restart sometimes outlasts it (the request is given up) and sometimes not. In sync mode
-     * only with --give-up: a step given up by some workers and not others is never completed
-     * (seed 576, see regressions.txt). */
-    p->unavailable_timeout_ms = c->give_up || p->mode != SIM_SYNC
-                                    ? p->timeout_ms * (2 + (uint32_t)(d[20] % 9))
-                                    : UINT32_MAX;
+     * restart sometimes outlasts it (the request is given up) and sometimes not. */
+    p->unavailable_timeout_ms = p->timeout_ms * (2 + (uint32_t)(d[20] % 9));
     p->max_unacked = 2 + (uint32_t)(d[11] % 30);
     p->drop_per_mille = 20 + (uint32_t)(d[12] % 60);
     p->dup_per_mille = 10 + (uint32_t)(d[13] % 40);
@@ -212,8 +204,6 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --faithful-scheduler");
     if (c->refusals)
         printf(" --refusals");
-    if (c->give_up)
-        printf(" --give-up");
     printf("\n");
 }
 

@@ -1206,7 +1206,10 @@ static sim_req *worker_issue(sim *sm, sim_worker *w, int kind, uint32_t r)
         w->live->prev = q;
     w->live = q;
     w->issued++;
-    if (cps_reqs_add(w->rq, w->view, q, 0, q->type, r, q->seq, sm->now) != 0) {
+    /* client.c orders a sync push behind its key set's earlier ones; the sim's key set of a
+     * range is one. */
+    uint64_t order = sm->p.mode == SIM_SYNC && kind == REQ_DENSE ? 1 : 0;
+    if (cps_reqs_add_ordered(w->rq, w->view, q, 0, q->type, r, q->seq, order, sm->now) != 0) {
         fprintf(stderr, "sim: out of memory\n");
         exit(2);
     }

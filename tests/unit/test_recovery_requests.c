@@ -442,8 +442,8 @@ static void given_up_push_is_detached_and_still_sent(void **state)
     assert_int_equal(cps_reqs_count(rq), 0);
     assert_int_equal(cps_reqs_detached(rq), 0);
 
-    /* Sync: a step's dense push is kept by its step, not in sequence: it leaves; a sparse-row
-     * push is in sequence: it stays. */
+    /* Sync: a step's dense push stays as well (its step completes only once it came), as does a
+     * sparse-row one (in sequence). */
     v.mode = CPS_MODE_SYNC;
     t += 10 * UNAVAIL_MS;
     assert_int_equal(cps_reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 3, t), 0);
@@ -458,14 +458,93 @@ static void given_up_push_is_detached_and_still_sent(void **state)
         if (a[k].kind != CPS_RQ_COMPLETE)
             continue;
         done++;
-        assert_int_equal(a[k].detach, a[k].ctx == &ctx_b);
-        if (a[k].detach)
-            cps_reqs_detach(rq, a[k].index, &ctx_c, 7);
+        assert_true(a[k].detach);
+        cps_reqs_detach(rq, a[k].index, &ctx_c, 7);
     }
     assert_int_equal(done, 2);
-    assert_int_equal(cps_reqs_count(rq), 1);
-    assert_int_equal(cps_reqs_detached(rq), 1);
+    assert_int_equal(cps_reqs_count(rq), 2);
+    assert_int_equal(cps_reqs_detached(rq), 2);
     cps_reqs_destroy(rq); /* a detached request left in the table is dropped */
+    cps__view_fini(&v);
+}
+
+/* Requests with the same (range, order) go out one at a time, in the order added: a later one
+ * is held (not sent on a view or a timeout) until the one ahead leaves, and held ones leave in
+ * adding order whatever their places in the table. Other keys and ranges are not held. */
+static void ordered_requests_do_not_overtake(void **state)
+{
+    fixture *f = *state;
+    cps_reqs *rq = f->rq;
+    const cps_view *v5 = &f->v5, *v6 = &f->v6;
+    static int s1, s2, s3, other;
+    assert_int_equal(cps_reqs_add_ordered(rq, v5, &s1, 0, CPS_MSG_PUSH, 0, 1, 42, T0), 0);
+    expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    assert_int_equal(cps_reqs_add_ordered(rq, v5, &s2, 0, CPS_MSG_PUSH, 0, 2, 42, T0), 0);
+    assert_false(has_action(rq, CPS_RQ_SEND));
+    assert_int_equal(cps_reqs_add_ordered(rq, v5, &s3, 0, CPS_MSG_PUSH, 0, 3, 42, T0), 0);
+    assert_false(has_action(rq, CPS_RQ_SEND));
+    assert_int_equal(cps_reqs_add_ordered(rq, v5, &other, 0, CPS_MSG_PUSH, 0, 4, 43, T0), 0);
+    expect_send(rq, 4, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    /* The other key's request leaves first: removal reorders the table (seq 3 moves ahead of
+     * seq 2), yet nothing of key 42 is released by it. */
+    assert_int_equal(reply(rq, v5, CPS_MSG_ACK, 4, 5, 0, T0 + 1, NULL), CPS_RQ_REPLY_TAKEN);
+    assert_false(has_action(rq, CPS_RQ_SEND));
+
+    /* A view re-sends only the one ahead; so does a timeout. */
+    cps_reqs_view(rq, v6, T0 + 2);
+    expect_send(rq, 1, 2, 6, 1, CPS_RQ_WHY_VIEW, T0 + 2);
+    cps_reqs_tick(rq, v6, T0 + 2 + TIMEOUT_MS);
+    expect_send(rq, 1, 2, 6, 2, CPS_RQ_WHY_TIMEOUT, T0 + 2 + TIMEOUT_MS);
+
+    /* Its answer sends the next in adding order, at once. */
+    uint64_t t = T0 + 3 + TIMEOUT_MS;
+    assert_int_equal(reply(rq, v6, CPS_MSG_ACK, 1, 6, 0, t, NULL), CPS_RQ_REPLY_TAKEN);
+    expect_send(rq, 2, 2, 6, 0, CPS_RQ_WHY_NEW, t);
+    /* A refusal lets the next go as well. */
+    assert_int_equal(reply(rq, v6, CPS_MSG_ERROR, 2, 6, CPS_ESIZE, t + 1, NULL),
+                     CPS_RQ_REPLY_FAILED);
+    expect_send(rq, 3, 2, 6, 0, CPS_RQ_WHY_NEW, t + 1);
+    assert_int_equal(reply(rq, v6, CPS_MSG_ACK, 3, 6, 0, t + 2, NULL), CPS_RQ_REPLY_TAKEN);
+    assert_int_equal(cps_reqs_count(rq), 0);
+}
+
+/* A held request is given up like any other when its range has no replica, and stays (detached)
+ * behind the one ahead, which stays too: both go out, in order, once a replica is back. */
+static void held_request_is_given_up_and_keeps_its_place(void **state)
+{
+    (void)state;
+    cps_view v;
+    make_view_range0_down(&v, CPS_MODE_SYNC);
+    cps_reqs *rq = make_reqs();
+    static int s1, s2, c1, c2;
+    assert_int_equal(cps_reqs_add_ordered(rq, &v, &s1, 0, CPS_MSG_PUSH, 0, 1, 7, T0), 0);
+    expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    assert_int_equal(cps_reqs_add_ordered(rq, &v, &s2, 0, CPS_MSG_PUSH, 0, 2, 7, T0), 0);
+    assert_false(has_action(rq, CPS_RQ_SEND));
+    cps_reqs_tick(rq, &v, T0 + 1);
+    cps_reqs_tick(rq, &v, T0 + 2 + UNAVAIL_MS);
+    const cps_reqs_action *a;
+    size_t n = actions(rq, &a), done = 0;
+    for (size_t k = 0; k < n; k++) {
+        assert_false(a[k].kind == CPS_RQ_SEND && a[k].seq == 2);
+        if (a[k].kind != CPS_RQ_COMPLETE)
+            continue;
+        done++;
+        assert_true(a[k].detach);
+        cps_reqs_detach(rq, a[k].index, a[k].seq == 1 ? &c1 : &c2, 0);
+    }
+    assert_int_equal(done, 2);
+    assert_int_equal(cps_reqs_detached(rq), 2);
+    /* The replica is back: only seq 1 goes out, then seq 2 once seq 1 is answered. */
+    v.nodes[0].alive = 1;
+    cps_reqs_tick(rq, &v, T0 + 3 + UNAVAIL_MS + TIMEOUT_MS);
+    expect_send(rq, 1, 1, 5, 1, CPS_RQ_WHY_TIMEOUT, T0 + 3 + UNAVAIL_MS + TIMEOUT_MS);
+    cps_reqs_done d;
+    assert_int_equal(reply(rq, &v, CPS_MSG_ACK, 1, 5, 0, T0 + 4 + UNAVAIL_MS + TIMEOUT_MS, &d),
+                     CPS_RQ_REPLY_TAKEN);
+    assert_ptr_equal(d.ctx, &c1);
+    expect_send(rq, 2, 1, 5, 0, CPS_RQ_WHY_NEW, T0 + 4 + UNAVAIL_MS + TIMEOUT_MS);
+    cps_reqs_destroy(rq);
     cps__view_fini(&v);
 }
 
@@ -537,6 +616,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(refusals_complete_and_duplicates_are_ignored, setup,
                                         teardown),
         cmocka_unit_test(range_without_chain_waits_for_the_timeout),
+        cmocka_unit_test_setup_teardown(ordered_requests_do_not_overtake, setup, teardown),
+        cmocka_unit_test(held_request_is_given_up_and_keeps_its_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -290,6 +290,51 @@ static void a_stuck_step_is_reported_then_repeated(void **state)
     cps_sync_destroy(a);
 }
 
+/* A later step of a key set that completes first is held until the earlier open one is
+ * submitted, then both go, in step order (the head takes a push at or below the last applied
+ * step as a duplicate). Other key sets are not held; a step nobody pushed to does not hold. */
+static void steps_of_a_key_set_are_submitted_in_order(void **state)
+{
+    (void)state;
+    cps_view v;
+    int dropped;
+    cps_sync *a = setup_sync(&v, 2, &dropped);
+    grad g[4] = {{.rank = 0}, {.rank = 0}, {.rank = 1}, {.rank = 1}};
+    assert_int_equal(push(a, &v, 7, &g[0], 0), CPS_SYNC_TAKEN); /* step 7: rank 1 missing */
+    assert_int_equal(push(a, &v, 8, &g[1], 0), CPS_SYNC_TAKEN);
+    assert_int_equal(push(a, &v, 8, &g[2], 0), CPS_SYNC_TAKEN); /* step 8 complete: held */
+    no_actions(a);
+    assert_int_equal(cps_sync_pending(a), 2);
+    /* A held slot is not reported stuck: the step it waits for is. */
+    assert_int_equal(cps_sync_tick(a, CPS_SYNC_STUCK_MS), 0);
+    assert_int_equal(only_action(a, CPS_SA_STUCK)->step, 7);
+    /* Another key set completes on its own. */
+    grad o = {.rank = 0}, o2 = {.rank = 1};
+    cps_sync_contrib c = {10, CPS_MSG_PUSH, 1, 3, &o};
+    assert_int_equal(cps_sync_push(a, &v, 0, 0xdef, 9, 0, &c, 0), CPS_SYNC_TAKEN);
+    c = (cps_sync_contrib){11, CPS_MSG_PUSH, 2, 3, &o2};
+    assert_int_equal(cps_sync_push(a, &v, 0, 0xdef, 9, 1, &c, 0), CPS_SYNC_TAKEN);
+    assert_int_equal(only_action(a, CPS_SA_SUBMIT)->sig, 0xdef);
+
+    assert_int_equal(push(a, &v, 7, &g[3], 0), CPS_SYNC_TAKEN);
+    const cps_sync_action *acts;
+    assert_int_equal(cps_sync_actions(a, &acts), 2);
+    assert_int_equal(acts[0].kind, CPS_SA_SUBMIT);
+    assert_int_equal(acts[0].step, 7);
+    assert_ptr_equal(acts[0].by_rank[1].cookie, &g[3]);
+    assert_int_equal(acts[1].kind, CPS_SA_SUBMIT);
+    assert_int_equal(acts[1].step, 8);
+    assert_ptr_equal(acts[1].by_rank[0].cookie, &g[1]);
+    assert_int_equal(cps_sync_pending(a), 0);
+    /* Both slots were released: the next step opens and completes on its own. */
+    grad n0 = {.rank = 0}, n1 = {.rank = 1};
+    assert_int_equal(push(a, &v, 9, &n0, 0), CPS_SYNC_TAKEN);
+    assert_int_equal(push(a, &v, 9, &n1, 0), CPS_SYNC_TAKEN);
+    assert_int_equal(only_action(a, CPS_SA_SUBMIT)->step, 9);
+    assert_int_equal(dropped, 0);
+    cps_sync_destroy(a);
+}
+
 static void a_released_slot_is_reused_for_the_next_step(void **state)
 {
     (void)state;
@@ -319,6 +364,7 @@ int main(void)
         cmocka_unit_test(steps_key_sets_and_ranges_are_separate_slots),
         cmocka_unit_test(a_stuck_step_is_reported_then_repeated),
         cmocka_unit_test(a_released_slot_is_reused_for_the_next_step),
+        cmocka_unit_test(steps_of_a_key_set_are_submitted_in_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
