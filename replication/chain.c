@@ -12,10 +12,9 @@
 #include "chainps/error.h"
 #include "core/array.h"
 
-#define FWD_FIXED     24u
-#define FWD_REQ       16u
-#define DEDUP_SLOTS   (2u * CPS_MAX_NODES)
-#define REFUSED_SLOTS 16u
+#define FWD_FIXED   24u
+#define FWD_REQ     16u
+#define DEDUP_SLOTS (2u * CPS_MAX_NODES)
 
 /* Re-send timing: resend_ms, plus 1 ms per this many bytes of the oldest held update doubled per
  * unanswered round up to 2^RESEND_MAX_DOUBLINGS times. */
@@ -40,11 +39,6 @@ typedef struct agg_rec {
     uint64_t sig, step;
 } agg_rec;
 
-typedef struct refused_rec {
-    uint32_t id; /* dedup id; 0 = empty */
-    uint64_t req_seq;
-} refused_rec;
-
 typedef struct range_st {
     int loaded;
     uint64_t applied;
@@ -56,8 +50,6 @@ typedef struct range_st {
     uint64_t *hw; /* DEDUP_SLOTS entries, UINT64_MAX = not loaded */
     agg_rec *aggs;
     uint32_t naggs, aggs_cap;
-    refused_rec refused[REFUSED_SLOTS]; /* recent cps_chain_skip requests, a ring */
-    uint32_t refused_next;
     /* State transfer. At the tail: a joining replica that also receives every update, and the
      * highest join id a shadow was added for (the scheduler's ids only grow: a lower one is a
      * late request of an abandoned join). */
@@ -506,7 +498,7 @@ static int commit_at_tail(cps_chain *c, uint32_t r, uint64_t seq, const cps_chai
 {
     range_st *rs = &c->ranges[r];
     rs->committed = seq;
-    for (uint32_t i = 0; u && u->kind != CPS_UPD_SKIP && i < u->nreqs; i++) {
+    for (uint32_t i = 0; u && i < u->nreqs; i++) {
         int rc = emit_reply(c, r, seq, u, &u->reqs[i], NULL);
         if (rc != 0)
             return rc;
@@ -610,7 +602,7 @@ static int become_tail(cps_chain *c, uint32_t r, int pos)
         sent_entry *e = &rs->sent[i];
         if (decode_fwd(c, e->msg + CPS_WIRE_HDR_SIZE, e->len - CPS_WIRE_HDR_SIZE, &u) != 0)
             continue;
-        for (uint32_t j = 0; u.kind != CPS_UPD_SKIP && j < u.nreqs; j++) {
+        for (uint32_t j = 0; j < u.nreqs; j++) {
             int rc = emit_reply(c, r, e->seq, &u, &u.reqs[j], NULL);
             if (rc != 0)
                 return rc;
@@ -722,15 +714,6 @@ int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
     return rc;
 }
 
-/* 1 if cps_chain_skip refused this request recently (the last REFUSED_SLOTS of the range). */
-static int was_refused(const range_st *rs, uint32_t id, uint64_t req_seq)
-{
-    for (uint32_t i = 0; i < REFUSED_SLOTS; i++)
-        if (rs->refused[i].id == id && rs->refused[i].req_seq == req_seq)
-            return 1;
-    return 0;
-}
-
 int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t step, uint64_t sig,
                     void *cookie)
 {
@@ -753,11 +736,6 @@ int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t s
         uint64_t *hw;
         if ((rc = hw_slot(c, r, dedup_id(q), &hw)) != 0)
             return rc;
-        /* A retry (or network duplicate) of a request refused after admission is not applied,
-         * though its number is used up: answering it as a DUP would acknowledge a push that is
-         * nowhere (simulator seed 2). Let the caller check it again, and refuse it again. */
-        if (was_refused(rs, dedup_id(q), q->req_seq))
-            return CPS_ADMIT_NEW;
         uint64_t last = *hw;
         if (q->noagg && last == 0)
             last = CPS_SEQ_SPARSE;
@@ -775,28 +753,6 @@ int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t s
             rs->waits[rs->nwaits++] = (wait_reply){*q, rs->applied, cookie};
     }
     return rc == 0 ? CPS_ADMIT_DUP : rc;
-}
-
-int cps_chain_skip(cps_chain *c, uint32_t r, const cps_chain_req *q)
-{
-    begin_call(c);
-    if (position(c, r) != 0 || keeps_no_record(q->type))
-        return CPS_EINVAL;
-    int rc = load_range(c, r);
-    uint64_t *hw = NULL;
-    if (rc == 0)
-        rc = hw_slot(c, r, dedup_id(q), &hw);
-    if (rc != 0)
-        return rc;
-    uint64_t last = (q->noagg && *hw == 0) ? CPS_SEQ_SPARSE : *hw;
-    if (q->req_seq == last + 1)
-        *hw = q->req_seq;
-    range_st *rs = &c->ranges[r];
-    if (!was_refused(rs, dedup_id(q), q->req_seq)) {
-        rs->refused[rs->refused_next] = (refused_rec){dedup_id(q), q->req_seq};
-        rs->refused_next = (rs->refused_next + 1) % REFUSED_SLOTS;
-    }
-    return 0;
 }
 
 int cps_chain_submit(cps_chain *c, uint32_t r, const cps_chain_update *u, uint64_t now)

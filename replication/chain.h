@@ -34,12 +34,14 @@
 
 typedef struct cps_chain cps_chain;
 
-/* Update kinds. */
 /* Update kinds. PUSH: gradients (kv with values). DECLARE: create keys. SKIP: no data, only
- * the exactly-once record of a request the head refused after admitting it (so a new head
- * does not mistake the worker's next request for a gap); the tail sends no reply for it, the
- * head already answered with the error. PUT: whole records (values and optimizer state) that
- * replace what the keys hold (checkpoint restore). */
+ * the exactly-once record of a push the head refused (unknown key, wrong length), whose number
+ * of the worker's sequence is used up all the same; the body is the error (8 bytes, little
+ * endian), and the tail's reply for it is that error: answered only once every replica holds
+ * the record, a refusal never leaves a new head taking the worker's next push for a gap. A
+ * retry of the refused push is a duplicate; the caller knows it is refused (its keys) and
+ * answers the duplicate's REPLY with the error. PUT: whole records (values and optimizer
+ * state) that replace what the keys hold (checkpoint restore). */
 enum { CPS_UPD_PUSH = 1, CPS_UPD_DECLARE = 2, CPS_UPD_SKIP = 3, CPS_UPD_PUT = 4 };
 
 /* One worker request contained in an update. */
@@ -117,13 +119,6 @@ enum {
  * set for sync pushes. Returns a verdict (>= 0) or CPS_ENOMEM / CPS_ESTORE. */
 int cps_chain_admit(cps_chain *c, uint32_t range, const cps_chain_req *req, uint64_t step,
                     uint64_t sig, void *cookie);
-
-/* At the head, after cps_chain_admit said CPS_ADMIT_NEW for a push that the caller then refused
- * (unknown key, wrong length): the refusal uses up the request's number, since the worker never
- * re-sends a refused request and would otherwise have every later push of the range dropped as
- * a gap. Kept in memory only: the worker's next applied push records a higher number on every
- * replica. Errors: CPS_EINVAL (not head, declare), CPS_ESTORE, CPS_ENOMEM. */
-int cps_chain_skip(cps_chain *c, uint32_t range, const cps_chain_req *req);
 
 /* At the head: give update u the next sequence number of the range, and emit APPLY, then SEND
  * to the successor (or REPLY for every request when this server is also the tail). The body is

@@ -364,10 +364,18 @@ static int apply_txn(cps_txn *txn, void *arg)
     rc = cps__store_range_put(txn, a->range, &m);
     for (uint32_t i = 0; rc == 0 && i < u->nreqs; i++) {
         const cps_chain_req *q = &u->reqs[i];
-        if (q->type != CPS_MSG_DECLARE && q->type != CPS_MSG_PUT)
-            rc = cps__store_dedup_put(txn, a->range,
-                                      q->noagg ? (q->worker | CPS_DEDUP_SPARSE_BIT) : q->worker,
-                                      q->req_seq);
+        if (q->type == CPS_MSG_DECLARE || q->type == CPS_MSG_PUT)
+            continue;
+        uint32_t id = q->noagg ? (q->worker | CPS_DEDUP_SPARSE_BIT) : q->worker;
+        /* A SKIP may come late: a retry of a refused push, refused again after the worker's
+         * next push was applied. Its record must not move the worker's number back, or a
+         * re-sent later push would be applied twice. A push is admitted in sequence, so its
+         * number is always the highest. */
+        uint64_t have = 0;
+        if (u->kind == CPS_UPD_SKIP && (rc = cps__store_dedup_get(txn, a->range, id, &have)) != 0)
+            break;
+        if (q->req_seq > have)
+            rc = cps__store_dedup_put(txn, a->range, id, q->req_seq);
     }
     /* SSP: the clocks this update moved (do_apply moved them in memory first), in its own
      * transaction, so the store never holds an update without the clocks it implies. */
@@ -417,6 +425,26 @@ static void do_reply(server *s, const cps_chain_action *a)
     const cps_chain_req *q = &a->req;
     if (q->type == CPS_MSG_PUT)
         return; /* the restore tool is no member: it polls the tail's sequence number */
+    /* A refusal, committed (see cps__server_on_push): a SKIP update carries its error, a retry
+     * of the refused push carries it in its copy's status. */
+    int refused = 0;
+    if (a->cookie)
+        refused = ((cps_rx *)a->cookie)->hdr.status;
+    else if (a->upd.kind == CPS_UPD_SKIP)
+        refused = a->upd.body_len == 8 ? (int)(int64_t)cps__le64_get(a->upd.body) : CPS_EINVAL;
+    if (refused < 0) {
+        cps_msg_hdr h = {.type = q->type,
+                         .sender = q->worker,
+                         .req_worker = q->worker,
+                         .req_seq = q->req_seq,
+                         .range = a->range};
+        cps__server_reply_error(s, &h, refused, "push refused by the head of range %u", a->range);
+        if (a->cookie) {
+            cps__rx_free(a->cookie);
+            free(a->cookie);
+        }
+        return;
+    }
     if (a->cookie) {
         /* A retry answered once its update is committed: reply from the retried request. */
         cps_rx *rx = a->cookie;
@@ -591,28 +619,40 @@ static int check_keys(cps_txn *txn, void *arg)
     return 0;
 }
 
-static int refuse_bad_keys(server *s, const cps_msg_hdr *h, const cps_kv *kv,
-                           const cps_param_spec *spec)
+/* Check kv against the store; on a refusal, say why in why[n] and return the error. `spec`: a
+ * declare's definition, NULL for a push. */
+static int bad_keys(server *s, const cps_kv *kv, const cps_param_spec *spec, char *why, size_t n)
 {
     check_io c = {kv, spec, 0, 0};
     int rc = cps__store_read(s->store, check_keys, &c);
-    if (rc == 0)
-        return 0;
     if (rc == CPS_ENOTFOUND)
-        cps__server_reply_error(s, h, rc, "key %016" PRIx64 " was never declared", c.bad_key);
+        snprintf(why, n, "key %016" PRIx64 " was never declared", c.bad_key);
     else if (rc == CPS_ESIZE)
-        cps__server_reply_error(s, h, rc, "key %016" PRIx64 " holds %u values, not %u", c.bad_key,
-                                c.have_len, kv->lens[0]);
+        snprintf(why, n, "key %016" PRIx64 " holds %u values, not %u", c.bad_key, c.have_len,
+                 kv->lens[0]);
     else if (rc == CPS_EEXIST)
-        cps__server_reply_error(s, h, rc, "key %016" PRIx64 " exists with %u values", c.bad_key,
-                                c.have_len);
-    else
-        cps__server_reply_error(s, h, rc, "store read failed");
+        snprintf(why, n, "key %016" PRIx64 " exists with %u values", c.bad_key, c.have_len);
+    else if (rc != 0)
+        snprintf(why, n, "store read failed");
     return rc;
 }
 
-/* Hand the request to the state machine; returns 1 if it was taken (rx must not be freed). */
-static int admit(server *s, cps_rx *rx, uint64_t sig, int *verdict)
+/* Refuse at once: for requests that hold no number of the worker's push sequence (declares,
+ * sync pushes), so nothing must be replicated first. */
+static int refuse_bad_keys(server *s, const cps_msg_hdr *h, const cps_kv *kv,
+                           const cps_param_spec *spec)
+{
+    char why[96];
+    int rc = bad_keys(s, kv, spec, why, sizeof why);
+    if (rc != 0)
+        cps__server_reply_error(s, h, rc, "%s", why);
+    return rc;
+}
+
+/* Hand the request to the state machine; returns 1 if it was taken (rx must not be freed).
+ * `refused`: 0, or the error the head refuses this push with (its keys): a retry of it is then
+ * answered with that error, not as applied (do_reply). */
+static int admit(server *s, cps_rx *rx, uint64_t sig, int refused, int *verdict)
 {
     const cps_msg_hdr *h = &rx->hdr;
     cps_chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
@@ -624,6 +664,8 @@ static int admit(server *s, cps_rx *rx, uint64_t sig, int *verdict)
         return 0;
     }
     *cookie = *rx;
+    /* A request's own status field is unused on the wire: it carries the refusal here. */
+    cookie->hdr.status = refused;
     int v = cps_chain_admit(s->chain, h->range, &q, h->step, sig, cookie);
     *verdict = v;
     if (v == CPS_ADMIT_DUP) {
@@ -665,7 +707,7 @@ void cps__server_on_declare(server *s, cps_rx *rx)
         cps__server_reply_error(s, &rx->hdr, rc, "malformed DECLARE payload");
     } else if (!keys_in_range(s, rx->hdr.range, &kv)) {
         cps__server_reply_error(s, &rx->hdr, CPS_EINVAL, "keys outside range %u", rx->hdr.range);
-    } else if (refuse_bad_keys(s, &rx->hdr, &kv, &spec) == 0 && !admit(s, rx, 0, &verdict) &&
+    } else if (refuse_bad_keys(s, &rx->hdr, &kv, &spec) == 0 && !admit(s, rx, 0, 0, &verdict) &&
                verdict == CPS_ADMIT_NEW) {
         cps_chain_req q = {rx->hdr.sender, CPS_MSG_DECLARE, 0, rx->hdr.req_seq};
         cps_chain_update u = {CPS_UPD_DECLARE, 0, 0, 1, &q, rx->payload, rx->len};
@@ -778,7 +820,7 @@ static void push_sync(server *s, cps_rx *rx, const cps_kv *kv)
     }
     uint64_t sig = keyset_sig(kv);
     int verdict;
-    if (admit(s, rx, sig, &verdict))
+    if (admit(s, rx, sig, 0, &verdict))
         return; /* a retry of an applied step: answered by the state machine */
     if (verdict != CPS_ADMIT_NEW) {
         cps__rx_free(rx);
@@ -832,19 +874,28 @@ void cps__server_on_push(server *s, cps_rx *rx)
         push_sync(s, rx, &kv); /* takes rx */
         return;
     }
+    /* A push refused here (unknown key, wrong length) still uses up its number of the worker's
+     * sequence: the worker's later pushes follow it. The used-up number is replicated as a SKIP
+     * update and the refusal answered only once that is committed (at the tail, as any reply):
+     * answered before, a head failing right after would leave a new head that takes the worker's
+     * next push for a gap for ever (simulator seeds 6 and 55 with --refusals). A retry is a
+     * duplicate then, answered with the refusal once committed. */
+    char why[96];
+    int refused = bad_keys(s, &kv, NULL, why, sizeof why);
     int verdict;
-    if (admit(s, rx, 0, &verdict))
+    if (admit(s, rx, 0, refused, &verdict))
         return;
     if (verdict == CPS_ADMIT_NEW) {
         cps_chain_req q = {rx->hdr.sender, rx->hdr.type, (rx->hdr.flags & CPS_WF_NOAGG) ? 1 : 0,
                            rx->hdr.req_seq};
-        /* Refused after admission, in sequence order: the refusal uses up the request's number
-         * (the worker never re-sends it; its next push must not look like a gap). */
-        if (refuse_bad_keys(s, &rx->hdr, &kv, NULL) != 0) {
-            /* Record the used-up number on every replica, not only here: a new head must not
-             * take the worker's next push for a gap. */
-            cps_chain_skip(s->chain, rx->hdr.range, &q);
-            cps_chain_update u = {CPS_UPD_SKIP, rx->hdr.step, 0, 1, &q, NULL, 0};
+        if (refused) {
+            cps_log(CPS_LOG_WARN, "server",
+                    "push %llu of node %u on range %u refused: %s: %s (answered once replicated)",
+                    (unsigned long long)rx->hdr.req_seq, rx->hdr.sender, rx->hdr.range,
+                    cps_err_name(refused), why);
+            uint64_t status; /* the body: 8-byte aligned, little-endian */
+            cps__le64_put(&status, (uint64_t)(int64_t)refused);
+            cps_chain_update u = {CPS_UPD_SKIP, rx->hdr.step, 0, 1, &q, &status, sizeof status};
             submit(s, rx->hdr.range, &u);
         } else {
             cps_chain_update u = {CPS_UPD_PUSH, rx->hdr.step, 0, 1, &q, rx->payload, rx->len};

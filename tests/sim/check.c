@@ -251,6 +251,13 @@ void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a)
                      a->seq, q->worker);
             return;
         }
+        if (u->kind == CPS_UPD_SKIP) {
+            /* A refusal applies nothing, and may be replicated again for a retry: only the
+             * record moves, never back (update.c's apply_txn). */
+            if (q->req_seq > st->hw[idx])
+                st->hw[idx] = q->req_seq;
+            continue;
+        }
         /* Invariant 2: no request is ever applied twice on any replica. */
         const sim_applied_ent *e = set_find(st, id, q->req_seq);
         if (e) {
@@ -261,7 +268,7 @@ void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a)
             return;
         }
         set_put(st, id, q->req_seq, a->seq);
-        st->hw[idx] = q->req_seq; /* update.c writes the record unconditionally */
+        st->hw[idx] = q->req_seq; /* in sequence: the highest */
     }
     if (u->sig)
         agg_put(st, u->sig, u->step);

@@ -24,7 +24,7 @@
  * them (a HELLO from a restarted server the scheduler still counts alive; a server not yet let in
  * taking any VIEW; a JOIN_RANGE overtaking views; late join messages); the repair policy is the
  * scheduler's own either way (recovery/repair.c); --refusals lets the head refuse some pushes after
- * admission (unknown keys: cps_chain_skip). Fault kinds: see sim.h; `all` mixes every kind. */
+ * admission (unknown keys: a SKIP update). Fault kinds: see sim.h; `all` mixes every kind. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -560,7 +560,17 @@ static void server_actions(sim *sm, sim_server *s)
                 free(ck);
                 return;
             }
+            int refused = ck ? ck->refused : 0;
+            if (!ck && a->upd.kind == CPS_UPD_SKIP)
+                refused = (int)(int64_t)cps__le64_get(a->upd.body);
             free(ck);
+            if (refused) {
+                sim_trace(sm, "s%u reply ERROR r%u w%u req %" PRIx64 " (refused) at seq %" PRIu64,
+                          s->id, a->range, q->worker, q->req_seq, a->seq);
+                reply_to_worker(sm, s, CPS_MSG_ERROR, q->worker, a->range, q->req_seq, refused,
+                                NULL, 0, 0);
+                break;
+            }
             /* Invariant 1 when the answer leaves the server, not only when it arrives. */
             sim_check_reply(sm, s, a->range, q);
             if (sm->failed)
@@ -676,11 +686,11 @@ static int check_request(sim *sm, sim_server *s, const cps_msg_hdr *h)
 }
 
 /* cps_chain_admit with a heap cookie, as update.c's admit(): returns the verdict. */
-static int admit(sim *sm, sim_server *s, const cps_msg_hdr *h, uint64_t sig)
+static int admit(sim *sm, sim_server *s, const cps_msg_hdr *h, uint64_t sig, int refused)
 {
     cps_chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
     sim_cookie *ck = xmalloc(sizeof *ck);
-    *ck = (sim_cookie){h->sender, h->range, h->req_seq, 0};
+    *ck = (sim_cookie){h->sender, h->range, h->req_seq, 0, refused};
     int v = cps_chain_admit(s->chain, h->range, &q, h->step, sig, ck);
     sim_trace(sm, "s%u admit %s r%u w%u req %" PRIx64 " step %" PRIu64 ": verdict %d", s->id,
               msg_name(h->type), h->range, h->sender, h->req_seq, h->step, v);
@@ -721,7 +731,7 @@ static void on_request(sim *sm, sim_server *s, const cps_msg_hdr *h, const uint8
         if (s->ssp && !cps_ssp_may_proceed(s->ssp, s->view, h->range, h->aux, h->sender)) {
             /* update.c's park_pull: answered when the slowest worker catches up. */
             sim_cookie *ck = xmalloc(sizeof *ck);
-            *ck = (sim_cookie){h->sender, h->range, h->req_seq, h->aux};
+            *ck = (sim_cookie){h->sender, h->range, h->req_seq, h->aux, 0};
             if (cps_ssp_park(s->ssp, h->range, h->sender, h->aux, ck) != 0) {
                 free(ck);
                 sim_fail(sm, "api", "server %u: cps_ssp_park failed", s->id);
@@ -748,18 +758,21 @@ static void on_request(sim *sm, sim_server *s, const cps_msg_hdr *h, const uint8
     uint64_t grad = cps__le64_get(pl);
     int sync = sm->p.mode == SIM_SYNC && h->type == CPS_MSG_PUSH && !(h->flags & CPS_WF_NOAGG);
     uint64_t sig = sync ? range_sig(h->range) : 0;
-    int v = admit(sm, s, h, sig);
+    /* update.c refuses a push naming an undeclared key before admission; the refusal still
+     * uses up the push's number: it is replicated as a SKIP update carrying the error, which
+     * the tail answers once committed, and a retry is a duplicate answered with the error. */
+    int refused = !sync && h->aux == SIM_BAD_KEYS ? CPS_ENOTFOUND : 0;
+    int v = admit(sm, s, h, sig, refused);
     if (v != CPS_ADMIT_NEW || sm->failed)
         return;
     cps_chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
-    if (!sync && h->aux == SIM_BAD_KEYS) {
-        /* update.c refuses a push naming an undeclared key after admission, and lets the
-         * refusal use up the request's number (cps_chain_skip). */
+    if (refused) {
         sim_trace(sm, "s%u refuses r%u w%u req %" PRIx64 " (unknown key)", s->id, h->range,
                   h->sender, h->req_seq);
-        chain_rc(sm, s, "cps_chain_skip", cps_chain_skip(s->chain, h->range, &q));
-        reply_to_worker(sm, s, CPS_MSG_ERROR, h->sender, h->range, h->req_seq, CPS_ENOTFOUND, NULL,
-                        0, 0);
+        uint64_t status;
+        cps__le64_put(&status, (uint64_t)(int64_t)refused);
+        cps_chain_update u = {CPS_UPD_SKIP, h->step, 0, 1, &q, &status, sizeof status};
+        submit(sm, s, h->range, &u);
         return;
     }
     if (!sync) {

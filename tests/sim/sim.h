@@ -153,6 +153,7 @@ typedef struct sim_cookie {
     uint32_t worker, range;
     uint64_t req_seq;
     uint64_t clock; /* a pull parked by the SSP gate: the clock it reads at */
+    int refused;    /* a retry of a push the head refuses: its error (update.c's admit) */
 } sim_cookie;
 
 /* A server's side of a join (transfer.c's join_state). */
