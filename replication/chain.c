@@ -4,7 +4,7 @@
  *    0 u32 kind   4 u32 nreqs   8 u64 sig   16 u64 step
  *   24 nreqs x { u32 worker, u8 type, u8 noagg, u16 zero, u64 req_seq }
  *   then the update body (kv payload or DECLARE payload), to the end. */
-#include "chain.h"
+#include "chain_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -12,84 +12,9 @@
 #include "chainps/error.h"
 #include "core/array.h"
 
-#define FWD_FIXED   24u
-#define FWD_REQ     16u
-#define DEDUP_SLOTS (2u * CPS_MAX_NODES)
-
-/* Re-send timing: resend_ms, plus 1 ms per this many bytes of the oldest held update doubled per
- * unanswered round up to 2^RESEND_MAX_DOUBLINGS times. */
-#define RESEND_BYTES_PER_MS  (50u << 10) /* ~50 MB/s: a slow successor applying a big update */
-#define RESEND_MAX_DOUBLINGS 4
-
-typedef struct sent_entry {
-    uint64_t seq;
-    cps_msg_hdr hdr;
-    uint8_t *msg; /* whole wire message, header re-stamped on each send */
-    size_t len;
-    uint64_t sent_ms;
-} sent_entry;
-
-typedef struct wait_reply {
-    cps_chain_req req;
-    uint64_t wait_seq;
-    void *cookie;
-} wait_reply;
-
-typedef struct agg_rec {
-    uint64_t sig, step;
-} agg_rec;
-
-typedef struct range_st {
-    int loaded;
-    uint64_t applied;
-    uint64_t committed;
-    sent_entry *sent; /* ascending seq */
-    uint32_t nsent, sent_cap;
-    wait_reply *waits;
-    uint32_t nwaits, waits_cap;
-    uint64_t *hw; /* DEDUP_SLOTS entries, UINT64_MAX = not loaded */
-    agg_rec *aggs;
-    uint32_t naggs, aggs_cap;
-    /* State transfer. At the tail: a joining replica that also receives every update, and the
-     * highest join id a shadow was added for (the scheduler's ids only grow: a lower one is a
-     * late request of an abandoned join). */
-    uint32_t shadow;
-    uint64_t shadow_join;
-    /* At the joiner: FWDs from `join_source` held until the snapshot is installed. */
-    int joining, join_ready;
-    uint32_t join_source;
-    sent_entry *held;
-    uint32_t nheld, held_cap;
-    /* A new tail serves reads only once it applied what its predecessor had (the MARK). */
-    int gated;
-    uint64_t mark;
-    int mark_known;
-    /* An ex-tail tells its new successor its applied seq until that successor acks it. */
-    uint64_t mark_to_send;
-    int mark_pending; /* mark_to_send is to be (re)sent: a MARK of 0 is a MARK too */
-    uint64_t mark_sent_ms;
-    uint32_t backoff; /* re-send rounds without an ack since the last one (doubles the wait) */
-} range_st;
-
-struct cps_chain {
-    cps_chain_config cfg;
-    const cps_chain_store_ops *ops;
-    void *ctx;
-    cps_view view;
-    int have_view;
-    range_st *ranges;
-    uint32_t nranges;
-    cps_chain_action *acts;
-    size_t nacts, acts_cap;
-    void **scratch; /* buffers owned until the next call */
-    size_t nscratch, scratch_cap;
-    uint64_t fwd_bytes;
-    uint64_t now; /* the time given by the current call */
-};
-
 /* ---- small helpers ---- */
 
-static int grow(void **arr, uint32_t *cap, uint32_t need, size_t elem)
+int cps__chain_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem)
 {
     if (need <= *cap)
         return 0;
@@ -104,7 +29,7 @@ static int grow(void **arr, uint32_t *cap, uint32_t need, size_t elem)
     return 0;
 }
 
-static void begin_call(cps_chain *c)
+void cps__chain_begin_call(cps_chain *c)
 {
     for (size_t i = 0; i < c->nscratch; i++)
         free(c->scratch[i]);
@@ -113,7 +38,7 @@ static void begin_call(cps_chain *c)
 }
 
 /* Take ownership of b until the next call (freed by begin_call). */
-static int scratch_keep(cps_chain *c, void *b)
+int cps__chain_scratch_keep(cps_chain *c, void *b)
 {
     void *p = c->scratch;
     int rc = cps__array_reserve(&p, &c->scratch_cap, c->nscratch + 1, sizeof *c->scratch, 16);
@@ -127,14 +52,14 @@ static int scratch_keep(cps_chain *c, void *b)
 static void *scratch_alloc(cps_chain *c, size_t len)
 {
     void *b = malloc(len ? len : 1);
-    if (b && scratch_keep(c, b) != 0) {
+    if (b && cps__chain_scratch_keep(c, b) != 0) {
         free(b);
         return NULL;
     }
     return b;
 }
 
-static cps_chain_action *act(cps_chain *c, int kind, uint32_t range)
+cps_chain_action *cps__chain_act(cps_chain *c, int kind, uint32_t range)
 {
     void *p = c->acts;
     int rc = cps__array_reserve(&p, &c->acts_cap, c->nacts + 1, sizeof *c->acts, 32);
@@ -149,7 +74,7 @@ static cps_chain_action *act(cps_chain *c, int kind, uint32_t range)
 }
 
 /* Position of this server in range r's chain, or -1. */
-static int position(const cps_chain *c, uint32_t r)
+int cps__chain_position(const cps_chain *c, uint32_t r)
 {
     if (!c->have_view || r >= c->view.nranges)
         return -1;
@@ -165,12 +90,12 @@ static uint32_t chain_len(const cps_chain *c, uint32_t r)
     return c->view.ranges[r].chain_len;
 }
 
-static uint32_t neighbour(const cps_chain *c, uint32_t r, int pos)
+uint32_t cps__chain_neighbour(const cps_chain *c, uint32_t r, int pos)
 {
     return c->view.ranges[r].chain[pos];
 }
 
-static int load_range(cps_chain *c, uint32_t r)
+int cps__chain_load_range(cps_chain *c, uint32_t r)
 {
     range_st *rs = &c->ranges[r];
     if (rs->loaded)
@@ -196,7 +121,7 @@ static void drop_held(range_st *rs)
     rs->nheld = rs->held_cap = 0;
 }
 
-static void forget_range(cps_chain *c, range_st *rs)
+void cps__chain_forget_range(cps_chain *c, range_st *rs)
 {
     drop_held(rs);
     for (uint32_t i = 0; i < rs->nwaits; i++)
@@ -246,7 +171,7 @@ static int agg_slot(cps_chain *c, uint32_t r, uint64_t sig, uint64_t **step)
     uint64_t v = 0;
     if (c->ops->agg_step(c->ctx, r, sig, &v) != 0)
         return CPS_ESTORE;
-    if (grow((void **)&rs->aggs, &rs->aggs_cap, rs->naggs + 1, sizeof *rs->aggs) != 0)
+    if (cps__chain_grow((void **)&rs->aggs, &rs->aggs_cap, rs->naggs + 1, sizeof *rs->aggs) != 0)
         return CPS_ENOMEM;
     rs->aggs[rs->naggs] = (agg_rec){sig, v};
     *step = &rs->aggs[rs->naggs++].step;
@@ -265,7 +190,7 @@ static uint32_t dedup_id(const cps_chain_req *q)
 }
 
 /* Record in memory what an applied update did (the APPLY action writes the same to the store). */
-static int note_applied(cps_chain *c, uint32_t r, const cps_chain_update *u)
+int cps__chain_note_applied(cps_chain *c, uint32_t r, const cps_chain_update *u)
 {
     for (uint32_t i = 0; i < u->nreqs; i++) {
         const cps_chain_req *q = &u->reqs[i];
@@ -292,7 +217,7 @@ static int note_applied(cps_chain *c, uint32_t r, const cps_chain_update *u)
 static int emit_reply(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u,
                       const cps_chain_req *q, void *cookie)
 {
-    cps_chain_action *a = act(c, CPS_CA_REPLY, r);
+    cps_chain_action *a = cps__chain_act(c, CPS_CA_REPLY, r);
     if (!a)
         return CPS_ENOMEM;
     a->seq = seq;
@@ -305,7 +230,7 @@ static int emit_reply(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_up
 
 static int emit_send(cps_chain *c, uint32_t r, uint32_t to, const void *msg, size_t len)
 {
-    cps_chain_action *a = act(c, CPS_CA_SEND, r);
+    cps_chain_action *a = cps__chain_act(c, CPS_CA_SEND, r);
     if (!a)
         return CPS_ENOMEM;
     a->to = to;
@@ -314,12 +239,9 @@ static int emit_send(cps_chain *c, uint32_t r, uint32_t to, const void *msg, siz
     return 0;
 }
 
-/* aux of a CHAIN_ACK that answers a CHAIN_MARK: the MARK arrived. */
-#define ACK_OF_MARK 1u
-
 /* A header-only chain message (CHAIN_ACK or CHAIN_MARK) for range r to node `to`. */
-static int send_control(cps_chain *c, uint32_t r, uint32_t to, uint8_t type, uint64_t seq,
-                        uint64_t aux)
+int cps__chain_send_control(cps_chain *c, uint32_t r, uint32_t to, uint8_t type, uint64_t seq,
+                            uint64_t aux)
 {
     cps_msg_hdr h = {0};
     h.type = type;
@@ -335,35 +257,9 @@ static int send_control(cps_chain *c, uint32_t r, uint32_t to, uint8_t type, uin
     return emit_send(c, r, to, m, CPS_WIRE_HDR_SIZE);
 }
 
-static int send_ack_aux(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq, uint64_t aux)
+int cps__chain_send_ack(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
 {
-    return send_control(c, r, to, CPS_MSG_CHAIN_ACK, seq, aux);
-}
-
-static int send_ack(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
-{
-    return send_control(c, r, to, CPS_MSG_CHAIN_ACK, seq, 0);
-}
-
-static int send_mark(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
-{
-    return send_control(c, r, to, CPS_MSG_CHAIN_MARK, seq, 0);
-}
-
-/* The MARK to hand a new successor: what we applied, or, if we joined and have not caught up
- * with our own predecessor yet, what it had (its MARK), since that is what may have been
- * acknowledged. 0 while we wait for our own MARK (simulator seed 416: a second replica joined
- * from a tail that was itself still catching up, and served reads older than acknowledged). */
-static int mark_value(const range_st *rs, uint64_t *v)
-{
-    *v = rs->applied;
-    if (!rs->gated)
-        return 1;
-    if (!rs->mark_known)
-        return 0;
-    if (rs->mark > *v)
-        *v = rs->mark;
-    return 1;
+    return cps__chain_send_control(c, r, to, CPS_MSG_CHAIN_ACK, seq, 0);
 }
 
 /* Answer the requests that waited for the range to commit up to their seq. */
@@ -386,7 +282,7 @@ static int wake_waits(cps_chain *c, uint32_t r)
 }
 
 /* Parse a FWD payload into an update view (reqs copied to scratch: they may be unaligned). */
-static int decode_fwd(cps_chain *c, const void *payload, size_t len, cps_chain_update *u)
+int cps__chain_decode_fwd(cps_chain *c, const void *payload, size_t len, cps_chain_update *u)
 {
     const uint8_t *p = payload;
     if (len < FWD_FIXED)
@@ -474,7 +370,7 @@ static int forward_to(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_up
                       uint32_t to, uint64_t now)
 {
     range_st *rs = &c->ranges[r];
-    if (grow((void **)&rs->sent, &rs->sent_cap, rs->nsent + 1, sizeof *rs->sent) != 0)
+    if (cps__chain_grow((void **)&rs->sent, &rs->sent_cap, rs->nsent + 1, sizeof *rs->sent) != 0)
         return CPS_ENOMEM;
     sent_entry *e = &rs->sent[rs->nsent];
     e->seq = seq;
@@ -489,7 +385,7 @@ static int forward_to(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_up
 static int forward(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u, int pos,
                    uint64_t now)
 {
-    return forward_to(c, r, seq, u, neighbour(c, r, pos + 1), now);
+    return forward_to(c, r, seq, u, cps__chain_neighbour(c, r, pos + 1), now);
 }
 
 /* This replica is the tail for seq: everything up to it is committed. Reply and ack upstream. */
@@ -505,7 +401,7 @@ static int commit_at_tail(cps_chain *c, uint32_t r, uint64_t seq, const cps_chai
     }
     int rc = wake_waits(c, r);
     if (rc == 0 && pos > 0)
-        rc = send_ack(c, r, neighbour(c, r, pos - 1), seq);
+        rc = cps__chain_send_ack(c, r, cps__chain_neighbour(c, r, pos - 1), seq);
     /* A replica copying the range gets the update too (committed here regardless). */
     if (rc == 0 && rs->shadow && u)
         rc = forward_to(c, r, seq, u, rs->shadow, c->now);
@@ -538,9 +434,9 @@ void cps_chain_destroy(cps_chain *c)
 {
     if (!c)
         return;
-    begin_call(c);
+    cps__chain_begin_call(c);
     for (uint32_t r = 0; r < c->nranges; r++)
-        forget_range(c, &c->ranges[r]);
+        cps__chain_forget_range(c, &c->ranges[r]);
     free(c->ranges);
     free(c->acts);
     free(c->scratch);
@@ -556,13 +452,13 @@ size_t cps_chain_actions(cps_chain *c, const cps_chain_action **out)
 
 int cps_chain_is_tail(const cps_chain *c, uint32_t r)
 {
-    int pos = position(c, r);
+    int pos = cps__chain_position(c, r);
     return pos >= 0 && (uint32_t)pos == chain_len(c, r) - 1;
 }
 
 int cps_chain_is_head(const cps_chain *c, uint32_t r)
 {
-    return position(c, r) == 0;
+    return cps__chain_position(c, r) == 0;
 }
 
 int cps_chain_joining(const cps_chain *c, uint32_t r)
@@ -590,8 +486,6 @@ uint64_t cps_chain_fwd_bytes(const cps_chain *c)
     return c->fwd_bytes;
 }
 
-static void drop_acked(range_st *rs, uint64_t seq);
-
 /* The tail of range r went away and this replica is the new tail: what it holds is on every
  * live replica, so it is committed; answer the workers of every held update. */
 static int become_tail(cps_chain *c, uint32_t r, int pos)
@@ -600,7 +494,8 @@ static int become_tail(cps_chain *c, uint32_t r, int pos)
     for (uint32_t i = 0; i < rs->nsent; i++) {
         cps_chain_update u;
         sent_entry *e = &rs->sent[i];
-        if (decode_fwd(c, e->msg + CPS_WIRE_HDR_SIZE, e->len - CPS_WIRE_HDR_SIZE, &u) != 0)
+        if (cps__chain_decode_fwd(c, e->msg + CPS_WIRE_HDR_SIZE, e->len - CPS_WIRE_HDR_SIZE, &u) !=
+            0)
             continue;
         for (uint32_t j = 0; j < u.nreqs; j++) {
             int rc = emit_reply(c, r, e->seq, &u, &u.reqs[j], NULL);
@@ -610,7 +505,7 @@ static int become_tail(cps_chain *c, uint32_t r, int pos)
     }
     /* The replies point into the held messages: free them with the next call's scratch. */
     for (uint32_t i = 0; i < rs->nsent; i++) {
-        if (scratch_keep(c, rs->sent[i].msg) != 0) {
+        if (cps__chain_scratch_keep(c, rs->sent[i].msg) != 0) {
             /* Keep the rest held rather than leak or free what replies point into. */
             memmove(rs->sent, rs->sent + i, (rs->nsent - i) * sizeof *rs->sent);
             rs->nsent -= i;
@@ -621,13 +516,13 @@ static int become_tail(cps_chain *c, uint32_t r, int pos)
     rs->committed = rs->applied;
     int rc = wake_waits(c, r);
     if (rc == 0 && pos > 0)
-        rc = send_ack(c, r, neighbour(c, r, pos - 1), rs->committed);
+        rc = cps__chain_send_ack(c, r, cps__chain_neighbour(c, r, pos - 1), rs->committed);
     return rc;
 }
 
 int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
 {
-    begin_call(c);
+    cps__chain_begin_call(c);
     c->now = now;
     if (c->have_view && v->nranges != c->nranges)
         return CPS_EINVAL;
@@ -648,19 +543,19 @@ int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
         return CPS_ENOMEM;
     }
     for (uint32_t r = 0; r < v->nranges; r++) {
-        old_pos[r] = c->have_view ? position(c, r) : -1;
+        old_pos[r] = c->have_view ? cps__chain_position(c, r) : -1;
         old_succ[r] = (old_pos[r] >= 0 && (uint32_t)old_pos[r] + 1 < chain_len(c, r))
-                          ? neighbour(c, r, old_pos[r] + 1)
+                          ? cps__chain_neighbour(c, r, old_pos[r] + 1)
                           : 0;
     }
     int rc = cps__view_copy(&c->view, v);
     c->have_view = rc == 0;
     for (uint32_t r = 0; rc == 0 && r < v->nranges; r++) {
         range_st *rs = &c->ranges[r];
-        int pos = position(c, r);
+        int pos = cps__chain_position(c, r);
         if (pos < 0) {
             if (old_pos[r] >= 0)
-                forget_range(c, rs);
+                cps__chain_forget_range(c, rs);
             continue;
         }
         if (rs->joining) {
@@ -676,17 +571,17 @@ int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
              * send one, and what we hold is all the chain holds (simulator seed 262). */
             rs->gated = 0;
         }
-        if ((rc = load_range(c, r)) != 0)
+        if ((rc = cps__chain_load_range(c, r)) != 0)
             break;
         int tail = (uint32_t)pos == chain_len(c, r) - 1;
-        uint32_t succ = tail ? 0 : neighbour(c, r, pos + 1);
+        uint32_t succ = tail ? 0 : cps__chain_neighbour(c, r, pos + 1);
         if (rs->shadow && succ != rs->shadow &&
             (!cps__view_node(v, rs->shadow) || !cps__view_node(v, rs->shadow)->alive)) {
             /* It is gone. What we held for it is moot; kept, it would never be acknowledged,
              * and at a head it would count against max_unacked for ever (simulator seed 123). */
             rs->shadow = 0;
             if (tail)
-                drop_acked(rs, UINT64_MAX);
+                cps__chain_drop_acked(rs, UINT64_MAX);
         }
         if (rs->shadow && succ == rs->shadow)
             rs->shadow = 0; /* it joined as our successor: what it lacks is re-sent below */
@@ -703,10 +598,8 @@ int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
             rs->backoff = 0; /* a new successor: its clock starts now */
             for (uint32_t i = 0; rc == 0 && i < rs->nsent; i++)
                 rc = send_held(c, r, &rs->sent[i], succ, now);
-            if (rc == 0 && rs->mark_pending && mark_value(rs, &rs->mark_to_send)) {
-                rs->mark_sent_ms = now;
-                rc = send_mark(c, r, succ, rs->mark_to_send);
-            }
+            if (rc == 0)
+                rc = cps__chain_mark_send(c, r, succ, now);
         }
     }
     free(old_pos);
@@ -717,10 +610,10 @@ int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
 int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t step, uint64_t sig,
                     void *cookie)
 {
-    begin_call(c);
-    if (position(c, r) != 0)
+    cps__chain_begin_call(c);
+    if (cps__chain_position(c, r) != 0)
         return CPS_ADMIT_NOT_HEAD;
-    int rc = load_range(c, r);
+    int rc = cps__chain_load_range(c, r);
     if (rc != 0)
         return rc;
     range_st *rs = &c->ranges[r];
@@ -748,7 +641,8 @@ int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t s
     if (rs->committed >= rs->applied) {
         rc = emit_reply(c, r, rs->applied, NULL, q, cookie);
     } else {
-        rc = grow((void **)&rs->waits, &rs->waits_cap, rs->nwaits + 1, sizeof *rs->waits);
+        rc =
+            cps__chain_grow((void **)&rs->waits, &rs->waits_cap, rs->nwaits + 1, sizeof *rs->waits);
         if (rc == 0)
             rs->waits[rs->nwaits++] = (wait_reply){*q, rs->applied, cookie};
     }
@@ -757,20 +651,20 @@ int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t s
 
 int cps_chain_submit(cps_chain *c, uint32_t r, const cps_chain_update *u, uint64_t now)
 {
-    begin_call(c);
+    cps__chain_begin_call(c);
     c->now = now;
-    int pos = position(c, r);
+    int pos = cps__chain_position(c, r);
     if (pos != 0)
         return CPS_EINVAL;
-    int rc = load_range(c, r);
+    int rc = cps__chain_load_range(c, r);
     if (rc != 0)
         return rc;
     range_st *rs = &c->ranges[r];
     uint64_t seq = rs->applied + 1;
-    if ((rc = note_applied(c, r, u)) != 0)
+    if ((rc = cps__chain_note_applied(c, r, u)) != 0)
         return rc;
     rs->applied = seq;
-    cps_chain_action *a = act(c, CPS_CA_APPLY, r);
+    cps_chain_action *a = cps__chain_act(c, CPS_CA_APPLY, r);
     if (!a)
         return CPS_ENOMEM;
     a->seq = seq;
@@ -785,25 +679,25 @@ static int on_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_
 {
     uint32_t r = h->range;
     range_st *rs = &c->ranges[r];
-    if (pos <= 0 || neighbour(c, r, pos - 1) != h->sender)
+    if (pos <= 0 || cps__chain_neighbour(c, r, pos - 1) != h->sender)
         return CPS_ESTALE_EPOCH; /* not from our predecessor in this view */
     cps_chain_update u;
-    int rc = decode_fwd(c, payload, len, &u);
+    int rc = cps__chain_decode_fwd(c, payload, len, &u);
     if (rc != 0)
         return rc;
     int tail = (uint32_t)pos == chain_len(c, r) - 1;
     if (h->req_seq <= rs->applied) {
         /* A re-sent FWD we hold. If it is committed here, say so again: the ack may be lost. */
         if (rs->committed >= h->req_seq)
-            return send_ack(c, r, h->sender, rs->committed);
+            return cps__chain_send_ack(c, r, h->sender, rs->committed);
         return 0;
     }
     if (h->req_seq != rs->applied + 1)
         return 0; /* a gap: the predecessor re-sends in order */
-    if ((rc = note_applied(c, r, &u)) != 0)
+    if ((rc = cps__chain_note_applied(c, r, &u)) != 0)
         return rc;
     rs->applied = h->req_seq;
-    cps_chain_action *a = act(c, CPS_CA_APPLY, r);
+    cps_chain_action *a = cps__chain_act(c, CPS_CA_APPLY, r);
     if (!a)
         return CPS_ENOMEM;
     a->seq = h->req_seq;
@@ -813,7 +707,7 @@ static int on_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_
     return forward(c, r, h->req_seq, &u, pos, now);
 }
 
-static void drop_acked(range_st *rs, uint64_t seq)
+void cps__chain_drop_acked(range_st *rs, uint64_t seq)
 {
     uint32_t drop = 0;
     if (rs->nsent && rs->sent[0].seq <= seq)
@@ -832,14 +726,14 @@ static int on_ack(cps_chain *c, const cps_msg_hdr *h, int pos)
     range_st *rs = &c->ranges[r];
     if (rs->shadow && h->sender == rs->shadow && (uint32_t)pos + 1 == chain_len(c, r)) {
         /* The joining replica has these: nothing to commit, we are the tail. */
-        drop_acked(rs, h->req_seq);
+        cps__chain_drop_acked(rs, h->req_seq);
         return 0;
     }
-    if ((uint32_t)pos + 1 >= chain_len(c, r) || neighbour(c, r, pos + 1) != h->sender)
+    if ((uint32_t)pos + 1 >= chain_len(c, r) || cps__chain_neighbour(c, r, pos + 1) != h->sender)
         return CPS_ESTALE_EPOCH;
     /* Only the answer to the MARK itself stops its repetition: an ack of updates alone does
      * not tell that the MARK (perhaps sent before the successor had the view) arrived. */
-    if (rs->mark_pending && (h->aux & ACK_OF_MARK))
+    if (rs->mark_pending && (h->aux & CPS_CHAIN_ACK_OF_MARK))
         rs->mark_pending = 0;
     uint64_t seq = h->req_seq < rs->applied ? h->req_seq : rs->applied;
     if (seq <= rs->committed && rs->nsent == 0)
@@ -855,16 +749,14 @@ static int on_ack(cps_chain *c, const cps_msg_hdr *h, int pos)
     }
     int rc = wake_waits(c, r);
     if (rc == 0 && pos > 0)
-        rc = send_ack(c, r, neighbour(c, r, pos - 1), rs->committed);
+        rc = cps__chain_send_ack(c, r, cps__chain_neighbour(c, r, pos - 1), rs->committed);
     return rc;
 }
-
-static int on_join_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len);
 
 int cps_chain_on_message(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len,
                          uint64_t now)
 {
-    begin_call(c);
+    cps__chain_begin_call(c);
     c->now = now;
     if (!c->have_view || h->epoch < c->view.epoch)
         return CPS_ESTALE_EPOCH; /* fenced: a message from an older configuration */
@@ -872,54 +764,41 @@ int cps_chain_on_message(cps_chain *c, const cps_msg_hdr *h, const void *payload
         return CPS_EAGAIN; /* we are behind: the caller fetches the view; the sender re-sends */
     if (h->range >= c->nranges)
         return CPS_EPROTO;
-    int pos = position(c, h->range);
+    int pos = cps__chain_position(c, h->range);
     if (pos < 0) {
         range_st *rs = &c->ranges[h->range];
         if (rs->joining && h->type == CPS_MSG_FWD && h->sender == rs->join_source)
-            return on_join_fwd(c, h, payload, len);
+            return cps__chain_on_join_fwd(c, h, payload, len);
         return CPS_ESTALE_EPOCH;
     }
-    int rc = load_range(c, h->range);
+    int rc = cps__chain_load_range(c, h->range);
     if (rc != 0)
         return rc;
     if (h->type == CPS_MSG_FWD)
         return on_fwd(c, h, payload, len, now, pos);
     if (h->type == CPS_MSG_CHAIN_ACK)
         return on_ack(c, h, pos);
-    if (h->type == CPS_MSG_CHAIN_MARK) {
-        range_st *rs = &c->ranges[h->range];
-        if (pos == 0 || neighbour(c, h->range, pos - 1) != h->sender)
-            return CPS_ESTALE_EPOCH;
-        if (!rs->mark_known || h->req_seq > rs->mark)
-            rs->mark = h->req_seq;
-        rs->mark_known = 1;
-        /* Acknowledge the MARK, so the predecessor stops repeating it. The ack carries what
-         * is committed here: a MARK may now come to a middle replica too, whose applied
-         * updates are not committed (at the tail the two are equal). */
-        return send_ack_aux(c, h->range, h->sender, rs->committed, ACK_OF_MARK);
-    }
+    if (h->type == CPS_MSG_CHAIN_MARK)
+        return cps__chain_on_mark(c, h, pos);
     return CPS_EPROTO;
 }
 
 int cps_chain_tick(cps_chain *c, uint64_t now)
 {
-    begin_call(c);
+    cps__chain_begin_call(c);
     c->now = now;
     int rc = 0;
     for (uint32_t r = 0; rc == 0 && r < c->nranges; r++) {
         range_st *rs = &c->ranges[r];
-        int pos = position(c, r);
+        int pos = cps__chain_position(c, r);
         if (pos < 0)
             continue;
         int tail = (uint32_t)pos + 1 >= chain_len(c, r);
-        uint32_t succ = tail ? rs->shadow : neighbour(c, r, pos + 1);
+        uint32_t succ = tail ? rs->shadow : cps__chain_neighbour(c, r, pos + 1);
         if (!succ)
             continue;
-        if (!tail && rs->mark_pending && now - rs->mark_sent_ms >= c->cfg.resend_ms &&
-            mark_value(rs, &rs->mark_to_send)) {
-            rs->mark_sent_ms = now;
-            rc = send_mark(c, r, succ, rs->mark_to_send);
-        }
+        if (!tail && now - rs->mark_sent_ms >= c->cfg.resend_ms)
+            rc = cps__chain_mark_send(c, r, succ, now);
         /* Re-send in order from the oldest unacknowledged one when it is overdue: after
          * resend_ms, plus time for the successor to take a big update, which doubles with each
          * unanswered round (re-sending a 200 MB update every 200 ms to a successor still
@@ -938,161 +817,4 @@ int cps_chain_tick(cps_chain *c, uint64_t now)
             rc = send_held(c, r, &rs->sent[i], succ, now);
     }
     return rc;
-}
-
-/* ---- state transfer ---- */
-
-int cps_chain_add_shadow(cps_chain *c, uint32_t r, uint32_t node, uint64_t join_id, uint64_t now)
-{
-    begin_call(c);
-    c->now = now;
-    if (!cps_chain_is_tail(c, r) || node == c->cfg.self || node == 0)
-        return CPS_EINVAL;
-    /* A late SNAP_REQ of a join the scheduler has since replaced (sent, say, by a node before it
-     * was fenced, and delivered after it came back): taken, it would replace the shadow of the
-     * current join and drop what we held for it, and that joiner, whose snapshot may already be
-     * on its way, would report CAUGHT_UP lacking updates we acknowledged (simulator seed
-     * 10010). */
-    if (join_id < c->ranges[r].shadow_join)
-        return CPS_ESTALE_EPOCH;
-    /* A late SNAP_REQ of a node our view already counts dead: it would stay our shadow (only a
-     * view change clears one), and we would hold and re-send its updates for ever (simulator
-     * seed 123). */
-    const cps_node_info *n = cps__view_node(&c->view, node);
-    if (!n || !n->alive)
-        return CPS_EINVAL;
-    int rc = load_range(c, r);
-    if (rc != 0)
-        return rc;
-    range_st *rs = &c->ranges[r];
-    /* A repeated request of the current join (a duplicate, or the joiner asking again): what
-     * we hold for it is still owed to it, whichever snapshot it installs. */
-    if (rs->shadow == node && rs->shadow_join == join_id)
-        return 0;
-    /* A shadow replaced by another (a retried join): what the old one did not ack is moot. */
-    drop_acked(rs, UINT64_MAX);
-    rs->shadow = node;
-    rs->shadow_join = join_id;
-    return 0;
-}
-
-int cps_chain_begin_join(cps_chain *c, uint32_t r, uint32_t source)
-{
-    begin_call(c);
-    if (r >= c->nranges || position(c, r) >= 0 || source == 0)
-        return CPS_EINVAL;
-    range_st *rs = &c->ranges[r];
-    forget_range(c, rs); /* whatever old state we had for the range is about to be replaced */
-    rs->joining = 1;
-    rs->join_ready = 0;
-    rs->join_source = source;
-    return 0;
-}
-
-void cps_chain_join_abort(cps_chain *c, uint32_t r)
-{
-    begin_call(c);
-    if (r < c->nranges && c->ranges[r].joining) {
-        forget_range(c, &c->ranges[r]);
-    }
-}
-
-/* Apply held FWDs in order from applied + 1; stop at a gap (the source re-sends). */
-static int replay_held(cps_chain *c, uint32_t r)
-{
-    range_st *rs = &c->ranges[r];
-    int progressed = 1, rc = 0;
-    while (progressed && rc == 0) {
-        progressed = 0;
-        for (uint32_t i = 0; i < rs->nheld; i++) {
-            sent_entry *e = &rs->held[i];
-            if (e->seq <= rs->applied) {
-                free(e->msg);
-                rs->held[i--] = rs->held[--rs->nheld];
-                continue;
-            }
-            if (e->seq != rs->applied + 1)
-                continue;
-            cps_chain_update u;
-            rc = decode_fwd(c, e->msg + CPS_WIRE_HDR_SIZE, e->len - CPS_WIRE_HDR_SIZE, &u);
-            if (rc == 0)
-                rc = note_applied(c, r, &u);
-            cps_chain_action *a = rc == 0 ? act(c, CPS_CA_APPLY, r) : NULL;
-            if (!a)
-                return rc ? rc : CPS_ENOMEM;
-            a->seq = e->seq;
-            a->upd = u;
-            rs->applied = rs->committed = e->seq;
-            /* The APPLY points into this copy: it lives until the next call. */
-            if ((rc = scratch_keep(c, e->msg)) != 0)
-                return rc;
-            rs->held[i] = rs->held[--rs->nheld];
-            progressed = 1;
-            break;
-        }
-    }
-    return rc;
-}
-
-static int on_join_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len)
-{
-    uint32_t r = h->range;
-    range_st *rs = &c->ranges[r];
-    if (rs->join_ready && h->req_seq <= rs->applied)
-        return send_ack(c, r, h->sender, rs->applied);
-    /* Keep a copy: before the snapshot is in we cannot apply it, after it we apply in order. */
-    if (grow((void **)&rs->held, &rs->held_cap, rs->nheld + 1, sizeof *rs->held) != 0)
-        return CPS_ENOMEM;
-    sent_entry *e = &rs->held[rs->nheld];
-    for (uint32_t i = 0; i < rs->nheld; i++)
-        if (rs->held[i].seq == h->req_seq)
-            return 0; /* a duplicate */
-    e->seq = h->req_seq;
-    e->hdr = *h;
-    e->len = CPS_WIRE_HDR_SIZE + len;
-    e->msg = malloc(e->len);
-    if (!e->msg)
-        return CPS_ENOMEM;
-    cps__wire_hdr_encode(e->msg, h);
-    memcpy(e->msg + CPS_WIRE_HDR_SIZE, payload, len);
-    rs->nheld++;
-    if (!rs->join_ready)
-        return 0;
-    uint64_t before = rs->applied;
-    int rc = replay_held(c, r);
-    if (rc == 0 && rs->applied > before)
-        rc = send_ack(c, r, rs->join_source, rs->applied);
-    return rc;
-}
-
-int cps_chain_join_ready(cps_chain *c, uint32_t r, uint64_t snap_seq, uint64_t now)
-{
-    begin_call(c);
-    c->now = now;
-    if (r >= c->nranges || !c->ranges[r].joining)
-        return CPS_EINVAL;
-    range_st *rs = &c->ranges[r];
-    /* The store now holds the snapshot: caches start afresh from it. */
-    free(rs->hw);
-    rs->hw = NULL;
-    free(rs->aggs);
-    rs->aggs = NULL;
-    rs->naggs = rs->aggs_cap = 0;
-    rs->applied = rs->committed = snap_seq;
-    rs->loaded = 1;
-    rs->join_ready = 1;
-    int rc = replay_held(c, r);
-    if (rc == 0)
-        rc = send_ack(c, r, rs->join_source, rs->applied);
-    return rc;
-}
-
-int cps_chain_can_serve_pull(cps_chain *c, uint32_t r)
-{
-    if (!cps_chain_is_tail(c, r))
-        return 0;
-    range_st *rs = &c->ranges[r];
-    if (rs->gated && rs->mark_known && rs->applied >= rs->mark)
-        rs->gated = 0;
-    return !rs->gated;
 }

@@ -1,0 +1,122 @@
+/* Private to replication/chain*.c: the chain state machine's state and the helpers its files
+ * share. chain.c runs the chain (admission, forwarding, acks, views, re-sends); chain_join.c
+ * runs state transfer (the tail's shadow, the joiner's held updates, the new tail's MARK gate).
+ * Not for use outside replication/. */
+#ifndef CPS_REPLICATION_CHAIN_INT_H
+#define CPS_REPLICATION_CHAIN_INT_H
+
+#include "chain.h"
+
+#define FWD_FIXED   24u
+#define FWD_REQ     16u
+#define DEDUP_SLOTS (2u * CPS_MAX_NODES)
+
+/* Re-send timing: resend_ms, plus 1 ms per this many bytes of the oldest held update doubled per
+ * unanswered round up to 2^RESEND_MAX_DOUBLINGS times. */
+#define RESEND_BYTES_PER_MS  (50u << 10) /* ~50 MB/s: a slow successor applying a big update */
+#define RESEND_MAX_DOUBLINGS 4
+
+typedef struct sent_entry {
+    uint64_t seq;
+    cps_msg_hdr hdr;
+    uint8_t *msg; /* whole wire message, header re-stamped on each send */
+    size_t len;
+    uint64_t sent_ms;
+} sent_entry;
+
+typedef struct wait_reply {
+    cps_chain_req req;
+    uint64_t wait_seq;
+    void *cookie;
+} wait_reply;
+
+typedef struct agg_rec {
+    uint64_t sig, step;
+} agg_rec;
+
+typedef struct range_st {
+    int loaded;
+    uint64_t applied;
+    uint64_t committed;
+    sent_entry *sent; /* ascending seq */
+    uint32_t nsent, sent_cap;
+    wait_reply *waits;
+    uint32_t nwaits, waits_cap;
+    uint64_t *hw; /* DEDUP_SLOTS entries, UINT64_MAX = not loaded */
+    agg_rec *aggs;
+    uint32_t naggs, aggs_cap;
+    /* State transfer. At the tail: a joining replica that also receives every update, and the
+     * highest join id a shadow was added for (the scheduler's ids only grow: a lower one is a
+     * late request of an abandoned join). */
+    uint32_t shadow;
+    uint64_t shadow_join;
+    /* At the joiner: FWDs from `join_source` held until the snapshot is installed. */
+    int joining, join_ready;
+    uint32_t join_source;
+    sent_entry *held;
+    uint32_t nheld, held_cap;
+    /* A new tail serves reads only once it applied what its predecessor had (the MARK). */
+    int gated;
+    uint64_t mark;
+    int mark_known;
+    /* An ex-tail tells its new successor its applied seq until that successor acks it. */
+    uint64_t mark_to_send;
+    int mark_pending; /* mark_to_send is to be (re)sent: a MARK of 0 is a MARK too */
+    uint64_t mark_sent_ms;
+    uint32_t backoff; /* re-send rounds without an ack since the last one (doubles the wait) */
+} range_st;
+
+struct cps_chain {
+    cps_chain_config cfg;
+    const cps_chain_store_ops *ops;
+    void *ctx;
+    cps_view view;
+    int have_view;
+    range_st *ranges;
+    uint32_t nranges;
+    cps_chain_action *acts;
+    size_t nacts, acts_cap;
+    void **scratch; /* buffers owned until the next call */
+    size_t nscratch, scratch_cap;
+    uint64_t fwd_bytes;
+    uint64_t now; /* the time given by the current call */
+};
+
+/* aux of a CHAIN_ACK that answers a CHAIN_MARK: the MARK arrived. */
+#define CPS_CHAIN_ACK_OF_MARK 1u
+
+/* Helpers (chain.c). */
+int cps__chain_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem);
+/* Starts every entry point: the last call's actions and scratch are released. */
+void cps__chain_begin_call(cps_chain *c);
+/* Keep buffer b (taken) until the next call: actions may point into it. */
+int cps__chain_scratch_keep(cps_chain *c, void *b);
+/* A new action of `kind` on range r, or NULL (no memory). */
+cps_chain_action *cps__chain_act(cps_chain *c, int kind, uint32_t range);
+/* This server's position in r's chain (0 head), or -1. */
+int cps__chain_position(const cps_chain *c, uint32_t r);
+/* Read r's sequence numbers from the store once. */
+int cps__chain_load_range(cps_chain *c, uint32_t r);
+/* Drop every piece of state kept for a range. */
+void cps__chain_forget_range(cps_chain *c, range_st *rs);
+/* Release held updates up to seq (UINT64_MAX: all). */
+void cps__chain_drop_acked(range_st *rs, uint64_t seq);
+int cps__chain_decode_fwd(cps_chain *c, const void *payload, size_t len, cps_chain_update *u);
+/* Record in memory what an applied update did (exactly-once numbers, sync steps). */
+int cps__chain_note_applied(cps_chain *c, uint32_t r, const cps_chain_update *u);
+int cps__chain_send_ack(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq);
+/* A chain control message (CHAIN_ACK, CHAIN_MARK) of `seq` and `aux` to node `to`. */
+int cps__chain_send_control(cps_chain *c, uint32_t r, uint32_t to, uint8_t type, uint64_t seq,
+                            uint64_t aux);
+/* The node at position pos of r's chain. */
+uint32_t cps__chain_neighbour(const cps_chain *c, uint32_t r, int pos);
+
+/* State transfer (chain_join.c): a FWD for a range this server is joining. */
+int cps__chain_on_join_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len);
+/* A view made node `succ` our successor, or a re-send is due: send it the pending MARK, if any
+ * (see chain_join.c's mark_value). */
+int cps__chain_mark_send(cps_chain *c, uint32_t r, uint32_t succ, uint64_t now);
+/* A CHAIN_MARK from our predecessor (we are at `pos`). */
+int cps__chain_on_mark(cps_chain *c, const cps_msg_hdr *h, int pos);
+
+#endif

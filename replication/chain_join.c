@@ -1,0 +1,213 @@
+/* Chain replication, state transfer: the tail's shadow (a joining replica that receives every
+ * update while it copies the range), the joiner's side (updates held until its snapshot is in,
+ * then applied in order) and the new tail's read gate (MARK). See chain.h. Pure: no I/O, no
+ * clock. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "chain_int.h"
+#include "chainps/error.h"
+
+int cps_chain_add_shadow(cps_chain *c, uint32_t r, uint32_t node, uint64_t join_id, uint64_t now)
+{
+    cps__chain_begin_call(c);
+    c->now = now;
+    if (!cps_chain_is_tail(c, r) || node == c->cfg.self || node == 0)
+        return CPS_EINVAL;
+    /* A late SNAP_REQ of a join the scheduler has since replaced (sent, say, by a node before it
+     * was fenced, and delivered after it came back): taken, it would replace the shadow of the
+     * current join and drop what we held for it, and that joiner, whose snapshot may already be
+     * on its way, would report CAUGHT_UP lacking updates we acknowledged (simulator seed
+     * 10010). */
+    if (join_id < c->ranges[r].shadow_join)
+        return CPS_ESTALE_EPOCH;
+    /* A late SNAP_REQ of a node our view already counts dead: it would stay our shadow (only a
+     * view change clears one), and we would hold and re-send its updates for ever (simulator
+     * seed 123). */
+    const cps_node_info *n = cps__view_node(&c->view, node);
+    if (!n || !n->alive)
+        return CPS_EINVAL;
+    int rc = cps__chain_load_range(c, r);
+    if (rc != 0)
+        return rc;
+    range_st *rs = &c->ranges[r];
+    /* A repeated request of the current join (a duplicate, or the joiner asking again): what
+     * we hold for it is still owed to it, whichever snapshot it installs. */
+    if (rs->shadow == node && rs->shadow_join == join_id)
+        return 0;
+    /* A shadow replaced by another (a retried join): what the old one did not ack is moot. */
+    cps__chain_drop_acked(rs, UINT64_MAX);
+    rs->shadow = node;
+    rs->shadow_join = join_id;
+    return 0;
+}
+
+int cps_chain_begin_join(cps_chain *c, uint32_t r, uint32_t source)
+{
+    cps__chain_begin_call(c);
+    if (r >= c->nranges || cps__chain_position(c, r) >= 0 || source == 0)
+        return CPS_EINVAL;
+    range_st *rs = &c->ranges[r];
+    cps__chain_forget_range(
+        c, rs); /* whatever old state we had for the range is about to be replaced */
+    rs->joining = 1;
+    rs->join_ready = 0;
+    rs->join_source = source;
+    return 0;
+}
+
+void cps_chain_join_abort(cps_chain *c, uint32_t r)
+{
+    cps__chain_begin_call(c);
+    if (r < c->nranges && c->ranges[r].joining) {
+        cps__chain_forget_range(c, &c->ranges[r]);
+    }
+}
+
+/* Apply held FWDs in order from applied + 1; stop at a gap (the source re-sends). */
+static int replay_held(cps_chain *c, uint32_t r)
+{
+    range_st *rs = &c->ranges[r];
+    int progressed = 1, rc = 0;
+    while (progressed && rc == 0) {
+        progressed = 0;
+        for (uint32_t i = 0; i < rs->nheld; i++) {
+            sent_entry *e = &rs->held[i];
+            if (e->seq <= rs->applied) {
+                free(e->msg);
+                rs->held[i--] = rs->held[--rs->nheld];
+                continue;
+            }
+            if (e->seq != rs->applied + 1)
+                continue;
+            cps_chain_update u;
+            rc = cps__chain_decode_fwd(c, e->msg + CPS_WIRE_HDR_SIZE, e->len - CPS_WIRE_HDR_SIZE,
+                                       &u);
+            if (rc == 0)
+                rc = cps__chain_note_applied(c, r, &u);
+            cps_chain_action *a = rc == 0 ? cps__chain_act(c, CPS_CA_APPLY, r) : NULL;
+            if (!a)
+                return rc ? rc : CPS_ENOMEM;
+            a->seq = e->seq;
+            a->upd = u;
+            rs->applied = rs->committed = e->seq;
+            /* The APPLY points into this copy: it lives until the next call. */
+            if ((rc = cps__chain_scratch_keep(c, e->msg)) != 0)
+                return rc;
+            rs->held[i] = rs->held[--rs->nheld];
+            progressed = 1;
+            break;
+        }
+    }
+    return rc;
+}
+
+int cps__chain_on_join_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len)
+{
+    uint32_t r = h->range;
+    range_st *rs = &c->ranges[r];
+    if (rs->join_ready && h->req_seq <= rs->applied)
+        return cps__chain_send_ack(c, r, h->sender, rs->applied);
+    /* Keep a copy: before the snapshot is in we cannot apply it, after it we apply in order. */
+    if (cps__chain_grow((void **)&rs->held, &rs->held_cap, rs->nheld + 1, sizeof *rs->held) != 0)
+        return CPS_ENOMEM;
+    sent_entry *e = &rs->held[rs->nheld];
+    for (uint32_t i = 0; i < rs->nheld; i++)
+        if (rs->held[i].seq == h->req_seq)
+            return 0; /* a duplicate */
+    e->seq = h->req_seq;
+    e->hdr = *h;
+    e->len = CPS_WIRE_HDR_SIZE + len;
+    e->msg = malloc(e->len);
+    if (!e->msg)
+        return CPS_ENOMEM;
+    cps__wire_hdr_encode(e->msg, h);
+    memcpy(e->msg + CPS_WIRE_HDR_SIZE, payload, len);
+    rs->nheld++;
+    if (!rs->join_ready)
+        return 0;
+    uint64_t before = rs->applied;
+    int rc = replay_held(c, r);
+    if (rc == 0 && rs->applied > before)
+        rc = cps__chain_send_ack(c, r, rs->join_source, rs->applied);
+    return rc;
+}
+
+int cps_chain_join_ready(cps_chain *c, uint32_t r, uint64_t snap_seq, uint64_t now)
+{
+    cps__chain_begin_call(c);
+    c->now = now;
+    if (r >= c->nranges || !c->ranges[r].joining)
+        return CPS_EINVAL;
+    range_st *rs = &c->ranges[r];
+    /* The store now holds the snapshot: caches start afresh from it. */
+    free(rs->hw);
+    rs->hw = NULL;
+    free(rs->aggs);
+    rs->aggs = NULL;
+    rs->naggs = rs->aggs_cap = 0;
+    rs->applied = rs->committed = snap_seq;
+    rs->loaded = 1;
+    rs->join_ready = 1;
+    int rc = replay_held(c, r);
+    if (rc == 0)
+        rc = cps__chain_send_ack(c, r, rs->join_source, rs->applied);
+    return rc;
+}
+
+int cps_chain_can_serve_pull(cps_chain *c, uint32_t r)
+{
+    if (!cps_chain_is_tail(c, r))
+        return 0;
+    range_st *rs = &c->ranges[r];
+    if (rs->gated && rs->mark_known && rs->applied >= rs->mark)
+        rs->gated = 0;
+    return !rs->gated;
+}
+
+/* ---- the new tail's read gate: MARK ---- */
+
+static int send_mark(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
+{
+    return cps__chain_send_control(c, r, to, CPS_MSG_CHAIN_MARK, seq, 0);
+}
+
+/* The MARK to hand a new successor: what we applied, or, if we joined and have not caught up
+ * with our own predecessor yet, what it had (its MARK), since that is what may have been
+ * acknowledged. 0 while we wait for our own MARK (simulator seed 416: a second replica joined
+ * from a tail that was itself still catching up, and served reads older than acknowledged). */
+static int mark_value(const range_st *rs, uint64_t *v)
+{
+    *v = rs->applied;
+    if (!rs->gated)
+        return 1;
+    if (!rs->mark_known)
+        return 0;
+    if (rs->mark > *v)
+        *v = rs->mark;
+    return 1;
+}
+
+int cps__chain_mark_send(cps_chain *c, uint32_t r, uint32_t succ, uint64_t now)
+{
+    range_st *rs = &c->ranges[r];
+    if (!rs->mark_pending || !mark_value(rs, &rs->mark_to_send))
+        return 0;
+    rs->mark_sent_ms = now;
+    return send_mark(c, r, succ, rs->mark_to_send);
+}
+
+int cps__chain_on_mark(cps_chain *c, const cps_msg_hdr *h, int pos)
+{
+    range_st *rs = &c->ranges[h->range];
+    if (pos == 0 || cps__chain_neighbour(c, h->range, pos - 1) != h->sender)
+        return CPS_ESTALE_EPOCH;
+    if (!rs->mark_known || h->req_seq > rs->mark)
+        rs->mark = h->req_seq;
+    rs->mark_known = 1;
+    /* Acknowledge the MARK, so the predecessor stops repeating it. The ack carries what
+     * is committed here: a MARK may now come to a middle replica too, whose applied
+     * updates are not committed (at the tail the two are equal). */
+    return cps__chain_send_control(c, h->range, h->sender, CPS_MSG_CHAIN_ACK, rs->committed,
+                                   CPS_CHAIN_ACK_OF_MARK);
+}
