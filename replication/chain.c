@@ -12,309 +12,6 @@
 #include "chainps/error.h"
 #include "core/array.h"
 
-/* ---- small helpers ---- */
-
-int cps__chain_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem)
-{
-    if (need <= *cap)
-        return 0;
-    uint32_t n = *cap ? *cap : 8;
-    while (n < need)
-        n *= 2;
-    void *p = realloc(*arr, (size_t)n * elem);
-    if (!p)
-        return CPS_ENOMEM;
-    *arr = p;
-    *cap = n;
-    return 0;
-}
-
-void cps__chain_begin_call(cps_chain *c)
-{
-    for (size_t i = 0; i < c->nscratch; i++)
-        free(c->scratch[i]);
-    c->nscratch = 0;
-    c->nacts = 0;
-}
-
-/* Take ownership of b until the next call (freed by begin_call). */
-int cps__chain_scratch_keep(cps_chain *c, void *b)
-{
-    void *p = c->scratch;
-    int rc = cps__array_reserve(&p, &c->scratch_cap, c->nscratch + 1, sizeof *c->scratch, 16);
-    c->scratch = p;
-    if (rc != 0)
-        return rc;
-    c->scratch[c->nscratch++] = b;
-    return 0;
-}
-
-static void *scratch_alloc(cps_chain *c, size_t len)
-{
-    void *b = malloc(len ? len : 1);
-    if (b && cps__chain_scratch_keep(c, b) != 0) {
-        free(b);
-        return NULL;
-    }
-    return b;
-}
-
-cps_chain_action *cps__chain_act(cps_chain *c, int kind, uint32_t range)
-{
-    void *p = c->acts;
-    int rc = cps__array_reserve(&p, &c->acts_cap, c->nacts + 1, sizeof *c->acts, 32);
-    c->acts = p;
-    if (rc != 0)
-        return NULL;
-    cps_chain_action *a = &c->acts[c->nacts++];
-    memset(a, 0, sizeof *a);
-    a->kind = kind;
-    a->range = range;
-    return a;
-}
-
-/* Position of this server in range r's chain, or -1. */
-int cps__chain_position(const cps_chain *c, uint32_t r)
-{
-    if (!c->have_view || r >= c->view.nranges)
-        return -1;
-    const cps_range *rg = &c->view.ranges[r];
-    for (uint32_t i = 0; i < rg->chain_len; i++)
-        if (rg->chain[i] == c->cfg.self)
-            return (int)i;
-    return -1;
-}
-
-static uint32_t chain_len(const cps_chain *c, uint32_t r)
-{
-    return c->view.ranges[r].chain_len;
-}
-
-uint32_t cps__chain_neighbour(const cps_chain *c, uint32_t r, int pos)
-{
-    return c->view.ranges[r].chain[pos];
-}
-
-int cps__chain_load_range(cps_chain *c, uint32_t r)
-{
-    range_st *rs = &c->ranges[r];
-    if (rs->loaded)
-        return 0;
-    uint64_t seq = 0;
-    if (c->ops->range_seq(c->ctx, r, &seq) != 0)
-        return CPS_ESTORE;
-    rs->applied = seq;
-    /* Whatever a server holds when it (re)starts is treated as committed: it has no
-     * unacknowledged FWDs in memory, and a restarted server re-enters a chain only through
-     * state transfer from the tail. */
-    rs->committed = seq;
-    rs->loaded = 1;
-    return 0;
-}
-
-static void drop_held(range_st *rs)
-{
-    for (uint32_t i = 0; i < rs->nheld; i++)
-        free(rs->held[i].msg);
-    free(rs->held);
-    rs->held = NULL;
-    rs->nheld = rs->held_cap = 0;
-}
-
-void cps__chain_forget_range(cps_chain *c, range_st *rs)
-{
-    drop_held(rs);
-    for (uint32_t i = 0; i < rs->nwaits; i++)
-        if (c->ops->drop_cookie && rs->waits[i].cookie)
-            c->ops->drop_cookie(c->ctx, rs->waits[i].cookie);
-    for (uint32_t i = 0; i < rs->nsent; i++)
-        free(rs->sent[i].msg);
-    free(rs->sent);
-    free(rs->waits);
-    free(rs->hw);
-    free(rs->aggs);
-    memset(rs, 0, sizeof *rs);
-}
-
-static int hw_slot(cps_chain *c, uint32_t r, uint32_t worker, uint64_t **slot)
-{
-    range_st *rs = &c->ranges[r];
-    uint32_t idx = worker & ~CPS_DEDUP_SPARSE_BIT;
-    if (idx >= CPS_MAX_NODES)
-        return CPS_EINVAL;
-    if (worker & CPS_DEDUP_SPARSE_BIT)
-        idx += CPS_MAX_NODES;
-    if (!rs->hw) {
-        rs->hw = malloc(DEDUP_SLOTS * sizeof *rs->hw);
-        if (!rs->hw)
-            return CPS_ENOMEM;
-        memset(rs->hw, 0xff, DEDUP_SLOTS * sizeof *rs->hw);
-    }
-    if (rs->hw[idx] == UINT64_MAX) {
-        uint64_t v = 0;
-        if (c->ops->dedup(c->ctx, r, worker, &v) != 0)
-            return CPS_ESTORE;
-        rs->hw[idx] = v;
-    }
-    *slot = &rs->hw[idx];
-    return 0;
-}
-
-static int agg_slot(cps_chain *c, uint32_t r, uint64_t sig, uint64_t **step)
-{
-    range_st *rs = &c->ranges[r];
-    for (uint32_t i = 0; i < rs->naggs; i++)
-        if (rs->aggs[i].sig == sig) {
-            *step = &rs->aggs[i].step;
-            return 0;
-        }
-    uint64_t v = 0;
-    if (c->ops->agg_step(c->ctx, r, sig, &v) != 0)
-        return CPS_ESTORE;
-    if (cps__chain_grow((void **)&rs->aggs, &rs->aggs_cap, rs->naggs + 1, sizeof *rs->aggs) != 0)
-        return CPS_ENOMEM;
-    rs->aggs[rs->naggs] = (agg_rec){sig, v};
-    *step = &rs->aggs[rs->naggs++].step;
-    return 0;
-}
-
-/* Declares and restores (PUT) are idempotent: no exactly-once record, no sequence space. */
-static int keeps_no_record(uint8_t type)
-{
-    return type == CPS_MSG_DECLARE || type == CPS_MSG_PUT;
-}
-
-static uint32_t dedup_id(const cps_chain_req *q)
-{
-    return q->noagg ? (q->worker | CPS_DEDUP_SPARSE_BIT) : q->worker;
-}
-
-/* Record in memory what an applied update did (the APPLY action writes the same to the store). */
-int cps__chain_note_applied(cps_chain *c, uint32_t r, const cps_chain_update *u)
-{
-    for (uint32_t i = 0; i < u->nreqs; i++) {
-        const cps_chain_req *q = &u->reqs[i];
-        if (keeps_no_record(q->type))
-            continue;
-        uint64_t *hw;
-        int rc = hw_slot(c, r, dedup_id(q), &hw);
-        if (rc != 0)
-            return rc;
-        if (q->req_seq > *hw || *hw == 0)
-            *hw = q->req_seq;
-    }
-    if (u->sig) {
-        uint64_t *st;
-        int rc = agg_slot(c, r, u->sig, &st);
-        if (rc != 0)
-            return rc;
-        if (u->step > *st)
-            *st = u->step;
-    }
-    return 0;
-}
-
-static int emit_reply(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u,
-                      const cps_chain_req *q, void *cookie)
-{
-    cps_chain_action *a = cps__chain_act(c, CPS_CA_REPLY, r);
-    if (!a)
-        return CPS_ENOMEM;
-    a->seq = seq;
-    if (u)
-        a->upd = *u;
-    a->req = *q;
-    a->cookie = cookie;
-    return 0;
-}
-
-static int emit_send(cps_chain *c, uint32_t r, uint32_t to, const void *msg, size_t len)
-{
-    cps_chain_action *a = cps__chain_act(c, CPS_CA_SEND, r);
-    if (!a)
-        return CPS_ENOMEM;
-    a->to = to;
-    a->msg = msg;
-    a->len = len;
-    return 0;
-}
-
-/* A header-only chain message (CHAIN_ACK or CHAIN_MARK) for range r to node `to`. */
-int cps__chain_send_control(cps_chain *c, uint32_t r, uint32_t to, uint8_t type, uint64_t seq,
-                            uint64_t aux)
-{
-    cps_msg_hdr h = {0};
-    h.type = type;
-    h.sender = c->cfg.self;
-    h.epoch = c->view.epoch;
-    h.range = r;
-    h.req_seq = seq;
-    h.aux = aux;
-    uint8_t *m = scratch_alloc(c, CPS_WIRE_HDR_SIZE);
-    if (!m)
-        return CPS_ENOMEM;
-    cps__wire_hdr_encode(m, &h);
-    return emit_send(c, r, to, m, CPS_WIRE_HDR_SIZE);
-}
-
-int cps__chain_send_ack(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
-{
-    return cps__chain_send_control(c, r, to, CPS_MSG_CHAIN_ACK, seq, 0);
-}
-
-/* Answer the requests that waited for the range to commit up to their seq. */
-static int wake_waits(cps_chain *c, uint32_t r)
-{
-    range_st *rs = &c->ranges[r];
-    uint32_t kept = 0;
-    for (uint32_t i = 0; i < rs->nwaits; i++) {
-        wait_reply *w = &rs->waits[i];
-        if (w->wait_seq <= rs->committed) {
-            int rc = emit_reply(c, r, w->wait_seq, NULL, &w->req, w->cookie);
-            if (rc != 0)
-                return rc;
-        } else {
-            rs->waits[kept++] = *w;
-        }
-    }
-    rs->nwaits = kept;
-    return 0;
-}
-
-/* Parse a FWD payload into an update view (reqs copied to scratch: they may be unaligned). */
-int cps__chain_decode_fwd(cps_chain *c, const void *payload, size_t len, cps_chain_update *u)
-{
-    const uint8_t *p = payload;
-    if (len < FWD_FIXED)
-        return CPS_EPROTO;
-    u->kind = cps__le32_get(p);
-    u->nreqs = cps__le32_get(p + 4);
-    u->sig = cps__le64_get(p + 8);
-    u->step = cps__le64_get(p + 16);
-    if (u->kind < CPS_UPD_PUSH || u->kind > CPS_UPD_PUT || u->nreqs > CPS_MAX_NODES ||
-        (size_t)u->nreqs * FWD_REQ > len - FWD_FIXED)
-        return CPS_EPROTO;
-    cps_chain_req *reqs = scratch_alloc(c, (size_t)u->nreqs * sizeof *reqs);
-    if (!reqs)
-        return CPS_ENOMEM;
-    for (uint32_t i = 0; i < u->nreqs; i++) {
-        const uint8_t *q = p + FWD_FIXED + (size_t)i * FWD_REQ;
-        reqs[i].worker = cps__le32_get(q);
-        reqs[i].type = q[4];
-        reqs[i].noagg = q[5];
-        reqs[i].req_seq = cps__le64_get(q + 8);
-        if ((reqs[i].type != CPS_MSG_PUSH && reqs[i].type != CPS_MSG_PUSH_PULL &&
-             !keeps_no_record(reqs[i].type)) ||
-            reqs[i].noagg > 1 || q[6] || q[7])
-            return CPS_EPROTO;
-    }
-    u->reqs = reqs;
-    size_t off = FWD_FIXED + (size_t)u->nreqs * FWD_REQ;
-    u->body = p + off;
-    u->body_len = len - off;
-    return 0;
-}
-
 /* Build a FWD message for update u with sequence seq into a new malloc'd buffer. */
 static uint8_t *encode_fwd(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u,
                            cps_msg_hdr *h, size_t *len_out)
@@ -362,7 +59,7 @@ static int send_held(cps_chain *c, uint32_t r, sent_entry *e, uint32_t to, uint6
     cps__wire_hdr_encode(e->msg, &e->hdr);
     e->sent_ms = now;
     c->fwd_bytes += e->len;
-    return emit_send(c, r, to, e->msg, e->len);
+    return cps__chain_emit_send(c, r, to, e->msg, e->len);
 }
 
 /* Keep update u (seq) for re-sending and send it to node `to`. */
@@ -395,11 +92,11 @@ static int commit_at_tail(cps_chain *c, uint32_t r, uint64_t seq, const cps_chai
     range_st *rs = &c->ranges[r];
     rs->committed = seq;
     for (uint32_t i = 0; u && i < u->nreqs; i++) {
-        int rc = emit_reply(c, r, seq, u, &u->reqs[i], NULL);
+        int rc = cps__chain_emit_reply(c, r, seq, u, &u->reqs[i], NULL);
         if (rc != 0)
             return rc;
     }
-    int rc = wake_waits(c, r);
+    int rc = cps__chain_wake_waits(c, r);
     if (rc == 0 && pos > 0)
         rc = cps__chain_send_ack(c, r, cps__chain_neighbour(c, r, pos - 1), seq);
     /* A replica copying the range gets the update too (committed here regardless). */
@@ -450,42 +147,6 @@ size_t cps_chain_actions(cps_chain *c, const cps_chain_action **out)
     return c->nacts;
 }
 
-int cps_chain_is_tail(const cps_chain *c, uint32_t r)
-{
-    int pos = cps__chain_position(c, r);
-    return pos >= 0 && (uint32_t)pos == chain_len(c, r) - 1;
-}
-
-int cps_chain_is_head(const cps_chain *c, uint32_t r)
-{
-    return cps__chain_position(c, r) == 0;
-}
-
-int cps_chain_joining(const cps_chain *c, uint32_t r)
-{
-    return r < c->nranges && c->ranges[r].joining;
-}
-
-uint64_t cps_chain_applied(const cps_chain *c, uint32_t r)
-{
-    return r < c->nranges ? c->ranges[r].applied : 0;
-}
-
-uint64_t cps_chain_committed(const cps_chain *c, uint32_t r)
-{
-    return r < c->nranges ? c->ranges[r].committed : 0;
-}
-
-uint32_t cps_chain_unacked(const cps_chain *c, uint32_t r)
-{
-    return r < c->nranges ? c->ranges[r].nsent : 0;
-}
-
-uint64_t cps_chain_fwd_bytes(const cps_chain *c)
-{
-    return c->fwd_bytes;
-}
-
 /* The tail of range r went away and this replica is the new tail: what it holds is on every
  * live replica, so it is committed; answer the workers of every held update. */
 static int become_tail(cps_chain *c, uint32_t r, int pos)
@@ -498,7 +159,7 @@ static int become_tail(cps_chain *c, uint32_t r, int pos)
             0)
             continue;
         for (uint32_t j = 0; j < u.nreqs; j++) {
-            int rc = emit_reply(c, r, e->seq, &u, &u.reqs[j], NULL);
+            int rc = cps__chain_emit_reply(c, r, e->seq, &u, &u.reqs[j], NULL);
             if (rc != 0)
                 return rc;
         }
@@ -514,7 +175,7 @@ static int become_tail(cps_chain *c, uint32_t r, int pos)
     }
     rs->nsent = 0;
     rs->committed = rs->applied;
-    int rc = wake_waits(c, r);
+    int rc = cps__chain_wake_waits(c, r);
     if (rc == 0 && pos > 0)
         rc = cps__chain_send_ack(c, r, cps__chain_neighbour(c, r, pos - 1), rs->committed);
     return rc;
@@ -544,7 +205,7 @@ int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
     }
     for (uint32_t r = 0; r < v->nranges; r++) {
         old_pos[r] = c->have_view ? cps__chain_position(c, r) : -1;
-        old_succ[r] = (old_pos[r] >= 0 && (uint32_t)old_pos[r] + 1 < chain_len(c, r))
+        old_succ[r] = (old_pos[r] >= 0 && (uint32_t)old_pos[r] + 1 < cps__chain_chain_len(c, r))
                           ? cps__chain_neighbour(c, r, old_pos[r] + 1)
                           : 0;
     }
@@ -562,7 +223,7 @@ int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
             /* We copied the range and are now its tail: the predecessor's MARK tells us when
              * we hold everything it acknowledged, and only then do we serve reads. */
             rs->joining = 0;
-            drop_held(rs);
+            cps__chain_drop_held(rs);
             rs->gated = 1;
             rs->mark_known = 0;
         }
@@ -573,7 +234,7 @@ int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
         }
         if ((rc = cps__chain_load_range(c, r)) != 0)
             break;
-        int tail = (uint32_t)pos == chain_len(c, r) - 1;
+        int tail = (uint32_t)pos == cps__chain_chain_len(c, r) - 1;
         uint32_t succ = tail ? 0 : cps__chain_neighbour(c, r, pos + 1);
         if (rs->shadow && succ != rs->shadow &&
             (!cps__view_node(v, rs->shadow) || !cps__view_node(v, rs->shadow)->alive)) {
@@ -617,17 +278,17 @@ int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t s
     if (rc != 0)
         return rc;
     range_st *rs = &c->ranges[r];
-    if (keeps_no_record(q->type))
+    if (cps__chain_keeps_no_record(q->type))
         return rs->nsent >= c->cfg.max_unacked ? CPS_ADMIT_BUSY : CPS_ADMIT_NEW;
     int dup;
     if (sig) {
         uint64_t *st;
-        if ((rc = agg_slot(c, r, sig, &st)) != 0)
+        if ((rc = cps__chain_agg_slot(c, r, sig, &st)) != 0)
             return rc;
         dup = step <= *st;
     } else {
         uint64_t *hw;
-        if ((rc = hw_slot(c, r, dedup_id(q), &hw)) != 0)
+        if ((rc = cps__chain_hw_slot(c, r, cps__chain_dedup_id(q), &hw)) != 0)
             return rc;
         uint64_t last = *hw;
         if (q->noagg && last == 0)
@@ -639,7 +300,7 @@ int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t s
     if (!dup)
         return rs->nsent >= c->cfg.max_unacked ? CPS_ADMIT_BUSY : CPS_ADMIT_NEW;
     if (rs->committed >= rs->applied) {
-        rc = emit_reply(c, r, rs->applied, NULL, q, cookie);
+        rc = cps__chain_emit_reply(c, r, rs->applied, NULL, q, cookie);
     } else {
         rc =
             cps__chain_grow((void **)&rs->waits, &rs->waits_cap, rs->nwaits + 1, sizeof *rs->waits);
@@ -669,7 +330,7 @@ int cps_chain_submit(cps_chain *c, uint32_t r, const cps_chain_update *u, uint64
         return CPS_ENOMEM;
     a->seq = seq;
     a->upd = *u;
-    if (chain_len(c, r) == 1)
+    if (cps__chain_chain_len(c, r) == 1)
         return commit_at_tail(c, r, seq, u, pos);
     return forward(c, r, seq, u, pos, now);
 }
@@ -685,7 +346,7 @@ static int on_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_
     int rc = cps__chain_decode_fwd(c, payload, len, &u);
     if (rc != 0)
         return rc;
-    int tail = (uint32_t)pos == chain_len(c, r) - 1;
+    int tail = (uint32_t)pos == cps__chain_chain_len(c, r) - 1;
     if (h->req_seq <= rs->applied) {
         /* A re-sent FWD we hold. If it is committed here, say so again: the ack may be lost. */
         if (rs->committed >= h->req_seq)
@@ -707,29 +368,17 @@ static int on_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_
     return forward(c, r, h->req_seq, &u, pos, now);
 }
 
-void cps__chain_drop_acked(range_st *rs, uint64_t seq)
-{
-    uint32_t drop = 0;
-    if (rs->nsent && rs->sent[0].seq <= seq)
-        rs->backoff = 0; /* progress: the successor is there and keeping up */
-    while (drop < rs->nsent && rs->sent[drop].seq <= seq)
-        free(rs->sent[drop++].msg);
-    if (drop) {
-        memmove(rs->sent, rs->sent + drop, (rs->nsent - drop) * sizeof *rs->sent);
-        rs->nsent -= drop;
-    }
-}
-
 static int on_ack(cps_chain *c, const cps_msg_hdr *h, int pos)
 {
     uint32_t r = h->range;
     range_st *rs = &c->ranges[r];
-    if (rs->shadow && h->sender == rs->shadow && (uint32_t)pos + 1 == chain_len(c, r)) {
+    if (rs->shadow && h->sender == rs->shadow && (uint32_t)pos + 1 == cps__chain_chain_len(c, r)) {
         /* The joining replica has these: nothing to commit, we are the tail. */
         cps__chain_drop_acked(rs, h->req_seq);
         return 0;
     }
-    if ((uint32_t)pos + 1 >= chain_len(c, r) || cps__chain_neighbour(c, r, pos + 1) != h->sender)
+    if ((uint32_t)pos + 1 >= cps__chain_chain_len(c, r) ||
+        cps__chain_neighbour(c, r, pos + 1) != h->sender)
         return CPS_ESTALE_EPOCH;
     /* Only the answer to the MARK itself stops its repetition: an ack of updates alone does
      * not tell that the MARK (perhaps sent before the successor had the view) arrived. */
@@ -747,7 +396,7 @@ static int on_ack(cps_chain *c, const cps_msg_hdr *h, int pos)
         memmove(rs->sent, rs->sent + drop, (rs->nsent - drop) * sizeof *rs->sent);
         rs->nsent -= drop;
     }
-    int rc = wake_waits(c, r);
+    int rc = cps__chain_wake_waits(c, r);
     if (rc == 0 && pos > 0)
         rc = cps__chain_send_ack(c, r, cps__chain_neighbour(c, r, pos - 1), rs->committed);
     return rc;
@@ -793,7 +442,7 @@ int cps_chain_tick(cps_chain *c, uint64_t now)
         int pos = cps__chain_position(c, r);
         if (pos < 0)
             continue;
-        int tail = (uint32_t)pos + 1 >= chain_len(c, r);
+        int tail = (uint32_t)pos + 1 >= cps__chain_chain_len(c, r);
         uint32_t succ = tail ? rs->shadow : cps__chain_neighbour(c, r, pos + 1);
         if (!succ)
             continue;

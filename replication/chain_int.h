@@ -85,31 +85,51 @@ struct cps_chain {
 /* aux of a CHAIN_ACK that answers a CHAIN_MARK: the MARK arrived. */
 #define CPS_CHAIN_ACK_OF_MARK 1u
 
-/* Helpers (chain.c). */
+/* The range state and its helpers (chain_state.c). */
 int cps__chain_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem);
 /* Starts every entry point: the last call's actions and scratch are released. */
 void cps__chain_begin_call(cps_chain *c);
 /* Keep buffer b (taken) until the next call: actions may point into it. */
 int cps__chain_scratch_keep(cps_chain *c, void *b);
+/* A buffer of len bytes that lives until the next call, or NULL. */
+void *cps__chain_scratch_alloc(cps_chain *c, size_t len);
 /* A new action of `kind` on range r, or NULL (no memory). */
 cps_chain_action *cps__chain_act(cps_chain *c, int kind, uint32_t range);
 /* This server's position in r's chain (0 head), or -1. */
 int cps__chain_position(const cps_chain *c, uint32_t r);
+uint32_t cps__chain_chain_len(const cps_chain *c, uint32_t r);
+/* The node at position pos of r's chain. */
+uint32_t cps__chain_neighbour(const cps_chain *c, uint32_t r, int pos);
 /* Read r's sequence numbers from the store once. */
 int cps__chain_load_range(cps_chain *c, uint32_t r);
+/* Free the FWDs a joiner held. */
+void cps__chain_drop_held(range_st *rs);
 /* Drop every piece of state kept for a range. */
 void cps__chain_forget_range(cps_chain *c, range_st *rs);
-/* Release held updates up to seq (UINT64_MAX: all). */
-void cps__chain_drop_acked(range_st *rs, uint64_t seq);
-int cps__chain_decode_fwd(cps_chain *c, const void *payload, size_t len, cps_chain_update *u);
+/* The cached exactly-once number of `worker` on r (loaded from the store on first use). */
+int cps__chain_hw_slot(cps_chain *c, uint32_t r, uint32_t worker, uint64_t **slot);
+/* The cached last sync step of key set `sig` on r (loaded from the store on first use). */
+int cps__chain_agg_slot(cps_chain *c, uint32_t r, uint64_t sig, uint64_t **step);
+/* Declares and restores (PUT) are idempotent: no exactly-once record, no sequence space. */
+int cps__chain_keeps_no_record(uint8_t type);
+/* The exactly-once record a request is kept under (sparse-row pushes have their own). */
+uint32_t cps__chain_dedup_id(const cps_chain_req *q);
 /* Record in memory what an applied update did (exactly-once numbers, sync steps). */
 int cps__chain_note_applied(cps_chain *c, uint32_t r, const cps_chain_update *u);
-int cps__chain_send_ack(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq);
+/* A REPLY action for request q of update u (NULL: a duplicate) at seq. */
+int cps__chain_emit_reply(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u,
+                          const cps_chain_req *q, void *cookie);
+/* A SEND action of msg (kept by the caller until the next call) to node `to`. */
+int cps__chain_emit_send(cps_chain *c, uint32_t r, uint32_t to, const void *msg, size_t len);
 /* A chain control message (CHAIN_ACK, CHAIN_MARK) of `seq` and `aux` to node `to`. */
 int cps__chain_send_control(cps_chain *c, uint32_t r, uint32_t to, uint8_t type, uint64_t seq,
                             uint64_t aux);
-/* The node at position pos of r's chain. */
-uint32_t cps__chain_neighbour(const cps_chain *c, uint32_t r, int pos);
+int cps__chain_send_ack(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq);
+/* Answer the requests that waited for the range to commit up to their seq. */
+int cps__chain_wake_waits(cps_chain *c, uint32_t r);
+int cps__chain_decode_fwd(cps_chain *c, const void *payload, size_t len, cps_chain_update *u);
+/* Release held updates up to seq (UINT64_MAX: all). */
+void cps__chain_drop_acked(range_st *rs, uint64_t seq);
 
 /* State transfer (chain_join.c): a FWD for a range this server is joining. */
 int cps__chain_on_join_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len);

@@ -151,29 +151,6 @@ static int parse_u64(const char *cmd, const char *what, const char *s, uint64_t 
     return 0;
 }
 
-int cps__cli_parse_optim(const char *kind, const char *lr_text, cps_param_spec *spec)
-{
-    static const char *const kinds[] = {"sgd", "momentum", "adagrad", "adam", "rmsprop"};
-    char name[32];
-    const char *colon = lr_text ? NULL : strchr(kind, ':');
-    size_t klen = colon ? (size_t)(colon - kind) : strlen(kind);
-    if (!lr_text && !colon)
-        return -1;
-    snprintf(name, sizeof name, "%.*s", (int)(klen < sizeof name ? klen : sizeof name - 1), kind);
-    const char *num = lr_text ? lr_text : colon + 1;
-    char *end;
-    float lr = strtof(num, &end);
-    int k = -1;
-    for (int i = 0; i < 5; i++)
-        if (!strcmp(name, kinds[i]))
-            k = i;
-    if (k < 0 || !*num || *end || !(lr > 0) || lr > 1e6f)
-        return -1;
-    /* Built as a worker's declaration is, so the restored records match it. */
-    cps_optim o = {.kind = (cps_optim_kind)k, .lr = lr};
-    return cps__spec_make("(restore)", NULL, &o, spec) == 0 ? 0 : -1;
-}
-
 static int cluster_cmd(const char *sub, int argc, char **argv)
 {
     char cmd[32];
