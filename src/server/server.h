@@ -13,21 +13,9 @@
 #include "node/heartbeat.h"
 #include "node/msg.h"
 #include "node/temp_peers.h"
+#include "recovery/joiner.h"
 #include "store/store.h"
 #include "transport/transport.h"
-
-/* A range this server is copying from its tail (state transfer, transfer.c). */
-typedef struct join_state {
-    int active;
-    uint32_t source;
-    uint64_t deadline_ms;
-    uint64_t bytes;
-    uint64_t id;          /* the scheduler's id of this join: stale messages are ignored */
-    uint64_t done_id;     /* the last join that reported CAUGHT_UP (a repeat must not clear it) */
-    int confirm_pending;  /* report again once we may serve reads (CAUGHT_UP, aux 1) */
-    uint64_t snap_req_ms; /* when SNAP_REQ was last sent (re-sent until a SNAP arrives) */
-    int got_snap;
-} join_state;
 
 struct snap_job;
 
@@ -60,7 +48,7 @@ typedef struct server {
     uint32_t nearly;
     cps_temp_peers temps; /* `chainps status --verify` and other non-members */
     uint64_t boot_id;     /* this process's incarnation, sent with HELLO */
-    join_state *joins;    /* view.nranges entries */
+    cps_joiner *joiner;   /* ranges we copy from their tails (recovery/joiner.h, transfer.c) */
     /* Messages from a view epoch we have not installed yet, held until we have it (dropping
      * them would cost the sender a re-send timeout in the middle of a failover). */
     cps_rx *future;
@@ -99,6 +87,9 @@ int cps__server_check_put(server *s, uint32_t range, const void *buf, size_t len
                           size_t cap);
 /* Join finished snapshot threads (all of them, waiting, when `wait`). */
 void cps__server_reap_snapshots(server *s, int wait);
+/* A view was installed (after the chain's): joins under way it ends are given up. Creates the
+ * joiner at the first view. */
+void cps__server_joins_view(server *s);
 /* Abandon joins that made no progress in time, re-ask for snapshots, confirm joins. */
 void cps__server_check_joins(server *s, uint64_t now);
 /* Send the held CHAIN_ACKs that are due (all of them when `force`). */
