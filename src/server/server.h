@@ -13,6 +13,7 @@
 #include "node/heartbeat.h"
 #include "node/msg.h"
 #include "node/temp_peers.h"
+#include "recovery/fence.h"
 #include "recovery/joiner.h"
 #include "store/store.h"
 #include "transport/transport.h"
@@ -26,7 +27,7 @@ typedef struct server {
     uint32_t id;
     uint32_t rank;
     cps_view view;
-    int joined;
+    cps_fence *fence; /* our standing: joined, unsure, fenced (recovery/fence.h) */
     int shutdown;
     cps_node_stats stats;
     /* Sync steps being gathered at the heads we are (created at the first sync push). */
@@ -35,14 +36,9 @@ typedef struct server {
     cps_ssp *ssp;
     /* Chain replication state machine of every range this server holds. */
     cps_chain *chain;
-    int poisoned;          /* a store write failed: state unknown, the server must leave */
-    int disk_full;         /* a store write failed with CPS_ENOSPC: leave, saying so */
-    int suspect;           /* we stalled past the failure timeout: serve nothing until the scheduler
-                              confirms we are still in its view */
-    uint64_t last_turn_ms; /* when the event loop last turned (a stall is measured from it) */
-    uint64_t suspect_dropped; /* requests and chain messages not served while suspect */
-    int fenced;               /* the scheduler declared us dead: leave */
-    int refused;              /* our data directory belongs to another job: leave with this error */
+    int poisoned;  /* a store write failed: state unknown, the server must leave */
+    int disk_full; /* a store write failed with CPS_ENOSPC: leave, saying so */
+    int refused;   /* our data directory belongs to another job: leave with this error */
     /* Requests that arrived before our own WELCOME (workers can hear theirs first). */
     cps_rx *early;
     uint32_t nearly;
