@@ -46,6 +46,7 @@
 #include "chainps/error.h"
 #include "core/view.h"
 #include "core/wire.h"
+#include "recovery/fence.h"
 #include "recovery/joiner.h"
 #include "recovery/requests.h"
 #include "recovery/view_change.h"
@@ -390,6 +391,7 @@ static void server_reset(sim *sm, sim_server *s)
     cps_ackhold_destroy(s->acks); /* held acks are lost with the chain state they came from */
     s->acks = NULL;
     joiner_new(sm, s); /* no joins: they went with the process (or the fenced state) */
+    cps_fence_rejoin(s->fence, sm->now);
     memset(s->copying, 0, sm->nranges * sizeof *s->copying);
     s->epoch = 0;
     s->view = NULL;
@@ -801,21 +803,44 @@ static void on_request(sim *sm, sim_server *s, const cps_msg_hdr *h, const uint8
 
 static void server_reset(sim *sm, sim_server *s);
 
+/* server.c's check_stall: the server did not run for longer than the failure timeout (paused):
+ * it serves nothing until a view says it is still in, and asks for one (again while no answer
+ * comes). `turned`: its loop turns now (a tick), else a message arrives. */
+static void server_check_stall(sim *sm, sim_server *s, int turned)
+{
+    int v = turned ? cps_fence_turned(s->fence, sm->now) : cps_fence_check(s->fence, sm->now);
+    if (v == CPS_FENCE_CALM)
+        return;
+    if (v == CPS_FENCE_STALLED)
+        sim_trace(sm, "s%u stalled: unsure of its standing, asks for the view", s->id);
+    cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
+    send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
+}
+
 static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
 {
     /* server.c: held acks go out under the view they were made in, as if sent at once. */
     flush_acks(sm, s, 1);
-    if (epoch <= s->epoch)
-        return;
+    /* recovery/fence.c decides, as in server.c's install_view. */
     const cps_node_info *me = cps__view_node(&sm->views[epoch], s->id);
-    if (me && !me->alive) {
-        /* server.c: declared dead (paused, partitioned, slow): fenced. Drop the chain state and
-         * rejoin as a fresh replica; the store stays, cleared range by range when joining. */
+    int verdict = cps_fence_view(s->fence, epoch, me != NULL, me && me->alive);
+    if (verdict == CPS_FENCE_V_CONFIRMED)
+        sim_trace(sm, "s%u still in at e%" PRIu64 ": serving again (%" PRIu64 " dropped)", s->id,
+                  epoch, cps_fence_dropped(s->fence));
+    if (verdict != CPS_FENCE_V_NEWER)
+        return;
+    verdict = cps_fence_install(s->fence, epoch, me != NULL, me && me->alive);
+    if (verdict == CPS_FENCE_V_FENCED) {
+        /* Declared dead (paused, partitioned, slow): drop the chain state and rejoin as a fresh
+         * replica (server.c does it at its loop's next turn, serving nothing meanwhile); the
+         * store stays, cleared range by range when joining. */
         sim_trace(sm, "s%u fenced by view e%" PRIu64 ": rejoins", s->id, epoch);
         sm->rejoins++;
         server_reset(sm, s);
         return;
     }
+    if (verdict == CPS_FENCE_V_IGNORE)
+        return;
     s->epoch = epoch;
     s->view = &sm->views[epoch];
     sim_trace(sm, "s%u installs view e%" PRIu64, s->id, epoch);
@@ -1045,6 +1070,14 @@ static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
         server_install_view(sm, s, h.epoch);
         if (s->state == SRV_UP && s->seen_view > s->epoch)
             server_install_view(sm, s, s->seen_view);
+        return;
+    }
+    /* server.c's handle_msg: a stall first (a pause the scheduler may have declared us dead
+     * in), then what our standing lets through (recovery/fence.c). */
+    server_check_stall(sm, s, 0);
+    if (cps_fence_admit(s->fence, h.type, m->from == 0) != CPS_FENCE_SERVE) {
+        sim_trace(sm, "s%u drops %s: %s", s->id, msg_name(h.type),
+                  cps_fence_unsure(s->fence) ? "unsure of its standing" : "not for it now");
         return;
     }
     switch (h.type) {
@@ -1719,7 +1752,10 @@ static void scheduler_deliver(sim *sm, const sim_msg *m)
     }
     switch (h.type) {
     case CPS_MSG_GET_VIEW:
-        if (h.epoch < sm->epoch) {
+        /* scheduler.c answers every GET_VIEW: a server unsure of its standing asks at the epoch
+         * it holds and waits for the answer (recovery/fence.c). Workers are answered only when
+         * behind, as the sim always did. */
+        if (h.epoch < sm->epoch || server) {
             cps_msg_hdr v = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
             send_hdr(sm, 0, m->from, &v, NULL, 0, 0);
         }
@@ -1904,6 +1940,12 @@ static void setup(sim *sm)
         s->copying = xcalloc(sm->nranges, sizeof *s->copying);
         chain_new(sm, s);
         joiner_new(sm, s);
+        if (cps_fence_create(SIM_DEAD_AFTER_MS, 0, &s->fence) != 0 ||
+            cps_fence_view(s->fence, 1, 1, 1) != CPS_FENCE_V_NEWER ||
+            cps_fence_install(s->fence, 1, 1, 1) != CPS_FENCE_V_JOINED) {
+            fprintf(stderr, "sim: cps_fence_create failed\n");
+            exit(2);
+        }
         s->ticking = 1;
         s->epoch = 1;
         s->view = v;
@@ -1948,6 +1990,7 @@ static void teardown(sim *sm)
         free(s->parked);
         cps_ackhold_destroy(s->acks);
         cps_joiner_destroy(s->joiner);
+        cps_fence_destroy(s->fence);
         free(s->copying);
     }
     free(sm->servers);
@@ -2001,6 +2044,7 @@ static void step(sim *sm, sim_event e)
             send_hdr(sm, s->id, 0, &h, NULL, 0, 0);
         }
         if (s->state == SRV_UP) {
+            server_check_stall(sm, s, 1);
             flush_acks(sm, s, 0);
             int rc = cps_chain_tick(s->chain, sm->now);
             if (chain_rc(sm, s, "cps_chain_tick", rc) == 0)

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "core/view.h"
+#include "recovery/fence.h"
 #include "recovery/joiner.h"
 #include "recovery/repair.h"
 #include "recovery/requests.h"
@@ -195,6 +196,7 @@ typedef struct sim_server {
     int ticking;        /* an EV_TICK of this server is queued */
     int wiped;          /* restarted on an empty store, not yet let in: no longer a replica */
     cps_joiner *joiner; /* our joins (recovery/joiner.c), as transfer.c's */
+    cps_fence *fence;   /* our standing: joined, unsure, fenced (recovery/fence.c), as server.c's */
     uint8_t *copying;   /* per range: holds a snapshot, not yet a member */
 } sim_server;
 
