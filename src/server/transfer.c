@@ -8,7 +8,9 @@
  * records with their optimizer state, the exactly-once records and the sequence number — so the
  * event loop keeps serving meanwhile. The joiner writes the chunks, then applies the updates
  * that were forwarded to it after the snapshot's sequence number, and reports CAUGHT_UP; the
- * scheduler then publishes a view with the joiner as the range's new tail.
+ * scheduler then publishes a view with the joiner as the range's new tail. Every decision of the
+ * joiner's side is recovery/joiner.c's (the simulator runs the same code); this file performs its
+ * actions on the chain, LMDB and nanomsg.
  *
  * SNAP payload: a sequence of 8-byte-aligned entries, little-endian:
  *   1 param:  u32 1, u32 len, u64 key, u64 opt_step, u32 slots, u32 0, spec[64],

@@ -21,7 +21,9 @@
  *    from whom, caught up) brings ranges back to R replicas by state transfer;
  *  - restarts: a crashed server comes back on its store (kill -9 with LMDB on disk) or on an
  *    empty one (a replaced disk), with a fresh cps_chain, and asks to be let in (HELLO); a server
- *    told it was declared dead rejoins the same way (server.c's rejoin);
+ *    told it was declared dead rejoins the same way (server.c's rejoin); whether a server is
+ *    fenced, unsure of its standing after a pause (it then drops what comes and asks for the
+ *    view) or may serve is recovery/fence.c's decision, as in server.c;
  *  - state transfer: the joiner's decisions are recovery/joiner.c's, performed as transfer.c
  *    performs them: JOIN_RANGE -> begin_join and clearing the copy -> SNAP_REQ (re-sent until
  *    the snapshot comes) -> add_shadow at the tail, then a snapshot of the tail's store a moment
