@@ -120,7 +120,7 @@ static void dispatch_held(server *s);
  * held (rx taken). */
 static int hold_future(server *s, cps_rx *rx)
 {
-    if (!s->joined || rx->hdr.epoch <= s->view.epoch)
+    if (!cps_fence_future(s->fence, rx->hdr.epoch))
         return 0;
     if (!s->future)
         s->future = calloc(MAX_FUTURE, sizeof *s->future);
@@ -149,25 +149,25 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
         cps__view_fini(&v);
         return;
     }
-    if (s->joined && v.epoch <= s->view.epoch) {
-        const cps_node_info *me = cps__view_node(&v, s->id);
-        if (s->suspect && v.epoch == s->view.epoch && me && me->alive) {
+    const cps_node_info *me = cps__view_node(&v, s->id);
+    int verdict = cps_fence_view(s->fence, v.epoch, me != NULL, me && me->alive);
+    if (verdict != CPS_FENCE_V_NEWER) {
+        if (verdict == CPS_FENCE_V_CONFIRMED)
             cps_log(CPS_LOG_INFO, "server",
                     "the scheduler still counts us in (epoch %llu): serving again; %llu "
                     "messages that came while we were unsure were dropped unanswered",
-                    (unsigned long long)v.epoch, (unsigned long long)s->suspect_dropped);
-            s->suspect = 0;
-        }
+                    (unsigned long long)v.epoch, (unsigned long long)cps_fence_dropped(s->fence));
         cps__view_fini(&v);
         return;
     }
-    if ((welcome || !s->joined) && (rc = check_job(s, rx->hdr.aux)) != 0) {
+    int joined = cps_fence_joined(s->fence);
+    if ((welcome || !joined) && (rc = check_job(s, rx->hdr.aux)) != 0) {
         s->refused = rc;
         s->shutdown = 1;
         cps__view_fini(&v);
         return;
     }
-    if (welcome || !s->joined) {
+    if (welcome || !joined) {
         s->id = rx->hdr.req_worker;
         const cps_node_info *me = cps__view_node(&v, s->id);
         if (!me || me->role != CPS_ROLE_SERVER) {
@@ -190,24 +190,20 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
                     v.nodes[i].addr, cps_strerror(rc));
     }
     const cps_node_info *self = cps__view_node(&v, s->id);
-    if (s->joined && self && !self->alive) {
-        /* Fenced: the scheduler declared us dead (we were paused, partitioned or too slow).
-         * Our chains have moved on without us; serving anything now could only do harm. The
-         * views queued while we were paused all say so: log the first. */
-        if (!s->fenced)
+    verdict = cps_fence_install(s->fence, v.epoch, self != NULL, self && self->alive);
+    if (verdict == CPS_FENCE_V_FENCED || verdict == CPS_FENCE_V_IGNORE) {
+        /* Fenced (recovery/fence.h): the loop drops our chain state and rejoins. */
+        if (verdict == CPS_FENCE_V_FENCED)
             cps_log(CPS_LOG_WARN, "server",
                     "declared dead by the scheduler (view epoch %llu): "
                     "fenced; dropping our chain state and rejoining as a fresh replica",
                     (unsigned long long)v.epoch);
-        s->fenced = 1;
         cps__view_fini(&v);
         return;
     }
-    s->suspect = 0; /* we heard from the scheduler, and we are in its view */
     cps__view_fini(&s->view);
     s->view = v;
-    if (!s->joined) {
-        s->joined = 1;
+    if (verdict == CPS_FENCE_V_JOINED) {
         uint32_t head = 0, mid = 0, tail = 0;
         for (uint32_t r = 0; r < v.nranges; r++) {
             const cps_range *rg = &v.ranges[r];
@@ -290,7 +286,7 @@ static int checksum_txn(cps_txn *txn, void *arg)
 static void handle_checksum(server *s, const cps_rx *rx)
 {
     uint32_t peer = 0;
-    if (!s->joined || rx->hdr.range >= s->view.nranges ||
+    if (!cps_fence_joined(s->fence) || rx->hdr.range >= s->view.nranges ||
         cps__temp_peer_from_hello(&s->temps, s->tp, rx->payload, rx->len, cps__now_ms(), &peer,
                                   NULL) != 0) {
         cps_log(CPS_LOG_WARN, "server", "malformed checksum request dropped");
@@ -314,31 +310,20 @@ static void handle_checksum(server *s, const cps_rx *rx)
 }
 
 /* We did not run for longer than the failure timeout (SIGSTOP, a VM pause, a starved CPU): the
- * scheduler may have declared us dead and moved our chains on. Serve nothing until it tells us
- * we are still in. Checked before every message, not only once per loop turn: after a pause
- * the poll that was waiting returns a batch of queued requests, and none of them may be
- * answered under the view we had before the pause. */
-static void check_stall(server *s, uint64_t now)
+ * scheduler may have declared us dead and moved our chains on. recovery/fence.c decides; we serve
+ * nothing until it tells us we are still in. `turned`: the loop turns now (else a message). */
+static void check_stall(server *s, uint64_t now, int turned)
 {
-    if (!s->joined || s->suspect || now - s->last_turn_ms <= s->cfg.dead_after_ms)
+    uint64_t stalled = cps_fence_stalled_ms(s->fence, now);
+    int verdict = turned ? cps_fence_turned(s->fence, now) : cps_fence_check(s->fence, now);
+    if (verdict == CPS_FENCE_CALM)
         return;
-    cps_log(CPS_LOG_WARN, "server",
-            "did not run for %llu ms (more than the %u ms failure timeout): asking the "
-            "scheduler whether we are still in before serving anything",
-            (unsigned long long)(now - s->last_turn_ms), s->cfg.dead_after_ms);
-    s->suspect = 1;
-    s->suspect_dropped = 0;
+    if (verdict == CPS_FENCE_STALLED)
+        cps_log(CPS_LOG_WARN, "server",
+                "did not run for %llu ms (more than the %u ms failure timeout): asking the "
+                "scheduler whether we are still in before serving anything",
+                (unsigned long long)stalled, s->cfg.dead_after_ms);
     cps__server_ask_view(s);
-}
-
-/* 1 while we wait to hear whether we are still in (check_stall): the message is not served, and
- * counted. */
-static int unsure(server *s)
-{
-    if (!s->suspect)
-        return 0;
-    s->suspect_dropped++;
-    return 1;
 }
 
 static void handle_msg(void *ctx, void *buf, size_t len)
@@ -346,7 +331,7 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     server *s = ctx;
     cps_rx rx;
     s->stats.msgs_in++;
-    check_stall(s, cps__now_ms());
+    check_stall(s, cps__now_ms(), 0);
     int rc = cps__rx_parse(&rx, buf, len);
     if (rc != 0) {
         s->stats.msgs_bad++;
@@ -354,25 +339,37 @@ static void handle_msg(void *ctx, void *buf, size_t len)
                 "bad message (%zu bytes, type %u, from node %u) dropped: %s", len, rx.hdr.type,
                 rx.hdr.sender, cps_strerror(rc));
         /* The header decoded: the sender can be told (e.g. corrupt snappy payload). */
-        if (rx.hdr.type != 0 && !(rx.hdr.flags & CPS_WF_REPLY) && s->joined &&
+        if (rx.hdr.type != 0 && !(rx.hdr.flags & CPS_WF_REPLY) && cps_fence_joined(s->fence) &&
             cps__server_worker_rank(s, rx.hdr.sender) != UINT32_MAX)
             cps__server_reply_error(s, &rx.hdr, rc, "payload rejected");
+        return;
+    }
+    /* What our standing lets through (recovery/fence.h). */
+    int admit = cps_fence_admit(s->fence, rx.hdr.type, rx.hdr.sender == SCHED_PEER);
+    if (admit == CPS_FENCE_EARLY) {
+        /* A worker heard its WELCOME before we heard ours: hold the request until then. */
+        if (!s->early)
+            s->early = calloc(MAX_EARLY, sizeof *s->early);
+        if (s->early && s->nearly < MAX_EARLY) {
+            s->early[s->nearly++] = rx;
+            return;
+        }
+        cps_log(CPS_LOG_WARN, "server", "request before the job started dropped");
+    }
+    if (admit != CPS_FENCE_SERVE) {
+        cps__rx_free(&rx);
         return;
     }
     switch (rx.hdr.type) {
     case CPS_MSG_WELCOME:
     case CPS_MSG_VIEW:
-        if (rx.hdr.sender == SCHED_PEER) {
-            /* Held acks go out under the view they were made in, as if sent at once. */
-            cps__server_flush_acks(s, 0, 1);
-            install_view(s, &rx, rx.hdr.type == CPS_MSG_WELCOME);
-        }
+        /* Held acks go out under the view they were made in, as if sent at once. */
+        cps__server_flush_acks(s, 0, 1);
+        install_view(s, &rx, rx.hdr.type == CPS_MSG_WELCOME);
         break;
     case CPS_MSG_SHUTDOWN:
-        if (rx.hdr.sender == SCHED_PEER) {
-            cps_log(CPS_LOG_INFO, "server", "the scheduler ended the job");
-            s->shutdown = 1;
-        }
+        cps_log(CPS_LOG_INFO, "server", "the scheduler ended the job");
+        s->shutdown = 1;
         break;
     case CPS_MSG_ERROR:
         cps_log(CPS_LOG_ERROR, "server", "error from node %u: %s", rx.hdr.sender,
@@ -383,58 +380,33 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         break;
     case CPS_MSG_CUT_PROBE:
     case CPS_MSG_CUT_OPEN:
-        if (!s->joined || unsure(s))
-            break;
         if (rx.hdr.type == CPS_MSG_CUT_PROBE)
             cps__server_on_cut_probe(s, &rx);
         else
             cps__server_on_cut_open(s, &rx);
         break;
     case CPS_MSG_PUT:
-        if (!s->joined || unsure(s))
-            break;
         cps__server_on_put(s, &rx);
         return; /* taken */
     case CPS_MSG_FWD:
     case CPS_MSG_CHAIN_ACK:
     case CPS_MSG_CHAIN_MARK:
-        if (!s->joined || unsure(s))
-            break;
         if (!hold_future(s, &rx))
             cps__server_on_chain(s, &rx);
         return; /* taken */
     case CPS_MSG_JOIN_RANGE:
-        if (!s->joined || s->suspect || rx.hdr.sender != SCHED_PEER)
-            break;
         cps__server_on_join_range(s, &rx);
         return;
     case CPS_MSG_SNAP_REQ:
-        if (!s->joined || unsure(s))
-            break;
         cps__server_on_snap_req(s, &rx);
         return;
     case CPS_MSG_SNAP:
-        if (!s->joined || unsure(s))
-            break;
         cps__server_on_snap(s, &rx);
         return;
     case CPS_MSG_DECLARE:
     case CPS_MSG_PUSH:
     case CPS_MSG_PUSH_PULL:
     case CPS_MSG_PULL:
-        if (unsure(s))
-            break; /* not until the scheduler confirms we are still in (see the loop) */
-        if (!s->joined) {
-            /* A worker heard its WELCOME before we heard ours: hold the request until then. */
-            if (!s->early)
-                s->early = calloc(MAX_EARLY, sizeof *s->early);
-            if (s->early && s->nearly < MAX_EARLY) {
-                s->early[s->nearly++] = rx;
-                return;
-            }
-            cps_log(CPS_LOG_WARN, "server", "request before the job started dropped");
-            break;
-        }
         if (!hold_future(s, &rx))
             dispatch_request(s, &rx);
         return; /* the data path took rx */
@@ -448,11 +420,11 @@ static void handle_msg(void *ctx, void *buf, size_t len)
 
 static void rejoin(server *s)
 {
-    if (s->suspect)
+    if (cps_fence_unsure(s->fence))
         cps_log(CPS_LOG_INFO, "server",
                 "%llu messages that came while we were unsure of our standing were dropped "
                 "unanswered (none was answered under view epoch %llu)",
-                (unsigned long long)s->suspect_dropped, (unsigned long long)s->view.epoch);
+                (unsigned long long)cps_fence_dropped(s->fence), (unsigned long long)s->view.epoch);
     cps__server_reap_snapshots(s, 1);
     cps__server_cuts_tick(s, cps__now_ms(), 1);
     cps__server_data_fini(s);
@@ -466,9 +438,7 @@ static void rejoin(server *s)
     s->nfuture = 0;
     cps__view_fini(&s->view);
     cps__view_init(&s->view);
-    s->joined = 0;
-    s->suspect = 0;
-    s->fenced = 0;
+    cps_fence_rejoin(s->fence, cps__now_ms());
 }
 
 static int send_hello(server *s, const char *addr, uint32_t prev_id)
@@ -557,7 +527,8 @@ static int count_keys(cps_txn *txn, void *arg)
 /* Every loop turn: what the heartbeat thread sends, and that the loop turned. */
 static void beat_publish(server *s, uint64_t now)
 {
-    cps__heartbeat_publish(s->beat, s->joined && !s->fenced, s->id, s->view.epoch, &s->stats, now);
+    cps__heartbeat_publish(s->beat, cps_fence_beating(s->fence), s->id, s->view.epoch, &s->stats,
+                           now);
 }
 
 /* The server's store: the directory it was given, or by default the first DIR/server-N that
@@ -657,10 +628,12 @@ int cps__server_run(const cps_config *cfg)
     if (rc != 0)
         goto out;
     uint64_t start = cps__now_ms(), next_hello = 0, next_sync = 0;
-    s.last_turn_ms = start;
+    rc = cps_fence_create(cfg->dead_after_ms, start, &s.fence);
+    if (rc != 0)
+        goto out;
     while (!s.shutdown && !cps__role_stop_requested()) {
         uint64_t now = cps__now_ms();
-        if (s.fenced) {
+        if (cps_fence_fenced(s.fence)) {
             /* Start over as a new replica: the scheduler revives us, and state transfer gives us
              * ranges again; what our store holds for other ranges is cleared when we join them.
              * Silence the heartbeats first: a beat from a server the view lists as dead earns it
@@ -671,10 +644,9 @@ int cps__server_run(const cps_config *cfg)
             next_hello = 0;
             continue;
         }
-        check_stall(&s, now);
-        s.last_turn_ms = now;
+        check_stall(&s, now, 1);
         beat_publish(&s, now);
-        if (!s.joined) {
+        if (!cps_fence_joined(s.fence)) {
             if (now - start > cfg->join_timeout_ms) {
                 cps_log(CPS_LOG_ERROR, "server",
                         "no answer from the scheduler at %s within "
@@ -699,13 +671,14 @@ int cps__server_run(const cps_config *cfg)
                 next_sync = now + SYNC_EVERY_MS;
             }
         }
-        int wait_ms = s.joined ? cps__server_ack_wait_ms(&s, cps__now_ms(), 20) : 100;
+        int wait_ms =
+            cps_fence_joined(s.fence) ? cps__server_ack_wait_ms(&s, cps__now_ms(), 20) : 100;
         int n = cps__tp_poll(s.tp, wait_ms, handle_msg, &s, MSGS_PER_TURN);
         if (n < 0) {
             rc = n;
             break;
         }
-        if (s.joined) {
+        if (cps_fence_joined(s.fence)) {
             cps__server_flush_acks(&s, cps__now_ms(), 0);
             cps__server_tick(&s, cps__now_ms());
             cps__server_reap_snapshots(&s, 0);
@@ -738,6 +711,7 @@ int cps__server_run(const cps_config *cfg)
             (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad);
 out:
     cps__heartbeat_stop(s.beat);
+    cps_fence_destroy(s.fence);
     for (uint32_t i = 0; i < s.nearly; i++)
         cps__rx_free(&s.early[i]);
     free(s.early);

@@ -13,21 +13,10 @@
 #include "node/heartbeat.h"
 #include "node/msg.h"
 #include "node/temp_peers.h"
+#include "recovery/fence.h"
+#include "recovery/joiner.h"
 #include "store/store.h"
 #include "transport/transport.h"
-
-/* A range this server is copying from its tail (state transfer, transfer.c). */
-typedef struct join_state {
-    int active;
-    uint32_t source;
-    uint64_t deadline_ms;
-    uint64_t bytes;
-    uint64_t id;          /* the scheduler's id of this join: stale messages are ignored */
-    uint64_t done_id;     /* the last join that reported CAUGHT_UP (a repeat must not clear it) */
-    int confirm_pending;  /* report again once we may serve reads (CAUGHT_UP, aux 1) */
-    uint64_t snap_req_ms; /* when SNAP_REQ was last sent (re-sent until a SNAP arrives) */
-    int got_snap;
-} join_state;
 
 struct snap_job;
 
@@ -38,7 +27,7 @@ typedef struct server {
     uint32_t id;
     uint32_t rank;
     cps_view view;
-    int joined;
+    cps_fence *fence; /* our standing: joined, unsure, fenced (recovery/fence.h) */
     int shutdown;
     cps_node_stats stats;
     /* Sync steps being gathered at the heads we are (created at the first sync push). */
@@ -47,20 +36,15 @@ typedef struct server {
     cps_ssp *ssp;
     /* Chain replication state machine of every range this server holds. */
     cps_chain *chain;
-    int poisoned;          /* a store write failed: state unknown, the server must leave */
-    int disk_full;         /* a store write failed with CPS_ENOSPC: leave, saying so */
-    int suspect;           /* we stalled past the failure timeout: serve nothing until the scheduler
-                              confirms we are still in its view */
-    uint64_t last_turn_ms; /* when the event loop last turned (a stall is measured from it) */
-    uint64_t suspect_dropped; /* requests and chain messages not served while suspect */
-    int fenced;               /* the scheduler declared us dead: leave */
-    int refused;              /* our data directory belongs to another job: leave with this error */
+    int poisoned;  /* a store write failed: state unknown, the server must leave */
+    int disk_full; /* a store write failed with CPS_ENOSPC: leave, saying so */
+    int refused;   /* our data directory belongs to another job: leave with this error */
     /* Requests that arrived before our own WELCOME (workers can hear theirs first). */
     cps_rx *early;
     uint32_t nearly;
     cps_temp_peers temps; /* `chainps status --verify` and other non-members */
     uint64_t boot_id;     /* this process's incarnation, sent with HELLO */
-    join_state *joins;    /* view.nranges entries */
+    cps_joiner *joiner;   /* ranges we copy from their tails (recovery/joiner.h, transfer.c) */
     /* Messages from a view epoch we have not installed yet, held until we have it (dropping
      * them would cost the sender a re-send timeout in the middle of a failover). */
     cps_rx *future;
@@ -99,6 +83,9 @@ int cps__server_check_put(server *s, uint32_t range, const void *buf, size_t len
                           size_t cap);
 /* Join finished snapshot threads (all of them, waiting, when `wait`). */
 void cps__server_reap_snapshots(server *s, int wait);
+/* A view was installed (after the chain's): joins under way it ends are given up. Creates the
+ * joiner at the first view. */
+void cps__server_joins_view(server *s);
 /* Abandon joins that made no progress in time, re-ask for snapshots, confirm joins. */
 void cps__server_check_joins(server *s, uint64_t now);
 /* Send the held CHAIN_ACKs that are due (all of them when `force`). */

@@ -8,7 +8,9 @@
  * records with their optimizer state, the exactly-once records and the sequence number — so the
  * event loop keeps serving meanwhile. The joiner writes the chunks, then applies the updates
  * that were forwarded to it after the snapshot's sequence number, and reports CAUGHT_UP; the
- * scheduler then publishes a view with the joiner as the range's new tail.
+ * scheduler then publishes a view with the joiner as the range's new tail. Every decision of the
+ * joiner's side is recovery/joiner.c's (the simulator runs the same code); this file performs its
+ * actions on the chain, LMDB and nanomsg.
  *
  * SNAP payload: a sequence of 8-byte-aligned entries, little-endian:
  *   1 param:  u32 1, u32 len, u64 key, u64 opt_step, u32 slots, u32 0, spec[64],
@@ -34,6 +36,7 @@
 #define SNAP_CHUNK      (4u << 20)
 #define SNAP_FLUSH_MS   30000
 #define JOIN_TIMEOUT_MS 120000
+#define SNAP_RETRY_MS   1000
 
 enum { ENT_PARAM = 1, ENT_DEDUP = 2, ENT_NAMED = 3, ENT_RANGE = 4, ENT_CREATE = 5, ENT_SLICE = 6 };
 
@@ -545,145 +548,137 @@ static int clear_txn(cps_txn *txn, void *arg)
     return cps__store_range_clear(txn, c->range, c->lo, c->hi, prefix);
 }
 
-static void join_abort(server *s, uint32_t r, const char *why, int rc)
+static int can_serve(void *ctx, uint32_t range)
 {
-    cps_log(CPS_LOG_ERROR, "server",
-            "range %u: joining failed (%s: %s); the scheduler will "
-            "try again",
-            r, why, cps_strerror(rc));
-    cps_chain_join_abort(s->chain, r);
-    s->joins[r].active = 0;
-    /* Tell the scheduler now (aux 2), rather than let it wait out its own deadline. */
-    cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP,
-                     .sender = s->id,
-                     .epoch = s->view.epoch,
-                     .range = r,
-                     .step = s->joins[r].id,
-                     .aux = 2};
-    cps__msg_send(s->tp, 0, &h, NULL, 0);
+    return cps_chain_can_serve_pull(((server *)ctx)->chain, range);
 }
 
-static void send_snap_req(server *s, uint32_t r)
+/* BEGIN: forget our copy of the range (chain state and store). */
+static int begin_join(server *s, uint32_t r, uint32_t source)
 {
-    cps_msg_hdr h = {.type = CPS_MSG_SNAP_REQ,
-                     .sender = s->id,
-                     .epoch = s->view.epoch,
-                     .range = r,
-                     .step = s->joins[r].id};
-    s->joins[r].snap_req_ms = cps__now_ms();
-    int rc = cps__msg_send(s->tp, s->joins[r].source, &h, NULL, 0);
-    if (rc != 0)
-        cps_log(CPS_LOG_WARN, "server", "range %u: asking node %u for a snapshot failed: %s", r,
-                s->joins[r].source, cps_strerror(rc));
-}
-
-void cps__server_on_join_range(server *s, cps_rx *rx)
-{
-    uint32_t r = rx->hdr.range, source = (uint32_t)rx->hdr.aux;
-    uint64_t id = rx->hdr.step;
-    cps__rx_free(rx);
-    if (r >= s->view.nranges || !s->joins || !cps__view_node(&s->view, source))
-        return;
-    if ((s->joins[r].active && s->joins[r].id == id) || s->joins[r].done_id == id)
-        return; /* a repeated request: under way, or done (do not clear what we copied) */
-    if (s->joins[r].active)
-        cps_chain_join_abort(s->chain, r); /* a newer join of the range replaces it */
     clear_io c = {r, s->view.ranges[r].lo, s->view.ranges[r].hi};
     int rc = cps_chain_begin_join(s->chain, r, source);
     if (rc == 0)
         rc = cps__store_write(s->store, clear_txn, &c);
-    if (rc != 0) {
-        join_abort(s, r, "clearing the old copy", rc);
+    return rc;
+}
+
+/* READY: the snapshot's SSP clocks, before the updates after it move them further; then the
+ * updates the source forwarded since the snapshot. */
+static int join_ready(server *s, uint32_t r, uint64_t snap_seq, uint64_t *applied)
+{
+    int rc = cps__server_ssp_load(s, r);
+    if (rc == 0) {
+        rc = cps_chain_join_ready(s->chain, r, snap_seq, cps__now_ms());
+        cps__server_run_actions(s);
+    }
+    *applied = cps_chain_applied(s->chain, r);
+    if (rc == 0)
+        cps_log(CPS_LOG_INFO, "server",
+                "range %u: snapshot at seq %llu installed (%.1f MB), caught up to seq %llu", r,
+                (unsigned long long)snap_seq, cps_joiner_bytes(s->joiner, r) / 1e6,
+                (unsigned long long)*applied);
+    return rc;
+}
+
+/* Perform the joiner's actions (recovery/joiner.h). BEGIN, INSTALL and READY end their batch:
+ * their outcome, reported to the joiner, hands back the next one. snap: the SNAP chunk the
+ * joiner just took, or NULL. */
+static void run_joiner(server *s, const cps_rx *snap)
+{
+    const cps_joiner_action *a;
+    size_t n = s->joiner ? cps_joiner_actions(s->joiner, &a) : 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t r = a[i].range;
+        int rc;
+        uint64_t value = 0;
+        switch (a[i].kind) {
+        case CPS_JA_SEND: {
+            cps_msg_hdr h = a[i].hdr; /* the send fills in the payload length */
+            rc = cps__msg_send(s->tp, a[i].to, &h, NULL, 0);
+            if (rc != 0 && a[i].hdr.type == CPS_MSG_SNAP_REQ)
+                cps_log(CPS_LOG_WARN, "server",
+                        "range %u: asking node %u for a snapshot failed: %s", r, a[i].to,
+                        cps_strerror(rc));
+            continue;
+        }
+        case CPS_JA_ASK_VIEW:
+            cps__server_ask_view(s);
+            continue;
+        case CPS_JA_ABORT:
+            cps_chain_join_abort(s->chain, r);
+            if (a[i].why)
+                cps_log(CPS_LOG_ERROR, "server",
+                        "range %u: joining failed (%s: %s); the scheduler will try again", r,
+                        a[i].why, cps_strerror(a[i].status));
+            continue;
+        case CPS_JA_BEGIN:
+            rc = begin_join(s, r, a[i].source);
+            if (rc == 0)
+                cps_log(CPS_LOG_INFO, "server",
+                        "range %u: joining (join %llu); copying it from node %u", r,
+                        (unsigned long long)a[i].seq, a[i].source);
+            break;
+        case CPS_JA_INSTALL: {
+            install_io io = {s, r, snap->payload, snap->len, a[i].last, 0, 0, 0, 0};
+            rc = cps__store_write(s->store, install_txn, &io);
+            value = io.seq;
+            break;
+        }
+        case CPS_JA_READY:
+            rc = join_ready(s, r, a[i].seq, &value);
+            break;
+        default:
+            continue;
+        }
+        /* A full disk does not clear itself: joining again would fail again, unseen. */
         if (rc == CPS_ENOSPC)
             s->disk_full = 1;
-        return;
+        cps_joiner_result(s->joiner, r, rc, value, cps__now_ms());
+        n = cps_joiner_actions(s->joiner, &a);
+        i = (size_t)-1; /* the next batch, from its start */
     }
-    uint64_t done = s->joins[r].done_id;
-    s->joins[r] = (join_state){1, source, cps__now_ms() + JOIN_TIMEOUT_MS, 0, id, done, 0, 0, 0};
-    send_snap_req(s, r);
-    cps_log(CPS_LOG_INFO, "server", "range %u: joining (join %llu); copying it from node %u", r,
-            (unsigned long long)id, source);
+}
+
+void cps__server_joins_view(server *s)
+{
+    if (!s->joiner) {
+        cps_joiner_config cfg = {.self = s->id,
+                                 .nranges = s->view.nranges,
+                                 .timeout_ms = JOIN_TIMEOUT_MS,
+                                 .snap_retry_ms = SNAP_RETRY_MS,
+                                 .orders_may_reorder = 0};
+        int rc = cps_joiner_create(&cfg, &s->joiner);
+        if (rc != 0) {
+            cps_log(CPS_LOG_ERROR, "server", "cannot keep track of joins: %s", cps_strerror(rc));
+            return;
+        }
+    }
+    if (cps_joiner_view(s->joiner, &s->view, cps__now_ms()) > 0)
+        run_joiner(s, NULL);
+}
+
+void cps__server_on_join_range(server *s, cps_rx *rx)
+{
+    if (s->joiner)
+        cps_joiner_order(s->joiner, &s->view, rx->hdr.range, (uint32_t)rx->hdr.aux, rx->hdr.step,
+                         rx->hdr.epoch, cps__now_ms());
+    run_joiner(s, NULL);
+    cps__rx_free(rx);
 }
 
 void cps__server_on_snap(server *s, cps_rx *rx)
 {
     uint32_t r = rx->hdr.range;
-    if (r >= s->view.nranges || !s->joins || !s->joins[r].active ||
-        s->joins[r].source != rx->hdr.sender || s->joins[r].id != rx->hdr.step) {
-        cps__rx_free(rx); /* from an earlier join, or not for us */
-        return;
-    }
-    if (!cps_chain_joining(s->chain, r)) {
-        /* A view that came since made us a member of the range, or took it from us: a snapshot
-         * written now would overwrite a store the chain already serves from. Messages from the
-         * scheduler arrive in order, so this is a guard, not a path the protocol takes. */
-        cps__rx_free(rx);
-        join_abort(s, r, "the chain is no longer joining", CPS_ESTALE_EPOCH);
-        return;
-    }
-    s->joins[r].got_snap = 1;
-    install_io io = {s, r, rx->payload, rx->len, rx->hdr.aux == 1, 0, 0, 0, 0};
-    int rc = cps__store_write(s->store, install_txn, &io);
-    s->joins[r].bytes += rx->len;
+    int joining = r < s->view.nranges && cps_chain_joining(s->chain, r);
+    if (s->joiner && cps_joiner_snap(s->joiner, rx->hdr.sender, r, rx->hdr.step, rx->hdr.aux == 1,
+                                     rx->len, joining, cps__now_ms()) > 0)
+        run_joiner(s, rx);
     cps__rx_free(rx);
-    if (rc != 0) {
-        join_abort(s, r, "installing the snapshot", rc);
-        /* A full disk does not clear itself: joining again would fail again, unseen. */
-        if (rc == CPS_ENOSPC)
-            s->disk_full = 1;
-        return;
-    }
-    if (!io.last)
-        return;
-    /* The snapshot's SSP clocks, before the updates after it move them further. */
-    rc = cps__server_ssp_load(s, r);
-    if (rc != 0) {
-        join_abort(s, r, "loading the SSP clocks", rc);
-        return;
-    }
-    rc = cps_chain_join_ready(s->chain, r, io.seq, cps__now_ms());
-    cps__server_run_actions(s);
-    if (rc != 0) {
-        join_abort(s, r, "replaying updates", rc);
-        return;
-    }
-    uint64_t applied = cps_chain_applied(s->chain, r);
-    cps_log(CPS_LOG_INFO, "server",
-            "range %u: snapshot at seq %llu installed (%.1f MB), caught "
-            "up to seq %llu",
-            r, (unsigned long long)io.seq, s->joins[r].bytes / 1e6, (unsigned long long)applied);
-    s->joins[r].active = 0;
-    s->joins[r].done_id = s->joins[r].id;
-    s->joins[r].confirm_pending = 1;
-    cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP,
-                     .sender = s->id,
-                     .epoch = s->view.epoch,
-                     .range = r,
-                     .req_seq = applied,
-                     .step = s->joins[r].id};
-    cps__msg_send(s->tp, 0, &h, NULL, 0);
 }
 
 void cps__server_check_joins(server *s, uint64_t now)
 {
-    for (uint32_t r = 0; s->joins && r < s->view.nranges; r++) {
-        join_state *js = &s->joins[r];
-        if (js->active && now > js->deadline_ms)
-            join_abort(s, r, "no snapshot in time", CPS_ETIMEDOUT);
-        else if (js->active && !js->got_snap && now - js->snap_req_ms > 1000)
-            send_snap_req(s, r); /* lost, or the tail had not seen our view yet */
-        if (js->confirm_pending && cps_chain_can_serve_pull(s->chain, r)) {
-            /* We hold everything the old tail acknowledged: from now on we are a full
-             * replica, and the scheduler stops treating us as one that must leave with our
-             * predecessor. */
-            js->confirm_pending = 0;
-            cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP,
-                             .sender = s->id,
-                             .epoch = s->view.epoch,
-                             .range = r,
-                             .step = js->done_id,
-                             .aux = 1};
-            cps__msg_send(s->tp, 0, &h, NULL, 0);
-        }
-    }
+    if (s->joiner && cps_joiner_tick(s->joiner, now, can_serve, s) > 0)
+        run_joiner(s, NULL);
 }

@@ -962,14 +962,10 @@ void cps__server_view_changed(server *s)
         rc = cps__server_chain_init(s);
     if (rc == 0)
         rc = cps_chain_set_view(s->chain, &s->view, cps__now_ms());
-    if (rc == 0 && !s->joins) {
-        s->joins = calloc(s->view.nranges ? s->view.nranges : 1, sizeof *s->joins);
-        if (!s->joins)
-            rc = CPS_ENOMEM;
-    }
     if (rc != 0)
         cps_log(CPS_LOG_ERROR, "server", "chain view change failed: %s", cps_strerror(rc));
     cps__server_run_actions(s);
+    cps__server_joins_view(s);
     if (s->sync && cps_sync_set_view(s->sync, &s->view) == 0)
         run_sync_actions(s, 0);
     if (cps_ssp_parked(s->ssp))
@@ -980,12 +976,12 @@ void cps__server_data_fini(server *s)
 {
     cps_sync_destroy(s->sync);
     cps_ssp_destroy(s->ssp);
-    free(s->joins);
+    cps_joiner_destroy(s->joiner);
     /* Held acks are dropped: the chain state they came from is gone. */
     cps_ackhold_destroy(s->acks);
     s->acks = NULL;
     /* Counts too: a server that rejoins (fenced) keeps running on this state. */
     s->sync = NULL;
     s->ssp = NULL;
-    s->joins = NULL;
+    s->joiner = NULL;
 }

@@ -20,11 +20,14 @@
  * Workers run the real request table (recovery/requests.c) as src/worker/client.c drives it;
  * they give requests up when their range has no live replica for the unavailable timeout (a
  * given-up push stays in the table, detached, and is still sent). --faithful-scheduler models
- * src/scheduler/scheduler.c and src/server/{server,transfer}.c exactly where the sim deviates from
- * them (a HELLO from a restarted server the scheduler still counts alive; a server not yet let in
- * taking any VIEW; a JOIN_RANGE overtaking views; late join messages); the repair policy is the
- * scheduler's own either way (recovery/repair.c); --refusals lets the head refuse some pushes after
- * admission (unknown keys: a SKIP update). Fault kinds: see sim.h; `all` mixes every kind. */
+ * src/scheduler/scheduler.c and src/server/server.c exactly where the sim deviates from them (a
+ * HELLO from a restarted server the scheduler still counts alive; a server not yet let in taking
+ * any VIEW), and runs the joiner (recovery/joiner.c) as production configures it
+ * (orders_may_reorder 0: without it, the joiner also copes with the sim's network letting a
+ * JOIN_RANGE overtake views and earlier orders); the repair policy (recovery/repair.c), the
+ * joiner and the fencing (recovery/fence.c) are production's either way; --refusals lets the head
+ * refuse some pushes (unknown keys: a SKIP update). Fault kinds: see sim.h; `all` mixes every
+ * kind. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

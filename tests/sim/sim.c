@@ -21,12 +21,16 @@
  *    from whom, caught up) brings ranges back to R replicas by state transfer;
  *  - restarts: a crashed server comes back on its store (kill -9 with LMDB on disk) or on an
  *    empty one (a replaced disk), with a fresh cps_chain, and asks to be let in (HELLO); a server
- *    told it was declared dead rejoins the same way (server.c's rejoin);
- *  - state transfer as src/server/transfer.c does it: JOIN_RANGE -> begin_join and clearing the
- *    copy -> SNAP_REQ -> add_shadow at the tail, then a snapshot of the tail's store a moment
- *    later -> SNAP over the network -> install, join_ready -> CAUGHT_UP -> a view with the
- *    joiner as the new tail, whose reads wait for CHAIN_MARK (cps_chain_can_serve_pull), and
- *    a second CAUGHT_UP (aux 1) once they may be served;
+ *    told it was declared dead rejoins the same way (server.c's rejoin); whether a server is
+ *    fenced, unsure of its standing after a pause (it then drops what comes and asks for the
+ *    view) or may serve is recovery/fence.c's decision, as in server.c;
+ *  - state transfer: the joiner's decisions are recovery/joiner.c's, performed as transfer.c
+ *    performs them: JOIN_RANGE -> begin_join and clearing the copy -> SNAP_REQ (re-sent until
+ *    the snapshot comes) -> add_shadow at the tail, then a snapshot of the tail's store a moment
+ *    later -> SNAP over the network (one message) -> install, join_ready -> CAUGHT_UP -> a view
+ *    with the joiner as the new tail, whose reads wait for CHAIN_MARK
+ *    (cps_chain_can_serve_pull), and a second CAUGHT_UP (aux 1) once they may be served; a join
+ *    given up (timeout, a view that ends it, a failed step) reports CAUGHT_UP aux 2;
  *  - partitions: servers cut off from the scheduler, their peers or the workers (both ways) for
  *    a while; the scheduler may declare them dead meanwhile, and they must be fenced;
  *  - SSP (--mode ssp:N): each server's gate is replication/ssp.c, moved at every APPLY, its
@@ -44,6 +48,8 @@
 #include "chainps/error.h"
 #include "core/view.h"
 #include "core/wire.h"
+#include "recovery/fence.h"
+#include "recovery/joiner.h"
 #include "recovery/requests.h"
 #include "recovery/view_change.h"
 #include "replication/chain.h"
@@ -373,6 +379,8 @@ static void chain_new(sim *sm, sim_server *s)
         ssp_load(sm, s, r);
 }
 
+static void joiner_new(sim *sm, sim_server *s);
+
 /* A restarted process, or server.c's rejoin() after being fenced: a fresh chain state machine
  * (cps_chain_destroy releases the cookies of requests it was holding), no aggregation slots, no
  * joins, no view; the store stays as it is. It asks the scheduler to let it in (HELLO). */
@@ -384,7 +392,8 @@ static void server_reset(sim *sm, sim_server *s)
     s->sync = NULL;
     cps_ackhold_destroy(s->acks); /* held acks are lost with the chain state they came from */
     s->acks = NULL;
-    memset(s->joins, 0, sm->nranges * sizeof *s->joins);
+    joiner_new(sm, s); /* no joins: they went with the process (or the fenced state) */
+    cps_fence_rejoin(s->fence, sm->now);
     memset(s->copying, 0, sm->nranges * sizeof *s->copying);
     s->epoch = 0;
     s->view = NULL;
@@ -402,6 +411,7 @@ static void server_reset(sim *sm, sim_server *s)
 /* ---- servers: performing the state machine's actions ---- */
 
 static void server_actions(sim *sm, sim_server *s);
+static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn);
 
 static void reply_to_worker(sim *sm, sim_server *s, uint8_t type, uint32_t worker, uint32_t range,
                             uint64_t req_seq, int status, const void *pl, size_t plen, uint64_t aux)
@@ -808,21 +818,44 @@ static void on_request(sim *sm, sim_server *s, const cps_msg_hdr *h, const uint8
 
 static void server_reset(sim *sm, sim_server *s);
 
+/* server.c's check_stall: the server did not run for longer than the failure timeout (paused):
+ * it serves nothing until a view says it is still in, and asks for one (again while no answer
+ * comes). `turned`: its loop turns now (a tick), else a message arrives. */
+static void server_check_stall(sim *sm, sim_server *s, int turned)
+{
+    int v = turned ? cps_fence_turned(s->fence, sm->now) : cps_fence_check(s->fence, sm->now);
+    if (v == CPS_FENCE_CALM)
+        return;
+    if (v == CPS_FENCE_STALLED)
+        sim_trace(sm, "s%u stalled: unsure of its standing, asks for the view", s->id);
+    cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
+    send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
+}
+
 static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
 {
     /* server.c: held acks go out under the view they were made in, as if sent at once. */
     flush_acks(sm, s, 1);
-    if (epoch <= s->epoch)
-        return;
+    /* recovery/fence.c decides, as in server.c's install_view. */
     const cps_node_info *me = cps__view_node(&sm->views[epoch], s->id);
-    if (me && !me->alive) {
-        /* server.c: declared dead (paused, partitioned, slow): fenced. Drop the chain state and
-         * rejoin as a fresh replica; the store stays, cleared range by range when joining. */
+    int verdict = cps_fence_view(s->fence, epoch, me != NULL, me && me->alive);
+    if (verdict == CPS_FENCE_V_CONFIRMED)
+        sim_trace(sm, "s%u still in at e%" PRIu64 ": serving again (%" PRIu64 " dropped)", s->id,
+                  epoch, cps_fence_dropped(s->fence));
+    if (verdict != CPS_FENCE_V_NEWER)
+        return;
+    verdict = cps_fence_install(s->fence, epoch, me != NULL, me && me->alive);
+    if (verdict == CPS_FENCE_V_FENCED) {
+        /* Declared dead (paused, partitioned, slow): drop the chain state and rejoin as a fresh
+         * replica (server.c does it at its loop's next turn, serving nothing meanwhile); the
+         * store stays, cleared range by range when joining. */
         sim_trace(sm, "s%u fenced by view e%" PRIu64 ": rejoins", s->id, epoch);
         sm->rejoins++;
         server_reset(sm, s);
         return;
     }
+    if (verdict == CPS_FENCE_V_IGNORE)
+        return;
     s->epoch = epoch;
     s->view = &sm->views[epoch];
     sim_trace(sm, "s%u installs view e%" PRIu64, s->id, epoch);
@@ -833,6 +866,8 @@ static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
     for (uint32_t r = 0; r < sm->nranges; r++)
         if (s->copying[r] && sim_is_member(sm, r, s->id))
             s->copying[r] = 0;
+    if (!sm->failed && cps_joiner_view(s->joiner, s->view, sm->now) > 0)
+        run_joiner(sm, s, NULL);
     if (s->sync && !sm->failed &&
         chain_rc(sm, s, "cps_sync_set_view", cps_sync_set_view(s->sync, s->view)) == 0)
         sync_actions(sm, s);
@@ -840,52 +875,101 @@ static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
         ssp_wake(sm, s);
 }
 
-/* ---- servers: state transfer, as src/server/transfer.c ---- */
+/* ---- servers: the joiner's side of state transfer: recovery/joiner.c, run as transfer.c runs
+ * it (the sim's store and snapshot stand in for LMDB and the SNAP chunks) ---- */
 
-static void join_abort(sim *sm, sim_server *s, uint32_t r, const char *why)
+static int joiner_can_serve(void *ctx, uint32_t r)
 {
-    sim_trace(sm, "s%u join of r%u aborted: %s", s->id, r, why);
-    cps_chain_join_abort(s->chain, r);
-    server_actions(sm, s);
-    s->joins[r].active = 0;
-    s->copying[r] = 0;
+    return cps_chain_can_serve_pull(((sim_server *)ctx)->chain, r);
 }
 
-/* JOIN_RANGE from the scheduler: forget our copy, ask the tail for a snapshot. */
+static void joiner_new(sim *sm, sim_server *s)
+{
+    cps_joiner_destroy(s->joiner);
+    s->joiner = NULL;
+    /* --faithful-scheduler runs the joiner as production does; otherwise it also copes with the
+     * sim's network letting the scheduler's orders overtake each other and its views. */
+    cps_joiner_config cfg = {.self = s->id,
+                             .nranges = sm->nranges,
+                             .timeout_ms = SIM_JOIN_TIMEOUT_MS,
+                             .snap_retry_ms = SIM_SNAP_RETRY_MS,
+                             .orders_may_reorder = !sm->p.faithful_sched};
+    if (cps_joiner_create(&cfg, &s->joiner) != 0) {
+        fprintf(stderr, "sim: cps_joiner_create failed\n");
+        exit(2);
+    }
+}
+
+/* Perform the joiner's actions, as transfer.c's run_joiner: BEGIN, INSTALL and READY end their
+ * batch, and their outcome hands back the next one. sn: the snapshot just taken, or NULL. */
+static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn)
+{
+    const cps_joiner_action *a;
+    size_t n = cps_joiner_actions(s->joiner, &a);
+    for (size_t i = 0; i < n && !sm->failed; i++) {
+        uint32_t r = a[i].range;
+        int rc = 0;
+        uint64_t value = 0;
+        switch (a[i].kind) {
+        case CPS_JA_SEND:
+            send_hdr(sm, s->id, a[i].to, &a[i].hdr, NULL, 0, 0);
+            continue;
+        case CPS_JA_ASK_VIEW: {
+            cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
+            send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
+            continue;
+        }
+        case CPS_JA_ABORT:
+            if (a[i].why)
+                sim_trace(sm, "s%u join of r%u aborted: %s", s->id, r, a[i].why);
+            cps_chain_join_abort(s->chain, r);
+            server_actions(sm, s);
+            s->copying[r] = 0;
+            continue;
+        case CPS_JA_BEGIN:
+            rc = cps_chain_begin_join(s->chain, r, a[i].source);
+            server_actions(sm, s);
+            if (rc == 0) {
+                sim_rstore_clear(&s->rs[r]); /* transfer.c's clear_txn */
+                s->copying[r] = 0;
+            }
+            break;
+        case CPS_JA_INSTALL:
+            sim_rstore_copy(&s->rs[r], &sn->st);
+            s->copying[r] = 1;
+            sim_check_snapshot(sm, s, r);
+            if (sm->failed)
+                return;
+            value = sn->st.applied;
+            break;
+        case CPS_JA_READY:
+            /* transfer.c: the snapshot's SSP clocks, before the updates after it move them. */
+            if (s->ssp)
+                ssp_load(sm, s, r);
+            rc = cps_chain_join_ready(s->chain, r, a[i].seq, sm->now);
+            server_actions(sm, s);
+            value = cps_chain_applied(s->chain, r);
+            if (rc == 0)
+                sim_trace(sm,
+                          "s%u installed snapshot of r%u at seq %" PRIu64 ", caught up to %" PRIu64,
+                          s->id, r, a[i].seq, value);
+            break;
+        default:
+            continue;
+        }
+        if (sm->failed)
+            return;
+        cps_joiner_result(s->joiner, r, rc, value, sm->now);
+        n = cps_joiner_actions(s->joiner, &a);
+        i = (size_t)-1; /* the next batch, from its start */
+    }
+}
+
+/* JOIN_RANGE from the scheduler. */
 static void on_join_range(sim *sm, sim_server *s, const cps_msg_hdr *h)
 {
-    uint32_t r = h->range, source = (uint32_t)h->aux;
-    if (r >= sm->nranges || source < 1 || source > sm->p.servers)
-        return;
-    if (s->joins[r].active && s->joins[r].source == source)
-        return; /* a repeated request: already under way */
-    if (h->step <= s->joins[r].id && !sm->p.faithful_sched) {
-        /* A late duplicate of a join we finished (or gave up): transfer.c would clear the copy
-         * it just reported CAUGHT_UP for, and then install a second snapshot into the store
-         * of a range it already serves (simulator seed 1238 with --faithful-scheduler). */
-        return;
-    }
-    if (h->epoch > s->epoch && !sm->p.faithful_sched) {
-        /* The order overtook views sent before it, which one TCP connection never lets happen:
-         * a view installed after the snapshot could make us a member of the range meanwhile,
-         * and the snapshot then lands in a store the chain no longer expects it in (simulator
-         * seed 2942 with --faithful-scheduler). Fetch the view; the scheduler retries. */
-        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
-        send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
-        return;
-    }
-    int rc = cps_chain_begin_join(s->chain, r, source);
-    server_actions(sm, s);
-    if (rc != 0) {
-        join_abort(sm, s, r, "begin_join refused");
-        s->joins[r].id = h->step;
-        return;
-    }
-    sim_rstore_clear(&s->rs[r]); /* transfer.c's clear_txn */
-    s->copying[r] = 0;
-    s->joins[r] = (sim_join){1, source, sm->now + SIM_JOIN_TIMEOUT_MS, h->step, 0};
-    cps_msg_hdr q = {.type = CPS_MSG_SNAP_REQ, .epoch = s->epoch, .range = r, .step = h->step};
-    send_hdr(sm, s->id, source, &q, NULL, 0, 0);
+    cps_joiner_order(s->joiner, s->view, h->range, (uint32_t)h->aux, h->step, h->epoch, sm->now);
+    run_joiner(sm, s, NULL);
 }
 
 /* SNAP_REQ at the tail: shadow the joiner, and take the snapshot a moment later (a thread). */
@@ -960,46 +1044,15 @@ static void snapshot_run(sim *sm, sim_msg *m)
     free(m);
 }
 
-/* SNAP at the joiner: install it, replay what the tail forwarded since, report CAUGHT_UP. */
+/* SNAP at the joiner (the whole snapshot in one message, aux: its index in sm->snaps). */
 static void on_snap(sim *sm, sim_server *s, const cps_msg_hdr *h)
 {
     uint32_t r = h->range;
-    if (r >= sm->nranges || !s->joins[r].active || s->joins[r].source != h->sender ||
-        h->aux >= sm->nsnaps)
+    if (r >= sm->nranges || h->aux >= sm->nsnaps)
         return;
-    if (h->step != s->joins[r].id && !sm->p.faithful_sched) {
-        /* A late snapshot for an earlier join of the range from the same tail: the tail's
-         * shadow of that join may be gone with what it held for us, so installing it reports
-         * CAUGHT_UP without updates nobody will send again (simulator seed 5596 with
-         * --faithful-scheduler). */
-        return;
-    }
-    const sim_snap *sn = sm->snaps[h->aux];
-    sim_rstore_copy(&s->rs[r], &sn->st);
-    s->copying[r] = 1;
-    sim_check_snapshot(sm, s, r);
-    if (sm->failed)
-        return;
-    /* transfer.c: the snapshot's SSP clocks, before the updates after it move them. */
-    if (s->ssp)
-        ssp_load(sm, s, r);
-    int rc = cps_chain_join_ready(s->chain, r, sn->st.applied, sm->now);
-    server_actions(sm, s);
-    if (rc != 0) {
-        join_abort(sm, s, r, "join_ready refused");
-        return;
-    }
-    s->joins[r].active = 0;
-    s->joins[r].confirm = s->joins[r].id;
-    uint64_t applied = cps_chain_applied(s->chain, r);
-    sim_trace(sm, "s%u installed snapshot of r%u at seq %" PRIu64 ", caught up to %" PRIu64, s->id,
-              r, sn->st.applied, applied);
-    cps_msg_hdr c = {.type = CPS_MSG_CAUGHT_UP,
-                     .epoch = s->epoch,
-                     .range = r,
-                     .req_seq = applied,
-                     .step = s->joins[r].id};
-    send_hdr(sm, s->id, 0, &c, NULL, 0, 0);
+    if (cps_joiner_snap(s->joiner, h->sender, r, h->step, 1, 0, cps_chain_joining(s->chain, r),
+                        sm->now) == CPS_JOINER_TAKEN)
+        run_joiner(sm, s, sm->snaps[h->aux]);
 }
 
 static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
@@ -1032,6 +1085,14 @@ static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
         server_install_view(sm, s, h.epoch);
         if (s->state == SRV_UP && s->seen_view > s->epoch)
             server_install_view(sm, s, s->seen_view);
+        return;
+    }
+    /* server.c's handle_msg: a stall first (a pause the scheduler may have declared us dead
+     * in), then what our standing lets through (recovery/fence.c). */
+    server_check_stall(sm, s, 0);
+    if (cps_fence_admit(s->fence, h.type, m->from == 0) != CPS_FENCE_SERVE) {
+        sim_trace(sm, "s%u drops %s: %s", s->id, msg_name(h.type),
+                  cps_fence_unsure(s->fence) ? "unsure of its standing" : "not for it now");
         return;
     }
     switch (h.type) {
@@ -1709,7 +1770,10 @@ static void scheduler_deliver(sim *sm, const sim_msg *m)
     }
     switch (h.type) {
     case CPS_MSG_GET_VIEW:
-        if (h.epoch < sm->epoch) {
+        /* scheduler.c answers every GET_VIEW: a server unsure of its standing asks at the epoch
+         * it holds and waits for the answer (recovery/fence.c). Workers are answered only when
+         * behind, as the sim always did. */
+        if (h.epoch < sm->epoch || server) {
             cps_msg_hdr v = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
             send_hdr(sm, 0, m->from, &v, NULL, 0, 0);
         }
@@ -1891,14 +1955,21 @@ static void setup(sim *sm)
         s->id = i + 1;
         s->state = SRV_UP;
         s->rs = xcalloc(sm->nranges, sizeof *s->rs);
-        s->joins = xcalloc(sm->nranges, sizeof *s->joins);
         s->copying = xcalloc(sm->nranges, sizeof *s->copying);
         chain_new(sm, s);
+        joiner_new(sm, s);
+        if (cps_fence_create(SIM_DEAD_AFTER_MS, 0, &s->fence) != 0 ||
+            cps_fence_view(s->fence, 1, 1, 1) != CPS_FENCE_V_NEWER ||
+            cps_fence_install(s->fence, 1, 1, 1) != CPS_FENCE_V_JOINED) {
+            fprintf(stderr, "sim: cps_fence_create failed\n");
+            exit(2);
+        }
         s->ticking = 1;
         s->epoch = 1;
         s->view = v;
         if (chain_rc(sm, s, "cps_chain_set_view", cps_chain_set_view(s->chain, v, 0)) == 0)
             server_actions(sm, s);
+        cps_joiner_view(s->joiner, v, 0);
         ev_push(sm, rnd(sm, p->tick_ms), EV_TICK, s->id, NULL);
     }
     sm->workers = xcalloc(p->workers, sizeof *sm->workers);
@@ -1936,7 +2007,8 @@ static void teardown(sim *sm)
         cps_ssp_destroy(s->ssp);
         free(s->parked);
         cps_ackhold_destroy(s->acks);
-        free(s->joins);
+        cps_joiner_destroy(s->joiner);
+        cps_fence_destroy(s->fence);
         free(s->copying);
     }
     free(sm->servers);
@@ -1990,24 +2062,13 @@ static void step(sim *sm, sim_event e)
             send_hdr(sm, s->id, 0, &h, NULL, 0, 0);
         }
         if (s->state == SRV_UP) {
+            server_check_stall(sm, s, 1);
             flush_acks(sm, s, 0);
             int rc = cps_chain_tick(s->chain, sm->now);
             if (chain_rc(sm, s, "cps_chain_tick", rc) == 0)
                 server_actions(sm, s);
-            for (uint32_t r = 0; r < sm->nranges && !sm->failed; r++) {
-                if (s->joins[r].active && sm->now > s->joins[r].deadline)
-                    join_abort(sm, s, r, "no snapshot in time");
-                if (s->joins[r].confirm && cps_chain_can_serve_pull(s->chain, r)) {
-                    /* transfer.c's second report: we hold all our predecessor acknowledged. */
-                    cps_msg_hdr c = {.type = CPS_MSG_CAUGHT_UP,
-                                     .epoch = s->epoch,
-                                     .range = r,
-                                     .step = s->joins[r].confirm,
-                                     .aux = 1};
-                    s->joins[r].confirm = 0;
-                    send_hdr(sm, s->id, 0, &c, NULL, 0, 0);
-                }
-            }
+            if (!sm->failed && cps_joiner_tick(s->joiner, sm->now, joiner_can_serve, s) > 0)
+                run_joiner(sm, s, NULL);
             if (sm->now - s->beat_at >= SIM_BEAT_MS) {
                 s->beat_at = sm->now;
                 cps_msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .epoch = s->epoch};

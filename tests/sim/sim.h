@@ -7,6 +7,8 @@
 #include <stdint.h>
 
 #include "core/view.h"
+#include "recovery/fence.h"
+#include "recovery/joiner.h"
 #include "recovery/repair.h"
 #include "recovery/requests.h"
 #include "replication/ackhold.h"
@@ -35,8 +37,11 @@ enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 #define SIM_REPAIR_MS       100
 #define SIM_JOIN_GIVE_UP_MS 3000
 #define SIM_JOIN_TIMEOUT_MS 2500
-#define SIM_HELLO_MS        100
-#define SIM_BEAT_MS         200
+/* A joiner re-sends SNAP_REQ this often until the snapshot comes (transfer.c: 1 s, unscaled:
+ * it stands for a lost request, not for the size of a snapshot). */
+#define SIM_SNAP_RETRY_MS 1000
+#define SIM_HELLO_MS      100
+#define SIM_BEAT_MS       200
 /* A revived server that stays silent is declared dead again after this (scheduler.c: its
  * detector's dead_after_ms; scaled down like the timers above). */
 #define SIM_DEAD_AFTER_MS 600
@@ -156,17 +161,6 @@ typedef struct sim_cookie {
     int refused;    /* a retry of a push the head refuses: its error (update.c's admit) */
 } sim_cookie;
 
-/* A server's side of a join (transfer.c's join_state). */
-typedef struct sim_join {
-    int active;
-    uint32_t source;
-    uint64_t deadline;
-    uint64_t id; /* the scheduler's id of this join, echoed in CAUGHT_UP */
-    /* The join installed: report it again (CAUGHT_UP, aux 1) once we may serve reads, as
-     * transfer.c's confirm_pending. 0: nothing to confirm. */
-    uint64_t confirm;
-} sim_join;
-
 /* A snapshot of one range of a tail's store, referenced by SNAP messages (aux = index). */
 typedef struct sim_snap {
     uint32_t range, source;
@@ -202,7 +196,8 @@ typedef struct sim_server {
     uint64_t seen_view; /* the newest VIEW heard while not let in */
     int ticking;        /* an EV_TICK of this server is queued */
     int wiped;          /* restarted on an empty store, not yet let in: no longer a replica */
-    sim_join *joins;    /* per range */
+    cps_joiner *joiner; /* our joins (recovery/joiner.c), as transfer.c's */
+    cps_fence *fence;   /* our standing: joined, unsure, fenced (recovery/fence.c), as server.c's */
     uint8_t *copying;   /* per range: holds a snapshot, not yet a member */
 } sim_server;
 
