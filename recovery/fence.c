@@ -71,13 +71,17 @@ static int unsure(cps_fence *f)
     return 1;
 }
 
-int cps_fence_admit(cps_fence *f, uint8_t type, int from_sched)
+int cps_fence_admit(cps_fence *f, uint8_t type, int origin)
 {
+    int from_sched = origin != CPS_FENCE_FROM_PEER;
     if (f->fenced && type != CPS_MSG_SHUTDOWN)
         return CPS_FENCE_DROP; /* declared dead: nothing more under the old view, until rejoined */
     switch (type) {
     case CPS_MSG_WELCOME:
     case CPS_MSG_VIEW:
+        if (!f->joined)
+            return origin == CPS_FENCE_OUR_WELCOME ? CPS_FENCE_SERVE : CPS_FENCE_DROP;
+        return from_sched ? CPS_FENCE_SERVE : CPS_FENCE_DROP;
     case CPS_MSG_SHUTDOWN:
         return from_sched ? CPS_FENCE_SERVE : CPS_FENCE_DROP;
     case CPS_MSG_CUT_PROBE:

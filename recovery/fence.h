@@ -58,9 +58,20 @@ int cps_fence_check(cps_fence *f, uint64_t now);
 /* The event loop turned at `now`: cps_fence_check, then the stall is measured from now. */
 int cps_fence_turned(cps_fence *f, uint64_t now);
 
-/* A message of wire type `type`, from the scheduler when `from_sched`: a CPS_FENCE_* verdict.
- * A message dropped while unsure is counted (cps_fence_dropped). */
-int cps_fence_admit(cps_fence *f, uint8_t type, int from_sched);
+/* Where a message comes from, for cps_fence_admit. */
+enum {
+    CPS_FENCE_FROM_PEER = 0,  /* a server, a worker or a tool */
+    CPS_FENCE_FROM_SCHED = 1, /* the scheduler */
+    CPS_FENCE_OUR_WELCOME = 2 /* the scheduler's WELCOME answering this incarnation's HELLO */
+};
+
+/* A message of wire type `type` from `origin` (a CPS_FENCE_FROM_* / _OUR_WELCOME): a
+ * CPS_FENCE_* verdict. Not joined, only our WELCOME lets us in: a VIEW (broadcast before the
+ * scheduler handled our HELLO, or sent to our previous life) or another incarnation's WELCOME
+ * would have a fresh replica take the chain positions its old state held, and answer for updates
+ * it does not have (simulator seeds 917 and 845). A message dropped while unsure is counted
+ * (cps_fence_dropped). */
+int cps_fence_admit(cps_fence *f, uint8_t type, int origin);
 
 /* 1 if a message of `epoch` must wait for a view we have not installed yet (joined, and newer
  * than our view): the caller holds it and asks for the view. */

@@ -158,6 +158,12 @@ static int send_view(sched *s, uint32_t peer, uint8_t type)
     h.epoch = s->view.epoch;
     h.req_worker = peer;
     h.aux = s->job_id; /* servers refuse a data directory of another job */
+    /* A WELCOME names the incarnation whose HELLO it answers: a server lets itself in only by
+     * its own (recovery/fence.h). */
+    if (type == CPS_MSG_WELCOME) {
+        const sched_node *w = find_node(s, peer);
+        h.req_seq = w ? w->boot_id : 0;
+    }
     void *buf = cps__msg_alloc(&h, len);
     if (!buf)
         return CPS_ENOMEM;

@@ -345,7 +345,11 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         return;
     }
     /* What our standing lets through (recovery/fence.h). */
-    int admit = cps_fence_admit(s->fence, rx.hdr.type, rx.hdr.sender == SCHED_PEER);
+    int origin = rx.hdr.sender != SCHED_PEER ? CPS_FENCE_FROM_PEER
+                 : rx.hdr.type == CPS_MSG_WELCOME && rx.hdr.req_seq == s->boot_id
+                     ? CPS_FENCE_OUR_WELCOME
+                     : CPS_FENCE_FROM_SCHED;
+    int admit = cps_fence_admit(s->fence, rx.hdr.type, origin);
     if (admit == CPS_FENCE_EARLY) {
         /* A worker heard its WELCOME before we heard ours: hold the request until then. */
         if (!s->early)
@@ -439,6 +443,8 @@ static void rejoin(server *s)
     cps__view_fini(&s->view);
     cps__view_init(&s->view);
     cps_fence_rejoin(s->fence, cps__now_ms());
+    /* A fresh replica is a new incarnation: a late WELCOME of the old one must not let it in. */
+    s->boot_id = cps__splitmix64(s->boot_id ^ cps__now_ms()) | 1;
 }
 
 static int send_hello(server *s, const char *addr, uint32_t prev_id)

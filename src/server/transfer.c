@@ -647,7 +647,10 @@ void cps__server_joins_view(server *s)
                                  .nranges = s->view.nranges,
                                  .timeout_ms = JOIN_TIMEOUT_MS,
                                  .snap_retry_ms = SNAP_RETRY_MS,
-                                 .orders_may_reorder = 0};
+                                 /* The simulator's rule: ignoring a stale or early order is
+                                  * safe over one in-order connection too, and covers orders
+                                  * from a scheduler's earlier life still queued. */
+                                 .orders_may_reorder = 1};
         int rc = cps_joiner_create(&cfg, &s->joiner);
         if (rc != 0) {
             cps_log(CPS_LOG_ERROR, "server", "cannot keep track of joins: %s", cps_strerror(rc));

@@ -2,7 +2,7 @@
  *
  *   sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R] [--ranges N]
  *       [--mode sync|async|ssp|ssp:N] [--faults none|drops|crash|pause|restart|partition|join|all]
- *       [--events N] [--faithful-scheduler] [--refusals] [-v]
+ *       [--events N] [--refusals] [-v]
  *   sim --regressions FILE
  *
  * Parameters not given are drawn from the seed, from a stream of their own, in a fixed order:
@@ -19,15 +19,11 @@
  *
  * Workers run the real request table (recovery/requests.c) as src/worker/client.c drives it;
  * they give requests up when their range has no live replica for the unavailable timeout (a
- * given-up push stays in the table, detached, and is still sent). --faithful-scheduler models
- * src/scheduler/scheduler.c and src/server/server.c exactly where the sim deviates from them (a
- * HELLO from a restarted server the scheduler still counts alive; a server not yet let in taking
- * any VIEW), and runs the joiner (recovery/joiner.c) as production configures it
- * (orders_may_reorder 0: without it, the joiner also copes with the sim's network letting a
- * JOIN_RANGE overtake views and earlier orders); the repair policy (recovery/repair.c), the
- * joiner and the fencing (recovery/fence.c) are production's either way; --refusals lets the head
- * refuse some pushes (unknown keys: a SKIP update). Fault kinds: see sim.h; `all` mixes every
- * kind. */
+ * given-up push stays in the table, detached, and is still sent). Servers run the chain, the
+ * joiner and the fencing of replication/ and recovery/, the scheduler runs the failure detector
+ * and the repair policy of recovery/, each configured as production configures it: the sim fakes
+ * only the network, the stores, the clock and the processes. --refusals lets the head refuse some
+ * pushes (unknown keys: a SKIP update). Fault kinds: see sim.h; `all` mixes every kind. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +39,7 @@ typedef struct cli {
     int mode, faults;
     int ssp_bound; /* --mode ssp:N; -1 when drawn */
     uint64_t events;
-    int verbose, faithful_sched, refusals;
+    int verbose, refusals;
     const char *regressions;
 } cli;
 
@@ -56,7 +52,7 @@ static void usage(void)
     fprintf(stderr, "usage: sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R]\n"
                     "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
                     "           [--faults none|drops|crash|pause|restart|partition|join|all]\n"
-                    "           [--events N] [--faithful-scheduler] [--refusals] [-v]\n"
+                    "           [--events N] [--refusals] [-v]\n"
                     "       sim --regressions FILE\n");
 }
 
@@ -91,10 +87,6 @@ static int parse_args(int argc, char **argv, cli *c)
         uint64_t x = 0;
         if (strcmp(a, "-v") == 0) {
             c->verbose = 1;
-            continue;
-        }
-        if (strcmp(a, "--faithful-scheduler") == 0) {
-            c->faithful_sched = 1;
             continue;
         }
         if (strcmp(a, "--refusals") == 0) {
@@ -181,7 +173,6 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->partition_per_mille = p->faults == SIM_F_PARTITION ? 700 : all ? (uint32_t)(d[18] % 400) : 0;
     p->spare = p->faults == SIM_F_JOIN || (all && d[19] % 2);
     p->verbose = c->verbose;
-    p->faithful_sched = c->faithful_sched;
     if (p->replicas > p->servers) {
         fprintf(stderr, "sim: --replicas %u > --servers %u\n", p->replicas, p->servers);
         return -1;
@@ -203,8 +194,6 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --ranges %u", p->ranges);
     if (c->events)
         printf(" --events %" PRIu64, p->events);
-    if (c->faithful_sched)
-        printf(" --faithful-scheduler");
     if (c->refusals)
         printf(" --refusals");
     printf("\n");
@@ -214,7 +203,7 @@ static int run_cli(const char *prog, const cli *c)
 {
     uint64_t events = 0, acked = 0, views = 0, faults = 0, fenced = 0, zombie = 0;
     uint64_t restarts = 0, wipes = 0, parts = 0, joins = 0, rejoins = 0, gated = 0, parked = 0;
-    uint64_t unavailable = 0;
+    uint64_t unavailable = 0, false_deaths = 0;
     for (uint64_t i = 0; i < c->seeds; i++) {
         sim_params p;
         if (make_params(c, c->seed + i, &p) != 0)
@@ -236,9 +225,11 @@ static int run_cli(const char *prog, const cli *c)
                    " messages dropped, %" PRIu64 " ms virtual; %" PRIu64 " restarts (%" PRIu64
                    " on an empty store), %" PRIu64 " partitions, %" PRIu64
                    " fenced rejoins, %" PRIu64 " joins, %" PRIu64 " reads gated, %" PRIu64
-                   " pulls parked (SSP), %" PRIu64 " requests given up (no replica)\n",
+                   " pulls parked (SSP), %" PRIu64 " requests given up (no replica), %" PRIu64
+                   " false deaths\n",
                    p.seed, s.events, s.acked, s.views, s.faults, s.drops, s.virt_ms, s.restarts,
-                   s.wipes, s.partitions, s.rejoins, s.joins, s.gated, s.ssp_parked, s.unavailable);
+                   s.wipes, s.partitions, s.rejoins, s.joins, s.gated, s.ssp_parked, s.unavailable,
+                   s.false_deaths);
         events += s.events;
         acked += s.acked;
         views += s.views;
@@ -253,15 +244,17 @@ static int run_cli(const char *prog, const cli *c)
         gated += s.gated;
         parked += s.ssp_parked;
         unavailable += s.unavailable;
+        false_deaths += s.false_deaths;
     }
     printf("sim: %" PRIu64 " seeds from %" PRIu64 " passed: %" PRIu64 " events, %" PRIu64
            " requests acknowledged, %" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
            " chain messages fenced, %" PRIu64 " writes taken by removed heads; %" PRIu64
            " restarts (%" PRIu64 " on an empty store), %" PRIu64 " partitions, %" PRIu64
            " fenced rejoins, %" PRIu64 " joins by state transfer, %" PRIu64 " reads gated, %" PRIu64
-           " pulls parked (SSP), %" PRIu64 " requests given up (no replica)\n",
+           " pulls parked (SSP), %" PRIu64 " requests given up (no replica), %" PRIu64
+           " servers declared dead though up (false deaths)\n",
            c->seeds, c->seed, events, acked, views, faults, fenced, zombie, restarts, wipes, parts,
-           rejoins, joins, gated, parked, unavailable);
+           rejoins, joins, gated, parked, unavailable, false_deaths);
     return 0;
 }
 

@@ -887,13 +887,12 @@ static void joiner_new(sim *sm, sim_server *s)
 {
     cps_joiner_destroy(s->joiner);
     s->joiner = NULL;
-    /* --faithful-scheduler runs the joiner as production does; otherwise it also copes with the
-     * sim's network letting the scheduler's orders overtake each other and its views. */
+    /* As transfer.c configures it. */
     cps_joiner_config cfg = {.self = s->id,
                              .nranges = sm->nranges,
                              .timeout_ms = SIM_JOIN_TIMEOUT_MS,
                              .snap_retry_ms = SIM_SNAP_RETRY_MS,
-                             .orders_may_reorder = !sm->p.faithful_sched};
+                             .orders_may_reorder = 1};
     if (cps_joiner_create(&cfg, &s->joiner) != 0) {
         fprintf(stderr, "sim: cps_joiner_create failed\n");
         exit(2);
@@ -978,12 +977,11 @@ static void on_snap_req(sim *sm, sim_server *s, const cps_msg_hdr *h)
     uint32_t r = h->range, joiner = h->sender;
     if (r >= sm->nranges || joiner < 1 || joiner > sm->p.servers || !cps_chain_is_tail(s->chain, r))
         return;
-    if (h->epoch > s->epoch && !sm->p.faithful_sched) {
-        /* The joiner runs a newer view than ours: an older one we install next may count it
-         * dead and clear the shadow (with what we held for it), while its snapshot still goes
-         * out and it reports CAUGHT_UP lacking those updates (simulator seed 5596 with
-         * --faithful-scheduler). Fetch the view; the join is retried. transfer.c does not
-         * check the request's epoch. */
+    if (h->epoch > s->epoch) {
+        /* transfer.c: the joiner runs a newer view than ours: an older one we install next may
+         * count it dead and clear the shadow (with what we held for it), while its snapshot
+         * still goes out and it reports CAUGHT_UP lacking those updates (seed 5596). Fetch the
+         * view; the joiner asks again. */
         cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
         send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
         return;
@@ -1065,11 +1063,14 @@ static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
     const uint8_t *pl = m->buf + CPS_WIRE_HDR_SIZE;
     sim_trace(sm, "s%u(e%" PRIu64 ") <- %u %s r%u seq %" PRIx64 " e%" PRIu64, s->id, s->epoch,
               m->from, msg_name(h.type), h.range, h.req_seq, h.epoch);
+    /* server.c's origin of a message: our own WELCOME names our incarnation (the sim's in aux). */
+    int origin = m->from != 0                                    ? CPS_FENCE_FROM_PEER
+                 : h.type == CPS_MSG_WELCOME && h.aux == s->boot ? CPS_FENCE_OUR_WELCOME
+                                                                 : CPS_FENCE_FROM_SCHED;
     if (s->state == SRV_HELLO) {
-        /* Not let in yet: only the scheduler's answer to our HELLO counts (server.c takes any
-         * VIEW while not joined: modelled with --faithful-scheduler). */
-        int ok = m->from == 0 && (h.type == CPS_MSG_WELCOME || h.type == CPS_MSG_VIEW) &&
-                 (sm->p.faithful_sched || (h.type == CPS_MSG_WELCOME && h.aux == s->boot));
+        /* Not let in yet: recovery/fence.c lets only our WELCOME in. */
+        int ok = (h.type == CPS_MSG_WELCOME || h.type == CPS_MSG_VIEW) &&
+                 cps_fence_admit(s->fence, h.type, origin) == CPS_FENCE_SERVE;
         if (!ok) {
             if (m->from == 0 && h.type == CPS_MSG_VIEW && h.epoch > s->seen_view)
                 s->seen_view = h.epoch; /* installed once let in, if newer than the welcome */
@@ -1090,7 +1091,7 @@ static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
     /* server.c's handle_msg: a stall first (a pause the scheduler may have declared us dead
      * in), then what our standing lets through (recovery/fence.c). */
     server_check_stall(sm, s, 0);
-    if (cps_fence_admit(s->fence, h.type, m->from == 0) != CPS_FENCE_SERVE) {
+    if (cps_fence_admit(s->fence, h.type, origin) != CPS_FENCE_SERVE) {
         sim_trace(sm, "s%u drops %s: %s", s->id, msg_name(h.type),
                   cps_fence_unsure(s->fence) ? "unsure of its standing" : "not for it now");
         return;
@@ -1578,11 +1579,9 @@ static void partition(sim *sm)
               from_workers ? " workers" : "");
     ev_push(sm, sm->now + 50 + rnd(sm, 2500), EV_HEAL_CUT, 0, NULL);
     if (from_sched && !sm->pending_victim) {
-        /* Silent to the scheduler: it may declare it dead before the partition heals. */
+        /* Silent to the scheduler: its detector may declare it dead before the partition heals. */
         sm->pending_victim = set[0];
-        sm->pending_inc = sm->servers[set[0] - 1].inc;
         sm->nfaults++;
-        ev_push(sm, sm->now + rnd(sm, 900), EV_DETECT, set[0], NULL);
     }
 }
 
@@ -1627,10 +1626,8 @@ static void fault(sim *sm)
             ev_push(sm, sm->now + 1 + rnd(sm, chance(sm, 500) ? 400 : 3000), EV_RESTART, s->id,
                     NULL);
     }
-    /* The scheduler notices after a heartbeat timeout; until then the chain waits on it. */
+    /* The scheduler's detector notices its silence; until then the chain waits on it. */
     sm->pending_victim = s->id;
-    sm->pending_inc = s->inc;
-    ev_push(sm, sm->now + rnd(sm, 600), EV_DETECT, s->id, NULL);
     sim_trace(sm, "server %u %s", s->id, kind == SRV_CRASHED ? "crashed" : "paused");
 }
 
@@ -1644,6 +1641,7 @@ static int sole_replica(const sim *sm, uint32_t id)
  * last replica of a range, whose data would be gone), with a fresh chain state machine. */
 static void restart(sim *sm, sim_server *s)
 {
+    s->restart_due = 0;
     if (s->state != SRV_CRASHED)
         return;
     int wipe = chance(sm, sm->p.wipe_per_mille) && !sole_replica(sm, s->id);
@@ -1658,16 +1656,21 @@ static void restart(sim *sm, sim_server *s)
     server_reset(sm, s);
 }
 
-/* HELLO from a server (restarted or fenced). scheduler.c revives a node it counted dead (a view
- * with it alive again: it is in no chain, except where it stayed as the last replica). A HELLO
- * from a node it still counts alive gets only a WELCOME with the current view: that is kept with
- * --faithful-scheduler; otherwise the sim's scheduler treats a new incarnation (boot) as a death
- * and a revival in one view, so the fresh state machine is in no chain (see the report). */
+/* HELLO from a server (restarted or fenced), as scheduler.c's: a node it counted dead is revived
+ * (a view with it alive again: it is in no chain, except where it stayed as the last replica); a
+ * new incarnation (boot) of a node it still counts alive is a death and a revival (one view here,
+ * two in scheduler.c), so the fresh state machine is in no chain; every HELLO is watched by the
+ * failure detector from now (a late copy of a HELLO sent before its sender crashed revives a
+ * silent server, which is declared dead again: seeds 29572, 72473, liveness, when it was not). */
 static void sched_hello(sim *sm, uint32_t id, uint64_t boot)
 {
     int fresh = boot > sm->sched_boot[id];
     if (fresh)
         sm->sched_boot[id] = (uint32_t)boot;
+    if (cps_detector_watch(sm->detector, id, sm->now) != 0) {
+        fprintf(stderr, "sim: out of memory\n");
+        exit(2);
+    }
     if (!node_alive(sim_cur_view(sm), id)) {
         cps_view *v = next_view(sm);
         if (!v)
@@ -1675,29 +1678,67 @@ static void sched_hello(sim *sm, uint32_t id, uint64_t boot)
         set_alive(v, id, 1);
         sim_trace(sm, "scheduler: s%u came back; view e%" PRIu64, id, sm->epoch);
         publish(sm);
-        if (sm->servers[id - 1].state == SRV_CRASHED) {
-            /* A late copy of a HELLO its sender sent before it crashed. scheduler.c watches
-             * every node a HELLO revives (cps_detector_watch) and declares it dead again when
-             * it stays silent; the sim's detector follows only injected faults, and so kept a
-             * crashed server alive for good (seeds 29572, 72473: liveness). */
-            sm->rewatch[id] = 1;
-            ev_push(sm, sm->now + SIM_DEAD_AFTER_MS, EV_DETECT, id, NULL);
-        }
+        if (sm->pending_victim == id)
+            sm->pending_victim = 0;
     } else if (fresh) {
-        if (!sm->p.faithful_sched) {
-            sim_trace(sm,
-                      "scheduler: s%u restarted before it was declared dead; view e%" PRIu64
-                      " without it, alive",
-                      id, sm->epoch + 1);
-            if (sm->pending_victim == id)
-                sm->pending_victim = 0;
-            view_without(sm, id, 1);
-        }
+        /* scheduler.c: a new incarnation of a server counted alive restarted before it was
+         * declared dead; its chain state (maybe its disk) is gone: out of every chain, then back
+         * (seeds 67, 207, 1238 broke chains when it was only WELCOMEd, as scheduler.c once did). */
+        sim_trace(sm,
+                  "scheduler: s%u restarted before it was declared dead; view e%" PRIu64
+                  " without it, alive",
+                  id, sm->epoch + 1);
+        if (sm->pending_victim == id)
+            sm->pending_victim = 0;
+        view_without(sm, id, 1);
     }
     if (sm->failed)
         return;
     cps_msg_hdr w = {.type = CPS_MSG_WELCOME, .epoch = sm->epoch, .aux = boot};
     send_hdr(sm, 0, id, &w, NULL, 0, 0);
+}
+
+/* A crashed server the view keeps as the last replica of a range (repair.c leaves a dead last
+ * replica in place) holds the only copy: the operator restarts it, on its store, even in a run
+ * without restarts. Its crash was allowed while others held the range; the detector taking live
+ * replicas for dead ones (drops, delays) can leave it the last. */
+static void restart_last_replica(sim *sm, uint32_t id)
+{
+    sim_server *s = &sm->servers[id - 1];
+    if (s->state != SRV_CRASHED || s->restart_due)
+        return;
+    const cps_view *v = sim_cur_view(sm);
+    for (uint32_t r = 0; r < v->nranges; r++)
+        if (in_chain(&v->ranges[r], id)) {
+            s->restart_due = 1;
+            sim_trace(sm, "s%u, crashed, is the last replica of r%u: the operator restarts it", id,
+                      r);
+            ev_push(sm, sm->now + 1 + rnd(sm, 3000), EV_RESTART, id, NULL);
+            return;
+        }
+}
+
+/* scheduler.c's failure detection: the servers silent past SIM_DEAD_AFTER_MS leave the view. */
+static void detect(sim *sm)
+{
+    uint32_t dead[SIM_MAX_SERVERS];
+    size_t n = cps_detector_tick(sm->detector, sm->now, dead, SIM_MAX_SERVERS);
+    for (size_t i = 0; i < n && !sm->failed; i++) {
+        uint32_t id = dead[i];
+        if (id == 0 || id > sm->p.servers || !node_alive(sim_cur_view(sm), id))
+            continue;
+        if (sm->pending_victim == id)
+            sm->pending_victim = 0;
+        const sim_server *s = &sm->servers[id - 1];
+        if (s->state == SRV_UP && !(sm->cut_active && sm->cut[id][0]))
+            sm->false_deaths++; /* its beats were lost or late */
+        sim_trace(sm,
+                  "scheduler: server %u silent for %u ms: declared dead; view e%" PRIu64
+                  " without it",
+                  id, SIM_DEAD_AFTER_MS, sm->epoch + 1);
+        new_view(sm, id);
+        restart_last_replica(sm, id);
+    }
 }
 
 /* scheduler.c's repair(): recovery/repair.c decides, the sim sends the JOIN_RANGE orders. */
@@ -1758,6 +1799,8 @@ static void scheduler_deliver(sim *sm, const sim_msg *m)
         return;
     }
     int server = m->from <= sm->p.servers;
+    if (server)
+        cps_detector_heard(sm->detector, m->from, sm->now);
     if (server && h.type == CPS_MSG_HELLO) {
         sched_hello(sm, m->from, h.aux);
         return;
@@ -1841,6 +1884,9 @@ static void heal(sim *sm)
     sm->cut_active = 0;
     memset(sm->cut, 0, sizeof sm->cut);
     sim_trace(sm, "network heals; paused servers resume");
+    for (uint32_t id = 1; id <= sm->p.servers; id++)
+        if (!node_alive(sim_cur_view(sm), id))
+            restart_last_replica(sm, id);
     for (uint32_t i = 0; i < sm->p.servers; i++) {
         sim_server *s = &sm->servers[i];
         if (s->state == SRV_PAUSED) {
@@ -1913,6 +1959,11 @@ static void setup(sim *sm)
     cps_repair_config rcfg = {sm->nranges, SIM_JOIN_GIVE_UP_MS, 0};
     if (cps_repair_create(&rcfg, &sm->repair) != 0) {
         fprintf(stderr, "sim: cps_repair_create failed\n");
+        exit(2);
+    }
+    cps_detector_config dcfg = {SIM_DEAD_AFTER_MS, 2 * SIM_DEAD_AFTER_MS};
+    if (cps_detector_create(&dcfg, &sm->detector) != 0) {
+        fprintf(stderr, "sim: cps_detector_create failed\n");
         exit(2);
     }
     sm->lag = xcalloc(sm->nranges, sizeof *sm->lag);
@@ -1992,6 +2043,11 @@ static void setup(sim *sm)
         ev_push(sm, rnd(sm, SIM_WORKER_TICK_MS), EV_WTICK, w->id, NULL);
     }
     ev_push(sm, SIM_REPAIR_MS, EV_REPAIR, 0, NULL);
+    for (uint32_t id = 1; id <= p->servers; id++)
+        if (node_alive(sim_cur_view(sm), id) && cps_detector_watch(sm->detector, id, 0) != 0) {
+            fprintf(stderr, "sim: out of memory\n");
+            exit(2);
+        }
 }
 
 static void teardown(sim *sm)
@@ -2035,6 +2091,7 @@ static void teardown(sim *sm)
     free(sm->acked);
     free(sm->sched_boot);
     cps_repair_destroy(sm->repair);
+    cps_detector_destroy(sm->detector);
     free(sm->lag);
     free(sm->acked_seq);
     for (uint32_t i = 0; i < sm->nsnaps; i++) {
@@ -2084,32 +2141,6 @@ static void step(sim *sm, sim_event e)
         ev_push(sm, sm->now + SIM_WORKER_TICK_MS, EV_WTICK, w->id, NULL);
         break;
     }
-    case EV_DETECT: {
-        sim_server *s = &sm->servers[e.node - 1];
-        if (sm->rewatch[e.node] && sm->pending_victim != e.node) {
-            /* Revived while crashed (see sched_hello): still silent unless it restarted. */
-            sm->rewatch[e.node] = 0;
-            if (s->state == SRV_CRASHED && node_alive(sim_cur_view(sm), e.node)) {
-                sim_trace(sm,
-                          "scheduler: server %u silent since it came back; view e%" PRIu64
-                          " without it",
-                          e.node, sm->epoch + 1);
-                new_view(sm, e.node);
-            }
-            break;
-        }
-        if (sm->pending_victim != e.node)
-            break; /* it came back (HELLO) before it was declared dead */
-        sm->pending_victim = 0;
-        if (s->inc != sm->pending_inc || !node_alive(sim_cur_view(sm), e.node))
-            break; /* restarted meanwhile: its HELLO is handled as such */
-        if (s->state == SRV_UP && !(sm->cut_active && sm->cut[e.node][0]) && chance(sm, 500))
-            break; /* a partition healed in time: heartbeats came back */
-        sim_trace(sm, "scheduler: server %u declared dead; view e%" PRIu64 " without it", e.node,
-                  sm->epoch + 1);
-        new_view(sm, e.node);
-        break;
-    }
     case EV_RESTART:
         restart(sm, &sm->servers[e.node - 1]);
         break;
@@ -2118,9 +2149,13 @@ static void step(sim *sm, sim_event e)
             sim_trace(sm, "partition heals");
         sm->cut_active = 0;
         memset(sm->cut, 0, sizeof sm->cut);
+        if (sm->pending_victim && sm->servers[sm->pending_victim - 1].state == SRV_UP)
+            sm->pending_victim = 0; /* partitioned, not failed: its beats are heard again */
         break;
     case EV_REPAIR:
-        repair(sm);
+        detect(sm);
+        if (!sm->failed)
+            repair(sm);
         ev_push(sm, sm->now + SIM_REPAIR_MS, EV_REPAIR, 0, NULL);
         break;
     case EV_SNAPSHOT:
@@ -2138,6 +2173,8 @@ static void step(sim *sm, sim_event e)
         sim_server *s = &sm->servers[e.node - 1];
         if (s->state == SRV_PAUSED && s->resume_at == sm->now) {
             s->state = SRV_UP;
+            if (sm->pending_victim == s->id)
+                sm->pending_victim = 0;
             sim_trace(sm, "s%u resumes at e%" PRIu64, s->id, s->epoch);
         }
         break;
@@ -2220,6 +2257,7 @@ int sim_run(const sim_params *p, sim_summary *out)
         out->rejoins = sm->rejoins;
         out->gated = sm->gated;
         out->ssp_parked = sm->ssp_parked;
+        out->false_deaths = sm->false_deaths;
         out->unavailable = 0;
         for (uint32_t k = 0; k < p->workers; k++)
             out->unavailable += sm->workers[k].unavailable;

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "core/view.h"
+#include "recovery/detector.h"
 #include "recovery/fence.h"
 #include "recovery/joiner.h"
 #include "recovery/repair.h"
@@ -42,8 +43,8 @@ enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 #define SIM_SNAP_RETRY_MS 1000
 #define SIM_HELLO_MS      100
 #define SIM_BEAT_MS       200
-/* A revived server that stays silent is declared dead again after this (scheduler.c: its
- * detector's dead_after_ms; scaled down like the timers above). */
+/* A server silent this long is declared dead (scheduler.c: CHAINPS_DEAD_AFTER_MS, 4 heartbeats;
+ * 3 here, so that drops and long delays sometimes make a live server look dead). */
 #define SIM_DEAD_AFTER_MS 600
 
 /* Fault kinds. restart: crashes, then restarts on the same store or an empty one; partition:
@@ -68,7 +69,6 @@ enum {
     EV_TICK,
     EV_WTICK,
     EV_RESUME,
-    EV_DETECT,
     EV_RESTART,
     EV_HEAL_CUT,
     EV_REPAIR,
@@ -94,7 +94,6 @@ typedef struct sim_params {
     int verbose;
     /* Model scheduler.c / server.c exactly where the sim deviates (see sim.c: a HELLO from a
      * server the scheduler still counts alive; a (re)starting server taking any VIEW). */
-    int faithful_sched;
     int spare;                    /* the last server holds no range at the start */
     uint32_t restart_per_mille;   /* crashes followed by a restart */
     uint32_t wipe_per_mille;      /* restarts on an empty store (a replaced disk) */
@@ -105,7 +104,8 @@ typedef struct sim_summary {
     uint64_t events, acked, views, faults, drops, virt_ms;
     uint64_t fenced, zombie_writes; /* chain messages fenced by epoch; writes at removed heads */
     uint64_t restarts, wipes, partitions, joins, rejoins, gated, ssp_parked;
-    uint64_t unavailable; /* requests workers gave up with CPS_EUNAVAILABLE */
+    uint64_t unavailable;  /* requests workers gave up with CPS_EUNAVAILABLE */
+    uint64_t false_deaths; /* servers the detector declared dead though up and reachable */
 } sim_summary;
 
 typedef struct sim_rng {
@@ -196,6 +196,7 @@ typedef struct sim_server {
     uint64_t seen_view; /* the newest VIEW heard while not let in */
     int ticking;        /* an EV_TICK of this server is queued */
     int wiped;          /* restarted on an empty store, not yet let in: no longer a replica */
+    int restart_due;    /* crashed as a range's last replica: a restart is on its way */
     cps_joiner *joiner; /* our joins (recovery/joiner.c), as transfer.c's */
     cps_fence *fence;   /* our standing: joined, unsure, fenced (recovery/fence.c), as server.c's */
     uint8_t *copying;   /* per range: holds a snapshot, not yet a member */
@@ -244,12 +245,17 @@ typedef struct sim {
     sim_event *ev;
     size_t nev, ev_cap;
     uint64_t ev_counter;
-    cps_view *views;         /* views[e] for e = 1..epoch */
-    uint64_t epoch;          /* the scheduler's current epoch */
-    uint32_t pending_victim; /* failed, not yet removed from the view */
-    uint32_t pending_inc;    /* its incarnation then (a restart makes the detection moot) */
-    /* Per server id: revived by a HELLO while crashed, so the detector must notice it again. */
-    uint8_t rewatch[SIM_MAX_SERVERS + 1];
+    cps_view *views; /* views[e] for e = 1..epoch */
+    uint64_t epoch;  /* the scheduler's current epoch */
+    /* The last server a fault struck, until it is declared dead or comes back: one fault at a
+     * time. */
+    uint32_t pending_victim;
+    /* The scheduler's failure detector (recovery/detector.c, as scheduler.c runs it): it hears
+     * every message a server sends the scheduler and declares dead one silent for
+     * SIM_DEAD_AFTER_MS. Faults are not reported to it: it finds them, or takes a slow or lossy
+     * server for a dead one, as production's does. */
+    cps_detector *detector;
+    uint64_t false_deaths;
     uint8_t cut[SIM_MAX_NODES][SIM_MAX_NODES]; /* partition: messages from -> to dropped */
     int cut_active;
     uint32_t *sched_boot; /* per server id: the last HELLO boot the scheduler answered */
