@@ -1,4 +1,5 @@
-/* Store benchmark: optimizer-apply throughput through LMDB and commit latency.
+/* Store benchmark: optimizer-apply throughput through LMDB, the replica checksum that
+ * `chainps status --verify` has each server compute on its loop, and commit latency.
  *
  * Built by bench/CMakeLists.txt as bench_store (linked against cps_store, which brings
  * cps_optim, cps_core, LMDB and OpenBLAS). Or compile by hand from the repository root, e.g.:
@@ -100,6 +101,40 @@ static int do_small(cps_txn *t, void *a)
     return cps__store_range_put(t, 1, &m);
 }
 
+typedef struct sum_job {
+    uint64_t sum, values;
+} sum_job;
+
+static int do_checksum(cps_txn *t, void *a)
+{
+    sum_job *j = a;
+    int rc = cps__store_count(t, NULL, &j->values);
+    return rc ? rc : cps__store_checksum(t, 0, UINT64_MAX, &j->sum);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median over 7 runs of the checksum of the whole store, in MB/s of parameter values. */
+static double checksum_mbps(cps_store *s, uint64_t *sum)
+{
+    double r[7];
+    sum_job j = {0, 0};
+    for (int i = 0; i < 7; i++) {
+        double t0 = now();
+        int rc = cps__store_read(s, do_checksum, &j);
+        if (rc)
+            die("checksum", rc);
+        r[i] = (double)j.values * sizeof(float) / (now() - t0) / 1e6;
+    }
+    qsort(r, 7, sizeof r[0], cmp_double);
+    *sum = j.sum;
+    return r[3];
+}
+
 static double commit_us(const char *dir, int sync)
 {
     cps_store *s;
@@ -143,6 +178,10 @@ int main(int argc, char **argv)
         double b = apply_mbps(s, opts[o].kind, (o << 20) + 4096, 262144, 16, 1, (size_t)512 << 20);
         printf("%-10s %12s %14d %14.0f\n", opts[o].name, "1 MiB", 1, b);
     }
+    uint64_t sum;
+    double c = checksum_mbps(s, &sum);
+    printf("\n%-24s %12s\n%-24s %12.0f   (sum %016llx)\n", "checksum (whole store)", "MB/s",
+           "status --verify's sum", c, (unsigned long long)sum);
     cps__store_close(s);
 
     char d2[600];

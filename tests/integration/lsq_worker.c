@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "chainps/chainps.h"
 
@@ -25,14 +26,10 @@ static double uniform(void)
     return (double)(rng_state >> 11) / 9007199254740992.0;
 }
 
-/* FNV-1a 64 over the floats' bytes (tests compare it with a checkpoint's tensor). */
-static uint64_t fnv_floats(const float *v, int n)
+/* XXH3-64 over the floats' bytes (tests compare it with a checkpoint's tensor). */
+static uint64_t hash_floats(const float *v, int n)
 {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    const unsigned char *b = (const unsigned char *)v;
-    for (size_t k = 0; k < (size_t)n * sizeof(float); k++)
-        h = (h ^ b[k]) * 0x100000001b3ULL;
-    return h;
+    return XXH3_64bits(v, (size_t)n * sizeof(float));
 }
 
 int main(int argc, char **argv)
@@ -105,7 +102,7 @@ int main(int argc, char **argv)
     int first = rc == 0 ? (int)cps_tensor_step(t) : 0;
     if (first)
         printf("resuming at step %d, values checksum %016llx\n", first,
-               (unsigned long long)fnv_floats(w, dim));
+               (unsigned long long)hash_floats(w, dim));
     if (slow_rank >= 0 && rank != slow_rank)
         step_ms = 0;
     struct timespec t0, t1;
@@ -141,7 +138,7 @@ int main(int argc, char **argv)
         if (e > err)
             err = e;
     }
-    uint64_t h = fnv_floats(w, dim);
+    uint64_t h = hash_floats(w, dim);
     if (rc != 0)
         fprintf(stderr, "lsq_worker: training failed: %s\n", cps_strerror(rc));
     else
