@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "chainps/chainps.h"
+#include "flags.h"
 
 #define LR        (1.0f / 1024.0f)
 #define MAX_DEPTH 64
@@ -83,34 +84,19 @@ int main(int argc, char **argv)
     long tensors = 100, push_kb = 1024, depth = 4;
     double tensor_mb = 4, warm_ms = 1000, max_s = 300, deadline_ms = 60000;
     const char *stop_file = NULL, *out_path = NULL, *optim = "sgd";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v)
-            usage();
-        i++;
-        if (!strcmp(a, "--tensors"))
-            tensors = atol(v);
-        else if (!strcmp(a, "--tensor-mb"))
-            tensor_mb = atof(v);
-        else if (!strcmp(a, "--optim"))
-            optim = v;
-        else if (!strcmp(a, "--push-kb"))
-            push_kb = atol(v);
-        else if (!strcmp(a, "--depth"))
-            depth = atol(v);
-        else if (!strcmp(a, "--warm-ms"))
-            warm_ms = atof(v);
-        else if (!strcmp(a, "--max-s"))
-            max_s = atof(v);
-        else if (!strcmp(a, "--deadline-ms"))
-            deadline_ms = atof(v);
-        else if (!strcmp(a, "--stop-file"))
-            stop_file = v;
-        else if (!strcmp(a, "--out"))
-            out_path = v;
-        else
-            usage();
-    }
+    const tc_flag flags[] = {{"--tensors", TC_LONG, &tensors},
+                             {"--tensor-mb", TC_DOUBLE, &tensor_mb},
+                             {"--optim", TC_STR, &optim},
+                             {"--push-kb", TC_LONG, &push_kb},
+                             {"--depth", TC_LONG, &depth},
+                             {"--warm-ms", TC_DOUBLE, &warm_ms},
+                             {"--max-s", TC_DOUBLE, &max_s},
+                             {"--deadline-ms", TC_DOUBLE, &deadline_ms},
+                             {"--stop-file", TC_STR, &stop_file},
+                             {"--out", TC_STR, &out_path},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0)
+        usage();
     int adam = !strcmp(optim, "adam");
     if (!stop_file || !out_path || tensors < 0 || tensor_mb <= 0 || tensor_mb > 1024 ||
         push_kb < 1 || push_kb > (1 << 20) || depth < 1 || depth > MAX_DEPTH || warm_ms < 0 ||

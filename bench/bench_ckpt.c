@@ -25,6 +25,7 @@
 #include "chainps/error.h"
 #include "checkpoint/ckpt.h"
 #include "core/log.h"
+#include "flags.h"
 
 #define NT 4
 
@@ -164,20 +165,17 @@ int main(int argc, char **argv)
     const char *dir = getenv("TMPDIR");
     if (!dir || !*dir)
         dir = "/tmp";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--params") && i + 1 < argc)
-            params = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--dir") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-optim"))
-            optim = 0;
-        else {
-            fprintf(stderr, "usage: bench_ckpt [--params N] [--dir DIR] [--reps R] [--no-optim]\n");
-            return 2;
-        }
+    int no_optim = 0;
+    const tc_flag flags[] = {{"--params", TC_U64, &params},
+                             {"--dir", TC_STR, &dir},
+                             {"--reps", TC_INT, &reps},
+                             {"--no-optim", TC_SWITCH, &no_optim},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0) {
+        fprintf(stderr, "usage: bench_ckpt [--params N] [--dir DIR] [--reps R] [--no-optim]\n");
+        return 2;
     }
+    optim = !no_optim;
     if (reps < 1 || reps > 50 || params < NT * 1000)
         return 2;
     cps__log_set_level(CPS_LOG_WARN);

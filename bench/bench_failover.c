@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "chainps/chainps.h"
+#include "flags.h"
 
 #define LR (1.0f / 1024.0f)
 
@@ -112,30 +113,17 @@ int main(int argc, char **argv)
     double kill_after = 1000, jitter = 0, after = 500, deadline = 15000;
     long cols = 1024;
     const char *out_path = NULL, *tag = "";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v)
-            usage();
-        i++;
-        if (!strcmp(a, "--kill-pid"))
-            kill_pid = atol(v);
-        else if (!strcmp(a, "--kill-after-ms"))
-            kill_after = atof(v);
-        else if (!strcmp(a, "--kill-jitter-ms"))
-            jitter = atof(v);
-        else if (!strcmp(a, "--after-ms"))
-            after = atof(v);
-        else if (!strcmp(a, "--deadline-ms"))
-            deadline = atof(v);
-        else if (!strcmp(a, "--cols"))
-            cols = atol(v);
-        else if (!strcmp(a, "--out"))
-            out_path = v;
-        else if (!strcmp(a, "--tag"))
-            tag = v;
-        else
-            usage();
-    }
+    const tc_flag flags[] = {{"--kill-pid", TC_LONG, &kill_pid},
+                             {"--kill-after-ms", TC_DOUBLE, &kill_after},
+                             {"--kill-jitter-ms", TC_DOUBLE, &jitter},
+                             {"--after-ms", TC_DOUBLE, &after},
+                             {"--deadline-ms", TC_DOUBLE, &deadline},
+                             {"--cols", TC_LONG, &cols},
+                             {"--out", TC_STR, &out_path},
+                             {"--tag", TC_STR, &tag},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0)
+        usage();
     if (kill_pid <= 1 || kill_after < 0 || jitter < 0 || after < 0 || deadline <= 0 || cols < 1 ||
         cols > (1 << 20))
         usage();

@@ -38,6 +38,9 @@
 #include <nanomsg/pipeline.h>
 #include <nanomsg/tcp.h>
 
+#include "core/port.h"
+#include "flags.h"
+
 #define SOCKBUF   (4 << 20)
 #define ACK_BYTES 64
 #define MAX_DEPTH 64
@@ -55,22 +58,6 @@ static void die(const char *what)
 {
     fprintf(stderr, "bench_nn: %s: %s\n", what, nn_strerror(nn_errno()));
     exit(1);
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
 }
 
 static int make_sock(int proto)
@@ -295,30 +282,26 @@ int main(int argc, char **argv)
     const char *out_path = NULL, *sizes_arg = "4096,65536,1048576,16777216", *tag = NULL;
     int reps = 5, rtt_only = 0;
     double ms = 60;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--free-port")) {
-            int p = free_port();
-            if (p <= 0)
-                return 1;
-            printf("%d\n", p);
-            return 0;
-        } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
-            out_path = argv[++i];
-        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            reps = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--ms") && i + 1 < argc) {
-            ms = atof(argv[++i]);
-        } else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
-            sizes_arg = argv[++i];
-        } else if (!strcmp(argv[i], "--tag") && i + 1 < argc) {
-            tag = argv[++i];
-        } else if (!strcmp(argv[i], "--rtt-only")) {
-            rtt_only = 1;
-        } else {
-            fprintf(stderr, "usage: bench_nn [--out FILE] [--reps N] [--ms MS] [--sizes a,b]"
-                            " [--rtt-only] [--tag T] | --free-port\n");
-            return 2;
-        }
+    int want_port = 0;
+    const tc_flag flags[] = {{"--free-port", TC_SWITCH, &want_port},
+                             {"--out", TC_STR, &out_path},
+                             {"--reps", TC_INT, &reps},
+                             {"--ms", TC_DOUBLE, &ms},
+                             {"--sizes", TC_STR, &sizes_arg},
+                             {"--tag", TC_STR, &tag},
+                             {"--rtt-only", TC_SWITCH, &rtt_only},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0) {
+        fprintf(stderr, "usage: bench_nn [--out FILE] [--reps N] [--ms MS] [--sizes a,b]"
+                        " [--rtt-only] [--tag T] | --free-port\n");
+        return 2;
+    }
+    if (want_port) { /* for bench/run_bench.sh: the same picker as the tests' */
+        int p = cps__free_port();
+        if (p <= 0)
+            return 1;
+        printf("%d\n", p);
+        return 0;
     }
     if (reps < 1 || reps > 50 || ms <= 0) {
         fprintf(stderr, "bench_nn: bad --reps or --ms\n");
@@ -354,7 +337,7 @@ int main(int argc, char **argv)
         perror("bench_nn: tcp listen");
         return 1;
     }
-    int sp = free_port(), cp = free_port();
+    int sp = cps__free_port(), cp = cps__free_port();
     if (sp <= 0 || cp <= 0 || sp == cp) {
         fprintf(stderr, "bench_nn: no free ports on 127.0.0.1\n");
         return 1;

@@ -42,6 +42,7 @@
 #include <time.h>
 
 #include "chainps/chainps.h"
+#include "flags.h"
 
 #define MAX_DEPTH 64
 #define MAX_REPS  50
@@ -349,56 +350,37 @@ int main(int argc, char **argv)
 {
     opts o = {.reps = 5, .ms = 40, .dense = 1, .sparse = 1, .only = 7};
     parse_sizes("4096,65536,1048576,16777216", &o);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--no-lat")) {
-            o.no_lat = 1;
-            continue;
-        }
-        if (!strcmp(a, "--lo-bytes")) {
-            o.lo = 1;
-            continue;
-        }
-        if (!v)
+    const char *sizes = NULL, *data = "both", *only = "all";
+    const tc_flag flags[] = {{"--no-lat", TC_SWITCH, &o.no_lat},
+                             {"--lo-bytes", TC_SWITCH, &o.lo},
+                             {"--out", TC_STR, &o.out},
+                             {"--reps", TC_INT, &o.reps},
+                             {"--ms", TC_DOUBLE, &o.ms},
+                             {"--ops", TC_INT, &o.ops},
+                             {"--depth", TC_INT, &o.depth},
+                             {"--sizes", TC_STR, &sizes},
+                             {"--data", TC_STR, &data},
+                             {"--only", TC_STR, &only},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0 || (sizes && parse_sizes(sizes, &o)))
+        usage();
+    o.dense = strcmp(data, "sparse") != 0;
+    o.sparse = strcmp(data, "dense") != 0;
+    o.only = 0;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", only);
+    for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        int bit = !strcmp(w, "push")   ? 1 << K_PUSH
+                  : !strcmp(w, "pull") ? 1 << K_PULL
+                  : !strcmp(w, "pp")   ? 1 << K_PP
+                  : !strcmp(w, "all")  ? 7
+                                       : 0;
+        if (!bit)
             usage();
-        i++;
-        if (!strcmp(a, "--out")) {
-            o.out = v;
-        } else if (!strcmp(a, "--reps")) {
-            o.reps = atoi(v);
-        } else if (!strcmp(a, "--ms")) {
-            o.ms = atof(v);
-        } else if (!strcmp(a, "--ops")) {
-            o.ops = atoi(v);
-        } else if (!strcmp(a, "--depth")) {
-            o.depth = atoi(v);
-        } else if (!strcmp(a, "--sizes")) {
-            if (parse_sizes(v, &o))
-                usage();
-        } else if (!strcmp(a, "--data")) {
-            o.dense = strcmp(v, "sparse") != 0;
-            o.sparse = strcmp(v, "dense") != 0;
-        } else if (!strcmp(a, "--only")) {
-            o.only = 0;
-            char buf[64];
-            snprintf(buf, sizeof buf, "%s", v);
-            for (char *save = NULL, *w = strtok_r(buf, ",", &save); w;
-                 w = strtok_r(NULL, ",", &save)) {
-                int bit = !strcmp(w, "push")   ? 1 << K_PUSH
-                          : !strcmp(w, "pull") ? 1 << K_PULL
-                          : !strcmp(w, "pp")   ? 1 << K_PP
-                          : !strcmp(w, "all")  ? 7
-                                               : 0;
-                if (!bit)
-                    usage();
-                o.only |= bit;
-            }
-            if (!o.only)
-                usage();
-        } else {
-            usage();
-        }
+        o.only |= bit;
     }
+    if (!o.only)
+        usage();
     if (o.reps < 1 || o.reps > MAX_REPS || o.ms <= 0 || o.depth < 0 || o.depth > MAX_DEPTH ||
         o.ops < 0)
         usage();

@@ -33,22 +33,13 @@
 #include <zlib.h>
 
 #include "chainps/chainps.h"
+#include "flags.h"
 
 static double mono_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int parse_u64(const char *s, uint64_t *out)
-{
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *end || *s == '-')
-        return -1;
-    *out = (uint64_t)v;
-    return 0;
 }
 
 /* zlib's crc32_z takes a size_t length but may not exist in old zlibs: feed 1 GiB at a time. */
@@ -72,34 +63,23 @@ int main(int argc, char **argv)
     double lr = 0.001;
     const char *stop_file = NULL;
     int want_crc = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--now")) {
-            printf("%.3f\n", mono_ms());
-            return 0;
-        } else if (!strcmp(argv[i], "--params") && i + 1 < argc) {
-            if (parse_u64(argv[++i], &params) != 0 || params == 0) {
-                fprintf(stderr, "ckpt_worker: --params: '%s' is not a positive count\n", argv[i]);
-                return 2;
-            }
-        } else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
-            if (parse_u64(argv[++i], &steps) != 0) {
-                fprintf(stderr, "ckpt_worker: --steps: '%s' is not a count\n", argv[i]);
-                return 2;
-            }
-        } else if (!strcmp(argv[i], "--lr") && i + 1 < argc) {
-            lr = atof(argv[++i]);
-            if (!(lr > 0)) {
-                fprintf(stderr, "ckpt_worker: --lr must be positive\n");
-                return 2;
-            }
-        } else if (!strcmp(argv[i], "--stop-file") && i + 1 < argc) {
-            stop_file = argv[++i];
-        } else if (!strcmp(argv[i], "--crc")) {
-            want_crc = 1;
-        } else {
-            fprintf(stderr, "ckpt_worker: unknown argument %s\n", argv[i]);
-            return 2;
-        }
+    int now = 0;
+    const tc_flag flags[] = {{"--now", TC_SWITCH, &now},
+                             {"--params", TC_U64, &params},
+                             {"--steps", TC_U64, &steps},
+                             {"--lr", TC_DOUBLE, &lr},
+                             {"--stop-file", TC_STR, &stop_file},
+                             {"--crc", TC_SWITCH, &want_crc},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0)
+        return 2;
+    if (now) { /* the scripts' clock: the one the step times below are on */
+        printf("%.3f\n", mono_ms());
+        return 0;
+    }
+    if (params == 0 || !(lr > 0)) {
+        fprintf(stderr, "ckpt_worker: --params and --lr must be positive\n");
+        return 2;
     }
     float *grad = malloc(params * sizeof(float));
     float *vals = malloc(params * sizeof(float));

@@ -484,7 +484,7 @@ int h_start_role_job(const char *tag, const char *role_var, const char *const ro
                      int timeout_ms, pid_t pids[5])
 {
     char port[64];
-    snprintf(port, sizeof port, "%s=%d", port_var, h_free_port());
+    snprintf(port, sizeof port, "%s=%d", port_var, cps__free_port());
     for (int i = 0; i < 5; i++) {
         char name[128], role[64], cwd[700];
         snprintf(name, sizeof name, "%s-%d-%s", tag, i, roles[i]);
@@ -511,24 +511,6 @@ int h_start_role_job(const char *tag, const char *role_var, const char *const ro
     return 0;
 }
 
-int h_free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
 /* ---- cluster ---- */
 
 int h_start_scheduler(h_cluster *c, int servers, int workers, const char *mode,
@@ -545,7 +527,7 @@ int h_start_scheduler_env(h_cluster *c, int servers, int workers, const char *mo
     snprintf(wk, sizeof wk, "%d", workers);
     /* A port found free can be taken before the scheduler binds it: try again then. */
     for (int attempt = 0; attempt < 5; attempt++) {
-        c->port = h_free_port();
+        c->port = cps__free_port();
         if (c->port <= 0)
             continue;
         snprintf(port, sizeof port, "%d", c->port);

@@ -19,6 +19,8 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "core/port.h" /* cps__free_port: the ports tests give their processes */
+
 /* Every address a test uses. */
 #define H_HOST "127.0.0.1"
 
@@ -90,9 +92,6 @@ int h_tcp_connect(int port);
  * 8-byte length says `claimed` while `len` (<= 240) bytes of `msg` follow, on a fresh
  * connection; waits for the peer's handshake so the frame is read before the close. */
 void h_sp_send(int port, const void *msg, size_t len, uint64_t claimed);
-
-/* A TCP port on 127.0.0.1 that nobody listens on right now (bind port 0, read it, close). */
-int h_free_port(void);
 
 /* Milliseconds on a monotonic clock. */
 uint64_t h_now_ms(void);

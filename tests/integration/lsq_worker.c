@@ -18,6 +18,7 @@
 #include <xxhash.h>
 
 #include "chainps/chainps.h"
+#include "flags.h"
 
 static uint64_t rng_state;
 static double uniform(void)
@@ -37,30 +38,18 @@ int main(int argc, char **argv)
     int dim = 16, samples = 512, steps = 300;
     double lr = 0.1, tol = 1e-3;
     int short_rank = -1, slow_rank = -1, adam = 0, step_ms = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--dim") && i + 1 < argc)
-            dim = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--samples") && i + 1 < argc)
-            samples = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--lr") && i + 1 < argc)
-            lr = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--tol") && i + 1 < argc)
-            tol = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--adam"))
-            adam = 1;
-        else if (!strcmp(argv[i], "--step-ms") && i + 1 < argc)
-            step_ms = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--slow-rank") && i + 1 < argc)
-            slow_rank = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--short-rank") && i + 1 < argc)
-            short_rank = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "lsq_worker: unknown argument %s\n", argv[i]);
-            return 2;
-        }
-    }
+    const tc_flag flags[] = {{"--dim", TC_INT, &dim},
+                             {"--samples", TC_INT, &samples},
+                             {"--steps", TC_INT, &steps},
+                             {"--lr", TC_DOUBLE, &lr},
+                             {"--tol", TC_DOUBLE, &tol},
+                             {"--adam", TC_SWITCH, &adam},
+                             {"--step-ms", TC_INT, &step_ms},
+                             {"--slow-rank", TC_INT, &slow_rank},
+                             {"--short-rank", TC_INT, &short_rank},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0)
+        return 2;
     cps_client *c;
     int rc = cps_open(&c);
     if (rc != 0) {

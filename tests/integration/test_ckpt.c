@@ -159,7 +159,7 @@ static void export_restore_resume_bitwise(void **state)
     assert_int_equal(final_checksum(ref, want), 0);
 
     /* 2. The same job, slowed down, exported while it trains. */
-    int port = h_free_port();
+    int port = cps__free_port();
     char port_s[16];
     snprintf(port_s, sizeof port_s, "%d", port);
     snprintf(sched, sizeof sched, "127.0.0.1:%d", port);
@@ -448,7 +448,7 @@ static int setup_foreign(void **state)
 static void export_rides_through_a_failover(void **state)
 {
     (void)state;
-    int port = h_free_port();
+    int port = cps__free_port();
     char port_s[16], sched[64], out[700];
     snprintf(port_s, sizeof port_s, "%d", port);
     snprintf(sched, sizeof sched, "127.0.0.1:%d", port);

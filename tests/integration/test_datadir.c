@@ -55,12 +55,12 @@ static void second_server_on_a_held_directory_is_refused(void **state)
     snprintf(sdata, sizeof sdata, "%s/sched-data", h_dir());
     mkdir(sdata, 0755);
     char port[16];
-    snprintf(port, sizeof port, "%d", h_free_port());
+    snprintf(port, sizeof port, "%d", cps__free_port());
     char *s1_argv[] = {CHAINPS_BIN, "scheduler", "--servers", "1",      "--workers", "1", "--port",
                        port,        "--bind",    H_HOST,      "--data", sdata,       NULL};
     pid_t s1 = h_spawn("sched-1", s1_argv, NULL, h_dir());
     assert_true(h_wait_log(s1, "listening on", 1, JOB_MS));
-    snprintf(port, sizeof port, "%d", h_free_port());
+    snprintf(port, sizeof port, "%d", cps__free_port());
     pid_t s2 = h_spawn("sched-2", s1_argv, NULL, h_dir());
     assert_true(h_wait_exit(s2, 20000, NULL));
     assert_int_not_equal(h_exit_code(s2), 0);
