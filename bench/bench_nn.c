@@ -39,6 +39,7 @@
 #include <nanomsg/tcp.h>
 
 #include "core/port.h"
+#include "bench.h"
 #include "flags.h"
 
 #define SOCKBUF   (4 << 20)
@@ -46,13 +47,6 @@
 #define MAX_DEPTH 64
 
 enum { OP_ACK = 1, OP_ECHO = 2, OP_QUIT = 3 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void die(const char *what)
 {
@@ -152,10 +146,10 @@ static double median(double *v, int n)
 static int run_rtt(client *c, size_t size, int n, double *lat_us)
 {
     for (int i = 0; i < n; i++) {
-        double t0 = now_s();
+        double t0 = tc_now_s();
         send_req(c, size, OP_ACK);
         recv_rep(c);
-        lat_us[i] = (now_s() - t0) * 1e6;
+        lat_us[i] = (tc_now_s() - t0) * 1e6;
     }
     return n;
 }
@@ -163,7 +157,7 @@ static int run_rtt(client *c, size_t size, int n, double *lat_us)
 /* Pipelined: `depth` requests in flight; returns MB/s of the bytes counted. */
 static double run_pipe(client *c, size_t size, int n, int depth, unsigned char op)
 {
-    double t0 = now_s();
+    double t0 = tc_now_s();
     int sent = 0, done = 0;
     double bytes = 0;
     while (done < n) {
@@ -175,7 +169,7 @@ static double run_pipe(client *c, size_t size, int n, int depth, unsigned char o
         bytes += (double)size + (op == OP_ECHO ? (double)got : 0.0);
         done++;
     }
-    return bytes / (now_s() - t0) / 1e6;
+    return bytes / (tc_now_s() - t0) / 1e6;
 }
 
 /* ---- raw TCP: [u32 length][payload] requests, 64-byte replies; length 0 ends the child ---- */
@@ -226,11 +220,11 @@ static int tcp_rtt(int fd, const unsigned char *data, size_t size, int n, double
     char ack[ACK_BYTES];
     uint32_t len = (uint32_t)size;
     for (int i = 0; i < n; i++) {
-        double t0 = now_s();
+        double t0 = tc_now_s();
         if (write_full(fd, &len, sizeof len) < 0 || write_full(fd, data, size) < 0 ||
             read_full(fd, ack, sizeof ack) < 0)
             return -1;
-        lat_us[i] = (now_s() - t0) * 1e6;
+        lat_us[i] = (tc_now_s() - t0) * 1e6;
     }
     return n;
 }
@@ -265,14 +259,14 @@ static void end_child(pid_t pid)
 static int calibrate(client *c, size_t size, int depth, unsigned char op, double ms, int lo, int hi)
 {
     int w = 8;
-    double t0 = now_s();
+    double t0 = tc_now_s();
     if (depth <= 1) {
         double tmp[8];
         run_rtt(c, size, w, tmp);
     } else {
         run_pipe(c, size, w, depth, op);
     }
-    double per = (now_s() - t0) / w;
+    double per = (tc_now_s() - t0) / w;
     int n = (int)(ms * 1e-3 / (per > 1e-9 ? per : 1e-9));
     return n < lo ? lo : n > hi ? hi : n;
 }

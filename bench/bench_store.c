@@ -3,10 +3,11 @@
  *
  * Built by bench/CMakeLists.txt as bench_store (linked against cps_store, which brings
  * cps_optim, cps_core, LMDB and OpenBLAS). Or compile by hand from the repository root, e.g.:
- *   cc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc \
+ *   cc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc -Itests/common \
  *      $(pkg-config --cflags openblas) bench/bench_store.c src/store/store.c \
- *      src/optim/optim.c src/optim/init.c src/core/log.c src/core/error.c -o /tmp/bench_store \
- *      $(pkg-config --libs lmdb openblas) -lm -lpthread
+ *      src/optim/optim.c src/optim/init.c src/core/log.c src/core/error.c \
+ *      tests/common/clock.c -o /tmp/bench_store $(pkg-config --libs lmdb openblas libxxhash) \
+ *      -lm -lpthread
  *   /tmp/bench_store [dir]        (default dir: $TMPDIR/cps_bench_store)
  */
 #include <cblas.h>
@@ -18,13 +19,7 @@
 #include "chainps/error.h"
 #include "optim/optim.h"
 #include "store/store.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "bench.h"
 
 typedef struct job {
     uint64_t first;
@@ -80,7 +75,7 @@ static double apply_mbps(cps_store *s, uint32_t opt, uint64_t first_key, uint32_
         die("create", rc);
     size_t per_round = (size_t)nkeys * len * sizeof(float);
     int rounds = (int)(bytes / per_round) + 1;
-    double t0 = now();
+    double t0 = tc_now_s();
     for (int r = 0; r < rounds; r++) {
         for (int k = 0; k < nkeys; k += keys_per_txn) {
             job b = j;
@@ -90,7 +85,7 @@ static double apply_mbps(cps_store *s, uint32_t opt, uint64_t first_key, uint32_
                 die("apply", rc);
         }
     }
-    double dt = now() - t0;
+    double dt = tc_now_s() - t0;
     free(g);
     return (double)rounds * (double)per_round / dt / 1e6;
 }
@@ -124,11 +119,11 @@ static double checksum_mbps(cps_store *s, uint64_t *sum)
     double r[7];
     sum_job j = {0, 0};
     for (int i = 0; i < 7; i++) {
-        double t0 = now();
+        double t0 = tc_now_s();
         int rc = cps__store_read(s, do_checksum, &j);
         if (rc)
             die("checksum", rc);
-        r[i] = (double)j.values * sizeof(float) / (now() - t0) / 1e6;
+        r[i] = (double)j.values * sizeof(float) / (tc_now_s() - t0) / 1e6;
     }
     qsort(r, 7, sizeof r[0], cmp_double);
     *sum = j.sum;
@@ -143,11 +138,11 @@ static double commit_us(const char *dir, int sync)
     if (rc)
         die("open", rc);
     int n = sync ? 200 : 20000;
-    double t0 = now();
+    double t0 = tc_now_s();
     for (uint64_t i = 0; i < (uint64_t)n; i++)
         if ((rc = cps__store_write(s, do_small, &i)) != 0)
             die("commit", rc);
-    double dt = now() - t0;
+    double dt = tc_now_s() - t0;
     cps__store_close(s);
     return dt / n * 1e6;
 }

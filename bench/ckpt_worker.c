@@ -33,14 +33,8 @@
 #include <zlib.h>
 
 #include "chainps/chainps.h"
+#include "bench.h"
 #include "flags.h"
-
-static double mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
 
 /* zlib's crc32_z takes a size_t length but may not exist in old zlibs: feed 1 GiB at a time. */
 static uint32_t crc_floats(const float *v, uint64_t n)
@@ -74,7 +68,7 @@ int main(int argc, char **argv)
     if (tc_flags_parse(argc, argv, flags) != 0)
         return 2;
     if (now) { /* the scripts' clock: the one the step times below are on */
-        printf("%.3f\n", mono_ms());
+        printf("%.3f\n", tc_now_s() * 1e3);
         return 0;
     }
     if (params == 0 || !(lr > 0)) {
@@ -107,7 +101,7 @@ int main(int argc, char **argv)
     cps_init init = {.kind = CPS_INIT_NORMAL, .a = 0.0f, .b = 0.05f, .seed = 1};
     cps_optim opt = cps_optim_sgd((float)lr);
     cps_tensor *t = NULL;
-    double t0 = mono_ms();
+    double t0 = tc_now_s() * 1e3;
     rc = cps_tensor_declare(c, "bench/w", params, &init, &opt, &t);
     if (rc != 0) {
         fprintf(stderr, "ckpt_worker: declaring %llu parameters: %s\n", (unsigned long long)params,
@@ -119,24 +113,24 @@ int main(int argc, char **argv)
     uint64_t first = cps_tensor_step(t);
     printf("declared bench/w: %llu float32 (%.1f MB), SGD lr %g, at step %llu, in %.0f ms\n",
            (unsigned long long)params, (double)params * 4 / 1e6, lr, (unsigned long long)first,
-           mono_ms() - t0);
+           tc_now_s() * 1e3 - t0);
     fflush(stdout);
     if (want_crc) {
-        t0 = mono_ms();
+        t0 = tc_now_s() * 1e3;
         rc = cps_pull(c, t, vals, params);
         if (rc != 0) {
             fprintf(stderr, "ckpt_worker: pull: %s\n", cps_strerror(rc));
         } else {
             printf("values crc32:%08x at step %llu (pull %.0f ms)\n", crc_floats(vals, params),
-                   (unsigned long long)first, mono_ms() - t0);
+                   (unsigned long long)first, tc_now_s() * 1e3 - t0);
             fflush(stdout);
         }
     }
     uint64_t done = 0;
     for (; rc == 0 && done < steps; done++) {
-        double a = mono_ms();
+        double a = tc_now_s() * 1e3;
         rc = cps_push_pull(c, t, grad, vals, params);
-        double b = mono_ms();
+        double b = tc_now_s() * 1e3;
         if (rc != 0) {
             fprintf(stderr, "ckpt_worker: push_pull at step %llu: %s\n",
                     (unsigned long long)(first + done), cps_strerror(rc));
