@@ -25,7 +25,7 @@
 
 #include "core/view.h"
 #include "core/wire.h"
-#include "harness.h"
+#include "cluster.h"
 #include "node/msg.h"
 #include "transport/auth.h"
 #include "transport/transport.h"
@@ -236,25 +236,11 @@ static void no_secret_no_job(void **state)
     assert_true(h_log_count(pid, "running without a job secret") > 0);
 }
 
-static int teardown(void **state)
-{
-    (void)state;
-    return h_test_end() == 0 ? 0 : -1;
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    h_test_begin("auth");
-    h_watchdog(280);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(outsiders_change_nothing, setup, teardown),
-        cmocka_unit_test_setup_teardown(no_secret_no_job, setup, teardown),
+        H_TEST(outsiders_change_nothing, "auth", 280),
+        H_TEST(no_secret_no_job, "auth", 280),
     };
     if (getenv("CPS_TEST_FILTER"))
         cmocka_set_test_filter(getenv("CPS_TEST_FILTER"));

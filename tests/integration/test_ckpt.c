@@ -21,7 +21,7 @@
 #include <cmocka.h>
 
 #include "checkpoint/ckpt.h"
-#include "harness.h"
+#include "cluster.h"
 
 #define DIM     "40000" /* three chunks: every range holds a piece */
 #define STEPS   "80"
@@ -378,14 +378,6 @@ static void async_export_by_the_clock(void **state)
     assert_int_equal(h_log_count(ip, "cut/seq/1: "), 1);
 }
 
-static int setup_async(void **state)
-{
-    (void)state;
-    h_test_begin("ckpt-async");
-    h_watchdog(150);
-    return 0;
-}
-
 /* A safetensors file written elsewhere (no optimizer description, no chainps metadata but the
  * step) initialises a job: the workers start from its values at its step. */
 static void initialise_from_a_foreign_file(void **state)
@@ -434,14 +426,6 @@ static void initialise_from_a_foreign_file(void **state)
              (unsigned long long)h);
     assert_int_equal(h_log_count(run, want), 1);
     assert_int_equal(h_log_count(run, "final: rank 0"), 1);
-}
-
-static int setup_foreign(void **state)
-{
-    (void)state;
-    h_test_begin("ckpt-foreign");
-    h_watchdog(120);
-    return 0;
 }
 
 /* A tail killed while an export waits for its step: the exporter asks the new tail. */
@@ -495,46 +479,15 @@ static void export_rides_through_a_failover(void **state)
     assert_int_equal(h_log_count(run, "SIGKILL server 0"), 1);
 }
 
-static int setup_failover(void **state)
-{
-    (void)state;
-    h_test_begin("ckpt-failover");
-    h_watchdog(150);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    return h_test_end() == 0 ? 0 : -1;
-}
-
-static int setup_export(void **state)
-{
-    (void)state;
-    h_test_begin("ckpt-export");
-    h_watchdog(300);
-    return 0;
-}
-
-static int setup_periodic(void **state)
-{
-    (void)state;
-    h_test_begin("ckpt-periodic");
-    h_watchdog(150);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(export_restore_resume_bitwise, setup_export, teardown),
-        cmocka_unit_test_setup_teardown(periodic_checkpoints_keep_the_newest, setup_periodic,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(async_export_by_the_clock, setup_async, teardown),
-        cmocka_unit_test_setup_teardown(sync_export_with_empty_ranges, setup_periodic, teardown),
-        cmocka_unit_test_setup_teardown(initialise_from_a_foreign_file, setup_foreign, teardown),
-        cmocka_unit_test_setup_teardown(export_rides_through_a_failover, setup_failover, teardown),
+        H_TEST(export_restore_resume_bitwise, "ckpt-export", 300),
+        H_TEST(periodic_checkpoints_keep_the_newest, "ckpt-periodic", 150),
+        H_TEST(async_export_by_the_clock, "ckpt-async", 150),
+        H_TEST(sync_export_with_empty_ranges, "ckpt-periodic", 150),
+        H_TEST(initialise_from_a_foreign_file, "ckpt-foreign", 120),
+        H_TEST(export_rides_through_a_failover, "ckpt-failover", 150),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

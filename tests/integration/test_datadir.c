@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "harness.h"
+#include "cluster.h"
 #include "store/store.h"
 
 #define JOB_MS 60000

@@ -1,5 +1,5 @@
-/* Multi-process test harness (see harness.h). */
-#include "harness.h"
+/* Multi-process test harness (see cluster.h). */
+#include "cluster.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -205,6 +205,35 @@ static int sanitizer_report(const proc *p)
         fprintf(stderr, "harness: sanitizer report in %s:\n%s\n", p->log, log);
     free(log);
     return found;
+}
+
+float h_dyadic_grad(size_t i, int step)
+{
+    return (float)((int)((i * 7 + (size_t)step * 3) % 9) - 4) * 0.0625f;
+}
+
+int h_push_dyadic(cps_client *c, cps_tensor *t, float *g, float *expect, size_t len, float lr,
+                  int step)
+{
+    for (size_t i = 0; i < len; i++) {
+        g[i] = h_dyadic_grad(i, step);
+        expect[i] -= lr * g[i];
+    }
+    return cps_push(c, t, g, len);
+}
+
+int h_setup(void **state)
+{
+    const h_fixture *f = *state;
+    h_test_begin(f->name);
+    h_watchdog(f->watchdog_s);
+    return 0;
+}
+
+int h_teardown(void **state)
+{
+    (void)state;
+    return h_test_end() == 0 ? 0 : -1;
 }
 
 int h_test_end(void)
