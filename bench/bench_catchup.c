@@ -39,6 +39,8 @@
 #include <unistd.h>
 
 #include "chainps/chainps.h"
+#include "bench.h"
+#include "flags.h"
 
 #define LR        (1.0f / 1024.0f)
 #define MAX_DEPTH 64
@@ -48,21 +50,6 @@ static double wall_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double mono_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void check(int rc, const char *what)
-{
-    if (rc != 0) {
-        fprintf(stderr, "bench_catchup: %s: %s\n", what, cps_strerror(rc));
-        exit(1);
-    }
 }
 
 static void usage(void)
@@ -83,34 +70,19 @@ int main(int argc, char **argv)
     long tensors = 100, push_kb = 1024, depth = 4;
     double tensor_mb = 4, warm_ms = 1000, max_s = 300, deadline_ms = 60000;
     const char *stop_file = NULL, *out_path = NULL, *optim = "sgd";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v)
-            usage();
-        i++;
-        if (!strcmp(a, "--tensors"))
-            tensors = atol(v);
-        else if (!strcmp(a, "--tensor-mb"))
-            tensor_mb = atof(v);
-        else if (!strcmp(a, "--optim"))
-            optim = v;
-        else if (!strcmp(a, "--push-kb"))
-            push_kb = atol(v);
-        else if (!strcmp(a, "--depth"))
-            depth = atol(v);
-        else if (!strcmp(a, "--warm-ms"))
-            warm_ms = atof(v);
-        else if (!strcmp(a, "--max-s"))
-            max_s = atof(v);
-        else if (!strcmp(a, "--deadline-ms"))
-            deadline_ms = atof(v);
-        else if (!strcmp(a, "--stop-file"))
-            stop_file = v;
-        else if (!strcmp(a, "--out"))
-            out_path = v;
-        else
-            usage();
-    }
+    const tc_flag flags[] = {{"--tensors", TC_LONG, &tensors},
+                             {"--tensor-mb", TC_DOUBLE, &tensor_mb},
+                             {"--optim", TC_STR, &optim},
+                             {"--push-kb", TC_LONG, &push_kb},
+                             {"--depth", TC_LONG, &depth},
+                             {"--warm-ms", TC_DOUBLE, &warm_ms},
+                             {"--max-s", TC_DOUBLE, &max_s},
+                             {"--deadline-ms", TC_DOUBLE, &deadline_ms},
+                             {"--stop-file", TC_STR, &stop_file},
+                             {"--out", TC_STR, &out_path},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0)
+        usage();
     int adam = !strcmp(optim, "adam");
     if (!stop_file || !out_path || tensors < 0 || tensor_mb <= 0 || tensor_mb > 1024 ||
         push_kb < 1 || push_kb > (1 << 20) || depth < 1 || depth > MAX_DEPTH || warm_ms < 0 ||
@@ -118,21 +90,21 @@ int main(int argc, char **argv)
         usage();
 
     cps_client *c;
-    check(cps_open(&c), "cps_open");
+    tc_check(cps_open(&c), "cps_open");
 
     /* 1. The model. */
     uint64_t tlen = (uint64_t)(tensor_mb * 1e6 / sizeof(float));
     cps_init init = {CPS_INIT_NORMAL, 0.0f, 0.05f, 7};
     cps_optim opt = adam ? (cps_optim){.kind = CPS_OPTIM_ADAM, .lr = 1e-3f} : cps_optim_sgd(0.01f);
-    double d0 = mono_s();
+    double d0 = tc_now_s();
     for (long i = 0; i < tensors; i++) {
         char name[64];
         snprintf(name, sizeof name, "bench/catchup/model/%04ld", i);
         cps_tensor *t;
         init.seed = (uint64_t)i + 1;
-        check(cps_tensor_declare(c, name, tlen, &init, &opt, &t), "declare model");
+        tc_check(cps_tensor_declare(c, name, tlen, &init, &opt, &t), "declare model");
     }
-    double declare_s = mono_s() - d0;
+    double declare_s = tc_now_s() - d0;
     double model_mb = (double)tensors * (double)tlen * sizeof(float) / 1e6;
     printf("bench_catchup: model of %ld x %llu floats = %.1f MB of parameters (%s: %.1f MB with "
            "optimizer state) on %d servers, declared in %.1f s\n",
@@ -144,7 +116,7 @@ int main(int argc, char **argv)
     uint64_t len = (uint64_t)push_kb * 1024 / sizeof(float);
     cps_optim sgd = cps_optim_sgd(LR);
     cps_tensor *load;
-    check(cps_tensor_declare(c, "bench/catchup/load", len, NULL, &sgd, &load), "declare load");
+    tc_check(cps_tensor_declare(c, "bench/catchup/load", len, NULL, &sgd, &load), "declare load");
     float *grad = malloc(len * sizeof *grad), *vals = malloc(len * sizeof *vals);
     size_t cap = 1 << 16, n = 0;
     double *t_start = malloc(cap * sizeof *t_start), *t_done = malloc(cap * sizeof *t_done);
@@ -154,16 +126,16 @@ int main(int argc, char **argv)
     }
     for (uint64_t i = 0; i < len; i++)
         grad[i] = 1.0f;
-    check(cps_pull(c, load, vals, len), "pull"); /* warm the connections to every tail */
+    tc_check(cps_pull(c, load, vals, len), "pull"); /* warm the connections to every tail */
     cps_client_stats s0;
     cps_client_stats_get(c, &s0);
 
     slot ring[MAX_DEPTH];
     size_t head = 0, inflight = 0;
-    double begin = mono_s(), last_check = 0;
+    double begin = tc_now_s(), last_check = 0;
     int stopping = 0, warm = 0;
     for (;;) {
-        double now = mono_s();
+        double now = tc_now_s();
         if (!stopping && now - last_check >= 0.05) {
             struct stat st;
             last_check = now;
@@ -178,25 +150,25 @@ int main(int argc, char **argv)
         while (!stopping && inflight < (size_t)depth) {
             slot *s = &ring[(head + inflight) % MAX_DEPTH];
             s->start = wall_s();
-            check(cps_push_async(c, load, grad, len, &s->h), "push");
+            tc_check(cps_push_async(c, load, grad, len, &s->h), "push");
             inflight++;
         }
         if (inflight == 0)
             break;
         /* Wait for the oldest push, bounded. */
         slot *s = &ring[head];
-        double limit = mono_s() + deadline_ms * 1e-3;
+        double limit = tc_now_s() + deadline_ms * 1e-3;
         int rc;
         do {
-            double left = limit - mono_s();
+            double left = limit - tc_now_s();
             rc = cps_wait(s->h, left > 0 ? (int)(left * 1e3) : 0);
-        } while (rc == CPS_ETIMEDOUT && mono_s() < limit);
+        } while (rc == CPS_ETIMEDOUT && tc_now_s() < limit);
         if (rc == CPS_ETIMEDOUT) {
             printf("bench_catchup: a push was not acknowledged within %.0f ms\n", deadline_ms);
             fflush(stdout);
             _exit(3);
         }
-        check(rc, "push");
+        tc_check(rc, "push");
         if (n == cap) {
             cap *= 2;
             t_start = realloc(t_start, cap * sizeof *t_start);
@@ -215,7 +187,7 @@ int main(int argc, char **argv)
     cps_client_stats s1;
     cps_client_stats_get(c, &s1);
 
-    check(cps_pull(c, load, vals, len), "pull");
+    tc_check(cps_pull(c, load, vals, len), "pull");
     float want = -(float)n * LR;
     uint64_t bad = 0;
     float seen = want;
@@ -249,6 +221,6 @@ int main(int argc, char **argv)
     free(vals);
     free(t_start);
     free(t_done);
-    check(cps_close(c), "cps_close");
+    tc_check(cps_close(c), "cps_close");
     return bad ? 4 : 0;
 }

@@ -25,15 +25,10 @@
 #include "chainps/error.h"
 #include "checkpoint/ckpt.h"
 #include "core/log.h"
+#include "bench.h"
+#include "flags.h"
 
 #define NT 4
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -53,7 +48,7 @@ static double run_dd(const char *dir, uint64_t mb)
     char of[4200], count[32];
     snprintf(of, sizeof of, "of=%s/bench_ckpt_dd.bin", dir);
     snprintf(count, sizeof count, "count=%llu", (unsigned long long)mb);
-    double t0 = now();
+    double t0 = tc_now_s();
     pid_t pid = fork();
     if (pid < 0)
         return -1;
@@ -71,7 +66,7 @@ static double run_dd(const char *dir, uint64_t mb)
             break;
         if (w < 0 && errno != EINTR)
             return -1;
-        if (now() - t0 > 300) {
+        if (tc_now_s() - t0 > 300) {
             kill(pid, SIGKILL);
             waitpid(pid, &st, 0);
             st = 1;
@@ -79,7 +74,7 @@ static double run_dd(const char *dir, uint64_t mb)
         }
         usleep(2000);
     }
-    double dt = now() - t0;
+    double dt = tc_now_s() - t0;
     unlink(of + 3);
     return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? dt : -1;
 }
@@ -164,20 +159,17 @@ int main(int argc, char **argv)
     const char *dir = getenv("TMPDIR");
     if (!dir || !*dir)
         dir = "/tmp";
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--params") && i + 1 < argc)
-            params = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--dir") && i + 1 < argc)
-            dir = argv[++i];
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
-            reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--no-optim"))
-            optim = 0;
-        else {
-            fprintf(stderr, "usage: bench_ckpt [--params N] [--dir DIR] [--reps R] [--no-optim]\n");
-            return 2;
-        }
+    int no_optim = 0;
+    const tc_flag flags[] = {{"--params", TC_U64, &params},
+                             {"--dir", TC_STR, &dir},
+                             {"--reps", TC_INT, &reps},
+                             {"--no-optim", TC_SWITCH, &no_optim},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0) {
+        fprintf(stderr, "usage: bench_ckpt [--params N] [--dir DIR] [--reps R] [--no-optim]\n");
+        return 2;
     }
+    optim = !no_optim;
     if (reps < 1 || reps > 50 || params < NT * 1000)
         return 2;
     cps__log_set_level(CPS_LOG_WARN);
@@ -200,26 +192,26 @@ int main(int argc, char **argv)
     int ok = rbuf != NULL;
     for (int r = 0; r < reps && ok; r++) {
         dd[r] = run_dd(dir, (bytes + (1 << 20) - 1) >> 20);
-        double t0 = now();
+        double t0 = tc_now_s();
         ok = ok && dd[r] > 0 && export_ckpt(path, t, per, 0, fills) == 0;
-        wr[r] = now() - t0;
+        wr[r] = tc_now_s() - t0;
         drop_cache(path);
-        t0 = now();
+        t0 = tc_now_s();
         ok = ok && restore_ckpt(path, rbuf, per * 4) == bytes;
-        cold[r] = now() - t0;
-        t0 = now();
+        cold[r] = tc_now_s() - t0;
+        t0 = tc_now_s();
         ok = ok && restore_ckpt(path, rbuf, per * 4) == bytes;
-        warm[r] = now() - t0;
+        warm[r] = tc_now_s() - t0;
         ok = ok && memcmp(rbuf, t[NT - 1], per * 4) == 0;
         unlink(path);
         if (optim && ok) {
-            t0 = now();
+            t0 = tc_now_s();
             ok = export_ckpt(path, t, per, 1, fills) == 0;
-            wro[r] = now() - t0;
+            wro[r] = tc_now_s() - t0;
             drop_cache(path);
-            t0 = now();
+            t0 = tc_now_s();
             ok = ok && restore_ckpt(path, rbuf, per * 4) == 3 * bytes;
-            coldo[r] = now() - t0;
+            coldo[r] = tc_now_s() - t0;
             unlink(path);
         }
     }

@@ -44,23 +44,10 @@
 #include <unistd.h>
 
 #include "chainps/chainps.h"
+#include "bench.h"
+#include "flags.h"
 
 #define LR (1.0f / 1024.0f)
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void check(int rc, const char *what)
-{
-    if (rc != 0) {
-        fprintf(stderr, "bench_failover: %s: %s\n", what, cps_strerror(rc));
-        exit(1);
-    }
-}
 
 typedef struct killer {
     pid_t pid;
@@ -75,7 +62,7 @@ static void *killer_main(void *arg)
 {
     killer *k = arg;
     for (;;) {
-        double left = k->at - now_s();
+        double left = k->at - tc_now_s();
         if (left <= 0)
             break;
         struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
@@ -83,7 +70,7 @@ static void *killer_main(void *arg)
     }
     pthread_mutex_lock(&k->mu);
     clock_gettime(CLOCK_REALTIME, &k->wall);
-    k->killed = now_s();
+    k->killed = tc_now_s();
     if (kill(k->pid, SIGKILL) != 0)
         k->err = errno;
     pthread_mutex_unlock(&k->mu);
@@ -112,41 +99,29 @@ int main(int argc, char **argv)
     double kill_after = 1000, jitter = 0, after = 500, deadline = 15000;
     long cols = 1024;
     const char *out_path = NULL, *tag = "";
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!v)
-            usage();
-        i++;
-        if (!strcmp(a, "--kill-pid"))
-            kill_pid = atol(v);
-        else if (!strcmp(a, "--kill-after-ms"))
-            kill_after = atof(v);
-        else if (!strcmp(a, "--kill-jitter-ms"))
-            jitter = atof(v);
-        else if (!strcmp(a, "--after-ms"))
-            after = atof(v);
-        else if (!strcmp(a, "--deadline-ms"))
-            deadline = atof(v);
-        else if (!strcmp(a, "--cols"))
-            cols = atol(v);
-        else if (!strcmp(a, "--out"))
-            out_path = v;
-        else if (!strcmp(a, "--tag"))
-            tag = v;
-        else
-            usage();
-    }
+    const tc_flag flags[] = {{"--kill-pid", TC_LONG, &kill_pid},
+                             {"--kill-after-ms", TC_DOUBLE, &kill_after},
+                             {"--kill-jitter-ms", TC_DOUBLE, &jitter},
+                             {"--after-ms", TC_DOUBLE, &after},
+                             {"--deadline-ms", TC_DOUBLE, &deadline},
+                             {"--cols", TC_LONG, &cols},
+                             {"--out", TC_STR, &out_path},
+                             {"--tag", TC_STR, &tag},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0)
+        usage();
     if (kill_pid <= 1 || kill_after < 0 || jitter < 0 || after < 0 || deadline <= 0 || cols < 1 ||
         cols > (1 << 20))
         usage();
 
     cps_client *c;
-    check(cps_open(&c), "cps_open");
+    tc_check(cps_open(&c), "cps_open");
     uint64_t rows = (uint64_t)cps_num_servers(c);
     uint64_t len = rows * (uint64_t)cols;
     cps_optim sgd = cps_optim_sgd(LR);
     cps_tensor *t;
-    check(cps_table_declare(c, "bench/failover", rows, (uint32_t)cols, NULL, &sgd, &t), "declare");
+    tc_check(cps_table_declare(c, "bench/failover", rows, (uint32_t)cols, NULL, &sgd, &t),
+             "declare");
     float *grad = malloc(len * sizeof *grad), *vals = malloc(len * sizeof *vals);
     size_t cap = 1 << 16;
     double *t_start = malloc(cap * sizeof *t_start), *t_done = malloc(cap * sizeof *t_done);
@@ -156,7 +131,7 @@ int main(int argc, char **argv)
     }
     for (uint64_t i = 0; i < len; i++)
         grad[i] = 1.0f;
-    check(cps_pull(c, t, vals, len), "pull"); /* warm the connections to every tail */
+    tc_check(cps_pull(c, t, vals, len), "pull"); /* warm the connections to every tail */
     cps_client_stats s0;
     cps_client_stats_get(c, &s0);
     printf("bench_failover: pushing %llu x %ld floats; killing pid %ld in %.0f ms\n",
@@ -167,7 +142,7 @@ int main(int argc, char **argv)
     clock_gettime(CLOCK_REALTIME, &seed);
     srand((unsigned)(seed.tv_nsec ^ getpid()));
     kill_after += jitter * ((double)rand() / ((double)RAND_MAX + 1.0));
-    double first = now_s();
+    double first = tc_now_s();
     killer k = {.pid = (pid_t)kill_pid, .at = first + kill_after * 1e-3};
     pthread_mutex_init(&k.mu, NULL);
     pthread_t th;
@@ -179,24 +154,24 @@ int main(int argc, char **argv)
     double recovered = 0; /* ack time of the first push started after the kill */
     int timed_out = 0;
     for (;;) {
-        double t0 = now_s();
+        double t0 = tc_now_s();
         double tk = killed_at(&k);
         if (recovered > 0 && t0 >= recovered + after * 1e-3)
             break;
         cps_handle *h;
-        check(cps_push_async(c, t, grad, len, &h), "push");
+        tc_check(cps_push_async(c, t, grad, len, &h), "push");
         double limit = (tk > 0 ? tk : k.at) + deadline * 1e-3;
         int rc;
         do {
-            int ms = (int)((limit - now_s()) * 1e3);
+            int ms = (int)((limit - tc_now_s()) * 1e3);
             rc = cps_wait(h, ms > 0 ? ms : 0);
-        } while (rc == CPS_ETIMEDOUT && now_s() < limit);
+        } while (rc == CPS_ETIMEDOUT && tc_now_s() < limit);
         if (rc == CPS_ETIMEDOUT) {
             timed_out = 1;
             break;
         }
-        check(rc, "push");
-        double t1 = now_s();
+        tc_check(rc, "push");
+        double t1 = tc_now_s();
         if (n == cap) {
             cap *= 2;
             t_start = realloc(t_start, cap * sizeof *t_start);
@@ -254,7 +229,7 @@ int main(int argc, char **argv)
     cps_client_stats s1;
     cps_client_stats_get(c, &s1);
 
-    check(cps_pull(c, t, vals, len), "pull");
+    tc_check(cps_pull(c, t, vals, len), "pull");
     float want = -(float)n * LR;
     uint64_t bad = 0;
     float seen = want;
@@ -288,6 +263,6 @@ int main(int argc, char **argv)
     free(vals);
     free(t_start);
     free(t_done);
-    check(cps_close(c), "cps_close");
+    tc_check(cps_close(c), "cps_close");
     return bad ? 4 : 0;
 }

@@ -38,39 +38,20 @@
 #include <nanomsg/pipeline.h>
 #include <nanomsg/tcp.h>
 
+#include "core/port.h"
+#include "bench.h"
+#include "flags.h"
+
 #define SOCKBUF   (4 << 20)
 #define ACK_BYTES 64
 #define MAX_DEPTH 64
 
 enum { OP_ACK = 1, OP_ECHO = 2, OP_QUIT = 3 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void die(const char *what)
 {
     fprintf(stderr, "bench_nn: %s: %s\n", what, nn_strerror(nn_errno()));
     exit(1);
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
 }
 
 static int make_sock(int proto)
@@ -165,10 +146,10 @@ static double median(double *v, int n)
 static int run_rtt(client *c, size_t size, int n, double *lat_us)
 {
     for (int i = 0; i < n; i++) {
-        double t0 = now_s();
+        double t0 = tc_now_s();
         send_req(c, size, OP_ACK);
         recv_rep(c);
-        lat_us[i] = (now_s() - t0) * 1e6;
+        lat_us[i] = (tc_now_s() - t0) * 1e6;
     }
     return n;
 }
@@ -176,7 +157,7 @@ static int run_rtt(client *c, size_t size, int n, double *lat_us)
 /* Pipelined: `depth` requests in flight; returns MB/s of the bytes counted. */
 static double run_pipe(client *c, size_t size, int n, int depth, unsigned char op)
 {
-    double t0 = now_s();
+    double t0 = tc_now_s();
     int sent = 0, done = 0;
     double bytes = 0;
     while (done < n) {
@@ -188,7 +169,7 @@ static double run_pipe(client *c, size_t size, int n, int depth, unsigned char o
         bytes += (double)size + (op == OP_ECHO ? (double)got : 0.0);
         done++;
     }
-    return bytes / (now_s() - t0) / 1e6;
+    return bytes / (tc_now_s() - t0) / 1e6;
 }
 
 /* ---- raw TCP: [u32 length][payload] requests, 64-byte replies; length 0 ends the child ---- */
@@ -239,11 +220,11 @@ static int tcp_rtt(int fd, const unsigned char *data, size_t size, int n, double
     char ack[ACK_BYTES];
     uint32_t len = (uint32_t)size;
     for (int i = 0; i < n; i++) {
-        double t0 = now_s();
+        double t0 = tc_now_s();
         if (write_full(fd, &len, sizeof len) < 0 || write_full(fd, data, size) < 0 ||
             read_full(fd, ack, sizeof ack) < 0)
             return -1;
-        lat_us[i] = (now_s() - t0) * 1e6;
+        lat_us[i] = (tc_now_s() - t0) * 1e6;
     }
     return n;
 }
@@ -278,14 +259,14 @@ static void end_child(pid_t pid)
 static int calibrate(client *c, size_t size, int depth, unsigned char op, double ms, int lo, int hi)
 {
     int w = 8;
-    double t0 = now_s();
+    double t0 = tc_now_s();
     if (depth <= 1) {
         double tmp[8];
         run_rtt(c, size, w, tmp);
     } else {
         run_pipe(c, size, w, depth, op);
     }
-    double per = (now_s() - t0) / w;
+    double per = (tc_now_s() - t0) / w;
     int n = (int)(ms * 1e-3 / (per > 1e-9 ? per : 1e-9));
     return n < lo ? lo : n > hi ? hi : n;
 }
@@ -295,30 +276,26 @@ int main(int argc, char **argv)
     const char *out_path = NULL, *sizes_arg = "4096,65536,1048576,16777216", *tag = NULL;
     int reps = 5, rtt_only = 0;
     double ms = 60;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--free-port")) {
-            int p = free_port();
-            if (p <= 0)
-                return 1;
-            printf("%d\n", p);
-            return 0;
-        } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
-            out_path = argv[++i];
-        } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
-            reps = atoi(argv[++i]);
-        } else if (!strcmp(argv[i], "--ms") && i + 1 < argc) {
-            ms = atof(argv[++i]);
-        } else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
-            sizes_arg = argv[++i];
-        } else if (!strcmp(argv[i], "--tag") && i + 1 < argc) {
-            tag = argv[++i];
-        } else if (!strcmp(argv[i], "--rtt-only")) {
-            rtt_only = 1;
-        } else {
-            fprintf(stderr, "usage: bench_nn [--out FILE] [--reps N] [--ms MS] [--sizes a,b]"
-                            " [--rtt-only] [--tag T] | --free-port\n");
-            return 2;
-        }
+    int want_port = 0;
+    const tc_flag flags[] = {{"--free-port", TC_SWITCH, &want_port},
+                             {"--out", TC_STR, &out_path},
+                             {"--reps", TC_INT, &reps},
+                             {"--ms", TC_DOUBLE, &ms},
+                             {"--sizes", TC_STR, &sizes_arg},
+                             {"--tag", TC_STR, &tag},
+                             {"--rtt-only", TC_SWITCH, &rtt_only},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0) {
+        fprintf(stderr, "usage: bench_nn [--out FILE] [--reps N] [--ms MS] [--sizes a,b]"
+                        " [--rtt-only] [--tag T] | --free-port\n");
+        return 2;
+    }
+    if (want_port) { /* for bench/run_bench.sh: the same picker as the tests' */
+        int p = cps__free_port();
+        if (p <= 0)
+            return 1;
+        printf("%d\n", p);
+        return 0;
     }
     if (reps < 1 || reps > 50 || ms <= 0) {
         fprintf(stderr, "bench_nn: bad --reps or --ms\n");
@@ -354,7 +331,7 @@ int main(int argc, char **argv)
         perror("bench_nn: tcp listen");
         return 1;
     }
-    int sp = free_port(), cp = free_port();
+    int sp = cps__free_port(), cp = cps__free_port();
     if (sp <= 0 || cp <= 0 || sp == cp) {
         fprintf(stderr, "bench_nn: no free ports on 127.0.0.1\n");
         return 1;

@@ -42,6 +42,8 @@
 #include <time.h>
 
 #include "chainps/chainps.h"
+#include "bench.h"
+#include "flags.h"
 
 #define MAX_DEPTH 64
 #define MAX_REPS  50
@@ -91,21 +93,6 @@ static double cpu_s(void)
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
            ((double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_usec) * 1e-6;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void check(int rc, const char *what)
-{
-    if (rc != 0) {
-        fprintf(stderr, "bench_ps: %s: %s\n", what, cps_strerror(rc));
-        exit(1);
-    }
 }
 
 static uint64_t rng_next(uint64_t *s)
@@ -190,9 +177,9 @@ static int start_op(bench *b, int kind, float *out, cps_handle **h)
 static void run_lat(bench *b, int kind, int n, double *lat)
 {
     for (int i = 0; i < n; i++) {
-        double t0 = now_s();
-        check(blocking_op(b, kind), kind_name[kind]);
-        lat[i] = (now_s() - t0) * 1e6;
+        double t0 = tc_now_s();
+        tc_check(blocking_op(b, kind), kind_name[kind]);
+        lat[i] = (tc_now_s() - t0) * 1e6;
     }
 }
 
@@ -200,17 +187,17 @@ static void run_lat(bench *b, int kind, int n, double *lat)
 static double run_pipe(bench *b, int kind, int n)
 {
     cps_handle *h[MAX_DEPTH];
-    double t0 = now_s();
+    double t0 = tc_now_s();
     for (int i = 0; i < n; i++) {
         int slot = i % b->depth;
         if (i >= b->depth)
-            check(cps_wait(h[slot], -1), "cps_wait");
-        check(start_op(b, kind, b->outs[slot], &h[slot]), kind_name[kind]);
+            tc_check(cps_wait(h[slot], -1), "cps_wait");
+        tc_check(start_op(b, kind, b->outs[slot], &h[slot]), kind_name[kind]);
     }
     int first = n > b->depth ? n - b->depth : 0;
     for (int i = first; i < n; i++)
-        check(cps_wait(h[i % b->depth], -1), "cps_wait");
-    double dt = now_s() - t0;
+        tc_check(cps_wait(h[i % b->depth], -1), "cps_wait");
+    double dt = tc_now_s() - t0;
     double bytes = (double)n * (double)b->len * sizeof(float) * (kind == K_PP ? 2 : 1);
     return bytes / dt / 1e6;
 }
@@ -219,7 +206,7 @@ static double run_pipe(bench *b, int kind, int n)
 static int calibrate(bench *b, int kind, int pipelined, double ms, int lo, int hi, int fixed)
 {
     int w = pipelined ? 2 * b->depth : 4;
-    double t0 = now_s();
+    double t0 = tc_now_s();
     if (pipelined) {
         run_pipe(b, kind, w);
     } else {
@@ -228,7 +215,7 @@ static int calibrate(bench *b, int kind, int pipelined, double ms, int lo, int h
     }
     if (fixed > 0)
         return fixed;
-    double per = (now_s() - t0) / w;
+    double per = (tc_now_s() - t0) / w;
     double n = ms * 1e-3 / (per > 1e-9 ? per : 1e-9);
     return n < lo ? lo : n > hi ? hi : (int)n;
 }
@@ -246,7 +233,7 @@ static void run_case(cps_client *c, const opts *o, size_t size, int sparse, resu
     snprintf(name, sizeof name, "bench/%s/%zu", sparse ? "sparse" : "dense", size);
     bench b = {.c = c, .len = size / sizeof(float)};
     cps_optim sgd = cps_optim_sgd(1e-3f);
-    check(cps_tensor_declare(c, name, b.len, NULL, &sgd, &b.t), "declare");
+    tc_check(cps_tensor_declare(c, name, b.len, NULL, &sgd, &b.t), "declare");
     float *g = malloc(size);
     if (!g) {
         fprintf(stderr, "bench_ps: out of memory\n");
@@ -349,62 +336,43 @@ int main(int argc, char **argv)
 {
     opts o = {.reps = 5, .ms = 40, .dense = 1, .sparse = 1, .only = 7};
     parse_sizes("4096,65536,1048576,16777216", &o);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--no-lat")) {
-            o.no_lat = 1;
-            continue;
-        }
-        if (!strcmp(a, "--lo-bytes")) {
-            o.lo = 1;
-            continue;
-        }
-        if (!v)
+    const char *sizes = NULL, *data = "both", *only = "all";
+    const tc_flag flags[] = {{"--no-lat", TC_SWITCH, &o.no_lat},
+                             {"--lo-bytes", TC_SWITCH, &o.lo},
+                             {"--out", TC_STR, &o.out},
+                             {"--reps", TC_INT, &o.reps},
+                             {"--ms", TC_DOUBLE, &o.ms},
+                             {"--ops", TC_INT, &o.ops},
+                             {"--depth", TC_INT, &o.depth},
+                             {"--sizes", TC_STR, &sizes},
+                             {"--data", TC_STR, &data},
+                             {"--only", TC_STR, &only},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0 || (sizes && parse_sizes(sizes, &o)))
+        usage();
+    o.dense = strcmp(data, "sparse") != 0;
+    o.sparse = strcmp(data, "dense") != 0;
+    o.only = 0;
+    char buf[64];
+    snprintf(buf, sizeof buf, "%s", only);
+    for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        int bit = !strcmp(w, "push")   ? 1 << K_PUSH
+                  : !strcmp(w, "pull") ? 1 << K_PULL
+                  : !strcmp(w, "pp")   ? 1 << K_PP
+                  : !strcmp(w, "all")  ? 7
+                                       : 0;
+        if (!bit)
             usage();
-        i++;
-        if (!strcmp(a, "--out")) {
-            o.out = v;
-        } else if (!strcmp(a, "--reps")) {
-            o.reps = atoi(v);
-        } else if (!strcmp(a, "--ms")) {
-            o.ms = atof(v);
-        } else if (!strcmp(a, "--ops")) {
-            o.ops = atoi(v);
-        } else if (!strcmp(a, "--depth")) {
-            o.depth = atoi(v);
-        } else if (!strcmp(a, "--sizes")) {
-            if (parse_sizes(v, &o))
-                usage();
-        } else if (!strcmp(a, "--data")) {
-            o.dense = strcmp(v, "sparse") != 0;
-            o.sparse = strcmp(v, "dense") != 0;
-        } else if (!strcmp(a, "--only")) {
-            o.only = 0;
-            char buf[64];
-            snprintf(buf, sizeof buf, "%s", v);
-            for (char *save = NULL, *w = strtok_r(buf, ",", &save); w;
-                 w = strtok_r(NULL, ",", &save)) {
-                int bit = !strcmp(w, "push")   ? 1 << K_PUSH
-                          : !strcmp(w, "pull") ? 1 << K_PULL
-                          : !strcmp(w, "pp")   ? 1 << K_PP
-                          : !strcmp(w, "all")  ? 7
-                                               : 0;
-                if (!bit)
-                    usage();
-                o.only |= bit;
-            }
-            if (!o.only)
-                usage();
-        } else {
-            usage();
-        }
+        o.only |= bit;
     }
+    if (!o.only)
+        usage();
     if (o.reps < 1 || o.reps > MAX_REPS || o.ms <= 0 || o.depth < 0 || o.depth > MAX_DEPTH ||
         o.ops < 0)
         usage();
 
     cps_client *c;
-    check(cps_open(&c), "cps_open");
+    tc_check(cps_open(&c), "cps_open");
     const char *cz = getenv("CHAINPS_COMPRESS");
     int compress = !cz || strcmp(cz, "0") != 0;
     int S = cps_num_servers(c);
@@ -413,7 +381,7 @@ int main(int argc, char **argv)
         perror(o.out);
         return 1;
     }
-    double t0 = now_s();
+    double t0 = tc_now_s();
     printf("bench_ps: %d servers, compression %s, %d reps of ~%.0f ms per metric\n", S,
            compress ? "on" : "off", o.reps, o.ms);
     printf("%-6s %9s %9s %9s %9s %8s %8s %8s %8s %8s %8s %6s %9s\n", "data", "size", "push MB/s",
@@ -446,9 +414,9 @@ int main(int argc, char **argv)
             }
         }
     }
-    printf("bench_ps: done in %.1f s\n", now_s() - t0);
+    printf("bench_ps: done in %.1f s\n", tc_now_s() - t0);
     if (out)
         fclose(out);
-    check(cps_close(c), "cps_close");
+    tc_check(cps_close(c), "cps_close");
     return 0;
 }

@@ -1,11 +1,13 @@
-/* Store benchmark: optimizer-apply throughput through LMDB and commit latency.
+/* Store benchmark: optimizer-apply throughput through LMDB, the replica checksum that
+ * `chainps status --verify` has each server compute on its loop, and commit latency.
  *
  * Built by bench/CMakeLists.txt as bench_store (linked against cps_store, which brings
  * cps_optim, cps_core, LMDB and OpenBLAS). Or compile by hand from the repository root, e.g.:
- *   cc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc \
+ *   cc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc -Itests/common \
  *      $(pkg-config --cflags openblas) bench/bench_store.c src/store/store.c \
- *      src/optim/optim.c src/optim/init.c src/core/log.c src/core/error.c -o /tmp/bench_store \
- *      $(pkg-config --libs lmdb openblas) -lm -lpthread
+ *      src/optim/optim.c src/optim/init.c src/core/log.c src/core/error.c \
+ *      tests/common/clock.c -o /tmp/bench_store $(pkg-config --libs lmdb openblas libxxhash) \
+ *      -lm -lpthread
  *   /tmp/bench_store [dir]        (default dir: $TMPDIR/cps_bench_store)
  */
 #include <cblas.h>
@@ -17,13 +19,7 @@
 #include "chainps/error.h"
 #include "optim/optim.h"
 #include "store/store.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "bench.h"
 
 typedef struct job {
     uint64_t first;
@@ -79,7 +75,7 @@ static double apply_mbps(cps_store *s, uint32_t opt, uint64_t first_key, uint32_
         die("create", rc);
     size_t per_round = (size_t)nkeys * len * sizeof(float);
     int rounds = (int)(bytes / per_round) + 1;
-    double t0 = now();
+    double t0 = tc_now_s();
     for (int r = 0; r < rounds; r++) {
         for (int k = 0; k < nkeys; k += keys_per_txn) {
             job b = j;
@@ -89,7 +85,7 @@ static double apply_mbps(cps_store *s, uint32_t opt, uint64_t first_key, uint32_
                 die("apply", rc);
         }
     }
-    double dt = now() - t0;
+    double dt = tc_now_s() - t0;
     free(g);
     return (double)rounds * (double)per_round / dt / 1e6;
 }
@@ -100,6 +96,40 @@ static int do_small(cps_txn *t, void *a)
     return cps__store_range_put(t, 1, &m);
 }
 
+typedef struct sum_job {
+    uint64_t sum, values;
+} sum_job;
+
+static int do_checksum(cps_txn *t, void *a)
+{
+    sum_job *j = a;
+    int rc = cps__store_count(t, NULL, &j->values);
+    return rc ? rc : cps__store_checksum(t, 0, UINT64_MAX, &j->sum);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median over 7 runs of the checksum of the whole store, in MB/s of parameter values. */
+static double checksum_mbps(cps_store *s, uint64_t *sum)
+{
+    double r[7];
+    sum_job j = {0, 0};
+    for (int i = 0; i < 7; i++) {
+        double t0 = tc_now_s();
+        int rc = cps__store_read(s, do_checksum, &j);
+        if (rc)
+            die("checksum", rc);
+        r[i] = (double)j.values * sizeof(float) / (tc_now_s() - t0) / 1e6;
+    }
+    qsort(r, 7, sizeof r[0], cmp_double);
+    *sum = j.sum;
+    return r[3];
+}
+
 static double commit_us(const char *dir, int sync)
 {
     cps_store *s;
@@ -108,11 +138,11 @@ static double commit_us(const char *dir, int sync)
     if (rc)
         die("open", rc);
     int n = sync ? 200 : 20000;
-    double t0 = now();
+    double t0 = tc_now_s();
     for (uint64_t i = 0; i < (uint64_t)n; i++)
         if ((rc = cps__store_write(s, do_small, &i)) != 0)
             die("commit", rc);
-    double dt = now() - t0;
+    double dt = tc_now_s() - t0;
     cps__store_close(s);
     return dt / n * 1e6;
 }
@@ -143,6 +173,10 @@ int main(int argc, char **argv)
         double b = apply_mbps(s, opts[o].kind, (o << 20) + 4096, 262144, 16, 1, (size_t)512 << 20);
         printf("%-10s %12s %14d %14.0f\n", opts[o].name, "1 MiB", 1, b);
     }
+    uint64_t sum;
+    double c = checksum_mbps(s, &sum);
+    printf("\n%-24s %12s\n%-24s %12.0f   (sum %016llx)\n", "checksum (whole store)", "MB/s",
+           "status --verify's sum", c, (unsigned long long)sum);
     cps__store_close(s);
 
     char d2[600];

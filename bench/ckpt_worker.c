@@ -33,23 +33,8 @@
 #include <zlib.h>
 
 #include "chainps/chainps.h"
-
-static double mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static int parse_u64(const char *s, uint64_t *out)
-{
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (!*s || *end || *s == '-')
-        return -1;
-    *out = (uint64_t)v;
-    return 0;
-}
+#include "bench.h"
+#include "flags.h"
 
 /* zlib's crc32_z takes a size_t length but may not exist in old zlibs: feed 1 GiB at a time. */
 static uint32_t crc_floats(const float *v, uint64_t n)
@@ -72,34 +57,23 @@ int main(int argc, char **argv)
     double lr = 0.001;
     const char *stop_file = NULL;
     int want_crc = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--now")) {
-            printf("%.3f\n", mono_ms());
-            return 0;
-        } else if (!strcmp(argv[i], "--params") && i + 1 < argc) {
-            if (parse_u64(argv[++i], &params) != 0 || params == 0) {
-                fprintf(stderr, "ckpt_worker: --params: '%s' is not a positive count\n", argv[i]);
-                return 2;
-            }
-        } else if (!strcmp(argv[i], "--steps") && i + 1 < argc) {
-            if (parse_u64(argv[++i], &steps) != 0) {
-                fprintf(stderr, "ckpt_worker: --steps: '%s' is not a count\n", argv[i]);
-                return 2;
-            }
-        } else if (!strcmp(argv[i], "--lr") && i + 1 < argc) {
-            lr = atof(argv[++i]);
-            if (!(lr > 0)) {
-                fprintf(stderr, "ckpt_worker: --lr must be positive\n");
-                return 2;
-            }
-        } else if (!strcmp(argv[i], "--stop-file") && i + 1 < argc) {
-            stop_file = argv[++i];
-        } else if (!strcmp(argv[i], "--crc")) {
-            want_crc = 1;
-        } else {
-            fprintf(stderr, "ckpt_worker: unknown argument %s\n", argv[i]);
-            return 2;
-        }
+    int now = 0;
+    const tc_flag flags[] = {{"--now", TC_SWITCH, &now},
+                             {"--params", TC_U64, &params},
+                             {"--steps", TC_U64, &steps},
+                             {"--lr", TC_DOUBLE, &lr},
+                             {"--stop-file", TC_STR, &stop_file},
+                             {"--crc", TC_SWITCH, &want_crc},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0)
+        return 2;
+    if (now) { /* the scripts' clock: the one the step times below are on */
+        printf("%.3f\n", tc_now_s() * 1e3);
+        return 0;
+    }
+    if (params == 0 || !(lr > 0)) {
+        fprintf(stderr, "ckpt_worker: --params and --lr must be positive\n");
+        return 2;
     }
     float *grad = malloc(params * sizeof(float));
     float *vals = malloc(params * sizeof(float));
@@ -127,7 +101,7 @@ int main(int argc, char **argv)
     cps_init init = {.kind = CPS_INIT_NORMAL, .a = 0.0f, .b = 0.05f, .seed = 1};
     cps_optim opt = cps_optim_sgd((float)lr);
     cps_tensor *t = NULL;
-    double t0 = mono_ms();
+    double t0 = tc_now_s() * 1e3;
     rc = cps_tensor_declare(c, "bench/w", params, &init, &opt, &t);
     if (rc != 0) {
         fprintf(stderr, "ckpt_worker: declaring %llu parameters: %s\n", (unsigned long long)params,
@@ -139,24 +113,24 @@ int main(int argc, char **argv)
     uint64_t first = cps_tensor_step(t);
     printf("declared bench/w: %llu float32 (%.1f MB), SGD lr %g, at step %llu, in %.0f ms\n",
            (unsigned long long)params, (double)params * 4 / 1e6, lr, (unsigned long long)first,
-           mono_ms() - t0);
+           tc_now_s() * 1e3 - t0);
     fflush(stdout);
     if (want_crc) {
-        t0 = mono_ms();
+        t0 = tc_now_s() * 1e3;
         rc = cps_pull(c, t, vals, params);
         if (rc != 0) {
             fprintf(stderr, "ckpt_worker: pull: %s\n", cps_strerror(rc));
         } else {
             printf("values crc32:%08x at step %llu (pull %.0f ms)\n", crc_floats(vals, params),
-                   (unsigned long long)first, mono_ms() - t0);
+                   (unsigned long long)first, tc_now_s() * 1e3 - t0);
             fflush(stdout);
         }
     }
     uint64_t done = 0;
     for (; rc == 0 && done < steps; done++) {
-        double a = mono_ms();
+        double a = tc_now_s() * 1e3;
         rc = cps_push_pull(c, t, grad, vals, params);
-        double b = mono_ms();
+        double b = tc_now_s() * 1e3;
         if (rc != 0) {
             fprintf(stderr, "ckpt_worker: push_pull at step %llu: %s\n",
                     (unsigned long long)(first + done), cps_strerror(rc));

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include <cblas.h>
+#include <xxhash.h>
 
 #include "data.h"
 
@@ -565,17 +566,17 @@ double fm_model_evaluate(fm_model *m, const float *x, const uint8_t *y, int batc
 
 uint64_t fm_model_kink_signature(const fm_model *m)
 {
-    uint64_t h = FM_FNV_OFFSET;
+    uint64_t h = 0;
     for (int i = 0; i < m->nlayers; i++) {
         const layer *l = &m->layers[i];
         size_t n = (size_t)m->last_batch * out_size(l);
         if (l->kind == L_RELU) {
             for (size_t j = 0; j < n; j++) {
                 unsigned char on = m->act[i][j] > 0.0f;
-                h = fm_fnv1a64(h, &on, 1);
+                h = fm_hash64(h, &on, 1);
             }
         } else if (l->kind == L_POOL) {
-            h = fm_fnv1a64(h, l->arg, n * sizeof *l->arg);
+            h = fm_hash64(h, l->arg, n * sizeof *l->arg);
         }
     }
     return h;
@@ -657,14 +658,9 @@ void fm_optim_apply(const cps_optim *o, float *param, float *state, const float 
 
 /* ---------------------------------------------------------------- hashing */
 
-uint64_t fm_fnv1a64(uint64_t h, const void *data, size_t n)
+uint64_t fm_hash64(uint64_t h, const void *data, size_t n)
 {
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
+    return XXH3_64bits_withSeed(data, n, h);
 }
 
 uint64_t fm_mix64(uint64_t x)

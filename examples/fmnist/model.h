@@ -120,9 +120,9 @@ size_t fm_optim_state_slots(cps_optim_kind kind);
 void fm_optim_apply(const cps_optim *o, float *param, float *state, const float *grad, size_t n,
                     uint64_t t);
 
-/* FNV-1a 64-bit hash, chained: h = fm_fnv1a64(FM_FNV_OFFSET, ...) then feed further buffers. */
-#define FM_FNV_OFFSET 0xcbf29ce484222325ull
-uint64_t fm_fnv1a64(uint64_t h, const void *data, size_t n);
+/* XXH3-64 of a buffer seeded with h, chained: h = fm_hash64(0, ...) then feed further buffers
+ * (each seeded with the hash so far, so the order of the buffers counts). */
+uint64_t fm_hash64(uint64_t h, const void *data, size_t n);
 
 /* A deterministic 64-bit mixer (splitmix64's finaliser): seeds for shuffles and tensors. */
 uint64_t fm_mix64(uint64_t x);

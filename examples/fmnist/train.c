@@ -432,10 +432,10 @@ static void shuffle(uint32_t *perm, size_t n, uint64_t seed, int epoch, int rank
 
 static uint64_t checksum(fm_model *m)
 {
-    uint64_t h = FM_FNV_OFFSET;
+    uint64_t h = 0;
     for (int i = 0; i < fm_model_num_params(m); i++) {
         fm_param *p = fm_model_param(m, i);
-        h = fm_fnv1a64(h, p->value, p->len * sizeof(float));
+        h = fm_hash64(h, p->value, p->len * sizeof(float));
     }
     return h;
 }

@@ -245,7 +245,7 @@ static int tensor_layout(const link *l, const cps_tensor_desc *d, cps_tensor *t)
     t->length = d->length;
     t->rows = d->kind ? d->rows : 0;
     t->cols = d->kind ? d->cols : 0;
-    t->hash = cps__fnv1a(CPS_FNV_INIT, d->name, strlen(d->name));
+    t->hash = cps__hash64(d->name, strlen(d->name));
     t->spec = d->spec;
     return cps__layout_tensor(t, &l->view);
 }

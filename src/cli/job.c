@@ -16,28 +16,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/port.h"
 #include "node/msg.h"
 #include "node/roles.h"
 #include "transport/auth.h"
 
 #define KILL_GRACE_MS 3000
-
-/* A port nobody listens on right now: bind port 0 on loopback, read it back, close. */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
 
 /* The job's secret: the user's (--secret-file, CHAINPS_SECRET_FILE), or a new one in a private
  * directory removed at the end, unless the job runs --insecure. */
@@ -96,7 +80,7 @@ int cps__job_init(cps_job *j, const cps_config *cfg, int data_given, int port, c
     }
     if (make_secret(j) != 0)
         return 1;
-    j->port = port ? port : free_port();
+    j->port = port ? port : cps__free_port();
     if (j->port <= 0) {
         fprintf(stderr, "chainps: no free port on 127.0.0.1\n");
         return 1;

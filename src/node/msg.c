@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <xxhash.h>
 
 #include "chainps/error.h"
 #include "core/codec.h"
@@ -109,14 +110,9 @@ void cps__rx_free(cps_rx *rx)
     rx->payload = NULL;
 }
 
-uint64_t cps__fnv1a(uint64_t h, const void *p, size_t n)
+uint64_t cps__hash64(const void *p, size_t n)
 {
-    const unsigned char *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 0x100000001b3ULL;
-    }
-    return h;
+    return XXH3_64bits(p, n);
 }
 
 uint64_t cps__splitmix64(uint64_t x)
@@ -129,7 +125,7 @@ uint64_t cps__splitmix64(uint64_t x)
 
 uint64_t cps__keyset_sig(const uint64_t *keys, const uint32_t *lens, uint32_t n)
 {
-    uint64_t h = cps__fnv1a(CPS_FNV_INIT, keys, (size_t)n * 8);
-    h = cps__fnv1a(h, lens, (size_t)n * 4);
+    /* The keys' hash seeds the lengths' hash: one pass over each array, no copy to join them. */
+    uint64_t h = XXH3_64bits_withSeed(lens, (size_t)n * 4, XXH3_64bits(keys, (size_t)n * 8));
     return h ? h : 1;
 }

@@ -41,9 +41,10 @@ typedef struct cps_rx {
 int cps__rx_parse(cps_rx *rx, void *buf, size_t len);
 void cps__rx_free(cps_rx *rx);
 
-/* FNV-1a 64 of bytes, continuing from h (start with CPS_FNV_INIT). */
-#define CPS_FNV_INIT 0xcbf29ce484222325ULL
-uint64_t cps__fnv1a(uint64_t h, const void *p, size_t n);
+/* XXH3-64 of bytes (Debian's libxxhash). It decides where a tensor's keys live (its name's
+ * hash) and names key sets, both of which a data directory keeps: changing the function is a
+ * change of the data directory's format (CPS_KEY_LAYOUT in server.c) and of the wire's. */
+uint64_t cps__hash64(const void *p, size_t n);
 uint64_t cps__splitmix64(uint64_t x);
 /* Signature of the key set of a sync push (its keys and lengths): the servers count each key
  * set's applied steps under it, and a restore writes those counts. Never 0 (0 means "not an

@@ -25,6 +25,10 @@
 /* Heartbeats pause once the loop has not turned for this long (or 4x the failure timeout, if
  * that is longer): far above any honest turn, and a wedged server is still failed over. */
 #define BEAT_STALL_LIMIT_MS 30000u
+/* Format of the keys a data directory holds, kept in its meta under "key_layout". 2: keys and
+ * key-set signatures from XXH3 (cps__hash64). 1, unmarked: FNV-1a, by builds before it; their
+ * keys for a tensor are not this build's, so such a directory is refused, not misread. */
+#define CPS_KEY_LAYOUT 2u
 
 void cps__server_reply_error(server *s, const cps_msg_hdr *req, int err, const char *fmt, ...)
 {
@@ -498,6 +502,52 @@ static int job_txn(cps_txn *txn, void *arg)
     return cps__store_meta_put(txn, "job_id", b, sizeof b);
 }
 
+typedef struct layout_io {
+    uint32_t stored; /* 0: no mark */
+    uint64_t keys;
+} layout_io;
+
+/* Mark an empty directory with this build's key layout, or report the mark it has. */
+static int layout_txn(cps_txn *txn, void *arg)
+{
+    layout_io *l = arg;
+    unsigned char b[4];
+    size_t len = sizeof b;
+    int rc = cps__store_meta_get(txn, "key_layout", b, &len);
+    if (rc == 0 && len == 4) {
+        l->stored = cps__le32_get(b);
+        return 0;
+    }
+    if (rc != 0 && rc != CPS_ENOTFOUND)
+        return rc;
+    if ((rc = cps__store_count(txn, &l->keys, NULL)) != 0 || l->keys)
+        return rc; /* keys but no mark: written by a build before the mark */
+    cps__le32_put(b, CPS_KEY_LAYOUT);
+    l->stored = CPS_KEY_LAYOUT;
+    return cps__store_meta_put(txn, "key_layout", b, sizeof b);
+}
+
+/* Returns 0 to go on, or CPS_EEXIST (logged) for a directory of another key layout. Run after
+ * every wipe too: --reset-data drops the meta with the keys. */
+static int check_layout(server *s)
+{
+    layout_io l = {0, 0};
+    int rc = cps__store_write(s->store, layout_txn, &l);
+    if (rc != 0)
+        return rc;
+    if (l.stored != CPS_KEY_LAYOUT) {
+        cps_log(
+            CPS_LOG_ERROR, "server",
+            "data directory %s holds %llu keys in key layout %u (1: FNV-1a, chainps before "
+            "XXH3), not %u: refusing it. To keep the parameters, export a checkpoint with "
+            "the build that wrote it (chainps checkpoint export) and restore it with this one; or "
+            "--reset-data to empty it",
+            s->cfg.data_dir, (unsigned long long)l.keys, l.stored ? l.stored : 1u, CPS_KEY_LAYOUT);
+        return CPS_EEXIST;
+    }
+    return 0;
+}
+
 /* A directory that holds another job's parameters is refused: joining would mix two models
  * (and two jobs' node ids). Returns 0 to go on, or CPS_EEXIST (logged). */
 static int check_job(server *s, uint64_t job)
@@ -599,6 +649,10 @@ int cps__server_run(const cps_config *cfg)
             return rc;
         }
         cps_log(CPS_LOG_INFO, "server", "emptied the store in %s (--reset-data)", cfg->data_dir);
+    }
+    if ((rc = check_layout(&s)) != 0) {
+        cps__store_close(s.store);
+        return rc;
     }
     meta_io prev = {0};
     cps__store_read(s.store, load_id, &prev);

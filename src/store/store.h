@@ -165,7 +165,7 @@ int cps__store_meta_put(cps_txn *txn, const char *name, const void *buf, size_t 
 int cps__store_blob_put(cps_txn *txn, const char *name, const void *buf, size_t len);
 int cps__store_blob_get(cps_txn *txn, const char *name, const void **buf, size_t *len);
 
-/* FNV-1a-64 over the parameter values (not optimizer state) of keys lo..hi, in key order, mixed
+/* XXH3-64 over the parameter values (not optimizer state) of keys lo..hi, in key order, mixed
  * with each key: equal on two replicas iff they hold the same bits. */
 int cps__store_checksum(cps_txn *txn, uint64_t lo, uint64_t hi, uint64_t *out);
 

@@ -155,7 +155,7 @@ static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_
     t->cols = cols;
     t->ndim = ndim;
     memcpy(t->dims, dims, ndim * sizeof *dims);
-    t->hash = cps__fnv1a(CPS_FNV_INIT, name, nlen);
+    t->hash = cps__hash64(name, nlen);
     t->spec = spec;
     rc = cps__layout_tensor(t, &c->view);
     if (rc == 0) {
@@ -385,7 +385,7 @@ static int raw_op(cps_client *c, int kind, const uint64_t *keys, size_t nkeys, c
         /* Raw keys have no per-tensor step; sync mode needs one, so use a per-client counter
          * the caller advances by pushing the same key set once per step. */
         if (kind == OP_PUSH || kind == OP_PUSH_PULL) {
-            uint64_t sig = cps__fnv1a(CPS_FNV_INIT, keys, nkeys * 8);
+            uint64_t sig = cps__hash64(keys, nkeys * 8);
             cps_tensor *t = NULL;
             char name[32];
             snprintf(name, sizeof name, "\x01raw%016llx", (unsigned long long)sig);

@@ -15,8 +15,10 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "chainps/chainps.h"
+#include "flags.h"
 
 static uint64_t rng_state;
 static double uniform(void)
@@ -25,14 +27,10 @@ static double uniform(void)
     return (double)(rng_state >> 11) / 9007199254740992.0;
 }
 
-/* FNV-1a 64 over the floats' bytes (tests compare it with a checkpoint's tensor). */
-static uint64_t fnv_floats(const float *v, int n)
+/* XXH3-64 over the floats' bytes (tests compare it with a checkpoint's tensor). */
+static uint64_t hash_floats(const float *v, int n)
 {
-    uint64_t h = 0xcbf29ce484222325ULL;
-    const unsigned char *b = (const unsigned char *)v;
-    for (size_t k = 0; k < (size_t)n * sizeof(float); k++)
-        h = (h ^ b[k]) * 0x100000001b3ULL;
-    return h;
+    return XXH3_64bits(v, (size_t)n * sizeof(float));
 }
 
 int main(int argc, char **argv)
@@ -40,30 +38,18 @@ int main(int argc, char **argv)
     int dim = 16, samples = 512, steps = 300;
     double lr = 0.1, tol = 1e-3;
     int short_rank = -1, slow_rank = -1, adam = 0, step_ms = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--dim") && i + 1 < argc)
-            dim = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--samples") && i + 1 < argc)
-            samples = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--steps") && i + 1 < argc)
-            steps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--lr") && i + 1 < argc)
-            lr = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--tol") && i + 1 < argc)
-            tol = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--adam"))
-            adam = 1;
-        else if (!strcmp(argv[i], "--step-ms") && i + 1 < argc)
-            step_ms = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--slow-rank") && i + 1 < argc)
-            slow_rank = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--short-rank") && i + 1 < argc)
-            short_rank = atoi(argv[++i]);
-        else {
-            fprintf(stderr, "lsq_worker: unknown argument %s\n", argv[i]);
-            return 2;
-        }
-    }
+    const tc_flag flags[] = {{"--dim", TC_INT, &dim},
+                             {"--samples", TC_INT, &samples},
+                             {"--steps", TC_INT, &steps},
+                             {"--lr", TC_DOUBLE, &lr},
+                             {"--tol", TC_DOUBLE, &tol},
+                             {"--adam", TC_SWITCH, &adam},
+                             {"--step-ms", TC_INT, &step_ms},
+                             {"--slow-rank", TC_INT, &slow_rank},
+                             {"--short-rank", TC_INT, &short_rank},
+                             {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0)
+        return 2;
     cps_client *c;
     int rc = cps_open(&c);
     if (rc != 0) {
@@ -105,7 +91,7 @@ int main(int argc, char **argv)
     int first = rc == 0 ? (int)cps_tensor_step(t) : 0;
     if (first)
         printf("resuming at step %d, values checksum %016llx\n", first,
-               (unsigned long long)fnv_floats(w, dim));
+               (unsigned long long)hash_floats(w, dim));
     if (slow_rank >= 0 && rank != slow_rank)
         step_ms = 0;
     struct timespec t0, t1;
@@ -141,7 +127,7 @@ int main(int argc, char **argv)
         if (e > err)
             err = e;
     }
-    uint64_t h = fnv_floats(w, dim);
+    uint64_t h = hash_floats(w, dim);
     if (rc != 0)
         fprintf(stderr, "lsq_worker: training failed: %s\n", cps_strerror(rc));
     else

@@ -25,7 +25,7 @@
 
 #include "core/view.h"
 #include "core/wire.h"
-#include "harness.h"
+#include "cluster.h"
 #include "node/msg.h"
 #include "transport/auth.h"
 #include "transport/transport.h"
@@ -120,7 +120,7 @@ static void outsiders_change_nothing(void **state)
     assert_int_equal(cps__auth_load_file(wrong, wrong_key, err, sizeof err), 0);
 
     /* 1. The reference run, exported at step 20 by a tool that has the job's secret. */
-    int port = h_free_port();
+    int port = cps__free_port();
     snprintf(sched, sizeof sched, "127.0.0.1:%d", port);
     pid_t ref = launch("reference", port);
     assert_true(h_wait_log(ref, "tensor lsq/w registered", 1, WAIT_MS));
@@ -135,7 +135,7 @@ static void outsiders_change_nothing(void **state)
     assert_int_equal(final_checksum(ref, want), 0);
 
     /* 2. The same job, attacked while it trains. */
-    port = h_free_port();
+    port = cps__free_port();
     snprintf(sched, sizeof sched, "127.0.0.1:%d", port);
     pid_t run = launch("attacked", port);
     assert_true(h_wait_log(run, "tensor lsq/w registered", 1, WAIT_MS));
@@ -219,7 +219,7 @@ static void no_secret_no_job(void **state)
     assert_int_equal(h_run("sched-none", (char *const *)sched, unset, 10000, &pid), 2);
     assert_true(h_log_count(pid, "no job secret: give --secret-file FILE") > 0);
     /* A launch without any secret makes one; with --insecure it makes none and warns. */
-    int port = h_free_port();
+    int port = cps__free_port();
     char port_s[16];
     snprintf(port_s, sizeof port_s, "%d", port);
     const char *ins[] = {CHAINPS_BIN, "launch",  "--servers",  "1",         "--workers", "1",
@@ -236,25 +236,11 @@ static void no_secret_no_job(void **state)
     assert_true(h_log_count(pid, "running without a job secret") > 0);
 }
 
-static int teardown(void **state)
-{
-    (void)state;
-    return h_test_end() == 0 ? 0 : -1;
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    h_test_begin("auth");
-    h_watchdog(280);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(outsiders_change_nothing, setup, teardown),
-        cmocka_unit_test_setup_teardown(no_secret_no_job, setup, teardown),
+        H_TEST(outsiders_change_nothing, "auth", 280),
+        H_TEST(no_secret_no_job, "auth", 280),
     };
     if (getenv("CPS_TEST_FILTER"))
         cmocka_set_test_filter(getenv("CPS_TEST_FILTER"));

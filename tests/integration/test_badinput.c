@@ -25,7 +25,7 @@
 #include "chainps/chainps.h"
 #include "core/view.h"
 #include "core/wire.h"
-#include "harness.h"
+#include "cluster.h"
 #include "node/msg.h"
 #include "transport/transport.h"
 
@@ -511,14 +511,6 @@ static void test_cli(void **state)
     free(out);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    h_test_begin("badinput");
-    h_watchdog(60);
-    return 0;
-}
-
 static int teardown(void **state)
 {
     (void)state;
@@ -533,8 +525,10 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_bad_messages, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_cli, setup, teardown),
+        cmocka_unit_test_prestate_setup_teardown(test_bad_messages, h_setup, teardown,
+                                                 (&(h_fixture){"badinput", 60})),
+        cmocka_unit_test_prestate_setup_teardown(test_cli, h_setup, teardown,
+                                                 (&(h_fixture){"badinput", 60})),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

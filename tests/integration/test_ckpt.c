@@ -16,11 +16,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <xxhash.h>
 
 #include <cmocka.h>
 
 #include "checkpoint/ckpt.h"
-#include "harness.h"
+#include "cluster.h"
 
 #define DIM     "40000" /* three chunks: every range holds a piece */
 #define STEPS   "80"
@@ -158,7 +159,7 @@ static void export_restore_resume_bitwise(void **state)
     assert_int_equal(final_checksum(ref, want), 0);
 
     /* 2. The same job, slowed down, exported while it trains. */
-    int port = h_free_port();
+    int port = cps__free_port();
     char port_s[16];
     snprintf(port_s, sizeof port_s, "%d", port);
     snprintf(sched, sizeof sched, "127.0.0.1:%d", port);
@@ -230,7 +231,8 @@ static void export_restore_resume_bitwise(void **state)
     assert_string_equal(got, want);
 
     /* 5. Debian's python reads the export: its lsq/w bytes are the values the restored cluster
-     * handed the workers (the FNV-1a they logged at resume). */
+     * handed the workers (the XXH3-64 they logged at resume; libxxhash through ctypes,
+     * so the test needs no Python binding of it). */
     char *rlog = h_read_log(res);
     const char *cs = strstr(rlog, "values checksum ");
     assert_non_null(cs);
@@ -245,9 +247,9 @@ static void export_restore_resume_bitwise(void **state)
              "d=f.read(); e=h['lsq/w']; b,end=e['data_offsets']\n"
              "a=np.frombuffer(d[b:end],dtype='<f4'); assert a.shape==(40000,)\n"
              "assert e['dtype']=='F32' and h['__metadata__']['step']=='%llu'\n"
-             "x=0xcbf29ce484222325\n"
-             "for c in a.tobytes(): x=((x^c)*0x100000001b3)&0xffffffffffffffff\n"
-             "print('%%016x'%%x)\n",
+             "import ctypes\n"
+             "x=ctypes.CDLL('libxxhash.so.0'); x.XXH3_64bits.restype=ctypes.c_uint64\n"
+             "b=a.tobytes(); print('%%016x'%%x.XXH3_64bits(b,ctypes.c_size_t(len(b))))\n",
              ckdir, step);
     const char *py[] = {"/usr/bin/python3", "-c", script, NULL};
     pid_t py_pid;
@@ -376,14 +378,6 @@ static void async_export_by_the_clock(void **state)
     assert_int_equal(h_log_count(ip, "cut/seq/1: "), 1);
 }
 
-static int setup_async(void **state)
-{
-    (void)state;
-    h_test_begin("ckpt-async");
-    h_watchdog(150);
-    return 0;
-}
-
 /* A safetensors file written elsewhere (no optimizer description, no chainps metadata but the
  * step) initialises a job: the workers start from its values at its step. */
 static void initialise_from_a_foreign_file(void **state)
@@ -392,12 +386,9 @@ static void initialise_from_a_foreign_file(void **state)
     char path[700];
     snprintf(path, sizeof path, "%s/pretrained.safetensors", h_dir());
     static float v[40000];
-    uint64_t h = 0xcbf29ce484222325ULL;
     for (size_t i = 0; i < 40000; i++)
         v[i] = (float)((int)(i % 13) - 6) * 0.125f;
-    const unsigned char *b = (const unsigned char *)v;
-    for (size_t k = 0; k < sizeof v; k++)
-        h = (h ^ b[k]) * 0x100000001b3ULL;
+    uint64_t h = XXH3_64bits(v, sizeof v); /* what lsq_worker logs of the values it resumes at */
     uint64_t shape[1] = {40000};
     cps_ckpt_writer *w;
     assert_int_equal(cps__ckpt_writer_open(path, 0, &w), 0);
@@ -437,19 +428,11 @@ static void initialise_from_a_foreign_file(void **state)
     assert_int_equal(h_log_count(run, "final: rank 0"), 1);
 }
 
-static int setup_foreign(void **state)
-{
-    (void)state;
-    h_test_begin("ckpt-foreign");
-    h_watchdog(120);
-    return 0;
-}
-
 /* A tail killed while an export waits for its step: the exporter asks the new tail. */
 static void export_rides_through_a_failover(void **state)
 {
     (void)state;
-    int port = h_free_port();
+    int port = cps__free_port();
     char port_s[16], sched[64], out[700];
     snprintf(port_s, sizeof port_s, "%d", port);
     snprintf(sched, sizeof sched, "127.0.0.1:%d", port);
@@ -496,46 +479,15 @@ static void export_rides_through_a_failover(void **state)
     assert_int_equal(h_log_count(run, "SIGKILL server 0"), 1);
 }
 
-static int setup_failover(void **state)
-{
-    (void)state;
-    h_test_begin("ckpt-failover");
-    h_watchdog(150);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    return h_test_end() == 0 ? 0 : -1;
-}
-
-static int setup_export(void **state)
-{
-    (void)state;
-    h_test_begin("ckpt-export");
-    h_watchdog(300);
-    return 0;
-}
-
-static int setup_periodic(void **state)
-{
-    (void)state;
-    h_test_begin("ckpt-periodic");
-    h_watchdog(150);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(export_restore_resume_bitwise, setup_export, teardown),
-        cmocka_unit_test_setup_teardown(periodic_checkpoints_keep_the_newest, setup_periodic,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(async_export_by_the_clock, setup_async, teardown),
-        cmocka_unit_test_setup_teardown(sync_export_with_empty_ranges, setup_periodic, teardown),
-        cmocka_unit_test_setup_teardown(initialise_from_a_foreign_file, setup_foreign, teardown),
-        cmocka_unit_test_setup_teardown(export_rides_through_a_failover, setup_failover, teardown),
+        H_TEST(export_restore_resume_bitwise, "ckpt-export", 300),
+        H_TEST(periodic_checkpoints_keep_the_newest, "ckpt-periodic", 150),
+        H_TEST(async_export_by_the_clock, "ckpt-async", 150),
+        H_TEST(sync_export_with_empty_ranges, "ckpt-periodic", 150),
+        H_TEST(initialise_from_a_foreign_file, "ckpt-foreign", 120),
+        H_TEST(export_rides_through_a_failover, "ckpt-failover", 150),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,7 +2,8 @@
  * naming the directory and the holder's pid; servers started from one working directory with no
  * --data take directories of their own; and ps-lite's local.sh layout (every process in one
  * directory, DMLC_* variables only) passes a port of ps-lite's test_kv_app check exactly, in
- * the mode ps-lite users expect (each push applied as it arrives). */
+ * the mode ps-lite users expect (each push applied as it arrives). A directory records its job
+ * and its key layout: another job's, or one from before XXH3 placed the keys, is refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,7 +16,8 @@
 
 #include <cmocka.h>
 
-#include "harness.h"
+#include "cluster.h"
+#include "store/store.h"
 
 #define JOB_MS 60000
 
@@ -53,12 +55,12 @@ static void second_server_on_a_held_directory_is_refused(void **state)
     snprintf(sdata, sizeof sdata, "%s/sched-data", h_dir());
     mkdir(sdata, 0755);
     char port[16];
-    snprintf(port, sizeof port, "%d", h_free_port());
+    snprintf(port, sizeof port, "%d", cps__free_port());
     char *s1_argv[] = {CHAINPS_BIN, "scheduler", "--servers", "1",      "--workers", "1", "--port",
                        port,        "--bind",    H_HOST,      "--data", sdata,       NULL};
     pid_t s1 = h_spawn("sched-1", s1_argv, NULL, h_dir());
     assert_true(h_wait_log(s1, "listening on", 1, JOB_MS));
-    snprintf(port, sizeof port, "%d", h_free_port());
+    snprintf(port, sizeof port, "%d", cps__free_port());
     pid_t s2 = h_spawn("sched-2", s1_argv, NULL, h_dir());
     assert_true(h_wait_exit(s2, 20000, NULL));
     assert_int_not_equal(h_exit_code(s2), 0);
@@ -175,6 +177,12 @@ static pid_t small_job(const char *tag, const char *data, char *flag, pid_t *wor
     return s;
 }
 
+static int drop_layout_mark(cps_txn *txn, void *arg)
+{
+    (void)arg;
+    return cps__store_meta_del(txn, "key_layout");
+}
+
 /* A server's directory records its job: another job is refused it (the first job's parameters
  * would be mixed into the second), unless told to empty it. */
 static void another_jobs_directory_is_refused(void **state)
@@ -205,6 +213,17 @@ static void another_jobs_directory_is_refused(void **state)
     assert_true(h_wait_exit(s, 20000, NULL));
     assert_int_equal(h_exit_code(s), 0);
     assert_int_equal(h_log_count(s, "emptied the store"), 1);
+    /* A directory of a build before XXH3 (keys, no key-layout mark) is refused, not misread:
+     * its tensors' keys are not where this build looks for them. */
+    cps_store *st;
+    assert_int_equal(cps__store_open(data, NULL, &st), 0);
+    assert_int_equal(cps__store_write(st, drop_layout_mark, NULL), 0);
+    cps__store_close(st);
+    s = small_job("job-d", data, NULL, &w);
+    assert_true(h_wait_exit(s, JOB_MS, NULL));
+    assert_int_not_equal(h_exit_code(s), 0);
+    assert_int_equal(h_log_count(s, "keys in key layout 1 (1: FNV-1a"), 1);
+    h_kill(w, 1000);
     assert_int_equal(h_test_end(), 0);
 }
 

@@ -24,7 +24,7 @@
 #include <cmocka.h>
 
 #include "chainps/chainps.h"
-#include "harness.h"
+#include "cluster.h"
 
 /* The store starts with a 64 MiB map, reserved on disk at once. This model is 48 MB of values,
  * one 16 MB record per range (3 ranges); the declaration fits, but the first training step
@@ -41,25 +41,9 @@
 static h_cluster C;
 static char mnt[700];
 
-static void become_worker(const h_cluster *c, int servers)
-{
-    h_become_worker(c->sched_addr, servers, 1);
-}
-
-/* Dyadic gradients with few significant bits: lr * g is exact in float, so the server's
- * p -= lr * g and ours give the same bits whatever the instruction selection. */
-static float grad_at(size_t i, int step)
-{
-    return (float)((int)((i * 7 + (size_t)step * 3) % 9) - 4) * 0.0625f;
-}
-
 static void push_step(cps_client *c, cps_tensor *t, float *g, float *expect, int step)
 {
-    for (size_t i = 0; i < LEN; i++) {
-        g[i] = grad_at(i, step);
-        expect[i] -= LR * g[i];
-    }
-    assert_int_equal(cps_push(c, t, g, LEN), 0);
+    assert_int_equal(h_push_dyadic(c, t, g, expect, LEN, LR, step), 0);
 }
 
 static void pull_and_compare(cps_client *c, cps_tensor *t, float *got, const float *expect)
@@ -83,7 +67,7 @@ static void test_disk_fills_during_training(void **state)
     C.nservers = 3;
     for (int i = 0; i < 3; i++)
         assert_true(h_start_server(&C, i) > 0);
-    become_worker(&C, 3);
+    h_become_worker(C.sched_addr, 3, 1);
     cps_client *c = NULL;
     assert_int_equal(cps_open(&c), 0);
 
@@ -146,14 +130,6 @@ static void test_disk_fills_during_training(void **state)
     }
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    h_test_begin("diskfull");
-    h_watchdog(240);
-    return 0;
-}
-
 static int teardown(void **state)
 {
     (void)state;
@@ -193,7 +169,8 @@ int main(void)
     if (!can_mount())
         return 77;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_disk_fills_during_training, setup, teardown),
+        cmocka_unit_test_prestate_setup_teardown(test_disk_fills_during_training, h_setup, teardown,
+                                                 (&(h_fixture){"diskfull", 240})),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "harness.h"
+#include "cluster.h"
 
 #define JOB_MS 60000
 
@@ -127,27 +127,13 @@ static void test_join_timeout(void **state)
     assert_true(h_exit_code(w) != 0);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    h_test_begin("env");
-    h_watchdog(60);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    return h_test_end();
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_pslite_vars, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_mindspore_vars, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_conflicting_role, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_join_timeout, setup, teardown),
+        H_TEST(test_pslite_vars, "env", 60),
+        H_TEST(test_mindspore_vars, "env", 60),
+        H_TEST(test_conflicting_role, "env", 60),
+        H_TEST(test_join_timeout, "env", 60),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -36,7 +36,7 @@
 #include "core/log.h"
 #include "core/view.h"
 #include "core/wire.h"
-#include "harness.h"
+#include "cluster.h"
 #include "node/msg.h"
 #include "transport/transport.h"
 
@@ -690,26 +690,12 @@ static void paused_head_during_training(void **state)
     assert_string_equal(got, want);
 }
 
-static int teardown(void **state)
-{
-    (void)state;
-    return h_test_end() == 0 ? 0 : -1;
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    h_test_begin("epoch");
-    h_watchdog(280);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(reply_of_another_epoch_is_not_taken, setup, teardown),
-        cmocka_unit_test_setup_teardown(paused_head_answers_nothing_queued, setup, teardown),
-        cmocka_unit_test_setup_teardown(paused_head_during_training, setup, teardown),
+        H_TEST(reply_of_another_epoch_is_not_taken, "epoch", 280),
+        H_TEST(paused_head_answers_nothing_queued, "epoch", 280),
+        H_TEST(paused_head_during_training, "epoch", 280),
     };
     if (getenv("CPS_TEST_FILTER"))
         cmocka_set_test_filter(getenv("CPS_TEST_FILTER"));

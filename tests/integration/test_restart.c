@@ -17,7 +17,7 @@
 #include <pthread.h>
 
 #include "chainps/chainps.h"
-#include "harness.h"
+#include "cluster.h"
 
 /* More than one chunk (16384 values): the tensor lives on both servers. */
 #define LEN     40000
@@ -26,25 +26,9 @@
 
 static h_cluster C;
 
-static void become_worker(const h_cluster *c, int servers)
-{
-    h_become_worker(c->sched_addr, servers, 1);
-}
-
-/* Dyadic gradients with few significant bits: lr * g is exact in float, so the server's
- * p -= lr * g and ours give the same bits whatever the instruction selection. */
-static float grad_at(size_t i, int step)
-{
-    return (float)((int)((i * 7 + (size_t)step * 3) % 9) - 4) * 0.0625f;
-}
-
 static void push_step(cps_client *c, cps_tensor *t, float *g, float *expect, int step)
 {
-    for (size_t i = 0; i < LEN; i++) {
-        g[i] = grad_at(i, step);
-        expect[i] -= LR * g[i];
-    }
-    assert_int_equal(cps_push(c, t, g, LEN), 0);
+    assert_int_equal(h_push_dyadic(c, t, g, expect, LEN, LR, step), 0);
 }
 
 /* The job ends when the only worker leaves; every node must exit cleanly. */
@@ -63,7 +47,7 @@ static void test_kill_restart_server(void **state)
 {
     (void)state;
     assert_int_equal(h_start_cluster(&C, 2, 1, "sync"), 0);
-    become_worker(&C, 2);
+    h_become_worker(C.sched_addr, 2, 1);
     cps_client *c = NULL;
     assert_int_equal(cps_open(&c), 0);
     assert_int_equal(cps_num_servers(c), 2);
@@ -133,7 +117,7 @@ static void *open_client(void *arg)
 static int ssp_step(cps_client *c, cps_tensor *t, float *g, float *w, int step, int ms)
 {
     for (size_t i = 0; i < LEN; i++)
-        g[i] = grad_at(i, step) * 0.001f;
+        g[i] = h_dyadic_grad(i, step) * 0.001f;
     cps_handle *h = NULL;
     int rc = cps_push_pull_async(c, t, g, w, LEN, &h);
     return rc ? rc : cps_wait(h, ms);
@@ -230,7 +214,7 @@ static void test_ssp_clocks_survive_restart_sole_replica(void **state)
 static void check_refusals(const char *mode)
 {
     assert_int_equal(h_start_cluster(&C, 2, 1, mode), 0);
-    become_worker(&C, 2);
+    h_become_worker(C.sched_addr, 2, 1);
     cps_client *c = NULL;
     assert_int_equal(cps_open(&c), 0);
 
@@ -301,29 +285,14 @@ static void test_refusals_async(void **state)
     check_refusals("async");
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    h_test_begin("restart");
-    h_watchdog(60);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    return h_test_end();
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_kill_restart_server, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_ssp_clocks_survive_restart, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_ssp_clocks_survive_restart_sole_replica, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(test_refusals_sync, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_refusals_async, setup, teardown),
+        H_TEST(test_kill_restart_server, "restart", 60),
+        H_TEST(test_ssp_clocks_survive_restart, "restart", 60),
+        H_TEST(test_ssp_clocks_survive_restart_sole_replica, "restart", 60),
+        H_TEST(test_refusals_sync, "restart", 60),
+        H_TEST(test_refusals_async, "restart", 60),
     };
     if (getenv("CPS_TEST_FILTER"))
         cmocka_set_test_filter(getenv("CPS_TEST_FILTER"));

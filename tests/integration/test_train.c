@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "harness.h"
+#include "cluster.h"
 
 #define JOB_TIMEOUT_MS 60000
 
@@ -291,33 +291,17 @@ static void test_ssp_worker_replaced(void **state)
     assert_int_equal(h_log_count(w2, "final: rank 1"), 1);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    h_test_begin("train");
-    h_watchdog(60);
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    return h_test_end();
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_sync_deterministic, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_async, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_ssp, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_separate_processes, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_ssp_worker_replaced, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_sync_replacement_after_the_others_finished, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(test_ssp_replacement_after_the_others_finished, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(test_ssp_bound_holds_push_pull, setup, teardown),
+        H_TEST(test_sync_deterministic, "train", 60),
+        H_TEST(test_async, "train", 60),
+        H_TEST(test_ssp, "train", 60),
+        H_TEST(test_separate_processes, "train", 60),
+        H_TEST(test_ssp_worker_replaced, "train", 60),
+        H_TEST(test_sync_replacement_after_the_others_finished, "train", 60),
+        H_TEST(test_ssp_replacement_after_the_others_finished, "train", 60),
+        H_TEST(test_ssp_bound_holds_push_pull, "train", 60),
     };
     if (getenv("CPS_TEST_FILTER"))
         cmocka_set_test_filter(getenv("CPS_TEST_FILTER"));

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "sim.h"
 
@@ -22,28 +23,18 @@
 
 /* ---- the store ---- */
 
-static uint64_t fnv(uint64_t h, const void *p, size_t n)
-{
-    const uint8_t *b = p;
-    for (size_t i = 0; i < n; i++) {
-        h ^= b[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 /* Hash of what an update changes: kind, step, signature, requests and body. */
 static uint64_t upd_hash(const cps_chain_update *u)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
+    /* Each part seeded with the hash of those before it: one hash of the update, in order. */
     uint64_t hdr[4] = {u->kind, u->step, u->sig, u->nreqs};
-    h = fnv(h, hdr, sizeof hdr);
+    uint64_t h = XXH3_64bits(hdr, sizeof hdr);
     for (uint32_t i = 0; i < u->nreqs; i++) {
         uint64_t q[3] = {u->reqs[i].worker, (uint64_t)u->reqs[i].type << 8 | u->reqs[i].noagg,
                          u->reqs[i].req_seq};
-        h = fnv(h, q, sizeof q);
+        h = XXH3_64bits_withSeed(q, sizeof q, h);
     }
-    return fnv(h, u->body, u->body_len);
+    return XXH3_64bits_withSeed(u->body, u->body_len, h);
 }
 
 static uint64_t set_hash(uint32_t id, uint64_t req_seq)

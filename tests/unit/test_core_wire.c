@@ -87,7 +87,8 @@ static void hdr_bad_fields(void **state)
     assert_int_equal(decode_mutated(0, 'X', 80), CPS_EPROTO); /* magic */
     assert_int_equal(decode_mutated(3, 0x32, 80), CPS_EPROTO);
     assert_int_equal(decode_mutated(4, 0, 80), CPS_EPROTO); /* version */
-    assert_int_equal(decode_mutated(4, 2, 80), CPS_EPROTO);
+    assert_int_equal(decode_mutated(4, 1, 80), CPS_EPROTO); /* FNV-1a key layout */
+    assert_int_equal(decode_mutated(4, CPS_WIRE_VERSION + 1, 80), CPS_EPROTO);
     /* every flag bit is either known (accepted) or refused */
     for (int bit = 0; bit < 16; bit++) {
         cps_msg_hdr h = sample_hdr(), g;

@@ -14,6 +14,7 @@
 
 #include "chainps/error.h"
 #include "core/log.h"
+#include "core/port.h"
 #include "transport/transport.h"
 
 /* Every transport here runs keyed, as a real job does (test_transport_auth.c tests the MAC). */
@@ -276,20 +277,11 @@ static void unknown_peer(void **state)
     cps__tp_destroy(a);
 }
 
-/* A port nobody listens on right now (bound once, then released). */
-static uint16_t free_port(void)
-{
-    uint16_t port;
-    cps_tp *t = bound(&port);
-    cps__tp_destroy(t);
-    return port;
-}
-
 static void send_before_peer_binds(void **state)
 {
     (void)state;
     cps_tp *a = bound(NULL);
-    uint16_t port = free_port();
+    uint16_t port = (uint16_t)cps__free_port();
     char url[64];
     url_of(url, sizeof url, port);
     assert_int_equal(cps__tp_peer_set(a, 9, url), 0);
@@ -353,8 +345,8 @@ static void repoint_drops_queue_same_url_keeps_it(void **state)
     (void)state;
     cps_tp *a = bound(NULL);
     char u1[64], u2[64];
-    url_of(u1, sizeof u1, free_port());
-    url_of(u2, sizeof u2, free_port());
+    url_of(u1, sizeof u1, (uint16_t)cps__free_port());
+    url_of(u2, sizeof u2, (uint16_t)cps__free_port());
     assert_int_equal(cps__tp_peer_set(a, 3, u1), 0);
     assert_int_equal(cps__tp_send(a, 3, cps__tp_alloc(10), 10), 0);
     assert_int_equal(cps__tp_queued(a), 1);
@@ -373,7 +365,7 @@ static void queue_limit(void **state)
     (void)state;
     cps_tp *a = bound(NULL);
     char url[64];
-    url_of(url, sizeof url, free_port());
+    url_of(url, sizeof url, (uint16_t)cps__free_port());
     assert_int_equal(cps__tp_peer_set(a, 5, url), 0);
     size_t n = 0;
     int rc;
@@ -470,7 +462,7 @@ static void destroy_with_queued(void **state)
     (void)state;
     cps_tp *a = bound(NULL);
     char url[64];
-    url_of(url, sizeof url, free_port());
+    url_of(url, sizeof url, (uint16_t)cps__free_port());
     assert_int_equal(cps__tp_peer_set(a, 1, url), 0);
     assert_int_equal(cps__tp_peer_set(a, 2, url), 0);
     for (int i = 0; i < 10; i++) {

@@ -1,5 +1,6 @@
-/* Multi-process test harness: start real chainps processes on 127.0.0.1, watch their logs, and
- * end every one of them by its PID, even when an assertion fails half-way through a test.
+/* Multi-process test harness (library cps_testcluster, used by tests/integration): bring up
+ * clusters of real chainps processes on 127.0.0.1, watch their logs, and end every one of them
+ * by its PID, even when an assertion fails half-way through a test.
  *
  * Each spawned process runs in its own process group (so `chainps launch` and its children die
  * together), with stdout and stderr appended to <test dir>/<name>.log. Every PID is kept in a
@@ -12,12 +13,15 @@
  *
  * Not thread-safe: call from the test's main thread only.
  */
-#ifndef CPS_TESTS_HARNESS_H
-#define CPS_TESTS_HARNESS_H
+#ifndef CPS_TESTS_COMMON_CLUSTER_H
+#define CPS_TESTS_COMMON_CLUSTER_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "chainps/chainps.h"
+#include "core/port.h" /* cps__free_port: the ports tests give their processes */
 
 /* Every address a test uses. */
 #define H_HOST "127.0.0.1"
@@ -33,6 +37,19 @@ void h_watchdog(unsigned seconds);
  * stderr; the dir is then kept): child processes under ASan/UBSan must fail the test too, and
  * one killed by the harness never gets to exit non-zero. Safe to call twice. */
 int h_test_end(void);
+/* The cmocka fixtures of a test that runs a cluster, so each test program does not write them
+ * again: H_TEST(fn, "name", seconds) in the CMUnitTest table runs fn between h_setup
+ * (h_test_begin(name), h_watchdog(seconds)) and h_teardown (h_test_end(); a sanitizer report
+ * fails the test). The test's `state` points to its h_fixture. */
+typedef struct h_fixture {
+    const char *name;
+    unsigned watchdog_s;
+} h_fixture;
+int h_setup(void **state);
+int h_teardown(void **state);
+#define H_TEST(fn, name, seconds)                                                                  \
+    cmocka_unit_test_prestate_setup_teardown(fn, h_setup, h_teardown,                              \
+                                             (&(h_fixture){(name), (seconds)}))
 /* Keep the test dir (logs) at h_test_end; also printed to stderr. */
 void h_test_keep(void);
 /* The current test dir. */
@@ -84,15 +101,21 @@ int h_run(const char *name, char *const argv[], char *const env[], int timeout_m
  * (CHAINPS_, DMLC_ and MS_) a job script may have left. */
 void h_become_worker(const char *sched_addr, int servers, int workers);
 
+/* Gradient element i of `step` for tests that check parameters bit for bit: dyadic values with
+ * few significant bits, so lr * g is exact in float and the server's p -= lr * g gives the
+ * test's bits whatever the instruction selection. */
+float h_dyadic_grad(size_t i, int step);
+/* One such step: fills g[0..len) with h_dyadic_grad(i, step), applies SGD with `lr` to
+ * expect[] as the servers will, and pushes g. Returns cps_push's code. */
+int h_push_dyadic(cps_client *c, cps_tensor *t, float *g, float *expect, size_t len, float lr,
+                  int step);
+
 /* A TCP connection to 127.0.0.1:port (aborts the test on failure). */
 int h_tcp_connect(int port);
 /* What an attacker writes by hand: nanomsg's SP handshake for a PUSH socket, then one frame whose
  * 8-byte length says `claimed` while `len` (<= 240) bytes of `msg` follow, on a fresh
  * connection; waits for the peer's handshake so the frame is read before the close. */
 void h_sp_send(int port, const void *msg, size_t len, uint64_t claimed);
-
-/* A TCP port on 127.0.0.1 that nobody listens on right now (bind port 0, read it, close). */
-int h_free_port(void);
 
 /* Milliseconds on a monotonic clock. */
 uint64_t h_now_ms(void);

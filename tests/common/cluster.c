@@ -1,5 +1,5 @@
-/* Multi-process test harness (see harness.h). */
-#include "harness.h"
+/* Multi-process test harness (see cluster.h). */
+#include "cluster.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -205,6 +205,35 @@ static int sanitizer_report(const proc *p)
         fprintf(stderr, "harness: sanitizer report in %s:\n%s\n", p->log, log);
     free(log);
     return found;
+}
+
+float h_dyadic_grad(size_t i, int step)
+{
+    return (float)((int)((i * 7 + (size_t)step * 3) % 9) - 4) * 0.0625f;
+}
+
+int h_push_dyadic(cps_client *c, cps_tensor *t, float *g, float *expect, size_t len, float lr,
+                  int step)
+{
+    for (size_t i = 0; i < len; i++) {
+        g[i] = h_dyadic_grad(i, step);
+        expect[i] -= lr * g[i];
+    }
+    return cps_push(c, t, g, len);
+}
+
+int h_setup(void **state)
+{
+    const h_fixture *f = *state;
+    h_test_begin(f->name);
+    h_watchdog(f->watchdog_s);
+    return 0;
+}
+
+int h_teardown(void **state)
+{
+    (void)state;
+    return h_test_end() == 0 ? 0 : -1;
 }
 
 int h_test_end(void)
@@ -484,7 +513,7 @@ int h_start_role_job(const char *tag, const char *role_var, const char *const ro
                      int timeout_ms, pid_t pids[5])
 {
     char port[64];
-    snprintf(port, sizeof port, "%s=%d", port_var, h_free_port());
+    snprintf(port, sizeof port, "%s=%d", port_var, cps__free_port());
     for (int i = 0; i < 5; i++) {
         char name[128], role[64], cwd[700];
         snprintf(name, sizeof name, "%s-%d-%s", tag, i, roles[i]);
@@ -511,24 +540,6 @@ int h_start_role_job(const char *tag, const char *role_var, const char *const ro
     return 0;
 }
 
-int h_free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
-
 /* ---- cluster ---- */
 
 int h_start_scheduler(h_cluster *c, int servers, int workers, const char *mode,
@@ -545,7 +556,7 @@ int h_start_scheduler_env(h_cluster *c, int servers, int workers, const char *mo
     snprintf(wk, sizeof wk, "%d", workers);
     /* A port found free can be taken before the scheduler binds it: try again then. */
     for (int attempt = 0; attempt < 5; attempt++) {
-        c->port = h_free_port();
+        c->port = cps__free_port();
         if (c->port <= 0)
             continue;
         snprintf(port, sizeof port, "%d", c->port);
