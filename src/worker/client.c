@@ -274,7 +274,7 @@ static int op_start(cps_client *c, cps_op *op)
          * set (see cps_reqs_add_ordered): ordered by a hash of the part's keys. */
         uint64_t order = 0;
         if (c->view.mode == CPS_MODE_SYNC && !op->noagg && space == 0 && op->parts[i].nkeys)
-            order = cps__fnv1a(CPS_FNV_INIT, op->parts[i].keys, op->parts[i].nkeys * 8) | 1;
+            order = cps__hash64(op->parts[i].keys, op->parts[i].nkeys * 8) | 1;
         int rc = cps_reqs_add_ordered(c->rq, &c->view, op, i, type, range, space | (*last + 1),
                                       order, cps__now_ms());
         if (rc != 0) {
