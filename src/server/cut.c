@@ -34,6 +34,7 @@
 #include "core/log.h"
 #include "node/roles.h"
 #include "optim/optim.h"
+#include "entries.h"
 #include "server.h"
 
 #define CUT_PENDING_MS (10 * 60 * 1000) /* how long a cut may wait for its step */
@@ -62,11 +63,6 @@ typedef struct cut_job {
     unsigned char key[32]; /* the job's, for the thread's own transport */
     int keyed;
 } cut_job;
-
-static size_t pad8(size_t n)
-{
-    return (n + 7) & ~(size_t)7;
-}
 
 /* ---- the steps of a range's sync key sets ---- */
 

@@ -54,6 +54,10 @@ typedef struct server {
     /* CHAIN_ACKs held back for a moment before they are sent (replication/ackhold.h). */
     cps_ackhold *acks;
     cps_heartbeat *beat; /* the heartbeat thread (node/heartbeat.c) */
+    /* Called after each applied update while checkpoint cuts are open (cut.c's
+     * cps__server_cuts_after_apply, set by server.c): the data path does not call up into the
+     * checkpoint code it serves. */
+    void (*after_apply)(struct server *s, uint32_t range);
 } server;
 
 /* Data path (update.c). Each takes ownership of rx. */
@@ -72,15 +76,6 @@ void cps__server_run_actions(server *s);
 void cps__server_on_snap_req(server *s, cps_rx *rx);
 void cps__server_on_join_range(server *s, cps_rx *rx);
 void cps__server_on_snap(server *s, cps_rx *rx);
-/* Write snapshot entries (format in transfer.c) for `range` in txn: records, exactly-once
- * records, aggregation records; a range entry only when `last`. Errors: CPS_EPROTO, store. */
-int cps__server_install_entries(cps_txn *txn, server *s, uint32_t range, const void *buf,
-                                size_t len, int last);
-/* Check a restore's records (PUT: create, slice and aggregation entries only) against the
- * store without writing: every slice within a record this message creates or the store holds.
- * Errors: CPS_EPROTO (why says which entry), CPS_ESTORE, CPS_ENOMEM. */
-int cps__server_check_put(server *s, uint32_t range, const void *buf, size_t len, char *why,
-                          size_t cap);
 /* Join finished snapshot threads (all of them, waiting, when `wait`). */
 void cps__server_reap_snapshots(server *s, int wait);
 /* A view was installed (after the chain's): joins under way it ends are given up. Creates the
@@ -112,7 +107,7 @@ void cps__server_cuts_before_grow(void *ctx);
 /* Timer: join finished cut threads, drop expired waits; stop_all ends every cut (waiting). */
 void cps__server_cuts_tick(server *s, uint64_t now, int stop_all);
 
-/* Reply helpers (server.c). */
+/* Reply helpers (reply.c). */
 void cps__server_reply_error(server *s, const cps_msg_hdr *req, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 void cps__server_reply_ack(server *s, const cps_msg_hdr *req);

@@ -11,17 +11,7 @@
  * scheduler then publishes a view with the joiner as the range's new tail. Every decision of the
  * joiner's side is recovery/joiner.c's (the simulator runs the same code); this file performs its
  * actions on the chain, LMDB and nanomsg.
- *
- * SNAP payload: a sequence of 8-byte-aligned entries, little-endian:
- *   1 param:  u32 1, u32 len, u64 key, u64 opt_step, u32 slots, u32 0, spec[64],
- *             f32 values[len], f32 state[slots*len], zero padding to 8
- *   2 dedup:  u32 2, u32 worker, u64 seq   (worker | CPS_DEDUP_CLOCK_BIT: its SSP clock)
- *   3 named:  u32 3, u32 name_len, u32 value_len, u32 0, name, pad to 8, value, pad to 8
- *   4 range:  u32 4, u32 0, u64 seq, u64 step            (last chunk only)
- * and, in checkpoint restores only (PUT), whole records sent in slices:
- *   5 create: u32 5, u32 len, u64 key, u64 opt_step, u64 0, spec[64]   (zero values and state)
- *   6 slice:  u32 6, u32 slot, u64 key, u64 first, u64 n, f32 values[n], zero padding to 8
- *             (slot 0: parameters, 1..k: optimizer state slot k-1) */
+ * The SNAP payload's entries: see entries.h. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -31,19 +21,13 @@
 #include "chainps/error.h"
 #include "core/log.h"
 #include "optim/optim.h"
+#include "entries.h"
 #include "server.h"
 
 #define SNAP_CHUNK      (4u << 20)
 #define SNAP_FLUSH_MS   30000
 #define JOIN_TIMEOUT_MS 120000
 #define SNAP_RETRY_MS   1000
-
-enum { ENT_PARAM = 1, ENT_DEDUP = 2, ENT_NAMED = 3, ENT_RANGE = 4, ENT_CREATE = 5, ENT_SLICE = 6 };
-
-static size_t pad8(size_t n)
-{
-    return (n + 7) & ~(size_t)7;
-}
 
 /* ---- source side (the range's tail) ---- */
 
@@ -324,215 +308,21 @@ void cps__server_reap_snapshots(server *s, int wait)
 
 /* ---- joiner side ---- */
 
+/* Write one SNAP chunk (entries.c) in its own transaction; *seq: the range's sequence number
+ * when it was the last. */
 typedef struct install_io {
     server *s;
     uint32_t range;
-    const unsigned char *p;
+    const void *buf;
     size_t len;
     int last;
-    uint64_t seq, step;
-    int have_range;
-    uint64_t records;
+    uint64_t seq;
 } install_io;
-
-static int install(cps_txn *txn, install_io *io);
-
-int cps__server_install_entries(cps_txn *txn, server *s, uint32_t range, const void *buf,
-                                size_t len, int last)
-{
-    install_io io = {s, range, buf, len, last, 0, 0, 0, 0};
-    return install(txn, &io);
-}
 
 static int install_txn(cps_txn *txn, void *arg)
 {
-    return install(txn, arg);
-}
-
-static int install(cps_txn *txn, install_io *io)
-{
-    const unsigned char *p = io->p, *end = io->p + io->len;
-    io->have_range = 0;
-    io->records = 0;
-    while (p < end) {
-        if (end - p < 16)
-            return CPS_EPROTO;
-        uint32_t tag = cps__le32_get(p);
-        int rc = 0;
-        if (tag == ENT_PARAM) {
-            if (end - p < 32 + CPS_WIRE_SPEC_SIZE)
-                return CPS_EPROTO;
-            cps_param_rec rec;
-            memset(&rec, 0, sizeof rec);
-            rec.len = cps__le32_get(p + 4);
-            uint64_t key = cps__le64_get(p + 8);
-            rec.opt_step = cps__le64_get(p + 16);
-            uint32_t slots = cps__le32_get(p + 24);
-            if (cps__wire_spec_decode(p + 32, &rec.spec) != 0 || rec.len == 0 ||
-                slots != cps__optim_state_slots(rec.spec.opt_kind) ||
-                key < io->s->view.ranges[io->range].lo || key > io->s->view.ranges[io->range].hi)
-                return CPS_EPROTO;
-            size_t data = (1 + (size_t)slots) * rec.len * sizeof(float);
-            if ((size_t)(end - p) < 32 + CPS_WIRE_SPEC_SIZE + pad8(data))
-                return CPS_EPROTO;
-            rec.vals = (const float *)(const void *)(p + 32 + CPS_WIRE_SPEC_SIZE);
-            rec.state = slots ? rec.vals + rec.len : NULL;
-            rc = cps__store_param_put(txn, key, &rec);
-            p += 32 + CPS_WIRE_SPEC_SIZE + pad8(data);
-            io->records++;
-        } else if (tag == ENT_DEDUP) {
-            rc = cps__store_dedup_put(txn, io->range, cps__le32_get(p + 4), cps__le64_get(p + 8));
-            p += 16;
-        } else if (tag == ENT_NAMED) {
-            size_t nlen = cps__le32_get(p + 4), vlen = cps__le32_get(p + 8);
-            char name[64];
-            char prefix[32];
-            snprintf(prefix, sizeof prefix, "agg/%" PRIu32 "/", io->range);
-            if (nlen == 0 || nlen >= sizeof name || vlen > 4096 ||
-                (size_t)(end - p) < 16 + pad8(nlen) + pad8(vlen))
-                return CPS_EPROTO;
-            memcpy(name, p + 16, nlen);
-            name[nlen] = 0;
-            if (strncmp(name, prefix, strlen(prefix)) != 0)
-                return CPS_EPROTO; /* only this range's aggregation records travel */
-            rc = cps__store_meta_put(txn, name, p + 16 + pad8(nlen), vlen);
-            p += 16 + pad8(nlen) + pad8(vlen);
-        } else if (tag == ENT_CREATE) {
-            cps_param_spec spec;
-            uint32_t len = cps__le32_get(p + 4);
-            uint64_t key = cps__le64_get(p + 8);
-            if (end - p < 32 + CPS_WIRE_SPEC_SIZE || len == 0 || cps__le64_get(p + 24) != 0 ||
-                cps__wire_spec_decode(p + 32, &spec) != 0 ||
-                key < io->s->view.ranges[io->range].lo || key > io->s->view.ranges[io->range].hi)
-                return CPS_EPROTO;
-            rc = cps__store_param_reset(txn, key, len, cps__le64_get(p + 16), &spec);
-            p += 32 + CPS_WIRE_SPEC_SIZE;
-            io->records++;
-        } else if (tag == ENT_SLICE) {
-            if (end - p < 32)
-                return CPS_EPROTO;
-            uint64_t key = cps__le64_get(p + 8), n = cps__le64_get(p + 24);
-            if (n > (uint64_t)(end - p - 32) / sizeof(float) ||
-                (size_t)(end - p) < 32 + pad8(n * sizeof(float)))
-                return CPS_EPROTO;
-            rc = cps__store_param_write(txn, key, cps__le32_get(p + 4), cps__le64_get(p + 16),
-                                        (const float *)(const void *)(p + 32), n);
-            if (rc == CPS_ENOTFOUND || rc == CPS_ESIZE)
-                rc = CPS_EPROTO; /* a slice of a record the message did not create */
-            p += 32 + pad8(n * sizeof(float));
-        } else if (tag == ENT_RANGE) {
-            if (end - p < 24 || !io->last)
-                return CPS_EPROTO;
-            cps_range_meta m = {cps__le64_get(p + 8), cps__le64_get(p + 16)};
-            rc = cps__store_range_put(txn, io->range, &m);
-            io->seq = m.seq;
-            io->step = m.step;
-            io->have_range = 1;
-            p += 24;
-        } else {
-            return CPS_EPROTO;
-        }
-        if (rc != 0)
-            return rc;
-    }
-    return (io->last && !io->have_range) ? CPS_EPROTO : 0;
-}
-
-/* ---- checking a restore's records before they are replicated ---- */
-
-typedef struct put_check {
-    server *s;
-    uint32_t range;
-    const unsigned char *p;
-    size_t len;
-    /* records created by this message: key, len, state slots */
-    uint64_t *keys;
-    uint32_t *lens, *slots;
-    size_t n;
-    char what[160];
-} put_check;
-
-static int check_fail(put_check *c, const char *fmt, uint64_t key)
-{
-    snprintf(c->what, sizeof c->what, fmt, (unsigned long long)key);
-    return CPS_EPROTO;
-}
-
-static int put_check_txn(cps_txn *txn, void *arg)
-{
-    put_check *c = arg;
-    const unsigned char *p = c->p, *end = c->p + c->len;
-    const cps_range *rg = &c->s->view.ranges[c->range];
-    while (p < end) {
-        if (end - p < 16)
-            return check_fail(c, "truncated entry%.0llu", 0);
-        uint32_t tag = cps__le32_get(p);
-        if (tag == ENT_CREATE) {
-            cps_param_spec spec;
-            uint64_t key = cps__le64_get(p + 8);
-            uint32_t len = cps__le32_get(p + 4);
-            if (end - p < 32 + CPS_WIRE_SPEC_SIZE || len == 0 || cps__le64_get(p + 24) != 0 ||
-                cps__wire_spec_decode(p + 32, &spec) != 0)
-                return check_fail(c, "malformed record for key %016llx", key);
-            if (key < rg->lo || key > rg->hi)
-                return check_fail(c, "key %016llx is outside the range", key);
-            c->keys[c->n] = key;
-            c->lens[c->n] = len;
-            c->slots[c->n++] = (uint32_t)cps__optim_state_slots(spec.opt_kind);
-            p += 32 + CPS_WIRE_SPEC_SIZE;
-        } else if (tag == ENT_SLICE) {
-            if (end - p < 32)
-                return check_fail(c, "truncated slice%.0llu", 0);
-            uint64_t key = cps__le64_get(p + 8), first = cps__le64_get(p + 16);
-            uint64_t n = cps__le64_get(p + 24);
-            uint32_t slot = cps__le32_get(p + 4);
-            if (n > (uint64_t)(end - p - 32) / sizeof(float) ||
-                (size_t)(end - p) < 32 + pad8(n * sizeof(float)))
-                return check_fail(c, "slice of key %016llx longer than the message", key);
-            uint32_t len = 0, slots = 0;
-            int found = 0;
-            for (size_t i = c->n; i-- > 0 && !found;)
-                if (c->keys[i] == key)
-                    found = 1, len = c->lens[i], slots = c->slots[i];
-            if (!found) {
-                cps_param_rec rec;
-                if (cps__store_param_get(txn, key, &rec) != 0)
-                    return check_fail(c, "slice of key %016llx, which does not exist", key);
-                len = rec.len;
-                slots = (uint32_t)cps__optim_state_slots(rec.spec.opt_kind);
-            }
-            if (slot > slots || first > len || n > len - first)
-                return check_fail(c, "slice out of bounds of key %016llx", key);
-            p += 32 + pad8(n * sizeof(float));
-        } else if (tag == ENT_NAMED) {
-            size_t nlen = cps__le32_get(p + 4), vlen = cps__le32_get(p + 8);
-            char prefix[32];
-            int pl = snprintf(prefix, sizeof prefix, "agg/%" PRIu32 "/", c->range);
-            if (nlen == 0 || nlen >= 64 || vlen > 4096 ||
-                (size_t)(end - p) < 16 + pad8(nlen) + pad8(vlen) ||
-                memcmp(p + 16, prefix, (size_t)pl < nlen ? (size_t)pl : nlen) != 0 ||
-                nlen <= (size_t)pl)
-                return check_fail(c, "bad named value%.0llu", 0);
-            p += 16 + pad8(nlen) + pad8(vlen);
-        } else {
-            return check_fail(c, "entry type %llu does not belong in a restore", tag);
-        }
-    }
-    return 0;
-}
-
-int cps__server_check_put(server *s, uint32_t range, const void *buf, size_t len, char *why,
-                          size_t cap)
-{
-    size_t most = len / (32 + CPS_WIRE_SPEC_SIZE) + 1;
-    put_check c = {s, range, buf, len, calloc(most, 8), calloc(most, 4), calloc(most, 4), 0, ""};
-    int rc =
-        c.keys && c.lens && c.slots ? cps__store_read(s->store, put_check_txn, &c) : CPS_ENOMEM;
-    snprintf(why, cap, "%s", c.what[0] ? c.what : cps_strerror(rc));
-    free(c.keys);
-    free(c.lens);
-    free(c.slots);
-    return rc;
+    install_io *io = arg;
+    return cps__server_install_entries(txn, io->s, io->range, io->buf, io->len, io->last, &io->seq);
 }
 
 typedef struct clear_io {
@@ -620,7 +410,7 @@ static void run_joiner(server *s, const cps_rx *snap)
                         (unsigned long long)a[i].seq, a[i].source);
             break;
         case CPS_JA_INSTALL: {
-            install_io io = {s, r, snap->payload, snap->len, a[i].last, 0, 0, 0, 0};
+            install_io io = {s, r, snap->payload, snap->len, a[i].last, 0};
             rc = cps__store_write(s->store, install_txn, &io);
             value = io.seq;
             break;

@@ -16,6 +16,7 @@
 #include "chainps/error.h"
 #include "core/log.h"
 #include "optim/optim.h"
+#include "entries.h"
 #include "server.h"
 
 /* ---- store access for the state machine ---- */
@@ -342,7 +343,7 @@ static int apply_txn(cps_txn *txn, void *arg)
                 io->bad_key = kv.keys[i];
         }
     } else if (u->kind == CPS_UPD_PUT) {
-        rc = cps__server_install_entries(txn, io->server, a->range, u->body, u->body_len, 0);
+        rc = cps__server_install_entries(txn, io->server, a->range, u->body, u->body_len, 0, NULL);
     } else if (u->kind == CPS_UPD_PUSH) {
         rc = cps__wire_kv_decode(u->body, u->body_len, 1, &kv);
         const float *g = kv.vals;
@@ -416,8 +417,8 @@ static void do_apply(server *s, const cps_chain_action *a)
         return;
     }
     s->stats.updates_applied++;
-    if (s->cuts)
-        cps__server_cuts_after_apply(s, a->range);
+    if (s->cuts && s->after_apply)
+        s->after_apply(s, a->range);
 }
 
 static void do_reply(server *s, const cps_chain_action *a)
@@ -965,7 +966,6 @@ void cps__server_view_changed(server *s)
     if (rc != 0)
         cps_log(CPS_LOG_ERROR, "server", "chain view change failed: %s", cps_strerror(rc));
     cps__server_run_actions(s);
-    cps__server_joins_view(s);
     if (s->sync && cps_sync_set_view(s->sync, &s->view) == 0)
         run_sync_actions(s, 0);
     if (cps_ssp_parked(s->ssp))
