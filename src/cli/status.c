@@ -4,9 +4,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "chainps/error.h"
 #include "cli.h"
+#include "core/config.h"
 #include "core/view.h"
 #include "core/wire.h"
 #include "node/msg.h"
@@ -14,15 +16,24 @@
 #include "transport/transport.h"
 
 #define STATUS_TIMEOUT_MS 3000
+/* Ranges whose copy under way the status shows (a view has far fewer). */
+#define CPS_MAX_RANGES_STATUS 4096
 
 static const char status_usage[] =
-    "usage: chainps status [--scheduler HOST:PORT] [--secret-file F] [--verify] [--end]\n"
+    "usage: chainps status [--scheduler HOST:PORT] [--secret-file F] [--json] [--watch[=SECS]]\n"
+    "                      [--count N] [--verify] [--end]\n"
     "\n"
-    "Show a running job: its nodes (role, rank, address, when the scheduler last heard from\n"
-    "them), every key range and its chain of servers, and the traffic counters (push bytes\n"
-    "before and after compression, pull bytes, updates applied).\n"
+    "Show a running job: its step, its nodes (role, rank, address, when the scheduler last heard\n"
+    "from them; a worker's clock, the last step it pushed, and how far it trails the fastest),\n"
+    "every key range with its chain of servers and the copy under way to bring it back to R\n"
+    "replicas, and the traffic counters (push bytes before and after compression, pull bytes,\n"
+    "updates applied); with --watch, also steps/s, push and pull MB/s and updates/s.\n"
     "\n"
     "  --scheduler H:P    the scheduler (default 127.0.0.1:9091; env CHAINPS_SCHEDULER, ...)\n"
+    "  --json             print the same as one JSON object (one per refresh with --watch)\n"
+    "  --watch[=SECS]     refresh every SECS seconds (default 2, 0.1 .. 3600) until interrupted,\n"
+    "                     with rates measured between refreshes\n"
+    "  --count N          with --watch: stop after N refreshes\n"
     "  --end              end the job: the scheduler tells the servers to stop (for a job\n"
     "                     whose scheduler runs with --hold)\n"
     "  --verify           ask every replica of every range for a checksum of its values at its\n"
@@ -33,6 +44,9 @@ static const char status_usage[] =
 
 static const struct option status_opts[] = {{"scheduler", required_argument, 0, CLI_OPT_SCHEDULER},
                                             {"verify", no_argument, 0, CLI_OPT_VERIFY},
+                                            {"json", no_argument, 0, CLI_OPT_JSON},
+                                            {"watch", optional_argument, 0, CLI_OPT_WATCH},
+                                            {"count", required_argument, 0, CLI_OPT_COUNT},
                                             {"end", no_argument, 0, CLI_OPT_END},
                                             CPS_CLI_SECRET_OPTS,
                                             {"help", no_argument, 0, 'h'},
@@ -56,7 +70,10 @@ typedef struct reply {
     uint32_t ids[CPS_MAX_NODES];
     uint32_t age_ms[CPS_MAX_NODES];
     cps_node_stats stats[CPS_MAX_NODES];
-    sum_answer *sums; /* nranges x CPS_MAX_REPLICAS */
+    uint32_t njoins;                        /* ranges the join info covers (0: none sent) */
+    uint32_t joiner[CPS_MAX_RANGES_STATUS]; /* per range: the server copying it, or 0 */
+    uint32_t source[CPS_MAX_RANGES_STATUS]; /* and the replica it copies from */
+    sum_answer *sums;                       /* nranges x CPS_MAX_REPLICAS */
 } reply;
 
 static void on_msg(void *ctx, void *buf, size_t len)
@@ -90,6 +107,16 @@ static void on_msg(void *ctx, void *buf, size_t len)
                 r->n = n;
                 r->started = rx.hdr.aux != 0;
                 r->got = 1;
+                /* Then the copies under way (absent from an older scheduler's answer). */
+                size_t off = vlen + 4 + (size_t)n * (8 + CPS_STATS_SIZE);
+                uint32_t nr = off + 4 <= rx.len ? cps__le32_get(p) : 0;
+                if (nr <= CPS_MAX_RANGES_STATUS && off + 4 + (size_t)nr * 8 <= rx.len) {
+                    for (uint32_t g = 0; g < nr; g++) {
+                        r->joiner[g] = cps__le32_get(p + 4 + 8 * g);
+                        r->source[g] = cps__le32_get(p + 8 + 8 * g);
+                    }
+                    r->njoins = nr;
+                }
             }
         }
     }
@@ -106,7 +133,51 @@ static const cps_node_stats *stats_of(const reply *r, uint32_t id, uint32_t *age
     return NULL;
 }
 
-static void print_status(const reply *r)
+/* What the status shows beyond the raw reply: totals over the servers, the job's step, the
+ * fastest worker's clock, and rates against the previous poll (--watch). */
+typedef struct summary {
+    uint64_t raw, wire, pull, applied, bad, step, fastest;
+    uint64_t at_ms;
+    int have_rates;
+    double steps_s, push_mb_s, pull_mb_s, updates_s;
+} summary;
+
+static void summarize(const reply *r, const summary *prev, uint64_t now, summary *out)
+{
+    memset(out, 0, sizeof *out);
+    out->at_ms = now;
+    const cps_view *v = &r->view;
+    for (uint32_t i = 0; i < v->nnodes; i++) {
+        uint32_t age = 0;
+        const cps_node_stats *s = stats_of(r, v->nodes[i].id, &age);
+        if (!s)
+            continue;
+        if (v->nodes[i].role == CPS_ROLE_SERVER) {
+            out->raw += s->push_raw_bytes;
+            out->wire += s->push_wire_bytes;
+            out->pull += s->pull_bytes;
+            out->applied += s->updates_applied;
+            out->bad += s->msgs_bad;
+            if (s->step > out->step)
+                out->step = s->step;
+        } else if (v->nodes[i].role == CPS_ROLE_WORKER && s->step > out->fastest) {
+            out->fastest = s->step;
+        }
+    }
+    if (prev && prev->at_ms && now > prev->at_ms) {
+        /* Counters of a server that restarted start over: a rate is never negative. */
+        double dt = (double)(now - prev->at_ms) / 1000.0;
+#define RATE(a, b) ((a) > (b) ? (double)((a) - (b)) / dt : 0.0)
+        out->steps_s = RATE(out->step, prev->step);
+        out->push_mb_s = RATE(out->raw, prev->raw) / 1e6;
+        out->pull_mb_s = RATE(out->pull, prev->pull) / 1e6;
+        out->updates_s = RATE(out->applied, prev->applied);
+#undef RATE
+        out->have_rates = 1;
+    }
+}
+
+static void print_status(const reply *r, const summary *sm)
 {
     const cps_view *v = &r->view;
     char mode[32];
@@ -114,45 +185,109 @@ static void print_status(const reply *r)
         printf("job: waiting for nodes (%u joined so far)\n", r->n);
     } else {
         printf("job: running, view epoch %" PRIu64 ", mode %s, %u workers, %u servers, "
-               "%u ranges, %u replica(s)\n",
+               "%u ranges, %u replica(s); step %" PRIu64 "\n",
                v->epoch, cps__config_mode_str(v->mode, v->ssp_bound, mode, sizeof mode),
-               v->num_workers, v->num_servers, v->nranges, v->replicas);
+               v->num_workers, v->num_servers, v->nranges, v->replicas, sm->step);
     }
-    printf("\nnodes:\n  %-5s %-7s %-5s %-28s %-10s %s\n", "id", "role", "rank", "address", "heard",
-           "alive");
-    uint64_t raw = 0, wire = 0, pull = 0, applied = 0, bad = 0;
+    if (sm->have_rates)
+        printf("rates: %.2f steps/s, push %.2f MB/s, pull %.2f MB/s, %.1f updates/s\n", sm->steps_s,
+               sm->push_mb_s, sm->pull_mb_s, sm->updates_s);
+    printf("\nnodes:\n  %-5s %-7s %-5s %-28s %-10s %-5s %s\n", "id", "role", "rank", "address",
+           "heard", "alive", "clock (lag)");
     for (uint32_t i = 0; i < v->nnodes; i++) {
         const cps_node_info *n = &v->nodes[i];
         uint32_t age = 0;
         const cps_node_stats *s = stats_of(r, n->id, &age);
-        char heard[32];
+        char heard[32], clock[48] = "";
         snprintf(heard, sizeof heard, "%.1f s ago", age / 1000.0);
-        printf("  %-5u %-7s %-5u %-28s %-10s %s\n", n->id, cps__config_role_str(n->role), n->rank,
-               n->addr, heard, n->alive ? "yes" : "no");
-        if (s && n->role == CPS_ROLE_SERVER) {
-            raw += s->push_raw_bytes;
-            wire += s->push_wire_bytes;
-            pull += s->pull_bytes;
-            applied += s->updates_applied;
-            bad += s->msgs_bad;
-        }
+        if (s && n->role == CPS_ROLE_WORKER)
+            snprintf(clock, sizeof clock, "%" PRIu64 " (%" PRIu64 ")", s->step,
+                     sm->fastest - s->step);
+        printf("  %-5u %-7s %-5u %-28s %-10s %-5s %s\n", n->id, cps__config_role_str(n->role),
+               n->rank, n->addr, heard, n->alive ? "yes" : "no", clock);
     }
     if (v->nranges) {
         printf("\nranges:\n  %-6s %-35s %s\n", "range", "keys", "chain (head .. tail)");
         for (uint32_t i = 0; i < v->nranges; i++) {
             const cps_range *rg = &v->ranges[i];
-            char chain[128] = "";
+            char chain[160] = "";
             size_t off = 0;
             for (uint32_t j = 0; j < rg->chain_len && off < sizeof chain; j++)
                 off += (size_t)snprintf(chain + off, sizeof chain - off, "%s%u", j ? " -> " : "",
                                         rg->chain[j]);
+            if (i < r->njoins && r->joiner[i] && off < sizeof chain)
+                snprintf(chain + off, sizeof chain - off, "   (node %u copying it from node %u)",
+                         r->joiner[i], r->source[i]);
             printf("  %-6u %016" PRIx64 "-%016" PRIx64 " %s\n", i, rg->lo, rg->hi, chain);
         }
     }
     printf("\nservers' traffic: push %.2f MB raw, %.2f MB on the wire (compression ratio %.3f), "
            "pull %.2f MB, %" PRIu64 " updates applied, %" PRIu64 " bad messages\n",
-           raw / 1e6, wire / 1e6, wire ? (double)raw / (double)wire : 1.0, pull / 1e6, applied,
-           bad);
+           sm->raw / 1e6, sm->wire / 1e6, sm->wire ? (double)sm->raw / (double)sm->wire : 1.0,
+           sm->pull / 1e6, sm->applied, sm->bad);
+}
+
+/* A JSON string of an address: printable ASCII only (the view decoder checked), quotes and
+ * backslashes escaped. */
+static void json_str(const char *s)
+{
+    putchar('"');
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            putchar('\\');
+        if ((unsigned char)*s >= 0x20 && (unsigned char)*s < 0x7f)
+            putchar(*s);
+    }
+    putchar('"');
+}
+
+static void print_json(const reply *r, const summary *sm)
+{
+    const cps_view *v = &r->view;
+    char mode[32];
+    printf("{\"running\":%s,\"epoch\":%" PRIu64 ",\"mode\":\"%s\",\"workers\":%u,"
+           "\"servers\":%u,\"replicas\":%u,\"step\":%" PRIu64,
+           r->started ? "true" : "false", v->epoch,
+           cps__config_mode_str(v->mode, v->ssp_bound, mode, sizeof mode), v->num_workers,
+           v->num_servers, v->replicas, sm->step);
+    if (sm->have_rates)
+        printf(",\"rates\":{\"steps_per_s\":%.3f,\"push_mb_per_s\":%.3f,\"pull_mb_per_s\":%.3f,"
+               "\"updates_per_s\":%.3f}",
+               sm->steps_s, sm->push_mb_s, sm->pull_mb_s, sm->updates_s);
+    printf(",\"nodes\":[");
+    for (uint32_t i = 0; i < v->nnodes; i++) {
+        const cps_node_info *n = &v->nodes[i];
+        uint32_t age = 0;
+        const cps_node_stats *s = stats_of(r, n->id, &age);
+        printf("%s{\"id\":%u,\"role\":\"%s\",\"rank\":%u,\"address\":", i ? "," : "", n->id,
+               cps__config_role_str(n->role), n->rank);
+        json_str(n->addr);
+        printf(",\"alive\":%s,\"heard_ms_ago\":%u", n->alive ? "true" : "false", age);
+        if (s)
+            printf(",\"step\":%" PRIu64 ",\"push_bytes\":%" PRIu64 ",\"pull_bytes\":%" PRIu64
+                   ",\"updates_applied\":%" PRIu64 ",\"bad_messages\":%" PRIu64,
+                   s->step, s->push_raw_bytes, s->pull_bytes, s->updates_applied, s->msgs_bad);
+        if (s && n->role == CPS_ROLE_WORKER)
+            printf(",\"lag\":%" PRIu64, sm->fastest - s->step);
+        putchar('}');
+    }
+    printf("],\"ranges\":[");
+    for (uint32_t i = 0; i < v->nranges; i++) {
+        const cps_range *rg = &v->ranges[i];
+        printf("%s{\"range\":%u,\"lo\":\"%016" PRIx64 "\",\"hi\":\"%016" PRIx64 "\",\"chain\":[",
+               i ? "," : "", i, rg->lo, rg->hi);
+        for (uint32_t j = 0; j < rg->chain_len; j++)
+            printf("%s%u", j ? "," : "", rg->chain[j]);
+        putchar(']');
+        if (i < r->njoins && r->joiner[i])
+            printf(",\"copying\":{\"node\":%u,\"from\":%u}", r->joiner[i], r->source[i]);
+        putchar('}');
+    }
+    printf("],\"traffic\":{\"push_bytes\":%" PRIu64 ",\"push_wire_bytes\":%" PRIu64
+           ",\"pull_bytes\":%" PRIu64 ",\"updates_applied\":%" PRIu64 ",\"bad_messages\":%" PRIu64
+           "}}\n",
+           sm->raw, sm->wire, sm->pull, sm->applied, sm->bad);
+    fflush(stdout);
 }
 
 /* Ask every replica of every range for its checksum until, for each range, all replicas
@@ -222,12 +357,33 @@ static int verify(reply *r, cps_tp *tp, const char *me)
     return 0;
 }
 
+/* Ask the scheduler once; 1 if it answered within STATUS_TIMEOUT_MS. */
+static int fetch(reply *r, cps_tp *tp, const char *me)
+{
+    cps__view_fini(&r->view);
+    cps__view_init(&r->view);
+    r->got = 0;
+    r->n = 0;
+    r->njoins = 0;
+    char payload[16 + CPS_ADDR_MAX];
+    size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_NONE, UINT32_MAX, 0, me);
+    cps_msg_hdr h = {.type = CPS_MSG_STATUS, .sender = UINT32_MAX};
+    if (cps__msg_send(tp, 0, &h, payload, n) != 0)
+        return 0;
+    uint64_t deadline = cps__now_ms() + STATUS_TIMEOUT_MS;
+    while (!r->got && cps__now_ms() < deadline)
+        cps__tp_poll(tp, 100, on_msg, r, 0);
+    return r->got;
+}
+
 int cps__cli_status(int argc, char **argv)
 {
     cps_config cfg;
     if (cps__cli_config(&cfg) != 0)
         return 2;
-    int opt, want_verify = 0, want_end = 0;
+    int opt, want_verify = 0, want_end = 0, json = 0, watch = 0;
+    uint32_t count = 0, every_ms = 2000;
+    char err[256];
     optind = 1;
     while ((opt = getopt_long(argc, argv, "h", status_opts, NULL)) != -1) {
         if (opt == 'h') {
@@ -242,6 +398,29 @@ int cps__cli_status(int argc, char **argv)
             want_end = 1;
             continue;
         }
+        if (opt == CLI_OPT_JSON) {
+            json = 1;
+            continue;
+        }
+        if (opt == CLI_OPT_WATCH) {
+            watch = 1;
+            if (optarg) {
+                char *end;
+                double secs = strtod(optarg, &end);
+                if (end == optarg || *end || !(secs >= 0.1 && secs <= 3600))
+                    return cps__cli_usage_error("status",
+                                                "--watch=%s: seconds between refreshes, "
+                                                "0.1 .. 3600",
+                                                optarg);
+                every_ms = (uint32_t)(secs * 1000.0 + 0.5);
+            }
+            continue;
+        }
+        if (opt == CLI_OPT_COUNT) {
+            if (cps__config_parse_u32("--count", optarg, 1, 1000000000, &count, err, sizeof err))
+                return cps__cli_usage_error("status", "%s", err);
+            continue;
+        }
         int rc = cps__cli_common_flag("status", opt, optarg, &cfg);
         if (rc == 2)
             return 2;
@@ -250,6 +429,12 @@ int cps__cli_status(int argc, char **argv)
     }
     if (optind < argc)
         return cps__cli_usage_error("status", "unexpected argument '%s'", argv[optind]);
+    if (watch && (want_verify || want_end))
+        return cps__cli_usage_error("status", "--watch does not go with --verify or --end");
+    if (count && !watch)
+        return cps__cli_usage_error("status", "--count needs --watch");
+    if (json && want_verify)
+        return cps__cli_usage_error("status", "--json does not go with --verify");
     cps__config_finalize(&cfg, CPS_ROLE_NONE);
     if (cps__node_load_secret(&cfg, "status") != 0)
         return 2;
@@ -269,31 +454,42 @@ int cps__cli_status(int argc, char **argv)
         rc = cps__tp_peer_set(tp, 0, url);
     if (rc == 0)
         rc = cps__make_url(me, cfg.advertise_host, port);
-    char payload[16 + CPS_ADDR_MAX];
-    size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_NONE, UINT32_MAX, 0, me);
-    cps_msg_hdr h = {.type = CPS_MSG_STATUS, .sender = UINT32_MAX};
-    if (rc == 0)
-        rc = cps__msg_send(tp, 0, &h, payload, n);
-    uint64_t deadline = cps__now_ms() + STATUS_TIMEOUT_MS;
-    while (rc == 0 && !r->got && cps__now_ms() < deadline)
-        cps__tp_poll(tp, 100, on_msg, r, 0);
-    int exit_code = 0;
-    if (!r->got) {
-        fprintf(stderr,
-                "chainps status: no answer from the scheduler at %s within %.1f s%s%s (is it "
-                "running, and is this the job's secret? a job drops messages it cannot "
-                "authenticate)\n",
-                url, STATUS_TIMEOUT_MS / 1000.0, rc ? ": " : "", rc ? cps_strerror(rc) : "");
-        exit_code = 1;
-    } else {
-        print_status(r);
+    int exit_code = 0, tty = isatty(STDOUT_FILENO);
+    summary prev = {0}, cur;
+    for (uint32_t k = 0; exit_code == 0 && (!count || k < count); k++) {
+        if (k)
+            cps__tp_poll(tp, (int)every_ms, NULL, NULL, 0);
+        if (rc != 0 || !fetch(r, tp, me)) {
+            fprintf(stderr,
+                    "chainps status: no answer from the scheduler at %s within %.1f s%s%s (is it "
+                    "running, and is this the job's secret? a job drops messages it cannot "
+                    "authenticate)\n",
+                    url, STATUS_TIMEOUT_MS / 1000.0, rc ? ": " : "", rc ? cps_strerror(rc) : "");
+            exit_code = 1;
+            break;
+        }
+        summarize(r, &prev, cps__now_ms(), &cur);
+        prev = cur;
+        if (json) {
+            print_json(r, &cur);
+        } else {
+            if (watch && tty)
+                fputs("\033[H\033[2J", stdout); /* a refreshing screen, as watch(1) */
+            print_status(r, &cur);
+            fflush(stdout);
+        }
+        if (!watch)
+            break;
+    }
+    if (exit_code == 0 && !watch) {
         if (want_verify)
             exit_code = r->started ? verify(r, tp, me) : 3;
         if (want_end) {
             cps_msg_hdr e = {.type = CPS_MSG_SHUTDOWN, .sender = UINT32_MAX};
             if (cps__msg_send(tp, 0, &e, NULL, 0) == 0) {
                 cps__tp_poll(tp, 200, NULL, NULL, 0); /* let it leave before we close */
-                printf("status: asked the scheduler to end the job\n");
+                if (!json)
+                    printf("status: asked the scheduler to end the job\n");
             }
         }
     }

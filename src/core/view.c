@@ -353,17 +353,19 @@ int cps__view_decode_prefix(const void *buf, size_t len, cps_view *out, size_t *
 
 void cps__stats_encode(void *buf, const cps_node_stats *s)
 {
-    const uint64_t f[8] = {s->msgs_in,    s->msgs_bad,        s->push_raw_bytes, s->push_wire_bytes,
-                           s->pull_bytes, s->updates_applied, s->keys_stored,    s->values_stored};
-    for (int i = 0; i < 8; i++)
+    const uint64_t f[9] = {s->msgs_in,         s->msgs_bad,      s->push_raw_bytes,
+                           s->push_wire_bytes, s->pull_bytes,    s->updates_applied,
+                           s->keys_stored,     s->values_stored, s->step};
+    for (int i = 0; i < 9; i++)
         cps__le64_put((unsigned char *)buf + 8 * i, f[i]);
 }
 
 void cps__stats_decode(const void *buf, cps_node_stats *s)
 {
-    uint64_t *f[8] = {&s->msgs_in,    &s->msgs_bad,        &s->push_raw_bytes, &s->push_wire_bytes,
-                      &s->pull_bytes, &s->updates_applied, &s->keys_stored,    &s->values_stored};
-    for (int i = 0; i < 8; i++)
+    uint64_t *f[9] = {&s->msgs_in,         &s->msgs_bad,      &s->push_raw_bytes,
+                      &s->push_wire_bytes, &s->pull_bytes,    &s->updates_applied,
+                      &s->keys_stored,     &s->values_stored, &s->step};
+    for (int i = 0; i < 9; i++)
         *f[i] = cps__le64_get((const unsigned char *)buf + 8 * i);
 }
 

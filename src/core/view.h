@@ -84,8 +84,11 @@ typedef struct cps_node_stats {
     uint64_t updates_applied;
     uint64_t keys_stored;
     uint64_t values_stored;
+    /* Training step: a server's highest applied (sync: the aggregated step; async and SSP: the
+     * pushing worker's), a worker's last pushed (its clock). */
+    uint64_t step;
 } cps_node_stats;
-#define CPS_STATS_SIZE 64
+#define CPS_STATS_SIZE 72
 void cps__stats_encode(void *buf, const cps_node_stats *s);
 void cps__stats_decode(const void *buf, cps_node_stats *s);
 

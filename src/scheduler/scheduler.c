@@ -831,10 +831,13 @@ static void handle_status(sched *s, const cps_rx *rx)
     uint32_t tmp = tool_peer(s, rx, "STATUS");
     if (!tmp)
         return;
-    /* Payload: view, u32 count, then per node u32 id, u32 age_ms, stats block. */
+    /* Payload: view, u32 count, then per node u32 id, u32 age_ms, stats block; then u32 ranges
+     * and per range u32 joiner, u32 source (0, 0: no copy under way). */
     size_t len;
+    uint32_t nranges = s->view.nranges;
     unsigned char *buf =
-        view_reply(s, rx, CPS_MSG_STATUS_REPLY, 4 + (size_t)s->nnodes * (8 + CPS_STATS_SIZE), &len);
+        view_reply(s, rx, CPS_MSG_STATUS_REPLY,
+                   4 + (size_t)s->nnodes * (8 + CPS_STATS_SIZE) + 4 + (size_t)nranges * 8, &len);
     if (!buf)
         return;
     unsigned char *p = buf + CPS_WIRE_HDR_SIZE + cps__view_encoded_size(&s->view);
@@ -847,6 +850,14 @@ static void handle_status(sched *s, const cps_rx *rx)
         cps__le32_put(p + 4, age > UINT32_MAX ? UINT32_MAX : (uint32_t)age);
         cps__stats_encode(p + 8, &s->nodes[i].stats);
         p += 8 + CPS_STATS_SIZE;
+    }
+    cps__le32_put(p, nranges);
+    p += 4;
+    for (uint32_t r = 0; r < nranges; r++, p += 8) {
+        uint32_t source = 0;
+        uint32_t joiner = s->repair ? cps_repair_joiner(s->repair, r, &source) : 0;
+        cps__le32_put(p, joiner);
+        cps__le32_put(p + 4, joiner ? source : 0);
     }
     if (cps__tp_send(s->tp, tmp, buf, CPS_WIRE_HDR_SIZE + len) != 0)
         cps__tp_free(buf);

@@ -417,6 +417,8 @@ static void do_apply(server *s, const cps_chain_action *a)
         return;
     }
     s->stats.updates_applied++;
+    if (a->upd.step > s->stats.step)
+        s->stats.step = a->upd.step;
     if (s->cuts && s->after_apply)
         s->after_apply(s, a->range);
 }

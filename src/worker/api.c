@@ -269,8 +269,10 @@ static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, 
         t->step++;
     op->step = t->step;
     int rc = cps__client_run(c, op, h == NULL);
-    if (kind == OP_PUSH || kind == OP_PUSH_PULL)
+    if (kind == OP_PUSH || kind == OP_PUSH_PULL) {
         c->stats.pushes++;
+        cps__client_publish_step(c, op->step);
+    }
     if (kind == OP_PULL || kind == OP_PUSH_PULL)
         c->stats.pulls++;
     pthread_mutex_unlock(&c->lock);

@@ -783,3 +783,15 @@ int cps__client_barrier(cps_client *c)
         .type = CPS_MSG_BARRIER, .sender = c->id, .req_worker = c->id, .req_seq = c->barrier_seq};
     return ask_scheduler(c, &h, NULL, 0, &c->barrier_done);
 }
+
+void cps__client_publish_step(cps_client *c, uint64_t step)
+{
+    if (step > c->clock)
+        c->clock = step;
+    cps_node_stats ns = {0};
+    ns.push_raw_bytes = c->stats.push_raw_bytes;
+    ns.push_wire_bytes = c->stats.push_wire_bytes;
+    ns.pull_bytes = c->stats.pull_bytes;
+    ns.step = c->clock;
+    cps__heartbeat_publish(c->hb, 1, c->id, c->view.epoch, &ns, cps__now_ms());
+}

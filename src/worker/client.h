@@ -101,6 +101,7 @@ struct cps_client {
     int reg_done;     /* 1 when answered; reg_result holds the answer */
     int reg_result;
     int bye_acked;
+    uint64_t clock; /* the highest training step pushed (cps__client_publish_step) */
     int shutdown;
     uint64_t view_asked_ms;
     uint64_t sched_heard_ms; /* last message from the scheduler */
@@ -114,6 +115,9 @@ struct cps_client {
 
 /* Start op's requests; with `wait`, run the loop until it completes and return its result. */
 int cps__client_run(struct cps_client *c, cps_op *op, int wait);
+/* A push of training step `step` went out: the heartbeat carries the worker's counters and its
+ * clock (the highest step pushed) to the scheduler, for `chainps status`. Under c->lock. */
+void cps__client_publish_step(struct cps_client *c, uint64_t step);
 /* Run the loop until op completes or timeout_ms passes (CPS_ETIMEDOUT). */
 int cps__client_wait(struct cps_client *c, cps_op *op, int timeout_ms);
 /* Scheduler barrier. */

@@ -130,7 +130,7 @@ static void make_view_seeds(void)
     memcpy(r, p, n);
     cps__le32_put(r + n, v.nnodes);
     for (uint32_t i = 0; i < v.nnodes; i++) {
-        cps_node_stats st = {i, 0, 1000 * i, 900 * i, 0, 3, 2, 50};
+        cps_node_stats st = {i, 0, 1000 * i, 900 * i, 0, 3, 2, 50, 7 * i};
         unsigned char *e = r + n + 4 + i * per;
         cps__le32_put(e, v.nodes[i].id);
         cps__le32_put(e + 4, 250);
@@ -150,7 +150,7 @@ static void make_other_seeds(void)
     n = cps__hello_encode(p, 64, CPS_ROLE_NONE, UINT32_MAX, 0, "tcp://10.1.2.4:6000");
     add_seed("status", CPS_MSG_STATUS, 0, p, n);
 
-    cps_node_stats st = {100, 2, 1 << 20, 1 << 18, 1 << 22, 77, 12, 1 << 16};
+    cps_node_stats st = {100, 2, 1 << 20, 1 << 18, 1 << 22, 77, 12, 1 << 16, 42};
     p = xmalloc(CPS_STATS_SIZE);
     cps__stats_encode(p, &st);
     add_seed("heartbeat", CPS_MSG_HEARTBEAT, 0, p, CPS_STATS_SIZE);

@@ -553,9 +553,10 @@ static void view_prefix_decode(void **state)
 static void stats_round_trip(void **state)
 {
     (void)state;
-    cps_node_stats s = {1, 2, 3, 4, 5, 6, 7, UINT64_MAX}, g;
+    cps_node_stats s = {1, 2, 3, 4, 5, 6, 7, UINT64_MAX, 9}, g;
     cps__stats_encode(buf, &s);
     assert_true(cps__le64_get(buf + 56) == UINT64_MAX);
+    assert_true(cps__le64_get(buf + 64) == 9);
     assert_true(cps__le64_get(buf + 8) == 2);
     cps__stats_decode(buf, &g);
     assert_memory_equal(&s, &g, sizeof s);
