@@ -15,6 +15,7 @@
 #   servers: POD_NAME, POD_NAMESPACE, CHAINPS_SERVER_SERVICE (the headless Service),
 #            CHAINPS_POD_INDEX (the pod-index label, Kubernetes >= 1.28; else the ordinal is
 #            taken from the end of POD_NAME),
+#   scheduler: POD_IP (its own address, for the probes; default 127.0.0.1),
 #   workers: JOB_COMPLETION_INDEX (set by Kubernetes for an indexed Job),
 #   CHAINPS_FINISHED_MARK (file written when the job has ended; default
 #            /run/chainps/finished).
@@ -117,7 +118,9 @@ idle_after_end() {
 # (0 answered, 1 no answer within 3 s, 2 bad configuration).
 status() {
     local sched=${CHAINPS_SCHEDULER:-}
-    [[ ${CHAINPS_ROLE:-} == scheduler ]] && sched=127.0.0.1:${CHAINPS_SCHEDULER##*:}
+    # The scheduler is asked on its own address, not through its Service: a Service sends
+    # nothing to a pod that is not ready, and this is what makes it ready.
+    [[ ${CHAINPS_ROLE:-} == scheduler ]] && sched=${POD_IP:-127.0.0.1}:${CHAINPS_SCHEDULER##*:}
     "$CHAINPS" status --scheduler "$sched"
 }
 
