@@ -18,7 +18,8 @@
 #   scheduler: POD_IP (its own address, for the probes; default 127.0.0.1),
 #   workers: JOB_COMPLETION_INDEX (set by Kubernetes for an indexed Job),
 #   CHAINPS_FINISHED_MARK (file written when the job has ended; default
-#            /run/chainps/finished).
+#            /run/chainps/finished; chainps.pid beside it holds the scheduler's or
+#            server's PID).
 #
 # Why a copy of the secret: chainps refuses a secret file that group or others may read, and
 # Kubernetes mounts a Secret with the pod's fsGroup added and group read (0440) whatever
@@ -43,6 +44,8 @@ log() { echo "chainps-k8s: $*" >&2; }
 
 CHAINPS=${CHAINPS_BIN:-chainps}
 mark=${CHAINPS_FINISHED_MARK:-/run/chainps/finished}
+# The PID of the chainps process, beside the mark (kubectl exec ... kill -9 $(cat ...)).
+pidfile=$(dirname "$mark")/chainps.pid
 
 # Copy the mounted Secret to CHAINPS_SECRET_FILE with mode 0600 (see above).
 private_secret() {
@@ -91,6 +94,7 @@ run_child() {
     trap "forward $on_term" TERM INT
     "$@" &
     child=$!
+    echo "$child" >"$pidfile" 2>/dev/null || true
     local rc=0
     # wait returns early (status > 128) when a trapped signal arrives: wait again.
     while :; do

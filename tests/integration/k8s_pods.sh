@@ -190,7 +190,7 @@ expect() { # POD ready|live 0|1 WHAT
     ((rc == $3)) && say "probe $2 of $1 $4: $rc, as expected" ||
         bad "probe $2 of $1 $4: $rc, expected $3"
 }
-child_of() { pgrep -P "${pid[$1]}" -x chainps | head -1; }
+child_of() { cat "$t/$1/run/chainps.pid"; } # as kubectl exec would find it
 
 say "steps $steps; pods: scheduler, $servers servers, $workers workers"
 for ((i = 0; i < workers; i++)); do
