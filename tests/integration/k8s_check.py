@@ -291,10 +291,12 @@ def check(deploy, chainps, fmnist, k, objs):
             err("server Service", "publishNotReadyAddresses must be true (a server's name must "
                 "resolve before it is ready)")
         p = hsvc["spec"]["ports"][0]
-        if str(p["port"]) != str(vflags.get("--port")) or \
-                str(vports.get(p.get("targetPort"), p.get("targetPort"))) != str(vflags.get("--port")):
-            err("server Service", f"port {p['port']}/{p.get('targetPort')} != server --port "
-                f"{vflags.get('--port')}")
+        if str(p["port"]) != str(vflags.get("--port")):
+            err("server Service", f"port {p['port']} != server --port {vflags.get('--port')}")
+        tp = p.get("targetPort", p["port"])
+        if str(vports.get(tp, tp)) != str(vflags.get("--port")):
+            err("server Service", f"targetPort {tp} is container port {vports.get(tp, tp)}, "
+                f"not the server's --port {vflags.get('--port')}")
     if vflags.get("--bind") != "0.0.0.0":
         err("server", "--bind must be 0.0.0.0 (the pod's IP changes on restart)")
     for f in ("--rank", "--advertise"):

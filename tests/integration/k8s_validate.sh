@@ -223,9 +223,9 @@ if [[ -z $skip ]]; then
 fi
 
 # 6. The checkers must catch deliberate breakage (each on a copy of deploy/k8s).
-mutant() { # NAME FILE OLD NEW [schema]: the checkers must fail on FILE with OLD made NEW
-    # ("schema": only the schema validator can see it)
-    local name=$1 file=$2 old=$3 new=$4 only=${5:-} d=$tmp/mutant-$1
+mutant() { # NAME FILE OLD NEW PATTERN [schema]: the checkers must fail on FILE with OLD made
+    # NEW, with a FAIL line matching PATTERN ("schema": only the schema validator can see it)
+    local name=$1 file=$2 old=$3 new=$4 pattern=$5 only=${6:-} d=$tmp/mutant-$1
     cp -r "$deploy" "$d"
     "$py" -c 'import sys; p, a, b = sys.argv[1:]; s = open(p).read(); assert a in s, a
 open(p, "w").write(s.replace(a, b, 1))' "$d/$file" "$old" "$new"
@@ -235,20 +235,29 @@ open(p, "w").write(s.replace(a, b, 1))' "$d/$file" "$old" "$new"
         timeout 180 node "$here/k8s_schema.mjs" "$npm_dir" "$d.json" >>"$d.log" 2>&1 ||
             caught="k8s_schema.mjs"
     fi
-    if [[ -n $caught ]]; then
-        say "broken on purpose ($name): caught by $caught: $(grep -m1 FAIL "$d.log" | cut -c1-150)"
+    if [[ -n $caught ]] && grep FAIL "$d.log" | grep -qF -- "$pattern"; then
+        say "broken on purpose ($name): caught by $caught: $(grep FAIL "$d.log" | grep -m1 -F -- "$pattern" | cut -c1-150)"
+    elif [[ -n $caught ]]; then
+        bad "broken on purpose ($name): $caught failed, but not on it: $(grep -m1 FAIL "$d.log")"
     elif [[ $schema != ok && $only == schema ]]; then
         say "broken on purpose ($name): not checked (no schema validator)"
     else
         bad "broken on purpose ($name) and nothing noticed"
     fi
 }
-mutant service-port scheduler.yaml "      port: 9091" "      port: 9093"
-mutant unknown-field servers.yaml "terminationGracePeriodSeconds: 30" "terminationGracePeriod: 30" schema
-mutant bad-type workers.yaml "  backoffLimit: 6" "  backoffLimit: six" schema
-mutant flag workers.yaml "            - --epochs=5" "            - --epoch=5"
-mutant secret-path configmap.yaml '"/etc/chainps/secret/job.secret"' '"/etc/chainps/job.secret"'
-mutant count servers.yaml "  replicas: 3" "  replicas: 4"
+if ((fails)); then
+    say "the manifests as they are fail: the deliberately broken copies are not tried"
+else
+    mutant service-port scheduler.yaml "      port: 9091" "      port: 9093" "port 9093"
+    mutant container-port servers.yaml "containerPort: 9092" "containerPort: 9093" "container port 9093"
+    mutant unknown-field servers.yaml "terminationGracePeriodSeconds: 30" \
+        "terminationGracePeriod: 30" "terminationGracePeriod" schema
+    mutant bad-type workers.yaml "  backoffLimit: 6" "  backoffLimit: six" "backoffLimit" schema
+    mutant flag workers.yaml "            - --epochs=5" "            - --epoch=5" "--epoch "
+    mutant secret-path configmap.yaml '"/etc/chainps/secret/job.secret"' \
+        '"/etc/chainps/job.secret"' "CHAINPS_SECRET_MOUNT"
+    mutant count servers.yaml "  replicas: 3" "  replicas: 4" "replicas 4"
+fi
 
 if ((fails)); then
     say "$fails failure(s)"
