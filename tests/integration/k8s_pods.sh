@@ -17,7 +17,7 @@
 # the servers then stay up idle, probes passing, until deleted (TERM).
 #
 # usage: k8s_pods.sh CHAINPS_BIN FMNIST_BIN DEPLOY_DIR WORK_DIR     (root: unshare -mn)
-# env: K8S_PODS_STEPS (fmnist --steps, default 4000: about 30 s here)
+# env: K8S_PODS_STEPS (fmnist --steps, default 6000: 30 to 60 s here)
 # Exits 77 (skipped) where namespaces cannot be made (not root) or the Fashion-MNIST data
 # (Debian's dataset-fashion-mnist) is not installed.
 # shellcheck disable=SC2154 # pods.env (made below) defines servers, workers and each pod's arrays
@@ -66,7 +66,7 @@ fi
 # ---- inside the namespaces ----
 t=$work
 ip link set lo up
-steps=${K8S_PODS_STEPS:-4000}
+steps=${K8S_PODS_STEPS:-6000}
 
 # Render the manifests and turn each pod into an environment and a command line.
 py=python3
@@ -195,7 +195,8 @@ child_of() { cat "$t/$1/run/chainps.pid"; } # as kubectl exec would find it
 say "steps $steps; pods: scheduler, $servers servers, $workers workers"
 for ((i = 0; i < workers; i++)); do
     n=worker_${i}_cmd
-    eval "$n+=(--steps=$steps --log-every=100)"
+    # later flags win: enough epochs for --steps to be the limit
+    eval "$n+=(--epochs=50 --steps=$steps --log-every=100)"
 done
 start scheduler
 wait_probe scheduler ready 15 || bad "the scheduler never became ready"
