@@ -7,15 +7,17 @@ pkgs=(build-essential cmake pkg-config liblmdb-dev libnanomsg-dev libopenblas-de
 case "$what" in
   demo) pkgs+=(dataset-fashion-mnist gnuplot-nox) ;;
   test) pkgs+=(clang clang-format libclang-rt-14-dev iperf3 dataset-fashion-mnist procps
-              python3-numpy python3-torch python3-pytest) ;;
+              python3-numpy python3-torch python3-pytest python3-yaml) ;;
   all)  pkgs+=(dataset-fashion-mnist gnuplot-nox clang clang-format libclang-rt-14-dev iperf3 procps
-              python3-numpy python3-torch python3-pytest) ;;
+              python3-numpy python3-torch python3-pytest python3-yaml) ;;
   *) echo "usage: $0 [demo|test|all]" >&2; exit 2 ;;
 esac
 # Wanted but not needed: integration.slurm runs a private one-node Slurm cluster with them and
-# skips (naming why) without; a failed install of these is a warning, not an error.
+# skips (naming why) without; integration.k8s lints the manifests with yamllint and the pods'
+# entrypoint with shellcheck when they are there; long.k8s_image builds deploy/k8s/Dockerfile
+# with buildah on a debootstrap'd base. A failed install of these is a warning.
 optional=()
-case "$what" in test|all) optional=(slurm-wlm munge) ;; esac
+case "$what" in test|all) optional=(slurm-wlm munge yamllint shellcheck buildah debootstrap) ;; esac
 absent() { # packages of "$@" not installed
   local p
   for p in "$@"; do
@@ -34,7 +36,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 if [ ${#missing_opt[@]} -gt 0 ]; then
-  echo "deps: installing ${missing_opt[*]} (optional: for integration.slurm)"
+  echo "deps: installing ${missing_opt[*]} (optional: for integration.slurm, integration.k8s, long.k8s_image)"
   $sudo apt-get install -y -qq --no-install-recommends "${missing_opt[@]}" >/dev/null ||
-    echo "deps: warning: could not install ${missing_opt[*]}; integration.slurm will be skipped"
+    echo "deps: warning: could not install ${missing_opt[*]}; integration.slurm and long.k8s_image will be skipped, integration.k8s will not lint"
 fi

@@ -1,0 +1,270 @@
+#!/usr/bin/env bash
+# ctest integration.k8s: the Kubernetes manifests of deploy/k8s/, checked offline (no cluster
+# and no container builder run here).
+#
+# usage: k8s_validate.sh CHAINPS_BIN DEPLOY_DIR WORK_DIR [FMNIST_BIN]
+#
+#  1. yamllint on every manifest (when Debian's yamllint is installed), shellcheck on the
+#     pods' entrypoint (when shellcheck is), bash -n always;
+#  2. tests/integration/k8s_check.py (python3-yaml): renders the kustomization as
+#     `kubectl apply -k` would and checks chainps's invariants (flags against `chainps ROLE
+#     --help` and `fmnist --help`, ports, the secret's mount, counts, probes, security);
+#  3. the Dockerfile: Debian 12 bases, every apt-get package known to apt-cache, the runtime
+#     stage's packages covering what `ldd` says chainps and fmnist load, COPY sources present;
+#  4. `kubectl kustomize` (when a kubectl is installed) renders the same objects;
+#  5. tests/integration/k8s_schema.mjs: every object against the Kubernetes OpenAPI schemas
+#     (npm's kubernetes-models, installed with typescript into WORK_DIR/k8s-npm on first run);
+#  6. the checkers must reject deliberately broken copies of the manifests (a wrong port, an
+#     unknown field, a misspelt flag), so that a checker that passes everything fails here.
+# Exit 0 when all ran and passed; 1 on any failure; 77 (skipped) when node/npm or the npm
+# packages are not to be had, after steps 1-4 passed, saying so.
+set -euo pipefail
+
+chainps=${1:?usage: k8s_validate.sh CHAINPS_BIN DEPLOY_DIR WORK_DIR [FMNIST_BIN]}
+deploy=$(cd "${2:?DEPLOY_DIR}" && pwd)
+work=${3:?WORK_DIR}
+fmnist=${4:-}
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$work"
+work=$(cd "$work" && pwd)
+tmp=$(mktemp -d "$work/k8s-validate.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+say() { echo "k8s_validate: $*"; }
+bad() {
+    echo "k8s_validate: FAIL: $*"
+    fails=$((fails + 1))
+}
+
+[[ -x $chainps ]] || {
+    say "chainps binary $chainps not found"
+    exit 1
+}
+[[ -z $fmnist || -x $fmnist ]] || fmnist=""
+
+# python3 with yaml: Debian's first (python3-yaml), else the one on PATH.
+py=""
+for p in /usr/bin/python3 python3; do
+    if command -v "$p" >/dev/null && "$p" -c 'import yaml' 2>/dev/null; then
+        py=$p
+        break
+    fi
+done
+[[ -n $py ]] || {
+    say "FAIL: no python3 with the yaml module (apt-get install python3-yaml)"
+    exit 1
+}
+
+"$chainps" secret "$tmp/job.secret" >/dev/null
+
+# 1. yamllint, shellcheck, bash -n.
+if command -v yamllint >/dev/null; then
+    conf='{extends: default, rules: {line-length: {max: 100}, document-start: disable,
+           comments: {min-spaces-from-content: 1}}}'
+    if timeout 60 yamllint -s -d "$conf" "$deploy"/*.yaml; then
+        say "yamllint: ok"
+    else
+        bad "yamllint"
+    fi
+else
+    say "note: yamllint not installed (scripts/deps.sh test installs it): YAML style not linted"
+fi
+bash -n "$deploy/chainps-k8s.sh" || bad "bash -n chainps-k8s.sh"
+if command -v shellcheck >/dev/null; then
+    if timeout 60 shellcheck "$deploy/chainps-k8s.sh"; then
+        say "shellcheck chainps-k8s.sh: ok"
+    else
+        bad "shellcheck chainps-k8s.sh"
+    fi
+else
+    say "note: shellcheck not installed: chainps-k8s.sh checked with bash -n only"
+fi
+
+# 2. Render and check chainps's invariants.
+check() { # DEPLOY_DIR OUT.json
+    timeout 60 "$py" "$here/k8s_check.py" "$1" "$chainps" ${fmnist:+"$fmnist"} \
+        --secret "$tmp/job.secret" --out "$2"
+}
+check "$deploy" "$tmp/objects.json" || bad "k8s_check.py"
+
+# 3. The Dockerfile.
+docker_check() {
+    local df=$deploy/Dockerfile root
+    root=$(cd "$deploy/../.." && pwd)
+    mapfile -t froms < <(awk 'toupper($1) == "FROM" { print $2 }' "$df")
+    ((${#froms[@]} >= 2)) || bad "Dockerfile: expected a builder and a runtime stage"
+    for f in "${froms[@]}"; do
+        [[ $f == debian:12* || $f == debian:bookworm* ]] || bad "Dockerfile: FROM $f is not Debian 12"
+    done
+    # Packages per stage: the words after "apt-get install" up to the next && or end of RUN.
+    "$py" - "$df" >"$tmp/pkgs" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read().replace("\\\n", " ")
+stage = -1
+for line in text.splitlines():
+    if re.match(r"\s*FROM\s", line, re.I):
+        stage += 1
+    for m in re.finditer(r"apt-get install ([^&;]*)", line):
+        for w in m.group(1).split():
+            if not w.startswith("-"):
+                print(stage, w)
+EOF
+    [[ -s $tmp/pkgs ]] || bad "Dockerfile: no apt-get install found"
+    local known=0 missing=0 stage pkg
+    if apt-cache show dpkg >/dev/null 2>&1; then
+        while read -r stage pkg; do
+            if apt-cache show "$pkg" >/dev/null 2>&1; then
+                known=$((known + 1))
+            else
+                bad "Dockerfile: package $pkg (stage $stage) is not in apt-cache"
+                missing=$((missing + 1))
+            fi
+        done <"$tmp/pkgs"
+        say "Dockerfile: $known packages known to apt-cache, $missing unknown"
+    else
+        say "note: apt-cache has no package lists (apt-get update): Dockerfile packages not looked up"
+    fi
+    # The runtime stage (last) must bring every library chainps and fmnist load.
+    local last bin lib real owner p
+    last=$(awk '{print $1}' "$tmp/pkgs" | sort -n | tail -1)
+    for bin in "$chainps" ${fmnist:+"$fmnist"}; do
+        while read -r lib; do
+            real=$(readlink -f "$lib")
+            owner=""
+            for p in "$lib" "$real" "${real/#\/usr\/lib\//\/lib\/}"; do
+                [[ -n $owner ]] || owner=$(dpkg -S "$p" 2>/dev/null | head -1 | cut -d: -f1 || true)
+            done
+            case $owner in
+            "" | libc6 | libgcc-s1 | libstdc++6 | libgfortran5 | libquadmath0) continue ;;
+            esac
+            # libopenblas0-pthread and friends: any OpenBLAS flavour will do.
+            if ! grep -qx "$last $owner" "$tmp/pkgs"; then
+                bad "Dockerfile: $(basename "$bin") loads $lib ($owner), not installed in the runtime stage"
+            fi
+        done < <(ldd "$bin" | awk '$3 ~ /^\// { print $3 }')
+    done
+    # COPY sources from the context exist; the entrypoint is what the manifests run.
+    while read -r src; do
+        [[ -e $root/$src ]] || bad "Dockerfile: COPY $src: no such file in the repository"
+    done < <(awk 'toupper($1) == "COPY" && $2 !~ /^--from/ && $2 != "." { print $2 }' "$df")
+    grep -q 'COPY deploy/k8s/chainps-k8s.sh /usr/local/bin/chainps-k8s' "$df" ||
+        bad "Dockerfile: chainps-k8s (the manifests' command) is not installed on PATH"
+    grep -q '^USER [0-9]' "$df" || bad "Dockerfile: no numeric non-root USER"
+    [[ -f $root/.dockerignore ]] || bad "no .dockerignore beside the build context's root"
+    grep -qx 'build' "$root/.dockerignore" || bad ".dockerignore does not leave out build/"
+    say "Dockerfile: structure checked (no container builder is run here)"
+}
+docker_check
+
+# 4. kubectl kustomize, where a kubectl is installed.
+if command -v kubectl >/dev/null; then
+    mkdir "$tmp/kdir"
+    cp "$deploy"/*.yaml "$tmp/kdir/"
+    cp "$tmp/job.secret" "$tmp/kdir/job.secret"
+    if timeout 60 kubectl kustomize "$tmp/kdir" >"$tmp/kustomized.yaml" 2>"$tmp/kustomize.err"; then
+        if "$py" - "$tmp/kustomized.yaml" "$tmp/objects.json" "$tmp/kustomized.json" <<'EOF'; then
+import json, sys, yaml
+ko = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
+# kustomize wraps a Secret's base64 at 70 columns; the API server's decoder (Go's) skips the
+# newlines, the schema's "byte" format does not: join them.
+for o in ko:
+    if o["kind"] == "Secret":
+        o["data"] = {k: "".join(v.split()) for k, v in o.get("data", {}).items()}
+mine = json.load(open(sys.argv[2]))
+key = lambda o: (o["kind"], o["metadata"]["name"], o["metadata"].get("namespace"))
+a, b = sorted(map(key, ko)), sorted(map(key, mine))
+json.dump(ko, open(sys.argv[3], "w"))
+if a != b:
+    print("k8s_validate: FAIL: kubectl kustomize renders", a, "but k8s_check.py", b)
+    sys.exit(1)
+EOF
+            say "kubectl kustomize ($(kubectl version --client 2>/dev/null | head -1)): same objects"
+        else
+            bad "kubectl kustomize and k8s_check.py disagree"
+        fi
+    else
+        bad "kubectl kustomize: $(cat "$tmp/kustomize.err")"
+    fi
+else
+    say "note: no kubectl: the kustomization is rendered by k8s_check.py only"
+fi
+
+# 5. Schema validation with kubernetes-models (npm), into WORK_DIR/k8s-npm.
+npm_dir=$work/k8s-npm
+models_version=5.1.0
+ts_version=5.9.3
+schema=""
+skip=""
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    skip="node or npm is not installed"
+else
+    have=$(node -e 'try{console.log(require(process.argv[1]).version)}catch(e){}' \
+        "$npm_dir/node_modules/kubernetes-models/package.json" 2>/dev/null || true)
+    if [[ $have != "$models_version" || ! -f $npm_dir/node_modules/typescript/bin/tsc ]]; then
+        mkdir -p "$npm_dir"
+        printf '{"name":"chainps-k8s-validate","private":true,"dependencies":{"kubernetes-models":"%s","typescript":"%s"}}\n' \
+            "$models_version" "$ts_version" >"$npm_dir/package.json"
+        say "installing kubernetes-models@$models_version and typescript@$ts_version into $npm_dir"
+        # One install at a time (the plain and sanitizer builds' runs share the directory).
+        if ! (cd "$npm_dir" && flock -w 300 "$npm_dir/.lock" \
+            timeout 300 npm install --no-audit --no-fund --loglevel=error >"$tmp/npm.log" 2>&1); then
+            skip="npm install kubernetes-models@$models_version typescript@$ts_version failed: $(grep -v nodedir "$tmp/npm.log" | tail -3)"
+        fi
+    fi
+fi
+if [[ -z $skip ]]; then
+    schema=ok
+    files=("$tmp/objects.json")
+    [[ -f $tmp/kustomized.json ]] && files+=("$tmp/kustomized.json")
+    timeout 180 node "$here/k8s_schema.mjs" "$npm_dir" "${files[@]}" || {
+        bad "schema validation"
+        schema=failed
+    }
+fi
+
+# 6. The checkers must catch deliberate breakage (each on a copy of deploy/k8s).
+mutant() { # NAME FILE OLD NEW PATTERN [schema]: the checkers must fail on FILE with OLD made
+    # NEW, with a FAIL line matching PATTERN ("schema": only the schema validator can see it)
+    local name=$1 file=$2 old=$3 new=$4 pattern=$5 only=${6:-} d=$tmp/mutant-$1
+    cp -r "$deploy" "$d"
+    "$py" -c 'import sys; p, a, b = sys.argv[1:]; s = open(p).read(); assert a in s, a
+open(p, "w").write(s.replace(a, b, 1))' "$d/$file" "$old" "$new"
+    local caught=""
+    check "$d" "$d.json" >"$d.log" 2>&1 || caught="k8s_check.py"
+    if [[ -z $caught && $schema == ok ]]; then
+        timeout 180 node "$here/k8s_schema.mjs" "$npm_dir" "$d.json" >>"$d.log" 2>&1 ||
+            caught="k8s_schema.mjs"
+    fi
+    if [[ -n $caught ]] && grep FAIL "$d.log" | grep -qF -- "$pattern"; then
+        say "broken on purpose ($name): caught by $caught: $(grep FAIL "$d.log" | grep -m1 -F -- "$pattern" | cut -c1-150)"
+    elif [[ -n $caught ]]; then
+        bad "broken on purpose ($name): $caught failed, but not on it: $(grep -m1 FAIL "$d.log")"
+    elif [[ $schema != ok && $only == schema ]]; then
+        say "broken on purpose ($name): not checked (no schema validator)"
+    else
+        bad "broken on purpose ($name) and nothing noticed"
+    fi
+}
+if ((fails)); then
+    say "the manifests as they are fail: the deliberately broken copies are not tried"
+else
+    mutant service-port scheduler.yaml "      port: 9091" "      port: 9093" "port 9093"
+    mutant container-port servers.yaml "containerPort: 9092" "containerPort: 9093" "container port 9093"
+    mutant unknown-field servers.yaml "terminationGracePeriodSeconds: 30" \
+        "terminationGracePeriod: 30" "terminationGracePeriod" schema
+    mutant bad-type workers.yaml "  backoffLimit: 6" "  backoffLimit: six" "backoffLimit" schema
+    mutant flag workers.yaml "            - --epochs=5" "            - --epoch=5" "--epoch "
+    mutant secret-path configmap.yaml '"/etc/chainps/secret/job.secret"' \
+        '"/etc/chainps/job.secret"' "CHAINPS_SECRET_MOUNT"
+    mutant count servers.yaml "  replicas: 3" "  replicas: 4" "replicas 4"
+fi
+
+if ((fails)); then
+    say "$fails failure(s)"
+    exit 1
+fi
+if [[ -n $skip ]]; then
+    say "SKIP: the manifests were not validated against the Kubernetes schemas: $skip"
+    exit 77
+fi
+say "ok: deploy/k8s parsed, rendered, consistent and valid against the Kubernetes schemas"
