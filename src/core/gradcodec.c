@@ -247,12 +247,13 @@ static uint32_t kth_largest(uint32_t *a, uint64_t n, uint64_t k)
     return a[lo];
 }
 
-static int encode_topk(const cps_gradcodec *gc, float *acc, uint64_t n, unsigned char *out)
+static int encode_topk(const cps_gradcodec *gc, float *acc, uint64_t n, unsigned char *out,
+                       uint32_t *scratch)
 {
     uint64_t k = cps__gradcodec_topk_k(gc->ratio, n);
     /* Magnitudes as their bit patterns: for floats without the sign, unsigned order is numeric
      * order, and NaNs (above infinity's pattern) rank first, so they are sent, not carried. */
-    uint32_t *mag = malloc(n * sizeof *mag);
+    uint32_t *mag = scratch ? scratch : malloc(n * sizeof *mag);
     if (!mag)
         return CPS_ENOMEM;
     for (uint64_t i = 0; i < n; i++)
@@ -261,7 +262,8 @@ static int encode_topk(const cps_gradcodec *gc, float *acc, uint64_t n, unsigned
     uint64_t above = 0;
     for (uint64_t i = 0; i < n; i++)
         above += (f2u(acc[i]) & 0x7fffffffu) > t;
-    free(mag);
+    if (!scratch)
+        free(mag);
     /* Every value above the threshold, then those equal to it from the lowest index up. */
     uint64_t ties = k - above, j = 0;
     put_hdr(out, CPS_GC_TOPK, (uint32_t)k);
@@ -285,14 +287,14 @@ static int encode_topk(const cps_gradcodec *gc, float *acc, uint64_t n, unsigned
 }
 
 int cps__gradcodec_encode(const cps_gradcodec *gc, float *acc, uint64_t n, void *out, size_t cap,
-                          size_t *out_len)
+                          size_t *out_len, uint32_t *scratch)
 {
     size_t need = cps__gradcodec_size(gc, n);
     if (!acc || !out || !out_len || need == 0 || cap < need)
         return CPS_EINVAL;
     unsigned char *b = out;
     if (gc->kind == CPS_GC_TOPK) {
-        int rc = encode_topk(gc, acc, n, b);
+        int rc = encode_topk(gc, acc, n, b, scratch);
         if (rc != 0)
             return rc;
     } else {

@@ -69,10 +69,13 @@ size_t cps__gradcodec_size(const cps_gradcodec *gc, uint64_t n);
  *     quickselect over a scratch copy.
  * A value that is not finite (inf, NaN) is sent as it is (fp16/bf16; topk ranks NaN above inf)
  * and leaves a residual of 0: carried on, it would poison every later step.
+ * `scratch`: topk's working space, n uint32 the caller lends (so that an encode that must not
+ * fail half-way can allocate everything first), or NULL to have it allocated here; unused by
+ * the other codecs.
  * Errors: CPS_EINVAL (NULL pointers, CPS_GC_NONE, n 0 or > UINT32_MAX, cap too small),
- * CPS_ENOMEM (topk's scratch). On error acc and out are unchanged. */
+ * CPS_ENOMEM (topk's scratch, when not lent). On error acc and out are unchanged. */
 int cps__gradcodec_encode(const cps_gradcodec *gc, float *acc, uint64_t n, void *out, size_t cap,
-                          size_t *out_len);
+                          size_t *out_len, uint32_t *scratch);
 
 /* Decode a block of exactly `len` bytes standing for n values into out[0..n) (topk: zeros where
  * nothing was sent). Validates everything first: the codec id, the zero bytes, the count (n for

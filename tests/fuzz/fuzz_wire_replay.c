@@ -116,7 +116,7 @@ static void make_lossy_seeds(void)
         unsigned char *p = xmalloc(pre + blen);
         cps__wire_kv_encode(p, pre, 3, keys, lens, NULL, 0);
         cps__le32_put(p + 4, (uint32_t)nvals);
-        if (cps__gradcodec_encode(&gc, acc, nvals, p + pre, blen, &used) != 0)
+        if (cps__gradcodec_encode(&gc, acc, nvals, p + pre, blen, &used, NULL) != 0)
             exit(2);
         add_seed(kinds[c].name, kinds[c].type, kinds[c].compress, p, pre + blen);
         seeds[nseeds - 1].flags = CPS_WF_LOSSY;

@@ -231,7 +231,7 @@ static void check_topk_against_sort(const float *g, uint64_t n, double ratio)
     assert_non_null(ref);
     assert_non_null(want);
     memcpy(acc, g, n * sizeof *acc);
-    assert_int_equal(cps__gradcodec_encode(&gc, acc, n, out, cap, &len), 0);
+    assert_int_equal(cps__gradcodec_encode(&gc, acc, n, out, cap, &len, NULL), 0);
     assert_int_equal(len, cap);
     assert_int_equal(cps__le32_get(out + 4), k);
     for (uint64_t i = 0; i < n; i++)
@@ -254,7 +254,7 @@ static void check_topk_against_sort(const float *g, uint64_t n, double ratio)
     unsigned char *again = malloc(cap);
     assert_non_null(again);
     memcpy(acc, g, n * sizeof *acc);
-    assert_int_equal(cps__gradcodec_encode(&gc, acc, n, again, cap, &len), 0);
+    assert_int_equal(cps__gradcodec_encode(&gc, acc, n, again, cap, &len, NULL), 0);
     assert_memory_equal(out, again, cap);
     free(again);
     free(out);
@@ -299,7 +299,7 @@ static void topk_non_finite(void **state)
     cps_gradcodec gc = {CPS_GC_TOPK, 0.3}; /* k = 2 */
     unsigned char out[64];
     size_t len;
-    assert_int_equal(cps__gradcodec_encode(&gc, g, 6, out, sizeof out, &len), 0);
+    assert_int_equal(cps__gradcodec_encode(&gc, g, 6, out, sizeof out, &len, NULL), 0);
     assert_int_equal(cps__le32_get(out + 4), 2);
     assert_int_equal(cps__le32_get(out + 8), 1);  /* NaN ranks first */
     assert_int_equal(cps__le32_get(out + 12), 2); /* -inf before +inf: lower index */
@@ -337,7 +337,7 @@ static void ef_run(const cps_gradcodec *gc, int dyadic)
             sum_raw[i] += g[i];
         }
         size_t len;
-        assert_int_equal(cps__gradcodec_encode(gc, acc, N, out, sizeof out, &len), 0);
+        assert_int_equal(cps__gradcodec_encode(gc, acc, N, out, sizeof out, &len, NULL), 0);
         assert_int_equal(cps__gradcodec_decode(out, len, N, dec), 0);
         for (int i = 0; i < N; i++) {
             sum_dec[i] += dec[i];
@@ -374,13 +374,13 @@ static void fp16_saturates(void **state)
     unsigned char out[16];
     float dec[2];
     size_t len;
-    assert_int_equal(cps__gradcodec_encode(&gc, acc, 2, out, sizeof out, &len), 0);
+    assert_int_equal(cps__gradcodec_encode(&gc, acc, 2, out, sizeof out, &len, NULL), 0);
     assert_int_equal(cps__gradcodec_decode(out, len, 2, dec), 0);
     assert_true(dec[0] == 65504.0f && dec[1] == -65504.0f);
     assert_true(acc[0] == 100000.0f - 65504.0f);
     assert_true(acc[1] == -1e30f + 65504.0f);
     float nf[2] = {INFINITY, NAN};
-    assert_int_equal(cps__gradcodec_encode(&gc, nf, 2, out, sizeof out, &len), 0);
+    assert_int_equal(cps__gradcodec_encode(&gc, nf, 2, out, sizeof out, &len, NULL), 0);
     assert_int_equal(cps__gradcodec_decode(out, len, 2, dec), 0);
     assert_true(isinf(dec[0]) && isnan(dec[1]) && nf[0] == 0 && nf[1] == 0);
 }
@@ -402,7 +402,7 @@ static void decoder_rejects_malformed(void **state)
     memcpy(out, keep, sizeof out);
     float acc[N];
     memcpy(acc, g, sizeof acc);
-    assert_int_equal(cps__gradcodec_encode(&top, acc, N, blk, sizeof blk, &len), 0);
+    assert_int_equal(cps__gradcodec_encode(&top, acc, N, blk, sizeof blk, &len, NULL), 0);
     assert_int_equal(len, 8 + 8 * 5);
 #define REFUSED(buf, l, n, code)                                                                   \
     do {                                                                                           \
@@ -438,7 +438,7 @@ static void decoder_rejects_malformed(void **state)
     /* fp16 / bf16: the count must be n, the length 8 + 2n. */
     cps_gradcodec half = {CPS_GC_FP16, 0};
     memcpy(acc, g, sizeof acc);
-    assert_int_equal(cps__gradcodec_encode(&half, acc, N, blk, sizeof blk, &len), 0);
+    assert_int_equal(cps__gradcodec_encode(&half, acc, N, blk, sizeof blk, &len, NULL), 0);
     assert_int_equal(len, 8 + 2 * N);
     REFUSED(blk, len, N - 1, CPS_EPROTO);
     REFUSED(blk, len - 2, N, CPS_ESIZE);
@@ -449,9 +449,9 @@ static void decoder_rejects_malformed(void **state)
     assert_int_equal(cps__gradcodec_decode(NULL, len, N, out), CPS_EINVAL);
     assert_int_equal(cps__gradcodec_decode(blk, len, 0, out), CPS_EINVAL);
     /* Encoder arguments. */
-    assert_int_equal(cps__gradcodec_encode(&half, acc, N, blk, len - 1, &len), CPS_EINVAL);
+    assert_int_equal(cps__gradcodec_encode(&half, acc, N, blk, len - 1, &len, NULL), CPS_EINVAL);
     cps_gradcodec none = {CPS_GC_NONE, 0};
-    assert_int_equal(cps__gradcodec_encode(&none, acc, N, blk, sizeof blk, &len), CPS_EINVAL);
+    assert_int_equal(cps__gradcodec_encode(&none, acc, N, blk, sizeof blk, &len, NULL), CPS_EINVAL);
 #undef REFUSED
 }
 
