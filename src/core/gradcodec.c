@@ -189,23 +189,51 @@ static void put_hdr(unsigned char *b, uint32_t kind, uint32_t count)
 #define F16_MAX  65504.0f
 #define BF16_MAX 0x1.fep127f
 
+static void put16(unsigned char *p, uint32_t h)
+{
+    p[0] = (unsigned char)h;
+    p[1] = (unsigned char)(h >> 8);
+}
+
+/* One value the fast paths below do not take: saturation, specials, fp16 subnormals. */
+static uint16_t encode_one(int bf, float *x)
+{
+    float max = bf ? BF16_MAX : F16_MAX, v = *x;
+    uint16_t h;
+    if (isfinite(v)) {
+        float c = v > max ? max : v < -max ? -max : v;
+        h = bf ? cps__f32_to_bf16(c) : cps__f32_to_f16(c);
+        /* Exact (Sterbenz) unless saturated or rounded to zero, where it is x itself. */
+        *x = v - (bf ? cps__bf16_to_f32(h) : cps__f16_to_f32(h));
+    } else {
+        h = bf ? cps__f32_to_bf16(v) : cps__f32_to_f16(v);
+        *x = 0;
+    }
+    return h;
+}
+
+/* The common case inline, without a call or a branch per special: a value that is a normal
+ * number of the 16-bit format (and rounds to one) is rounded to nearest even by adding below
+ * the kept bits, and its decoded value rebuilt from the same bits. The unit tests compare every
+ * path with cps__f32_to_f16 / cps__f32_to_bf16. */
 static void encode_half(int bf, float *acc, uint64_t n, unsigned char *out)
 {
-    float max = bf ? BF16_MAX : F16_MAX;
     for (uint64_t i = 0; i < n; i++) {
-        float x = acc[i];
-        uint16_t h;
-        if (isfinite(x)) {
-            float c = x > max ? max : x < -max ? -max : x;
-            h = bf ? cps__f32_to_bf16(c) : cps__f32_to_f16(c);
-            /* Exact (Sterbenz) unless saturated or rounded to zero, where it is x itself. */
-            acc[i] = x - (bf ? cps__bf16_to_f32(h) : cps__f16_to_f32(h));
+        uint32_t u = f2u(acc[i]), a = u & 0x7fffffffu, sign = u ^ a;
+        if (!bf && a >= 0x38800000u && a < 0x477ff000u) {
+            /* [2^-14, 65520): normal halves; rebias 127 -> 15, round, keep 10 bits. */
+            uint32_t y = a - 0x38000000u;
+            uint32_t h = (y + 0xfffu + ((y >> 13) & 1u)) >> 13;
+            put16(out + 2 * i, (sign >> 16) | h);
+            acc[i] -= u2f(sign | ((h << 13) + 0x38000000u));
+        } else if (bf && a < 0x7f7f8000u) {
+            /* Below the largest bf16's rounding limit: no overflow, no NaN. */
+            uint32_t h = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+            put16(out + 2 * i, h);
+            acc[i] -= u2f(h << 16);
         } else {
-            h = bf ? cps__f32_to_bf16(x) : cps__f32_to_f16(x);
-            acc[i] = 0;
+            put16(out + 2 * i, encode_one(bf, &acc[i]));
         }
-        out[2 * i] = (unsigned char)h;
-        out[2 * i + 1] = (unsigned char)(h >> 8);
     }
 }
 

@@ -147,6 +147,45 @@ static void specials(void **state)
     assert_true(signbit(cps__f16_to_f32(0x8000)));
 }
 
+/* The encoder's inline fast paths against the reference conversions, value by value, over every
+ * exponent (random bit patterns: normals, subnormals of both formats, the limits, specials). */
+static void encoder_matches_conversions(void **state)
+{
+    (void)state;
+    enum { N = 4096 };
+    static float acc[N], x[N];
+    static unsigned char out[8 + 2 * N];
+    for (int bf = 0; bf < 2; bf++) {
+        cps_gradcodec gc = {bf ? CPS_GC_BF16 : CPS_GC_FP16, 0};
+        for (int round = 0; round < 200; round++) {
+            for (int i = 0; i < N; i++) {
+                uint32_t u = (uint32_t)rnd();
+                if (i % 4 == 1) /* bias towards the fp16 range and its edges */
+                    u = (u & 0x807fffffu) | ((uint32_t)(100 + rnd() % 45) << 23);
+                x[i] = acc[i] = u2f(u);
+            }
+            x[0] = acc[0] = 65519.998f, x[1] = acc[1] = 0x1.fefffep127f;
+            x[2] = acc[2] = -0x1.ff8p-15f, x[3] = acc[3] = 65520.0f;
+            size_t len;
+            assert_int_equal(cps__gradcodec_encode(&gc, acc, N, out, sizeof out, &len, NULL), 0);
+            for (int i = 0; i < N; i++) {
+                uint16_t h = (uint16_t)(out[8 + 2 * i] | out[9 + 2 * i] << 8);
+                float v = x[i], max = bf ? 0x1.fep127f : 65504.0f;
+                if (isnan(v)) {
+                    assert_true(isnan(bf ? cps__bf16_to_f32(h) : cps__f16_to_f32(h)));
+                    assert_true(acc[i] == 0);
+                    continue;
+                }
+                float c = isfinite(v) ? fminf(fmaxf(v, -max), max) : v;
+                uint16_t want = bf ? cps__f32_to_bf16(c) : cps__f32_to_f16(c);
+                assert_int_equal(h, want);
+                float back = bf ? cps__bf16_to_f32(h) : cps__f16_to_f32(h);
+                assert_true(f2u(acc[i]) == f2u(isfinite(v) ? v - back : 0.0f));
+            }
+        }
+    }
+}
+
 /* ---- specs ---- */
 
 static void parse_specs(void **state)
@@ -463,6 +502,7 @@ int main(void)
         cmocka_unit_test(f16_round_to_nearest_even),
         cmocka_unit_test(bf16_round_to_nearest_even),
         cmocka_unit_test(specials),
+        cmocka_unit_test(encoder_matches_conversions),
         cmocka_unit_test(parse_specs),
         cmocka_unit_test(topk_k_formula),
         cmocka_unit_test(topk_keeps_the_k_largest),
