@@ -18,30 +18,15 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
-build=${1:-$here/../build-bench}
-build=$(cd "$build" && pwd) || exit 2
+# shellcheck source=lib_results.sh
+. "$here/lib_results.sh" run_compress "${1:-}" chainps bench/bench_ps bench/bench_gradcodec
 CHAINPS=$build/chainps
 BENCH_PS=$build/bench/bench_ps
 BENCH_GC=$build/bench/bench_gradcodec
-for b in "$CHAINPS" "$BENCH_PS" "$BENCH_GC"; do
-    [ -x "$b" ] || { echo "run_compress: $b not built" >&2; exit 2; }
-done
 REPS=${REPS:-5}
 OPS=${OPS:-40}
 SIZES=${SIZES:-1048576,16777216}
 CODECS=${CODECS:-none fp16 bf16 topk:0.01 topk:0.1}
-
-res=$(mktemp "${TMPDIR:-/tmp}/chainps-compress-XXXXXX")
-log=$res.log
-cleanup() {
-    if [ "${KEEP:-0}" = 1 ]; then
-        echo "raw results kept in $res (log $log)"
-    else
-        rm -f "$res" "$res.run" "$log"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "chainps lossy compression benchmark on $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC')," \
