@@ -275,29 +275,66 @@ static uint32_t kth_largest(uint32_t *a, uint64_t n, uint64_t k)
     return a[lo];
 }
 
+static uint32_t mag_of(float f)
+{
+    /* For floats without the sign, unsigned order of the bits is numeric order, and NaNs (above
+     * infinity's pattern) rank first, so they are sent, not carried. */
+    return f2u(f) & 0x7fffffffu;
+}
+
+/* The k-th largest magnitude of acc[0..n) (the threshold), and in *above how many are larger.
+ * `mag` (n entries) is scratch. Exact whatever path it takes: a large input is first cut down
+ * by a threshold a fixed sample says lies below the answer (about 2k candidates survive), so
+ * the quickselect runs on those rather than on all n; if fewer than k survive (an unlucky
+ * sample), the whole input is selected instead. */
+static uint32_t topk_threshold(const float *acc, uint64_t n, uint64_t k, uint32_t *mag,
+                               uint64_t *above)
+{
+    enum { SAMPLE = 1024 };
+    uint64_t c = 0;
+    uint64_t want = 2 * k * SAMPLE / n + 16; /* sample values the cut keeps, with slack */
+    if (n >= 16 * SAMPLE && want < SAMPLE) {
+        uint32_t s[SAMPLE];
+        for (uint64_t i = 0; i < SAMPLE; i++)
+            s[i] = mag_of(acc[i * (n / SAMPLE)]);
+        uint32_t lo = kth_largest(s, SAMPLE, want);
+        for (uint64_t i = 0; i < n; i++) {
+            uint32_t m = mag_of(acc[i]);
+            mag[c] = m; /* written always, kept when it passes: no branch to mispredict */
+            c += m >= lo;
+        }
+    }
+    if (c < k) {
+        for (uint64_t i = 0; i < n; i++)
+            mag[i] = mag_of(acc[i]);
+        c = n;
+    }
+    uint32_t t = kth_largest(mag, c, k);
+    /* Every value larger than t is among the candidates. */
+    uint64_t a = 0;
+    for (uint64_t i = 0; i < c; i++)
+        a += mag[i] > t;
+    *above = a;
+    return t;
+}
+
 static int encode_topk(const cps_gradcodec *gc, float *acc, uint64_t n, unsigned char *out,
                        uint32_t *scratch)
 {
-    uint64_t k = cps__gradcodec_topk_k(gc->ratio, n);
-    /* Magnitudes as their bit patterns: for floats without the sign, unsigned order is numeric
-     * order, and NaNs (above infinity's pattern) rank first, so they are sent, not carried. */
+    uint64_t k = cps__gradcodec_topk_k(gc->ratio, n), above;
     uint32_t *mag = scratch ? scratch : malloc(n * sizeof *mag);
     if (!mag)
         return CPS_ENOMEM;
-    for (uint64_t i = 0; i < n; i++)
-        mag[i] = f2u(acc[i]) & 0x7fffffffu;
-    uint32_t t = kth_largest(mag, n, k);
-    uint64_t above = 0;
-    for (uint64_t i = 0; i < n; i++)
-        above += (f2u(acc[i]) & 0x7fffffffu) > t;
+    uint32_t t = topk_threshold(acc, n, k, mag, &above);
     if (!scratch)
         free(mag);
-    /* Every value above the threshold, then those equal to it from the lowest index up. */
+    /* Every value above the threshold, then those equal to it from the lowest index up. What is
+     * not sent is carried as it is, except what would poison every later step. */
     uint64_t ties = k - above, j = 0;
     put_hdr(out, CPS_GC_TOPK, (uint32_t)k);
     unsigned char *idx = out + CPS_GC_HDR_SIZE, *val = idx + 4 * k;
-    for (uint64_t i = 0; i < n && j < k; i++) {
-        uint32_t m = f2u(acc[i]) & 0x7fffffffu;
+    for (uint64_t i = 0; i < n; i++) {
+        uint32_t m = mag_of(acc[i]);
         if (m > t || (m == t && ties > 0)) {
             if (m == t)
                 ties--;
@@ -305,12 +342,10 @@ static int encode_topk(const cps_gradcodec *gc, float *acc, uint64_t n, unsigned
             cps__le32_put(val + 4 * j, f2u(acc[i]));
             acc[i] = 0; /* sent whole: nothing left to carry */
             j++;
+        } else if (m >= 0x7f800000u) {
+            acc[i] = 0;
         }
     }
-    /* What was not sent is carried as it is, except what would poison every later step. */
-    for (uint64_t i = 0; i < n; i++)
-        if (!isfinite(acc[i]))
-            acc[i] = 0;
     return 0;
 }
 

@@ -331,6 +331,21 @@ static void topk_keeps_the_k_largest(void **state)
     }
 }
 
+/* Large inputs are cut down by a sampled threshold first (gradcodec.c topk_threshold): a sample
+ * that sees only the largest values keeps fewer than k candidates, and the encoder must fall
+ * back to selecting over everything. Here every sampled position (multiples of n / 1024) holds
+ * 100 and every other value is smaller. */
+static void topk_unlucky_sample(void **state)
+{
+    (void)state;
+    enum { N = 32768 };
+    static float g[N];
+    for (int i = 0; i < N; i++)
+        g[i] = i % (N / 1024) == 0 ? 100.0f : (float)(i % 97) * 0.01f;
+    check_topk_against_sort(g, N, 0.1); /* k = 3277 > the 1024 sampled */
+    check_topk_against_sort(g, N, 0.01);
+}
+
 static void topk_non_finite(void **state)
 {
     (void)state;
@@ -506,6 +521,7 @@ int main(void)
         cmocka_unit_test(parse_specs),
         cmocka_unit_test(topk_k_formula),
         cmocka_unit_test(topk_keeps_the_k_largest),
+        cmocka_unit_test(topk_unlucky_sample),
         cmocka_unit_test(topk_non_finite),
         cmocka_unit_test(error_feedback_sums_to_the_total),
         cmocka_unit_test(fp16_saturates),
