@@ -77,13 +77,15 @@ END {
         c = order[a]; s = sl[b]; k = c SUBSEP s; k0 = "none" SUBSEP s
         if (!(k in pp)) continue
         push = wr[k] > 0 ? s / wr[k] : 0
-        push0 = (k0 in wr && wr[k0] > 0) ? s / wr[k0] : 0
+        push0 = ((k0 in wr) && wr[k0] > 0) ? s / wr[k0] : 0
         e = (k in enc) ? sprintf("%8.2f", enc[k]) : sprintf("%8s", "-")
         d = (k in dec) ? sprintf("%8.2f", dec[k]) : sprintf("%8s", "-")
+        # (a ">" in printf arguments would be a redirection: the ratios are worked out first)
+        rpush = push0 > 0 ? sprintf("%.3f", push / push0) : "-"
+        rlo = ((k0 in lo) && lo[k0] > 0) ? sprintf("%.3f", lo[k] / lo[k0]) : "-"
+        rpp = ((k0 in pp) && pp[k0] > 0) ? sprintf("%.2f", pp[k] / pp[k0]) : "-"
         printf "%-10s %-6s | %12.0f %8s | %12.0f %6s | %8.0f %5s | %s %s\n", c, human(s), push,
-               push0 > 0 ? sprintf("%.3f", push / push0) : "-", lo[k],
-               (k0 in lo && lo[k0] > 0) ? sprintf("%.3f", lo[k] / lo[k0]) : "-", pp[k],
-               (k0 in pp && pp[k0] > 0) ? sprintf("%.2f", pp[k] / pp[k0]) : "-", e, d
+               rpush, lo[k], rlo, pp[k], rpp, e, d
     }
     printf "\n(push bytes: payload as sent per step; B/step lo: all loopback bytes per push+pull,\n"
     printf " the pull of float32 values included; load average %s before, %s after)\n", load0, load1
