@@ -21,13 +21,10 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
-build=${1:-$here/../build-bench}
-build=$(cd "$build" && pwd) || exit 2
+# shellcheck source=lib_results.sh
+. "$here/lib_results.sh" run_replication "${1:-}" chainps bench/bench_ps
 CHAINPS=$build/chainps
 BENCH_PS=$build/bench/bench_ps
-for b in "$CHAINPS" "$BENCH_PS"; do
-    [ -x "$b" ] || { echo "run_replication: $b not built" >&2; exit 2; }
-done
 [ -r /proc/net/dev ] || { echo "run_replication: /proc/net/dev unreadable" >&2; exit 2; }
 REPS=${REPS:-7}
 OPS=${OPS:-150}
@@ -35,18 +32,6 @@ SIZES=${SIZES:-65536,1048576}
 RS=${RS:-1 2 3}
 MODES=${MODES:-sync async}
 S=3
-
-res=$(mktemp "${TMPDIR:-/tmp}/chainps-repl-XXXXXX")
-log=$res.log
-cleanup() {
-    if [ "${KEEP:-0}" = 1 ]; then
-        echo "raw results kept in $res (log $log)"
-    else
-        rm -f "$res" "$res.run" "$log"
-    fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 lo_bytes() { awk '$1 == "lo:" { print $2 }' /proc/net/dev; }
 

@@ -56,6 +56,9 @@ def parse_args(argv):
     ap.add_argument("--save", metavar="PATH", help="rank 0 saves the final state_dict (torch.save)")
     ap.add_argument("--slow-ms", type=float, default=0.0,
                     help="sleep this long per step (to make one worker a straggler)")
+    ap.add_argument("--compress", metavar="SPEC",
+                    help="lossy push compression of the weight matrices (fp16, bf16, topk:R); "
+                         "biases stay float32 (default: the job's CHAINPS_COMPRESS)")
     ap.add_argument("--data", default=DATA, help=f"IDX .gz files ({DATA})")
     a = ap.parse_args(argv)
     if a.epochs < 1 or a.batch < 1 or a.steps < 0 or a.threads < 1 or a.lr < 0:
@@ -180,8 +183,11 @@ def main(argv):
         total = min(total, a.steps)
 
     if client:
+        # Chosen per tensor: a bias is too small for compression to pay.
+        compress = (lambda name, p: a.compress if p.dim() > 1 else None) if a.compress else None
         opt = cpt.DistributedOptimizer(model.named_parameters(), chainps_optim(chainps, a),
-                                       client=client, seed=a.seed, overlap=not a.no_overlap)
+                                       client=client, seed=a.seed, overlap=not a.no_overlap,
+                                       compress=compress)
         start = opt.start_step
         print(f"worker {rank} of {nw}: mode {client.mode}, {client.num_servers} servers, "
               f"steps {start}..{total}", flush=True)

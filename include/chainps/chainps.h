@@ -202,6 +202,33 @@ CPS_API uint32_t cps_tensor_ndim(const cps_tensor *t);
 CPS_API uint64_t cps_tensor_dim(const cps_tensor *t, uint32_t i);
 
 /**
+ * @brief Choose how this tensor's gradients are compressed, lossily, on their way to the servers.
+ *
+ * `spec` is one of
+ *  - "fp16": each value rounded to IEEE half precision (to nearest, ties to even): half the
+ *    bytes. A finite value beyond +-65504 is sent as +-65504, the rest carried (below).
+ *  - "bf16": bfloat16 (float32's range, 8 bits of precision): half the bytes.
+ *  - "topk:R", 0 < R <= 1: only the largest R fraction of the values by magnitude (at least one
+ *    per key range the tensor spans), with their indices: 8 bytes per value sent, so R < 0.5
+ *    saves bytes (topk:0.01 sends about 2% of the bytes).
+ *  - "none": plain float32 (the default, unless CHAINPS_COMPRESS names a codec).
+ * With every codec the worker keeps what the encoding lost (error feedback): the part of each
+ * gradient not sent is added to the next gradient pushed for this tensor, so over the steps
+ * the servers receive all of it. The servers decode pushes back to float32 before summing or
+ * applying them; pulls are never compressed. Snappy (CHAINPS_COMPRESS=1, the default) still
+ * compresses the encoded bytes when that saves at least 10%. Table row pushes
+ * (cps_rows_push) and cps_raw_push() are never lossy; whole-table pushes are.
+ *
+ * Takes effect from the next push; pushes in flight keep the bytes they were encoded to (a
+ * re-sent push is byte-identical). Switching between codecs keeps the carried residual;
+ * "none" drops it. Servers from before this call refuse lossy pushes (an unknown header flag).
+ *
+ * @param[in] spec the codec, as above (copied).
+ * @return 0, CPS_EINVAL (NULL argument or an unknown spec: the log names it).
+ */
+CPS_API int cps_tensor_compress(cps_client *c, cps_tensor *t, const char *spec);
+
+/**
  * @brief Push a gradient for the whole tensor; returns when every server has applied it (async)
  * or when the step's aggregate of all workers is applied (sync mode: every worker must push).
  * @param[in] grad `len` values; len must equal the tensor length (else CPS_ESIZE).

@@ -83,6 +83,10 @@ class DistributedOptimizer:
         overlap: push from gradient hooks during backward() (default); False pushes everything
             in step(), one asynchronous push-pull per parameter (for comparison).
         prefix: prepended to every declared name (to train two models in one job).
+        compress: lossy compression of the gradients pushed (client.compress): None (the
+            job's default, CHAINPS_COMPRESS), a spec for every parameter ('fp16', 'bf16',
+            'topk:R', 'none'), or a callable (name, param) -> spec or None, to choose per
+            tensor (e.g. 'topk:0.01' for large weight matrices, None for biases).
 
     The constructor declares every parameter (with its shape) and pulls its values into the
     model, so every worker starts from the same parameters. Raises TypeError/ValueError for a
@@ -91,7 +95,7 @@ class DistributedOptimizer:
     """
 
     def __init__(self, named_parameters, optim=None, client=None, init=None, seed=0,
-                 overlap=True, prefix=""):
+                 overlap=True, prefix="", compress=None):
         self.client = client if client is not None else chainps.init()
         self._named = [(prefix + n, p) for n, p in named_parameters if p.requires_grad]
         if not self._named:
@@ -116,6 +120,9 @@ class DistributedOptimizer:
                 i = init
             t = self.client.declare(name, tuple(p.shape), init=i, optim=self.optim)
             self._tensors[name] = t
+            spec = compress(name, p) if callable(compress) else compress
+            if spec is not None:
+                self.client.compress(t, spec)
             if self.grad_scale != 1.0:
                 self._send[name] = torch.empty_like(p, memory_format=torch.contiguous_format)
         # Every worker starts from the servers' values (fresh, or those of a resumed job).

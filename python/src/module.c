@@ -620,6 +620,30 @@ static PyObject *Client_rows_pull(ClientObject *self, PyObject *args)
     return rows_call(self, args, 0);
 }
 
+static PyObject *Client_compress(ClientObject *self, PyObject *args)
+{
+    PyObject *to;
+    const char *spec;
+    if (!PyArg_ParseTuple(args, "Os:compress", &to, &spec))
+        return NULL;
+    TensorObject *t = tensor_arg(self, to, "compress");
+    if (!t)
+        return NULL;
+    const char *tn = PyUnicode_AsUTF8(t->name);
+    /* No wait involved: the choice only applies to the next push. */
+    int rc = cps_tensor_compress(self->c, t->t, spec);
+    if (rc == CPS_EINVAL) {
+        PyErr_Format(PyExc_ValueError,
+                     "compress(%s): '%s' is not a gradient codec (fp16, bf16, topk:R with "
+                     "0 < R <= 1, or none)",
+                     tn, spec);
+        return NULL;
+    }
+    if (rc != 0)
+        return raise_cps(rc, "compress", tn);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Client_barrier(ClientObject *self, PyObject *unused)
 {
     (void)unused;
@@ -662,6 +686,8 @@ static PyMethodDef Client_methods[] = {
      "push_pull_async(tensor, grad, out) -> Handle"},
     {"rows_push", (PyCFunction)Client_rows_push, METH_VARARGS, "rows_push(table, rows, grads)"},
     {"rows_pull", (PyCFunction)Client_rows_pull, METH_VARARGS, "rows_pull(table, rows, out)"},
+    {"compress", (PyCFunction)Client_compress, METH_VARARGS,
+     "compress(tensor, spec): lossy push compression, 'fp16', 'bf16', 'topk:R' or 'none'"},
     {"barrier", (PyCFunction)Client_barrier, METH_NOARGS, "barrier()"},
     {"stats", (PyCFunction)Client_stats, METH_NOARGS, "stats() -> dict"},
     {"close", (PyCFunction)Client_close, METH_NOARGS, "close()"},

@@ -64,6 +64,7 @@ enum {
     CLI_OPT_RESET_DATA,
     CLI_OPT_SECRET_FILE,
     CLI_OPT_INSECURE,
+    CLI_OPT_COMPRESS,
 };
 
 /* The job-secret flags every subcommand takes, for its struct option table and its help. */

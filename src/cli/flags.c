@@ -125,6 +125,15 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps_config *
     case CLI_OPT_NO_COMPRESS:
         cfg->compress = 0;
         break;
+    case CLI_OPT_COMPRESS:
+        if (cps__gradcodec_parse(arg, &cfg->grad_codec) != 0) {
+            snprintf(err, sizeof err,
+                     "--compress: '%s' is not a gradient codec (fp16, bf16, topk:R with "
+                     "0 < R <= 1, or none)",
+                     arg);
+            rc = CPS_ECONFIG;
+        }
+        break;
     case CLI_OPT_HOLD:
         cfg->hold = 1;
         break;

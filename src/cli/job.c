@@ -236,7 +236,9 @@ int cps__job_start(cps_job *j, int i)
     snprintf(env[k++], sizeof env[0], "CHAINPS_NUM_WORKERS=%d", j->W);
     snprintf(env[k++], sizeof env[0], "CHAINPS_MODE=%s", j->mode);
     snprintf(env[k++], sizeof env[0], "CHAINPS_VERBOSE=%d", j->cfg.verbose);
-    snprintf(env[k++], sizeof env[0], "CHAINPS_COMPRESS=%d", j->cfg.compress);
+    char compress[48];
+    snprintf(env[k++], sizeof env[0], "CHAINPS_COMPRESS=%s",
+             cps__config_compress_str(&j->cfg, compress, sizeof compress));
     snprintf(env[k++], sizeof env[0], "CHAINPS_BIND=127.0.0.1");
     snprintf(env[k++], sizeof env[0], "CHAINPS_ADVERTISE=127.0.0.1");
     cps_child *c = &j->kids[i];

@@ -48,6 +48,10 @@ static const char launch_usage[] =
     "                     workers still exiting after the job ended (saving a model, an\n"
     "                     interpreter shutting down) are waited for within it (or 600 s)\n"
     "  --no-compress      never snappy-compress pushes\n"
+    "  --compress SPEC    lossy gradient compression of every worker tensor's pushes: fp16,\n"
+    "                     bf16 or topk:R (the largest R fraction of the values, 0 < R <= 1),\n"
+    "                     with error feedback (what is not sent is added to the next push);\n"
+    "                     a program may choose per tensor (cps_tensor_compress). Default none\n"
     "  --kill-at SEC      a demonstration of failover: SIGKILL server 0 (the head of range 0)\n"
     "                     SEC seconds in, restart it 2 s later (it copies its ranges back);\n"
     "                     the workers see CHAINPS_KILL_AT_S=SEC (fmnist marks it on its plot)\n"
@@ -77,6 +81,7 @@ static const struct option launch_opts[] = {
     {"port", required_argument, 0, CLI_OPT_PORT},
     {"timeout", required_argument, 0, CLI_OPT_TIMEOUT},
     {"no-compress", no_argument, 0, CLI_OPT_NO_COMPRESS},
+    {"compress", required_argument, 0, CLI_OPT_COMPRESS},
     {"kill-at", required_argument, 0, CLI_OPT_KILL_AT},
     {"kill-server", required_argument, 0, CLI_OPT_KILL_SERVER},
     {"restart-workers", no_argument, 0, CLI_OPT_RESTART_WORKERS},

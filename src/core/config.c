@@ -376,6 +376,45 @@ static int env_flag(const char *name, int *dst, char *err, size_t errlen)
     return 0;
 }
 
+int cps__config_parse_compress(const char *what, const char *s, cps_config *cfg, char *err,
+                               size_t errlen)
+{
+    int snappy = cfg->compress, codecs = 0;
+    cps_gradcodec gc = cfg->grad_codec;
+    char item[64];
+    const char *p = s;
+    do {
+        size_t n = strcspn(p, ",");
+        if (n == 0 || n >= sizeof item)
+            return fail(err, errlen, "%s: '%s' has an empty or overlong item", what, s);
+        memcpy(item, p, n);
+        item[n] = 0;
+        if (!strcmp(item, "0") || !strcmp(item, "1")) {
+            snappy = item[0] == '1';
+        } else if (cps__gradcodec_parse(item, &gc) != 0 || ++codecs > 1) {
+            return fail(err, errlen,
+                        "%s: '%s' is not 0 or 1 (snappy) and one lossy gradient codec (none, "
+                        "fp16, bf16, topk:R with 0 < R <= 1), comma-separated",
+                        what, s);
+        }
+        p += n;
+    } while (*p++ == ',');
+    cfg->compress = snappy;
+    cfg->grad_codec = gc;
+    return 0;
+}
+
+const char *cps__config_compress_str(const cps_config *cfg, char *buf, size_t len)
+{
+    char spec[CPS_GC_SPEC_MAX];
+    if (cfg->grad_codec.kind == CPS_GC_NONE)
+        snprintf(buf, len, "%d", cfg->compress ? 1 : 0);
+    else
+        snprintf(buf, len, "%d,%s", cfg->compress ? 1 : 0,
+                 cps__gradcodec_format(&cfg->grad_codec, spec, sizeof spec));
+    return buf;
+}
+
 static int env_misc(cps_config *cfg, char *err, size_t errlen)
 {
     const char *s = env("CHAINPS_DATA_DIR");
@@ -419,7 +458,8 @@ static int env_misc(cps_config *cfg, char *err, size_t errlen)
                         sizeof cfg->secret_file - 1);
         snprintf(cfg->secret_file, sizeof cfg->secret_file, "%s", s);
     }
-    int rc = env_flag("CHAINPS_COMPRESS", &cfg->compress, err, errlen);
+    s = env("CHAINPS_COMPRESS");
+    int rc = s ? cps__config_parse_compress("CHAINPS_COMPRESS", s, cfg, err, errlen) : 0;
     if (!rc)
         rc = env_flag("CHAINPS_SYNC", &cfg->sync_every_commit, err, errlen);
     if (!rc)
@@ -570,7 +610,7 @@ int cps__config_export_env(const cps_config *cfg)
     if (!rc)
         rc = put_u32("CHAINPS_WORKER_DEAD_AFTER_MS", cfg->worker_dead_after_ms);
     if (!rc)
-        rc = put("CHAINPS_COMPRESS", cfg->compress ? "1" : "0");
+        rc = put("CHAINPS_COMPRESS", cps__config_compress_str(cfg, buf, sizeof buf));
     if (!rc)
         rc = put("CHAINPS_SYNC", cfg->sync_every_commit ? "1" : "0");
     if (!rc)

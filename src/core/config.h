@@ -20,7 +20,9 @@
  *               declared dead; > the interval), CHAINPS_UNAVAILABLE_TIMEOUT_MS (how long a call
  *               waits for a range with no live replica before failing with CPS_EUNAVAILABLE),
  *               CHAINPS_WORKER_DEAD_AFTER_MS (silence before a worker is declared dead)
- *   compress    CHAINPS_COMPRESS (0|1)
+ *   compress    CHAINPS_COMPRESS: a comma-separated list of 0|1 (snappy off/on) and a lossy
+ *               gradient codec (none|fp16|bf16|topk:R) every worker tensor starts with, e.g.
+ *               "1", "fp16", "0,topk:0.01" (what is not named keeps its default)
  *   sync        CHAINPS_SYNC (0|1: fsync every commit)
  *   secret      CHAINPS_SECRET_FILE (the job's secret: every message carries a MAC under it),
  *               CHAINPS_INSECURE (0|1: run without one; refused otherwise)
@@ -31,6 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/gradcodec.h"
 #include "core/view.h"
 
 typedef struct cps_config {
@@ -58,7 +61,8 @@ typedef struct cps_config {
     uint32_t worker_dead_after_ms;     /* default 5000: a worker dropped too early changes a sync
                                           job's result, one noticed late only delays a step */
     uint32_t unavailable_timeout_ms;   /* default 30000 */
-    int compress;                      /* default 1 */
+    int compress;                      /* snappy; default 1 */
+    cps_gradcodec grad_codec;          /* workers' default lossy codec; default none */
     int sync_every_commit;             /* default 0 */
     int hold_workers;                  /* scheduler: welcome no worker until a RELEASE (a
                                           checkpoint is being restored: --restore-from) */
@@ -99,6 +103,12 @@ int cps__config_parse_hostport(const char *what, const char *s, char host[CPS_AD
 /* "sync" | "async" | "ssp:N" (N 0..1000000). */
 int cps__config_parse_mode(const char *what, const char *s, uint32_t *mode, uint32_t *bound,
                            char *err, size_t errlen);
+/* CHAINPS_COMPRESS's value: comma-separated "0"/"1" (snappy) and at most one codec spec
+ * (core/gradcodec.h), applied to cfg->compress / cfg->grad_codec. */
+int cps__config_parse_compress(const char *what, const char *s, cps_config *cfg, char *err,
+                               size_t errlen);
+/* The CHAINPS_COMPRESS value that stands for cfg's snappy and codec settings into buf. */
+const char *cps__config_compress_str(const cps_config *cfg, char *buf, size_t len);
 /* "scheduler"|"server"|"worker" plus MS_SCHED/MS_PSERVER/MS_WORKER. */
 int cps__config_parse_role(const char *what, const char *s, int *role, char *err, size_t errlen);
 

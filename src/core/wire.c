@@ -73,6 +73,8 @@ int cps__wire_hdr_decode(const void *buf, size_t len, cps_msg_hdr *out)
     h.flags = (uint16_t)(b[6] | b[7] << 8);
     if (!type_known(h.type) || (h.flags & ~CPS_WF_KNOWN_))
         return CPS_EPROTO;
+    if ((h.flags & CPS_WF_LOSSY) && h.type != CPS_MSG_PUSH && h.type != CPS_MSG_PUSH_PULL)
+        return CPS_EPROTO;
     h.sender = cps__le32_get(b + 8);
     h.status = (int32_t)cps__le32_get(b + 12);
     /* Status codes are 0 or negative by construction; anything else is garbage. */
@@ -138,12 +140,12 @@ size_t cps__wire_kv_encode(void *buf, size_t cap, uint32_t nkeys, const uint64_t
     return need;
 }
 
-int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps_kv *out)
+/* A kv payload's keys part, shared by the plain and the lossy decoders: nkeys, the length
+ * (`plain`: exactly the floats of nvals after the padding, checked first as it always was;
+ * lossy: at least one byte of codec block), zero padding, keys sorted, lens, their sum. */
+static int kv_decode_keys(const unsigned char *b, size_t len, int plain, cps_kv *out,
+                          uint64_t *pre_out)
 {
-    const unsigned char *b = buf;
-
-    if (!buf || !out || ((uintptr_t)buf & 7) || need_vals < -1 || need_vals > 1)
-        return CPS_EINVAL;
     if (len < 8 || len > CPS_WIRE_MAX_PAYLOAD)
         return CPS_ESIZE;
     uint32_t nkeys = cps__le32_get(b);
@@ -151,10 +153,8 @@ int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps_kv *out)
     if (nkeys == 0)
         return CPS_EPROTO;
     uint64_t pre = kv_prefix_size(nkeys);
-    if (pre + 4 * (uint64_t)nvals != len)
+    if (plain ? pre + 4 * (uint64_t)nvals != len : pre >= len)
         return CPS_ESIZE;
-    if ((need_vals == 1 && nvals == 0) || (need_vals == 0 && nvals != 0))
-        return CPS_EPROTO;
     for (uint64_t i = 8 + 12 * (uint64_t)nkeys; i < pre; i++)
         if (b[i])
             return CPS_EPROTO;
@@ -179,7 +179,43 @@ int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps_kv *out)
     out->nvals = nvals;
     out->keys = keys;
     out->lens = lens;
-    out->vals = nvals ? (const float *)(b + pre) : NULL;
+    out->vals = plain && nvals ? (const float *)(b + pre) : NULL;
+    *pre_out = pre;
+    return 0;
+}
+
+int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps_kv *out)
+{
+    if (!buf || !out || ((uintptr_t)buf & 7) || need_vals < -1 || need_vals > 1)
+        return CPS_EINVAL;
+    cps_kv kv;
+    uint64_t pre;
+    int rc = kv_decode_keys(buf, len, 1, &kv, &pre);
+    if (rc)
+        return rc;
+    if ((need_vals == 1 && kv.nvals == 0) || (need_vals == 0 && kv.nvals != 0))
+        return CPS_EPROTO;
+    *out = kv;
+    return 0;
+}
+
+int cps__wire_kv_decode_lossy(const void *buf, size_t len, cps_kv *out, const void **block,
+                              size_t *block_len)
+{
+    const unsigned char *b = buf;
+
+    if (!buf || !out || !block || !block_len || ((uintptr_t)buf & 7))
+        return CPS_EINVAL;
+    cps_kv kv;
+    uint64_t pre;
+    int rc = kv_decode_keys(b, len, 0, &kv, &pre);
+    if (rc)
+        return rc;
+    if (kv.nvals == 0)
+        return CPS_EPROTO;
+    *out = kv;
+    *block = b + pre;
+    *block_len = len - (size_t)pre;
     return 0;
 }
 

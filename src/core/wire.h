@@ -81,8 +81,16 @@ enum cps_msg_type {
 #define CPS_WF_REPLY  0x0002u /* message is a reply to a request with the same request id */
 /* Apply this push on arrival even in sync mode: sparse row pushes, whose key sets differ between
  * workers, so there is no per-step aggregate to wait for. They carry their own sequence space. */
-#define CPS_WF_NOAGG  0x0004u
-#define CPS_WF_KNOWN_ (CPS_WF_SNAPPY | CPS_WF_REPLY | CPS_WF_NOAGG)
+#define CPS_WF_NOAGG 0x0004u
+/* PUSH / PUSH_PULL only: the values of the kv payload are a lossy gradient codec's block
+ * (cps__wire_kv_decode_lossy below; the block's format, codec id and count are in
+ * core/gradcodec.h). The head decodes it to float32 before anything else, so a lossy push never
+ * goes further: FWD updates, the store and checkpoints hold plain floats. Snappy, when it pays,
+ * applies to the payload as usual (CPS_WF_SNAPPY then describes the bytes on the wire, and the
+ * decompressed payload is this one). A message without the flag decodes exactly as before, and
+ * a server that predates it refuses the flag as unknown rather than misreading the values. */
+#define CPS_WF_LOSSY  0x0008u
+#define CPS_WF_KNOWN_ (CPS_WF_SNAPPY | CPS_WF_REPLY | CPS_WF_NOAGG | CPS_WF_LOSSY)
 
 /* Request sequence spaces (header req_seq): dense pushes count 1, 2, ... per (worker, range);
  * sparse-row pushes (CPS_WF_NOAGG) have CPS_SEQ_SPARSE set and their own count; every other
@@ -140,7 +148,8 @@ static inline uint64_t cps__le64_get(const void *p)
 void cps__wire_hdr_encode(void *buf, const cps_msg_hdr *h);
 
 /* Parse and validate a header from a whole message of `len` bytes: magic, version, known type,
- * known flags, status <= 0, payload_len == len - 64, payload_len <= CPS_WIRE_MAX_PAYLOAD, raw_len
+ * known flags (CPS_WF_LOSSY only on PUSH / PUSH_PULL), status <= 0, payload_len == len - 64,
+ * payload_len <= CPS_WIRE_MAX_PAYLOAD, raw_len
  * == payload_len unless CPS_WF_SNAPPY (then 0 < raw_len <= CPS_WIRE_MAX_PAYLOAD and raw_len <=
  * 22 * payload_len, the most snappy can expand: so raw_len is safe to allocate).
  * Returns 0, CPS_EPROTO (bad magic/version/type/flags/status) or CPS_ESIZE (lengths). */
@@ -172,6 +181,16 @@ size_t cps__wire_kv_encode(void *buf, size_t cap, uint32_t nkeys, const uint64_t
  * -1 either. Requires `buf` 8-byte aligned (returns CPS_EINVAL otherwise; the transport's buffers
  * are). Errors: CPS_EPROTO (nkeys 0, unsorted keys, zero len, bad padding), CPS_ESIZE (sizes). */
 int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps_kv *out);
+
+/* ---- lossy push payload (CPS_WF_LOSSY) ----
+ *   u32 nkeys, u32 nvals (> 0: the number of float values the block stands for, == sum of lens)
+ *   u64 keys[nkeys], u32 lens[nkeys], zero padding to 8   (exactly as in a kv payload)
+ *   codec block (core/gradcodec.h) to the end of the payload, >= 1 byte
+ * Decodes and validates the keys part like cps__wire_kv_decode (out->vals is NULL) and returns
+ * the block, borrowed from buf; the caller decodes it with cps__gradcodec_decode(nvals).
+ * Errors: CPS_EINVAL (NULL, misaligned), CPS_EPROTO (as kv, or nvals 0), CPS_ESIZE. */
+int cps__wire_kv_decode_lossy(const void *buf, size_t len, cps_kv *out, const void **block,
+                              size_t *block_len);
 
 /* ---- parameter spec (DECLARE: follows the kv payload, 8-byte aligned) ----
  * For each key: u64 offset of its first element within the whole tensor (so initial values are

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "chainps/error.h"
+#include "core/gradcodec.h"
 #include "core/log.h"
 #include "optim/optim.h"
 #include "entries.h"
@@ -852,8 +853,55 @@ static void push_sync(server *s, cps_rx *rx, const cps_kv *kv)
     cps__rx_free(rx);
 }
 
+/* A lossy push (CPS_WF_LOSSY) becomes an ordinary one here, before anything else looks at it:
+ * its codec block is decoded into float32 values in a plain kv payload that replaces rx's, so
+ * admission, sync aggregation, the chain (FWD carries the update's body), the store and
+ * checkpoints only see floats, and a retry, decoded again from the same bytes, is the same push.
+ * A malformed block is refused with the decoder's error. raw_len then counts the float bytes,
+ * so the servers' traffic figures show what the codec saved. */
+static int unpack_lossy(server *s, cps_rx *rx)
+{
+    cps_kv kv;
+    const void *blk;
+    size_t blen;
+    int rc = cps__wire_kv_decode_lossy(rx->payload, rx->len, &kv, &blk, &blen);
+    const char *what = rc ? "keys" : "codec block";
+    size_t pre = rc ? 0 : cps__wire_kv_size(kv.nkeys, 0);
+    size_t n = rc ? 0 : cps__wire_kv_size(kv.nkeys, kv.nvals);
+    /* The decoded push must fit in a message: it is forwarded down the chain as it is. */
+    if (rc == 0 && n > CPS_WIRE_MAX_PAYLOAD)
+        rc = CPS_ESIZE;
+    unsigned char *plain = NULL;
+    if (rc == 0 && !(plain = aligned_alloc(16, (n + 15) & ~(size_t)15)))
+        rc = CPS_ENOMEM;
+    if (rc == 0) {
+        cps__wire_kv_encode(plain, pre, kv.nkeys, kv.keys, kv.lens, NULL, 0);
+        cps__le32_put(plain + 4, (uint32_t)kv.nvals);
+        rc = cps__gradcodec_decode(blk, blen, kv.nvals, (float *)(void *)(plain + pre));
+    }
+    if (rc != 0) {
+        free(plain);
+        s->stats.msgs_bad++;
+        cps__server_reply_error(s, &rx->hdr, rc,
+                                "malformed lossy-compressed push (%s of a %zu-byte payload)", what,
+                                rx->len);
+        return rc;
+    }
+    cps__rx_free(rx);
+    rx->owned = plain;
+    rx->payload = plain;
+    rx->len = n;
+    rx->hdr.flags &= (uint16_t)~CPS_WF_LOSSY;
+    rx->hdr.raw_len = (uint32_t)n;
+    return 0;
+}
+
 void cps__server_on_push(server *s, cps_rx *rx)
 {
+    if ((rx->hdr.flags & CPS_WF_LOSSY) && unpack_lossy(s, rx) != 0) {
+        cps__rx_free(rx);
+        return;
+    }
     cps_kv kv;
     int rc = cps__wire_kv_decode(rx->payload, rx->len, 1, &kv);
     if (rc != 0) {

@@ -157,6 +157,7 @@ static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_
     memcpy(t->dims, dims, ndim * sizeof *dims);
     t->hash = cps__hash64(name, nlen);
     t->spec = spec;
+    t->codec = c->cfg.grad_codec; /* CHAINPS_COMPRESS's codec, if any; cps_tensor_compress */
     rc = cps__layout_tensor(t, &c->view);
     if (rc == 0) {
         /* The scheduler keeps the names and shapes, so a checkpoint can name the keys. */
@@ -237,6 +238,32 @@ uint64_t cps_tensor_dim(const cps_tensor *t, uint32_t i)
     return t && i < t->ndim ? t->dims[i] : 0;
 }
 
+int cps_tensor_compress(cps_client *c, cps_tensor *t, const char *spec)
+{
+    if (!c || !t || !spec)
+        return CPS_EINVAL;
+    cps_gradcodec gc;
+    if (cps__gradcodec_parse(spec, &gc) != 0) {
+        cps_log(CPS_LOG_ERROR, "worker",
+                "tensor %s: '%s' is not a gradient codec (fp16, bf16, topk:R with 0 < R <= 1, "
+                "or none)",
+                t->name, spec);
+        return CPS_EINVAL;
+    }
+    pthread_mutex_lock(&c->lock);
+    /* Between lossy codecs the residuals stay: they are gradient not sent yet, whatever sends
+     * it. Turned off, there is no later encoding to carry them: they are dropped. */
+    if (gc.kind == CPS_GC_NONE) {
+        for (uint32_t i = 0; i < t->nparts; i++) {
+            free(t->parts[i].resid);
+            t->parts[i].resid = NULL;
+        }
+    }
+    t->codec = gc;
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
+
 /* Start (and with `wait` finish) a whole-tensor operation. */
 static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, float *out,
                      uint64_t len, cps_handle **h)
@@ -265,6 +292,17 @@ static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, 
     op->parts = t->parts;
     op->nparts = t->nparts;
     pthread_mutex_lock(&c->lock);
+    if (kind != OP_PULL && t->codec.kind != CPS_GC_NONE) {
+        /* Encoded once, here: the request's every send carries these bytes. */
+        int erc = cps__op_encode(c, t, op);
+        if (erc != 0) {
+            pthread_mutex_unlock(&c->lock);
+            cps_log(CPS_LOG_ERROR, "worker", "tensor %s: cannot encode its gradient: %s", t->name,
+                    cps_strerror(erc));
+            free(hd);
+            return erc;
+        }
+    }
     if (kind != OP_PULL)
         t->step++;
     op->step = t->step;
@@ -278,6 +316,7 @@ static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, 
     pthread_mutex_unlock(&c->lock);
     if (h) {
         if (rc != 0 && op->pending == 0) {
+            cps__op_enc_free(op);
             free(hd);
             return rc;
         }
@@ -285,6 +324,7 @@ static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, 
         *h = hd;
         return 0;
     }
+    cps__op_enc_free(op);
     return rc;
 }
 
@@ -337,6 +377,7 @@ int cps_wait_result(cps_handle *h, int timeout_ms, int *result)
     if (pending)
         return 0;
     free(h->op.scratch);
+    cps__op_enc_free(&h->op);
     if (h->op.own_parts)
         cps__parts_free((cps_part *)h->op.parts, h->op.nparts);
     free(h);

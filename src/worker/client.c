@@ -50,7 +50,9 @@ static int req_send(cps_client *c, const cps_reqs_action *a)
     const cps_op *op = a->ctx;
     const cps_part *p = &op->parts[a->part];
     int has_vals = a->type == CPS_MSG_PUSH || a->type == CPS_MSG_PUSH_PULL;
+    const cps_enc *enc = has_vals && op->enc ? &op->enc[a->part] : NULL;
     size_t len = a->type == CPS_MSG_DECLARE ? cps__wire_declare_size(p->nkeys)
+                 : enc                      ? cps__wire_kv_size(p->nkeys, 0) + enc->len
                                             : cps__wire_kv_size(p->nkeys, has_vals ? p->nvals : 0);
     cps_msg_hdr h = {0};
     h.type = a->type;
@@ -63,6 +65,8 @@ static int req_send(cps_client *c, const cps_reqs_action *a)
     h.aux = op->step; /* the SSP clock of a pull */
     if (op->noagg)
         h.flags |= CPS_WF_NOAGG;
+    if (enc)
+        h.flags |= CPS_WF_LOSSY;
     void *buf = cps__msg_alloc(&h, len);
     if (!buf)
         return CPS_ENOMEM;
@@ -71,8 +75,11 @@ static int req_send(cps_client *c, const cps_reqs_action *a)
         cps__wire_declare_encode(payload, len, p->nkeys, p->keys, p->lens, p->init_off, op->spec);
     } else {
         cps__wire_kv_encode(payload, len, p->nkeys, p->keys, p->lens, NULL, 0);
-        if (has_vals) {
+        if (has_vals)
             cps__le32_put(payload + 4, (uint32_t)p->nvals);
+        if (enc) {
+            memcpy(payload + cps__wire_kv_size(p->nkeys, 0), enc->buf, enc->len);
+        } else if (has_vals) {
             float *dst = (float *)(void *)(payload + cps__wire_kv_size(p->nkeys, 0));
             for (uint32_t j = 0; j < p->nkeys; j++) {
                 memcpy(dst, op->grad + p->src_off[j], (size_t)p->lens[j] * sizeof(float));
@@ -112,7 +119,8 @@ static int req_send(cps_client *c, const cps_reqs_action *a)
         }
     }
     if (has_vals && a->attempt == 0) {
-        c->stats.push_raw_bytes += len;
+        /* Before compression: the float bytes, whichever codecs then shrank them. */
+        c->stats.push_raw_bytes += cps__wire_kv_size(p->nkeys, p->nvals);
         c->stats.push_wire_bytes += wire_len;
     }
     int rc = cps__tp_send(c->tp, a->to, buf, CPS_WIRE_HDR_SIZE + wire_len);
@@ -139,6 +147,7 @@ typedef struct detached_push {
     cps_op op;
     cps_part part;
     float *vals;
+    cps_enc enc; /* a lossy push: its encoded bytes, sent as they were (op.enc points here) */
     struct detached_push *next;
 } detached_push;
 
@@ -148,6 +157,7 @@ static void detached_free(detached_push *d)
     free(d->part.lens);
     free(d->part.src_off);
     free(d->vals);
+    free(d->enc.buf);
     free(d);
 }
 
@@ -164,8 +174,17 @@ static detached_push *detach_copy(cps_client *c, const cps_op *op, uint32_t i)
     d->part.keys = malloc((p->nkeys ? p->nkeys : 1) * sizeof *d->part.keys);
     d->part.lens = malloc((p->nkeys ? p->nkeys : 1) * sizeof *d->part.lens);
     d->part.src_off = malloc((p->nkeys ? p->nkeys : 1) * sizeof *d->part.src_off);
-    d->vals = malloc((p->nvals ? p->nvals : 1) * sizeof *d->vals);
-    if (!d->part.keys || !d->part.lens || !d->part.src_off || !d->vals) {
+    /* A lossy push keeps its encoded bytes, not the gradient: re-encoding would differ. */
+    if (op->enc) {
+        d->enc.len = op->enc[i].len;
+        d->enc.buf = malloc(d->enc.len);
+        if (d->enc.buf)
+            memcpy(d->enc.buf, op->enc[i].buf, d->enc.len);
+        d->op.enc = &d->enc;
+    } else {
+        d->vals = malloc((p->nvals ? p->nvals : 1) * sizeof *d->vals);
+    }
+    if (!d->part.keys || !d->part.lens || !d->part.src_off || (op->enc ? !d->enc.buf : !d->vals)) {
         detached_free(d);
         return NULL;
     }
@@ -174,7 +193,8 @@ static detached_push *detach_copy(cps_client *c, const cps_op *op, uint32_t i)
         d->part.keys[j] = p->keys[j];
         d->part.lens[j] = p->lens[j];
         d->part.src_off[j] = off;
-        memcpy(d->vals + off, op->grad + p->src_off[j], (size_t)p->lens[j] * sizeof(float));
+        if (d->vals)
+            memcpy(d->vals + off, op->grad + p->src_off[j], (size_t)p->lens[j] * sizeof(float));
         off += p->lens[j];
     }
     d->op.kind = op->kind;
@@ -566,6 +586,7 @@ static void client_free(cps_client *c)
         detached_free(d);
     }
     free(c->pack);
+    free(c->gc_scratch);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -702,6 +723,64 @@ void cps_client_stats_get(const cps_client *c, cps_client_stats *out)
 }
 
 /* ---- shared by api.c ---- */
+
+void cps__op_enc_free(cps_op *op)
+{
+    if (!op->enc)
+        return;
+    for (uint32_t i = 0; i < op->nparts; i++)
+        free(op->enc[i].buf);
+    free(op->enc);
+    op->enc = NULL;
+}
+
+int cps__op_encode(cps_client *c, cps_tensor *t, cps_op *op)
+{
+    const cps_gradcodec *gc = &t->codec;
+    uint64_t most = 0;
+    op->enc = calloc(t->nparts ? t->nparts : 1, sizeof *op->enc);
+    int rc = op->enc ? 0 : CPS_ENOMEM;
+    /* Everything that can fail first: blocks, residuals, top-k's scratch. */
+    for (uint32_t i = 0; rc == 0 && i < t->nparts; i++) {
+        cps_part *p = &t->parts[i];
+        op->enc[i].len = cps__gradcodec_size(gc, p->nvals);
+        if (!op->enc[i].len || !(op->enc[i].buf = malloc(op->enc[i].len)))
+            rc = op->enc[i].len ? CPS_ENOMEM : CPS_EINVAL;
+        if (rc == 0 && !p->resid && !(p->resid = calloc(p->nvals, sizeof *p->resid)))
+            rc = CPS_ENOMEM;
+        if (p->nvals > most)
+            most = p->nvals;
+    }
+    if (rc == 0 && gc->kind == CPS_GC_TOPK && c->gc_scratch_n < most) {
+        uint32_t *grown = realloc(c->gc_scratch, most * sizeof *grown);
+        if (grown) {
+            c->gc_scratch = grown;
+            c->gc_scratch_n = most;
+        } else {
+            rc = CPS_ENOMEM;
+        }
+    }
+    if (rc != 0) {
+        cps__op_enc_free(op);
+        return rc;
+    }
+    for (uint32_t i = 0; i < t->nparts; i++) {
+        cps_part *p = &t->parts[i];
+        /* The residual becomes this step's gradient plus what earlier steps did not send; the
+         * encoder leaves in it what this one does not. */
+        float *acc = p->resid;
+        for (uint32_t j = 0; j < p->nkeys; j++) {
+            const float *g = op->grad + p->src_off[j];
+            for (uint32_t e = 0; e < p->lens[j]; e++)
+                acc[e] += g[e];
+            acc += p->lens[j];
+        }
+        /* Cannot fail: arguments checked and sized above, scratch lent. */
+        cps__gradcodec_encode(gc, p->resid, p->nvals, op->enc[i].buf, op->enc[i].len,
+                              &op->enc[i].len, c->gc_scratch);
+    }
+    return 0;
+}
 
 int cps__client_run(cps_client *c, cps_op *op, int wait)
 {

@@ -9,6 +9,7 @@
 
 #include "chainps/chainps.h"
 #include "core/config.h"
+#include "core/gradcodec.h"
 #include "core/view.h"
 #include "core/wire.h"
 #include "node/heartbeat.h"
@@ -25,6 +26,10 @@ typedef struct cps_part {
     uint64_t *src_off;  /* element offset of key j's values in the caller's buffer */
     uint64_t *init_off; /* element offset of key j within its tensor (declare only) */
     uint64_t nvals;
+    /* A tensor's part under a lossy codec: what the encodings of its pushes have lost so far
+     * (nvals floats, in the order the part's values are sent), added to the next push's
+     * gradient (error feedback). Allocated at the first lossy push, freed with the part. */
+    float *resid;
 } cps_part;
 
 struct cps_tensor {
@@ -37,8 +42,9 @@ struct cps_tensor {
     uint64_t hash;
     cps_param_spec spec;
     uint32_t nparts;
-    cps_part *parts; /* the whole tensor, by range */
-    uint64_t step;   /* pushes so far: the sync step and the SSP clock */
+    cps_part *parts;     /* the whole tensor, by range */
+    uint64_t step;       /* pushes so far: the sync step and the SSP clock */
+    cps_gradcodec codec; /* lossy codec of its dense pushes (cps_tensor_compress); NONE: off */
     struct cps_tensor *next;
 };
 
@@ -60,6 +66,14 @@ void cps__parts_free(cps_part *parts, uint32_t nparts);
 
 enum op_kind { OP_DECLARE = 1, OP_PUSH, OP_PULL, OP_PUSH_PULL };
 
+/* One part's values as a lossy codec encoded them (core/gradcodec.h), once, when the push was
+ * made: every send of the request, re-sends included, carries these very bytes, so a retry is
+ * byte-identical and never re-encoded with a residual that has moved on since. */
+typedef struct cps_enc {
+    void *buf;
+    size_t len;
+} cps_enc;
+
 typedef struct cps_op {
     int kind;
     int result;       /* first error, or 0 */
@@ -72,6 +86,7 @@ typedef struct cps_op {
     uint32_t nparts;
     int own_parts;
     float *scratch; /* owned buffer (sparse rows) */
+    cps_enc *enc;   /* lossy pushes: nparts encoded blocks, owned (cps__op_enc_free); else NULL */
     struct cps_client *client;
     int in_use; /* handle given to the caller and not yet waited to completion */
     int noagg;  /* sparse rows: applied on arrival (CPS_WF_NOAGG) */
@@ -108,6 +123,8 @@ struct cps_client {
     cps_client_stats stats;
     void *pack; /* scratch for compression */
     size_t pack_cap;
+    uint32_t *gc_scratch; /* scratch of lossy top-k encodings (gc_scratch_n entries) */
+    uint64_t gc_scratch_n;
     /* Heartbeats come from a thread of their own (with its own socket), so a long compute
      * step between calls never looks like a dead worker. */
     cps_heartbeat *hb; /* heartbeats from a thread (a long step is no death) */
@@ -120,6 +137,13 @@ int cps__client_run(struct cps_client *c, cps_op *op, int wait);
 void cps__client_publish_step(struct cps_client *c, uint64_t step);
 /* Run the loop until op completes or timeout_ms passes (CPS_ETIMEDOUT). */
 int cps__client_wait(struct cps_client *c, cps_op *op, int timeout_ms);
+/* Encode op's gradient for every part of tensor t with t's lossy codec, adding each part's
+ * residual first and keeping what the encoding lost as the new residual (error feedback); fills
+ * op->enc. Everything is allocated before any residual changes, so on failure (CPS_ENOMEM)
+ * nothing moved and the push can be made again. */
+int cps__op_encode(struct cps_client *c, cps_tensor *t, cps_op *op);
+/* Free op->enc (NULL is fine). */
+void cps__op_enc_free(cps_op *op);
 /* Scheduler barrier. */
 int cps__client_barrier(struct cps_client *c);
 /* Tell the scheduler a tensor's description (for checkpoints) and wait for its answer.

@@ -41,6 +41,7 @@ void cps__parts_free(cps_part *parts, uint32_t nparts)
         free(parts[i].lens);
         free(parts[i].src_off);
         free(parts[i].init_off);
+        free(parts[i].resid);
     }
     free(parts);
 }

@@ -1,5 +1,5 @@
 /* Fuzz target for everything that parses bytes from the network: header, snappy payload, kv,
- * DECLARE, view, hello, spec and stats decoders.
+ * lossy push (keys + gradient codec block), DECLARE, view, hello, spec and stats decoders.
  *
  * Beyond "no crash, no sanitizer report", it checks that every accepted input is canonical:
  * re-encoding what a decoder accepted must give back the very same bytes. A decoder that
@@ -13,6 +13,7 @@
 
 #include "chainps/error.h"
 #include "core/codec.h"
+#include "core/gradcodec.h"
 #include "core/view.h"
 #include "core/wire.h"
 
@@ -58,6 +59,57 @@ static void fuzz_kv(const unsigned char *b, size_t len)
         check_same(b, len, re, got);
         free(re);
     }
+}
+
+/* A lossy push (CPS_WF_LOSSY): the keys part, then the codec block decoded into exactly nvals
+ * floats (an exact-size heap buffer, so ASan sees a write past it). An accepted 16-bit block is
+ * canonical: every value but a NaN converts back to its bits. An accepted top-k block leaves
+ * zeros everywhere but at its indices. */
+static void fuzz_lossy(const unsigned char *b, size_t len)
+{
+    cps_kv kv;
+    const void *blk;
+    size_t blen;
+    int rc = cps__wire_kv_decode_lossy(b, len, &kv, &blk, &blen);
+    if (rc) {
+        CHECK(is_error(rc));
+        return;
+    }
+    CHECK(kv.nvals > 0 && blen > 0 && (const unsigned char *)blk + blen == b + len);
+    if (kv.nvals > (1u << 22))
+        return; /* a real head refuses what it cannot hold; keep the fuzzer fast */
+    float *out = malloc(kv.nvals * sizeof *out);
+    CHECK(out);
+    rc = cps__gradcodec_decode(blk, blen, kv.nvals, out);
+    if (rc) {
+        CHECK(is_error(rc));
+        free(out);
+        return;
+    }
+    fuzz_wire_n.lossy_ok++;
+    const unsigned char *d = (const unsigned char *)blk + CPS_GC_HDR_SIZE;
+    uint32_t kind = ((const unsigned char *)blk)[0];
+    if (kind == CPS_GC_FP16 || kind == CPS_GC_BF16) {
+        CHECK(blen == CPS_GC_HDR_SIZE + 2 * kv.nvals);
+        for (uint64_t i = 0; i < kv.nvals; i++) {
+            uint16_t h = (uint16_t)(d[2 * i] | d[2 * i + 1] << 8);
+            if (out[i] != out[i])
+                continue;
+            CHECK((kind == CPS_GC_FP16 ? cps__f32_to_f16(out[i]) : cps__f32_to_bf16(out[i])) == h);
+        }
+    } else {
+        CHECK(kind == CPS_GC_TOPK);
+        uint64_t k = cps__le32_get((const unsigned char *)blk + 4), j = 0;
+        CHECK(k >= 1 && k <= kv.nvals && blen == CPS_GC_HDR_SIZE + 8 * k);
+        for (uint64_t i = 0; i < kv.nvals; i++) {
+            if (j < k && cps__le32_get(d + 4 * j) == i)
+                j++;
+            else
+                CHECK(out[i] == 0);
+        }
+        CHECK(j == k);
+    }
+    free(out);
 }
 
 static void fuzz_declare(const unsigned char *b, size_t len)
@@ -242,6 +294,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(p, data + CPS_WIRE_HDR_SIZE, plen);
     }
     fuzz_kv(p, plen);
+    fuzz_lossy(p, plen);
     fuzz_declare(p, plen);
     fuzz_view(p, plen);
     fuzz_hello(p, plen);

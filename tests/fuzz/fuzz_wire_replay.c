@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/gradcodec.h"
 #include "core/view.h"
 #include "core/wire.h"
 
@@ -22,11 +23,12 @@ typedef struct seed {
     const char *name;
     uint8_t type;
     int compress;
+    uint16_t flags;         /* header flags besides CPS_WF_SNAPPY (CPS_WF_LOSSY) */
     unsigned char *payload; /* raw (uncompressed) payload */
     size_t len;
 } seed;
 
-#define MAX_SEEDS 16
+#define MAX_SEEDS 24
 static seed seeds[MAX_SEEDS];
 static int nseeds;
 
@@ -47,7 +49,7 @@ static void *xmalloc(size_t n)
 
 static void add_seed(const char *name, uint8_t type, int compress, void *payload, size_t len)
 {
-    seeds[nseeds++] = (seed){name, type, compress, payload, len};
+    seeds[nseeds++] = (seed){name, type, compress, 0, payload, len};
 }
 
 static void make_kv_seeds(void)
@@ -86,6 +88,39 @@ static void make_kv_seeds(void)
     cps__wire_declare_encode(p, n, 5, keys, lens, offs, &s);
     add_seed("declare", CPS_MSG_DECLARE, 0, p, n);
     free(vals);
+}
+
+/* Lossy pushes (CPS_WF_LOSSY): the keys of a kv payload, then a gradient codec block. */
+static void make_lossy_seeds(void)
+{
+    static const struct {
+        const char *name;
+        const char *codec;
+        uint8_t type;
+        int compress;
+    } kinds[] = {{"push-fp16", "fp16", CPS_MSG_PUSH, 0},
+                 {"push-bf16-snappy", "bf16", CPS_MSG_PUSH, 1},
+                 {"push-topk", "topk:0.05", CPS_MSG_PUSH, 0},
+                 {"push_pull-topk-snappy", "topk:0.3", CPS_MSG_PUSH_PULL, 1}};
+    uint64_t keys[3] = {8, 9, (uint64_t)1 << 33};
+    uint32_t lens[3] = {5, 100, 20};
+    uint64_t nvals = 125;
+    for (size_t c = 0; c < sizeof kinds / sizeof *kinds; c++) {
+        cps_gradcodec gc;
+        if (cps__gradcodec_parse(kinds[c].codec, &gc) != 0)
+            exit(2);
+        float acc[125];
+        for (uint64_t i = 0; i < nvals; i++)
+            acc[i] = (float)((int)(i * 37 % 23) - 11) * 0.125f;
+        size_t pre = cps__wire_kv_size(3, 0), blen = cps__gradcodec_size(&gc, nvals), used;
+        unsigned char *p = xmalloc(pre + blen);
+        cps__wire_kv_encode(p, pre, 3, keys, lens, NULL, 0);
+        cps__le32_put(p + 4, (uint32_t)nvals);
+        if (cps__gradcodec_encode(&gc, acc, nvals, p + pre, blen, &used, NULL) != 0)
+            exit(2);
+        add_seed(kinds[c].name, kinds[c].type, kinds[c].compress, p, pre + blen);
+        seeds[nseeds - 1].flags = CPS_WF_LOSSY;
+    }
 }
 
 static void make_view_seeds(void)
@@ -175,6 +210,7 @@ static unsigned char *build(const seed *s, const unsigned char *payload, size_t 
     h.req_seq = 99;
     h.step = 12;
     h.raw_len = (uint32_t)len;
+    h.flags = s->flags;
     size_t cap = CPS_WIRE_HDR_SIZE + snappy_max_compressed_length(len);
     unsigned char *m = xmalloc(cap);
     size_t plen = len;
@@ -183,7 +219,7 @@ static unsigned char *build(const seed *s, const unsigned char *payload, size_t 
         if (snappy_compress((const char *)payload, len, (char *)m + CPS_WIRE_HDR_SIZE, &plen) !=
             SNAPPY_OK)
             exit(2);
-        h.flags = CPS_WF_SNAPPY;
+        h.flags |= CPS_WF_SNAPPY;
     } else {
         memcpy(m + CPS_WIRE_HDR_SIZE, payload, len);
     }
@@ -262,8 +298,14 @@ static int payload_fields(const seed *s, size_t *f)
     }
     if (s->type == CPS_MSG_HELLO || s->type == CPS_MSG_STATUS)
         f[n++] = 12;
-    if (s->type == CPS_MSG_PUSH || s->type == CPS_MSG_DECLARE)
+    if ((s->type == CPS_MSG_PUSH || s->type == CPS_MSG_DECLARE) && !s->flags)
         f[n++] = 8 + 5 * 8 + 4 * below(5); /* a len */
+    if (s->flags & CPS_WF_LOSSY) {
+        f[n++] = 8 + 3 * 8 + 4 * below(3); /* a len */
+        f[n++] = 48;                       /* the block's codec and count */
+        f[n++] = 52;
+        f[n++] = 56 + 4 * below(6); /* a top-k index */
+    }
     return n;
 }
 
@@ -328,6 +370,7 @@ static int write_corpus(const char *dir)
 int main(int argc, char **argv)
 {
     make_kv_seeds();
+    make_lossy_seeds();
     make_view_seeds();
     make_other_seeds();
     if (argc == 3 && strcmp(argv[1], "--write-corpus") == 0)
@@ -353,7 +396,8 @@ int main(int argc, char **argv)
         free(m);
     }
     fuzz_wire_counts base = fuzz_wire_n;
-    if (base.kv_ok < 3 || base.declare_ok != 1 || base.view_ok != 3 || base.hello_ok != 2) {
+    if (base.kv_ok < 3 || base.declare_ok != 1 || base.view_ok != 3 || base.hello_ok != 2 ||
+        base.lossy_ok != 4) {
         fprintf(stderr, "seeds did not reach their decoders\n");
         return 1;
     }
@@ -362,12 +406,12 @@ int main(int argc, char **argv)
 
     fuzz_wire_counts c = fuzz_wire_n;
     printf("inputs %llu: header ok %llu, snappy ok %llu, kv ok %llu, declare ok %llu, "
-           "view ok %llu (as prefix %llu), hello ok %llu, spec ok %llu\n",
+           "view ok %llu (as prefix %llu), hello ok %llu, spec ok %llu, lossy ok %llu\n",
            (unsigned long long)c.inputs, (unsigned long long)c.hdr_ok,
            (unsigned long long)c.snappy_ok, (unsigned long long)c.kv_ok,
            (unsigned long long)c.declare_ok, (unsigned long long)c.view_ok,
            (unsigned long long)c.view_prefix_ok, (unsigned long long)c.hello_ok,
-           (unsigned long long)c.spec_ok);
+           (unsigned long long)c.spec_ok, (unsigned long long)c.lossy_ok);
     for (int i = 0; i < nseeds; i++)
         free(seeds[i].payload);
     return 0;

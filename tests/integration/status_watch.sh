@@ -42,10 +42,10 @@ for _ in $(seq 100); do
 done
 [ -n "$addr" ] || { echo "FAIL: launch did not say where its scheduler is"; cat "$dir/launch.log"; exit 1; }
 st() { "$cps" status --secret-file "$dir/job.key" --scheduler "$addr" "$@"; }
-# Until the job runs and the workers have pushed.
+# Until the job runs and every worker's clock reached the scheduler (a heartbeat carries it).
 for _ in $(seq 100); do
     if st --json >"$dir/one.json" 2>/dev/null &&
-        "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["running"] and d["step"] > 0 else 1)' "$dir/one.json"; then
+        "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if d["running"] and d["step"] > 0 and all(n.get("step", 0) > 0 for n in d["nodes"] if n["role"] == "worker") else 1)' "$dir/one.json"; then
         break
     fi
     sleep 0.2

@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "chainps/chainps.h"
+#include "core/gradcodec.h"
 #include "core/view.h"
 #include "core/wire.h"
 #include "cluster.h"
@@ -83,7 +84,8 @@ static void pump(int ms)
     cps__tp_poll(I.tp, ms, on_msg, &I.g, 0);
 }
 
-/* Wait for the reply to request `seq`: its type, and its status through *status. */
+/* Wait for the reply to request `seq`: its type, and its status through *status. The reply is
+ * taken from the list, so a number refused and then used again waits for its next reply. */
 static int wait_reply(uint64_t seq, int32_t *status)
 {
     uint64_t deadline = h_now_ms() + WAIT_MS;
@@ -91,7 +93,10 @@ static int wait_reply(uint64_t seq, int32_t *status)
         for (int i = 0; i < I.g.n; i++) {
             if (I.g.m[i].seq == seq) {
                 *status = I.g.m[i].status;
-                return I.g.m[i].type;
+                int type = I.g.m[i].type;
+                memmove(&I.g.m[i], &I.g.m[i + 1], (size_t)(I.g.n - i - 1) * sizeof I.g.m[0]);
+                I.g.n--;
+                return type;
             }
         }
         pump(20);
@@ -277,6 +282,115 @@ static void bad_checkpoint_messages(pid_t srv, pid_t sch)
     expect_logged(sch, "malformed REGISTRY request dropped", before, 1);
 }
 
+/* Push a lossy block for KEY as the intruder: the keys part, then `blk` (blen bytes). */
+static void push_lossy(uint64_t seq, const unsigned char *blk, size_t blen)
+{
+    const uint64_t key = KEY;
+    const uint32_t klen = KLEN;
+    unsigned char payload[256];
+    size_t pre = cps__wire_kv_encode(payload, sizeof payload, 1, &key, &klen, NULL, 0);
+    cps__le32_put(payload + 4, KLEN);
+    memcpy(payload + pre, blk, blen);
+    cps_msg_hdr h = push_hdr(seq);
+    h.flags = CPS_WF_LOSSY;
+    send_msg(I.server_id, &h, payload, pre + blen);
+}
+
+/* Encode g[KLEN] with `spec` (no residual carried) and push it as the intruder. */
+static void push_encoded(uint64_t seq, const char *spec, const float *g)
+{
+    cps_gradcodec gc;
+    assert_int_equal(cps__gradcodec_parse(spec, &gc), 0);
+    float acc[KLEN];
+    memcpy(acc, g, sizeof acc);
+    unsigned char blk[8 + 8 * KLEN];
+    size_t blen;
+    assert_int_equal(cps__gradcodec_encode(&gc, acc, KLEN, blk, sizeof blk, &blen, NULL), 0);
+    push_lossy(seq, blk, blen);
+}
+
+static void lossy_pushes(cps_client *c, pid_t srv)
+{
+    const uint64_t key = KEY;
+    const uint32_t klen = KLEN;
+    float was[KLEN], now[KLEN];
+    int32_t status = 0;
+    assert_int_equal(cps_raw_pull(c, &key, 1, was, &klen), 0);
+    /* Malformed blocks, each refused with its error; none takes number 4. */
+    unsigned char blk[8 + 8 * KLEN] = {CPS_GC_FP16, 0, 0, 0, KLEN - 1}; /* count != nvals */
+    push_lossy(4, blk, 8 + 2 * (KLEN - 1));
+    assert_int_equal(wait_reply(4, &status), CPS_MSG_ERROR);
+    assert_int_equal(status, CPS_EPROTO);
+    blk[0] = 9, blk[4] = KLEN; /* an unknown codec */
+    push_lossy(4, blk, 8 + 2 * KLEN);
+    assert_int_equal(wait_reply(4, &status), CPS_MSG_ERROR);
+    assert_int_equal(status, CPS_EPROTO);
+    blk[0] = CPS_GC_TOPK, blk[4] = 2; /* indices 0, 8: the second is out of range */
+    cps__le32_put(blk + 8, 0);
+    cps__le32_put(blk + 12, KLEN);
+    push_lossy(4, blk, 8 + 16);
+    assert_int_equal(wait_reply(4, &status), CPS_MSG_ERROR);
+    assert_int_equal(status, CPS_EPROTO);
+    cps__le32_put(blk + 12, 3);
+    push_lossy(4, blk, 8 + 15); /* truncated */
+    assert_int_equal(wait_reply(4, &status), CPS_MSG_ERROR);
+    assert_int_equal(status, CPS_ESIZE);
+    expect_logged(srv, "malformed lossy-compressed push", 0, 4);
+    assert_int_equal(cps_raw_pull(c, &key, 1, now, &klen), 0);
+    assert_memory_equal(now, was, sizeof was);
+    /* Well-formed: fp16 and top-k gradients arrive as the floats they stand for (exact values
+     * in both), SGD lr 0.5; each followed by its negation, so KEY ends as it was. */
+    float g[KLEN] = {1, -0.5f, 0.25f, 2, 0, -1, 0.125f, 3};
+    float neg[KLEN];
+    for (int i = 0; i < (int)KLEN; i++)
+        neg[i] = -g[i];
+    push_encoded(4, "fp16", g);
+    assert_int_equal(wait_reply(4, &status), CPS_MSG_ACK);
+    assert_int_equal(cps_raw_pull(c, &key, 1, now, &klen), 0);
+    for (int i = 0; i < (int)KLEN; i++)
+        assert_true(now[i] == was[i] - 0.5f * g[i]);
+    push_encoded(5, "fp16", neg);
+    assert_int_equal(wait_reply(5, &status), CPS_MSG_ACK);
+    push_encoded(6, "topk:0.25", g); /* k = 2: the 3 and the 2 */
+    assert_int_equal(wait_reply(6, &status), CPS_MSG_ACK);
+    assert_int_equal(cps_raw_pull(c, &key, 1, now, &klen), 0);
+    for (int i = 0; i < (int)KLEN; i++)
+        assert_true(now[i] == (i == 3 || i == 7 ? was[i] - 0.5f * g[i] : was[i]));
+    push_encoded(7, "topk:0.25", neg);
+    assert_int_equal(wait_reply(7, &status), CPS_MSG_ACK);
+    assert_int_equal(cps_raw_pull(c, &key, 1, now, &klen), 0);
+    assert_memory_equal(now, was, sizeof was);
+}
+
+/* The real worker's own lossy pushes (cps_tensor_compress) on tensor t, gradient g[100] of
+ * values exact in fp16: one fp16 push, then one top-k push of g and zeros until error feedback
+ * has sent all of it. Each value then arrived whole twice: w - 0.5 g - 0.5 g. */
+static void worker_lossy(cps_client *c, cps_tensor *t, const float *g, const float *before)
+{
+    float after[100], zero[100] = {0};
+    cps_client_stats s0, s1;
+    assert_int_equal(cps_tensor_compress(c, t, "fp32"), CPS_EINVAL);
+    assert_int_equal(cps_tensor_compress(c, t, "fp16"), 0);
+    cps_client_stats_get(c, &s0);
+    assert_int_equal(cps_push(c, t, g, 100), 0);
+    cps_client_stats_get(c, &s1);
+    /* 2 bytes a value instead of 4 (plus the same keys part and an 8-byte block header). */
+    assert_true((s1.push_wire_bytes - s0.push_wire_bytes) * 10 <
+                (s1.push_raw_bytes - s0.push_raw_bytes) * 6);
+    assert_int_equal(cps_tensor_compress(c, t, "topk:0.1"), 0);
+    assert_int_equal(cps_push(c, t, g, 100), 0);
+    /* g holds 20 values each of 1, 0.75, 0.5 and 0.25 (and 20 zeros): 10 a push, largest first,
+     * so 7 more pushes send the rest. Part way, the sum is not all there yet. */
+    assert_int_equal(cps_pull(c, t, after, 100), 0);
+    assert_true(after[99] == before[99] - 0.5f * g[99]);
+    for (int k = 0; k < 7; k++)
+        assert_int_equal(cps_push(c, t, zero, 100), 0);
+    assert_int_equal(cps_pull(c, t, after, 100), 0);
+    for (int i = 0; i < 100; i++)
+        assert_true(after[i] == (before[i] - 0.5f * g[i]) - 0.5f * g[i]);
+    assert_int_equal(cps_tensor_compress(c, t, "none"), 0);
+}
+
 static void test_bad_messages(void **state)
 {
     (void)state;
@@ -406,6 +520,11 @@ static void test_bad_messages(void **state)
     expect_logged(srv, "from unknown node 777", 0, 1);
     expect_logged(sch, "from unknown node 777", 0, 1);
 
+    /* 9. Lossy pushes (CPS_WF_LOSSY): decoded by the head to floats and applied; a malformed
+     * block is refused with the decoder's error before it takes a sequence number, and the
+     * server carries on. */
+    lossy_pushes(c, srv);
+
     /* 2. Checkpoint messages gone wrong (src/server/cut.c, the scheduler's registry): each is
      * refused with a reply or a log line, and nothing stored changes. */
     bad_checkpoint_messages(srv, sch);
@@ -415,11 +534,8 @@ static void test_bad_messages(void **state)
     assert_memory_equal(after, before, sizeof before);
     assert_int_equal(cps_raw_pull(c, &key, 1, kv_after, &klen), 0);
     assert_memory_equal(kv_after, kv_before, sizeof kv_before);
-    /* ... and keeps training. */
-    assert_int_equal(cps_push(c, t, g, 100), 0);
-    assert_int_equal(cps_pull(c, t, after, 100), 0);
-    for (int i = 0; i < 100; i++)
-        assert_true(after[i] == before[i] - 0.5f * g[i]);
+    /* ... and keeps training, with its pushes lossy-compressed too. */
+    worker_lossy(c, t, g, before);
 
     /* `chainps status` lists the nodes and the range. */
     const char *argv[] = {CHAINPS_BIN, "status", "--scheduler", C.sched_addr, NULL};

@@ -175,6 +175,31 @@ def test_threads_share_a_client(client):
     assert not errors
 
 
+def test_compress_per_tensor(client):
+    t = client.declare("lossy", 64, optim=chainps.SGD(0.5))
+    w0 = np.empty(64, dtype=np.float32)
+    client.pull(t, w0)
+    g = (np.arange(64, dtype=np.float32) % 4) * 0.25  # exact in fp16
+    client.compress(t, "fp16")
+    s0 = client.stats()
+    client.push(t, g)
+    s1 = client.stats()
+    assert s1["push_wire_bytes"] - s0["push_wire_bytes"] < s1["push_raw_bytes"] - s0["push_raw_bytes"]
+    w = np.empty(64, dtype=np.float32)
+    client.pull(t, w)
+    assert np.array_equal(w, w0 - np.float32(0.5) * g)
+    client.compress(t, "topk:0.5")  # 32 values a push: two pushes send all of g
+    client.push(t, g)
+    client.push(t, np.zeros(64, dtype=np.float32))
+    client.pull(t, w)
+    assert np.array_equal(w, (w0 - np.float32(0.5) * g) - np.float32(0.5) * g)
+    client.compress(t, "none")
+    with pytest.raises(ValueError, match="lossy.*not a gradient codec"):
+        client.compress(t, "fp8")
+    with pytest.raises(TypeError):
+        client.compress("lossy", "fp16")
+
+
 def test_stats_move(client):
     s = client.stats()
     t = client.declare("stats", 100)

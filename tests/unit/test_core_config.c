@@ -131,6 +131,8 @@ static void assert_same_config(const cps_config *a, const cps_config *b)
     assert_int_equal(a->join_timeout_ms, b->join_timeout_ms);
     assert_int_equal(a->request_timeout_ms, b->request_timeout_ms);
     assert_int_equal(a->compress, b->compress);
+    assert_int_equal(a->grad_codec.kind, b->grad_codec.kind);
+    assert_true(a->grad_codec.ratio == b->grad_codec.ratio);
     assert_int_equal(a->sync_every_commit, b->sync_every_commit);
 }
 
@@ -669,6 +671,7 @@ static void export_round_trip(void **state)
     a.join_timeout_ms = 1234;
     a.request_timeout_ms = 567;
     a.compress = 0;
+    a.grad_codec = (cps_gradcodec){CPS_GC_TOPK, 0.015};
     a.sync_every_commit = 1;
 
     /* Stale aliases from the parent would otherwise conflict in the child. */
@@ -694,12 +697,54 @@ static void export_round_trip(void **state)
     assert_same_config(&a, &b);
 }
 
+/* CHAINPS_COMPRESS: snappy's 0|1 as before, a lossy codec, or both; a bad value names it. */
+static void compress_values(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *val;
+        int snappy;
+        uint32_t kind;
+        double ratio;
+    } ok[] = {{"0", 0, CPS_GC_NONE, 0},
+              {"1", 1, CPS_GC_NONE, 0},
+              {"fp16", 1, CPS_GC_FP16, 0},
+              {"0,bf16", 0, CPS_GC_BF16, 0},
+              {"topk:0.01,0", 0, CPS_GC_TOPK, 0.01},
+              {"1,none", 1, CPS_GC_NONE, 0}};
+    cps_config c;
+    char err[256];
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        setenv("CHAINPS_COMPRESS", ok[i].val, 1);
+        assert_int_equal(load(&c, err, sizeof err), 0);
+        assert_int_equal(c.compress, ok[i].snappy);
+        assert_int_equal(c.grad_codec.kind, ok[i].kind);
+        assert_true(c.grad_codec.ratio == ok[i].ratio);
+        char buf[64];
+        cps_config d;
+        cps__config_defaults(&d);
+        assert_int_equal(cps__config_parse_compress("x",
+                                                    cps__config_compress_str(&c, buf, sizeof buf),
+                                                    &d, err, sizeof err),
+                         0);
+        assert_int_equal(d.compress, c.compress);
+        assert_int_equal(d.grad_codec.kind, c.grad_codec.kind);
+    }
+    static const char *const bad[] = {"2",         "fp32", "topk:0", "topk:2",
+                                      "fp16,bf16", ",",    "1,",     "yes"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        setenv("CHAINPS_COMPRESS", bad[i], 1);
+        expect_error("CHAINPS_COMPRESS", NULL);
+    }
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, each_setup, each_teardown)
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         T(defaults),
+        T(compress_values),
         T(role_aliases),
         T(role_conflicts),
         T(pslite_jobs_default_to_async),

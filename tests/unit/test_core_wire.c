@@ -266,6 +266,50 @@ static void kv_protocol_errors(void **state)
     assert_int_equal(cps__wire_kv_decode(arena, n, 1, &kv), CPS_EPROTO);
 }
 
+/* CPS_WF_LOSSY: only on pushes; the keys part as a kv payload's, the block after the padding. */
+static void lossy_push(void **state)
+{
+    (void)state;
+    cps_msg_hdr h = sample_hdr(), g;
+    h.flags = CPS_WF_LOSSY;
+    static const uint8_t types[] = {CPS_MSG_PUSH,   CPS_MSG_PUSH_PULL, CPS_MSG_PULL,
+                                    CPS_MSG_VALUES, CPS_MSG_FWD,       CPS_MSG_DECLARE};
+    for (size_t i = 0; i < sizeof types; i++) {
+        h.type = types[i];
+        cps__wire_hdr_encode(arena, &h);
+        assert_int_equal(cps__wire_hdr_decode(arena, 80, &g), i < 2 ? 0 : CPS_EPROTO);
+    }
+    uint64_t keys[3] = {4, 9, 11};
+    uint32_t lens[3] = {3, 1, 1};
+    size_t pre = cps__wire_kv_size(3, 0); /* 8 + 24 + 12, padded to 48 */
+    memset(arena, 0, pre + 16);
+    cps__wire_kv_encode(arena, pre, 3, keys, lens, NULL, 0);
+    cps__le32_put(arena + 4, 5);
+    memset(arena + pre, 0xab, 12);
+    cps_kv kv;
+    const void *blk;
+    size_t blen;
+    assert_int_equal(cps__wire_kv_decode_lossy(arena, pre + 12, &kv, &blk, &blen), 0);
+    assert_int_equal(kv.nkeys, 3);
+    assert_int_equal(kv.nvals, 5);
+    assert_null(kv.vals);
+    assert_ptr_equal(blk, arena + pre);
+    assert_int_equal(blen, 12);
+    /* Not a plain kv payload (12 bytes are not 5 floats), and the reverse. */
+    assert_int_equal(cps__wire_kv_decode(arena, pre + 12, 1, &kv), CPS_ESIZE);
+    assert_int_equal(cps__wire_kv_decode_lossy(arena, pre, &kv, &blk, &blen), CPS_ESIZE);
+    cps__le32_put(arena + 4, 6); /* nvals != sum of lens */
+    assert_int_equal(cps__wire_kv_decode_lossy(arena, pre + 12, &kv, &blk, &blen), CPS_ESIZE);
+    cps__le32_put(arena + 4, 0); /* a lossy push stands for values */
+    assert_int_equal(cps__wire_kv_decode_lossy(arena, pre + 12, &kv, &blk, &blen), CPS_EPROTO);
+    cps__le32_put(arena + 4, 5);
+    arena[pre - 1] = 1; /* padding */
+    assert_int_equal(cps__wire_kv_decode_lossy(arena, pre + 12, &kv, &blk, &blen), CPS_EPROTO);
+    arena[pre - 1] = 0;
+    assert_int_equal(cps__wire_kv_decode_lossy(arena + 4, pre + 8, &kv, &blk, &blen), CPS_EINVAL);
+    assert_int_equal(cps__wire_kv_decode_lossy(arena, 4, &kv, &blk, &blen), CPS_ESIZE);
+}
+
 static void kv_size_errors(void **state)
 {
     (void)state;
@@ -585,6 +629,7 @@ int main(void)
         cmocka_unit_test(kv_bad_arguments),
         cmocka_unit_test(kv_protocol_errors),
         cmocka_unit_test(kv_size_errors),
+        cmocka_unit_test(lossy_push),
         cmocka_unit_test(spec_round_trip),
         cmocka_unit_test(spec_bad_hyper_parameters),
         cmocka_unit_test(declare_round_trip),
