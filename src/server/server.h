@@ -11,6 +11,7 @@
 #include "replication/sync.h"
 #include "core/view.h"
 #include "node/heartbeat.h"
+#include "node/loop.h"
 #include "node/msg.h"
 #include "node/temp_peers.h"
 #include "store/store.h"
@@ -70,6 +71,14 @@ typedef struct server {
     /* CHAIN_ACKs held back for a moment before they are sent (replication/ackhold.h). */
     cps_ackhold *acks;
     cps_heartbeat *beat; /* the heartbeat thread (node/heartbeat.c) */
+    cps_loop *loop;      /* the event loop (server.c): the inbox, timers, per-turn work */
+    cps_loop_tp inbox;
+    int result;      /* why the loop stopped, returned by cps__server_run */
+    int join_failed; /* the scheduler never answered our HELLO */
+    uint64_t join_start_ms;
+    uint32_t saved_id;       /* the node id recorded in the store */
+    char addr[CPS_ADDR_MAX]; /* our inbox, as the HELLO names it */
+    char sched_url[CPS_ADDR_MAX + 16];
 } server;
 
 /* Data path (update.c). Each takes ownership of rx. */
