@@ -17,20 +17,23 @@
 #include "store/store.h"
 #include "transport/transport.h"
 
-/* A range this server is copying from its tail (state transfer, transfer.c). */
+/* A range this server is copying from its tail (state transfer, transfer.c). Its deadline and
+ * its SNAP_REQ re-sends are loop timers: CPS_SERVER_T_JOIN(r), CPS_SERVER_T_SNAP_REQ(r). */
 typedef struct join_state {
     int active;
     uint32_t source;
-    uint64_t deadline_ms;
     uint64_t bytes;
-    uint64_t id;          /* the scheduler's id of this join: stale messages are ignored */
-    uint64_t done_id;     /* the last join that reported CAUGHT_UP (a repeat must not clear it) */
-    int confirm_pending;  /* report again once we may serve reads (CAUGHT_UP, aux 1) */
-    uint64_t snap_req_ms; /* when SNAP_REQ was last sent (re-sent until a SNAP arrives) */
+    uint64_t id;         /* the scheduler's id of this join: stale messages are ignored */
+    uint64_t done_id;    /* the last join that reported CAUGHT_UP (a repeat must not clear it) */
+    int confirm_pending; /* report again once we may serve reads (CAUGHT_UP, aux 1) */
     int got_snap;
 } join_state;
 
 struct snap_job;
+
+/* Per-range loop timers of the joins (transfer.c), above server.c's own small ids. */
+#define CPS_SERVER_T_JOIN(r)     ((1ull << 32) | (uint32_t)(r))
+#define CPS_SERVER_T_SNAP_REQ(r) ((2ull << 32) | (uint32_t)(r))
 
 typedef struct server {
     cps_config cfg;

@@ -34,6 +34,8 @@
 #define SNAP_CHUNK      (4u << 20)
 #define SNAP_FLUSH_MS   30000
 #define JOIN_TIMEOUT_MS 120000
+/* A SNAP_REQ not answered by a SNAP within this is sent again. */
+#define SNAP_REQ_RETRY_MS 1000
 
 enum { ENT_PARAM = 1, ENT_DEDUP = 2, ENT_NAMED = 3, ENT_RANGE = 4, ENT_CREATE = 5, ENT_SLICE = 6 };
 
@@ -545,8 +547,16 @@ static int clear_txn(cps_txn *txn, void *arg)
     return cps__store_range_clear(txn, c->range, c->lo, c->hi, prefix);
 }
 
+/* The join of range r is over (done or aborted): its timers go. */
+static void join_timers_del(server *s, uint32_t r)
+{
+    cps__loop_timer_del(s->loop, CPS_SERVER_T_JOIN(r));
+    cps__loop_timer_del(s->loop, CPS_SERVER_T_SNAP_REQ(r));
+}
+
 static void join_abort(server *s, uint32_t r, const char *why, int rc)
 {
+    join_timers_del(s, r);
     cps_log(CPS_LOG_ERROR, "server",
             "range %u: joining failed (%s: %s); the scheduler will "
             "try again",
@@ -563,6 +573,8 @@ static void join_abort(server *s, uint32_t r, const char *why, int rc)
     cps__msg_send(s->tp, 0, &h, NULL, 0);
 }
 
+static int on_snap_req_due(cps_loop *l, uint64_t id, void *ctx, uint64_t now);
+
 static void send_snap_req(server *s, uint32_t r)
 {
     cps_msg_hdr h = {.type = CPS_MSG_SNAP_REQ,
@@ -570,11 +582,43 @@ static void send_snap_req(server *s, uint32_t r)
                      .epoch = s->view.epoch,
                      .range = r,
                      .step = s->joins[r].id};
-    s->joins[r].snap_req_ms = cps__now_ms();
     int rc = cps__msg_send(s->tp, s->joins[r].source, &h, NULL, 0);
     if (rc != 0)
         cps_log(CPS_LOG_WARN, "server", "range %u: asking node %u for a snapshot failed: %s", r,
                 s->joins[r].source, cps_strerror(rc));
+    /* Asked again if no SNAP comes: lost, or the tail had not seen our view yet. */
+    rc = cps__loop_timer_add(s->loop, CPS_SERVER_T_SNAP_REQ(r), SNAP_REQ_RETRY_MS + 1, 0,
+                             on_snap_req_due, s);
+    if (rc != 0)
+        cps_log(CPS_LOG_ERROR, "server", "range %u: cannot arm the snapshot re-request: %s", r,
+                cps_strerror(rc));
+}
+
+/* The range a join timer is for, if that join is still under way. */
+static int join_timer_range(server *s, uint64_t id, uint32_t *r)
+{
+    *r = (uint32_t)id;
+    return s->joins && *r < s->view.nranges && s->joins[*r].active;
+}
+
+static int on_snap_req_due(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)l, (void)now;
+    server *s = ctx;
+    uint32_t r;
+    if (join_timer_range(s, id, &r) && !s->joins[r].got_snap)
+        send_snap_req(s, r);
+    return 0;
+}
+
+static int on_join_deadline(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)l, (void)now;
+    server *s = ctx;
+    uint32_t r;
+    if (join_timer_range(s, id, &r))
+        join_abort(s, r, "no snapshot in time", CPS_ETIMEDOUT);
+    return 0;
 }
 
 void cps__server_on_join_range(server *s, cps_rx *rx)
@@ -599,7 +643,13 @@ void cps__server_on_join_range(server *s, cps_rx *rx)
         return;
     }
     uint64_t done = s->joins[r].done_id;
-    s->joins[r] = (join_state){1, source, cps__now_ms() + JOIN_TIMEOUT_MS, 0, id, done, 0, 0, 0};
+    s->joins[r] = (join_state){1, source, 0, id, done, 0, 0};
+    rc = cps__loop_timer_add(s->loop, CPS_SERVER_T_JOIN(r), JOIN_TIMEOUT_MS + 1, 0,
+                             on_join_deadline, s);
+    if (rc != 0) {
+        join_abort(s, r, "arming its deadline", rc);
+        return;
+    }
     send_snap_req(s, r);
     cps_log(CPS_LOG_INFO, "server", "range %u: joining (join %llu); copying it from node %u", r,
             (unsigned long long)id, source);
@@ -622,6 +672,7 @@ void cps__server_on_snap(server *s, cps_rx *rx)
         return;
     }
     s->joins[r].got_snap = 1;
+    cps__loop_timer_del(s->loop, CPS_SERVER_T_SNAP_REQ(r));
     install_io io = {s, r, rx->payload, rx->len, rx->hdr.aux == 1, 0, 0, 0, 0};
     int rc = cps__store_write(s->store, install_txn, &io);
     s->joins[r].bytes += rx->len;
@@ -653,6 +704,7 @@ void cps__server_on_snap(server *s, cps_rx *rx)
             "up to seq %llu",
             r, (unsigned long long)io.seq, s->joins[r].bytes / 1e6, (unsigned long long)applied);
     s->joins[r].active = 0;
+    join_timers_del(s, r);
     s->joins[r].done_id = s->joins[r].id;
     s->joins[r].confirm_pending = 1;
     cps_msg_hdr h = {.type = CPS_MSG_CAUGHT_UP,
@@ -666,12 +718,9 @@ void cps__server_on_snap(server *s, cps_rx *rx)
 
 void cps__server_check_joins(server *s, uint64_t now)
 {
+    (void)now; /* the joins' deadlines are loop timers */
     for (uint32_t r = 0; s->joins && r < s->view.nranges; r++) {
         join_state *js = &s->joins[r];
-        if (js->active && now > js->deadline_ms)
-            join_abort(s, r, "no snapshot in time", CPS_ETIMEDOUT);
-        else if (js->active && !js->got_snap && now - js->snap_req_ms > 1000)
-            send_snap_req(s, r); /* lost, or the tail had not seen our view yet */
         if (js->confirm_pending && cps_chain_can_serve_pull(s->chain, r)) {
             /* We hold everything the old tail acknowledged: from now on we are a full
              * replica, and the scheduler stops treating us as one that must leave with our
