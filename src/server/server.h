@@ -34,6 +34,8 @@ struct snap_job;
 /* Per-range loop timers of the joins (transfer.c), above server.c's own small ids. */
 #define CPS_SERVER_T_JOIN(r)     ((1ull << 32) | (uint32_t)(r))
 #define CPS_SERVER_T_SNAP_REQ(r) ((2ull << 32) | (uint32_t)(r))
+/* A pending checkpoint cut's deadline (cut.c): n counts the cuts this process was asked for. */
+#define CPS_SERVER_T_CUT(n) ((3ull << 32) | (uint32_t)(n))
 
 typedef struct server {
     cps_config cfg;
@@ -71,6 +73,7 @@ typedef struct server {
     uint32_t nfuture;
     struct snap_job *snaps; /* snapshots being sent by threads */
     struct cut_job *cuts;   /* checkpoint read views, pending or served by threads (cut.c) */
+    uint32_t cuts_made;     /* names each cut's deadline timer */
     /* CHAIN_ACKs held back for a moment before they are sent (replication/ackhold.h). */
     cps_ackhold *acks;
     cps_heartbeat *beat; /* the heartbeat thread (node/heartbeat.c) */
