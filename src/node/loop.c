@@ -433,9 +433,10 @@ static void on_backlog(void *ctx, int fd, int on)
 int cps__loop_tp_attach(cps_loop_tp *a, cps_loop *l, cps_tp *tp, cps_tp_recv_fn fn, void *ctx,
                         int max_msgs)
 {
-    if (!a || !l || !tp || !fn)
+    if (!a || !l || !tp)
         return CPS_EINVAL;
-    *a = (cps_loop_tp){l, tp, fn, ctx, max_msgs, cps__tp_inbox_fd(tp), 0};
+    /* Without a callback there is no one to hand messages to: only the backlogs are watched. */
+    *a = (cps_loop_tp){l, tp, fn, ctx, max_msgs, fn ? cps__tp_inbox_fd(tp) : -1, 0};
     if (a->inbox_fd >= 0) {
         int rc = cps__loop_fd_add(l, a->inbox_fd, on_inbox, a);
         if (rc != 0)

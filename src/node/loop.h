@@ -101,8 +101,8 @@ typedef struct cps_loop_tp {
     int error;    /* the first failure to (un)watch a backlog, reported by the next turn */
 } cps_loop_tp;
 
-/* Put `tp` on loop `l`; `a` is the caller's storage and must outlive the attachment.
- * Errors: CPS_EINVAL, CPS_ENOMEM. */
+/* Put `tp` on loop `l`; `a` is the caller's storage and must outlive the attachment. With `fn`
+ * NULL the inbox is not watched (a transport that only sends). Errors: CPS_EINVAL, CPS_ENOMEM. */
 int cps__loop_tp_attach(cps_loop_tp *a, cps_loop *l, cps_tp *tp, cps_tp_recv_fn fn, void *ctx,
                         int max_msgs);
 /* Take the transport off the loop (before destroying either). Safe on a zeroed `a`. */
