@@ -28,6 +28,7 @@ typedef struct loop_fd {
     int fd;
     cps_loop_fd_fn fn;
     void *ctx;
+    int first; /* served before the others (cps__loop_fd_add_first) */
 } loop_fd;
 
 struct cps_loop {
@@ -230,7 +231,7 @@ static size_t fd_find(const cps_loop *l, int fd)
     return SIZE_MAX;
 }
 
-int cps__loop_fd_add(cps_loop *l, int fd, cps_loop_fd_fn fn, void *ctx)
+static int fd_add(cps_loop *l, int fd, cps_loop_fd_fn fn, void *ctx, int first)
 {
     if (!l || fd < 0 || !fn)
         return CPS_EINVAL;
@@ -244,8 +245,20 @@ int cps__loop_fd_add(cps_loop *l, int fd, cps_loop_fd_fn fn, void *ctx)
         i = l->nfds++;
         l->dirty = 1;
     }
-    l->fds[i] = (loop_fd){fd, fn, ctx};
+    if (l->fds[i].first != first || l->fds[i].fd != fd)
+        l->dirty = 1; /* the poll set's order changes */
+    l->fds[i] = (loop_fd){fd, fn, ctx, first};
     return 0;
+}
+
+int cps__loop_fd_add(cps_loop *l, int fd, cps_loop_fd_fn fn, void *ctx)
+{
+    return fd_add(l, fd, fn, ctx, 0);
+}
+
+int cps__loop_fd_add_first(cps_loop *l, int fd, cps_loop_fd_fn fn, void *ctx)
+{
+    return fd_add(l, fd, fn, ctx, 1);
 }
 
 int cps__loop_nn_add(cps_loop *l, int sock, int which, cps_loop_fd_fn fn, void *ctx, int *fd_out)
@@ -282,9 +295,13 @@ static int pfds_rebuild(cps_loop *l)
     if (rc != 0)
         return rc;
     l->pfds = p;
-    for (size_t i = 0; i < l->nfds; i++)
-        l->pfds[i] = (struct pollfd){.fd = l->fds[i].fd, .events = POLLIN};
-    l->npfds = l->nfds;
+    /* Ready fds are served in poll-set order: the `first` ones go in front. */
+    size_t n = 0;
+    for (int pass = 1; pass >= 0; pass--)
+        for (size_t i = 0; i < l->nfds; i++)
+            if (l->fds[i].first == pass)
+                l->pfds[n++] = (struct pollfd){.fd = l->fds[i].fd, .events = POLLIN};
+    l->npfds = n;
     l->dirty = 0;
     return 0;
 }
@@ -423,7 +440,10 @@ static int on_sendable(cps_loop *l, int fd, void *ctx, uint64_t now_ms)
 static void on_backlog(void *ctx, int fd, int on)
 {
     cps_loop_tp *a = ctx;
-    int rc = on ? cps__loop_fd_add(a->loop, fd, on_sendable, a) : cps__loop_fd_del(a->loop, fd);
+    /* Flushing first, as the transport's own poll did: it is cheap, and the replies it sends
+     * should not wait behind a batch of requests (64 pushes of 1 MB take milliseconds). */
+    int rc =
+        on ? cps__loop_fd_add_first(a->loop, fd, on_sendable, a) : cps__loop_fd_del(a->loop, fd);
     if (rc != 0 && rc != CPS_ENOTFOUND && !a->error) {
         cps_log(CPS_LOG_ERROR, "loop", "cannot watch a peer's backlog: %s", cps_strerror(rc));
         a->error = rc;

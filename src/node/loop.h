@@ -45,6 +45,10 @@ void cps__loop_destroy(cps_loop *l);
  * The fd stays the caller's: unregister it before closing it.
  * Errors: CPS_EINVAL (fd < 0, fn NULL), CPS_ENOMEM. */
 int cps__loop_fd_add(cps_loop *l, int fd, cps_loop_fd_fn fn, void *ctx);
+/* The same, but when several fds are ready in one turn, those added with this function are
+ * served before the others (e.g. flushing queued output before handling a batch of input).
+ * Otherwise ready fds are served in no promised order. */
+int cps__loop_fd_add_first(cps_loop *l, int fd, cps_loop_fd_fn fn, void *ctx);
 /* Watch a nanomsg socket: `which` is NN_RCVFD (a message can be received) or NN_SNDFD (a
  * message can be sent); the fd nanomsg gives for it is registered and written to *fd_out (may
  * be NULL), which is what cps__loop_fd_del takes and what `fn` is called with.

@@ -215,6 +215,47 @@ static void pipe_wakes_the_loop(void **state)
     cps__loop_destroy(l);
 }
 
+typedef struct order_ctx {
+    int seen[4];
+    int n;
+} order_ctx;
+
+static int on_ordered(cps_loop *l, int fd, void *ctx, uint64_t now)
+{
+    (void)l, (void)now;
+    order_ctx *o = ctx;
+    char c;
+    if (read(fd, &c, 1) == 1 && o->n < 4)
+        o->seen[o->n++] = c;
+    return 0;
+}
+
+/* Several fds ready in one turn: those added "first" are served before the others, whatever
+ * the order they were registered in. */
+static void first_fds_are_served_first(void **state)
+{
+    (void)state;
+    cps_loop *l;
+    assert_int_equal(cps__loop_create(&l), 0);
+    int a[2], b[2];
+    assert_int_equal(pipe(a), 0);
+    assert_int_equal(pipe(b), 0);
+    order_ctx o = {0};
+    assert_int_equal(cps__loop_fd_add(l, a[0], on_ordered, &o), 0);
+    assert_int_equal(cps__loop_fd_add_first(l, b[0], on_ordered, &o), 0);
+    assert_int_equal(write(a[1], "a", 1), 1);
+    assert_int_equal(write(b[1], "b", 1), 1);
+    assert_int_equal(cps__loop_run_once(l, 1000), 2);
+    assert_int_equal(o.n, 2);
+    assert_int_equal(o.seen[0], 'b');
+    assert_int_equal(o.seen[1], 'a');
+    for (int i = 0; i < 2; i++) {
+        close(a[i]);
+        close(b[i]);
+    }
+    cps__loop_destroy(l);
+}
+
 static int fail_timer(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)l, (void)id, (void)now;
@@ -333,6 +374,7 @@ int main(void)
         cmocka_unit_test(callback_removes_timers),
         cmocka_unit_test(before_sleep_every_turn),
         cmocka_unit_test(pipe_wakes_the_loop),
+        cmocka_unit_test(first_fds_are_served_first),
         cmocka_unit_test(stop_and_errors_end_the_run),
         cmocka_unit_test(transport_on_the_loop),
     };
