@@ -2,16 +2,19 @@
 #include "node/heartbeat.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "chainps/error.h"
 #include "core/log.h"
 #include "core/wire.h"
+#include "node/loop.h"
 #include "node/msg.h"
 #include "transport/transport.h"
 
@@ -19,9 +22,9 @@
 
 struct cps_heartbeat {
     pthread_mutex_t lock;
-    pthread_cond_t cond;
     pthread_t thread;
     int stop;
+    int wake[2]; /* a pipe: a byte written wakes the thread's loop to stop */
     char sched_url[CPS_ADDR_MAX + 16];
     char who[16];
     unsigned char key[32];
@@ -36,56 +39,76 @@ struct cps_heartbeat {
     cps_node_stats stats;
 };
 
-static void deadline_after(struct timespec *ts, uint32_t ms)
+/* The thread's loop state: its socket and whether the beats have paused. */
+typedef struct beat_ctx {
+    cps_heartbeat *b;
+    cps_tp *tp;
+    int stalled;
+} beat_ctx;
+
+/* Every period_ms: beat, unless the node's loop has not turned for the stall limit. */
+static int on_beat(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
 {
-    clock_gettime(CLOCK_MONOTONIC, ts);
-    uint64_t ns = (uint64_t)ts->tv_nsec + (uint64_t)ms * 1000000u;
-    ts->tv_sec += (time_t)(ns / 1000000000u);
-    ts->tv_nsec = (long)(ns % 1000000000u);
+    (void)l, (void)id;
+    beat_ctx *t = ctx;
+    cps_heartbeat *b = t->b;
+    pthread_mutex_lock(&b->lock);
+    uint64_t idle = now > b->published_ms ? now - b->published_ms : 0;
+    if (b->beating && (!b->stall_limit_ms || idle <= b->stall_limit_ms)) {
+        if (t->stalled)
+            cps_log(CPS_LOG_WARN, b->who, "event loop turning again: heartbeats resume");
+        t->stalled = 0;
+        unsigned char payload[CPS_STATS_SIZE];
+        cps__stats_encode(payload, &b->stats);
+        cps_msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .sender = b->id, .epoch = b->epoch};
+        pthread_mutex_unlock(&b->lock);
+        /* One that has to queue is flushed by the loop when the socket can take it. */
+        cps__msg_send(t->tp, SCHED_PEER, &h, payload, sizeof payload);
+        return 0;
+    }
+    if (b->beating && !t->stalled) {
+        t->stalled = 1;
+        cps_log(CPS_LOG_ERROR, b->who,
+                "event loop has not turned for %llu ms: heartbeats stop, so the scheduler "
+                "fails this node over",
+                (unsigned long long)idle);
+    }
+    pthread_mutex_unlock(&b->lock);
+    return 0;
+}
+
+/* cps__heartbeat_stop wrote to the pipe. */
+static int on_wake(cps_loop *l, int fd, void *ctx, uint64_t now)
+{
+    (void)fd, (void)now;
+    cps_heartbeat *b = ctx;
+    pthread_mutex_lock(&b->lock);
+    if (b->stop)
+        cps__loop_stop(l);
+    pthread_mutex_unlock(&b->lock);
+    return 0;
 }
 
 static void *beat_main(void *arg)
 {
     cps_heartbeat *b = arg;
-    cps_tp *tp = NULL;
-    if (cps__tp_create(b->keyed ? b->key : NULL, &tp) != 0 ||
-        cps__tp_peer_set(tp, SCHED_PEER, b->sched_url) != 0) {
+    beat_ctx t = {b, NULL, 0};
+    cps_loop *l = NULL;
+    cps_loop_tp att = {0};
+    if (cps__tp_create(b->keyed ? b->key : NULL, &t.tp) != 0 ||
+        cps__tp_peer_set(t.tp, SCHED_PEER, b->sched_url) != 0 || cps__loop_create(&l) != 0 ||
+        cps__loop_tp_attach(&att, l, t.tp, NULL, NULL, 0) != 0 ||
+        cps__loop_fd_add(l, b->wake[0], on_wake, b) != 0 ||
+        cps__loop_timer_add(l, 1, 0, b->period_ms, on_beat, &t) != 0) {
         /* Without heartbeats the scheduler declares us dead: say why loudly. */
         cps_log(CPS_LOG_ERROR, b->who, "heartbeat thread cannot reach the scheduler at %s",
                 b->sched_url);
-        cps__tp_destroy(tp);
-        return NULL;
+    } else if (cps__loop_run(l) != 0) {
+        cps_log(CPS_LOG_ERROR, b->who, "heartbeat thread stopped on an error");
     }
-    int stalled = 0;
-    pthread_mutex_lock(&b->lock);
-    while (!b->stop) {
-        uint64_t now = cps__now_ms();
-        uint64_t idle = now > b->published_ms ? now - b->published_ms : 0;
-        if (b->beating && (!b->stall_limit_ms || idle <= b->stall_limit_ms)) {
-            if (stalled)
-                cps_log(CPS_LOG_WARN, b->who, "event loop turning again: heartbeats resume");
-            stalled = 0;
-            unsigned char payload[CPS_STATS_SIZE];
-            cps__stats_encode(payload, &b->stats);
-            cps_msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .sender = b->id, .epoch = b->epoch};
-            pthread_mutex_unlock(&b->lock);
-            cps__msg_send(tp, SCHED_PEER, &h, payload, sizeof payload);
-            cps__tp_poll(tp, 0, NULL, NULL, 0); /* flush one that had to queue */
-            pthread_mutex_lock(&b->lock);
-        } else if (b->beating && !stalled) {
-            stalled = 1;
-            cps_log(CPS_LOG_ERROR, b->who,
-                    "event loop has not turned for %llu ms: heartbeats stop, so the scheduler "
-                    "fails this node over",
-                    (unsigned long long)idle);
-        }
-        struct timespec ts;
-        deadline_after(&ts, b->period_ms);
-        while (!b->stop && pthread_cond_timedwait(&b->cond, &b->lock, &ts) != ETIMEDOUT)
-            ;
-    }
-    pthread_mutex_unlock(&b->lock);
-    cps__tp_destroy(tp);
+    cps__loop_tp_detach(&att);
+    cps__loop_destroy(l);
+    cps__tp_destroy(t.tp);
     return NULL;
 }
 
@@ -104,17 +127,16 @@ int cps__heartbeat_start(const char *sched_url, const unsigned char *key, uint32
     b->period_ms = period_ms;
     b->stall_limit_ms = stall_limit_ms;
     b->published_ms = cps__now_ms();
-    pthread_condattr_t ca;
-    int rc = pthread_condattr_init(&ca);
-    if (rc == 0) {
-        rc = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-        rc = rc ? rc : pthread_cond_init(&b->cond, &ca);
-        pthread_condattr_destroy(&ca);
-    }
-    if (rc != 0) {
+    if (pipe(b->wake) != 0) {
+        cps_log(CPS_LOG_ERROR, who, "cannot make the heartbeat thread's wake-up pipe: %s",
+                strerror(errno));
         free(b);
-        return CPS_ENOMEM;
+        return CPS_EIO;
     }
+    /* Programs the node starts (a training script's children) must not hold it open. */
+    fcntl(b->wake[0], F_SETFD, FD_CLOEXEC);
+    fcntl(b->wake[1], F_SETFD, FD_CLOEXEC);
+    int rc;
     pthread_mutex_init(&b->lock, NULL);
     /* SIGINT and SIGTERM are for the node's own thread (it stops cleanly): this one is created
      * with them blocked, so they are never delivered to it. */
@@ -126,7 +148,8 @@ int cps__heartbeat_start(const char *sched_url, const unsigned char *key, uint32
     rc = pthread_create(&b->thread, NULL, beat_main, b);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
-        pthread_cond_destroy(&b->cond);
+        close(b->wake[0]);
+        close(b->wake[1]);
         pthread_mutex_destroy(&b->lock);
         free(b);
         cps_log(CPS_LOG_ERROR, who, "cannot start the heartbeat thread");
@@ -159,10 +182,13 @@ void cps__heartbeat_stop(cps_heartbeat *b)
         return;
     pthread_mutex_lock(&b->lock);
     b->stop = 1;
-    pthread_cond_signal(&b->cond);
     pthread_mutex_unlock(&b->lock);
+    /* The byte wakes the thread's poll; nothing reads it, the pipe is closed below. */
+    while (write(b->wake[1], "s", 1) < 0 && errno == EINTR)
+        ;
     pthread_join(b->thread, NULL);
-    pthread_cond_destroy(&b->cond);
+    close(b->wake[0]);
+    close(b->wake[1]);
     pthread_mutex_destroy(&b->lock);
     free(b);
 }

@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "core/view.h"
 #include "core/wire.h"
+#include "node/loop.h"
 #include "node/msg.h"
 #include "node/roles.h"
 #include "node/temp_peers.h"
@@ -27,6 +28,21 @@
 #define SHUTDOWN_LINGER_MS 300
 /* How long the ended job waits for queued messages (SHUTDOWN to a server still connecting). */
 #define SHUTDOWN_DRAIN_MAX_MS 3000
+/* The failure detector's tick: how stale a death may be noticed, and how often we check that
+ * we ourselves ran (see on_tick). */
+#define DETECT_EVERY_MS 20
+/* Inbox messages handled per loop turn, so a flood still lets the timers run. */
+#define MSGS_PER_TURN 256
+
+/* The event loop's timers (node/loop.h). */
+enum {
+    T_DETECT = 1, /* periodic DETECT_EVERY_MS: the failure detector */
+    T_REPAIR,     /* periodic REPAIR_EVERY_MS, and at once after a death */
+    T_SAVE,       /* one-shot SAVE_RETRY_MS after a failed save of the view */
+    T_JOIN,       /* one-shot join_timeout_ms: give up on nodes that never arrived */
+    T_FINISH,     /* the job ended: linger, then wait (bounded) for queues to drain */
+    T_STOP,       /* a stop was requested: linger, then stop */
+};
 
 typedef struct sched_node {
     cps_node_info info;
@@ -53,14 +69,18 @@ typedef struct sched {
     cps_detector *detector;
     cps_repair *repair; /* joins under way; made when the job runs */
     cps_store *store;   /* the view and the job's progress, so a restarted scheduler resumes */
-    uint64_t next_repair_ms;
+    cps_loop *loop;
+    cps_loop_tp inbox;
+    uint64_t last_detect_ms; /* when the detector last ticked (a pause of ours shows there) */
+    uint64_t finish_at;      /* when the ended job's linger is over */
+    int stopping;            /* a stop was requested and is lingering */
+    int result;              /* what cps__scheduler_run returns once the loop stops */
     /* The view in memory is newer than the saved one: no node is sent it until it is saved
      * (persist before publish), so a restarted scheduler never resumes an epoch older than one
      * some node has seen. Retried every SAVE_RETRY_MS. */
     int unsaved;
     uint8_t held_type; /* what the held view goes out as once saved: WELCOME or VIEW */
     uint32_t failed_saves;
-    uint64_t next_save_ms;
     const char *dir;
     /* Test-only fault injection (CHAINPS_FAILPOINT_SCHED_SAVE=FIRST:COUNT): saves number FIRST
      * .. FIRST+COUNT-1 (counted from 1) fail as a full disk would. */
@@ -195,6 +215,7 @@ static void send_simple(sched *s, uint32_t peer, uint8_t type, const cps_msg_hdr
 }
 
 static int save(sched *s);
+static int on_save_retry(cps_loop *l, uint64_t id, void *ctx, uint64_t now);
 
 /* The job runs (fresh, or resumed after a restart): join bookkeeping, and the failure detector
  * watches every live member. */
@@ -427,11 +448,14 @@ static int save(sched *s)
             s->held_type = CPS_MSG_VIEW;
         s->unsaved = 1;
         s->failed_saves++;
-        s->next_save_ms = cps__now_ms() + SAVE_RETRY_MS;
+        int trc = cps__loop_timer_add(s->loop, T_SAVE, SAVE_RETRY_MS, 0, on_save_retry, s);
+        if (trc != 0)
+            cps_log(CPS_LOG_ERROR, "scheduler", "cannot arm the save retry: %s", cps_strerror(trc));
         return rc;
     }
     if (s->unsaved) {
         s->unsaved = 0;
+        cps__loop_timer_del(s->loop, T_SAVE);
         cps_log(CPS_LOG_INFO, "scheduler",
                 "saved view epoch %llu after %u failed tries: sending it to every node",
                 (unsigned long long)s->view.epoch, s->failed_saves);
@@ -441,6 +465,15 @@ static int save(sched *s)
                 send_view(s, s->nodes[i].info.id, s->held_type);
     }
     s->held_type = 0;
+    return 0;
+}
+
+static int on_save_retry(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)l, (void)id, (void)now;
+    sched *s = ctx;
+    if (s->unsaved)
+        save(s);
     return 0;
 }
 
@@ -1140,6 +1173,123 @@ static int failpoint_parse(sched *s)
     return 0;
 }
 
+/* ---- the event loop's timers and hook ---- */
+
+static int on_repair(cps_loop *l, uint64_t id, void *ctx, uint64_t now);
+static int linger_then_stop(sched *s);
+
+/* Failure detection, every DETECT_EVERY_MS. */
+static int on_detect(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)id;
+    sched *s = ctx;
+    if (now - s->last_detect_ms > s->cfg.dead_after_ms / 2) {
+        /* We ourselves did not run (descheduled, paused): the silence we would now see is
+         * ours, not the nodes'. Give everyone a fresh deadline instead of declaring all of
+         * them dead at once. */
+        cps_log(CPS_LOG_WARN, "scheduler",
+                "did not run for %llu ms: not counting that "
+                "against the nodes",
+                (unsigned long long)(now - s->last_detect_ms));
+        cps_detector_refresh(s->detector, now);
+    }
+    s->last_detect_ms = now;
+    uint32_t dead[16];
+    /* Once the job is ending, servers leave on purpose: not failures. */
+    size_t nd = s->finished ? 0 : cps_detector_tick(s->detector, now, dead, 16);
+    for (size_t i = 0; i < nd; i++) {
+        sched_node *dn = find_node(s, dead[i]);
+        if (!dn)
+            continue;
+        if (dn->info.role == CPS_ROLE_WORKER &&
+            now - dn->last_seen_ms <= s->cfg.worker_dead_after_ms) {
+            /* Workers get longer (CHAINPS_WORKER_DEAD_AFTER_MS): keep watching. */
+            cps_detector_watch(s->detector, dn->info.id, dn->last_seen_ms);
+            continue;
+        }
+        declare_dead(s, dead[i], now - dn->last_seen_ms);
+    }
+    if (nd) {
+        /* Re-form the chains now, not at the next periodic repair. */
+        repair(s, now);
+        return cps__loop_timer_add(l, T_REPAIR, REPAIR_EVERY_MS, REPAIR_EVERY_MS, on_repair, s);
+    }
+    return 0;
+}
+
+static int on_repair(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)l, (void)id;
+    repair(ctx, now);
+    return 0;
+}
+
+/* Not every node arrived within join_timeout_ms. */
+static int on_join_timeout(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)l, (void)id, (void)now;
+    sched *s = ctx;
+    if (s->started || s->stopping)
+        return 0;
+    cps_log(CPS_LOG_ERROR, "scheduler",
+            "only %u of %u servers and %u of %u workers arrived within %.1f s; giving up",
+            count_role(s, CPS_ROLE_SERVER), s->cfg.num_servers, count_role(s, CPS_ROLE_WORKER),
+            s->cfg.num_workers, s->cfg.join_timeout_ms / 1000.0);
+    shutdown_job(s);
+    /* Workers wait in cps_open() too: tell them now, not after their own timeout. */
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        if (s->nodes[i].info.role == CPS_ROLE_WORKER)
+            send_simple(s, s->nodes[i].info.id, CPS_MSG_SHUTDOWN, NULL);
+    s->result = CPS_ETIMEDOUT;
+    return linger_then_stop(s);
+}
+
+/* The ended job stops once its messages are on their way: after SHUTDOWN_LINGER_MS, when the
+ * queues are empty, or SHUTDOWN_DRAIN_MAX_MS later (a queue for a peer that is gone never
+ * drains). Checked every DETECT_EVERY_MS. */
+static int on_finish(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)id;
+    sched *s = ctx;
+    if (cps__tp_queued(s->tp) == 0 || now >= s->finish_at + SHUTDOWN_DRAIN_MAX_MS)
+        cps__loop_stop(l);
+    return 0;
+}
+
+static int on_stop(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)id, (void)ctx, (void)now;
+    cps__loop_stop(l);
+    return 0;
+}
+
+/* Serve messages for SHUTDOWN_LINGER_MS more (the SHUTDOWNs go out), then stop. */
+static int linger_then_stop(sched *s)
+{
+    s->stopping = 1;
+    cps__loop_timer_del(s->loop, T_FINISH);
+    return cps__loop_timer_add(s->loop, T_STOP, SHUTDOWN_LINGER_MS, 0, on_stop, s);
+}
+
+/* Every turn, before the poll. */
+static int before_sleep(cps_loop *l, void *ctx, uint64_t now)
+{
+    sched *s = ctx;
+    if (cps__role_stop_requested() && !s->stopping) {
+        cps_log(CPS_LOG_INFO, "scheduler", "stop requested; telling servers to shut down");
+        shutdown_job(s);
+        int rc = linger_then_stop(s);
+        if (rc != 0)
+            return rc;
+    }
+    cps__temp_peers_expire(&s->temps, s->tp, now);
+    if (s->finished && !s->stopping && !cps__loop_timer_armed(l, T_FINISH, NULL)) {
+        s->finish_at = now + SHUTDOWN_LINGER_MS;
+        return cps__loop_timer_add(l, T_FINISH, SHUTDOWN_LINGER_MS, DETECT_EVERY_MS, on_finish, s);
+    }
+    return 0;
+}
+
 int cps__scheduler_run(const cps_config *cfg)
 {
     if (cfg->num_servers == 0 || cfg->num_workers == 0) {
@@ -1165,6 +1315,8 @@ int cps__scheduler_run(const cps_config *cfg)
     s.nodes = calloc(CPS_MAX_NODES, sizeof *s.nodes);
     cps_detector_config dc = {cfg->dead_after_ms, 2 * cfg->dead_after_ms};
     int rc = s.nodes ? cps_detector_create(&dc, &s.detector) : CPS_ENOMEM;
+    if (rc == 0)
+        rc = cps__loop_create(&s.loop);
     if (rc == 0)
         rc = cps__tp_create(cps__node_key(cfg), &s.tp);
     if (rc == 0)
@@ -1200,78 +1352,22 @@ int cps__scheduler_run(const cps_config *cfg)
                 "workers (state in %s)",
                 cfg->bind_host, cfg->sched_port, cfg->num_servers, cfg->num_workers, dir);
     s.start_ms = cps__now_ms();
-    uint64_t finish_at = 0, last_iter = s.start_ms;
-    for (;;) {
-        if (cps__role_stop_requested()) {
-            cps_log(CPS_LOG_INFO, "scheduler", "stop requested; telling servers to shut down");
-            shutdown_job(&s);
-            finish_at = cps__now_ms() + SHUTDOWN_LINGER_MS;
-            cps__tp_poll(s.tp, SHUTDOWN_LINGER_MS, handle_msg, &s, 0);
-            break;
-        }
-        int n = cps__tp_poll(s.tp, 20, handle_msg, &s, 256); /* bounded: timers must run */
-        if (n < 0) {
-            rc = n;
-            break;
-        }
-        uint64_t now = cps__now_ms();
-        if (now - last_iter > cfg->dead_after_ms / 2) {
-            /* We ourselves did not run (descheduled, paused): the silence we would now see is
-             * ours, not the nodes'. Give everyone a fresh deadline instead of declaring all of
-             * them dead at once. */
-            cps_log(CPS_LOG_WARN, "scheduler",
-                    "did not run for %llu ms: not counting that "
-                    "against the nodes",
-                    (unsigned long long)(now - last_iter));
-            cps_detector_refresh(s.detector, now);
-        }
-        last_iter = now;
-        uint32_t dead[16];
-        /* Once the job is ending, servers leave on purpose: not failures. */
-        size_t nd = s.finished ? 0 : cps_detector_tick(s.detector, now, dead, 16);
-        for (size_t i = 0; i < nd; i++) {
-            sched_node *dn = find_node(&s, dead[i]);
-            if (!dn)
-                continue;
-            if (dn->info.role == CPS_ROLE_WORKER &&
-                now - dn->last_seen_ms <= cfg->worker_dead_after_ms) {
-                /* Workers get longer (CHAINPS_WORKER_DEAD_AFTER_MS): keep watching. */
-                cps_detector_watch(s.detector, dn->info.id, dn->last_seen_ms);
-                continue;
-            }
-            declare_dead(&s, dead[i], now - dn->last_seen_ms);
-        }
-        if (s.unsaved && now >= s.next_save_ms)
-            save(&s);
-        if (nd || now >= s.next_repair_ms) {
-            repair(&s, now);
-            s.next_repair_ms = now + REPAIR_EVERY_MS;
-        }
-        cps__temp_peers_expire(&s.temps, s.tp, now);
-        if (!s.started && now - s.start_ms > cfg->join_timeout_ms) {
-            cps_log(CPS_LOG_ERROR, "scheduler",
-                    "only %u of %u servers and %u of %u workers arrived within %.1f s; giving up",
-                    count_role(&s, CPS_ROLE_SERVER), cfg->num_servers,
-                    count_role(&s, CPS_ROLE_WORKER), cfg->num_workers,
-                    cfg->join_timeout_ms / 1000.0);
-            shutdown_job(&s);
-            /* Workers wait in cps_open() too: tell them now, not after their own timeout. */
-            for (uint32_t i = 0; i < s.nnodes; i++)
-                if (s.nodes[i].info.role == CPS_ROLE_WORKER)
-                    send_simple(&s, s.nodes[i].info.id, CPS_MSG_SHUTDOWN, NULL);
-            cps__tp_poll(s.tp, SHUTDOWN_LINGER_MS, handle_msg, &s, 0);
-            rc = CPS_ETIMEDOUT;
-            break;
-        }
-        if (s.finished) {
-            if (!finish_at)
-                finish_at = now + SHUTDOWN_LINGER_MS;
-            else if (now >= finish_at &&
-                     (cps__tp_queued(s.tp) == 0 || now >= finish_at + SHUTDOWN_DRAIN_MAX_MS))
-                break; /* a queue for a peer that is gone never drains: wait only so long */
-        }
-    }
+    s.last_detect_ms = s.start_ms;
+    cps__loop_before_sleep(s.loop, before_sleep, &s);
+    rc = cps__loop_tp_attach(&s.inbox, s.loop, s.tp, handle_msg, &s, MSGS_PER_TURN);
+    if (rc == 0)
+        rc = cps__loop_timer_add(s.loop, T_DETECT, DETECT_EVERY_MS, DETECT_EVERY_MS, on_detect, &s);
+    if (rc == 0)
+        rc = cps__loop_timer_add(s.loop, T_REPAIR, 0, REPAIR_EVERY_MS, on_repair, &s);
+    if (rc == 0 && !s.started)
+        rc = cps__loop_timer_add(s.loop, T_JOIN, cfg->join_timeout_ms + 1, 0, on_join_timeout, &s);
+    if (rc == 0)
+        rc = cps__loop_run(s.loop);
+    if (rc == 0)
+        rc = s.result;
 out:
+    cps__loop_tp_detach(&s.inbox);
+    cps__loop_destroy(s.loop);
     cps__tp_destroy(s.tp);
     cps_detector_destroy(s.detector);
     cps__store_close(s.store);

@@ -50,8 +50,8 @@ typedef struct cut_job {
     uint64_t step;    /* the wanted boundary; 0: now */
     uint64_t req_seq; /* the tool's request number, echoed */
     char tool[CPS_ADDR_MAX];
-    uint64_t deadline_ms; /* pending: give up then */
-    int open;             /* the thread runs */
+    uint64_t timer; /* pending: its deadline, a loop timer (CPS_SERVER_T_CUT) */
+    int open;       /* the thread runs */
     /* thread side */
     pthread_t thread;
     atomic_int stop, done; /* set by one thread, read by the other */
@@ -408,8 +408,24 @@ static int cut_ready(const cut_job *j, const span_io *io)
     return io->span.lo == j->step && io->span.hi == j->step;
 }
 
+static void drop_job(server *s, cut_job *j);
+
+/* A pending cut's step did not come in time: the tool asks again. */
+static int on_cut_deadline(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)l, (void)now;
+    server *s = ctx;
+    for (cut_job *j = s->cuts; j; j = j->next)
+        if (j->timer == id && !j->open) {
+            drop_job(s, j);
+            break;
+        }
+    return 0;
+}
+
 static void drop_job(server *s, cut_job *j)
 {
+    cps__loop_timer_del(s->loop, j->timer);
     for (cut_job **pp = &s->cuts; *pp; pp = &(*pp)->next)
         if (*pp == j) {
             *pp = j->next;
@@ -465,9 +481,14 @@ void cps__server_on_cut_open(server *s, cps_rx *rx)
     j->step = h->step;
     j->req_seq = h->req_seq;
     snprintf(j->tool, sizeof j->tool, "%s", addr);
-    j->deadline_ms = cps__now_ms() + CUT_PENDING_MS;
+    j->timer = CPS_SERVER_T_CUT(++s->cuts_made);
     j->next = s->cuts;
     s->cuts = j;
+    if (cps__loop_timer_add(s->loop, j->timer, CUT_PENDING_MS, 0, on_cut_deadline, s) != 0) {
+        tool_reply(s, peer, h, CPS_ENOMEM, 0, 0, h->aux, "no memory");
+        drop_job(s, j);
+        return;
+    }
     try_cut(s, j);
 }
 
@@ -502,6 +523,7 @@ void cps__server_cuts_before_grow(void *ctx)
 
 void cps__server_cuts_tick(server *s, uint64_t now, int stop_all)
 {
+    (void)now; /* a pending cut's deadline is a loop timer (on_cut_deadline) */
     for (cut_job *j = s->cuts, *next; j; j = next) {
         next = j->next;
         if (j->open) {
@@ -511,8 +533,7 @@ void cps__server_cuts_tick(server *s, uint64_t now, int stop_all)
                 pthread_join(j->thread, NULL);
                 drop_job(s, j);
             }
-        } else if (stop_all || now >= j->deadline_ms ||
-                   (s->view.nranges && !is_tail(s, j->range))) {
+        } else if (stop_all || (s->view.nranges && !is_tail(s, j->range))) {
             /* The tool asks again (at the new tail, if that moved). */
             drop_job(s, j);
         }

@@ -29,6 +29,22 @@
  * key-set signatures from XXH3 (cps__hash64). 1, unmarked: FNV-1a, by builds before it; their
  * keys for a tensor are not this build's, so such a directory is refused, not misread. */
 #define CPS_KEY_LAYOUT 2u
+/* The longest one loop turn waits, joined or not: the per-turn work (chain re-sends, sync
+ * timeouts, snapshot and cut threads, join deadlines, and telling the heartbeat thread that we
+ * turn) runs at least this often. */
+#define TURN_MAX_MS          20
+#define TURN_MAX_UNJOINED_MS 100
+
+/* The event loop's timers (node/loop.h). */
+enum {
+    T_HELLO = 1, /* periodic HELLO_RETRY_MS until the scheduler welcomes us */
+    T_JOIN,      /* one-shot join_timeout_ms: the scheduler never answered */
+    T_SYNC,      /* periodic SYNC_EVERY_MS once joined: key counts, and msync unless every commit
+                    syncs */
+    T_ACKS,      /* one-shot: the held CHAIN_ACKs are due */
+    T_TURN,      /* one-shot, re-armed every turn: TURN_MAX_MS (TURN_MAX_UNJOINED_MS) */
+};
+
 
 static void dispatch_request(server *s, cps_rx *rx);
 static void dispatch_held(server *s);
@@ -528,6 +544,148 @@ static int open_store(server *s, const cps_store_opts *so)
     return CPS_EBUSY;
 }
 
+/* ---- the event loop's timers and hook ---- */
+
+static int on_hello(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)now;
+    server *s = ctx;
+    if (cps_fence_joined(s->fence)) {
+        cps__loop_timer_del(l, id);
+        return 0;
+    }
+    send_hello(s, s->addr, s->saved_id);
+    return 0;
+}
+
+static int on_join_timeout(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)id, (void)now;
+    server *s = ctx;
+    if (cps_fence_joined(s->fence))
+        return 0;
+    cps_log(CPS_LOG_ERROR, "server", "no answer from the scheduler at %s within %.1f s",
+            s->sched_url, s->cfg.join_timeout_ms / 1000.0);
+    s->result = CPS_ETIMEDOUT;
+    s->join_failed = 1;
+    cps__loop_stop(l);
+    return 0;
+}
+
+static int on_sync(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)l, (void)id, (void)now;
+    server *s = ctx;
+    if (!cps_fence_joined(s->fence))
+        return 0;
+    cps__store_read(s->store, count_keys, s); /* for status, once a second */
+    if (!s->cfg.sync_every_commit && cps__store_sync(s->store) != 0)
+        cps_log(CPS_LOG_WARN, "server", "periodic sync failed");
+    return 0;
+}
+
+static int on_acks_due(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)l, (void)id;
+    server *s = ctx;
+    if (cps_fence_joined(s->fence))
+        cps__server_flush_acks(s, now, 0);
+    return 0;
+}
+
+/* Nothing to do itself: it only bounds the poll, so that before_sleep runs again. */
+static int on_turn(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)l, (void)id, (void)ctx, (void)now;
+    return 0;
+}
+
+/* (Re)start asking the scheduler to let us in: HELLO now and every HELLO_RETRY_MS, and give up
+ * after join_timeout_ms. */
+static int start_joining(server *s)
+{
+    s->join_start_ms = cps__now_ms();
+    cps__loop_timer_del(s->loop, T_SYNC);
+    int rc = cps__loop_timer_add(s->loop, T_HELLO, 0, HELLO_RETRY_MS, on_hello, s);
+    if (rc == 0)
+        rc = cps__loop_timer_add(s->loop, T_JOIN, (uint64_t)s->cfg.join_timeout_ms + 1, 0,
+                                 on_join_timeout, s);
+    return rc;
+}
+
+/* Every turn, before the poll: first what follows the previous turn's messages (held acks,
+ * the state machines' timeouts, finished threads, deadlines), then whether to go on, then what
+ * precedes the next poll. */
+static int before_sleep(cps_loop *l, void *ctx, uint64_t now)
+{
+    server *s = ctx;
+    if (cps_fence_joined(s->fence)) {
+        cps__server_flush_acks(s, now, 0);
+        cps__server_tick(s, now);
+        cps__server_reap_snapshots(s, 0);
+        cps__server_cuts_tick(s, now, 0);
+        cps__server_check_joins(s, now);
+    }
+    cps__temp_peers_expire(&s->temps, s->tp, now);
+    if (s->disk_full) {
+        /* Heartbeats stop with us: the scheduler fails our ranges over within its failure
+         * timeout, and a restart once there is room rejoins them by state transfer. */
+        cps_log(CPS_LOG_ERROR, "server",
+                "leaving the job: disk full in %s (the update it could not store is not "
+                "acknowledged); free space there and restart this server to rejoin",
+                s->cfg.data_dir);
+        s->result = CPS_ENOSPC;
+        cps__loop_stop(l);
+        return 0;
+    }
+    if (s->poisoned) {
+        cps_log(CPS_LOG_ERROR, "server",
+                "leaving the job: a store write failed, so this "
+                "replica's state is unknown");
+        s->result = CPS_EPOISONED;
+        cps__loop_stop(l);
+        return 0;
+    }
+    if (s->shutdown || cps__role_stop_requested()) {
+        cps__loop_stop(l);
+        return 0;
+    }
+    now = cps__now_ms();
+    if (cps_fence_fenced(s->fence)) {
+        /* Start over as a new replica: the scheduler revives us, and state transfer gives us
+         * ranges again; what our store holds for other ranges is cleared when we join them.
+         * Silence the heartbeats first: a beat from a server the view lists as dead earns it
+         * a VIEW that the rejoin would take for its WELCOME. */
+        beat_publish(s, now);
+        rejoin(s);
+        int rc = start_joining(s);
+        if (rc != 0)
+            return rc;
+    }
+    check_stall(s, now, 1);
+    beat_publish(s, now);
+    if (cps_fence_joined(s->fence)) {
+        if (s->saved_id != s->id) {
+            meta_io m = {s->id};
+            cps__store_write(s->store, save_id, &m);
+            s->saved_id = s->id;
+        }
+        if (!cps__loop_timer_armed(l, T_SYNC, NULL)) {
+            int rc = cps__loop_timer_add(l, T_SYNC, 0, SYNC_EVERY_MS, on_sync, s);
+            if (rc != 0)
+                return rc;
+        }
+        int wait = cps__server_ack_wait_ms(s, now, TURN_MAX_MS);
+        if (wait < TURN_MAX_MS) {
+            int rc = cps__loop_timer_add(l, T_ACKS, (uint64_t)wait, 0, on_acks_due, s);
+            if (rc != 0)
+                return rc;
+        }
+    }
+    return cps__loop_timer_add(l, T_TURN, cps_fence_joined(s->fence) ? TURN_MAX_MS : TURN_MAX_UNJOINED_MS, 0,
+                               on_turn, s);
+}
+
 int cps__server_run(const cps_config *cfg)
 {
     server s;
@@ -601,90 +759,35 @@ int cps__server_run(const cps_config *cfg)
                               &s.beat);
     if (rc != 0)
         goto out;
-    uint64_t start = cps__now_ms(), next_hello = 0, next_sync = 0;
-    rc = cps_fence_create(cfg->dead_after_ms, start, &s.fence);
+    snprintf(s.sched_url, sizeof s.sched_url, "%s", url);
+    snprintf(s.addr, sizeof s.addr, "%s", addr);
+    s.saved_id = prev.id;
+    rc = cps_fence_create(cfg->dead_after_ms, cps__now_ms(), &s.fence);
     if (rc != 0)
         goto out;
     s.after_apply = cps__server_cuts_after_apply;
-    while (!s.shutdown && !cps__role_stop_requested()) {
-        uint64_t now = cps__now_ms();
-        if (cps_fence_fenced(s.fence)) {
-            /* Start over as a new replica: the scheduler revives us, and state transfer gives us
-             * ranges again; what our store holds for other ranges is cleared when we join them.
-             * Silence the heartbeats first: a beat from a server the view lists as dead earns it
-             * a VIEW that the rejoin would take for its WELCOME. */
-            beat_publish(&s, now);
-            rejoin(&s);
-            start = now;
-            next_hello = 0;
-            continue;
-        }
-        check_stall(&s, now, 1);
-        beat_publish(&s, now);
-        if (!cps_fence_joined(s.fence)) {
-            if (now - start > cfg->join_timeout_ms) {
-                cps_log(CPS_LOG_ERROR, "server",
-                        "no answer from the scheduler at %s within "
-                        "%.1f s",
-                        url, cfg->join_timeout_ms / 1000.0);
-                rc = CPS_ETIMEDOUT;
-                goto out;
-            }
-            if (now >= next_hello) {
-                send_hello(&s, addr, prev.id);
-                next_hello = now + HELLO_RETRY_MS;
-            }
-        } else {
-            if (prev.id != s.id) {
-                prev.id = s.id;
-                cps__store_write(s.store, save_id, &prev);
-            }
-            if (now >= next_sync) {
-                cps__store_read(s.store, count_keys, &s); /* for status, once a second */
-                if (!cfg->sync_every_commit && cps__store_sync(s.store) != 0)
-                    cps_log(CPS_LOG_WARN, "server", "periodic sync failed");
-                next_sync = now + SYNC_EVERY_MS;
-            }
-        }
-        int wait_ms =
-            cps_fence_joined(s.fence) ? cps__server_ack_wait_ms(&s, cps__now_ms(), 20) : 100;
-        int n = cps__tp_poll(s.tp, wait_ms, handle_msg, &s, MSGS_PER_TURN);
-        if (n < 0) {
-            rc = n;
-            break;
-        }
-        if (cps_fence_joined(s.fence)) {
-            cps__server_flush_acks(&s, cps__now_ms(), 0);
-            cps__server_tick(&s, cps__now_ms());
-            cps__server_reap_snapshots(&s, 0);
-            cps__server_cuts_tick(&s, cps__now_ms(), 0);
-            cps__server_check_joins(&s, cps__now_ms());
-        }
-        cps__temp_peers_expire(&s.temps, s.tp, cps__now_ms());
-        if (s.disk_full) {
-            /* Heartbeats stop with us: the scheduler fails our ranges over within its failure
-             * timeout, and a restart once there is room rejoins them by state transfer. */
-            cps_log(CPS_LOG_ERROR, "server",
-                    "leaving the job: disk full in %s (the update it could not store is not "
-                    "acknowledged); free space there and restart this server to rejoin",
-                    cfg->data_dir);
-            rc = CPS_ENOSPC;
-            break;
-        }
-        if (s.poisoned) {
-            cps_log(CPS_LOG_ERROR, "server",
-                    "leaving the job: a store write failed, so this "
-                    "replica's state is unknown");
-            rc = CPS_EPOISONED;
-            break;
-        }
-    }
+    rc = cps__loop_create(&s.loop);
+    if (rc == 0)
+        rc = cps__loop_tp_attach(&s.inbox, s.loop, s.tp, handle_msg, &s, MSGS_PER_TURN);
+    if (rc == 0)
+        rc = start_joining(&s);
+    if (rc != 0)
+        goto out;
+    cps__loop_before_sleep(s.loop, before_sleep, &s);
+    rc = cps__loop_run(s.loop);
+    if (rc == 0)
+        rc = s.result;
+    if (s.join_failed)
+        goto out;
     rc = rc < 0 ? rc : 0;
     if (!s.poisoned)
         cps__server_flush_acks(&s, 0, 1);
     cps_log(CPS_LOG_INFO, "server", "stopping: %llu updates applied, %llu bad messages",
             (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad);
 out:
+    cps__loop_tp_detach(&s.inbox);
+    cps__loop_destroy(s.loop);
+    s.loop = NULL;
     cps__heartbeat_stop(s.beat);
     cps_fence_destroy(s.fence);
     for (uint32_t i = 0; i < s.nearly; i++)

@@ -11,6 +11,7 @@
 #include "replication/sync.h"
 #include "core/view.h"
 #include "node/heartbeat.h"
+#include "node/loop.h"
 #include "node/msg.h"
 #include "node/temp_peers.h"
 #include "recovery/fence.h"
@@ -19,6 +20,9 @@
 #include "transport/transport.h"
 
 struct snap_job;
+
+/* A pending checkpoint cut's deadline (cut.c): n counts the cuts this process was asked for. */
+#define CPS_SERVER_T_CUT(n) ((3ull << 32) | (uint32_t)(n))
 
 typedef struct server {
     cps_config cfg;
@@ -51,6 +55,7 @@ typedef struct server {
     uint32_t nfuture;
     struct snap_job *snaps; /* snapshots being sent by threads */
     struct cut_job *cuts;   /* checkpoint read views, pending or served by threads (cut.c) */
+    uint32_t cuts_made;     /* names each cut's deadline timer */
     /* CHAIN_ACKs held back for a moment before they are sent (replication/ackhold.h). */
     cps_ackhold *acks;
     cps_heartbeat *beat; /* the heartbeat thread (node/heartbeat.c) */
@@ -58,6 +63,14 @@ typedef struct server {
      * cps__server_cuts_after_apply, set by server.c): the data path does not call up into the
      * checkpoint code it serves. */
     void (*after_apply)(struct server *s, uint32_t range);
+    cps_loop *loop;      /* the event loop (server.c): the inbox, timers, per-turn work */
+    cps_loop_tp inbox;
+    int result;      /* why the loop stopped, returned by cps__server_run */
+    int join_failed; /* the scheduler never answered our HELLO */
+    uint64_t join_start_ms;
+    uint32_t saved_id;       /* the node id recorded in the store */
+    char addr[CPS_ADDR_MAX]; /* our inbox, as the HELLO names it */
+    char sched_url[CPS_ADDR_MAX + 16];
 } server;
 
 /* Data path (update.c). Each takes ownership of rx. */

@@ -71,10 +71,19 @@ struct cps_tp {
     tp_peer **pfd_peer; /* pfd_peer[i] owns pfds[i], NULL for the inbox and extra fd */
     size_t pfd_cap;
     cps_auth *auth;
-    uint64_t auth_dropped;  /* messages refused by the MAC check, ever */
-    uint64_t auth_unlogged; /* refused since the last log line */
-    int64_t auth_logged_ms; /* time of that line */
+    uint64_t auth_dropped;        /* messages refused by the MAC check, ever */
+    uint64_t auth_unlogged;       /* refused since the last log line */
+    int64_t auth_logged_ms;       /* time of that line */
+    cps_tp_backlog_fn backlog_fn; /* an event loop watching the peers with a backlog */
+    void *backlog_ctx;
 };
+
+/* A peer's queue went from empty to not (on) or back. */
+static void backlog_note(cps_tp *tp, const tp_peer *p, int on)
+{
+    if (tp->backlog_fn)
+        tp->backlog_fn(tp->backlog_ctx, p->sndfd, on);
+}
 
 static int64_t now_ms(void)
 {
@@ -191,6 +200,8 @@ static tp_peer *peer_find(const cps_tp *tp, uint32_t id)
 
 static void queue_clear(cps_tp *tp, tp_peer *p)
 {
+    if (p->qlen)
+        backlog_note(tp, p, 0);
     for (size_t i = 0; i < p->qlen; i++)
         nn_freemsg(p->q[(p->qhead + i) % p->qcap].buf);
     tp->queued -= p->qlen;
@@ -228,7 +239,8 @@ static int queue_push(cps_tp *tp, tp_peer *p, void *buf, size_t len)
         p->qhead = 0;
     }
     p->q[(p->qhead + p->qlen) % p->qcap] = (tp_msg){buf, len};
-    p->qlen++;
+    if (p->qlen++ == 0)
+        backlog_note(tp, p, 1);
     p->qbytes += len;
     tp->queued++;
     return 0;
@@ -255,6 +267,8 @@ static int try_send(tp_peer *p, void *buf)
 /* Hand queued messages to nanomsg, oldest first, until it pushes back. */
 static int queue_flush(cps_tp *tp, tp_peer *p)
 {
+    if (!p->qlen)
+        return 0;
     while (p->qlen) {
         tp_msg *m = &p->q[p->qhead];
         int rc = try_send(p, m->buf);
@@ -266,6 +280,7 @@ static int queue_flush(cps_tp *tp, tp_peer *p)
         tp->queued--;
     }
     p->qhead = 0;
+    backlog_note(tp, p, 0);
     return 0;
 }
 
@@ -674,10 +689,49 @@ int cps__tp_poll(cps_tp *tp, int timeout_ms, cps_tp_recv_fn fn, void *ctx, int m
     }
 }
 
+int cps__tp_inbox_fd(const cps_tp *tp)
+{
+    return tp && tp->inbox >= 0 ? tp->rcvfd : -1;
+}
+
+int cps__tp_drain(cps_tp *tp, cps_tp_recv_fn fn, void *ctx, int max_msgs)
+{
+    if (!tp || !fn)
+        return CPS_EINVAL;
+    return tp->inbox >= 0 ? drain_inbox(tp, fn, ctx, max_msgs) : 0;
+}
+
+void cps__tp_set_backlog_fn(cps_tp *tp, cps_tp_backlog_fn fn, void *ctx)
+{
+    if (!tp)
+        return;
+    for (size_t i = 0; i < tp->npeers; i++)
+        if (tp->peers[i]->qlen)
+            backlog_note(tp, tp->peers[i], 0);
+    tp->backlog_fn = fn;
+    tp->backlog_ctx = ctx;
+    for (size_t i = 0; i < tp->npeers; i++)
+        if (tp->peers[i]->qlen)
+            backlog_note(tp, tp->peers[i], 1);
+}
+
+int cps__tp_flush_fd(cps_tp *tp, int fd)
+{
+    if (!tp)
+        return CPS_EINVAL;
+    /* Only peers with a backlog are watched, and few have one: a scan is cheap. */
+    for (size_t i = 0; i < tp->npeers; i++)
+        if (tp->peers[i]->sndfd == fd && tp->peers[i]->qlen)
+            return queue_flush(tp, tp->peers[i]);
+    return 0;
+}
+
 void cps__tp_destroy(cps_tp *tp)
 {
     if (!tp)
         return;
+    /* The loop that watched our backlogs may be gone already. */
+    tp->backlog_fn = NULL;
     /* Give backlogs a short, bounded chance to reach nanomsg: a node that sends its last words
      * (a leave notice, a final ack) and exits should not lose them just because the connection
      * was still coming up. Messages nanomsg has accepted may still be lost at close. */

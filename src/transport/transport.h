@@ -67,6 +67,24 @@ int cps__tp_poll(cps_tp *tp, int timeout_ms, cps_tp_recv_fn fn, void *ctx, int m
  * cps__tp_poll returns (possibly 0 delivered). */
 void cps__tp_poll_extra(cps_tp *tp, int fd);
 
+/* ---- for an event loop that owns the poll (node/loop.h) ----
+ * The inbox's NN_RCVFD (readable when a message waits), or -1 before cps__tp_bind. */
+int cps__tp_inbox_fd(const cps_tp *tp);
+/* Deliver the inbox messages that are waiting now, at most `max_msgs` (0: all), to `fn`,
+ * without waiting. Returns the number delivered or CPS_ETRANSPORT. */
+int cps__tp_drain(cps_tp *tp, cps_tp_recv_fn fn, void *ctx, int max_msgs);
+/* Told `fd` (a peer's NN_SNDFD) when that peer's queue becomes non-empty (`on` 1: watch fd and
+ * call cps__tp_flush_fd when it is readable) and when it empties or the peer is dropped (0:
+ * stop watching; the fd is still open during the call). Called from cps__tp_send and the
+ * flushes, so the callee must not call back into the transport. */
+typedef void (*cps_tp_backlog_fn)(void *ctx, int fd, int on);
+/* Install `fn` (NULL: none). The previous one is told `on` 0, and the new one `on` 1, for every
+ * peer that has a backlog now. cps__tp_destroy forgets it first, telling it nothing. */
+void cps__tp_set_backlog_fn(cps_tp *tp, cps_tp_backlog_fn fn, void *ctx);
+/* Hand the backlog of the peer whose NN_SNDFD is `fd` to nanomsg, as far as it takes it.
+ * Unknown fd: 0. Returns 0 or CPS_ETRANSPORT. */
+int cps__tp_flush_fd(cps_tp *tp, int fd);
+
 /* Number of messages waiting in peer queues (all peers). */
 size_t cps__tp_queued(const cps_tp *tp);
 /* Messages refused so far because they failed authentication (or were replayed). */

@@ -514,14 +514,40 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     cps__rx_free(&rx);
 }
 
-/* Receive what has arrived (waiting up to timeout_ms) and re-send requests that timed out. */
+/* One turn of the loop: receive what has arrived (waiting up to timeout_ms, or less if a timer
+ * is due sooner), then re-send requests that timed out. */
 static int progress(cps_client *c, int timeout_ms)
 {
-    int n = cps__tp_poll(c->tp, timeout_ms, handle_msg, c, 0);
+    int n = cps__loop_run_once(c->loop, timeout_ms);
     if (n < 0)
         return n;
     cps_reqs_tick(c->rq, &c->view, cps__now_ms());
     perform(c);
+    return 0;
+}
+
+/* A message to the scheduler, sent at once and then every `every_ms` by a loop timer while a
+ * blocking call waits for its answer (HELLO, BYE, BARRIER, REGISTER). */
+typedef struct resend {
+    cps_client *c;
+    cps_msg_hdr *h;
+    const void *payload;
+    size_t n;
+    int stamp_epoch; /* send under the view epoch of the moment */
+    int ask_view;    /* ask for the view too: its answer is proof the scheduler lives */
+} resend;
+
+enum { T_RESEND = 1 }; /* the one timer: blocking calls do not nest */
+
+static int on_resend(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)l, (void)id, (void)now;
+    resend *r = ctx;
+    if (r->stamp_epoch)
+        r->h->epoch = r->c->view.epoch;
+    cps__msg_send(r->c->tp, SCHED_PEER, r->h, r->payload, r->n);
+    if (r->ask_view)
+        ask_view(r->c);
     return 0;
 }
 
@@ -531,29 +557,28 @@ static int join(cps_client *c)
 {
     char payload[16 + CPS_ADDR_MAX];
     size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_WORKER, c->cfg.rank, 0, c->addr);
-    uint64_t start = cps__now_ms(), next = 0;
+    uint64_t start = cps__now_ms();
+    cps_msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX};
+    resend hello = {c, &h, payload, n, 0, 0};
+    int rc = cps__loop_timer_add(c->loop, T_RESEND, 0, HELLO_RETRY_MS, on_resend, &hello);
     /* Wait for our WELCOME, not just any view: a worker joining a running job is in the view the
      * scheduler publishes to everyone as it admits it, which can arrive first. */
-    while (c->view.nranges == 0 || c->id == 0) {
-        uint64_t now = cps__now_ms();
-        if (c->shutdown)
-            return CPS_ESHUTDOWN;
-        if (now - start > c->cfg.join_timeout_ms) {
+    while (rc == 0 && (c->view.nranges == 0 || c->id == 0)) {
+        if (c->shutdown) {
+            rc = CPS_ESHUTDOWN;
+        } else if (cps__now_ms() - start > c->cfg.join_timeout_ms) {
             cps_log(CPS_LOG_ERROR, "worker",
                     "the job did not start within %.1f s (scheduler %s:%u unreachable, or not "
                     "every server and worker arrived)",
                     c->cfg.join_timeout_ms / 1000.0, c->cfg.sched_host, c->cfg.sched_port);
-            return CPS_ETIMEDOUT;
+            rc = CPS_ETIMEDOUT;
+        } else {
+            rc = progress(c, 100);
         }
-        if (now >= next) {
-            cps_msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX};
-            cps__msg_send(c->tp, SCHED_PEER, &h, payload, n);
-            next = now + HELLO_RETRY_MS;
-        }
-        int rc = progress(c, 100);
-        if (rc < 0)
-            return rc;
     }
+    cps__loop_timer_del(c->loop, T_RESEND);
+    if (rc < 0)
+        return rc;
     const cps_node_info *me = cps__view_node(&c->view, c->id);
     if (!me || me->role != CPS_ROLE_WORKER) {
         cps_log(CPS_LOG_ERROR, "worker", "the view does not list us as a worker");
@@ -568,6 +593,8 @@ static int join(cps_client *c)
 static void client_free(cps_client *c)
 {
     cps__heartbeat_stop(c->hb);
+    cps__loop_tp_detach(&c->inbox);
+    cps__loop_destroy(c->loop);
     cps_tensor *t = c->tensors;
     while (t) {
         cps_tensor *next = t->next;
@@ -630,6 +657,10 @@ int cps_open(cps_client **out)
         rc = cps__tp_create(cps__node_key(&c->cfg), &c->tp);
     if (rc == 0)
         rc = cps__tp_bind(c->tp, cfg.bind_host, cfg.port, &port);
+    if (rc == 0)
+        rc = cps__loop_create(&c->loop);
+    if (rc == 0)
+        rc = cps__loop_tp_attach(&c->inbox, c->loop, c->tp, handle_msg, c, 0);
     char url[CPS_ADDR_MAX + 16];
     snprintf(url, sizeof url, "tcp://%s:%u", cfg.sched_host, cfg.sched_port);
     if (rc == 0)
@@ -677,15 +708,12 @@ int cps_close(cps_client *c)
     ns.pull_bytes = c->stats.pull_bytes;
     cps__stats_encode(stats, &ns);
     deadline = cps__now_ms() + BYE_WAIT_MS;
-    uint64_t next = 0;
-    while (!c->bye_acked && !c->shutdown && cps__now_ms() < deadline) {
-        if (cps__now_ms() >= next) {
-            cps_msg_hdr h = {.type = CPS_MSG_BYE, .sender = c->id, .epoch = c->view.epoch};
-            cps__msg_send(c->tp, SCHED_PEER, &h, stats, sizeof stats);
-            next = cps__now_ms() + HELLO_RETRY_MS;
-        }
-        progress(c, 50);
-    }
+    cps_msg_hdr h = {.type = CPS_MSG_BYE, .sender = c->id};
+    resend bye = {c, &h, stats, sizeof stats, 1, 0};
+    if (cps__loop_timer_add(c->loop, T_RESEND, 0, HELLO_RETRY_MS, on_resend, &bye) == 0)
+        while (!c->bye_acked && !c->shutdown && cps__now_ms() < deadline)
+            progress(c, 50);
+    cps__loop_timer_del(c->loop, T_RESEND);
     pthread_mutex_unlock(&c->lock);
     client_free(c);
     return result;
@@ -802,38 +830,34 @@ int cps__client_wait(cps_client *c, cps_op *op, int timeout_ms)
 static int ask_scheduler(cps_client *c, cps_msg_hdr *h, const void *payload, size_t n,
                          const volatile int *done)
 {
-    uint64_t next = 0, start = cps__now_ms();
+    uint64_t start = cps__now_ms();
     /* At least three view requests go unanswered before the scheduler counts as gone. */
     uint64_t gone_ms = c->cfg.unavailable_timeout_ms > 3 * (uint64_t)c->cfg.request_timeout_ms
                            ? c->cfg.unavailable_timeout_ms
                            : 3 * (uint64_t)c->cfg.request_timeout_ms;
     if (c->sched_heard_ms < start)
         c->sched_heard_ms = start;
-    while (!*done) {
-        if (c->shutdown)
-            return CPS_ESHUTDOWN;
+    /* The view request is answered even while the barrier waits: proof of life. */
+    resend req = {c, h, payload, n, 1, 1};
+    int rc = cps__loop_timer_add(c->loop, T_RESEND, 0, c->cfg.request_timeout_ms, on_resend, &req);
+    while (rc == 0 && !*done) {
         uint64_t now = cps__now_ms();
-        if (now - c->sched_heard_ms > gone_ms) {
+        if (c->shutdown) {
+            rc = CPS_ESHUTDOWN;
+        } else if (now - c->sched_heard_ms > gone_ms) {
             /* A barrier may rightly wait for slow workers for ever, but not for a scheduler
              * that answers nothing (not even the views we ask for): it is gone. */
             cps_log(CPS_LOG_ERROR, "worker",
                     "the scheduler has not answered for %.1f s (CHAINPS_UNAVAILABLE_TIMEOUT_MS, "
                     "at least 3 request timeouts): giving up",
                     (now - c->sched_heard_ms) / 1000.0);
-            return CPS_EUNAVAILABLE;
+            rc = CPS_EUNAVAILABLE;
+        } else {
+            rc = progress(c, 50);
         }
-        if (now >= next) {
-            h->epoch = c->view.epoch;
-            cps__msg_send(c->tp, SCHED_PEER, h, payload, n);
-            /* The view request is answered even while the barrier waits: proof of life. */
-            ask_view(c);
-            next = now + c->cfg.request_timeout_ms;
-        }
-        int rc = progress(c, 50);
-        if (rc < 0)
-            return rc;
     }
-    return 0;
+    cps__loop_timer_del(c->loop, T_RESEND);
+    return rc < 0 ? rc : 0;
 }
 
 int cps__client_register(cps_client *c, const cps_tensor_desc *d)

@@ -12,6 +12,7 @@
 #include "core/gradcodec.h"
 #include "core/view.h"
 #include "core/wire.h"
+#include "node/loop.h"
 #include "node/heartbeat.h"
 #include "recovery/requests.h"
 #include "transport/transport.h"
@@ -100,6 +101,8 @@ struct cps_client {
     pthread_mutex_t lock;
     cps_config cfg;
     cps_tp *tp;
+    cps_loop *loop; /* the event loop the blocking calls run until their condition holds */
+    cps_loop_tp inbox;
     uint32_t id;
     uint32_t rank;
     cps_view view;
