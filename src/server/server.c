@@ -45,7 +45,6 @@ enum {
     T_TURN,      /* one-shot, re-armed every turn: TURN_MAX_MS (TURN_MAX_UNJOINED_MS) */
 };
 
-
 static void dispatch_request(server *s, cps_rx *rx);
 static void dispatch_held(server *s);
 
@@ -682,8 +681,8 @@ static int before_sleep(cps_loop *l, void *ctx, uint64_t now)
                 return rc;
         }
     }
-    return cps__loop_timer_add(l, T_TURN, cps_fence_joined(s->fence) ? TURN_MAX_MS : TURN_MAX_UNJOINED_MS, 0,
-                               on_turn, s);
+    return cps__loop_timer_add(
+        l, T_TURN, cps_fence_joined(s->fence) ? TURN_MAX_MS : TURN_MAX_UNJOINED_MS, 0, on_turn, s);
 }
 
 int cps__server_run(const cps_config *cfg)

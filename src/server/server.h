@@ -63,7 +63,7 @@ typedef struct server {
      * cps__server_cuts_after_apply, set by server.c): the data path does not call up into the
      * checkpoint code it serves. */
     void (*after_apply)(struct server *s, uint32_t range);
-    cps_loop *loop;      /* the event loop (server.c): the inbox, timers, per-turn work */
+    cps_loop *loop; /* the event loop (server.c): the inbox, timers, per-turn work */
     cps_loop_tp inbox;
     int result;      /* why the loop stopped, returned by cps__server_run */
     int join_failed; /* the scheduler never answered our HELLO */
