@@ -96,7 +96,7 @@ static int fill_state(void *arg, uint64_t first, void *buf, size_t n)
 
 static int export_ckpt(const char *path, float *const *t, uint64_t per, int optim, slot_fill *fills)
 {
-    cps_ckpt_writer *w;
+    cps__ckpt_writer *w;
     int rc = cps__ckpt_writer_open(path, 0, &w);
     if (rc)
         return rc;
@@ -136,12 +136,12 @@ static void drop_cache(const char *path)
  * writes them into the store piecewise). Returns bytes read or 0 on error. */
 static uint64_t restore_ckpt(const char *path, float *buf, size_t cap)
 {
-    cps_ckpt_reader *r;
+    cps__ckpt_reader *r;
     if (cps__ckpt_reader_open(path, &r))
         return 0;
     uint64_t total = 0;
     for (size_t i = 0; i < cps__ckpt_reader_count(r); i++) {
-        const cps_ckpt_tensor *t = cps__ckpt_reader_tensor(r, i);
+        const cps__ckpt_tensor *t = cps__ckpt_reader_tensor(r, i);
         if (cps__ckpt_reader_read(r, t, buf, cap)) {
             cps__ckpt_reader_close(r);
             return 0;

@@ -84,7 +84,7 @@ int main(int argc, char **argv)
         }
         fill(g, n, 0x9e3779b97f4a7c15ull);
         for (size_t c = 0; c < sizeof codecs / sizeof *codecs; c++) {
-            cps_gradcodec gc;
+            cps__gradcodec gc;
             cps__gradcodec_parse(codecs[c], &gc);
             size_t cap = cps__gradcodec_size(&gc, n), len = 0;
             double enc[101], decs[101];

@@ -1,14 +1,14 @@
 /* Store benchmark: optimizer-apply throughput through LMDB, the replica checksum that
  * `chainps status --verify` has each server compute on its loop, and commit latency.
  *
- * Built by bench/CMakeLists.txt as bench_store (linked against cps_store, which brings
- * cps_optim, cps_core, LMDB and OpenBLAS). Or compile by hand from the repository root, e.g.:
+ * Built by bench/CMakeLists.txt as bench_store (linked against cps__store, which brings
+ * cps_optim, cps__core, LMDB and OpenBLAS). Or compile by hand from the repository root, e.g.:
  *   cc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc -Itests/common \
  *      $(pkg-config --cflags openblas) bench/bench_store.c src/store/store.c \
  *      src/optim/optim.c src/optim/init.c src/core/log.c src/core/error.c \
  *      tests/common/clock.c -o /tmp/bench_store $(pkg-config --libs lmdb openblas libxxhash) \
  *      -lm -lpthread
- *   /tmp/bench_store [dir]        (default dir: $TMPDIR/cps_bench_store)
+ *   /tmp/bench_store [dir]        (default dir: $TMPDIR/cps__bench_store)
  */
 #include <cblas.h>
 #include <stdio.h>
@@ -25,11 +25,11 @@ typedef struct job {
     uint64_t first;
     int nkeys;
     uint32_t len;
-    cps_param_spec spec;
+    cps__param_spec spec;
     const float *grad;
 } job;
 
-static int do_create(cps_txn *t, void *a)
+static int do_create(cps__txn *t, void *a)
 {
     job *j = a;
     for (int i = 0; i < j->nkeys; i++) {
@@ -40,7 +40,7 @@ static int do_create(cps_txn *t, void *a)
     return 0;
 }
 
-static int do_apply(cps_txn *t, void *a)
+static int do_apply(cps__txn *t, void *a)
 {
     job *j = a;
     for (int i = 0; i < j->nkeys; i++) {
@@ -59,7 +59,7 @@ static void die(const char *what, int rc)
 
 /* Apply to `nkeys` records of `len` floats, `keys_per_txn` per transaction, for about `bytes`
  * of parameter values in total; returns MB/s of parameter values updated. */
-static double apply_mbps(cps_store *s, uint32_t opt, uint64_t first_key, uint32_t len, int nkeys,
+static double apply_mbps(cps__store *s, uint32_t opt, uint64_t first_key, uint32_t len, int nkeys,
                          int keys_per_txn, size_t bytes)
 {
     job j = {.first = first_key, .nkeys = nkeys, .len = len};
@@ -90,9 +90,9 @@ static double apply_mbps(cps_store *s, uint32_t opt, uint64_t first_key, uint32_
     return (double)rounds * (double)per_round / dt / 1e6;
 }
 
-static int do_small(cps_txn *t, void *a)
+static int do_small(cps__txn *t, void *a)
 {
-    cps_range_meta m = {.seq = *(uint64_t *)a, .step = 0};
+    cps__range_meta m = {.seq = *(uint64_t *)a, .step = 0};
     return cps__store_range_put(t, 1, &m);
 }
 
@@ -100,7 +100,7 @@ typedef struct sum_job {
     uint64_t sum, values;
 } sum_job;
 
-static int do_checksum(cps_txn *t, void *a)
+static int do_checksum(cps__txn *t, void *a)
 {
     sum_job *j = a;
     int rc = cps__store_count(t, NULL, &j->values);
@@ -114,7 +114,7 @@ static int cmp_double(const void *a, const void *b)
 }
 
 /* Median over 7 runs of the checksum of the whole store, in MB/s of parameter values. */
-static double checksum_mbps(cps_store *s, uint64_t *sum)
+static double checksum_mbps(cps__store *s, uint64_t *sum)
 {
     double r[7];
     sum_job j = {0, 0};
@@ -132,8 +132,8 @@ static double checksum_mbps(cps_store *s, uint64_t *sum)
 
 static double commit_us(const char *dir, int sync)
 {
-    cps_store *s;
-    cps_store_opts o = {.sync_every_commit = sync};
+    cps__store *s;
+    cps__store_opts o = {.sync_every_commit = sync};
     int rc = cps__store_open(dir, &o, &s);
     if (rc)
         die("open", rc);
@@ -153,10 +153,10 @@ int main(int argc, char **argv)
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s", argc > 1 ? argv[1] : "");
     if (!dir[0])
-        snprintf(dir, sizeof dir, "%s/cps_bench_store", tmp && *tmp ? tmp : "/tmp");
+        snprintf(dir, sizeof dir, "%s/cps__bench_store", tmp && *tmp ? tmp : "/tmp");
     openblas_set_num_threads(1); /* as servers do */
 
-    cps_store *s;
+    cps__store *s;
     int rc = cps__store_open(dir, NULL, &s);
     if (rc)
         die("open", rc);

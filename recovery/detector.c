@@ -11,17 +11,17 @@ typedef struct watched {
     uint64_t not_before_ms; /* grace: no verdict before this */
 } watched;
 
-struct cps_detector {
-    cps_detector_config cfg;
+struct cps__detector {
+    cps__detector_config cfg;
     watched *w;
     size_t n, cap;
 };
 
-int cps_detector_create(const cps_detector_config *cfg, cps_detector **out)
+int cps__detector_create(const cps__detector_config *cfg, cps__detector **out)
 {
     if (!cfg || !out || cfg->dead_after_ms == 0)
         return CPS_EINVAL;
-    cps_detector *d = calloc(1, sizeof *d);
+    cps__detector *d = calloc(1, sizeof *d);
     if (!d)
         return CPS_ENOMEM;
     d->cfg = *cfg;
@@ -29,7 +29,7 @@ int cps_detector_create(const cps_detector_config *cfg, cps_detector **out)
     return 0;
 }
 
-void cps_detector_destroy(cps_detector *d)
+void cps__detector_destroy(cps__detector *d)
 {
     if (d) {
         free(d->w);
@@ -37,7 +37,7 @@ void cps_detector_destroy(cps_detector *d)
     }
 }
 
-static watched *find(const cps_detector *d, uint32_t node)
+static watched *find(const cps__detector *d, uint32_t node)
 {
     for (size_t i = 0; i < d->n; i++)
         if (d->w[i].node == node)
@@ -45,7 +45,7 @@ static watched *find(const cps_detector *d, uint32_t node)
     return NULL;
 }
 
-int cps_detector_watch(cps_detector *d, uint32_t node, uint64_t now)
+int cps__detector_watch(cps__detector *d, uint32_t node, uint64_t now)
 {
     watched *w = find(d, node);
     if (!w) {
@@ -62,21 +62,21 @@ int cps_detector_watch(cps_detector *d, uint32_t node, uint64_t now)
     return 0;
 }
 
-void cps_detector_forget(cps_detector *d, uint32_t node)
+void cps__detector_forget(cps__detector *d, uint32_t node)
 {
     watched *w = find(d, node);
     if (w)
         *w = d->w[--d->n];
 }
 
-void cps_detector_heard(cps_detector *d, uint32_t node, uint64_t now)
+void cps__detector_heard(cps__detector *d, uint32_t node, uint64_t now)
 {
     watched *w = find(d, node);
     if (w && now > w->last_ms)
         w->last_ms = now;
 }
 
-void cps_detector_restart(cps_detector *d, uint64_t now)
+void cps__detector_restart(cps__detector *d, uint64_t now)
 {
     for (size_t i = 0; i < d->n; i++) {
         d->w[i].last_ms = now;
@@ -84,14 +84,14 @@ void cps_detector_restart(cps_detector *d, uint64_t now)
     }
 }
 
-void cps_detector_refresh(cps_detector *d, uint64_t now)
+void cps__detector_refresh(cps__detector *d, uint64_t now)
 {
     for (size_t i = 0; i < d->n; i++)
         if (now > d->w[i].last_ms)
             d->w[i].last_ms = now;
 }
 
-size_t cps_detector_tick(cps_detector *d, uint64_t now, uint32_t *dead, size_t cap)
+size_t cps__detector_tick(cps__detector *d, uint64_t now, uint32_t *dead, size_t cap)
 {
     size_t k = 0;
     for (size_t i = 0; i < d->n && k < cap;) {
@@ -107,7 +107,7 @@ size_t cps_detector_tick(cps_detector *d, uint64_t now, uint32_t *dead, size_t c
     return k;
 }
 
-uint64_t cps_detector_silence(const cps_detector *d, uint32_t node, uint64_t now)
+uint64_t cps__detector_silence(const cps__detector *d, uint32_t node, uint64_t now)
 {
     const watched *w = find(d, node);
     if (!w)

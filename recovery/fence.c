@@ -5,7 +5,7 @@
 #include "chainps/error.h"
 #include "core/wire.h"
 
-struct cps_fence {
+struct cps__fence {
     uint32_t dead_after_ms;
     int joined;
     int suspect;
@@ -16,11 +16,11 @@ struct cps_fence {
     uint64_t asked_ms;     /* unsure: when we last asked the scheduler for the view */
 };
 
-int cps_fence_create(uint32_t dead_after_ms, uint64_t now, cps_fence **out)
+int cps__fence_create(uint32_t dead_after_ms, uint64_t now, cps__fence **out)
 {
     if (!out)
         return CPS_EINVAL;
-    cps_fence *f = calloc(1, sizeof *f);
+    cps__fence *f = calloc(1, sizeof *f);
     if (!f)
         return CPS_ENOMEM;
     f->dead_after_ms = dead_after_ms;
@@ -29,7 +29,7 @@ int cps_fence_create(uint32_t dead_after_ms, uint64_t now, cps_fence **out)
     return 0;
 }
 
-void cps_fence_destroy(cps_fence *f)
+void cps__fence_destroy(cps__fence *f)
 {
     free(f);
 }
@@ -37,7 +37,7 @@ void cps_fence_destroy(cps_fence *f)
 /* Checked before every message, not only once per loop turn: after a pause the poll that was
  * waiting returns a batch of queued requests, and none of them may be answered under the view
  * we had before the pause. */
-int cps_fence_check(cps_fence *f, uint64_t now)
+int cps__fence_check(cps__fence *f, uint64_t now)
 {
     if (f->suspect) {
         /* The view we asked for may have been lost, and no other is coming if the scheduler
@@ -55,15 +55,15 @@ int cps_fence_check(cps_fence *f, uint64_t now)
     return CPS_FENCE_STALLED;
 }
 
-int cps_fence_turned(cps_fence *f, uint64_t now)
+int cps__fence_turned(cps__fence *f, uint64_t now)
 {
-    int became = cps_fence_check(f, now);
+    int became = cps__fence_check(f, now);
     f->last_turn_ms = now;
     return became;
 }
 
 /* Dropped unanswered while unsure: counted for the log. */
-static int unsure(cps_fence *f)
+static int unsure(cps__fence *f)
 {
     if (!f->suspect)
         return 0;
@@ -71,7 +71,7 @@ static int unsure(cps_fence *f)
     return 1;
 }
 
-int cps_fence_admit(cps_fence *f, uint8_t type, int origin)
+int cps__fence_admit(cps__fence *f, uint8_t type, int origin)
 {
     int from_sched = origin != CPS_FENCE_FROM_PEER;
     if (f->fenced && type != CPS_MSG_SHUTDOWN)
@@ -111,12 +111,12 @@ int cps_fence_admit(cps_fence *f, uint8_t type, int origin)
     }
 }
 
-int cps_fence_future(const cps_fence *f, uint64_t epoch)
+int cps__fence_future(const cps__fence *f, uint64_t epoch)
 {
     return f->joined && epoch > f->epoch;
 }
 
-int cps_fence_view(cps_fence *f, uint64_t epoch, int in_view, int alive)
+int cps__fence_view(cps__fence *f, uint64_t epoch, int in_view, int alive)
 {
     if (!f->joined || epoch > f->epoch)
         return CPS_FENCE_V_NEWER;
@@ -127,7 +127,7 @@ int cps_fence_view(cps_fence *f, uint64_t epoch, int in_view, int alive)
     return CPS_FENCE_V_IGNORE;
 }
 
-int cps_fence_install(cps_fence *f, uint64_t epoch, int in_view, int alive)
+int cps__fence_install(cps__fence *f, uint64_t epoch, int in_view, int alive)
 {
     if (f->joined && in_view && !alive) {
         /* Declared dead (we were paused, partitioned or too slow): our chains have moved on
@@ -145,7 +145,7 @@ int cps_fence_install(cps_fence *f, uint64_t epoch, int in_view, int alive)
     return CPS_FENCE_V_JOINED;
 }
 
-void cps_fence_rejoin(cps_fence *f, uint64_t now)
+void cps__fence_rejoin(cps__fence *f, uint64_t now)
 {
     f->joined = 0;
     f->suspect = 0;
@@ -154,32 +154,32 @@ void cps_fence_rejoin(cps_fence *f, uint64_t now)
     f->last_turn_ms = now;
 }
 
-int cps_fence_joined(const cps_fence *f)
+int cps__fence_joined(const cps__fence *f)
 {
     return f->joined;
 }
 
-int cps_fence_unsure(const cps_fence *f)
+int cps__fence_unsure(const cps__fence *f)
 {
     return f->suspect;
 }
 
-int cps_fence_fenced(const cps_fence *f)
+int cps__fence_fenced(const cps__fence *f)
 {
     return f->fenced;
 }
 
-int cps_fence_beating(const cps_fence *f)
+int cps__fence_beating(const cps__fence *f)
 {
     return f->joined && !f->fenced;
 }
 
-uint64_t cps_fence_dropped(const cps_fence *f)
+uint64_t cps__fence_dropped(const cps__fence *f)
 {
     return f->dropped;
 }
 
-uint64_t cps_fence_stalled_ms(const cps_fence *f, uint64_t now)
+uint64_t cps__fence_stalled_ms(const cps__fence *f, uint64_t now)
 {
     return now - f->last_turn_ms;
 }

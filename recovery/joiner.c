@@ -22,20 +22,20 @@ typedef struct join_range {
     uint64_t confirm; /* installed, not yet reported as serving (CAUGHT_UP aux 1): its id */
 } join_range;
 
-struct cps_joiner {
-    cps_joiner_config cfg;
+struct cps__joiner {
+    cps__joiner_config cfg;
     uint64_t epoch; /* of the last view: what we send goes under it */
     join_range *ranges;
     /* At most three per range per call (a tick: abort and give-up report, or a confirmation). */
-    cps_joiner_action *actions;
+    cps__joiner_action *actions;
     size_t nactions, cap;
 };
 
-int cps_joiner_create(const cps_joiner_config *cfg, cps_joiner **out)
+int cps__joiner_create(const cps__joiner_config *cfg, cps__joiner **out)
 {
     if (!cfg || !out || cfg->timeout_ms == 0 || cfg->snap_retry_ms == 0)
         return CPS_EINVAL;
-    cps_joiner *j = calloc(1, sizeof *j);
+    cps__joiner *j = calloc(1, sizeof *j);
     if (!j)
         return CPS_ENOMEM;
     j->cfg = *cfg;
@@ -44,14 +44,14 @@ int cps_joiner_create(const cps_joiner_config *cfg, cps_joiner **out)
     j->ranges = calloc(n, sizeof *j->ranges);
     j->actions = calloc(j->cap, sizeof *j->actions);
     if (!j->ranges || !j->actions) {
-        cps_joiner_destroy(j);
+        cps__joiner_destroy(j);
         return CPS_ENOMEM;
     }
     *out = j;
     return 0;
 }
 
-void cps_joiner_destroy(cps_joiner *j)
+void cps__joiner_destroy(cps__joiner *j)
 {
     if (j) {
         free(j->ranges);
@@ -60,19 +60,19 @@ void cps_joiner_destroy(cps_joiner *j)
     }
 }
 
-static cps_joiner_action *act(cps_joiner *j, int kind, uint32_t range)
+static cps__joiner_action *act(cps__joiner *j, int kind, uint32_t range)
 {
-    cps_joiner_action *a = &j->actions[j->nactions++];
+    cps__joiner_action *a = &j->actions[j->nactions++];
     memset(a, 0, sizeof *a);
     a->kind = kind;
     a->range = range;
     return a;
 }
 
-static void send_hdr(cps_joiner *j, uint32_t to, uint8_t type, uint32_t range, uint64_t step,
+static void send_hdr(cps__joiner *j, uint32_t to, uint8_t type, uint32_t range, uint64_t step,
                      uint64_t aux, uint64_t req_seq)
 {
-    cps_joiner_action *a = act(j, CPS_JA_SEND, range);
+    cps__joiner_action *a = act(j, CPS_JA_SEND, range);
     a->to = to;
     a->hdr.type = type;
     a->hdr.sender = j->cfg.self;
@@ -83,7 +83,7 @@ static void send_hdr(cps_joiner *j, uint32_t to, uint8_t type, uint32_t range, u
     a->hdr.req_seq = req_seq;
 }
 
-static void snap_req(cps_joiner *j, uint32_t r, uint64_t now)
+static void snap_req(cps__joiner *j, uint32_t r, uint64_t now)
 {
     join_range *jr = &j->ranges[r];
     jr->snap_req_ms = now;
@@ -92,10 +92,10 @@ static void snap_req(cps_joiner *j, uint32_t r, uint64_t now)
 
 /* Give the join of r up and tell the scheduler now (aux 2), rather than let it wait out its
  * own deadline before it orders another. */
-static void give_up(cps_joiner *j, uint32_t r, const char *why, int status)
+static void give_up(cps__joiner *j, uint32_t r, const char *why, int status)
 {
     join_range *jr = &j->ranges[r];
-    cps_joiner_action *a = act(j, CPS_JA_ABORT, r);
+    cps__joiner_action *a = act(j, CPS_JA_ABORT, r);
     a->why = why;
     a->status = status;
     jr->active = 0;
@@ -103,7 +103,7 @@ static void give_up(cps_joiner *j, uint32_t r, const char *why, int status)
     send_hdr(j, 0, CPS_MSG_CAUGHT_UP, r, jr->id, 2, 0);
 }
 
-static int in_chain(const cps_range *rg, uint32_t id)
+static int in_chain(const cps__range *rg, uint32_t id)
 {
     for (uint32_t k = 0; k < rg->chain_len; k++)
         if (rg->chain[k] == id)
@@ -111,7 +111,7 @@ static int in_chain(const cps_range *rg, uint32_t id)
     return 0;
 }
 
-int cps_joiner_view(cps_joiner *j, const cps_view *v, uint64_t now)
+int cps__joiner_view(cps__joiner *j, const cps__view *v, uint64_t now)
 {
     (void)now;
     j->nactions = 0;
@@ -122,7 +122,7 @@ int cps_joiner_view(cps_joiner *j, const cps_view *v, uint64_t now)
         join_range *jr = &j->ranges[r];
         if (!jr->active)
             continue;
-        const cps_node_info *src = cps__view_node(v, jr->source);
+        const cps__node_info *src = cps__view_node(v, jr->source);
         if (in_chain(&v->ranges[r], j->cfg.self))
             give_up(j, r, "a view counts us in the chain before the snapshot is in",
                     CPS_ESTALE_EPOCH);
@@ -132,8 +132,8 @@ int cps_joiner_view(cps_joiner *j, const cps_view *v, uint64_t now)
     return (int)j->nactions;
 }
 
-int cps_joiner_order(cps_joiner *j, const cps_view *v, uint32_t range, uint32_t source,
-                     uint64_t join_id, uint64_t epoch, uint64_t now)
+int cps__joiner_order(cps__joiner *j, const cps__view *v, uint32_t range, uint32_t source,
+                      uint64_t join_id, uint64_t epoch, uint64_t now)
 {
     j->nactions = 0;
     if (!v || range >= j->cfg.nranges || !cps__view_node(v, source))
@@ -161,14 +161,14 @@ int cps_joiner_order(cps_joiner *j, const cps_view *v, uint32_t range, uint32_t 
     jr->deadline_ms = now + j->cfg.timeout_ms;
     jr->bytes = 0;
     jr->confirm = 0;
-    cps_joiner_action *a = act(j, CPS_JA_BEGIN, range);
+    cps__joiner_action *a = act(j, CPS_JA_BEGIN, range);
     a->source = source;
     a->seq = join_id;
     return CPS_JOINER_TAKEN;
 }
 
-int cps_joiner_snap(cps_joiner *j, uint32_t from, uint32_t range, uint64_t join_id, int last,
-                    size_t len, int chain_joining, uint64_t now)
+int cps__joiner_snap(cps__joiner *j, uint32_t from, uint32_t range, uint64_t join_id, int last,
+                     size_t len, int chain_joining, uint64_t now)
 {
     (void)now;
     j->nactions = 0;
@@ -191,7 +191,7 @@ int cps_joiner_snap(cps_joiner *j, uint32_t from, uint32_t range, uint64_t join_
     return CPS_JOINER_TAKEN;
 }
 
-int cps_joiner_result(cps_joiner *j, uint32_t range, int rc, uint64_t value, uint64_t now)
+int cps__joiner_result(cps__joiner *j, uint32_t range, int rc, uint64_t value, uint64_t now)
 {
     j->nactions = 0;
     if (range >= j->cfg.nranges || j->ranges[range].wait == WAIT_NONE)
@@ -223,8 +223,8 @@ int cps_joiner_result(cps_joiner *j, uint32_t range, int rc, uint64_t value, uin
     return (int)j->nactions;
 }
 
-int cps_joiner_tick(cps_joiner *j, uint64_t now, int (*can_serve)(void *ctx, uint32_t range),
-                    void *ctx)
+int cps__joiner_tick(cps__joiner *j, uint64_t now, int (*can_serve)(void *ctx, uint32_t range),
+                     void *ctx)
 {
     j->nactions = 0;
     for (uint32_t r = 0; r < j->cfg.nranges; r++) {
@@ -244,22 +244,22 @@ int cps_joiner_tick(cps_joiner *j, uint64_t now, int (*can_serve)(void *ctx, uin
     return (int)j->nactions;
 }
 
-int cps_joiner_active(const cps_joiner *j, uint32_t range)
+int cps__joiner_active(const cps__joiner *j, uint32_t range)
 {
     return range < j->cfg.nranges && j->ranges[range].active;
 }
 
-uint32_t cps_joiner_source(const cps_joiner *j, uint32_t range)
+uint32_t cps__joiner_source(const cps__joiner *j, uint32_t range)
 {
     return range < j->cfg.nranges ? j->ranges[range].source : 0;
 }
 
-uint64_t cps_joiner_bytes(const cps_joiner *j, uint32_t range)
+uint64_t cps__joiner_bytes(const cps__joiner *j, uint32_t range)
 {
     return range < j->cfg.nranges ? j->ranges[range].bytes : 0;
 }
 
-size_t cps_joiner_actions(const cps_joiner *j, const cps_joiner_action **out)
+size_t cps__joiner_actions(const cps__joiner *j, const cps__joiner_action **out)
 {
     if (out)
         *out = j->actions;

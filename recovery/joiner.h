@@ -6,11 +6,11 @@
  *
  * The caller (src/server/transfer.c in production, tests/sim in the simulator) owns the chain
  * state machine, the store and the sockets: it feeds in events and performs the actions handed
- * back (cps_joiner_actions) in order. Three actions need an outcome before the join can go on:
+ * back (cps__joiner_actions) in order. Three actions need an outcome before the join can go on:
  * BEGIN, INSTALL and READY. Each is the last action of its batch, and the caller reports how it
- * went with cps_joiner_result, which hands back the next batch. Pure: no I/O, no clock (time
+ * went with cps__joiner_result, which hands back the next batch. Pure: no I/O, no clock (time
  * arrives as `now`, in milliseconds of any monotonic clock). Not thread-safe: one event loop owns
- * a cps_joiner.
+ * a cps__joiner.
  *
  * Why the chunks carry no number: they come from one snapshot thread over one connection, so in
  * order; a repeated chunk writes the same records again (idempotent), and a chunk after the last
@@ -26,9 +26,9 @@
 #include "core/view.h"
 #include "core/wire.h"
 
-typedef struct cps_joiner cps_joiner;
+typedef struct cps__joiner cps__joiner;
 
-typedef struct cps_joiner_config {
+typedef struct cps__joiner_config {
     uint32_t self;          /* this server's node id (sender of what it sends) */
     uint32_t nranges;       /* ranges of the job's view (fixed for the job) */
     uint32_t timeout_ms;    /* a join without its whole snapshot by then is given up (> 0) */
@@ -40,98 +40,98 @@ typedef struct cps_joiner_config {
      * 0 over one in-order connection (production): only repeats of the join under way or of
      * the last one done are ignored. */
     int orders_may_reorder;
-} cps_joiner_config;
+} cps__joiner_config;
 
-enum cps_joiner_action_kind {
+enum cps__joiner_action_kind {
     /* Send header `hdr` (no payload) to node `to`: SNAP_REQ to the source, CAUGHT_UP to the
      * scheduler (node 0; aux 0 installed, 1 may serve reads, 2 gave up). */
     CPS_JA_SEND = 1,
     /* Ask the scheduler for the current view. */
     CPS_JA_ASK_VIEW,
-    /* Forget our copy of `range`: cps_chain_begin_join(range, source), then clear the range in
-     * the store. Report with cps_joiner_result (value unused). */
+    /* Forget our copy of `range`: cps__chain_begin_join(range, source), then clear the range in
+     * the store. Report with cps__joiner_result (value unused). */
     CPS_JA_BEGIN,
-    /* Write the SNAP chunk just given to cps_joiner_snap into the store (with the range's
-     * sequence number when `last`). Report with cps_joiner_result, value: the snapshot's
+    /* Write the SNAP chunk just given to cps__joiner_snap into the store (with the range's
+     * sequence number when `last`). Report with cps__joiner_result, value: the snapshot's
      * sequence number when `last`. */
     CPS_JA_INSTALL,
     /* The whole snapshot at `seq` is in the store: load what depends on it (SSP clocks), then
-     * cps_chain_join_ready(range, seq) and perform the chain's actions. Report with
-     * cps_joiner_result, value: cps_chain_applied of the range. */
+     * cps__chain_join_ready(range, seq) and perform the chain's actions. Report with
+     * cps__joiner_result, value: cps__chain_applied of the range. */
     CPS_JA_READY,
-    /* The join of `range` is over unfinished: cps_chain_join_abort(range). `why` (static text,
+    /* The join of `range` is over unfinished: cps__chain_join_abort(range). `why` (static text,
      * NULL when a newer join replaces it: nothing to log) and `status` say why. */
     CPS_JA_ABORT
 };
 
-typedef struct cps_joiner_action {
+typedef struct cps__joiner_action {
     int kind; /* CPS_JA_* */
     uint32_t range;
-    uint32_t source; /* BEGIN */
-    int last;        /* INSTALL */
-    uint64_t seq;    /* READY: the snapshot's sequence number; BEGIN: the join id */
-    int status;      /* ABORT: a CPS_E* code */
-    const char *why; /* ABORT */
-    uint32_t to;     /* SEND */
-    cps_msg_hdr hdr; /* SEND */
-} cps_joiner_action;
+    uint32_t source;  /* BEGIN */
+    int last;         /* INSTALL */
+    uint64_t seq;     /* READY: the snapshot's sequence number; BEGIN: the join id */
+    int status;       /* ABORT: a CPS_E* code */
+    const char *why;  /* ABORT */
+    uint32_t to;      /* SEND */
+    cps__msg_hdr hdr; /* SEND */
+} cps__joiner_action;
 
-/* Verdicts of cps_joiner_order and cps_joiner_snap. */
+/* Verdicts of cps__joiner_order and cps__joiner_snap. */
 enum {
     CPS_JOINER_IGNORED = 0, /* stale, repeated or not ours: dropped (actions may ask a view) */
     CPS_JOINER_TAKEN = 1    /* acted on: perform the actions */
 };
 
 /* Errors: CPS_EINVAL (cfg or out NULL, a timer 0), CPS_ENOMEM. *out is the caller's, to free with
- * cps_joiner_destroy. */
-int cps_joiner_create(const cps_joiner_config *cfg, cps_joiner **out);
+ * cps__joiner_destroy. */
+int cps__joiner_create(const cps__joiner_config *cfg, cps__joiner **out);
 /* NULL: no-op. */
-void cps_joiner_destroy(cps_joiner *j);
+void cps__joiner_destroy(cps__joiner *j);
 
-/* View v (borrowed) was installed, after the chain's (cps_chain_set_view): its epoch goes on what
+/* View v (borrowed) was installed, after the chain's (cps__chain_set_view): its epoch goes on what
  * is sent from now on, and a join under way is given up (ABORT, CAUGHT_UP aux 2) when v already
  * counts us in the range's chain (a snapshot must not land in a store the chain serves from) or
  * its source left the chain or died (the scheduler abandoned that join: a new JOIN_RANGE names
  * the next source). Returns the number of actions; errors: CPS_EINVAL (another range count). */
-int cps_joiner_view(cps_joiner *j, const cps_view *v, uint64_t now);
+int cps__joiner_view(cps__joiner *j, const cps__view *v, uint64_t now);
 
 /* JOIN_RANGE from the scheduler: copy `range` from `source` for join `join_id`, sent under
  * `epoch`; v (borrowed) is our current view. A new join (ABORT of the one it replaces, then
  * BEGIN) or a verdict to drop it. Returns a verdict (>= 0). */
-int cps_joiner_order(cps_joiner *j, const cps_view *v, uint32_t range, uint32_t source,
-                     uint64_t join_id, uint64_t epoch, uint64_t now);
+int cps__joiner_order(cps__joiner *j, const cps__view *v, uint32_t range, uint32_t source,
+                      uint64_t join_id, uint64_t epoch, uint64_t now);
 
 /* A SNAP chunk of `range` from `from` for join `join_id` (the header's step), `len` payload
- * bytes, the last one when `last`. `chain_joining` is cps_chain_joining(range): a view that made
+ * bytes, the last one when `last`. `chain_joining` is cps__chain_joining(range): a view that made
  * us a member, or took the range away, ended the chain's join, and the chunk must not be
  * written (ABORT). Taken: one INSTALL. Returns a verdict (>= 0). */
-int cps_joiner_snap(cps_joiner *j, uint32_t from, uint32_t range, uint64_t join_id, int last,
-                    size_t len, int chain_joining, uint64_t now);
+int cps__joiner_snap(cps__joiner *j, uint32_t from, uint32_t range, uint64_t join_id, int last,
+                     size_t len, int chain_joining, uint64_t now);
 
 /* The outcome of the BEGIN, INSTALL or READY of `range` from the last call: rc 0 or a CPS_E*
  * code, and `value` as that action says. A failure gives the join up (ABORT, CAUGHT_UP aux 2,
  * so the scheduler retries without waiting out its deadline); success goes on: SNAP_REQ after
  * BEGIN, READY after the last INSTALL, CAUGHT_UP (aux 0, req_seq = value) after READY. Returns
  * the number of actions; CPS_EINVAL if no such outcome was awaited. */
-int cps_joiner_result(cps_joiner *j, uint32_t range, int rc, uint64_t value, uint64_t now);
+int cps__joiner_result(cps__joiner *j, uint32_t range, int rc, uint64_t value, uint64_t now);
 
 /* A timer tick at `now`: a join past its deadline is given up (ABORT, CAUGHT_UP aux 2); one
  * with no chunk yet re-sends SNAP_REQ every snap_retry_ms (lost, or the source had not seen our
  * view yet); a range installed and not yet confirmed reports CAUGHT_UP aux 1 once
  * can_serve(ctx, range) says it holds everything its predecessor acknowledged
- * (cps_chain_can_serve_pull). can_serve may be NULL (nothing confirmed). Returns the number of
+ * (cps__chain_can_serve_pull). can_serve may be NULL (nothing confirmed). Returns the number of
  * actions. */
-int cps_joiner_tick(cps_joiner *j, uint64_t now, int (*can_serve)(void *ctx, uint32_t range),
-                    void *ctx);
+int cps__joiner_tick(cps__joiner *j, uint64_t now, int (*can_serve)(void *ctx, uint32_t range),
+                     void *ctx);
 
 /* 1 if a join of `range` is under way (ordered, snapshot not complete). */
-int cps_joiner_active(const cps_joiner *j, uint32_t range);
+int cps__joiner_active(const cps__joiner *j, uint32_t range);
 /* The source of the join of `range` (0: none ever), and snapshot bytes taken by it so far. */
-uint32_t cps_joiner_source(const cps_joiner *j, uint32_t range);
-uint64_t cps_joiner_bytes(const cps_joiner *j, uint32_t range);
+uint32_t cps__joiner_source(const cps__joiner *j, uint32_t range);
+uint64_t cps__joiner_bytes(const cps__joiner *j, uint32_t range);
 
 /* The actions of the last call, in the order to perform them. Valid until the next call into j;
  * owned by j. Returns their number. */
-size_t cps_joiner_actions(const cps_joiner *j, const cps_joiner_action **out);
+size_t cps__joiner_actions(const cps__joiner *j, const cps__joiner_action **out);
 
 #endif

@@ -17,20 +17,20 @@ typedef struct pending_join {
     uint64_t unconfirmed_until; /* its confirmation holds repairs of the range back till then */
 } pending_join;
 
-struct cps_repair {
-    cps_repair_config cfg;
+struct cps__repair {
+    cps__repair_config cfg;
     pending_join *joins; /* cfg.nranges */
     uint64_t next_join_id;
     /* At most two per range per call (a timeout and a new join). */
-    cps_repair_action *actions;
+    cps__repair_action *actions;
     size_t nactions;
 };
 
-int cps_repair_create(const cps_repair_config *cfg, cps_repair **out)
+int cps__repair_create(const cps__repair_config *cfg, cps__repair **out)
 {
     if (!cfg || !out || cfg->join_give_up_ms == 0)
         return CPS_EINVAL;
-    cps_repair *rp = calloc(1, sizeof *rp);
+    cps__repair *rp = calloc(1, sizeof *rp);
     if (!rp)
         return CPS_ENOMEM;
     rp->cfg = *cfg;
@@ -39,14 +39,14 @@ int cps_repair_create(const cps_repair_config *cfg, cps_repair **out)
     rp->joins = calloc(n, sizeof *rp->joins);
     rp->actions = calloc(2 * n, sizeof *rp->actions);
     if (!rp->joins || !rp->actions) {
-        cps_repair_destroy(rp);
+        cps__repair_destroy(rp);
         return CPS_ENOMEM;
     }
     *out = rp;
     return 0;
 }
 
-void cps_repair_destroy(cps_repair *rp)
+void cps__repair_destroy(cps__repair *rp)
 {
     if (rp) {
         free(rp->joins);
@@ -55,7 +55,7 @@ void cps_repair_destroy(cps_repair *rp)
     }
 }
 
-static int in_chain(const cps_range *rg, uint32_t id)
+static int in_chain(const cps__range *rg, uint32_t id)
 {
     for (uint32_t j = 0; j < rg->chain_len; j++)
         if (rg->chain[j] == id)
@@ -63,25 +63,25 @@ static int in_chain(const cps_range *rg, uint32_t id)
     return 0;
 }
 
-static int node_alive(const cps_view *v, uint32_t id)
+static int node_alive(const cps__view *v, uint32_t id)
 {
-    const cps_node_info *n = cps__view_node(v, id);
+    const cps__node_info *n = cps__view_node(v, id);
     return n && n->alive;
 }
 
-static void act(cps_repair *rp, int kind, uint32_t range, uint32_t node, uint32_t source,
+static void act(cps__repair *rp, int kind, uint32_t range, uint32_t node, uint32_t source,
                 uint32_t live, uint64_t join_id)
 {
-    rp->actions[rp->nactions++] = (cps_repair_action){kind, range, node, source, live, join_id};
+    rp->actions[rp->nactions++] = (cps__repair_action){kind, range, node, source, live, join_id};
 }
 
-int cps_repair_declare_dead(cps_repair *rp, const cps_view *in, uint32_t node, cps_view *out,
-                            uint32_t *lost_ranges)
+int cps__repair_declare_dead(cps__repair *rp, const cps__view *in, uint32_t node, cps__view *out,
+                             uint32_t *lost_ranges)
 {
     rp->nactions = 0;
     if (in->nranges != rp->cfg.nranges)
         return CPS_EINVAL;
-    int rc = cps_view_without(in, node, out, NULL);
+    int rc = cps__view_without(in, node, out, NULL);
     if (rc != 0)
         return rc;
     for (uint32_t r = 0; r < out->nranges; r++) {
@@ -92,7 +92,7 @@ int cps_repair_declare_dead(cps_repair *rp, const cps_view *in, uint32_t node, c
             pj->unconfirmed = 0;
         } else if (pj->unconfirmed_pred == node) {
             /* The replicas before it hold every acknowledged update; it may not. */
-            cps_range *rg = &out->ranges[r];
+            cps__range *rg = &out->ranges[r];
             uint32_t k = 0;
             for (uint32_t j = 0; j < rg->chain_len; j++)
                 if (rg->chain[j] != pj->unconfirmed)
@@ -116,17 +116,17 @@ int cps_repair_declare_dead(cps_repair *rp, const cps_view *in, uint32_t node, c
     if (lost_ranges) {
         *lost_ranges = 0;
         for (uint32_t r = 0; r < out->nranges; r++)
-            *lost_ranges += !cps_view_range_available(out, r);
+            *lost_ranges += !cps__view_range_available(out, r);
     }
     return 0;
 }
 
 /* The live server outside rg's chain holding or copying the fewest ranges, 0 if none. */
-static uint32_t least_loaded(const cps_repair *rp, const cps_view *v, const cps_range *rg)
+static uint32_t least_loaded(const cps__repair *rp, const cps__view *v, const cps__range *rg)
 {
     uint32_t best = 0, best_load = UINT32_MAX;
     for (uint32_t i = 0; i < v->nnodes; i++) {
-        const cps_node_info *n = &v->nodes[i];
+        const cps__node_info *n = &v->nodes[i];
         if (n->role != CPS_ROLE_SERVER || !n->alive || in_chain(rg, n->id))
             continue;
         uint32_t load = 0;
@@ -140,7 +140,7 @@ static uint32_t least_loaded(const cps_repair *rp, const cps_view *v, const cps_
     return best;
 }
 
-int cps_repair_tick(cps_repair *rp, const cps_view *v, uint64_t now)
+int cps__repair_tick(cps__repair *rp, const cps__view *v, uint64_t now)
 {
     rp->nactions = 0;
     if (v->nranges != rp->cfg.nranges)
@@ -151,7 +151,7 @@ int cps_repair_tick(cps_repair *rp, const cps_view *v, uint64_t now)
             act(rp, CPS_RA_TIMED_OUT, r, pj->joiner, pj->source, 0, pj->id);
             pj->joiner = 0;
         }
-        const cps_range *rg = &v->ranges[r];
+        const cps__range *rg = &v->ranges[r];
         uint32_t live = 0, tail = 0;
         for (uint32_t j = 0; j < rg->chain_len; j++)
             if (node_alive(v, rg->chain[j])) {
@@ -177,14 +177,14 @@ int cps_repair_tick(cps_repair *rp, const cps_view *v, uint64_t now)
     return (int)rp->nactions;
 }
 
-void cps_repair_join_unsent(cps_repair *rp, uint32_t range, uint64_t join_id)
+void cps__repair_join_unsent(cps__repair *rp, uint32_t range, uint64_t join_id)
 {
     if (range < rp->cfg.nranges && rp->joins[range].joiner && rp->joins[range].id == join_id)
         rp->joins[range].joiner = 0;
 }
 
-int cps_repair_caught_up(cps_repair *rp, const cps_view *v, uint32_t node, uint32_t range,
-                         uint64_t join_id, uint64_t kind, uint64_t now)
+int cps__repair_caught_up(cps__repair *rp, const cps__view *v, uint32_t node, uint32_t range,
+                          uint64_t join_id, uint64_t kind, uint64_t now)
 {
     if (range >= rp->cfg.nranges || range >= v->nranges)
         return CPS_REPAIR_IGNORED;
@@ -204,7 +204,7 @@ int cps_repair_caught_up(cps_repair *rp, const cps_view *v, uint32_t node, uint3
     if (pj->joiner != node || join_id != pj->id || !node_alive(v, node))
         return CPS_REPAIR_IGNORED; /* from an earlier join, or a joiner given up on */
     pj->joiner = 0;
-    const cps_range *rg = &v->ranges[range];
+    const cps__range *rg = &v->ranges[range];
     if (in_chain(rg, node) || rg->chain_len >= CPS_MAX_REPLICAS || rg->chain_len == 0)
         return CPS_REPAIR_IGNORED;
     pj->unconfirmed = node;
@@ -213,13 +213,13 @@ int cps_repair_caught_up(cps_repair *rp, const cps_view *v, uint32_t node, uint3
     return CPS_REPAIR_APPEND;
 }
 
-size_t cps_repair_actions(const cps_repair *rp, const cps_repair_action **out)
+size_t cps__repair_actions(const cps__repair *rp, const cps__repair_action **out)
 {
     *out = rp->actions;
     return rp->nactions;
 }
 
-uint32_t cps_repair_joiner(const cps_repair *rp, uint32_t range, uint32_t *source)
+uint32_t cps__repair_joiner(const cps__repair *rp, uint32_t range, uint32_t *source)
 {
     if (range >= rp->cfg.nranges)
         return 0;
@@ -228,7 +228,7 @@ uint32_t cps_repair_joiner(const cps_repair *rp, uint32_t range, uint32_t *sourc
     return rp->joins[range].joiner;
 }
 
-uint32_t cps_repair_unconfirmed(const cps_repair *rp, uint32_t range)
+uint32_t cps__repair_unconfirmed(const cps__repair *rp, uint32_t range)
 {
     if (range >= rp->cfg.nranges)
         return 0;

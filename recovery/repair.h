@@ -6,11 +6,11 @@
  * time arrives as `now`.
  *
  * A joiner reports CAUGHT_UP twice: once its snapshot is installed (it becomes the tail), and
- * again once it holds everything its predecessor acknowledged (cps_chain_can_serve_pull). In
+ * again once it holds everything its predecessor acknowledged (cps__chain_can_serve_pull). In
  * between it is "unconfirmed": if that predecessor dies, the joiner may lack acknowledged updates
  * nobody can re-send, so it leaves the chain with it and the range is copied afresh.
  *
- * Not thread-safe: one event loop owns a cps_repair. */
+ * Not thread-safe: one event loop owns a cps__repair. */
 #ifndef CPS_RECOVERY_REPAIR_H
 #define CPS_RECOVERY_REPAIR_H
 
@@ -19,9 +19,9 @@
 
 #include "core/view.h"
 
-typedef struct cps_repair cps_repair;
+typedef struct cps__repair cps__repair;
 
-typedef struct cps_repair_config {
+typedef struct cps__repair_config {
     uint32_t nranges;         /* ranges of the job's view (fixed for the job) */
     uint32_t join_give_up_ms; /* a join not caught up by then is abandoned and retried (> 0) */
     /* Join ids handed out start above this. They must keep growing across scheduler restarts:
@@ -29,9 +29,9 @@ typedef struct cps_repair_config {
      * request of a replaced join), so a restarted scheduler passes a floor above its earlier
      * lives' ids. */
     uint64_t first_join_id;
-} cps_repair_config;
+} cps__repair_config;
 
-enum cps_repair_action_kind {
+enum cps__repair_action_kind {
     /* Order `node` to copy `range` from `source` (the range's live tail): JOIN_RANGE with
      * step = join_id, which its CAUGHT_UP reports echo. `live` replicas are left. */
     CPS_RA_JOIN = 1,
@@ -42,16 +42,16 @@ enum cps_repair_action_kind {
     CPS_RA_EVICTED
 };
 
-typedef struct cps_repair_action {
+typedef struct cps__repair_action {
     int kind; /* CPS_RA_* */
     uint32_t range;
     uint32_t node;
     uint32_t source;
     uint32_t live;
     uint64_t join_id;
-} cps_repair_action;
+} cps__repair_action;
 
-/* Verdicts of cps_repair_caught_up. */
+/* Verdicts of cps__repair_caught_up. */
 enum {
     CPS_REPAIR_IGNORED = 0,   /* stale (an earlier join), or from a joiner given up on */
     CPS_REPAIR_APPEND = 1,    /* append `node` to the range's chain as its tail and publish */
@@ -60,12 +60,12 @@ enum {
 };
 
 /* Errors: CPS_EINVAL (cfg or out NULL, join_give_up_ms 0), CPS_ENOMEM. *out is the
- * caller's, to free with cps_repair_destroy. */
-int cps_repair_create(const cps_repair_config *cfg, cps_repair **out);
+ * caller's, to free with cps__repair_destroy. */
+int cps__repair_create(const cps__repair_config *cfg, cps__repair **out);
 /* NULL: no-op. */
-void cps_repair_destroy(cps_repair *rp);
+void cps__repair_destroy(cps__repair *rp);
 
-/* Node `node` is declared dead: out = in without it (cps_view_without: kept order, the last
+/* Node `node` is declared dead: out = in without it (cps__view_without: kept order, the last
  * replica of a range stays, marked dead), and an unconfirmed joiner whose predecessor it was
  * leaves that chain too (CPS_RA_EVICTED); were it the only one left, the dead node stays in its
  * place instead (the range waits for it, rather than serve what may lack acknowledged updates).
@@ -74,8 +74,8 @@ void cps_repair_destroy(cps_repair *rp);
  * borrowed; out must be initialised (cps__view_init), its content is replaced and stays the
  * caller's. Errors: CPS_EINVAL (in has another range count), CPS_ENOTFOUND (no such node),
  * CPS_ENOMEM; the join table is unchanged on error. */
-int cps_repair_declare_dead(cps_repair *rp, const cps_view *in, uint32_t node, cps_view *out,
-                            uint32_t *lost_ranges);
+int cps__repair_declare_dead(cps__repair *rp, const cps__view *in, uint32_t node, cps__view *out,
+                             uint32_t *lost_ranges);
 
 /* A repair round at `now` over view v (borrowed): joins past their deadline are abandoned
  * (CPS_RA_TIMED_OUT), and every range with at least one but fewer than v->replicas live
@@ -83,30 +83,30 @@ int cps_repair_declare_dead(cps_repair *rp, const cps_view *in, uint32_t node, c
  * lost confirmation must not stop repairs for good) gets one (CPS_RA_JOIN): the live server not
  * in its chain that holds or is copying the fewest ranges (the lowest position in v->nodes on a
  * tie) copies it from the range's live tail. No spare server: no join. Returns the number of
- * actions (cps_repair_actions); errors: CPS_EINVAL (v has another range count). */
-int cps_repair_tick(cps_repair *rp, const cps_view *v, uint64_t now);
+ * actions (cps__repair_actions); errors: CPS_EINVAL (v has another range count). */
+int cps__repair_tick(cps__repair *rp, const cps__view *v, uint64_t now);
 
 /* The caller could not send the JOIN_RANGE of action `join_id` for `range`: forget that join
  * (the next tick tries again). Unknown join: no-op. */
-void cps_repair_join_unsent(cps_repair *rp, uint32_t range, uint64_t join_id);
+void cps__repair_join_unsent(cps__repair *rp, uint32_t range, uint64_t join_id);
 
 /* CAUGHT_UP from server `node` for `range` at `now`, with the join id it echoes (step) and its
  * kind (the header's aux: 0 snapshot installed, 1 holds everything its predecessor acknowledged,
  * 2 gave up). v (borrowed) is the current view. Returns a CPS_REPAIR_* verdict; only for
  * CPS_REPAIR_APPEND must the caller append `node` as range's tail in the next view it
  * publishes (the predecessor it must catch up with is v's tail of the range). */
-int cps_repair_caught_up(cps_repair *rp, const cps_view *v, uint32_t node, uint32_t range,
-                         uint64_t join_id, uint64_t kind, uint64_t now);
+int cps__repair_caught_up(cps__repair *rp, const cps__view *v, uint32_t node, uint32_t range,
+                          uint64_t join_id, uint64_t kind, uint64_t now);
 
-/* The actions of the last cps_repair_tick or cps_repair_declare_dead, in order. Valid until the
+/* The actions of the last cps__repair_tick or cps__repair_declare_dead, in order. Valid until the
  * next call into rp; owned by rp. Returns their number. */
-size_t cps_repair_actions(const cps_repair *rp, const cps_repair_action **out);
+size_t cps__repair_actions(const cps__repair *rp, const cps__repair_action **out);
 
 /* The server copying `range` now (0: none), and (if source is not NULL) the tail it copies
  * from. Out of range: 0. */
-uint32_t cps_repair_joiner(const cps_repair *rp, uint32_t range, uint32_t *source);
+uint32_t cps__repair_joiner(const cps__repair *rp, uint32_t range, uint32_t *source);
 
 /* The joined tail of `range` not yet confirmed (0: none). Out of range: 0. */
-uint32_t cps_repair_unconfirmed(const cps_repair *rp, uint32_t range);
+uint32_t cps__repair_unconfirmed(const cps__repair *rp, uint32_t range);
 
 #endif

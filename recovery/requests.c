@@ -19,35 +19,35 @@ typedef struct entry {
     uint64_t sent_epoch; /* the view epoch it was last sent under: only a reply produced under
                             that epoch answers it */
     uint32_t attempts;
-    int fresh;                  /* its first send is being performed (see cps_reqs_sent) */
+    int fresh;                  /* its first send is being performed (see cps__reqs_sent) */
     uint64_t unavailable_since; /* first time its range had no live replica; 0 if it has */
-    int detached;               /* completed for the caller, still sent (cps_reqs_detach) */
+    int detached;               /* completed for the caller, still sent (cps__reqs_detach) */
     int dropped;                /* detached with no context: leaves at the next call */
-    uint64_t order;             /* 0, or its key set's: see cps_reqs_add_ordered */
+    uint64_t order;             /* 0, or its key set's: see cps__reqs_add_ordered */
     int held;                   /* waits for an earlier request of its (range, order) to leave */
     int released;               /* that request left: send it (send_released) */
     uint64_t added;             /* when it was added, in adds: held ones leave in this order */
 } entry;
 
-struct cps_reqs {
-    cps_reqs_config cfg;
+struct cps__reqs {
+    cps__reqs_config cfg;
     entry *reqs;
     size_t nreqs, reqs_cap;
     size_t ndetached;
     uint64_t nadded;
     uint64_t seen_epoch; /* highest epoch any message carried */
     /* Room for two actions per request and one more, reserved as requests are added, so that
-     * no call but cps_reqs_add needs memory. */
-    cps_reqs_action *acts;
+     * no call but cps__reqs_add needs memory. */
+    cps__reqs_action *acts;
     size_t nacts, acts_cap;
     int asked_view; /* the last call already asks for a view */
 };
 
-int cps_reqs_create(const cps_reqs_config *cfg, cps_reqs **out)
+int cps__reqs_create(const cps__reqs_config *cfg, cps__reqs **out)
 {
     if (!cfg || !out)
         return CPS_EINVAL;
-    cps_reqs *rq = calloc(1, sizeof *rq);
+    cps__reqs *rq = calloc(1, sizeof *rq);
     if (!rq)
         return CPS_ENOMEM;
     rq->cfg = *cfg;
@@ -55,7 +55,7 @@ int cps_reqs_create(const cps_reqs_config *cfg, cps_reqs **out)
     return 0;
 }
 
-void cps_reqs_destroy(cps_reqs *rq)
+void cps__reqs_destroy(cps__reqs *rq)
 {
     if (!rq)
         return;
@@ -66,7 +66,7 @@ void cps_reqs_destroy(cps_reqs *rq)
 
 /* Request i left: the first request held behind it goes out at the next tick (sent_ms 0 makes
  * it overdue), or at once where the caller has a view (release_sends). */
-static void remove_at(cps_reqs *rq, uint32_t i)
+static void remove_at(cps__reqs *rq, uint32_t i)
 {
     entry *e = &rq->reqs[i];
     if (e->detached)
@@ -89,7 +89,7 @@ static void remove_at(cps_reqs *rq, uint32_t i)
     rq->reqs[i] = rq->reqs[--rq->nreqs];
 }
 
-static void begin(cps_reqs *rq)
+static void begin(cps__reqs *rq)
 {
     rq->nacts = 0;
     rq->asked_view = 0;
@@ -100,39 +100,39 @@ static void begin(cps_reqs *rq)
 }
 
 /* One view request per call is enough: the caller rate-limits them anyway. */
-static void ask_view(cps_reqs *rq)
+static void ask_view(cps__reqs *rq)
 {
     if (rq->asked_view)
         return;
     rq->asked_view = 1;
-    rq->acts[rq->nacts++] = (cps_reqs_action){.kind = CPS_RQ_ASK_VIEW};
+    rq->acts[rq->nacts++] = (cps__reqs_action){.kind = CPS_RQ_ASK_VIEW};
 }
 
-static cps_reqs_action *push(cps_reqs *rq, int kind, uint32_t i)
+static cps__reqs_action *push(cps__reqs *rq, int kind, uint32_t i)
 {
     const entry *e = &rq->reqs[i];
-    cps_reqs_action *a = &rq->acts[rq->nacts++];
-    *a = (cps_reqs_action){.kind = kind,
-                           .index = i,
-                           .ctx = e->ctx,
-                           .part = e->part,
-                           .type = e->type,
-                           .range = e->range,
-                           .seq = e->seq};
+    cps__reqs_action *a = &rq->acts[rq->nacts++];
+    *a = (cps__reqs_action){.kind = kind,
+                            .index = i,
+                            .ctx = e->ctx,
+                            .part = e->part,
+                            .type = e->type,
+                            .range = e->range,
+                            .seq = e->seq};
     return a;
 }
 
 /* Send request i under v: to the head of its range's chain (updates) or its tail (reads).
  * Returns 0 if a send was handed out or the request waits for a view, CPS_EUNAVAILABLE if v
  * has no chain for its range. */
-static int try_send(cps_reqs *rq, const cps_view *v, uint32_t i, int why)
+static int try_send(cps__reqs *rq, const cps__view *v, uint32_t i, int why)
 {
     entry *e = &rq->reqs[i];
     if (e->held)
         return 0; /* goes out when the request ahead of it leaves */
     if (e->range >= v->nranges || v->ranges[e->range].chain_len == 0)
         return CPS_EUNAVAILABLE;
-    const cps_range *rg = &v->ranges[e->range];
+    const cps__range *rg = &v->ranges[e->range];
     uint32_t to = e->type == CPS_MSG_PULL ? rg->chain[rg->chain_len - 1] : rg->chain[0];
     if (e->type == CPS_MSG_PULL && rq->seen_epoch > v->epoch) {
         /* A server already answered under a newer view: our tail may be a removed one that
@@ -141,7 +141,7 @@ static int try_send(cps_reqs *rq, const cps_view *v, uint32_t i, int why)
         return 0;
     }
     e->sent_epoch = v->epoch;
-    cps_reqs_action *a = push(rq, CPS_RQ_SEND, i);
+    cps__reqs_action *a = push(rq, CPS_RQ_SEND, i);
     a->why = why;
     a->to = to;
     a->epoch = v->epoch;
@@ -150,7 +150,7 @@ static int try_send(cps_reqs *rq, const cps_view *v, uint32_t i, int why)
 }
 
 /* Send the requests remove_at let go, under v. */
-static void send_released(cps_reqs *rq, const cps_view *v, uint64_t now)
+static void send_released(cps__reqs *rq, const cps__view *v, uint64_t now)
 {
     for (uint32_t i = 0; i < rq->nreqs; i++) {
         entry *e = &rq->reqs[i];
@@ -164,7 +164,7 @@ static void send_released(cps_reqs *rq, const cps_view *v, uint64_t now)
     }
 }
 
-/* Is e a push whose give-up must still reach the head (see cps_reqs_detach)? Every push is:
+/* Is e a push whose give-up must still reach the head (see cps__reqs_detach)? Every push is:
  * an async or SSP one, or a sparse-row one, holds a number in its worker's sequence that the head
  * waits for; a sync step's dense push is one of the step's contributions, and the step (and every
  * later step of its key set, which the head applies in step order) completes only once it came. */
@@ -173,20 +173,20 @@ static int is_push(const entry *e)
     return e->type == CPS_MSG_PUSH || e->type == CPS_MSG_PUSH_PULL;
 }
 
-void cps_reqs_epoch_seen(cps_reqs *rq, uint64_t epoch)
+void cps__reqs_epoch_seen(cps__reqs *rq, uint64_t epoch)
 {
     if (epoch > rq->seen_epoch)
         rq->seen_epoch = epoch;
 }
 
-int cps_reqs_add(cps_reqs *rq, const cps_view *v, void *ctx, uint32_t part, uint8_t type,
-                 uint32_t range, uint64_t seq, uint64_t now)
+int cps__reqs_add(cps__reqs *rq, const cps__view *v, void *ctx, uint32_t part, uint8_t type,
+                  uint32_t range, uint64_t seq, uint64_t now)
 {
-    return cps_reqs_add_ordered(rq, v, ctx, part, type, range, seq, 0, now);
+    return cps__reqs_add_ordered(rq, v, ctx, part, type, range, seq, 0, now);
 }
 
-int cps_reqs_add_ordered(cps_reqs *rq, const cps_view *v, void *ctx, uint32_t part, uint8_t type,
-                         uint32_t range, uint64_t seq, uint64_t order, uint64_t now)
+int cps__reqs_add_ordered(cps__reqs *rq, const cps__view *v, void *ctx, uint32_t part, uint8_t type,
+                          uint32_t range, uint64_t seq, uint64_t order, uint64_t now)
 {
     begin(rq);
     void *items = rq->reqs;
@@ -223,7 +223,7 @@ int cps_reqs_add_ordered(cps_reqs *rq, const cps_view *v, void *ctx, uint32_t pa
     return 0;
 }
 
-void cps_reqs_sent(cps_reqs *rq, uint32_t index, int rc, uint64_t now)
+void cps__reqs_sent(cps__reqs *rq, uint32_t index, int rc, uint64_t now)
 {
     if (index >= rq->nreqs)
         return;
@@ -236,8 +236,8 @@ void cps_reqs_sent(cps_reqs *rq, uint32_t index, int rc, uint64_t now)
     e->fresh = 0;
 }
 
-int cps_reqs_reply(cps_reqs *rq, const cps_view *v, const cps_reqs_reply_in *in, uint64_t now,
-                   cps_reqs_done *done)
+int cps__reqs_reply(cps__reqs *rq, const cps__view *v, const cps__reqs_reply_in *in, uint64_t now,
+                    cps__reqs_done *done)
 {
     begin(rq);
     uint32_t i;
@@ -248,7 +248,7 @@ int cps_reqs_reply(cps_reqs *rq, const cps_view *v, const cps_reqs_reply_in *in,
         return CPS_RQ_REPLY_UNKNOWN; /* a duplicate answer to a request already completed */
     entry *e = &rq->reqs[i];
     if (done)
-        *done = (cps_reqs_done){
+        *done = (cps__reqs_done){
             .ctx = e->ctx, .part = e->part, .sent_epoch = e->sent_epoch, .detached = e->detached};
     if (in->type == CPS_MSG_ERROR) {
         int err = in->status < 0 ? in->status : CPS_EPROTO;
@@ -283,7 +283,7 @@ int cps_reqs_reply(cps_reqs *rq, const cps_view *v, const cps_reqs_reply_in *in,
     return CPS_RQ_REPLY_TAKEN;
 }
 
-void cps_reqs_view(cps_reqs *rq, const cps_view *v, uint64_t now)
+void cps__reqs_view(cps__reqs *rq, const cps__view *v, uint64_t now)
 {
     begin(rq);
     for (uint32_t i = 0; i < rq->nreqs; i++) {
@@ -292,23 +292,23 @@ void cps_reqs_view(cps_reqs *rq, const cps_view *v, uint64_t now)
     }
 }
 
-void cps_reqs_tick(cps_reqs *rq, const cps_view *v, uint64_t now)
+void cps__reqs_tick(cps__reqs *rq, const cps__view *v, uint64_t now)
 {
     begin(rq);
     for (uint32_t i = 0; i < rq->nreqs; i++) {
         entry *e = &rq->reqs[i];
         if (e->detached) {
             /* Over for the caller: it waits for a replica however long it takes. */
-        } else if (e->range < v->nranges && !cps_view_range_available(v, e->range)) {
+        } else if (e->range < v->nranges && !cps__view_range_available(v, e->range)) {
             /* Every replica of the range is gone: wait (one may come back), then give up. */
             if (!e->unavailable_since) {
                 e->unavailable_since = now;
                 push(rq, CPS_RQ_WAIT_REPLICA, i);
             } else if (now - e->unavailable_since > rq->cfg.unavailable_timeout_ms) {
-                cps_reqs_action *a = push(rq, CPS_RQ_COMPLETE, i);
+                cps__reqs_action *a = push(rq, CPS_RQ_COMPLETE, i);
                 a->status = CPS_EUNAVAILABLE;
                 if (is_push(e)) {
-                    /* Its number must still reach the head (see cps_reqs_detach); the caller
+                    /* Its number must still reach the head (see cps__reqs_detach); the caller
                      * hands it a context of its own before it goes out again. */
                     a->detach = 1;
                     e->detached = 1;
@@ -334,7 +334,7 @@ void cps_reqs_tick(cps_reqs *rq, const cps_view *v, uint64_t now)
     }
 }
 
-void cps_reqs_detach(cps_reqs *rq, uint32_t index, void *ctx, uint32_t part)
+void cps__reqs_detach(cps__reqs *rq, uint32_t index, void *ctx, uint32_t part)
 {
     if (index >= rq->nreqs || !rq->reqs[index].detached || rq->reqs[index].ctx)
         return;
@@ -345,17 +345,17 @@ void cps_reqs_detach(cps_reqs *rq, uint32_t index, void *ctx, uint32_t part)
         rq->reqs[index].dropped = 1;
 }
 
-uint32_t cps_reqs_count(const cps_reqs *rq)
+uint32_t cps__reqs_count(const cps__reqs *rq)
 {
     return rq ? (uint32_t)rq->nreqs : 0;
 }
 
-uint32_t cps_reqs_detached(const cps_reqs *rq)
+uint32_t cps__reqs_detached(const cps__reqs *rq)
 {
     return rq ? (uint32_t)rq->ndetached : 0;
 }
 
-size_t cps_reqs_actions(const cps_reqs *rq, const cps_reqs_action **out)
+size_t cps__reqs_actions(const cps__reqs *rq, const cps__reqs_action **out)
 {
     *out = rq->acts;
     return rq->nacts;

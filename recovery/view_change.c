@@ -2,18 +2,18 @@
 
 #include "chainps/error.h"
 
-int cps_view_range_available(const cps_view *v, uint32_t r)
+int cps__view_range_available(const cps__view *v, uint32_t r)
 {
-    const cps_range *rg = &v->ranges[r];
+    const cps__range *rg = &v->ranges[r];
     for (uint32_t j = 0; j < rg->chain_len; j++) {
-        const cps_node_info *n = cps__view_node(v, rg->chain[j]);
+        const cps__node_info *n = cps__view_node(v, rg->chain[j]);
         if (n && n->alive)
             return 1;
     }
     return 0;
 }
 
-int cps_view_without(const cps_view *in, uint32_t node, cps_view *out, uint32_t *lost_ranges)
+int cps__view_without(const cps__view *in, uint32_t node, cps__view *out, uint32_t *lost_ranges)
 {
     if (!cps__view_node(in, node))
         return CPS_ENOTFOUND;
@@ -26,7 +26,7 @@ int cps_view_without(const cps_view *in, uint32_t node, cps_view *out, uint32_t 
             out->nodes[i].alive = 0;
     uint32_t lost = 0;
     for (uint32_t r = 0; r < out->nranges; r++) {
-        cps_range *rg = &out->ranges[r];
+        cps__range *rg = &out->ranges[r];
         uint32_t k = 0;
         for (uint32_t j = 0; j < rg->chain_len; j++)
             if (rg->chain[j] != node)
@@ -35,7 +35,7 @@ int cps_view_without(const cps_view *in, uint32_t node, cps_view *out, uint32_t 
             k = 1; /* it was the only replica: keep it, the range waits for it to return */
         else
             rg->chain_len = k;
-        lost += !cps_view_range_available(out, r);
+        lost += !cps__view_range_available(out, r);
     }
     if (lost_ranges)
         *lost_ranges = lost;

@@ -15,9 +15,9 @@
  * *lost_ranges (may be NULL) receives how many ranges have no live replica in `out`.
  * out must be initialised (cps__view_init); its old content is replaced.
  * Errors: CPS_ENOTFOUND (no such node), CPS_ENOMEM. */
-int cps_view_without(const cps_view *in, uint32_t node, cps_view *out, uint32_t *lost_ranges);
+int cps__view_without(const cps__view *in, uint32_t node, cps__view *out, uint32_t *lost_ranges);
 
 /* 1 if range r of v has at least one live replica. */
-int cps_view_range_available(const cps_view *v, uint32_t r);
+int cps__view_range_available(const cps__view *v, uint32_t r);
 
 #endif

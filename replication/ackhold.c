@@ -9,28 +9,28 @@
 typedef struct held {
     int used;
     uint32_t to;
-    cps_msg_hdr hdr;
+    cps__msg_hdr hdr;
 } held;
 
-struct cps_ackhold {
+struct cps__ackhold {
     held *acks; /* one per range: acks are cumulative, the latest covers the earlier ones */
     uint32_t nranges, nheld;
     uint64_t since; /* when the oldest one was held */
     /* As many as acks: no call hands back more than every held ack and one more. */
-    cps_ackhold_send *sends;
+    cps__ackhold_send *sends;
     size_t nsends;
 };
 
-int cps_ackhold_create(cps_ackhold **out)
+int cps__ackhold_create(cps__ackhold **out)
 {
-    cps_ackhold *h = calloc(1, sizeof *h);
+    cps__ackhold *h = calloc(1, sizeof *h);
     if (!h)
         return CPS_ENOMEM;
     *out = h;
     return 0;
 }
 
-void cps_ackhold_destroy(cps_ackhold *h)
+void cps__ackhold_destroy(cps__ackhold *h)
 {
     if (!h)
         return;
@@ -39,22 +39,22 @@ void cps_ackhold_destroy(cps_ackhold *h)
     free(h);
 }
 
-static void release(cps_ackhold *h, held *a)
+static void release(cps__ackhold *h, held *a)
 {
-    h->sends[h->nsends++] = (cps_ackhold_send){a->to, a->hdr};
+    h->sends[h->nsends++] = (cps__ackhold_send){a->to, a->hdr};
     a->used = 0;
     h->nheld--;
 }
 
-static void release_all(cps_ackhold *h)
+static void release_all(cps__ackhold *h)
 {
     for (uint32_t r = 0; r < h->nranges && h->nheld; r++)
         if (h->acks[r].used)
             release(h, &h->acks[r]);
 }
 
-int cps_ackhold_offer(cps_ackhold *h, uint32_t nranges, uint32_t to, const cps_msg_hdr *hdr,
-                      uint64_t now)
+int cps__ackhold_offer(cps__ackhold *h, uint32_t nranges, uint32_t to, const cps__msg_hdr *hdr,
+                       uint64_t now)
 {
     h->nsends = 0;
     if (hdr->aux != 0 || hdr->payload_len != 0 || hdr->range >= nranges)
@@ -63,7 +63,7 @@ int cps_ackhold_offer(cps_ackhold *h, uint32_t nranges, uint32_t to, const cps_m
         /* Acks of the old range layout go out now, before anything of the new one. */
         size_t cap = (size_t)(nranges > h->nranges ? nranges : h->nranges) + 1;
         held *acks = calloc(nranges, sizeof *acks);
-        cps_ackhold_send *sends = calloc(cap, sizeof *sends);
+        cps__ackhold_send *sends = calloc(cap, sizeof *sends);
         if (!acks || !sends) {
             free(acks);
             free(sends);
@@ -89,7 +89,7 @@ int cps_ackhold_offer(cps_ackhold *h, uint32_t nranges, uint32_t to, const cps_m
     return 1;
 }
 
-void cps_ackhold_due(cps_ackhold *h, uint64_t now, int force)
+void cps__ackhold_due(cps__ackhold *h, uint64_t now, int force)
 {
     h->nsends = 0;
     if (h->nheld == 0 || (!force && now - h->since < CPS_ACK_HOLD_MS))
@@ -97,7 +97,7 @@ void cps_ackhold_due(cps_ackhold *h, uint64_t now, int force)
     release_all(h);
 }
 
-int cps_ackhold_wait_ms(const cps_ackhold *h, uint64_t now, int max_ms)
+int cps__ackhold_wait_ms(const cps__ackhold *h, uint64_t now, int max_ms)
 {
     if (!h || h->nheld == 0)
         return max_ms;
@@ -106,12 +106,12 @@ int cps_ackhold_wait_ms(const cps_ackhold *h, uint64_t now, int max_ms)
     return wait < max_ms ? wait : max_ms;
 }
 
-uint32_t cps_ackhold_held(const cps_ackhold *h)
+uint32_t cps__ackhold_held(const cps__ackhold *h)
 {
     return h ? h->nheld : 0;
 }
 
-size_t cps_ackhold_sends(cps_ackhold *h, const cps_ackhold_send **out)
+size_t cps__ackhold_sends(cps__ackhold *h, const cps__ackhold_send **out)
 {
     *out = h->sends;
     return h->nsends;

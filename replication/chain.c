@@ -13,8 +13,8 @@
 #include "core/array.h"
 
 /* Build a FWD message for update u with sequence seq into a new malloc'd buffer. */
-static uint8_t *encode_fwd(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u,
-                           cps_msg_hdr *h, size_t *len_out)
+static uint8_t *encode_fwd(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_update *u,
+                           cps__msg_hdr *h, size_t *len_out)
 {
     size_t plen = FWD_FIXED + (size_t)u->nreqs * FWD_REQ + u->body_len;
     if (plen > CPS_WIRE_MAX_PAYLOAD)
@@ -52,7 +52,7 @@ static uint8_t *encode_fwd(cps_chain *c, uint32_t r, uint64_t seq, const cps_cha
 }
 
 /* Send a held FWD (re-stamped with the current epoch and our id) to the successor. */
-static int send_held(cps_chain *c, uint32_t r, sent_entry *e, uint32_t to, uint64_t now)
+static int send_held(cps__chain *c, uint32_t r, sent_entry *e, uint32_t to, uint64_t now)
 {
     e->hdr.epoch = c->view.epoch;
     e->hdr.sender = c->cfg.self;
@@ -63,7 +63,7 @@ static int send_held(cps_chain *c, uint32_t r, sent_entry *e, uint32_t to, uint6
 }
 
 /* Keep update u (seq) for re-sending and send it to node `to`. */
-static int forward_to(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u,
+static int forward_to(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_update *u,
                       uint32_t to, uint64_t now)
 {
     range_st *rs = &c->ranges[r];
@@ -79,14 +79,14 @@ static int forward_to(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_up
 }
 
 /* Keep update u (seq) for re-sending and send it to the successor. */
-static int forward(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u, int pos,
+static int forward(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_update *u, int pos,
                    uint64_t now)
 {
     return forward_to(c, r, seq, u, cps__chain_neighbour(c, r, pos + 1), now);
 }
 
 /* This replica is the tail for seq: everything up to it is committed. Reply and ack upstream. */
-static int commit_at_tail(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u,
+static int commit_at_tail(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_update *u,
                           int pos)
 {
     range_st *rs = &c->ranges[r];
@@ -107,12 +107,12 @@ static int commit_at_tail(cps_chain *c, uint32_t r, uint64_t seq, const cps_chai
 
 /* ---- public ---- */
 
-int cps_chain_create(const cps_chain_config *cfg, const cps_chain_store_ops *ops, void *ctx,
-                     cps_chain **out)
+int cps__chain_create(const cps__chain_config *cfg, const cps__chain_store_ops *ops, void *ctx,
+                      cps__chain **out)
 {
     if (!cfg || !ops || !ops->range_seq || !ops->dedup || !ops->agg_step || !out)
         return CPS_EINVAL;
-    cps_chain *c = calloc(1, sizeof *c);
+    cps__chain *c = calloc(1, sizeof *c);
     if (!c)
         return CPS_ENOMEM;
     c->cfg = *cfg;
@@ -127,7 +127,7 @@ int cps_chain_create(const cps_chain_config *cfg, const cps_chain_store_ops *ops
     return 0;
 }
 
-void cps_chain_destroy(cps_chain *c)
+void cps__chain_destroy(cps__chain *c)
 {
     if (!c)
         return;
@@ -141,7 +141,7 @@ void cps_chain_destroy(cps_chain *c)
     free(c);
 }
 
-size_t cps_chain_actions(cps_chain *c, const cps_chain_action **out)
+size_t cps__chain_actions(cps__chain *c, const cps__chain_action **out)
 {
     *out = c->acts;
     return c->nacts;
@@ -149,11 +149,11 @@ size_t cps_chain_actions(cps_chain *c, const cps_chain_action **out)
 
 /* The tail of range r went away and this replica is the new tail: what it holds is on every
  * live replica, so it is committed; answer the workers of every held update. */
-static int become_tail(cps_chain *c, uint32_t r, int pos)
+static int become_tail(cps__chain *c, uint32_t r, int pos)
 {
     range_st *rs = &c->ranges[r];
     for (uint32_t i = 0; i < rs->nsent; i++) {
-        cps_chain_update u;
+        cps__chain_update u;
         sent_entry *e = &rs->sent[i];
         if (cps__chain_decode_fwd(c, e->msg + CPS_WIRE_HDR_SIZE, e->len - CPS_WIRE_HDR_SIZE, &u) !=
             0)
@@ -181,7 +181,7 @@ static int become_tail(cps_chain *c, uint32_t r, int pos)
     return rc;
 }
 
-int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
+int cps__chain_set_view(cps__chain *c, const cps__view *v, uint64_t now)
 {
     cps__chain_begin_call(c);
     c->now = now;
@@ -268,8 +268,8 @@ int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now)
     return rc;
 }
 
-int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t step, uint64_t sig,
-                    void *cookie)
+int cps__chain_admit(cps__chain *c, uint32_t r, const cps__chain_req *q, uint64_t step,
+                     uint64_t sig, void *cookie)
 {
     cps__chain_begin_call(c);
     if (cps__chain_position(c, r) != 0)
@@ -310,7 +310,7 @@ int cps_chain_admit(cps_chain *c, uint32_t r, const cps_chain_req *q, uint64_t s
     return rc == 0 ? CPS_ADMIT_DUP : rc;
 }
 
-int cps_chain_submit(cps_chain *c, uint32_t r, const cps_chain_update *u, uint64_t now)
+int cps__chain_submit(cps__chain *c, uint32_t r, const cps__chain_update *u, uint64_t now)
 {
     cps__chain_begin_call(c);
     c->now = now;
@@ -325,7 +325,7 @@ int cps_chain_submit(cps_chain *c, uint32_t r, const cps_chain_update *u, uint64
     if ((rc = cps__chain_note_applied(c, r, u)) != 0)
         return rc;
     rs->applied = seq;
-    cps_chain_action *a = cps__chain_act(c, CPS_CA_APPLY, r);
+    cps__chain_action *a = cps__chain_act(c, CPS_CA_APPLY, r);
     if (!a)
         return CPS_ENOMEM;
     a->seq = seq;
@@ -335,14 +335,14 @@ int cps_chain_submit(cps_chain *c, uint32_t r, const cps_chain_update *u, uint64
     return forward(c, r, seq, u, pos, now);
 }
 
-static int on_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len, uint64_t now,
-                  int pos)
+static int on_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len,
+                  uint64_t now, int pos)
 {
     uint32_t r = h->range;
     range_st *rs = &c->ranges[r];
     if (pos <= 0 || cps__chain_neighbour(c, r, pos - 1) != h->sender)
         return CPS_ESTALE_EPOCH; /* not from our predecessor in this view */
-    cps_chain_update u;
+    cps__chain_update u;
     int rc = cps__chain_decode_fwd(c, payload, len, &u);
     if (rc != 0)
         return rc;
@@ -358,7 +358,7 @@ static int on_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_
     if ((rc = cps__chain_note_applied(c, r, &u)) != 0)
         return rc;
     rs->applied = h->req_seq;
-    cps_chain_action *a = cps__chain_act(c, CPS_CA_APPLY, r);
+    cps__chain_action *a = cps__chain_act(c, CPS_CA_APPLY, r);
     if (!a)
         return CPS_ENOMEM;
     a->seq = h->req_seq;
@@ -368,7 +368,7 @@ static int on_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_
     return forward(c, r, h->req_seq, &u, pos, now);
 }
 
-static int on_ack(cps_chain *c, const cps_msg_hdr *h, int pos)
+static int on_ack(cps__chain *c, const cps__msg_hdr *h, int pos)
 {
     uint32_t r = h->range;
     range_st *rs = &c->ranges[r];
@@ -402,8 +402,8 @@ static int on_ack(cps_chain *c, const cps_msg_hdr *h, int pos)
     return rc;
 }
 
-int cps_chain_on_message(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len,
-                         uint64_t now)
+int cps__chain_on_message(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len,
+                          uint64_t now)
 {
     cps__chain_begin_call(c);
     c->now = now;
@@ -432,7 +432,7 @@ int cps_chain_on_message(cps_chain *c, const cps_msg_hdr *h, const void *payload
     return CPS_EPROTO;
 }
 
-int cps_chain_tick(cps_chain *c, uint64_t now)
+int cps__chain_tick(cps__chain *c, uint64_t now)
 {
     cps__chain_begin_call(c);
     c->now = now;

@@ -1,12 +1,12 @@
 /* Chain replication of key ranges, as a pure state machine.
  *
- * One cps_chain per server holds the protocol state of every range the server replicates. It is
+ * One cps__chain per server holds the protocol state of every range the server replicates. It is
  * driven by calls (a worker request admitted at the head, an update submitted at the head, a
  * message from a neighbour, a timer tick, a new view) and answers with actions that the caller
  * performs in order: APPLY (write the update to the store, in one transaction with its sequence
  * number and exactly-once records: persist before send), SEND (a complete wire message to a
  * node), REPLY (answer a worker's request). It never touches sockets, the store or the clock:
- * time arrives as `now` arguments, and the store is read only through cps_chain_store_ops.
+ * time arrives as `now` arguments, and the store is read only through cps__chain_store_ops.
  *
  * Protocol (van Renesse & Schneider, OSDI 2004; the parameter-server layout of Li et al., OSDI
  * 2014): the head gives each update of a range the next sequence number, applies it and
@@ -21,7 +21,7 @@
  * again: it is answered once the update that contained it is committed (acknowledged by the
  * tail), which is at once if nothing is pending.
  *
- * Not thread-safe: one event loop owns a cps_chain.
+ * Not thread-safe: one event loop owns a cps__chain.
  */
 #ifndef CPS_REPLICATION_CHAIN_H
 #define CPS_REPLICATION_CHAIN_H
@@ -32,7 +32,7 @@
 #include "core/view.h"
 #include "core/wire.h"
 
-typedef struct cps_chain cps_chain;
+typedef struct cps__chain cps__chain;
 
 /* Update kinds. PUSH: gradients (kv with values). DECLARE: create keys. SKIP: no data, only
  * the exactly-once record of a push the head refused (unknown key, wrong length), whose number
@@ -45,68 +45,68 @@ typedef struct cps_chain cps_chain;
 enum { CPS_UPD_PUSH = 1, CPS_UPD_DECLARE = 2, CPS_UPD_SKIP = 3, CPS_UPD_PUT = 4 };
 
 /* One worker request contained in an update. */
-typedef struct cps_chain_req {
+typedef struct cps__chain_req {
     uint32_t worker; /* node id of the worker */
     uint8_t type;    /* CPS_MSG_PUSH, CPS_MSG_PUSH_PULL or CPS_MSG_DECLARE */
     uint8_t noagg;   /* sparse-row push: its own sequence space */
     uint64_t req_seq;
-} cps_chain_req;
+} cps__chain_req;
 
-typedef struct cps_chain_update {
+typedef struct cps__chain_update {
     uint32_t kind; /* CPS_UPD_* */
     uint64_t step; /* training step (sync: the aggregated step) */
     uint64_t sig;  /* sync aggregate: key-set signature; 0 otherwise */
     uint32_t nreqs;
-    const cps_chain_req *reqs;
+    const cps__chain_req *reqs;
     const void *body; /* kv payload with values (PUSH) or DECLARE payload; 8-byte aligned */
     size_t body_len;
-} cps_chain_update;
+} cps__chain_update;
 
-enum cps_chain_action_kind { CPS_CA_APPLY = 1, CPS_CA_SEND, CPS_CA_REPLY };
+enum cps__chain_action_kind { CPS_CA_APPLY = 1, CPS_CA_SEND, CPS_CA_REPLY };
 
-typedef struct cps_chain_action {
+typedef struct cps__chain_action {
     int kind;
     uint32_t range;
-    uint64_t seq;         /* APPLY: the update's sequence number */
-    cps_chain_update upd; /* APPLY; REPLY: the update the request was in (body may be NULL) */
-    uint32_t to;          /* SEND: destination node */
-    const void *msg;      /* SEND: whole wire message (header + payload) */
+    uint64_t seq;          /* APPLY: the update's sequence number */
+    cps__chain_update upd; /* APPLY; REPLY: the update the request was in (body may be NULL) */
+    uint32_t to;           /* SEND: destination node */
+    const void *msg;       /* SEND: whole wire message (header + payload) */
     size_t len;
-    cps_chain_req req; /* REPLY */
-    void *cookie;      /* REPLY: what the caller gave cps_chain_admit, or NULL */
-} cps_chain_action;
+    cps__chain_req req; /* REPLY */
+    void *cookie;       /* REPLY: what the caller gave cps__chain_admit, or NULL */
+} cps__chain_action;
 
 /* Read access to what the store holds, used when a range is first touched. */
-typedef struct cps_chain_store_ops {
+typedef struct cps__chain_store_ops {
     /* Sequence number of the last update applied to the range (0 if none). */
     int (*range_seq)(void *ctx, uint32_t range, uint64_t *seq);
     /* Last applied request seq of `worker` (with CPS_DEDUP_SPARSE_BIT for sparse pushes). */
     int (*dedup)(void *ctx, uint32_t range, uint32_t worker, uint64_t *seq);
     /* Last applied step of the sync aggregate with signature sig; 0 if none. */
     int (*agg_step)(void *ctx, uint32_t range, uint64_t sig, uint64_t *step);
-    /* Release a cookie of cps_chain_admit that will never be answered (its range left this
+    /* Release a cookie of cps__chain_admit that will never be answered (its range left this
      * server, or the chain is destroyed). May be NULL. */
     void (*drop_cookie)(void *ctx, void *cookie);
-} cps_chain_store_ops;
+} cps__chain_store_ops;
 
-typedef struct cps_chain_config {
+typedef struct cps__chain_config {
     uint32_t self;        /* this server's node id */
     uint32_t resend_ms;   /* re-send unacknowledged FWDs after this long (default 200) */
     uint32_t max_unacked; /* FWDs kept per range before admission pushes back (default 1024) */
-} cps_chain_config;
+} cps__chain_config;
 
 /* Errors: CPS_EINVAL, CPS_ENOMEM. ops and ctx are borrowed for the chain's lifetime. */
-int cps_chain_create(const cps_chain_config *cfg, const cps_chain_store_ops *ops, void *ctx,
-                     cps_chain **out);
-void cps_chain_destroy(cps_chain *c);
+int cps__chain_create(const cps__chain_config *cfg, const cps__chain_store_ops *ops, void *ctx,
+                      cps__chain **out);
+void cps__chain_destroy(cps__chain *c);
 
 /* Install a view (a copy is kept). Ranges whose successor changed re-send their unacknowledged
  * updates to it; a replica that became tail commits (and replies to) everything it holds; a
  * range no longer served here is forgotten. Errors: CPS_ENOMEM, CPS_EINVAL (range count
  * changed). */
-int cps_chain_set_view(cps_chain *c, const cps_view *v, uint64_t now);
+int cps__chain_set_view(cps__chain *c, const cps__view *v, uint64_t now);
 
-/* Verdicts of cps_chain_admit. */
+/* Verdicts of cps__chain_admit. */
 enum {
     CPS_ADMIT_NEW = 0,      /* not applied yet: aggregate / submit it */
     CPS_ADMIT_DUP = 1,      /* applied already: a REPLY action carries `cookie` (now or later) */
@@ -117,41 +117,41 @@ enum {
 /* Decide what to do with a worker's push or declare arriving at the head. `sig` is the key-set
  * signature in sync mode (0 in async mode or for sparse/declare requests); req->step must be
  * set for sync pushes. Returns a verdict (>= 0) or CPS_ENOMEM / CPS_ESTORE. */
-int cps_chain_admit(cps_chain *c, uint32_t range, const cps_chain_req *req, uint64_t step,
-                    uint64_t sig, void *cookie);
+int cps__chain_admit(cps__chain *c, uint32_t range, const cps__chain_req *req, uint64_t step,
+                     uint64_t sig, void *cookie);
 
 /* At the head: give update u the next sequence number of the range, and emit APPLY, then SEND
  * to the successor (or REPLY for every request when this server is also the tail). The body is
  * copied when it must be kept for re-sending. Errors: CPS_EINVAL (not head), CPS_ENOMEM. */
-int cps_chain_submit(cps_chain *c, uint32_t range, const cps_chain_update *u, uint64_t now);
+int cps__chain_submit(cps__chain *c, uint32_t range, const cps__chain_update *u, uint64_t now);
 
 /* A FWD or CHAIN_ACK from another server. The caller has checked the header decodes; this
  * checks the epoch (older: dropped, fenced) and the payload. Errors: CPS_EPROTO (bad payload),
  * CPS_ESTALE_EPOCH (dropped), CPS_ENOMEM. */
-int cps_chain_on_message(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len,
-                         uint64_t now);
+int cps__chain_on_message(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len,
+                          uint64_t now);
 
 /* Re-send what waited longer than resend_ms. */
-int cps_chain_tick(cps_chain *c, uint64_t now);
+int cps__chain_tick(cps__chain *c, uint64_t now);
 
 /* 1 if this server is the tail of `range` in the current view (it serves pulls). */
-int cps_chain_is_tail(const cps_chain *c, uint32_t range);
+int cps__chain_is_tail(const cps__chain *c, uint32_t range);
 
-/* 1 if this server is joining `range` (cps_chain_begin_join, and no view since made it a member
+/* 1 if this server is joining `range` (cps__chain_begin_join, and no view since made it a member
  * or took the range away): only then may a snapshot be installed into its store. */
-int cps_chain_joining(const cps_chain *c, uint32_t range);
+int cps__chain_joining(const cps__chain *c, uint32_t range);
 /* 1 if this server is the head of `range`. */
-int cps_chain_is_head(const cps_chain *c, uint32_t range);
+int cps__chain_is_head(const cps__chain *c, uint32_t range);
 /* Applied and committed sequence numbers of a range (0 if unknown here). */
-uint64_t cps_chain_applied(const cps_chain *c, uint32_t range);
-uint64_t cps_chain_committed(const cps_chain *c, uint32_t range);
+uint64_t cps__chain_applied(const cps__chain *c, uint32_t range);
+uint64_t cps__chain_committed(const cps__chain *c, uint32_t range);
 /* Number of unacknowledged updates held for a range. */
-uint32_t cps_chain_unacked(const cps_chain *c, uint32_t range);
+uint32_t cps__chain_unacked(const cps__chain *c, uint32_t range);
 
 /* The actions produced by the last call, in order. The array and everything it points to stay
  * valid until the next call into this chain; an APPLY's body may point into the caller's
  * update (valid as long as the caller keeps it). */
-size_t cps_chain_actions(cps_chain *c, const cps_chain_action **out);
+size_t cps__chain_actions(cps__chain *c, const cps__chain_action **out);
 
 /* ---- state transfer (a replica joining a range's chain) ----
  * At the range's tail: also forward every update applied from now on to `node`, which is
@@ -160,21 +160,21 @@ size_t cps_chain_actions(cps_chain *c, const cps_chain_action **out);
  * (not the tail, or `node` is not alive in our view), CPS_ESTALE_EPOCH (`join_id` is below one
  * a shadow of the range was added for since we became its tail: a late request of an earlier
  * join, which must not displace the current one). */
-int cps_chain_add_shadow(cps_chain *c, uint32_t range, uint32_t node, uint64_t join_id,
-                         uint64_t now);
+int cps__chain_add_shadow(cps__chain *c, uint32_t range, uint32_t node, uint64_t join_id,
+                          uint64_t now);
 /* At the joiner (not in the range's chain): forget our state of the range and hold the FWDs
- * that `source` sends until cps_chain_join_ready. Errors: CPS_EINVAL. */
-int cps_chain_begin_join(cps_chain *c, uint32_t range, uint32_t source);
+ * that `source` sends until cps__chain_join_ready. Errors: CPS_EINVAL. */
+int cps__chain_begin_join(cps__chain *c, uint32_t range, uint32_t source);
 /* The snapshot at `snap_seq` is in the store: apply the held FWDs after it in order (APPLY
  * actions) and acknowledge them to the source; later FWDs are applied as they come. */
-int cps_chain_join_ready(cps_chain *c, uint32_t range, uint64_t snap_seq, uint64_t now);
+int cps__chain_join_ready(cps__chain *c, uint32_t range, uint64_t snap_seq, uint64_t now);
 /* Give up a join (held FWDs dropped). */
-void cps_chain_join_abort(cps_chain *c, uint32_t range);
+void cps__chain_join_abort(cps__chain *c, uint32_t range);
 /* 1 if this server may answer pulls of `range`: it is the tail and, if it became the tail by
  * joining, it has applied everything its predecessor had acknowledged (CHAIN_MARK). */
-int cps_chain_can_serve_pull(cps_chain *c, uint32_t range);
+int cps__chain_can_serve_pull(cps__chain *c, uint32_t range);
 
 /* Bytes of FWD messages produced so far (replication traffic), and updates committed. */
-uint64_t cps_chain_fwd_bytes(const cps_chain *c);
+uint64_t cps__chain_fwd_bytes(const cps__chain *c);
 
 #endif

@@ -18,14 +18,14 @@
 
 typedef struct sent_entry {
     uint64_t seq;
-    cps_msg_hdr hdr;
+    cps__msg_hdr hdr;
     uint8_t *msg; /* whole wire message, header re-stamped on each send */
     size_t len;
     uint64_t sent_ms;
 } sent_entry;
 
 typedef struct wait_reply {
-    cps_chain_req req;
+    cps__chain_req req;
     uint64_t wait_seq;
     void *cookie;
 } wait_reply;
@@ -66,15 +66,15 @@ typedef struct range_st {
     uint32_t backoff; /* re-send rounds without an ack since the last one (doubles the wait) */
 } range_st;
 
-struct cps_chain {
-    cps_chain_config cfg;
-    const cps_chain_store_ops *ops;
+struct cps__chain {
+    cps__chain_config cfg;
+    const cps__chain_store_ops *ops;
     void *ctx;
-    cps_view view;
+    cps__view view;
     int have_view;
     range_st *ranges;
     uint32_t nranges;
-    cps_chain_action *acts;
+    cps__chain_action *acts;
     size_t nacts, acts_cap;
     void **scratch; /* buffers owned until the next call */
     size_t nscratch, scratch_cap;
@@ -88,55 +88,55 @@ struct cps_chain {
 /* The range state and its helpers (chain_state.c). */
 int cps__chain_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem);
 /* Starts every entry point: the last call's actions and scratch are released. */
-void cps__chain_begin_call(cps_chain *c);
+void cps__chain_begin_call(cps__chain *c);
 /* Keep buffer b (taken) until the next call: actions may point into it. */
-int cps__chain_scratch_keep(cps_chain *c, void *b);
+int cps__chain_scratch_keep(cps__chain *c, void *b);
 /* A buffer of len bytes that lives until the next call, or NULL. */
-void *cps__chain_scratch_alloc(cps_chain *c, size_t len);
+void *cps__chain_scratch_alloc(cps__chain *c, size_t len);
 /* A new action of `kind` on range r, or NULL (no memory). */
-cps_chain_action *cps__chain_act(cps_chain *c, int kind, uint32_t range);
+cps__chain_action *cps__chain_act(cps__chain *c, int kind, uint32_t range);
 /* This server's position in r's chain (0 head), or -1. */
-int cps__chain_position(const cps_chain *c, uint32_t r);
-uint32_t cps__chain_chain_len(const cps_chain *c, uint32_t r);
+int cps__chain_position(const cps__chain *c, uint32_t r);
+uint32_t cps__chain_chain_len(const cps__chain *c, uint32_t r);
 /* The node at position pos of r's chain. */
-uint32_t cps__chain_neighbour(const cps_chain *c, uint32_t r, int pos);
+uint32_t cps__chain_neighbour(const cps__chain *c, uint32_t r, int pos);
 /* Read r's sequence numbers from the store once. */
-int cps__chain_load_range(cps_chain *c, uint32_t r);
+int cps__chain_load_range(cps__chain *c, uint32_t r);
 /* Free the FWDs a joiner held. */
 void cps__chain_drop_held(range_st *rs);
 /* Drop every piece of state kept for a range. */
-void cps__chain_forget_range(cps_chain *c, range_st *rs);
+void cps__chain_forget_range(cps__chain *c, range_st *rs);
 /* The cached exactly-once number of `worker` on r (loaded from the store on first use). */
-int cps__chain_hw_slot(cps_chain *c, uint32_t r, uint32_t worker, uint64_t **slot);
+int cps__chain_hw_slot(cps__chain *c, uint32_t r, uint32_t worker, uint64_t **slot);
 /* The cached last sync step of key set `sig` on r (loaded from the store on first use). */
-int cps__chain_agg_slot(cps_chain *c, uint32_t r, uint64_t sig, uint64_t **step);
+int cps__chain_agg_slot(cps__chain *c, uint32_t r, uint64_t sig, uint64_t **step);
 /* Declares and restores (PUT) are idempotent: no exactly-once record, no sequence space. */
 int cps__chain_keeps_no_record(uint8_t type);
 /* The exactly-once record a request is kept under (sparse-row pushes have their own). */
-uint32_t cps__chain_dedup_id(const cps_chain_req *q);
+uint32_t cps__chain_dedup_id(const cps__chain_req *q);
 /* Record in memory what an applied update did (exactly-once numbers, sync steps). */
-int cps__chain_note_applied(cps_chain *c, uint32_t r, const cps_chain_update *u);
+int cps__chain_note_applied(cps__chain *c, uint32_t r, const cps__chain_update *u);
 /* A REPLY action for request q of update u (NULL: a duplicate) at seq. */
-int cps__chain_emit_reply(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u,
-                          const cps_chain_req *q, void *cookie);
+int cps__chain_emit_reply(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_update *u,
+                          const cps__chain_req *q, void *cookie);
 /* A SEND action of msg (kept by the caller until the next call) to node `to`. */
-int cps__chain_emit_send(cps_chain *c, uint32_t r, uint32_t to, const void *msg, size_t len);
+int cps__chain_emit_send(cps__chain *c, uint32_t r, uint32_t to, const void *msg, size_t len);
 /* A chain control message (CHAIN_ACK, CHAIN_MARK) of `seq` and `aux` to node `to`. */
-int cps__chain_send_control(cps_chain *c, uint32_t r, uint32_t to, uint8_t type, uint64_t seq,
+int cps__chain_send_control(cps__chain *c, uint32_t r, uint32_t to, uint8_t type, uint64_t seq,
                             uint64_t aux);
-int cps__chain_send_ack(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq);
+int cps__chain_send_ack(cps__chain *c, uint32_t r, uint32_t to, uint64_t seq);
 /* Answer the requests that waited for the range to commit up to their seq. */
-int cps__chain_wake_waits(cps_chain *c, uint32_t r);
-int cps__chain_decode_fwd(cps_chain *c, const void *payload, size_t len, cps_chain_update *u);
+int cps__chain_wake_waits(cps__chain *c, uint32_t r);
+int cps__chain_decode_fwd(cps__chain *c, const void *payload, size_t len, cps__chain_update *u);
 /* Release held updates up to seq (UINT64_MAX: all). */
 void cps__chain_drop_acked(range_st *rs, uint64_t seq);
 
 /* State transfer (chain_join.c): a FWD for a range this server is joining. */
-int cps__chain_on_join_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len);
+int cps__chain_on_join_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len);
 /* A view made node `succ` our successor, or a re-send is due: send it the pending MARK, if any
  * (see chain_join.c's mark_value). */
-int cps__chain_mark_send(cps_chain *c, uint32_t r, uint32_t succ, uint64_t now);
+int cps__chain_mark_send(cps__chain *c, uint32_t r, uint32_t succ, uint64_t now);
 /* A CHAIN_MARK from our predecessor (we are at `pos`). */
-int cps__chain_on_mark(cps_chain *c, const cps_msg_hdr *h, int pos);
+int cps__chain_on_mark(cps__chain *c, const cps__msg_hdr *h, int pos);
 
 #endif

@@ -8,11 +8,11 @@
 #include "chain_int.h"
 #include "chainps/error.h"
 
-int cps_chain_add_shadow(cps_chain *c, uint32_t r, uint32_t node, uint64_t join_id, uint64_t now)
+int cps__chain_add_shadow(cps__chain *c, uint32_t r, uint32_t node, uint64_t join_id, uint64_t now)
 {
     cps__chain_begin_call(c);
     c->now = now;
-    if (!cps_chain_is_tail(c, r) || node == c->cfg.self || node == 0)
+    if (!cps__chain_is_tail(c, r) || node == c->cfg.self || node == 0)
         return CPS_EINVAL;
     /* A late SNAP_REQ of a join the scheduler has since replaced (sent, say, by a node before it
      * was fenced, and delivered after it came back): taken, it would replace the shadow of the
@@ -24,7 +24,7 @@ int cps_chain_add_shadow(cps_chain *c, uint32_t r, uint32_t node, uint64_t join_
     /* A late SNAP_REQ of a node our view already counts dead: it would stay our shadow (only a
      * view change clears one), and we would hold and re-send its updates for ever (simulator
      * seed 123). */
-    const cps_node_info *n = cps__view_node(&c->view, node);
+    const cps__node_info *n = cps__view_node(&c->view, node);
     if (!n || !n->alive)
         return CPS_EINVAL;
     int rc = cps__chain_load_range(c, r);
@@ -42,7 +42,7 @@ int cps_chain_add_shadow(cps_chain *c, uint32_t r, uint32_t node, uint64_t join_
     return 0;
 }
 
-int cps_chain_begin_join(cps_chain *c, uint32_t r, uint32_t source)
+int cps__chain_begin_join(cps__chain *c, uint32_t r, uint32_t source)
 {
     cps__chain_begin_call(c);
     if (r >= c->nranges || cps__chain_position(c, r) >= 0 || source == 0)
@@ -56,7 +56,7 @@ int cps_chain_begin_join(cps_chain *c, uint32_t r, uint32_t source)
     return 0;
 }
 
-void cps_chain_join_abort(cps_chain *c, uint32_t r)
+void cps__chain_join_abort(cps__chain *c, uint32_t r)
 {
     cps__chain_begin_call(c);
     if (r < c->nranges && c->ranges[r].joining) {
@@ -65,7 +65,7 @@ void cps_chain_join_abort(cps_chain *c, uint32_t r)
 }
 
 /* Apply held FWDs in order from applied + 1; stop at a gap (the source re-sends). */
-static int replay_held(cps_chain *c, uint32_t r)
+static int replay_held(cps__chain *c, uint32_t r)
 {
     range_st *rs = &c->ranges[r];
     int progressed = 1, rc = 0;
@@ -80,12 +80,12 @@ static int replay_held(cps_chain *c, uint32_t r)
             }
             if (e->seq != rs->applied + 1)
                 continue;
-            cps_chain_update u;
+            cps__chain_update u;
             rc = cps__chain_decode_fwd(c, e->msg + CPS_WIRE_HDR_SIZE, e->len - CPS_WIRE_HDR_SIZE,
                                        &u);
             if (rc == 0)
                 rc = cps__chain_note_applied(c, r, &u);
-            cps_chain_action *a = rc == 0 ? cps__chain_act(c, CPS_CA_APPLY, r) : NULL;
+            cps__chain_action *a = rc == 0 ? cps__chain_act(c, CPS_CA_APPLY, r) : NULL;
             if (!a)
                 return rc ? rc : CPS_ENOMEM;
             a->seq = e->seq;
@@ -102,7 +102,7 @@ static int replay_held(cps_chain *c, uint32_t r)
     return rc;
 }
 
-int cps__chain_on_join_fwd(cps_chain *c, const cps_msg_hdr *h, const void *payload, size_t len)
+int cps__chain_on_join_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len)
 {
     uint32_t r = h->range;
     range_st *rs = &c->ranges[r];
@@ -133,7 +133,7 @@ int cps__chain_on_join_fwd(cps_chain *c, const cps_msg_hdr *h, const void *paylo
     return rc;
 }
 
-int cps_chain_join_ready(cps_chain *c, uint32_t r, uint64_t snap_seq, uint64_t now)
+int cps__chain_join_ready(cps__chain *c, uint32_t r, uint64_t snap_seq, uint64_t now)
 {
     cps__chain_begin_call(c);
     c->now = now;
@@ -155,9 +155,9 @@ int cps_chain_join_ready(cps_chain *c, uint32_t r, uint64_t snap_seq, uint64_t n
     return rc;
 }
 
-int cps_chain_can_serve_pull(cps_chain *c, uint32_t r)
+int cps__chain_can_serve_pull(cps__chain *c, uint32_t r)
 {
-    if (!cps_chain_is_tail(c, r))
+    if (!cps__chain_is_tail(c, r))
         return 0;
     range_st *rs = &c->ranges[r];
     if (rs->gated && rs->mark_known && rs->applied >= rs->mark)
@@ -167,7 +167,7 @@ int cps_chain_can_serve_pull(cps_chain *c, uint32_t r)
 
 /* ---- the new tail's read gate: MARK ---- */
 
-static int send_mark(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
+static int send_mark(cps__chain *c, uint32_t r, uint32_t to, uint64_t seq)
 {
     return cps__chain_send_control(c, r, to, CPS_MSG_CHAIN_MARK, seq, 0);
 }
@@ -188,7 +188,7 @@ static int mark_value(const range_st *rs, uint64_t *v)
     return 1;
 }
 
-int cps__chain_mark_send(cps_chain *c, uint32_t r, uint32_t succ, uint64_t now)
+int cps__chain_mark_send(cps__chain *c, uint32_t r, uint32_t succ, uint64_t now)
 {
     range_st *rs = &c->ranges[r];
     if (!rs->mark_pending || !mark_value(rs, &rs->mark_to_send))
@@ -197,7 +197,7 @@ int cps__chain_mark_send(cps_chain *c, uint32_t r, uint32_t succ, uint64_t now)
     return send_mark(c, r, succ, rs->mark_to_send);
 }
 
-int cps__chain_on_mark(cps_chain *c, const cps_msg_hdr *h, int pos)
+int cps__chain_on_mark(cps__chain *c, const cps__msg_hdr *h, int pos)
 {
     range_st *rs = &c->ranges[h->range];
     if (pos == 0 || cps__chain_neighbour(c, h->range, pos - 1) != h->sender)

@@ -19,7 +19,7 @@ int cps__chain_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem)
     return rc;
 }
 
-void cps__chain_begin_call(cps_chain *c)
+void cps__chain_begin_call(cps__chain *c)
 {
     for (size_t i = 0; i < c->nscratch; i++)
         free(c->scratch[i]);
@@ -28,7 +28,7 @@ void cps__chain_begin_call(cps_chain *c)
 }
 
 /* Take ownership of b until the next call (freed by begin_call). */
-int cps__chain_scratch_keep(cps_chain *c, void *b)
+int cps__chain_scratch_keep(cps__chain *c, void *b)
 {
     void *p = c->scratch;
     int rc = cps__array_reserve(&p, &c->scratch_cap, c->nscratch + 1, sizeof *c->scratch, 16);
@@ -39,7 +39,7 @@ int cps__chain_scratch_keep(cps_chain *c, void *b)
     return 0;
 }
 
-void *cps__chain_scratch_alloc(cps_chain *c, size_t len)
+void *cps__chain_scratch_alloc(cps__chain *c, size_t len)
 {
     void *b = malloc(len ? len : 1);
     if (b && cps__chain_scratch_keep(c, b) != 0) {
@@ -49,14 +49,14 @@ void *cps__chain_scratch_alloc(cps_chain *c, size_t len)
     return b;
 }
 
-cps_chain_action *cps__chain_act(cps_chain *c, int kind, uint32_t range)
+cps__chain_action *cps__chain_act(cps__chain *c, int kind, uint32_t range)
 {
     void *p = c->acts;
     int rc = cps__array_reserve(&p, &c->acts_cap, c->nacts + 1, sizeof *c->acts, 32);
     c->acts = p;
     if (rc != 0)
         return NULL;
-    cps_chain_action *a = &c->acts[c->nacts++];
+    cps__chain_action *a = &c->acts[c->nacts++];
     memset(a, 0, sizeof *a);
     a->kind = kind;
     a->range = range;
@@ -64,28 +64,28 @@ cps_chain_action *cps__chain_act(cps_chain *c, int kind, uint32_t range)
 }
 
 /* Position of this server in range r's chain, or -1. */
-int cps__chain_position(const cps_chain *c, uint32_t r)
+int cps__chain_position(const cps__chain *c, uint32_t r)
 {
     if (!c->have_view || r >= c->view.nranges)
         return -1;
-    const cps_range *rg = &c->view.ranges[r];
+    const cps__range *rg = &c->view.ranges[r];
     for (uint32_t i = 0; i < rg->chain_len; i++)
         if (rg->chain[i] == c->cfg.self)
             return (int)i;
     return -1;
 }
 
-uint32_t cps__chain_chain_len(const cps_chain *c, uint32_t r)
+uint32_t cps__chain_chain_len(const cps__chain *c, uint32_t r)
 {
     return c->view.ranges[r].chain_len;
 }
 
-uint32_t cps__chain_neighbour(const cps_chain *c, uint32_t r, int pos)
+uint32_t cps__chain_neighbour(const cps__chain *c, uint32_t r, int pos)
 {
     return c->view.ranges[r].chain[pos];
 }
 
-int cps__chain_load_range(cps_chain *c, uint32_t r)
+int cps__chain_load_range(cps__chain *c, uint32_t r)
 {
     range_st *rs = &c->ranges[r];
     if (rs->loaded)
@@ -111,7 +111,7 @@ void cps__chain_drop_held(range_st *rs)
     rs->nheld = rs->held_cap = 0;
 }
 
-void cps__chain_forget_range(cps_chain *c, range_st *rs)
+void cps__chain_forget_range(cps__chain *c, range_st *rs)
 {
     cps__chain_drop_held(rs);
     for (uint32_t i = 0; i < rs->nwaits; i++)
@@ -126,7 +126,7 @@ void cps__chain_forget_range(cps_chain *c, range_st *rs)
     memset(rs, 0, sizeof *rs);
 }
 
-int cps__chain_hw_slot(cps_chain *c, uint32_t r, uint32_t worker, uint64_t **slot)
+int cps__chain_hw_slot(cps__chain *c, uint32_t r, uint32_t worker, uint64_t **slot)
 {
     range_st *rs = &c->ranges[r];
     uint32_t idx = worker & ~CPS_DEDUP_SPARSE_BIT;
@@ -150,7 +150,7 @@ int cps__chain_hw_slot(cps_chain *c, uint32_t r, uint32_t worker, uint64_t **slo
     return 0;
 }
 
-int cps__chain_agg_slot(cps_chain *c, uint32_t r, uint64_t sig, uint64_t **step)
+int cps__chain_agg_slot(cps__chain *c, uint32_t r, uint64_t sig, uint64_t **step)
 {
     range_st *rs = &c->ranges[r];
     for (uint32_t i = 0; i < rs->naggs; i++)
@@ -174,16 +174,16 @@ int cps__chain_keeps_no_record(uint8_t type)
     return type == CPS_MSG_DECLARE || type == CPS_MSG_PUT;
 }
 
-uint32_t cps__chain_dedup_id(const cps_chain_req *q)
+uint32_t cps__chain_dedup_id(const cps__chain_req *q)
 {
     return q->noagg ? (q->worker | CPS_DEDUP_SPARSE_BIT) : q->worker;
 }
 
 /* Record in memory what an applied update did (the APPLY action writes the same to the store). */
-int cps__chain_note_applied(cps_chain *c, uint32_t r, const cps_chain_update *u)
+int cps__chain_note_applied(cps__chain *c, uint32_t r, const cps__chain_update *u)
 {
     for (uint32_t i = 0; i < u->nreqs; i++) {
-        const cps_chain_req *q = &u->reqs[i];
+        const cps__chain_req *q = &u->reqs[i];
         if (cps__chain_keeps_no_record(q->type))
             continue;
         uint64_t *hw;
@@ -204,10 +204,10 @@ int cps__chain_note_applied(cps_chain *c, uint32_t r, const cps_chain_update *u)
     return 0;
 }
 
-int cps__chain_emit_reply(cps_chain *c, uint32_t r, uint64_t seq, const cps_chain_update *u,
-                          const cps_chain_req *q, void *cookie)
+int cps__chain_emit_reply(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_update *u,
+                          const cps__chain_req *q, void *cookie)
 {
-    cps_chain_action *a = cps__chain_act(c, CPS_CA_REPLY, r);
+    cps__chain_action *a = cps__chain_act(c, CPS_CA_REPLY, r);
     if (!a)
         return CPS_ENOMEM;
     a->seq = seq;
@@ -218,9 +218,9 @@ int cps__chain_emit_reply(cps_chain *c, uint32_t r, uint64_t seq, const cps_chai
     return 0;
 }
 
-int cps__chain_emit_send(cps_chain *c, uint32_t r, uint32_t to, const void *msg, size_t len)
+int cps__chain_emit_send(cps__chain *c, uint32_t r, uint32_t to, const void *msg, size_t len)
 {
-    cps_chain_action *a = cps__chain_act(c, CPS_CA_SEND, r);
+    cps__chain_action *a = cps__chain_act(c, CPS_CA_SEND, r);
     if (!a)
         return CPS_ENOMEM;
     a->to = to;
@@ -230,10 +230,10 @@ int cps__chain_emit_send(cps_chain *c, uint32_t r, uint32_t to, const void *msg,
 }
 
 /* A header-only chain message (CHAIN_ACK or CHAIN_MARK) for range r to node `to`. */
-int cps__chain_send_control(cps_chain *c, uint32_t r, uint32_t to, uint8_t type, uint64_t seq,
+int cps__chain_send_control(cps__chain *c, uint32_t r, uint32_t to, uint8_t type, uint64_t seq,
                             uint64_t aux)
 {
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = type;
     h.sender = c->cfg.self;
     h.epoch = c->view.epoch;
@@ -247,13 +247,13 @@ int cps__chain_send_control(cps_chain *c, uint32_t r, uint32_t to, uint8_t type,
     return cps__chain_emit_send(c, r, to, m, CPS_WIRE_HDR_SIZE);
 }
 
-int cps__chain_send_ack(cps_chain *c, uint32_t r, uint32_t to, uint64_t seq)
+int cps__chain_send_ack(cps__chain *c, uint32_t r, uint32_t to, uint64_t seq)
 {
     return cps__chain_send_control(c, r, to, CPS_MSG_CHAIN_ACK, seq, 0);
 }
 
 /* Answer the requests that waited for the range to commit up to their seq. */
-int cps__chain_wake_waits(cps_chain *c, uint32_t r)
+int cps__chain_wake_waits(cps__chain *c, uint32_t r)
 {
     range_st *rs = &c->ranges[r];
     uint32_t kept = 0;
@@ -272,7 +272,7 @@ int cps__chain_wake_waits(cps_chain *c, uint32_t r)
 }
 
 /* Parse a FWD payload into an update view (reqs copied to scratch: they may be unaligned). */
-int cps__chain_decode_fwd(cps_chain *c, const void *payload, size_t len, cps_chain_update *u)
+int cps__chain_decode_fwd(cps__chain *c, const void *payload, size_t len, cps__chain_update *u)
 {
     const uint8_t *p = payload;
     if (len < FWD_FIXED)
@@ -284,7 +284,7 @@ int cps__chain_decode_fwd(cps_chain *c, const void *payload, size_t len, cps_cha
     if (u->kind < CPS_UPD_PUSH || u->kind > CPS_UPD_PUT || u->nreqs > CPS_MAX_NODES ||
         (size_t)u->nreqs * FWD_REQ > len - FWD_FIXED)
         return CPS_EPROTO;
-    cps_chain_req *reqs = cps__chain_scratch_alloc(c, (size_t)u->nreqs * sizeof *reqs);
+    cps__chain_req *reqs = cps__chain_scratch_alloc(c, (size_t)u->nreqs * sizeof *reqs);
     if (!reqs)
         return CPS_ENOMEM;
     for (uint32_t i = 0; i < u->nreqs; i++) {
@@ -320,38 +320,38 @@ void cps__chain_drop_acked(range_st *rs, uint64_t seq)
 
 /* ---- what the chain.h accessors report ---- */
 
-int cps_chain_is_tail(const cps_chain *c, uint32_t r)
+int cps__chain_is_tail(const cps__chain *c, uint32_t r)
 {
     int pos = cps__chain_position(c, r);
     return pos >= 0 && (uint32_t)pos == cps__chain_chain_len(c, r) - 1;
 }
 
-int cps_chain_is_head(const cps_chain *c, uint32_t r)
+int cps__chain_is_head(const cps__chain *c, uint32_t r)
 {
     return cps__chain_position(c, r) == 0;
 }
 
-int cps_chain_joining(const cps_chain *c, uint32_t r)
+int cps__chain_joining(const cps__chain *c, uint32_t r)
 {
     return r < c->nranges && c->ranges[r].joining;
 }
 
-uint64_t cps_chain_applied(const cps_chain *c, uint32_t r)
+uint64_t cps__chain_applied(const cps__chain *c, uint32_t r)
 {
     return r < c->nranges ? c->ranges[r].applied : 0;
 }
 
-uint64_t cps_chain_committed(const cps_chain *c, uint32_t r)
+uint64_t cps__chain_committed(const cps__chain *c, uint32_t r)
 {
     return r < c->nranges ? c->ranges[r].committed : 0;
 }
 
-uint32_t cps_chain_unacked(const cps_chain *c, uint32_t r)
+uint32_t cps__chain_unacked(const cps__chain *c, uint32_t r)
 {
     return r < c->nranges ? c->ranges[r].nsent : 0;
 }
 
-uint64_t cps_chain_fwd_bytes(const cps_chain *c)
+uint64_t cps__chain_fwd_bytes(const cps__chain *c)
 {
     return c->fwd_bytes;
 }

@@ -13,7 +13,7 @@ typedef struct parked {
     void *cookie;
 } parked;
 
-struct cps_ssp {
+struct cps__ssp {
     /* clock[range * CPS_MAX_NODES + worker id] = highest step pushed; by node id, since a
      * replacement worker gets a new id and its own clock. */
     uint64_t *clock;
@@ -27,9 +27,9 @@ struct cps_ssp {
     void *ctx;
 };
 
-int cps_ssp_create(void (*drop)(void *ctx, void *cookie), void *ctx, cps_ssp **out)
+int cps__ssp_create(void (*drop)(void *ctx, void *cookie), void *ctx, cps__ssp **out)
 {
-    cps_ssp *g = calloc(1, sizeof *g);
+    cps__ssp *g = calloc(1, sizeof *g);
     if (!g)
         return CPS_ENOMEM;
     g->drop = drop;
@@ -38,7 +38,7 @@ int cps_ssp_create(void (*drop)(void *ctx, void *cookie), void *ctx, cps_ssp **o
     return 0;
 }
 
-void cps_ssp_destroy(cps_ssp *g)
+void cps__ssp_destroy(cps__ssp *g)
 {
     if (!g)
         return;
@@ -50,7 +50,7 @@ void cps_ssp_destroy(cps_ssp *g)
     free(g);
 }
 
-static uint64_t *clock_slot(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worker)
+static uint64_t *clock_slot(cps__ssp *g, const cps__view *v, uint32_t range, uint32_t worker)
 {
     if (!g->clock || g->clock_ranges != v->nranges) {
         free(g->clock);
@@ -65,13 +65,13 @@ static uint64_t *clock_slot(cps_ssp *g, const cps_view *v, uint32_t range, uint3
 }
 
 /* A worker holding the rank of a worker that died: it joins a running job. */
-static int takes_dead_workers_place(const cps_view *v, uint32_t worker)
+static int takes_dead_workers_place(const cps__view *v, uint32_t worker)
 {
-    const cps_node_info *me = cps__view_node(v, worker);
+    const cps__node_info *me = cps__view_node(v, worker);
     if (!me)
         return 0;
     for (uint32_t i = 0; i < v->nnodes; i++) {
-        const cps_node_info *n = &v->nodes[i];
+        const cps__node_info *n = &v->nodes[i];
         if (n->role == CPS_ROLE_WORKER && !n->alive && n->id != worker && n->rank == me->rank)
             return 1;
     }
@@ -81,11 +81,11 @@ static int takes_dead_workers_place(const cps_view *v, uint32_t worker)
 /* The lowest clock in `range` of the live workers other than `except` (UINT64_MAX: none). A
  * replacement whose DECLARE has not been applied here yet has no clock: it does not count (two
  * replacements admitted together would otherwise each start at the other's 0). */
-static uint64_t slowest_clock(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t except)
+static uint64_t slowest_clock(cps__ssp *g, const cps__view *v, uint32_t range, uint32_t except)
 {
     uint64_t m = UINT64_MAX;
     for (uint32_t i = 0; i < v->nnodes; i++) {
-        const cps_node_info *n = &v->nodes[i];
+        const cps__node_info *n = &v->nodes[i];
         if (n->role != CPS_ROLE_WORKER || !n->alive || n->id == except)
             continue;
         uint64_t *c = clock_slot(g, v, range, n->id);
@@ -100,11 +100,11 @@ static uint64_t slowest_clock(cps_ssp *g, const cps_view *v, uint32_t range, uin
 
 /* The highest clock in `range` of any worker other than `except`, live, finished or dead: how
  * far the job got there (0: nowhere). */
-static uint64_t furthest_clock(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t except)
+static uint64_t furthest_clock(cps__ssp *g, const cps__view *v, uint32_t range, uint32_t except)
 {
     uint64_t m = 0;
     for (uint32_t i = 0; i < v->nnodes; i++) {
-        const cps_node_info *n = &v->nodes[i];
+        const cps__node_info *n = &v->nodes[i];
         uint64_t *c =
             n->role == CPS_ROLE_WORKER && n->id != except ? clock_slot(g, v, range, n->id) : NULL;
         if (c && *c > m)
@@ -113,7 +113,7 @@ static uint64_t furthest_clock(cps_ssp *g, const cps_view *v, uint32_t range, ui
     return m;
 }
 
-int cps_ssp_pushed(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worker, uint64_t step)
+int cps__ssp_pushed(cps__ssp *g, const cps__view *v, uint32_t range, uint32_t worker, uint64_t step)
 {
     uint64_t *c = clock_slot(g, v, range, worker);
     if (!c)
@@ -127,7 +127,7 @@ int cps_ssp_pushed(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worke
  * running (they finished while this one was being restarted) the replacement starts where the
  * job got to, as a sync joiner does, not at 0, which would run the whole job again on its shard
  * alone. */
-void cps_ssp_declared(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worker)
+void cps__ssp_declared(cps__ssp *g, const cps__view *v, uint32_t range, uint32_t worker)
 {
     if (v->mode != CPS_MODE_SSP || !takes_dead_workers_place(v, worker))
         return;
@@ -139,42 +139,42 @@ void cps_ssp_declared(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t wo
         *c = m;
 }
 
-int cps_ssp_applied(cps_ssp *g, const cps_view *v, uint32_t range, const cps_chain_update *u)
+int cps__ssp_applied(cps__ssp *g, const cps__view *v, uint32_t range, const cps__chain_update *u)
 {
     int rc = 0;
     for (uint32_t i = 0; i < u->nreqs; i++) {
-        const cps_chain_req *q = &u->reqs[i];
+        const cps__chain_req *q = &u->reqs[i];
         if (q->type == CPS_MSG_DECLARE) {
-            cps_ssp_declared(g, v, range, q->worker);
+            cps__ssp_declared(g, v, range, q->worker);
         } else if (q->type != CPS_MSG_PUT && !q->noagg) {
-            int r = cps_ssp_pushed(g, v, range, q->worker, u->step);
+            int r = cps__ssp_pushed(g, v, range, q->worker, u->step);
             rc = rc ? rc : r;
         }
     }
     return rc;
 }
 
-uint64_t cps_ssp_declare_step(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worker)
+uint64_t cps__ssp_declare_step(cps__ssp *g, const cps__view *v, uint32_t range, uint32_t worker)
 {
     uint64_t *c = takes_dead_workers_place(v, worker) ? clock_slot(g, v, range, worker) : NULL;
     return c ? *c : 0;
 }
 
-void cps_ssp_forget_range(cps_ssp *g, uint32_t range)
+void cps__ssp_forget_range(cps__ssp *g, uint32_t range)
 {
     if (g->clock && range < g->clock_ranges)
         memset(&g->clock[(size_t)range * CPS_MAX_NODES], 0, CPS_MAX_NODES * sizeof *g->clock);
 }
 
-uint64_t cps_ssp_clock(cps_ssp *g, const cps_view *v, uint32_t range, uint32_t worker)
+uint64_t cps__ssp_clock(cps__ssp *g, const cps__view *v, uint32_t range, uint32_t worker)
 {
     uint64_t *c = clock_slot(g, v, range, worker);
     return c ? *c : 0;
 }
 
 /* The bound is on how far a worker runs ahead of the others, so its own clock is left out. */
-int cps_ssp_may_proceed(cps_ssp *g, const cps_view *v, uint32_t range, uint64_t clock,
-                        uint32_t worker)
+int cps__ssp_may_proceed(cps__ssp *g, const cps__view *v, uint32_t range, uint64_t clock,
+                         uint32_t worker)
 {
     if (v->mode != CPS_MODE_SSP)
         return 1;
@@ -182,7 +182,7 @@ int cps_ssp_may_proceed(cps_ssp *g, const cps_view *v, uint32_t range, uint64_t 
     return m == UINT64_MAX || m + v->ssp_bound >= clock;
 }
 
-int cps_ssp_park(cps_ssp *g, uint32_t range, uint32_t worker, uint64_t clock, void *cookie)
+int cps__ssp_park(cps__ssp *g, uint32_t range, uint32_t worker, uint64_t clock, void *cookie)
 {
     if (!cookie)
         return CPS_EINVAL;
@@ -198,13 +198,13 @@ int cps_ssp_park(cps_ssp *g, uint32_t range, uint32_t worker, uint64_t clock, vo
     return 0;
 }
 
-void cps_ssp_wake(cps_ssp *g, const cps_view *v)
+void cps__ssp_wake(cps__ssp *g, const cps__view *v)
 {
     size_t kept = 0;
     g->nreleased = 0;
     for (size_t i = 0; i < g->nparked; i++) {
         parked *p = &g->parked[i];
-        if (cps_ssp_may_proceed(g, v, p->range, p->clock, p->worker))
+        if (cps__ssp_may_proceed(g, v, p->range, p->clock, p->worker))
             g->released[g->nreleased++] = p->cookie;
         else
             g->parked[kept++] = *p;
@@ -212,13 +212,13 @@ void cps_ssp_wake(cps_ssp *g, const cps_view *v)
     g->nparked = kept;
 }
 
-size_t cps_ssp_released(cps_ssp *g, void *const **out)
+size_t cps__ssp_released(cps__ssp *g, void *const **out)
 {
     *out = g->released;
     return g->nreleased;
 }
 
-uint32_t cps_ssp_parked(const cps_ssp *g)
+uint32_t cps__ssp_parked(const cps__ssp *g)
 {
     return g ? (uint32_t)g->nparked : 0;
 }

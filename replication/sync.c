@@ -16,22 +16,22 @@ typedef struct slot {
     uint64_t since_ms, warned_ms;
     /* Kept when the slot is released: a SUBMIT's by_rank points here until the next call, and
      * the next step of the key set reuses it without an allocation. */
-    cps_sync_contrib *by_rank;
+    cps__sync_contrib *by_rank;
     uint32_t nranks, cap;
 } slot;
 
-struct cps_sync {
+struct cps__sync {
     slot *slots;
     uint32_t nslots;
     void (*drop)(void *ctx, void *cookie);
     void *ctx;
-    cps_sync_action *acts;
+    cps__sync_action *acts;
     size_t nacts, acts_cap;
 };
 
-int cps_sync_create(void (*drop)(void *ctx, void *cookie), void *ctx, cps_sync **out)
+int cps__sync_create(void (*drop)(void *ctx, void *cookie), void *ctx, cps__sync **out)
 {
-    cps_sync *a = calloc(1, sizeof *a);
+    cps__sync *a = calloc(1, sizeof *a);
     if (!a)
         return CPS_ENOMEM;
     a->drop = drop;
@@ -40,7 +40,7 @@ int cps_sync_create(void (*drop)(void *ctx, void *cookie), void *ctx, cps_sync *
     return 0;
 }
 
-void cps_sync_destroy(cps_sync *a)
+void cps__sync_destroy(cps__sync *a)
 {
     if (!a)
         return;
@@ -56,18 +56,18 @@ void cps_sync_destroy(cps_sync *a)
     free(a);
 }
 
-static int emit(cps_sync *a, int kind, const slot *s)
+static int emit(cps__sync *a, int kind, const slot *s)
 {
     void *acts = a->acts;
     if (cps__array_reserve(&acts, &a->acts_cap, a->nacts + 1, sizeof *a->acts, 8) != 0)
         return CPS_ENOMEM;
     a->acts = acts;
-    a->acts[a->nacts++] = (cps_sync_action){kind,        s->range, s->sig,    s->step,
-                                            s->since_ms, s->count, s->nranks, s->by_rank};
+    a->acts[a->nacts++] = (cps__sync_action){kind,        s->range, s->sig,    s->step,
+                                             s->since_ms, s->count, s->nranks, s->by_rank};
     return 0;
 }
 
-static slot *find_slot(cps_sync *a, uint32_t range, uint64_t sig, uint64_t step, uint32_t nranks,
+static slot *find_slot(cps__sync *a, uint32_t range, uint64_t sig, uint64_t step, uint32_t nranks,
                        uint64_t now)
 {
     slot *free_slot = NULL;
@@ -89,7 +89,7 @@ static slot *find_slot(cps_sync *a, uint32_t range, uint64_t sig, uint64_t step,
         a->nslots = (uint32_t)cap;
     }
     if (free_slot->cap < nranks) {
-        cps_sync_contrib *b = realloc(free_slot->by_rank, nranks * sizeof *b);
+        cps__sync_contrib *b = realloc(free_slot->by_rank, nranks * sizeof *b);
         if (!b)
             return NULL;
         free_slot->by_rank = b;
@@ -111,10 +111,10 @@ static slot *find_slot(cps_sync *a, uint32_t range, uint64_t sig, uint64_t step,
 
 /* Complete once no live worker is missing; a slot nobody pushed to (only a retry's lookup
  * opened it) never completes on its own. */
-static int slot_complete(const slot *s, const cps_view *v)
+static int slot_complete(const slot *s, const cps__view *v)
 {
     for (uint32_t i = 0; i < v->nnodes; i++) {
-        const cps_node_info *n = &v->nodes[i];
+        const cps__node_info *n = &v->nodes[i];
         if (n->role == CPS_ROLE_WORKER && n->alive && n->rank < s->nranks &&
             !s->by_rank[n->rank].cookie)
             return 0;
@@ -123,7 +123,7 @@ static int slot_complete(const slot *s, const cps_view *v)
 }
 
 /* An earlier step of s's key set that someone pushed to and that is not submitted yet. */
-static int earlier_step_open(const cps_sync *a, const slot *s)
+static int earlier_step_open(const cps__sync *a, const slot *s)
 {
     for (uint32_t i = 0; i < a->nslots; i++) {
         const slot *o = &a->slots[i];
@@ -139,7 +139,7 @@ static int earlier_step_open(const cps_sync *a, const slot *s)
  * step applied first would answer an earlier step's missing pushes as applied though they are
  * in no update (a worker with two steps in flight whose first push was lost, or a step given up
  * and re-sent detached: simulator seed 576 with --give-up). */
-static int release_ready(cps_sync *a)
+static int release_ready(cps__sync *a)
 {
     for (;;) {
         slot *next = NULL;
@@ -159,15 +159,15 @@ static int release_ready(cps_sync *a)
     }
 }
 
-static int try_complete(cps_sync *a, slot *s, const cps_view *v)
+static int try_complete(cps__sync *a, slot *s, const cps__view *v)
 {
     if (slot_complete(s, v))
         s->ready = 1;
     return release_ready(a);
 }
 
-int cps_sync_push(cps_sync *a, const cps_view *v, uint32_t range, uint64_t sig, uint64_t step,
-                  uint32_t rank, const cps_sync_contrib *c, uint64_t now)
+int cps__sync_push(cps__sync *a, const cps__view *v, uint32_t range, uint64_t sig, uint64_t step,
+                   uint32_t rank, const cps__sync_contrib *c, uint64_t now)
 {
     a->nacts = 0;
     if (rank >= v->num_workers || !c->cookie)
@@ -192,7 +192,7 @@ int cps_sync_push(cps_sync *a, const cps_view *v, uint32_t range, uint64_t sig, 
     return CPS_SYNC_TAKEN;
 }
 
-int cps_sync_set_view(cps_sync *a, const cps_view *v)
+int cps__sync_set_view(cps__sync *a, const cps__view *v)
 {
     a->nacts = 0;
     int rc = 0;
@@ -202,7 +202,7 @@ int cps_sync_set_view(cps_sync *a, const cps_view *v)
     return rc;
 }
 
-int cps_sync_tick(cps_sync *a, uint64_t now)
+int cps__sync_tick(cps__sync *a, uint64_t now)
 {
     a->nacts = 0;
     for (uint32_t i = 0; i < a->nslots; i++) {
@@ -219,7 +219,7 @@ int cps_sync_tick(cps_sync *a, uint64_t now)
     return 0;
 }
 
-uint32_t cps_sync_pending(const cps_sync *a)
+uint32_t cps__sync_pending(const cps__sync *a)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; a && i < a->nslots; i++)
@@ -227,7 +227,7 @@ uint32_t cps_sync_pending(const cps_sync *a)
     return n;
 }
 
-size_t cps_sync_actions(cps_sync *a, const cps_sync_action **out)
+size_t cps__sync_actions(cps__sync *a, const cps__sync_action **out)
 {
     *out = a->acts;
     return a->nacts;

@@ -13,7 +13,7 @@
  * in a SUBMIT action, or to the drop callback when the state machine is destroyed.
  *
  * Pure: no I/O, no clock (time arrives as `now`), no store. Not thread-safe: one event loop
- * owns a cps_sync.
+ * owns a cps__sync.
  */
 #ifndef CPS_REPLICATION_SYNC_H
 #define CPS_REPLICATION_SYNC_H
@@ -23,18 +23,18 @@
 
 #include "core/view.h"
 
-typedef struct cps_sync cps_sync;
+typedef struct cps__sync cps__sync;
 
 /* One worker's push for a step. */
-typedef struct cps_sync_contrib {
+typedef struct cps__sync_contrib {
     uint32_t worker; /* node id */
     uint8_t type;    /* CPS_MSG_PUSH or CPS_MSG_PUSH_PULL */
     uint64_t req_seq;
     uint64_t nvals; /* gradient length: the pushes of one step must agree */
     void *cookie;   /* the caller's; NULL in a by_rank array: that rank has not pushed */
-} cps_sync_contrib;
+} cps__sync_contrib;
 
-enum cps_sync_action_kind {
+enum cps__sync_action_kind {
     /* The slot is complete and released: its cookies are the caller's again. Sum by_rank in
      * index order, submit, then free every cookie. */
     CPS_SA_SUBMIT = 1,
@@ -47,17 +47,17 @@ enum cps_sync_action_kind {
 #define CPS_SYNC_STUCK_MS        5000
 #define CPS_SYNC_STUCK_REPEAT_MS 10000
 
-typedef struct cps_sync_action {
+typedef struct cps__sync_action {
     int kind; /* CPS_SA_* */
     uint32_t range;
     uint64_t sig, step;
-    uint64_t since_ms;               /* when the slot got its first push */
-    uint32_t count;                  /* pushes held */
-    uint32_t nranks;                 /* the view's num_workers when the slot was opened */
-    const cps_sync_contrib *by_rank; /* nranks entries, index = worker rank */
-} cps_sync_action;
+    uint64_t since_ms;                /* when the slot got its first push */
+    uint32_t count;                   /* pushes held */
+    uint32_t nranks;                  /* the view's num_workers when the slot was opened */
+    const cps__sync_contrib *by_rank; /* nranks entries, index = worker rank */
+} cps__sync_action;
 
-/* Verdicts of cps_sync_push. */
+/* Verdicts of cps__sync_push. */
 enum {
     CPS_SYNC_TAKEN = 0, /* held (cookie now the state machine's); a SUBMIT may follow */
     CPS_SYNC_RETRY = 1, /* this rank's push of the step is held already: the reply comes when
@@ -68,32 +68,32 @@ enum {
 
 /* Create an empty aggregator. `drop` (may be NULL) releases cookies still held when the
  * aggregator is destroyed; `ctx` is passed to it. Errors: CPS_ENOMEM. */
-int cps_sync_create(void (*drop)(void *ctx, void *cookie), void *ctx, cps_sync **out);
+int cps__sync_create(void (*drop)(void *ctx, void *cookie), void *ctx, cps__sync **out);
 /* Free the aggregator, handing every held cookie to `drop`. NULL is a no-op. */
-void cps_sync_destroy(cps_sync *a);
+void cps__sync_destroy(cps__sync *a);
 
 /* A push of worker rank `rank` (its node id and request in *c) for step `step` of the key set
  * `sig` in `range`, which the chain admitted as new (CPS_ADMIT_NEW). `v` (borrowed for the
  * call) says which workers are alive and how many ranks there are. Returns a verdict (>= 0)
  * or CPS_EINVAL (rank >= v->num_workers, NULL cookie), CPS_ENOMEM; on an error the cookie stays
  * the caller's. */
-int cps_sync_push(cps_sync *a, const cps_view *v, uint32_t range, uint64_t sig, uint64_t step,
-                  uint32_t rank, const cps_sync_contrib *c, uint64_t now);
+int cps__sync_push(cps__sync *a, const cps__view *v, uint32_t range, uint64_t sig, uint64_t step,
+                   uint32_t rank, const cps__sync_contrib *c, uint64_t now);
 
 /* A new view: every slot that no longer waits for anyone (its missing workers were declared
  * dead) is complete (SUBMIT actions, in slot order). `v` is borrowed for the call. Errors:
  * CPS_ENOMEM (the slots stay and are tried again at the next view). */
-int cps_sync_set_view(cps_sync *a, const cps_view *v);
+int cps__sync_set_view(cps__sync *a, const cps__view *v);
 
 /* Timer: a STUCK action for each slot that has waited CPS_SYNC_STUCK_MS and was not reported
  * in the last CPS_SYNC_STUCK_REPEAT_MS. Errors: CPS_ENOMEM. */
-int cps_sync_tick(cps_sync *a, uint64_t now);
+int cps__sync_tick(cps__sync *a, uint64_t now);
 
 /* Slots being gathered. */
-uint32_t cps_sync_pending(const cps_sync *a);
+uint32_t cps__sync_pending(const cps__sync *a);
 
 /* The actions produced by the last call, in order. The array and everything it points to stay
  * valid until the next call into this aggregator. */
-size_t cps_sync_actions(cps_sync *a, const cps_sync_action **out);
+size_t cps__sync_actions(cps__sync *a, const cps__sync_action **out);
 
 #endif

@@ -63,13 +63,13 @@
 #define CPS_CKPT_OPTIM_PREFIX "optim/"
 
 /** Element types the writer produces. The reader also lists any other safetensors dtype. */
-typedef enum cps_ckpt_dtype {
+typedef enum cps__ckpt_dtype {
     CPS_CKPT_F32 = 0, /**< parameters and optimizer state */
     CPS_CKPT_U64 = 1, /**< counters, e.g. per-row optimizer step counts */
-} cps_ckpt_dtype;
+} cps__ckpt_dtype;
 
-typedef struct cps_ckpt_writer cps_ckpt_writer;
-typedef struct cps_ckpt_reader cps_ckpt_reader;
+typedef struct cps__ckpt_writer cps__ckpt_writer;
+typedef struct cps__ckpt_reader cps__ckpt_reader;
 
 /* ------------------------------------------------------------------------------------------ */
 /* Writer                                                                                     */
@@ -83,7 +83,8 @@ typedef struct cps_ckpt_reader cps_ckpt_reader;
  * @return 0, CPS_EINVAL (NULL, empty path, path too long), CPS_EIO (directory cannot be
  *         created), CPS_ENOMEM.
  */
-int cps__ckpt_writer_open(const char *dir_or_path, uint64_t max_shard_bytes, cps_ckpt_writer **out);
+int cps__ckpt_writer_open(const char *dir_or_path, uint64_t max_shard_bytes,
+                          cps__ckpt_writer **out);
 
 /**
  * @brief Add a tensor whose data sits in memory. `data` is borrowed: it must stay valid and
@@ -94,8 +95,8 @@ int cps__ckpt_writer_open(const char *dir_or_path, uint64_t max_shard_bytes, cps
  * @return 0, CPS_EINVAL (bad name, dtype, ndim, shape, NULL data with a non-empty shape),
  *         CPS_ENOMEM.
  */
-int cps__ckpt_writer_add(cps_ckpt_writer *w, const char *name, cps_ckpt_dtype dtype, uint32_t ndim,
-                         const uint64_t *shape, const void *data);
+int cps__ckpt_writer_add(cps__ckpt_writer *w, const char *name, cps__ckpt_dtype dtype,
+                         uint32_t ndim, const uint64_t *shape, const void *data);
 
 /**
  * @brief Fill callback for streamed tensors: write elements first..first+n-1 of the tensor into
@@ -104,15 +105,15 @@ int cps__ckpt_writer_add(cps_ckpt_writer *w, const char *name, cps_ckpt_dtype dt
  * at most 4 Mi elements. Return 0, or a negative CPS_E... code to fail the commit (returned by
  * commit as is; the temporaries are removed).
  */
-typedef int (*cps_ckpt_fill_fn)(void *arg, uint64_t first, void *buf, size_t n);
+typedef int (*cps__ckpt_fill_fn)(void *arg, uint64_t first, void *buf, size_t n);
 
 /**
  * @brief Add a tensor produced piecewise at commit time by `fill` (e.g. a scan of an LMDB read
  * transaction), so a 100 M parameter model never needs a second full copy in memory. Same rules
  * as cps__ckpt_writer_add; `arg` is passed to fill and must stay valid until commit returns.
  */
-int cps__ckpt_writer_add_stream(cps_ckpt_writer *w, const char *name, cps_ckpt_dtype dtype,
-                                uint32_t ndim, const uint64_t *shape, cps_ckpt_fill_fn fill,
+int cps__ckpt_writer_add_stream(cps__ckpt_writer *w, const char *name, cps__ckpt_dtype dtype,
+                                uint32_t ndim, const uint64_t *shape, cps__ckpt_fill_fn fill,
                                 void *arg);
 
 /**
@@ -120,7 +121,7 @@ int cps__ckpt_writer_add_stream(cps_ckpt_writer *w, const char *name, cps_ckpt_d
  * starting with "checksum/"). Setting a key again replaces its value.
  * @return 0, CPS_EINVAL, CPS_ENOMEM.
  */
-int cps__ckpt_writer_set_meta(cps_ckpt_writer *w, const char *key, const char *value);
+int cps__ckpt_writer_set_meta(cps__ckpt_writer *w, const char *key, const char *value);
 
 /**
  * @brief Write, sync and publish the checkpoint, then free the writer (also on error, like
@@ -132,16 +133,16 @@ int cps__ckpt_writer_set_meta(cps_ckpt_writer *w, const char *key, const char *v
  *         a fill callback's error. On error no temporary is left and no existing file was
  *         replaced.
  */
-int cps__ckpt_writer_commit(cps_ckpt_writer *w, char *path_out, size_t cap);
+int cps__ckpt_writer_commit(cps__ckpt_writer *w, char *path_out, size_t cap);
 
 /** @brief Drop a writer without writing anything. NULL is a no-op. */
-void cps__ckpt_writer_abort(cps_ckpt_writer *w);
+void cps__ckpt_writer_abort(cps__ckpt_writer *w);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Reader                                                                                     */
 
 /** One tensor as described by its shard's header. Strings are owned by the reader. */
-typedef struct cps_ckpt_tensor {
+typedef struct cps__ckpt_tensor {
     const char *name;
     const char *dtype;  /**< safetensors dtype string, e.g. "F32" */
     uint32_t elem_size; /**< bytes per element */
@@ -155,7 +156,7 @@ typedef struct cps_ckpt_tensor {
     uint64_t file_offset; /**< absolute offset of the first byte in the file */
     int has_checksum;     /**< 1 if "checksum/<name>" was present */
     uint32_t checksum;    /**< the CRC-32 it states */
-} cps_ckpt_tensor;
+} cps__ckpt_tensor;
 
 /**
  * @brief Open a checkpoint and validate its structure (not the tensor data: see verify).
@@ -173,39 +174,39 @@ typedef struct cps_ckpt_tensor {
  * @return 0; CPS_ECORRUPT (anything malformed: one log line names the file and the problem),
  *         CPS_EIO (cannot open/read a file: logged), CPS_EINVAL, CPS_ENOMEM.
  */
-int cps__ckpt_reader_open(const char *path, cps_ckpt_reader **out);
+int cps__ckpt_reader_open(const char *path, cps__ckpt_reader **out);
 /** @brief Close a reader; every pointer it returned becomes invalid. NULL is a no-op. */
-void cps__ckpt_reader_close(cps_ckpt_reader *r);
+void cps__ckpt_reader_close(cps__ckpt_reader *r);
 
 /** @brief Number of tensors (all shards). */
-size_t cps__ckpt_reader_count(const cps_ckpt_reader *r);
+size_t cps__ckpt_reader_count(const cps__ckpt_reader *r);
 /** @brief Tensor i (0 <= i < count), in name order (bytewise). NULL if out of range. */
-const cps_ckpt_tensor *cps__ckpt_reader_tensor(const cps_ckpt_reader *r, size_t i);
+const cps__ckpt_tensor *cps__ckpt_reader_tensor(const cps__ckpt_reader *r, size_t i);
 /** @brief Tensor by name, or NULL. */
-const cps_ckpt_tensor *cps__ckpt_reader_find(const cps_ckpt_reader *r, const char *name);
+const cps__ckpt_tensor *cps__ckpt_reader_find(const cps__ckpt_reader *r, const char *name);
 /** @brief Metadata value of key (first shard's, which all shards agree with), or NULL. */
-const char *cps__ckpt_reader_meta(const cps_ckpt_reader *r, const char *key);
+const char *cps__ckpt_reader_meta(const cps__ckpt_reader *r, const char *key);
 /** @brief Metadata entries other than "checksum/...", in key order: count, then entry i. */
-size_t cps__ckpt_reader_meta_count(const cps_ckpt_reader *r);
-int cps__ckpt_reader_meta_at(const cps_ckpt_reader *r, size_t i, const char **key,
+size_t cps__ckpt_reader_meta_count(const cps__ckpt_reader *r);
+int cps__ckpt_reader_meta_at(const cps__ckpt_reader *r, size_t i, const char **key,
                              const char **value);
 /** @brief Shards: count and path of shard i (NULL if out of range). The index path, if any. */
-size_t cps__ckpt_reader_shard_count(const cps_ckpt_reader *r);
-const char *cps__ckpt_reader_shard_path(const cps_ckpt_reader *r, size_t i);
-const char *cps__ckpt_reader_index_path(const cps_ckpt_reader *r);
+size_t cps__ckpt_reader_shard_count(const cps__ckpt_reader *r);
+const char *cps__ckpt_reader_shard_path(const cps__ckpt_reader *r, size_t i);
+const char *cps__ckpt_reader_index_path(const cps__ckpt_reader *r);
 
 /**
  * @brief Read a whole tensor's bytes into buf (cap >= t->nbytes) and verify its checksum.
  * @return 0; CPS_ESIZE (cap too small), CPS_ECORRUPT (checksum mismatch: logged with the tensor
  *         and file; buf holds the bad bytes), CPS_EIO (read error or the file shrank).
  */
-int cps__ckpt_reader_read(cps_ckpt_reader *r, const cps_ckpt_tensor *t, void *buf, size_t cap);
+int cps__ckpt_reader_read(cps__ckpt_reader *r, const cps__ckpt_tensor *t, void *buf, size_t cap);
 
 /**
  * @brief Sink for streamed reads: elements first..first+n-1 in buf (borrowed for the call).
  * Return 0 or a negative code to stop (returned as is).
  */
-typedef int (*cps_ckpt_sink_fn)(void *arg, uint64_t first, const void *buf, size_t n);
+typedef int (*cps__ckpt_sink_fn)(void *arg, uint64_t first, const void *buf, size_t n);
 
 /**
  * @brief Read a tensor in chunks of at most 4 Mi elements, in order, verifying the checksum
@@ -214,7 +215,7 @@ typedef int (*cps_ckpt_sink_fn)(void *arg, uint64_t first, const void *buf, size
  * abort its write transaction), or verify first with cps__ckpt_reader_verify.
  * @return 0, CPS_ECORRUPT, CPS_EIO, CPS_ENOMEM, or the sink's error.
  */
-int cps__ckpt_reader_stream(cps_ckpt_reader *r, const cps_ckpt_tensor *t, cps_ckpt_sink_fn sink,
+int cps__ckpt_reader_stream(cps__ckpt_reader *r, const cps__ckpt_tensor *t, cps__ckpt_sink_fn sink,
                             void *arg);
 
 /**
@@ -222,7 +223,7 @@ int cps__ckpt_reader_stream(cps_ckpt_reader *r, const cps_ckpt_tensor *t, cps_ck
  * @return 0 (also when the tensor carries no checksum: see t->has_checksum), CPS_ECORRUPT
  *         (logged), CPS_EIO, CPS_ENOMEM.
  */
-int cps__ckpt_reader_verify(cps_ckpt_reader *r, const cps_ckpt_tensor *t);
+int cps__ckpt_reader_verify(cps__ckpt_reader *r, const cps__ckpt_tensor *t);
 
 /**
  * @brief Check a checkpoint against the tensors a job declares: every tensor of the checkpoint
@@ -231,14 +232,14 @@ int cps__ckpt_reader_verify(cps_ckpt_reader *r, const cps_ckpt_tensor *t);
  * @return 0, CPS_ENOTFOUND (logged: the first tensor the job does not know, or the first job
  *         tensor missing from the checkpoint, with the file).
  */
-int cps__ckpt_reader_check_names(const cps_ckpt_reader *r, const char *const *names, size_t n);
+int cps__ckpt_reader_check_names(const cps__ckpt_reader *r, const char *const *names, size_t n);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Naming and optimizer description                                                           */
 
 /**
  * @brief torch.optim's name of optimizer state slot `slot` of optimizer kind `opt_kind`
- * (enum cps_opt_kind_w), i.e. the slot-major state[slot*n + i] of the store.
+ * (enum cps__opt_kind_w), i.e. the slot-major state[slot*n + i] of the store.
  * @return a static string, or NULL if the optimizer has no such slot.
  */
 const char *cps__ckpt_slot_name(uint32_t opt_kind, uint32_t slot);
@@ -259,14 +260,14 @@ const char *cps__ckpt_optim_kind_name(uint32_t opt_kind);
  * (at most 9 digits) that reads back as the same float32 bits. Suitable as a metadata value.
  * @return the length written (excluding NUL), or CPS_ESIZE if cap is too small.
  */
-int cps__ckpt_spec_to_json(const cps_param_spec *spec, char *buf, size_t cap);
+int cps__ckpt_spec_to_json(const cps__param_spec *spec, char *buf, size_t cap);
 
 /**
  * @brief Parse what cps__ckpt_spec_to_json wrote (every field required, nothing else allowed).
  * Does not validate the hyper-parameters: cps__wire_spec_decode does that.
  * @return 0, CPS_ECORRUPT (logged).
  */
-int cps__ckpt_spec_from_json(const char *json, cps_param_spec *out);
+int cps__ckpt_spec_from_json(const char *json, cps__param_spec *out);
 
 /** @brief CRC-32 (zlib) of len bytes, continuing from crc (start with 0). */
 uint32_t cps__ckpt_crc32(uint32_t crc, const void *buf, size_t len);

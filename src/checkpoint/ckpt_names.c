@@ -63,7 +63,7 @@ static const char *fmt_float(char *out, size_t cap, float v)
     return out;
 }
 
-int cps__ckpt_spec_to_json(const cps_param_spec *s, char *buf, size_t cap)
+int cps__ckpt_spec_to_json(const cps__param_spec *s, char *buf, size_t cap)
 {
     char f[9][32];
     if (!s || !buf)
@@ -97,27 +97,27 @@ static int name_index(const char *const *names, size_t n, const char *s)
 
 static int spec_bad(const char *what, const char *json)
 {
-    cps_log(CPS_LOG_ERROR, "ckpt", "optimizer description: %s in '%.200s'", what, json);
+    cps__log(CPS_LOG_ERROR, "ckpt", "optimizer description: %s in '%.200s'", what, json);
     return CPS_ECORRUPT;
 }
 
-int cps__ckpt_spec_from_json(const char *json, cps_param_spec *out)
+int cps__ckpt_spec_from_json(const char *json, cps__param_spec *out)
 {
     static const char *const floats[] = {"lr",  "weight_decay", "momentum", "beta1", "beta2",
                                          "eps", "rho",          "init_a",   "init_b"};
     if (!json || !out)
         return CPS_EINVAL;
-    cps_json_doc *doc;
-    const cps_json *root;
+    cps__json_doc *doc;
+    const cps__json *root;
     char err[160];
     if (cps__json_parse(json, strlen(json), &doc, &root, err, sizeof err) != 0)
         return spec_bad(err, json);
-    cps_param_spec s;
+    cps__param_spec s;
     memset(&s, 0, sizeof s);
     float *fdst[] = {&s.lr,  &s.weight_decay, &s.momentum, &s.beta1, &s.beta2,
                      &s.eps, &s.rho,          &s.init_a,   &s.init_b};
     int rc = 0;
-    const cps_json *v;
+    const cps__json *v;
     if (root->type != CPS_JSON_OBJECT || root->n != 13) {
         rc = spec_bad("not an object of 13 fields", json);
         goto out;

@@ -26,17 +26,17 @@ typedef struct kv {
 typedef struct rshard {
     char *path;
     int fd;
-    cps_json_doc *doc;
+    cps__json_doc *doc;
     kv *meta; /* non-checksum metadata, sorted by key */
     size_t nmeta;
 } rshard;
 
-struct cps_ckpt_reader {
+struct cps__ckpt_reader {
     rshard *sh;
     size_t nsh;
     char *index_path;
-    cps_json_doc *index_doc;
-    cps_ckpt_tensor *t; /* sorted by name */
+    cps__json_doc *index_doc;
+    cps__ckpt_tensor *t; /* sorted by name */
     size_t nt, tcap;
 };
 
@@ -48,13 +48,13 @@ static int corrupt(const char *file, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
-    cps_log(CPS_LOG_ERROR, "ckpt", "%s: corrupt checkpoint: %s", file, what);
+    cps__log(CPS_LOG_ERROR, "ckpt", "%s: corrupt checkpoint: %s", file, what);
     return CPS_ECORRUPT;
 }
 
 static int io_err(const char *file, const char *op, int err)
 {
-    cps_log(CPS_LOG_ERROR, "ckpt", "%s: %s failed: %s", file, op, strerror(err));
+    cps__log(CPS_LOG_ERROR, "ckpt", "%s: %s failed: %s", file, op, strerror(err));
     return CPS_EIO;
 }
 
@@ -117,43 +117,43 @@ static int cmp_kv(const void *a, const void *b)
 
 static int cmp_tensor_name(const void *a, const void *b)
 {
-    return strcmp(((const cps_ckpt_tensor *)a)->name, ((const cps_ckpt_tensor *)b)->name);
+    return strcmp(((const cps__ckpt_tensor *)a)->name, ((const cps__ckpt_tensor *)b)->name);
 }
 
 static int cmp_tensor_off(const void *a, const void *b)
 {
-    const cps_ckpt_tensor *x = *(const cps_ckpt_tensor *const *)a;
-    const cps_ckpt_tensor *y = *(const cps_ckpt_tensor *const *)b;
+    const cps__ckpt_tensor *x = *(const cps__ckpt_tensor *const *)a;
+    const cps__ckpt_tensor *y = *(const cps__ckpt_tensor *const *)b;
     if (x->data_begin != y->data_begin)
         return x->data_begin < y->data_begin ? -1 : 1;
     return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
 }
 
-static cps_ckpt_tensor *new_tensor(cps_ckpt_reader *r)
+static cps__ckpt_tensor *new_tensor(cps__ckpt_reader *r)
 {
     if (r->nt == r->tcap) {
         size_t cap = r->tcap ? 2 * r->tcap : 64;
-        cps_ckpt_tensor *t = realloc(r->t, cap * sizeof *t);
+        cps__ckpt_tensor *t = realloc(r->t, cap * sizeof *t);
         if (!t)
             return NULL;
         r->t = t;
         r->tcap = cap;
     }
-    cps_ckpt_tensor *t = &r->t[r->nt++];
+    cps__ckpt_tensor *t = &r->t[r->nt++];
     memset(t, 0, sizeof *t);
     return t;
 }
 
 /* One header entry -> tensor (offsets not yet checked against each other). */
-static int parse_entry(const char *path, const cps_json *e, cps_ckpt_tensor *t)
+static int parse_entry(const char *path, const cps__json *e, cps__ckpt_tensor *t)
 {
     t->name = e->key;
     if (e->key_len == 0)
         return corrupt(path, "empty tensor name");
     if (e->type != CPS_JSON_OBJECT)
         return corrupt(path, "tensor '%s': entry is not an object", e->key);
-    const cps_json *dt = cps__json_get(e, "dtype"), *sh = cps__json_get(e, "shape");
-    const cps_json *off = cps__json_get(e, "data_offsets");
+    const cps__json *dt = cps__json_get(e, "dtype"), *sh = cps__json_get(e, "shape");
+    const cps__json *off = cps__json_get(e, "data_offsets");
     if (!dt || !sh || !off || e->n != 3)
         return corrupt(path, "tensor '%s': needs exactly dtype, shape and data_offsets", e->key);
     if (dt->type != CPS_JSON_STRING || !(t->elem_size = dtype_size(dt->str)))
@@ -166,7 +166,7 @@ static int parse_entry(const char *path, const cps_json *e, cps_ckpt_tensor *t)
     t->numel = 1;
     uint32_t d = 0;
     int overflow = 0;
-    for (const cps_json *c = sh->child; c; c = c->next, d++) {
+    for (const cps__json *c = sh->child; c; c = c->next, d++) {
         if (c->type != CPS_JSON_NUMBER || !c->is_uint)
             return corrupt(path, "tensor '%s': shape holds a non-integer", e->key);
         t->shape[d] = c->u64;
@@ -195,9 +195,9 @@ static int parse_entry(const char *path, const cps_json *e, cps_ckpt_tensor *t)
 }
 
 /* Offsets, sorted, must tile the data section exactly. */
-static int check_layout(const char *path, cps_ckpt_tensor *t, size_t n, uint64_t data_len)
+static int check_layout(const char *path, cps__ckpt_tensor *t, size_t n, uint64_t data_len)
 {
-    cps_ckpt_tensor **v = malloc((n ? n : 1) * sizeof *v);
+    cps__ckpt_tensor **v = malloc((n ? n : 1) * sizeof *v);
     if (!v)
         return CPS_ENOMEM;
     for (size_t i = 0; i < n; i++)
@@ -226,7 +226,7 @@ static int check_layout(const char *path, cps_ckpt_tensor *t, size_t n, uint64_t
 }
 
 /* CRC-32 of the header with the 8 digits of its own checksum read as '0'. */
-static int check_header_crc(const char *path, const char *hdr, size_t n, const cps_json *v)
+static int check_header_crc(const char *path, const char *hdr, size_t n, const cps__json *v)
 {
     uint32_t want;
     if (v->type != CPS_JSON_STRING || parse_crc(v->str, &want) || v->raw_len != 14)
@@ -241,15 +241,15 @@ static int check_header_crc(const char *path, const char *hdr, size_t n, const c
     return 0;
 }
 
-static int parse_meta(const char *path, rshard *sh, const cps_json *m, const char *hdr, size_t hlen,
-                      const cps_json **checks, int *hdr_crc)
+static int parse_meta(const char *path, rshard *sh, const cps__json *m, const char *hdr,
+                      size_t hlen, const cps__json **checks, int *hdr_crc)
 {
     if (m->type != CPS_JSON_OBJECT)
         return corrupt(path, "__metadata__ is not an object");
     sh->meta = malloc((m->n ? m->n : 1) * sizeof *sh->meta);
     if (!sh->meta)
         return CPS_ENOMEM;
-    for (const cps_json *c = m->child; c; c = c->next) {
+    for (const cps__json *c = m->child; c; c = c->next) {
         if (c->type != CPS_JSON_STRING)
             return corrupt(path, "__metadata__ value of '%s' is not a string", c->key);
         if (!strcmp(c->key, "checksum/__header__")) {
@@ -268,13 +268,13 @@ static int parse_meta(const char *path, rshard *sh, const cps_json *m, const cha
     return 0;
 }
 
-static int apply_checksums(const char *path, const cps_json *m, cps_ckpt_tensor *t, size_t n)
+static int apply_checksums(const char *path, const cps__json *m, cps__ckpt_tensor *t, size_t n)
 {
-    for (const cps_json *c = m->child; c; c = c->next) {
+    for (const cps__json *c = m->child; c; c = c->next) {
         if (strncmp(c->key, "checksum/", 9) || !strcmp(c->key, "checksum/__header__"))
             continue;
-        cps_ckpt_tensor key = {.name = c->key + 9};
-        cps_ckpt_tensor *hit = n ? bsearch(&key, t, n, sizeof *t, cmp_tensor_name) : NULL;
+        cps__ckpt_tensor key = {.name = c->key + 9};
+        cps__ckpt_tensor *hit = n ? bsearch(&key, t, n, sizeof *t, cmp_tensor_name) : NULL;
         if (!hit)
             return corrupt(path, "%s names no tensor of this file", c->key);
         if (parse_crc(c->str, &hit->checksum))
@@ -284,7 +284,7 @@ static int apply_checksums(const char *path, const cps_json *m, cps_ckpt_tensor 
     return 0;
 }
 
-static int open_shard(cps_ckpt_reader *r, const char *path, int missing_is_corrupt)
+static int open_shard(cps__ckpt_reader *r, const char *path, int missing_is_corrupt)
 {
     rshard *sh = &r->sh[r->nsh];
     memset(sh, 0, sizeof *sh);
@@ -324,7 +324,7 @@ static int open_shard(cps_ckpt_reader *r, const char *path, int missing_is_corru
     if (!hdr)
         return CPS_ENOMEM;
     rc = pread_all(sh->fd, hdr, hlen, 8, path);
-    const cps_json *root = NULL;
+    const cps__json *root = NULL;
     char err[200];
     if (!rc && (hlen == 0 || hdr[0] != '{'))
         rc = corrupt(path, "header does not start with '{'");
@@ -332,15 +332,15 @@ static int open_shard(cps_ckpt_reader *r, const char *path, int missing_is_corru
         rc = rc == CPS_ECORRUPT ? corrupt(path, "header: %s", err) : rc;
     if (!rc && root->type != CPS_JSON_OBJECT)
         rc = corrupt(path, "header is not a JSON object");
-    const cps_json *checks = NULL;
+    const cps__json *checks = NULL;
     int hdr_crc = 0;
     size_t first = r->nt;
-    for (const cps_json *e = root && !rc ? root->child : NULL; e && !rc; e = e->next) {
+    for (const cps__json *e = root && !rc ? root->child : NULL; e && !rc; e = e->next) {
         if (!strcmp(e->key, "__metadata__")) {
             rc = parse_meta(path, sh, e, hdr, hlen, &checks, &hdr_crc);
             continue;
         }
-        cps_ckpt_tensor *t = new_tensor(r);
+        cps__ckpt_tensor *t = new_tensor(r);
         if (!t) {
             rc = CPS_ENOMEM;
             break;
@@ -351,7 +351,7 @@ static int open_shard(cps_ckpt_reader *r, const char *path, int missing_is_corru
         t->file_offset = 8 + hlen + t->data_begin;
     }
     free(hdr);
-    cps_ckpt_tensor *mine = r->nt > first ? r->t + first : NULL;
+    cps__ckpt_tensor *mine = r->nt > first ? r->t + first : NULL;
     if (!rc)
         rc = check_layout(path, mine, r->nt - first, size - 8 - hlen);
     if (!rc && mine)
@@ -415,13 +415,13 @@ static int kv_equal(const kv *a, size_t na, const kv *b, size_t nb, const char *
 }
 
 /* Distinct shard file names of the weight_map, in order of first appearance. */
-static int index_files(const char *ipath, const cps_json *wm, const char ***files, size_t *nf)
+static int index_files(const char *ipath, const cps__json *wm, const char ***files, size_t *nf)
 {
     const char **f = malloc((wm->n ? wm->n : 1) * sizeof *f);
     if (!f)
         return CPS_ENOMEM;
     size_t n = 0;
-    for (const cps_json *c = wm->child; c; c = c->next) {
+    for (const cps__json *c = wm->child; c; c = c->next) {
         if (c->type != CPS_JSON_STRING || c->str_len == 0 || strchr(c->str, '/') ||
             !strcmp(c->str, ".") || !strcmp(c->str, "..")) {
             free(f);
@@ -438,7 +438,7 @@ static int index_files(const char *ipath, const cps_json *wm, const char ***file
     return 0;
 }
 
-static int open_index(cps_ckpt_reader *r, const char *ipath)
+static int open_index(cps__ckpt_reader *r, const char *ipath)
 {
     char *text;
     size_t len;
@@ -447,7 +447,7 @@ static int open_index(cps_ckpt_reader *r, const char *ipath)
     int rc = read_small_file(ipath, &text, &len);
     if (rc)
         return rc;
-    const cps_json *root = NULL, *wm = NULL, *md = NULL;
+    const cps__json *root = NULL, *wm = NULL, *md = NULL;
     char err[200];
     rc = cps__json_parse(text, len, &r->index_doc, &root, err, sizeof err);
     free(text);
@@ -479,7 +479,7 @@ static int open_index(cps_ckpt_reader *r, const char *ipath)
     /* Every tensor of shard i must be mapped to shard i; with the counts equal and the names
      * unique (checked by the caller), the weight_map is then exactly the shards' contents. */
     for (size_t i = 0; i < r->nt && !rc; i++) {
-        const cps_json *m = cps__json_get(wm, r->t[i].name);
+        const cps__json *m = cps__json_get(wm, r->t[i].name);
         if (!m)
             rc = corrupt(ipath, "tensor '%s' of %s is not in the weight_map", r->t[i].name,
                          r->t[i].file);
@@ -491,14 +491,14 @@ static int open_index(cps_ckpt_reader *r, const char *ipath)
     if (!rc)
         qsort(r->t, r->nt, sizeof *r->t, cmp_tensor_name); /* for cps__ckpt_reader_find */
     if (!rc && wm->n != r->nt) {
-        for (const cps_json *c = wm->child; c && !rc; c = c->next)
+        for (const cps__json *c = wm->child; c && !rc; c = c->next)
             if (!cps__ckpt_reader_find(r, c->key))
                 rc = corrupt(ipath, "weight_map names '%s' but %s holds no such tensor", c->key,
                              c->str);
         if (!rc)
             rc = corrupt(ipath, "weight_map has %zu entries for %zu tensors", wm->n, r->nt);
     }
-    for (const cps_json *c = md ? md->child : NULL; c && !rc; c = c->next) {
+    for (const cps__json *c = md ? md->child : NULL; c && !rc; c = c->next) {
         if (!strcmp(c->key, "total_size")) {
             uint64_t total = 0;
             for (size_t i = 0; i < r->nt; i++)
@@ -517,7 +517,7 @@ static int open_index(cps_ckpt_reader *r, const char *ipath)
     return rc;
 }
 
-static int finish(cps_ckpt_reader *r)
+static int finish(cps__ckpt_reader *r)
 {
     if (r->nt)
         qsort(r->t, r->nt, sizeof *r->t, cmp_tensor_name);
@@ -547,11 +547,11 @@ static int exists(const char *p)
     return stat(p, &st) == 0;
 }
 
-int cps__ckpt_reader_open(const char *path, cps_ckpt_reader **out)
+int cps__ckpt_reader_open(const char *path, cps__ckpt_reader **out)
 {
     if (!path || !out)
         return CPS_EINVAL;
-    cps_ckpt_reader *r = calloc(1, sizeof *r);
+    cps__ckpt_reader *r = calloc(1, sizeof *r);
     if (!r)
         return CPS_ENOMEM;
     char p[PATH_MAX];
@@ -564,7 +564,7 @@ int cps__ckpt_reader_open(const char *path, cps_ckpt_reader **out)
         } else if (exists(single) && exists(index)) {
             rc = corrupt(path, "holds both model.safetensors and an index: which is current?");
         } else if (!exists(single) && !exists(index)) {
-            cps_log(CPS_LOG_ERROR, "ckpt", "%s: no model.safetensors or index in directory", path);
+            cps__log(CPS_LOG_ERROR, "ckpt", "%s: no model.safetensors or index in directory", path);
             rc = CPS_EIO;
         } else {
             snprintf(p, sizeof p, "%s", exists(index) ? index : single);
@@ -591,7 +591,7 @@ int cps__ckpt_reader_open(const char *path, cps_ckpt_reader **out)
     return 0;
 }
 
-void cps__ckpt_reader_close(cps_ckpt_reader *r)
+void cps__ckpt_reader_close(cps__ckpt_reader *r)
 {
     if (!r)
         return;
@@ -609,25 +609,25 @@ void cps__ckpt_reader_close(cps_ckpt_reader *r)
     free(r);
 }
 
-size_t cps__ckpt_reader_count(const cps_ckpt_reader *r)
+size_t cps__ckpt_reader_count(const cps__ckpt_reader *r)
 {
     return r ? r->nt : 0;
 }
 
-const cps_ckpt_tensor *cps__ckpt_reader_tensor(const cps_ckpt_reader *r, size_t i)
+const cps__ckpt_tensor *cps__ckpt_reader_tensor(const cps__ckpt_reader *r, size_t i)
 {
     return r && i < r->nt ? &r->t[i] : NULL;
 }
 
-const cps_ckpt_tensor *cps__ckpt_reader_find(const cps_ckpt_reader *r, const char *name)
+const cps__ckpt_tensor *cps__ckpt_reader_find(const cps__ckpt_reader *r, const char *name)
 {
     if (!r || !name || !r->nt)
         return NULL;
-    cps_ckpt_tensor key = {.name = name};
+    cps__ckpt_tensor key = {.name = name};
     return bsearch(&key, r->t, r->nt, sizeof *r->t, cmp_tensor_name);
 }
 
-const char *cps__ckpt_reader_meta(const cps_ckpt_reader *r, const char *key)
+const char *cps__ckpt_reader_meta(const cps__ckpt_reader *r, const char *key)
 {
     if (!r || !key || r->nsh == 0 || r->sh[0].nmeta == 0)
         return NULL;
@@ -636,12 +636,12 @@ const char *cps__ckpt_reader_meta(const cps_ckpt_reader *r, const char *key)
     return hit ? hit->v : NULL;
 }
 
-size_t cps__ckpt_reader_meta_count(const cps_ckpt_reader *r)
+size_t cps__ckpt_reader_meta_count(const cps__ckpt_reader *r)
 {
     return r && r->nsh ? r->sh[0].nmeta : 0;
 }
 
-int cps__ckpt_reader_meta_at(const cps_ckpt_reader *r, size_t i, const char **key,
+int cps__ckpt_reader_meta_at(const cps__ckpt_reader *r, size_t i, const char **key,
                              const char **value)
 {
     if (!r || i >= cps__ckpt_reader_meta_count(r) || !key || !value)
@@ -651,22 +651,22 @@ int cps__ckpt_reader_meta_at(const cps_ckpt_reader *r, size_t i, const char **ke
     return 0;
 }
 
-size_t cps__ckpt_reader_shard_count(const cps_ckpt_reader *r)
+size_t cps__ckpt_reader_shard_count(const cps__ckpt_reader *r)
 {
     return r ? r->nsh : 0;
 }
 
-const char *cps__ckpt_reader_shard_path(const cps_ckpt_reader *r, size_t i)
+const char *cps__ckpt_reader_shard_path(const cps__ckpt_reader *r, size_t i)
 {
     return r && i < r->nsh ? r->sh[i].path : NULL;
 }
 
-const char *cps__ckpt_reader_index_path(const cps_ckpt_reader *r)
+const char *cps__ckpt_reader_index_path(const cps__ckpt_reader *r)
 {
     return r ? r->index_path : NULL;
 }
 
-static int crc_result(const cps_ckpt_tensor *t, uint32_t crc)
+static int crc_result(const cps__ckpt_tensor *t, uint32_t crc)
 {
     if (t->has_checksum && crc != t->checksum)
         return corrupt(t->file,
@@ -675,7 +675,7 @@ static int crc_result(const cps_ckpt_tensor *t, uint32_t crc)
     return 0;
 }
 
-int cps__ckpt_reader_read(cps_ckpt_reader *r, const cps_ckpt_tensor *t, void *buf, size_t cap)
+int cps__ckpt_reader_read(cps__ckpt_reader *r, const cps__ckpt_tensor *t, void *buf, size_t cap)
 {
     if (!r || !t || (!buf && t->nbytes))
         return CPS_EINVAL;
@@ -694,7 +694,7 @@ int cps__ckpt_reader_read(cps_ckpt_reader *r, const cps_ckpt_tensor *t, void *bu
     return crc_result(t, crc);
 }
 
-int cps__ckpt_reader_stream(cps_ckpt_reader *r, const cps_ckpt_tensor *t, cps_ckpt_sink_fn sink,
+int cps__ckpt_reader_stream(cps__ckpt_reader *r, const cps__ckpt_tensor *t, cps__ckpt_sink_fn sink,
                             void *arg)
 {
     if (!r || !t)
@@ -721,14 +721,14 @@ int cps__ckpt_reader_stream(cps_ckpt_reader *r, const cps_ckpt_tensor *t, cps_ck
     return rc ? rc : crc_result(t, crc);
 }
 
-int cps__ckpt_reader_verify(cps_ckpt_reader *r, const cps_ckpt_tensor *t)
+int cps__ckpt_reader_verify(cps__ckpt_reader *r, const cps__ckpt_tensor *t)
 {
     if (t && !t->has_checksum)
         return 0;
     return cps__ckpt_reader_stream(r, t, NULL, NULL);
 }
 
-int cps__ckpt_reader_check_names(const cps_ckpt_reader *r, const char *const *names, size_t n)
+int cps__ckpt_reader_check_names(const cps__ckpt_reader *r, const char *const *names, size_t n)
 {
     if (!r || (n && !names))
         return CPS_EINVAL;
@@ -745,15 +745,15 @@ int cps__ckpt_reader_check_names(const cps_ckpt_reader *r, const char *const *na
         while (j < n && strcmp(names[j], base))
             j++;
         if (j == n) {
-            cps_log(CPS_LOG_ERROR, "ckpt", "%s: tensor '%s' is not known to the job", where,
-                    r->t[i].name);
+            cps__log(CPS_LOG_ERROR, "ckpt", "%s: tensor '%s' is not known to the job", where,
+                     r->t[i].name);
             return CPS_ENOTFOUND;
         }
     }
     for (size_t j = 0; j < n; j++) {
         if (!cps__ckpt_reader_find(r, names[j])) {
-            cps_log(CPS_LOG_ERROR, "ckpt", "%s: holds no tensor '%s' (the job declares it)", where,
-                    names[j]);
+            cps__log(CPS_LOG_ERROR, "ckpt", "%s: holds no tensor '%s' (the job declares it)", where,
+                     names[j]);
             return CPS_ENOTFOUND;
         }
     }

@@ -24,12 +24,12 @@
 
 typedef struct wtensor {
     char *name;
-    cps_ckpt_dtype dtype;
+    cps__ckpt_dtype dtype;
     uint32_t ndim;
     uint64_t shape[CPS_CKPT_MAX_DIMS];
     uint64_t nbytes;
     const void *data;
-    cps_ckpt_fill_fn fill;
+    cps__ckpt_fill_fn fill;
     void *arg;
     uint32_t shard;
     uint64_t begin; /* offset in the shard's data section */
@@ -37,7 +37,7 @@ typedef struct wtensor {
     uint32_t crc;
 } wtensor;
 
-struct cps_ckpt_writer {
+struct cps__ckpt_writer {
     char base[PATH_MAX - 64]; /* BASE: files are BASE.safetensors, BASE-i-of-k.safetensors, ... */
     char dir[PATH_MAX];       /* directory holding them (fsynced after the renames) */
     uint64_t max_shard;
@@ -47,12 +47,12 @@ struct cps_ckpt_writer {
     size_t nm, mcap;
 };
 
-static const char *dtype_str(cps_ckpt_dtype d)
+static const char *dtype_str(cps__ckpt_dtype d)
 {
     return d == CPS_CKPT_F32 ? "F32" : "U64";
 }
 
-static uint32_t dtype_size(cps_ckpt_dtype d)
+static uint32_t dtype_size(cps__ckpt_dtype d)
 {
     return d == CPS_CKPT_F32 ? 4 : 8;
 }
@@ -74,27 +74,28 @@ static int ensure_dir(const char *dir)
             continue;
         *p = '\0';
         if (mkdir(tmp, 0755) != 0 && errno != EEXIST) {
-            cps_log(CPS_LOG_ERROR, "ckpt", "%s: cannot create directory: %s", tmp, strerror(errno));
+            cps__log(CPS_LOG_ERROR, "ckpt", "%s: cannot create directory: %s", tmp,
+                     strerror(errno));
             return CPS_EIO;
         }
         *p = '/';
     }
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        cps_log(CPS_LOG_ERROR, "ckpt", "%s: cannot create directory: %s", dir, strerror(errno));
+        cps__log(CPS_LOG_ERROR, "ckpt", "%s: cannot create directory: %s", dir, strerror(errno));
         return CPS_EIO;
     }
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        cps_log(CPS_LOG_ERROR, "ckpt", "%s: not a directory", dir);
+        cps__log(CPS_LOG_ERROR, "ckpt", "%s: not a directory", dir);
         return CPS_EIO;
     }
     return 0;
 }
 
-int cps__ckpt_writer_open(const char *path, uint64_t max_shard_bytes, cps_ckpt_writer **out)
+int cps__ckpt_writer_open(const char *path, uint64_t max_shard_bytes, cps__ckpt_writer **out)
 {
     if (!path || !*path || !out)
         return CPS_EINVAL;
-    cps_ckpt_writer *w = calloc(1, sizeof *w);
+    cps__ckpt_writer *w = calloc(1, sizeof *w);
     if (!w)
         return CPS_ENOMEM;
     int rc = 0;
@@ -127,7 +128,7 @@ int cps__ckpt_writer_open(const char *path, uint64_t max_shard_bytes, cps_ckpt_w
     return 0;
 }
 
-void cps__ckpt_writer_abort(cps_ckpt_writer *w)
+void cps__ckpt_writer_abort(cps__ckpt_writer *w)
 {
     if (!w)
         return;
@@ -149,8 +150,8 @@ static int name_ok(const char *s)
     return n > 0 && n < CPS_CKPT_NAME_MAX && cps__json_utf8_valid(s, n);
 }
 
-static int add(cps_ckpt_writer *w, const char *name, cps_ckpt_dtype dtype, uint32_t ndim,
-               const uint64_t *shape, const void *data, cps_ckpt_fill_fn fill, void *arg)
+static int add(cps__ckpt_writer *w, const char *name, cps__ckpt_dtype dtype, uint32_t ndim,
+               const uint64_t *shape, const void *data, cps__ckpt_fill_fn fill, void *arg)
 {
     if (!w || !name_ok(name) || !strncmp(name, "__", 2) || ndim < 1 || ndim > CPS_CKPT_MAX_DIMS ||
         !shape || (dtype != CPS_CKPT_F32 && dtype != CPS_CKPT_U64))
@@ -186,14 +187,14 @@ static int add(cps_ckpt_writer *w, const char *name, cps_ckpt_dtype dtype, uint3
     return 0;
 }
 
-int cps__ckpt_writer_add(cps_ckpt_writer *w, const char *name, cps_ckpt_dtype dtype, uint32_t ndim,
-                         const uint64_t *shape, const void *data)
+int cps__ckpt_writer_add(cps__ckpt_writer *w, const char *name, cps__ckpt_dtype dtype,
+                         uint32_t ndim, const uint64_t *shape, const void *data)
 {
     return add(w, name, dtype, ndim, shape, data, NULL, NULL);
 }
 
-int cps__ckpt_writer_add_stream(cps_ckpt_writer *w, const char *name, cps_ckpt_dtype dtype,
-                                uint32_t ndim, const uint64_t *shape, cps_ckpt_fill_fn fill,
+int cps__ckpt_writer_add_stream(cps__ckpt_writer *w, const char *name, cps__ckpt_dtype dtype,
+                                uint32_t ndim, const uint64_t *shape, cps__ckpt_fill_fn fill,
                                 void *arg)
 {
     if (!fill)
@@ -201,7 +202,7 @@ int cps__ckpt_writer_add_stream(cps_ckpt_writer *w, const char *name, cps_ckpt_d
     return add(w, name, dtype, ndim, shape, NULL, fill, arg);
 }
 
-int cps__ckpt_writer_set_meta(cps_ckpt_writer *w, const char *key, const char *value)
+int cps__ckpt_writer_set_meta(cps__ckpt_writer *w, const char *key, const char *value)
 {
     if (!w || !name_ok(key) || !value || !cps__json_utf8_valid(value, strlen(value)) ||
         !strncmp(key, "checksum/", 9))
@@ -244,7 +245,7 @@ static int cmp_namep(const void *a, const void *b)
     return strcmp((*(const wtensor *const *)a)->name, (*(const wtensor *const *)b)->name);
 }
 
-static int check_unique(cps_ckpt_writer *w)
+static int check_unique(cps__ckpt_writer *w)
 {
     wtensor **v = malloc(w->n * sizeof *v);
     if (!v)
@@ -255,7 +256,7 @@ static int check_unique(cps_ckpt_writer *w)
     int rc = 0;
     for (size_t i = 1; i < w->n && !rc; i++) {
         if (!strcmp(v[i]->name, v[i - 1]->name)) {
-            cps_log(CPS_LOG_ERROR, "ckpt", "%s: tensor '%s' added twice", w->base, v[i]->name);
+            cps__log(CPS_LOG_ERROR, "ckpt", "%s: tensor '%s' added twice", w->base, v[i]->name);
             rc = CPS_EEXIST;
         }
     }
@@ -263,7 +264,7 @@ static int check_unique(cps_ckpt_writer *w)
     return rc;
 }
 
-static int has_meta(const cps_ckpt_writer *w, const char *key)
+static int has_meta(const cps__ckpt_writer *w, const char *key)
 {
     for (size_t i = 0; i < w->nm; i++)
         if (!strcmp(w->mk[i], key))
@@ -273,7 +274,7 @@ static int has_meta(const cps_ckpt_writer *w, const char *key)
 
 /* Header of shard s with placeholder checksums; records where each tensor's digits and the
  * header's own digits go. Padded with spaces to HEADER_ALIGN (with the 8-byte length prefix). */
-static int build_header(cps_ckpt_writer *w, uint32_t s, cps_json_buf *b, size_t *hdr_crc_pos)
+static int build_header(cps__ckpt_writer *w, uint32_t s, cps__json_buf *b, size_t *hdr_crc_pos)
 {
     cps__json_puts(b, "{\"__metadata__\":{");
     for (size_t i = 0; i < w->nm; i++) {
@@ -325,7 +326,7 @@ static void put_hex(char *p, uint32_t v)
 
 static int io_fail(const char *path, const char *op, int err)
 {
-    cps_log(CPS_LOG_ERROR, "ckpt", "%s: %s failed: %s", path, op, strerror(err));
+    cps__log(CPS_LOG_ERROR, "ckpt", "%s: %s failed: %s", path, op, strerror(err));
     return CPS_EIO;
 }
 
@@ -383,8 +384,8 @@ static int write_tensor(wtensor *t, int fd, const char *path, void **stream_buf)
             size_t k = numel - first < STREAM_ELEMS ? (size_t)(numel - first) : STREAM_ELEMS;
             rc = t->fill(t->arg, first, *stream_buf, k);
             if (rc) {
-                cps_log(CPS_LOG_ERROR, "ckpt", "%s: producing tensor '%s' failed: %s", path,
-                        t->name, cps_strerror(rc));
+                cps__log(CPS_LOG_ERROR, "ckpt", "%s: producing tensor '%s' failed: %s", path,
+                         t->name, cps_strerror(rc));
                 break;
             }
             crc = cps__ckpt_crc32(crc, *stream_buf, k * es);
@@ -396,9 +397,9 @@ static int write_tensor(wtensor *t, int fd, const char *path, void **stream_buf)
     return rc;
 }
 
-static int write_shard(cps_ckpt_writer *w, uint32_t s, const char *tmp, void **stream_buf)
+static int write_shard(cps__ckpt_writer *w, uint32_t s, const char *tmp, void **stream_buf)
 {
-    cps_json_buf b = {0};
+    cps__json_buf b = {0};
     size_t hpos;
     int rc = build_header(w, s, &b, &hpos);
     if (rc) {
@@ -435,9 +436,9 @@ static int write_shard(cps_ckpt_writer *w, uint32_t s, const char *tmp, void **s
     return rc;
 }
 
-static int write_index(cps_ckpt_writer *w, char (*names)[PATH_MAX], const char *tmp)
+static int write_index(cps__ckpt_writer *w, char (*names)[PATH_MAX], const char *tmp)
 {
-    cps_json_buf b = {0};
+    cps__json_buf b = {0};
     uint64_t total = 0;
     for (size_t i = 0; i < w->n; i++)
         total += w->t[i].nbytes;
@@ -488,7 +489,7 @@ static int fsync_dir(const char *dir)
 }
 
 /* Packs tensors, in the order added, into shards of at most max_shard data bytes. */
-static uint32_t assign_shards(cps_ckpt_writer *w)
+static uint32_t assign_shards(cps__ckpt_writer *w)
 {
     uint32_t s = 0;
     uint64_t used = 0;
@@ -505,19 +506,19 @@ static uint32_t assign_shards(cps_ckpt_writer *w)
     return s + 1;
 }
 
-int cps__ckpt_writer_commit(cps_ckpt_writer *w, char *path_out, size_t cap)
+int cps__ckpt_writer_commit(cps__ckpt_writer *w, char *path_out, size_t cap)
 {
     if (!w)
         return CPS_EINVAL;
     if (w->n == 0) {
-        cps_log(CPS_LOG_ERROR, "ckpt", "%s: no tensors to write", w->base);
+        cps__log(CPS_LOG_ERROR, "ckpt", "%s: no tensors to write", w->base);
         cps__ckpt_writer_abort(w);
         return CPS_EINVAL;
     }
     int rc = check_unique(w);
     uint32_t k = rc ? 0 : assign_shards(w);
     if (k > 99999) {
-        cps_log(CPS_LOG_ERROR, "ckpt", "%s: %u shards is too many", w->base, k);
+        cps__log(CPS_LOG_ERROR, "ckpt", "%s: %u shards is too many", w->base, k);
         rc = CPS_EINVAL;
     }
     /* k shard names + the index name, then the same with ".tmp". */
@@ -562,8 +563,8 @@ int cps__ckpt_writer_commit(cps_ckpt_writer *w, char *path_out, size_t cap)
     if (!rc && path_out && cap)
         snprintf(path_out, cap, "%s", names[nfiles - 1]);
     if (!rc)
-        cps_log(CPS_LOG_INFO, "ckpt", "wrote %s (%zu tensors, %u shard%s)", names[nfiles - 1], w->n,
-                k, k > 1 ? "s" : "");
+        cps__log(CPS_LOG_INFO, "ckpt", "wrote %s (%zu tensors, %u shard%s)", names[nfiles - 1],
+                 w->n, k, k > 1 ? "s" : "");
     free(names);
     cps__ckpt_writer_abort(w);
     return rc;

@@ -37,29 +37,29 @@ static size_t pad8(size_t n)
 /* ---- talking to the cluster ---- */
 
 typedef struct link {
-    cps_tp *tp;
+    cps__tp *tp;
     char hello[16 + CPS_ADDR_MAX];
     size_t hello_len;
-    cps_view view;
+    cps__view view;
     int started;
-    cps_tensor_desc *descs;
+    cps__tensor_desc *descs;
     uint32_t ndescs;
     int timeout_ms;
     uint64_t next_req;
     /* received, not yet consumed */
-    cps_rx *in;
+    cps__rx *in;
     size_t nin, capin;
 } link;
 
 static void on_msg(void *ctx, void *buf, size_t len)
 {
     link *l = ctx;
-    cps_rx rx;
+    cps__rx rx;
     if (cps__rx_parse(&rx, buf, len) != 0)
         return;
     if (l->nin == l->capin) {
         size_t cap = l->capin ? l->capin * 2 : 64;
-        cps_rx *grown = realloc(l->in, cap * sizeof *grown);
+        cps__rx *grown = realloc(l->in, cap * sizeof *grown);
         if (!grown) {
             cps__rx_free(&rx);
             return;
@@ -71,9 +71,9 @@ static void on_msg(void *ctx, void *buf, size_t len)
 }
 
 /* Take the first received message `match` accepts, waiting until the deadline. */
-typedef int (*match_fn)(const cps_rx *rx, const void *arg);
+typedef int (*match_fn)(const cps__rx *rx, const void *arg);
 
-static int take(link *l, match_fn match, const void *arg, uint64_t deadline, cps_rx *out)
+static int take(link *l, match_fn match, const void *arg, uint64_t deadline, cps__rx *out)
 {
     for (;;) {
         for (size_t i = 0; i < l->nin; i++)
@@ -117,7 +117,7 @@ static int link_open(link *l, const char *scheduler, const char *bind, const cha
     l->timeout_ms = timeout_ms > 0 ? timeout_ms : 120000;
     l->next_req = (uint64_t)time(NULL) << 20;
     if (!scheduler || !*scheduler || strlen(scheduler) > CPS_ADDR_MAX - 8) {
-        cps_log(CPS_LOG_ERROR, SUB, "no scheduler address (HOST:PORT)");
+        cps__log(CPS_LOG_ERROR, SUB, "no scheduler address (HOST:PORT)");
         return CPS_EINVAL;
     }
     char url[CPS_ADDR_MAX + 8], me[CPS_ADDR_MAX];
@@ -138,22 +138,22 @@ static int link_open(link *l, const char *scheduler, const char *bind, const cha
             rc = CPS_EINVAL;
     }
     if (rc != 0)
-        cps_log(CPS_LOG_ERROR, SUB, "cannot reach the scheduler at %s: %s", url, cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, SUB, "cannot reach the scheduler at %s: %s", url, cps_strerror(rc));
     return rc;
 }
 
-static int match_registry(const cps_rx *rx, const void *arg)
+static int match_registry(const cps__rx *rx, const void *arg)
 {
     (void)arg;
     return rx->hdr.type == CPS_MSG_REGISTRY && (rx->hdr.flags & CPS_WF_REPLY);
 }
 
 /* Ask the scheduler for its REGISTRY answer, again every second until `deadline`. */
-static int fetch_registry(link *l, uint64_t deadline, cps_rx *rx)
+static int fetch_registry(link *l, uint64_t deadline, cps__rx *rx)
 {
     int rc = CPS_ETIMEDOUT;
     while (cps__now_ms() < deadline) {
-        cps_msg_hdr h = {.type = CPS_MSG_REGISTRY, .sender = UINT32_MAX};
+        cps__msg_hdr h = {.type = CPS_MSG_REGISTRY, .sender = UINT32_MAX};
         cps__msg_send(l->tp, SCHED, &h, l->hello, l->hello_len);
         uint64_t until = cps__now_ms() + 1000;
         rc = take(l, match_registry, NULL, until < deadline ? until : deadline, rx);
@@ -175,11 +175,11 @@ static int connect_servers(link *l)
 /* The current view only (the tails may have moved since we asked). */
 static int link_refresh_view(link *l)
 {
-    cps_rx rx;
+    cps__rx rx;
     int rc = fetch_registry(l, cps__now_ms() + 2000, &rx);
     if (rc != 0)
         return rc;
-    cps_view v;
+    cps__view v;
     cps__view_init(&v);
     size_t used;
     rc = cps__view_decode_prefix(rx.payload, rx.len, &v, &used);
@@ -196,11 +196,11 @@ static int link_refresh_view(link *l)
 /* The view and the tensor registry, asked again every second until the deadline. */
 static int link_registry(link *l, const char *scheduler)
 {
-    cps_rx rx;
+    cps__rx rx;
     int rc = fetch_registry(l, cps__now_ms() + (uint64_t)l->timeout_ms, &rx);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, SUB, "no answer from the scheduler at %s within %.0f s", scheduler,
-                l->timeout_ms / 1000.0);
+        cps__log(CPS_LOG_ERROR, SUB, "no answer from the scheduler at %s within %.0f s", scheduler,
+                 l->timeout_ms / 1000.0);
         return rc;
     }
     size_t used = 0;
@@ -225,20 +225,20 @@ static int link_registry(link *l, const char *scheduler)
     l->ndescs = rc == 0 ? n : 0;
     cps__rx_free(&rx);
     if (rc != 0)
-        cps_log(CPS_LOG_ERROR, SUB, "malformed registry from the scheduler: %s", cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, SUB, "malformed registry from the scheduler: %s", cps_strerror(rc));
     else if (!l->started || l->view.nranges == 0)
         rc = CPS_EUNAVAILABLE;
     if (rc == CPS_EUNAVAILABLE)
-        cps_log(CPS_LOG_INFO, SUB,
-                "the job at %s has not started (its servers are not all "
-                "there yet)",
-                scheduler);
+        cps__log(CPS_LOG_INFO, SUB,
+                 "the job at %s has not started (its servers are not all "
+                 "there yet)",
+                 scheduler);
     if (rc == 0)
         rc = connect_servers(l);
     return rc;
 }
 
-static int tensor_layout(const link *l, const cps_tensor_desc *d, cps_tensor *t)
+static int tensor_layout(const link *l, const cps__tensor_desc *d, cps_tensor *t)
 {
     memset(t, 0, sizeof *t);
     snprintf(t->name, sizeof t->name, "%s", d->name);
@@ -314,7 +314,7 @@ typedef struct cut {
 typedef struct export_ctx {
     link *l;
     cut *c;
-    const cps_tensor_desc *d;
+    const cps__tensor_desc *d;
     piece *pieces;
     size_t npieces;
     uint32_t slot; /* 0 values, k: optimizer slot k-1 */
@@ -330,7 +330,7 @@ typedef struct read_req {
     size_t dest_step; /* distance between consecutive keys' values in the buffer */
 } read_req;
 
-static int match_req(const cps_rx *rx, const void *arg)
+static int match_req(const cps__rx *rx, const void *arg)
 {
     const read_req *q = arg;
     /* A read view the server had to close answers every read that way (req_seq UINT64_MAX). */
@@ -351,11 +351,11 @@ static int send_read(export_ctx *x, read_req *q)
     cps__le64_put(p + 24, q->first);
     cps__le64_put(p + 32, q->count);
     q->req = ++x->l->next_req;
-    cps_msg_hdr h = {.type = CPS_MSG_CUT_READ,
-                     .sender = UINT32_MAX,
-                     .range = q->range,
-                     .req_seq = q->req,
-                     .aux = x->c->id};
+    cps__msg_hdr h = {.type = CPS_MSG_CUT_READ,
+                      .sender = UINT32_MAX,
+                      .range = q->range,
+                      .req_seq = q->req,
+                      .aux = x->c->id};
     return cps__msg_send(x->l->tp, CUT_PEER_BASE + q->range, &h, p, sizeof p);
 }
 
@@ -365,25 +365,25 @@ static int window_drain(export_ctx *x, window *w, void *buf);
 
 static int finish_read(export_ctx *x, const read_req *q, void *buf)
 {
-    cps_rx rx;
+    cps__rx rx;
     int wait = x->l->timeout_ms < READ_WAIT_MS ? x->l->timeout_ms : READ_WAIT_MS;
     int rc = take(x->l, match_req, q, cps__now_ms() + (uint64_t)wait, &rx);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, SUB, "tensor %s: no answer from range %u's read view in %.0f s",
-                x->d->name, q->range, wait / 1000.0);
+        cps__log(CPS_LOG_ERROR, SUB, "tensor %s: no answer from range %u's read view in %.0f s",
+                 x->d->name, q->range, wait / 1000.0);
         return rc;
     }
     uint64_t nkeys = q->hi - q->lo + 1;
     size_t head = 8 + pad8(nkeys * 12);
     if (rx.hdr.type == CPS_MSG_ERROR) {
         rc = rx.hdr.status ? rx.hdr.status : CPS_EPROTO;
-        cps_log(CPS_LOG_ERROR, SUB, "tensor %s: range %u refused a read: %s", x->d->name, q->range,
-                cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, SUB, "tensor %s: range %u refused a read: %s", x->d->name, q->range,
+                 cps_strerror(rc));
     } else if (rx.len != head + nkeys * q->count * sizeof(float) ||
                cps__le32_get(rx.payload) != nkeys) {
         rc = CPS_EPROTO;
-        cps_log(CPS_LOG_ERROR, SUB, "tensor %s: malformed read answer from range %u", x->d->name,
-                q->range);
+        cps__log(CPS_LOG_ERROR, SUB, "tensor %s: malformed read answer from range %u", x->d->name,
+                 q->range);
     } else {
         const unsigned char *p = rx.payload;
         for (uint64_t i = 0; i < nkeys; i++) {
@@ -431,7 +431,7 @@ static int window_add(export_ctx *x, window *w, read_req q, void *buf)
 static int export_fill(void *arg, uint64_t first, void *buf, size_t n)
 {
     export_ctx *x = arg;
-    const cps_tensor_desc *d = x->d;
+    const cps__tensor_desc *d = x->d;
     window w = {.n = 0};
     int rc = 0;
     uint64_t end = first + n;
@@ -497,14 +497,14 @@ static int export_fill(void *arg, uint64_t first, void *buf, size_t n)
     return rc ? rc : rc2;
 }
 
-static int match_open(const cps_rx *rx, const void *arg)
+static int match_open(const cps__rx *rx, const void *arg)
 {
     const cut *c = arg;
     return (rx->hdr.flags & CPS_WF_REPLY) && rx->hdr.aux == c->id &&
            (rx->hdr.type == CPS_MSG_CUT_OPEN || rx->hdr.type == CPS_MSG_ERROR);
 }
 
-static int match_probe(const cps_rx *rx, const void *arg)
+static int match_probe(const cps__rx *rx, const void *arg)
 {
     (void)arg;
     return (rx->hdr.flags & CPS_WF_REPLY) &&
@@ -513,7 +513,7 @@ static int match_probe(const cps_rx *rx, const void *arg)
 
 static uint32_t tail_of(const link *l, uint32_t r)
 {
-    const cps_range *g = &l->view.ranges[r];
+    const cps__range *g = &l->view.ranges[r];
     return g->chain_len ? g->chain[g->chain_len - 1] : 0;
 }
 
@@ -521,7 +521,7 @@ static void close_cut(link *l, cut *c)
 {
     for (uint32_t r = 0; r < c->nranges; r++)
         if (c->open[r]) {
-            cps_msg_hdr h = {
+            cps__msg_hdr h = {
                 .type = CPS_MSG_CUT_CLOSE, .sender = UINT32_MAX, .range = r, .aux = c->id};
             cps__msg_send(l->tp, CUT_PEER_BASE + r, &h, NULL, 0);
             c->open[r] = 0;
@@ -534,15 +534,15 @@ static int probe_steps(link *l, uint64_t *hi_out)
     uint32_t n = l->view.nranges, got = 0;
     uint64_t hi = 0;
     for (uint32_t r = 0; r < n; r++) {
-        cps_msg_hdr h = {.type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = r};
+        cps__msg_hdr h = {.type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = r};
         cps__msg_send(l->tp, tail_of(l, r), &h, l->hello, l->hello_len);
     }
     uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
     while (got < n) {
-        cps_rx rx;
+        cps__rx rx;
         int rc = take(l, match_probe, NULL, deadline, &rx);
         if (rc != 0) {
-            cps_log(CPS_LOG_ERROR, SUB, "%u of %u ranges did not say where they are", n - got, n);
+            cps__log(CPS_LOG_ERROR, SUB, "%u of %u ranges did not say where they are", n - got, n);
             return rc;
         }
         rc = rx.hdr.type == CPS_MSG_ERROR ? rx.hdr.status : 0;
@@ -550,7 +550,7 @@ static int probe_steps(link *l, uint64_t *hi_out)
             hi = rx.hdr.aux;
         cps__rx_free(&rx);
         if (rc != 0) {
-            cps_log(CPS_LOG_ERROR, SUB, "range probe refused: %s", cps_strerror(rc));
+            cps__log(CPS_LOG_ERROR, SUB, "range probe refused: %s", cps_strerror(rc));
             return rc;
         }
         got++;
@@ -564,12 +564,12 @@ static void send_opens(link *l, const cut *c, uint64_t step, const unsigned char
     for (uint32_t r = 0; r < l->view.nranges; r++) {
         if (answered[r])
             continue;
-        cps_msg_hdr h = {.type = CPS_MSG_CUT_OPEN,
-                         .sender = UINT32_MAX,
-                         .range = r,
-                         .step = step,
-                         .aux = c->id,
-                         .req_seq = ++l->next_req};
+        cps__msg_hdr h = {.type = CPS_MSG_CUT_OPEN,
+                          .sender = UINT32_MAX,
+                          .range = r,
+                          .step = step,
+                          .aux = c->id,
+                          .req_seq = ++l->next_req};
         cps__msg_send(l->tp, tail_of(l, r), &h, l->hello, l->hello_len);
     }
 }
@@ -600,13 +600,13 @@ static int open_cut(link *l, cut *c, uint64_t step, const unsigned char *need, u
     while (got < n) {
         uint64_t now = cps__now_ms();
         if (now >= deadline) {
-            cps_log(CPS_LOG_ERROR, SUB,
-                    "%u of %u ranges did not open a read view at step %" PRIu64 " within %.0f s",
-                    n - got, n, step, l->timeout_ms / 1000.0);
+            cps__log(CPS_LOG_ERROR, SUB,
+                     "%u of %u ranges did not open a read view at step %" PRIu64 " within %.0f s",
+                     n - got, n, step, l->timeout_ms / 1000.0);
             rc = CPS_ETIMEDOUT;
             break;
         }
-        cps_rx rx;
+        cps__rx rx;
         rc = take(l, match_open, c, refresh < deadline ? refresh : deadline, &rx);
         if (rc == CPS_ETIMEDOUT) {
             if (cps__now_ms() >= refresh) {
@@ -618,11 +618,11 @@ static int open_cut(link *l, cut *c, uint64_t step, const unsigned char *need, u
                  * scheduler answers again within about a second. */
                 silent = vrc == CPS_ETIMEDOUT ? silent + 1 : 0;
                 if (silent >= SILENT_REFRESHES) {
-                    cps_log(CPS_LOG_ERROR, SUB,
-                            "the scheduler has not answered for %d s while %u of %u ranges had "
-                            "not opened a read view at step %" PRIu64
-                            ": the job has ended or its scheduler is down",
-                            SILENT_REFRESHES * (REFRESH_MS + 2000) / 1000, n - got, n, step);
+                    cps__log(CPS_LOG_ERROR, SUB,
+                             "the scheduler has not answered for %d s while %u of %u ranges had "
+                             "not opened a read view at step %" PRIu64
+                             ": the job has ended or its scheduler is down",
+                             SILENT_REFRESHES * (REFRESH_MS + 2000) / 1000, n - got, n, step);
                     rc = CPS_ESHUTDOWN;
                     break;
                 }
@@ -666,7 +666,7 @@ static int open_cut(link *l, cut *c, uint64_t step, const unsigned char *need, u
 
 static int name_cmp(const void *a, const void *b)
 {
-    return strcmp(((const cps_tensor_desc *)a)->name, ((const cps_tensor_desc *)b)->name);
+    return strcmp(((const cps__tensor_desc *)a)->name, ((const cps__tensor_desc *)b)->name);
 }
 
 typedef struct tensor_job {
@@ -676,7 +676,7 @@ typedef struct tensor_job {
     export_ctx ctx[1 + 2 + 1]; /* values, up to two optimizer slots, step counts */
 } tensor_job;
 
-int cps__ckpt_export(const cps_export_opts *o, const char *out, cps_export_result *res)
+int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_result *res)
 {
     if (!o || !out || !res)
         return CPS_EINVAL;
@@ -685,14 +685,14 @@ int cps__ckpt_export(const cps_export_opts *o, const char *out, cps_export_resul
     link l;
     cut c = {0};
     tensor_job *jobs = NULL;
-    cps_ckpt_writer *w = NULL;
+    cps__ckpt_writer *w = NULL;
     int rc = link_open(&l, o->scheduler, o->bind_host, o->advertise, o->key, o->timeout_ms);
     if (rc == 0)
         rc = link_registry(&l, o->scheduler);
     if (rc == 0 && l.ndescs == 0) {
-        cps_log(o->quiet_until_ready ? CPS_LOG_DEBUG : CPS_LOG_ERROR, SUB,
-                "the job has no tensors yet (workers register them when "
-                "they declare them): nothing to export");
+        cps__log(o->quiet_until_ready ? CPS_LOG_DEBUG : CPS_LOG_ERROR, SUB,
+                 "the job has no tensors yet (workers register them when "
+                 "they declare them): nothing to export");
         rc = CPS_ENOTFOUND;
     }
     uint32_t n = l.view.nranges;
@@ -727,12 +727,12 @@ int cps__ckpt_export(const cps_export_opts *o, const char *out, cps_export_resul
         close_cut(&l, &c);
         step = past + 1;
         rc = 0;
-        cps_log(CPS_LOG_INFO, SUB,
-                "the job moved past the step; cutting at step %" PRIu64 " instead", step);
+        cps__log(CPS_LOG_INFO, SUB,
+                 "the job moved past the step; cutting at step %" PRIu64 " instead", step);
     }
     if (rc == CPS_EPAST) {
-        cps_log(CPS_LOG_INFO, SUB, "the job is already past step %" PRIu64 " (at %" PRIu64 ")",
-                step, past);
+        cps__log(CPS_LOG_INFO, SUB, "the job is already past step %" PRIu64 " (at %" PRIu64 ")",
+                 step, past);
         step = past; /* reported in res->step */
     }
     /* The registry again, now that the cut is open: a cut that waited for its step must hold the
@@ -744,8 +744,8 @@ int cps__ckpt_export(const cps_export_opts *o, const char *out, cps_export_resul
             if (need[r] && !c.open[r]) {
                 /* A tensor declared meanwhile has keys in a range the cut skipped: the export
                  * fails now and is tried again (the periodic thread does) with every range. */
-                cps_log(CPS_LOG_WARN, SUB,
-                        "range %u got keys while the cut was opened; export again", r);
+                cps__log(CPS_LOG_WARN, SUB,
+                         "range %u got keys while the cut was opened; export again", r);
                 rc = CPS_EAGAIN;
                 break;
             }
@@ -763,7 +763,7 @@ int cps__ckpt_export(const cps_export_opts *o, const char *out, cps_export_resul
     }
     char key[CPS_CKPT_NAME_MAX], val[1024];
     for (uint32_t i = 0; rc == 0 && i < l.ndescs; i++) {
-        const cps_tensor_desc *d = &l.descs[i];
+        const cps__tensor_desc *d = &l.descs[i];
         tensor_job *j = &jobs[i];
         if ((rc = tensor_layout(&l, d, &j->t)) != 0)
             break;
@@ -870,7 +870,7 @@ typedef struct restore_ctx {
     uint32_t slot;
 } restore_ctx;
 
-static int match_put(const cps_rx *rx, const void *arg)
+static int match_put(const cps__rx *rx, const void *arg)
 {
     const uint64_t *tag = arg;
     return (rx->hdr.flags & CPS_WF_REPLY) &&
@@ -879,18 +879,18 @@ static int match_put(const cps_rx *rx, const void *arg)
 
 static int put_wait_one(restore_ctx *x)
 {
-    cps_rx rx;
+    cps__rx rx;
     int rc = take(x->l, match_put, &x->tag, cps__now_ms() + (uint64_t)x->l->timeout_ms, &rx);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, SUB, "a range head did not take the records within %.0f s",
-                x->l->timeout_ms / 1000.0);
+        cps__log(CPS_LOG_ERROR, SUB, "a range head did not take the records within %.0f s",
+                 x->l->timeout_ms / 1000.0);
         return rc;
     }
     uint32_t r = rx.hdr.range;
     if (rx.hdr.type == CPS_MSG_ERROR) {
         rc = rx.hdr.status ? rx.hdr.status : CPS_EPROTO;
-        cps_log(CPS_LOG_ERROR, SUB, "range %u refused the records: %s (%.*s)", r, cps_strerror(rc),
-                (int)(rx.len > 200 ? 200 : rx.len), (const char *)rx.payload);
+        cps__log(CPS_LOG_ERROR, SUB, "range %u refused the records: %s (%.*s)", r, cps_strerror(rc),
+                 (int)(rx.len > 200 ? 200 : rx.len), (const char *)rx.payload);
     } else if (r < x->l->view.nranges) {
         put_buf *b = &x->pb[r];
         if (b->inflight)
@@ -912,14 +912,14 @@ static int put_flush(restore_ctx *x, uint32_t r)
         if (rc != 0)
             return rc;
     }
-    cps_msg_hdr h = {.type = CPS_MSG_PUT,
-                     .sender = UINT32_MAX,
-                     .range = r,
-                     .epoch = x->l->view.epoch,
-                     .req_seq = ++x->l->next_req,
-                     .aux = x->tag,
-                     .payload_len = (uint32_t)b->used,
-                     .raw_len = (uint32_t)b->used};
+    cps__msg_hdr h = {.type = CPS_MSG_PUT,
+                      .sender = UINT32_MAX,
+                      .range = r,
+                      .epoch = x->l->view.epoch,
+                      .req_seq = ++x->l->next_req,
+                      .aux = x->tag,
+                      .payload_len = (uint32_t)b->used,
+                      .raw_len = (uint32_t)b->used};
     /* The transport sends whole buffers (nanomsg's zero-copy chunks): one of the exact size. */
     unsigned char *msg = cps__tp_alloc(CPS_WIRE_HDR_SIZE + b->used);
     if (!msg)
@@ -991,7 +991,7 @@ static int restore_sink(void *arg, uint64_t first, const void *buf, size_t n)
     return 0;
 }
 
-static int match_probe_range(const cps_rx *rx, const void *arg)
+static int match_probe_range(const cps__rx *rx, const void *arg)
 {
     const uint32_t *r = arg;
     return match_probe(rx, NULL) && rx->hdr.range == *r;
@@ -1004,9 +1004,9 @@ static int wait_tails(restore_ctx *x)
     uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
     for (uint32_t r = 0; r < l->view.nranges; r++) {
         for (;;) {
-            cps_msg_hdr h = {.type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = r};
+            cps__msg_hdr h = {.type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = r};
             cps__msg_send(l->tp, tail_of(l, r), &h, l->hello, l->hello_len);
-            cps_rx rx;
+            cps__rx rx;
             uint64_t until = cps__now_ms() + 1000;
             int rc = take(l, match_probe_range, &r, until < deadline ? until : deadline, &rx);
             if (rc == 0) {
@@ -1016,10 +1016,10 @@ static int wait_tails(restore_ctx *x)
                     break;
             }
             if (cps__now_ms() >= deadline) {
-                cps_log(CPS_LOG_ERROR, SUB,
-                        "range %u's tail did not confirm the records within "
-                        "%.0f s",
-                        r, l->timeout_ms / 1000.0);
+                cps__log(CPS_LOG_ERROR, SUB,
+                         "range %u's tail did not confirm the records within "
+                         "%.0f s",
+                         r, l->timeout_ms / 1000.0);
                 return CPS_ETIMEDOUT;
             }
             cps__tp_poll(l->tp, 20, on_msg, l, 0);
@@ -1028,7 +1028,7 @@ static int wait_tails(restore_ctx *x)
     return 0;
 }
 
-static const cps_tensor_desc *registry_find(const link *l, const char *name)
+static const cps__tensor_desc *registry_find(const link *l, const char *name)
 {
     for (uint32_t i = 0; i < l->ndescs; i++)
         if (!strcmp(l->descs[i].name, name))
@@ -1036,13 +1036,13 @@ static const cps_tensor_desc *registry_find(const link *l, const char *name)
     return NULL;
 }
 
-int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_result *res)
+int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore_result *res)
 {
     if (!o || !from || !res)
         return CPS_EINVAL;
     memset(res, 0, sizeof *res);
     uint64_t t0 = cps__now_ms();
-    cps_ckpt_reader *rd = NULL;
+    cps__ckpt_reader *rd = NULL;
     link l;
     memset(&l, 0, sizeof l);
     cps__view_init(&l.view);
@@ -1055,22 +1055,22 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
     const char *step_s = rc == 0 ? cps__ckpt_reader_meta(rd, CPS_CKPT_META_STEP) : NULL;
     uint64_t step = step_s ? strtoull(step_s, NULL, 10) : 0;
     /* The parameter tensors and what each needs. */
-    cps_tensor_desc *want = rc == 0 ? calloc(nt ? nt : 1, sizeof *want) : NULL;
+    cps__tensor_desc *want = rc == 0 ? calloc(nt ? nt : 1, sizeof *want) : NULL;
     uint32_t nwant = 0;
     if (rc == 0 && !want)
         rc = CPS_ENOMEM;
     char key[CPS_CKPT_NAME_MAX];
     for (size_t i = 0; rc == 0 && i < nt; i++) {
-        const cps_ckpt_tensor *t = cps__ckpt_reader_tensor(rd, i);
+        const cps__ckpt_tensor *t = cps__ckpt_reader_tensor(rd, i);
         if (!strncmp(t->name, CPS_CKPT_OPTIM_PREFIX, strlen(CPS_CKPT_OPTIM_PREFIX)))
             continue;
-        cps_tensor_desc *d = &want[nwant];
+        cps__tensor_desc *d = &want[nwant];
         if (strcmp(t->dtype, "F32") != 0 || t->ndim < 1 || t->ndim > CPS_MAX_NDIM ||
             t->numel == 0 || strlen(t->name) > CPS_TENSOR_NAME_MAX) {
-            cps_log(CPS_LOG_ERROR, SUB,
-                    "%s: tensor %s is not a non-empty float32 tensor of 1..%d dims with "
-                    "a name of at most 255 bytes",
-                    t->file, t->name, CPS_MAX_NDIM);
+            cps__log(CPS_LOG_ERROR, SUB,
+                     "%s: tensor %s is not a non-empty float32 tensor of 1..%d dims with "
+                     "a name of at most 255 bytes",
+                     t->file, t->name, CPS_MAX_NDIM);
             rc = CPS_EINVAL;
             break;
         }
@@ -1091,18 +1091,18 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
             if (rc == 0) {
                 cps__wire_spec_encode(blk, &d->spec);
                 if (cps__wire_spec_decode(blk, &d->spec) != 0) {
-                    cps_log(CPS_LOG_ERROR, SUB, "%s: invalid optimizer description for %s: %s",
-                            t->file, t->name, hp);
+                    cps__log(CPS_LOG_ERROR, SUB, "%s: invalid optimizer description for %s: %s",
+                             t->file, t->name, hp);
                     rc = CPS_ECORRUPT;
                 }
             }
         } else if (o->default_spec) {
             d->spec = *o->default_spec;
         } else {
-            cps_log(CPS_LOG_ERROR, SUB,
-                    "%s: tensor %s has no optimizer description "
-                    "(hparams/%s): give one (--optimizer, --lr)",
-                    t->file, t->name, t->name);
+            cps__log(CPS_LOG_ERROR, SUB,
+                     "%s: tensor %s has no optimizer description "
+                     "(hparams/%s): give one (--optimizer, --lr)",
+                     t->file, t->name, t->name);
             rc = CPS_EINVAL;
         }
         nwant++;
@@ -1115,17 +1115,17 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
     if (rc == 0)
         rc = cps__ckpt_reader_check_names(rd, names, nwant);
     if (rc == 0 && nwant == 0) {
-        cps_log(CPS_LOG_ERROR, SUB, "%s: no parameter tensors", from);
+        cps__log(CPS_LOG_ERROR, SUB, "%s: no parameter tensors", from);
         rc = CPS_ENOTFOUND;
     }
     /* Optimizer state of an optimizer the tensor does not have is a tensor no one knows. */
     for (size_t i = 0; rc == 0 && i < nt; i++) {
-        const cps_ckpt_tensor *t = cps__ckpt_reader_tensor(rd, i);
+        const cps__ckpt_tensor *t = cps__ckpt_reader_tensor(rd, i);
         if (strncmp(t->name, CPS_CKPT_OPTIM_PREFIX, strlen(CPS_CKPT_OPTIM_PREFIX)))
             continue;
         int known = 0;
         for (uint32_t j = 0; j < nwant && !known; j++) {
-            const cps_tensor_desc *d = &want[j];
+            const cps__tensor_desc *d = &want[j];
             uint32_t slots = (uint32_t)cps__optim_state_slots(d->spec.opt_kind);
             for (uint32_t k = 0; k < slots && !known; k++)
                 known = cps__ckpt_optim_tensor_name(key, sizeof key, d->spec.opt_kind, k,
@@ -1136,10 +1136,10 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
                      t->numel == (d->kind ? d->rows : 1);
         }
         if (!known) {
-            cps_log(CPS_LOG_ERROR, SUB,
-                    "%s: tensor %s matches no parameter's optimizer state "
-                    "(wrong name, optimizer or size)",
-                    t->file, t->name);
+            cps__log(CPS_LOG_ERROR, SUB,
+                     "%s: tensor %s matches no parameter's optimizer state "
+                     "(wrong name, optimizer or size)",
+                     t->file, t->name);
             rc = CPS_ENOTFOUND;
         }
     }
@@ -1148,19 +1148,19 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
     if (rc == 0)
         rc = link_registry(&l, o->scheduler);
     if (rc == 0 && l.ndescs)
-        cps_log(CPS_LOG_WARN, SUB,
-                "the job's workers declared their tensors already: the "
-                "restored values replace what they train on");
+        cps__log(CPS_LOG_WARN, SUB,
+                 "the job's workers declared their tensors already: the "
+                 "restored values replace what they train on");
     /* A job that already declared tensors must know every one of them, with the same shape. */
     for (uint32_t i = 0; rc == 0 && l.ndescs && i < nwant; i++) {
-        const cps_tensor_desc *e = registry_find(&l, want[i].name);
+        const cps__tensor_desc *e = registry_find(&l, want[i].name);
         uint64_t a[CPS_MAX_NDIM], b[CPS_MAX_NDIM];
         uint32_t na = e ? cps__tensor_desc_shape(e, a) : 0,
                  nb = cps__tensor_desc_shape(&want[i], b);
         if (!e || e->length != want[i].length || e->kind != want[i].kind ||
             (e->ndim && (na != nb || memcmp(a, b, na * sizeof *a) != 0))) {
-            cps_log(CPS_LOG_ERROR, SUB, "%s: tensor %s %s", from, want[i].name,
-                    e ? "has another shape in the running job" : "is not a tensor of the job");
+            cps__log(CPS_LOG_ERROR, SUB, "%s: tensor %s %s", from, want[i].name,
+                     e ? "has another shape in the running job" : "is not a tensor of the job");
             rc = CPS_ENOTFOUND;
         }
     }
@@ -1188,7 +1188,7 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
     }
     uint64_t *steps = NULL;
     for (uint32_t i = 0; rc == 0 && i < nwant; i++) {
-        const cps_tensor_desc *d = &want[i];
+        const cps__tensor_desc *d = &want[i];
         cps_tensor t;
         if ((rc = tensor_layout(&l, d, &t)) != 0)
             break;
@@ -1201,7 +1201,7 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
         if (rc == 0 && !steps)
             rc = CPS_ENOMEM;
         snprintf(key, sizeof key, "%sstep/%s", CPS_CKPT_OPTIM_PREFIX, d->name);
-        const cps_ckpt_tensor *st = rc == 0 ? cps__ckpt_reader_find(rd, key) : NULL;
+        const cps__ckpt_tensor *st = rc == 0 ? cps__ckpt_reader_find(rd, key) : NULL;
         if (st)
             rc = cps__ckpt_reader_read(rd, st, steps, nsteps * sizeof *steps);
         /* Create every key (zeros), then stream the values and optimizer state into them. */
@@ -1218,15 +1218,15 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
         }
         uint32_t slots = (uint32_t)cps__optim_state_slots(d->spec.opt_kind);
         for (uint32_t k = 0; rc == 0 && k <= slots; k++) {
-            const cps_ckpt_tensor *ct;
+            const cps__ckpt_tensor *ct;
             if (k == 0) {
                 ct = cps__ckpt_reader_find(rd, d->name);
             } else {
                 cps__ckpt_optim_tensor_name(key, sizeof key, d->spec.opt_kind, k - 1, d->name);
                 ct = cps__ckpt_reader_find(rd, key);
                 if (!ct)
-                    cps_log(CPS_LOG_WARN, SUB, "%s: no %s: that optimizer state starts at zero",
-                            from, key);
+                    cps__log(CPS_LOG_WARN, SUB, "%s: no %s: that optimizer state starts at zero",
+                             from, key);
             }
             x.slot = k;
             if (ct)
@@ -1262,7 +1262,7 @@ int cps__ckpt_restore(const cps_restore_opts *o, const char *from, cps_restore_r
     if (rc == 0)
         rc = wait_tails(&x);
     if (rc == 0 && o->release) {
-        cps_msg_hdr h = {.type = CPS_MSG_RELEASE, .sender = UINT32_MAX};
+        cps__msg_hdr h = {.type = CPS_MSG_RELEASE, .sender = UINT32_MAX};
         rc = cps__msg_send(l.tp, SCHED, &h, l.hello, l.hello_len);
     }
     for (uint32_t r = 0; x.pb && r < nr; r++)

@@ -16,7 +16,7 @@
  * replicates; returns once every range's tail holds them. Workers that declare their tensors
  * afterwards find them in place, and cps_tensor_step() tells them the step to resume from.
  *
- * Not exported: raw keys (cps_raw_*; they have no name). Sparse tables are cut at the same
+ * Not exported: raw keys (cps__raw_*; they have no name). Sparse tables are cut at the same
  * moment as the dense tensors, but sparse pushes are not aligned to steps, so a table may hold
  * rows pushed during the step after the cut (recorded per range as the sequence number).
  */
@@ -28,7 +28,7 @@
 
 #include "core/wire.h"
 
-typedef struct cps_export_opts {
+typedef struct cps__export_opts {
     const char *scheduler;    /**< "host:port" */
     const char *bind_host;    /**< where this tool listens for answers; NULL: 127.0.0.1 */
     const char *advertise;    /**< the address servers reach us at; NULL: bind_host */
@@ -37,15 +37,15 @@ typedef struct cps_export_opts {
     uint64_t max_shard_bytes; /**< 0: one file */
     int timeout_ms;           /**< for the cut to open (each read: at most 30 s); 0: 120 s */
     int quiet_until_ready;    /**< log "not started" / "no tensors yet" at debug level only */
-} cps_export_opts;
+} cps__export_opts;
 
-typedef struct cps_export_result {
+typedef struct cps__export_result {
     char path[1024];  /**< what a reader opens */
     uint64_t step;    /**< the step of the cut */
     uint64_t bytes;   /**< tensor data written */
     uint32_t tensors; /**< parameter tensors (optimizer state not counted) */
     double seconds;
-} cps_export_result;
+} cps__export_result;
 
 /**
  * @brief Export a consistent cut of the running job at opts->scheduler to `out` (a directory,
@@ -56,25 +56,25 @@ typedef struct cps_export_result {
  *         replica), CPS_ENOMEM. Every error is logged with what failed. On error no checkpoint
  *         file is left and an earlier one of the same name is untouched.
  */
-int cps__ckpt_export(const cps_export_opts *opts, const char *out, cps_export_result *res);
+int cps__ckpt_export(const cps__export_opts *opts, const char *out, cps__export_result *res);
 
-typedef struct cps_restore_opts {
+typedef struct cps__restore_opts {
     const char *scheduler;
     const char *bind_host;
     const char *advertise;
     const unsigned char *key; /**< the job's key (32 bytes); NULL: none (an insecure job) */
     int timeout_ms;           /**< for each answer; 0: 120 s */
     /** Tensors of a file written elsewhere carry no optimizer description: use this one. */
-    const cps_param_spec *default_spec;
+    const cps__param_spec *default_spec;
     int release; /**< tell the scheduler to admit the workers it holds back (--hold-workers) */
-} cps_restore_opts;
+} cps__restore_opts;
 
-typedef struct cps_restore_result {
+typedef struct cps__restore_result {
     uint64_t step;
     uint64_t bytes;
     uint32_t tensors;
     double seconds;
-} cps_restore_result;
+} cps__restore_result;
 
 /**
  * @brief Load checkpoint `from` into the cluster at opts->scheduler.
@@ -83,6 +83,6 @@ typedef struct cps_restore_result {
  *         tensor that is not there), CPS_EINVAL (no optimizer description and no default),
  *         CPS_ETIMEDOUT, CPS_EIO, CPS_ENOMEM, or a server's refusal. Logged.
  */
-int cps__ckpt_restore(const cps_restore_opts *opts, const char *from, cps_restore_result *res);
+int cps__ckpt_restore(const cps__restore_opts *opts, const char *from, cps__restore_result *res);
 
 #endif

@@ -18,11 +18,11 @@ typedef struct arena_blk {
     max_align_t data[];
 } arena_blk;
 
-struct cps_json_doc {
+struct cps__json_doc {
     arena_blk *top;
 };
 
-static void *arena_alloc(cps_json_doc *d, size_t n)
+static void *arena_alloc(cps__json_doc *d, size_t n)
 {
     n = (n + sizeof(max_align_t) - 1) / sizeof(max_align_t) * sizeof(max_align_t);
     if (!d->top || d->top->cap - d->top->used < n) {
@@ -40,7 +40,7 @@ static void *arena_alloc(cps_json_doc *d, size_t n)
     return p;
 }
 
-void cps__json_free(cps_json_doc *doc)
+void cps__json_free(cps__json_doc *doc)
 {
     if (!doc)
         return;
@@ -58,7 +58,7 @@ void cps__json_free(cps_json_doc *doc)
 typedef struct parser {
     const unsigned char *s;
     size_t len, pos;
-    cps_json_doc *doc;
+    cps__json_doc *doc;
     char *err;
     size_t errcap;
     int failed; /* CPS_ECORRUPT or CPS_ENOMEM once something went wrong */
@@ -263,7 +263,7 @@ static int parse_string(parser *p, const char **out, size_t *out_len, size_t *ra
     return 0;
 }
 
-static int parse_number(parser *p, cps_json *v)
+static int parse_number(parser *p, cps__json *v)
 {
     size_t start = p->pos;
     const unsigned char *s = p->s;
@@ -325,7 +325,7 @@ static int parse_number(parser *p, cps_json *v)
 
 static int cmp_keyp(const void *a, const void *b)
 {
-    const cps_json *x = *(const cps_json *const *)a, *y = *(const cps_json *const *)b;
+    const cps__json *x = *(const cps__json *const *)a, *y = *(const cps__json *const *)b;
     size_t n = x->key_len < y->key_len ? x->key_len : y->key_len;
     int c = memcmp(x->key, y->key, n);
     if (c)
@@ -335,15 +335,15 @@ static int cmp_keyp(const void *a, const void *b)
 
 /* Duplicate keys: serde_json keeps the last, Python's json the last too; two readers could
  * then disagree with a third about which tensor a name means, so refuse them. */
-static int check_dup_keys(parser *p, cps_json *obj)
+static int check_dup_keys(parser *p, cps__json *obj)
 {
     if (obj->n < 2)
         return 0;
-    cps_json **v = malloc(obj->n * sizeof *v);
+    cps__json **v = malloc(obj->n * sizeof *v);
     if (!v)
         return oom(p);
     size_t i = 0;
-    for (cps_json *c = obj->child; c; c = c->next)
+    for (cps__json *c = obj->child; c; c = c->next)
         v[i++] = c;
     qsort(v, obj->n, sizeof *v, cmp_keyp);
     int rc = 0;
@@ -358,9 +358,9 @@ static int check_dup_keys(parser *p, cps_json *obj)
     return rc;
 }
 
-static int parse_value(parser *p, cps_json *v, int depth);
+static int parse_value(parser *p, cps__json *v, int depth);
 
-static int parse_container(parser *p, cps_json *v, int depth, int is_obj)
+static int parse_container(parser *p, cps__json *v, int depth, int is_obj)
 {
     if (depth >= JSON_MAX_DEPTH)
         return fail(p, "nesting too deep");
@@ -372,9 +372,9 @@ static int parse_container(parser *p, cps_json *v, int depth, int is_obj)
         p->pos++;
         return 0;
     }
-    cps_json **tail = &v->child;
+    cps__json **tail = &v->child;
     for (;;) {
-        cps_json *c = arena_alloc(p->doc, sizeof *c);
+        cps__json *c = arena_alloc(p->doc, sizeof *c);
         if (!c)
             return oom(p);
         memset(c, 0, sizeof *c);
@@ -410,7 +410,7 @@ static int parse_container(parser *p, cps_json *v, int depth, int is_obj)
     return is_obj ? check_dup_keys(p, v) : 0;
 }
 
-static int literal(parser *p, const char *word, int type, cps_json *v)
+static int literal(parser *p, const char *word, int type, cps__json *v)
 {
     size_t n = strlen(word);
     if (p->len - p->pos < n || memcmp(p->s + p->pos, word, n) != 0)
@@ -420,7 +420,7 @@ static int literal(parser *p, const char *word, int type, cps_json *v)
     return 0;
 }
 
-static int parse_value(parser *p, cps_json *v, int depth)
+static int parse_value(parser *p, cps__json *v, int depth)
 {
     skip_ws(p);
     if (p->pos >= p->len)
@@ -444,7 +444,7 @@ static int parse_value(parser *p, cps_json *v, int depth)
     }
 }
 
-int cps__json_parse(const char *text, size_t len, cps_json_doc **doc, const cps_json **root,
+int cps__json_parse(const char *text, size_t len, cps__json_doc **doc, const cps__json **root,
                     char *err, size_t errcap)
 {
     if (err && errcap)
@@ -455,7 +455,7 @@ int cps__json_parse(const char *text, size_t len, cps_json_doc **doc, const cps_
     p.doc = calloc(1, sizeof *p.doc);
     if (!p.doc)
         return oom(&p);
-    cps_json *r = arena_alloc(p.doc, sizeof *r);
+    cps__json *r = arena_alloc(p.doc, sizeof *r);
     if (!r) {
         oom(&p);
     } else {
@@ -475,12 +475,12 @@ int cps__json_parse(const char *text, size_t len, cps_json_doc **doc, const cps_
     return 0;
 }
 
-const cps_json *cps__json_get(const cps_json *obj, const char *key)
+const cps__json *cps__json_get(const cps__json *obj, const char *key)
 {
     if (!obj || obj->type != CPS_JSON_OBJECT)
         return NULL;
     size_t n = strlen(key);
-    for (const cps_json *c = obj->child; c; c = c->next)
+    for (const cps__json *c = obj->child; c; c = c->next)
         if (c->key_len == n && memcmp(c->key, key, n) == 0)
             return c;
     return NULL;
@@ -488,13 +488,13 @@ const cps_json *cps__json_get(const cps_json *obj, const char *key)
 
 /* ---- writer ---- */
 
-void cps__json_buf_fini(cps_json_buf *b)
+void cps__json_buf_fini(cps__json_buf *b)
 {
     free(b->p);
     memset(b, 0, sizeof *b);
 }
 
-static int reserve(cps_json_buf *b, size_t n)
+static int reserve(cps__json_buf *b, size_t n)
 {
     if (b->failed)
         return -1;
@@ -513,7 +513,7 @@ static int reserve(cps_json_buf *b, size_t n)
     return 0;
 }
 
-void cps__json_put(cps_json_buf *b, const char *s, size_t n)
+void cps__json_put(cps__json_buf *b, const char *s, size_t n)
 {
     if (reserve(b, n))
         return;
@@ -522,12 +522,12 @@ void cps__json_put(cps_json_buf *b, const char *s, size_t n)
     b->p[b->len] = '\0';
 }
 
-void cps__json_puts(cps_json_buf *b, const char *s)
+void cps__json_puts(cps__json_buf *b, const char *s)
 {
     cps__json_put(b, s, strlen(s));
 }
 
-void cps__json_printf(cps_json_buf *b, const char *fmt, ...)
+void cps__json_printf(cps__json_buf *b, const char *fmt, ...)
 {
     char tmp[256];
     va_list ap;
@@ -541,7 +541,7 @@ void cps__json_printf(cps_json_buf *b, const char *fmt, ...)
     cps__json_put(b, tmp, (size_t)n);
 }
 
-void cps__json_put_str(cps_json_buf *b, const char *s)
+void cps__json_put_str(cps__json_buf *b, const char *s)
 {
     cps__json_put(b, "\"", 1);
     const char *run = s;

@@ -98,7 +98,7 @@ static void event(const chaos *c, const char *fmt, ...)
     fflush(stdout);
 }
 
-static int servers_down(const cps_job *j, const chaos *c)
+static int servers_down(const cps__job *j, const chaos *c)
 {
     int n = 0;
     for (int i = 1; i <= j->S; i++)
@@ -107,7 +107,7 @@ static int servers_down(const cps_job *j, const chaos *c)
 }
 
 /* One fault: a random victim among those whose loss the job can survive. */
-static void inject(cps_job *j, chaos *c, uint64_t now)
+static void inject(cps__job *j, chaos *c, uint64_t now)
 {
     int candidates[1100], k = 0;
     int R = atoi(j->repl);
@@ -129,7 +129,7 @@ static void inject(cps_job *j, chaos *c, uint64_t now)
     if (k == 0)
         return;
     int v = candidates[next_rand(c) % (uint64_t)k];
-    cps_child *ch = &j->kids[v];
+    cps__child *ch = &j->kids[v];
     if (ch->role == CPS_ROLE_SERVER && c->pause && next_rand(c) % 2 == 0) {
         kill(ch->pid, SIGSTOP);
         c->paused[v] = 1;
@@ -152,10 +152,10 @@ static void inject(cps_job *j, chaos *c, uint64_t now)
 
 /* Resume paused processes and restart killed ones whose time has come; a server that left on
  * its own (fenced after a pause) is restarted too. */
-static void heal(cps_job *j, chaos *c, uint64_t now, int workers_done)
+static void heal(cps__job *j, chaos *c, uint64_t now, int workers_done)
 {
     for (int i = 0; i <= j->S; i++) {
-        cps_child *ch = &j->kids[i];
+        cps__child *ch = &j->kids[i];
         if (c->paused[i] && now >= c->down_until[i]) {
             kill(ch->pid, SIGCONT);
             c->paused[i] = 0;
@@ -181,7 +181,7 @@ static void heal(cps_job *j, chaos *c, uint64_t now, int workers_done)
 }
 
 /* Run `chainps status` against the job with extra arguments; returns its exit status. */
-static int run_status(const cps_job *j, const char *arg1, const char *arg2)
+static int run_status(const cps__job *j, const char *arg1, const char *arg2)
 {
     char sched[64];
     snprintf(sched, sizeof sched, "127.0.0.1:%d", j->port);
@@ -199,9 +199,9 @@ static int run_status(const cps_job *j, const char *arg1, const char *arg2)
 }
 
 /* The fault-free run: the workers' final checksums. Returns 0 if it succeeded. */
-static int reference_run(const cps_config *cfg, char **prog, char sums[][40], int W)
+static int reference_run(const cps__config *cfg, char **prog, char sums[][40], int W)
 {
-    cps_job j;
+    cps__job j;
     if (cps__job_init(&j, cfg, 0, 0, prog) != 0)
         return 1;
     j.quiet = 1;
@@ -300,7 +300,7 @@ int cps__cli_chaos(int argc, char **argv)
     if (split >= argc)
         return cps__cli_usage_error("chaos", "the job's launch arguments go after --");
 
-    cps_config cfg;
+    cps__config cfg;
     if (cps__cli_config(&cfg) != 0)
         return 2;
     int data_given, port;
@@ -335,7 +335,7 @@ int cps__cli_chaos(int argc, char **argv)
         printf("chaos: reference checksum %s\n", ref[0][0] ? ref[0] : "(none printed)");
     }
 
-    cps_job j;
+    cps__job j;
     if (cps__job_init(&j, &cfg, data_given, port, prog) != 0) {
         free(ref);
         return 1;
@@ -358,7 +358,7 @@ int cps__cli_chaos(int argc, char **argv)
         uint64_t now = cps__now_ms();
         int left = 0;
         for (int i = 1 + j.S; i < j.n; i++) {
-            cps_child *ch = &j.kids[i];
+            cps__child *ch = &j.kids[i];
             if (c.killed_for_good[i])
                 continue;
             left += !ch->exited;

@@ -43,7 +43,7 @@ static const char checkpoint_usage[] =
 
 static int inspect(const char *path, int verify)
 {
-    cps_ckpt_reader *r;
+    cps__ckpt_reader *r;
     int rc = cps__ckpt_reader_open(path, &r);
     if (rc) {
         fprintf(stderr, "chainps checkpoint inspect: %s: %s (%s)\n", path, cps_strerror(rc),
@@ -69,7 +69,7 @@ static int inspect(const char *path, int verify)
     uint64_t total = 0;
     size_t width = 4;
     for (size_t i = 0; i < n; i++) {
-        const cps_ckpt_tensor *t = cps__ckpt_reader_tensor(r, i);
+        const cps__ckpt_tensor *t = cps__ckpt_reader_tensor(r, i);
         total += t->nbytes;
         width = strlen(t->name) > width ? strlen(t->name) : width;
     }
@@ -78,7 +78,7 @@ static int inspect(const char *path, int verify)
     printf("  %-*s  %-5s  %-20s  %12s%s\n", (int)width, "name", "dtype", "shape", "bytes",
            nsh > 1 ? "  shard" : "");
     for (size_t i = 0; i < n; i++) {
-        const cps_ckpt_tensor *t = cps__ckpt_reader_tensor(r, i);
+        const cps__ckpt_tensor *t = cps__ckpt_reader_tensor(r, i);
         printf("  %-*s  %-5s  ", (int)width, t->name, t->dtype);
         char shape[64] = "";
         size_t at = 0;
@@ -99,7 +99,7 @@ static int inspect(const char *path, int verify)
     }
     size_t bad = 0, unchecked = 0, io = 0;
     for (size_t i = 0; i < n; i++) {
-        const cps_ckpt_tensor *t = cps__ckpt_reader_tensor(r, i);
+        const cps__ckpt_tensor *t = cps__ckpt_reader_tensor(r, i);
         if (!t->has_checksum) {
             unchecked++;
             continue;
@@ -158,7 +158,7 @@ static int cluster_cmd(const char *sub, int argc, char **argv)
     const char *sched = getenv("CHAINPS_SCHEDULER"), *out = NULL, *from = NULL;
     uint64_t step = 0, shard_mb = 0, timeout_s = 0;
     const char *optim = NULL, *lr_text = NULL;
-    cps_config cfg; /* for the job's secret */
+    cps__config cfg; /* for the job's secret */
     if (cps__cli_config(&cfg) != 0)
         return 2;
     int opt;
@@ -216,12 +216,12 @@ static int cluster_cmd(const char *sub, int argc, char **argv)
         if (!out || from || optim || lr_text)
             return cps__cli_usage_error(cmd, "export takes --out PATH (not --from, --optimizer, "
                                              "--lr)");
-        cps_export_opts o = {.scheduler = sched,
-                             .key = cps__node_key(&cfg),
-                             .at_step = step,
-                             .max_shard_bytes = shard_mb << 20,
-                             .timeout_ms = (int)timeout_s * 1000};
-        cps_export_result res;
+        cps__export_opts o = {.scheduler = sched,
+                              .key = cps__node_key(&cfg),
+                              .at_step = step,
+                              .max_shard_bytes = shard_mb << 20,
+                              .timeout_ms = (int)timeout_s * 1000};
+        cps__export_result res;
         int rc = cps__ckpt_export(&o, out, &res);
         if (rc != 0) {
             fprintf(stderr, "chainps checkpoint export: %s: %s\n", out,
@@ -238,16 +238,16 @@ static int cluster_cmd(const char *sub, int argc, char **argv)
     if (!from || out || step || shard_mb)
         return cps__cli_usage_error(cmd, "restore takes --from PATH (not --out, --step, "
                                          "--shard-mb)");
-    cps_param_spec spec;
+    cps__param_spec spec;
     if ((optim || lr_text) && (!optim || !lr_text || cps__cli_parse_optim(optim, lr_text, &spec)))
         return cps__cli_usage_error(cmd, "--optimizer sgd|momentum|adagrad|adam|rmsprop and "
                                          "--lr X (> 0) go together");
-    cps_restore_opts o = {.scheduler = sched,
-                          .key = cps__node_key(&cfg),
-                          .timeout_ms = (int)timeout_s * 1000,
-                          .default_spec = (optim ? &spec : NULL),
-                          .release = 1};
-    cps_restore_result res;
+    cps__restore_opts o = {.scheduler = sched,
+                           .key = cps__node_key(&cfg),
+                           .timeout_ms = (int)timeout_s * 1000,
+                           .default_spec = (optim ? &spec : NULL),
+                           .release = 1};
+    cps__restore_result res;
     int rc = cps__ckpt_restore(&o, from, &res);
     if (rc != 0) {
         fprintf(stderr, "chainps checkpoint restore: %s: %s\n", from,

@@ -24,7 +24,7 @@
 
 typedef struct ckpt_thread_cfg {
     char sched[64];
-    cps_config cfg;
+    cps__config cfg;
 } ckpt_thread_cfg;
 
 static void sleep_ms(uint64_t ms)
@@ -37,15 +37,15 @@ static void sleep_ms(uint64_t ms)
 static void *restore_thread(void *arg)
 {
     ckpt_thread_cfg *t = arg;
-    cps_param_spec spec;
+    cps__param_spec spec;
     int have_spec =
         t->cfg.restore_optim[0] && cps__cli_parse_optim(t->cfg.restore_optim, NULL, &spec) == 0;
-    cps_restore_opts o = {.scheduler = t->sched,
-                          .key = cps__node_key(&t->cfg),
-                          .release = 1,
-                          .timeout_ms = 120000,
-                          .default_spec = have_spec ? &spec : NULL};
-    cps_restore_result res;
+    cps__restore_opts o = {.scheduler = t->sched,
+                           .key = cps__node_key(&t->cfg),
+                           .release = 1,
+                           .timeout_ms = 120000,
+                           .default_spec = have_spec ? &spec : NULL};
+    cps__restore_result res;
     /* The job starts once every server and worker has said HELLO: until then, ask again. */
     int rc;
     for (;;) {
@@ -55,15 +55,15 @@ static void *restore_thread(void *arg)
         sleep_ms(RETRY_MS);
     }
     if (rc == 0) {
-        cps_log(CPS_LOG_INFO, "ckpt",
-                "restored %s: %u tensors, %.1f MB at step %" PRIu64 " in %.2f s; workers admitted",
-                t->cfg.restore_from, res.tensors, res.bytes / 1e6, res.step, res.seconds);
+        cps__log(CPS_LOG_INFO, "ckpt",
+                 "restored %s: %u tensors, %.1f MB at step %" PRIu64 " in %.2f s; workers admitted",
+                 t->cfg.restore_from, res.tensors, res.bytes / 1e6, res.step, res.seconds);
     } else {
         /* The workers stay out: training from scratch is not what was asked for. */
-        cps_log(CPS_LOG_ERROR, "ckpt",
-                "restoring %s failed: %s; the workers are not admitted "
-                "(end the job with `chainps status --end`)",
-                t->cfg.restore_from, cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "ckpt",
+                 "restoring %s failed: %s; the workers are not admitted "
+                 "(end the job with `chainps status --end`)",
+                 t->cfg.restore_from, cps_strerror(rc));
     }
     free(t);
     return NULL;
@@ -122,7 +122,7 @@ static void prune(const char *dir, uint32_t keep)
         char path[1100];
         snprintf(path, sizeof path, "%s/%s", dir, names[i]);
         remove_tree(path);
-        cps_log(CPS_LOG_INFO, "ckpt", "removed old checkpoint %s (--keep %u)", path, keep);
+        cps__log(CPS_LOG_INFO, "ckpt", "removed old checkpoint %s (--keep %u)", path, keep);
     }
     for (size_t i = 0; i < n; i++)
         free(names[i]);
@@ -130,17 +130,17 @@ static void prune(const char *dir, uint32_t keep)
 }
 
 /* Export into DIR/.tmp-<name>/ and rename it to DIR/<name>/ once complete. */
-static int export_one(const ckpt_thread_cfg *t, uint64_t at_step, cps_export_result *res)
+static int export_one(const ckpt_thread_cfg *t, uint64_t at_step, cps__export_result *res)
 {
     const char *dir = t->cfg.ckpt_dir;
     char tmp[700], final[700];
     snprintf(tmp, sizeof tmp, "%s/.tmp-export", dir);
     remove_tree(tmp); /* an export that crashed half-way */
-    cps_export_opts o = {.scheduler = t->sched,
-                         .key = cps__node_key(&t->cfg),
-                         .at_step = at_step,
-                         .timeout_ms = at_step ? 600000 : 120000,
-                         .quiet_until_ready = 1};
+    cps__export_opts o = {.scheduler = t->sched,
+                          .key = cps__node_key(&t->cfg),
+                          .at_step = at_step,
+                          .timeout_ms = at_step ? 600000 : 120000,
+                          .quiet_until_ready = 1};
     int rc = cps__ckpt_export(&o, tmp, res);
     if (rc != 0) {
         remove_tree(tmp);
@@ -152,7 +152,7 @@ static int export_one(const ckpt_thread_cfg *t, uint64_t at_step, cps_export_res
         snprintf(final, sizeof final, "%s/step-%010" PRIu64, dir, res->step);
     remove_tree(final); /* the same step again (a restarted scheduler) */
     if (rename(tmp, final) != 0) {
-        cps_log(CPS_LOG_ERROR, "ckpt", "cannot rename %s to %s: %s", tmp, final, strerror(errno));
+        cps__log(CPS_LOG_ERROR, "ckpt", "cannot rename %s to %s: %s", tmp, final, strerror(errno));
         remove_tree(tmp);
         return CPS_EIO;
     }
@@ -168,7 +168,7 @@ static int export_one(const ckpt_thread_cfg *t, uint64_t at_step, cps_export_res
 static void *periodic_thread(void *arg)
 {
     ckpt_thread_cfg *t = arg;
-    const cps_config *c = &t->cfg;
+    const cps__config *c = &t->cfg;
     uint64_t next = c->ckpt_every;
     for (;;) {
         uint64_t want = 0;
@@ -176,13 +176,13 @@ static void *periodic_thread(void *arg)
             sleep_ms(c->ckpt_every * 1000);
         else
             want = next;
-        cps_export_result res;
+        cps__export_result res;
         int rc = export_one(t, want, &res);
         if (rc == 0) {
-            cps_log(CPS_LOG_INFO, "ckpt",
-                    "checkpoint at step %" PRIu64 ": %s (%u tensors, "
-                    "%.1f MB in %.2f s)",
-                    res.step, res.path, res.tensors, res.bytes / 1e6, res.seconds);
+            cps__log(CPS_LOG_INFO, "ckpt",
+                     "checkpoint at step %" PRIu64 ": %s (%u tensors, "
+                     "%.1f MB in %.2f s)",
+                     res.step, res.path, res.tensors, res.bytes / 1e6, res.seconds);
             if (c->ckpt_keep)
                 prune(c->ckpt_dir, c->ckpt_keep);
             next = (res.step / c->ckpt_every + 1) * c->ckpt_every;
@@ -193,15 +193,15 @@ static void *periodic_thread(void *arg)
         } else {
             int early = rc == CPS_EUNAVAILABLE || rc == CPS_ENOTFOUND;
             if (!early)
-                cps_log(CPS_LOG_WARN, "ckpt", "periodic checkpoint failed: %s; trying again",
-                        cps_strerror(rc));
+                cps__log(CPS_LOG_WARN, "ckpt", "periodic checkpoint failed: %s; trying again",
+                         cps_strerror(rc));
             sleep_ms(early ? RETRY_MS : 10 * RETRY_MS);
         }
     }
     return NULL;
 }
 
-static int start(void *(*fn)(void *), const cps_config *cfg)
+static int start(void *(*fn)(void *), const cps__config *cfg)
 {
     ckpt_thread_cfg *t = calloc(1, sizeof *t);
     if (!t)
@@ -217,25 +217,25 @@ static int start(void *(*fn)(void *), const cps_config *cfg)
     return 0;
 }
 
-int cps__cli_ckpt_threads_start(const cps_config *cfg)
+int cps__cli_ckpt_threads_start(const cps__config *cfg)
 {
     int rc = 0;
     if (cfg->restore_from[0])
         rc = start(restore_thread, cfg);
     if (rc == 0 && cfg->ckpt_every) {
-        cps_config c = *cfg;
+        cps__config c = *cfg;
         if (!c.ckpt_dir[0])
             snprintf(c.ckpt_dir, sizeof c.ckpt_dir, "%.490s/checkpoints", cfg->data_dir);
         if (mkdir(c.ckpt_dir, 0755) != 0 && errno != EEXIST) {
-            cps_log(CPS_LOG_ERROR, "ckpt", "cannot create %s: %s", c.ckpt_dir, strerror(errno));
+            cps__log(CPS_LOG_ERROR, "ckpt", "cannot create %s: %s", c.ckpt_dir, strerror(errno));
             return CPS_EIO;
         }
-        cps_log(CPS_LOG_INFO, "ckpt", "a checkpoint every %llu %s into %s%s",
-                (unsigned long long)c.ckpt_every, c.ckpt_every_seconds ? "s" : "steps", c.ckpt_dir,
-                c.ckpt_keep ? " (keeping the newest)" : "");
+        cps__log(CPS_LOG_INFO, "ckpt", "a checkpoint every %llu %s into %s%s",
+                 (unsigned long long)c.ckpt_every, c.ckpt_every_seconds ? "s" : "steps", c.ckpt_dir,
+                 c.ckpt_keep ? " (keeping the newest)" : "");
         rc = start(periodic_thread, &c);
     }
     if (rc != 0)
-        cps_log(CPS_LOG_ERROR, "ckpt", "cannot start the checkpoint thread: %s", cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "ckpt", "cannot start the checkpoint thread: %s", cps_strerror(rc));
     return rc;
 }

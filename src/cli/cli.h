@@ -17,17 +17,17 @@ int cps__cli_secret(int argc, char **argv);
 
 /* Parse launch's job arguments (`--servers S --workers W ... -- PROGRAM ARGS`) into cfg.
  * Returns 0, 2 (usage error, printed), or -1 (--help was printed). */
-int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, int *data_given,
+int cps__cli_job_args(const char *cmd, int argc, char **argv, cps__config *cfg, int *data_given,
                       int *port, uint32_t *timeout_s, uint32_t *kill_at_s, char ***prog);
 
 /* Defaults + environment into cfg; prints the error and returns 2 on a bad variable. */
-int cps__cli_config(cps_config *cfg);
+int cps__cli_config(cps__config *cfg);
 /* Print "chainps <cmd>: <msg>" to stderr and return 2 (usage errors). */
 int cps__cli_usage_error(const char *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Apply one of the flags shared by several subcommands (value in optarg); returns 0 if handled,
  * 1 if not a shared flag, 2 on a bad value (message printed). */
-int cps__cli_common_flag(const char *cmd, int opt, const char *optarg_, cps_config *cfg);
+int cps__cli_common_flag(const char *cmd, int opt, const char *optarg_, cps__config *cfg);
 
 /* getopt_long codes of the shared flags. */
 enum {
@@ -95,10 +95,10 @@ enum {
 /* Checkpoint threads of the scheduler's process: the periodic export, and the restore that
  * runs before the workers are let in. Both talk to the scheduler at 127.0.0.1:cfg->sched_port.
  * Return 0 or an error (logged). */
-int cps__cli_ckpt_threads_start(const cps_config *cfg);
+int cps__cli_ckpt_threads_start(const cps__config *cfg);
 /* The optimizer description "KIND:LR" (or KIND and LR apart: pass lr_text NULL to split at ':')
  * into spec, with the library's defaults for everything else. Returns 0, or -1 (bad kind or
  * learning rate). */
-int cps__cli_parse_optim(const char *kind, const char *lr_text, cps_param_spec *spec);
+int cps__cli_parse_optim(const char *kind, const char *lr_text, cps__param_spec *spec);
 
 #endif

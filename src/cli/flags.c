@@ -11,7 +11,7 @@
 #include "node/roles.h"
 #include "worker/client.h"
 
-int cps__cli_parse_optim(const char *kind, const char *lr_text, cps_param_spec *spec)
+int cps__cli_parse_optim(const char *kind, const char *lr_text, cps__param_spec *spec)
 {
     static const char *const kinds[] = {"sgd", "momentum", "adagrad", "adam", "rmsprop"};
     char name[32];
@@ -45,7 +45,7 @@ int cps__cli_usage_error(const char *cmd, const char *fmt, ...)
     return 2;
 }
 
-int cps__cli_config(cps_config *cfg)
+int cps__cli_config(cps__config *cfg)
 {
     char err[512];
     cps__config_defaults(cfg);
@@ -56,7 +56,7 @@ int cps__cli_config(cps_config *cfg)
     return 0;
 }
 
-int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps_config *cfg)
+int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps__config *cfg)
 {
     char err[512];
     uint32_t v;
@@ -164,7 +164,7 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps_config *
         rc = cps__config_parse_u32("--keep", arg, 1, 1000000, &cfg->ckpt_keep, err, sizeof err);
         break;
     case CLI_OPT_RESTORE_OPTIM: {
-        cps_param_spec spec;
+        cps__param_spec spec;
         if (strlen(arg) >= sizeof cfg->restore_optim || cps__cli_parse_optim(arg, NULL, &spec)) {
             snprintf(err, sizeof err,
                      "--restore-optimizer: '%s' is not KIND:LR (KIND sgd, momentum, adagrad, "

@@ -25,7 +25,7 @@
 
 /* The job's secret: the user's (--secret-file, CHAINPS_SECRET_FILE), or a new one in a private
  * directory removed at the end, unless the job runs --insecure. */
-static int make_secret(cps_job *j)
+static int make_secret(cps__job *j)
 {
     if (!j->cfg.secret_file[0] && !j->cfg.insecure) {
         const char *tmp = getenv("TMPDIR");
@@ -55,7 +55,7 @@ static int make_secret(cps_job *j)
     return 0;
 }
 
-int cps__job_init(cps_job *j, const cps_config *cfg, int data_given, int port, char **prog)
+int cps__job_init(cps__job *j, const cps__config *cfg, int data_given, int port, char **prog)
 {
     memset(j, 0, sizeof *j);
     j->cfg = *cfg;
@@ -99,7 +99,7 @@ int cps__job_init(cps_job *j, const cps_config *cfg, int data_given, int port, c
     if (!j->kids)
         return 1;
     for (int i = 0; i < j->n; i++) {
-        cps_child *c = &j->kids[i];
+        cps__child *c = &j->kids[i];
         c->fd = -1;
         if (i == 0) {
             snprintf(c->tag, sizeof c->tag, "scheduler");
@@ -116,7 +116,7 @@ int cps__job_init(cps_job *j, const cps_config *cfg, int data_given, int port, c
 }
 
 /* Remember the last "checksum <hex>" a worker printed: chaos compares runs with it. */
-static void note_checksum(cps_child *c, const char *text, size_t n)
+static void note_checksum(cps__child *c, const char *text, size_t n)
 {
     static const char key[] = "checksum ";
     for (size_t i = 0; i + sizeof key - 1 < n; i++) {
@@ -130,7 +130,7 @@ static void note_checksum(cps_child *c, const char *text, size_t n)
     }
 }
 
-static void print_line(const cps_job *j, cps_child *c, const char *text, size_t n)
+static void print_line(const cps__job *j, cps__child *c, const char *text, size_t n)
 {
     note_checksum(c, text, n);
     if (j->quiet)
@@ -143,7 +143,7 @@ static void print_line(const cps_job *j, cps_child *c, const char *text, size_t 
     fflush(stdout);
 }
 
-static void drain(const cps_job *j, cps_child *c)
+static void drain(const cps__job *j, cps__child *c)
 {
     char buf[8192];
     ssize_t n = read(c->fd, buf, sizeof buf);
@@ -168,7 +168,7 @@ static void drain(const cps_job *j, cps_child *c)
     }
 }
 
-static int spawn(cps_child *c, char *const argv[], char *const env_add[])
+static int spawn(cps__child *c, char *const argv[], char *const env_add[])
 {
     int p[2];
     if (pipe(p) != 0)
@@ -220,7 +220,7 @@ static int spawn(cps_child *c, char *const argv[], char *const env_add[])
     return 0;
 }
 
-int cps__job_start(cps_job *j, int i)
+int cps__job_start(cps__job *j, int i)
 {
     /* Each child's environment: the job's settings in CHAINPS_* form. Kept in the job so the
      * strings outlive putenv in the child (the child copies them on exec anyway). */
@@ -241,7 +241,7 @@ int cps__job_start(cps_job *j, int i)
              cps__config_compress_str(&j->cfg, compress, sizeof compress));
     snprintf(env[k++], sizeof env[0], "CHAINPS_BIND=127.0.0.1");
     snprintf(env[k++], sizeof env[0], "CHAINPS_ADVERTISE=127.0.0.1");
-    cps_child *c = &j->kids[i];
+    cps__child *c = &j->kids[i];
     if (c->role == CPS_ROLE_SCHEDULER)
         snprintf(env[k++], sizeof env[0], "CHAINPS_ROLE=scheduler");
     else if (c->role == CPS_ROLE_SERVER)
@@ -301,7 +301,7 @@ int cps__job_start(cps_job *j, int i)
     return spawn(c, j->prog, envp);
 }
 
-int cps__job_start_all(cps_job *j)
+int cps__job_start_all(cps__job *j)
 {
     for (int i = 0; i < j->n; i++)
         if (cps__job_start(j, i) != 0) {
@@ -311,10 +311,10 @@ int cps__job_start_all(cps_job *j)
     return 0;
 }
 
-static void reap(cps_job *j)
+static void reap(cps__job *j)
 {
     for (int i = 0; i < j->n; i++) {
-        cps_child *c = &j->kids[i];
+        cps__child *c = &j->kids[i];
         if (c->exited || c->pid <= 0)
             continue;
         int st;
@@ -325,7 +325,7 @@ static void reap(cps_job *j)
     }
 }
 
-void cps__job_pump(cps_job *j, int timeout_ms)
+void cps__job_pump(cps__job *j, int timeout_ms)
 {
     struct pollfd pfd[1100];
     int map[1100], k = 0;
@@ -346,7 +346,7 @@ void cps__job_pump(cps_job *j, int timeout_ms)
     reap(j);
 }
 
-void cps__job_stop(cps_job *j, int first, int last, int grace_ms)
+void cps__job_stop(cps__job *j, int first, int last, int grace_ms)
 {
     uint64_t deadline = cps__now_ms() + (uint64_t)grace_ms;
     for (int phase = 0; phase < 3; phase++) {
@@ -362,7 +362,7 @@ void cps__job_stop(cps_job *j, int first, int last, int grace_ms)
         }
         int sig = phase == 0 ? SIGTERM : SIGKILL;
         for (int i = first; i < last; i++) {
-            cps_child *c = &j->kids[i];
+            cps__child *c = &j->kids[i];
             if (c->pid > 0 && !c->exited) {
                 kill(c->pid, SIGCONT); /* a paused process cannot act on SIGTERM */
                 kill(c->pid, sig);
@@ -380,7 +380,7 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
     return remove(path);
 }
 
-void cps__job_fini(cps_job *j)
+void cps__job_fini(cps__job *j)
 {
     for (;;) {
         int open = 0;
@@ -409,8 +409,8 @@ const char *cps__job_exit_text(int st, char *buf, size_t len)
     return buf;
 }
 
-int cps__job_ok(const cps_job *j, int i)
+int cps__job_ok(const cps__job *j, int i)
 {
-    const cps_child *c = &j->kids[i];
+    const cps__child *c = &j->kids[i];
     return c->exited && WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0;
 }

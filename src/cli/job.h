@@ -9,7 +9,7 @@
 
 #include "core/config.h"
 
-typedef struct cps_child {
+typedef struct cps__child {
     pid_t pid;
     int fd; /* read end of its stdout+stderr, -1 once closed */
     char tag[32];
@@ -20,10 +20,10 @@ typedef struct cps_child {
     char line[4096];
     size_t linelen;
     char last_checksum[40]; /* the last "checksum <hex>" the process printed */
-} cps_child;
+} cps__child;
 
-typedef struct cps_job {
-    cps_config cfg;
+typedef struct cps__job {
+    cps__config cfg;
     int S, W;
     int port;
     char data[512];
@@ -31,7 +31,7 @@ typedef struct cps_job {
     char self[1024];
     char **prog; /* the worker's argv (borrowed) */
     char mode[32], repl[16];
-    cps_child *kids; /* [0] scheduler, [1..S] servers, [S+1..S+W] workers */
+    cps__child *kids; /* [0] scheduler, [1..S] servers, [S+1..S+W] workers */
     int n;
     const char *prefix;     /* printed before every streamed line, e.g. "" */
     int quiet;              /* do not stream the children's output */
@@ -39,26 +39,26 @@ typedef struct cps_job {
     int await_replacements; /* scheduler --await-replacements: a dead worker's rank holds the
                                job's end until a replacement finished it */
     char secret_dir[400];   /* a directory of our own holding the secret we made; "" if none */
-} cps_job;
+} cps__job;
 
 /* Set up (data dir, port, executable path, the job's secret: the one cfg names, or a new one
  * made for this job unless cfg->insecure; exported as CHAINPS_SECRET_FILE / CHAINPS_INSECURE so
  * every child and tool run from here has it). cfg: servers, workers, mode, replicas, compress,
  * verbose; data_dir used when data_given. Returns 0 or 1 (message printed). */
-int cps__job_init(cps_job *j, const cps_config *cfg, int data_given, int port, char **prog);
+int cps__job_init(cps__job *j, const cps__config *cfg, int data_given, int port, char **prog);
 /* Start (or start again) child i. Returns 0 or -1 (errno). */
-int cps__job_start(cps_job *j, int i);
+int cps__job_start(cps__job *j, int i);
 /* Start everything: scheduler, servers, workers. */
-int cps__job_start_all(cps_job *j);
+int cps__job_start_all(cps__job *j);
 /* Stream output for up to timeout_ms and reap exits. */
-void cps__job_pump(cps_job *j, int timeout_ms);
+void cps__job_pump(cps__job *j, int timeout_ms);
 /* Wait for children first..last-1 to exit, up to grace_ms; then SIGTERM, then SIGKILL. */
-void cps__job_stop(cps_job *j, int first, int last, int grace_ms);
+void cps__job_stop(cps__job *j, int first, int last, int grace_ms);
 /* Drain the remaining output, remove the data dir unless it was given, free. */
-void cps__job_fini(cps_job *j);
+void cps__job_fini(cps__job *j);
 /* "exit status 3" / "killed by signal 9 (Killed)". */
 const char *cps__job_exit_text(int status, char *buf, size_t len);
 /* 1 if child i exited with status 0. */
-int cps__job_ok(const cps_job *j, int i);
+int cps__job_ok(const cps__job *j, int i);
 
 #endif

@@ -103,7 +103,7 @@ static uint32_t kill_server;
 /* --restart-workers (launch only). */
 static int restart_workers;
 
-int cps__cli_job_args(const char *cmd, int argc, char **argv, cps_config *cfg, int *data_given,
+int cps__cli_job_args(const char *cmd, int argc, char **argv, cps__config *cfg, int *data_given,
                       int *port, uint32_t *timeout_s, uint32_t *kill_at_s, char ***prog)
 {
     int opt;
@@ -194,12 +194,12 @@ typedef struct supervisor {
  * it dead (CHAINPS_WORKER_DEAD_AFTER_MS). One that exited with an error is the program's own
  * failure: its index is returned (else -1). *left counts workers running or due back,
  * *finished those that exited 0. */
-static int supervise_workers(supervisor *sup, cps_job *job, uint64_t now, uint64_t start,
+static int supervise_workers(supervisor *sup, cps__job *job, uint64_t now, uint64_t start,
                              int job_ended, int *left, int *finished)
 {
     int failed = -1;
     for (int i = 1 + job->S; i < job->n; i++) {
-        cps_child *k = &job->kids[i];
+        cps__child *k = &job->kids[i];
         char b[96];
         if (sup->restart_at[i]) {
             ++*left;
@@ -250,7 +250,7 @@ static int supervise_workers(supervisor *sup, cps_job *job, uint64_t now, uint64
 
 int cps__cli_launch(int argc, char **argv)
 {
-    cps_config cfg;
+    cps__config cfg;
     if (cps__cli_config(&cfg) != 0)
         return 2;
     int data_given, sched_port;
@@ -261,7 +261,7 @@ int cps__cli_launch(int argc, char **argv)
     if (prc != 0)
         return prc < 0 ? 0 : prc;
 
-    cps_job job;
+    cps__job job;
     if (cps__job_init(&job, &cfg, data_given, sched_port, prog) != 0)
         return 1;
     /* A worker we restart must find the job still running: the scheduler keeps it open while
@@ -284,7 +284,7 @@ int cps__cli_launch(int argc, char **argv)
 
     int rc = cps__job_start_all(&job);
     int S = job.S, n = job.n;
-    cps_child *kids = job.kids;
+    cps__child *kids = job.kids;
     uint64_t start = cps__now_ms(), restart_at = 0, job_ended_at = 0, sched_back_at = 0;
     int killed = 0, sched_restarts = 0;
     supervisor sup = {0};
@@ -297,7 +297,7 @@ int cps__cli_launch(int argc, char **argv)
     while (rc == 0) {
         cps__job_pump(&job, 100);
         uint64_t now = cps__now_ms();
-        cps_child *victim = &kids[1 + kill_server];
+        cps__child *victim = &kids[1 + kill_server];
         if (kill_at_s && !killed && now - start >= (uint64_t)kill_at_s * 1000 && !victim->exited) {
             printf("launch: +%.1f s: SIGKILL server %u (pid %d) to show failover; it restarts "
                    "in 2 s\n",

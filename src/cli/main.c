@@ -83,7 +83,7 @@ static const struct option scheduler_opts[] = {
 
 int cps__cli_scheduler(int argc, char **argv)
 {
-    cps_config cfg;
+    cps__config cfg;
     if (cps__cli_config(&cfg) != 0)
         return 2;
     cfg.role = CPS_ROLE_SCHEDULER;
@@ -174,7 +174,7 @@ static const struct option server_opts[] = {
 
 int cps__cli_server(int argc, char **argv)
 {
-    cps_config cfg;
+    cps__config cfg;
     if (cps__cli_config(&cfg) != 0)
         return 2;
     cfg.role = CPS_ROLE_SERVER;

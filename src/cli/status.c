@@ -64,12 +64,12 @@ typedef struct sum_answer {
 
 typedef struct reply {
     int got;
-    cps_view view;
+    cps__view view;
     int started;
     uint32_t n;
     uint32_t ids[CPS_MAX_NODES];
     uint32_t age_ms[CPS_MAX_NODES];
-    cps_node_stats stats[CPS_MAX_NODES];
+    cps__node_stats stats[CPS_MAX_NODES];
     uint32_t njoins;                        /* ranges the join info covers (0: none sent) */
     uint32_t joiner[CPS_MAX_RANGES_STATUS]; /* per range: the server copying it, or 0 */
     uint32_t source[CPS_MAX_RANGES_STATUS]; /* and the replica it copies from */
@@ -79,11 +79,11 @@ typedef struct reply {
 static void on_msg(void *ctx, void *buf, size_t len)
 {
     reply *r = ctx;
-    cps_rx rx;
+    cps__rx rx;
     if (cps__rx_parse(&rx, buf, len) != 0)
         return;
     if (rx.hdr.type == CPS_MSG_CHECKSUM && r->sums && rx.hdr.range < r->view.nranges) {
-        const cps_range *rg = &r->view.ranges[rx.hdr.range];
+        const cps__range *rg = &r->view.ranges[rx.hdr.range];
         for (uint32_t j = 0; j < rg->chain_len; j++) {
             if (rg->chain[j] == rx.hdr.sender) {
                 sum_answer *a = &r->sums[rx.hdr.range * CPS_MAX_REPLICAS + j];
@@ -123,7 +123,7 @@ static void on_msg(void *ctx, void *buf, size_t len)
     cps__rx_free(&rx);
 }
 
-static const cps_node_stats *stats_of(const reply *r, uint32_t id, uint32_t *age)
+static const cps__node_stats *stats_of(const reply *r, uint32_t id, uint32_t *age)
 {
     for (uint32_t i = 0; i < r->n; i++)
         if (r->ids[i] == id) {
@@ -146,10 +146,10 @@ static void summarize(const reply *r, const summary *prev, uint64_t now, summary
 {
     memset(out, 0, sizeof *out);
     out->at_ms = now;
-    const cps_view *v = &r->view;
+    const cps__view *v = &r->view;
     for (uint32_t i = 0; i < v->nnodes; i++) {
         uint32_t age = 0;
-        const cps_node_stats *s = stats_of(r, v->nodes[i].id, &age);
+        const cps__node_stats *s = stats_of(r, v->nodes[i].id, &age);
         if (!s)
             continue;
         if (v->nodes[i].role == CPS_ROLE_SERVER) {
@@ -179,7 +179,7 @@ static void summarize(const reply *r, const summary *prev, uint64_t now, summary
 
 static void print_status(const reply *r, const summary *sm)
 {
-    const cps_view *v = &r->view;
+    const cps__view *v = &r->view;
     char mode[32];
     if (!r->started) {
         printf("job: waiting for nodes (%u joined so far)\n", r->n);
@@ -195,9 +195,9 @@ static void print_status(const reply *r, const summary *sm)
     printf("\nnodes:\n  %-5s %-7s %-5s %-28s %-10s %-5s %s\n", "id", "role", "rank", "address",
            "heard", "alive", "clock (lag)");
     for (uint32_t i = 0; i < v->nnodes; i++) {
-        const cps_node_info *n = &v->nodes[i];
+        const cps__node_info *n = &v->nodes[i];
         uint32_t age = 0;
-        const cps_node_stats *s = stats_of(r, n->id, &age);
+        const cps__node_stats *s = stats_of(r, n->id, &age);
         char heard[32], clock[48] = "";
         snprintf(heard, sizeof heard, "%.1f s ago", age / 1000.0);
         if (s && n->role == CPS_ROLE_WORKER)
@@ -209,7 +209,7 @@ static void print_status(const reply *r, const summary *sm)
     if (v->nranges) {
         printf("\nranges:\n  %-6s %-35s %s\n", "range", "keys", "chain (head .. tail)");
         for (uint32_t i = 0; i < v->nranges; i++) {
-            const cps_range *rg = &v->ranges[i];
+            const cps__range *rg = &v->ranges[i];
             char chain[160] = "";
             size_t off = 0;
             for (uint32_t j = 0; j < rg->chain_len && off < sizeof chain; j++)
@@ -243,7 +243,7 @@ static void json_str(const char *s)
 
 static void print_json(const reply *r, const summary *sm)
 {
-    const cps_view *v = &r->view;
+    const cps__view *v = &r->view;
     char mode[32];
     printf("{\"running\":%s,\"epoch\":%" PRIu64 ",\"mode\":\"%s\",\"workers\":%u,"
            "\"servers\":%u,\"replicas\":%u,\"step\":%" PRIu64,
@@ -256,9 +256,9 @@ static void print_json(const reply *r, const summary *sm)
                sm->steps_s, sm->push_mb_s, sm->pull_mb_s, sm->updates_s);
     printf(",\"nodes\":[");
     for (uint32_t i = 0; i < v->nnodes; i++) {
-        const cps_node_info *n = &v->nodes[i];
+        const cps__node_info *n = &v->nodes[i];
         uint32_t age = 0;
-        const cps_node_stats *s = stats_of(r, n->id, &age);
+        const cps__node_stats *s = stats_of(r, n->id, &age);
         printf("%s{\"id\":%u,\"role\":\"%s\",\"rank\":%u,\"address\":", i ? "," : "", n->id,
                cps__config_role_str(n->role), n->rank);
         json_str(n->addr);
@@ -273,7 +273,7 @@ static void print_json(const reply *r, const summary *sm)
     }
     printf("],\"ranges\":[");
     for (uint32_t i = 0; i < v->nranges; i++) {
-        const cps_range *rg = &v->ranges[i];
+        const cps__range *rg = &v->ranges[i];
         printf("%s{\"range\":%u,\"lo\":\"%016" PRIx64 "\",\"hi\":\"%016" PRIx64 "\",\"chain\":[",
                i ? "," : "", i, rg->lo, rg->hi);
         for (uint32_t j = 0; j < rg->chain_len; j++)
@@ -292,9 +292,9 @@ static void print_json(const reply *r, const summary *sm)
 
 /* Ask every replica of every range for its checksum until, for each range, all replicas
  * answer at the same sequence number. Returns 0 (all agree), 1 (mismatch), 3 (inconclusive). */
-static int verify(reply *r, cps_tp *tp, const char *me)
+static int verify(reply *r, cps__tp *tp, const char *me)
 {
-    const cps_view *v = &r->view;
+    const cps__view *v = &r->view;
     r->sums = calloc((size_t)v->nranges * CPS_MAX_REPLICAS, sizeof *r->sums);
     if (!r->sums)
         return 1;
@@ -308,7 +308,7 @@ static int verify(reply *r, cps_tp *tp, const char *me)
         memset(r->sums, 0, (size_t)v->nranges * CPS_MAX_REPLICAS * sizeof *r->sums);
         for (uint32_t g = 0; g < v->nranges; g++) {
             for (uint32_t j = 0; j < v->ranges[g].chain_len; j++) {
-                cps_msg_hdr h = {.type = CPS_MSG_CHECKSUM, .sender = UINT32_MAX, .range = g};
+                cps__msg_hdr h = {.type = CPS_MSG_CHECKSUM, .sender = UINT32_MAX, .range = g};
                 cps__msg_send(tp, v->ranges[g].chain[j], &h, payload, plen);
             }
         }
@@ -358,7 +358,7 @@ static int verify(reply *r, cps_tp *tp, const char *me)
 }
 
 /* Ask the scheduler once; 1 if it answered within STATUS_TIMEOUT_MS. */
-static int fetch(reply *r, cps_tp *tp, const char *me)
+static int fetch(reply *r, cps__tp *tp, const char *me)
 {
     cps__view_fini(&r->view);
     cps__view_init(&r->view);
@@ -367,7 +367,7 @@ static int fetch(reply *r, cps_tp *tp, const char *me)
     r->njoins = 0;
     char payload[16 + CPS_ADDR_MAX];
     size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_NONE, UINT32_MAX, 0, me);
-    cps_msg_hdr h = {.type = CPS_MSG_STATUS, .sender = UINT32_MAX};
+    cps__msg_hdr h = {.type = CPS_MSG_STATUS, .sender = UINT32_MAX};
     if (cps__msg_send(tp, 0, &h, payload, n) != 0)
         return 0;
     uint64_t deadline = cps__now_ms() + STATUS_TIMEOUT_MS;
@@ -378,7 +378,7 @@ static int fetch(reply *r, cps_tp *tp, const char *me)
 
 int cps__cli_status(int argc, char **argv)
 {
-    cps_config cfg;
+    cps__config cfg;
     if (cps__cli_config(&cfg) != 0)
         return 2;
     int opt, want_verify = 0, want_end = 0, json = 0, watch = 0;
@@ -440,7 +440,7 @@ int cps__cli_status(int argc, char **argv)
         return 2;
 
     reply *r = calloc(1, sizeof *r);
-    cps_tp *tp = NULL;
+    cps__tp *tp = NULL;
     if (!r)
         return 1;
     cps__view_init(&r->view);
@@ -485,7 +485,7 @@ int cps__cli_status(int argc, char **argv)
         if (want_verify)
             exit_code = r->started ? verify(r, tp, me) : 3;
         if (want_end) {
-            cps_msg_hdr e = {.type = CPS_MSG_SHUTDOWN, .sender = UINT32_MAX};
+            cps__msg_hdr e = {.type = CPS_MSG_SHUTDOWN, .sender = UINT32_MAX};
             if (cps__msg_send(tp, 0, &e, NULL, 0) == 0) {
                 cps__tp_poll(tp, 200, NULL, NULL, 0); /* let it leave before we close */
                 if (!json)

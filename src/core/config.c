@@ -20,7 +20,7 @@
 
 #define SSP_BOUND_MAX  1000000u
 #define TIMEOUT_MS_MAX 86400000u /* a day; anything longer is a typo */
-#define DATA_DIR_MAX   sizeof(((cps_config *)0)->data_dir)
+#define DATA_DIR_MAX   sizeof(((cps__config *)0)->data_dir)
 
 static int fail(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -36,7 +36,7 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
     return CPS_ECONFIG;
 }
 
-void cps__config_defaults(cps_config *cfg)
+void cps__config_defaults(cps__config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->role = CPS_ROLE_NONE;
@@ -247,7 +247,7 @@ static int env_u32(const char *const *names, uint32_t min, uint32_t max, uint32_
     return 0;
 }
 
-static int env_role(cps_config *cfg, char *err, size_t errlen)
+static int env_role(cps__config *cfg, char *err, size_t errlen)
 {
     static const char *const names[] = {"CHAINPS_ROLE", "DMLC_ROLE", "MS_ROLE", NULL};
     found f = {0};
@@ -298,7 +298,7 @@ static int env_host_port_pair(const char *hname, const char *pname, char *host, 
     return 0;
 }
 
-static int env_scheduler(cps_config *cfg, char *err, size_t errlen)
+static int env_scheduler(cps__config *cfg, char *err, size_t errlen)
 {
     struct {
         const char *label;
@@ -376,11 +376,11 @@ static int env_flag(const char *name, int *dst, char *err, size_t errlen)
     return 0;
 }
 
-int cps__config_parse_compress(const char *what, const char *s, cps_config *cfg, char *err,
+int cps__config_parse_compress(const char *what, const char *s, cps__config *cfg, char *err,
                                size_t errlen)
 {
     int snappy = cfg->compress, codecs = 0;
-    cps_gradcodec gc = cfg->grad_codec;
+    cps__gradcodec gc = cfg->grad_codec;
     char item[64];
     const char *p = s;
     do {
@@ -404,7 +404,7 @@ int cps__config_parse_compress(const char *what, const char *s, cps_config *cfg,
     return 0;
 }
 
-const char *cps__config_compress_str(const cps_config *cfg, char *buf, size_t len)
+const char *cps__config_compress_str(const cps__config *cfg, char *buf, size_t len)
 {
     char spec[CPS_GC_SPEC_MAX];
     if (cfg->grad_codec.kind == CPS_GC_NONE)
@@ -415,7 +415,7 @@ const char *cps__config_compress_str(const cps_config *cfg, char *buf, size_t le
     return buf;
 }
 
-static int env_misc(cps_config *cfg, char *err, size_t errlen)
+static int env_misc(cps__config *cfg, char *err, size_t errlen)
 {
     const char *s = env("CHAINPS_DATA_DIR");
     if (s) {
@@ -467,7 +467,7 @@ static int env_misc(cps_config *cfg, char *err, size_t errlen)
     return rc;
 }
 
-int cps__config_from_env(cps_config *cfg, char *err, size_t errlen)
+int cps__config_from_env(cps__config *cfg, char *err, size_t errlen)
 {
     static const char *const servers[] = {"CHAINPS_NUM_SERVERS", "DMLC_NUM_SERVER", "MS_SERVER_NUM",
                                           NULL};
@@ -487,7 +487,7 @@ int cps__config_from_env(cps_config *cfg, char *err, size_t errlen)
     if (err && errlen)
         err[0] = '\0';
     /* Work on a copy so a failure leaves cfg exactly as the caller passed it. */
-    cps_config c = *cfg;
+    cps__config c = *cfg;
     uint32_t verb = 0;
     int verb_set = 0;
     int rc = env_role(&c, err, errlen);
@@ -552,7 +552,7 @@ static int put_u32(const char *name, uint32_t v)
     return put(name, buf);
 }
 
-int cps__config_export_env(const cps_config *cfg)
+int cps__config_export_env(const cps__config *cfg)
 {
     /* The aliases go: a child started by `chainps launch` inherits our environment, and a stale
      * DMLC_ROLE=worker next to the CHAINPS_ROLE=server we set would be reported as a conflict. */

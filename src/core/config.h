@@ -36,8 +36,8 @@
 #include "core/gradcodec.h"
 #include "core/view.h"
 
-typedef struct cps_config {
-    int role;                      /* cps_role; CPS_ROLE_NONE if unset */
+typedef struct cps__config {
+    int role;                      /* cps__role; CPS_ROLE_NONE if unset */
     char sched_host[CPS_ADDR_MAX]; /* default "127.0.0.1" */
     uint16_t sched_port;           /* default 9091 */
     uint32_t num_servers;          /* 0 = unset */
@@ -62,7 +62,7 @@ typedef struct cps_config {
                                           job's result, one noticed late only delays a step */
     uint32_t unavailable_timeout_ms;   /* default 30000 */
     int compress;                      /* snappy; default 1 */
-    cps_gradcodec grad_codec;          /* workers' default lossy codec; default none */
+    cps__gradcodec grad_codec;         /* workers' default lossy codec; default none */
     int sync_every_commit;             /* default 0 */
     int hold_workers;                  /* scheduler: welcome no worker until a RELEASE (a
                                           checkpoint is being restored: --restore-from) */
@@ -86,14 +86,14 @@ typedef struct cps_config {
     int insecure;
     int secret_loaded;
     unsigned char secret_key[32];
-} cps_config;
+} cps__config;
 
 /* Fill every field with its default. */
-void cps__config_defaults(cps_config *cfg);
+void cps__config_defaults(cps__config *cfg);
 
 /* Overlay the environment onto cfg. On a bad or conflicting value returns CPS_ECONFIG and writes
  * a message naming the variable(s) into err (capacity errlen). */
-int cps__config_from_env(cps_config *cfg, char *err, size_t errlen);
+int cps__config_from_env(cps__config *cfg, char *err, size_t errlen);
 
 /* Parse helpers shared with the CLI; each returns CPS_ECONFIG with a message naming `what`. */
 int cps__config_parse_u32(const char *what, const char *s, uint32_t min, uint32_t max,
@@ -105,10 +105,10 @@ int cps__config_parse_mode(const char *what, const char *s, uint32_t *mode, uint
                            char *err, size_t errlen);
 /* CHAINPS_COMPRESS's value: comma-separated "0"/"1" (snappy) and at most one codec spec
  * (core/gradcodec.h), applied to cfg->compress / cfg->grad_codec. */
-int cps__config_parse_compress(const char *what, const char *s, cps_config *cfg, char *err,
+int cps__config_parse_compress(const char *what, const char *s, cps__config *cfg, char *err,
                                size_t errlen);
 /* The CHAINPS_COMPRESS value that stands for cfg's snappy and codec settings into buf. */
-const char *cps__config_compress_str(const cps_config *cfg, char *buf, size_t len);
+const char *cps__config_compress_str(const cps__config *cfg, char *buf, size_t len);
 /* "scheduler"|"server"|"worker" plus MS_SCHED/MS_PSERVER/MS_WORKER. */
 int cps__config_parse_role(const char *what, const char *s, int *role, char *err, size_t errlen);
 
@@ -118,6 +118,6 @@ const char *cps__config_role_str(int role);
 
 /* Set CHAINPS_* environment variables describing cfg (for `chainps launch` children).
  * Returns 0 or CPS_ENOMEM. */
-int cps__config_export_env(const cps_config *cfg);
+int cps__config_export_env(const cps__config *cfg);
 
 #endif

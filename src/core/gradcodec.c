@@ -29,11 +29,11 @@ static float u2f(uint32_t u)
 
 /* ---- spec ---- */
 
-int cps__gradcodec_parse(const char *spec, cps_gradcodec *out)
+int cps__gradcodec_parse(const char *spec, cps__gradcodec *out)
 {
     if (!spec || !out)
         return CPS_EINVAL;
-    cps_gradcodec gc = {CPS_GC_NONE, 0};
+    cps__gradcodec gc = {CPS_GC_NONE, 0};
     if (!strcmp(spec, "none")) {
         gc.kind = CPS_GC_NONE;
     } else if (!strcmp(spec, "fp16")) {
@@ -62,7 +62,7 @@ int cps__gradcodec_parse(const char *spec, cps_gradcodec *out)
     return 0;
 }
 
-const char *cps__gradcodec_format(const cps_gradcodec *gc, char *buf, size_t len)
+const char *cps__gradcodec_format(const cps__gradcodec *gc, char *buf, size_t len)
 {
     switch (gc ? gc->kind : CPS_GC_NONE) {
     case CPS_GC_FP16:
@@ -160,7 +160,7 @@ uint64_t cps__gradcodec_topk_k(double ratio, uint64_t n)
     return k >= (double)n ? n : (uint64_t)k;
 }
 
-size_t cps__gradcodec_size(const cps_gradcodec *gc, uint64_t n)
+size_t cps__gradcodec_size(const cps__gradcodec *gc, uint64_t n)
 {
     if (!gc || n == 0 || n > UINT32_MAX)
         return 0;
@@ -318,7 +318,7 @@ static uint32_t topk_threshold(const float *acc, uint64_t n, uint64_t k, uint32_
     return t;
 }
 
-static int encode_topk(const cps_gradcodec *gc, float *acc, uint64_t n, unsigned char *out,
+static int encode_topk(const cps__gradcodec *gc, float *acc, uint64_t n, unsigned char *out,
                        uint32_t *scratch)
 {
     uint64_t k = cps__gradcodec_topk_k(gc->ratio, n), above;
@@ -349,7 +349,7 @@ static int encode_topk(const cps_gradcodec *gc, float *acc, uint64_t n, unsigned
     return 0;
 }
 
-int cps__gradcodec_encode(const cps_gradcodec *gc, float *acc, uint64_t n, void *out, size_t cap,
+int cps__gradcodec_encode(const cps__gradcodec *gc, float *acc, uint64_t n, void *out, size_t cap,
                           size_t *out_len, uint32_t *scratch)
 {
     size_t need = cps__gradcodec_size(gc, n);

@@ -21,24 +21,24 @@
 #include <stdint.h>
 
 /* Codec ids: on the wire, never renumber. */
-enum cps_gc_kind { CPS_GC_NONE = 0, CPS_GC_FP16 = 1, CPS_GC_BF16 = 2, CPS_GC_TOPK = 3 };
+enum cps__gc_kind { CPS_GC_NONE = 0, CPS_GC_FP16 = 1, CPS_GC_BF16 = 2, CPS_GC_TOPK = 3 };
 
 #define CPS_GC_HDR_SIZE 8
 /* Longest text of a spec cps__gradcodec_format writes, with its NUL ("topk:" + a %g ratio). */
 #define CPS_GC_SPEC_MAX 32
 
-typedef struct cps_gradcodec {
-    uint32_t kind; /* cps_gc_kind */
+typedef struct cps__gradcodec {
+    uint32_t kind; /* cps__gc_kind */
     /* topk: fraction of the values sent, in (0, 1]; 0 for the others (a double: a float 0.1 is
      * 0.10000000149, and k of 50 values would be 6). */
     double ratio;
-} cps_gradcodec;
+} cps__gradcodec;
 
 /* Parse "none", "fp16", "bf16" or "topk:R" (0 < R <= 1, a decimal number) into *out.
  * Returns 0 or CPS_EINVAL (anything else, including an empty string). */
-int cps__gradcodec_parse(const char *spec, cps_gradcodec *out);
+int cps__gradcodec_parse(const char *spec, cps__gradcodec *out);
 /* The canonical text of gc into buf (capacity len >= CPS_GC_SPEC_MAX); returns buf. */
-const char *cps__gradcodec_format(const cps_gradcodec *gc, char *buf, size_t len);
+const char *cps__gradcodec_format(const cps__gradcodec *gc, char *buf, size_t len);
 
 /* IEEE-754 conversions with round-to-nearest-even. Infinities stay infinite, NaNs stay NaN
  * (quiet, the sign kept), subnormals of both formats are produced and read, and a finite value
@@ -55,7 +55,7 @@ uint64_t cps__gradcodec_topk_k(double ratio, uint64_t n);
 
 /* Bytes cps__gradcodec_encode writes for n values (it writes exactly this many): depends only
  * on the codec and n. 0 when gc is CPS_GC_NONE, n is 0 or n > UINT32_MAX (no encoding). */
-size_t cps__gradcodec_size(const cps_gradcodec *gc, uint64_t n);
+size_t cps__gradcodec_size(const cps__gradcodec *gc, uint64_t n);
 
 /* Encode with error feedback. `acc[0..n)` holds, on entry, the gradient plus the residual carried
  * from the previous step (the caller adds them: a worker's gradient is scattered over keys); on
@@ -74,7 +74,7 @@ size_t cps__gradcodec_size(const cps_gradcodec *gc, uint64_t n);
  * the other codecs.
  * Errors: CPS_EINVAL (NULL pointers, CPS_GC_NONE, n 0 or > UINT32_MAX, cap too small),
  * CPS_ENOMEM (topk's scratch, when not lent). On error acc and out are unchanged. */
-int cps__gradcodec_encode(const cps_gradcodec *gc, float *acc, uint64_t n, void *out, size_t cap,
+int cps__gradcodec_encode(const cps__gradcodec *gc, float *acc, uint64_t n, void *out, size_t cap,
                           size_t *out_len, uint32_t *scratch);
 
 /* Decode a block of exactly `len` bytes standing for n values into out[0..n) (topk: zeros where

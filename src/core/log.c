@@ -7,7 +7,7 @@
 
 int cps__log_level = CPS_LOG_INFO;
 
-static cps_log_sink_fn sink_fn;
+static cps__log_sink_fn sink_fn;
 static void *sink_ctx;
 static char tag[64];
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -23,7 +23,7 @@ void cps__log_set_level(int level)
     cps__log_level = level;
 }
 
-void cps__log_set_sink(cps_log_sink_fn fn, void *ctx)
+void cps__log_set_sink(cps__log_sink_fn fn, void *ctx)
 {
     pthread_mutex_lock(&log_lock);
     sink_fn = fn;

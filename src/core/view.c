@@ -32,22 +32,22 @@
  * us allocate. */
 #define VIEW_MAX_RANGES (1u << 20)
 
-void cps__view_init(cps_view *v)
+void cps__view_init(cps__view *v)
 {
     memset(v, 0, sizeof *v);
 }
 
-void cps__view_fini(cps_view *v)
+void cps__view_fini(cps__view *v)
 {
     free(v->nodes);
     free(v->ranges);
     cps__view_init(v);
 }
 
-int cps__view_copy(cps_view *dst, const cps_view *src)
+int cps__view_copy(cps__view *dst, const cps__view *src)
 {
-    cps_node_info *nodes = NULL;
-    cps_range *ranges = NULL;
+    cps__node_info *nodes = NULL;
+    cps__range *ranges = NULL;
 
     if (dst == src)
         return 0;
@@ -73,7 +73,7 @@ int cps__view_copy(cps_view *dst, const cps_view *src)
     return 0;
 }
 
-uint32_t cps__view_range_of(const cps_view *v, uint64_t key)
+uint32_t cps__view_range_of(const cps__view *v, uint64_t key)
 {
     /* Last range whose lo <= key; ranges[0].lo == 0, so there always is one. */
     uint32_t lo = 0, hi = v->nranges;
@@ -87,7 +87,7 @@ uint32_t cps__view_range_of(const cps_view *v, uint64_t key)
     return lo;
 }
 
-const cps_node_info *cps__view_node(const cps_view *v, uint32_t id)
+const cps__node_info *cps__view_node(const cps__view *v, uint32_t id)
 {
     /* Linear: at most CPS_MAX_NODES entries, and the view is not kept sorted by id. */
     for (uint32_t i = 0; i < v->nnodes; i++)
@@ -96,7 +96,7 @@ const cps_node_info *cps__view_node(const cps_view *v, uint32_t id)
     return NULL;
 }
 
-int cps__view_place_ranges(cps_view *v, uint32_t n, const uint32_t *servers, uint32_t nservers,
+int cps__view_place_ranges(cps__view *v, uint32_t n, const uint32_t *servers, uint32_t nservers,
                            uint32_t replicas)
 {
     if (!v || n == 0 || replicas == 0 || replicas > nservers || replicas > CPS_MAX_REPLICAS ||
@@ -110,7 +110,7 @@ int cps__view_place_ranges(cps_view *v, uint32_t n, const uint32_t *servers, uin
             if (servers[i] == servers[j])
                 return CPS_EINVAL;
     }
-    cps_range *r = calloc(n, sizeof *r);
+    cps__range *r = calloc(n, sizeof *r);
     if (!r)
         return CPS_ENOMEM;
     const unsigned __int128 space = (unsigned __int128)1 << 64;
@@ -131,13 +131,13 @@ int cps__view_place_ranges(cps_view *v, uint32_t n, const uint32_t *servers, uin
     return 0;
 }
 
-size_t cps__view_encoded_size(const cps_view *v)
+size_t cps__view_encoded_size(const cps__view *v)
 {
     return VIEW_HDR_SIZE + (size_t)VIEW_NODE_SIZE * v->nnodes +
            (size_t)VIEW_RANGE_SIZE * v->nranges;
 }
 
-size_t cps__view_encode(const cps_view *v, void *buf, size_t cap)
+size_t cps__view_encode(const cps__view *v, void *buf, size_t cap)
 {
     unsigned char *b = buf;
     size_t need = cps__view_encoded_size(v);
@@ -155,7 +155,7 @@ size_t cps__view_encode(const cps_view *v, void *buf, size_t cap)
     cps__le32_put(b + 36, v->nranges);
     b += VIEW_HDR_SIZE;
     for (uint32_t i = 0; i < v->nnodes; i++, b += VIEW_NODE_SIZE) {
-        const cps_node_info *n = &v->nodes[i];
+        const cps__node_info *n = &v->nodes[i];
         size_t alen = strnlen(n->addr, CPS_ADDR_MAX);
         cps__le32_put(b, n->id);
         b[4] = n->role;
@@ -167,7 +167,7 @@ size_t cps__view_encode(const cps_view *v, void *buf, size_t cap)
         memcpy(b + 12, n->addr, alen);
     }
     for (uint32_t i = 0; i < v->nranges; i++, b += VIEW_RANGE_SIZE) {
-        const cps_range *r = &v->ranges[i];
+        const cps__range *r = &v->ranges[i];
         cps__le64_put(b, r->lo);
         cps__le64_put(b + 8, r->hi);
         cps__le32_put(b + 16, r->chain_len);
@@ -199,7 +199,7 @@ static int decode_addr(const unsigned char *p, char out[CPS_ADDR_MAX])
     return 0;
 }
 
-static int decode_node(const unsigned char *b, cps_node_info *n)
+static int decode_node(const unsigned char *b, cps__node_info *n)
 {
     n->id = cps__le32_get(b);
     n->role = b[4];
@@ -226,7 +226,7 @@ static int cmp_id_role(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int decode_range(const unsigned char *b, const id_role *ids, uint32_t nids, cps_range *r)
+static int decode_range(const unsigned char *b, const id_role *ids, uint32_t nids, cps__range *r)
 {
     r->lo = cps__le64_get(b);
     r->hi = cps__le64_get(b + 8);
@@ -252,7 +252,7 @@ static int decode_range(const unsigned char *b, const id_role *ids, uint32_t nid
 }
 
 /* Checks the header and that the counts it gives fit in `len` (exactly, unless `prefix`). */
-static int decode_header(const unsigned char *b, size_t len, int prefix, cps_view *v)
+static int decode_header(const unsigned char *b, size_t len, int prefix, cps__view *v)
 {
     if (len < VIEW_HDR_SIZE)
         return CPS_ESIZE;
@@ -275,7 +275,7 @@ static int decode_header(const unsigned char *b, size_t len, int prefix, cps_vie
     return need == len || (prefix && need < len) ? 0 : CPS_ESIZE;
 }
 
-static int decode_body(const unsigned char *b, cps_view *v, id_role *ids)
+static int decode_body(const unsigned char *b, cps__view *v, id_role *ids)
 {
     int rc;
     b += VIEW_HDR_SIZE;
@@ -291,7 +291,7 @@ static int decode_body(const unsigned char *b, cps_view *v, id_role *ids)
         if (ids[i].id == ids[i - 1].id)
             return CPS_EPROTO;
     for (uint32_t i = 0; i < v->nranges; i++, b += VIEW_RANGE_SIZE) {
-        cps_range *r = &v->ranges[i];
+        cps__range *r = &v->ranges[i];
         if ((rc = decode_range(b, ids, v->nnodes, r)))
             return rc;
         /* Contiguous from 0: each range starts right after the previous one ends. */
@@ -304,9 +304,9 @@ static int decode_body(const unsigned char *b, cps_view *v, id_role *ids)
     return 0;
 }
 
-static int view_decode(const void *buf, size_t len, int prefix, cps_view *out)
+static int view_decode(const void *buf, size_t len, int prefix, cps__view *out)
 {
-    cps_view v;
+    cps__view v;
     id_role *ids = NULL;
     int rc;
 
@@ -334,12 +334,12 @@ static int view_decode(const void *buf, size_t len, int prefix, cps_view *out)
     return 0;
 }
 
-int cps__view_decode(const void *buf, size_t len, cps_view *out)
+int cps__view_decode(const void *buf, size_t len, cps__view *out)
 {
     return view_decode(buf, len, 0, out);
 }
 
-int cps__view_decode_prefix(const void *buf, size_t len, cps_view *out, size_t *used)
+int cps__view_decode_prefix(const void *buf, size_t len, cps__view *out, size_t *used)
 {
     if (!used)
         return CPS_EINVAL;
@@ -351,7 +351,7 @@ int cps__view_decode_prefix(const void *buf, size_t len, cps_view *out, size_t *
 
 /* ---- stats ---- */
 
-void cps__stats_encode(void *buf, const cps_node_stats *s)
+void cps__stats_encode(void *buf, const cps__node_stats *s)
 {
     const uint64_t f[9] = {s->msgs_in,         s->msgs_bad,      s->push_raw_bytes,
                            s->push_wire_bytes, s->pull_bytes,    s->updates_applied,
@@ -360,7 +360,7 @@ void cps__stats_encode(void *buf, const cps_node_stats *s)
         cps__le64_put((unsigned char *)buf + 8 * i, f[i]);
 }
 
-void cps__stats_decode(const void *buf, cps_node_stats *s)
+void cps__stats_decode(const void *buf, cps__node_stats *s)
 {
     uint64_t *f[9] = {&s->msgs_in,         &s->msgs_bad,      &s->push_raw_bytes,
                       &s->push_wire_bytes, &s->pull_bytes,    &s->updates_applied,

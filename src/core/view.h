@@ -13,28 +13,28 @@
 #define CPS_MAX_REPLICAS 8
 #define CPS_ADDR_MAX     128
 
-enum cps_role {
+enum cps__role {
     CPS_ROLE_NONE = 0,
     CPS_ROLE_SCHEDULER = 1,
     CPS_ROLE_SERVER = 2,
     CPS_ROLE_WORKER = 3
 };
 
-typedef struct cps_node_info {
+typedef struct cps__node_info {
     uint32_t id;             /* >= 1; 0 is the scheduler */
-    uint8_t role;            /* cps_role */
+    uint8_t role;            /* cps__role */
     uint8_t alive;           /* 1 while the scheduler believes it is */
     uint32_t rank;           /* dense per role: worker ranks 0..W-1, server ranks 0..S-1 */
     char addr[CPS_ADDR_MAX]; /* "tcp://host:port" of its inbox */
-} cps_node_info;
+} cps__node_info;
 
-typedef struct cps_range {
+typedef struct cps__range {
     uint64_t lo, hi; /* keys lo..hi inclusive */
     uint32_t chain_len;
     uint32_t chain[CPS_MAX_REPLICAS]; /* node ids, head first, tail last */
-} cps_range;
+} cps__range;
 
-typedef struct cps_view {
+typedef struct cps__view {
     uint64_t epoch;
     uint32_t mode;        /* cps_mode */
     uint32_t ssp_bound;   /* staleness bound for CPS_MODE_SSP */
@@ -42,42 +42,42 @@ typedef struct cps_view {
     uint32_t num_servers;
     uint32_t replicas;
     uint32_t nnodes;
-    cps_node_info *nodes; /* owned by the view */
+    cps__node_info *nodes; /* owned by the view */
     uint32_t nranges;
-    cps_range *ranges; /* owned by the view; sorted by lo, covering 0..UINT64_MAX */
-} cps_view;
+    cps__range *ranges; /* owned by the view; sorted by lo, covering 0..UINT64_MAX */
+} cps__view;
 
-void cps__view_init(cps_view *v);
-void cps__view_fini(cps_view *v);
+void cps__view_init(cps__view *v);
+void cps__view_fini(cps__view *v);
 /* Deep copy; returns CPS_ENOMEM. dst must be initialised (its old content is freed). */
-int cps__view_copy(cps_view *dst, const cps_view *src);
+int cps__view_copy(cps__view *dst, const cps__view *src);
 
 /* Range index holding `key` (binary search over ranges). The view must have nranges >= 1. */
-uint32_t cps__view_range_of(const cps_view *v, uint64_t key);
+uint32_t cps__view_range_of(const cps__view *v, uint64_t key);
 /* Node with this id, or NULL. */
-const cps_node_info *cps__view_node(const cps_view *v, uint32_t id);
+const cps__node_info *cps__view_node(const cps__view *v, uint32_t id);
 
 /* Split the whole u64 key space into `n` equal contiguous ranges and place each on a ring chain:
  * range r lives on servers (r, r+1, ..., r+R-1) mod S, with `servers` listing the server ids in
  * rank order. So each server is head of some ranges, middle of others and tail of others.
  * Returns CPS_EINVAL (n == 0, R == 0, R > S, R > CPS_MAX_REPLICAS) or CPS_ENOMEM. */
-int cps__view_place_ranges(cps_view *v, uint32_t n, const uint32_t *servers, uint32_t nservers,
+int cps__view_place_ranges(cps__view *v, uint32_t n, const uint32_t *servers, uint32_t nservers,
                            uint32_t replicas);
 
 /* Serialized size and encoding (little-endian, see view.c). */
-size_t cps__view_encoded_size(const cps_view *v);
-size_t cps__view_encode(const cps_view *v, void *buf, size_t cap);
+size_t cps__view_encoded_size(const cps__view *v);
+size_t cps__view_encode(const cps__view *v, void *buf, size_t cap);
 /* Validates counts, roles, addresses (NUL-terminated, non-empty), ranges (sorted, contiguous,
  * covering the key space, chains naming known server nodes; or no ranges before placement).
  * out must be initialised; it is replaced on success and untouched on error.
  * Errors: CPS_EPROTO, CPS_ESIZE, CPS_ENOMEM. */
-int cps__view_decode(const void *buf, size_t len, cps_view *out);
+int cps__view_decode(const void *buf, size_t len, cps__view *out);
 /* Same, for a view followed by more data (STATUS_REPLY: view, then per-node stats): the view may
  * end before `len`; *used receives its encoded size. Errors as cps__view_decode, CPS_EINVAL. */
-int cps__view_decode_prefix(const void *buf, size_t len, cps_view *out, size_t *used);
+int cps__view_decode_prefix(const void *buf, size_t len, cps__view *out, size_t *used);
 
 /* Per-node counters, carried by heartbeats and shown by `chainps status`. */
-typedef struct cps_node_stats {
+typedef struct cps__node_stats {
     uint64_t msgs_in, msgs_bad;
     uint64_t push_raw_bytes, push_wire_bytes; /* push payloads before / after compression */
     uint64_t pull_bytes;
@@ -87,10 +87,10 @@ typedef struct cps_node_stats {
     /* Training step: a server's highest applied (sync: the aggregated step; async and SSP: the
      * pushing worker's), a worker's last pushed (its clock). */
     uint64_t step;
-} cps_node_stats;
+} cps__node_stats;
 #define CPS_STATS_SIZE 72
-void cps__stats_encode(void *buf, const cps_node_stats *s);
-void cps__stats_decode(const void *buf, cps_node_stats *s);
+void cps__stats_encode(void *buf, const cps__node_stats *s);
+void cps__stats_decode(const void *buf, cps__node_stats *s);
 
 /* HELLO payload: u32 role, u32 requested rank (UINT32_MAX: any), u32 previous id (0: new),
  * u32 addr length, addr bytes (no NUL). Also the STATUS request payload, with CPS_ROLE_NONE.

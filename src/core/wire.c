@@ -37,7 +37,7 @@ static int type_known(uint8_t t)
            (t >= CPS_MSG_DECLARE && t < CPS_MSG_TYPE_MAX_);
 }
 
-void cps__wire_hdr_encode(void *buf, const cps_msg_hdr *h)
+void cps__wire_hdr_encode(void *buf, const cps__msg_hdr *h)
 {
     unsigned char *b = buf;
     cps__le32_put(b + 0, CPS_WIRE_MAGIC);
@@ -57,10 +57,10 @@ void cps__wire_hdr_encode(void *buf, const cps_msg_hdr *h)
     cps__le64_put(b + 56, h->aux);
 }
 
-int cps__wire_hdr_decode(const void *buf, size_t len, cps_msg_hdr *out)
+int cps__wire_hdr_decode(const void *buf, size_t len, cps__msg_hdr *out)
 {
     const unsigned char *b = buf;
-    cps_msg_hdr h;
+    cps__msg_hdr h;
 
     if (!buf || !out)
         return CPS_EINVAL;
@@ -143,7 +143,7 @@ size_t cps__wire_kv_encode(void *buf, size_t cap, uint32_t nkeys, const uint64_t
 /* A kv payload's keys part, shared by the plain and the lossy decoders: nkeys, the length
  * (`plain`: exactly the floats of nvals after the padding, checked first as it always was;
  * lossy: at least one byte of codec block), zero padding, keys sorted, lens, their sum. */
-static int kv_decode_keys(const unsigned char *b, size_t len, int plain, cps_kv *out,
+static int kv_decode_keys(const unsigned char *b, size_t len, int plain, cps__kv *out,
                           uint64_t *pre_out)
 {
     if (len < 8 || len > CPS_WIRE_MAX_PAYLOAD)
@@ -184,11 +184,11 @@ static int kv_decode_keys(const unsigned char *b, size_t len, int plain, cps_kv 
     return 0;
 }
 
-int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps_kv *out)
+int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps__kv *out)
 {
     if (!buf || !out || ((uintptr_t)buf & 7) || need_vals < -1 || need_vals > 1)
         return CPS_EINVAL;
-    cps_kv kv;
+    cps__kv kv;
     uint64_t pre;
     int rc = kv_decode_keys(buf, len, 1, &kv, &pre);
     if (rc)
@@ -199,14 +199,14 @@ int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps_kv *out)
     return 0;
 }
 
-int cps__wire_kv_decode_lossy(const void *buf, size_t len, cps_kv *out, const void **block,
+int cps__wire_kv_decode_lossy(const void *buf, size_t len, cps__kv *out, const void **block,
                               size_t *block_len)
 {
     const unsigned char *b = buf;
 
     if (!buf || !out || !block || !block_len || ((uintptr_t)buf & 7))
         return CPS_EINVAL;
-    cps_kv kv;
+    cps__kv kv;
     uint64_t pre;
     int rc = kv_decode_keys(b, len, 0, &kv, &pre);
     if (rc)
@@ -236,7 +236,7 @@ static float get_f32(const unsigned char *p)
     return f;
 }
 
-void cps__wire_spec_encode(void *buf, const cps_param_spec *s)
+void cps__wire_spec_encode(void *buf, const cps__param_spec *s)
 {
     unsigned char *b = buf;
     cps__le32_put(b + 0, s->init_kind);
@@ -267,7 +267,7 @@ static int unused_ok(int used, int valid, float x)
     return used ? valid : (valid || x == 0.0f);
 }
 
-static int spec_valid(const cps_param_spec *s)
+static int spec_valid(const cps__param_spec *s)
 {
     const float f[] = {s->init_a, s->init_b, s->lr,  s->weight_decay, s->momentum,
                        s->beta1,  s->beta2,  s->eps, s->rho};
@@ -294,10 +294,10 @@ static int spec_valid(const cps_param_spec *s)
            unused_ok(uses_eps, s->eps > 0.0f, s->eps) && unused_ok(rms, in_open01(s->rho), s->rho);
 }
 
-int cps__wire_spec_decode(const void *buf, cps_param_spec *out)
+int cps__wire_spec_decode(const void *buf, cps__param_spec *out)
 {
     const unsigned char *b = buf;
-    cps_param_spec s;
+    cps__param_spec s;
 
     if (!buf || !out)
         return CPS_EINVAL;
@@ -331,7 +331,7 @@ size_t cps__wire_declare_size(uint32_t nkeys)
 
 size_t cps__wire_declare_encode(void *buf, size_t cap, uint32_t nkeys, const uint64_t *keys,
                                 const uint32_t *lens, const uint64_t *offsets,
-                                const cps_param_spec *spec)
+                                const cps__param_spec *spec)
 {
     size_t need = cps__wire_declare_size(nkeys);
     if (need > cap || !buf || !spec || (nkeys && !offsets))
@@ -346,12 +346,12 @@ size_t cps__wire_declare_encode(void *buf, size_t cap, uint32_t nkeys, const uin
     return need;
 }
 
-int cps__wire_declare_decode(const void *buf, size_t len, cps_kv *kv, const uint64_t **offsets,
-                             cps_param_spec *spec)
+int cps__wire_declare_decode(const void *buf, size_t len, cps__kv *kv, const uint64_t **offsets,
+                             cps__param_spec *spec)
 {
     const unsigned char *b = buf;
-    cps_kv k;
-    cps_param_spec s;
+    cps__kv k;
+    cps__param_spec s;
 
     if (!buf || !kv || !offsets || !spec || ((uintptr_t)buf & 7))
         return CPS_EINVAL;
@@ -396,7 +396,7 @@ int cps__shape_matches(uint32_t ndim, const uint64_t *dims, uint64_t length)
     return n == length;
 }
 
-uint32_t cps__tensor_desc_shape(const cps_tensor_desc *d, uint64_t *dims)
+uint32_t cps__tensor_desc_shape(const cps__tensor_desc *d, uint64_t *dims)
 {
     if (d->ndim) {
         memcpy(dims, d->dims, d->ndim * sizeof *dims);
@@ -416,12 +416,12 @@ static size_t desc_size(size_t nlen, uint32_t ndim)
     return DESC_FIXED + ((nlen + 7) & ~(size_t)7) + 8 * (size_t)ndim;
 }
 
-size_t cps__wire_tensor_desc_size(const cps_tensor_desc *d)
+size_t cps__wire_tensor_desc_size(const cps__tensor_desc *d)
 {
     return desc_size(strlen(d->name), d->ndim <= CPS_MAX_NDIM ? d->ndim : 0);
 }
 
-size_t cps__wire_tensor_desc_encode(void *buf, size_t cap, const cps_tensor_desc *d)
+size_t cps__wire_tensor_desc_encode(void *buf, size_t cap, const cps__tensor_desc *d)
 {
     size_t n = cps__wire_tensor_desc_size(d), nlen = strlen(d->name);
     if (cap < n || nlen == 0 || nlen > CPS_TENSOR_NAME_MAX || d->ndim > CPS_MAX_NDIM)
@@ -442,7 +442,7 @@ size_t cps__wire_tensor_desc_encode(void *buf, size_t cap, const cps_tensor_desc
     return n;
 }
 
-int cps__wire_tensor_desc_decode(const void *buf, size_t len, cps_tensor_desc *out, size_t *used)
+int cps__wire_tensor_desc_decode(const void *buf, size_t len, cps__tensor_desc *out, size_t *used)
 {
     const unsigned char *p = buf;
     if (len < DESC_FIXED)

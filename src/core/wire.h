@@ -31,7 +31,7 @@
 #define CPS_WIRE_MAX_PAYLOAD (1u << 30)
 
 /* Message types. Values are on the wire: never renumber. */
-enum cps_msg_type {
+enum cps__msg_type {
     CPS_MSG_HELLO = 1,         /* node -> scheduler: join (payload: hello) */
     CPS_MSG_WELCOME = 2,       /* scheduler -> node: id + rank assigned (payload: view) */
     CPS_MSG_VIEW = 3,          /* scheduler -> all: a new view (payload: view) */
@@ -106,7 +106,7 @@ enum cps_msg_type {
  * replicas that applied those pushes. */
 #define CPS_DEDUP_CLOCK_BIT 0x40000000u
 
-typedef struct cps_msg_hdr {
+typedef struct cps__msg_hdr {
     uint8_t version;
     uint8_t type;
     uint16_t flags;
@@ -120,7 +120,7 @@ typedef struct cps_msg_hdr {
     uint32_t payload_len;
     uint32_t raw_len;
     uint64_t aux;
-} cps_msg_hdr;
+} cps__msg_hdr;
 
 /* Little-endian load/store helpers (unaligned-safe). */
 static inline void cps__le32_put(void *p, uint32_t v)
@@ -145,7 +145,7 @@ static inline uint64_t cps__le64_get(const void *p)
 }
 
 /* Write `h` into the first CPS_WIRE_HDR_SIZE bytes of `buf` (magic and version are filled in). */
-void cps__wire_hdr_encode(void *buf, const cps_msg_hdr *h);
+void cps__wire_hdr_encode(void *buf, const cps__msg_hdr *h);
 
 /* Parse and validate a header from a whole message of `len` bytes: magic, version, known type,
  * known flags (CPS_WF_LOSSY only on PUSH / PUSH_PULL), status <= 0, payload_len == len - 64,
@@ -153,7 +153,7 @@ void cps__wire_hdr_encode(void *buf, const cps_msg_hdr *h);
  * == payload_len unless CPS_WF_SNAPPY (then 0 < raw_len <= CPS_WIRE_MAX_PAYLOAD and raw_len <=
  * 22 * payload_len, the most snappy can expand: so raw_len is safe to allocate).
  * Returns 0, CPS_EPROTO (bad magic/version/type/flags/status) or CPS_ESIZE (lengths). */
-int cps__wire_hdr_decode(const void *buf, size_t len, cps_msg_hdr *out);
+int cps__wire_hdr_decode(const void *buf, size_t len, cps__msg_hdr *out);
 
 /* ---- key/value payload (DECLARE, PUSH, PULL, PUSH_PULL, VALUES) ----
  *   u32 nkeys, u32 nvals (sum of lens when values are present, else 0)
@@ -162,13 +162,13 @@ int cps__wire_hdr_decode(const void *buf, size_t len, cps_msg_hdr *out);
  *   zero padding to a multiple of 8 bytes from the payload start
  *   f32 vals[nvals]        little-endian IEEE-754
  * nkeys >= 1. A payload without values has nvals == 0 and ends after the padding. */
-typedef struct cps_kv {
+typedef struct cps__kv {
     uint32_t nkeys;
     uint64_t nvals;       /* 0 when the payload carries no values */
     const uint64_t *keys; /* borrowed; 8-byte aligned when the payload is */
     const uint32_t *lens; /* borrowed */
     const float *vals;    /* borrowed; NULL when nvals == 0 */
-} cps_kv;
+} cps__kv;
 
 /* Bytes needed for a kv payload with `nkeys` keys and `nvals` values (0 for none); SIZE_MAX when
  * nvals > UINT32_MAX, which has no encoding. */
@@ -180,7 +180,7 @@ size_t cps__wire_kv_encode(void *buf, size_t cap, uint32_t nkeys, const uint64_t
 /* Decode and validate a kv payload. `need_vals`: 1 values required, 0 values forbidden,
  * -1 either. Requires `buf` 8-byte aligned (returns CPS_EINVAL otherwise; the transport's buffers
  * are). Errors: CPS_EPROTO (nkeys 0, unsorted keys, zero len, bad padding), CPS_ESIZE (sizes). */
-int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps_kv *out);
+int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps__kv *out);
 
 /* ---- lossy push payload (CPS_WF_LOSSY) ----
  *   u32 nkeys, u32 nvals (> 0: the number of float values the block stands for, == sum of lens)
@@ -189,19 +189,19 @@ int cps__wire_kv_decode(const void *buf, size_t len, int need_vals, cps_kv *out)
  * Decodes and validates the keys part like cps__wire_kv_decode (out->vals is NULL) and returns
  * the block, borrowed from buf; the caller decodes it with cps__gradcodec_decode(nvals).
  * Errors: CPS_EINVAL (NULL, misaligned), CPS_EPROTO (as kv, or nvals 0), CPS_ESIZE. */
-int cps__wire_kv_decode_lossy(const void *buf, size_t len, cps_kv *out, const void **block,
+int cps__wire_kv_decode_lossy(const void *buf, size_t len, cps__kv *out, const void **block,
                               size_t *block_len);
 
 /* ---- parameter spec (DECLARE: follows the kv payload, 8-byte aligned) ----
  * For each key: u64 offset of its first element within the whole tensor (so initial values are
  * the same whatever the chunking), then one fixed 64-byte spec block. */
-enum cps_init_kind_w {
+enum cps__init_kind_w {
     CPS_W_INIT_ZEROS = 0,
     CPS_W_INIT_CONSTANT,
     CPS_W_INIT_UNIFORM,
     CPS_W_INIT_NORMAL
 };
-enum cps_opt_kind_w {
+enum cps__opt_kind_w {
     CPS_W_OPT_SGD = 0,
     CPS_W_OPT_MOMENTUM,
     CPS_W_OPT_ADAGRAD,
@@ -209,32 +209,32 @@ enum cps_opt_kind_w {
     CPS_W_OPT_RMSPROP
 };
 
-typedef struct cps_param_spec {
-    uint32_t init_kind; /* cps_init_kind_w */
+typedef struct cps__param_spec {
+    uint32_t init_kind; /* cps__init_kind_w */
     float init_a;       /* constant value / uniform low / normal mean */
     float init_b;       /* uniform high / normal stddev */
     uint64_t init_seed;
-    uint32_t opt_kind; /* cps_opt_kind_w */
+    uint32_t opt_kind; /* cps__opt_kind_w */
     uint32_t nesterov; /* 0 or 1, momentum only */
     float lr, weight_decay, momentum, beta1, beta2, eps, rho;
-} cps_param_spec;
+} cps__param_spec;
 
 #define CPS_WIRE_SPEC_SIZE 64
-void cps__wire_spec_encode(void *buf, const cps_param_spec *s);
+void cps__wire_spec_encode(void *buf, const cps__param_spec *s);
 /* Validates kinds and finite, sane hyper-parameters (lr > 0, 0 <= momentum < 1, 0 < beta < 1,
  * eps > 0, 0 < rho < 1, weight_decay >= 0, uniform low < high, stddev >= 0). A hyper-parameter
  * the chosen optimizer does not use must be 0 or valid; nesterov is 0 unless momentum.
  * Errors: CPS_EPROTO naming nothing; the caller logs which key. */
-int cps__wire_spec_decode(const void *buf, cps_param_spec *out);
+int cps__wire_spec_decode(const void *buf, cps__param_spec *out);
 
 /* DECLARE payload = kv (no values) + u64 offsets[nkeys] + spec block (one for all keys). */
 size_t cps__wire_declare_size(uint32_t nkeys);
 size_t cps__wire_declare_encode(void *buf, size_t cap, uint32_t nkeys, const uint64_t *keys,
                                 const uint32_t *lens, const uint64_t *offsets,
-                                const cps_param_spec *spec);
+                                const cps__param_spec *spec);
 /* `offsets` is borrowed from buf (8-byte aligned). */
-int cps__wire_declare_decode(const void *buf, size_t len, cps_kv *kv, const uint64_t **offsets,
-                             cps_param_spec *spec);
+int cps__wire_declare_decode(const void *buf, size_t len, cps__kv *kv, const uint64_t **offsets,
+                             cps__param_spec *spec);
 
 /* ---- tensor description (REGISTER, REGISTRY): what a checkpoint needs to name the keys ----
  *   u32 kind (0 dense, 1 table), u32 cols (tables; 0 for dense), u64 length (elements), u64 rows
@@ -244,29 +244,29 @@ int cps__wire_declare_decode(const void *buf, size_t len, cps_kv *kv, const uint
  * shape is [length] (dense) or [rows, cols] (table). A table's shape, when given, is [rows, cols];
  * a dense tensor's dims multiply to its length. */
 #define CPS_TENSOR_NAME_MAX 255
-typedef struct cps_tensor_desc {
+typedef struct cps__tensor_desc {
     uint32_t kind; /* 0 dense, 1 table */
     uint32_t cols;
     uint64_t length;
     uint64_t rows;
-    cps_param_spec spec;
+    cps__param_spec spec;
     uint32_t ndim; /* 0: not recorded */
     uint64_t dims[CPS_MAX_NDIM];
     char name[CPS_TENSOR_NAME_MAX + 1];
-} cps_tensor_desc;
+} cps__tensor_desc;
 
 /* The shape a description stands for: its recorded dims, or the implied ones when ndim is 0.
  * Writes at most CPS_MAX_NDIM dims; returns their count (>= 1). */
-uint32_t cps__tensor_desc_shape(const cps_tensor_desc *d, uint64_t *dims);
+uint32_t cps__tensor_desc_shape(const cps__tensor_desc *d, uint64_t *dims);
 /* 1 if dims[0..ndim) are each >= 1 and multiply to `length` without overflow, else 0. */
 int cps__shape_matches(uint32_t ndim, const uint64_t *dims, uint64_t length);
 
-size_t cps__wire_tensor_desc_size(const cps_tensor_desc *d);
+size_t cps__wire_tensor_desc_size(const cps__tensor_desc *d);
 /* Returns bytes written, 0 if cap is too small. */
-size_t cps__wire_tensor_desc_encode(void *buf, size_t cap, const cps_tensor_desc *d);
+size_t cps__wire_tensor_desc_encode(void *buf, size_t cap, const cps__tensor_desc *d);
 /* Decode one description at buf (len bytes available); *used receives its size. Validates the
  * kind, the shape (table: length == rows * cols), the spec and the name (no NUL inside).
  * Errors: CPS_ESIZE (truncated), CPS_EPROTO. */
-int cps__wire_tensor_desc_decode(const void *buf, size_t len, cps_tensor_desc *out, size_t *used);
+int cps__wire_tensor_desc_decode(const void *buf, size_t len, cps__tensor_desc *out, size_t *used);
 
 #endif

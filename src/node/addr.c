@@ -55,7 +55,7 @@ static int numeric_ipv4(const char *host, char *out, size_t len)
     return rc;
 }
 
-void cps__config_finalize(cps_config *cfg, int role)
+void cps__config_finalize(cps__config *cfg, int role)
 {
     int advertise_given = cfg->advertise_host[0] != 0;
     if (!advertise_given) {
@@ -63,10 +63,10 @@ void cps__config_finalize(cps_config *cfg, int role)
             local_addr_toward(cfg->sched_host, cfg->sched_port, cfg->advertise_host,
                               sizeof cfg->advertise_host) != 0) {
             if (!is_loopback(cfg->sched_host))
-                cps_log(CPS_LOG_WARN, "config",
-                        "cannot tell which local address faces %s; "
-                        "advertising 127.0.0.1 (set CHAINPS_ADVERTISE)",
-                        cfg->sched_host);
+                cps__log(CPS_LOG_WARN, "config",
+                         "cannot tell which local address faces %s; "
+                         "advertising 127.0.0.1 (set CHAINPS_ADVERTISE)",
+                         cfg->sched_host);
             snprintf(cfg->advertise_host, sizeof cfg->advertise_host, "127.0.0.1");
         }
     }
@@ -87,7 +87,7 @@ int cps__make_url(char out[CPS_ADDR_MAX], const char *host, uint16_t port)
 {
     int n = snprintf(out, CPS_ADDR_MAX, "tcp://%.*s:%u", CPS_ADDR_MAX - 16, host, port);
     if (n < 0 || n >= CPS_ADDR_MAX || strlen(host) > CPS_ADDR_MAX - 16) {
-        cps_log(CPS_LOG_ERROR, "config", "host name too long: %.40s...", host);
+        cps__log(CPS_LOG_ERROR, "config", "host name too long: %.40s...", host);
         return CPS_ECONFIG;
     }
     return 0;

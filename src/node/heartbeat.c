@@ -20,7 +20,7 @@
 
 #define SCHED_PEER 0u
 
-struct cps_heartbeat {
+struct cps__heartbeat {
     pthread_mutex_t lock;
     pthread_t thread;
     int stop;
@@ -36,31 +36,31 @@ struct cps_heartbeat {
     uint32_t id;
     uint64_t epoch;
     uint64_t published_ms;
-    cps_node_stats stats;
+    cps__node_stats stats;
 };
 
 /* The thread's loop state: its socket and whether the beats have paused. */
 typedef struct beat_ctx {
-    cps_heartbeat *b;
-    cps_tp *tp;
+    cps__heartbeat *b;
+    cps__tp *tp;
     int stalled;
 } beat_ctx;
 
 /* Every period_ms: beat, unless the node's loop has not turned for the stall limit. */
-static int on_beat(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_beat(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)l, (void)id;
     beat_ctx *t = ctx;
-    cps_heartbeat *b = t->b;
+    cps__heartbeat *b = t->b;
     pthread_mutex_lock(&b->lock);
     uint64_t idle = now > b->published_ms ? now - b->published_ms : 0;
     if (b->beating && (!b->stall_limit_ms || idle <= b->stall_limit_ms)) {
         if (t->stalled)
-            cps_log(CPS_LOG_WARN, b->who, "event loop turning again: heartbeats resume");
+            cps__log(CPS_LOG_WARN, b->who, "event loop turning again: heartbeats resume");
         t->stalled = 0;
         unsigned char payload[CPS_STATS_SIZE];
         cps__stats_encode(payload, &b->stats);
-        cps_msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .sender = b->id, .epoch = b->epoch};
+        cps__msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .sender = b->id, .epoch = b->epoch};
         pthread_mutex_unlock(&b->lock);
         /* One that has to queue is flushed by the loop when the socket can take it. */
         cps__msg_send(t->tp, SCHED_PEER, &h, payload, sizeof payload);
@@ -68,20 +68,20 @@ static int on_beat(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
     }
     if (b->beating && !t->stalled) {
         t->stalled = 1;
-        cps_log(CPS_LOG_ERROR, b->who,
-                "event loop has not turned for %llu ms: heartbeats stop, so the scheduler "
-                "fails this node over",
-                (unsigned long long)idle);
+        cps__log(CPS_LOG_ERROR, b->who,
+                 "event loop has not turned for %llu ms: heartbeats stop, so the scheduler "
+                 "fails this node over",
+                 (unsigned long long)idle);
     }
     pthread_mutex_unlock(&b->lock);
     return 0;
 }
 
 /* cps__heartbeat_stop wrote to the pipe. */
-static int on_wake(cps_loop *l, int fd, void *ctx, uint64_t now)
+static int on_wake(cps__loop *l, int fd, void *ctx, uint64_t now)
 {
     (void)fd, (void)now;
-    cps_heartbeat *b = ctx;
+    cps__heartbeat *b = ctx;
     pthread_mutex_lock(&b->lock);
     if (b->stop)
         cps__loop_stop(l);
@@ -91,20 +91,20 @@ static int on_wake(cps_loop *l, int fd, void *ctx, uint64_t now)
 
 static void *beat_main(void *arg)
 {
-    cps_heartbeat *b = arg;
+    cps__heartbeat *b = arg;
     beat_ctx t = {b, NULL, 0};
-    cps_loop *l = NULL;
-    cps_loop_tp att = {0};
+    cps__loop *l = NULL;
+    cps__loop_tp att = {0};
     if (cps__tp_create(b->keyed ? b->key : NULL, &t.tp) != 0 ||
         cps__tp_peer_set(t.tp, SCHED_PEER, b->sched_url) != 0 || cps__loop_create(&l) != 0 ||
         cps__loop_tp_attach(&att, l, t.tp, NULL, NULL, 0) != 0 ||
         cps__loop_fd_add(l, b->wake[0], on_wake, b) != 0 ||
         cps__loop_timer_add(l, 1, 0, b->period_ms, on_beat, &t) != 0) {
         /* Without heartbeats the scheduler declares us dead: say why loudly. */
-        cps_log(CPS_LOG_ERROR, b->who, "heartbeat thread cannot reach the scheduler at %s",
-                b->sched_url);
+        cps__log(CPS_LOG_ERROR, b->who, "heartbeat thread cannot reach the scheduler at %s",
+                 b->sched_url);
     } else if (cps__loop_run(l) != 0) {
-        cps_log(CPS_LOG_ERROR, b->who, "heartbeat thread stopped on an error");
+        cps__log(CPS_LOG_ERROR, b->who, "heartbeat thread stopped on an error");
     }
     cps__loop_tp_detach(&att);
     cps__loop_destroy(l);
@@ -113,9 +113,9 @@ static void *beat_main(void *arg)
 }
 
 int cps__heartbeat_start(const char *sched_url, const unsigned char *key, uint32_t period_ms,
-                         uint32_t stall_limit_ms, const char *who, cps_heartbeat **out)
+                         uint32_t stall_limit_ms, const char *who, cps__heartbeat **out)
 {
-    cps_heartbeat *b = calloc(1, sizeof *b);
+    cps__heartbeat *b = calloc(1, sizeof *b);
     if (!b)
         return CPS_ENOMEM;
     if (key) {
@@ -128,8 +128,8 @@ int cps__heartbeat_start(const char *sched_url, const unsigned char *key, uint32
     b->stall_limit_ms = stall_limit_ms;
     b->published_ms = cps__now_ms();
     if (pipe(b->wake) != 0) {
-        cps_log(CPS_LOG_ERROR, who, "cannot make the heartbeat thread's wake-up pipe: %s",
-                strerror(errno));
+        cps__log(CPS_LOG_ERROR, who, "cannot make the heartbeat thread's wake-up pipe: %s",
+                 strerror(errno));
         free(b);
         return CPS_EIO;
     }
@@ -152,15 +152,15 @@ int cps__heartbeat_start(const char *sched_url, const unsigned char *key, uint32
         close(b->wake[1]);
         pthread_mutex_destroy(&b->lock);
         free(b);
-        cps_log(CPS_LOG_ERROR, who, "cannot start the heartbeat thread");
+        cps__log(CPS_LOG_ERROR, who, "cannot start the heartbeat thread");
         return CPS_ENOMEM;
     }
     *out = b;
     return 0;
 }
 
-void cps__heartbeat_publish(cps_heartbeat *b, int beating, uint32_t id, uint64_t epoch,
-                            const cps_node_stats *stats, uint64_t now)
+void cps__heartbeat_publish(cps__heartbeat *b, int beating, uint32_t id, uint64_t epoch,
+                            const cps__node_stats *stats, uint64_t now)
 {
     if (!b)
         return;
@@ -176,7 +176,7 @@ void cps__heartbeat_publish(cps_heartbeat *b, int beating, uint32_t id, uint64_t
     pthread_mutex_unlock(&b->lock);
 }
 
-void cps__heartbeat_stop(cps_heartbeat *b)
+void cps__heartbeat_stop(cps__heartbeat *b)
 {
     if (!b)
         return;

@@ -5,7 +5,7 @@
  * sends (node id, view epoch, counters) is handed over by the node with cps__heartbeat_publish.
  * With a stall limit, the thread stops beating once nothing was published for that long, so a
  * node whose event loop is wedged is still failed over. The thread has its own transport (a
- * cps_tp belongs to one thread) with the scheduler as its only peer. */
+ * cps__tp belongs to one thread) with the scheduler as its only peer. */
 #ifndef CPS_NODE_HEARTBEAT_H
 #define CPS_NODE_HEARTBEAT_H
 
@@ -13,7 +13,7 @@
 
 #include "core/view.h"
 
-typedef struct cps_heartbeat cps_heartbeat;
+typedef struct cps__heartbeat cps__heartbeat;
 
 /* Start the thread: a heartbeat to `sched_url` every `period_ms` while beating (nothing is sent
  * until the first publish with beating set), authenticated with `key` (32 bytes, copied; NULL
@@ -21,12 +21,12 @@ typedef struct cps_heartbeat cps_heartbeat;
  * while the last publish is older than that. `who` names the node in the log ("server").
  * Strings are copied. Errors: CPS_ENOMEM (logged). */
 int cps__heartbeat_start(const char *sched_url, const unsigned char *key, uint32_t period_ms,
-                         uint32_t stall_limit_ms, const char *who, cps_heartbeat **out);
+                         uint32_t stall_limit_ms, const char *who, cps__heartbeat **out);
 /* Hand the thread what to send, and the time of this call (`now`, cps__now_ms). `beating` 0
  * silences it (not joined yet, fenced). `stats` is copied; NULL sends zeros. */
-void cps__heartbeat_publish(cps_heartbeat *hb, int beating, uint32_t id, uint64_t epoch,
-                            const cps_node_stats *stats, uint64_t now);
+void cps__heartbeat_publish(cps__heartbeat *hb, int beating, uint32_t id, uint64_t epoch,
+                            const cps__node_stats *stats, uint64_t now);
 /* Stop and join the thread, free hb. NULL is a no-op. */
-void cps__heartbeat_stop(cps_heartbeat *hb);
+void cps__heartbeat_stop(cps__heartbeat *hb);
 
 #endif

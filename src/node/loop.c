@@ -20,18 +20,18 @@ typedef struct loop_timer {
     uint64_t when, period, id;
     uint64_t order; /* arming order: ties on `when` fire oldest first */
     uint64_t turn;  /* the turn it was armed in: see fire_timers */
-    cps_loop_timer_fn fn;
+    cps__loop_timer_fn fn;
     void *ctx;
 } loop_timer;
 
 typedef struct loop_fd {
     int fd;
-    cps_loop_fd_fn fn;
+    cps__loop_fd_fn fn;
     void *ctx;
     int first; /* served before the others (cps__loop_fd_add_first) */
 } loop_fd;
 
-struct cps_loop {
+struct cps__loop {
     loop_timer *heap;
     size_t ntimers, timers_cap;
     uint64_t next_order;
@@ -42,7 +42,7 @@ struct cps_loop {
     struct pollfd *pfds;
     size_t npfds, pfds_cap;
     int dirty;
-    cps_loop_hook_fn hook;
+    cps__loop_hook_fn hook;
     void *hook_ctx;
     uint64_t now, turn;
     int stop;
@@ -56,7 +56,7 @@ uint64_t cps__loop_clock_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-int cps__loop_create(cps_loop **out)
+int cps__loop_create(cps__loop **out)
 {
     if (!out)
         return CPS_EINVAL;
@@ -67,7 +67,7 @@ int cps__loop_create(cps_loop **out)
     return 0;
 }
 
-void cps__loop_destroy(cps_loop *l)
+void cps__loop_destroy(cps__loop *l)
 {
     if (!l)
         return;
@@ -84,14 +84,14 @@ static int timer_before(const loop_timer *a, const loop_timer *b)
     return a->when < b->when || (a->when == b->when && a->order < b->order);
 }
 
-static void timer_swap(cps_loop *l, size_t i, size_t j)
+static void timer_swap(cps__loop *l, size_t i, size_t j)
 {
     loop_timer t = l->heap[i];
     l->heap[i] = l->heap[j];
     l->heap[j] = t;
 }
 
-static void sift_up(cps_loop *l, size_t i)
+static void sift_up(cps__loop *l, size_t i)
 {
     while (i > 0 && timer_before(&l->heap[i], &l->heap[(i - 1) / 2])) {
         timer_swap(l, i, (i - 1) / 2);
@@ -99,7 +99,7 @@ static void sift_up(cps_loop *l, size_t i)
     }
 }
 
-static void sift_down(cps_loop *l, size_t i)
+static void sift_down(cps__loop *l, size_t i)
 {
     for (;;) {
         size_t m = i, a = 2 * i + 1, b = 2 * i + 2;
@@ -115,13 +115,13 @@ static void sift_down(cps_loop *l, size_t i)
 }
 
 /* After heap[i] changed its key: restore the heap order around it. */
-static void timer_fix(cps_loop *l, size_t i)
+static void timer_fix(cps__loop *l, size_t i)
 {
     sift_up(l, i);
     sift_down(l, i);
 }
 
-static size_t timer_find(const cps_loop *l, uint64_t id)
+static size_t timer_find(const cps__loop *l, uint64_t id)
 {
     for (size_t i = 0; i < l->ntimers; i++)
         if (l->heap[i].id == id)
@@ -129,7 +129,7 @@ static size_t timer_find(const cps_loop *l, uint64_t id)
     return SIZE_MAX;
 }
 
-static void timer_remove_at(cps_loop *l, size_t i)
+static void timer_remove_at(cps__loop *l, size_t i)
 {
     l->ntimers--;
     if (i == l->ntimers)
@@ -139,7 +139,7 @@ static void timer_remove_at(cps_loop *l, size_t i)
 }
 
 /* Set heap[i]'s deadline; a re-armed timer counts as newly armed for ordering and firing. */
-static void timer_set(cps_loop *l, size_t i, uint64_t when)
+static void timer_set(cps__loop *l, size_t i, uint64_t when)
 {
     l->heap[i].when = when;
     l->heap[i].order = l->next_order++;
@@ -147,8 +147,8 @@ static void timer_set(cps_loop *l, size_t i, uint64_t when)
     timer_fix(l, i);
 }
 
-int cps__loop_timer_add(cps_loop *l, uint64_t id, uint64_t delay_ms, uint64_t period_ms,
-                        cps_loop_timer_fn fn, void *ctx)
+int cps__loop_timer_add(cps__loop *l, uint64_t id, uint64_t delay_ms, uint64_t period_ms,
+                        cps__loop_timer_fn fn, void *ctx)
 {
     if (!l || !fn)
         return CPS_EINVAL;
@@ -172,7 +172,7 @@ int cps__loop_timer_add(cps_loop *l, uint64_t id, uint64_t delay_ms, uint64_t pe
     return 0;
 }
 
-int cps__loop_timer_at(cps_loop *l, uint64_t id, uint64_t when_ms)
+int cps__loop_timer_at(cps__loop *l, uint64_t id, uint64_t when_ms)
 {
     size_t i = l ? timer_find(l, id) : SIZE_MAX;
     if (i == SIZE_MAX)
@@ -181,7 +181,7 @@ int cps__loop_timer_at(cps_loop *l, uint64_t id, uint64_t when_ms)
     return 0;
 }
 
-int cps__loop_timer_del(cps_loop *l, uint64_t id)
+int cps__loop_timer_del(cps__loop *l, uint64_t id)
 {
     size_t i = l ? timer_find(l, id) : SIZE_MAX;
     if (i == SIZE_MAX)
@@ -190,7 +190,7 @@ int cps__loop_timer_del(cps_loop *l, uint64_t id)
     return 0;
 }
 
-int cps__loop_timer_armed(const cps_loop *l, uint64_t id, uint64_t *when_ms)
+int cps__loop_timer_armed(const cps__loop *l, uint64_t id, uint64_t *when_ms)
 {
     size_t i = l ? timer_find(l, id) : SIZE_MAX;
     if (i == SIZE_MAX)
@@ -203,7 +203,7 @@ int cps__loop_timer_armed(const cps_loop *l, uint64_t id, uint64_t *when_ms)
 /* Fire what is due at `now`. Only timers armed before this turn's firing began: one that a
  * callback arms due at once (or re-arms with a zero period) waits for the next turn, after a
  * poll, so timers can neither starve the fds nor loop here for ever. */
-static int fire_timers(cps_loop *l, uint64_t now)
+static int fire_timers(cps__loop *l, uint64_t now)
 {
     int fired = 0;
     uint64_t turn = l->turn++;
@@ -223,7 +223,7 @@ static int fire_timers(cps_loop *l, uint64_t now)
 
 /* ---- file events ---- */
 
-static size_t fd_find(const cps_loop *l, int fd)
+static size_t fd_find(const cps__loop *l, int fd)
 {
     for (size_t i = 0; i < l->nfds; i++)
         if (l->fds[i].fd == fd)
@@ -231,7 +231,7 @@ static size_t fd_find(const cps_loop *l, int fd)
     return SIZE_MAX;
 }
 
-static int fd_add(cps_loop *l, int fd, cps_loop_fd_fn fn, void *ctx, int first)
+static int fd_add(cps__loop *l, int fd, cps__loop_fd_fn fn, void *ctx, int first)
 {
     if (!l || fd < 0 || !fn)
         return CPS_EINVAL;
@@ -251,25 +251,25 @@ static int fd_add(cps_loop *l, int fd, cps_loop_fd_fn fn, void *ctx, int first)
     return 0;
 }
 
-int cps__loop_fd_add(cps_loop *l, int fd, cps_loop_fd_fn fn, void *ctx)
+int cps__loop_fd_add(cps__loop *l, int fd, cps__loop_fd_fn fn, void *ctx)
 {
     return fd_add(l, fd, fn, ctx, 0);
 }
 
-int cps__loop_fd_add_first(cps_loop *l, int fd, cps_loop_fd_fn fn, void *ctx)
+int cps__loop_fd_add_first(cps__loop *l, int fd, cps__loop_fd_fn fn, void *ctx)
 {
     return fd_add(l, fd, fn, ctx, 1);
 }
 
-int cps__loop_nn_add(cps_loop *l, int sock, int which, cps_loop_fd_fn fn, void *ctx, int *fd_out)
+int cps__loop_nn_add(cps__loop *l, int sock, int which, cps__loop_fd_fn fn, void *ctx, int *fd_out)
 {
     if (!l || (which != NN_RCVFD && which != NN_SNDFD))
         return CPS_EINVAL;
     int fd = -1;
     size_t sz = sizeof fd;
     if (nn_getsockopt(sock, NN_SOL_SOCKET, which, &fd, &sz) < 0) {
-        cps_log(CPS_LOG_ERROR, "loop", "nn_getsockopt(%s): %s",
-                which == NN_RCVFD ? "NN_RCVFD" : "NN_SNDFD", nn_strerror(nn_errno()));
+        cps__log(CPS_LOG_ERROR, "loop", "nn_getsockopt(%s): %s",
+                 which == NN_RCVFD ? "NN_RCVFD" : "NN_SNDFD", nn_strerror(nn_errno()));
         return CPS_ETRANSPORT;
     }
     int rc = cps__loop_fd_add(l, fd, fn, ctx);
@@ -278,7 +278,7 @@ int cps__loop_nn_add(cps_loop *l, int sock, int which, cps_loop_fd_fn fn, void *
     return rc;
 }
 
-int cps__loop_fd_del(cps_loop *l, int fd)
+int cps__loop_fd_del(cps__loop *l, int fd)
 {
     size_t i = l ? fd_find(l, fd) : SIZE_MAX;
     if (i == SIZE_MAX)
@@ -288,7 +288,7 @@ int cps__loop_fd_del(cps_loop *l, int fd)
     return 0;
 }
 
-static int pfds_rebuild(cps_loop *l)
+static int pfds_rebuild(cps__loop *l)
 {
     void *p = l->pfds;
     int rc = cps__array_reserve(&p, &l->pfds_cap, l->nfds, sizeof *l->pfds, 8);
@@ -308,7 +308,7 @@ static int pfds_rebuild(cps_loop *l)
 
 /* Call the callbacks of the fds poll reported. The poll set is a snapshot: each ready fd is
  * looked up again, so one that an earlier callback removed is skipped. */
-static int dispatch_fds(cps_loop *l, uint64_t now)
+static int dispatch_fds(cps__loop *l, uint64_t now)
 {
     int ran = 0;
     for (size_t i = 0; i < l->npfds && !l->error; i++) {
@@ -327,7 +327,7 @@ static int dispatch_fds(cps_loop *l, uint64_t now)
 
 /* ---- turns ---- */
 
-void cps__loop_before_sleep(cps_loop *l, cps_loop_hook_fn fn, void *ctx)
+void cps__loop_before_sleep(cps__loop *l, cps__loop_hook_fn fn, void *ctx)
 {
     if (!l)
         return;
@@ -335,7 +335,7 @@ void cps__loop_before_sleep(cps_loop *l, cps_loop_hook_fn fn, void *ctx)
     l->hook_ctx = ctx;
 }
 
-int cps__loop_run_once(cps_loop *l, int max_wait_ms)
+int cps__loop_run_once(cps__loop *l, int max_wait_ms)
 {
     if (!l)
         return CPS_EINVAL;
@@ -366,7 +366,7 @@ int cps__loop_run_once(cps_loop *l, int max_wait_ms)
     if (n < 0) {
         if (errno == EINTR)
             return 0; /* a signal: let the caller look at its flags */
-        cps_log(CPS_LOG_ERROR, "loop", "poll: %s", strerror(errno));
+        cps__log(CPS_LOG_ERROR, "loop", "poll: %s", strerror(errno));
         return CPS_EIO;
     }
     l->now = cps__loop_clock_ms();
@@ -375,7 +375,7 @@ int cps__loop_run_once(cps_loop *l, int max_wait_ms)
     return l->error ? l->error : ran;
 }
 
-int cps__loop_run(cps_loop *l)
+int cps__loop_run(cps__loop *l)
 {
     if (!l)
         return CPS_EINVAL;
@@ -387,24 +387,24 @@ int cps__loop_run(cps_loop *l)
     return 0;
 }
 
-void cps__loop_stop(cps_loop *l)
+void cps__loop_stop(cps__loop *l)
 {
     if (l)
         l->stop = 1;
 }
 
-void cps__loop_resume(cps_loop *l)
+void cps__loop_resume(cps__loop *l)
 {
     if (l)
         l->stop = 0;
 }
 
-int cps__loop_stopped(const cps_loop *l)
+int cps__loop_stopped(const cps__loop *l)
 {
     return l && l->stop;
 }
 
-uint64_t cps__loop_now(const cps_loop *l)
+uint64_t cps__loop_now(const cps__loop *l)
 {
     return l ? l->now : cps__loop_clock_ms();
 }
@@ -413,25 +413,25 @@ uint64_t cps__loop_now(const cps_loop *l)
 
 /* A backlog the loop could not watch (no memory) fails the next transport callback: the
  * peer's queue would otherwise sit unflushed. */
-static int tp_hook_error(cps_loop_tp *a)
+static int tp_hook_error(cps__loop_tp *a)
 {
     int rc = a->error;
     a->error = 0;
     return rc;
 }
 
-static int on_inbox(cps_loop *l, int fd, void *ctx, uint64_t now_ms)
+static int on_inbox(cps__loop *l, int fd, void *ctx, uint64_t now_ms)
 {
     (void)l, (void)fd, (void)now_ms;
-    cps_loop_tp *a = ctx;
+    cps__loop_tp *a = ctx;
     int n = cps__tp_drain(a->tp, a->fn, a->ctx, a->max_msgs);
     return n < 0 ? n : tp_hook_error(a);
 }
 
-static int on_sendable(cps_loop *l, int fd, void *ctx, uint64_t now_ms)
+static int on_sendable(cps__loop *l, int fd, void *ctx, uint64_t now_ms)
 {
     (void)l, (void)now_ms;
-    cps_loop_tp *a = ctx;
+    cps__loop_tp *a = ctx;
     int rc = cps__tp_flush_fd(a->tp, fd);
     return rc < 0 ? rc : tp_hook_error(a);
 }
@@ -439,24 +439,24 @@ static int on_sendable(cps_loop *l, int fd, void *ctx, uint64_t now_ms)
 /* The transport's peer `fd` got a backlog (on) or lost it. */
 static void on_backlog(void *ctx, int fd, int on)
 {
-    cps_loop_tp *a = ctx;
+    cps__loop_tp *a = ctx;
     /* Flushing first, as the transport's own poll did: it is cheap, and the replies it sends
      * should not wait behind a batch of requests (64 pushes of 1 MB take milliseconds). */
     int rc =
         on ? cps__loop_fd_add_first(a->loop, fd, on_sendable, a) : cps__loop_fd_del(a->loop, fd);
     if (rc != 0 && rc != CPS_ENOTFOUND && !a->error) {
-        cps_log(CPS_LOG_ERROR, "loop", "cannot watch a peer's backlog: %s", cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "loop", "cannot watch a peer's backlog: %s", cps_strerror(rc));
         a->error = rc;
     }
 }
 
-int cps__loop_tp_attach(cps_loop_tp *a, cps_loop *l, cps_tp *tp, cps_tp_recv_fn fn, void *ctx,
+int cps__loop_tp_attach(cps__loop_tp *a, cps__loop *l, cps__tp *tp, cps__tp_recv_fn fn, void *ctx,
                         int max_msgs)
 {
     if (!a || !l || !tp)
         return CPS_EINVAL;
     /* Without a callback there is no one to hand messages to: only the backlogs are watched. */
-    *a = (cps_loop_tp){l, tp, fn, ctx, max_msgs, fn ? cps__tp_inbox_fd(tp) : -1, 0};
+    *a = (cps__loop_tp){l, tp, fn, ctx, max_msgs, fn ? cps__tp_inbox_fd(tp) : -1, 0};
     if (a->inbox_fd >= 0) {
         int rc = cps__loop_fd_add(l, a->inbox_fd, on_inbox, a);
         if (rc != 0)
@@ -469,7 +469,7 @@ int cps__loop_tp_attach(cps_loop_tp *a, cps_loop *l, cps_tp *tp, cps_tp_recv_fn 
     return rc;
 }
 
-void cps__loop_tp_detach(cps_loop_tp *a)
+void cps__loop_tp_detach(cps__loop_tp *a)
 {
     if (!a || !a->loop || !a->tp)
         return;

@@ -16,7 +16,7 @@ uint64_t cps__now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-void *cps__msg_alloc(cps_msg_hdr *h, size_t payload_len)
+void *cps__msg_alloc(cps__msg_hdr *h, size_t payload_len)
 {
     if (payload_len > CPS_WIRE_MAX_PAYLOAD)
         return NULL;
@@ -30,7 +30,7 @@ void *cps__msg_alloc(cps_msg_hdr *h, size_t payload_len)
     return buf;
 }
 
-int cps__msg_send(cps_tp *tp, uint32_t peer, cps_msg_hdr *h, const void *payload, size_t len)
+int cps__msg_send(cps__tp *tp, uint32_t peer, cps__msg_hdr *h, const void *payload, size_t len)
 {
     void *buf = cps__msg_alloc(h, len);
     if (!buf)
@@ -43,10 +43,10 @@ int cps__msg_send(cps_tp *tp, uint32_t peer, cps_msg_hdr *h, const void *payload
     return rc;
 }
 
-int cps__msg_reply_error(cps_tp *tp, uint32_t self, uint64_t epoch, const cps_msg_hdr *req, int err,
-                         const char *text)
+int cps__msg_reply_error(cps__tp *tp, uint32_t self, uint64_t epoch, const cps__msg_hdr *req,
+                         int err, const char *text)
 {
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = CPS_MSG_ERROR;
     h.flags = CPS_WF_REPLY;
     h.sender = self;
@@ -59,7 +59,7 @@ int cps__msg_reply_error(cps_tp *tp, uint32_t self, uint64_t epoch, const cps_ms
     return cps__msg_send(tp, req->sender, &h, text, text ? strlen(text) : 0);
 }
 
-int cps__rx_parse(cps_rx *rx, void *buf, size_t len)
+int cps__rx_parse(cps__rx *rx, void *buf, size_t len)
 {
     memset(rx, 0, sizeof *rx);
     int rc = cps__wire_hdr_decode(buf, len, &rx->hdr);
@@ -100,7 +100,7 @@ int cps__rx_parse(cps_rx *rx, void *buf, size_t len)
     return 0;
 }
 
-void cps__rx_free(cps_rx *rx)
+void cps__rx_free(cps__rx *rx)
 {
     if (rx->buf)
         cps__tp_free(rx->buf);

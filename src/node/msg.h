@@ -16,30 +16,30 @@ uint64_t cps__now_ms(void);
 /* Allocate a transport buffer for a message with `payload_len` payload bytes and write the
  * header (payload_len/raw_len are set here). The payload starts at CPS_WIRE_HDR_SIZE.
  * Returns NULL when out of memory. The caller owns the buffer (send it or cps__tp_free it). */
-void *cps__msg_alloc(cps_msg_hdr *h, size_t payload_len);
+void *cps__msg_alloc(cps__msg_hdr *h, size_t payload_len);
 
 /* Build and send a message with a copy of `payload`. Never takes the caller's payload.
  * Errors: CPS_ENOMEM, CPS_ENOTFOUND (unknown peer), CPS_EAGAIN, CPS_ETRANSPORT. */
-int cps__msg_send(cps_tp *tp, uint32_t peer, cps_msg_hdr *h, const void *payload, size_t len);
+int cps__msg_send(cps__tp *tp, uint32_t peer, cps__msg_hdr *h, const void *payload, size_t len);
 
 /* Send an error reply to `req`'s sender with status `err` and a short text. */
-int cps__msg_reply_error(cps_tp *tp, uint32_t self, uint64_t epoch, const cps_msg_hdr *req, int err,
-                         const char *text);
+int cps__msg_reply_error(cps__tp *tp, uint32_t self, uint64_t epoch, const cps__msg_hdr *req,
+                         int err, const char *text);
 
 /* A received message, validated and decompressed. */
-typedef struct cps_rx {
-    cps_msg_hdr hdr;
+typedef struct cps__rx {
+    cps__msg_hdr hdr;
     const void *payload; /* 8-byte aligned; hdr.raw_len bytes */
     size_t len;
     void *buf;   /* transport buffer (owned) */
     void *owned; /* malloc'd payload copy when decompressed or realigned (owned) */
-} cps_rx;
+} cps__rx;
 
 /* Parse `buf` (taken: on success rx owns it, on error it is freed). On a bad message returns
  * CPS_EPROTO / CPS_ESIZE / CPS_ECORRUPT; rx->hdr is filled as far as it could be decoded
  * (hdr.type == 0 if the header itself was bad) so the caller can log and maybe reply. */
-int cps__rx_parse(cps_rx *rx, void *buf, size_t len);
-void cps__rx_free(cps_rx *rx);
+int cps__rx_parse(cps__rx *rx, void *buf, size_t len);
+void cps__rx_free(cps__rx *rx);
 
 /* XXH3-64 of bytes (Debian's libxxhash). It decides where a tensor's keys live (its name's
  * hash) and names key sets, both of which a data directory keeps: changing the function is a

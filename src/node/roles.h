@@ -7,11 +7,11 @@
 
 /* Run the scheduler. Returns 0 when every worker finished, CPS_ETIMEDOUT when the expected nodes
  * did not all arrive within cfg->join_timeout_ms, other CPS_E... on fatal errors. */
-int cps__scheduler_run(const cps_config *cfg);
+int cps__scheduler_run(const cps__config *cfg);
 
 /* Run a server. Returns 0 when the scheduler ends the job (or a stop was requested),
  * CPS_ETIMEDOUT if the scheduler never answered, CPS_ESTORE/CPS_EPOISONED on storage failure. */
-int cps__server_run(const cps_config *cfg);
+int cps__server_run(const cps__config *cfg);
 
 /* Async-signal-safe: ask the running role loop to stop after its current iteration. */
 void cps__role_request_stop(void);
@@ -35,14 +35,14 @@ void cps__role_install_signals(void);
  *    Every interface (0.0.0.0) only when --bind / CHAINPS_BIND says so (behind NAT or a
  *    Kubernetes service, where the advertised address is not local);
  *  - the scheduler's inbox port is the scheduler port. */
-void cps__config_finalize(cps_config *cfg, int role);
+void cps__config_finalize(cps__config *cfg, int role);
 
 /* Read the job's secret (cfg->secret_file) into cfg, once; without one, accept running
  * unauthenticated only when cfg->insecure says so (then warn once per process). `who` names the
  * subsystem in the log. Returns 0, or CPS_ECONFIG with the reason and the fix logged. */
-int cps__node_load_secret(cps_config *cfg, const char *who);
+int cps__node_load_secret(cps__config *cfg, const char *who);
 /* The key to hand cps__tp_create(): NULL for an insecure job. */
-const unsigned char *cps__node_key(const cps_config *cfg);
+const unsigned char *cps__node_key(const cps__config *cfg);
 
 /* "tcp://host:port" into out. Errors: CPS_ECONFIG when it does not fit CPS_ADDR_MAX. */
 int cps__make_url(char out[CPS_ADDR_MAX], const char *host, uint16_t port);

@@ -5,7 +5,7 @@
 
 #include <string.h>
 
-uint32_t cps__temp_peer_add(cps_temp_peers *t, cps_tp *tp, const char *addr, uint64_t now)
+uint32_t cps__temp_peer_add(cps__temp_peers *t, cps__tp *tp, const char *addr, uint64_t now)
 {
     uint32_t i = t->next++ % CPS_TEMP_PEERS;
     uint32_t id = CPS_TEMP_PEER_BASE + i;
@@ -16,7 +16,7 @@ uint32_t cps__temp_peer_add(cps_temp_peers *t, cps_tp *tp, const char *addr, uin
     return id;
 }
 
-void cps__temp_peers_expire(cps_temp_peers *t, cps_tp *tp, uint64_t now)
+void cps__temp_peers_expire(cps__temp_peers *t, cps__tp *tp, uint64_t now)
 {
     for (uint32_t i = 0; i < CPS_TEMP_PEERS; i++) {
         if (t->slot[i].id && now >= t->slot[i].drop_at_ms) {
@@ -26,7 +26,7 @@ void cps__temp_peers_expire(cps_temp_peers *t, cps_tp *tp, uint64_t now)
     }
 }
 
-int cps__temp_peer_from_hello(cps_temp_peers *t, cps_tp *tp, const void *hello, size_t len,
+int cps__temp_peer_from_hello(cps__temp_peers *t, cps__tp *tp, const void *hello, size_t len,
                               uint64_t now, uint32_t *peer, char *addr)
 {
     uint32_t role, want_rank, prev_id;

@@ -12,24 +12,24 @@
 #define CPS_TEMP_PEERS          64
 #define CPS_TEMP_PEER_LINGER_MS 5000
 
-typedef struct cps_temp_peers {
+typedef struct cps__temp_peers {
     struct {
         uint32_t id;
         uint64_t drop_at_ms;
     } slot[CPS_TEMP_PEERS];
     uint32_t next;
-} cps_temp_peers;
+} cps__temp_peers;
 
 /* Register `addr` and return its peer id, or 0 if it cannot be reached. */
-uint32_t cps__temp_peer_add(cps_temp_peers *t, cps_tp *tp, const char *addr, uint64_t now);
+uint32_t cps__temp_peer_add(cps__temp_peers *t, cps__tp *tp, const char *addr, uint64_t now);
 /* A request from a tool whose payload is a hello naming its inbox (STATUS, CHECKSUM,
  * REGISTRY, checkpoint requests): register that inbox. Returns CPS_EPROTO if the hello does not
  * decode (the caller logs what it dropped), else 0 with *peer the id to answer at (0 if the
  * inbox cannot be reached) and, if addr is not NULL, the inbox's address. */
-int cps__temp_peer_from_hello(cps_temp_peers *t, cps_tp *tp, const void *hello, size_t len,
+int cps__temp_peer_from_hello(cps__temp_peers *t, cps__tp *tp, const void *hello, size_t len,
                               uint64_t now, uint32_t *peer, char *addr);
 
 /* Drop the peers whose linger is over. */
-void cps__temp_peers_expire(cps_temp_peers *t, cps_tp *tp, uint64_t now);
+void cps__temp_peers_expire(cps__temp_peers *t, cps__tp *tp, uint64_t now);
 
 #endif

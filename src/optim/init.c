@@ -107,7 +107,7 @@ static float normal_at(uint64_t key, uint64_t i, float mean, float sd)
     return (float)((double)mean + (double)sd * z);
 }
 
-void cps__init_fill(const cps_param_spec *spec, uint64_t offset, float *out, size_t n)
+void cps__init_fill(const cps__param_spec *spec, uint64_t offset, float *out, size_t n)
 {
     const uint64_t key = mix64(spec->init_seed ^ SEED_SALT);
     switch (spec->init_kind) {
@@ -132,7 +132,7 @@ void cps__init_fill(const cps_param_spec *spec, uint64_t offset, float *out, siz
 
 void cps_init_values(const cps_init *init, uint64_t offset, float *out, size_t n)
 {
-    cps_param_spec spec = {0};
+    cps__param_spec spec = {0};
     if (init) {
         switch (init->kind) {
         case CPS_INIT_CONSTANT:

@@ -40,7 +40,7 @@ uint32_t cps__optim_state_slots(uint32_t opt_kind)
     }
 }
 
-void cps__optim_spec_defaults(cps_param_spec *s)
+void cps__optim_spec_defaults(cps__param_spec *s)
 {
     switch (s->opt_kind) {
     case CPS_W_OPT_ADAM:
@@ -87,7 +87,8 @@ static inline float decayed(float g, float p, float wd)
     return wd != 0.0f ? g + wd * p : g;
 }
 
-static void apply_sgd(const cps_param_spec *s, float *restrict p, const float *restrict g, size_t n)
+static void apply_sgd(const cps__param_spec *s, float *restrict p, const float *restrict g,
+                      size_t n)
 {
     const float lr = s->lr, wd = s->weight_decay;
     for (size_t i = 0; i < n; i++)
@@ -95,7 +96,7 @@ static void apply_sgd(const cps_param_spec *s, float *restrict p, const float *r
 }
 
 /* SGD out of place: one pass over the values instead of a copy and an update. */
-static void apply_sgd_copy(const cps_param_spec *s, const float *restrict src, float *restrict dst,
+static void apply_sgd_copy(const cps__param_spec *s, const float *restrict src, float *restrict dst,
                            const float *restrict g, size_t n)
 {
     const float lr = s->lr, wd = s->weight_decay;
@@ -103,7 +104,7 @@ static void apply_sgd_copy(const cps_param_spec *s, const float *restrict src, f
         dst[i] = src[i] - lr * decayed(g[i], src[i], wd);
 }
 
-static void apply_momentum(const cps_param_spec *s, float *restrict p, float *restrict v,
+static void apply_momentum(const cps__param_spec *s, float *restrict p, float *restrict v,
                            const float *restrict g, size_t n)
 {
     const float lr = s->lr, wd = s->weight_decay, mu = s->momentum;
@@ -114,7 +115,7 @@ static void apply_momentum(const cps_param_spec *s, float *restrict p, float *re
     }
 }
 
-static void apply_adagrad(const cps_param_spec *s, float *restrict p, float *restrict h,
+static void apply_adagrad(const cps__param_spec *s, float *restrict p, float *restrict h,
                           const float *restrict g, size_t n)
 {
     const float lr = s->lr, wd = s->weight_decay, eps = s->eps;
@@ -125,7 +126,7 @@ static void apply_adagrad(const cps_param_spec *s, float *restrict p, float *res
     }
 }
 
-static void apply_adam(const cps_param_spec *s, float *restrict p, float *restrict m,
+static void apply_adam(const cps__param_spec *s, float *restrict p, float *restrict m,
                        float *restrict v, const float *restrict g, size_t n, uint64_t t)
 {
     const float lr = s->lr, wd = s->weight_decay, eps = s->eps;
@@ -145,7 +146,7 @@ static void apply_adam(const cps_param_spec *s, float *restrict p, float *restri
     }
 }
 
-static void apply_rmsprop(const cps_param_spec *s, float *restrict p, float *restrict sq,
+static void apply_rmsprop(const cps__param_spec *s, float *restrict p, float *restrict sq,
                           const float *restrict g, size_t n)
 {
     const float lr = s->lr, wd = s->weight_decay, eps = s->eps, rho = s->rho;
@@ -158,7 +159,7 @@ static void apply_rmsprop(const cps_param_spec *s, float *restrict p, float *res
 }
 
 /* Resolve the defaults of *spec into *s and check the arguments. */
-static int apply_prepare(const cps_param_spec *spec, cps_param_spec *s, int have_state, size_t n,
+static int apply_prepare(const cps__param_spec *spec, cps__param_spec *s, int have_state, size_t n,
                          uint64_t t)
 {
     *s = *spec;
@@ -174,7 +175,7 @@ static int apply_prepare(const cps_param_spec *spec, cps_param_spec *s, int have
 }
 
 /* One step on n elements whose state slot k starts at state + k*stride. */
-static void apply_kind(const cps_param_spec *s, float *param, float *state, size_t stride,
+static void apply_kind(const cps__param_spec *s, float *param, float *state, size_t stride,
                        const float *grad, size_t n, uint64_t t)
 {
     switch (s->opt_kind) {
@@ -198,10 +199,10 @@ static void apply_kind(const cps_param_spec *s, float *param, float *state, size
     }
 }
 
-int cps__optim_apply(const cps_param_spec *spec, float *param, float *state, const float *grad,
+int cps__optim_apply(const cps__param_spec *spec, float *param, float *state, const float *grad,
                      size_t n, uint64_t t)
 {
-    cps_param_spec s;
+    cps__param_spec s;
     int rc = apply_prepare(spec, &s, state != NULL, n, t);
     if (rc == 0)
         apply_kind(&s, param, state, n, grad, n, t);
@@ -212,10 +213,10 @@ int cps__optim_apply(const cps_param_spec *spec, float *param, float *state, con
  * slots, gradient) stays in L1/L2 between its copy and its update. */
 #define APPLY_BLOCK 2048
 
-int cps__optim_apply_copy(const cps_param_spec *spec, const float *src, float *dst,
+int cps__optim_apply_copy(const cps__param_spec *spec, const float *src, float *dst,
                           const float *grad, size_t n, uint64_t t)
 {
-    cps_param_spec s;
+    cps__param_spec s;
     int rc = apply_prepare(spec, &s, 1, n, t);
     if (rc != 0)
         return rc;

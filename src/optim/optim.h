@@ -17,7 +17,7 @@ uint32_t cps__optim_state_slots(uint32_t opt_kind);
  * place defaults are resolved: cps__optim_apply() calls it on a copy of its spec, the store
  * before persisting a spec, and a client should call it before encoding a DECLARE (the wire
  * decoder refuses zero betas/eps/rho). */
-void cps__optim_spec_defaults(cps_param_spec *spec);
+void cps__optim_spec_defaults(cps__param_spec *spec);
 
 /* Apply one step: `grad` (n values) to `param` (n) with `state` (slots*n, slot-major: slot s of
  * element i at state[s*n + i]). `t` is the 1-based step number of this update (Adam's bias
@@ -30,7 +30,7 @@ void cps__optim_spec_defaults(cps_param_spec *spec);
  *   RMSProp:   s = rho*s+(1-rho)g*g; p -= lr*g/(sqrt(s)+eps)
  * Hyper-parameters left at 0 take their defaults (cps__optim_spec_defaults).
  * Errors: CPS_EINVAL (unknown kind, t == 0 for Adam, NULL state for a stateful kind). */
-int cps__optim_apply(const cps_param_spec *spec, float *param, float *state, const float *grad,
+int cps__optim_apply(const cps__param_spec *spec, float *param, float *state, const float *grad,
                      size_t n, uint64_t t);
 
 /* The same step out of place: dst = src after the step, where src and dst each hold a record's
@@ -39,13 +39,13 @@ int cps__optim_apply(const cps_param_spec *spec, float *param, float *state, con
  * in cache. Either way the values cross memory once instead of being copied and then updated in
  * a second pass, and the result is bitwise that of copying src to dst and calling
  * cps__optim_apply. src and dst must not overlap. Errors: as cps__optim_apply. */
-int cps__optim_apply_copy(const cps_param_spec *spec, const float *src, float *dst,
+int cps__optim_apply_copy(const cps__param_spec *spec, const float *src, float *dst,
                           const float *grad, size_t n, uint64_t t);
 
 /* Fill out[0..n) with the initial values of tensor elements offset..offset+n-1, from a
  * counter-based generator keyed by (seed, element index): so values do not depend on how the
  * tensor is cut into keys or on which server creates them. */
-void cps__init_fill(const cps_param_spec *spec, uint64_t offset, float *out, size_t n);
+void cps__init_fill(const cps__param_spec *spec, uint64_t offset, float *out, size_t n);
 
 /* acc[i] += x[i] (OpenBLAS saxpy). Summation order is the caller's: sum in rank order. */
 void cps__vec_add(float *acc, const float *x, size_t n);

@@ -45,32 +45,32 @@ enum {
 };
 
 typedef struct sched_node {
-    cps_node_info info;
+    cps__node_info info;
     uint64_t boot_id; /* the incarnation that said HELLO (servers) */
     uint64_t last_seen_ms;
-    cps_node_stats stats;
+    cps__node_stats stats;
     int done;       /* worker said BYE */
     int in_barrier; /* worker waiting in the current barrier */
     uint64_t barrier_seq;
 } sched_node;
 
-typedef struct sched {
-    cps_config cfg;
+typedef struct cps__sched {
+    cps__config cfg;
     uint64_t job_id; /* made once per scheduler data directory; servers record it */
-    cps_tp *tp;
+    cps__tp *tp;
     sched_node *nodes;
     uint32_t nnodes;
     uint32_t next_id;
-    cps_view view;
+    cps__view view;
     int started;
     uint64_t start_ms;
     uint32_t workers_done;
-    cps_temp_peers temps;
-    cps_detector *detector;
-    cps_repair *repair; /* joins under way; made when the job runs */
-    cps_store *store;   /* the view and the job's progress, so a restarted scheduler resumes */
-    cps_loop *loop;
-    cps_loop_tp inbox;
+    cps__temp_peers temps;
+    cps__detector *detector;
+    cps__repair *repair; /* joins under way; made when the job runs */
+    cps__store *store;   /* the view and the job's progress, so a restarted scheduler resumes */
+    cps__loop *loop;
+    cps__loop_tp inbox;
     uint64_t last_detect_ms; /* when the detector last ticked (a pause of ours shows there) */
     uint64_t finish_at;      /* when the ended job's linger is over */
     int stopping;            /* a stop was requested and is lingering */
@@ -92,14 +92,14 @@ typedef struct sched {
     unsigned char *reg;
     size_t reg_len, reg_cap;
     uint32_t reg_count;
-} sched;
+} cps__sched;
 
 static const char *role_name(int role)
 {
     return cps__config_role_str(role);
 }
 
-static uint32_t count_role(const sched *s, int role)
+static uint32_t count_role(const cps__sched *s, int role)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < s->nnodes; i++)
@@ -107,7 +107,7 @@ static uint32_t count_role(const sched *s, int role)
     return n;
 }
 
-static sched_node *find_node(sched *s, uint32_t id)
+static sched_node *find_node(cps__sched *s, uint32_t id)
 {
     for (uint32_t i = 0; i < s->nnodes; i++)
         if (s->nodes[i].info.id == id)
@@ -121,7 +121,7 @@ static int rank_reusable(const sched_node *n)
     return n->info.role == CPS_ROLE_WORKER && !n->info.alive && !n->done;
 }
 
-static int rank_taken(const sched *s, int role, uint32_t rank)
+static int rank_taken(const cps__sched *s, int role, uint32_t rank)
 {
     for (uint32_t i = 0; i < s->nnodes; i++)
         if (s->nodes[i].info.role == role && s->nodes[i].info.rank == rank &&
@@ -131,7 +131,7 @@ static int rank_taken(const sched *s, int role, uint32_t rank)
 }
 
 /* Members of a role that hold a place in the job (once it runs, dead workers do not). */
-static uint32_t count_places(const sched *s, int role)
+static uint32_t count_places(const cps__sched *s, int role)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < s->nnodes; i++)
@@ -139,7 +139,7 @@ static uint32_t count_places(const sched *s, int role)
     return n;
 }
 
-static uint32_t free_rank(const sched *s, int role, uint32_t want, uint32_t limit)
+static uint32_t free_rank(const cps__sched *s, int role, uint32_t want, uint32_t limit)
 {
     if (want != UINT32_MAX && want < limit && !rank_taken(s, role, want))
         return want;
@@ -150,9 +150,9 @@ static uint32_t free_rank(const sched *s, int role, uint32_t want, uint32_t limi
 }
 
 /* Rebuild the view's node list from the members (ranges are placed once, at start). */
-static int sync_view_nodes(sched *s)
+static int sync_view_nodes(cps__sched *s)
 {
-    cps_node_info *nodes = calloc(s->nnodes ? s->nnodes : 1, sizeof *nodes);
+    cps__node_info *nodes = calloc(s->nnodes ? s->nnodes : 1, sizeof *nodes);
     if (!nodes)
         return CPS_ENOMEM;
     for (uint32_t i = 0; i < s->nnodes; i++)
@@ -163,7 +163,7 @@ static int sync_view_nodes(sched *s)
     return 0;
 }
 
-static int send_view(sched *s, uint32_t peer, uint8_t type)
+static int send_view(cps__sched *s, uint32_t peer, uint8_t type)
 {
     if (s->unsaved)
         return CPS_EAGAIN; /* sent once saved (save_retry); nodes ask again meanwhile */
@@ -172,7 +172,7 @@ static int send_view(sched *s, uint32_t peer, uint8_t type)
     if (n && n->info.role == CPS_ROLE_WORKER)
         return 0;
     size_t len = cps__view_encoded_size(&s->view);
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = type;
     h.sender = SCHED_ID;
     h.epoch = s->view.epoch;
@@ -191,15 +191,15 @@ static int send_view(sched *s, uint32_t peer, uint8_t type)
     int rc = cps__tp_send(s->tp, peer, buf, CPS_WIRE_HDR_SIZE + len);
     if (rc != 0) {
         cps__tp_free(buf);
-        cps_log(CPS_LOG_WARN, "scheduler", "could not send view to node %u: %s", peer,
-                cps_strerror(rc));
+        cps__log(CPS_LOG_WARN, "scheduler", "could not send view to node %u: %s", peer,
+                 cps_strerror(rc));
     }
     return rc;
 }
 
-static void send_simple(sched *s, uint32_t peer, uint8_t type, const cps_msg_hdr *req)
+static void send_simple(cps__sched *s, uint32_t peer, uint8_t type, const cps__msg_hdr *req)
 {
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = type;
     h.sender = SCHED_ID;
     h.epoch = s->view.epoch;
@@ -211,32 +211,32 @@ static void send_simple(sched *s, uint32_t peer, uint8_t type, const cps_msg_hdr
     }
     int rc = cps__msg_send(s->tp, peer, &h, NULL, 0);
     if (rc != 0)
-        cps_log(CPS_LOG_WARN, "scheduler", "send to node %u failed: %s", peer, cps_strerror(rc));
+        cps__log(CPS_LOG_WARN, "scheduler", "send to node %u failed: %s", peer, cps_strerror(rc));
 }
 
-static int save(sched *s);
-static int on_save_retry(cps_loop *l, uint64_t id, void *ctx, uint64_t now);
+static int save(cps__sched *s);
+static int on_save_retry(cps__loop *l, uint64_t id, void *ctx, uint64_t now);
 
 /* The job runs (fresh, or resumed after a restart): join bookkeeping, and the failure detector
  * watches every live member. */
-static int begin_running(sched *s)
+static int begin_running(cps__sched *s)
 {
-    /* Join ids grow across our restarts (see cps_repair_config): each life starts its ids at
+    /* Join ids grow across our restarts (see cps__repair_config): each life starts its ids at
      * (its first epoch) << 32, above the saved epoch of any earlier life, since a life saves the
      * epoch it starts at before it issues a join; none issues 2^32 joins. */
-    cps_repair_config rcfg = {s->view.nranges, JOIN_GIVE_UP_MS, (s->view.epoch + 1) << 32};
-    int err = cps_repair_create(&rcfg, &s->repair);
+    cps__repair_config rcfg = {s->view.nranges, JOIN_GIVE_UP_MS, (s->view.epoch + 1) << 32};
+    int err = cps__repair_create(&rcfg, &s->repair);
     if (err != 0)
         return err;
     s->started = 1;
     uint64_t now = cps__now_ms();
     for (uint32_t i = 0; i < s->nnodes; i++)
         if (s->nodes[i].info.alive && !s->nodes[i].done)
-            cps_detector_watch(s->detector, s->nodes[i].info.id, now);
+            cps__detector_watch(s->detector, s->nodes[i].info.id, now);
     return 0;
 }
 
-static int start_job(sched *s)
+static int start_job(cps__sched *s)
 {
     uint32_t S = count_role(s, CPS_ROLE_SERVER);
     uint32_t *servers = calloc(S, sizeof *servers);
@@ -262,39 +262,39 @@ static int start_job(sched *s)
     if (rc2 != 0)
         return rc2;
     char mode[32];
-    cps_log(CPS_LOG_INFO, "scheduler",
-            "connected %u workers and %u servers; view epoch %llu, %u ranges, %u replica(s), "
-            "mode %s",
-            s->cfg.num_workers, S, (unsigned long long)s->view.epoch, s->view.nranges,
-            s->view.replicas,
-            cps__config_mode_str(s->cfg.mode, s->cfg.ssp_bound, mode, sizeof mode));
+    cps__log(CPS_LOG_INFO, "scheduler",
+             "connected %u workers and %u servers; view epoch %llu, %u ranges, %u replica(s), "
+             "mode %s",
+             s->cfg.num_workers, S, (unsigned long long)s->view.epoch, s->view.nranges,
+             s->view.replicas,
+             cps__config_mode_str(s->cfg.mode, s->cfg.ssp_bound, mode, sizeof mode));
     s->held_type = CPS_MSG_WELCOME;
     save(s);
     for (uint32_t i = 0; i < s->nnodes; i++)
         send_view(s, s->nodes[i].info.id, CPS_MSG_WELCOME);
     if (s->cfg.hold_workers)
-        cps_log(CPS_LOG_INFO, "scheduler",
-                "holding the workers back until the checkpoint is "
-                "restored");
+        cps__log(CPS_LOG_INFO, "scheduler",
+                 "holding the workers back until the checkpoint is "
+                 "restored");
     return 0;
 }
 
-static void publish_view(sched *s, const char *why);
-static void maybe_release_barrier(sched *s);
-static void maybe_end_job(sched *s);
-static void declare_dead(sched *s, uint32_t id, uint64_t silence_ms);
+static void publish_view(cps__sched *s, const char *why);
+static void maybe_release_barrier(cps__sched *s);
+static void maybe_end_job(cps__sched *s);
+static void declare_dead(cps__sched *s, uint32_t id, uint64_t silence_ms);
 
-static void handle_hello(sched *s, const cps_rx *rx)
+static void handle_hello(cps__sched *s, const cps__rx *rx)
 {
     uint32_t role, want_rank, prev_id;
     char addr[CPS_ADDR_MAX];
     int rc = cps__hello_decode(rx->payload, rx->len, &role, &want_rank, &prev_id, addr);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "scheduler", "malformed HELLO dropped: %s", cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "scheduler", "malformed HELLO dropped: %s", cps_strerror(rc));
         return;
     }
     if (role != CPS_ROLE_SERVER && role != CPS_ROLE_WORKER) {
-        cps_log(CPS_LOG_ERROR, "scheduler", "HELLO from %s with role %u refused", addr, role);
+        cps__log(CPS_LOG_ERROR, "scheduler", "HELLO from %s with role %u refused", addr, role);
         return;
     }
     /* A HELLO repeated because our WELCOME was slow, or a restarted node asking for its id. */
@@ -312,15 +312,15 @@ static void handle_hello(sched *s, const cps_rx *rx)
         int ended = s->finished && role == CPS_ROLE_WORKER;
         if (ended || count_places(s, (int)role) >= limit) {
             if (ended)
-                cps_log(CPS_LOG_ERROR, "scheduler", "refused a worker at %s: the job has ended",
-                        addr);
+                cps__log(CPS_LOG_ERROR, "scheduler", "refused a worker at %s: the job has ended",
+                         addr);
             else
-                cps_log(CPS_LOG_ERROR, "scheduler",
-                        "refused a %s at %s: the job already has its %u %ss", role_name((int)role),
-                        addr, limit, role_name((int)role));
+                cps__log(CPS_LOG_ERROR, "scheduler",
+                         "refused a %s at %s: the job already has its %u %ss", role_name((int)role),
+                         addr, limit, role_name((int)role));
             uint32_t tmp = cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
             if (tmp) {
-                cps_msg_hdr h = {0};
+                cps__msg_hdr h = {0};
                 h.sender = tmp; /* the error reply goes to whoever sent this HELLO */
                 cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &h,
                                      ended ? CPS_ESHUTDOWN : CPS_ECONFIG,
@@ -340,8 +340,8 @@ static void handle_hello(sched *s, const cps_rx *rx)
         if (n->info.id >= s->next_id)
             s->next_id = n->info.id + 1;
         n->info.role = (uint8_t)role;
-        cps_log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) joined from %s", role_name((int)role),
-                n->info.id, n->info.rank, addr);
+        cps__log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) joined from %s", role_name((int)role),
+                 n->info.id, n->info.rank, addr);
     }
     uint64_t boot = rx->hdr.aux;
     if (s->started && n->info.role == CPS_ROLE_SERVER && n->info.alive && n->boot_id && boot &&
@@ -349,27 +349,27 @@ static void handle_hello(sched *s, const cps_rx *rx)
         /* A new incarnation of a server we still count alive: it restarted before we noticed.
          * Its chain state is gone (and maybe its disk): first take the old one out of every
          * chain, as for any death, then let the new one in like a server coming back. */
-        cps_log(CPS_LOG_WARN, "scheduler",
-                "server %u restarted before it was declared dead: "
-                "treating it as dead, then as coming back",
-                n->info.id);
+        cps__log(CPS_LOG_WARN, "scheduler",
+                 "server %u restarted before it was declared dead: "
+                 "treating it as dead, then as coming back",
+                 n->info.id);
         declare_dead(s, n->info.id, 0);
     }
     if (boot)
         n->boot_id = boot;
     int moved = strcmp(n->info.addr, addr) != 0 && n->info.addr[0];
     if (moved)
-        cps_log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) came back at %s", role_name((int)role),
-                n->info.id, n->info.rank, addr);
+        cps__log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) came back at %s", role_name((int)role),
+                 n->info.id, n->info.rank, addr);
     snprintf(n->info.addr, sizeof n->info.addr, "%s", addr);
     int revived = !n->info.alive && s->started;
     n->info.alive = 1;
     if (s->started)
-        cps_detector_watch(s->detector, n->info.id, cps__now_ms());
+        cps__detector_watch(s->detector, n->info.id, cps__now_ms());
     n->last_seen_ms = cps__now_ms();
     rc = cps__tp_peer_set(s->tp, n->info.id, addr);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "scheduler", "cannot reach %s: %s", addr, cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "scheduler", "cannot reach %s: %s", addr, cps_strerror(rc));
         return;
     }
     if (s->started) {
@@ -383,7 +383,7 @@ static void handle_hello(sched *s, const cps_rx *rx)
         count_role(s, CPS_ROLE_WORKER) == s->cfg.num_workers) {
         rc = start_job(s);
         if (rc != 0)
-            cps_log(CPS_LOG_ERROR, "scheduler", "cannot start the job: %s", cps_strerror(rc));
+            cps__log(CPS_LOG_ERROR, "scheduler", "cannot start the job: %s", cps_strerror(rc));
     }
 }
 
@@ -393,15 +393,15 @@ static void handle_hello(sched *s, const cps_rx *rx)
  * state: u32 version 1, u32 finished, u32 next_id, u32 workers_done, u32 servers, u32 workers,
  * u32 n, then n u32 ids of workers that said BYE. */
 typedef struct save_io {
-    sched *s;
+    cps__sched *s;
     void *view;
     size_t view_len;
 } save_io;
 
-static int save_txn(cps_txn *txn, void *arg)
+static int save_txn(cps__txn *txn, void *arg)
 {
     save_io *io = arg;
-    sched *s = io->s;
+    cps__sched *s = io->s;
     uint32_t ndone = 0;
     unsigned char st[28 + 4 * CPS_MAX_NODES];
     for (uint32_t i = 0; i < s->nnodes; i++)
@@ -422,7 +422,7 @@ static int save_txn(cps_txn *txn, void *arg)
  * held: send_view sends nothing until a retry succeeds, because a view some node saw but the
  * disk did not could be lost by a scheduler restart, and the restarted one would publish another
  * view under the same epoch. Failover waits meanwhile; that is the price of not losing it. */
-static int save(sched *s)
+static int save(cps__sched *s)
 {
     if (!s->store || !s->started)
         return 0;
@@ -439,26 +439,27 @@ static int save(sched *s)
     free(io.view);
     if (rc != 0) {
         if (!s->unsaved)
-            cps_log(CPS_LOG_ERROR, "scheduler",
-                    "cannot save view epoch %llu in %s: %s; no node is sent it until it is "
-                    "saved (failover waits), retrying every %d ms",
-                    (unsigned long long)s->view.epoch, s->dir ? s->dir : "?", cps_strerror(rc),
-                    SAVE_RETRY_MS);
+            cps__log(CPS_LOG_ERROR, "scheduler",
+                     "cannot save view epoch %llu in %s: %s; no node is sent it until it is "
+                     "saved (failover waits), retrying every %d ms",
+                     (unsigned long long)s->view.epoch, s->dir ? s->dir : "?", cps_strerror(rc),
+                     SAVE_RETRY_MS);
         if (!s->unsaved && !s->held_type)
             s->held_type = CPS_MSG_VIEW;
         s->unsaved = 1;
         s->failed_saves++;
         int trc = cps__loop_timer_add(s->loop, T_SAVE, SAVE_RETRY_MS, 0, on_save_retry, s);
         if (trc != 0)
-            cps_log(CPS_LOG_ERROR, "scheduler", "cannot arm the save retry: %s", cps_strerror(trc));
+            cps__log(CPS_LOG_ERROR, "scheduler", "cannot arm the save retry: %s",
+                     cps_strerror(trc));
         return rc;
     }
     if (s->unsaved) {
         s->unsaved = 0;
         cps__loop_timer_del(s->loop, T_SAVE);
-        cps_log(CPS_LOG_INFO, "scheduler",
-                "saved view epoch %llu after %u failed tries: sending it to every node",
-                (unsigned long long)s->view.epoch, s->failed_saves);
+        cps__log(CPS_LOG_INFO, "scheduler",
+                 "saved view epoch %llu after %u failed tries: sending it to every node",
+                 (unsigned long long)s->view.epoch, s->failed_saves);
         s->failed_saves = 0;
         for (uint32_t i = 0; i < s->nnodes; i++)
             if (!s->nodes[i].done)
@@ -468,25 +469,25 @@ static int save(sched *s)
     return 0;
 }
 
-static int on_save_retry(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_save_retry(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)l, (void)id, (void)now;
-    sched *s = ctx;
+    cps__sched *s = ctx;
     if (s->unsaved)
         save(s);
     return 0;
 }
 
 typedef struct load_io {
-    sched *s;
+    cps__sched *s;
     int found;
     int rc;
 } load_io;
 
-static int load_txn(cps_txn *txn, void *arg)
+static int load_txn(cps__txn *txn, void *arg)
 {
     load_io *io = arg;
-    sched *s = io->s;
+    cps__sched *s = io->s;
     const void *vb, *sb;
     size_t vlen, slen;
     int rc = cps__store_blob_get(txn, "sched/state", &sb, &slen);
@@ -514,14 +515,14 @@ static int load_txn(cps_txn *txn, void *arg)
     }
     if (cps__le32_get(st + 16) != s->cfg.num_servers ||
         cps__le32_get(st + 20) != s->cfg.num_workers) {
-        cps_log(CPS_LOG_ERROR, "scheduler",
-                "the data directory holds an unfinished job of %u "
-                "servers and %u workers, not %u and %u: use another --data to start a new job",
-                cps__le32_get(st + 16), cps__le32_get(st + 20), s->cfg.num_servers,
-                s->cfg.num_workers);
+        cps__log(CPS_LOG_ERROR, "scheduler",
+                 "the data directory holds an unfinished job of %u "
+                 "servers and %u workers, not %u and %u: use another --data to start a new job",
+                 cps__le32_get(st + 16), cps__le32_get(st + 20), s->cfg.num_servers,
+                 s->cfg.num_workers);
         return CPS_ECONFIG;
     }
-    cps_view v;
+    cps__view v;
     cps__view_init(&v);
     if ((rc = cps__view_decode(vb, vlen, &v)) != 0) {
         cps__view_fini(&v);
@@ -546,9 +547,9 @@ static int load_txn(cps_txn *txn, void *arg)
 
 /* Resume an unfinished job from the data directory. Returns 0 (resumed or nothing to resume)
  * or an error (a different job is there, or the files are corrupt). */
-static int job_id_txn(cps_txn *txn, void *arg)
+static int job_id_txn(cps__txn *txn, void *arg)
 {
-    sched *s = arg;
+    cps__sched *s = arg;
     const void *have;
     size_t len = 0;
     if (cps__store_blob_get(txn, "sched/job_id", &have, &len) == 0 && len == 8) {
@@ -562,16 +563,16 @@ static int job_id_txn(cps_txn *txn, void *arg)
 
 /* The job's id: the one this data directory has, or a new one (a resumed scheduler is the same
  * job; a scheduler on a fresh directory a new one). */
-static int job_id_load(sched *s)
+static int job_id_load(cps__sched *s)
 {
     s->job_id = cps__splitmix64(cps__now_ms() ^ ((uint64_t)getpid() << 20) ^ (uintptr_t)s) | 1;
     int rc = cps__store_write(s->store, job_id_txn, s);
     if (rc == 0)
-        cps_log(CPS_LOG_INFO, "scheduler", "job %016llx", (unsigned long long)s->job_id);
+        cps__log(CPS_LOG_INFO, "scheduler", "job %016llx", (unsigned long long)s->job_id);
     return rc;
 }
 
-static int resume(sched *s)
+static int resume(cps__sched *s)
 {
     load_io io = {s, 0, 0};
     int rc = cps__store_read(s->store, load_txn, &io);
@@ -583,15 +584,15 @@ static int resume(sched *s)
     for (uint32_t i = 0; i < s->nnodes; i++) {
         sched_node *n = &s->nodes[i];
         if (cps__tp_peer_set(s->tp, n->info.id, n->info.addr) != 0)
-            cps_log(CPS_LOG_WARN, "scheduler", "cannot reach node %u at %s", n->info.id,
-                    n->info.addr);
+            cps__log(CPS_LOG_WARN, "scheduler", "cannot reach node %u at %s", n->info.id,
+                     n->info.addr);
     }
     /* Nobody is declared dead for our own absence: everyone gets a fresh grace period. */
-    cps_detector_restart(s->detector, now);
-    cps_log(CPS_LOG_INFO, "scheduler",
-            "resumed the job from view epoch %llu (%u nodes, %u of "
-            "%u workers finished)",
-            (unsigned long long)s->view.epoch, s->nnodes, s->workers_done, s->cfg.num_workers);
+    cps__detector_restart(s->detector, now);
+    cps__log(CPS_LOG_INFO, "scheduler",
+             "resumed the job from view epoch %llu (%u nodes, %u of "
+             "%u workers finished)",
+             (unsigned long long)s->view.epoch, s->nnodes, s->workers_done, s->cfg.num_workers);
     /* Everyone learns we are back (and anyone who missed a view gets it now). */
     s->view.epoch++;
     if (save(s) == 0)
@@ -601,7 +602,7 @@ static int resume(sched *s)
     return 0;
 }
 
-static void publish_view(sched *s, const char *why)
+static void publish_view(cps__sched *s, const char *why)
 {
     if (!s->started)
         return;
@@ -613,76 +614,76 @@ static void publish_view(sched *s, const char *why)
     for (uint32_t i = 0; rc == 0 && i < s->nnodes; i++)
         if (!s->nodes[i].done)
             send_view(s, s->nodes[i].info.id, CPS_MSG_VIEW);
-    cps_log(CPS_LOG_INFO, "scheduler", "view epoch %llu %s (%s)", (unsigned long long)s->view.epoch,
-            rc == 0 ? "published" : "held until saved", why);
+    cps__log(CPS_LOG_INFO, "scheduler", "view epoch %llu %s (%s)",
+             (unsigned long long)s->view.epoch, rc == 0 ? "published" : "held until saved", why);
 }
 
-static void log_chains(const sched *s)
+static void log_chains(const cps__sched *s)
 {
     for (uint32_t r = 0; r < s->view.nranges; r++) {
-        const cps_range *rg = &s->view.ranges[r];
+        const cps__range *rg = &s->view.ranges[r];
         char chain[128] = "";
         size_t off = 0;
         for (uint32_t j = 0; j < rg->chain_len && off < sizeof chain; j++)
             off += (size_t)snprintf(chain + off, sizeof chain - off, "%s%u", j ? " -> " : "",
                                     rg->chain[j]);
-        cps_log(CPS_LOG_INFO, "scheduler", "  range %u: %s%s", r, chain,
-                cps_view_range_available(&s->view, r) ? "" : " (NO LIVE REPLICA)");
+        cps__log(CPS_LOG_INFO, "scheduler", "  range %u: %s%s", r, chain,
+                 cps__view_range_available(&s->view, r) ? "" : " (NO LIVE REPLICA)");
     }
 }
 
 /* Bring every range back to R live replicas: recovery/repair.c decides who copies which range
  * from whom; the joiner reports CAUGHT_UP. */
-static void repair(sched *s, uint64_t now)
+static void repair(cps__sched *s, uint64_t now)
 {
     if (!s->started || s->finished || !s->repair)
         return;
-    if (cps_repair_tick(s->repair, &s->view, now) <= 0)
+    if (cps__repair_tick(s->repair, &s->view, now) <= 0)
         return;
-    const cps_repair_action *a;
-    size_t na = cps_repair_actions(s->repair, &a);
+    const cps__repair_action *a;
+    size_t na = cps__repair_actions(s->repair, &a);
     for (size_t i = 0; i < na; i++) {
         if (a[i].kind == CPS_RA_TIMED_OUT) {
-            cps_log(CPS_LOG_WARN, "scheduler",
-                    "range %u: node %u did not catch up in time; "
-                    "trying again",
-                    a[i].range, a[i].node);
+            cps__log(CPS_LOG_WARN, "scheduler",
+                     "range %u: node %u did not catch up in time; "
+                     "trying again",
+                     a[i].range, a[i].node);
             continue;
         }
         if (a[i].kind != CPS_RA_JOIN)
             continue;
-        cps_msg_hdr h = {.type = CPS_MSG_JOIN_RANGE,
-                         .sender = SCHED_ID,
-                         .epoch = s->view.epoch,
-                         .range = a[i].range,
-                         .aux = a[i].source,
-                         .step = a[i].join_id};
+        cps__msg_hdr h = {.type = CPS_MSG_JOIN_RANGE,
+                          .sender = SCHED_ID,
+                          .epoch = s->view.epoch,
+                          .range = a[i].range,
+                          .aux = a[i].source,
+                          .step = a[i].join_id};
         if (cps__msg_send(s->tp, a[i].node, &h, NULL, 0) != 0) {
-            cps_repair_join_unsent(s->repair, a[i].range, a[i].join_id);
+            cps__repair_join_unsent(s->repair, a[i].range, a[i].join_id);
             continue;
         }
-        cps_log(CPS_LOG_INFO, "scheduler",
-                "range %u has %u of %u replicas: server %u copies "
-                "it from the tail, server %u",
-                a[i].range, a[i].live, s->view.replicas, a[i].node, a[i].source);
+        cps__log(CPS_LOG_INFO, "scheduler",
+                 "range %u has %u of %u replicas: server %u copies "
+                 "it from the tail, server %u",
+                 a[i].range, a[i].live, s->view.replicas, a[i].node, a[i].source);
     }
 }
 
-static void on_caught_up(sched *s, const sched_node *n, const cps_msg_hdr *h)
+static void on_caught_up(cps__sched *s, const sched_node *n, const cps__msg_hdr *h)
 {
     if (!s->repair)
         return;
     uint32_t r = h->range;
     int verdict =
-        cps_repair_caught_up(s->repair, &s->view, n->info.id, r, h->step, h->aux, cps__now_ms());
+        cps__repair_caught_up(s->repair, &s->view, n->info.id, r, h->step, h->aux, cps__now_ms());
     if (verdict == CPS_REPAIR_RETRY)
-        cps_log(CPS_LOG_WARN, "scheduler",
-                "range %u: server %u could not copy it; trying "
-                "again",
-                r, n->info.id);
+        cps__log(CPS_LOG_WARN, "scheduler",
+                 "range %u: server %u could not copy it; trying "
+                 "again",
+                 r, n->info.id);
     if (verdict != CPS_REPAIR_APPEND)
         return;
-    cps_range *rg = &s->view.ranges[r];
+    cps__range *rg = &s->view.ranges[r];
     rg->chain[rg->chain_len++] = n->info.id;
     char why[96];
     snprintf(why, sizeof why, "server %u joined range %u as its tail", n->info.id, r);
@@ -691,7 +692,7 @@ static void on_caught_up(sched *s, const sched_node *n, const cps_msg_hdr *h)
 }
 
 /* A node went silent: take it out of the view and tell everyone. */
-static void declare_dead(sched *s, uint32_t id, uint64_t silence_ms)
+static void declare_dead(cps__sched *s, uint32_t id, uint64_t silence_ms)
 {
     sched_node *n = find_node(s, id);
     if (!n || !n->info.alive)
@@ -700,44 +701,44 @@ static void declare_dead(sched *s, uint32_t id, uint64_t silence_ms)
         return; /* finished workers stop heartbeating: not a failure */
     n->info.alive = 0;
     sync_view_nodes(s);
-    cps_view nv;
+    cps__view nv;
     cps__view_init(&nv);
     uint32_t lost = 0;
-    int rc = s->repair ? cps_repair_declare_dead(s->repair, &s->view, id, &nv, &lost)
-                       : cps_view_without(&s->view, id, &nv, &lost);
+    int rc = s->repair ? cps__repair_declare_dead(s->repair, &s->view, id, &nv, &lost)
+                       : cps__view_without(&s->view, id, &nv, &lost);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "scheduler", "cannot build a view without node %u", id);
+        cps__log(CPS_LOG_ERROR, "scheduler", "cannot build a view without node %u", id);
         cps__view_fini(&nv);
         return;
     }
     nv.epoch = s->view.epoch; /* publish_view bumps it */
-    const cps_repair_action *a;
-    size_t na = s->repair ? cps_repair_actions(s->repair, &a) : 0;
+    const cps__repair_action *a;
+    size_t na = s->repair ? cps__repair_actions(s->repair, &a) : 0;
     for (size_t i = 0; i < na; i++)
         if (a[i].kind == CPS_RA_EVICTED)
-            cps_log(CPS_LOG_WARN, "scheduler",
-                    "range %u: server %u had not caught up with "
-                    "server %u; it leaves the chain and will copy the range again",
-                    a[i].range, a[i].node, a[i].source);
+            cps__log(CPS_LOG_WARN, "scheduler",
+                     "range %u: server %u had not caught up with "
+                     "server %u; it leaves the chain and will copy the range again",
+                     a[i].range, a[i].node, a[i].source);
     cps__view_fini(&s->view);
     s->view = nv;
-    cps_log(CPS_LOG_WARN, "scheduler", "%s %u (rank %u) silent for %llu ms: declared dead",
-            role_name(n->info.role), id, n->info.rank, (unsigned long long)silence_ms);
+    cps__log(CPS_LOG_WARN, "scheduler", "%s %u (rank %u) silent for %llu ms: declared dead",
+             role_name(n->info.role), id, n->info.rank, (unsigned long long)silence_ms);
     publish_view(s, n->info.role == CPS_ROLE_SERVER ? "a server died" : "a worker died");
     if (n->info.role == CPS_ROLE_SERVER) {
         log_chains(s);
         if (lost)
-            cps_log(CPS_LOG_ERROR, "scheduler",
-                    "%u range(s) have no live replica: their calls "
-                    "wait for a server to come back",
-                    lost);
+            cps__log(CPS_LOG_ERROR, "scheduler",
+                     "%u range(s) have no live replica: their calls "
+                     "wait for a server to come back",
+                     lost);
     } else {
         maybe_release_barrier(s);
         maybe_end_job(s);
     }
 }
 
-static void maybe_release_barrier(sched *s)
+static void maybe_release_barrier(cps__sched *s)
 {
     uint32_t waiting = 0, live = 0;
     for (uint32_t i = 0; i < s->nnodes; i++) {
@@ -752,21 +753,21 @@ static void maybe_release_barrier(sched *s)
     for (uint32_t i = 0; i < s->nnodes; i++) {
         sched_node *n = &s->nodes[i];
         if (n->info.role == CPS_ROLE_WORKER && n->in_barrier) {
-            cps_msg_hdr req = {0};
+            cps__msg_hdr req = {0};
             req.req_worker = n->info.id;
             req.req_seq = n->barrier_seq;
             send_simple(s, n->info.id, CPS_MSG_BARRIER_DONE, &req);
             n->in_barrier = 0;
         }
     }
-    cps_log(CPS_LOG_DEBUG, "scheduler", "barrier released (%u workers)", live);
+    cps__log(CPS_LOG_DEBUG, "scheduler", "barrier released (%u workers)", live);
 }
 
-static void shutdown_job(sched *s);
+static void shutdown_job(cps__sched *s);
 
 /* A worker rank that no live worker holds and none finished (its worker died and no other
  * took its place yet), or UINT32_MAX. */
-static uint32_t unfinished_dead_rank(const sched *s)
+static uint32_t unfinished_dead_rank(const cps__sched *s)
 {
     for (uint32_t r = 0; r < s->cfg.num_workers; r++) {
         int held = 0;
@@ -783,7 +784,7 @@ static uint32_t unfinished_dead_rank(const sched *s)
 
 /* Every worker finished or died: the job is over (unless held for inspection, or a dead
  * worker's replacement is awaited). */
-static void maybe_end_job(sched *s)
+static void maybe_end_job(cps__sched *s)
 {
     if (!s->started || s->finished || s->ending_held)
         return;
@@ -799,27 +800,27 @@ static void maybe_end_job(sched *s)
         /* Ending now would leave the worker that takes its place (chainps launch
          * --restart-workers starts one) without servers: it could only fail. Whoever started
          * us with --await-replacements ends the job if it gives up on that worker. */
-        cps_log(CPS_LOG_INFO, "scheduler",
-                "the live workers finished; the job stays open for the worker that takes dead "
-                "rank %u's place",
-                dead_rank);
+        cps__log(CPS_LOG_INFO, "scheduler",
+                 "the live workers finished; the job stays open for the worker that takes dead "
+                 "rank %u's place",
+                 dead_rank);
         return;
     }
     if (s->cfg.hold) {
         s->ending_held = 1;
-        cps_log(CPS_LOG_INFO, "scheduler",
-                "all workers finished; holding the servers until "
-                "`chainps status --end`");
+        cps__log(CPS_LOG_INFO, "scheduler",
+                 "all workers finished; holding the servers until "
+                 "`chainps status --end`");
         return;
     }
-    cps_log(CPS_LOG_INFO, "scheduler",
-            "all workers finished (%u of %u said goodbye); ending "
-            "the job",
-            s->workers_done, s->cfg.num_workers);
+    cps__log(CPS_LOG_INFO, "scheduler",
+             "all workers finished (%u of %u said goodbye); ending "
+             "the job",
+             s->workers_done, s->cfg.num_workers);
     shutdown_job(s);
 }
 
-static void shutdown_job(sched *s)
+static void shutdown_job(cps__sched *s)
 {
     for (uint32_t i = 0; i < s->nnodes; i++)
         if (s->nodes[i].info.role == CPS_ROLE_SERVER)
@@ -830,23 +831,23 @@ static void shutdown_job(sched *s)
 
 /* A request from a tool that is not a member (its payload is a hello naming its inbox): the
  * temporary peer id to answer it at, or 0 (logged) if the request is malformed. */
-static uint32_t tool_peer(sched *s, const cps_rx *rx, const char *what)
+static uint32_t tool_peer(cps__sched *s, const cps__rx *rx, const char *what)
 {
     uint32_t peer;
     if (cps__temp_peer_from_hello(&s->temps, s->tp, rx->payload, rx->len, cps__now_ms(), &peer,
                                   NULL) != 0)
-        cps_log(CPS_LOG_WARN, "scheduler", "malformed %s request dropped", what);
+        cps__log(CPS_LOG_WARN, "scheduler", "malformed %s request dropped", what);
     return peer;
 }
 
 /* A reply to a tool: the view, then `extra` bytes for the caller to fill; aux says whether the
  * job runs. *len receives the payload length. NULL if out of memory. */
-static unsigned char *view_reply(sched *s, const cps_rx *rx, uint8_t type, size_t extra,
+static unsigned char *view_reply(cps__sched *s, const cps__rx *rx, uint8_t type, size_t extra,
                                  size_t *len)
 {
     size_t vlen = cps__view_encoded_size(&s->view);
     *len = vlen + extra;
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = type;
     h.flags = CPS_WF_REPLY;
     h.sender = SCHED_ID;
@@ -859,7 +860,7 @@ static unsigned char *view_reply(sched *s, const cps_rx *rx, uint8_t type, size_
     return buf;
 }
 
-static void handle_status(sched *s, const cps_rx *rx)
+static void handle_status(cps__sched *s, const cps__rx *rx)
 {
     uint32_t tmp = tool_peer(s, rx, "STATUS");
     if (!tmp)
@@ -888,7 +889,7 @@ static void handle_status(sched *s, const cps_rx *rx)
     p += 4;
     for (uint32_t r = 0; r < nranges; r++, p += 8) {
         uint32_t source = 0;
-        uint32_t joiner = s->repair ? cps_repair_joiner(s->repair, r, &source) : 0;
+        uint32_t joiner = s->repair ? cps__repair_joiner(s->repair, r, &source) : 0;
         cps__le32_put(p, joiner);
         cps__le32_put(p + 4, joiner ? source : 0);
     }
@@ -898,9 +899,9 @@ static void handle_status(sched *s, const cps_rx *rx)
 
 /* ---- tensor registry ---- */
 
-static int save_registry_txn(cps_txn *txn, void *arg)
+static int save_registry_txn(cps__txn *txn, void *arg)
 {
-    sched *s = arg;
+    cps__sched *s = arg;
     unsigned char *b = malloc(4 + s->reg_len);
     if (!b)
         return CPS_ENOMEM;
@@ -914,10 +915,10 @@ static int save_registry_txn(cps_txn *txn, void *arg)
 /* 1: same name and definition registered; 0: new name; 2: registered before shapes were
  * recorded (ndim 0), same otherwise: its entry at *at takes the shape; CPS_EEXIST: same name,
  * other shape or optimizer. */
-static int registry_find(const sched *s, const cps_tensor_desc *d, size_t *at)
+static int registry_find(const cps__sched *s, const cps__tensor_desc *d, size_t *at)
 {
     size_t off = 0, used;
-    cps_tensor_desc e;
+    cps__tensor_desc e;
     while (off < s->reg_len &&
            cps__wire_tensor_desc_decode(s->reg + off, s->reg_len - off, &e, &used) == 0) {
         *at = off;
@@ -942,7 +943,7 @@ static int registry_find(const sched *s, const cps_tensor_desc *d, size_t *at)
 }
 
 /* Room for `extra` more bytes of registry. Errors: CPS_ENOMEM. */
-static int registry_reserve(sched *s, size_t extra)
+static int registry_reserve(cps__sched *s, size_t extra)
 {
     size_t need = s->reg_len + extra;
     if (need <= s->reg_cap)
@@ -956,9 +957,9 @@ static int registry_reserve(sched *s, size_t extra)
     return 0;
 }
 
-static void on_register(sched *s, sched_node *n, const cps_rx *rx)
+static void on_register(cps__sched *s, sched_node *n, const cps__rx *rx)
 {
-    cps_tensor_desc d;
+    cps__tensor_desc d;
     size_t used;
     int rc = n->info.role == CPS_ROLE_WORKER
                  ? cps__wire_tensor_desc_decode(rx->payload, rx->len, &d, &used)
@@ -975,39 +976,39 @@ static void on_register(sched *s, sched_node *n, const cps_rx *rx)
     }
     if (rc == 2) {
         /* The entry grows by its dims: move what follows it, then write it again in place. */
-        cps_tensor_desc e;
+        cps__tensor_desc e;
         size_t old_size;
         cps__wire_tensor_desc_decode(s->reg + at, s->reg_len - at, &e, &old_size);
         size_t new_size = cps__wire_tensor_desc_size(&d);
         memmove(s->reg + at + new_size, s->reg + at + old_size, s->reg_len - at - old_size);
         cps__wire_tensor_desc_encode(s->reg + at, new_size, &d);
         s->reg_len += new_size - old_size;
-        cps_log(CPS_LOG_INFO, "scheduler", "tensor %s: its shape is now recorded", d.name);
+        cps__log(CPS_LOG_INFO, "scheduler", "tensor %s: its shape is now recorded", d.name);
     } else if (rc == 0) {
         s->reg_len +=
             cps__wire_tensor_desc_encode(s->reg + s->reg_len, s->reg_cap - s->reg_len, &d);
         s->reg_count++;
-        cps_log(CPS_LOG_INFO, "scheduler", "tensor %s registered (%s, %llu values)", d.name,
-                d.kind ? "table" : "dense", (unsigned long long)d.length);
+        cps__log(CPS_LOG_INFO, "scheduler", "tensor %s registered (%s, %llu values)", d.name,
+                 d.kind ? "table" : "dense", (unsigned long long)d.length);
     }
     if (rc == 0 || rc == 2) {
         if (s->store && (rc = cps__store_write(s->store, save_registry_txn, s)) != 0)
-            cps_log(CPS_LOG_ERROR, "scheduler", "cannot save the tensor registry: %s",
-                    cps_strerror(rc));
+            cps__log(CPS_LOG_ERROR, "scheduler", "cannot save the tensor registry: %s",
+                     cps_strerror(rc));
         rc = 0;
     } else if (rc == 1) {
         rc = 0;
     }
     if (rc == CPS_EEXIST) {
-        cps_log(CPS_LOG_ERROR, "scheduler",
-                "worker %u declared tensor %s with another shape or optimizer than before",
-                n->info.id, d.name);
+        cps__log(CPS_LOG_ERROR, "scheduler",
+                 "worker %u declared tensor %s with another shape or optimizer than before",
+                 n->info.id, d.name);
         char text[CPS_TENSOR_NAME_MAX + 64];
         snprintf(text, sizeof text, "tensor %s is registered with another definition", d.name);
         cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &rx->hdr, rc, text);
     } else if (rc != 0) {
-        cps_log(CPS_LOG_WARN, "scheduler", "malformed REGISTER from node %u dropped: %s",
-                n->info.id, cps_strerror(rc));
+        cps__log(CPS_LOG_WARN, "scheduler", "malformed REGISTER from node %u dropped: %s",
+                 n->info.id, cps_strerror(rc));
         cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &rx->hdr, rc,
                              "malformed tensor description");
     } else {
@@ -1016,7 +1017,7 @@ static void on_register(sched *s, sched_node *n, const cps_rx *rx)
 }
 
 /* REGISTRY from a tool: reply with the view, the tensor count and the descriptions. */
-static void handle_registry(sched *s, cps_rx *rx)
+static void handle_registry(cps__sched *s, cps__rx *rx)
 {
     uint32_t tmp = tool_peer(s, rx, "REGISTRY");
     if (!tmp)
@@ -1038,20 +1039,20 @@ static void handle_registry(sched *s, cps_rx *rx)
 
 static void handle_msg(void *ctx, void *buf, size_t len)
 {
-    sched *s = ctx;
-    cps_rx rx;
+    cps__sched *s = ctx;
+    cps__rx rx;
     int rc = cps__rx_parse(&rx, buf, len);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "scheduler", "bad message (%zu bytes) dropped: %s", len,
-                cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "scheduler", "bad message (%zu bytes) dropped: %s", len,
+                 cps_strerror(rc));
         return;
     }
-    const cps_msg_hdr *h = &rx.hdr;
+    const cps__msg_hdr *h = &rx.hdr;
     if (h->type == CPS_MSG_HELLO) {
         handle_hello(s, &rx);
     } else if (h->type == CPS_MSG_SHUTDOWN && h->sender == UINT32_MAX) {
         /* `chainps status --end`: end a held job (or any job, on purpose). */
-        cps_log(CPS_LOG_INFO, "scheduler", "asked to end the job");
+        cps__log(CPS_LOG_INFO, "scheduler", "asked to end the job");
         shutdown_job(s);
     } else if (h->type == CPS_MSG_STATUS) {
         handle_status(s, &rx);
@@ -1060,7 +1061,7 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     } else if (h->type == CPS_MSG_RELEASE) {
         if (s->cfg.hold_workers) {
             s->cfg.hold_workers = 0;
-            cps_log(CPS_LOG_INFO, "scheduler", "checkpoint restored: admitting the workers");
+            cps__log(CPS_LOG_INFO, "scheduler", "checkpoint restored: admitting the workers");
             for (uint32_t i = 0; i < s->nnodes; i++)
                 if (s->nodes[i].info.role == CPS_ROLE_WORKER && s->started)
                     send_view(s, s->nodes[i].info.id, CPS_MSG_WELCOME);
@@ -1068,13 +1069,13 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     } else {
         sched_node *n = find_node(s, h->sender);
         if (!n) {
-            cps_log(CPS_LOG_WARN, "scheduler", "message type %u from unknown node %u dropped",
-                    h->type, h->sender);
+            cps__log(CPS_LOG_WARN, "scheduler", "message type %u from unknown node %u dropped",
+                     h->type, h->sender);
             cps__rx_free(&rx);
             return;
         }
         n->last_seen_ms = cps__now_ms();
-        cps_detector_heard(s->detector, n->info.id, n->last_seen_ms);
+        cps__detector_heard(s->detector, n->info.id, n->last_seen_ms);
         if (!n->info.alive && n->info.role == CPS_ROLE_WORKER && !n->done && s->started &&
             h->type == CPS_MSG_HEARTBEAT) {
             /* A worker declared dead is alive after all (it was starved, not dead): take it
@@ -1087,11 +1088,11 @@ static void handle_msg(void *ctx, void *buf, size_t len)
                 send_simple(s, n->info.id, CPS_MSG_SHUTDOWN, NULL);
             } else {
                 n->info.alive = 1;
-                cps_detector_watch(s->detector, n->info.id, n->last_seen_ms);
-                cps_log(CPS_LOG_WARN, "scheduler",
-                        "worker %u (rank %u) declared dead is alive: "
-                        "taking it back",
-                        n->info.id, n->info.rank);
+                cps__detector_watch(s->detector, n->info.id, n->last_seen_ms);
+                cps__log(CPS_LOG_WARN, "scheduler",
+                         "worker %u (rank %u) declared dead is alive: "
+                         "taking it back",
+                         n->info.id, n->info.rank);
                 publish_view(s, "a worker came back");
             }
         }
@@ -1127,12 +1128,12 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         case CPS_MSG_BYE:
             if (n->info.role == CPS_ROLE_WORKER && !n->done) {
                 n->done = 1;
-                cps_detector_forget(s->detector, n->info.id);
+                cps__detector_forget(s->detector, n->info.id);
                 if (rx.len >= CPS_STATS_SIZE)
                     cps__stats_decode(rx.payload, &n->stats);
                 s->workers_done++;
-                cps_log(CPS_LOG_INFO, "scheduler", "worker %u (rank %u) finished (%u of %u)",
-                        n->info.id, n->info.rank, s->workers_done, s->cfg.num_workers);
+                cps__log(CPS_LOG_INFO, "scheduler", "worker %u (rank %u) finished (%u of %u)",
+                         n->info.id, n->info.rank, s->workers_done, s->cfg.num_workers);
                 maybe_release_barrier(s);
             }
             send_simple(s, n->info.id, CPS_MSG_ACK, h);
@@ -1145,15 +1146,15 @@ static void handle_msg(void *ctx, void *buf, size_t len)
             maybe_end_job(s);
             break;
         default:
-            cps_log(CPS_LOG_WARN, "scheduler", "unexpected message type %u from node %u", h->type,
-                    h->sender);
+            cps__log(CPS_LOG_WARN, "scheduler", "unexpected message type %u from node %u", h->type,
+                     h->sender);
         }
     }
     cps__rx_free(&rx);
 }
 
 /* CHAINPS_FAILPOINT_SCHED_SAVE=FIRST:COUNT (tests only): see sched.fail_first. */
-static int failpoint_parse(sched *s)
+static int failpoint_parse(cps__sched *s)
 {
     const char *v = getenv("CHAINPS_FAILPOINT_SCHED_SAVE");
     if (!v || !*v)
@@ -1161,42 +1162,42 @@ static int failpoint_parse(sched *s)
     unsigned first, count;
     char end;
     if (sscanf(v, "%u:%u%c", &first, &count, &end) != 2 || first == 0) {
-        cps_log(CPS_LOG_ERROR, "scheduler",
-                "CHAINPS_FAILPOINT_SCHED_SAVE must be FIRST:COUNT (FIRST >= 1), not '%s'", v);
+        cps__log(CPS_LOG_ERROR, "scheduler",
+                 "CHAINPS_FAILPOINT_SCHED_SAVE must be FIRST:COUNT (FIRST >= 1), not '%s'", v);
         return -1;
     }
     s->fail_first = first;
     s->fail_count = count;
-    cps_log(CPS_LOG_WARN, "scheduler",
-            "test failpoint: saves %u to %u of the view fail as on a full disk", first,
-            first + count - 1);
+    cps__log(CPS_LOG_WARN, "scheduler",
+             "test failpoint: saves %u to %u of the view fail as on a full disk", first,
+             first + count - 1);
     return 0;
 }
 
 /* ---- the event loop's timers and hook ---- */
 
-static int on_repair(cps_loop *l, uint64_t id, void *ctx, uint64_t now);
-static int linger_then_stop(sched *s);
+static int on_repair(cps__loop *l, uint64_t id, void *ctx, uint64_t now);
+static int linger_then_stop(cps__sched *s);
 
 /* Failure detection, every DETECT_EVERY_MS. */
-static int on_detect(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_detect(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)id;
-    sched *s = ctx;
+    cps__sched *s = ctx;
     if (now - s->last_detect_ms > s->cfg.dead_after_ms / 2) {
         /* We ourselves did not run (descheduled, paused): the silence we would now see is
          * ours, not the nodes'. Give everyone a fresh deadline instead of declaring all of
          * them dead at once. */
-        cps_log(CPS_LOG_WARN, "scheduler",
-                "did not run for %llu ms: not counting that "
-                "against the nodes",
-                (unsigned long long)(now - s->last_detect_ms));
-        cps_detector_refresh(s->detector, now);
+        cps__log(CPS_LOG_WARN, "scheduler",
+                 "did not run for %llu ms: not counting that "
+                 "against the nodes",
+                 (unsigned long long)(now - s->last_detect_ms));
+        cps__detector_refresh(s->detector, now);
     }
     s->last_detect_ms = now;
     uint32_t dead[16];
     /* Once the job is ending, servers leave on purpose: not failures. */
-    size_t nd = s->finished ? 0 : cps_detector_tick(s->detector, now, dead, 16);
+    size_t nd = s->finished ? 0 : cps__detector_tick(s->detector, now, dead, 16);
     for (size_t i = 0; i < nd; i++) {
         sched_node *dn = find_node(s, dead[i]);
         if (!dn)
@@ -1204,7 +1205,7 @@ static int on_detect(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
         if (dn->info.role == CPS_ROLE_WORKER &&
             now - dn->last_seen_ms <= s->cfg.worker_dead_after_ms) {
             /* Workers get longer (CHAINPS_WORKER_DEAD_AFTER_MS): keep watching. */
-            cps_detector_watch(s->detector, dn->info.id, dn->last_seen_ms);
+            cps__detector_watch(s->detector, dn->info.id, dn->last_seen_ms);
             continue;
         }
         declare_dead(s, dead[i], now - dn->last_seen_ms);
@@ -1217,7 +1218,7 @@ static int on_detect(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
     return 0;
 }
 
-static int on_repair(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_repair(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)l, (void)id;
     repair(ctx, now);
@@ -1225,16 +1226,16 @@ static int on_repair(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
 }
 
 /* Not every node arrived within join_timeout_ms. */
-static int on_join_timeout(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_join_timeout(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)l, (void)id, (void)now;
-    sched *s = ctx;
+    cps__sched *s = ctx;
     if (s->started || s->stopping)
         return 0;
-    cps_log(CPS_LOG_ERROR, "scheduler",
-            "only %u of %u servers and %u of %u workers arrived within %.1f s; giving up",
-            count_role(s, CPS_ROLE_SERVER), s->cfg.num_servers, count_role(s, CPS_ROLE_WORKER),
-            s->cfg.num_workers, s->cfg.join_timeout_ms / 1000.0);
+    cps__log(CPS_LOG_ERROR, "scheduler",
+             "only %u of %u servers and %u of %u workers arrived within %.1f s; giving up",
+             count_role(s, CPS_ROLE_SERVER), s->cfg.num_servers, count_role(s, CPS_ROLE_WORKER),
+             s->cfg.num_workers, s->cfg.join_timeout_ms / 1000.0);
     shutdown_job(s);
     /* Workers wait in cps_open() too: tell them now, not after their own timeout. */
     for (uint32_t i = 0; i < s->nnodes; i++)
@@ -1247,16 +1248,16 @@ static int on_join_timeout(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
 /* The ended job stops once its messages are on their way: after SHUTDOWN_LINGER_MS, when the
  * queues are empty, or SHUTDOWN_DRAIN_MAX_MS later (a queue for a peer that is gone never
  * drains). Checked every DETECT_EVERY_MS. */
-static int on_finish(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_finish(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)id;
-    sched *s = ctx;
+    cps__sched *s = ctx;
     if (cps__tp_queued(s->tp) == 0 || now >= s->finish_at + SHUTDOWN_DRAIN_MAX_MS)
         cps__loop_stop(l);
     return 0;
 }
 
-static int on_stop(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_stop(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)id, (void)ctx, (void)now;
     cps__loop_stop(l);
@@ -1264,7 +1265,7 @@ static int on_stop(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
 }
 
 /* Serve messages for SHUTDOWN_LINGER_MS more (the SHUTDOWNs go out), then stop. */
-static int linger_then_stop(sched *s)
+static int linger_then_stop(cps__sched *s)
 {
     s->stopping = 1;
     cps__loop_timer_del(s->loop, T_FINISH);
@@ -1272,11 +1273,11 @@ static int linger_then_stop(sched *s)
 }
 
 /* Every turn, before the poll. */
-static int before_sleep(cps_loop *l, void *ctx, uint64_t now)
+static int before_sleep(cps__loop *l, void *ctx, uint64_t now)
 {
-    sched *s = ctx;
+    cps__sched *s = ctx;
     if (cps__role_stop_requested() && !s->stopping) {
-        cps_log(CPS_LOG_INFO, "scheduler", "stop requested; telling servers to shut down");
+        cps__log(CPS_LOG_INFO, "scheduler", "stop requested; telling servers to shut down");
         shutdown_job(s);
         int rc = linger_then_stop(s);
         if (rc != 0)
@@ -1290,20 +1291,20 @@ static int before_sleep(cps_loop *l, void *ctx, uint64_t now)
     return 0;
 }
 
-int cps__scheduler_run(const cps_config *cfg)
+int cps__scheduler_run(const cps__config *cfg)
 {
     if (cfg->num_servers == 0 || cfg->num_workers == 0) {
-        cps_log(CPS_LOG_ERROR, "scheduler",
-                "the number of servers and workers must be set (--servers/--workers or "
-                "CHAINPS_NUM_SERVERS/CHAINPS_NUM_WORKERS)");
+        cps__log(CPS_LOG_ERROR, "scheduler",
+                 "the number of servers and workers must be set (--servers/--workers or "
+                 "CHAINPS_NUM_SERVERS/CHAINPS_NUM_WORKERS)");
         return CPS_ECONFIG;
     }
     if (cfg->replicas > cfg->num_servers) {
-        cps_log(CPS_LOG_ERROR, "scheduler", "--replicas %u needs at least %u servers, not %u",
-                cfg->replicas, cfg->replicas, cfg->num_servers);
+        cps__log(CPS_LOG_ERROR, "scheduler", "--replicas %u needs at least %u servers, not %u",
+                 cfg->replicas, cfg->replicas, cfg->num_servers);
         return CPS_ECONFIG;
     }
-    sched s;
+    cps__sched s;
     memset(&s, 0, sizeof s);
     s.cfg = *cfg;
     cps__config_finalize(&s.cfg, CPS_ROLE_SCHEDULER);
@@ -1313,8 +1314,8 @@ int cps__scheduler_run(const cps_config *cfg)
     s.next_id = 1;
     cps__view_init(&s.view);
     s.nodes = calloc(CPS_MAX_NODES, sizeof *s.nodes);
-    cps_detector_config dc = {cfg->dead_after_ms, 2 * cfg->dead_after_ms};
-    int rc = s.nodes ? cps_detector_create(&dc, &s.detector) : CPS_ENOMEM;
+    cps__detector_config dc = {cfg->dead_after_ms, 2 * cfg->dead_after_ms};
+    int rc = s.nodes ? cps__detector_create(&dc, &s.detector) : CPS_ENOMEM;
     if (rc == 0)
         rc = cps__loop_create(&s.loop);
     if (rc == 0)
@@ -1322,10 +1323,10 @@ int cps__scheduler_run(const cps_config *cfg)
     if (rc == 0)
         rc = cps__tp_bind(s.tp, cfg->bind_host, cfg->sched_port, NULL);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "scheduler",
-                "cannot listen on %s:%u: %s (is the address local? --bind 0.0.0.0 listens on "
-                "every interface)",
-                cfg->bind_host, cfg->sched_port, cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "scheduler",
+                 "cannot listen on %s:%u: %s (is the address local? --bind 0.0.0.0 listens on "
+                 "every interface)",
+                 cfg->bind_host, cfg->sched_port, cps_strerror(rc));
         goto out;
     }
     cps__log_set_tag("scheduler");
@@ -1336,21 +1337,21 @@ int cps__scheduler_run(const cps_config *cfg)
         rc = CPS_ECONFIG;
         goto out;
     }
-    cps_store_opts so = {.initial_map_bytes = 8u << 20, .sync_every_commit = 1};
+    cps__store_opts so = {.initial_map_bytes = 8u << 20, .sync_every_commit = 1};
     rc = cps__store_open(dir, &so, &s.store);
     if (rc == 0)
         rc = job_id_load(&s);
     if (rc == 0)
         rc = resume(&s);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "scheduler", "cannot use %s: %s", dir, cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "scheduler", "cannot use %s: %s", dir, cps_strerror(rc));
         goto out;
     }
     if (!s.started)
-        cps_log(CPS_LOG_INFO, "scheduler",
-                "listening on %s:%u, waiting for %u servers and %u "
-                "workers (state in %s)",
-                cfg->bind_host, cfg->sched_port, cfg->num_servers, cfg->num_workers, dir);
+        cps__log(CPS_LOG_INFO, "scheduler",
+                 "listening on %s:%u, waiting for %u servers and %u "
+                 "workers (state in %s)",
+                 cfg->bind_host, cfg->sched_port, cfg->num_servers, cfg->num_workers, dir);
     s.start_ms = cps__now_ms();
     s.last_detect_ms = s.start_ms;
     cps__loop_before_sleep(s.loop, before_sleep, &s);
@@ -1369,9 +1370,9 @@ out:
     cps__loop_tp_detach(&s.inbox);
     cps__loop_destroy(s.loop);
     cps__tp_destroy(s.tp);
-    cps_detector_destroy(s.detector);
+    cps__detector_destroy(s.detector);
     cps__store_close(s.store);
-    cps_repair_destroy(s.repair);
+    cps__repair_destroy(s.repair);
     cps__view_fini(&s.view);
     free(s.reg);
     free(s.nodes);

@@ -55,7 +55,7 @@ typedef struct cut_job {
     /* thread side */
     pthread_t thread;
     atomic_int stop, done; /* set by one thread, read by the other */
-    cps_txn *txn;
+    cps__txn *txn;
     uint64_t seq, at_step;
     uint32_t self;
     uint64_t epoch;
@@ -87,10 +87,10 @@ static int agg_one(void *arg, const char *name, const void *val, size_t len)
 typedef struct span_io {
     uint32_t range;
     agg_span span;
-    cps_range_meta meta;
+    cps__range_meta meta;
 } span_io;
 
-static int span_txn(cps_txn *txn, void *arg)
+static int span_txn(cps__txn *txn, void *arg)
 {
     span_io *io = arg;
     char prefix[32];
@@ -99,7 +99,7 @@ static int span_txn(cps_txn *txn, void *arg)
     return rc ? rc : cps__store_range_get(txn, io->range, &io->meta);
 }
 
-static int range_span(server *s, uint32_t range, span_io *io)
+static int range_span(cps__server *s, uint32_t range, span_io *io)
 {
     memset(io, 0, sizeof *io);
     io->range = range;
@@ -110,13 +110,13 @@ static int range_span(server *s, uint32_t range, span_io *io)
 
 /* The temporary peer id to answer a tool's request at (its payload starts with a hello naming
  * its inbox), or 0 (logged) if the request is malformed. */
-static uint32_t tool_peer(server *s, const cps_rx *rx, char addr[CPS_ADDR_MAX])
+static uint32_t tool_peer(cps__server *s, const cps__rx *rx, char addr[CPS_ADDR_MAX])
 {
     const void *hello = rx->payload;
     size_t hlen = rx->len;
     if (rx->hdr.type == CPS_MSG_PUT) {
         if (rx->len < 8 || cps__le32_get(rx->payload) > rx->len - 8) {
-            cps_log(CPS_LOG_WARN, "server", "malformed PUT dropped");
+            cps__log(CPS_LOG_WARN, "server", "malformed PUT dropped");
             return 0;
         }
         hello = (const char *)rx->payload + 8;
@@ -124,15 +124,15 @@ static uint32_t tool_peer(server *s, const cps_rx *rx, char addr[CPS_ADDR_MAX])
     }
     uint32_t peer;
     if (cps__temp_peer_from_hello(&s->temps, s->tp, hello, hlen, cps__now_ms(), &peer, addr) != 0)
-        cps_log(CPS_LOG_WARN, "server", "malformed checkpoint request (type %u) dropped",
-                rx->hdr.type);
+        cps__log(CPS_LOG_WARN, "server", "malformed checkpoint request (type %u) dropped",
+                 rx->hdr.type);
     return peer;
 }
 
-static void tool_reply(server *s, uint32_t peer, const cps_msg_hdr *req, int status, uint64_t step,
-                       uint64_t seq, uint64_t aux, const char *text)
+static void tool_reply(cps__server *s, uint32_t peer, const cps__msg_hdr *req, int status,
+                       uint64_t step, uint64_t seq, uint64_t aux, const char *text)
 {
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = status ? CPS_MSG_ERROR : req->type;
     h.flags = CPS_WF_REPLY;
     h.sender = s->id;
@@ -145,29 +145,29 @@ static void tool_reply(server *s, uint32_t peer, const cps_msg_hdr *req, int sta
     h.aux = aux;
     if (status) {
         /* An error names the request by its number; the step and aux say where the range is. */
-        cps_log(CPS_LOG_INFO, "server", "checkpoint request (type %u, range %u) refused: %s%s%s",
-                req->type, req->range, cps_strerror(status), text ? ": " : "", text ? text : "");
+        cps__log(CPS_LOG_INFO, "server", "checkpoint request (type %u, range %u) refused: %s%s%s",
+                 req->type, req->range, cps_strerror(status), text ? ": " : "", text ? text : "");
     }
     cps__msg_send(s->tp, peer, &h, text, text ? strlen(text) : 0);
 }
 
-static int is_tail(const server *s, uint32_t range)
+static int is_tail(const cps__server *s, uint32_t range)
 {
-    return s->chain && cps_chain_is_tail(s->chain, range);
+    return s->chain && cps__chain_is_tail(s->chain, range);
 }
 
-static int holds(const server *s, uint32_t range)
+static int holds(const cps__server *s, uint32_t range)
 {
     if (range >= s->view.nranges)
         return 0;
-    const cps_range *r = &s->view.ranges[range];
+    const cps__range *r = &s->view.ranges[range];
     for (uint32_t i = 0; i < r->chain_len; i++)
         if (r->chain[i] == s->id)
             return 1;
     return 0;
 }
 
-static int cuts_open(const server *s)
+static int cuts_open(const cps__server *s)
 {
     for (const cut_job *j = s->cuts; j; j = j->next)
         if (j->open && !j->done)
@@ -177,25 +177,25 @@ static int cuts_open(const server *s)
 
 /* Grow the map now, while no cut of ours pins it: a writer that had to grow it while a cut is
  * open would wait for the cut to close, and the event loop with it. */
-static void make_room(server *s)
+static void make_room(cps__server *s)
 {
     if (cuts_open(s))
         return;
     int rc = cps__store_ensure_room(s->store);
     if (rc != 0)
-        cps_log(CPS_LOG_WARN, "server", "cannot grow the store ahead of a checkpoint: %s",
-                cps_strerror(rc));
+        cps__log(CPS_LOG_WARN, "server", "cannot grow the store ahead of a checkpoint: %s",
+                 cps_strerror(rc));
 }
 
 /* ---- CUT_PROBE ---- */
 
-void cps__server_on_cut_probe(server *s, cps_rx *rx)
+void cps__server_on_cut_probe(cps__server *s, cps__rx *rx)
 {
     char addr[CPS_ADDR_MAX];
     uint32_t peer = tool_peer(s, rx, addr);
     if (!peer)
         return;
-    const cps_msg_hdr *h = &rx->hdr;
+    const cps__msg_hdr *h = &rx->hdr;
     if (!holds(s, h->range)) {
         tool_reply(s, peer, h, CPS_ESTALE_EPOCH, 0, 0, 0, "this server does not hold the range");
         return;
@@ -212,10 +212,10 @@ void cps__server_on_cut_probe(server *s, cps_rx *rx)
 
 /* ---- the cut thread ---- */
 
-static void thread_reply(cps_tp *tp, cut_job *j, const cps_msg_hdr *req, int type, int status,
+static void thread_reply(cps__tp *tp, cut_job *j, const cps__msg_hdr *req, int type, int status,
                          void *payload_buf, size_t len)
 {
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = (uint8_t)(status ? CPS_MSG_ERROR : type);
     h.flags = CPS_WF_REPLY;
     h.sender = j->self;
@@ -242,7 +242,7 @@ typedef struct read_req {
     uint32_t slot;
 } read_req;
 
-static void serve_read(cps_tp *tp, cut_job *j, const cps_rx *rx)
+static void serve_read(cps__tp *tp, cut_job *j, const cps__rx *rx)
 {
     read_req q;
     if (rx->len != 40 || cps__le32_get((const char *)rx->payload + 20) != 0) {
@@ -263,7 +263,7 @@ static void serve_read(cps_tp *tp, cut_job *j, const cps_rx *rx)
     }
     size_t head = 8 + pad8(nkeys * 12);
     size_t len = head + nkeys * q.count * sizeof(float);
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     unsigned char *buf = cps__msg_alloc(&h, len);
     if (!buf) {
         thread_reply(tp, j, &rx->hdr, 0, CPS_ENOMEM, NULL, 0);
@@ -275,7 +275,7 @@ static void serve_read(cps_tp *tp, cut_job *j, const cps_rx *rx)
     float *vals = (float *)(void *)(out + head);
     int rc = 0;
     for (uint64_t i = 0; i < nkeys && rc == 0; i++) {
-        cps_param_rec rec;
+        cps__param_rec rec;
         rc = cps__store_param_get(j->txn, q.lo + i, &rec);
         if (rc != 0)
             break;
@@ -299,7 +299,7 @@ static void serve_read(cps_tp *tp, cut_job *j, const cps_rx *rx)
 
 typedef struct thread_ctx {
     cut_job *job;
-    cps_tp *tp;
+    cps__tp *tp;
     int closed;
     uint64_t last_ms;
 } thread_ctx;
@@ -307,7 +307,7 @@ typedef struct thread_ctx {
 static void on_thread_msg(void *ctx, void *buf, size_t len)
 {
     thread_ctx *t = ctx;
-    cps_rx rx;
+    cps__rx rx;
     if (cps__rx_parse(&rx, buf, len) != 0)
         return;
     if (rx.hdr.aux == t->job->id && rx.hdr.range == t->job->range) {
@@ -335,9 +335,9 @@ static void *cut_thread(void *arg)
         rc = cps__make_url(url, j->advertise_host, port);
     if (t.tp) {
         /* The answer to CUT_OPEN: where to send the reads. */
-        cps_msg_hdr req = {.type = CPS_MSG_CUT_OPEN, .req_seq = j->seq};
+        cps__msg_hdr req = {.type = CPS_MSG_CUT_OPEN, .req_seq = j->seq};
         size_t n = strlen(url) + 1;
-        cps_msg_hdr h = {0};
+        cps__msg_hdr h = {0};
         void *buf = rc == 0 ? cps__msg_alloc(&h, n) : NULL;
         if (buf)
             memcpy((char *)buf + CPS_WIRE_HDR_SIZE, url, n);
@@ -351,7 +351,7 @@ static void *cut_thread(void *arg)
     if (t.tp) {
         if (j->stop && rc == 0) {
             /* Tell the exporter at once (req_seq UINT64_MAX: no request of its own). */
-            cps_msg_hdr gone = {.type = CPS_MSG_CUT_READ, .req_seq = UINT64_MAX};
+            cps__msg_hdr gone = {.type = CPS_MSG_CUT_READ, .req_seq = UINT64_MAX};
             thread_reply(t.tp, j, &gone, 0, CPS_EAGAIN, NULL, 0);
         }
         /* Let the last answers leave; briefly if the event loop is waiting for us. */
@@ -361,15 +361,15 @@ static void *cut_thread(void *arg)
         cps__tp_destroy(t.tp);
     }
     if (!t.closed && !j->stop)
-        cps_log(CPS_LOG_WARN, "server",
-                "checkpoint read view %" PRIu64 " of range %u closed "
-                "after %d s without a request",
-                j->id, j->range, CUT_IDLE_MS / 1000);
+        cps__log(CPS_LOG_WARN, "server",
+                 "checkpoint read view %" PRIu64 " of range %u closed "
+                 "after %d s without a request",
+                 j->id, j->range, CUT_IDLE_MS / 1000);
     j->done = 1;
     return NULL;
 }
 
-static int open_cut(server *s, cut_job *j, const span_io *io)
+static int open_cut(cps__server *s, cut_job *j, const span_io *io)
 {
     int rc = cps__store_snapshot_begin(s->store, &j->txn);
     if (rc != 0)
@@ -388,10 +388,10 @@ static int open_cut(server *s, cut_job *j, const span_io *io)
         return CPS_ENOMEM;
     }
     j->open = 1;
-    cps_log(CPS_LOG_INFO, "server",
-            "range %u: checkpoint read view %" PRIu64 " opened at step %" PRIu64
-            ", sequence number %" PRIu64,
-            j->range, j->id, j->at_step, j->seq);
+    cps__log(CPS_LOG_INFO, "server",
+             "range %u: checkpoint read view %" PRIu64 " opened at step %" PRIu64
+             ", sequence number %" PRIu64,
+             j->range, j->id, j->at_step, j->seq);
     return 0;
 }
 
@@ -408,13 +408,13 @@ static int cut_ready(const cut_job *j, const span_io *io)
     return io->span.lo == j->step && io->span.hi == j->step;
 }
 
-static void drop_job(server *s, cut_job *j);
+static void drop_job(cps__server *s, cut_job *j);
 
 /* A pending cut's step did not come in time: the tool asks again. */
-static int on_cut_deadline(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_cut_deadline(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)l, (void)now;
-    server *s = ctx;
+    cps__server *s = ctx;
     for (cut_job *j = s->cuts; j; j = j->next)
         if (j->timer == id && !j->open) {
             drop_job(s, j);
@@ -423,7 +423,7 @@ static int on_cut_deadline(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
     return 0;
 }
 
-static void drop_job(server *s, cut_job *j)
+static void drop_job(cps__server *s, cut_job *j)
 {
     cps__loop_timer_del(s->loop, j->timer);
     for (cut_job **pp = &s->cuts; *pp; pp = &(*pp)->next)
@@ -435,7 +435,7 @@ static void drop_job(server *s, cut_job *j)
 }
 
 /* Try to open pending cut j now. Returns 1 if it is settled (opened or refused). */
-static int try_cut(server *s, cut_job *j)
+static int try_cut(cps__server *s, cut_job *j)
 {
     span_io io;
     int rc = range_span(s, j->range, &io);
@@ -447,7 +447,7 @@ static int try_cut(server *s, cut_job *j)
     char addr[CPS_ADDR_MAX];
     snprintf(addr, sizeof addr, "%s", j->tool);
     uint32_t peer = cps__temp_peer_add(&s->temps, s->tp, addr, cps__now_ms());
-    cps_msg_hdr req = {.type = CPS_MSG_CUT_OPEN, .range = j->range, .req_seq = j->req_seq};
+    cps__msg_hdr req = {.type = CPS_MSG_CUT_OPEN, .range = j->range, .req_seq = j->req_seq};
     int err = ready == 1 ? rc : ready;
     if (peer)
         tool_reply(s, peer, &req, err, io.span.hi, 0, j->id,
@@ -456,13 +456,13 @@ static int try_cut(server *s, cut_job *j)
     return 1;
 }
 
-void cps__server_on_cut_open(server *s, cps_rx *rx)
+void cps__server_on_cut_open(cps__server *s, cps__rx *rx)
 {
     char addr[CPS_ADDR_MAX];
     uint32_t peer = tool_peer(s, rx, addr);
     if (!peer)
         return;
-    const cps_msg_hdr *h = &rx->hdr;
+    const cps__msg_hdr *h = &rx->hdr;
     if (!is_tail(s, h->range)) {
         tool_reply(s, peer, h, CPS_ESTALE_EPOCH, 0, 0, h->aux, "not the tail of the range");
         return;
@@ -492,7 +492,7 @@ void cps__server_on_cut_open(server *s, cps_rx *rx)
     try_cut(s, j);
 }
 
-void cps__server_cuts_after_apply(server *s, uint32_t range)
+void cps__server_cuts_after_apply(cps__server *s, uint32_t range)
 {
     for (cut_job *j = s->cuts, *next; j; j = next) {
         next = j->next;
@@ -503,7 +503,7 @@ void cps__server_cuts_after_apply(server *s, uint32_t range)
 
 void cps__server_cuts_before_grow(void *ctx)
 {
-    server *s = ctx;
+    cps__server *s = ctx;
     int n = 0;
     for (cut_job *j = s->cuts, *next; j; j = next) {
         next = j->next;
@@ -515,13 +515,13 @@ void cps__server_cuts_before_grow(void *ctx)
         n++;
     }
     if (n)
-        cps_log(CPS_LOG_WARN, "server",
-                "closed %d checkpoint read view(s): the store had to grow while they were "
-                "open (the export fails and is tried again)",
-                n);
+        cps__log(CPS_LOG_WARN, "server",
+                 "closed %d checkpoint read view(s): the store had to grow while they were "
+                 "open (the export fails and is tried again)",
+                 n);
 }
 
-void cps__server_cuts_tick(server *s, uint64_t now, int stop_all)
+void cps__server_cuts_tick(cps__server *s, uint64_t now, int stop_all)
 {
     (void)now; /* a pending cut's deadline is a loop timer (on_cut_deadline) */
     for (cut_job *j = s->cuts, *next; j; j = next) {
@@ -542,7 +542,7 @@ void cps__server_cuts_tick(server *s, uint64_t now, int stop_all)
 
 /* ---- PUT ---- */
 
-void cps__server_on_put(server *s, cps_rx *rx)
+void cps__server_on_put(cps__server *s, cps__rx *rx)
 {
     char addr[CPS_ADDR_MAX];
     uint32_t peer = tool_peer(s, rx, addr);
@@ -550,7 +550,7 @@ void cps__server_on_put(server *s, cps_rx *rx)
         cps__rx_free(rx);
         return;
     }
-    const cps_msg_hdr *h = &rx->hdr;
+    const cps__msg_hdr *h = &rx->hdr;
     size_t off = pad8(8 + cps__le32_get(rx->payload));
     if (off >= rx->len || h->range >= s->view.nranges) {
         tool_reply(s, peer, h, CPS_EPROTO, 0, 0, 0, "PUT without records");
@@ -568,8 +568,8 @@ void cps__server_on_put(server *s, cps_rx *rx)
         cps__rx_free(rx);
         return;
     }
-    cps_chain_req q = {UINT32_MAX, CPS_MSG_PUT, 0, h->req_seq};
-    int v = cps_chain_admit(s->chain, h->range, &q, 0, 0, NULL);
+    cps__chain_req q = {UINT32_MAX, CPS_MSG_PUT, 0, h->req_seq};
+    int v = cps__chain_admit(s->chain, h->range, &q, 0, 0, NULL);
     if (v != CPS_ADMIT_NEW) {
         tool_reply(s, peer, h,
                    v == CPS_ADMIT_NOT_HEAD ? CPS_ESTALE_EPOCH
@@ -580,8 +580,8 @@ void cps__server_on_put(server *s, cps_rx *rx)
         return;
     }
     /* The body must be 8-byte aligned: the entries start at an 8-byte offset of the payload. */
-    cps_chain_update u = {CPS_UPD_PUT, 0, 0, 1, &q, entries, elen};
-    rc = cps_chain_submit(s->chain, h->range, &u, cps__now_ms());
+    cps__chain_update u = {CPS_UPD_PUT, 0, 0, 1, &q, entries, elen};
+    rc = cps__chain_submit(s->chain, h->range, &u, cps__now_ms());
     if (rc == 0)
         cps__server_run_actions(s);
     span_io sp;

@@ -12,7 +12,7 @@
 #include "optim/optim.h"
 
 typedef struct install_io {
-    server *s;
+    cps__server *s;
     uint32_t range;
     const unsigned char *p;
     size_t len;
@@ -22,7 +22,7 @@ typedef struct install_io {
     uint64_t records;
 } install_io;
 
-static int install(cps_txn *txn, install_io *io)
+static int install(cps__txn *txn, install_io *io)
 {
     const unsigned char *p = io->p, *end = io->p + io->len;
     io->have_range = 0;
@@ -35,7 +35,7 @@ static int install(cps_txn *txn, install_io *io)
         if (tag == ENT_PARAM) {
             if (end - p < 32 + CPS_WIRE_SPEC_SIZE)
                 return CPS_EPROTO;
-            cps_param_rec rec;
+            cps__param_rec rec;
             memset(&rec, 0, sizeof rec);
             rec.len = cps__le32_get(p + 4);
             uint64_t key = cps__le64_get(p + 8);
@@ -71,7 +71,7 @@ static int install(cps_txn *txn, install_io *io)
             rc = cps__store_meta_put(txn, name, p + 16 + pad8(nlen), vlen);
             p += 16 + pad8(nlen) + pad8(vlen);
         } else if (tag == ENT_CREATE) {
-            cps_param_spec spec;
+            cps__param_spec spec;
             uint32_t len = cps__le32_get(p + 4);
             uint64_t key = cps__le64_get(p + 8);
             if (end - p < 32 + CPS_WIRE_SPEC_SIZE || len == 0 || cps__le64_get(p + 24) != 0 ||
@@ -96,7 +96,7 @@ static int install(cps_txn *txn, install_io *io)
         } else if (tag == ENT_RANGE) {
             if (end - p < 24 || !io->last)
                 return CPS_EPROTO;
-            cps_range_meta m = {cps__le64_get(p + 8), cps__le64_get(p + 16)};
+            cps__range_meta m = {cps__le64_get(p + 8), cps__le64_get(p + 16)};
             rc = cps__store_range_put(txn, io->range, &m);
             io->seq = m.seq;
             io->step = m.step;
@@ -114,7 +114,7 @@ static int install(cps_txn *txn, install_io *io)
 /* ---- checking a restore's records before they are replicated ---- */
 
 typedef struct put_check {
-    server *s;
+    cps__server *s;
     uint32_t range;
     const unsigned char *p;
     size_t len;
@@ -131,17 +131,17 @@ static int check_fail(put_check *c, const char *fmt, uint64_t key)
     return CPS_EPROTO;
 }
 
-static int put_check_txn(cps_txn *txn, void *arg)
+static int put_check_txn(cps__txn *txn, void *arg)
 {
     put_check *c = arg;
     const unsigned char *p = c->p, *end = c->p + c->len;
-    const cps_range *rg = &c->s->view.ranges[c->range];
+    const cps__range *rg = &c->s->view.ranges[c->range];
     while (p < end) {
         if (end - p < 16)
             return check_fail(c, "truncated entry%.0llu", 0);
         uint32_t tag = cps__le32_get(p);
         if (tag == ENT_CREATE) {
-            cps_param_spec spec;
+            cps__param_spec spec;
             uint64_t key = cps__le64_get(p + 8);
             uint32_t len = cps__le32_get(p + 4);
             if (end - p < 32 + CPS_WIRE_SPEC_SIZE || len == 0 || cps__le64_get(p + 24) != 0 ||
@@ -168,7 +168,7 @@ static int put_check_txn(cps_txn *txn, void *arg)
                 if (c->keys[i] == key)
                     found = 1, len = c->lens[i], slots = c->slots[i];
             if (!found) {
-                cps_param_rec rec;
+                cps__param_rec rec;
                 if (cps__store_param_get(txn, key, &rec) != 0)
                     return check_fail(c, "slice of key %016llx, which does not exist", key);
                 len = rec.len;
@@ -194,7 +194,7 @@ static int put_check_txn(cps_txn *txn, void *arg)
     return 0;
 }
 
-int cps__server_check_put(server *s, uint32_t range, const void *buf, size_t len, char *why,
+int cps__server_check_put(cps__server *s, uint32_t range, const void *buf, size_t len, char *why,
                           size_t cap)
 {
     size_t most = len / (32 + CPS_WIRE_SPEC_SIZE) + 1;
@@ -208,7 +208,7 @@ int cps__server_check_put(server *s, uint32_t range, const void *buf, size_t len
     return rc;
 }
 
-int cps__server_install_entries(cps_txn *txn, server *s, uint32_t range, const void *buf,
+int cps__server_install_entries(cps__txn *txn, cps__server *s, uint32_t range, const void *buf,
                                 size_t len, int last, uint64_t *seq)
 {
     install_io io = {s, range, buf, len, last, 0, 0, 0, 0};

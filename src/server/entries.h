@@ -29,12 +29,12 @@ static inline size_t pad8(size_t n)
 /* Write the entries of buf[0..len) for `range` in txn: records, exactly-once records,
  * aggregation records; the range entry is expected only when `last` (*seq, if not NULL: the
  * range's sequence number it gave). Errors: CPS_EPROTO (malformed), store errors. */
-int cps__server_install_entries(cps_txn *txn, server *s, uint32_t range, const void *buf,
+int cps__server_install_entries(cps__txn *txn, cps__server *s, uint32_t range, const void *buf,
                                 size_t len, int last, uint64_t *seq);
 /* Check a restore's records (PUT: create, slice and aggregation entries only) against the
  * store without writing: every slice within a record this message creates or the store holds.
  * Errors: CPS_EPROTO (why says which entry), CPS_ESTORE, CPS_ENOMEM. */
-int cps__server_check_put(server *s, uint32_t range, const void *buf, size_t len, char *why,
+int cps__server_check_put(cps__server *s, uint32_t range, const void *buf, size_t len, char *why,
                           size_t cap);
 
 #endif

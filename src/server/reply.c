@@ -10,23 +10,23 @@
 
 #define SCHED_PEER 0u
 
-void cps__server_reply_error(server *s, const cps_msg_hdr *req, int err, const char *fmt, ...)
+void cps__server_reply_error(cps__server *s, const cps__msg_hdr *req, int err, const char *fmt, ...)
 {
     char text[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    cps_log(CPS_LOG_WARN, "server", "request %u:%llu (type %u) from node %u refused: %s: %s",
-            req->req_worker, (unsigned long long)req->req_seq, req->type, req->sender,
-            cps_err_name(err), text);
+    cps__log(CPS_LOG_WARN, "server", "request %u:%llu (type %u) from node %u refused: %s: %s",
+             req->req_worker, (unsigned long long)req->req_seq, req->type, req->sender,
+             cps_err_name(err), text);
     if (cps__tp_peer_known(s->tp, req->sender))
         cps__msg_reply_error(s->tp, s->id, s->view.epoch, req, err, text);
 }
 
-void cps__server_reply_ack(server *s, const cps_msg_hdr *req)
+void cps__server_reply_ack(cps__server *s, const cps__msg_hdr *req)
 {
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = CPS_MSG_ACK;
     h.flags = CPS_WF_REPLY;
     h.sender = s->id;
@@ -37,22 +37,23 @@ void cps__server_reply_ack(server *s, const cps_msg_hdr *req)
     h.step = req->step;
     int rc = cps__msg_send(s->tp, req->sender, &h, NULL, 0);
     if (rc != 0)
-        cps_log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", req->sender, cps_strerror(rc));
+        cps__log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", req->sender,
+                 cps_strerror(rc));
 }
 
-void cps__server_ask_view(server *s)
+void cps__server_ask_view(cps__server *s)
 {
-    cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id, .epoch = s->view.epoch};
+    cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id, .epoch = s->view.epoch};
     cps__msg_send(s->tp, SCHED_PEER, &g, NULL, 0);
 }
 
-uint32_t cps__server_worker_rank(const server *s, uint32_t id)
+uint32_t cps__server_worker_rank(const cps__server *s, uint32_t id)
 {
-    const cps_node_info *n = cps__view_node(&s->view, id);
+    const cps__node_info *n = cps__view_node(&s->view, id);
     return (n && n->role == CPS_ROLE_WORKER) ? n->rank : UINT32_MAX;
 }
 
-uint32_t cps__server_live_workers(const server *s)
+uint32_t cps__server_live_workers(const cps__server *s)
 {
     uint32_t n = 0;
     for (uint32_t i = 0; i < s->view.nnodes; i++)
@@ -60,12 +61,12 @@ uint32_t cps__server_live_workers(const server *s)
     return n;
 }
 
-int cps__server_check_request(server *s, const cps_msg_hdr *h)
+int cps__server_check_request(cps__server *s, const cps__msg_hdr *h)
 {
     if (cps__server_worker_rank(s, h->sender) == UINT32_MAX) {
         /* Unknown node: we cannot even reply. A newer view may name it; ask for one. */
-        cps_log(CPS_LOG_WARN, "server", "request type %u from unknown node %u dropped", h->type,
-                h->sender);
+        cps__log(CPS_LOG_WARN, "server", "request type %u from unknown node %u dropped", h->type,
+                 h->sender);
         cps__server_ask_view(s);
         s->stats.msgs_bad++;
         return CPS_EUNKNOWN_NODE;
@@ -87,7 +88,7 @@ int cps__server_check_request(server *s, const cps_msg_hdr *h)
                                 s->view.nranges);
         return CPS_EINVAL;
     }
-    const cps_range *r = &s->view.ranges[h->range];
+    const cps__range *r = &s->view.ranges[h->range];
     uint32_t want = h->type == CPS_MSG_PULL ? r->chain[r->chain_len - 1] : r->chain[0];
     if (r->chain_len == 0 || want != s->id) {
         cps__server_reply_error(s, h, CPS_ESTALE_EPOCH, "this server is not the %s of range %u",

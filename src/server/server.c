@@ -45,14 +45,14 @@ enum {
     T_TURN,      /* one-shot, re-armed every turn: TURN_MAX_MS (TURN_MAX_UNJOINED_MS) */
 };
 
-static void dispatch_request(server *s, cps_rx *rx);
-static void dispatch_held(server *s);
+static void dispatch_request(cps__server *s, cps__rx *rx);
+static void dispatch_held(cps__server *s);
 
 /* A message tagged with a newer epoch than ours: hold it and ask for the view. Returns 1 if
  * held (rx taken). */
-static int hold_future(server *s, cps_rx *rx)
+static int hold_future(cps__server *s, cps__rx *rx)
 {
-    if (!cps_fence_future(s->fence, rx->hdr.epoch))
+    if (!cps__fence_future(s->fence, rx->hdr.epoch))
         return 0;
     if (!s->future)
         s->future = calloc(MAX_FUTURE, sizeof *s->future);
@@ -68,31 +68,31 @@ static int hold_future(server *s, cps_rx *rx)
     return 1;
 }
 
-static int check_job(server *s, uint64_t job);
+static int check_job(cps__server *s, uint64_t job);
 
-static void install_view(server *s, const cps_rx *rx, int welcome)
+static void install_view(cps__server *s, const cps__rx *rx, int welcome)
 {
-    cps_view v;
+    cps__view v;
     cps__view_init(&v);
     int rc = cps__view_decode(rx->payload, rx->len, &v);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "server", "bad view from the scheduler dropped: %s",
-                cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "server", "bad view from the scheduler dropped: %s",
+                 cps_strerror(rc));
         cps__view_fini(&v);
         return;
     }
-    const cps_node_info *me = cps__view_node(&v, s->id);
-    int verdict = cps_fence_view(s->fence, v.epoch, me != NULL, me && me->alive);
+    const cps__node_info *me = cps__view_node(&v, s->id);
+    int verdict = cps__fence_view(s->fence, v.epoch, me != NULL, me && me->alive);
     if (verdict != CPS_FENCE_V_NEWER) {
         if (verdict == CPS_FENCE_V_CONFIRMED)
-            cps_log(CPS_LOG_INFO, "server",
-                    "the scheduler still counts us in (epoch %llu): serving again; %llu "
-                    "messages that came while we were unsure were dropped unanswered",
-                    (unsigned long long)v.epoch, (unsigned long long)cps_fence_dropped(s->fence));
+            cps__log(CPS_LOG_INFO, "server",
+                     "the scheduler still counts us in (epoch %llu): serving again; %llu "
+                     "messages that came while we were unsure were dropped unanswered",
+                     (unsigned long long)v.epoch, (unsigned long long)cps__fence_dropped(s->fence));
         cps__view_fini(&v);
         return;
     }
-    int joined = cps_fence_joined(s->fence);
+    int joined = cps__fence_joined(s->fence);
     if ((welcome || !joined) && (rc = check_job(s, rx->hdr.aux)) != 0) {
         s->refused = rc;
         s->shutdown = 1;
@@ -101,10 +101,10 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
     }
     if (welcome || !joined) {
         s->id = rx->hdr.req_worker;
-        const cps_node_info *me = cps__view_node(&v, s->id);
+        const cps__node_info *me = cps__view_node(&v, s->id);
         if (!me || me->role != CPS_ROLE_SERVER) {
-            cps_log(CPS_LOG_ERROR, "server", "welcome names node %u, not a server of the view",
-                    s->id);
+            cps__log(CPS_LOG_ERROR, "server", "welcome names node %u, not a server of the view",
+                     s->id);
             cps__view_fini(&v);
             return;
         }
@@ -118,18 +118,18 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
             continue;
         rc = cps__tp_peer_set(s->tp, v.nodes[i].id, v.nodes[i].addr);
         if (rc != 0)
-            cps_log(CPS_LOG_WARN, "server", "cannot reach node %u at %s: %s", v.nodes[i].id,
-                    v.nodes[i].addr, cps_strerror(rc));
+            cps__log(CPS_LOG_WARN, "server", "cannot reach node %u at %s: %s", v.nodes[i].id,
+                     v.nodes[i].addr, cps_strerror(rc));
     }
-    const cps_node_info *self = cps__view_node(&v, s->id);
-    verdict = cps_fence_install(s->fence, v.epoch, self != NULL, self && self->alive);
+    const cps__node_info *self = cps__view_node(&v, s->id);
+    verdict = cps__fence_install(s->fence, v.epoch, self != NULL, self && self->alive);
     if (verdict == CPS_FENCE_V_FENCED || verdict == CPS_FENCE_V_IGNORE) {
         /* Fenced (recovery/fence.h): the loop drops our chain state and rejoins. */
         if (verdict == CPS_FENCE_V_FENCED)
-            cps_log(CPS_LOG_WARN, "server",
-                    "declared dead by the scheduler (view epoch %llu): "
-                    "fenced; dropping our chain state and rejoining as a fresh replica",
-                    (unsigned long long)v.epoch);
+            cps__log(CPS_LOG_WARN, "server",
+                     "declared dead by the scheduler (view epoch %llu): "
+                     "fenced; dropping our chain state and rejoining as a fresh replica",
+                     (unsigned long long)v.epoch);
         cps__view_fini(&v);
         return;
     }
@@ -138,7 +138,7 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
     if (verdict == CPS_FENCE_V_JOINED) {
         uint32_t head = 0, mid = 0, tail = 0;
         for (uint32_t r = 0; r < v.nranges; r++) {
-            const cps_range *rg = &v.ranges[r];
+            const cps__range *rg = &v.ranges[r];
             for (uint32_t j = 0; j < rg->chain_len; j++) {
                 if (rg->chain[j] != s->id)
                     continue;
@@ -150,13 +150,13 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
                     mid++;
             }
         }
-        cps_log(CPS_LOG_INFO, "server",
-                "joined as node %u (rank %u), view epoch %llu: head of %u, "
-                "middle of %u, tail of %u of %u ranges (%u replicas)",
-                s->id, s->rank, (unsigned long long)v.epoch, head, mid, tail, v.nranges,
-                v.replicas);
+        cps__log(CPS_LOG_INFO, "server",
+                 "joined as node %u (rank %u), view epoch %llu: head of %u, "
+                 "middle of %u, tail of %u of %u ranges (%u replicas)",
+                 s->id, s->rank, (unsigned long long)v.epoch, head, mid, tail, v.nranges,
+                 v.replicas);
     } else {
-        cps_log(CPS_LOG_INFO, "server", "view epoch %llu installed", (unsigned long long)v.epoch);
+        cps__log(CPS_LOG_INFO, "server", "view epoch %llu installed", (unsigned long long)v.epoch);
     }
     cps__server_view_changed(s);
     cps__server_joins_view(s); /* the joiner learns of it: a join may end (transfer.c) */
@@ -167,11 +167,11 @@ static void install_view(server *s, const cps_rx *rx, int welcome)
 }
 
 /* Messages held for a newer epoch: those our view now covers go through. */
-static void dispatch_held(server *s)
+static void dispatch_held(cps__server *s)
 {
     uint32_t kept = 0, n = s->nfuture;
     for (uint32_t i = 0; i < n; i++) {
-        cps_rx rx = s->future[i];
+        cps__rx rx = s->future[i];
         if (rx.hdr.epoch > s->view.epoch) {
             s->future[kept++] = rx;
             continue;
@@ -185,7 +185,7 @@ static void dispatch_held(server *s)
     s->nfuture = kept;
 }
 
-static void dispatch_request(server *s, cps_rx *rx)
+static void dispatch_request(cps__server *s, cps__rx *rx)
 {
     if (cps__server_check_request(s, &rx->hdr) != 0) {
         cps__rx_free(rx);
@@ -205,10 +205,10 @@ typedef struct checksum_io {
     uint64_t seq, sum;
 } checksum_io;
 
-static int checksum_txn(cps_txn *txn, void *arg)
+static int checksum_txn(cps__txn *txn, void *arg)
 {
     checksum_io *c = arg;
-    cps_range_meta m;
+    cps__range_meta m;
     int rc = cps__store_range_get(txn, c->range, &m);
     c->seq = m.seq;
     /* One read transaction: the checksum and the sequence number describe the same state. */
@@ -216,21 +216,21 @@ static int checksum_txn(cps_txn *txn, void *arg)
 }
 
 /* `chainps status --verify`: checksum of one range's values at its current sequence number. */
-static void handle_checksum(server *s, const cps_rx *rx)
+static void handle_checksum(cps__server *s, const cps__rx *rx)
 {
     uint32_t peer = 0;
-    if (!cps_fence_joined(s->fence) || rx->hdr.range >= s->view.nranges ||
+    if (!cps__fence_joined(s->fence) || rx->hdr.range >= s->view.nranges ||
         cps__temp_peer_from_hello(&s->temps, s->tp, rx->payload, rx->len, cps__now_ms(), &peer,
                                   NULL) != 0) {
-        cps_log(CPS_LOG_WARN, "server", "malformed checksum request dropped");
+        cps__log(CPS_LOG_WARN, "server", "malformed checksum request dropped");
         return;
     }
     if (!peer)
         return;
-    const cps_range *r = &s->view.ranges[rx->hdr.range];
+    const cps__range *r = &s->view.ranges[rx->hdr.range];
     checksum_io c = {rx->hdr.range, r->lo, r->hi, 0, 0};
     int rc = cps__store_read(s->store, checksum_txn, &c);
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = CPS_MSG_CHECKSUM;
     h.flags = CPS_WF_REPLY;
     h.sender = s->id;
@@ -245,34 +245,34 @@ static void handle_checksum(server *s, const cps_rx *rx)
 /* We did not run for longer than the failure timeout (SIGSTOP, a VM pause, a starved CPU): the
  * scheduler may have declared us dead and moved our chains on. recovery/fence.c decides; we serve
  * nothing until it tells us we are still in. `turned`: the loop turns now (else a message). */
-static void check_stall(server *s, uint64_t now, int turned)
+static void check_stall(cps__server *s, uint64_t now, int turned)
 {
-    uint64_t stalled = cps_fence_stalled_ms(s->fence, now);
-    int verdict = turned ? cps_fence_turned(s->fence, now) : cps_fence_check(s->fence, now);
+    uint64_t stalled = cps__fence_stalled_ms(s->fence, now);
+    int verdict = turned ? cps__fence_turned(s->fence, now) : cps__fence_check(s->fence, now);
     if (verdict == CPS_FENCE_CALM)
         return;
     if (verdict == CPS_FENCE_STALLED)
-        cps_log(CPS_LOG_WARN, "server",
-                "did not run for %llu ms (more than the %u ms failure timeout): asking the "
-                "scheduler whether we are still in before serving anything",
-                (unsigned long long)stalled, s->cfg.dead_after_ms);
+        cps__log(CPS_LOG_WARN, "server",
+                 "did not run for %llu ms (more than the %u ms failure timeout): asking the "
+                 "scheduler whether we are still in before serving anything",
+                 (unsigned long long)stalled, s->cfg.dead_after_ms);
     cps__server_ask_view(s);
 }
 
 static void handle_msg(void *ctx, void *buf, size_t len)
 {
-    server *s = ctx;
-    cps_rx rx;
+    cps__server *s = ctx;
+    cps__rx rx;
     s->stats.msgs_in++;
     check_stall(s, cps__now_ms(), 0);
     int rc = cps__rx_parse(&rx, buf, len);
     if (rc != 0) {
         s->stats.msgs_bad++;
-        cps_log(CPS_LOG_ERROR, "server",
-                "bad message (%zu bytes, type %u, from node %u) dropped: %s", len, rx.hdr.type,
-                rx.hdr.sender, cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "server",
+                 "bad message (%zu bytes, type %u, from node %u) dropped: %s", len, rx.hdr.type,
+                 rx.hdr.sender, cps_strerror(rc));
         /* The header decoded: the sender can be told (e.g. corrupt snappy payload). */
-        if (rx.hdr.type != 0 && !(rx.hdr.flags & CPS_WF_REPLY) && cps_fence_joined(s->fence) &&
+        if (rx.hdr.type != 0 && !(rx.hdr.flags & CPS_WF_REPLY) && cps__fence_joined(s->fence) &&
             cps__server_worker_rank(s, rx.hdr.sender) != UINT32_MAX)
             cps__server_reply_error(s, &rx.hdr, rc, "payload rejected");
         return;
@@ -282,7 +282,7 @@ static void handle_msg(void *ctx, void *buf, size_t len)
                  : rx.hdr.type == CPS_MSG_WELCOME && rx.hdr.req_seq == s->boot_id
                      ? CPS_FENCE_OUR_WELCOME
                      : CPS_FENCE_FROM_SCHED;
-    int admit = cps_fence_admit(s->fence, rx.hdr.type, origin);
+    int admit = cps__fence_admit(s->fence, rx.hdr.type, origin);
     if (admit == CPS_FENCE_EARLY) {
         /* A worker heard its WELCOME before we heard ours: hold the request until then. */
         if (!s->early)
@@ -291,7 +291,7 @@ static void handle_msg(void *ctx, void *buf, size_t len)
             s->early[s->nearly++] = rx;
             return;
         }
-        cps_log(CPS_LOG_WARN, "server", "request before the job started dropped");
+        cps__log(CPS_LOG_WARN, "server", "request before the job started dropped");
     }
     if (admit != CPS_FENCE_SERVE) {
         cps__rx_free(&rx);
@@ -305,12 +305,12 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         install_view(s, &rx, rx.hdr.type == CPS_MSG_WELCOME);
         break;
     case CPS_MSG_SHUTDOWN:
-        cps_log(CPS_LOG_INFO, "server", "the scheduler ended the job");
+        cps__log(CPS_LOG_INFO, "server", "the scheduler ended the job");
         s->shutdown = 1;
         break;
     case CPS_MSG_ERROR:
-        cps_log(CPS_LOG_ERROR, "server", "error from node %u: %s", rx.hdr.sender,
-                cps_strerror(rx.hdr.status));
+        cps__log(CPS_LOG_ERROR, "server", "error from node %u: %s", rx.hdr.sender,
+                 cps_strerror(rx.hdr.status));
         break;
     case CPS_MSG_CHECKSUM:
         handle_checksum(s, &rx);
@@ -349,23 +349,24 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         return; /* the data path took rx */
     default:
         s->stats.msgs_bad++;
-        cps_log(CPS_LOG_WARN, "server", "unexpected message type %u from node %u dropped",
-                rx.hdr.type, rx.hdr.sender);
+        cps__log(CPS_LOG_WARN, "server", "unexpected message type %u from node %u dropped",
+                 rx.hdr.type, rx.hdr.sender);
     }
     cps__rx_free(&rx);
 }
 
-static void rejoin(server *s)
+static void rejoin(cps__server *s)
 {
-    if (cps_fence_unsure(s->fence))
-        cps_log(CPS_LOG_INFO, "server",
-                "%llu messages that came while we were unsure of our standing were dropped "
-                "unanswered (none was answered under view epoch %llu)",
-                (unsigned long long)cps_fence_dropped(s->fence), (unsigned long long)s->view.epoch);
+    if (cps__fence_unsure(s->fence))
+        cps__log(CPS_LOG_INFO, "server",
+                 "%llu messages that came while we were unsure of our standing were dropped "
+                 "unanswered (none was answered under view epoch %llu)",
+                 (unsigned long long)cps__fence_dropped(s->fence),
+                 (unsigned long long)s->view.epoch);
     cps__server_reap_snapshots(s, 1);
     cps__server_cuts_tick(s, cps__now_ms(), 1);
     cps__server_data_fini(s);
-    cps_chain_destroy(s->chain);
+    cps__chain_destroy(s->chain);
     s->chain = NULL;
     for (uint32_t i = 0; i < s->nearly; i++)
         cps__rx_free(&s->early[i]);
@@ -375,19 +376,19 @@ static void rejoin(server *s)
     s->nfuture = 0;
     cps__view_fini(&s->view);
     cps__view_init(&s->view);
-    cps_fence_rejoin(s->fence, cps__now_ms());
+    cps__fence_rejoin(s->fence, cps__now_ms());
     /* A fresh replica is a new incarnation: a late WELCOME of the old one must not let it in. */
     s->boot_id = cps__splitmix64(s->boot_id ^ cps__now_ms()) | 1;
 }
 
-static int send_hello(server *s, const char *addr, uint32_t prev_id)
+static int send_hello(cps__server *s, const char *addr, uint32_t prev_id)
 {
     char payload[16 + CPS_ADDR_MAX];
     size_t n =
         cps__hello_encode(payload, sizeof payload, CPS_ROLE_SERVER, s->cfg.rank, prev_id, addr);
     /* aux: this incarnation, so a restart the scheduler had not noticed is not mistaken for
      * the same process continuing with its old chain state. */
-    cps_msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX, .aux = s->boot_id};
+    cps__msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX, .aux = s->boot_id};
     return cps__msg_send(s->tp, SCHED_PEER, &h, payload, n);
 }
 
@@ -395,7 +396,7 @@ typedef struct meta_io {
     uint32_t id;
 } meta_io;
 
-static int load_id(cps_txn *txn, void *arg)
+static int load_id(cps__txn *txn, void *arg)
 {
     meta_io *m = arg;
     unsigned char b[4];
@@ -405,7 +406,7 @@ static int load_id(cps_txn *txn, void *arg)
     return 0;
 }
 
-static int save_id(cps_txn *txn, void *arg)
+static int save_id(cps__txn *txn, void *arg)
 {
     unsigned char b[4];
     cps__le32_put(b, ((meta_io *)arg)->id);
@@ -417,7 +418,7 @@ typedef struct job_io {
 } job_io;
 
 /* Record the job this directory belongs to, or report the one it already belongs to. */
-static int job_txn(cps_txn *txn, void *arg)
+static int job_txn(cps__txn *txn, void *arg)
 {
     job_io *j = arg;
     unsigned char b[8];
@@ -437,7 +438,7 @@ typedef struct layout_io {
 } layout_io;
 
 /* Mark an empty directory with this build's key layout, or report the mark it has. */
-static int layout_txn(cps_txn *txn, void *arg)
+static int layout_txn(cps__txn *txn, void *arg)
 {
     layout_io *l = arg;
     unsigned char b[4];
@@ -458,14 +459,14 @@ static int layout_txn(cps_txn *txn, void *arg)
 
 /* Returns 0 to go on, or CPS_EEXIST (logged) for a directory of another key layout. Run after
  * every wipe too: --reset-data drops the meta with the keys. */
-static int check_layout(server *s)
+static int check_layout(cps__server *s)
 {
     layout_io l = {0, 0};
     int rc = cps__store_write(s->store, layout_txn, &l);
     if (rc != 0)
         return rc;
     if (l.stored != CPS_KEY_LAYOUT) {
-        cps_log(
+        cps__log(
             CPS_LOG_ERROR, "server",
             "data directory %s holds %llu keys in key layout %u (1: FNV-1a, chainps before "
             "XXH3), not %u: refusing it. To keep the parameters, export a checkpoint with "
@@ -479,7 +480,7 @@ static int check_layout(server *s)
 
 /* A directory that holds another job's parameters is refused: joining would mix two models
  * (and two jobs' node ids). Returns 0 to go on, or CPS_EEXIST (logged). */
-static int check_job(server *s, uint64_t job)
+static int check_job(cps__server *s, uint64_t job)
 {
     if (!job)
         return 0; /* a scheduler from before job ids */
@@ -488,44 +489,44 @@ static int check_job(server *s, uint64_t job)
     if (rc != 0)
         return rc;
     if (j.stored && j.stored != job) {
-        cps_log(CPS_LOG_ERROR, "server",
-                "data directory %s belongs to job %016llx, not to this job (%016llx): refusing "
-                "it; give this server another --data, or --reset-data to empty it",
-                s->cfg.data_dir, (unsigned long long)j.stored, (unsigned long long)job);
+        cps__log(CPS_LOG_ERROR, "server",
+                 "data directory %s belongs to job %016llx, not to this job (%016llx): refusing "
+                 "it; give this server another --data, or --reset-data to empty it",
+                 s->cfg.data_dir, (unsigned long long)j.stored, (unsigned long long)job);
         return CPS_EEXIST;
     }
     return 0;
 }
 
-static int wipe_txn(cps_txn *txn, void *arg)
+static int wipe_txn(cps__txn *txn, void *arg)
 {
     (void)arg;
     return cps__store_wipe(txn);
 }
 
-static int count_keys(cps_txn *txn, void *arg)
+static int count_keys(cps__txn *txn, void *arg)
 {
-    server *s = arg;
+    cps__server *s = arg;
     return cps__store_count(txn, &s->stats.keys_stored, &s->stats.values_stored);
 }
 
 /* Every loop turn: what the heartbeat thread sends, and that the loop turned. */
-static void beat_publish(server *s, uint64_t now)
+static void beat_publish(cps__server *s, uint64_t now)
 {
-    cps__heartbeat_publish(s->beat, cps_fence_beating(s->fence), s->id, s->view.epoch, &s->stats,
+    cps__heartbeat_publish(s->beat, cps__fence_beating(s->fence), s->id, s->view.epoch, &s->stats,
                            now);
 }
 
 /* The server's store: the directory it was given, or by default the first DIR/server-N that
  * no other process holds, so that servers started from one working directory (ps-lite's
  * local.sh does that) never share an environment. s->cfg.data_dir becomes the one in use. */
-static int open_store(server *s, const cps_store_opts *so)
+static int open_store(cps__server *s, const cps__store_opts *so)
 {
     if (s->cfg.data_dir_given)
         return cps__store_open(s->cfg.data_dir, so, &s->store);
     char base[sizeof s->cfg.data_dir];
     snprintf(base, sizeof base, "%s", s->cfg.data_dir);
-    cps_store_opts quiet = *so;
+    cps__store_opts quiet = *so;
     quiet.quiet_busy = 1;
     for (int n = 0; n < CPS_MAX_NODES; n++) {
         if (snprintf(s->cfg.data_dir, sizeof s->cfg.data_dir, "%s/server-%d", base, n) >=
@@ -534,9 +535,9 @@ static int open_store(server *s, const cps_store_opts *so)
         int rc = cps__store_open(s->cfg.data_dir, &quiet, &s->store);
         if (rc != CPS_EBUSY) {
             if (rc == 0 && n > 0)
-                cps_log(CPS_LOG_INFO, "server",
-                        "%s/server-0..%d are held by other processes: using %s", base, n - 1,
-                        s->cfg.data_dir);
+                cps__log(CPS_LOG_INFO, "server",
+                         "%s/server-0..%d are held by other processes: using %s", base, n - 1,
+                         s->cfg.data_dir);
             return rc;
         }
     }
@@ -545,11 +546,11 @@ static int open_store(server *s, const cps_store_opts *so)
 
 /* ---- the event loop's timers and hook ---- */
 
-static int on_hello(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_hello(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)now;
-    server *s = ctx;
-    if (cps_fence_joined(s->fence)) {
+    cps__server *s = ctx;
+    if (cps__fence_joined(s->fence)) {
         cps__loop_timer_del(l, id);
         return 0;
     }
@@ -557,43 +558,43 @@ static int on_hello(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
     return 0;
 }
 
-static int on_join_timeout(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_join_timeout(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)id, (void)now;
-    server *s = ctx;
-    if (cps_fence_joined(s->fence))
+    cps__server *s = ctx;
+    if (cps__fence_joined(s->fence))
         return 0;
-    cps_log(CPS_LOG_ERROR, "server", "no answer from the scheduler at %s within %.1f s",
-            s->sched_url, s->cfg.join_timeout_ms / 1000.0);
+    cps__log(CPS_LOG_ERROR, "server", "no answer from the scheduler at %s within %.1f s",
+             s->sched_url, s->cfg.join_timeout_ms / 1000.0);
     s->result = CPS_ETIMEDOUT;
     s->join_failed = 1;
     cps__loop_stop(l);
     return 0;
 }
 
-static int on_sync(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_sync(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)l, (void)id, (void)now;
-    server *s = ctx;
-    if (!cps_fence_joined(s->fence))
+    cps__server *s = ctx;
+    if (!cps__fence_joined(s->fence))
         return 0;
     cps__store_read(s->store, count_keys, s); /* for status, once a second */
     if (!s->cfg.sync_every_commit && cps__store_sync(s->store) != 0)
-        cps_log(CPS_LOG_WARN, "server", "periodic sync failed");
+        cps__log(CPS_LOG_WARN, "server", "periodic sync failed");
     return 0;
 }
 
-static int on_acks_due(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_acks_due(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)l, (void)id;
-    server *s = ctx;
-    if (cps_fence_joined(s->fence))
+    cps__server *s = ctx;
+    if (cps__fence_joined(s->fence))
         cps__server_flush_acks(s, now, 0);
     return 0;
 }
 
 /* Nothing to do itself: it only bounds the poll, so that before_sleep runs again. */
-static int on_turn(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_turn(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)l, (void)id, (void)ctx, (void)now;
     return 0;
@@ -601,7 +602,7 @@ static int on_turn(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
 
 /* (Re)start asking the scheduler to let us in: HELLO now and every HELLO_RETRY_MS, and give up
  * after join_timeout_ms. */
-static int start_joining(server *s)
+static int start_joining(cps__server *s)
 {
     s->join_start_ms = cps__now_ms();
     cps__loop_timer_del(s->loop, T_SYNC);
@@ -615,10 +616,10 @@ static int start_joining(server *s)
 /* Every turn, before the poll: first what follows the previous turn's messages (held acks,
  * the state machines' timeouts, finished threads, deadlines), then whether to go on, then what
  * precedes the next poll. */
-static int before_sleep(cps_loop *l, void *ctx, uint64_t now)
+static int before_sleep(cps__loop *l, void *ctx, uint64_t now)
 {
-    server *s = ctx;
-    if (cps_fence_joined(s->fence)) {
+    cps__server *s = ctx;
+    if (cps__fence_joined(s->fence)) {
         cps__server_flush_acks(s, now, 0);
         cps__server_tick(s, now);
         cps__server_reap_snapshots(s, 0);
@@ -629,18 +630,18 @@ static int before_sleep(cps_loop *l, void *ctx, uint64_t now)
     if (s->disk_full) {
         /* Heartbeats stop with us: the scheduler fails our ranges over within its failure
          * timeout, and a restart once there is room rejoins them by state transfer. */
-        cps_log(CPS_LOG_ERROR, "server",
-                "leaving the job: disk full in %s (the update it could not store is not "
-                "acknowledged); free space there and restart this server to rejoin",
-                s->cfg.data_dir);
+        cps__log(CPS_LOG_ERROR, "server",
+                 "leaving the job: disk full in %s (the update it could not store is not "
+                 "acknowledged); free space there and restart this server to rejoin",
+                 s->cfg.data_dir);
         s->result = CPS_ENOSPC;
         cps__loop_stop(l);
         return 0;
     }
     if (s->poisoned) {
-        cps_log(CPS_LOG_ERROR, "server",
-                "leaving the job: a store write failed, so this "
-                "replica's state is unknown");
+        cps__log(CPS_LOG_ERROR, "server",
+                 "leaving the job: a store write failed, so this "
+                 "replica's state is unknown");
         s->result = CPS_EPOISONED;
         cps__loop_stop(l);
         return 0;
@@ -650,7 +651,7 @@ static int before_sleep(cps_loop *l, void *ctx, uint64_t now)
         return 0;
     }
     now = cps__now_ms();
-    if (cps_fence_fenced(s->fence)) {
+    if (cps__fence_fenced(s->fence)) {
         /* Start over as a new replica: the scheduler revives us, and state transfer gives us
          * ranges again; what our store holds for other ranges is cleared when we join them.
          * Silence the heartbeats first: a beat from a server the view lists as dead earns it
@@ -663,7 +664,7 @@ static int before_sleep(cps_loop *l, void *ctx, uint64_t now)
     }
     check_stall(s, now, 1);
     beat_publish(s, now);
-    if (cps_fence_joined(s->fence)) {
+    if (cps__fence_joined(s->fence)) {
         if (s->saved_id != s->id) {
             meta_io m = {s->id};
             cps__store_write(s->store, save_id, &m);
@@ -682,12 +683,12 @@ static int before_sleep(cps_loop *l, void *ctx, uint64_t now)
         }
     }
     return cps__loop_timer_add(
-        l, T_TURN, cps_fence_joined(s->fence) ? TURN_MAX_MS : TURN_MAX_UNJOINED_MS, 0, on_turn, s);
+        l, T_TURN, cps__fence_joined(s->fence) ? TURN_MAX_MS : TURN_MAX_UNJOINED_MS, 0, on_turn, s);
 }
 
-int cps__server_run(const cps_config *cfg)
+int cps__server_run(const cps__config *cfg)
 {
-    server s;
+    cps__server s;
     memset(&s, 0, sizeof s);
     s.cfg = *cfg;
     cps__config_finalize(&s.cfg, CPS_ROLE_SERVER);
@@ -701,25 +702,25 @@ int cps__server_run(const cps_config *cfg)
     openblas_set_num_threads(1);
     cps__tune_malloc();
 
-    cps_store_opts so = {.initial_map_bytes = 0,
-                         .sync_every_commit = cfg->sync_every_commit,
-                         .before_grow = cps__server_cuts_before_grow,
-                         .grow_ctx = &s};
+    cps__store_opts so = {.initial_map_bytes = 0,
+                          .sync_every_commit = cfg->sync_every_commit,
+                          .before_grow = cps__server_cuts_before_grow,
+                          .grow_ctx = &s};
     int rc = open_store(&s, &so);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "server", "cannot open the store in %s: %s", cfg->data_dir,
-                cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "server", "cannot open the store in %s: %s", cfg->data_dir,
+                 cps_strerror(rc));
         return rc;
     }
     if (cfg->reset_data) {
         rc = cps__store_write(s.store, wipe_txn, NULL);
         if (rc != 0) {
-            cps_log(CPS_LOG_ERROR, "server", "cannot empty %s: %s", cfg->data_dir,
-                    cps_strerror(rc));
+            cps__log(CPS_LOG_ERROR, "server", "cannot empty %s: %s", cfg->data_dir,
+                     cps_strerror(rc));
             cps__store_close(s.store);
             return rc;
         }
-        cps_log(CPS_LOG_INFO, "server", "emptied the store in %s (--reset-data)", cfg->data_dir);
+        cps__log(CPS_LOG_INFO, "server", "emptied the store in %s (--reset-data)", cfg->data_dir);
     }
     if ((rc = check_layout(&s)) != 0) {
         cps__store_close(s.store);
@@ -729,9 +730,9 @@ int cps__server_run(const cps_config *cfg)
     cps__store_read(s.store, load_id, &prev);
     cps__store_read(s.store, count_keys, &s);
     if (prev.id)
-        cps_log(CPS_LOG_INFO, "server", "store %s holds %llu keys (%llu values) from node %u",
-                cfg->data_dir, (unsigned long long)s.stats.keys_stored,
-                (unsigned long long)s.stats.values_stored, prev.id);
+        cps__log(CPS_LOG_INFO, "server", "store %s holds %llu keys (%llu values) from node %u",
+                 cfg->data_dir, (unsigned long long)s.stats.keys_stored,
+                 (unsigned long long)s.stats.values_stored, prev.id);
 
     rc = cps__tp_create(cps__node_key(cfg), &s.tp);
     uint16_t port = 0;
@@ -742,15 +743,15 @@ int cps__server_run(const cps_config *cfg)
     if (rc == 0)
         rc = cps__tp_peer_set(s.tp, SCHED_PEER, url);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "server", "transport setup failed: %s", cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "server", "transport setup failed: %s", cps_strerror(rc));
         goto out;
     }
     char addr[CPS_ADDR_MAX];
     rc = cps__make_url(addr, cfg->advertise_host, port);
     if (rc != 0)
         goto out;
-    cps_log(CPS_LOG_INFO, "server", "inbox %s (bound on %s), data in %s, scheduler %s", addr,
-            cfg->bind_host, cfg->data_dir, url);
+    cps__log(CPS_LOG_INFO, "server", "inbox %s (bound on %s), data in %s, scheduler %s", addr,
+             cfg->bind_host, cfg->data_dir, url);
 
     uint32_t stall_ms =
         4 * cfg->dead_after_ms > BEAT_STALL_LIMIT_MS ? 4 * cfg->dead_after_ms : BEAT_STALL_LIMIT_MS;
@@ -761,7 +762,7 @@ int cps__server_run(const cps_config *cfg)
     snprintf(s.sched_url, sizeof s.sched_url, "%s", url);
     snprintf(s.addr, sizeof s.addr, "%s", addr);
     s.saved_id = prev.id;
-    rc = cps_fence_create(cfg->dead_after_ms, cps__now_ms(), &s.fence);
+    rc = cps__fence_create(cfg->dead_after_ms, cps__now_ms(), &s.fence);
     if (rc != 0)
         goto out;
     s.after_apply = cps__server_cuts_after_apply;
@@ -781,14 +782,14 @@ int cps__server_run(const cps_config *cfg)
     rc = rc < 0 ? rc : 0;
     if (!s.poisoned)
         cps__server_flush_acks(&s, 0, 1);
-    cps_log(CPS_LOG_INFO, "server", "stopping: %llu updates applied, %llu bad messages",
-            (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad);
+    cps__log(CPS_LOG_INFO, "server", "stopping: %llu updates applied, %llu bad messages",
+             (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad);
 out:
     cps__loop_tp_detach(&s.inbox);
     cps__loop_destroy(s.loop);
     s.loop = NULL;
     cps__heartbeat_stop(s.beat);
-    cps_fence_destroy(s.fence);
+    cps__fence_destroy(s.fence);
     for (uint32_t i = 0; i < s.nearly; i++)
         cps__rx_free(&s.early[i]);
     free(s.early);
@@ -798,7 +799,7 @@ out:
     cps__server_reap_snapshots(&s, 1);
     cps__server_cuts_tick(&s, cps__now_ms(), 1);
     cps__server_data_fini(&s);
-    cps_chain_destroy(s.chain);
+    cps__chain_destroy(s.chain);
     cps__tp_destroy(s.tp);
     cps__store_close(s.store);
     cps__view_fini(&s.view);

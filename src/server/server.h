@@ -24,114 +24,114 @@ struct snap_job;
 /* A pending checkpoint cut's deadline (cut.c): n counts the cuts this process was asked for. */
 #define CPS_SERVER_T_CUT(n) ((3ull << 32) | (uint32_t)(n))
 
-typedef struct server {
-    cps_config cfg;
-    cps_tp *tp;
-    cps_store *store;
+typedef struct cps__server {
+    cps__config cfg;
+    cps__tp *tp;
+    cps__store *store;
     uint32_t id;
     uint32_t rank;
-    cps_view view;
-    cps_fence *fence; /* our standing: joined, unsure, fenced (recovery/fence.h) */
+    cps__view view;
+    cps__fence *fence; /* our standing: joined, unsure, fenced (recovery/fence.h) */
     int shutdown;
-    cps_node_stats stats;
+    cps__node_stats stats;
     /* Sync steps being gathered at the heads we are (created at the first sync push). */
-    cps_sync *sync;
+    cps__sync *sync;
     /* SSP clocks of every range and the pulls they hold back (with the chain). */
-    cps_ssp *ssp;
+    cps__ssp *ssp;
     /* Chain replication state machine of every range this server holds. */
-    cps_chain *chain;
+    cps__chain *chain;
     int poisoned;  /* a store write failed: state unknown, the server must leave */
     int disk_full; /* a store write failed with CPS_ENOSPC: leave, saying so */
     int refused;   /* our data directory belongs to another job: leave with this error */
     /* Requests that arrived before our own WELCOME (workers can hear theirs first). */
-    cps_rx *early;
+    cps__rx *early;
     uint32_t nearly;
-    cps_temp_peers temps; /* `chainps status --verify` and other non-members */
-    uint64_t boot_id;     /* this process's incarnation, sent with HELLO */
-    cps_joiner *joiner;   /* ranges we copy from their tails (recovery/joiner.h, transfer.c) */
+    cps__temp_peers temps; /* `chainps status --verify` and other non-members */
+    uint64_t boot_id;      /* this process's incarnation, sent with HELLO */
+    cps__joiner *joiner;   /* ranges we copy from their tails (recovery/joiner.h, transfer.c) */
     /* Messages from a view epoch we have not installed yet, held until we have it (dropping
      * them would cost the sender a re-send timeout in the middle of a failover). */
-    cps_rx *future;
+    cps__rx *future;
     uint32_t nfuture;
     struct snap_job *snaps; /* snapshots being sent by threads */
     struct cut_job *cuts;   /* checkpoint read views, pending or served by threads (cut.c) */
     uint32_t cuts_made;     /* names each cut's deadline timer */
     /* CHAIN_ACKs held back for a moment before they are sent (replication/ackhold.h). */
-    cps_ackhold *acks;
-    cps_heartbeat *beat; /* the heartbeat thread (node/heartbeat.c) */
+    cps__ackhold *acks;
+    cps__heartbeat *beat; /* the heartbeat thread (node/heartbeat.c) */
     /* Called after each applied update while checkpoint cuts are open (cut.c's
      * cps__server_cuts_after_apply, set by server.c): the data path does not call up into the
      * checkpoint code it serves. */
-    void (*after_apply)(struct server *s, uint32_t range);
-    cps_loop *loop; /* the event loop (server.c): the inbox, timers, per-turn work */
-    cps_loop_tp inbox;
+    void (*after_apply)(struct cps__server *s, uint32_t range);
+    cps__loop *loop; /* the event loop (server.c): the inbox, timers, per-turn work */
+    cps__loop_tp inbox;
     int result;      /* why the loop stopped, returned by cps__server_run */
     int join_failed; /* the scheduler never answered our HELLO */
     uint64_t join_start_ms;
     uint32_t saved_id;       /* the node id recorded in the store */
     char addr[CPS_ADDR_MAX]; /* our inbox, as the HELLO names it */
     char sched_url[CPS_ADDR_MAX + 16];
-} server;
+} cps__server;
 
 /* Data path (update.c). Each takes ownership of rx. */
-void cps__server_on_declare(server *s, cps_rx *rx);
-void cps__server_on_push(server *s, cps_rx *rx);
-void cps__server_on_pull(server *s, cps_rx *rx);
+void cps__server_on_declare(cps__server *s, cps__rx *rx);
+void cps__server_on_push(cps__server *s, cps__rx *rx);
+void cps__server_on_pull(cps__server *s, cps__rx *rx);
 /* A FWD or CHAIN_ACK from another server (takes rx). */
-void cps__server_on_chain(server *s, cps_rx *rx);
+void cps__server_on_chain(cps__server *s, cps__rx *rx);
 /* Create the chain state machine (once the node id is known). */
-int cps__server_chain_init(server *s);
+int cps__server_chain_init(cps__server *s);
 /* Set the SSP clocks of `range` to those in the store (SSP mode only; else a no-op). */
-int cps__server_ssp_load(server *s, uint32_t range);
+int cps__server_ssp_load(cps__server *s, uint32_t range);
 /* Perform the chain state machine's pending actions. */
-void cps__server_run_actions(server *s);
+void cps__server_run_actions(cps__server *s);
 /* State transfer (transfer.c). Each takes rx. */
-void cps__server_on_snap_req(server *s, cps_rx *rx);
-void cps__server_on_join_range(server *s, cps_rx *rx);
-void cps__server_on_snap(server *s, cps_rx *rx);
+void cps__server_on_snap_req(cps__server *s, cps__rx *rx);
+void cps__server_on_join_range(cps__server *s, cps__rx *rx);
+void cps__server_on_snap(cps__server *s, cps__rx *rx);
 /* Join finished snapshot threads (all of them, waiting, when `wait`). */
-void cps__server_reap_snapshots(server *s, int wait);
+void cps__server_reap_snapshots(cps__server *s, int wait);
 /* A view was installed (after the chain's): joins under way it ends are given up. Creates the
  * joiner at the first view. */
-void cps__server_joins_view(server *s);
+void cps__server_joins_view(cps__server *s);
 /* Abandon joins that made no progress in time, re-ask for snapshots, confirm joins. */
-void cps__server_check_joins(server *s, uint64_t now);
+void cps__server_check_joins(cps__server *s, uint64_t now);
 /* Send the held CHAIN_ACKs that are due (all of them when `force`). */
-void cps__server_flush_acks(server *s, uint64_t now, int force);
+void cps__server_flush_acks(cps__server *s, uint64_t now, int force);
 /* Milliseconds the event loop may sleep before held acks are due (`max_ms` if none). */
-int cps__server_ack_wait_ms(const server *s, uint64_t now, int max_ms);
+int cps__server_ack_wait_ms(const cps__server *s, uint64_t now, int max_ms);
 /* Timer: re-send overdue FWDs. */
-void cps__server_tick(server *s, uint64_t now);
+void cps__server_tick(cps__server *s, uint64_t now);
 /* Install the new view in the chain, re-check sync slots and parked pulls. */
-void cps__server_view_changed(server *s);
+void cps__server_view_changed(cps__server *s);
 /* Free every slot and parked pull. */
-void cps__server_data_fini(server *s);
+void cps__server_data_fini(cps__server *s);
 
 /* Checkpoints (cut.c): requests from a checkpoint tool. on_put takes rx; the others do not. */
-void cps__server_on_cut_probe(server *s, cps_rx *rx);
-void cps__server_on_cut_open(server *s, cps_rx *rx);
-void cps__server_on_put(server *s, cps_rx *rx);
+void cps__server_on_cut_probe(cps__server *s, cps__rx *rx);
+void cps__server_on_cut_open(cps__server *s, cps__rx *rx);
+void cps__server_on_put(cps__server *s, cps__rx *rx);
 /* After an update of `range` is applied: open the cuts waiting for that range's step. */
-void cps__server_cuts_after_apply(server *s, uint32_t range);
+void cps__server_cuts_after_apply(cps__server *s, uint32_t range);
 /* The store must grow its map, which waits for every read transaction: end the open cuts now
  * (their exports fail and are tried again) rather than stall the event loop until they end.
  * ctx is the server. */
 void cps__server_cuts_before_grow(void *ctx);
 /* Timer: join finished cut threads, drop expired waits; stop_all ends every cut (waiting). */
-void cps__server_cuts_tick(server *s, uint64_t now, int stop_all);
+void cps__server_cuts_tick(cps__server *s, uint64_t now, int stop_all);
 
 /* Reply helpers (reply.c). */
-void cps__server_reply_error(server *s, const cps_msg_hdr *req, int err, const char *fmt, ...)
+void cps__server_reply_error(cps__server *s, const cps__msg_hdr *req, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-void cps__server_reply_ack(server *s, const cps_msg_hdr *req);
+void cps__server_reply_ack(cps__server *s, const cps__msg_hdr *req);
 /* Check that the request's epoch is current and that this server holds the range (as head for
  * updates, as tail for pulls); replies with the error and returns non-zero otherwise. */
-int cps__server_check_request(server *s, const cps_msg_hdr *h);
+int cps__server_check_request(cps__server *s, const cps__msg_hdr *h);
 /* Ask the scheduler for the current view (the answer arrives as a VIEW message). */
-void cps__server_ask_view(server *s);
+void cps__server_ask_view(cps__server *s);
 /* Rank of worker node `id`, or UINT32_MAX if it is not a worker of the view. */
-uint32_t cps__server_worker_rank(const server *s, uint32_t id);
+uint32_t cps__server_worker_rank(const cps__server *s, uint32_t id);
 /* Number of live workers in the view. */
-uint32_t cps__server_live_workers(const server *s);
+uint32_t cps__server_live_workers(const cps__server *s);
 
 #endif

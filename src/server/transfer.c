@@ -33,7 +33,7 @@
 
 typedef struct snap_job {
     struct snap_job *next;
-    cps_store *store;
+    cps__store *store;
     uint32_t self, joiner, range;
     uint64_t join_id;
     uint64_t epoch, lo, hi;
@@ -46,7 +46,7 @@ typedef struct snap_job {
     uint64_t done_ms;
     int rc;
     /* the chunk being filled */
-    cps_tp *tp;
+    cps__tp *tp;
     unsigned char *buf;
     size_t used;
     uint64_t seq, step, bytes, records;
@@ -54,7 +54,7 @@ typedef struct snap_job {
 
 static int job_flush(snap_job *j, int last)
 {
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = CPS_MSG_SNAP;
     h.sender = j->self;
     h.epoch = j->epoch;
@@ -88,7 +88,7 @@ static int job_room(snap_job *j, size_t need)
     return 0;
 }
 
-static int put_param(void *arg, uint64_t key, const cps_param_rec *rec)
+static int put_param(void *arg, uint64_t key, const cps__param_rec *rec)
 {
     snap_job *j = arg;
     size_t slots = cps__optim_state_slots(rec->spec.opt_kind);
@@ -147,10 +147,10 @@ static int put_named(void *arg, const char *name, const void *val, size_t len)
     return 0;
 }
 
-static int snap_txn(cps_txn *txn, void *arg)
+static int snap_txn(cps__txn *txn, void *arg)
 {
     snap_job *j = arg;
-    cps_range_meta m;
+    cps__range_meta m;
     int rc = cps__store_range_get(txn, j->range, &m);
     if (rc != 0)
         return rc;
@@ -188,14 +188,14 @@ static void *snap_main(void *arg)
         rc = job_flush(j, 1);
     uint64_t ms = cps__now_ms() - t0;
     if (rc == 0)
-        cps_log(CPS_LOG_INFO, "server",
-                "range %u: snapshot at seq %llu sent to node %u: %llu "
-                "records, %.1f MB in %llu ms (%.0f MB/s)",
-                j->range, (unsigned long long)j->seq, j->joiner, (unsigned long long)j->records,
-                j->bytes / 1e6, (unsigned long long)ms, ms ? j->bytes / 1e3 / (double)ms : 0.0);
+        cps__log(CPS_LOG_INFO, "server",
+                 "range %u: snapshot at seq %llu sent to node %u: %llu "
+                 "records, %.1f MB in %llu ms (%.0f MB/s)",
+                 j->range, (unsigned long long)j->seq, j->joiner, (unsigned long long)j->records,
+                 j->bytes / 1e6, (unsigned long long)ms, ms ? j->bytes / 1e3 / (double)ms : 0.0);
     else
-        cps_log(CPS_LOG_ERROR, "server", "range %u: snapshot for node %u failed: %s", j->range,
-                j->joiner, cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "server", "range %u: snapshot for node %u failed: %s", j->range,
+                 j->joiner, cps_strerror(rc));
     /* The socket stays open: nanomsg drops what has not left yet when a socket closes, and the
      * last chunk may still be in its buffers. The reaper closes it once the joiner is in the
      * chain (so it had everything) or after a while. */
@@ -207,10 +207,10 @@ static void *snap_main(void *arg)
     return NULL;
 }
 
-void cps__server_on_snap_req(server *s, cps_rx *rx)
+void cps__server_on_snap_req(cps__server *s, cps__rx *rx)
 {
     uint32_t r = rx->hdr.range;
-    const cps_node_info *joiner = cps__view_node(&s->view, rx->hdr.sender);
+    const cps__node_info *joiner = cps__view_node(&s->view, rx->hdr.sender);
     if (rx->hdr.epoch > s->view.epoch) {
         /* The joiner knows a newer view: we may no longer be the tail. It asks again. */
         cps__server_ask_view(s);
@@ -223,11 +223,11 @@ void cps__server_on_snap_req(server *s, cps_rx *rx)
             return;
         }
     if (r >= s->view.nranges || !joiner || joiner->role != CPS_ROLE_SERVER ||
-        !cps_chain_is_tail(s->chain, r)) {
-        cps_log(CPS_LOG_WARN, "server",
-                "snapshot request for range %u from node %u refused "
-                "(not the tail, or not a server)",
-                r, rx->hdr.sender);
+        !cps__chain_is_tail(s->chain, r)) {
+        cps__log(CPS_LOG_WARN, "server",
+                 "snapshot request for range %u from node %u refused "
+                 "(not the tail, or not a server)",
+                 r, rx->hdr.sender);
         cps__rx_free(rx);
         return;
     }
@@ -250,23 +250,23 @@ void cps__server_on_snap_req(server *s, cps_rx *rx)
     /* From here on the joiner also receives every update this tail applies; the snapshot,
      * taken a moment later, is at that sequence number or beyond: the joiner skips what the
      * snapshot already holds. */
-    int rc = cps_chain_add_shadow(s->chain, r, joiner->id, j->join_id, cps__now_ms());
+    int rc = cps__chain_add_shadow(s->chain, r, joiner->id, j->join_id, cps__now_ms());
     if (rc == CPS_ESTALE_EPOCH) {
         /* A late request of a join the scheduler has replaced since (e.g. sent by the node in
          * an earlier life): serving it would displace the current joiner. */
-        cps_log(CPS_LOG_WARN, "server",
-                "range %u: snapshot request of node %u for join %llu refused: a later join "
-                "of the range is under way",
-                r, j->joiner, (unsigned long long)j->join_id);
+        cps__log(CPS_LOG_WARN, "server",
+                 "range %u: snapshot request of node %u for join %llu refused: a later join "
+                 "of the range is under way",
+                 r, j->joiner, (unsigned long long)j->join_id);
         free(j);
     } else if (rc == 0 && pthread_create(&j->thread, NULL, snap_main, j) == 0) {
         j->started = 1;
         j->next = s->snaps;
         s->snaps = j;
-        cps_log(CPS_LOG_INFO, "server", "range %u: sending a snapshot to node %u", r, j->joiner);
+        cps__log(CPS_LOG_INFO, "server", "range %u: sending a snapshot to node %u", r, j->joiner);
     } else {
-        cps_log(CPS_LOG_ERROR, "server", "range %u: cannot start a snapshot for node %u: %s", r,
-                j->joiner, cps_strerror(rc ? rc : CPS_ENOMEM));
+        cps__log(CPS_LOG_ERROR, "server", "range %u: cannot start a snapshot for node %u: %s", r,
+                 j->joiner, cps_strerror(rc ? rc : CPS_ENOMEM));
         free(j);
     }
     cps__rx_free(rx);
@@ -275,19 +275,19 @@ void cps__server_on_snap_req(server *s, cps_rx *rx)
 #define SNAP_SOCKET_LINGER_MS 30000
 
 /* 1 once the joiner of job j is a member of the range's chain: it had the whole snapshot. */
-static int joiner_in_chain(const server *s, const snap_job *j)
+static int joiner_in_chain(const cps__server *s, const snap_job *j)
 {
     if (j->range >= s->view.nranges)
         return 0;
-    const cps_range *rg = &s->view.ranges[j->range];
+    const cps__range *rg = &s->view.ranges[j->range];
     for (uint32_t k = 0; k < rg->chain_len; k++)
         if (rg->chain[k] == j->joiner)
             return 1;
-    const cps_node_info *n = cps__view_node(&s->view, j->joiner);
+    const cps__node_info *n = cps__view_node(&s->view, j->joiner);
     return !n || !n->alive; /* gone: nothing to wait for */
 }
 
-void cps__server_reap_snapshots(server *s, int wait)
+void cps__server_reap_snapshots(cps__server *s, int wait)
 {
     snap_job **pp = &s->snaps;
     uint64_t now = cps__now_ms();
@@ -311,7 +311,7 @@ void cps__server_reap_snapshots(server *s, int wait)
 /* Write one SNAP chunk (entries.c) in its own transaction; *seq: the range's sequence number
  * when it was the last. */
 typedef struct install_io {
-    server *s;
+    cps__server *s;
     uint32_t range;
     const void *buf;
     size_t len;
@@ -319,7 +319,7 @@ typedef struct install_io {
     uint64_t seq;
 } install_io;
 
-static int install_txn(cps_txn *txn, void *arg)
+static int install_txn(cps__txn *txn, void *arg)
 {
     install_io *io = arg;
     return cps__server_install_entries(txn, io->s, io->range, io->buf, io->len, io->last, &io->seq);
@@ -330,7 +330,7 @@ typedef struct clear_io {
     uint64_t lo, hi;
 } clear_io;
 
-static int clear_txn(cps_txn *txn, void *arg)
+static int clear_txn(cps__txn *txn, void *arg)
 {
     clear_io *c = arg;
     char prefix[32];
@@ -340,14 +340,14 @@ static int clear_txn(cps_txn *txn, void *arg)
 
 static int can_serve(void *ctx, uint32_t range)
 {
-    return cps_chain_can_serve_pull(((server *)ctx)->chain, range);
+    return cps__chain_can_serve_pull(((cps__server *)ctx)->chain, range);
 }
 
 /* BEGIN: forget our copy of the range (chain state and store). */
-static int begin_join(server *s, uint32_t r, uint32_t source)
+static int begin_join(cps__server *s, uint32_t r, uint32_t source)
 {
     clear_io c = {r, s->view.ranges[r].lo, s->view.ranges[r].hi};
-    int rc = cps_chain_begin_join(s->chain, r, source);
+    int rc = cps__chain_begin_join(s->chain, r, source);
     if (rc == 0)
         rc = cps__store_write(s->store, clear_txn, &c);
     return rc;
@@ -355,59 +355,59 @@ static int begin_join(server *s, uint32_t r, uint32_t source)
 
 /* READY: the snapshot's SSP clocks, before the updates after it move them further; then the
  * updates the source forwarded since the snapshot. */
-static int join_ready(server *s, uint32_t r, uint64_t snap_seq, uint64_t *applied)
+static int join_ready(cps__server *s, uint32_t r, uint64_t snap_seq, uint64_t *applied)
 {
     int rc = cps__server_ssp_load(s, r);
     if (rc == 0) {
-        rc = cps_chain_join_ready(s->chain, r, snap_seq, cps__now_ms());
+        rc = cps__chain_join_ready(s->chain, r, snap_seq, cps__now_ms());
         cps__server_run_actions(s);
     }
-    *applied = cps_chain_applied(s->chain, r);
+    *applied = cps__chain_applied(s->chain, r);
     if (rc == 0)
-        cps_log(CPS_LOG_INFO, "server",
-                "range %u: snapshot at seq %llu installed (%.1f MB), caught up to seq %llu", r,
-                (unsigned long long)snap_seq, cps_joiner_bytes(s->joiner, r) / 1e6,
-                (unsigned long long)*applied);
+        cps__log(CPS_LOG_INFO, "server",
+                 "range %u: snapshot at seq %llu installed (%.1f MB), caught up to seq %llu", r,
+                 (unsigned long long)snap_seq, cps__joiner_bytes(s->joiner, r) / 1e6,
+                 (unsigned long long)*applied);
     return rc;
 }
 
 /* Perform the joiner's actions (recovery/joiner.h). BEGIN, INSTALL and READY end their batch:
  * their outcome, reported to the joiner, hands back the next one. snap: the SNAP chunk the
  * joiner just took, or NULL. */
-static void run_joiner(server *s, const cps_rx *snap)
+static void run_joiner(cps__server *s, const cps__rx *snap)
 {
-    const cps_joiner_action *a;
-    size_t n = s->joiner ? cps_joiner_actions(s->joiner, &a) : 0;
+    const cps__joiner_action *a;
+    size_t n = s->joiner ? cps__joiner_actions(s->joiner, &a) : 0;
     for (size_t i = 0; i < n; i++) {
         uint32_t r = a[i].range;
         int rc;
         uint64_t value = 0;
         switch (a[i].kind) {
         case CPS_JA_SEND: {
-            cps_msg_hdr h = a[i].hdr; /* the send fills in the payload length */
+            cps__msg_hdr h = a[i].hdr; /* the send fills in the payload length */
             rc = cps__msg_send(s->tp, a[i].to, &h, NULL, 0);
             if (rc != 0 && a[i].hdr.type == CPS_MSG_SNAP_REQ)
-                cps_log(CPS_LOG_WARN, "server",
-                        "range %u: asking node %u for a snapshot failed: %s", r, a[i].to,
-                        cps_strerror(rc));
+                cps__log(CPS_LOG_WARN, "server",
+                         "range %u: asking node %u for a snapshot failed: %s", r, a[i].to,
+                         cps_strerror(rc));
             continue;
         }
         case CPS_JA_ASK_VIEW:
             cps__server_ask_view(s);
             continue;
         case CPS_JA_ABORT:
-            cps_chain_join_abort(s->chain, r);
+            cps__chain_join_abort(s->chain, r);
             if (a[i].why)
-                cps_log(CPS_LOG_ERROR, "server",
-                        "range %u: joining failed (%s: %s); the scheduler will try again", r,
-                        a[i].why, cps_strerror(a[i].status));
+                cps__log(CPS_LOG_ERROR, "server",
+                         "range %u: joining failed (%s: %s); the scheduler will try again", r,
+                         a[i].why, cps_strerror(a[i].status));
             continue;
         case CPS_JA_BEGIN:
             rc = begin_join(s, r, a[i].source);
             if (rc == 0)
-                cps_log(CPS_LOG_INFO, "server",
-                        "range %u: joining (join %llu); copying it from node %u", r,
-                        (unsigned long long)a[i].seq, a[i].source);
+                cps__log(CPS_LOG_INFO, "server",
+                         "range %u: joining (join %llu); copying it from node %u", r,
+                         (unsigned long long)a[i].seq, a[i].source);
             break;
         case CPS_JA_INSTALL: {
             install_io io = {s, r, snap->payload, snap->len, a[i].last, 0};
@@ -424,54 +424,54 @@ static void run_joiner(server *s, const cps_rx *snap)
         /* A full disk does not clear itself: joining again would fail again, unseen. */
         if (rc == CPS_ENOSPC)
             s->disk_full = 1;
-        cps_joiner_result(s->joiner, r, rc, value, cps__now_ms());
-        n = cps_joiner_actions(s->joiner, &a);
+        cps__joiner_result(s->joiner, r, rc, value, cps__now_ms());
+        n = cps__joiner_actions(s->joiner, &a);
         i = (size_t)-1; /* the next batch, from its start */
     }
 }
 
-void cps__server_joins_view(server *s)
+void cps__server_joins_view(cps__server *s)
 {
     if (!s->joiner) {
-        cps_joiner_config cfg = {.self = s->id,
-                                 .nranges = s->view.nranges,
-                                 .timeout_ms = JOIN_TIMEOUT_MS,
-                                 .snap_retry_ms = SNAP_RETRY_MS,
-                                 /* The simulator's rule: ignoring a stale or early order is
-                                  * safe over one in-order connection too, and covers orders
-                                  * from a scheduler's earlier life still queued. */
-                                 .orders_may_reorder = 1};
-        int rc = cps_joiner_create(&cfg, &s->joiner);
+        cps__joiner_config cfg = {.self = s->id,
+                                  .nranges = s->view.nranges,
+                                  .timeout_ms = JOIN_TIMEOUT_MS,
+                                  .snap_retry_ms = SNAP_RETRY_MS,
+                                  /* The simulator's rule: ignoring a stale or early order is
+                                   * safe over one in-order connection too, and covers orders
+                                   * from a scheduler's earlier life still queued. */
+                                  .orders_may_reorder = 1};
+        int rc = cps__joiner_create(&cfg, &s->joiner);
         if (rc != 0) {
-            cps_log(CPS_LOG_ERROR, "server", "cannot keep track of joins: %s", cps_strerror(rc));
+            cps__log(CPS_LOG_ERROR, "server", "cannot keep track of joins: %s", cps_strerror(rc));
             return;
         }
     }
-    if (cps_joiner_view(s->joiner, &s->view, cps__now_ms()) > 0)
+    if (cps__joiner_view(s->joiner, &s->view, cps__now_ms()) > 0)
         run_joiner(s, NULL);
 }
 
-void cps__server_on_join_range(server *s, cps_rx *rx)
+void cps__server_on_join_range(cps__server *s, cps__rx *rx)
 {
     if (s->joiner)
-        cps_joiner_order(s->joiner, &s->view, rx->hdr.range, (uint32_t)rx->hdr.aux, rx->hdr.step,
-                         rx->hdr.epoch, cps__now_ms());
+        cps__joiner_order(s->joiner, &s->view, rx->hdr.range, (uint32_t)rx->hdr.aux, rx->hdr.step,
+                          rx->hdr.epoch, cps__now_ms());
     run_joiner(s, NULL);
     cps__rx_free(rx);
 }
 
-void cps__server_on_snap(server *s, cps_rx *rx)
+void cps__server_on_snap(cps__server *s, cps__rx *rx)
 {
     uint32_t r = rx->hdr.range;
-    int joining = r < s->view.nranges && cps_chain_joining(s->chain, r);
-    if (s->joiner && cps_joiner_snap(s->joiner, rx->hdr.sender, r, rx->hdr.step, rx->hdr.aux == 1,
-                                     rx->len, joining, cps__now_ms()) > 0)
+    int joining = r < s->view.nranges && cps__chain_joining(s->chain, r);
+    if (s->joiner && cps__joiner_snap(s->joiner, rx->hdr.sender, r, rx->hdr.step, rx->hdr.aux == 1,
+                                      rx->len, joining, cps__now_ms()) > 0)
         run_joiner(s, rx);
     cps__rx_free(rx);
 }
 
-void cps__server_check_joins(server *s, uint64_t now)
+void cps__server_check_joins(cps__server *s, uint64_t now)
 {
-    if (s->joiner && cps_joiner_tick(s->joiner, now, can_serve, s) > 0)
+    if (s->joiner && cps__joiner_tick(s->joiner, now, can_serve, s) > 0)
         run_joiner(s, NULL);
 }

@@ -33,22 +33,22 @@ typedef struct meta_read {
     uint64_t value;
 } meta_read;
 
-static int read_range_seq(cps_txn *txn, void *arg)
+static int read_range_seq(cps__txn *txn, void *arg)
 {
     meta_read *m = arg;
-    cps_range_meta rm;
+    cps__range_meta rm;
     int rc = cps__store_range_get(txn, m->range, &rm);
     m->value = rc == 0 ? rm.seq : 0;
     return rc;
 }
 
-static int read_dedup(cps_txn *txn, void *arg)
+static int read_dedup(cps__txn *txn, void *arg)
 {
     meta_read *m = arg;
     return cps__store_dedup_get(txn, m->range, m->worker, &m->value);
 }
 
-static int read_agg(cps_txn *txn, void *arg)
+static int read_agg(cps__txn *txn, void *arg)
 {
     meta_read *m = arg;
     char name[64];
@@ -63,7 +63,7 @@ static int read_agg(cps_txn *txn, void *arg)
 static int op_range_seq(void *ctx, uint32_t range, uint64_t *seq)
 {
     meta_read m = {.range = range};
-    int rc = cps__store_read(((server *)ctx)->store, read_range_seq, &m);
+    int rc = cps__store_read(((cps__server *)ctx)->store, read_range_seq, &m);
     *seq = m.value;
     return rc;
 }
@@ -71,7 +71,7 @@ static int op_range_seq(void *ctx, uint32_t range, uint64_t *seq)
 static int op_dedup(void *ctx, uint32_t range, uint32_t worker, uint64_t *seq)
 {
     meta_read m = {.range = range, .worker = worker};
-    int rc = cps__store_read(((server *)ctx)->store, read_dedup, &m);
+    int rc = cps__store_read(((cps__server *)ctx)->store, read_dedup, &m);
     *seq = m.value;
     return rc;
 }
@@ -79,7 +79,7 @@ static int op_dedup(void *ctx, uint32_t range, uint32_t worker, uint64_t *seq)
 static int op_agg_step(void *ctx, uint32_t range, uint64_t sig, uint64_t *step)
 {
     meta_read m = {.range = range, .sig = sig};
-    int rc = cps__store_read(((server *)ctx)->store, read_agg, &m);
+    int rc = cps__store_read(((cps__server *)ctx)->store, read_agg, &m);
     *step = m.value;
     return rc;
 }
@@ -91,13 +91,13 @@ static void op_drop_cookie(void *ctx, void *cookie)
     free(cookie);
 }
 
-static const cps_chain_store_ops chain_store_ops = {op_range_seq, op_dedup, op_agg_step,
-                                                    op_drop_cookie};
+static const cps__chain_store_ops chain_store_ops = {op_range_seq, op_dedup, op_agg_step,
+                                                     op_drop_cookie};
 
 static void parked_pull_free(void *ctx, void *cookie);
 
 typedef struct clock_load {
-    server *s;
+    cps__server *s;
     uint32_t range;
 } clock_load;
 
@@ -105,50 +105,50 @@ static int load_clock(void *arg, uint32_t id, uint64_t value)
 {
     clock_load *l = arg;
     if ((id & (CPS_DEDUP_CLOCK_BIT | CPS_DEDUP_SPARSE_BIT)) == CPS_DEDUP_CLOCK_BIT)
-        cps_ssp_pushed(l->s->ssp, &l->s->view, l->range, id & ~CPS_DEDUP_CLOCK_BIT, value);
+        cps__ssp_pushed(l->s->ssp, &l->s->view, l->range, id & ~CPS_DEDUP_CLOCK_BIT, value);
     return 0;
 }
 
-static int load_clocks(cps_txn *txn, void *arg)
+static int load_clocks(cps__txn *txn, void *arg)
 {
     return cps__store_dedup_scan(txn, ((clock_load *)arg)->range, load_clock, arg);
 }
 
-static void wake_parked(server *s);
+static void wake_parked(cps__server *s);
 
 /* Clocks that moved may release parked pulls, as an applied update does (simulator --mode ssp
  * seed 10250: a pull parked before the range was copied again waited for the next update). */
-int cps__server_ssp_load(server *s, uint32_t range)
+int cps__server_ssp_load(cps__server *s, uint32_t range)
 {
     if (!s->ssp || s->view.mode != CPS_MODE_SSP)
         return 0;
-    cps_ssp_forget_range(s->ssp, range);
+    cps__ssp_forget_range(s->ssp, range);
     clock_load l = {s, range};
     int rc = cps__store_read(s->store, load_clocks, &l);
-    if (cps_ssp_parked(s->ssp))
+    if (cps__ssp_parked(s->ssp))
         wake_parked(s);
     return rc;
 }
 
 /* Created once our node id is known (at the first view), with the SSP gate of its ranges, whose
  * clocks start where the store has them (a restarted server holds the pushes it applied). */
-int cps__server_chain_init(server *s)
+int cps__server_chain_init(cps__server *s)
 {
-    cps_chain_config cc = {.self = s->id, .resend_ms = 200, .max_unacked = 1024};
-    int rc = s->ssp ? 0 : cps_ssp_create(parked_pull_free, NULL, &s->ssp);
+    cps__chain_config cc = {.self = s->id, .resend_ms = 200, .max_unacked = 1024};
+    int rc = s->ssp ? 0 : cps__ssp_create(parked_pull_free, NULL, &s->ssp);
     for (uint32_t r = 0; rc == 0 && r < s->view.nranges; r++)
         rc = cps__server_ssp_load(s, r);
-    return rc ? rc : cps_chain_create(&cc, &chain_store_ops, s, &s->chain);
+    return rc ? rc : cps__chain_create(&cc, &chain_store_ops, s, &s->chain);
 }
 
 /* ---- replies ---- */
 
 typedef struct read_io {
-    const cps_kv *kv;
+    const cps__kv *kv;
     float *out;
 } read_io;
 
-static int read_values(cps_txn *txn, void *arg)
+static int read_values(cps__txn *txn, void *arg)
 {
     read_io *r = arg;
     float *p = r->out;
@@ -161,8 +161,8 @@ static int read_values(cps_txn *txn, void *arg)
     return 0;
 }
 
-static void reply_header(server *s, cps_msg_hdr *h, uint8_t type, uint32_t worker, uint64_t req_seq,
-                         uint32_t range, uint64_t step)
+static void reply_header(cps__server *s, cps__msg_hdr *h, uint8_t type, uint32_t worker,
+                         uint64_t req_seq, uint32_t range, uint64_t step)
 {
     memset(h, 0, sizeof *h);
     h->type = type;
@@ -176,15 +176,15 @@ static void reply_header(server *s, cps_msg_hdr *h, uint8_t type, uint32_t worke
 }
 
 /* Send `worker` the current values of kv's keys as the reply to its request. */
-static void reply_values(server *s, const cps_msg_hdr *rh, const cps_kv *kv)
+static void reply_values(cps__server *s, const cps__msg_hdr *rh, const cps__kv *kv)
 {
     uint64_t nvals = 0;
     for (uint32_t i = 0; i < kv->nkeys; i++)
         nvals += kv->lens[i];
     size_t len = cps__wire_kv_size(kv->nkeys, nvals);
-    cps_msg_hdr h = *rh;
+    cps__msg_hdr h = *rh;
     /* rh is our reply, sent by us: an error goes to the worker it was for. */
-    cps_msg_hdr req = *rh;
+    cps__msg_hdr req = *rh;
     req.sender = rh->req_worker;
     void *buf = cps__msg_alloc(&h, len);
     if (!buf) {
@@ -206,16 +206,16 @@ static void reply_values(server *s, const cps_msg_hdr *rh, const cps_kv *kv)
     rc = cps__tp_send(s->tp, rh->req_worker, buf, CPS_WIRE_HDR_SIZE + len);
     if (rc != 0) {
         cps__tp_free(buf);
-        cps_log(CPS_LOG_WARN, "server", "reply to node %u failed: %s", rh->req_worker,
-                cps_strerror(rc));
+        cps__log(CPS_LOG_WARN, "server", "reply to node %u failed: %s", rh->req_worker,
+                 cps_strerror(rc));
     }
 }
 
 /* Answer one request: ACK (with `aux`), or the values of `kv` for a push-pull. */
-static void reply_request_aux(server *s, uint8_t type, uint32_t worker, uint64_t req_seq,
-                              uint32_t range, uint64_t step, const cps_kv *kv, uint64_t aux)
+static void reply_request_aux(cps__server *s, uint8_t type, uint32_t worker, uint64_t req_seq,
+                              uint32_t range, uint64_t step, const cps__kv *kv, uint64_t aux)
 {
-    cps_msg_hdr h;
+    cps__msg_hdr h;
     if (type == CPS_MSG_PUSH_PULL && kv) {
         reply_header(s, &h, CPS_MSG_VALUES, worker, req_seq, range, step);
         reply_values(s, &h, kv);
@@ -225,15 +225,15 @@ static void reply_request_aux(server *s, uint8_t type, uint32_t worker, uint64_t
     h.aux = aux;
     int rc = cps__msg_send(s->tp, worker, &h, NULL, 0);
     if (rc != 0)
-        cps_log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", worker, cps_strerror(rc));
+        cps__log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", worker, cps_strerror(rc));
 }
 
 /* ---- SSP clocks and parked pulls (replication/ssp.c decides; this answers) ---- */
 
 /* A pull waiting for the slowest worker, as the gate holds it: the received message. */
 typedef struct parked_pull {
-    cps_rx rx;
-    cps_kv kv;
+    cps__rx rx;
+    cps__kv kv;
 } parked_pull;
 
 static void parked_pull_free(void *ctx, void *cookie)
@@ -244,24 +244,24 @@ static void parked_pull_free(void *ctx, void *cookie)
     free(p);
 }
 
-static int pull_may_proceed(server *s, uint32_t range, uint64_t clock, uint32_t worker)
+static int pull_may_proceed(cps__server *s, uint32_t range, uint64_t clock, uint32_t worker)
 {
-    return cps_ssp_may_proceed(s->ssp, &s->view, range, clock, worker);
+    return cps__ssp_may_proceed(s->ssp, &s->view, range, clock, worker);
 }
 
-static uint64_t keyset_sig(const cps_kv *kv);
+static uint64_t keyset_sig(const cps__kv *kv);
 
 /* The step a DECLARE answers with, where a worker joining a running job starts counting. Sync:
  * the last step applied to the key set, so its first push joins the step the others are on.
- * SSP: a replacement's clock in the range (cps_ssp_declared placed it), else 0. Async: 0. */
-static uint64_t declare_step(server *s, uint32_t range, uint32_t worker, const void *body,
+ * SSP: a replacement's clock in the range (cps__ssp_declared placed it), else 0. Async: 0. */
+static uint64_t declare_step(cps__server *s, uint32_t range, uint32_t worker, const void *body,
                              size_t len)
 {
     if (s->view.mode == CPS_MODE_SSP)
-        return cps_ssp_declare_step(s->ssp, &s->view, range, worker);
-    cps_kv kv;
+        return cps__ssp_declare_step(s->ssp, &s->view, range, worker);
+    cps__kv kv;
     const uint64_t *offsets;
-    cps_param_spec spec;
+    cps__param_spec spec;
     if (!body || cps__wire_declare_decode(body, len, &kv, &offsets, &spec) != 0)
         return 0;
     uint64_t step = 0;
@@ -274,22 +274,22 @@ static uint64_t declare_step(server *s, uint32_t range, uint32_t worker, const v
  * head or middle (a joiner appended after us), when our store holds updates the tail has not
  * applied, and reading them here would read uncommitted values (simulator, --mode ssp, seed 6).
  * Such a pull is refused with EAGAIN: the worker asks the tail of its view again. */
-static void wake_parked(server *s)
+static void wake_parked(cps__server *s)
 {
     void *const *released;
-    cps_ssp_wake(s->ssp, &s->view);
-    size_t n = cps_ssp_released(s->ssp, &released);
+    cps__ssp_wake(s->ssp, &s->view);
+    size_t n = cps__ssp_released(s->ssp, &released);
     for (size_t i = 0; i < n; i++) {
         parked_pull *p = released[i];
         uint32_t r = p->rx.hdr.range;
-        if (!s->chain || !cps_chain_is_tail(s->chain, r) ||
-            !cps_chain_can_serve_pull(s->chain, r)) {
+        if (!s->chain || !cps__chain_is_tail(s->chain, r) ||
+            !cps__chain_can_serve_pull(s->chain, r)) {
             cps__server_reply_error(s, &p->rx.hdr, CPS_EAGAIN,
                                     "range %u: no longer its tail, or catching up", r);
             parked_pull_free(NULL, p);
             continue;
         }
-        cps_msg_hdr h;
+        cps__msg_hdr h;
         reply_header(s, &h, CPS_MSG_VALUES, p->rx.hdr.sender, p->rx.hdr.req_seq, p->rx.hdr.range,
                      p->rx.hdr.step);
         reply_values(s, &h, &p->kv);
@@ -299,20 +299,20 @@ static void wake_parked(server *s)
 
 /* Keep a pull (or the pull half of a push-pull) until the slowest worker catches up; takes rx.
  * Returns 0, or CPS_ENOMEM with rx still the caller's. */
-static int park_pull(server *s, cps_rx *rx, const cps_kv *kv, uint64_t clock)
+static int park_pull(cps__server *s, cps__rx *rx, const cps__kv *kv, uint64_t clock)
 {
     parked_pull *p = malloc(sizeof *p);
     if (!p)
         return CPS_ENOMEM;
     *p = (parked_pull){*rx, *kv};
-    int rc = cps_ssp_park(s->ssp, rx->hdr.range, rx->hdr.sender, clock, p);
+    int rc = cps__ssp_park(s->ssp, rx->hdr.range, rx->hdr.sender, clock, p);
     if (rc != 0)
         free(p);
     return rc;
 }
 
 /* SSP: a push-pull's values wait like a pull's. Its push is applied; only the reply waits. */
-static int pp_must_wait(server *s, const cps_chain_req *q, uint32_t range, uint64_t step)
+static int pp_must_wait(cps__server *s, const cps__chain_req *q, uint32_t range, uint64_t step)
 {
     return q->type == CPS_MSG_PUSH_PULL && !pull_may_proceed(s, range, step, q->worker);
 }
@@ -320,21 +320,21 @@ static int pp_must_wait(server *s, const cps_chain_req *q, uint32_t range, uint6
 /* ---- performing the state machine's actions ---- */
 
 typedef struct apply_io {
-    server *server;
-    const cps_chain_action *a;
+    cps__server *server;
+    const cps__chain_action *a;
     uint64_t bad_key;
 } apply_io;
 
-static int apply_txn(cps_txn *txn, void *arg)
+static int apply_txn(cps__txn *txn, void *arg)
 {
     apply_io *io = arg;
-    const cps_chain_action *a = io->a;
-    const cps_chain_update *u = &a->upd;
-    cps_kv kv;
+    const cps__chain_action *a = io->a;
+    const cps__chain_update *u = &a->upd;
+    cps__kv kv;
     int rc = 0; /* CPS_UPD_SKIP: nothing but the records below */
     if (u->kind == CPS_UPD_DECLARE) {
         const uint64_t *offsets;
-        cps_param_spec spec;
+        cps__param_spec spec;
         rc = cps__wire_declare_decode(u->body, u->body_len, &kv, &offsets, &spec);
         for (uint32_t i = 0; rc == 0 && i < kv.nkeys; i++) {
             rc = cps__store_param_create(txn, kv.keys[i], kv.lens[i], offsets[i], &spec);
@@ -357,7 +357,7 @@ static int apply_txn(cps_txn *txn, void *arg)
     }
     if (rc != 0)
         return rc;
-    cps_range_meta m;
+    cps__range_meta m;
     if ((rc = cps__store_range_get(txn, a->range, &m)) != 0)
         return rc;
     m.seq = a->seq;
@@ -365,7 +365,7 @@ static int apply_txn(cps_txn *txn, void *arg)
         m.step = u->step;
     rc = cps__store_range_put(txn, a->range, &m);
     for (uint32_t i = 0; rc == 0 && i < u->nreqs; i++) {
-        const cps_chain_req *q = &u->reqs[i];
+        const cps__chain_req *q = &u->reqs[i];
         if (q->type == CPS_MSG_DECLARE || q->type == CPS_MSG_PUT)
             continue;
         uint32_t id = q->noagg ? (q->worker | CPS_DEDUP_SPARSE_BIT) : q->worker;
@@ -382,8 +382,8 @@ static int apply_txn(cps_txn *txn, void *arg)
     /* SSP: the clocks this update moved (do_apply moved them in memory first), in its own
      * transaction, so the store never holds an update without the clocks it implies. */
     for (uint32_t i = 0; rc == 0 && io->server->view.mode == CPS_MODE_SSP && i < u->nreqs; i++) {
-        const cps_chain_req *q = &u->reqs[i];
-        uint64_t c = cps_ssp_clock(io->server->ssp, &io->server->view, a->range, q->worker);
+        const cps__chain_req *q = &u->reqs[i];
+        uint64_t c = cps__ssp_clock(io->server->ssp, &io->server->view, a->range, q->worker);
         if (q->type != CPS_MSG_PUT && !q->noagg && c)
             rc = cps__store_dedup_put(txn, a->range, q->worker | CPS_DEDUP_CLOCK_BIT, c);
     }
@@ -397,19 +397,19 @@ static int apply_txn(cps_txn *txn, void *arg)
     return rc;
 }
 
-static void do_apply(server *s, const cps_chain_action *a)
+static void do_apply(cps__server *s, const cps__chain_action *a)
 {
     apply_io io = {s, a, 0};
     /* Clocks first: apply_txn stores what they became. Should the write fail, the replica
      * leaves (poisoned below), so memory ahead of the store is never used. */
-    cps_ssp_applied(s->ssp, &s->view, a->range, &a->upd);
+    cps__ssp_applied(s->ssp, &s->view, a->range, &a->upd);
     int rc = cps__store_write(s->store, apply_txn, &io);
     if (rc != 0) {
         /* The chain has already counted this update as applied here: we cannot go on. */
-        cps_log(CPS_LOG_ERROR, "server",
-                "range %u: applying update %llu failed at key "
-                "%016" PRIx64 ": %s",
-                a->range, (unsigned long long)a->seq, io.bad_key, cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "server",
+                 "range %u: applying update %llu failed at key "
+                 "%016" PRIx64 ": %s",
+                 a->range, (unsigned long long)a->seq, io.bad_key, cps_strerror(rc));
         /* Nothing of this update was committed (CPS_ENOSPC aborts the txn), but the chain
          * counts it as applied here and our successors and the worker's ack wait on it: the
          * replica leaves, and poisoned stops every later action (no forward, no ack). */
@@ -424,24 +424,24 @@ static void do_apply(server *s, const cps_chain_action *a)
         s->after_apply(s, a->range);
 }
 
-static void do_reply(server *s, const cps_chain_action *a)
+static void do_reply(cps__server *s, const cps__chain_action *a)
 {
-    const cps_chain_req *q = &a->req;
+    const cps__chain_req *q = &a->req;
     if (q->type == CPS_MSG_PUT)
         return; /* the restore tool is no member: it polls the tail's sequence number */
     /* A refusal, committed (see cps__server_on_push): a SKIP update carries its error, a retry
      * of the refused push carries it in its copy's status. */
     int refused = 0;
     if (a->cookie)
-        refused = ((cps_rx *)a->cookie)->hdr.status;
+        refused = ((cps__rx *)a->cookie)->hdr.status;
     else if (a->upd.kind == CPS_UPD_SKIP)
         refused = a->upd.body_len == 8 ? (int)(int64_t)cps__le64_get(a->upd.body) : CPS_EINVAL;
     if (refused < 0) {
-        cps_msg_hdr h = {.type = q->type,
-                         .sender = q->worker,
-                         .req_worker = q->worker,
-                         .req_seq = q->req_seq,
-                         .range = a->range};
+        cps__msg_hdr h = {.type = q->type,
+                          .sender = q->worker,
+                          .req_worker = q->worker,
+                          .req_seq = q->req_seq,
+                          .range = a->range};
         cps__server_reply_error(s, &h, refused, "push refused by the head of range %u", a->range);
         if (a->cookie) {
             cps__rx_free(a->cookie);
@@ -451,8 +451,8 @@ static void do_reply(server *s, const cps_chain_action *a)
     }
     if (a->cookie) {
         /* A retry answered once its update is committed: reply from the retried request. */
-        cps_rx *rx = a->cookie;
-        cps_kv kv;
+        cps__rx *rx = a->cookie;
+        cps__kv kv;
         int have_kv = rx->hdr.type == CPS_MSG_PUSH_PULL &&
                       cps__wire_kv_decode(rx->payload, rx->len, 1, &kv) == 0;
         uint64_t aux = q->type == CPS_MSG_DECLARE
@@ -469,7 +469,7 @@ static void do_reply(server *s, const cps_chain_action *a)
         free(rx);
         return;
     }
-    cps_kv kv;
+    cps__kv kv;
     int have_kv = q->type == CPS_MSG_PUSH_PULL && a->upd.kind == CPS_UPD_PUSH && a->upd.body &&
                   cps__wire_kv_decode(a->upd.body, a->upd.body_len, 1, &kv) == 0;
     uint64_t aux = q->type == CPS_MSG_DECLARE && a->upd.kind == CPS_UPD_DECLARE
@@ -478,9 +478,9 @@ static void do_reply(server *s, const cps_chain_action *a)
     if (have_kv && pp_must_wait(s, q, a->range, a->upd.step)) {
         /* The update's body belongs to the chain, and the reply needs only its keys: park a
          * pull's payload of them (no copy of the gradient). */
-        cps_rx rx = {.len = cps__wire_kv_size(kv.nkeys, 0)};
+        cps__rx rx = {.len = cps__wire_kv_size(kv.nkeys, 0)};
         rx.owned = malloc(rx.len);
-        cps_kv kept;
+        cps__kv kept;
         if (rx.owned &&
             cps__wire_kv_encode(rx.owned, rx.len, kv.nkeys, kv.keys, kv.lens, NULL, 0) &&
             cps__wire_kv_decode(rx.owned, rx.len, 0, &kept) == 0) {
@@ -503,56 +503,56 @@ static void do_reply(server *s, const cps_chain_action *a)
 
 /* ---- held CHAIN_ACKs (replication/ackhold.c decides when; this sends) ---- */
 
-static void send_released_acks(server *s)
+static void send_released_acks(cps__server *s)
 {
-    const cps_ackhold_send *out;
-    size_t n = cps_ackhold_sends(s->acks, &out);
+    const cps__ackhold_send *out;
+    size_t n = cps__ackhold_sends(s->acks, &out);
     for (size_t i = 0; i < n; i++) {
-        cps_msg_hdr h = out[i].hdr; /* cps__msg_send fills in the header */
+        cps__msg_hdr h = out[i].hdr; /* cps__msg_send fills in the header */
         int rc = cps__msg_send(s->tp, out[i].to, &h, NULL, 0);
         if (rc != 0)
-            cps_log(CPS_LOG_DEBUG, "server", "chain ack to node %u not sent: %s", out[i].to,
-                    cps_strerror(rc));
+            cps__log(CPS_LOG_DEBUG, "server", "chain ack to node %u not sent: %s", out[i].to,
+                     cps_strerror(rc));
     }
 }
 
 /* Hold the CHAIN_ACK `h` to node `to`; 1 if held, 0 if the caller must send it now. */
-static int hold_ack(server *s, uint32_t to, const cps_msg_hdr *h)
+static int hold_ack(cps__server *s, uint32_t to, const cps__msg_hdr *h)
 {
-    if (!s->acks && cps_ackhold_create(&s->acks) != 0)
+    if (!s->acks && cps__ackhold_create(&s->acks) != 0)
         return 0;
-    int held = cps_ackhold_offer(s->acks, s->view.nranges, to, h, cps__now_ms());
+    int held = cps__ackhold_offer(s->acks, s->view.nranges, to, h, cps__now_ms());
     send_released_acks(s);
     return held;
 }
 
-void cps__server_flush_acks(server *s, uint64_t now, int force)
+void cps__server_flush_acks(cps__server *s, uint64_t now, int force)
 {
-    if (!cps_ackhold_held(s->acks))
+    if (!cps__ackhold_held(s->acks))
         return;
-    cps_ackhold_due(s->acks, now, force);
+    cps__ackhold_due(s->acks, now, force);
     send_released_acks(s);
 }
 
-int cps__server_ack_wait_ms(const server *s, uint64_t now, int max_ms)
+int cps__server_ack_wait_ms(const cps__server *s, uint64_t now, int max_ms)
 {
-    return cps_ackhold_wait_ms(s->acks, now, max_ms);
+    return cps__ackhold_wait_ms(s->acks, now, max_ms);
 }
 
-void cps__server_run_actions(server *s)
+void cps__server_run_actions(cps__server *s)
 {
-    const cps_chain_action *acts;
-    size_t n = cps_chain_actions(s->chain, &acts);
+    const cps__chain_action *acts;
+    size_t n = cps__chain_actions(s->chain, &acts);
     int applied = 0;
     for (size_t i = 0; i < n && !s->poisoned; i++) {
-        const cps_chain_action *a = &acts[i];
+        const cps__chain_action *a = &acts[i];
         switch (a->kind) {
         case CPS_CA_APPLY:
             do_apply(s, a);
             applied = 1;
             break;
         case CPS_CA_SEND: {
-            cps_msg_hdr h;
+            cps__msg_hdr h;
             if (cps__wire_hdr_decode(a->msg, a->len, &h) != 0)
                 break;
             if (h.type == CPS_MSG_CHAIN_ACK && hold_ack(s, a->to, &h))
@@ -564,8 +564,8 @@ void cps__server_run_actions(server *s)
             int rc = cps__tp_send(s->tp, a->to, buf, a->len);
             if (rc != 0) {
                 cps__tp_free(buf);
-                cps_log(CPS_LOG_DEBUG, "server", "chain message to node %u not sent: %s", a->to,
-                        cps_strerror(rc));
+                cps__log(CPS_LOG_DEBUG, "server", "chain message to node %u not sent: %s", a->to,
+                         cps_strerror(rc));
             }
             break;
         }
@@ -574,37 +574,37 @@ void cps__server_run_actions(server *s)
             break;
         }
     }
-    if (applied && cps_ssp_parked(s->ssp))
+    if (applied && cps__ssp_parked(s->ssp))
         wake_parked(s);
 }
 
 /* ---- requests ---- */
 
-static int keys_in_range(const server *s, uint32_t range, const cps_kv *kv)
+static int keys_in_range(const cps__server *s, uint32_t range, const cps__kv *kv)
 {
-    const cps_range *r = &s->view.ranges[range];
+    const cps__range *r = &s->view.ranges[range];
     /* Keys are sorted (the decoder checked), so the ends suffice. */
     return kv->keys[0] >= r->lo && kv->keys[kv->nkeys - 1] <= r->hi;
 }
 
-static uint64_t keyset_sig(const cps_kv *kv)
+static uint64_t keyset_sig(const cps__kv *kv)
 {
     return cps__keyset_sig(kv->keys, kv->lens, kv->nkeys);
 }
 
 /* Refuse before anything is applied: unknown keys, wrong lengths, conflicting re-declares. */
 typedef struct check_io {
-    const cps_kv *kv;
-    const cps_param_spec *spec; /* declare: the requested definition */
+    const cps__kv *kv;
+    const cps__param_spec *spec; /* declare: the requested definition */
     uint64_t bad_key;
     uint32_t have_len;
 } check_io;
 
-static int check_keys(cps_txn *txn, void *arg)
+static int check_keys(cps__txn *txn, void *arg)
 {
     check_io *c = arg;
     for (uint32_t i = 0; i < c->kv->nkeys; i++) {
-        cps_param_rec rec;
+        cps__param_rec rec;
         int rc = cps__store_param_get(txn, c->kv->keys[i], &rec);
         if (c->spec) {
             if (rc == CPS_ENOTFOUND)
@@ -625,7 +625,8 @@ static int check_keys(cps_txn *txn, void *arg)
 
 /* Check kv against the store; on a refusal, say why in why[n] and return the error. `spec`: a
  * declare's definition, NULL for a push. */
-static int bad_keys(server *s, const cps_kv *kv, const cps_param_spec *spec, char *why, size_t n)
+static int bad_keys(cps__server *s, const cps__kv *kv, const cps__param_spec *spec, char *why,
+                    size_t n)
 {
     check_io c = {kv, spec, 0, 0};
     int rc = cps__store_read(s->store, check_keys, &c);
@@ -643,8 +644,8 @@ static int bad_keys(server *s, const cps_kv *kv, const cps_param_spec *spec, cha
 
 /* Refuse at once: for requests that hold no number of the worker's push sequence (declares,
  * sync pushes), so nothing must be replicated first. */
-static int refuse_bad_keys(server *s, const cps_msg_hdr *h, const cps_kv *kv,
-                           const cps_param_spec *spec)
+static int refuse_bad_keys(cps__server *s, const cps__msg_hdr *h, const cps__kv *kv,
+                           const cps__param_spec *spec)
 {
     char why[96];
     int rc = bad_keys(s, kv, spec, why, sizeof why);
@@ -656,12 +657,12 @@ static int refuse_bad_keys(server *s, const cps_msg_hdr *h, const cps_kv *kv,
 /* Hand the request to the state machine; returns 1 if it was taken (rx must not be freed).
  * `refused`: 0, or the error the head refuses this push with (its keys): a retry of it is then
  * answered with that error, not as applied (do_reply). */
-static int admit(server *s, cps_rx *rx, uint64_t sig, int refused, int *verdict)
+static int admit(cps__server *s, cps__rx *rx, uint64_t sig, int refused, int *verdict)
 {
-    const cps_msg_hdr *h = &rx->hdr;
-    cps_chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
+    const cps__msg_hdr *h = &rx->hdr;
+    cps__chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
     /* A retry's answer may wait for a commit: the state machine keeps a heap copy of rx. */
-    cps_rx *cookie = malloc(sizeof *cookie);
+    cps__rx *cookie = malloc(sizeof *cookie);
     if (!cookie) {
         cps__server_reply_error(s, h, CPS_ENOMEM, "no memory");
         *verdict = -1;
@@ -670,7 +671,7 @@ static int admit(server *s, cps_rx *rx, uint64_t sig, int refused, int *verdict)
     *cookie = *rx;
     /* A request's own status field is unused on the wire: it carries the refusal here. */
     cookie->hdr.status = refused;
-    int v = cps_chain_admit(s->chain, h->range, &q, h->step, sig, cookie);
+    int v = cps__chain_admit(s->chain, h->range, &q, h->step, sig, cookie);
     *verdict = v;
     if (v == CPS_ADMIT_DUP) {
         cps__server_run_actions(s); /* may answer (and free) the cookie now */
@@ -683,28 +684,28 @@ static int admit(server *s, cps_rx *rx, uint64_t sig, int refused, int *verdict)
         cps__server_reply_error(s, h, CPS_EAGAIN, "range %u has too many updates in flight",
                                 h->range);
     else if (v == CPS_ADMIT_GAP)
-        cps_log(CPS_LOG_DEBUG, "server", "push %llu from node %u out of order: dropped",
-                (unsigned long long)h->req_seq, h->sender);
+        cps__log(CPS_LOG_DEBUG, "server", "push %llu from node %u out of order: dropped",
+                 (unsigned long long)h->req_seq, h->sender);
     else if (v < 0)
         cps__server_reply_error(s, h, v, "exactly-once record unreadable");
     return 0;
 }
 
-static void submit(server *s, uint32_t range, const cps_chain_update *u)
+static void submit(cps__server *s, uint32_t range, const cps__chain_update *u)
 {
-    int rc = cps_chain_submit(s->chain, range, u, cps__now_ms());
+    int rc = cps__chain_submit(s->chain, range, u, cps__now_ms());
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "server", "range %u: submit failed: %s", range, cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "server", "range %u: submit failed: %s", range, cps_strerror(rc));
         return;
     }
     cps__server_run_actions(s);
 }
 
-void cps__server_on_declare(server *s, cps_rx *rx)
+void cps__server_on_declare(cps__server *s, cps__rx *rx)
 {
-    cps_kv kv;
+    cps__kv kv;
     const uint64_t *offsets;
-    cps_param_spec spec;
+    cps__param_spec spec;
     int verdict = -1;
     int rc = cps__wire_declare_decode(rx->payload, rx->len, &kv, &offsets, &spec);
     if (rc != 0) {
@@ -713,8 +714,8 @@ void cps__server_on_declare(server *s, cps_rx *rx)
         cps__server_reply_error(s, &rx->hdr, CPS_EINVAL, "keys outside range %u", rx->hdr.range);
     } else if (refuse_bad_keys(s, &rx->hdr, &kv, &spec) == 0 && !admit(s, rx, 0, 0, &verdict) &&
                verdict == CPS_ADMIT_NEW) {
-        cps_chain_req q = {rx->hdr.sender, CPS_MSG_DECLARE, 0, rx->hdr.req_seq};
-        cps_chain_update u = {CPS_UPD_DECLARE, 0, 0, 1, &q, rx->payload, rx->len};
+        cps__chain_req q = {rx->hdr.sender, CPS_MSG_DECLARE, 0, rx->hdr.req_seq};
+        cps__chain_update u = {CPS_UPD_DECLARE, 0, 0, 1, &q, rx->payload, rx->len};
         submit(s, rx->hdr.range, &u);
     } else if (verdict == CPS_ADMIT_DUP) {
         return; /* taken */
@@ -726,8 +727,8 @@ void cps__server_on_declare(server *s, cps_rx *rx)
 
 /* A gathered push as the aggregator holds it: the received message, no copy. */
 typedef struct sync_push {
-    cps_rx rx;
-    cps_kv kv;
+    cps__rx rx;
+    cps__kv kv;
 } sync_push;
 
 static void sync_push_free(void *ctx, void *cookie)
@@ -741,10 +742,10 @@ static void sync_push_free(void *ctx, void *cookie)
 /* The sum runs in rank order, so every run computes the same bits; replicas apply the sum the
  * head sends them. The lowest rank's message is ours: the others are added into its values in
  * place, so the aggregate costs no copy, and its payload is the update's body as it stands. */
-static void sync_submit(server *s, const cps_sync_action *a)
+static void sync_submit(cps__server *s, const cps__sync_action *a)
 {
     sync_push *p0 = NULL;
-    cps_chain_req *reqs = calloc(a->count, sizeof *reqs);
+    cps__chain_req *reqs = calloc(a->count, sizeof *reqs);
     uint32_t nreq = 0;
     for (uint32_t r = 0; reqs && r < a->nranks; r++) {
         sync_push *p = a->by_rank[r].cookie;
@@ -755,17 +756,17 @@ static void sync_submit(server *s, const cps_sync_action *a)
         else
             cps__vec_add((float *)(uintptr_t)p0->kv.vals, p->kv.vals, p->kv.nvals);
         reqs[nreq++] =
-            (cps_chain_req){a->by_rank[r].worker, a->by_rank[r].type, 0, a->by_rank[r].req_seq};
+            (cps__chain_req){a->by_rank[r].worker, a->by_rank[r].type, 0, a->by_rank[r].req_seq};
     }
     if (!reqs) {
-        cps_log(CPS_LOG_ERROR, "server", "no memory to aggregate step %llu of range %u",
-                (unsigned long long)a->step, a->range);
+        cps__log(CPS_LOG_ERROR, "server", "no memory to aggregate step %llu of range %u",
+                 (unsigned long long)a->step, a->range);
     } else {
-        cps_chain_update u = {CPS_UPD_PUSH, a->step,        a->sig,    nreq,
-                              reqs,         p0->rx.payload, p0->rx.len};
+        cps__chain_update u = {CPS_UPD_PUSH, a->step,        a->sig,    nreq,
+                               reqs,         p0->rx.payload, p0->rx.len};
         submit(s, a->range, &u);
-        cps_log(CPS_LOG_DEBUG, "server", "range %u step %llu: aggregate of %u workers submitted",
-                a->range, (unsigned long long)a->step, nreq);
+        cps__log(CPS_LOG_DEBUG, "server", "range %u step %llu: aggregate of %u workers submitted",
+                 a->range, (unsigned long long)a->step, nreq);
     }
     free(reqs);
     for (uint32_t r = 0; r < a->nranks; r++)
@@ -777,13 +778,13 @@ static void sync_submit(server *s, const cps_sync_action *a)
  * this key set for this step. Either they are slow or stopped (they will be dropped once
  * declared dead), or they push other keys (ps-lite-style jobs), which sync mode never
  * completes. */
-static void sync_report_stuck(server *s, const cps_sync_action *a, uint64_t now)
+static void sync_report_stuck(cps__server *s, const cps__sync_action *a, uint64_t now)
 {
     char waiting[256], have[256];
     size_t wo = 0, ho = 0;
     waiting[0] = have[0] = 0;
     for (uint32_t k = 0; k < s->view.nnodes; k++) {
-        const cps_node_info *n = &s->view.nodes[k];
+        const cps__node_info *n = &s->view.nodes[k];
         if (n->role != CPS_ROLE_WORKER || !n->alive || n->rank >= a->nranks)
             continue;
         int got = a->by_rank[n->rank].cookie != NULL;
@@ -792,19 +793,19 @@ static void sync_report_stuck(server *s, const cps_sync_action *a, uint64_t now)
         if (*o < sizeof waiting - 12)
             *o += (size_t)snprintf(b + *o, sizeof waiting - *o, "%s%u", *o ? ", " : "", n->rank);
     }
-    cps_log(CPS_LOG_WARN, "server",
-            "range %u: sync step %llu has waited %.0f s for worker rank(s) %s (rank(s) %s "
-            "pushed): they are slow or stopped, or push other keys; a sync step needs "
-            "every live worker to push the same keys (workers that push different keys "
-            "need --mode async)",
-            a->range, (unsigned long long)a->step, (now - a->since_ms) / 1000.0,
-            waiting[0] ? waiting : "none", have[0] ? have : "none");
+    cps__log(CPS_LOG_WARN, "server",
+             "range %u: sync step %llu has waited %.0f s for worker rank(s) %s (rank(s) %s "
+             "pushed): they are slow or stopped, or push other keys; a sync step needs "
+             "every live worker to push the same keys (workers that push different keys "
+             "need --mode async)",
+             a->range, (unsigned long long)a->step, (now - a->since_ms) / 1000.0,
+             waiting[0] ? waiting : "none", have[0] ? have : "none");
 }
 
-static void run_sync_actions(server *s, uint64_t now)
+static void run_sync_actions(cps__server *s, uint64_t now)
 {
-    const cps_sync_action *acts;
-    size_t n = cps_sync_actions(s->sync, &acts);
+    const cps__sync_action *acts;
+    size_t n = cps__sync_actions(s->sync, &acts);
     for (size_t i = 0; i < n; i++) {
         if (acts[i].kind == CPS_SA_SUBMIT)
             sync_submit(s, &acts[i]);
@@ -813,9 +814,9 @@ static void run_sync_actions(server *s, uint64_t now)
     }
 }
 
-static void push_sync(server *s, cps_rx *rx, const cps_kv *kv)
+static void push_sync(cps__server *s, cps__rx *rx, const cps__kv *kv)
 {
-    const cps_msg_hdr *h = &rx->hdr;
+    const cps__msg_hdr *h = &rx->hdr;
     uint32_t rank = cps__server_worker_rank(s, h->sender);
     if (rank >= s->view.num_workers) {
         cps__server_reply_error(s, h, CPS_EUNKNOWN_NODE, "worker rank %u out of range", rank);
@@ -832,10 +833,10 @@ static void push_sync(server *s, cps_rx *rx, const cps_kv *kv)
     }
     sync_push *p = malloc(sizeof *p);
     int v = CPS_ENOMEM;
-    if (p && (s->sync || cps_sync_create(sync_push_free, NULL, &s->sync) == 0)) {
+    if (p && (s->sync || cps__sync_create(sync_push_free, NULL, &s->sync) == 0)) {
         *p = (sync_push){*rx, *kv};
-        cps_sync_contrib c = {h->sender, h->type, h->req_seq, kv->nvals, p};
-        v = cps_sync_push(s->sync, &s->view, h->range, sig, h->step, rank, &c, cps__now_ms());
+        cps__sync_contrib c = {h->sender, h->type, h->req_seq, kv->nvals, p};
+        v = cps__sync_push(s->sync, &s->view, h->range, sig, h->step, rank, &c, cps__now_ms());
     }
     if (v == CPS_SYNC_TAKEN) {
         run_sync_actions(s, 0);
@@ -859,9 +860,9 @@ static void push_sync(server *s, cps_rx *rx, const cps_kv *kv)
  * checkpoints only see floats, and a retry, decoded again from the same bytes, is the same push.
  * A malformed block is refused with the decoder's error. raw_len then counts the float bytes,
  * so the servers' traffic figures show what the codec saved. */
-static int unpack_lossy(server *s, cps_rx *rx)
+static int unpack_lossy(cps__server *s, cps__rx *rx)
 {
-    cps_kv kv;
+    cps__kv kv;
     const void *blk;
     size_t blen;
     int rc = cps__wire_kv_decode_lossy(rx->payload, rx->len, &kv, &blk, &blen);
@@ -896,13 +897,13 @@ static int unpack_lossy(server *s, cps_rx *rx)
     return 0;
 }
 
-void cps__server_on_push(server *s, cps_rx *rx)
+void cps__server_on_push(cps__server *s, cps__rx *rx)
 {
     if ((rx->hdr.flags & CPS_WF_LOSSY) && unpack_lossy(s, rx) != 0) {
         cps__rx_free(rx);
         return;
     }
-    cps_kv kv;
+    cps__kv kv;
     int rc = cps__wire_kv_decode(rx->payload, rx->len, 1, &kv);
     if (rc != 0) {
         cps__server_reply_error(s, &rx->hdr, rc, "malformed push payload");
@@ -937,34 +938,34 @@ void cps__server_on_push(server *s, cps_rx *rx)
     if (admit(s, rx, 0, refused, &verdict))
         return;
     if (verdict == CPS_ADMIT_NEW) {
-        cps_chain_req q = {rx->hdr.sender, rx->hdr.type, (rx->hdr.flags & CPS_WF_NOAGG) ? 1 : 0,
-                           rx->hdr.req_seq};
+        cps__chain_req q = {rx->hdr.sender, rx->hdr.type, (rx->hdr.flags & CPS_WF_NOAGG) ? 1 : 0,
+                            rx->hdr.req_seq};
         if (refused) {
-            cps_log(CPS_LOG_WARN, "server",
-                    "push %llu of node %u on range %u refused: %s: %s (answered once replicated)",
-                    (unsigned long long)rx->hdr.req_seq, rx->hdr.sender, rx->hdr.range,
-                    cps_err_name(refused), why);
+            cps__log(CPS_LOG_WARN, "server",
+                     "push %llu of node %u on range %u refused: %s: %s (answered once replicated)",
+                     (unsigned long long)rx->hdr.req_seq, rx->hdr.sender, rx->hdr.range,
+                     cps_err_name(refused), why);
             uint64_t status; /* the body: 8-byte aligned, little-endian */
             cps__le64_put(&status, (uint64_t)(int64_t)refused);
-            cps_chain_update u = {CPS_UPD_SKIP, rx->hdr.step, 0, 1, &q, &status, sizeof status};
+            cps__chain_update u = {CPS_UPD_SKIP, rx->hdr.step, 0, 1, &q, &status, sizeof status};
             submit(s, rx->hdr.range, &u);
         } else {
-            cps_chain_update u = {CPS_UPD_PUSH, rx->hdr.step, 0, 1, &q, rx->payload, rx->len};
+            cps__chain_update u = {CPS_UPD_PUSH, rx->hdr.step, 0, 1, &q, rx->payload, rx->len};
             submit(s, rx->hdr.range, &u);
         }
     }
     cps__rx_free(rx);
 }
 
-void cps__server_on_pull(server *s, cps_rx *rx)
+void cps__server_on_pull(cps__server *s, cps__rx *rx)
 {
-    cps_kv kv;
+    cps__kv kv;
     int rc = cps__wire_kv_decode(rx->payload, rx->len, 0, &kv);
     if (rc != 0) {
         cps__server_reply_error(s, &rx->hdr, rc, "malformed pull payload");
     } else if (!keys_in_range(s, rx->hdr.range, &kv)) {
         cps__server_reply_error(s, &rx->hdr, CPS_EINVAL, "keys outside range %u", rx->hdr.range);
-    } else if (!cps_chain_can_serve_pull(s->chain, rx->hdr.range)) {
+    } else if (!cps__chain_can_serve_pull(s->chain, rx->hdr.range)) {
         /* A new tail that has not yet applied everything its predecessor acknowledged. */
         cps__server_reply_error(s, &rx->hdr, CPS_EAGAIN, "range %u: new tail catching up",
                                 rx->hdr.range);
@@ -973,7 +974,7 @@ void cps__server_on_pull(server *s, cps_rx *rx)
             return; /* kept */
         cps__server_reply_error(s, &rx->hdr, CPS_ENOMEM, "no memory to park a pull");
     } else {
-        cps_msg_hdr h;
+        cps__msg_hdr h;
         reply_header(s, &h, CPS_MSG_VALUES, rx->hdr.sender, rx->hdr.req_seq, rx->hdr.range,
                      rx->hdr.step);
         reply_values(s, &h, &kv);
@@ -981,54 +982,54 @@ void cps__server_on_pull(server *s, cps_rx *rx)
     cps__rx_free(rx);
 }
 
-void cps__server_on_chain(server *s, cps_rx *rx)
+void cps__server_on_chain(cps__server *s, cps__rx *rx)
 {
-    int rc = cps_chain_on_message(s->chain, &rx->hdr, rx->payload, rx->len, cps__now_ms());
+    int rc = cps__chain_on_message(s->chain, &rx->hdr, rx->payload, rx->len, cps__now_ms());
     if (rc == CPS_EAGAIN) {
         cps__server_ask_view(s);
     } else if (rc == CPS_ESTALE_EPOCH) {
-        cps_log(CPS_LOG_DEBUG, "server", "chain message from node %u (epoch %llu) fenced",
-                rx->hdr.sender, (unsigned long long)rx->hdr.epoch);
+        cps__log(CPS_LOG_DEBUG, "server", "chain message from node %u (epoch %llu) fenced",
+                 rx->hdr.sender, (unsigned long long)rx->hdr.epoch);
     } else if (rc != 0) {
         s->stats.msgs_bad++;
-        cps_log(CPS_LOG_ERROR, "server", "bad chain message from node %u dropped: %s",
-                rx->hdr.sender, cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "server", "bad chain message from node %u dropped: %s",
+                 rx->hdr.sender, cps_strerror(rc));
     }
     cps__server_run_actions(s); /* APPLY bodies point into rx: free it only afterwards */
     cps__rx_free(rx);
 }
 
-void cps__server_tick(server *s, uint64_t now)
+void cps__server_tick(cps__server *s, uint64_t now)
 {
-    if (cps_chain_tick(s->chain, now) == 0)
+    if (cps__chain_tick(s->chain, now) == 0)
         cps__server_run_actions(s);
-    if (cps_sync_pending(s->sync) && cps_sync_tick(s->sync, now) == 0)
+    if (cps__sync_pending(s->sync) && cps__sync_tick(s->sync, now) == 0)
         run_sync_actions(s, now);
 }
 
-void cps__server_view_changed(server *s)
+void cps__server_view_changed(cps__server *s)
 {
     int rc = 0;
     if (!s->chain)
         rc = cps__server_chain_init(s);
     if (rc == 0)
-        rc = cps_chain_set_view(s->chain, &s->view, cps__now_ms());
+        rc = cps__chain_set_view(s->chain, &s->view, cps__now_ms());
     if (rc != 0)
-        cps_log(CPS_LOG_ERROR, "server", "chain view change failed: %s", cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "server", "chain view change failed: %s", cps_strerror(rc));
     cps__server_run_actions(s);
-    if (s->sync && cps_sync_set_view(s->sync, &s->view) == 0)
+    if (s->sync && cps__sync_set_view(s->sync, &s->view) == 0)
         run_sync_actions(s, 0);
-    if (cps_ssp_parked(s->ssp))
+    if (cps__ssp_parked(s->ssp))
         wake_parked(s);
 }
 
-void cps__server_data_fini(server *s)
+void cps__server_data_fini(cps__server *s)
 {
-    cps_sync_destroy(s->sync);
-    cps_ssp_destroy(s->ssp);
-    cps_joiner_destroy(s->joiner);
+    cps__sync_destroy(s->sync);
+    cps__ssp_destroy(s->ssp);
+    cps__joiner_destroy(s->joiner);
     /* Held acks are dropped: the chain state they came from is gone. */
-    cps_ackhold_destroy(s->acks);
+    cps__ackhold_destroy(s->acks);
     s->acks = NULL;
     /* Counts too: a server that rejoins (fenced) keeps running on this state. */
     s->sync = NULL;

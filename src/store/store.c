@@ -57,7 +57,7 @@
 #define META_MAX_BYTES 4096
 #define META_MAX_NAME  255
 
-struct cps_store {
+struct cps__store {
     MDB_env *env;
     MDB_dbi params, ranges, dedup, meta;
     int poisoned;
@@ -73,8 +73,8 @@ struct cps_store {
     char dir[512];
 };
 
-struct cps_txn {
-    cps_store *s;
+struct cps__txn {
+    cps__store *s;
     MDB_txn *t;
     /* The record cps__store_param_write (or _reset) last made writable in this txn: further
      * slices of it are written in place, without copying the record again. Any other write to
@@ -88,26 +88,26 @@ struct cps_txn {
 
 /* ---- errors ---- */
 
-static int lmdb_fail(cps_txn *tx, const char *op, uint64_t key, int rc)
+static int lmdb_fail(cps__txn *tx, const char *op, uint64_t key, int rc)
 {
     if (rc == MDB_MAP_FULL && tx) {
         /* Expected: cps__store_write grows the map and runs the txn again. */
         tx->map_full = 1;
         tx->failed = 1;
-        cps_log(CPS_LOG_DEBUG, SUB, "%s key %llu: map full, will grow", op,
-                (unsigned long long)key);
+        cps__log(CPS_LOG_DEBUG, SUB, "%s key %llu: map full, will grow", op,
+                 (unsigned long long)key);
         return CPS_ESTORE;
     }
     if (tx)
         tx->failed = 1;
-    cps_log(CPS_LOG_ERROR, SUB, "%s key %llu in %s: %s", op, (unsigned long long)key,
-            tx ? tx->s->dir : "?", mdb_strerror(rc));
+    cps__log(CPS_LOG_ERROR, SUB, "%s key %llu in %s: %s", op, (unsigned long long)key,
+             tx ? tx->s->dir : "?", mdb_strerror(rc));
     return CPS_ESTORE;
 }
 
-static int env_fail(cps_store *s, const char *op, int rc)
+static int env_fail(cps__store *s, const char *op, int rc)
 {
-    cps_log(CPS_LOG_ERROR, SUB, "%s in %s: %s", op, s->dir, mdb_strerror(rc));
+    cps__log(CPS_LOG_ERROR, SUB, "%s in %s: %s", op, s->dir, mdb_strerror(rc));
     return CPS_ESTORE;
 }
 
@@ -128,10 +128,10 @@ static void log_disk_full(const char *dir, int fd, const char *what, off_t bytes
     double avail = fstatvfs(fd, &v) == 0 ? (double)v.f_bavail * v.f_frsize / MIB : -1;
     double have = fstat(fd, &st) == 0 ? (double)st.st_blocks * 512 / MIB : 0;
     double need = (double)bytes / MIB - have;
-    cps_log(level, SUB,
-            "store %s: disk full (%s of %.0f MiB: %s; %.1f MiB more needed, %.1f MiB free): "
-            "free space, then restart the server",
-            dir, what, (double)bytes / MIB, strerror(e), need > 0 ? need : 0, avail);
+    cps__log(level, SUB,
+             "store %s: disk full (%s of %.0f MiB: %s; %.1f MiB more needed, %.1f MiB free): "
+             "free space, then restart the server",
+             dir, what, (double)bytes / MIB, strerror(e), need > 0 ? need : 0, avail);
 }
 
 /* Allocate blocks for bytes [0, bytes) of fd (keep_size: without changing the file's size).
@@ -151,18 +151,18 @@ static int reserve_fd(const char *dir, int fd, const char *what, off_t bytes, in
     }
     if (e == EOPNOTSUPP || e == ENOSYS) {
         if (!atomic_exchange(&warned, 1))
-            cps_log(CPS_LOG_WARN, SUB,
-                    "store %s: the filesystem cannot allocate space ahead (%s: %s): a full disk "
-                    "will stop the server with a SIGBUS message instead of an error",
-                    dir, what, strerror(e));
+            cps__log(CPS_LOG_WARN, SUB,
+                     "store %s: the filesystem cannot allocate space ahead (%s: %s): a full disk "
+                     "will stop the server with a SIGBUS message instead of an error",
+                     dir, what, strerror(e));
         return 0;
     }
-    cps_log(CPS_LOG_ERROR, SUB, "store %s: %s of %.0f MiB failed: %s", dir, what,
-            (double)bytes / MIB, strerror(e));
+    cps__log(CPS_LOG_ERROR, SUB, "store %s: %s of %.0f MiB failed: %s", dir, what,
+             (double)bytes / MIB, strerror(e));
     return CPS_ESTORE;
 }
 
-static int reserve_map(cps_store *s, size_t bytes, int level)
+static int reserve_map(cps__store *s, size_t bytes, int level)
 {
     mdb_filehandle_t fd;
     int rc = mdb_env_get_fd(s->env, &fd);
@@ -256,7 +256,7 @@ static void guard_install(void)
 /* Find the mappings of DIR/data.mdb and DIR/lock.mdb in /proc/self/maps (by device and inode:
  * LMDB does not tell where it mapped them) and publish them for the handler. Called after the
  * open and after every growth (which may move the map), with no transaction open. */
-static void guard_update(cps_store *s)
+static void guard_update(cps__store *s)
 {
     static const char *names[GUARD_MAPS] = {"data.mdb", "lock.mdb"};
     struct stat st[GUARD_MAPS];
@@ -303,7 +303,7 @@ static void guard_update(cps_store *s)
     pthread_mutex_unlock(&guard_mu);
 }
 
-static void guard_remove(cps_store *s)
+static void guard_remove(cps__store *s)
 {
     if (s->guard < 0)
         return;
@@ -315,13 +315,13 @@ static void guard_remove(cps_store *s)
     s->guard = -1;
 }
 
-static void poison(cps_store *s, const char *op, int rc)
+static void poison(cps__store *s, const char *op, int rc)
 {
     s->poisoned = 1;
-    cps_log(CPS_LOG_ERROR, SUB,
-            "POISONED: %s in %s failed (%s); the store's state is unknown, every later call "
-            "fails with CPS_EPOISONED until the node restarts",
-            op, s->dir, mdb_strerror(rc));
+    cps__log(CPS_LOG_ERROR, SUB,
+             "POISONED: %s in %s failed (%s); the store's state is unknown, every later call "
+             "fails with CPS_EPOISONED until the node restarts",
+             op, s->dir, mdb_strerror(rc));
 }
 
 /* ---- record header ---- */
@@ -341,7 +341,7 @@ static float f32_get(const unsigned char *p)
     return f;
 }
 
-static void hdr_encode(unsigned char *h, uint32_t len, uint64_t step, const cps_param_spec *sp)
+static void hdr_encode(unsigned char *h, uint32_t len, uint64_t step, const cps__param_spec *sp)
 {
     memset(h, 0, REC_HDR);
     h[0] = (unsigned char)REC_VERSION;
@@ -363,7 +363,7 @@ static void hdr_encode(unsigned char *h, uint32_t len, uint64_t step, const cps_
     h[60] = sp->nesterov ? 1 : 0;
 }
 
-static int kinds_valid(const cps_param_spec *sp)
+static int kinds_valid(const cps__param_spec *sp)
 {
     return sp->opt_kind <= CPS_W_OPT_RMSPROP && sp->init_kind <= CPS_W_INIT_NORMAL;
 }
@@ -374,7 +374,7 @@ static size_t rec_size(uint32_t len, uint32_t opt_kind)
 }
 
 /* Decode and check a stored record; `out` borrows from `d`. */
-static int rec_decode(const MDB_val *d, uint64_t key, cps_param_rec *out)
+static int rec_decode(const MDB_val *d, uint64_t key, cps__param_rec *out)
 {
     const unsigned char *h = d->mv_data;
     const char *why = NULL;
@@ -405,8 +405,8 @@ static int rec_decode(const MDB_val *d, uint64_t key, cps_param_rec *out)
             why = "length does not match the value size";
     }
     if (why) {
-        cps_log(CPS_LOG_ERROR, SUB, "corrupt param record, key %llu (%zu bytes): %s",
-                (unsigned long long)key, d->mv_size, why);
+        cps__log(CPS_LOG_ERROR, SUB, "corrupt param record, key %llu (%zu bytes): %s",
+                 (unsigned long long)key, d->mv_size, why);
         return CPS_ECORRUPT;
     }
     out->vals = (const float *)(h + REC_HDR);
@@ -417,24 +417,24 @@ static int rec_decode(const MDB_val *d, uint64_t key, cps_param_rec *out)
 }
 
 /* The canonical form of a spec, as stored and compared: defaults resolved, nesterov 0/1. */
-static cps_param_spec spec_canon(const cps_param_spec *sp)
+static cps__param_spec spec_canon(const cps__param_spec *sp)
 {
-    cps_param_spec c = *sp;
+    cps__param_spec c = *sp;
     cps__optim_spec_defaults(&c);
     c.nesterov = c.nesterov ? 1 : 0;
     return c;
 }
 
-static int spec_equal(const cps_param_spec *a, const cps_param_spec *b)
+static int spec_equal(const cps__param_spec *a, const cps__param_spec *b)
 {
     unsigned char ha[REC_HDR], hb[REC_HDR];
-    cps_param_spec ca = spec_canon(a), cb = spec_canon(b);
+    cps__param_spec ca = spec_canon(a), cb = spec_canon(b);
     hdr_encode(ha, 0, 0, &ca);
     hdr_encode(hb, 0, 0, &cb);
     return memcmp(ha, hb, REC_HDR) == 0;
 }
 
-static int scratch_reserve(cps_store *s, size_t nfloats)
+static int scratch_reserve(cps__store *s, size_t nfloats)
 {
     if (nfloats <= s->scratch_floats)
         return 0;
@@ -445,7 +445,7 @@ static int scratch_reserve(cps_store *s, size_t nfloats)
     size_t bytes = (want * sizeof(float) + 63) & ~(size_t)63;
     float *p = aligned_alloc(64, bytes);
     if (!p) {
-        cps_log(CPS_LOG_ERROR, SUB, "scratch of %zu bytes: out of memory", bytes);
+        cps__log(CPS_LOG_ERROR, SUB, "scratch of %zu bytes: out of memory", bytes);
         return CPS_ENOMEM;
     }
     free(s->scratch);
@@ -475,7 +475,7 @@ static int mkdir_p(const char *dir)
     return 0;
 }
 
-static int open_dbis(cps_store *s)
+static int open_dbis(cps__store *s)
 {
     MDB_txn *t;
     int rc = mdb_txn_begin(s->env, NULL, 0, &t);
@@ -495,8 +495,8 @@ static int open_dbis(cps_store *s)
         rc = mdb_dbi_open(t, dbs[i].name, dbs[i].flags, dbs[i].dbi);
         if (rc) {
             mdb_txn_abort(t);
-            cps_log(CPS_LOG_ERROR, SUB, "mdb_dbi_open %s in %s: %s", dbs[i].name, s->dir,
-                    mdb_strerror(rc));
+            cps__log(CPS_LOG_ERROR, SUB, "mdb_dbi_open %s in %s: %s", dbs[i].name, s->dir,
+                     mdb_strerror(rc));
             return CPS_ESTORE;
         }
     }
@@ -513,7 +513,7 @@ static int lock_dir(const char *dir, int quiet_busy, int *fd_out)
     snprintf(path, sizeof path, "%s/chainps.lock", dir);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
-        cps_log(CPS_LOG_ERROR, SUB, "cannot open %s: %s", path, strerror(errno));
+        cps__log(CPS_LOG_ERROR, SUB, "cannot open %s: %s", path, strerror(errno));
         return CPS_ESTORE;
     }
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -524,37 +524,37 @@ static int lock_dir(const char *dir, int quiet_busy, int *fd_out)
         pid[strcspn(pid, "\n")] = 0;
         close(fd);
         if (e == EWOULDBLOCK) {
-            cps_log(quiet_busy ? CPS_LOG_DEBUG : CPS_LOG_ERROR, SUB,
-                    "data directory %s is in use by process %s (another chainps server or "
-                    "scheduler): two servers must not share a store; give each its own --data",
-                    dir, pid[0] ? pid : "?");
+            cps__log(quiet_busy ? CPS_LOG_DEBUG : CPS_LOG_ERROR, SUB,
+                     "data directory %s is in use by process %s (another chainps server or "
+                     "scheduler): two servers must not share a store; give each its own --data",
+                     dir, pid[0] ? pid : "?");
             return CPS_EBUSY;
         }
-        cps_log(CPS_LOG_ERROR, SUB, "cannot lock %s: %s", path, strerror(e));
+        cps__log(CPS_LOG_ERROR, SUB, "cannot lock %s: %s", path, strerror(e));
         return CPS_ESTORE;
     }
     char pid[32];
     int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
     if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n)
-        cps_log(CPS_LOG_WARN, SUB, "cannot record our pid in %s: %s", path, strerror(errno));
+        cps__log(CPS_LOG_WARN, SUB, "cannot record our pid in %s: %s", path, strerror(errno));
     *fd_out = fd;
     return 0;
 }
 
-int cps__store_open(const char *dir, const cps_store_opts *opts, cps_store **out)
+int cps__store_open(const char *dir, const cps__store_opts *opts, cps__store **out)
 {
-    if (!dir || !out || !*dir || strlen(dir) >= sizeof((cps_store *)0)->dir)
+    if (!dir || !out || !*dir || strlen(dir) >= sizeof((cps__store *)0)->dir)
         return CPS_EINVAL;
     *out = NULL;
     if (mkdir_p(dir) != 0) {
-        cps_log(CPS_LOG_ERROR, SUB, "cannot create directory %s: %s", dir, strerror(errno));
+        cps__log(CPS_LOG_ERROR, SUB, "cannot create directory %s: %s", dir, strerror(errno));
         return CPS_ESTORE;
     }
     int lock_fd;
     int lrc = lock_dir(dir, opts && opts->quiet_busy, &lock_fd);
     if (lrc != 0)
         return lrc;
-    cps_store *s = calloc(1, sizeof *s);
+    cps__store *s = calloc(1, sizeof *s);
     if (!s) {
         close(lock_fd);
         return CPS_ENOMEM;
@@ -598,8 +598,8 @@ int cps__store_open(const char *dir, const cps_store_opts *opts, cps_store **out
     if ((rc = mdb_env_open(s->env, dir, flags, 0664))) {
         /* A new environment's meta pages are written with write(2): a full disk says so. */
         if (rc == ENOSPC || rc == EDQUOT) {
-            cps_log(CPS_LOG_ERROR, SUB, "store %s: disk full (mdb_env_open: %s)", dir,
-                    strerror(rc));
+            cps__log(CPS_LOG_ERROR, SUB, "store %s: disk full (mdb_env_open: %s)", dir,
+                     strerror(rc));
             err = CPS_ENOSPC;
         } else {
             env_fail(s, "mdb_env_open", rc);
@@ -619,8 +619,8 @@ int cps__store_open(const char *dir, const cps_store_opts *opts, cps_store **out
     if (open_dbis(s) != 0)
         goto fail;
     guard_update(s);
-    cps_log(CPS_LOG_DEBUG, SUB, "opened %s (map %zu bytes, %s)", dir, map,
-            (flags & MDB_NOSYNC) ? "nosync" : "sync every commit");
+    cps__log(CPS_LOG_DEBUG, SUB, "opened %s (map %zu bytes, %s)", dir, map,
+             (flags & MDB_NOSYNC) ? "nosync" : "sync every commit");
     *out = s;
     return 0;
 fail:
@@ -632,7 +632,7 @@ fail:
     return err;
 }
 
-void cps__store_close(cps_store *s)
+void cps__store_close(cps__store *s)
 {
     if (!s)
         return;
@@ -649,7 +649,7 @@ void cps__store_close(cps_store *s)
     free(s);
 }
 
-int cps__store_sync(cps_store *s)
+int cps__store_sync(cps__store *s)
 {
     if (s->poisoned)
         return CPS_EPOISONED;
@@ -660,7 +660,7 @@ int cps__store_sync(cps_store *s)
 /* Double the map. Called with no txn of ours open; waits for other threads' read txns.
  * `ahead`: growing ahead of need (ensure_room), where a full disk is no error of the write
  * path: logged as a warning, and the growth stops short of the filesystem's last free half. */
-static int grow_map(cps_store *s, int ahead)
+static int grow_map(cps__store *s, int ahead)
 {
     MDB_envinfo info;
     int rc = mdb_env_info(s->env, &info);
@@ -668,8 +668,8 @@ static int grow_map(cps_store *s, int ahead)
         return env_fail(s, "mdb_env_info", rc);
     size_t want = info.me_mapsize * 2;
     if (want > MAX_MAP_BYTES || want < info.me_mapsize) {
-        cps_log(CPS_LOG_ERROR, SUB, "%s: map full at %zu bytes, refusing to grow past %zu", s->dir,
-                info.me_mapsize, (size_t)MAX_MAP_BYTES);
+        cps__log(CPS_LOG_ERROR, SUB, "%s: map full at %zu bytes, refusing to grow past %zu", s->dir,
+                 info.me_mapsize, (size_t)MAX_MAP_BYTES);
         return CPS_ESTORE;
     }
     if (ahead) {
@@ -679,11 +679,11 @@ static int grow_map(cps_store *s, int ahead)
         mdb_filehandle_t fd;
         if (mdb_env_get_fd(s->env, &fd) == 0 && fstatvfs(fd, &v) == 0 &&
             (double)v.f_bavail * v.f_frsize < 2.0 * (double)(want - info.me_mapsize)) {
-            cps_log(CPS_LOG_WARN, SUB,
-                    "store %s: not growing the map ahead from %.0f to %.0f MiB: only %.0f MiB "
-                    "free on its filesystem",
-                    s->dir, info.me_mapsize / MIB, want / MIB,
-                    (double)v.f_bavail * v.f_frsize / MIB);
+            cps__log(CPS_LOG_WARN, SUB,
+                     "store %s: not growing the map ahead from %.0f to %.0f MiB: only %.0f MiB "
+                     "free on its filesystem",
+                     s->dir, info.me_mapsize / MIB, want / MIB,
+                     (double)v.f_bavail * v.f_frsize / MIB);
             return CPS_ENOSPC;
         }
     }
@@ -698,12 +698,12 @@ static int grow_map(cps_store *s, int ahead)
     if (rc)
         return env_fail(s, "mdb_env_set_mapsize", rc);
     guard_update(s);
-    cps_log(CPS_LOG_INFO, SUB, "%s: map grown from %zu to %zu bytes", s->dir, info.me_mapsize,
-            want);
+    cps__log(CPS_LOG_INFO, SUB, "%s: map grown from %zu to %zu bytes", s->dir, info.me_mapsize,
+             want);
     return 0;
 }
 
-int cps__store_ensure_room(cps_store *s)
+int cps__store_ensure_room(cps__store *s)
 {
     MDB_envinfo info;
     MDB_stat st;
@@ -722,12 +722,12 @@ int cps__store_ensure_room(cps_store *s)
     return rc;
 }
 
-int cps__store_write(cps_store *s, cps_txn_fn fn, void *arg)
+int cps__store_write(cps__store *s, cps__txn_fn fn, void *arg)
 {
     for (int growths = 0;; growths++) {
         if (s->poisoned)
             return CPS_EPOISONED;
-        cps_txn tx = {.s = s};
+        cps__txn tx = {.s = s};
         pthread_rwlock_rdlock(&s->map_lock);
         int rc = mdb_txn_begin(s->env, NULL, 0, &tx.t);
         if (rc) {
@@ -756,7 +756,7 @@ int cps__store_write(cps_store *s, cps_txn_fn fn, void *arg)
         }
         /* MDB_MAP_FULL from a put or from the commit: nothing was written; grow and rerun. */
         if (growths >= MAX_GROWTHS) {
-            cps_log(CPS_LOG_ERROR, SUB, "%s: still map full after %d growths", s->dir, growths);
+            cps__log(CPS_LOG_ERROR, SUB, "%s: still map full after %d growths", s->dir, growths);
             return CPS_ESTORE;
         }
         if ((rc = grow_map(s, 0)) != 0)
@@ -764,11 +764,11 @@ int cps__store_write(cps_store *s, cps_txn_fn fn, void *arg)
     }
 }
 
-int cps__store_read(cps_store *s, cps_txn_fn fn, void *arg)
+int cps__store_read(cps__store *s, cps__txn_fn fn, void *arg)
 {
     if (s->poisoned)
         return CPS_EPOISONED;
-    cps_txn tx = {.s = s};
+    cps__txn tx = {.s = s};
     pthread_rwlock_rdlock(&s->map_lock);
     int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &tx.t);
     if (rc) {
@@ -783,7 +783,7 @@ int cps__store_read(cps_store *s, cps_txn_fn fn, void *arg)
 
 /* ---- parameters ---- */
 
-static int param_lookup(cps_txn *tx, uint64_t key, MDB_val *d, cps_param_rec *rec, const char *op)
+static int param_lookup(cps__txn *tx, uint64_t key, MDB_val *d, cps__param_rec *rec, const char *op)
 {
     MDB_val k = {sizeof key, &key};
     int rc = mdb_get(tx->t, tx->s->params, &k, d);
@@ -794,15 +794,15 @@ static int param_lookup(cps_txn *tx, uint64_t key, MDB_val *d, cps_param_rec *re
     return rec_decode(d, key, rec);
 }
 
-int cps__store_param_get(cps_txn *tx, uint64_t key, cps_param_rec *out)
+int cps__store_param_get(cps__txn *tx, uint64_t key, cps__param_rec *out)
 {
     MDB_val d;
     return param_lookup(tx, key, &d, out, "param_get");
 }
 
 /* Reserve the record's space in the map and write its header; values follow at +REC_HDR. */
-static int rec_reserve(cps_txn *tx, uint64_t key, uint32_t len, uint64_t step,
-                       const cps_param_spec *spec, unsigned char **data, const char *op)
+static int rec_reserve(cps__txn *tx, uint64_t key, uint32_t len, uint64_t step,
+                       const cps__param_spec *spec, unsigned char **data, const char *op)
 {
     MDB_val k = {sizeof key, &key};
     MDB_val d = {rec_size(len, spec->opt_kind), NULL};
@@ -815,26 +815,26 @@ static int rec_reserve(cps_txn *tx, uint64_t key, uint32_t len, uint64_t step,
     return 0;
 }
 
-int cps__store_param_create(cps_txn *tx, uint64_t key, uint32_t len, uint64_t offset,
-                            const cps_param_spec *spec)
+int cps__store_param_create(cps__txn *tx, uint64_t key, uint32_t len, uint64_t offset,
+                            const cps__param_spec *spec)
 {
     if (len == 0 || !spec || !kinds_valid(spec))
         return CPS_EINVAL;
-    cps_param_rec old;
+    cps__param_rec old;
     MDB_val d;
     int rc = param_lookup(tx, key, &d, &old, "param_create");
     if (rc == 0) {
         if (old.len == len && spec_equal(&old.spec, spec))
             return 0;
-        cps_log(CPS_LOG_WARN, SUB, "param_create key %llu: exists with len %u, asked len %u%s",
-                (unsigned long long)key, old.len, len,
-                old.len == len ? " and a different spec" : "");
+        cps__log(CPS_LOG_WARN, SUB, "param_create key %llu: exists with len %u, asked len %u%s",
+                 (unsigned long long)key, old.len, len,
+                 old.len == len ? " and a different spec" : "");
         return CPS_EEXIST;
     }
     if (rc != CPS_ENOTFOUND)
         return rc;
 
-    cps_param_spec c = spec_canon(spec);
+    cps__param_spec c = spec_canon(spec);
     size_t slots = cps__optim_state_slots(c.opt_kind);
     /* Fill in aligned scratch: the reserved space in the map may not be float-aligned. */
     if ((rc = scratch_reserve(tx->s, len)) != 0)
@@ -848,16 +848,16 @@ int cps__store_param_create(cps_txn *tx, uint64_t key, uint32_t len, uint64_t of
     return 0;
 }
 
-int cps__store_param_apply(cps_txn *tx, uint64_t key, const float *grad, uint32_t glen)
+int cps__store_param_apply(cps__txn *tx, uint64_t key, const float *grad, uint32_t glen)
 {
-    cps_param_rec rec;
+    cps__param_rec rec;
     MDB_val d;
     int rc = param_lookup(tx, key, &d, &rec, "param_apply");
     if (rc)
         return rc;
     if (glen != rec.len) {
-        cps_log(CPS_LOG_WARN, SUB, "param_apply key %llu: gradient of %u values for %u",
-                (unsigned long long)key, glen, rec.len);
+        cps__log(CPS_LOG_WARN, SUB, "param_apply key %llu: gradient of %u values for %u",
+                 (unsigned long long)key, glen, rec.len);
         return CPS_ESIZE;
     }
     size_t n = rec.len, slots = cps__optim_state_slots(rec.spec.opt_kind);
@@ -893,16 +893,16 @@ int cps__store_param_apply(cps_txn *tx, uint64_t key, const float *grad, uint32_
             memcpy(p + REC_HDR, buf, nfloats * sizeof(float));
     }
     if (rc) {
-        cps_log(CPS_LOG_ERROR, SUB, "param_apply key %llu: optimizer %u refused: %s",
-                (unsigned long long)key, rec.spec.opt_kind, cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, SUB, "param_apply key %llu: optimizer %u refused: %s",
+                 (unsigned long long)key, rec.spec.opt_kind, cps_strerror(rc));
         return rc;
     }
     return 0;
 }
 
-int cps__store_param_read(cps_txn *tx, uint64_t key, float *out, uint32_t len)
+int cps__store_param_read(cps__txn *tx, uint64_t key, float *out, uint32_t len)
 {
-    cps_param_rec rec;
+    cps__param_rec rec;
     MDB_val d;
     int rc = param_lookup(tx, key, &d, &rec, "param_read");
     if (rc)
@@ -913,11 +913,11 @@ int cps__store_param_read(cps_txn *tx, uint64_t key, float *out, uint32_t len)
     return 0;
 }
 
-int cps__store_param_put(cps_txn *tx, uint64_t key, const cps_param_rec *rec)
+int cps__store_param_put(cps__txn *tx, uint64_t key, const cps__param_rec *rec)
 {
     if (!rec || rec->len == 0 || !rec->vals || !kinds_valid(&rec->spec))
         return CPS_EINVAL;
-    cps_param_spec c = spec_canon(&rec->spec);
+    cps__param_spec c = spec_canon(&rec->spec);
     size_t slots = cps__optim_state_slots(c.opt_kind);
     if (slots && !rec->state)
         return CPS_EINVAL;
@@ -932,12 +932,12 @@ int cps__store_param_put(cps_txn *tx, uint64_t key, const cps_param_rec *rec)
     return 0;
 }
 
-int cps__store_param_reset(cps_txn *tx, uint64_t key, uint32_t len, uint64_t opt_step,
-                           const cps_param_spec *spec)
+int cps__store_param_reset(cps__txn *tx, uint64_t key, uint32_t len, uint64_t opt_step,
+                           const cps__param_spec *spec)
 {
     if (len == 0 || !spec || !kinds_valid(spec))
         return CPS_EINVAL;
-    cps_param_spec c = spec_canon(spec);
+    cps__param_spec c = spec_canon(spec);
     unsigned char *p;
     int rc = rec_reserve(tx, key, len, opt_step, &c, &p, "param_reset");
     if (rc)
@@ -949,10 +949,10 @@ int cps__store_param_reset(cps_txn *tx, uint64_t key, uint32_t len, uint64_t opt
     return 0;
 }
 
-int cps__store_param_write(cps_txn *tx, uint64_t key, uint32_t slot, uint64_t first,
+int cps__store_param_write(cps__txn *tx, uint64_t key, uint32_t slot, uint64_t first,
                            const float *vals, uint64_t n)
 {
-    cps_param_rec rec;
+    cps__param_rec rec;
     MDB_val d;
     int rc = param_lookup(tx, key, &d, &rec, "param_write");
     if (rc)
@@ -983,11 +983,11 @@ int cps__store_param_write(cps_txn *tx, uint64_t key, uint32_t slot, uint64_t fi
     return 0;
 }
 
-int cps__store_snapshot_begin(cps_store *s, cps_txn **out)
+int cps__store_snapshot_begin(cps__store *s, cps__txn **out)
 {
     if (s->poisoned)
         return CPS_EPOISONED;
-    cps_txn *tx = calloc(1, sizeof *tx);
+    cps__txn *tx = calloc(1, sizeof *tx);
     if (!tx)
         return CPS_ENOMEM;
     tx->s = s;
@@ -1002,7 +1002,7 @@ int cps__store_snapshot_begin(cps_store *s, cps_txn **out)
     return 0;
 }
 
-void cps__store_snapshot_end(cps_txn *tx)
+void cps__store_snapshot_end(cps__txn *tx)
 {
     if (!tx)
         return;
@@ -1011,7 +1011,7 @@ void cps__store_snapshot_end(cps_txn *tx)
     free(tx);
 }
 
-int cps__store_param_scan(cps_txn *tx, uint64_t lo, uint64_t hi, cps_param_iter_fn fn, void *arg)
+int cps__store_param_scan(cps__txn *tx, uint64_t lo, uint64_t hi, cps__param_iter_fn fn, void *arg)
 {
     if (lo > hi)
         return 0;
@@ -1025,14 +1025,14 @@ int cps__store_param_scan(cps_txn *tx, uint64_t lo, uint64_t hi, cps_param_iter_
          rc = mdb_cursor_get(cur, &k, &d, MDB_NEXT)) {
         uint64_t key;
         if (k.mv_size != sizeof key) {
-            cps_log(CPS_LOG_ERROR, SUB, "param_scan: key of %zu bytes", k.mv_size);
+            cps__log(CPS_LOG_ERROR, SUB, "param_scan: key of %zu bytes", k.mv_size);
             ret = CPS_ECORRUPT;
             break;
         }
         memcpy(&key, k.mv_data, sizeof key);
         if (key > hi)
             break;
-        cps_param_rec rec;
+        cps__param_rec rec;
         if ((ret = rec_decode(&d, key, &rec)) != 0)
             break;
         if ((ret = fn(arg, key, &rec)) != 0)
@@ -1046,7 +1046,7 @@ int cps__store_param_scan(cps_txn *tx, uint64_t lo, uint64_t hi, cps_param_iter_
 
 /* ---- ranges, dedup, meta ---- */
 
-int cps__store_range_get(cps_txn *tx, uint32_t range, cps_range_meta *out)
+int cps__store_range_get(cps__txn *tx, uint32_t range, cps__range_meta *out)
 {
     MDB_val k = {sizeof range, &range}, d;
     int rc = mdb_get(tx->t, tx->s->ranges, &k, &d);
@@ -1057,7 +1057,7 @@ int cps__store_range_get(cps_txn *tx, uint32_t range, cps_range_meta *out)
     if (rc)
         return lmdb_fail(tx, "range_get", range, rc);
     if (d.mv_size != 16) {
-        cps_log(CPS_LOG_ERROR, SUB, "corrupt range meta, range %u (%zu bytes)", range, d.mv_size);
+        cps__log(CPS_LOG_ERROR, SUB, "corrupt range meta, range %u (%zu bytes)", range, d.mv_size);
         return CPS_ECORRUPT;
     }
     out->seq = cps__le64_get(d.mv_data);
@@ -1065,7 +1065,7 @@ int cps__store_range_get(cps_txn *tx, uint32_t range, cps_range_meta *out)
     return 0;
 }
 
-int cps__store_range_put(cps_txn *tx, uint32_t range, const cps_range_meta *m)
+int cps__store_range_put(cps__txn *tx, uint32_t range, const cps__range_meta *m)
 {
     unsigned char v[16];
     cps__le64_put(v, m->seq);
@@ -1081,7 +1081,7 @@ static uint64_t dedup_key(uint32_t range, uint32_t worker)
     return (uint64_t)range << 32 | worker;
 }
 
-int cps__store_dedup_get(cps_txn *tx, uint32_t range, uint32_t worker, uint64_t *seq)
+int cps__store_dedup_get(cps__txn *tx, uint32_t range, uint32_t worker, uint64_t *seq)
 {
     uint64_t key = dedup_key(range, worker);
     MDB_val k = {sizeof key, &key}, d;
@@ -1093,14 +1093,14 @@ int cps__store_dedup_get(cps_txn *tx, uint32_t range, uint32_t worker, uint64_t 
     if (rc)
         return lmdb_fail(tx, "dedup_get", key, rc);
     if (d.mv_size != 8) {
-        cps_log(CPS_LOG_ERROR, SUB, "corrupt dedup entry, range %u worker %u", range, worker);
+        cps__log(CPS_LOG_ERROR, SUB, "corrupt dedup entry, range %u worker %u", range, worker);
         return CPS_ECORRUPT;
     }
     *seq = cps__le64_get(d.mv_data);
     return 0;
 }
 
-int cps__store_dedup_put(cps_txn *tx, uint32_t range, uint32_t worker, uint64_t seq)
+int cps__store_dedup_put(cps__txn *tx, uint32_t range, uint32_t worker, uint64_t seq)
 {
     uint64_t key = dedup_key(range, worker);
     unsigned char v[8];
@@ -1112,7 +1112,7 @@ int cps__store_dedup_put(cps_txn *tx, uint32_t range, uint32_t worker, uint64_t 
 
 static int meta_name(const char *name, MDB_val *k);
 
-int cps__store_dedup_scan(cps_txn *tx, uint32_t range, cps_dedup_iter_fn fn, void *arg)
+int cps__store_dedup_scan(cps__txn *tx, uint32_t range, cps__dedup_iter_fn fn, void *arg)
 {
     uint64_t lo = dedup_key(range, 0), hi = dedup_key(range, UINT32_MAX);
     MDB_cursor *cur;
@@ -1141,7 +1141,7 @@ int cps__store_dedup_scan(cps_txn *tx, uint32_t range, cps_dedup_iter_fn fn, voi
 }
 
 /* Delete every u64 key lo..hi of dbi. */
-static int delete_span(cps_txn *tx, MDB_dbi dbi, uint64_t lo, uint64_t hi, const char *op)
+static int delete_span(cps__txn *tx, MDB_dbi dbi, uint64_t lo, uint64_t hi, const char *op)
 {
     tx->wrec = NULL;
     MDB_cursor *cur;
@@ -1169,7 +1169,7 @@ static int delete_span(cps_txn *tx, MDB_dbi dbi, uint64_t lo, uint64_t hi, const
     return (rc == 0 || rc == MDB_NOTFOUND) ? 0 : lmdb_fail(tx, op, lo, rc);
 }
 
-int cps__store_range_clear(cps_txn *tx, uint32_t range, uint64_t lo, uint64_t hi,
+int cps__store_range_clear(cps__txn *tx, uint32_t range, uint64_t lo, uint64_t hi,
                            const char *meta_prefix)
 {
     int rc = delete_span(tx, tx->s->params, lo, hi, "range_clear (params)");
@@ -1202,7 +1202,7 @@ int cps__store_range_clear(cps_txn *tx, uint32_t range, uint64_t lo, uint64_t hi
     return rc;
 }
 
-int cps__store_meta_scan(cps_txn *tx, const char *prefix, cps_meta_iter_fn fn, void *arg)
+int cps__store_meta_scan(cps__txn *tx, const char *prefix, cps__meta_iter_fn fn, void *arg)
 {
     size_t plen = prefix ? strlen(prefix) : 0;
     MDB_cursor *cur;
@@ -1232,7 +1232,7 @@ int cps__store_meta_scan(cps_txn *tx, const char *prefix, cps_meta_iter_fn fn, v
     return ret;
 }
 
-int cps__store_wipe(cps_txn *tx)
+int cps__store_wipe(cps__txn *tx)
 {
     MDB_dbi dbs[4] = {tx->s->params, tx->s->ranges, tx->s->dedup, tx->s->meta};
     for (int i = 0; i < 4; i++) {
@@ -1243,7 +1243,7 @@ int cps__store_wipe(cps_txn *tx)
     return 0;
 }
 
-int cps__store_meta_del(cps_txn *tx, const char *name)
+int cps__store_meta_del(cps__txn *tx, const char *name)
 {
     MDB_val k;
     if (meta_name(name, &k) != 0)
@@ -1264,7 +1264,7 @@ static int meta_name(const char *name, MDB_val *k)
 
 #define BLOB_MAX_BYTES (64u << 20)
 
-int cps__store_blob_put(cps_txn *tx, const char *name, const void *buf, size_t len)
+int cps__store_blob_put(cps__txn *tx, const char *name, const void *buf, size_t len)
 {
     MDB_val k, d = {len, (void *)buf};
     if (meta_name(name, &k) != 0 || len > BLOB_MAX_BYTES || (len && !buf))
@@ -1273,7 +1273,7 @@ int cps__store_blob_put(cps_txn *tx, const char *name, const void *buf, size_t l
     return rc ? lmdb_fail(tx, "blob_put", 0, rc) : 0;
 }
 
-int cps__store_blob_get(cps_txn *tx, const char *name, const void **buf, size_t *len)
+int cps__store_blob_get(cps__txn *tx, const char *name, const void **buf, size_t *len)
 {
     MDB_val k, d;
     if (!buf || !len || meta_name(name, &k) != 0)
@@ -1288,7 +1288,7 @@ int cps__store_blob_get(cps_txn *tx, const char *name, const void **buf, size_t 
     return 0;
 }
 
-int cps__store_meta_get(cps_txn *tx, const char *name, void *buf, size_t *len)
+int cps__store_meta_get(cps__txn *tx, const char *name, void *buf, size_t *len)
 {
     MDB_val k, d;
     if (!len || meta_name(name, &k) != 0)
@@ -1307,7 +1307,7 @@ int cps__store_meta_get(cps_txn *tx, const char *name, void *buf, size_t *len)
     return 0;
 }
 
-int cps__store_meta_put(cps_txn *tx, const char *name, const void *buf, size_t len)
+int cps__store_meta_put(cps__txn *tx, const char *name, const void *buf, size_t len)
 {
     MDB_val k;
     if (meta_name(name, &k) != 0 || len > META_MAX_BYTES || (len && !buf))
@@ -1322,7 +1322,7 @@ int cps__store_meta_put(cps_txn *tx, const char *name, const void *buf, size_t l
 /* One streaming XXH3 over every key and its values: `status --verify` runs it on the server's
  * loop over the whole range, so its speed is the loop's stall (bench_store: 18 GB/s, against
  * 1.1 GB/s for the FNV-1a it replaced). Only replicas of one build compare sums. */
-static int checksum_one(void *arg, uint64_t key, const cps_param_rec *rec)
+static int checksum_one(void *arg, uint64_t key, const cps__param_rec *rec)
 {
     XXH3_state_t *st = arg;
     unsigned char kb[8];
@@ -1333,7 +1333,7 @@ static int checksum_one(void *arg, uint64_t key, const cps_param_rec *rec)
     return 0;
 }
 
-int cps__store_checksum(cps_txn *tx, uint64_t lo, uint64_t hi, uint64_t *out)
+int cps__store_checksum(cps__txn *tx, uint64_t lo, uint64_t hi, uint64_t *out)
 {
     XXH3_state_t *st = XXH3_createState();
     if (!st)
@@ -1347,14 +1347,14 @@ int cps__store_checksum(cps_txn *tx, uint64_t lo, uint64_t hi, uint64_t *out)
     return rc;
 }
 
-static int count_one(void *arg, uint64_t key, const cps_param_rec *rec)
+static int count_one(void *arg, uint64_t key, const cps__param_rec *rec)
 {
     (void)key;
     *(uint64_t *)arg += rec->len;
     return 0;
 }
 
-int cps__store_count(cps_txn *tx, uint64_t *keys, uint64_t *values)
+int cps__store_count(cps__txn *tx, uint64_t *keys, uint64_t *values)
 {
     MDB_stat st;
     int rc = mdb_stat(tx->t, tx->s->params, &st);

@@ -3,7 +3,7 @@
  * Databases inside the environment:
  *   "params" : u64 key (native-endian, MDB_INTEGERKEY) -> param record: a 64-byte header
  *              (format version, value length n, optimizer kind, optimizer step count t, the
- *              cps_param_spec) followed by n f32 parameter values and k*n f32 optimizer state
+ *              cps__param_spec) followed by n f32 parameter values and k*n f32 optimizer state
  *              values (k = cps__optim_state_slots(kind)).
  *   "ranges" : u32 range id -> range meta (update sequence number, last applied training step).
  *   "dedup"  : (u32 range, u32 worker) -> last applied request sequence number (worker with
@@ -36,10 +36,10 @@
 
 #include "core/wire.h"
 
-typedef struct cps_store cps_store;
-typedef struct cps_txn cps_txn;
+typedef struct cps__store cps__store;
+typedef struct cps__txn cps__txn;
 
-typedef struct cps_store_opts {
+typedef struct cps__store_opts {
     size_t initial_map_bytes; /* 0: 64 MiB */
     int sync_every_commit;    /* 1: fsync on every commit */
     /* Called on the writer's thread before the map grows, which must wait for every read
@@ -48,128 +48,129 @@ typedef struct cps_store_opts {
     void (*before_grow)(void *ctx);
     void *grow_ctx;
     int quiet_busy; /* a held directory is expected (the caller tries the next): no ERROR log */
-} cps_store_opts;
+} cps__store_opts;
 
 /* Open (creating if needed) the environment in directory `dir` (created if missing), holding an
  * exclusive lock on DIR/chainps.lock until cps__store_close.
  * Errors: CPS_EINVAL, CPS_EBUSY (another store, in this or another process, holds the
  * directory: the message names its pid), CPS_ENOSPC (no room for the map on DIR's filesystem),
  * CPS_ESTORE (LMDB error text is logged), CPS_ENOMEM. */
-int cps__store_open(const char *dir, const cps_store_opts *opts, cps_store **out);
+int cps__store_open(const char *dir, const cps__store_opts *opts, cps__store **out);
 /* Sync and close. NULL is a no-op. */
-void cps__store_close(cps_store *s);
+void cps__store_close(cps__store *s);
 /* Flush committed transactions to disk. Errors: CPS_ESTORE. */
-int cps__store_sync(cps_store *s);
+int cps__store_sync(cps__store *s);
 
 /* A parameter record as seen through the store. Pointers are borrowed from LMDB (read txn) or
  * from the store's scratch (write txn); valid until the next write or the end of the txn. They
  * may be unaligned: use memcpy or the store's helpers. */
-typedef struct cps_param_rec {
+typedef struct cps__param_rec {
     uint32_t len;      /* number of parameter values */
     uint64_t opt_step; /* optimizer steps applied so far (Adam's t) */
-    cps_param_spec spec;
+    cps__param_spec spec;
     const float *vals;  /* len values */
     const float *state; /* slots*len values (NULL if the optimizer keeps no state) */
-} cps_param_rec;
+} cps__param_rec;
 
 /* Run `fn` inside one write transaction and commit it. If fn returns non-zero the txn is aborted
  * and that value returned. MDB_MAP_FULL: abort, grow the map, run fn again.
  * Errors: fn's error, CPS_ESTORE, CPS_ENOSPC (the map had to grow and the disk is full: nothing
  * was written), CPS_EPOISONED (an earlier commit failed: state unknown). */
-typedef int (*cps_txn_fn)(cps_txn *txn, void *arg);
-int cps__store_write(cps_store *s, cps_txn_fn fn, void *arg);
+typedef int (*cps__txn_fn)(cps__txn *txn, void *arg);
+int cps__store_write(cps__store *s, cps__txn_fn fn, void *arg);
 /* Same for a read-only transaction (never retried, never commits). */
-int cps__store_read(cps_store *s, cps_txn_fn fn, void *arg);
+int cps__store_read(cps__store *s, cps__txn_fn fn, void *arg);
 
 /* Read key's record. Errors: CPS_ENOTFOUND, CPS_ECORRUPT (bad record), CPS_ESTORE. */
-int cps__store_param_get(cps_txn *txn, uint64_t key, cps_param_rec *out);
+int cps__store_param_get(cps__txn *txn, uint64_t key, cps__param_rec *out);
 /* Create key with `len` values initialised from spec (see cps__init_fill) at tensor offset
  * `offset`, zero optimizer state, step 0. If the key exists with the same len and spec: no-op,
  * returns 0. Different: CPS_EEXIST. */
-int cps__store_param_create(cps_txn *txn, uint64_t key, uint32_t len, uint64_t offset,
-                            const cps_param_spec *spec);
+int cps__store_param_create(cps__txn *txn, uint64_t key, uint32_t len, uint64_t offset,
+                            const cps__param_spec *spec);
 /* Apply one gradient to key with its optimizer, in place (read, update, write).
  * Errors: CPS_ENOTFOUND, CPS_ESIZE (glen != len), CPS_ESTORE. */
-int cps__store_param_apply(cps_txn *txn, uint64_t key, const float *grad, uint32_t glen);
+int cps__store_param_apply(cps__txn *txn, uint64_t key, const float *grad, uint32_t glen);
 /* Copy key's parameter values into out[0..len). Errors: CPS_ENOTFOUND, CPS_ESIZE (len mismatch). */
-int cps__store_param_read(cps_txn *txn, uint64_t key, float *out, uint32_t len);
+int cps__store_param_read(cps__txn *txn, uint64_t key, float *out, uint32_t len);
 /* Overwrite a whole record (state transfer, checkpoint restore). rec->vals / rec->state used. */
-int cps__store_param_put(cps_txn *txn, uint64_t key, const cps_param_rec *rec);
+int cps__store_param_put(cps__txn *txn, uint64_t key, const cps__param_rec *rec);
 
 /* Create or replace key's record with `len` zero values and zero optimizer state, optimizer
  * step `opt_step` (checkpoint restore: the data follows with cps__store_param_write).
  * Errors: CPS_EINVAL, CPS_ESTORE. */
-int cps__store_param_reset(cps_txn *txn, uint64_t key, uint32_t len, uint64_t opt_step,
-                           const cps_param_spec *spec);
+int cps__store_param_reset(cps__txn *txn, uint64_t key, uint32_t len, uint64_t opt_step,
+                           const cps__param_spec *spec);
 /* Write n values into key's record at element `first` of slot `slot` (0: the parameters, 1..k:
  * optimizer state slot k-1). Errors: CPS_ENOTFOUND, CPS_ESIZE (out of bounds), CPS_ESTORE. */
-int cps__store_param_write(cps_txn *txn, uint64_t key, uint32_t slot, uint64_t first,
+int cps__store_param_write(cps__txn *txn, uint64_t key, uint32_t slot, uint64_t first,
                            const float *vals, uint64_t n);
 
 /* A read-only transaction kept open across calls, e.g. by a checkpoint's reader thread: it sees
  * the store as it was at begin, however long it stays open. Meanwhile the map cannot grow: a
  * writer that needs more room waits until the snapshot ends, so keep it short.
  * Errors: CPS_ESTORE, CPS_ENOMEM, CPS_EPOISONED. */
-int cps__store_snapshot_begin(cps_store *s, cps_txn **out);
+int cps__store_snapshot_begin(cps__store *s, cps__txn **out);
 /* End it (from any thread). NULL is a no-op. */
-void cps__store_snapshot_end(cps_txn *txn);
+void cps__store_snapshot_end(cps__txn *txn);
 /* Grow the map until at most an eighth of it is in use and at least 256 MiB is free, so that
  * updates applied while a snapshot is open need not grow it. The room is reserved on disk, so
  * the growth stops (CPS_ENOSPC, a warning) rather than take the filesystem's last free half.
  * Call with no transaction of this process open.
  * Errors: CPS_ESTORE, CPS_ENOSPC. */
-int cps__store_ensure_room(cps_store *s);
+int cps__store_ensure_room(cps__store *s);
 
 /* Iterate records with lo <= key <= hi in key order; fn returns non-zero to stop (returned). */
-typedef int (*cps_param_iter_fn)(void *arg, uint64_t key, const cps_param_rec *rec);
-int cps__store_param_scan(cps_txn *txn, uint64_t lo, uint64_t hi, cps_param_iter_fn fn, void *arg);
+typedef int (*cps__param_iter_fn)(void *arg, uint64_t key, const cps__param_rec *rec);
+int cps__store_param_scan(cps__txn *txn, uint64_t lo, uint64_t hi, cps__param_iter_fn fn,
+                          void *arg);
 
-typedef struct cps_range_meta {
+typedef struct cps__range_meta {
     uint64_t seq;  /* update sequence number of the last update applied to the range */
     uint64_t step; /* last training step applied (sync mode) */
-} cps_range_meta;
+} cps__range_meta;
 /* Missing range reads as zeros (returns 0). */
-int cps__store_range_get(cps_txn *txn, uint32_t range, cps_range_meta *out);
-int cps__store_range_put(cps_txn *txn, uint32_t range, const cps_range_meta *m);
+int cps__store_range_get(cps__txn *txn, uint32_t range, cps__range_meta *out);
+int cps__store_range_put(cps__txn *txn, uint32_t range, const cps__range_meta *m);
 
 /* Exactly-once record: last applied request seq of `worker` in `range` (0 if none). */
-int cps__store_dedup_get(cps_txn *txn, uint32_t range, uint32_t worker, uint64_t *seq);
-int cps__store_dedup_put(cps_txn *txn, uint32_t range, uint32_t worker, uint64_t seq);
+int cps__store_dedup_get(cps__txn *txn, uint32_t range, uint32_t worker, uint64_t *seq);
+int cps__store_dedup_put(cps__txn *txn, uint32_t range, uint32_t worker, uint64_t seq);
 
 /* Every exactly-once record of `range`, in worker order; fn returns non-zero to stop. */
-typedef int (*cps_dedup_iter_fn)(void *arg, uint32_t worker, uint64_t seq);
-int cps__store_dedup_scan(cps_txn *txn, uint32_t range, cps_dedup_iter_fn fn, void *arg);
+typedef int (*cps__dedup_iter_fn)(void *arg, uint32_t worker, uint64_t seq);
+int cps__store_dedup_scan(cps__txn *txn, uint32_t range, cps__dedup_iter_fn fn, void *arg);
 
 /* Forget range `range` (keys lo..hi): its parameter records, exactly-once records, sequence
  * number, and the named values starting with `meta_prefix` (may be NULL). Used before a
  * replica receives the range afresh (state transfer). */
-int cps__store_range_clear(cps_txn *txn, uint32_t range, uint64_t lo, uint64_t hi,
+int cps__store_range_clear(cps__txn *txn, uint32_t range, uint64_t lo, uint64_t hi,
                            const char *meta_prefix);
 
 /* Named values whose name starts with `prefix`, in name order; fn returns non-zero to stop.
  * name is NUL-terminated (borrowed), val borrowed until the next write. */
-typedef int (*cps_meta_iter_fn)(void *arg, const char *name, const void *val, size_t len);
-int cps__store_meta_scan(cps_txn *txn, const char *prefix, cps_meta_iter_fn fn, void *arg);
+typedef int (*cps__meta_iter_fn)(void *arg, const char *name, const void *val, size_t len);
+int cps__store_meta_scan(cps__txn *txn, const char *prefix, cps__meta_iter_fn fn, void *arg);
 /* Delete a named value (absent: 0). */
-int cps__store_meta_del(cps_txn *txn, const char *name);
+int cps__store_meta_del(cps__txn *txn, const char *name);
 /* Empty the store: parameters, range sequence numbers, exactly-once records and metadata
  * (`chainps server --reset-data`). Errors: CPS_ESTORE. */
-int cps__store_wipe(cps_txn *txn);
+int cps__store_wipe(cps__txn *txn);
 
 /* Small named values (<= 4 KiB). get: CPS_ENOTFOUND if absent; *len in: capacity, out: size. */
-int cps__store_meta_get(cps_txn *txn, const char *name, void *buf, size_t *len);
-int cps__store_meta_put(cps_txn *txn, const char *name, const void *buf, size_t len);
+int cps__store_meta_get(cps__txn *txn, const char *name, void *buf, size_t *len);
+int cps__store_meta_put(cps__txn *txn, const char *name, const void *buf, size_t len);
 
 /* Larger named values (<= 64 MiB; e.g. the scheduler's view). blob_get returns a borrowed
  * pointer valid until the next write or the end of the txn. Errors: CPS_ENOTFOUND, CPS_EINVAL. */
-int cps__store_blob_put(cps_txn *txn, const char *name, const void *buf, size_t len);
-int cps__store_blob_get(cps_txn *txn, const char *name, const void **buf, size_t *len);
+int cps__store_blob_put(cps__txn *txn, const char *name, const void *buf, size_t len);
+int cps__store_blob_get(cps__txn *txn, const char *name, const void **buf, size_t *len);
 
 /* XXH3-64 over the parameter values (not optimizer state) of keys lo..hi, in key order, mixed
  * with each key: equal on two replicas iff they hold the same bits. */
-int cps__store_checksum(cps_txn *txn, uint64_t lo, uint64_t hi, uint64_t *out);
+int cps__store_checksum(cps__txn *txn, uint64_t lo, uint64_t hi, uint64_t *out);
 
 /* Counters for status. */
-int cps__store_count(cps_txn *txn, uint64_t *keys, uint64_t *values);
+int cps__store_count(cps__txn *txn, uint64_t *keys, uint64_t *values);
 
 #endif

@@ -34,7 +34,7 @@ typedef struct sender {
     int live;
 } sender;
 
-struct cps_auth {
+struct cps__auth {
     int keyed;
     unsigned char key[CPS_AUTH_KEY_SIZE];
     unsigned char salt[CPS_AUTH_SALT];
@@ -186,7 +186,7 @@ static EVP_CIPHER_CTX *gcm_new(void)
 }
 
 /* Key `c` with the subkey of `salt` under the job key. */
-static int gcm_key(const cps_auth *a, EVP_CIPHER_CTX *c, const unsigned char *salt)
+static int gcm_key(const cps__auth *a, EVP_CIPHER_CTX *c, const unsigned char *salt)
 {
     unsigned char sub[32];
     int rc = sha256_parts(SUBKEY_LABEL, sizeof SUBKEY_LABEL, a->key, sizeof a->key, salt,
@@ -220,9 +220,9 @@ static int gmac(EVP_CIPHER_CTX *c, uint64_t counter, const unsigned char *data, 
     return 0;
 }
 
-int cps__auth_create(const unsigned char *key, cps_auth **out)
+int cps__auth_create(const unsigned char *key, cps__auth **out)
 {
-    cps_auth *a = calloc(1, sizeof *a);
+    cps__auth *a = calloc(1, sizeof *a);
     if (!a)
         return CPS_ENOMEM;
     if (key) {
@@ -243,7 +243,7 @@ int cps__auth_create(const unsigned char *key, cps_auth **out)
     return 0;
 }
 
-void cps__auth_destroy(cps_auth *a)
+void cps__auth_destroy(cps__auth *a)
 {
     if (!a)
         return;
@@ -255,12 +255,12 @@ void cps__auth_destroy(cps_auth *a)
     free(a);
 }
 
-int cps__auth_keyed(const cps_auth *a)
+int cps__auth_keyed(const cps__auth *a)
 {
     return a && a->keyed;
 }
 
-void cps__auth_seal(cps_auth *a, unsigned char *msg, size_t len)
+void cps__auth_seal(cps__auth *a, unsigned char *msg, size_t len)
 {
     unsigned char *t = msg + len;
     if (!a->keyed) {
@@ -317,7 +317,7 @@ static int window_take(sender *s, uint64_t c)
     return CPS_AUTH_OK;
 }
 
-int cps__auth_open(cps_auth *a, const unsigned char *msg, size_t len, size_t *body_len)
+int cps__auth_open(cps__auth *a, const unsigned char *msg, size_t len, size_t *body_len)
 {
     if (len < CPS_AUTH_TRAILER)
         return CPS_AUTH_SHORT;

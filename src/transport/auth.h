@@ -54,7 +54,7 @@ int cps__auth_load_file(const char *path, unsigned char key[CPS_AUTH_KEY_SIZE], 
 int cps__auth_create_file(const char *path, char *err, size_t errlen);
 
 /* Why a message was refused (cps__auth_open). */
-enum cps_auth_verdict {
+enum cps__auth_verdict {
     CPS_AUTH_OK = 0,
     CPS_AUTH_SHORT,    /* shorter than a trailer */
     CPS_AUTH_UNSIGNED, /* zeroed trailer: the sender runs without a secret (--insecure) */
@@ -65,20 +65,20 @@ enum cps_auth_verdict {
 };
 const char *cps__auth_verdict_str(int verdict);
 
-typedef struct cps_auth cps_auth;
+typedef struct cps__auth cps__auth;
 
 /* A sealer and checker for one transport (one thread). `key` NULL: no secret (the trailer is
  * zeroed on send and ignored on receipt). Errors: CPS_ENOMEM, CPS_EIO (no randomness). */
-int cps__auth_create(const unsigned char *key, cps_auth **out);
-void cps__auth_destroy(cps_auth *a);
+int cps__auth_create(const unsigned char *key, cps__auth **out);
+void cps__auth_destroy(cps__auth *a);
 /* 1 if this sealer has a key. */
-int cps__auth_keyed(const cps_auth *a);
+int cps__auth_keyed(const cps__auth *a);
 
 /* Write the trailer for msg[0, len) into msg[len, len + CPS_AUTH_TRAILER). */
-void cps__auth_seal(cps_auth *a, unsigned char *msg, size_t len);
+void cps__auth_seal(cps__auth *a, unsigned char *msg, size_t len);
 /* Check a received message of `len` bytes (trailer included). Returns CPS_AUTH_OK and the length
  * without the trailer in *body_len, or the verdict. Without a key every message of at least a
  * trailer is CPS_AUTH_OK. */
-int cps__auth_open(cps_auth *a, const unsigned char *msg, size_t len, size_t *body_len);
+int cps__auth_open(cps__auth *a, const unsigned char *msg, size_t len, size_t *body_len);
 
 #endif

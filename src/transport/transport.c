@@ -59,7 +59,7 @@ typedef struct tp_peer {
     size_t qbytes;
 } tp_peer;
 
-struct cps_tp {
+struct cps__tp {
     int inbox; /* -1 until bound */
     int rcvfd;
     int extra_fd;
@@ -70,16 +70,16 @@ struct cps_tp {
     struct pollfd *pfds;
     tp_peer **pfd_peer; /* pfd_peer[i] owns pfds[i], NULL for the inbox and extra fd */
     size_t pfd_cap;
-    cps_auth *auth;
-    uint64_t auth_dropped;        /* messages refused by the MAC check, ever */
-    uint64_t auth_unlogged;       /* refused since the last log line */
-    int64_t auth_logged_ms;       /* time of that line */
-    cps_tp_backlog_fn backlog_fn; /* an event loop watching the peers with a backlog */
+    cps__auth *auth;
+    uint64_t auth_dropped;         /* messages refused by the MAC check, ever */
+    uint64_t auth_unlogged;        /* refused since the last log line */
+    int64_t auth_logged_ms;        /* time of that line */
+    cps__tp_backlog_fn backlog_fn; /* an event loop watching the peers with a backlog */
     void *backlog_ctx;
 };
 
 /* A peer's queue went from empty to not (on) or back. */
-static void backlog_note(cps_tp *tp, const tp_peer *p, int on)
+static void backlog_note(cps__tp *tp, const tp_peer *p, int on)
 {
     if (tp->backlog_fn)
         tp->backlog_fn(tp->backlog_ctx, p->sndfd, on);
@@ -96,7 +96,7 @@ static int64_t now_ms(void)
 static int nn_fail(const char *op, const char *target)
 {
     int e = nn_errno();
-    cps_log(CPS_LOG_ERROR, SUB, "%s %s: %s", op, target ? target : "", nn_strerror(e));
+    cps__log(CPS_LOG_ERROR, SUB, "%s %s: %s", op, target ? target : "", nn_strerror(e));
     return e == EINVAL ? CPS_EINVAL : CPS_ETRANSPORT;
 }
 
@@ -155,11 +155,11 @@ static int get_fd(int s, int opt, int *fd)
     return 0;
 }
 
-int cps__tp_create(const unsigned char *key, cps_tp **out)
+int cps__tp_create(const unsigned char *key, cps__tp **out)
 {
     if (!out)
         return CPS_EINVAL;
-    cps_tp *tp = calloc(1, sizeof *tp);
+    cps__tp *tp = calloc(1, sizeof *tp);
     if (!tp)
         return CPS_ENOMEM;
     int rc = cps__auth_create(key, &tp->auth);
@@ -177,7 +177,7 @@ int cps__tp_create(const unsigned char *key, cps_tp **out)
 /* ---- peers ---- */
 
 /* Index of `id` in tp->peers, or the insertion point with *found = 0. */
-static size_t peer_index(const cps_tp *tp, uint32_t id, int *found)
+static size_t peer_index(const cps__tp *tp, uint32_t id, int *found)
 {
     size_t lo = 0, hi = tp->npeers;
     while (lo < hi) {
@@ -191,14 +191,14 @@ static size_t peer_index(const cps_tp *tp, uint32_t id, int *found)
     return lo;
 }
 
-static tp_peer *peer_find(const cps_tp *tp, uint32_t id)
+static tp_peer *peer_find(const cps__tp *tp, uint32_t id)
 {
     int found;
     size_t i = peer_index(tp, id, &found);
     return found ? tp->peers[i] : NULL;
 }
 
-static void queue_clear(cps_tp *tp, tp_peer *p)
+static void queue_clear(cps__tp *tp, tp_peer *p)
 {
     if (p->qlen)
         backlog_note(tp, p, 0);
@@ -210,11 +210,11 @@ static void queue_clear(cps_tp *tp, tp_peer *p)
     p->qbytes = 0;
 }
 
-static void peer_free(cps_tp *tp, tp_peer *p)
+static void peer_free(cps__tp *tp, tp_peer *p)
 {
     if (p->qlen)
-        cps_log(CPS_LOG_WARN, SUB, "peer %u (%s): dropping %zu queued messages (%zu bytes)", p->id,
-                p->url, p->qlen, p->qbytes);
+        cps__log(CPS_LOG_WARN, SUB, "peer %u (%s): dropping %zu queued messages (%zu bytes)", p->id,
+                 p->url, p->qlen, p->qbytes);
     queue_clear(tp, p);
     close_sock(p->sock);
     free(p->q);
@@ -222,7 +222,7 @@ static void peer_free(cps_tp *tp, tp_peer *p)
     free(p);
 }
 
-static int queue_push(cps_tp *tp, tp_peer *p, void *buf, size_t len)
+static int queue_push(cps__tp *tp, tp_peer *p, void *buf, size_t len)
 {
     if (p->qlen >= TP_QUEUE_MAX)
         return CPS_EAGAIN;
@@ -257,15 +257,15 @@ static int try_send(tp_peer *p, void *buf)
         if (e == EAGAIN)
             return 0;
         if (e != EINTR) {
-            cps_log(CPS_LOG_ERROR, SUB, "nn_send to peer %u (%s): %s", p->id, p->url,
-                    nn_strerror(e));
+            cps__log(CPS_LOG_ERROR, SUB, "nn_send to peer %u (%s): %s", p->id, p->url,
+                     nn_strerror(e));
             return CPS_ETRANSPORT;
         }
     }
 }
 
 /* Hand queued messages to nanomsg, oldest first, until it pushes back. */
-static int queue_flush(cps_tp *tp, tp_peer *p)
+static int queue_flush(cps__tp *tp, tp_peer *p)
 {
     if (!p->qlen)
         return 0;
@@ -326,7 +326,7 @@ static int peer_open(uint32_t id, const char *url, tp_peer **out)
     return 0;
 }
 
-int cps__tp_peer_set(cps_tp *tp, uint32_t id, const char *url)
+int cps__tp_peer_set(cps__tp *tp, uint32_t id, const char *url)
 {
     if (!tp || !valid_url(url))
         return CPS_EINVAL;
@@ -340,7 +340,7 @@ int cps__tp_peer_set(cps_tp *tp, uint32_t id, const char *url)
     if (rc)
         return rc;
     if (found) {
-        cps_log(CPS_LOG_INFO, SUB, "peer %u moved %s -> %s", id, tp->peers[i]->url, url);
+        cps__log(CPS_LOG_INFO, SUB, "peer %u moved %s -> %s", id, tp->peers[i]->url, url);
         peer_free(tp, tp->peers[i]);
         tp->peers[i] = p;
         return 0;
@@ -355,11 +355,11 @@ int cps__tp_peer_set(cps_tp *tp, uint32_t id, const char *url)
     memmove(&tp->peers[i + 1], &tp->peers[i], (tp->npeers - i) * sizeof *tp->peers);
     tp->peers[i] = p;
     tp->npeers++;
-    cps_log(CPS_LOG_DEBUG, SUB, "peer %u at %s", id, url);
+    cps__log(CPS_LOG_DEBUG, SUB, "peer %u at %s", id, url);
     return 0;
 }
 
-void cps__tp_peer_drop(cps_tp *tp, uint32_t id)
+void cps__tp_peer_drop(cps__tp *tp, uint32_t id)
 {
     if (!tp)
         return;
@@ -372,7 +372,7 @@ void cps__tp_peer_drop(cps_tp *tp, uint32_t id)
     tp->npeers--;
 }
 
-int cps__tp_peer_known(const cps_tp *tp, uint32_t id)
+int cps__tp_peer_known(const cps__tp *tp, uint32_t id)
 {
     return tp && peer_find(tp, id) != NULL;
 }
@@ -397,7 +397,7 @@ void cps__tp_free(void *buf)
  * whole chunk, so a shorter `len` would not shorten the message, and the trailer goes right after
  * `len` bytes. The trailer is written here, so a message forwarded as it was received is sealed
  * afresh by this sender. */
-int cps__tp_send(cps_tp *tp, uint32_t id, void *buf, size_t len)
+int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
 {
     if (!tp || !buf)
         return CPS_EINVAL;
@@ -419,16 +419,17 @@ int cps__tp_send(cps_tp *tp, uint32_t id, void *buf, size_t len)
     }
     int rc = queue_push(tp, p, buf, len);
     if (rc == CPS_EAGAIN)
-        cps_log(CPS_LOG_DEBUG, SUB, "peer %u (%s): queue full (%zu messages)", id, p->url, p->qlen);
+        cps__log(CPS_LOG_DEBUG, SUB, "peer %u (%s): queue full (%zu messages)", id, p->url,
+                 p->qlen);
     return rc;
 }
 
-size_t cps__tp_queued(const cps_tp *tp)
+size_t cps__tp_queued(const cps__tp *tp)
 {
     return tp ? tp->queued : 0;
 }
 
-uint64_t cps__tp_auth_dropped(const cps_tp *tp)
+uint64_t cps__tp_auth_dropped(const cps__tp *tp)
 {
     return tp ? tp->auth_dropped : 0;
 }
@@ -436,7 +437,7 @@ uint64_t cps__tp_auth_dropped(const cps_tp *tp)
 /* A message that failed the check: counted, and logged at most once a second. nanomsg does not
  * say which address a message came from, so the line names what the message claims (its header's
  * sender and type, unauthenticated) and the sender instance (salt) it bears. */
-static void auth_refused(cps_tp *tp, const unsigned char *m, size_t n, int verdict)
+static void auth_refused(cps__tp *tp, const unsigned char *m, size_t n, int verdict)
 {
     tp->auth_dropped++;
     tp->auth_unlogged++;
@@ -446,12 +447,12 @@ static void auth_refused(cps_tp *tp, const unsigned char *m, size_t n, int verdi
     uint32_t claimed = n >= 12 ? cps__le32_get(m + 8) : 0;
     unsigned type = n >= 6 ? m[5] : 0;
     unsigned salt = n >= CPS_AUTH_TRAILER ? cps__le32_get(m + n - CPS_AUTH_TRAILER) : 0;
-    cps_log(CPS_LOG_WARN, SUB,
-            "%s: dropped %llu message(s) that failed authentication (%llu in all); the last: "
-            "%zu bytes, %s, claims sender %u, type %u, sender instance %08x",
-            tp->inbox_url, (unsigned long long)tp->auth_unlogged,
-            (unsigned long long)tp->auth_dropped, n, cps__auth_verdict_str(verdict), claimed, type,
-            salt);
+    cps__log(CPS_LOG_WARN, SUB,
+             "%s: dropped %llu message(s) that failed authentication (%llu in all); the last: "
+             "%zu bytes, %s, claims sender %u, type %u, sender instance %08x",
+             tp->inbox_url, (unsigned long long)tp->auth_unlogged,
+             (unsigned long long)tp->auth_dropped, n, cps__auth_verdict_str(verdict), claimed, type,
+             salt);
     tp->auth_unlogged = 0;
     tp->auth_logged_ms = now;
 }
@@ -494,12 +495,12 @@ static void format_url(char *buf, size_t cap, const char *host, unsigned port)
         snprintf(buf, cap, "tcp://%s:%u", host, port);
 }
 
-int cps__tp_bind(cps_tp *tp, const char *host, uint16_t port, uint16_t *port_out)
+int cps__tp_bind(cps__tp *tp, const char *host, uint16_t port, uint16_t *port_out)
 {
     if (!tp || !valid_host(host))
         return CPS_EINVAL;
     if (tp->inbox >= 0) {
-        cps_log(CPS_LOG_ERROR, SUB, "inbox already bound to %s", tp->inbox_url);
+        cps__log(CPS_LOG_ERROR, SUB, "inbox already bound to %s", tp->inbox_url);
         return CPS_EINVAL;
     }
     int s, rc = open_sock(NN_PULL, &s);
@@ -527,8 +528,8 @@ int cps__tp_bind(cps_tp *tp, const char *host, uint16_t port, uint16_t *port_out
         }
     }
     if (!rc && !bound) {
-        cps_log(CPS_LOG_ERROR, SUB, "nn_bind %s: no free port after %d tries in %u..%u", host,
-                tries, TP_PORT_LO, TP_PORT_HI);
+        cps__log(CPS_LOG_ERROR, SUB, "nn_bind %s: no free port after %d tries in %u..%u", host,
+                 tries, TP_PORT_LO, TP_PORT_HI);
         rc = CPS_ETRANSPORT;
     }
     if (!rc)
@@ -542,17 +543,17 @@ int cps__tp_bind(cps_tp *tp, const char *host, uint16_t port, uint16_t *port_out
     snprintf(tp->inbox_url, sizeof tp->inbox_url, "%s", url);
     if (port_out)
         *port_out = (uint16_t)chosen;
-    cps_log(CPS_LOG_DEBUG, SUB, "inbox bound to %s", url);
+    cps__log(CPS_LOG_DEBUG, SUB, "inbox bound to %s", url);
     return 0;
 }
 
-void cps__tp_poll_extra(cps_tp *tp, int fd)
+void cps__tp_poll_extra(cps__tp *tp, int fd)
 {
     if (tp)
         tp->extra_fd = fd;
 }
 
-static int pfd_reserve(cps_tp *tp, size_t n)
+static int pfd_reserve(cps__tp *tp, size_t n)
 {
     if (n <= tp->pfd_cap)
         return 0;
@@ -571,7 +572,7 @@ static int pfd_reserve(cps_tp *tp, size_t n)
     return 0;
 }
 
-static void pfd_add(cps_tp *tp, size_t *n, int fd, tp_peer *p)
+static void pfd_add(cps__tp *tp, size_t *n, int fd, tp_peer *p)
 {
     tp->pfds[*n] = (struct pollfd){.fd = fd, .events = POLLIN};
     tp->pfd_peer[*n] = p;
@@ -583,7 +584,7 @@ enum { WAKE_INBOX = 1, WAKE_EXTRA = 2, WAKE_FLUSH = 4 };
 /* One poll(2): wait up to wait_ms on the inbox (if want_inbox), the extra fd and the NN_SNDFD of
  * every peer with a backlog; flush the backlogs that became sendable. Returns WAKE_* bits or a
  * negative error; 0 on timeout or EINTR. */
-static int wait_once(cps_tp *tp, int wait_ms, int want_inbox)
+static int wait_once(cps__tp *tp, int wait_ms, int want_inbox)
 {
     size_t n = 0, inbox_at = SIZE_MAX, extra_at = SIZE_MAX;
     if (pfd_reserve(tp, tp->npeers + 2))
@@ -604,7 +605,7 @@ static int wait_once(cps_tp *tp, int wait_ms, int want_inbox)
     if (rc < 0) {
         if (errno == EINTR)
             return 0;
-        cps_log(CPS_LOG_ERROR, SUB, "poll: %s", strerror(errno));
+        cps__log(CPS_LOG_ERROR, SUB, "poll: %s", strerror(errno));
         return CPS_ETRANSPORT;
     }
     int wake = 0;
@@ -626,7 +627,7 @@ static int wait_once(cps_tp *tp, int wait_ms, int want_inbox)
 }
 
 /* Deliver what the inbox holds now, up to `max` (0: all). */
-static int drain_inbox(cps_tp *tp, cps_tp_recv_fn fn, void *ctx, int max)
+static int drain_inbox(cps__tp *tp, cps__tp_recv_fn fn, void *ctx, int max)
 {
     int delivered = 0, refused = 0;
     /* Refused messages end the batch too, after a while: a flood of forgeries must not keep the
@@ -638,7 +639,7 @@ static int drain_inbox(cps_tp *tp, cps_tp_recv_fn fn, void *ctx, int max)
             int e = nn_errno();
             if (e == EAGAIN || e == EINTR)
                 break;
-            cps_log(CPS_LOG_ERROR, SUB, "nn_recv on %s: %s", tp->inbox_url, nn_strerror(e));
+            cps__log(CPS_LOG_ERROR, SUB, "nn_recv on %s: %s", tp->inbox_url, nn_strerror(e));
             return delivered ? delivered : CPS_ETRANSPORT;
         }
         size_t body;
@@ -655,7 +656,7 @@ static int drain_inbox(cps_tp *tp, cps_tp_recv_fn fn, void *ctx, int max)
     return delivered;
 }
 
-int cps__tp_poll(cps_tp *tp, int timeout_ms, cps_tp_recv_fn fn, void *ctx, int max_msgs)
+int cps__tp_poll(cps__tp *tp, int timeout_ms, cps__tp_recv_fn fn, void *ctx, int max_msgs)
 {
     if (!tp)
         return CPS_EINVAL;
@@ -689,19 +690,19 @@ int cps__tp_poll(cps_tp *tp, int timeout_ms, cps_tp_recv_fn fn, void *ctx, int m
     }
 }
 
-int cps__tp_inbox_fd(const cps_tp *tp)
+int cps__tp_inbox_fd(const cps__tp *tp)
 {
     return tp && tp->inbox >= 0 ? tp->rcvfd : -1;
 }
 
-int cps__tp_drain(cps_tp *tp, cps_tp_recv_fn fn, void *ctx, int max_msgs)
+int cps__tp_drain(cps__tp *tp, cps__tp_recv_fn fn, void *ctx, int max_msgs)
 {
     if (!tp || !fn)
         return CPS_EINVAL;
     return tp->inbox >= 0 ? drain_inbox(tp, fn, ctx, max_msgs) : 0;
 }
 
-void cps__tp_set_backlog_fn(cps_tp *tp, cps_tp_backlog_fn fn, void *ctx)
+void cps__tp_set_backlog_fn(cps__tp *tp, cps__tp_backlog_fn fn, void *ctx)
 {
     if (!tp)
         return;
@@ -715,7 +716,7 @@ void cps__tp_set_backlog_fn(cps_tp *tp, cps_tp_backlog_fn fn, void *ctx)
             backlog_note(tp, tp->peers[i], 1);
 }
 
-int cps__tp_flush_fd(cps_tp *tp, int fd)
+int cps__tp_flush_fd(cps__tp *tp, int fd)
 {
     if (!tp)
         return CPS_EINVAL;
@@ -726,7 +727,7 @@ int cps__tp_flush_fd(cps_tp *tp, int fd)
     return 0;
 }
 
-void cps__tp_destroy(cps_tp *tp)
+void cps__tp_destroy(cps__tp *tp)
 {
     if (!tp)
         return;

@@ -10,7 +10,7 @@
  * default of 1 MiB makes the receiver drop larger messages silently while the sender sees
  * success), and socket buffers are set to 4 MiB.
  *
- * Not thread-safe: one thread owns a cps_tp.
+ * Not thread-safe: one thread owns a cps__tp.
  */
 #ifndef CPS_TRANSPORT_H
 #define CPS_TRANSPORT_H
@@ -18,29 +18,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef struct cps_tp cps_tp;
+typedef struct cps__tp cps__tp;
 
 /* Create a transport with no inbox yet. `key` is the job's CPS_AUTH_KEY_SIZE-byte key (copied)
  * or NULL for a job without a secret (--insecure): see transport/auth.h. With a key, every
  * message sent carries a MAC and every message received is checked before it is delivered;
  * one that fails is dropped, counted (cps__tp_auth_dropped) and logged at most once a second.
  * Errors: CPS_ENOMEM, CPS_EIO (no randomness for the sender's salt). */
-int cps__tp_create(const unsigned char *key, cps_tp **out);
+int cps__tp_create(const unsigned char *key, cps__tp **out);
 /* Close every socket and free queued messages. NULL is a no-op. */
-void cps__tp_destroy(cps_tp *tp);
+void cps__tp_destroy(cps__tp *tp);
 
 /* Bind the inbox to `url` ("tcp://host:port"). Port 0 picks a free port in 20000..59999 (tries
  * several at random) and writes the chosen port to *port_out (may be NULL).
  * Errors: CPS_EINVAL (bad url), CPS_ETRANSPORT (bind failed; the nanomsg error is logged). */
-int cps__tp_bind(cps_tp *tp, const char *host, uint16_t port, uint16_t *port_out);
+int cps__tp_bind(cps__tp *tp, const char *host, uint16_t port, uint16_t *port_out);
 
 /* Register (or re-point) peer `id` at inbox `url`. Idempotent when the url is unchanged; a new
  * url closes the old socket and drops its queue. Errors: CPS_EINVAL, CPS_ETRANSPORT, CPS_ENOMEM. */
-int cps__tp_peer_set(cps_tp *tp, uint32_t id, const char *url);
+int cps__tp_peer_set(cps__tp *tp, uint32_t id, const char *url);
 /* Forget a peer: close its socket, free its queue. Unknown id is a no-op. */
-void cps__tp_peer_drop(cps_tp *tp, uint32_t id);
+void cps__tp_peer_drop(cps__tp *tp, uint32_t id);
 /* 1 if the peer is registered. */
-int cps__tp_peer_known(const cps_tp *tp, uint32_t id);
+int cps__tp_peer_known(const cps__tp *tp, uint32_t id);
 
 /* Allocate a message buffer of `len` bytes (8-byte aligned), with room after them for the
  * authentication trailer. NULL on failure. */
@@ -51,43 +51,43 @@ void cps__tp_free(void *buf);
 /* Send `buf` (from cps__tp_alloc, `len` bytes) to peer `id`. On success the transport owns buf
  * (it is sent now or queued); on failure the caller still owns it.
  * Errors: CPS_ENOTFOUND (unknown peer), CPS_EAGAIN (peer queue over its limit), CPS_ETRANSPORT. */
-int cps__tp_send(cps_tp *tp, uint32_t id, void *buf, size_t len);
+int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len);
 
 /* Called for each received message that passed authentication; `len` excludes the trailer. The
  * callee owns `buf` and must cps__tp_free() it (it may keep
  * it past the call, e.g. to aggregate gradients without a copy). */
-typedef void (*cps_tp_recv_fn)(void *ctx, void *buf, size_t len);
+typedef void (*cps__tp_recv_fn)(void *ctx, void *buf, size_t len);
 
 /* Wait up to `timeout_ms` (-1: forever, 0: just check) for inbox messages, deliver every message
  * already available to `fn` (at most `max_msgs`, 0 for no limit), and flush peer queues that can
  * take data. Returns the number delivered (>= 0) or CPS_ETRANSPORT. Interrupted by a signal:
  * returns 0. Extra fds: `cps__tp_poll_extra` lets the event loop wake on its own fd. */
-int cps__tp_poll(cps_tp *tp, int timeout_ms, cps_tp_recv_fn fn, void *ctx, int max_msgs);
+int cps__tp_poll(cps__tp *tp, int timeout_ms, cps__tp_recv_fn fn, void *ctx, int max_msgs);
 /* An extra fd to include in poll for reading (e.g. an eventfd); -1 to clear. When it is readable
  * cps__tp_poll returns (possibly 0 delivered). */
-void cps__tp_poll_extra(cps_tp *tp, int fd);
+void cps__tp_poll_extra(cps__tp *tp, int fd);
 
 /* ---- for an event loop that owns the poll (node/loop.h) ----
  * The inbox's NN_RCVFD (readable when a message waits), or -1 before cps__tp_bind. */
-int cps__tp_inbox_fd(const cps_tp *tp);
+int cps__tp_inbox_fd(const cps__tp *tp);
 /* Deliver the inbox messages that are waiting now, at most `max_msgs` (0: all), to `fn`,
  * without waiting. Returns the number delivered or CPS_ETRANSPORT. */
-int cps__tp_drain(cps_tp *tp, cps_tp_recv_fn fn, void *ctx, int max_msgs);
+int cps__tp_drain(cps__tp *tp, cps__tp_recv_fn fn, void *ctx, int max_msgs);
 /* Told `fd` (a peer's NN_SNDFD) when that peer's queue becomes non-empty (`on` 1: watch fd and
  * call cps__tp_flush_fd when it is readable) and when it empties or the peer is dropped (0:
  * stop watching; the fd is still open during the call). Called from cps__tp_send and the
  * flushes, so the callee must not call back into the transport. */
-typedef void (*cps_tp_backlog_fn)(void *ctx, int fd, int on);
+typedef void (*cps__tp_backlog_fn)(void *ctx, int fd, int on);
 /* Install `fn` (NULL: none). The previous one is told `on` 0, and the new one `on` 1, for every
  * peer that has a backlog now. cps__tp_destroy forgets it first, telling it nothing. */
-void cps__tp_set_backlog_fn(cps_tp *tp, cps_tp_backlog_fn fn, void *ctx);
+void cps__tp_set_backlog_fn(cps__tp *tp, cps__tp_backlog_fn fn, void *ctx);
 /* Hand the backlog of the peer whose NN_SNDFD is `fd` to nanomsg, as far as it takes it.
  * Unknown fd: 0. Returns 0 or CPS_ETRANSPORT. */
-int cps__tp_flush_fd(cps_tp *tp, int fd);
+int cps__tp_flush_fd(cps__tp *tp, int fd);
 
 /* Number of messages waiting in peer queues (all peers). */
-size_t cps__tp_queued(const cps_tp *tp);
+size_t cps__tp_queued(const cps__tp *tp);
 /* Messages refused so far because they failed authentication (or were replayed). */
-uint64_t cps__tp_auth_dropped(const cps_tp *tp);
+uint64_t cps__tp_auth_dropped(const cps__tp *tp);
 
 #endif

@@ -21,15 +21,15 @@ cps_optim cps_optim_sgd(float lr)
 /* Turn the public init/optimizer description into the wire spec, resolving defaults and
  * refusing nonsense with a log line that names the parameter. */
 int cps__spec_make(const char *name, const cps_init *init, const cps_optim *optim,
-                   cps_param_spec *spec)
+                   cps__param_spec *spec)
 {
     memset(spec, 0, sizeof *spec);
     if (init) {
         if ((unsigned)init->kind > CPS_INIT_NORMAL || !isfinite(init->a) || !isfinite(init->b) ||
             (init->kind == CPS_INIT_UNIFORM && !(init->a < init->b)) ||
             (init->kind == CPS_INIT_NORMAL && init->b < 0)) {
-            cps_log(CPS_LOG_ERROR, "worker", "tensor %s: bad initializer (kind %d, a %g, b %g)",
-                    name, (int)init->kind, init->a, init->b);
+            cps__log(CPS_LOG_ERROR, "worker", "tensor %s: bad initializer (kind %d, a %g, b %g)",
+                     name, (int)init->kind, init->a, init->b);
             return CPS_EINVAL;
         }
         spec->init_kind = (uint32_t)init->kind;
@@ -56,7 +56,7 @@ int cps__spec_make(const char *name, const cps_init *init, const cps_optim *opti
     else if (o.rho != 0 && !(o.rho > 0 && o.rho < 1))
         bad = "rho (must be in (0, 1))";
     if (bad) {
-        cps_log(CPS_LOG_ERROR, "worker", "tensor %s: bad %s", name, bad);
+        cps__log(CPS_LOG_ERROR, "worker", "tensor %s: bad %s", name, bad);
         return CPS_EINVAL;
     }
     spec->opt_kind = (uint32_t)o.kind;
@@ -103,25 +103,25 @@ static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_
     *out = NULL;
     size_t nlen = strlen(name);
     if (nlen == 0 || nlen > 255) {
-        cps_log(CPS_LOG_ERROR, "worker", "a tensor name must be 1..255 bytes");
+        cps__log(CPS_LOG_ERROR, "worker", "a tensor name must be 1..255 bytes");
         return CPS_EINVAL;
     }
     uint64_t length = 1;
     if (!dims || ndim < 1 || ndim > CPS_MAX_NDIM) {
-        cps_log(CPS_LOG_ERROR, "worker", "tensor %s: a shape needs 1..%d dimensions, not %u", name,
-                CPS_MAX_NDIM, ndim);
+        cps__log(CPS_LOG_ERROR, "worker", "tensor %s: a shape needs 1..%d dimensions, not %u", name,
+                 CPS_MAX_NDIM, ndim);
         return CPS_EINVAL;
     }
     for (uint32_t i = 0; i < ndim; i++) {
         if (dims[i] == 0 || length > (UINT64_C(1) << 62) / dims[i]) {
-            cps_log(CPS_LOG_ERROR, "worker",
-                    "tensor %s: dimension %u is %llu (each must be >= 1, the product < 2^62)", name,
-                    i, (unsigned long long)dims[i]);
+            cps__log(CPS_LOG_ERROR, "worker",
+                     "tensor %s: dimension %u is %llu (each must be >= 1, the product < 2^62)",
+                     name, i, (unsigned long long)dims[i]);
             return CPS_EINVAL;
         }
         length *= dims[i];
     }
-    cps_param_spec spec;
+    cps__param_spec spec;
     int rc = cps__spec_make(name, init, optim, &spec);
     if (rc != 0)
         return rc;
@@ -137,9 +137,9 @@ static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_
             char was[200], now[200];
             format_shape(was, sizeof was, t->ndim, t->dims);
             format_shape(now, sizeof now, ndim, dims);
-            cps_log(CPS_LOG_ERROR, "worker",
-                    "tensor %s declared again with another definition (shape %s, was %s)", name,
-                    now, was);
+            cps__log(CPS_LOG_ERROR, "worker",
+                     "tensor %s declared again with another definition (shape %s, was %s)", name,
+                     now, was);
         }
         pthread_mutex_unlock(&c->lock);
         return rc;
@@ -161,26 +161,26 @@ static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_
     rc = cps__layout_tensor(t, &c->view);
     if (rc == 0) {
         /* The scheduler keeps the names and shapes, so a checkpoint can name the keys. */
-        cps_tensor_desc d = {.kind = rows ? 1 : 0,
-                             .cols = rows ? cols : 0,
-                             .length = length,
-                             .rows = rows,
-                             .spec = spec,
-                             .ndim = ndim};
+        cps__tensor_desc d = {.kind = rows ? 1 : 0,
+                              .cols = rows ? cols : 0,
+                              .length = length,
+                              .rows = rows,
+                              .spec = spec,
+                              .ndim = ndim};
         memcpy(d.dims, dims, ndim * sizeof *dims);
         memcpy(d.name, name, nlen + 1);
         rc = cps__client_register(c, &d);
     }
     if (rc == 0) {
-        cps_op op = {.kind = OP_DECLARE, .spec = &t->spec, .parts = t->parts, .nparts = t->nparts};
+        cps__op op = {.kind = OP_DECLARE, .spec = &t->spec, .parts = t->parts, .nparts = t->nparts};
         rc = cps__client_run(c, &op, 1);
         t->step = op.step; /* 0 for a new job; the job's current step for a late joiner */
         if (op.step)
-            cps_log(CPS_LOG_INFO, "worker", "tensor %s: joining at step %llu", name,
-                    (unsigned long long)op.step);
+            cps__log(CPS_LOG_INFO, "worker", "tensor %s: joining at step %llu", name,
+                     (unsigned long long)op.step);
     }
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "worker", "declaring tensor %s failed: %s", name, cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "worker", "declaring tensor %s failed: %s", name, cps_strerror(rc));
         cps__parts_free(t->parts, t->nparts);
         free(t);
     } else {
@@ -242,12 +242,12 @@ int cps_tensor_compress(cps_client *c, cps_tensor *t, const char *spec)
 {
     if (!c || !t || !spec)
         return CPS_EINVAL;
-    cps_gradcodec gc;
+    cps__gradcodec gc;
     if (cps__gradcodec_parse(spec, &gc) != 0) {
-        cps_log(CPS_LOG_ERROR, "worker",
-                "tensor %s: '%s' is not a gradient codec (fp16, bf16, topk:R with 0 < R <= 1, "
-                "or none)",
-                t->name, spec);
+        cps__log(CPS_LOG_ERROR, "worker",
+                 "tensor %s: '%s' is not a gradient codec (fp16, bf16, topk:R with 0 < R <= 1, "
+                 "or none)",
+                 t->name, spec);
         return CPS_EINVAL;
     }
     pthread_mutex_lock(&c->lock);
@@ -272,13 +272,13 @@ static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, 
         ((kind == OP_PULL || kind == OP_PUSH_PULL) && !out))
         return CPS_EINVAL;
     if (len != t->length) {
-        cps_log(CPS_LOG_ERROR, "worker", "tensor %s has %llu values, the call passed %llu", t->name,
-                (unsigned long long)t->length, (unsigned long long)len);
+        cps__log(CPS_LOG_ERROR, "worker", "tensor %s has %llu values, the call passed %llu",
+                 t->name, (unsigned long long)t->length, (unsigned long long)len);
         return CPS_ESIZE;
     }
     cps_handle *hd = NULL;
-    cps_op local;
-    cps_op *op = &local;
+    cps__op local;
+    cps__op *op = &local;
     if (h) {
         hd = calloc(1, sizeof *hd);
         if (!hd)
@@ -297,8 +297,8 @@ static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, 
         int erc = cps__op_encode(c, t, op);
         if (erc != 0) {
             pthread_mutex_unlock(&c->lock);
-            cps_log(CPS_LOG_ERROR, "worker", "tensor %s: cannot encode its gradient: %s", t->name,
-                    cps_strerror(erc));
+            cps__log(CPS_LOG_ERROR, "worker", "tensor %s: cannot encode its gradient: %s", t->name,
+                     cps_strerror(erc));
             free(hd);
             return erc;
         }
@@ -379,7 +379,7 @@ int cps_wait_result(cps_handle *h, int timeout_ms, int *result)
     free(h->op.scratch);
     cps__op_enc_free(&h->op);
     if (h->op.own_parts)
-        cps__parts_free((cps_part *)h->op.parts, h->op.nparts);
+        cps__parts_free((cps__part *)h->op.parts, h->op.nparts);
     free(h);
     *result = rc;
     return 1;
@@ -407,14 +407,14 @@ int cps_barrier(cps_client *c)
 /* ---- raw (ps-lite shaped) ---- */
 
 static int raw_op(cps_client *c, int kind, const uint64_t *keys, size_t nkeys, const float *vals,
-                  float *out, const uint32_t *lens, const cps_param_spec *spec, int noagg)
+                  float *out, const uint32_t *lens, const cps__param_spec *spec, int noagg)
 {
     if (!c || !keys || !lens || nkeys == 0)
         return CPS_EINVAL;
     pthread_mutex_lock(&c->lock);
-    cps_op op;
+    cps__op op;
     memset(&op, 0, sizeof op);
-    cps_part *parts = NULL;
+    cps__part *parts = NULL;
     uint32_t nparts = 0;
     int rc = cps__layout_raw(&c->view, keys, nkeys, lens, &parts, &nparts);
     if (rc == 0) {
@@ -446,7 +446,7 @@ static int raw_op(cps_client *c, int kind, const uint64_t *keys, size_t nkeys, c
         }
         rc = cps__client_run(c, &op, 1);
     } else {
-        cps_log(CPS_LOG_ERROR, "worker", "raw keys must be strictly increasing with lens > 0");
+        cps__log(CPS_LOG_ERROR, "worker", "raw keys must be strictly increasing with lens > 0");
     }
     pthread_mutex_unlock(&c->lock);
     cps__parts_free(parts, nparts);
@@ -456,7 +456,7 @@ static int raw_op(cps_client *c, int kind, const uint64_t *keys, size_t nkeys, c
 int cps_raw_declare(cps_client *c, const uint64_t *keys, size_t nkeys, const uint32_t *lens,
                     const cps_init *init, const cps_optim *optim)
 {
-    cps_param_spec spec;
+    cps__param_spec spec;
     int rc = cps__spec_make("(raw keys)", init, optim, &spec);
     if (rc != 0)
         return rc;
@@ -510,8 +510,8 @@ static int rows_prepare(cps_client *c, cps_tensor *t, const uint64_t *rows, size
     }
     for (size_t i = 0; i < nrows; i++) {
         if (rows[i] >= t->rows) {
-            cps_log(CPS_LOG_ERROR, "worker", "table %s: row %llu out of %llu rows", t->name,
-                    (unsigned long long)rows[i], (unsigned long long)t->rows);
+            cps__log(CPS_LOG_ERROR, "worker", "table %s: row %llu out of %llu rows", t->name,
+                     (unsigned long long)rows[i], (unsigned long long)t->rows);
             free(refs);
             return CPS_ENOTFOUND;
         }
@@ -538,7 +538,7 @@ static int rows_op(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nr
     if (!c || !t || !rows || nrows == 0 || (!grads && !out))
         return CPS_EINVAL;
     if (t->rows == 0) {
-        cps_log(CPS_LOG_ERROR, "worker", "%s is a dense tensor, not a table", t->name);
+        cps__log(CPS_LOG_ERROR, "worker", "%s is a dense tensor, not a table", t->name);
         return CPS_EINVAL;
     }
     uint64_t *ukeys = NULL;

@@ -45,16 +45,16 @@ static uint8_t wire_type(int kind)
 }
 
 /* Encode the request of a CPS_RQ_SEND action and send it to a->to under a->epoch. */
-static int req_send(cps_client *c, const cps_reqs_action *a)
+static int req_send(cps_client *c, const cps__reqs_action *a)
 {
-    const cps_op *op = a->ctx;
-    const cps_part *p = &op->parts[a->part];
+    const cps__op *op = a->ctx;
+    const cps__part *p = &op->parts[a->part];
     int has_vals = a->type == CPS_MSG_PUSH || a->type == CPS_MSG_PUSH_PULL;
-    const cps_enc *enc = has_vals && op->enc ? &op->enc[a->part] : NULL;
+    const cps__enc *enc = has_vals && op->enc ? &op->enc[a->part] : NULL;
     size_t len = a->type == CPS_MSG_DECLARE ? cps__wire_declare_size(p->nkeys)
                  : enc                      ? cps__wire_kv_size(p->nkeys, 0) + enc->len
                                             : cps__wire_kv_size(p->nkeys, has_vals ? p->nvals : 0);
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = a->type;
     h.sender = c->id;
     h.epoch = a->epoch;
@@ -106,7 +106,7 @@ static int req_send(cps_client *c, const cps_reqs_action *a)
                    : pz         ? cps__codec_compress(payload, len, c->pack, c->pack_cap)
                                 : 0;
         if (z) {
-            cps_msg_hdr zh = h;
+            cps__msg_hdr zh = h;
             zh.flags |= CPS_WF_SNAPPY;
             zh.raw_len = (uint32_t)len;
             void *zbuf = cps__msg_alloc(&zh, z);
@@ -133,21 +133,21 @@ static int req_send(cps_client *c, const cps_reqs_action *a)
     return 0;
 }
 
-static void op_finish_req(cps_op *op, int err)
+static void op_finish_req(cps__op *op, int err)
 {
     if (err != 0 && op->result == 0)
         op->result = err;
     op->pending--;
 }
 
-/* A push given up with CPS_EUNAVAILABLE whose number the head still needs (cps_reqs_detach):
+/* A push given up with CPS_EUNAVAILABLE whose number the head still needs (cps__reqs_detach):
  * a copy of the one part it sends, since the caller's operation (and gradient) is gone once
  * it returns. */
 typedef struct detached_push {
-    cps_op op;
-    cps_part part;
+    cps__op op;
+    cps__part part;
     float *vals;
-    cps_enc enc; /* a lossy push: its encoded bytes, sent as they were (op.enc points here) */
+    cps__enc enc; /* a lossy push: its encoded bytes, sent as they were (op.enc points here) */
     struct detached_push *next;
 } detached_push;
 
@@ -162,9 +162,9 @@ static void detached_free(detached_push *d)
 }
 
 /* Copy part i of op; NULL if out of memory. */
-static detached_push *detach_copy(cps_client *c, const cps_op *op, uint32_t i)
+static detached_push *detach_copy(cps_client *c, const cps__op *op, uint32_t i)
 {
-    const cps_part *p = &op->parts[i];
+    const cps__part *p = &op->parts[i];
     detached_push *d = calloc(1, sizeof *d);
     if (!d)
         return NULL;
@@ -210,7 +210,7 @@ static detached_push *detach_copy(cps_client *c, const cps_op *op, uint32_t i)
 }
 
 /* A detached push was answered: it is over. */
-static void detached_done(cps_client *c, cps_op *op)
+static void detached_done(cps_client *c, cps__op *op)
 {
     for (detached_push **pp = &c->detached; *pp; pp = &(*pp)->next) {
         if (&(*pp)->op == op) {
@@ -225,44 +225,45 @@ static void detached_done(cps_client *c, cps_op *op)
 /* Perform what the last call into the request table decided. */
 static void perform(cps_client *c)
 {
-    const cps_reqs_action *acts;
-    size_t n = cps_reqs_actions(c->rq, &acts);
+    const cps__reqs_action *acts;
+    size_t n = cps__reqs_actions(c->rq, &acts);
     for (size_t k = 0; k < n; k++) {
-        const cps_reqs_action *a = &acts[k];
+        const cps__reqs_action *a = &acts[k];
         switch (a->kind) {
         case CPS_RQ_SEND: {
             if (a->why == CPS_RQ_WHY_TIMEOUT)
-                cps_log(CPS_LOG_DEBUG, "worker",
-                        "request %llu on range %u unanswered after %u ms; re-sending",
-                        (unsigned long long)a->seq, a->range, c->cfg.request_timeout_ms);
+                cps__log(CPS_LOG_DEBUG, "worker",
+                         "request %llu on range %u unanswered after %u ms; re-sending",
+                         (unsigned long long)a->seq, a->range, c->cfg.request_timeout_ms);
             int rc = req_send(c, a);
             if (rc != 0 && a->why == CPS_RQ_WHY_NEW)
                 /* Not sent now (peer queue full, ...): the retry timer sends it again. */
-                cps_log(CPS_LOG_DEBUG, "worker", "request to range %u deferred: %s", a->range,
-                        cps_strerror(rc));
-            cps_reqs_sent(c->rq, a->index, rc, cps__now_ms());
+                cps__log(CPS_LOG_DEBUG, "worker", "request to range %u deferred: %s", a->range,
+                         cps_strerror(rc));
+            cps__reqs_sent(c->rq, a->index, rc, cps__now_ms());
             break;
         }
         case CPS_RQ_ASK_VIEW:
             ask_view(c);
             break;
         case CPS_RQ_WAIT_REPLICA:
-            cps_log(CPS_LOG_WARN, "worker",
-                    "range %u has no live replica; waiting up to %u ms for one", a->range,
-                    c->cfg.unavailable_timeout_ms);
+            cps__log(CPS_LOG_WARN, "worker",
+                     "range %u has no live replica; waiting up to %u ms for one", a->range,
+                     c->cfg.unavailable_timeout_ms);
             break;
         case CPS_RQ_COMPLETE:
-            cps_log(CPS_LOG_ERROR, "worker", "range %u unavailable for %u ms: failing the request",
-                    a->range, c->cfg.unavailable_timeout_ms);
+            cps__log(CPS_LOG_ERROR, "worker", "range %u unavailable for %u ms: failing the request",
+                     a->range, c->cfg.unavailable_timeout_ms);
             if (a->detach) {
                 /* Its number must still reach the head, or it drops our later pushes on the
-                 * range as a gap (see cps_reqs_detach): keep sending a copy. */
+                 * range as a gap (see cps__reqs_detach): keep sending a copy. */
                 detached_push *d = detach_copy(c, a->ctx, a->part);
                 if (!d)
-                    cps_log(CPS_LOG_ERROR, "worker",
-                            "no memory to keep push %llu on range %u: later pushes on it may stall",
-                            (unsigned long long)a->seq, a->range);
-                cps_reqs_detach(c->rq, a->index, d ? &d->op : NULL, 0);
+                    cps__log(
+                        CPS_LOG_ERROR, "worker",
+                        "no memory to keep push %llu on range %u: later pushes on it may stall",
+                        (unsigned long long)a->seq, a->range);
+                cps__reqs_detach(c->rq, a->index, d ? &d->op : NULL, 0);
             }
             op_finish_req(a->ctx, a->status);
             break;
@@ -272,7 +273,7 @@ static void perform(cps_client *c)
 
 /* Start every request of op. On failure the requests already sent stay in flight and complete
  * normally; the op records the error. */
-static int op_start(cps_client *c, cps_op *op)
+static int op_start(cps_client *c, cps__op *op)
 {
     op->client = c;
     op->result = 0;
@@ -291,12 +292,12 @@ static int op_start(cps_client *c, cps_op *op)
         else
             last = &c->other_seq, space = CPS_SEQ_OTHER;
         /* A sync step's push must not overtake the worker's push of an earlier step of its key
-         * set (see cps_reqs_add_ordered): ordered by a hash of the part's keys. */
+         * set (see cps__reqs_add_ordered): ordered by a hash of the part's keys. */
         uint64_t order = 0;
         if (c->view.mode == CPS_MODE_SYNC && !op->noagg && space == 0 && op->parts[i].nkeys)
             order = cps__hash64(op->parts[i].keys, op->parts[i].nkeys * 8) | 1;
-        int rc = cps_reqs_add_ordered(c->rq, &c->view, op, i, type, range, space | (*last + 1),
-                                      order, cps__now_ms());
+        int rc = cps__reqs_add_ordered(c->rq, &c->view, op, i, type, range, space | (*last + 1),
+                                       order, cps__now_ms());
         if (rc != 0) {
             op->pending -= op->nparts - i;
             if (op->result == 0)
@@ -310,7 +311,7 @@ static int op_start(cps_client *c, cps_op *op)
 }
 
 /* Run the loop until op completes or the deadline passes. */
-static int op_wait(cps_client *c, cps_op *op, int timeout_ms)
+static int op_wait(cps_client *c, cps__op *op, int timeout_ms)
 {
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : cps__now_ms() + (uint64_t)timeout_ms;
     while (op->pending > 0) {
@@ -335,36 +336,36 @@ static void ask_view(cps_client *c)
     if (now - c->view_asked_ms < VIEW_ASK_MIN_MS)
         return;
     c->view_asked_ms = now;
-    cps_msg_hdr h = {.type = CPS_MSG_GET_VIEW, .sender = c->id, .epoch = c->view.epoch};
+    cps__msg_hdr h = {.type = CPS_MSG_GET_VIEW, .sender = c->id, .epoch = c->view.epoch};
     cps__msg_send(c->tp, SCHED_PEER, &h, NULL, 0);
 }
 
 /* Deliver a reply (ACK / VALUES / ERROR) to its request. */
-static void on_reply(cps_client *c, const cps_rx *rx)
+static void on_reply(cps_client *c, const cps__rx *rx)
 {
-    const cps_msg_hdr *h = &rx->hdr;
-    cps_reqs_reply_in in = {.type = h->type,
-                            .range = h->range,
-                            .req_seq = h->req_seq,
-                            .epoch = h->epoch,
-                            .status = h->status};
-    cps_reqs_done d;
-    int verdict = cps_reqs_reply(c->rq, &c->view, &in, cps__now_ms(), &d);
+    const cps__msg_hdr *h = &rx->hdr;
+    cps__reqs_reply_in in = {.type = h->type,
+                             .range = h->range,
+                             .req_seq = h->req_seq,
+                             .epoch = h->epoch,
+                             .status = h->status};
+    cps__reqs_done d;
+    int verdict = cps__reqs_reply(c->rq, &c->view, &in, cps__now_ms(), &d);
     perform(c);
     if (verdict == CPS_RQ_REPLY_UNKNOWN || verdict == CPS_RQ_REPLY_RETRY)
         return;
     if (verdict == CPS_RQ_REPLY_OTHER_EPOCH) {
-        cps_log(CPS_LOG_DEBUG, "worker",
-                "reply from server %u under epoch %llu to a request sent under %llu: ignored",
-                h->sender, (unsigned long long)h->epoch, (unsigned long long)d.sent_epoch);
+        cps__log(CPS_LOG_DEBUG, "worker",
+                 "reply from server %u under epoch %llu to a request sent under %llu: ignored",
+                 h->sender, (unsigned long long)h->epoch, (unsigned long long)d.sent_epoch);
         return;
     }
-    cps_op *op = d.ctx;
+    cps__op *op = d.ctx;
     if (d.detached) {
         /* A push given up earlier, answered at last: its caller has long had its error. */
         if (verdict == CPS_RQ_REPLY_FAILED)
-            cps_log(CPS_LOG_WARN, "worker", "server %u refused push %llu given up on range %u: %s",
-                    h->sender, (unsigned long long)h->req_seq, h->range, cps_strerror(d.status));
+            cps__log(CPS_LOG_WARN, "worker", "server %u refused push %llu given up on range %u: %s",
+                     h->sender, (unsigned long long)h->req_seq, h->range, cps_strerror(d.status));
         detached_done(c, op);
         return;
     }
@@ -373,15 +374,15 @@ static void on_reply(cps_client *c, const cps_rx *rx)
         size_t n = rx->len < sizeof text - 1 ? rx->len : sizeof text - 1;
         memcpy(text, rx->payload, n);
         text[n] = 0;
-        cps_log(CPS_LOG_ERROR, "worker", "server %u refused a request on range %u: %s (%s)",
-                h->sender, h->range, cps_strerror(d.status), text);
+        cps__log(CPS_LOG_ERROR, "worker", "server %u refused a request on range %u: %s (%s)",
+                 h->sender, h->range, cps_strerror(d.status), text);
         op_finish_req(op, d.status);
         return;
     }
     int err = 0;
     if (h->type == CPS_MSG_VALUES) {
-        const cps_part *p = &op->parts[d.part];
-        cps_kv kv;
+        const cps__part *p = &op->parts[d.part];
+        cps__kv kv;
         err = cps__wire_kv_decode(rx->payload, rx->len, 1, &kv);
         if (err == 0 && (kv.nkeys != p->nkeys || kv.nvals != p->nvals))
             err = CPS_EPROTO;
@@ -397,8 +398,8 @@ static void on_reply(cps_client *c, const cps_rx *rx)
             c->stats.pull_bytes += kv.nvals * sizeof(float);
         }
         if (err != 0)
-            cps_log(CPS_LOG_ERROR, "worker", "reply from server %u does not match the request",
-                    h->sender);
+            cps__log(CPS_LOG_ERROR, "worker", "reply from server %u does not match the request",
+                     h->sender);
     }
     /* A declare's answer carries the last sync step the servers applied to the key set: a
      * worker joining a running job continues from there (its first push is the next step). */
@@ -407,14 +408,14 @@ static void on_reply(cps_client *c, const cps_rx *rx)
     op_finish_req(op, err);
 }
 
-static void install_view(cps_client *c, const cps_rx *rx)
+static void install_view(cps_client *c, const cps__rx *rx)
 {
-    cps_view v;
+    cps__view v;
     cps__view_init(&v);
     int rc = cps__view_decode(rx->payload, rx->len, &v);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "worker", "bad view from the scheduler dropped: %s",
-                cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "worker", "bad view from the scheduler dropped: %s",
+                 cps_strerror(rc));
         cps__view_fini(&v);
         return;
     }
@@ -423,8 +424,8 @@ static void install_view(cps_client *c, const cps_rx *rx)
         return;
     }
     if (c->view.nranges && v.nranges != c->view.nranges) {
-        cps_log(CPS_LOG_ERROR, "worker", "view epoch %llu changes the range count; ignored",
-                (unsigned long long)v.epoch);
+        cps__log(CPS_LOG_ERROR, "worker", "view epoch %llu changes the range count; ignored",
+                 (unsigned long long)v.epoch);
         cps__view_fini(&v);
         return;
     }
@@ -433,32 +434,32 @@ static void install_view(cps_client *c, const cps_rx *rx)
             continue;
         rc = cps__tp_peer_set(c->tp, v.nodes[i].id, v.nodes[i].addr);
         if (rc != 0)
-            cps_log(CPS_LOG_WARN, "worker", "cannot reach server %u at %s: %s", v.nodes[i].id,
-                    v.nodes[i].addr, cps_strerror(rc));
+            cps__log(CPS_LOG_WARN, "worker", "cannot reach server %u at %s: %s", v.nodes[i].id,
+                     v.nodes[i].addr, cps_strerror(rc));
     }
     int first = c->view.nranges == 0;
     cps__view_fini(&c->view);
     c->view = v;
     if (!first)
-        cps_log(CPS_LOG_INFO, "worker", "view epoch %llu installed; re-sending %u requests",
-                (unsigned long long)v.epoch, cps_reqs_count(c->rq));
+        cps__log(CPS_LOG_INFO, "worker", "view epoch %llu installed; re-sending %u requests",
+                 (unsigned long long)v.epoch, cps__reqs_count(c->rq));
     /* Every request in flight goes out again under the new view: a server that moved or took
      * over a range may never have seen it, and servers recognise duplicates. */
-    cps_reqs_view(c->rq, &c->view, cps__now_ms());
+    cps__reqs_view(c->rq, &c->view, cps__now_ms());
     perform(c);
 }
 
 static void handle_msg(void *ctx, void *buf, size_t len)
 {
     cps_client *c = ctx;
-    cps_rx rx;
+    cps__rx rx;
     int rc = cps__rx_parse(&rx, buf, len);
     if (rc != 0) {
-        cps_log(CPS_LOG_ERROR, "worker", "bad message (%zu bytes) dropped: %s", len,
-                cps_strerror(rc));
+        cps__log(CPS_LOG_ERROR, "worker", "bad message (%zu bytes) dropped: %s", len,
+                 cps_strerror(rc));
         return;
     }
-    cps_reqs_epoch_seen(c->rq, rx.hdr.epoch);
+    cps__reqs_epoch_seen(c->rq, rx.hdr.epoch);
     if (rx.hdr.sender == SCHED_PEER)
         c->sched_heard_ms = cps__now_ms();
     switch (rx.hdr.type) {
@@ -486,9 +487,9 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         } else if (rx.hdr.sender == SCHED_PEER && rx.hdr.type == CPS_MSG_ERROR) {
             /* Its text says why ("job is full", "the job has ended"). */
             int tl = rx.len > 200 ? 200 : (int)rx.len;
-            cps_log(CPS_LOG_ERROR, "worker", "the scheduler refused us: %s%s%.*s%s",
-                    cps_strerror(rx.hdr.status), tl ? " (" : "", tl,
-                    tl ? (const char *)rx.payload : "", tl ? ")" : "");
+            cps__log(CPS_LOG_ERROR, "worker", "the scheduler refused us: %s%s%.*s%s",
+                     cps_strerror(rx.hdr.status), tl ? " (" : "", tl,
+                     tl ? (const char *)rx.payload : "", tl ? ")" : "");
             c->shutdown = 1;
         } else {
             on_reply(c, &rx);
@@ -508,8 +509,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         c->shutdown = 1;
         break;
     default:
-        cps_log(CPS_LOG_WARN, "worker", "unexpected message type %u from node %u", rx.hdr.type,
-                rx.hdr.sender);
+        cps__log(CPS_LOG_WARN, "worker", "unexpected message type %u from node %u", rx.hdr.type,
+                 rx.hdr.sender);
     }
     cps__rx_free(&rx);
 }
@@ -521,7 +522,7 @@ static int progress(cps_client *c, int timeout_ms)
     int n = cps__loop_run_once(c->loop, timeout_ms);
     if (n < 0)
         return n;
-    cps_reqs_tick(c->rq, &c->view, cps__now_ms());
+    cps__reqs_tick(c->rq, &c->view, cps__now_ms());
     perform(c);
     return 0;
 }
@@ -530,7 +531,7 @@ static int progress(cps_client *c, int timeout_ms)
  * blocking call waits for its answer (HELLO, BYE, BARRIER, REGISTER). */
 typedef struct resend {
     cps_client *c;
-    cps_msg_hdr *h;
+    cps__msg_hdr *h;
     const void *payload;
     size_t n;
     int stamp_epoch; /* send under the view epoch of the moment */
@@ -539,7 +540,7 @@ typedef struct resend {
 
 enum { T_RESEND = 1 }; /* the one timer: blocking calls do not nest */
 
-static int on_resend(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_resend(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)l, (void)id, (void)now;
     resend *r = ctx;
@@ -558,7 +559,7 @@ static int join(cps_client *c)
     char payload[16 + CPS_ADDR_MAX];
     size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_WORKER, c->cfg.rank, 0, c->addr);
     uint64_t start = cps__now_ms();
-    cps_msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX};
+    cps__msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX};
     resend hello = {c, &h, payload, n, 0, 0};
     int rc = cps__loop_timer_add(c->loop, T_RESEND, 0, HELLO_RETRY_MS, on_resend, &hello);
     /* Wait for our WELCOME, not just any view: a worker joining a running job is in the view the
@@ -567,10 +568,10 @@ static int join(cps_client *c)
         if (c->shutdown) {
             rc = CPS_ESHUTDOWN;
         } else if (cps__now_ms() - start > c->cfg.join_timeout_ms) {
-            cps_log(CPS_LOG_ERROR, "worker",
-                    "the job did not start within %.1f s (scheduler %s:%u unreachable, or not "
-                    "every server and worker arrived)",
-                    c->cfg.join_timeout_ms / 1000.0, c->cfg.sched_host, c->cfg.sched_port);
+            cps__log(CPS_LOG_ERROR, "worker",
+                     "the job did not start within %.1f s (scheduler %s:%u unreachable, or not "
+                     "every server and worker arrived)",
+                     c->cfg.join_timeout_ms / 1000.0, c->cfg.sched_host, c->cfg.sched_port);
             rc = CPS_ETIMEDOUT;
         } else {
             rc = progress(c, 100);
@@ -579,9 +580,9 @@ static int join(cps_client *c)
     cps__loop_timer_del(c->loop, T_RESEND);
     if (rc < 0)
         return rc;
-    const cps_node_info *me = cps__view_node(&c->view, c->id);
+    const cps__node_info *me = cps__view_node(&c->view, c->id);
     if (!me || me->role != CPS_ROLE_WORKER) {
-        cps_log(CPS_LOG_ERROR, "worker", "the view does not list us as a worker");
+        cps__log(CPS_LOG_ERROR, "worker", "the view does not list us as a worker");
         return CPS_EPROTO;
     }
     c->rank = me->rank;
@@ -606,7 +607,7 @@ static void client_free(cps_client *c)
     cps__view_fini(&c->view);
     free(c->range_seq);
     free(c->sparse_seq);
-    cps_reqs_destroy(c->rq);
+    cps__reqs_destroy(c->rq);
     while (c->detached) {
         detached_push *d = c->detached;
         c->detached = d->next;
@@ -623,11 +624,11 @@ int cps_open(cps_client **out)
     if (!out)
         return CPS_EINVAL;
     *out = NULL;
-    cps_config cfg;
+    cps__config cfg;
     char err[512];
     cps__config_defaults(&cfg);
     if (cps__config_from_env(&cfg, err, sizeof err) != 0) {
-        cps_log(CPS_LOG_ERROR, "config", "%s", err);
+        cps__log(CPS_LOG_ERROR, "config", "%s", err);
         return CPS_ECONFIG;
     }
     if (cfg.role == CPS_ROLE_SCHEDULER || cfg.role == CPS_ROLE_SERVER) {
@@ -647,10 +648,10 @@ int cps_open(cps_client **out)
     c->cfg = cfg;
     cps__view_init(&c->view);
     uint16_t port = 0;
-    cps_reqs_config rcfg = {.request_timeout_ms = cfg.request_timeout_ms,
-                            .unavailable_timeout_ms = cfg.unavailable_timeout_ms,
-                            .retry_ms = EAGAIN_RETRY_MS};
-    int rc = cps_reqs_create(&rcfg, &c->rq);
+    cps__reqs_config rcfg = {.request_timeout_ms = cfg.request_timeout_ms,
+                             .unavailable_timeout_ms = cfg.unavailable_timeout_ms,
+                             .retry_ms = EAGAIN_RETRY_MS};
+    int rc = cps__reqs_create(&rcfg, &c->rq);
     if (rc == 0)
         rc = cps__node_load_secret(&c->cfg, "worker");
     if (rc == 0)
@@ -678,13 +679,13 @@ int cps_open(cps_client **out)
         0)
         cps__heartbeat_publish(c->hb, 1, c->id, 0, NULL, cps__now_ms());
     else
-        cps_log(CPS_LOG_WARN, "worker", "no heartbeat thread: a long step may look like a death");
+        cps__log(CPS_LOG_WARN, "worker", "no heartbeat thread: a long step may look like a death");
     char tag[32];
     snprintf(tag, sizeof tag, "worker %u", c->rank);
     cps__log_set_tag(tag);
-    cps_log(CPS_LOG_INFO, "worker", "joined as node %u, rank %u of %u, %u servers, view epoch %llu",
-            c->id, c->rank, c->view.num_workers, c->view.num_servers,
-            (unsigned long long)c->view.epoch);
+    cps__log(CPS_LOG_INFO, "worker",
+             "joined as node %u, rank %u of %u, %u servers, view epoch %llu", c->id, c->rank,
+             c->view.num_workers, c->view.num_servers, (unsigned long long)c->view.epoch);
     *out = c;
     return 0;
 }
@@ -696,19 +697,19 @@ int cps_close(cps_client *c)
     pthread_mutex_lock(&c->lock);
     int result = 0;
     uint64_t deadline = cps__now_ms() + c->cfg.request_timeout_ms;
-    while (cps_reqs_count(c->rq) > 0 && !c->shutdown && cps__now_ms() < deadline)
+    while (cps__reqs_count(c->rq) > 0 && !c->shutdown && cps__now_ms() < deadline)
         progress(c, 50);
     /* Pushes given up (detached) are no call's any more: they may go unanswered. */
-    if (cps_reqs_count(c->rq) > cps_reqs_detached(c->rq))
+    if (cps__reqs_count(c->rq) > cps__reqs_detached(c->rq))
         result = CPS_ETIMEDOUT;
     unsigned char stats[CPS_STATS_SIZE];
-    cps_node_stats ns = {0};
+    cps__node_stats ns = {0};
     ns.push_raw_bytes = c->stats.push_raw_bytes;
     ns.push_wire_bytes = c->stats.push_wire_bytes;
     ns.pull_bytes = c->stats.pull_bytes;
     cps__stats_encode(stats, &ns);
     deadline = cps__now_ms() + BYE_WAIT_MS;
-    cps_msg_hdr h = {.type = CPS_MSG_BYE, .sender = c->id};
+    cps__msg_hdr h = {.type = CPS_MSG_BYE, .sender = c->id};
     resend bye = {c, &h, stats, sizeof stats, 1, 0};
     if (cps__loop_timer_add(c->loop, T_RESEND, 0, HELLO_RETRY_MS, on_resend, &bye) == 0)
         while (!c->bye_acked && !c->shutdown && cps__now_ms() < deadline)
@@ -752,7 +753,7 @@ void cps_client_stats_get(const cps_client *c, cps_client_stats *out)
 
 /* ---- shared by api.c ---- */
 
-void cps__op_enc_free(cps_op *op)
+void cps__op_enc_free(cps__op *op)
 {
     if (!op->enc)
         return;
@@ -762,15 +763,15 @@ void cps__op_enc_free(cps_op *op)
     op->enc = NULL;
 }
 
-int cps__op_encode(cps_client *c, cps_tensor *t, cps_op *op)
+int cps__op_encode(cps_client *c, cps_tensor *t, cps__op *op)
 {
-    const cps_gradcodec *gc = &t->codec;
+    const cps__gradcodec *gc = &t->codec;
     uint64_t most = 0;
     op->enc = calloc(t->nparts ? t->nparts : 1, sizeof *op->enc);
     int rc = op->enc ? 0 : CPS_ENOMEM;
     /* Everything that can fail first: blocks, residuals, top-k's scratch. */
     for (uint32_t i = 0; rc == 0 && i < t->nparts; i++) {
-        cps_part *p = &t->parts[i];
+        cps__part *p = &t->parts[i];
         op->enc[i].len = cps__gradcodec_size(gc, p->nvals);
         if (!op->enc[i].len || !(op->enc[i].buf = malloc(op->enc[i].len)))
             rc = op->enc[i].len ? CPS_ENOMEM : CPS_EINVAL;
@@ -793,7 +794,7 @@ int cps__op_encode(cps_client *c, cps_tensor *t, cps_op *op)
         return rc;
     }
     for (uint32_t i = 0; i < t->nparts; i++) {
-        cps_part *p = &t->parts[i];
+        cps__part *p = &t->parts[i];
         /* The residual becomes this step's gradient plus what earlier steps did not send; the
          * encoder leaves in it what this one does not. */
         float *acc = p->resid;
@@ -810,7 +811,7 @@ int cps__op_encode(cps_client *c, cps_tensor *t, cps_op *op)
     return 0;
 }
 
-int cps__client_run(cps_client *c, cps_op *op, int wait)
+int cps__client_run(cps_client *c, cps__op *op, int wait)
 {
     int rc = op_start(c, op);
     if (rc != 0 && op->pending == 0)
@@ -820,14 +821,14 @@ int cps__client_run(cps_client *c, cps_op *op, int wait)
     return op_wait(c, op, -1);
 }
 
-int cps__client_wait(cps_client *c, cps_op *op, int timeout_ms)
+int cps__client_wait(cps_client *c, cps__op *op, int timeout_ms)
 {
     return op_wait(c, op, timeout_ms);
 }
 
 /* Send a request to the scheduler until *done is set (by handle_msg), re-sending it every
  * request timeout. */
-static int ask_scheduler(cps_client *c, cps_msg_hdr *h, const void *payload, size_t n,
+static int ask_scheduler(cps_client *c, cps__msg_hdr *h, const void *payload, size_t n,
                          const volatile int *done)
 {
     uint64_t start = cps__now_ms();
@@ -847,10 +848,10 @@ static int ask_scheduler(cps_client *c, cps_msg_hdr *h, const void *payload, siz
         } else if (now - c->sched_heard_ms > gone_ms) {
             /* A barrier may rightly wait for slow workers for ever, but not for a scheduler
              * that answers nothing (not even the views we ask for): it is gone. */
-            cps_log(CPS_LOG_ERROR, "worker",
-                    "the scheduler has not answered for %.1f s (CHAINPS_UNAVAILABLE_TIMEOUT_MS, "
-                    "at least 3 request timeouts): giving up",
-                    (now - c->sched_heard_ms) / 1000.0);
+            cps__log(CPS_LOG_ERROR, "worker",
+                     "the scheduler has not answered for %.1f s (CHAINPS_UNAVAILABLE_TIMEOUT_MS, "
+                     "at least 3 request timeouts): giving up",
+                     (now - c->sched_heard_ms) / 1000.0);
             rc = CPS_EUNAVAILABLE;
         } else {
             rc = progress(c, 50);
@@ -860,7 +861,7 @@ static int ask_scheduler(cps_client *c, cps_msg_hdr *h, const void *payload, siz
     return rc < 0 ? rc : 0;
 }
 
-int cps__client_register(cps_client *c, const cps_tensor_desc *d)
+int cps__client_register(cps_client *c, const cps__tensor_desc *d)
 {
     unsigned char payload[512];
     size_t n = cps__wire_tensor_desc_encode(payload, sizeof payload, d);
@@ -870,10 +871,10 @@ int cps__client_register(cps_client *c, const cps_tensor_desc *d)
     c->reg_done = 0;
     /* req_worker tags the request so an error reply is told apart from a refusal of the whole
      * worker (which has req_worker 0). */
-    cps_msg_hdr h = {.type = CPS_MSG_REGISTER,
-                     .sender = c->id,
-                     .req_worker = CPS_REG_WORKER_TAG,
-                     .req_seq = c->reg_seq};
+    cps__msg_hdr h = {.type = CPS_MSG_REGISTER,
+                      .sender = c->id,
+                      .req_worker = CPS_REG_WORKER_TAG,
+                      .req_seq = c->reg_seq};
     int rc = ask_scheduler(c, &h, payload, n, &c->reg_done);
     return rc ? rc : c->reg_result;
 }
@@ -882,7 +883,7 @@ int cps__client_barrier(cps_client *c)
 {
     c->barrier_seq++;
     c->barrier_done = 0;
-    cps_msg_hdr h = {
+    cps__msg_hdr h = {
         .type = CPS_MSG_BARRIER, .sender = c->id, .req_worker = c->id, .req_seq = c->barrier_seq};
     return ask_scheduler(c, &h, NULL, 0, &c->barrier_done);
 }
@@ -891,7 +892,7 @@ void cps__client_publish_step(cps_client *c, uint64_t step)
 {
     if (step > c->clock)
         c->clock = step;
-    cps_node_stats ns = {0};
+    cps__node_stats ns = {0};
     ns.push_raw_bytes = c->stats.push_raw_bytes;
     ns.push_wire_bytes = c->stats.push_wire_bytes;
     ns.pull_bytes = c->stats.pull_bytes;

@@ -19,7 +19,7 @@
 
 /* The keys of one operation that live in one range, sorted, with where each key's values sit
  * in the caller's buffer. */
-typedef struct cps_part {
+typedef struct cps__part {
     uint32_t range;
     uint32_t nkeys;
     uint64_t *keys;
@@ -31,7 +31,7 @@ typedef struct cps_part {
      * (nvals floats, in the order the part's values are sent), added to the next push's
      * gradient (error feedback). Allocated at the first lossy push, freed with the part. */
     float *resid;
-} cps_part;
+} cps__part;
 
 struct cps_tensor {
     char name[256];
@@ -41,76 +41,76 @@ struct cps_tensor {
     uint32_t ndim; /* shape: dims[0..ndim), row-major; [length] for a plain declaration */
     uint64_t dims[CPS_MAX_NDIM];
     uint64_t hash;
-    cps_param_spec spec;
+    cps__param_spec spec;
     uint32_t nparts;
-    cps_part *parts;     /* the whole tensor, by range */
-    uint64_t step;       /* pushes so far: the sync step and the SSP clock */
-    cps_gradcodec codec; /* lossy codec of its dense pushes (cps_tensor_compress); NONE: off */
+    cps__part *parts;     /* the whole tensor, by range */
+    uint64_t step;        /* pushes so far: the sync step and the SSP clock */
+    cps__gradcodec codec; /* lossy codec of its dense pushes (cps_tensor_compress); NONE: off */
     struct cps_tensor *next;
 };
 
 /* Fill t->parts for a dense tensor (chunks) or a table (rows) under view v.
  * Errors: CPS_ENOMEM, CPS_EINVAL. */
-int cps__layout_tensor(cps_tensor *t, const cps_view *v);
+int cps__layout_tensor(cps_tensor *t, const cps__view *v);
 /* The wire description of a declaration: `init` (NULL: zeros) and `optim` (NULL: SGD 0.01)
  * checked, the optimizer's defaults filled in. Whatever else builds a spec a worker must match
  * (a restore's --optimizer) goes through here too. `name` is for the log. Errors: CPS_EINVAL. */
 int cps__spec_make(const char *name, const cps_init *init, const cps_optim *optim,
-                   cps_param_spec *spec);
+                   cps__param_spec *spec);
 /* Key of row `row` of table t under view v. */
-uint64_t cps__layout_row_key(const cps_tensor *t, const cps_view *v, uint64_t row);
+uint64_t cps__layout_row_key(const cps_tensor *t, const cps__view *v, uint64_t row);
 /* Split sorted raw keys into per-range parts (values contiguous in key order).
  * Errors: CPS_EINVAL (unsorted / duplicate keys, zero len), CPS_ENOMEM. */
-int cps__layout_raw(const cps_view *v, const uint64_t *keys, size_t nkeys, const uint32_t *lens,
-                    cps_part **parts, uint32_t *nparts);
-void cps__parts_free(cps_part *parts, uint32_t nparts);
+int cps__layout_raw(const cps__view *v, const uint64_t *keys, size_t nkeys, const uint32_t *lens,
+                    cps__part **parts, uint32_t *nparts);
+void cps__parts_free(cps__part *parts, uint32_t nparts);
 
 enum op_kind { OP_DECLARE = 1, OP_PUSH, OP_PULL, OP_PUSH_PULL };
 
 /* One part's values as a lossy codec encoded them (core/gradcodec.h), once, when the push was
  * made: every send of the request, re-sends included, carries these very bytes, so a retry is
  * byte-identical and never re-encoded with a residual that has moved on since. */
-typedef struct cps_enc {
+typedef struct cps__enc {
     void *buf;
     size_t len;
-} cps_enc;
+} cps__enc;
 
-typedef struct cps_op {
+typedef struct cps__op {
     int kind;
     int result;       /* first error, or 0 */
     uint32_t pending; /* requests not answered yet */
     const float *grad;
     float *out;
     uint64_t step;
-    const cps_param_spec *spec;
-    const cps_part *parts; /* borrowed from the tensor, or owned (own_parts) */
+    const cps__param_spec *spec;
+    const cps__part *parts; /* borrowed from the tensor, or owned (own_parts) */
     uint32_t nparts;
     int own_parts;
     float *scratch; /* owned buffer (sparse rows) */
-    cps_enc *enc;   /* lossy pushes: nparts encoded blocks, owned (cps__op_enc_free); else NULL */
+    cps__enc *enc;  /* lossy pushes: nparts encoded blocks, owned (cps__op_enc_free); else NULL */
     struct cps_client *client;
     int in_use; /* handle given to the caller and not yet waited to completion */
     int noagg;  /* sparse rows: applied on arrival (CPS_WF_NOAGG) */
-} cps_op;
+} cps__op;
 
 struct cps_handle {
-    cps_op op;
+    cps__op op;
 };
 
 struct cps_client {
     pthread_mutex_t lock;
-    cps_config cfg;
-    cps_tp *tp;
-    cps_loop *loop; /* the event loop the blocking calls run until their condition holds */
-    cps_loop_tp inbox;
+    cps__config cfg;
+    cps__tp *tp;
+    cps__loop *loop; /* the event loop the blocking calls run until their condition holds */
+    cps__loop_tp inbox;
     uint32_t id;
     uint32_t rank;
-    cps_view view;
+    cps__view view;
     char addr[CPS_ADDR_MAX];
     uint64_t *range_seq;            /* last push seq per range (view.nranges entries) */
     uint64_t *sparse_seq;           /* last sparse-row push seq per range */
     uint64_t other_seq;             /* last id of a declare / pull */
-    cps_reqs *rq;                   /* requests in flight: one per part of each operation */
+    cps__reqs *rq;                  /* requests in flight: one per part of each operation */
     struct detached_push *detached; /* pushes given up, still sent (see client.c) */
     cps_tensor *tensors;
     uint64_t barrier_seq;
@@ -130,27 +130,27 @@ struct cps_client {
     uint64_t gc_scratch_n;
     /* Heartbeats come from a thread of their own (with its own socket), so a long compute
      * step between calls never looks like a dead worker. */
-    cps_heartbeat *hb; /* heartbeats from a thread (a long step is no death) */
+    cps__heartbeat *hb; /* heartbeats from a thread (a long step is no death) */
 };
 
 /* Start op's requests; with `wait`, run the loop until it completes and return its result. */
-int cps__client_run(struct cps_client *c, cps_op *op, int wait);
+int cps__client_run(struct cps_client *c, cps__op *op, int wait);
 /* A push of training step `step` went out: the heartbeat carries the worker's counters and its
  * clock (the highest step pushed) to the scheduler, for `chainps status`. Under c->lock. */
 void cps__client_publish_step(struct cps_client *c, uint64_t step);
 /* Run the loop until op completes or timeout_ms passes (CPS_ETIMEDOUT). */
-int cps__client_wait(struct cps_client *c, cps_op *op, int timeout_ms);
+int cps__client_wait(struct cps_client *c, cps__op *op, int timeout_ms);
 /* Encode op's gradient for every part of tensor t with t's lossy codec, adding each part's
  * residual first and keeping what the encoding lost as the new residual (error feedback); fills
  * op->enc. Everything is allocated before any residual changes, so on failure (CPS_ENOMEM)
  * nothing moved and the push can be made again. */
-int cps__op_encode(struct cps_client *c, cps_tensor *t, cps_op *op);
+int cps__op_encode(struct cps_client *c, cps_tensor *t, cps__op *op);
 /* Free op->enc (NULL is fine). */
-void cps__op_enc_free(cps_op *op);
+void cps__op_enc_free(cps__op *op);
 /* Scheduler barrier. */
 int cps__client_barrier(struct cps_client *c);
 /* Tell the scheduler a tensor's description (for checkpoints) and wait for its answer.
  * Errors: CPS_EEXIST (registered with another definition), CPS_ESHUTDOWN, transport errors. */
-int cps__client_register(struct cps_client *c, const cps_tensor_desc *d);
+int cps__client_register(struct cps_client *c, const cps__tensor_desc *d);
 
 #endif

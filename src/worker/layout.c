@@ -15,16 +15,16 @@
 #define CHUNK_MIN 16384u
 #define KEY_ROOM  (1ull << 40)
 
-static uint64_t range_base(const cps_view *v, uint32_t r, uint64_t h)
+static uint64_t range_base(const cps__view *v, uint32_t r, uint64_t h)
 {
-    const cps_range *rg = &v->ranges[r];
+    const cps__range *rg = &v->ranges[r];
     uint64_t span = rg->hi - rg->lo; /* width - 1 */
     uint64_t room = span > 2 * KEY_ROOM ? span - KEY_ROOM : 1;
     return rg->lo + cps__splitmix64(h) % room;
 }
 
 /* Key of item i (chunk or row) and its range. */
-static uint64_t item_key(const cps_view *v, uint64_t h, uint64_t i, uint32_t *range)
+static uint64_t item_key(const cps__view *v, uint64_t h, uint64_t i, uint32_t *range)
 {
     uint32_t n = v->nranges;
     uint32_t r = (uint32_t)((h % n + i % n) % n);
@@ -32,7 +32,7 @@ static uint64_t item_key(const cps_view *v, uint64_t h, uint64_t i, uint32_t *ra
     return range_base(v, r, h) + i / n;
 }
 
-void cps__parts_free(cps_part *parts, uint32_t nparts)
+void cps__parts_free(cps__part *parts, uint32_t nparts)
 {
     if (!parts)
         return;
@@ -46,7 +46,7 @@ void cps__parts_free(cps_part *parts, uint32_t nparts)
     free(parts);
 }
 
-static int part_reserve(cps_part *p, uint32_t n)
+static int part_reserve(cps__part *p, uint32_t n)
 {
     p->keys = calloc(n ? n : 1, sizeof *p->keys);
     p->lens = calloc(n ? n : 1, sizeof *p->lens);
@@ -55,7 +55,7 @@ static int part_reserve(cps_part *p, uint32_t n)
     return (p->keys && p->lens && p->src_off && p->init_off) ? 0 : CPS_ENOMEM;
 }
 
-int cps__layout_tensor(cps_tensor *t, const cps_view *v)
+int cps__layout_tensor(cps_tensor *t, const cps__view *v)
 {
     uint32_t n = v->nranges;
     if (n == 0)
@@ -75,7 +75,7 @@ int cps__layout_tensor(cps_tensor *t, const cps_view *v)
     if (item_len > UINT32_MAX)
         return CPS_EINVAL;
     uint32_t nparts = items < n ? (uint32_t)items : n;
-    cps_part *parts = calloc(nparts, sizeof *parts);
+    cps__part *parts = calloc(nparts, sizeof *parts);
     if (!parts)
         return CPS_ENOMEM;
     /* Items i, i+n, i+2n... share a range: part p holds the items with (h + i) % n == range. */
@@ -103,14 +103,14 @@ int cps__layout_tensor(cps_tensor *t, const cps_view *v)
     return 0;
 }
 
-uint64_t cps__layout_row_key(const cps_tensor *t, const cps_view *v, uint64_t row)
+uint64_t cps__layout_row_key(const cps_tensor *t, const cps__view *v, uint64_t row)
 {
     uint32_t r;
     return item_key(v, t->hash, row, &r);
 }
 
-int cps__layout_raw(const cps_view *v, const uint64_t *keys, size_t nkeys, const uint32_t *lens,
-                    cps_part **out, uint32_t *nout)
+int cps__layout_raw(const cps__view *v, const uint64_t *keys, size_t nkeys, const uint32_t *lens,
+                    cps__part **out, uint32_t *nout)
 {
     if (nkeys == 0 || nkeys > UINT32_MAX)
         return CPS_EINVAL;
@@ -125,7 +125,7 @@ int cps__layout_raw(const cps_view *v, const uint64_t *keys, size_t nkeys, const
         nparts += r != prev;
         prev = r;
     }
-    cps_part *parts = calloc(nparts, sizeof *parts);
+    cps__part *parts = calloc(nparts, sizeof *parts);
     if (!parts)
         return CPS_ENOMEM;
     size_t i = 0;

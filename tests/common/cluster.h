@@ -1,4 +1,4 @@
-/* Multi-process test harness (library cps_testcluster, used by tests/integration): bring up
+/* Multi-process test harness (library cps__testcluster, used by tests/integration): bring up
  * clusters of real chainps processes on 127.0.0.1, watch their logs, and end every one of them
  * by its PID, even when an assertion fails half-way through a test.
  *

@@ -22,7 +22,7 @@ static void need(int cond, const char *what)
     }
 }
 
-static void walk(const cps_json *v, int depth)
+static void walk(const cps__json *v, int depth)
 {
     need(depth <= 65, "nesting deeper than the parser allows");
     if (v->type == CPS_JSON_STRING) {
@@ -32,7 +32,7 @@ static void walk(const cps_json *v, int depth)
     if (v->type != CPS_JSON_ARRAY && v->type != CPS_JSON_OBJECT)
         return;
     size_t n = 0;
-    for (const cps_json *c = v->child; c; c = c->next, n++) {
+    for (const cps__json *c = v->child; c; c = c->next, n++) {
         if (v->type == CPS_JSON_OBJECT) {
             need(c->key && strlen(c->key) == c->key_len, "key length");
             need(cps__json_utf8_valid(c->key, c->key_len), "key is UTF-8");
@@ -46,8 +46,8 @@ static void walk(const cps_json *v, int depth)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fuzz_json_n.inputs++;
-    cps_json_doc *doc = NULL;
-    const cps_json *root = NULL;
+    cps__json_doc *doc = NULL;
+    const cps__json *root = NULL;
     char err[256] = "";
     int rc = cps__json_parse((const char *)data, size, &doc, &root, err, sizeof err);
     if (rc != 0) {

@@ -60,8 +60,8 @@ static void refused_by_name(void)
     /* Nested 100 deep (the reader stops at 64). */
     memset(buf, '[', 100);
     memset(buf + 100, ']', 100);
-    cps_json_doc *doc = NULL;
-    const cps_json *root;
+    cps__json_doc *doc = NULL;
+    const cps__json *root;
     char err[256] = "";
     int rc = cps__json_parse(buf, 200, &doc, &root, err, sizeof err);
     if (rc != CPS_ECORRUPT || !strstr(err, "nest")) {

@@ -41,7 +41,7 @@ static void check_same(const unsigned char *in, size_t len, const unsigned char 
 
 static void fuzz_kv(const unsigned char *b, size_t len)
 {
-    cps_kv kv;
+    cps__kv kv;
     for (int need = -1; need <= 1; need++) {
         int rc = cps__wire_kv_decode(b, len, need, &kv);
         if (rc) {
@@ -67,7 +67,7 @@ static void fuzz_kv(const unsigned char *b, size_t len)
  * zeros everywhere but at its indices. */
 static void fuzz_lossy(const unsigned char *b, size_t len)
 {
-    cps_kv kv;
+    cps__kv kv;
     const void *blk;
     size_t blen;
     int rc = cps__wire_kv_decode_lossy(b, len, &kv, &blk, &blen);
@@ -114,9 +114,9 @@ static void fuzz_lossy(const unsigned char *b, size_t len)
 
 static void fuzz_declare(const unsigned char *b, size_t len)
 {
-    cps_kv kv;
+    cps__kv kv;
     const uint64_t *offs;
-    cps_param_spec spec;
+    cps__param_spec spec;
     int rc = cps__wire_declare_decode(b, len, &kv, &offs, &spec);
     if (rc) {
         CHECK(is_error(rc));
@@ -135,7 +135,7 @@ static void fuzz_declare(const unsigned char *b, size_t len)
 /* The prefix decoder must agree with the exact one on the bytes it says it used. */
 static void fuzz_view_prefix(const unsigned char *b, size_t len)
 {
-    cps_view v, w;
+    cps__view v, w;
     size_t used = 0;
     cps__view_init(&v);
     int rc = cps__view_decode_prefix(b, len, &v, &used);
@@ -154,7 +154,7 @@ static void fuzz_view_prefix(const unsigned char *b, size_t len)
 
 static void fuzz_view(const unsigned char *b, size_t len)
 {
-    cps_view v;
+    cps__view v;
     fuzz_view_prefix(b, len);
     cps__view_init(&v);
     int rc = cps__view_decode(b, len, &v);
@@ -181,7 +181,7 @@ static void fuzz_view(const unsigned char *b, size_t len)
     check_same(b, len, re, cps__view_encode(&v, re, n));
     free(re);
 
-    cps_view copy;
+    cps__view copy;
     cps__view_init(&copy);
     CHECK(cps__view_copy(&copy, &v) == 0);
     CHECK(copy.nnodes == v.nnodes && copy.nranges == v.nranges);
@@ -208,7 +208,7 @@ static void fuzz_hello(const unsigned char *b, size_t len)
 static void fuzz_tensor_desc(const unsigned char *b, size_t len)
 {
     size_t off = 0, used;
-    cps_tensor_desc d;
+    cps__tensor_desc d;
     while (off < len) {
         int rc = cps__wire_tensor_desc_decode(b + off, len - off, &d, &used);
         if (rc) {
@@ -229,7 +229,7 @@ static void fuzz_fixed(const unsigned char *b, size_t len)
         return;
     /* A DECLARE ends with its spec block: decode the tail, where damage to it lands. */
     const unsigned char *tail = b + len - CPS_WIRE_SPEC_SIZE;
-    cps_param_spec spec;
+    cps__param_spec spec;
     int rc = cps__wire_spec_decode(tail, &spec);
     if (rc == 0) {
         fuzz_wire_n.spec_ok++;
@@ -238,7 +238,7 @@ static void fuzz_fixed(const unsigned char *b, size_t len)
     } else {
         CHECK(rc == CPS_EPROTO);
     }
-    cps_node_stats st;
+    cps__node_stats st;
     cps__stats_decode(b, &st);
     cps__stats_encode(re, &st);
     CHECK(memcmp(re, b, 64) == 0);
@@ -264,7 +264,7 @@ static void fuzz_codec(const unsigned char *b, size_t len)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    cps_msg_hdr h;
+    cps__msg_hdr h;
     unsigned char re[CPS_WIRE_HDR_SIZE];
 
     fuzz_wire_n.inputs++;

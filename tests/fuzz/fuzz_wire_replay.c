@@ -73,7 +73,7 @@ static void make_kv_seeds(void)
     cps__wire_kv_encode(p, n, 3, keys, lens, NULL, 0);
     add_seed("pull", CPS_MSG_PULL, 0, p, n);
 
-    cps_param_spec s = {0};
+    cps__param_spec s = {0};
     s.init_kind = CPS_W_INIT_NORMAL;
     s.init_b = 0.05f;
     s.init_seed = 42;
@@ -106,7 +106,7 @@ static void make_lossy_seeds(void)
     uint32_t lens[3] = {5, 100, 20};
     uint64_t nvals = 125;
     for (size_t c = 0; c < sizeof kinds / sizeof *kinds; c++) {
-        cps_gradcodec gc;
+        cps__gradcodec gc;
         if (cps__gradcodec_parse(kinds[c].codec, &gc) != 0)
             exit(2);
         float acc[125];
@@ -125,7 +125,7 @@ static void make_lossy_seeds(void)
 
 static void make_view_seeds(void)
 {
-    cps_view v;
+    cps__view v;
     cps__view_init(&v);
     v.epoch = 9;
     v.mode = CPS_MODE_SYNC;
@@ -135,7 +135,7 @@ static void make_view_seeds(void)
     v.nodes = calloc(7, sizeof *v.nodes);
     uint32_t servers[4];
     for (uint32_t i = 0; i < 7; i++) {
-        cps_node_info *n = &v.nodes[i];
+        cps__node_info *n = &v.nodes[i];
         n->id = i == 0 ? 0 : (i <= 4 ? 10 + i : 100 + i);
         n->role = i == 0 ? CPS_ROLE_SCHEDULER : (i <= 4 ? CPS_ROLE_SERVER : CPS_ROLE_WORKER);
         n->alive = 1;
@@ -165,7 +165,7 @@ static void make_view_seeds(void)
     memcpy(r, p, n);
     cps__le32_put(r + n, v.nnodes);
     for (uint32_t i = 0; i < v.nnodes; i++) {
-        cps_node_stats st = {i, 0, 1000 * i, 900 * i, 0, 3, 2, 50, 7 * i};
+        cps__node_stats st = {i, 0, 1000 * i, 900 * i, 0, 3, 2, 50, 7 * i};
         unsigned char *e = r + n + 4 + i * per;
         cps__le32_put(e, v.nodes[i].id);
         cps__le32_put(e + 4, 250);
@@ -185,7 +185,7 @@ static void make_other_seeds(void)
     n = cps__hello_encode(p, 64, CPS_ROLE_NONE, UINT32_MAX, 0, "tcp://10.1.2.4:6000");
     add_seed("status", CPS_MSG_STATUS, 0, p, n);
 
-    cps_node_stats st = {100, 2, 1 << 20, 1 << 18, 1 << 22, 77, 12, 1 << 16, 42};
+    cps__node_stats st = {100, 2, 1 << 20, 1 << 18, 1 << 22, 77, 12, 1 << 16, 42};
     p = xmalloc(CPS_STATS_SIZE);
     cps__stats_encode(p, &st);
     add_seed("heartbeat", CPS_MSG_HEARTBEAT, 0, p, CPS_STATS_SIZE);
@@ -201,7 +201,7 @@ static void make_other_seeds(void)
  * compressed path is always exercised). Returns a malloc'd message. */
 static unsigned char *build(const seed *s, const unsigned char *payload, size_t len, size_t *out)
 {
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = s->type;
     h.sender = 3;
     h.status = s->type == CPS_MSG_ERROR ? -4 : 0;

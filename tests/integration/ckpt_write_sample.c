@@ -12,7 +12,7 @@
 
 typedef struct sample {
     const char *name;
-    cps_ckpt_dtype dtype;
+    cps__ckpt_dtype dtype;
     uint32_t ndim;
     uint64_t shape[2];
     int streamed;
@@ -54,7 +54,7 @@ static uint64_t numel(const sample *s)
 
 static int write_one(const char *path, uint64_t max_shard, void **bufs)
 {
-    cps_ckpt_writer *w;
+    cps__ckpt_writer *w;
     if (cps__ckpt_writer_open(path, max_shard, &w))
         return 1;
     for (size_t t = 0; t < NSAMPLES; t++) {
@@ -68,14 +68,14 @@ static int write_one(const char *path, uint64_t max_shard, void **bufs)
             return 1;
         }
     }
-    cps_param_spec spec = {.opt_kind = CPS_W_OPT_ADAM,
-                           .lr = 1e-3f,
-                           .beta1 = 0.9f,
-                           .beta2 = 0.999f,
-                           .eps = 1e-8f,
-                           .init_kind = CPS_W_INIT_NORMAL,
-                           .init_b = 0.05f,
-                           .init_seed = 42};
+    cps__param_spec spec = {.opt_kind = CPS_W_OPT_ADAM,
+                            .lr = 1e-3f,
+                            .beta1 = 0.9f,
+                            .beta2 = 0.999f,
+                            .eps = 1e-8f,
+                            .init_kind = CPS_W_INIT_NORMAL,
+                            .init_b = 0.05f,
+                            .init_seed = 42};
     char js[512];
     if (cps__ckpt_spec_to_json(&spec, js, sizeof js) < 0 ||
         cps__ckpt_writer_set_meta(w, CPS_CKPT_META_STEP, "120") ||

@@ -70,19 +70,19 @@ static int final_checksum(pid_t pid, char out[17])
  * through a real nanomsg socket, then the same bytes once more by hand. */
 static void forge(int sched_port, const unsigned char *key)
 {
-    cps_tp *tp;
+    cps__tp *tp;
     assert_int_equal(cps__tp_create(key, &tp), 0);
     char url[64];
     snprintf(url, sizeof url, "tcp://%s:%d", H_HOST, sched_port);
     assert_int_equal(cps__tp_peer_set(tp, 0, url), 0);
     char hello[16 + CPS_ADDR_MAX];
     size_t hn = cps__hello_encode(hello, sizeof hello, CPS_ROLE_WORKER, 0, 0, "tcp://127.0.0.1:9");
-    cps_auth *seal;
+    cps__auth *seal;
     assert_int_equal(cps__auth_create(key, &seal), 0);
     for (uint32_t id = 1; id <= 8; id++) {
         const uint8_t types[] = {CPS_MSG_BYE, CPS_MSG_SHUTDOWN, CPS_MSG_HELLO, CPS_MSG_STATUS};
         for (size_t t = 0; t < sizeof types; t++) {
-            cps_msg_hdr h = {.type = types[t], .sender = id, .epoch = 1, .req_worker = id};
+            cps__msg_hdr h = {.type = types[t], .sender = id, .epoch = 1, .req_worker = id};
             const void *payload =
                 types[t] == CPS_MSG_HELLO || types[t] == CPS_MSG_STATUS ? hello : NULL;
             size_t plen = payload ? hn : 0;

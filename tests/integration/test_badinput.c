@@ -44,11 +44,11 @@ typedef struct got {
     } m[64];
     int welcome;
     uint32_t id;
-    cps_view view;
+    cps__view view;
 } got;
 
 typedef struct intruder {
-    cps_tp *tp;
+    cps__tp *tp;
     uint16_t port;
     char url[64];
     got g;
@@ -62,7 +62,7 @@ static intruder I;
 static void on_msg(void *ctx, void *buf, size_t len)
 {
     got *g = ctx;
-    cps_rx rx;
+    cps__rx rx;
     if (cps__rx_parse(&rx, buf, len) != 0)
         return;
     if (rx.hdr.type == CPS_MSG_WELCOME && rx.hdr.sender == 0 && !g->welcome) {
@@ -123,15 +123,15 @@ static void send_raw(uint32_t peer, const void *bytes, size_t len)
 }
 
 /* A message with a well-formed header for `payload`. */
-static void send_msg(uint32_t peer, cps_msg_hdr *h, const void *payload, size_t len)
+static void send_msg(uint32_t peer, cps__msg_hdr *h, const void *payload, size_t len)
 {
     assert_int_equal(cps__msg_send(I.tp, peer, h, payload, len), 0);
     pump(0);
 }
 
-static cps_msg_hdr push_hdr(uint64_t seq)
+static cps__msg_hdr push_hdr(uint64_t seq)
 {
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = CPS_MSG_PUSH;
     h.sender = I.g.id;
     h.epoch = I.epoch;
@@ -148,7 +148,7 @@ static void push_kv(uint64_t seq, uint64_t key, uint32_t len)
     char payload[512];
     size_t n = cps__wire_kv_encode(payload, sizeof payload, 1, &key, &len, vals, len);
     assert_true(n > 0);
-    cps_msg_hdr h = push_hdr(seq);
+    cps__msg_hdr h = push_hdr(seq);
     send_msg(I.server_id, &h, payload, n);
 }
 
@@ -184,7 +184,7 @@ static void intruder_hello(void)
     assert_int_equal(cps__tp_peer_set(I.tp, 0, sched), 0);
     char payload[16 + CPS_ADDR_MAX];
     size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_WORKER, 1, 0, I.url);
-    cps_msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX};
+    cps__msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX};
     send_msg(0, &h, payload, n);
     /* Nobody polls this transport while cps_open() blocks. */
     drain();
@@ -199,7 +199,7 @@ static void intruder_welcome(void)
     I.epoch = I.g.view.epoch;
     assert_int_equal(I.g.view.nranges, 1);
     I.server_id = I.g.view.ranges[0].chain[0];
-    const cps_node_info *s = cps__view_node(&I.g.view, I.server_id);
+    const cps__node_info *s = cps__view_node(&I.g.view, I.server_id);
     assert_non_null(s);
     assert_int_equal(cps__tp_peer_set(I.tp, I.server_id, s->addr), 0);
 }
@@ -228,7 +228,7 @@ static void send_put(uint64_t seq, const unsigned char *entries, size_t elen, ui
     cps__le32_put(buf, lie ? lie : (uint32_t)hn);
     memcpy(buf + 8, hello, hn);
     memcpy(buf + off, entries, elen);
-    cps_msg_hdr h = {.type = CPS_MSG_PUT, .sender = UINT32_MAX, .epoch = I.epoch, .req_seq = seq};
+    cps__msg_hdr h = {.type = CPS_MSG_PUT, .sender = UINT32_MAX, .epoch = I.epoch, .req_seq = seq};
     send_msg(I.server_id, &h, buf, off + elen);
 }
 
@@ -259,15 +259,16 @@ static void bad_checkpoint_messages(pid_t srv, pid_t sch)
     expect_logged(srv, "malformed PUT dropped", before, 1);
     /* A read-view request without a readable inbox. */
     before = h_log_count(srv, "malformed checkpoint request (type 37)");
-    cps_msg_hdr o = {.type = CPS_MSG_CUT_OPEN, .sender = UINT32_MAX, .aux = 5, .req_seq = 9005};
+    cps__msg_hdr o = {.type = CPS_MSG_CUT_OPEN, .sender = UINT32_MAX, .aux = 5, .req_seq = 9005};
     send_msg(I.server_id, &o, "junk", 4);
     expect_logged(srv, "malformed checkpoint request (type 37)", before, 1);
     /* The registry: a description that does not parse, and a known name with another shape. */
-    cps_msg_hdr r = {.type = CPS_MSG_REGISTER, .sender = I.g.id, .epoch = I.epoch, .req_seq = 9006};
+    cps__msg_hdr r = {
+        .type = CPS_MSG_REGISTER, .sender = I.g.id, .epoch = I.epoch, .req_seq = 9006};
     send_msg(0, &r, "not a description", 17);
     assert_int_equal(wait_reply(9006, &st), CPS_MSG_ERROR);
     assert_int_equal(st, CPS_ESIZE); /* shorter than any description */
-    cps_tensor_desc d = {.kind = 0, .length = 99};
+    cps__tensor_desc d = {.kind = 0, .length = 99};
     d.spec.lr = 0.5f;
     snprintf(d.name, sizeof d.name, "bad/w");
     unsigned char db[512];
@@ -277,7 +278,7 @@ static void bad_checkpoint_messages(pid_t srv, pid_t sch)
     assert_int_equal(wait_reply(9007, &st), CPS_MSG_ERROR);
     assert_int_equal(st, CPS_EEXIST);
     before = h_log_count(sch, "malformed REGISTRY request dropped");
-    cps_msg_hdr g = {.type = CPS_MSG_REGISTRY, .sender = UINT32_MAX, .req_seq = 9008};
+    cps__msg_hdr g = {.type = CPS_MSG_REGISTRY, .sender = UINT32_MAX, .req_seq = 9008};
     send_msg(0, &g, "xx", 2);
     expect_logged(sch, "malformed REGISTRY request dropped", before, 1);
 }
@@ -291,7 +292,7 @@ static void push_lossy(uint64_t seq, const unsigned char *blk, size_t blen)
     size_t pre = cps__wire_kv_encode(payload, sizeof payload, 1, &key, &klen, NULL, 0);
     cps__le32_put(payload + 4, KLEN);
     memcpy(payload + pre, blk, blen);
-    cps_msg_hdr h = push_hdr(seq);
+    cps__msg_hdr h = push_hdr(seq);
     h.flags = CPS_WF_LOSSY;
     send_msg(I.server_id, &h, payload, pre + blen);
 }
@@ -299,7 +300,7 @@ static void push_lossy(uint64_t seq, const unsigned char *blk, size_t blen)
 /* Encode g[KLEN] with `spec` (no residual carried) and push it as the intruder. */
 static void push_encoded(uint64_t seq, const char *spec, const float *g)
 {
-    cps_gradcodec gc;
+    cps__gradcodec gc;
     assert_int_equal(cps__gradcodec_parse(spec, &gc), 0);
     float acc[KLEN];
     memcpy(acc, g, sizeof acc);
@@ -439,7 +440,7 @@ static void test_bad_messages(void **state)
 
     /* 2. Well-framed nanomsg messages with a bad magic. */
     unsigned char hdr[CPS_WIRE_HDR_SIZE + 16];
-    cps_msg_hdr h = push_hdr(100);
+    cps__msg_hdr h = push_hdr(100);
     h.payload_len = h.raw_len = 16;
     cps__wire_hdr_encode(hdr, &h);
     memset(hdr + CPS_WIRE_HDR_SIZE, 0, 16);
@@ -481,7 +482,7 @@ static void test_bad_messages(void **state)
     /* 5. A push flagged snappy whose payload is junk: the header is fine, so the known sender
      * gets an ERROR reply. */
     int32_t status = 0;
-    cps_msg_hdr z = push_hdr(101);
+    cps__msg_hdr z = push_hdr(101);
     z.flags = CPS_WF_SNAPPY;
     z.payload_len = 32;
     z.raw_len = 200;
@@ -508,14 +509,14 @@ static void test_bad_messages(void **state)
     assert_int_equal(wait_reply(3, &status), CPS_MSG_ACK);
 
     /* 8. Messages from a node id nobody knows: dropped (there is no one to answer). */
-    cps_msg_hdr u = push_hdr(102);
+    cps__msg_hdr u = push_hdr(102);
     u.type = CPS_MSG_PULL;
     u.sender = 777;
     u.req_worker = 777;
     char pull_payload[64];
     size_t pn = cps__wire_kv_encode(pull_payload, sizeof pull_payload, 1, &key, &klen, NULL, 0);
     send_msg(I.server_id, &u, pull_payload, pn);
-    cps_msg_hdr hb = {.type = CPS_MSG_HEARTBEAT, .sender = 777, .epoch = I.epoch};
+    cps__msg_hdr hb = {.type = CPS_MSG_HEARTBEAT, .sender = 777, .epoch = I.epoch};
     send_msg(0, &hb, NULL, 0);
     expect_logged(srv, "from unknown node 777", 0, 1);
     expect_logged(sch, "from unknown node 777", 0, 1);
@@ -556,14 +557,14 @@ static void test_bad_messages(void **state)
      * for that queue to drain). */
     cps__tp_destroy(I.tp);
     I.tp = NULL;
-    cps_tp *last = NULL;
+    cps__tp *last = NULL;
     assert_int_equal(cps__tp_create(h_key(), &last), 0);
     I.tp = last; /* freed by the teardown if an assertion fails */
     assert_int_equal(cps__tp_bind(last, H_HOST, 0, NULL), 0);
     char sched_url[96];
     snprintf(sched_url, sizeof sched_url, "tcp://%s", C.sched_addr);
     assert_int_equal(cps__tp_peer_set(last, 0, sched_url), 0);
-    cps_msg_hdr bye = {.type = CPS_MSG_BYE, .sender = I.g.id, .epoch = I.epoch, .req_seq = 1};
+    cps__msg_hdr bye = {.type = CPS_MSG_BYE, .sender = I.g.id, .epoch = I.epoch, .req_seq = 1};
     send_msg(0, &bye, NULL, 0);
     drain();
     assert_true(h_wait_log(sch, "finished (1 of 2)", 1, WAIT_MS));

@@ -110,7 +110,7 @@ static void write_foreign(const char *path)
 {
     static float v[40000];
     uint64_t shape[1] = {40000};
-    cps_ckpt_writer *w;
+    cps__ckpt_writer *w;
     assert_int_equal(cps__ckpt_writer_open(path, 0, &w), 0);
     assert_int_equal(cps__ckpt_writer_add(w, "other/w", CPS_CKPT_F32, 1, shape, v), 0);
     assert_int_equal(cps__ckpt_writer_set_meta(w, "step", "3"), 0);
@@ -390,7 +390,7 @@ static void initialise_from_a_foreign_file(void **state)
         v[i] = (float)((int)(i % 13) - 6) * 0.125f;
     uint64_t h = XXH3_64bits(v, sizeof v); /* what lsq_worker logs of the values it resumes at */
     uint64_t shape[1] = {40000};
-    cps_ckpt_writer *w;
+    cps__ckpt_writer *w;
     assert_int_equal(cps__ckpt_writer_open(path, 0, &w), 0);
     assert_int_equal(cps__ckpt_writer_add(w, "lsq/w", CPS_CKPT_F32, 1, shape, v), 0);
     assert_int_equal(cps__ckpt_writer_set_meta(w, "step", "5"), 0);

@@ -177,7 +177,7 @@ static pid_t small_job(const char *tag, const char *data, char *flag, pid_t *wor
     return s;
 }
 
-static int drop_layout_mark(cps_txn *txn, void *arg)
+static int drop_layout_mark(cps__txn *txn, void *arg)
 {
     (void)arg;
     return cps__store_meta_del(txn, "key_layout");
@@ -215,7 +215,7 @@ static void another_jobs_directory_is_refused(void **state)
     assert_int_equal(h_log_count(s, "emptied the store"), 1);
     /* A directory of a build before XXH3 (keys, no key-layout mark) is refused, not misread:
      * its tensors' keys are not where this build looks for them. */
-    cps_store *st;
+    cps__store *st;
     assert_int_equal(cps__store_open(data, NULL, &st), 0);
     assert_int_equal(cps__store_write(st, drop_layout_mark, NULL), 0);
     cps__store_close(st);

@@ -51,7 +51,7 @@
 #define FORGED_VAL 999.0f
 
 typedef struct fake {
-    cps_tp *tp;
+    cps__tp *tp;
     char url[64];
     char worker_addr[CPS_ADDR_MAX];
     int have_worker;
@@ -85,7 +85,7 @@ static void fake_fail(fake *f, const char *fmt, ...)
 
 static void fake_send_view(fake *f, uint8_t type)
 {
-    cps_view v;
+    cps__view v;
     cps__view_init(&v);
     v.epoch = f->epoch;
     v.mode = CPS_MODE_ASYNC;
@@ -98,9 +98,9 @@ static void fake_send_view(fake *f, uint8_t type)
         fake_fail(f, "out of memory");
         return;
     }
-    v.nodes[0] = (cps_node_info){.id = FAKE_SRV, .role = CPS_ROLE_SERVER, .alive = 1, .rank = 0};
+    v.nodes[0] = (cps__node_info){.id = FAKE_SRV, .role = CPS_ROLE_SERVER, .alive = 1, .rank = 0};
     snprintf(v.nodes[0].addr, sizeof v.nodes[0].addr, "%s", f->url);
-    v.nodes[1] = (cps_node_info){.id = FAKE_WRK, .role = CPS_ROLE_WORKER, .alive = 1, .rank = 0};
+    v.nodes[1] = (cps__node_info){.id = FAKE_WRK, .role = CPS_ROLE_WORKER, .alive = 1, .rank = 0};
     snprintf(v.nodes[1].addr, sizeof v.nodes[1].addr, "%s", f->worker_addr);
     uint32_t servers[1] = {FAKE_SRV};
     if (cps__view_place_ranges(&v, 1, servers, 1, 1) != 0) {
@@ -112,7 +112,7 @@ static void fake_send_view(fake *f, uint8_t type)
     void *buf = malloc(len);
     if (buf) {
         cps__view_encode(&v, buf, len);
-        cps_msg_hdr h = {.type = type, .sender = 0, .epoch = f->epoch, .req_worker = FAKE_WRK};
+        cps__msg_hdr h = {.type = type, .sender = 0, .epoch = f->epoch, .req_worker = FAKE_WRK};
         cps__msg_send(f->tp, FAKE_WRK, &h, buf, len);
     }
     free(buf);
@@ -120,17 +120,17 @@ static void fake_send_view(fake *f, uint8_t type)
 }
 
 /* A reply from the fake server to request `req`, under `epoch`; VALUES carry `vals`. */
-static void fake_reply(fake *f, const cps_msg_hdr *req, uint8_t type, uint64_t epoch,
+static void fake_reply(fake *f, const cps__msg_hdr *req, uint8_t type, uint64_t epoch,
                        const float *vals)
 {
-    cps_msg_hdr h = {.type = type,
-                     .flags = CPS_WF_REPLY,
-                     .sender = FAKE_SRV,
-                     .epoch = epoch,
-                     .req_worker = req->req_worker,
-                     .req_seq = req->req_seq,
-                     .range = req->range,
-                     .step = req->step};
+    cps__msg_hdr h = {.type = type,
+                      .flags = CPS_WF_REPLY,
+                      .sender = FAKE_SRV,
+                      .epoch = epoch,
+                      .req_worker = req->req_worker,
+                      .req_seq = req->req_seq,
+                      .range = req->range,
+                      .step = req->step};
     uint64_t payload[64];
     size_t len = 0;
     if (type == CPS_MSG_VALUES)
@@ -140,7 +140,7 @@ static void fake_reply(fake *f, const cps_msg_hdr *req, uint8_t type, uint64_t e
 
 /* The forged answer to the first send of a request: under an older epoch for the first push and
  * the first pull, under a newer one (then published by the scheduler) for the second of each. */
-static void forge(fake *f, const cps_msg_hdr *req, uint8_t type, int nth)
+static void forge(fake *f, const cps__msg_hdr *req, uint8_t type, int nth)
 {
     float wrong[NK];
     for (int i = 0; i < NK; i++)
@@ -157,9 +157,9 @@ static void forge(fake *f, const cps_msg_hdr *req, uint8_t type, int nth)
     f->expect_epoch = f->epoch;
 }
 
-static void fake_request(fake *f, const cps_rx *rx)
+static void fake_request(fake *f, const cps__rx *rx)
 {
-    const cps_msg_hdr *h = &rx->hdr;
+    const cps__msg_hdr *h = &rx->hdr;
     if (h->epoch != f->epoch)
         return; /* a re-send under a view we replaced: wait for the one under the new view */
     if (f->expect_resend && h->req_seq == f->expect_resend) {
@@ -188,7 +188,7 @@ static void fake_request(fake *f, const cps_rx *rx)
         fake_reply(f, h, CPS_MSG_ACK, f->epoch, NULL);
         break;
     case CPS_MSG_PUSH: {
-        cps_kv kv;
+        cps__kv kv;
         if (cps__wire_kv_decode(rx->payload, rx->len, 1, &kv) != 0 || kv.nkeys != NK) {
             fake_fail(f, "bad push payload");
             return;
@@ -227,12 +227,12 @@ static void fake_request(fake *f, const cps_rx *rx)
 static void fake_msg(void *ctx, void *buf, size_t len)
 {
     fake *f = ctx;
-    cps_rx rx;
+    cps__rx rx;
     if (cps__rx_parse(&rx, buf, len) != 0) {
         fake_fail(f, "unparsable message");
         return;
     }
-    const cps_msg_hdr *h = &rx.hdr;
+    const cps__msg_hdr *h = &rx.hdr;
     switch (h->type) {
     case CPS_MSG_HELLO: {
         uint32_t role, rank, prev;
@@ -255,7 +255,7 @@ static void fake_msg(void *ctx, void *buf, size_t len)
     case CPS_MSG_HEARTBEAT:
         break;
     case CPS_MSG_BYE: {
-        cps_msg_hdr a = {.type = CPS_MSG_ACK, .sender = 0, .epoch = f->epoch};
+        cps__msg_hdr a = {.type = CPS_MSG_ACK, .sender = 0, .epoch = f->epoch};
         cps__msg_send(f->tp, FAKE_WRK, &a, NULL, 0);
         f->bye = 1;
         break;
@@ -350,10 +350,10 @@ static void reply_of_another_epoch_is_not_taken(void **state)
 /* ---- part 2: a paused head ---- */
 
 typedef struct witness {
-    cps_tp *tp;
+    cps__tp *tp;
     char addr[CPS_ADDR_MAX];
     uint32_t id;
-    cps_view view;
+    cps__view view;
     uint32_t victim;       /* node id of the paused server */
     uint64_t dead_epoch;   /* first view in which the victim is dead (0: not yet) */
     uint64_t paused_epoch; /* the view the victim had when paused */
@@ -364,15 +364,15 @@ typedef struct witness {
     uint32_t want_range;
     uint64_t want_seq;
     int got;
-    cps_msg_hdr got_hdr;
+    cps__msg_hdr got_hdr;
     float got_val;
 } witness;
 
 static witness W;
 
-static void w_install(witness *w, const cps_rx *rx)
+static void w_install(witness *w, const cps__rx *rx)
 {
-    cps_view v;
+    cps__view v;
     cps__view_init(&v);
     if (cps__view_decode(rx->payload, rx->len, &v) != 0) {
         cps__view_fini(&v);
@@ -385,7 +385,7 @@ static void w_install(witness *w, const cps_rx *rx)
     for (uint32_t i = 0; i < v.nnodes; i++)
         if (v.nodes[i].id != w->id && v.nodes[i].role == CPS_ROLE_SERVER)
             cps__tp_peer_set(w->tp, v.nodes[i].id, v.nodes[i].addr);
-    const cps_node_info *victim = w->victim ? cps__view_node(&v, w->victim) : NULL;
+    const cps__node_info *victim = w->victim ? cps__view_node(&v, w->victim) : NULL;
     if (victim && !victim->alive && !w->dead_epoch)
         w->dead_epoch = v.epoch;
     cps__view_fini(&w->view);
@@ -395,10 +395,10 @@ static void w_install(witness *w, const cps_rx *rx)
 static void w_msg(void *ctx, void *buf, size_t len)
 {
     witness *w = ctx;
-    cps_rx rx;
+    cps__rx rx;
     if (cps__rx_parse(&rx, buf, len) != 0)
         return;
-    const cps_msg_hdr *h = &rx.hdr;
+    const cps__msg_hdr *h = &rx.hdr;
     if (h->sender == 0 && (h->type == CPS_MSG_WELCOME || h->type == CPS_MSG_VIEW)) {
         if (h->type == CPS_MSG_WELCOME && !w->id)
             w->id = h->req_worker;
@@ -420,7 +420,7 @@ static void w_msg(void *ctx, void *buf, size_t len)
         if (h->range == w->want_range && h->req_seq == w->want_seq && !w->got) {
             w->got = 1;
             w->got_hdr = *h;
-            cps_kv kv;
+            cps__kv kv;
             if (h->type == CPS_MSG_VALUES && cps__wire_kv_decode(rx.payload, rx.len, 1, &kv) == 0)
                 w->got_val = kv.vals[0];
         }
@@ -438,7 +438,7 @@ static void w_poll(witness *w, int ms)
 
 static void w_get_view(witness *w)
 {
-    cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = w->id, .epoch = w->view.epoch};
+    cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = w->id, .epoch = w->view.epoch};
     cps__msg_send(w->tp, 0, &g, NULL, 0);
 }
 
@@ -447,26 +447,26 @@ static void w_get_view(witness *w)
 static void w_send(witness *w, uint8_t type, uint64_t key, float val, uint64_t seq, uint32_t to)
 {
     uint32_t r = cps__view_range_of(&w->view, key);
-    const cps_range *rg = &w->view.ranges[r];
+    const cps__range *rg = &w->view.ranges[r];
     uint32_t dst = to ? to : type == CPS_MSG_PULL ? rg->chain[rg->chain_len - 1] : rg->chain[0];
     uint32_t one = 1;
     uint64_t payload[32];
     size_t len;
     if (type == CPS_MSG_DECLARE) {
-        cps_param_spec spec = {.init_kind = CPS_W_INIT_ZEROS, .opt_kind = CPS_W_OPT_SGD, .lr = 1};
+        cps__param_spec spec = {.init_kind = CPS_W_INIT_ZEROS, .opt_kind = CPS_W_OPT_SGD, .lr = 1};
         uint64_t off = 0;
         len = cps__wire_declare_encode(payload, sizeof payload, 1, &key, &one, &off, &spec);
     } else {
         len = cps__wire_kv_encode(payload, sizeof payload, 1, &key, &one,
                                   type == CPS_MSG_PUSH ? &val : NULL, type == CPS_MSG_PUSH);
     }
-    cps_msg_hdr h = {.type = type,
-                     .sender = w->id,
-                     .epoch = w->view.epoch,
-                     .req_worker = w->id,
-                     .req_seq = seq,
-                     .range = r,
-                     .step = seq & ~CPS_SEQ_OTHER};
+    cps__msg_hdr h = {.type = type,
+                      .sender = w->id,
+                      .epoch = w->view.epoch,
+                      .req_worker = w->id,
+                      .req_seq = seq,
+                      .range = r,
+                      .step = seq & ~CPS_SEQ_OTHER};
     assert_int_equal(cps__msg_send(w->tp, dst, &h, payload, len), 0);
 }
 
@@ -516,7 +516,7 @@ static void paused_head_answers_nothing_queued(void **state)
     size_t hn = cps__hello_encode(hello, sizeof hello, CPS_ROLE_WORKER, 0, 0, w->addr);
     uint64_t end = h_now_ms() + WAIT_MS;
     while ((!w->id || !w->view.nranges) && h_now_ms() < end) {
-        cps_msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX};
+        cps__msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX};
         cps__msg_send(w->tp, 0, &h, hello, hn);
         w_poll(w, 300);
     }
@@ -529,7 +529,7 @@ static void paused_head_answers_nothing_queued(void **state)
     assert_true(w->victim != 0);
     uint64_t k_head = UINT64_MAX, k_tail = UINT64_MAX;
     for (uint32_t r = 0; r < w->view.nranges; r++) {
-        const cps_range *rg = &w->view.ranges[r];
+        const cps__range *rg = &w->view.ranges[r];
         if (rg->chain[0] == w->victim && k_head == UINT64_MAX)
             k_head = rg->lo + 1;
         if (rg->chain[rg->chain_len - 1] == w->victim && k_tail == UINT64_MAX)
@@ -586,7 +586,7 @@ static void paused_head_answers_nothing_queued(void **state)
 
     /* The job ends with its only worker: every process exits 0. */
     unsigned char stats[CPS_STATS_SIZE] = {0};
-    cps_msg_hdr bye = {.type = CPS_MSG_BYE, .sender = w->id, .epoch = w->view.epoch};
+    cps__msg_hdr bye = {.type = CPS_MSG_BYE, .sender = w->id, .epoch = w->view.epoch};
     cps__msg_send(w->tp, 0, &bye, stats, sizeof stats);
     end = h_now_ms() + WAIT_MS;
     while (h_alive(C.sched) && h_now_ms() < end)

@@ -1,4 +1,4 @@
-/* The simulator's in-memory store (cps_chain_store_ops, written by APPLY actions as update.c
+/* The simulator's in-memory store (cps__chain_store_ops, written by APPLY actions as update.c
  * writes LMDB) and the invariants, checked where the state they talk about changes and after
  * every event.
  *
@@ -24,7 +24,7 @@
 /* ---- the store ---- */
 
 /* Hash of what an update changes: kind, step, signature, requests and body. */
-static uint64_t upd_hash(const cps_chain_update *u)
+static uint64_t upd_hash(const cps__chain_update *u)
 {
     /* Each part seeded with the hash of those before it: one hash of the update, in order. */
     uint64_t hdr[4] = {u->kind, u->step, u->sig, u->nreqs};
@@ -154,7 +154,7 @@ static const uint64_t *truth_row(const sim *sm, const sim_rstore *st, uint64_t s
 
 /* SSP: update a was appended to st's log: its clocks are those after the update before it, moved
  * by the dense pushes it holds (what replication/ssp.h promises, stated again). */
-static void truth_append(sim *sm, sim_rstore *st, const cps_chain_action *a)
+static void truth_append(sim *sm, sim_rstore *st, const cps__chain_action *a)
 {
     if (st->truth_cap < st->log_cap) {
         st->truth_cap = st->log_cap;
@@ -167,7 +167,7 @@ static void truth_append(sim *sm, sim_rstore *st, const cps_chain_action *a)
     uint64_t *row = &st->truth[(a->seq - 1) * SIM_MAX_WORKERS];
     memcpy(row, truth_row(sm, st, a->seq - 1), SIM_MAX_WORKERS * sizeof *row);
     for (uint32_t i = 0; i < a->upd.nreqs; i++) {
-        const cps_chain_req *q = &a->upd.reqs[i];
+        const cps__chain_req *q = &a->upd.reqs[i];
         int k = hw_index(sm, q->worker);
         if (q->type == CPS_MSG_PUSH && !q->noagg && k >= 0 && a->upd.step > row[k])
             row[k] = a->upd.step;
@@ -177,15 +177,15 @@ static void truth_append(sim *sm, sim_rstore *st, const cps_chain_action *a)
 /* SSP, at every APPLY: the server's gate (replication/ssp.c) holds the range's clocks, and the
  * store gets what update.c's apply_txn writes (the clocks of the update's workers). A replica
  * that came back on its store, or copied the range, must have them too (invariant 9). */
-static void ssp_apply(sim *sm, sim_server *s, const cps_chain_action *a)
+static void ssp_apply(sim *sm, sim_server *s, const cps__chain_action *a)
 {
     uint32_t r = a->range;
     truth_append(sm, &s->rs[r], a);
     const uint64_t *want = truth_row(sm, &s->rs[r], a->seq);
-    const cps_view *v = s->view ? s->view : sim_cur_view(sm);
+    const cps__view *v = s->view ? s->view : sim_cur_view(sm);
     for (uint32_t k = 0; k < sm->p.workers; k++) {
         uint32_t id = sm->p.servers + 1 + k;
-        uint64_t c = cps_ssp_clock(s->ssp, v, r, id);
+        uint64_t c = cps__ssp_clock(s->ssp, v, r, id);
         if (c != want[k]) {
             sim_fail(sm, "(9) SSP clocks are the range's",
                      "server %u range %u after seq %" PRIu64 ": worker %u's clock is %" PRIu64
@@ -195,9 +195,9 @@ static void ssp_apply(sim *sm, sim_server *s, const cps_chain_action *a)
         }
     }
     for (uint32_t i = 0; i < a->upd.nreqs; i++) {
-        const cps_chain_req *q = &a->upd.reqs[i];
+        const cps__chain_req *q = &a->upd.reqs[i];
         int k = hw_index(sm, q->worker);
-        uint64_t c = cps_ssp_clock(s->ssp, v, r, q->worker);
+        uint64_t c = cps__ssp_clock(s->ssp, v, r, q->worker);
         if (q->type != CPS_MSG_PUT && !q->noagg && k >= 0 && c)
             s->rs[r].clock[k] = c;
     }
@@ -205,11 +205,11 @@ static void ssp_apply(sim *sm, sim_server *s, const cps_chain_action *a)
 
 /* An APPLY action: one store transaction with the update, the range's sequence number and the
  * exactly-once records, as update.c's apply_txn. Checks invariants 2 and 3. */
-void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a)
+void sim_store_apply(sim *sm, sim_server *s, const cps__chain_action *a)
 {
     uint32_t r = a->range;
     sim_rstore *st = &s->rs[r];
-    const cps_chain_update *u = &a->upd;
+    const cps__chain_update *u = &a->upd;
     if (a->seq != st->applied + 1) {
         sim_fail(sm, "apply in order",
                  "server %u range %u: APPLY of seq %" PRIu64 " after seq %" PRIu64, s->id, r,
@@ -229,7 +229,7 @@ void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a)
     }
     st->log[st->applied++] = h;
     for (uint32_t i = 0; i < u->nreqs; i++) {
-        const cps_chain_req *q = &u->reqs[i];
+        const cps__chain_req *q = &u->reqs[i];
         if (q->type == CPS_MSG_DECLARE) {
             if (!set_find(st, q->worker | DECLARE_ID_BIT, q->req_seq))
                 set_put(st, q->worker | DECLARE_ID_BIT, q->req_seq, a->seq);
@@ -272,7 +272,7 @@ void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a)
      * sequence numbers. */
     if (!sim_is_member(sm, r, s->id) && !(s->copying && s->copying[r]))
         return;
-    const cps_range *rg = &sim_cur_view(sm)->ranges[r];
+    const cps__range *rg = &sim_cur_view(sm)->ranges[r];
     for (uint32_t i = 0; i < rg->chain_len; i++) {
         const sim_rstore *o = &sm->servers[rg->chain[i] - 1].rs[r];
         if (sm->servers[rg->chain[i] - 1].wiped)
@@ -348,7 +348,7 @@ void sim_check_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq, uint64_t h
 {
     if (seq == 0)
         return;
-    const cps_range *rg = &sim_cur_view(sm)->ranges[r];
+    const cps__range *rg = &sim_cur_view(sm)->ranges[r];
     for (uint32_t i = 0; i < rg->chain_len; i++) {
         const sim_rstore *o = &sm->servers[rg->chain[i] - 1].rs[r];
         if (sm->servers[rg->chain[i] - 1].wiped)
@@ -368,7 +368,7 @@ void sim_check_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq, uint64_t h
 
 static void check_acked_on_members(sim *sm, const sim_acked *k, const char *when)
 {
-    const cps_range *rg = &sim_cur_view(sm)->ranges[k->range];
+    const cps__range *rg = &sim_cur_view(sm)->ranges[k->range];
     for (uint32_t i = 0; i < rg->chain_len; i++) {
         if (rg->chain[i] == sm->lag[k->range].node)
             continue; /* a joined tail still catching up: checked when it has */
@@ -409,7 +409,7 @@ void sim_check_acked(sim *sm, sim_worker *w, const sim_req *q)
 }
 
 /* A REPLY action: the request is on every live replica before the worker is told. */
-void sim_check_reply(sim *sm, sim_server *s, uint32_t r, const cps_chain_req *q)
+void sim_check_reply(sim *sm, sim_server *s, uint32_t r, const cps__chain_req *q)
 {
     sim_acked k = {r, 0, q->req_seq};
     if (q->type == CPS_MSG_DECLARE)
@@ -425,7 +425,7 @@ void sim_check_reply(sim *sm, sim_server *s, uint32_t r, const cps_chain_req *q)
 void sim_check_snapshot(sim *sm, sim_server *s, uint32_t r)
 {
     const sim_rstore *st = &s->rs[r];
-    const cps_range *rg = &sim_cur_view(sm)->ranges[r];
+    const cps__range *rg = &sim_cur_view(sm)->ranges[r];
     for (uint32_t i = 0; i < rg->chain_len; i++) {
         const sim_rstore *o = &sm->servers[rg->chain[i] - 1].rs[r];
         if (sm->servers[rg->chain[i] - 1].wiped)
@@ -443,10 +443,10 @@ void sim_check_snapshot(sim *sm, sim_server *s, uint32_t r)
 }
 
 /* Invariant 8: a tail of the current epoch never serves a read older than an update already
- * acknowledged to a worker (after a join: CHAIN_MARK gating, cps_chain_can_serve_pull). */
+ * acknowledged to a worker (after a join: CHAIN_MARK gating, cps__chain_can_serve_pull). */
 void sim_check_fresh_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq)
 {
-    const cps_range *rg = &sim_cur_view(sm)->ranges[r];
+    const cps__range *rg = &sim_cur_view(sm)->ranges[r];
     if (s->epoch != sm->epoch || rg->chain[rg->chain_len - 1] != s->id)
         return; /* a server of an older view: fenced by the workers' epochs, not by this */
     if (seq < sm->acked_seq[r])
@@ -465,10 +465,10 @@ static uint32_t ssp_behind(const sim *sm, const sim_server *s, uint32_t r, uint3
                            uint64_t clock, uint64_t *at)
 {
     const uint64_t *row = truth_row(sm, &s->rs[r], s->rs[r].applied);
-    const cps_view *v = sim_cur_view(sm);
+    const cps__view *v = sim_cur_view(sm);
     for (uint32_t k = 0; k < sm->p.workers; k++) {
         uint32_t id = sm->p.servers + 1 + k;
-        const cps_node_info *ni = cps__view_node(v, id);
+        const cps__node_info *ni = cps__view_node(v, id);
         if (id != worker && ni && ni->alive && row[k] + sm->p.ssp_bound < clock) {
             *at = row[k];
             return id;
@@ -515,7 +515,7 @@ static void check_lag(sim *sm, uint32_t r)
         lg->node = 0;
         return;
     }
-    const cps_range *rg = &sim_cur_view(sm)->ranges[r];
+    const cps__range *rg = &sim_cur_view(sm)->ranges[r];
     uint64_t need = 0;
     for (uint32_t i = 0; i < rg->chain_len; i++) {
         const sim_server *o = &sm->servers[rg->chain[i] - 1];
@@ -537,11 +537,11 @@ static void check_lag(sim *sm, uint32_t r)
 /* After every event: cheap structural checks over all ranges and servers. */
 void sim_check_event(sim *sm)
 {
-    const cps_view *v = sim_cur_view(sm);
+    const cps__view *v = sim_cur_view(sm);
     for (uint32_t r = 0; r < v->nranges && !sm->failed; r++)
         check_lag(sm, r);
     for (uint32_t r = 0; r < v->nranges; r++) {
-        const cps_range *rg = &v->ranges[r];
+        const cps__range *rg = &v->ranges[r];
         /* (6) Chain prefix: a replica holds everything its successor holds. */
         for (uint32_t i = 0; i + 1 < rg->chain_len; i++) {
             if (sm->servers[rg->chain[i] - 1].wiped || sm->servers[rg->chain[i + 1] - 1].wiped)
@@ -561,21 +561,21 @@ void sim_check_event(sim *sm)
         if (s->state == SRV_CRASHED || s->state == SRV_HELLO || !s->view)
             continue;
         for (uint32_t r = 0; r < s->view->nranges; r++) {
-            const cps_range *rg = &s->view->ranges[r];
+            const cps__range *rg = &s->view->ranges[r];
             int in = 0;
             for (uint32_t k = 0; k < rg->chain_len; k++)
                 in |= rg->chain[k] == s->id;
             /* (7) The state machine's idea of the range matches the store's. */
-            if (in && cps_chain_applied(s->chain, r) != s->rs[r].applied) {
+            if (in && cps__chain_applied(s->chain, r) != s->rs[r].applied) {
                 sim_fail(sm, "(7) state machine matches store",
                          "server %u range %u: chain says applied %" PRIu64 ", store %" PRIu64,
-                         s->id, r, cps_chain_applied(s->chain, r), s->rs[r].applied);
+                         s->id, r, cps__chain_applied(s->chain, r), s->rs[r].applied);
                 return;
             }
-            if (in && cps_chain_committed(s->chain, r) > s->rs[r].applied) {
+            if (in && cps__chain_committed(s->chain, r) > s->rs[r].applied) {
                 sim_fail(sm, "(7) state machine matches store",
                          "server %u range %u: committed %" PRIu64 " > applied %" PRIu64, s->id, r,
-                         cps_chain_committed(s->chain, r), s->rs[r].applied);
+                         cps__chain_committed(s->chain, r), s->rs[r].applied);
                 return;
             }
         }
@@ -586,9 +586,9 @@ void sim_check_event(sim *sm)
  * each of them. */
 void sim_check_final(sim *sm)
 {
-    const cps_view *v = sim_cur_view(sm);
+    const cps__view *v = sim_cur_view(sm);
     for (uint32_t r = 0; r < v->nranges && !sm->failed; r++) {
-        const cps_range *rg = &v->ranges[r];
+        const cps__range *rg = &v->ranges[r];
         const sim_rstore *h = &sm->servers[rg->chain[0] - 1].rs[r];
         for (uint32_t i = 1; i < rg->chain_len; i++) {
             const sim_rstore *o = &sm->servers[rg->chain[i] - 1].rs[r];

@@ -7,9 +7,9 @@
  * and TigerBeetle's deterministic simulation), so a seed is a reproducible run.
  *
  * What is modelled (see the report in the issue for what is not):
- *  - servers: a cps_chain each, an in-memory store behind cps_chain_store_ops that mirrors what
+ *  - servers: a cps__chain each, an in-memory store behind cps__chain_store_ops that mirrors what
  *    src/server/update.c writes to LMDB, and the head-side glue of update.c (request checks,
- *    cps_chain_admit, sync aggregation in worker-rank order, submit, performing actions);
+ *    cps__chain_admit, sync aggregation in worker-rank order, submit, performing actions);
  *  - workers: dense per-(worker, range) push sequences, sparse pushes (CPS_SEQ_SPARSE), declares
  *    and pulls, several in flight, re-sent after a timeout and on every new view, replies matched
  *    by (range, req_seq), as src/worker/client.c does;
@@ -20,16 +20,16 @@
  *    scheduler's own repair policy (recovery/repair.c: declare dead, who copies which range
  *    from whom, caught up) brings ranges back to R replicas by state transfer;
  *  - restarts: a crashed server comes back on its store (kill -9 with LMDB on disk) or on an
- *    empty one (a replaced disk), with a fresh cps_chain, and asks to be let in (HELLO); a server
- *    told it was declared dead rejoins the same way (server.c's rejoin); whether a server is
- *    fenced, unsure of its standing after a pause (it then drops what comes and asks for the
- *    view) or may serve is recovery/fence.c's decision, as in server.c;
+ *    empty one (a replaced disk), with a fresh cps__chain, and asks to be let in (HELLO); a
+ * cps__server told it was declared dead rejoins the same way (server.c's rejoin); whether a server
+ * is fenced, unsure of its standing after a pause (it then drops what comes and asks for the view)
+ * or may serve is recovery/fence.c's decision, as in server.c;
  *  - state transfer: the joiner's decisions are recovery/joiner.c's, performed as transfer.c
  *    performs them: JOIN_RANGE -> begin_join and clearing the copy -> SNAP_REQ (re-sent until
  *    the snapshot comes) -> add_shadow at the tail, then a snapshot of the tail's store a moment
  *    later -> SNAP over the network (one message) -> install, join_ready -> CAUGHT_UP -> a view
  *    with the joiner as the new tail, whose reads wait for CHAIN_MARK
- *    (cps_chain_can_serve_pull), and a second CAUGHT_UP (aux 1) once they may be served; a join
+ *    (cps__chain_can_serve_pull), and a second CAUGHT_UP (aux 1) once they may be served; a join
  *    given up (timeout, a view that ends it, a failed step) reports CAUGHT_UP aux 2;
  *  - partitions: servers cut off from the scheduler, their peers or the workers (both ways) for
  *    a while; the scheduler may declare them dead meanwhile, and they must be fenced;
@@ -243,11 +243,11 @@ static void net_send(sim *sm, uint32_t from, uint32_t to, const void *buf, size_
     sm->sent++;
 }
 
-static void send_hdr(sim *sm, uint32_t from, uint32_t to, const cps_msg_hdr *h, const void *pl,
+static void send_hdr(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
                      size_t plen, uint64_t extra)
 {
     uint8_t buf[CPS_WIRE_HDR_SIZE + 64];
-    cps_msg_hdr hh = *h;
+    cps__msg_hdr hh = *h;
     hh.payload_len = hh.raw_len = (uint32_t)plen;
     hh.sender = from;
     cps__wire_hdr_encode(buf, &hh);
@@ -268,7 +268,7 @@ static uint32_t worker_rank(const sim *sm, uint32_t id)
     return id - sm->p.servers - 1;
 }
 
-const cps_view *sim_cur_view(const sim *sm)
+const cps__view *sim_cur_view(const sim *sm)
 {
     return &sm->views[sm->epoch];
 }
@@ -276,7 +276,7 @@ const cps_view *sim_cur_view(const sim *sm)
 /* 1 if server id is in range r's chain in the scheduler's current view: a live replica. */
 int sim_is_member(const sim *sm, uint32_t r, uint32_t id)
 {
-    const cps_range *rg = &sim_cur_view(sm)->ranges[r];
+    const cps__range *rg = &sim_cur_view(sm)->ranges[r];
     for (uint32_t i = 0; i < rg->chain_len; i++)
         if (rg->chain[i] == id)
             return 1;
@@ -348,31 +348,31 @@ static void ssp_wake(sim *sm, sim_server *s);
  * pulls they release are answered (or refused: we are not the tail while copying). */
 static void ssp_load(sim *sm, sim_server *s, uint32_t r)
 {
-    cps_ssp_forget_range(s->ssp, r);
+    cps__ssp_forget_range(s->ssp, r);
     for (uint32_t k = 0; k < sm->p.workers; k++)
         if (s->rs[r].clock[k] &&
-            cps_ssp_pushed(s->ssp, sim_cur_view(sm), r, sm->p.servers + 1 + k, s->rs[r].clock[k]))
-            sim_fail(sm, "api", "server %u: cps_ssp_pushed failed", s->id);
-    if (cps_ssp_parked(s->ssp) && !sm->failed)
+            cps__ssp_pushed(s->ssp, sim_cur_view(sm), r, sm->p.servers + 1 + k, s->rs[r].clock[k]))
+            sim_fail(sm, "api", "server %u: cps__ssp_pushed failed", s->id);
+    if (cps__ssp_parked(s->ssp) && !sm->failed)
         ssp_wake(sm, s);
 }
 
 static void chain_new(sim *sm, sim_server *s)
 {
-    static const cps_chain_store_ops ops = {sim_op_range_seq, sim_op_dedup, sim_op_agg_step,
-                                            sim_op_drop_cookie};
-    cps_chain_config cc = {s->id, sm->p.resend_ms, sm->p.max_unacked};
-    if (cps_chain_create(&cc, &ops, s, &s->chain) != 0) {
-        fprintf(stderr, "sim: cps_chain_create failed\n");
+    static const cps__chain_store_ops ops = {sim_op_range_seq, sim_op_dedup, sim_op_agg_step,
+                                             sim_op_drop_cookie};
+    cps__chain_config cc = {s->id, sm->p.resend_ms, sm->p.max_unacked};
+    if (cps__chain_create(&cc, &ops, s, &s->chain) != 0) {
+        fprintf(stderr, "sim: cps__chain_create failed\n");
         exit(2);
     }
     /* SSP: a fresh gate (parked pulls are lost with the process: their workers re-send) whose
      * clocks start where the store has them, as update.c's cps__server_chain_init. */
     s->nparked = 0; /* freed by ssp_drop */
-    cps_ssp_destroy(s->ssp);
+    cps__ssp_destroy(s->ssp);
     s->ssp = NULL;
-    if (sm->p.mode == SIM_SSP && cps_ssp_create(ssp_drop, NULL, &s->ssp) != 0) {
-        fprintf(stderr, "sim: cps_ssp_create failed\n");
+    if (sm->p.mode == SIM_SSP && cps__ssp_create(ssp_drop, NULL, &s->ssp) != 0) {
+        fprintf(stderr, "sim: cps__ssp_create failed\n");
         exit(2);
     }
     for (uint32_t r = 0; s->ssp && r < sm->nranges; r++)
@@ -382,18 +382,18 @@ static void chain_new(sim *sm, sim_server *s)
 static void joiner_new(sim *sm, sim_server *s);
 
 /* A restarted process, or server.c's rejoin() after being fenced: a fresh chain state machine
- * (cps_chain_destroy releases the cookies of requests it was holding), no aggregation slots, no
+ * (cps__chain_destroy releases the cookies of requests it was holding), no aggregation slots, no
  * joins, no view; the store stays as it is. It asks the scheduler to let it in (HELLO). */
 static void server_reset(sim *sm, sim_server *s)
 {
-    cps_chain_destroy(s->chain);
+    cps__chain_destroy(s->chain);
     chain_new(sm, s);
-    cps_sync_destroy(s->sync);
+    cps__sync_destroy(s->sync);
     s->sync = NULL;
-    cps_ackhold_destroy(s->acks); /* held acks are lost with the chain state they came from */
+    cps__ackhold_destroy(s->acks); /* held acks are lost with the chain state they came from */
     s->acks = NULL;
     joiner_new(sm, s); /* no joins: they went with the process (or the fenced state) */
-    cps_fence_rejoin(s->fence, sm->now);
+    cps__fence_rejoin(s->fence, sm->now);
     memset(s->copying, 0, sm->nranges * sizeof *s->copying);
     s->epoch = 0;
     s->view = NULL;
@@ -416,7 +416,7 @@ static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn);
 static void reply_to_worker(sim *sm, sim_server *s, uint8_t type, uint32_t worker, uint32_t range,
                             uint64_t req_seq, int status, const void *pl, size_t plen, uint64_t aux)
 {
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = type;
     h.flags = CPS_WF_REPLY;
     h.status = status;
@@ -430,7 +430,7 @@ static void reply_to_worker(sim *sm, sim_server *s, uint8_t type, uint32_t worke
 
 /* Persist before send: a replica forwards or acknowledges only what it applied. (A CHAIN_MARK
  * is no data: a replica still catching up passes on its own MARK.) */
-static int check_persisted(sim *sm, sim_server *s, const cps_msg_hdr *h)
+static int check_persisted(sim *sm, sim_server *s, const cps__msg_hdr *h)
 {
     if (h->range < sm->nranges &&
         (h->type == CPS_MSG_CHAIN_MARK || h->req_seq <= s->rs[h->range].applied))
@@ -448,8 +448,8 @@ static int check_persisted(sim *sm, sim_server *s, const cps_msg_hdr *h)
  * nothing at the source; sim seed 1935 with the check here). */
 static void send_released_acks(sim *sm, sim_server *s)
 {
-    const cps_ackhold_send *out;
-    size_t n = s->acks ? cps_ackhold_sends(s->acks, &out) : 0;
+    const cps__ackhold_send *out;
+    size_t n = s->acks ? cps__ackhold_sends(s->acks, &out) : 0;
     for (size_t i = 0; i < n && !sm->failed; i++) {
         sim_trace(sm, "s%u send held CHAIN_ACK r%u seq %" PRIu64 " e%" PRIu64 " -> s%u", s->id,
                   out[i].hdr.range, out[i].hdr.req_seq, out[i].hdr.epoch, out[i].to);
@@ -458,15 +458,15 @@ static void send_released_acks(sim *sm, sim_server *s)
 }
 
 /* update.c's hold_ack: 1 if held. The first held ack schedules its own flush, as the server's
- * loop sleeps no longer than cps_ackhold_wait_ms. */
-static int hold_ack(sim *sm, sim_server *s, uint32_t to, const cps_msg_hdr *h)
+ * loop sleeps no longer than cps__ackhold_wait_ms. */
+static int hold_ack(sim *sm, sim_server *s, uint32_t to, const cps__msg_hdr *h)
 {
-    if (!s->acks && cps_ackhold_create(&s->acks) != 0) {
+    if (!s->acks && cps__ackhold_create(&s->acks) != 0) {
         fprintf(stderr, "sim: out of memory\n");
         exit(2);
     }
-    uint32_t before = cps_ackhold_held(s->acks);
-    int held = cps_ackhold_offer(s->acks, s->view ? s->view->nranges : 0, to, h, sm->now);
+    uint32_t before = cps__ackhold_held(s->acks);
+    int held = cps__ackhold_offer(s->acks, s->view ? s->view->nranges : 0, to, h, sm->now);
     send_released_acks(sm, s);
     if (held && before == 0)
         ev_push(sm, sm->now + CPS_ACK_HOLD_MS, EV_ACKS, s->id, NULL);
@@ -476,9 +476,9 @@ static int hold_ack(sim *sm, sim_server *s, uint32_t to, const cps_msg_hdr *h)
 /* update.c's cps__server_flush_acks. */
 static void flush_acks(sim *sm, sim_server *s, int force)
 {
-    if (!cps_ackhold_held(s->acks))
+    if (!cps__ackhold_held(s->acks))
         return;
-    cps_ackhold_due(s->acks, sm->now, force);
+    cps__ackhold_due(s->acks, sm->now, force);
     send_released_acks(sm, s);
 }
 
@@ -504,8 +504,8 @@ static void answer_pull(sim *sm, sim_server *s, uint32_t r, uint32_t worker, uin
 static void ssp_wake(sim *sm, sim_server *s)
 {
     void *const *released;
-    cps_ssp_wake(s->ssp, s->view);
-    size_t n = cps_ssp_released(s->ssp, &released);
+    cps__ssp_wake(s->ssp, s->view);
+    size_t n = cps__ssp_released(s->ssp, &released);
     for (size_t i = 0; i < n; i++) {
         sim_cookie *ck = released[i];
         for (uint32_t k = 0; k < s->nparked; k++)
@@ -516,8 +516,8 @@ static void ssp_wake(sim *sm, sim_server *s)
         sim_trace(sm, "s%u wakes pull r%u w%u at clock %" PRIu64, s->id, ck->range, ck->worker,
                   ck->clock);
         if (sm->failed) {
-        } else if (!cps_chain_is_tail(s->chain, ck->range) ||
-                   !cps_chain_can_serve_pull(s->chain, ck->range)) {
+        } else if (!cps__chain_is_tail(s->chain, ck->range) ||
+                   !cps__chain_can_serve_pull(s->chain, ck->range)) {
             reply_to_worker(sm, s, CPS_MSG_ERROR, ck->worker, ck->range, ck->req_seq, CPS_EAGAIN,
                             NULL, 0, 0);
         } else {
@@ -530,22 +530,22 @@ static void ssp_wake(sim *sm, sim_server *s)
 
 static void server_actions(sim *sm, sim_server *s)
 {
-    const cps_chain_action *acts;
-    size_t n = cps_chain_actions(s->chain, &acts);
+    const cps__chain_action *acts;
+    size_t n = cps__chain_actions(s->chain, &acts);
     int applied = 0;
     for (size_t i = 0; i < n && !sm->failed; i++) {
-        const cps_chain_action *a = &acts[i];
+        const cps__chain_action *a = &acts[i];
         switch (a->kind) {
         case CPS_CA_APPLY:
             /* update.c's do_apply moves the clocks first; the store records what they became. */
-            if (s->ssp && cps_ssp_applied(s->ssp, s->view ? s->view : sim_cur_view(sm), a->range,
-                                          &a->upd) != 0)
-                sim_fail(sm, "api", "server %u: cps_ssp_applied failed", s->id);
+            if (s->ssp && cps__ssp_applied(s->ssp, s->view ? s->view : sim_cur_view(sm), a->range,
+                                           &a->upd) != 0)
+                sim_fail(sm, "api", "server %u: cps__ssp_applied failed", s->id);
             sim_store_apply(sm, s, a);
             applied = 1;
             break;
         case CPS_CA_SEND: {
-            cps_msg_hdr h;
+            cps__msg_hdr h;
             if (cps__wire_hdr_decode(a->msg, a->len, &h) != 0) {
                 sim_fail(sm, "wire", "server %u produced an undecodable chain message", s->id);
                 return;
@@ -560,7 +560,7 @@ static void server_actions(sim *sm, sim_server *s)
             break;
         }
         case CPS_CA_REPLY: {
-            const cps_chain_req *q = &a->req;
+            const cps__chain_req *q = &a->req;
             sim_cookie *ck = a->cookie;
             if (ck && (ck->worker != q->worker || ck->req_seq != q->req_seq)) {
                 sim_fail(sm, "reply",
@@ -599,7 +599,7 @@ static void server_actions(sim *sm, sim_server *s)
             return;
         }
     }
-    if (applied && s->ssp && cps_ssp_parked(s->ssp) && !sm->failed)
+    if (applied && s->ssp && cps__ssp_parked(s->ssp) && !sm->failed)
         ssp_wake(sm, s);
 }
 
@@ -611,7 +611,7 @@ static int chain_rc(sim *sm, sim_server *s, const char *call, int rc)
     return rc;
 }
 
-static void submit(sim *sm, sim_server *s, uint32_t r, const cps_chain_update *u)
+static void submit(sim *sm, sim_server *s, uint32_t r, const cps__chain_update *u)
 {
     /* Invariant 5: at most one server accepts writes for a range in one epoch. */
     uint32_t *head = &sm->heads[(size_t)r * (SIM_MAX_EPOCHS + 1) + s->epoch];
@@ -622,8 +622,8 @@ static void submit(sim *sm, sim_server *s, uint32_t r, const cps_chain_update *u
         return;
     }
     *head = s->id;
-    int rc = cps_chain_submit(s->chain, r, u, sm->now);
-    if (chain_rc(sm, s, "cps_chain_submit", rc) == 0)
+    int rc = cps__chain_submit(s->chain, r, u, sm->now);
+    if (chain_rc(sm, s, "cps__chain_submit", rc) == 0)
         server_actions(sm, s);
 }
 
@@ -639,26 +639,26 @@ static void sim_grad_free(void *ctx, void *cookie)
 /* Perform the aggregator's SUBMITs: the sum in rank order, as update.c's sync_submit. */
 static void sync_actions(sim *sm, sim_server *s)
 {
-    const cps_sync_action *acts;
-    size_t n = cps_sync_actions(s->sync, &acts);
+    const cps__sync_action *acts;
+    size_t n = cps__sync_actions(s->sync, &acts);
     for (size_t i = 0; i < n && !sm->failed; i++) {
-        const cps_sync_action *a = &acts[i];
+        const cps__sync_action *a = &acts[i];
         if (a->kind != CPS_SA_SUBMIT)
             continue;
-        cps_chain_req reqs[SIM_MAX_WORKERS];
+        cps__chain_req reqs[SIM_MAX_WORKERS];
         uint32_t nreq = 0;
         uint64_t body = 0;
         for (uint32_t k = 0; k < a->nranks && k < SIM_MAX_WORKERS; k++) {
-            const cps_sync_contrib *c = &a->by_rank[k];
+            const cps__sync_contrib *c = &a->by_rank[k];
             if (!c->cookie)
                 continue;
-            reqs[nreq++] = (cps_chain_req){c->worker, c->type, 0, c->req_seq};
+            reqs[nreq++] = (cps__chain_req){c->worker, c->type, 0, c->req_seq};
             body = body * 1000003u + *(uint64_t *)c->cookie; /* order-sensitive, like a float sum */
         }
         for (uint32_t k = 0; k < a->nranks; k++)
             free(a->by_rank[k].cookie);
-        cps_chain_update u = {CPS_UPD_PUSH, a->step, a->sig, nreq, reqs, &body, sizeof body};
-        if (!cps_chain_is_head(s->chain, a->range)) {
+        cps__chain_update u = {CPS_UPD_PUSH, a->step, a->sig, nreq, reqs, &body, sizeof body};
+        if (!cps__chain_is_head(s->chain, a->range)) {
             /* update.c submits and logs the refusal: the head moved while the step was
              * gathered, and the workers re-send it to the new head. */
             sim_trace(sm, "s%u slot r%u step %" PRIu64 " complete but not head: dropped", s->id,
@@ -671,7 +671,7 @@ static void sync_actions(sim *sm, sim_server *s)
 }
 
 /* The request checks of cps__server_check_request: epoch, range, and the right role. */
-static int check_request(sim *sm, sim_server *s, const cps_msg_hdr *h)
+static int check_request(sim *sm, sim_server *s, const cps__msg_hdr *h)
 {
     if (h->epoch < s->epoch) {
         reply_to_worker(sm, s, CPS_MSG_ERROR, h->sender, h->range, h->req_seq, CPS_ESTALE_EPOCH,
@@ -679,13 +679,13 @@ static int check_request(sim *sm, sim_server *s, const cps_msg_hdr *h)
         return CPS_ESTALE_EPOCH;
     }
     if (h->epoch > s->epoch) {
-        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
+        cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
         send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
         reply_to_worker(sm, s, CPS_MSG_ERROR, h->sender, h->range, h->req_seq, CPS_EAGAIN, NULL, 0,
                         0);
         return CPS_EAGAIN;
     }
-    const cps_range *rg = &s->view->ranges[h->range];
+    const cps__range *rg = &s->view->ranges[h->range];
     uint32_t want = h->type == CPS_MSG_PULL ? rg->chain[rg->chain_len - 1] : rg->chain[0];
     if (want != s->id) {
         reply_to_worker(sm, s, CPS_MSG_ERROR, h->sender, h->range, h->req_seq, CPS_ESTALE_EPOCH,
@@ -695,13 +695,13 @@ static int check_request(sim *sm, sim_server *s, const cps_msg_hdr *h)
     return 0;
 }
 
-/* cps_chain_admit with a heap cookie, as update.c's admit(): returns the verdict. */
-static int admit(sim *sm, sim_server *s, const cps_msg_hdr *h, uint64_t sig, int refused)
+/* cps__chain_admit with a heap cookie, as update.c's admit(): returns the verdict. */
+static int admit(sim *sm, sim_server *s, const cps__msg_hdr *h, uint64_t sig, int refused)
 {
-    cps_chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
+    cps__chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
     sim_cookie *ck = xmalloc(sizeof *ck);
     *ck = (sim_cookie){h->sender, h->range, h->req_seq, 0, refused};
-    int v = cps_chain_admit(s->chain, h->range, &q, h->step, sig, ck);
+    int v = cps__chain_admit(s->chain, h->range, &q, h->step, sig, ck);
     sim_trace(sm, "s%u admit %s r%u w%u req %" PRIx64 " step %" PRIu64 ": verdict %d", s->id,
               msg_name(h->type), h->range, h->sender, h->req_seq, h->step, v);
     if (v == CPS_ADMIT_DUP) {
@@ -718,11 +718,12 @@ static int admit(sim *sm, sim_server *s, const cps_msg_hdr *h, uint64_t sig, int
         reply_to_worker(sm, s, CPS_MSG_ERROR, h->sender, h->range, h->req_seq, CPS_EAGAIN, NULL, 0,
                         0);
     else if (v < 0)
-        chain_rc(sm, s, "cps_chain_admit", v);
+        chain_rc(sm, s, "cps__chain_admit", v);
     return v;
 }
 
-static void on_request(sim *sm, sim_server *s, const cps_msg_hdr *h, const uint8_t *pl, size_t plen)
+static void on_request(sim *sm, sim_server *s, const cps__msg_hdr *h, const uint8_t *pl,
+                       size_t plen)
 {
     if (!is_worker_id(sm, h->sender) || h->range >= sm->nranges || plen != 8) {
         sim_fail(sm, "wire", "server %u got a malformed request", s->id);
@@ -731,20 +732,20 @@ static void on_request(sim *sm, sim_server *s, const cps_msg_hdr *h, const uint8
     if (check_request(sm, s, h) != 0)
         return;
     if (h->type == CPS_MSG_PULL) {
-        if (!cps_chain_can_serve_pull(s->chain, h->range)) {
+        if (!cps__chain_can_serve_pull(s->chain, h->range)) {
             /* update.c: a new tail that has not applied what its predecessor acknowledged. */
             sm->gated++;
             reply_to_worker(sm, s, CPS_MSG_ERROR, h->sender, h->range, h->req_seq, CPS_EAGAIN, NULL,
                             0, 0);
             return;
         }
-        if (s->ssp && !cps_ssp_may_proceed(s->ssp, s->view, h->range, h->aux, h->sender)) {
+        if (s->ssp && !cps__ssp_may_proceed(s->ssp, s->view, h->range, h->aux, h->sender)) {
             /* update.c's park_pull: answered when the slowest worker catches up. */
             sim_cookie *ck = xmalloc(sizeof *ck);
             *ck = (sim_cookie){h->sender, h->range, h->req_seq, h->aux, 0};
-            if (cps_ssp_park(s->ssp, h->range, h->sender, h->aux, ck) != 0) {
+            if (cps__ssp_park(s->ssp, h->range, h->sender, h->aux, ck) != 0) {
                 free(ck);
-                sim_fail(sm, "api", "server %u: cps_ssp_park failed", s->id);
+                sim_fail(sm, "api", "server %u: cps__ssp_park failed", s->id);
                 return;
             }
             sm->ssp_parked++;
@@ -775,42 +776,42 @@ static void on_request(sim *sm, sim_server *s, const cps_msg_hdr *h, const uint8
     int v = admit(sm, s, h, sig, refused);
     if (v != CPS_ADMIT_NEW || sm->failed)
         return;
-    cps_chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
+    cps__chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
     if (refused) {
         sim_trace(sm, "s%u refuses r%u w%u req %" PRIx64 " (unknown key)", s->id, h->range,
                   h->sender, h->req_seq);
         uint64_t status;
         cps__le64_put(&status, (uint64_t)(int64_t)refused);
-        cps_chain_update u = {CPS_UPD_SKIP, h->step, 0, 1, &q, &status, sizeof status};
+        cps__chain_update u = {CPS_UPD_SKIP, h->step, 0, 1, &q, &status, sizeof status};
         submit(sm, s, h->range, &u);
         return;
     }
     if (!sync) {
-        cps_chain_update u = {h->type == CPS_MSG_DECLARE ? CPS_UPD_DECLARE : CPS_UPD_PUSH,
-                              h->step,
-                              0,
-                              1,
-                              &q,
-                              &grad,
-                              sizeof grad};
+        cps__chain_update u = {h->type == CPS_MSG_DECLARE ? CPS_UPD_DECLARE : CPS_UPD_PUSH,
+                               h->step,
+                               0,
+                               1,
+                               &q,
+                               &grad,
+                               sizeof grad};
         submit(sm, s, h->range, &u);
         return;
     }
-    if (!s->sync && cps_sync_create(sim_grad_free, NULL, &s->sync) != 0) {
+    if (!s->sync && cps__sync_create(sim_grad_free, NULL, &s->sync) != 0) {
         fprintf(stderr, "sim: out of memory\n");
         exit(2);
     }
     uint64_t *g = xmalloc(sizeof *g);
     *g = grad;
-    cps_sync_contrib c = {h->sender, h->type, h->req_seq, 1, g};
-    int sv = cps_sync_push(s->sync, s->view, h->range, sig, h->step, worker_rank(sm, h->sender), &c,
-                           sm->now);
+    cps__sync_contrib c = {h->sender, h->type, h->req_seq, 1, g};
+    int sv = cps__sync_push(s->sync, s->view, h->range, sig, h->step, worker_rank(sm, h->sender),
+                            &c, sm->now);
     if (sv != CPS_SYNC_TAKEN) {
         /* CPS_SYNC_RETRY: a retry while the step is still being gathered; the reply comes when
          * it completes. The simulator's gradients all have one length. */
         free(g);
         if (sv != CPS_SYNC_RETRY)
-            sim_fail(sm, "api", "server %u: cps_sync_push returned %d", s->id, sv);
+            sim_fail(sm, "api", "server %u: cps__sync_push returned %d", s->id, sv);
         return;
     }
     sync_actions(sm, s);
@@ -823,12 +824,12 @@ static void server_reset(sim *sm, sim_server *s);
  * comes). `turned`: its loop turns now (a tick), else a message arrives. */
 static void server_check_stall(sim *sm, sim_server *s, int turned)
 {
-    int v = turned ? cps_fence_turned(s->fence, sm->now) : cps_fence_check(s->fence, sm->now);
+    int v = turned ? cps__fence_turned(s->fence, sm->now) : cps__fence_check(s->fence, sm->now);
     if (v == CPS_FENCE_CALM)
         return;
     if (v == CPS_FENCE_STALLED)
         sim_trace(sm, "s%u stalled: unsure of its standing, asks for the view", s->id);
-    cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
+    cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
     send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
 }
 
@@ -837,14 +838,14 @@ static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
     /* server.c: held acks go out under the view they were made in, as if sent at once. */
     flush_acks(sm, s, 1);
     /* recovery/fence.c decides, as in server.c's install_view. */
-    const cps_node_info *me = cps__view_node(&sm->views[epoch], s->id);
-    int verdict = cps_fence_view(s->fence, epoch, me != NULL, me && me->alive);
+    const cps__node_info *me = cps__view_node(&sm->views[epoch], s->id);
+    int verdict = cps__fence_view(s->fence, epoch, me != NULL, me && me->alive);
     if (verdict == CPS_FENCE_V_CONFIRMED)
         sim_trace(sm, "s%u still in at e%" PRIu64 ": serving again (%" PRIu64 " dropped)", s->id,
-                  epoch, cps_fence_dropped(s->fence));
+                  epoch, cps__fence_dropped(s->fence));
     if (verdict != CPS_FENCE_V_NEWER)
         return;
-    verdict = cps_fence_install(s->fence, epoch, me != NULL, me && me->alive);
+    verdict = cps__fence_install(s->fence, epoch, me != NULL, me && me->alive);
     if (verdict == CPS_FENCE_V_FENCED) {
         /* Declared dead (paused, partitioned, slow): drop the chain state and rejoin as a fresh
          * replica (server.c does it at its loop's next turn, serving nothing meanwhile); the
@@ -859,19 +860,19 @@ static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
     s->epoch = epoch;
     s->view = &sm->views[epoch];
     sim_trace(sm, "s%u installs view e%" PRIu64, s->id, epoch);
-    int rc = cps_chain_set_view(s->chain, s->view, sm->now);
-    if (chain_rc(sm, s, "cps_chain_set_view", rc) != 0)
+    int rc = cps__chain_set_view(s->chain, s->view, sm->now);
+    if (chain_rc(sm, s, "cps__chain_set_view", rc) != 0)
         return;
     server_actions(sm, s);
     for (uint32_t r = 0; r < sm->nranges; r++)
         if (s->copying[r] && sim_is_member(sm, r, s->id))
             s->copying[r] = 0;
-    if (!sm->failed && cps_joiner_view(s->joiner, s->view, sm->now) > 0)
+    if (!sm->failed && cps__joiner_view(s->joiner, s->view, sm->now) > 0)
         run_joiner(sm, s, NULL);
     if (s->sync && !sm->failed &&
-        chain_rc(sm, s, "cps_sync_set_view", cps_sync_set_view(s->sync, s->view)) == 0)
+        chain_rc(sm, s, "cps__sync_set_view", cps__sync_set_view(s->sync, s->view)) == 0)
         sync_actions(sm, s);
-    if (s->ssp && cps_ssp_parked(s->ssp) && !sm->failed)
+    if (s->ssp && cps__ssp_parked(s->ssp) && !sm->failed)
         ssp_wake(sm, s);
 }
 
@@ -880,21 +881,21 @@ static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
 
 static int joiner_can_serve(void *ctx, uint32_t r)
 {
-    return cps_chain_can_serve_pull(((sim_server *)ctx)->chain, r);
+    return cps__chain_can_serve_pull(((sim_server *)ctx)->chain, r);
 }
 
 static void joiner_new(sim *sm, sim_server *s)
 {
-    cps_joiner_destroy(s->joiner);
+    cps__joiner_destroy(s->joiner);
     s->joiner = NULL;
     /* As transfer.c configures it. */
-    cps_joiner_config cfg = {.self = s->id,
-                             .nranges = sm->nranges,
-                             .timeout_ms = SIM_JOIN_TIMEOUT_MS,
-                             .snap_retry_ms = SIM_SNAP_RETRY_MS,
-                             .orders_may_reorder = 1};
-    if (cps_joiner_create(&cfg, &s->joiner) != 0) {
-        fprintf(stderr, "sim: cps_joiner_create failed\n");
+    cps__joiner_config cfg = {.self = s->id,
+                              .nranges = sm->nranges,
+                              .timeout_ms = SIM_JOIN_TIMEOUT_MS,
+                              .snap_retry_ms = SIM_SNAP_RETRY_MS,
+                              .orders_may_reorder = 1};
+    if (cps__joiner_create(&cfg, &s->joiner) != 0) {
+        fprintf(stderr, "sim: cps__joiner_create failed\n");
         exit(2);
     }
 }
@@ -903,8 +904,8 @@ static void joiner_new(sim *sm, sim_server *s)
  * batch, and their outcome hands back the next one. sn: the snapshot just taken, or NULL. */
 static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn)
 {
-    const cps_joiner_action *a;
-    size_t n = cps_joiner_actions(s->joiner, &a);
+    const cps__joiner_action *a;
+    size_t n = cps__joiner_actions(s->joiner, &a);
     for (size_t i = 0; i < n && !sm->failed; i++) {
         uint32_t r = a[i].range;
         int rc = 0;
@@ -914,19 +915,19 @@ static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn)
             send_hdr(sm, s->id, a[i].to, &a[i].hdr, NULL, 0, 0);
             continue;
         case CPS_JA_ASK_VIEW: {
-            cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
+            cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
             send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
             continue;
         }
         case CPS_JA_ABORT:
             if (a[i].why)
                 sim_trace(sm, "s%u join of r%u aborted: %s", s->id, r, a[i].why);
-            cps_chain_join_abort(s->chain, r);
+            cps__chain_join_abort(s->chain, r);
             server_actions(sm, s);
             s->copying[r] = 0;
             continue;
         case CPS_JA_BEGIN:
-            rc = cps_chain_begin_join(s->chain, r, a[i].source);
+            rc = cps__chain_begin_join(s->chain, r, a[i].source);
             server_actions(sm, s);
             if (rc == 0) {
                 sim_rstore_clear(&s->rs[r]); /* transfer.c's clear_txn */
@@ -945,9 +946,9 @@ static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn)
             /* transfer.c: the snapshot's SSP clocks, before the updates after it move them. */
             if (s->ssp)
                 ssp_load(sm, s, r);
-            rc = cps_chain_join_ready(s->chain, r, a[i].seq, sm->now);
+            rc = cps__chain_join_ready(s->chain, r, a[i].seq, sm->now);
             server_actions(sm, s);
-            value = cps_chain_applied(s->chain, r);
+            value = cps__chain_applied(s->chain, r);
             if (rc == 0)
                 sim_trace(sm,
                           "s%u installed snapshot of r%u at seq %" PRIu64 ", caught up to %" PRIu64,
@@ -958,40 +959,41 @@ static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn)
         }
         if (sm->failed)
             return;
-        cps_joiner_result(s->joiner, r, rc, value, sm->now);
-        n = cps_joiner_actions(s->joiner, &a);
+        cps__joiner_result(s->joiner, r, rc, value, sm->now);
+        n = cps__joiner_actions(s->joiner, &a);
         i = (size_t)-1; /* the next batch, from its start */
     }
 }
 
 /* JOIN_RANGE from the scheduler. */
-static void on_join_range(sim *sm, sim_server *s, const cps_msg_hdr *h)
+static void on_join_range(sim *sm, sim_server *s, const cps__msg_hdr *h)
 {
-    cps_joiner_order(s->joiner, s->view, h->range, (uint32_t)h->aux, h->step, h->epoch, sm->now);
+    cps__joiner_order(s->joiner, s->view, h->range, (uint32_t)h->aux, h->step, h->epoch, sm->now);
     run_joiner(sm, s, NULL);
 }
 
 /* SNAP_REQ at the tail: shadow the joiner, and take the snapshot a moment later (a thread). */
-static void on_snap_req(sim *sm, sim_server *s, const cps_msg_hdr *h)
+static void on_snap_req(sim *sm, sim_server *s, const cps__msg_hdr *h)
 {
     uint32_t r = h->range, joiner = h->sender;
-    if (r >= sm->nranges || joiner < 1 || joiner > sm->p.servers || !cps_chain_is_tail(s->chain, r))
+    if (r >= sm->nranges || joiner < 1 || joiner > sm->p.servers ||
+        !cps__chain_is_tail(s->chain, r))
         return;
     if (h->epoch > s->epoch) {
         /* transfer.c: the joiner runs a newer view than ours: an older one we install next may
          * count it dead and clear the shadow (with what we held for it), while its snapshot
          * still goes out and it reports CAUGHT_UP lacking those updates (seed 5596). Fetch the
          * view; the joiner asks again. */
-        cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
+        cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
         send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
         return;
     }
-    int rc = cps_chain_add_shadow(s->chain, r, joiner, h->step, sm->now);
+    int rc = cps__chain_add_shadow(s->chain, r, joiner, h->step, sm->now);
     if (rc == CPS_EINVAL || rc == CPS_ESTALE_EPOCH)
         return; /* a joiner our view counts dead, or a late request of a replaced join:
                  * transfer.c logs and starts no snapshot */
     if (rc != 0) {
-        chain_rc(sm, s, "cps_chain_add_shadow", rc);
+        chain_rc(sm, s, "cps__chain_add_shadow", rc);
         return;
     }
     server_actions(sm, s);
@@ -1001,7 +1003,7 @@ static void on_snap_req(sim *sm, sim_server *s, const cps_msg_hdr *h)
     m->inc = s->inc;
     m->len = CPS_WIRE_HDR_SIZE;
     /* step: the join id of the request, echoed (transfer.c's SNAP does not name its request). */
-    cps_msg_hdr sh = {
+    cps__msg_hdr sh = {
         .type = CPS_MSG_SNAP, .sender = s->id, .epoch = s->epoch, .range = r, .step = h->step};
     cps__wire_hdr_encode(m->buf, &sh);
     ev_push(sm, sm->now + rnd(sm, 40), EV_SNAPSHOT, s->id, m);
@@ -1019,7 +1021,7 @@ static void snapshot_run(sim *sm, sim_msg *m)
         ev_push(sm, s->resume_at + 1, EV_SNAPSHOT, s->id, m);
         return;
     }
-    cps_msg_hdr h;
+    cps__msg_hdr h;
     cps__wire_hdr_decode(m->buf, m->len, &h);
     if (sm->nsnaps == sm->snaps_cap) {
         sm->snaps_cap = sm->snaps_cap ? 2 * sm->snaps_cap : 16;
@@ -1043,19 +1045,19 @@ static void snapshot_run(sim *sm, sim_msg *m)
 }
 
 /* SNAP at the joiner (the whole snapshot in one message, aux: its index in sm->snaps). */
-static void on_snap(sim *sm, sim_server *s, const cps_msg_hdr *h)
+static void on_snap(sim *sm, sim_server *s, const cps__msg_hdr *h)
 {
     uint32_t r = h->range;
     if (r >= sm->nranges || h->aux >= sm->nsnaps)
         return;
-    if (cps_joiner_snap(s->joiner, h->sender, r, h->step, 1, 0, cps_chain_joining(s->chain, r),
-                        sm->now) == CPS_JOINER_TAKEN)
+    if (cps__joiner_snap(s->joiner, h->sender, r, h->step, 1, 0, cps__chain_joining(s->chain, r),
+                         sm->now) == CPS_JOINER_TAKEN)
         run_joiner(sm, s, sm->snaps[h->aux]);
 }
 
 static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
 {
-    cps_msg_hdr h;
+    cps__msg_hdr h;
     if (cps__wire_hdr_decode(m->buf, m->len, &h) != 0) {
         sim_fail(sm, "wire", "server %u got an undecodable message from %u", s->id, m->from);
         return;
@@ -1070,13 +1072,13 @@ static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
     if (s->state == SRV_HELLO) {
         /* Not let in yet: recovery/fence.c lets only our WELCOME in. */
         int ok = (h.type == CPS_MSG_WELCOME || h.type == CPS_MSG_VIEW) &&
-                 cps_fence_admit(s->fence, h.type, origin) == CPS_FENCE_SERVE;
+                 cps__fence_admit(s->fence, h.type, origin) == CPS_FENCE_SERVE;
         if (!ok) {
             if (m->from == 0 && h.type == CPS_MSG_VIEW && h.epoch > s->seen_view)
                 s->seen_view = h.epoch; /* installed once let in, if newer than the welcome */
             return;
         }
-        const cps_node_info *me = cps__view_node(&sm->views[h.epoch], s->id);
+        const cps__node_info *me = cps__view_node(&sm->views[h.epoch], s->id);
         if (!me || !me->alive)
             return; /* server.c would install it; it only leads to another fence */
         s->state = SRV_UP;
@@ -1091,9 +1093,9 @@ static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
     /* server.c's handle_msg: a stall first (a pause the scheduler may have declared us dead
      * in), then what our standing lets through (recovery/fence.c). */
     server_check_stall(sm, s, 0);
-    if (cps_fence_admit(s->fence, h.type, origin) != CPS_FENCE_SERVE) {
+    if (cps__fence_admit(s->fence, h.type, origin) != CPS_FENCE_SERVE) {
         sim_trace(sm, "s%u drops %s: %s", s->id, msg_name(h.type),
-                  cps_fence_unsure(s->fence) ? "unsure of its standing" : "not for it now");
+                  cps__fence_unsure(s->fence) ? "unsure of its standing" : "not for it now");
         return;
     }
     switch (h.type) {
@@ -1105,14 +1107,14 @@ static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
     case CPS_MSG_CHAIN_ACK:
     case CPS_MSG_CHAIN_MARK: {
         /* The chain copies what it keeps, and APPLY bodies are hashed before we return. */
-        int rc = cps_chain_on_message(s->chain, &h, pl, h.payload_len, sm->now);
+        int rc = cps__chain_on_message(s->chain, &h, pl, h.payload_len, sm->now);
         if (rc == CPS_EAGAIN) {
-            cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
+            cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
             send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
         } else if (rc == CPS_ESTALE_EPOCH) {
             sm->fenced++;
         } else if (rc != 0) {
-            chain_rc(sm, s, "cps_chain_on_message", rc);
+            chain_rc(sm, s, "cps__chain_on_message", rc);
             return;
         }
         server_actions(sm, s);
@@ -1147,16 +1149,16 @@ static void ask_view(sim *sm, sim_worker *w)
     if (w->view_asked && sm->now - w->view_asked < 200)
         return;
     w->view_asked = sm->now;
-    cps_msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = w->epoch};
+    cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = w->epoch};
     send_hdr(sm, w->id, 0, &g, NULL, 0, 0);
 }
 
 /* client.c's req_send: encode the request of a CPS_RQ_SEND action and send it to a->to. The
  * network takes every message (a lost one is a drop), so the send always succeeds. */
-static void req_send(sim *sm, sim_worker *w, const cps_reqs_action *a)
+static void req_send(sim *sm, sim_worker *w, const cps__reqs_action *a)
 {
     const sim_req *q = a->ctx;
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = a->type;
     h.epoch = a->epoch;
     h.req_worker = w->id;
@@ -1200,14 +1202,14 @@ static void req_finish(sim *sm, sim_worker *w, sim_req *q, int given_up)
 /* client.c's perform: carry out what the last call into the request table decided. */
 static void perform(sim *sm, sim_worker *w)
 {
-    const cps_reqs_action *acts;
-    size_t n = cps_reqs_actions(w->rq, &acts);
+    const cps__reqs_action *acts;
+    size_t n = cps__reqs_actions(w->rq, &acts);
     for (size_t k = 0; k < n && !sm->failed; k++) {
-        const cps_reqs_action *a = &acts[k];
+        const cps__reqs_action *a = &acts[k];
         switch (a->kind) {
         case CPS_RQ_SEND:
             req_send(sm, w, a);
-            cps_reqs_sent(w->rq, a->index, 0, sm->now);
+            cps__reqs_sent(w->rq, a->index, 0, sm->now);
             break;
         case CPS_RQ_ASK_VIEW:
             ask_view(sm, w);
@@ -1230,7 +1232,7 @@ static void perform(sim *sm, sim_worker *w)
             /* A push: client.c hands the table a copy of it; the sim's request is its own. */
             op_finish(sm, w, q, 1);
             q->detached = 1;
-            cps_reqs_detach(w->rq, a->index, q, 0);
+            cps__reqs_detach(w->rq, a->index, q, 0);
             break;
         }
         default:
@@ -1284,7 +1286,7 @@ static sim_req *worker_issue(sim *sm, sim_worker *w, int kind, uint32_t r)
     /* client.c orders a sync push behind its key set's earlier ones; the sim's key set of a
      * range is one. */
     uint64_t order = sm->p.mode == SIM_SYNC && kind == REQ_DENSE ? 1 : 0;
-    if (cps_reqs_add_ordered(w->rq, w->view, q, 0, q->type, r, q->seq, order, sm->now) != 0) {
+    if (cps__reqs_add_ordered(w->rq, w->view, q, 0, q->type, r, q->seq, order, sm->now) != 0) {
         fprintf(stderr, "sim: out of memory\n");
         exit(2);
     }
@@ -1294,7 +1296,7 @@ static sim_req *worker_issue(sim *sm, sim_worker *w, int kind, uint32_t r)
 
 static int worker_may_issue(const sim *sm, const sim_worker *w)
 {
-    return sm->phase == PHASE_FAULTS && cps_reqs_count(w->rq) < sm->p.window;
+    return sm->phase == PHASE_FAULTS && cps__reqs_count(w->rq) < sm->p.window;
 }
 
 static void worker_tick(sim *sm, sim_worker *w)
@@ -1322,7 +1324,7 @@ static void worker_tick(sim *sm, sim_worker *w)
         worker_issue(sm, w, kind, r);
     }
     /* client.c's progress(): time-outs, parked requests, ranges without a replica. */
-    cps_reqs_tick(w->rq, w->view, sm->now);
+    cps__reqs_tick(w->rq, w->view, sm->now);
     perform(sm, w);
 }
 
@@ -1334,13 +1336,14 @@ static void worker_install_view(sim *sm, sim_worker *w, uint64_t epoch)
     w->epoch = epoch;
     w->view = &sm->views[epoch];
     sim_trace(sm, "w%u installs view e%" PRIu64 ", re-sending %u", w->id, epoch,
-              cps_reqs_count(w->rq));
-    cps_reqs_view(w->rq, w->view, sm->now);
+              cps__reqs_count(w->rq));
+    cps__reqs_view(w->rq, w->view, sm->now);
     perform(sm, w);
 }
 
 /* A request's answer, taken by the table: check it as the application would see it. */
-static void worker_answered(sim *sm, sim_worker *w, sim_req *q, const cps_msg_hdr *h, uint32_t from)
+static void worker_answered(sim *sm, sim_worker *w, sim_req *q, const cps__msg_hdr *h,
+                            uint32_t from)
 {
     if (q->bad) {
         sim_fail(sm, "(1) acked is on every replica",
@@ -1380,21 +1383,21 @@ static void worker_answered(sim *sm, sim_worker *w, sim_req *q, const cps_msg_hd
 /* client.c's handle_msg and on_reply. */
 static void worker_deliver(sim *sm, sim_worker *w, const sim_msg *m)
 {
-    cps_msg_hdr h;
+    cps__msg_hdr h;
     if (cps__wire_hdr_decode(m->buf, m->len, &h) != 0) {
         sim_fail(sm, "wire", "worker %u got an undecodable message from %u", w->id, m->from);
         return;
     }
     sim_trace(sm, "w%u <- %u %s r%u req %" PRIx64 " status %d e%" PRIu64, w->id, m->from,
               msg_name(h.type), h.range, h.req_seq, h.status, h.epoch);
-    cps_reqs_epoch_seen(w->rq, h.epoch);
+    cps__reqs_epoch_seen(w->rq, h.epoch);
     if (h.type == CPS_MSG_VIEW) {
         worker_install_view(sm, w, h.epoch);
         return;
     }
-    cps_reqs_reply_in in = {h.type, h.range, h.req_seq, h.epoch, h.status};
-    cps_reqs_done d;
-    int verdict = cps_reqs_reply(w->rq, w->view, &in, sm->now, &d);
+    cps__reqs_reply_in in = {h.type, h.range, h.req_seq, h.epoch, h.status};
+    cps__reqs_done d;
+    int verdict = cps__reqs_reply(w->rq, w->view, &in, sm->now, &d);
     perform(sm, w);
     if (sm->failed || verdict == CPS_RQ_REPLY_UNKNOWN || verdict == CPS_RQ_REPLY_RETRY ||
         verdict == CPS_RQ_REPLY_OTHER_EPOCH)
@@ -1431,7 +1434,7 @@ static uint64_t publish_delay(sim *sm)
 
 static void publish(sim *sm)
 {
-    cps_msg_hdr h = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
+    cps__msg_hdr h = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
     for (uint32_t i = 0; i < sm->p.servers; i++)
         if (sm->servers[i].state != SRV_CRASHED)
             send_hdr(sm, 0, sm->servers[i].id, &h, NULL, 0, publish_delay(sm));
@@ -1440,13 +1443,13 @@ static void publish(sim *sm)
 }
 
 /* The next view, a copy of the current one (epoch + 1), for the caller to change. */
-static cps_view *next_view(sim *sm)
+static cps__view *next_view(sim *sm)
 {
     if (sm->epoch + 1 > SIM_MAX_EPOCHS) {
         sim_fail(sm, "sim", "more than %d views", SIM_MAX_EPOCHS);
         return NULL;
     }
-    cps_view *v = &sm->views[sm->epoch + 1];
+    cps__view *v = &sm->views[sm->epoch + 1];
     cps__view_init(v);
     if (cps__view_copy(v, sim_cur_view(sm)) != 0) {
         fprintf(stderr, "sim: out of memory\n");
@@ -1456,20 +1459,20 @@ static cps_view *next_view(sim *sm)
     return v;
 }
 
-static void set_alive(cps_view *v, uint32_t id, int alive)
+static void set_alive(cps__view *v, uint32_t id, int alive)
 {
     for (uint32_t i = 0; i < v->nnodes; i++)
         if (v->nodes[i].id == id)
             v->nodes[i].alive = (uint8_t)alive;
 }
 
-static int node_alive(const cps_view *v, uint32_t id)
+static int node_alive(const cps__view *v, uint32_t id)
 {
-    const cps_node_info *n = cps__view_node(v, id);
+    const cps__node_info *n = cps__view_node(v, id);
     return n && n->alive;
 }
 
-static int in_chain(const cps_range *rg, uint32_t id)
+static int in_chain(const cps__range *rg, uint32_t id)
 {
     for (uint32_t j = 0; j < rg->chain_len; j++)
         if (rg->chain[j] == id)
@@ -1486,17 +1489,17 @@ static void view_without(sim *sm, uint32_t victim, int revive)
         sim_fail(sm, "sim", "more than %d views", SIM_MAX_EPOCHS);
         return;
     }
-    cps_view *v = &sm->views[sm->epoch + 1];
+    cps__view *v = &sm->views[sm->epoch + 1];
     cps__view_init(v);
-    if (cps_repair_declare_dead(sm->repair, sim_cur_view(sm), victim, v, NULL) != 0) {
-        fprintf(stderr, "sim: cps_repair_declare_dead failed\n");
+    if (cps__repair_declare_dead(sm->repair, sim_cur_view(sm), victim, v, NULL) != 0) {
+        fprintf(stderr, "sim: cps__repair_declare_dead failed\n");
         exit(2);
     }
     sm->epoch = v->epoch;
     if (revive)
         set_alive(v, victim, 1);
-    const cps_repair_action *a;
-    size_t na = cps_repair_actions(sm->repair, &a);
+    const cps__repair_action *a;
+    size_t na = cps__repair_actions(sm->repair, &a);
     for (size_t i = 0; i < na; i++) {
         if (a[i].kind != CPS_RA_EVICTED)
             continue;
@@ -1522,11 +1525,11 @@ static void new_view(sim *sm, uint32_t victim)
 /* Can `id` leave every chain and still leave each range a replica? */
 static int removable(const sim *sm, uint32_t id)
 {
-    const cps_view *v = sim_cur_view(sm);
+    const cps__view *v = sim_cur_view(sm);
     for (uint32_t r = 0; r < v->nranges; r++) {
         /* A joined replica still catching up, or not yet confirmed to the scheduler, leaves
          * with its predecessor (view_without). */
-        uint32_t others = 0, unconfirmed = cps_repair_unconfirmed(sm->repair, r);
+        uint32_t others = 0, unconfirmed = cps__repair_unconfirmed(sm->repair, r);
         for (uint32_t j = 0; j < v->ranges[r].chain_len; j++) {
             uint32_t m = v->ranges[r].chain[j];
             others += m != id && m != sm->lag[r].node && m != unconfirmed;
@@ -1667,12 +1670,12 @@ static void sched_hello(sim *sm, uint32_t id, uint64_t boot)
     int fresh = boot > sm->sched_boot[id];
     if (fresh)
         sm->sched_boot[id] = (uint32_t)boot;
-    if (cps_detector_watch(sm->detector, id, sm->now) != 0) {
+    if (cps__detector_watch(sm->detector, id, sm->now) != 0) {
         fprintf(stderr, "sim: out of memory\n");
         exit(2);
     }
     if (!node_alive(sim_cur_view(sm), id)) {
-        cps_view *v = next_view(sm);
+        cps__view *v = next_view(sm);
         if (!v)
             return;
         set_alive(v, id, 1);
@@ -1694,7 +1697,7 @@ static void sched_hello(sim *sm, uint32_t id, uint64_t boot)
     }
     if (sm->failed)
         return;
-    cps_msg_hdr w = {.type = CPS_MSG_WELCOME, .epoch = sm->epoch, .aux = boot};
+    cps__msg_hdr w = {.type = CPS_MSG_WELCOME, .epoch = sm->epoch, .aux = boot};
     send_hdr(sm, 0, id, &w, NULL, 0, 0);
 }
 
@@ -1707,7 +1710,7 @@ static void restart_last_replica(sim *sm, uint32_t id)
     sim_server *s = &sm->servers[id - 1];
     if (s->state != SRV_CRASHED || s->restart_due)
         return;
-    const cps_view *v = sim_cur_view(sm);
+    const cps__view *v = sim_cur_view(sm);
     for (uint32_t r = 0; r < v->nranges; r++)
         if (in_chain(&v->ranges[r], id)) {
             s->restart_due = 1;
@@ -1722,7 +1725,7 @@ static void restart_last_replica(sim *sm, uint32_t id)
 static void detect(sim *sm)
 {
     uint32_t dead[SIM_MAX_SERVERS];
-    size_t n = cps_detector_tick(sm->detector, sm->now, dead, SIM_MAX_SERVERS);
+    size_t n = cps__detector_tick(sm->detector, sm->now, dead, SIM_MAX_SERVERS);
     for (size_t i = 0; i < n && !sm->failed; i++) {
         uint32_t id = dead[i];
         if (id == 0 || id > sm->p.servers || !node_alive(sim_cur_view(sm), id))
@@ -1744,13 +1747,13 @@ static void detect(sim *sm)
 /* scheduler.c's repair(): recovery/repair.c decides, the sim sends the JOIN_RANGE orders. */
 static void repair(sim *sm)
 {
-    const cps_view *v = sim_cur_view(sm);
-    if (cps_repair_tick(sm->repair, v, sm->now) < 0) {
-        sim_fail(sm, "sim", "cps_repair_tick refused the view");
+    const cps__view *v = sim_cur_view(sm);
+    if (cps__repair_tick(sm->repair, v, sm->now) < 0) {
+        sim_fail(sm, "sim", "cps__repair_tick refused the view");
         return;
     }
-    const cps_repair_action *a;
-    size_t na = cps_repair_actions(sm->repair, &a);
+    const cps__repair_action *a;
+    size_t na = cps__repair_actions(sm->repair, &a);
     for (size_t i = 0; i < na; i++) {
         if (a[i].kind == CPS_RA_TIMED_OUT) {
             sim_trace(sm, "scheduler: r%u: s%u did not catch up in time", a[i].range, a[i].node);
@@ -1760,30 +1763,30 @@ static void repair(sim *sm)
             continue;
         sim_trace(sm, "scheduler: r%u has %u of %u replicas: s%u copies it from s%u", a[i].range,
                   a[i].live, v->replicas, a[i].node, a[i].source);
-        cps_msg_hdr h = {.type = CPS_MSG_JOIN_RANGE,
-                         .epoch = sm->epoch,
-                         .range = a[i].range,
-                         .aux = a[i].source,
-                         .step = a[i].join_id};
+        cps__msg_hdr h = {.type = CPS_MSG_JOIN_RANGE,
+                          .epoch = sm->epoch,
+                          .range = a[i].range,
+                          .aux = a[i].source,
+                          .step = a[i].join_id};
         send_hdr(sm, 0, a[i].node, &h, NULL, 0, 0);
     }
 }
 
 /* scheduler.c's on_caught_up: recovery/repair.c says whether the joiner becomes the tail. */
-static void sched_caught_up(sim *sm, uint32_t id, const cps_msg_hdr *h)
+static void sched_caught_up(sim *sm, uint32_t id, const cps__msg_hdr *h)
 {
     uint32_t r = h->range;
     int verdict =
-        cps_repair_caught_up(sm->repair, sim_cur_view(sm), id, r, h->step, h->aux, sm->now);
+        cps__repair_caught_up(sm->repair, sim_cur_view(sm), id, r, h->step, h->aux, sm->now);
     if (verdict == CPS_REPAIR_IGNORED && h->aux == 0)
         sim_trace(sm, "scheduler: r%u: CAUGHT_UP of join %" PRIu64 " from s%u ignored", r, h->step,
                   id);
     if (verdict != CPS_REPAIR_APPEND)
         return;
-    cps_view *v = next_view(sm);
+    cps__view *v = next_view(sm);
     if (!v)
         return;
-    cps_range *rg = &v->ranges[r];
+    cps__range *rg = &v->ranges[r];
     rg->chain[rg->chain_len++] = id;
     sm->lag[r] = (sim_lag){id, sm->epoch};
     sm->joins++;
@@ -1793,21 +1796,21 @@ static void sched_caught_up(sim *sm, uint32_t id, const cps_msg_hdr *h)
 
 static void scheduler_deliver(sim *sm, const sim_msg *m)
 {
-    cps_msg_hdr h;
+    cps__msg_hdr h;
     if (cps__wire_hdr_decode(m->buf, m->len, &h) != 0 || m->from == 0) {
         sim_fail(sm, "wire", "scheduler got a bad message from %u", m->from);
         return;
     }
     int server = m->from <= sm->p.servers;
     if (server)
-        cps_detector_heard(sm->detector, m->from, sm->now);
+        cps__detector_heard(sm->detector, m->from, sm->now);
     if (server && h.type == CPS_MSG_HELLO) {
         sched_hello(sm, m->from, h.aux);
         return;
     }
     if (server && h.type != CPS_MSG_GET_VIEW && !node_alive(sim_cur_view(sm), m->from)) {
         /* Declared dead but still talking (paused, partitioned): show it the view. */
-        cps_msg_hdr v = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
+        cps__msg_hdr v = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
         send_hdr(sm, 0, m->from, &v, NULL, 0, 0);
         return;
     }
@@ -1817,7 +1820,7 @@ static void scheduler_deliver(sim *sm, const sim_msg *m)
          * it holds and waits for the answer (recovery/fence.c). Workers are answered only when
          * behind, as the sim always did. */
         if (h.epoch < sm->epoch || server) {
-            cps_msg_hdr v = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
+            cps__msg_hdr v = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
             send_hdr(sm, 0, m->from, &v, NULL, 0, 0);
         }
         break;
@@ -1826,7 +1829,7 @@ static void scheduler_deliver(sim *sm, const sim_msg *m)
          * lag for good: the heartbeat carries its epoch and a stale one gets the view.
          * scheduler.c does not do this (see the report). */
         if (h.epoch < sm->epoch) {
-            cps_msg_hdr v = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
+            cps__msg_hdr v = {.type = CPS_MSG_VIEW, .epoch = sm->epoch};
             send_hdr(sm, 0, m->from, &v, NULL, 0, 0);
         }
         break;
@@ -1852,7 +1855,7 @@ static int lost_with_sender(const sim *sm, const sim_msg *m)
 static void deliver(sim *sm, sim_msg *m)
 {
     if (m->to == 0) {
-        /* Also to the scheduler: a HELLO sent just before a crash would revive a dead server
+        /* Also to the scheduler: a HELLO sent just before a crash would revive a dead cps__server
          * (seed 11362 hung with a crashed server counted alive). sched_hello's re-watch, which
          * declares such a server dead again as scheduler.c's detector does (seeds 29572,
          * 72473), was the other side's fix of the same path; it stays as a guard. */
@@ -1907,7 +1910,7 @@ static int workers_done(const sim *sm)
 {
     for (uint32_t k = 0; k < sm->p.workers; k++) {
         const sim_worker *w = &sm->workers[k];
-        if (cps_reqs_count(w->rq))
+        if (cps__reqs_count(w->rq))
             return 0;
         for (uint32_t r = 0; sm->p.mode != SIM_ASYNC && r < sm->nranges; r++)
             if (w->step[r] < sm->sync_target[r])
@@ -1921,7 +1924,7 @@ static int workers_done(const sim *sm)
  * unacknowledged. */
 static int chains_drained(const sim *sm)
 {
-    const cps_view *v = sim_cur_view(sm);
+    const cps__view *v = sim_cur_view(sm);
     uint32_t alive = 0;
     for (uint32_t i = 0; i < sm->p.servers; i++) {
         const sim_server *s = &sm->servers[i];
@@ -1931,13 +1934,13 @@ static int chains_drained(const sim *sm)
     }
     uint32_t want = v->replicas < alive ? v->replicas : alive;
     for (uint32_t r = 0; r < v->nranges; r++) {
-        const cps_range *rg = &v->ranges[r];
-        if (cps_repair_joiner(sm->repair, r, NULL) || sm->lag[r].node || rg->chain_len < want)
+        const cps__range *rg = &v->ranges[r];
+        if (cps__repair_joiner(sm->repair, r, NULL) || sm->lag[r].node || rg->chain_len < want)
             return 0;
         const sim_server *head = &sm->servers[rg->chain[0] - 1];
         for (uint32_t i = 0; i < rg->chain_len; i++) {
             const sim_server *s = &sm->servers[rg->chain[i] - 1];
-            if (s->epoch != sm->epoch || cps_chain_unacked(s->chain, r) != 0 ||
+            if (s->epoch != sm->epoch || cps__chain_unacked(s->chain, r) != 0 ||
                 s->rs[r].applied != head->rs[r].applied)
                 return 0;
         }
@@ -1956,20 +1959,20 @@ static void setup(sim *sm)
     sm->heads = xcalloc((size_t)sm->nranges * (SIM_MAX_EPOCHS + 1), sizeof *sm->heads);
     sm->sync_target = xcalloc(sm->nranges, sizeof *sm->sync_target);
     sm->sched_boot = xcalloc(p->servers + 1, sizeof *sm->sched_boot);
-    cps_repair_config rcfg = {sm->nranges, SIM_JOIN_GIVE_UP_MS, 0};
-    if (cps_repair_create(&rcfg, &sm->repair) != 0) {
-        fprintf(stderr, "sim: cps_repair_create failed\n");
+    cps__repair_config rcfg = {sm->nranges, SIM_JOIN_GIVE_UP_MS, 0};
+    if (cps__repair_create(&rcfg, &sm->repair) != 0) {
+        fprintf(stderr, "sim: cps__repair_create failed\n");
         exit(2);
     }
-    cps_detector_config dcfg = {SIM_DEAD_AFTER_MS, 2 * SIM_DEAD_AFTER_MS};
-    if (cps_detector_create(&dcfg, &sm->detector) != 0) {
-        fprintf(stderr, "sim: cps_detector_create failed\n");
+    cps__detector_config dcfg = {SIM_DEAD_AFTER_MS, 2 * SIM_DEAD_AFTER_MS};
+    if (cps__detector_create(&dcfg, &sm->detector) != 0) {
+        fprintf(stderr, "sim: cps__detector_create failed\n");
         exit(2);
     }
     sm->lag = xcalloc(sm->nranges, sizeof *sm->lag);
     sm->acked_seq = xcalloc(sm->nranges, sizeof *sm->acked_seq);
 
-    cps_view *v = &sm->views[1];
+    cps__view *v = &sm->views[1];
     cps__view_init(v);
     uint32_t ids[SIM_MAX_SERVERS];
     v->epoch = 1;
@@ -1982,7 +1985,7 @@ static void setup(sim *sm)
     v->nnodes = p->servers + p->workers;
     v->nodes = xcalloc(v->nnodes, sizeof *v->nodes);
     for (uint32_t i = 0; i < v->nnodes; i++) {
-        cps_node_info *n = &v->nodes[i];
+        cps__node_info *n = &v->nodes[i];
         n->id = i + 1;
         n->role = i < p->servers ? CPS_ROLE_SERVER : CPS_ROLE_WORKER;
         n->rank = i < p->servers ? i : i - p->servers;
@@ -2009,18 +2012,18 @@ static void setup(sim *sm)
         s->copying = xcalloc(sm->nranges, sizeof *s->copying);
         chain_new(sm, s);
         joiner_new(sm, s);
-        if (cps_fence_create(SIM_DEAD_AFTER_MS, 0, &s->fence) != 0 ||
-            cps_fence_view(s->fence, 1, 1, 1) != CPS_FENCE_V_NEWER ||
-            cps_fence_install(s->fence, 1, 1, 1) != CPS_FENCE_V_JOINED) {
-            fprintf(stderr, "sim: cps_fence_create failed\n");
+        if (cps__fence_create(SIM_DEAD_AFTER_MS, 0, &s->fence) != 0 ||
+            cps__fence_view(s->fence, 1, 1, 1) != CPS_FENCE_V_NEWER ||
+            cps__fence_install(s->fence, 1, 1, 1) != CPS_FENCE_V_JOINED) {
+            fprintf(stderr, "sim: cps__fence_create failed\n");
             exit(2);
         }
         s->ticking = 1;
         s->epoch = 1;
         s->view = v;
-        if (chain_rc(sm, s, "cps_chain_set_view", cps_chain_set_view(s->chain, v, 0)) == 0)
+        if (chain_rc(sm, s, "cps__chain_set_view", cps__chain_set_view(s->chain, v, 0)) == 0)
             server_actions(sm, s);
-        cps_joiner_view(s->joiner, v, 0);
+        cps__joiner_view(s->joiner, v, 0);
         ev_push(sm, rnd(sm, p->tick_ms), EV_TICK, s->id, NULL);
     }
     sm->workers = xcalloc(p->workers, sizeof *sm->workers);
@@ -2035,8 +2038,8 @@ static void setup(sim *sm)
         w->sync_busy = xcalloc(sm->nranges, sizeof *w->sync_busy);
         w->read_seq = xcalloc(sm->nranges, sizeof *w->read_seq);
         /* client.c's: re-send after a refusal (CPS_EAGAIN, CPS_ESTALE_EPOCH) 50 ms later. */
-        cps_reqs_config rc = {p->timeout_ms, p->unavailable_timeout_ms, 50};
-        if (cps_reqs_create(&rc, &w->rq) != 0) {
+        cps__reqs_config rc = {p->timeout_ms, p->unavailable_timeout_ms, 50};
+        if (cps__reqs_create(&rc, &w->rq) != 0) {
             fprintf(stderr, "sim: out of memory\n");
             exit(2);
         }
@@ -2044,7 +2047,7 @@ static void setup(sim *sm)
     }
     ev_push(sm, SIM_REPAIR_MS, EV_REPAIR, 0, NULL);
     for (uint32_t id = 1; id <= p->servers; id++)
-        if (node_alive(sim_cur_view(sm), id) && cps_detector_watch(sm->detector, id, 0) != 0) {
+        if (node_alive(sim_cur_view(sm), id) && cps__detector_watch(sm->detector, id, 0) != 0) {
             fprintf(stderr, "sim: out of memory\n");
             exit(2);
         }
@@ -2057,20 +2060,20 @@ static void teardown(sim *sm)
     free(sm->ev);
     for (uint32_t i = 0; sm->servers && i < sm->p.servers; i++) {
         sim_server *s = &sm->servers[i];
-        cps_chain_destroy(s->chain);
+        cps__chain_destroy(s->chain);
         sim_store_free(sm, s);
-        cps_sync_destroy(s->sync);
-        cps_ssp_destroy(s->ssp);
+        cps__sync_destroy(s->sync);
+        cps__ssp_destroy(s->ssp);
         free(s->parked);
-        cps_ackhold_destroy(s->acks);
-        cps_joiner_destroy(s->joiner);
-        cps_fence_destroy(s->fence);
+        cps__ackhold_destroy(s->acks);
+        cps__joiner_destroy(s->joiner);
+        cps__fence_destroy(s->fence);
         free(s->copying);
     }
     free(sm->servers);
     for (uint32_t k = 0; sm->workers && k < sm->p.workers; k++) {
         sim_worker *w = &sm->workers[k];
-        cps_reqs_destroy(w->rq);
+        cps__reqs_destroy(w->rq);
         while (w->live) {
             sim_req *q = w->live;
             w->live = q->next;
@@ -2090,8 +2093,8 @@ static void teardown(sim *sm)
     free(sm->sync_target);
     free(sm->acked);
     free(sm->sched_boot);
-    cps_repair_destroy(sm->repair);
-    cps_detector_destroy(sm->detector);
+    cps__repair_destroy(sm->repair);
+    cps__detector_destroy(sm->detector);
     free(sm->lag);
     free(sm->acked_seq);
     for (uint32_t i = 0; i < sm->nsnaps; i++) {
@@ -2115,20 +2118,20 @@ static void step(sim *sm, sim_event e)
         }
         if (s->state == SRV_HELLO && sm->now - s->hello_at >= SIM_HELLO_MS) {
             s->hello_at = sm->now;
-            cps_msg_hdr h = {.type = CPS_MSG_HELLO, .aux = s->boot};
+            cps__msg_hdr h = {.type = CPS_MSG_HELLO, .aux = s->boot};
             send_hdr(sm, s->id, 0, &h, NULL, 0, 0);
         }
         if (s->state == SRV_UP) {
             server_check_stall(sm, s, 1);
             flush_acks(sm, s, 0);
-            int rc = cps_chain_tick(s->chain, sm->now);
-            if (chain_rc(sm, s, "cps_chain_tick", rc) == 0)
+            int rc = cps__chain_tick(s->chain, sm->now);
+            if (chain_rc(sm, s, "cps__chain_tick", rc) == 0)
                 server_actions(sm, s);
-            if (!sm->failed && cps_joiner_tick(s->joiner, sm->now, joiner_can_serve, s) > 0)
+            if (!sm->failed && cps__joiner_tick(s->joiner, sm->now, joiner_can_serve, s) > 0)
                 run_joiner(sm, s, NULL);
             if (sm->now - s->beat_at >= SIM_BEAT_MS) {
                 s->beat_at = sm->now;
-                cps_msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .epoch = s->epoch};
+                cps__msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .epoch = s->epoch};
                 send_hdr(sm, s->id, 0, &h, NULL, 0, 0);
             }
         }
@@ -2213,23 +2216,23 @@ int sim_run(const sim_params *p, sim_summary *out)
         if (sm->phase != PHASE_FAULTS && sm->nevents - heal_at > SIM_HEAL_EVENTS) {
             uint32_t left = 0;
             for (uint32_t k = 0; k < p->workers; k++)
-                left += cps_reqs_count(sm->workers[k].rq);
-            const cps_view *cv = sim_cur_view(sm);
+                left += cps__reqs_count(sm->workers[k].rq);
+            const cps__view *cv = sim_cur_view(sm);
             for (uint32_t i = 0; i < p->servers; i++)
                 printf("  s%u: state %d epoch %" PRIu64 " alive %d boot %u\n", i + 1,
                        sm->servers[i].state, sm->servers[i].epoch, node_alive(cv, i + 1),
                        sm->servers[i].boot);
             for (uint32_t r = 0; r < sm->nranges; r++) {
-                const cps_range *rg = &cv->ranges[r];
-                uint32_t src = 0, joiner = cps_repair_joiner(sm->repair, r, &src);
+                const cps__range *rg = &cv->ranges[r];
+                uint32_t src = 0, joiner = cps__repair_joiner(sm->repair, r, &src);
                 printf("  r%u: pj %u<-%u unconfirmed %u lag %u chain", r, joiner, src,
-                       cps_repair_unconfirmed(sm->repair, r), sm->lag[r].node);
+                       cps__repair_unconfirmed(sm->repair, r), sm->lag[r].node);
                 for (uint32_t j = 0; j < rg->chain_len; j++) {
                     const sim_server *x = &sm->servers[rg->chain[j] - 1];
                     printf(" s%u(applied %" PRIu64 " unacked %u gated %d)", x->id, x->rs[r].applied,
-                           cps_chain_unacked(x->chain, r),
-                           cps_chain_is_tail(x->chain, r) &&
-                               !cps_chain_can_serve_pull(x->chain, r));
+                           cps__chain_unacked(x->chain, r),
+                           cps__chain_is_tail(x->chain, r) &&
+                               !cps__chain_can_serve_pull(x->chain, r));
                 }
                 printf("\n");
             }

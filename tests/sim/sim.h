@@ -48,7 +48,7 @@ enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 #define SIM_DEAD_AFTER_MS 600
 
 /* Fault kinds. restart: crashes, then restarts on the same store or an empty one; partition:
- * servers cut off from the scheduler, from peers or from workers for a while; join: a server
+ * servers cut off from the scheduler, from peers or from workers for a while; join: a cps__server
  * holding nothing at the start, and crashes (repairs copy ranges onto the survivors); all: every
  * kind mixed, with drops. Every kind runs the scheduler's repair (state transfer). */
 enum {
@@ -181,34 +181,34 @@ typedef struct sim_server {
     uint32_t id;
     int state; /* SRV_* */
     uint64_t resume_at;
-    cps_chain *chain;
+    cps__chain *chain;
     uint64_t epoch;
-    const cps_view *view; /* borrowed from sim.views */
-    sim_rstore *rs;       /* per range */
-    cps_ackhold *acks;    /* CHAIN_ACKs held back a moment (replication/ackhold.c), as update.c */
-    cps_sync *sync;       /* sync steps being gathered (replication/sync.c), NULL until used */
-    cps_ssp *ssp;         /* SSP clocks and parked pulls (replication/ssp.c), as update.c */
-    sim_cookie **parked;  /* the pulls ssp holds, for invariant 11 */
+    const cps__view *view; /* borrowed from sim.views */
+    sim_rstore *rs;        /* per range */
+    cps__ackhold *acks;    /* CHAIN_ACKs held back a moment (replication/ackhold.c), as update.c */
+    cps__sync *sync;       /* sync steps being gathered (replication/sync.c), NULL until used */
+    cps__ssp *ssp;         /* SSP clocks and parked pulls (replication/ssp.c), as update.c */
+    sim_cookie **parked;   /* the pulls ssp holds, for invariant 11 */
     uint32_t nparked, parked_cap;
     uint32_t inc;  /* crash incarnation: messages of an earlier one are lost */
     uint32_t boot; /* grows on every restart and fenced rejoin; sent in HELLO */
     uint64_t hello_at, beat_at;
-    uint64_t seen_view; /* the newest VIEW heard while not let in */
-    int ticking;        /* an EV_TICK of this server is queued */
-    int wiped;          /* restarted on an empty store, not yet let in: no longer a replica */
-    int restart_due;    /* crashed as a range's last replica: a restart is on its way */
-    cps_joiner *joiner; /* our joins (recovery/joiner.c), as transfer.c's */
-    cps_fence *fence;   /* our standing: joined, unsure, fenced (recovery/fence.c), as server.c's */
-    uint8_t *copying;   /* per range: holds a snapshot, not yet a member */
+    uint64_t seen_view;  /* the newest VIEW heard while not let in */
+    int ticking;         /* an EV_TICK of this server is queued */
+    int wiped;           /* restarted on an empty store, not yet let in: no longer a replica */
+    int restart_due;     /* crashed as a range's last replica: a restart is on its way */
+    cps__joiner *joiner; /* our joins (recovery/joiner.c), as transfer.c's */
+    cps__fence *fence; /* our standing: joined, unsure, fenced (recovery/fence.c), as server.c's */
+    uint8_t *copying;  /* per range: holds a snapshot, not yet a member */
 } sim_server;
 
-/* One request of the application (client.c's cps_op with one part): the request table
+/* One request of the application (client.c's cps__op with one part): the request table
  * (recovery/requests.c) decides where and when it goes; this is what it carries and what its
  * answer is checked against. */
 typedef struct sim_req {
     uint8_t type, noagg;
     uint8_t bad;      /* names an undeclared key: the head refuses it */
-    uint8_t detached; /* given up, still sent (cps_reqs_detach): no longer the application's */
+    uint8_t detached; /* given up, still sent (cps__reqs_detach): no longer the application's */
     uint32_t range;
     uint64_t seq, step, grad;
     uint64_t floor;              /* pull: the highest seq of the range seen before it was sent */
@@ -220,12 +220,12 @@ typedef struct sim_req {
 typedef struct sim_worker {
     uint32_t id;
     uint64_t epoch;
-    const cps_view *view;
+    const cps__view *view;
     uint64_t *dense_seq, *sparse_seq, other_seq;
     uint64_t *step;     /* sync, SSP: last step pushed per range */
     int *sync_busy;     /* sync: a dense push of the range is in flight; SSP: or its pull */
     uint64_t *read_seq; /* highest sequence number read or acknowledged, per range */
-    cps_reqs *rq;       /* the worker's request table (recovery/requests.c), as client.c's */
+    cps__reqs *rq;      /* the worker's request table (recovery/requests.c), as client.c's */
     sim_req *live;      /* every request in rq (ctx), to free at the end */
     uint64_t view_asked, issued, acked;
     uint64_t unavailable; /* requests given up with CPS_EUNAVAILABLE */
@@ -245,8 +245,8 @@ typedef struct sim {
     sim_event *ev;
     size_t nev, ev_cap;
     uint64_t ev_counter;
-    cps_view *views; /* views[e] for e = 1..epoch */
-    uint64_t epoch;  /* the scheduler's current epoch */
+    cps__view *views; /* views[e] for e = 1..epoch */
+    uint64_t epoch;   /* the scheduler's current epoch */
     /* The last server a fault struck, until it is declared dead or comes back: one fault at a
      * time. */
     uint32_t pending_victim;
@@ -254,12 +254,12 @@ typedef struct sim {
      * every message a server sends the scheduler and declares dead one silent for
      * SIM_DEAD_AFTER_MS. Faults are not reported to it: it finds them, or takes a slow or lossy
      * server for a dead one, as production's does. */
-    cps_detector *detector;
+    cps__detector *detector;
     uint64_t false_deaths;
     uint8_t cut[SIM_MAX_NODES][SIM_MAX_NODES]; /* partition: messages from -> to dropped */
     int cut_active;
     uint32_t *sched_boot; /* per server id: the last HELLO boot the scheduler answered */
-    cps_repair *repair;   /* the scheduler's repair policy (recovery/repair.c) */
+    cps__repair *repair;  /* the scheduler's repair policy (recovery/repair.c) */
     sim_lag *lag;         /* per range */
     uint64_t *acked_seq;  /* per range: the highest sequence number acknowledged to a worker */
     sim_snap **snaps;
@@ -281,7 +281,7 @@ void sim_rng_seed(sim_rng *r, uint64_t seed);
 uint64_t sim_rng_next(sim_rng *r);
 void sim_trace(sim *sm, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void sim_fail(sim *sm, const char *inv, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-const cps_view *sim_cur_view(const sim *sm);
+const cps__view *sim_cur_view(const sim *sm);
 int sim_is_member(const sim *sm, uint32_t r, uint32_t id);
 /* One whole run; returns 1 on a violation (already printed), else 0. */
 int sim_run(const sim_params *p, sim_summary *out);
@@ -291,7 +291,7 @@ int sim_op_range_seq(void *ctx, uint32_t range, uint64_t *seq);
 int sim_op_dedup(void *ctx, uint32_t range, uint32_t worker, uint64_t *seq);
 int sim_op_agg_step(void *ctx, uint32_t range, uint64_t sig, uint64_t *step);
 void sim_op_drop_cookie(void *ctx, void *cookie);
-void sim_store_apply(sim *sm, sim_server *s, const cps_chain_action *a);
+void sim_store_apply(sim *sm, sim_server *s, const cps__chain_action *a);
 void sim_store_free(sim *sm, sim_server *s);
 void sim_rstore_clear(sim_rstore *st);
 void sim_rstore_copy(sim_rstore *dst, const sim_rstore *src);
@@ -299,7 +299,7 @@ void sim_check_snapshot(sim *sm, sim_server *s, uint32_t r);
 void sim_check_fresh_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq);
 void sim_check_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq, uint64_t hash);
 void sim_check_acked(sim *sm, sim_worker *w, const sim_req *q);
-void sim_check_reply(sim *sm, sim_server *s, uint32_t r, const cps_chain_req *q);
+void sim_check_reply(sim *sm, sim_server *s, uint32_t r, const cps__chain_req *q);
 void sim_check_ssp_read(sim *sm, sim_server *s, uint32_t r, uint32_t worker, uint64_t clock);
 void sim_check_ssp_parked(sim *sm, sim_server *s);
 void sim_check_event(sim *sm);

@@ -145,7 +145,7 @@ static int write_sample(const char *path, uint64_t max_shard, const char *step_s
         w1[i] = val(1, (uint64_t)i);
     for (int i = 0; i < 8; i++)
         b2[i] = val(2, (uint64_t)i);
-    cps_ckpt_writer *w;
+    cps__ckpt_writer *w;
     int rc = cps__ckpt_writer_open(path, max_shard, &w);
     if (rc)
         return rc;
@@ -164,14 +164,14 @@ static int write_sample(const char *path, uint64_t max_shard, const char *step_s
     return cps__ckpt_writer_commit(w, out, out ? 4096 : 0);
 }
 
-static void expect_sample(cps_ckpt_reader *r, const char *step_str)
+static void expect_sample(cps__ckpt_reader *r, const char *step_str)
 {
     assert_int_equal(cps__ckpt_reader_count(r), 4);
     assert_string_equal(cps__ckpt_reader_meta(r, "step"), step_str);
     assert_string_equal(cps__ckpt_reader_meta(r, "optimizer"), "adam");
     assert_string_equal(cps__ckpt_reader_meta(r, "format"), "pt");
     assert_null(cps__ckpt_reader_meta(r, "checksum/w"));
-    const cps_ckpt_tensor *t = cps__ckpt_reader_find(r, "w");
+    const cps__ckpt_tensor *t = cps__ckpt_reader_find(r, "w");
     assert_non_null(t);
     assert_string_equal(t->dtype, "F32");
     assert_int_equal(t->ndim, 2);
@@ -213,7 +213,7 @@ static void round_trip_single_file(void **state)
     pathf(p, "a/step-7/model.safetensors");
     assert_string_equal(out, p);
     assert_int_equal(count_tmp(p), 0);
-    cps_ckpt_reader *r;
+    cps__ckpt_reader *r;
     pathf(p, "a/step-7");
     assert_int_equal(cps__ckpt_reader_open(p, &r), 0); /* directory */
     expect_sample(r, "7");
@@ -251,7 +251,7 @@ static void round_trip_sharded_with_index(void **state)
     assert_int_equal(access(p, R_OK), 0);
     pathf(p, "s/model.safetensors");
     assert_int_not_equal(access(p, F_OK), 0);
-    cps_ckpt_reader *r;
+    cps__ckpt_reader *r;
     pathf(p, "s");
     assert_int_equal(cps__ckpt_reader_open(p, &r), 0);
     expect_sample(r, "9");
@@ -277,7 +277,7 @@ static void four_dim_shape_round_trips(void **state)
     (void)state;
     char p[4096];
     pathf(p, "conv.safetensors");
-    cps_ckpt_writer *w;
+    cps__ckpt_writer *w;
     assert_int_equal(cps__ckpt_writer_open(p, 0, &w), 0);
     uint64_t s[4] = {3, 1, 2, 2};
     float d[12];
@@ -285,9 +285,9 @@ static void four_dim_shape_round_trips(void **state)
         d[i] = val(5, (uint64_t)i);
     assert_int_equal(cps__ckpt_writer_add(w, "conv1.weight", CPS_CKPT_F32, 4, s, d), 0);
     assert_int_equal(cps__ckpt_writer_commit(w, NULL, 0), 0);
-    cps_ckpt_reader *r;
+    cps__ckpt_reader *r;
     assert_int_equal(cps__ckpt_reader_open(p, &r), 0);
-    const cps_ckpt_tensor *t = cps__ckpt_reader_find(r, "conv1.weight");
+    const cps__ckpt_tensor *t = cps__ckpt_reader_find(r, "conv1.weight");
     assert_non_null(t);
     assert_int_equal(t->ndim, 4);
     assert_memory_equal(t->shape, s, sizeof s);
@@ -303,7 +303,7 @@ static void writer_refuses_bad_input(void **state)
     (void)state;
     char p[4096];
     pathf(p, "bad");
-    cps_ckpt_writer *w;
+    cps__ckpt_writer *w;
     assert_int_equal(cps__ckpt_writer_open(p, 0, &w), 0);
     uint64_t s[2] = {2, 2};
     float d[4] = {0};
@@ -314,7 +314,7 @@ static void writer_refuses_bad_input(void **state)
     assert_int_equal(cps__ckpt_writer_add(w, "x", CPS_CKPT_F32, CPS_CKPT_MAX_DIMS + 1, nine, d),
                      CPS_EINVAL);
     assert_int_equal(cps__ckpt_writer_add(w, "x", CPS_CKPT_F32, 0, s, d), CPS_EINVAL);
-    assert_int_equal(cps__ckpt_writer_add(w, "x", (cps_ckpt_dtype)7, 1, s, d), CPS_EINVAL);
+    assert_int_equal(cps__ckpt_writer_add(w, "x", (cps__ckpt_dtype)7, 1, s, d), CPS_EINVAL);
     assert_int_equal(cps__ckpt_writer_add(w, "x", CPS_CKPT_F32, 1, s, NULL), CPS_EINVAL);
     uint64_t huge[2] = {UINT64_C(1) << 40, UINT64_C(1) << 40};
     assert_int_equal(cps__ckpt_writer_add(w, "x", CPS_CKPT_F32, 2, huge, d), CPS_EINVAL);
@@ -339,14 +339,14 @@ static void fill_error_fails_the_commit_and_leaves_nothing(void **state)
     char p[4096];
     pathf(p, "ff");
     assert_int_equal(write_sample(p, 0, "1", NULL), 0);
-    cps_ckpt_writer *w;
+    cps__ckpt_writer *w;
     assert_int_equal(cps__ckpt_writer_open(p, 0, &w), 0);
     uint64_t s[1] = {10};
     assert_int_equal(cps__ckpt_writer_add_stream(w, "w", CPS_CKPT_F32, 1, s, fail_fill, NULL), 0);
     assert_int_equal(cps__ckpt_writer_commit(w, NULL, 0), CPS_ESTORE);
     assert_logged("'w'", "model.safetensors.tmp");
     assert_int_equal(count_tmp(p), 0);
-    cps_ckpt_reader *r;
+    cps__ckpt_reader *r;
     assert_int_equal(cps__ckpt_reader_open(p, &r), 0);
     expect_sample(r, "1");
     cps__ckpt_reader_close(r);
@@ -356,7 +356,7 @@ static void fill_error_fails_the_commit_and_leaves_nothing(void **state)
 
 static void open_fails(const char *path, int want, const char *problem)
 {
-    cps_ckpt_reader *r = NULL;
+    cps__ckpt_reader *r = NULL;
     last_log[0] = '\0';
     int rc = cps__ckpt_reader_open(path, &r);
     if (rc != want)
@@ -376,7 +376,7 @@ static void truncated_file_is_refused_at_every_length(void **state)
     pathf(q, "cut.safetensors");
     for (size_t n = 0; n < len; n++) {
         spit(q, b, n);
-        cps_ckpt_reader *r = NULL;
+        cps__ckpt_reader *r = NULL;
         last_log[0] = '\0';
         int rc = cps__ckpt_reader_open(q, &r);
         if (rc != CPS_ECORRUPT)
@@ -396,7 +396,7 @@ static void flipped_data_bit_names_the_tensor(void **state)
     char p[4096];
     pathf(p, "flip.safetensors");
     assert_int_equal(write_sample(p, 0, "3", NULL), 0);
-    cps_ckpt_reader *r;
+    cps__ckpt_reader *r;
     assert_int_equal(cps__ckpt_reader_open(p, &r), 0);
     uint64_t off = cps__ckpt_reader_find(r, "optim/exp_avg/w")->file_offset;
     cps__ckpt_reader_close(r);
@@ -407,7 +407,7 @@ static void flipped_data_bit_names_the_tensor(void **state)
     free(b);
     assert_int_equal(cps__ckpt_reader_open(p, &r), 0); /* structure is fine */
     for (size_t i = 0; i < cps__ckpt_reader_count(r); i++) {
-        const cps_ckpt_tensor *t = cps__ckpt_reader_tensor(r, i);
+        const cps__ckpt_tensor *t = cps__ckpt_reader_tensor(r, i);
         int want = strcmp(t->name, "optim/exp_avg/w") ? 0 : CPS_ECORRUPT;
         assert_int_equal(cps__ckpt_reader_verify(r, t), want);
     }
@@ -437,7 +437,7 @@ static void every_flipped_header_bit_is_refused(void **state)
             b[i] ^= (unsigned char)(1u << bit);
             spit(q, b, len);
             b[i] ^= (unsigned char)(1u << bit);
-            cps_ckpt_reader *r = NULL;
+            cps__ckpt_reader *r = NULL;
             int rc = cps__ckpt_reader_open(q, &r);
             if (rc != CPS_ECORRUPT) {
                 cps__ckpt_reader_close(r);
@@ -449,7 +449,7 @@ static void every_flipped_header_bit_is_refused(void **state)
     b[8 + 20] ^= 1;
     spit(q, b, len);
     b[8 + 20] ^= 1;
-    cps_ckpt_reader *r;
+    cps__ckpt_reader *r;
     assert_int_equal(cps__ckpt_reader_open(q, &r), CPS_ECORRUPT);
     assert_logged("hflip.safetensors", "corrupt checkpoint");
     free(b);
@@ -494,7 +494,7 @@ static void crafted_headers(void **state)
 {
     (void)state;
     char p[4096];
-    cps_ckpt_reader *r;
+    cps__ckpt_reader *r;
     /* A third-party file (no checksums, other dtypes, scalar, padding) opens. */
     craft("ok.safetensors",
           "{" T("a", "F32", "[2,2]", 0, 16) "," T("s", "F16", "[]", 16, 18) "," T(
@@ -641,7 +641,7 @@ static int commit_in_limited_child(const char *path, uint64_t max_shard, rlim_t 
         if (setrlimit(RLIMIT_FSIZE, &rl) != 0)
             _exit(100);
         float *d = calloc(5 * n, sizeof *d);
-        cps_ckpt_writer *w;
+        cps__ckpt_writer *w;
         if (!d || cps__ckpt_writer_open(path, max_shard, &w))
             _exit(101);
         for (size_t t = 0; t < 4; t++) {
@@ -685,7 +685,7 @@ static void disk_full_leaves_no_temporary_and_keeps_the_earlier_checkpoint(void 
 {
     (void)state;
     char p[4096];
-    cps_ckpt_reader *r;
+    cps__ckpt_reader *r;
     /* Same name as the earlier checkpoint: the strongest case (it must survive). */
     pathf(p, "full");
     assert_int_equal(write_sample(p, 0, "41", NULL), 0);
@@ -752,8 +752,8 @@ static void json_is_strict(void **state)
         "{\"a\":1}}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        cps_json_doc *d = NULL;
-        const cps_json *root;
+        cps__json_doc *d = NULL;
+        const cps__json *root;
         char err[128];
         if (cps__json_parse(bad[i], strlen(bad[i]), &d, &root, err, sizeof err) != CPS_ECORRUPT)
             fail_msg("accepted bad JSON #%zu '%s'", i, bad[i]);
@@ -762,13 +762,13 @@ static void json_is_strict(void **state)
     char deep[200];
     memset(deep, '[', 100);
     memset(deep + 100, ']', 100);
-    cps_json_doc *d;
-    const cps_json *root;
+    cps__json_doc *d;
+    const cps__json *root;
     assert_int_equal(cps__json_parse(deep, 200, &d, &root, NULL, 0), CPS_ECORRUPT);
     const char *good = " {\"a\\u00e9\\ud83d\\ude00\":[1, -2.5e3, 18446744073709551615, "
                        "18446744073709551616, true, false, null, \"x\\\"y\"]} ";
     assert_int_equal(cps__json_parse(good, strlen(good), &d, &root, NULL, 0), 0);
-    const cps_json *a = cps__json_get(root, "a\xc3\xa9\xf0\x9f\x98\x80");
+    const cps__json *a = cps__json_get(root, "a\xc3\xa9\xf0\x9f\x98\x80");
     assert_non_null(a);
     assert_int_equal(a->n, 8);
     assert_true(a->child->is_uint && a->child->u64 == 1);
@@ -792,19 +792,19 @@ static void names_and_optimizer_description(void **state)
     char b[16];
     assert_int_equal(cps__ckpt_optim_tensor_name(b, sizeof b, CPS_W_OPT_ADAM, 1, "long-name"),
                      CPS_EINVAL);
-    cps_param_spec s = {.init_kind = CPS_W_INIT_UNIFORM,
-                        .init_a = -0.1f,
-                        .init_b = 0.1f,
-                        .init_seed = UINT64_MAX,
-                        .opt_kind = CPS_W_OPT_MOMENTUM,
-                        .nesterov = 1,
-                        .lr = 0.01f,
-                        .weight_decay = 1e-4f,
-                        .momentum = 0.9f};
+    cps__param_spec s = {.init_kind = CPS_W_INIT_UNIFORM,
+                         .init_a = -0.1f,
+                         .init_b = 0.1f,
+                         .init_seed = UINT64_MAX,
+                         .opt_kind = CPS_W_OPT_MOMENTUM,
+                         .nesterov = 1,
+                         .lr = 0.01f,
+                         .weight_decay = 1e-4f,
+                         .momentum = 0.9f};
     char js[512];
     assert_true(cps__ckpt_spec_to_json(&s, js, sizeof js) > 0);
     assert_non_null(strstr(js, "\"lr\":0.01,"));
-    cps_param_spec back;
+    cps__param_spec back;
     assert_int_equal(cps__ckpt_spec_from_json(js, &back), 0);
     assert_memory_equal(&back, &s, sizeof s);
     assert_int_equal(cps__ckpt_spec_to_json(&s, js, 20), CPS_ESIZE);

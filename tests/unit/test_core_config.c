@@ -95,7 +95,7 @@ static int each_teardown(void **state)
 }
 
 /* Load the environment over defaults; returns the status and leaves the message in err. */
-static int load(cps_config *c, char *err, size_t len)
+static int load(cps__config *c, char *err, size_t len)
 {
     cps__config_defaults(c);
     return cps__config_from_env(c, err, len);
@@ -104,7 +104,7 @@ static int load(cps_config *c, char *err, size_t len)
 /* The message must mention every named variable. */
 static void expect_error(const char *a, const char *b)
 {
-    cps_config c;
+    cps__config c;
     char err[256] = "";
     assert_int_equal(load(&c, err, sizeof err), CPS_ECONFIG);
     if (!strstr(err, a) || (b && !strstr(err, b)))
@@ -112,7 +112,7 @@ static void expect_error(const char *a, const char *b)
 }
 
 /* Field by field: struct copies need not preserve padding bytes. */
-static void assert_same_config(const cps_config *a, const cps_config *b)
+static void assert_same_config(const cps__config *a, const cps__config *b)
 {
     assert_int_equal(a->role, b->role);
     assert_string_equal(a->sched_host, b->sched_host);
@@ -139,7 +139,7 @@ static void assert_same_config(const cps_config *a, const cps_config *b)
 static void defaults(void **state)
 {
     (void)state;
-    cps_config c;
+    cps__config c;
     char err[128];
     assert_int_equal(load(&c, err, sizeof err), 0);
     assert_int_equal(c.role, CPS_ROLE_NONE);
@@ -183,7 +183,7 @@ static void role_aliases(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         clear_env();
         setenv(cases[i].var, cases[i].val, 1);
-        cps_config c;
+        cps__config c;
         char err[128];
         assert_int_equal(load(&c, err, sizeof err), 0);
         assert_int_equal(c.role, cases[i].role);
@@ -196,7 +196,7 @@ static void role_aliases(void **state)
 static void pslite_jobs_default_to_async(void **state)
 {
     (void)state;
-    cps_config c;
+    cps__config c;
     char err[128];
     clear_env();
     setenv("DMLC_ROLE", "server", 1);
@@ -237,7 +237,7 @@ static void role_conflicts(void **state)
     setenv("CHAINPS_ROLE", "server", 1);
     setenv("DMLC_ROLE", "server", 1);
     setenv("MS_ROLE", "MS_PSERVER", 1);
-    cps_config c;
+    cps__config c;
     char err[128];
     assert_int_equal(load(&c, err, sizeof err), 0);
     assert_int_equal(c.role, CPS_ROLE_SERVER);
@@ -256,7 +256,7 @@ static void empty_value_is_unset(void **state)
     setenv("CHAINPS_ROLE", "", 1);
     setenv("DMLC_ROLE", "worker", 1);
     setenv("CHAINPS_NUM_SERVERS", "", 1);
-    cps_config c;
+    cps__config c;
     char err[128];
     assert_int_equal(load(&c, err, sizeof err), 0);
     assert_int_equal(c.role, CPS_ROLE_WORKER);
@@ -266,7 +266,7 @@ static void empty_value_is_unset(void **state)
 static void scheduler_aliases(void **state)
 {
     (void)state;
-    cps_config c;
+    cps__config c;
     char err[160];
     setenv("CHAINPS_SCHEDULER", "10.1.2.3:7000", 1);
     assert_int_equal(load(&c, err, sizeof err), 0);
@@ -343,14 +343,14 @@ static void scheduler_errors(void **state)
 
 typedef struct count_case {
     const char *var;
-    uint32_t *(*field)(cps_config *);
+    uint32_t *(*field)(cps__config *);
 } count_case;
 
-static uint32_t *f_servers(cps_config *c)
+static uint32_t *f_servers(cps__config *c)
 {
     return &c->num_servers;
 }
-static uint32_t *f_workers(cps_config *c)
+static uint32_t *f_workers(cps__config *c)
 {
     return &c->num_workers;
 }
@@ -365,7 +365,7 @@ static void counts(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         clear_env();
-        cps_config c;
+        cps__config c;
         char err[128];
         setenv(cases[i].var, "7", 1);
         assert_int_equal(load(&c, err, sizeof err), 0);
@@ -401,7 +401,7 @@ static void verbosity(void **state)
             clear_env();
             cps__log_set_level(CPS_LOG_WARN);
             setenv(vars[v], cases[i].val, 1);
-            cps_config c;
+            cps__config c;
             char err[128];
             assert_int_equal(load(&c, err, sizeof err), 0);
             assert_int_equal(c.verbose, cases[i].val[0] - '0');
@@ -415,7 +415,7 @@ static void verbosity(void **state)
     /* Unset verbosity leaves the log level alone. */
     clear_env();
     cps__log_set_level(CPS_LOG_WARN);
-    cps_config c;
+    cps__config c;
     char err[128];
     assert_int_equal(load(&c, err, sizeof err), 0);
     assert_int_equal(cps__log_level, CPS_LOG_WARN);
@@ -429,7 +429,7 @@ static void verbosity(void **state)
 static void single_variables(void **state)
 {
     (void)state;
-    cps_config c;
+    cps__config c;
     char err[160];
     setenv("CHAINPS_DATA_DIR", "/tmp/cps data", 1);
     setenv("CHAINPS_MODE", "ssp:4", 1);
@@ -515,7 +515,7 @@ static void bad_single_values(void **state)
 static void failure_leaves_config_untouched(void **state)
 {
     (void)state;
-    cps_config c, before;
+    cps__config c, before;
     char err[128];
     cps__config_defaults(&c);
     setenv("CHAINPS_NUM_WORKERS", "4", 1);
@@ -651,7 +651,7 @@ static void parse_u32(void **state)
 static void export_round_trip(void **state)
 {
     (void)state;
-    cps_config a, b;
+    cps__config a, b;
     char err[160];
     cps__config_defaults(&a);
     a.role = CPS_ROLE_SERVER;
@@ -671,7 +671,7 @@ static void export_round_trip(void **state)
     a.join_timeout_ms = 1234;
     a.request_timeout_ms = 567;
     a.compress = 0;
-    a.grad_codec = (cps_gradcodec){CPS_GC_TOPK, 0.015};
+    a.grad_codec = (cps__gradcodec){CPS_GC_TOPK, 0.015};
     a.sync_every_commit = 1;
 
     /* Stale aliases from the parent would otherwise conflict in the child. */
@@ -712,7 +712,7 @@ static void compress_values(void **state)
               {"0,bf16", 0, CPS_GC_BF16, 0},
               {"topk:0.01,0", 0, CPS_GC_TOPK, 0.01},
               {"1,none", 1, CPS_GC_NONE, 0}};
-    cps_config c;
+    cps__config c;
     char err[256];
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
         setenv("CHAINPS_COMPRESS", ok[i].val, 1);
@@ -721,7 +721,7 @@ static void compress_values(void **state)
         assert_int_equal(c.grad_codec.kind, ok[i].kind);
         assert_true(c.grad_codec.ratio == ok[i].ratio);
         char buf[64];
-        cps_config d;
+        cps__config d;
         cps__config_defaults(&d);
         assert_int_equal(cps__config_parse_compress("x",
                                                     cps__config_compress_str(&c, buf, sizeof buf),

@@ -156,7 +156,7 @@ static void encoder_matches_conversions(void **state)
     static float acc[N], x[N];
     static unsigned char out[8 + 2 * N];
     for (int bf = 0; bf < 2; bf++) {
-        cps_gradcodec gc = {bf ? CPS_GC_BF16 : CPS_GC_FP16, 0};
+        cps__gradcodec gc = {bf ? CPS_GC_BF16 : CPS_GC_FP16, 0};
         for (int round = 0; round < 200; round++) {
             for (int i = 0; i < N; i++) {
                 uint32_t u = (uint32_t)rnd();
@@ -191,7 +191,7 @@ static void encoder_matches_conversions(void **state)
 static void parse_specs(void **state)
 {
     (void)state;
-    cps_gradcodec gc;
+    cps__gradcodec gc;
     char buf[CPS_GC_SPEC_MAX];
     assert_int_equal(cps__gradcodec_parse("fp16", &gc), 0);
     assert_int_equal(gc.kind, CPS_GC_FP16);
@@ -203,7 +203,7 @@ static void parse_specs(void **state)
     assert_int_equal(gc.kind, CPS_GC_TOPK);
     assert_true(gc.ratio == 0.01);
     assert_string_equal(cps__gradcodec_format(&gc, buf, sizeof buf), "topk:0.01");
-    cps_gradcodec again;
+    cps__gradcodec again;
     assert_int_equal(cps__gradcodec_parse(buf, &again), 0);
     assert_true(again.ratio == gc.ratio);
     assert_int_equal(cps__gradcodec_parse("topk:1", &gc), 0);
@@ -229,7 +229,7 @@ static void topk_k_formula(void **state)
     assert_int_equal(cps__gradcodec_topk_k(0.1, 50), 5);   /* not 6, as a float 0.1 would give */
     assert_int_equal(cps__gradcodec_topk_k(0.07, 100), 7); /* 0.07 * 100 = 7.000000000000001 */
     assert_int_equal(cps__gradcodec_topk_k(0.0700001, 100000), 7001);
-    cps_gradcodec gc = {CPS_GC_TOPK, 0.01};
+    cps__gradcodec gc = {CPS_GC_TOPK, 0.01};
     assert_int_equal(cps__gradcodec_size(&gc, 1000), 8 + 80);
     gc.kind = CPS_GC_FP16;
     assert_int_equal(cps__gradcodec_size(&gc, 1000), 8 + 2000);
@@ -257,7 +257,7 @@ static int cmp_ref(const void *a, const void *b)
 
 static void check_topk_against_sort(const float *g, uint64_t n, double ratio)
 {
-    cps_gradcodec gc = {CPS_GC_TOPK, ratio};
+    cps__gradcodec gc = {CPS_GC_TOPK, ratio};
     uint64_t k = cps__gradcodec_topk_k(ratio, n);
     size_t cap = cps__gradcodec_size(&gc, n), len = 0;
     unsigned char *out = malloc(cap);
@@ -350,7 +350,7 @@ static void topk_non_finite(void **state)
 {
     (void)state;
     float g[6] = {1, NAN, -INFINITY, 2, INFINITY, 3};
-    cps_gradcodec gc = {CPS_GC_TOPK, 0.3}; /* k = 2 */
+    cps__gradcodec gc = {CPS_GC_TOPK, 0.3}; /* k = 2 */
     unsigned char out[64];
     size_t len;
     assert_int_equal(cps__gradcodec_encode(&gc, g, 6, out, sizeof out, &len, NULL), 0);
@@ -369,7 +369,7 @@ static void topk_non_finite(void **state)
  * formats' grids there are multiples of 2^-10 too, and the residual x - round(x) is exact by
  * Sterbenz's lemma), so equality is exact. With arbitrary floats, g + residual is rounded once per
  * step: the gap is at most half an ulp of |g + residual| per step. */
-static void ef_run(const cps_gradcodec *gc, int dyadic)
+static void ef_run(const cps__gradcodec *gc, int dyadic)
 {
     enum { N = 1000, T = 60 };
     float g[N], acc[N], resid[N], dec[N];
@@ -410,7 +410,7 @@ static void ef_run(const cps_gradcodec *gc, int dyadic)
 static void error_feedback_sums_to_the_total(void **state)
 {
     (void)state;
-    static const cps_gradcodec codecs[] = {
+    static const cps__gradcodec codecs[] = {
         {CPS_GC_FP16, 0}, {CPS_GC_BF16, 0}, {CPS_GC_TOPK, 0.01}, {CPS_GC_TOPK, 0.3}};
     for (size_t c = 0; c < sizeof codecs / sizeof *codecs; c++) {
         ef_run(&codecs[c], 1);
@@ -423,7 +423,7 @@ static void error_feedback_sums_to_the_total(void **state)
 static void fp16_saturates(void **state)
 {
     (void)state;
-    cps_gradcodec gc = {CPS_GC_FP16, 0};
+    cps__gradcodec gc = {CPS_GC_FP16, 0};
     float acc[2] = {100000.0f, -1e30f};
     unsigned char out[16];
     float dec[2];
@@ -450,7 +450,7 @@ static void decoder_rejects_malformed(void **state)
         g[i] = (float)i - 20.5f;
     unsigned char blk[8 + 8 * N + 8], bad[sizeof blk];
     size_t len;
-    cps_gradcodec top = {CPS_GC_TOPK, 0.1}; /* k = 5 */
+    cps__gradcodec top = {CPS_GC_TOPK, 0.1}; /* k = 5 */
     for (int i = 0; i < N; i++)
         keep[i] = 7.0f;
     memcpy(out, keep, sizeof out);
@@ -490,7 +490,7 @@ static void decoder_rejects_malformed(void **state)
     cps__le32_put(bad + 8 + 4 * 4, N); /* last index out of range */
     REFUSED(bad, len, N, CPS_EPROTO);
     /* fp16 / bf16: the count must be n, the length 8 + 2n. */
-    cps_gradcodec half = {CPS_GC_FP16, 0};
+    cps__gradcodec half = {CPS_GC_FP16, 0};
     memcpy(acc, g, sizeof acc);
     assert_int_equal(cps__gradcodec_encode(&half, acc, N, blk, sizeof blk, &len, NULL), 0);
     assert_int_equal(len, 8 + 2 * N);
@@ -504,7 +504,7 @@ static void decoder_rejects_malformed(void **state)
     assert_int_equal(cps__gradcodec_decode(blk, len, 0, out), CPS_EINVAL);
     /* Encoder arguments. */
     assert_int_equal(cps__gradcodec_encode(&half, acc, N, blk, len - 1, &len, NULL), CPS_EINVAL);
-    cps_gradcodec none = {CPS_GC_NONE, 0};
+    cps__gradcodec none = {CPS_GC_NONE, 0};
     assert_int_equal(cps__gradcodec_encode(&none, acc, N, blk, sizeof blk, &len, NULL), CPS_EINVAL);
 #undef REFUSED
 }

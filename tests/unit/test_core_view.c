@@ -21,7 +21,7 @@ static unsigned char buf[1 << 16];
 
 /* A view with the scheduler, `s` servers (ids 10..) and `w` workers (ids 100..), placed on
  * `n` ranges with `r` replicas. */
-static void make_view(cps_view *v, uint32_t s, uint32_t w, uint32_t n, uint32_t r)
+static void make_view(cps__view *v, uint32_t s, uint32_t w, uint32_t n, uint32_t r)
 {
     uint32_t ids[64];
     cps__view_init(v);
@@ -37,7 +37,7 @@ static void make_view(cps_view *v, uint32_t s, uint32_t w, uint32_t n, uint32_t 
     v->nodes[0].alive = 1;
     snprintf(v->nodes[0].addr, CPS_ADDR_MAX, "tcp://10.0.0.1:9000");
     for (uint32_t i = 0; i < s + w; i++) {
-        cps_node_info *nd = &v->nodes[1 + i];
+        cps__node_info *nd = &v->nodes[1 + i];
         int server = i < s;
         nd->id = server ? 10 + i : 100 + (i - s);
         nd->role = server ? CPS_ROLE_SERVER : CPS_ROLE_WORKER;
@@ -51,14 +51,14 @@ static void make_view(cps_view *v, uint32_t s, uint32_t w, uint32_t n, uint32_t 
         assert_int_equal(cps__view_place_ranges(v, n, ids, s, r), 0);
 }
 
-static size_t encode(const cps_view *v)
+static size_t encode(const cps__view *v)
 {
     size_t n = cps__view_encode(v, buf, sizeof buf);
     assert_int_equal(n, cps__view_encoded_size(v));
     return n;
 }
 
-static void assert_views_equal(const cps_view *a, const cps_view *b)
+static void assert_views_equal(const cps__view *a, const cps__view *b)
 {
     assert_true(a->epoch == b->epoch);
     assert_int_equal(a->mode, b->mode);
@@ -88,7 +88,7 @@ static void assert_views_equal(const cps_view *a, const cps_view *b)
 static void init_copy_fini(void **state)
 {
     (void)state;
-    cps_view a, b;
+    cps__view a, b;
     make_view(&a, 4, 3, 8, 3);
     cps__view_init(&b);
     assert_int_equal(cps__view_copy(&b, &a), 0);
@@ -98,7 +98,7 @@ static void init_copy_fini(void **state)
     a.nodes[1].addr[0] = 'X'; /* deep: b is unaffected */
     assert_int_equal(b.nodes[1].addr[0], 't');
 
-    cps_view c;
+    cps__view c;
     make_view(&c, 2, 1, 2, 1);
     assert_int_equal(cps__view_copy(&c, &b), 0); /* old content of c is freed (ASan checks) */
     assert_views_equal(&b, &c);
@@ -116,9 +116,9 @@ static void init_copy_fini(void **state)
 static void node_lookup(void **state)
 {
     (void)state;
-    cps_view v;
+    cps__view v;
     make_view(&v, 3, 2, 0, 0);
-    const cps_node_info *n = cps__view_node(&v, 11);
+    const cps__node_info *n = cps__view_node(&v, 11);
     assert_non_null(n);
     assert_int_equal(n->role, CPS_ROLE_SERVER);
     assert_int_equal(n->rank, 1);
@@ -136,7 +136,7 @@ static void ranges_cover_key_space(void **state)
     (void)state;
     uint32_t servers[] = {5};
     for (uint32_t n = 1; n <= 300; n += (n < 40 ? 1 : 37)) {
-        cps_view v;
+        cps__view v;
         cps__view_init(&v);
         assert_int_equal(cps__view_place_ranges(&v, n, servers, 1, 1), 0);
         assert_int_equal(v.nranges, n);
@@ -156,7 +156,7 @@ static void ranges_cover_key_space(void **state)
         assert_true(max - min <= 1); /* equal up to one key */
         cps__view_fini(&v);
     }
-    cps_view v;
+    cps__view v;
     cps__view_init(&v);
     assert_int_equal(cps__view_place_ranges(&v, 3, servers, 1, 1), 0);
     assert_true(v.ranges[1].lo == 6148914691236517206ull); /* ceil(2^64/3) */
@@ -170,7 +170,7 @@ static void ring_placement_roles(void **state)
     (void)state;
     const uint32_t S = 5, R = 3, N = 10;
     uint32_t servers[] = {21, 22, 23, 24, 25};
-    cps_view v;
+    cps__view v;
     cps__view_init(&v);
     assert_int_equal(cps__view_place_ranges(&v, N, servers, S, R), 0);
     assert_int_equal(v.replicas, R);
@@ -203,7 +203,7 @@ static void placement_refused(void **state)
     uint32_t servers[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
     uint32_t dup[] = {1, 2, 1};
     uint32_t zero[] = {1, 0};
-    cps_view v;
+    cps__view v;
     cps__view_init(&v);
     assert_int_equal(cps__view_place_ranges(&v, 4, servers, 2, 3), CPS_EINVAL); /* R > S */
     assert_int_equal(cps__view_place_ranges(&v, 0, servers, 2, 1), CPS_EINVAL);
@@ -222,7 +222,7 @@ static void range_of_boundaries(void **state)
     (void)state;
     uint32_t servers[] = {1, 2, 3};
     for (uint32_t n = 1; n <= 17; n++) {
-        cps_view v;
+        cps__view v;
         cps__view_init(&v);
         assert_int_equal(cps__view_place_ranges(&v, n, servers, 3, 2), 0);
         assert_int_equal(cps__view_range_of(&v, 0), 0);
@@ -244,7 +244,7 @@ static void range_of_boundaries(void **state)
 static void view_round_trip(void **state)
 {
     (void)state;
-    cps_view v, d;
+    cps__view v, d;
     make_view(&v, 6, 5, 12, 3);
     size_t n = encode(&v);
     assert_int_equal(n, HDR + NODE * 12 + RANGE * 12);
@@ -277,7 +277,7 @@ static void view_round_trip(void **state)
  * decode must leave the destination untouched. */
 static int decode_after(void (*mutate)(unsigned char *b, size_t *len))
 {
-    cps_view v, d, keep;
+    cps__view v, d, keep;
     make_view(&v, 4, 2, 4, 2);
     size_t n = encode(&v);
     mutate(buf, &n);
@@ -492,7 +492,7 @@ static void view_decode_errors(void **state)
         if (rc != cases[i].rc)
             fail_msg("case %zu: got %s, want %s", i, cps_err_name(rc), cps_err_name(cases[i].rc));
     }
-    cps_view d;
+    cps__view d;
     cps__view_init(&d);
     assert_int_equal(cps__view_decode(NULL, 40, &d), CPS_EINVAL);
     assert_int_equal(cps__view_decode(buf, 40, NULL), CPS_EINVAL);
@@ -501,7 +501,7 @@ static void view_decode_errors(void **state)
 static void view_encode_unterminated_addr_is_refused_by_receiver(void **state)
 {
     (void)state;
-    cps_view v, d;
+    cps__view v, d;
     make_view(&v, 2, 1, 2, 2);
     memset(v.nodes[1].addr, 'z', CPS_ADDR_MAX);
     size_t n = encode(&v);
@@ -516,7 +516,7 @@ static void view_ranges_without_nodes(void **state)
 {
     (void)state;
     uint32_t servers[] = {1};
-    cps_view v, d;
+    cps__view v, d;
     cps__view_init(&v);
     assert_int_equal(cps__view_place_ranges(&v, 2, servers, 1, 1), 0);
     size_t n = encode(&v);
@@ -529,7 +529,7 @@ static void view_ranges_without_nodes(void **state)
 static void view_prefix_decode(void **state)
 {
     (void)state;
-    cps_view v, d;
+    cps__view v, d;
     make_view(&v, 3, 2, 3, 2);
     size_t n = encode(&v), used = 0;
     memset(buf + n, 0xab, 100);
@@ -553,7 +553,7 @@ static void view_prefix_decode(void **state)
 static void stats_round_trip(void **state)
 {
     (void)state;
-    cps_node_stats s = {1, 2, 3, 4, 5, 6, 7, UINT64_MAX, 9}, g;
+    cps__node_stats s = {1, 2, 3, 4, 5, 6, 7, UINT64_MAX, 9}, g;
     cps__stats_encode(buf, &s);
     assert_true(cps__le64_get(buf + 56) == UINT64_MAX);
     assert_true(cps__le64_get(buf + 64) == 9);

@@ -15,9 +15,9 @@
 /* Decoders require 8-byte alignment; a static aligned arena keeps every test honest about it. */
 static _Alignas(8) unsigned char arena[1 << 16];
 
-static cps_msg_hdr sample_hdr(void)
+static cps__msg_hdr sample_hdr(void)
 {
-    cps_msg_hdr h = {0};
+    cps__msg_hdr h = {0};
     h.type = CPS_MSG_PUSH;
     h.flags = CPS_WF_REPLY;
     h.sender = 7;
@@ -38,7 +38,7 @@ static cps_msg_hdr sample_hdr(void)
 static void hdr_round_trip(void **state)
 {
     (void)state;
-    cps_msg_hdr h = sample_hdr(), g;
+    cps__msg_hdr h = sample_hdr(), g;
     cps__wire_hdr_encode(arena, &h);
     assert_int_equal(cps__le32_get(arena), CPS_WIRE_MAGIC);
     assert_int_equal(arena[4], CPS_WIRE_VERSION);
@@ -62,7 +62,7 @@ static void hdr_every_known_type_accepted(void **state)
 {
     (void)state;
     for (int t = 0; t < 256; t++) {
-        cps_msg_hdr h = sample_hdr(), g;
+        cps__msg_hdr h = sample_hdr(), g;
         h.type = (uint8_t)t;
         h.payload_len = h.raw_len = 0;
         cps__wire_hdr_encode(arena, &h);
@@ -75,7 +75,7 @@ static void hdr_every_known_type_accepted(void **state)
 
 static int decode_mutated(size_t off, uint8_t byte, size_t len)
 {
-    cps_msg_hdr h = sample_hdr(), g;
+    cps__msg_hdr h = sample_hdr(), g;
     cps__wire_hdr_encode(arena, &h);
     arena[off] = byte;
     return cps__wire_hdr_decode(arena, len, &g);
@@ -91,7 +91,7 @@ static void hdr_bad_fields(void **state)
     assert_int_equal(decode_mutated(4, CPS_WIRE_VERSION + 1, 80), CPS_EPROTO);
     /* every flag bit is either known (accepted) or refused */
     for (int bit = 0; bit < 16; bit++) {
-        cps_msg_hdr h = sample_hdr(), g;
+        cps__msg_hdr h = sample_hdr(), g;
         h.flags = (uint16_t)(1u << bit);
         cps__wire_hdr_encode(arena, &h);
         int want = (h.flags & CPS_WF_KNOWN_) ? 0 : CPS_EPROTO;
@@ -100,7 +100,7 @@ static void hdr_bad_fields(void **state)
     assert_int_equal(decode_mutated(7, 0x80, 80), CPS_EPROTO);
     assert_int_equal(decode_mutated(15, 0x00, 80), CPS_EPROTO); /* status > 0 */
 
-    cps_msg_hdr h = sample_hdr(), g;
+    cps__msg_hdr h = sample_hdr(), g;
     assert_int_equal(cps__wire_hdr_decode(NULL, 80, &g), CPS_EINVAL);
     cps__wire_hdr_encode(arena, &h);
     assert_int_equal(cps__wire_hdr_decode(arena, 80, NULL), CPS_EINVAL);
@@ -109,7 +109,7 @@ static void hdr_bad_fields(void **state)
 static void hdr_bad_lengths(void **state)
 {
     (void)state;
-    cps_msg_hdr h = sample_hdr(), g;
+    cps__msg_hdr h = sample_hdr(), g;
     cps__wire_hdr_encode(arena, &h);
     for (size_t len = 0; len < 64; len++)
         assert_int_equal(cps__wire_hdr_decode(arena, len, &g), CPS_ESIZE);
@@ -136,7 +136,7 @@ static void hdr_bad_lengths(void **state)
 static void hdr_snappy_raw_len(void **state)
 {
     (void)state;
-    cps_msg_hdr h = sample_hdr(), g;
+    cps__msg_hdr h = sample_hdr(), g;
     h.flags = CPS_WF_SNAPPY;
     h.payload_len = 100;
     uint32_t cases[][2] = {{0, CPS_ESIZE},
@@ -171,7 +171,7 @@ static void kv_round_trip_with_values(void **state)
     size_t n = cps__wire_kv_size(3, 6);
     assert_int_equal(n, 8 + 24 + 12 + 4 + 24); /* 44 padded to 48, then 6 floats */
     assert_int_equal(cps__wire_kv_encode(arena, sizeof arena, 3, K3, L3, V6, 6), n);
-    cps_kv kv;
+    cps__kv kv;
     assert_int_equal(cps__wire_kv_decode(arena, n, 1, &kv), 0);
     assert_int_equal(kv.nkeys, 3);
     assert_int_equal(kv.nvals, 6);
@@ -195,7 +195,7 @@ static void kv_round_trip_without_values(void **state)
         size_t n = cps__wire_kv_size(nk, 0);
         assert_int_equal(n % 8, 0);
         assert_int_equal(cps__wire_kv_encode(arena, n, nk, keys, lens, NULL, 0), n);
-        cps_kv kv;
+        cps__kv kv;
         assert_int_equal(cps__wire_kv_decode(arena, n, 0, &kv), 0);
         assert_int_equal(kv.nkeys, nk);
         assert_int_equal(kv.nvals, 0);
@@ -226,7 +226,7 @@ static size_t enc3(void)
 static void kv_bad_arguments(void **state)
 {
     (void)state;
-    cps_kv kv;
+    cps__kv kv;
     size_t n = enc3();
     assert_int_equal(cps__wire_kv_decode(arena, n, 2, &kv), CPS_EINVAL);
     assert_int_equal(cps__wire_kv_decode(NULL, n, 1, &kv), CPS_EINVAL);
@@ -238,7 +238,7 @@ static void kv_bad_arguments(void **state)
 static void kv_protocol_errors(void **state)
 {
     (void)state;
-    cps_kv kv;
+    cps__kv kv;
     size_t n;
 
     n = enc3();
@@ -270,7 +270,7 @@ static void kv_protocol_errors(void **state)
 static void lossy_push(void **state)
 {
     (void)state;
-    cps_msg_hdr h = sample_hdr(), g;
+    cps__msg_hdr h = sample_hdr(), g;
     h.flags = CPS_WF_LOSSY;
     static const uint8_t types[] = {CPS_MSG_PUSH,   CPS_MSG_PUSH_PULL, CPS_MSG_PULL,
                                     CPS_MSG_VALUES, CPS_MSG_FWD,       CPS_MSG_DECLARE};
@@ -286,7 +286,7 @@ static void lossy_push(void **state)
     cps__wire_kv_encode(arena, pre, 3, keys, lens, NULL, 0);
     cps__le32_put(arena + 4, 5);
     memset(arena + pre, 0xab, 12);
-    cps_kv kv;
+    cps__kv kv;
     const void *blk;
     size_t blen;
     assert_int_equal(cps__wire_kv_decode_lossy(arena, pre + 12, &kv, &blk, &blen), 0);
@@ -313,7 +313,7 @@ static void lossy_push(void **state)
 static void kv_size_errors(void **state)
 {
     (void)state;
-    cps_kv kv;
+    cps__kv kv;
     size_t n = enc3();
     for (size_t len = 0; len < n; len++)
         assert_int_equal(cps__wire_kv_decode(arena, len, -1, &kv), CPS_ESIZE);
@@ -345,9 +345,9 @@ static void kv_size_errors(void **state)
 
 /* ---- spec ---- */
 
-static cps_param_spec good_spec(uint32_t opt)
+static cps__param_spec good_spec(uint32_t opt)
 {
-    cps_param_spec s = {0};
+    cps__param_spec s = {0};
     s.init_kind = CPS_W_INIT_UNIFORM;
     s.init_a = -0.1f;
     s.init_b = 0.1f;
@@ -365,7 +365,7 @@ static cps_param_spec good_spec(uint32_t opt)
 }
 
 /* Field by field: the struct has padding that memcmp would read. */
-static void assert_spec_equal(const cps_param_spec *a, const cps_param_spec *b)
+static void assert_spec_equal(const cps__param_spec *a, const cps__param_spec *b)
 {
     assert_int_equal(a->init_kind, b->init_kind);
     assert_int_equal(a->opt_kind, b->opt_kind);
@@ -382,14 +382,14 @@ static void spec_round_trip(void **state)
 {
     (void)state;
     for (uint32_t opt = 0; opt <= CPS_W_OPT_RMSPROP; opt++) {
-        cps_param_spec s = good_spec(opt), g;
+        cps__param_spec s = good_spec(opt), g;
         memset(arena, 0xaa, 64);
         cps__wire_spec_encode(arena, &s);
         assert_int_equal(cps__wire_spec_decode(arena, &g), 0);
         assert_spec_equal(&g, &s);
     }
     /* Hyper-parameters the optimizer does not use may be left zero. */
-    cps_param_spec s = {0}, g;
+    cps__param_spec s = {0}, g;
     s.lr = 0.5f;
     s.init_kind = CPS_W_INIT_CONSTANT;
     s.init_a = 3.0f;
@@ -404,7 +404,7 @@ static void spec_round_trip(void **state)
 
 #define BAD_SPEC(opt, field, value)                                                                \
     do {                                                                                           \
-        cps_param_spec s_ = good_spec(opt), g_;                                                    \
+        cps__param_spec s_ = good_spec(opt), g_;                                                   \
         s_.field = (value);                                                                        \
         cps__wire_spec_encode(arena, &s_);                                                         \
         assert_int_equal(cps__wire_spec_decode(arena, &g_), CPS_EPROTO);                           \
@@ -440,7 +440,7 @@ static void spec_bad_hyper_parameters(void **state)
     BAD_SPEC(CPS_W_OPT_SGD, rho, -1.0f);
     BAD_SPEC(CPS_W_OPT_SGD, momentum, NAN);
 
-    cps_param_spec s = good_spec(CPS_W_OPT_SGD), g;
+    cps__param_spec s = good_spec(CPS_W_OPT_SGD), g;
     s.init_kind = CPS_W_INIT_NORMAL;
     s.init_b = -1.0f; /* negative stddev */
     cps__wire_spec_encode(arena, &s);
@@ -457,7 +457,7 @@ static void spec_bad_hyper_parameters(void **state)
 
 static const uint64_t OFF3[] = {0, 2, 3};
 
-static size_t enc_declare(const cps_param_spec *s)
+static size_t enc_declare(const cps__param_spec *s)
 {
     return cps__wire_declare_encode(arena, sizeof arena, 3, K3, L3, OFF3, s);
 }
@@ -465,11 +465,11 @@ static size_t enc_declare(const cps_param_spec *s)
 static void declare_round_trip(void **state)
 {
     (void)state;
-    cps_param_spec s = good_spec(CPS_W_OPT_ADAM), g;
+    cps__param_spec s = good_spec(CPS_W_OPT_ADAM), g;
     size_t n = enc_declare(&s);
     assert_int_equal(n, cps__wire_declare_size(3));
     assert_int_equal(n, 48 + 24 + 64);
-    cps_kv kv;
+    cps__kv kv;
     const uint64_t *offs;
     assert_int_equal(cps__wire_declare_decode(arena, n, &kv, &offs, &g), 0);
     assert_int_equal(kv.nkeys, 3);
@@ -484,8 +484,8 @@ static void declare_round_trip(void **state)
 static void declare_errors(void **state)
 {
     (void)state;
-    cps_param_spec s = good_spec(CPS_W_OPT_SGD), g;
-    cps_kv kv;
+    cps__param_spec s = good_spec(CPS_W_OPT_SGD), g;
+    cps__kv kv;
     const uint64_t *offs;
     size_t n = enc_declare(&s);
 
@@ -520,7 +520,7 @@ static void declare_errors(void **state)
 static void tensor_desc_round_trip_and_errors(void **state)
 {
     (void)state;
-    cps_tensor_desc d = {.kind = 1, .cols = 8, .length = 80, .rows = 10};
+    cps__tensor_desc d = {.kind = 1, .cols = 8, .length = 80, .rows = 10};
     d.spec.opt_kind = CPS_W_OPT_ADAM;
     d.spec.lr = 0.01f;
     d.spec.beta1 = 0.9f;
@@ -531,7 +531,7 @@ static void tensor_desc_round_trip_and_errors(void **state)
     size_t n = cps__wire_tensor_desc_encode(buf, sizeof buf, &d);
     assert_int_equal(n, cps__wire_tensor_desc_size(&d));
     assert_int_equal(n % 8, 0);
-    cps_tensor_desc g;
+    cps__tensor_desc g;
     size_t used;
     assert_int_equal(cps__wire_tensor_desc_decode(buf, n, &g, &used), 0);
     assert_int_equal(used, n);
@@ -564,14 +564,14 @@ static void tensor_desc_round_trip_and_errors(void **state)
 static void tensor_desc_shape(void **state)
 {
     (void)state;
-    cps_tensor_desc d = {.kind = 0, .length = 2 * 3 * 5 * 7, .ndim = 4, .dims = {2, 3, 5, 7}};
+    cps__tensor_desc d = {.kind = 0, .length = 2 * 3 * 5 * 7, .ndim = 4, .dims = {2, 3, 5, 7}};
     d.spec.lr = 0.1f;
     snprintf(d.name, sizeof d.name, "conv1.weight");
     unsigned char buf[512], bad[512];
     size_t n = cps__wire_tensor_desc_encode(buf, sizeof buf, &d), used;
     assert_int_equal(n, cps__wire_tensor_desc_size(&d));
     assert_int_equal(n, 32 + CPS_WIRE_SPEC_SIZE + 8 + 16 + 4 * 8);
-    cps_tensor_desc g;
+    cps__tensor_desc g;
     assert_int_equal(cps__wire_tensor_desc_decode(buf, n, &g, &used), 0);
     assert_int_equal(used, n);
     assert_int_equal(g.ndim, 4);
@@ -598,7 +598,7 @@ static void tensor_desc_shape(void **state)
     assert_int_equal(cps__tensor_desc_shape(&g, dims), 1);
     assert_int_equal(dims[0], d.length);
     /* A table's shape is [rows, cols]; [cols, rows] is refused. */
-    cps_tensor_desc t = {.kind = 1, .cols = 4, .length = 12, .rows = 3, .ndim = 2, .dims = {3, 4}};
+    cps__tensor_desc t = {.kind = 1, .cols = 4, .length = 12, .rows = 3, .ndim = 2, .dims = {3, 4}};
     t.spec.lr = 0.1f;
     snprintf(t.name, sizeof t.name, "emb");
     n = cps__wire_tensor_desc_encode(buf, sizeof buf, &t);

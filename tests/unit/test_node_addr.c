@@ -12,9 +12,9 @@
 #include "core/config.h"
 #include "node/roles.h"
 
-static cps_config base(void)
+static cps__config base(void)
 {
-    cps_config c;
+    cps__config c;
     cps__config_defaults(&c);
     return c;
 }
@@ -22,7 +22,7 @@ static cps_config base(void)
 static void scheduler_listens_where_the_job_names_it(void **state)
 {
     (void)state;
-    cps_config c = base();
+    cps__config c = base();
     cps__config_finalize(&c, CPS_ROLE_SCHEDULER);
     assert_string_equal(c.bind_host, "127.0.0.1");
     assert_int_equal(c.port, c.sched_port);
@@ -46,7 +46,7 @@ static void other_nodes_listen_where_they_advertise(void **state)
     (void)state;
     int roles[] = {CPS_ROLE_SERVER, CPS_ROLE_WORKER};
     for (int i = 0; i < 2; i++) {
-        cps_config c = base();
+        cps__config c = base();
         cps__config_finalize(&c, roles[i]);
         assert_string_equal(c.advertise_host, "127.0.0.1");
         assert_string_equal(c.bind_host, "127.0.0.1");
@@ -60,7 +60,7 @@ static void other_nodes_listen_where_they_advertise(void **state)
 static void every_interface_only_when_asked(void **state)
 {
     (void)state;
-    cps_config c = base();
+    cps__config c = base();
     snprintf(c.bind_host, sizeof c.bind_host, "0.0.0.0");
     cps__config_finalize(&c, CPS_ROLE_SCHEDULER);
     assert_string_equal(c.bind_host, "0.0.0.0");

@@ -30,13 +30,13 @@ typedef struct beats {
 static void on_msg(void *ctx, void *buf, size_t len)
 {
     beats *b = ctx;
-    cps_rx rx;
+    cps__rx rx;
     if (cps__rx_parse(&rx, buf, len) != 0) {
         b->other++;
         return;
     }
     if (rx.hdr.type == CPS_MSG_HEARTBEAT && rx.hdr.sender == 7 && rx.len >= CPS_STATS_SIZE) {
-        cps_node_stats st;
+        cps__node_stats st;
         cps__stats_decode(rx.payload, &st);
         b->n++;
         b->epoch = rx.hdr.epoch;
@@ -48,7 +48,7 @@ static void on_msg(void *ctx, void *buf, size_t len)
 }
 
 /* Count what arrives over the next `ms` milliseconds. */
-static beats listen_for(cps_tp *tp, uint64_t ms)
+static beats listen_for(cps__tp *tp, uint64_t ms)
 {
     beats b = {0};
     uint64_t end = cps__now_ms() + ms;
@@ -63,9 +63,9 @@ static void quiet_sink(void *ctx, int level, const char *subsystem, const char *
 }
 
 /* An inbox on 127.0.0.1 playing the scheduler; its URL into url[64]. */
-static cps_tp *stand_in_scheduler(char *url)
+static cps__tp *stand_in_scheduler(char *url)
 {
-    cps_tp *sched = NULL;
+    cps__tp *sched = NULL;
     uint16_t port = 0;
     assert_int_equal(cps__tp_create(KEY, &sched), 0);
     assert_int_equal(cps__tp_bind(sched, "127.0.0.1", 0, &port), 0);
@@ -77,12 +77,12 @@ static void beats_follow_the_loop(void **state)
 {
     (void)state;
     char url[64];
-    cps_tp *sched = stand_in_scheduler(url);
+    cps__tp *sched = stand_in_scheduler(url);
 
-    cps_node_stats st;
+    cps__node_stats st;
     memset(&st, 0, sizeof st);
     st.msgs_in = 11;
-    cps_heartbeat *hb = NULL;
+    cps__heartbeat *hb = NULL;
     assert_int_equal(cps__heartbeat_start(url, KEY, 20, 600, "server", &hb), 0);
 
     /* Not joined yet: nothing is sent. */
@@ -128,8 +128,8 @@ static void no_limit_beats_on(void **state)
 {
     (void)state;
     char url[64];
-    cps_tp *sched = stand_in_scheduler(url);
-    cps_heartbeat *hb = NULL;
+    cps__tp *sched = stand_in_scheduler(url);
+    cps__heartbeat *hb = NULL;
     assert_int_equal(cps__heartbeat_start(url, KEY, 20, 0, "worker", &hb), 0);
     cps__heartbeat_publish(hb, 1, 7, 0, NULL, cps__now_ms());
     listen_for(sched, 700);

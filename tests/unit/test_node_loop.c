@@ -22,12 +22,12 @@ typedef struct rec {
     uint64_t ids[64];
     uint64_t at[64];
     int n;
-    cps_loop *l;
+    cps__loop *l;
     uint64_t victim; /* timer to remove from inside a callback (0: none) */
     int stop_after;  /* stop the loop after this many firings (0: never) */
 } rec;
 
-static int on_timer(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int on_timer(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     rec *r = ctx;
     if (r->n < 64) {
@@ -45,7 +45,7 @@ static int on_timer(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
 }
 
 /* Turn until `n` timers fired or `ms` passed. */
-static void turn_until(cps_loop *l, rec *r, int n, int ms)
+static void turn_until(cps__loop *l, rec *r, int n, int ms)
 {
     uint64_t end = cps__loop_clock_ms() + (uint64_t)ms;
     while (r->n < n && cps__loop_clock_ms() < end)
@@ -55,7 +55,7 @@ static void turn_until(cps_loop *l, rec *r, int n, int ms)
 static void timers_fire_in_deadline_order(void **state)
 {
     (void)state;
-    cps_loop *l;
+    cps__loop *l;
     assert_int_equal(cps__loop_create(&l), 0);
     rec r = {0};
     /* Armed out of order; 4 and 5 share a deadline, so they fire in arming order. */
@@ -86,7 +86,7 @@ static void timers_fire_in_deadline_order(void **state)
 static void periodic_timer_rearms(void **state)
 {
     (void)state;
-    cps_loop *l;
+    cps__loop *l;
     assert_int_equal(cps__loop_create(&l), 0);
     rec r = {0};
     assert_int_equal(cps__loop_timer_add(l, 9, 0, 15, on_timer, &r), 0);
@@ -102,7 +102,7 @@ static void periodic_timer_rearms(void **state)
     cps__loop_destroy(l);
 }
 
-static int remove_self(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int remove_self(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)now;
     rec *r = ctx;
@@ -113,7 +113,7 @@ static int remove_self(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
 static void callback_removes_timers(void **state)
 {
     (void)state;
-    cps_loop *l;
+    cps__loop *l;
     assert_int_equal(cps__loop_create(&l), 0);
     rec r = {0}, self = {0};
     /* 1 fires first and removes 2, which was due in the same turn. */
@@ -132,7 +132,7 @@ static void callback_removes_timers(void **state)
     cps__loop_destroy(l);
 }
 
-static int count_hook(cps_loop *l, void *ctx, uint64_t now)
+static int count_hook(cps__loop *l, void *ctx, uint64_t now)
 {
     (void)l, (void)now;
     ++*(int *)ctx;
@@ -142,7 +142,7 @@ static int count_hook(cps_loop *l, void *ctx, uint64_t now)
 static void before_sleep_every_turn(void **state)
 {
     (void)state;
-    cps_loop *l;
+    cps__loop *l;
     assert_int_equal(cps__loop_create(&l), 0);
     int hooks = 0;
     cps__loop_before_sleep(l, count_hook, &hooks);
@@ -171,7 +171,7 @@ typedef struct pipe_ctx {
     size_t len;
 } pipe_ctx;
 
-static int on_pipe(cps_loop *l, int fd, void *ctx, uint64_t now)
+static int on_pipe(cps__loop *l, int fd, void *ctx, uint64_t now)
 {
     (void)l, (void)now;
     pipe_ctx *p = ctx;
@@ -185,7 +185,7 @@ static int on_pipe(cps_loop *l, int fd, void *ctx, uint64_t now)
 static void pipe_wakes_the_loop(void **state)
 {
     (void)state;
-    cps_loop *l;
+    cps__loop *l;
     assert_int_equal(cps__loop_create(&l), 0);
     int fds[2];
     assert_int_equal(pipe(fds), 0);
@@ -220,7 +220,7 @@ typedef struct order_ctx {
     int n;
 } order_ctx;
 
-static int on_ordered(cps_loop *l, int fd, void *ctx, uint64_t now)
+static int on_ordered(cps__loop *l, int fd, void *ctx, uint64_t now)
 {
     (void)l, (void)now;
     order_ctx *o = ctx;
@@ -235,7 +235,7 @@ static int on_ordered(cps_loop *l, int fd, void *ctx, uint64_t now)
 static void first_fds_are_served_first(void **state)
 {
     (void)state;
-    cps_loop *l;
+    cps__loop *l;
     assert_int_equal(cps__loop_create(&l), 0);
     int a[2], b[2];
     assert_int_equal(pipe(a), 0);
@@ -256,7 +256,7 @@ static void first_fds_are_served_first(void **state)
     cps__loop_destroy(l);
 }
 
-static int fail_timer(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
+static int fail_timer(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)l, (void)id, (void)now;
     ++*(int *)ctx;
@@ -266,7 +266,7 @@ static int fail_timer(cps_loop *l, uint64_t id, void *ctx, uint64_t now)
 static void stop_and_errors_end_the_run(void **state)
 {
     (void)state;
-    cps_loop *l;
+    cps__loop *l;
     assert_int_equal(cps__loop_create(&l), 0);
     /* A stop from before the run: it returns at once. */
     cps__loop_stop(l);
@@ -302,7 +302,7 @@ typedef struct inbox {
 static void on_msg(void *ctx, void *buf, size_t len)
 {
     inbox *in = ctx;
-    cps_rx rx;
+    cps__rx rx;
     if (cps__rx_parse(&rx, buf, len) == 0) {
         in->n++;
         in->last_seq = rx.hdr.req_seq;
@@ -313,15 +313,15 @@ static void on_msg(void *ctx, void *buf, size_t len)
 static void transport_on_the_loop(void **state)
 {
     (void)state;
-    cps_tp *rx, *tx;
+    cps__tp *rx, *tx;
     uint16_t port = 0;
     assert_int_equal(cps__tp_create(NULL, &rx), 0);
     assert_int_equal(cps__tp_bind(rx, "127.0.0.1", 0, &port), 0);
     assert_int_equal(cps__tp_create(NULL, &tx), 0);
-    cps_loop *l;
+    cps__loop *l;
     assert_int_equal(cps__loop_create(&l), 0);
     inbox in = {0}, unused = {0};
-    cps_loop_tp arx, atx;
+    cps__loop_tp arx, atx;
     assert_int_equal(cps__loop_tp_attach(&arx, l, rx, on_msg, &in, 4), 0);
     assert_int_equal(cps__loop_tp_attach(&atx, l, tx, on_msg, &unused, 0), 0);
     char url[64];
@@ -331,7 +331,7 @@ static void transport_on_the_loop(void **state)
      * them once it is. */
     enum { N = 40 };
     for (int i = 1; i <= N; i++) {
-        cps_msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .sender = 2, .req_seq = (uint64_t)i};
+        cps__msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .sender = 2, .req_seq = (uint64_t)i};
         assert_int_equal(cps__msg_send(tx, 1, &h, NULL, 0), 0);
     }
     assert_true(cps__tp_queued(tx) > 0);
@@ -351,7 +351,7 @@ static void transport_on_the_loop(void **state)
     cps__loop_tp_detach(&arx);
     cps__loop_tp_detach(&arx); /* twice: a no-op */
     /* Detached: the inbox is no longer watched. */
-    cps_msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .sender = 2, .req_seq = 99};
+    cps__msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .sender = 2, .req_seq = 99};
     assert_int_equal(cps__msg_send(tx, 1, &h, NULL, 0), 0);
     assert_int_equal(cps__loop_run_once(l, 100), 0);
     assert_int_equal(in.n, N);

@@ -27,9 +27,9 @@ static const float G[STEPS][N] = {
     {0.05f, -0.2f, -1.0f, 0.75f, -0.4f},
 };
 
-static cps_param_spec spec_of(uint32_t kind, float lr)
+static cps__param_spec spec_of(uint32_t kind, float lr)
 {
-    cps_param_spec s;
+    cps__param_spec s;
     memset(&s, 0, sizeof s);
     s.opt_kind = kind;
     s.lr = lr;
@@ -37,7 +37,7 @@ static cps_param_spec spec_of(uint32_t kind, float lr)
 }
 
 /* Reference rules, double precision, element by element, from the header's formulas. */
-static void ref_run(const cps_param_spec *s, double *p, int steps)
+static void ref_run(const cps__param_spec *s, double *p, int steps)
 {
     double v[N] = {0}, m[N] = {0};
     double b1 = s->beta1, b2 = s->beta2, eps = s->eps, rho = s->rho;
@@ -73,7 +73,7 @@ static void ref_run(const cps_param_spec *s, double *p, int steps)
     }
 }
 
-static void impl_run(const cps_param_spec *s, float *p, int steps)
+static void impl_run(const cps__param_spec *s, float *p, int steps)
 {
     float state[2 * N] = {0};
     memcpy(p, P0, sizeof P0);
@@ -81,7 +81,7 @@ static void impl_run(const cps_param_spec *s, float *p, int steps)
         assert_int_equal(cps__optim_apply(s, p, state, G[t - 1], N, (uint64_t)t), 0);
 }
 
-static void check_against_ref(const cps_param_spec *s)
+static void check_against_ref(const cps__param_spec *s)
 {
     double ref[N];
     float got[N];
@@ -109,7 +109,7 @@ static void test_state_slots(void **st)
 static void test_sgd(void **st)
 {
     (void)st;
-    cps_param_spec s = spec_of(CPS_W_OPT_SGD, 0.1f);
+    cps__param_spec s = spec_of(CPS_W_OPT_SGD, 0.1f);
     float p[N];
     impl_run(&s, p, 1);
     /* By hand: 1 - 0.1*0.5, -2 - 0.1*(-1), 0.5 - 0.1*0.25, 3 - 0.1*2, 0. */
@@ -124,7 +124,7 @@ static void test_sgd(void **st)
 static void test_momentum(void **st)
 {
     (void)st;
-    cps_param_spec s = spec_of(CPS_W_OPT_MOMENTUM, 0.1f);
+    cps__param_spec s = spec_of(CPS_W_OPT_MOMENTUM, 0.1f);
     s.momentum = 0.9f;
     float p[N];
     impl_run(&s, p, 2);
@@ -136,7 +136,7 @@ static void test_momentum(void **st)
 static void test_nesterov(void **st)
 {
     (void)st;
-    cps_param_spec s = spec_of(CPS_W_OPT_MOMENTUM, 0.1f);
+    cps__param_spec s = spec_of(CPS_W_OPT_MOMENTUM, 0.1f);
     s.momentum = 0.9f;
     s.nesterov = 1;
     float p[N];
@@ -150,7 +150,7 @@ static void test_nesterov(void **st)
 static void test_adagrad(void **st)
 {
     (void)st;
-    cps_param_spec s = spec_of(CPS_W_OPT_ADAGRAD, 0.5f);
+    cps__param_spec s = spec_of(CPS_W_OPT_ADAGRAD, 0.5f);
     s.eps = 1e-10f;
     float p[N];
     impl_run(&s, p, 1);
@@ -164,7 +164,7 @@ static void test_adagrad(void **st)
 static void test_adam(void **st)
 {
     (void)st;
-    cps_param_spec s = spec_of(CPS_W_OPT_ADAM, 0.01f);
+    cps__param_spec s = spec_of(CPS_W_OPT_ADAM, 0.01f);
     s.beta1 = 0.9f;
     s.beta2 = 0.999f;
     s.eps = 1e-8f;
@@ -180,7 +180,7 @@ static void test_adam(void **st)
 static void test_rmsprop(void **st)
 {
     (void)st;
-    cps_param_spec s = spec_of(CPS_W_OPT_RMSPROP, 0.01f);
+    cps__param_spec s = spec_of(CPS_W_OPT_RMSPROP, 0.01f);
     s.rho = 0.9f;
     s.eps = 1e-8f;
     float p[N];
@@ -193,7 +193,7 @@ static void test_rmsprop(void **st)
 static void test_weight_decay(void **st)
 {
     (void)st;
-    cps_param_spec s = spec_of(CPS_W_OPT_SGD, 0.1f);
+    cps__param_spec s = spec_of(CPS_W_OPT_SGD, 0.1f);
     s.weight_decay = 0.5f;
     float p[N];
     impl_run(&s, p, 1);
@@ -203,7 +203,7 @@ static void test_weight_decay(void **st)
     check_against_ref(&s);
     uint32_t kinds[] = {CPS_W_OPT_MOMENTUM, CPS_W_OPT_ADAGRAD, CPS_W_OPT_ADAM, CPS_W_OPT_RMSPROP};
     for (size_t k = 0; k < 4; k++) {
-        cps_param_spec w = spec_of(kinds[k], 0.05f);
+        cps__param_spec w = spec_of(kinds[k], 0.05f);
         w.weight_decay = 0.1f;
         w.momentum = 0.5f;
         w.beta1 = 0.8f;
@@ -214,7 +214,7 @@ static void test_weight_decay(void **st)
     }
 }
 
-static void same_bits(const cps_param_spec *a, const cps_param_spec *b)
+static void same_bits(const cps__param_spec *a, const cps__param_spec *b)
 {
     float pa[N], pb[N];
     impl_run(a, pa, STEPS);
@@ -225,7 +225,7 @@ static void same_bits(const cps_param_spec *a, const cps_param_spec *b)
 static void test_defaults(void **st)
 {
     (void)st;
-    cps_param_spec z = spec_of(CPS_W_OPT_ADAM, 0.01f), d = z;
+    cps__param_spec z = spec_of(CPS_W_OPT_ADAM, 0.01f), d = z;
     d.beta1 = 0.9f, d.beta2 = 0.999f, d.eps = 1e-8f;
     same_bits(&z, &d);
     check_against_ref(&d);
@@ -238,7 +238,7 @@ static void test_defaults(void **st)
     d.rho = 0.9f, d.eps = 1e-8f;
     same_bits(&z, &d);
 
-    cps_param_spec r = spec_of(CPS_W_OPT_RMSPROP, 0.01f);
+    cps__param_spec r = spec_of(CPS_W_OPT_RMSPROP, 0.01f);
     cps__optim_spec_defaults(&r);
     assert_true(r.rho == 0.9f && r.eps == 1e-8f && r.beta1 == 0.0f);
     r = spec_of(CPS_W_OPT_SGD, 0.01f);
@@ -250,12 +250,12 @@ static void test_errors(void **st)
 {
     (void)st;
     float p[2] = {1, 2}, g[2] = {1, 1}, s[4] = {0};
-    cps_param_spec a = spec_of(CPS_W_OPT_ADAM, 0.1f);
+    cps__param_spec a = spec_of(CPS_W_OPT_ADAM, 0.1f);
     assert_int_equal(cps__optim_apply(&a, p, s, g, 2, 0), CPS_EINVAL);
     assert_int_equal(cps__optim_apply(&a, p, NULL, g, 2, 1), CPS_EINVAL);
-    cps_param_spec bad = spec_of(99, 0.1f);
+    cps__param_spec bad = spec_of(99, 0.1f);
     assert_int_equal(cps__optim_apply(&bad, p, s, g, 2, 1), CPS_EINVAL);
-    cps_param_spec sgd = spec_of(CPS_W_OPT_SGD, 0.1f);
+    cps__param_spec sgd = spec_of(CPS_W_OPT_SGD, 0.1f);
     assert_int_equal(cps__optim_apply(&sgd, p, NULL, g, 2, 1), 0);
 }
 
@@ -267,7 +267,7 @@ static void test_alignment_independent(void **st)
     enum { M = 67 };
     static float pa[M + 8], pb[M + 8], sa[2 * M + 8], sb[2 * M + 8], g[M + 8], gb[M + 8];
     for (uint32_t kind = 0; kind <= CPS_W_OPT_RMSPROP; kind++) {
-        cps_param_spec s = spec_of(kind, 0.01f);
+        cps__param_spec s = spec_of(kind, 0.01f);
         s.momentum = 0.9f;
         s.weight_decay = 0.01f;
         memset(sa, 0, sizeof sa);
@@ -285,7 +285,7 @@ static void test_alignment_independent(void **st)
     }
     /* Split: elements are independent, so two calls over halves equal one call (SGD, no state
      * layout issue). */
-    cps_param_spec s = spec_of(CPS_W_OPT_SGD, 0.01f);
+    cps__param_spec s = spec_of(CPS_W_OPT_SGD, 0.01f);
     for (int i = 0; i < M; i++)
         pa[i] = pb[i] = (float)i;
     assert_int_equal(cps__optim_apply(&s, pa, NULL, g, M, 1), 0);
@@ -306,7 +306,7 @@ static void test_apply_copy(void **st)
     float *g = malloc(M * sizeof(float));
     assert_non_null(src && ref && dst && keep && g);
     for (uint32_t kind = 0; kind <= CPS_W_OPT_RMSPROP; kind++) {
-        cps_param_spec s = spec_of(kind, 0.01f);
+        cps__param_spec s = spec_of(kind, 0.01f);
         s.momentum = 0.9f;
         s.weight_decay = 0.01f;
         s.nesterov = kind == CPS_W_OPT_MOMENTUM;
@@ -323,9 +323,9 @@ static void test_apply_copy(void **st)
         assert_memory_equal(dst, ref, bytes);
         assert_memory_equal(src, keep, bytes);
     }
-    cps_param_spec a = spec_of(CPS_W_OPT_ADAM, 0.1f);
+    cps__param_spec a = spec_of(CPS_W_OPT_ADAM, 0.1f);
     assert_int_equal(cps__optim_apply_copy(&a, src, dst, g, M, 0), CPS_EINVAL);
-    cps_param_spec bad = spec_of(99, 0.1f);
+    cps__param_spec bad = spec_of(99, 0.1f);
     assert_int_equal(cps__optim_apply_copy(&bad, src, dst, g, M, 1), CPS_EINVAL);
     free(src);
     free(ref);
@@ -365,9 +365,9 @@ static void test_vec_ops(void **st)
 
 /* ---- init ---- */
 
-static cps_param_spec init_spec(uint32_t kind, float a, float b, uint64_t seed)
+static cps__param_spec init_spec(uint32_t kind, float a, float b, uint64_t seed)
 {
-    cps_param_spec s = spec_of(CPS_W_OPT_SGD, 0.1f);
+    cps__param_spec s = spec_of(CPS_W_OPT_SGD, 0.1f);
     s.init_kind = kind;
     s.init_a = a;
     s.init_b = b;
@@ -381,7 +381,7 @@ static void test_init_chunking(void **st)
     enum { M = 1000 };
     float whole[M], pieces[M];
     for (uint32_t kind = CPS_W_INIT_UNIFORM; kind <= CPS_W_INIT_NORMAL; kind++) {
-        cps_param_spec s = init_spec(kind, -1.0f, 2.0f, 12345);
+        cps__param_spec s = init_spec(kind, -1.0f, 2.0f, 12345);
         cps__init_fill(&s, 0, whole, M);
         for (size_t off = 0; off < M;) {
             size_t k = 1 + (off * 7) % 13;
@@ -404,7 +404,7 @@ static void test_init_chunking(void **st)
         assert_memory_equal(whole, pieces, sizeof whole);
 
         /* Another seed gives other values. */
-        cps_param_spec o = init_spec(kind, -1.0f, 2.0f, 12346);
+        cps__param_spec o = init_spec(kind, -1.0f, 2.0f, 12346);
         cps__init_fill(&o, 0, pieces, M);
         int same = 0;
         for (int i = 0; i < M; i++)
@@ -419,7 +419,7 @@ static void test_init_uniform(void **st)
     enum { M = 100000 };
     float *v = malloc(M * sizeof(float));
     assert_non_null(v);
-    cps_param_spec s = init_spec(CPS_W_INIT_UNIFORM, -0.5f, 0.25f, 7);
+    cps__param_spec s = init_spec(CPS_W_INIT_UNIFORM, -0.5f, 0.25f, 7);
     cps__init_fill(&s, 0, v, M);
     double sum = 0, lo = 1, hi = -1;
     int low_q = 0;
@@ -448,7 +448,7 @@ static void test_init_normal(void **st)
     enum { M = 100000 };
     float *v = malloc(M * sizeof(float));
     assert_non_null(v);
-    cps_param_spec s = init_spec(CPS_W_INIT_NORMAL, 2.0f, 3.0f, 99);
+    cps__param_spec s = init_spec(CPS_W_INIT_NORMAL, 2.0f, 3.0f, 99);
     cps__init_fill(&s, 0, v, M);
     double sum = 0, sq = 0;
     int within1 = 0, within2 = 0;
@@ -474,7 +474,7 @@ static void test_init_zeros_constant(void **st)
 {
     (void)st;
     float v[33];
-    cps_param_spec s = init_spec(CPS_W_INIT_CONSTANT, 0.125f, 0, 1);
+    cps__param_spec s = init_spec(CPS_W_INIT_CONSTANT, 0.125f, 0, 1);
     cps__init_fill(&s, 5, v, 33);
     for (int i = 0; i < 33; i++)
         assert_true(v[i] == 0.125f);

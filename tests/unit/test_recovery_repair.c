@@ -14,7 +14,7 @@
 
 /* Servers 1..nservers and one worker (id 9); range r's chain is chains[r] (0-terminated), so
  * each test states the exact placement it reasons about. */
-static void make_view(cps_view *v, uint32_t nservers, uint32_t replicas, uint32_t nranges,
+static void make_view(cps__view *v, uint32_t nservers, uint32_t replicas, uint32_t nranges,
                       const uint32_t chains[][CPS_MAX_REPLICAS + 1])
 {
     cps__view_init(v);
@@ -26,7 +26,7 @@ static void make_view(cps_view *v, uint32_t nservers, uint32_t replicas, uint32_
     v->nodes = calloc(v->nnodes, sizeof *v->nodes);
     assert_non_null(v->nodes);
     for (uint32_t i = 0; i < v->nnodes; i++) {
-        cps_node_info *n = &v->nodes[i];
+        cps__node_info *n = &v->nodes[i];
         n->id = i < nservers ? i + 1 : 9;
         n->role = i < nservers ? CPS_ROLE_SERVER : CPS_ROLE_WORKER;
         n->rank = i < nservers ? i : 0;
@@ -44,22 +44,22 @@ static void make_view(cps_view *v, uint32_t nservers, uint32_t replicas, uint32_
     }
 }
 
-static cps_repair *make_repair(uint32_t nranges)
+static cps__repair *make_repair(uint32_t nranges)
 {
-    cps_repair_config cfg = {nranges, GIVE_UP_MS, 0};
-    cps_repair *rp = NULL;
-    assert_int_equal(cps_repair_create(&cfg, &rp), 0);
+    cps__repair_config cfg = {nranges, GIVE_UP_MS, 0};
+    cps__repair *rp = NULL;
+    assert_int_equal(cps__repair_create(&cfg, &rp), 0);
     return rp;
 }
 
-static void set_alive(cps_view *v, uint32_t id, int alive)
+static void set_alive(cps__view *v, uint32_t id, int alive)
 {
     for (uint32_t i = 0; i < v->nnodes; i++)
         if (v->nodes[i].id == id)
             v->nodes[i].alive = (uint8_t)alive;
 }
 
-static void assert_chain(const cps_view *v, uint32_t r, const uint32_t *want, uint32_t n)
+static void assert_chain(const cps__view *v, uint32_t r, const uint32_t *want, uint32_t n)
 {
     assert_int_equal(v->ranges[r].chain_len, n);
     for (uint32_t j = 0; j < n; j++)
@@ -67,24 +67,24 @@ static void assert_chain(const cps_view *v, uint32_t r, const uint32_t *want, ui
 }
 
 /* One tick; its only action, which must be a JOIN of `range` by `node` from `source`. */
-static uint64_t expect_one_join(cps_repair *rp, const cps_view *v, uint64_t now, uint32_t range,
+static uint64_t expect_one_join(cps__repair *rp, const cps__view *v, uint64_t now, uint32_t range,
                                 uint32_t node, uint32_t source)
 {
-    assert_int_equal(cps_repair_tick(rp, v, now), 1);
-    const cps_repair_action *a;
-    assert_int_equal(cps_repair_actions(rp, &a), 1);
+    assert_int_equal(cps__repair_tick(rp, v, now), 1);
+    const cps__repair_action *a;
+    assert_int_equal(cps__repair_actions(rp, &a), 1);
     assert_int_equal(a[0].kind, CPS_RA_JOIN);
     assert_int_equal(a[0].range, range);
     assert_int_equal(a[0].node, node);
     assert_int_equal(a[0].source, source);
     assert_true(a[0].join_id > 0);
-    assert_int_equal(cps_repair_joiner(rp, range, NULL), node);
+    assert_int_equal(cps__repair_joiner(rp, range, NULL), node);
     return a[0].join_id;
 }
 
 /* Servers 1..3, one range on 1 -> 2 with R = 3: server 3 is ordered to copy it from 2. Returns
  * that join's id. */
-static uint64_t one_short_range(cps_view *v, cps_repair **rp)
+static uint64_t one_short_range(cps__view *v, cps__repair **rp)
 {
     static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2}};
     make_view(v, 3, 3, 1, chains);
@@ -94,14 +94,14 @@ static uint64_t one_short_range(cps_view *v, cps_repair **rp)
 
 /* Servers 1..4, two ranges on 1 -> 2 with R = 3: server 3 copies range 0 and server 4 range 1
  * (balanced). Their join ids go to id[0..1]. */
-static void two_short_ranges(cps_view *v, cps_repair **rp, uint64_t id[2])
+static void two_short_ranges(cps__view *v, cps__repair **rp, uint64_t id[2])
 {
     static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2}, {1, 2}};
     make_view(v, 4, 3, 2, chains);
     *rp = make_repair(2);
-    assert_int_equal(cps_repair_tick(*rp, v, 0), 2);
-    const cps_repair_action *a;
-    assert_int_equal(cps_repair_actions(*rp, &a), 2);
+    assert_int_equal(cps__repair_tick(*rp, v, 0), 2);
+    const cps__repair_action *a;
+    assert_int_equal(cps__repair_actions(*rp, &a), 2);
     assert_int_equal(a[0].node, 3);
     assert_int_equal(a[1].node, 4);
     id[0] = a[0].join_id;
@@ -111,12 +111,12 @@ static void two_short_ranges(cps_view *v, cps_repair **rp, uint64_t id[2])
 static void config_is_checked(void **state)
 {
     (void)state;
-    cps_repair *rp = NULL;
-    cps_repair_config cfg = {4, 0, 0};
-    assert_int_equal(cps_repair_create(&cfg, &rp), CPS_EINVAL);
-    assert_int_equal(cps_repair_create(NULL, &rp), CPS_EINVAL);
+    cps__repair *rp = NULL;
+    cps__repair_config cfg = {4, 0, 0};
+    assert_int_equal(cps__repair_create(&cfg, &rp), CPS_EINVAL);
+    assert_int_equal(cps__repair_create(NULL, &rp), CPS_EINVAL);
     assert_null(rp);
-    cps_repair_destroy(NULL);
+    cps__repair_destroy(NULL);
 }
 
 /* A dead head, middle or tail leaves the chain; the others keep their order. */
@@ -126,41 +126,41 @@ static void join_ids_start_above_the_floor(void **state)
 {
     (void)state;
     static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2}};
-    cps_view v;
+    cps__view v;
     make_view(&v, 3, 3, 1, chains);
-    cps_repair_config cfg = {1, GIVE_UP_MS, 7ull << 32};
-    cps_repair *rp = NULL;
-    assert_int_equal(cps_repair_create(&cfg, &rp), 0);
-    assert_int_equal(cps_repair_tick(rp, &v, 0), 1);
-    const cps_repair_action *a;
-    assert_int_equal(cps_repair_actions(rp, &a), 1);
+    cps__repair_config cfg = {1, GIVE_UP_MS, 7ull << 32};
+    cps__repair *rp = NULL;
+    assert_int_equal(cps__repair_create(&cfg, &rp), 0);
+    assert_int_equal(cps__repair_tick(rp, &v, 0), 1);
+    const cps__repair_action *a;
+    assert_int_equal(cps__repair_actions(rp, &a), 1);
     assert_true(a[0].join_id > 7ull << 32);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 static void dead_head_middle_tail_leave_in_order(void **state)
 {
     (void)state;
     static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2, 3}, {2, 3, 4}, {3, 4, 1}};
-    cps_view v, w;
+    cps__view v, w;
     make_view(&v, 4, 3, 3, chains);
-    cps_repair *rp = make_repair(3);
+    cps__repair *rp = make_repair(3);
     cps__view_init(&w);
     uint32_t lost = 99;
-    assert_int_equal(cps_repair_declare_dead(rp, &v, 3, &w, &lost), 0);
+    assert_int_equal(cps__repair_declare_dead(rp, &v, 3, &w, &lost), 0);
     assert_int_equal(w.epoch, v.epoch + 1);
     assert_int_equal(lost, 0);
     assert_false(cps__view_node(&w, 3)->alive);
     assert_chain(&w, 0, (const uint32_t[]){1, 2}, 2); /* tail died: 2 is the tail */
     assert_chain(&w, 1, (const uint32_t[]){2, 4}, 2); /* middle died: 2 links to 4 */
     assert_chain(&w, 2, (const uint32_t[]){4, 1}, 2); /* head died: 4 is the head */
-    const cps_repair_action *a;
-    assert_int_equal(cps_repair_actions(rp, &a), 0);
-    assert_int_equal(cps_repair_declare_dead(rp, &v, 77, &w, NULL), CPS_ENOTFOUND);
+    const cps__repair_action *a;
+    assert_int_equal(cps__repair_actions(rp, &a), 0);
+    assert_int_equal(cps__repair_declare_dead(rp, &v, 77, &w, NULL), CPS_ENOTFOUND);
     cps__view_fini(&w);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* The last replica of a range stays (dead): the range waits, it is not repaired from nothing. */
@@ -168,19 +168,19 @@ static void last_replica_stays_and_is_not_repaired(void **state)
 {
     (void)state;
     static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1}, {2}};
-    cps_view v, w;
+    cps__view v, w;
     make_view(&v, 3, 2, 2, chains);
-    cps_repair *rp = make_repair(2);
+    cps__repair *rp = make_repair(2);
     cps__view_init(&w);
     uint32_t lost = 0;
-    assert_int_equal(cps_repair_declare_dead(rp, &v, 1, &w, &lost), 0);
+    assert_int_equal(cps__repair_declare_dead(rp, &v, 1, &w, &lost), 0);
     assert_int_equal(lost, 1);
     assert_chain(&w, 0, (const uint32_t[]){1}, 1);
     /* Range 1 (one live replica of 2) is repaired; range 0 (none live) is not. */
     expect_one_join(rp, &w, 0, 1, 3, 2);
     cps__view_fini(&w);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* A range under R is copied from its live tail onto the least loaded live server not in it. */
@@ -191,15 +191,15 @@ static void short_range_is_copied_from_its_tail_to_the_least_loaded(void **state
      * its last replica (3) is dead though still listed, so its live tail is 2. */
     static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {
         {1, 2, 3}, {1, 4, 5}, {2, 4, 1}, {1, 2, 3}};
-    cps_view v;
+    cps__view v;
     make_view(&v, 6, 3, 4, chains);
     set_alive(&v, 3, 0);
     set_alive(&v, 6, 0);
-    cps_repair *rp = make_repair(4);
+    cps__repair *rp = make_repair(4);
     /* Range 3 is short too: 5 now copies range 0, so 4 and 5 tie at two and the first wins. */
-    assert_int_equal(cps_repair_tick(rp, &v, 100), 2);
-    const cps_repair_action *a;
-    assert_int_equal(cps_repair_actions(rp, &a), 2);
+    assert_int_equal(cps__repair_tick(rp, &v, 100), 2);
+    const cps__repair_action *a;
+    assert_int_equal(cps__repair_actions(rp, &a), 2);
     assert_int_equal(a[0].kind, CPS_RA_JOIN);
     assert_int_equal(a[0].range, 0);
     assert_int_equal(a[0].node, 5);
@@ -211,12 +211,12 @@ static void short_range_is_copied_from_its_tail_to_the_least_loaded(void **state
     assert_int_equal(a[1].source, 2);
     assert_true(a[1].join_id > a[0].join_id);
     uint32_t src = 0;
-    assert_int_equal(cps_repair_joiner(rp, 3, &src), 4);
+    assert_int_equal(cps__repair_joiner(rp, 3, &src), 4);
     assert_int_equal(src, 2);
     /* Joins under way are not started twice. */
-    assert_int_equal(cps_repair_tick(rp, &v, 200), 0);
+    assert_int_equal(cps__repair_tick(rp, &v, 200), 0);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* A replica of the range is never its own copier, even when it is the least loaded server. */
@@ -224,12 +224,12 @@ static void a_member_never_copies_its_own_range(void **state)
 {
     (void)state;
     static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1}, {2, 3}, {3, 2}, {2, 3}};
-    cps_view v;
+    cps__view v;
     make_view(&v, 3, 2, 4, chains);
-    cps_repair *rp = make_repair(4);
+    cps__repair *rp = make_repair(4);
     expect_one_join(rp, &v, 0, 0, 2, 1);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* Equal loads: joins spread over the spares instead of piling onto the first. */
@@ -237,13 +237,13 @@ static void placement_is_balanced(void **state)
 {
     (void)state;
     static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1}, {1}, {2}, {2}};
-    cps_view v;
+    cps__view v;
     make_view(&v, 4, 2, 4, chains);
-    cps_repair *rp = make_repair(4);
-    assert_int_equal(cps_repair_tick(rp, &v, 0), 4);
+    cps__repair *rp = make_repair(4);
+    assert_int_equal(cps__repair_tick(rp, &v, 0), 4);
     uint32_t load[5] = {0};
     for (uint32_t r = 0; r < 4; r++) {
-        uint32_t j = cps_repair_joiner(rp, r, NULL);
+        uint32_t j = cps__repair_joiner(rp, r, NULL);
         assert_true(j >= 1 && j <= 4);
         assert_int_not_equal(j, v.ranges[r].chain[0]);
         load[j]++;
@@ -254,7 +254,7 @@ static void placement_is_balanced(void **state)
     assert_int_equal(load[3], 2);
     assert_int_equal(load[4], 2);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* Every live server already in the chain, or only dead or worker nodes outside it: no join. */
@@ -262,46 +262,46 @@ static void no_repair_without_a_spare(void **state)
 {
     (void)state;
     static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2}, {2, 1}};
-    cps_view v;
+    cps__view v;
     make_view(&v, 3, 3, 2, chains);
     set_alive(&v, 3, 0);
-    cps_repair *rp = make_repair(2);
-    assert_int_equal(cps_repair_tick(rp, &v, 0), 0);
-    assert_int_equal(cps_repair_joiner(rp, 0, NULL), 0);
+    cps__repair *rp = make_repair(2);
+    assert_int_equal(cps__repair_tick(rp, &v, 0), 0);
+    assert_int_equal(cps__repair_joiner(rp, 0, NULL), 0);
     /* Full chains: nothing to do either. */
     set_alive(&v, 3, 1);
     v.replicas = 2;
-    assert_int_equal(cps_repair_tick(rp, &v, 0), 0);
+    assert_int_equal(cps__repair_tick(rp, &v, 0), 0);
     /* A view of another range count is refused. */
-    cps_repair *other = make_repair(3);
-    assert_int_equal(cps_repair_tick(other, &v, 0), CPS_EINVAL);
-    cps_repair_destroy(other);
+    cps__repair *other = make_repair(3);
+    assert_int_equal(cps__repair_tick(other, &v, 0), CPS_EINVAL);
+    cps__repair_destroy(other);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* CAUGHT_UP appends the joiner as tail only for the current join's id and joiner. */
 static void caught_up_appends_only_the_current_join(void **state)
 {
     (void)state;
-    cps_view v;
-    cps_repair *rp;
+    cps__view v;
+    cps__repair *rp;
     uint64_t id = one_short_range(&v, &rp);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id - 1, 0, 0), CPS_REPAIR_IGNORED);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 1, 0, id, 0, 0), CPS_REPAIR_IGNORED);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 5, id, 0, 0), CPS_REPAIR_IGNORED);
-    assert_int_equal(cps_repair_joiner(rp, 0, NULL), 3);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 0, 0), CPS_REPAIR_APPEND);
-    assert_int_equal(cps_repair_joiner(rp, 0, NULL), 0);
-    assert_int_equal(cps_repair_unconfirmed(rp, 0), 3);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, id - 1, 0, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 1, 0, id, 0, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 5, id, 0, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps__repair_joiner(rp, 0, NULL), 3);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, id, 0, 0), CPS_REPAIR_APPEND);
+    assert_int_equal(cps__repair_joiner(rp, 0, NULL), 0);
+    assert_int_equal(cps__repair_unconfirmed(rp, 0), 3);
     /* A duplicate of that report changes nothing. */
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 0, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, id, 0, 0), CPS_REPAIR_IGNORED);
     /* The confirmation must name the same join. */
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id + 1, 1, 0), CPS_REPAIR_IGNORED);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 1, 0), CPS_REPAIR_CONFIRMED);
-    assert_int_equal(cps_repair_unconfirmed(rp, 0), 0);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, id + 1, 1, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, id, 1, 0), CPS_REPAIR_CONFIRMED);
+    assert_int_equal(cps__repair_unconfirmed(rp, 0), 0);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* A join past its deadline is abandoned and started afresh; the old join's late CAUGHT_UP (same
@@ -309,13 +309,13 @@ static void caught_up_appends_only_the_current_join(void **state)
 static void stale_caught_up_after_a_retry_is_ignored(void **state)
 {
     (void)state;
-    cps_view v;
-    cps_repair *rp;
+    cps__view v;
+    cps__repair *rp;
     uint64_t first = one_short_range(&v, &rp);
-    assert_int_equal(cps_repair_tick(rp, &v, GIVE_UP_MS), 0); /* at the deadline: still on */
-    assert_int_equal(cps_repair_tick(rp, &v, GIVE_UP_MS + 1), 2);
-    const cps_repair_action *a;
-    assert_int_equal(cps_repair_actions(rp, &a), 2);
+    assert_int_equal(cps__repair_tick(rp, &v, GIVE_UP_MS), 0); /* at the deadline: still on */
+    assert_int_equal(cps__repair_tick(rp, &v, GIVE_UP_MS + 1), 2);
+    const cps__repair_action *a;
+    assert_int_equal(cps__repair_actions(rp, &a), 2);
     assert_int_equal(a[0].kind, CPS_RA_TIMED_OUT);
     assert_int_equal(a[0].node, 3);
     assert_int_equal(a[0].join_id, first);
@@ -323,111 +323,111 @@ static void stale_caught_up_after_a_retry_is_ignored(void **state)
     assert_int_equal(a[1].node, 3);
     uint64_t second = a[1].join_id;
     assert_true(second > first);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, first, 0, 0), CPS_REPAIR_IGNORED);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, second, 0, 0), CPS_REPAIR_APPEND);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, first, 0, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, second, 0, 0), CPS_REPAIR_APPEND);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* A joiner the view counts dead, or one already in the chain, is not appended. */
 static void caught_up_from_a_dead_or_member_joiner_is_ignored(void **state)
 {
     (void)state;
-    cps_view v;
-    cps_repair *rp;
+    cps__view v;
+    cps__repair *rp;
     uint64_t id[2];
     two_short_ranges(&v, &rp, id);
     set_alive(&v, 3, 0);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id[0], 0, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, id[0], 0, 0), CPS_REPAIR_IGNORED);
     v.ranges[1].chain[v.ranges[1].chain_len++] = 4;
-    assert_int_equal(cps_repair_caught_up(rp, &v, 4, 1, id[1], 0, 0), CPS_REPAIR_IGNORED);
-    assert_int_equal(cps_repair_joiner(rp, 1, NULL), 0);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 4, 1, id[1], 0, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps__repair_joiner(rp, 1, NULL), 0);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* A joiner that gives up (aux 2) frees the range for the next round. */
 static void joiner_giving_up_is_retried(void **state)
 {
     (void)state;
-    cps_view v;
-    cps_repair *rp;
+    cps__view v;
+    cps__repair *rp;
     uint64_t id = one_short_range(&v, &rp);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 2, 0, id, 2, 0), CPS_REPAIR_IGNORED);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 2, 0), CPS_REPAIR_RETRY);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 2, 0, id, 2, 0), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, id, 2, 0), CPS_REPAIR_RETRY);
     uint64_t again = expect_one_join(rp, &v, 10, 0, 3, 2);
     assert_true(again > id);
     /* A join order that could not be sent is forgotten too. */
-    cps_repair_join_unsent(rp, 0, again + 1); /* not this join: kept */
-    assert_int_equal(cps_repair_joiner(rp, 0, NULL), 3);
-    cps_repair_join_unsent(rp, 0, again);
-    assert_int_equal(cps_repair_joiner(rp, 0, NULL), 0);
+    cps__repair_join_unsent(rp, 0, again + 1); /* not this join: kept */
+    assert_int_equal(cps__repair_joiner(rp, 0, NULL), 3);
+    cps__repair_join_unsent(rp, 0, again);
+    assert_int_equal(cps__repair_joiner(rp, 0, NULL), 0);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* The joiner or the tail it copies from dies: that join will not finish. */
 static void join_abandoned_when_joiner_or_source_dies(void **state)
 {
     (void)state;
-    cps_view v, w;
-    cps_repair *rp;
+    cps__view v, w;
+    cps__repair *rp;
     uint64_t id[2];
     two_short_ranges(&v, &rp, id);
     cps__view_init(&w);
-    assert_int_equal(cps_repair_declare_dead(rp, &v, 3, &w, NULL), 0);
-    assert_int_equal(cps_repair_joiner(rp, 0, NULL), 0);
-    assert_int_not_equal(cps_repair_joiner(rp, 1, NULL), 0);
-    assert_int_equal(cps_repair_declare_dead(rp, &v, 2, &w, NULL), 0); /* the source */
-    assert_int_equal(cps_repair_joiner(rp, 1, NULL), 0);
+    assert_int_equal(cps__repair_declare_dead(rp, &v, 3, &w, NULL), 0);
+    assert_int_equal(cps__repair_joiner(rp, 0, NULL), 0);
+    assert_int_not_equal(cps__repair_joiner(rp, 1, NULL), 0);
+    assert_int_equal(cps__repair_declare_dead(rp, &v, 2, &w, NULL), 0); /* the source */
+    assert_int_equal(cps__repair_joiner(rp, 1, NULL), 0);
     cps__view_fini(&w);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* A joined tail not yet confirmed leaves with its predecessor; once confirmed it stays. */
 static void unconfirmed_tail_leaves_with_its_predecessor(void **state)
 {
     (void)state;
-    cps_view v, w;
-    cps_repair *rp;
+    cps__view v, w;
+    cps__repair *rp;
     uint64_t id[2];
     two_short_ranges(&v, &rp, id);
     const uint32_t j0 = 3, j1 = 4;
     uint64_t id0 = id[0], id1 = id[1];
-    const cps_repair_action *a;
-    assert_int_equal(cps_repair_caught_up(rp, &v, j0, 0, id0, 0, 0), CPS_REPAIR_APPEND);
+    const cps__repair_action *a;
+    assert_int_equal(cps__repair_caught_up(rp, &v, j0, 0, id0, 0, 0), CPS_REPAIR_APPEND);
     v.ranges[0].chain[v.ranges[0].chain_len++] = j0;
-    assert_int_equal(cps_repair_caught_up(rp, &v, j1, 1, id1, 0, 0), CPS_REPAIR_APPEND);
+    assert_int_equal(cps__repair_caught_up(rp, &v, j1, 1, id1, 0, 0), CPS_REPAIR_APPEND);
     v.ranges[1].chain[v.ranges[1].chain_len++] = j1;
-    assert_int_equal(cps_repair_caught_up(rp, &v, j1, 1, id1, 1, 0), CPS_REPAIR_CONFIRMED);
+    assert_int_equal(cps__repair_caught_up(rp, &v, j1, 1, id1, 1, 0), CPS_REPAIR_CONFIRMED);
     cps__view_init(&w);
-    assert_int_equal(cps_repair_declare_dead(rp, &v, 2, &w, NULL), 0);
+    assert_int_equal(cps__repair_declare_dead(rp, &v, 2, &w, NULL), 0);
     assert_chain(&w, 0, (const uint32_t[]){1}, 1);     /* j0 left with 2 */
     assert_chain(&w, 1, (const uint32_t[]){1, j1}, 2); /* j1 was confirmed: it stays */
-    assert_int_equal(cps_repair_actions(rp, &a), 1);
+    assert_int_equal(cps__repair_actions(rp, &a), 1);
     assert_int_equal(a[0].kind, CPS_RA_EVICTED);
     assert_int_equal(a[0].range, 0);
     assert_int_equal(a[0].node, j0);
     assert_int_equal(a[0].source, 2);
-    assert_int_equal(cps_repair_unconfirmed(rp, 0), 0);
+    assert_int_equal(cps__repair_unconfirmed(rp, 0), 0);
     /* Range 0 is copied afresh (onto a server outside it: j0 is in no chain of w's range 0). */
-    assert_int_equal(cps_repair_tick(rp, &w, 10), 2);
-    assert_int_not_equal(cps_repair_joiner(rp, 0, NULL), 0);
+    assert_int_equal(cps__repair_tick(rp, &w, 10), 2);
+    assert_int_not_equal(cps__repair_joiner(rp, 0, NULL), 0);
     cps__view_fini(&w);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* Servers 1..4, one range on 1 -> 2 with R = 4: server 3 copies it and joins as its tail at
  * `at`, unconfirmed; server 4 is spare. Returns the join's id. */
-static uint64_t unconfirmed_third_replica(cps_view *v, cps_repair **rp, uint64_t at)
+static uint64_t unconfirmed_third_replica(cps__view *v, cps__repair **rp, uint64_t at)
 {
     static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2}};
     make_view(v, 4, 4, 1, chains);
     *rp = make_repair(1);
     uint64_t id = expect_one_join(*rp, v, 0, 0, 3, 2);
-    assert_int_equal(cps_repair_caught_up(*rp, v, 3, 0, id, 0, at), CPS_REPAIR_APPEND);
+    assert_int_equal(cps__repair_caught_up(*rp, v, 3, 0, id, 0, at), CPS_REPAIR_APPEND);
     v->ranges[0].chain[v->ranges[0].chain_len++] = 3;
     return id;
 }
@@ -437,27 +437,27 @@ static uint64_t unconfirmed_third_replica(cps_view *v, cps_repair **rp, uint64_t
 static void no_copy_from_an_unconfirmed_tail(void **state)
 {
     (void)state;
-    cps_view v;
-    cps_repair *rp;
+    cps__view v;
+    cps__repair *rp;
     uint64_t id = unconfirmed_third_replica(&v, &rp, 0);
-    assert_int_equal(cps_repair_tick(rp, &v, 10), 0);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 1, 0), CPS_REPAIR_CONFIRMED);
+    assert_int_equal(cps__repair_tick(rp, &v, 10), 0);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, id, 1, 0), CPS_REPAIR_CONFIRMED);
     expect_one_join(rp, &v, 20, 0, 4, 3);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* A confirmation lost on the way holds the range's repairs back only for join_give_up_ms. */
 static void lost_confirmation_holds_repairs_for_a_while(void **state)
 {
     (void)state;
-    cps_view v;
-    cps_repair *rp;
+    cps__view v;
+    cps__repair *rp;
     unconfirmed_third_replica(&v, &rp, 100);
-    assert_int_equal(cps_repair_tick(rp, &v, 100 + GIVE_UP_MS), 0);
+    assert_int_equal(cps__repair_tick(rp, &v, 100 + GIVE_UP_MS), 0);
     expect_one_join(rp, &v, 101 + GIVE_UP_MS, 0, 4, 3);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* A copy made from an unconfirmed tail (its confirmation lost) is abandoned when that tail
@@ -465,24 +465,24 @@ static void lost_confirmation_holds_repairs_for_a_while(void **state)
 static void copy_of_an_evicted_tail_is_abandoned(void **state)
 {
     (void)state;
-    cps_view v, w;
-    cps_repair *rp;
+    cps__view v, w;
+    cps__repair *rp;
     unconfirmed_third_replica(&v, &rp, 100);
     uint64_t id = expect_one_join(rp, &v, 101 + GIVE_UP_MS, 0, 4, 3);
     cps__view_init(&w);
-    assert_int_equal(cps_repair_declare_dead(rp, &v, 2, &w, NULL), 0);
+    assert_int_equal(cps__repair_declare_dead(rp, &v, 2, &w, NULL), 0);
     assert_chain(&w, 0, (const uint32_t[]){1}, 1); /* 3 left with 2 */
-    assert_int_equal(cps_repair_joiner(rp, 0, NULL), 0);
-    assert_int_equal(cps_repair_caught_up(rp, &w, 4, 0, id, 0, 102 + GIVE_UP_MS),
+    assert_int_equal(cps__repair_joiner(rp, 0, NULL), 0);
+    assert_int_equal(cps__repair_caught_up(rp, &w, 4, 0, id, 0, 102 + GIVE_UP_MS),
                      CPS_REPAIR_IGNORED);
     /* The range is copied afresh, from its live tail. */
-    assert_int_equal(cps_repair_tick(rp, &w, 103 + GIVE_UP_MS), 1);
-    const cps_repair_action *a;
-    assert_int_equal(cps_repair_actions(rp, &a), 1);
+    assert_int_equal(cps__repair_tick(rp, &w, 103 + GIVE_UP_MS), 1);
+    const cps__repair_action *a;
+    assert_int_equal(cps__repair_actions(rp, &a), 1);
     assert_int_equal(a[0].source, 1);
     cps__view_fini(&w);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* An unconfirmed tail never becomes a range's only replica: its dead predecessor stays. */
@@ -490,44 +490,44 @@ static void unconfirmed_tail_is_never_left_alone(void **state)
 {
     (void)state;
     static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{2}};
-    cps_view v, w;
+    cps__view v, w;
     make_view(&v, 3, 2, 1, chains);
-    cps_repair *rp = make_repair(1);
+    cps__repair *rp = make_repair(1);
     uint64_t id = expect_one_join(rp, &v, 0, 0, 1, 2);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 1, 0, id, 0, 0), CPS_REPAIR_APPEND);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 1, 0, id, 0, 0), CPS_REPAIR_APPEND);
     v.ranges[0].chain[v.ranges[0].chain_len++] = 1;
     cps__view_init(&w);
     uint32_t lost = 0;
-    assert_int_equal(cps_repair_declare_dead(rp, &v, 2, &w, &lost), 0);
+    assert_int_equal(cps__repair_declare_dead(rp, &v, 2, &w, &lost), 0);
     assert_chain(&w, 0, (const uint32_t[]){2}, 1);
     assert_int_equal(lost, 1);
-    const cps_repair_action *a;
-    assert_int_equal(cps_repair_actions(rp, &a), 1);
+    const cps__repair_action *a;
+    assert_int_equal(cps__repair_actions(rp, &a), 1);
     assert_int_equal(a[0].kind, CPS_RA_EVICTED);
     assert_int_equal(a[0].node, 1);
     cps__view_fini(&w);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 /* The unconfirmed tail dying itself just ends its probation. */
 static void unconfirmed_tail_dying_is_forgotten(void **state)
 {
     (void)state;
-    cps_view v, w;
-    cps_repair *rp;
+    cps__view v, w;
+    cps__repair *rp;
     uint64_t id = one_short_range(&v, &rp);
-    assert_int_equal(cps_repair_caught_up(rp, &v, 3, 0, id, 0, 0), CPS_REPAIR_APPEND);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, id, 0, 0), CPS_REPAIR_APPEND);
     v.ranges[0].chain[v.ranges[0].chain_len++] = 3;
     cps__view_init(&w);
-    assert_int_equal(cps_repair_declare_dead(rp, &v, 3, &w, NULL), 0);
-    assert_int_equal(cps_repair_unconfirmed(rp, 0), 0);
+    assert_int_equal(cps__repair_declare_dead(rp, &v, 3, &w, NULL), 0);
+    assert_int_equal(cps__repair_unconfirmed(rp, 0), 0);
     assert_chain(&w, 0, (const uint32_t[]){1, 2}, 2);
-    const cps_repair_action *a;
-    assert_int_equal(cps_repair_actions(rp, &a), 0);
+    const cps__repair_action *a;
+    assert_int_equal(cps__repair_actions(rp, &a), 0);
     cps__view_fini(&w);
     cps__view_fini(&v);
-    cps_repair_destroy(rp);
+    cps__repair_destroy(rp);
 }
 
 int main(void)

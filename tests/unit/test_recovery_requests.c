@@ -19,7 +19,7 @@
 #define T0         1000000u /* far from 0, as a monotonic clock is */
 
 /* Servers 1..3, one worker (9); range r's chain is chains[r] (0-terminated). */
-static void make_view(cps_view *v, uint64_t epoch, uint32_t nranges,
+static void make_view(cps__view *v, uint64_t epoch, uint32_t nranges,
                       const uint32_t chains[][CPS_MAX_REPLICAS + 1])
 {
     cps__view_init(v);
@@ -31,7 +31,7 @@ static void make_view(cps_view *v, uint64_t epoch, uint32_t nranges,
     v->nodes = calloc(v->nnodes, sizeof *v->nodes);
     assert_non_null(v->nodes);
     for (uint32_t i = 0; i < v->nnodes; i++) {
-        cps_node_info *n = &v->nodes[i];
+        cps__node_info *n = &v->nodes[i];
         n->id = i < 3 ? i + 1 : 9;
         n->role = i < 3 ? CPS_ROLE_SERVER : CPS_ROLE_WORKER;
         n->alive = 1;
@@ -49,25 +49,25 @@ static const uint32_t ONE_RANGE[][CPS_MAX_REPLICAS + 1] = {{1, 2, 3}};
 static const uint32_t ONE_RANGE_MOVED[][CPS_MAX_REPLICAS + 1] = {{2, 3}};
 static const uint32_t TWO_RANGES[][CPS_MAX_REPLICAS + 1] = {{1}, {2, 3}};
 
-static cps_reqs *make_reqs(void)
+static cps__reqs *make_reqs(void)
 {
-    cps_reqs_config cfg = {TIMEOUT_MS, UNAVAIL_MS, RETRY_MS};
-    cps_reqs *rq = NULL;
-    assert_int_equal(cps_reqs_create(&cfg, &rq), 0);
+    cps__reqs_config cfg = {TIMEOUT_MS, UNAVAIL_MS, RETRY_MS};
+    cps__reqs *rq = NULL;
+    assert_int_equal(cps__reqs_create(&cfg, &rq), 0);
     return rq;
 }
 
-static size_t actions(cps_reqs *rq, const cps_reqs_action **a)
+static size_t actions(cps__reqs *rq, const cps__reqs_action **a)
 {
-    return cps_reqs_actions(rq, a);
+    return cps__reqs_actions(rq, a);
 }
 
 /* The last call handed back exactly one SEND, of seq to node `to` under `epoch`, after
  * `attempt` earlier sends; it is reported sent at `now`. */
-static void expect_send(cps_reqs *rq, uint64_t seq, uint32_t to, uint64_t epoch, uint32_t attempt,
+static void expect_send(cps__reqs *rq, uint64_t seq, uint32_t to, uint64_t epoch, uint32_t attempt,
                         int why, uint64_t now)
 {
-    const cps_reqs_action *a;
+    const cps__reqs_action *a;
     size_t n = actions(rq, &a), k, sends = 0, at = 0;
     for (k = 0; k < n; k++)
         if (a[k].kind == CPS_RQ_SEND)
@@ -78,12 +78,12 @@ static void expect_send(cps_reqs *rq, uint64_t seq, uint32_t to, uint64_t epoch,
     assert_int_equal(a[at].epoch, epoch);
     assert_int_equal(a[at].attempt, attempt);
     assert_int_equal(a[at].why, why);
-    cps_reqs_sent(rq, a[at].index, 0, now);
+    cps__reqs_sent(rq, a[at].index, 0, now);
 }
 
-static int has_action(cps_reqs *rq, int kind)
+static int has_action(cps__reqs *rq, int kind)
 {
-    const cps_reqs_action *a;
+    const cps__reqs_action *a;
     size_t n = actions(rq, &a);
     for (size_t k = 0; k < n; k++)
         if (a[k].kind == kind)
@@ -91,19 +91,19 @@ static int has_action(cps_reqs *rq, int kind)
     return 0;
 }
 
-static int reply(cps_reqs *rq, const cps_view *v, uint8_t type, uint64_t seq, uint64_t epoch,
-                 int status, uint64_t now, cps_reqs_done *d)
+static int reply(cps__reqs *rq, const cps__view *v, uint8_t type, uint64_t seq, uint64_t epoch,
+                 int status, uint64_t now, cps__reqs_done *d)
 {
-    cps_reqs_reply_in in = {type, 0, seq, epoch, status};
-    return cps_reqs_reply(rq, v, &in, now, d);
+    cps__reqs_reply_in in = {type, 0, seq, epoch, status};
+    return cps__reqs_reply(rq, v, &in, now, d);
 }
 
 static int ctx_a, ctx_b;
 
 /* Most tests: view 5 with range 0 on 1 -> 2 -> 3, view 6 with it on 2 -> 3, an empty table. */
 typedef struct fixture {
-    cps_view v5, v6;
-    cps_reqs *rq;
+    cps__view v5, v6;
+    cps__reqs *rq;
 } fixture;
 
 static int setup(void **state)
@@ -120,7 +120,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fixture *f = *state;
-    cps_reqs_destroy(f->rq);
+    cps__reqs_destroy(f->rq);
     cps__view_fini(&f->v5);
     cps__view_fini(&f->v6);
     free(f);
@@ -130,30 +130,30 @@ static int teardown(void **state)
 static void config_is_checked(void **state)
 {
     (void)state;
-    cps_reqs *rq = NULL;
-    cps_reqs_config cfg = {TIMEOUT_MS, UNAVAIL_MS, RETRY_MS};
-    assert_int_equal(cps_reqs_create(NULL, &rq), CPS_EINVAL);
-    assert_int_equal(cps_reqs_create(&cfg, NULL), CPS_EINVAL);
+    cps__reqs *rq = NULL;
+    cps__reqs_config cfg = {TIMEOUT_MS, UNAVAIL_MS, RETRY_MS};
+    assert_int_equal(cps__reqs_create(NULL, &rq), CPS_EINVAL);
+    assert_int_equal(cps__reqs_create(&cfg, NULL), CPS_EINVAL);
     assert_null(rq);
-    cps_reqs_destroy(NULL);
-    assert_int_equal(cps_reqs_count(NULL), 0);
+    cps__reqs_destroy(NULL);
+    assert_int_equal(cps__reqs_count(NULL), 0);
 }
 
 /* Updates go to the head of the chain, reads to its tail, under the view's epoch. */
 static void updates_go_to_the_head_reads_to_the_tail(void **state)
 {
     fixture *f = *state;
-    cps_reqs *rq = f->rq;
-    const cps_view *v = &f->v5;
-    assert_int_equal(cps_reqs_add(rq, v, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    cps__reqs *rq = f->rq;
+    const cps__view *v = &f->v5;
+    assert_int_equal(cps__reqs_add(rq, v, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
     expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
-    assert_int_equal(cps_reqs_add(rq, v, &ctx_b, 3, CPS_MSG_PULL, 0, 2, T0), 0);
+    assert_int_equal(cps__reqs_add(rq, v, &ctx_b, 3, CPS_MSG_PULL, 0, 2, T0), 0);
     expect_send(rq, 2, 3, 5, 0, CPS_RQ_WHY_NEW, T0);
-    const cps_reqs_action *a;
+    const cps__reqs_action *a;
     actions(rq, &a);
     assert_ptr_equal(a[0].ctx, &ctx_b);
     assert_int_equal(a[0].part, 3);
-    assert_int_equal(cps_reqs_count(rq), 2);
+    assert_int_equal(cps__reqs_count(rq), 2);
 }
 
 /* A reply produced under another epoch than the request was last sent under is not taken: the
@@ -161,26 +161,26 @@ static void updates_go_to_the_head_reads_to_the_tail(void **state)
 static void reply_of_another_epoch_is_dropped_and_resent_under_current_view(void **state)
 {
     fixture *f = *state;
-    cps_reqs *rq = f->rq;
-    const cps_view *v5 = &f->v5, *v6 = &f->v6;
-    assert_int_equal(cps_reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    cps__reqs *rq = f->rq;
+    const cps__view *v5 = &f->v5, *v6 = &f->v6;
+    assert_int_equal(cps__reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
     expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
-    cps_reqs_view(rq, v6, T0 + 10);
+    cps__reqs_view(rq, v6, T0 + 10);
     expect_send(rq, 1, 2, 6, 1, CPS_RQ_WHY_VIEW, T0 + 10);
 
-    cps_reqs_done d;
+    cps__reqs_done d;
     assert_int_equal(reply(rq, v6, CPS_MSG_ACK, 1, 5, 0, T0 + 20, &d), CPS_RQ_REPLY_OTHER_EPOCH);
     assert_int_equal(d.sent_epoch, 6);
-    const cps_reqs_action *a;
+    const cps__reqs_action *a;
     assert_int_equal(actions(rq, &a), 0); /* the answer to the send under 6 is coming */
-    assert_int_equal(cps_reqs_count(rq), 1);
+    assert_int_equal(cps__reqs_count(rq), 1);
     assert_int_equal(reply(rq, v6, CPS_MSG_VALUES, 1, 5, 0, T0 + 21, &d), CPS_RQ_REPLY_OTHER_EPOCH);
-    assert_int_equal(cps_reqs_count(rq), 1);
+    assert_int_equal(cps__reqs_count(rq), 1);
 
     assert_int_equal(reply(rq, v6, CPS_MSG_ACK, 1, 6, 0, T0 + 30, &d), CPS_RQ_REPLY_TAKEN);
     assert_ptr_equal(d.ctx, &ctx_a);
     assert_int_equal(d.part, 0);
-    assert_int_equal(cps_reqs_count(rq), 0);
+    assert_int_equal(cps__reqs_count(rq), 0);
 }
 
 /* A reply under a newer epoch than ours is not taken either: we ask for that view, and
@@ -188,19 +188,19 @@ static void reply_of_another_epoch_is_dropped_and_resent_under_current_view(void
 static void newer_epoch_reply_asks_for_the_view(void **state)
 {
     fixture *f = *state;
-    cps_reqs *rq = f->rq;
-    const cps_view *v5 = &f->v5, *v6 = &f->v6;
-    assert_int_equal(cps_reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PULL, 0, 7, T0), 0);
+    cps__reqs *rq = f->rq;
+    const cps__view *v5 = &f->v5, *v6 = &f->v6;
+    assert_int_equal(cps__reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PULL, 0, 7, T0), 0);
     expect_send(rq, 7, 3, 5, 0, CPS_RQ_WHY_NEW, T0);
     assert_int_equal(reply(rq, v5, CPS_MSG_VALUES, 7, 6, 0, T0 + 5, NULL),
                      CPS_RQ_REPLY_OTHER_EPOCH);
-    const cps_reqs_action *a;
+    const cps__reqs_action *a;
     assert_int_equal(actions(rq, &a), 1);
     assert_int_equal(a[0].kind, CPS_RQ_ASK_VIEW);
     /* Nothing goes out before the view or the timeout. */
-    cps_reqs_tick(rq, v5, T0 + 100);
+    cps__reqs_tick(rq, v5, T0 + 100);
     assert_int_equal(actions(rq, &a), 0);
-    cps_reqs_view(rq, v6, T0 + 200);
+    cps__reqs_view(rq, v6, T0 + 200);
     expect_send(rq, 7, 3, 6, 1, CPS_RQ_WHY_VIEW, T0 + 200);
     assert_int_equal(reply(rq, v6, CPS_MSG_VALUES, 7, 6, 0, T0 + 210, NULL), CPS_RQ_REPLY_TAKEN);
 }
@@ -211,28 +211,28 @@ static void newer_epoch_reply_asks_for_the_view(void **state)
 static void pull_waits_for_a_view_as_new_as_any_seen(void **state)
 {
     fixture *f = *state;
-    cps_reqs *rq = f->rq;
-    const cps_view *v5 = &f->v5, *v6 = &f->v6;
-    cps_view v7;
+    cps__reqs *rq = f->rq;
+    const cps__view *v5 = &f->v5, *v6 = &f->v6;
+    cps__view v7;
     make_view(&v7, 7, 1, ONE_RANGE);
-    assert_int_equal(cps_reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PULL, 0, 1, T0), 0);
+    assert_int_equal(cps__reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PULL, 0, 1, T0), 0);
     expect_send(rq, 1, 3, 5, 0, CPS_RQ_WHY_NEW, T0);
-    cps_reqs_epoch_seen(rq, 7);
-    cps_reqs_epoch_seen(rq, 4); /* the highest is kept */
-    cps_reqs_view(rq, v6, T0 + 10);
+    cps__reqs_epoch_seen(rq, 7);
+    cps__reqs_epoch_seen(rq, 4); /* the highest is kept */
+    cps__reqs_view(rq, v6, T0 + 10);
     assert_false(has_action(rq, CPS_RQ_SEND));
     assert_true(has_action(rq, CPS_RQ_ASK_VIEW));
     /* A push is not held back: the head orders it under any epoch. */
-    assert_int_equal(cps_reqs_add(rq, v6, &ctx_b, 0, CPS_MSG_PUSH, 0, 2, T0 + 10), 0);
+    assert_int_equal(cps__reqs_add(rq, v6, &ctx_b, 0, CPS_MSG_PUSH, 0, 2, T0 + 10), 0);
     expect_send(rq, 2, 2, 6, 0, CPS_RQ_WHY_NEW, T0 + 10);
 
     assert_int_equal(reply(rq, v6, CPS_MSG_VALUES, 1, 6, 0, T0 + 20, NULL),
                      CPS_RQ_REPLY_OTHER_EPOCH);
-    cps_reqs_tick(rq, v6, T0 + 20);
+    cps__reqs_tick(rq, v6, T0 + 20);
     assert_true(has_action(rq, CPS_RQ_ASK_VIEW));
     assert_false(has_action(rq, CPS_RQ_SEND)); /* still no view 7 */
-    cps_reqs_view(rq, &v7, T0 + 30);
-    const cps_reqs_action *a;
+    cps__reqs_view(rq, &v7, T0 + 30);
+    const cps__reqs_action *a;
     assert_int_equal(actions(rq, &a), 2);
     assert_int_equal(a[0].kind, CPS_RQ_SEND);
     assert_int_equal(a[0].seq, 1);
@@ -247,28 +247,28 @@ static void pull_waits_for_a_view_as_new_as_any_seen(void **state)
 static void stale_epoch_parks_until_a_newer_view(void **state)
 {
     fixture *f = *state;
-    cps_reqs *rq = f->rq;
-    const cps_view *v5 = &f->v5, *v6 = &f->v6;
-    assert_int_equal(cps_reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    cps__reqs *rq = f->rq;
+    const cps__view *v5 = &f->v5, *v6 = &f->v6;
+    assert_int_equal(cps__reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
     expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
     assert_int_equal(reply(rq, v5, CPS_MSG_ERROR, 1, 6, CPS_ESTALE_EPOCH, T0 + 100, NULL),
                      CPS_RQ_REPLY_RETRY);
-    const cps_reqs_action *a;
+    const cps__reqs_action *a;
     assert_int_equal(actions(rq, &a), 1);
     assert_int_equal(a[0].kind, CPS_RQ_ASK_VIEW);
-    assert_int_equal(cps_reqs_count(rq), 1);
-    cps_reqs_tick(rq, v5, T0 + 100 + RETRY_MS - 1);
+    assert_int_equal(cps__reqs_count(rq), 1);
+    cps__reqs_tick(rq, v5, T0 + 100 + RETRY_MS - 1);
     assert_int_equal(actions(rq, &a), 0);
-    cps_reqs_view(rq, v6, T0 + 120);
+    cps__reqs_view(rq, v6, T0 + 120);
     expect_send(rq, 1, 2, 6, 1, CPS_RQ_WHY_VIEW, T0 + 120);
     assert_int_equal(reply(rq, v6, CPS_MSG_ACK, 1, 6, 0, T0 + 130, NULL), CPS_RQ_REPLY_TAKEN);
 
     /* No view comes: tried again after retry_ms, and refused again until one does. */
-    assert_int_equal(cps_reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PUSH, 0, 2, T0), 0);
+    assert_int_equal(cps__reqs_add(rq, v5, &ctx_a, 0, CPS_MSG_PUSH, 0, 2, T0), 0);
     expect_send(rq, 2, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
     assert_int_equal(reply(rq, v5, CPS_MSG_ERROR, 2, 6, CPS_EAGAIN, T0 + 100, NULL),
                      CPS_RQ_REPLY_RETRY);
-    cps_reqs_tick(rq, v5, T0 + 100 + RETRY_MS);
+    cps__reqs_tick(rq, v5, T0 + 100 + RETRY_MS);
     assert_true(has_action(rq, CPS_RQ_ASK_VIEW));
     expect_send(rq, 2, 1, 5, 1, CPS_RQ_WHY_TIMEOUT, T0 + 100 + RETRY_MS);
 }
@@ -278,30 +278,30 @@ static void stale_epoch_parks_until_a_newer_view(void **state)
 static void timeout_resends(void **state)
 {
     fixture *f = *state;
-    cps_reqs *rq = f->rq;
-    const cps_view *v = &f->v5;
-    assert_int_equal(cps_reqs_add(rq, v, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    cps__reqs *rq = f->rq;
+    const cps__view *v = &f->v5;
+    assert_int_equal(cps__reqs_add(rq, v, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
     expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
-    const cps_reqs_action *a;
-    cps_reqs_tick(rq, v, T0 + TIMEOUT_MS - 1);
+    const cps__reqs_action *a;
+    cps__reqs_tick(rq, v, T0 + TIMEOUT_MS - 1);
     assert_int_equal(actions(rq, &a), 0);
-    cps_reqs_tick(rq, v, T0 + TIMEOUT_MS);
+    cps__reqs_tick(rq, v, T0 + TIMEOUT_MS);
     assert_int_equal(actions(rq, &a), 2);
     assert_int_equal(a[0].kind, CPS_RQ_ASK_VIEW);
     expect_send(rq, 1, 1, 5, 1, CPS_RQ_WHY_TIMEOUT, T0 + TIMEOUT_MS);
-    cps_reqs_tick(rq, v, T0 + 2 * TIMEOUT_MS - 1);
+    cps__reqs_tick(rq, v, T0 + 2 * TIMEOUT_MS - 1);
     assert_int_equal(actions(rq, &a), 0);
 
     /* The first send failed (peer queue full): counted as made, retried after the timeout. */
-    assert_int_equal(cps_reqs_add(rq, v, &ctx_b, 0, CPS_MSG_PULL, 0, 2, T0), 0);
+    assert_int_equal(cps__reqs_add(rq, v, &ctx_b, 0, CPS_MSG_PULL, 0, 2, T0), 0);
     assert_int_equal(actions(rq, &a), 1);
-    cps_reqs_sent(rq, a[0].index, CPS_EAGAIN, T0);
-    cps_reqs_tick(rq, v, T0 + TIMEOUT_MS);
+    cps__reqs_sent(rq, a[0].index, CPS_EAGAIN, T0);
+    cps__reqs_tick(rq, v, T0 + TIMEOUT_MS);
     expect_send(rq, 2, 3, 5, 1, CPS_RQ_WHY_TIMEOUT, T0 + TIMEOUT_MS);
 }
 
 /* View 5 of TWO_RANGES in `mode`, with server 1 (range 0's only replica) dead. */
-static void make_view_range0_down(cps_view *v, int mode)
+static void make_view_range0_down(cps__view *v, int mode)
 {
     make_view(v, 5, 2, TWO_RANGES);
     v->mode = (uint32_t)mode;
@@ -313,23 +313,23 @@ static void make_view_range0_down(cps_view *v, int mode)
 static void gives_up_after_the_unavailable_timeout(void **state)
 {
     (void)state;
-    cps_view v;
+    cps__view v;
     make_view_range0_down(&v, CPS_MODE_SYNC);
-    cps_reqs *rq = make_reqs();
+    cps__reqs *rq = make_reqs();
     /* A read: it leaves the table (a push stays, detached: see the next test). */
-    assert_int_equal(cps_reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PULL, 0, 1, T0), 0);
+    assert_int_equal(cps__reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PULL, 0, 1, T0), 0);
     expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
-    assert_int_equal(cps_reqs_add(rq, &v, &ctx_b, 1, CPS_MSG_PUSH, 1, 1, T0), 0);
+    assert_int_equal(cps__reqs_add(rq, &v, &ctx_b, 1, CPS_MSG_PUSH, 1, 1, T0), 0);
     expect_send(rq, 1, 2, 5, 0, CPS_RQ_WHY_NEW, T0);
 
-    const cps_reqs_action *a;
-    cps_reqs_tick(rq, &v, T0 + 1);
+    const cps__reqs_action *a;
+    cps__reqs_tick(rq, &v, T0 + 1);
     assert_int_equal(actions(rq, &a), 1);
     assert_int_equal(a[0].kind, CPS_RQ_WAIT_REPLICA);
     assert_int_equal(a[0].range, 0);
-    cps_reqs_tick(rq, &v, T0 + 1 + UNAVAIL_MS);
+    cps__reqs_tick(rq, &v, T0 + 1 + UNAVAIL_MS);
     assert_false(has_action(rq, CPS_RQ_COMPLETE));
-    cps_reqs_tick(rq, &v, T0 + 2 + UNAVAIL_MS);
+    cps__reqs_tick(rq, &v, T0 + 2 + UNAVAIL_MS);
     size_t n = actions(rq, &a), done = 0;
     for (size_t k = 0; k < n; k++) {
         if (a[k].kind != CPS_RQ_COMPLETE)
@@ -340,26 +340,26 @@ static void gives_up_after_the_unavailable_timeout(void **state)
         assert_false(a[k].detach);
     }
     assert_int_equal(done, 1);
-    assert_int_equal(cps_reqs_count(rq), 1);
-    cps_reqs_done d;
+    assert_int_equal(cps__reqs_count(rq), 1);
+    cps__reqs_done d;
     assert_int_equal(reply(rq, &v, CPS_MSG_ACK, 1, 5, 0, T0 + 3 + UNAVAIL_MS, &d),
                      CPS_RQ_REPLY_UNKNOWN); /* range 0's request is gone */
-    cps_reqs_reply_in in = {CPS_MSG_ACK, 1, 1, 5, 0};
-    assert_int_equal(cps_reqs_reply(rq, &v, &in, T0 + 3 + UNAVAIL_MS, &d), CPS_RQ_REPLY_TAKEN);
+    cps__reqs_reply_in in = {CPS_MSG_ACK, 1, 1, 5, 0};
+    assert_int_equal(cps__reqs_reply(rq, &v, &in, T0 + 3 + UNAVAIL_MS, &d), CPS_RQ_REPLY_TAKEN);
     assert_ptr_equal(d.ctx, &ctx_b);
 
     /* A replica back in time resets the wait. */
-    assert_int_equal(cps_reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 2, T0), 0);
-    cps_reqs_tick(rq, &v, T0);
+    assert_int_equal(cps__reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 2, T0), 0);
+    cps__reqs_tick(rq, &v, T0);
     assert_true(has_action(rq, CPS_RQ_WAIT_REPLICA));
     v.nodes[0].alive = 1;
-    cps_reqs_tick(rq, &v, T0 + 10);
+    cps__reqs_tick(rq, &v, T0 + 10);
     v.nodes[0].alive = 0;
-    cps_reqs_tick(rq, &v, T0 + 20);
+    cps__reqs_tick(rq, &v, T0 + 20);
     assert_true(has_action(rq, CPS_RQ_WAIT_REPLICA));
-    cps_reqs_tick(rq, &v, T0 + 21 + UNAVAIL_MS - 10);
+    cps__reqs_tick(rq, &v, T0 + 21 + UNAVAIL_MS - 10);
     assert_false(has_action(rq, CPS_RQ_COMPLETE));
-    cps_reqs_destroy(rq);
+    cps__reqs_destroy(rq);
     cps__view_fini(&v);
 }
 
@@ -371,17 +371,17 @@ static void given_up_push_is_detached_and_still_sent(void **state)
 {
     (void)state;
     static int ctx_c;
-    cps_view v;
+    cps__view v;
     make_view_range0_down(&v, CPS_MODE_ASYNC);
-    cps_reqs *rq = make_reqs();
-    assert_int_equal(cps_reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    cps__reqs *rq = make_reqs();
+    assert_int_equal(cps__reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
     expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
-    assert_int_equal(cps_reqs_add(rq, &v, &ctx_b, 0, CPS_MSG_PULL, 0, 2, T0), 0);
+    assert_int_equal(cps__reqs_add(rq, &v, &ctx_b, 0, CPS_MSG_PULL, 0, 2, T0), 0);
     expect_send(rq, 2, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
-    cps_reqs_tick(rq, &v, T0 + 1);
+    cps__reqs_tick(rq, &v, T0 + 1);
     uint64_t t = T0 + 2 + UNAVAIL_MS;
-    cps_reqs_tick(rq, &v, t);
-    const cps_reqs_action *a;
+    cps__reqs_tick(rq, &v, t);
+    const cps__reqs_action *a;
     size_t n = actions(rq, &a), done = 0;
     for (size_t k = 0; k < n; k++) {
         assert_int_not_equal(a[k].kind, CPS_RQ_SEND); /* not before it has a context */
@@ -391,19 +391,19 @@ static void given_up_push_is_detached_and_still_sent(void **state)
         assert_int_equal(a[k].status, CPS_EUNAVAILABLE);
         if (a[k].ctx == &ctx_a) {
             assert_true(a[k].detach);
-            cps_reqs_detach(rq, a[k].index, &ctx_c, 7);
+            cps__reqs_detach(rq, a[k].index, &ctx_c, 7);
         } else {
             assert_ptr_equal(a[k].ctx, &ctx_b);
             assert_false(a[k].detach);
         }
     }
     assert_int_equal(done, 2);
-    assert_int_equal(cps_reqs_count(rq), 1);
-    assert_int_equal(cps_reqs_detached(rq), 1);
+    assert_int_equal(cps__reqs_count(rq), 1);
+    assert_int_equal(cps__reqs_detached(rq), 1);
 
     /* Never completed again, however long the range stays without a replica; re-sent on every
      * timeout under the detached context. */
-    cps_reqs_tick(rq, &v, t + 10 * UNAVAIL_MS);
+    cps__reqs_tick(rq, &v, t + 10 * UNAVAIL_MS);
     assert_false(has_action(rq, CPS_RQ_COMPLETE));
     n = actions(rq, &a);
     size_t sends = 0;
@@ -413,45 +413,45 @@ static void given_up_push_is_detached_and_still_sent(void **state)
             assert_ptr_equal(a[k].ctx, &ctx_c);
             assert_int_equal(a[k].part, 7);
             assert_int_equal(a[k].seq, 1);
-            cps_reqs_sent(rq, a[k].index, 0, t + 10 * UNAVAIL_MS);
+            cps__reqs_sent(rq, a[k].index, 0, t + 10 * UNAVAIL_MS);
         }
     assert_int_equal(sends, 1);
 
     /* The replica is back: its answer ends the request, marked detached for the caller. */
     v.nodes[0].alive = 1;
-    cps_reqs_done d;
+    cps__reqs_done d;
     assert_int_equal(reply(rq, &v, CPS_MSG_ACK, 1, 5, 0, t + 10 * UNAVAIL_MS + 1, &d),
                      CPS_RQ_REPLY_TAKEN);
     assert_ptr_equal(d.ctx, &ctx_c);
     assert_int_equal(d.part, 7);
     assert_true(d.detached);
-    assert_int_equal(cps_reqs_count(rq), 0);
-    assert_int_equal(cps_reqs_detached(rq), 0);
+    assert_int_equal(cps__reqs_count(rq), 0);
+    assert_int_equal(cps__reqs_detached(rq), 0);
 
     /* A caller with no context for it lets it go: it leaves at the next call. */
     v.nodes[0].alive = 0;
-    assert_int_equal(cps_reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 2, t), 0);
+    assert_int_equal(cps__reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 2, t), 0);
     expect_send(rq, 2, 1, 5, 0, CPS_RQ_WHY_NEW, t);
-    cps_reqs_tick(rq, &v, t + 1);
-    cps_reqs_tick(rq, &v, t + 2 + UNAVAIL_MS);
+    cps__reqs_tick(rq, &v, t + 1);
+    cps__reqs_tick(rq, &v, t + 2 + UNAVAIL_MS);
     n = actions(rq, &a);
     for (size_t k = 0; k < n; k++)
         if (a[k].kind == CPS_RQ_COMPLETE)
-            cps_reqs_detach(rq, a[k].index, NULL, 0);
-    cps_reqs_tick(rq, &v, t + 3 + UNAVAIL_MS);
-    assert_int_equal(cps_reqs_count(rq), 0);
-    assert_int_equal(cps_reqs_detached(rq), 0);
+            cps__reqs_detach(rq, a[k].index, NULL, 0);
+    cps__reqs_tick(rq, &v, t + 3 + UNAVAIL_MS);
+    assert_int_equal(cps__reqs_count(rq), 0);
+    assert_int_equal(cps__reqs_detached(rq), 0);
 
     /* Sync: a step's dense push stays as well (its step completes only once it came), as does a
      * sparse-row one (in sequence). */
     v.mode = CPS_MODE_SYNC;
     t += 10 * UNAVAIL_MS;
-    assert_int_equal(cps_reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 3, t), 0);
+    assert_int_equal(cps__reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 3, t), 0);
     expect_send(rq, 3, 1, 5, 0, CPS_RQ_WHY_NEW, t);
-    assert_int_equal(cps_reqs_add(rq, &v, &ctx_b, 0, CPS_MSG_PUSH, 0, CPS_SEQ_SPARSE | 1, t), 0);
+    assert_int_equal(cps__reqs_add(rq, &v, &ctx_b, 0, CPS_MSG_PUSH, 0, CPS_SEQ_SPARSE | 1, t), 0);
     expect_send(rq, CPS_SEQ_SPARSE | 1, 1, 5, 0, CPS_RQ_WHY_NEW, t);
-    cps_reqs_tick(rq, &v, t + 1);
-    cps_reqs_tick(rq, &v, t + 2 + UNAVAIL_MS);
+    cps__reqs_tick(rq, &v, t + 1);
+    cps__reqs_tick(rq, &v, t + 2 + UNAVAIL_MS);
     n = actions(rq, &a);
     done = 0;
     for (size_t k = 0; k < n; k++) {
@@ -459,12 +459,12 @@ static void given_up_push_is_detached_and_still_sent(void **state)
             continue;
         done++;
         assert_true(a[k].detach);
-        cps_reqs_detach(rq, a[k].index, &ctx_c, 7);
+        cps__reqs_detach(rq, a[k].index, &ctx_c, 7);
     }
     assert_int_equal(done, 2);
-    assert_int_equal(cps_reqs_count(rq), 2);
-    assert_int_equal(cps_reqs_detached(rq), 2);
-    cps_reqs_destroy(rq); /* a detached request left in the table is dropped */
+    assert_int_equal(cps__reqs_count(rq), 2);
+    assert_int_equal(cps__reqs_detached(rq), 2);
+    cps__reqs_destroy(rq); /* a detached request left in the table is dropped */
     cps__view_fini(&v);
 }
 
@@ -474,16 +474,16 @@ static void given_up_push_is_detached_and_still_sent(void **state)
 static void ordered_requests_do_not_overtake(void **state)
 {
     fixture *f = *state;
-    cps_reqs *rq = f->rq;
-    const cps_view *v5 = &f->v5, *v6 = &f->v6;
+    cps__reqs *rq = f->rq;
+    const cps__view *v5 = &f->v5, *v6 = &f->v6;
     static int s1, s2, s3, other;
-    assert_int_equal(cps_reqs_add_ordered(rq, v5, &s1, 0, CPS_MSG_PUSH, 0, 1, 42, T0), 0);
+    assert_int_equal(cps__reqs_add_ordered(rq, v5, &s1, 0, CPS_MSG_PUSH, 0, 1, 42, T0), 0);
     expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
-    assert_int_equal(cps_reqs_add_ordered(rq, v5, &s2, 0, CPS_MSG_PUSH, 0, 2, 42, T0), 0);
+    assert_int_equal(cps__reqs_add_ordered(rq, v5, &s2, 0, CPS_MSG_PUSH, 0, 2, 42, T0), 0);
     assert_false(has_action(rq, CPS_RQ_SEND));
-    assert_int_equal(cps_reqs_add_ordered(rq, v5, &s3, 0, CPS_MSG_PUSH, 0, 3, 42, T0), 0);
+    assert_int_equal(cps__reqs_add_ordered(rq, v5, &s3, 0, CPS_MSG_PUSH, 0, 3, 42, T0), 0);
     assert_false(has_action(rq, CPS_RQ_SEND));
-    assert_int_equal(cps_reqs_add_ordered(rq, v5, &other, 0, CPS_MSG_PUSH, 0, 4, 43, T0), 0);
+    assert_int_equal(cps__reqs_add_ordered(rq, v5, &other, 0, CPS_MSG_PUSH, 0, 4, 43, T0), 0);
     expect_send(rq, 4, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
     /* The other key's request leaves first: removal reorders the table (seq 3 moves ahead of
      * seq 2), yet nothing of key 42 is released by it. */
@@ -491,9 +491,9 @@ static void ordered_requests_do_not_overtake(void **state)
     assert_false(has_action(rq, CPS_RQ_SEND));
 
     /* A view re-sends only the one ahead; so does a timeout. */
-    cps_reqs_view(rq, v6, T0 + 2);
+    cps__reqs_view(rq, v6, T0 + 2);
     expect_send(rq, 1, 2, 6, 1, CPS_RQ_WHY_VIEW, T0 + 2);
-    cps_reqs_tick(rq, v6, T0 + 2 + TIMEOUT_MS);
+    cps__reqs_tick(rq, v6, T0 + 2 + TIMEOUT_MS);
     expect_send(rq, 1, 2, 6, 2, CPS_RQ_WHY_TIMEOUT, T0 + 2 + TIMEOUT_MS);
 
     /* Its answer sends the next in adding order, at once. */
@@ -505,7 +505,7 @@ static void ordered_requests_do_not_overtake(void **state)
                      CPS_RQ_REPLY_FAILED);
     expect_send(rq, 3, 2, 6, 0, CPS_RQ_WHY_NEW, t + 1);
     assert_int_equal(reply(rq, v6, CPS_MSG_ACK, 3, 6, 0, t + 2, NULL), CPS_RQ_REPLY_TAKEN);
-    assert_int_equal(cps_reqs_count(rq), 0);
+    assert_int_equal(cps__reqs_count(rq), 0);
 }
 
 /* A held request is given up like any other when its range has no replica, and stays (detached)
@@ -513,17 +513,17 @@ static void ordered_requests_do_not_overtake(void **state)
 static void held_request_is_given_up_and_keeps_its_place(void **state)
 {
     (void)state;
-    cps_view v;
+    cps__view v;
     make_view_range0_down(&v, CPS_MODE_SYNC);
-    cps_reqs *rq = make_reqs();
+    cps__reqs *rq = make_reqs();
     static int s1, s2, c1, c2;
-    assert_int_equal(cps_reqs_add_ordered(rq, &v, &s1, 0, CPS_MSG_PUSH, 0, 1, 7, T0), 0);
+    assert_int_equal(cps__reqs_add_ordered(rq, &v, &s1, 0, CPS_MSG_PUSH, 0, 1, 7, T0), 0);
     expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
-    assert_int_equal(cps_reqs_add_ordered(rq, &v, &s2, 0, CPS_MSG_PUSH, 0, 2, 7, T0), 0);
+    assert_int_equal(cps__reqs_add_ordered(rq, &v, &s2, 0, CPS_MSG_PUSH, 0, 2, 7, T0), 0);
     assert_false(has_action(rq, CPS_RQ_SEND));
-    cps_reqs_tick(rq, &v, T0 + 1);
-    cps_reqs_tick(rq, &v, T0 + 2 + UNAVAIL_MS);
-    const cps_reqs_action *a;
+    cps__reqs_tick(rq, &v, T0 + 1);
+    cps__reqs_tick(rq, &v, T0 + 2 + UNAVAIL_MS);
+    const cps__reqs_action *a;
     size_t n = actions(rq, &a), done = 0;
     for (size_t k = 0; k < n; k++) {
         assert_false(a[k].kind == CPS_RQ_SEND && a[k].seq == 2);
@@ -531,20 +531,20 @@ static void held_request_is_given_up_and_keeps_its_place(void **state)
             continue;
         done++;
         assert_true(a[k].detach);
-        cps_reqs_detach(rq, a[k].index, a[k].seq == 1 ? &c1 : &c2, 0);
+        cps__reqs_detach(rq, a[k].index, a[k].seq == 1 ? &c1 : &c2, 0);
     }
     assert_int_equal(done, 2);
-    assert_int_equal(cps_reqs_detached(rq), 2);
+    assert_int_equal(cps__reqs_detached(rq), 2);
     /* The replica is back: only seq 1 goes out, then seq 2 once seq 1 is answered. */
     v.nodes[0].alive = 1;
-    cps_reqs_tick(rq, &v, T0 + 3 + UNAVAIL_MS + TIMEOUT_MS);
+    cps__reqs_tick(rq, &v, T0 + 3 + UNAVAIL_MS + TIMEOUT_MS);
     expect_send(rq, 1, 1, 5, 1, CPS_RQ_WHY_TIMEOUT, T0 + 3 + UNAVAIL_MS + TIMEOUT_MS);
-    cps_reqs_done d;
+    cps__reqs_done d;
     assert_int_equal(reply(rq, &v, CPS_MSG_ACK, 1, 5, 0, T0 + 4 + UNAVAIL_MS + TIMEOUT_MS, &d),
                      CPS_RQ_REPLY_TAKEN);
     assert_ptr_equal(d.ctx, &c1);
     expect_send(rq, 2, 1, 5, 0, CPS_RQ_WHY_NEW, T0 + 4 + UNAVAIL_MS + TIMEOUT_MS);
-    cps_reqs_destroy(rq);
+    cps__reqs_destroy(rq);
     cps__view_fini(&v);
 }
 
@@ -553,27 +553,27 @@ static void held_request_is_given_up_and_keeps_its_place(void **state)
 static void refusals_complete_and_duplicates_are_ignored(void **state)
 {
     fixture *f = *state;
-    cps_reqs *rq = f->rq;
-    const cps_view *v = &f->v5;
-    assert_int_equal(cps_reqs_add(rq, v, &ctx_a, 0, CPS_MSG_DECLARE, 0, 1, T0), 0);
+    cps__reqs *rq = f->rq;
+    const cps__view *v = &f->v5;
+    assert_int_equal(cps__reqs_add(rq, v, &ctx_a, 0, CPS_MSG_DECLARE, 0, 1, T0), 0);
     expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
-    assert_int_equal(cps_reqs_add(rq, v, &ctx_b, 0, CPS_MSG_PUSH, 0, 2, T0), 0);
+    assert_int_equal(cps__reqs_add(rq, v, &ctx_b, 0, CPS_MSG_PUSH, 0, 2, T0), 0);
     expect_send(rq, 2, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
-    cps_reqs_done d;
+    cps__reqs_done d;
     assert_int_equal(reply(rq, v, CPS_MSG_ERROR, 1, 5, CPS_EINVAL, T0 + 1, &d),
                      CPS_RQ_REPLY_FAILED);
     assert_int_equal(d.status, CPS_EINVAL);
     assert_ptr_equal(d.ctx, &ctx_a);
     assert_int_equal(reply(rq, v, CPS_MSG_ERROR, 2, 5, 3, T0 + 1, &d), CPS_RQ_REPLY_FAILED);
     assert_int_equal(d.status, CPS_EPROTO); /* not an error code */
-    assert_int_equal(cps_reqs_count(rq), 0);
+    assert_int_equal(cps__reqs_count(rq), 0);
     assert_int_equal(reply(rq, v, CPS_MSG_ACK, 1, 5, 0, T0 + 2, &d), CPS_RQ_REPLY_UNKNOWN);
     assert_int_equal(reply(rq, v, CPS_MSG_ERROR, 2, 5, CPS_EAGAIN, T0 + 2, &d),
                      CPS_RQ_REPLY_UNKNOWN);
-    const cps_reqs_action *a;
+    const cps__reqs_action *a;
     assert_int_equal(actions(rq, &a), 0);
 
-    assert_int_equal(cps_reqs_add(rq, v, &ctx_a, 0, CPS_MSG_PUSH, 0, 3, T0), 0);
+    assert_int_equal(cps__reqs_add(rq, v, &ctx_a, 0, CPS_MSG_PUSH, 0, 3, T0), 0);
     expect_send(rq, 3, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
     assert_int_equal(reply(rq, v, CPS_MSG_ACK, 3, 5, 0, T0 + 1, &d), CPS_RQ_REPLY_TAKEN);
     assert_int_equal(reply(rq, v, CPS_MSG_ACK, 3, 5, 0, T0 + 2, &d), CPS_RQ_REPLY_UNKNOWN);
@@ -584,18 +584,18 @@ static void range_without_chain_waits_for_the_timeout(void **state)
 {
     (void)state;
     static const uint32_t none[][CPS_MAX_REPLICAS + 1] = {{0}};
-    cps_view v0, v5;
+    cps__view v0, v5;
     make_view(&v0, 4, 1, none);
     make_view(&v5, 5, 1, ONE_RANGE);
-    cps_reqs *rq = make_reqs();
-    assert_int_equal(cps_reqs_add(rq, &v0, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
-    const cps_reqs_action *a;
+    cps__reqs *rq = make_reqs();
+    assert_int_equal(cps__reqs_add(rq, &v0, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    const cps__reqs_action *a;
     assert_int_equal(actions(rq, &a), 0);
-    cps_reqs_tick(rq, &v5, T0 + TIMEOUT_MS - 1);
+    cps__reqs_tick(rq, &v5, T0 + TIMEOUT_MS - 1);
     assert_false(has_action(rq, CPS_RQ_SEND));
-    cps_reqs_tick(rq, &v5, T0 + TIMEOUT_MS);
+    cps__reqs_tick(rq, &v5, T0 + TIMEOUT_MS);
     expect_send(rq, 1, 1, 5, 1, CPS_RQ_WHY_TIMEOUT, T0 + TIMEOUT_MS);
-    cps_reqs_destroy(rq);
+    cps__reqs_destroy(rq);
     cps__view_fini(&v0);
     cps__view_fini(&v5);
 }

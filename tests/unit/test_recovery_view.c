@@ -11,7 +11,7 @@
 #include "recovery/view_change.h"
 
 /* A view of 4 servers (ids 1..4) and one worker (id 9), 4 ranges on chains of `R`. */
-static void make_view(cps_view *v, uint32_t R)
+static void make_view(cps__view *v, uint32_t R)
 {
     static const uint32_t servers[] = {1, 2, 3, 4};
     cps__view_init(v);
@@ -34,11 +34,11 @@ static void make_view(cps_view *v, uint32_t R)
 static void dead_server_leaves_every_chain_in_order(void **state)
 {
     (void)state;
-    cps_view v, w;
+    cps__view v, w;
     make_view(&v, 3);
     cps__view_init(&w);
     uint32_t lost = 99;
-    assert_int_equal(cps_view_without(&v, 2, &w, &lost), 0);
+    assert_int_equal(cps__view_without(&v, 2, &w, &lost), 0);
     assert_int_equal(w.epoch, 6);
     assert_int_equal(lost, 0);
     assert_false(cps__view_node(&w, 2)->alive);
@@ -62,17 +62,17 @@ static void dead_server_leaves_every_chain_in_order(void **state)
 static void last_replica_stays_and_range_is_reported_lost(void **state)
 {
     (void)state;
-    cps_view v, w;
+    cps__view v, w;
     make_view(&v, 1);
     cps__view_init(&w);
     uint32_t lost = 0;
-    assert_int_equal(cps_view_without(&v, 3, &w, &lost), 0);
+    assert_int_equal(cps__view_without(&v, 3, &w, &lost), 0);
     assert_int_equal(lost, 1);
     assert_int_equal(w.ranges[2].chain_len, 1);
     assert_int_equal(w.ranges[2].chain[0], 3);
-    assert_false(cps_view_range_available(&w, 2));
-    assert_true(cps_view_range_available(&w, 1));
-    assert_int_equal(cps_view_without(&v, 77, &w, NULL), CPS_ENOTFOUND);
+    assert_false(cps__view_range_available(&w, 2));
+    assert_true(cps__view_range_available(&w, 1));
+    assert_int_equal(cps__view_without(&v, 77, &w, NULL), CPS_ENOTFOUND);
     cps__view_fini(&v);
     cps__view_fini(&w);
 }
@@ -80,10 +80,10 @@ static void last_replica_stays_and_range_is_reported_lost(void **state)
 static void dead_worker_keeps_chains(void **state)
 {
     (void)state;
-    cps_view v, w;
+    cps__view v, w;
     make_view(&v, 2);
     cps__view_init(&w);
-    assert_int_equal(cps_view_without(&v, 9, &w, NULL), 0);
+    assert_int_equal(cps__view_without(&v, 9, &w, NULL), 0);
     assert_false(cps__view_node(&w, 9)->alive);
     for (uint32_t r = 0; r < w.nranges; r++)
         assert_int_equal(w.ranges[r].chain_len, 2);

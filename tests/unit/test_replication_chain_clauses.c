@@ -1,6 +1,6 @@
 /* One test per clause of chain replication (van Renesse & Schneider, OSDI 2004) against the
  * pure chain state machine: head, middle, tail, propagation, tail / head / middle crash, and a
- * new tail joining. Servers 1..4 each run a cps_chain over a fake store; a FIFO network carries
+ * new tail joining. Servers 1..4 each run a cps__chain over a fake store; a FIFO network carries
  * their SENDs, and a test may deliver selectively (to one node, out of order) or crash a node
  * (its queued messages vanish). The fake store refuses an APPLY out of sequence, so any update
  * applied twice or out of order fails the test where it happens. */
@@ -26,7 +26,7 @@
 typedef struct node {
     uint32_t id;
     int alive;
-    cps_chain *c;
+    cps__chain *c;
     /* The store: last applied seq, the worker's exactly-once record, and the sum of the pushed
      * deltas (the "parameter" a pull would read). */
     uint64_t seq;
@@ -52,7 +52,7 @@ typedef struct world {
     node n[NSERVERS + 1]; /* by node id; [0] unused */
     msg q[MAXQ];
     size_t nq;
-    cps_view v;
+    cps__view v;
     uint64_t now;
 } world;
 
@@ -79,14 +79,14 @@ static int store_agg(void *ctx, uint32_t range, uint64_t sig, uint64_t *step)
     return 0;
 }
 
-static const cps_chain_store_ops ops = {store_seq, store_dedup, store_agg, NULL};
+static const cps__chain_store_ops ops = {store_seq, store_dedup, store_agg, NULL};
 
 /* Perform the actions of node id's last call, as a server's event loop would. */
 static void take(world *w, uint32_t id)
 {
     node *n = &w->n[id];
-    const cps_chain_action *a;
-    size_t na = cps_chain_actions(n->c, &a);
+    const cps__chain_action *a;
+    size_t na = cps__chain_actions(n->c, &a);
     assert_true(na <= MAXLOG);
     for (size_t i = 0; i < na; i++) {
         n->acts[i] = a[i].kind == CPS_CA_APPLY ? 'A' : a[i].kind == CPS_CA_SEND ? 'S' : 'R';
@@ -133,7 +133,7 @@ static void set_chain(world *w, const uint32_t *chain, uint32_t len)
 static void world_init(world *w, const uint32_t *chain, uint32_t len)
 {
     memset(w, 0, sizeof *w);
-    cps_view *v = &w->v;
+    cps__view *v = &w->v;
     cps__view_init(v);
     v->epoch = 1;
     v->nnodes = NSERVERS + 1;
@@ -158,9 +158,9 @@ static void world_init(world *w, const uint32_t *chain, uint32_t len)
         node *n = &w->n[id];
         n->id = id;
         n->alive = 1;
-        cps_chain_config cfg = {id, RESEND, 1024};
-        assert_int_equal(cps_chain_create(&cfg, &ops, n, &n->c), 0);
-        assert_int_equal(cps_chain_set_view(n->c, v, w->now), 0);
+        cps__chain_config cfg = {id, RESEND, 1024};
+        assert_int_equal(cps__chain_create(&cfg, &ops, n, &n->c), 0);
+        assert_int_equal(cps__chain_set_view(n->c, v, w->now), 0);
         take(w, id);
     }
 }
@@ -170,7 +170,7 @@ static void world_fini(world *w)
     for (size_t i = 0; i < w->nq; i++)
         free(w->q[i].buf);
     for (uint32_t id = 1; id <= NSERVERS; id++)
-        cps_chain_destroy(w->n[id].c);
+        cps__chain_destroy(w->n[id].c);
     cps__view_fini(&w->v);
 }
 
@@ -184,7 +184,7 @@ static void new_view(world *w, const uint32_t *chain, uint32_t len)
     for (uint32_t id = 1; id <= NSERVERS; id++) {
         if (!w->n[id].alive)
             continue;
-        assert_int_equal(cps_chain_set_view(w->n[id].c, &w->v, w->now), 0);
+        assert_int_equal(cps__chain_set_view(w->n[id].c, &w->v, w->now), 0);
         take(w, id);
     }
 }
@@ -214,12 +214,12 @@ static msg unqueue(world *w, size_t i)
 static void deliver_at(world *w, size_t i)
 {
     msg m = unqueue(w, i);
-    cps_msg_hdr h;
+    cps__msg_hdr h;
     assert_int_equal(cps__wire_hdr_decode(m.buf, m.len, &h), 0);
     node *n = &w->n[m.to];
     /* Refusals (a fenced epoch, a gap) are part of the protocol: what counts is the actions. */
-    (void)cps_chain_on_message(n->c, &h, m.buf + CPS_WIRE_HDR_SIZE, m.len - CPS_WIRE_HDR_SIZE,
-                               w->now);
+    (void)cps__chain_on_message(n->c, &h, m.buf + CPS_WIRE_HDR_SIZE, m.len - CPS_WIRE_HDR_SIZE,
+                                w->now);
     take(w, m.to);
     free(m.buf);
 }
@@ -252,7 +252,7 @@ static void deliver_all(world *w)
 static long find_msg(const world *w, uint32_t to, uint8_t type, uint64_t seq)
 {
     for (size_t i = 0; i < w->nq; i++) {
-        cps_msg_hdr h;
+        cps__msg_hdr h;
         if (w->q[i].to == to && cps__wire_hdr_decode(w->q[i].buf, w->q[i].len, &h) == 0 &&
             h.type == type && h.req_seq == seq)
             return (long)i;
@@ -264,13 +264,13 @@ static long find_msg(const world *w, uint32_t to, uint8_t type, uint64_t seq)
 static int push_cookie(world *w, uint32_t head, uint64_t req, void *cookie)
 {
     uint64_t body = req;
-    cps_chain_req rq = {WORKER, CPS_MSG_PUSH, 0, req};
-    cps_chain_update u = {CPS_UPD_PUSH, 0, 0, 1, &rq, &body, sizeof body};
+    cps__chain_req rq = {WORKER, CPS_MSG_PUSH, 0, req};
+    cps__chain_update u = {CPS_UPD_PUSH, 0, 0, 1, &rq, &body, sizeof body};
     node *n = &w->n[head];
-    int verdict = cps_chain_admit(n->c, 0, &rq, 0, 0, cookie);
+    int verdict = cps__chain_admit(n->c, 0, &rq, 0, 0, cookie);
     take(w, head);
     if (verdict == CPS_ADMIT_NEW) {
-        assert_int_equal(cps_chain_submit(n->c, 0, &u, w->now), 0);
+        assert_int_equal(cps__chain_submit(n->c, 0, &u, w->now), 0);
         take(w, head);
     }
     return verdict;
@@ -283,7 +283,7 @@ static void push(world *w, uint32_t head, uint64_t req)
 
 static void tick(world *w, uint32_t id)
 {
-    assert_int_equal(cps_chain_tick(w->n[id].c, w->now), 0);
+    assert_int_equal(cps__chain_tick(w->n[id].c, w->now), 0);
     take(w, id);
 }
 
@@ -309,8 +309,8 @@ static void assert_replied_1_to(const world *w, uint32_t id, uint64_t k)
 /* Node id's range is committed up to `committed` and holds `unacked` FWDs not yet acknowledged. */
 static void assert_held(const world *w, uint32_t id, uint64_t committed, uint32_t unacked)
 {
-    assert_int_equal(cps_chain_committed(w->n[id].c, 0), committed);
-    assert_int_equal(cps_chain_unacked(w->n[id].c, 0), unacked);
+    assert_int_equal(cps__chain_committed(w->n[id].c, 0), committed);
+    assert_int_equal(cps__chain_unacked(w->n[id].c, 0), unacked);
 }
 
 static const uint32_t chain12[] = {1, 2};
@@ -364,7 +364,7 @@ static void head_numbers_applies_and_forwards_and_does_not_answer(void **state)
     assert_int_equal(w->n[1].nreplied, 0);
     assert_int_equal(w->n[2].nreplied, 0);
     assert_replied_1_to(w, 3, 2);
-    assert_int_equal(cps_chain_committed(w->n[1].c, 0), 2);
+    assert_int_equal(cps__chain_committed(w->n[1].c, 0), 2);
 }
 
 /* A middle replica applies FWDs strictly in sequence (a FWD past a gap waits for the re-send),
@@ -377,7 +377,7 @@ static void middle_applies_in_order_forwards_and_holds_until_acked(void **state)
     /* FWD 3 overtakes 1 and 2. */
     deliver_at(w, (size_t)find_msg(w, 2, CPS_MSG_FWD, 3));
     assert_string_equal(w->n[2].acts, "");
-    assert_int_equal(cps_chain_applied(w->n[2].c, 0), 0);
+    assert_int_equal(cps__chain_applied(w->n[2].c, 0), 0);
     deliver_at(w, (size_t)find_msg(w, 2, CPS_MSG_FWD, 1));
     assert_string_equal(w->n[2].acts, "AS");
     assert_int_equal(w->n[2].to[1], 3);
@@ -389,14 +389,14 @@ static void middle_applies_in_order_forwards_and_holds_until_acked(void **state)
     deliver_to(w, 3);
     assert_applied_1_to(w, 3, 2);
     /* The tail's acks are on their way, not yet in: the middle still holds both. */
-    assert_int_equal(cps_chain_unacked(w->n[2].c, 0), 2);
+    assert_int_equal(cps__chain_unacked(w->n[2].c, 0), 2);
     deliver_to(w, 2);
     assert_held(w, 2, 2, 0);
     assert_true(find_msg(w, 1, CPS_MSG_CHAIN_ACK, 2) >= 0); /* passed up */
 
     /* The head re-sends what was not acknowledged; the middle takes it in order. */
     deliver_all(w);
-    assert_int_equal(cps_chain_unacked(w->n[1].c, 0), 1);
+    assert_int_equal(cps__chain_unacked(w->n[1].c, 0), 1);
     w->now += RESEND;
     tick(w, 1);
     tick(w, 2);
@@ -404,7 +404,7 @@ static void middle_applies_in_order_forwards_and_holds_until_acked(void **state)
     deliver_all(w);
     assert_applied_1_to(w, 2, 3);
     assert_applied_1_to(w, 3, 3);
-    assert_int_equal(cps_chain_unacked(w->n[2].c, 0), 0);
+    assert_int_equal(cps__chain_unacked(w->n[2].c, 0), 0);
 }
 
 /* The tail applies, answers the worker and acks up the chain at once. Reads are the tail's: a
@@ -416,10 +416,10 @@ static void tail_applies_answers_acks_and_alone_serves_reads(void **state)
     deliver_to(w, 2);
     assert_int_equal(w->n[2].sum, 1);
     assert_int_equal(w->n[3].sum, 0); /* what a pull reads: the update is not committed */
-    assert_false(cps_chain_can_serve_pull(w->n[1].c, 0));
-    assert_false(cps_chain_can_serve_pull(w->n[2].c, 0));
-    assert_true(cps_chain_can_serve_pull(w->n[3].c, 0));
-    assert_true(cps_chain_is_tail(w->n[3].c, 0));
+    assert_false(cps__chain_can_serve_pull(w->n[1].c, 0));
+    assert_false(cps__chain_can_serve_pull(w->n[2].c, 0));
+    assert_true(cps__chain_can_serve_pull(w->n[3].c, 0));
+    assert_true(cps__chain_is_tail(w->n[3].c, 0));
 
     deliver_to(w, 3);
     assert_string_equal(w->n[3].acts, "ARS");
@@ -464,12 +464,12 @@ static void tail_crash_the_predecessor_commits_and_answers_what_it_held(void **s
     assert_int_equal(w->n[2].nreplied, 0);
 
     new_view(w, chain12, 2);
-    assert_true(cps_chain_is_tail(w->n[2].c, 0));
+    assert_true(cps__chain_is_tail(w->n[2].c, 0));
     assert_int_equal(w->n[2].nreplied, 2);
     assert_int_equal(w->n[2].replied[0], 2);
     assert_int_equal(w->n[2].replied[1], 3);
     assert_held(w, 2, 3, 0);
-    assert_true(cps_chain_can_serve_pull(w->n[2].c, 0));
+    assert_true(cps__chain_can_serve_pull(w->n[2].c, 0));
     deliver_all(w);
     assert_held(w, 1, 3, 0);
 
@@ -495,7 +495,7 @@ static void head_crash_the_successor_numbers_on_and_dedups_resends(void **state)
 
     static const uint32_t chain23[] = {2, 3};
     new_view(w, chain23, 2);
-    assert_true(cps_chain_is_head(w->n[2].c, 0));
+    assert_true(cps__chain_is_head(w->n[2].c, 0));
     /* The worker, unanswered, re-sends both pushes to the new head. */
     int cookie2, cookie3;
     assert_int_equal(push_cookie(w, 2, 2, &cookie2), CPS_ADMIT_DUP);
@@ -509,7 +509,7 @@ static void head_crash_the_successor_numbers_on_and_dedups_resends(void **state)
     deliver_all(w);
     for (uint32_t id = 2; id <= 3; id++) {
         assert_applied_1_to(w, id, 3);
-        assert_int_equal(cps_chain_unacked(w->n[id].c, 0), 0);
+        assert_int_equal(cps__chain_unacked(w->n[id].c, 0), 0);
     }
     assert_replied_1_to(w, 3, 3);
     /* The duplicate got its answer from the head once push 2 committed. */
@@ -530,7 +530,7 @@ static void middle_crash_the_predecessor_resends_its_sent_list_once_each(void **
     deliver_at(w, (size_t)find_msg(w, 3, CPS_MSG_FWD, 1)); /* only FWD 1 got past 2 */
     assert_applied_1_to(w, 3, 1);
     crash(w, 2);
-    assert_int_equal(cps_chain_unacked(w->n[1].c, 0), 3);
+    assert_int_equal(cps__chain_unacked(w->n[1].c, 0), 3);
 
     static const uint32_t chain13[] = {1, 3};
     new_view(w, chain13, 2);
@@ -565,9 +565,9 @@ static void a_new_tail_joins_by_state_transfer_and_misses_no_update(void **state
     push(w, 1, 2);
     deliver_all(w);
 
-    assert_int_equal(cps_chain_begin_join(w->n[3].c, 0, 2), 0);
+    assert_int_equal(cps__chain_begin_join(w->n[3].c, 0, 2), 0);
     take(w, 3);
-    assert_int_equal(cps_chain_add_shadow(w->n[2].c, 0, 3, 1, w->now), 0);
+    assert_int_equal(cps__chain_add_shadow(w->n[2].c, 0, 3, 1, w->now), 0);
     take(w, 2);
     node snap = w->n[2]; /* the tail's read transaction starts here */
     /* Updates during the transfer: committed and answered by the tail, held by the joiner. */
@@ -576,25 +576,25 @@ static void a_new_tail_joins_by_state_transfer_and_misses_no_update(void **state
     deliver_all(w);
     assert_replied_1_to(w, 2, 4);
     assert_int_equal(w->n[3].napplied, 0);
-    assert_int_equal(cps_chain_unacked(w->n[2].c, 0), 2); /* owed to the joiner */
+    assert_int_equal(cps__chain_unacked(w->n[2].c, 0), 2); /* owed to the joiner */
 
     install_snapshot(w, &snap, 3);
-    assert_int_equal(cps_chain_join_ready(w->n[3].c, 0, snap.seq, w->now), 0);
+    assert_int_equal(cps__chain_join_ready(w->n[3].c, 0, snap.seq, w->now), 0);
     take(w, 3);
     assert_applied_1_to(w, 3, 4);
     deliver_all(w);
-    assert_int_equal(cps_chain_unacked(w->n[2].c, 0), 0);
+    assert_int_equal(cps__chain_unacked(w->n[2].c, 0), 0);
     push(w, 1, 5);
     deliver_all(w);
     assert_applied_1_to(w, 3, 5);
 
     new_view(w, chain123, 3);
-    assert_true(cps_chain_is_tail(w->n[3].c, 0));
-    assert_false(cps_chain_is_tail(w->n[2].c, 0));
+    assert_true(cps__chain_is_tail(w->n[3].c, 0));
+    assert_false(cps__chain_is_tail(w->n[2].c, 0));
     /* Until its predecessor's MARK arrives it cannot know it holds all that was acknowledged. */
-    assert_false(cps_chain_can_serve_pull(w->n[3].c, 0));
+    assert_false(cps__chain_can_serve_pull(w->n[3].c, 0));
     deliver_all(w);
-    assert_true(cps_chain_can_serve_pull(w->n[3].c, 0));
+    assert_true(cps__chain_can_serve_pull(w->n[3].c, 0));
 
     push(w, 1, 6);
     deliver_all(w);
@@ -604,7 +604,7 @@ static void a_new_tail_joins_by_state_transfer_and_misses_no_update(void **state
     assert_int_equal(w->n[3].replied[0], 6);
     assert_replied_1_to(w, 2, 5);
     for (uint32_t id = 1; id <= 2; id++)
-        assert_int_equal(cps_chain_unacked(w->n[id].c, 0), 0);
+        assert_int_equal(cps__chain_unacked(w->n[id].c, 0), 0);
 }
 
 int main(void)

@@ -14,9 +14,9 @@
 /* Worker node ids are 10 + rank; one server (id 1) so roles other than workers are skipped. */
 #define NW 4
 
-static cps_node_info nodes[1 + NW];
+static cps__node_info nodes[1 + NW];
 
-static void make_view(cps_view *v, uint32_t workers)
+static void make_view(cps__view *v, uint32_t workers)
 {
     memset(v, 0, sizeof *v);
     memset(nodes, 0, sizeof nodes);
@@ -25,10 +25,10 @@ static void make_view(cps_view *v, uint32_t workers)
     v->num_workers = workers;
     v->nnodes = 1 + workers;
     v->nodes = nodes;
-    nodes[0] = (cps_node_info){.id = 1, .role = CPS_ROLE_SERVER, .alive = 1, .rank = 0};
+    nodes[0] = (cps__node_info){.id = 1, .role = CPS_ROLE_SERVER, .alive = 1, .rank = 0};
     for (uint32_t r = 0; r < workers; r++)
         nodes[1 + r] =
-            (cps_node_info){.id = 10 + r, .role = CPS_ROLE_WORKER, .alive = 1, .rank = r};
+            (cps__node_info){.id = 10 + r, .role = CPS_ROLE_WORKER, .alive = 1, .rank = r};
 }
 
 /* A cookie: one rank's gradient, and a count of the times the aggregator dropped it. */
@@ -46,50 +46,50 @@ static void drop(void *ctx, void *cookie)
 }
 
 /* A view of `workers` live workers and an empty aggregator whose drops count in *dropped. */
-static cps_sync *setup_sync(cps_view *v, uint32_t workers, int *dropped)
+static cps__sync *setup_sync(cps__view *v, uint32_t workers, int *dropped)
 {
     make_view(v, workers);
     *dropped = 0;
-    cps_sync *a;
-    assert_int_equal(cps_sync_create(drop, dropped, &a), 0);
+    cps__sync *a;
+    assert_int_equal(cps__sync_create(drop, dropped, &a), 0);
     return a;
 }
 
-static int push(cps_sync *a, const cps_view *v, uint64_t step, grad *g, uint64_t now)
+static int push(cps__sync *a, const cps__view *v, uint64_t step, grad *g, uint64_t now)
 {
-    cps_sync_contrib c = {10 + g->rank, CPS_MSG_PUSH, 100 + step, 3, g};
-    return cps_sync_push(a, v, 0, 0xabc, step, g->rank, &c, now);
+    cps__sync_contrib c = {10 + g->rank, CPS_MSG_PUSH, 100 + step, 3, g};
+    return cps__sync_push(a, v, 0, 0xabc, step, g->rank, &c, now);
 }
 
-static const cps_sync_action *only_action(cps_sync *a, int kind)
+static const cps__sync_action *only_action(cps__sync *a, int kind)
 {
-    const cps_sync_action *acts;
-    size_t n = cps_sync_actions(a, &acts);
+    const cps__sync_action *acts;
+    size_t n = cps__sync_actions(a, &acts);
     assert_int_equal(n, 1);
     assert_int_equal(acts[0].kind, kind);
     return &acts[0];
 }
 
-static void no_actions(cps_sync *a)
+static void no_actions(cps__sync *a)
 {
-    const cps_sync_action *acts;
-    assert_int_equal(cps_sync_actions(a, &acts), 0);
+    const cps__sync_action *acts;
+    assert_int_equal(cps__sync_actions(a, &acts), 0);
 }
 
 static void completes_exactly_when_every_live_worker_pushed(void **state)
 {
     (void)state;
-    cps_view v;
+    cps__view v;
     int dropped;
-    cps_sync *a = setup_sync(&v, 3, &dropped);
+    cps__sync *a = setup_sync(&v, 3, &dropped);
     grad g[3] = {{.rank = 0}, {.rank = 1}, {.rank = 2}};
     assert_int_equal(push(a, &v, 7, &g[1], 0), CPS_SYNC_TAKEN);
     no_actions(a);
     assert_int_equal(push(a, &v, 7, &g[0], 1), CPS_SYNC_TAKEN);
     no_actions(a);
-    assert_int_equal(cps_sync_pending(a), 1);
+    assert_int_equal(cps__sync_pending(a), 1);
     assert_int_equal(push(a, &v, 7, &g[2], 2), CPS_SYNC_TAKEN);
-    const cps_sync_action *s = only_action(a, CPS_SA_SUBMIT);
+    const cps__sync_action *s = only_action(a, CPS_SA_SUBMIT);
     assert_int_equal(s->range, 0);
     assert_int_equal(s->sig, 0xabc);
     assert_int_equal(s->step, 7);
@@ -100,9 +100,9 @@ static void completes_exactly_when_every_live_worker_pushed(void **state)
         assert_int_equal(s->by_rank[r].worker, 10 + r);
         assert_int_equal(s->by_rank[r].req_seq, 107);
     }
-    assert_int_equal(cps_sync_pending(a), 0);
+    assert_int_equal(cps__sync_pending(a), 0);
     /* A submitted step's cookies went back to the caller: destroy must not drop them. */
-    cps_sync_destroy(a);
+    cps__sync_destroy(a);
     assert_int_equal(dropped, 0);
 }
 
@@ -110,7 +110,7 @@ static void completes_exactly_when_every_live_worker_pushed(void **state)
 static const float vals[NW][3] = {
     {1e8f, 1.0f, 0.1f}, {1.0f, 1e8f, 0.2f}, {-1e8f, 3.0f, 0.3f}, {1.0f, -1e8f, 1e-8f}};
 
-static void sum_by_rank(const cps_sync_action *s, float out[3])
+static void sum_by_rank(const cps__sync_action *s, float out[3])
 {
     int first = 1;
     for (uint32_t r = 0; r < s->nranks; r++) {
@@ -131,13 +131,13 @@ static void aggregate_is_bitwise_equal_in_every_arrival_order(void **state)
         {1, 0, 2, 3}, {1, 0, 3, 2}, {1, 2, 0, 3}, {1, 2, 3, 0}, {1, 3, 0, 2}, {1, 3, 2, 0},
         {2, 0, 1, 3}, {2, 0, 3, 1}, {2, 1, 0, 3}, {2, 1, 3, 0}, {2, 3, 0, 1}, {2, 3, 1, 0},
         {3, 0, 1, 2}, {3, 0, 2, 1}, {3, 1, 0, 2}, {3, 1, 2, 0}, {3, 2, 0, 1}, {3, 2, 1, 0}};
-    cps_view v;
+    cps__view v;
     make_view(&v, NW);
     float ref[3];
     int arrival_order_differs = 0;
     for (int p = 0; p < 24; p++) {
-        cps_sync *a;
-        assert_int_equal(cps_sync_create(NULL, NULL, &a), 0);
+        cps__sync *a;
+        assert_int_equal(cps__sync_create(NULL, NULL, &a), 0);
         grad g[NW];
         float naive[3] = {0, 0, 0};
         for (int k = 0; k < NW; k++) {
@@ -154,7 +154,7 @@ static void aggregate_is_bitwise_equal_in_every_arrival_order(void **state)
             memcpy(ref, sum, sizeof ref);
         assert_memory_equal(sum, ref, sizeof ref);
         arrival_order_differs |= memcmp(naive, ref, sizeof ref) != 0;
-        cps_sync_destroy(a);
+        cps__sync_destroy(a);
     }
     /* The values are chosen so that summing as pushes arrive would not be reproducible. */
     assert_true(arrival_order_differs);
@@ -163,73 +163,73 @@ static void aggregate_is_bitwise_equal_in_every_arrival_order(void **state)
 static void dead_worker_is_no_longer_waited_for(void **state)
 {
     (void)state;
-    cps_view v;
+    cps__view v;
     int dropped;
-    cps_sync *a = setup_sync(&v, 3, &dropped);
+    cps__sync *a = setup_sync(&v, 3, &dropped);
     grad g[3] = {{.rank = 0}, {.rank = 1}, {.rank = 2}};
     assert_int_equal(push(a, &v, 4, &g[0], 0), CPS_SYNC_TAKEN);
     assert_int_equal(push(a, &v, 4, &g[2], 0), CPS_SYNC_TAKEN);
     no_actions(a);
     /* The same view again completes nothing. */
-    assert_int_equal(cps_sync_set_view(a, &v), 0);
+    assert_int_equal(cps__sync_set_view(a, &v), 0);
     no_actions(a);
     nodes[1 + 1].alive = 0; /* rank 1 declared dead */
     v.epoch++;
-    assert_int_equal(cps_sync_set_view(a, &v), 0);
-    const cps_sync_action *s = only_action(a, CPS_SA_SUBMIT);
+    assert_int_equal(cps__sync_set_view(a, &v), 0);
+    const cps__sync_action *s = only_action(a, CPS_SA_SUBMIT);
     assert_int_equal(s->count, 2);
     assert_ptr_equal(s->by_rank[0].cookie, &g[0]);
     assert_null(s->by_rank[1].cookie);
     assert_ptr_equal(s->by_rank[2].cookie, &g[2]);
-    assert_int_equal(cps_sync_pending(a), 0);
+    assert_int_equal(cps__sync_pending(a), 0);
     /* The next step completes with the two live workers alone. */
     assert_int_equal(push(a, &v, 5, &g[2], 0), CPS_SYNC_TAKEN);
     no_actions(a);
     assert_int_equal(push(a, &v, 5, &g[0], 0), CPS_SYNC_TAKEN);
     assert_int_equal(only_action(a, CPS_SA_SUBMIT)->count, 2);
-    cps_sync_destroy(a);
+    cps__sync_destroy(a);
     assert_int_equal(dropped, 0);
 }
 
 static void push_of_a_worker_that_then_died_still_counts(void **state)
 {
     (void)state;
-    cps_view v;
+    cps__view v;
     int dropped;
-    cps_sync *a = setup_sync(&v, 2, &dropped);
+    cps__sync *a = setup_sync(&v, 2, &dropped);
     grad g[2] = {{.rank = 0}, {.rank = 1}};
     assert_int_equal(push(a, &v, 9, &g[1], 0), CPS_SYNC_TAKEN);
     nodes[1 + 1].alive = 0;
-    assert_int_equal(cps_sync_set_view(a, &v), 0);
+    assert_int_equal(cps__sync_set_view(a, &v), 0);
     no_actions(a); /* rank 0 is alive and missing */
     assert_int_equal(push(a, &v, 9, &g[0], 0), CPS_SYNC_TAKEN);
-    const cps_sync_action *s = only_action(a, CPS_SA_SUBMIT);
+    const cps__sync_action *s = only_action(a, CPS_SA_SUBMIT);
     assert_int_equal(s->count, 2);
     assert_ptr_equal(s->by_rank[1].cookie, &g[1]);
-    cps_sync_destroy(a);
+    cps__sync_destroy(a);
 }
 
 static void retry_and_size_mismatch_leave_the_cookie_with_the_caller(void **state)
 {
     (void)state;
-    cps_view v;
+    cps__view v;
     int dropped;
-    cps_sync *a = setup_sync(&v, 2, &dropped);
+    cps__sync *a = setup_sync(&v, 2, &dropped);
     grad g0 = {.rank = 0}, again = {.rank = 0}, longer = {.rank = 1};
     assert_int_equal(push(a, &v, 1, &g0, 0), CPS_SYNC_TAKEN);
     assert_int_equal(push(a, &v, 1, &again, 0), CPS_SYNC_RETRY);
     no_actions(a);
-    cps_sync_contrib c = {11, CPS_MSG_PUSH, 5, 4, &longer};
-    assert_int_equal(cps_sync_push(a, &v, 0, 0xabc, 1, 1, &c, 0), CPS_SYNC_SIZE);
+    cps__sync_contrib c = {11, CPS_MSG_PUSH, 5, 4, &longer};
+    assert_int_equal(cps__sync_push(a, &v, 0, 0xabc, 1, 1, &c, 0), CPS_SYNC_SIZE);
     no_actions(a);
     /* Out-of-range rank and a missing cookie are refused. */
     c.nvals = 3;
-    assert_int_equal(cps_sync_push(a, &v, 0, 0xabc, 1, 2, &c, 0), CPS_EINVAL);
+    assert_int_equal(cps__sync_push(a, &v, 0, 0xabc, 1, 2, &c, 0), CPS_EINVAL);
     c.cookie = NULL;
-    assert_int_equal(cps_sync_push(a, &v, 0, 0xabc, 1, 1, &c, 0), CPS_EINVAL);
-    assert_int_equal(cps_sync_pending(a), 1);
+    assert_int_equal(cps__sync_push(a, &v, 0, 0xabc, 1, 1, &c, 0), CPS_EINVAL);
+    assert_int_equal(cps__sync_pending(a), 1);
     /* Destroy drops what it holds, once each, and nothing it refused. */
-    cps_sync_destroy(a);
+    cps__sync_destroy(a);
     assert_int_equal(dropped, 1);
     assert_int_equal(g0.dropped, 1);
     assert_int_equal(again.dropped + longer.dropped, 0);
@@ -238,56 +238,56 @@ static void retry_and_size_mismatch_leave_the_cookie_with_the_caller(void **stat
 static void steps_key_sets_and_ranges_are_separate_slots(void **state)
 {
     (void)state;
-    cps_view v;
+    cps__view v;
     int dropped;
-    cps_sync *a = setup_sync(&v, 2, &dropped);
+    cps__sync *a = setup_sync(&v, 2, &dropped);
     grad g[6] = {{.rank = 0}, {.rank = 0}, {.rank = 0}, {.rank = 1}, {.rank = 1}, {.rank = 1}};
-    cps_sync_contrib c = {10, CPS_MSG_PUSH, 1, 3, &g[0]};
-    assert_int_equal(cps_sync_push(a, &v, 0, 1, 1, 0, &c, 0), CPS_SYNC_TAKEN);
+    cps__sync_contrib c = {10, CPS_MSG_PUSH, 1, 3, &g[0]};
+    assert_int_equal(cps__sync_push(a, &v, 0, 1, 1, 0, &c, 0), CPS_SYNC_TAKEN);
     c.cookie = &g[1];
-    assert_int_equal(cps_sync_push(a, &v, 0, 1, 2, 0, &c, 0), CPS_SYNC_TAKEN); /* step */
+    assert_int_equal(cps__sync_push(a, &v, 0, 1, 2, 0, &c, 0), CPS_SYNC_TAKEN); /* step */
     c.cookie = &g[2];
-    assert_int_equal(cps_sync_push(a, &v, 1, 1, 1, 0, &c, 0), CPS_SYNC_TAKEN); /* range */
-    assert_int_equal(cps_sync_pending(a), 3);
-    c = (cps_sync_contrib){11, CPS_MSG_PUSH_PULL, 1, 3, &g[3]};
-    assert_int_equal(cps_sync_push(a, &v, 0, 2, 1, 1, &c, 0), CPS_SYNC_TAKEN); /* key set */
+    assert_int_equal(cps__sync_push(a, &v, 1, 1, 1, 0, &c, 0), CPS_SYNC_TAKEN); /* range */
+    assert_int_equal(cps__sync_pending(a), 3);
+    c = (cps__sync_contrib){11, CPS_MSG_PUSH_PULL, 1, 3, &g[3]};
+    assert_int_equal(cps__sync_push(a, &v, 0, 2, 1, 1, &c, 0), CPS_SYNC_TAKEN); /* key set */
     no_actions(a);
-    assert_int_equal(cps_sync_pending(a), 4);
+    assert_int_equal(cps__sync_pending(a), 4);
     c.cookie = &g[4];
-    assert_int_equal(cps_sync_push(a, &v, 1, 1, 1, 1, &c, 0), CPS_SYNC_TAKEN);
-    const cps_sync_action *s = only_action(a, CPS_SA_SUBMIT);
+    assert_int_equal(cps__sync_push(a, &v, 1, 1, 1, 1, &c, 0), CPS_SYNC_TAKEN);
+    const cps__sync_action *s = only_action(a, CPS_SA_SUBMIT);
     assert_int_equal(s->range, 1);
     assert_ptr_equal(s->by_rank[0].cookie, &g[2]);
     assert_ptr_equal(s->by_rank[1].cookie, &g[4]);
     assert_int_equal(s->by_rank[1].type, CPS_MSG_PUSH_PULL);
-    assert_int_equal(cps_sync_pending(a), 3);
-    cps_sync_destroy(a);
+    assert_int_equal(cps__sync_pending(a), 3);
+    cps__sync_destroy(a);
 }
 
 static void a_stuck_step_is_reported_then_repeated(void **state)
 {
     (void)state;
-    cps_view v;
+    cps__view v;
     int dropped;
-    cps_sync *a = setup_sync(&v, 2, &dropped);
+    cps__sync *a = setup_sync(&v, 2, &dropped);
     grad g = {.rank = 1};
     assert_int_equal(push(a, &v, 3, &g, 1000), CPS_SYNC_TAKEN);
-    assert_int_equal(cps_sync_tick(a, 1000 + CPS_SYNC_STUCK_MS - 1), 0);
+    assert_int_equal(cps__sync_tick(a, 1000 + CPS_SYNC_STUCK_MS - 1), 0);
     no_actions(a);
-    assert_int_equal(cps_sync_tick(a, 1000 + CPS_SYNC_STUCK_MS), 0);
-    const cps_sync_action *s = only_action(a, CPS_SA_STUCK);
+    assert_int_equal(cps__sync_tick(a, 1000 + CPS_SYNC_STUCK_MS), 0);
+    const cps__sync_action *s = only_action(a, CPS_SA_STUCK);
     assert_int_equal(s->since_ms, 1000);
     assert_int_equal(s->step, 3);
     assert_null(s->by_rank[0].cookie);
     assert_ptr_equal(s->by_rank[1].cookie, &g);
     uint64_t warned = 1000 + CPS_SYNC_STUCK_MS;
-    assert_int_equal(cps_sync_tick(a, warned + CPS_SYNC_STUCK_REPEAT_MS - 1), 0);
+    assert_int_equal(cps__sync_tick(a, warned + CPS_SYNC_STUCK_REPEAT_MS - 1), 0);
     no_actions(a);
-    assert_int_equal(cps_sync_tick(a, warned + CPS_SYNC_STUCK_REPEAT_MS), 0);
+    assert_int_equal(cps__sync_tick(a, warned + CPS_SYNC_STUCK_REPEAT_MS), 0);
     only_action(a, CPS_SA_STUCK);
     /* Reporting does not release the slot. */
-    assert_int_equal(cps_sync_pending(a), 1);
-    cps_sync_destroy(a);
+    assert_int_equal(cps__sync_pending(a), 1);
+    cps__sync_destroy(a);
 }
 
 /* A later step of a key set that completes first is held until the earlier open one is
@@ -296,61 +296,61 @@ static void a_stuck_step_is_reported_then_repeated(void **state)
 static void steps_of_a_key_set_are_submitted_in_order(void **state)
 {
     (void)state;
-    cps_view v;
+    cps__view v;
     int dropped;
-    cps_sync *a = setup_sync(&v, 2, &dropped);
+    cps__sync *a = setup_sync(&v, 2, &dropped);
     grad g[4] = {{.rank = 0}, {.rank = 0}, {.rank = 1}, {.rank = 1}};
     assert_int_equal(push(a, &v, 7, &g[0], 0), CPS_SYNC_TAKEN); /* step 7: rank 1 missing */
     assert_int_equal(push(a, &v, 8, &g[1], 0), CPS_SYNC_TAKEN);
     assert_int_equal(push(a, &v, 8, &g[2], 0), CPS_SYNC_TAKEN); /* step 8 complete: held */
     no_actions(a);
-    assert_int_equal(cps_sync_pending(a), 2);
+    assert_int_equal(cps__sync_pending(a), 2);
     /* A held slot is not reported stuck: the step it waits for is. */
-    assert_int_equal(cps_sync_tick(a, CPS_SYNC_STUCK_MS), 0);
+    assert_int_equal(cps__sync_tick(a, CPS_SYNC_STUCK_MS), 0);
     assert_int_equal(only_action(a, CPS_SA_STUCK)->step, 7);
     /* Another key set completes on its own. */
     grad o = {.rank = 0}, o2 = {.rank = 1};
-    cps_sync_contrib c = {10, CPS_MSG_PUSH, 1, 3, &o};
-    assert_int_equal(cps_sync_push(a, &v, 0, 0xdef, 9, 0, &c, 0), CPS_SYNC_TAKEN);
-    c = (cps_sync_contrib){11, CPS_MSG_PUSH, 2, 3, &o2};
-    assert_int_equal(cps_sync_push(a, &v, 0, 0xdef, 9, 1, &c, 0), CPS_SYNC_TAKEN);
+    cps__sync_contrib c = {10, CPS_MSG_PUSH, 1, 3, &o};
+    assert_int_equal(cps__sync_push(a, &v, 0, 0xdef, 9, 0, &c, 0), CPS_SYNC_TAKEN);
+    c = (cps__sync_contrib){11, CPS_MSG_PUSH, 2, 3, &o2};
+    assert_int_equal(cps__sync_push(a, &v, 0, 0xdef, 9, 1, &c, 0), CPS_SYNC_TAKEN);
     assert_int_equal(only_action(a, CPS_SA_SUBMIT)->sig, 0xdef);
 
     assert_int_equal(push(a, &v, 7, &g[3], 0), CPS_SYNC_TAKEN);
-    const cps_sync_action *acts;
-    assert_int_equal(cps_sync_actions(a, &acts), 2);
+    const cps__sync_action *acts;
+    assert_int_equal(cps__sync_actions(a, &acts), 2);
     assert_int_equal(acts[0].kind, CPS_SA_SUBMIT);
     assert_int_equal(acts[0].step, 7);
     assert_ptr_equal(acts[0].by_rank[1].cookie, &g[3]);
     assert_int_equal(acts[1].kind, CPS_SA_SUBMIT);
     assert_int_equal(acts[1].step, 8);
     assert_ptr_equal(acts[1].by_rank[0].cookie, &g[1]);
-    assert_int_equal(cps_sync_pending(a), 0);
+    assert_int_equal(cps__sync_pending(a), 0);
     /* Both slots were released: the next step opens and completes on its own. */
     grad n0 = {.rank = 0}, n1 = {.rank = 1};
     assert_int_equal(push(a, &v, 9, &n0, 0), CPS_SYNC_TAKEN);
     assert_int_equal(push(a, &v, 9, &n1, 0), CPS_SYNC_TAKEN);
     assert_int_equal(only_action(a, CPS_SA_SUBMIT)->step, 9);
     assert_int_equal(dropped, 0);
-    cps_sync_destroy(a);
+    cps__sync_destroy(a);
 }
 
 static void a_released_slot_is_reused_for_the_next_step(void **state)
 {
     (void)state;
-    cps_view v;
+    cps__view v;
     int dropped;
-    cps_sync *a = setup_sync(&v, 1, &dropped);
+    cps__sync *a = setup_sync(&v, 1, &dropped);
     for (uint64_t step = 1; step <= 100; step++) {
         grad g = {.rank = 0};
         assert_int_equal(push(a, &v, step, &g, step), CPS_SYNC_TAKEN);
-        const cps_sync_action *s = only_action(a, CPS_SA_SUBMIT);
+        const cps__sync_action *s = only_action(a, CPS_SA_SUBMIT);
         assert_int_equal(s->step, step);
         assert_int_equal(s->since_ms, step);
-        assert_int_equal(cps_sync_pending(a), 0);
+        assert_int_equal(cps__sync_pending(a), 0);
     }
-    cps_sync_destroy(a);
-    cps_sync_destroy(NULL);
+    cps__sync_destroy(a);
+    cps__sync_destroy(NULL);
 }
 
 int main(void)

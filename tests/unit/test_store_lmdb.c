@@ -27,7 +27,7 @@
 
 typedef struct fixture {
     char dir[512];
-    cps_store *s;
+    cps__store *s;
     char mnt[512]; /* a tmpfs mounted for the test (unmounted at teardown), or "" */
 } fixture;
 
@@ -66,13 +66,13 @@ static int teardown(void **state)
 
 static void open_store(fixture *f, size_t map)
 {
-    cps_store_opts o = {.initial_map_bytes = map};
+    cps__store_opts o = {.initial_map_bytes = map};
     assert_int_equal(cps__store_open(f->dir, &o, &f->s), 0);
 }
 
-static cps_param_spec spec_of(uint32_t opt, uint32_t init, float lr)
+static cps__param_spec spec_of(uint32_t opt, uint32_t init, float lr)
 {
-    cps_param_spec s;
+    cps__param_spec s;
     memset(&s, 0, sizeof s);
     s.opt_kind = opt;
     s.init_kind = init;
@@ -89,35 +89,35 @@ typedef struct op {
     uint64_t key;
     uint32_t len;
     uint64_t offset;
-    cps_param_spec spec;
+    cps__param_spec spec;
     const float *grad;
     float *out;
-    cps_param_rec rec;
+    cps__param_rec rec;
     float *copy;       /* get: values copied out of the borrowed record */
     float *copy_state; /* get: state copied out */
     int fail_after;    /* create: then return this error (abort) */
 } op;
 
-static int do_create(cps_txn *t, void *a)
+static int do_create(cps__txn *t, void *a)
 {
     op *o = a;
     int rc = cps__store_param_create(t, o->key, o->len, o->offset, &o->spec);
     return rc ? rc : o->fail_after;
 }
 
-static int do_apply(cps_txn *t, void *a)
+static int do_apply(cps__txn *t, void *a)
 {
     op *o = a;
     return cps__store_param_apply(t, o->key, o->grad, o->len);
 }
 
-static int do_read(cps_txn *t, void *a)
+static int do_read(cps__txn *t, void *a)
 {
     op *o = a;
     return cps__store_param_read(t, o->key, o->out, o->len);
 }
 
-static int do_get(cps_txn *t, void *a)
+static int do_get(cps__txn *t, void *a)
 {
     op *o = a;
     int rc = cps__store_param_get(t, o->key, &o->rec);
@@ -129,25 +129,26 @@ static int do_get(cps_txn *t, void *a)
     return rc;
 }
 
-static int do_put(cps_txn *t, void *a)
+static int do_put(cps__txn *t, void *a)
 {
     op *o = a;
     return cps__store_param_put(t, o->key, &o->rec);
 }
 
-static int create(cps_store *s, uint64_t key, uint32_t len, uint64_t off, const cps_param_spec *sp)
+static int create(cps__store *s, uint64_t key, uint32_t len, uint64_t off,
+                  const cps__param_spec *sp)
 {
     op o = {.key = key, .len = len, .offset = off, .spec = *sp};
     return cps__store_write(s, do_create, &o);
 }
 
-static int apply(cps_store *s, uint64_t key, const float *g, uint32_t len)
+static int apply(cps__store *s, uint64_t key, const float *g, uint32_t len)
 {
     op o = {.key = key, .len = len, .grad = g};
     return cps__store_write(s, do_apply, &o);
 }
 
-static int readv(cps_store *s, uint64_t key, float *out, uint32_t len)
+static int readv(cps__store *s, uint64_t key, float *out, uint32_t len)
 {
     op o = {.key = key, .len = len, .out = out};
     return cps__store_read(s, do_read, &o);
@@ -160,7 +161,7 @@ static void test_create_get_apply_read(void **state)
     fixture *f = *state;
     open_store(f, 0);
     enum { L = 37 };
-    cps_param_spec sp = spec_of(CPS_W_OPT_ADAM, CPS_W_INIT_UNIFORM, 0.01f);
+    cps__param_spec sp = spec_of(CPS_W_OPT_ADAM, CPS_W_INIT_UNIFORM, 0.01f);
     assert_int_equal(create(f->s, 42, L, 100, &sp), 0);
 
     float want[L], got[L], st[2 * L], gst[2 * L], grad[L];
@@ -194,7 +195,7 @@ static void test_create_idempotent(void **state)
 {
     fixture *f = *state;
     open_store(f, 0);
-    cps_param_spec sp = spec_of(CPS_W_OPT_MOMENTUM, CPS_W_INIT_NORMAL, 0.1f);
+    cps__param_spec sp = spec_of(CPS_W_OPT_MOMENTUM, CPS_W_INIT_NORMAL, 0.1f);
     sp.momentum = 0.9f;
     float g[8] = {1, 1, 1, 1, 1, 1, 1, 1}, before[8], after[8];
     assert_int_equal(create(f->s, 1, 8, 0, &sp), 0);
@@ -206,20 +207,20 @@ static void test_create_idempotent(void **state)
     assert_memory_equal(before, after, sizeof before);
     /* Different length or hyper-parameter: refused. */
     assert_int_equal(create(f->s, 1, 9, 0, &sp), CPS_EEXIST);
-    cps_param_spec other = sp;
+    cps__param_spec other = sp;
     other.lr = 0.2f;
     assert_int_equal(create(f->s, 1, 8, 0, &other), CPS_EEXIST);
     other = sp;
     other.nesterov = 1;
     assert_int_equal(create(f->s, 1, 8, 0, &other), CPS_EEXIST);
     /* 0 means "default": declaring with 0 and with the default value is the same tensor. */
-    cps_param_spec a0 = spec_of(CPS_W_OPT_ADAM, CPS_W_INIT_ZEROS, 0.01f), ad = a0;
+    cps__param_spec a0 = spec_of(CPS_W_OPT_ADAM, CPS_W_INIT_ZEROS, 0.01f), ad = a0;
     ad.beta1 = 0.9f, ad.beta2 = 0.999f, ad.eps = 1e-8f;
     assert_int_equal(create(f->s, 2, 4, 0, &a0), 0);
     assert_int_equal(create(f->s, 2, 4, 0, &ad), 0);
     /* Bad arguments. */
     assert_int_equal(create(f->s, 3, 0, 0, &sp), CPS_EINVAL);
-    cps_param_spec bad = sp;
+    cps__param_spec bad = sp;
     bad.opt_kind = 17;
     assert_int_equal(create(f->s, 3, 4, 0, &bad), CPS_EINVAL);
 }
@@ -233,7 +234,7 @@ static void test_errors(void **state)
     assert_int_equal(cps__store_read(f->s, do_get, &g), CPS_ENOTFOUND);
     assert_int_equal(readv(f->s, 9, v, 4), CPS_ENOTFOUND);
     assert_int_equal(apply(f->s, 9, v, 4), CPS_ENOTFOUND);
-    cps_param_spec sp = spec_of(CPS_W_OPT_SGD, CPS_W_INIT_CONSTANT, 0.1f);
+    cps__param_spec sp = spec_of(CPS_W_OPT_SGD, CPS_W_INIT_CONSTANT, 0.1f);
     assert_int_equal(create(f->s, 9, 4, 0, &sp), 0);
     assert_int_equal(apply(f->s, 9, v, 3), CPS_ESIZE);
     assert_int_equal(readv(f->s, 9, v, 5), CPS_ESIZE);
@@ -244,17 +245,17 @@ static void test_errors(void **state)
 }
 
 typedef struct misc {
-    cps_range_meta m;
+    cps__range_meta m;
     uint64_t seq[4];
     char buf[64];
     size_t len;
     int rc[4];
 } misc;
 
-static int do_misc_put(cps_txn *t, void *a)
+static int do_misc_put(cps__txn *t, void *a)
 {
     (void)a;
-    cps_range_meta m = {.seq = 123456789012ull, .step = 77};
+    cps__range_meta m = {.seq = 123456789012ull, .step = 77};
     int rc = cps__store_range_put(t, 3, &m);
     rc = rc ? rc : cps__store_dedup_put(t, 1, 2, 5);
     rc = rc ? rc : cps__store_dedup_put(t, 1, 3, 7);
@@ -264,10 +265,10 @@ static int do_misc_put(cps_txn *t, void *a)
     return rc;
 }
 
-static int do_misc_get(cps_txn *t, void *a)
+static int do_misc_get(cps__txn *t, void *a)
 {
     misc *x = a;
-    cps_range_meta z;
+    cps__range_meta z;
     assert_int_equal(cps__store_range_get(t, 4, &z), 0);
     assert_true(z.seq == 0 && z.step == 0);
     assert_int_equal(cps__store_range_get(t, 3, &x->m), 0);
@@ -316,7 +317,7 @@ typedef struct scan {
     int rc;
 } scan;
 
-static int scan_cb(void *arg, uint64_t key, const cps_param_rec *rec)
+static int scan_cb(void *arg, uint64_t key, const cps__param_rec *rec)
 {
     scan *sc = arg;
     sc->keys[sc->n] = key;
@@ -325,7 +326,7 @@ static int scan_cb(void *arg, uint64_t key, const cps_param_rec *rec)
     return sc->n == sc->stop_at ? 1234 : 0;
 }
 
-static int do_scan(cps_txn *t, void *a)
+static int do_scan(cps__txn *t, void *a)
 {
     scan *sc = a;
     sc->n = 0;
@@ -333,7 +334,7 @@ static int do_scan(cps_txn *t, void *a)
     return 0;
 }
 
-static int do_count(cps_txn *t, void *a)
+static int do_count(cps__txn *t, void *a)
 {
     uint64_t *kv = a;
     return cps__store_count(t, &kv[0], &kv[1]);
@@ -345,7 +346,7 @@ static void test_scan(void **state)
     open_store(f, 0);
     /* Integer keys sort numerically (not bytewise): 256 after 3, 2^40 after 1000. */
     const uint64_t keys[] = {1000, 5, 1ull << 40, 256, 3, UINT64_MAX, 1};
-    cps_param_spec sp = spec_of(CPS_W_OPT_SGD, CPS_W_INIT_ZEROS, 0.1f);
+    cps__param_spec sp = spec_of(CPS_W_OPT_SGD, CPS_W_INIT_ZEROS, 0.1f);
     for (size_t i = 0; i < 7; i++)
         assert_int_equal(create(f->s, keys[i], (uint32_t)(i + 1), 0, &sp), 0);
     scan sc = {.lo = 0, .hi = UINT64_MAX};
@@ -384,13 +385,13 @@ typedef struct csum {
     uint64_t lo, hi, h;
 } csum;
 
-static int do_csum(cps_txn *t, void *a)
+static int do_csum(cps__txn *t, void *a)
 {
     csum *c = a;
     return cps__store_checksum(t, c->lo, c->hi, &c->h);
 }
 
-static uint64_t checksum(cps_store *s, uint64_t lo, uint64_t hi)
+static uint64_t checksum(cps__store *s, uint64_t lo, uint64_t hi)
 {
     csum c = {lo, hi, 0};
     assert_int_equal(cps__store_read(s, do_csum, &c), 0);
@@ -406,7 +407,7 @@ static void test_checksum(void **state)
     assert_true(n > 0 && (size_t)n < sizeof g.dir);
     assert_int_equal(cps__store_open(g.dir, NULL, &g.s), 0);
 
-    cps_param_spec sp = spec_of(CPS_W_OPT_SGD, CPS_W_INIT_NORMAL, 0.1f);
+    cps__param_spec sp = spec_of(CPS_W_OPT_SGD, CPS_W_INIT_NORMAL, 0.1f);
     /* Same content written in a different order: equal sums (the sum follows key order). */
     for (uint64_t k = 0; k < 10; k++)
         assert_int_equal(create(f->s, k * 3, 16, k * 16, &sp), 0);
@@ -433,10 +434,10 @@ typedef struct bulk {
     uint64_t first;
     int nkeys;
     uint32_t len;
-    cps_param_spec spec;
+    cps__param_spec spec;
 } bulk;
 
-static int do_bulk_create(cps_txn *t, void *a)
+static int do_bulk_create(cps__txn *t, void *a)
 {
     bulk *b = a;
     for (int i = 0; i < b->nkeys; i++) {
@@ -485,7 +486,7 @@ static void test_reopen(void **state)
 {
     fixture *f = *state;
     open_store(f, 0);
-    cps_param_spec sp = spec_of(CPS_W_OPT_RMSPROP, CPS_W_INIT_NORMAL, 0.01f);
+    cps__param_spec sp = spec_of(CPS_W_OPT_RMSPROP, CPS_W_INIT_NORMAL, 0.01f);
     float g[10], before[10], after[10];
     for (int i = 0; i < 10; i++)
         g[i] = (float)i - 4.5f;
@@ -499,7 +500,7 @@ static void test_reopen(void **state)
     f->s = NULL;
 
     /* Restarted server: a smaller initial map than the data must still open. */
-    cps_store_opts o = {.initial_map_bytes = 1 << 16, .sync_every_commit = 1};
+    cps__store_opts o = {.initial_map_bytes = 1 << 16, .sync_every_commit = 1};
     assert_int_equal(cps__store_open(f->dir, &o, &f->s), 0);
     assert_int_equal(readv(f->s, 7, after, 10), 0);
     assert_memory_equal(before, after, sizeof before);
@@ -554,7 +555,7 @@ static void test_corrupt(void **state)
 {
     fixture *f = *state;
     open_store(f, 0);
-    cps_param_spec sp = spec_of(CPS_W_OPT_ADAM, CPS_W_INIT_UNIFORM, 0.01f);
+    cps__param_spec sp = spec_of(CPS_W_OPT_ADAM, CPS_W_INIT_UNIFORM, 0.01f);
     for (uint64_t k = 1; k <= 3; k++)
         assert_int_equal(create(f->s, k * 11, 8, 0, &sp), 0);
     cps__store_close(f->s);
@@ -587,7 +588,7 @@ static void test_corrupt(void **state)
 static void test_open_errors(void **state)
 {
     fixture *f = *state;
-    cps_store *s = NULL;
+    cps__store *s = NULL;
     assert_int_equal(cps__store_open(NULL, NULL, &s), CPS_EINVAL);
     assert_int_equal(cps__store_open("", NULL, &s), CPS_EINVAL);
     cps__log_set_sink(capture, NULL);
@@ -627,7 +628,7 @@ static int mount_small(fixture *f, const char *size)
     return 0;
 }
 
-static int do_count_only(cps_txn *t, void *a)
+static int do_count_only(cps__txn *t, void *a)
 {
     uint64_t *kv = a;
     return cps__store_count(t, &kv[0], &kv[1]);
@@ -688,7 +689,7 @@ static void test_disk_full_open(void **state)
     close(fd);
     cps__log_set_sink(capture_all, NULL);
     error_logs[0] = '\0';
-    cps_store_opts o = {.initial_map_bytes = 1 << 20};
+    cps__store_opts o = {.initial_map_bytes = 1 << 20};
     assert_int_equal(cps__store_open(f->dir, &o, &f->s), CPS_ENOSPC);
     assert_null(f->s);
     assert_non_null(strstr(error_logs, "disk full"));
@@ -713,8 +714,8 @@ static void test_sigbus_guard(void **state)
         if (fd < 0 || dup2(fd, STDERR_FILENO) < 0)
             _exit(10);
         signal(SIGBUS, SIG_DFL); /* whatever the test framework installed */
-        cps_store_opts o = {.initial_map_bytes = 1 << 20};
-        cps_store *s;
+        cps__store_opts o = {.initial_map_bytes = 1 << 20};
+        cps__store *s;
         if (cps__store_open(f->dir, &o, &s) != 0)
             _exit(11);
         char data[600];
@@ -745,12 +746,12 @@ typedef struct slice_op {
     uint64_t key;
     uint32_t len, slot;
     uint64_t opt_step, first, n;
-    cps_param_spec spec;
+    cps__param_spec spec;
     const float *vals;
     int reset;
 } slice_op;
 
-static int do_slice(cps_txn *t, void *a)
+static int do_slice(cps__txn *t, void *a)
 {
     slice_op *o = a;
     if (o->reset)
@@ -762,7 +763,7 @@ static void test_reset_and_write_slices(void **state)
 {
     fixture *f = *state;
     open_store(f, 0);
-    cps_param_spec adam = spec_of(CPS_W_OPT_ADAM, CPS_W_INIT_UNIFORM, 0.01f);
+    cps__param_spec adam = spec_of(CPS_W_OPT_ADAM, CPS_W_INIT_UNIFORM, 0.01f);
     adam.beta1 = 0.9f;
     adam.beta2 = 0.999f;
     adam.eps = 1e-8f;
@@ -803,16 +804,16 @@ static void test_snapshot_sees_its_moment(void **state)
 {
     fixture *f = *state;
     open_store(f, 0);
-    cps_param_spec sgd = spec_of(CPS_W_OPT_SGD, CPS_W_INIT_ZEROS, 1.0f);
+    cps__param_spec sgd = spec_of(CPS_W_OPT_SGD, CPS_W_INIT_ZEROS, 1.0f);
     assert_int_equal(create(f->s, 5, 4, 0, &sgd), 0);
-    cps_txn *snap;
+    cps__txn *snap;
     assert_int_equal(cps__store_ensure_room(f->s), 0);
     assert_int_equal(cps__store_snapshot_begin(f->s, &snap), 0);
     const float grad[4] = {1, 1, 1, 1};
     for (int i = 0; i < 3; i++)
         assert_int_equal(apply(f->s, 5, grad, 4), 0);
     /* The read view still holds the values of its moment; a fresh read sees the updates. */
-    cps_param_rec rec;
+    cps__param_rec rec;
     assert_int_equal(cps__store_param_get(snap, 5, &rec), 0);
     assert_int_equal(rec.opt_step, 0);
     float then[4];

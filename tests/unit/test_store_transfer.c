@@ -20,7 +20,7 @@ static int setup(void **state)
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s/store-transfer-XXXXXX", tmp && *tmp ? tmp : "/tmp");
     assert_non_null(mkdtemp(dir));
-    cps_store *s = NULL;
+    cps__store *s = NULL;
     assert_int_equal(cps__store_open(dir, NULL, &s), 0);
     *state = s;
     return 0;
@@ -34,25 +34,25 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-static cps_param_spec sgd(void)
+static cps__param_spec sgd(void)
 {
-    cps_param_spec sp;
+    cps__param_spec sp;
     memset(&sp, 0, sizeof sp);
     sp.opt_kind = CPS_W_OPT_SGD;
     sp.lr = 0.1f;
     return sp;
 }
 
-static int fill(cps_txn *t, void *arg)
+static int fill(cps__txn *t, void *arg)
 {
     (void)arg;
-    cps_param_spec sp = sgd();
+    cps__param_spec sp = sgd();
     for (uint64_t k = 1; k <= 20; k++) {
         int rc = cps__store_param_create(t, k * 100, 4, 0, &sp);
         if (rc)
             return rc;
     }
-    cps_range_meta m = {42, 7};
+    cps__range_meta m = {42, 7};
     int rc = cps__store_range_put(t, 1, &m);
     rc = rc ? rc : cps__store_range_put(t, 2, &m);
     for (uint32_t w = 1; w <= 3 && !rc; w++) {
@@ -90,7 +90,7 @@ static int count_meta(void *arg, const char *name, const void *val, size_t len)
     return 0;
 }
 
-static int count_params(void *arg, uint64_t key, const cps_param_rec *rec)
+static int count_params(void *arg, uint64_t key, const cps__param_rec *rec)
 {
     (void)key;
     (void)rec;
@@ -100,10 +100,10 @@ static int count_params(void *arg, uint64_t key, const cps_param_rec *rec)
 
 typedef struct counts {
     int params, dedup1, dedup2, meta1, meta_all;
-    cps_range_meta r1, r2;
+    cps__range_meta r1, r2;
 } counts;
 
-static int count_all(cps_txn *t, void *arg)
+static int count_all(cps__txn *t, void *arg)
 {
     counts *c = arg;
     memset(c, 0, sizeof *c);
@@ -117,14 +117,14 @@ static int count_all(cps_txn *t, void *arg)
     return rc;
 }
 
-static int clear_range1(cps_txn *t, void *arg)
+static int clear_range1(cps__txn *t, void *arg)
 {
     (void)arg;
     /* Range 1 holds keys 500..1000. */
     return cps__store_range_clear(t, 1, 500, 1000, "agg/1/");
 }
 
-static int clear_last(cps_txn *t, void *arg)
+static int clear_last(cps__txn *t, void *arg)
 {
     (void)arg;
     return cps__store_range_clear(t, 3, 1500, UINT64_MAX, NULL);
@@ -132,7 +132,7 @@ static int clear_last(cps_txn *t, void *arg)
 
 static void scan_then_clear_one_range(void **state)
 {
-    cps_store *s = *state;
+    cps__store *s = *state;
     counts c;
     assert_int_equal(cps__store_write(s, fill, NULL), 0);
     assert_int_equal(cps__store_read(s, count_all, &c), 0);

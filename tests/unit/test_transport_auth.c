@@ -39,7 +39,7 @@ static unsigned char *message(uint32_t seed)
     return m;
 }
 
-static int open_copy(cps_auth *rx, const unsigned char *m, size_t len)
+static int open_copy(cps__auth *rx, const unsigned char *m, size_t len)
 {
     size_t body = 0;
     int v = cps__auth_open(rx, m, len, &body);
@@ -51,7 +51,7 @@ static int open_copy(cps_auth *rx, const unsigned char *m, size_t len)
 static void sealed_opens_and_every_changed_byte_fails(void **state)
 {
     (void)state;
-    cps_auth *tx, *rx;
+    cps__auth *tx, *rx;
     assert_int_equal(cps__auth_create(KEY, &tx), 0);
     unsigned char *m = message(1);
     cps__auth_seal(tx, m, BODY);
@@ -80,7 +80,7 @@ static void sealed_opens_and_every_changed_byte_fails(void **state)
 static void trailer_is_the_documented_construction(void **state)
 {
     (void)state;
-    cps_auth *a;
+    cps__auth *a;
     assert_int_equal(cps__auth_create(KEY, &a), 0);
     unsigned char *m = message(9);
     cps__auth_seal(a, m, BODY);
@@ -118,7 +118,7 @@ static void trailer_is_the_documented_construction(void **state)
 static void other_key_and_unsigned_are_refused(void **state)
 {
     (void)state;
-    cps_auth *ours, *theirs, *none, *rx, *open_rx;
+    cps__auth *ours, *theirs, *none, *rx, *open_rx;
     assert_int_equal(cps__auth_create(KEY, &ours), 0);
     assert_int_equal(cps__auth_create(OTHER, &theirs), 0);
     assert_int_equal(cps__auth_create(NULL, &none), 0);
@@ -157,7 +157,7 @@ static void other_key_and_unsigned_are_refused(void **state)
 static void replays_are_refused_reordering_is_not(void **state)
 {
     (void)state;
-    cps_auth *tx, *rx;
+    cps__auth *tx, *rx;
     assert_int_equal(cps__auth_create(KEY, &tx), 0);
     assert_int_equal(cps__auth_create(KEY, &rx), 0);
     enum { N = 1200 };
@@ -195,10 +195,10 @@ static void replays_are_refused_reordering_is_not(void **state)
 static void many_senders(void **state)
 {
     (void)state;
-    cps_auth *rx;
+    cps__auth *rx;
     assert_int_equal(cps__auth_create(KEY, &rx), 0);
     enum { S = 100 };
-    cps_auth *tx[S];
+    cps__auth *tx[S];
     unsigned char *first[S];
     for (int s = 0; s < S; s++) {
         assert_int_equal(cps__auth_create(KEY, &tx[s]), 0);
@@ -301,7 +301,7 @@ static uint64_t now_ms(void)
 }
 
 /* Poll rcv (and flush snd) for up to ms; returns what was delivered. */
-static void pump(cps_tp *snd, cps_tp *rcv, inbox *ib, int want, int ms)
+static void pump(cps__tp *snd, cps__tp *rcv, inbox *ib, int want, int ms)
 {
     uint64_t end = now_ms() + (uint64_t)ms;
     while (ib->n < want && now_ms() < end) {
@@ -314,7 +314,7 @@ static void pump(cps_tp *snd, cps_tp *rcv, inbox *ib, int want, int ms)
 static void sockets_deliver_ours_drop_the_rest(void **state)
 {
     (void)state;
-    cps_tp *rcv, *good, *bad, *open_tp;
+    cps__tp *rcv, *good, *bad, *open_tp;
     uint16_t port = 0;
     assert_int_equal(cps__tp_create(KEY, &rcv), 0);
     assert_int_equal(cps__tp_bind(rcv, HOST, 0, &port), 0);
@@ -323,7 +323,7 @@ static void sockets_deliver_ours_drop_the_rest(void **state)
     assert_int_equal(cps__tp_create(KEY, &good), 0);
     assert_int_equal(cps__tp_create(OTHER, &bad), 0);
     assert_int_equal(cps__tp_create(NULL, &open_tp), 0);
-    cps_tp *senders[] = {bad, open_tp, good};
+    cps__tp *senders[] = {bad, open_tp, good};
     for (int i = 0; i < 3; i++) {
         assert_int_equal(cps__tp_peer_set(senders[i], 1, url), 0);
         unsigned char *m = cps__tp_alloc(BODY);
@@ -345,7 +345,7 @@ static void sockets_deliver_ours_drop_the_rest(void **state)
 
     /* A captured message replayed byte for byte, through a plain nanomsg socket: the first
      * copy is taken, the replay is dropped and counted. */
-    cps_auth *seal;
+    cps__auth *seal;
     assert_int_equal(cps__auth_create(KEY, &seal), 0);
     unsigned char wire[BODY + CPS_AUTH_TRAILER];
     memset(wire, 'r', BODY);
@@ -388,7 +388,7 @@ static void take(void *ctx, void *buf, size_t len)
 static void forwarded_buffer_is_resealed(void **state)
 {
     (void)state;
-    cps_tp *a, *b, *c;
+    cps__tp *a, *b, *c;
     uint16_t pb = 0, pc = 0;
     assert_int_equal(cps__tp_create(KEY, &a), 0);
     assert_int_equal(cps__tp_create(KEY, &b), 0);

@@ -81,7 +81,7 @@ static void inbox_clear(inbox *ib)
 }
 
 /* Poll the sender (to flush its backlog) and the receiver until `want` messages arrived. */
-static int wait_for(cps_tp *snd, cps_tp *rcv, inbox *ib, cps_tp_recv_fn fn, size_t want,
+static int wait_for(cps__tp *snd, cps__tp *rcv, inbox *ib, cps__tp_recv_fn fn, size_t want,
                     int wait_ms)
 {
     int64_t deadline = now_ms() + wait_ms;
@@ -94,9 +94,9 @@ static int wait_for(cps_tp *snd, cps_tp *rcv, inbox *ib, cps_tp_recv_fn fn, size
     return ib->n >= want;
 }
 
-static cps_tp *bound(uint16_t *port)
+static cps__tp *bound(uint16_t *port)
 {
-    cps_tp *tp = NULL;
+    cps__tp *tp = NULL;
     assert_int_equal(cps__tp_create(KEY, &tp), 0);
     assert_int_equal(cps__tp_bind(tp, HOST, 0, port), 0);
     return tp;
@@ -128,7 +128,7 @@ static int same_as_filled(const void *buf, size_t len, uint32_t seed)
 }
 
 typedef struct pair {
-    cps_tp *a, *b;
+    cps__tp *a, *b;
     uint16_t pa, pb;
 } pair;
 
@@ -258,7 +258,7 @@ static void max_msgs_limits_delivery(void **state)
 static void unknown_peer(void **state)
 {
     (void)state;
-    cps_tp *a = bound(NULL);
+    cps__tp *a = bound(NULL);
     void *m = cps__tp_alloc(8);
     assert_int_equal(cps__tp_send(a, 42, m, 8), CPS_ENOTFOUND);
     cps__tp_free(m); /* a failed send leaves the buffer with the caller */
@@ -280,7 +280,7 @@ static void unknown_peer(void **state)
 static void send_before_peer_binds(void **state)
 {
     (void)state;
-    cps_tp *a = bound(NULL);
+    cps__tp *a = bound(NULL);
     uint16_t port = (uint16_t)cps__free_port();
     char url[64];
     url_of(url, sizeof url, port);
@@ -295,7 +295,7 @@ static void send_before_peer_binds(void **state)
     assert_int_equal(cps__tp_poll(a, 100, NULL, NULL, 0), 0);
     assert_int_equal(cps__tp_queued(a), 3);
 
-    cps_tp *b = NULL;
+    cps__tp *b = NULL;
     assert_int_equal(cps__tp_create(KEY, &b), 0);
     uint16_t got = 0;
     assert_int_equal(cps__tp_bind(b, HOST, port, &got), 0);
@@ -315,7 +315,7 @@ static void peer_repointed(void **state)
 {
     (void)state;
     uint16_t pb, pc;
-    cps_tp *a = bound(NULL), *b = bound(&pb), *c = bound(&pc);
+    cps__tp *a = bound(NULL), *b = bound(&pb), *c = bound(&pc);
     char ub[64], uc[64];
     url_of(ub, sizeof ub, pb);
     url_of(uc, sizeof uc, pc);
@@ -343,7 +343,7 @@ static void peer_repointed(void **state)
 static void repoint_drops_queue_same_url_keeps_it(void **state)
 {
     (void)state;
-    cps_tp *a = bound(NULL);
+    cps__tp *a = bound(NULL);
     char u1[64], u2[64];
     url_of(u1, sizeof u1, (uint16_t)cps__free_port());
     url_of(u2, sizeof u2, (uint16_t)cps__free_port());
@@ -363,7 +363,7 @@ static void repoint_drops_queue_same_url_keeps_it(void **state)
 static void queue_limit(void **state)
 {
     (void)state;
-    cps_tp *a = bound(NULL);
+    cps__tp *a = bound(NULL);
     char url[64];
     url_of(url, sizeof url, (uint16_t)cps__free_port());
     assert_int_equal(cps__tp_peer_set(a, 5, url), 0);
@@ -390,12 +390,12 @@ static void port0_bind(void **state)
 {
     (void)state;
     uint16_t p1 = 0, p2 = 0;
-    cps_tp *a = bound(&p1), *b = bound(&p2);
+    cps__tp *a = bound(&p1), *b = bound(&p2);
     assert_true(p1 >= 20000 && p1 <= 59999);
     assert_true(p2 >= 20000 && p2 <= 59999);
     assert_int_not_equal(p1, p2);
 
-    cps_tp *c = NULL;
+    cps__tp *c = NULL;
     assert_int_equal(cps__tp_create(KEY, &c), 0);
     assert_int_equal(cps__tp_bind(c, HOST, p1, NULL), CPS_ETRANSPORT); /* taken */
     assert_int_equal(cps__tp_bind(c, "", 0, NULL), CPS_EINVAL);
@@ -411,7 +411,7 @@ static void port0_bind(void **state)
 static void poll_timeout(void **state)
 {
     (void)state;
-    cps_tp *a = bound(NULL);
+    cps__tp *a = bound(NULL);
     inbox ib = {.order_ok = 1};
     int64_t t0 = now_ms();
     assert_int_equal(cps__tp_poll(a, 200, keep_fn, &ib, 0), 0);
@@ -423,7 +423,7 @@ static void poll_timeout(void **state)
     assert_true(now_ms() - t0 < 100);
 
     /* An unbound transport with no peers still honours the timeout. */
-    cps_tp *u = NULL;
+    cps__tp *u = NULL;
     assert_int_equal(cps__tp_create(KEY, &u), 0);
     t0 = now_ms();
     assert_int_equal(cps__tp_poll(u, 50, keep_fn, &ib, 0), 0);
@@ -436,7 +436,7 @@ static void poll_timeout(void **state)
 static void extra_fd_wakes_poll(void **state)
 {
     (void)state;
-    cps_tp *a = bound(NULL);
+    cps__tp *a = bound(NULL);
     inbox ib = {.order_ok = 1};
     int fds[2];
     assert_int_equal(pipe(fds), 0);
@@ -460,7 +460,7 @@ static void extra_fd_wakes_poll(void **state)
 static void destroy_with_queued(void **state)
 {
     (void)state;
-    cps_tp *a = bound(NULL);
+    cps__tp *a = bound(NULL);
     char url[64];
     url_of(url, sizeof url, (uint16_t)cps__free_port());
     assert_int_equal(cps__tp_peer_set(a, 1, url), 0);
