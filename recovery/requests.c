@@ -64,29 +64,44 @@ void cps__reqs_destroy(cps__reqs *rq)
     free(rq);
 }
 
-/* Request i left: the first request held behind it goes out at the next tick (sent_ms 0 makes
- * it overdue), or at once where the caller has a view (release_sends). */
-static void remove_at(cps__reqs *rq, uint32_t i)
+/* Requests of (range, order) are held while an earlier one of theirs is detached or held: walk
+ * them in adding order (the table is not in it: removal moves the last entry into the hole) and
+ * let go those no longer behind one. A released one goes out at the next tick (sent_ms 0 makes
+ * it overdue), or at once where the caller has a view (send_released). */
+static void release_held(cps__reqs *rq, uint32_t range, uint64_t order)
 {
-    entry *e = &rq->reqs[i];
-    if (e->detached)
-        rq->ndetached--;
-    if (e->order && !e->held) {
-        /* The table is not in adding order (removal moves the last entry into the hole). */
+    uint64_t after = 0;
+    for (;;) {
         entry *next = NULL;
         for (uint32_t j = 0; j < rq->nreqs; j++) {
             entry *h = &rq->reqs[j];
-            if (h->held && h->range == e->range && h->order == e->order &&
+            if (h->range == range && h->order == order && h->added > after &&
                 (!next || h->added < next->added))
                 next = h;
         }
-        if (next) {
+        if (!next)
+            return;
+        if (next->held) {
             next->held = 0;
             next->released = 1;
             next->sent_ms = 0;
         }
+        if (next->detached)
+            return; /* what comes after it stays held */
+        after = next->added;
     }
+}
+
+static void remove_at(cps__reqs *rq, uint32_t i)
+{
+    entry *e = &rq->reqs[i];
+    uint32_t range = e->range;
+    uint64_t order = e->order;
+    if (e->detached)
+        rq->ndetached--;
     rq->reqs[i] = rq->reqs[--rq->nreqs];
+    if (order)
+        release_held(rq, range, order);
 }
 
 static void begin(cps__reqs *rq)
@@ -152,10 +167,15 @@ static int try_send(cps__reqs *rq, const cps__view *v, uint32_t i, int why)
 /* Send the requests remove_at let go, under v. */
 static void send_released(cps__reqs *rq, const cps__view *v, uint64_t now)
 {
-    for (uint32_t i = 0; i < rq->nreqs; i++) {
+    /* In adding order: they go out on one connection, and the head sees them in that order. */
+    for (;;) {
+        uint32_t i = UINT32_MAX;
+        for (uint32_t j = 0; j < rq->nreqs; j++)
+            if (rq->reqs[j].released && (i == UINT32_MAX || rq->reqs[j].added < rq->reqs[i].added))
+                i = j;
+        if (i == UINT32_MAX)
+            return;
         entry *e = &rq->reqs[i];
-        if (!e->released)
-            continue;
         e->released = 0;
         size_t before = rq->nacts;
         if (try_send(rq, v, i, CPS_RQ_WHY_NEW) == 0)
@@ -209,7 +229,8 @@ int cps__reqs_add_ordered(cps__reqs *rq, const cps__view *v, void *ctx, uint32_t
     e->order = order;
     e->added = ++rq->nadded;
     for (uint32_t j = 0; order && j < i; j++)
-        if (rq->reqs[j].range == range && rq->reqs[j].order == order)
+        if (rq->reqs[j].range == range && rq->reqs[j].order == order &&
+            (rq->reqs[j].detached || rq->reqs[j].held))
             e->held = 1;
     if (e->held) {
         e->sent_ms = now; /* not overdue: it leaves the queue through remove_at */

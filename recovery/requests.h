@@ -118,16 +118,19 @@ void cps__reqs_epoch_seen(cps__reqs *rq, uint64_t epoch);
 int cps__reqs_add(cps__reqs *rq, const cps__view *v, void *ctx, uint32_t part, uint8_t type,
                   uint32_t range, uint64_t seq, uint64_t now);
 
-/* cps__reqs_add for a request that must not overtake an earlier one: with `order` not 0, a
- * request added while another of the same (range, order) is in the table (detached ones
- * included) is held, neither sent nor re-sent, until every earlier one left; it then goes out
- * (CPS_RQ_WHY_NEW) from the call that removed the one ahead of it, or from the next tick. A held
- * request is given up as any other when its range has no replica (cps__reqs_tick). Why: the
+/* cps__reqs_add for a request that must not overtake an earlier one given up: with `order` not
+ * 0, a request added while an earlier one of the same (range, order) is detached (given up, still
+ * sent: cps__reqs_detach) or held is held, neither sent nor re-sent, until no detached one is
+ * ahead of it; it then goes out (CPS_RQ_WHY_NEW) from the call that removed the one ahead, or from
+ * the next tick. A held request is given up as any other when its range has no replica. Why: the
  * worker passes a sync push's key set, because the head applies a key set's steps as they
  * complete and takes a push of a step at or below the last applied as a duplicate; a worker's
- * later step reaching the head first (a lost push re-sent, or one given up and detached) would
- * make its earlier step's push be answered as applied though it is in no update (simulator seed
- * 351). `order` 0 is cps__reqs_add. Errors: as cps__reqs_add. */
+ * next step reaching the head before the step it gave up would make that push be answered as
+ * applied though it is in no update (simulator seed 351). Requests merely in flight are not
+ * held: pipelined pushes of a tensor keep their throughput (holding them all halved 1 MB sync
+ * push+pull in bench/run_bench.sh); one overtaking another that the network or a full queue
+ * delayed is left to the head's step order (replication/sync.c). `order` 0 is cps__reqs_add.
+ * Errors: as cps__reqs_add. */
 int cps__reqs_add_ordered(cps__reqs *rq, const cps__view *v, void *ctx, uint32_t part, uint8_t type,
                           uint32_t range, uint64_t seq, uint64_t order, uint64_t now);
 
