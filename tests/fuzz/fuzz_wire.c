@@ -224,8 +224,8 @@ static void fuzz_tensor_desc(const unsigned char *b, size_t len)
 
 static void fuzz_fixed(const unsigned char *b, size_t len)
 {
-    unsigned char re[64];
-    if (len < 64)
+    unsigned char re[CPS_WIRE_SPEC_SIZE > CPS_STATS_SIZE ? CPS_WIRE_SPEC_SIZE : CPS_STATS_SIZE];
+    if (len < CPS_WIRE_SPEC_SIZE)
         return;
     /* A DECLARE ends with its spec block: decode the tail, where damage to it lands. */
     const unsigned char *tail = b + len - CPS_WIRE_SPEC_SIZE;
@@ -234,14 +234,16 @@ static void fuzz_fixed(const unsigned char *b, size_t len)
     if (rc == 0) {
         fuzz_wire_n.spec_ok++;
         cps__wire_spec_encode(re, &spec);
-        CHECK(memcmp(re, tail, 64) == 0);
+        CHECK(memcmp(re, tail, CPS_WIRE_SPEC_SIZE) == 0);
     } else {
         CHECK(rc == CPS_EPROTO);
     }
+    if (len < CPS_STATS_SIZE)
+        return;
     cps__node_stats st;
     cps__stats_decode(b, &st);
     cps__stats_encode(re, &st);
-    CHECK(memcmp(re, b, 64) == 0);
+    CHECK(memcmp(re, b, CPS_STATS_SIZE) == 0);
 }
 
 /* Our compressor on fuzzed bytes: whatever it keeps must come back intact. */
