@@ -23,9 +23,10 @@
 #include "chainps/chainps.h" /* CPS_MAX_NDIM */
 
 #define CPS_WIRE_MAGIC 0x31535043u
-/* 2: tensor keys and key-set signatures hashed with XXH3 instead of FNV-1a. Nodes of the two
- * versions would place the same tensor on different keys, so they must not talk. */
-#define CPS_WIRE_VERSION  2
+/* 3: dense tensors cut into chunks of at most 64 Ki values. 2: tensor keys and key-set
+ * signatures hashed with XXH3 instead of FNV-1a. Nodes of two versions would place the same
+ * tensor on different keys, so they must not talk. */
+#define CPS_WIRE_VERSION  3
 #define CPS_WIRE_HDR_SIZE 64
 /* Hard cap on one message's payload (compressed or not); larger is refused as CPS_ESIZE. */
 #define CPS_WIRE_MAX_PAYLOAD (1u << 30)

@@ -25,10 +25,11 @@
 /* Heartbeats pause once the loop has not turned for this long (or 4x the failure timeout, if
  * that is longer): far above any honest turn, and a wedged server is still failed over. */
 #define BEAT_STALL_LIMIT_MS 30000u
-/* Format of the keys a data directory holds, kept in its meta under "key_layout". 2: keys and
- * key-set signatures from XXH3 (cps__hash64). 1, unmarked: FNV-1a, by builds before it; their
- * keys for a tensor are not this build's, so such a directory is refused, not misread. */
-#define CPS_KEY_LAYOUT 2u
+/* Format of the keys a data directory holds, kept in its meta under "key_layout". 3: dense
+ * chunks of at most 64 Ki values (src/worker/layout.c). 2: keys and key-set signatures from XXH3
+ * (cps__hash64), one chunk per range however large. 1, unmarked: FNV-1a. Another layout's keys
+ * for a tensor are not this build's, so such a directory is refused, not misread. */
+#define CPS_KEY_LAYOUT 3u
 /* The longest one loop turn waits, joined or not: the per-turn work (chain re-sends, sync
  * timeouts, snapshot and cut threads, join deadlines, and telling the heartbeat thread that we
  * turn) runs at least this often. */
@@ -469,7 +470,8 @@ static int check_layout(cps__server *s)
         cps__log(
             CPS_LOG_ERROR, "server",
             "data directory %s holds %llu keys in key layout %u (1: FNV-1a, chainps before "
-            "XXH3), not %u: refusing it. To keep the parameters, export a checkpoint with "
+            "XXH3; 2: unbounded chunks), not %u: refusing it. To keep the parameters, export a "
+            "checkpoint with "
             "the build that wrote it (chainps checkpoint export) and restore it with this one; or "
             "--reset-data to empty it",
             s->cfg.data_dir, (unsigned long long)l.keys, l.stored ? l.stored : 1u, CPS_KEY_LAYOUT);

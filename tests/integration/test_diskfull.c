@@ -26,11 +26,12 @@
 #include "chainps/chainps.h"
 #include "cluster.h"
 
-/* The store starts with a 64 MiB map, reserved on disk at once. This model is 48 MB of values,
- * one 16 MB record per range (3 ranges); the declaration fits, but the first training step
- * rewrites each range copy-on-write, new record beside the old, and 48 + 16 MB do not fit the
- * map: it must grow to 128 MiB, which the 80 MiB tmpfs cannot hold. */
+/* The store starts with a 64 MiB map, reserved on disk at once. The first tensor is 48 MB of
+ * values and fits; training rewrites it in chunks of 256 KB, copy-on-write, which fits too. A
+ * second tensor of 16 MB declared during training does not: the map must grow to 128 MiB, which
+ * the 80 MiB tmpfs cannot hold. */
 #define LEN       (12u << 20)
+#define LEN2      (4u << 20)
 #define LR        0.5f
 #define TMPFS     "size=80m"
 #define TMPFS_BIG "size=512m"
@@ -82,10 +83,16 @@ static void test_disk_fills_during_training(void **state)
     assert_non_null(got);
     cps_init_values(&init, 0, expect, LEN);
 
-    /* Train until the full server has left; every push must succeed all the same. */
+    /* Train, then grow the model past what the full server's disk holds; train until that
+     * server has left. Every call must succeed all the same. */
     pid_t full = C.servers[FULL_RANK];
     int step = 0;
     uint64_t t0 = h_now_ms();
+    for (int i = 0; i < 2; i++)
+        push_step(c, t, g, expect, step++);
+    cps_init init2 = {.kind = CPS_INIT_UNIFORM, .a = -2.0f, .b = 2.0f, .seed = 12};
+    cps_tensor *t2 = NULL;
+    assert_int_equal(cps_tensor_declare(c, "diskfull/w2", LEN2, &init2, &opt, &t2), 0);
     while (h_alive(full) && step < MAX_STEPS)
         push_step(c, t, g, expect, step++);
     int status = 0;
@@ -118,6 +125,11 @@ static void test_disk_fills_during_training(void **state)
      * the restarted replica's copy. */
     assert_true(h_log_count(C.sched, "came back at") >= 1);
     pull_and_compare(c, t, got, expect);
+    /* The tensor whose declaration filled the disk holds its initial values on every copy. */
+    cps_init_values(&init2, 0, expect, LEN2);
+    memset(got, 0, LEN2 * sizeof *got);
+    assert_int_equal(cps_pull(c, t2, got, LEN2), 0);
+    assert_memory_equal(got, expect, LEN2 * sizeof *got);
 
     free(expect), free(g), free(got);
     /* The job ends when the only worker leaves; every node, the restarted one too, exits 0. */
