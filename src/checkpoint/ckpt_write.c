@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -363,6 +364,79 @@ static int pwrite_all(int fd, const void *buf, size_t n, off_t off, const char *
     return 0;
 }
 
+/* The CRC and the write of one filled buffer run on a thread of their own while the next buffer
+ * is filled: a fill of a running job's tensor waits on the network, the write on the disk, and
+ * one after the other the export ran at the speed of neither. One buffer is handed over at a
+ * time; the filler owns the other. */
+typedef struct sink {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int fd;
+    const char *path;
+    const void *buf; /* handed over, not yet written (NULL: none) */
+    size_t len;
+    int stop;
+    uint32_t crc;
+    int rc; /* the first write error; later buffers are dropped */
+} sink;
+
+static void *sink_main(void *arg)
+{
+    sink *k = arg;
+    pthread_mutex_lock(&k->mu);
+    for (;;) {
+        while (!k->buf && !k->stop)
+            pthread_cond_wait(&k->cv, &k->mu);
+        if (!k->buf)
+            break;
+        const void *b = k->buf;
+        size_t n = k->len;
+        int failed = k->rc;
+        pthread_mutex_unlock(&k->mu);
+        uint32_t crc = k->crc;
+        int rc = 0;
+        if (!failed) {
+            crc = cps__ckpt_crc32(crc, b, n);
+            rc = write_all(k->fd, b, n, k->path);
+        }
+        pthread_mutex_lock(&k->mu);
+        k->crc = crc;
+        if (rc && !k->rc)
+            k->rc = rc;
+        k->buf = NULL;
+        pthread_cond_broadcast(&k->cv);
+    }
+    pthread_mutex_unlock(&k->mu);
+    return NULL;
+}
+
+/* Wait until the sink holds no buffer; returns its error so far. */
+static int sink_idle(sink *k)
+{
+    pthread_mutex_lock(&k->mu);
+    while (k->buf)
+        pthread_cond_wait(&k->cv, &k->mu);
+    int rc = k->rc;
+    pthread_mutex_unlock(&k->mu);
+    return rc;
+}
+
+/* Hand `buf` over once the previous buffer is written: the caller may refill that one then. */
+static int sink_put(sink *k, const void *buf, size_t len)
+{
+    pthread_mutex_lock(&k->mu);
+    while (k->buf)
+        pthread_cond_wait(&k->cv, &k->mu);
+    int rc = k->rc;
+    if (!rc) {
+        k->buf = buf;
+        k->len = len;
+        pthread_cond_broadcast(&k->cv);
+    }
+    pthread_mutex_unlock(&k->mu);
+    return rc;
+}
+
 static int write_tensor(wtensor *t, int fd, const char *path, void **stream_buf)
 {
     uint32_t crc = 0;
@@ -375,23 +449,57 @@ static int write_tensor(wtensor *t, int fd, const char *path, void **stream_buf)
             rc = write_all(fd, p + done, k, path);
             done += k;
         }
-    } else {
-        uint32_t es = dtype_size(t->dtype);
-        if (!*stream_buf && !(*stream_buf = aligned_alloc(64, STREAM_ELEMS * 8)))
+        t->crc = crc;
+        return rc;
+    }
+    uint32_t es = dtype_size(t->dtype);
+    for (int i = 0; i < 2; i++)
+        if (!stream_buf[i] && !(stream_buf[i] = aligned_alloc(64, STREAM_ELEMS * 8)))
             return CPS_ENOMEM;
-        uint64_t numel = t->nbytes / es;
-        for (uint64_t first = 0; first < numel && !rc;) {
-            size_t k = numel - first < STREAM_ELEMS ? (size_t)(numel - first) : STREAM_ELEMS;
-            rc = t->fill(t->arg, first, *stream_buf, k);
-            if (rc) {
-                cps__log(CPS_LOG_ERROR, "ckpt", "%s: producing tensor '%s' failed: %s", path,
-                         t->name, cps_strerror(rc));
-                break;
-            }
-            crc = cps__ckpt_crc32(crc, *stream_buf, k * es);
-            rc = write_all(fd, *stream_buf, k * es, path);
-            first += k;
+    uint64_t numel = t->nbytes / es;
+    sink k = {.fd = fd, .path = path};
+    pthread_t th;
+    /* A tensor of one fill has nothing to overlap: no thread. */
+    int threaded = numel > STREAM_ELEMS;
+    if (threaded) {
+        pthread_mutex_init(&k.mu, NULL);
+        pthread_cond_init(&k.cv, NULL);
+        if (pthread_create(&th, NULL, sink_main, &k) != 0) {
+            pthread_cond_destroy(&k.cv);
+            pthread_mutex_destroy(&k.mu);
+            threaded = 0;
         }
+    }
+    int cur = 0;
+    for (uint64_t first = 0; first < numel && !rc;) {
+        size_t n = numel - first < STREAM_ELEMS ? (size_t)(numel - first) : STREAM_ELEMS;
+        rc = t->fill(t->arg, first, stream_buf[cur], n);
+        if (rc) {
+            cps__log(CPS_LOG_ERROR, "ckpt", "%s: producing tensor '%s' failed: %s", path, t->name,
+                     cps_strerror(rc));
+            break;
+        }
+        if (threaded) {
+            rc = sink_put(&k, stream_buf[cur], n * es);
+            cur ^= 1;
+        } else {
+            crc = cps__ckpt_crc32(crc, stream_buf[cur], n * es);
+            rc = write_all(fd, stream_buf[cur], n * es, path);
+        }
+        first += n;
+    }
+    if (threaded) {
+        int wrc = sink_idle(&k);
+        pthread_mutex_lock(&k.mu);
+        k.stop = 1;
+        pthread_cond_broadcast(&k.cv);
+        pthread_mutex_unlock(&k.mu);
+        pthread_join(th, NULL);
+        pthread_cond_destroy(&k.cv);
+        pthread_mutex_destroy(&k.mu);
+        crc = k.crc;
+        if (!rc)
+            rc = wrc;
     }
     t->crc = crc;
     return rc;
@@ -536,12 +644,13 @@ int cps__ckpt_writer_commit(cps__ckpt_writer *w, char *path_out, size_t cap)
             snprintf(names[i], PATH_MAX, "%s.safetensors.index.json", w->base);
         snprintf(tmps[i], PATH_MAX, "%s.tmp", names[i]);
     }
-    void *stream_buf = NULL;
+    void *stream_buf[2] = {NULL, NULL};
     for (uint32_t s = 0; !rc && s < k; s++) {
         created = s + 1;
-        rc = write_shard(w, s, tmps[s], &stream_buf);
+        rc = write_shard(w, s, tmps[s], stream_buf);
     }
-    free(stream_buf);
+    free(stream_buf[0]);
+    free(stream_buf[1]);
     if (!rc && k > 1) {
         created = nfiles;
         rc = write_index(w, names, tmps[k]);

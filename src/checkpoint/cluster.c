@@ -400,30 +400,39 @@ static int finish_read(export_ctx *x, const read_req *q, void *buf)
     return rc;
 }
 
+/* Reads in flight, answered oldest first: a new one goes out as soon as the oldest is in, so
+ * the servers always have READ_WINDOW to work on (a window drained whole before the next
+ * started idled them while its last answers came in). */
 struct window {
     read_req q[READ_WINDOW];
-    size_t n;
+    size_t head, n;
 };
 
 static int window_drain(export_ctx *x, window *w, void *buf)
 {
     int rc = 0;
     /* After the first failure the export is over: do not wait for the other answers. */
-    for (size_t k = 0; k < w->n && rc == 0; k++)
-        rc = finish_read(x, &w->q[k], buf);
+    for (; w->n && rc == 0; w->n--, w->head = (w->head + 1) % READ_WINDOW)
+        rc = finish_read(x, &w->q[w->head], buf);
     w->n = 0;
     return rc;
 }
 
 static int window_add(export_ctx *x, window *w, read_req q, void *buf)
 {
+    if (w->n == READ_WINDOW) {
+        int rc = finish_read(x, &w->q[w->head], buf);
+        w->head = (w->head + 1) % READ_WINDOW;
+        w->n--;
+        if (rc != 0)
+            return rc;
+    }
     int rc = send_read(x, &q);
     if (rc != 0)
         return rc;
-    w->q[w->n++] = q;
-    if (w->n < READ_WINDOW)
-        return 0;
-    return window_drain(x, w, buf);
+    w->q[(w->head + w->n) % READ_WINDOW] = q;
+    w->n++;
+    return 0;
 }
 
 /* Fill elements first..first+n-1 (values or optimizer state), or, with x->steps, the step
@@ -432,7 +441,7 @@ static int export_fill(void *arg, uint64_t first, void *buf, size_t n)
 {
     export_ctx *x = arg;
     const cps__tensor_desc *d = x->d;
-    window w = {.n = 0};
+    window w = {.head = 0, .n = 0};
     int rc = 0;
     uint64_t end = first + n;
     if (d->kind == 0) {

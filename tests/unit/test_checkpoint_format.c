@@ -352,6 +352,55 @@ static void fill_error_fails_the_commit_and_leaves_nothing(void **state)
     cps__ckpt_reader_close(r);
 }
 
+/* A streamed tensor longer than one fill (4 Mi elements): its fills are written on a thread of
+ * their own while the next is produced, in order, the CRC over all of them. */
+static int fail_third_fill(void *arg, uint64_t first, void *buf, size_t n)
+{
+    if (first >= ((uint64_t)8 << 20))
+        return CPS_ESTORE;
+    return fill_fn(arg, first, buf, n);
+}
+
+static void long_streamed_tensor_written_in_order(void **state)
+{
+    (void)state;
+    char p[4096];
+    pathf(p, "long");
+    uint64_t numel = ((uint64_t)9 << 20) + 5; /* three fills, the last short */
+    cps__ckpt_writer *w;
+    assert_int_equal(cps__ckpt_writer_open(p, 0, &w), 0);
+    uint64_t s[1] = {numel};
+    assert_int_equal(
+        cps__ckpt_writer_add_stream(w, "big", CPS_CKPT_F32, 1, s, fill_fn, (void *)(intptr_t)5), 0);
+    assert_int_equal(cps__ckpt_writer_commit(w, NULL, 0), 0);
+    cps__ckpt_reader *r;
+    assert_int_equal(cps__ckpt_reader_open(p, &r), 0);
+    const cps__ckpt_tensor *t = cps__ckpt_reader_find(r, "big");
+    assert_non_null(t);
+    assert_true(t->has_checksum);
+    float *buf = malloc(numel * sizeof *buf);
+    assert_non_null(buf);
+    /* The reader checks the CRC the writer's thread computed. */
+    assert_int_equal(cps__ckpt_reader_read(r, t, buf, numel * sizeof *buf), 0);
+    for (uint64_t i = 0; i < numel; i += 4099)
+        assert_true(buf[i] == val(5, i));
+    assert_true(buf[numel - 1] == val(5, numel - 1));
+    free(buf);
+    cps__ckpt_reader_close(r);
+
+    /* A fill failing after two were handed over: nothing published, no temporary left. */
+    pathf(p, "longfail");
+    assert_int_equal(cps__ckpt_writer_open(p, 0, &w), 0);
+    assert_int_equal(cps__ckpt_writer_add_stream(w, "big", CPS_CKPT_F32, 1, s, fail_third_fill,
+                                                 (void *)(intptr_t)5),
+                     0);
+    assert_int_equal(cps__ckpt_writer_commit(w, NULL, 0), CPS_ESTORE);
+    assert_int_equal(count_tmp(p), 0);
+    char f[4200];
+    snprintf(f, sizeof f, "%s/model.safetensors", p);
+    assert_int_equal(access(f, F_OK), -1);
+}
+
 /* ---- corruption ---- */
 
 static void open_fails(const char *path, int want, const char *problem)
@@ -820,6 +869,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(round_trip_sharded_with_index, setup, teardown),
         cmocka_unit_test_setup_teardown(writer_refuses_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(four_dim_shape_round_trips, setup, teardown),
+        cmocka_unit_test_setup_teardown(long_streamed_tensor_written_in_order, setup, teardown),
         cmocka_unit_test_setup_teardown(fill_error_fails_the_commit_and_leaves_nothing, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(truncated_file_is_refused_at_every_length, setup, teardown),
