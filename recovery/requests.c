@@ -25,8 +25,9 @@ typedef struct entry {
     int dropped;                /* detached with no context: leaves at the next call */
     uint64_t order;             /* 0, or its key set's: see cps__reqs_add_ordered */
     int held;                   /* waits for an earlier request of its (range, order) to leave */
-    int released;               /* that request left: send it (send_released) */
-    uint64_t added;             /* when it was added, in adds: held ones leave in this order */
+    int queued;     /* its range has CPS_REQS_WINDOW requests out: waits for one to leave */
+    int released;   /* that request left: send it (send_released) */
+    uint64_t added; /* when it was added, in adds: held ones leave in this order */
 } entry;
 
 struct cps__reqs {
@@ -92,16 +93,48 @@ static void release_held(cps__reqs *rq, uint32_t range, uint64_t order)
     }
 }
 
+/* Requests of `range` out (sent or to be re-sent), the queued and held ones not counted. */
+static uint32_t range_out(const cps__reqs *rq, uint32_t range)
+{
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < rq->nreqs; j++)
+        n += rq->reqs[j].range == range && !rq->reqs[j].queued && !rq->reqs[j].held;
+    return n;
+}
+
+/* Let the oldest queued requests of `range` go while the window has room. */
+static void release_queued(cps__reqs *rq, uint32_t range)
+{
+    uint32_t out = range_out(rq, range);
+    while (out < CPS_REQS_WINDOW) {
+        entry *next = NULL;
+        for (uint32_t j = 0; j < rq->nreqs; j++) {
+            entry *q = &rq->reqs[j];
+            if (q->queued && q->range == range && (!next || q->added < next->added))
+                next = q;
+        }
+        if (!next)
+            return;
+        next->queued = 0;
+        next->released = 1;
+        next->sent_ms = 0;
+        out++;
+    }
+}
+
 static void remove_at(cps__reqs *rq, uint32_t i)
 {
     entry *e = &rq->reqs[i];
     uint32_t range = e->range;
     uint64_t order = e->order;
+    int was_out = !e->queued && !e->held;
     if (e->detached)
         rq->ndetached--;
     rq->reqs[i] = rq->reqs[--rq->nreqs];
     if (order)
         release_held(rq, range, order);
+    if (was_out)
+        release_queued(rq, range);
 }
 
 static void begin(cps__reqs *rq)
@@ -143,7 +176,7 @@ static cps__reqs_action *push(cps__reqs *rq, int kind, uint32_t i)
 static int try_send(cps__reqs *rq, const cps__view *v, uint32_t i, int why)
 {
     entry *e = &rq->reqs[i];
-    if (e->held)
+    if (e->held || e->queued)
         return 0; /* goes out when the request ahead of it leaves */
     if (e->range >= v->nranges || v->ranges[e->range].chain_len == 0)
         return CPS_EUNAVAILABLE;
@@ -232,7 +265,11 @@ int cps__reqs_add_ordered(cps__reqs *rq, const cps__view *v, void *ctx, uint32_t
         if (rq->reqs[j].range == range && rq->reqs[j].order == order &&
             (rq->reqs[j].detached || rq->reqs[j].held))
             e->held = 1;
-    if (e->held) {
+    /* A sync step's push is not queued: the step completes only once every worker's push of
+     * it arrived, and workers may push their tensors in different orders. */
+    if (!e->held && !order && range_out(rq, range) > CPS_REQS_WINDOW)
+        e->queued = 1;
+    if (e->held || e->queued) {
         e->sent_ms = now; /* not overdue: it leaves the queue through remove_at */
     } else if (try_send(rq, v, i, CPS_RQ_WHY_NEW) != 0) {
         /* Not sent now: the retry timer sends it again. */
@@ -344,7 +381,7 @@ void cps__reqs_tick(cps__reqs *rq, const cps__view *v, uint64_t now)
         } else {
             e->unavailable_since = 0;
         }
-        if (e->held || now - e->sent_ms < rq->cfg.request_timeout_ms)
+        if (e->held || e->queued || now - e->sent_ms < rq->cfg.request_timeout_ms)
             continue;
         e->released = 0;
         /* Overdue, or waited for a view that has not come (its answer may be lost): ask again

@@ -26,6 +26,13 @@
 
 typedef struct cps__reqs cps__reqs;
 
+/* Requests out at once per range; more wait in the table, in adding order, and go out as earlier
+ * ones leave. A large tensor is hundreds of requests (src/worker/layout.c): sent at once, the
+ * last of them waited behind all the others longer than the request timeout and went out again,
+ * and a declaration's repeats (which keep no exactly-once record) piled up at the head. A sync
+ * step's dense pushes are not held back (see cps__reqs_add_ordered). */
+#define CPS_REQS_WINDOW 128u
+
 typedef struct cps__reqs_config {
     uint32_t request_timeout_ms;     /* unanswered for this long: ask for a view and re-send */
     uint32_t unavailable_timeout_ms; /* range without a live replica this long: CPS_EUNAVAILABLE */

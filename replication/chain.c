@@ -368,7 +368,7 @@ static int on_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, siz
     return forward(c, r, h->req_seq, &u, pos, now);
 }
 
-static int on_ack(cps__chain *c, const cps__msg_hdr *h, int pos)
+static int on_ack(cps__chain *c, const cps__msg_hdr *h, int pos, uint64_t now)
 {
     uint32_t r = h->range;
     range_st *rs = &c->ranges[r];
@@ -395,6 +395,9 @@ static int on_ack(cps__chain *c, const cps__msg_hdr *h, int pos)
     if (drop) {
         memmove(rs->sent, rs->sent + drop, (rs->nsent - drop) * sizeof *rs->sent);
         rs->nsent -= drop;
+        /* Progress: the successor is there and working through what we sent. */
+        rs->backoff = 0;
+        rs->progress_ms = now;
     }
     int rc = cps__chain_wake_waits(c, r);
     if (rc == 0 && pos > 0)
@@ -426,7 +429,7 @@ int cps__chain_on_message(cps__chain *c, const cps__msg_hdr *h, const void *payl
     if (h->type == CPS_MSG_FWD)
         return on_fwd(c, h, payload, len, now, pos);
     if (h->type == CPS_MSG_CHAIN_ACK)
-        return on_ack(c, h, pos);
+        return on_ack(c, h, pos, now);
     if (h->type == CPS_MSG_CHAIN_MARK)
         return cps__chain_on_mark(c, h, pos);
     return CPS_EPROTO;
@@ -459,7 +462,12 @@ int cps__chain_tick(cps__chain *c, uint64_t now)
         uint64_t wait =
             (uint64_t)c->cfg.resend_ms +
             (extra << (rs->backoff < RESEND_MAX_DOUBLINGS ? rs->backoff : RESEND_MAX_DOUBLINGS));
-        if (now - rs->sent[0].sent_ms < wait)
+        /* Overdue counts from the last ack that made progress, if later than the send: a burst of
+         * chunks of one large push is acknowledged one after the other, and the last of them
+         * waits behind all the others, not because it was lost. */
+        uint64_t since =
+            rs->sent[0].sent_ms > rs->progress_ms ? rs->sent[0].sent_ms : rs->progress_ms;
+        if (now - since < wait)
             continue;
         rs->backoff++;
         for (uint32_t i = 0; rc == 0 && i < rs->nsent; i++)

@@ -63,7 +63,8 @@ typedef struct range_st {
     uint64_t mark_to_send;
     int mark_pending; /* mark_to_send is to be (re)sent: a MARK of 0 is a MARK too */
     uint64_t mark_sent_ms;
-    uint32_t backoff; /* re-send rounds without an ack since the last one (doubles the wait) */
+    uint32_t backoff;     /* re-send rounds without an ack since the last one (doubles the wait) */
+    uint64_t progress_ms; /* the last ack that dropped updates: re-sends wait from then too */
 } range_st;
 
 struct cps__chain {

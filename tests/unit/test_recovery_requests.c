@@ -300,6 +300,54 @@ static void timeout_resends(void **state)
     expect_send(rq, 2, 3, 5, 1, CPS_RQ_WHY_TIMEOUT, T0 + TIMEOUT_MS);
 }
 
+/* A range has at most CPS_REQS_WINDOW requests out: the others wait, are neither timed out nor
+ * re-sent on a view, and go out oldest first as answers come back. Sync pushes (ordered) are
+ * never held back by it. */
+static void a_window_of_requests_per_range(void **state)
+{
+    fixture *f = *state;
+    cps__reqs *rq = f->rq;
+    const cps__view *v = &f->v5;
+    const cps__reqs_action *a;
+    uint64_t extra = 5, total = CPS_REQS_WINDOW + extra;
+    for (uint64_t s = 1; s <= total; s++) {
+        assert_int_equal(cps__reqs_add(rq, v, &ctx_a, 0, CPS_MSG_PUSH, 0, s, T0), 0);
+        if (s <= CPS_REQS_WINDOW)
+            expect_send(rq, s, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+        else
+            assert_int_equal(actions(rq, &a), 0);
+    }
+    /* A sync push (ordered) goes out past the window. */
+    assert_int_equal(
+        cps__reqs_add_ordered(rq, v, &ctx_b, 0, CPS_MSG_PUSH_PULL, 0, total + 1, 77, T0), 0);
+    expect_send(rq, total + 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    /* The sync push counts against the window: an answer leaves it full. */
+    assert_int_equal(reply(rq, v, CPS_MSG_ACK, 2, 5, 0, T0 + 1, NULL), CPS_RQ_REPLY_TAKEN);
+    assert_int_equal(actions(rq, &a), 0);
+    /* Then each answer lets the oldest waiting one go. */
+    assert_int_equal(reply(rq, v, CPS_MSG_VALUES, total + 1, 5, 0, T0 + 2, NULL),
+                     CPS_RQ_REPLY_TAKEN);
+    expect_send(rq, CPS_REQS_WINDOW + 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0 + 2);
+    assert_int_equal(reply(rq, v, CPS_MSG_ACK, 1, 5, 0, T0 + 3, NULL), CPS_RQ_REPLY_TAKEN);
+    expect_send(rq, CPS_REQS_WINDOW + 2, 1, 5, 0, CPS_RQ_WHY_NEW, T0 + 3);
+    /* A view re-sends only what is out; a timeout likewise. */
+    cps__reqs_view(rq, &f->v6, T0 + 4);
+    size_t n = actions(rq, &a);
+    assert_int_equal(n, CPS_REQS_WINDOW);
+    for (size_t k = 0; k < n; k++)
+        assert_true(a[k].kind == CPS_RQ_SEND && a[k].seq <= CPS_REQS_WINDOW + 2);
+    cps__reqs_tick(rq, &f->v6, T0 + 4 + TIMEOUT_MS);
+    n = actions(rq, &a);
+    size_t sends = 0;
+    for (size_t k = 0; k < n; k++)
+        if (a[k].kind == CPS_RQ_SEND) {
+            sends++;
+            assert_true(a[k].seq <= CPS_REQS_WINDOW + 2);
+        }
+    assert_int_equal(sends, CPS_REQS_WINDOW);
+    assert_int_equal(cps__reqs_count(rq), total - 2);
+}
+
 /* View 5 of TWO_RANGES in `mode`, with server 1 (range 0's only replica) dead. */
 static void make_view_range0_down(cps__view *v, int mode)
 {
@@ -654,6 +702,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(pull_waits_for_a_view_as_new_as_any_seen, setup, teardown),
         cmocka_unit_test_setup_teardown(stale_epoch_parks_until_a_newer_view, setup, teardown),
         cmocka_unit_test_setup_teardown(timeout_resends, setup, teardown),
+        cmocka_unit_test_setup_teardown(a_window_of_requests_per_range, setup, teardown),
         cmocka_unit_test(gives_up_after_the_unavailable_timeout),
         cmocka_unit_test(given_up_push_is_detached_and_still_sent),
         cmocka_unit_test_setup_teardown(refusals_complete_and_duplicates_are_ignored, setup,

@@ -607,6 +607,30 @@ static void a_new_tail_joins_by_state_transfer_and_misses_no_update(void **state
         assert_int_equal(cps__chain_unacked(w->n[id].c, 0), 0);
 }
 
+/* Re-sends wait for a stall, not for the age of the oldest update: while acks come back, a
+ * burst of FWDs (the chunks of one large push) is being worked through and none is re-sent; once
+ * acks stop for the re-send time, everything unacknowledged goes again. */
+static void the_head_re_sends_only_once_acks_stop(void **state)
+{
+    world *w = *state;
+    for (uint64_t r = 1; r <= 3; r++)
+        push(w, 1, r);
+    /* The tail takes FWD 1 late, and its ack arrives just before the re-send time. */
+    w->now = RESEND - 10;
+    deliver_at(w, (size_t)find_msg(w, 2, CPS_MSG_FWD, 1));
+    deliver_to(w, 1);
+    assert_int_equal(cps__chain_unacked(w->n[1].c, 0), 2);
+    w->now = RESEND + 5; /* FWDs 2 and 3 are older than the re-send time, but acks flow */
+    tick(w, 1);
+    assert_string_equal(w->n[1].acts, "");
+    w->now = 2 * RESEND - 10; /* the re-send time since the last ack: both go again */
+    tick(w, 1);
+    assert_string_equal(w->n[1].acts, "SS");
+    deliver_all(w);
+    assert_applied_1_to(w, 2, 3);
+    assert_int_equal(cps__chain_unacked(w->n[1].c, 0), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -627,6 +651,8 @@ int main(void)
             teardown_world),
         cmocka_unit_test_setup_teardown(a_new_tail_joins_by_state_transfer_and_misses_no_update,
                                         setup_chain12, teardown_world),
+        cmocka_unit_test_setup_teardown(the_head_re_sends_only_once_acks_stop, setup_chain12,
+                                        teardown_world),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
