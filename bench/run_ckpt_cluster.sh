@@ -28,20 +28,15 @@
 #
 # REPLICAS (default 1: chains of 1, see below) is passed to both launches as --replicas.
 #
-# Why chains of 1 by default: the tensor is cut into one chunk per key range, so with 2 servers
-# every push carries two 200 MB chunks. With chains of 2 the head forwards each chunk to the tail
-# and re-sends it every 200 ms until the tail acknowledges it (src/server/update.c: resend_ms =
-# 200, not configurable); applying 200 MB takes longer than that on this machine, so the copies
-# pile up in the head's send queue (3.6 GB after 3 steps, without any export), the servers'
-# memory grows by ~0.5 GB/s and the job stalls. REPLICAS=2 runs it anyway (MEM_LIMIT_MB stops it).
+# Chains of 1 by default, as the figures before were taken; REPLICAS=2 works as well since
+# tensors are cut into 256 KB chunks and workers and heads keep a window of them in flight (with
+# one 200 MB chunk per range, heads re-sent whole chunks every 200 ms to a tail still applying
+# them and the job stalled).
 #
 # Knobs: PARAMS (100000000), REPS (3), WARM (2), GAP (2), TIMEOUT (launch --timeout, 330 s; the
-# safety net), EXPORT_TIMEOUT (chainps checkpoint export --timeout, 120 s), DEAD_MS (60000:
-# CHAINPS_DEAD_AFTER_MS for every process: a server applying a 200 MB chunk, or initialising one,
-# is silent for seconds on a loaded 2-core machine, and the default 400 ms declares it dead;
-# this benchmark is not about failure detection), REQUEST_MS (60000: CHAINPS_REQUEST_TIMEOUT_MS;
-# with the default 5 s a step slowed down by an export re-sends its 200 MB chunks, the servers
-# queue the copies (GBs) and the job stops making progress), MEM_LIMIT_MB (6000: the run is
+# safety net), EXPORT_TIMEOUT (chainps checkpoint export --timeout, 120 s), DEAD_MS and REQUEST_MS
+# (CHAINPS_DEAD_AFTER_MS and CHAINPS_REQUEST_TIMEOUT_MS for every process; unset: the defaults,
+# which 256 KB chunks keep well clear of: no server is silent for long), MEM_LIMIT_MB (6000: the run is
 # stopped if the job's processes together use more), PORT (first of two scheduler ports;
 # default free ones), KEEP=1.
 # Every process started here is ended by its PID on exit (launch first, which ends its own
@@ -62,7 +57,8 @@ WARM=${WARM:-2}
 GAP=${GAP:-2}
 TIMEOUT=${TIMEOUT:-330}
 EXPORT_TIMEOUT=${EXPORT_TIMEOUT:-120}
-export CHAINPS_DEAD_AFTER_MS=${DEAD_MS:-60000} CHAINPS_REQUEST_TIMEOUT_MS=${REQUEST_MS:-60000}
+[ -n "${DEAD_MS:-}" ] && export CHAINPS_DEAD_AFTER_MS=$DEAD_MS
+[ -n "${REQUEST_MS:-}" ] && export CHAINPS_REQUEST_TIMEOUT_MS=$REQUEST_MS
 MEM_LIMIT_MB=${MEM_LIMIT_MB:-6000}
 REPLICAS=${REPLICAS:-1}
 export LC_ALL=C
@@ -181,7 +177,7 @@ echo "model: $PARAMS float32 parameters in one dense tensor ($mb MB), SGD (no op
     print $2 " on " $1}'))"
 echo "uptime:$(uptime)"
 echo "knobs: PARAMS=$PARAMS REPS=$REPS WARM=$WARM GAP=$GAP REPLICAS=$REPLICAS" \
-    "CHAINPS_DEAD_AFTER_MS=$CHAINPS_DEAD_AFTER_MS CHAINPS_REQUEST_TIMEOUT_MS=$CHAINPS_REQUEST_TIMEOUT_MS" \
+    "CHAINPS_DEAD_AFTER_MS=${CHAINPS_DEAD_AFTER_MS:-default} CHAINPS_REQUEST_TIMEOUT_MS=${CHAINPS_REQUEST_TIMEOUT_MS:-default}" \
     "TIMEOUT=$TIMEOUT EXPORT_TIMEOUT=$EXPORT_TIMEOUT MEM_LIMIT_MB=$MEM_LIMIT_MB"
 
 # ---- 1. raw disk write speed ----
@@ -324,7 +320,7 @@ dead=$(cat "$tmp/train.log" "$tmp/restore.log" 2>/dev/null | grep -c 'declared d
 awk -v reps="$REPS" -v mb="$mb" -v params="$PARAMS" -v warm="$WARM" -v gap="$GAP" \
     -v train_rc="$train_rc" -v restore_rc="$restore_rc" -v load0="$load0" \
     -v load1="$(cut -d' ' -f1-3 /proc/loadavg)" -v secs="$(($(date +%s) - tstart))" \
-    -v dead="$dead" -v dead_ms="$CHAINPS_DEAD_AFTER_MS" -v req_ms="$CHAINPS_REQUEST_TIMEOUT_MS" -v tmp="$tmp" -v repl="$REPLICAS" '
+    -v dead="$dead" -v dead_ms="${CHAINPS_DEAD_AFTER_MS:-default}" -v req_ms="${CHAINPS_REQUEST_TIMEOUT_MS:-default}" -v tmp="$tmp" -v repl="$REPLICAS" '
 function med(a, n,    i, j, t, b) {
     if (n == 0) return -1
     for (i = 1; i <= n; i++) b[i] = a[i]
