@@ -30,7 +30,7 @@
  * bench/pslite_bench.cc, its counterpart on ps-lite): per size one dense tensor and, after a
  * warm-up of a tenth of the iterations (at least 3), N times {cps_push; cps_pull}, each blocking:
  * push and pull latency p50/p99, and GB/s (10^9 B/s) counting the pushed and the pulled bytes
- * over the wall time of the N iterations. N is --ops, else 512 MiB / size within [30, 2000] (the
+ * over the wall time of the N iterations. N is --ops, else 1 GiB / size within [60, 2000] (the
  * same rule as pslite_bench.cc). One line per size: "pslite_loop system=chainps ... key=value".
  *
  * usage (as a worker): bench_ps [--out FILE] [--reps N] [--ms MS] [--sizes a,b,...]
@@ -320,8 +320,8 @@ static void run_pslite_loop(cps_client *c, const opts *o, FILE *out)
     for (int s = 0; s < o->nsizes; s++) {
         size_t size = o->sizes[s];
         uint64_t len = size / sizeof(float);
-        size_t per = (512u << 20) / size;
-        int n = o->ops > 0 ? o->ops : per < 30 ? 30 : per > 2000 ? 2000 : (int)per;
+        size_t per = (1u << 30) / size;
+        int n = o->ops > 0 ? o->ops : per < 60 ? 60 : per > 2000 ? 2000 : (int)per;
         int warm = n / 10 < 3 ? 3 : n / 10;
         char name[64];
         snprintf(name, sizeof name, "pslite/%zu", size);
