@@ -91,8 +91,14 @@ trap cleanup EXIT
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
-commit_of() { # DIR: short commit, "-dirty" when it has local changes
-    local c
+commit_of() { # DIR: short commit, "-dirty" when it has local changes; "unknown" if not a checkout
+    local c top
+    top=$(git -C "$1" rev-parse --show-toplevel 2>/dev/null)
+    # (a copy without .git inside some other repository is not that repository's commit)
+    if [ -z "$top" ] || [ "$(cd "$top" && pwd -P)" != "$(cd "$1" && pwd -P)" ]; then
+        echo unknown
+        return
+    fi
     c=$(git -C "$1" rev-parse --short=7 HEAD 2>/dev/null) || { echo unknown; return; }
     [ -n "$(git -C "$1" status --porcelain --untracked-files=no 2>/dev/null)" ] && c=$c-dirty
     echo "$c"
@@ -129,17 +135,21 @@ if [ "$smoke" = 0 ]; then
     cxxflags=(-std=c++11 -O3 -fPIC -w -pthread)
     if [ ! -f "$pdir/libps.a" ]; then
         echo "run_pslite: building ps-lite $pslite_commit in $pdir"
+        # Compiled from a copy of src/ (a meta.pb.h left in the checkout by an earlier `make`,
+        # from another protoc, must not be the one van.cc's #include "meta.pb.h" finds).
         rm -rf "$pdir.tmp"
-        mkdir -p "$pdir.tmp/gen" || exit 2
+        mkdir -p "$pdir.tmp/src" || exit 2
+        cp "$src"/src/*.cc "$src"/src/*.h "$src/src/meta.proto" "$pdir.tmp/src/" || exit 2
+        rm -f "$pdir.tmp"/src/meta.pb.*
         blog=$pdir.tmp/build.log
         ok=1
-        protoc --cpp_out="$pdir.tmp/gen" --proto_path="$src/src" "$src/src/meta.proto" \
+        protoc --cpp_out="$pdir.tmp/src" --proto_path="$pdir.tmp/src" "$pdir.tmp/src/meta.proto" \
             >>"$blog" 2>&1 || ok=0
         cc_pids=()
         for f in customer postoffice van; do
-            g++ "${cxxflags[@]}" -I"$pdir.tmp/gen" -I"$src/src" -I"$src/include" \
-                $(pkg-config --cflags libzmq protobuf) -c "$src/src/$f.cc" -o "$pdir.tmp/$f.o" \
-                >>"$blog" 2>&1 &
+            g++ "${cxxflags[@]}" -I"$pdir.tmp/src" -I"$src/include" \
+                $(pkg-config --cflags libzmq protobuf) -c "$pdir.tmp/src/$f.cc" \
+                -o "$pdir.tmp/$f.o" >>"$blog" 2>&1 &
             cc_pids+=($!)
             pids+=($!)
             if [ ${#cc_pids[@]} -ge 2 ]; then # two compilers at a time
@@ -147,8 +157,8 @@ if [ "$smoke" = 0 ]; then
                 cc_pids=("${cc_pids[@]:1}")
             fi
         done
-        g++ "${cxxflags[@]}" -I"$pdir.tmp/gen" $(pkg-config --cflags protobuf) \
-            -c "$pdir.tmp/gen/meta.pb.cc" -o "$pdir.tmp/meta.pb.o" >>"$blog" 2>&1 || ok=0
+        g++ "${cxxflags[@]}" -I"$pdir.tmp/src" $(pkg-config --cflags protobuf) \
+            -c "$pdir.tmp/src/meta.pb.cc" -o "$pdir.tmp/meta.pb.o" >>"$blog" 2>&1 || ok=0
         for p in "${cc_pids[@]}"; do
             wait "$p" || ok=0
         done
@@ -161,12 +171,12 @@ if [ "$smoke" = 0 ]; then
         fi
         mkdir -p "$pdir/include"
         cp -r "$src/include/." "$pdir/include/"
-        cp "$pdir.tmp/gen/meta.pb.h" "$pdir.tmp/libps.a" "$blog" "$pdir/"
+        cp "$pdir.tmp/libps.a" "$blog" "$pdir/"
         rm -rf "$pdir.tmp"
     fi
     pslite_bench=$pdir/pslite_bench
     if [ ! -x "$pslite_bench" ] || [ "$here/pslite_bench.cc" -nt "$pslite_bench" ]; then
-        if ! g++ "${cxxflags[@]}" -isystem "$pdir/include" -I"$pdir" "$here/pslite_bench.cc" \
+        if ! g++ "${cxxflags[@]}" -isystem "$pdir/include" "$here/pslite_bench.cc" \
             "$pdir/libps.a" $(pkg-config --libs libzmq protobuf) -o "$pslite_bench.tmp" \
             >"$work/pslite_bench.log" 2>&1; then
             echo "run_pslite: compiling bench/pslite_bench.cc failed:" >&2
