@@ -14,6 +14,13 @@
  * of the N iterations. N is --iters, else 1 GiB / size within [60, 2000] (bench_ps's rule).
  * Every worker pushes into the same keys.
  *
+ * Beside ps-lite's own benchmarks: its byteps branch's tests/test_benchmark.cc takes keys the
+ * same way (range begin + i) but sends a whole `len` to each server in turn and, unless in debug
+ * mode, its server adds nothing; master's tests/test_kv_app_benchmark.cc (15b8adf) pushes 10 M
+ * keys of one value each once. Here a tensor of `size` bytes is one ZPush to all servers at once
+ * (as cps_push of a tensor sharded over the servers), and the server does the adding an
+ * optimizer's apply costs.
+ *
  * Server: the pushed values added into the stored ones element by element (what ps-lite's
  * default handle does, here with several values per key), a pull answered with a copy of them.
  *

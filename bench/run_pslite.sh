@@ -32,7 +32,7 @@
 # chainps / ps-lite: the median of the per-round ratios, with their min-max (GB/s: above 1 means
 # chainps is faster; microseconds: below 1 means chainps is faster). Also the commits of both and
 # the load average at the start and at the end (2 cores: above ~0.5 at the start means other
-# programs shared the CPU). About 2 minutes with the defaults.
+# programs shared the CPU). About 70 s with the defaults.
 #
 # Environment: ROUNDS (3), ITERS (iterations per size; default per size 1 GiB / size within
 # [60, 2000]), SIZES (of the 1x1 cell, bytes, comma-separated; default 4096,65536,1048576,16777216),
