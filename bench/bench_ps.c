@@ -26,10 +26,18 @@
  * when all workers run the same operations at the same time (--ops, sync mode's lockstep, or
  * one worker) and nothing else uses the loopback meanwhile; run_replication.sh checks that.
  *
+ * --loop pslite runs ps-lite's benchmark loop instead (bench/run_pslite.sh runs it beside
+ * bench/pslite_bench.cc, its counterpart on ps-lite): per size one dense tensor and, after a
+ * warm-up of a tenth of the iterations (at least 3), N times {cps_push; cps_pull}, each blocking:
+ * push and pull latency p50/p99, and GB/s (10^9 B/s) counting the pushed and the pulled bytes
+ * over the wall time of the N iterations. N is --ops, else 1 GiB / size within [60, 2000] (the
+ * same rule as pslite_bench.cc). One line per size: "pslite_loop system=chainps ... key=value".
+ *
  * usage (as a worker): bench_ps [--out FILE] [--reps N] [--ms MS] [--sizes a,b,...]
  *                               [--depth D] [--data dense|sparse|both] [--only push|pull|pp[,...]]
  *                               [--no-lat]   (pipelined runs only: for profiling)
  *                               [--ops N] [--lo-bytes]
+ *                      bench_ps --loop pslite [--out FILE] [--sizes a,b,...] [--ops N]
  * Results: one key=value line per case appended to FILE; a table on stdout.
  * Only the public API (chainps.h) is used.
  */
@@ -305,6 +313,62 @@ static void run_case(cps_client *c, const opts *o, size_t size, int sparse, resu
     free(g);
 }
 
+/* ps-lite's loop: see the header. Lines to stdout and to out (if any). */
+static void run_pslite_loop(cps_client *c, const opts *o, FILE *out)
+{
+    int S = cps_num_servers(c), W = cps_num_workers(c), rank = cps_rank(c);
+    for (int s = 0; s < o->nsizes; s++) {
+        size_t size = o->sizes[s];
+        uint64_t len = size / sizeof(float);
+        size_t per = (1u << 30) / size;
+        int n = o->ops > 0 ? o->ops : per < 60 ? 60 : per > 2000 ? 2000 : (int)per;
+        int warm = n / 10 < 3 ? 3 : n / 10;
+        char name[64];
+        snprintf(name, sizeof name, "pslite/%zu", size);
+        cps_tensor *t;
+        cps_optim sgd = cps_optim_sgd(1e-3f);
+        tc_check(cps_tensor_declare(c, name, len, NULL, &sgd, &t), "declare");
+        float *g = malloc(size), *back = malloc(size);
+        double *push = malloc(sizeof *push * (size_t)n), *pull = malloc(sizeof *pull * (size_t)n);
+        if (!g || !back || !push || !pull) {
+            fprintf(stderr, "bench_ps: out of memory\n");
+            exit(1);
+        }
+        fill_grad(g, len, 0, 0x1234567 + size);
+        for (int i = 0; i < warm; i++) {
+            tc_check(cps_push(c, t, g, len), "push");
+            tc_check(cps_pull(c, t, back, len), "pull");
+        }
+        double t0 = tc_now_s();
+        for (int i = 0; i < n; i++) {
+            double a = tc_now_s();
+            tc_check(cps_push(c, t, g, len), "push");
+            double b = tc_now_s();
+            tc_check(cps_pull(c, t, back, len), "pull");
+            push[i] = (b - a) * 1e6;
+            pull[i] = (tc_now_s() - b) * 1e6;
+        }
+        double gbps = 2.0 * (double)n * (double)size / (tc_now_s() - t0) / 1e9;
+        char line[512];
+        snprintf(line, sizeof line,
+                 "pslite_loop system=chainps servers=%d workers=%d rank=%d size=%zu iters=%d "
+                 "push_p50_us=%.1f push_p99_us=%.1f pull_p50_us=%.1f pull_p99_us=%.1f "
+                 "pp_gbps=%.3f\n",
+                 S, W, rank, size, n, pct(push, n, 0.50), pct(push, n, 0.99), pct(pull, n, 0.50),
+                 pct(pull, n, 0.99), gbps);
+        fputs(line, stdout);
+        fflush(stdout);
+        if (out) {
+            fputs(line, out);
+            fflush(out);
+        }
+        free(push);
+        free(pull);
+        free(back);
+        free(g);
+    }
+}
+
 static int parse_sizes(const char *arg, opts *o)
 {
     o->nsizes = 0;
@@ -328,7 +392,8 @@ static void usage(void)
     fprintf(stderr,
             "usage: bench_ps [--out FILE] [--reps N] [--ms MS] [--sizes a,b,...] "
             "[--depth D] [--data dense|sparse|both] [--only push|pull|pp|all[,...]] [--no-lat] "
-            "[--ops N] [--lo-bytes]\n");
+            "[--ops N] [--lo-bytes]\n"
+            "       bench_ps --loop pslite [--out FILE] [--sizes a,b,...] [--ops N]\n");
     exit(2);
 }
 
@@ -336,18 +401,15 @@ int main(int argc, char **argv)
 {
     opts o = {.reps = 5, .ms = 40, .dense = 1, .sparse = 1, .only = 7};
     parse_sizes("4096,65536,1048576,16777216", &o);
-    const char *sizes = NULL, *data = "both", *only = "all";
-    const tc_flag flags[] = {{"--no-lat", TC_SWITCH, &o.no_lat},
-                             {"--lo-bytes", TC_SWITCH, &o.lo},
-                             {"--out", TC_STR, &o.out},
-                             {"--reps", TC_INT, &o.reps},
-                             {"--ms", TC_DOUBLE, &o.ms},
-                             {"--ops", TC_INT, &o.ops},
-                             {"--depth", TC_INT, &o.depth},
-                             {"--sizes", TC_STR, &sizes},
-                             {"--data", TC_STR, &data},
-                             {"--only", TC_STR, &only},
-                             {NULL, 0, NULL}};
+    const char *sizes = NULL, *data = "both", *only = "all", *loop = NULL;
+    const tc_flag flags[] = {
+        {"--no-lat", TC_SWITCH, &o.no_lat}, {"--lo-bytes", TC_SWITCH, &o.lo},
+        {"--out", TC_STR, &o.out},          {"--reps", TC_INT, &o.reps},
+        {"--ms", TC_DOUBLE, &o.ms},         {"--ops", TC_INT, &o.ops},
+        {"--depth", TC_INT, &o.depth},      {"--sizes", TC_STR, &sizes},
+        {"--data", TC_STR, &data},          {"--only", TC_STR, &only},
+        {"--loop", TC_STR, &loop},          {NULL, 0, NULL},
+    };
     if (tc_flags_parse(argc, argv, flags) != 0 || (sizes && parse_sizes(sizes, &o)))
         usage();
     o.dense = strcmp(data, "sparse") != 0;
@@ -365,7 +427,7 @@ int main(int argc, char **argv)
             usage();
         o.only |= bit;
     }
-    if (!o.only)
+    if (!o.only || (loop && strcmp(loop, "pslite") != 0))
         usage();
     if (o.reps < 1 || o.reps > MAX_REPS || o.ms <= 0 || o.depth < 0 || o.depth > MAX_DEPTH ||
         o.ops < 0)
@@ -380,6 +442,13 @@ int main(int argc, char **argv)
     if (o.out && !out) {
         perror(o.out);
         return 1;
+    }
+    if (loop) {
+        run_pslite_loop(c, &o, out);
+        if (out)
+            fclose(out);
+        tc_check(cps_close(c), "cps_close");
+        return 0;
     }
     double t0 = tc_now_s();
     printf("bench_ps: %d servers, compression %s, %d reps of ~%.0f ms per metric\n", S,
