@@ -3,7 +3,7 @@
 set -euo pipefail
 what=${1:-all}
 pkgs=(build-essential cmake pkg-config liblmdb-dev libnanomsg-dev libopenblas-dev libsnappy-dev
-      libcmocka-dev zlib1g-dev libssl-dev libxxhash-dev python3-dev)
+      libcmocka-dev zlib1g-dev libssl-dev libxxhash-dev libmicrohttpd-dev python3-dev)
 case "$what" in
   demo) pkgs+=(dataset-fashion-mnist gnuplot-nox) ;;
   test) pkgs+=(clang clang-format libclang-rt-14-dev iperf3 dataset-fashion-mnist procps
