@@ -57,12 +57,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     static char not_found[] = "not found: the metrics are at /metrics\n";
     static char not_allowed[] = "method not allowed: GET /metrics\n";
     int get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
-    if (strcmp(url, "/metrics") != 0)
-        return reply(c, MHD_HTTP_NOT_FOUND, "text/plain", not_found, sizeof not_found - 1,
-                     MHD_RESPMEM_PERSISTENT);
     if (!get)
         return reply(c, MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain", not_allowed,
                      sizeof not_allowed - 1, MHD_RESPMEM_PERSISTENT);
+    if (strcmp(url, "/metrics") != 0)
+        return reply(c, MHD_HTTP_NOT_FOUND, "text/plain", not_found, sizeof not_found - 1,
+                     MHD_RESPMEM_PERSISTENT);
     /* A copy of the page, so the role may publish the next one while this one is sent. */
     pthread_mutex_lock(&m->lock);
     size_t len = m->len;

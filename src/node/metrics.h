@@ -7,10 +7,11 @@
  * state, and a slow or hostile client never blocks the event loop (the loop waits at most for
  * one memcpy of the page).
  *
- * GET (or HEAD) /metrics: 200 with the page (CPS_PROM_CONTENT_TYPE). Any other path: 404; any
- * other method: 405. A request libmicrohttpd cannot parse gets its 400 and the connection is
- * closed; the endpoint keeps serving. At most 16 connections at a time, each closed after 10 s
- * idle, so clients that connect and say nothing cannot pile up.
+ * GET (or HEAD) /metrics: 200 with the page (CPS_PROM_CONTENT_TYPE). Any other method: 405;
+ * any other path: 404. A request libmicrohttpd cannot parse gets its 400 (505 for an unknown
+ * HTTP version), or, when not even a request line can be read from it, the connection is
+ * closed; either way the endpoint keeps serving. At most 16 connections at a time, each closed
+ * after 10 s idle, so clients that connect and say nothing cannot pile up.
  */
 #ifndef CPS_NODE_METRICS_H
 #define CPS_NODE_METRICS_H

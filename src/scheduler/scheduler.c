@@ -947,6 +947,8 @@ static int save_ckpt_txn(cps__txn *txn, void *arg)
     return cps__store_blob_put(txn, "sched/ckpt", b, len);
 }
 
+static void publish_metrics(cps__sched *s);
+
 /* CKPT_DONE from a checkpoint tool (or our own periodic exports): the job's last checkpoint. */
 static void handle_ckpt_done(cps__sched *s, const cps__rx *rx)
 {
@@ -964,6 +966,8 @@ static void handle_ckpt_done(cps__sched *s, const cps__rx *rx)
     if (s->store && (rc = cps__store_write(s->store, save_ckpt_txn, &s->ckpt)) != 0)
         cps__log(CPS_LOG_WARN, "scheduler", "cannot save the last checkpoint's record: %s",
                  cps_strerror(rc));
+    if (s->metrics)
+        publish_metrics(s); /* now, so /metrics agrees with `chainps status` at once */
 }
 
 /* ---- the /metrics page (node/metrics.h) ---- */
