@@ -671,7 +671,7 @@ static int name_cmp(const void *a, const void *b)
 
 /* Tell the scheduler the checkpoint is complete, so `chainps status` and /metrics show it. A
  * scheduler that misses it only shows an older checkpoint: the export itself succeeded. */
-static void note_done(link *l, const char *path, uint64_t step)
+static int note_done(link *l, const char *path, uint64_t step)
 {
     cps__ckpt_note n;
     memset(&n, 0, sizeof n);
@@ -687,6 +687,19 @@ static void note_done(link *l, const char *path, uint64_t step)
     if (rc != 0)
         cps__log(CPS_LOG_WARN, SUB, "could not tell the scheduler of the checkpoint: %s",
                  cps_strerror(rc));
+    return rc;
+}
+
+int cps__ckpt_announce(const cps__export_opts *o, const char *path, uint64_t step)
+{
+    if (!o || !path || !*path)
+        return CPS_EINVAL;
+    link l;
+    int rc = link_open(&l, o->scheduler, o->bind_host, o->advertise, o->key, o->timeout_ms);
+    if (rc == 0)
+        rc = note_done(&l, path, step);
+    link_close(&l); /* waits (bounded) for the note to leave */
+    return rc;
 }
 
 typedef struct tensor_job {
@@ -849,7 +862,7 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
         rc = cps__ckpt_writer_commit(w, res->path, sizeof res->path);
         w = NULL;
     }
-    if (rc == 0)
+    if (rc == 0 && !o->no_announce)
         note_done(&l, res->path, step);
     cps__ckpt_writer_abort(w);
     if (c.open)
