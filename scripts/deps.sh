@@ -2,8 +2,11 @@
 # Install the Debian packages chainps needs, only those missing. Usage: scripts/deps.sh [demo|test|all]
 set -euo pipefail
 what=${1:-all}
+# libunistring-dev: `pkg-config --static chainps` reaches it through libmicrohttpd and gnutls's
+# Libs.private, but Debian's libgnutls28-dev does not bring it (install.prefix links statically).
 pkgs=(build-essential cmake pkg-config liblmdb-dev libnanomsg-dev libopenblas-dev libsnappy-dev
-      libcmocka-dev zlib1g-dev libssl-dev libxxhash-dev python3-dev)
+      libcmocka-dev zlib1g-dev libssl-dev libxxhash-dev libmicrohttpd-dev libunistring-dev
+      python3-dev)
 case "$what" in
   demo) pkgs+=(dataset-fashion-mnist gnuplot-nox) ;;
   test) pkgs+=(clang clang-format libclang-rt-14-dev iperf3 dataset-fashion-mnist procps

@@ -678,6 +678,39 @@ static int name_cmp(const void *a, const void *b)
     return strcmp(((const cps__tensor_desc *)a)->name, ((const cps__tensor_desc *)b)->name);
 }
 
+/* Tell the scheduler the checkpoint is complete, so `chainps status` and /metrics show it. A
+ * scheduler that misses it only shows an older checkpoint: the export itself succeeded. */
+static int note_done(link *l, const char *path, uint64_t step)
+{
+    cps__ckpt_note n;
+    memset(&n, 0, sizeof n);
+    n.step = step;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    n.unix_ms = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    snprintf(n.path, sizeof n.path, "%s", path);
+    unsigned char b[CPS_CKPT_NOTE_FIXED + CPS_CKPT_NOTE_PATH_MAX];
+    size_t len = cps__ckpt_note_encode(b, sizeof b, &n);
+    cps__msg_hdr h = {.type = CPS_MSG_CKPT_DONE, .sender = UINT32_MAX, .step = step};
+    int rc = cps__msg_send(l->tp, SCHED, &h, b, len);
+    if (rc != 0)
+        cps__log(CPS_LOG_WARN, SUB, "could not tell the scheduler of the checkpoint: %s",
+                 cps_strerror(rc));
+    return rc;
+}
+
+int cps__ckpt_announce(const cps__export_opts *o, const char *path, uint64_t step)
+{
+    if (!o || !path || !*path)
+        return CPS_EINVAL;
+    link l;
+    int rc = link_open(&l, o->scheduler, o->bind_host, o->advertise, o->key, o->timeout_ms);
+    if (rc == 0)
+        rc = note_done(&l, path, step);
+    link_close(&l); /* waits (bounded) for the note to leave */
+    return rc;
+}
+
 typedef struct tensor_job {
     cps_tensor t;
     piece *pieces;
@@ -838,6 +871,8 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
         rc = cps__ckpt_writer_commit(w, res->path, sizeof res->path);
         w = NULL;
     }
+    if (rc == 0 && !o->no_announce)
+        note_done(&l, res->path, step);
     cps__ckpt_writer_abort(w);
     if (c.open)
         close_cut(&l, &c);

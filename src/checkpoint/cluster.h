@@ -37,6 +37,9 @@ typedef struct cps__export_opts {
     uint64_t max_shard_bytes; /**< 0: one file */
     int timeout_ms;           /**< for the cut to open (each read: at most 30 s); 0: 120 s */
     int quiet_until_ready;    /**< log "not started" / "no tensors yet" at debug level only */
+    /** Do not tell the scheduler of the checkpoint when it is complete: the caller moves it
+     * elsewhere first, then calls cps__ckpt_announce with its final path. */
+    int no_announce;
 } cps__export_opts;
 
 typedef struct cps__export_result {
@@ -57,6 +60,14 @@ typedef struct cps__export_result {
  *         file is left and an earlier one of the same name is untouched.
  */
 int cps__ckpt_export(const cps__export_opts *opts, const char *out, cps__export_result *res);
+
+/**
+ * @brief Tell the scheduler at opts->scheduler that the checkpoint at `path` (cut at `step`) is
+ * complete, so `chainps status` and its /metrics show it as the last checkpoint. Export does
+ * this itself unless opts->no_announce. Best effort: a scheduler that misses it shows an older
+ * checkpoint. Returns 0, or the error of reaching the scheduler (logged).
+ */
+int cps__ckpt_announce(const cps__export_opts *opts, const char *path, uint64_t step);
 
 typedef struct cps__restore_opts {
     const char *scheduler;

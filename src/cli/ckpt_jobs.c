@@ -140,7 +140,8 @@ static int export_one(const ckpt_thread_cfg *t, uint64_t at_step, cps__export_re
                           .key = cps__node_key(&t->cfg),
                           .at_step = at_step,
                           .timeout_ms = at_step ? 600000 : 120000,
-                          .quiet_until_ready = 1};
+                          .quiet_until_ready = 1,
+                          .no_announce = 1};
     int rc = cps__ckpt_export(&o, tmp, res);
     if (rc != 0) {
         remove_tree(tmp);
@@ -161,6 +162,12 @@ static int export_one(const ckpt_thread_cfg *t, uint64_t at_step, cps__export_re
         fsync(fd);
         close(fd);
     }
+    /* The scheduler learns of it under its final name: the file, as an export names it. */
+    char announced[sizeof res->path + sizeof final];
+    size_t tl = strlen(tmp);
+    snprintf(announced, sizeof announced, "%s%s", final,
+             strncmp(res->path, tmp, tl) == 0 ? res->path + tl : "");
+    cps__ckpt_announce(&o, announced, res->step);
     snprintf(res->path, sizeof res->path, "%s", final);
     return 0;
 }

@@ -65,6 +65,8 @@ enum {
     CLI_OPT_SECRET_FILE,
     CLI_OPT_INSECURE,
     CLI_OPT_COMPRESS,
+    CLI_OPT_METRICS_PORT,
+    CLI_OPT_METRICS_BIND,
 };
 
 /* The job-secret flags every subcommand takes, for its struct option table and its help. */
@@ -78,6 +80,17 @@ enum {
     "                     MAC under it; `chainps secret F` makes one\n"                            \
     "  --insecure         run without a secret (env CHAINPS_INSECURE=1): anyone who reaches\n"     \
     "                     the job's ports can join, read, overwrite or end it\n"
+
+/* The metrics flags of `scheduler` and `server` (node/metrics.h), for option tables and help. */
+#define CPS_CLI_METRICS_OPTS                                                                       \
+    {"metrics-port", required_argument, 0, CLI_OPT_METRICS_PORT},                                  \
+    {                                                                                              \
+        "metrics-bind", required_argument, 0, CLI_OPT_METRICS_BIND                                 \
+    }
+#define CPS_CLI_METRICS_HELP                                                                       \
+    "  --metrics-port P   serve Prometheus metrics at http://ADDR:P/metrics (0, the default:\n"    \
+    "                     none); see the README for the metric names\n"                            \
+    "  --metrics-bind ADDR  the IPv4 address the metrics listen on (default 127.0.0.1)\n"
 
 /* Help text of the checkpoint flags of `scheduler` and `launch`. */
 #define CPS_CLI_CKPT_HELP                                                                          \

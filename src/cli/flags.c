@@ -70,6 +70,19 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps__config 
                 cfg->sched_port = (uint16_t)v;
         }
         break;
+    case CLI_OPT_METRICS_PORT:
+        rc = cps__config_parse_u32("--metrics-port", arg, 0, 65535, &v, err, sizeof err);
+        if (rc == 0)
+            cfg->metrics_port = (uint16_t)v;
+        break;
+    case CLI_OPT_METRICS_BIND:
+        if (!*arg || strlen(arg) >= sizeof cfg->metrics_bind) {
+            snprintf(err, sizeof err, "--metrics-bind: empty or too long");
+            rc = CPS_ECONFIG;
+        } else {
+            snprintf(cfg->metrics_bind, sizeof cfg->metrics_bind, "%s", arg);
+        }
+        break;
     case CLI_OPT_BIND:
         snprintf(cfg->bind_host, sizeof cfg->bind_host, "%s", arg);
         break;

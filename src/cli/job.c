@@ -287,15 +287,26 @@ int cps__job_start(cps__job *j, int i)
                 av[a++] = j->cfg.restore_optim;
             }
         }
+        char mport[16];
+        if (j->cfg.metrics_port) {
+            snprintf(mport, sizeof mport, "%u", j->cfg.metrics_port);
+            av[a++] = "--metrics-port";
+            av[a++] = mport;
+        }
         av[a] = NULL;
         return spawn(c, av, envp);
     }
     if (c->role == CPS_ROLE_SERVER) {
-        char dir[600], rank[16];
+        char dir[600], rank[16], mport[16];
         snprintf(dir, sizeof dir, "%s/server-%d", j->data, i - 1);
         snprintf(rank, sizeof rank, "%d", i - 1);
-        char *av[] = {j->self, "server", "--scheduler", sched,         "--data",    dir, "--rank",
-                      rank,    "--bind", "127.0.0.1",   "--advertise", "127.0.0.1", NULL};
+        /* Server i at BASE+1+i: fixed per rank, so a restarted server is scraped where it was. */
+        snprintf(mport, sizeof mport, "%u",
+                 j->cfg.metrics_port ? j->cfg.metrics_port + (unsigned)i : 0u);
+        char *av[] = {j->self,          "server",    "--scheduler", sched,
+                      "--data",         dir,         "--rank",      rank,
+                      "--bind",         "127.0.0.1", "--advertise", "127.0.0.1",
+                      "--metrics-port", mport,       NULL};
         return spawn(c, av, envp);
     }
     return spawn(c, j->prog, envp);

@@ -60,7 +60,10 @@ static const char launch_usage[] =
     "  --restart-workers  a worker that dies (killed by a signal) is started again with its\n"
     "                     rank, once the scheduler has declared it dead, up to 3 times; it\n"
     "                     joins at the step the others are on. Without it, a dead worker\n"
-    "                     is dropped and the job goes on with the others\n" CPS_CLI_CKPT_HELP
+    "                     is dropped and the job goes on with the others\n"
+    "  --metrics-port BASE  Prometheus metrics on 127.0.0.1: the scheduler's at port BASE,\n"
+    "                     server i's at BASE+1+i "
+    "(http://127.0.0.1:PORT/metrics)\n" CPS_CLI_CKPT_HELP
     "  --secret-file F    the job's secret (env CHAINPS_SECRET_FILE); default: a new one made\n"
     "                     for this job, handed to every process as CHAINPS_SECRET_FILE\n"
     "  --insecure         no secret: messages are not authenticated (env CHAINPS_INSECURE=1)\n"
@@ -85,6 +88,7 @@ static const struct option launch_opts[] = {
     {"kill-at", required_argument, 0, CLI_OPT_KILL_AT},
     {"kill-server", required_argument, 0, CLI_OPT_KILL_SERVER},
     {"restart-workers", no_argument, 0, CLI_OPT_RESTART_WORKERS},
+    {"metrics-port", required_argument, 0, CLI_OPT_METRICS_PORT},
     CPS_CLI_SECRET_OPTS,
     {"verbose", no_argument, 0, 'v'},
     {"help", no_argument, 0, 'h'},
@@ -172,6 +176,9 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps__config *cfg, 
         return cps__cli_usage_error(cmd, "--checkpoint-dir and --keep need --checkpoint-every");
     if (cfg->restore_optim[0] && !cfg->restore_from[0])
         return cps__cli_usage_error(cmd, "--restore-optimizer needs --restore-from");
+    if (cfg->metrics_port && (uint32_t)cfg->metrics_port + cfg->num_servers > 65535)
+        return cps__cli_usage_error(cmd, "--metrics-port %u: the servers' ports would pass 65535",
+                                    cfg->metrics_port);
     if (kill_server >= cfg->num_servers)
         return cps__cli_usage_error(cmd, "--kill-server %u: there are only %u servers", kill_server,
                                     cfg->num_servers);
@@ -280,6 +287,11 @@ int cps__cli_launch(int argc, char **argv)
     printf("launch: scheduler on 127.0.0.1:%d, %d servers (chains of %s), %d workers, mode %s, "
            "data in %s\n",
            job.port, job.S, job.repl, job.W, job.mode, job.data);
+    if (cfg.metrics_port)
+        printf("launch: metrics at http://127.0.0.1:%u/metrics (scheduler) and ports %u..%u "
+               "(servers 0..%d)\n",
+               cfg.metrics_port, cfg.metrics_port + 1u, cfg.metrics_port + (unsigned)job.S,
+               job.S - 1);
     fflush(stdout);
 
     int rc = cps__job_start_all(&job);

@@ -56,7 +56,8 @@ static const char scheduler_usage[] =
     "                     taken its rank and finished (chainps launch --restart-workers sets\n"
     "                     it); without it the job ends when the live workers are done, and a\n"
     "                     worker arriving later is refused (the job has ended)\n" CPS_CLI_CKPT_HELP
-        CPS_CLI_SECRET_HELP "  -v, --verbose      more logging (twice: debug)\n"
+        CPS_CLI_METRICS_HELP CPS_CLI_SECRET_HELP
+    "  -v, --verbose      more logging (twice: debug)\n"
     "  -h, --help         this text\n";
 
 static const struct option scheduler_opts[] = {
@@ -76,6 +77,7 @@ static const struct option scheduler_opts[] = {
     {"mode", required_argument, 0, CLI_OPT_MODE},
     {"replicas", required_argument, 0, CLI_OPT_REPLICAS},
     {"join-timeout", required_argument, 0, CLI_OPT_JOIN_TIMEOUT},
+    CPS_CLI_METRICS_OPTS,
     CPS_CLI_SECRET_OPTS,
     {"verbose", no_argument, 0, 'v'},
     {"help", no_argument, 0, 'h'},
@@ -154,7 +156,8 @@ static const char server_usage[] =
     "  --sync             fsync every commit (~130 us each here instead of ~3 us); by default\n"
     "                     commits are flushed every second and on exit\n"
     "  --join-timeout S   give up if the scheduler does not answer within S seconds "
-    "(60)\n" CPS_CLI_SECRET_HELP "  -v, --verbose      more logging (twice: debug)\n"
+    "(60)\n" CPS_CLI_METRICS_HELP CPS_CLI_SECRET_HELP
+    "  -v, --verbose      more logging (twice: debug)\n"
     "  -h, --help         this text\n";
 
 static const struct option server_opts[] = {
@@ -167,6 +170,7 @@ static const struct option server_opts[] = {
     {"sync", no_argument, 0, CLI_OPT_SYNC},
     {"reset-data", no_argument, 0, CLI_OPT_RESET_DATA},
     {"join-timeout", required_argument, 0, CLI_OPT_JOIN_TIMEOUT},
+    CPS_CLI_METRICS_OPTS,
     CPS_CLI_SECRET_OPTS,
     {"verbose", no_argument, 0, 'v'},
     {"help", no_argument, 0, 'h'},

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "chainps/error.h"
@@ -26,8 +27,9 @@ static const char status_usage[] =
     "Show a running job: its step, its nodes (role, rank, address, when the scheduler last heard\n"
     "from them; a worker's clock, the last step it pushed, and how far it trails the fastest),\n"
     "every key range with its chain of servers and the copy under way to bring it back to R\n"
-    "replicas, and the traffic counters (push bytes before and after compression, pull bytes,\n"
-    "updates applied); with --watch, also steps/s, push and pull MB/s and updates/s.\n"
+    "replicas, the last completed checkpoint (number, step, time, age, path), and the traffic\n"
+    "counters (push bytes before and after compression, pull bytes, updates applied); with\n"
+    "--watch, also steps/s, push and pull MB/s and updates/s.\n"
     "\n"
     "  --scheduler H:P    the scheduler (default 127.0.0.1:9091; env CHAINPS_SCHEDULER, ...)\n"
     "  --json             print the same as one JSON object (one per refresh with --watch)\n"
@@ -74,6 +76,8 @@ typedef struct reply {
     uint32_t joiner[CPS_MAX_RANGES_STATUS]; /* per range: the server copying it, or 0 */
     uint32_t source[CPS_MAX_RANGES_STATUS]; /* and the replica it copies from */
     sum_answer *sums;                       /* nranges x CPS_MAX_REPLICAS */
+    cps__ckpt_note ckpt;                    /* the last checkpoint; id 0: none (or an older
+                                               scheduler, which does not know) */
 } reply;
 
 static void on_msg(void *ctx, void *buf, size_t len)
@@ -116,6 +120,11 @@ static void on_msg(void *ctx, void *buf, size_t len)
                         r->source[g] = cps__le32_get(p + 8 + 8 * g);
                     }
                     r->njoins = nr;
+                    /* Then the last checkpoint, when there was one. */
+                    size_t at = off + 4 + (size_t)nr * 8;
+                    if (at < rx.len && cps__ckpt_note_decode((const char *)rx.payload + at,
+                                                             rx.len - at, &r->ckpt, NULL) != 0)
+                        r->ckpt.id = 0;
                 }
             }
         }
@@ -221,6 +230,17 @@ static void print_status(const reply *r, const summary *sm)
             printf("  %-6u %016" PRIx64 "-%016" PRIx64 " %s\n", i, rg->lo, rg->hi, chain);
         }
     }
+    if (r->ckpt.id) {
+        char when[64] = "?";
+        time_t t = (time_t)(r->ckpt.unix_ms / 1000);
+        struct tm tm;
+        if (gmtime_r(&t, &tm))
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
+        printf("last checkpoint: #%" PRIu64 " at step %" PRIu64 ", %s (%.1f s ago), %s\n",
+               r->ckpt.id, r->ckpt.step, when, r->ckpt.age_ms / 1000.0, r->ckpt.path);
+    } else {
+        printf("last checkpoint: none\n");
+    }
     printf("\nservers' traffic: push %.2f MB raw, %.2f MB on the wire (compression ratio %.3f), "
            "pull %.2f MB, %" PRIu64 " updates applied, %" PRIu64 " bad messages\n",
            sm->raw / 1e6, sm->wire / 1e6, sm->wire ? (double)sm->raw / (double)sm->wire : 1.0,
@@ -283,7 +303,17 @@ static void print_json(const reply *r, const summary *sm)
             printf(",\"copying\":{\"node\":%u,\"from\":%u}", r->joiner[i], r->source[i]);
         putchar('}');
     }
-    printf("],\"traffic\":{\"push_bytes\":%" PRIu64 ",\"push_wire_bytes\":%" PRIu64
+    printf("],\"last_checkpoint\":");
+    if (r->ckpt.id) {
+        printf("{\"id\":%" PRIu64 ",\"step\":%" PRIu64 ",\"unix_ms\":%" PRIu64
+               ",\"age_s\":%.3f,\"path\":",
+               r->ckpt.id, r->ckpt.step, r->ckpt.unix_ms, r->ckpt.age_ms / 1000.0);
+        json_str(r->ckpt.path);
+        putchar('}');
+    } else {
+        printf("null");
+    }
+    printf(",\"traffic\":{\"push_bytes\":%" PRIu64 ",\"push_wire_bytes\":%" PRIu64
            ",\"pull_bytes\":%" PRIu64 ",\"updates_applied\":%" PRIu64 ",\"bad_messages\":%" PRIu64
            "}}\n",
            sm->raw, sm->wire, sm->pull, sm->applied, sm->bad);
@@ -365,6 +395,7 @@ static int fetch(reply *r, cps__tp *tp, const char *me)
     r->got = 0;
     r->n = 0;
     r->njoins = 0;
+    r->ckpt.id = 0;
     char payload[16 + CPS_ADDR_MAX];
     size_t n = cps__hello_encode(payload, sizeof payload, CPS_ROLE_NONE, UINT32_MAX, 0, me);
     cps__msg_hdr h = {.type = CPS_MSG_STATUS, .sender = UINT32_MAX};

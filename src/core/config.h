@@ -80,6 +80,10 @@ typedef struct cps__config {
     uint32_t ckpt_keep;     /* --keep: newest checkpoints kept (0: all) */
     char restore_from[512]; /* --restore-from: load this checkpoint before the workers */
     char restore_optim[64]; /* --restore-optimizer KIND:LR for tensors without a description */
+    /* Prometheus metrics (node/metrics.h): the scheduler's or server's HTTP port (0: none) and
+     * the address it listens on ("": 127.0.0.1). */
+    uint16_t metrics_port;
+    char metrics_bind[CPS_ADDR_MAX];
     /* The job's secret (src/transport/auth.h). cps__config_load_secret() reads secret_file into
      * secret_key; without a file a node refuses to start unless `insecure` says so. */
     char secret_file[512];

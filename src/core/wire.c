@@ -479,3 +479,48 @@ int cps__wire_tensor_desc_decode(const void *buf, size_t len, cps__tensor_desc *
     *used = n;
     return 0;
 }
+
+/* ---- checkpoint notes ---- */
+
+size_t cps__ckpt_note_size(const cps__ckpt_note *n)
+{
+    return CPS_CKPT_NOTE_FIXED + strnlen(n->path, sizeof n->path - 1);
+}
+
+size_t cps__ckpt_note_encode(void *buf, size_t cap, const cps__ckpt_note *n)
+{
+    size_t plen = strnlen(n->path, sizeof n->path - 1), size = CPS_CKPT_NOTE_FIXED + plen;
+    if (cap < size)
+        return 0;
+    unsigned char *p = buf;
+    cps__le64_put(p, n->id);
+    cps__le64_put(p + 8, n->step);
+    cps__le64_put(p + 16, n->unix_ms);
+    cps__le64_put(p + 24, n->age_ms);
+    cps__le32_put(p + 32, (uint32_t)plen);
+    memcpy(p + CPS_CKPT_NOTE_FIXED, n->path, plen);
+    return size;
+}
+
+int cps__ckpt_note_decode(const void *buf, size_t len, cps__ckpt_note *out, size_t *used)
+{
+    const unsigned char *p = buf;
+    if (len < CPS_CKPT_NOTE_FIXED)
+        return CPS_ESIZE;
+    uint32_t plen = cps__le32_get(p + 32);
+    if (plen == 0 || plen >= sizeof out->path)
+        return CPS_EPROTO;
+    if (len - CPS_CKPT_NOTE_FIXED < plen)
+        return CPS_ESIZE;
+    if (memchr(p + CPS_CKPT_NOTE_FIXED, 0, plen))
+        return CPS_EPROTO;
+    out->id = cps__le64_get(p);
+    out->step = cps__le64_get(p + 8);
+    out->unix_ms = cps__le64_get(p + 16);
+    out->age_ms = cps__le64_get(p + 24);
+    memcpy(out->path, p + CPS_CKPT_NOTE_FIXED, plen);
+    out->path[plen] = '\0';
+    if (used)
+        *used = CPS_CKPT_NOTE_FIXED + plen;
+    return 0;
+}

@@ -74,7 +74,8 @@ enum cps__msg_type {
     CPS_MSG_REGISTER = 40,  /* worker -> scheduler: a tensor's description (tensor_desc) */
     CPS_MSG_REGISTRY = 41,  /* tool -> scheduler: reply = view, u32 count, descriptions */
     CPS_MSG_RELEASE = 42,   /* tool -> scheduler: restore done, admit the held workers */
-    CPS_MSG_TYPE_MAX_ = 43
+    CPS_MSG_CKPT_DONE = 43, /* tool -> scheduler: a checkpoint was written (payload: ckpt_note) */
+    CPS_MSG_TYPE_MAX_ = 44
 };
 
 /* Header flags. */
@@ -269,5 +270,26 @@ size_t cps__wire_tensor_desc_encode(void *buf, size_t cap, const cps__tensor_des
  * kind, the shape (table: length == rows * cols), the spec and the name (no NUL inside).
  * Errors: CPS_ESIZE (truncated), CPS_EPROTO. */
 int cps__wire_tensor_desc_decode(const void *buf, size_t len, cps__tensor_desc *out, size_t *used);
+
+/* A completed checkpoint: what the tool that wrote it tells the scheduler (CKPT_DONE) and what
+ * the scheduler tells `chainps status` (the tail of STATUS_REPLY) and keeps in its store.
+ * Encoded as u64 id, u64 step, u64 unix_ms, u64 age_ms, u32 path length, path bytes (no NUL). */
+#define CPS_CKPT_NOTE_PATH_MAX 1024
+typedef struct cps__ckpt_note {
+    uint64_t id;      /* the scheduler's count of this job's checkpoints (1, 2, ...); 0: none */
+    uint64_t step;    /* the training step of the cut */
+    uint64_t unix_ms; /* wall clock (ms since 1970) when it was complete, by the writer's clock */
+    uint64_t age_ms;  /* STATUS_REPLY only: its age by the scheduler's clock (0 elsewhere) */
+    char path[CPS_CKPT_NOTE_PATH_MAX]; /* what a reader opens, as the writer named it */
+} cps__ckpt_note;
+
+#define CPS_CKPT_NOTE_FIXED 36
+/* Bytes the encoding of n takes. */
+size_t cps__ckpt_note_size(const cps__ckpt_note *n);
+/* Returns bytes written, 0 if cap is too small. */
+size_t cps__ckpt_note_encode(void *buf, size_t cap, const cps__ckpt_note *n);
+/* Decode one note at buf (len bytes available; more may follow); *used (may be NULL) receives
+ * its size. Errors: CPS_ESIZE (truncated), CPS_EPROTO (path empty, too long or holding a NUL). */
+int cps__ckpt_note_decode(const void *buf, size_t len, cps__ckpt_note *out, size_t *used);
 
 #endif

@@ -4,14 +4,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "chainps/error.h"
 #include "core/config.h"
 #include "core/log.h"
+#include "core/prom.h"
 #include "core/view.h"
 #include "core/wire.h"
 #include "node/loop.h"
+#include "node/metrics.h"
 #include "node/msg.h"
 #include "node/roles.h"
 #include "node/temp_peers.h"
@@ -42,7 +45,11 @@ enum {
     T_JOIN,       /* one-shot join_timeout_ms: give up on nodes that never arrived */
     T_FINISH,     /* the job ended: linger, then wait (bounded) for queues to drain */
     T_STOP,       /* a stop was requested: linger, then stop */
+    T_METRICS,    /* periodic METRICS_EVERY_MS with --metrics-port: publish the /metrics page */
 };
+
+/* How often the /metrics page is rendered (scrapes come every 10-60 s). */
+#define METRICS_EVERY_MS 250
 
 typedef struct sched_node {
     cps__node_info info;
@@ -92,6 +99,13 @@ typedef struct cps__sched {
     unsigned char *reg;
     size_t reg_len, reg_cap;
     uint32_t reg_count;
+    /* Deaths declared, by role: counters of the /metrics page. */
+    uint64_t deaths_server, deaths_worker;
+    /* The last checkpoint a tool reported complete (CKPT_DONE); id 0: none. Saved as
+     * sched/ckpt, so a restarted scheduler still knows it. */
+    cps__ckpt_note ckpt;
+    cps__metrics *metrics; /* --metrics-port; NULL when off */
+    cps__prom page;        /* the page last rendered (buffer reused) */
 } cps__sched;
 
 static const char *role_name(int role)
@@ -503,6 +517,11 @@ static int load_txn(cps__txn *txn, void *arg)
     if (cps__le32_get(st + 4))
         return 0; /* that job finished: start a new one */
     io->found = 1;
+    const void *cb;
+    size_t clen;
+    if (cps__store_blob_get(txn, "sched/ckpt", &cb, &clen) == 0 &&
+        cps__ckpt_note_decode(cb, clen, &s->ckpt, NULL) != 0)
+        memset(&s->ckpt, 0, sizeof s->ckpt); /* unreadable: shown as none, not fatal */
     const void *rb;
     size_t rlen;
     if (cps__store_blob_get(txn, "sched/registry", &rb, &rlen) == 0 && rlen > 4) {
@@ -700,6 +719,10 @@ static void declare_dead(cps__sched *s, uint32_t id, uint64_t silence_ms)
     if (n->info.role == CPS_ROLE_WORKER && n->done)
         return; /* finished workers stop heartbeating: not a failure */
     n->info.alive = 0;
+    if (n->info.role == CPS_ROLE_SERVER)
+        s->deaths_server++;
+    else
+        s->deaths_worker++;
     sync_view_nodes(s);
     cps__view nv;
     cps__view_init(&nv);
@@ -860,6 +883,8 @@ static unsigned char *view_reply(cps__sched *s, const cps__rx *rx, uint8_t type,
     return buf;
 }
 
+static uint64_t wall_ms(void);
+
 static void handle_status(cps__sched *s, const cps__rx *rx)
 {
     uint32_t tmp = tool_peer(s, rx, "STATUS");
@@ -869,9 +894,16 @@ static void handle_status(cps__sched *s, const cps__rx *rx)
      * and per range u32 joiner, u32 source (0, 0: no copy under way). */
     size_t len;
     uint32_t nranges = s->view.nranges;
-    unsigned char *buf =
-        view_reply(s, rx, CPS_MSG_STATUS_REPLY,
-                   4 + (size_t)s->nnodes * (8 + CPS_STATS_SIZE) + 4 + (size_t)nranges * 8, &len);
+    /* Then the last checkpoint (absent when there was none; older tools ignore it). */
+    cps__ckpt_note note = s->ckpt;
+    size_t note_len = note.id ? cps__ckpt_note_size(&note) : 0;
+    if (note.id) {
+        uint64_t wall = wall_ms();
+        note.age_ms = wall > note.unix_ms ? wall - note.unix_ms : 0;
+    }
+    unsigned char *buf = view_reply(
+        s, rx, CPS_MSG_STATUS_REPLY,
+        4 + (size_t)s->nnodes * (8 + CPS_STATS_SIZE) + 4 + (size_t)nranges * 8 + note_len, &len);
     if (!buf)
         return;
     unsigned char *p = buf + CPS_WIRE_HDR_SIZE + cps__view_encoded_size(&s->view);
@@ -893,8 +925,145 @@ static void handle_status(cps__sched *s, const cps__rx *rx)
         cps__le32_put(p, joiner);
         cps__le32_put(p + 4, joiner ? source : 0);
     }
+    if (note_len)
+        cps__ckpt_note_encode(p, note_len, &note);
     if (cps__tp_send(s->tp, tmp, buf, CPS_WIRE_HDR_SIZE + len) != 0)
         cps__tp_free(buf);
+}
+
+/* Milliseconds since 1970 by this machine's clock: checkpoint times are wall-clock times. */
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static int save_ckpt_txn(cps__txn *txn, void *arg)
+{
+    const cps__ckpt_note *n = arg;
+    unsigned char b[CPS_CKPT_NOTE_FIXED + CPS_CKPT_NOTE_PATH_MAX];
+    size_t len = cps__ckpt_note_encode(b, sizeof b, n);
+    return cps__store_blob_put(txn, "sched/ckpt", b, len);
+}
+
+static void publish_metrics(cps__sched *s);
+
+/* CKPT_DONE from a checkpoint tool (or our own periodic exports): the job's last checkpoint. */
+static void handle_ckpt_done(cps__sched *s, const cps__rx *rx)
+{
+    cps__ckpt_note n;
+    int rc = cps__ckpt_note_decode(rx->payload, rx->len, &n, NULL);
+    if (rc != 0) {
+        cps__log(CPS_LOG_WARN, "scheduler", "malformed CKPT_DONE dropped: %s", cps_strerror(rc));
+        return;
+    }
+    n.id = s->ckpt.id + 1;
+    n.age_ms = 0;
+    s->ckpt = n;
+    cps__log(CPS_LOG_INFO, "scheduler", "checkpoint %llu at step %llu: %s",
+             (unsigned long long)n.id, (unsigned long long)n.step, n.path);
+    if (s->store && (rc = cps__store_write(s->store, save_ckpt_txn, &s->ckpt)) != 0)
+        cps__log(CPS_LOG_WARN, "scheduler", "cannot save the last checkpoint's record: %s",
+                 cps_strerror(rc));
+    if (s->metrics)
+        publish_metrics(s); /* now, so /metrics agrees with `chainps status` at once */
+}
+
+/* ---- the /metrics page (node/metrics.h) ---- */
+
+static void publish_metrics(cps__sched *s)
+{
+    cps__prom *p = &s->page;
+    cps__prom_reset(p);
+    uint32_t live_servers = 0, live_workers = 0;
+    uint64_t raw = 0, wire = 0, pull = 0, applied = 0, step = 0;
+    for (uint32_t i = 0; i < s->nnodes; i++) {
+        const sched_node *n = &s->nodes[i];
+        if (n->info.role == CPS_ROLE_SERVER) {
+            live_servers += n->info.alive;
+            raw += n->stats.push_raw_bytes;
+            wire += n->stats.push_wire_bytes;
+            pull += n->stats.pull_bytes;
+            applied += n->stats.updates_applied;
+            step = n->stats.step > step ? n->stats.step : step;
+        } else if (n->info.role == CPS_ROLE_WORKER) {
+            live_workers += n->info.alive && !n->done;
+        }
+    }
+#define FAMILY(name, type, help, v)                                                                \
+    cps__prom_family(p, name, type, help);                                                         \
+    cps__prom_u64(p, name, NULL, v)
+    FAMILY("chainps_view_epoch", "gauge", "The view epoch the scheduler published last.",
+           s->view.epoch);
+    FAMILY("chainps_job_running", "gauge", "1 once every node joined and until the job ends.",
+           (uint64_t)(s->started && !s->finished));
+    FAMILY("chainps_job_step", "gauge", "The job's step: the highest any server applied.", step);
+    FAMILY("chainps_live_servers", "gauge", "Servers the view counts alive.", live_servers);
+    FAMILY("chainps_live_workers", "gauge", "Workers alive and not finished.", live_workers);
+    FAMILY("chainps_workers_finished", "gauge", "Workers that said goodbye.", s->workers_done);
+    /* The servers' counters as their heartbeats report them: a restarted server's start over,
+     * which Prometheus's rate() takes for a counter reset. */
+    FAMILY("chainps_job_push_bytes_total", "counter",
+           "Push payload bytes the servers received, after decompression (from heartbeats).", raw);
+    FAMILY("chainps_job_received_push_bytes_total", "counter",
+           "Push payload bytes the servers received, as sent (from heartbeats).", wire);
+    FAMILY("chainps_job_pull_bytes_total", "counter",
+           "Value bytes the servers sent to pulls (from heartbeats).", pull);
+    FAMILY("chainps_job_updates_applied_total", "counter",
+           "Updates the servers applied, every replica counted (from heartbeats).", applied);
+    FAMILY("chainps_checkpoints_total", "counter", "Checkpoints completed in this job.",
+           s->ckpt.id);
+#undef FAMILY
+    cps__prom_family(p, "chainps_declared_deaths_total", "counter",
+                     "Nodes the scheduler declared dead, by role.");
+    cps__prom_u64(p, "chainps_declared_deaths_total", "role=\"server\"", s->deaths_server);
+    cps__prom_u64(p, "chainps_declared_deaths_total", "role=\"worker\"", s->deaths_worker);
+    char l[48];
+    if (s->view.nranges) {
+        cps__prom_family(p, "chainps_range_replicas", "gauge",
+                         "Servers in each key range's chain (the target is the job's replicas).");
+        for (uint32_t r = 0; r < s->view.nranges; r++) {
+            snprintf(l, sizeof l, "range=\"%u\"", r);
+            cps__prom_u64(p, "chainps_range_replicas", l, s->view.ranges[r].chain_len);
+        }
+    }
+    int any_worker = 0;
+    for (uint32_t i = 0; i < s->nnodes; i++) {
+        const sched_node *n = &s->nodes[i];
+        if (n->info.role != CPS_ROLE_WORKER || !(n->info.alive || n->done))
+            continue;
+        if (!any_worker++)
+            cps__prom_family(p, "chainps_worker_clock", "gauge",
+                             "Each worker's last pushed step (its SSP clock), by rank.");
+        snprintf(l, sizeof l, "rank=\"%u\"", n->info.rank);
+        cps__prom_u64(p, "chainps_worker_clock", l, n->stats.step);
+    }
+    if (s->ckpt.id) {
+        uint64_t wall = wall_ms();
+        cps__prom_family(p, "chainps_checkpoint_last_id", "gauge",
+                         "Number of the last completed checkpoint (1, 2, ... in this job).");
+        cps__prom_u64(p, "chainps_checkpoint_last_id", NULL, s->ckpt.id);
+        cps__prom_family(p, "chainps_checkpoint_last_step", "gauge",
+                         "Training step of the last completed checkpoint.");
+        cps__prom_u64(p, "chainps_checkpoint_last_step", NULL, s->ckpt.step);
+        cps__prom_family(p, "chainps_checkpoint_last_timestamp_seconds", "gauge",
+                         "When the last checkpoint completed (Unix time).");
+        cps__prom_f64(p, "chainps_checkpoint_last_timestamp_seconds", NULL,
+                      (double)s->ckpt.unix_ms / 1000.0);
+        cps__prom_family(p, "chainps_checkpoint_age_seconds", "gauge",
+                         "Seconds since the last checkpoint completed.");
+        cps__prom_f64(p, "chainps_checkpoint_age_seconds", NULL,
+                      wall > s->ckpt.unix_ms ? (double)(wall - s->ckpt.unix_ms) / 1000.0 : 0.0);
+    }
+    cps__metrics_publish_page(s->metrics, p, "scheduler");
+}
+
+static int on_metrics(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)l, (void)id, (void)now;
+    publish_metrics(ctx);
+    return 0;
 }
 
 /* ---- tensor registry ---- */
@@ -1058,6 +1227,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         handle_status(s, &rx);
     } else if (h->type == CPS_MSG_REGISTRY) {
         handle_registry(s, &rx);
+    } else if (h->type == CPS_MSG_CKPT_DONE && h->sender == UINT32_MAX) {
+        handle_ckpt_done(s, &rx);
     } else if (h->type == CPS_MSG_RELEASE) {
         if (s->cfg.hold_workers) {
             s->cfg.hold_workers = 0;
@@ -1362,11 +1533,19 @@ int cps__scheduler_run(const cps__config *cfg)
         rc = cps__loop_timer_add(s.loop, T_REPAIR, 0, REPAIR_EVERY_MS, on_repair, &s);
     if (rc == 0 && !s.started)
         rc = cps__loop_timer_add(s.loop, T_JOIN, cfg->join_timeout_ms + 1, 0, on_join_timeout, &s);
+    if (rc == 0 && cfg->metrics_port) {
+        cps__prom_init(&s.page);
+        rc = cps__metrics_start(cfg->metrics_bind, cfg->metrics_port, "scheduler", &s.metrics);
+        if (rc == 0)
+            rc = cps__loop_timer_add(s.loop, T_METRICS, 0, METRICS_EVERY_MS, on_metrics, &s);
+    }
     if (rc == 0)
         rc = cps__loop_run(s.loop);
     if (rc == 0)
         rc = s.result;
 out:
+    cps__metrics_stop(s.metrics);
+    cps__prom_fini(&s.page);
     cps__loop_tp_detach(&s.inbox);
     cps__loop_destroy(s.loop);
     cps__tp_destroy(s.tp);

@@ -44,7 +44,12 @@ enum {
                     syncs */
     T_ACKS,      /* one-shot: the held CHAIN_ACKs are due */
     T_TURN,      /* one-shot, re-armed every turn: TURN_MAX_MS (TURN_MAX_UNJOINED_MS) */
+    T_METRICS,   /* periodic METRICS_EVERY_MS with --metrics-port: publish the /metrics page */
 };
+
+/* How often the /metrics page is rendered: scrapes come every 10-60 s, so a page at most this
+ * old is fresh enough, and rendering never costs the data path more than ~0.1% of a core. */
+#define METRICS_EVERY_MS 250
 
 static void dispatch_request(cps__server *s, cps__rx *rx);
 static void dispatch_held(cps__server *s);
@@ -546,6 +551,93 @@ static int open_store(cps__server *s, const cps__store_opts *so)
     return CPS_EBUSY;
 }
 
+/* ---- the /metrics page (node/metrics.h) ---- */
+
+/* Ranges whose chain holds us, by position. */
+static void count_roles(const cps__server *s, uint32_t *head, uint32_t *middle, uint32_t *tail)
+{
+    *head = *middle = *tail = 0;
+    for (uint32_t r = 0; r < s->view.nranges; r++) {
+        const cps__range *rg = &s->view.ranges[r];
+        for (uint32_t j = 0; j < rg->chain_len; j++) {
+            if (rg->chain[j] != s->id)
+                continue;
+            if (j == 0)
+                ++*head;
+            else if (j + 1 == rg->chain_len)
+                ++*tail;
+            else
+                ++*middle;
+        }
+    }
+}
+
+/* Render the page from the loop's own state and hand it to the HTTP thread. */
+static void publish_metrics(cps__server *s)
+{
+    cps__prom *p = &s->page;
+    const cps__node_stats *st = &s->stats;
+    const cps__server_counters *c = &s->ctr;
+    char labels[48];
+    cps__prom_reset(p);
+    snprintf(labels, sizeof labels, "rank=\"%u\"", s->rank);
+#define COUNTER(name, help, v)                                                                     \
+    cps__prom_family(p, name, "counter", help);                                                    \
+    cps__prom_u64(p, name, labels, v)
+#define GAUGE(name, help, v)                                                                       \
+    cps__prom_family(p, name, "gauge", help);                                                      \
+    cps__prom_u64(p, name, labels, v)
+    COUNTER("chainps_server_pushes_total", "Push and push-pull requests received.", c->pushes);
+    COUNTER("chainps_server_pulls_total", "Pull and push-pull requests received.", c->pulls);
+    COUNTER("chainps_server_push_bytes_total", "Push payload bytes after decompression.",
+            st->push_raw_bytes);
+    COUNTER("chainps_server_received_push_bytes_total",
+            "Push payload bytes as received (after snappy and lossy compression).",
+            st->push_wire_bytes);
+    COUNTER("chainps_server_pull_bytes_total", "Value bytes sent in replies to pulls.",
+            st->pull_bytes);
+    COUNTER("chainps_server_updates_applied_total",
+            "Updates applied to the store (as head, middle or tail of a chain).",
+            st->updates_applied);
+    COUNTER("chainps_server_forwards_total", "Updates forwarded to a chain successor (FWDs sent).",
+            c->forwards);
+    COUNTER("chainps_server_forward_retries_total",
+            "FWDs sent again because the successor had not acknowledged them in time.",
+            c->forward_retries);
+    COUNTER("chainps_server_messages_total", "Messages received.", st->msgs_in);
+    COUNTER("chainps_server_bad_messages_total", "Messages dropped as malformed or unexpected.",
+            st->msgs_bad);
+    GAUGE("chainps_server_step", "Highest training step this server applied.", st->step);
+    GAUGE("chainps_server_keys", "Keys in this server's store.", st->keys_stored);
+    GAUGE("chainps_view_epoch", "View epoch this server has installed.", s->view.epoch);
+    GAUGE("chainps_server_joined", "1 while this server is a member of the job.",
+          (uint64_t)cps__fence_joined(s->fence));
+#undef COUNTER
+#undef GAUGE
+    uint32_t head, middle, tail;
+    count_roles(s, &head, &middle, &tail);
+    cps__prom_family(p, "chainps_server_ranges", "gauge",
+                     "Key ranges this server holds, by its place in their chain.");
+    const char *pos[3] = {"head", "middle", "tail"};
+    uint32_t n[3] = {head, middle, tail};
+    for (int i = 0; i < 3; i++) {
+        char l[64];
+        snprintf(l, sizeof l, "%s,position=\"%s\"", labels, pos[i]);
+        cps__prom_u64(p, "chainps_server_ranges", l, n[i]);
+    }
+    cps__prom_histogram(p, "chainps_server_apply_latency_seconds",
+                        "Time to apply one update to the store (one LMDB write transaction).",
+                        labels, &c->apply);
+    cps__metrics_publish_page(s->metrics, p, "server");
+}
+
+static int on_metrics(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
+{
+    (void)l, (void)id, (void)now;
+    publish_metrics(ctx);
+    return 0;
+}
+
 /* ---- the event loop's timers and hook ---- */
 
 static int on_hello(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
@@ -773,6 +865,12 @@ int cps__server_run(const cps__config *cfg)
         rc = cps__loop_tp_attach(&s.inbox, s.loop, s.tp, handle_msg, &s, MSGS_PER_TURN);
     if (rc == 0)
         rc = start_joining(&s);
+    if (rc == 0 && cfg->metrics_port) {
+        cps__prom_init(&s.page);
+        rc = cps__metrics_start(cfg->metrics_bind, cfg->metrics_port, "server", &s.metrics);
+        if (rc == 0)
+            rc = cps__loop_timer_add(s.loop, T_METRICS, 0, METRICS_EVERY_MS, on_metrics, &s);
+    }
     if (rc != 0)
         goto out;
     cps__loop_before_sleep(s.loop, before_sleep, &s);
@@ -787,6 +885,8 @@ int cps__server_run(const cps__config *cfg)
     cps__log(CPS_LOG_INFO, "server", "stopping: %llu updates applied, %llu bad messages",
              (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad);
 out:
+    cps__metrics_stop(s.metrics);
+    cps__prom_fini(&s.page);
     cps__loop_tp_detach(&s.inbox);
     cps__loop_destroy(s.loop);
     s.loop = NULL;

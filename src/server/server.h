@@ -5,6 +5,7 @@
 #include <stdint.h>
 
 #include "core/config.h"
+#include "core/prom.h"
 #include "replication/ackhold.h"
 #include "replication/chain.h"
 #include "replication/ssp.h"
@@ -12,6 +13,7 @@
 #include "core/view.h"
 #include "node/heartbeat.h"
 #include "node/loop.h"
+#include "node/metrics.h"
 #include "node/msg.h"
 #include "node/temp_peers.h"
 #include "recovery/fence.h"
@@ -24,6 +26,15 @@ struct snap_job;
 /* A pending checkpoint cut's deadline (cut.c): n counts the cuts this process was asked for. */
 #define CPS_SERVER_T_CUT(n) ((3ull << 32) | (uint32_t)(n))
 
+/* What the /metrics page shows beyond the heartbeat's stats block (cps__node_stats). */
+typedef struct cps__server_counters {
+    uint64_t pushes;          /* PUSH and PUSH_PULL requests received */
+    uint64_t pulls;           /* PULL and PUSH_PULL requests received */
+    uint64_t forwards;        /* FWDs sent to a successor, first sends and re-sends */
+    uint64_t forward_retries; /* of which re-sent (the successor had not acknowledged in time) */
+    cps__prom_hist apply;     /* seconds each update's store transaction took */
+} cps__server_counters;
+
 typedef struct cps__server {
     cps__config cfg;
     cps__tp *tp;
@@ -34,6 +45,10 @@ typedef struct cps__server {
     cps__fence *fence; /* our standing: joined, unsure, fenced (recovery/fence.h) */
     int shutdown;
     cps__node_stats stats;
+    cps__server_counters ctr;
+    int in_tick;           /* the chain timer runs: the FWDs sent now are re-sends */
+    cps__metrics *metrics; /* --metrics-port; NULL when off */
+    cps__prom page;        /* the page last rendered for it (buffer reused) */
     /* Sync steps being gathered at the heads we are (created at the first sync push). */
     cps__sync *sync;
     /* SSP clocks of every range and the pulls they hold back (with the chain). */

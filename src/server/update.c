@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "chainps/error.h"
 #include "core/gradcodec.h"
@@ -403,7 +404,12 @@ static void do_apply(cps__server *s, const cps__chain_action *a)
     /* Clocks first: apply_txn stores what they became. Should the write fail, the replica
      * leaves (poisoned below), so memory ahead of the store is never used. */
     cps__ssp_applied(s->ssp, &s->view, a->range, &a->upd);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = cps__store_write(s->store, apply_txn, &io);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    cps__prom_hist_observe(&s->ctr.apply,
+                           (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9);
     if (rc != 0) {
         /* The chain has already counted this update as applied here: we cannot go on. */
         cps__log(CPS_LOG_ERROR, "server",
@@ -557,6 +563,10 @@ void cps__server_run_actions(cps__server *s)
                 break;
             if (h.type == CPS_MSG_CHAIN_ACK && hold_ack(s, a->to, &h))
                 break;
+            if (h.type == CPS_MSG_FWD) {
+                s->ctr.forwards++;
+                s->ctr.forward_retries += s->in_tick;
+            }
             void *buf = cps__tp_alloc(a->len);
             if (!buf)
                 break;
@@ -899,6 +909,8 @@ static int unpack_lossy(cps__server *s, cps__rx *rx)
 
 void cps__server_on_push(cps__server *s, cps__rx *rx)
 {
+    s->ctr.pushes++;
+    s->ctr.pulls += rx->hdr.type == CPS_MSG_PUSH_PULL;
     if ((rx->hdr.flags & CPS_WF_LOSSY) && unpack_lossy(s, rx) != 0) {
         cps__rx_free(rx);
         return;
@@ -959,6 +971,7 @@ void cps__server_on_push(cps__server *s, cps__rx *rx)
 
 void cps__server_on_pull(cps__server *s, cps__rx *rx)
 {
+    s->ctr.pulls++;
     cps__kv kv;
     int rc = cps__wire_kv_decode(rx->payload, rx->len, 0, &kv);
     if (rc != 0) {
@@ -1001,8 +1014,11 @@ void cps__server_on_chain(cps__server *s, cps__rx *rx)
 
 void cps__server_tick(cps__server *s, uint64_t now)
 {
-    if (cps__chain_tick(s->chain, now) == 0)
+    if (cps__chain_tick(s->chain, now) == 0) {
+        s->in_tick = 1; /* a tick only re-sends */
         cps__server_run_actions(s);
+        s->in_tick = 0;
+    }
     if (cps__sync_pending(s->sync) && cps__sync_tick(s->sync, now) == 0)
         run_sync_actions(s, now);
 }

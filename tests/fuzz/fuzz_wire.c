@@ -1,5 +1,6 @@
 /* Fuzz target for everything that parses bytes from the network: header, snappy payload, kv,
- * lossy push (keys + gradient codec block), DECLARE, view, hello, spec and stats decoders.
+ * lossy push (keys + gradient codec block), DECLARE, view, hello, spec, stats and checkpoint note
+ * decoders.
  *
  * Beyond "no crash, no sanitizer report", it checks that every accepted input is canonical:
  * re-encoding what a decoder accepted must give back the very same bytes. A decoder that
@@ -222,6 +223,22 @@ static void fuzz_tensor_desc(const unsigned char *b, size_t len)
     }
 }
 
+/* A checkpoint note (CKPT_DONE, the tail of STATUS_REPLY, the scheduler's sched/ckpt). */
+static void fuzz_ckpt_note(const unsigned char *b, size_t len)
+{
+    cps__ckpt_note n;
+    size_t used = 0;
+    int rc = cps__ckpt_note_decode(b, len, &n, &used);
+    if (rc) {
+        CHECK(rc == CPS_EPROTO || rc == CPS_ESIZE);
+        return;
+    }
+    CHECK(used > CPS_CKPT_NOTE_FIXED && used <= len &&
+          strlen(n.path) == used - CPS_CKPT_NOTE_FIXED);
+    unsigned char re[CPS_CKPT_NOTE_FIXED + CPS_CKPT_NOTE_PATH_MAX];
+    check_same(b, used, re, cps__ckpt_note_encode(re, sizeof re, &n));
+}
+
 static void fuzz_fixed(const unsigned char *b, size_t len)
 {
     unsigned char re[CPS_WIRE_SPEC_SIZE > CPS_STATS_SIZE ? CPS_WIRE_SPEC_SIZE : CPS_STATS_SIZE];
@@ -301,6 +318,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_view(p, plen);
     fuzz_hello(p, plen);
     fuzz_tensor_desc(p, plen);
+    fuzz_ckpt_note(p, plen);
     fuzz_fixed(p, plen);
     fuzz_codec(p, plen);
     free(p);

@@ -107,13 +107,18 @@ for o in objs:
     ns = o["metadata"].get("namespace", "default")
     if o["kind"] == "Deployment":
         c = o["spec"]["template"]["spec"]["containers"][0]
-        emit(o["kind"], "scheduler", c, {"POD_IP": "127.0.0.10"})
+        # Pods share this network namespace: each listens for metrics on its own address.
+        c2 = json.loads(json.dumps(c))
+        c2["args"] = [a.replace("--metrics-bind=0.0.0.0", "--metrics-bind=127.0.0.10")
+                      for a in c2["args"]]
+        emit(o["kind"], "scheduler", c2, {"POD_IP": "127.0.0.10"})
     elif o["kind"] == "StatefulSet":
         c = o["spec"]["template"]["spec"]["containers"][0]
         for i in range(o["spec"]["replicas"]):
             pod = f"{o['metadata']['name']}-{i}"
             c2 = json.loads(json.dumps(c))
             c2["args"] = [a.replace("--bind=0.0.0.0", f"--bind=127.0.0.{11 + i}")
+                          .replace("--metrics-bind=0.0.0.0", f"--metrics-bind=127.0.0.{11 + i}")
                           for a in c2["args"]]
             emit(o["kind"], f"server-{i}", c2, {"POD_NAME": pod, "POD_NAMESPACE": ns,
                                                  "CHAINPS_POD_INDEX": str(i)})
@@ -218,6 +223,18 @@ for ((s = 0; s < 120; s++)); do
     sleep 0.5
 done
 grep -q 'step: 300,' "$t/worker-0.log" || bad "worker 0 did not reach step 300"
+# The pods' /metrics (the manifests' --metrics-port, each at its pod's address here).
+for ep in "scheduler 127.0.0.10 chainps_job_push_bytes_total" \
+    "server-0 127.0.0.11 chainps_server_pushes_total"; do
+    read -r pod ip want <<<"$ep"
+    if /usr/bin/python3 -c 'import sys, urllib.request as u
+t = u.urlopen(f"http://{sys.argv[1]}:9100/metrics", timeout=5).read().decode()
+sys.exit(0 if any(l.startswith(sys.argv[2]) and float(l.split()[-1]) > 0 for l in t.splitlines()) else 1)' "$ip" "$want"; then
+        say "$pod serves /metrics with $want above 0"
+    else
+        bad "$pod's /metrics at $ip:9100 has no $want above 0"
+    fi
+done
 victim=$(child_of server-1)
 say "kill -9 server-1's chainps (pid $victim)"
 kill -KILL "$victim"
