@@ -9,6 +9,7 @@ typedef struct watched {
     uint32_t node;
     uint64_t last_ms;
     uint64_t not_before_ms; /* grace: no verdict before this */
+    int gone;               /* its process is known to have ended: dead at the next tick */
 } watched;
 
 struct cps__detector {
@@ -59,7 +60,15 @@ int cps__detector_watch(cps__detector *d, uint32_t node, uint64_t now)
     }
     w->last_ms = now;
     w->not_before_ms = 0;
+    w->gone = 0;
     return 0;
+}
+
+void cps__detector_gone(cps__detector *d, uint32_t node)
+{
+    watched *w = find(d, node);
+    if (w)
+        w->gone = 1;
 }
 
 void cps__detector_forget(cps__detector *d, uint32_t node)
@@ -96,8 +105,8 @@ size_t cps__detector_tick(cps__detector *d, uint64_t now, uint32_t *dead, size_t
     size_t k = 0;
     for (size_t i = 0; i < d->n && k < cap;) {
         watched *w = &d->w[i];
-        if (now >= w->not_before_ms && now > w->last_ms &&
-            now - w->last_ms > d->cfg.dead_after_ms) {
+        if (w->gone || (now >= w->not_before_ms && now > w->last_ms &&
+                        now - w->last_ms > d->cfg.dead_after_ms)) {
             dead[k++] = w->node;
             *w = d->w[--d->n]; /* reported once; the caller decides what comes next */
         } else {

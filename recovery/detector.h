@@ -25,6 +25,11 @@ void cps__detector_destroy(cps__detector *d);
 int cps__detector_watch(cps__detector *d, uint32_t node, uint64_t now);
 /* Stop watching (a node that left or was declared dead). Unknown node: no-op. */
 void cps__detector_forget(cps__detector *d, uint32_t node);
+/* `node`'s process is known to have ended (its connection closed and reconnecting is refused:
+ * nothing listens on its address any more): it is reported dead at the next tick, whatever its
+ * silence and any grace. A kill is then noticed in tens of milliseconds, however long the
+ * silence timeout that tells a stalled process from a dead one. Unknown node: no-op. */
+void cps__detector_gone(cps__detector *d, uint32_t node);
 /* We heard from `node` at `now` (a heartbeat or any message). Unknown node: no-op. */
 void cps__detector_heard(cps__detector *d, uint32_t node, uint64_t now);
 /* The watcher itself restarted (e.g. a scheduler reloaded its view): every watched node gets a

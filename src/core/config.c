@@ -53,7 +53,7 @@ void cps__config_defaults(cps__config *cfg)
     /* Loopback defaults: a kill is noticed within ~0.4 s. Across a data center, where a GC
      * pause or a busy NIC can silence a node for a second, raise both (e.g. 1000 / 5000). */
     cfg->heartbeat_ms = 100;
-    cfg->dead_after_ms = 400;
+    cfg->dead_after_ms = 2000;
     cfg->worker_dead_after_ms = 5000;
     cfg->unavailable_timeout_ms = 30000;
     cfg->compress = 1;

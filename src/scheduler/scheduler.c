@@ -1366,6 +1366,22 @@ static int on_detect(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
         cps__detector_refresh(s->detector, now);
     }
     s->last_detect_ms = now;
+    /* A server whose connection closed and whose address now refuses connections was killed
+     * (or crashed): no need to wait out its silence. */
+    for (uint32_t i = 0; !s->finished && i < s->nnodes; i++) {
+        sched_node *n = &s->nodes[i];
+        if (n->info.role != CPS_ROLE_SERVER || !n->info.alive ||
+            !cps__tp_peer_gone(s->tp, n->info.id))
+            continue;
+        if (cps__detector_silence(s->detector, n->info.id, now) != UINT64_MAX) {
+            cps__log(CPS_LOG_INFO, "scheduler",
+                     "server %u (rank %u): connection closed and refused since (%llu ms after its "
+                     "last message): its process is gone",
+                     n->info.id, n->info.rank,
+                     (unsigned long long)cps__detector_silence(s->detector, n->info.id, now));
+            cps__detector_gone(s->detector, n->info.id);
+        }
+    }
     uint32_t dead[16];
     /* Once the job is ending, servers leave on purpose: not failures. */
     size_t nd = s->finished ? 0 : cps__detector_tick(s->detector, now, dead, 16);

@@ -57,6 +57,10 @@ typedef struct tp_peer {
     tp_msg *q; /* ring buffer: qlen entries starting at qhead */
     size_t qcap, qhead, qlen;
     size_t qbytes;
+    /* cps__tp_peer_gone: the connection's breaks seen, the connect errors counted when the last
+     * one was seen, and whether it is still down since. */
+    uint64_t breaks_seen, errors_at_break;
+    int down;
 } tp_peer;
 
 struct cps__tp {
@@ -370,6 +374,30 @@ void cps__tp_peer_drop(cps__tp *tp, uint32_t id)
     peer_free(tp, tp->peers[i]);
     memmove(&tp->peers[i], &tp->peers[i + 1], (tp->npeers - i - 1) * sizeof *tp->peers);
     tp->npeers--;
+}
+
+static uint64_t peer_stat(const tp_peer *p, int stat)
+{
+    uint64_t v = nn_get_statistic(p->sock, stat);
+    return v == (uint64_t)-1 ? 0 : v;
+}
+
+int cps__tp_peer_gone(cps__tp *tp, uint32_t id)
+{
+    tp_peer *p = tp ? peer_find(tp, id) : NULL;
+    if (!p)
+        return 0;
+    uint64_t breaks = peer_stat(p, NN_STAT_BROKEN_CONNECTIONS);
+    uint64_t errors = peer_stat(p, NN_STAT_CONNECT_ERRORS);
+    uint64_t current = peer_stat(p, NN_STAT_CURRENT_CONNECTIONS);
+    if (breaks > p->breaks_seen) {
+        p->breaks_seen = breaks;
+        p->errors_at_break = errors;
+        p->down = 1;
+    }
+    if (current > 0)
+        p->down = 0;
+    return p->down && current == 0 && errors > p->errors_at_break;
 }
 
 int cps__tp_peer_known(const cps__tp *tp, uint32_t id)

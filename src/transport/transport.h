@@ -39,6 +39,12 @@ int cps__tp_bind(cps__tp *tp, const char *host, uint16_t port, uint16_t *port_ou
 int cps__tp_peer_set(cps__tp *tp, uint32_t id, const char *url);
 /* Forget a peer: close its socket, free its queue. Unknown id is a no-op. */
 void cps__tp_peer_drop(cps__tp *tp, uint32_t id);
+/* 1 if the peer's process looks gone: the connection to it broke and at least one reconnect
+ * since failed (on a live host, connection refused: nothing listens on its address), with no
+ * connection now. 0 otherwise, for an unknown peer too. A peer behind a partition is not gone
+ * (its connects time out slowly or not at all): heartbeats judge it. Cheap (socket statistics);
+ * call it from the thread that owns the transport. */
+int cps__tp_peer_gone(cps__tp *tp, uint32_t id);
 /* 1 if the peer is registered. */
 int cps__tp_peer_known(const cps__tp *tp, uint32_t id);
 

@@ -22,7 +22,7 @@ deploy=$(realpath "$3")
 fmnist=${4:-}
 fm_data=${FMNIST_DATA:-/usr/share/datasets/fashion-mnist}
 here=$(cd "$(dirname "$0")" && pwd)
-steps=${SLURM_TEST_STEPS:-20000}
+steps=${SLURM_TEST_STEPS:-6000}
 job_timeout=60
 
 skip() {
@@ -165,12 +165,16 @@ run_job plain -1 0 || exit 1
 check_job plain ""
 ref=$(checksum "$out_file")
 
-run_job kill 1 0 || exit 1
+# The faulty runs sleep 1 ms a step, so that training outlasts the kill (a second in), the
+# failover (~70 ms since the connection check) and, in the restart case, the new srun step and
+# its state transfer; the sleep changes no value.
+slow=("$lsq" --steps "$steps" --step-ms 1)
+run_job kill 1 0 2 "${slow[@]}" || exit 1
 check_job kill "$ref"
 grep -q 'declared dead' "$out_file" || { echo "FAIL: kill: no server was declared dead"; exit 1; }
 grep -E 'Killed|declared dead' "$out_file" || true
 
-run_job restart 0 1 || exit 1
+run_job restart 0 1 2 "${slow[@]}" || exit 1
 check_job restart "$ref"
 grep -q 'restarting it on' "$out_file" || { echo "FAIL: restart: the server was not restarted"; exit 1; }
 grep -q 'joined range' "$out_file" || { echo "FAIL: restart: the restarted server joined no range"; exit 1; }

@@ -50,6 +50,27 @@ static void heartbeats_keep_a_node_alive(void **state)
     cps__detector_destroy(d);
 }
 
+/* A node whose process is known gone is dead at the next tick, silence and grace aside; a node
+ * watched again (it came back) starts clean. */
+static void gone_node_is_dead_at_once(void **state)
+{
+    (void)state;
+    cps__detector *d = make(3000, 5000);
+    uint32_t dead[4];
+    cps__detector_watch(d, 1, 1000);
+    cps__detector_watch(d, 2, 1000);
+    cps__detector_restart(d, 1000); /* in grace, too */
+    cps__detector_heard(d, 1, 1040);
+    cps__detector_gone(d, 1);
+    cps__detector_gone(d, 9); /* not watched: nothing */
+    assert_int_equal(cps__detector_tick(d, 1050, dead, 4), 1);
+    assert_int_equal(dead[0], 1);
+    assert_int_equal(cps__detector_tick(d, 1060, dead, 4), 0);
+    cps__detector_watch(d, 1, 2000);
+    assert_int_equal(cps__detector_tick(d, 2100, dead, 4), 0);
+    cps__detector_destroy(d);
+}
+
 static void restart_grants_grace(void **state)
 {
     (void)state;
@@ -105,6 +126,7 @@ int main(void)
         cmocka_unit_test(silent_node_is_declared_dead_once),
         cmocka_unit_test(heartbeats_keep_a_node_alive),
         cmocka_unit_test(restart_grants_grace),
+        cmocka_unit_test(gone_node_is_dead_at_once),
         cmocka_unit_test(refresh_after_our_own_stall),
         cmocka_unit_test(forget_and_cap),
     };
