@@ -47,6 +47,10 @@
  * so not the 1 GiB of address space it once was: 256 MiB is still hundreds of steps of a small
  * store while a checkpoint reads, and a larger store gets 7 times its size anyway. */
 #define ROOM_MIN_FREE ((size_t)256 << 20)
+/* cps__store_reserve: beyond the bytes asked, room for the transaction's own bookkeeping (the
+ * freelist and meta records, the branch pages it copies), and the unit the map grows by. */
+#define RESERVE_SLACK ((size_t)8 << 20)
+#define RESERVE_ROUND ((size_t)16 << 20)
 /* LMDB sizes its lock file for MAX_READERS slots of one cache line each (~8 KiB): reserve a
  * generous bound before LMDB creates and maps it (see reserve_lock_file). */
 #define LOCK_RESERVE ((off_t)64 << 10)
@@ -68,8 +72,9 @@ struct cps__store {
     void (*before_grow)(void *ctx);
     void *grow_ctx;
     size_t scratch_floats;
-    int lock_fd; /* DIR/chainps.lock, flock'ed for the store's life */
-    int guard;   /* slot in the SIGBUS guard table, -1 if none */
+    cps__store_stats stats; /* written by the writer thread only */
+    int lock_fd;            /* DIR/chainps.lock, flock'ed for the store's life */
+    int guard;              /* slot in the SIGBUS guard table, -1 if none */
     char dir[512];
 };
 
@@ -657,17 +662,21 @@ int cps__store_sync(cps__store *s)
     return rc ? env_fail(s, "mdb_env_sync", rc) : 0;
 }
 
-/* Double the map. Called with no txn of ours open; waits for other threads' read txns.
- * `ahead`: growing ahead of need (ensure_room), where a full disk is no error of the write
- * path: logged as a warning, and the growth stops short of the filesystem's last free half. */
-static int grow_map(cps__store *s, int ahead)
+/* Grow the map to `want` bytes (0: double it). Called with no txn of ours open; waits for
+ * other threads' read txns. `ahead`: growing ahead of need (ensure_room), where a full disk is
+ * no error of the write path: logged as a warning, and the growth stops short of the
+ * filesystem's last free half. */
+static int grow_map(cps__store *s, size_t want, int ahead)
 {
     MDB_envinfo info;
     int rc = mdb_env_info(s->env, &info);
     if (rc)
         return env_fail(s, "mdb_env_info", rc);
-    size_t want = info.me_mapsize * 2;
-    if (want > MAX_MAP_BYTES || want < info.me_mapsize) {
+    if (want == 0)
+        want = info.me_mapsize * 2;
+    if (want <= info.me_mapsize)
+        return 0;
+    if (want > MAX_MAP_BYTES) {
         cps__log(CPS_LOG_ERROR, SUB, "%s: map full at %zu bytes, refusing to grow past %zu", s->dir,
                  info.me_mapsize, (size_t)MAX_MAP_BYTES);
         return CPS_ESTORE;
@@ -698,6 +707,7 @@ static int grow_map(cps__store *s, int ahead)
     if (rc)
         return env_fail(s, "mdb_env_set_mapsize", rc);
     guard_update(s);
+    s->stats.grows++;
     cps__log(CPS_LOG_INFO, SUB, "%s: map grown from %zu to %zu bytes", s->dir, info.me_mapsize,
              want);
     return 0;
@@ -716,10 +726,52 @@ int cps__store_ensure_room(cps__store *s)
     /* While a snapshot is open, freed pages cannot be reused: every update takes new ones, and
      * a training step rewrites every record. Room for several steps of the whole store. */
     while (rc == 0 && (used * 8 > info.me_mapsize || info.me_mapsize - used < ROOM_MIN_FREE)) {
-        if ((rc = grow_map(s, 1)) == 0 && (rc = mdb_env_info(s->env, &info)) != 0)
+        if ((rc = grow_map(s, 0, 1)) == 0 && (rc = mdb_env_info(s->env, &info)) != 0)
             rc = env_fail(s, "mdb_env_info", rc);
     }
     return rc;
+}
+
+/* Map bytes one record of `size` bytes takes: a large record is a run of overflow pages of its
+ * own (a 16-byte page header), a small one shares leaf pages, which may be only half full. */
+static uint64_t rec_map_bytes(size_t size, size_t psize)
+{
+    if (size > psize / 4)
+        return ((size + 16 + psize - 1) / psize) * psize;
+    return 2 * (size + 32);
+}
+
+uint64_t cps__store_create_bytes(uint32_t len, uint32_t opt_kind)
+{
+    /* The record itself, its node in a leaf page and a share of the branch pages above. */
+    return rec_map_bytes(rec_size(len, opt_kind), 4096) + 64;
+}
+
+int cps__store_reserve(cps__store *s, uint64_t bytes)
+{
+    if (s->poisoned)
+        return CPS_EPOISONED;
+    MDB_envinfo info;
+    MDB_stat st;
+    int rc = mdb_env_info(s->env, &info);
+    if (rc == 0)
+        rc = mdb_env_stat(s->env, &st);
+    if (rc)
+        return env_fail(s, "mdb_env_info", rc);
+    /* The high-water mark of used pages: the freelist below it is not counted, so the estimate
+     * errs on the side of room. */
+    size_t used = (info.me_last_pgno + 1) * (size_t)st.ms_psize;
+    if (bytes > MAX_MAP_BYTES || used + bytes + RESERVE_SLACK <= info.me_mapsize)
+        return bytes > MAX_MAP_BYTES ? CPS_EINVAL : 0;
+    /* A modest margin, not a doubling: the file takes the map's size on disk. */
+    size_t want = used + bytes + RESERVE_SLACK;
+    want = (want + RESERVE_ROUND - 1) / RESERVE_ROUND * RESERVE_ROUND;
+    return grow_map(s, want, 0);
+}
+
+void cps__store_stats_get(const cps__store *s, cps__store_stats *out)
+{
+    *out = s->stats;
 }
 
 int cps__store_write(cps__store *s, cps__txn_fn fn, void *arg)
@@ -759,7 +811,8 @@ int cps__store_write(cps__store *s, cps__txn_fn fn, void *arg)
             cps__log(CPS_LOG_ERROR, SUB, "%s: still map full after %d growths", s->dir, growths);
             return CPS_ESTORE;
         }
-        if ((rc = grow_map(s, 0)) != 0)
+        s->stats.reruns++;
+        if ((rc = grow_map(s, 0, 0)) != 0)
             return rc;
     }
 }
@@ -836,14 +889,20 @@ int cps__store_param_create(cps__txn *tx, uint64_t key, uint32_t len, uint64_t o
 
     cps__param_spec c = spec_canon(spec);
     size_t slots = cps__optim_state_slots(c.opt_kind);
-    /* Fill in aligned scratch: the reserved space in the map may not be float-aligned. */
-    if ((rc = scratch_reserve(tx->s, len)) != 0)
-        return rc;
-    cps__init_fill(&c, offset, tx->s->scratch, len);
     unsigned char *p;
     if ((rc = rec_reserve(tx, key, len, 0, &c, &p, "param_create")) != 0)
         return rc;
-    memcpy(p + REC_HDR, tx->s->scratch, (size_t)len * sizeof(float));
+    if (((uintptr_t)(p + REC_HDR) & (sizeof(float) - 1)) == 0) {
+        /* Straight into the map (a large record is on pages of its own, so aligned): no
+         * scratch copy of the whole tensor, which stayed in the server's memory after. */
+        cps__init_fill(&c, offset, (float *)(void *)(p + REC_HDR), len);
+    } else {
+        /* A small record inside a leaf page may be misaligned: fill in aligned scratch. */
+        if ((rc = scratch_reserve(tx->s, len)) != 0)
+            return rc;
+        cps__init_fill(&c, offset, tx->s->scratch, len);
+        memcpy(p + REC_HDR, tx->s->scratch, (size_t)len * sizeof(float));
+    }
     memset(p + REC_HDR + (size_t)len * sizeof(float), 0, slots * len * sizeof(float));
     return 0;
 }
