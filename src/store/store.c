@@ -713,16 +713,27 @@ static int grow_map(cps__store *s, size_t want, int ahead)
     return 0;
 }
 
-int cps__store_ensure_room(cps__store *s)
+/* The map's size and its high-water mark of used pages (the freelist below it counts as used,
+ * so whatever is sized from it errs on the side of room). */
+static int map_usage(cps__store *s, MDB_envinfo *info, size_t *used)
 {
-    MDB_envinfo info;
     MDB_stat st;
-    int rc = mdb_env_info(s->env, &info);
+    int rc = mdb_env_info(s->env, info);
     if (rc == 0)
         rc = mdb_env_stat(s->env, &st);
     if (rc)
         return env_fail(s, "mdb_env_info", rc);
-    size_t used = (info.me_last_pgno + 1) * (size_t)st.ms_psize;
+    *used = (info->me_last_pgno + 1) * (size_t)st.ms_psize;
+    return 0;
+}
+
+int cps__store_ensure_room(cps__store *s)
+{
+    MDB_envinfo info;
+    size_t used;
+    int rc = map_usage(s, &info, &used);
+    if (rc)
+        return rc;
     /* While a snapshot is open, freed pages cannot be reused: every update takes new ones, and
      * a training step rewrites every record. Room for several steps of the whole store. */
     while (rc == 0 && (used * 8 > info.me_mapsize || info.me_mapsize - used < ROOM_MIN_FREE)) {
@@ -752,15 +763,10 @@ int cps__store_reserve(cps__store *s, uint64_t bytes)
     if (s->poisoned)
         return CPS_EPOISONED;
     MDB_envinfo info;
-    MDB_stat st;
-    int rc = mdb_env_info(s->env, &info);
-    if (rc == 0)
-        rc = mdb_env_stat(s->env, &st);
+    size_t used;
+    int rc = map_usage(s, &info, &used);
     if (rc)
-        return env_fail(s, "mdb_env_info", rc);
-    /* The high-water mark of used pages: the freelist below it is not counted, so the estimate
-     * errs on the side of room. */
-    size_t used = (info.me_last_pgno + 1) * (size_t)st.ms_psize;
+        return rc;
     if (bytes > MAX_MAP_BYTES || used + bytes + RESERVE_SLACK <= info.me_mapsize)
         return bytes > MAX_MAP_BYTES ? CPS_EINVAL : 0;
     /* A modest margin, not a doubling: the file takes the map's size on disk. */
