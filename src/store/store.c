@@ -72,9 +72,18 @@ struct cps__store {
     void (*before_grow)(void *ctx);
     void *grow_ctx;
     size_t scratch_floats;
-    cps__store_stats stats; /* written by the writer thread only */
-    int lock_fd;            /* DIR/chainps.lock, flock'ed for the store's life */
-    int guard;              /* slot in the SIGBUS guard table, -1 if none */
+    cps__store_stats stats; /* written by the writer thread only (syncs: see nsyncs) */
+    /* The background flusher (cps__store_sync_async): mdb_env_sync may run on another thread,
+     * but not while mdb_env_set_mapsize remaps the map it msyncs: sync_mu is held by each
+     * flush and by each remap. flush_cv wakes the flusher (flush_want) and whoever waits for
+     * it to be idle (cps__store_sync_wait). */
+    pthread_mutex_t sync_mu, flush_mu;
+    pthread_cond_t flush_cv;
+    pthread_t flusher;
+    int flusher_on, flush_want, flush_busy, flush_stop;
+    atomic_uint_fast64_t nsyncs, nsync_fails;
+    int lock_fd; /* DIR/chainps.lock, flock'ed for the store's life */
+    int guard;   /* slot in the SIGBUS guard table, -1 if none */
     char dir[512];
 };
 
@@ -573,6 +582,9 @@ int cps__store_open(const char *dir, const cps__store_opts *opts, cps__store **o
     pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
     pthread_rwlock_init(&s->map_lock, &attr);
     pthread_rwlockattr_destroy(&attr);
+    pthread_mutex_init(&s->sync_mu, NULL);
+    pthread_mutex_init(&s->flush_mu, NULL);
+    pthread_cond_init(&s->flush_cv, NULL);
 
     size_t map = opts && opts->initial_map_bytes ? opts->initial_map_bytes : DEFAULT_MAP_BYTES;
     if (opts) {
@@ -632,23 +644,74 @@ fail:
     if (s->env)
         mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->map_lock);
+    pthread_mutex_destroy(&s->sync_mu);
+    pthread_mutex_destroy(&s->flush_mu);
+    pthread_cond_destroy(&s->flush_cv);
     close(s->lock_fd);
     free(s);
     return err;
+}
+
+/* One flush, from whichever thread: never during a remap (see sync_mu). */
+static int flush(cps__store *s)
+{
+    pthread_mutex_lock(&s->sync_mu);
+    int rc = mdb_env_sync(s->env, 1);
+    pthread_mutex_unlock(&s->sync_mu);
+    if (rc) {
+        atomic_fetch_add(&s->nsync_fails, 1);
+        return env_fail(s, "mdb_env_sync", rc);
+    }
+    atomic_fetch_add(&s->nsyncs, 1);
+    return 0;
+}
+
+static void *flusher_main(void *arg)
+{
+    cps__store *s = arg;
+    pthread_mutex_lock(&s->flush_mu);
+    for (;;) {
+        while (!s->flush_want && !s->flush_stop)
+            pthread_cond_wait(&s->flush_cv, &s->flush_mu);
+        if (s->flush_stop)
+            break;
+        s->flush_want = 0; /* requests made during this flush make one more */
+        s->flush_busy = 1;
+        pthread_mutex_unlock(&s->flush_mu);
+        flush(s);
+        pthread_mutex_lock(&s->flush_mu);
+        s->flush_busy = 0;
+        pthread_cond_broadcast(&s->flush_cv);
+    }
+    pthread_mutex_unlock(&s->flush_mu);
+    return NULL;
+}
+
+static void flusher_stop(cps__store *s)
+{
+    if (!s->flusher_on)
+        return;
+    pthread_mutex_lock(&s->flush_mu);
+    s->flush_stop = 1;
+    pthread_cond_broadcast(&s->flush_cv);
+    pthread_mutex_unlock(&s->flush_mu);
+    pthread_join(s->flusher, NULL);
+    s->flusher_on = 0;
 }
 
 void cps__store_close(cps__store *s)
 {
     if (!s)
         return;
-    if (!s->poisoned) {
-        int rc = mdb_env_sync(s->env, 1);
-        if (rc)
-            env_fail(s, "mdb_env_sync (close)", rc);
-    }
+    flusher_stop(s); /* a flush in flight ends first; the one below covers everything */
+    if (!s->poisoned)
+        flush(s);
     guard_remove(s);
     mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->map_lock);
+    pthread_mutex_destroy(&s->sync_mu);
+    pthread_mutex_destroy(&s->flush_mu);
+    pthread_cond_destroy(&s->flush_cv);
     free(s->scratch);
     close(s->lock_fd); /* after the environment: the next owner finds it closed */
     free(s);
@@ -658,8 +721,36 @@ int cps__store_sync(cps__store *s)
 {
     if (s->poisoned)
         return CPS_EPOISONED;
-    int rc = mdb_env_sync(s->env, 1);
-    return rc ? env_fail(s, "mdb_env_sync", rc) : 0;
+    return flush(s);
+}
+
+int cps__store_sync_async(cps__store *s)
+{
+    if (s->poisoned)
+        return CPS_EPOISONED;
+    if (!s->flusher_on) {
+        if (pthread_create(&s->flusher, NULL, flusher_main, s) != 0) {
+            cps__log(CPS_LOG_WARN, SUB, "%s: no thread for background flushes: flushing here",
+                     s->dir);
+            return flush(s);
+        }
+        s->flusher_on = 1;
+    }
+    pthread_mutex_lock(&s->flush_mu);
+    s->flush_want = 1;
+    pthread_cond_signal(&s->flush_cv);
+    pthread_mutex_unlock(&s->flush_mu);
+    return 0;
+}
+
+void cps__store_sync_wait(cps__store *s)
+{
+    if (!s->flusher_on)
+        return;
+    pthread_mutex_lock(&s->flush_mu);
+    while (s->flush_want || s->flush_busy)
+        pthread_cond_wait(&s->flush_cv, &s->flush_mu);
+    pthread_mutex_unlock(&s->flush_mu);
 }
 
 /* Grow the map to `want` bytes (0: double it). Called with no txn of ours open; waits for
@@ -702,7 +793,9 @@ static int grow_map(cps__store *s, size_t want, int ahead)
     if (s->before_grow)
         s->before_grow(s->grow_ctx);
     pthread_rwlock_wrlock(&s->map_lock);
+    pthread_mutex_lock(&s->sync_mu); /* a background flush msyncs the old map: let it end */
     rc = mdb_env_set_mapsize(s->env, want);
+    pthread_mutex_unlock(&s->sync_mu);
     pthread_rwlock_unlock(&s->map_lock);
     if (rc)
         return env_fail(s, "mdb_env_set_mapsize", rc);
@@ -775,9 +868,11 @@ int cps__store_reserve(cps__store *s, uint64_t bytes)
     return grow_map(s, want, 0);
 }
 
-void cps__store_stats_get(const cps__store *s, cps__store_stats *out)
+void cps__store_stats_get(cps__store *s, cps__store_stats *out)
 {
     *out = s->stats;
+    out->syncs = atomic_load(&s->nsyncs);
+    out->sync_fails = atomic_load(&s->nsync_fails);
 }
 
 int cps__store_write(cps__store *s, cps__txn_fn fn, void *arg)

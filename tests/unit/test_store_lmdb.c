@@ -529,6 +529,42 @@ static void test_reserve_once(void **state)
     assert_int_equal(cps__store_reserve(f->s, UINT64_MAX / 2), CPS_EINVAL);
 }
 
+/* Background flushes while the writer goes on and the map grows under them (under ASan/TSan-like
+ * scrutiny in the sanitizer build): every flush completes, none fails, the data is intact, and
+ * the close (which stops the flusher and flushes) leaves a store that reopens with it all. */
+static void test_background_sync(void **state)
+{
+    fixture *f = *state;
+    open_store(f, 1 << 20);
+    bulk b = {.nkeys = 4, .len = 16384, .spec = spec_of(CPS_W_OPT_SGD, CPS_W_INIT_UNIFORM, 0.1f)};
+    for (int t = 0; t < 40; t++) {
+        b.first = (uint64_t)t * 4;
+        assert_int_equal(cps__store_sync_async(f->s), 0);
+        assert_int_equal(cps__store_write(f->s, do_bulk_create, &b), 0); /* grows: MAP_FULL */
+        if (t % 8 == 0) /* and grows on purpose, with a flush likely in flight */
+            assert_int_equal(cps__store_reserve(f->s, (uint64_t)(t + 1) << 21), 0);
+    }
+    cps__store_sync_wait(f->s);
+    cps__store_stats st;
+    cps__store_stats_get(f->s, &st);
+    assert_true(st.syncs >= 1);
+    assert_int_equal(st.sync_fails, 0);
+    assert_true(st.grows >= 2);
+    cps__store_close(f->s);
+    f->s = NULL;
+    open_store(f, 1 << 20);
+    float *got = malloc(16384 * sizeof(float)), *want = malloc(16384 * sizeof(float));
+    assert_non_null(got);
+    assert_non_null(want);
+    for (uint64_t k = 0; k < 160; k += 11) {
+        assert_int_equal(readv(f->s, k, got, 16384), 0);
+        cps__init_fill(&b.spec, k * 16384, want, 16384);
+        assert_memory_equal(got, want, 16384 * sizeof(float));
+    }
+    free(got);
+    free(want);
+}
+
 static void test_reopen(void **state)
 {
     fixture *f = *state;
@@ -887,6 +923,7 @@ int main(void)
         T(test_checksum),
         T(test_map_growth),
         T(test_reserve_once),
+        T(test_background_sync),
         T(test_reopen),
         T(test_corrupt),
         T(test_open_errors),
