@@ -450,6 +450,22 @@ static int do_bulk_create(cps__txn *t, void *a)
     return 0;
 }
 
+/* Keys from, from+step, ... below to hold the initialiser's values (key k at offset k*len). */
+static void assert_init_values(cps__store *s, const cps__param_spec *sp, uint32_t len,
+                               uint64_t from, uint64_t to, uint64_t step)
+{
+    float *got = malloc(len * sizeof(float)), *want = malloc(len * sizeof(float));
+    assert_non_null(got);
+    assert_non_null(want);
+    for (uint64_t k = from; k < to; k += step) {
+        assert_int_equal(readv(s, k, got, len), 0);
+        cps__init_fill(sp, k * len, want, len);
+        assert_memory_equal(got, want, len * sizeof(float));
+    }
+    free(got);
+    free(want);
+}
+
 static void test_map_growth(void **state)
 {
     fixture *f = *state;
@@ -515,16 +531,7 @@ static void test_reserve_once(void **state)
     assert_int_equal(stat(path, &sb), 0);
     assert_true((uint64_t)sb.st_size < need + (32u << 20));
     /* Values filled straight into the map are those of the initialiser. */
-    float *got = malloc(65536 * sizeof(float)), *want = malloc(65536 * sizeof(float));
-    assert_non_null(got);
-    assert_non_null(want);
-    for (uint64_t k = 0; k < 32; k += 7) {
-        assert_int_equal(readv(f->s, k, got, 65536), 0);
-        cps__init_fill(&b.spec, k * 65536, want, 65536);
-        assert_memory_equal(got, want, 65536 * sizeof(float));
-    }
-    free(got);
-    free(want);
+    assert_init_values(f->s, &b.spec, 65536, 0, 32, 7);
     /* Absurd sizes are refused, and change nothing. */
     assert_int_equal(cps__store_reserve(f->s, UINT64_MAX / 2), CPS_EINVAL);
 }
@@ -553,16 +560,7 @@ static void test_background_sync(void **state)
     cps__store_close(f->s);
     f->s = NULL;
     open_store(f, 1 << 20);
-    float *got = malloc(16384 * sizeof(float)), *want = malloc(16384 * sizeof(float));
-    assert_non_null(got);
-    assert_non_null(want);
-    for (uint64_t k = 0; k < 160; k += 11) {
-        assert_int_equal(readv(f->s, k, got, 16384), 0);
-        cps__init_fill(&b.spec, k * 16384, want, 16384);
-        assert_memory_equal(got, want, 16384 * sizeof(float));
-    }
-    free(got);
-    free(want);
+    assert_init_values(f->s, &b.spec, 16384, 0, 160, 11);
 }
 
 static void test_reopen(void **state)
