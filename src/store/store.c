@@ -847,8 +847,10 @@ static uint64_t rec_map_bytes(size_t size, size_t psize)
 
 uint64_t cps__store_create_bytes(uint32_t len, uint32_t opt_kind)
 {
-    /* The record itself, its node in a leaf page and a share of the branch pages above. */
-    return rec_map_bytes(rec_size(len, opt_kind), 4096) + 64;
+    /* LMDB's pages are the OS page size. The record itself, its node in a leaf page and a
+     * share of the branch pages above. */
+    long page = sysconf(_SC_PAGESIZE);
+    return rec_map_bytes(rec_size(len, opt_kind), page > 0 ? (size_t)page : 4096) + 64;
 }
 
 int cps__store_reserve(cps__store *s, uint64_t bytes)
