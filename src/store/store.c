@@ -47,6 +47,10 @@
  * so not the 1 GiB of address space it once was: 256 MiB is still hundreds of steps of a small
  * store while a checkpoint reads, and a larger store gets 7 times its size anyway. */
 #define ROOM_MIN_FREE ((size_t)256 << 20)
+/* cps__store_reserve: beyond the bytes asked, room for the transaction's own bookkeeping (the
+ * freelist and meta records, the branch pages it copies), and the unit the map grows by. */
+#define RESERVE_SLACK ((size_t)8 << 20)
+#define RESERVE_ROUND ((size_t)16 << 20)
 /* LMDB sizes its lock file for MAX_READERS slots of one cache line each (~8 KiB): reserve a
  * generous bound before LMDB creates and maps it (see reserve_lock_file). */
 #define LOCK_RESERVE ((off_t)64 << 10)
@@ -68,6 +72,16 @@ struct cps__store {
     void (*before_grow)(void *ctx);
     void *grow_ctx;
     size_t scratch_floats;
+    cps__store_stats stats; /* written by the writer thread only (syncs: see nsyncs) */
+    /* The background flusher (cps__store_sync_async): mdb_env_sync may run on another thread,
+     * but not while mdb_env_set_mapsize remaps the map it msyncs: sync_mu is held by each
+     * flush and by each remap. flush_cv wakes the flusher (flush_want) and whoever waits for
+     * it to be idle (cps__store_sync_wait). */
+    pthread_mutex_t sync_mu, flush_mu;
+    pthread_cond_t flush_cv;
+    pthread_t flusher;
+    int flusher_on, flush_want, flush_busy, flush_stop;
+    atomic_uint_fast64_t nsyncs, nsync_fails;
     int lock_fd; /* DIR/chainps.lock, flock'ed for the store's life */
     int guard;   /* slot in the SIGBUS guard table, -1 if none */
     char dir[512];
@@ -568,6 +582,9 @@ int cps__store_open(const char *dir, const cps__store_opts *opts, cps__store **o
     pthread_rwlockattr_setkind_np(&attr, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
     pthread_rwlock_init(&s->map_lock, &attr);
     pthread_rwlockattr_destroy(&attr);
+    pthread_mutex_init(&s->sync_mu, NULL);
+    pthread_mutex_init(&s->flush_mu, NULL);
+    pthread_cond_init(&s->flush_cv, NULL);
 
     size_t map = opts && opts->initial_map_bytes ? opts->initial_map_bytes : DEFAULT_MAP_BYTES;
     if (opts) {
@@ -627,23 +644,74 @@ fail:
     if (s->env)
         mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->map_lock);
+    pthread_mutex_destroy(&s->sync_mu);
+    pthread_mutex_destroy(&s->flush_mu);
+    pthread_cond_destroy(&s->flush_cv);
     close(s->lock_fd);
     free(s);
     return err;
+}
+
+/* One flush, from whichever thread: never during a remap (see sync_mu). */
+static int flush(cps__store *s)
+{
+    pthread_mutex_lock(&s->sync_mu);
+    int rc = mdb_env_sync(s->env, 1);
+    pthread_mutex_unlock(&s->sync_mu);
+    if (rc) {
+        atomic_fetch_add(&s->nsync_fails, 1);
+        return env_fail(s, "mdb_env_sync", rc);
+    }
+    atomic_fetch_add(&s->nsyncs, 1);
+    return 0;
+}
+
+static void *flusher_main(void *arg)
+{
+    cps__store *s = arg;
+    pthread_mutex_lock(&s->flush_mu);
+    for (;;) {
+        while (!s->flush_want && !s->flush_stop)
+            pthread_cond_wait(&s->flush_cv, &s->flush_mu);
+        if (s->flush_stop)
+            break;
+        s->flush_want = 0; /* requests made during this flush make one more */
+        s->flush_busy = 1;
+        pthread_mutex_unlock(&s->flush_mu);
+        flush(s);
+        pthread_mutex_lock(&s->flush_mu);
+        s->flush_busy = 0;
+        pthread_cond_broadcast(&s->flush_cv);
+    }
+    pthread_mutex_unlock(&s->flush_mu);
+    return NULL;
+}
+
+static void flusher_stop(cps__store *s)
+{
+    if (!s->flusher_on)
+        return;
+    pthread_mutex_lock(&s->flush_mu);
+    s->flush_stop = 1;
+    pthread_cond_broadcast(&s->flush_cv);
+    pthread_mutex_unlock(&s->flush_mu);
+    pthread_join(s->flusher, NULL);
+    s->flusher_on = 0;
 }
 
 void cps__store_close(cps__store *s)
 {
     if (!s)
         return;
-    if (!s->poisoned) {
-        int rc = mdb_env_sync(s->env, 1);
-        if (rc)
-            env_fail(s, "mdb_env_sync (close)", rc);
-    }
+    flusher_stop(s); /* a flush in flight ends first; the one below covers everything */
+    if (!s->poisoned)
+        flush(s);
     guard_remove(s);
     mdb_env_close(s->env);
     pthread_rwlock_destroy(&s->map_lock);
+    pthread_mutex_destroy(&s->sync_mu);
+    pthread_mutex_destroy(&s->flush_mu);
+    pthread_cond_destroy(&s->flush_cv);
     free(s->scratch);
     close(s->lock_fd); /* after the environment: the next owner finds it closed */
     free(s);
@@ -653,21 +721,53 @@ int cps__store_sync(cps__store *s)
 {
     if (s->poisoned)
         return CPS_EPOISONED;
-    int rc = mdb_env_sync(s->env, 1);
-    return rc ? env_fail(s, "mdb_env_sync", rc) : 0;
+    return flush(s);
 }
 
-/* Double the map. Called with no txn of ours open; waits for other threads' read txns.
- * `ahead`: growing ahead of need (ensure_room), where a full disk is no error of the write
- * path: logged as a warning, and the growth stops short of the filesystem's last free half. */
-static int grow_map(cps__store *s, int ahead)
+int cps__store_sync_async(cps__store *s)
+{
+    if (s->poisoned)
+        return CPS_EPOISONED;
+    if (!s->flusher_on) {
+        if (pthread_create(&s->flusher, NULL, flusher_main, s) != 0) {
+            cps__log(CPS_LOG_WARN, SUB, "%s: no thread for background flushes: flushing here",
+                     s->dir);
+            return flush(s);
+        }
+        s->flusher_on = 1;
+    }
+    pthread_mutex_lock(&s->flush_mu);
+    s->flush_want = 1;
+    pthread_cond_signal(&s->flush_cv);
+    pthread_mutex_unlock(&s->flush_mu);
+    return 0;
+}
+
+void cps__store_sync_wait(cps__store *s)
+{
+    if (!s->flusher_on)
+        return;
+    pthread_mutex_lock(&s->flush_mu);
+    while (s->flush_want || s->flush_busy)
+        pthread_cond_wait(&s->flush_cv, &s->flush_mu);
+    pthread_mutex_unlock(&s->flush_mu);
+}
+
+/* Grow the map to `want` bytes (0: double it). Called with no txn of ours open; waits for
+ * other threads' read txns. `ahead`: growing ahead of need (ensure_room), where a full disk is
+ * no error of the write path: logged as a warning, and the growth stops short of the
+ * filesystem's last free half. */
+static int grow_map(cps__store *s, size_t want, int ahead)
 {
     MDB_envinfo info;
     int rc = mdb_env_info(s->env, &info);
     if (rc)
         return env_fail(s, "mdb_env_info", rc);
-    size_t want = info.me_mapsize * 2;
-    if (want > MAX_MAP_BYTES || want < info.me_mapsize) {
+    if (want == 0)
+        want = info.me_mapsize * 2;
+    if (want <= info.me_mapsize)
+        return 0;
+    if (want > MAX_MAP_BYTES) {
         cps__log(CPS_LOG_ERROR, SUB, "%s: map full at %zu bytes, refusing to grow past %zu", s->dir,
                  info.me_mapsize, (size_t)MAX_MAP_BYTES);
         return CPS_ESTORE;
@@ -693,33 +793,88 @@ static int grow_map(cps__store *s, int ahead)
     if (s->before_grow)
         s->before_grow(s->grow_ctx);
     pthread_rwlock_wrlock(&s->map_lock);
+    pthread_mutex_lock(&s->sync_mu); /* a background flush msyncs the old map: let it end */
     rc = mdb_env_set_mapsize(s->env, want);
+    pthread_mutex_unlock(&s->sync_mu);
     pthread_rwlock_unlock(&s->map_lock);
     if (rc)
         return env_fail(s, "mdb_env_set_mapsize", rc);
     guard_update(s);
+    s->stats.grows++;
     cps__log(CPS_LOG_INFO, SUB, "%s: map grown from %zu to %zu bytes", s->dir, info.me_mapsize,
              want);
+    return 0;
+}
+
+/* The map's size and its high-water mark of used pages (the freelist below it counts as used,
+ * so whatever is sized from it errs on the side of room). */
+static int map_usage(cps__store *s, MDB_envinfo *info, size_t *used)
+{
+    MDB_stat st;
+    int rc = mdb_env_info(s->env, info);
+    if (rc == 0)
+        rc = mdb_env_stat(s->env, &st);
+    if (rc)
+        return env_fail(s, "mdb_env_info", rc);
+    *used = (info->me_last_pgno + 1) * (size_t)st.ms_psize;
     return 0;
 }
 
 int cps__store_ensure_room(cps__store *s)
 {
     MDB_envinfo info;
-    MDB_stat st;
-    int rc = mdb_env_info(s->env, &info);
-    if (rc == 0)
-        rc = mdb_env_stat(s->env, &st);
+    size_t used;
+    int rc = map_usage(s, &info, &used);
     if (rc)
-        return env_fail(s, "mdb_env_info", rc);
-    size_t used = (info.me_last_pgno + 1) * (size_t)st.ms_psize;
+        return rc;
     /* While a snapshot is open, freed pages cannot be reused: every update takes new ones, and
      * a training step rewrites every record. Room for several steps of the whole store. */
     while (rc == 0 && (used * 8 > info.me_mapsize || info.me_mapsize - used < ROOM_MIN_FREE)) {
-        if ((rc = grow_map(s, 1)) == 0 && (rc = mdb_env_info(s->env, &info)) != 0)
+        if ((rc = grow_map(s, 0, 1)) == 0 && (rc = mdb_env_info(s->env, &info)) != 0)
             rc = env_fail(s, "mdb_env_info", rc);
     }
     return rc;
+}
+
+/* Map bytes one record of `size` bytes takes: a large record is a run of overflow pages of its
+ * own (a 16-byte page header), a small one shares leaf pages, which may be only half full. */
+static uint64_t rec_map_bytes(size_t size, size_t psize)
+{
+    if (size > psize / 4)
+        return ((size + 16 + psize - 1) / psize) * psize;
+    return 2 * (size + 32);
+}
+
+uint64_t cps__store_create_bytes(uint32_t len, uint32_t opt_kind)
+{
+    /* LMDB's pages are the OS page size. The record itself, its node in a leaf page and a
+     * share of the branch pages above. */
+    long page = sysconf(_SC_PAGESIZE);
+    return rec_map_bytes(rec_size(len, opt_kind), page > 0 ? (size_t)page : 4096) + 64;
+}
+
+int cps__store_reserve(cps__store *s, uint64_t bytes)
+{
+    if (s->poisoned)
+        return CPS_EPOISONED;
+    MDB_envinfo info;
+    size_t used;
+    int rc = map_usage(s, &info, &used);
+    if (rc)
+        return rc;
+    if (bytes > MAX_MAP_BYTES || used + bytes + RESERVE_SLACK <= info.me_mapsize)
+        return bytes > MAX_MAP_BYTES ? CPS_EINVAL : 0;
+    /* A modest margin, not a doubling: the file takes the map's size on disk. */
+    size_t want = used + bytes + RESERVE_SLACK;
+    want = (want + RESERVE_ROUND - 1) / RESERVE_ROUND * RESERVE_ROUND;
+    return grow_map(s, want, 0);
+}
+
+void cps__store_stats_get(cps__store *s, cps__store_stats *out)
+{
+    *out = s->stats;
+    out->syncs = atomic_load(&s->nsyncs);
+    out->sync_fails = atomic_load(&s->nsync_fails);
 }
 
 int cps__store_write(cps__store *s, cps__txn_fn fn, void *arg)
@@ -759,7 +914,8 @@ int cps__store_write(cps__store *s, cps__txn_fn fn, void *arg)
             cps__log(CPS_LOG_ERROR, SUB, "%s: still map full after %d growths", s->dir, growths);
             return CPS_ESTORE;
         }
-        if ((rc = grow_map(s, 0)) != 0)
+        s->stats.reruns++;
+        if ((rc = grow_map(s, 0, 0)) != 0)
             return rc;
     }
 }
@@ -836,14 +992,20 @@ int cps__store_param_create(cps__txn *tx, uint64_t key, uint32_t len, uint64_t o
 
     cps__param_spec c = spec_canon(spec);
     size_t slots = cps__optim_state_slots(c.opt_kind);
-    /* Fill in aligned scratch: the reserved space in the map may not be float-aligned. */
-    if ((rc = scratch_reserve(tx->s, len)) != 0)
-        return rc;
-    cps__init_fill(&c, offset, tx->s->scratch, len);
     unsigned char *p;
     if ((rc = rec_reserve(tx, key, len, 0, &c, &p, "param_create")) != 0)
         return rc;
-    memcpy(p + REC_HDR, tx->s->scratch, (size_t)len * sizeof(float));
+    if (((uintptr_t)(p + REC_HDR) & (sizeof(float) - 1)) == 0) {
+        /* Straight into the map (a large record is on pages of its own, so aligned): no
+         * scratch copy of the whole tensor, which stayed in the server's memory after. */
+        cps__init_fill(&c, offset, (float *)(void *)(p + REC_HDR), len);
+    } else {
+        /* A small record inside a leaf page may be misaligned: fill in aligned scratch. */
+        if ((rc = scratch_reserve(tx->s, len)) != 0)
+            return rc;
+        cps__init_fill(&c, offset, tx->s->scratch, len);
+        memcpy(p + REC_HDR, tx->s->scratch, (size_t)len * sizeof(float));
+    }
     memset(p + REC_HDR + (size_t)len * sizeof(float), 0, slots * len * sizeof(float));
     return 0;
 }

@@ -13,10 +13,12 @@
  * The update of a range (records, its sequence number, the dedup entries) is written in ONE
  * write transaction, so a crash leaves all or nothing.
  *
- * Durability: MDB_NOSYNC by default; cps__store_sync() flushes (the server calls it periodically
- * and on shutdown); `sync_every_commit` makes every commit durable (~130 us vs ~3 us here).
- * The map grows (doubling) when a write transaction hits MDB_MAP_FULL: cps__store_write retries
- * the whole transaction function after growing, so that function must depend only on its inputs.
+ * Durability: MDB_NOSYNC by default; cps__store_sync() flushes, cps__store_sync_async() on a
+ * background thread (the server asks for one periodically; the close flushes everything);
+ * `sync_every_commit` makes every commit durable (~130 us vs ~3 us here). The map grows (doubling)
+ * when a write transaction hits MDB_MAP_FULL: cps__store_write retries the whole transaction
+ * function after growing, so that function must depend only on its inputs. A writer that knows its
+ * size ahead (a declare) grows the map once first: cps__store_reserve.
  *
  * Disk space: the data file's blocks are allocated (posix_fallocate) for the whole map when it is
  * opened and before it grows, because LMDB writes through a shared map of a sparse file, where a
@@ -26,7 +28,8 @@
  * hits the store's maps (a filesystem without fallocate) ends the process with one message
  * naming DIR and exit status 1.
  *
- * Thread-safety: one writer thread; read transactions may be used from other threads (MDB_NOTLS).
+ * Thread-safety: one writer thread; read transactions may be used from other threads (MDB_NOTLS);
+ * background flushes run on the store's own thread.
  */
 #ifndef CPS_STORE_H
 #define CPS_STORE_H
@@ -60,6 +63,16 @@ int cps__store_open(const char *dir, const cps__store_opts *opts, cps__store **o
 void cps__store_close(cps__store *s);
 /* Flush committed transactions to disk. Errors: CPS_ESTORE. */
 int cps__store_sync(cps__store *s);
+/* The same on the store's background thread (started at the first call), so that the caller's
+ * thread (the server's event loop) does not wait for the msync (27-37 ms under 16 MB pushes).
+ * Returns at once; requests made while a flush runs make one more flush after it. A growth of
+ * the map waits for a flush in flight (the remap must not pull the map from under its msync);
+ * cps__store_close stops the thread and flushes everything. A failed background flush is logged
+ * and counted (stats.sync_fails). Errors: CPS_EPOISONED; without a thread the flush is done
+ * here (cps__store_sync's errors). */
+int cps__store_sync_async(cps__store *s);
+/* Wait until no background flush is asked for or running (tests). */
+void cps__store_sync_wait(cps__store *s);
 
 /* A parameter record as seen through the store. Pointers are borrowed from LMDB (read txn) or
  * from the store's scratch (write txn); valid until the next write or the end of the txn. They
@@ -119,6 +132,27 @@ void cps__store_snapshot_end(cps__txn *txn);
  * Call with no transaction of this process open.
  * Errors: CPS_ESTORE, CPS_ENOSPC. */
 int cps__store_ensure_room(cps__store *s);
+
+/* Map bytes that creating a record of `len` values with optimizer `opt_kind` takes (pages
+ * included): what a caller sums for cps__store_reserve. */
+uint64_t cps__store_create_bytes(uint32_t len, uint32_t opt_kind);
+/* Grow the map once, if needed, so that `bytes` more fit beyond what is in use (plus a small
+ * slack), rather than let the write that needs them hit MDB_MAP_FULL and run again after each
+ * doubling (a declare of 100 M parameters ran 5 times). The map grows to the need, not to a
+ * power of two: the data file takes the map's size on disk. Call with no transaction of this
+ * process open (as for a growth, before_grow runs first).
+ * Errors: CPS_EINVAL (absurd size), CPS_ENOSPC (the disk cannot hold it: nothing changed; the
+ * write may still fit), CPS_ESTORE, CPS_EPOISONED. */
+int cps__store_reserve(cps__store *s, uint64_t bytes);
+
+typedef struct cps__store_stats {
+    uint64_t grows;      /* map growths, by any cause */
+    uint64_t reruns;     /* write transactions run again after MDB_MAP_FULL */
+    uint64_t syncs;      /* flushes done (here or in the background) */
+    uint64_t sync_fails; /* flushes that failed */
+} cps__store_stats;
+/* Counters since the open (tests and status). Call on the writer's thread. */
+void cps__store_stats_get(cps__store *s, cps__store_stats *out);
 
 /* Iterate records with lo <= key <= hi in key order; fn returns non-zero to stop (returned). */
 typedef int (*cps__param_iter_fn)(void *arg, uint64_t key, const cps__param_rec *rec);

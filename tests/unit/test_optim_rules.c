@@ -375,6 +375,30 @@ static cps__param_spec init_spec(uint32_t kind, float a, float b, uint64_t seed)
     return s;
 }
 
+/* The normal fill runs in vector lanes (8 wide with AVX-512): its bits must stay those of the
+ * scalar formula, on every machine and in every version, or replicas (each creates its own
+ * copy at declare) and cps_init_values would disagree. 40 values = two whole blocks of lanes
+ * plus a scalar tail; the expected bits were computed by the one-element-at-a-time code. */
+static void test_init_normal_bits(void **st)
+{
+    (void)st;
+    cps__param_spec s = init_spec(CPS_W_INIT_NORMAL, -1.0f, 2.0f, 12345);
+    float v[40];
+    cps__init_fill(&s, 1000000000000ull, v, 40);
+    uint32_t h = 0, u[3];
+    for (int i = 0; i < 40; i++) {
+        uint32_t b;
+        memcpy(&b, &v[i], sizeof b);
+        h = h * 31 + b;
+        if (i < 3)
+            u[i] = b;
+    }
+    assert_int_equal(u[0], 0xc0a86429u);
+    assert_int_equal(u[1], 0xbf91e0bdu);
+    assert_int_equal(u[2], 0xbf190d1bu);
+    assert_int_equal(h, 0x334d6ca8u);
+}
+
 static void test_init_chunking(void **st)
 {
     (void)st;
@@ -509,6 +533,7 @@ int main(void)
         cmocka_unit_test(test_apply_copy),
         cmocka_unit_test(test_vec_ops),
         cmocka_unit_test(test_init_chunking),
+        cmocka_unit_test(test_init_normal_bits),
         cmocka_unit_test(test_init_uniform),
         cmocka_unit_test(test_init_normal),
         cmocka_unit_test(test_init_zeros_constant),
