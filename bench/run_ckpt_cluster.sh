@@ -29,14 +29,14 @@
 # REPLICAS (default 1: chains of 1, see below) is passed to both launches as --replicas.
 #
 # Chains of 1 by default, as the figures before were taken; REPLICAS=2 works as well since
-# tensors are cut into 256 KB chunks and workers and heads keep a window of them in flight (with
+# tensors are cut into 512 KB chunks and workers and heads keep a window of them in flight (with
 # one 200 MB chunk per range, heads re-sent whole chunks every 200 ms to a tail still applying
 # them and the job stalled).
 #
 # Knobs: PARAMS (100000000), REPS (3), WARM (2), GAP (2), TIMEOUT (launch --timeout, 330 s; the
 # safety net), EXPORT_TIMEOUT (chainps checkpoint export --timeout, 120 s), DEAD_MS and REQUEST_MS
 # (CHAINPS_DEAD_AFTER_MS and CHAINPS_REQUEST_TIMEOUT_MS for every process; unset: the defaults,
-# which 256 KB chunks keep well clear of: no server is silent for long), MEM_LIMIT_MB (6000: the run is
+# which 512 KB chunks keep well clear of: no server is silent for long), MEM_LIMIT_MB (6000: the run is
 # stopped if the job's processes together use more), PORT (first of two scheduler ports;
 # default free ones), KEEP=1.
 # Every process started here is ended by its PID on exit (launch first, which ends its own

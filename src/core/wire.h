@@ -23,7 +23,7 @@
 #include "chainps/chainps.h" /* CPS_MAX_NDIM */
 
 #define CPS_WIRE_MAGIC 0x31535043u
-/* 3: dense tensors cut into chunks of at most 64 Ki values. 2: tensor keys and key-set
+/* 3: dense tensors cut into chunks of at most 128 Ki values. 2: tensor keys and key-set
  * signatures hashed with XXH3 instead of FNV-1a. Nodes of two versions would place the same
  * tensor on different keys, so they must not talk. */
 #define CPS_WIRE_VERSION  3

@@ -26,7 +26,7 @@
  * that is longer): far above any honest turn, and a wedged server is still failed over. */
 #define BEAT_STALL_LIMIT_MS 30000u
 /* Format of the keys a data directory holds, kept in its meta under "key_layout". 3: dense
- * chunks of at most 64 Ki values (src/worker/layout.c). 2: keys and key-set signatures from XXH3
+ * chunks of at most 128 Ki values (src/worker/layout.c). 2: keys and key-set signatures from XXH3
  * (cps__hash64), one chunk per range however large. 1, unmarked: FNV-1a. Another layout's keys
  * for a tensor are not this build's, so such a directory is refused, not misread. */
 #define CPS_KEY_LAYOUT 3u

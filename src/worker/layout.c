@@ -18,9 +18,11 @@
  * one table row is longer). A large tensor goes out as several requests per range, so that
  * sealing, sending, checking and applying one piece overlaps with the next: one 16 MB message
  * went through each of those stages after the other, at half the rate of 1 MB ones pipelined
- * (issue 14). */
+ * (issue 14). 512 KB measured best against ps-lite's loop (bench/run_pslite.sh): 256 KB chunks
+ * cost 16 MB pushes a quarter of their rate in per-message work, 1 MB chunks left 1 MB pushes
+ * unpipelined. */
 #ifndef CHUNK_MAX
-#define CHUNK_MAX (1u << 16)
+#define CHUNK_MAX (1u << 17)
 #endif
 #ifndef SEG_VALS
 #define SEG_VALS CHUNK_MAX

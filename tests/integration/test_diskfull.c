@@ -27,7 +27,7 @@
 #include "cluster.h"
 
 /* The store starts with a 64 MiB map, reserved on disk at once. The first tensor is 48 MB of
- * values and fits; training rewrites it in chunks of 256 KB, copy-on-write, which fits too. A
+ * values and fits; training rewrites it in chunks of 512 KB, copy-on-write, which fits too. A
  * second tensor of 16 MB declared during training does not: the map must grow to 128 MiB, which
  * the 80 MiB tmpfs cannot hold. */
 #define LEN       (12u << 20)

@@ -17,7 +17,7 @@
 #include "worker/client.h"
 
 /* The bounds layout.c promises (values): a chunk, and one request's share of a range. */
-#define CHUNK_BOUND 65536u
+#define CHUNK_BOUND 131072u
 #define SMALL_WHOLE 16384u
 
 static void make_view(cps__view *v, uint32_t nranges)
@@ -169,12 +169,12 @@ static void test_medium_tensors_one_part_per_range(void **state)
 static void test_large_tensors_pipelined(void **state)
 {
     (void)state;
-    /* 1 MB and 16 MB of floats on one range: 4 and 64 requests of 256 KB. */
-    assert_int_equal(check_layout(262144, 0, 0, 1, 3), 4);
-    assert_int_equal(check_layout(4194304, 0, 0, 1, 3), 64);
+    /* 1 MB and 16 MB of floats on one range: 2 and 32 requests of 512 KB. */
+    assert_int_equal(check_layout(262144, 0, 0, 1, 3), 2);
+    assert_int_equal(check_layout(4194304, 0, 0, 1, 3), 32);
     /* Ragged ends and several ranges. */
-    assert_true(check_layout(4194304 + 7, 0, 0, 3, 11) >= 65);
-    assert_true(check_layout(10000019, 0, 0, 8, 12345) >= 153);
+    assert_true(check_layout(4194304 + 7, 0, 0, 3, 11) >= 33);
+    assert_true(check_layout(10000019, 0, 0, 8, 12345) >= 77);
     assert_true(check_layout(CHUNK_BOUND + 1, 0, 0, 1, 2) == 2);
 }
 
@@ -183,7 +183,7 @@ static void test_tables_by_rows(void **state)
     (void)state;
     /* Short rows group into requests of at most a chunk's values; a long row goes alone. */
     assert_int_equal(check_layout(0, 1000, 64, 1, 9), 1);
-    assert_int_equal(check_layout(0, 4096, 64, 1, 9), 4);
+    assert_int_equal(check_layout(0, 4096, 64, 1, 9), 2);
     assert_int_equal(check_layout(0, 10, 100000, 2, 9), 10);
     check_layout(0, 100003, 17, 4, 77);
 }
