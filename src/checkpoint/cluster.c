@@ -17,13 +17,16 @@
 #include "transport/transport.h"
 #include "worker/client.h"
 
-#define SUB              "ckpt"
-#define SCHED            0u
-#define CUT_PEER_BASE    0x20000000u /* tool-side peer ids of the cut threads: + range */
-#define READ_WINDOW      64          /* CUT_READs in flight */
-#define READ_SPLIT       (1u << 20)  /* elements per CUT_READ of a dense chunk */
-#define PUT_BYTES        (64u << 20) /* records per PUT message */
-#define PUT_WINDOW       4           /* PUTs in flight per range */
+#define SUB           "ckpt"
+#define SCHED         0u
+#define CUT_PEER_BASE 0x20000000u /* tool-side peer ids of the cut threads: + range */
+#define READ_WINDOW   64          /* CUT_READs in flight */
+#define READ_SPLIT    (1u << 20)  /* elements per CUT_READ of a dense chunk */
+/* A PUT is one chain update, applied in one transaction on every replica: 8 MB keeps each short
+ * (64 MB ones stalled the servers' loops past the failure timeout on a loaded machine, and a
+ * restore onto chains of 2 did not finish); 128 MB stay in flight per range. */
+#define PUT_BYTES        (8u << 20) /* records per PUT message */
+#define PUT_WINDOW       16         /* PUTs in flight per range */
 #define OPEN_TRIES       8
 #define REFRESH_MS       2000  /* waiting for a cut: ask for the view again this often */
 #define SILENT_REFRESHES 3     /* ... and give up once the scheduler left that many unanswered */
