@@ -9,19 +9,8 @@
 set -euo pipefail
 cps=$1
 lsq=$2
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
-dir=$(mktemp -d)
-launch_pid=
-cleanup() {
-    if [ -n "$launch_pid" ] && kill -0 "$launch_pid" 2>/dev/null; then
-        kill "$launch_pid" 2>/dev/null || true # launch ends its children by their PIDs
-        for _ in $(seq 50); do kill -0 "$launch_pid" 2>/dev/null || break; sleep 0.2; done
-        kill -9 "$launch_pid" 2>/dev/null || true
-    fi
-    rm -rf "$dir"
-}
-trap cleanup EXIT
+# shellcheck source=launch_job.sh
+. "$(dirname "$0")/launch_job.sh"
 fail() { echo "FAIL: $*"; tail -30 "$dir/launch.log" 2>/dev/null || true; exit 1; }
 
 # Three consecutive free loopback ports: the scheduler's and the two servers' metrics.

@@ -5,19 +5,8 @@
 set -euo pipefail
 cps=$1
 lsq=$2
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
-dir=$(mktemp -d)
-launch_pid=
-cleanup() {
-    if [ -n "$launch_pid" ] && kill -0 "$launch_pid" 2>/dev/null; then
-        kill "$launch_pid" 2>/dev/null || true
-        sleep 1
-        kill -9 "$launch_pid" 2>/dev/null || true
-    fi
-    rm -rf "$dir"
-}
-trap cleanup EXIT
+# shellcheck source=launch_job.sh
+. "$(dirname "$0")/launch_job.sh"
 
 # Bad flags: named, exit 2, before anything is contacted.
 for bad in "--watch=0" "--watch=abc" "--count 3" "--watch --verify" "--json --verify"; do
