@@ -15,6 +15,10 @@ typedef struct pending_join {
     uint32_t unconfirmed;
     uint32_t unconfirmed_pred;
     uint64_t unconfirmed_until; /* its confirmation holds repairs of the range back till then */
+    /* A move (rebalance or drain): the member that leaves the chain once the joiner is a
+     * confirmed replica; 0 for a repair. */
+    uint32_t leaving;
+    int move_confirmed; /* the move's joiner confirmed: `leaving` may go */
 } pending_join;
 
 struct cps__repair {
@@ -24,6 +28,9 @@ struct cps__repair {
     /* At most two per range per call (a timeout and a new join). */
     cps__repair_action *actions;
     size_t nactions;
+    uint32_t draining[CPS_MAX_NODES]; /* servers being drained (0: free slot) */
+    uint32_t *load;                   /* tick scratch: per v->nodes position */
+    uint32_t load_cap;
 };
 
 int cps__repair_create(const cps__repair_config *cfg, cps__repair **out)
@@ -49,6 +56,7 @@ int cps__repair_create(const cps__repair_config *cfg, cps__repair **out)
 void cps__repair_destroy(cps__repair *rp)
 {
     if (rp) {
+        free(rp->load);
         free(rp->joins);
         free(rp->actions);
         free(rp);
@@ -72,7 +80,44 @@ static int node_alive(const cps__view *v, uint32_t id)
 static void act(cps__repair *rp, int kind, uint32_t range, uint32_t node, uint32_t source,
                 uint32_t live, uint64_t join_id)
 {
-    rp->actions[rp->nactions++] = (cps__repair_action){kind, range, node, source, live, join_id};
+    rp->actions[rp->nactions++] = (cps__repair_action){kind, range, node, source, live, join_id, 0};
+}
+
+int cps__repair_draining(const cps__repair *rp, uint32_t node)
+{
+    for (uint32_t i = 0; node && i < CPS_MAX_NODES; i++)
+        if (rp->draining[i] == node)
+            return 1;
+    return 0;
+}
+
+int cps__repair_set_draining(cps__repair *rp, uint32_t node, int on)
+{
+    if (!rp || !node)
+        return CPS_EINVAL;
+    for (uint32_t i = 0; i < CPS_MAX_NODES; i++)
+        if (rp->draining[i] == node) {
+            if (!on)
+                rp->draining[i] = 0;
+            return 0;
+        }
+    if (!on)
+        return 0;
+    for (uint32_t i = 0; i < CPS_MAX_NODES; i++)
+        if (!rp->draining[i]) {
+            rp->draining[i] = node;
+            return 0;
+        }
+    return CPS_EINVAL; /* more than CPS_MAX_NODES: cannot be */
+}
+
+uint32_t cps__repair_load(const cps__repair *rp, const cps__view *v, uint32_t node)
+{
+    uint32_t load = 0;
+    for (uint32_t q = 0; q < v->nranges && q < rp->cfg.nranges; q++)
+        load += in_chain(&v->ranges[q], node) || rp->joins[q].joiner == node ||
+                (rp->joins[q].joiner && rp->joins[q].source == node);
+    return load;
 }
 
 int cps__repair_declare_dead(cps__repair *rp, const cps__view *in, uint32_t node, cps__view *out,
@@ -121,23 +166,105 @@ int cps__repair_declare_dead(cps__repair *rp, const cps__view *in, uint32_t node
     return 0;
 }
 
-/* The live server outside rg's chain holding or copying the fewest ranges, 0 if none. */
+/* The live server outside rg's chain holding or copying the fewest ranges, 0 if none. A
+ * draining server only when no other can: R replicas come before a drain, which then waits
+ * for a server to be added (or to come back). */
 static uint32_t least_loaded(const cps__repair *rp, const cps__view *v, const cps__range *rg)
 {
-    uint32_t best = 0, best_load = UINT32_MAX;
+    for (int allow_draining = 0; allow_draining < 2; allow_draining++) {
+        uint32_t best = 0, best_load = UINT32_MAX;
+        for (uint32_t i = 0; i < v->nnodes; i++) {
+            const cps__node_info *n = &v->nodes[i];
+            if (n->role != CPS_ROLE_SERVER || !n->alive || in_chain(rg, n->id) ||
+                cps__repair_draining(rp, n->id) != allow_draining)
+                continue;
+            uint32_t load = 0;
+            for (uint32_t q = 0; q < v->nranges; q++)
+                load += in_chain(&v->ranges[q], n->id) || rp->joins[q].joiner == n->id;
+            if (load < best_load) {
+                best = n->id;
+                best_load = load;
+            }
+        }
+        if (best)
+            return best;
+    }
+    return 0;
+}
+
+/* Per-node load for a tick: slots held or being copied, less the moves planned away. */
+static int loads_compute(cps__repair *rp, const cps__view *v)
+{
+    if (rp->load_cap < v->nnodes) {
+        uint32_t *l = realloc(rp->load, sizeof *l * v->nnodes);
+        if (!l)
+            return CPS_ENOMEM;
+        rp->load = l;
+        rp->load_cap = v->nnodes;
+    }
     for (uint32_t i = 0; i < v->nnodes; i++) {
-        const cps__node_info *n = &v->nodes[i];
-        if (n->role != CPS_ROLE_SERVER || !n->alive || in_chain(rg, n->id))
-            continue;
-        uint32_t load = 0;
-        for (uint32_t q = 0; q < v->nranges; q++)
-            load += in_chain(&v->ranges[q], n->id) || rp->joins[q].joiner == n->id;
-        if (load < best_load) {
-            best = n->id;
-            best_load = load;
+        rp->load[i] = 0;
+        for (uint32_t q = 0; q < v->nranges; q++) {
+            const pending_join *pj = &rp->joins[q];
+            int holds = in_chain(&v->ranges[q], v->nodes[i].id);
+            rp->load[i] += (holds && pj->leaving != v->nodes[i].id) || pj->joiner == v->nodes[i].id;
         }
     }
-    return best;
+    return 0;
+}
+
+static uint32_t node_pos(const cps__view *v, uint32_t id)
+{
+    for (uint32_t i = 0; i < v->nnodes; i++)
+        if (v->nodes[i].id == id)
+            return i;
+    return UINT32_MAX;
+}
+
+/* A range with more live replicas than R (a move's joiner confirmed): which member leaves. The
+ * move's planned one; without that knowledge (a restarted scheduler, a confirmation lost) the
+ * tail, the only member that may lack acknowledged updates, and the balance plans again. */
+static uint32_t trim_victim(const pending_join *pj, const cps__view *v, const cps__range *rg)
+{
+    if (pj->leaving && pj->move_confirmed && in_chain(rg, pj->leaving) &&
+        node_alive(v, pj->leaving))
+        return pj->leaving;
+    return rg->chain[rg->chain_len - 1];
+}
+
+/* A move for a fully replicated range: the member to leave (a draining one first, else the
+ * most loaded, the later in the chain on a tie, so heads move least) and the active server
+ * outside the chain with the least load to take its place; 0 when nothing is worth moving. */
+static void plan_move(const cps__repair *rp, const cps__view *v, const cps__range *rg,
+                      uint32_t *from, uint32_t *to)
+{
+    *from = *to = 0;
+    uint32_t src = 0, src_load = 0;
+    int src_draining = 0;
+    for (uint32_t j = 0; j < rg->chain_len; j++) {
+        uint32_t id = rg->chain[j], pos = node_pos(v, id);
+        if (pos == UINT32_MAX)
+            return;
+        int dr = cps__repair_draining(rp, id);
+        if (!src || dr > src_draining || (dr == src_draining && rp->load[pos] >= src_load)) {
+            src = id;
+            src_load = rp->load[pos];
+            src_draining = dr;
+        }
+    }
+    uint32_t dst = 0, dst_load = UINT32_MAX;
+    for (uint32_t i = 0; i < v->nnodes; i++) {
+        const cps__node_info *n = &v->nodes[i];
+        if (n->role != CPS_ROLE_SERVER || !n->alive || in_chain(rg, n->id) ||
+            cps__repair_draining(rp, n->id) || rp->load[i] >= dst_load)
+            continue;
+        dst = n->id;
+        dst_load = rp->load[i];
+    }
+    if (!src || !dst || (!src_draining && src_load < dst_load + 2))
+        return;
+    *from = src;
+    *to = dst;
 }
 
 int cps__repair_tick(cps__repair *rp, const cps__view *v, uint64_t now)
@@ -145,6 +272,12 @@ int cps__repair_tick(cps__repair *rp, const cps__view *v, uint64_t now)
     rp->nactions = 0;
     if (v->nranges != rp->cfg.nranges)
         return CPS_EINVAL;
+    int rc = loads_compute(rp, v);
+    if (rc != 0)
+        return rc;
+    uint32_t moving = 0;
+    for (uint32_t r = 0; r < v->nranges; r++)
+        moving += rp->joins[r].leaving && (rp->joins[r].joiner || rp->joins[r].unconfirmed);
     for (uint32_t r = 0; r < v->nranges; r++) {
         pending_join *pj = &rp->joins[r];
         if (pj->joiner && now > pj->deadline_ms) {
@@ -162,17 +295,41 @@ int cps__repair_tick(cps__repair *rp, const cps__view *v, uint64_t now)
          * the copy's own unconfirmed mark would replace its (one per range). Its confirmation
          * travels once, unacknowledged: when it is lost the range is repaired after all. */
         int held = pj->unconfirmed && now <= pj->unconfirmed_until;
-        if (pj->joiner || held || live == 0 || live >= v->replicas)
+        if (pj->joiner || held || live == 0)
             continue;
-        uint32_t best = least_loaded(rp, v, rg);
+        if (live > v->replicas && live == rg->chain_len) {
+            /* A move's joiner is a confirmed replica: the member it replaces leaves. */
+            uint32_t victim = trim_victim(pj, v, rg);
+            pj->leaving = 0;
+            pj->move_confirmed = 0;
+            pj->unconfirmed = 0;
+            act(rp, CPS_RA_TRIM, r, victim, 0, live, 0);
+            continue;
+        }
+        pj->leaving = 0;
+        pj->move_confirmed = 0;
+        uint32_t best = 0, from = 0;
+        if (live < v->replicas) {
+            best = least_loaded(rp, v, rg);
+        } else if (rp->cfg.balance && live == v->replicas && live == rg->chain_len &&
+                   moving < CPS_REPAIR_MAX_MOVES) {
+            plan_move(rp, v, rg, &from, &best);
+            if (best) {
+                moving++;
+                rp->load[node_pos(v, from)]--;
+                rp->load[node_pos(v, best)]++;
+            }
+        }
         if (!best)
             continue;
         uint64_t id = ++rp->next_join_id;
         pj->joiner = best;
         pj->source = tail;
+        pj->leaving = from;
         pj->deadline_ms = now + rp->cfg.join_give_up_ms;
         pj->id = id;
         act(rp, CPS_RA_JOIN, r, best, tail, live, id);
+        rp->actions[rp->nactions - 1].leaving = from;
     }
     return (int)rp->nactions;
 }
@@ -193,6 +350,7 @@ int cps__repair_caught_up(cps__repair *rp, const cps__view *v, uint32_t node, ui
         if (pj->unconfirmed != node || join_id != pj->id)
             return CPS_REPAIR_IGNORED;
         pj->unconfirmed = 0;
+        pj->move_confirmed = pj->leaving != 0;
         return CPS_REPAIR_CONFIRMED;
     }
     if (kind == 2) {

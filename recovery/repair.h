@@ -29,6 +29,8 @@ typedef struct cps__repair_config {
      * request of a replaced join), so a restarted scheduler passes a floor above its earlier
      * lives' ids. */
     uint64_t first_join_id;
+    /* 1: also move ranges for balance and drains (cps__repair_tick); 0: repairs only. */
+    int balance;
 } cps__repair_config;
 
 enum cps__repair_action_kind {
@@ -39,8 +41,15 @@ enum cps__repair_action_kind {
     CPS_RA_TIMED_OUT,
     /* `node` had joined `range` but not caught up with `source`, which died: it left the chain
      * too and the range will be copied again. */
-    CPS_RA_EVICTED
+    CPS_RA_EVICTED,
+    /* `range` has more live replicas than R, all confirmed (a move's joiner caught up): take
+     * `node` out of its chain in the next view (it stays alive and drops the range). */
+    CPS_RA_TRIM
 };
+
+/* Moves (rebalancing after a server joins, draining) under way at once: each is a state
+ * transfer, so they are paced rather than all started together. */
+#define CPS_REPAIR_MAX_MOVES 4
 
 typedef struct cps__repair_action {
     int kind; /* CPS_RA_* */
@@ -49,6 +58,9 @@ typedef struct cps__repair_action {
     uint32_t source;
     uint32_t live;
     uint64_t join_id;
+    /* CPS_RA_JOIN of a move: the member that leaves once `node` is a confirmed replica (a
+     * CPS_RA_TRIM follows); 0 for a repair. */
+    uint32_t leaving;
 } cps__repair_action;
 
 /* Verdicts of cps__repair_caught_up. */
@@ -77,13 +89,29 @@ void cps__repair_destroy(cps__repair *rp);
 int cps__repair_declare_dead(cps__repair *rp, const cps__view *in, uint32_t node, cps__view *out,
                              uint32_t *lost_ranges);
 
+/* Mark server `node` as draining (on = 1) or not: it is picked to copy nothing, and every range
+ * it is in is moved off it (below). Errors: CPS_EINVAL (node 0). */
+int cps__repair_set_draining(cps__repair *rp, uint32_t node, int on);
+/* 1 if `node` is being drained. */
+int cps__repair_draining(const cps__repair *rp, uint32_t node);
+/* Ranges `node` is in, is copying, or is the source of a copy of, in v (a drained server is done
+ * when this is 0). */
+uint32_t cps__repair_load(const cps__repair *rp, const cps__view *v, uint32_t node);
+
 /* A repair round at `now` over view v (borrowed): joins past their deadline are abandoned
  * (CPS_RA_TIMED_OUT), and every range with at least one but fewer than v->replicas live
  * replicas, no join under way and no unconfirmed tail (for join_give_up_ms after it joined: a
  * lost confirmation must not stop repairs for good) gets one (CPS_RA_JOIN): the live server not
  * in its chain that holds or is copying the fewest ranges (the lowest position in v->nodes on a
- * tie) copies it from the range's live tail. No spare server: no join. Returns the number of
- * actions (cps__repair_actions); errors: CPS_EINVAL (v has another range count). */
+ * tie; never a draining one) copies it from the range's live tail. No spare server: no join.
+ *
+ * Then balance, for ranges with exactly R live replicas, nothing under way and nothing
+ * unconfirmed, at most CPS_REPAIR_MAX_MOVES at once: a range with a draining member, or whose
+ * most loaded member holds 2 more ranges than the least loaded active server outside its chain,
+ * is moved: that server copies it (CPS_RA_JOIN with `leaving` set) and joins as its tail; once
+ * confirmed, the range has R + 1 replicas and the next round takes the leaving member out
+ * (CPS_RA_TRIM). Load counts ranges held or being copied. Returns the number of actions
+ * (cps__repair_actions); errors: CPS_EINVAL (v has another range count), CPS_ENOMEM. */
 int cps__repair_tick(cps__repair *rp, const cps__view *v, uint64_t now);
 
 /* The caller could not send the JOIN_RANGE of action `join_id` for `range`: forget that join

@@ -56,6 +56,21 @@ void cps__sync_destroy(cps__sync *a)
     free(a);
 }
 
+void cps__sync_forget_range(cps__sync *a, uint32_t range)
+{
+    for (uint32_t i = 0; a && i < a->nslots; i++) {
+        slot *s = &a->slots[i];
+        if (!s->used || s->range != range)
+            continue;
+        for (uint32_t r = 0; a->drop && r < s->nranks; r++)
+            if (s->by_rank[r].cookie)
+                a->drop(a->ctx, s->by_rank[r].cookie);
+        memset(s->by_rank, 0, sizeof *s->by_rank * s->cap);
+        s->used = 0;
+        s->ready = 0;
+    }
+}
+
 static int emit(cps__sync *a, int kind, const slot *s)
 {
     void *acts = a->acts;

@@ -85,6 +85,11 @@ int cps__sync_push(cps__sync *a, const cps__view *v, uint32_t range, uint64_t si
  * CPS_ENOMEM (the slots stay and are tried again at the next view). */
 int cps__sync_set_view(cps__sync *a, const cps__view *v);
 
+/* We are no longer in `range`'s chain (it moved to another server): every slot of it is
+ * dropped, its cookies handed to `drop`; the workers re-send those pushes to the new head.
+ * NULL: no-op. */
+void cps__sync_forget_range(cps__sync *a, uint32_t range);
+
 /* Timer: a STUCK action for each slot that has waited CPS_SYNC_STUCK_MS and was not reported
  * in the last CPS_SYNC_STUCK_REPEAT_MS. Errors: CPS_ENOMEM. */
 int cps__sync_tick(cps__sync *a, uint64_t now);

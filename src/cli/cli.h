@@ -11,6 +11,7 @@ int cps__cli_scheduler(int argc, char **argv);
 int cps__cli_server(int argc, char **argv);
 int cps__cli_launch(int argc, char **argv);
 int cps__cli_status(int argc, char **argv);
+int cps__cli_drain(int argc, char **argv);
 int cps__cli_checkpoint(int argc, char **argv);
 int cps__cli_chaos(int argc, char **argv);
 int cps__cli_secret(int argc, char **argv);
@@ -28,6 +29,14 @@ int cps__cli_usage_error(const char *cmd, const char *fmt, ...)
 /* Apply one of the flags shared by several subcommands (value in optarg); returns 0 if handled,
  * 1 if not a shared flag, 2 on a bad value (message printed). */
 int cps__cli_common_flag(const char *cmd, int opt, const char *optarg_, cps__config *cfg);
+
+/* A tool's side of talking to the scheduler (status, drain): a transport keyed by the job's
+ * secret, bound to an ephemeral port, with the scheduler as peer 0. url (url_len bytes)
+ * receives the scheduler's address, me (CPS_ADDR_MAX bytes) ours for its replies. *tp is the
+ * caller's to destroy, even on error (it may be NULL). Returns the transport's error. */
+struct cps__tp;
+int cps__cli_tool_open(const cps__config *cfg, struct cps__tp **tp, char *url, size_t url_len,
+                       char *me);
 
 /* getopt_long codes of the shared flags. */
 enum {
@@ -67,6 +76,9 @@ enum {
     CLI_OPT_COMPRESS,
     CLI_OPT_METRICS_PORT,
     CLI_OPT_METRICS_BIND,
+    CLI_OPT_RANGES,
+    CLI_OPT_SERVER,
+    CLI_OPT_NO_WAIT,
 };
 
 /* The job-secret flags every subcommand takes, for its struct option table and its help. */

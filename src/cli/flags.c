@@ -9,6 +9,7 @@
 #include "cli.h"
 #include "core/log.h"
 #include "node/roles.h"
+#include "transport/transport.h"
 #include "worker/client.h"
 
 int cps__cli_parse_optim(const char *kind, const char *lr_text, cps__param_spec *spec)
@@ -104,6 +105,10 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps__config 
         break;
     case CLI_OPT_REPLICAS:
         rc = cps__config_parse_u32("--replicas", arg, 1, 8, &cfg->replicas, err, sizeof err);
+        break;
+    case CLI_OPT_RANGES:
+        rc = cps__config_parse_u32("--ranges", arg, 1, CPS_MAX_RANGES, &cfg->num_ranges, err,
+                                   sizeof err);
         break;
     case CLI_OPT_DATA:
         snprintf(cfg->data_dir, sizeof cfg->data_dir, "%s", arg);
@@ -209,4 +214,18 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps__config 
         return 2;
     }
     return 0;
+}
+
+int cps__cli_tool_open(const cps__config *cfg, cps__tp **tp, char *url, size_t url_len, char *me)
+{
+    uint16_t port = 0;
+    snprintf(url, url_len, "tcp://%s:%u", cfg->sched_host, cfg->sched_port);
+    int rc = cps__tp_create(cps__node_key(cfg), tp);
+    if (rc == 0)
+        rc = cps__tp_bind(*tp, cfg->bind_host, 0, &port);
+    if (rc == 0)
+        rc = cps__tp_peer_set(*tp, 0, url);
+    if (rc == 0)
+        rc = cps__make_url(me, cfg->advertise_host, port);
+    return rc;
 }

@@ -260,6 +260,11 @@ int cps__job_start(cps__job *j, int i)
                         "--workers", wk_s,        "--mode", j->mode, "--replicas", j->repl,
                         "--bind",    "127.0.0.1", "--data", j->data};
         int a = 16;
+        if (j->cfg.num_ranges) {
+            snprintf(j->ranges, sizeof j->ranges, "%u", j->cfg.num_ranges);
+            av[a++] = "--ranges";
+            av[a++] = j->ranges;
+        }
         if (j->hold)
             av[a++] = "--hold";
         if (j->await_replacements)

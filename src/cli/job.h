@@ -30,7 +30,7 @@ typedef struct cps__job {
     int data_given; /* keep it afterwards */
     char self[1024];
     char **prog; /* the worker's argv (borrowed) */
-    char mode[32], repl[16];
+    char mode[32], repl[16], ranges[16];
     cps__child *kids; /* [0] scheduler, [1..S] servers, [S+1..S+W] workers */
     int n;
     const char *prefix;     /* printed before every streamed line, e.g. "" */

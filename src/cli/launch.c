@@ -40,6 +40,8 @@ static const char launch_usage[] =
     "  --workers W        number of workers (required)\n"
     "  --mode M           sync (default), async or ssp:N\n"
     "  --replicas R       servers in each key range's chain (default 3, or S if fewer)\n"
+    "  --ranges N         key ranges (default S): more than S lets servers started later\n"
+    "                     against this job (`chainps server --scheduler ...`) take a share\n"
     "  --data DIR         keep the servers' LMDB data in DIR/server-<rank> (kept afterwards;\n"
     "                     a second launch on the same DIR resumes from its parameters);\n"
     "                     default: a fresh temporary directory, removed at the end\n"
@@ -80,6 +82,7 @@ static const struct option launch_opts[] = {
     {"workers", required_argument, 0, CLI_OPT_WORKERS},
     {"mode", required_argument, 0, CLI_OPT_MODE},
     {"replicas", required_argument, 0, CLI_OPT_REPLICAS},
+    {"ranges", required_argument, 0, CLI_OPT_RANGES},
     {"data", required_argument, 0, CLI_OPT_DATA},
     {"port", required_argument, 0, CLI_OPT_PORT},
     {"timeout", required_argument, 0, CLI_OPT_TIMEOUT},

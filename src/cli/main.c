@@ -24,6 +24,7 @@ static const char usage[] =
     "  server      run a parameter server\n"
     "  launch      run a scheduler, S servers and W copies of a training program locally\n"
     "  status      show a running job: nodes, ranks, key ranges, liveness, traffic\n"
+    "  drain       move a server's key ranges to the others, then let it exit\n"
     "  checkpoint  export a running job's checkpoint, restore one, inspect and verify one\n"
     "  chaos       run a local job while killing, pausing and restarting its processes,\n"
     "              then check that nothing was lost\n"
@@ -49,6 +50,9 @@ static const char scheduler_usage[] =
     "  --advertise ADDR   address other nodes use to reach the scheduler (informational)\n"
     "  --mode M           sync (default), async or ssp:N (bounded staleness N)\n"
     "  --replicas R       servers in each key range's chain (default 3, or S if fewer)\n"
+    "  --ranges N         key ranges of the job (default: one per server; env CHAINPS_RANGES):\n"
+    "                     more ranges than servers let servers that join later take a fair\n"
+    "                     share (see `chainps drain` for the way out)\n"
     "  --join-timeout S   give up if the nodes have not all arrived after S seconds (60)\n"
     "  --data DIR         keep the view in DIR/scheduler (default ./chainps-data): a scheduler\n"
     "                     restarted on the same DIR resumes an unfinished job\n"
@@ -78,6 +82,7 @@ static const struct option scheduler_opts[] = {
     {"advertise", required_argument, 0, CLI_OPT_ADVERTISE},
     {"mode", required_argument, 0, CLI_OPT_MODE},
     {"replicas", required_argument, 0, CLI_OPT_REPLICAS},
+    {"ranges", required_argument, 0, CLI_OPT_RANGES},
     {"join-timeout", required_argument, 0, CLI_OPT_JOIN_TIMEOUT},
     CPS_CLI_METRICS_OPTS,
     CPS_CLI_SECRET_OPTS,
@@ -236,6 +241,8 @@ int main(int argc, char **argv)
         return cps__cli_launch(argc - 1, argv + 1);
     if (!strcmp(cmd, "status"))
         return cps__cli_status(argc - 1, argv + 1);
+    if (!strcmp(cmd, "drain"))
+        return cps__cli_drain(argc - 1, argv + 1);
     if (!strcmp(cmd, "checkpoint"))
         return cps__cli_checkpoint(argc - 1, argv + 1);
     if (!strcmp(cmd, "chaos"))

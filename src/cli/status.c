@@ -289,6 +289,8 @@ static void print_json(const reply *r, const summary *sm)
                    s->step, s->push_raw_bytes, s->pull_bytes, s->updates_applied, s->msgs_bad);
         if (s && n->role == CPS_ROLE_WORKER)
             printf(",\"lag\":%" PRIu64, sm->fastest - s->step);
+        if (s && n->role == CPS_ROLE_SERVER)
+            printf(",\"keys\":%" PRIu64 ",\"values\":%" PRIu64, s->keys_stored, s->values_stored);
         putchar('}');
     }
     printf("],\"ranges\":[");
@@ -475,16 +477,8 @@ int cps__cli_status(int argc, char **argv)
     if (!r)
         return 1;
     cps__view_init(&r->view);
-    uint16_t port = 0;
     char url[CPS_ADDR_MAX + 16], me[CPS_ADDR_MAX];
-    snprintf(url, sizeof url, "tcp://%s:%u", cfg.sched_host, cfg.sched_port);
-    int rc = cps__tp_create(cps__node_key(&cfg), &tp);
-    if (rc == 0)
-        rc = cps__tp_bind(tp, cfg.bind_host, 0, &port);
-    if (rc == 0)
-        rc = cps__tp_peer_set(tp, 0, url);
-    if (rc == 0)
-        rc = cps__make_url(me, cfg.advertise_host, port);
+    int rc = cps__cli_tool_open(&cfg, &tp, url, sizeof url, me);
     int exit_code = 0, tty = isatty(STDOUT_FILENO);
     summary prev = {0}, cur;
     for (uint32_t k = 0; exit_code == 0 && (!count || k < count); k++) {

@@ -475,6 +475,7 @@ int cps__config_from_env(cps__config *cfg, char *err, size_t errlen)
                                           NULL};
     static const char *const verbose[] = {"CHAINPS_VERBOSE", "PS_VERBOSE", NULL};
     static const char *const replicas[] = {"CHAINPS_REPLICAS", NULL};
+    static const char *const ranges[] = {"CHAINPS_RANGES", NULL};
     static const char *const rank[] = {"CHAINPS_RANK", NULL};
     static const char *const join[] = {"CHAINPS_JOIN_TIMEOUT_MS", NULL};
     static const char *const request[] = {"CHAINPS_REQUEST_TIMEOUT_MS", NULL};
@@ -501,6 +502,8 @@ int cps__config_from_env(cps__config *cfg, char *err, size_t errlen)
         rc = env_u32(verbose, 0, 3, &verb, &verb_set, err, errlen);
     if (!rc)
         rc = env_u32(replicas, 1, CPS_MAX_REPLICAS, &c.replicas, NULL, err, errlen);
+    if (!rc)
+        rc = env_u32(ranges, 1, CPS_MAX_RANGES, &c.num_ranges, NULL, err, errlen);
     if (!rc)
         rc = env_u32(rank, 0, CPS_MAX_NODES - 1, &c.rank, NULL, err, errlen);
     if (!rc)
@@ -588,6 +591,9 @@ int cps__config_export_env(const cps__config *cfg)
     if (!rc)
         rc = cfg->replicas ? put_u32("CHAINPS_REPLICAS", cfg->replicas)
                            : put("CHAINPS_REPLICAS", NULL);
+    if (!rc)
+        rc = cfg->num_ranges ? put_u32("CHAINPS_RANGES", cfg->num_ranges)
+                             : put("CHAINPS_RANGES", NULL);
     if (!rc)
         rc = cfg->rank != UINT32_MAX ? put_u32("CHAINPS_RANK", cfg->rank)
                                      : put("CHAINPS_RANK", NULL);

@@ -50,6 +50,7 @@ typedef struct cps__config {
     uint32_t mode;                 /* cps_mode; default CPS_MODE_SYNC */
     uint32_t ssp_bound;            /* for CPS_MODE_SSP */
     uint32_t replicas;             /* 0 = default (min(3, servers)) */
+    uint32_t num_ranges;           /* key ranges of the job; 0 = default (one per server) */
     uint32_t rank;                 /* UINT32_MAX = any */
     char bind_host[CPS_ADDR_MAX];  /* default "0.0.0.0" for the scheduler, else advertise host */
     char advertise_host[CPS_ADDR_MAX]; /* default: the local address facing the scheduler */

@@ -11,7 +11,9 @@
 
 #define CPS_MAX_NODES    1024
 #define CPS_MAX_REPLICAS 8
-#define CPS_ADDR_MAX     128
+/* Key ranges a job may have (--ranges): finer than servers, so servers added later get a share. */
+#define CPS_MAX_RANGES 4096
+#define CPS_ADDR_MAX   128
 
 enum cps__role {
     CPS_ROLE_NONE = 0,

@@ -75,7 +75,9 @@ enum cps__msg_type {
     CPS_MSG_REGISTRY = 41,  /* tool -> scheduler: reply = view, u32 count, descriptions */
     CPS_MSG_RELEASE = 42,   /* tool -> scheduler: restore done, admit the held workers */
     CPS_MSG_CKPT_DONE = 43, /* tool -> scheduler: a checkpoint was written (payload: ckpt_note) */
-    CPS_MSG_TYPE_MAX_ = 44
+    CPS_MSG_DRAIN = 44,     /* tool -> scheduler: drain server of rank `aux` (payload as STATUS);
+                               server -> scheduler: drain me (SIGTERM). Reply ACK or ERROR */
+    CPS_MSG_TYPE_MAX_ = 45
 };
 
 /* Header flags. */

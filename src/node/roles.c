@@ -6,6 +6,7 @@
 #include <string.h>
 
 static volatile sig_atomic_t stop_requested;
+static volatile sig_atomic_t stop_signals; /* SIGINT/SIGTERM received */
 
 void cps__role_request_stop(void)
 {
@@ -21,6 +22,13 @@ static void on_signal(int sig)
 {
     (void)sig;
     stop_requested = 1;
+    if (stop_signals < 1000)
+        stop_signals++;
+}
+
+int cps__role_stop_signals(void)
+{
+    return (int)stop_signals;
 }
 
 void cps__role_install_signals(void)

@@ -17,6 +17,8 @@ int cps__server_run(const cps__config *cfg);
 void cps__role_request_stop(void);
 /* 1 once a stop was requested. */
 int cps__role_stop_requested(void);
+/* How many SIGINT/SIGTERM arrived (a server drains on the first and stops on the second). */
+int cps__role_stop_signals(void);
 /* Keep freed message buffers in the heap instead of returning them to the kernel at once:
  * nanomsg allocates every received message afresh, and with glibc's defaults each 1 MB message
  * is an mmap/munmap pair plus page faults (measured: 37% of a server's CPU per 1 MB push+pull).

@@ -57,6 +57,8 @@ typedef struct sched_node {
     uint64_t last_seen_ms;
     cps__node_stats stats;
     int done;       /* worker said BYE */
+    int draining;   /* server: its ranges are being moved away (`chainps drain`, SIGTERM) */
+    int left;       /* server: drained and told to exit; no longer a member */
     int in_barrier; /* worker waiting in the current barrier */
     uint64_t barrier_seq;
 } sched_node;
@@ -174,6 +176,12 @@ static int sync_view_nodes(cps__sched *s)
     free(s->view.nodes);
     s->view.nodes = nodes;
     s->view.nnodes = s->nnodes;
+    if (s->started) {
+        uint32_t S = 0; /* servers that joined later count; drained ones do not */
+        for (uint32_t i = 0; i < s->nnodes; i++)
+            S += s->nodes[i].info.role == CPS_ROLE_SERVER && !s->nodes[i].left;
+        s->view.num_servers = S;
+    }
     return 0;
 }
 
@@ -238,15 +246,18 @@ static int begin_running(cps__sched *s)
     /* Join ids grow across our restarts (see cps__repair_config): each life starts its ids at
      * (its first epoch) << 32, above the saved epoch of any earlier life, since a life saves the
      * epoch it starts at before it issues a join; none issues 2^32 joins. */
-    cps__repair_config rcfg = {s->view.nranges, JOIN_GIVE_UP_MS, (s->view.epoch + 1) << 32};
+    cps__repair_config rcfg = {s->view.nranges, JOIN_GIVE_UP_MS, (s->view.epoch + 1) << 32, 1};
     int err = cps__repair_create(&rcfg, &s->repair);
     if (err != 0)
         return err;
     s->started = 1;
     uint64_t now = cps__now_ms();
-    for (uint32_t i = 0; i < s->nnodes; i++)
+    for (uint32_t i = 0; i < s->nnodes; i++) {
         if (s->nodes[i].info.alive && !s->nodes[i].done)
             cps__detector_watch(s->detector, s->nodes[i].info.id, now);
+        if (s->nodes[i].draining)
+            cps__repair_set_draining(s->repair, s->nodes[i].info.id, 1);
+    }
     return 0;
 }
 
@@ -266,7 +277,9 @@ static int start_job(cps__sched *s)
     s->view.num_servers = S;
     /* Default: chains of 3 (or every server, when there are fewer). */
     s->view.replicas = s->cfg.replicas ? s->cfg.replicas : (S < 3 ? S : 3);
-    int rc = cps__view_place_ranges(&s->view, S, servers, S, s->view.replicas);
+    /* More ranges than servers (--ranges) let servers added later take a share of them. */
+    uint32_t nranges = s->cfg.num_ranges ? s->cfg.num_ranges : S;
+    int rc = cps__view_place_ranges(&s->view, nranges, servers, S, s->view.replicas);
     free(servers);
     if (rc == 0)
         rc = sync_view_nodes(s);
@@ -321,6 +334,10 @@ static void handle_hello(cps__sched *s, const cps__rx *rx)
     }
     if (!n) {
         uint32_t limit = role == CPS_ROLE_SERVER ? s->cfg.num_servers : s->cfg.num_workers;
+        /* A server arriving once the job runs is added to it: the balance gives it a share
+         * of the ranges (more ranges than servers, --ranges, make that share fair). */
+        if (role == CPS_ROLE_SERVER && s->started && !s->finished)
+            limit = CPS_MAX_NODES;
         /* A worker arriving after the job ended (one that was to replace a dead worker, too
          * late) would wait for servers that are gone: tell it. */
         int ended = s->finished && role == CPS_ROLE_WORKER;
@@ -356,6 +373,14 @@ static void handle_hello(cps__sched *s, const cps__rx *rx)
         n->info.role = (uint8_t)role;
         cps__log(CPS_LOG_INFO, "scheduler", "%s %u (rank %u) joined from %s", role_name((int)role),
                  n->info.id, n->info.rank, addr);
+    }
+    if (n->left) {
+        /* A drained server started again: a member once more, with no ranges until the
+         * balance gives it some. */
+        n->left = 0;
+        n->info.alive = 0; /* revived below */
+        cps__log(CPS_LOG_INFO, "scheduler", "server %u (rank %u), drained earlier, is back",
+                 n->info.id, n->info.rank);
     }
     uint64_t boot = rx->hdr.aux;
     if (s->started && n->info.role == CPS_ROLE_SERVER && n->info.alive && n->boot_id && boot &&
@@ -429,7 +454,20 @@ static int save_txn(cps__txn *txn, void *arg)
     cps__le32_put(st + 20, s->cfg.num_workers);
     cps__le32_put(st + 24, ndone);
     int rc = cps__store_blob_put(txn, "sched/view", io->view, io->view_len);
-    return rc ? rc : cps__store_blob_put(txn, "sched/state", st, 28 + 4 * (size_t)ndone);
+    if (rc == 0)
+        rc = cps__store_blob_put(txn, "sched/state", st, 28 + 4 * (size_t)ndone);
+    /* sched/scale: u32 count, then per server draining or drained: u32 id, u32 1 draining / 2
+     * drained (left). */
+    unsigned char sc[4 + 8 * CPS_MAX_NODES];
+    uint32_t nsc = 0;
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        if (s->nodes[i].draining || s->nodes[i].left) {
+            cps__le32_put(sc + 4 + 8 * nsc, s->nodes[i].info.id);
+            cps__le32_put(sc + 8 + 8 * nsc, s->nodes[i].left ? 2u : 1u);
+            nsc++;
+        }
+    cps__le32_put(sc, nsc);
+    return rc ? rc : cps__store_blob_put(txn, "sched/scale", sc, 4 + 8 * (size_t)nsc);
 }
 
 /* Write the view and the job's progress. On failure (a full disk, an I/O error) the view is
@@ -561,6 +599,21 @@ static int load_txn(cps__txn *txn, void *arg)
         for (uint32_t j = 0; j < cps__le32_get(st + 24); j++)
             n->done |= cps__le32_get(st + 28 + 4 * j) == n->info.id;
     }
+    const void *scb;
+    size_t sclen;
+    if (cps__store_blob_get(txn, "sched/scale", &scb, &sclen) == 0) {
+        const unsigned char *sc = scb;
+        if (sclen < 4 || sclen != 4 + 8 * (size_t)cps__le32_get(sc))
+            return CPS_ECORRUPT;
+        for (uint32_t j = 0; j < cps__le32_get(sc); j++) {
+            sched_node *n = find_node(s, cps__le32_get(sc + 4 + 8 * j));
+            uint32_t what = cps__le32_get(sc + 8 + 8 * j);
+            if (n && what == 1)
+                n->draining = 1;
+            if (n && what == 2)
+                n->left = 1;
+        }
+    }
     return 0;
 }
 
@@ -631,7 +684,7 @@ static void publish_view(cps__sched *s, const char *why)
     /* A finished worker has closed its inbox: a view for it would wait in its queue for ever,
      * and the scheduler only exits once every queue is empty. */
     for (uint32_t i = 0; rc == 0 && i < s->nnodes; i++)
-        if (!s->nodes[i].done)
+        if (!s->nodes[i].done && !s->nodes[i].left)
             send_view(s, s->nodes[i].info.id, CPS_MSG_VIEW);
     cps__log(CPS_LOG_INFO, "scheduler", "view epoch %llu %s (%s)",
              (unsigned long long)s->view.epoch, rc == 0 ? "published" : "held until saved", why);
@@ -651,22 +704,46 @@ static void log_chains(const cps__sched *s)
     }
 }
 
-/* Bring every range back to R live replicas: recovery/repair.c decides who copies which range
- * from whom; the joiner reports CAUGHT_UP. */
+static void finish_drains(cps__sched *s);
+static uint32_t tool_peer(cps__sched *s, const cps__rx *rx, const char *what);
+
+/* Take `node` out of range r's chain (order kept). */
+static void chain_remove(cps__range *rg, uint32_t node)
+{
+    uint32_t k = 0;
+    for (uint32_t j = 0; j < rg->chain_len; j++)
+        if (rg->chain[j] != node)
+            rg->chain[k++] = rg->chain[j];
+    rg->chain_len = k;
+}
+
+/* Bring every range back to R live replicas, and move ranges for balance and drains:
+ * recovery/repair.c decides who copies which range from whom; the joiner reports CAUGHT_UP; a
+ * move's leaving member is trimmed once the joiner is confirmed. */
 static void repair(cps__sched *s, uint64_t now)
 {
     if (!s->started || s->finished || !s->repair)
         return;
-    if (cps__repair_tick(s->repair, &s->view, now) <= 0)
-        return;
+    int n = cps__repair_tick(s->repair, &s->view, now);
     const cps__repair_action *a;
-    size_t na = cps__repair_actions(s->repair, &a);
+    size_t na = n > 0 ? cps__repair_actions(s->repair, &a) : 0;
+    uint32_t trims = 0;
+    char why[128] = "";
     for (size_t i = 0; i < na; i++) {
         if (a[i].kind == CPS_RA_TIMED_OUT) {
             cps__log(CPS_LOG_WARN, "scheduler",
                      "range %u: node %u did not catch up in time; "
                      "trying again",
                      a[i].range, a[i].node);
+            continue;
+        }
+        if (a[i].kind == CPS_RA_TRIM) {
+            chain_remove(&s->view.ranges[a[i].range], a[i].node);
+            cps__log(CPS_LOG_INFO, "scheduler",
+                     "range %u: server %u leaves its chain (%u replicas are enough)", a[i].range,
+                     a[i].node, s->view.replicas);
+            if (!trims++)
+                snprintf(why, sizeof why, "server %u left range %u", a[i].node, a[i].range);
             continue;
         }
         if (a[i].kind != CPS_RA_JOIN)
@@ -681,11 +758,136 @@ static void repair(cps__sched *s, uint64_t now)
             cps__repair_join_unsent(s->repair, a[i].range, a[i].join_id);
             continue;
         }
-        cps__log(CPS_LOG_INFO, "scheduler",
-                 "range %u has %u of %u replicas: server %u copies "
-                 "it from the tail, server %u",
-                 a[i].range, a[i].live, s->view.replicas, a[i].node, a[i].source);
+        if (a[i].leaving)
+            cps__log(CPS_LOG_INFO, "scheduler",
+                     "range %u moves from server %u to server %u (%s): it copies the range from "
+                     "the tail, server %u",
+                     a[i].range, a[i].leaving, a[i].node,
+                     cps__repair_draining(s->repair, a[i].leaving) ? "drain" : "balance",
+                     a[i].source);
+        else
+            cps__log(CPS_LOG_INFO, "scheduler",
+                     "range %u has %u of %u replicas: server %u copies "
+                     "it from the tail, server %u",
+                     a[i].range, a[i].live, s->view.replicas, a[i].node, a[i].source);
     }
+    if (trims) {
+        if (trims > 1)
+            snprintf(why, sizeof why, "%u moves completed", trims);
+        publish_view(s, why);
+        log_chains(s);
+    }
+    finish_drains(s);
+}
+
+/* A draining server that holds, copies and serves nothing any more is done: it is told to
+ * exit and leaves the job (a member no longer: not a death). */
+static void finish_drains(cps__sched *s)
+{
+    for (uint32_t i = 0; i < s->nnodes; i++) {
+        sched_node *n = &s->nodes[i];
+        if (!n->draining || n->left || cps__repair_load(s->repair, &s->view, n->info.id) != 0)
+            continue;
+        n->draining = 0;
+        n->left = 1;
+        n->info.alive = 0;
+        cps__repair_set_draining(s->repair, n->info.id, 0);
+        cps__detector_forget(s->detector, n->info.id);
+        /* Before the view: a view counting it out would send it rejoining. */
+        send_simple(s, n->info.id, CPS_MSG_SHUTDOWN, NULL);
+        cps__log(CPS_LOG_INFO, "scheduler",
+                 "server %u (rank %u) is drained: it holds no range; told to exit", n->info.id,
+                 n->info.rank);
+        char why[64];
+        snprintf(why, sizeof why, "server %u drained", n->info.id);
+        publish_view(s, why);
+    }
+}
+
+/* Drain server `n`: its ranges move to the other servers, then it exits. 0, or an error with
+ * `err` saying why. */
+static int start_drain(cps__sched *s, sched_node *n, char *err, size_t errlen)
+{
+    if (!s->started || s->finished || !s->repair) {
+        snprintf(err, errlen, "the job is not running");
+        return CPS_EAGAIN;
+    }
+    if (n->info.role != CPS_ROLE_SERVER || n->left || !n->info.alive) {
+        snprintf(err, errlen, "node %u is not a live server of the job", n->info.id);
+        return CPS_ENOTFOUND;
+    }
+    if (n->draining)
+        return 0;
+    uint32_t others = 0;
+    for (uint32_t i = 0; i < s->nnodes; i++) {
+        const sched_node *o = &s->nodes[i];
+        others +=
+            o != n && o->info.role == CPS_ROLE_SERVER && o->info.alive && !o->left && !o->draining;
+    }
+    if (others < s->view.replicas) {
+        snprintf(err, errlen,
+                 "cannot drain server %u: chains of %u need %u other live servers, and %u are "
+                 "left (add a server first)",
+                 n->info.id, s->view.replicas, s->view.replicas, others);
+        return CPS_ECONFIG;
+    }
+    int rc = cps__repair_set_draining(s->repair, n->info.id, 1);
+    if (rc != 0) {
+        snprintf(err, errlen, "%s", cps_strerror(rc));
+        return rc;
+    }
+    n->draining = 1;
+    cps__log(CPS_LOG_INFO, "scheduler",
+             "draining server %u (rank %u): its %u range(s) move to the other servers", n->info.id,
+             n->info.rank, cps__repair_load(s->repair, &s->view, n->info.id));
+    save(s);
+    repair(s, cps__now_ms());
+    return 0;
+}
+
+/* DRAIN: from `chainps drain` (sender UINT32_MAX, aux = the server's rank, payload as STATUS),
+ * or from a server asking to leave (SIGTERM): its own id. Answered with ACK or ERROR. */
+static void handle_drain(cps__sched *s, const cps__rx *rx)
+{
+    const cps__msg_hdr *h = &rx->hdr;
+    uint32_t peer = h->sender;
+    sched_node *n = NULL;
+    if (h->sender == UINT32_MAX) {
+        peer = tool_peer(s, rx, "DRAIN");
+        if (!peer)
+            return;
+        for (uint32_t i = 0; i < s->nnodes && !n; i++)
+            if (s->nodes[i].info.role == CPS_ROLE_SERVER && s->nodes[i].info.rank == h->aux &&
+                !s->nodes[i].left)
+                n = &s->nodes[i];
+    } else {
+        n = find_node(s, h->sender);
+        if (!n)
+            return;
+    }
+    char err[192] = "";
+    int rc = CPS_ENOTFOUND;
+    if (!n)
+        snprintf(err, sizeof err, "no server of rank %llu in the job", (unsigned long long)h->aux);
+    else
+        rc = start_drain(s, n, err, sizeof err);
+    cps__msg_hdr req = *h;
+    req.sender = peer;
+    if (rc != 0) {
+        cps__log(CPS_LOG_WARN, "scheduler", "drain refused: %s", err);
+        cps__msg_reply_error(s->tp, SCHED_ID, s->view.epoch, &req, rc, err);
+        return;
+    }
+    cps__msg_hdr ok = {.type = CPS_MSG_ACK,
+                       .flags = CPS_WF_REPLY,
+                       .sender = SCHED_ID,
+                       .epoch = s->view.epoch,
+                       .req_seq = h->req_seq,
+                       .aux = n->info.id};
+    int src = cps__msg_send(s->tp, peer, &ok, NULL, 0);
+    if (src != 0)
+        cps__log(CPS_LOG_WARN, "scheduler", "cannot answer the drain request: %s",
+                 cps_strerror(src));
 }
 
 static void on_caught_up(cps__sched *s, const sched_node *n, const cps__msg_hdr *h)
@@ -700,6 +902,10 @@ static void on_caught_up(cps__sched *s, const sched_node *n, const cps__msg_hdr 
                  "range %u: server %u could not copy it; trying "
                  "again",
                  r, n->info.id);
+    if (verdict == CPS_REPAIR_CONFIRMED) {
+        repair(s, cps__now_ms()); /* a move's leaving member goes now */
+        return;
+    }
     if (verdict != CPS_REPAIR_APPEND)
         return;
     cps__range *rg = &s->view.ranges[r];
@@ -1225,6 +1431,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         shutdown_job(s);
     } else if (h->type == CPS_MSG_STATUS) {
         handle_status(s, &rx);
+    } else if (h->type == CPS_MSG_DRAIN) {
+        handle_drain(s, &rx);
     } else if (h->type == CPS_MSG_REGISTRY) {
         handle_registry(s, &rx);
     } else if (h->type == CPS_MSG_CKPT_DONE && h->sender == UINT32_MAX) {
@@ -1246,6 +1454,13 @@ static void handle_msg(void *ctx, void *buf, size_t len)
             return;
         }
         n->last_seen_ms = cps__now_ms();
+        if (n->left) {
+            /* Drained, and still talking (our SHUTDOWN is on its way, or was lost). */
+            if (h->type == CPS_MSG_HEARTBEAT || h->type == CPS_MSG_GET_VIEW)
+                send_simple(s, n->info.id, CPS_MSG_SHUTDOWN, NULL);
+            cps__rx_free(&rx);
+            return;
+        }
         cps__detector_heard(s->detector, n->info.id, n->last_seen_ms);
         if (!n->info.alive && n->info.role == CPS_ROLE_WORKER && !n->done && s->started &&
             h->type == CPS_MSG_HEARTBEAT) {

@@ -17,9 +17,11 @@ void cps__server_reply_error(cps__server *s, const cps__msg_hdr *req, int err, c
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    cps__log(CPS_LOG_WARN, "server", "request %u:%llu (type %u) from node %u refused: %s: %s",
-             req->req_worker, (unsigned long long)req->req_seq, req->type, req->sender,
-             cps_err_name(err), text);
+    /* A request of an older epoch is the normal aftermath of a view change (the worker re-sends
+     * it under the new one): a burst of them after every move or failover is not a warning. */
+    cps__log(err == CPS_ESTALE_EPOCH ? CPS_LOG_DEBUG : CPS_LOG_WARN, "server",
+             "request %u:%llu (type %u) from node %u refused: %s: %s", req->req_worker,
+             (unsigned long long)req->req_seq, req->type, req->sender, cps_err_name(err), text);
     if (cps__tp_peer_known(s->tp, req->sender))
         cps__msg_reply_error(s->tp, s->id, s->view.epoch, req, err, text);
 }

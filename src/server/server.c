@@ -76,6 +76,14 @@ static int hold_future(cps__server *s, cps__rx *rx)
 
 static int check_job(cps__server *s, uint64_t job);
 
+static int chain_has(const cps__range *rg, uint32_t id)
+{
+    for (uint32_t j = 0; j < rg->chain_len; j++)
+        if (rg->chain[j] == id)
+            return 1;
+    return 0;
+}
+
 static void install_view(cps__server *s, const cps__rx *rx, int welcome)
 {
     cps__view v;
@@ -139,6 +147,24 @@ static void install_view(cps__server *s, const cps__rx *rx, int welcome)
         cps__view_fini(&v);
         return;
     }
+    /* Ranges we leave while staying in the job (a move: rebalancing, a drain). */
+    uint32_t *left = NULL, nleft = 0;
+    int moved = verdict == CPS_FENCE_V_INSTALL && s->view.nranges == v.nranges;
+    if (moved || verdict == CPS_FENCE_V_JOINED) {
+        for (uint32_t r = 0; r < v.nranges; r++) {
+            /* Let in (started, or rejoining after a fence): what our store holds of a range
+             * whose chain does not name us is stale (it was repaired elsewhere meanwhile), and
+             * joining it later copies it afresh anyway: dropped now, so the bytes a server
+             * holds are the ranges it serves. */
+            if ((moved && !chain_has(&s->view.ranges[r], s->id)) || chain_has(&v.ranges[r], s->id))
+                continue;
+            uint32_t *l = realloc(left, sizeof *left * (nleft + 1));
+            if (!l)
+                break;
+            left = l;
+            left[nleft++] = r;
+        }
+    }
     cps__view_fini(&s->view);
     s->view = v;
     if (verdict == CPS_FENCE_V_JOINED) {
@@ -165,6 +191,9 @@ static void install_view(cps__server *s, const cps__rx *rx, int welcome)
         cps__log(CPS_LOG_INFO, "server", "view epoch %llu installed", (unsigned long long)v.epoch);
     }
     cps__server_view_changed(s);
+    for (uint32_t i = 0; i < nleft; i++)
+        cps__server_range_left(s, left[i], moved);
+    free(left);
     cps__server_joins_view(s); /* the joiner learns of it: a join may end (transfer.c) */
     for (uint32_t i = 0; i < s->nearly; i++)
         dispatch_request(s, &s->early[i]);
@@ -315,8 +344,22 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         s->shutdown = 1;
         break;
     case CPS_MSG_ERROR:
+        if (rx.hdr.sender == SCHED_PEER && s->drain == 1) {
+            cps__log(CPS_LOG_WARN, "server", "the scheduler cannot drain us: %.*s; stopping now",
+                     (int)(rx.len < 200 ? rx.len : 200), (const char *)rx.payload);
+            s->shutdown = 1;
+            break;
+        }
         cps__log(CPS_LOG_ERROR, "server", "error from node %u: %s", rx.hdr.sender,
                  cps_strerror(rx.hdr.status));
+        break;
+    case CPS_MSG_ACK:
+        if (rx.hdr.sender == SCHED_PEER && s->drain == 1) {
+            s->drain = 2;
+            cps__log(CPS_LOG_INFO, "server",
+                     "draining: our ranges move to the other servers, then the scheduler lets "
+                     "us exit (SIGTERM again to stop now)");
+        }
         break;
     case CPS_MSG_CHECKSUM:
         handle_checksum(s, &rx);
@@ -711,6 +754,39 @@ static int start_joining(cps__server *s)
 /* Every turn, before the poll: first what follows the previous turn's messages (held acks,
  * the state machines' timeouts, finished threads, deadlines), then whether to go on, then what
  * precedes the next poll. */
+
+/* How long a drain request may go unanswered before SIGTERM just stops us (the scheduler is
+ * gone, or ending the job itself). */
+#define DRAIN_ANSWER_MS 3000
+
+/* SIGTERM while we hold ranges of a running job: ask the scheduler to move them away first and
+ * keep serving until it tells us to exit (SHUTDOWN), so no replica is lost to a routine stop. A
+ * second signal, a refusal or no answer stops us at once. Returns 1 while we keep serving. */
+static int keep_serving_to_drain(cps__server *s, uint64_t now)
+{
+    if (cps__role_stop_signals() > 1 || !cps__fence_joined(s->fence) || cps__fence_fenced(s->fence))
+        return 0;
+    if (s->drain == 2)
+        return 1;
+    if (s->drain == 1)
+        return now - s->drain_asked_ms < DRAIN_ANSWER_MS;
+    uint32_t held = 0;
+    for (uint32_t r = 0; r < s->view.nranges; r++)
+        held += chain_has(&s->view.ranges[r], s->id);
+    if (held == 0)
+        return 0;
+    cps__msg_hdr h = {.type = CPS_MSG_DRAIN, .sender = s->id, .epoch = s->view.epoch, .req_seq = 1};
+    if (cps__msg_send(s->tp, SCHED_PEER, &h, NULL, 0) != 0)
+        return 0;
+    s->drain = 1;
+    s->drain_asked_ms = now;
+    cps__log(CPS_LOG_INFO, "server",
+             "SIGTERM: asking the scheduler to move our %u range(s) to other servers before we "
+             "exit",
+             held);
+    return 1;
+}
+
 static int before_sleep(cps__loop *l, void *ctx, uint64_t now)
 {
     cps__server *s = ctx;
@@ -741,11 +817,12 @@ static int before_sleep(cps__loop *l, void *ctx, uint64_t now)
         cps__loop_stop(l);
         return 0;
     }
-    if (s->shutdown || cps__role_stop_requested()) {
+    now = cps__now_ms();
+    int draining = !s->shutdown && cps__role_stop_requested() && keep_serving_to_drain(s, now);
+    if (!draining && (s->shutdown || cps__role_stop_requested())) {
         cps__loop_stop(l);
         return 0;
     }
-    now = cps__now_ms();
     if (cps__fence_fenced(s->fence)) {
         /* Start over as a new replica: the scheduler revives us, and state transfer gives us
          * ranges again; what our store holds for other ranges is cleared when we join them.

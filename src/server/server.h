@@ -44,6 +44,9 @@ typedef struct cps__server {
     cps__view view;
     cps__fence *fence; /* our standing: joined, unsure, fenced (recovery/fence.h) */
     int shutdown;
+    /* SIGTERM: we asked the scheduler to drain us (1), it accepted (2); see on_before_sleep. */
+    int drain;
+    uint64_t drain_asked_ms;
     cps__node_stats stats;
     cps__server_counters ctr;
     int in_tick;           /* the chain timer runs: the FWDs sent now are re-sends */
@@ -109,6 +112,11 @@ void cps__server_reap_snapshots(cps__server *s, int wait);
 /* A view was installed (after the chain's): joins under way it ends are given up. Creates the
  * joiner at the first view. */
 void cps__server_joins_view(cps__server *s);
+/* We are not in range r's chain: the view took us out while we stay in the job (moved = 1: it
+ * moved to another server), or we were just let in and it does not name us (moved = 0: what
+ * we hold of it is stale). Drops its aggregation slots, SSP clocks and our copy of its
+ * records. */
+void cps__server_range_left(cps__server *s, uint32_t r, int moved);
 /* Abandon joins that made no progress in time, re-ask for snapshots, confirm joins. */
 void cps__server_check_joins(cps__server *s, uint64_t now);
 /* Send the held CHAIN_ACKs that are due (all of them when `force`). */

@@ -343,6 +343,24 @@ static int can_serve(void *ctx, uint32_t range)
     return cps__chain_can_serve_pull(((cps__server *)ctx)->chain, range);
 }
 
+void cps__server_range_left(cps__server *s, uint32_t r, int moved)
+{
+    cps__sync_forget_range(s->sync, r);
+    if (s->ssp)
+        cps__ssp_forget_range(s->ssp, r);
+    clear_io c = {r, s->view.ranges[r].lo, s->view.ranges[r].hi};
+    int rc = cps__store_write(s->store, clear_txn, &c);
+    if (rc != 0)
+        cps__log(CPS_LOG_WARN, "server", "range %u: not in its chain, but cannot drop our copy: %s",
+                 r, cps_strerror(rc));
+    else if (moved)
+        cps__log(CPS_LOG_INFO, "server",
+                 "range %u moved to other servers: left its chain and dropped our copy", r);
+    else
+        cps__log(CPS_LOG_DEBUG, "server", "range %u: not in its chain: dropped what we held of it",
+                 r);
+}
+
 /* BEGIN: forget our copy of the range (chain state and store). */
 static int begin_join(cps__server *s, uint32_t r, uint32_t source)
 {

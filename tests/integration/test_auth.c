@@ -33,22 +33,26 @@
 #define RUN_MS  120000
 #define WAIT_MS 30000
 
-static char *const *lsq_argv(void)
+/* The training program, sleeping `step_ms` a step (pacing changes no value: the runs compare
+ * bitwise). The reference needs only to outlast its export at step 200 (5 ms a step); the
+ * attacked run, every attack: two rounds of tools that each wait up to 5 s (12 ms a step,
+ * 18 s in all). */
+static char *const *lsq_argv(const char *step_ms)
 {
-    /* Slow enough (20 ms a step, 1500 steps) that every attack lands while it trains. */
     static char *av[] = {LSQ_BIN, "--dim", "4000", "--steps", "1500",  "--step-ms",
-                         "20",    "--tol", "100",  "--lr",    "0.002", NULL};
+                         NULL,    "--tol", "100",  "--lr",    "0.002", NULL};
+    av[6] = (char *)step_ms;
     return av;
 }
 
-static pid_t launch(const char *name, int port)
+static pid_t launch(const char *name, int port, const char *step_ms)
 {
     char port_s[16];
     snprintf(port_s, sizeof port_s, "%d", port);
     char *av[40] = {CHAINPS_BIN, "launch", "--servers", "3",   "--replicas", "2", "--workers", "2",
                     "--port",    port_s,   "--timeout", "100", "--",         NULL};
     int k = 13;
-    for (char *const *p = lsq_argv(); *p; p++)
+    for (char *const *p = lsq_argv(step_ms); *p; p++)
         av[k++] = *p;
     av[k] = NULL;
     return h_spawn(name, av, NULL, NULL);
@@ -119,13 +123,13 @@ static void outsiders_change_nothing(void **state)
     char err[768];
     assert_int_equal(cps__auth_load_file(wrong, wrong_key, err, sizeof err), 0);
 
-    /* 1. The reference run, exported at step 20 by a tool that has the job's secret. */
+    /* 1. The reference run, exported at step 200 by a tool that has the job's secret. */
     int port = cps__free_port();
     snprintf(sched, sizeof sched, "127.0.0.1:%d", port);
-    pid_t ref = launch("reference", port);
+    pid_t ref = launch("reference", port, "5");
     assert_true(h_wait_log(ref, "tensor lsq/w registered", 1, WAIT_MS));
     const char *ex[] = {CHAINPS_BIN, "checkpoint", "export", "--scheduler", sched,
-                        "--out",     ckpt,         "--step", "20",          NULL};
+                        "--out",     ckpt,         "--step", "200",         NULL};
     assert_int_equal(h_run("export-ok", (char *const *)ex, NULL, 60000, NULL), 0);
     const char *st_ok[] = {CHAINPS_BIN, "status", "--scheduler", sched, NULL};
     assert_int_equal(h_run("status-ok", (char *const *)st_ok, NULL, 10000, NULL), 0);
@@ -137,7 +141,7 @@ static void outsiders_change_nothing(void **state)
     /* 2. The same job, attacked while it trains. */
     port = cps__free_port();
     snprintf(sched, sizeof sched, "127.0.0.1:%d", port);
-    pid_t run = launch("attacked", port);
+    pid_t run = launch("attacked", port, "12");
     assert_true(h_wait_log(run, "tensor lsq/w registered", 1, WAIT_MS));
     char *wrong_secret[] = {wrong_env, NULL};
     char *no_secret[] = {"CHAINPS_INSECURE=1", NULL};
@@ -167,7 +171,7 @@ static void outsiders_change_nothing(void **state)
                         "CHAINPS_JOIN_TIMEOUT_MS=3000",
                         NULL};
         snprintf(name, sizeof name, "worker-%s", tag);
-        p[3] = h_spawn(name, lsq_argv(), wenv, NULL);
+        p[3] = h_spawn(name, lsq_argv("12"), wenv, NULL);
         forge(port, w ? NULL : wrong_key);
         for (int i = 0; i < 4; i++) {
             assert_true(h_wait_exit(p[i], 60000, NULL));

@@ -1,7 +1,8 @@
 /* The simulator's command line:
  *
  *   sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R] [--ranges N]
- *       [--mode sync|async|ssp|ssp:N] [--faults none|drops|crash|pause|restart|partition|join|all]
+ *       [--mode sync|async|ssp|ssp:N] [--faults
+ * none|drops|crash|pause|restart|partition|join|scale|all]
  *       [--events N] [--refusals] [-v]
  *   sim --regressions FILE
  *
@@ -44,16 +45,17 @@ typedef struct cli {
 } cli;
 
 static const char *mode_names[] = {"sync", "async", "ssp"};
-static const char *fault_names[] = {"none", "drops",   "crash",     "pause",
-                                    "all",  "restart", "partition", "join"};
+static const char *fault_names[] = {"none",    "drops",     "crash", "pause", "all",
+                                    "restart", "partition", "join",  "scale"};
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R]\n"
-                    "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
-                    "           [--faults none|drops|crash|pause|restart|partition|join|all]\n"
-                    "           [--events N] [--refusals] [-v]\n"
-                    "       sim --regressions FILE\n");
+    fprintf(stderr,
+            "usage: sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R]\n"
+            "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
+            "           [--faults none|drops|crash|pause|restart|partition|join|scale|all]\n"
+            "           [--events N] [--refusals] [-v]\n"
+            "       sim --regressions FILE\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -120,7 +122,7 @@ static int parse_args(int argc, char **argv, cli *c)
             c->workers = (uint32_t)x;
         } else if (strcmp(a, "--replicas") == 0 && x >= 1 && x <= CPS_MAX_REPLICAS) {
             c->replicas = (uint32_t)x;
-        } else if (strcmp(a, "--ranges") == 0 && x >= 1 && x <= 256) {
+        } else if (strcmp(a, "--ranges") == 0 && x >= 1 && x <= SIM_MAX_RANGES) {
             c->ranges = (uint32_t)x;
         } else if (strcmp(a, "--events") == 0 && x >= 100) {
             c->events = x;
@@ -168,10 +170,12 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
      * see regressions.txt) until refusals are replicated. */
     p->bad_per_mille = c->refusals ? 1 + (uint32_t)(d[15] % 30) : 0;
     int all = p->faults == SIM_F_ALL;
-    p->restart_per_mille = (all || p->faults == SIM_F_RESTART) ? 300 + (uint32_t)(d[16] % 700) : 0;
+    int scale = p->faults == SIM_F_SCALE;
+    p->restart_per_mille =
+        (all || scale || p->faults == SIM_F_RESTART) ? 300 + (uint32_t)(d[16] % 700) : 0;
     p->wipe_per_mille = p->restart_per_mille ? (uint32_t)(d[17] % 600) : 0;
     p->partition_per_mille = p->faults == SIM_F_PARTITION ? 700 : all ? (uint32_t)(d[18] % 400) : 0;
-    p->spare = p->faults == SIM_F_JOIN || (all && d[19] % 2);
+    p->spare = p->faults == SIM_F_JOIN || scale || (all && d[19] % 2);
     p->verbose = c->verbose;
     if (p->replicas > p->servers) {
         fprintf(stderr, "sim: --replicas %u > --servers %u\n", p->replicas, p->servers);
@@ -203,7 +207,7 @@ static int run_cli(const char *prog, const cli *c)
 {
     uint64_t events = 0, acked = 0, views = 0, faults = 0, fenced = 0, zombie = 0;
     uint64_t restarts = 0, wipes = 0, parts = 0, joins = 0, rejoins = 0, gated = 0, parked = 0;
-    uint64_t unavailable = 0, false_deaths = 0;
+    uint64_t unavailable = 0, false_deaths = 0, moves = 0, drains = 0;
     for (uint64_t i = 0; i < c->seeds; i++) {
         sim_params p;
         if (make_params(c, c->seed + i, &p) != 0)
@@ -245,6 +249,8 @@ static int run_cli(const char *prog, const cli *c)
         parked += s.ssp_parked;
         unavailable += s.unavailable;
         false_deaths += s.false_deaths;
+        moves += s.moves;
+        drains += s.drains;
     }
     printf("sim: %" PRIu64 " seeds from %" PRIu64 " passed: %" PRIu64 " events, %" PRIu64
            " requests acknowledged, %" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
@@ -255,6 +261,9 @@ static int run_cli(const char *prog, const cli *c)
            " servers declared dead though up (false deaths)\n",
            c->seeds, c->seed, events, acked, views, faults, fenced, zombie, restarts, wipes, parts,
            rejoins, joins, gated, parked, unavailable, false_deaths);
+    if (moves || drains)
+        printf("sim: %" PRIu64 " ranges moved (balance and drains), %" PRIu64 " servers drained\n",
+               moves, drains);
     return 0;
 }
 

@@ -833,6 +833,8 @@ static void server_check_stall(sim *sm, sim_server *s, int turned)
     send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
 }
 
+static int in_chain(const cps__range *rg, uint32_t id);
+
 static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
 {
     /* server.c: held acks go out under the view they were made in, as if sent at once. */
@@ -857,9 +859,18 @@ static void server_install_view(sim *sm, sim_server *s, uint64_t epoch)
     }
     if (verdict == CPS_FENCE_V_IGNORE)
         return;
+    /* server.c: ranges we leave while staying in the job (moved away) drop their aggregation
+     * slots and SSP clocks. */
+    const cps__view *old = s->view;
     s->epoch = epoch;
     s->view = &sm->views[epoch];
     sim_trace(sm, "s%u installs view e%" PRIu64, s->id, epoch);
+    for (uint32_t r = 0; old && r < sm->nranges; r++)
+        if (in_chain(&old->ranges[r], s->id) && !in_chain(&s->view->ranges[r], s->id)) {
+            cps__sync_forget_range(s->sync, r);
+            if (s->ssp)
+                cps__ssp_forget_range(s->ssp, r);
+        }
     int rc = cps__chain_set_view(s->chain, s->view, sm->now);
     if (chain_rc(sm, s, "cps__chain_set_view", rc) != 0)
         return;
@@ -1588,6 +1599,8 @@ static void partition(sim *sm)
     }
 }
 
+static void drain(sim *sm);
+
 static void fault(sim *sm)
 {
     if (sm->epoch >= SIM_FAULT_EPOCHS || sm->pending_victim)
@@ -1596,9 +1609,13 @@ static void fault(sim *sm)
         partition(sm);
         return;
     }
+    if (sm->p.faults == SIM_F_SCALE && chance(sm, 400)) {
+        drain(sm);
+        return;
+    }
     int kinds[3], nk = 0;
     if (sm->p.faults == SIM_F_CRASH || sm->p.faults == SIM_F_ALL || sm->p.faults == SIM_F_RESTART ||
-        sm->p.faults == SIM_F_JOIN)
+        sm->p.faults == SIM_F_JOIN || sm->p.faults == SIM_F_SCALE)
         kinds[nk++] = SRV_CRASHED;
     if (sm->p.faults == SIM_F_PAUSE || sm->p.faults == SIM_F_ALL)
         kinds[nk++] = SRV_PAUSED;
@@ -1667,6 +1684,7 @@ static void restart(sim *sm, sim_server *s)
  * silent server, which is declared dead again: seeds 29572, 72473, liveness, when it was not). */
 static void sched_hello(sim *sm, uint32_t id, uint64_t boot)
 {
+    sm->left[id] = 0; /* a drained server started again is a member once more */
     int fresh = boot > sm->sched_boot[id];
     if (fresh)
         sm->sched_boot[id] = (uint32_t)boot;
@@ -1744,6 +1762,60 @@ static void detect(sim *sm)
     }
 }
 
+static void repair(sim *sm);
+
+/* scheduler.c's finish_drains: a draining server that holds, copies and serves nothing is told
+ * to exit and leaves the job (not a death). Here it stops at once, as if the SHUTDOWN came. */
+static void finish_drains(sim *sm)
+{
+    for (uint32_t id = 1; id <= sm->p.servers && !sm->failed; id++) {
+        if (!sm->draining[id] || cps__repair_load(sm->repair, sim_cur_view(sm), id) != 0)
+            continue;
+        sm->draining[id] = 0;
+        sm->left[id] = 1;
+        cps__repair_set_draining(sm->repair, id, 0);
+        cps__detector_forget(sm->detector, id);
+        if (sm->pending_victim == id)
+            sm->pending_victim = 0;
+        sim_server *s = &sm->servers[id - 1];
+        if (s->state != SRV_CRASHED) {
+            s->state = SRV_CRASHED;
+            s->inc++;
+        }
+        sm->drains++;
+        if (node_alive(sim_cur_view(sm), id)) {
+            cps__view *v = next_view(sm);
+            if (!v)
+                return;
+            set_alive(v, id, 0);
+            sim_trace(sm, "scheduler: s%u drained: it exits; view e%" PRIu64, id, sm->epoch);
+            publish(sm);
+        }
+        if (has_restarts(sm))
+            ev_push(sm, sm->now + 100 + rnd(sm, 3000), EV_RESTART, id, NULL);
+    }
+}
+
+/* SIM_F_SCALE: drain a live server when the others can still hold R replicas of every range. */
+static void drain(sim *sm)
+{
+    const cps__view *v = sim_cur_view(sm);
+    uint32_t cand[SIM_MAX_SERVERS], nc = 0, active = 0;
+    for (uint32_t id = 1; id <= sm->p.servers; id++) {
+        int ok = node_alive(v, id) && !sm->draining[id] && sm->servers[id - 1].state == SRV_UP;
+        active += ok;
+        if (ok)
+            cand[nc++] = id;
+    }
+    if (nc == 0 || active - 1 < v->replicas)
+        return;
+    uint32_t id = cand[rnd(sm, nc)];
+    sm->draining[id] = 1;
+    cps__repair_set_draining(sm->repair, id, 1);
+    sim_trace(sm, "scheduler: draining s%u (%u ranges)", id, cps__repair_load(sm->repair, v, id));
+    repair(sm);
+}
+
 /* scheduler.c's repair(): recovery/repair.c decides, the sim sends the JOIN_RANGE orders. */
 static void repair(sim *sm)
 {
@@ -1754,15 +1826,29 @@ static void repair(sim *sm)
     }
     const cps__repair_action *a;
     size_t na = cps__repair_actions(sm->repair, &a);
+    struct {
+        uint32_t range, node;
+    } trims[SIM_MAX_RANGES];
+    uint32_t ntrims = 0;
     for (size_t i = 0; i < na; i++) {
         if (a[i].kind == CPS_RA_TIMED_OUT) {
             sim_trace(sm, "scheduler: r%u: s%u did not catch up in time", a[i].range, a[i].node);
             continue;
         }
+        if (a[i].kind == CPS_RA_TRIM) {
+            trims[ntrims].range = a[i].range;
+            trims[ntrims++].node = a[i].node;
+            continue;
+        }
         if (a[i].kind != CPS_RA_JOIN)
             continue;
-        sim_trace(sm, "scheduler: r%u has %u of %u replicas: s%u copies it from s%u", a[i].range,
-                  a[i].live, v->replicas, a[i].node, a[i].source);
+        if (a[i].leaving)
+            sim_trace(sm, "scheduler: r%u moves from s%u to s%u%s: it copies it from s%u",
+                      a[i].range, a[i].leaving, a[i].node,
+                      sm->draining[a[i].leaving] ? " (drain)" : "", a[i].source);
+        else
+            sim_trace(sm, "scheduler: r%u has %u of %u replicas: s%u copies it from s%u",
+                      a[i].range, a[i].live, v->replicas, a[i].node, a[i].source);
         cps__msg_hdr h = {.type = CPS_MSG_JOIN_RANGE,
                           .epoch = sm->epoch,
                           .range = a[i].range,
@@ -1770,6 +1856,28 @@ static void repair(sim *sm)
                           .step = a[i].join_id};
         send_hdr(sm, 0, a[i].node, &h, NULL, 0, 0);
     }
+    if (ntrims) {
+        /* scheduler.c's repair(): a move's joiner is confirmed, the member it replaces leaves
+         * (one view for all). */
+        cps__view *nv = next_view(sm);
+        if (!nv)
+            return;
+        for (uint32_t k = 0; k < ntrims; k++) {
+            cps__range *rg = &nv->ranges[trims[k].range];
+            uint32_t m = 0;
+            for (uint32_t j = 0; j < rg->chain_len; j++)
+                if (rg->chain[j] != trims[k].node)
+                    rg->chain[m++] = rg->chain[j];
+            rg->chain_len = m;
+            if (sm->lag[trims[k].range].node == trims[k].node)
+                sm->lag[trims[k].range].node = 0;
+            sm->moves++;
+            sim_trace(sm, "scheduler: s%u leaves r%u (moved); view e%" PRIu64, trims[k].node,
+                      trims[k].range, sm->epoch);
+        }
+        publish(sm);
+    }
+    finish_drains(sm);
 }
 
 /* scheduler.c's on_caught_up: recovery/repair.c says whether the joiner becomes the tail. */
@@ -1781,6 +1889,10 @@ static void sched_caught_up(sim *sm, uint32_t id, const cps__msg_hdr *h)
     if (verdict == CPS_REPAIR_IGNORED && h->aux == 0)
         sim_trace(sm, "scheduler: r%u: CAUGHT_UP of join %" PRIu64 " from s%u ignored", r, h->step,
                   id);
+    if (verdict == CPS_REPAIR_CONFIRMED && sm->p.faults == SIM_F_SCALE) {
+        repair(sm); /* a move's leaving member goes now */
+        return;
+    }
     if (verdict != CPS_REPAIR_APPEND)
         return;
     cps__view *v = next_view(sm);
@@ -1959,7 +2071,7 @@ static void setup(sim *sm)
     sm->heads = xcalloc((size_t)sm->nranges * (SIM_MAX_EPOCHS + 1), sizeof *sm->heads);
     sm->sync_target = xcalloc(sm->nranges, sizeof *sm->sync_target);
     sm->sched_boot = xcalloc(p->servers + 1, sizeof *sm->sched_boot);
-    cps__repair_config rcfg = {sm->nranges, SIM_JOIN_GIVE_UP_MS, 0};
+    cps__repair_config rcfg = {sm->nranges, SIM_JOIN_GIVE_UP_MS, 0, p->faults == SIM_F_SCALE};
     if (cps__repair_create(&rcfg, &sm->repair) != 0) {
         fprintf(stderr, "sim: cps__repair_create failed\n");
         exit(2);
@@ -2254,6 +2366,8 @@ int sim_run(const sim_params *p, sim_summary *out)
         out->fenced = sm->fenced;
         out->zombie_writes = sm->zombie_writes;
         out->restarts = sm->restarts;
+        out->moves = sm->moves;
+        out->drains = sm->drains;
         out->wipes = sm->wipes;
         out->partitions = sm->partitions;
         out->joins = sm->joins;

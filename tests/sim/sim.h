@@ -20,6 +20,7 @@
 #define SIM_MAX_SERVERS 16
 #define SIM_MAX_WORKERS 16
 #define SIM_MAX_EPOCHS  512
+#define SIM_MAX_RANGES  256
 /* Faults stop once the scheduler reached this epoch: the rest is room for repairs. */
 #define SIM_FAULT_EPOCHS   384
 #define SIM_MAX_NODES      (1 + SIM_MAX_SERVERS + SIM_MAX_WORKERS)
@@ -60,6 +61,10 @@ enum {
     SIM_F_RESTART,
     SIM_F_PARTITION,
     SIM_F_JOIN,
+    /* scale: the scheduler balances (moves ranges onto servers that hold fewer), servers are
+     * drained (their ranges moved off, then they exit) and started again later, with crashes,
+     * restarts and drops; never drawn from a seed, so the other seeds keep their runs. */
+    SIM_F_SCALE,
     SIM_F_COUNT_
 };
 /* SRV_HELLO: (re)started or fenced, asking the scheduler to let it in; serves nothing. */
@@ -104,6 +109,7 @@ typedef struct sim_summary {
     uint64_t events, acked, views, faults, drops, virt_ms;
     uint64_t fenced, zombie_writes; /* chain messages fenced by epoch; writes at removed heads */
     uint64_t restarts, wipes, partitions, joins, rejoins, gated, ssp_parked;
+    uint64_t moves, drains;
     uint64_t unavailable;  /* requests workers gave up with CPS_EUNAVAILABLE */
     uint64_t false_deaths; /* servers the detector declared dead though up and reachable */
 } sim_summary;
@@ -250,6 +256,8 @@ typedef struct sim {
     /* The last server a fault struck, until it is declared dead or comes back: one fault at a
      * time. */
     uint32_t pending_victim;
+    uint8_t draining[SIM_MAX_SERVERS + 1]; /* SIM_F_SCALE: being drained */
+    uint8_t left[SIM_MAX_SERVERS + 1];     /* SIM_F_SCALE: drained and exited */
     /* The scheduler's failure detector (recovery/detector.c, as scheduler.c runs it): it hears
      * every message a server sends the scheduler and declares dead one silent for
      * SIM_DEAD_AFTER_MS. Faults are not reported to it: it finds them, or takes a slow or lossy
@@ -264,6 +272,7 @@ typedef struct sim {
     uint64_t *acked_seq;  /* per range: the highest sequence number acknowledged to a worker */
     sim_snap **snaps;
     uint32_t nsnaps, snaps_cap;
+    uint64_t moves, drains;
     uint64_t restarts, wipes, partitions, joins, rejoins, gated, ssp_parked;
     uint32_t *heads; /* [range][epoch]: the server that accepted writes */
     uint64_t *sync_target;

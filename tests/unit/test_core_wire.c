@@ -67,8 +67,8 @@ static void hdr_every_known_type_accepted(void **state)
         h.payload_len = h.raw_len = 0;
         cps__wire_hdr_encode(arena, &h);
         int known =
-            /* 28..34: chain and state transfer; 35..43: checkpoints */
-            (t >= 1 && t <= 11) || (t >= 20 && t <= 43);
+            /* 28..34: chain and state transfer; 35..43: checkpoints; 44: drain */
+            (t >= 1 && t <= 11) || (t >= 20 && t <= 44);
         assert_int_equal(cps__wire_hdr_decode(arena, 64, &g), known ? 0 : CPS_EPROTO);
     }
 }

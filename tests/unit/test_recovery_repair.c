@@ -46,7 +46,7 @@ static void make_view(cps__view *v, uint32_t nservers, uint32_t replicas, uint32
 
 static cps__repair *make_repair(uint32_t nranges)
 {
-    cps__repair_config cfg = {nranges, GIVE_UP_MS, 0};
+    cps__repair_config cfg = {nranges, GIVE_UP_MS, 0, 0};
     cps__repair *rp = NULL;
     assert_int_equal(cps__repair_create(&cfg, &rp), 0);
     return rp;
@@ -112,7 +112,7 @@ static void config_is_checked(void **state)
 {
     (void)state;
     cps__repair *rp = NULL;
-    cps__repair_config cfg = {4, 0, 0};
+    cps__repair_config cfg = {4, 0, 0, 0};
     assert_int_equal(cps__repair_create(&cfg, &rp), CPS_EINVAL);
     assert_int_equal(cps__repair_create(NULL, &rp), CPS_EINVAL);
     assert_null(rp);
@@ -128,7 +128,7 @@ static void join_ids_start_above_the_floor(void **state)
     static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2}};
     cps__view v;
     make_view(&v, 3, 3, 1, chains);
-    cps__repair_config cfg = {1, GIVE_UP_MS, 7ull << 32};
+    cps__repair_config cfg = {1, GIVE_UP_MS, 7ull << 32, 0};
     cps__repair *rp = NULL;
     assert_int_equal(cps__repair_create(&cfg, &rp), 0);
     assert_int_equal(cps__repair_tick(rp, &v, 0), 1);
@@ -530,6 +530,238 @@ static void unconfirmed_tail_dying_is_forgotten(void **state)
     cps__repair_destroy(rp);
 }
 
+/* ---- moves: balance and drains (issue 16) ---- */
+
+static cps__repair *make_balancer(uint32_t nranges)
+{
+    cps__repair_config cfg = {nranges, GIVE_UP_MS, 0, 1};
+    cps__repair *rp = NULL;
+    assert_int_equal(cps__repair_create(&cfg, &rp), 0);
+    return rp;
+}
+
+static uint32_t held_by(const cps__view *v, uint32_t id)
+{
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < v->nranges; r++)
+        for (uint32_t j = 0; j < v->ranges[r].chain_len; j++)
+            n += v->ranges[r].chain[j] == id;
+    return n;
+}
+
+static void chain_drop(cps__range *rg, uint32_t id)
+{
+    uint32_t k = 0;
+    for (uint32_t j = 0; j < rg->chain_len; j++)
+        if (rg->chain[j] != id)
+            rg->chain[k++] = rg->chain[j];
+    rg->chain_len = k;
+}
+
+/* Play the scheduler and the joiners until nothing is left to do: every JOIN catches up at once
+ * (appended, then confirmed), every TRIM is applied. Checks on the way that no chain ever drops
+ * below R live replicas and that a TRIM comes only once the range has R + 1. Returns the
+ * number of moves (TRIMs). */
+static uint32_t settle(cps__repair *rp, cps__view *v, uint64_t *now)
+{
+    uint32_t trims = 0;
+    for (int round = 0; round < 200; round++) {
+        *now += 10;
+        int n = cps__repair_tick(rp, v, *now);
+        assert_true(n >= 0);
+        if (n == 0)
+            return trims;
+        const cps__repair_action *a;
+        size_t na = cps__repair_actions(rp, &a);
+        cps__repair_action acts[64];
+        assert_true(na <= 64);
+        for (size_t i = 0; i < na; i++)
+            acts[i] = a[i];
+        for (size_t i = 0; i < na; i++) {
+            cps__range *rg = &v->ranges[acts[i].range];
+            if (acts[i].kind == CPS_RA_TRIM) {
+                assert_int_equal(rg->chain_len, v->replicas + 1);
+                chain_drop(rg, acts[i].node);
+                trims++;
+                continue;
+            }
+            assert_int_equal(acts[i].kind, CPS_RA_JOIN);
+            assert_int_equal(
+                cps__repair_caught_up(rp, v, acts[i].node, acts[i].range, acts[i].join_id, 0, *now),
+                CPS_REPAIR_APPEND);
+            rg->chain[rg->chain_len++] = acts[i].node;
+            assert_int_equal(
+                cps__repair_caught_up(rp, v, acts[i].node, acts[i].range, acts[i].join_id, 1, *now),
+                CPS_REPAIR_CONFIRMED);
+        }
+        for (uint32_t r = 0; r < v->nranges; r++)
+            assert_true(v->ranges[r].chain_len >= v->replicas);
+    }
+    fail_msg("the moves never settled");
+    return trims;
+}
+
+/* 2 servers hold 8 ranges in chains of 2; 2 more arrive: each ends in 4 chains, and every
+ * range still has 2 replicas. */
+static void servers_that_join_take_a_fair_share(void **state)
+{
+    (void)state;
+    static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2}, {2, 1}, {1, 2}, {2, 1},
+                                                            {1, 2}, {2, 1}, {1, 2}, {2, 1}};
+    cps__view v;
+    make_view(&v, 4, 2, 8, chains);
+    cps__repair *rp = make_balancer(8);
+    /* At most CPS_REPAIR_MAX_MOVES copies at once, each from the range's tail. */
+    assert_int_equal(cps__repair_tick(rp, &v, 0), CPS_REPAIR_MAX_MOVES);
+    const cps__repair_action *a;
+    size_t na = cps__repair_actions(rp, &a);
+    for (size_t i = 0; i < na; i++) {
+        assert_int_equal(a[i].kind, CPS_RA_JOIN);
+        assert_true(a[i].node == 3 || a[i].node == 4);
+        assert_true(a[i].leaving == 1 || a[i].leaving == 2);
+        assert_int_equal(a[i].source, v.ranges[a[i].range].chain[1]);
+    }
+    cps__repair_destroy(rp);
+    rp = make_balancer(8);
+    uint64_t now = 0;
+    assert_int_equal(settle(rp, &v, &now), 8);
+    for (uint32_t id = 1; id <= 4; id++)
+        assert_int_equal(held_by(&v, id), 4);
+    /* Balanced: nothing more moves. */
+    assert_int_equal(cps__repair_tick(rp, &v, now + 10), 0);
+    cps__view_fini(&v);
+    cps__repair_destroy(rp);
+}
+
+/* A draining server is emptied onto the others and never chosen to copy anything, even as the
+ * least loaded; the rest stay balanced. */
+static void a_draining_server_is_emptied(void **state)
+{
+    (void)state;
+    static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2}, {2, 3}, {3, 4}, {4, 1},
+                                                            {1, 3}, {2, 4}, {3, 1}, {4, 2}};
+    cps__view v;
+    make_view(&v, 4, 2, 8, chains);
+    cps__repair *rp = make_balancer(8);
+    uint64_t now = 0;
+    assert_int_equal(settle(rp, &v, &now), 0); /* balanced already */
+    assert_int_equal(cps__repair_set_draining(rp, 4, 1), 0);
+    assert_true(cps__repair_draining(rp, 4));
+    assert_int_equal(cps__repair_load(rp, &v, 4), 4);
+    assert_int_equal(settle(rp, &v, &now), 4);
+    assert_int_equal(held_by(&v, 4), 0);
+    assert_int_equal(cps__repair_load(rp, &v, 4), 0);
+    uint32_t total = 0;
+    for (uint32_t id = 1; id <= 3; id++) {
+        assert_true(held_by(&v, id) >= 5 && held_by(&v, id) <= 6);
+        total += held_by(&v, id);
+    }
+    assert_int_equal(total, 16);
+    /* A short range is repaired onto a live server that is not draining. */
+    assert_int_equal(cps__repair_set_draining(rp, 3, 1), 0);
+    set_alive(&v, 2, 0);
+    for (uint32_t r = 0; r < 8; r++)
+        chain_drop(&v.ranges[r], 2);
+    assert_true(cps__repair_tick(rp, &v, now + 10) > 0);
+    const cps__repair_action *a;
+    size_t na = cps__repair_actions(rp, &a);
+    for (size_t i = 0; i < na; i++)
+        assert_int_not_equal(a[i].node, 3);
+    cps__view_fini(&v);
+    cps__repair_destroy(rp);
+}
+
+/* Chains of 1: the draining server is the range's only replica and its tail, so it is the
+ * source of the copy, and leaves only once the copy is confirmed. */
+static void a_single_replica_moves_only_once_confirmed(void **state)
+{
+    (void)state;
+    static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1}, {2}};
+    cps__view v;
+    make_view(&v, 2, 1, 2, chains);
+    cps__repair *rp = make_balancer(2);
+    assert_int_equal(cps__repair_set_draining(rp, 1, 1), 0);
+    assert_int_equal(cps__repair_tick(rp, &v, 0), 1);
+    const cps__repair_action *a;
+    cps__repair_actions(rp, &a);
+    assert_int_equal(a[0].kind, CPS_RA_JOIN);
+    assert_int_equal(a[0].node, 2);
+    assert_int_equal(a[0].source, 1);
+    assert_int_equal(a[0].leaving, 1);
+    uint64_t id = a[0].join_id;
+    assert_int_equal(cps__repair_caught_up(rp, &v, 2, 0, id, 0, 5), CPS_REPAIR_APPEND);
+    v.ranges[0].chain[v.ranges[0].chain_len++] = 2;
+    /* Appended but unconfirmed: the old replica stays. */
+    assert_int_equal(cps__repair_tick(rp, &v, 10), 0);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 2, 0, id, 1, 20), CPS_REPAIR_CONFIRMED);
+    assert_int_equal(cps__repair_tick(rp, &v, 30), 1);
+    cps__repair_actions(rp, &a);
+    assert_int_equal(a[0].kind, CPS_RA_TRIM);
+    assert_int_equal(a[0].range, 0);
+    assert_int_equal(a[0].node, 1);
+    cps__view_fini(&v);
+    cps__repair_destroy(rp);
+}
+
+/* A range with one replica too many and no confirmed move on record (a restarted scheduler, a
+ * lost confirmation past its hold): the tail leaves, the one member that may lack updates,
+ * never the member a move meant to replace. */
+static void without_a_confirmation_the_tail_leaves(void **state)
+{
+    (void)state;
+    static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2, 3}, {2, 1}};
+    cps__view v;
+    make_view(&v, 3, 2, 2, chains);
+    cps__repair *rp = make_balancer(2);
+    assert_int_equal(cps__repair_tick(rp, &v, 0), 1);
+    const cps__repair_action *a;
+    cps__repair_actions(rp, &a);
+    assert_int_equal(a[0].kind, CPS_RA_TRIM);
+    assert_int_equal(a[0].node, 3);
+    cps__repair_destroy(rp);
+    /* A move whose confirmation never came: after the hold, the joiner (tail) goes. */
+    static const uint32_t chains2[][CPS_MAX_REPLICAS + 1] = {{1, 2}, {1, 2}, {2, 1}, {2, 1}};
+    cps__view w;
+    make_view(&w, 3, 2, 4, chains2);
+    rp = make_balancer(4);
+    assert_true(cps__repair_tick(rp, &w, 0) >= 1);
+    cps__repair_actions(rp, &a);
+    uint32_t r = a[0].range, joiner = a[0].node, leaving = a[0].leaving;
+    assert_int_equal(joiner, 3);
+    assert_true(leaving == 1 || leaving == 2);
+    assert_int_equal(cps__repair_caught_up(rp, &w, joiner, r, a[0].join_id, 0, 1),
+                     CPS_REPAIR_APPEND);
+    w.ranges[r].chain[w.ranges[r].chain_len++] = joiner;
+    int found = 0;
+    cps__repair_tick(rp, &w, 2 + GIVE_UP_MS);
+    size_t na = cps__repair_actions(rp, &a);
+    for (size_t i = 0; i < na; i++)
+        if (a[i].kind == CPS_RA_TRIM && a[i].range == r) {
+            assert_int_equal(a[i].node, joiner);
+            found = 1;
+        }
+    assert_true(found);
+    cps__view_fini(&w);
+    cps__view_fini(&v);
+    cps__repair_destroy(rp);
+}
+
+/* Without `balance`, a job's placement is left as it is (repairs only). */
+static void no_moves_without_balance(void **state)
+{
+    (void)state;
+    static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2}, {2, 1}, {1, 2}, {2, 1}};
+    cps__view v;
+    make_view(&v, 4, 2, 4, chains);
+    cps__repair *rp = make_repair(4);
+    assert_int_equal(cps__repair_tick(rp, &v, 0), 0);
+    assert_int_equal(cps__repair_set_draining(rp, 1, 1), 0);
+    assert_int_equal(cps__repair_tick(rp, &v, 0), 0);
+    assert_int_equal(cps__repair_set_draining(rp, 0, 1), CPS_EINVAL);
+    cps__view_fini(&v);
+    cps__repair_destroy(rp);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -552,6 +784,11 @@ int main(void)
         cmocka_unit_test(no_copy_from_an_unconfirmed_tail),
         cmocka_unit_test(lost_confirmation_holds_repairs_for_a_while),
         cmocka_unit_test(copy_of_an_evicted_tail_is_abandoned),
+        cmocka_unit_test(servers_that_join_take_a_fair_share),
+        cmocka_unit_test(a_draining_server_is_emptied),
+        cmocka_unit_test(a_single_replica_moves_only_once_confirmed),
+        cmocka_unit_test(without_a_confirmation_the_tail_leaves),
+        cmocka_unit_test(no_moves_without_balance),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

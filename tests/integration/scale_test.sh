@@ -1,0 +1,113 @@
+#!/bin/sh
+# A sync job on 2 servers (chains of 2, 8 ranges) grows to 4 servers while it trains, is
+# rebalanced (each server holds a quarter of the values), and shrinks back to 2 by draining the
+# two it gained; it must end with exactly the parameters of a run that never scaled. With
+# `kill`, server rank 0 is also SIGKILLed (and restarted by launch) while the ranges move.
+# usage: scale_test.sh CHAINPS LSQ_WORKER [kill]
+set -eu
+cps=$1
+lsq=$2
+variant=${3:-plain}
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+dir=$(mktemp -d)
+launch_pid=
+spids=
+cleanup() {
+    for p in $spids $launch_pid; do kill "$p" 2>/dev/null || true; done
+    sleep 0.5
+    for p in $spids $launch_pid; do kill -9 "$p" 2>/dev/null || true; done
+    [ -n "${KEEP:-}" ] && echo "kept $dir" || rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() {
+    echo "FAIL: $*"
+    tail -40 "$dir/launch.log" 2>/dev/null || true
+    exit 1
+}
+job="--servers 2 --workers 2 --replicas 2 --ranges 8 --mode sync --timeout 150"
+# 140,000 values: one 17,500-value chunk in each of the 8 ranges.
+prog="$lsq --dim 140000 --samples 8 --steps 1500 --lr 1e-5 --tol 1e9"
+ref=$("$cps" launch $job -- $prog 2>&1 | sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' | sort -u)
+[ -n "$ref" ] || fail "the fixed-size run gave no checksum"
+
+"$cps" secret "$dir/secret" >/dev/null
+extra=
+[ "$variant" = kill ] && extra="--kill-at 2 --kill-server 0"
+# Paced (3 ms a step, ~8 s) so the servers join and drain while it trains; pacing changes no value.
+"$cps" launch $job --secret-file "$dir/secret" $extra -- $prog --step-ms 3 >"$dir/launch.log" 2>&1 &
+launch_pid=$!
+wait_for() { # SECONDS COMMAND...: retry every 0.2 s
+    t=$(($1 * 5))
+    shift
+    while [ $t -gt 0 ]; do
+        if "$@"; then return 0; fi
+        t=$((t - 1))
+        sleep 0.2
+    done
+    return 1
+}
+started() { grep -q "connected 2 workers and 2 servers" "$dir/launch.log"; }
+wait_for 30 started || fail "the job did not start"
+port=$(sed -n 's/^launch: scheduler on 127.0.0.1:\([0-9]*\),.*/\1/p' "$dir/launch.log")
+[ -n "$port" ] || fail "no scheduler port in launch's output"
+sched="--scheduler 127.0.0.1:$port --secret-file $dir/secret"
+
+for k in 0 1; do
+    "$cps" server $sched --data "$dir/extra-$k" >"$dir/extra-$k.log" 2>&1 &
+    spids="$spids $!"
+done
+
+# Balanced: 4 live servers, each in 4 of the 8 chains of 2, holding 70,000 of the 280,000 values.
+balanced() {
+    "$cps" status $sched --json 2>/dev/null >"$dir/status.json" || return 1
+    "$py" - "$dir/status.json" <<'EOF'
+import json, sys
+s = json.load(open(sys.argv[1]))
+servers = [n for n in s["nodes"] if n["role"] == "server" and n["alive"]]
+held = {n["id"]: sum(n["id"] in r["chain"] for r in s["ranges"]) for n in servers}
+values = [n.get("values", -1) for n in servers]
+ok = len(servers) == 4 and all(h == 4 for h in held.values()) and all(v == 70000 for v in values)
+sys.exit(0 if ok else 1)
+EOF
+}
+wait_for 40 balanced || {
+    cat "$dir/status.json" 2>/dev/null
+    fail "the job did not reach 4 servers holding a quarter each"
+}
+echo "balanced: 4 servers, 4 ranges and 70000 values each"
+if [ "$variant" = kill ]; then
+    back() { grep -q "restarted server 0\|restarting server 0\|server 0 .*restart" "$dir/launch.log"; }
+    wait_for 30 back || fail "server 0 was not killed and restarted"
+    # Its ranges must be whole again before the others can leave.
+    whole() {
+        "$cps" status $sched --json 2>/dev/null >"$dir/status.json" || return 1
+        "$py" -c 'import json,sys; s=json.load(open(sys.argv[1])); a={n["id"] for n in s["nodes"] if n["alive"]}; sys.exit(0 if all(len(r["chain"])==2 and set(r["chain"])<=a for r in s["ranges"]) and sum(1 for n in s["nodes"] if n["role"]=="server" and n["alive"])==4 else 1)' "$dir/status.json"
+    }
+    wait_for 40 whole || fail "the ranges did not get back to 2 live replicas after the kill"
+fi
+for rank in 2 3; do
+    "$cps" drain --server $rank $sched --timeout 60 || fail "drain of server rank $rank failed"
+done
+kill -0 "$launch_pid" 2>/dev/null || fail "the job ended before the drains were done: make it longer"
+gone() { ! kill -0 "$1" 2>/dev/null; }
+for p in $spids; do
+    wait_for 20 gone "$p" || fail "drained server (pid $p) did not exit"
+    rc=0
+    wait "$p" || rc=$?
+    [ "$rc" = 0 ] || fail "a drained server exited $rc"
+done
+spids=
+for k in 0 1; do
+    grep -q "left its chain and dropped our copy" "$dir/extra-$k.log" ||
+        fail "extra server $k never held and gave back a range"
+done
+wait_for 150 gone "$launch_pid" || fail "the job did not end"
+rc=0
+wait "$launch_pid" || rc=$?
+launch_pid=
+[ "$rc" = 0 ] || fail "the scaled job exited $rc"
+got=$(sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$dir/launch.log" | sort -u)
+[ "$got" = "$ref" ] || fail "fixed-size checksum '$ref', scaled '$got'"
+grep -E "moves from server|drained" "$dir/launch.log" | head -3
+echo "PASS ($variant): grew 2 -> 4 servers, balanced, drained back to 2; parameters identical ($got)"
