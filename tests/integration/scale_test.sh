@@ -1,7 +1,8 @@
 #!/bin/sh
 # A sync job on 2 servers (chains of 2, 8 ranges) grows to 4 servers while it trains, is
 # rebalanced (each server holds a quarter of the values), and shrinks back to 2 by draining the
-# two it gained; it must end with exactly the parameters of a run that never scaled. With
+# two it gained (one by `chainps drain`, one by SIGTERM); it must end with exactly the parameters
+# of a run that never scaled. With
 # `kill`, server rank 0 is also SIGKILLed (and restarted by launch) while the ranges move.
 # usage: scale_test.sh CHAINPS LSQ_WORKER [kill]
 set -eu
@@ -86,9 +87,19 @@ if [ "$variant" = kill ]; then
     }
     wait_for 40 whole || fail "the ranges did not get back to 2 live replicas after the kill"
 fi
-for rank in 2 3; do
-    "$cps" drain --server $rank $sched --timeout 60 || fail "drain of server rank $rank failed"
-done
+"$cps" drain --server 2 $sched --timeout 60 || fail "drain of server rank 2 failed"
+if [ "$variant" = kill ]; then
+    "$cps" drain --server 3 $sched --timeout 60 || fail "drain of server rank 3 failed"
+else
+    # SIGTERM asks for the same drain: the server keeps serving until its ranges have moved.
+    k=0
+    grep -q "(rank 3)" "$dir/extra-1.log" && k=1
+    victim=$(echo $spids | cut -d" " -f$((k + 1)))
+    kill -TERM "$victim"
+    drained() { grep -q "rank 3) is drained" "$dir/launch.log"; }
+    wait_for 60 drained || fail "server rank 3 was not drained after SIGTERM"
+    grep -q "SIGTERM: asking the scheduler" "$dir/extra-$k.log" || fail "no drain request on SIGTERM"
+fi
 kill -0 "$launch_pid" 2>/dev/null || fail "the job ended before the drains were done: make it longer"
 gone() { ! kill -0 "$1" 2>/dev/null; }
 for p in $spids; do
