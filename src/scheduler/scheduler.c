@@ -46,7 +46,13 @@ enum {
     T_FINISH,     /* the job ended: linger, then wait (bounded) for queues to drain */
     T_STOP,       /* a stop was requested: linger, then stop */
     T_METRICS,    /* periodic METRICS_EVERY_MS with --metrics-port: publish the /metrics page */
+    T_BATCH,      /* one-shot BATCH_MS after a joiner caught up: its chain changes, in one view */
 };
+
+/* Joiners that catch up (appended as tails) and moves that complete (their old member trimmed)
+ * within this long go out in one view: every view makes the workers re-send what they have in
+ * flight under it, which for a large model is most of a step. */
+#define BATCH_MS 100
 
 /* How often the /metrics page is rendered (scrapes come every 10-60 s). */
 #define METRICS_EVERY_MS 250
@@ -106,6 +112,12 @@ typedef struct cps__sched {
     /* The last checkpoint a tool reported complete (CKPT_DONE); id 0: none. Saved as
      * sched/ckpt, so a restarted scheduler still knows it. */
     cps__ckpt_note ckpt;
+    /* Joiners appended as tails in the next view (CPS_REPAIR_APPEND verdicts since the last
+     * one): the view in memory stays the one published until then. */
+    struct {
+        uint32_t range, node;
+    } appends[64];
+    uint32_t nappends;
     cps__metrics *metrics; /* --metrics-port; NULL when off */
     cps__prom page;        /* the page last rendered (buffer reused) */
 } cps__sched;
@@ -705,6 +717,7 @@ static void log_chains(const cps__sched *s)
 }
 
 static void finish_drains(cps__sched *s);
+static int on_repair(cps__loop *l, uint64_t id, void *ctx, uint64_t now);
 static uint32_t tool_peer(cps__sched *s, const cps__rx *rx, const char *what);
 
 /* Take `node` out of range r's chain (order kept). */
@@ -717,6 +730,29 @@ static void chain_remove(cps__range *rg, uint32_t node)
     rg->chain_len = k;
 }
 
+/* Put the joiners that caught up into the view in memory (the caller publishes it). Returns how
+ * many. */
+static uint32_t apply_appends(cps__sched *s)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->nappends; i++) {
+        cps__range *rg = &s->view.ranges[s->appends[i].range];
+        uint32_t node = s->appends[i].node;
+        int in = 0;
+        for (uint32_t j = 0; j < rg->chain_len; j++)
+            in |= rg->chain[j] == node;
+        if (in || rg->chain_len >= CPS_MAX_REPLICAS)
+            continue;
+        rg->chain[rg->chain_len++] = node;
+        cps__log(CPS_LOG_INFO, "scheduler", "server %u joins range %u as its tail", node,
+                 s->appends[i].range);
+        n++;
+    }
+    s->nappends = 0;
+    cps__loop_timer_del(s->loop, T_BATCH);
+    return n;
+}
+
 /* Bring every range back to R live replicas, and move ranges for balance and drains:
  * recovery/repair.c decides who copies which range from whom; the joiner reports CAUGHT_UP; a
  * move's leaving member is trimmed once the joiner is confirmed. */
@@ -724,6 +760,7 @@ static void repair(cps__sched *s, uint64_t now)
 {
     if (!s->started || s->finished || !s->repair)
         return;
+    uint32_t appended = apply_appends(s);
     int n = cps__repair_tick(s->repair, &s->view, now);
     const cps__repair_action *a;
     size_t na = n > 0 ? cps__repair_actions(s->repair, &a) : 0;
@@ -771,9 +808,10 @@ static void repair(cps__sched *s, uint64_t now)
                      "it from the tail, server %u",
                      a[i].range, a[i].live, s->view.replicas, a[i].node, a[i].source);
     }
-    if (trims) {
-        if (trims > 1)
-            snprintf(why, sizeof why, "%u moves completed", trims);
+    if (trims || appended) {
+        if (trims + appended > 1 || !trims)
+            snprintf(why, sizeof why, "%u joiner(s) became tails, %u move(s) completed", appended,
+                     trims);
         publish_view(s, why);
         log_chains(s);
     }
@@ -902,18 +940,20 @@ static void on_caught_up(cps__sched *s, const sched_node *n, const cps__msg_hdr 
                  "range %u: server %u could not copy it; trying "
                  "again",
                  r, n->info.id);
-    if (verdict == CPS_REPAIR_CONFIRMED) {
-        repair(s, cps__now_ms()); /* a move's leaving member goes now */
-        return;
+    if (verdict == CPS_REPAIR_APPEND) {
+        if (s->nappends == sizeof s->appends / sizeof s->appends[0])
+            repair(s, cps__now_ms()); /* full: publish what is held first */
+        s->appends[s->nappends].range = r;
+        s->appends[s->nappends++].node = n->info.id;
     }
-    if (verdict != CPS_REPAIR_APPEND)
-        return;
-    cps__range *rg = &s->view.ranges[r];
-    rg->chain[rg->chain_len++] = n->info.id;
-    char why[96];
-    snprintf(why, sizeof why, "server %u joined range %u as its tail", n->info.id, r);
-    publish_view(s, why);
-    log_chains(s);
+    /* A tail to append, or a move whose old member can leave: in a view shortly, together with
+     * the others that come meanwhile (repair applies both). */
+    if ((verdict == CPS_REPAIR_APPEND || verdict == CPS_REPAIR_CONFIRMED) &&
+        !cps__loop_timer_armed(s->loop, T_BATCH, NULL)) {
+        int rc = cps__loop_timer_add(s->loop, T_BATCH, BATCH_MS, 0, on_repair, s);
+        if (rc != 0)
+            repair(s, cps__now_ms());
+    }
 }
 
 /* A node went silent: take it out of the view and tell everyone. */
@@ -924,6 +964,9 @@ static void declare_dead(cps__sched *s, uint32_t id, uint64_t silence_ms)
         return;
     if (n->info.role == CPS_ROLE_WORKER && n->done)
         return; /* finished workers stop heartbeating: not a failure */
+    /* Joiners that caught up before the death join first, as they would have, had their view
+     * gone out at once: the repair state counts them tails already. */
+    apply_appends(s);
     n->info.alive = 0;
     if (n->info.role == CPS_ROLE_SERVER)
         s->deaths_server++;
