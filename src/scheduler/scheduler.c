@@ -109,6 +109,7 @@ typedef struct cps__sched {
     uint32_t reg_count;
     /* Deaths declared, by role: counters of the /metrics page. */
     uint64_t deaths_server, deaths_worker;
+    uint64_t moves, drained; /* ranges moved (trims), servers drained: /metrics counters */
     /* The last checkpoint a tool reported complete (CKPT_DONE); id 0: none. Saved as
      * sched/ckpt, so a restarted scheduler still knows it. */
     cps__ckpt_note ckpt;
@@ -776,6 +777,7 @@ static void repair(cps__sched *s, uint64_t now)
         }
         if (a[i].kind == CPS_RA_TRIM) {
             chain_remove(&s->view.ranges[a[i].range], a[i].node);
+            s->moves++;
             cps__log(CPS_LOG_INFO, "scheduler",
                      "range %u: server %u leaves its chain (%u replicas are enough)", a[i].range,
                      a[i].node, s->view.replicas);
@@ -828,6 +830,7 @@ static void finish_drains(cps__sched *s)
             continue;
         n->draining = 0;
         n->left = 1;
+        s->drained++;
         n->info.alive = 0;
         cps__repair_set_draining(s->repair, n->info.id, 0);
         cps__detector_forget(s->detector, n->info.id);
@@ -1263,6 +1266,16 @@ static void publish_metrics(cps__sched *s)
            "Updates the servers applied, every replica counted (from heartbeats).", applied);
     FAMILY("chainps_checkpoints_total", "counter", "Checkpoints completed in this job.",
            s->ckpt.id);
+    uint64_t draining = 0;
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        draining += s->nodes[i].draining;
+    FAMILY("chainps_servers_draining", "gauge", "Servers whose ranges are being moved away.",
+           draining);
+    FAMILY("chainps_servers_drained_total", "counter", "Servers drained and let go since start.",
+           s->drained);
+    FAMILY("chainps_range_moves_total", "counter",
+           "Ranges moved to another server (balance, drains) since this scheduler started.",
+           s->moves);
 #undef FAMILY
     cps__prom_family(p, "chainps_declared_deaths_total", "counter",
                      "Nodes the scheduler declared dead, by role.");
