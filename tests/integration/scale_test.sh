@@ -78,7 +78,7 @@ wait_for 40 balanced || {
 }
 echo "balanced: 4 servers, 4 ranges and 70000 values each"
 if [ "$variant" = kill ]; then
-    back() { grep -q "restarted server 0\|restarting server 0\|server 0 .*restart" "$dir/launch.log"; }
+    back() { grep -q "^launch: .* restarted server 0 " "$dir/launch.log"; }
     wait_for 30 back || fail "server 0 was not killed and restarted"
     # Its ranges must be whole again before the others can leave.
     whole() {
