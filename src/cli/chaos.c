@@ -36,6 +36,10 @@ static const char chaos_usage[] =
     "  --kill-scheduler   also kill and restart the scheduler\n"
     "  --kill-workers     also kill workers (at most W-1; they are not restarted: their shard\n"
     "                     is skipped, and the bitwise comparison is skipped)\n"
+    "  --scale            also drain servers (`chainps drain`: their ranges move to the others,\n"
+    "                     then they exit 0); a drained server is started again and joins as a\n"
+    "                     new member, taking a share of the ranges back (give the job\n"
+    "                     --ranges larger than --servers so the shares are fair)\n"
     "  --max-faults N     stop injecting after N faults (default 1000)\n"
     "  --no-reference     skip the fault-free run (and the bitwise comparison)\n"
     "  -h, --help         this text\n";
@@ -48,7 +52,8 @@ enum {
     OPT_KSCHED,
     OPT_KWORK,
     OPT_MAXF,
-    OPT_NOREF
+    OPT_NOREF,
+    OPT_SCALE
 };
 
 static const struct option chaos_opts[] = {{"seed", required_argument, 0, OPT_SEED},
@@ -58,6 +63,7 @@ static const struct option chaos_opts[] = {{"seed", required_argument, 0, OPT_SE
                                            {"kill-scheduler", no_argument, 0, OPT_KSCHED},
                                            {"kill-workers", no_argument, 0, OPT_KWORK},
                                            {"max-faults", required_argument, 0, OPT_MAXF},
+                                           {"scale", no_argument, 0, OPT_SCALE},
                                            {"no-reference", no_argument, 0, OPT_NOREF},
                                            {"help", no_argument, 0, 'h'},
                                            {0, 0, 0, 0}};
@@ -73,12 +79,13 @@ static void on_interrupt(int sig)
 typedef struct chaos {
     uint64_t rng;
     uint32_t every_ms, restart_ms, max_faults;
-    int pause, kill_sched, kill_workers, reference;
+    int pause, kill_sched, kill_workers, reference, scale;
     uint64_t t0;
     /* per child: when it may be restarted (0: not down), and whether we paused it */
     uint64_t *down_until;
-    int *paused, *killed_for_good;
-    uint32_t kills, pauses, restarts;
+    int *paused, *killed_for_good, *draining;
+    uint32_t kills, pauses, restarts, drains;
+    int drain_failed; /* a drained server exited with another status than 0 */
 } chaos;
 
 static uint64_t next_rand(chaos *c)
@@ -102,8 +109,29 @@ static int servers_down(const cps__job *j, const chaos *c)
 {
     int n = 0;
     for (int i = 1; i <= j->S; i++)
-        n += c->down_until[i] != 0 || c->paused[i];
+        n += c->down_until[i] != 0 || c->paused[i] || c->draining[i];
     return n;
+}
+
+static int run_status(const cps__job *j, const char *arg1, const char *arg2);
+
+/* `chainps drain --server RANK --no-wait` against the job; its exit status. */
+static int run_drain(const cps__job *j, int rank)
+{
+    char sched[64], r[16];
+    snprintf(sched, sizeof sched, "127.0.0.1:%d", j->port);
+    snprintf(r, sizeof r, "%d", rank);
+    pid_t pid = fork();
+    if (pid == 0) {
+        char *av[] = {(char *)j->self, "drain", "--scheduler", sched,
+                      "--server",      r,       "--no-wait",   NULL};
+        execv(j->self, av);
+        _exit(127);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid)
+        return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /* One fault: a random victim among those whose loss the job can survive. */
@@ -130,6 +158,18 @@ static void inject(cps__job *j, chaos *c, uint64_t now)
         return;
     int v = candidates[next_rand(c) % (uint64_t)k];
     cps__child *ch = &j->kids[v];
+    /* A drain leaves R servers up besides the drained one (and any down): the others hold
+     * every range. */
+    if (ch->role == CPS_ROLE_SERVER && c->scale && next_rand(c) % 3 == 0 &&
+        j->S - servers_down(j, c) - 1 >= R) {
+        int rc = run_drain(j, v - 1);
+        event(c, "drain %s (pid %d)%s", ch->tag, (int)ch->pid, rc == 0 ? "" : ": refused");
+        if (rc == 0) {
+            c->draining[v] = 1;
+            c->drains++;
+        }
+        return;
+    }
     if (ch->role == CPS_ROLE_SERVER && c->pause && next_rand(c) % 2 == 0) {
         kill(ch->pid, SIGSTOP);
         c->paused[v] = 1;
@@ -161,6 +201,17 @@ static void heal(cps__job *j, chaos *c, uint64_t now, int workers_done)
             c->paused[i] = 0;
             c->down_until[i] = 0;
             event(c, "SIGCONT %s (pid %d)", ch->tag, (int)ch->pid);
+            continue;
+        }
+        if (c->draining[i] && ch->exited) {
+            char b[96];
+            c->draining[i] = 0;
+            int ok = WIFEXITED(ch->status) && WEXITSTATUS(ch->status) == 0;
+            event(c, "%s drained and exited (%s); it starts again and joins as a new member",
+                  ch->tag, cps__job_exit_text(ch->status, b, sizeof b));
+            if (!ok)
+                c->drain_failed = 1;
+            c->down_until[i] = now + c->restart_ms;
             continue;
         }
         if (c->down_until[i] && now >= c->down_until[i] && ch->exited) {
@@ -289,6 +340,9 @@ int cps__cli_chaos(int argc, char **argv)
         case OPT_NOREF:
             c.reference = 0;
             break;
+        case OPT_SCALE:
+            c.scale = 1;
+            break;
         default:
             return cps__cli_usage_error("chaos", "unknown option");
         }
@@ -344,7 +398,9 @@ int cps__cli_chaos(int argc, char **argv)
     c.down_until = calloc((size_t)j.n, sizeof *c.down_until);
     c.paused = calloc((size_t)j.n, sizeof *c.paused);
     c.killed_for_good = calloc((size_t)j.n, sizeof *c.killed_for_good);
-    int rc = (c.down_until && c.paused && c.killed_for_good) ? cps__job_start_all(&j) : 1;
+    c.draining = calloc((size_t)j.n, sizeof *c.draining);
+    int rc =
+        (c.down_until && c.paused && c.killed_for_good && c.draining) ? cps__job_start_all(&j) : 1;
     c.t0 = cps__now_ms();
     printf("chaos: seed %llu: %d servers (chains of %s), %d workers, mode %s; a fault every "
            "~%u ms\n",
@@ -384,7 +440,7 @@ int cps__cli_chaos(int argc, char **argv)
             break;
         }
         heal(&j, &c, now, 0);
-        if (now >= next_fault && c.kills + c.pauses < c.max_faults) {
+        if (now >= next_fault && c.kills + c.pauses + c.drains < c.max_faults) {
             inject(&j, &c, now);
             next_fault = now + c.every_ms / 2 + next_rand(&c) % c.every_ms;
         }
@@ -394,7 +450,7 @@ int cps__cli_chaos(int argc, char **argv)
     while (workers_done && cps__now_ms() < settle) {
         int pending = 0;
         for (int i = 0; i <= j.S; i++)
-            pending += c.down_until[i] != 0 || c.paused[i];
+            pending += c.down_until[i] != 0 || c.paused[i] || c.draining[i];
         if (!pending)
             break;
         heal(&j, &c, cps__now_ms(), 0);
@@ -429,8 +485,8 @@ int cps__cli_chaos(int argc, char **argv)
             identical &= sum[0] && !strcmp(sum, ref[w]);
         }
     }
-    printf("chaos: %u kills, %u pauses, %u restarts in %.1f s\n", c.kills, c.pauses, c.restarts,
-           (cps__now_ms() - c.t0) / 1000.0);
+    printf("chaos: %u kills, %u pauses, %u drains, %u restarts in %.1f s\n", c.kills, c.pauses,
+           c.drains, c.restarts, (cps__now_ms() - c.t0) / 1000.0);
     printf("chaos: job finished without a restart: %s\n",
            workers_done && !fail && !restarted_workers ? "yes" : "NO");
     printf("chaos: replicas agree: %s\n", verify == 0 ? "yes" : verify < 0 ? "not checked" : "NO");
@@ -446,10 +502,13 @@ int cps__cli_chaos(int argc, char **argv)
         fail = "replicas differ (or could not be compared)";
     if (!fail && identical == 0)
         fail = "final parameters differ from the fault-free run";
+    if (!fail && c.drain_failed)
+        fail = "a drained server did not exit 0";
     cps__job_fini(&j);
     free(c.down_until);
     free(c.paused);
     free(c.killed_for_good);
+    free(c.draining);
     free(ref);
     if (fail) {
         printf("chaos: FAIL %s (replay: chainps chaos --seed %llu ...)\n", fail,
@@ -457,7 +516,7 @@ int cps__cli_chaos(int argc, char **argv)
         return 1;
     }
     printf("chaos: PASS seed %llu: %u faults, job finished, replicas agree%s\n",
-           (unsigned long long)seed, c.kills + c.pauses,
+           (unsigned long long)seed, c.kills + c.pauses + c.drains,
            identical == 1 ? ", parameters bitwise identical to the fault-free run" : "");
     return 0;
 }
