@@ -1098,7 +1098,7 @@ static void maybe_end_job(cps__sched *s)
 static void shutdown_job(cps__sched *s)
 {
     for (uint32_t i = 0; i < s->nnodes; i++)
-        if (s->nodes[i].info.role == CPS_ROLE_SERVER)
+        if (s->nodes[i].info.role == CPS_ROLE_SERVER && !s->nodes[i].left)
             send_simple(s, s->nodes[i].info.id, CPS_MSG_SHUTDOWN, NULL);
     s->finished = 1;
     save(s); /* a finished job is not resumed */
