@@ -67,6 +67,7 @@ enum {
     CLI_OPT_COMPRESS,
     CLI_OPT_METRICS_PORT,
     CLI_OPT_METRICS_BIND,
+    CLI_OPT_BACKUP_WORKERS,
 };
 
 /* The job-secret flags every subcommand takes, for its struct option table and its help. */

@@ -39,6 +39,9 @@ static const char launch_usage[] =
     "  --servers S        number of servers (required)\n"
     "  --workers W        number of workers (required)\n"
     "  --mode M           sync (default), async or ssp:N\n"
+    "  --backup-workers B sync mode: each step closes with the first W-B gradients to\n"
+    "                     arrive (W live workers, 0 <= B < W; env CHAINPS_BACKUP_WORKERS);\n"
+    "                     a late gradient is dropped and counted. Default 0: wait for all\n"
     "  --replicas R       servers in each key range's chain (default 3, or S if fewer)\n"
     "  --data DIR         keep the servers' LMDB data in DIR/server-<rank> (kept afterwards;\n"
     "                     a second launch on the same DIR resumes from its parameters);\n"
@@ -79,6 +82,7 @@ static const struct option launch_opts[] = {
     {"servers", required_argument, 0, CLI_OPT_SERVERS},
     {"workers", required_argument, 0, CLI_OPT_WORKERS},
     {"mode", required_argument, 0, CLI_OPT_MODE},
+    {"backup-workers", required_argument, 0, CLI_OPT_BACKUP_WORKERS},
     {"replicas", required_argument, 0, CLI_OPT_REPLICAS},
     {"data", required_argument, 0, CLI_OPT_DATA},
     {"port", required_argument, 0, CLI_OPT_PORT},
@@ -169,6 +173,8 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps__config *cfg, 
         return cps__cli_usage_error(cmd, "--servers and --workers are required");
     if (optind >= argc)
         return cps__cli_usage_error(cmd, "no program to run (put it after --)");
+    if (cps__config_check_backup(cfg, err, sizeof err) != 0)
+        return cps__cli_usage_error(cmd, "%s", err);
     if (cfg->replicas > cfg->num_servers)
         return cps__cli_usage_error(cmd, "--replicas %u needs at least %u servers", cfg->replicas,
                                     cfg->replicas);

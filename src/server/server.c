@@ -604,6 +604,9 @@ static void publish_metrics(cps__server *s)
     COUNTER("chainps_server_forward_retries_total",
             "FWDs sent again because the successor had not acknowledged them in time.",
             c->forward_retries);
+    COUNTER("chainps_server_late_gradients_total",
+            "Sync gradients dropped because their step had closed without them (backup workers).",
+            c->late_gradients);
     COUNTER("chainps_server_messages_total", "Messages received.", st->msgs_in);
     COUNTER("chainps_server_bad_messages_total", "Messages dropped as malformed or unexpected.",
             st->msgs_bad);
