@@ -219,20 +219,6 @@ int cps__sync_check(const cps__sync *a, uint32_t range, uint64_t sig, uint64_t s
     return m && req_seq <= m->req_seq ? CPS_SYNC_APPLIED : CPS_SYNC_LATE;
 }
 
-/* The record of a slot being submitted: its step is closed, its pushes are in it. Kept on a
- * best-effort basis (no memory: the caller's record from the store fills it in). */
-static void record_slot(cps__sync *a, const slot *s)
-{
-    if (cps__sync_record(a, s->range, s->sig, s->step, 0, NULL) != 0)
-        return;
-    for (uint32_t r = 0; r < s->nranks; r++)
-        if (s->by_rank[r].cookie) {
-            cps__sync_member m = {s->by_rank[r].worker, s->by_rank[r].req_seq};
-            if (cps__sync_record(a, s->range, 0, 0, 1, &m) != 0)
-                return;
-        }
-}
-
 /* Submit ready slots, each only once no earlier step of its key set is open. Why the order:
  * the head takes a push of a step at or below the last one applied as a duplicate, so a later
  * step applied first would answer an earlier step's missing pushes as applied though they are
@@ -253,8 +239,7 @@ static int release_ready(cps__sync *a)
             return 0;
         int rc = emit(a, CPS_SA_SUBMIT, next);
         if (rc != 0)
-            return rc; /* still ready: released at the next call */
-        record_slot(a, next);
+            return rc;  /* still ready: released at the next call */
         next->used = 0; /* by_rank stays allocated for the action and the next step */
     }
 }

@@ -14,10 +14,12 @@
  * closed for the key set: the aggregator keeps, per range and key set, the last closed step and,
  * per range and worker, the request sequence number of its last push included in an aggregate.
  * A push of a closed step from a worker not included is LATE: never held, never applied to a
- * later step. The record is fed by the aggregator's own SUBMITs and by cps__sync_record (every
- * replica records what each applied aggregate included, which is in the replicated update, so a
- * new head after a failover knows which steps closed and who made them). With b = 0 none of this
- * is consulted: a step waits for every live worker, as before.
+ * later step. The record is only what the caller feeds with cps__sync_record: what applied
+ * aggregates included, which is in the replicated update and in every replica's store, so a new
+ * head after a failover knows which steps closed and who made them. A SUBMIT alone closes
+ * nothing: its update may never be applied (the head lost its place meanwhile), and its step
+ * must then be gathered again, not refused. With b = 0 none of this is consulted: a step waits
+ * for every live worker, as before.
  *
  * Contributions are the caller's: the state machine keeps an opaque cookie for each (the
  * received message) and never looks inside it. A cookie it takes is handed back exactly once:
