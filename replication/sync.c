@@ -216,7 +216,9 @@ int cps__sync_check(const cps__sync *a, uint32_t range, uint64_t sig, uint64_t s
     if (step > last)
         return CPS_SYNC_OPEN;
     const member_rec *m = find_member(a, range, worker);
-    return m && req_seq <= m->req_seq ? CPS_SYNC_APPLIED : CPS_SYNC_LATE;
+    if (!m || req_seq > m->req_seq)
+        return CPS_SYNC_LATE;
+    return req_seq == m->req_seq ? CPS_SYNC_APPLIED : CPS_SYNC_STALE;
 }
 
 /* Submit ready slots, each only once no earlier step of its key set is open. Why the order:

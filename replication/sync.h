@@ -83,8 +83,12 @@ enum {
 
 /* Verdicts of cps__sync_check (CPS_SYNC_LATE as above). */
 enum {
-    CPS_SYNC_OPEN = 0,   /* the step is not closed for the key set: aggregate the push */
-    CPS_SYNC_APPLIED = 4 /* the step is closed and this request is in an applied aggregate */
+    CPS_SYNC_OPEN = 0,    /* the step is not closed for the key set: aggregate the push */
+    CPS_SYNC_APPLIED = 4, /* the step is closed and this request is in an applied aggregate */
+    CPS_SYNC_STALE = 5    /* the step is closed and a later push of the worker is in an applied
+                             aggregate: an old copy of a request the worker has finished (a
+                             worker's pushes of a key set go one after the other), included or
+                             late, which is no longer known: answer it without a claim */
 };
 
 /* One request included in an applied aggregate. */
@@ -105,8 +109,9 @@ void cps__sync_destroy(cps__sync *a);
  * or CPS_EINVAL (rank >= v->num_workers, NULL cookie), CPS_ENOMEM; on an error the cookie stays
  * the caller's. */
 /* With backup workers (v->backup_workers > 0) a push of a closed step is not held: the verdict is
- * cps__sync_check's (CPS_SYNC_LATE, or CPS_SYNC_APPLIED for a retry of an included push, which
- * the caller answers as the duplicate it is); and a slot completes at max(1, live - b) pushes. */
+ * cps__sync_check's (CPS_SYNC_LATE, CPS_SYNC_STALE, or CPS_SYNC_APPLIED for a retry of an
+ * included push, which the caller answers as the duplicate it is); and a slot completes at max(1,
+ * live - b) pushes. */
 int cps__sync_push(cps__sync *a, const cps__view *v, uint32_t range, uint64_t sig, uint64_t step,
                    uint32_t rank, const cps__sync_contrib *c, uint64_t now);
 
@@ -119,7 +124,9 @@ int cps__sync_record(cps__sync *a, uint32_t range, uint64_t sig, uint64_t step, 
 
 /* Classify a push of `step` of (`range`, `sig`) by `worker` (request `req_seq`) against the
  * record: CPS_SYNC_OPEN (step above the last closed one), CPS_SYNC_APPLIED (closed, and the
- * request is in an aggregate: a retry), CPS_SYNC_LATE (closed without it). *closed (may be NULL)
+ * request is the worker's last included one: a retry), CPS_SYNC_LATE (closed, and the request
+ * is newer than any included: it was not), CPS_SYNC_STALE (closed, and older than the last
+ * included one). *closed (may be NULL)
  * receives the key set's last closed step. Pure read: no actions. */
 int cps__sync_check(const cps__sync *a, uint32_t range, uint64_t sig, uint64_t step,
                     uint32_t worker, uint64_t req_seq, uint64_t *closed);

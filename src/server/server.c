@@ -886,8 +886,14 @@ int cps__server_run(const cps__config *cfg)
     rc = rc < 0 ? rc : 0;
     if (!s.poisoned)
         cps__server_flush_acks(&s, 0, 1);
-    cps__log(CPS_LOG_INFO, "server", "stopping: %llu updates applied, %llu bad messages",
-             (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad);
+    if (s.ctr.late_gradients) /* backup workers: said only when there were any */
+        cps__log(CPS_LOG_INFO, "server",
+                 "stopping: %llu updates applied, %llu bad messages, %llu late gradients dropped",
+                 (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad,
+                 (unsigned long long)s.ctr.late_gradients);
+    else
+        cps__log(CPS_LOG_INFO, "server", "stopping: %llu updates applied, %llu bad messages",
+                 (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad);
 out:
     cps__metrics_stop(s.metrics);
     cps__prom_fini(&s.page);

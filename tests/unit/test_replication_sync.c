@@ -461,7 +461,15 @@ static void a_step_stays_closed_after_the_head_changes(void **state)
     /* Step 10 gathers as usual. */
     assert_int_equal(push_seq(head, &v, 10, 42, &g[0]), CPS_SYNC_TAKEN);
     assert_int_equal(push_seq(head, &v, 10, 43, &g[2]), CPS_SYNC_TAKEN);
-    assert_int_equal(only_action(head, CPS_SA_SUBMIT)->count, 2);
+    const cps__sync_action *s10 = only_action(head, CPS_SA_SUBMIT);
+    assert_int_equal(s10->count, 2);
+    record_submit(head, s10);
+    /* Rank 0 made step 10: an old copy of its late step-9 push is stale now, neither applied
+     * nor known to be late; its step-10 push is applied, rank 1's is late. */
+    assert_int_equal(cps__sync_check(head, 0, 0xabc, 9, 10, 39, NULL), CPS_SYNC_STALE);
+    assert_int_equal(push_seq(head, &v, 9, 39, &g[0]), CPS_SYNC_STALE);
+    assert_int_equal(cps__sync_check(head, 0, 0xabc, 10, 10, 42, NULL), CPS_SYNC_APPLIED);
+    assert_int_equal(cps__sync_check(head, 0, 0xabc, 10, 11, 44, NULL), CPS_SYNC_LATE);
     cps__sync_destroy(head);
     assert_int_equal(dropped, 0);
 }
