@@ -290,9 +290,13 @@ int cps__cli_launch(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    printf("launch: scheduler on 127.0.0.1:%d, %d servers (chains of %s), %d workers, mode %s, "
+    char backup[40] = "";
+    if (cfg.backup_workers)
+        snprintf(backup, sizeof backup, " (%u backup worker%s)", cfg.backup_workers,
+                 cfg.backup_workers == 1 ? "" : "s");
+    printf("launch: scheduler on 127.0.0.1:%d, %d servers (chains of %s), %d workers, mode %s%s, "
            "data in %s\n",
-           job.port, job.S, job.repl, job.W, job.mode, job.data);
+           job.port, job.S, job.repl, job.W, job.mode, backup, job.data);
     if (cfg.metrics_port)
         printf("launch: metrics at http://127.0.0.1:%u/metrics (scheduler) and ports %u..%u "
                "(servers 0..%d)\n",
