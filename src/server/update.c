@@ -879,12 +879,12 @@ static void run_sync_actions(cps__server *s, uint64_t now)
 }
 
 /* Backup workers: is this push of a step that closed without it? Returns cps__sync_check's
- * verdict or CPS_ENOMEM. The record is what every
- * replica stores with each aggregate (the key set's last step, each included worker's last
- * request), read from our store, so a head that took over after a failover knows the steps the
- * old one closed and who made them. A late push is marked (CPS_WF_LATE and the closed step in
- * aux, on our copy of the request only): the chain takes it as the duplicate of a closed step
- * it is, and its reply, once that step is committed, says it was dropped (do_reply). */
+ * verdict or CPS_ENOMEM. The record is what every replica stores with each aggregate (the key
+ * set's last step, each included worker's last request), read from our store, so a head that
+ * took over after a failover knows the steps the old one closed and who made them. A late push
+ * is marked (CPS_WF_LATE and the closed step in aux, on our copy of the request only): the chain
+ * takes it as the duplicate of a closed step it is, and its reply, once that step is committed,
+ * says it was dropped (do_reply). */
 static int sync_mark_late(cps__server *s, cps__rx *rx, uint64_t sig)
 {
     cps__msg_hdr *h = &rx->hdr;
