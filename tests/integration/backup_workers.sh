@@ -83,15 +83,20 @@ launch_pid=
 grep -q "launch: job finished" "$dir/launch.log" || fail "no 'job finished'"
 [ "$scraped" -gt 0 ] || fail "chainps_server_late_gradients_total never moved above 0"
 # The straggler's pushes came back as dropped; the servers dropped them.
-slow=$(sed -n 's/^\[worker [0-9]*\] rank 2: \([0-9]*\) late pushes dropped.*/\1/p' "$dir/launch.log")
+line=$(sed -n 's/^\[worker [0-9]*\] rank 2: \([0-9]*\) late pushes dropped.*, of \([0-9]*\) pushes$/\1 \2/p' \
+    "$dir/launch.log")
+read -r slow pushes <<<"$line"
 [ -n "$slow" ] && [ "$slow" -gt 0 ] || fail "rank 2 (the straggler) had no push dropped"
+# Each dropped push moved the straggler on to the step the job was on: it made fewer pushes than
+# the job has steps, instead of falling further behind (it would make all 250, each late).
+[ "$pushes" -lt 250 ] || fail "the straggler pushed $pushes times for 250 steps: it did not catch up"
 served=$(sed -n 's/.*stopping: .*, \([0-9]*\) late gradients dropped$/\1/p' "$dir/launch.log" |
     awk '{ n += $1 } END { print n + 0 }')
 [ "$served" -ge "$slow" ] || fail "servers dropped $served late gradients, the straggler saw $slow"
 # Every worker ends with the same parameters (the straggler pulls what the others made).
 sums=$(sed -n 's/.*final: rank [0-9] .*checksum \([0-9a-f]*\)$/\1/p' "$dir/launch.log" | sort -u)
 [ "$(echo "$sums" | wc -l)" = 1 ] && [ -n "$sums" ] || fail "workers ended with different values"
-echo "backup 1: straggler's dropped pushes $slow, servers' late gradients $served (scraped $scraped)"
+echo "backup 1: straggler's dropped pushes $slow of $pushes, servers' late gradients $served (scraped $scraped)"
 grep "trained" "$dir/launch.log"
 
 # b = 0: every step waits for the straggler; nothing is dropped.

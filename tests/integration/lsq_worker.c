@@ -8,7 +8,8 @@
  *                   [--base-ms MS] (every rank also sleeps MS per step: with --slow-rank, a
  *                   straggler (MS + --step-ms) among workers that are not infinitely fast)
  * Prints "trained N steps in S s" when its own steps are done (before the final barrier), and
- * "rank R: N late pushes dropped" when backup workers dropped some of its pushes.
+ * "rank R: N late pushes dropped (backup workers), of P pushes" when backup workers dropped some
+ * of its pushes.
  * A job restored from a checkpoint resumes at the checkpoint's step (cps_tensor_step).
  * Prints "final: max |w - w*| = ..., checksum ..." and exits 0 if within tolerance. */
 #include <math.h>
@@ -126,8 +127,8 @@ int main(int argc, char **argv)
         printf("trained %d steps in %.3f s\n", steps - first,
                (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
     if (rc == 0 && st.late_pushes)
-        printf("rank %d: %llu late pushes dropped (backup workers)\n", rank,
-               (unsigned long long)st.late_pushes);
+        printf("rank %d: %llu late pushes dropped (backup workers), of %llu pushes\n", rank,
+               (unsigned long long)st.late_pushes, (unsigned long long)st.pushes);
     if (rc == 0 && short_rank < 0)
         rc = cps_barrier(c);
     if (rc == 0)
