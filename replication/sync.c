@@ -20,9 +20,25 @@ typedef struct slot {
     uint32_t nranks, cap;
 } slot;
 
+/* Backup workers: the last closed step of a key set, and the last request of a worker that an
+ * aggregate included, per range. */
+typedef struct closed_rec {
+    uint32_t range;
+    uint64_t sig, step;
+} closed_rec;
+
+typedef struct member_rec {
+    uint32_t range, worker;
+    uint64_t req_seq;
+} member_rec;
+
 struct cps__sync {
     slot *slots;
     uint32_t nslots;
+    closed_rec *closed;
+    size_t nclosed, closed_cap;
+    member_rec *members;
+    size_t nmembers, members_cap;
     void (*drop)(void *ctx, void *cookie);
     void *ctx;
     cps__sync_action *acts;
@@ -52,6 +68,8 @@ void cps__sync_destroy(cps__sync *a)
         free(s->by_rank);
     }
     free(a->slots);
+    free(a->closed);
+    free(a->members);
     free(a->acts);
     free(a);
 }
@@ -128,13 +146,20 @@ static slot *find_slot(cps__sync *a, uint32_t range, uint64_t sig, uint64_t step
  * opened it) never completes on its own. */
 static int slot_complete(const slot *s, const cps__view *v)
 {
+    uint32_t live = 0, missing = 0;
     for (uint32_t i = 0; i < v->nnodes; i++) {
         const cps__node_info *n = &v->nodes[i];
-        if (n->role == CPS_ROLE_WORKER && n->alive && n->rank < s->nranks &&
-            !s->by_rank[n->rank].cookie)
-            return 0;
+        if (n->role != CPS_ROLE_WORKER || !n->alive)
+            continue;
+        live++;
+        if (n->rank < s->nranks && !s->by_rank[n->rank].cookie)
+            missing++;
     }
-    return s->count > 0;
+    if (missing == 0 || s->count == 0)
+        return s->count > 0;
+    /* Backup workers: the first max(1, W - b) pushes make the step. */
+    uint32_t need = live > v->backup_workers ? live - v->backup_workers : 1;
+    return v->backup_workers > 0 && s->count >= need;
 }
 
 /* An earlier step of s's key set that someone pushed to and that is not submitted yet. */
@@ -147,6 +172,68 @@ static int earlier_step_open(const cps__sync *a, const slot *s)
             return 1;
     }
     return 0;
+}
+
+static closed_rec *find_closed(const cps__sync *a, uint32_t range, uint64_t sig)
+{
+    for (size_t i = 0; i < a->nclosed; i++)
+        if (a->closed[i].range == range && a->closed[i].sig == sig)
+            return &a->closed[i];
+    return NULL;
+}
+
+static member_rec *find_member(const cps__sync *a, uint32_t range, uint32_t worker)
+{
+    for (size_t i = 0; i < a->nmembers; i++)
+        if (a->members[i].range == range && a->members[i].worker == worker)
+            return &a->members[i];
+    return NULL;
+}
+
+int cps__sync_record(cps__sync *a, uint32_t range, uint64_t sig, uint64_t step, uint32_t nmembers,
+                     const cps__sync_member *members)
+{
+    closed_rec *c = sig ? find_closed(a, range, sig) : NULL;
+    if (sig && !c) {
+        void *p = a->closed;
+        if (cps__array_reserve(&p, &a->closed_cap, a->nclosed + 1, sizeof *a->closed, 8) != 0)
+            return CPS_ENOMEM;
+        a->closed = p;
+        c = &a->closed[a->nclosed++];
+        *c = (closed_rec){range, sig, 0};
+    }
+    if (c && step > c->step)
+        c->step = step;
+    for (uint32_t i = 0; i < nmembers; i++) {
+        member_rec *m = find_member(a, range, members[i].worker);
+        if (!m) {
+            void *p = a->members;
+            if (cps__array_reserve(&p, &a->members_cap, a->nmembers + 1, sizeof *a->members, 8) !=
+                0)
+                return CPS_ENOMEM;
+            a->members = p;
+            m = &a->members[a->nmembers++];
+            *m = (member_rec){range, members[i].worker, 0};
+        }
+        if (members[i].req_seq > m->req_seq)
+            m->req_seq = members[i].req_seq;
+    }
+    return 0;
+}
+
+int cps__sync_check(const cps__sync *a, uint32_t range, uint64_t sig, uint64_t step,
+                    uint32_t worker, uint64_t req_seq, uint64_t *closed)
+{
+    const closed_rec *c = find_closed(a, range, sig);
+    uint64_t last = c ? c->step : 0;
+    if (closed)
+        *closed = last;
+    if (step > last)
+        return CPS_SYNC_OPEN;
+    const member_rec *m = find_member(a, range, worker);
+    if (!m || req_seq > m->req_seq)
+        return CPS_SYNC_LATE;
+    return req_seq == m->req_seq ? CPS_SYNC_APPLIED : CPS_SYNC_STALE;
 }
 
 /* Submit ready slots, each only once no earlier step of its key set is open. Why the order:
@@ -187,6 +274,13 @@ int cps__sync_push(cps__sync *a, const cps__view *v, uint32_t range, uint64_t si
     a->nacts = 0;
     if (rank >= v->num_workers || !c->cookie)
         return CPS_EINVAL;
+    /* A closed step never opens a slot again: it would wait for pushes that already made the
+     * step, and hold back every later step of the key set behind it. */
+    int closed = v->backup_workers > 0
+                     ? cps__sync_check(a, range, sig, step, c->worker, c->req_seq, NULL)
+                     : CPS_SYNC_OPEN;
+    if (closed != CPS_SYNC_OPEN)
+        return closed;
     slot *s = find_slot(a, range, sig, step, v->num_workers, now);
     if (!s)
         return CPS_ENOMEM;

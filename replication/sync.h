@@ -8,6 +8,19 @@
  * sums them in that order, so every run and every arrival order computes the same bits, and
  * submits the sum as one chain update (replication/chain.h).
  *
+ * Backup workers (Chen et al., "Revisiting Distributed Synchronous SGD", 2016): when the view's
+ * backup_workers b is above 0, a slot is also complete once it holds max(1, W - b) pushes, W the
+ * live workers, whoever they came from: the first W - b to arrive make the step. The step is then
+ * closed for the key set: the aggregator keeps, per range and key set, the last closed step and,
+ * per range and worker, the request sequence number of its last push included in an aggregate.
+ * A push of a closed step from a worker not included is LATE: never held, never applied to a
+ * later step. The record is only what the caller feeds with cps__sync_record: what applied
+ * aggregates included, which is in the replicated update and in every replica's store, so a new
+ * head after a failover knows which steps closed and who made them. A SUBMIT alone closes
+ * nothing: its update may never be applied (the head lost its place meanwhile), and its step
+ * must then be gathered again, not refused. With b = 0 none of this is consulted: a step waits
+ * for every live worker, as before.
+ *
  * Contributions are the caller's: the state machine keeps an opaque cookie for each (the
  * received message) and never looks inside it. A cookie it takes is handed back exactly once:
  * in a SUBMIT action, or to the drop callback when the state machine is destroyed.
@@ -62,9 +75,27 @@ enum {
     CPS_SYNC_TAKEN = 0, /* held (cookie now the state machine's); a SUBMIT may follow */
     CPS_SYNC_RETRY = 1, /* this rank's push of the step is held already: the reply comes when
                            the step completes; the cookie stays the caller's */
-    CPS_SYNC_SIZE = 2   /* gradient length differs from another rank's for this step: refuse
+    CPS_SYNC_SIZE = 2,  /* gradient length differs from another rank's for this step: refuse
                            (CPS_ESIZE); the cookie stays the caller's */
+    CPS_SYNC_LATE = 3   /* backup workers: the step is closed and this worker's push is not in
+                           it: drop it (never applied); the cookie stays the caller's */
 };
+
+/* Verdicts of cps__sync_check (CPS_SYNC_LATE as above). */
+enum {
+    CPS_SYNC_OPEN = 0,    /* the step is not closed for the key set: aggregate the push */
+    CPS_SYNC_APPLIED = 4, /* the step is closed and this request is in an applied aggregate */
+    CPS_SYNC_STALE = 5    /* the step is closed and a later push of the worker is in an applied
+                             aggregate: an old copy of a request the worker has finished (a
+                             worker's pushes of a key set go one after the other), included or
+                             late, which is no longer known: answer it without a claim */
+};
+
+/* One request included in an applied aggregate. */
+typedef struct cps__sync_member {
+    uint32_t worker; /* node id */
+    uint64_t req_seq;
+} cps__sync_member;
 
 /* Create an empty aggregator. `drop` (may be NULL) releases cookies still held when the
  * aggregator is destroyed; `ctx` is passed to it. Errors: CPS_ENOMEM. */
@@ -77,8 +108,28 @@ void cps__sync_destroy(cps__sync *a);
  * call) says which workers are alive and how many ranks there are. Returns a verdict (>= 0)
  * or CPS_EINVAL (rank >= v->num_workers, NULL cookie), CPS_ENOMEM; on an error the cookie stays
  * the caller's. */
+/* With backup workers (v->backup_workers > 0) a push of a closed step is not held: the verdict is
+ * cps__sync_check's (CPS_SYNC_LATE, CPS_SYNC_STALE, or CPS_SYNC_APPLIED for a retry of an
+ * included push, which the caller answers as the duplicate it is); and a slot completes at max(1,
+ * live - b) pushes. */
 int cps__sync_push(cps__sync *a, const cps__view *v, uint32_t range, uint64_t sig, uint64_t step,
                    uint32_t rank, const cps__sync_contrib *c, uint64_t now);
+
+/* The replicated record of an applied aggregate: steps of (`range`, `sig`) up to `step` are
+ * closed, and each member's pushes up to its req_seq are in aggregates. Records only move
+ * forward (a lower value is ignored), so the caller may feed what its store holds at any time,
+ * e.g. before each check (sig 0: only the members are recorded). Errors: CPS_ENOMEM. */
+int cps__sync_record(cps__sync *a, uint32_t range, uint64_t sig, uint64_t step, uint32_t nmembers,
+                     const cps__sync_member *members);
+
+/* Classify a push of `step` of (`range`, `sig`) by `worker` (request `req_seq`) against the
+ * record: CPS_SYNC_OPEN (step above the last closed one), CPS_SYNC_APPLIED (closed, and the
+ * request is the worker's last included one: a retry), CPS_SYNC_LATE (closed, and the request
+ * is newer than any included: it was not), CPS_SYNC_STALE (closed, and older than the last
+ * included one). *closed (may be NULL)
+ * receives the key set's last closed step. Pure read: no actions. */
+int cps__sync_check(const cps__sync *a, uint32_t range, uint64_t sig, uint64_t step,
+                    uint32_t worker, uint64_t req_seq, uint64_t *closed);
 
 /* A new view: every slot that no longer waits for anyone (its missing workers were declared
  * dead) is complete (SUBMIT actions, in slot order). `v` is borrowed for the call. Errors:

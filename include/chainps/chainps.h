@@ -312,6 +312,9 @@ typedef struct cps_client_stats {
     uint64_t push_wire_bytes; /**< push payload bytes as sent */
     uint64_t pull_bytes;      /**< value bytes received by pulls */
     uint64_t retries;         /**< requests re-sent (timeouts, failovers) */
+    uint64_t late_pushes;     /**< sync pushes dropped as late: their step had closed with the
+                                   first W-b gradients (--backup-workers); the tensor's step
+                                   moved on to the job's */
 } cps_client_stats;
 
 /** @brief Copy the client's counters into *out. */

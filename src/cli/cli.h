@@ -79,6 +79,7 @@ enum {
     CLI_OPT_RANGES,
     CLI_OPT_SERVER,
     CLI_OPT_NO_WAIT,
+    CLI_OPT_BACKUP_WORKERS,
 };
 
 /* The job-secret flags every subcommand takes, for its struct option table and its help. */

@@ -103,6 +103,10 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps__config 
     case CLI_OPT_MODE:
         rc = cps__config_parse_mode("--mode", arg, &cfg->mode, &cfg->ssp_bound, err, sizeof err);
         break;
+    case CLI_OPT_BACKUP_WORKERS:
+        rc = cps__config_parse_backup("--backup-workers", arg, &cfg->backup_workers, err,
+                                      sizeof err);
+        break;
     case CLI_OPT_REPLICAS:
         rc = cps__config_parse_u32("--replicas", arg, 1, 8, &cfg->replicas, err, sizeof err);
         break;

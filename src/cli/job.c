@@ -235,6 +235,8 @@ int cps__job_start(cps__job *j, int i)
     snprintf(env[k++], sizeof env[0], "CHAINPS_NUM_SERVERS=%d", j->S);
     snprintf(env[k++], sizeof env[0], "CHAINPS_NUM_WORKERS=%d", j->W);
     snprintf(env[k++], sizeof env[0], "CHAINPS_MODE=%s", j->mode);
+    if (j->cfg.backup_workers) /* the scheduler puts it in the view */
+        snprintf(env[k++], sizeof env[0], "CHAINPS_BACKUP_WORKERS=%u", j->cfg.backup_workers);
     snprintf(env[k++], sizeof env[0], "CHAINPS_VERBOSE=%d", j->cfg.verbose);
     char compress[48];
     snprintf(env[k++], sizeof env[0], "CHAINPS_COMPRESS=%s",

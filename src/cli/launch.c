@@ -39,6 +39,9 @@ static const char launch_usage[] =
     "  --servers S        number of servers (required)\n"
     "  --workers W        number of workers (required)\n"
     "  --mode M           sync (default), async or ssp:N\n"
+    "  --backup-workers B sync mode: each step closes with the first W-B gradients to\n"
+    "                     arrive (W live workers, 0 <= B < W; env CHAINPS_BACKUP_WORKERS);\n"
+    "                     a late gradient is dropped and counted. Default 0: wait for all\n"
     "  --replicas R       servers in each key range's chain (default 3, or S if fewer)\n"
     "  --ranges N         key ranges (default S): more than S lets servers started later\n"
     "                     against this job (`chainps server --scheduler ...`) take a share\n"
@@ -81,6 +84,7 @@ static const struct option launch_opts[] = {
     {"servers", required_argument, 0, CLI_OPT_SERVERS},
     {"workers", required_argument, 0, CLI_OPT_WORKERS},
     {"mode", required_argument, 0, CLI_OPT_MODE},
+    {"backup-workers", required_argument, 0, CLI_OPT_BACKUP_WORKERS},
     {"replicas", required_argument, 0, CLI_OPT_REPLICAS},
     {"ranges", required_argument, 0, CLI_OPT_RANGES},
     {"data", required_argument, 0, CLI_OPT_DATA},
@@ -172,6 +176,8 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps__config *cfg, 
         return cps__cli_usage_error(cmd, "--servers and --workers are required");
     if (optind >= argc)
         return cps__cli_usage_error(cmd, "no program to run (put it after --)");
+    if (cps__config_check_backup(cfg, err, sizeof err) != 0)
+        return cps__cli_usage_error(cmd, "%s", err);
     if (cfg->replicas > cfg->num_servers)
         return cps__cli_usage_error(cmd, "--replicas %u needs at least %u servers", cfg->replicas,
                                     cfg->replicas);
@@ -287,9 +293,13 @@ int cps__cli_launch(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
-    printf("launch: scheduler on 127.0.0.1:%d, %d servers (chains of %s), %d workers, mode %s, "
+    char backup[40] = "";
+    if (cfg.backup_workers)
+        snprintf(backup, sizeof backup, " (%u backup worker%s)", cfg.backup_workers,
+                 cfg.backup_workers == 1 ? "" : "s");
+    printf("launch: scheduler on 127.0.0.1:%d, %d servers (chains of %s), %d workers, mode %s%s, "
            "data in %s\n",
-           job.port, job.S, job.repl, job.W, job.mode, job.data);
+           job.port, job.S, job.repl, job.W, job.mode, backup, job.data);
     if (cfg.metrics_port)
         printf("launch: metrics at http://127.0.0.1:%u/metrics (scheduler) and ports %u..%u "
                "(servers 0..%d)\n",

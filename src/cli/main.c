@@ -49,6 +49,9 @@ static const char scheduler_usage[] =
     "                     otherwise; 0.0.0.0 listens on every interface)\n"
     "  --advertise ADDR   address other nodes use to reach the scheduler (informational)\n"
     "  --mode M           sync (default), async or ssp:N (bounded staleness N)\n"
+    "  --backup-workers B sync mode: each step closes with the first W-B gradients to\n"
+    "                     arrive (W live workers, 0 <= B < W; env CHAINPS_BACKUP_WORKERS);\n"
+    "                     a late gradient is dropped and counted. Default 0: wait for all\n"
     "  --replicas R       servers in each key range's chain (default 3, or S if fewer)\n"
     "  --ranges N         key ranges of the job (default: one per server; env CHAINPS_RANGES):\n"
     "                     more ranges than servers let servers that join later take a fair\n"
@@ -81,6 +84,7 @@ static const struct option scheduler_opts[] = {
     {"bind", required_argument, 0, CLI_OPT_BIND},
     {"advertise", required_argument, 0, CLI_OPT_ADVERTISE},
     {"mode", required_argument, 0, CLI_OPT_MODE},
+    {"backup-workers", required_argument, 0, CLI_OPT_BACKUP_WORKERS},
     {"replicas", required_argument, 0, CLI_OPT_REPLICAS},
     {"ranges", required_argument, 0, CLI_OPT_RANGES},
     {"join-timeout", required_argument, 0, CLI_OPT_JOIN_TIMEOUT},
@@ -126,6 +130,9 @@ int cps__cli_scheduler(int argc, char **argv)
     if ((cfg.ckpt_dir[0] || cfg.ckpt_keep) && !cfg.ckpt_every)
         return cps__cli_usage_error("scheduler", "--checkpoint-dir and --keep need "
                                                  "--checkpoint-every");
+    char berr[256];
+    if (cps__config_check_backup(&cfg, berr, sizeof berr) != 0)
+        return cps__cli_usage_error("scheduler", "%s", berr);
     cps__role_install_signals();
     if (cfg.restore_optim[0] && !cfg.restore_from[0])
         return cps__cli_usage_error("scheduler", "--restore-optimizer needs --restore-from");

@@ -193,9 +193,13 @@ static void print_status(const reply *r, const summary *sm)
     if (!r->started) {
         printf("job: waiting for nodes (%u joined so far)\n", r->n);
     } else {
-        printf("job: running, view epoch %" PRIu64 ", mode %s, %u workers, %u servers, "
+        char backup[48] = "";
+        if (v->backup_workers)
+            snprintf(backup, sizeof backup, " (%u backup worker%s)", v->backup_workers,
+                     v->backup_workers == 1 ? "" : "s");
+        printf("job: running, view epoch %" PRIu64 ", mode %s%s, %u workers, %u servers, "
                "%u ranges, %u replica(s); step %" PRIu64 "\n",
-               v->epoch, cps__config_mode_str(v->mode, v->ssp_bound, mode, sizeof mode),
+               v->epoch, cps__config_mode_str(v->mode, v->ssp_bound, mode, sizeof mode), backup,
                v->num_workers, v->num_servers, v->nranges, v->replicas, sm->step);
     }
     if (sm->have_rates)
@@ -270,6 +274,8 @@ static void print_json(const reply *r, const summary *sm)
            r->started ? "true" : "false", v->epoch,
            cps__config_mode_str(v->mode, v->ssp_bound, mode, sizeof mode), v->num_workers,
            v->num_servers, v->replicas, sm->step);
+    if (v->backup_workers)
+        printf(",\"backup_workers\":%u", v->backup_workers);
     if (sm->have_rates)
         printf(",\"rates\":{\"steps_per_s\":%.3f,\"push_mb_per_s\":%.3f,\"pull_mb_per_s\":%.3f,"
                "\"updates_per_s\":%.3f}",

@@ -145,6 +145,38 @@ int cps__config_parse_mode(const char *what, const char *s, uint32_t *mode, uint
     return fail(err, errlen, "%s: '%s' is not a mode (sync, async or ssp:N)", what, s ? s : "");
 }
 
+int cps__config_parse_backup(const char *what, const char *s, uint32_t *out, char *err,
+                             size_t errlen)
+{
+    uint32_t b;
+    if (cps__config_parse_u32(what, s, 0, CPS_MAX_NODES - 1, &b, NULL, 0) != 0)
+        return fail(err, errlen,
+                    "%s: '%s' is not a number of backup workers (0..%u, below the workers)", what,
+                    s ? s : "", CPS_MAX_NODES - 1);
+    *out = b;
+    return 0;
+}
+
+int cps__config_check_backup(const cps__config *cfg, char *err, size_t errlen)
+{
+    char mode[32];
+    if (cfg->backup_workers == 0)
+        return 0;
+    if (cfg->mode != CPS_MODE_SYNC)
+        snprintf(err, errlen,
+                 "--backup-workers (CHAINPS_BACKUP_WORKERS) %u needs --mode sync, not %s",
+                 cfg->backup_workers,
+                 cps__config_mode_str(cfg->mode, cfg->ssp_bound, mode, sizeof mode));
+    else if (cfg->num_workers && cfg->backup_workers >= cfg->num_workers)
+        snprintf(err, errlen,
+                 "--backup-workers (CHAINPS_BACKUP_WORKERS) %u must be below the %u workers: a "
+                 "step needs at least one gradient",
+                 cfg->backup_workers, cfg->num_workers);
+    else
+        return 0;
+    return CPS_EINVAL;
+}
+
 int cps__config_parse_role(const char *what, const char *s, int *role, char *err, size_t errlen)
 {
     static const struct {
@@ -436,6 +468,13 @@ static int env_misc(cps__config *cfg, char *err, size_t errlen)
          * Its workers may push different keys, which a sync step would wait for forever. */
         cfg->mode = CPS_MODE_ASYNC;
     }
+    s = env("CHAINPS_BACKUP_WORKERS");
+    if (s) {
+        int rc = cps__config_parse_backup("CHAINPS_BACKUP_WORKERS", s, &cfg->backup_workers, err,
+                                          errlen);
+        if (rc)
+            return rc;
+    }
     s = env("CHAINPS_PORT");
     if (s) {
         uint32_t v;
@@ -588,6 +627,9 @@ int cps__config_export_env(const cps__config *cfg)
         rc = put_u32("CHAINPS_VERBOSE", (uint32_t)cfg->verbose);
     if (!rc)
         rc = put("CHAINPS_MODE", cps__config_mode_str(cfg->mode, cfg->ssp_bound, buf, sizeof buf));
+    if (!rc)
+        rc = cfg->backup_workers ? put_u32("CHAINPS_BACKUP_WORKERS", cfg->backup_workers)
+                                 : put("CHAINPS_BACKUP_WORKERS", NULL);
     if (!rc)
         rc = cfg->replicas ? put_u32("CHAINPS_REPLICAS", cfg->replicas)
                            : put("CHAINPS_REPLICAS", NULL);

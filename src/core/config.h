@@ -10,7 +10,8 @@
  *   workers     CHAINPS_NUM_WORKERS, DMLC_NUM_WORKER, MS_WORKER_NUM
  *   data dir    CHAINPS_DATA_DIR
  *   verbosity   CHAINPS_VERBOSE, PS_VERBOSE (0..3)
- *   mode        CHAINPS_MODE (sync|async|ssp:N)
+ *   mode        CHAINPS_MODE (sync|async|ssp:N), CHAINPS_BACKUP_WORKERS (sync: a step closes
+ *               with the first live workers minus this many pushes; default 0)
  *   replicas    CHAINPS_REPLICAS
  *   rank        CHAINPS_RANK (requested worker/server rank; set by `chainps launch`)
  *   bind/adv.   CHAINPS_BIND (host to bind), CHAINPS_ADVERTISE / DMLC_NODE_HOST (host others use)
@@ -49,6 +50,7 @@ typedef struct cps__config {
     int verbose;                   /* 0 quiet .. 3 debug; default 0 (INFO logs still shown) */
     uint32_t mode;                 /* cps_mode; default CPS_MODE_SYNC */
     uint32_t ssp_bound;            /* for CPS_MODE_SSP */
+    uint32_t backup_workers;       /* CPS_MODE_SYNC: backup workers b (0 = wait for all) */
     uint32_t replicas;             /* 0 = default (min(3, servers)) */
     uint32_t num_ranges;           /* key ranges of the job; 0 = default (one per server) */
     uint32_t rank;                 /* UINT32_MAX = any */
@@ -108,6 +110,14 @@ int cps__config_parse_hostport(const char *what, const char *s, char host[CPS_AD
 /* "sync" | "async" | "ssp:N" (N 0..1000000). */
 int cps__config_parse_mode(const char *what, const char *s, uint32_t *mode, uint32_t *bound,
                            char *err, size_t errlen);
+/* A backup-worker count (0..CPS_MAX_NODES-1); the job's limit is checked by
+ * cps__config_check_backup once every flag is in. */
+int cps__config_parse_backup(const char *what, const char *s, uint32_t *out, char *err,
+                             size_t errlen);
+/* The backup workers against the rest of cfg: b > 0 needs sync mode and b < num_workers (a step
+ * needs at least one gradient). Returns 0, or CPS_EINVAL with a message naming --backup-workers
+ * and CHAINPS_BACKUP_WORKERS in err. */
+int cps__config_check_backup(const cps__config *cfg, char *err, size_t errlen);
 /* CHAINPS_COMPRESS's value: comma-separated "0"/"1" (snappy) and at most one codec spec
  * (core/gradcodec.h), applied to cfg->compress / cfg->grad_codec. */
 int cps__config_parse_compress(const char *what, const char *s, cps__config *cfg, char *err,

@@ -3,7 +3,9 @@
  * View encoding (little-endian, offsets in bytes; fixed-size records so that every length is
  * known from two counts and can be checked against the buffer before anything is read):
  *    0 u32 magic 'CPSV' (0x56535043), so a payload of another type is not taken for a view
- *    4 u32 mode      8 u64 epoch     16 u32 ssp_bound   20 u32 num_workers
+ *    4 u32 mode      8 u64 epoch     16 u32 mode_arg    20 u32 num_workers
+ *      mode_arg: the staleness bound (ssp_bound) in SSP mode, the backup workers in sync mode
+ *      (0 in async mode); one field, so a view without backup workers encodes as before
  *   24 u32 num_servers   28 u32 replicas   32 u32 nnodes   36 u32 nranges
  *   40 nnodes node records of 140 bytes:
  *        0 u32 id   4 u8 role   5 u8 alive   6 u16 zero   8 u32 rank
@@ -147,7 +149,7 @@ size_t cps__view_encode(const cps__view *v, void *buf, size_t cap)
     cps__le32_put(b + 0, VIEW_MAGIC);
     cps__le32_put(b + 4, v->mode);
     cps__le64_put(b + 8, v->epoch);
-    cps__le32_put(b + 16, v->ssp_bound);
+    cps__le32_put(b + 16, v->mode == CPS_MODE_SYNC ? v->backup_workers : v->ssp_bound);
     cps__le32_put(b + 20, v->num_workers);
     cps__le32_put(b + 24, v->num_servers);
     cps__le32_put(b + 28, v->replicas);
@@ -260,15 +262,17 @@ static int decode_header(const unsigned char *b, size_t len, int prefix, cps__vi
         return CPS_EPROTO;
     v->mode = cps__le32_get(b + 4);
     v->epoch = cps__le64_get(b + 8);
-    v->ssp_bound = cps__le32_get(b + 16);
+    uint32_t arg = cps__le32_get(b + 16);
+    v->ssp_bound = v->mode == CPS_MODE_SYNC ? 0 : arg;
+    v->backup_workers = v->mode == CPS_MODE_SYNC ? arg : 0;
     v->num_workers = cps__le32_get(b + 20);
     v->num_servers = cps__le32_get(b + 24);
     v->replicas = cps__le32_get(b + 28);
     v->nnodes = cps__le32_get(b + 32);
     v->nranges = cps__le32_get(b + 36);
     if (v->mode > CPS_MODE_SSP || v->num_workers > CPS_MAX_NODES ||
-        v->num_servers > CPS_MAX_NODES || v->replicas > CPS_MAX_REPLICAS ||
-        v->nnodes > CPS_MAX_NODES || v->nranges > VIEW_MAX_RANGES)
+        v->backup_workers > CPS_MAX_NODES || v->num_servers > CPS_MAX_NODES ||
+        v->replicas > CPS_MAX_REPLICAS || v->nnodes > CPS_MAX_NODES || v->nranges > VIEW_MAX_RANGES)
         return CPS_EPROTO;
     uint64_t need = VIEW_HDR_SIZE + (uint64_t)VIEW_NODE_SIZE * v->nnodes +
                     (uint64_t)VIEW_RANGE_SIZE * v->nranges;

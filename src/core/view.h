@@ -38,9 +38,10 @@ typedef struct cps__range {
 
 typedef struct cps__view {
     uint64_t epoch;
-    uint32_t mode;        /* cps_mode */
-    uint32_t ssp_bound;   /* staleness bound for CPS_MODE_SSP */
-    uint32_t num_workers; /* expected / live workers */
+    uint32_t mode;           /* cps_mode */
+    uint32_t ssp_bound;      /* staleness bound for CPS_MODE_SSP */
+    uint32_t backup_workers; /* CPS_MODE_SYNC: a step closes with the first live - b pushes */
+    uint32_t num_workers;    /* expected / live workers */
     uint32_t num_servers;
     uint32_t replicas;
     uint32_t nnodes;

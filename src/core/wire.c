@@ -73,6 +73,9 @@ int cps__wire_hdr_decode(const void *buf, size_t len, cps__msg_hdr *out)
     h.flags = (uint16_t)(b[6] | b[7] << 8);
     if (!type_known(h.type) || (h.flags & ~CPS_WF_KNOWN_))
         return CPS_EPROTO;
+    if ((h.flags & CPS_WF_LATE) &&
+        (!(h.flags & CPS_WF_REPLY) || (h.type != CPS_MSG_ACK && h.type != CPS_MSG_VALUES)))
+        return CPS_EPROTO;
     if ((h.flags & CPS_WF_LOSSY) && h.type != CPS_MSG_PUSH && h.type != CPS_MSG_PUSH_PULL)
         return CPS_EPROTO;
     h.sender = cps__le32_get(b + 8);

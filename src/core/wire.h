@@ -93,8 +93,12 @@ enum cps__msg_type {
  * applies to the payload as usual (CPS_WF_SNAPPY then describes the bytes on the wire, and the
  * decompressed payload is this one). A message without the flag decodes exactly as before, and
  * a server that predates it refuses the flag as unknown rather than misreading the values. */
-#define CPS_WF_LOSSY  0x0008u
-#define CPS_WF_KNOWN_ (CPS_WF_SNAPPY | CPS_WF_REPLY | CPS_WF_NOAGG | CPS_WF_LOSSY)
+#define CPS_WF_LOSSY 0x0008u
+/* Replies (ACK / VALUES) to a sync push only: the push came late, after its step had closed
+ * with the first W-b gradients (backup workers), and was dropped, not applied. aux = the key
+ * set's last closed step in the range: the worker continues after it. */
+#define CPS_WF_LATE   0x0010u
+#define CPS_WF_KNOWN_ (CPS_WF_SNAPPY | CPS_WF_REPLY | CPS_WF_NOAGG | CPS_WF_LOSSY | CPS_WF_LATE)
 
 /* Request sequence spaces (header req_seq): dense pushes count 1, 2, ... per (worker, range);
  * sparse-row pushes (CPS_WF_NOAGG) have CPS_SEQ_SPARSE set and their own count; every other

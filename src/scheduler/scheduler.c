@@ -286,6 +286,7 @@ static int start_job(cps__sched *s)
     s->view.epoch = 1;
     s->view.mode = s->cfg.mode;
     s->view.ssp_bound = s->cfg.ssp_bound;
+    s->view.backup_workers = s->cfg.mode == CPS_MODE_SYNC ? s->cfg.backup_workers : 0;
     s->view.num_workers = s->cfg.num_workers;
     s->view.num_servers = S;
     /* Default: chains of 3 (or every server, when there are fewer). */
@@ -304,10 +305,11 @@ static int start_job(cps__sched *s)
     char mode[32];
     cps__log(CPS_LOG_INFO, "scheduler",
              "connected %u workers and %u servers; view epoch %llu, %u ranges, %u replica(s), "
-             "mode %s",
+             "mode %s, %u backup worker(s)",
              s->cfg.num_workers, S, (unsigned long long)s->view.epoch, s->view.nranges,
              s->view.replicas,
-             cps__config_mode_str(s->cfg.mode, s->cfg.ssp_bound, mode, sizeof mode));
+             cps__config_mode_str(s->cfg.mode, s->cfg.ssp_bound, mode, sizeof mode),
+             s->view.backup_workers);
     s->held_type = CPS_MSG_WELCOME;
     save(s);
     for (uint32_t i = 0; i < s->nnodes; i++)

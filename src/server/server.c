@@ -647,6 +647,9 @@ static void publish_metrics(cps__server *s)
     COUNTER("chainps_server_forward_retries_total",
             "FWDs sent again because the successor had not acknowledged them in time.",
             c->forward_retries);
+    COUNTER("chainps_server_late_gradients_total",
+            "Sync gradients dropped because their step had closed without them (backup workers).",
+            c->late_gradients);
     COUNTER("chainps_server_messages_total", "Messages received.", st->msgs_in);
     COUNTER("chainps_server_bad_messages_total", "Messages dropped as malformed or unexpected.",
             st->msgs_bad);
@@ -960,8 +963,14 @@ int cps__server_run(const cps__config *cfg)
     rc = rc < 0 ? rc : 0;
     if (!s.poisoned)
         cps__server_flush_acks(&s, 0, 1);
-    cps__log(CPS_LOG_INFO, "server", "stopping: %llu updates applied, %llu bad messages",
-             (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad);
+    if (s.ctr.late_gradients) /* backup workers: said only when there were any */
+        cps__log(CPS_LOG_INFO, "server",
+                 "stopping: %llu updates applied, %llu bad messages, %llu late gradients dropped",
+                 (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad,
+                 (unsigned long long)s.ctr.late_gradients);
+    else
+        cps__log(CPS_LOG_INFO, "server", "stopping: %llu updates applied, %llu bad messages",
+                 (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad);
 out:
     cps__metrics_stop(s.metrics);
     cps__prom_fini(&s.page);

@@ -32,6 +32,8 @@ typedef struct cps__server_counters {
     uint64_t pulls;           /* PULL and PUSH_PULL requests received */
     uint64_t forwards;        /* FWDs sent to a successor, first sends and re-sends */
     uint64_t forward_retries; /* of which re-sent (the successor had not acknowledged in time) */
+    uint64_t late_gradients;  /* sync pushes dropped: their step closed without them (backup
+                                 workers) */
     cps__prom_hist apply;     /* seconds each update's store transaction took */
 } cps__server_counters;
 

@@ -474,6 +474,10 @@ static void do_apply(cps__server *s, const cps__chain_action *a)
         s->after_apply(s, a->range);
 }
 
+static void reply_late(cps__server *s, const cps__chain_action *a, cps__rx *rx, const cps__kv *kv);
+static void send_late(cps__server *s, uint32_t worker, uint64_t req_seq, uint32_t range,
+                      uint64_t step, uint64_t closed, const cps__kv *kv);
+
 static void do_reply(cps__server *s, const cps__chain_action *a)
 {
     const cps__chain_req *q = &a->req;
@@ -505,6 +509,12 @@ static void do_reply(cps__server *s, const cps__chain_action *a)
         cps__kv kv;
         int have_kv = rx->hdr.type == CPS_MSG_PUSH_PULL &&
                       cps__wire_kv_decode(rx->payload, rx->len, 1, &kv) == 0;
+        if (rx->hdr.flags & CPS_WF_LATE) {
+            reply_late(s, a, rx, have_kv ? &kv : NULL);
+            cps__rx_free(rx);
+            free(rx);
+            return;
+        }
         uint64_t aux = q->type == CPS_MSG_DECLARE
                            ? declare_step(s, a->range, q->worker, rx->payload, rx->len)
                            : 0;
@@ -868,6 +878,64 @@ static void run_sync_actions(cps__server *s, uint64_t now)
     }
 }
 
+/* Backup workers: is this push of a step that closed without it? Returns cps__sync_check's
+ * verdict or CPS_ENOMEM. The record is what every replica stores with each aggregate (the key
+ * set's last step, each included worker's last request), read from our store, so a head that
+ * took over after a failover knows the steps the old one closed and who made them. A late push
+ * is marked (CPS_WF_LATE and the closed step in aux, on our copy of the request only): the chain
+ * takes it as the duplicate of a closed step it is, and its reply, once that step is committed,
+ * says it was dropped (do_reply). */
+static int sync_mark_late(cps__server *s, cps__rx *rx, uint64_t sig)
+{
+    cps__msg_hdr *h = &rx->hdr;
+    if (!s->sync && cps__sync_create(sync_push_free, NULL, &s->sync) != 0)
+        return CPS_ENOMEM;
+    uint64_t closed = 0;
+    cps__sync_member m = {h->sender, 0};
+    op_agg_step(s, h->range, sig, &closed);
+    op_dedup(s, h->range, h->sender, &m.req_seq);
+    int rc = cps__sync_record(s->sync, h->range, sig, closed, 1, &m);
+    if (rc != 0)
+        return rc;
+    rc = cps__sync_check(s->sync, h->range, sig, h->step, h->sender, h->req_seq, &closed);
+    if (rc == CPS_SYNC_LATE || rc == CPS_SYNC_STALE) {
+        h->flags |= CPS_WF_LATE;
+        h->aux = closed;
+    }
+    return rc;
+}
+
+/* The reply to a late push: counted, logged, and answered as a normal ACK (or the current
+ * values, for a push-pull) with CPS_WF_LATE and the step the key set is on, so the worker moves
+ * on to the next step rather than fall further behind. */
+static void send_late(cps__server *s, uint32_t worker, uint64_t req_seq, uint32_t range,
+                      uint64_t step, uint64_t closed, const cps__kv *kv)
+{
+    cps__msg_hdr h;
+    reply_header(s, &h, kv ? CPS_MSG_VALUES : CPS_MSG_ACK, worker, req_seq, range, step);
+    h.flags |= CPS_WF_LATE;
+    h.aux = closed;
+    if (kv) {
+        reply_values(s, &h, kv);
+        return;
+    }
+    int rc = cps__msg_send(s->tp, worker, &h, NULL, 0);
+    if (rc != 0)
+        cps__log(CPS_LOG_WARN, "server", "ack to node %u failed: %s", worker, cps_strerror(rc));
+}
+
+static void reply_late(cps__server *s, const cps__chain_action *a, cps__rx *rx, const cps__kv *kv)
+{
+    const cps__chain_req *q = &a->req;
+    s->ctr.late_gradients++;
+    cps__log(CPS_LOG_DEBUG, "server",
+             "range %u: push %llu of node %u for step %llu dropped: the step closed without it "
+             "(the key set is at step %llu)",
+             a->range, (unsigned long long)q->req_seq, q->worker, (unsigned long long)rx->hdr.step,
+             (unsigned long long)rx->hdr.aux);
+    send_late(s, q->worker, q->req_seq, a->range, rx->hdr.step, rx->hdr.aux, kv);
+}
+
 static void push_sync(cps__server *s, cps__rx *rx, const cps__kv *kv)
 {
     const cps__msg_hdr *h = &rx->hdr;
@@ -879,8 +947,20 @@ static void push_sync(cps__server *s, cps__rx *rx, const cps__kv *kv)
     }
     uint64_t sig = keyset_sig(kv);
     int verdict;
+    int late = s->view.backup_workers > 0 ? sync_mark_late(s, rx, sig) : CPS_SYNC_OPEN;
+    if (late < 0 || late == CPS_SYNC_STALE) {
+        /* STALE: an old copy of a push the worker has finished (a later one of its pushes is in
+         * an aggregate): answered at once, without a claim and uncounted; only a worker that
+         * gave it up still waits for an answer. */
+        if (late < 0)
+            cps__server_reply_error(s, h, late, "no memory for the step record");
+        else
+            send_late(s, h->sender, h->req_seq, h->range, h->step, h->aux, NULL);
+        cps__rx_free(rx);
+        return;
+    }
     if (admit(s, rx, sig, 0, &verdict))
-        return; /* a retry of an applied step: answered by the state machine */
+        return; /* a retry of an applied step, or a late push: answered by the state machine */
     if (verdict != CPS_ADMIT_NEW) {
         cps__rx_free(rx);
         return;
@@ -897,7 +977,21 @@ static void push_sync(cps__server *s, cps__rx *rx, const cps__kv *kv)
         return;
     }
     free(p);
-    if (v == CPS_SYNC_SIZE)
+    if (v == CPS_SYNC_LATE || v == CPS_SYNC_APPLIED || v == CPS_SYNC_STALE) {
+        /* Closed in our record though the chain admitted it: answer as the chain would. */
+        cps__chain_action a = {.kind = CPS_CA_REPLY, .range = h->range};
+        a.req = (cps__chain_req){h->sender, h->type, 0, h->req_seq};
+        uint64_t closed = 0;
+        cps__sync_check(s->sync, h->range, sig, h->step, h->sender, h->req_seq, &closed);
+        rx->hdr.aux = closed;
+        if (v == CPS_SYNC_LATE)
+            reply_late(s, &a, rx, h->type == CPS_MSG_PUSH_PULL ? kv : NULL);
+        else if (v == CPS_SYNC_STALE)
+            send_late(s, h->sender, h->req_seq, h->range, h->step, closed, NULL);
+        else
+            reply_request_aux(s, h->type, h->sender, h->req_seq, h->range, h->step,
+                              h->type == CPS_MSG_PUSH_PULL ? kv : NULL, 0);
+    } else if (v == CPS_SYNC_SIZE)
         cps__server_reply_error(s, h, CPS_ESIZE,
                                 "gradient length differs between workers for step %llu",
                                 (unsigned long long)h->step);

@@ -303,8 +303,10 @@ static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, 
             return erc;
         }
     }
-    if (kind != OP_PULL)
+    if (kind != OP_PULL) {
         t->step++;
+        op->step_of = &t->step;
+    }
     op->step = t->step;
     int rc = cps__client_run(c, op, h == NULL);
     if (kind == OP_PUSH || kind == OP_PUSH_PULL) {
@@ -440,6 +442,7 @@ static int raw_op(cps_client *c, int kind, const uint64_t *keys, size_t nkeys, c
                 c->tensors = t;
             }
             op.step = t ? ++t->step : 0;
+            op.step_of = t ? &t->step : NULL;
             c->stats.pushes++;
         } else if (kind == OP_PULL) {
             c->stats.pulls++;

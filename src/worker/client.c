@@ -405,6 +405,14 @@ static void on_reply(cps_client *c, const cps__rx *rx)
      * worker joining a running job continues from there (its first push is the next step). */
     if (h->type == CPS_MSG_ACK && op->kind == OP_DECLARE && h->aux > op->step)
         op->step = h->aux;
+    /* A sync push that came after its step closed (backup workers) was dropped; the reply names
+     * the step the key set is on, and the worker's next push is the one after it, so a slow
+     * worker keeps up with the job instead of falling further behind. */
+    if (h->flags & CPS_WF_LATE) {
+        c->stats.late_pushes++;
+        if (op->step_of && h->aux > *op->step_of)
+            *op->step_of = h->aux;
+    }
     op_finish_req(op, err);
 }
 

@@ -82,6 +82,8 @@ typedef struct cps__op {
     const float *grad;
     float *out;
     uint64_t step;
+    uint64_t *step_of; /* the tensor's step counter (a sync push), or NULL: a late reply
+                          (CPS_WF_LATE) moves it on to the step the job is on */
     const cps__param_spec *spec;
     const cps__part *parts; /* borrowed from the tensor, or owned (own_parts) */
     uint32_t nparts;

@@ -5,7 +5,11 @@
  *                   [--short-rank R] (rank R stops 10 steps early, as with an uneven shard)
  *                   [--adam] (Adam instead of SGD) [--step-ms MS] (sleep MS per step)
  *                   [--slow-rank R] (only rank R sleeps --step-ms per step)
- * Prints "trained N steps in S s" when its own steps are done (before the final barrier).
+ *                   [--base-ms MS] (every rank also sleeps MS per step: with --slow-rank, a
+ *                   straggler (MS + --step-ms) among workers that are not infinitely fast)
+ * Prints "trained N steps in S s" when its own steps are done (before the final barrier), and
+ * "rank R: N late pushes dropped (backup workers), of P pushes" when backup workers dropped some
+ * of its pushes.
  * A job restored from a checkpoint resumes at the checkpoint's step (cps_tensor_step).
  * Prints "final: max |w - w*| = ..., checksum ..." and exits 0 if within tolerance. */
 #include <math.h>
@@ -37,7 +41,7 @@ int main(int argc, char **argv)
 {
     int dim = 16, samples = 512, steps = 300;
     double lr = 0.1, tol = 1e-3;
-    int short_rank = -1, slow_rank = -1, adam = 0, step_ms = 0;
+    int short_rank = -1, slow_rank = -1, adam = 0, step_ms = 0, base_ms = 0;
     const tc_flag flags[] = {{"--dim", TC_INT, &dim},
                              {"--samples", TC_INT, &samples},
                              {"--steps", TC_INT, &steps},
@@ -46,6 +50,7 @@ int main(int argc, char **argv)
                              {"--adam", TC_SWITCH, &adam},
                              {"--step-ms", TC_INT, &step_ms},
                              {"--slow-rank", TC_INT, &slow_rank},
+                             {"--base-ms", TC_INT, &base_ms},
                              {"--short-rank", TC_INT, &short_rank},
                              {NULL, 0, NULL}};
     if (tc_flags_parse(argc, argv, flags) != 0)
@@ -96,9 +101,11 @@ int main(int argc, char **argv)
         step_ms = 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (int s = first; s < steps && rc == 0; s++) {
-        if (step_ms)
-            usleep((useconds_t)step_ms * 1000);
+    /* Counted by the tensor's step, not by iterations: with backup workers a push that came
+     * late is dropped and the step moves on to the job's, so a slow worker does fewer. */
+    for (int s = first; s < steps && rc == 0; s = (int)cps_tensor_step(t)) {
+        if (step_ms + base_ms)
+            usleep((useconds_t)(step_ms + base_ms) * 1000);
         memset(g, 0, sizeof(float) * (size_t)dim);
         for (int i = rank; i < samples; i += W) {
             double r = -y[i];
@@ -114,9 +121,14 @@ int main(int argc, char **argv)
         rc = cps_push_pull(c, t, g, w, (uint64_t)dim);
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    cps_client_stats st;
+    cps_client_stats_get(c, &st);
     if (rc == 0)
         printf("trained %d steps in %.3f s\n", steps - first,
                (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+    if (rc == 0 && st.late_pushes)
+        printf("rank %d: %llu late pushes dropped (backup workers), of %llu pushes\n", rank,
+               (unsigned long long)st.late_pushes, (unsigned long long)st.pushes);
     if (rc == 0 && short_rank < 0)
         rc = cps_barrier(c);
     if (rc == 0)

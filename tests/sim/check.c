@@ -144,6 +144,105 @@ static void agg_put(sim_rstore *st, uint64_t sig, uint64_t step)
     st->aggs[st->naggs++] = (sim_agg){sig, step};
 }
 
+/* ---- backup workers ---- */
+
+/* Room for one more element in the array *p of n of *cap elements of `size` bytes. */
+static void grow_for_one(void **p, uint64_t *cap, uint64_t n, size_t size)
+{
+    if (n < *cap)
+        return;
+    *cap = *cap ? *cap * 2 : 64;
+    *p = realloc(*p, *cap * size);
+    if (!*p) {
+        fprintf(stderr, "sim: out of memory\n");
+        exit(2);
+    }
+}
+
+static int late_find(const sim *sm, uint32_t r, uint32_t worker, uint64_t req_seq)
+{
+    for (uint64_t i = 0; i < sm->nlates; i++)
+        if (sm->lates[i].range == r && sm->lates[i].worker == worker &&
+            sm->lates[i].req_seq == req_seq)
+            return 1;
+    return 0;
+}
+
+/* Hash of the requests an aggregate of a step included (its body is their gradients). */
+static uint64_t step_set_hash(const cps__chain_update *u)
+{
+    uint64_t h = XXH3_64bits(&u->step, sizeof u->step);
+    for (uint32_t i = 0; i < u->nreqs; i++) {
+        uint64_t q[2] = {u->reqs[i].worker, u->reqs[i].req_seq};
+        h = XXH3_64bits_withSeed(q, sizeof q, h);
+    }
+    return XXH3_64bits_withSeed(u->body, u->body_len, h);
+}
+
+/* Invariants 12 and 13 at the APPLY of a sync aggregate: no request in it was answered as late,
+ * and once a step's aggregate was applied by a tail (committed: acknowledgements follow), every
+ * replica that applies that step, before or after a failover, applies the same requests. */
+static void check_step_set(sim *sm, sim_server *s, const cps__chain_action *a)
+{
+    const cps__chain_update *u = &a->upd;
+    /* As invariant 3: a removed head taking a write in its old epoch (fenced, and its store
+     * replaced when it rejoins) is no replica. */
+    if (!sim_is_member(sm, a->range, s->id) && !(s->copying && s->copying[a->range]))
+        return;
+    for (uint32_t i = 0; i < u->nreqs; i++)
+        if (late_find(sm, a->range, u->reqs[i].worker, u->reqs[i].req_seq)) {
+            sim_fail(sm, "(13) a late push is never applied",
+                     "server %u range %u seq %" PRIu64 ": step %" PRIu64
+                     " applies push (worker %u, req %" PRIx64 "), answered as late before",
+                     s->id, a->range, a->seq, u->step, u->reqs[i].worker, u->reqs[i].req_seq);
+            return;
+        }
+    uint64_t h = step_set_hash(u);
+    for (uint64_t i = 0; i < sm->nstep_sets; i++) {
+        sim_step_set *e = &sm->step_sets[i];
+        if (e->range != a->range || e->step != u->step)
+            continue;
+        if (e->hash != h)
+            sim_fail(sm, "(12) a step's gradients are fixed",
+                     "server %u range %u seq %" PRIu64 ": step %" PRIu64
+                     " applied with other requests (%u) than its committed aggregate",
+                     s->id, a->range, a->seq, u->step, u->nreqs);
+        return;
+    }
+    /* Committed: applied by the tail, in its view and in the scheduler's. Before that the head
+     * may still lose it, and its step is gathered again. */
+    const cps__range *rg = &sim_cur_view(sm)->ranges[a->range];
+    if (!cps__chain_is_tail(s->chain, a->range) || rg->chain[rg->chain_len - 1] != s->id)
+        return;
+    grow_for_one((void **)&sm->step_sets, &sm->step_sets_cap, sm->nstep_sets,
+                 sizeof *sm->step_sets);
+    sm->step_sets[sm->nstep_sets++] = (sim_step_set){a->range, u->step, h};
+}
+
+/* A push answered as late: applied on no live replica now (invariant 13), and nowhere later. A
+ * removed head may hold it in an aggregate that never left it (a failover in the middle of the
+ * step): that one is lost with it, and the new head gathered the step again without the push. */
+void sim_check_late(sim *sm, sim_server *s, uint32_t r, uint32_t worker, uint64_t req_seq)
+{
+    const cps__range *rg = &sim_cur_view(sm)->ranges[r];
+    for (uint32_t i = 0; i < rg->chain_len; i++) {
+        const sim_server *o = &sm->servers[rg->chain[i] - 1];
+        if (o->wiped || rg->chain[i] == sm->lag[r].node)
+            continue;
+        if (set_find(&o->rs[r], worker, req_seq)) {
+            sim_fail(sm, "(13) a late push is never applied",
+                     "range %u: push (worker %u, req %" PRIx64 ") answered as late by server %u "
+                     "but applied on live replica %u",
+                     r, worker, req_seq, s->id, o->id);
+            return;
+        }
+    }
+    if (late_find(sm, r, worker, req_seq))
+        return;
+    grow_for_one((void **)&sm->lates, &sm->lates_cap, sm->nlates, sizeof *sm->lates);
+    sm->lates[sm->nlates++] = (sim_late){r, worker, req_seq};
+}
+
 /* SSP: the clocks of the range in store st once its updates 1..seq are applied (seq <= applied). */
 static const uint64_t *truth_row(const sim *sm, const sim_rstore *st, uint64_t seq)
 {
@@ -263,6 +362,10 @@ void sim_store_apply(sim *sm, sim_server *s, const cps__chain_action *a)
     }
     if (u->sig)
         agg_put(st, u->sig, u->step);
+    if (u->sig && sm->p.backup)
+        check_step_set(sm, s, a);
+    if (sm->failed)
+        return;
     if (sm->p.mode == SIM_SSP) {
         ssp_apply(sm, s, a);
         if (sm->failed)

@@ -38,7 +38,8 @@ typedef struct cli {
     /* Explicit values; 0 / -1 when drawn from the seed. */
     uint32_t servers, workers, replicas, ranges;
     int mode, faults;
-    int ssp_bound; /* --mode ssp:N; -1 when drawn */
+    int ssp_bound;   /* --mode ssp:N; -1 when drawn */
+    uint32_t backup; /* --backup-workers B: sync mode, at least B+1 workers */
     uint64_t events;
     int verbose, refusals;
     const char *regressions;
@@ -54,7 +55,7 @@ static void usage(void)
             "usage: sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R]\n"
             "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
             "           [--faults none|drops|crash|pause|restart|partition|join|scale|all]\n"
-            "           [--events N] [--refusals] [-v]\n"
+            "           [--events N] [--refusals] [--backup-workers B] [-v]\n"
             "       sim --regressions FILE\n");
 }
 
@@ -126,6 +127,8 @@ static int parse_args(int argc, char **argv, cli *c)
             c->ranges = (uint32_t)x;
         } else if (strcmp(a, "--events") == 0 && x >= 100) {
             c->events = x;
+        } else if (strcmp(a, "--backup-workers") == 0 && x >= 1 && x < SIM_MAX_WORKERS) {
+            c->backup = (uint32_t)x;
         } else {
             return -1;
         }
@@ -148,9 +151,22 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->seed = seed;
     p->servers = c->servers ? c->servers : 1 + (uint32_t)(d[0] % 5);
     p->workers = c->workers ? c->workers : 1 + (uint32_t)(d[1] % 4);
+    /* Backup workers: sync, and more workers than backups (W-B >= 1 close a step). */
+    if (c->backup) {
+        p->backup = c->backup;
+        if (!c->workers)
+            p->workers = c->backup + 1 + (uint32_t)(d[1] % 3);
+        if (p->workers <= p->backup) {
+            fprintf(stderr, "sim: --backup-workers %u needs more than %u workers\n", p->backup,
+                    p->workers);
+            return -1;
+        }
+    }
     uint32_t rmax = p->servers < 3 ? p->servers : 3;
     p->replicas = c->replicas ? c->replicas : 1 + (uint32_t)(d[2] % rmax);
     p->mode = c->mode >= 0 ? c->mode : (int)(d[3] % 2);
+    if (c->backup)
+        p->mode = SIM_SYNC;
     p->ssp_bound = c->ssp_bound >= 0 ? (uint32_t)c->ssp_bound : (uint32_t)(d[21] % 4);
     p->faults = c->faults >= 0 ? c->faults : drawn_faults[d[4] % 10];
     p->events = c->events ? c->events : 2000 + d[5] % 8000;
@@ -200,6 +216,8 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --events %" PRIu64, p->events);
     if (c->refusals)
         printf(" --refusals");
+    if (c->backup)
+        printf(" --backup-workers %u", c->backup);
     printf("\n");
 }
 
@@ -207,7 +225,7 @@ static int run_cli(const char *prog, const cli *c)
 {
     uint64_t events = 0, acked = 0, views = 0, faults = 0, fenced = 0, zombie = 0;
     uint64_t restarts = 0, wipes = 0, parts = 0, joins = 0, rejoins = 0, gated = 0, parked = 0;
-    uint64_t unavailable = 0, false_deaths = 0, moves = 0, drains = 0;
+    uint64_t unavailable = 0, false_deaths = 0, moves = 0, drains = 0, late = 0;
     for (uint64_t i = 0; i < c->seeds; i++) {
         sim_params p;
         if (make_params(c, c->seed + i, &p) != 0)
@@ -251,6 +269,7 @@ static int run_cli(const char *prog, const cli *c)
         false_deaths += s.false_deaths;
         moves += s.moves;
         drains += s.drains;
+        late += s.late;
     }
     printf("sim: %" PRIu64 " seeds from %" PRIu64 " passed: %" PRIu64 " events, %" PRIu64
            " requests acknowledged, %" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
@@ -264,6 +283,9 @@ static int run_cli(const char *prog, const cli *c)
     if (moves || drains)
         printf("sim: %" PRIu64 " ranges moved (balance and drains), %" PRIu64 " servers drained\n",
                moves, drains);
+    if (c->backup)
+        printf("sim: %" PRIu64 " sync pushes answered as late (backup workers %u)\n", late,
+               c->backup);
     return 0;
 }
 

@@ -38,7 +38,13 @@
  *    a snapshot, as update.c and transfer.c do; pulls park and wake as in update.c. Workers
  *    run steps per range of a dense push, then a pull at that clock. Checked: every APPLY
  *    leaves the gate with the clocks the applied updates imply (9), no pull is answered beyond
- *    the bound (10), none stays parked once within it (11), and the run finishes. */
+ *    the bound (10), none stays parked once within it (11), and the run finishes.
+ *  - backup workers (--backup-workers B, sync): a step closes with the first W-B pushes
+ *    (replication/sync.c); the head marks a push of a closed step late from what its store
+ *    holds, as update.c does, and the worker moves on to the closed step. The last worker is a
+ *    straggler (it starts its steps less often). Checked: a late push is never applied on any
+ *    replica (13), and once a step's aggregate is committed (applied by a tail) every replica
+ *    that applies that step applies the same requests (12), through head failovers. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -411,6 +417,8 @@ static void server_reset(sim *sm, sim_server *s)
 /* ---- servers: performing the state machine's actions ---- */
 
 static void server_actions(sim *sm, sim_server *s);
+static void send_late(sim *sm, sim_server *s, uint32_t worker, uint32_t range, uint64_t req_seq,
+                      uint64_t closed);
 static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn);
 
 static void reply_to_worker(sim *sm, sim_server *s, uint8_t type, uint32_t worker, uint32_t range,
@@ -571,9 +579,20 @@ static void server_actions(sim *sm, sim_server *s)
                 return;
             }
             int refused = ck ? ck->refused : 0;
+            uint64_t late = ck ? ck->late : 0;
             if (!ck && a->upd.kind == CPS_UPD_SKIP)
                 refused = (int)(int64_t)cps__le64_get(a->upd.body);
             free(ck);
+            if (late) {
+                /* update.c's reply_late: dropped, never applied; the worker moves on. */
+                sim_check_late(sm, s, a->range, q->worker, q->req_seq);
+                if (sm->failed)
+                    return;
+                sim_trace(sm, "s%u reply late ACK r%u w%u req %" PRIx64 " (closed %" PRIu64 ")",
+                          s->id, a->range, q->worker, q->req_seq, late);
+                send_late(sm, s, q->worker, a->range, q->req_seq, late);
+                break;
+            }
             if (refused) {
                 sim_trace(sm, "s%u reply ERROR r%u w%u req %" PRIx64 " (refused) at seq %" PRIu64,
                           s->id, a->range, q->worker, q->req_seq, a->seq);
@@ -696,11 +715,12 @@ static int check_request(sim *sm, sim_server *s, const cps__msg_hdr *h)
 }
 
 /* cps__chain_admit with a heap cookie, as update.c's admit(): returns the verdict. */
-static int admit(sim *sm, sim_server *s, const cps__msg_hdr *h, uint64_t sig, int refused)
+static int admit(sim *sm, sim_server *s, const cps__msg_hdr *h, uint64_t sig, int refused,
+                 uint64_t late)
 {
     cps__chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
     sim_cookie *ck = xmalloc(sizeof *ck);
-    *ck = (sim_cookie){h->sender, h->range, h->req_seq, 0, refused};
+    *ck = (sim_cookie){h->sender, h->range, h->req_seq, 0, refused, late};
     int v = cps__chain_admit(s->chain, h->range, &q, h->step, sig, ck);
     sim_trace(sm, "s%u admit %s r%u w%u req %" PRIx64 " step %" PRIu64 ": verdict %d", s->id,
               msg_name(h->type), h->range, h->sender, h->req_seq, h->step, v);
@@ -720,6 +740,45 @@ static int admit(sim *sm, sim_server *s, const cps__msg_hdr *h, uint64_t sig, in
     else if (v < 0)
         chain_rc(sm, s, "cps__chain_admit", v);
     return v;
+}
+
+/* update.c's sync_mark_late: the record of what the store holds (the key set's last applied
+ * step, the worker's last included request), then replication/sync.c's verdict, returned;
+ * *closed receives the key set's closed step. */
+static int mark_late(sim *sm, sim_server *s, const cps__msg_hdr *h, uint64_t sig, uint64_t *closed)
+{
+    if (!s->sync && cps__sync_create(sim_grad_free, NULL, &s->sync) != 0) {
+        fprintf(stderr, "sim: out of memory\n");
+        exit(2);
+    }
+    cps__sync_member m = {h->sender, 0};
+    sim_op_agg_step(s, h->range, sig, closed);
+    sim_op_dedup(s, h->range, h->sender, &m.req_seq);
+    if (cps__sync_record(s->sync, h->range, sig, *closed, 1, &m) != 0) {
+        fprintf(stderr, "sim: out of memory\n");
+        exit(2);
+    }
+    int v = cps__sync_check(s->sync, h->range, sig, h->step, h->sender, h->req_seq, closed);
+    if (v == CPS_SYNC_LATE || v == CPS_SYNC_STALE)
+        sim_trace(sm, "s%u: push r%u w%u req %" PRIx64 " step %" PRIu64 " %s (closed %" PRIu64 ")",
+                  s->id, h->range, h->sender, h->req_seq, h->step,
+                  v == CPS_SYNC_LATE ? "late" : "stale", *closed);
+    return v;
+}
+
+/* update.c's send_late: an ACK that says the push was dropped, and the step the key set is on. */
+static void send_late(sim *sm, sim_server *s, uint32_t worker, uint32_t range, uint64_t req_seq,
+                      uint64_t closed)
+{
+    cps__msg_hdr h = {0};
+    h.type = CPS_MSG_ACK;
+    h.flags = CPS_WF_REPLY | CPS_WF_LATE;
+    h.epoch = s->epoch;
+    h.req_worker = worker;
+    h.range = range;
+    h.req_seq = req_seq;
+    h.aux = closed;
+    send_hdr(sm, s->id, worker, &h, NULL, 0, 0);
 }
 
 static void on_request(sim *sm, sim_server *s, const cps__msg_hdr *h, const uint8_t *pl,
@@ -742,7 +801,7 @@ static void on_request(sim *sm, sim_server *s, const cps__msg_hdr *h, const uint
         if (s->ssp && !cps__ssp_may_proceed(s->ssp, s->view, h->range, h->aux, h->sender)) {
             /* update.c's park_pull: answered when the slowest worker catches up. */
             sim_cookie *ck = xmalloc(sizeof *ck);
-            *ck = (sim_cookie){h->sender, h->range, h->req_seq, h->aux, 0};
+            *ck = (sim_cookie){h->sender, h->range, h->req_seq, h->aux, 0, 0};
             if (cps__ssp_park(s->ssp, h->range, h->sender, h->aux, ck) != 0) {
                 free(ck);
                 sim_fail(sm, "api", "server %u: cps__ssp_park failed", s->id);
@@ -773,7 +832,14 @@ static void on_request(sim *sm, sim_server *s, const cps__msg_hdr *h, const uint
      * uses up the push's number: it is replicated as a SKIP update carrying the error, which
      * the tail answers once committed, and a retry is a duplicate answered with the error. */
     int refused = !sync && h->aux == SIM_BAD_KEYS ? CPS_ENOTFOUND : 0;
-    int v = admit(sm, s, h, sig, refused);
+    uint64_t closed = 0;
+    int lv = sync && s->view->backup_workers ? mark_late(sm, s, h, sig, &closed) : CPS_SYNC_OPEN;
+    if (lv == CPS_SYNC_STALE) {
+        /* An old copy of a push the worker has finished: answered at once, without a claim. */
+        send_late(sm, s, h->sender, h->range, h->req_seq, closed);
+        return;
+    }
+    int v = admit(sm, s, h, sig, refused, lv == CPS_SYNC_LATE ? closed : 0);
     if (v != CPS_ADMIT_NEW || sm->failed)
         return;
     cps__chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
@@ -810,6 +876,7 @@ static void on_request(sim *sm, sim_server *s, const cps__msg_hdr *h, const uint
         /* CPS_SYNC_RETRY: a retry while the step is still being gathered; the reply comes when
          * it completes. The simulator's gradients all have one length. */
         free(g);
+        /* CPS_SYNC_LATE / APPLIED: the chain admitted as new a step our store says is closed. */
         if (sv != CPS_SYNC_RETRY)
             sim_fail(sm, "api", "server %u: cps__sync_push returned %d", s->id, sv);
         return;
@@ -1322,7 +1389,9 @@ static void worker_tick(sim *sm, sim_worker *w)
         for (uint32_t r = 0; r < sm->nranges && !sm->failed; r++) {
             if (w->sync_busy[r])
                 continue;
-            if (sm->phase == PHASE_FAULTS ? chance(sm, 500) : w->step[r] < sm->sync_target[r])
+            /* Backup workers: the last worker is a straggler. */
+            uint32_t pace = sm->p.backup && w->id == sm->workers[sm->p.workers - 1].id ? 150 : 500;
+            if (sm->phase == PHASE_FAULTS ? chance(sm, pace) : w->step[r] < sm->sync_target[r])
                 worker_issue(sm, w, REQ_DENSE, r);
         }
     }
@@ -1381,6 +1450,21 @@ static void worker_answered(sim *sm, sim_worker *w, sim_req *q, const cps__msg_h
     } else {
         if (h->type != CPS_MSG_ACK) {
             sim_fail(sm, "reply", "worker %u: push answered by %s", w->id, msg_name(h->type));
+            return;
+        }
+        if (h->flags & CPS_WF_LATE) {
+            /* Dropped, not applied: client.c moves the tensor's step on to the closed one. */
+            if (!sm->p.backup || q->type != CPS_MSG_PUSH || q->noagg || h->aux < q->step) {
+                sim_fail(sm, "reply",
+                         "worker %u: push %" PRIx64 " of step %" PRIu64
+                         " answered late (closed %" PRIu64 ")",
+                         w->id, q->seq, q->step, h->aux);
+                return;
+            }
+            if (!q->detached && h->aux > w->step[q->range])
+                w->step[q->range] = h->aux;
+            w->late++;
+            w->acked++;
             return;
         }
         sim_check_acked(sm, w, q);
@@ -2092,6 +2176,7 @@ static void setup(sim *sm)
               : p->mode == SIM_SSP ? CPS_MODE_SSP
                                    : CPS_MODE_ASYNC;
     v->ssp_bound = p->mode == SIM_SSP ? p->ssp_bound : 0;
+    v->backup_workers = p->mode == SIM_SYNC ? p->backup : 0;
     v->num_workers = p->workers;
     v->num_servers = p->servers;
     v->nnodes = p->servers + p->workers;
@@ -2204,6 +2289,8 @@ static void teardown(sim *sm)
     free(sm->heads);
     free(sm->sync_target);
     free(sm->acked);
+    free(sm->lates);
+    free(sm->step_sets);
     free(sm->sched_boot);
     cps__repair_destroy(sm->repair);
     cps__detector_destroy(sm->detector);
@@ -2375,6 +2462,9 @@ int sim_run(const sim_params *p, sim_summary *out)
         out->gated = sm->gated;
         out->ssp_parked = sm->ssp_parked;
         out->false_deaths = sm->false_deaths;
+        out->late = 0;
+        for (uint32_t k = 0; k < p->workers; k++)
+            out->late += sm->workers[k].late;
         out->unavailable = 0;
         for (uint32_t k = 0; k < p->workers; k++)
             out->unavailable += sm->workers[k].unavailable;

@@ -88,6 +88,7 @@ typedef struct sim_params {
     uint32_t servers, workers, replicas, ranges;
     int mode;           /* SIM_SYNC / SIM_ASYNC / SIM_SSP */
     uint32_t ssp_bound; /* SIM_SSP: the staleness bound */
+    uint32_t backup;    /* SIM_SYNC: backup workers (--backup-workers), never drawn */
     int faults;         /* SIM_F_* */
     uint64_t events;    /* length of the fault phase, in events */
     uint32_t window;    /* requests a worker keeps in flight */
@@ -112,6 +113,7 @@ typedef struct sim_summary {
     uint64_t moves, drains;
     uint64_t unavailable;  /* requests workers gave up with CPS_EUNAVAILABLE */
     uint64_t false_deaths; /* servers the detector declared dead though up and reachable */
+    uint64_t late;         /* backup workers: sync pushes answered as late (dropped) */
 } sim_summary;
 
 typedef struct sim_rng {
@@ -165,7 +167,20 @@ typedef struct sim_cookie {
     uint64_t req_seq;
     uint64_t clock; /* a pull parked by the SSP gate: the clock it reads at */
     int refused;    /* a retry of a push the head refuses: its error (update.c's admit) */
+    uint64_t late;  /* backup workers: a push of a step closed without it: the closed step */
 } sim_cookie;
+
+/* Backup workers: a request answered as late (never to be applied), and the requests a step's
+ * aggregate included once committed (invariants 12 and 13). */
+typedef struct sim_late {
+    uint32_t range, worker;
+    uint64_t req_seq;
+} sim_late;
+
+typedef struct sim_step_set {
+    uint32_t range;
+    uint64_t step, hash;
+} sim_step_set;
 
 /* A snapshot of one range of a tail's store, referenced by SNAP messages (aux = index). */
 typedef struct sim_snap {
@@ -235,6 +250,7 @@ typedef struct sim_worker {
     sim_req *live;      /* every request in rq (ctx), to free at the end */
     uint64_t view_asked, issued, acked;
     uint64_t unavailable; /* requests given up with CPS_EUNAVAILABLE */
+    uint64_t late;        /* backup workers: pushes answered as late */
 } sim_worker;
 
 typedef struct sim_acked {
@@ -281,6 +297,10 @@ typedef struct sim {
     sim_acked *acked;
     uint64_t nacked, acked_cap;
     uint64_t sent, drops, nfaults, fenced, zombie_writes;
+    sim_late *lates;
+    uint64_t nlates, lates_cap;
+    sim_step_set *step_sets;
+    uint64_t nstep_sets, step_sets_cap;
     char trace[SIM_TRACE_LINES][SIM_TRACE_LEN];
     uint64_t trace_pos;
 } sim;
@@ -311,6 +331,7 @@ void sim_check_acked(sim *sm, sim_worker *w, const sim_req *q);
 void sim_check_reply(sim *sm, sim_server *s, uint32_t r, const cps__chain_req *q);
 void sim_check_ssp_read(sim *sm, sim_server *s, uint32_t r, uint32_t worker, uint64_t clock);
 void sim_check_ssp_parked(sim *sm, sim_server *s);
+void sim_check_late(sim *sm, sim_server *s, uint32_t r, uint32_t worker, uint64_t req_seq);
 void sim_check_event(sim *sm);
 void sim_check_final(sim *sm);
 

@@ -34,6 +34,7 @@ static const char *const VARS[] = {
     "CHAINPS_VERBOSE",
     "PS_VERBOSE",
     "CHAINPS_MODE",
+    "CHAINPS_BACKUP_WORKERS",
     "CHAINPS_REPLICAS",
     "CHAINPS_RANK",
     "CHAINPS_BIND",
@@ -738,6 +739,58 @@ static void compress_values(void **state)
     }
 }
 
+/* --backup-workers / CHAINPS_BACKUP_WORKERS: a number, then checked against the job. */
+static void backup_workers(void **state)
+{
+    (void)state;
+    cps__config c;
+    char err[256] = "";
+    assert_int_equal(load(&c, err, sizeof err), 0);
+    assert_int_equal(c.backup_workers, 0);
+    assert_int_equal(cps__config_check_backup(&c, err, sizeof err), 0);
+    setenv("CHAINPS_BACKUP_WORKERS", "1", 1);
+    setenv("CHAINPS_NUM_WORKERS", "3", 1);
+    assert_int_equal(load(&c, err, sizeof err), 0);
+    assert_int_equal(c.backup_workers, 1);
+    assert_int_equal(cps__config_check_backup(&c, err, sizeof err), 0);
+    static const char *const bad[] = {"x", "-1", "1.5", "", " 2", "1024"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        if (!*bad[i])
+            continue; /* empty is unset */
+        setenv("CHAINPS_BACKUP_WORKERS", bad[i], 1);
+        expect_error("CHAINPS_BACKUP_WORKERS", NULL);
+        uint32_t b = 7;
+        err[0] = 0;
+        assert_int_equal(cps__config_parse_backup("--backup-workers", bad[i], &b, err, sizeof err),
+                         CPS_ECONFIG);
+        assert_int_equal(b, 7);
+        assert_non_null(strstr(err, "--backup-workers"));
+    }
+    /* b >= W: refused by name once the worker count is known. */
+    cps__config_defaults(&c);
+    c.num_workers = 3;
+    for (uint32_t b = 3; b <= 5; b++) {
+        c.backup_workers = b;
+        err[0] = 0;
+        assert_int_equal(cps__config_check_backup(&c, err, sizeof err), CPS_EINVAL);
+        assert_non_null(strstr(err, "--backup-workers"));
+        assert_non_null(strstr(err, "below the 3 workers"));
+    }
+    c.backup_workers = 2;
+    assert_int_equal(cps__config_check_backup(&c, err, sizeof err), 0);
+    /* Only sync mode has steps to close. */
+    c.mode = CPS_MODE_ASYNC;
+    assert_int_equal(cps__config_check_backup(&c, err, sizeof err), CPS_EINVAL);
+    assert_non_null(strstr(err, "needs --mode sync"));
+    /* Exported for launch's children, and read back. */
+    c.mode = CPS_MODE_SYNC;
+    assert_int_equal(cps__config_export_env(&c), 0);
+    assert_string_equal(getenv("CHAINPS_BACKUP_WORKERS"), "2");
+    c.backup_workers = 0;
+    assert_int_equal(cps__config_export_env(&c), 0);
+    assert_null(getenv("CHAINPS_BACKUP_WORKERS"));
+}
+
 #define T(fn) cmocka_unit_test_setup_teardown(fn, each_setup, each_teardown)
 
 int main(void)
@@ -758,6 +811,7 @@ int main(void)
         T(failure_leaves_config_untouched),
         T(hostport),
         T(mode),
+        T(backup_workers),
         T(role_strings),
         T(parse_u32),
         T(export_round_trip),

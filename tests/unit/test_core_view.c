@@ -11,6 +11,7 @@
 #include "chainps/error.h"
 #include "core/view.h"
 #include "core/wire.h"
+#include "core/wire.h"
 
 /* Encoding offsets documented in view.c. */
 #define HDR   40
@@ -63,6 +64,7 @@ static void assert_views_equal(const cps__view *a, const cps__view *b)
     assert_true(a->epoch == b->epoch);
     assert_int_equal(a->mode, b->mode);
     assert_int_equal(a->ssp_bound, b->ssp_bound);
+    assert_int_equal(a->backup_workers, b->backup_workers);
     assert_int_equal(a->num_workers, b->num_workers);
     assert_int_equal(a->num_servers, b->num_servers);
     assert_int_equal(a->replicas, b->replicas);
@@ -240,6 +242,36 @@ static void range_of_boundaries(void **state)
 }
 
 /* ---- encoding ---- */
+
+/* Sync mode carries the backup workers where SSP carries its bound; b = 0 encodes as before. */
+static void view_backup_workers_round_trip(void **state)
+{
+    (void)state;
+    cps__view v, d;
+    make_view(&v, 3, 3, 3, 2);
+    v.mode = CPS_MODE_SYNC;
+    v.ssp_bound = 0;
+    v.backup_workers = 1;
+    size_t n = encode(&v);
+    assert_int_equal(cps__le32_get(buf + 16), 1);
+    cps__view_init(&d);
+    assert_int_equal(cps__view_decode(buf, n, &d), 0);
+    assert_views_equal(&v, &d);
+    v.backup_workers = 0;
+    n = encode(&v);
+    assert_int_equal(cps__le32_get(buf + 16), 0);
+    assert_int_equal(cps__view_decode(buf, n, &d), 0);
+    assert_int_equal(d.backup_workers, 0);
+    /* an SSP view's bound is no backup count */
+    v.mode = CPS_MODE_SSP;
+    v.ssp_bound = 2;
+    n = encode(&v);
+    assert_int_equal(cps__view_decode(buf, n, &d), 0);
+    assert_int_equal(d.backup_workers, 0);
+    assert_int_equal(d.ssp_bound, 2);
+    cps__view_fini(&v);
+    cps__view_fini(&d);
+}
 
 static void view_round_trip(void **state)
 {
@@ -647,6 +679,7 @@ int main(void)
         cmocka_unit_test(placement_refused),
         cmocka_unit_test(range_of_boundaries),
         cmocka_unit_test(view_round_trip),
+        cmocka_unit_test(view_backup_workers_round_trip),
         cmocka_unit_test(view_decode_errors),
         cmocka_unit_test(view_encode_unterminated_addr_is_refused_by_receiver),
         cmocka_unit_test(view_ranges_without_nodes),

@@ -94,9 +94,20 @@ static void hdr_bad_fields(void **state)
         cps__msg_hdr h = sample_hdr(), g;
         h.flags = (uint16_t)(1u << bit);
         cps__wire_hdr_encode(arena, &h);
-        int want = (h.flags & CPS_WF_KNOWN_) ? 0 : CPS_EPROTO;
+        /* CPS_WF_LATE: only on a reply (below) */
+        int want = (h.flags & CPS_WF_KNOWN_) && h.flags != CPS_WF_LATE ? 0 : CPS_EPROTO;
         assert_int_equal(cps__wire_hdr_decode(arena, 80, &g), want);
     }
+    /* A late push's answer: an ACK or VALUES reply, nothing else */
+    static const uint8_t late_types[] = {CPS_MSG_ACK, CPS_MSG_VALUES, CPS_MSG_PUSH, CPS_MSG_PULL};
+    for (size_t i = 0; i < sizeof late_types; i++)
+        for (int reply = 0; reply < 2; reply++) {
+            cps__msg_hdr h = sample_hdr(), g;
+            h.type = late_types[i];
+            h.flags = (uint16_t)(CPS_WF_LATE | (reply ? CPS_WF_REPLY : 0));
+            cps__wire_hdr_encode(arena, &h);
+            assert_int_equal(cps__wire_hdr_decode(arena, 80, &g), reply && i < 2 ? 0 : CPS_EPROTO);
+        }
     assert_int_equal(decode_mutated(7, 0x80, 80), CPS_EPROTO);
     assert_int_equal(decode_mutated(15, 0x00, 80), CPS_EPROTO); /* status > 0 */
 

@@ -353,6 +353,182 @@ static void a_released_slot_is_reused_for_the_next_step(void **state)
     cps__sync_destroy(NULL);
 }
 
+/* ---- backup workers ---- */
+
+/* What the server records once a SUBMIT's update is applied: the step and who made it. */
+static void record_submit(cps__sync *a, const cps__sync_action *s)
+{
+    cps__sync_member m[NW];
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < s->nranks; r++)
+        if (s->by_rank[r].cookie)
+            m[n++] = (cps__sync_member){s->by_rank[r].worker, s->by_rank[r].req_seq};
+    assert_int_equal(cps__sync_record(a, s->range, s->sig, s->step, n, m), 0);
+}
+
+/* One push of rank g->rank for `step` with request number `seq`. */
+static int push_seq(cps__sync *a, const cps__view *v, uint64_t step, uint64_t seq, grad *g)
+{
+    cps__sync_contrib c = {10 + g->rank, CPS_MSG_PUSH, seq, 3, g};
+    return cps__sync_push(a, v, 0, 0xabc, step, g->rank, &c, 0);
+}
+
+static void first_w_minus_b_close_the_step_and_the_last_is_late(void **state)
+{
+    (void)state;
+    cps__view v;
+    int dropped;
+    cps__sync *a = setup_sync(&v, 3, &dropped);
+    v.backup_workers = 1;
+    grad g[3] = {{.rank = 0}, {.rank = 1}, {.rank = 2}};
+    for (uint64_t step = 1; step <= 3; step++) {
+        /* Rank 1 is the straggler: ranks 2 and 0 arrive first and make the step. */
+        assert_int_equal(push_seq(a, &v, step, step, &g[2]), CPS_SYNC_TAKEN);
+        no_actions(a);
+        assert_int_equal(push_seq(a, &v, step, step, &g[0]), CPS_SYNC_TAKEN);
+        const cps__sync_action *s = only_action(a, CPS_SA_SUBMIT);
+        assert_int_equal(s->step, step);
+        assert_int_equal(s->count, 2);
+        assert_ptr_equal(s->by_rank[0].cookie, &g[0]);
+        assert_null(s->by_rank[1].cookie);
+        assert_ptr_equal(s->by_rank[2].cookie, &g[2]);
+        assert_int_equal(cps__sync_pending(a), 0);
+        /* Submitted is not applied: until the record says so the step is not closed. */
+        assert_int_equal(cps__sync_check(a, 0, 0xabc, step, 11, step, NULL), CPS_SYNC_OPEN);
+        record_submit(a, s);
+        /* The straggler's push of the closed step: LATE, not held, no slot opened. */
+        uint64_t closed = 0;
+        assert_int_equal(cps__sync_check(a, 0, 0xabc, step, 11, step, &closed), CPS_SYNC_LATE);
+        assert_int_equal(closed, step);
+        assert_int_equal(push_seq(a, &v, step, step, &g[1]), CPS_SYNC_LATE);
+        no_actions(a);
+        assert_int_equal(cps__sync_pending(a), 0);
+        /* A retry of an included push is no late one. */
+        assert_int_equal(cps__sync_check(a, 0, 0xabc, step, 10, step, NULL), CPS_SYNC_APPLIED);
+        assert_int_equal(push_seq(a, &v, step, step, &g[0]), CPS_SYNC_APPLIED);
+        /* Other key sets and ranges are not closed by it. */
+        assert_int_equal(cps__sync_check(a, 0, 0xdef, step, 11, step, NULL), CPS_SYNC_OPEN);
+        assert_int_equal(cps__sync_check(a, 1, 0xabc, step, 11, step, NULL), CPS_SYNC_OPEN);
+    }
+    /* The straggler, caught up, makes the next step when it is among the first two. */
+    assert_int_equal(push_seq(a, &v, 4, 4, &g[1]), CPS_SYNC_TAKEN);
+    assert_int_equal(push_seq(a, &v, 4, 4, &g[2]), CPS_SYNC_TAKEN);
+    const cps__sync_action *s = only_action(a, CPS_SA_SUBMIT);
+    assert_null(s->by_rank[0].cookie);
+    assert_ptr_equal(s->by_rank[1].cookie, &g[1]);
+    cps__sync_destroy(a);
+    assert_int_equal(dropped, 0);
+}
+
+/* The replicated record of what an aggregate included, as a new head reads it from its store
+ * after a failover: fed to an aggregator that never saw the step, the step stays closed. */
+static void a_step_stays_closed_after_the_head_changes(void **state)
+{
+    (void)state;
+    cps__view v;
+    int dropped;
+    cps__sync *old = setup_sync(&v, 3, &dropped);
+    v.backup_workers = 1;
+    grad g[3] = {{.rank = 0}, {.rank = 1}, {.rank = 2}};
+    assert_int_equal(push_seq(old, &v, 9, 40, &g[1]), CPS_SYNC_TAKEN);
+    assert_int_equal(push_seq(old, &v, 9, 41, &g[2]), CPS_SYNC_TAKEN);
+    const cps__sync_action *s = only_action(old, CPS_SA_SUBMIT);
+    record_submit(old, s);
+    /* What the chain update carries: the step, and the requests included. */
+    cps__sync_member members[3];
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < s->nranks; r++)
+        if (s->by_rank[r].cookie)
+            members[n++] = (cps__sync_member){s->by_rank[r].worker, s->by_rank[r].req_seq};
+    assert_int_equal(n, 2);
+    uint64_t step = s->step;
+    cps__sync_destroy(old); /* the head dies */
+
+    cps__sync *head;
+    assert_int_equal(cps__sync_create(drop, &dropped, &head), 0);
+    /* Before the record: the new head would take the late push as new. */
+    assert_int_equal(cps__sync_check(head, 0, 0xabc, 9, 10, 39, NULL), CPS_SYNC_OPEN);
+    assert_int_equal(cps__sync_record(head, 0, 0xabc, step, n, members), 0);
+    /* Records only move forward: an older one changes nothing. */
+    assert_int_equal(cps__sync_record(head, 0, 0xabc, 3, n, members), 0);
+    /* Rank 0's push of step 9, re-sent to the new head: still late. */
+    assert_int_equal(push_seq(head, &v, 9, 39, &g[0]), CPS_SYNC_LATE);
+    /* Ranks 1 and 2 re-send theirs: they are in the aggregate. */
+    assert_int_equal(push_seq(head, &v, 9, 40, &g[1]), CPS_SYNC_APPLIED);
+    assert_int_equal(push_seq(head, &v, 9, 41, &g[2]), CPS_SYNC_APPLIED);
+    no_actions(head);
+    assert_int_equal(cps__sync_pending(head), 0);
+    /* Step 10 gathers as usual. */
+    assert_int_equal(push_seq(head, &v, 10, 42, &g[0]), CPS_SYNC_TAKEN);
+    assert_int_equal(push_seq(head, &v, 10, 43, &g[2]), CPS_SYNC_TAKEN);
+    const cps__sync_action *s10 = only_action(head, CPS_SA_SUBMIT);
+    assert_int_equal(s10->count, 2);
+    record_submit(head, s10);
+    /* Rank 0 made step 10: an old copy of its late step-9 push is stale now, neither applied
+     * nor known to be late; its step-10 push is applied, rank 1's is late. */
+    assert_int_equal(cps__sync_check(head, 0, 0xabc, 9, 10, 39, NULL), CPS_SYNC_STALE);
+    assert_int_equal(push_seq(head, &v, 9, 39, &g[0]), CPS_SYNC_STALE);
+    assert_int_equal(cps__sync_check(head, 0, 0xabc, 10, 10, 42, NULL), CPS_SYNC_APPLIED);
+    assert_int_equal(cps__sync_check(head, 0, 0xabc, 10, 11, 44, NULL), CPS_SYNC_LATE);
+    cps__sync_destroy(head);
+    assert_int_equal(dropped, 0);
+}
+
+/* b = 0: a step waits for every live worker, and nothing is ever late (the chain answers a
+ * closed step's pushes as duplicates, as before). */
+static void no_backup_workers_waits_for_every_live_worker(void **state)
+{
+    (void)state;
+    cps__view v;
+    int dropped;
+    cps__sync *a = setup_sync(&v, 3, &dropped);
+    grad g[3] = {{.rank = 0}, {.rank = 1}, {.rank = 2}};
+    assert_int_equal(push_seq(a, &v, 1, 1, &g[0]), CPS_SYNC_TAKEN);
+    assert_int_equal(push_seq(a, &v, 1, 1, &g[2]), CPS_SYNC_TAKEN);
+    no_actions(a);
+    assert_int_equal(push_seq(a, &v, 1, 1, &g[1]), CPS_SYNC_TAKEN);
+    const cps__sync_action *s = only_action(a, CPS_SA_SUBMIT);
+    assert_int_equal(s->count, 3);
+    record_submit(a, s);
+    /* A closed step's push opens a slot, as it always did: b = 0 never answers LATE (the chain
+     * answers it as a duplicate before it gets here). */
+    assert_int_equal(push_seq(a, &v, 1, 2, &g[1]), CPS_SYNC_TAKEN);
+    no_actions(a);
+    cps__sync_destroy(a);
+    assert_int_equal(dropped, 1);
+}
+
+/* W counts live workers, and a step needs at least one gradient whatever b is. */
+static void backup_count_follows_the_live_workers_never_below_one(void **state)
+{
+    (void)state;
+    cps__view v;
+    int dropped;
+    cps__sync *a = setup_sync(&v, 4, &dropped);
+    v.backup_workers = 2;
+    grad g[4] = {{.rank = 0}, {.rank = 1}, {.rank = 2}, {.rank = 3}};
+    assert_int_equal(push_seq(a, &v, 1, 1, &g[3]), CPS_SYNC_TAKEN);
+    no_actions(a);
+    assert_int_equal(push_seq(a, &v, 1, 1, &g[1]), CPS_SYNC_TAKEN);
+    const cps__sync_action *s1 = only_action(a, CPS_SA_SUBMIT);
+    assert_int_equal(s1->count, 2);
+    record_submit(a, s1);
+    /* Two workers die: W = 2, b = 2, still one gradient is needed. */
+    nodes[1 + 0].alive = 0;
+    nodes[1 + 1].alive = 0;
+    v.epoch++;
+    assert_int_equal(cps__sync_set_view(a, &v), 0);
+    no_actions(a);
+    assert_int_equal(push_seq(a, &v, 2, 2, &g[2]), CPS_SYNC_TAKEN);
+    const cps__sync_action *s = only_action(a, CPS_SA_SUBMIT);
+    assert_int_equal(s->count, 1);
+    assert_ptr_equal(s->by_rank[2].cookie, &g[2]);
+    record_submit(a, s);
+    assert_int_equal(push_seq(a, &v, 2, 2, &g[3]), CPS_SYNC_LATE);
+    cps__sync_destroy(a);
+    assert_int_equal(dropped, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -365,6 +541,10 @@ int main(void)
         cmocka_unit_test(a_stuck_step_is_reported_then_repeated),
         cmocka_unit_test(a_released_slot_is_reused_for_the_next_step),
         cmocka_unit_test(steps_of_a_key_set_are_submitted_in_order),
+        cmocka_unit_test(first_w_minus_b_close_the_step_and_the_last_is_late),
+        cmocka_unit_test(a_step_stays_closed_after_the_head_changes),
+        cmocka_unit_test(no_backup_workers_waits_for_every_live_worker),
+        cmocka_unit_test(backup_count_follows_the_live_workers_never_below_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
