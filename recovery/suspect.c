@@ -149,6 +149,12 @@ void cps__suspect_tick(cps__suspect *s, uint64_t now)
     }
 }
 
+void cps__suspect_refresh(cps__suspect *s, uint64_t now)
+{
+    if (s->probing && now > s->round_ms)
+        s->round_ms = now;
+}
+
 size_t cps__suspect_actions(const cps__suspect *s, const cps__suspect_action **out)
 {
     *out = s->acts;
@@ -158,4 +164,20 @@ size_t cps__suspect_actions(const cps__suspect *s, const cps__suspect_action **o
 int cps__suspect_probing(const cps__suspect *s)
 {
     return s->probing;
+}
+
+int cps__suspect_list_add(cps__suspect_entry *e, uint32_t *n, uint32_t node, uint64_t waiting_since,
+                          uint64_t heard, uint64_t now, uint32_t evidence_ms)
+{
+    uint64_t from = heard > waiting_since ? heard : waiting_since;
+    if (!waiting_since || now <= from || now - from < evidence_ms || *n >= CPS_SUSPECT_MAX)
+        return 0;
+    uint32_t at = (*n)++;
+    while (at > 0 && e[at - 1].node > node) {
+        e[at] = e[at - 1];
+        at--;
+    }
+    e[at].node = node;
+    e[at].unanswered_ms = now - from > UINT32_MAX ? UINT32_MAX : (uint32_t)(now - from);
+    return 1;
 }

@@ -35,7 +35,34 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/wire.h" /* cps__suspect_entry */
+
 typedef struct cps__suspect cps__suspect;
+
+/* The timings, from the heartbeat timeout (CHAINPS_DEAD_AFTER_MS, 2000 by default): a reporter
+ * reports a server it has had requests out to and heard nothing from for 0.6 of it (1200 ms),
+ * every CPS_SUSPECT_REPORT_MS while that lasts; a probed server is dead after 0.4 of it (800 ms:
+ * a lost probe's TCP retransmissions, 200 then 400 ms, fit in it). A one-way partition is
+ * failed over within the heartbeat timeout plus a tick or two (~2.1 s by default), and a node
+ * that only ever loses heartbeats is never probed. */
+#define CPS_SUSPECT_REPORT_MS 200u
+static inline uint32_t cps__suspect_evidence_ms(uint32_t dead_after_ms)
+{
+    return dead_after_ms / 10 * 6 > 0 ? dead_after_ms / 10 * 6 : 1;
+}
+static inline uint32_t cps__suspect_probe_ms(uint32_t dead_after_ms)
+{
+    return dead_after_ms / 10 * 4 > 0 ? dead_after_ms / 10 * 4 : 1;
+}
+
+/* The reporters' side (workers: recovery/requests.c's cps__reqs_oldest_to; servers: the
+ * chain's cps__chain_waiting_since): add `node` to the list e[0..*n) (kept sorted by node, as
+ * the wire wants; at most CPS_SUSPECT_MAX) if a request of ours has waited there since
+ * `waiting_since` (0: none waits) and we have heard nothing from it since, last `heard`, for at
+ * least evidence_ms by `now`. A server that answers anything is slow, not cut off. Returns 1 if
+ * added. */
+int cps__suspect_list_add(cps__suspect_entry *e, uint32_t *n, uint32_t node, uint64_t waiting_since,
+                          uint64_t heard, uint64_t now, uint32_t evidence_ms);
 
 typedef struct cps__suspect_config {
     uint32_t evidence_ms; /* a report counts when unanswered this long (> 0) */
@@ -94,6 +121,10 @@ void cps__suspect_answered(cps__suspect *s, uint32_t node, uint64_t nonce);
 /* Time passes: servers that left the round's probe unanswered for probe_ms become CPS_SUS_DEAD
  * actions (each once; they are no longer watched). */
 void cps__suspect_tick(cps__suspect *s, uint64_t now);
+
+/* We (the scheduler) did not run for a while: a round under way counts its probe time from
+ * `now`, so answers that queued up while we were away are read before anyone is judged. */
+void cps__suspect_refresh(cps__suspect *s, uint64_t now);
 
 /* The actions of the last cps__suspect_report or cps__suspect_tick, owned by s, valid until
  * the next call. Returns their number. */
