@@ -37,23 +37,23 @@ case $scen in loss | tbf | partition | oneway) ;; *)
     ;;
 esac
 
-[[ $(id -u) == 0 ]] || skip "not root: network namespaces need root"
-command -v ip >/dev/null || skip "no ip command (iproute2: scripts/deps.sh test)"
-command -v nft >/dev/null || skip "no nft command (nftables: scripts/deps.sh test)"
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tests/integration/lib_netns.sh
+. "$here/lib_netns.sh"
+why=$(netns_can_run) || skip "$why"
 [[ $scen != tbf ]] || command -v tc >/dev/null || skip "no tc command (iproute2)"
 
-tag=cps$$ # namespace names are global: this run's own prefix
 t=$(mktemp -d "${TMPDIR:-/tmp}/netns-$scen.XXXXXX")
-declare -a nss=() pids=()
+declare -a pids=()
 cleanup() {
-    local p n
+    local p
     for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
     for p in "${pids[@]}"; do
         for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
         kill -KILL "$p" 2>/dev/null || true
         wait "$p" 2>/dev/null || true
     done
-    for n in "${nss[@]}"; do ip netns del "$n" 2>/dev/null || true; done
+    netns_delete
     if [[ ${keep:-0} == 1 ]]; then
         say "logs kept in $t"
     else
@@ -76,45 +76,18 @@ ref=$("$cps" launch "${job[@]}" --timeout 60 --data "$t/ref" -- "${prog[@]}" 2>&
     exit 1
 }
 
-# ---- the network: a bridge in namespace $tag-hub, one namespace per node ----
-hub=$tag-hub
-ip netns add "$hub" 2>/dev/null || skip "cannot make a network namespace (ip netns add)"
-nss+=("$hub")
-ip -n "$hub" link add br0 type bridge
-ip -n "$hub" link set br0 up
-declare -A addr=()
-node_ns() { # NAME IP: a namespace joined to the bridge, its interface eth0 at IP/24
-    local ns=$tag-$1 i=${#nss[@]}
-    ip netns add "$ns"
-    nss+=("$ns")
-    ip -n "$hub" link add "v$i" type veth peer name eth0 netns "$ns"
-    ip -n "$hub" link set "v$i" master br0 up
-    ip -n "$ns" addr add "$2/24" dev eth0
-    ip -n "$ns" link set eth0 up
-    ip -n "$ns" link set lo up
-    addr[$1]=$2
-}
-node_ns sched 10.213.0.1
-for r in 0 1 2; do node_ns "s$r" "10.213.0.1$((r + 1))"; done
-for r in 0 1; do node_ns "w$r" "10.213.0.2$((r + 1))"; done
+# ---- the network: a bridge in a namespace of its own, one namespace per node ----
+tag=cps$$ # namespace names are global: this run's own prefix
+netns_hub "$tag" || skip "cannot make a network namespace (ip netns add)"
+netns_node sched 10.213.0.1
+for r in 0 1 2; do netns_node "s$r" "10.213.0.1$((r + 1))"; done
+for r in 0 1; do netns_node "w$r" "10.213.0.2$((r + 1))"; done
 nodes=(sched s0 s1 s2 w0 w1)
 SPORT=9100 # every server's inbox port (each has its own address)
 
 case $scen in
-loss)
-    for n in "${nodes[@]}"; do
-        ip netns exec "$tag-$n" nft -f - <<'EOF'
-table inet cpsfault {
-  chain in { type filter hook input priority 0; policy accept; numgen random mod 1000 < 10 drop; }
-}
-EOF
-    done
-    ;;
-tbf)
-    for n in "${nodes[@]}"; do
-        ip netns exec "$tag-$n" tc qdisc add dev eth0 root tbf rate 20mbit burst 32kb latency 100ms
-    done
-    ;;
+loss) for n in "${nodes[@]}"; do netns_loss "$n" 10; done ;; # 1%
+tbf) for n in "${nodes[@]}"; do netns_tbf "$n" 20mbit; done ;;
 esac
 
 # ---- the job ----
@@ -123,8 +96,8 @@ common=(CHAINPS_SECRET_FILE="$t/job.secret" CHAINPS_SCHEDULER=10.213.0.1:9091)
 run() { # NAME LOG CMD...: run CMD in NAME's namespace, its PID kept
     local n=$1 log=$2
     shift 2
-    ip netns exec "$tag-$n" env "${common[@]}" CHAINPS_BIND="${addr[$n]}" \
-        CHAINPS_ADVERTISE="${addr[$n]}" "$@" >"$t/$log.log" 2>&1 &
+    ip netns exec "$tag-$n" env "${common[@]}" CHAINPS_BIND="${netns_addr[$n]}" \
+        CHAINPS_ADVERTISE="${netns_addr[$n]}" "$@" >"$t/$log.log" 2>&1 &
     pids+=($!)
 }
 run sched sched "$cps" scheduler --servers 3 --workers 2 --mode sync --port 9091 \
