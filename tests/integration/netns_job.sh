@@ -15,7 +15,7 @@
 # NETNS_ONEWAY_MAX_MS (3000) of the cut.
 #
 # usage: netns_job.sh CHAINPS LSQ_WORKER SCENARIO
-# env: NETNS_STEPS (lsq_worker steps, default 2500, paced 1 ms each: a few seconds)
+# env: NETNS_STEPS (lsq_worker steps, default 2500 paced 1 ms each, 600 under loss: a few seconds)
 # Needs root, iproute2 and nftables (scripts/deps.sh test); exits 77 (skipped) where a network
 # namespace cannot be made. Every process is ended by its PID and every namespace deleted on
 # exit (trap).
@@ -24,7 +24,9 @@ set -euo pipefail
 cps=$(readlink -f "${1:?usage: netns_job.sh CHAINPS LSQ_WORKER SCENARIO}")
 lsq=$(readlink -f "${2:?LSQ_WORKER}")
 scen=${3:?SCENARIO: loss, tbf, partition or oneway}
-steps=${NETNS_STEPS:-2500}
+# Under loss every lost packet costs a TCP retransmission (200 ms at least) in a sync step:
+# fewer steps keep that job as short as the others.
+steps=${NETNS_STEPS:-$([[ $scen == loss ]] && echo 600 || echo 2500)}
 oneway_max=${NETNS_ONEWAY_MAX_MS:-3000}
 say() { echo "$(date +%T.%3N) netns.$scen: $*"; }
 skip() {
