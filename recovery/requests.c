@@ -25,9 +25,11 @@ typedef struct entry {
     int dropped;                /* detached with no context: leaves at the next call */
     uint64_t order;             /* 0, or its key set's: see cps__reqs_add_ordered */
     int held;                   /* waits for an earlier request of its (range, order) to leave */
-    int queued;     /* its range has CPS_REQS_WINDOW requests out: waits for one to leave */
-    int released;   /* that request left: send it (send_released) */
-    uint64_t added; /* when it was added, in adds: held ones leave in this order */
+    int queued;        /* its range has CPS_REQS_WINDOW requests out: waits for one to leave */
+    int released;      /* that request left: send it (send_released) */
+    uint64_t added;    /* when it was added, in adds: held ones leave in this order */
+    uint32_t to;       /* the server it was last sent to */
+    uint64_t to_since; /* when it first went out to `to` (0: not yet): cps__reqs_oldest_to */
 } entry;
 
 struct cps__reqs {
@@ -189,6 +191,10 @@ static int try_send(cps__reqs *rq, const cps__view *v, uint32_t i, int why)
         return 0;
     }
     e->sent_epoch = v->epoch;
+    if (e->to != to || e->to_since == 0) {
+        e->to = to;
+        e->to_since = 0; /* set by the send's report (cps__reqs_sent), which has the time */
+    }
     cps__reqs_action *a = push(rq, CPS_RQ_SEND, i);
     a->why = why;
     a->to = to;
@@ -287,6 +293,8 @@ void cps__reqs_sent(cps__reqs *rq, uint32_t index, int rc, uint64_t now)
         return;
     entry *e = &rq->reqs[index];
     e->sent_ms = now;
+    if (rc == 0 && e->to_since == 0)
+        e->to_since = now ? now : 1;
     if (rc == 0)
         e->attempts++;
     else if (e->fresh)
@@ -401,6 +409,18 @@ void cps__reqs_detach(cps__reqs *rq, uint32_t index, void *ctx, uint32_t part)
         rq->reqs[index].part = part;
     } else
         rq->reqs[index].dropped = 1;
+}
+
+uint64_t cps__reqs_oldest_to(const cps__reqs *rq, uint32_t node)
+{
+    uint64_t oldest = 0;
+    for (size_t i = 0; rq && i < rq->nreqs; i++) {
+        const entry *e = &rq->reqs[i];
+        if (e->to == node && e->to_since && !e->held && !e->queued &&
+            (!oldest || e->to_since < oldest))
+            oldest = e->to_since;
+    }
+    return oldest;
 }
 
 uint32_t cps__reqs_count(const cps__reqs *rq)

@@ -181,6 +181,13 @@ void cps__reqs_tick(cps__reqs *rq, const cps__view *v, uint64_t now);
  * ctx NULL: the push leaves the table after all (a caller out of memory). Bad index: no-op. */
 void cps__reqs_detach(cps__reqs *rq, uint32_t index, void *ctx, uint32_t part);
 
+/* Data-path evidence (recovery/suspect.h): the earliest time (the `now` of its cps__reqs_sent) at
+ * which a request still in the table went out to `node`, counted from its first send there (a
+ * re-send to the same server keeps it; one to another server starts again); 0 if no request
+ * sent to `node` waits. The caller compares it with when it last heard from `node`: a server
+ * that keeps answering some requests is slow, not cut off. */
+uint64_t cps__reqs_oldest_to(const cps__reqs *rq, uint32_t node);
+
 /* Requests in the table, detached ones included. */
 uint32_t cps__reqs_count(const cps__reqs *rq);
 

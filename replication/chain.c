@@ -75,6 +75,7 @@ static int forward_to(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_
     if (!e->msg)
         return CPS_ENOMEM;
     rs->nsent++;
+    e->first_ms = now;
     return send_held(c, r, e, to, now);
 }
 
@@ -257,6 +258,7 @@ int cps__chain_set_view(cps__chain *c, const cps__view *v, uint64_t now)
             if (old_pos[r] >= 0)
                 rs->mark_pending = 1;
             rs->backoff = 0; /* a new successor: its clock starts now */
+            rs->succ_since = now;
             for (uint32_t i = 0; rc == 0 && i < rs->nsent; i++)
                 rc = send_held(c, r, &rs->sent[i], succ, now);
             if (rc == 0)
@@ -266,6 +268,28 @@ int cps__chain_set_view(cps__chain *c, const cps__view *v, uint64_t now)
     free(old_pos);
     free(old_succ);
     return rc;
+}
+
+uint64_t cps__chain_waiting_since(const cps__chain *c, uint32_t node)
+{
+    uint64_t oldest = 0;
+    for (uint32_t r = 0; c->have_view && r < c->nranges; r++) {
+        const range_st *rs = &c->ranges[r];
+        int pos = cps__chain_position(c, r);
+        if (pos < 0 || rs->nsent == 0 || (uint32_t)pos + 1 >= cps__chain_chain_len(c, r) ||
+            cps__chain_neighbour(c, r, pos + 1) != node)
+            continue;
+        uint64_t since = rs->sent[0].first_ms;
+        if (rs->progress_ms > since)
+            since = rs->progress_ms;
+        if (rs->succ_since > since)
+            since = rs->succ_since;
+        if (since == 0)
+            since = 1; /* something waits: 0 would say nothing does */
+        if (!oldest || since < oldest)
+            oldest = since;
+    }
+    return oldest;
 }
 
 int cps__chain_admit(cps__chain *c, uint32_t r, const cps__chain_req *q, uint64_t step,

@@ -148,6 +148,12 @@ uint64_t cps__chain_committed(const cps__chain *c, uint32_t range);
 /* Number of unacknowledged updates held for a range. */
 uint32_t cps__chain_unacked(const cps__chain *c, uint32_t range);
 
+/* Data-path evidence (recovery/suspect.h): the earliest time since which an update we forwarded
+ * to `node`, our successor in some range, has waited for its ack with no ack of that range
+ * making progress (counted from when `node` became our successor at the latest); 0 if nothing
+ * waits at `node`. A successor cut off from us acknowledges nothing. */
+uint64_t cps__chain_waiting_since(const cps__chain *c, uint32_t node);
+
 /* The actions produced by the last call, in order. The array and everything it points to stay
  * valid until the next call into this chain; an APPLY's body may point into the caller's
  * update (valid as long as the caller keeps it). */

@@ -22,6 +22,7 @@ typedef struct sent_entry {
     uint8_t *msg; /* whole wire message, header re-stamped on each send */
     size_t len;
     uint64_t sent_ms;
+    uint64_t first_ms; /* its first send (cps__chain_waiting_since) */
 } sent_entry;
 
 typedef struct wait_reply {
@@ -65,6 +66,7 @@ typedef struct range_st {
     uint64_t mark_sent_ms;
     uint32_t backoff;     /* re-send rounds without an ack since the last one (doubles the wait) */
     uint64_t progress_ms; /* the last ack that dropped updates: re-sends wait from then too */
+    uint64_t succ_since;  /* when our current successor became it (cps__chain_waiting_since) */
 } range_st;
 
 struct cps__chain {

@@ -10,11 +10,13 @@ pkgs=(build-essential cmake pkg-config liblmdb-dev libnanomsg-dev libopenblas-de
 case "$what" in
   demo) pkgs+=(dataset-fashion-mnist gnuplot-nox) ;;
   test) pkgs+=(clang clang-format libclang-rt-14-dev iperf3 dataset-fashion-mnist procps
-              python3-numpy python3-torch python3-pytest python3-yaml) ;;
+              python3-numpy python3-torch python3-pytest python3-yaml iproute2 nftables) ;;
   all)  pkgs+=(dataset-fashion-mnist gnuplot-nox clang clang-format libclang-rt-14-dev iperf3 procps
-              python3-numpy python3-torch python3-pytest python3-yaml) ;;
+              python3-numpy python3-torch python3-pytest python3-yaml iproute2 nftables) ;;
   *) echo "usage: $0 [demo|test|all]" >&2; exit 2 ;;
 esac
+# iproute2 and nftables: the netns tests (tests/integration/netns_job.sh) build their network
+# with `ip netns`, veth pairs and a bridge, and drop packets with nftables.
 # Wanted but not needed: integration.slurm runs a private one-node Slurm cluster with them and
 # skips (naming why) without; integration.k8s lints the manifests with yamllint and the pods'
 # entrypoint with shellcheck when they are there; long.k8s_image builds deploy/k8s/Dockerfile

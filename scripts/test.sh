@@ -41,8 +41,9 @@ if [ -z "${QUICK:-}" ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   # Not the `accuracy` test (fmnist trained to a margin: 2 minutes under ASan, and its codecs
   # run under ASan in their unit tests and chaos.lossy), nor `release_only` tests (fault variants
-  # of a test whose plain run is in this pass).
-  EXCLUDE='long|accuracy|release_only' run_suite build/asan "ASan+UBSan build" -DCMAKE_BUILD_TYPE=Debug -DCHAINPS_SANITIZE=ON
+  # of a test whose plain run is in this pass), nor the `netns` ones (multi-host jobs in network
+  # namespaces: their code runs under ASan in the other suites).
+  EXCLUDE='long|accuracy|release_only|netns' run_suite build/asan "ASan+UBSan build" -DCMAKE_BUILD_TYPE=Debug -DCHAINPS_SANITIZE=ON
   unset ASAN_OPTIONS UBSAN_OPTIONS
   echo "== libFuzzer: wire decoders for ${FUZZ_SECONDS:-60} s, the checkpoint JSON reader for half that"
   if tests/fuzz/run_fuzz.sh build/fuzz "${FUZZ_SECONDS:-60}"; then passed=$((passed + 1)); else failed=$((failed + 1)); fail=1; fi

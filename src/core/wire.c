@@ -527,3 +527,45 @@ int cps__ckpt_note_decode(const void *buf, size_t len, cps__ckpt_note *out, size
         *used = CPS_CKPT_NOTE_FIXED + plen;
     return 0;
 }
+
+/* ---- suspect lists ---- */
+
+size_t cps__wire_suspects_size(uint32_t count)
+{
+    return 8 + 8 * (size_t)count;
+}
+
+size_t cps__wire_suspects_encode(void *buf, size_t cap, const cps__suspect_entry *e, uint32_t count)
+{
+    size_t size = cps__wire_suspects_size(count);
+    if (count == 0 || count > CPS_SUSPECT_MAX || cap < size)
+        return 0;
+    unsigned char *p = buf;
+    cps__le32_put(p, count);
+    cps__le32_put(p + 4, 0);
+    for (uint32_t i = 0; i < count; i++) {
+        cps__le32_put(p + 8 + 8 * i, e[i].node);
+        cps__le32_put(p + 12 + 8 * i, e[i].unanswered_ms);
+    }
+    return size;
+}
+
+int cps__wire_suspects_decode(const void *buf, size_t len, cps__suspect_entry *out, uint32_t *count)
+{
+    const unsigned char *p = buf;
+    if (len < 8)
+        return CPS_ESIZE;
+    uint32_t n = cps__le32_get(p);
+    if (n == 0 || n > CPS_SUSPECT_MAX || cps__le32_get(p + 4) != 0)
+        return CPS_EPROTO;
+    if (len != cps__wire_suspects_size(n))
+        return CPS_ESIZE;
+    for (uint32_t i = 0; i < n; i++) {
+        out[i].node = cps__le32_get(p + 8 + 8 * i);
+        out[i].unanswered_ms = cps__le32_get(p + 12 + 8 * i);
+        if (out[i].unanswered_ms == 0 || (i > 0 && out[i].node <= out[i - 1].node))
+            return CPS_EPROTO;
+    }
+    *count = n;
+    return 0;
+}

@@ -75,9 +75,14 @@ enum cps__msg_type {
     CPS_MSG_REGISTRY = 41,  /* tool -> scheduler: reply = view, u32 count, descriptions */
     CPS_MSG_RELEASE = 42,   /* tool -> scheduler: restore done, admit the held workers */
     CPS_MSG_CKPT_DONE = 43, /* tool -> scheduler: a checkpoint was written (payload: ckpt_note) */
-    CPS_MSG_DRAIN = 44,     /* tool -> scheduler: drain server of rank `aux` (payload as STATUS);
-                               server -> scheduler: drain me (SIGTERM). Reply ACK or ERROR */
-    CPS_MSG_TYPE_MAX_ = 45
+    /* Data-path failure evidence (recovery/suspect.h). */
+    CPS_MSG_SUSPECT = 44, /* node -> scheduler: servers that left our requests unanswered
+                             (payload: suspect list below) */
+    CPS_MSG_PROBE = 45,   /* scheduler -> server, sent to its inbox like any request; the server's
+                             loop answers it (CPS_WF_REPLY, same req_seq) */
+    CPS_MSG_DRAIN = 46,   /* tool -> scheduler: drain server of rank `aux` (payload as STATUS);
+                             server -> scheduler: drain me (SIGTERM). Reply ACK or ERROR */
+    CPS_MSG_TYPE_MAX_ = 47
 };
 
 /* Header flags. */
@@ -297,5 +302,25 @@ size_t cps__ckpt_note_encode(void *buf, size_t cap, const cps__ckpt_note *n);
 /* Decode one note at buf (len bytes available; more may follow); *used (may be NULL) receives
  * its size. Errors: CPS_ESIZE (truncated), CPS_EPROTO (path empty, too long or holding a NUL). */
 int cps__ckpt_note_decode(const void *buf, size_t len, cps__ckpt_note *out, size_t *used);
+
+/* ---- suspect list (SUSPECT) ----
+ *   u32 count (1..CPS_SUSPECT_MAX), u32 0, then count x { u32 node, u32 unanswered_ms }
+ * node: a server the sender has requests out to and heard nothing from for unanswered_ms
+ * (>= 1); nodes distinct and strictly increasing, so one list has one encoding. */
+#define CPS_SUSPECT_MAX 64
+typedef struct cps__suspect_entry {
+    uint32_t node;
+    uint32_t unanswered_ms;
+} cps__suspect_entry;
+
+size_t cps__wire_suspects_size(uint32_t count);
+/* Returns bytes written; 0 if cap is too small or count is 0 or above CPS_SUSPECT_MAX. Does not
+ * check the order (the decoder does). */
+size_t cps__wire_suspects_encode(void *buf, size_t cap, const cps__suspect_entry *e,
+                                 uint32_t count);
+/* Decodes into out[0..CPS_SUSPECT_MAX). Errors: CPS_ESIZE (length is not 8 + 8 * count),
+ * CPS_EPROTO (count 0 or too large, padding not 0, nodes not increasing, unanswered_ms 0). */
+int cps__wire_suspects_decode(const void *buf, size_t len, cps__suspect_entry *out,
+                              uint32_t *count);
 
 #endif

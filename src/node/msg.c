@@ -8,6 +8,7 @@
 #include "chainps/error.h"
 #include "core/codec.h"
 #include "core/log.h"
+#include "recovery/suspect.h"
 
 uint64_t cps__now_ms(void)
 {
@@ -128,4 +129,27 @@ uint64_t cps__keyset_sig(const uint64_t *keys, const uint32_t *lens, uint32_t n)
     /* The keys' hash seeds the lengths' hash: one pass over each array, no copy to join them. */
     uint64_t h = XXH3_64bits_withSeed(lens, (size_t)n * 4, XXH3_64bits(keys, (size_t)n * 8));
     return h ? h : 1;
+}
+
+uint32_t cps__msg_report_suspects(cps__tp *tp, uint32_t self, const cps__view *v,
+                                  uint32_t evidence_ms, cps__waiting_fn waiting, void *ctx,
+                                  uint64_t now)
+{
+    cps__suspect_entry e[CPS_SUSPECT_MAX];
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < v->nnodes && n < CPS_SUSPECT_MAX; i++) {
+        const cps__node_info *ni = &v->nodes[i];
+        if (ni->role != CPS_ROLE_SERVER || !ni->alive || ni->id == self)
+            continue;
+        uint64_t heard = 0, since = waiting(ctx, ni->id, &heard);
+        cps__suspect_list_add(e, &n, ni->id, since, heard, now, evidence_ms);
+    }
+    if (n == 0)
+        return 0;
+    unsigned char buf[8 + 8 * CPS_SUSPECT_MAX];
+    size_t len = cps__wire_suspects_encode(buf, sizeof buf, e, n);
+    cps__msg_hdr h = {.type = CPS_MSG_SUSPECT, .sender = self, .epoch = v->epoch};
+    cps__log(CPS_LOG_DEBUG, "suspect", "node %u reports %u silent server(s), first %u for %u ms",
+             self, n, e[0].node, e[0].unanswered_ms);
+    return cps__msg_send(tp, 0, &h, buf, len) == 0 ? n : 0;
 }

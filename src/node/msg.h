@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/view.h"
 #include "core/wire.h"
 #include "transport/transport.h"
 
@@ -25,6 +26,17 @@ int cps__msg_send(cps__tp *tp, uint32_t peer, cps__msg_hdr *h, const void *paylo
 /* Send an error reply to `req`'s sender with status `err` and a short text. */
 int cps__msg_reply_error(cps__tp *tp, uint32_t self, uint64_t epoch, const cps__msg_hdr *req,
                          int err, const char *text);
+
+/* Data-path evidence (recovery/suspect.h), the reporters' side shared by workers and servers:
+ * for every live server of view v other than `self`, waiting(ctx, node, &heard) says since when a
+ * request of ours has waited there (0: none) and sets `heard` to when we last heard from it (0:
+ * never); those silent for evidence_ms by `now` go to the scheduler (peer 0) in one SUSPECT under
+ * v's epoch. Returns how many were reported (0: none, or the send failed: it is tried again at
+ * the next report). */
+typedef uint64_t (*cps__waiting_fn)(void *ctx, uint32_t node, uint64_t *heard);
+uint32_t cps__msg_report_suspects(cps__tp *tp, uint32_t self, const cps__view *v,
+                                  uint32_t evidence_ms, cps__waiting_fn waiting, void *ctx,
+                                  uint64_t now);
 
 /* A received message, validated and decompressed. */
 typedef struct cps__rx {

@@ -19,6 +19,7 @@
 #include "node/roles.h"
 #include "node/temp_peers.h"
 #include "recovery/detector.h"
+#include "recovery/suspect.h"
 #include "recovery/repair.h"
 #include "recovery/view_change.h"
 #include "store/store.h"
@@ -82,8 +83,9 @@ typedef struct cps__sched {
     uint32_t workers_done;
     cps__temp_peers temps;
     cps__detector *detector;
-    cps__repair *repair; /* joins under way; made when the job runs */
-    cps__store *store;   /* the view and the job's progress, so a restarted scheduler resumes */
+    cps__suspect *suspect; /* data-path evidence: reports of unanswered requests, probes */
+    cps__repair *repair;   /* joins under way; made when the job runs */
+    cps__store *store;     /* the view and the job's progress, so a restarted scheduler resumes */
     cps__loop *loop;
     cps__loop_tp inbox;
     uint64_t last_detect_ms; /* when the detector last ticked (a pause of ours shows there) */
@@ -325,6 +327,7 @@ static void publish_view(cps__sched *s, const char *why);
 static void maybe_release_barrier(cps__sched *s);
 static void maybe_end_job(cps__sched *s);
 static void declare_dead(cps__sched *s, uint32_t id, uint64_t silence_ms);
+static void on_suspect(cps__sched *s, sched_node *n, const cps__rx *rx);
 
 static void handle_hello(cps__sched *s, const cps__rx *rx)
 {
@@ -1569,6 +1572,13 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         case CPS_MSG_REGISTER:
             on_register(s, n, &rx);
             break;
+        case CPS_MSG_SUSPECT:
+            on_suspect(s, n, &rx);
+            break;
+        case CPS_MSG_PROBE:
+            if (h->flags & CPS_WF_REPLY)
+                cps__suspect_answered(s->suspect, n->info.id, h->req_seq);
+            break;
         case CPS_MSG_BYE:
             if (n->info.role == CPS_ROLE_WORKER && !n->done) {
                 n->done = 1;
@@ -1618,6 +1628,61 @@ static int failpoint_parse(cps__sched *s)
     return 0;
 }
 
+/* The servers the data-path detector may probe and declare dead: the live ones, under the
+ * current epoch (reports of older ones are fenced). Cheap: a few servers, every detector tick. */
+static void sync_suspects(cps__sched *s)
+{
+    cps__suspect_epoch(s->suspect, s->view.epoch);
+    for (uint32_t i = 0; i < s->nnodes; i++) {
+        const sched_node *n = &s->nodes[i];
+        if (n->info.role != CPS_ROLE_SERVER)
+            continue;
+        if (n->info.alive && s->started && !s->finished)
+            cps__suspect_watch(s->suspect, n->info.id); /* out of memory: not probed, no harm */
+        else
+            cps__suspect_forget(s->suspect, n->info.id);
+    }
+}
+
+/* A worker or server reports servers that left its requests unanswered (recovery/suspect.h):
+ * the report may start a probe round of every server; the probes decide, never the report. */
+static void on_suspect(cps__sched *s, sched_node *n, const cps__rx *rx)
+{
+    cps__suspect_entry e[CPS_SUSPECT_MAX];
+    uint32_t count = 0;
+    int rc = cps__wire_suspects_decode(rx->payload, rx->len, e, &count);
+    if (rc != 0) {
+        cps__log(CPS_LOG_WARN, "scheduler", "bad suspect list from node %u dropped: %s", n->info.id,
+                 cps_strerror(rc));
+        return;
+    }
+    sync_suspects(s);
+    uint64_t now = cps__now_ms();
+    for (uint32_t i = 0; i < count; i++) {
+        cps__suspect_report_in in = {n->info.id, n->info.alive && !n->done, rx->hdr.epoch,
+                                     e[i].node, e[i].unanswered_ms};
+        int was = cps__suspect_probing(s->suspect);
+        int v = cps__suspect_report(s->suspect, &in, now);
+        const cps__suspect_action *a;
+        size_t na = cps__suspect_actions(s->suspect, &a);
+        if (v == CPS_SUS_PROBING && !was)
+            cps__log(CPS_LOG_INFO, "scheduler",
+                     "%s %u has had requests to server %u unanswered for %u ms: probing %zu "
+                     "server(s)",
+                     role_name(n->info.role), n->info.id, e[i].node, e[i].unanswered_ms, na);
+        for (size_t k = 0; k < na; k++) {
+            cps__msg_hdr h = {.type = CPS_MSG_PROBE,
+                              .sender = SCHED_ID,
+                              .epoch = s->view.epoch,
+                              .req_seq = a[k].nonce};
+            int src = cps__msg_send(s->tp, a[k].node, &h, NULL, 0);
+            if (src != 0)
+                cps__log(CPS_LOG_DEBUG, "scheduler", "probe to server %u not sent: %s", a[k].node,
+                         cps_strerror(src));
+        }
+    }
+}
+
 /* ---- the event loop's timers and hook ---- */
 
 static int on_repair(cps__loop *l, uint64_t id, void *ctx, uint64_t now);
@@ -1637,6 +1702,7 @@ static int on_detect(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
                  "against the nodes",
                  (unsigned long long)(now - s->last_detect_ms));
         cps__detector_refresh(s->detector, now);
+        cps__suspect_refresh(s->suspect, now);
     }
     s->last_detect_ms = now;
     /* A server whose connection closed and whose address now refuses connections was killed
@@ -1669,6 +1735,25 @@ static int on_detect(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
             continue;
         }
         declare_dead(s, dead[i], now - dn->last_seen_ms);
+    }
+    /* Data-path evidence: servers that left the scheduler's probe unanswered. */
+    sync_suspects(s);
+    cps__suspect_tick(s->suspect, now);
+    const cps__suspect_action *sa;
+    size_t ns = s->finished ? 0 : cps__suspect_actions(s->suspect, &sa);
+    for (size_t i = 0; i < ns; i++) {
+        sched_node *dn = find_node(s, sa[i].node);
+        if (!dn || !dn->info.alive)
+            continue;
+        cps__log(CPS_LOG_WARN, "scheduler",
+                 "server %u (rank %u) left our probe unanswered for %llu ms after node %u "
+                 "reported its requests unanswered (its heartbeats are %llu ms old): its inbox "
+                 "is cut off",
+                 dn->info.id, dn->info.rank, (unsigned long long)sa[i].silent_ms, sa[i].reported_by,
+                 (unsigned long long)(now - dn->last_seen_ms));
+        cps__detector_forget(s->detector, dn->info.id);
+        declare_dead(s, dn->info.id, now - dn->last_seen_ms);
+        nd++;
     }
     if (nd) {
         /* Re-form the chains now, not at the next periodic repair. */
@@ -1776,6 +1861,10 @@ int cps__scheduler_run(const cps__config *cfg)
     s.nodes = calloc(CPS_MAX_NODES, sizeof *s.nodes);
     cps__detector_config dc = {cfg->dead_after_ms, 2 * cfg->dead_after_ms};
     int rc = s.nodes ? cps__detector_create(&dc, &s.detector) : CPS_ENOMEM;
+    cps__suspect_config sc = {cps__suspect_evidence_ms(cfg->dead_after_ms),
+                              cps__suspect_probe_ms(cfg->dead_after_ms)};
+    if (rc == 0)
+        rc = cps__suspect_create(&sc, &s.suspect);
     if (rc == 0)
         rc = cps__loop_create(&s.loop);
     if (rc == 0)
@@ -1839,6 +1928,7 @@ out:
     cps__loop_destroy(s.loop);
     cps__tp_destroy(s.tp);
     cps__detector_destroy(s.detector);
+    cps__suspect_destroy(s.suspect);
     cps__store_close(s.store);
     cps__repair_destroy(s.repair);
     cps__view_fini(&s.view);

@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/wire.h"
 #include "node/roles.h"
+#include "recovery/suspect.h"
 
 #define HELLO_RETRY_MS 500
 #define SYNC_EVERY_MS  1000
@@ -310,6 +311,19 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         if (rx.hdr.type != 0 && !(rx.hdr.flags & CPS_WF_REPLY) && cps__fence_joined(s->fence) &&
             cps__server_worker_rank(s, rx.hdr.sender) != UINT32_MAX)
             cps__server_reply_error(s, &rx.hdr, rc, "payload rejected");
+        return;
+    }
+    if (rx.hdr.type == CPS_MSG_PROBE && rx.hdr.sender == SCHED_PEER) {
+        /* The scheduler asks whether traffic to our inbox is served (recovery/suspect.h): a
+         * liveness question, answered whatever our standing, from this loop (the one that
+         * serves requests), not from the heartbeat thread. */
+        cps__msg_hdr h = {.type = CPS_MSG_PROBE,
+                          .flags = CPS_WF_REPLY,
+                          .sender = s->id,
+                          .epoch = s->view.epoch,
+                          .req_seq = rx.hdr.req_seq};
+        cps__msg_send(s->tp, SCHED_PEER, &h, NULL, 0);
+        cps__rx_free(&rx);
         return;
     }
     /* What our standing lets through (recovery/fence.h). */
@@ -741,6 +755,23 @@ static int on_turn(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
     return 0;
 }
 
+static uint64_t waiting_at(void *ctx, uint32_t node, uint64_t *heard)
+{
+    *heard = 0; /* an ack that makes progress restarts the wait (cps__chain_waiting_since) */
+    return cps__chain_waiting_since(((cps__server *)ctx)->chain, node);
+}
+
+/* Every CPS_SUSPECT_REPORT_MS: tell the scheduler which successors have left our FWDs unacked
+ * for the evidence time (recovery/suspect.h). Its probe decides; we only say where we wait. */
+static void report_suspects(cps__server *s, uint64_t now)
+{
+    if (now - s->suspects_checked_ms < CPS_SUSPECT_REPORT_MS)
+        return;
+    s->suspects_checked_ms = now;
+    cps__msg_report_suspects(s->tp, s->id, &s->view, cps__suspect_evidence_ms(s->cfg.dead_after_ms),
+                             waiting_at, s, now);
+}
+
 /* (Re)start asking the scheduler to let us in: HELLO now and every HELLO_RETRY_MS, and give up
  * after join_timeout_ms. */
 static int start_joining(cps__server *s)
@@ -799,6 +830,7 @@ static int before_sleep(cps__loop *l, void *ctx, uint64_t now)
         cps__server_reap_snapshots(s, 0);
         cps__server_cuts_tick(s, now, 0);
         cps__server_check_joins(s, now);
+        report_suspects(s, now);
     }
     cps__temp_peers_expire(&s->temps, s->tp, now);
     if (s->disk_full) {

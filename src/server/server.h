@@ -60,9 +60,10 @@ typedef struct cps__server {
     cps__ssp *ssp;
     /* Chain replication state machine of every range this server holds. */
     cps__chain *chain;
-    int poisoned;  /* a store write failed: state unknown, the server must leave */
-    int disk_full; /* a store write failed with CPS_ENOSPC: leave, saying so */
-    int refused;   /* our data directory belongs to another job: leave with this error */
+    uint64_t suspects_checked_ms; /* last look for successors that leave our FWDs unacked */
+    int poisoned;                 /* a store write failed: state unknown, the server must leave */
+    int disk_full;                /* a store write failed with CPS_ENOSPC: leave, saying so */
+    int refused; /* our data directory belongs to another job: leave with this error */
     /* Requests that arrived before our own WELCOME (workers can hear theirs first). */
     cps__rx *early;
     uint32_t nearly;

@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "node/msg.h"
 #include "node/roles.h"
+#include "recovery/suspect.h"
 
 #define SCHED_PEER         0u
 #define CPS_REG_WORKER_TAG 0x52454749u /* "REGI" */
@@ -457,6 +458,51 @@ static void install_view(cps_client *c, const cps__rx *rx)
     perform(c);
 }
 
+/* ---- data-path evidence: servers that leave our requests unanswered (recovery/suspect.h) ---- */
+
+static void heard_from(cps_client *c, uint32_t node, uint64_t now)
+{
+    uint32_t oldest = 0;
+    for (uint32_t i = 0; i < c->nheard; i++) {
+        if (c->heard[i].node == node) {
+            c->heard[i].ms = now;
+            return;
+        }
+        if (c->heard[i].ms < c->heard[oldest].ms)
+            oldest = i;
+    }
+    uint32_t at = c->nheard < CPS_SUSPECT_MAX ? c->nheard++ : oldest;
+    c->heard[at].node = node;
+    c->heard[at].ms = now;
+}
+
+static uint64_t heard_at(const cps_client *c, uint32_t node)
+{
+    for (uint32_t i = 0; i < c->nheard; i++)
+        if (c->heard[i].node == node)
+            return c->heard[i].ms;
+    return 0;
+}
+
+static uint64_t waiting_at(void *ctx, uint32_t node, uint64_t *heard)
+{
+    cps_client *c = ctx;
+    *heard = heard_at(c, node);
+    return cps__reqs_oldest_to(c->rq, node);
+}
+
+/* Every CPS_SUSPECT_REPORT_MS: tell the scheduler which servers have had a request of ours
+ * for the evidence time without our hearing anything from them. Only the scheduler's probe
+ * decides (a head may hold our push for a slow worker's gradient); we only say where we wait. */
+static void report_suspects(cps_client *c, uint64_t now)
+{
+    if (now - c->suspects_checked_ms < CPS_SUSPECT_REPORT_MS || c->shutdown)
+        return;
+    c->suspects_checked_ms = now;
+    cps__msg_report_suspects(c->tp, c->id, &c->view, cps__suspect_evidence_ms(c->cfg.dead_after_ms),
+                             waiting_at, c, now);
+}
+
 static void handle_msg(void *ctx, void *buf, size_t len)
 {
     cps_client *c = ctx;
@@ -470,6 +516,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     cps__reqs_epoch_seen(c->rq, rx.hdr.epoch);
     if (rx.hdr.sender == SCHED_PEER)
         c->sched_heard_ms = cps__now_ms();
+    else
+        heard_from(c, rx.hdr.sender, cps__now_ms());
     switch (rx.hdr.type) {
     case CPS_MSG_WELCOME:
     case CPS_MSG_VIEW:
@@ -532,6 +580,7 @@ static int progress(cps_client *c, int timeout_ms)
         return n;
     cps__reqs_tick(c->rq, &c->view, cps__now_ms());
     perform(c);
+    report_suspects(c, cps__now_ms());
     return 0;
 }
 

@@ -125,6 +125,14 @@ struct cps_client {
     int shutdown;
     uint64_t view_asked_ms;
     uint64_t sched_heard_ms; /* last message from the scheduler */
+    /* Data-path evidence (recovery/suspect.h): when we last heard from each server (the most
+     * recent CPS_SUSPECT_MAX of them), and when we last reported the silent ones. */
+    struct {
+        uint32_t node;
+        uint64_t ms;
+    } heard[CPS_SUSPECT_MAX];
+    uint32_t nheard;
+    uint64_t suspects_checked_ms;
     cps_client_stats stats;
     void *pack; /* scratch for compression */
     size_t pack_cap;

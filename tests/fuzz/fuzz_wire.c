@@ -239,6 +239,24 @@ static void fuzz_ckpt_note(const unsigned char *b, size_t len)
     check_same(b, used, re, cps__ckpt_note_encode(re, sizeof re, &n));
 }
 
+/* A suspect list (SUSPECT): canonical, nodes increasing. */
+static void fuzz_suspects(const unsigned char *b, size_t len)
+{
+    cps__suspect_entry e[CPS_SUSPECT_MAX];
+    uint32_t n = 0;
+    int rc = cps__wire_suspects_decode(b, len, e, &n);
+    if (rc) {
+        CHECK(is_error(rc));
+        return;
+    }
+    fuzz_wire_n.suspects_ok++;
+    CHECK(n >= 1 && n <= CPS_SUSPECT_MAX);
+    for (uint32_t i = 1; i < n; i++)
+        CHECK(e[i].node > e[i - 1].node);
+    unsigned char re[8 + 8 * CPS_SUSPECT_MAX];
+    check_same(b, len, re, cps__wire_suspects_encode(re, sizeof re, e, n));
+}
+
 static void fuzz_fixed(const unsigned char *b, size_t len)
 {
     unsigned char re[CPS_WIRE_SPEC_SIZE > CPS_STATS_SIZE ? CPS_WIRE_SPEC_SIZE : CPS_STATS_SIZE];
@@ -319,6 +337,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_hello(p, plen);
     fuzz_tensor_desc(p, plen);
     fuzz_ckpt_note(p, plen);
+    fuzz_suspects(p, plen);
     fuzz_fixed(p, plen);
     fuzz_codec(p, plen);
     free(p);

@@ -195,6 +195,11 @@ static void make_other_seeds(void)
     memcpy(p, msg, strlen(msg));
     add_seed("error", CPS_MSG_ERROR, 0, p, strlen(msg));
     add_seed("ack", CPS_MSG_ACK, 0, xmalloc(0), 0);
+
+    cps__suspect_entry sus[3] = {{2, 1500}, {5, 1200}, {9, 4000}};
+    p = xmalloc(cps__wire_suspects_size(3));
+    n = cps__wire_suspects_encode(p, cps__wire_suspects_size(3), sus, 3);
+    add_seed("suspect", CPS_MSG_SUSPECT, 0, p, n);
 }
 
 /* Header + payload, compressed with snappy when the seed asks (whether or not it pays, so the
@@ -298,6 +303,8 @@ static int payload_fields(const seed *s, size_t *f)
     }
     if (s->type == CPS_MSG_HELLO || s->type == CPS_MSG_STATUS)
         f[n++] = 12;
+    if (s->type == CPS_MSG_SUSPECT)
+        f[n++] = 8 + 8 * below(3) + 4 * below(2); /* a node or its unanswered time */
     if ((s->type == CPS_MSG_PUSH || s->type == CPS_MSG_DECLARE) && !s->flags)
         f[n++] = 8 + 5 * 8 + 4 * below(5); /* a len */
     if (s->flags & CPS_WF_LOSSY) {
@@ -397,7 +404,7 @@ int main(int argc, char **argv)
     }
     fuzz_wire_counts base = fuzz_wire_n;
     if (base.kv_ok < 3 || base.declare_ok != 1 || base.view_ok != 3 || base.hello_ok != 2 ||
-        base.lossy_ok != 4) {
+        base.lossy_ok != 4 || base.suspects_ok < 1) {
         fprintf(stderr, "seeds did not reach their decoders\n");
         return 1;
     }
@@ -406,12 +413,14 @@ int main(int argc, char **argv)
 
     fuzz_wire_counts c = fuzz_wire_n;
     printf("inputs %llu: header ok %llu, snappy ok %llu, kv ok %llu, declare ok %llu, "
-           "view ok %llu (as prefix %llu), hello ok %llu, spec ok %llu, lossy ok %llu\n",
+           "view ok %llu (as prefix %llu), hello ok %llu, spec ok %llu, lossy ok %llu, suspects ok "
+           "%llu\n",
            (unsigned long long)c.inputs, (unsigned long long)c.hdr_ok,
            (unsigned long long)c.snappy_ok, (unsigned long long)c.kv_ok,
            (unsigned long long)c.declare_ok, (unsigned long long)c.view_ok,
            (unsigned long long)c.view_prefix_ok, (unsigned long long)c.hello_ok,
-           (unsigned long long)c.spec_ok, (unsigned long long)c.lossy_ok);
+           (unsigned long long)c.spec_ok, (unsigned long long)c.lossy_ok,
+           (unsigned long long)c.suspects_ok);
     for (int i = 0; i < nseeds; i++)
         free(seeds[i].payload);
     return 0;

@@ -67,10 +67,46 @@ static void hdr_every_known_type_accepted(void **state)
         h.payload_len = h.raw_len = 0;
         cps__wire_hdr_encode(arena, &h);
         int known =
-            /* 28..34: chain and state transfer; 35..43: checkpoints; 44: drain */
-            (t >= 1 && t <= 11) || (t >= 20 && t <= 44);
+            /* 28..34: chain and state transfer; 35..43: checkpoints; 44..45: data-path
+             * failure evidence; 46: drain */
+            (t >= 1 && t <= 11) || (t >= 20 && t <= 46);
         assert_int_equal(cps__wire_hdr_decode(arena, 64, &g), known ? 0 : CPS_EPROTO);
     }
+}
+
+/* SUSPECT payloads: round trip; a list that is empty, too long, unordered, with a zero time or
+ * a non-zero pad, or of the wrong length, is refused. */
+static void suspects_round_trip_and_refusals(void **state)
+{
+    (void)state;
+    cps__suspect_entry in[2] = {{3, 1600}, {9, 2}}, out[CPS_SUSPECT_MAX];
+    unsigned char b[8 + 8 * (CPS_SUSPECT_MAX + 1)];
+    uint32_t n = 0;
+    size_t len = cps__wire_suspects_encode(b, sizeof b, in, 2);
+    assert_int_equal(len, 24);
+    assert_int_equal(cps__wire_suspects_decode(b, len, out, &n), 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(out[0].node, 3);
+    assert_int_equal(out[1].unanswered_ms, 2);
+    assert_int_equal(cps__wire_suspects_decode(b, len - 1, out, &n), CPS_ESIZE);
+    assert_int_equal(cps__wire_suspects_decode(b, 7, out, &n), CPS_ESIZE);
+    assert_int_equal(cps__wire_suspects_encode(b, 23, in, 2), 0);
+    assert_int_equal(cps__wire_suspects_encode(b, sizeof b, in, 0), 0);
+    cps__suspect_entry swapped[2] = {{9, 5}, {3, 5}}, dup[2] = {{3, 5}, {3, 5}}, zero[1] = {{3, 0}};
+    cps__wire_suspects_encode(b, sizeof b, swapped, 2);
+    assert_int_equal(cps__wire_suspects_decode(b, 24, out, &n), CPS_EPROTO);
+    cps__wire_suspects_encode(b, sizeof b, dup, 2);
+    assert_int_equal(cps__wire_suspects_decode(b, 24, out, &n), CPS_EPROTO);
+    cps__wire_suspects_encode(b, sizeof b, zero, 1);
+    assert_int_equal(cps__wire_suspects_decode(b, 16, out, &n), CPS_EPROTO);
+    cps__wire_suspects_encode(b, sizeof b, in, 2);
+    b[5] = 1; /* the pad */
+    assert_int_equal(cps__wire_suspects_decode(b, 24, out, &n), CPS_EPROTO);
+    cps__le32_put(b, CPS_SUSPECT_MAX + 1);
+    b[5] = 0;
+    assert_int_equal(cps__wire_suspects_decode(b, sizeof b, out, &n), CPS_EPROTO);
+    cps__le32_put(b, 0);
+    assert_int_equal(cps__wire_suspects_decode(b, 8, out, &n), CPS_EPROTO);
 }
 
 static int decode_mutated(size_t off, uint8_t byte, size_t len)
@@ -629,6 +665,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(hdr_round_trip),
         cmocka_unit_test(hdr_every_known_type_accepted),
+        cmocka_unit_test(suspects_round_trip_and_refusals),
         cmocka_unit_test(tensor_desc_round_trip_and_errors),
         cmocka_unit_test(tensor_desc_shape),
         cmocka_unit_test(hdr_bad_fields),

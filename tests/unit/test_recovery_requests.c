@@ -300,6 +300,42 @@ static void timeout_resends(void **state)
     expect_send(rq, 2, 3, 5, 1, CPS_RQ_WHY_TIMEOUT, T0 + TIMEOUT_MS);
 }
 
+/* Data-path evidence: the oldest request waiting at a server counts from its first send there; a
+ * re-send to the same server keeps that time, a new view that moves it to another server starts
+ * again, and an answered request no longer counts. */
+static void oldest_request_per_server(void **state)
+{
+    fixture *f = *state;
+    cps__reqs *rq = f->rq;
+    cps__reqs_done d;
+    assert_int_equal(cps__reqs_oldest_to(rq, 1), 0);
+    assert_int_equal(cps__reqs_add(rq, &f->v5, &ctx_a, 0, CPS_MSG_PUSH, 0, 1, T0), 0);
+    expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    assert_int_equal(cps__reqs_add(rq, &f->v5, &ctx_b, 0, CPS_MSG_PULL, 0, 2, T0 + 10), 0);
+    expect_send(rq, 2, 3, 5, 0, CPS_RQ_WHY_NEW, T0 + 10);
+    assert_int_equal(cps__reqs_oldest_to(rq, 1), T0);
+    assert_int_equal(cps__reqs_oldest_to(rq, 3), T0 + 10);
+    assert_int_equal(cps__reqs_oldest_to(rq, 2), 0);
+    cps__reqs_tick(rq, &f->v5, T0 + TIMEOUT_MS);
+    const cps__reqs_action *a;
+    size_t n = actions(rq, &a);
+    for (size_t k = 0; k < n; k++)
+        if (a[k].kind == CPS_RQ_SEND)
+            cps__reqs_sent(rq, a[k].index, 0, T0 + TIMEOUT_MS);
+    assert_int_equal(cps__reqs_oldest_to(rq, 1), T0); /* re-sent to the same head */
+    cps__reqs_view(rq, &f->v6, T0 + TIMEOUT_MS + 5);
+    n = actions(rq, &a);
+    for (size_t k = 0; k < n; k++)
+        if (a[k].kind == CPS_RQ_SEND)
+            cps__reqs_sent(rq, a[k].index, 0, T0 + TIMEOUT_MS + 5);
+    assert_int_equal(cps__reqs_oldest_to(rq, 1), 0);
+    assert_int_equal(cps__reqs_oldest_to(rq, 2), T0 + TIMEOUT_MS + 5); /* the new head */
+    assert_int_equal(cps__reqs_oldest_to(rq, 3), T0 + 10);             /* the same tail */
+    assert_int_equal(reply(rq, &f->v6, CPS_MSG_VALUES, 2, 6, 0, T0 + TIMEOUT_MS + 9, &d),
+                     CPS_RQ_REPLY_TAKEN);
+    assert_int_equal(cps__reqs_oldest_to(rq, 3), 0);
+}
+
 /* A range has at most CPS_REQS_WINDOW requests out: the others wait, are neither timed out nor
  * re-sent on a view, and go out oldest first as answers come back. Sync pushes (ordered) are
  * never held back by it. */
@@ -702,6 +738,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(pull_waits_for_a_view_as_new_as_any_seen, setup, teardown),
         cmocka_unit_test_setup_teardown(stale_epoch_parks_until_a_newer_view, setup, teardown),
         cmocka_unit_test_setup_teardown(timeout_resends, setup, teardown),
+        cmocka_unit_test_setup_teardown(oldest_request_per_server, setup, teardown),
         cmocka_unit_test_setup_teardown(a_window_of_requests_per_range, setup, teardown),
         cmocka_unit_test(gives_up_after_the_unavailable_timeout),
         cmocka_unit_test(given_up_push_is_detached_and_still_sent),

@@ -631,6 +631,31 @@ static void the_head_re_sends_only_once_acks_stop(void **state)
     assert_int_equal(cps__chain_unacked(w->n[1].c, 0), 0);
 }
 
+/* Data-path evidence: the head's updates wait at the tail since the first unacknowledged one went
+ * out; an ack that makes progress restarts the count, and nothing waits once all are acked.
+ * Only the successor is ever waited on. */
+static void waiting_at_the_successor_counts_from_the_last_progress(void **state)
+{
+    world *w = *state;
+    w->now = 1000;
+    assert_int_equal(cps__chain_waiting_since(w->n[1].c, 2), 0);
+    push(w, 1, 1);
+    w->now = 1100;
+    push(w, 1, 2);
+    assert_int_equal(cps__chain_waiting_since(w->n[1].c, 2), 1000);
+    assert_int_equal(cps__chain_waiting_since(w->n[1].c, 3), 0);
+    assert_int_equal(cps__chain_waiting_since(w->n[2].c, 1), 0); /* the tail waits on no one */
+    w->now = 5000; /* re-sent, unanswered: the wait goes on from the first send */
+    tick(w, 1);
+    assert_int_equal(cps__chain_waiting_since(w->n[1].c, 2), 1000);
+    w->now = 5100;
+    deliver_at(w, (size_t)find_msg(w, 2, CPS_MSG_FWD, 1));
+    deliver_to(w, 1); /* the ack of 1: progress */
+    assert_int_equal(cps__chain_waiting_since(w->n[1].c, 2), 5100);
+    deliver_all(w);
+    assert_int_equal(cps__chain_waiting_since(w->n[1].c, 2), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -653,6 +678,8 @@ int main(void)
                                         setup_chain12, teardown_world),
         cmocka_unit_test_setup_teardown(the_head_re_sends_only_once_acks_stop, setup_chain12,
                                         teardown_world),
+        cmocka_unit_test_setup_teardown(waiting_at_the_successor_counts_from_the_last_progress,
+                                        setup_chain12, teardown_world),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

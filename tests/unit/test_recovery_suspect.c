@@ -1,0 +1,250 @@
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "chainps/error.h"
+#include "recovery/suspect.h"
+
+/* Servers 1, 2, 3; workers 10, 11. Evidence 1500 ms, probes answered within 1000 ms. */
+static cps__suspect *make(void)
+{
+    cps__suspect_config cfg = {1500, 1000};
+    cps__suspect *s = NULL;
+    assert_int_equal(cps__suspect_create(&cfg, &s), 0);
+    for (uint32_t n = 1; n <= 3; n++)
+        assert_int_equal(cps__suspect_watch(s, n), 0);
+    cps__suspect_epoch(s, 7);
+    return s;
+}
+
+static int report(cps__suspect *s, uint32_t reporter, uint64_t epoch, uint32_t suspect,
+                  uint32_t unanswered, uint64_t now)
+{
+    cps__suspect_report_in in = {reporter, 1, epoch, suspect, unanswered};
+    return cps__suspect_report(s, &in, now);
+}
+
+/* The probes of the last call, one per server; returns the round's nonce. */
+static uint64_t probes(cps__suspect *s, size_t want)
+{
+    const cps__suspect_action *a;
+    size_t n = cps__suspect_actions(s, &a);
+    assert_int_equal(n, want);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(a[i].kind, CPS_SUS_PROBE);
+        assert_int_equal(a[i].nonce, a[0].nonce);
+    }
+    return n ? a[0].nonce : 0;
+}
+
+static size_t deaths(cps__suspect *s, uint32_t *dead)
+{
+    const cps__suspect_action *a;
+    size_t n = cps__suspect_actions(s, &a);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(a[i].kind, CPS_SUS_DEAD);
+        dead[i] = a[i].node;
+    }
+    return n;
+}
+
+static void bad_config_is_refused(void **state)
+{
+    (void)state;
+    cps__suspect *s = NULL;
+    cps__suspect_config zero_ev = {0, 1000}, zero_probe = {1500, 0};
+    assert_int_equal(cps__suspect_create(&zero_ev, &s), CPS_EINVAL);
+    assert_int_equal(cps__suspect_create(&zero_probe, &s), CPS_EINVAL);
+    assert_int_equal(cps__suspect_create(NULL, &s), CPS_EINVAL);
+}
+
+/* The one-way partition: server 2 gets nothing, so it answers neither the worker nor the probe;
+ * the others answer. Server 2 alone is declared dead, probe_ms after the report. */
+static void unreachable_server_is_declared_dead(void **state)
+{
+    (void)state;
+    cps__suspect *s = make();
+    uint32_t dead[4];
+    assert_int_equal(report(s, 10, 7, 2, 1600, 5000), CPS_SUS_PROBING);
+    uint64_t nonce = probes(s, 3);
+    assert_true(cps__suspect_probing(s));
+    cps__suspect_answered(s, 1, nonce);
+    cps__suspect_answered(s, 3, nonce);
+    cps__suspect_tick(s, 5999);
+    assert_int_equal(deaths(s, dead), 0); /* not yet probe_ms */
+    /* A second reporter during the round starts no second one. */
+    assert_int_equal(report(s, 11, 7, 2, 1700, 5500), CPS_SUS_PROBING);
+    assert_int_equal(probes(s, 0), 0);
+    cps__suspect_tick(s, 6000);
+    assert_int_equal(deaths(s, dead), 1);
+    assert_int_equal(dead[0], 2);
+    const cps__suspect_action *a;
+    cps__suspect_actions(s, &a);
+    assert_int_equal(a[0].silent_ms, 1000);
+    assert_int_equal(a[0].reported_by, 10);
+    assert_false(cps__suspect_probing(s));
+    /* Reported once, then no longer watched: a later report about it is unknown. */
+    cps__suspect_tick(s, 9000);
+    assert_int_equal(deaths(s, dead), 0);
+    assert_int_equal(report(s, 10, 7, 2, 5000, 9000), CPS_SUS_UNKNOWN);
+    cps__suspect_destroy(s);
+}
+
+/* A slow server (or a head holding a sync step for the slowest worker) answers the probe, if
+ * late: no death, however long the reporter waited. */
+static void slow_but_answering_server_is_not_killed(void **state)
+{
+    (void)state;
+    cps__suspect *s = make();
+    uint32_t dead[4];
+    assert_int_equal(report(s, 10, 7, 1, 9000, 100), CPS_SUS_PROBING);
+    uint64_t nonce = probes(s, 3);
+    for (uint32_t n = 1; n <= 3; n++)
+        cps__suspect_answered(s, n, nonce);
+    cps__suspect_tick(s, 1099); /* 999 ms late, still within the probe time */
+    assert_int_equal(deaths(s, dead), 0);
+    assert_false(cps__suspect_probing(s)); /* everyone answered: the round is over */
+    cps__suspect_tick(s, 60000);
+    assert_int_equal(deaths(s, dead), 0);
+    cps__suspect_destroy(s);
+}
+
+/* An answer to an earlier round does not clear a node in the current one. */
+static void old_probe_answer_does_not_count(void **state)
+{
+    (void)state;
+    cps__suspect *s = make();
+    uint32_t dead[4];
+    report(s, 10, 7, 3, 2000, 0);
+    uint64_t first = probes(s, 3);
+    for (uint32_t n = 1; n <= 3; n++)
+        cps__suspect_answered(s, n, first);
+    cps__suspect_tick(s, 10);
+    /* Too soon for another round (one per probe_ms). */
+    assert_int_equal(report(s, 10, 7, 3, 2000, 500), CPS_SUS_PROBING);
+    assert_int_equal(probes(s, 0), 0);
+    assert_int_equal(report(s, 10, 7, 3, 2500, 1000), CPS_SUS_PROBING);
+    uint64_t second = probes(s, 3);
+    assert_true(second != first);
+    cps__suspect_answered(s, 1, second);
+    cps__suspect_answered(s, 2, second);
+    cps__suspect_answered(s, 3, first); /* a duplicate of its old answer */
+    cps__suspect_tick(s, 2000);
+    assert_int_equal(deaths(s, dead), 1);
+    assert_int_equal(dead[0], 3);
+    cps__suspect_destroy(s);
+}
+
+/* A report made under an older view is fenced: it may be about a chain that is gone. So is one
+ * from a node that is not a live member (declared dead: it may be the one cut off), one about
+ * an unwatched node or the reporter itself, and one below the evidence time. None starts a
+ * probe, so none can kill. */
+static void reports_that_do_not_count(void **state)
+{
+    (void)state;
+    cps__suspect *s = make();
+    uint32_t dead[4];
+    assert_int_equal(report(s, 10, 6, 2, 5000, 100), CPS_SUS_STALE_EPOCH);
+    assert_int_equal(report(s, 10, 8, 2, 5000, 100), CPS_SUS_STALE_EPOCH);
+    cps__suspect_report_in ghost = {11, 0, 7, 2, 5000};
+    assert_int_equal(cps__suspect_report(s, &ghost, 100), CPS_SUS_REPORTER);
+    assert_int_equal(report(s, 10, 7, 42, 5000, 100), CPS_SUS_UNKNOWN);
+    assert_int_equal(report(s, 2, 7, 2, 5000, 100), CPS_SUS_UNKNOWN);
+    assert_int_equal(report(s, 10, 7, 2, 1499, 100), CPS_SUS_WEAK);
+    assert_int_equal(probes(s, 0), 0);
+    assert_false(cps__suspect_probing(s));
+    cps__suspect_tick(s, 100000);
+    assert_int_equal(deaths(s, dead), 0);
+    /* After a new view, reports of the old one no longer count; those of the new one do. */
+    cps__suspect_epoch(s, 8);
+    cps__suspect_epoch(s, 5); /* epochs never go back */
+    assert_int_equal(report(s, 10, 7, 2, 5000, 100), CPS_SUS_STALE_EPOCH);
+    assert_int_equal(report(s, 10, 8, 2, 5000, 100), CPS_SUS_PROBING);
+    probes(s, 3);
+    cps__suspect_destroy(s);
+}
+
+/* A report naming the head while the head answers and its successor does not (the head waits
+ * for the successor's ack): the probe finds the successor, and the head lives. */
+static void the_probe_finds_the_unreachable_server_not_the_named_one(void **state)
+{
+    (void)state;
+    cps__suspect *s = make();
+    uint32_t dead[4];
+    report(s, 10, 7, 1, 1500, 0);
+    uint64_t nonce = probes(s, 3);
+    cps__suspect_answered(s, 1, nonce);
+    /* The scheduler itself stalled: server 2's answer may still be queued; the round restarts
+     * its clock rather than judge. */
+    cps__suspect_refresh(s, 900);
+    cps__suspect_tick(s, 1000);
+    assert_int_equal(deaths(s, dead), 0);
+    cps__suspect_answered(s, 2, nonce);
+    cps__suspect_tick(s, 1900);
+    assert_int_equal(deaths(s, dead), 1);
+    assert_int_equal(dead[0], 3);
+    cps__suspect_destroy(s);
+}
+
+/* A server forgotten during a round (declared dead by heartbeats meanwhile) is not declared
+ * again; one watched during a round is judged only from the next. */
+static void membership_changes_during_a_round(void **state)
+{
+    (void)state;
+    cps__suspect *s = make();
+    uint32_t dead[4];
+    report(s, 10, 7, 2, 2000, 0);
+    uint64_t nonce = probes(s, 3);
+    cps__suspect_forget(s, 2);
+    assert_int_equal(cps__suspect_watch(s, 4), 0);
+    cps__suspect_answered(s, 1, nonce);
+    cps__suspect_answered(s, 3, nonce);
+    cps__suspect_answered(s, 4, nonce); /* it was not probed: no-op */
+    cps__suspect_tick(s, 1000);
+    assert_int_equal(deaths(s, dead), 0);
+    assert_false(cps__suspect_probing(s));
+    cps__suspect_destroy(s);
+}
+
+/* The reporters' list: only servers with a request waiting and silent for the evidence time,
+ * sorted by node; hearing anything from a server restarts its silence. */
+static void reporters_list_only_long_silences(void **state)
+{
+    (void)state;
+    cps__suspect_entry e[CPS_SUSPECT_MAX];
+    uint32_t n = 0;
+    assert_int_equal(cps__suspect_list_add(e, &n, 5, 0, 0, 10000, 1500), 0); /* nothing waits */
+    assert_int_equal(cps__suspect_list_add(e, &n, 5, 8501, 0, 10000, 1500), 0);
+    assert_int_equal(cps__suspect_list_add(e, &n, 5, 8500, 0, 10000, 1500), 1);
+    assert_int_equal(cps__suspect_list_add(e, &n, 3, 1000, 9000, 10000, 1500), 0); /* answers */
+    assert_int_equal(cps__suspect_list_add(e, &n, 3, 1000, 7000, 10000, 1500), 1);
+    assert_int_equal(n, 2);
+    assert_int_equal(e[0].node, 3);
+    assert_int_equal(e[0].unanswered_ms, 3000);
+    assert_int_equal(e[1].node, 5);
+    assert_int_equal(e[1].unanswered_ms, 1500);
+    unsigned char b[8 + 8 * CPS_SUSPECT_MAX];
+    cps__suspect_entry back[CPS_SUSPECT_MAX];
+    uint32_t m = 0;
+    size_t len = cps__wire_suspects_encode(b, sizeof b, e, n);
+    assert_int_equal(cps__wire_suspects_decode(b, len, back, &m), 0);
+    assert_int_equal(m, 2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(bad_config_is_refused),
+        cmocka_unit_test(unreachable_server_is_declared_dead),
+        cmocka_unit_test(slow_but_answering_server_is_not_killed),
+        cmocka_unit_test(old_probe_answer_does_not_count),
+        cmocka_unit_test(reports_that_do_not_count),
+        cmocka_unit_test(the_probe_finds_the_unreachable_server_not_the_named_one),
+        cmocka_unit_test(membership_changes_during_a_round),
+        cmocka_unit_test(reporters_list_only_long_silences),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
