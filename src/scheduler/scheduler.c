@@ -750,7 +750,7 @@ static uint32_t apply_appends(cps__sched *s)
         if (in || rg->chain_len >= CPS_MAX_REPLICAS)
             continue;
         rg->chain[rg->chain_len++] = node;
-        cps__log(CPS_LOG_INFO, "scheduler", "server %u joins range %u as its tail", node,
+        cps__log(CPS_LOG_INFO, "scheduler", "server %u joined range %u as its tail", node,
                  s->appends[i].range);
         n++;
     }
