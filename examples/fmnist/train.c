@@ -58,6 +58,8 @@ typedef struct run {
     FILE *csv;
     char csv_path[4096], plot_path[4096], model_path[4096];
     struct timespec t0;
+    double wait_s; /* training loop: time spent in cps_wait, i.e. not hidden behind compute */
+    double cpu_s;  /* training loop: this process's CPU time, every thread */
     int plot_failed;
     int loss_rows, acc_rows; /* what the CSV holds, so the plot only draws series with points */
     double acc_min, acc_max;
@@ -336,6 +338,13 @@ static void ps_setup(run *r)
     }
 }
 
+static double now_s(clockid_t clk)
+{
+    struct timespec t;
+    clock_gettime(clk, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 static void local_setup(run *r)
 {
     size_t slots = fm_optim_state_slots(r->optim.kind);
@@ -381,6 +390,7 @@ static void apply_update(run *r, uint64_t step)
         started++;
     }
     /* Wait even after a failure: started operations still own their buffers. */
+    double t0 = now_s(CLOCK_MONOTONIC);
     for (int i = 0; i < started; i++) {
         int rc = cps_wait(h[i], -1);
         if (rc != CPS_OK && err == CPS_OK) {
@@ -388,6 +398,7 @@ static void apply_update(run *r, uint64_t step)
             bad = i;
         }
     }
+    r->wait_s += now_s(CLOCK_MONOTONIC) - t0;
     if (err != CPS_OK)
         check(err, "cps_push_pull", fm_model_param(r->m, bad)->name);
 }
@@ -629,6 +640,15 @@ static void finish(run *r, const fm_dataset *test, double acc, int acc_fresh, do
         else if (r->plot_failed)
             fprintf(stderr, "fmnist: gnuplot failed to write %s\n", r->plot_path);
     }
+    /* The training loop alone (no start-up, evaluation or final pull), for
+     * bench/run_fmnist_scale.sh: a job's rate is its workers' samples over rank 0's loop time
+     * (rank 0 does not count its evaluations; the other ranks wait for them inside their loop).
+     * cpu: this process's CPU time in the loop, every thread (nanomsg's and BLAS's included);
+     * process cpu: since it started (data loading and evaluations too). */
+    printf("train: %llu samples, %llu steps, loop %.3f s, waiting %.3f s, cpu %.3f s, %.1f "
+           "samples/s, process cpu %.3f s\n",
+           (unsigned long long)samples, (unsigned long long)step, train_s, r->wait_s, r->cpu_s,
+           train_s > 0 ? (double)samples / train_s : 0.0, now_s(CLOCK_PROCESS_CPUTIME_ID));
     double ratio =
         st.push_wire_bytes ? (double)st.push_raw_bytes / (double)st.push_wire_bytes : 1.0;
     printf("final: test accuracy %.2f%%, %.1f samples/s, pushed %.1f MB (wire %.1f MB, ratio "
@@ -663,6 +683,7 @@ static void train(run *r, const fm_dataset *trainset, const fm_dataset *test)
         last_epoch = epoch;
         struct timespec te;
         clock_gettime(CLOCK_MONOTONIC, &te);
+        double cpu0 = now_s(CLOCK_PROCESS_CPUTIME_ID);
         shuffle(perm, shard, o->seed, epoch, r->rank);
         long s = 0;
         for (; s < steps_per_epoch && (!o->steps || (long)step < o->steps); s++) {
@@ -689,10 +710,12 @@ static void train(run *r, const fm_dataset *trainset, const fm_dataset *test)
                 csv_row(r, epoch, step, loss, NAN);
         }
         train_s += since(&te);
+        r->cpu_s += now_s(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
         if (s == steps_per_epoch && r->rank == 0) {
             acc = evaluate(r, test);
             acc_fresh = 1;
-            printf("epoch: %d test accuracy %.2f%%\n", epoch, acc);
+            printf("epoch: %d test accuracy %.2f%% after %.3f s of training\n", epoch, acc,
+                   train_s);
             fflush(stdout);
             csv_row(r, epoch, step, NAN, acc);
         }
@@ -709,8 +732,11 @@ int main(int argc, char **argv)
     int prc = parse_opts(argc, argv, &r.o);
     if (prc)
         return prc < 0 ? 0 : prc;
-    /* Workers and servers share few cores; OpenBLAS's own threads would only oversubscribe them. */
-    openblas_set_num_threads(1);
+    /* Workers and servers share few cores; OpenBLAS's own threads would only oversubscribe them.
+     * OPENBLAS_NUM_THREADS, when set, is the user's choice (e.g. a --local baseline given both
+     * cores); servers take 1 whatever it says (src/server/server.c). */
+    if (!getenv("OPENBLAS_NUM_THREADS"))
+        openblas_set_num_threads(1);
     r.rank = 0;
     r.nworkers = 1;
     r.grad_scale = 1.0f;
