@@ -15,6 +15,9 @@
 #   2w2s no-overlap  the same with --no-overlap: every push-pull started after the whole backward
 #                  (only if the binary has the flag)
 #   2w2s base      the job with BASE_BUILD_DIR's binaries (an older commit), if given
+#   with EXTRA="insecure r1 lean" (optional, for the cost breakdown): the job with --insecure
+#                  (no message authentication), with --replicas 1 (no chain: one copy per range),
+#                  and with both
 # Metric: training samples per second of the whole job over the training loop only. fmnist prints
 # a `train:` line per process with its samples and the wall time of its loop (start-up, data
 # loading, declarations, evaluations and the final pull excluded); the job's rate is the sum of
@@ -32,7 +35,7 @@
 #               TTA (default 86) percent, "-" if it never did
 # Prints the load average before, after, and with each round. Every run is bounded (timeout(1)
 # ends the launcher by its PID; the launcher ends the processes it started by theirs). Knobs:
-# REPS, EPOCHS, TTA, LOCAL2, KEEP=1 keeps the raw results. All on 127.0.0.1.
+# REPS, EPOCHS, TTA, LOCAL2, EXTRA, KEEP=1 keeps the raw results. All on 127.0.0.1.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -69,19 +72,29 @@ rows=("local" "2w2s")
 [ "$LOCAL2" = 1 ] && rows=("local" "local-2blas" "2w2s")
 "$build/examples/fmnist" --help | grep -q -- --no-overlap && rows+=("2w2s-no-overlap")
 [ -n "$base" ] && rows+=("2w2s-base")
+for e in ${EXTRA:-}; do
+    case $e in
+    insecure | r1 | lean) rows+=("2w2s-$e") ;;
+    *) echo "run_fmnist_scale: EXTRA: unknown row '$e' (insecure, r1, lean)" >&2; exit 2 ;;
+    esac
+done
 
 # One run of row $1, round $2: appends "row samples loop wait wcpu wproc jobcpu acc tta" to $res.
 run_row() {
-    local row=$1 r=$2 b=$build extra=() out=$tmp/$1-$2 env=() launch=1
+    local row=$1 r=$2 b=$build extra=() out=$tmp/$1-$2 env=() launch=1 lflags=()
     case $row in
     local) launch=0 ;;
     local-2blas) launch=0 env=(OPENBLAS_NUM_THREADS=2) ;;
     2w2s-no-overlap) extra=(--no-overlap) ;;
     2w2s-base) b=$base ;;
+    2w2s-insecure) lflags=(--insecure) ;;
+    2w2s-r1) lflags=(--replicas 1) ;;
+    2w2s-lean) lflags=(--insecure --replicas 1) ;;
     esac
     local cmd=("$b/examples/fmnist" "${args[@]}" "${extra[@]}" --out "$out")
     if [ "$launch" = 1 ]; then
-        cmd=("$b/chainps" launch --servers 2 --workers 2 --timeout "$LIMIT" -- "${cmd[@]}")
+        cmd=("$b/chainps" launch --servers 2 --workers 2 "${lflags[@]}" --timeout "$LIMIT" --
+            "${cmd[@]}")
     else
         cmd=("${cmd[0]}" --local "${cmd[@]:1}")
     fi
@@ -141,6 +154,8 @@ END {
     names["local"] = "local (1 process)"; names["local-2blas"] = "local, 2 BLAS threads"
     names["2w2s"] = "2 workers, 2 servers"; names["2w2s-no-overlap"] = "  the same, --no-overlap"
     names["2w2s-base"] = "  the same, base build"
+    names["2w2s-insecure"] = "  the same, --insecure"; names["2w2s-r1"] = "  the same, --replicas 1"
+    names["2w2s-lean"] = "  --insecure --replicas 1"
     printf "\n%-25s %9s %15s %7s %7s %6s %21s %7s %6s\n", "", "samples/s", "min-max", "vs local",
         "loop s", "wait s", "cpu ms/1k: wk job srv", "acc %", "tta s"
     nk = split(order, ks, " ")
