@@ -514,7 +514,7 @@ static void forward(fm_model *m, const float *x, int batch)
     }
 }
 
-static void backward(fm_model *m, const float *x, int batch)
+static void backward(fm_model *m, const float *x, int batch, fm_grad_ready_fn ready, void *ctx)
 {
     for (int i = m->nlayers - 1; i >= 0; i--) {
         layer *l = &m->layers[i];
@@ -545,17 +545,31 @@ static void backward(fm_model *m, const float *x, int batch)
                 fm_rows_to_cbhw(dy, dx, l->cin, batch, l->hin * l->win);
             break;
         }
+        /* This layer's dx is computed: nothing below reads its weights or writes its gradients,
+         * so they can go to the servers while the layers below are differentiated. */
+        if (ready && pw)
+            ready(ctx, l->pw);
+        if (ready && pb)
+            ready(ctx, l->pb);
     }
+}
+
+double fm_model_forward_backward_cb(fm_model *m, const float *x, const uint8_t *y, int batch,
+                                    int *correct, fm_grad_ready_fn ready, void *ctx)
+{
+    forward(m, x, batch);
+    int last = m->nlayers - 1;
+    double loss = fm_softmax_xent(m->act[last], y, batch, FM_CLASSES, m->dact[last], correct);
+    /* A diverged loss has no gradient worth sending: the caller stops before anything leaves. */
+    if (isfinite(loss))
+        backward(m, x, batch, ready, ctx);
+    return loss;
 }
 
 double fm_model_forward_backward(fm_model *m, const float *x, const uint8_t *y, int batch,
                                  int *correct)
 {
-    forward(m, x, batch);
-    int last = m->nlayers - 1;
-    double loss = fm_softmax_xent(m->act[last], y, batch, FM_CLASSES, m->dact[last], correct);
-    backward(m, x, batch);
-    return loss;
+    return fm_model_forward_backward_cb(m, x, y, batch, correct, NULL, NULL);
 }
 
 double fm_model_evaluate(fm_model *m, const float *x, const uint8_t *y, int batch, int *correct)

@@ -53,10 +53,26 @@ int fm_model_max_batch(const fm_model *m);
 const char *fm_model_kind_name(fm_model_kind kind);
 
 /* Forward and backward on x ([batch][784], standardised pixels) with labels y: overwrites every
- * param->grad with the gradient of the mean cross-entropy and returns that loss. `correct`
- * (optional) receives the number of argmax hits. 1 <= batch <= max_batch. */
+ * param->grad with the gradient of the mean cross-entropy (unless that loss is not finite) and
+ * returns that loss. `correct` (optional) receives the number of argmax hits.
+ * 1 <= batch <= max_batch. */
 double fm_model_forward_backward(fm_model *m, const float *x, const uint8_t *y, int batch,
                                  int *correct);
+
+/* Called during the backward pass as soon as parameter `param`'s gradient is final. Backward runs
+ * from the last layer to the first, so the last layers' parameters come first (weight, then
+ * bias). From the call on, the pass neither reads that parameter's value nor writes its grad:
+ * the callee may send the gradient (and must leave grad unchanged until it is sent), update the
+ * value, or let an asynchronous pull overwrite it, while the pass goes on with earlier layers. */
+typedef void (*fm_grad_ready_fn)(void *ctx, int param);
+
+/* fm_model_forward_backward, calling ready(ctx, i) once for every parameter i as its gradient
+ * becomes final (see fm_grad_ready_fn). The gradients are the same bits as without callback. If
+ * the loss is not finite, the backward pass is skipped: ready is never called and the gradients
+ * keep their old contents. */
+double fm_model_forward_backward_cb(fm_model *m, const float *x, const uint8_t *y, int batch,
+                                    int *correct, fm_grad_ready_fn ready, void *ctx);
+
 /* Forward only: mean loss, and the number of correct predictions in *correct (optional). */
 double fm_model_evaluate(fm_model *m, const float *x, const uint8_t *y, int batch, int *correct);
 

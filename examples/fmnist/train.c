@@ -36,10 +36,11 @@
 typedef struct opts {
     fm_model_kind model;
     int epochs, batch, log_every, local;
-    int cosine; /* --schedule cosine (1) or constant (0) */
-    long steps; /* 0: no limit */
-    float lr;   /* 0: the optimizer's default */
-    float wd;   /* L2 weight decay, applied by the optimizer */
+    int no_overlap; /* start the step's push-pulls after the whole backward pass */
+    int cosine;     /* --schedule cosine (1) or constant (0) */
+    long steps;     /* 0: no limit */
+    float lr;       /* 0: the optimizer's default */
+    float wd;       /* L2 weight decay, applied by the optimizer */
     uint64_t seed;
     cps_optim_kind optim;
     const char *csv, *plot, *out, *data;
@@ -58,6 +59,8 @@ typedef struct run {
     FILE *csv;
     char csv_path[4096], plot_path[4096], model_path[4096];
     struct timespec t0;
+    double wait_s; /* training loop: time spent in cps_wait, i.e. not hidden behind compute */
+    double cpu_s;  /* training loop: this process's CPU time, every thread */
     int plot_failed;
     int loss_rows, acc_rows; /* what the CSV holds, so the plot only draws series with points */
     double acc_min, acc_max;
@@ -86,6 +89,7 @@ static void usage(FILE *f)
         "  --steps N              stop after N steps in total (default: no limit)\n"
         "  --log-every N          print the loss every N steps of an epoch (default 100, 0 off)\n"
         "  --local                train in this process, without a parameter server\n"
+        "  --no-overlap           push-pull after the whole backward pass, not layer by layer\n"
         "  --data DIR             IDX .gz files (default " FM_DEFAULT_DATA_DIR ")\n"
         "  --out DIR              where the CSV, plot and model go (default fmnist-out)\n"
         "  --csv PATH             CSV of time_s,epoch,step,loss,accuracy (default "
@@ -139,6 +143,7 @@ enum {
     OPT_SCHED,
     OPT_SEED,
     OPT_LOCAL,
+    OPT_NO_OVERLAP,
     OPT_OPTIM,
     OPT_LOGEVERY,
     OPT_STEPS,
@@ -220,6 +225,9 @@ static int parse_one(opts *o, int c, const char *arg, const char *flag)
     case OPT_LOCAL:
         o->local = 1;
         break;
+    case OPT_NO_OVERLAP:
+        o->no_overlap = 1;
+        break;
     case OPT_CSV:
         o->csv = arg;
         break;
@@ -246,6 +254,7 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"lr", required_argument, NULL, OPT_LR},
         {"seed", required_argument, NULL, OPT_SEED},
         {"local", no_argument, NULL, OPT_LOCAL},
+        {"no-overlap", no_argument, NULL, OPT_NO_OVERLAP},
         {"optimizer", required_argument, NULL, OPT_OPTIM},
         {"log-every", required_argument, NULL, OPT_LOGEVERY},
         {"steps", required_argument, NULL, OPT_STEPS},
@@ -336,6 +345,13 @@ static void ps_setup(run *r)
     }
 }
 
+static double now_s(clockid_t clk)
+{
+    struct timespec t;
+    clock_gettime(clk, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 static void local_setup(run *r)
 {
     size_t slots = fm_optim_state_slots(r->optim.kind);
@@ -350,46 +366,85 @@ static void local_setup(run *r)
     }
 }
 
-/* One update. All tensors are started before any is waited for, so their round trips to the
- * servers overlap. */
-static void apply_update(run *r, uint64_t step)
+/* The step-size factor of step `step` (1-based): 1/num_workers in sync mode, times the cosine
+ * schedule. */
+static float step_scale(const run *r, uint64_t step)
 {
-    int np = fm_model_num_params(r->m);
     float scale = r->grad_scale;
     if (r->o.cosine)
         scale *= (float)(0.5 * (1.0 + cos(M_PI * (double)(step - 1) / (double)r->total_steps)));
+    return scale;
+}
+
+/* One step's updates, made parameter by parameter as the backward pass finishes each gradient
+ * (fm_model_forward_backward_cb): the last layers' push-pulls go out, are aggregated and applied
+ * by the servers while this worker still differentiates the layers below. The next forward pass
+ * reads every value, so the step ends by waiting for all of them (finish_step). */
+typedef struct step_io {
+    run *r;
+    uint64_t step;
+    float scale;
+    int started;
+    cps_handle *h[FM_MAX_PARAMS];
+    int param[FM_MAX_PARAMS]; /* the parameter h[k] updates */
+    int err, bad;             /* first failure to start an operation, and its parameter */
+} step_io;
+
+static void grad_ready(void *ctx, int i)
+{
+    step_io *s = ctx;
+    run *r = s->r;
+    fm_param *p = fm_model_param(r->m, i);
     /* Scaled the same way in both modes, so --local and a 1-worker job stay bit-identical. */
-    if (scale != 1.0f)
-        for (int i = 0; i < np; i++)
-            cblas_sscal((int)fm_model_param(r->m, i)->len, scale, fm_model_param(r->m, i)->grad, 1);
+    if (s->scale != 1.0f)
+        cblas_sscal((int)p->len, s->scale, p->grad, 1);
     if (r->o.local) {
-        for (int i = 0; i < np; i++) {
-            fm_param *p = fm_model_param(r->m, i);
-            fm_optim_apply(&r->optim, p->value, r->state[i], p->grad, p->len, step);
-        }
+        fm_optim_apply(&r->optim, p->value, r->state[i], p->grad, p->len, s->step);
         return;
     }
-    cps_handle *h[FM_MAX_PARAMS];
-    int started = 0, err = CPS_OK, bad = -1;
-    for (int i = 0; i < np; i++) {
-        fm_param *p = fm_model_param(r->m, i);
-        err = cps_push_pull_async(r->cli, r->tensors[i], p->grad, p->value, p->len, &h[i]);
-        if (err != CPS_OK) {
-            bad = i;
-            break;
-        }
-        started++;
+    if (s->err != CPS_OK)
+        return; /* nothing more after a failure; finish_step reports it */
+    int rc =
+        cps_push_pull_async(r->cli, r->tensors[i], p->grad, p->value, p->len, &s->h[s->started]);
+    if (rc != CPS_OK) {
+        s->err = rc;
+        s->bad = i;
+        return;
     }
-    /* Wait even after a failure: started operations still own their buffers. */
-    for (int i = 0; i < started; i++) {
-        int rc = cps_wait(h[i], -1);
-        if (rc != CPS_OK && err == CPS_OK) {
-            err = rc;
-            bad = i;
+    s->param[s->started++] = i;
+}
+
+/* Forward, backward and the step's updates. --no-overlap starts them after the whole backward
+ * pass, in declaration order (as before the overlap: the comparison row of the benchmark). */
+static double train_step(run *r, const float *x, const uint8_t *y, int b, uint64_t step,
+                         step_io *io)
+{
+    *io = (step_io){.r = r, .step = step, .scale = step_scale(r, step)};
+    if (!r->o.no_overlap)
+        return fm_model_forward_backward_cb(r->m, x, y, b, NULL, grad_ready, io);
+    double loss = fm_model_forward_backward(r->m, x, y, b, NULL);
+    for (int i = 0; isfinite(loss) && i < fm_model_num_params(r->m); i++)
+        grad_ready(io, i);
+    return loss;
+}
+
+/* Wait for every push-pull of the step, even after a failure: started operations still own
+ * their buffers. */
+static void finish_step(run *r, step_io *s)
+{
+    if (r->o.local)
+        return;
+    double t0 = now_s(CLOCK_MONOTONIC);
+    for (int k = 0; k < s->started; k++) {
+        int rc = cps_wait(s->h[k], -1);
+        if (rc != CPS_OK && s->err == CPS_OK) {
+            s->err = rc;
+            s->bad = s->param[k];
         }
     }
-    if (err != CPS_OK)
-        check(err, "cps_push_pull", fm_model_param(r->m, bad)->name);
+    r->wait_s += now_s(CLOCK_MONOTONIC) - t0;
+    if (s->err != CPS_OK)
+        check(s->err, "cps_push_pull", fm_model_param(r->m, s->bad)->name);
 }
 
 static double evaluate(run *r, const fm_dataset *test)
@@ -629,6 +684,15 @@ static void finish(run *r, const fm_dataset *test, double acc, int acc_fresh, do
         else if (r->plot_failed)
             fprintf(stderr, "fmnist: gnuplot failed to write %s\n", r->plot_path);
     }
+    /* The training loop alone (no start-up, evaluation or final pull), for
+     * bench/run_fmnist_scale.sh: a job's rate is its workers' samples over rank 0's loop time
+     * (rank 0 does not count its evaluations; the other ranks wait for them inside their loop).
+     * cpu: this process's CPU time in the loop, every thread (nanomsg's and BLAS's included);
+     * process cpu: since it started (data loading and evaluations too). */
+    printf("train: %llu samples, %llu steps, loop %.3f s, waiting %.3f s, cpu %.3f s, %.1f "
+           "samples/s, process cpu %.3f s\n",
+           (unsigned long long)samples, (unsigned long long)step, train_s, r->wait_s, r->cpu_s,
+           train_s > 0 ? (double)samples / train_s : 0.0, now_s(CLOCK_PROCESS_CPUTIME_ID));
     double ratio =
         st.push_wire_bytes ? (double)st.push_raw_bytes / (double)st.push_wire_bytes : 1.0;
     printf("final: test accuracy %.2f%%, %.1f samples/s, pushed %.1f MB (wire %.1f MB, ratio "
@@ -663,6 +727,7 @@ static void train(run *r, const fm_dataset *trainset, const fm_dataset *test)
         last_epoch = epoch;
         struct timespec te;
         clock_gettime(CLOCK_MONOTONIC, &te);
+        double cpu0 = now_s(CLOCK_PROCESS_CPUTIME_ID);
         shuffle(perm, shard, o->seed, epoch, r->rank);
         long s = 0;
         for (; s < steps_per_epoch && (!o->steps || (long)step < o->steps); s++) {
@@ -674,10 +739,12 @@ static void train(run *r, const fm_dataset *trainset, const fm_dataset *test)
                                    x + (size_t)i * FM_PIXELS);
                 y[i] = trainset->labels[idx];
             }
-            double loss = fm_model_forward_backward(r->m, x, y, b, NULL);
+            step_io io;
+            double loss = train_step(r, x, y, b, ++step, &io);
+            /* A non-finite loss skips the backward pass: nothing was sent. */
             if (!isfinite(loss))
                 die("loss diverged at epoch %d step %ld (%f): lower --lr", epoch, s + 1, loss);
-            apply_update(r, ++step);
+            finish_step(r, &io);
             samples += (uint64_t)b;
             acc_fresh = 0;
             if (o->log_every && (s + 1) % o->log_every == 0) {
@@ -689,10 +756,12 @@ static void train(run *r, const fm_dataset *trainset, const fm_dataset *test)
                 csv_row(r, epoch, step, loss, NAN);
         }
         train_s += since(&te);
+        r->cpu_s += now_s(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
         if (s == steps_per_epoch && r->rank == 0) {
             acc = evaluate(r, test);
             acc_fresh = 1;
-            printf("epoch: %d test accuracy %.2f%%\n", epoch, acc);
+            printf("epoch: %d test accuracy %.2f%% after %.3f s of training\n", epoch, acc,
+                   train_s);
             fflush(stdout);
             csv_row(r, epoch, step, NAN, acc);
         }
@@ -709,8 +778,11 @@ int main(int argc, char **argv)
     int prc = parse_opts(argc, argv, &r.o);
     if (prc)
         return prc < 0 ? 0 : prc;
-    /* Workers and servers share few cores; OpenBLAS's own threads would only oversubscribe them. */
-    openblas_set_num_threads(1);
+    /* Workers and servers share few cores; OpenBLAS's own threads would only oversubscribe them.
+     * OPENBLAS_NUM_THREADS, when set, is the user's choice (e.g. a --local baseline given both
+     * cores); servers take 1 whatever it says (src/server/server.c). */
+    if (!getenv("OPENBLAS_NUM_THREADS"))
+        openblas_set_num_threads(1);
     r.rank = 0;
     r.nworkers = 1;
     r.grad_scale = 1.0f;

@@ -381,7 +381,7 @@ int cps_wait_result(cps_handle *h, int timeout_ms, int *result)
     free(h->op.scratch);
     cps__op_enc_free(&h->op);
     if (h->op.own_parts)
-        cps__parts_free((cps__part *)h->op.parts, h->op.nparts);
+        cps__parts_free(h->op.parts, h->op.nparts);
     free(h);
     *result = rc;
     return 1;

@@ -25,6 +25,13 @@
 /* Compression is tried on a sample first: float gradients rarely compress, and compressing a
  * whole megabyte to learn that costs more than sending it. */
 #define PROBE_BYTES 4096
+/* Even the sample costs: on dense float gradients (noise to snappy) it was 4-5% of a training
+ * worker's CPU (examples/fmnist, bench/run_fmnist_scale.sh), the whole-payload attempts that
+ * follow a lucky sample included. So a part whose attempt saved nothing is sent as it is for the
+ * next 2, 4, ... ZIP_SKIP_MAX pushes before the next attempt: dense gradients stop paying within
+ * a few steps, and gradients that turn sparse (or a part that always compresses, which never
+ * backs off) are compressed again within ZIP_SKIP_MAX pushes. */
+#define ZIP_SKIP_MAX 64u
 
 static int progress(cps_client *c, int timeout_ms);
 static void ask_view(cps_client *c);
@@ -45,11 +52,32 @@ static uint8_t wire_type(int kind)
     }
 }
 
+/* 1 if part p's payload should be offered to snappy now (see ZIP_SKIP_MAX). */
+static int zip_try(cps__part *p)
+{
+    if (p->zip_skip == 0)
+        return 1;
+    p->zip_skip--;
+    return 0;
+}
+
+/* An attempt on part p saved at least 10% (shrank) or not: back off, or start over. */
+static void zip_note(cps__part *p, int shrank)
+{
+    if (shrank) {
+        p->zip_fails = 0;
+        return;
+    }
+    if ((2u << p->zip_fails) <= ZIP_SKIP_MAX)
+        p->zip_fails++;
+    p->zip_skip = 1u << p->zip_fails;
+}
+
 /* Encode the request of a CPS_RQ_SEND action and send it to a->to under a->epoch. */
 static int req_send(cps_client *c, const cps__reqs_action *a)
 {
-    const cps__op *op = a->ctx;
-    const cps__part *p = &op->parts[a->part];
+    cps__op *op = a->ctx;
+    cps__part *p = &op->parts[a->part];
     int has_vals = a->type == CPS_MSG_PUSH || a->type == CPS_MSG_PUSH_PULL;
     const cps__enc *enc = has_vals && op->enc ? &op->enc[a->part] : NULL;
     size_t len = a->type == CPS_MSG_DECLARE ? cps__wire_declare_size(p->nkeys)
@@ -89,7 +117,7 @@ static int req_send(cps_client *c, const cps__reqs_action *a)
         }
     }
     size_t wire_len = len;
-    if (has_vals && c->cfg.compress && len >= CPS_CODEC_MIN_BYTES) {
+    if (has_vals && c->cfg.compress && len >= CPS_CODEC_MIN_BYTES && zip_try(p)) {
         size_t probe = len < PROBE_BYTES ? len : PROBE_BYTES;
         size_t bound = cps__codec_bound(len);
         if (c->pack_cap < bound) {
@@ -106,6 +134,7 @@ static int req_send(cps_client *c, const cps__reqs_action *a)
         size_t z = probe == len ? pz
                    : pz         ? cps__codec_compress(payload, len, c->pack, c->pack_cap)
                                 : 0;
+        zip_note(p, z != 0);
         if (z) {
             cps__msg_hdr zh = h;
             zh.flags |= CPS_WF_SNAPPY;

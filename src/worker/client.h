@@ -31,6 +31,10 @@ typedef struct cps__part {
      * (nvals floats, in the order the part's values are sent), added to the next push's
      * gradient (error feedback). Allocated at the first lossy push, freed with the part. */
     float *resid;
+    /* Snappy on this part's pushes (client.c, zip_try/zip_note): pushes still to send without
+     * trying, and how many tries in a row saved nothing (the backoff's exponent). */
+    uint32_t zip_skip;
+    uint32_t zip_fails;
 } cps__part;
 
 struct cps_tensor {
@@ -85,7 +89,8 @@ typedef struct cps__op {
     uint64_t *step_of; /* the tensor's step counter (a sync push), or NULL: a late reply
                           (CPS_WF_LATE) moves it on to the step the job is on */
     const cps__param_spec *spec;
-    const cps__part *parts; /* borrowed from the tensor, or owned (own_parts) */
+    cps__part *parts; /* borrowed from the tensor, or owned (own_parts); a send updates each
+                         part's snappy backoff (zip_skip, zip_fails) */
     uint32_t nparts;
     int own_parts;
     float *scratch; /* owned buffer (sparse rows) */

@@ -1,6 +1,7 @@
 /* End-to-end training: `chainps launch` with 2 servers and 2 lsq_worker workers must recover the
  * true least-squares weights in sync, async and bounded-staleness mode; in sync mode the result
- * is deterministic (both workers and two whole runs end with bitwise the same weights). */
+ * is deterministic (both workers and two whole runs end with bitwise the same weights). Also the
+ * worker's snappy backoff on gradients that do not compress. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -291,6 +292,64 @@ static void test_ssp_worker_replaced(void **state)
     assert_int_equal(h_log_count(w2, "final: rank 1"), 1);
 }
 
+/* The bytes one push of t put on the wire, and the float bytes it carried. */
+static void push_bytes(cps_client *c, cps_tensor *t, const float *g, uint64_t n, uint64_t *wire,
+                       uint64_t *raw)
+{
+    cps_client_stats s0, s1;
+    cps_client_stats_get(c, &s0);
+    assert_int_equal(cps_push(c, t, g, n), 0);
+    cps_client_stats_get(c, &s1);
+    *wire = s1.push_wire_bytes - s0.push_wire_bytes;
+    *raw = s1.push_raw_bytes - s0.push_raw_bytes;
+}
+
+/* Snappy on pushes backs off on incompressible gradients and comes back: a gradient of zeros is
+ * compressed on every push; after pushes of float noise (which snappy cannot shrink) the worker
+ * stops trying for a while (a compressible push right after goes out whole), and after at most
+ * 64 pushes sent whole it compresses again. */
+static void test_snappy_backs_off(void **state)
+{
+    (void)state;
+    h_cluster cl;
+    assert_int_equal(h_start_cluster(&cl, 1, 1, "async"), 0);
+    h_become_worker(cl.sched_addr, 1, 1);
+    cps_client *c = NULL;
+    assert_int_equal(cps_open(&c), 0);
+    enum { N = 65536 };
+    float *zeros = calloc(N, sizeof *zeros), *noise = malloc(N * sizeof *noise);
+    assert_non_null(zeros);
+    assert_non_null(noise);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (int i = 0; i < N; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        noise[i] = (float)(x >> 40) * 1e-7f - 0.8f;
+    }
+    cps_optim opt = cps_optim_sgd(1e-3f);
+    cps_tensor *t = NULL;
+    assert_int_equal(cps_tensor_declare(c, "zip/w", N, NULL, &opt, &t), 0);
+    uint64_t wire, raw;
+    for (int i = 0; i < 10; i++) {
+        push_bytes(c, t, zeros, N, &wire, &raw);
+        assert_true(wire * 10 < raw); /* zeros: every push compressed */
+    }
+    for (int i = 0; i < 20; i++) {
+        push_bytes(c, t, noise, N, &wire, &raw);
+        assert_true(wire >= raw); /* noise: never smaller */
+    }
+    push_bytes(c, t, zeros, N, &wire, &raw);
+    assert_true(wire >= raw); /* backing off: not even tried */
+    int whole = 1;
+    while (wire >= raw) {
+        assert_true(++whole <= 65); /* at most 64 pushes skip the attempt */
+        push_bytes(c, t, zeros, N, &wire, &raw);
+    }
+    assert_true(wire * 10 < raw);
+    free(zeros);
+    free(noise);
+    assert_int_equal(cps_close(c), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -302,6 +361,7 @@ int main(void)
         H_TEST(test_sync_replacement_after_the_others_finished, "train", 60),
         H_TEST(test_ssp_replacement_after_the_others_finished, "train", 60),
         H_TEST(test_ssp_bound_holds_push_pull, "train", 60),
+        H_TEST(test_snappy_backs_off, "train", 60),
     };
     if (getenv("CPS_TEST_FILTER"))
         cmocka_set_test_filter(getenv("CPS_TEST_FILTER"));

@@ -1,6 +1,7 @@
 /* Fashion-MNIST example: every layer's and both models' gradients against central finite
- * differences, the local optimizers against their documented formulas, and the IDX loader on good
- * and malformed files. */
+ * differences, the order and contract of the per-parameter gradient callback (what overlaps
+ * push-pulls with backward), the local optimizers against their documented formulas, and the IDX
+ * loader on good and malformed files. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -438,6 +439,86 @@ static void models_have_expected_sizes_and_inits(void **state)
     assert_int_not_equal(fm_model_create(FM_MODEL_MLP, 0, 1, &m), 0);
 }
 
+/* ------------------------------------------------------------------ gradient callbacks */
+
+/* What fm_model_forward_backward_cb's callback saw: the order of the calls, each parameter's
+ * gradient at its call, and (to prove the pass no longer reads a parameter once it is called)
+ * NaN written over the parameter's value there. */
+typedef struct ready_log {
+    fm_model *m;
+    int order[FM_MAX_PARAMS];
+    int n;
+    float *grad_at_call[FM_MAX_PARAMS];
+} ready_log;
+
+static void log_ready(void *ctx, int i)
+{
+    ready_log *log = ctx;
+    fm_param *p = fm_model_param(log->m, i);
+    assert_true(log->n < FM_MAX_PARAMS);
+    log->order[log->n++] = i;
+    log->grad_at_call[i] = malloc(p->len * sizeof(float));
+    assert_non_null(log->grad_at_call[i]);
+    memcpy(log->grad_at_call[i], p->grad, p->len * sizeof(float));
+    for (size_t j = 0; j < p->len; j++)
+        p->value[j] = NAN;
+}
+
+/* Each parameter is handed over once, last layer first, with its final gradient: the same bits
+ * as a pass without callback, although every value handed over was overwritten meanwhile. */
+static void check_ready_order(fm_model_kind kind, const int *want, int nwant)
+{
+    const int batch = 4;
+    fm_model *a = NULL, *b = NULL;
+    assert_int_equal(fm_model_create(kind, batch, 3, &a), 0);
+    assert_int_equal(fm_model_create(kind, batch, 3, &b), 0);
+    assert_int_equal(fm_model_num_params(a), nwant);
+    for (int i = 0; i < nwant; i++) {
+        fm_param *pa = fm_model_param(a, i), *pb = fm_model_param(b, i);
+        fill(pa->value, pa->len, 0.05f);
+        memcpy(pb->value, pa->value, pa->len * sizeof(float));
+    }
+    float *x = malloc((size_t)batch * FM_PIXELS * sizeof *x);
+    assert_non_null(x);
+    fill(x, (size_t)batch * FM_PIXELS, 1.0f);
+    const uint8_t y[4] = {0, 3, 9, 3};
+    double la = fm_model_forward_backward(a, x, y, batch, NULL);
+    ready_log log = {.m = b};
+    double lb = fm_model_forward_backward_cb(b, x, y, batch, NULL, log_ready, &log);
+    assert_true(isfinite(la));
+    assert_memory_equal(&la, &lb, sizeof la);
+    assert_int_equal(log.n, nwant);
+    for (int k = 0; k < nwant; k++) {
+        int i = log.order[k];
+        fm_param *pa = fm_model_param(a, i), *pb = fm_model_param(b, i);
+        if (i != want[k])
+            fail_msg("call %d handed over %s, expected %s", k, pb->name,
+                     fm_model_param(b, want[k])->name);
+        assert_memory_equal(log.grad_at_call[i], pa->grad, pa->len * sizeof(float));
+        assert_memory_equal(pb->grad, pa->grad, pa->len * sizeof(float));
+        free(log.grad_at_call[i]);
+    }
+    /* A diverged loss hands nothing over. */
+    ready_log none = {.m = b};
+    double ln = fm_model_forward_backward_cb(b, x, y, batch, NULL, log_ready, &none);
+    assert_false(isfinite(ln)); /* every value is NaN now */
+    assert_int_equal(none.n, 0);
+    free(x);
+    fm_model_destroy(a);
+    fm_model_destroy(b);
+}
+
+static void grads_are_handed_over_last_layer_first(void **state)
+{
+    (void)state;
+    /* MLP: fc1.weight fc1.bias fc2.weight fc2.bias fc3.weight fc3.bias. */
+    static const int mlp[] = {4, 5, 2, 3, 0, 1};
+    check_ready_order(FM_MODEL_MLP, mlp, 6);
+    /* CNN: conv1, conv2, fc1, fc2, fc3 (weight, bias each). */
+    static const int cnn[] = {8, 9, 6, 7, 4, 5, 2, 3, 0, 1};
+    check_ready_order(FM_MODEL_CNN, cnn, 10);
+}
+
 /* ------------------------------------------------------------------ optimizers */
 
 static void optimizers_follow_the_documented_formulas(void **state)
@@ -676,6 +757,7 @@ int main(void)
         cmocka_unit_test(mlp_matches_finite_differences),
         cmocka_unit_test(cnn_matches_finite_differences),
         cmocka_unit_test(models_have_expected_sizes_and_inits),
+        cmocka_unit_test(grads_are_handed_over_last_layer_first),
         cmocka_unit_test(optimizers_follow_the_documented_formulas),
         cmocka_unit_test(hash64_is_xxh3),
         cmocka_unit_test_setup_teardown(idx_good_files_load, make_tmpdir, remove_tmpdir),
