@@ -520,6 +520,49 @@ static void forwarded_buffer_is_resealed(void **state)
     cps__tp_destroy(c);
 }
 
+/* Captures the last WARN line logged. */
+static void last_warning(void *ctx, int level, const char *subsystem, const char *line)
+{
+    (void)subsystem;
+    if (level == CPS_LOG_WARN)
+        snprintf(ctx, 512, "%s", line);
+}
+
+/* A process of wire version 3 (GMAC) sending to this one through a socket: its message is
+ * dropped, and the log line says a process of another version sent it, with both versions. */
+static void old_version_peer_is_logged_as_such(void **state)
+{
+    (void)state;
+    cps__tp *rcv;
+    uint16_t port = 0;
+    assert_int_equal(cps__tp_create(KEY, &rcv), 0);
+    assert_int_equal(cps__tp_bind(rcv, HOST, 0, &port), 0);
+    char url[64], line[512] = "";
+    snprintf(url, sizeof url, "tcp://" HOST ":%u", port);
+    unsigned char wire[BODY + CPS_AUTH_TRAILER];
+    memset(wire, 'o', BODY);
+    header(wire, 3);
+    seal_v3(wire, BODY, KEY, 1);
+    cps__log_set_level(CPS_LOG_WARN);
+    cps__log_set_sink(last_warning, line);
+    int raw = nn_socket(AF_SP, NN_PUSH);
+    assert_true(raw >= 0);
+    assert_true(nn_connect(raw, url) >= 0);
+    assert_int_equal(nn_send(raw, wire, sizeof wire, 0), (int)sizeof wire);
+    inbox ib = {0};
+    uint64_t end = now_ms() + WAIT_MS;
+    while (cps__tp_auth_dropped(rcv) < 1 && now_ms() < end)
+        cps__tp_poll(rcv, 10, keep, &ib, 0);
+    cps__log_set_sink(NULL, NULL);
+    cps__log_set_level(CPS_LOG_ERROR);
+    assert_int_equal(ib.n, 0);
+    assert_int_equal(cps__tp_auth_dropped(rcv), 1);
+    assert_non_null(strstr(line, "another version of chainps"));
+    assert_non_null(strstr(line, "wire version 3 (ours 4)"));
+    nn_close(raw);
+    cps__tp_destroy(rcv);
+}
+
 int main(void)
 {
     cps__log_set_level(CPS_LOG_ERROR);
@@ -533,6 +576,7 @@ int main(void)
         cmocka_unit_test(secret_files),
         cmocka_unit_test(sockets_deliver_ours_drop_the_rest),
         cmocka_unit_test(forwarded_buffer_is_resealed),
+        cmocka_unit_test(old_version_peer_is_logged_as_such),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
