@@ -2,7 +2,8 @@
 # bench/run_ab.sh (awk -f bench/pslite_loop.awk -f THEIR_END_RULE): lines "pslite_loop key=value
 # ... round=R side=S", as the drivers tag them, gathered per cell ("1w1s 4 KB") into cells[] (in
 # order of appearance), runs[cell, side, round] and sum[cell, side, round, metric] (pp_gbps summed
-# over the workers, latencies *_us the slower worker's); stat() then gives "median (min-max)" of
+# over the workers, latencies *_us the slower worker's, cpu[] and bytes[] per run when the lines
+# carry cpu_s); stat() then gives "median (min-max)" of
 # what the END rule put into val[key, 1..cnt[key]].
 
 # Insertion sort of a[1..n], ascending (a handful of rounds).
@@ -41,4 +42,10 @@ $1 == "pslite_loop" {
     sum[k, "pp_gbps"] += f["pp_gbps"]
     for (x in f)
         if (x ~ /_us$/ && f[x] + 0 > sum[k, x] + 0) sum[k, x] = f[x] + 0
+    # cpu_s (run_ab.sh CPU=1): the CPU time of the whole job that ran this one size, on every
+    # worker's line; bytes counts what all its workers pushed and pulled.
+    if ("cpu_s" in f) {
+        cpu[k] = f["cpu_s"]
+        bytes[k] += 2 * f["iters"] * f["size"]
+    }
 }

@@ -14,8 +14,14 @@
 # the slower worker's. The load average at the start and the end is printed: this machine may
 # be shared, and 2 cores do not leave much to other programs.
 #
+# CPU=1 runs each size in a job of its own under /usr/bin/time and adds "CPU ms/GB": the CPU
+# time (user + system) of all the job's processes, scheduler, servers and workers, start and
+# warm-up included, per 10^9 bytes pushed and pulled. On a machine shared with other work that is
+# the steadier measure: wall-clock rates follow the share of the cores the job got, CPU time
+# mostly what the job did.
+#
 # Environment: ROUNDS (3), ITERS (per size; default bench_ps's 1 GiB / size in [60, 2000]),
-# SIZES, MODE (sync), KEEP=1 keeps the raw lines. Every process runs under `timeout` and is ended
+# SIZES, MODE (sync), CPU (0), KEEP=1 keeps the raw lines. Every process runs under `timeout` and is ended
 # by its PID on exit; everything listens on 127.0.0.1 only.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -45,14 +51,16 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 "${builds[1]}/chainps" secret "$work/job.secret" >/dev/null || exit 2
 
-run() { # SIDE(A|A_insecure|B|B_insecure) SERVERS WORKERS SIZES ROUND
-    local b=${builds[0]} flags=(--secret-file "$work/job.secret") fail=0
+job() { # SIDE SERVERS WORKERS SIZES ROUND [TIME_FILE]: one chainps launch
+    local b=${builds[0]} flags=(--secret-file "$work/job.secret") fail=0 timer=()
     case $1 in B*) b=${builds[1]} ;; esac
     case $1 in *_insecure) flags=(--insecure) ;; esac
+    [ -n "${6:-}" ] && timer=(/usr/bin/time -f "%U %S" -o "$6")
     : >"$work/run.txt"
-    timeout -k 5 200 "$b/chainps" launch --servers "$2" --replicas "$2" --workers "$3" \
-        --mode "$MODE" --timeout 180 "${flags[@]}" -- "$b/bench/bench_ps" --loop pslite \
-        --sizes "$4" ${ITERS:+--ops "$ITERS"} --out "$work/run.txt" >"$work/run.log" 2>&1 &
+    "${timer[@]}" timeout -k 5 200 "$b/chainps" launch --servers "$2" --replicas "$2" \
+        --workers "$3" --mode "$MODE" --timeout 180 "${flags[@]}" -- "$b/bench/bench_ps" \
+        --loop pslite --sizes "$4" ${ITERS:+--ops "$ITERS"} --out "$work/run.txt" \
+        >"$work/run.log" 2>&1 &
     pids+=($!)
     wait "$!" || fail=1
     pids=()
@@ -61,7 +69,19 @@ run() { # SIDE(A|A_insecure|B|B_insecure) SERVERS WORKERS SIZES ROUND
         echo "run_ab: side $1 ($2 servers, $3 workers) failed:" >&2
         tail -15 "$work/run.log" >&2
     fi
-    sed "s/\$/ round=$5 side=$1/" "$work/run.txt" >>"$work/all.txt"
+    local cpu=
+    [ -n "${6:-}" ] && cpu=" cpu_s=$(awk '{ print $1 + $2 }' "$6")"
+    sed "s/\$/ round=$5 side=$1$cpu/" "$work/run.txt" >>"$work/all.txt"
+}
+run() { # SIDE SERVERS WORKERS SIZES ROUND: all sizes in one job, or one job per size (CPU=1)
+    local s
+    if [ "${CPU:-0}" = 1 ]; then
+        for s in ${4//,/ }; do
+            job "$1" "$2" "$3" "$s" "$5" "$work/time"
+        done
+    else
+        job "$@"
+    fi
 }
 
 failed=0
@@ -86,6 +106,10 @@ table='
 END {
     nm = split("pp_gbps push_p50_us push_p99_us pull_p50_us", metrics, " ")
     split("pp GB/s,push p50 us,push p99 us,pull p50 us", mname, ",")
+    for (k in bytes) {
+        sum[k, "cpu_ms_gb"] = cpu[k] * 1e12 / bytes[k]
+        if (nm == 4) { metrics[++nm] = "cpu_ms_gb"; mname[nm] = "CPU ms/GB" }
+    }
     for (k in runs) {
         split(k, p, SUBSEP)
         for (i = 1; i <= nm; i++) {
@@ -108,6 +132,7 @@ END {
         for (i = 1; i <= nm; i++) {
             m = metrics[i]
             fmt = m == "pp_gbps" ? "%.3f" : "%.0f"
+            if (m == "cpu_ms_gb") fmt = "%.1f"
             printf "%-10s %-12s | %-22s %-22s %-17s | %-22s %-22s %-17s\n", i == 1 ? c : "",
                    mname[i], stat(c SUBSEP "A" SUBSEP m, fmt), stat(c SUBSEP "B" SUBSEP m, fmt),
                    stat(c SUBSEP "ratio" SUBSEP m, "%.2f"),

@@ -205,9 +205,8 @@ static int mac_key(const cps__auth *a, EVP_CIPHER_CTX *c, const unsigned char *s
 /* The tag of data[0, len) (len >= 24: it ends with the salt and the counter): ChaCha20-Poly1305
  * with the data as additional data and no plaintext, so the tag is Poly1305 over the data under
  * the one-time key that ChaCha20 derives from the subkey and the nonce. The receiver computes it
- * the same way (an encrypting context) and compares with CRYPTO_memcmp: a decrypting context
- * would compare in constant time too, but it takes the tag through the parameter machinery and
- * leaves an entry on OpenSSL's error queue for every forgery. */
+ * with this same function and compares with CRYPTO_memcmp, in constant time as a decrypting
+ * context's final step would; one code path for both ends keeps them from ever disagreeing. */
 static int mac(EVP_CIPHER_CTX *c, uint64_t counter, const unsigned char *data, size_t len,
                unsigned char tag[CPS_AUTH_TAG])
 {
