@@ -15,26 +15,8 @@
 #include <time.h>
 
 #include "chainps/error.h"
+#include "bench.h"
 #include "core/gradcodec.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void fill(float *g, size_t n, uint64_t s)
 {
@@ -90,11 +72,11 @@ int main(int argc, char **argv)
             double enc[101], decs[101];
             for (int r = 0; r < reps + 1; r++) {
                 memcpy(acc, g, n * sizeof *acc);
-                double t0 = now_s();
+                double t0 = tc_now_s();
                 int rc = cps__gradcodec_encode(&gc, acc, n, blk, cap, &len, scratch);
-                double t1 = now_s();
+                double t1 = tc_now_s();
                 rc = rc ? rc : cps__gradcodec_decode(blk, len, n, dec);
-                double t2 = now_s();
+                double t2 = tc_now_s();
                 if (rc != 0) {
                     fprintf(stderr, "bench_gradcodec: %s: %s\n", codecs[c], cps_strerror(rc));
                     return 1;
@@ -104,7 +86,7 @@ int main(int argc, char **argv)
                     decs[r - 1] = (double)(n * 4) / (t2 - t1) / 1e9;
                 }
             }
-            double e = median(enc, reps), d = median(decs, reps);
+            double e = tc_median(enc, reps), d = tc_median(decs, reps);
             printf("%-10s %9zu %10.2f %10.2f %9zu\n", codecs[c], n * 4, e, d, len);
             if (out)
                 fprintf(out, "codec name=%s size=%zu enc_gbps=%.3f dec_gbps=%.3f bytes=%zu\n",

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What message authentication costs (issue 12): bench_ps under `chainps launch` (1 server, 1
 # worker, async, dense random gradients) with the job's secret (every message sealed and
-# checked with GMAC) and with --insecure, in interleaved rounds so both see the same machine.
+# checked with ChaCha20-Poly1305; GMAC before wire version 4) and with --insecure, in interleaved
+# rounds so both see the same machine. bench/run_ab.sh compares two builds the same way, and
+# bench_auth times the MAC alone per message size.
 # Prints per round and the medians: 4 KB push p50 (us) and 1 MB push+pull pipelined MB/s, and
 # their ratios secret/insecure.
 # Usage: bench/run_auth.sh [BUILD_DIR]   env: ROUNDS (5), MS (400), REPS (3)

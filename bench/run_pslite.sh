@@ -265,42 +265,8 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 
 # 3. The table.
-awk -v secs="$(($(date +%s) - start))" -v load0="$load0" -v load1="$(cut -d' ' -f1-3 /proc/loadavg)" \
-    -v cc="$chainps_commit" -v pc="$pslite_commit" -v mode="$MODE" -v rounds="$ROUNDS" '
-function kv(    i, p) {
-    delete f
-    for (i = 2; i <= NF; i++) {
-        p = index($i, "=")
-        f[substr($i, 1, p - 1)] = substr($i, p + 1)
-    }
-}
-function sortn(a, n,    i, j, t) {
-    for (i = 2; i <= n; i++)
-        for (j = i; j > 1 && a[j - 1] > a[j]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
-}
-# "median (min-max)" of the values v[key, 1..n[key]], or "-".
-function stat(key, fmt,    a, i, m, med) {
-    m = cnt[key] + 0
-    if (m == 0) return "-"
-    for (i = 1; i <= m; i++) a[i] = val[key, i]
-    sortn(a, m)
-    med = m % 2 ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
-    if (m == 1) return sprintf(fmt, med)
-    return sprintf(fmt " (" fmt "-" fmt ")", med, a[1], a[m])
-}
-function human(n) {
-    return n >= 1048576 ? sprintf("%d MB", n / 1048576) : sprintf("%d KB", n / 1024)
-}
-$1 == "pslite_loop" {
-    kv()
-    c = f["workers"] "w" f["servers"] "s " human(f["size"] + 0)
-    if (!(c in seen)) { seen[c] = 1; cells[++ncells] = c }
-    k = c SUBSEP f["side"] SUBSEP f["round"]
-    runs[k] = 1
-    sum[k, "pp_gbps"] += f["pp_gbps"]
-    for (x in f)
-        if (x ~ /_us$/ && f[x] + 0 > sum[k, x] + 0) sum[k, x] = f[x] + 0
-}
+# The END rule; the lines and stat(): bench/pslite_loop.awk.
+table='
 END {
     nm = split("pp_gbps push_p50_us push_p99_us pull_p50_us", metrics, " ")
     split("pp GB/s,push p50 us,push p99 us,pull p50 us", mname, ",")
@@ -349,7 +315,10 @@ END {
         printf "%s\n", line
     }
     printf "took %d s; load average %s at start, %s at end\n", secs, load0, load1
-}' "$res"
+}'
+awk -v secs="$(($(date +%s) - start))" -v load0="$load0" -v load1="$(cut -d' ' -f1-3 /proc/loadavg)" \
+    -v cc="$chainps_commit" -v pc="$pslite_commit" -v mode="$MODE" -v rounds="$ROUNDS" \
+    -f "$here/pslite_loop.awk" -f <(printf '%s\n' "$table") "$res"
 lines=$(grep -c '^pslite_loop ' "$res")
 # Every side writes one line per size and worker: 1 worker x the sizes, 2 workers x 1 MB.
 want=$((ROUNDS * ${#sides[@]} * ($(echo "$SIZES" | tr ',' '\n' | grep -c .) + 2)))

@@ -223,7 +223,7 @@ int main(int argc, char **argv)
      * error we report with the file's name, not as a signal that kills the process. */
     signal(SIGXFSZ, SIG_IGN);
     /* No OpenSSL teardown at exit: the scheduler's checkpoint threads are detached and may be
-     * sealing a message (RAND_bytes, GMAC) while the main thread returns, and a cleanup run by
+     * sealing a message (RAND_bytes, the MAC) while the main thread returns, and a cleanup run by
      * exit() under them crashed one (a SEGV in RAND_bytes, seen under ASan after a job ended).
      * The memory goes back with the process anyway. */
     OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, NULL);

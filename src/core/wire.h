@@ -6,7 +6,7 @@
  * by decoders are borrowed from the input buffer and live as long as it does.
  *
  * Header layout (offsets in bytes, all little-endian):
- *    0 u32 magic 'CPS1' (0x31535043)   4 u8 version (2)    5 u8 type    6 u16 flags
+ *    0 u32 magic 'CPS1' (0x31535043)   4 u8 version (4)    5 u8 type    6 u16 flags
  *    8 u32 sender node id             12 i32 status (0 or CPS_E... in replies)
  *   16 u64 view epoch                 24 u32 request worker id   28 u32 range id
  *   32 u64 request sequence number    40 u64 training step
@@ -23,10 +23,12 @@
 #include "chainps/chainps.h" /* CPS_MAX_NDIM */
 
 #define CPS_WIRE_MAGIC 0x31535043u
-/* 3: dense tensors cut into chunks of at most 128 Ki values. 2: tensor keys and key-set
- * signatures hashed with XXH3 instead of FNV-1a. Nodes of two versions would place the same
- * tensor on different keys, so they must not talk. */
-#define CPS_WIRE_VERSION  3
+/* 4: the MAC trailer (src/transport/auth.h) is ChaCha20-Poly1305 instead of GMAC; the transport
+ * refuses another version's messages before checking their MAC, and says why. 3: dense tensors
+ * cut into chunks of at most 128 Ki values. 2: tensor keys and key-set signatures hashed with
+ * XXH3 instead of FNV-1a. Nodes of two versions would place the same tensor on different keys, so
+ * they must not talk. */
+#define CPS_WIRE_VERSION  4
 #define CPS_WIRE_HDR_SIZE 64
 /* Hard cap on one message's payload (compressed or not); larger is refused as CPS_ESIZE. */
 #define CPS_WIRE_MAX_PAYLOAD (1u << 30)

@@ -1,4 +1,5 @@
-/* Message authentication with OpenSSL's AES-128-GCM used as GMAC (see auth.h for the format). */
+/* Message authentication with OpenSSL's ChaCha20-Poly1305 used as a MAC (see auth.h for the
+ * format and the reasons). */
 #include "transport/auth.h"
 
 #include <ctype.h>
@@ -19,11 +20,12 @@
 #include "core/wire.h"
 
 #define NONCE_LEN     12
-#define SUBKEY_LEN    16
 #define REPLAY_WINDOW 1024u
 #define SENDERS_MAX   64
 #define SECRET_LABEL  "chainps job secret v1"
-#define SUBKEY_LABEL  "chainps message key v1"
+/* v2: ChaCha20-Poly1305 keys (v1 keyed AES-128-GCM with the first half of the same hash). A new
+ * label, so that no subkey ever serves two algorithms. */
+#define SUBKEY_LABEL "chainps message key v2"
 
 typedef struct sender {
     unsigned char salt[CPS_AUTH_SALT];
@@ -60,6 +62,9 @@ const char *cps__auth_verdict_str(int v)
         return "replayed (this sender's counter was taken already)";
     case CPS_AUTH_TOO_OLD:
         return "older than the replay window";
+    case CPS_AUTH_VERSION:
+        return "sent by another version of chainps (another wire protocol and MAC): run one "
+               "version in the whole job";
     case CPS_AUTH_NOMEM:
         return "out of memory while checking";
     }
@@ -175,18 +180,18 @@ int cps__auth_create_file(const char *path, char *err, size_t errlen)
 
 /* ---- sealing and checking ---- */
 
-static EVP_CIPHER_CTX *gcm_new(void)
+static EVP_CIPHER_CTX *mac_new(void)
 {
     EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
-    if (c && EVP_EncryptInit_ex(c, EVP_aes_128_gcm(), NULL, NULL, NULL) != 1) {
+    if (c && EVP_EncryptInit_ex(c, EVP_chacha20_poly1305(), NULL, NULL, NULL) != 1) {
         EVP_CIPHER_CTX_free(c);
         c = NULL;
     }
     return c;
 }
 
-/* Key `c` with the subkey of `salt` under the job key. */
-static int gcm_key(const cps__auth *a, EVP_CIPHER_CTX *c, const unsigned char *salt)
+/* Key `c` with the subkey of `salt` under the job key (all 32 bytes: a ChaCha20 key). */
+static int mac_key(const cps__auth *a, EVP_CIPHER_CTX *c, const unsigned char *salt)
 {
     unsigned char sub[32];
     int rc = sha256_parts(SUBKEY_LABEL, sizeof SUBKEY_LABEL, a->key, sizeof a->key, salt,
@@ -197,9 +202,13 @@ static int gcm_key(const cps__auth *a, EVP_CIPHER_CTX *c, const unsigned char *s
     return rc;
 }
 
-/* The tag of data[0, len) (len >= 24: it ends with the salt and the counter). */
-static int gmac(EVP_CIPHER_CTX *c, uint64_t counter, const unsigned char *data, size_t len,
-                unsigned char tag[CPS_AUTH_TAG])
+/* The tag of data[0, len) (len >= 24: it ends with the salt and the counter): ChaCha20-Poly1305
+ * with the data as additional data and no plaintext, so the tag is Poly1305 over the data under
+ * the one-time key that ChaCha20 derives from the subkey and the nonce. The receiver computes it
+ * with this same function and compares with CRYPTO_memcmp, in constant time as a decrypting
+ * context's final step would; one code path for both ends keeps them from ever disagreeing. */
+static int mac(EVP_CIPHER_CTX *c, uint64_t counter, const unsigned char *data, size_t len,
+               unsigned char tag[CPS_AUTH_TAG])
 {
     unsigned char nonce[NONCE_LEN] = {0};
     cps__le64_put(nonce, counter);
@@ -215,7 +224,7 @@ static int gmac(EVP_CIPHER_CTX *c, uint64_t counter, const unsigned char *data, 
     }
     unsigned char none[16];
     if (EVP_EncryptFinal_ex(c, none, &outl) != 1 ||
-        EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, CPS_AUTH_TAG, tag) != 1)
+        EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, CPS_AUTH_TAG, tag) != 1)
         return -1;
     return 0;
 }
@@ -232,9 +241,9 @@ int cps__auth_create(const unsigned char *key, cps__auth **out)
             cps__auth_destroy(a);
             return CPS_EIO;
         }
-        a->own = gcm_new();
-        a->spare = gcm_new();
-        if (!a->own || !a->spare || gcm_key(a, a->own, a->salt) != 0) {
+        a->own = mac_new();
+        a->spare = mac_new();
+        if (!a->own || !a->spare || mac_key(a, a->own, a->salt) != 0) {
             cps__auth_destroy(a);
             return CPS_ENOMEM;
         }
@@ -272,7 +281,7 @@ void cps__auth_seal(cps__auth *a, unsigned char *msg, size_t len)
     cps__le64_put(t + CPS_AUTH_SALT, ctr);
     /* A context that fails here (OpenSSL out of memory) leaves a zero tag, which every receiver
      * refuses: the message is lost like a dropped packet, and the protocol re-sends. */
-    if (gmac(a->own, ctr, msg, len + CPS_AUTH_SALT + 8, t + CPS_AUTH_SALT + 8) != 0)
+    if (mac(a->own, ctr, msg, len + CPS_AUTH_SALT + 8, t + CPS_AUTH_SALT + 8) != 0)
         memset(t + CPS_AUTH_SALT + 8, 0, CPS_AUTH_TAG);
 }
 
@@ -323,6 +332,12 @@ int cps__auth_open(cps__auth *a, const unsigned char *msg, size_t len, size_t *b
         return CPS_AUTH_SHORT;
     size_t body = len - CPS_AUTH_TRAILER;
     *body_len = body;
+    /* The header's version says which trailer the sender wrote (GMAC before version 4), so a
+     * process of another version is told apart from a forger, keyed or not: without this its
+     * messages would fail as wrong tags, or as bad headers further up. Unauthenticated, like
+     * every refusal: it only picks the words of the log line. */
+    if (body >= 5 && cps__le32_get(msg) == CPS_WIRE_MAGIC && msg[4] != CPS_WIRE_VERSION)
+        return CPS_AUTH_VERSION;
     if (!a->keyed)
         return CPS_AUTH_OK;
     const unsigned char *t = msg + body;
@@ -337,10 +352,10 @@ int cps__auth_open(cps__auth *a, const unsigned char *msg, size_t len, size_t *b
     /* A sender not in the table is checked with the spare context and only enters the table once
      * its tag is right, so forged salts cannot push real senders out. */
     EVP_CIPHER_CTX *c = s ? s->ctx : a->spare;
-    if (!c || (!s && gcm_key(a, c, t) != 0))
+    if (!c || (!s && mac_key(a, c, t) != 0))
         return CPS_AUTH_NOMEM;
     unsigned char tag[CPS_AUTH_TAG];
-    if (gmac(c, ctr, msg, body + CPS_AUTH_SALT + 8, tag) != 0)
+    if (mac(c, ctr, msg, body + CPS_AUTH_SALT + 8, tag) != 0)
         return CPS_AUTH_NOMEM;
     if (CRYPTO_memcmp(tag, t + CPS_AUTH_SALT + 8, CPS_AUTH_TAG) != 0)
         return CPS_AUTH_BAD_TAG;
@@ -359,7 +374,7 @@ int cps__auth_open(cps__auth *a, const unsigned char *msg, size_t len, size_t *b
         window_set(s, ctr);
         s->used = ++a->tick;
         /* Without a spare (out of memory) the next new sender gets CPS_AUTH_NOMEM. */
-        a->spare = old ? old : gcm_new();
+        a->spare = old ? old : mac_new();
         return CPS_AUTH_OK;
     }
     s->used = ++a->tick;

@@ -5,24 +5,43 @@
  *
  *    0 u8  salt[16]   random per sending transport (per process and thread that sends)
  *   16 u64 counter    little-endian, 1, 2, ... per sending transport
- *   24 u8  tag[16]    GMAC (AES-128-GCM with the message as additional data, no ciphertext)
+ *   24 u8  tag[16]    ChaCha20-Poly1305 with the message as additional data, no plaintext
  *
  * The tag covers every byte before it: the 64-byte header, the payload and the salt and counter.
  * Its key is a subkey of the job's key for that salt (SHA-256 of a label, the job key and the
- * salt), and its 96-bit nonce is the counter, so a nonce is never used twice under one key
- * whatever the number of processes (two salts collide with probability 2^-128).
+ * salt: 32 bytes, a ChaCha20 key), and its 96-bit nonce is the counter, so a nonce is never used
+ * twice under one key whatever the number of processes (two salts collide with probability
+ * 2^-128). Poly1305's one-time key is ChaCha20's first block under that key and nonce, as RFC 8439
+ * builds the AEAD; with no plaintext nothing else of ChaCha20 runs.
  *
  * Replays: a receiver remembers, per sender salt, the highest counter it took and a window of
  * the 1024 below it, and drops a counter it took already or one older than the window. It keeps
  * 64 senders (the least recently heard is forgotten first); the protocol's own defences (view
  * epochs, the exactly-once record of every push, per-request ids) stand behind that.
  *
- * Why GMAC: measured here (OpenSSL 3.0, AES-NI and VPCLMULQDQ) it runs at 10 GB/s on 1 MiB and
- * 0.13 us on 64 bytes; HMAC-SHA256 is 2.1 GB/s and keyed BLAKE2b 1.5 GB/s. ChaCha20-Poly1305 was
- * tried: faster alone (69 against 100 us per MiB, in a loop over one buffer) but slower in a job
- * (bench/run_auth.sh on a quiet machine, 1 MB push+pull with the secret against without: 0.47 to
- * 0.50 against GMAC's 0.60 to 0.66), so a loop over a hot buffer is not the measure that counts.
- * The comparison of the tag is constant-time (CRYPTO_memcmp).
+ * Why ChaCha20-Poly1305: the MAC is one pass over every byte each way, and with GMAC (AES-128-GCM
+ * with the message as additional data, wire versions up to 3) it was a fifth of each side's CPU
+ * for 1 MB pushes. Sealing one message, per bench/bench_auth (thread CPU time, OpenSSL 3.0 on an
+ * AVX-512 EPYC; opening costs the same): 64 B 0.33 us against GMAC's 0.17, 4 KB 0.66 against
+ * 0.64, 64 KB 5.5 against 7.7, 1 MiB 83 against 119 us, 16 MiB 1.34 against 1.95 ms (12.5 against
+ * 8.6 GB/s), from cache or from memory alike. Below a few KB it costs more, and not for want of
+ * reusing the context (the key is set once per sender; a message only sets the nonce): the
+ * construction spends a ChaCha20 block per message on Poly1305's one-time key where GCM spends one
+ * AES block, so a 64-byte ack pays 0.16 us more per pass, lost in a round trip of tens of us.
+ * HMAC-SHA256 (2.1 GB/s) and keyed BLAKE2b (1.5 GB/s) are slower still. The tag is compared in
+ * constant time (CRYPTO_memcmp).
+ *
+ * Not done: MACing a push's values piece by piece as the worker copies them into the message, so
+ * that both happen while the piece is in cache. Poly1305 is bound by arithmetic, not by memory
+ * (bench_auth's cold and hot cases agree), and copying and MACing 1 MiB in 64 KiB pieces saved
+ * -1% to 5% of the time of the copy then the MAC (-3% to 10% at 16 MiB): under 2% of a 1 MB
+ * push, for a sealing API split in three. A receiver cannot do it at all: no byte of a message
+ * is used before its tag is checked.
+ *
+ * Versions: the wire header's version byte names the trailer's construction (4: this one). A
+ * message whose header bears another version is refused as CPS_AUTH_VERSION before any MAC is
+ * computed, with or without a key, so a job that mixes builds says so rather than reporting
+ * forgeries.
  *
  * Without a key (a job run with --insecure) the trailer is sent zeroed and not checked.
  */
@@ -61,6 +80,7 @@ enum cps__auth_verdict {
     CPS_AUTH_BAD_TAG,  /* wrong tag: another job's secret, a forgery or a corrupted message */
     CPS_AUTH_REPLAY,   /* a counter already taken from this sender */
     CPS_AUTH_TOO_OLD,  /* older than the replay window: cannot tell, so refused */
+    CPS_AUTH_VERSION,  /* a wire header of another protocol version (another MAC), keyed or not */
     CPS_AUTH_NOMEM
 };
 const char *cps__auth_verdict_str(int verdict);
@@ -78,7 +98,7 @@ int cps__auth_keyed(const cps__auth *a);
 void cps__auth_seal(cps__auth *a, unsigned char *msg, size_t len);
 /* Check a received message of `len` bytes (trailer included). Returns CPS_AUTH_OK and the length
  * without the trailer in *body_len, or the verdict. Without a key every message of at least a
- * trailer is CPS_AUTH_OK. */
+ * trailer and of this wire version is CPS_AUTH_OK. */
 int cps__auth_open(cps__auth *a, const unsigned char *msg, size_t len, size_t *body_len);
 
 #endif

@@ -474,13 +474,15 @@ static void auth_refused(cps__tp *tp, const unsigned char *m, size_t n, int verd
         return;
     uint32_t claimed = n >= 12 ? cps__le32_get(m + 8) : 0;
     unsigned type = n >= 6 ? m[5] : 0;
+    unsigned version = n >= 5 ? m[4] : 0;
     unsigned salt = n >= CPS_AUTH_TRAILER ? cps__le32_get(m + n - CPS_AUTH_TRAILER) : 0;
     cps__log(CPS_LOG_WARN, SUB,
              "%s: dropped %llu message(s) that failed authentication (%llu in all); the last: "
-             "%zu bytes, %s, claims sender %u, type %u, sender instance %08x",
+             "%zu bytes, %s, claims sender %u, type %u, wire version %u (ours %u), sender instance "
+             "%08x",
              tp->inbox_url, (unsigned long long)tp->auth_unlogged,
              (unsigned long long)tp->auth_dropped, n, cps__auth_verdict_str(verdict), claimed, type,
-             salt);
+             version, CPS_WIRE_VERSION, salt);
     tp->auth_unlogged = 0;
     tp->auth_logged_ms = now;
 }

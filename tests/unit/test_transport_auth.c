@@ -74,9 +74,9 @@ static void sealed_opens_and_every_changed_byte_fails(void **state)
 }
 
 /* The trailer is the documented construction, computed here straight from OpenSSL: subkey =
- * SHA-256("chainps message key v1\0" | job key | salt), tag = AES-128-GCM under its first 16
- * bytes with nonce = counter (le64) | 0000 and the message up to the tag as additional data. Pins
- * the wire format, so two builds of chainps keep understanding each other. */
+ * SHA-256("chainps message key v2\0" | job key | salt), tag = ChaCha20-Poly1305 under it with
+ * nonce = counter (le64) | 0000, the message up to the tag as additional data and no plaintext.
+ * Pins the wire format, so two builds of one wire version keep understanding each other. */
 static void trailer_is_the_documented_construction(void **state)
 {
     (void)state;
@@ -88,7 +88,7 @@ static void trailer_is_the_documented_construction(void **state)
     const unsigned char *t = m + BODY;
     assert_int_equal(cps__le64_get(t + CPS_AUTH_SALT), 2);
 
-    static const char label[] = "chainps message key v1";
+    static const char label[] = "chainps message key v2";
     unsigned char sub[32];
     unsigned int sublen = 0;
     EVP_MD_CTX *md = EVP_MD_CTX_new();
@@ -105,14 +105,111 @@ static void trailer_is_the_documented_construction(void **state)
     int outl;
     EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
     assert_non_null(c);
-    assert_int_equal(EVP_EncryptInit_ex(c, EVP_aes_128_gcm(), NULL, sub, nonce), 1);
+    assert_int_equal(EVP_EncryptInit_ex(c, EVP_chacha20_poly1305(), NULL, sub, nonce), 1);
     assert_int_equal(EVP_EncryptUpdate(c, NULL, &outl, m, BODY + CPS_AUTH_SALT + 8), 1);
     assert_int_equal(EVP_EncryptFinal_ex(c, none, &outl), 1);
-    assert_int_equal(EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, 16, tag), 1);
-    EVP_CIPHER_CTX_free(c);
+    assert_int_equal(outl, 0);
+    assert_int_equal(EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, 16, tag), 1);
     assert_memory_equal(tag, t + CPS_AUTH_SALT + 8, CPS_AUTH_TAG);
+
+    /* And a receiver's check is the AEAD's own: decrypting nothing with that tag succeeds, and
+     * fails with the tag of the first counter (the nonce is part of the construction). */
+    unsigned char *m1 = message(9);
+    assert_int_equal(EVP_DecryptInit_ex(c, EVP_chacha20_poly1305(), NULL, sub, nonce), 1);
+    assert_int_equal(EVP_DecryptUpdate(c, NULL, &outl, m, BODY + CPS_AUTH_SALT + 8), 1);
+    assert_int_equal(EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, 16, tag), 1);
+    assert_int_equal(EVP_DecryptFinal_ex(c, none, &outl), 1);
+    cps__auth_seal(a, m1, BODY); /* counter 3, same salt */
+    assert_int_equal(EVP_DecryptInit_ex(c, NULL, NULL, NULL, nonce), 1);
+    assert_int_equal(EVP_DecryptUpdate(c, NULL, &outl, m1, BODY + CPS_AUTH_SALT + 8), 1);
+    assert_int_equal(EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_SET_TAG, 16, m1 + BODY + 24), 1);
+    assert_int_not_equal(EVP_DecryptFinal_ex(c, none, &outl), 1);
+    EVP_CIPHER_CTX_free(c);
+    free(m1);
     free(m);
     cps__auth_destroy(a);
+}
+
+/* What a chainps of wire version 3 sent: a trailer sealed with GMAC (AES-128-GCM, the message as
+ * additional data) under the first 16 bytes of SHA-256("chainps message key v1\0" | job key |
+ * salt), nonce = counter (le64) | 0000. */
+static void seal_v3(unsigned char *m, size_t len, const unsigned char *key, uint64_t counter)
+{
+    static const char label[] = "chainps message key v1";
+    unsigned char *t = m + len, sub[32], nonce[12] = {0}, none[16];
+    memset(t, 0x3c, CPS_AUTH_SALT);
+    cps__le64_put(t + CPS_AUTH_SALT, counter);
+    unsigned int sublen = 0;
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    assert_non_null(md);
+    assert_int_equal(EVP_DigestInit_ex(md, EVP_sha256(), NULL), 1);
+    assert_int_equal(EVP_DigestUpdate(md, label, sizeof label), 1);
+    assert_int_equal(EVP_DigestUpdate(md, key, CPS_AUTH_KEY_SIZE), 1);
+    assert_int_equal(EVP_DigestUpdate(md, t, CPS_AUTH_SALT), 1);
+    assert_int_equal(EVP_DigestFinal_ex(md, sub, &sublen), 1);
+    EVP_MD_CTX_free(md);
+    cps__le64_put(nonce, counter);
+    int outl;
+    EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
+    assert_non_null(c);
+    assert_int_equal(EVP_EncryptInit_ex(c, EVP_aes_128_gcm(), NULL, sub, nonce), 1);
+    assert_int_equal(EVP_EncryptUpdate(c, NULL, &outl, m, (int)len + CPS_AUTH_SALT + 8), 1);
+    assert_int_equal(EVP_EncryptFinal_ex(c, none, &outl), 1);
+    assert_int_equal(
+        EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_GCM_GET_TAG, CPS_AUTH_TAG, t + CPS_AUTH_SALT + 8), 1);
+    EVP_CIPHER_CTX_free(c);
+}
+
+/* A wire header at the start of m (a heartbeat whose payload fills the BODY bytes) of `version`. */
+static void header(unsigned char *m, uint8_t version)
+{
+    cps__msg_hdr h = {0};
+    h.type = CPS_MSG_HEARTBEAT;
+    h.sender = 7;
+    h.payload_len = h.raw_len = BODY - CPS_WIRE_HDR_SIZE;
+    cps__wire_hdr_encode(m, &h);
+    m[4] = version;
+}
+
+/* A process of the previous wire version (GMAC trailers) is refused with a verdict that names the
+ * version mismatch, keyed or not, and never taken for a forger or let through; a GMAC trailer
+ * under a header of this version is a wrong tag; this version's messages pass. */
+static void other_wire_version_is_named(void **state)
+{
+    (void)state;
+    cps__auth *tx, *rx, *open_tx, *open_rx;
+    assert_int_equal(cps__auth_create(KEY, &tx), 0);
+    assert_int_equal(cps__auth_create(KEY, &rx), 0);
+    assert_int_equal(cps__auth_create(NULL, &open_tx), 0);
+    assert_int_equal(cps__auth_create(NULL, &open_rx), 0);
+    unsigned char *m = message(5);
+    assert_int_equal(CPS_WIRE_VERSION, 4);
+
+    header(m, 3);
+    seal_v3(m, BODY, KEY, 1);
+    assert_int_equal(open_copy(rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_VERSION);
+    assert_int_equal(open_copy(open_rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_VERSION);
+    header(m, CPS_WIRE_VERSION);
+    seal_v3(m, BODY, KEY, 2);
+    assert_int_equal(open_copy(rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_BAD_TAG);
+    /* An old --insecure process: zeroed trailer, old header. */
+    header(m, 3);
+    cps__auth_seal(open_tx, m, BODY);
+    assert_int_equal(open_copy(rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_VERSION);
+    assert_int_equal(open_copy(open_rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_VERSION);
+    /* A later version too, however well sealed. */
+    header(m, CPS_WIRE_VERSION + 1);
+    cps__auth_seal(tx, m, BODY);
+    assert_int_equal(open_copy(rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_VERSION);
+    header(m, CPS_WIRE_VERSION);
+    cps__auth_seal(tx, m, BODY);
+    assert_int_equal(open_copy(rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+    cps__auth_seal(open_tx, m, BODY);
+    assert_int_equal(open_copy(open_rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_OK);
+    assert_non_null(strstr(cps__auth_verdict_str(CPS_AUTH_VERSION), "another version"));
+    free(m);
+    cps__auth_destroy(tx), cps__auth_destroy(rx);
+    cps__auth_destroy(open_tx), cps__auth_destroy(open_rx);
 }
 
 static void other_key_and_unsigned_are_refused(void **state)
@@ -423,6 +520,49 @@ static void forwarded_buffer_is_resealed(void **state)
     cps__tp_destroy(c);
 }
 
+/* Captures the last WARN line logged. */
+static void last_warning(void *ctx, int level, const char *subsystem, const char *line)
+{
+    (void)subsystem;
+    if (level == CPS_LOG_WARN)
+        snprintf(ctx, 512, "%s", line);
+}
+
+/* A process of wire version 3 (GMAC) sending to this one through a socket: its message is
+ * dropped, and the log line says a process of another version sent it, with both versions. */
+static void old_version_peer_is_logged_as_such(void **state)
+{
+    (void)state;
+    cps__tp *rcv;
+    uint16_t port = 0;
+    assert_int_equal(cps__tp_create(KEY, &rcv), 0);
+    assert_int_equal(cps__tp_bind(rcv, HOST, 0, &port), 0);
+    char url[64], line[512] = "";
+    snprintf(url, sizeof url, "tcp://" HOST ":%u", port);
+    unsigned char wire[BODY + CPS_AUTH_TRAILER];
+    memset(wire, 'o', BODY);
+    header(wire, 3);
+    seal_v3(wire, BODY, KEY, 1);
+    cps__log_set_level(CPS_LOG_WARN);
+    cps__log_set_sink(last_warning, line);
+    int raw = nn_socket(AF_SP, NN_PUSH);
+    assert_true(raw >= 0);
+    assert_true(nn_connect(raw, url) >= 0);
+    assert_int_equal(nn_send(raw, wire, sizeof wire, 0), (int)sizeof wire);
+    inbox ib = {0};
+    uint64_t end = now_ms() + WAIT_MS;
+    while (cps__tp_auth_dropped(rcv) < 1 && now_ms() < end)
+        cps__tp_poll(rcv, 10, keep, &ib, 0);
+    cps__log_set_sink(NULL, NULL);
+    cps__log_set_level(CPS_LOG_ERROR);
+    assert_int_equal(ib.n, 0);
+    assert_int_equal(cps__tp_auth_dropped(rcv), 1);
+    assert_non_null(strstr(line, "another version of chainps"));
+    assert_non_null(strstr(line, "wire version 3 (ours 4)"));
+    nn_close(raw);
+    cps__tp_destroy(rcv);
+}
+
 int main(void)
 {
     cps__log_set_level(CPS_LOG_ERROR);
@@ -430,11 +570,13 @@ int main(void)
         cmocka_unit_test(sealed_opens_and_every_changed_byte_fails),
         cmocka_unit_test(trailer_is_the_documented_construction),
         cmocka_unit_test(other_key_and_unsigned_are_refused),
+        cmocka_unit_test(other_wire_version_is_named),
         cmocka_unit_test(replays_are_refused_reordering_is_not),
         cmocka_unit_test(many_senders),
         cmocka_unit_test(secret_files),
         cmocka_unit_test(sockets_deliver_ours_drop_the_rest),
         cmocka_unit_test(forwarded_buffer_is_resealed),
+        cmocka_unit_test(old_version_peer_is_logged_as_such),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
