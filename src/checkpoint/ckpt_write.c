@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "chainps/error.h"
@@ -45,6 +46,9 @@ struct cps__ckpt_writer {
     size_t n, cap;
     char **mk, **mv;
     size_t nm, mcap;
+    /* commit's figures, for its log line */
+    uint64_t disk_wait_us, fsync_us;
+    int direct;
 };
 
 static const char *dtype_str(cps__ckpt_dtype d)
@@ -376,6 +380,13 @@ static int pwrite_all(int fd, const void *buf, size_t n, off_t off, const char *
 #define WBUF_N     4                 /* 32 MB in the ring: slack for a disk that hiccups */
 #define DIO_ALIGN  4096              /* buffer, offset and length alignment for O_DIRECT */
 
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 typedef struct wstream {
     int fd;
     const char *path;
@@ -392,7 +403,8 @@ typedef struct wstream {
     uint64_t queued;  /* buffers handed over: seq < queued */
     uint64_t written; /* buffers written: seq < written */
     int stop;
-    int rc; /* the first write error: later buffers are dropped */
+    int rc;             /* the first write error: later buffers are dropped */
+    uint64_t waited_us; /* the filler waited this long for a free buffer (the disk is behind) */
     int threaded;
     pthread_t th;
 } wstream;
@@ -479,8 +491,12 @@ static int ws_flush(wstream *s)
         pthread_mutex_lock(&s->mu);
         s->queued = s->seq + 1;
         pthread_cond_broadcast(&s->cv);
-        while (s->queued - s->written >= WBUF_N && !s->rc)
-            pthread_cond_wait(&s->cv, &s->mu);
+        if (s->queued - s->written >= WBUF_N && !s->rc) {
+            uint64_t t0 = mono_us();
+            while (s->queued - s->written >= WBUF_N && !s->rc)
+                pthread_cond_wait(&s->cv, &s->mu);
+            s->waited_us += mono_us() - t0;
+        }
         pthread_mutex_unlock(&s->mu);
     }
     s->off += s->used;
@@ -635,6 +651,8 @@ static int write_shard(cps__ckpt_writer *w, uint32_t s, const char *tmp)
         if (w->t[i].shard == s)
             rc = write_tensor(&w->t[i], &ws);
     rc = ws_close(&ws, rc);
+    w->disk_wait_us += ws.waited_us;
+    w->direct &= ws.direct;
     if (!rc) {
         /* Same length as the placeholder header, so it overwrites it exactly. */
         for (size_t i = 0; i < w->n; i++)
@@ -643,8 +661,10 @@ static int write_shard(cps__ckpt_writer *w, uint32_t s, const char *tmp)
         put_hex(b.p + hpos, cps__ckpt_crc32(0, b.p, b.len));
         rc = pwrite_all(fd, b.p, b.len, 8, tmp);
     }
+    uint64_t t0 = mono_us();
     if (!rc && fsync(fd) != 0)
         rc = io_fail(tmp, "fsync", errno);
+    w->fsync_us += mono_us() - t0;
     if (close(fd) != 0 && !rc)
         rc = io_fail(tmp, "close", errno);
     cps__json_buf_fini(&b);
@@ -751,6 +771,7 @@ int cps__ckpt_writer_commit(cps__ckpt_writer *w, char *path_out, size_t cap)
             snprintf(names[i], PATH_MAX, "%s.safetensors.index.json", w->base);
         snprintf(tmps[i], PATH_MAX, "%s.tmp", names[i]);
     }
+    w->direct = 1;
     for (uint32_t s = 0; !rc && s < k; s++) {
         created = s + 1;
         rc = write_shard(w, s, tmps[s]);
@@ -776,8 +797,12 @@ int cps__ckpt_writer_commit(cps__ckpt_writer *w, char *path_out, size_t cap)
     if (!rc && path_out && cap)
         snprintf(path_out, cap, "%s", names[nfiles - 1]);
     if (!rc)
-        cps__log(CPS_LOG_INFO, "ckpt", "wrote %s (%zu tensors, %u shard%s)", names[nfiles - 1],
-                 w->n, k, k > 1 ? "s" : "");
+        cps__log(CPS_LOG_INFO, "ckpt",
+                 "wrote %s (%zu tensors, %u shard%s; %s; waited %.2f s for the disk, fsync "
+                 "%.2f s)",
+                 names[nfiles - 1], w->n, k, k > 1 ? "s" : "",
+                 w->direct ? "O_DIRECT" : "through the page cache", w->disk_wait_us / 1e6,
+                 w->fsync_us / 1e6);
     free(names);
     cps__ckpt_writer_abort(w);
     return rc;
