@@ -36,6 +36,8 @@
 #define PUT_BYTES        (8u << 20) /* records per PUT message */
 #define PUT_WINDOW       16         /* PUTs in flight per range */
 #define OPEN_TRIES       8
+#define AIM_GAP_MS       50    /* between the two probes that measure a sync job's step rate */
+#define AIM_MIN_MS       20    /* the least time ahead a cut aims (doubled after each miss) */
 #define REFRESH_MS       2000  /* waiting for a cut: ask for the view again this often */
 #define SILENT_REFRESHES 3     /* ... and give up once the scheduler left that many unanswered */
 #define READ_WAIT_MS     30000 /* one read's answer (a tail that died fails the export) */
@@ -772,6 +774,52 @@ static int probe_steps(link *l, uint64_t *hi_out)
     return 0;
 }
 
+/* Where a sync job is and how fast it goes: two probes AIM_GAP_MS apart. The cut goes far enough
+ * ahead that the opens reach every tail before the job gets there: an unpaced job of a small
+ * model runs thousands of steps a second, and a cut a few steps ahead of it was always late. */
+typedef struct aim {
+    uint64_t hi;    /* the furthest step a range reported at the last probe */
+    double rate;    /* steps per second between the probes */
+    double rtt_ms;  /* the last probe's round trip */
+    double lead_ms; /* how far ahead the cut aims, in time */
+} aim;
+
+static int probe_timed(link *l, uint64_t *hi, double *rtt_ms)
+{
+    uint64_t t0 = now_us();
+    int rc = probe_steps(l, hi);
+    *rtt_ms = (now_us() - t0) / 1000.0;
+    return rc;
+}
+
+static int aim_measure(link *l, aim *a)
+{
+    uint64_t hi0;
+    double rtt0;
+    uint64_t t0 = now_us();
+    int rc = probe_timed(l, &hi0, &rtt0);
+    /* Wait without a sleep: answers to anything else keep arriving. */
+    for (uint64_t until = cps__now_ms() + AIM_GAP_MS; rc == 0 && cps__now_ms() < until;)
+        cps__tp_poll(l->tp, (int)(until - cps__now_ms()), on_msg, l, 0);
+    uint64_t t1 = now_us();
+    if (rc == 0)
+        rc = probe_timed(l, &a->hi, &a->rtt_ms);
+    if (rc != 0)
+        return rc;
+    /* Between the midpoints of the two probes. */
+    double secs = ((t1 - t0) + (a->rtt_ms - rtt0) * 500.0) / 1e6;
+    a->rate = a->hi > hi0 && secs > 0 ? (double)(a->hi - hi0) / secs : 0;
+    /* An open travels like a probe; four round trips of slack, for a loaded host. */
+    a->lead_ms = 4 * a->rtt_ms > AIM_MIN_MS ? 4 * a->rtt_ms : AIM_MIN_MS;
+    return 0;
+}
+
+/* The step to cut at: the furthest range's step, plus the steps the job makes in lead_ms. */
+static uint64_t aim_step(const aim *a)
+{
+    return a->hi + 1 + (uint64_t)(a->rate * a->lead_ms / 1000.0);
+}
+
 static void send_opens(link *l, const cut *c, uint64_t step, const unsigned char *answered)
 {
     for (uint32_t r = 0; r < l->view.nranges; r++) {
@@ -967,11 +1015,12 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
     /* The cut: sync jobs at a step boundary, the others now. */
     int sync = l.view.mode == CPS_MODE_SYNC;
     uint64_t step = 0;
+    aim a = {0};
     if (rc == 0 && sync) {
         if (o->at_step)
             step = o->at_step;
-        else
-            rc = probe_steps(&l, &step);
+        else if ((rc = aim_measure(&l, &a)) == 0)
+            step = aim_step(&a);
     }
     uint64_t past = 0;
     unsigned char *need = rc == 0 ? calloc(n ? n : 1, 1) : NULL;
@@ -979,21 +1028,36 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
         rc = CPS_ENOMEM;
     if (rc == 0)
         rc = needed_ranges(&l, need);
-    for (int attempt = 0; rc == 0; attempt++) {
+    int attempt = 0;
+    for (; rc == 0; attempt++) {
         rc = open_cut(&l, &c, sync ? (step ? step : 0) : 0, need, &past);
         if (rc != CPS_EPAST || o->at_step || attempt + 1 >= OPEN_TRIES)
             break;
-        /* Training moved on while we asked: aim at the step after the furthest range. */
+        /* Training got there first: measure again and aim twice as far ahead. */
         close_cut(&l, &c);
-        step = past + 1;
-        rc = 0;
+        double lead = a.lead_ms * 2;
+        if ((rc = aim_measure(&l, &a)) != 0)
+            break;
+        a.lead_ms = lead > a.lead_ms ? lead : a.lead_ms;
+        a.hi = past > a.hi ? past : a.hi;
         cps__log(CPS_LOG_INFO, SUB,
-                 "the job moved past the step; cutting at step %" PRIu64 " instead", step);
+                 "the job was past step %" PRIu64 " when the cut reached it (at %" PRIu64
+                 ", about %.0f steps/s); cutting at step %" PRIu64 " instead (%.0f ms ahead)",
+                 step, past, a.rate, aim_step(&a), a.lead_ms);
+        step = aim_step(&a);
     }
-    if (rc == CPS_EPAST) {
-        cps__log(CPS_LOG_INFO, SUB, "the job is already past step %" PRIu64 " (at %" PRIu64 ")",
+    if (rc == CPS_EPAST && o->at_step) {
+        cps__log(CPS_LOG_ERROR, SUB, "the job is already past step %" PRIu64 " (at %" PRIu64 ")",
                  step, past);
         step = past; /* reported in res->step */
+    } else if (rc == CPS_EPAST) {
+        cps__log(CPS_LOG_ERROR, SUB,
+                 "the job ran past the step the cut aimed at in each of %d tries (the last: step "
+                 "%" PRIu64 ", %.0f ms ahead; the job was at %" PRIu64
+                 ", about %.0f steps/s, probes taking %.1f ms): the cut's messages reach its "
+                 "servers more slowly than the job steps; try again, or give --step",
+                 attempt + 1, step, a.lead_ms, past, a.rate, a.rtt_ms);
+        step = past;
     }
     uint64_t t_cut = cps__now_ms();
     /* The registry again, now that the cut is open: a cut that waited for its step must hold the
