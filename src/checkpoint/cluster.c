@@ -814,10 +814,14 @@ static int aim_measure(link *l, aim *a)
     return 0;
 }
 
-/* The step to cut at: the furthest range's step, plus the steps the job makes in lead_ms. */
-static uint64_t aim_step(const aim *a)
+/* The step to cut at: the furthest range's step plus the steps the job makes in lead_ms, and
+ * `least` steps ahead at least. A slow job's furthest range may be at that step's boundary
+ * right now (its push done, its workers pulling): a cut there opens at once, where one step
+ * further would wait for the whole next step. */
+static uint64_t aim_step(const aim *a, uint64_t least)
 {
-    return a->hi + 1 + (uint64_t)(a->rate * a->lead_ms / 1000.0);
+    uint64_t ahead = (uint64_t)(a->rate * a->lead_ms / 1000.0);
+    return a->hi + (ahead > least ? ahead : least);
 }
 
 static void send_opens(link *l, const cut *c, uint64_t step, const unsigned char *answered)
@@ -1020,7 +1024,7 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
         if (o->at_step)
             step = o->at_step;
         else if ((rc = aim_measure(&l, &a)) == 0)
-            step = aim_step(&a);
+            step = aim_step(&a, 0);
     }
     uint64_t past = 0;
     unsigned char *need = rc == 0 ? calloc(n ? n : 1, 1) : NULL;
@@ -1043,8 +1047,8 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
         cps__log(CPS_LOG_INFO, SUB,
                  "the job was past step %" PRIu64 " when the cut reached it (at %" PRIu64
                  ", about %.0f steps/s); cutting at step %" PRIu64 " instead (%.0f ms ahead)",
-                 step, past, a.rate, aim_step(&a), a.lead_ms);
-        step = aim_step(&a);
+                 step, past, a.rate, aim_step(&a, 1), a.lead_ms);
+        step = aim_step(&a, 1);
     }
     if (rc == CPS_EPAST && o->at_step) {
         cps__log(CPS_LOG_ERROR, SUB, "the job is already past step %" PRIu64 " (at %" PRIu64 ")",
