@@ -29,7 +29,7 @@ scheduler_addr() {
 # End the job by launch's PID (it stops its scheduler, servers and workers by theirs); waits up to
 # 10 s. Returns 1 if launch is still there then (the EXIT trap kills it).
 stop_launch() {
-    kill "$launch_pid"
+    kill "$launch_pid" 2>/dev/null || true
     for _ in $(seq 100); do kill -0 "$launch_pid" 2>/dev/null || break; sleep 0.1; done
     kill -0 "$launch_pid" 2>/dev/null && return 1
     wait "$launch_pid" || true
