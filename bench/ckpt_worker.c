@@ -1,7 +1,8 @@
 /* ckpt_worker: the training program of bench/run_ckpt_cluster.sh (checkpoint export/restore
  * against a running job, project issue 6).
  *
- *   ckpt_worker [--params N] [--steps T] [--lr X] [--stop-file PATH] [--crc]
+ *   ckpt_worker [--params N] [--steps T] [--lr X] [--stop-file PATH] [--crc] [--end-crc]
+ *               [--hold PATH]
  *   ckpt_worker --now
  *
  * Declares one dense float32 tensor "bench/w" of N elements (default 100 M = 400 MB; initialised
@@ -22,6 +23,10 @@
  * --stop-file PATH: stop after the step during which PATH appeared. --crc: before the first step,
  * pull the tensor and print "values crc32:xxxxxxxx at step S" (zlib's CRC-32 of the float bytes,
  * as a checkpoint's metadata states it), to check a restore against the file it came from.
+ * --end-crc: after the last step, print "end values crc32:xxxxxxxx at step S" of the values that
+ * step returned. --hold PATH: after the steps, wait (up to 120 s) for PATH to appear before
+ * leaving the job, which stays at that step meanwhile (tests/integration/ckpt_dense.sh exports
+ * it and compares the file with the values the worker holds).
  * Ends with "done: T steps, at step S". Exit status 0, 1 on an error (printed).
  */
 #include <stdint.h>
@@ -56,7 +61,8 @@ int main(int argc, char **argv)
     uint64_t params = 100000000ULL, steps = 1000;
     double lr = 0.001;
     const char *stop_file = NULL;
-    int want_crc = 0;
+    int want_crc = 0, end_crc = 0;
+    const char *hold = NULL;
     int now = 0;
     const tc_flag flags[] = {{"--now", TC_SWITCH, &now},
                              {"--params", TC_U64, &params},
@@ -64,6 +70,8 @@ int main(int argc, char **argv)
                              {"--lr", TC_DOUBLE, &lr},
                              {"--stop-file", TC_STR, &stop_file},
                              {"--crc", TC_SWITCH, &want_crc},
+                             {"--end-crc", TC_SWITCH, &end_crc},
+                             {"--hold", TC_STR, &hold},
                              {NULL, 0, NULL}};
     if (tc_flags_parse(argc, argv, flags) != 0)
         return 2;
@@ -144,6 +152,13 @@ int main(int argc, char **argv)
             break;
         }
     }
+    if (rc == 0 && end_crc && done > 0) {
+        printf("end values crc32:%08x at step %llu\n", crc_floats(vals, params),
+               (unsigned long long)(first + done));
+        fflush(stdout);
+    }
+    for (int i = 0; rc == 0 && hold && access(hold, F_OK) != 0 && i < 2400; i++)
+        usleep(50000);
     if (rc == 0) {
         printf("done: %llu steps, at step %llu\n", (unsigned long long)done,
                (unsigned long long)cps_tensor_step(t));

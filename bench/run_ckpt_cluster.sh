@@ -24,7 +24,9 @@
 # "in S s" minus that (reading the views, CRC-32, writing, fsync, rename); step times: median
 # duration of steps whose [start, end] overlaps an export command's [start, end] vs of the other
 # steps (after the warm-up). Medians over REPS. Memory: the servers' and the worker's RSS sampled
-# every 0.5 s (anonymous and file-backed, /proc/PID/status), peak per phase.
+# every 0.5 s (anonymous and file-backed, /proc/PID/status), peak per phase. Each export's log
+# (export-r.log, KEEP=1) says where its time went: the cut, the wait for the servers' answers,
+# the wait for the disk, the fsync; bench/profile_ckpt.sh adds CPU per thread and perf profiles.
 #
 # REPLICAS (default 1: chains of 1, see below) is passed to both launches as --replicas.
 #

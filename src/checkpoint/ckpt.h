@@ -100,10 +100,11 @@ int cps__ckpt_writer_add(cps__ckpt_writer *w, const char *name, cps__ckpt_dtype 
 
 /**
  * @brief Fill callback for streamed tensors: write elements first..first+n-1 of the tensor into
- * buf (n elements of the tensor's dtype; buf is 64-byte aligned and owned by the writer). Calls
- * come during commit, in ascending contiguous order covering the tensor exactly once, each for
- * at most 4 Mi elements. Return 0, or a negative CPS_E... code to fail the commit (returned by
- * commit as is; the temporaries are removed).
+ * buf (n elements of the tensor's dtype; buf is aligned to the element size and owned by the
+ * writer: it is where the bytes go to the disk from). Calls come during commit, in ascending
+ * contiguous order covering the tensor exactly once, each for at most 4 Mi elements. Return 0, or a
+ * negative CPS_E... code to fail the commit (returned by commit as is; the temporaries are
+ * removed).
  */
 typedef int (*cps__ckpt_fill_fn)(void *arg, uint64_t first, void *buf, size_t n);
 

@@ -1,6 +1,8 @@
 /* Export and restore of a running job's checkpoints (cluster.h); the server side is
  * src/server/cut.c. */
 #include <inttypes.h>
+#include <malloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,14 +22,22 @@
 #define SUB           "ckpt"
 #define SCHED         0u
 #define CUT_PEER_BASE 0x20000000u /* tool-side peer ids of the cut threads: + range */
-#define READ_WINDOW   64          /* CUT_READs in flight */
-#define READ_SPLIT    (1u << 20)  /* elements per CUT_READ of a dense chunk */
+#define READ_WINDOW   64          /* CUT_READs in flight (tables, step counts) */
+/* Dense tensors: one CUT_READ carries up to READ_BYTES of consecutive keys of a range (16
+ * chunks of 512 KB), and READ_AHEAD of them are in flight per range across the writer's fills:
+ * one 512 KB read per message, drained at the end of every 16 MB fill, left the servers idle
+ * between fills and cost a message's overheads per chunk. */
+#define READ_BYTES (8u << 20)
+#define READ_AHEAD 4 /* per range, at most; the ranges share READ_TOTAL */
+#define READ_TOTAL 8 /* ... reads in flight in all (64 MB), but 2 per range at least */
 /* A PUT is one chain update, applied in one transaction on every replica: 8 MB keeps each short
  * (64 MB ones stalled the servers' loops past the failure timeout on a loaded machine, and a
  * restore onto chains of 2 did not finish); 128 MB stay in flight per range. */
 #define PUT_BYTES        (8u << 20) /* records per PUT message */
 #define PUT_WINDOW       16         /* PUTs in flight per range */
 #define OPEN_TRIES       8
+#define AIM_GAP_MS       50    /* between the two probes that measure a sync job's step rate */
+#define AIM_MIN_MS       20    /* the least time ahead a cut aims (doubled after each miss) */
 #define REFRESH_MS       2000  /* waiting for a cut: ask for the view again this often */
 #define SILENT_REFRESHES 3     /* ... and give up once the scheduler left that many unanswered */
 #define READ_WAIT_MS     30000 /* one read's answer (a tail that died fails the export) */
@@ -52,7 +62,15 @@ typedef struct link {
     /* received, not yet consumed */
     cps__rx *in;
     size_t nin, capin;
+    uint64_t read_wait_us; /* export: time spent waiting for read answers */
 } link;
+
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
 
 static void on_msg(void *ctx, void *buf, size_t len)
 {
@@ -323,6 +341,7 @@ typedef struct export_ctx {
     uint32_t slot; /* 0 values, k: optimizer slot k-1 */
     int steps;     /* fill optimizer step counts (U64) instead of values */
     int rc;
+    struct dense_stream *ds; /* dense values or state: the reads in flight (NULL before) */
 } export_ctx;
 
 typedef struct read_req {
@@ -438,6 +457,203 @@ static int window_add(export_ctx *x, window *w, read_req q, void *buf)
     return 0;
 }
 
+/* ---- dense tensors: a stream of reads per tensor slot ----
+ *
+ * Pieces (keys) of a dense tensor alternate between the ranges; within a range they have
+ * consecutive keys and one length, so one CUT_READ takes several. Each range keeps READ_AHEAD
+ * reads in flight, in its pieces' order; the fills take the answers in element order, copying
+ * from each answer straight into the writer's buffer, and send a range its next read as soon as
+ * one of its answers is used up, so the servers keep working while the disk writes. */
+
+typedef struct dense_req {
+    uint64_t req;
+    uint32_t j0, m;        /* its range's pieces j0 .. j0+m-1 (a piece larger than READ_BYTES: m
+                            * = 1 and a slice of it) */
+    uint64_t first, count; /* elements first..first+count-1 of each of those keys */
+    uint32_t k;            /* keys of the answer used up */
+    int have;              /* the answer is in rx */
+    cps__rx rx;
+} dense_req;
+
+typedef struct dense_range {
+    uint32_t *rp; /* indices into the pieces of the ones this range holds, in element order */
+    uint32_t n;
+    uint32_t next;       /* the next piece to ask for */
+    uint64_t next_first; /* ... from this element of it (a large piece, in slices) */
+    dense_req q[READ_AHEAD];
+    uint32_t head, len, ahead; /* ahead: how many this range keeps in flight */
+} dense_range;
+
+typedef struct dense_stream {
+    dense_range *r; /* per range of the view */
+    uint32_t nr;
+    size_t ci;    /* the piece holding the next element */
+    uint64_t pos; /* the next element a fill asks for */
+} dense_stream;
+
+static void dense_free(export_ctx *x)
+{
+    dense_stream *s = x->ds;
+    if (!s)
+        return;
+    for (uint32_t r = 0; r < s->nr; r++) {
+        dense_range *g = &s->r[r];
+        for (uint32_t i = 0; i < g->len; i++) {
+            dense_req *d = &g->q[(g->head + i) % READ_AHEAD];
+            if (d->have)
+                cps__rx_free(&d->rx);
+        }
+        free(g->rp);
+    }
+    free(s->r);
+    free(s);
+    x->ds = NULL;
+}
+
+/* Keep g->ahead reads in flight for range r (fewer near its end). */
+static int dense_issue(export_ctx *x, dense_range *g, uint32_t r)
+{
+    const uint64_t max = READ_BYTES / sizeof(float);
+    while (g->len < g->ahead && g->next < g->n) {
+        const piece *p = &x->pieces[g->rp[g->next]];
+        dense_req *d = &g->q[(g->head + g->len) % READ_AHEAD];
+        memset(d, 0, sizeof *d);
+        d->j0 = g->next;
+        d->m = 1;
+        if (g->next_first > 0 || p->len > max) {
+            d->first = g->next_first;
+            d->count = p->len - d->first < max ? p->len - d->first : max;
+            g->next_first += d->count;
+            if (g->next_first == p->len) {
+                g->next++;
+                g->next_first = 0;
+            }
+        } else {
+            while (g->next + d->m < g->n && (uint64_t)(d->m + 1) * p->len <= max) {
+                const piece *q = &x->pieces[g->rp[g->next + d->m]];
+                if (q->key != p->key + d->m || q->len != p->len)
+                    break;
+                d->m++;
+            }
+            d->count = p->len;
+            g->next += d->m;
+        }
+        read_req q = {0, r, p->key, p->key + d->m - 1, d->first, d->count, 0, 0};
+        int rc = send_read(x, &q);
+        if (rc != 0)
+            return rc;
+        d->req = q.req;
+        g->len++;
+    }
+    return 0;
+}
+
+static int dense_open(export_ctx *x)
+{
+    uint32_t nr = x->l->view.nranges;
+    dense_stream *s = calloc(1, sizeof *s);
+    if (!s || !(s->r = calloc(nr ? nr : 1, sizeof *s->r))) {
+        free(s);
+        return CPS_ENOMEM;
+    }
+    s->nr = nr;
+    x->ds = s;
+    uint32_t ahead = nr ? READ_TOTAL / nr : READ_AHEAD;
+    ahead = ahead < 2 ? 2 : ahead > READ_AHEAD ? READ_AHEAD : ahead;
+    for (uint32_t r = 0; r < nr; r++)
+        s->r[r].ahead = ahead;
+    for (size_t i = 0; i < x->npieces; i++)
+        if (x->pieces[i].range >= nr)
+            return CPS_EPROTO;
+    for (size_t i = 0; i < x->npieces; i++)
+        s->r[x->pieces[i].range].n++;
+    for (uint32_t r = 0; r < nr; r++) {
+        if (!(s->r[r].rp = calloc(s->r[r].n ? s->r[r].n : 1, sizeof *s->r[r].rp)))
+            return CPS_ENOMEM;
+        s->r[r].n = 0;
+    }
+    for (size_t i = 0; i < x->npieces; i++) {
+        dense_range *g = &s->r[x->pieces[i].range];
+        g->rp[g->n++] = (uint32_t)i;
+    }
+    int rc = 0;
+    for (uint32_t r = 0; rc == 0 && r < nr; r++)
+        rc = dense_issue(x, &s->r[r], r);
+    return rc;
+}
+
+/* The answer of range r's oldest read, checked. */
+static int dense_take(export_ctx *x, uint32_t r, dense_req *d)
+{
+    read_req q = {.req = d->req, .range = r};
+    int wait = x->l->timeout_ms < READ_WAIT_MS ? x->l->timeout_ms : READ_WAIT_MS;
+    uint64_t t0 = now_us();
+    int rc = take(x->l, match_req, &q, cps__now_ms() + (uint64_t)wait, &d->rx);
+    x->l->read_wait_us += now_us() - t0;
+    if (rc != 0) {
+        cps__log(CPS_LOG_ERROR, SUB, "tensor %s: no answer from range %u's read view in %.0f s",
+                 x->d->name, r, wait / 1000.0);
+        return rc;
+    }
+    d->have = 1;
+    size_t head = 8 + pad8((size_t)d->m * 12);
+    if (d->rx.hdr.type == CPS_MSG_ERROR) {
+        rc = d->rx.hdr.status ? d->rx.hdr.status : CPS_EPROTO;
+        cps__log(CPS_LOG_ERROR, SUB, "tensor %s: range %u refused a read: %s", x->d->name, r,
+                 cps_strerror(rc));
+    } else if (d->rx.len != head + (size_t)d->m * d->count * sizeof(float) ||
+               cps__le32_get(d->rx.payload) != d->m) {
+        rc = CPS_EPROTO;
+        cps__log(CPS_LOG_ERROR, SUB, "tensor %s: malformed read answer from range %u", x->d->name,
+                 r);
+    }
+    return rc;
+}
+
+/* Elements first..first+n-1 of a dense tensor's values or state (fills come in order). */
+static int dense_fill(export_ctx *x, uint64_t first, float *buf, size_t n)
+{
+    int rc = x->ds ? 0 : dense_open(x);
+    dense_stream *s = x->ds;
+    if (rc == 0 && first != s->pos)
+        rc = CPS_EPROTO;
+    uint64_t end = first + n;
+    while (rc == 0 && s->pos < end) {
+        while (s->ci < x->npieces && x->pieces[s->ci].off + x->pieces[s->ci].len <= s->pos)
+            s->ci++;
+        const piece *p = s->ci < x->npieces ? &x->pieces[s->ci] : NULL;
+        dense_range *g = p ? &s->r[p->range] : NULL;
+        dense_req *d = g && g->len ? &g->q[g->head] : NULL;
+        /* The layout covers the tensor without gaps, and a range's reads go in its order. */
+        if (!d || p->off > s->pos || g->rp[d->j0 + d->k] != s->ci) {
+            rc = CPS_EPROTO;
+            break;
+        }
+        if (!d->have && (rc = dense_take(x, p->range, d)) != 0)
+            break;
+        uint64_t a = p->off + d->first, b = a + d->count; /* this piece's elements in it */
+        uint64_t e = b < end ? b : end;
+        const unsigned char *src = (const unsigned char *)d->rx.payload + 8 +
+                                   pad8((size_t)d->m * 12) +
+                                   ((size_t)d->k * d->count + (s->pos - a)) * sizeof(float);
+        memcpy(buf + (s->pos - first), src, (e - s->pos) * sizeof(float));
+        s->pos = e;
+        if (e == b && ++d->k == d->m) {
+            cps__rx_free(&d->rx);
+            d->have = 0;
+            g->head = (g->head + 1) % READ_AHEAD;
+            g->len--;
+            rc = dense_issue(x, g, p->range);
+        }
+    }
+    if (rc == CPS_EPROTO && x->ds && s->pos < end)
+        cps__log(CPS_LOG_ERROR, SUB, "tensor %s: the reads do not cover element %" PRIu64,
+                 x->d->name, s->pos);
+    if (rc != 0 || (s && s->pos == x->d->length))
+        dense_free(x); /* done (or failed): nothing is left in flight */
+    return rc;
+}
+
 /* Fill elements first..first+n-1 (values or optimizer state), or, with x->steps, the step
  * counts of rows first..first+n-1 (tables) or of the whole tensor (dense: one element). */
 static int export_fill(void *arg, uint64_t first, void *buf, size_t n)
@@ -447,25 +663,12 @@ static int export_fill(void *arg, uint64_t first, void *buf, size_t n)
     window w = {.head = 0, .n = 0};
     int rc = 0;
     uint64_t end = first + n;
+    if (d->kind == 0 && !x->steps)
+        return dense_fill(x, first, buf, n);
     if (d->kind == 0) {
-        if (x->steps) {
-            /* A dense tensor's chunks take every step together: chunk 0 speaks for all. */
-            read_req q = {0, x->pieces[0].range, x->pieces[0].key, x->pieces[0].key, 0, 0, 0, 1};
-            rc = window_add(x, &w, q, buf);
-        }
-        for (size_t i = 0; !x->steps && rc == 0 && i < x->npieces; i++) {
-            const piece *p = &x->pieces[i];
-            if (p->off + p->len <= first || p->off >= end)
-                continue;
-            uint64_t s0 = p->off < first ? first : p->off;
-            uint64_t s1 = p->off + p->len > end ? end : p->off + p->len;
-            /* Several requests in flight: the server copies one while we take the previous. */
-            for (uint64_t a = s0; rc == 0 && a < s1; a += READ_SPLIT) {
-                uint64_t b = s1 - a > READ_SPLIT ? a + READ_SPLIT : s1;
-                read_req q = {0, p->range, p->key, p->key, a - p->off, b - a, a - first, 0};
-                rc = window_add(x, &w, q, buf);
-            }
-        }
+        /* A dense tensor's chunks take every step together: chunk 0 speaks for all. */
+        read_req q = {0, x->pieces[0].range, x->pieces[0].key, x->pieces[0].key, 0, 0, 0, 1};
+        rc = window_add(x, &w, q, buf);
     } else {
         /* Row i of a table lives in range (h + i) mod nr under key base + i / nr: the rows of
          * one range are every nr-th row, with consecutive keys, read in one request. */
@@ -569,6 +772,56 @@ static int probe_steps(link *l, uint64_t *hi_out)
     }
     *hi_out = hi;
     return 0;
+}
+
+/* Where a sync job is and how fast it goes: two probes AIM_GAP_MS apart. The cut goes far enough
+ * ahead that the opens reach every tail before the job gets there: an unpaced job of a small
+ * model runs thousands of steps a second, and a cut a few steps ahead of it was always late. */
+typedef struct aim {
+    uint64_t hi;    /* the furthest step a range reported at the last probe */
+    double rate;    /* steps per second between the probes */
+    double rtt_ms;  /* the last probe's round trip */
+    double lead_ms; /* how far ahead the cut aims, in time */
+} aim;
+
+static int probe_timed(link *l, uint64_t *hi, double *rtt_ms)
+{
+    uint64_t t0 = now_us();
+    int rc = probe_steps(l, hi);
+    *rtt_ms = (now_us() - t0) / 1000.0;
+    return rc;
+}
+
+static int aim_measure(link *l, aim *a)
+{
+    uint64_t hi0;
+    double rtt0;
+    uint64_t t0 = now_us();
+    int rc = probe_timed(l, &hi0, &rtt0);
+    /* Wait without a sleep: answers to anything else keep arriving. */
+    for (uint64_t until = cps__now_ms() + AIM_GAP_MS; rc == 0 && cps__now_ms() < until;)
+        cps__tp_poll(l->tp, (int)(until - cps__now_ms()), on_msg, l, 0);
+    uint64_t t1 = now_us();
+    if (rc == 0)
+        rc = probe_timed(l, &a->hi, &a->rtt_ms);
+    if (rc != 0)
+        return rc;
+    /* Between the midpoints of the two probes. */
+    double secs = ((t1 - t0) + (a->rtt_ms - rtt0) * 500.0) / 1e6;
+    a->rate = a->hi > hi0 && secs > 0 ? (double)(a->hi - hi0) / secs : 0;
+    /* An open travels like a probe; four round trips of slack, for a loaded host. */
+    a->lead_ms = 4 * a->rtt_ms > AIM_MIN_MS ? 4 * a->rtt_ms : AIM_MIN_MS;
+    return 0;
+}
+
+/* The step to cut at: the furthest range's step plus the steps the job makes in lead_ms, and
+ * `least` steps ahead at least. A slow job's furthest range may be at that step's boundary
+ * right now (its push done, its workers pulling): a cut there opens at once, where one step
+ * further would wait for the whole next step. */
+static uint64_t aim_step(const aim *a, uint64_t least)
+{
+    uint64_t ahead = (uint64_t)(a->rate * a->lead_ms / 1000.0);
+    return a->hi + (ahead > least ? ahead : least);
 }
 
 static void send_opens(link *l, const cut *c, uint64_t step, const unsigned char *answered)
@@ -714,6 +967,18 @@ int cps__ckpt_announce(const cps__export_opts *o, const char *path, uint64_t ste
     return rc;
 }
 
+/* The answers (8 MB each, 64 MB in flight) are allocated by nanomsg's receiving thread and freed
+ * by ours. glibc's defaults gave each a fresh mmap or let a trimmed heap fault its pages in
+ * again: page faults and zeroing were a third of the export's CPU (perf). Keeping blocks up to
+ * 32 MB in the heap, and 256 MB of free heap before giving it back, reuses the same pages. The
+ * setting is the process's (the scheduler's, for periodic exports): it only keeps freed memory
+ * longer. */
+static void keep_heap(void)
+{
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+}
+
 typedef struct tensor_job {
     cps_tensor t;
     piece *pieces;
@@ -726,6 +991,8 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
     if (!o || !out || !res)
         return CPS_EINVAL;
     memset(res, 0, sizeof *res);
+    static pthread_once_t heap_once = PTHREAD_ONCE_INIT;
+    pthread_once(&heap_once, keep_heap);
     uint64_t t0 = cps__now_ms();
     link l;
     cut c = {0};
@@ -752,11 +1019,12 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
     /* The cut: sync jobs at a step boundary, the others now. */
     int sync = l.view.mode == CPS_MODE_SYNC;
     uint64_t step = 0;
+    aim a = {0};
     if (rc == 0 && sync) {
         if (o->at_step)
             step = o->at_step;
-        else
-            rc = probe_steps(&l, &step);
+        else if ((rc = aim_measure(&l, &a)) == 0)
+            step = aim_step(&a, 0);
     }
     uint64_t past = 0;
     unsigned char *need = rc == 0 ? calloc(n ? n : 1, 1) : NULL;
@@ -764,22 +1032,38 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
         rc = CPS_ENOMEM;
     if (rc == 0)
         rc = needed_ranges(&l, need);
-    for (int attempt = 0; rc == 0; attempt++) {
+    int attempt = 0;
+    for (; rc == 0; attempt++) {
         rc = open_cut(&l, &c, sync ? (step ? step : 0) : 0, need, &past);
         if (rc != CPS_EPAST || o->at_step || attempt + 1 >= OPEN_TRIES)
             break;
-        /* Training moved on while we asked: aim at the step after the furthest range. */
+        /* Training got there first: measure again and aim twice as far ahead. */
         close_cut(&l, &c);
-        step = past + 1;
-        rc = 0;
+        double lead = a.lead_ms * 2;
+        if ((rc = aim_measure(&l, &a)) != 0)
+            break;
+        a.lead_ms = lead > a.lead_ms ? lead : a.lead_ms;
+        a.hi = past > a.hi ? past : a.hi;
         cps__log(CPS_LOG_INFO, SUB,
-                 "the job moved past the step; cutting at step %" PRIu64 " instead", step);
+                 "the job was past step %" PRIu64 " when the cut reached it (at %" PRIu64
+                 ", about %.0f steps/s); cutting at step %" PRIu64 " instead (%.0f ms ahead)",
+                 step, past, a.rate, aim_step(&a, 1), a.lead_ms);
+        step = aim_step(&a, 1);
     }
-    if (rc == CPS_EPAST) {
-        cps__log(CPS_LOG_INFO, SUB, "the job is already past step %" PRIu64 " (at %" PRIu64 ")",
+    if (rc == CPS_EPAST && o->at_step) {
+        cps__log(CPS_LOG_ERROR, SUB, "the job is already past step %" PRIu64 " (at %" PRIu64 ")",
                  step, past);
         step = past; /* reported in res->step */
+    } else if (rc == CPS_EPAST) {
+        cps__log(CPS_LOG_ERROR, SUB,
+                 "the job ran past the step the cut aimed at in each of %d tries (the last: step "
+                 "%" PRIu64 ", %.0f ms ahead; the job was at %" PRIu64
+                 ", about %.0f steps/s, probes taking %.1f ms): the cut's messages reach its "
+                 "servers more slowly than the job steps; try again, or give --step",
+                 attempt + 1, step, a.lead_ms, past, a.rate, a.rtt_ms);
+        step = past;
     }
+    uint64_t t_cut = cps__now_ms();
     /* The registry again, now that the cut is open: a cut that waited for its step must hold the
      * tensors declared meanwhile (workers declare while the exporter waits at a job's start). */
     if (rc == 0)
@@ -823,7 +1107,8 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
         uint32_t slots = (uint32_t)cps__optim_state_slots(d->spec.opt_kind);
         for (uint32_t k = 0; k <= slots + 1 && rc == 0; k++) {
             export_ctx *x = &j->ctx[k];
-            *x = (export_ctx){&l, &c, d, j->pieces, j->npieces, k <= slots ? k : 0, k > slots, 0};
+            *x = (export_ctx){&l,        &c, d,   j->pieces, j->npieces, k <= slots ? k : 0,
+                              k > slots, 0,  NULL};
             if (k == 0) {
                 rc = cps__ckpt_writer_add_stream(w, d->name, CPS_CKPT_F32, ndim, shape, export_fill,
                                                  x);
@@ -874,12 +1159,21 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
         rc = cps__ckpt_writer_commit(w, res->path, sizeof res->path);
         w = NULL;
     }
+    if (rc == 0) {
+        uint64_t t1 = cps__now_ms();
+        cps__log(CPS_LOG_INFO, SUB,
+                 "export: cut open after %.2f s; reading and writing %.2f s, of which %.2f s "
+                 "waiting for the servers' answers",
+                 (t_cut - t0) / 1000.0, (t1 - t_cut) / 1000.0, l.read_wait_us / 1e6);
+    }
     if (rc == 0 && !o->no_announce)
         note_done(&l, res->path, step);
     cps__ckpt_writer_abort(w);
     if (c.open)
         close_cut(&l, &c);
     for (uint32_t i = 0; jobs && i < l.ndescs; i++) {
+        for (size_t k = 0; k < sizeof jobs[i].ctx / sizeof *jobs[i].ctx; k++)
+            dense_free(&jobs[i].ctx[k]);
         cps__parts_free(jobs[i].t.parts, jobs[i].t.nparts);
         free(jobs[i].pieces);
     }

@@ -1,6 +1,7 @@
-# Sourced by the scripts that run one `chainps launch` job (status_watch.sh, metrics.sh): the
-# Python to parse with, a scratch directory, and a trap that ends the job by launch's PID (launch
-# ends its children by theirs) and removes the directory. The caller sets launch_pid.
+# Sourced by the scripts that run one `chainps launch` job (status_watch.sh, metrics.sh,
+# ckpt_fast.sh): the Python to parse with, a scratch directory, and a trap that ends the job by
+# launch's PID (launch ends its children by theirs) and removes the directory. The caller sets
+# launch_pid.
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 dir=$(mktemp -d)
@@ -14,3 +15,23 @@ cleanup() {
     rm -rf "$dir"
 }
 trap cleanup EXIT
+# The scheduler address `chainps launch` prints in its log FILE ("launch: scheduler on H:P, ..."),
+# waited for up to 10 s; empty if it never came.
+scheduler_addr() {
+    local a=
+    for _ in $(seq 100); do
+        a=$(sed -n 's/^launch: scheduler on \([0-9.:]*\),.*/\1/p' "$1")
+        [ -n "$a" ] && break
+        sleep 0.1
+    done
+    echo "$a"
+}
+# End the job by launch's PID (it stops its scheduler, servers and workers by theirs); waits up to
+# 10 s. Returns 1 if launch is still there then (the EXIT trap kills it).
+stop_launch() {
+    kill "$launch_pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$launch_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -0 "$launch_pid" 2>/dev/null && return 1
+    wait "$launch_pid" || true
+    launch_pid=
+}

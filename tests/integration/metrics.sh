@@ -39,17 +39,11 @@ set -e
 [ "$rc" = 2 ] || fail "--metrics-port 70000 exited $rc, not 2"
 
 "$cps" secret "$dir/job.key" >/dev/null
-# 1 ms a step: unpaced, a sync job of 16 values runs ~6,000 steps/s, and the export below, which
-# cuts at a step a few ahead of the job, found the job past it every time (8 tries).
+# 1 ms a step: this test is about the metrics (an unpaced job's export: ckpt_fast.sh).
 "$cps" launch --secret-file "$dir/job.key" --servers 2 --workers 2 --mode sync --timeout 120 \
     --metrics-port "$base" -- "$lsq" --steps 10000000 --step-ms 1 >"$dir/launch.log" 2>&1 &
 launch_pid=$!
-addr=
-for _ in $(seq 100); do
-    addr=$(sed -n 's/^launch: scheduler on \([0-9.:]*\),.*/\1/p' "$dir/launch.log")
-    [ -n "$addr" ] && break
-    sleep 0.1
-done
+addr=$(scheduler_addr "$dir/launch.log")
 [ -n "$addr" ] || fail "launch did not say where its scheduler is"
 grep -q "^launch: metrics at http://127.0.0.1:$base/metrics" "$dir/launch.log" ||
     fail "launch did not print the metrics ports"
@@ -190,10 +184,5 @@ assert float(lines["chainps_checkpoint_age_seconds"]) >= 0
 assert int(lines["chainps_checkpoint_last_step"]) > 0
 PY
 
-# End the job by launch's PID: it stops its scheduler, servers and workers by theirs.
-kill "$launch_pid"
-for _ in $(seq 100); do kill -0 "$launch_pid" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$launch_pid" 2>/dev/null && fail "launch did not stop"
-wait "$launch_pid" || true
-launch_pid=
+stop_launch || fail "launch did not stop"
 echo "PASS"

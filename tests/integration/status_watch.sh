@@ -23,12 +23,7 @@ done
 "$cps" launch --secret-file "$dir/job.key" --servers 2 --workers 2 --mode sync --timeout 120 \
     -- "$lsq" --steps 40000 >"$dir/launch.log" 2>&1 &
 launch_pid=$!
-addr=
-for _ in $(seq 100); do
-    addr=$(sed -n 's/^launch: scheduler on \([0-9.:]*\),.*/\1/p' "$dir/launch.log")
-    [ -n "$addr" ] && break
-    sleep 0.1
-done
+addr=$(scheduler_addr "$dir/launch.log")
 [ -n "$addr" ] || { echo "FAIL: launch did not say where its scheduler is"; cat "$dir/launch.log"; exit 1; }
 st() { "$cps" status --secret-file "$dir/job.key" --scheduler "$addr" "$@"; }
 # Until the job runs and every worker's clock reached the scheduler (a heartbeat carries it).

@@ -352,13 +352,75 @@ static void fill_error_fails_the_commit_and_leaves_nothing(void **state)
     cps__ckpt_reader_close(r);
 }
 
-/* A streamed tensor longer than one fill (4 Mi elements): its fills are written on a thread of
- * their own while the next is produced, in order, the CRC over all of them. */
+/* A streamed tensor longer than the writer's buffers (8 MB, filled in place): full buffers are
+ * written by a thread of its own while the next are produced, in order, the CRC over all of
+ * them; the file's end is not a whole block (O_DIRECT pads it, then cuts the padding off). */
 static int fail_third_fill(void *arg, uint64_t first, void *buf, size_t n)
 {
-    if (first >= ((uint64_t)8 << 20))
+    if (first + n > ((uint64_t)8 << 20))
         return CPS_ESTORE;
     return fill_fn(arg, first, buf, n);
+}
+
+/* U64 element i of a streamed tensor; the fill checks that it may store through its pointer. */
+static int fill_u64(void *arg, uint64_t first, void *buf, size_t n)
+{
+    (void)arg;
+    if ((uintptr_t)buf % sizeof(uint64_t))
+        return CPS_EINVAL;
+    for (size_t i = 0; i < n; i++)
+        ((uint64_t *)buf)[i] = (first + i) * 0x9E3779B97F4A7C15ull;
+    return 0;
+}
+
+/* An odd number of F32 before a U64 tensor puts the U64 data at 4 mod 8 in the file: its fills
+ * still get a pointer aligned for uint64_t, across a write buffer's end (8 MB). In `dir` (the
+ * test's directory, or tmpfs, where O_DIRECT is refused and the page cache is used). */
+static void misaligned_u64_after_odd_f32_in(const char *dir)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/mis", dir);
+    cps__ckpt_writer *w;
+    assert_int_equal(cps__ckpt_writer_open(p, 0, &w), 0);
+    uint64_t nf = ((uint64_t)1 << 21) - 3, nu = ((uint64_t)1 << 18) + 7; /* 8 MB - 12, 2 MB */
+    assert_int_equal(
+        cps__ckpt_writer_add_stream(w, "a", CPS_CKPT_F32, 1, &nf, fill_fn, (void *)(intptr_t)2), 0);
+    assert_int_equal(cps__ckpt_writer_add_stream(w, "b", CPS_CKPT_U64, 1, &nu, fill_u64, NULL), 0);
+    assert_int_equal(cps__ckpt_writer_commit(w, NULL, 0), 0);
+    cps__ckpt_reader *r;
+    assert_int_equal(cps__ckpt_reader_open(p, &r), 0);
+    const cps__ckpt_tensor *t = cps__ckpt_reader_find(r, "b");
+    assert_non_null(t);
+    assert_int_equal(t->file_offset % 8, 4);
+    uint64_t *u = malloc(nu * sizeof *u);
+    assert_non_null(u);
+    assert_int_equal(cps__ckpt_reader_read(r, t, u, nu * sizeof *u), 0);
+    for (uint64_t i = 0; i < nu; i++)
+        assert_true(u[i] == i * 0x9E3779B97F4A7C15ull);
+    free(u);
+    float *f = malloc(nf * sizeof *f);
+    assert_non_null(f);
+    t = cps__ckpt_reader_find(r, "a");
+    assert_int_equal(cps__ckpt_reader_read(r, t, f, nf * sizeof *f), 0);
+    assert_true(f[0] == val(2, 0) && f[nf - 1] == val(2, nf - 1));
+    free(f);
+    cps__ckpt_reader_close(r);
+}
+
+static void misaligned_u64_after_odd_f32(void **state)
+{
+    (void)state;
+    misaligned_u64_after_odd_f32_in(tmpdir);
+    char shm[] = "/dev/shm/cps-ckpt-XXXXXX";
+    if (!mkdtemp(shm))
+        return; /* no tmpfs here */
+    misaligned_u64_after_odd_f32_in(shm);
+    char f[64];
+    snprintf(f, sizeof f, "%s/mis/model.safetensors", shm);
+    unlink(f);
+    snprintf(f, sizeof f, "%s/mis", shm);
+    rmdir(f);
+    rmdir(shm);
 }
 
 static void long_streamed_tensor_written_in_order(void **state)
@@ -366,7 +428,7 @@ static void long_streamed_tensor_written_in_order(void **state)
     (void)state;
     char p[4096];
     pathf(p, "long");
-    uint64_t numel = ((uint64_t)9 << 20) + 5; /* three fills, the last short */
+    uint64_t numel = ((uint64_t)9 << 20) + 5; /* five buffers, the last short */
     cps__ckpt_writer *w;
     assert_int_equal(cps__ckpt_writer_open(p, 0, &w), 0);
     uint64_t s[1] = {numel};
@@ -388,7 +450,7 @@ static void long_streamed_tensor_written_in_order(void **state)
     free(buf);
     cps__ckpt_reader_close(r);
 
-    /* A fill failing after two were handed over: nothing published, no temporary left. */
+    /* A fill failing after buffers were handed over: nothing published, no temporary left. */
     pathf(p, "longfail");
     assert_int_equal(cps__ckpt_writer_open(p, 0, &w), 0);
     assert_int_equal(cps__ckpt_writer_add_stream(w, "big", CPS_CKPT_F32, 1, s, fail_third_fill,
@@ -870,6 +932,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(writer_refuses_bad_input, setup, teardown),
         cmocka_unit_test_setup_teardown(four_dim_shape_round_trips, setup, teardown),
         cmocka_unit_test_setup_teardown(long_streamed_tensor_written_in_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(misaligned_u64_after_odd_f32, setup, teardown),
         cmocka_unit_test_setup_teardown(fill_error_fails_the_commit_and_leaves_nothing, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(truncated_file_is_refused_at_every_length, setup, teardown),
