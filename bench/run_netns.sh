@@ -6,7 +6,8 @@
 #
 # 1. Failover time: kill -9 of a chain head (server rank 0) to the acknowledgement of the first
 #    push started after it (bench_failover, as in bench/run_failover.sh: 3 servers, chains of 3,
-#    async, 1 worker pushing 3 x 4 KB), RUNS times (default 20) on each side: 127.0.0.1; every
+#    async, 1 worker pushing 3 x 4 KB), RUNS rounds (default 20) of one run on each side, in
+#    turn (a shared machine's load drifts: so every side sees the same drift): 127.0.0.1; every
 #    node in a network namespace of its own (tests/integration/lib_netns.sh: veth pairs to a
 #    bridge); and for each one-way delay in DELAYS (microseconds, default "1000 2000"), every
 #    node in a namespace of its own routed through tests/common/netdelay, which holds each packet
@@ -22,9 +23,11 @@
 #    scheduler declares there is a false one (nothing fails).
 # Heartbeats at their defaults (CHAINPS_HEARTBEAT_MS 100, CHAINPS_DEAD_AFTER_MS 2000). Prints
 # two tables: p50, p90, p99, min and max (p99 of 20 runs is the largest but one: read it with
-# the max), deaths per run, and the load average at the start and end of every row (the machine
-# may be shared). Namespaces are named cpsb<PID>-*; every process is ended by its PID and every
-# namespace deleted on exit. About 20 minutes at the defaults. KEEP=1 keeps the logs.
+# the max), deaths per run, and the 1-minute load average at the start of each run, median and
+# range per row (the machine may be shared). Namespaces are named cpsb<PID>-*; every process is ended by its PID and every
+# namespace deleted on exit. About 20 minutes at the defaults. KEEP=1 keeps the logs of every run
+# (the logs of a failed run are kept anyway and its worker's last lines printed; the servers'
+# data directories never: 65 MB each).
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -123,11 +126,28 @@ fo_run() {
         >"$d/worker.out" 2>"$d/worker.log"
     { wait "${pids[-1]}"; } 2>/dev/null
     local rc=$?
-    local dl
+    local dl det kw
     dl=$(grep -c "declared dead" "$d/sched.log")
-    echo "meta kind=fo where=$where run=$run rc=$rc deaths=$dl" >>"$res"
+    # Detection: the kill (the worker's wall clock) to the scheduler's verdict (its log's).
+    kw=$(sed -n 's/.* killed pid [0-9]* at \([0-9:.]*\);.*/\1/p' "$d/worker.out")
+    det=$(grep -m1 "declared dead" "$d/sched.log" | cut -d' ' -f1)
+    echo "meta kind=fo where=$where run=$run rc=$rc deaths=$dl kill_wall=${kw:-none}" \
+        "dead_wall=${det:-none}" >>"$res"
     stop_all
-    [ "${KEEP:-0}" = 1 ] || rm -rf "$d"
+    finish_run "$d" "$rc" "$where run $run"
+}
+
+# The end of a run's directory: the data directories go; the logs stay with KEEP=1 or when the
+# run failed (RC not 0), whose worker's last lines are printed.
+finish_run() {
+    rm -rf "$1"/sched "$1"/s[0-9]
+    if [ "$2" != 0 ]; then
+        echo >&3
+        echo "run_netns: $3 exited $2 (logs kept in $1); worker:" >&3
+        tail -n 4 "$1"/worker.* "$1"/w0.log 2>/dev/null >&3
+    elif [ "${KEEP:-0}" != 1 ]; then
+        rm -rf "$1"
+    fi
 }
 
 # One false-death run: a sync job of ~FALSE_SECS under a fault that kills nothing.
@@ -157,7 +177,8 @@ fd_run() {
     dl=$(grep -c "declared dead" "$d/sched.log")
     echo "meta kind=fd what=$what run=$run rc=$rc secs=$secs deaths=$dl" >>"$res"
     stop_all
-    [ "${KEEP:-0}" = 1 ] || rm -rf "$d"
+    # A false death is worth its logs too.
+    finish_run "$d" "$((rc != 0 ? rc : dl))" "false deaths, $what run $run"
 }
 
 exec 3>&2
@@ -166,43 +187,43 @@ load0=$(cut -d' ' -f1-3 /proc/loadavg)
 echo "chainps detection benchmark on $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average $load0"
 sides=(loopback netns)
 for us in $DELAYS; do sides+=("delay$us"); done
-for where in "${sides[@]}"; do
-    if [ "${where#delay}" != "$where" ]; then
-        netns_delay_start "$NETDELAY" "${where#delay}" "$work/netdelay-$where.log" || {
-            echo "run_netns: netdelay did not start:" >&2
-            cat "$work/netdelay-$where.log" >&2
-            exit 2
-        }
-    fi
-    printf "failover, %s: " "$where"
-    l0=$(loadavg)
-    for run in $(seq "$RUNS"); do
+# The sides take turns, one run each per round: on a shared machine whose load drifts, every
+# side sees the same drift (side after side, the last ones ran under twice the first's load).
+printf "failover, %d rounds of %s: " "$RUNS" "${sides[*]}"
+for run in $(seq "$RUNS"); do
+    for where in "${sides[@]}"; do
+        if [ "${where#delay}" != "$where" ]; then
+            netns_delay_start "$NETDELAY" "${where#delay}" "$work/netdelay.log" || {
+                echo "run_netns: netdelay did not start:" >&2
+                cat "$work/netdelay.log" >&2
+                exit 2
+            }
+        fi
+        echo "load kind=fo where=$where load=$(loadavg)" >>"$res"
         fo_run "$where" "$run" 2>>"$work/shell.log"
-        printf "."
+        if [ "${where#delay}" != "$where" ]; then
+            netns_delay_stop
+            echo "netdelay where=$where $(tail -n 1 "$work/netdelay.log")" >>"$res"
+        fi
     done
-    echo "side kind=fo where=$where load0=$l0 load1=$(loadavg)" >>"$res"
-    echo
-    if [ "${where#delay}" != "$where" ]; then
-        netns_delay_stop
-        echo "netdelay where=$where $(tail -n 1 "$work/netdelay-$where.log")" >>"$res"
-    fi
+    printf "."
 done
+echo
 
 # Steps for ~FALSE_SECS: 2 ms of pacing a step plus the step itself (~0.3 ms here).
 steps=$((FALSE_SECS * 1000 / 2))
 printf "false deaths, 1%% loss (netns): "
 for n in sched s0 s1 s2 w0 w1; do netns_loss "$n" 10; done
-l0=$(loadavg)
 for run in $(seq "$FALSE_RUNS"); do
+    echo "load kind=fd what=loss load=$(loadavg)" >>"$res"
     # Under loss a sync step costs a retransmission now and then: fewer steps for the same time.
     steps=$((FALSE_SECS * 1000 / 14)) fd_run loss netns "$run" 2>>"$work/shell.log"
     printf "."
 done
-echo "side kind=fd what=loss load0=$l0 load1=$(loadavg)" >>"$res"
 echo
 printf "false deaths, every core busy (loopback): "
-l0=$(loadavg)
 for run in $(seq "$FALSE_RUNS"); do
+    echo "load kind=fd what=busy load=$(loadavg)" >>"$res"
     for _ in $(seq "$(nproc)"); do
         bash -c 'while :; do :; done' &
         busy+=($!)
@@ -213,7 +234,6 @@ for run in $(seq "$FALSE_RUNS"); do
     busy=()
     printf "."
 done
-echo "side kind=fd what=busy load0=$l0 load1=$(loadavg)" >>"$res"
 echo
 
 awk -v secs="$(($(date +%s) - start))" -v load0="$load0" -v sides="${sides[*]}" \
@@ -226,37 +246,54 @@ function sortn(arr, n,    i, j, t) {
     for (i = 2; i <= n; i++) { t = arr[i]; for (j = i - 1; j >= 1 && arr[j] > t; j--) arr[j + 1] = arr[j]; arr[j + 1] = t }
 }
 function pct(arr, n, p,    i) { if (n == 0) return -1; i = int(p * (n - 1) + 0.5) + 1; return arr[i] }
+function ms_of_day(s,    a) { split(s, a, /[:.]/); return ((a[1] * 60 + a[2]) * 60 + a[3]) * 1000 + a[4] }
 function label(w) { return w ~ /^delay/ ? sprintf("netns +%.1fms", substr(w, 6) / 1000) : w }
 $1 == "fo" { kv(); w = f["where"]; if (f["failover_ms"] != "inf") { fo[w, ++nfo[w]] = f["failover_ms"] + 0; pu[w] += f["push_us"] }
     if (f["exact"] == "FAILED") bad[w]++ }
-$1 == "meta" && /kind=fo/ { kv(); w = f["where"]; runs[w]++; if (f["rc"] == 0) ok[w]++; dd[w] += f["deaths"] }
+$1 == "meta" && /kind=fo/ { kv(); w = f["where"]; runs[w]++; if (f["rc"] == 0) ok[w]++; dd[w] += f["deaths"]
+    if (f["kill_wall"] != "none" && f["dead_wall"] != "none") {
+        v = ms_of_day(f["dead_wall"]) - ms_of_day(f["kill_wall"]); if (v < -43200000) v += 86400000; det[w, ++ndet[w]] = v } }
 $1 == "meta" && /kind=fd/ { kv(); k = f["what"]; fr[k]++; fs[k, fr[k]] = f["secs"] + 0
     fdl[k] = fdl[k] (fdl[k] == "" ? "" : " ") f["deaths"]; fdt[k] += f["deaths"]; if (f["rc"] != 0) fbad[k]++ }
-$1 == "side" { kv(); k = f["kind"] == "fo" ? f["where"] : f["what"]; ld[k] = f["load0"] "-" f["load1"] }
-$1 == "netdelay" { kv(); sub(/^netdelay where=[^ ]* netdelay: /, ""); nd[f["where"]] = $0 }
+$1 == "load" { kv(); k = f["kind"] == "fo" ? f["where"] : f["what"]; lds[k, ++nld[k]] = f["load"] + 0 }
+$1 == "netdelay" { kv(); w = f["where"]; ndr[w]++
+    if (match($0, /[0-9]+ forwarded/)) ndp[w] += substr($0, RSTART, RLENGTH) + 0
+    if (match($0, /[0-9]+ queue full/)) ndf[w] += substr($0, RSTART, RLENGTH) + 0
+    if (match($0, /[0-9]+ not written/)) ndw[w] += substr($0, RSTART, RLENGTH) + 0
+    if (match($0, /mean [0-9]+ us/)) ndm[w] += substr($0, RSTART + 5, RLENGTH - 8) + 0
+    if (match($0, /max [0-9]+ us/)) { v = substr($0, RSTART + 4, RLENGTH - 7) + 0; if (v > ndx[w]) ndx[w] = v }
+    if (match($0, /[0-9]+ packets over/)) ndo[w] += substr($0, RSTART, RLENGTH) + 0 }
+function loads(k,    i, n) {
+    n = nld[k]; if (!n) return "-"; delete l; for (i = 1; i <= n; i++) l[i] = lds[k, i]; sortn(l, n)
+    return sprintf("%.1f (%.1f-%.1f)", pct(l, n, .5), l[1], l[n])
+}
 END {
     printf "\nFailover: kill -9 of a chain head (server rank 0) -> ack of the first push started after it\n"
     printf "(3 servers, chains of 3, async, 1 worker; heartbeat 100 ms, dead after 2000 ms; +X ms: X added\n"
     printf " one-way to every packet between two nodes by tests/common/netdelay, so a round trip gains 2X)\n\n"
-    hdr = sprintf("%-14s %4s %3s | %6s %6s %6s %6s %6s | %7s | %6s | %s", "where", "runs", "ok", "p50", "p90", "p99", "min", "max", "push us", "deaths", "load avg")
+    hdr = sprintf("%-14s %4s %3s | %6s %6s %6s %6s %6s | %6s %6s | %7s | %6s | %s", "where", "runs", "ok", "p50", "p90", "p99", "min", "max", "det50", "detmax", "push us", "deaths", "load avg")
     print hdr; gsub(/./, "-", hdr); print hdr
     ns = split(sides, side, " ")
     for (wi = 1; wi <= ns; wi++) {
         w = side[wi]; n = nfo[w]
         delete a; for (i = 1; i <= n; i++) a[i] = fo[w, i]; sortn(a, n)
-        printf "%-14s %4d %3d | %6.1f %6.1f %6.1f %6.1f %6.1f | %7.0f | %6d | %s%s\n", label(w), runs[w], ok[w], pct(a, n, .5), pct(a, n, .9),
-               pct(a, n, .99), a[1], a[n], n ? pu[w] / n : 0, dd[w], ld[w], bad[w] ? "  EXACTLY-ONCE FAILED in " bad[w] : ""
+        delete b; m = ndet[w]; for (i = 1; i <= m; i++) b[i] = det[w, i]; sortn(b, m)
+        printf "%-14s %4d %3d | %6.1f %6.1f %6.1f %6.1f %6.1f | %6d %6d | %7.0f | %6d | %s%s\n", label(w), runs[w], ok[w], pct(a, n, .5), pct(a, n, .9),
+               pct(a, n, .99), a[1], a[n], pct(b, m, .5), b[m], n ? pu[w] / n : 0, dd[w], loads(w), bad[w] ? "  EXACTLY-ONCE FAILED in " bad[w] : ""
     }
-    printf "(times in ms; deaths: declared in all runs of the row, 1 per run expected: the killed server;\n"
-    printf " push: mean 4 KB push round trip before the kill, 4 one-way hops; load avg: 1-minute, row start-end)\n"
-    for (wi = 1; wi <= ns; wi++) if (side[wi] in nd) printf "%s: netdelay %s\n", label(side[wi]), nd[side[wi]]
+    printf "(times in ms; det: the kill to the scheduler declaring the server dead (wall clocks, ms);\n"
+    printf " deaths: declared in all runs of the row, 1 per run expected: the killed server;\n"
+    printf " push: mean 4 KB push round trip before the kill, 4 one-way hops; load avg: 1-minute, at the\n"
+    printf " start of each run, median (min-max); the sides took turns, one run each per round)\n"
+    for (wi = 1; wi <= ns; wi++) { w = side[wi]; if (ndr[w]) printf "%s: netdelay forwarded %d packets in %d runs, dropped %d (queue full) + %d (device down); late against the delay: mean of the runs %.0f us, max %d us, %d packets over 1 ms\n", label(w), ndp[w], ndr[w], ndf[w], ndw[w], ndm[w] / ndr[w], ndx[w], ndo[w] }
     printf "\nFalse deaths: sync jobs (3 servers, 2 workers) where nothing fails\n\n"
     printf "%-22s %4s | %16s | %-14s | %s\n", "fault", "runs", "secs (med, range)", "deaths per run", "load avg"
     for (ki = 1; ki <= 2; ki++) {
         k = ki == 1 ? "loss" : "busy"; n = fr[k]
+        if (!n) continue
         delete a; for (i = 1; i <= n; i++) a[i] = fs[k, i]; sortn(a, n)
         printf "%-22s %4d | %5d (%4d-%4d) | %-14s | %s%s\n", k == "loss" ? "1% loss, netns" : "all cores busy, lo", n,
-               pct(a, n, .5), a[1], a[n], fdl[k], ld[k], fbad[k] ? "  (" fbad[k] " jobs failed)" : ""
+               pct(a, n, .5), a[1], a[n], fdl[k], loads(k), fbad[k] ? "  (" fbad[k] " jobs failed)" : ""
     }
     printf "\nRun took %d s; load average %s at start, %s at end (%d cores; shared machine).\n", secs, load0, load1, cores
 }' "$res"
