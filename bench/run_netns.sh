@@ -14,8 +14,9 @@
 #    that long (a round trip between two nodes gains twice it, as `netem delay` on every node's
 #    interface would give: this kernel has no netem). The push column (mean 4 KB push round trip
 #    before the kill: worker -> head -> middle -> tail -> worker, 4 one-way hops) shows the delay
-#    in the product's own terms; netdelay's own account (how late it let packets go) follows the
-#    table.
+#    in the product's own terms; before a side's first run, 200 plain TCP round trips (64 bytes,
+#    python3) between two of its namespaces show it on its own. netdelay's account (how late it
+#    let packets go) follows the table.
 # 2. False deaths: a sync job (3 servers, 2 workers, lsq_worker paced 2 ms a step) run
 #    FALSE_RUNS times (default 2) (a) in namespaces with 1% of the packets arriving at every node
 #    dropped (nftables), (b) on loopback with every core kept busy by a spinning loop started
@@ -105,6 +106,41 @@ addr_of() {
     if [ -n "$n" ]; then echo "${netns_addr[$n]}"; else echo 127.0.0.1; fi
 }
 loadavg() { cut -d' ' -f1 /proc/loadavg; }
+
+# The delay checked in plain TCP: 200 round trips of 64 bytes (TCP_NODELAY) between the
+# namespaces of server rank 0 and worker 0 of a side (netns, delayUS), before its first run.
+PP_ECHO='import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2]))); s.listen(1); s.settimeout(15)
+c, _ = s.accept(); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while True:
+    d = c.recv(4096)
+    if not d: break
+    c.sendall(d)'
+PP_PING='import socket, sys, time
+for _ in range(100):
+    try: c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5); break
+    except OSError: time.sleep(0.02)
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+r = []
+for _ in range(200):
+    t = time.perf_counter(); c.sendall(b"x" * 64); n = 0
+    while n < 64: n += len(c.recv(64 - n))
+    r.append((time.perf_counter() - t) * 1e6)
+r.sort(); print("p50_us=%d p99_us=%d min_us=%d" % (r[100], r[198], r[0]))'
+rtt_check() {
+    local where=$1 s w sp out
+    s=$(ns_of "$where" s0)
+    w=$(ns_of "$where" w0)
+    ip netns exec "$tag-$s" timeout 20 python3 -c "$PP_ECHO" "${netns_addr[$s]}" 7100 &
+    sp=$!
+    pids+=("$sp")
+    out=$(ip netns exec "$tag-$w" timeout 20 python3 -c "$PP_PING" "${netns_addr[$s]}" 7100)
+    kill -TERM "$sp" 2>/dev/null # it ends by itself when the client leaves
+    { wait "$sp"; } 2>/dev/null
+    pids=() # called between runs, with nothing else started
+    echo "rtt where=$where load=$(loadavg) ${out:-p50_us=none}" >>"$res"
+}
 
 # One failover run: a fresh cluster, bench_failover kills server rank 0.
 fo_run() {
@@ -199,6 +235,9 @@ for run in $(seq "$RUNS"); do
                 exit 2
             }
         fi
+        if [ "$run" = 1 ] && [ "$where" != loopback ]; then
+            rtt_check "$where" 2>>"$work/shell.log"
+        fi
         echo "load kind=fo where=$where load=$(loadavg)" >>"$res"
         fo_run "$where" "$run" 2>>"$work/shell.log"
         if [ "${where#delay}" != "$where" ]; then
@@ -255,6 +294,7 @@ $1 == "meta" && /kind=fo/ { kv(); w = f["where"]; runs[w]++; if (f["rc"] == 0) o
         v = ms_of_day(f["dead_wall"]) - ms_of_day(f["kill_wall"]); if (v < -43200000) v += 86400000; det[w, ++ndet[w]] = v } }
 $1 == "meta" && /kind=fd/ { kv(); k = f["what"]; fr[k]++; fs[k, fr[k]] = f["secs"] + 0
     fdl[k] = fdl[k] (fdl[k] == "" ? "" : " ") f["deaths"]; fdt[k] += f["deaths"]; if (f["rc"] != 0) fbad[k]++ }
+$1 == "rtt" { kv(); rtt[f["where"]] = sprintf("TCP round trip (64 B) p50 %s us, p99 %s, min %s (load %s)", f["p50_us"], f["p99_us"], f["min_us"], f["load"]) }
 $1 == "load" { kv(); k = f["kind"] == "fo" ? f["where"] : f["what"]; lds[k, ++nld[k]] = f["load"] + 0 }
 $1 == "netdelay" { kv(); w = f["where"]; ndr[w]++
     if (match($0, /[0-9]+ forwarded/)) ndp[w] += substr($0, RSTART, RLENGTH) + 0
@@ -285,6 +325,7 @@ END {
     printf " deaths: declared in all runs of the row, 1 per run expected: the killed server;\n"
     printf " push: mean 4 KB push round trip before the kill, 4 one-way hops; load avg: 1-minute, at the\n"
     printf " start of each run, median (min-max); the sides took turns, one run each per round)\n"
+    for (wi = 1; wi <= ns; wi++) if (side[wi] in rtt) printf "%s: %s\n", label(side[wi]), rtt[side[wi]]
     for (wi = 1; wi <= ns; wi++) { w = side[wi]; if (ndr[w]) printf "%s: netdelay forwarded %d packets in %d runs, dropped %d (queue full) + %d (device down); late against the delay: mean of the runs %.0f us, max %d us, %d packets over 1 ms\n", label(w), ndp[w], ndr[w], ndf[w], ndw[w], ndm[w] / ndr[w], ndx[w], ndo[w] }
     printf "\nFalse deaths: sync jobs (3 servers, 2 workers) where nothing fails\n\n"
     printf "%-22s %4s | %16s | %-14s | %s\n", "fault", "runs", "secs (med, range)", "deaths per run", "load avg"
