@@ -57,9 +57,9 @@ typedef struct tp_peer {
     tp_msg *q; /* ring buffer: qlen entries starting at qhead */
     size_t qcap, qhead, qlen;
     size_t qbytes;
-    /* cps__tp_peer_gone: the connection's breaks seen, the connect errors counted when the last
-     * one was seen, and whether it is still down since. */
-    uint64_t breaks_seen, errors_at_break;
+    /* cps__tp_peer_gone: the connection's breaks seen, the connect errors counted the last time
+     * it was seen connected and when the last break was seen, and whether it is down since. */
+    uint64_t breaks_seen, errors_up, errors_at_break;
     int down;
 } tp_peer;
 
@@ -391,12 +391,19 @@ int cps__tp_peer_gone(cps__tp *tp, uint32_t id)
     uint64_t errors = peer_stat(p, NN_STAT_CONNECT_ERRORS);
     uint64_t current = peer_stat(p, NN_STAT_CURRENT_CONNECTIONS);
     if (breaks > p->breaks_seen) {
+        /* The baseline is the count when the connection was last seen up, not now: a connect
+         * fails only while there is no connection, so every error since came after the break,
+         * including a refusal that happened before this look (the caller did not run for a
+         * reconnect interval). Taking today's count would wait for the next attempt, 100, 200,
+         * 400 ms later by nanomsg's back-off. */
         p->breaks_seen = breaks;
-        p->errors_at_break = errors;
+        p->errors_at_break = p->errors_up;
         p->down = 1;
     }
-    if (current > 0)
+    if (current > 0) {
         p->down = 0;
+        p->errors_up = errors;
+    }
     return p->down && current == 0 && errors > p->errors_at_break;
 }
 

@@ -8,14 +8,18 @@
 #   partition  server rank 1 cut off both ways for 2 s mid-run
 #   oneway   only traffic TO server rank 1's inbox dropped (its TCP port), for 5 s mid-run: its
 #            heartbeats still arrive, so only data-path evidence (recovery/suspect.h) finds it
+#   delay    every packet between two nodes held NETNS_DELAY_US (2000) one-way by
+#            tests/common/netdelay (the nodes' only link: a TUN device each), whole job
 # Checked: both workers end with status 0 and the final checksum of the same job run on
 # loopback with `chainps launch` (sync mode: bitwise); the deaths the scheduler declared are
-# what the fault explains: none for loss and tbf; for partition at most server rank 1; for
+# what the fault explains: none for loss, tbf and delay; for partition at most server rank 1; for
 # oneway exactly server rank 1, found through the data path (its probe unanswered), within
-# NETNS_ONEWAY_MAX_MS (3000) of the cut.
+# NETNS_ONEWAY_MAX_MS (3000) of the cut; for delay, that the job took at least a round trip
+# (2 x NETNS_DELAY_US) per step, and that netdelay dropped nothing for want of room.
 #
-# usage: netns_job.sh CHAINPS LSQ_WORKER SCENARIO
-# env: NETNS_STEPS (lsq_worker steps, default 2500 paced 1 ms each, 600 under loss: a few seconds)
+# usage: netns_job.sh CHAINPS LSQ_WORKER SCENARIO [NETDELAY]   (NETDELAY: for delay)
+# env: NETNS_STEPS (lsq_worker steps, default 2500 paced 1 ms each, 600 under loss and 800 with
+# delay: a few seconds)
 # Needs root, iproute2 and nftables (scripts/deps.sh test); exits 77 (skipped) where a network
 # namespace cannot be made. Every process is ended by its PID and every namespace deleted on
 # exit (trap).
@@ -23,17 +27,23 @@ set -euo pipefail
 
 cps=$(readlink -f "${1:?usage: netns_job.sh CHAINPS LSQ_WORKER SCENARIO}")
 lsq=$(readlink -f "${2:?LSQ_WORKER}")
-scen=${3:?SCENARIO: loss, tbf, partition or oneway}
-# Under loss every lost packet costs a TCP retransmission (200 ms at least) in a sync step:
-# fewer steps keep that job as short as the others.
-steps=${NETNS_STEPS:-$([[ $scen == loss ]] && echo 600 || echo 2500)}
+scen=${3:?SCENARIO: loss, tbf, partition, oneway or delay}
+delayer=${4:-}
+delay_us=${NETNS_DELAY_US:-2000}
+# Under loss every lost packet costs a TCP retransmission (200 ms at least) in a sync step, and
+# with delay every step waits for round trips: fewer steps keep those jobs as short as the others.
+case $scen in
+loss) steps=${NETNS_STEPS:-600} ;;
+delay) steps=${NETNS_STEPS:-800} ;;
+*) steps=${NETNS_STEPS:-2500} ;;
+esac
 oneway_max=${NETNS_ONEWAY_MAX_MS:-3000}
 say() { echo "$(date +%T.%3N) netns.$scen: $*"; }
 skip() {
     say "SKIP: $*"
     exit 77
 }
-case $scen in loss | tbf | partition | oneway) ;; *)
+case $scen in loss | tbf | partition | oneway | delay) ;; *)
     echo "unknown scenario '$scen'" >&2
     exit 2
     ;;
@@ -44,6 +54,14 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib_netns.sh"
 why=$(netns_can_run) || skip "$why"
 [[ $scen != tbf ]] || command -v tc >/dev/null || skip "no tc command (iproute2)"
+if [[ $scen == delay ]]; then
+    [[ -n $delayer ]] || {
+        echo "usage: netns_job.sh CHAINPS LSQ_WORKER delay NETDELAY" >&2
+        exit 2
+    }
+    delayer=$(readlink -f "$delayer")
+    [[ -c /dev/net/tun ]] || skip "no /dev/net/tun (netdelay needs TUN devices)"
+fi
 
 t=$(mktemp -d "${TMPDIR:-/tmp}/netns-$scen.XXXXXX")
 declare -a pids=()
@@ -81,15 +99,24 @@ ref=$("$cps" launch "${job[@]}" --timeout 60 --data "$t/ref" -- "${prog[@]}" 2>&
 # ---- the network: a bridge in a namespace of its own, one namespace per node ----
 tag=cps$$ # namespace names are global: this run's own prefix
 netns_hub "$tag" || skip "cannot make a network namespace (ip netns add)"
-netns_node sched 10.213.0.1
-for r in 0 1 2; do netns_node "s$r" "10.213.0.1$((r + 1))"; done
-for r in 0 1; do netns_node "w$r" "10.213.0.2$((r + 1))"; done
+# With delay each node's only link is netdelay's TUN device; otherwise a veth to the bridge.
+mk=netns_node
+[[ $scen != delay ]] || mk=netns_host
+$mk sched 10.213.0.1
+for r in 0 1 2; do $mk "s$r" "10.213.0.1$((r + 1))"; done
+for r in 0 1; do $mk "w$r" "10.213.0.2$((r + 1))"; done
 nodes=(sched s0 s1 s2 w0 w1)
 SPORT=9100 # every server's inbox port (each has its own address)
 
 case $scen in
 loss) for n in "${nodes[@]}"; do netns_loss "$n" 10; done ;; # 1%
 tbf) for n in "${nodes[@]}"; do netns_tbf "$n" 20mbit; done ;;
+delay)
+    netns_delay_start "$delayer" "$delay_us" "$t/netdelay.log" || {
+        cat "$t/netdelay.log"
+        skip "netdelay could not make its TUN devices"
+    }
+    ;;
 esac
 
 # ---- the job ----
@@ -153,7 +180,8 @@ rc=0
 for p in "${wpids[@]}"; do
     wait "$p" || rc=$?
 done
-say "workers done in $(($(date +%s%3N) - start_ms)) ms (status $rc)"
+took_ms=$(($(date +%s%3N) - start_ms))
+say "workers done in $took_ms ms (status $rc)"
 fails=0
 bad() {
     say "FAIL: $*"
@@ -177,6 +205,17 @@ say "declared deaths: $deaths (server ranks: ${dead_ranks:-none})"
 case $scen in
 loss | tbf)
     ((deaths == 0)) || bad "$deaths death(s) declared under $scen alone"
+    ;;
+delay)
+    ((deaths == 0)) || bad "$deaths death(s) declared under delay alone"
+    # Every sync step waits at least for one request and its reply: 2 one-way delays. A job
+    # faster than that did not go through the delay.
+    min_ms=$((steps * 2 * delay_us / 1000))
+    ((took_ms >= min_ms)) || bad "the job took $took_ms ms, less than $min_ms: not delayed"
+    netns_delay_stop
+    say "$(tail -n 1 "$t/netdelay.log")"
+    grep -q "forwarded.*dropped: 0 queue full" "$t/netdelay.log" ||
+        bad "netdelay dropped packets for want of room: $(tail -n 1 "$t/netdelay.log")"
     ;;
 partition)
     ((deaths <= 1)) || bad "$deaths deaths declared; the partition explains at most 1"

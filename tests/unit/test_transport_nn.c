@@ -311,6 +311,30 @@ static void send_before_peer_binds(void **state)
     cps__tp_destroy(b);
 }
 
+/* A peer whose process ended (its inbox closed) is gone once a reconnect is refused, even when
+ * whoever asks first looks only after that refusal: a scheduler that did not get the CPU for the
+ * reconnect interval (50 ms) used to take the refusal it had missed as the baseline and wait for
+ * the next one, 100, then 200 ms later by nanomsg's back-off (kill -9 to failover went from ~60 to
+ * 300-500 ms on a loaded machine). */
+static void peer_gone_seen_late(void **state)
+{
+    (void)state;
+    pair p;
+    pair_up(&p);
+    inbox ib = {.order_ok = 1};
+    assert_int_equal(cps__tp_send(p.a, 2, filled(10, 3), 10), 0);
+    assert_true(wait_for(p.a, p.b, &ib, keep_fn, 1, WAIT_MS));
+    inbox_clear(&ib);
+    assert_int_equal(cps__tp_peer_gone(p.a, 2), 0); /* connected, and seen so */
+    cps__tp_destroy(p.b);
+    /* Not looking, on purpose, while nanomsg's reconnects (after 50 ms, then 100 more) are
+     * refused: the first look comes after them. */
+    struct timespec ts = {0, 400 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    assert_int_equal(cps__tp_peer_gone(p.a, 2), 1);
+    cps__tp_destroy(p.a);
+}
+
 static void peer_repointed(void **state)
 {
     (void)state;
@@ -561,6 +585,7 @@ int main(void)
         cmocka_unit_test(poll_timeout),
         cmocka_unit_test(extra_fd_wakes_poll),
         cmocka_unit_test(destroy_with_queued),
+        cmocka_unit_test(peer_gone_seen_late),
         cmocka_unit_test(alloc_alignment),
         cmocka_unit_test(round_trip_4k),
     };
