@@ -574,8 +574,16 @@ static int write_tensor(wtensor *t, wstream *s)
     uint32_t crc = 0;
     int rc = 0;
     if (!t->fill) {
-        rc = ws_put(s, t->data, t->nbytes);
-        t->crc = cps__ckpt_crc32(0, t->data, t->nbytes);
+        /* Piece by piece, the CRC right after each copy, while the bytes are in the cache (one
+         * pass over the whole tensor, then another, read a large one from memory twice). */
+        const unsigned char *p = t->data;
+        for (uint64_t done = 0; done < t->nbytes && !rc;) {
+            size_t k = t->nbytes - done < BOUNCE_BYTES ? (size_t)(t->nbytes - done) : BOUNCE_BYTES;
+            rc = ws_put(s, p + done, k);
+            crc = cps__ckpt_crc32(crc, p + done, k);
+            done += k;
+        }
+        t->crc = crc;
         return rc;
     }
     uint32_t es = dtype_size(t->dtype);

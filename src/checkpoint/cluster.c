@@ -65,13 +65,6 @@ typedef struct link {
     uint64_t read_wait_us; /* export: time spent waiting for read answers */
 } link;
 
-static uint64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
 static void on_msg(void *ctx, void *buf, size_t len)
 {
     link *l = ctx;
@@ -587,9 +580,9 @@ static int dense_take(export_ctx *x, uint32_t r, dense_req *d)
 {
     read_req q = {.req = d->req, .range = r};
     int wait = x->l->timeout_ms < READ_WAIT_MS ? x->l->timeout_ms : READ_WAIT_MS;
-    uint64_t t0 = now_us();
+    uint64_t t0 = cps__now_us();
     int rc = take(x->l, match_req, &q, cps__now_ms() + (uint64_t)wait, &d->rx);
-    x->l->read_wait_us += now_us() - t0;
+    x->l->read_wait_us += cps__now_us() - t0;
     if (rc != 0) {
         cps__log(CPS_LOG_ERROR, SUB, "tensor %s: no answer from range %u's read view in %.0f s",
                  x->d->name, r, wait / 1000.0);
@@ -786,9 +779,9 @@ typedef struct aim {
 
 static int probe_timed(link *l, uint64_t *hi, double *rtt_ms)
 {
-    uint64_t t0 = now_us();
+    uint64_t t0 = cps__now_us();
     int rc = probe_steps(l, hi);
-    *rtt_ms = (now_us() - t0) / 1000.0;
+    *rtt_ms = (cps__now_us() - t0) / 1000.0;
     return rc;
 }
 
@@ -796,12 +789,12 @@ static int aim_measure(link *l, aim *a)
 {
     uint64_t hi0;
     double rtt0;
-    uint64_t t0 = now_us();
+    uint64_t t0 = cps__now_us();
     int rc = probe_timed(l, &hi0, &rtt0);
     /* Wait without a sleep: answers to anything else keep arriving. */
     for (uint64_t until = cps__now_ms() + AIM_GAP_MS; rc == 0 && cps__now_ms() < until;)
         cps__tp_poll(l->tp, (int)(until - cps__now_ms()), on_msg, l, 0);
-    uint64_t t1 = now_us();
+    uint64_t t1 = cps__now_us();
     if (rc == 0)
         rc = probe_timed(l, &a->hi, &a->rtt_ms);
     if (rc != 0)

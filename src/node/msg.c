@@ -17,6 +17,13 @@ uint64_t cps__now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+uint64_t cps__now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
 void *cps__msg_alloc(cps__msg_hdr *h, size_t payload_len)
 {
     if (payload_len > CPS_WIRE_MAX_PAYLOAD)

@@ -13,6 +13,8 @@
 
 /* Monotonic milliseconds. The protocol state machines never call this; the loops do. */
 uint64_t cps__now_ms(void);
+/* Monotonic microseconds (the same clock), for timing work shorter than a millisecond. */
+uint64_t cps__now_us(void);
 
 /* Allocate a transport buffer for a message with `payload_len` payload bytes and write the
  * header (payload_len/raw_len are set here). The payload starts at CPS_WIRE_HDR_SIZE.
