@@ -3,18 +3,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <zlib.h>
-
 #include "chainps/error.h"
 #include "checkpoint/ckpt.h"
 #include "checkpoint/json.h"
+#include "core/crc32.h"
 #include "core/log.h"
 
 uint32_t cps__ckpt_crc32(uint32_t crc, const void *buf, size_t len)
 {
-    /* crc32_z takes a size_t length (zlib >= 1.2.9); zlib's braided implementation runs at
-     * several GB/s, well above disk speed. */
-    return (uint32_t)crc32_z(crc, (const Bytef *)buf, len);
+    return cps__crc32(crc, buf, len);
 }
 
 const char *cps__ckpt_slot_name(uint32_t opt_kind, uint32_t slot)
