@@ -13,7 +13,8 @@
 # (servers' and worker's threads, from /proc) per training step without an export and during
 # it, the CPU of each thread during it; then perf reports (self time by symbol) of the export
 # and the servers.
-# Outputs stay in OUT (default: a `mktemp -d`, printed). Every process started here (launch, its
+# Outputs stay in OUT (default: a `mktemp -d`, printed): logs and perf data; the job's stores are
+# removed at the end (KEEP=1 keeps them). Every process started here (launch, its
 # children, perf) is ended by its PID. Loopback only.
 #
 # Knobs: PARAMS (100000000), REPLICAS (1), WARM (2), EXPORTS (2), CALLGRAPH (dwarf | fp | none).
@@ -43,6 +44,9 @@ cleanup() {
         kill -KILL "$launch_pid" 2>/dev/null
         wait "$launch_pid" 2>/dev/null
     fi
+    # The servers' stores (their maps are allocated on disk ahead: GBs a run) and the last
+    # checkpoint go; the logs and perf data stay. KEEP=1 keeps everything.
+    [ "${KEEP:-0}" = 1 ] || rm -rf "$out/data" "$out/ckpt"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

@@ -87,74 +87,152 @@ static inline float decayed(float g, float p, float wd)
     return wd != 0.0f ? g + wd * p : g;
 }
 
-static void apply_sgd(const cps__param_spec *s, float *restrict p, const float *restrict g,
-                      size_t n)
+/* ---- the rules ----
+ *
+ * Each rule is one function of an element: its value, its state and its gradient in, the new
+ * value and state out. Two loops drive each rule: in place (the value and state arrays are read
+ * and written), and out of place (read from the record LMDB holds, written to the fresh one of
+ * the copy-on-write transaction: one pass over memory instead of a copy and then an update,
+ * issue 14). The loops differ only in where the element comes from and goes, so both compute
+ * the same bits, which test_optim_rules checks. */
+
+typedef struct rule {
+    float lr, wd, eps, mu, b1, b2, c1, c2, bc1, bc2, rho, c;
+    int nesterov;
+} rule;
+
+static rule rule_of(const cps__param_spec *s, uint64_t t)
 {
-    const float lr = s->lr, wd = s->weight_decay;
-    for (size_t i = 0; i < n; i++)
-        p[i] -= lr * decayed(g[i], p[i], wd);
+    rule r = {.lr = s->lr,
+              .wd = s->weight_decay,
+              .eps = s->eps,
+              .mu = s->momentum,
+              .nesterov = s->nesterov,
+              .rho = s->rho,
+              .c = 1.0f - s->rho};
+    if (s->opt_kind == CPS_W_OPT_ADAM) {
+        r.b1 = s->beta1, r.b2 = s->beta2;
+        r.c1 = 1.0f - r.b1, r.c2 = 1.0f - r.b2;
+        /* The bias corrections are computed once per call in double, then rounded to float, so
+         * they are the same for every element and every replica. */
+        r.bc1 = (float)(1.0 - powi(r.b1, t));
+        r.bc2 = (float)(1.0 - powi(r.b2, t));
+    }
+    return r;
 }
 
-/* SGD out of place: one pass over the values instead of a copy and an update. */
-static void apply_sgd_copy(const cps__param_spec *s, const float *restrict src, float *restrict dst,
-                           const float *restrict g, size_t n)
+static inline float sgd_step(const rule *r, float p, float g)
 {
-    const float lr = s->lr, wd = s->weight_decay;
-    for (size_t i = 0; i < n; i++)
-        dst[i] = src[i] - lr * decayed(g[i], src[i], wd);
+    return p - r->lr * decayed(g, p, r->wd);
 }
 
-static void apply_momentum(const cps__param_spec *s, float *restrict p, float *restrict v,
-                           const float *restrict g, size_t n)
+static inline float momentum_step(const rule *r, float p, float *v, float g)
 {
-    const float lr = s->lr, wd = s->weight_decay, mu = s->momentum;
-    for (size_t i = 0; i < n; i++) {
-        float gi = decayed(g[i], p[i], wd);
-        v[i] = mu * v[i] + gi;
-        p[i] -= s->nesterov ? lr * (gi + mu * v[i]) : lr * v[i];
+    float gi = decayed(g, p, r->wd);
+    float nv = r->mu * *v + gi;
+    *v = nv;
+    return p - (r->nesterov ? r->lr * (gi + r->mu * nv) : r->lr * nv);
+}
+
+static inline float adagrad_step(const rule *r, float p, float *h, float g)
+{
+    float gi = decayed(g, p, r->wd);
+    float nh = *h + gi * gi;
+    *h = nh;
+    return p - r->lr * gi / (sqrtf(nh) + r->eps);
+}
+
+static inline float adam_step(const rule *r, float p, float *m, float *v, float g)
+{
+    float gi = decayed(g, p, r->wd);
+    float nm = r->b1 * *m + r->c1 * gi;
+    float nv = r->b2 * *v + r->c2 * gi * gi;
+    *m = nm, *v = nv;
+    float mhat = nm / r->bc1;
+    float vhat = nv / r->bc2;
+    return p - r->lr * mhat / (sqrtf(vhat) + r->eps);
+}
+
+static inline float rmsprop_step(const rule *r, float p, float *sq, float g)
+{
+    float gi = decayed(g, p, r->wd);
+    float ns = r->rho * *sq + r->c * gi * gi;
+    *sq = ns;
+    return p - r->lr * gi / (sqrtf(ns) + r->eps);
+}
+
+/* In place: p[i] and the state slots st0[i], st1[i] (st1 for Adam's second moment). */
+static void apply_inplace(uint32_t kind, const rule *r, float *restrict p, float *restrict st0,
+                          float *restrict st1, const float *restrict g, size_t n)
+{
+    switch (kind) {
+    case CPS_W_OPT_SGD:
+        for (size_t i = 0; i < n; i++)
+            p[i] = sgd_step(r, p[i], g[i]);
+        break;
+    case CPS_W_OPT_MOMENTUM:
+        for (size_t i = 0; i < n; i++)
+            p[i] = momentum_step(r, p[i], &st0[i], g[i]);
+        break;
+    case CPS_W_OPT_ADAGRAD:
+        for (size_t i = 0; i < n; i++)
+            p[i] = adagrad_step(r, p[i], &st0[i], g[i]);
+        break;
+    case CPS_W_OPT_ADAM:
+        for (size_t i = 0; i < n; i++)
+            p[i] = adam_step(r, p[i], &st0[i], &st1[i], g[i]);
+        break;
+    case CPS_W_OPT_RMSPROP:
+        for (size_t i = 0; i < n; i++)
+            p[i] = rmsprop_step(r, p[i], &st0[i], g[i]);
+        break;
+    default:
+        break;
     }
 }
 
-static void apply_adagrad(const cps__param_spec *s, float *restrict p, float *restrict h,
-                          const float *restrict g, size_t n)
+/* Out of place: from sp / ss0 / ss1 to dp / ds0 / ds1, which do not overlap them. The state
+ * element goes through a local, so the rule sees the same value it would in place. */
+static void apply_outofplace(uint32_t kind, const rule *r, const float *restrict sp,
+                             const float *restrict ss0, const float *restrict ss1,
+                             float *restrict dp, float *restrict ds0, float *restrict ds1,
+                             const float *restrict g, size_t n)
 {
-    const float lr = s->lr, wd = s->weight_decay, eps = s->eps;
-    for (size_t i = 0; i < n; i++) {
-        float gi = decayed(g[i], p[i], wd);
-        h[i] += gi * gi;
-        p[i] -= lr * gi / (sqrtf(h[i]) + eps);
-    }
-}
-
-static void apply_adam(const cps__param_spec *s, float *restrict p, float *restrict m,
-                       float *restrict v, const float *restrict g, size_t n, uint64_t t)
-{
-    const float lr = s->lr, wd = s->weight_decay, eps = s->eps;
-    const float b1 = s->beta1, b2 = s->beta2;
-    const float c1 = 1.0f - b1, c2 = 1.0f - b2;
-    /* The bias corrections are computed once per call in double, then rounded to float, so they
-     * are the same for every element and every replica. */
-    const float bc1 = (float)(1.0 - powi(b1, t));
-    const float bc2 = (float)(1.0 - powi(b2, t));
-    for (size_t i = 0; i < n; i++) {
-        float gi = decayed(g[i], p[i], wd);
-        m[i] = b1 * m[i] + c1 * gi;
-        v[i] = b2 * v[i] + c2 * gi * gi;
-        float mhat = m[i] / bc1;
-        float vhat = v[i] / bc2;
-        p[i] -= lr * mhat / (sqrtf(vhat) + eps);
-    }
-}
-
-static void apply_rmsprop(const cps__param_spec *s, float *restrict p, float *restrict sq,
-                          const float *restrict g, size_t n)
-{
-    const float lr = s->lr, wd = s->weight_decay, eps = s->eps, rho = s->rho;
-    const float c = 1.0f - rho;
-    for (size_t i = 0; i < n; i++) {
-        float gi = decayed(g[i], p[i], wd);
-        sq[i] = rho * sq[i] + c * gi * gi;
-        p[i] -= lr * gi / (sqrtf(sq[i]) + eps);
+    switch (kind) {
+    case CPS_W_OPT_SGD:
+        for (size_t i = 0; i < n; i++)
+            dp[i] = sgd_step(r, sp[i], g[i]);
+        break;
+    case CPS_W_OPT_MOMENTUM:
+        for (size_t i = 0; i < n; i++) {
+            float v = ss0[i];
+            dp[i] = momentum_step(r, sp[i], &v, g[i]);
+            ds0[i] = v;
+        }
+        break;
+    case CPS_W_OPT_ADAGRAD:
+        for (size_t i = 0; i < n; i++) {
+            float h = ss0[i];
+            dp[i] = adagrad_step(r, sp[i], &h, g[i]);
+            ds0[i] = h;
+        }
+        break;
+    case CPS_W_OPT_ADAM:
+        for (size_t i = 0; i < n; i++) {
+            float m = ss0[i], v = ss1[i];
+            dp[i] = adam_step(r, sp[i], &m, &v, g[i]);
+            ds0[i] = m, ds1[i] = v;
+        }
+        break;
+    case CPS_W_OPT_RMSPROP:
+        for (size_t i = 0; i < n; i++) {
+            float q = ss0[i];
+            dp[i] = rmsprop_step(r, sp[i], &q, g[i]);
+            ds0[i] = q;
+        }
+        break;
+    default:
+        break;
     }
 }
 
@@ -174,65 +252,31 @@ static int apply_prepare(const cps__param_spec *spec, cps__param_spec *s, int ha
     return 0;
 }
 
-/* One step on n elements whose state slot k starts at state + k*stride. */
-static void apply_kind(const cps__param_spec *s, float *param, float *state, size_t stride,
-                       const float *grad, size_t n, uint64_t t)
-{
-    switch (s->opt_kind) {
-    case CPS_W_OPT_SGD:
-        apply_sgd(s, param, grad, n);
-        break;
-    case CPS_W_OPT_MOMENTUM:
-        apply_momentum(s, param, state, grad, n);
-        break;
-    case CPS_W_OPT_ADAGRAD:
-        apply_adagrad(s, param, state, grad, n);
-        break;
-    case CPS_W_OPT_ADAM:
-        apply_adam(s, param, state, state + stride, grad, n, t);
-        break;
-    case CPS_W_OPT_RMSPROP:
-        apply_rmsprop(s, param, state, grad, n);
-        break;
-    default:
-        break;
-    }
-}
-
 int cps__optim_apply(const cps__param_spec *spec, float *param, float *state, const float *grad,
                      size_t n, uint64_t t)
 {
     cps__param_spec s;
     int rc = apply_prepare(spec, &s, state != NULL, n, t);
-    if (rc == 0)
-        apply_kind(&s, param, state, n, grad, n, t);
-    return rc;
+    if (rc != 0 || n == 0)
+        return rc;
+    rule r = rule_of(&s, t);
+    float *st1 = s.opt_kind == CPS_W_OPT_ADAM ? state + n : NULL;
+    apply_inplace(s.opt_kind, &r, param, state, st1, grad, n);
+    return 0;
 }
-
-/* Elements per block of cps__optim_apply_copy: a block of every array (values, up to two state
- * slots, gradient) stays in L1/L2 between its copy and its update. */
-#define APPLY_BLOCK 2048
 
 int cps__optim_apply_copy(const cps__param_spec *spec, const float *src, float *dst,
                           const float *grad, size_t n, uint64_t t)
 {
     cps__param_spec s;
     int rc = apply_prepare(spec, &s, 1, n, t);
-    if (rc != 0)
+    if (rc != 0 || n == 0)
         return rc;
-    if (s.opt_kind == CPS_W_OPT_SGD) {
-        apply_sgd_copy(&s, src, dst, grad, n);
-        return 0;
-    }
-    size_t slots = cps__optim_state_slots(s.opt_kind);
-    /* Every rule is elementwise, so updating block by block computes the same bits as one call
-     * over all n elements. */
-    for (size_t i = 0; i < n; i += APPLY_BLOCK) {
-        size_t k = n - i < APPLY_BLOCK ? n - i : APPLY_BLOCK;
-        for (size_t a = 0; a <= slots; a++)
-            memcpy(dst + a * n + i, src + a * n + i, k * sizeof(float));
-        apply_kind(&s, dst + i, dst + n + i, n, grad + i, k, t);
-    }
+    rule r = rule_of(&s, t);
+    /* Slot k of the state follows the values at k * n (the record layout). */
+    int adam = s.opt_kind == CPS_W_OPT_ADAM;
+    apply_outofplace(s.opt_kind, &r, src, src + n, adam ? src + 2 * n : NULL, dst, dst + n,
+                     adam ? dst + 2 * n : NULL, grad, n);
     return 0;
 }
 
