@@ -149,6 +149,15 @@ static double commit_us(const char *dir, int sync)
 
 int main(int argc, char **argv)
 {
+    /* One optional argument, a directory: anything else (a flag, say) would become a store
+     * directory of that name. */
+    if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
+        fprintf(stderr,
+                "usage: %s [DIR]   (a scratch directory for the store; default "
+                "$TMPDIR/cps__bench_store)\n",
+                argv[0]);
+        return 2;
+    }
     char dir[512];
     const char *tmp = getenv("TMPDIR");
     snprintf(dir, sizeof dir, "%s", argc > 1 ? argv[1] : "");
