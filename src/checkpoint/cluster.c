@@ -972,10 +972,10 @@ static void keep_heap(void)
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
     /* A fresh export process still touched all those pages once, 4 KB at a time: a fault and a
-     * zeroing each, a third of its CPU on a VM (perf). The heap's first 64 MB (the answers in
-     * flight for two ranges) are faulted in as huge pages instead, and nanomsg's thread, which
-     * receives some of the answers, allocates from this same heap rather than an arena of its
-     * own (it is created after this in an export process). */
+     * zeroing each, a third of its CPU on a VM (perf). The heap's first 72 MB (the answers in
+     * flight for two ranges, and one more) are faulted in as huge pages instead, and nanomsg's
+     * thread, which receives some of the answers, allocates from this same heap rather than an
+     * arena of its own (it is created after this in an export process). */
     mallopt(M_ARENA_MAX, 1);
     cps__heap_prewarm((size_t)(4 * 2 + 1) * READ_BYTES);
 }

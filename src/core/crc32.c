@@ -72,12 +72,11 @@ CLMUL_TARGET static uint32_t crc_clmul(uint32_t crc, const unsigned char *p, siz
     return (uint32_t)_mm_extract_epi32(x, 1);
 }
 
+/* No cache of its own: the compiler's CPU model is filled in before main, and reading it is a
+ * load and a test, from any thread. */
 static int have_clmul(void)
 {
-    static int known = -1;
-    if (known < 0)
-        known = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
-    return known;
+    return __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
 }
 
 int cps__crc32_accelerated(void)
