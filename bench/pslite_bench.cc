@@ -245,6 +245,11 @@ int main(int argc, char **argv)
         server = new ps::KVServer<float>(0);
         server->set_request_handle(Handle);
     }
+    /* ps::Start's barrier lets a worker push before a server has set its handle: the server's
+     * receiving thread then found no handle and aborted (kv_app.h "Check failed: request_handle_",
+     * 1 run in 24 here). Workers start once every server is ready. */
+    if (!ps::IsScheduler())
+        ps::Postoffice::Get()->Barrier(0, ps::kWorkerGroup + ps::kServerGroup);
     if (ps::IsWorker())
         RunWorker(o);
     ps::Finalize(0, true);
