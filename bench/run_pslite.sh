@@ -10,7 +10,8 @@
 # (PSLITE_SCRATCH, default ~/.cache/chainps-pslite) keyed by its commit (and a hash of its
 # sources when the checkout has local changes), against the system's ZeroMQ and protobuf
 # instead of the ones ps-lite's Makefile downloads: Debian packages libzmq3-dev,
-# libprotobuf-dev, protobuf-compiler, and g++. bench/pslite_bench.cc, our ps-lite program, is
+# libprotobuf-dev, protobuf-compiler, and g++ (`scripts/deps.sh pslite` installs those missing,
+# as this script does first). bench/pslite_bench.cc, our ps-lite program, is
 # compiled against it there too. chainps wants a Release build: cmake -DCMAKE_BUILD_TYPE=Release.
 #
 # The loop of both sides (bench_ps --loop pslite and pslite_bench): per tensor size, after a
@@ -112,6 +113,11 @@ if [ "$smoke" = 0 ]; then
     for f in src/meta.proto src/van.cc src/postoffice.cc src/customer.cc include/ps/ps.h; do
         [ -f "$src/$f" ] || { echo "run_pslite: $src is not a ps-lite checkout (no $f)" >&2; exit 2; }
     done
+    # g++, protoc, ZeroMQ and protobuf: installed when missing, like the project's own packages.
+    "$here/../scripts/deps.sh" pslite || {
+        echo "run_pslite: could not install g++ protobuf-compiler libprotobuf-dev libzmq3-dev" >&2
+        exit 2
+    }
     for t in g++ protoc pkg-config; do
         command -v "$t" >/dev/null || {
             echo "run_pslite: $t not found (Debian: apt-get install g++ protobuf-compiler" \

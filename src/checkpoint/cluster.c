@@ -983,14 +983,14 @@ static void keep_heap(void)
 }
 
 /* The heap's first pages faulted in as huge pages, once per process, as many as this export will
- * have in flight: the answers for two ranges and one more (72 MB), or the whole model with its
+ * have in flight: READ_TOTAL answers and one more (72 MB), or the whole model with its
  * optimizer state when that is less. A fixed 72 MB cost every export of a small model up to 0.1
  * CPU s of zeroing, which at a low priority on a busy host is seconds of waiting (integration
  * .ckpt_fast, exports at nice 19 beside four busy loops: 2 exports took 23.6 s, now 9.4). */
 static void warm_heap(const link *l)
 {
     static atomic_int warmed;
-    uint64_t bytes = 0, cap = (uint64_t)(4 * 2 + 1) * READ_BYTES;
+    uint64_t bytes = 0, cap = (uint64_t)(READ_TOTAL + 1) * READ_BYTES;
     for (uint32_t i = 0; i < l->ndescs && bytes < cap; i++) {
         const cps__tensor_desc *d = &l->descs[i];
         uint64_t slots = cps__optim_state_slots(d->spec.opt_kind);

@@ -12,9 +12,7 @@
 
 uint64_t cps__now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    return cps__now_us() / 1000u;
 }
 
 uint64_t cps__now_us(void)
