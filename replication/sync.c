@@ -142,9 +142,30 @@ static slot *find_slot(cps__sync *a, uint32_t range, uint64_t sig, uint64_t step
     return free_slot;
 }
 
-/* Complete once no live worker is missing; a slot nobody pushed to (only a retry's lookup
- * opened it) never completes on its own. */
-static int slot_complete(const slot *s, const cps__view *v)
+/* Rank `rank` has made its first push of s's key set since it joined the job (the push's
+ * CPS_WF_FIRST), at a later step than s's: it has no push of s's step to come, so s does not
+ * wait for it. That is a worker that joined a running job (a replacement): its declare told it
+ * the step each range of a tensor had applied, and where the heads of the ranges learnt of it
+ * at different moments relative to the other workers' pushes, one range had closed step t
+ * without it and another waits for it at t (fmnist, issue 26: a deadlock in 6 of 6 runs). The
+ * worker starts after the highest of those steps, and its first push excuses it from the steps
+ * below on every range, so every range closes them with the same workers. Only the first push
+ * says so: later pushes of a worker may be pipelined and overtake each other. */
+static int pushed_later(const cps__sync *a, const slot *s, uint32_t rank)
+{
+    for (uint32_t i = 0; i < a->nslots; i++) {
+        const slot *o = &a->slots[i];
+        if (o->used && o->range == s->range && o->sig == s->sig && o->step > s->step &&
+            rank < o->nranks && o->by_rank[rank].cookie && o->by_rank[rank].first)
+            return 1;
+    }
+    return 0;
+}
+
+/* Complete once no live worker is missing (a worker that pushed a later step is not missing:
+ * pushed_later); a slot nobody pushed to (only a retry's lookup opened it) never completes on
+ * its own. */
+static int slot_complete(const cps__sync *a, const slot *s, const cps__view *v)
 {
     uint32_t live = 0, missing = 0;
     for (uint32_t i = 0; i < v->nnodes; i++) {
@@ -152,7 +173,7 @@ static int slot_complete(const slot *s, const cps__view *v)
         if (n->role != CPS_ROLE_WORKER || !n->alive)
             continue;
         live++;
-        if (n->rank < s->nranks && !s->by_rank[n->rank].cookie)
+        if (n->rank < s->nranks && !s->by_rank[n->rank].cookie && !pushed_later(a, s, n->rank))
             missing++;
     }
     if (missing == 0 || s->count == 0)
@@ -263,9 +284,20 @@ static int release_ready(cps__sync *a)
 
 static int try_complete(cps__sync *a, slot *s, const cps__view *v)
 {
-    if (slot_complete(s, v))
+    if (slot_complete(a, s, v))
         s->ready = 1;
     return release_ready(a);
+}
+
+/* A push of `s`'s step may complete the key set's earlier slots (pushed_later). */
+static void mark_earlier_ready(cps__sync *a, const slot *s, const cps__view *v)
+{
+    for (uint32_t i = 0; i < a->nslots; i++) {
+        slot *o = &a->slots[i];
+        if (o != s && o->used && !o->ready && o->range == s->range && o->sig == s->sig &&
+            o->step < s->step && slot_complete(a, o, v))
+            o->ready = 1;
+    }
 }
 
 int cps__sync_push(cps__sync *a, const cps__view *v, uint32_t range, uint64_t sig, uint64_t step,
@@ -297,6 +329,7 @@ int cps__sync_push(cps__sync *a, const cps__view *v, uint32_t range, uint64_t si
     a->nacts = 0;
     s->by_rank[rank] = *c;
     s->count++;
+    mark_earlier_ready(a, s, v);
     try_complete(a, s, v);
     return CPS_SYNC_TAKEN;
 }

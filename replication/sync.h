@@ -45,6 +45,9 @@ typedef struct cps__sync_contrib {
     uint64_t req_seq;
     uint64_t nvals; /* gradient length: the pushes of one step must agree */
     void *cookie;   /* the caller's; NULL in a by_rank array: that rank has not pushed */
+    int first;      /* the worker's first push of the key set since it joined (CPS_WF_FIRST):
+                       it has no push of an earlier step to come, and open earlier steps stop
+                       waiting for it */
 } cps__sync_contrib;
 
 enum cps__sync_action_kind {

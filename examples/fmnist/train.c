@@ -719,17 +719,28 @@ static void train(run *r, const fm_dataset *trainset, const fm_dataset *test)
     r->total_steps = (uint64_t)steps_per_epoch * (uint64_t)o->epochs;
     if (o->steps && (uint64_t)o->steps < r->total_steps)
         r->total_steps = (uint64_t)o->steps;
-    uint64_t step = 0, samples = 0;
+    /* A worker that takes a dead one's place (launch --restart-workers), or a job restored from
+     * a checkpoint, continues at the step the job is on: its shard's batches of the earlier
+     * steps are skipped, so it ends with the others instead of pushing steps nobody else will. */
+    uint64_t step = r->cli ? cps_start_step(r->cli) : 0, samples = 0;
+    if (step > r->total_steps)
+        step = r->total_steps;
+    if (step) {
+        printf("resuming at step %llu of %llu\n", (unsigned long long)step,
+               (unsigned long long)r->total_steps);
+        fflush(stdout);
+    }
     double train_s = 0.0, acc = 0.0;
     int acc_fresh = 0, last_epoch = 1;
     clock_gettime(CLOCK_MONOTONIC, &r->t0);
-    for (int epoch = 1; epoch <= o->epochs && (!o->steps || (long)step < o->steps); epoch++) {
+    for (int epoch = 1 + (int)(step / (uint64_t)steps_per_epoch);
+         epoch <= o->epochs && (!o->steps || (long)step < o->steps); epoch++) {
         last_epoch = epoch;
         struct timespec te;
         clock_gettime(CLOCK_MONOTONIC, &te);
         double cpu0 = now_s(CLOCK_PROCESS_CPUTIME_ID);
         shuffle(perm, shard, o->seed, epoch, r->rank);
-        long s = 0;
+        long s = (long)(step % (uint64_t)steps_per_epoch); /* > 0 only when resuming */
         for (; s < steps_per_epoch && (!o->steps || (long)step < o->steps); s++) {
             size_t first = (size_t)s * (size_t)o->batch;
             int b = shard - first < (size_t)o->batch ? (int)(shard - first) : o->batch;

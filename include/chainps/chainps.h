@@ -189,6 +189,23 @@ CPS_API int cps_table_declare(cps_client *c, const char *name, uint64_t rows, ui
  * continue where they stopped. Thread-safe to read while no push of this tensor is running.
  */
 CPS_API uint64_t cps_tensor_step(const cps_tensor *t);
+
+/**
+ * @brief The step this worker's training loop starts at: the highest step any tensor declared on
+ * this client was at (0 for a new job; the job's step for a worker that takes a dead worker's
+ * place under `chainps launch --restart-workers`, or joins later; the checkpoint's step for a
+ * restored job). Every tensor not pushed yet continues from it: its next push is step
+ * cps_start_step() + 1, so cps_tensor_step() of each agrees once all are declared.
+ *
+ * Call it after declaring every tensor and run the loop from there (skip the data of the steps
+ * before it): in sync mode a worker that trains more steps than the others pushes a step
+ * nobody else will, and the job waits for it at its end. A worker joining a running job
+ * learns the step from the servers whether or not it calls this; each tensor's first push tells
+ * every range where this worker starts, so all of them close the steps below without it.
+ *
+ * @return the step (0 for NULL). Thread-safe.
+ */
+CPS_API uint64_t cps_start_step(cps_client *c);
 /** @brief Number of float32 elements of a tensor. */
 CPS_API uint64_t cps_tensor_length(const cps_tensor *t);
 /** @brief The tensor's name as declared (owned by the handle; valid until cps_close()). */

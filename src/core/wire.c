@@ -76,7 +76,8 @@ int cps__wire_hdr_decode(const void *buf, size_t len, cps__msg_hdr *out)
     if ((h.flags & CPS_WF_LATE) &&
         (!(h.flags & CPS_WF_REPLY) || (h.type != CPS_MSG_ACK && h.type != CPS_MSG_VALUES)))
         return CPS_EPROTO;
-    if ((h.flags & CPS_WF_LOSSY) && h.type != CPS_MSG_PUSH && h.type != CPS_MSG_PUSH_PULL)
+    if ((h.flags & (CPS_WF_LOSSY | CPS_WF_FIRST)) && h.type != CPS_MSG_PUSH &&
+        h.type != CPS_MSG_PUSH_PULL)
         return CPS_EPROTO;
     h.sender = cps__le32_get(b + 8);
     h.status = (int32_t)cps__le32_get(b + 12);

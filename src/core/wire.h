@@ -105,7 +105,13 @@ enum cps__msg_type {
  * with the first W-b gradients (backup workers), and was dropped, not applied. aux = the key
  * set's last closed step in the range: the worker continues after it. */
 #define CPS_WF_LATE   0x0010u
-#define CPS_WF_KNOWN_ (CPS_WF_SNAPPY | CPS_WF_REPLY | CPS_WF_NOAGG | CPS_WF_LOSSY | CPS_WF_LATE)
+/* PUSH / PUSH_PULL only: the worker's first push of this key set since it joined the job. It
+ * has no push of a lower step to come, so a sync step below this one stops waiting for it
+ * (replication/sync.c, pushed_later): a worker joining a running job starts after every range's
+ * last step, and the ranges that had not closed that step yet close it without it. */
+#define CPS_WF_FIRST 0x0020u
+#define CPS_WF_KNOWN_                                                                              \
+    (CPS_WF_SNAPPY | CPS_WF_REPLY | CPS_WF_NOAGG | CPS_WF_LOSSY | CPS_WF_LATE | CPS_WF_FIRST)
 
 /* Request sequence spaces (header req_seq): dense pushes count 1, 2, ... per (worker, range);
  * sparse-row pushes (CPS_WF_NOAGG) have CPS_SEQ_SPARSE set and their own count; every other

@@ -94,6 +94,20 @@ static void format_shape(char *buf, size_t len, uint32_t ndim, const uint64_t *d
                                 (unsigned long long)dims[i]);
 }
 
+/* Every tensor this worker has not pushed yet starts at the highest step any declare found.
+ * A worker joining a running job (a replacement) learns each tensor's step from the ranges
+ * that hold it, and the ranges of one tensor, or two tensors, can differ by a step: the heads
+ * learnt of the new worker at different moments relative to the other workers' pushes. Started
+ * together after the highest, with each tensor's first push flagged (CPS_WF_FIRST), every range
+ * closes the steps below without this worker and waits for it from there on, so a training loop
+ * that pushes every tensor once per step stays in step with the job (issue 26). */
+static void align_start(cps_client *c)
+{
+    for (cps_tensor *t = c->tensors; t; t = t->next)
+        if (!t->pushed && t->step < c->start_step)
+            t->step = c->start_step;
+}
+
 static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_t *dims,
                    uint64_t rows, uint32_t cols, const cps_init *init, const cps_optim *optim,
                    cps_tensor **out)
@@ -175,7 +189,9 @@ static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_
         cps__op op = {.kind = OP_DECLARE, .spec = &t->spec, .parts = t->parts, .nparts = t->nparts};
         rc = cps__client_run(c, &op, 1);
         t->step = op.step; /* 0 for a new job; the job's current step for a late joiner */
-        if (op.step)
+        if (rc == 0 && op.step > c->start_step)
+            c->start_step = op.step;
+        if (rc == 0 && op.step)
             cps__log(CPS_LOG_INFO, "worker", "tensor %s: joining at step %llu", name,
                      (unsigned long long)op.step);
     }
@@ -187,6 +203,7 @@ static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_
         t->next = c->tensors;
         c->tensors = t;
         *out = t;
+        align_start(c);
     }
     pthread_mutex_unlock(&c->lock);
     return rc;
@@ -216,6 +233,16 @@ int cps_table_declare(cps_client *c, const char *name, uint64_t rows, uint32_t c
 uint64_t cps_tensor_step(const cps_tensor *t)
 {
     return t ? t->step : 0;
+}
+
+uint64_t cps_start_step(cps_client *c)
+{
+    if (!c)
+        return 0;
+    pthread_mutex_lock(&c->lock);
+    uint64_t step = c->start_step;
+    pthread_mutex_unlock(&c->lock);
+    return step;
 }
 
 uint64_t cps_tensor_length(const cps_tensor *t)
@@ -306,6 +333,8 @@ static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, 
     if (kind != OP_PULL) {
         t->step++;
         op->step_of = &t->step;
+        op->first = !t->pushed;
+        t->pushed = 1;
     }
     op->step = t->step;
     int rc = cps__client_run(c, op, h == NULL);

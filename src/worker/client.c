@@ -96,6 +96,8 @@ static int req_send(cps_client *c, const cps__reqs_action *a)
         h.flags |= CPS_WF_NOAGG;
     if (enc)
         h.flags |= CPS_WF_LOSSY;
+    if (op->first && has_vals)
+        h.flags |= CPS_WF_FIRST;
     void *buf = cps__msg_alloc(&h, len);
     if (!buf)
         return CPS_ENOMEM;

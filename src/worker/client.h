@@ -49,6 +49,7 @@ struct cps_tensor {
     uint32_t nparts;
     cps__part *parts;     /* the whole tensor, by range */
     uint64_t step;        /* pushes so far: the sync step and the SSP clock */
+    int pushed;           /* a push of it went out: the next ones carry no CPS_WF_FIRST */
     cps__gradcodec codec; /* lossy codec of its dense pushes (cps_tensor_compress); NONE: off */
     struct cps_tensor *next;
 };
@@ -98,6 +99,7 @@ typedef struct cps__op {
     struct cps_client *client;
     int in_use; /* handle given to the caller and not yet waited to completion */
     int noagg;  /* sparse rows: applied on arrival (CPS_WF_NOAGG) */
+    int first;  /* the tensor's first push from this worker (CPS_WF_FIRST) */
 } cps__op;
 
 struct cps_handle {
@@ -127,6 +129,7 @@ struct cps_client {
     int reg_result;
     int bye_acked;
     uint64_t clock; /* the highest training step pushed (cps__client_publish_step) */
+    uint64_t start_step; /* the highest step a declare found (cps_start_step) */
     int shutdown;
     uint64_t view_asked_ms;
     uint64_t sched_heard_ms; /* last message from the scheduler */

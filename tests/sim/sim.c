@@ -869,7 +869,7 @@ static void on_request(sim *sm, sim_server *s, const cps__msg_hdr *h, const uint
     }
     uint64_t *g = xmalloc(sizeof *g);
     *g = grad;
-    cps__sync_contrib c = {h->sender, h->type, h->req_seq, 1, g};
+    cps__sync_contrib c = {h->sender, h->type, h->req_seq, 1, g, (h->flags & CPS_WF_FIRST) != 0};
     int sv = cps__sync_push(s->sync, s->view, h->range, sig, h->step, worker_rank(sm, h->sender),
                             &c, sm->now);
     if (sv != CPS_SYNC_TAKEN) {

@@ -57,7 +57,7 @@ static cps__sync *setup_sync(cps__view *v, uint32_t workers, int *dropped)
 
 static int push(cps__sync *a, const cps__view *v, uint64_t step, grad *g, uint64_t now)
 {
-    cps__sync_contrib c = {10 + g->rank, CPS_MSG_PUSH, 100 + step, 3, g};
+    cps__sync_contrib c = {10 + g->rank, CPS_MSG_PUSH, 100 + step, 3, g, 0};
     return cps__sync_push(a, v, 0, 0xabc, step, g->rank, &c, now);
 }
 
@@ -219,7 +219,7 @@ static void retry_and_size_mismatch_leave_the_cookie_with_the_caller(void **stat
     assert_int_equal(push(a, &v, 1, &g0, 0), CPS_SYNC_TAKEN);
     assert_int_equal(push(a, &v, 1, &again, 0), CPS_SYNC_RETRY);
     no_actions(a);
-    cps__sync_contrib c = {11, CPS_MSG_PUSH, 5, 4, &longer};
+    cps__sync_contrib c = {11, CPS_MSG_PUSH, 5, 4, &longer, 0};
     assert_int_equal(cps__sync_push(a, &v, 0, 0xabc, 1, 1, &c, 0), CPS_SYNC_SIZE);
     no_actions(a);
     /* Out-of-range rank and a missing cookie are refused. */
@@ -242,14 +242,14 @@ static void steps_key_sets_and_ranges_are_separate_slots(void **state)
     int dropped;
     cps__sync *a = setup_sync(&v, 2, &dropped);
     grad g[6] = {{.rank = 0}, {.rank = 0}, {.rank = 0}, {.rank = 1}, {.rank = 1}, {.rank = 1}};
-    cps__sync_contrib c = {10, CPS_MSG_PUSH, 1, 3, &g[0]};
+    cps__sync_contrib c = {10, CPS_MSG_PUSH, 1, 3, &g[0], 0};
     assert_int_equal(cps__sync_push(a, &v, 0, 1, 1, 0, &c, 0), CPS_SYNC_TAKEN);
     c.cookie = &g[1];
     assert_int_equal(cps__sync_push(a, &v, 0, 1, 2, 0, &c, 0), CPS_SYNC_TAKEN); /* step */
     c.cookie = &g[2];
     assert_int_equal(cps__sync_push(a, &v, 1, 1, 1, 0, &c, 0), CPS_SYNC_TAKEN); /* range */
     assert_int_equal(cps__sync_pending(a), 3);
-    c = (cps__sync_contrib){11, CPS_MSG_PUSH_PULL, 1, 3, &g[3]};
+    c = (cps__sync_contrib){11, CPS_MSG_PUSH_PULL, 1, 3, &g[3], 0};
     assert_int_equal(cps__sync_push(a, &v, 0, 2, 1, 1, &c, 0), CPS_SYNC_TAKEN); /* key set */
     no_actions(a);
     assert_int_equal(cps__sync_pending(a), 4);
@@ -310,9 +310,9 @@ static void steps_of_a_key_set_are_submitted_in_order(void **state)
     assert_int_equal(only_action(a, CPS_SA_STUCK)->step, 7);
     /* Another key set completes on its own. */
     grad o = {.rank = 0}, o2 = {.rank = 1};
-    cps__sync_contrib c = {10, CPS_MSG_PUSH, 1, 3, &o};
+    cps__sync_contrib c = {10, CPS_MSG_PUSH, 1, 3, &o, 0};
     assert_int_equal(cps__sync_push(a, &v, 0, 0xdef, 9, 0, &c, 0), CPS_SYNC_TAKEN);
-    c = (cps__sync_contrib){11, CPS_MSG_PUSH, 2, 3, &o2};
+    c = (cps__sync_contrib){11, CPS_MSG_PUSH, 2, 3, &o2, 0};
     assert_int_equal(cps__sync_push(a, &v, 0, 0xdef, 9, 1, &c, 0), CPS_SYNC_TAKEN);
     assert_int_equal(only_action(a, CPS_SA_SUBMIT)->sig, 0xdef);
 
@@ -369,7 +369,7 @@ static void record_submit(cps__sync *a, const cps__sync_action *s)
 /* One push of rank g->rank for `step` with request number `seq`. */
 static int push_seq(cps__sync *a, const cps__view *v, uint64_t step, uint64_t seq, grad *g)
 {
-    cps__sync_contrib c = {10 + g->rank, CPS_MSG_PUSH, seq, 3, g};
+    cps__sync_contrib c = {10 + g->rank, CPS_MSG_PUSH, seq, 3, g, 0};
     return cps__sync_push(a, v, 0, 0xabc, step, g->rank, &c, 0);
 }
 
@@ -418,6 +418,70 @@ static void first_w_minus_b_close_the_step_and_the_last_is_late(void **state)
     assert_ptr_equal(s->by_rank[1].cookie, &g[1]);
     cps__sync_destroy(a);
     assert_int_equal(dropped, 0);
+}
+
+/* A worker that joined a running job makes its first push (CPS_WF_FIRST) at a later step than
+ * one the others are still gathering: it has no push of that step to come, so the step closes
+ * without it (fmnist with a replaced worker deadlocked when one range closed step t without the
+ * newcomer and another waited for it at t: issue 26). Whichever of the two pushes comes first. */
+static void a_joiners_first_push_excuses_it_from_earlier_steps(void **state)
+{
+    (void)state;
+    cps__view v;
+    int dropped;
+    cps__sync *a = setup_sync(&v, 2, &dropped);
+    grad g[2] = {{.rank = 0, .vals = {1, 2, 3}}, {.rank = 1, .vals = {4, 5, 6}}};
+    grad late0 = {.rank = 0};
+    /* Rank 0 gathers step 455 alone; rank 1 (the newcomer) starts at 456. */
+    assert_int_equal(push(a, &v, 455, &g[0], 0), CPS_SYNC_TAKEN);
+    no_actions(a);
+    cps__sync_contrib first = {11, CPS_MSG_PUSH, 1, 3, &g[1], 1};
+    assert_int_equal(cps__sync_push(a, &v, 0, 0xabc, 456, 1, &first, 0), CPS_SYNC_TAKEN);
+    const cps__sync_action *s = only_action(a, CPS_SA_SUBMIT);
+    assert_int_equal(s->step, 455);
+    assert_int_equal(s->count, 1);
+    assert_ptr_equal(s->by_rank[0].cookie, &g[0]);
+    assert_null(s->by_rank[1].cookie);
+    /* From 456 on it is waited for like any worker. */
+    assert_int_equal(push(a, &v, 456, &late0, 0), CPS_SYNC_TAKEN);
+    s = only_action(a, CPS_SA_SUBMIT);
+    assert_int_equal(s->step, 456);
+    assert_int_equal(s->count, 2);
+    /* The other order: the newcomer's first push reached this range before the others' push of
+     * the step below it. */
+    grad g2[2] = {{.rank = 0}, {.rank = 1}};
+    first = (cps__sync_contrib){11, CPS_MSG_PUSH, 2, 3, &g2[1], 1};
+    assert_int_equal(cps__sync_push(a, &v, 1, 0xabc, 458, 1, &first, 0), CPS_SYNC_TAKEN);
+    no_actions(a);
+    cps__sync_contrib c0 = {10, CPS_MSG_PUSH, 3, 3, &g2[0], 0};
+    assert_int_equal(cps__sync_push(a, &v, 1, 0xabc, 457, 0, &c0, 0), CPS_SYNC_TAKEN);
+    s = only_action(a, CPS_SA_SUBMIT);
+    assert_int_equal(s->step, 457);
+    assert_int_equal(s->count, 1);
+    assert_int_equal(cps__sync_pending(a), 1); /* 458 waits for rank 0 */
+    cps__sync_destroy(a);
+    assert_int_equal(dropped, 1);
+}
+
+/* Only a first push excuses: a worker's later pushes may be pipelined, and one that overtook
+ * the push before it on the way must not close that step without it. */
+static void a_pipelined_later_push_does_not_excuse(void **state)
+{
+    (void)state;
+    cps__view v;
+    int dropped;
+    cps__sync *a = setup_sync(&v, 2, &dropped);
+    grad g[2] = {{.rank = 0}, {.rank = 1}};
+    grad n1 = {.rank = 1};
+    assert_int_equal(push(a, &v, 7, &g[0], 0), CPS_SYNC_TAKEN);
+    assert_int_equal(push(a, &v, 8, &n1, 0), CPS_SYNC_TAKEN); /* rank 1's 8 overtook its 7 */
+    no_actions(a);
+    assert_int_equal(push(a, &v, 7, &g[1], 0), CPS_SYNC_TAKEN);
+    const cps__sync_action *s = only_action(a, CPS_SA_SUBMIT);
+    assert_int_equal(s->step, 7);
+    assert_int_equal(s->count, 2);
+    cps__sync_destroy(a);
+    assert_int_equal(dropped, 1);
 }
 
 /* The replicated record of what an aggregate included, as a new head reads it from its store
@@ -543,6 +607,8 @@ int main(void)
         cmocka_unit_test(steps_of_a_key_set_are_submitted_in_order),
         cmocka_unit_test(first_w_minus_b_close_the_step_and_the_last_is_late),
         cmocka_unit_test(a_step_stays_closed_after_the_head_changes),
+        cmocka_unit_test(a_joiners_first_push_excuses_it_from_earlier_steps),
+        cmocka_unit_test(a_pipelined_later_push_does_not_excuse),
         cmocka_unit_test(no_backup_workers_waits_for_every_live_worker),
         cmocka_unit_test(backup_count_follows_the_live_workers_never_below_one),
     };
