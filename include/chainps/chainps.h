@@ -147,7 +147,8 @@ CPS_API cps_optim cps_optim_sgd(float lr);
  * @param[in] optim server-side optimizer (NULL: SGD with lr 0.01).
  * @param[out] out  handle, valid until cps_close() (do not free it).
  * @return 0, CPS_EINVAL (bad name/length/hyper-parameter), CPS_EEXIST (declared before with a
- *         different length, initializer or optimizer), transport errors.
+ *         different length, initializer or optimizer), CPS_ESCHEDULER (the scheduler is gone, as
+ *         for cps_barrier), transport errors.
  */
 CPS_API int cps_tensor_declare(cps_client *c, const char *name, uint64_t length,
                                const cps_init *init, const cps_optim *optim, cps_tensor **out);
@@ -307,7 +308,8 @@ CPS_API int cps_rows_pull(cps_client *c, cps_tensor *t, const uint64_t *rows, si
 
 /**
  * @brief Block until every live worker has called cps_barrier() the same number of times.
- * @return 0, CPS_ETIMEDOUT, CPS_ESHUTDOWN.
+ * @return 0, CPS_ETIMEDOUT, CPS_ESHUTDOWN, CPS_ESCHEDULER (the scheduler answered nothing for
+ *         CHAINPS_UNAVAILABLE_TIMEOUT_MS, at least 3 request timeouts: it is gone).
  */
 CPS_API int cps_barrier(cps_client *c);
 

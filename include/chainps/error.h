@@ -39,7 +39,8 @@ extern "C" {
     X(ESHUTDOWN, -20, "job is shutting down")                                                      \
     X(EPAST, -21, "already past the requested training step")                                      \
     X(EBUSY, -22, "in use by another process")                                                     \
-    X(ENOSPC, -23, "disk full")
+    X(ENOSPC, -23, "disk full")                                                                    \
+    X(ESCHEDULER, -24, "the scheduler is gone")
 
 /** Status codes. CPS_OK is 0; every error is negative. */
 enum cps_err {

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,13 @@
 #include "node/roles.h"
 
 #define RETRY_MS 100 /* the job has not started, or no tensor is declared yet */
+
+static atomic_int restore_failed;
+
+int cps__cli_restore_failed(void)
+{
+    return atomic_load(&restore_failed);
+}
 
 typedef struct ckpt_thread_cfg {
     char sched[64];
@@ -59,11 +67,15 @@ static void *restore_thread(void *arg)
                  "restored %s: %u tensors, %.1f MB at step %" PRIu64 " in %.2f s; workers admitted",
                  t->cfg.restore_from, res.tensors, res.bytes / 1e6, res.step, res.seconds);
     } else {
-        /* The workers stay out: training from scratch is not what was asked for. */
+        /* Training from scratch is not what was asked for, and holding the workers back for
+         * ever helps no one: the scheduler ends the job and exits CPS_CLI_EXIT_REFUSED, so
+         * `chainps launch` (or whoever runs it) fails the job with this line as the reason. */
         cps__log(CPS_LOG_ERROR, "ckpt",
-                 "restoring %s failed: %s; the workers are not admitted "
-                 "(end the job with `chainps status --end`)",
+                 "--restore-from %s: restoring it failed: %s; the workers cannot be admitted, "
+                 "so the scheduler ends the job",
                  t->cfg.restore_from, cps_strerror(rc));
+        atomic_store(&restore_failed, 1);
+        cps__role_request_stop();
     }
     free(t);
     return NULL;

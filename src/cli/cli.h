@@ -7,6 +7,12 @@
 #include "core/config.h"
 #include "core/wire.h"
 
+/* Exit status of a scheduler or server that refuses the job for a reason a restart cannot
+ * change (a checkpoint to restore that cannot be read, a data directory held by another process,
+ * a bad configuration), as opposed to a crash: `chainps launch` ends the job at once on it (and
+ * on 2, a usage error) instead of restarting the scheduler. */
+#define CPS_CLI_EXIT_REFUSED 3
+
 int cps__cli_scheduler(int argc, char **argv);
 int cps__cli_server(int argc, char **argv);
 int cps__cli_launch(int argc, char **argv);
@@ -20,6 +26,14 @@ int cps__cli_secret(int argc, char **argv);
  * Returns 0, 2 (usage error, printed), or -1 (--help was printed). */
 int cps__cli_job_args(const char *cmd, int argc, char **argv, cps__config *cfg, int *data_given,
                       int *port, uint32_t *timeout_s, uint32_t *kill_at_s, char ***prog);
+
+/* Check what a job is given before anything starts (preflight.c): --restore-from is a readable
+ * checkpoint, --secret-file passes the nodes' rule, prog[0] resolves to an executable as execvp
+ * would. Returns 0, or 2 with one line "chainps <cmd>: <flag> ...: <problem>" on stderr. */
+int cps__cli_job_check(const char *cmd, const cps__config *cfg, char *const *prog);
+/* 0 if `path` exists, is readable and opens as a checkpoint (structure only); else -1 with the
+ * reason in err (len bytes). The reader's own log line is folded into err, not printed. */
+int cps__cli_check_restore(const char *path, char *err, size_t len);
 
 /* Defaults + environment into cfg; prints the error and returns 2 on a bad variable. */
 int cps__cli_config(cps__config *cfg);
@@ -122,6 +136,9 @@ enum {
  * runs before the workers are let in. Both talk to the scheduler at 127.0.0.1:cfg->sched_port.
  * Return 0 or an error (logged). */
 int cps__cli_ckpt_threads_start(const cps__config *cfg);
+/* 1 once the --restore-from thread has failed for good: it then asked the scheduler to stop
+ * (cps__role_request_stop), since it can never admit the workers. */
+int cps__cli_restore_failed(void);
 /* The optimizer description "KIND:LR" (or KIND and LR apart: pass lr_text NULL to split at ':')
  * into spec, with the library's defaults for everything else. Returns 0, or -1 (bad kind or
  * learning rate). */

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cli.h"
 #include "core/port.h"
 #include "node/msg.h"
 #include "node/roles.h"
@@ -55,6 +56,26 @@ static int make_secret(cps__job *j)
     return 0;
 }
 
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw);
+
+/* The directories the job made for itself (not a --data DIR it was given). */
+static void remove_own_dirs(cps__job *j)
+{
+    if (!j->data_given && j->data[0])
+        nftw(j->data, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (j->secret_dir[0])
+        nftw(j->secret_dir, rm_entry, 4, FTW_DEPTH | FTW_PHYS);
+    j->data[0] = j->secret_dir[0] = 0;
+}
+
+/* An error after the job's directories were made: take them away again, so a job that never
+ * started leaves no chainps-job-* or chainps-secret-* behind. Returns 1 (job_init's error). */
+static int init_failed(cps__job *j)
+{
+    remove_own_dirs(j);
+    return 1;
+}
+
 int cps__job_init(cps__job *j, const cps__config *cfg, int data_given, int port, char **prog)
 {
     memset(j, 0, sizeof *j);
@@ -79,16 +100,16 @@ int cps__job_init(cps__job *j, const cps__config *cfg, int data_given, int port,
         }
     }
     if (make_secret(j) != 0)
-        return 1;
+        return init_failed(j);
     j->port = port ? port : cps__free_port();
     if (j->port <= 0) {
         fprintf(stderr, "chainps: no free port on 127.0.0.1\n");
-        return 1;
+        return init_failed(j);
     }
     ssize_t sl = readlink("/proc/self/exe", j->self, sizeof j->self - 1);
     if (sl <= 0) {
         fprintf(stderr, "chainps: cannot find the chainps executable\n");
-        return 1;
+        return init_failed(j);
     }
     j->self[sl] = 0;
     cps__config_mode_str(cfg->mode, cfg->ssp_bound, j->mode, sizeof j->mode);
@@ -97,7 +118,7 @@ int cps__job_init(cps__job *j, const cps__config *cfg, int data_given, int port,
     j->n = 1 + j->S + j->W;
     j->kids = calloc((size_t)j->n, sizeof *j->kids);
     if (!j->kids)
-        return 1;
+        return init_failed(j);
     for (int i = 0; i < j->n; i++) {
         cps__child *c = &j->kids[i];
         c->fd = -1;
@@ -130,9 +151,26 @@ static void note_checksum(cps__child *c, const char *text, size_t n)
     }
 }
 
+/* Keep the first ERROR line of a chainps process (the log's "... ERROR subsystem: text"): when
+ * the scheduler refuses a job, it is the reason launch reports. */
+static void note_error(cps__child *c, const char *text, size_t n)
+{
+    static const char key[] = " ERROR ";
+    if (c->first_error[0] || c->role == CPS_ROLE_WORKER)
+        return;
+    for (size_t i = 0; i + sizeof key - 1 <= n; i++) {
+        if (memcmp(text + i, key, sizeof key - 1) != 0)
+            continue;
+        size_t from = i + sizeof key - 1;
+        snprintf(c->first_error, sizeof c->first_error, "%.*s", (int)(n - from), text + from);
+        return;
+    }
+}
+
 static void print_line(const cps__job *j, cps__child *c, const char *text, size_t n)
 {
     note_checksum(c, text, n);
+    note_error(c, text, n);
     if (j->quiet)
         return;
     /* One write per line so lines of different processes never interleave. */
@@ -216,6 +254,7 @@ static int spawn(cps__child *c, char *const argv[], char *const env_add[])
     c->exited = 0;
     c->status = 0;
     c->linelen = 0;
+    c->first_error[0] = 0;
     c->starts++;
     return 0;
 }
@@ -408,10 +447,7 @@ void cps__job_fini(cps__job *j)
             break;
         cps__job_pump(j, 50);
     }
-    if (!j->data_given && j->data[0])
-        nftw(j->data, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    if (j->secret_dir[0])
-        nftw(j->secret_dir, rm_entry, 4, FTW_DEPTH | FTW_PHYS);
+    remove_own_dirs(j);
     free(j->kids);
     j->kids = NULL;
 }
@@ -425,6 +461,13 @@ const char *cps__job_exit_text(int st, char *buf, size_t len)
     else
         snprintf(buf, len, "status %d", st);
     return buf;
+}
+
+int cps__job_refused(const cps__job *j, int i)
+{
+    const cps__child *c = &j->kids[i];
+    return c->exited && WIFEXITED(c->status) &&
+           (WEXITSTATUS(c->status) == CPS_CLI_EXIT_REFUSED || WEXITSTATUS(c->status) == 2);
 }
 
 int cps__job_ok(const cps__job *j, int i)

@@ -20,6 +20,7 @@ typedef struct cps__child {
     char line[4096];
     size_t linelen;
     char last_checksum[40]; /* the last "checksum <hex>" the process printed */
+    char first_error[512];  /* its first ERROR log line since it was (re)started, "" if none */
 } cps__child;
 
 typedef struct cps__job {
@@ -60,5 +61,8 @@ void cps__job_fini(cps__job *j);
 const char *cps__job_exit_text(int status, char *buf, size_t len);
 /* 1 if child i exited with status 0. */
 int cps__job_ok(const cps__job *j, int i);
+/* 1 if child i exited refusing the job for good (CPS_CLI_EXIT_REFUSED, or 2: a usage error):
+ * starting it again the same way would be refused again. */
+int cps__job_refused(const cps__job *j, int i);
 
 #endif

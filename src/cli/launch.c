@@ -32,9 +32,12 @@ static const char launch_usage[] =
     "As resilient as a cluster started by hand: a server that dies is failed over (restart it\n"
     "yourself or see --kill-at); a worker killed by a signal is dropped (or restarted with\n"
     "--restart-workers); a scheduler that dies is restarted on its data directory and port\n"
-    "(up to 3 times) and resumes the job. Exits 0 when the job finished; non-zero when a\n"
+    "(up to 3 times) and resumes the job, but one that refuses the job for good (exit status\n"
+    "3: a checkpoint it cannot restore, a data directory another process holds) ends it at\n"
+    "once with its reason. --restore-from, --secret-file and PROGRAM are checked before any\n"
+    "process starts. Exits 0 when the job finished; non-zero when an input is bad, a\n"
     "worker exited with an error (the program failed: the job is stopped), every worker died,\n"
-    "the scheduler could not be brought back, or --timeout passed.\n"
+    "the scheduler refused the job or could not be brought back, or --timeout passed.\n"
     "\n"
     "  --servers S        number of servers (required)\n"
     "  --workers W        number of workers (required)\n"
@@ -192,7 +195,8 @@ int cps__cli_job_args(const char *cmd, int argc, char **argv, cps__config *cfg, 
         return cps__cli_usage_error(cmd, "--kill-server %u: there are only %u servers", kill_server,
                                     cfg->num_servers);
     *prog = argv + optind;
-    return 0;
+    /* Before the job's directories are made and any process starts. */
+    return cps__cli_job_check(cmd, cfg, *prog);
 }
 
 /* What launch knows of its workers beyond their processes: per worker, when a restart is due
@@ -312,6 +316,9 @@ int cps__cli_launch(int argc, char **argv)
     cps__child *kids = job.kids;
     uint64_t start = cps__now_ms(), restart_at = 0, job_ended_at = 0, sched_back_at = 0;
     int killed = 0, sched_restarts = 0;
+    /* How long the servers get to exit on their own once the job failed: the scheduler tells
+     * them to, unless it is the one that is gone (it refused the job). */
+    int servers_grace_ms = 2000;
     supervisor sup = {0};
     sup.restart_at = calloc((size_t)n, sizeof *sup.restart_at);
     sup.restarts = calloc((size_t)n, sizeof *sup.restarts);
@@ -374,6 +381,15 @@ int cps__cli_launch(int argc, char **argv)
             }
         } else if (kids[0].exited && !sched_back_at) {
             char b[96];
+            if (cps__job_refused(&job, 0)) {
+                /* Not a crash: a restart on the same directory and flags is refused again. */
+                printf("launch: the scheduler refused the job (%s): %s; stopping\n",
+                       cps__job_exit_text(kids[0].status, b, sizeof b),
+                       kids[0].first_error[0] ? kids[0].first_error : "see its log above");
+                servers_grace_ms = 0;
+                rc = 1;
+                break;
+            }
             if (sched_restarts >= MAX_SCHED_RESTARTS) {
                 printf("launch: the scheduler exited (%s) and was restarted %d times already; "
                        "stopping\n",
@@ -416,7 +432,7 @@ int cps__cli_launch(int argc, char **argv)
     if (rc != 0) {
         /* Workers first (they may be blocked on a dead job), then the rest. */
         cps__job_stop(&job, 1 + S, n, 0);
-        cps__job_stop(&job, 0, 1 + S, 2000);
+        cps__job_stop(&job, 0, 1 + S, servers_grace_ms);
     } else {
         /* Normal end: the scheduler tells the servers to stop once every worker said BYE. But
          * one that awaits the replacement of a worker we dropped (restarted too often) waits

@@ -40,6 +40,9 @@ static const char scheduler_usage[] =
     "\n"
     "Run the scheduler of a job: it waits for S servers and W workers, assigns ranks, hands\n"
     "out the key-range map and ends the job when every worker has finished.\n"
+    "Exit status: 0 when the job ended, 2 on a usage or configuration error, 3 when it refuses\n"
+    "the job for good (a --restore-from it cannot read or restore, a data directory another\n"
+    "process holds: a restart would be refused again), 1 on other errors.\n"
     "\n"
     "  --servers S        number of servers (env CHAINPS_NUM_SERVERS, DMLC_NUM_SERVER)\n"
     "  --workers W        number of workers (env CHAINPS_NUM_WORKERS, DMLC_NUM_WORKER)\n"
@@ -140,9 +143,22 @@ int cps__cli_scheduler(int argc, char **argv)
     /* Before the checkpoint threads, which talk to the scheduler with the same key. */
     if (cps__node_load_secret(&cfg, "scheduler") != 0)
         return 2;
+    char err[1024];
+    if (cfg.restore_from[0] && cps__cli_check_restore(cfg.restore_from, err, sizeof err) != 0) {
+        /* Before listening: the workers could never be admitted. */
+        cps__log(CPS_LOG_ERROR, "scheduler", "--restore-from %s: %s", cfg.restore_from, err);
+        return CPS_CLI_EXIT_REFUSED;
+    }
     if (cps__cli_ckpt_threads_start(&cfg) != 0)
         return 1;
-    return cps__scheduler_run(&cfg) == 0 ? 0 : 1;
+    int rc = cps__scheduler_run(&cfg);
+    if (cps__cli_restore_failed())
+        return CPS_CLI_EXIT_REFUSED;
+    /* A data directory another process holds, or a configuration it rejects: a restart on the
+     * same directory and flags is refused the same way. */
+    if (rc == CPS_EBUSY || rc == CPS_ECONFIG)
+        return CPS_CLI_EXIT_REFUSED;
+    return rc == 0 ? 0 : 1;
 }
 
 /* ---- server ---- */

@@ -56,6 +56,10 @@ void cps__config_defaults(cps__config *cfg)
     cfg->dead_after_ms = 2000;
     cfg->worker_dead_after_ms = 5000;
     cfg->unavailable_timeout_ms = 30000;
+    /* Far above a scheduler restart (launch brings one back in ~1 s, an operator or an
+     * orchestrator in well under a minute; servers must serve through it), yet a server of a
+     * job whose scheduler is gone for good does not linger for ever holding its data dir. */
+    cfg->scheduler_timeout_ms = 300000;
     cfg->compress = 1;
 }
 
@@ -521,6 +525,7 @@ int cps__config_from_env(cps__config *cfg, char *err, size_t errlen)
     static const char *const heartbeat[] = {"CHAINPS_HEARTBEAT_MS", NULL};
     static const char *const dead_after[] = {"CHAINPS_DEAD_AFTER_MS", NULL};
     static const char *const unavailable[] = {"CHAINPS_UNAVAILABLE_TIMEOUT_MS", NULL};
+    static const char *const sched_gone[] = {"CHAINPS_SCHEDULER_TIMEOUT_MS", NULL};
     static const char *const worker_dead[] = {"CHAINPS_WORKER_DEAD_AFTER_MS", NULL};
     static const char *const advertise[] = {"CHAINPS_ADVERTISE", "DMLC_NODE_HOST", NULL};
 
@@ -555,6 +560,8 @@ int cps__config_from_env(cps__config *cfg, char *err, size_t errlen)
         rc = env_u32(dead_after, 2, TIMEOUT_MS_MAX, &c.dead_after_ms, NULL, err, errlen);
     if (!rc)
         rc = env_u32(unavailable, 1, TIMEOUT_MS_MAX, &c.unavailable_timeout_ms, NULL, err, errlen);
+    if (!rc)
+        rc = env_u32(sched_gone, 1, TIMEOUT_MS_MAX, &c.scheduler_timeout_ms, NULL, err, errlen);
     if (!rc)
         rc = env_u32(worker_dead, 2, TIMEOUT_MS_MAX, &c.worker_dead_after_ms, NULL, err, errlen);
     if (!rc && c.dead_after_ms <= c.heartbeat_ms) {
@@ -655,6 +662,8 @@ int cps__config_export_env(const cps__config *cfg)
         rc = put_u32("CHAINPS_DEAD_AFTER_MS", cfg->dead_after_ms);
     if (!rc)
         rc = put_u32("CHAINPS_UNAVAILABLE_TIMEOUT_MS", cfg->unavailable_timeout_ms);
+    if (!rc)
+        rc = put_u32("CHAINPS_SCHEDULER_TIMEOUT_MS", cfg->scheduler_timeout_ms);
     if (!rc)
         rc = put_u32("CHAINPS_WORKER_DEAD_AFTER_MS", cfg->worker_dead_after_ms);
     if (!rc)

@@ -64,6 +64,8 @@ typedef struct cps__config {
     uint32_t worker_dead_after_ms;     /* default 5000: a worker dropped too early changes a sync
                                           job's result, one noticed late only delays a step */
     uint32_t unavailable_timeout_ms;   /* default 30000 */
+    uint32_t scheduler_timeout_ms;     /* server: exit once the scheduler has been unreachable
+                                          this long; default 300000 */
     int compress;                      /* snappy; default 1 */
     cps__gradcodec grad_codec;         /* workers' default lossy codec; default none */
     int sync_every_commit;             /* default 0 */

@@ -300,7 +300,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     cps__server *s = ctx;
     cps__rx rx;
     s->stats.msgs_in++;
-    check_stall(s, cps__now_ms(), 0);
+    uint64_t rx_ms = cps__now_ms();
+    check_stall(s, rx_ms, 0);
     int rc = cps__rx_parse(&rx, buf, len);
     if (rc != 0) {
         s->stats.msgs_bad++;
@@ -313,6 +314,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
             cps__server_reply_error(s, &rx.hdr, rc, "payload rejected");
         return;
     }
+    if (rx.hdr.sender == SCHED_PEER)
+        s->sched_seen_ms = rx_ms; /* proof of life, beside the connection (scheduler_gone) */
     if (rx.hdr.type == CPS_MSG_PROBE && rx.hdr.sender == SCHED_PEER) {
         /* The scheduler asks whether traffic to our inbox is served (recovery/suspect.h): a
          * liveness question, answered whatever our standing, from this loop (the one that
@@ -726,12 +729,34 @@ static int on_join_timeout(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
     return 0;
 }
 
+/* A server of a job whose scheduler is gone for good would otherwise serve no one for ever and
+ * hold its data directory: once the scheduler has been unreachable (no connection to it and no
+ * message from it) for CHAINPS_SCHEDULER_TIMEOUT_MS, leave with CPS_ESCHEDULER. The limit is far
+ * above a scheduler's restart, which the job rides through (it is not on the data path). */
+static int scheduler_gone(cps__server *s, uint64_t now)
+{
+    if (cps__tp_peer_connected(s->tp, SCHED_PEER) || s->sched_seen_ms > now)
+        s->sched_seen_ms = now;
+    if (now - s->sched_seen_ms <= s->cfg.scheduler_timeout_ms)
+        return 0;
+    cps__log(CPS_LOG_ERROR, "server",
+             "leaving the job: the scheduler at %s has been unreachable for %.1f s "
+             "(CHAINPS_SCHEDULER_TIMEOUT_MS=%u)",
+             s->sched_url, (now - s->sched_seen_ms) / 1000.0, s->cfg.scheduler_timeout_ms);
+    s->result = CPS_ESCHEDULER;
+    return 1;
+}
+
 static int on_sync(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
-    (void)l, (void)id, (void)now;
+    (void)id;
     cps__server *s = ctx;
     if (!cps__fence_joined(s->fence))
         return 0;
+    if (scheduler_gone(s, now)) {
+        cps__loop_stop(l);
+        return 0;
+    }
     cps__store_read(s->store, count_keys, s); /* for status, once a second */
     /* In the background: an msync of a map busy with 16 MB pushes took 27-37 ms of the loop. */
     if (!s->cfg.sync_every_commit && cps__store_sync_async(s->store) != 0)
@@ -777,6 +802,7 @@ static void report_suspects(cps__server *s, uint64_t now)
 static int start_joining(cps__server *s)
 {
     s->join_start_ms = cps__now_ms();
+    s->sched_seen_ms = s->join_start_ms;
     cps__loop_timer_del(s->loop, T_SYNC);
     int rc = cps__loop_timer_add(s->loop, T_HELLO, 0, HELLO_RETRY_MS, on_hello, s);
     if (rc == 0)

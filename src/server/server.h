@@ -89,6 +89,7 @@ typedef struct cps__server {
     int result;      /* why the loop stopped, returned by cps__server_run */
     int join_failed; /* the scheduler never answered our HELLO */
     uint64_t join_start_ms;
+    uint64_t sched_seen_ms;  /* last time the scheduler was connected or spoke to us */
     uint32_t saved_id;       /* the node id recorded in the store */
     char addr[CPS_ADDR_MAX]; /* our inbox, as the HELLO names it */
     char sched_url[CPS_ADDR_MAX + 16];

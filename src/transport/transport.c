@@ -407,6 +407,12 @@ int cps__tp_peer_gone(cps__tp *tp, uint32_t id)
     return p->down && current == 0 && errors > p->errors_at_break;
 }
 
+int cps__tp_peer_connected(cps__tp *tp, uint32_t id)
+{
+    tp_peer *p = tp ? peer_find(tp, id) : NULL;
+    return p && peer_stat(p, NN_STAT_CURRENT_CONNECTIONS) > 0;
+}
+
 int cps__tp_peer_known(const cps__tp *tp, uint32_t id)
 {
     return tp && peer_find(tp, id) != NULL;

@@ -47,6 +47,9 @@ void cps__tp_peer_drop(cps__tp *tp, uint32_t id);
 int cps__tp_peer_gone(cps__tp *tp, uint32_t id);
 /* 1 if the peer is registered. */
 int cps__tp_peer_known(const cps__tp *tp, uint32_t id);
+/* 1 if a connection to the peer is up now (nanomsg connects, and reconnects, on its own, whether
+ * or not anything is sent). 0 otherwise, for an unknown peer too. Thread as cps__tp_peer_gone. */
+int cps__tp_peer_connected(cps__tp *tp, uint32_t id);
 
 /* Allocate a message buffer of `len` bytes (8-byte aligned), with room after them for the
  * authentication trailer. NULL on failure. */

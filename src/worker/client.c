@@ -940,7 +940,9 @@ static int ask_scheduler(cps_client *c, cps__msg_hdr *h, const void *payload, si
                      "the scheduler has not answered for %.1f s (CHAINPS_UNAVAILABLE_TIMEOUT_MS, "
                      "at least 3 request timeouts): giving up",
                      (now - c->sched_heard_ms) / 1000.0);
-            rc = CPS_EUNAVAILABLE;
+            /* Not CPS_EUNAVAILABLE, which says a range has no replica: the servers may be fine,
+             * and the caller should know it is the scheduler that is missing. */
+            rc = CPS_ESCHEDULER;
         } else {
             rc = progress(c, 50);
         }

@@ -3,10 +3,11 @@
 # built with pkg-config (shared and static), a CMake project with find_package(chainps), each
 # run in a real job started by the INSTALLED `chainps launch`; the installed library exports
 # only cps_ functions; the installed Python package imports with the installed library.
-# usage: test_install.sh BUILD_DIR SOURCE_DIR
+# usage: test_install.sh BUILD_DIR SOURCE_DIR [python]   ("python": the build made the package)
 set -eu
 build=$1
 src=$2
+want_python=${3:-}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/chainps-install-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 p=$tmp/prefix
@@ -39,9 +40,24 @@ for prog in "$tmp/consumer_pc" "$tmp/consumer_pc_static" "$tmp/cm/consumer_share
     echo "ok: $(basename "$prog") in a job started by the installed chainps"
 done
 
+# The Python package is part of the install whenever the build made it (CMake says so: python/
+# is built when python3-dev is there): missing from the prefix is a failure, not a skip (it once
+# went to PREFIX/python3/dist-packages, and this test passed without it).
 py=$p/lib/python3/dist-packages
-if [ -f "$py/chainps/__init__.py" ]; then
-    PYTHONPATH=$py /usr/bin/python3 -c 'import chainps, sys; print("python package", chainps.__version__)' ||
+if [ "$want_python" = python ]; then
+    [ -f "$py/chainps/__init__.py" ] || {
+        echo "FAIL: the Python package is not installed in $py"
+        find "$p" -name '__init__.py' | head -5
+        exit 1
+    }
+    # Debian's python3 (the one the package is built for), from outside the source and build
+    # trees, so that only the installed package can be the one imported.
+    where=$(cd "$tmp" && PYTHONPATH=$py /usr/bin/python3 -c \
+        'import chainps; print(chainps.__file__, chainps.__version__)') ||
         { echo "FAIL: the installed Python package does not import"; exit 1; }
+    case $where in
+    "$py/chainps/"*) echo "python package: $where" ;;
+    *) echo "FAIL: imported $where, not the installed package in $py"; exit 1 ;;
+    esac
 fi
 echo "PASS: installed prefix works with pkg-config, find_package and Python"

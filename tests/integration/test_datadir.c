@@ -247,8 +247,9 @@ static void spawn_lsq_workers(const h_cluster *c, const char *steps, const char 
 }
 
 /* The scheduler killed for good (no one restarts it): training goes on (it is not on the data
- * path), and the workers' final barrier fails with a named error in bounded time instead of
- * waiting for ever (issue 12). */
+ * path), and the workers' final barrier fails with a named error (CPS_ESCHEDULER) in bounded time
+ * instead of waiting for ever (issue 12); the server leaves too, once the scheduler has been
+ * unreachable for CHAINPS_SCHEDULER_TIMEOUT_MS (issue 26). */
 static void workers_fail_when_the_scheduler_is_gone_for_good(void **state)
 {
     (void)state;
@@ -260,7 +261,10 @@ static void workers_fail_when_the_scheduler_is_gone_for_good(void **state)
     const char *extra[] = {"--data", sdir, NULL};
     assert_int_equal(h_start_scheduler(&c, 1, 2, "sync", extra), 0);
     char *sv[] = {CHAINPS_BIN, "server", "--scheduler", c.sched_addr, NULL};
-    assert_true(h_spawn("server", sv, NULL, h_dir()) > 0);
+    /* Well past the workers' 300 steps (they must train on without the scheduler). */
+    char *sv_env[] = {"CHAINPS_SCHEDULER_TIMEOUT_MS=10000", NULL};
+    pid_t server = h_spawn("server", sv, sv_env, h_dir());
+    assert_true(server > 0);
     pid_t w[2];
     spawn_lsq_workers(&c, "300", "1", 3000, w);
     /* Killed once training runs: both workers have registered their tensor with it (the
@@ -275,8 +279,16 @@ static void workers_fail_when_the_scheduler_is_gone_for_good(void **state)
         assert_int_not_equal(h_exit_code(w[i]), 0);
         assert_int_equal(h_log_count(w[i], "trained 300 steps"), 1); /* training went on */
         assert_int_equal(h_log_count(w[i], "the scheduler has not answered for"), 1);
+        /* CPS_ESCHEDULER, not CPS_EUNAVAILABLE ("no replica available"): the ranges are fine. */
+        assert_int_equal(h_log_count(w[i], "training failed: the scheduler is gone"), 1);
     }
     assert_true(h_now_ms() - t0 < 30000);
+    assert_true(h_wait_exit(server, 30000, NULL));
+    assert_int_not_equal(h_exit_code(server), 0);
+    assert_int_equal(h_log_count(server, "the scheduler at "), 1);
+    assert_int_equal(h_log_count(server, "(CHAINPS_SCHEDULER_TIMEOUT_MS=10000)"), 1);
+    uint64_t server_ms = h_now_ms() - t0;
+    assert_true(server_ms >= 9000 && server_ms < 30000);
     assert_int_equal(h_test_end(), 0);
 }
 

@@ -43,6 +43,7 @@ static const char *const VARS[] = {
     "CHAINPS_PORT",
     "CHAINPS_JOIN_TIMEOUT_MS",
     "CHAINPS_REQUEST_TIMEOUT_MS",
+    "CHAINPS_SCHEDULER_TIMEOUT_MS",
     "CHAINPS_COMPRESS",
     "CHAINPS_SYNC",
 };
@@ -112,6 +113,21 @@ static void expect_error(const char *a, const char *b)
         fail_msg("error '%s' should name %s%s%s", err, a, b ? " and " : "", b ? b : "");
 }
 
+/* A server's limit on an unreachable scheduler: milliseconds, at least 1, named when bad. */
+static void scheduler_timeout_from_env(void **state)
+{
+    (void)state;
+    cps__config c;
+    char err[256];
+    setenv("CHAINPS_SCHEDULER_TIMEOUT_MS", "2500", 1);
+    assert_int_equal(load(&c, err, sizeof err), 0);
+    assert_int_equal(c.scheduler_timeout_ms, 2500);
+    setenv("CHAINPS_SCHEDULER_TIMEOUT_MS", "0", 1);
+    expect_error("CHAINPS_SCHEDULER_TIMEOUT_MS", NULL);
+    setenv("CHAINPS_SCHEDULER_TIMEOUT_MS", "5m", 1);
+    expect_error("CHAINPS_SCHEDULER_TIMEOUT_MS", NULL);
+}
+
 /* Field by field: struct copies need not preserve padding bytes. */
 static void assert_same_config(const cps__config *a, const cps__config *b)
 {
@@ -159,6 +175,7 @@ static void defaults(void **state)
     assert_int_equal(c.port, 0);
     assert_int_equal(c.join_timeout_ms, 60000);
     assert_int_equal(c.request_timeout_ms, 5000);
+    assert_int_equal(c.scheduler_timeout_ms, 300000);
     assert_int_equal(c.compress, 1);
     assert_int_equal(c.sync_every_commit, 0);
     assert_int_equal(cps__log_level, CPS_LOG_INFO);
@@ -798,6 +815,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         T(defaults),
         T(compress_values),
+        T(scheduler_timeout_from_env),
         T(role_aliases),
         T(role_conflicts),
         T(pslite_jobs_default_to_async),
