@@ -130,7 +130,9 @@ class DistributedOptimizer:
             handles = [self.client.pull_async(self._tensors[n], p.data) for n, p in self._named]
             for h in handles:
                 h.wait()
-        self.start_step = min(t.step for t in self._tensors.values())
+        # Where this worker's loop starts: the job's step for a replacement of a dead worker
+        # (or a restored job), the same for every tensor (cps_start_step).
+        self.start_step = self.client.start_step
         self.steps = 0
         self._handles = {}
         self._hooks = []

@@ -174,8 +174,9 @@ static PyObject *Client_exit(ClientObject *self, PyObject *args)
 }
 
 /* The job facts a client reads from the library, one getter for all (the closure picks). */
-enum { F_RANK, F_NUM_WORKERS, F_NUM_SERVERS, F_MODE, F_STALENESS };
-static const char *const fact_names[] = {"rank", "num_workers", "num_servers", "mode", "staleness"};
+enum { F_RANK, F_NUM_WORKERS, F_NUM_SERVERS, F_START_STEP, F_MODE, F_STALENESS };
+static const char *const fact_names[] = {"rank",       "num_workers", "num_servers",
+                                         "start_step", "mode",        "staleness"};
 
 static PyObject *Client_get_fact(ClientObject *self, void *closure)
 {
@@ -189,6 +190,8 @@ static PyObject *Client_get_fact(ClientObject *self, void *closure)
         return PyLong_FromLong(cps_num_workers(self->c));
     case F_NUM_SERVERS:
         return PyLong_FromLong(cps_num_servers(self->c));
+    case F_START_STEP:
+        return PyLong_FromUnsignedLongLong(cps_start_step(self->c));
     default:
         break;
     }
@@ -700,6 +703,10 @@ static PyGetSetDef Client_getset[] = {
     {"rank", (getter)Client_get_fact, NULL, "this worker's rank", (void *)F_RANK},
     {"num_workers", (getter)Client_get_fact, NULL, "workers in the job", (void *)F_NUM_WORKERS},
     {"num_servers", (getter)Client_get_fact, NULL, "servers in the job", (void *)F_NUM_SERVERS},
+    {"start_step", (getter)Client_get_fact, NULL,
+     "the step a training loop starts at once every tensor is declared (cps_start_step): 0 for "
+     "a new job, the job's step for a replacement worker or a restored job",
+     (void *)F_START_STEP},
     {"mode", (getter)Client_get_fact, NULL, "'sync', 'async' or 'ssp'", (void *)F_MODE},
     {"staleness", (getter)Client_get_fact, NULL, "N of ssp:N (0 otherwise)", (void *)F_STALENESS},
     {"closed", (getter)Client_get_closed, NULL, "True after close()", NULL},
