@@ -23,7 +23,7 @@
 # directory is removed on exit.
 #
 # usage: [RUNS=20] [MODES="sync ssp:2"] [SEED=N] [WORKLOAD=lsq] worker_replace_soak.sh CHAINPS WORKER
-# Also: STEPS (600; torch 400) per worker, STEP_MS (8: lsq's sleep per step, and for the others
+# Also: STEPS (600; torch 800) per worker, STEP_MS (8: lsq's sleep per step, and for the others
 # the time a step is assumed to take, to place the kill), LSQ_ARGS (more
 # lsq_worker flags, e.g. "--dim 65536 --samples 32 --tol 1e9" for a tensor spread over every
 # range), CHAINPS_WORKER_DEAD_AFTER_MS (1000 here; the product's default is 5000).
@@ -41,18 +41,19 @@ run_seed_given=${RUN_SEED:-}
 export CHAINPS_WORKER_DEAD_AFTER_MS=${CHAINPS_WORKER_DEAD_AFTER_MS:-1000}
 case $workload in
 lsq | fmnist) steps=${STEPS:-600} ;;
-torch) steps=${STEPS:-400} ;;
+torch) steps=${STEPS:-800} ;;
 *)
     echo "worker_replace_soak: WORKLOAD must be lsq, fmnist or torch, not '$workload'" >&2
     exit 2
     ;;
 esac
+LOG_EVERY=20 # fmnist and torch: a loss line every this many steps (the kill is placed by them)
 # What each worker prints as it starts training, and how long a step takes (for fmnist and
 # torch: about what it takes here, 2 workers and 4 servers on 2 cores).
 case $workload in
 lsq) step_ms=${STEP_MS:-8} ready='INFO  worker: joined as node' ;;
 fmnist) step_ms=${STEP_MS:-8} ready='^\[worker [01]\] fmnist: mlp' ;;
-torch) step_ms=${STEP_MS:-10} ready='^\[worker [01]\] worker [01] of 2: mode' ;;
+torch) step_ms=${STEP_MS:-5} ready='^\[worker [01]\] worker [01] of 2: mode' ;;
 esac
 read -r -a lsq_args <<<"${LSQ_ARGS:-}"
 if [ "$workload" = torch ] && [ ! -f "$worker/chainps/__init__.py" ]; then
@@ -63,10 +64,13 @@ fi
 worker_cmd() {
     case $workload in
     lsq) cmd=("$worker" --steps "$steps" --step-ms "$step_ms" "${lsq_args[@]}") ;;
-    fmnist) cmd=("$worker" --model mlp --epochs 1 --steps "$steps" --log-every 0 --out "$tmp/out") ;;
+    fmnist)
+        cmd=("$worker" --model mlp --epochs 2 --steps "$steps" --log-every "$LOG_EVERY"
+            --out "$tmp/out")
+        ;;
     torch)
         cmd=(env "PYTHONPATH=$worker" /usr/bin/python3 "$(dirname "$0")/../../examples/torch/train.py"
-            --steps "$steps" --log-every 0)
+            --epochs 2 --steps "$steps" --log-every "$LOG_EVERY")
         ;;
     esac
 }
@@ -169,14 +173,29 @@ for mode in $modes; do
             sleep 0.1
         done
         [ "$(grep -c "$ready" "$log")" -ge 2 ] || { wait_launch 5; fail "$log" "the job did not start"; }
-        sleep "$(printf '%d.%03d' $((at_ms / 1000)) $((at_ms % 1000)))"
+        if [ "$workload" = lsq ]; then
+            sleep "$(printf '%d.%03d' $((at_ms / 1000)) $((at_ms % 1000)))"
+            when="${at_ms} ms into training"
+        else
+            # By progress, not time: fmnist and torch run at whatever speed the machine's load
+            # allows. The victim prints a loss line every LOG_EVERY steps; the kill comes after
+            # line k, k drawn in the run's third.
+            lines=$((steps / LOG_EVERY))
+            k=$((lines * phase / 3 + 1 + at_ms % (lines / 3)))
+            for _ in $(seq 1200); do
+                [ "$(grep -c "^\[worker $victim\] epoch: " "$log")" -ge "$k" ] && break
+                kill -0 "$lp" 2>/dev/null || break
+                sleep 0.05
+            done
+            when="after $((k * LOG_EVERY)) steps"
+        fi
         v=$(worker_pid "$victim")
-        [ -n "$v" ] || { wait_launch 5; fail "$log" "worker $victim had already exited at ${at_ms} ms"; }
+        [ -n "$v" ] || { wait_launch 5; fail "$log" "worker $victim had already exited ($when)"; }
         kill -9 "$v"
         wait_launch $((limit + 30))
         t=$(($(now_ms) - t0))
         total=$((total + 1))
-        what="$mode run $run (seed $run_seed): worker $victim killed ${at_ms} ms into training (${names[$phase]})"
+        what="$mode run $run (seed $run_seed): worker $victim killed $when (${names[$phase]})"
         [ "$rc" = 0 ] || fail "$log" "$what: launch exited $rc after $((t / 1000)) s"
         grep -q "restarted worker $victim" "$log" || fail "$log" "$what: worker $victim was not restarted"
         for r in 0 1; do
