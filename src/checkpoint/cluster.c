@@ -389,6 +389,7 @@ static int match_req(const cps__rx *rx, const void *arg)
 
 static int route_look(link *l, cut *c);
 static int route_do(link *l, cut *c, const cps__cr_action *a, int n);
+static int absorb_opens(link *l, cut *c);
 
 static int send_read(export_ctx *x, read_req *q)
 {
@@ -446,7 +447,10 @@ static int read_take(export_ctx *x, read_req *q, cps__rx *out)
                      x->d->name, r, wait / 1000.0);
             return rc;
         }
-        if (cps__tp_peer_gone(l->tp, CUT_PEER_BASE + r)) {
+        if ((rc = absorb_opens(l, c)) != 0)
+            return rc;
+        if (cps__tp_peer_gone(l->tp, CUT_PEER_BASE + r) &&
+            cps__cutroute_reader(c->route, r) == q->node) {
             /* Its view went with its process (or its thread): no need to wait for the view. */
             cps__log(CPS_LOG_INFO, SUB, "range %u: node %u's read view is gone", r, q->node);
             const cps__cr_action *a;
@@ -1066,6 +1070,39 @@ static uint64_t aim_step(const aim *a, uint64_t least)
     return a->hi + (ahead > least ? ahead : least);
 }
 
+/* One answer to the cut's CUT_OPENs (consumed): a replica's read view opened, or its refusal. */
+static int on_open_answer(link *l, cut *c, cps__rx *rx, uint64_t *past)
+{
+    uint32_t r = rx->hdr.range, node = rx->hdr.sender;
+    const cps__cr_action *a = NULL;
+    int nact = 0;
+    if (r >= c->nranges) {
+        /* not ours */
+    } else if (rx->hdr.type == CPS_MSG_ERROR) {
+        int err = rx->hdr.status ? rx->hdr.status : CPS_EPROTO;
+        if (err == CPS_EPAST && rx->hdr.step > *past)
+            *past = rx->hdr.step;
+        nact = cps__cutroute_refused(c->route, r, node, err, rx->hdr.step, &a);
+    } else {
+        const char *url = rx->payload;
+        if (rx->len < 2 || url[rx->len - 1] != 0 || rx->len > CPS_ADDR_MAX) {
+            cps__log(CPS_LOG_WARN, SUB, "range %u: malformed read view address from node %u", r,
+                     node);
+            nact = cps__cutroute_refused(c->route, r, node, CPS_EPROTO, 0, &a);
+        } else {
+            nact = cps__cutroute_opened(c->route, r, node, rx->hdr.req_seq, url, &a);
+            if (!c->at_step[r])
+                c->at_step[r] = rx->hdr.step;
+            for (int i = 0; i < nact; i++)
+                if (a[i].kind == CPS_CR_CLOSE)
+                    send_close(l, c, 0, r, url);
+        }
+    }
+    int rc = nact ? route_do(l, c, a, nact) : 0;
+    cps__rx_free(rx);
+    return rc;
+}
+
 /* Open a read view on every range `need` marks at step `step` (0: now): in sync jobs on every
  * replica, which recovery/cutroute.h explains, in the others on the tail. A replica may wait for
  * the step for a long time; meanwhile a server whose connection refuses makes the exporter look at
@@ -1134,37 +1171,22 @@ static int open_cut(link *l, cut *c, uint64_t step, const unsigned char *need, i
         }
         if (rc != 0)
             break;
-        uint32_t r = rx.hdr.range, node = rx.hdr.sender;
-        if (r >= n) {
-            cps__rx_free(&rx);
-            continue;
-        }
-        int nact;
-        if (rx.hdr.type == CPS_MSG_ERROR) {
-            int err = rx.hdr.status ? rx.hdr.status : CPS_EPROTO;
-            if (err == CPS_EPAST && rx.hdr.step > *past)
-                *past = rx.hdr.step;
-            if (err == CPS_ESTALE_EPOCH)
-                look = 0; /* the chain moved: the view, then its replicas */
-            nact = cps__cutroute_refused(c->route, r, node, err, rx.hdr.step, &a);
-        } else {
-            const char *url = rx.payload;
-            if (rx.len < 2 || url[rx.len - 1] != 0 || rx.len > CPS_ADDR_MAX) {
-                cps__log(CPS_LOG_WARN, SUB, "range %u: malformed read view address from node %u", r,
-                         node);
-                nact = cps__cutroute_refused(c->route, r, node, CPS_EPROTO, 0, &a);
-            } else {
-                nact = cps__cutroute_opened(c->route, r, node, rx.hdr.req_seq, url, &a);
-                if (!c->at_step[r])
-                    c->at_step[r] = rx.hdr.step;
-                for (int i = 0; i < nact; i++)
-                    if (a[i].kind == CPS_CR_CLOSE)
-                        send_close(l, c, 0, r, url);
-            }
-        }
-        rc = route_do(l, c, a, nact);
-        cps__rx_free(&rx);
+        if (rx.hdr.type == CPS_MSG_ERROR && rx.hdr.status == CPS_ESTALE_EPOCH)
+            look = 0; /* the chain moved: the view, then its replicas */
+        rc = on_open_answer(l, c, &rx, past);
     }
+    return rc;
+}
+
+/* Answers to the cut's opens that came after it was open (the other replicas'): a reader that
+ * dies hands its range to one of them. */
+static int absorb_opens(link *l, cut *c)
+{
+    cps__rx rx;
+    uint64_t past = 0;
+    int rc = 0;
+    while (rc == 0 && take(l, match_open, c, 0, &rx) == 0)
+        rc = on_open_answer(l, c, &rx, &past);
     return rc;
 }
 
