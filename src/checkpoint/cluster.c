@@ -18,12 +18,14 @@
 #include "node/msg.h"
 #include "node/roles.h"
 #include "optim/optim.h"
+#include "recovery/cutroute.h"
 #include "transport/transport.h"
 #include "worker/client.h"
 
 #define SUB           "ckpt"
 #define SCHED         0u
 #define CUT_PEER_BASE 0x20000000u /* tool-side peer ids of the cut threads: + range */
+#define CLOSE_PEER    0x30000000u /* ... of the views closed without being read: + a count */
 #define READ_WINDOW   64          /* CUT_READs in flight (tables, step counts) */
 /* Dense tensors: one CUT_READ carries up to READ_BYTES of consecutive keys of a range (16
  * chunks of 512 KB), and READ_AHEAD of them are in flight per range across the writer's fills:
@@ -45,6 +47,11 @@
 #define REFRESH_MS       2000  /* waiting for a cut: ask for the view again this often */
 #define SILENT_REFRESHES 3     /* ... and give up once the scheduler left that many unanswered */
 #define READ_WAIT_MS     30000 /* one read's answer (a tail that died fails the export) */
+/* Unanswered this long, the exporter looks at the view again: a reader whose process died is
+ * seen sooner (its connection refuses), but one cut off by the network only through the view. */
+#define LOOK_MS   500
+#define GONE_MS   100 /* a server looks gone but its view still lists it: look again this often */
+#define CUT_TRIES 4   /* cuts lost with every replica that held them, cut again this often */
 
 static size_t pad8(size_t n)
 {
@@ -118,6 +125,15 @@ static void link_close(link *l)
     free(l->in);
     free(l->descs);
     if (l->tp) {
+        /* What still matters is the scheduler's note and the CUT_CLOSEs. A probe or an ask queued
+         * for a server that died would hold the drain below for its whole 2 s (every export that
+         * rode through a failover took 2 s longer). */
+        for (uint32_t i = 0; i < l->view.nnodes; i++)
+            if (l->view.nodes[i].role == CPS_ROLE_SERVER)
+                cps__tp_peer_drop(l->tp, l->view.nodes[i].id);
+        for (uint32_t r = 0; r < l->view.nranges; r++)
+            if (cps__tp_peer_gone(l->tp, CUT_PEER_BASE + r))
+                cps__tp_peer_drop(l->tp, CUT_PEER_BASE + r);
         uint64_t drain = cps__now_ms() + 2000;
         while (cps__tp_queued(l->tp) > 0 && cps__now_ms() < drain)
             cps__tp_poll(l->tp, 20, NULL, NULL, 0);
@@ -323,10 +339,18 @@ static int needed_ranges(const link *l, unsigned char *need)
 
 typedef struct cut {
     uint64_t id;
+    uint64_t step; /* asked for (0: now) */
     uint32_t nranges;
-    int *open;         /* per range: the thread answered */
+    int *open;         /* per range: a read view serves it (its reader) */
     uint64_t *seq;     /* per range: its sequence number at the cut */
     uint64_t *at_step; /* per range: the step it reports */
+    uint32_t *gen;     /* per range: how many readers it had (reads sent to an older one: again) */
+    uint32_t *node;    /* per range: its reader */
+    cps__cutroute *route; /* which replica's view each range is read from (recovery/cutroute.h) */
+    int lost;             /* a range's cut could not be had: why (cutroute's CPS_CR_LOST) */
+    uint32_t lost_range;
+    uint64_t lost_step;
+    uint32_t closes; /* names the peers CUT_CLOSEs of unused views go to */
 } cut;
 
 typedef struct export_ctx {
@@ -347,19 +371,25 @@ typedef struct read_req {
     uint64_t lo, hi, first, count;
     size_t dest;      /* element index in the fill buffer of key lo's first value */
     size_t dest_step; /* distance between consecutive keys' values in the buffer */
+    uint32_t node;    /* the reader it was sent to */
+    uint32_t gen;     /* ... the range's gen then */
 } read_req;
 
 static int match_req(const cps__rx *rx, const void *arg)
 {
     const read_req *q = arg;
+    if (!(rx->hdr.flags & CPS_WF_REPLY) || rx->hdr.range != q->range || rx->hdr.sender != q->node)
+        return 0;
     /* A read view the server had to close answers every read that way (req_seq UINT64_MAX). */
-    if ((rx->hdr.flags & CPS_WF_REPLY) && rx->hdr.type == CPS_MSG_ERROR &&
-        rx->hdr.req_seq == UINT64_MAX && rx->hdr.range == q->range)
+    if (rx->hdr.type == CPS_MSG_ERROR && rx->hdr.req_seq == UINT64_MAX)
         return 1;
-    return (rx->hdr.flags & CPS_WF_REPLY) && rx->hdr.req_seq == q->req &&
-           (rx->hdr.type == CPS_MSG_CUT_READ || rx->hdr.type == CPS_MSG_ERROR) &&
-           rx->hdr.range == q->range;
+    return rx->hdr.req_seq == q->req &&
+           (rx->hdr.type == CPS_MSG_CUT_READ || rx->hdr.type == CPS_MSG_ERROR);
 }
+
+static int route_look(link *l, cut *c);
+static int route_do(link *l, cut *c, const cps__cr_action *a, int n);
+static int absorb_opens(link *l, cut *c);
 
 static int send_read(export_ctx *x, read_req *q)
 {
@@ -370,6 +400,8 @@ static int send_read(export_ctx *x, read_req *q)
     cps__le64_put(p + 24, q->first);
     cps__le64_put(p + 32, q->count);
     q->req = ++x->l->next_req;
+    q->node = cps__cutroute_reader(x->c->route, q->range);
+    q->gen = x->c->gen[q->range];
     cps__msg_hdr h = {.type = CPS_MSG_CUT_READ,
                       .sender = UINT32_MAX,
                       .range = q->range,
@@ -378,20 +410,71 @@ static int send_read(export_ctx *x, read_req *q)
     return cps__msg_send(x->l->tp, CUT_PEER_BASE + q->range, &h, p, sizeof p);
 }
 
-static int finish_read(export_ctx *x, const read_req *q, void *buf);
+/* The answer to read q. While it has not come the exporter watches the range's reader: one whose
+ * process is gone (its connection refuses), or whose view closed, hands the range to another
+ * replica's view at the same sequence number (recovery/cutroute.h), and q (with every other read
+ * sent to the old reader) goes there again; a range no view is left for fails the export at once
+ * (CPS_EAGAIN: cut again; CPS_EUNAVAILABLE: no replica). */
+static int read_take(export_ctx *x, read_req *q, cps__rx *out)
+{
+    link *l = x->l;
+    cut *c = x->c;
+    uint32_t r = q->range;
+    int wait = l->timeout_ms < READ_WAIT_MS ? l->timeout_ms : READ_WAIT_MS;
+    uint64_t now = cps__now_ms(), deadline = now + (uint64_t)wait, look = now + LOOK_MS;
+    for (;;) {
+        int rc = 0;
+        if (c->lost)
+            return c->lost;
+        if (q->gen != c->gen[r] && (rc = send_read(x, q)) != 0)
+            return rc;
+        rc = take(l, match_req, q, now + GONE_MS < deadline ? now + GONE_MS : deadline, out);
+        if (rc == 0 && out->hdr.type == CPS_MSG_ERROR && out->hdr.req_seq == UINT64_MAX) {
+            cps__rx_free(out);
+            cps__log(CPS_LOG_INFO, SUB, "range %u: node %u closed its read view", r, q->node);
+            const cps__cr_action *a;
+            int n = cps__cutroute_closed(c->route, r, q->node, &a);
+            if ((rc = route_do(l, c, a, n)) != 0)
+                return rc;
+            now = cps__now_ms();
+            continue;
+        }
+        if (rc != CPS_ETIMEDOUT)
+            return rc;
+        now = cps__now_ms();
+        if (now >= deadline) {
+            cps__log(CPS_LOG_ERROR, SUB, "tensor %s: no answer from range %u's read view in %.0f s",
+                     x->d->name, r, wait / 1000.0);
+            return rc;
+        }
+        if ((rc = absorb_opens(l, c)) != 0)
+            return rc;
+        if (cps__tp_peer_gone(l->tp, CUT_PEER_BASE + r) &&
+            cps__cutroute_reader(c->route, r) == q->node) {
+            /* Its view went with its process (or its thread): no need to wait for the view. */
+            cps__log(CPS_LOG_INFO, SUB, "range %u: node %u's read view is gone", r, q->node);
+            const cps__cr_action *a;
+            int n = cps__cutroute_closed(c->route, r, q->node, &a);
+            if ((rc = route_do(l, c, a, n)) != 0)
+                return rc;
+        } else if (now >= look) {
+            if ((rc = route_look(l, c)) != 0 && rc != CPS_ETIMEDOUT)
+                return rc;
+            look = cps__now_ms() + LOOK_MS;
+        }
+    }
+}
+
+static int finish_read(export_ctx *x, read_req *q, void *buf);
 typedef struct window window;
 static int window_drain(export_ctx *x, window *w, void *buf);
 
-static int finish_read(export_ctx *x, const read_req *q, void *buf)
+static int finish_read(export_ctx *x, read_req *q, void *buf)
 {
     cps__rx rx;
-    int wait = x->l->timeout_ms < READ_WAIT_MS ? x->l->timeout_ms : READ_WAIT_MS;
-    int rc = take(x->l, match_req, q, cps__now_ms() + (uint64_t)wait, &rx);
-    if (rc != 0) {
-        cps__log(CPS_LOG_ERROR, SUB, "tensor %s: no answer from range %u's read view in %.0f s",
-                 x->d->name, q->range, wait / 1000.0);
+    int rc = read_take(x, q, &rx);
+    if (rc != 0)
         return rc;
-    }
     uint64_t nkeys = q->hi - q->lo + 1;
     size_t head = 8 + pad8(nkeys * 12);
     if (rx.hdr.type == CPS_MSG_ERROR) {
@@ -464,6 +547,7 @@ static int window_add(export_ctx *x, window *w, read_req q, void *buf)
 
 typedef struct dense_req {
     uint64_t req;
+    uint32_t node, gen;    /* as read_req's */
     uint32_t j0, m;        /* its range's pieces j0 .. j0+m-1 (a piece larger than READ_BYTES: m
                             * = 1 and a slice of it) */
     uint64_t first, count; /* elements first..first+count-1 of each of those keys */
@@ -535,11 +619,13 @@ static int dense_issue(export_ctx *x, dense_range *g, uint32_t r)
             d->count = p->len;
             g->next += d->m;
         }
-        read_req q = {0, r, p->key, p->key + d->m - 1, d->first, d->count, 0, 0};
+        read_req q = {0, r, p->key, p->key + d->m - 1, d->first, d->count, 0, 0, 0, 0};
         int rc = send_read(x, &q);
         if (rc != 0)
             return rc;
         d->req = q.req;
+        d->node = q.node;
+        d->gen = q.gen;
         g->len++;
     }
     return 0;
@@ -582,16 +668,16 @@ static int dense_open(export_ctx *x)
 /* The answer of range r's oldest read, checked. */
 static int dense_take(export_ctx *x, uint32_t r, dense_req *d)
 {
-    read_req q = {.req = d->req, .range = r};
-    int wait = x->l->timeout_ms < READ_WAIT_MS ? x->l->timeout_ms : READ_WAIT_MS;
+    const piece *p = &x->pieces[x->ds->r[r].rp[d->j0]];
+    read_req q = {d->req, r, p->key, p->key + d->m - 1, d->first, d->count, 0, 0, d->node, d->gen};
     uint64_t t0 = cps__now_us();
-    int rc = take(x->l, match_req, &q, cps__now_ms() + (uint64_t)wait, &d->rx);
+    int rc = read_take(x, &q, &d->rx);
     x->l->read_wait_us += cps__now_us() - t0;
-    if (rc != 0) {
-        cps__log(CPS_LOG_ERROR, SUB, "tensor %s: no answer from range %u's read view in %.0f s",
-                 x->d->name, r, wait / 1000.0);
+    d->req = q.req;
+    d->node = q.node;
+    d->gen = q.gen;
+    if (rc != 0)
         return rc;
-    }
     d->have = 1;
     size_t head = 8 + pad8((size_t)d->m * 12);
     if (d->rx.hdr.type == CPS_MSG_ERROR) {
@@ -664,7 +750,7 @@ static int export_fill(void *arg, uint64_t first, void *buf, size_t n)
         return dense_fill(x, first, buf, n);
     if (d->kind == 0) {
         /* A dense tensor's chunks take every step together: chunk 0 speaks for all. */
-        read_req q = {0, x->pieces[0].range, x->pieces[0].key, x->pieces[0].key, 0, 0, 0, 1};
+        read_req q = {0, x->pieces[0].range, x->pieces[0].key, x->pieces[0].key, 0, 0, 0, 1, 0, 0};
         rc = window_add(x, &w, q, buf);
     } else {
         /* Row i of a table lives in range (h + i) mod nr under key base + i / nr: the rows of
@@ -676,14 +762,15 @@ static int export_fill(void *arg, uint64_t first, void *buf, size_t n)
         if (first % unit) { /* a row cut by the fill's start */
             const piece *p = &x->pieces[ra];
             uint64_t s0 = first - ra * unit, s1 = end - ra * unit < unit ? end - ra * unit : unit;
-            read_req q = {0, p->range, p->key, p->key, s0, s1 - s0, 0, 0};
+            read_req q = {0, p->range, p->key, p->key, s0, s1 - s0, 0, 0, 0, 0};
             rc = window_add(x, &w, q, buf);
             wa = ra + 1;
         }
         if (rc == 0 && end % unit && rb - 1 >= wa) { /* a row cut by its end */
             const piece *p = &x->pieces[rb - 1];
             read_req q = {
-                0, p->range, p->key, p->key, 0, end - (rb - 1) * unit, (rb - 1) * unit - first, 0};
+                0, p->range, p->key, p->key, 0, end - (rb - 1) * unit, (rb - 1) * unit - first,
+                0, 0,        0};
             rc = window_add(x, &w, q, buf);
             wb = rb - 1;
         }
@@ -699,7 +786,9 @@ static int export_fill(void *arg, uint64_t first, void *buf, size_t n)
                               0,
                               count,
                               r0 * unit - first,
-                              (size_t)(nr * unit)};
+                              (size_t)(nr * unit),
+                              0,
+                              0};
                 rc = window_add(x, &w, q, buf);
                 r0 += cnt * nr;
             }
@@ -718,8 +807,8 @@ static int match_open(const cps__rx *rx, const void *arg)
 
 static int match_probe(const cps__rx *rx, const void *arg)
 {
-    (void)arg;
-    return (rx->hdr.flags & CPS_WF_REPLY) &&
+    const uint32_t *round = arg;
+    return (rx->hdr.flags & CPS_WF_REPLY) && rx->hdr.req_worker == *round &&
            (rx->hdr.type == CPS_MSG_CUT_PROBE || rx->hdr.type == CPS_MSG_ERROR);
 }
 
@@ -729,46 +818,206 @@ static uint32_t tail_of(const link *l, uint32_t r)
     return g->chain_len ? g->chain[g->chain_len - 1] : 0;
 }
 
-static void close_cut(link *l, cut *c)
+/* The view again, and what it changes for the cut (a replica gone, one to ask). CPS_ETIMEDOUT:
+ * the scheduler did not answer (it may be restarting): the caller looks again later. */
+static int route_look(link *l, cut *c)
 {
-    for (uint32_t r = 0; r < c->nranges; r++)
-        if (c->open[r]) {
-            cps__msg_hdr h = {
-                .type = CPS_MSG_CUT_CLOSE, .sender = UINT32_MAX, .range = r, .aux = c->id};
-            cps__msg_send(l->tp, CUT_PEER_BASE + r, &h, NULL, 0);
-            c->open[r] = 0;
-        }
+    int rc = link_refresh_view(l);
+    if (rc != 0 || !c || !c->route)
+        return rc;
+    const cps__cr_action *a;
+    int n = cps__cutroute_view(c->route, &l->view, &a);
+    return route_do(l, c, a, n);
 }
 
-/* The highest step any range reports (sync jobs: the cut goes there or later). */
+/* 1 if a server of the chains of the view looks gone (its connection refuses): the view will
+ * change, so look at it again soon. */
+static int chain_gone(link *l)
+{
+    for (uint32_t r = 0; r < l->view.nranges; r++)
+        for (uint32_t k = 0; k < l->view.ranges[r].chain_len; k++)
+            if (cps__tp_peer_gone(l->tp, l->view.ranges[r].chain[k]))
+                return 1;
+    return 0;
+}
+
+static void send_close(link *l, cut *c, uint32_t peer, uint32_t r, const char *url)
+{
+    if (url) {
+        peer = CLOSE_PEER + c->closes++;
+        if (cps__tp_peer_set(l->tp, peer, url) != 0)
+            return; /* the view closes itself when idle (CUT_IDLE_MS) */
+    }
+    cps__msg_hdr h = {.type = CPS_MSG_CUT_CLOSE, .sender = UINT32_MAX, .range = r, .aux = c->id};
+    cps__msg_send(l->tp, peer, &h, NULL, 0);
+}
+
+/* Answers of range r's reader `node` still queued: they answered reads that go to the next reader
+ * again (each read goes to one reader at a time). */
+static void purge(link *l, uint32_t r, uint32_t node)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < l->nin; i++) {
+        const cps__msg_hdr *h = &l->in[i].hdr;
+        if ((h->flags & CPS_WF_REPLY) && h->range == r && h->sender == node &&
+            (h->type == CPS_MSG_CUT_READ || h->type == CPS_MSG_ERROR))
+            cps__rx_free(&l->in[i]);
+        else
+            l->in[k++] = l->in[i];
+    }
+    l->nin = k;
+}
+
+/* Perform what recovery/cutroute decided (n actions, or an error if n < 0). Returns c->lost once a
+ * range's cut cannot be had. */
+static int route_do(link *l, cut *c, const cps__cr_action *a, int n)
+{
+    if (n < 0)
+        return n;
+    for (int i = 0; i < n; i++) {
+        uint32_t r = a[i].range, node = a[i].node;
+        if (a[i].kind == CPS_CR_ASK) {
+            cps__msg_hdr h = {.type = CPS_MSG_CUT_OPEN,
+                              .sender = UINT32_MAX,
+                              .range = r,
+                              .step = c->step,
+                              .aux = c->id,
+                              .req_seq = ++l->next_req};
+            cps__msg_send(l->tp, node, &h, l->hello, l->hello_len);
+        } else if (a[i].kind == CPS_CR_READ_FROM) {
+            const char *url = cps__cutroute_url(c->route, r, node);
+            int rc = url ? cps__tp_peer_set(l->tp, CUT_PEER_BASE + r, url) : CPS_EPROTO;
+            if (rc != 0) {
+                cps__log(CPS_LOG_ERROR, SUB, "range %u: cannot reach node %u's read view: %s", r,
+                         node, cps_strerror(rc));
+                return rc;
+            }
+            if (c->gen[r])
+                cps__log(CPS_LOG_INFO, SUB,
+                         "range %u: reading the cut from node %u's read view now (sequence "
+                         "number %" PRIu64 ")",
+                         r, node, cps__cutroute_seq(c->route, r));
+            purge(l, r, c->node[r]);
+            c->node[r] = node;
+            c->open[r] = 1;
+            c->gen[r]++;
+            c->seq[r] = cps__cutroute_seq(c->route, r);
+        } else if (a[i].kind == CPS_CR_LOST) {
+            c->lost = a[i].err;
+            c->lost_range = r;
+            c->lost_step = a[i].step;
+            if (a[i].err == CPS_EUNAVAILABLE)
+                cps__log(CPS_LOG_ERROR, SUB,
+                         "range %u has no live replica in view epoch %" PRIu64
+                         ": its keys cannot be exported",
+                         r, l->view.epoch);
+            else if (a[i].err == CPS_EAGAIN)
+                cps__log(CPS_LOG_WARN, SUB,
+                         "range %u: every replica that held its read view at the cut is gone", r);
+            return c->lost;
+        }
+    }
+    return 0;
+}
+
+static void close_one(void *ctx, uint32_t r, uint32_t node)
+{
+    void **z = ctx;
+    link *l = z[0];
+    cut *c = z[1];
+    if (c->open[r] && c->node[r] == node)
+        send_close(l, c, CUT_PEER_BASE + r, r, NULL);
+    else if (cps__view_node(&l->view, node)) /* a server gone from the view takes its own along */
+        send_close(l, c, 0, r, cps__cutroute_url(c->route, r, node));
+}
+
+/* Close every read view of the cut (the readers' and the others'). */
+static void close_cut(link *l, cut *c)
+{
+    void *z[2] = {l, c};
+    if (c->route)
+        cps__cutroute_each_open(c->route, close_one, z);
+    cps__cutroute_destroy(c->route);
+    c->route = NULL;
+    memset(c->open, 0, c->nranges * sizeof *c->open);
+}
+
+/* The highest step any range reports (sync jobs: the cut goes there or later). A range's tail that
+ * dies before answering is asked again at the next tail, as soon as the view names it. */
 static int probe_steps(link *l, uint64_t *hi_out)
 {
-    uint32_t n = l->view.nranges, got = 0;
-    uint64_t hi = 0;
-    for (uint32_t r = 0; r < n; r++) {
-        cps__msg_hdr h = {.type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = r};
-        cps__msg_send(l->tp, tail_of(l, r), &h, l->hello, l->hello_len);
-    }
-    uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
+    uint32_t n = l->view.nranges, got = 0, round = (uint32_t)++l->next_req;
+    uint32_t *asked = calloc(n ? n : 1, sizeof *asked); /* the node, 0: to ask; UINT32_MAX: done */
+    if (!asked)
+        return CPS_ENOMEM;
+    uint64_t hi = 0, now = cps__now_ms(), deadline = now + (uint64_t)l->timeout_ms,
+             look = now + LOOK_MS;
+    int rc = 0;
     while (got < n) {
-        cps__rx rx;
-        int rc = take(l, match_probe, NULL, deadline, &rx);
-        if (rc != 0) {
+        for (uint32_t r = 0; rc == 0 && r < n; r++) {
+            if (asked[r] == UINT32_MAX || (asked[r] && asked[r] == tail_of(l, r)))
+                continue;
+            if (!tail_of(l, r)) {
+                cps__log(CPS_LOG_ERROR, SUB, "range %u has no live replica in view epoch %" PRIu64,
+                         r, l->view.epoch);
+                rc = CPS_EUNAVAILABLE;
+                break;
+            }
+            asked[r] = tail_of(l, r);
+            cps__msg_hdr h = {
+                .type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = r, .req_worker = round};
+            cps__msg_send(l->tp, asked[r], &h, l->hello, l->hello_len);
+        }
+        if (rc != 0)
+            break;
+        now = cps__now_ms();
+        if (now >= deadline) {
             cps__log(CPS_LOG_ERROR, SUB, "%u of %u ranges did not say where they are", n - got, n);
-            return rc;
+            rc = CPS_ETIMEDOUT;
+            break;
         }
-        rc = rx.hdr.type == CPS_MSG_ERROR ? rx.hdr.status : 0;
-        if (rc == 0 && rx.hdr.aux > hi)
-            hi = rx.hdr.aux;
+        cps__rx rx;
+        rc = take(l, match_probe, &round, now + GONE_MS < deadline ? now + GONE_MS : deadline, &rx);
+        if (rc == CPS_ETIMEDOUT) {
+            rc = 0;
+            int gone = chain_gone(l);
+            if (gone || cps__now_ms() >= look) {
+                int vrc = route_look(l, NULL);
+                if (vrc != 0 && vrc != CPS_ETIMEDOUT) {
+                    rc = vrc;
+                    break;
+                }
+                look = cps__now_ms() + (gone ? GONE_MS : LOOK_MS);
+            }
+            continue;
+        }
+        if (rc != 0)
+            break;
+        uint32_t r = rx.hdr.range;
+        int err = rx.hdr.type == CPS_MSG_ERROR ? (rx.hdr.status ? rx.hdr.status : CPS_EPROTO) : 0;
+        uint64_t at = rx.hdr.aux;
         cps__rx_free(&rx);
-        if (rc != 0) {
-            cps__log(CPS_LOG_ERROR, SUB, "range probe refused: %s", cps_strerror(rc));
-            return rc;
+        if (r >= n || asked[r] == UINT32_MAX)
+            continue; /* a repeat */
+        if (err == CPS_ESTALE_EPOCH) {
+            asked[r] = 0; /* not there any more: the view, then its tail */
+            if ((rc = route_look(l, NULL)) == CPS_ETIMEDOUT)
+                rc = 0;
+            continue;
         }
+        if (err != 0) {
+            cps__log(CPS_LOG_ERROR, SUB, "range %u's probe refused: %s", r, cps_strerror(err));
+            rc = err;
+            break;
+        }
+        hi = at > hi ? at : hi;
+        asked[r] = UINT32_MAX;
         got++;
     }
-    *hi_out = hi;
-    return 0;
+    free(asked);
+    if (rc == 0)
+        *hi_out = hi;
+    return rc;
 }
 
 /* Where a sync job is and how fast it goes: two probes AIM_GAP_MS apart. The cut goes far enough
@@ -821,109 +1070,124 @@ static uint64_t aim_step(const aim *a, uint64_t least)
     return a->hi + (ahead > least ? ahead : least);
 }
 
-static void send_opens(link *l, const cut *c, uint64_t step, const unsigned char *answered)
+/* One answer to the cut's CUT_OPENs (consumed): a replica's read view opened, or its refusal. */
+static int on_open_answer(link *l, cut *c, cps__rx *rx, uint64_t *past)
 {
-    for (uint32_t r = 0; r < l->view.nranges; r++) {
-        if (answered[r])
-            continue;
-        cps__msg_hdr h = {.type = CPS_MSG_CUT_OPEN,
-                          .sender = UINT32_MAX,
-                          .range = r,
-                          .step = step,
-                          .aux = c->id,
-                          .req_seq = ++l->next_req};
-        cps__msg_send(l->tp, tail_of(l, r), &h, l->hello, l->hello_len);
+    uint32_t r = rx->hdr.range, node = rx->hdr.sender;
+    const cps__cr_action *a = NULL;
+    int nact = 0;
+    if (r >= c->nranges) {
+        /* not ours */
+    } else if (rx->hdr.type == CPS_MSG_ERROR) {
+        int err = rx->hdr.status ? rx->hdr.status : CPS_EPROTO;
+        if (err == CPS_EPAST && rx->hdr.step > *past)
+            *past = rx->hdr.step;
+        nact = cps__cutroute_refused(c->route, r, node, err, rx->hdr.step, &a);
+    } else {
+        const char *url = rx->payload;
+        if (rx->len < 2 || url[rx->len - 1] != 0 || rx->len > CPS_ADDR_MAX) {
+            cps__log(CPS_LOG_WARN, SUB, "range %u: malformed read view address from node %u", r,
+                     node);
+            nact = cps__cutroute_refused(c->route, r, node, CPS_EPROTO, 0, &a);
+        } else {
+            nact = cps__cutroute_opened(c->route, r, node, rx->hdr.req_seq, url, &a);
+            if (!c->at_step[r])
+                c->at_step[r] = rx->hdr.step;
+            for (int i = 0; i < nact; i++)
+                if (a[i].kind == CPS_CR_CLOSE)
+                    send_close(l, c, 0, r, url);
+        }
     }
+    int rc = nact ? route_do(l, c, a, nact) : 0;
+    cps__rx_free(rx);
+    return rc;
 }
 
-/* Open a read view on every range `need` marks at step `step` (0: now). A tail may wait for the
- * step for a long time: meanwhile the view is asked for again every REFRESH_MS and the ranges not
- * yet answered are asked at their current tails (a tail that died took our request with it; a
- * repeat to the same tail is ignored). *past receives the highest step reported by a range
- * that is already past `step` (CPS_EPAST). */
-static int open_cut(link *l, cut *c, uint64_t step, const unsigned char *need, uint64_t *past)
+/* Open a read view on every range `need` marks at step `step` (0: now): in sync jobs on every
+ * replica, which recovery/cutroute.h explains, in the others on the tail. A replica may wait for
+ * the step for a long time; meanwhile a server whose connection refuses makes the exporter look at
+ * the view at once (every GONE_MS until the view drops it), and the view is looked at every
+ * REFRESH_MS anyway: replicas that joined the chains are asked, those that left are forgotten. A
+ * range is lost at once when no replica can give it (c->lost; the export cuts again or says
+ * why). *past receives the highest step reported by a range that is already past `step`
+ * (CPS_EPAST). */
+static int open_cut(link *l, cut *c, uint64_t step, const unsigned char *need, int sync,
+                    uint64_t *past)
 {
-    uint32_t n = l->view.nranges, got = 0;
-    int first_err = 0;
-    unsigned char *answered = calloc(n ? n : 1, 1);
-    if (!answered)
-        return CPS_ENOMEM;
-    for (uint32_t r = 0; r < n; r++)
-        if (!need[r]) {
-            answered[r] = 1; /* no keys there: nothing to read, nothing to wait for */
-            got++;
-        }
-    c->id = cps__splitmix64(cps__now_ms() ^ ++l->next_req);
+    uint32_t n = l->view.nranges;
+    close_cut(l, c);
+    /* Servers take a second CUT_OPEN of one id as a repeat and answer it no more: two exports
+     * started in the same millisecond (the clock and next_req alone) had the same ids, and the
+     * second waited out its timeout. Our inbox's address sets them apart. */
+    c->id = cps__splitmix64(cps__now_us() ^ cps__hash64(l->hello, l->hello_len) ^ ++l->next_req);
+    c->step = step;
+    c->lost = 0;
+    memset(c->at_step, 0, n * sizeof *c->at_step);
     *past = 0;
-    send_opens(l, c, step, answered);
-    uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
-    uint64_t refresh = cps__now_ms() + REFRESH_MS;
-    int rc = 0, silent = 0;
-    while (got < n) {
-        uint64_t now = cps__now_ms();
+    int rc = cps__cutroute_create(n, need, sync, &c->route);
+    const cps__cr_action *a;
+    if (rc == 0) {
+        int nact = cps__cutroute_view(c->route, &l->view, &a);
+        rc = route_do(l, c, a, nact);
+    }
+    uint64_t now = cps__now_ms(), deadline = now + (uint64_t)l->timeout_ms;
+    uint64_t look = now + REFRESH_MS;
+    int silent = 0;
+    while (rc == 0 && !cps__cutroute_ready(c->route)) {
+        now = cps__now_ms();
         if (now >= deadline) {
+            uint32_t left = 0;
+            for (uint32_t r = 0; r < n; r++)
+                left += need[r] && !c->open[r];
             cps__log(CPS_LOG_ERROR, SUB,
                      "%u of %u ranges did not open a read view at step %" PRIu64 " within %.0f s",
-                     n - got, n, step, l->timeout_ms / 1000.0);
+                     left, n, step, l->timeout_ms / 1000.0);
             rc = CPS_ETIMEDOUT;
             break;
         }
         cps__rx rx;
-        rc = take(l, match_open, c, refresh < deadline ? refresh : deadline, &rx);
+        rc = take(l, match_open, c, now + GONE_MS < deadline ? now + GONE_MS : deadline, &rx);
         if (rc == CPS_ETIMEDOUT) {
-            if (cps__now_ms() >= refresh) {
-                int vrc = link_refresh_view(l);
-                if (vrc == 0)
-                    send_opens(l, c, step, answered);
-                /* A job that ended (or whose scheduler is gone) answers nothing more: say so
-                 * after a few silent asks instead of waiting out the whole timeout. A restarted
-                 * scheduler answers again within about a second. */
-                silent = vrc == CPS_ETIMEDOUT ? silent + 1 : 0;
-                if (silent >= SILENT_REFRESHES) {
-                    cps__log(CPS_LOG_ERROR, SUB,
-                             "the scheduler has not answered for %d s while %u of %u ranges had "
-                             "not opened a read view at step %" PRIu64
-                             ": the job has ended or its scheduler is down",
-                             SILENT_REFRESHES * (REFRESH_MS + 2000) / 1000, n - got, n, step);
-                    rc = CPS_ESHUTDOWN;
-                    break;
-                }
-                refresh = cps__now_ms() + REFRESH_MS;
-            }
             rc = 0;
+            int gone = chain_gone(l);
+            if (!gone && cps__now_ms() < look)
+                continue;
+            int vrc = route_look(l, c);
+            /* A job that ended (or whose scheduler is gone) answers nothing more: say so after a
+             * few silent asks instead of waiting out the whole timeout. A restarted scheduler
+             * answers again within about a second. */
+            silent = vrc == CPS_ETIMEDOUT ? silent + 1 : 0;
+            if (silent >= SILENT_REFRESHES) {
+                cps__log(CPS_LOG_ERROR, SUB,
+                         "the scheduler has not answered for %d s while the cut at step %" PRIu64
+                         " was not open: the job has ended or its scheduler is down",
+                         SILENT_REFRESHES * 2, step);
+                rc = CPS_ESHUTDOWN;
+                break;
+            }
+            rc = vrc == CPS_ETIMEDOUT ? 0 : vrc;
+            look = cps__now_ms() + (gone ? GONE_MS : REFRESH_MS);
             continue;
         }
         if (rc != 0)
             break;
-        uint32_t r = rx.hdr.range;
-        if (r < n && !answered[r] && rx.hdr.type == CPS_MSG_ERROR) {
-            int err = rx.hdr.status ? rx.hdr.status : CPS_EPROTO;
-            if (err == CPS_ESTALE_EPOCH) {
-                refresh = 0; /* the tail moved: ask the new one */
-            } else {
-                if (err == CPS_EPAST && rx.hdr.step > *past)
-                    *past = rx.hdr.step;
-                first_err = first_err ? first_err : err;
-                answered[r] = 1;
-                got++;
-            }
-        } else if (r < n && !answered[r]) {
-            const char *url = rx.payload;
-            if (rx.len < 2 || url[rx.len - 1] != 0 ||
-                cps__tp_peer_set(l->tp, CUT_PEER_BASE + r, url) != 0) {
-                first_err = first_err ? first_err : CPS_EPROTO;
-            } else {
-                c->open[r] = 1;
-                c->seq[r] = rx.hdr.req_seq;
-                c->at_step[r] = rx.hdr.step;
-            }
-            answered[r] = 1;
-            got++;
-        }
-        cps__rx_free(&rx);
+        if (rx.hdr.type == CPS_MSG_ERROR && rx.hdr.status == CPS_ESTALE_EPOCH)
+            look = 0; /* the chain moved: the view, then its replicas */
+        rc = on_open_answer(l, c, &rx, past);
     }
-    free(answered);
-    return rc ? (first_err ? first_err : rc) : first_err;
+    return rc;
+}
+
+/* Answers to the cut's opens that came after it was open (the other replicas'): a reader that
+ * dies hands its range to one of them. */
+static int absorb_opens(link *l, cut *c)
+{
+    cps__rx rx;
+    uint64_t past = 0;
+    int rc = 0;
+    while (rc == 0 && take(l, match_open, c, 0, &rx) == 0)
+        rc = on_open_answer(l, c, &rx, &past);
+    return rc;
 }
 
 static int name_cmp(const void *a, const void *b)
@@ -1007,6 +1271,17 @@ typedef struct tensor_job {
     export_ctx ctx[1 + 2 + 1]; /* values, up to two optimizer slots, step counts */
 } tensor_job;
 
+static void jobs_free(tensor_job *jobs, uint32_t n)
+{
+    for (uint32_t i = 0; jobs && i < n; i++) {
+        for (size_t k = 0; k < sizeof jobs[i].ctx / sizeof *jobs[i].ctx; k++)
+            dense_free(&jobs[i].ctx[k]);
+        cps__parts_free(jobs[i].t.parts, jobs[i].t.nparts);
+        free(jobs[i].pieces);
+    }
+    free(jobs);
+}
+
 int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_result *res)
 {
     if (!o || !out || !res)
@@ -1034,7 +1309,9 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
         c.open = calloc(n, sizeof *c.open);
         c.seq = calloc(n, sizeof *c.seq);
         c.at_step = calloc(n, sizeof *c.at_step);
-        if (!c.open || !c.seq || !c.at_step)
+        c.gen = calloc(n, sizeof *c.gen);
+        c.node = calloc(n, sizeof *c.node);
+        if (!c.open || !c.seq || !c.at_step || !c.gen || !c.node)
             rc = CPS_ENOMEM;
     }
     /* The cut: sync jobs at a step boundary, the others now. */
@@ -1053,9 +1330,10 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
         rc = CPS_ENOMEM;
     if (rc == 0)
         rc = needed_ranges(&l, need);
-    int attempt = 0;
+    int attempt = 0, cut_try = 0;
+again:
     for (; rc == 0; attempt++) {
-        rc = open_cut(&l, &c, sync ? (step ? step : 0) : 0, need, &past);
+        rc = open_cut(&l, &c, sync ? (step ? step : 0) : 0, need, sync, &past);
         if (rc != CPS_EPAST || o->at_step || attempt + 1 >= OPEN_TRIES)
             break;
         /* Training got there first: measure again and aim twice as far ahead. */
@@ -1182,6 +1460,27 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
         rc = cps__ckpt_writer_commit(w, res->path, sizeof res->path);
         w = NULL;
     }
+    if (rc == CPS_EAGAIN && c.lost == CPS_EAGAIN && !o->at_step && ++cut_try < CUT_TRIES) {
+        /* Every replica that held a range's view at the cut died (a chain of one, or all of
+         * it): what was written is dropped, and the job is cut again at a later step. */
+        cps__ckpt_writer_abort(w);
+        w = NULL;
+        jobs_free(jobs, l.ndescs);
+        jobs = NULL;
+        res->bytes = 0;
+        rc = sync ? aim_measure(&l, &a) : 0;
+        if (rc == 0) {
+            step = sync ? aim_step(&a, 1) : 0;
+            cps__log(CPS_LOG_INFO, SUB, "cutting again (try %d of %d)%s", cut_try + 1, CUT_TRIES,
+                     sync ? ", at a later step" : "");
+            goto again;
+        }
+    }
+    if (rc == CPS_EAGAIN && c.lost == CPS_EAGAIN && o->at_step)
+        cps__log(CPS_LOG_ERROR, SUB,
+                 "range %u: the replicas that held its read view at step %" PRIu64
+                 " are gone, and no other one is at that step",
+                 c.lost_range, step);
     if (rc == 0) {
         uint64_t t1 = cps__now_ms();
         cps__log(CPS_LOG_INFO, SUB,
@@ -1194,20 +1493,17 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
     cps__ckpt_writer_abort(w);
     if (c.open)
         close_cut(&l, &c);
-    for (uint32_t i = 0; jobs && i < l.ndescs; i++) {
-        for (size_t k = 0; k < sizeof jobs[i].ctx / sizeof *jobs[i].ctx; k++)
-            dense_free(&jobs[i].ctx[k]);
-        cps__parts_free(jobs[i].t.parts, jobs[i].t.nparts);
-        free(jobs[i].pieces);
-    }
+    cps__cutroute_destroy(c.route);
+    jobs_free(jobs, l.ndescs);
     res->step = step;
     res->tensors = l.ndescs;
     res->seconds = (double)(cps__now_ms() - t0) / 1000.0;
-    free(jobs);
     free(need);
     free(c.open);
     free(c.seq);
     free(c.at_step);
+    free(c.gen);
+    free(c.node);
     link_close(&l);
     return rc;
 }

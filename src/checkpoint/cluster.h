@@ -11,6 +11,13 @@
  * when complete (src/checkpoint/ckpt.h). Training is not paused: the read views are LMDB read
  * transactions served by threads of their own.
  *
+ * Failovers (issue 26): a sync cut is opened on every replica of a range, and a reader that dies
+ * (its connection refuses, or the view drops it) hands its range to another replica's view at the
+ * same sequence number (recovery/cutroute.h); probes and opens left unanswered by a dead server
+ * go to the chain the next view names; a restarted scheduler is asked again. A range whose every
+ * view is gone is cut again at a later step (or, with at_step, fails at once saying so); a range
+ * without a live replica fails the export at once, naming it.
+ *
  * Restore: verifies every checksum first, then sends each range's head the records (values,
  * optimizer state and step counts, and the step the job is at) as PUT updates, which the chain
  * replicates; returns once every range's tail holds them. Workers that declare their tensors

@@ -1,7 +1,8 @@
 /* Checkpoints on the server side: consistent read views ("cuts") for export, and PUT for restore.
  *
- * Export. A checkpoint tool asks each range's tail for a cut (CUT_OPEN) at a training step T:
- * the tail opens an LMDB read transaction at the moment the range holds exactly the state after
+ * Export. A checkpoint tool asks each range's tail (in sync jobs: every replica, see may_cut) for
+ * a cut (CUT_OPEN) at a training step T: the replica opens an LMDB read transaction at the moment
+ * the range holds exactly the state after
  * step T — every sync key set of the range applied T and none applied T + 1 — which is at once
  * if the range is there, or right after the commit that brings it there (checked after every
  * applied update, on the event loop, so no later update can slip in between). T = 0 means now
@@ -165,6 +166,15 @@ static int holds(const cps__server *s, uint32_t range)
         if (r->chain[i] == s->id)
             return 1;
     return 0;
+}
+
+/* Who opens a cut. One at a step boundary (sync jobs): any replica, since every replica passes
+ * through that same state (recovery/cutroute.h), and the exporter keeps the other replicas' views
+ * to read from should the tail die. One "now" (async, SSP): the tail only, whose state is what
+ * has been acknowledged; a head's "now" holds updates that may still be lost with it. */
+static int may_cut(const cps__server *s, uint32_t range, uint64_t step)
+{
+    return step ? holds(s, range) : is_tail(s, range);
 }
 
 static int cuts_open(const cps__server *s)
@@ -463,8 +473,9 @@ void cps__server_on_cut_open(cps__server *s, cps__rx *rx)
     if (!peer)
         return;
     const cps__msg_hdr *h = &rx->hdr;
-    if (!is_tail(s, h->range)) {
-        tool_reply(s, peer, h, CPS_ESTALE_EPOCH, 0, 0, h->aux, "not the tail of the range");
+    if (!may_cut(s, h->range, h->step)) {
+        tool_reply(s, peer, h, CPS_ESTALE_EPOCH, 0, 0, h->aux,
+                   h->step ? "this server does not hold the range" : "not the tail of the range");
         return;
     }
     for (cut_job *j = s->cuts; j; j = j->next)
@@ -533,7 +544,7 @@ void cps__server_cuts_tick(cps__server *s, uint64_t now, int stop_all)
                 pthread_join(j->thread, NULL);
                 drop_job(s, j);
             }
-        } else if (stop_all || (s->view.nranges && !is_tail(s, j->range))) {
+        } else if (stop_all || (s->view.nranges && !may_cut(s, j->range, j->step))) {
             /* The tool asks again (at the new tail, if that moved). */
             drop_job(s, j);
         }
