@@ -146,7 +146,8 @@ CPS_API cps_optim cps_optim_sgd(float lr);
  * @param[in] init  initial values (NULL: zeros).
  * @param[in] optim server-side optimizer (NULL: SGD with lr 0.01).
  * @param[out] out  handle, valid until cps_close() (do not free it).
- * @return 0, CPS_EINVAL (bad name/length/hyper-parameter), CPS_EEXIST (declared before with a
+ * @return 0, CPS_EINVAL (bad name/length/hyper-parameter, or more than CHAINPS_MAX_TENSOR_MB
+ *         of values: 64 GiB by default), CPS_EEXIST (declared before with a
  *         different length, initializer or optimizer), CPS_ESCHEDULER (the scheduler is gone, as
  *         for cps_barrier), transport errors.
  */
@@ -166,7 +167,8 @@ CPS_API int cps_tensor_declare(cps_client *c, const char *name, uint64_t length,
  *
  * @param[in] ndim  1..CPS_MAX_NDIM.
  * @param[in] dims  `ndim` sizes, each >= 1, copied; their product must fit in 2^62 elements.
- * @return 0, CPS_EINVAL (bad name, ndim, a zero dimension, an overflowing product, bad
+ * @return 0, CPS_EINVAL (bad name, ndim, a zero dimension, an overflowing product, more
+ *         than CHAINPS_MAX_TENSOR_MB of values, bad
  *         hyper-parameter), CPS_EEXIST (declared before, by this or another worker, with another
  *         shape, initializer or optimizer: the log names the tensor), transport errors.
  */

@@ -60,6 +60,11 @@ void cps__config_defaults(cps__config *cfg)
      * orchestrator in well under a minute; servers must serve through it), yet a server of a
      * job whose scheduler is gone for good does not linger for ever holding its data dir. */
     cfg->scheduler_timeout_ms = 300000;
+    /* A declaration is refused on the worker above this, naming the tensor: a typo of a few
+     * orders of magnitude (2^40 values) otherwise spent minutes laying out millions of chunks
+     * and then made every server try to initialise terabytes. 64 GiB of values is past any
+     * one tensor this project's jobs hold, and a job that means it raises the limit. */
+    cfg->max_tensor_mb = 65536;
     cfg->compress = 1;
 }
 
@@ -527,6 +532,7 @@ int cps__config_from_env(cps__config *cfg, char *err, size_t errlen)
     static const char *const unavailable[] = {"CHAINPS_UNAVAILABLE_TIMEOUT_MS", NULL};
     static const char *const sched_gone[] = {"CHAINPS_SCHEDULER_TIMEOUT_MS", NULL};
     static const char *const worker_dead[] = {"CHAINPS_WORKER_DEAD_AFTER_MS", NULL};
+    static const char *const max_tensor[] = {"CHAINPS_MAX_TENSOR_MB", NULL};
     static const char *const advertise[] = {"CHAINPS_ADVERTISE", "DMLC_NODE_HOST", NULL};
 
     if (err && errlen)
@@ -564,6 +570,8 @@ int cps__config_from_env(cps__config *cfg, char *err, size_t errlen)
         rc = env_u32(sched_gone, 1, TIMEOUT_MS_MAX, &c.scheduler_timeout_ms, NULL, err, errlen);
     if (!rc)
         rc = env_u32(worker_dead, 2, TIMEOUT_MS_MAX, &c.worker_dead_after_ms, NULL, err, errlen);
+    if (!rc)
+        rc = env_u32(max_tensor, 1, UINT32_MAX, &c.max_tensor_mb, NULL, err, errlen);
     if (!rc && c.dead_after_ms <= c.heartbeat_ms) {
         snprintf(err, errlen,
                  "CHAINPS_DEAD_AFTER_MS (%u) must be larger than "
@@ -666,6 +674,8 @@ int cps__config_export_env(const cps__config *cfg)
         rc = put_u32("CHAINPS_SCHEDULER_TIMEOUT_MS", cfg->scheduler_timeout_ms);
     if (!rc)
         rc = put_u32("CHAINPS_WORKER_DEAD_AFTER_MS", cfg->worker_dead_after_ms);
+    if (!rc)
+        rc = put_u32("CHAINPS_MAX_TENSOR_MB", cfg->max_tensor_mb);
     if (!rc)
         rc = put("CHAINPS_COMPRESS", cps__config_compress_str(cfg, buf, sizeof buf));
     if (!rc)

@@ -66,6 +66,8 @@ typedef struct cps__config {
     uint32_t unavailable_timeout_ms;   /* default 30000 */
     uint32_t scheduler_timeout_ms;     /* server: exit once the scheduler has been unreachable
                                           this long; default 300000 */
+    uint32_t max_tensor_mb;            /* worker: refuse to declare a tensor (or table) of more
+                                          float32 bytes than this; default 65536 (64 GiB) */
     int compress;                      /* snappy; default 1 */
     cps__gradcodec grad_codec;         /* workers' default lossy codec; default none */
     int sync_every_commit;             /* default 0 */

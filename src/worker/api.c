@@ -135,6 +135,16 @@ static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_
         }
         length *= dims[i];
     }
+    /* Before anything is laid out or sent: see cps__config's max_tensor_mb. */
+    if (length > (uint64_t)c->cfg.max_tensor_mb * (UINT64_C(1) << 20) / sizeof(float)) {
+        cps__log(CPS_LOG_ERROR, "worker",
+                 "tensor %s: %llu values (%.1f GB of float32) is more than this job declares "
+                 "(CHAINPS_MAX_TENSOR_MB=%u): check the shape, or raise the limit if the "
+                 "servers' disks hold it",
+                 name, (unsigned long long)length, (double)length * sizeof(float) / 1e9,
+                 c->cfg.max_tensor_mb);
+        return CPS_EINVAL;
+    }
     cps__param_spec spec;
     int rc = cps__spec_make(name, init, optim, &spec);
     if (rc != 0)

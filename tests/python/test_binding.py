@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -142,6 +143,22 @@ def test_bad_input_is_an_exception_naming_the_tensor(client):
     assert e.value.code == chainps.CPS_EINVAL
     # After all that the job still serves.
     out = np.zeros(12, np.float32)
+    client.pull(t, out)
+
+
+def test_an_absurd_size_is_refused_at_declare_time(client):
+    # 2^40 values (4 TB): refused on the worker at once, naming the tensor and the limit, where
+    # it used to spin laying out millions of chunks (issue 27). The job keeps serving.
+    t0 = time.monotonic()
+    for shape in [(1 << 20, 1 << 20), 1 << 40]:
+        with pytest.raises(chainps.Error) as e:
+            client.declare("huge", shape)
+        assert e.value.code == chainps.CPS_EINVAL
+    with pytest.raises(chainps.Error):
+        client.declare_table("huge_table", 1 << 32, 1024)
+    assert time.monotonic() - t0 < 5
+    t = client.declare("after_huge", 4, optim=SGD)
+    out = np.zeros(4, np.float32)
     client.pull(t, out)
 
 

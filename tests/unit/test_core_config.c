@@ -44,6 +44,7 @@ static const char *const VARS[] = {
     "CHAINPS_JOIN_TIMEOUT_MS",
     "CHAINPS_REQUEST_TIMEOUT_MS",
     "CHAINPS_SCHEDULER_TIMEOUT_MS",
+    "CHAINPS_MAX_TENSOR_MB",
     "CHAINPS_COMPRESS",
     "CHAINPS_SYNC",
 };
@@ -126,6 +127,16 @@ static void scheduler_timeout_from_env(void **state)
     expect_error("CHAINPS_SCHEDULER_TIMEOUT_MS", NULL);
     setenv("CHAINPS_SCHEDULER_TIMEOUT_MS", "5m", 1);
     expect_error("CHAINPS_SCHEDULER_TIMEOUT_MS", NULL);
+    unsetenv("CHAINPS_SCHEDULER_TIMEOUT_MS");
+    /* The largest tensor a worker declares, in MB: at least 1, named when bad. */
+    setenv("CHAINPS_MAX_TENSOR_MB", "12", 1);
+    assert_int_equal(load(&c, err, sizeof err), 0);
+    assert_int_equal(c.max_tensor_mb, 12);
+    setenv("CHAINPS_MAX_TENSOR_MB", "0", 1);
+    expect_error("CHAINPS_MAX_TENSOR_MB", NULL);
+    setenv("CHAINPS_MAX_TENSOR_MB", "1e3", 1);
+    expect_error("CHAINPS_MAX_TENSOR_MB", NULL);
+    unsetenv("CHAINPS_MAX_TENSOR_MB");
 }
 
 /* Field by field: struct copies need not preserve padding bytes. */
@@ -176,6 +187,7 @@ static void defaults(void **state)
     assert_int_equal(c.join_timeout_ms, 60000);
     assert_int_equal(c.request_timeout_ms, 5000);
     assert_int_equal(c.scheduler_timeout_ms, 300000);
+    assert_int_equal(c.max_tensor_mb, 65536);
     assert_int_equal(c.compress, 1);
     assert_int_equal(c.sync_every_commit, 0);
     assert_int_equal(cps__log_level, CPS_LOG_INFO);
