@@ -1,9 +1,9 @@
 #!/usr/bin/python3
-"""A small ConvNet on Fashion-MNIST, trained by PyTorch through chainps.
+"""LeNet-5 on Fashion-MNIST, trained by PyTorch through chainps.
 
-The model of Ray's parameter-server example (one 3x3 convolution, a 3x3 max-pool, one linear
-layer), trained on Debian's dataset-fashion-mnist, read with numpy (no download). One script
-serves every role, as in MindSpore's parameter-server mode:
+LeNet-5 (two 5x5 convolutions, three linear layers; ``--model tiny`` is the one-convolution model
+of Ray's parameter-server example, for tests), trained on Debian's dataset-fashion-mnist, read
+with numpy (no download). One script serves every role, as in MindSpore's parameter-server mode:
 
     chainps launch --servers 3 --workers 2 --mode sync -- /usr/bin/python3 examples/torch/train.py
 
@@ -36,6 +36,9 @@ DATA = "/usr/share/datasets/fashion-mnist"
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", choices=["lenet", "tiny"], default="lenet",
+                    help="lenet: LeNet-5 (the default); tiny: one convolution and one linear "
+                         "layer, for tests that run many short jobs")
     ap.add_argument("--epochs", type=int, default=1, help="passes over this worker's shard (1)")
     ap.add_argument("--steps", type=int, default=0, help="stop after N steps in all (0: no limit)")
     ap.add_argument("--batch", type=int, default=64, help="batch size per worker (64)")
@@ -97,11 +100,31 @@ def load(data_dir, split):
     return x.reshape(-1, 1, 28, 28), y.astype(np.int64)
 
 
-def make_model(torch):
+def make_model(torch, kind="lenet"):
     nn, F = torch.nn, torch.nn.functional
 
-    class ConvNet(nn.Module):
-        """Ray's parameter-server example's model."""
+    class LeNet(nn.Module):
+        """LeNet-5 (LeCun et al., 1998) with ReLU and max-pooling: two 5x5 convolutions and
+        three linear layers, 61,706 parameters in 10 tensors."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 6, kernel_size=5, padding=2)
+            self.conv2 = nn.Conv2d(6, 16, kernel_size=5)
+            self.fc1 = nn.Linear(16 * 5 * 5, 120)
+            self.fc2 = nn.Linear(120, 84)
+            self.fc3 = nn.Linear(84, 10)
+
+        def forward(self, x):
+            x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+            x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+            x = F.relu(self.fc1(x.flatten(1)))
+            x = F.relu(self.fc2(x))
+            return F.log_softmax(self.fc3(x), dim=1)
+
+    class TinyNet(nn.Module):
+        """Ray's parameter-server example's model (one 3x3 convolution, a 3x3 max-pool, one
+        linear layer: 4 tensors), for tests that need many short jobs."""
 
         def __init__(self):
             super().__init__()
@@ -112,7 +135,7 @@ def make_model(torch):
             x = F.relu(F.max_pool2d(self.conv1(x), 3))
             return F.log_softmax(self.fc(x.view(-1, 192)), dim=1)
 
-    return ConvNet()
+    return LeNet() if kind == "lenet" else TinyNet()
 
 
 def checksum(model):
@@ -166,7 +189,7 @@ def main(argv):
 
     torch.set_num_threads(a.threads)
     torch.manual_seed(a.seed)
-    model = make_model(torch)
+    model = make_model(torch, a.model)
     xt, yt = load(a.data, "t10k")
     if a.eval:
         step = cpt.load_state_dict(model, a.eval)

@@ -12,7 +12,7 @@
 # one-tensor toy (issue 26: lsq_worker passed 40 of 40 while fmnist deadlocked 6 of 6):
 #   lsq     tests/integration/lsq_worker (one tensor; the default)
 #   fmnist  examples/fmnist --model mlp (6 tensors); WORKER is the fmnist binary
-#   torch   examples/torch/train.py (a ConvNet, 4 tensors, pushes from gradient hooks); WORKER is
+#   torch   examples/torch/train.py (LeNet-5, 10 tensors, pushes from gradient hooks); WORKER is
 #           the directory holding the built Python package (build/python)
 # The replacement must resume at the step the job is on (cps_start_step): its "resuming at
 # step N" line (lsq, fmnist) or "steps N..T" line (torch) with N > 0 is checked when the kill
@@ -23,7 +23,7 @@
 # directory is removed on exit.
 #
 # usage: [RUNS=20] [MODES="sync ssp:2"] [SEED=N] [WORKLOAD=lsq] worker_replace_soak.sh CHAINPS WORKER
-# Also: STEPS (600; torch 800) per worker, STEP_MS (8: lsq's sleep per step, and for the others
+# Also: STEPS (600; torch 300) per worker, STEP_MS (8: lsq's sleep per step, and for the others
 # the time a step is assumed to take, to place the kill), LSQ_ARGS (more
 # lsq_worker flags, e.g. "--dim 65536 --samples 32 --tol 1e9" for a tensor spread over every
 # range), CHAINPS_WORKER_DEAD_AFTER_MS (1000 here; the product's default is 5000).
@@ -41,7 +41,7 @@ run_seed_given=${RUN_SEED:-}
 export CHAINPS_WORKER_DEAD_AFTER_MS=${CHAINPS_WORKER_DEAD_AFTER_MS:-1000}
 case $workload in
 lsq | fmnist) steps=${STEPS:-600} ;;
-torch) steps=${STEPS:-800} ;;
+torch) steps=${STEPS:-300} ;;
 *)
     echo "worker_replace_soak: WORKLOAD must be lsq, fmnist or torch, not '$workload'" >&2
     exit 2

@@ -16,7 +16,7 @@ chainps_ckpt = pytest.importorskip("chainps.checkpoint")
 
 # 2 workers x 150 steps of 64 images: a few seconds a job on 2 cores. The longer runs (1500
 # steps, about 5 s of training) leave time for a server to be killed while the job trains.
-STEPS = ["--steps", "150", "--log-every", "50"]
+STEPS = ["--model", "tiny", "--steps", "150", "--log-every", "50"]
 LONG = STEPS + ["--steps", "1500", "--epochs", "4"]
 SYNC = ["--servers", "3", "--workers", "2", "--mode", "sync"]
 
@@ -106,8 +106,8 @@ def test_export_loads_into_the_model_and_reproduces_the_accuracy(tmp_path, sync_
     assert state["fc.bias"].dtype == torch.float32
     assert chainps_ckpt.step(str(ck)) == 150
     # A fresh process loads it with load_state_dict and evaluates: the job's accuracy and bits.
-    out = tj.subprocess.run([tj.PYTHON, tj.TRAIN, "--eval", str(ck)], capture_output=True,
-                            text=True, timeout=120, env=tj.env())
+    out = tj.subprocess.run([tj.PYTHON, tj.TRAIN, "--model", "tiny", "--eval", str(ck)],
+                            capture_output=True, text=True, timeout=120, env=tj.env())
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"test accuracy {job[0]:.2f}%" in out.stdout, (job, out.stdout)
     assert f"checksum {job[2]}" in out.stdout, (job, out.stdout)
