@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install the Debian packages chainps needs, only those missing.
-# Usage: scripts/deps.sh [demo|test|all|pslite]   (pslite: what bench/run_pslite.sh builds ps-lite with)
+# Usage: scripts/deps.sh [demo|torch|test|all|pslite]   (pslite: what bench/run_pslite.sh builds ps-lite with)
 set -euo pipefail
 what=${1:-all}
 # libunistring-dev: `pkg-config --static chainps` reaches it through libmicrohttpd and gnutls's
@@ -10,12 +10,13 @@ pkgs=(build-essential cmake pkg-config liblmdb-dev libnanomsg-dev libopenblas-de
       python3-dev)
 case "$what" in
   demo) pkgs+=(dataset-fashion-mnist gnuplot-nox) ;;
+  torch) pkgs+=(dataset-fashion-mnist python3-numpy python3-torch) ;;
   test) pkgs+=(clang clang-format libclang-rt-14-dev iperf3 dataset-fashion-mnist procps
               python3-numpy python3-torch python3-pytest python3-yaml iproute2 nftables) ;;
   all)  pkgs+=(dataset-fashion-mnist gnuplot-nox clang clang-format libclang-rt-14-dev iperf3 procps
               python3-numpy python3-torch python3-pytest python3-yaml iproute2 nftables) ;;
   pslite) pkgs=(g++ pkg-config protobuf-compiler libprotobuf-dev libzmq3-dev) ;;
-  *) echo "usage: $0 [demo|test|all|pslite]" >&2; exit 2 ;;
+  *) echo "usage: $0 [demo|torch|test|all|pslite]" >&2; exit 2 ;;
 esac
 # iproute2 and nftables: the netns tests (tests/integration/netns_job.sh) build their network
 # with `ip netns`, veth pairs and a bridge, and drop packets with nftables.
