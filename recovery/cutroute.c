@@ -14,6 +14,7 @@ typedef struct cr_peer {
     uint32_t node;
     uint8_t state;
     uint8_t in_chain; /* in the range's chain in the last view */
+    uint64_t asked;   /* P_ASKED: the view epoch it was last asked under */
     uint64_t seq;
     char url[CPS_ADDR_MAX];
 } cr_peer;
@@ -171,11 +172,27 @@ int cps__cutroute_view(cps__cutroute *cr, const cps__view *v, const cps__cr_acti
             g->p[i].in_chain = 0;
         for (uint32_t k = 0; rc == 0 && k < c->chain_len; k++) {
             cr_peer *p = peer_of(g, c->chain[k]);
-            if (p) {
+            if (p && p->state == P_GONE && is_asked(cr, g, c, k)) {
+                /* It left the chain and is back (a restarted server rejoins under its id): its
+                 * ask went with its process, and nothing else would ask it again, so a range
+                 * whose other replicas are gone waited for it until the export's timeout. */
+                *p = (cr_peer){.node = c->chain[k], .state = P_ASKED, .in_chain = 1,
+                               .asked = v->epoch};
+                rc = emit(cr, CPS_CR_ASK, r, c->chain[k], 0, 0);
+            } else if (p && p->state == P_ASKED && v->epoch > p->asked) {
+                /* Still unanswered under a newer view: ask again. Its process may have died
+                 * and come back between two views we looked at (the view that dropped it
+                 * unseen), taking the ask along; a server that holds the ask takes this one
+                 * as a repeat. */
+                p->in_chain = 1;
+                p->asked = v->epoch;
+                rc = emit(cr, CPS_CR_ASK, r, c->chain[k], 0, 0);
+            } else if (p) {
                 p->in_chain = 1;
             } else if (is_asked(cr, g, c, k)) {
-                if (!peer_add(g, c->chain[k]))
+                if (!(p = peer_add(g, c->chain[k])))
                     continue; /* every slot holds a live ask: this one waits for a later view */
+                p->asked = v->epoch;
                 rc = emit(cr, CPS_CR_ASK, r, c->chain[k], 0, 0);
             }
         }

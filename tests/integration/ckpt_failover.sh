@@ -41,13 +41,6 @@ start_job() { # $1: log file. Sets launch_pid and addr.
     addr=$(scheduler_addr "$1")
     [ -n "$addr" ] || fail "launch did not say where its scheduler is ($1)"
 }
-status_json() { "$cps" status --secret-file "$dir/job.key" --scheduler "$addr" --json 2>/dev/null; }
-step_now() {
-    local n
-    n=$(status_json | "$py" -c 'import json,sys; d=json.load(sys.stdin); print(d["step"] if d["running"] else 0)' 2>/dev/null) || n=0
-    case $n in '' | *[!0-9]*) n=0 ;; esac
-    echo "$n"
-}
 wait_step() { # until the job passes step $1 (30 s at most)
     local s=0
     for _ in $(seq 150); do

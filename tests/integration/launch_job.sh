@@ -35,3 +35,12 @@ stop_launch() {
     wait "$launch_pid" || true
     launch_pid=
 }
+# The job's status as JSON, and the step it is at (0 before it runs), for a caller that set cps
+# (the CLI), addr (the scheduler's) and wrote its key to $dir/job.key.
+status_json() { "$cps" status --secret-file "$dir/job.key" --scheduler "$addr" --json 2>/dev/null; }
+step_now() {
+    local n
+    n=$(status_json | "$py" -c 'import json,sys; d=json.load(sys.stdin); print(d["step"] if d["running"] else 0)' 2>/dev/null) || n=0
+    case $n in '' | *[!0-9]*) n=0 ;; esac
+    echo "$n"
+}

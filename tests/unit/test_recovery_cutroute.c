@@ -110,10 +110,14 @@ static void test_a_standby_still_asked_is_waited_for(void **state)
     cps__cutroute_view(cr, &v, &a);
     assert_int_equal(cps__cutroute_opened(cr, 0, 3, 5, "tcp://t:1", &a), 1);
     v = view_of(1, (uint32_t[]){1, 2}, 2, 2);
-    assert_int_equal(cps__cutroute_view(cr, &v, &a), 0); /* 1 and 2 have not answered yet */
+    /* 1 and 2 have not answered yet: asked again under the newer view (a repeat to them). */
+    int n = cps__cutroute_view(cr, &v, &a);
+    assert_int_equal(n, 2);
+    assert_int_equal(count(a, n, CPS_CR_ASK, 0), 2);
+    assert_int_equal(cps__cutroute_view(cr, &v, &a), 0); /* the same view: nothing new */
     assert_int_equal(cps__cutroute_reader(cr, 0), 0);
     assert_int_equal(cps__cutroute_refused(cr, 0, 1, CPS_EPAST, 6, &a), 0);
-    int n = cps__cutroute_opened(cr, 0, 2, 5, "tcp://m:1", &a);
+    n = cps__cutroute_opened(cr, 0, 2, 5, "tcp://m:1", &a);
     assert_int_equal(n, 1);
     assert_int_equal(a[0].kind, CPS_CR_READ_FROM);
     assert_int_equal(a[0].node, 2);
@@ -190,6 +194,63 @@ static void test_async_asks_the_tail_only_and_again_after_a_stale_refusal(void *
     cps__cutroute_destroy(cr);
 }
 
+/* sim_cutroute seed 423: 1 dies with its ask and comes back under its id (a restarted server
+ * rejoins at the tail) after the view that dropped it; 2 dies too. 1 was never asked again and the
+ * range waited for it until the export's timeout. */
+static void test_a_replica_back_in_the_chain_is_asked_again(void **state)
+{
+    (void)state;
+    cps__cutroute *cr;
+    const cps__cr_action *a;
+    const unsigned char need[1] = {1};
+    assert_int_equal(cps__cutroute_create(1, need, 1, &cr), 0);
+    cps__view v = view_of(1, (uint32_t[]){1, 2}, 2, 1);
+    assert_int_equal(cps__cutroute_view(cr, &v, &a), 2);
+    v = view_of(1, (uint32_t[]){2}, 1, 2); /* 1 is gone */
+    assert_int_equal(cps__cutroute_view(cr, &v, &a), 1); /* 2 asked again: a newer view */
+    v = view_of(1, (uint32_t[]){2, 1}, 2, 3); /* 1 is back */
+    int n = cps__cutroute_view(cr, &v, &a);
+    assert_int_equal(n, 2);
+    assert_int_equal(count(a, n, CPS_CR_ASK, 0), 2);
+    v = view_of(1, (uint32_t[]){1}, 1, 4); /* 2 is gone */
+    n = cps__cutroute_view(cr, &v, &a);
+    assert_int_equal(n, 1);
+    assert_int_equal(a[0].kind, CPS_CR_ASK);
+    assert_int_equal(a[0].node, 1);
+    n = cps__cutroute_opened(cr, 0, 1, 9, "tcp://h:1", &a);
+    assert_int_equal(n, 1);
+    assert_int_equal(a[0].kind, CPS_CR_READ_FROM);
+    assert_int_equal(a[0].node, 1);
+    /* Once the range has its sequence number, a replica that comes back is not asked: its state
+     * was copied after the cut. */
+    v = view_of(1, (uint32_t[]){1, 3}, 2, 5);
+    assert_int_equal(cps__cutroute_view(cr, &v, &a), 0);
+    cps__cutroute_destroy(cr);
+}
+
+/* sim_cutroute seed 92: the tail's process died and came back within one look at the view, so
+ * every view the exporter saw had it in the chain; its ask was gone with the old process. */
+static void test_an_unanswered_ask_goes_again_with_a_newer_view(void **state)
+{
+    (void)state;
+    cps__cutroute *cr;
+    const cps__cr_action *a;
+    const unsigned char need[1] = {1};
+    assert_int_equal(cps__cutroute_create(1, need, 0, &cr), 0);
+    cps__view v = view_of(1, (uint32_t[]){1, 2}, 2, 1);
+    assert_int_equal(cps__cutroute_view(cr, &v, &a), 1);
+    v = view_of(1, (uint32_t[]){1, 2}, 2, 3);
+    int n = cps__cutroute_view(cr, &v, &a);
+    assert_int_equal(n, 1);
+    assert_int_equal(a[0].kind, CPS_CR_ASK);
+    assert_int_equal(a[0].node, 2);
+    /* Answered: never asked again. */
+    assert_int_equal(cps__cutroute_opened(cr, 0, 2, 4, "tcp://t:1", &a), 1);
+    v = view_of(1, (uint32_t[]){1, 2}, 2, 4);
+    assert_int_equal(cps__cutroute_view(cr, &v, &a), 0);
+    cps__cutroute_destroy(cr);
+}
+
 static void count_open(void *ctx, uint32_t range, uint32_t node)
 {
     assert_true((range == 0 && node == 4) || (range == 1 && node == 5));
@@ -225,6 +286,8 @@ int main(void)
         cmocka_unit_test(test_no_replica_fails_at_once),
         cmocka_unit_test(test_every_refusal_loses_the_range_with_the_furthest_step),
         cmocka_unit_test(test_async_asks_the_tail_only_and_again_after_a_stale_refusal),
+        cmocka_unit_test(test_a_replica_back_in_the_chain_is_asked_again),
+        cmocka_unit_test(test_an_unanswered_ask_goes_again_with_a_newer_view),
         cmocka_unit_test(test_each_open),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
