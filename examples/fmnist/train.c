@@ -59,6 +59,9 @@ typedef struct run {
     FILE *csv;
     char csv_path[4096], plot_path[4096], model_path[4096];
     struct timespec t0;
+    double t0_unix;            /* t0 on the wall clock: where launch's kill falls on the plot */
+    double loss_sum;           /* losses since the CSV's last loss point, and how many */
+    long loss_n;
     double wait_s; /* training loop: time spent in cps_wait, i.e. not hidden behind compute */
     double cpu_s;  /* training loop: this process's CPU time, every thread */
     int plot_failed;
@@ -561,7 +564,7 @@ static int plot(run *r)
             "set datafile separator ','\n"
             "set title 'Fashion-MNIST %s, %s, %s lr %g (%s), batch %d'\n"
             "set xlabel 'time (s)'\n"
-            "set ylabel 'training loss (one batch)'\n"
+            "set ylabel 'training loss (mean since the last point)'\n"
             "set y2label 'test accuracy (%%)'\n"
             "set ytics nomirror\n"
             "set y2tics\n"
@@ -572,12 +575,21 @@ static int plot(run *r)
             r->o.batch);
     /* `chainps launch --kill-at` tells us when it killed a server: mark it on the plot, so the
      * curve visibly carries on through the failover. */
+    /* launch counts from its own start, the plot from this worker's first step: the wall clock
+     * of the kill places it; launch restarts the server 2 s after it. */
     const char *kill_at = getenv("CHAINPS_KILL_AT_S");
-    if (kill_at && atof(kill_at) > 0)
+    const char *kill_unix_ms = getenv("CHAINPS_KILL_AT_UNIX_MS");
+    double kill_x = kill_at ? atof(kill_at) : 0.0;
+    if (kill_unix_ms && atof(kill_unix_ms) > 0)
+        kill_x = atof(kill_unix_ms) / 1000.0 - r->t0_unix;
+    if (kill_at && atof(kill_at) > 0 && kill_x > 0)
         fprintf(g,
                 "set arrow from %g, graph 0 to %g, graph 1 nohead lc rgb 'red' dt 2 lw 2\n"
-                "set label 'server killed' at %g, graph 0.95 left offset 0.5,0 tc rgb 'red'\n",
-                atof(kill_at), atof(kill_at), atof(kill_at));
+                "set label 'server killed' at %g, graph 0.95 left offset 0.5,0 tc rgb 'red'\n"
+                "set arrow from %g, graph 0 to %g, graph 1 nohead lc rgb 'dark-green' dt 3 lw 2\n"
+                "set label 'restarted: copies its ranges back' at %g, graph 0.88 left offset "
+                "0.5,0 tc rgb 'dark-green'\n",
+                kill_x, kill_x, kill_x, kill_x + 2.0, kill_x + 2.0, kill_x + 2.0);
     /* gnuplot refuses a series without points and warns about a zero-height axis. */
     if (r->acc_rows > 0 && r->acc_max - r->acc_min < 0.5)
         fprintf(g, "set y2range [%f:%f]\n", r->acc_min - 1.0, r->acc_max + 1.0);
@@ -733,6 +745,7 @@ static void train(run *r, const fm_dataset *trainset, const fm_dataset *test)
     double train_s = 0.0, acc = 0.0;
     int acc_fresh = 0, last_epoch = 1;
     clock_gettime(CLOCK_MONOTONIC, &r->t0);
+    r->t0_unix = now_s(CLOCK_REALTIME);
     for (int epoch = 1 + (int)(step / (uint64_t)steps_per_epoch);
          epoch <= o->epochs && (!o->steps || (long)step < o->steps); epoch++) {
         last_epoch = epoch;
@@ -762,9 +775,16 @@ static void train(run *r, const fm_dataset *trainset, const fm_dataset *test)
                 printf("epoch: %d step: %ld, loss is %f\n", epoch, s + 1, loss);
                 fflush(stdout);
             }
-            /* The CSV keeps its loss curve when printing is off. */
-            if ((s + 1) % (o->log_every ? o->log_every : 100) == 0)
-                csv_row(r, epoch, step, loss, NAN);
+            /* The CSV keeps its loss curve when printing is off. A point is the mean over the
+             * steps since the last one: one batch's loss swings by a factor of 4 from batch to
+             * batch and hid the curve's shape (and what a kill cost). */
+            r->loss_sum += loss;
+            r->loss_n++;
+            if ((s + 1) % (o->log_every ? o->log_every : 100) == 0) {
+                csv_row(r, epoch, step, r->loss_sum / (double)r->loss_n, NAN);
+                r->loss_sum = 0.0;
+                r->loss_n = 0;
+            }
         }
         train_s += since(&te);
         r->cpu_s += now_s(CLOCK_PROCESS_CPUTIME_ID) - cpu0;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 #include "job.h"
@@ -287,10 +288,19 @@ int cps__cli_launch(int argc, char **argv)
     /* A worker we restart must find the job still running: the scheduler keeps it open while
      * a dead worker's rank is unfinished, and we end it ourselves if we give up on one. */
     job.await_replacements = restart_workers;
-    char kill_env[64];
+    char kill_env[64], kill_unix_env[64];
     if (kill_at_s) {
         snprintf(kill_env, sizeof kill_env, "CHAINPS_KILL_AT_S=%u", kill_at_s);
         putenv(kill_env); /* inherited by every child */
+        /* The same moment on the wall clock, for a worker that counts its time from elsewhere
+         * (fmnist's plot counts from its first step). */
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        unsigned long long kill_ms = (unsigned long long)now.tv_sec * 1000ull +
+                                     (unsigned long long)now.tv_nsec / 1000000ull +
+                                     (unsigned long long)kill_at_s * 1000ull;
+        snprintf(kill_unix_env, sizeof kill_unix_env, "CHAINPS_KILL_AT_UNIX_MS=%llu", kill_ms);
+        putenv(kill_unix_env);
     }
     struct sigaction sa = {0};
     sa.sa_handler = on_interrupt;
