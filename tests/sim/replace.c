@@ -51,8 +51,8 @@ typedef struct event {
 
 typedef struct head {
     cps__sync *sync;
-    uint64_t epoch;                /* the view this head holds: 1, 2 or 3 */
-    uint64_t closed[MAX_TENSORS];  /* last step applied per tensor */
+    uint64_t epoch;               /* the view this head holds: 1, 2 or 3 */
+    uint64_t closed[MAX_TENSORS]; /* last step applied per tensor */
     uint64_t req_seq[MAX_WORKERS + 1];
 } head;
 
@@ -61,8 +61,8 @@ typedef struct worker {
     int alive, started, done;
     uint64_t step[MAX_TENSORS]; /* last step pushed */
     int pushed[MAX_TENSORS];
-    uint32_t waiting;           /* answers of the current step still to come */
-    uint32_t declares;          /* declare answers still to come */
+    uint32_t waiting;  /* answers of the current step still to come */
+    uint32_t declares; /* declare answers still to come */
     uint64_t start;
 } worker;
 
@@ -147,9 +147,10 @@ static void make_views(model *m)
         v->nodes = m->nodes[e];
         v->nnodes = m->nworkers + (e == 3);
         for (uint32_t r = 0; r < m->nworkers; r++)
-            m->nodes[e][r] = (cps__node_info){
-                .id = 10 + r, .role = CPS_ROLE_WORKER, .alive = e == 1 || r != m->victim,
-                .rank = r};
+            m->nodes[e][r] = (cps__node_info){.id = 10 + r,
+                                              .role = CPS_ROLE_WORKER,
+                                              .alive = e == 1 || r != m->victim,
+                                              .rank = r};
         if (e == 3)
             m->nodes[e][m->nworkers] = (cps__node_info){
                 .id = REPL_ID, .role = CPS_ROLE_WORKER, .alive = 1, .rank = m->victim};
@@ -171,8 +172,8 @@ static void on_submit(model *m, uint32_t r, const cps__sync_action *a)
     uint32_t t = (uint32_t)(a->sig - 1);
     if (a->step != h->closed[t] + 1) {
         char why[160];
-        snprintf(why, sizeof why, "range %u closed tensor %u's step %" PRIu64 " after %" PRIu64,
-                 r, t, a->step, h->closed[t]);
+        snprintf(why, sizeof why, "range %u closed tensor %u's step %" PRIu64 " after %" PRIu64, r,
+                 t, a->step, h->closed[t]);
         fail(m, why);
         return;
     }
@@ -185,14 +186,14 @@ static void on_submit(model *m, uint32_t r, const cps__sync_action *a)
     if (*seen >= 0 && *seen != in) {
         char why[200];
         snprintf(why, sizeof why,
-                 "tensor %u step %" PRIu64 ": the replacement is in range %u's aggregate %s",
-                 t, a->step, r, in ? "but not in another's" : "but in another's");
+                 "tensor %u step %" PRIu64 ": the replacement is in range %u's aggregate %s", t,
+                 a->step, r, in ? "but not in another's" : "but in another's");
         fail(m, why);
     }
     *seen = (signed char)in;
     if (m->verbose)
-        printf("  t=%" PRIu64 " range %u closes tensor %u step %" PRIu64 " (%u pushes%s)\n",
-               m->now, r, t, a->step, a->count, in ? ", replacement in" : "");
+        printf("  t=%" PRIu64 " range %u closes tensor %u step %" PRIu64 " (%u pushes%s)\n", m->now,
+               r, t, a->step, a->count, in ? ", replacement in" : "");
     for (uint32_t k = 0; k < a->nranks; k++) {
         const cps__sync_contrib *c = &a->by_rank[k];
         if (!c->cookie)
@@ -225,8 +226,9 @@ static void on_push(model *m, const event *e)
         post(m, 1, *e);
         return;
     }
-    cps__sync_contrib c = {w->id, CPS_MSG_PUSH, ++h->req_seq[e->worker], 1,
-                           (void *)(uintptr_t)(e->worker + 1), e->first};
+    cps__sync_contrib c = {
+        w->id,   CPS_MSG_PUSH, ++h->req_seq[e->worker], 1, (void *)(uintptr_t)(e->worker + 1),
+        e->first};
     int rc = cps__sync_push(h->sync, v, e->range, e->tensor + 1, e->step, w->rank, &c, m->now);
     if (rc < 0) {
         fail(m, "cps__sync_push failed");
@@ -252,8 +254,12 @@ static void push_step(model *m, uint32_t wi)
         w->pushed[t] = 1;
         for (uint32_t r = 0; r < m->nranges; r++)
             post(m, link_delay(m, wi, r, 0) + t,
-                 (event){.type = EV_PUSH, .worker = wi, .range = r, .tensor = t,
-                         .step = w->step[t], .first = first});
+                 (event){.type = EV_PUSH,
+                         .worker = wi,
+                         .range = r,
+                         .tensor = t,
+                         .step = w->step[t],
+                         .first = first});
     }
 }
 
