@@ -41,13 +41,13 @@
 #include "core/view.h"
 #include "recovery/cutroute.h"
 
-#define MAX_SERVERS 7
-#define MAX_RANGES  4
-#define MAX_REPL    3
-#define MAX_EPOCHS  64
-#define MAX_LOG     8192
-#define MAX_READS   64
-#define MAX_EVENTS  65536
+#define MAX_SERVERS   7
+#define MAX_RANGES    4
+#define MAX_REPL      3
+#define MAX_EPOCHS    64
+#define MAX_LOG       8192
+#define MAX_READS     64
+#define MAX_EVENTS    65536
 #define MAX_STEPS_RUN 400000 /* events per seed: a runaway loop fails the seed */
 /* The exporter's timers (src/checkpoint/cluster.c), in simulated ms. */
 #define GONE_MS    100
@@ -59,18 +59,18 @@
 #define HANG_MS 10000
 
 enum {
-    EV_TICK = 1, /* the chains move one hop, the job one step when it may */
-    EV_XTICK,    /* the exporter's poll timeout (GONE_MS) */
-    EV_START,    /* the export starts (or cuts again) */
-    EV_ASK,      /* CUT_OPEN reaches a server */
-    EV_OPEN_ANS, /* its answer reaches the exporter */
-    EV_READ,     /* CUT_READ reaches a read view */
-    EV_READ_ANS, /* its answer reaches the exporter */
-    EV_KILL,     /* kill -9 of a server */
-    EV_DECLARE,  /* the scheduler declares it dead: a view without it */
-    EV_RESTART,  /* it comes back under its id; rejoins at the tails once admitted */
-    EV_GROW,     /* a server closes its read views (its store had to grow) */
-    EV_SVIEW,    /* a server learns a view */
+    EV_TICK = 1,    /* the chains move one hop, the job one step when it may */
+    EV_XTICK,       /* the exporter's poll timeout (GONE_MS) */
+    EV_START,       /* the export starts (or cuts again) */
+    EV_ASK,         /* CUT_OPEN reaches a server */
+    EV_OPEN_ANS,    /* its answer reaches the exporter */
+    EV_READ,        /* CUT_READ reaches a read view */
+    EV_READ_ANS,    /* its answer reaches the exporter */
+    EV_KILL,        /* kill -9 of a server */
+    EV_DECLARE,     /* the scheduler declares it dead: a view without it */
+    EV_RESTART,     /* it comes back under its id; rejoins at the tails once admitted */
+    EV_GROW,        /* a server closes its read views (its store had to grow) */
+    EV_SVIEW,       /* a server learns a view */
     EV_KILL_READER, /* kill -9 of whichever server reads a range now (mid-read) */
 };
 
@@ -122,7 +122,7 @@ typedef struct model {
     unsigned char need[MAX_RANGES];
     server s[MAX_SERVERS + 1]; /* by node id, 1.. */
     /* the job */
-    uint64_t step;              /* the step the job is at */
+    uint64_t step;                              /* the step the job is at */
     uint64_t log_step[MAX_RANGES][MAX_LOG + 1]; /* log_step[r][seq]: the step after seq */
     uint64_t log_len[MAX_RANGES];
     /* the scheduler */
@@ -346,8 +346,14 @@ static void answer_open(model *m, uint32_t node, uint32_t r, int err, uint64_t s
 {
     const server *s = &m->s[node];
     post(m, fifo(m, node, 1),
-         (event){.type = EV_OPEN_ANS, .node = node, .inc = s->inc, .range = r,
-                 .attempt = s->jobs[r].attempt, .err = err, .seq = seq, .step = step});
+         (event){.type = EV_OPEN_ANS,
+                 .node = node,
+                 .inc = s->inc,
+                 .range = r,
+                 .attempt = s->jobs[r].attempt,
+                 .err = err,
+                 .seq = seq,
+                 .step = step});
 }
 
 /* cut_ready: at the boundary of the step (or "now"): open; past it: CPS_EPAST. */
@@ -383,8 +389,12 @@ static void on_ask(model *m, const event *e)
     int may = in_chain(v, e->range, e->node, &pos) && (m->sync || pos + 1 == v->len[e->range]);
     if (!may) {
         post(m, fifo(m, e->node, 1),
-             (event){.type = EV_OPEN_ANS, .node = e->node, .inc = s->inc, .range = e->range,
-                     .attempt = e->attempt, .err = CPS_ESTALE_EPOCH});
+             (event){.type = EV_OPEN_ANS,
+                     .node = e->node,
+                     .inc = s->inc,
+                     .range = e->range,
+                     .attempt = e->attempt,
+                     .err = CPS_ESTALE_EPOCH});
         return;
     }
     if (j->attempt == e->attempt)
@@ -402,9 +412,16 @@ static void on_read(model *m, const event *e)
     if (j->attempt != e->attempt || (j->state != J_OPEN && j->state != J_SHUT))
         return; /* closed on the exporter's word, or never opened: nobody answers */
     post(m, net(m) + rnd(m, 30),
-         (event){.type = EV_READ_ANS, .node = e->node, .inc = e->inc, .range = e->range,
-                 .attempt = e->attempt, .idx = e->idx, .gen = e->gen, .seq = j->seq,
-                 .step = j->step, .err = j->state == J_SHUT ? CPS_EAGAIN : 0});
+         (event){.type = EV_READ_ANS,
+                 .node = e->node,
+                 .inc = e->inc,
+                 .range = e->range,
+                 .attempt = e->attempt,
+                 .idx = e->idx,
+                 .gen = e->gen,
+                 .seq = j->seq,
+                 .step = j->step,
+                 .err = j->state == J_SHUT ? CPS_EAGAIN : 0});
 }
 
 /* ---- the exporter (src/checkpoint/cluster.c) ---- */
@@ -466,8 +483,13 @@ static void x_send_read(model *m, uint32_t i)
     }
     q->inc = inc;
     post(m, net(m),
-         (event){.type = EV_READ, .node = node, .inc = inc, .range = r, .attempt = m->attempt,
-                 .idx = i, .gen = q->gen});
+         (event){.type = EV_READ,
+                 .node = node,
+                 .inc = inc,
+                 .range = r,
+                 .attempt = m->attempt,
+                 .idx = i,
+                 .gen = q->gen});
 }
 
 static void x_issue_reads(model *m)
@@ -518,12 +540,13 @@ static void x_do(model *m, const cps__cr_action *a, int n)
                 fail(m, "range %u: reads go to node %u, which holds no read view of the cut", r,
                      node);
             else if (s->inc == vi && s->alive && j->seq != cps__cutroute_seq(m->cr, r))
-                fail(m, "range %u: reads go to node %u whose view is at sequence number %" PRIu64
-                        ", the cut's is %" PRIu64,
+                fail(m,
+                     "range %u: reads go to node %u whose view is at sequence number %" PRIu64
+                     ", the cut's is %" PRIu64,
                      r, node, j->seq, cps__cutroute_seq(m->cr, r));
             if (m->verbose)
-                printf("  t=%" PRIu64 " range %u reads from node %u (seq %" PRIu64 ")\n", m->now,
-                       r, node, cps__cutroute_seq(m->cr, r));
+                printf("  t=%" PRIu64 " range %u reads from node %u (seq %" PRIu64 ")\n", m->now, r,
+                       node, cps__cutroute_seq(m->cr, r));
             m->gen[r]++;
             if (m->phase == 2)
                 for (uint32_t k = 0; k < m->nreads; k++)
@@ -689,8 +712,7 @@ static void on_read_ans(model *m, const event *e)
     if (e->idx == UINT32_MAX) {
         /* The view closed (CUT_READ error, req_seq UINT64_MAX): taken by a read waiting on it. */
         for (uint32_t k = 0; k < m->nreads; k++)
-            if (m->reads[k].live && m->reads[k].range == e->range &&
-                m->reads[k].node == e->node) {
+            if (m->reads[k].live && m->reads[k].range == e->range && m->reads[k].node == e->node) {
                 const cps__cr_action *a;
                 int n = cps__cutroute_closed(m->cr, e->range, e->node, &a);
                 x_do(m, a, n);
@@ -701,7 +723,7 @@ static void on_read_ans(model *m, const event *e)
     read *q = &m->reads[e->idx];
     uint32_t r = q->range;
     if (!q->live || q->gen != e->gen || q->node != e->node)
-        return; /* an answer of an earlier reader: purged */
+        return;   /* an answer of an earlier reader: purged */
     if (e->err) { /* the view closed: every read is answered so */
         const cps__cr_action *a;
         int n = cps__cutroute_closed(m->cr, r, e->node, &a);
@@ -713,8 +735,9 @@ static void on_read_ans(model *m, const event *e)
         fail(m, "range %u read from node %u's view at step %" PRIu64 ", the cut's is %" PRIu64, r,
              e->node, e->step, m->T);
     if (e->seq != seq)
-        fail(m, "range %u read from node %u's view at sequence number %" PRIu64
-                ", the cut's is %" PRIu64,
+        fail(m,
+             "range %u read from node %u's view at sequence number %" PRIu64
+             ", the cut's is %" PRIu64,
              r, e->node, e->seq, seq);
     if (m->read_any[r] && m->read_seq[r] != e->seq)
         fail(m, "range %u read at sequence numbers %" PRIu64 " and %" PRIu64, r, m->read_seq[r],
@@ -849,8 +872,13 @@ static void on_grow(model *m, uint32_t node)
         if (s->jobs[r].state == J_OPEN) {
             s->jobs[r].state = J_SHUT;
             post(m, net(m),
-                 (event){.type = EV_READ_ANS, .node = node, .inc = s->inc, .range = r,
-                         .attempt = s->jobs[r].attempt, .idx = UINT32_MAX, .err = CPS_EAGAIN});
+                 (event){.type = EV_READ_ANS,
+                         .node = node,
+                         .inc = s->inc,
+                         .range = r,
+                         .attempt = s->jobs[r].attempt,
+                         .idx = UINT32_MAX,
+                         .err = CPS_EAGAIN});
         }
     if (m->verbose)
         printf("  t=%" PRIu64 " node %u closes its read views\n", m->now, node);
