@@ -11,6 +11,7 @@ imports without LD_LIBRARY_PATH. The package's version is CHAINPS_VERSION_* of t
 is compiled against, so the two cannot disagree.
 
 Offline (no PyPI): pip install --no-build-isolation ./python
+              or: pip wheel --no-build-isolation --no-deps -w dist ./python
 """
 
 import os
