@@ -379,3 +379,31 @@ def test_a_refused_call_on_a_live_client_says_why(client):
     assert "why_badlr" in e.value.reason and "declared again" not in str(e.value), str(e.value)
     # A call that succeeds in between leaves nothing behind for the next one.
     client.declare("why", 4, optim=SGD)
+
+
+def test_a_failed_asynchronous_push_says_why_at_wait(tmp_path):
+    """The reason travels with the operation: Handle.wait() raises with the line the library
+    logged as it gave the push up (here its only server was killed)."""
+    import signal
+
+    c = tj.Cluster(str(tmp_path), servers=1, workers=1, mode="async")
+    server = c.procs[1]
+    env = tj.env(CHAINPS_ROLE="worker", CHAINPS_SCHEDULER=c.addr, SERVER_PID=server.pid,
+                 CHAINPS_UNAVAILABLE_TIMEOUT_MS=2000, CHAINPS_REQUEST_TIMEOUT_MS=300)
+    code = ("import chainps, numpy as np, os, signal\n"
+            "c = chainps.init(); t = c.declare('w', 4)\n"
+            "os.kill(int(os.environ['SERVER_PID']), signal.SIGKILL)\n"
+            "h = c.push_async(t, np.ones(4, np.float32))\n"
+            "try:\n    h.wait(timeout=30)\n    print('no error')\n"
+            "except chainps.Error as e:\n    print('error:', e.name, '|', e.reason, flush=True)\n"
+            "os._exit(0)\n")
+    try:
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           timeout=60)
+    finally:
+        if server.poll() is None:
+            os.kill(server.pid, signal.SIGKILL)
+        c.close()
+    assert r.returncode == 0, r.stderr
+    assert ("error: CPS_EUNAVAILABLE | range 0 unavailable for 2000 ms: failing the request"
+            in r.stdout), r.stdout + r.stderr
