@@ -208,19 +208,25 @@ def test_stats_move(client):
     assert s2["pushes"] > s["pushes"] and s2["push_raw_bytes"] >= s["push_raw_bytes"] + 400
 
 
+def _worker_script(cluster, code, **env):
+    """Run python `code` as a worker of `cluster` (with `env` added); its CompletedProcess. The
+    cluster is closed afterwards, and every process of it ended."""
+    env = tj.env(CHAINPS_ROLE="worker", CHAINPS_SCHEDULER=cluster.addr, **env)
+    try:
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=60)
+    finally:
+        cluster.close()
+
+
 def test_closed_client_refuses_calls(tmp_path):
     c = tj.Cluster(str(tmp_path), servers=1, workers=1, mode="async")
-    env = tj.env(CHAINPS_ROLE="worker", CHAINPS_SCHEDULER=c.addr)
     code = ("import chainps, numpy as np\n"
             "c = chainps.init(); t = c.declare('w', 4); assert c.mode == 'async'\n"
             "c.close(); assert c.closed\n"
             "try:\n    c.pull(t, np.zeros(4, np.float32))\nexcept ValueError as e:\n"
             "    print('refused:', e)\n")
-    try:
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                           timeout=60)
-    finally:
-        c.close()
+    r = _worker_script(c, code)
     assert r.returncode == 0, r.stderr
     assert "refused: pull: chainps client is closed" in r.stdout
 
@@ -384,12 +390,7 @@ def test_a_refused_call_on_a_live_client_says_why(client):
 def test_a_failed_asynchronous_push_says_why_at_wait(tmp_path):
     """The reason travels with the operation: Handle.wait() raises with the line the library
     logged as it gave the push up (here its only server was killed)."""
-    import signal
-
     c = tj.Cluster(str(tmp_path), servers=1, workers=1, mode="async")
-    server = c.procs[1]
-    env = tj.env(CHAINPS_ROLE="worker", CHAINPS_SCHEDULER=c.addr, SERVER_PID=server.pid,
-                 CHAINPS_UNAVAILABLE_TIMEOUT_MS=2000, CHAINPS_REQUEST_TIMEOUT_MS=300)
     code = ("import chainps, numpy as np, os, signal\n"
             "c = chainps.init(); t = c.declare('w', 4)\n"
             "os.kill(int(os.environ['SERVER_PID']), signal.SIGKILL)\n"
@@ -397,13 +398,9 @@ def test_a_failed_asynchronous_push_says_why_at_wait(tmp_path):
             "try:\n    h.wait(timeout=30)\n    print('no error')\n"
             "except chainps.Error as e:\n    print('error:', e.name, '|', e.reason, flush=True)\n"
             "os._exit(0)\n")
-    try:
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                           timeout=60)
-    finally:
-        if server.poll() is None:
-            os.kill(server.pid, signal.SIGKILL)
-        c.close()
+    # The server is one of the cluster's processes: ended by its PID with the rest at close.
+    r = _worker_script(c, code, SERVER_PID=c.procs[1].pid, CHAINPS_UNAVAILABLE_TIMEOUT_MS=2000,
+                       CHAINPS_REQUEST_TIMEOUT_MS=300)
     assert r.returncode == 0, r.stderr
     assert ("error: CPS_EUNAVAILABLE | range 0 unavailable for 2000 ms: failing the request"
             in r.stdout), r.stdout + r.stderr
