@@ -12,12 +12,16 @@ case "$what" in
   demo) pkgs+=(dataset-fashion-mnist gnuplot-nox) ;;
   torch) pkgs+=(dataset-fashion-mnist python3-numpy python3-torch) ;;
   test) pkgs+=(clang clang-format libclang-rt-14-dev iperf3 dataset-fashion-mnist procps
-              python3-numpy python3-torch python3-pytest python3-yaml iproute2 nftables) ;;
+              python3-numpy python3-torch python3-pytest python3-yaml iproute2 nftables
+              python3-pip python3-setuptools python3-wheel python3-venv) ;;
   all)  pkgs+=(dataset-fashion-mnist gnuplot-nox clang clang-format libclang-rt-14-dev iperf3 procps
-              python3-numpy python3-torch python3-pytest python3-yaml iproute2 nftables) ;;
+              python3-numpy python3-torch python3-pytest python3-yaml iproute2 nftables
+              python3-pip python3-setuptools python3-wheel python3-venv) ;;
   pslite) pkgs=(g++ pkg-config protobuf-compiler libprotobuf-dev libzmq3-dev) ;;
   *) echo "usage: $0 [demo|torch|test|all|pslite]" >&2; exit 2 ;;
 esac
+# python3-pip, -setuptools, -wheel and -venv: install.prefix builds the Python package with pip
+# (offline: --no-build-isolation) into a venv, as python/README.md tells users to.
 # iproute2 and nftables: the netns tests (tests/integration/netns_job.sh) build their network
 # with `ip netns`, veth pairs and a bridge, and drop packets with nftables.
 # Wanted but not needed: integration.slurm runs a private one-node Slurm cluster with them and

@@ -64,6 +64,25 @@ CPS_API const char *cps_strerror(int err);
  */
 CPS_API const char *cps_err_name(int err);
 
+/**
+ * @brief Why the last failing chainps call on this thread failed, in the log's words.
+ *
+ * The code says what kind of failure (CPS_ECONFIG); this says why, with the same text the call
+ * logged at ERROR level, e.g. "no job secret: give --secret-file FILE (or
+ * CHAINPS_SECRET_FILE=FILE; ...)". A call that logs several ERROR lines gives its first (usually
+ * the cause) and, after "; ", its latest (usually what it gave up on). Every call of the worker
+ * API that returns an error code (cps_open, cps_close, cps_mode_get, the declares,
+ * cps_tensor_compress, the pushes and pulls, cps_wait, cps_wait_result, cps_barrier, the raw and
+ * rows calls) starts by clearing it, so read it right after the call that failed, on the same
+ * thread. cps_wait and cps_wait_result of a failed asynchronous operation give the reason the
+ * operation kept when it failed, whichever thread's call noticed. Some failures log nothing (a NULL
+ * argument: CPS_EINVAL): then it is "".
+ *
+ * @return a thread-local NUL-terminated string owned by the library (never NULL, "" when the
+ *         call logged no error), valid until the next chainps call on this thread. Thread-safe.
+ */
+CPS_API const char *cps_last_error_message(void);
+
 #ifdef __cplusplus
 }
 #endif

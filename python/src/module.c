@@ -22,14 +22,22 @@ static PyObject *Error, *TimeoutErr;
 #define CLOSE_DRAIN_S 5.0
 
 /* Raise chainps.Error (chainps.TimeoutError for CPS_ETIMEDOUT) for code `rc`, with the context
- * (which call, which tensor) in front of cps_strerror's text. Returns NULL. */
-static PyObject *raise_cps(int rc, const char *call, const char *tensor)
+ * (which call, which tensor) in front of cps_strerror's text and the library's reason after it
+ * (`why`: cps_last_error_message() of the failed call, NULL or "" when it gave none), e.g.
+ * "chainps.init: bad configuration (CPS_ECONFIG): no job secret: give --secret-file FILE (...)".
+ * The exception has .code, .name and .reason (the `why` text, "" if none). Returns NULL. */
+static PyObject *raise_cps_why(int rc, const char *call, const char *tensor, const char *why)
 {
     PyObject *type = rc == CPS_ETIMEDOUT ? TimeoutErr : Error;
-    PyObject *msg =
-        tensor ? PyUnicode_FromFormat("%s(%s): %s (%s)", call, tensor, cps_strerror(rc),
-                                      cps_err_name(rc))
-               : PyUnicode_FromFormat("%s: %s (%s)", call, cps_strerror(rc), cps_err_name(rc));
+    if (!why)
+        why = "";
+    PyObject *head =
+        tensor ? PyUnicode_FromFormat("%s(%s)", call, tensor) : PyUnicode_FromString(call);
+    if (!head)
+        return NULL;
+    PyObject *msg = PyUnicode_FromFormat("%U: %s (%s)%s%s", head, cps_strerror(rc),
+                                         cps_err_name(rc), why[0] ? ": " : "", why);
+    Py_DECREF(head);
     if (!msg)
         return NULL;
     PyObject *exc = PyObject_CallOneArg(type, msg);
@@ -37,15 +45,26 @@ static PyObject *raise_cps(int rc, const char *call, const char *tensor)
     if (!exc)
         return NULL;
     PyObject *code = PyLong_FromLong(rc), *name = PyUnicode_FromString(cps_err_name(rc));
-    if (code && name) {
+    /* The library's text is bytes it formatted from paths and names: never fail on its UTF-8. */
+    PyObject *reason = PyUnicode_DecodeUTF8(why, (Py_ssize_t)strlen(why), "replace");
+    if (code && name && reason) {
         PyObject_SetAttrString(exc, "code", code);
         PyObject_SetAttrString(exc, "name", name);
+        PyObject_SetAttrString(exc, "reason", reason);
     }
     Py_XDECREF(code);
     Py_XDECREF(name);
+    Py_XDECREF(reason);
     PyErr_SetObject(type, exc);
     Py_DECREF(exc);
     return NULL;
+}
+
+/* raise_cps_why with the reason of the chainps call this thread made last: call it right after
+ * the failed call, before any other chainps call on this thread. */
+static PyObject *raise_cps(int rc, const char *call, const char *tensor)
+{
+    return raise_cps_why(rc, call, tensor, cps_last_error_message());
 }
 
 /* ---- Client ------------------------------------------------------------------------------ */
@@ -486,9 +505,12 @@ static PyObject *blocking(ClientObject *self, int kind, PyObject *args)
         return NULL;
     }
     int result = op->result;
+    if (result != 0) {
+        raise_cps_why(result, call_names[kind], tname, op->why);
+        PyMem_Free(op);
+        return NULL;
+    }
     PyMem_Free(op);
-    if (result != 0)
-        return raise_cps(result, call_names[kind], tname);
     Py_RETURN_NONE;
 }
 
@@ -802,10 +824,12 @@ static PyObject *Handle_wait(HandleObject *self, PyObject *args, PyObject *kwds)
         if (w < 0)
             return NULL;
         if (w == 0) /* still running: the handle stays valid */
-            return raise_cps(CPS_ETIMEDOUT, "wait", PyUnicode_AsUTF8(self->tensor_name));
+            return raise_cps_why(CPS_ETIMEDOUT, "wait", PyUnicode_AsUTF8(self->tensor_name),
+                                 "the operation is still running (wait again)");
     }
     if (self->op->result != 0)
-        return raise_cps(self->op->result, self->call, PyUnicode_AsUTF8(self->tensor_name));
+        return raise_cps_why(self->op->result, self->call, PyUnicode_AsUTF8(self->tensor_name),
+                             self->op->why);
     Py_RETURN_NONE;
 }
 

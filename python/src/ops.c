@@ -46,11 +46,13 @@ static void unlink_op(cpy_ops *ops, cpy_op *op)
     op->prev = op->next = NULL;
 }
 
-static void complete(cpy_ops *ops, cpy_op *op, int result)
+/* `why`: the library's reason for a failed result (copied), NULL or "" if none. */
+static void complete(cpy_ops *ops, cpy_op *op, int result, const char *why)
 {
     op->h = NULL;
     op->done = 1;
     op->result = result;
+    snprintf(op->why, sizeof op->why, "%s", result != 0 && why ? why : "");
     for (int i = 0; i < op->nbufs; i++)
         cpy_buf_release(&op->bufs[i]);
     unlink_op(ops, op);
@@ -71,7 +73,8 @@ static int wait_slice(cpy_ops *ops, cpy_op *op, int ms)
     op->busy = 0;
     if (rc == 0)
         return 0;
-    complete(ops, op, rc == 1 ? result : rc);
+    /* Read on the thread that called cps_wait_result, right after it: its reason. */
+    complete(ops, op, rc == 1 ? result : rc, cps_last_error_message());
     return 1;
 }
 
@@ -143,5 +146,5 @@ void cpy_ops_drain(cpy_ops *ops, double budget_s)
 void cpy_ops_close_all(cpy_ops *ops, int result)
 {
     while (ops->head)
-        complete(ops, ops->head, result);
+        complete(ops, ops->head, result, NULL);
 }

@@ -7,6 +7,9 @@
 #include "buffers.h"
 #include "chainps/chainps.h"
 
+/* Room for cps_last_error_message()'s text (two log lines of up to 511 bytes and "; "). */
+#define CPY_WHY_MAX 1040
+
 typedef struct cpy_op {
     cps_handle *h; /* NULL once completed */
     cpy_buf bufs[2];
@@ -16,6 +19,8 @@ typedef struct cpy_op {
     int busy;   /* a thread is inside cps_wait_result on h (with the GIL released) */
     int orphan; /* no Handle refers to it any more: freed when it completes */
     struct cpy_op *prev, *next;
+    /* Why it failed (cps_last_error_message() as it completed), or "". */
+    char why[CPY_WHY_MAX];
 } cpy_op;
 
 typedef struct cpy_ops {

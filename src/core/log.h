@@ -22,6 +22,18 @@ void cps__log_set_tag(const char *tag);
 void cps__log_emit(int level, const char *subsystem, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* Why the running public call failed, for cps_last_error_message() (error.h): every ERROR line
+ * is recorded per thread as well as logged. A public call that can fail calls cps__why_clear()
+ * first, so that what the caller reads after it belongs to that call. */
+#define CPS__WHY_MAX 512 /* bytes kept of one line, with its terminating NUL */
+void cps__why_clear(void);
+/* The latest ERROR line recorded on this thread since the clear ("" if none): what an operation
+ * that fails right after it was logged keeps as its reason. Valid until the next log line. */
+const char *cps__why_latest(void);
+/* Make `text` (copied; NULL or "" clears) this thread's reason: cps_wait gives the caller the
+ * reason an asynchronous operation kept when it failed, maybe on another thread. */
+void cps__why_set(const char *text);
+
 #define cps__log(level, subsystem, ...)                                                            \
     do {                                                                                           \
         if ((level) <= cps__log_level)                                                             \

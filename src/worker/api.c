@@ -222,18 +222,21 @@ static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_
 int cps_tensor_declare(cps_client *c, const char *name, uint64_t length, const cps_init *init,
                        const cps_optim *optim, cps_tensor **out)
 {
+    cps__why_clear();
     return declare(c, name, 1, &length, 0, 0, init, optim, out);
 }
 
 int cps_tensor_declare_shape(cps_client *c, const char *name, uint32_t ndim, const uint64_t *dims,
                              const cps_init *init, const cps_optim *optim, cps_tensor **out)
 {
+    cps__why_clear();
     return declare(c, name, ndim, dims, 0, 0, init, optim, out);
 }
 
 int cps_table_declare(cps_client *c, const char *name, uint64_t rows, uint32_t cols,
                       const cps_init *init, const cps_optim *optim, cps_tensor **out)
 {
+    cps__why_clear();
     if (rows == 0 || cols == 0 || rows > UINT64_MAX / cols)
         return CPS_EINVAL;
     uint64_t dims[2] = {rows, cols};
@@ -277,6 +280,7 @@ uint64_t cps_tensor_dim(const cps_tensor *t, uint32_t i)
 
 int cps_tensor_compress(cps_client *c, cps_tensor *t, const char *spec)
 {
+    cps__why_clear();
     if (!c || !t || !spec)
         return CPS_EINVAL;
     cps__gradcodec gc;
@@ -299,6 +303,14 @@ int cps_tensor_compress(cps_client *c, cps_tensor *t, const char *spec)
     t->codec = gc;
     pthread_mutex_unlock(&c->lock);
     return 0;
+}
+
+/* A failed operation's reason for cps_last_error_message(), unless this thread's own lines
+ * already hold it: an asynchronous one may have failed inside another thread's call. */
+static void why_from_op(const cps__op *op)
+{
+    if (op->why[0] && !strstr(cps_last_error_message(), op->why))
+        cps__why_set(op->why);
 }
 
 /* Start (and with `wait` finish) a whole-tensor operation. */
@@ -348,6 +360,8 @@ static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, 
     }
     op->step = t->step;
     int rc = cps__client_run(c, op, h == NULL);
+    if (rc != 0)
+        why_from_op(op);
     if (kind == OP_PUSH || kind == OP_PUSH_PULL) {
         c->stats.pushes++;
         cps__client_publish_step(c, op->step);
@@ -371,21 +385,25 @@ static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, 
 
 int cps_push(cps_client *c, cps_tensor *t, const float *grad, uint64_t len)
 {
+    cps__why_clear();
     return tensor_op(c, t, OP_PUSH, grad, NULL, len, NULL);
 }
 
 int cps_pull(cps_client *c, cps_tensor *t, float *out, uint64_t len)
 {
+    cps__why_clear();
     return tensor_op(c, t, OP_PULL, NULL, out, len, NULL);
 }
 
 int cps_push_pull(cps_client *c, cps_tensor *t, const float *grad, float *out, uint64_t len)
 {
+    cps__why_clear();
     return tensor_op(c, t, OP_PUSH_PULL, grad, out, len, NULL);
 }
 
 int cps_push_async(cps_client *c, cps_tensor *t, const float *grad, uint64_t len, cps_handle **h)
 {
+    cps__why_clear();
     if (!h)
         return CPS_EINVAL;
     return tensor_op(c, t, OP_PUSH, grad, NULL, len, h);
@@ -393,6 +411,7 @@ int cps_push_async(cps_client *c, cps_tensor *t, const float *grad, uint64_t len
 
 int cps_pull_async(cps_client *c, cps_tensor *t, float *out, uint64_t len, cps_handle **h)
 {
+    cps__why_clear();
     if (!h)
         return CPS_EINVAL;
     return tensor_op(c, t, OP_PULL, NULL, out, len, h);
@@ -401,6 +420,7 @@ int cps_pull_async(cps_client *c, cps_tensor *t, float *out, uint64_t len, cps_h
 int cps_push_pull_async(cps_client *c, cps_tensor *t, const float *grad, float *out, uint64_t len,
                         cps_handle **h)
 {
+    cps__why_clear();
     if (!h)
         return CPS_EINVAL;
     return tensor_op(c, t, OP_PUSH_PULL, grad, out, len, h);
@@ -408,6 +428,7 @@ int cps_push_pull_async(cps_client *c, cps_tensor *t, const float *grad, float *
 
 int cps_wait_result(cps_handle *h, int timeout_ms, int *result)
 {
+    cps__why_clear();
     if (!h || !h->op.in_use || !result)
         return CPS_EINVAL;
     cps_client *c = h->op.client;
@@ -417,6 +438,8 @@ int cps_wait_result(cps_handle *h, int timeout_ms, int *result)
     pthread_mutex_unlock(&c->lock);
     if (pending)
         return 0;
+    if (rc != 0)
+        why_from_op(&h->op);
     free(h->op.scratch);
     cps__op_enc_free(&h->op);
     if (h->op.own_parts)
@@ -437,6 +460,7 @@ int cps_wait(cps_handle *h, int timeout_ms)
 
 int cps_barrier(cps_client *c)
 {
+    cps__why_clear();
     if (!c)
         return CPS_EINVAL;
     pthread_mutex_lock(&c->lock);
@@ -498,6 +522,7 @@ static int raw_op(cps_client *c, int kind, const uint64_t *keys, size_t nkeys, c
 int cps_raw_declare(cps_client *c, const uint64_t *keys, size_t nkeys, const uint32_t *lens,
                     const cps_init *init, const cps_optim *optim)
 {
+    cps__why_clear();
     cps__param_spec spec;
     int rc = cps__spec_make("(raw keys)", init, optim, &spec);
     if (rc != 0)
@@ -508,6 +533,7 @@ int cps_raw_declare(cps_client *c, const uint64_t *keys, size_t nkeys, const uin
 int cps_raw_push(cps_client *c, const uint64_t *keys, size_t nkeys, const float *vals,
                  const uint32_t *lens)
 {
+    cps__why_clear();
     if (!vals)
         return CPS_EINVAL;
     return raw_op(c, OP_PUSH, keys, nkeys, vals, NULL, lens, NULL, 0);
@@ -516,6 +542,7 @@ int cps_raw_push(cps_client *c, const uint64_t *keys, size_t nkeys, const float 
 int cps_raw_pull(cps_client *c, const uint64_t *keys, size_t nkeys, float *vals,
                  const uint32_t *lens)
 {
+    cps__why_clear();
     if (!vals)
         return CPS_EINVAL;
     return raw_op(c, OP_PULL, keys, nkeys, NULL, vals, lens, NULL, 0);
@@ -616,6 +643,7 @@ static int rows_op(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nr
 int cps_rows_push(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nrows,
                   const float *grads)
 {
+    cps__why_clear();
     if (!grads)
         return CPS_EINVAL;
     return rows_op(c, t, rows, nrows, grads, NULL);
@@ -623,6 +651,7 @@ int cps_rows_push(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nro
 
 int cps_rows_pull(cps_client *c, cps_tensor *t, const uint64_t *rows, size_t nrows, float *out)
 {
+    cps__why_clear();
     if (!out)
         return CPS_EINVAL;
     return rows_op(c, t, rows, nrows, NULL, out);

@@ -167,8 +167,11 @@ static int req_send(cps_client *c, const cps__reqs_action *a)
 
 static void op_finish_req(cps__op *op, int err)
 {
-    if (err != 0 && op->result == 0)
+    if (err != 0 && op->result == 0) {
         op->result = err;
+        /* Logged just before, by whichever thread's call runs the loop now. */
+        snprintf(op->why, sizeof op->why, "%s", cps__why_latest());
+    }
     op->pending--;
 }
 
@@ -309,6 +312,7 @@ static int op_start(cps_client *c, cps__op *op)
 {
     op->client = c;
     op->result = 0;
+    op->why[0] = '\0';
     op->pending = op->nparts;
     for (uint32_t i = 0; i < op->nparts; i++) {
         uint8_t type = wire_type(op->kind);
@@ -709,6 +713,7 @@ static void client_free(cps_client *c)
 
 int cps_open(cps_client **out)
 {
+    cps__why_clear();
     if (!out)
         return CPS_EINVAL;
     *out = NULL;
@@ -780,6 +785,7 @@ int cps_open(cps_client **out)
 
 int cps_close(cps_client *c)
 {
+    cps__why_clear();
     if (!c)
         return 0;
     pthread_mutex_lock(&c->lock);
@@ -825,6 +831,7 @@ int cps_num_servers(const cps_client *c)
 
 int cps_mode_get(const cps_client *c, cps_mode *mode, uint32_t *staleness)
 {
+    cps__why_clear();
     if (!c || !mode)
         return CPS_EINVAL;
     *mode = (cps_mode)c->view.mode;

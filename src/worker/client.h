@@ -10,6 +10,7 @@
 #include "chainps/chainps.h"
 #include "core/config.h"
 #include "core/gradcodec.h"
+#include "core/log.h"
 #include "core/view.h"
 #include "core/wire.h"
 #include "node/loop.h"
@@ -100,6 +101,9 @@ typedef struct cps__op {
     int in_use; /* handle given to the caller and not yet waited to completion */
     int noagg;  /* sparse rows: applied on arrival (CPS_WF_NOAGG) */
     int first;  /* the tensor's first push from this worker (CPS_WF_FIRST) */
+    /* The ERROR line logged as `result` was set, maybe in another thread's call: cps_wait gives
+     * it to its caller (cps_last_error_message). */
+    char why[CPS__WHY_MAX];
 } cps__op;
 
 struct cps_handle {
@@ -128,7 +132,7 @@ struct cps_client {
     int reg_done;     /* 1 when answered; reg_result holds the answer */
     int reg_result;
     int bye_acked;
-    uint64_t clock; /* the highest training step pushed (cps__client_publish_step) */
+    uint64_t clock;      /* the highest training step pushed (cps__client_publish_step) */
     uint64_t start_step; /* the highest step a declare found (cps_start_step) */
     int shutdown;
     uint64_t view_asked_ms;

@@ -225,19 +225,25 @@ def test_stats_move(client):
     assert s2["pushes"] > s["pushes"] and s2["push_raw_bytes"] >= s["push_raw_bytes"] + 400
 
 
+def _worker_script(cluster, code, **env):
+    """Run python `code` as a worker of `cluster` (with `env` added); its CompletedProcess. The
+    cluster is closed afterwards, and every process of it ended."""
+    env = tj.env(CHAINPS_ROLE="worker", CHAINPS_SCHEDULER=cluster.addr, **env)
+    try:
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=60)
+    finally:
+        cluster.close()
+
+
 def test_closed_client_refuses_calls(tmp_path):
     c = tj.Cluster(str(tmp_path), servers=1, workers=1, mode="async")
-    env = tj.env(CHAINPS_ROLE="worker", CHAINPS_SCHEDULER=c.addr)
     code = ("import chainps, numpy as np\n"
             "c = chainps.init(); t = c.declare('w', 4); assert c.mode == 'async'\n"
             "c.close(); assert c.closed\n"
             "try:\n    c.pull(t, np.zeros(4, np.float32))\nexcept ValueError as e:\n"
             "    print('refused:', e)\n")
-    try:
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                           timeout=60)
-    finally:
-        c.close()
+    r = _worker_script(c, code)
     assert r.returncode == 0, r.stderr
     assert "refused: pull: chainps client is closed" in r.stdout
 
@@ -320,3 +326,98 @@ def test_ctrl_c_interrupts_a_blocked_call(tmp_path):
         c.close()
     assert "interrupted after" in out and "closed" in out, out
     assert a.returncode == 0, out
+
+
+# ---- errors say why (issue 27): chainps.Error carries the reason the library logged ----------
+
+def _init_fails(monkeypatch, **env):
+    """chainps.init() as a worker of `env` (the job variables of this process removed first);
+    returns the chainps.Error it raises."""
+    for k in list(os.environ):
+        if k.startswith(("CHAINPS_", "DMLC_", "MS_")) and k != "CHAINPS_CLI":
+            monkeypatch.delenv(k)
+    for k, v in dict({"CHAINPS_ROLE": "worker"}, **env).items():
+        monkeypatch.setenv(k, str(v))
+    with pytest.raises(chainps.Error) as e:
+        chainps.init().close()
+    assert e.value.reason and str(e.value).endswith(e.value.reason), str(e.value)
+    return e.value
+
+
+def test_error_says_the_secret_is_missing_and_how_to_give_it(monkeypatch):
+    e = _init_fails(monkeypatch, CHAINPS_SCHEDULER="127.0.0.1:9")
+    assert e.code == chainps.CPS_ECONFIG and e.name == "CPS_ECONFIG"
+    assert str(e).startswith("chainps.init: bad configuration (CPS_ECONFIG): no job secret: ")
+    assert "CHAINPS_SECRET_FILE=FILE" in str(e) and "--secret-file" in str(e)
+
+
+def test_error_says_the_secret_file_is_open_to_others(monkeypatch, tmp_path):
+    path = tmp_path / "open.secret"
+    path.write_text("0123456789abcdef0123456789abcdef\n")
+    path.chmod(0o644)
+    e = _init_fails(monkeypatch, CHAINPS_SCHEDULER="127.0.0.1:9", CHAINPS_SECRET_FILE=path)
+    assert e.code == chainps.CPS_ECONFIG
+    assert f"the secret file {path} is open to other users (mode 0644): chmod 600 it" in str(e)
+
+
+def test_error_says_the_scheduler_is_unreachable_after_n_seconds(monkeypatch):
+    port = tj.free_port()  # nothing listens there
+    e = _init_fails(monkeypatch, CHAINPS_SCHEDULER=f"127.0.0.1:{port}",
+                    CHAINPS_SECRET_FILE=tj.secret_file(), CHAINPS_JOIN_TIMEOUT_MS=1500)
+    assert isinstance(e, chainps.TimeoutError) and e.code == chainps.CPS_ETIMEDOUT
+    assert (f"the job did not start within 1.5 s (scheduler 127.0.0.1:{port} unreachable"
+            in str(e)), str(e)
+
+
+def test_error_says_the_scheduler_port_is_out_of_range(monkeypatch):
+    e = _init_fails(monkeypatch, CHAINPS_SCHEDULER="127.0.0.1:99999",
+                    CHAINPS_SECRET_FILE=tj.secret_file())
+    assert e.code == chainps.CPS_ECONFIG
+    assert "CHAINPS_SCHEDULER: 99999 is out of range 1..65535" in str(e)
+
+
+def test_error_says_the_workers_port_is_taken(monkeypatch):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        e = _init_fails(monkeypatch, CHAINPS_SCHEDULER="127.0.0.1:9", CHAINPS_BIND="127.0.0.1",
+                        CHAINPS_PORT=port, CHAINPS_SECRET_FILE=tj.secret_file())
+    assert e.code == chainps.CPS_ETRANSPORT
+    assert f"nn_bind tcp://127.0.0.1:{port}: Address already in use" in str(e)
+
+
+def test_a_refused_call_on_a_live_client_says_why(client):
+    client.declare("why", 4, optim=SGD)
+    with pytest.raises(chainps.Error) as e:
+        client.declare("why", 5, optim=SGD)
+    assert e.value.code == chainps.CPS_EEXIST
+    assert str(e.value) == ("declare(why): already exists with a different definition "
+                            "(CPS_EEXIST): tensor why declared again with another definition "
+                            "(shape 5, was 4)")
+    # The next call that fails says its own reason, not the last one's.
+    with pytest.raises(chainps.Error) as e:
+        client.declare("why_badlr", 4, optim=chainps.SGD(-1.0))
+    assert "why_badlr" in e.value.reason and "declared again" not in str(e.value), str(e.value)
+    # A call that succeeds in between leaves nothing behind for the next one.
+    client.declare("why", 4, optim=SGD)
+
+
+def test_a_failed_asynchronous_push_says_why_at_wait(tmp_path):
+    """The reason travels with the operation: Handle.wait() raises with the line the library
+    logged as it gave the push up (here its only server was killed)."""
+    c = tj.Cluster(str(tmp_path), servers=1, workers=1, mode="async")
+    code = ("import chainps, numpy as np, os, signal\n"
+            "c = chainps.init(); t = c.declare('w', 4)\n"
+            "os.kill(int(os.environ['SERVER_PID']), signal.SIGKILL)\n"
+            "h = c.push_async(t, np.ones(4, np.float32))\n"
+            "try:\n    h.wait(timeout=30)\n    print('no error')\n"
+            "except chainps.Error as e:\n    print('error:', e.name, '|', e.reason, flush=True)\n"
+            "os._exit(0)\n")
+    # The server is one of the cluster's processes: ended by its PID with the rest at close.
+    r = _worker_script(c, code, SERVER_PID=c.procs[1].pid, CHAINPS_UNAVAILABLE_TIMEOUT_MS=2000,
+                       CHAINPS_REQUEST_TIMEOUT_MS=300)
+    assert r.returncode == 0, r.stderr
+    assert ("error: CPS_EUNAVAILABLE | range 0 unavailable for 2000 ms: failing the request"
+            in r.stdout), r.stdout + r.stderr
