@@ -24,7 +24,8 @@ static cps__view view_of(uint32_t n, const uint32_t *chain, uint32_t len, uint64
     for (uint32_t r = 0; r < n; r++) {
         memset(&ranges[r], 0, sizeof ranges[r]);
         ranges[r].chain_len = len;
-        memcpy(ranges[r].chain, chain, len * sizeof *chain);
+        if (len) /* a range without replicas passes no chain */
+            memcpy(ranges[r].chain, chain, len * sizeof *chain);
     }
     return v;
 }
