@@ -43,8 +43,10 @@ if [ -z "${QUICK:-}" ]; then
   # run under ASan in their unit tests and chaos.lossy), nor `release_only` tests (fault variants
   # of a test whose plain run is in this pass), nor the `netns` ones (multi-host jobs in network
   # namespaces: their code runs under ASan in the other suites), nor the `deploy` ones (Slurm and
-  # Kubernetes harnesses around the same code: 4 minutes under ASan).
-  EXCLUDE='long|accuracy|release_only|netns|deploy' run_suite build/asan "ASan+UBSan build" -DCMAKE_BUILD_TYPE=Debug -DCHAINPS_SANITIZE=ON
+  # Kubernetes harnesses around the same code: 4 minutes under ASan), nor `docs` (docs.snippets:
+  # the README's and docs/' commands, Python among them, which Debian's python3 cannot run
+  # under ASan).
+  EXCLUDE='long|accuracy|release_only|netns|deploy|docs' run_suite build/asan "ASan+UBSan build" -DCMAKE_BUILD_TYPE=Debug -DCHAINPS_SANITIZE=ON
   unset ASAN_OPTIONS UBSAN_OPTIONS
   echo "== libFuzzer: wire decoders for ${FUZZ_SECONDS:-60} s, the checkpoint JSON reader for half that"
   if tests/fuzz/run_fuzz.sh build/fuzz "${FUZZ_SECONDS:-60}"; then passed=$((passed + 1)); else failed=$((failed + 1)); fail=1; fi
