@@ -176,8 +176,8 @@ int cps__cutroute_view(cps__cutroute *cr, const cps__view *v, const cps__cr_acti
                 /* It left the chain and is back (a restarted server rejoins under its id): its
                  * ask went with its process, and nothing else would ask it again, so a range
                  * whose other replicas are gone waited for it until the export's timeout. */
-                *p = (cr_peer){.node = c->chain[k], .state = P_ASKED, .in_chain = 1,
-                               .asked = v->epoch};
+                *p = (cr_peer){
+                    .node = c->chain[k], .state = P_ASKED, .in_chain = 1, .asked = v->epoch};
                 rc = emit(cr, CPS_CR_ASK, r, c->chain[k], 0, 0);
             } else if (p && p->state == P_ASKED && v->epoch > p->asked) {
                 /* Still unanswered under a newer view: ask again. Its process may have died

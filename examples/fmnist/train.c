@@ -59,8 +59,8 @@ typedef struct run {
     FILE *csv;
     char csv_path[4096], plot_path[4096], model_path[4096];
     struct timespec t0;
-    double t0_unix;            /* t0 on the wall clock: where launch's kill falls on the plot */
-    double loss_sum;           /* losses since the CSV's last loss point, and how many */
+    double t0_unix;  /* t0 on the wall clock: where launch's kill falls on the plot */
+    double loss_sum; /* losses since the CSV's last loss point, and how many */
     long loss_n;
     double wait_s; /* training loop: time spent in cps_wait, i.e. not hidden behind compute */
     double cpu_s;  /* training loop: this process's CPU time, every thread */

@@ -49,9 +49,9 @@
 #define READ_WAIT_MS     30000 /* one read's answer (a tail that died fails the export) */
 /* Unanswered this long, the exporter looks at the view again: a reader whose process died is
  * seen sooner (its connection refuses), but one cut off by the network only through the view. */
-#define LOOK_MS   500
-#define GONE_MS   100 /* a server looks gone but its view still lists it: look again this often */
-#define CUT_TRIES 4   /* cuts lost with every replica that held them, cut again this often */
+#define LOOK_MS        500
+#define GONE_MS        100 /* a server looks gone but its view still lists it: look again this often */
+#define CUT_TRIES      4   /* cuts lost with every replica that held them, cut again this often */
 #define CLOSE_GRACE_MS 200 /* closing: a CUT_CLOSE's peer not connected by then is dropped */
 
 static size_t pad8(size_t n)

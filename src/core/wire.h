@@ -104,7 +104,7 @@ enum cps__msg_type {
 /* Replies (ACK / VALUES) to a sync push only: the push came late, after its step had closed
  * with the first W-b gradients (backup workers), and was dropped, not applied. aux = the key
  * set's last closed step in the range: the worker continues after it. */
-#define CPS_WF_LATE   0x0010u
+#define CPS_WF_LATE 0x0010u
 /* PUSH / PUSH_PULL only: the worker's first push of this key set since it joined the job. It
  * has no push of a lower step to come, so a sync step below this one stops waiting for it
  * (replication/sync.c, pushed_later): a worker joining a running job starts after every range's

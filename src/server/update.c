@@ -969,8 +969,8 @@ static void push_sync(cps__server *s, cps__rx *rx, const cps__kv *kv)
     int v = CPS_ENOMEM;
     if (p && (s->sync || cps__sync_create(sync_push_free, NULL, &s->sync) == 0)) {
         *p = (sync_push){*rx, *kv};
-        cps__sync_contrib c = {h->sender, h->type, h->req_seq, kv->nvals, p,
-                               (h->flags & CPS_WF_FIRST) != 0};
+        cps__sync_contrib c = {h->sender, h->type, h->req_seq,
+                               kv->nvals, p,       (h->flags & CPS_WF_FIRST) != 0};
         v = cps__sync_push(s->sync, &s->view, h->range, sig, h->step, rank, &c, cps__now_ms());
     }
     if (v == CPS_SYNC_TAKEN) {

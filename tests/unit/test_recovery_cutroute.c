@@ -207,9 +207,9 @@ static void test_a_replica_back_in_the_chain_is_asked_again(void **state)
     assert_int_equal(cps__cutroute_create(1, need, 1, &cr), 0);
     cps__view v = view_of(1, (uint32_t[]){1, 2}, 2, 1);
     assert_int_equal(cps__cutroute_view(cr, &v, &a), 2);
-    v = view_of(1, (uint32_t[]){2}, 1, 2); /* 1 is gone */
+    v = view_of(1, (uint32_t[]){2}, 1, 2);               /* 1 is gone */
     assert_int_equal(cps__cutroute_view(cr, &v, &a), 1); /* 2 asked again: a newer view */
-    v = view_of(1, (uint32_t[]){2, 1}, 2, 3); /* 1 is back */
+    v = view_of(1, (uint32_t[]){2, 1}, 2, 3);            /* 1 is back */
     int n = cps__cutroute_view(cr, &v, &a);
     assert_int_equal(n, 2);
     assert_int_equal(count(a, n, CPS_CR_ASK, 0), 2);
