@@ -66,6 +66,9 @@ wait_for() { # SECONDS COMMAND...: retry every 0.2 s
 }
 started() { grep -q "connected 2 workers and 2 servers" "$dir/launch.log"; }
 wait_for 30 started || fail "the job did not start"
+# fmnist loads its data set after joining: the servers join once it trains.
+training() { grep -q "$(workload_training_re)" "$dir/launch.log"; }
+wait_for 30 training || fail "the job did not start training"
 port=$(sed -n 's/^launch: scheduler on 127.0.0.1:\([0-9]*\),.*/\1/p' "$dir/launch.log")
 [ -n "$port" ] || fail "no scheduler port in launch's output"
 sched="--scheduler 127.0.0.1:$port --secret-file $dir/secret"
