@@ -87,6 +87,17 @@ void cps__suspect_epoch(cps__suspect *s, uint64_t epoch)
         s->epoch = epoch;
 }
 
+/* Time since the probe round started. The caller's clocks need not agree to the millisecond:
+ * the scheduler starts a round at a report's arrival and ticks with its loop's time, which can
+ * be read a few ms earlier. A round started "later" than now has waited 0 ms (unsigned
+ * now - round_ms wrapped there, and a round that had just sent its probes declared every server
+ * that had not answered yet dead at once: issue 26, chaos on fmnist, three servers and a range
+ * with no replica). */
+static uint64_t since_round(const cps__suspect *s, uint64_t now)
+{
+    return now > s->round_ms ? now - s->round_ms : 0;
+}
+
 int cps__suspect_report(cps__suspect *s, const cps__suspect_report_in *in, uint64_t now)
 {
     s->nacts = 0;
@@ -98,7 +109,7 @@ int cps__suspect_report(cps__suspect *s, const cps__suspect_report_in *in, uint6
         return CPS_SUS_UNKNOWN;
     if (in->unanswered_ms < s->cfg.evidence_ms)
         return CPS_SUS_WEAK;
-    if (s->probing || (s->nonce && now - s->round_ms < s->cfg.probe_ms))
+    if (s->probing || (s->nonce && since_round(s, now) < s->cfg.probe_ms))
         return CPS_SUS_PROBING; /* one round at a time, at most one per probe_ms */
     s->nonce++;
     s->probing = 1;
@@ -134,14 +145,15 @@ void cps__suspect_tick(cps__suspect *s, uint64_t now)
         s->probing = 0; /* everyone answered: the reporters' silence is explained elsewhere */
         return;
     }
-    if (now - s->round_ms < s->cfg.probe_ms)
+    uint64_t waited = since_round(s, now);
+    if (waited < s->cfg.probe_ms)
         return;
     s->probing = 0;
     for (size_t i = 0; i < s->n;) {
         watched *w = &s->w[i];
         if (w->probed == s->nonce && !w->answered) {
-            s->acts[s->nacts++] = (cps__suspect_action){CPS_SUS_DEAD, w->node, s->nonce,
-                                                        now - s->round_ms, s->round_by};
+            s->acts[s->nacts++] =
+                (cps__suspect_action){CPS_SUS_DEAD, w->node, s->nonce, waited, s->round_by};
             *w = s->w[--s->n]; /* reported once; the caller declares it dead */
         } else {
             i++;

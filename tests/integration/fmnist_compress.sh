@@ -14,8 +14,9 @@ out=$3
 epochs=${EPOCHS:-5}
 data=${FMNIST_DATA:-/usr/share/datasets/fashion-mnist}
 if [ ! -r "$data/train-images-idx3-ubyte.gz" ]; then
-    echo "no Fashion-MNIST data in $data: skipped"
-    exit 77
+    echo "FAIL: no Fashion-MNIST data in $data (scripts/deps.sh test installs dataset-fashion-mnist;"
+    echo "FMNIST_DATA names another place): a missing test dependency is a failure, not a skip"
+    exit 1
 fi
 rm -rf "$out"
 mkdir -p "$out"

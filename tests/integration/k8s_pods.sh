@@ -39,8 +39,8 @@ say() { echo "$(date +%T.%3N) k8s_pods: $*"; }
 if ((inner == 0)); then
     data=/usr/share/datasets/fashion-mnist
     if [[ ! -f $data/train-images-idx3-ubyte.gz ]]; then
-        say "SKIP: no Fashion-MNIST data in $data (apt-get install dataset-fashion-mnist)"
-        exit 77
+        say "FAIL: no Fashion-MNIST data in $data (scripts/deps.sh test installs dataset-fashion-mnist)"
+        exit 1
     fi
     if [[ $(id -u) != 0 ]] || ! unshare -mn true 2>/dev/null; then
         say "SKIP: cannot make a private mount and network namespace (unshare -mn; root needed)"

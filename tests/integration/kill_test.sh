@@ -1,25 +1,73 @@
 #!/bin/sh
 # Kill one server (by rank) during sync training and check that the job finishes with exactly
 # the parameters of a fault-free run. With 3 servers on a ring, range 0's chain is rank 0 ->
-# rank 1 -> rank 2: killing rank 0, 1 or 2 kills its head, middle or tail.
-# usage: kill_test.sh CHAINPS LSQ_WORKER RANK
+# rank 1 -> rank 2: killing rank 0, 1 or 2 kills its head, middle or tail. RANKS may name
+# several ranks ("0 1 2"): one fault-free run, then one run per rank, each with that server
+# killed (launch --kill-at) and restarted 2 s later.
+# WORKLOAD=lsq (default) or fmnist (tests/integration/workload.sh): PROGRAM is lsq_worker or
+# examples/fmnist. fmnist's tensors are spread over every range, so each kill there takes out
+# the head of one range, the middle of another and the tail of a third, all holding data.
+# usage: [WORKLOAD=fmnist] kill_test.sh CHAINPS PROGRAM RANKS
 set -eu
 cps=$1
-lsq=$2
-rank=$3
+bin=$2
+ranks=$3
+. "$(dirname "$0")/workload.sh"
+workload_need_data
+dir=$(mktemp -d "${TMPDIR:-/tmp}/chainps-kill-XXXXXX")
+trap 'rm -rf "$dir"' EXIT
 job="--servers 3 --workers 2 --mode sync --timeout 180"
-prog="$lsq --steps 20000"
-ref=$("$cps" launch $job -- $prog 2>&1 | sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' | sort -u)
-out=$("$cps" launch $job --kill-at 1 --kill-server "$rank" -- $prog 2>&1) || {
-    echo "$out" | tail -20
-    echo "the job with server $rank killed failed"
+if [ "$WORKLOAD" = fmnist ]; then
+    # 600 steps, 4-9 s of training here after 1-5 s of start-up (loading the data set): the
+    # kill comes 2 s after training started in the fault-free run (launch --kill-at counts from
+    # its own start).
+    prog="$bin $(workload_fmnist_args 600 "$dir/fm" 10)"
+    kill_after=2
+else
+    prog="$bin --steps 20000"
+    kill_after=0
+fi
+checksums() { sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$1" | sort -u; }
+"$cps" launch $job -- $prog >"$dir/ref.log" 2>&1 &
+ref_pid=$!
+t=0 # tenths of a second until the fault-free run trained
+while kill -0 $ref_pid 2>/dev/null && ! grep -q "$(workload_training_re)" "$dir/ref.log"; do
+    sleep 0.1
+    t=$((t + 1))
+done
+wait $ref_pid || {
+    tail -20 "$dir/ref.log"
+    echo "FAIL: the fault-free job failed"
     exit 1
 }
-echo "$out" | grep -E "SIGKILL|restarted|declared dead|joined range" || true
-got=$(echo "$out" | sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' | sort -u)
-echo "$out" | grep -q "SIGKILL server $rank" || { echo "the kill did not happen"; exit 1; }
-if [ -z "$ref" ] || [ "$got" != "$ref" ]; then
-    echo "FAIL: fault-free checksum '$ref', with server $rank killed '$got'"
-    exit 1
-fi
-echo "PASS: server $rank killed mid-run; final parameters identical to the fault-free run ($got)"
+ref=$(checksums "$dir/ref.log")
+kill_at=$(((t + 9) / 10 + kill_after))
+[ $kill_at -ge 1 ] || kill_at=1
+echo "the fault-free run trained after $((t / 10)).$((t % 10)) s: kills at $kill_at s"
+for rank in $ranks; do
+    log="$dir/kill$rank.log"
+    # A start-up slower than the fault-free run's (a loaded machine) can put the kill before
+    # training, where it checks less: such a run does not count, and runs again with the kill
+    # 3 s later (twice at most). A kill after the end fails at once.
+    at=$kill_at
+    for attempt in 1 2 3; do
+        "$cps" launch $job --kill-at $at --kill-server "$rank" -- $prog >"$log" 2>&1 || {
+            tail -20 "$log"
+            echo "FAIL: the job with server $rank killed failed"
+            exit 1
+        }
+        grep -E "SIGKILL|restarted|declared dead|joined range" "$log" || true
+        why=$(workload_fault_mid_run "$log" "SIGKILL server $rank") && break
+        echo "$why"
+        case $why in *"before training"*) [ $attempt -lt 3 ] || exit 1 ;; *) exit 1 ;; esac
+        at=$((at + 3))
+        echo "again with the kill at $at s"
+    done
+    got=$(checksums "$log")
+    if [ -z "$ref" ] || [ "$got" != "$ref" ]; then
+        echo "FAIL: fault-free checksum '$ref', with server $rank killed '$got'"
+        exit 1
+    fi
+    echo "PASS: $WORKLOAD: server $rank killed mid-run; final parameters identical to the" \
+        "fault-free run ($got)"
+done

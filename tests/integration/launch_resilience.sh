@@ -2,17 +2,28 @@
 # `chainps launch` is as resilient as a cluster started by hand (issue 12): kill -9 of the
 # scheduler mid-run (it is restarted on its data directory and the sync job ends bitwise as a
 # fault-free run), of a worker (dropped: the other one finishes), and of a worker under
-# --restart-workers (a new one takes its rank and both ranks finish). Every process is a child
-# of launch, which ends them by PID; the test kills only launch's own children.
-# usage: launch_resilience.sh CHAINPS LSQ_WORKER
+# --restart-workers (a new one takes its rank, resumes at the step the job is on and both ranks
+# finish). Every process is a child of launch, which ends them by PID; the test kills only
+# launch's own children. Each kill falls 1.5 s into training (checked).
+# WORKLOAD=lsq (default) or fmnist (tests/integration/workload.sh): PROGRAM is lsq_worker or
+# examples/fmnist (6 tensors; its replacement worker resumes at cps_start_step).
+# usage: [WORKLOAD=fmnist] launch_resilience.sh CHAINPS PROGRAM
 set -u
 cps=$1
-lsq=$2
+bin=$2
+. "$(dirname "$0")/workload.sh"
+workload_need_data
 export CHAINPS_WORKER_DEAD_AFTER_MS=1000 # a dead worker's rank is free again after 1 s
 job=(--servers 3 --workers 2 --mode sync --timeout 150)
-prog=("$lsq" --steps 500 --step-ms 8)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/chainps-launch-XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
+if [ "$WORKLOAD" = fmnist ]; then
+    # 500 steps: 3-8 s of training here, so a kill 1.5 s in leaves the job most of its steps.
+    # shellcheck disable=SC2207
+    prog=("$bin" $(workload_fmnist_args 500 "$tmp/fm" 10))
+else
+    prog=("$bin" --steps 500 --step-ms 8)
+fi
 fail() { echo "FAIL: $*"; exit 1; }
 checksums() { sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$1" | sort -u; }
 
@@ -35,16 +46,23 @@ run() {
     "$cps" launch "${job[@]}" "$@" -- "${prog[@]}" >"$tmp/$name.log" 2>&1 &
     local lp=$!
     if [ "$victim" != none ]; then
-        for _ in $(seq 100); do grep -q "connected 2 workers" "$tmp/$name.log" && break; sleep 0.1; done
+        for _ in $(seq 300); do grep -q "$(workload_training_re)" "$tmp/$name.log" && break; sleep 0.1; done
+        grep -q "$(workload_training_re)" "$tmp/$name.log" ||
+            { kill "$lp"; wait "$lp"; fail "$name: training did not start within 30 s"; }
         sleep 1.5
         local v
         v=$(child "$lp" "$victim")
         [ -n "$v" ] || { kill "$lp"; wait "$lp"; fail "$name: no $victim process to kill"; }
+        # A kill after a worker finished would check nothing.
+        ! grep -q "final: " "$tmp/$name.log" ||
+            { kill "$lp"; wait "$lp"; fail "$name: a worker finished before the kill: make the job longer"; }
         kill -9 "$v"
     fi
     wait "$lp"
     echo "$?" >"$tmp/$name.rc"
 }
+# A worker's final line, by rank, as launch prefixes it.
+finals() { grep -c "^\[worker $2\] final: " "$tmp/$1.log"; }
 
 run ref none
 [ "$(cat "$tmp/ref.rc")" = 0 ] || { tail -20 "$tmp/ref.log"; fail "the fault-free job failed"; }
@@ -61,12 +79,12 @@ grep -E "^launch:" "$tmp/drop.log"
 [ "$(cat "$tmp/drop.rc")" = 0 ] || { tail -30 "$tmp/drop.log"; fail "the job with a worker killed failed"; }
 grep -q "worker 1 died (killed by signal 9.*; the job goes on without it" "$tmp/drop.log" ||
     fail "no drop reported"
-[ "$(grep -c 'final: rank 0' "$tmp/drop.log")" = 1 ] || fail "rank 0 did not finish"
+[ "$(finals drop 0)" = 1 ] || fail "rank 0 did not finish"
 
 run restart 1 --restart-workers
 grep -E "^launch:" "$tmp/restart.log"
 [ "$(cat "$tmp/restart.rc")" = 0 ] || { tail -30 "$tmp/restart.log"; fail "the job with a worker replaced failed"; }
 grep -q "restarted worker 1" "$tmp/restart.log" || fail "worker 1 was not restarted"
-[ "$(grep -c 'final: rank 0' "$tmp/restart.log")" = 1 ] || fail "rank 0 did not finish"
-[ "$(grep -c 'final: rank 1' "$tmp/restart.log")" = 1 ] || fail "the replacement of rank 1 did not finish"
-echo "PASS: scheduler restarted (bitwise $ref), a dead worker dropped, a dead worker replaced"
+[ "$(finals restart 0)" = 1 ] || fail "rank 0 did not finish"
+[ "$(finals restart 1)" = 1 ] || fail "the replacement of rank 1 did not finish"
+echo "PASS: $WORKLOAD: scheduler restarted (bitwise $ref), a dead worker dropped, a dead worker replaced"

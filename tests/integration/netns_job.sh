@@ -17,7 +17,11 @@
 # NETNS_ONEWAY_MAX_MS (3000) of the cut; for delay, that the job took at least a round trip
 # (2 x NETNS_DELAY_US) per step, and that netdelay dropped nothing for want of room.
 #
-# usage: netns_job.sh CHAINPS LSQ_WORKER SCENARIO [NETDELAY]   (NETDELAY: for delay)
+# WORKLOAD=lsq (default) or fmnist (tests/integration/workload.sh): PROGRAM is lsq_worker or
+# examples/fmnist (the MLP, 6 tensors; 800 steps, unpaced, and the cut waits for its first loss
+# line: data loading takes a second or two after the scheduler admitted everyone).
+#
+# usage: [WORKLOAD=fmnist] netns_job.sh CHAINPS PROGRAM SCENARIO [NETDELAY]   (NETDELAY: for delay)
 # env: NETNS_STEPS (lsq_worker steps, default 2500 paced 1 ms each, 600 under loss and 800 with
 # delay: a few seconds)
 # Needs root, iproute2 and nftables (scripts/deps.sh test); exits 77 (skipped) where a network
@@ -26,7 +30,7 @@
 set -euo pipefail
 
 cps=$(readlink -f "${1:?usage: netns_job.sh CHAINPS LSQ_WORKER SCENARIO}")
-lsq=$(readlink -f "${2:?LSQ_WORKER}")
+bin=$(readlink -f "${2:?PROGRAM}")
 scen=${3:?SCENARIO: loss, tbf, partition, oneway or delay}
 delayer=${4:-}
 delay_us=${NETNS_DELAY_US:-2000}
@@ -37,6 +41,11 @@ loss) steps=${NETNS_STEPS:-600} ;;
 delay) steps=${NETNS_STEPS:-800} ;;
 *) steps=${NETNS_STEPS:-2500} ;;
 esac
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tests/integration/workload.sh
+. "$here/workload.sh"
+workload_need_data
+[[ $WORKLOAD == lsq ]] || steps=${NETNS_STEPS:-800}
 oneway_max=${NETNS_ONEWAY_MAX_MS:-3000}
 say() { echo "$(date +%T.%3N) netns.$scen: $*"; }
 skip() {
@@ -49,7 +58,6 @@ case $scen in loss | tbf | partition | oneway | delay) ;; *)
     ;;
 esac
 
-here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tests/integration/lib_netns.sh
 . "$here/lib_netns.sh"
 why=$(netns_can_run) || skip "$why"
@@ -88,7 +96,13 @@ job=(--servers 3 --workers 2 --mode sync)
 # A small learning rate: the job ends far from converged, so every step's update shows in the
 # checksum (at lsq_worker's default rate the parameters reach the same fixed point whatever
 # happened on the way, and a lost or doubled update could go unseen).
-prog=("$lsq" --steps "$steps" --lr 0.002 --tol 10)
+prog=("$bin" --steps "$steps" --lr 0.002 --tol 10)
+pace=(--step-ms 1)
+if [[ $WORKLOAD == fmnist ]]; then
+    # shellcheck disable=SC2207
+    prog=("$bin" $(workload_fmnist_args "$steps" "$t/fm" 10))
+    pace=()
+fi
 ref=$("$cps" launch "${job[@]}" --timeout 60 --data "$t/ref" -- "${prog[@]}" 2>&1 |
     sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' | sort -u)
 [[ -n $ref && $ref != *$'\n'* ]] || {
@@ -137,7 +151,7 @@ done
 start_ms=$(date +%s%3N)
 wpids=()
 for r in 0 1; do
-    run "w$r" "w$r" env CHAINPS_ROLE=worker CHAINPS_RANK="$r" "${prog[@]}" --step-ms 1
+    run "w$r" "w$r" env CHAINPS_ROLE=worker CHAINPS_RANK="$r" "${prog[@]}" "${pace[@]}"
     wpids+=("${pids[-1]}")
 done
 say "job started: scheduler, 3 servers, 2 workers in namespaces $tag-*; reference checksum $ref"
@@ -152,17 +166,27 @@ EOF
 }
 case $scen in
 partition | oneway)
-    # Cut once training is under way: every node admitted, then a second of steps.
-    for _ in $(seq 200); do
-        grep -q "connected 2 workers and 3 servers" "$t/sched.log" && break
+    # Cut once training is under way (every node admitted; fmnist: its first loss line), then
+    # a second of steps. A cut after a worker finished would check nothing: a failure.
+    started_re="connected 2 workers and 3 servers" started_log=$t/sched.log
+    [[ $WORKLOAD == lsq ]] || started_re=$(workload_training_re) started_log=$t/w0.log
+    for _ in $(seq 300); do
+        grep -q "$started_re" "$started_log" && break
         sleep 0.1
     done
-    grep -q "connected 2 workers and 3 servers" "$t/sched.log" || {
-        say "FAIL: the job did not start within 20 s"
+    grep -q "$started_re" "$started_log" || {
+        say "FAIL: the job did not start training within 30 s"
         keep=1
         exit 1
     }
     sleep 1
+    for p in "${wpids[@]}"; do
+        kill -0 "$p" 2>/dev/null || {
+            say "FAIL: a worker ended before the cut: make the job longer (NETNS_STEPS)"
+            keep=1
+            exit 1
+        }
+    done
     cut=$(date +%T.%3N)
     if [[ $scen == partition ]]; then
         fault 'iifname "eth0" drop;' 'oifname "eth0" drop;'
@@ -247,4 +271,4 @@ if ((fails > 0)); then
     done
     exit 1
 fi
-say "PASS: checksum $got identical to loopback; deaths as the fault explains"
+say "PASS: $WORKLOAD: checksum $got identical to loopback; deaths as the fault explains"

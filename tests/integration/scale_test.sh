@@ -4,11 +4,15 @@
 # two it gained (one by `chainps drain`, one by SIGTERM); it must end with exactly the parameters
 # of a run that never scaled. With
 # `kill`, server rank 0 is also SIGKILLed (and restarted by launch) while the ranges move.
-# usage: scale_test.sh CHAINPS LSQ_WORKER [kill]
+# WORKLOAD=lsq (default) or fmnist (tests/integration/workload.sh): PROGRAM is lsq_worker or
+# examples/fmnist (the MLP's 6 tensors: fc1.weight in chunks over all 8 ranges, the others whole).
+# usage: [WORKLOAD=fmnist] scale_test.sh CHAINPS PROGRAM [kill]
 set -eu
 cps=$1
-lsq=$2
+bin=$2
 variant=${3:-plain}
+. "$(dirname "$0")/workload.sh"
+workload_need_data
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 dir=$(mktemp -d)
@@ -27,16 +31,28 @@ fail() {
     exit 1
 }
 job="--servers 2 --workers 2 --replicas 2 --ranges 8 --mode sync --timeout 150"
-# 140,000 values: one 17,500-value chunk in each of the 8 ranges.
-prog="$lsq --dim 140000 --samples 8 --steps 1500 --lr 1e-5 --tol 1e9"
+if [ "$WORKLOAD" = fmnist ]; then
+    # Unpaced: 1200 steps train for 8-15 s here, through the joins and both drains. Its tensors
+    # are not cut evenly over the ranges, so a balanced server holds 4 ranges, not a set count
+    # of values.
+    prog="$bin $(workload_fmnist_args 1200 "$dir/fm" 100)"
+    pace=
+    values_each=0
+else
+    # 140,000 values: one 17,500-value chunk in each of the 8 ranges.
+    prog="$bin --dim 140000 --samples 8 --steps 1500 --lr 1e-5 --tol 1e9"
+    # Paced (3 ms a step, ~8 s) so the servers join and drain while it trains; pacing changes
+    # no value.
+    pace="--step-ms 3"
+    values_each=70000
+fi
 ref=$("$cps" launch $job -- $prog 2>&1 | sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' | sort -u)
 [ -n "$ref" ] || fail "the fixed-size run gave no checksum"
 
 "$cps" secret "$dir/secret" >/dev/null
 extra=
 [ "$variant" = kill ] && extra="--kill-at 2 --kill-server 0"
-# Paced (3 ms a step, ~8 s) so the servers join and drain while it trains; pacing changes no value.
-"$cps" launch $job --secret-file "$dir/secret" $extra -- $prog --step-ms 3 >"$dir/launch.log" 2>&1 &
+"$cps" launch $job --secret-file "$dir/secret" $extra -- $prog $pace >"$dir/launch.log" 2>&1 &
 launch_pid=$!
 wait_for() { # SECONDS COMMAND...: retry every 0.2 s
     t=$(($1 * 5))
@@ -50,6 +66,9 @@ wait_for() { # SECONDS COMMAND...: retry every 0.2 s
 }
 started() { grep -q "connected 2 workers and 2 servers" "$dir/launch.log"; }
 wait_for 30 started || fail "the job did not start"
+# fmnist loads its data set after joining: the servers join once it trains.
+training() { grep -q "$(workload_training_re)" "$dir/launch.log"; }
+wait_for 30 training || fail "the job did not start training"
 port=$(sed -n 's/^launch: scheduler on 127.0.0.1:\([0-9]*\),.*/\1/p' "$dir/launch.log")
 [ -n "$port" ] || fail "no scheduler port in launch's output"
 sched="--scheduler 127.0.0.1:$port --secret-file $dir/secret"
@@ -59,16 +78,19 @@ for k in 0 1; do
     spids="$spids $!"
 done
 
-# Balanced: 4 live servers, each in 4 of the 8 chains of 2, holding 70,000 of the 280,000 values.
+# Balanced: 4 live servers, each in 4 of the 8 chains of 2, holding values (lsq: 70,000 of the
+# 280,000 each).
 balanced() {
     "$cps" status $sched --json 2>/dev/null >"$dir/status.json" || return 1
-    "$py" - "$dir/status.json" <<'EOF'
+    "$py" - "$dir/status.json" "$values_each" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1]))
+want = int(sys.argv[2])
 servers = [n for n in s["nodes"] if n["role"] == "server" and n["alive"]]
 held = {n["id"]: sum(n["id"] in r["chain"] for r in s["ranges"]) for n in servers}
 values = [n.get("values", -1) for n in servers]
-ok = len(servers) == 4 and all(h == 4 for h in held.values()) and all(v == 70000 for v in values)
+ok = (len(servers) == 4 and all(h == 4 for h in held.values())
+      and all(v == want if want else v > 0 for v in values))
 sys.exit(0 if ok else 1)
 EOF
 }
@@ -76,7 +98,7 @@ wait_for 40 balanced || {
     cat "$dir/status.json" 2>/dev/null
     fail "the job did not reach 4 servers holding a quarter each"
 }
-echo "balanced: 4 servers, 4 ranges and 70000 values each"
+echo "balanced: 4 servers, 4 ranges each; values $("$py" -c 'import json,sys; print([n.get("values") for n in json.load(sys.stdin)["nodes"] if n["role"]=="server" and n["alive"]])' <"$dir/status.json")"
 if [ "$variant" = kill ]; then
     back() { grep -q "^launch: .* restarted server 0 " "$dir/launch.log"; }
     wait_for 30 back || fail "server 0 was not killed and restarted"
@@ -121,4 +143,4 @@ launch_pid=
 got=$(sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$dir/launch.log" | sort -u)
 [ "$got" = "$ref" ] || fail "fixed-size checksum '$ref', scaled '$got'"
 grep -E "moves from server|drained" "$dir/launch.log" | head -3
-echo "PASS ($variant): grew 2 -> 4 servers, balanced, drained back to 2; parameters identical ($got)"
+echo "PASS ($WORKLOAD, $variant): grew 2 -> 4 servers, balanced, drained back to 2; parameters identical ($got)"

@@ -234,6 +234,35 @@ static void reporters_list_only_long_silences(void **state)
     assert_int_equal(m, 2);
 }
 
+/* The scheduler starts a round at a report's arrival (a fresh clock read) and ticks with its
+ * loop's time, which may be a few ms older: a tick "before" the round has waited 0 ms, not
+ * 2^64 - 9 (issue 26: every server that had not answered yet was declared dead at once). */
+static void a_tick_older_than_the_round_waits(void **state)
+{
+    (void)state;
+    cps__suspect *s = make();
+    uint32_t dead[4];
+    assert_int_equal(report(s, 10, 7, 2, 1600, 5009), CPS_SUS_PROBING);
+    uint64_t nonce = probes(s, 3);
+    cps__suspect_tick(s, 5000);
+    assert_int_equal(deaths(s, dead), 0);
+    assert_true(cps__suspect_probing(s));
+    /* Nor does a report with an older clock start a second round. */
+    assert_int_equal(report(s, 11, 7, 2, 1700, 5001), CPS_SUS_PROBING);
+    assert_int_equal(probes(s, 0), 0);
+    cps__suspect_answered(s, 1, nonce);
+    cps__suspect_answered(s, 3, nonce);
+    cps__suspect_tick(s, 6008);
+    assert_int_equal(deaths(s, dead), 0);
+    cps__suspect_tick(s, 6009);
+    assert_int_equal(deaths(s, dead), 1);
+    assert_int_equal(dead[0], 2);
+    const cps__suspect_action *a;
+    cps__suspect_actions(s, &a);
+    assert_int_equal(a[0].silent_ms, 1000);
+    cps__suspect_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -245,6 +274,7 @@ int main(void)
         cmocka_unit_test(the_probe_finds_the_unreachable_server_not_the_named_one),
         cmocka_unit_test(membership_changes_during_a_round),
         cmocka_unit_test(reporters_list_only_long_silences),
+        cmocka_unit_test(a_tick_older_than_the_round_waits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
