@@ -18,6 +18,7 @@
 #include "node/msg.h"
 #include "node/roles.h"
 #include "node/temp_peers.h"
+#include "recovery/incarnation.h"
 #include "recovery/detector.h"
 #include "recovery/suspect.h"
 #include "recovery/repair.h"
@@ -401,15 +402,18 @@ static void handle_hello(cps__sched *s, const cps__rx *rx)
                  n->info.id, n->info.rank);
     }
     uint64_t boot = rx->hdr.aux;
-    if (s->started && n->info.role == CPS_ROLE_SERVER && n->info.alive && n->boot_id && boot &&
-        boot != n->boot_id) {
-        /* A new incarnation of a server we still count alive: it restarted before we noticed.
-         * Its chain state is gone (and maybe its disk): first take the old one out of every
-         * chain, as for any death, then let the new one in like a server coming back. */
+    if (n->info.role == CPS_ROLE_SERVER &&
+        cps__incarnation_hello(s->started, n->info.alive, n->boot_id, boot) == CPS_INC_NEW_LIFE) {
+        /* Another life of a server we still count alive (recovery/incarnation.h): it restarted
+         * (or was fenced) before we noticed, or we restarted since it said HELLO and cannot tell
+         * it from one that did. It holds no chain state: first take the old life out of every
+         * chain, as for any death, then let the new one in like a server coming back. Taken
+         * for "a node moved" after a scheduler restart (the boot id was not kept), a restarted
+         * middle kept its chain positions without the FWDs it owed its successor (issue 26). */
         cps__log(CPS_LOG_WARN, "scheduler",
-                 "server %u restarted before it was declared dead: "
+                 "server %u restarted before it was declared dead%s: "
                  "treating it as dead, then as coming back",
-                 n->info.id);
+                 n->info.id, n->boot_id ? "" : " (or we did, and do not know its life)");
         declare_dead(s, n->info.id, 0);
     }
     if (boot)
@@ -485,7 +489,22 @@ static int save_txn(cps__txn *txn, void *arg)
             nsc++;
         }
     cps__le32_put(sc, nsc);
-    return rc ? rc : cps__store_blob_put(txn, "sched/scale", sc, 4 + 8 * (size_t)nsc);
+    if (rc == 0)
+        rc = cps__store_blob_put(txn, "sched/scale", sc, 4 + 8 * (size_t)nsc);
+    /* sched/boots: u32 count, then per server whose life we let in: u32 id, u32 0, u64 boot id.
+     * A restarted scheduler tells a server's new life from the one it let in by it
+     * (recovery/incarnation.h). */
+    unsigned char bt[4 + 16 * CPS_MAX_NODES];
+    uint32_t nbt = 0;
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        if (s->nodes[i].boot_id) {
+            cps__le32_put(bt + 4 + 16 * nbt, s->nodes[i].info.id);
+            cps__le32_put(bt + 8 + 16 * nbt, 0);
+            cps__le64_put(bt + 12 + 16 * nbt, s->nodes[i].boot_id);
+            nbt++;
+        }
+    cps__le32_put(bt, nbt);
+    return rc ? rc : cps__store_blob_put(txn, "sched/boots", bt, 4 + 16 * (size_t)nbt);
 }
 
 /* Write the view and the job's progress. On failure (a full disk, an I/O error) the view is
@@ -630,6 +649,18 @@ static int load_txn(cps__txn *txn, void *arg)
                 n->draining = 1;
             if (n && what == 2)
                 n->left = 1;
+        }
+    }
+    const void *btb;
+    size_t btlen;
+    if (cps__store_blob_get(txn, "sched/boots", &btb, &btlen) == 0) {
+        const unsigned char *bt = btb;
+        if (btlen < 4 || btlen != 4 + 16 * (size_t)cps__le32_get(bt))
+            return CPS_ECORRUPT;
+        for (uint32_t j = 0; j < cps__le32_get(bt); j++) {
+            sched_node *n = find_node(s, cps__le32_get(bt + 4 + 16 * j));
+            if (n)
+                n->boot_id = cps__le64_get(bt + 12 + 16 * j);
         }
     }
     return 0;
