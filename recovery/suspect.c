@@ -12,6 +12,17 @@ typedef struct watched {
     int answered;    /* it answered that probe */
 } watched;
 
+/* Milliseconds since `since`, 0 if `now` is earlier: callers may pass a `now` read before the
+ * one that started a round (the scheduler's loop takes its clock once per turn, while a report
+ * handled in that turn read it later), and an unsigned `now - since` would then wrap to ~2^64:
+ * the round would be over at once and every server not yet answering declared dead (issue 26's
+ * soak: three servers of a 4-server job declared dead 1 ms after a probe, "unanswered for
+ * 18446744073709551615 ms"). */
+static uint64_t elapsed(uint64_t now, uint64_t since)
+{
+    return now > since ? now - since : 0;
+}
+
 struct cps__suspect {
     cps__suspect_config cfg;
     uint64_t epoch;
@@ -98,7 +109,7 @@ int cps__suspect_report(cps__suspect *s, const cps__suspect_report_in *in, uint6
         return CPS_SUS_UNKNOWN;
     if (in->unanswered_ms < s->cfg.evidence_ms)
         return CPS_SUS_WEAK;
-    if (s->probing || (s->nonce && now - s->round_ms < s->cfg.probe_ms))
+    if (s->probing || (s->nonce && elapsed(now, s->round_ms) < s->cfg.probe_ms))
         return CPS_SUS_PROBING; /* one round at a time, at most one per probe_ms */
     s->nonce++;
     s->probing = 1;
@@ -134,14 +145,14 @@ void cps__suspect_tick(cps__suspect *s, uint64_t now)
         s->probing = 0; /* everyone answered: the reporters' silence is explained elsewhere */
         return;
     }
-    if (now - s->round_ms < s->cfg.probe_ms)
+    if (elapsed(now, s->round_ms) < s->cfg.probe_ms)
         return;
     s->probing = 0;
     for (size_t i = 0; i < s->n;) {
         watched *w = &s->w[i];
         if (w->probed == s->nonce && !w->answered) {
             s->acts[s->nacts++] = (cps__suspect_action){CPS_SUS_DEAD, w->node, s->nonce,
-                                                        now - s->round_ms, s->round_by};
+                                                        elapsed(now, s->round_ms), s->round_by};
             *w = s->w[--s->n]; /* reported once; the caller declares it dead */
         } else {
             i++;
