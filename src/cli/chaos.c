@@ -296,13 +296,23 @@ static int reference_run(const cps__config *cfg, char **prog, char sums[][40], i
         cps__job_pump(&j, 100);
         if (interrupted)
             rc = 1;
-        int left = 0, failed = 0;
+        int left = 0, failed = -1;
         for (int i = 1 + j.S; i < j.n; i++) {
             left += !j.kids[i].exited;
-            failed |= j.kids[i].exited && !cps__job_ok(&j, i);
+            if (j.kids[i].exited && !cps__job_ok(&j, i))
+                failed = i;
         }
-        if (failed || cps__now_ms() > deadline)
+        /* The run is quiet: say which worker failed, or the user sees no reason at all. */
+        if (failed >= 0) {
+            char b[96];
+            printf("chaos: the reference run's %s exited (%s); run the job under `chainps "
+                   "launch` to see its output\n",
+                   j.kids[failed].tag, cps__job_exit_text(j.kids[failed].status, b, sizeof b));
             rc = 1;
+        } else if (cps__now_ms() > deadline) {
+            printf("chaos: the reference run did not finish in 1800 s\n");
+            rc = 1;
+        }
         if (!left)
             break;
     }
