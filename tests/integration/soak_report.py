@@ -12,14 +12,18 @@ Resource bounds (per hour, least-squares slope over a process's samples after WA
   SLOPE_FDS_H (30): a socket or file leaked per fault (a fault every ~10 s is 360/h) or per
     export (60/h) is caught; peers reconnecting after a fault move the count by a few for
     seconds, which the fit over minutes absorbs.
-  SLOPE_DISK_MB_H (64): judged on the high-water mark of the job's data directories (the sum
+  SLOPE_DISK_MB_H (2048): judged on the high-water mark of the job's data directories (the sum
     over server-R and scheduler of each one's largest size so far). A server's data.mdb is
-    allocated as large as its LMDB map, which doubles (64 MB .. 512 MB for this model) while a
-    snapshot (export, state transfer) keeps freed pages from reuse, and is made afresh when a
-    drained server comes back: the raw size moves in steps of hundreds of MB both ways (its
-    slope is printed, not judged), but each directory's high-water settles within the first
-    exports. A store that stops reusing pages doubles its map again and again: the high-water
-    keeps climbing, by far more than this bound.
+    allocated as large as its LMDB map (posix_fallocate), which doubles (64 MB .. 512 MB for
+    this model) while a snapshot (export, state transfer) keeps freed pages from reuse, and is
+    made afresh when a drained server comes back: the raw size moves in steps of hundreds of
+    MB both ways (its slope is printed, not judged), and even the high-water takes a bounded
+    step when a server first holds a long snapshot, possibly late. The leaks that matter are
+    far steeper: a read transaction left open pins every page a step rewrites (each server
+    holds ~1.4 MB of this model's values and momentum and applies ~50 steps/s: ~250 GB/h), and
+    a free list losing one 4 KiB page per update (~300 updates/s per server) is ~4 GB/h.
+    So this bound catches those and tolerates the design's steps (the series is printed: a
+    step shows as one jump, a leak as a ramp).
 A series shorter than MIN_SPAN_S (300) after its warm-up is listed, not judged: a slope over
 a few minutes says more about start-up than about leaks.
 """
@@ -31,7 +35,7 @@ import sys
 work = sys.argv[1]
 env = os.environ.get
 BOUND = {"rss": float(env("SLOPE_RSS_MB_H", "64")), "fds": float(env("SLOPE_FDS_H", "30")),
-         "disk": float(env("SLOPE_DISK_MB_H", "64"))}
+         "disk": float(env("SLOPE_DISK_MB_H", "2048"))}
 UNIT = {"rss": "MB/h", "fds": "fds/h", "disk": "MB/h"}
 WARMUP_S = float(env("WARMUP_S", "120"))
 MIN_SPAN_S = float(env("MIN_SPAN_S", "300"))
