@@ -11,7 +11,8 @@
 #    checkpoint inspect`), and the last one of each phase loads in Python (chainps.checkpoint);
 #  - the RSS, open files and disk use of the long-lived processes stay flat (least-squares
 #    slope per hour under a bound, see soak_report.py for the bounds and why);
-#  - every WARN line is explained by a fault injected in its phase (soak_report.py's allow-list).
+#  - every WARN and ERROR line is explained by a fault injected in its phase (soak_report.py's
+#    allow-list); an unexplained one fails the soak and is printed.
 #
 # Two phases, because a killed worker cannot be bitwise-compared even when it is replaced: the
 # steps between its death and its replacement's join close without its gradient (README
