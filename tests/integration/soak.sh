@@ -9,8 +9,8 @@
 #  - the final parameters are bitwise those of a fault-free run of the same steps, in phase 1;
 #  - every export was taken (up to 3 attempts a minute), loads and its CRCs check (`chainps
 #    checkpoint inspect`), and the last one of each phase loads in Python (chainps.checkpoint);
-#  - the RSS, open files and disk use of the long-lived processes stay flat (least-squares
-#    slope per hour under a bound, see soak_report.py for the bounds and why);
+#  - the RSS and open files of the long-lived processes stay flat (least-squares slope per
+#    hour under a bound) and each data directory under a size cap (soak_report.py says why);
 #  - every WARN and ERROR line is explained by a fault injected in its phase (soak_report.py's
 #    allow-list); an unexplained one fails the soak and is printed.
 #
