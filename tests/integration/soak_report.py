@@ -62,6 +62,9 @@ ALLOW = [
      {"pause"}),
     (r"scheduler: range \d+: server \d+ had not caught up with server \d+; it leaves the chain",
      "joiner left behind by a failure", {"server kill", "pause", "drain", "scheduler kill"}),
+    (r"server: closed \d+ checkpoint read view\(s\): the store had to grow while they were open",
+     "export cut outlived the store's room (retried)",
+     {"server kill", "pause", "drain", "worker kill", "scheduler kill"}),
     # ERROR lines are classified too: a join whose source failed over is retried.
     (r"server: range \d+: joining failed \(the source left the range's chain: stale view epoch\)",
      "join retried after its source left", {"server kill", "pause", "drain", "scheduler kill"}),
