@@ -2,8 +2,10 @@
  * reference), then again while killing (SIGKILL), pausing (SIGSTOP/SIGCONT) and restarting its
  * servers — and, when asked, its scheduler and workers — at moments drawn from the seed. At the
  * end it checks that the job finished without a restart, that every range's replicas agree,
- * and, in sync mode with no worker killed, that the final parameters are bitwise those of the
- * reference run (no acknowledged update lost or applied twice). */
+ * that (sync) the workers ended with the same parameters, and, in sync mode with no worker
+ * killed, that the final parameters are bitwise those of the reference run (no acknowledged
+ * update lost or applied twice). A killed worker is not bitwise-comparable even when replaced:
+ * the steps between its death and its replacement's join close without its gradient. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -23,10 +25,11 @@ static const char chaos_usage[] =
     "\n"
     "Run a local job (as `chainps launch` would) while killing, pausing and restarting its\n"
     "processes at random moments drawn from the seed, logging every event; then check:\n"
-    "the job finished without a restart, the replicas of every range agree, and (sync mode,\n"
-    "no worker killed) the final parameters are bitwise identical to a fault-free run of the\n"
-    "same job, which chaos runs first. The workers must print `checksum <hex>` of their final\n"
-    "parameters (as examples/fmnist and tests/integration/lsq_worker do).\n"
+    "the job finished without a restart, the replicas of every range agree, (sync mode) every\n"
+    "worker ended with the same parameters, and (sync mode, no worker killed) the final\n"
+    "parameters are bitwise identical to a fault-free run of the same job, which chaos runs\n"
+    "first. The workers must print `checksum <hex>` of their final parameters (as\n"
+    "examples/fmnist and tests/integration/lsq_worker do).\n"
     "The last line is `chaos: PASS ...` or `chaos: FAIL <what>`; the exit status 0 or 1.\n"
     "\n"
     "  --seed N           the seed of every random choice (required)\n"
@@ -34,8 +37,13 @@ static const char chaos_usage[] =
     "  --restart-after MS how long a killed process stays down (default 800)\n"
     "  --pause            also pause servers (SIGSTOP past the failure timeout, then SIGCONT)\n"
     "  --kill-scheduler   also kill and restart the scheduler\n"
-    "  --kill-workers     also kill workers (at most W-1; they are not restarted: their shard\n"
-    "                     is skipped, and the bitwise comparison is skipped)\n"
+    "  --kill-workers     also kill workers (at most W-1 down at once); their shard is skipped\n"
+    "                     and the bitwise comparison is skipped. They stay down, unless the\n"
+    "                     launch options hold --restart-workers: then each is started again\n"
+    "                     with its rank once the scheduler has declared it dead, and resumes\n"
+    "                     at the step the others are on (cps_start_step)\n"
+    "  --spare-server R   never fault server rank R, so that one server lives as long as the\n"
+    "                     job (a soak watches its memory and open files)\n"
     "  --scale            also drain servers (`chainps drain`: their ranges move to the others,\n"
     "                     then they exit 0); a drained server is started again and joins as a\n"
     "                     new member, taking a share of the ranges back (give the job\n"
@@ -53,7 +61,8 @@ enum {
     OPT_KWORK,
     OPT_MAXF,
     OPT_NOREF,
-    OPT_SCALE
+    OPT_SCALE,
+    OPT_SPARE
 };
 
 static const struct option chaos_opts[] = {{"seed", required_argument, 0, OPT_SEED},
@@ -64,6 +73,7 @@ static const struct option chaos_opts[] = {{"seed", required_argument, 0, OPT_SE
                                            {"kill-workers", no_argument, 0, OPT_KWORK},
                                            {"max-faults", required_argument, 0, OPT_MAXF},
                                            {"scale", no_argument, 0, OPT_SCALE},
+                                           {"spare-server", required_argument, 0, OPT_SPARE},
                                            {"no-reference", no_argument, 0, OPT_NOREF},
                                            {"help", no_argument, 0, 'h'},
                                            {0, 0, 0, 0}};
@@ -80,11 +90,14 @@ typedef struct chaos {
     uint64_t rng;
     uint32_t every_ms, restart_ms, max_faults;
     int pause, kill_sched, kill_workers, reference, scale;
+    int restart_workers; /* launch's --restart-workers: killed workers get a replacement */
+    int spare;           /* server rank never faulted, -1 for none */
     uint64_t t0;
     /* per child: when it may be restarted (0: not down), and whether we paused it */
     uint64_t *down_until;
     int *paused, *killed_for_good, *draining;
-    uint32_t kills, pauses, restarts, drains;
+    int *replaced; /* per worker: replacements we started (not restarts of the job) */
+    uint32_t kills, pauses, restarts, drains, replacements;
     int drain_failed; /* a drained server exited with another status than 0 */
 } chaos;
 
@@ -142,16 +155,17 @@ static void inject(cps__job *j, chaos *c, uint64_t now)
     /* At most R-1 servers down at once: every range keeps a live replica. */
     if (servers_down(j, c) < R - 1)
         for (int i = 1; i <= j->S; i++)
-            if (!c->down_until[i] && !c->paused[i] && !j->kids[i].exited)
+            if (!c->down_until[i] && !c->paused[i] && !j->kids[i].exited && i - 1 != c->spare)
                 candidates[k++] = i;
     if (c->kill_sched && !c->down_until[0] && !j->kids[0].exited)
         candidates[k++] = 0;
     if (c->kill_workers) {
         int alive = 0;
+        /* One worker always runs (a replacement pending is not running yet). */
         for (int i = 1 + j->S; i < j->n; i++)
-            alive += !j->kids[i].exited && !c->killed_for_good[i];
+            alive += !j->kids[i].exited && !c->killed_for_good[i] && !c->down_until[i];
         for (int i = 1 + j->S; i < j->n && alive > 1; i++)
-            if (!j->kids[i].exited && !c->killed_for_good[i])
+            if (!j->kids[i].exited && !c->killed_for_good[i] && !c->down_until[i])
                 candidates[k++] = i;
     }
     if (k == 0)
@@ -181,6 +195,15 @@ static void inject(cps__job *j, chaos *c, uint64_t now)
     }
     kill(ch->pid, SIGKILL);
     c->kills++;
+    if (ch->role == CPS_ROLE_WORKER && c->restart_workers) {
+        /* As launch does: a replacement that joined before the scheduler declared the old
+         * process dead would find its rank still taken. */
+        uint64_t wait = (uint64_t)j->cfg.worker_dead_after_ms + 1000;
+        c->down_until[v] = now + wait;
+        event(c, "SIGKILL %s (pid %d); a replacement starts in %.1f s", ch->tag, (int)ch->pid,
+              wait / 1000.0);
+        return;
+    }
     if (ch->role == CPS_ROLE_WORKER) {
         c->killed_for_good[v] = 1;
         event(c, "SIGKILL %s (pid %d); it stays down, its shard is skipped", ch->tag, (int)ch->pid);
@@ -194,6 +217,17 @@ static void inject(cps__job *j, chaos *c, uint64_t now)
  * its own (fenced after a pause) is restarted too. */
 static void heal(cps__job *j, chaos *c, uint64_t now, int workers_done)
 {
+    for (int i = 1 + j->S; i < j->n; i++) {
+        cps__child *ch = &j->kids[i];
+        if (c->down_until[i] && now >= c->down_until[i] && ch->exited) {
+            c->down_until[i] = 0;
+            if (cps__job_start(j, i) == 0) {
+                c->replacements++;
+                c->replaced[i]++;
+                event(c, "replacement %s (pid %d) started", ch->tag, (int)ch->pid);
+            }
+        }
+    }
     for (int i = 0; i <= j->S; i++) {
         cps__child *ch = &j->kids[i];
         if (c->paused[i] && now >= c->down_until[i]) {
@@ -262,13 +296,23 @@ static int reference_run(const cps__config *cfg, char **prog, char sums[][40], i
         cps__job_pump(&j, 100);
         if (interrupted)
             rc = 1;
-        int left = 0, failed = 0;
+        int left = 0, failed = -1;
         for (int i = 1 + j.S; i < j.n; i++) {
             left += !j.kids[i].exited;
-            failed |= j.kids[i].exited && !cps__job_ok(&j, i);
+            if (j.kids[i].exited && !cps__job_ok(&j, i))
+                failed = i;
         }
-        if (failed || cps__now_ms() > deadline)
+        /* The run is quiet: say which worker failed, or the user sees no reason at all. */
+        if (failed >= 0) {
+            char b[96];
+            printf("chaos: the reference run's %s exited (%s); run the job under `chainps "
+                   "launch` to see its output\n",
+                   j.kids[failed].tag, cps__job_exit_text(j.kids[failed].status, b, sizeof b));
             rc = 1;
+        } else if (cps__now_ms() > deadline) {
+            printf("chaos: the reference run did not finish in 1800 s\n");
+            rc = 1;
+        }
         if (!left)
             break;
     }
@@ -288,6 +332,7 @@ int cps__cli_chaos(int argc, char **argv)
     c.restart_ms = 800;
     c.max_faults = 1000;
     c.reference = 1;
+    c.spare = -1;
     int have_seed = 0, opt;
     char err[256];
     optind = 1;
@@ -343,6 +388,13 @@ int cps__cli_chaos(int argc, char **argv)
         case OPT_SCALE:
             c.scale = 1;
             break;
+        case OPT_SPARE:
+            if (cps__config_parse_u32("--spare-server", optarg, 0, 1023, &v, err, sizeof err)) {
+                fprintf(stderr, "chainps chaos: %s\n", err);
+                return 2;
+            }
+            c.spare = (int)v;
+            break;
         default:
             return cps__cli_usage_error("chaos", "unknown option");
         }
@@ -364,6 +416,10 @@ int cps__cli_chaos(int argc, char **argv)
                                 &timeout_s, &kill_at_s, &prog);
     if (prc != 0)
         return prc < 0 ? 0 : prc;
+    c.restart_workers = cps__cli_job_restart_workers();
+    if (c.spare >= (int)cfg.num_servers)
+        return cps__cli_usage_error("chaos", "--spare-server %d: there are only %u servers",
+                                    c.spare, cfg.num_servers);
     if (!timeout_s)
         timeout_s = 1800;
     signal(SIGPIPE, SIG_IGN);
@@ -395,12 +451,16 @@ int cps__cli_chaos(int argc, char **argv)
         return 1;
     }
     j.hold = 1; /* keep the servers up at the end, to compare the replicas */
+    /* A rank whose replacement is pending holds the job's end, as under launch. */
+    j.await_replacements = c.restart_workers;
     c.down_until = calloc((size_t)j.n, sizeof *c.down_until);
     c.paused = calloc((size_t)j.n, sizeof *c.paused);
     c.killed_for_good = calloc((size_t)j.n, sizeof *c.killed_for_good);
     c.draining = calloc((size_t)j.n, sizeof *c.draining);
-    int rc =
-        (c.down_until && c.paused && c.killed_for_good && c.draining) ? cps__job_start_all(&j) : 1;
+    c.replaced = calloc((size_t)j.n, sizeof *c.replaced);
+    int rc = (c.down_until && c.paused && c.killed_for_good && c.draining && c.replaced)
+                 ? cps__job_start_all(&j)
+                 : 1;
     c.t0 = cps__now_ms();
     printf("chaos: seed %llu: %d servers (chains of %s), %d workers, mode %s; a fault every "
            "~%u ms\n",
@@ -417,6 +477,10 @@ int cps__cli_chaos(int argc, char **argv)
             cps__child *ch = &j.kids[i];
             if (c.killed_for_good[i])
                 continue;
+            if (c.down_until[i]) { /* killed by us, its replacement pending */
+                left++;
+                continue;
+            }
             left += !ch->exited;
             if (ch->exited && !cps__job_ok(&j, i) && !fail) {
                 char b[96];
@@ -470,10 +534,26 @@ int cps__cli_chaos(int argc, char **argv)
     cps__job_stop(&j, 1 + j.S, j.n, 0);
     cps__job_stop(&j, 0, 1 + j.S, 10000);
 
-    int restarted_workers = 0, killed_workers = 0;
+    int restarted_workers = 0, killed_workers = 0, sums_agree = -1;
     for (int i = 1 + j.S; i < j.n; i++) {
-        restarted_workers += j.kids[i].starts > 1;
-        killed_workers += c.killed_for_good[i];
+        /* Replacements of workers we killed are the fault's cure, not a restart of the job. */
+        restarted_workers += j.kids[i].starts > 1 + c.replaced[i];
+        killed_workers += c.killed_for_good[i] || c.replaced[i];
+    }
+    /* Sync: every worker pulls the same final parameters, replacements included. */
+    if (cfg.mode == CPS_MODE_SYNC && workers_done && !fail) {
+        const char *first = NULL;
+        sums_agree = 1;
+        for (int i = 1 + j.S; i < j.n; i++) {
+            const char *sum = j.kids[i].last_checksum;
+            if (c.killed_for_good[i] || !sum[0])
+                continue;
+            if (first && strcmp(first, sum))
+                sums_agree = 0;
+            first = first ? first : sum;
+        }
+        if (!first)
+            sums_agree = -1;
     }
     int identical = -1;
     char got[40] = "";
@@ -485,21 +565,29 @@ int cps__cli_chaos(int argc, char **argv)
             identical &= sum[0] && !strcmp(sum, ref[w]);
         }
     }
-    printf("chaos: %u kills, %u pauses, %u drains, %u restarts in %.1f s\n", c.kills, c.pauses,
-           c.drains, c.restarts, (cps__now_ms() - c.t0) / 1000.0);
+    printf("chaos: %u kills, %u pauses, %u drains, %u restarts, %u worker replacements in "
+           "%.1f s\n",
+           c.kills, c.pauses, c.drains, c.restarts, c.replacements,
+           (cps__now_ms() - c.t0) / 1000.0);
     printf("chaos: job finished without a restart: %s\n",
            workers_done && !fail && !restarted_workers ? "yes" : "NO");
     printf("chaos: replicas agree: %s\n", verify == 0 ? "yes" : verify < 0 ? "not checked" : "NO");
+    if (sums_agree >= 0)
+        printf("chaos: workers' final checksums agree: %s\n", sums_agree ? "yes" : "NO");
     if (identical >= 0)
         printf("chaos: final parameters identical to the fault-free run: %s (%s vs %s)\n",
                identical ? "yes" : "NO", got, ref[0]);
     else
         printf("chaos: final parameters compared with the fault-free run: skipped (%s)\n",
-               !compare ? "not sync mode, or --no-reference" : "a worker was killed");
+               !compare                  ? "not sync mode, or --no-reference"
+               : killed_workers           ? "a worker was killed"
+                                          : "the job did not finish");
     if (!fail && !workers_done)
         fail = "the job did not finish";
     if (!fail && verify != 0)
         fail = "replicas differ (or could not be compared)";
+    if (!fail && sums_agree == 0)
+        fail = "workers ended with different parameters";
     if (!fail && identical == 0)
         fail = "final parameters differ from the fault-free run";
     if (!fail && c.drain_failed)
@@ -509,6 +597,7 @@ int cps__cli_chaos(int argc, char **argv)
     free(c.paused);
     free(c.killed_for_good);
     free(c.draining);
+    free(c.replaced);
     free(ref);
     if (fail) {
         printf("chaos: FAIL %s (replay: chainps chaos --seed %llu ...)\n", fail,

@@ -26,6 +26,8 @@ int cps__cli_secret(int argc, char **argv);
  * Returns 0, 2 (usage error, printed), or -1 (--help was printed). */
 int cps__cli_job_args(const char *cmd, int argc, char **argv, cps__config *cfg, int *data_given,
                       int *port, uint32_t *timeout_s, uint32_t *kill_at_s, char ***prog);
+/* 1 if the last cps__cli_job_args saw --restart-workers (chaos honours it as launch does). */
+int cps__cli_job_restart_workers(void);
 
 /* Check what a job is given before anything starts (preflight.c): --restore-from is a readable
  * checkpoint, --secret-file passes the nodes' rule, prog[0] resolves to an executable as execvp

@@ -115,8 +115,13 @@ static void on_interrupt(int sig)
 
 /* Server rank that --kill-at kills (launch only). */
 static uint32_t kill_server;
-/* --restart-workers (launch only). */
+/* --restart-workers (launch, and chaos through cps__cli_job_restart_workers). */
 static int restart_workers;
+
+int cps__cli_job_restart_workers(void)
+{
+    return restart_workers;
+}
 
 int cps__cli_job_args(const char *cmd, int argc, char **argv, cps__config *cfg, int *data_given,
                       int *port, uint32_t *timeout_s, uint32_t *kill_at_s, char ***prog)

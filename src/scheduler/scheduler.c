@@ -1688,7 +1688,9 @@ static void on_suspect(cps__sched *s, sched_node *n, const cps__rx *rx)
         return;
     }
     sync_suspects(s);
-    uint64_t now = cps__now_ms();
+    /* The loop's clock of this turn, which the detect timer's ticks also read: a fresher read
+     * here could start a round "after" a tick later in the same turn (see recovery/suspect.c). */
+    uint64_t now = cps__loop_now(s->loop);
     for (uint32_t i = 0; i < count; i++) {
         cps__suspect_report_in in = {n->info.id, n->info.alive && !n->done, rx->hdr.epoch,
                                      e[i].node, e[i].unanswered_ms};
@@ -1776,14 +1778,16 @@ static int on_detect(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
         sched_node *dn = find_node(s, sa[i].node);
         if (!dn || !dn->info.alive)
             continue;
+        /* last_seen_ms is read from a fresher clock than this turn's `now`. */
+        uint64_t hb_age = now > dn->last_seen_ms ? now - dn->last_seen_ms : 0;
         cps__log(CPS_LOG_WARN, "scheduler",
                  "server %u (rank %u) left our probe unanswered for %llu ms after node %u "
                  "reported its requests unanswered (its heartbeats are %llu ms old): its inbox "
                  "is cut off",
                  dn->info.id, dn->info.rank, (unsigned long long)sa[i].silent_ms, sa[i].reported_by,
-                 (unsigned long long)(now - dn->last_seen_ms));
+                 (unsigned long long)hb_age);
         cps__detector_forget(s->detector, dn->info.id);
-        declare_dead(s, dn->info.id, now - dn->last_seen_ms);
+        declare_dead(s, dn->info.id, hb_age);
         nd++;
     }
     if (nd) {

@@ -51,6 +51,32 @@ static size_t deaths(cps__suspect *s, uint32_t *dead)
     return n;
 }
 
+/* Regression (issue 26's soak): a tick whose `now` is earlier than the report that started the
+ * round (the scheduler's loop reads its clock once a turn; the report's handler read it later)
+ * is not a round that timed out: nobody is declared dead, and the round is judged later. */
+static void a_tick_before_the_round_started_declares_nobody_dead(void **state)
+{
+    (void)state;
+    cps__suspect *s = make();
+    uint32_t dead[3];
+    assert_int_equal(report(s, 10, 7, 1, 2000, 5000), CPS_SUS_PROBING);
+    uint64_t nonce = probes(s, 3);
+    cps__suspect_tick(s, 4999);
+    assert_int_equal(deaths(s, dead), 0);
+    assert_true(cps__suspect_probing(s));
+    /* A second report in the same lagging turn starts no new round either. */
+    assert_int_equal(report(s, 11, 7, 1, 2000, 4999), CPS_SUS_PROBING);
+    assert_int_equal(probes(s, 0), 0);
+    cps__suspect_answered(s, 2, nonce);
+    cps__suspect_answered(s, 3, nonce);
+    cps__suspect_tick(s, 5999);
+    assert_int_equal(deaths(s, dead), 0);
+    cps__suspect_tick(s, 6000);
+    assert_int_equal(deaths(s, dead), 1);
+    assert_int_equal(dead[0], 1);
+    cps__suspect_destroy(s);
+}
+
 static void bad_config_is_refused(void **state)
 {
     (void)state;
@@ -275,6 +301,7 @@ int main(void)
         cmocka_unit_test(membership_changes_during_a_round),
         cmocka_unit_test(reporters_list_only_long_silences),
         cmocka_unit_test(a_tick_older_than_the_round_waits),
+        cmocka_unit_test(a_tick_before_the_round_started_declares_nobody_dead),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
