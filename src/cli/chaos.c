@@ -579,9 +579,9 @@ int cps__cli_chaos(int argc, char **argv)
                identical ? "yes" : "NO", got, ref[0]);
     else
         printf("chaos: final parameters compared with the fault-free run: skipped (%s)\n",
-               !compare                  ? "not sync mode, or --no-reference"
-               : killed_workers           ? "a worker was killed"
-                                          : "the job did not finish");
+               !compare         ? "not sync mode, or --no-reference"
+               : killed_workers ? "a worker was killed"
+                                : "the job did not finish");
     if (!fail && !workers_done)
         fail = "the job did not finish";
     if (!fail && verify != 0)
