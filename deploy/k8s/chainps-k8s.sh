@@ -77,7 +77,9 @@ server_dns() {
 # Run "$@" as a child, pass TERM and INT on to it as signal ON_TERM, and return its exit
 # status. usage: run_child ON_TERM COMMAND ARGS...
 child=
+stopped= # set when Kubernetes stopped the pod (TERM or INT arrived)
 forward() {
+    stopped=1
     if [[ -n $child ]]; then
         kill -s "$1" "$child" 2>/dev/null || true
     fi
@@ -223,6 +225,12 @@ server)
     # A server stops cleanly on SIGTERM (flushes its store) and is failed over; the next pod
     # rejoins with its rank and volume.
     run_child TERM "$CHAINPS" server --rank "$rank" --advertise "$dns" "$@" || rc=$?
+    # A pod deleted or evicted mid-job must end Failed, not Succeeded: a Job counts a pod
+    # whose containers all exited 0 as its index done and would not replace the server.
+    if [[ -n $stopped ]] && ((rc == 0)); then
+        log "stopped by Kubernetes (TERM) before the job ended: exit 143, so that the Job replaces this pod"
+        exit 143
+    fi
     ((rc == 0)) || exit "$rc"
     ended
     ;;

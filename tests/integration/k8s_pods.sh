@@ -11,7 +11,9 @@
 # The job: 3 servers, 2 workers training fmnist or examples/torch/train.py (sync). Checked: each
 # probe's answer before the job starts, while it runs and while the scheduler is down; server
 # 1's process killed with SIGKILL mid-run (a crashed container: restarted in its pod on its
-# data directory, it rejoins with its rank and DNS name); the scheduler's pod deleted mid-run
+# data directory, it rejoins with its rank and DNS name); server 2's pod deleted (TERM: its
+# entrypoint must exit non-zero) and replaced by one with an empty data directory, which
+# rejoins and becomes ready once its copies are done; the scheduler's pod deleted mid-run
 # (TERM to its entrypoint, which kills the scheduler) and started again on its data directory,
 # resuming the job; both workers end with status 0 and the same checksum; then the scheduler
 # and every server exit 0 by themselves (their Jobs complete: nothing restarts them).
@@ -285,7 +287,26 @@ done
 wait_probe server-1 ready 60 && say "server-1 rejoined with rank 1 and is ready: $(grep 'joined as node' "$t/server-1.log" | tail -1 | cut -c1-110)" ||
     bad "server-1 did not become ready after its restart"
 
-# The scheduler's pod is deleted (TERM) and started again on its volume (Recreate).
+# Server 2's pod is deleted (an eviction the PodDisruptionBudget allowed): TERM to its
+# entrypoint, which must end non-zero (a Job would count a pod that ends 0 as its index done
+# and not replace it); the Job's new pod for index 2 has an empty data volume and run
+# directory, joins with rank 2 under the same DNS name and copies its ranges back.
+say "TERM to server-2's entrypoint (pod deleted)"
+kill -TERM "${pid[server-2]}"
+rc=0
+wait "${pid[server-2]}" || rc=$?
+((rc != 0)) && say "server-2's entrypoint exited $rc: the Job replaces the pod" ||
+    bad "server-2's entrypoint exited 0 on TERM: its Job would count index 2 complete"
+rm -rf "$t/server-2/data" "$t/server-2/run"
+start server-2
+for ((s = 0; s < 120; s++)); do
+    (($(grep -c 'joined as node .* (rank 2)' "$t/server-2.log") >= 2)) && break
+    sleep 0.5
+done
+wait_probe server-2 ready 60 && say "server-2's new pod (empty volume) rejoined with rank 2 and is ready: $(grep 'joined as node' "$t/server-2.log" | tail -1 | cut -c1-110)" ||
+    bad "server-2's new pod (empty volume) did not become ready"
+
+# The scheduler's pod is deleted (TERM) and started again on its volume.
 say "TERM to the scheduler's entrypoint (pod deleted)"
 kill -TERM "${pid[scheduler]}"
 rc=0
