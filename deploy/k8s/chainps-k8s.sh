@@ -1,7 +1,6 @@
 #!/bin/bash
 # The entrypoint of every chainps pod (installed in the image as /usr/local/bin/chainps-k8s).
-# It turns the pod's view of itself (its StatefulSet ordinal, its Job completion index, its
-# stable DNS name) into chainps flags, makes a private copy of the job secret, and runs the
+# It turns the pod's view of itself (its Job completion index, its stable DNS name) into chainps flags, makes a private copy of the job secret, and runs the
 # role's process; the probes call it too.
 #
 # usage: chainps-k8s scheduler [chainps scheduler flags...]
@@ -12,13 +11,13 @@
 # env (from the manifests): CHAINPS_ROLE, CHAINPS_SCHEDULER (host:port),
 #   CHAINPS_SECRET_MOUNT (the Secret's file, read-only, as Kubernetes mounts it),
 #   CHAINPS_SECRET_FILE (the private copy made here, mode 0600),
-#   servers: POD_NAME, POD_NAMESPACE, CHAINPS_SERVER_SERVICE (the headless Service),
-#            CHAINPS_POD_INDEX (the pod-index label, Kubernetes >= 1.28; else the ordinal is
-#            taken from the end of POD_NAME),
+#   servers: JOB_COMPLETION_INDEX (the rank; Kubernetes sets it in an Indexed Job's pods),
+#            JOB_NAME (the Job's name: the pod's host name is JOB_NAME-INDEX), POD_NAMESPACE,
+#            CHAINPS_SERVER_SERVICE (the headless Service, the pods' subdomain),
 #   scheduler: POD_IP (its own address, for the probes; default 127.0.0.1),
 #   workers: JOB_COMPLETION_INDEX (set by Kubernetes for an indexed Job),
-#   CHAINPS_FINISHED_MARK (file written when the job has ended; default
-#            /run/chainps/finished; chainps.pid beside it holds the scheduler's or
+#   CHAINPS_FINISHED_MARK (file written when the job has ended, just before the exit 0;
+#            default /run/chainps/finished; chainps.pid beside it holds the scheduler's or
 #            server's PID).
 #
 # Why a copy of the secret: chainps refuses a secret file that group or others may read, and
@@ -27,13 +26,11 @@
 #
 # Why the scheduler is killed, not terminated, when its pod is deleted: see `scheduler)` below.
 #
-# Why the scheduler and the servers do not exit when the job ends: a Deployment and a
-# StatefulSet restart any container that exits, even with status 0, and a restart after the
-# end would rejoin a finished job. So once `chainps scheduler`/`chainps server` exits 0 this
-# script writes the finished mark and waits (probes pass) until the pod is deleted. A non-zero
-# exit is passed on, and Kubernetes restarts the container on the same volume: a restarted
-# scheduler resumes the job from its view, a restarted server rejoins and copies its ranges
-# back.
+# The end of the job: the scheduler and the servers run as Jobs (restartPolicy OnFailure), so
+# when `chainps scheduler`/`chainps server` exits 0 this script writes the finished mark and
+# exits 0 too, and the pod is done: nothing restarts it. A non-zero exit is passed on, and
+# Kubernetes restarts the container in its pod, on the same volumes: a restarted scheduler
+# resumes the job from its view, a restarted server rejoins and copies its ranges back.
 set -euo pipefail
 
 die() {
@@ -60,29 +57,29 @@ private_secret() {
     chmod 600 "$to"
 }
 
-# The pod's ordinal in its StatefulSet: the pod-index label, else the end of the pod name.
+# The server's rank: its completion index in the servers' Indexed Job.
 ordinal() {
-    local i=${CHAINPS_POD_INDEX:-}
-    if [[ -z $i ]]; then
-        local name=${POD_NAME:-${HOSTNAME:-}}
-        i=${name##*-}
-    fi
-    [[ $i =~ ^[0-9]+$ ]] || die "cannot tell this pod's ordinal (CHAINPS_POD_INDEX='${CHAINPS_POD_INDEX:-}', POD_NAME='${POD_NAME:-${HOSTNAME:-}}')"
+    local i=${JOB_COMPLETION_INDEX:-}
+    [[ $i =~ ^[0-9]+$ ]] || die "cannot tell this pod's index (JOB_COMPLETION_INDEX='$i'; an Indexed Job sets it)"
     echo "$i"
 }
 
-# The server's stable DNS name: POD.SERVICE.NAMESPACE.svc (the headless Service).
+# The server's stable DNS name: HOST.SERVICE.NAMESPACE.svc, where HOST is JOB_NAME-INDEX, the
+# host name Kubernetes gives an Indexed Job's pod, published under the headless Service named
+# by the pod's subdomain.
 server_dns() {
-    : "${POD_NAME:?POD_NAME is not set (downward API metadata.name)}"
+    : "${JOB_NAME:?JOB_NAME is not set (downward API label batch.kubernetes.io/job-name)}"
     : "${POD_NAMESPACE:?POD_NAMESPACE is not set (downward API metadata.namespace)}"
     : "${CHAINPS_SERVER_SERVICE:?CHAINPS_SERVER_SERVICE is not set (the headless Service)}"
-    echo "$POD_NAME.$CHAINPS_SERVER_SERVICE.$POD_NAMESPACE.svc"
+    echo "$JOB_NAME-$(ordinal).$CHAINPS_SERVER_SERVICE.$POD_NAMESPACE.svc"
 }
 
 # Run "$@" as a child, pass TERM and INT on to it as signal ON_TERM, and return its exit
 # status. usage: run_child ON_TERM COMMAND ARGS...
 child=
+stopped= # set when Kubernetes stopped the pod (TERM or INT arrived)
 forward() {
+    stopped=1
     if [[ -n $child ]]; then
         kill -s "$1" "$child" 2>/dev/null || true
     fi
@@ -107,15 +104,11 @@ run_child() {
     return "$rc"
 }
 
-# After a clean end: stay up, idle, until the pod is deleted.
-idle_after_end() {
+# After a clean end: record it and exit 0; the pod is then done (its Job is not restarted).
+ended() {
     date -u +%FT%TZ >"$mark" 2>/dev/null || true
-    log "the job has ended; this pod stays up idle until it is deleted (kubectl delete -k ...)"
-    trap 'exit 0' TERM INT
-    while :; do
-        sleep 3600 &
-        wait $! || true
-    done
+    log "the job has ended; exiting 0 (the pod is done)"
+    exit 0
 }
 
 # The scheduler's answer to `chainps status`, on stdout; exit status that of chainps status
@@ -129,14 +122,27 @@ status() {
 }
 
 # Does the status text on stdin list a node of ROLE with RANK, and is it alive? Prints
-# "yes" (some row of that rank is alive), "no" (listed, none alive) or nothing (not listed).
-# Rows: id role rank address heard... alive.
+# "yes" (some row of that rank is alive and copies no range), "copying" (alive, but still
+# copying a range from its tail: state transfer), "no" (listed, none alive) or nothing (not
+# listed). Node rows: id role rank address heard (3 words) alive [clock]; range rows end with
+# "(node ID copying it from node ID)" while a copy is under way.
 node_alive() {
     awk -v role="$1" -v rank="$2" '
         /^nodes:/ { innodes = 1; next }
-        /^$/ { innodes = 0 }
-        innodes && $2 == role && $3 == rank { seen = 1; if ($NF == "yes") alive = 1 }
-        END { if (alive) print "yes"; else if (seen) print "no" }'
+        /^ranges:/ { inranges = 1; next }
+        /^$/ { innodes = 0; inranges = 0 }
+        innodes && $2 == role && $3 == rank {
+            seen = 1
+            if ($8 == "yes") { alive = 1; ids[$1] = 1 }
+        }
+        inranges && match($0, /\(node [0-9]+ copying it/) {
+            split(substr($0, RSTART, RLENGTH), w, " ")
+            copying[w[2]] = 1
+        }
+        END {
+            for (id in ids) if (id in copying) busy = 1
+            if (alive && busy) print "copying"; else if (alive) print "yes"; else if (seen) print "no"
+        }'
 }
 
 probe() {
@@ -170,7 +176,9 @@ probe() {
         local alive
         alive=$(echo "$out" | node_alive server "$rank")
         case $kind in
-        ready) # the scheduler lists this rank alive
+        ready) # the scheduler lists this rank alive and it copies no range: a server is not
+            # ready while its state transfer runs, so the PodDisruptionBudget (servers-pdb.yaml)
+            # lets no other server be evicted before the chains are whole again.
             [[ $alive == yes ]] || {
                 echo "server rank $rank: ${alive:-not listed} in the scheduler's view"
                 return 1
@@ -203,7 +211,7 @@ scheduler)
     # `chainps status --end`.)
     run_child KILL "$CHAINPS" scheduler "$@" || rc=$?
     ((rc == 0)) || exit "$rc"
-    idle_after_end
+    ended
     ;;
 server)
     export CHAINPS_ROLE=server
@@ -217,8 +225,14 @@ server)
     # A server stops cleanly on SIGTERM (flushes its store) and is failed over; the next pod
     # rejoins with its rank and volume.
     run_child TERM "$CHAINPS" server --rank "$rank" --advertise "$dns" "$@" || rc=$?
+    # A pod deleted or evicted mid-job must end Failed, not Succeeded: a Job counts a pod
+    # whose containers all exited 0 as its index done and would not replace the server.
+    if [[ -n $stopped ]] && ((rc == 0)); then
+        log "stopped by Kubernetes (TERM) before the job ended: exit 143, so that the Job replaces this pod"
+        exit 143
+    fi
     ((rc == 0)) || exit "$rc"
-    idle_after_end
+    ended
     ;;
 worker)
     [[ $# -gt 0 ]] || die "worker: no training program given"

@@ -7,8 +7,12 @@
 # `buildah bud` builds the image (the RUN steps install packages from Debian's archive), and
 # the image is run as its non-root user: chainps and fmnist start, the data set is there,
 # every library resolves, the entrypoint answers, and a 2-server 2-worker fmnist job runs
-# to its end inside it (chainps launch).
+# to its end inside it (chainps launch). Then the torch variant (--build-arg WITH_TORCH=1, what
+# deploy/k8s-torch runs): chainps, chainps.torch, torch and numpy import as uid 10001 and a
+# 2-server 2-worker job of the PyTorch example (the image's train.py) runs to its end.
 #
+# env: K8S_IMAGE_TORCH=0 skips the torch variant (it downloads python3-torch and its
+#   libraries, some hundreds of MB, and compiles chainps a second time).
 # usage: k8s_image.sh REPO_ROOT WORK_DIR
 # Exits 77 (skipped), saying why, without root, buildah or debootstrap, or when Debian's
 # archive cannot be reached. All of buildah's state is in WORK_DIR/k8s-image/storage
@@ -110,3 +114,35 @@ if ! timeout 300 "${bha[@]}" run --user 10001:10001 "$r" -- sh -ec '
 fi
 cat "$cache/run.log"
 say "ok: the image builds from deploy/k8s/Dockerfile and runs a job as uid 10001"
+bh rm "$r" >/dev/null 2>&1 || true
+bh rmi localhost/chainps:test >/dev/null 2>&1 || true # vfs: each image is a full copy
+
+[[ ${K8S_IMAGE_TORCH:-1} == 0 ]] && exit 0
+say "buildah bud --build-arg WITH_TORCH=1 (the torch variant: python3-torch, the Python package)"
+if ! timeout 1800 nice "${bha[@]}" bud --pull=never --layers=false --build-arg WITH_TORCH=1 \
+    -f "$root/deploy/k8s/Dockerfile" -t localhost/chainps-torch:test "$root" >"$cache/build-torch.log" 2>&1; then
+    tail -n 30 "$cache/build-torch.log"
+    if grep -qE 'Temporary failure resolving|Could not resolve|Failed to fetch' "$cache/build-torch.log"; then
+        skip "the torch image's apt-get could not reach Debian's archive"
+    fi
+    say "FAIL: the torch image did not build (all of its log in $cache/build-torch.log)"
+    exit 1
+fi
+say "built: $(bh images --format '{{.Name}}:{{.Tag}} {{.Size}}' localhost/chainps-torch:test)"
+r=$(bh from --pull=never localhost/chainps-torch:test)
+ctrs+=("$r")
+# shellcheck disable=SC2016 # expanded in the image's shell
+if ! timeout 600 "${bha[@]}" run --user 10001:10001 "$r" -- sh -ec '
+    python3 -c "import chainps, chainps.torch, torch, numpy; print(\"torch\", torch.__version__)"
+    test -f /usr/local/share/chainps/examples/torch/train.py
+    cd /tmp
+    chainps launch --servers 2 --workers 2 --timeout 300 -- \
+        python3 /usr/local/share/chainps/examples/torch/train.py --steps 200 --log-every 0 \
+        >/tmp/launch.log 2>&1 || { tail -n 20 /tmp/launch.log; exit 1; }
+    grep "^\[worker 0\] final:" /tmp/launch.log' >"$cache/run-torch.log" 2>&1; then
+    cat "$cache/run-torch.log"
+    say "FAIL: the torch image does not run the PyTorch example"
+    exit 1
+fi
+cat "$cache/run-torch.log"
+say "ok: the torch variant builds (WITH_TORCH=1) and runs the PyTorch example as uid 10001"

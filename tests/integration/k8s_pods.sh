@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# ctest integration.k8s_pods: the pods of deploy/k8s/ run as their manifests say, without
-# Kubernetes. Each pod's command, arguments and environment (ConfigMap, env, the downward API
+# ctest integration.k8s_pods (deploy/k8s) and integration.k8s_pods_torch (deploy/k8s-torch: the
+# PyTorch workers): the pods of a kustomization run as their manifests say, without Kubernetes. Each pod's command, arguments and environment (ConfigMap, env, the downward API
 # values a cluster would give) come from the rendered manifests (k8s_check.py); the test plays
 # the kubelet: it starts the containers' commands, runs their probes, restarts a container
 # that dies. It runs in a private network and mount namespace (unshare -mn): a /etc/hosts of
@@ -8,18 +8,25 @@
 # chainps-server-N.chainps-server.chainps.svc) to loopback addresses, one per pod, and the
 # ports are the manifests' own (9091, 9092) with nothing else on them.
 #
-# The job: 3 servers, 2 workers training fmnist (sync). Checked: each probe's answer before the
-# job starts, while it runs, while the scheduler is down and after the end; server 1's process
-# killed with SIGKILL mid-run (a crashed container: restarted on its data directory, it
-# rejoins with its rank and DNS name); the scheduler's pod deleted mid-run (TERM to its
-# entrypoint, which kills the scheduler) and started again on its data directory (Recreate),
-# resuming the job; both workers end with status 0 and the same checksum; the scheduler and
-# the servers then stay up idle, probes passing, until deleted (TERM).
+# The job: 3 servers, 2 workers training fmnist or examples/torch/train.py (sync). Checked: each
+# probe's answer before the job starts, while it runs and while the scheduler is down; server
+# 1's process killed with SIGKILL mid-run (a crashed container: restarted in its pod on its
+# data directory, it rejoins with its rank and DNS name); server 2's pod deleted (TERM: its
+# entrypoint must exit non-zero) and replaced by one with an empty data directory, which
+# rejoins and becomes ready once its copies are done; the scheduler's pod deleted mid-run
+# (TERM to its entrypoint, which kills the scheduler) and started again on its data directory,
+# resuming the job; both workers end with status 0 and the same checksum; then the scheduler
+# and every server exit 0 by themselves (their Jobs complete: nothing restarts them).
 #
-# usage: k8s_pods.sh CHAINPS_BIN FMNIST_BIN DEPLOY_DIR WORK_DIR     (root: unshare -mn)
-# env: K8S_PODS_STEPS (fmnist --steps, default 6000: 30 to 60 s here)
-# Exits 77 (skipped) where namespaces cannot be made (not root) or the Fashion-MNIST data
-# (Debian's dataset-fashion-mnist) is not installed.
+# usage: k8s_pods.sh CHAINPS_BIN FMNIST_BIN DEPLOY_DIR WORK_DIR [PYTHON_DIR]  (root: unshare -mn)
+#   PYTHON_DIR: the build's python/ (the chainps package), for a kustomization whose workers
+#   run python3 (the torch image has it in /usr/local/lib/python3/dist-packages); python3 is
+#   Debian's /usr/bin/python3, with python3-torch and python3-numpy, as in the image.
+# env: K8S_PODS_STEPS (the workers' --steps, default 6000 for fmnist: 30 to 60 s here; 4000
+#   for train.py: 40 to 50 s here, its scheduler restart near step 2000 under load)
+# Exits 77 (skipped) where namespaces cannot be made (not root), the Fashion-MNIST data
+# (Debian's dataset-fashion-mnist) is not installed, or (PyTorch workers) /usr/bin/python3
+# cannot import torch and numpy.
 # shellcheck disable=SC2154 # pods.env (made below) defines servers, workers and each pod's arrays
 set -euo pipefail
 
@@ -33,6 +40,8 @@ chainps=$(readlink -f "${1:?usage: k8s_pods.sh CHAINPS_BIN FMNIST_BIN DEPLOY_DIR
 fmnist=$(readlink -f "${2:?FMNIST_BIN}")
 deploy=$(cd "${3:?DEPLOY_DIR}" && pwd)
 work=${4:?WORK_DIR}
+pydir=${5:-}
+[[ -n $pydir ]] && pydir=$(readlink -f "$pydir")
 here=$(cd "$(dirname "$0")" && pwd)
 say() { echo "$(date +%T.%3N) k8s_pods: $*"; }
 
@@ -40,6 +49,14 @@ if ((inner == 0)); then
     data=/usr/share/datasets/fashion-mnist
     if [[ ! -f $data/train-images-idx3-ubyte.gz ]]; then
         say "FAIL: no Fashion-MNIST data in $data (scripts/deps.sh test installs dataset-fashion-mnist)"
+        exit 1
+    fi
+    if [[ -n $pydir ]] && ! /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null; then
+        say "SKIP: /usr/bin/python3 cannot import torch and numpy (apt-get install python3-torch python3-numpy)"
+        exit 77
+    fi
+    if [[ -n $pydir && ! -f $pydir/chainps/__init__.py ]]; then
+        say "FAIL: no chainps Python package in $pydir"
         exit 1
     fi
     if [[ $(id -u) != 0 ]] || ! unshare -mn true 2>/dev/null; then
@@ -50,7 +67,7 @@ if ((inner == 0)); then
     t=$(mktemp -d "$(cd "$work" && pwd)/k8s-pods.XXXXXX")
     rc=0
     # timeout ends the inner script (TERM), whose trap ends every process it started.
-    timeout -k 10 420 unshare -mn "$0" --inner "$chainps" "$fmnist" "$deploy" "$t" || rc=$?
+    timeout -k 10 420 unshare -mn "$0" --inner "$chainps" "$fmnist" "$deploy" "$t" ${pydir:+"$pydir"} || rc=$?
     if ((rc == 0)); then
         rm -rf "$t"
     else
@@ -67,6 +84,8 @@ fi
 t=$work
 ip link set lo up
 steps=${K8S_PODS_STEPS:-6000}
+[[ -n $pydir ]] && steps=${K8S_PODS_STEPS:-4000}
+root=$(cd "$deploy/../.." && pwd)
 
 # Render the manifests and turn each pod into an environment and a command line.
 py=python3
@@ -74,14 +93,16 @@ py=python3
 "$chainps" secret "$t/render.secret" >/dev/null
 "$py" "$here/k8s_check.py" "$deploy" "$chainps" "$fmnist" --secret "$t/render.secret" \
     --out "$t/objects.json" >/dev/null
-"$py" - "$t/objects.json" "$t" >"$t/pods.env" <<'EOF'
-import json, shlex, sys
-objs, t = json.load(open(sys.argv[1])), sys.argv[2]
+"$py" - "$t/objects.json" "$t" "$root" >"$t/pods.env" <<'EOF'
+import json, random, shlex, string, sys
+objs, t, root = json.load(open(sys.argv[1])), sys.argv[2], sys.argv[3]
 cms = {o["metadata"]["name"]: o.get("data", {}) for o in objs if o["kind"] == "ConfigMap"}
 # Where each pod's volumes are here: mountPath -> directory of this test.
 def remap(s, pod):
     for a, b in (("/var/lib/chainps-out", f"{t}/{pod}/out"), ("/var/lib/chainps", f"{t}/{pod}/data"),
-                 ("/run/chainps", f"{t}/{pod}/run"), ("/etc/chainps/secret", f"{t}/secret")):
+                 ("/run/chainps", f"{t}/{pod}/run"), ("/etc/chainps/secret", f"{t}/secret"),
+                 # the torch image's copy of the example
+                 ("/usr/local/share/chainps/examples", f"{root}/examples")):
         s = s.replace(a, b)
     return s
 def emit(kind, pod, c, extra):
@@ -103,29 +124,38 @@ def emit(kind, pod, c, extra):
             cmd = c.get(pr, {}).get("exec", {}).get("command")
             if cmd and cmd[-1] == p:
                 print(f"{name}_{p}=({' '.join(shlex.quote(a) for a in cmd)})")
+def suffix():  # the random end of a Job's pod name
+    return "".join(random.choice(string.ascii_lowercase + string.digits) for _ in range(5))
 for o in objs:
     ns = o["metadata"].get("namespace", "default")
-    if o["kind"] == "Deployment":
+    comp = o["metadata"].get("labels", {}).get("app.kubernetes.io/component")
+    if o["kind"] != "Job":
+        continue
+    if comp == "scheduler":
         c = o["spec"]["template"]["spec"]["containers"][0]
         # Pods share this network namespace: each listens for metrics on its own address.
         c2 = json.loads(json.dumps(c))
         c2["args"] = [a.replace("--metrics-bind=0.0.0.0", "--metrics-bind=127.0.0.10")
                       for a in c2["args"]]
         emit(o["kind"], "scheduler", c2, {"POD_IP": "127.0.0.10"})
-    elif o["kind"] == "StatefulSet":
-        c = o["spec"]["template"]["spec"]["containers"][0]
-        for i in range(o["spec"]["replicas"]):
-            pod = f"{o['metadata']['name']}-{i}"
+    elif comp == "server":
+        # An Indexed Job's pod: JOB_COMPLETION_INDEX from Kubernetes, JOB_NAME and the
+        # namespace from the downward API; its host name JOB-INDEX under the subdomain.
+        ps = o["spec"]["template"]["spec"]
+        c = ps["containers"][0]
+        name = o["metadata"]["name"]
+        for i in range(o["spec"]["completions"]):
             c2 = json.loads(json.dumps(c))
             c2["args"] = [a.replace("--bind=0.0.0.0", f"--bind=127.0.0.{11 + i}")
                           .replace("--metrics-bind=0.0.0.0", f"--metrics-bind=127.0.0.{11 + i}")
                           for a in c2["args"]]
-            emit(o["kind"], f"server-{i}", c2, {"POD_NAME": pod, "POD_NAMESPACE": ns,
-                                                 "CHAINPS_POD_INDEX": str(i)})
-            print(f"server_{i}_dns={pod}.{o['spec']['serviceName']}.{ns}.svc")
+            emit(o["kind"], f"server-{i}", c2, {"JOB_NAME": name, "POD_NAMESPACE": ns,
+                                                 "JOB_COMPLETION_INDEX": str(i),
+                                                 "POD_NAME": f"{name}-{i}-{suffix()}"})
+            print(f"server_{i}_dns={name}-{i}.{ps['subdomain']}.{ns}.svc")
             print(f"server_{i}_ip=127.0.0.{11 + i}")
-        print(f"servers={o['spec']['replicas']}")
-    elif o["kind"] == "Job":
+        print(f"servers={o['spec']['completions']}")
+    elif comp == "worker":
         c = o["spec"]["template"]["spec"]["containers"][0]
         for i in range(o["spec"]["completions"]):
             emit(o["kind"], f"worker-{i}", c, {"JOB_COMPLETION_INDEX": str(i)})
@@ -151,7 +181,12 @@ chmod 0440 "$t/secret/job.secret"
 mkdir -p "$t/bin"
 ln -s "$chainps" "$t/bin/chainps"
 ln -s "$fmnist" "$t/bin/fmnist"
-ln -s "$deploy/chainps-k8s.sh" "$t/bin/chainps-k8s"
+base=$deploy
+[[ -f $base/chainps-k8s.sh ]] || base=$(cd "$deploy/../k8s" && pwd) # an overlay's base
+ln -s "$base/chainps-k8s.sh" "$t/bin/chainps-k8s"
+# The torch image: Debian's python3 with torch and numpy, the chainps package on its path.
+ln -s /usr/bin/python3 "$t/bin/python3"
+[[ -n $pydir ]] && export PYTHONPATH=$pydir
 export PATH=$t/bin:$PATH
 
 declare -A pid=()
@@ -196,6 +231,20 @@ expect() { # POD ready|live 0|1 WHAT
         bad "probe $2 of $1 $4: $rc, expected $3"
 }
 child_of() { cat "$t/$1/run/chainps.pid"; } # as kubectl exec would find it
+rejoined() { # RANK WHO WHEN: server RANK, started again, joins a second time and is ready
+    local pod=server-$1 s
+    for ((s = 0; s < 120; s++)); do
+        (($(grep -c "joined as node .* (rank $1)" "$t/$pod.log") >= 2)) && break
+        sleep 0.5
+    done
+    (($(grep -c "joined as node .* (rank $1)" "$t/$pod.log") >= 2)) ||
+        bad "$2 did not rejoin with rank $1"
+    if wait_probe "$pod" ready 60; then
+        say "$2 rejoined with rank $1 and is ready: $(grep 'joined as node' "$t/$pod.log" | tail -1 | cut -c1-110)"
+    else
+        bad "$2 did not become ready $3"
+    fi
+}
 
 say "steps $steps; pods: scheduler, $servers servers, $workers workers"
 for ((i = 0; i < workers; i++)); do
@@ -243,16 +292,23 @@ wait "${pid[server-1]}" || rc=$?
 ((rc == 137)) && say "server-1's entrypoint exited 137: the container is restarted" ||
     bad "server-1's entrypoint exited $rc, expected 137 (the server's status)"
 start server-1
-for ((s = 0; s < 120; s++)); do
-    (($(grep -c 'joined as node .* (rank 1)' "$t/server-1.log") >= 2)) && break
-    sleep 0.5
-done
-(($(grep -c 'joined as node .* (rank 1)' "$t/server-1.log") >= 2)) ||
-    bad "the restarted server-1 did not rejoin with rank 1"
-wait_probe server-1 ready 60 && say "server-1 rejoined with rank 1 and is ready: $(grep 'joined as node' "$t/server-1.log" | tail -1 | cut -c1-110)" ||
-    bad "server-1 did not become ready after its restart"
+rejoined 1 "server-1" "after its restart"
 
-# The scheduler's pod is deleted (TERM) and started again on its volume (Recreate).
+# Server 2's pod is deleted (an eviction the PodDisruptionBudget allowed): TERM to its
+# entrypoint, which must end non-zero (a Job would count a pod that ends 0 as its index done
+# and not replace it); the Job's new pod for index 2 has an empty data volume and run
+# directory, joins with rank 2 under the same DNS name and copies its ranges back.
+say "TERM to server-2's entrypoint (pod deleted)"
+kill -TERM "${pid[server-2]}"
+rc=0
+wait "${pid[server-2]}" || rc=$?
+((rc != 0)) && say "server-2's entrypoint exited $rc: the Job replaces the pod" ||
+    bad "server-2's entrypoint exited 0 on TERM: its Job would count index 2 complete"
+rm -rf "$t/server-2/data" "$t/server-2/run"
+start server-2
+rejoined 2 "server-2's new pod (empty volume)" "in its new pod"
+
+# The scheduler's pod is deleted (TERM) and started again on its volume.
 say "TERM to the scheduler's entrypoint (pod deleted)"
 kill -TERM "${pid[scheduler]}"
 rc=0
@@ -270,7 +326,9 @@ env "${scheduler_env[@]}" chainps status --scheduler 127.0.0.10:9091 >"$t/status
 grep -q '^job: running' "$t/status.txt" && say "restarted scheduler resumed: $(head -1 "$t/status.txt")" ||
     bad "the restarted scheduler did not resume the job: $(head -1 "$t/status.txt")"
 
-# The workers finish (the Job completes); the others stay up, idle.
+# The workers finish (their Job completes); then the scheduler ends the job and it and every
+# server exit 0 by themselves: their Jobs complete too, with restartPolicy OnFailure nothing
+# starts them again.
 for ((i = 0; i < workers; i++)); do
     rc=0
     wait "${pid[worker-$i]}" || rc=$?
@@ -283,22 +341,21 @@ if ((${#sums[@]} == 1)) && (($(grep -c '^final:' "$t"/worker-*.log | awk -F: '{s
 else
     bad "workers' final lines: ${sums[*]:-none}"
 fi
+end=$((SECONDS + 30))
 for pod in scheduler server-0 server-1 server-2; do
-    for ((s = 0; s < 40; s++)); do
-        [[ -e $t/$pod/run/finished ]] && break
-        sleep 0.5
-    done
-    [[ -e $t/$pod/run/finished ]] || bad "$pod did not record the job's end"
-    kill -0 "${pid[$pod]}" 2>/dev/null || bad "$pod exited after the end (its pod would restart)"
-done
-expect server-2 live 0 "after the end"
-expect scheduler ready 0 "after the end"
-for pod in scheduler server-0 server-1 server-2; do
-    kill -TERM "${pid[$pod]}"
+    while kill -0 "${pid[$pod]}" 2>/dev/null && ((SECONDS < end)); do sleep 0.2; done
+    if kill -0 "${pid[$pod]}" 2>/dev/null; then
+        bad "$pod still runs 30 s after the workers finished (its pod would idle)"
+        continue
+    fi
     rc=0
     wait "${pid[$pod]}" || rc=$?
     unset "pid[$pod]"
-    ((rc == 0)) || bad "$pod's entrypoint exited $rc on TERM after the end"
+    if ((rc == 0)) && [[ -e $t/$pod/run/finished ]]; then
+        say "$pod exited 0 at the job's end: its Job completes, no restart"
+    else
+        bad "$pod's entrypoint exited $rc at the job's end (finished mark: $([[ -e $t/$pod/run/finished ]] && echo yes || echo no))"
+    fi
 done
 stat -c '%a' "$t/server-0/run/job.secret" | grep -qx 600 || bad "the secret's copy is not 0600"
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# ctest integration.k8s: the Kubernetes manifests of deploy/k8s/, checked offline (no cluster
-# and no container builder run here).
+# ctest integration.k8s: the Kubernetes manifests of deploy/k8s/ and of its overlays beside it
+# (deploy/k8s-*/, e.g. deploy/k8s-torch: the PyTorch workers), checked offline (no cluster and
+# no container builder run here). Each step below runs on deploy/k8s and on every overlay.
 #
 # usage: k8s_validate.sh CHAINPS_BIN DEPLOY_DIR WORK_DIR [FMNIST_BIN]
 #
@@ -9,8 +10,9 @@
 #  2. tests/integration/k8s_check.py (python3-yaml): renders the kustomization as
 #     `kubectl apply -k` would and checks chainps's invariants (flags against `chainps ROLE
 #     --help` and `fmnist --help`, ports, the secret's mount, counts, probes, security);
-#  3. the Dockerfile: Debian 12 bases, every apt-get package known to apt-cache, the runtime
-#     stage's packages covering what `ldd` says chainps and fmnist load, COPY sources present;
+#  3. the Dockerfile: Debian 12 bases, every apt-get package known to apt-cache (the torch
+#     variant's too), the runtime stage's packages covering what `ldd` says chainps, fmnist
+#     and the Python extension load, COPY sources present;
 #  4. `kubectl kustomize` (when a kubectl is installed) renders the same objects;
 #  5. tests/integration/k8s_schema.mjs: every object against the Kubernetes OpenAPI schemas
 #     (npm's kubernetes-models, installed with typescript into WORK_DIR/k8s-npm on first run);
@@ -25,6 +27,12 @@ deploy=$(cd "${2:?DEPLOY_DIR}" && pwd)
 work=${3:?WORK_DIR}
 fmnist=${4:-}
 here=$(cd "$(dirname "$0")" && pwd)
+# The overlays: kustomizations beside deploy/k8s that build on it (kustomize refuses an overlay
+# inside its base's directory).
+overlays=()
+for o in "$deploy"-*/kustomization.yaml; do
+    [[ -f $o ]] && overlays+=("$(dirname "$o")")
+done
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
 tmp=$(mktemp -d "$work/k8s-validate.XXXXXX")
@@ -61,7 +69,9 @@ done
 if command -v yamllint >/dev/null; then
     conf='{extends: default, rules: {line-length: {max: 100}, document-start: disable,
            comments: {min-spaces-from-content: 1}}}'
-    if timeout 60 yamllint -s -d "$conf" "$deploy"/*.yaml; then
+    yamls=("$deploy"/*.yaml)
+    for o in "${overlays[@]}"; do yamls+=("$o"/*.yaml); done
+    if timeout 60 yamllint -s -d "$conf" "${yamls[@]}"; then
         say "yamllint: ok"
     else
         bad "yamllint"
@@ -83,9 +93,12 @@ fi
 # 2. Render and check chainps's invariants.
 check() { # DEPLOY_DIR OUT.json
     timeout 60 "$py" "$here/k8s_check.py" "$1" "$chainps" ${fmnist:+"$fmnist"} \
-        --secret "$tmp/job.secret" --out "$2"
+        --secret "$tmp/job.secret" --out "$2" --root "$(cd "$deploy/../.." && pwd)"
 }
 check "$deploy" "$tmp/objects.json" || bad "k8s_check.py"
+for o in "${overlays[@]}"; do
+    check "$o" "$tmp/objects-$(basename "$o").json" || bad "k8s_check.py $(basename "$o")"
+done
 
 # 3. The Dockerfile.
 docker_check() {
@@ -132,7 +145,10 @@ EOF
         xargs -r apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts \
             --no-breaks --no-replaces --no-enhances 2>/dev/null | grep -v '^ ' | sed 's/:.*//' |
         sort -u || true)
-    for bin in "$chainps" ${fmnist:+"$fmnist"}; do
+    # The torch variant's Python extension (built beside chainps when python3-dev is there).
+    local ext
+    ext=$(find "$(dirname "$chainps")/python/chainps" -name '_chainps*.so' 2>/dev/null | head -1)
+    for bin in "$chainps" ${fmnist:+"$fmnist"} ${ext:+"$ext"}; do
         while read -r lib; do
             real=$(readlink -f "$lib")
             owner=""
@@ -164,13 +180,16 @@ EOF
 }
 docker_check
 
-# 4. kubectl kustomize, where a kubectl is installed.
-if command -v kubectl >/dev/null; then
-    mkdir "$tmp/kdir"
-    cp "$deploy"/*.yaml "$tmp/kdir/"
-    cp "$tmp/job.secret" "$tmp/kdir/job.secret"
-    if timeout 60 kubectl kustomize "$tmp/kdir" >"$tmp/kustomized.yaml" 2>"$tmp/kustomize.err"; then
-        if "$py" - "$tmp/kustomized.yaml" "$tmp/objects.json" "$tmp/kustomized.json" <<'EOF'; then
+# 4. kubectl kustomize, where a kubectl is installed: deploy/k8s and its overlays, copied as
+# they lie (an overlay names its base as ../k8s), with a secret file.
+kustomize_same() { # DIR_IN_COPY OBJECTS.json OUT.json: kubectl kustomize renders the same
+    local dir=$1 mine=$2 out=$3 name
+    name=$(basename "$dir")
+    if ! timeout 60 kubectl kustomize "$dir" >"$out.yaml" 2>"$out.err"; then
+        bad "kubectl kustomize $name: $(cat "$out.err")"
+        return
+    fi
+    if "$py" - "$out.yaml" "$mine" "$out" <<'EOF'; then
 import json, sys, yaml
 ko = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
 # kustomize wraps a Secret's base64 at 70 columns; the API server's decoder (Go's) skips the
@@ -185,16 +204,40 @@ json.dump(ko, open(sys.argv[3], "w"))
 if a != b:
     print("k8s_validate: FAIL: kubectl kustomize renders", a, "but k8s_check.py", b)
     sys.exit(1)
+# The containers as both render them (patches and images applied), env compared as a set:
+# kustomize puts a patch's new variables first, k8s_check.py last.
+def containers(objs):
+    out = {}
+    for o in objs:
+        for c in o.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            c = dict(c)
+            c["env"] = sorted(json.dumps(e, sort_keys=True) for e in c.get("env", []))
+            out[(o["kind"], o["metadata"]["name"], c["name"])] = json.dumps(c, sort_keys=True)
+    return out
+ca, cb = containers(ko), containers(mine)
+diff = [k for k in ca if ca[k] != cb.get(k)]
+if diff:
+    print("k8s_validate: FAIL: kubectl kustomize and k8s_check.py render these containers "
+          "differently:", diff)
+    sys.exit(1)
 EOF
-            say "kubectl kustomize ($(kubectl version --client 2>/dev/null | head -1)): same objects"
-        else
-            bad "kubectl kustomize and k8s_check.py disagree"
-        fi
+        say "kubectl kustomize $name ($(kubectl version --client 2>/dev/null | head -1)): same objects and containers"
     else
-        bad "kubectl kustomize: $(cat "$tmp/kustomize.err")"
+        bad "kubectl kustomize and k8s_check.py disagree on $name"
     fi
+}
+if command -v kubectl >/dev/null; then
+    mkdir -p "$tmp/kdir/k8s"
+    cp "$deploy"/*.yaml "$tmp/kdir/k8s/"
+    cp "$tmp/job.secret" "$tmp/kdir/k8s/job.secret"
+    kustomize_same "$tmp/kdir/k8s" "$tmp/objects.json" "$tmp/kustomized.json"
+    for o in "${overlays[@]}"; do
+        n=$(basename "$o")
+        cp -r "$o" "$tmp/kdir/$n"
+        kustomize_same "$tmp/kdir/$n" "$tmp/objects-$n.json" "$tmp/kustomized-$n.json"
+    done
 else
-    say "note: no kubectl: the kustomization is rendered by k8s_check.py only"
+    say "note: no kubectl: the kustomizations are rendered by k8s_check.py only"
 fi
 
 # 5. Schema validation with kubernetes-models (npm), into WORK_DIR/k8s-npm.
@@ -222,23 +265,34 @@ else
 fi
 if [[ -z $skip ]]; then
     schema=ok
-    files=("$tmp/objects.json")
-    [[ -f $tmp/kustomized.json ]] && files+=("$tmp/kustomized.json")
+    files=("$tmp"/objects*.json)
+    for f in "$tmp"/kustomized*.json; do [[ -f $f ]] && files+=("$f"); done
     timeout 180 node "$here/k8s_schema.mjs" "$npm_dir" "${files[@]}" || {
         bad "schema validation"
         schema=failed
     }
 fi
 
-# 6. The checkers must catch deliberate breakage (each on a copy of deploy/k8s).
+# 6. The checkers must catch deliberate breakage (each on a copy of deploy/k8s and its
+# overlays, laid out as they are).
 mutant() { # NAME FILE OLD NEW PATTERN [schema]: the checkers must fail on FILE with OLD made
-    # NEW, with a FAIL line matching PATTERN ("schema": only the schema validator can see it)
-    local name=$1 file=$2 old=$3 new=$4 pattern=$5 only=${6:-} d=$tmp/mutant-$1
-    cp -r "$deploy" "$d"
+    # NEW, with a FAIL line matching PATTERN ("schema": only the schema validator can see it).
+    # FILE is in deploy/k8s, or OVERLAY/FILE (e.g. k8s-torch/workers-torch.yaml): then the
+    # overlay is what is checked.
+    local name=$1 file=$2 old=$3 new=$4 pattern=$5 only=${6:-} d=$tmp/mutant-$1 dir o
+    mkdir -p "$d"
+    cp -r "$deploy" "$d/$(basename "$deploy")"
+    for o in "${overlays[@]}"; do cp -r "$o" "$d/$(basename "$o")"; done
+    if [[ $file == */* ]]; then
+        dir=$d/${file%%/*}
+    else
+        dir=$d/$(basename "$deploy")
+        file=$(basename "$deploy")/$file
+    fi
     "$py" -c 'import sys; p, a, b = sys.argv[1:]; s = open(p).read(); assert a in s, a
 open(p, "w").write(s.replace(a, b, 1))' "$d/$file" "$old" "$new"
     local caught=""
-    check "$d" "$d.json" >"$d.log" 2>&1 || caught="k8s_check.py"
+    check "$dir" "$d.json" >"$d.log" 2>&1 || caught="k8s_check.py"
     if [[ -z $caught && $schema == ok ]]; then
         timeout 180 node "$here/k8s_schema.mjs" "$npm_dir" "$d.json" >>"$d.log" 2>&1 ||
             caught="k8s_schema.mjs"
@@ -264,8 +318,44 @@ else
     mutant flag workers.yaml "            - --epochs=5" "            - --epoch=5" "--epoch "
     mutant secret-path configmap.yaml '"/etc/chainps/secret/job.secret"' \
         '"/etc/chainps/job.secret"' "CHAINPS_SECRET_MOUNT"
-    mutant count servers.yaml "  replicas: 3" "  replicas: 4" "replicas 4"
+    mutant count servers.yaml "  completions: 3" "  completions: 4" "completions/parallelism 4/3"
+    # The end of the job: a pod that exits 0 must not be started again.
+    mutant restart scheduler.yaml "restartPolicy: OnFailure" "restartPolicy: Always" \
+        "restartPolicy must be OnFailure"
+    mutant subdomain servers.yaml "subdomain: chainps-server" "subdomain: chainps-servers" \
+        "pod subdomain chainps-servers"
+    # The PodDisruptionBudget.
+    mutant pdb-max pdb.yaml "  minAvailable: 2" "  maxUnavailable: 2" "maxUnavailable is not applied"
+    mutant pdb-count pdb.yaml "  minAvailable: 2" "  minAvailable: 1" "minAvailable 1 != "
+    mutant pdb-selector pdb.yaml "      app.kubernetes.io/component: server" \
+        "      app.kubernetes.io/component: worker" "0 select the server pods"
+    mutant pdb-percent pdb.yaml "  minAvailable: 2" '  minAvailable: "66%"' "must be a whole number"
+    # The NetworkPolicies.
+    mutant netpol-from networkpolicy.yaml "              app.kubernetes.io/part-of: chainps" \
+        "              app.kubernetes.io/component: scheduler" "does not admit the server pods"
+    mutant netpol-port networkpolicy.yaml "port: 9092 # the server" "port: 9093 # the server" \
+        "container port 9092 is not admitted"
+    mutant netpol-range networkpolicy.yaml "endPort: 59999" "endPort: 39999" \
+        "20000-59999 (chainps's inboxes"
+    mutant netpol-any networkpolicy.yaml "    - from:" "    - ports:" "without \`from\`"
+    mutant netpol-egress networkpolicy.yaml "policyTypes: [\"Ingress\"]" \
+        "policyTypes: [\"Egress\"]" "policyTypes has no Ingress"
 fi
+for o in "${overlays[@]}"; do
+    ((fails)) && break
+    [[ $(basename "$o") == k8s-torch ]] || continue
+    mutant torch-flag k8s-torch/workers-torch.yaml "--epochs=2" "--epoch=2" \
+        "flag --epoch is not one of \`train.py --help\`"
+    mutant torch-threads k8s-torch/workers-torch.yaml 'value: "1"' 'value: "4"' "OMP_NUM_THREADS 4"
+    mutant torch-image k8s-torch/workers-torch.yaml "image: chainps-torch:0.1" \
+        "image: chainps:0.1" "is not the torch variant"
+    mutant torch-script k8s-torch/workers-torch.yaml "/examples/torch/train.py" \
+        "/examples/torch/tran.py" "does not run /usr/local/share"
+    mutant torch-save k8s-torch/workers-torch.yaml "--save=/var/lib/chainps-out/model.pt" \
+        "--save=/model.pt" "--save /model.pt is not on a volume"
+    mutant torch-unknown k8s-torch/workers-torch.yaml "          resources:" "          resource:" \
+        "resource" schema
+done
 
 if ((fails)); then
     say "$fails failure(s)"
@@ -275,4 +365,4 @@ if [[ -n $skip ]]; then
     say "SKIP: the manifests were not validated against the Kubernetes schemas: $skip"
     exit 77
 fi
-say "ok: deploy/k8s parsed, rendered, consistent and valid against the Kubernetes schemas"
+say "ok: deploy/k8s${overlays:+ and ${#overlays[@]} overlay(s)} parsed, rendered, consistent and valid against the Kubernetes schemas"
