@@ -44,7 +44,7 @@ done
 # The Python package is part of the install whenever the build made it (CMake says so: python/
 # is built when python3-dev is there): missing from the prefix is a failure, not a skip (it once
 # went to PREFIX/python3/dist-packages, and this test passed without it).
-py=$p/lib/python3/dist-packages
+py=$p/lib/python3.$(/usr/bin/python3 -c 'import sys; print(sys.version_info[1])')/dist-packages
 if [ "$want_python" = python ]; then
     [ -f "$py/chainps/__init__.py" ] || {
         echo "FAIL: the Python package is not installed in $py"

@@ -20,7 +20,7 @@
 #
 # usage: k8s_pods.sh CHAINPS_BIN FMNIST_BIN DEPLOY_DIR WORK_DIR [PYTHON_DIR]  (root: unshare -mn)
 #   PYTHON_DIR: the build's python/ (the chainps package), for a kustomization whose workers
-#   run python3 (the torch image has it in /usr/local/lib/python3/dist-packages); python3 is
+#   run python3 (the torch image has it in /usr/local/lib/python3.X/dist-packages); python3 is
 #   Debian's /usr/bin/python3, with python3-torch and python3-numpy, as in the image.
 # env: K8S_PODS_STEPS (the workers' --steps, default 6000 for fmnist: 30 to 60 s here; 4000
 #   for train.py: 40 to 50 s here, its scheduler restart near step 2000 under load)
