@@ -98,6 +98,20 @@ const cps__node_info *cps__view_node(const cps__view *v, uint32_t id)
     return NULL;
 }
 
+int cps__node_supersedes(const cps__node_info *o, const cps__node_info *w)
+{
+    return w->role == CPS_ROLE_WORKER && !w->alive && o->role == CPS_ROLE_WORKER &&
+           o->id != w->id && o->rank == w->rank && (o->alive || o->id > w->id);
+}
+
+int cps__view_superseded(const cps__view *v, const cps__node_info *w)
+{
+    for (uint32_t i = 0; i < v->nnodes; i++)
+        if (cps__node_supersedes(&v->nodes[i], w))
+            return 1;
+    return 0;
+}
+
 int cps__view_place_ranges(cps__view *v, uint32_t n, const uint32_t *servers, uint32_t nservers,
                            uint32_t replicas)
 {

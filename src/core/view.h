@@ -59,6 +59,16 @@ int cps__view_copy(cps__view *dst, const cps__view *src);
 uint32_t cps__view_range_of(const cps__view *v, uint64_t key);
 /* Node with this id, or NULL. */
 const cps__node_info *cps__view_node(const cps__view *v, uint32_t id);
+/* 1 if worker `w` is superseded by node `o`: `w` is dead (or finished) and `o` is another worker
+ * of its rank that is alive, or that joined after it (a larger id: ids only grow). Nobody needs a
+ * socket to a superseded worker: the scheduler and the servers drop their peer for it (its
+ * record stays in the view: the pushes it made still count, and sync rounds, SSP clocks and
+ * fences name it). A worker whose rank is free again (its replacement died too) keeps its peer
+ * only if it is the latest holder of the rank; one taken back alive is superseded by nobody, and
+ * its peer is made again with the next view. */
+int cps__node_supersedes(const cps__node_info *o, const cps__node_info *w);
+/* 1 if some node of `v` supersedes `w` (cps__node_supersedes). */
+int cps__view_superseded(const cps__view *v, const cps__node_info *w);
 
 /* Split the whole u64 key space into `n` equal contiguous ranges and place each on a ring chain:
  * range r lives on servers (r, r+1, ..., r+R-1) mod S, with `servers` listing the server ids in

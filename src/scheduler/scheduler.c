@@ -69,6 +69,7 @@ typedef struct sched_node {
     int left;       /* server: drained and told to exit; no longer a member */
     int in_barrier; /* worker waiting in the current barrier */
     uint64_t barrier_seq;
+    uint64_t shutdown_sent_ms; /* superseded worker still talking: when we last told it to go */
 } sched_node;
 
 typedef struct cps__sched {
@@ -181,6 +182,32 @@ static uint32_t free_rank(const cps__sched *s, int role, uint32_t want, uint32_t
     return UINT32_MAX;
 }
 
+/* A dead (or finished) worker whose rank another worker took (cps__node_supersedes): it is
+ * kept as a member, but nobody sends it anything. */
+static int superseded(const cps__sched *s, const sched_node *n)
+{
+    for (uint32_t i = 0; i < s->nnodes; i++)
+        if (cps__node_supersedes(&s->nodes[i].info, &n->info))
+            return 1;
+    return 0;
+}
+
+/* Our peers follow the members: a superseded worker's socket is closed (the soak found one fd,
+ * and a queue of up to the transport's limit of views, kept per worker replacement), and a node
+ * that is no longer superseded (a worker taken back alive) gets its peer again. */
+static void sync_peers(cps__sched *s)
+{
+    for (uint32_t i = 0; i < s->nnodes; i++) {
+        const sched_node *n = &s->nodes[i];
+        if (superseded(s, n))
+            cps__tp_peer_drop(s->tp, n->info.id);
+        else if (!cps__tp_peer_known(s->tp, n->info.id) && n->info.addr[0] &&
+                 cps__tp_peer_set(s->tp, n->info.id, n->info.addr) != 0)
+            cps__log(CPS_LOG_WARN, "scheduler", "cannot reach node %u at %s", n->info.id,
+                     n->info.addr);
+    }
+}
+
 /* Rebuild the view's node list from the members (ranges are placed once, at start). */
 static int sync_view_nodes(cps__sched *s)
 {
@@ -206,9 +233,11 @@ static int send_view(cps__sched *s, uint32_t peer, uint8_t type)
     if (s->unsaved)
         return CPS_EAGAIN; /* sent once saved (save_retry); nodes ask again meanwhile */
     /* Workers held back (a checkpoint is being restored) learn of the job only at RELEASE. */
-    const sched_node *n = s->cfg.hold_workers ? find_node(s, peer) : NULL;
-    if (n && n->info.role == CPS_ROLE_WORKER)
+    const sched_node *n = find_node(s, peer);
+    if (n && n->info.role == CPS_ROLE_WORKER && s->cfg.hold_workers)
         return 0;
+    if (n && superseded(s, n))
+        return 0; /* its peer is gone (sync_peers): it is sent nothing */
     size_t len = cps__view_encoded_size(&s->view);
     cps__msg_hdr h = {0};
     h.type = type;
@@ -378,8 +407,13 @@ static void handle_hello(cps__sched *s, const cps__rx *rx)
             }
             return;
         }
-        if (s->nnodes >= CPS_MAX_NODES)
+        if (s->nnodes >= CPS_MAX_NODES) {
+            /* Records are never reused (the view names every node that ever joined). */
+            cps__log(CPS_LOG_ERROR, "scheduler",
+                     "refused a %s at %s: the job has had %u nodes, the most it can name",
+                     role_name((int)role), addr, (unsigned)CPS_MAX_NODES);
             return;
+        }
         uint32_t rank = free_rank(s, (int)role, want_rank, limit);
         n = &s->nodes[s->nnodes++];
         memset(n, 0, sizeof *n);
@@ -704,6 +738,8 @@ static int resume(cps__sched *s)
     uint64_t now = cps__now_ms();
     for (uint32_t i = 0; i < s->nnodes; i++) {
         sched_node *n = &s->nodes[i];
+        if (superseded(s, n))
+            continue; /* sync_peers */
         if (cps__tp_peer_set(s->tp, n->info.id, n->info.addr) != 0)
             cps__log(CPS_LOG_WARN, "scheduler", "cannot reach node %u at %s", n->info.id,
                      n->info.addr);
@@ -728,6 +764,7 @@ static void publish_view(cps__sched *s, const char *why)
     if (!s->started)
         return;
     sync_view_nodes(s);
+    sync_peers(s);
     s->view.epoch++;
     int rc = save(s);
     /* A finished worker has closed its inbox: a view for it would wait in its queue for ever,
@@ -1563,7 +1600,15 @@ static void handle_msg(void *ctx, void *buf, size_t len)
                 taken |= s->nodes[i].info.role == CPS_ROLE_WORKER && s->nodes[i].info.alive &&
                          s->nodes[i].info.rank == n->info.rank;
             if (taken) {
-                send_simple(s, n->info.id, CPS_MSG_SHUTDOWN, NULL);
+                /* Its peer was dropped (sync_peers): answer at a short-lived one, once a second
+                 * at most (the ring of those is shared with the tools). */
+                uint64_t now = cps__now_ms();
+                if (now - n->shutdown_sent_ms >= 1000) {
+                    uint32_t tmp = cps__temp_peer_add(&s->temps, s->tp, n->info.addr, now);
+                    if (tmp)
+                        send_simple(s, tmp, CPS_MSG_SHUTDOWN, NULL);
+                    n->shutdown_sent_ms = now;
+                }
             } else {
                 n->info.alive = 1;
                 cps__detector_watch(s->detector, n->info.id, n->last_seen_ms);

@@ -131,6 +131,12 @@ static void install_view(cps__server *s, const cps__rx *rx, int welcome)
     for (uint32_t i = 0; i < v.nnodes; i++) {
         if (v.nodes[i].id == s->id)
             continue;
+        if (cps__view_superseded(&v, &v.nodes[i])) {
+            /* A dead worker another took the place of: no socket (one leaked per replacement,
+             * found by the soak). A reply still owed to it fails as to any unknown peer. */
+            cps__tp_peer_drop(s->tp, v.nodes[i].id);
+            continue;
+        }
         rc = cps__tp_peer_set(s->tp, v.nodes[i].id, v.nodes[i].addr);
         if (rc != 0)
             cps__log(CPS_LOG_WARN, "server", "cannot reach node %u at %s: %s", v.nodes[i].id,

@@ -669,6 +669,43 @@ static void hello_errors(void **state)
     assert_int_equal(cps__hello_decode(NULL, 16, &role, &rank, &prev, addr), CPS_EINVAL);
 }
 
+/* Worker replacement: who keeps a socket to a dead worker (the soak's fd leak). */
+static void supersedes_worker_replacement(void **state)
+{
+    (void)state;
+    cps__node_info n[5];
+    memset(n, 0, sizeof n);
+    /* server 1; worker 2 (rank 0) dead, replaced by worker 4 (alive); worker 3 (rank 1) dead
+     * and not replaced; server 6 (rank 1) */
+    n[0] = (cps__node_info){.id = 1, .role = CPS_ROLE_SERVER, .alive = 0, .rank = 0};
+    n[1] = (cps__node_info){.id = 2, .role = CPS_ROLE_WORKER, .alive = 0, .rank = 0};
+    n[2] = (cps__node_info){.id = 3, .role = CPS_ROLE_WORKER, .alive = 0, .rank = 1};
+    n[3] = (cps__node_info){.id = 4, .role = CPS_ROLE_WORKER, .alive = 1, .rank = 0};
+    n[4] = (cps__node_info){.id = 6, .role = CPS_ROLE_SERVER, .alive = 1, .rank = 1};
+    cps__view v;
+    cps__view_init(&v);
+    v.nodes = n;
+    v.nnodes = 4;
+    assert_true(cps__node_supersedes(&n[3], &n[1])); /* replaced by a live worker */
+    assert_true(cps__view_superseded(&v, &n[1]));
+    assert_false(cps__view_superseded(&v, &n[2]));    /* its rank is free: kept */
+    assert_false(cps__view_superseded(&v, &n[3]));    /* alive */
+    assert_false(cps__view_superseded(&v, &n[0]));    /* servers never */
+    assert_false(cps__node_supersedes(&n[4], &n[0])); /* not even by a server of its rank */
+    assert_false(cps__node_supersedes(&n[1], &n[1]));
+    /* the replacement died too: the latest holder of the rank keeps its peer */
+    n[3].alive = 0;
+    assert_true(cps__view_superseded(&v, &n[1]));
+    assert_false(cps__view_superseded(&v, &n[3]));
+    /* the first one taken back alive: superseded by nobody, and it supersedes the later one */
+    n[1].alive = 1;
+    assert_false(cps__view_superseded(&v, &n[1]));
+    assert_true(cps__view_superseded(&v, &n[3]));
+    v.nodes = NULL;
+    v.nnodes = 0;
+    cps__view_fini(&v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -687,6 +724,7 @@ int main(void)
         cmocka_unit_test(stats_round_trip),
         cmocka_unit_test(hello_round_trip),
         cmocka_unit_test(hello_errors),
+        cmocka_unit_test(supersedes_worker_replacement),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
