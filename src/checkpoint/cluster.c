@@ -62,6 +62,7 @@ static size_t pad8(size_t n)
 /* ---- talking to the cluster ---- */
 
 typedef struct link {
+    int said_not_started; /* "has not started" logged once, however long we wait for it */
     cps__tp *tp;
     char hello[16 + CPS_ADDR_MAX];
     size_t hello_len;
@@ -277,7 +278,7 @@ static int link_registry(link *l, const char *scheduler)
         cps__log(CPS_LOG_ERROR, SUB, "malformed registry from the scheduler: %s", cps_strerror(rc));
     else if (!l->started || l->view.nranges == 0)
         rc = CPS_EUNAVAILABLE;
-    if (rc == CPS_EUNAVAILABLE)
+    if (rc == CPS_EUNAVAILABLE && !l->said_not_started++)
         cps__log(CPS_LOG_INFO, SUB,
                  "the job at %s has not started (its servers are not all "
                  "there yet)",
@@ -1312,6 +1313,13 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
     int rc = link_open(&l, o->scheduler, o->bind_host, o->advertise, o->key, o->timeout_ms);
     if (rc == 0)
         rc = link_registry(&l, o->scheduler);
+    uint64_t wait_until = t0 + (uint64_t)(o->timeout_ms > 0 ? o->timeout_ms : 120000);
+    while (o->wait_start && (rc == CPS_EUNAVAILABLE || (rc == 0 && l.ndescs == 0)) &&
+           cps__now_ms() < wait_until) {
+        struct timespec pause = {0, 100 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+        rc = link_registry(&l, o->scheduler);
+    }
     if (rc == 0 && l.ndescs == 0) {
         cps__log(o->quiet_until_ready ? CPS_LOG_DEBUG : CPS_LOG_ERROR, SUB,
                  "the job has no tensors yet (workers register them when "

@@ -44,6 +44,10 @@ typedef struct cps__export_opts {
     uint64_t max_shard_bytes; /**< 0: one file */
     int timeout_ms;           /**< for the cut to open (each read: at most 30 s); 0: 120 s */
     int quiet_until_ready;    /**< log "not started" / "no tensors yet" at debug level only */
+    /** A job that has not started or declared no tensor yet is waited for (within timeout_ms)
+     * rather than refused: a user who starts a job and exports it at once (`chainps checkpoint
+     * export` right after `launch`) gets the export, not "the job has not started yet". */
+    int wait_start;
     /** Do not tell the scheduler of the checkpoint when it is complete: the caller moves it
      * elsewhere first, then calls cps__ckpt_announce with its final path. */
     int no_announce;

@@ -220,7 +220,8 @@ static int cluster_cmd(const char *sub, int argc, char **argv)
                               .key = cps__node_key(&cfg),
                               .at_step = step,
                               .max_shard_bytes = shard_mb << 20,
-                              .timeout_ms = (int)timeout_s * 1000};
+                              .timeout_ms = (int)timeout_s * 1000,
+                              .wait_start = 1};
         cps__export_result res;
         int rc = cps__ckpt_export(&o, out, &res);
         if (rc != 0) {

@@ -6,8 +6,8 @@
 # usage: demo_torch.sh SOURCE_DIR BUILD_DIR        (the suite: the build the tests run in)
 #        demo_torch.sh SOURCE_DIR --fresh          (long: a fresh `git clone` of SOURCE_DIR's
 #                                                   HEAD, built by the demo script itself)
-# The job trains 400 steps of LeNet-5 (about 10 s), enough to outlast the kill. launch ends
-# every process it starts; this script ends launch by its PID if it overstays.
+# The job trains 1200 steps of LeNet-5 (10-30 s), enough to outlast the kill and the restart.
+# launch ends every process it starts; this script ends launch by its PID if it overstays.
 set -u
 src=$1
 build=$2
@@ -27,7 +27,7 @@ else
     export BUILD=$build
 fi
 log=$tmp/demo.log
-(cd "$dir" && exec scripts/demo.sh torch --steps 400 --log-every 100) >"$log" 2>&1 &
+(cd "$dir" && exec scripts/demo.sh torch --steps 1200 --log-every 200) >"$log" 2>&1 &
 pid=$!
 for _ in $(seq 9000); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$pid" 2>/dev/null; then
