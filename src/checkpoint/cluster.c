@@ -820,11 +820,17 @@ static int match_open(const cps__rx *rx, const void *arg)
            (rx->hdr.type == CPS_MSG_CUT_OPEN || rx->hdr.type == CPS_MSG_ERROR);
 }
 
+static int is_probe_reply(const cps__rx *rx)
+{
+    return (rx->hdr.flags & CPS_WF_REPLY) &&
+           (rx->hdr.type == CPS_MSG_CUT_PROBE || rx->hdr.type == CPS_MSG_ERROR);
+}
+
+/* A probe of the export's round *arg. */
 static int match_probe(const cps__rx *rx, const void *arg)
 {
     const uint32_t *round = arg;
-    return (rx->hdr.flags & CPS_WF_REPLY) && rx->hdr.req_worker == *round &&
-           (rx->hdr.type == CPS_MSG_CUT_PROBE || rx->hdr.type == CPS_MSG_ERROR);
+    return is_probe_reply(rx) && rx->hdr.req_worker == *round;
 }
 
 static uint32_t tail_of(const link *l, uint32_t r)
@@ -1677,7 +1683,7 @@ static int restore_sink(void *arg, uint64_t first, const void *buf, size_t n)
 static int match_probe_range(const cps__rx *rx, const void *arg)
 {
     const uint32_t *r = arg;
-    return match_probe(rx, NULL) && rx->hdr.range == *r;
+    return is_probe_reply(rx) && rx->hdr.range == *r;
 }
 
 /* Wait until each range's tail has applied everything the heads took. */
