@@ -2,7 +2,7 @@
 # Build chainps and run every test: unit, simulator, integration and fuzz-replay tests in a
 # normal build, the same again under AddressSanitizer + UndefinedBehaviorSanitizer, and a
 # bounded libFuzzer run of the wire decoders. Installs missing packages first.
-# Usage: scripts/test.sh            (everything, about 25 minutes on 2 cores)
+# Usage: scripts/test.sh            (everything, about 35 minutes on 2 cores with the builds done)
 #        QUICK=1 scripts/test.sh    (normal build only)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
