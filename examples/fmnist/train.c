@@ -590,6 +590,22 @@ static int plot(run *r)
                 "set label 'restarted: copies its ranges back' at %g, graph 0.88 left offset "
                 "0.5,0 tc rgb 'dark-green'\n",
                 kill_x, kill_x, kill_x, kill_x + 2.0, kill_x + 2.0, kill_x + 2.0);
+    /* launch writes when the restarted server had every range back (CHAINPS_LAUNCH_EVENTS). */
+    const char *events = getenv("CHAINPS_LAUNCH_EVENTS");
+    FILE *ev = events ? fopen(events, "r") : NULL;
+    unsigned long long caught_ms = 0;
+    if (ev) {
+        if (fscanf(ev, "caught_up_unix_ms=%llu", &caught_ms) != 1)
+            caught_ms = 0;
+        fclose(ev);
+    }
+    double caught_x = caught_ms ? (double)caught_ms / 1000.0 - r->t0_unix : 0.0;
+    if (kill_at && atof(kill_at) > 0 && caught_x > 0)
+        fprintf(g,
+                "set arrow from %g, graph 0 to %g, graph 1 nohead lc rgb 'blue' dt 4 lw 2\n"
+                "set label 'caught up: every range back to R replicas' at %g, graph 0.81 left "
+                "offset 0.5,0 tc rgb 'blue'\n",
+                caught_x, caught_x, caught_x);
     /* gnuplot refuses a series without points and warns about a zero-height axis. */
     if (r->acc_rows > 0 && r->acc_max - r->acc_min < 0.5)
         fprintf(g, "set y2range [%f:%f]\n", r->acc_min - 1.0, r->acc_max + 1.0);

@@ -167,10 +167,53 @@ static void note_error(cps__child *c, const char *text, size_t n)
     }
 }
 
-static void print_line(const cps__job *j, cps__child *c, const char *text, size_t n)
+/* The number after `key` in text[0..n), or -1. */
+static long number_after(const char *text, size_t n, const char *key)
+{
+    size_t k = strlen(key);
+    for (size_t i = 0; i + k < n; i++) {
+        if (memcmp(text + i, key, k) != 0)
+            continue;
+        long v = 0;
+        size_t d = i + k;
+        if (d >= n || text[d] < '0' || text[d] > '9')
+            return -1;
+        for (; d < n && text[d] >= '0' && text[d] <= '9' && v < 100000; d++)
+            v = v * 10 + (text[d] - '0');
+        return v;
+    }
+    return -1;
+}
+
+static void note_repair(cps__job *j, const cps__child *c, const char *text, size_t n)
+{
+    if (c->role != CPS_ROLE_SCHEDULER)
+        return;
+    long r = number_after(text, n, "scheduler: range ");
+    if (r >= 0 && r < 256 && number_after(text, n, " has ") >= 0 &&
+        memmem(text, n, " replicas: server ", strlen(" replicas: server "))) {
+        j->short_ranges[r / 64] |= UINT64_C(1) << (r % 64);
+        j->repairing = 1;
+        return;
+    }
+    if (!memmem(text, n, " as its tail", strlen(" as its tail")))
+        return;
+    r = number_after(text, n, " joined range ");
+    if (r < 0 || r >= 256)
+        return;
+    j->short_ranges[r / 64] &= ~(UINT64_C(1) << (r % 64));
+    if (j->repairing &&
+        !(j->short_ranges[0] | j->short_ranges[1] | j->short_ranges[2] | j->short_ranges[3])) {
+        j->repairing = 0;
+        j->repaired_ms = cps__now_ms();
+    }
+}
+
+static void print_line(cps__job *j, cps__child *c, const char *text, size_t n)
 {
     note_checksum(c, text, n);
     note_error(c, text, n);
+    note_repair(j, c, text, n);
     if (j->quiet)
         return;
     /* One write per line so lines of different processes never interleave. */
@@ -181,7 +224,7 @@ static void print_line(const cps__job *j, cps__child *c, const char *text, size_
     fflush(stdout);
 }
 
-static void drain(const cps__job *j, cps__child *c)
+static void drain(cps__job *j, cps__child *c)
 {
     char buf[8192];
     ssize_t n = read(c->fd, buf, sizeof buf);

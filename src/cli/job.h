@@ -40,6 +40,13 @@ typedef struct cps__job {
     int await_replacements; /* scheduler --await-replacements: a dead worker's rank holds the
                                job's end until a replacement finished it */
     char secret_dir[400];   /* a directory of our own holding the secret we made; "" if none */
+    /* The scheduler's repairs, read from its log as it streams: ranges short of replicas ("range
+     * N has K of R replicas") until a joiner becomes their tail ("joined range N as its tail").
+     * repaired_ms: when the last short range was whole again (0: none yet since the last reset),
+     * for launch to say when a restarted server had caught up. */
+    uint64_t short_ranges[4]; /* ranges 0..255, one bit each */
+    int repairing;
+    uint64_t repaired_ms;
 } cps__job;
 
 /* Set up (data dir, port, executable path, the job's secret: the one cfg names, or a new one

@@ -1,6 +1,7 @@
 /* `chainps launch`: a whole job on this machine. Starts a scheduler and S servers on loopback,
  * runs the training program W times as workers, streams every process's output prefixed with
  * its role and rank, and ends every process it started (by PID) before it returns. */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -111,6 +112,25 @@ static void on_interrupt(int sig)
 {
     (void)sig;
     interrupted = 1;
+}
+
+/* The restarted server's catch-up, on the wall clock, for the workers (fmnist's plot):
+ * "caught_up_unix_ms=N" in the file CHAINPS_LAUNCH_EVENTS names. */
+static void write_caught_up(const char *path, uint64_t at_ms, uint64_t now_ms)
+{
+    if (!path[0])
+        return;
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    unsigned long long unix_ms = (unsigned long long)wall.tv_sec * 1000ull +
+                                 (unsigned long long)wall.tv_nsec / 1000000ull - (now_ms - at_ms);
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        fprintf(stderr, "launch: cannot write %s: %s\n", path, strerror(errno));
+        return;
+    }
+    fprintf(f, "caught_up_unix_ms=%llu\n", unix_ms);
+    fclose(f);
 }
 
 /* Server rank that --kill-at kills (launch only). */
@@ -293,7 +313,7 @@ int cps__cli_launch(int argc, char **argv)
     /* A worker we restart must find the job still running: the scheduler keeps it open while
      * a dead worker's rank is unfinished, and we end it ourselves if we give up on one. */
     job.await_replacements = restart_workers;
-    char kill_env[64], kill_unix_env[64];
+    char kill_env[64], kill_unix_env[64], events_path[600] = "", events_env[640];
     if (kill_at_s) {
         snprintf(kill_env, sizeof kill_env, "CHAINPS_KILL_AT_S=%u", kill_at_s);
         putenv(kill_env); /* inherited by every child */
@@ -306,6 +326,10 @@ int cps__cli_launch(int argc, char **argv)
                                      (unsigned long long)kill_at_s * 1000ull;
         snprintf(kill_unix_env, sizeof kill_unix_env, "CHAINPS_KILL_AT_UNIX_MS=%llu", kill_ms);
         putenv(kill_unix_env);
+        /* Where we write when the restarted server has caught up (fmnist marks it). */
+        snprintf(events_path, sizeof events_path, "%s/launch-events", job.data);
+        snprintf(events_env, sizeof events_env, "CHAINPS_LAUNCH_EVENTS=%s", events_path);
+        putenv(events_env);
     }
     struct sigaction sa = {0};
     sa.sa_handler = on_interrupt;
@@ -329,6 +353,7 @@ int cps__cli_launch(int argc, char **argv)
     int rc = cps__job_start_all(&job);
     int S = job.S, n = job.n;
     cps__child *kids = job.kids;
+    uint64_t catchup_from = 0;
     uint64_t start = cps__now_ms(), restart_at = 0, job_ended_at = 0, sched_back_at = 0;
     int killed = 0, sched_restarts = 0;
     /* How long the servers get to exit on their own once the job failed: the scheduler tells
@@ -356,11 +381,23 @@ int cps__cli_launch(int argc, char **argv)
         }
         if (restart_at && now >= restart_at && victim->exited) {
             restart_at = 0;
-            if (cps__job_start(&job, 1 + (int)kill_server) == 0)
+            if (cps__job_start(&job, 1 + (int)kill_server) == 0) {
                 printf("launch: +%.1f s: restarted server %u (pid %d); it copies its ranges "
                        "back from their tails\n",
                        (now - start) / 1000.0, kill_server, (int)victim->pid);
+                catchup_from = now;
+                job.repaired_ms = 0;
+            }
             fflush(stdout);
+        }
+        if (catchup_from && job.repaired_ms >= catchup_from) {
+            printf("launch: +%.1f s: server %u caught up: every range is back to its replicas "
+                   "(%.1f s after its restart)\n",
+                   (job.repaired_ms - start) / 1000.0, kill_server,
+                   (job.repaired_ms - catchup_from) / 1000.0);
+            fflush(stdout);
+            write_caught_up(events_path, job.repaired_ms, now);
+            catchup_from = 0;
         }
         int workers_left = 0, finished = 0;
         int failed =
