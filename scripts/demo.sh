@@ -11,12 +11,17 @@ build=${BUILD:-build/release}
 case $build in /*) ;; *) build=$root/$build ;; esac
 out="$root/out/demo"
 mkdir -p "$out"
+# One preparation for both demos: packages, configure, the targets the demo runs.
+prepare() { # deps.sh set, build targets...
+    scripts/deps.sh "$1"
+    shift
+    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake --build "$build" -j"$(nproc)" --target chainps_cli "$@" >/dev/null
+}
 if [ "${1:-}" = torch ]; then
     shift
-    scripts/deps.sh torch
-    cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
     # The Python package is the extension and the modules beside it (python/CMakeLists.txt).
-    cmake --build "$build" -j"$(nproc)" --target chainps_cli chainps_python >/dev/null
+    prepare torch chainps_python
     echo "demo: PyTorch LeNet-5 on Fashion-MNIST with 3 servers and 2 workers (sync SGD)"
     echo "demo: 6 s in, the head of a chain is killed (SIGKILL); training carries on, and the"
     echo "demo: server comes back 2 s later and copies its ranges back"
@@ -25,9 +30,7 @@ if [ "${1:-}" = torch ]; then
     echo "demo: both workers printed the same final checksum: the model is bitwise the same on each"
     exit 0
 fi
-scripts/deps.sh demo
-cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build" -j"$(nproc)" --target chainps_cli fmnist >/dev/null
+prepare demo fmnist
 echo "demo: training on Fashion-MNIST with 3 servers and 2 workers (sync SGD); output in $out"
 echo "demo: 6 s in, the head of a chain is killed (SIGKILL); training carries on without a"
 echo "demo: restart, and the server comes back 2 s later and copies its ranges back"
