@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "seed_args.h"
 #include "chainps/chainps.h"
 #include "core/view.h"
 #include "core/wire.h"
@@ -426,22 +427,11 @@ static int run_seed(uint64_t seed, int no_first, int verbose, char *why, size_t 
 
 int main(int argc, char **argv)
 {
-    uint64_t seed = 1, seeds = 1;
-    int no_first = 0, verbose = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--seed") && i + 1 < argc)
-            seed = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--seeds") && i + 1 < argc)
-            seeds = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--no-first"))
-            no_first = 1;
-        else if (!strcmp(argv[i], "-v"))
-            verbose = 1;
-        else {
-            fprintf(stderr, "usage: sim_replace [--seed N] [--seeds K] [--no-first] [-v]\n");
-            return 2;
-        }
-    }
+    sim_seed_args a;
+    if (sim_seed_args_parse(argc, argv, "sim_replace", "--no-first", &a) != 0)
+        return 2;
+    uint64_t seed = a.seed, seeds = a.seeds;
+    int no_first = a.variant, verbose = a.verbose;
     uint64_t failed = 0, first_failed = 0;
     for (uint64_t s = seed; s < seed + seeds; s++) {
         char why[256] = "";
