@@ -512,7 +512,7 @@ void cps__server_cuts_after_apply(cps__server *s, uint32_t range)
     }
 }
 
-void cps__server_cuts_before_grow(void *ctx)
+int cps__server_cuts_before_grow(void *ctx)
 {
     cps__server *s = ctx;
     int n = 0;
@@ -527,9 +527,10 @@ void cps__server_cuts_before_grow(void *ctx)
     }
     if (n)
         cps__log(CPS_LOG_WARN, "server",
-                 "closed %d checkpoint read view(s): the store had to grow while they were "
-                 "open (the export fails and is tried again)",
+                 "closed %d checkpoint read view(s): updates filled the store's room while "
+                 "they were open (the export reads from another replica or is tried again)",
                  n);
+    return n;
 }
 
 void cps__server_cuts_tick(cps__server *s, uint64_t now, int stop_all)

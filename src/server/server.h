@@ -140,10 +140,11 @@ void cps__server_on_cut_open(cps__server *s, cps__rx *rx);
 void cps__server_on_put(cps__server *s, cps__rx *rx);
 /* After an update of `range` is applied: open the cuts waiting for that range's step. */
 void cps__server_cuts_after_apply(cps__server *s, uint32_t range);
-/* The store must grow its map, which waits for every read transaction: end the open cuts now
- * (their exports fail and are tried again) rather than stall the event loop until they end.
- * ctx is the server. */
-void cps__server_cuts_before_grow(void *ctx);
+/* The store's map is full: end the open cuts now, so that the write reuses the pages they
+ * pinned, or the map grows (which waits for every read transaction) without stalling the event
+ * loop until they end. Their exports read from another replica or are tried again. ctx is the
+ * server. Returns how many cuts were ended. */
+int cps__server_cuts_before_grow(void *ctx);
 /* Timer: join finished cut threads, drop expired waits; stop_all ends every cut (waiting). */
 void cps__server_cuts_tick(cps__server *s, uint64_t now, int stop_all);
 
