@@ -310,7 +310,7 @@ static void serve_read(cps__tp *tp, cut_job *j, const cps__rx *rx)
 typedef struct thread_ctx {
     cut_job *job;
     cps__tp *tp;
-    int closed;
+    int closed, tool_gone;
     uint64_t last_ms;
 } thread_ctx;
 
@@ -333,7 +333,7 @@ static void on_thread_msg(void *ctx, void *buf, size_t len)
 static void *cut_thread(void *arg)
 {
     cut_job *j = arg;
-    thread_ctx t = {j, NULL, 0, cps__now_ms()};
+    thread_ctx t = {j, NULL, 0, 0, cps__now_ms()};
     uint16_t port = 0;
     char url[CPS_ADDR_MAX];
     int rc = cps__tp_create(j->keyed ? j->key : NULL, &t.tp);
@@ -352,7 +352,12 @@ static void *cut_thread(void *arg)
         if (buf)
             memcpy((char *)buf + CPS_WIRE_HDR_SIZE, url, n);
         thread_reply(t.tp, j, &req, CPS_MSG_CUT_OPEN, rc ? rc : (buf ? 0 : CPS_ENOMEM), buf, n);
-        while (rc == 0 && !t.closed && !j->stop && cps__now_ms() - t.last_ms < CUT_IDLE_MS)
+        /* A view lives no longer than its exporter: a CUT_CLOSE can be lost (the exporter gives
+         * a slow connection CLOSE_GRACE_MS at its exit, an answer can come after it closed the
+         * cut, it can crash), and until the view ends the store cannot reuse the pages updates
+         * free (a soak's views held on for 8 s after their export had finished). */
+        while (rc == 0 && !t.closed && !j->stop && cps__now_ms() - t.last_ms < CUT_IDLE_MS &&
+               !(t.tool_gone = cps__tp_peer_gone(t.tp, TOOL_PEER)))
             cps__tp_poll(t.tp, 20, on_thread_msg, &t, 0);
     }
     /* The read transaction first: a writer may be waiting for it (to grow the map). */
@@ -370,7 +375,11 @@ static void *cut_thread(void *arg)
             cps__tp_poll(t.tp, 20, NULL, NULL, 0);
         cps__tp_destroy(t.tp);
     }
-    if (!t.closed && !j->stop)
+    if (t.tool_gone)
+        cps__log(CPS_LOG_INFO, "server",
+                 "checkpoint read view %" PRIu64 " of range %u closed: its exporter (%s) is gone",
+                 j->id, j->range, j->tool);
+    else if (!t.closed && !j->stop)
         cps__log(CPS_LOG_WARN, "server",
                  "checkpoint read view %" PRIu64 " of range %u closed "
                  "after %d s without a request",
