@@ -25,6 +25,7 @@ struct cps__sess {
     uint64_t *sparse_seq;
     uint32_t nseq;
     uint64_t other_seq;
+    uint64_t added_seq; /* the id of the request the last cps__sess_add added */
     cps__sess_clock *clocks;
     uint64_t start_step;
     int shutdown;
@@ -266,9 +267,14 @@ int cps__sess_add(cps__sess *s, cps__sess_op *op, uint32_t part, uint32_t range,
         }
         return rc;
     }
-    ++*last;
+    s->added_seq = space | ++*last;
     drain(s, now);
     return 0;
+}
+
+uint64_t cps__sess_added_seq(const cps__sess *s)
+{
+    return s->added_seq;
 }
 
 void cps__sess_sent(cps__sess *s, uint32_t index, int rc, uint64_t now)
@@ -343,58 +349,91 @@ static void call_finish(cps__sess *s, int result)
     s->call.result = result;
 }
 
-static int install_view(cps__sess *s, const void *payload, size_t len, uint64_t now)
+/* Install view v (taken: moved into the session, or freed). */
+static int install_view(cps__sess *s, cps__view *v, uint64_t now)
 {
-    cps__view v;
-    cps__view_init(&v);
-    int rc = cps__view_decode(payload, len, &v);
+    int rc = 0;
     int first = s->view.nranges == 0;
-    if (rc == 0 && !first && v.epoch <= s->view.epoch) {
-        cps__view_fini(&v);
+    if (!first && v->epoch <= s->view.epoch) {
+        cps__view_fini(v);
         return 0; /* one we have, or an older one */
     }
-    if (rc == 0 && !first && v.nranges != s->view.nranges)
+    if (!first && v->nranges != s->view.nranges)
         rc = CPS_EPROTO; /* the key-range map is fixed for a job's life */
     if (rc == 0 && first) {
-        s->range_seq = calloc(v.nranges ? v.nranges : 1, sizeof *s->range_seq);
-        s->sparse_seq = calloc(v.nranges ? v.nranges : 1, sizeof *s->sparse_seq);
+        s->range_seq = calloc(v->nranges ? v->nranges : 1, sizeof *s->range_seq);
+        s->sparse_seq = calloc(v->nranges ? v->nranges : 1, sizeof *s->sparse_seq);
         if (!s->range_seq || !s->sparse_seq) {
             free(s->range_seq);
             free(s->sparse_seq);
             s->range_seq = s->sparse_seq = NULL;
             rc = CPS_ENOMEM;
         } else {
-            s->nseq = v.nranges;
+            s->nseq = v->nranges;
         }
     }
-    if (rc == 0 && reserve(s, v.nnodes + 1) != 0)
+    if (rc == 0 && reserve(s, v->nnodes + 1) != 0)
         rc = CPS_ENOMEM;
     if (rc != 0) {
-        cps__view_fini(&v);
+        cps__view_fini(v);
         return rc;
     }
     cps__view_fini(&s->view);
-    s->view = v;
-    for (uint32_t i = 0; i < v.nnodes; i++) {
-        if (v.nodes[i].id == s->id || v.nodes[i].role != CPS_ROLE_SERVER)
+    s->view = *v;
+    cps__view_init(v);
+    const cps__view *cur = &s->view;
+    for (uint32_t i = 0; i < cur->nnodes; i++) {
+        if (cur->nodes[i].id == s->id || cur->nodes[i].role != CPS_ROLE_SERVER)
             continue;
         cps__sess_action *a = emit(s, CPS_SS_PEER);
         if (a) {
-            a->to = v.nodes[i].id;
-            a->addr = s->view.nodes[i].addr;
+            a->to = cur->nodes[i].id;
+            a->addr = cur->nodes[i].addr;
         }
     }
     cps__sess_action *a = emit(s, CPS_SS_VIEW);
     if (a) {
-        a->epoch = v.epoch;
+        a->epoch = cur->epoch;
         a->first = first;
         a->count = cps__reqs_count(s->rq);
     }
     /* Every request in flight goes out again under the new view: a server that moved or took
      * over a range may never have seen it, and servers recognise duplicates. */
-    cps__reqs_view(s->rq, &s->view, now);
+    cps__reqs_view(s->rq, cur, now);
     drain(s, now);
     return 0;
+}
+
+static int view_msg(cps__sess *s, const void *payload, size_t len, uint64_t now)
+{
+    cps__view v;
+    cps__view_init(&v);
+    int rc = cps__view_decode(payload, len, &v);
+    if (rc != 0) {
+        cps__view_fini(&v);
+        return rc;
+    }
+    return install_view(s, &v, now);
+}
+
+int cps__sess_view_in(cps__sess *s, uint32_t welcome_id, const cps__view *v, uint64_t now)
+{
+    start(s);
+    cps__reqs_epoch_seen(s->rq, v->epoch);
+    s->sched_heard_ms = now;
+    if (welcome_id && s->id == 0)
+        s->id = welcome_id;
+    cps__view copy;
+    cps__view_init(&copy);
+    int rc = cps__view_copy(&copy, v);
+    if (rc != 0) {
+        cps__view_fini(&copy);
+        return rc;
+    }
+    rc = install_view(s, &copy, now);
+    if (s->call.h.type == CPS_MSG_HELLO && s->id != 0 && s->view.nranges != 0)
+        call_finish(s, 0);
+    return rc;
 }
 
 /* A reply (ACK / VALUES / ERROR) from a server to one of our requests. */
@@ -470,7 +509,7 @@ int cps__sess_step(cps__sess *s, const cps__msg_hdr *h, const void *payload, siz
         if (from_sched) {
             if (h->type == CPS_MSG_WELCOME && s->id == 0)
                 s->id = h->req_worker;
-            rc = install_view(s, payload, len, now);
+            rc = view_msg(s, payload, len, now);
         }
         break;
     case CPS_MSG_ACK:

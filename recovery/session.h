@@ -145,6 +145,11 @@ void cps__sess_destroy(cps__sess *s);
  * installed; the next one is tried again). */
 int cps__sess_step(cps__sess *s, const cps__msg_hdr *h, const void *payload, size_t len,
                    uint64_t now);
+/* A view from the scheduler that arrived decoded (borrowed; the session keeps a copy), as a
+ * WELCOME naming us `welcome_id` if not 0: cps__sess_step of a VIEW or WELCOME without the
+ * decoding. The simulator's network carries views this way. Errors: CPS_ENOMEM, CPS_EPROTO (a
+ * view that changes the range count). */
+int cps__sess_view_in(cps__sess *s, uint32_t welcome_id, const cps__view *v, uint64_t now);
 /* Time passed: re-sends, give-ups, scheduler calls re-sent or failed, suspect reports. */
 void cps__sess_tick(cps__sess *s, uint64_t now);
 /* The latest time the next cps__sess_tick is due (the shell blocks no longer than that). */
@@ -161,6 +166,9 @@ void cps__sess_begin(cps__sess *s, cps__sess_op *op, cps__sess_clock *clock, int
  * CPS_SS_DONE follows if nothing else is pending). */
 int cps__sess_add(cps__sess *s, cps__sess_op *op, uint32_t part, uint32_t range, uint64_t keyset,
                   uint64_t now);
+/* The id (header req_seq) the last successful cps__sess_add gave its request: for logs and the
+ * simulator's checks. */
+uint64_t cps__sess_added_seq(const cps__sess *s);
 /* The shell performed the CPS_SS_SEND `index` of the last output at `now` with result rc. */
 void cps__sess_sent(cps__sess *s, uint32_t index, int rc, uint64_t now);
 /* The shell's copy of the push given up in CPS_SS_GIVE_UP `index` (NULL: out of memory, the
