@@ -1240,6 +1240,11 @@ const char *sim_msg_name(uint8_t type)
     return msg_name(type);
 }
 
+void *sim_xcalloc(size_t n, size_t size)
+{
+    return xcalloc(n, size);
+}
+
 /* ---- the scheduler ---- */
 
 /* Publish view `epoch` to every server (the dead too: a node declared dead that is in fact

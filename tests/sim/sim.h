@@ -319,6 +319,7 @@ void sim_send(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h, const 
 uint64_t sim_rnd(sim *sm, uint64_t n);
 int sim_chance(sim *sm, uint32_t per_mille);
 const char *sim_msg_name(uint8_t type);
+void *sim_xcalloc(size_t n, size_t size); /* exits on out of memory */
 
 /* sim_worker.c: the workers, each the production session (recovery/session.c) */
 void sim_worker_init(sim *sm, sim_worker *w, uint32_t id, const cps__view *v);

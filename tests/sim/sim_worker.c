@@ -11,16 +11,6 @@
 #include "core/wire.h"
 #include "sim.h"
 
-static void *xcalloc(size_t n, size_t size)
-{
-    void *p = calloc(n ? n : 1, size);
-    if (!p) {
-        fprintf(stderr, "sim: out of memory\n");
-        exit(2);
-    }
-    return p;
-}
-
 static sim_req *req_of(cps__sess_op *op)
 {
     return (sim_req *)(void *)op; /* so is sim_req's first member */
@@ -199,7 +189,7 @@ static void perform(sim *sm, sim_worker *w, const cps__msg_hdr *h, uint32_t from
 /* Start one new request of the given kind on range r (an operation of one part). */
 static sim_req *issue(sim *sm, sim_worker *w, int kind, uint32_t r)
 {
-    sim_req *q = xcalloc(1, sizeof *q);
+    sim_req *q = sim_xcalloc(1, sizeof *q);
     q->range = r;
     q->grad = sim_rng_next(&sm->rng) >> 8;
     q->so.nparts = 1;
@@ -264,9 +254,9 @@ static int may_issue(const sim *sm, const sim_worker *w)
 void sim_worker_init(sim *sm, sim_worker *w, uint32_t id, const cps__view *v)
 {
     w->id = id;
-    w->clocks = xcalloc(sm->nranges, sizeof *w->clocks);
-    w->sync_busy = xcalloc(sm->nranges, sizeof *w->sync_busy);
-    w->read_seq = xcalloc(sm->nranges, sizeof *w->read_seq);
+    w->clocks = sim_xcalloc(sm->nranges, sizeof *w->clocks);
+    w->sync_busy = sim_xcalloc(sm->nranges, sizeof *w->sync_busy);
+    w->read_seq = sim_xcalloc(sm->nranges, sizeof *w->read_seq);
     /* The library's settings: re-send after a refusal (CPS_EAGAIN, CPS_ESTALE_EPOCH) 50 ms later,
      * at most one view request per 200 ms. */
     cps__sess_config cfg = {.request_timeout_ms = sm->p.timeout_ms,
