@@ -12,7 +12,7 @@
  *    cps__chain_admit, sync aggregation in worker-rank order, submit, performing actions);
  *  - workers: dense per-(worker, range) push sequences, sparse pushes (CPS_SEQ_SPARSE), declares
  *    and pulls, several in flight, re-sent after a timeout and on every new view, replies matched
- *    by (range, req_seq), as src/worker/client.c does;
+ *    by (range, req_seq): the production worker session (recovery/session.c, sim_worker.c);
  *  - the scheduler: ring placement at epoch 1, then view changes that remove a crashed, paused or
  *    partitioned server from every chain as recovery/view_change.c does (the last replica of a
  *    range stays, marked dead), or only bump the epoch, published with a random delay per node,
