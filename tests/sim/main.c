@@ -18,8 +18,8 @@
  * every pull answered is checked against the bound (invariant 10) and every apply against the
  * range's clocks (invariant 9).
  *
- * Workers run the real request table (recovery/requests.c) as src/worker/client.c drives it;
- * they give requests up when their range has no live replica for the unavailable timeout (a
+ * Workers run the production worker session (recovery/session.c, tests/sim/sim_worker.c); they
+ * give requests up when their range has no live replica for the unavailable timeout (a
  * given-up push stays in the table, detached, and is still sent). Servers run the chain, the
  * joiner and the fencing of replication/ and recovery/, the scheduler runs the failure detector
  * and the repair policy of recovery/, each configured as production configures it: the sim fakes
@@ -175,7 +175,7 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->tick_ms = 20 + (uint32_t)(d[8] % 60);
     p->resend_ms = 50 + (uint32_t)(d[9] % 300);
     p->timeout_ms = 150 + (uint32_t)(d[10] % 600);
-    /* client.c's default is 6 request timeouts; from 2 to 10 here, so that a sole replica's
+    /* The library's default is 6 request timeouts; from 2 to 10 here, so that a sole replica's
      * restart sometimes outlasts it (the request is given up) and sometimes not. */
     p->unavailable_timeout_ms = p->timeout_ms * (2 + (uint32_t)(d[20] % 9));
     p->max_unacked = 2 + (uint32_t)(d[11] % 30);

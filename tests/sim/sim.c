@@ -12,7 +12,7 @@
  *    cps__chain_admit, sync aggregation in worker-rank order, submit, performing actions);
  *  - workers: dense per-(worker, range) push sequences, sparse pushes (CPS_SEQ_SPARSE), declares
  *    and pulls, several in flight, re-sent after a timeout and on every new view, replies matched
- *    by (range, req_seq), as src/worker/client.c does;
+ *    by (range, req_seq): the production worker session (recovery/session.c, sim_worker.c);
  *  - the scheduler: ring placement at epoch 1, then view changes that remove a crashed, paused or
  *    partitioned server from every chain as recovery/view_change.c does (the last replica of a
  *    range stays, marked dead), or only bump the epoch, published with a random delay per node,
@@ -56,7 +56,6 @@
 #include "core/wire.h"
 #include "recovery/fence.h"
 #include "recovery/joiner.h"
-#include "recovery/requests.h"
 #include "recovery/view_change.h"
 #include "replication/chain.h"
 
@@ -1218,302 +1217,32 @@ static void server_deliver(sim *sm, sim_server *s, const sim_msg *m)
     }
 }
 
-/* ---- workers: src/worker/client.c's shell around recovery/requests.c ---- */
+/* ---- workers: sim_worker.c ---- */
 
-static void ask_view(sim *sm, sim_worker *w)
+void sim_send(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
+              size_t plen, uint64_t extra)
 {
-    /* client.c's ask_view: at most one GET_VIEW per 200 ms (virtual time starts at 0, hence the
-     * first-ask test). */
-    if (w->view_asked && sm->now - w->view_asked < 200)
-        return;
-    w->view_asked = sm->now;
-    cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = w->epoch};
-    send_hdr(sm, w->id, 0, &g, NULL, 0, 0);
+    send_hdr(sm, from, to, h, pl, plen, extra);
 }
 
-/* client.c's req_send: encode the request of a CPS_RQ_SEND action and send it to a->to. The
- * network takes every message (a lost one is a drop), so the send always succeeds. */
-static void req_send(sim *sm, sim_worker *w, const cps__reqs_action *a)
+uint64_t sim_rnd(sim *sm, uint64_t n)
 {
-    const sim_req *q = a->ctx;
-    cps__msg_hdr h = {0};
-    h.type = a->type;
-    h.epoch = a->epoch;
-    h.req_worker = w->id;
-    h.range = a->range;
-    h.req_seq = a->seq;
-    h.step = q->step;
-    h.aux = q->bad ? SIM_BAD_KEYS : q->clock; /* client.c: a pull's aux is its SSP clock */
-    if (q->noagg)
-        h.flags |= CPS_WF_NOAGG;
-    uint8_t b[8];
-    cps__le64_put(b, q->grad);
-    sim_trace(sm, "w%u send %s r%u req %" PRIx64 " step %" PRIu64 " e%" PRIu64 " -> s%u (#%u)",
-              w->id, msg_name(a->type), a->range, a->seq, q->step, a->epoch, a->to, a->attempt);
-    send_hdr(sm, w->id, a->to, &h, b, 8, 0);
+    return rnd(sm, n);
 }
 
-/* The application's op is over (answered, refused or given up): a sync worker goes on to the
- * next step of the range; an SSP worker too once the step's pull is over, or at once when the
- * step's push was given up (answered, it is followed by the pull: worker_deliver). */
-static void op_finish(sim *sm, sim_worker *w, const sim_req *q, int given_up)
+int sim_chance(sim *sm, uint32_t per_mille)
 {
-    int step_push = q->type == CPS_MSG_PUSH && !q->noagg && sm->p.mode != SIM_ASYNC;
-    if ((step_push && (sm->p.mode == SIM_SYNC || given_up)) || q->ssp_step)
-        w->sync_busy[q->range] = 0;
+    return chance(sm, per_mille);
 }
 
-/* The request has left the table (given_up: with CPS_EUNAVAILABLE). */
-static void req_finish(sim *sm, sim_worker *w, sim_req *q, int given_up)
+const char *sim_msg_name(uint8_t type)
 {
-    if (!q->detached)
-        op_finish(sm, w, q, given_up);
-    if (q->prev)
-        q->prev->next = q->next;
-    else
-        w->live = q->next;
-    if (q->next)
-        q->next->prev = q->prev;
-    free(q);
+    return msg_name(type);
 }
 
-/* client.c's perform: carry out what the last call into the request table decided. */
-static void perform(sim *sm, sim_worker *w)
+void *sim_xcalloc(size_t n, size_t size)
 {
-    const cps__reqs_action *acts;
-    size_t n = cps__reqs_actions(w->rq, &acts);
-    for (size_t k = 0; k < n && !sm->failed; k++) {
-        const cps__reqs_action *a = &acts[k];
-        switch (a->kind) {
-        case CPS_RQ_SEND:
-            req_send(sm, w, a);
-            cps__reqs_sent(w->rq, a->index, 0, sm->now);
-            break;
-        case CPS_RQ_ASK_VIEW:
-            ask_view(sm, w);
-            break;
-        case CPS_RQ_WAIT_REPLICA:
-            sim_trace(sm, "w%u: r%u has no live replica; waiting", w->id, a->range);
-            break;
-        case CPS_RQ_COMPLETE: {
-            sim_req *q = a->ctx;
-            sim_trace(sm, "w%u gives up %s r%u req %" PRIx64 ": %s", w->id, msg_name(q->type),
-                      q->range, q->seq, cps_err_name(a->status));
-            if (a->status != CPS_EUNAVAILABLE)
-                sim_fail(sm, "api", "worker %u: request completed with %s", w->id,
-                         cps_err_name(a->status));
-            w->unavailable++;
-            if (!a->detach) {
-                req_finish(sm, w, q, 1);
-                break;
-            }
-            /* A push: client.c hands the table a copy of it; the sim's request is its own. */
-            op_finish(sm, w, q, 1);
-            q->detached = 1;
-            cps__reqs_detach(w->rq, a->index, q, 0);
-            break;
-        }
-        default:
-            sim_fail(sm, "api", "worker %u: unknown request action %d", w->id, a->kind);
-        }
-    }
-}
-
-/* Start one new request of the given kind on range r (client.c's op_start for one part). */
-static sim_req *worker_issue(sim *sm, sim_worker *w, int kind, uint32_t r)
-{
-    sim_req *q = xcalloc(1, sizeof *q);
-    q->range = r;
-    q->grad = sim_rng_next(&sm->rng) >> 8;
-    switch (kind) {
-    case REQ_DENSE:
-        q->type = CPS_MSG_PUSH;
-        q->seq = ++w->dense_seq[r];
-        if (sm->p.mode != SIM_ASYNC) {
-            q->step = ++w->step[r];
-            w->sync_busy[r] = 1;
-        } else {
-            q->step = q->seq;
-            q->bad = chance(sm, sm->p.bad_per_mille);
-        }
-        break;
-    case REQ_SPARSE:
-        q->type = CPS_MSG_PUSH;
-        q->noagg = 1;
-        q->seq = CPS_SEQ_SPARSE | ++w->sparse_seq[r];
-        q->bad = chance(sm, sm->p.bad_per_mille);
-        break;
-    case REQ_DECLARE:
-        q->type = CPS_MSG_DECLARE;
-        q->seq = CPS_SEQ_OTHER | ++w->other_seq;
-        break;
-    default:
-        q->type = CPS_MSG_PULL;
-        q->seq = CPS_SEQ_OTHER | ++w->other_seq;
-        /* The read must see at least what this worker saw before asking. */
-        q->floor = w->read_seq[r];
-        /* SSP: it reads at the worker's clock, as client.c's pull at the tensor's step. */
-        q->clock = sm->p.mode == SIM_SSP ? w->step[r] : 0;
-        break;
-    }
-    q->next = w->live;
-    if (w->live)
-        w->live->prev = q;
-    w->live = q;
-    w->issued++;
-    /* client.c orders a sync push behind its key set's earlier ones; the sim's key set of a
-     * range is one. */
-    uint64_t order = sm->p.mode == SIM_SYNC && kind == REQ_DENSE ? 1 : 0;
-    if (cps__reqs_add_ordered(w->rq, w->view, q, 0, q->type, r, q->seq, order, sm->now) != 0) {
-        fprintf(stderr, "sim: out of memory\n");
-        exit(2);
-    }
-    perform(sm, w);
-    return q;
-}
-
-static int worker_may_issue(const sim *sm, const sim_worker *w)
-{
-    return sm->phase == PHASE_FAULTS && cps__reqs_count(w->rq) < sm->p.window;
-}
-
-static void worker_tick(sim *sm, sim_worker *w)
-{
-    /* New work. */
-    if (sm->p.mode != SIM_ASYNC) {
-        /* SSP: a step is a push, then a pull at its clock (a training loop's push_pull); the
-         * next push waits for that pull, which the staleness bound may hold.
-         * One step in flight per range (a sync worker pushes step t+1 after step t is acked);
-         * after the fault phase every worker finishes the highest step any worker began, or
-         * the barrier of that step would never fill. */
-        for (uint32_t r = 0; r < sm->nranges && !sm->failed; r++) {
-            if (w->sync_busy[r])
-                continue;
-            /* Backup workers: the last worker is a straggler. */
-            uint32_t pace = sm->p.backup && w->id == sm->workers[sm->p.workers - 1].id ? 150 : 500;
-            if (sm->phase == PHASE_FAULTS ? chance(sm, pace) : w->step[r] < sm->sync_target[r])
-                worker_issue(sm, w, REQ_DENSE, r);
-        }
-    }
-    while (!sm->failed && worker_may_issue(sm, w) && chance(sm, 600)) {
-        uint32_t r = (uint32_t)rnd(sm, sm->nranges);
-        uint64_t x = rnd(sm, 100);
-        int kind = x < 8 ? REQ_DECLARE : x < 22 ? REQ_SPARSE : x < 34 ? REQ_PULL : REQ_DENSE;
-        if (kind == REQ_DENSE && sm->p.mode != SIM_ASYNC)
-            kind = REQ_SPARSE;
-        worker_issue(sm, w, kind, r);
-    }
-    /* client.c's progress(): time-outs, parked requests, ranges without a replica. */
-    cps__reqs_tick(w->rq, w->view, sm->now);
-    perform(sm, w);
-}
-
-/* client.c's install_view. */
-static void worker_install_view(sim *sm, sim_worker *w, uint64_t epoch)
-{
-    if (epoch <= w->epoch)
-        return;
-    w->epoch = epoch;
-    w->view = &sm->views[epoch];
-    sim_trace(sm, "w%u installs view e%" PRIu64 ", re-sending %u", w->id, epoch,
-              cps__reqs_count(w->rq));
-    cps__reqs_view(w->rq, w->view, sm->now);
-    perform(sm, w);
-}
-
-/* A request's answer, taken by the table: check it as the application would see it. */
-static void worker_answered(sim *sm, sim_worker *w, sim_req *q, const cps__msg_hdr *h,
-                            uint32_t from)
-{
-    if (q->bad) {
-        sim_fail(sm, "(1) acked is on every replica",
-                 "worker %u: push %" PRIx64 " on range %u was refused by the head, yet "
-                 "acknowledged by server %u",
-                 w->id, q->seq, q->range, from);
-        return;
-    }
-    if (q->type == CPS_MSG_PULL) {
-        if (h->type != CPS_MSG_VALUES) {
-            sim_fail(sm, "reply", "worker %u: pull answered by %s", w->id, msg_name(h->type));
-            return;
-        }
-        /* Invariant 4: a worker never sees a range's sequence number go backwards: a pull
-         * returns at least what the worker had read, or had acknowledged, before sending it
-         * (pulls in flight together may return in either order). */
-        if (h->aux < q->floor) {
-            sim_fail(sm, "(4) monotonic reads",
-                     "worker %u read range %u at seq %" PRIu64 " after seeing seq %" PRIu64
-                     " (from %u)",
-                     w->id, h->range, h->aux, q->floor, from);
-            return;
-        }
-    } else {
-        if (h->type != CPS_MSG_ACK) {
-            sim_fail(sm, "reply", "worker %u: push answered by %s", w->id, msg_name(h->type));
-            return;
-        }
-        if (h->flags & CPS_WF_LATE) {
-            /* Dropped, not applied: client.c moves the tensor's step on to the closed one. */
-            if (!sm->p.backup || q->type != CPS_MSG_PUSH || q->noagg || h->aux < q->step) {
-                sim_fail(sm, "reply",
-                         "worker %u: push %" PRIx64 " of step %" PRIu64
-                         " answered late (closed %" PRIu64 ")",
-                         w->id, q->seq, q->step, h->aux);
-                return;
-            }
-            if (!q->detached && h->aux > w->step[q->range])
-                w->step[q->range] = h->aux;
-            w->late++;
-            w->acked++;
-            return;
-        }
-        sim_check_acked(sm, w, q);
-    }
-    /* A detached push's answer reaches no application: it raises no floor of later reads. */
-    if (!q->detached && h->aux > w->read_seq[h->range])
-        w->read_seq[h->range] = h->aux;
-    w->acked++;
-}
-
-/* client.c's handle_msg and on_reply. */
-static void worker_deliver(sim *sm, sim_worker *w, const sim_msg *m)
-{
-    cps__msg_hdr h;
-    if (cps__wire_hdr_decode(m->buf, m->len, &h) != 0) {
-        sim_fail(sm, "wire", "worker %u got an undecodable message from %u", w->id, m->from);
-        return;
-    }
-    sim_trace(sm, "w%u <- %u %s r%u req %" PRIx64 " status %d e%" PRIu64, w->id, m->from,
-              msg_name(h.type), h.range, h.req_seq, h.status, h.epoch);
-    cps__reqs_epoch_seen(w->rq, h.epoch);
-    if (h.type == CPS_MSG_VIEW) {
-        worker_install_view(sm, w, h.epoch);
-        return;
-    }
-    cps__reqs_reply_in in = {h.type, h.range, h.req_seq, h.epoch, h.status};
-    cps__reqs_done d;
-    int verdict = cps__reqs_reply(w->rq, w->view, &in, sm->now, &d);
-    perform(sm, w);
-    if (sm->failed || verdict == CPS_RQ_REPLY_UNKNOWN || verdict == CPS_RQ_REPLY_RETRY ||
-        verdict == CPS_RQ_REPLY_OTHER_EPOCH)
-        return;
-    sim_req *q = d.ctx;
-    if (verdict == CPS_RQ_REPLY_FAILED) {
-        if (d.status != CPS_ENOTFOUND || !q->bad)
-            sim_fail(sm, "reply", "worker %u: request %" PRIx64 " on range %u refused: %s", w->id,
-                     q->seq, q->range, cps_err_name(d.status));
-        /* else the expected refusal: the request is over, and applied nowhere. */
-    } else {
-        worker_answered(sm, w, q, &h, m->from);
-    }
-    /* SSP: the step's push answered, its pull at the step's clock follows (a given-up push's
-     * step is over: op_finish). */
-    int ssp_pull = verdict == CPS_RQ_REPLY_TAKEN && !q->detached && q->type == CPS_MSG_PUSH &&
-                   !q->noagg && sm->p.mode == SIM_SSP;
-    uint32_t r = q->range;
-    req_finish(sm, w, q, 0);
-    if (ssp_pull && !sm->failed)
-        worker_issue(sm, w, REQ_PULL, r)->ssp_step = 1;
+    return xcalloc(n, size);
 }
 
 /* ---- the scheduler ---- */
@@ -2071,7 +1800,7 @@ static void deliver(sim *sm, sim_msg *m)
             server_deliver(sm, s, m);
         }
     } else {
-        worker_deliver(sm, &sm->workers[worker_rank(sm, m->to)], m);
+        sim_worker_deliver(sm, &sm->workers[worker_rank(sm, m->to)], m);
     }
     free(m);
 }
@@ -2096,8 +1825,8 @@ static void heal(sim *sm)
     for (uint32_t r = 0; r < sm->nranges; r++) {
         uint64_t t = 0;
         for (uint32_t k = 0; k < sm->p.workers; k++)
-            if (sm->workers[k].step[r] > t)
-                t = sm->workers[k].step[r];
+            if (sim_worker_step(&sm->workers[k], r) > t)
+                t = sim_worker_step(&sm->workers[k], r);
         sm->sync_target[r] = t;
     }
 }
@@ -2106,10 +1835,10 @@ static int workers_done(const sim *sm)
 {
     for (uint32_t k = 0; k < sm->p.workers; k++) {
         const sim_worker *w = &sm->workers[k];
-        if (cps__reqs_count(w->rq))
+        if (sim_worker_pending(w))
             return 0;
         for (uint32_t r = 0; sm->p.mode != SIM_ASYNC && r < sm->nranges; r++)
-            if (w->step[r] < sm->sync_target[r])
+            if (sim_worker_step(w, r) < sm->sync_target[r])
                 return 0;
     }
     return 1;
@@ -2226,20 +1955,7 @@ static void setup(sim *sm)
     sm->workers = xcalloc(p->workers, sizeof *sm->workers);
     for (uint32_t k = 0; k < p->workers; k++) {
         sim_worker *w = &sm->workers[k];
-        w->id = p->servers + 1 + k;
-        w->epoch = 1;
-        w->view = v;
-        w->dense_seq = xcalloc(sm->nranges, sizeof *w->dense_seq);
-        w->sparse_seq = xcalloc(sm->nranges, sizeof *w->sparse_seq);
-        w->step = xcalloc(sm->nranges, sizeof *w->step);
-        w->sync_busy = xcalloc(sm->nranges, sizeof *w->sync_busy);
-        w->read_seq = xcalloc(sm->nranges, sizeof *w->read_seq);
-        /* client.c's: re-send after a refusal (CPS_EAGAIN, CPS_ESTALE_EPOCH) 50 ms later. */
-        cps__reqs_config rc = {p->timeout_ms, p->unavailable_timeout_ms, 50};
-        if (cps__reqs_create(&rc, &w->rq) != 0) {
-            fprintf(stderr, "sim: out of memory\n");
-            exit(2);
-        }
+        sim_worker_init(sm, w, p->servers + 1 + k, v);
         ev_push(sm, rnd(sm, SIM_WORKER_TICK_MS), EV_WTICK, w->id, NULL);
     }
     ev_push(sm, SIM_REPAIR_MS, EV_REPAIR, 0, NULL);
@@ -2269,18 +1985,7 @@ static void teardown(sim *sm)
     }
     free(sm->servers);
     for (uint32_t k = 0; sm->workers && k < sm->p.workers; k++) {
-        sim_worker *w = &sm->workers[k];
-        cps__reqs_destroy(w->rq);
-        while (w->live) {
-            sim_req *q = w->live;
-            w->live = q->next;
-            free(q);
-        }
-        free(w->dense_seq);
-        free(w->sparse_seq);
-        free(w->step);
-        free(w->sync_busy);
-        free(w->read_seq);
+        sim_worker_fini(&sm->workers[k]);
     }
     free(sm->workers);
     for (uint64_t e = 1; sm->views && e <= sm->epoch; e++)
@@ -2339,7 +2044,7 @@ static void step(sim *sm, sim_event e)
     }
     case EV_WTICK: {
         sim_worker *w = &sm->workers[worker_rank(sm, e.node)];
-        worker_tick(sm, w);
+        sim_worker_tick(sm, w);
         ev_push(sm, sm->now + SIM_WORKER_TICK_MS, EV_WTICK, w->id, NULL);
         break;
     }
@@ -2415,7 +2120,7 @@ int sim_run(const sim_params *p, sim_summary *out)
         if (sm->phase != PHASE_FAULTS && sm->nevents - heal_at > SIM_HEAL_EVENTS) {
             uint32_t left = 0;
             for (uint32_t k = 0; k < p->workers; k++)
-                left += cps__reqs_count(sm->workers[k].rq);
+                left += sim_worker_pending(&sm->workers[k]);
             const cps__view *cv = sim_cur_view(sm);
             for (uint32_t i = 0; i < p->servers; i++)
                 printf("  s%u: state %d epoch %" PRIu64 " alive %d boot %u\n", i + 1,

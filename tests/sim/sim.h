@@ -11,7 +11,7 @@
 #include "recovery/fence.h"
 #include "recovery/joiner.h"
 #include "recovery/repair.h"
-#include "recovery/requests.h"
+#include "recovery/session.h"
 #include "replication/ackhold.h"
 #include "replication/chain.h"
 #include "replication/ssp.h"
@@ -223,32 +223,30 @@ typedef struct sim_server {
     uint8_t *copying;  /* per range: holds a snapshot, not yet a member */
 } sim_server;
 
-/* One request of the application (client.c's cps__op with one part): the request table
- * (recovery/requests.c) decides where and when it goes; this is what it carries and what its
+/* One request of the application (an operation with one part): the worker's session
+ * (recovery/session.c) decides where and when it goes; this is what it carries and what its
  * answer is checked against. */
 typedef struct sim_req {
+    cps__sess_op so; /* first: the session's part of it (sim_worker.c's req_of) */
     uint8_t type, noagg;
     uint8_t bad;      /* names an undeclared key: the head refuses it */
-    uint8_t detached; /* given up, still sent (cps__reqs_detach): no longer the application's */
+    uint8_t detached; /* given up, still sent (cps__sess_detach): no longer the application's */
     uint32_t range;
     uint64_t seq, step, grad;
     uint64_t floor;              /* pull: the highest seq of the range seen before it was sent */
-    uint64_t clock;              /* SSP pull: the clock it reads at (header aux, as client.c) */
+    uint64_t clock;              /* SSP pull: the clock it reads at (header aux) */
     int ssp_step;                /* SSP pull: the one that ends the worker's step of the range */
     struct sim_req *prev, *next; /* the worker's requests not yet over */
 } sim_req;
 
 typedef struct sim_worker {
     uint32_t id;
-    uint64_t epoch;
-    const cps__view *view;
-    uint64_t *dense_seq, *sparse_seq, other_seq;
-    uint64_t *step;     /* sync, SSP: last step pushed per range */
-    int *sync_busy;     /* sync: a dense push of the range is in flight; SSP: or its pull */
-    uint64_t *read_seq; /* highest sequence number read or acknowledged, per range */
-    cps__reqs *rq;      /* the worker's request table (recovery/requests.c), as client.c's */
-    sim_req *live;      /* every request in rq (ctx), to free at the end */
-    uint64_t view_asked, issued, acked;
+    cps__sess *sess;         /* the worker's protocol (recovery/session.c) */
+    cps__sess_clock *clocks; /* sync, SSP: per range, its step (the session's; a "tensor") */
+    int *sync_busy;          /* sync: a dense push of the range is in flight; SSP: or its pull */
+    uint64_t *read_seq;      /* highest sequence number read or acknowledged, per range */
+    sim_req *live;           /* every request the session holds (its ops), to free at the end */
+    uint64_t issued, acked;
     uint64_t unavailable; /* requests given up with CPS_EUNAVAILABLE */
     uint64_t late;        /* backup workers: pushes answered as late */
 } sim_worker;
@@ -314,6 +312,22 @@ const cps__view *sim_cur_view(const sim *sm);
 int sim_is_member(const sim *sm, uint32_t r, uint32_t id);
 /* One whole run; returns 1 on a violation (already printed), else 0. */
 int sim_run(const sim_params *p, sim_summary *out);
+
+/* sim.c, for sim_worker.c: the network, the seeded choices, message names. */
+void sim_send(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
+              size_t plen, uint64_t extra);
+uint64_t sim_rnd(sim *sm, uint64_t n);
+int sim_chance(sim *sm, uint32_t per_mille);
+const char *sim_msg_name(uint8_t type);
+void *sim_xcalloc(size_t n, size_t size); /* exits on out of memory */
+
+/* sim_worker.c: the workers, each the production session (recovery/session.c) */
+void sim_worker_init(sim *sm, sim_worker *w, uint32_t id, const cps__view *v);
+void sim_worker_fini(sim_worker *w);
+void sim_worker_tick(sim *sm, sim_worker *w);
+void sim_worker_deliver(sim *sm, sim_worker *w, const sim_msg *m);
+uint32_t sim_worker_pending(const sim_worker *w);
+uint64_t sim_worker_step(const sim_worker *w, uint32_t r);
 
 /* check.c: the in-memory store and the invariants */
 int sim_op_range_seq(void *ctx, uint32_t range, uint64_t *seq);
