@@ -223,7 +223,7 @@ void cps__server_on_snap_req(cps__server *s, cps__rx *rx)
             return;
         }
     if (r >= s->view.nranges || !joiner || joiner->role != CPS_ROLE_SERVER ||
-        !cps__chain_is_tail(s->chain, r)) {
+        !cps__chain_is_tail(cps__server_chain(s), r)) {
         cps__log(CPS_LOG_WARN, "server",
                  "snapshot request for range %u from node %u refused "
                  "(not the tail, or not a server)",
@@ -250,7 +250,7 @@ void cps__server_on_snap_req(cps__server *s, cps__rx *rx)
     /* From here on the joiner also receives every update this tail applies; the snapshot,
      * taken a moment later, is at that sequence number or beyond: the joiner skips what the
      * snapshot already holds. */
-    int rc = cps__chain_add_shadow(s->chain, r, joiner->id, j->join_id, cps__now_ms());
+    int rc = cps__chain_add_shadow(cps__server_chain(s), r, joiner->id, j->join_id, cps__now_ms());
     if (rc == CPS_ESTALE_EPOCH) {
         /* A late request of a join the scheduler has replaced since (e.g. sent by the node in
          * an earlier life): serving it would displace the current joiner. */
@@ -340,14 +340,11 @@ static int clear_txn(cps__txn *txn, void *arg)
 
 static int can_serve(void *ctx, uint32_t range)
 {
-    return cps__chain_can_serve_pull(((cps__server *)ctx)->chain, range);
+    return cps__chain_can_serve_pull(cps__server_chain(ctx), range);
 }
 
 void cps__server_range_left(cps__server *s, uint32_t r, int moved)
 {
-    cps__sync_forget_range(s->sync, r);
-    if (s->ssp)
-        cps__ssp_forget_range(s->ssp, r);
     clear_io c = {r, s->view.ranges[r].lo, s->view.ranges[r].hi};
     int rc = cps__store_write(s->store, clear_txn, &c);
     if (rc != 0)
@@ -365,7 +362,7 @@ void cps__server_range_left(cps__server *s, uint32_t r, int moved)
 static int begin_join(cps__server *s, uint32_t r, uint32_t source)
 {
     clear_io c = {r, s->view.ranges[r].lo, s->view.ranges[r].hi};
-    int rc = cps__chain_begin_join(s->chain, r, source);
+    int rc = cps__chain_begin_join(cps__server_chain(s), r, source);
     if (rc == 0)
         rc = cps__store_write(s->store, clear_txn, &c);
     return rc;
@@ -375,12 +372,8 @@ static int begin_join(cps__server *s, uint32_t r, uint32_t source)
  * updates the source forwarded since the snapshot. */
 static int join_ready(cps__server *s, uint32_t r, uint64_t snap_seq, uint64_t *applied)
 {
-    int rc = cps__server_ssp_load(s, r);
-    if (rc == 0) {
-        rc = cps__chain_join_ready(s->chain, r, snap_seq, cps__now_ms());
-        cps__server_run_actions(s);
-    }
-    *applied = cps__chain_applied(s->chain, r);
+    int rc = cps__replica_join_ready(s->replica, r, snap_seq, cps__now_ms(), applied);
+    cps__server_perform(s);
     if (rc == 0)
         cps__log(CPS_LOG_INFO, "server",
                  "range %u: snapshot at seq %llu installed (%.1f MB), caught up to seq %llu", r,
@@ -414,7 +407,7 @@ static void run_joiner(cps__server *s, const cps__rx *snap)
             cps__server_ask_view(s);
             continue;
         case CPS_JA_ABORT:
-            cps__chain_join_abort(s->chain, r);
+            cps__chain_join_abort(cps__server_chain(s), r);
             if (a[i].why)
                 cps__log(CPS_LOG_ERROR, "server",
                          "range %u: joining failed (%s: %s); the scheduler will try again", r,
@@ -481,7 +474,7 @@ void cps__server_on_join_range(cps__server *s, cps__rx *rx)
 void cps__server_on_snap(cps__server *s, cps__rx *rx)
 {
     uint32_t r = rx->hdr.range;
-    int joining = r < s->view.nranges && cps__chain_joining(s->chain, r);
+    int joining = r < s->view.nranges && cps__chain_joining(cps__server_chain(s), r);
     if (s->joiner && cps__joiner_snap(s->joiner, rx->hdr.sender, r, rx->hdr.step, rx->hdr.aux == 1,
                                       rx->len, joining, cps__now_ms()) > 0)
         run_joiner(s, rx);
