@@ -7,586 +7,14 @@
  * submitted as one update. The chain's actions become the ready list: APPLY a WRITE with the
  * records this file lays out, SEND a message (CHAIN_ACKs held a moment by ackhold.c), REPLY an
  * answer. Pulls are served by the tail; in SSP mode they wait for the slowest worker (ssp.c). */
-#include "replication/replica.h"
-
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <xxhash.h>
 
 #include "chainps/error.h"
 #include "core/log.h"
-#include "replication/ackhold.h"
-#include "replication/ssp.h"
-#include "replication/sync.h"
-
-/* A message the replica holds: a retry's answer waiting for a commit (chain cookie), a sync
- * contribution, a parked pull, a message of a future epoch. */
-typedef struct rmsg {
-    cps__replica_msg m;
-    cps__kv kv;  /* decoded keys (and values) of a push or pull */
-    int refused; /* a retry of a push the head refuses: its error */
-    void *own;   /* a buffer of ours the message points into (parked push-pull keys) */
-} rmsg;
-
-typedef struct rlist {
-    rmsg **v;
-    uint32_t n, cap;
-} rlist;
-
-struct cps__replica {
-    cps__replica_config cfg;
-    cps__replica_env env;
-    cps__view view;
-    int have_view;
-    cps__chain *chain;
-    cps__sync *sync;
-    cps__ssp *ssp;
-    cps__ackhold *acks;
-    int in_tick;    /* the chain timer runs: the FWDs sent now are re-sends */
-    int destroying; /* cookies dropped now are released at once */
-    cps__replica_out *out;
-    size_t nout, out_cap;
-    void **scratch; /* freed at the next call: texts, records */
-    size_t nscratch, scratch_cap;
-    rlist dispose; /* released at the next call (the ready list may point into them) */
-    rlist early;   /* requests before our first view */
-    rlist future;  /* messages of an epoch above our view's */
-    rlist queue;   /* released by a view, stepped by cps__replica_next */
-    cps__replica_counters ctr;
-};
-
-#define MAX_EARLY 4096
-
-/* ---- memory of one call ---- */
-
-static int rlist_push(rlist *l, rmsg *m)
-{
-    if (l->n == l->cap) {
-        uint32_t cap = l->cap ? 2 * l->cap : 16;
-        rmsg **v = realloc(l->v, cap * sizeof *v);
-        if (!v)
-            return CPS_ENOMEM;
-        l->v = v;
-        l->cap = cap;
-    }
-    l->v[l->n++] = m;
-    return 0;
-}
-
-static void rmsg_free(cps__replica *r, rmsg *m)
-{
-    if (!m)
-        return;
-    if (m->m.owner)
-        r->env.release(r->env.ctx, m->m.owner);
-    free(m->own);
-    free(m);
-}
-
-/* Done with m: the ready list may still point into it, so it goes at the next call. */
-static void rmsg_done(cps__replica *r, rmsg *m)
-{
-    if (!m)
-        return;
-    if (r->destroying || rlist_push(&r->dispose, m) != 0)
-        rmsg_free(r, m);
-}
-
-static void *scratch(cps__replica *r, size_t n)
-{
-    if (r->nscratch == r->scratch_cap) {
-        size_t cap = r->scratch_cap ? 2 * r->scratch_cap : 32;
-        void **v = realloc(r->scratch, cap * sizeof *v);
-        if (!v)
-            return NULL;
-        r->scratch = v;
-        r->scratch_cap = cap;
-    }
-    void *p = malloc(n ? n : 1);
-    if (p)
-        r->scratch[r->nscratch++] = p;
-    return p;
-}
-
-static void begin(cps__replica *r)
-{
-    for (size_t i = 0; i < r->nscratch; i++)
-        free(r->scratch[i]);
-    r->nscratch = 0;
-    for (uint32_t i = 0; i < r->dispose.n; i++)
-        rmsg_free(r, r->dispose.v[i]);
-    r->dispose.n = 0;
-    r->nout = 0;
-}
-
-static cps__replica_out *emit(cps__replica *r, int kind, uint32_t range)
-{
-    if (r->nout == r->out_cap) {
-        size_t cap = r->out_cap ? 2 * r->out_cap : 32;
-        cps__replica_out *v = realloc(r->out, cap * sizeof *v);
-        if (!v)
-            return NULL;
-        r->out = v;
-        r->out_cap = cap;
-    }
-    cps__replica_out *o = &r->out[r->nout++];
-    memset(o, 0, sizeof *o);
-    o->kind = kind;
-    o->range = range;
-    return o;
-}
-
-static const char *vtext(cps__replica *r, const char *fmt, va_list ap)
-{
-    char *t = scratch(r, 256);
-    if (t)
-        vsnprintf(t, 256, fmt, ap);
-    return t ? t : "";
-}
-
-static void say(cps__replica *r, int level, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void say(cps__replica *r, int level, const char *fmt, ...)
-{
-    if (level > cps__log_level)
-        return; /* not even formatted, as cps__log */
-    cps__replica_out *o = emit(r, CPS_RO_LOG, 0);
-    if (!o)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    o->text = vtext(r, fmt, ap);
-    va_end(ap);
-    o->level = level;
-}
-
-static void ask_view(cps__replica *r)
-{
-    emit(r, CPS_RO_ASK_VIEW, 0);
-}
-
-/* ---- replies ---- */
-
-static void reply_error(cps__replica *r, const cps__msg_hdr *req, int err, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void reply_error(cps__replica *r, const cps__msg_hdr *req, int err, const char *fmt, ...)
-{
-    cps__replica_out *o = emit(r, CPS_RO_REPLY, req->range);
-    if (!o)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    o->text = vtext(r, fmt, ap);
-    va_end(ap);
-    o->to = req->sender;
-    o->status = err;
-    o->req = *req;
-}
-
-/* An ACK, or with kv the values of kv's keys (VALUES), to `worker`'s request. */
-static void reply(cps__replica *r, uint32_t worker, uint64_t req_seq, uint32_t range, uint64_t step,
-                  const cps__kv *kv, uint64_t aux, uint16_t flags)
-{
-    cps__replica_out *o = emit(r, CPS_RO_REPLY, range);
-    if (!o)
-        return;
-    o->to = worker;
-    o->hdr.type = kv ? CPS_MSG_VALUES : CPS_MSG_ACK;
-    o->hdr.flags = (uint16_t)(CPS_WF_REPLY | flags);
-    o->hdr.req_worker = worker;
-    o->hdr.req_seq = req_seq;
-    o->hdr.range = range;
-    o->hdr.step = step;
-    o->hdr.aux = aux;
-    if (kv)
-        o->kv = *kv;
-}
-
-/* ---- store access for the chain ---- */
-
-static int op_range_seq(void *ctx, uint32_t range, uint64_t *seq)
-{
-    cps__replica *r = ctx;
-    return r->env.range_seq(r->env.ctx, range, seq);
-}
-
-static int op_dedup(void *ctx, uint32_t range, uint32_t worker, uint64_t *seq)
-{
-    cps__replica *r = ctx;
-    return r->env.dedup(r->env.ctx, range, worker, seq);
-}
-
-/* The key set's last step as the store will hold it once the WRITEs of this call are performed:
- * the replica decides before the shell writes. */
-static int agg_step_now(cps__replica *r, uint32_t range, uint64_t sig, uint64_t *step)
-{
-    for (size_t i = r->nout; i-- > 0;) {
-        const cps__replica_out *o = &r->out[i];
-        if (o->kind == CPS_RO_WRITE && o->range == range && o->upd.sig == sig) {
-            *step = o->upd.step;
-            return 0;
-        }
-    }
-    *step = 0;
-    return r->env.agg_step(r->env.ctx, range, sig, step);
-}
-
-static int op_agg_step(void *ctx, uint32_t range, uint64_t sig, uint64_t *step)
-{
-    return agg_step_now(ctx, range, sig, step);
-}
-
-static void op_drop_cookie(void *ctx, void *cookie)
-{
-    rmsg_done(ctx, cookie);
-}
-
-static const cps__chain_store_ops chain_ops = {op_range_seq, op_dedup, op_agg_step, op_drop_cookie};
-
-static void drop_cookie(void *ctx, void *cookie)
-{
-    rmsg_done(ctx, cookie);
-}
-
-static uint64_t keyset_sig(const cps__kv *kv)
-{
-    /* As cps__keyset_sig (src/node/msg.c): the keys' hash seeds the lengths'. */
-    uint64_t h = XXH3_64bits_withSeed(kv->lens, (size_t)kv->nkeys * 4,
-                                      XXH3_64bits(kv->keys, (size_t)kv->nkeys * 8));
-    return h ? h : 1;
-}
-
-/* ---- SSP clocks and parked pulls (ssp.c decides; this answers) ---- */
-
-typedef struct clock_load {
-    cps__replica *r;
-    uint32_t range;
-} clock_load;
-
-static int load_clock(void *arg, uint32_t id, uint64_t value)
-{
-    clock_load *l = arg;
-    if ((id & (CPS_DEDUP_CLOCK_BIT | CPS_DEDUP_SPARSE_BIT)) == CPS_DEDUP_CLOCK_BIT)
-        cps__ssp_pushed(l->r->ssp, &l->r->view, l->range, id & ~CPS_DEDUP_CLOCK_BIT, value);
-    return 0;
-}
-
-static void wake_parked(cps__replica *r);
-
-/* Clocks that moved may release parked pulls, as an applied update does (simulator --mode ssp
- * seed 10250: a pull parked before the range was copied again waited for the next update). */
-static int ssp_load(cps__replica *r, uint32_t range)
-{
-    if (!r->ssp || r->view.mode != CPS_MODE_SSP)
-        return 0;
-    cps__ssp_forget_range(r->ssp, range);
-    clock_load l = {r, range};
-    int rc = r->env.scan_dedup(r->env.ctx, range, load_clock, &l);
-    if (cps__ssp_parked(r->ssp))
-        wake_parked(r);
-    return rc;
-}
-
-/* Answer the parked pulls the gate releases. A pull is answered only by the range's tail, with
- * what is committed: one parked while we were the tail may be released after a view made us
- * head or middle (a joiner appended after us), when our store holds updates the tail has not
- * applied, and reading them here would read uncommitted values (simulator, --mode ssp, seed 6).
- * Such a pull is refused with EAGAIN: the worker asks the tail of its view again. */
-static void wake_parked(cps__replica *r)
-{
-    void *const *released;
-    cps__ssp_wake(r->ssp, &r->view);
-    size_t n = cps__ssp_released(r->ssp, &released);
-    for (size_t i = 0; i < n; i++) {
-        rmsg *p = released[i];
-        const cps__msg_hdr *h = &p->m.hdr;
-        if (!r->chain || !cps__chain_is_tail(r->chain, h->range) ||
-            !cps__chain_can_serve_pull(r->chain, h->range))
-            reply_error(r, h, CPS_EAGAIN, "range %u: no longer its tail, or catching up", h->range);
-        else
-            reply(r, h->sender, h->req_seq, h->range, h->step, &p->kv, 0, 0);
-        rmsg_done(r, p);
-    }
-}
-
-/* Keep a pull (or the pull half of a push-pull) until the slowest worker catches up. Returns 0
- * (taken), or CPS_ENOMEM with p still the caller's. */
-static int park_pull(cps__replica *r, rmsg *p, uint64_t clock)
-{
-    return cps__ssp_park(r->ssp, p->m.hdr.range, p->m.hdr.sender, clock, p);
-}
-
-static int pull_may_proceed(cps__replica *r, uint32_t range, uint64_t clock, uint32_t worker)
-{
-    return cps__ssp_may_proceed(r->ssp, &r->view, range, clock, worker);
-}
-
-/* SSP: a push-pull's values wait like a pull's. Its push is applied; only the reply waits. */
-static int pp_must_wait(cps__replica *r, const cps__chain_req *q, uint32_t range, uint64_t step)
-{
-    return q->type == CPS_MSG_PUSH_PULL && !pull_may_proceed(r, range, step, q->worker);
-}
-
-/* ---- the write set of an update ---- */
-
-/* What an update writes beside its data: each request's exactly-once record and, in SSP mode,
- * the clocks the update moved (moved in memory first, so the store never holds an update without
- * the clocks it implies). */
-static void write_update(cps__replica *r, const cps__chain_action *a)
-{
-    const cps__chain_update *u = &a->upd;
-    cps__ssp_applied(r->ssp, &r->view, a->range, u);
-    cps__replica_out *o = emit(r, CPS_RO_WRITE, a->range);
-    cps__replica_record *recs = scratch(r, 2 * (size_t)u->nreqs * sizeof *recs);
-    cps__chain_req *reqs = scratch(r, (size_t)u->nreqs * sizeof *reqs);
-    if (!o || !recs || !reqs) {
-        if (o)
-            o->kind = CPS_RO_LOG, o->level = CPS_LOG_ERROR, o->text = "no memory for a write set";
-        return;
-    }
-    memcpy(reqs, u->reqs, (size_t)u->nreqs * sizeof *reqs);
-    o->seq = a->seq;
-    o->upd = *u;
-    o->upd.reqs = reqs;
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < u->nreqs; i++) {
-        const cps__chain_req *q = &u->reqs[i];
-        if (q->type == CPS_MSG_DECLARE || q->type == CPS_MSG_PUT)
-            continue;
-        uint32_t id = q->noagg ? (q->worker | CPS_DEDUP_SPARSE_BIT) : q->worker;
-        /* A SKIP may come late: a retry of a refused push, refused again after the worker's
-         * next push was applied. Its record must not move the worker's number back, or a
-         * re-sent later push would be applied twice. A push is admitted in sequence, so its
-         * number is always the highest. */
-        uint64_t have = 0;
-        if (u->kind == CPS_UPD_SKIP)
-            r->env.dedup(r->env.ctx, a->range, id, &have);
-        if (q->req_seq > have)
-            recs[n++] = (cps__replica_record){id, q->req_seq};
-    }
-    for (uint32_t i = 0; r->view.mode == CPS_MODE_SSP && i < u->nreqs; i++) {
-        const cps__chain_req *q = &u->reqs[i];
-        uint64_t c = cps__ssp_clock(r->ssp, &r->view, a->range, q->worker);
-        if (q->type != CPS_MSG_PUT && !q->noagg && c)
-            recs[n++] = (cps__replica_record){q->worker | CPS_DEDUP_CLOCK_BIT, c};
-    }
-    o->recs = recs;
-    o->nrecs = n;
-}
-
-/* ---- answering a committed request ---- */
-
-/* The step a DECLARE answers with, where a worker joining a running job starts counting. Sync:
- * the last step applied to the key set, so its first push joins the step the others are on.
- * SSP: a replacement's clock in the range (cps__ssp_declared placed it), else 0. Async: 0. */
-static uint64_t declare_step(cps__replica *r, uint32_t range, uint32_t worker, const void *body,
-                             size_t len)
-{
-    if (r->view.mode == CPS_MODE_SSP)
-        return cps__ssp_declare_step(r->ssp, &r->view, range, worker);
-    cps__kv kv;
-    const uint64_t *offsets;
-    cps__param_spec spec;
-    if (!body || cps__wire_declare_decode(body, len, &kv, &offsets, &spec) != 0)
-        return 0;
-    uint64_t step = 0;
-    agg_step_now(r, range, keyset_sig(&kv), &step);
-    return step;
-}
-
-/* The reply to a late push: counted, logged, and answered as a normal ACK (or the current
- * values, for a push-pull) with CPS_WF_LATE and the step the key set is on, so the worker moves
- * on to the next step rather than fall further behind. */
-static void reply_late(cps__replica *r, const cps__msg_hdr *h, const cps__kv *kv)
-{
-    r->ctr.late_gradients++;
-    say(r, CPS_LOG_DEBUG,
-        "range %u: push %llu of node %u for step %llu dropped: the step closed without it (the "
-        "key set is at step %llu)",
-        h->range, (unsigned long long)h->req_seq, h->sender, (unsigned long long)h->step,
-        (unsigned long long)h->aux);
-    reply(r, h->sender, h->req_seq, h->range, h->step, kv, h->aux, CPS_WF_LATE);
-}
-
-/* A retry answered once its update is committed: reply from the retried request. */
-static void reply_retry(cps__replica *r, const cps__chain_action *a, rmsg *p)
-{
-    const cps__chain_req *q = &a->req;
-    const cps__msg_hdr *h = &p->m.hdr;
-    cps__kv kv;
-    int have_kv =
-        h->type == CPS_MSG_PUSH_PULL && cps__wire_kv_decode(p->m.payload, p->m.len, 1, &kv) == 0;
-    if (h->flags & CPS_WF_LATE) {
-        reply_late(r, h, have_kv ? &kv : NULL);
-        rmsg_done(r, p);
-        return;
-    }
-    uint64_t aux = q->type == CPS_MSG_DECLARE
-                       ? declare_step(r, a->range, q->worker, p->m.payload, p->m.len)
-                       : 0;
-    if (have_kv && pp_must_wait(r, q, a->range, h->step)) {
-        p->kv = kv;
-        if (park_pull(r, p, h->step) == 0)
-            return;
-    }
-    reply(r, q->worker, q->req_seq, a->range, h->step, have_kv ? &kv : NULL, aux, 0);
-    rmsg_done(r, p);
-}
-
-/* SSP: the push-pull's reply waits, and needs only its keys: park a copy of them (no copy of
- * the gradient, which belongs to the chain). 0 if parked. */
-static int park_keys(cps__replica *r, const cps__chain_req *q, uint32_t range, uint64_t step,
-                     const cps__kv *kv)
-{
-    rmsg *p = calloc(1, sizeof *p);
-    size_t len = cps__wire_kv_size(kv->nkeys, 0);
-    void *buf = p ? malloc(len) : NULL;
-    if (!buf || !cps__wire_kv_encode(buf, len, kv->nkeys, kv->keys, kv->lens, NULL, 0) ||
-        cps__wire_kv_decode(buf, len, 0, &p->kv) != 0) {
-        free(buf);
-        free(p);
-        return CPS_ENOMEM;
-    }
-    p->own = buf;
-    p->m.payload = buf;
-    p->m.len = len;
-    /* As the request came in: wake_parked answers hdr.sender. */
-    p->m.hdr.type = CPS_MSG_PUSH_PULL;
-    p->m.hdr.sender = q->worker;
-    p->m.hdr.req_worker = q->worker;
-    p->m.hdr.req_seq = q->req_seq;
-    p->m.hdr.range = range;
-    p->m.hdr.step = step;
-    if (park_pull(r, p, step) == 0)
-        return 0;
-    rmsg_free(r, p);
-    return CPS_ENOMEM;
-}
-
-static void do_reply(cps__replica *r, const cps__chain_action *a)
-{
-    const cps__chain_req *q = &a->req;
-    rmsg *p = a->cookie;
-    if (q->type == CPS_MSG_PUT) {
-        rmsg_done(r, p);
-        return; /* the restore tool is no member: it polls the tail's sequence number */
-    }
-    /* A refusal, committed (see on_push): a SKIP update carries its error, a retry of the
-     * refused push carries it in its copy. */
-    int refused = 0;
-    if (p)
-        refused = p->refused;
-    else if (a->upd.kind == CPS_UPD_SKIP)
-        refused = a->upd.body_len == 8 ? (int)(int64_t)cps__le64_get(a->upd.body) : CPS_EINVAL;
-    if (refused < 0) {
-        cps__msg_hdr h = {.type = q->type,
-                          .sender = q->worker,
-                          .req_worker = q->worker,
-                          .req_seq = q->req_seq,
-                          .range = a->range};
-        reply_error(r, &h, refused, "push refused by the head of range %u", a->range);
-        rmsg_done(r, p);
-        return;
-    }
-    if (p) {
-        reply_retry(r, a, p);
-        return;
-    }
-    cps__kv kv;
-    int have_kv = q->type == CPS_MSG_PUSH_PULL && a->upd.kind == CPS_UPD_PUSH && a->upd.body &&
-                  cps__wire_kv_decode(a->upd.body, a->upd.body_len, 1, &kv) == 0;
-    uint64_t aux = q->type == CPS_MSG_DECLARE && a->upd.kind == CPS_UPD_DECLARE
-                       ? declare_step(r, a->range, q->worker, a->upd.body, a->upd.body_len)
-                       : 0;
-    /* No memory to wait: answer now rather than not at all (staleness over a hang). */
-    if (have_kv && pp_must_wait(r, q, a->range, a->upd.step) &&
-        park_keys(r, q, a->range, a->upd.step, &kv) == 0)
-        return;
-    reply(r, q->worker, q->req_seq, a->range, a->upd.step, have_kv ? &kv : NULL, aux, 0);
-}
-
-/* ---- held CHAIN_ACKs (ackhold.c decides when) ---- */
-
-static void send_released_acks(cps__replica *r)
-{
-    const cps__ackhold_send *out;
-    size_t n = cps__ackhold_sends(r->acks, &out);
-    for (size_t i = 0; i < n; i++) {
-        cps__replica_out *o = emit(r, CPS_RO_SEND, out[i].hdr.range);
-        if (o) {
-            o->to = out[i].to;
-            o->hdr = out[i].hdr;
-        }
-    }
-}
-
-/* Hold the CHAIN_ACK `h` to node `to`; 1 if held, 0 if it must go now. */
-static int hold_ack(cps__replica *r, uint32_t to, const cps__msg_hdr *h, uint64_t now)
-{
-    if (!r->acks && cps__ackhold_create(&r->acks) != 0)
-        return 0;
-    int held = cps__ackhold_offer(r->acks, r->view.nranges, to, h, now);
-    send_released_acks(r);
-    return held;
-}
-
-static void flush_acks(cps__replica *r, uint64_t now, int force)
-{
-    if (!cps__ackhold_held(r->acks))
-        return;
-    cps__ackhold_due(r->acks, now, force);
-    send_released_acks(r);
-}
-
-/* ---- the chain's actions become the ready list ---- */
-
-static void run_chain(cps__replica *r, uint64_t now)
-{
-    const cps__chain_action *acts;
-    size_t n = cps__chain_actions(r->chain, &acts);
-    int applied = 0;
-    for (size_t i = 0; i < n; i++) {
-        const cps__chain_action *a = &acts[i];
-        if (a->kind == CPS_CA_APPLY) {
-            write_update(r, a);
-            applied = 1;
-        } else if (a->kind == CPS_CA_REPLY) {
-            do_reply(r, a);
-        } else if (a->kind == CPS_CA_SEND) {
-            cps__msg_hdr h;
-            if (cps__wire_hdr_decode(a->msg, a->len, &h) != 0)
-                continue;
-            if (h.type == CPS_MSG_CHAIN_ACK && hold_ack(r, a->to, &h, now))
-                continue;
-            void *buf = r->env.msg_alloc(r->env.ctx, a->len);
-            cps__replica_out *o = buf ? emit(r, CPS_RO_SEND, a->range) : NULL;
-            if (!o) {
-                say(r, CPS_LOG_DEBUG, "chain message to node %u not sent: no memory", a->to);
-                continue; /* the chain re-sends; buf (if any) leaks no further than this */
-            }
-            memcpy(buf, a->msg, a->len);
-            o->to = a->to;
-            o->msg = buf;
-            o->len = a->len;
-            o->hdr = h;
-            o->resend = r->in_tick;
-        }
-    }
-    if (applied && cps__ssp_parked(r->ssp))
-        wake_parked(r);
-}
-
-static void submit(cps__replica *r, uint32_t range, const cps__chain_update *u, uint64_t now)
-{
-    int rc = cps__chain_submit(r->chain, range, u, now);
-    if (rc != 0) {
-        say(r, CPS_LOG_ERROR, "range %u: submit failed: %s", range, cps_strerror(rc));
-        return;
-    }
-    run_chain(r, now);
-}
+#include "replication/replica_int.h"
 
 /* ---- requests ---- */
 
@@ -602,33 +30,34 @@ static int check_request(cps__replica *r, const cps__msg_hdr *h)
 {
     if (worker_rank(r, h->sender) == UINT32_MAX) {
         /* Unknown node: we cannot even reply. A newer view may name it; ask for one. */
-        say(r, CPS_LOG_WARN, "request type %u from unknown node %u dropped", h->type, h->sender);
-        ask_view(r);
+        cps__rp_say(r, CPS_LOG_WARN, "request type %u from unknown node %u dropped", h->type,
+                    h->sender);
+        cps__rp_ask_view(r);
         r->ctr.msgs_bad++;
         return CPS_EUNKNOWN_NODE;
     }
     if (h->epoch < r->view.epoch) {
-        reply_error(r, h, CPS_ESTALE_EPOCH, "request epoch %llu < view epoch %llu",
-                    (unsigned long long)h->epoch, (unsigned long long)r->view.epoch);
+        cps__rp_reply_error(r, h, CPS_ESTALE_EPOCH, "request epoch %llu < view epoch %llu",
+                            (unsigned long long)h->epoch, (unsigned long long)r->view.epoch);
         return CPS_ESTALE_EPOCH;
     }
     if (h->epoch > r->view.epoch) {
         /* The worker saw a newer view than we did: catch up, the worker will re-send. */
-        ask_view(r);
-        reply_error(r, h, CPS_EAGAIN, "server has not seen epoch %llu yet",
-                    (unsigned long long)h->epoch);
+        cps__rp_ask_view(r);
+        cps__rp_reply_error(r, h, CPS_EAGAIN, "server has not seen epoch %llu yet",
+                            (unsigned long long)h->epoch);
         return CPS_EAGAIN;
     }
     if (h->range >= r->view.nranges) {
-        reply_error(r, h, CPS_EINVAL, "range %u does not exist (%u ranges)", h->range,
-                    r->view.nranges);
+        cps__rp_reply_error(r, h, CPS_EINVAL, "range %u does not exist (%u ranges)", h->range,
+                            r->view.nranges);
         return CPS_EINVAL;
     }
     const cps__range *rg = &r->view.ranges[h->range];
     uint32_t want = h->type == CPS_MSG_PULL ? rg->chain[rg->chain_len - 1] : rg->chain[0];
     if (rg->chain_len == 0 || want != r->cfg.self) {
-        reply_error(r, h, CPS_ESTALE_EPOCH, "this server is not the %s of range %u",
-                    h->type == CPS_MSG_PULL ? "tail" : "head", h->range);
+        cps__rp_reply_error(r, h, CPS_ESTALE_EPOCH, "this server is not the %s of range %u",
+                            h->type == CPS_MSG_PULL ? "tail" : "head", h->range);
         return CPS_ESTALE_EPOCH;
     }
     return 0;
@@ -669,7 +98,7 @@ static int refuse_bad_keys(cps__replica *r, const cps__msg_hdr *h, const cps__kv
     char why[96];
     int rc = bad_keys(r, kv, spec, why, sizeof why);
     if (rc != 0)
-        reply_error(r, h, rc, "%s", why);
+        cps__rp_reply_error(r, h, rc, "%s", why);
     return rc;
 }
 
@@ -683,18 +112,18 @@ static int admit(cps__replica *r, rmsg *p, uint64_t sig, int refused, int *verdi
     int v = cps__chain_admit(r->chain, h->range, &q, h->step, sig, p);
     *verdict = v;
     if (v == CPS_ADMIT_DUP) {
-        run_chain(r, now); /* may answer (and release) p now */
+        cps__rp_run_chain(r, now); /* may answer (and release) p now */
         return 1;
     }
     if (v == CPS_ADMIT_NOT_HEAD)
-        reply_error(r, h, CPS_ESTALE_EPOCH, "not the head of range %u", h->range);
+        cps__rp_reply_error(r, h, CPS_ESTALE_EPOCH, "not the head of range %u", h->range);
     else if (v == CPS_ADMIT_BUSY)
-        reply_error(r, h, CPS_EAGAIN, "range %u has too many updates in flight", h->range);
+        cps__rp_reply_error(r, h, CPS_EAGAIN, "range %u has too many updates in flight", h->range);
     else if (v == CPS_ADMIT_GAP)
-        say(r, CPS_LOG_DEBUG, "push %llu from node %u out of order: dropped",
-            (unsigned long long)h->req_seq, h->sender);
+        cps__rp_say(r, CPS_LOG_DEBUG, "push %llu from node %u out of order: dropped",
+                    (unsigned long long)h->req_seq, h->sender);
     else if (v < 0)
-        reply_error(r, h, v, "exactly-once record unreadable");
+        cps__rp_reply_error(r, h, v, "exactly-once record unreadable");
     return 0;
 }
 
@@ -707,19 +136,19 @@ static void on_declare(cps__replica *r, rmsg *p, uint64_t now)
     const cps__msg_hdr *h = &p->m.hdr;
     int rc = cps__wire_declare_decode(p->m.payload, p->m.len, &kv, &offsets, &spec);
     if (rc != 0) {
-        reply_error(r, h, rc, "malformed DECLARE payload");
+        cps__rp_reply_error(r, h, rc, "malformed DECLARE payload");
     } else if (!keys_in_range(r, h->range, &kv)) {
-        reply_error(r, h, CPS_EINVAL, "keys outside range %u", h->range);
+        cps__rp_reply_error(r, h, CPS_EINVAL, "keys outside range %u", h->range);
     } else if (refuse_bad_keys(r, h, &kv, &spec) == 0) {
         if (admit(r, p, 0, 0, &verdict, now))
             return; /* taken */
         if (verdict == CPS_ADMIT_NEW) {
             cps__chain_req q = {h->sender, CPS_MSG_DECLARE, 0, h->req_seq};
             cps__chain_update u = {CPS_UPD_DECLARE, 0, 0, 1, &q, p->m.payload, p->m.len};
-            submit(r, h->range, &u, now);
+            cps__rp_submit(r, h->range, &u, now);
         }
     }
-    rmsg_done(r, p);
+    cps__rp_rmsg_done(r, p);
 }
 
 /* ---- sync aggregation (sync.c decides; this sums and submits) ---- */
@@ -744,17 +173,17 @@ static void sync_submit(cps__replica *r, const cps__sync_action *a, uint64_t now
             (cps__chain_req){a->by_rank[k].worker, a->by_rank[k].type, 0, a->by_rank[k].req_seq};
     }
     if (!reqs) {
-        say(r, CPS_LOG_ERROR, "no memory to aggregate step %llu of range %u",
-            (unsigned long long)a->step, a->range);
+        cps__rp_say(r, CPS_LOG_ERROR, "no memory to aggregate step %llu of range %u",
+                    (unsigned long long)a->step, a->range);
     } else {
         cps__chain_update u = {CPS_UPD_PUSH, a->step, a->sig, nreq, reqs, p0->m.payload, p0->m.len};
-        submit(r, a->range, &u, now);
-        say(r, CPS_LOG_DEBUG, "range %u step %llu: aggregate of %u workers submitted", a->range,
-            (unsigned long long)a->step, nreq);
+        cps__rp_submit(r, a->range, &u, now);
+        cps__rp_say(r, CPS_LOG_DEBUG, "range %u step %llu: aggregate of %u workers submitted",
+                    a->range, (unsigned long long)a->step, nreq);
     }
     free(reqs);
     for (uint32_t k = 0; k < a->nranks; k++)
-        rmsg_done(r, a->by_rank[k].cookie);
+        cps__rp_rmsg_done(r, a->by_rank[k].cookie);
 }
 
 /* A step that cannot complete is said out loud: the live workers it waits for have not pushed
@@ -776,7 +205,8 @@ static void sync_report_stuck(cps__replica *r, const cps__sync_action *a, uint64
         if (*o < sizeof waiting - 12)
             *o += (size_t)snprintf(b + *o, sizeof waiting - *o, "%s%u", *o ? ", " : "", n->rank);
     }
-    say(r, CPS_LOG_WARN,
+    cps__rp_say(
+        r, CPS_LOG_WARN,
         "range %u: sync step %llu has waited %.0f s for worker rank(s) %s (rank(s) %s pushed): "
         "they are slow or stopped, or push other keys; a sync step needs every live worker to "
         "push the same keys (workers that push different keys need --mode async)",
@@ -801,16 +231,16 @@ static void run_sync(cps__replica *r, uint64_t now, uint64_t stuck_now)
  * set's last step, each included worker's last request), read from our store, so a head that
  * took over after a failover knows the steps the old one closed and who made them. A late push
  * is marked (CPS_WF_LATE and the closed step in aux, on our copy of the request only): the chain
- * takes it as the duplicate of a closed step it is, and its reply, once that step is committed,
- * says it was dropped (reply_retry). */
+ * takes it as the duplicate of a closed step it is, and its cps__rp_reply, once that step is
+ * committed, says it was dropped (reply_retry). */
 static int sync_mark_late(cps__replica *r, rmsg *p, uint64_t sig)
 {
     cps__msg_hdr *h = &p->m.hdr;
-    if (!r->sync && cps__sync_create(drop_cookie, r, &r->sync) != 0)
+    if (!r->sync && cps__sync_create(cps__rp_drop_cookie, r, &r->sync) != 0)
         return CPS_ENOMEM;
     uint64_t closed = 0;
     cps__sync_member m = {h->sender, 0};
-    agg_step_now(r, h->range, sig, &closed);
+    cps__rp_agg_step_now(r, h->range, sig, &closed);
     r->env.dedup(r->env.ctx, h->range, h->sender, &m.req_seq);
     int rc = cps__sync_record(r->sync, h->range, sig, closed, 1, &m);
     if (rc != 0)
@@ -829,11 +259,11 @@ static void push_sync(cps__replica *r, rmsg *p, uint64_t now)
     const cps__kv *kv = &p->kv;
     uint32_t rank = worker_rank(r, h->sender);
     if (rank >= r->view.num_workers) {
-        reply_error(r, h, CPS_EUNKNOWN_NODE, "worker rank %u out of range", rank);
-        rmsg_done(r, p);
+        cps__rp_reply_error(r, h, CPS_EUNKNOWN_NODE, "worker rank %u out of range", rank);
+        cps__rp_rmsg_done(r, p);
         return;
     }
-    uint64_t sig = keyset_sig(kv);
+    uint64_t sig = cps__rp_keyset_sig(kv);
     int verdict;
     int late = r->view.backup_workers > 0 ? sync_mark_late(r, p, sig) : CPS_SYNC_OPEN;
     if (late < 0 || late == CPS_SYNC_STALE) {
@@ -841,20 +271,20 @@ static void push_sync(cps__replica *r, rmsg *p, uint64_t now)
          * an aggregate): answered at once, without a claim and uncounted; only a worker that
          * gave it up still waits for an answer. */
         if (late < 0)
-            reply_error(r, h, late, "no memory for the step record");
+            cps__rp_reply_error(r, h, late, "no memory for the step record");
         else
-            reply(r, h->sender, h->req_seq, h->range, h->step, NULL, h->aux, CPS_WF_LATE);
-        rmsg_done(r, p);
+            cps__rp_reply(r, h->sender, h->req_seq, h->range, h->step, NULL, h->aux, CPS_WF_LATE);
+        cps__rp_rmsg_done(r, p);
         return;
     }
     if (admit(r, p, sig, 0, &verdict, now))
         return; /* a retry of an applied step, or a late push: answered by the chain */
     if (verdict != CPS_ADMIT_NEW) {
-        rmsg_done(r, p);
+        cps__rp_rmsg_done(r, p);
         return;
     }
     int v = CPS_ENOMEM;
-    if (r->sync || cps__sync_create(drop_cookie, r, &r->sync) == 0) {
+    if (r->sync || cps__sync_create(cps__rp_drop_cookie, r, &r->sync) == 0) {
         cps__sync_contrib c = {h->sender, h->type, h->req_seq,
                                kv->nvals, p,       (h->flags & CPS_WF_FIRST) != 0};
         v = cps__sync_push(r->sync, &r->view, h->range, sig, h->step, rank, &c, now);
@@ -870,20 +300,21 @@ static void push_sync(cps__replica *r, rmsg *p, uint64_t now)
         cps__sync_check(r->sync, h->range, sig, h->step, h->sender, h->req_seq, &closed);
         h->aux = closed;
         if (v == CPS_SYNC_LATE)
-            reply_late(r, h, pkv);
+            cps__rp_reply_late(r, h, pkv);
         else if (v == CPS_SYNC_STALE)
-            reply(r, h->sender, h->req_seq, h->range, h->step, NULL, closed, CPS_WF_LATE);
+            cps__rp_reply(r, h->sender, h->req_seq, h->range, h->step, NULL, closed, CPS_WF_LATE);
         else
-            reply(r, h->sender, h->req_seq, h->range, h->step, pkv, 0, 0);
+            cps__rp_reply(r, h->sender, h->req_seq, h->range, h->step, pkv, 0, 0);
     } else if (v == CPS_SYNC_SIZE) {
-        reply_error(r, h, CPS_ESIZE, "gradient length differs between workers for step %llu",
-                    (unsigned long long)h->step);
+        cps__rp_reply_error(r, h, CPS_ESIZE,
+                            "gradient length differs between workers for step %llu",
+                            (unsigned long long)h->step);
     } else if (v < 0) {
-        reply_error(r, h, v, "no memory for an aggregation slot");
+        cps__rp_reply_error(r, h, v, "no memory for an aggregation slot");
     }
     /* CPS_SYNC_RETRY: a retry while the step is still being gathered; the reply comes when it
      * completes. */
-    rmsg_done(r, p);
+    cps__rp_rmsg_done(r, p);
 }
 
 static void on_push(cps__replica *r, rmsg *p, uint64_t now)
@@ -893,18 +324,18 @@ static void on_push(cps__replica *r, rmsg *p, uint64_t now)
     r->ctr.pulls += h->type == CPS_MSG_PUSH_PULL;
     int rc = cps__wire_kv_decode(p->m.payload, p->m.len, 1, &p->kv);
     if (rc != 0) {
-        reply_error(r, h, rc, "malformed push payload");
-        rmsg_done(r, p);
+        cps__rp_reply_error(r, h, rc, "malformed push payload");
+        cps__rp_rmsg_done(r, p);
         return;
     }
     if (!keys_in_range(r, h->range, &p->kv)) {
-        reply_error(r, h, CPS_EINVAL, "keys outside range %u", h->range);
-        rmsg_done(r, p);
+        cps__rp_reply_error(r, h, CPS_EINVAL, "keys outside range %u", h->range);
+        cps__rp_rmsg_done(r, p);
         return;
     }
     int sync = r->view.mode == CPS_MODE_SYNC && !(h->flags & CPS_WF_NOAGG);
     if (sync && refuse_bad_keys(r, h, &p->kv, NULL) != 0) {
-        rmsg_done(r, p);
+        cps__rp_rmsg_done(r, p);
         return;
     }
     r->ctr.push_raw_bytes += h->raw_len;
@@ -915,10 +346,10 @@ static void on_push(cps__replica *r, rmsg *p, uint64_t now)
     }
     /* A push refused here (unknown key, wrong length) still uses up its number of the worker's
      * sequence: the worker's later pushes follow it. The used-up number is replicated as a SKIP
-     * update and the refusal answered only once that is committed (at the tail, as any reply):
-     * answered before, a head failing right after would leave a new head that takes the worker's
-     * next push for a gap for ever (simulator seeds 6 and 55 with --refusals). A retry is a
-     * duplicate then, answered with the refusal once committed. */
+     * update and the refusal answered only once that is committed (at the tail, as any
+     * cps__rp_reply): answered before, a head failing right after would leave a new head that takes
+     * the worker's next push for a gap for ever (simulator seeds 6 and 55 with --refusals). A retry
+     * is a duplicate then, answered with the refusal once committed. */
     char why[96];
     int refused = bad_keys(r, &p->kv, NULL, why, sizeof why);
     int verdict;
@@ -927,21 +358,22 @@ static void on_push(cps__replica *r, rmsg *p, uint64_t now)
     if (verdict == CPS_ADMIT_NEW) {
         cps__chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
         if (refused) {
-            say(r, CPS_LOG_WARN,
+            cps__rp_say(
+                r, CPS_LOG_WARN,
                 "push %llu of node %u on range %u refused: %s: %s (answered once replicated)",
                 (unsigned long long)h->req_seq, h->sender, h->range, cps_err_name(refused), why);
-            uint64_t *status = scratch(r, sizeof *status); /* the body: 8-byte aligned */
+            uint64_t *status = cps__rp_scratch(r, sizeof *status); /* the body: 8-byte aligned */
             if (status) {
                 cps__le64_put(status, (uint64_t)(int64_t)refused);
                 cps__chain_update u = {CPS_UPD_SKIP, h->step, 0, 1, &q, status, sizeof *status};
-                submit(r, h->range, &u, now);
+                cps__rp_submit(r, h->range, &u, now);
             }
         } else {
             cps__chain_update u = {CPS_UPD_PUSH, h->step, 0, 1, &q, p->m.payload, p->m.len};
-            submit(r, h->range, &u, now);
+            cps__rp_submit(r, h->range, &u, now);
         }
     }
-    rmsg_done(r, p);
+    cps__rp_rmsg_done(r, p);
 }
 
 static void on_pull(cps__replica *r, rmsg *p)
@@ -950,20 +382,20 @@ static void on_pull(cps__replica *r, rmsg *p)
     r->ctr.pulls++;
     int rc = cps__wire_kv_decode(p->m.payload, p->m.len, 0, &p->kv);
     if (rc != 0) {
-        reply_error(r, h, rc, "malformed pull payload");
+        cps__rp_reply_error(r, h, rc, "malformed pull payload");
     } else if (!keys_in_range(r, h->range, &p->kv)) {
-        reply_error(r, h, CPS_EINVAL, "keys outside range %u", h->range);
+        cps__rp_reply_error(r, h, CPS_EINVAL, "keys outside range %u", h->range);
     } else if (!cps__chain_can_serve_pull(r->chain, h->range)) {
         /* A new tail that has not yet applied everything its predecessor acknowledged. */
-        reply_error(r, h, CPS_EAGAIN, "range %u: new tail catching up", h->range);
-    } else if (!pull_may_proceed(r, h->range, h->aux, h->sender)) {
-        if (park_pull(r, p, h->aux) == 0)
+        cps__rp_reply_error(r, h, CPS_EAGAIN, "range %u: new tail catching up", h->range);
+    } else if (!cps__rp_pull_may_proceed(r, h->range, h->aux, h->sender)) {
+        if (cps__rp_park_pull(r, p, h->aux) == 0)
             return; /* kept */
-        reply_error(r, h, CPS_ENOMEM, "no memory to park a pull");
+        cps__rp_reply_error(r, h, CPS_ENOMEM, "no memory to park a pull");
     } else {
-        reply(r, h->sender, h->req_seq, h->range, h->step, &p->kv, 0, 0);
+        cps__rp_reply(r, h->sender, h->req_seq, h->range, h->step, &p->kv, 0, 0);
     }
-    rmsg_done(r, p);
+    cps__rp_rmsg_done(r, p);
 }
 
 static void on_chain(cps__replica *r, rmsg *p, uint64_t now)
@@ -971,17 +403,17 @@ static void on_chain(cps__replica *r, rmsg *p, uint64_t now)
     const cps__msg_hdr *h = &p->m.hdr;
     int rc = cps__chain_on_message(r->chain, h, p->m.payload, p->m.len, now);
     if (rc == CPS_EAGAIN) {
-        ask_view(r);
+        cps__rp_ask_view(r);
     } else if (rc == CPS_ESTALE_EPOCH) {
-        say(r, CPS_LOG_DEBUG, "chain message from node %u (epoch %llu) fenced", h->sender,
-            (unsigned long long)h->epoch);
+        cps__rp_say(r, CPS_LOG_DEBUG, "chain message from node %u (epoch %llu) fenced", h->sender,
+                    (unsigned long long)h->epoch);
     } else if (rc != 0) {
         r->ctr.msgs_bad++;
-        say(r, CPS_LOG_ERROR, "bad chain message from node %u dropped: %s", h->sender,
-            cps_strerror(rc));
+        cps__rp_say(r, CPS_LOG_ERROR, "bad chain message from node %u dropped: %s", h->sender,
+                    cps_strerror(rc));
     }
-    run_chain(r, now);
-    rmsg_done(r, p); /* WRITE bodies point into it: released at the next call */
+    cps__rp_run_chain(r, now);
+    cps__rp_rmsg_done(r, p); /* WRITE bodies point into it: released at the next call */
 }
 
 static int is_chain_msg(uint8_t type)
@@ -995,20 +427,20 @@ static int hold_future(cps__replica *r, rmsg *p)
     if (!r->have_view || p->m.hdr.epoch <= r->view.epoch)
         return 0;
     if (r->future.n >= r->cfg.max_held) {
-        rmsg_done(r, r->future.v[0]); /* the oldest goes: its sender re-sends it */
+        cps__rp_rmsg_done(r, r->future.v[0]); /* the oldest goes: its sender re-sends it */
         memmove(r->future.v, r->future.v + 1, (r->future.n - 1) * sizeof *r->future.v);
         r->future.n--;
     }
-    if (rlist_push(&r->future, p) != 0)
+    if (cps__rp_rlist_push(&r->future, p) != 0)
         return 0;
-    ask_view(r);
+    cps__rp_ask_view(r);
     return 1;
 }
 
 static void dispatch(cps__replica *r, rmsg *p, uint64_t now)
 {
     if (!r->chain) {
-        rmsg_done(r, p); /* no view yet: nothing to serve with */
+        cps__rp_rmsg_done(r, p); /* no view yet: nothing to serve with */
         return;
     }
     uint8_t type = p->m.hdr.type;
@@ -1017,7 +449,7 @@ static void dispatch(cps__replica *r, rmsg *p, uint64_t now)
         return;
     }
     if (check_request(r, &p->m.hdr) != 0) {
-        rmsg_done(r, p);
+        cps__rp_rmsg_done(r, p);
         return;
     }
     if (type == CPS_MSG_DECLARE)
@@ -1033,7 +465,7 @@ static rmsg *take(cps__replica *r, cps__replica_msg *m)
     rmsg *p = calloc(1, sizeof *p);
     if (!p) {
         r->env.release(r->env.ctx, m->owner);
-        say(r, CPS_LOG_ERROR, "no memory: message from node %u dropped", m->hdr.sender);
+        cps__rp_say(r, CPS_LOG_ERROR, "no memory: message from node %u dropped", m->hdr.sender);
         return NULL;
     }
     p->m = *m;
@@ -1067,7 +499,7 @@ int cps__replica_create(const cps__replica_config *cfg, const cps__replica_env *
 static void free_list(cps__replica *r, rlist *l)
 {
     for (uint32_t i = 0; i < l->n; i++)
-        rmsg_free(r, l->v[i]);
+        cps__rp_rmsg_free(r, l->v[i]);
     free(l->v);
     memset(l, 0, sizeof *l);
 }
@@ -1076,7 +508,7 @@ void cps__replica_destroy(cps__replica *r)
 {
     if (!r)
         return;
-    begin(r);
+    cps__rp_begin(r);
     r->destroying = 1;
     cps__chain_destroy(r->chain);
     cps__sync_destroy(r->sync);
@@ -1106,20 +538,20 @@ static int chain_has(const cps__range *rg, uint32_t id)
 static int first_view(cps__replica *r)
 {
     cps__chain_config cc = {r->cfg.self, r->cfg.resend_ms, r->cfg.max_unacked};
-    int rc = r->ssp ? 0 : cps__ssp_create(drop_cookie, r, &r->ssp);
+    int rc = r->ssp ? 0 : cps__ssp_create(cps__rp_drop_cookie, r, &r->ssp);
     for (uint32_t k = 0; rc == 0 && k < r->view.nranges; k++)
-        rc = ssp_load(r, k);
-    return rc ? rc : cps__chain_create(&cc, &chain_ops, r, &r->chain);
+        rc = cps__rp_ssp_load(r, k);
+    return rc ? rc : cps__chain_create(&cc, &cps__rp_chain_ops, r, &r->chain);
 }
 
 int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
                           uint64_t now)
 {
-    begin(r);
+    cps__rp_begin(r);
     if (!r->chain)
         r->cfg.self = self;
     /* Held acks go out under the view they were made in, as if sent at once. */
-    flush_acks(r, now, 1);
+    cps__rp_flush_acks(r, now, 1);
     cps__view nv;
     cps__view_init(&nv);
     int rc = cps__view_copy(&nv, v);
@@ -1145,36 +577,36 @@ int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, in
     if (rc == 0)
         rc = cps__chain_set_view(r->chain, &r->view, now);
     if (rc != 0)
-        say(r, CPS_LOG_ERROR, "chain view change failed: %s", cps_strerror(rc));
+        cps__rp_say(r, CPS_LOG_ERROR, "chain view change failed: %s", cps_strerror(rc));
     if (r->chain)
-        run_chain(r, now);
+        cps__rp_run_chain(r, now);
     if (r->sync && cps__sync_set_view(r->sync, &r->view) == 0)
         run_sync(r, now, 0);
     if (cps__ssp_parked(r->ssp))
-        wake_parked(r);
+        cps__rp_wake_parked(r);
     for (uint32_t k = 0; k < r->view.nranges; k++) {
         if (!left[k])
             continue;
         cps__sync_forget_range(r->sync, k);
         if (r->ssp)
             cps__ssp_forget_range(r->ssp, k);
-        cps__replica_out *o = emit(r, CPS_RO_DROP_RANGE, k);
+        cps__replica_out *o = cps__rp_emit(r, CPS_RO_DROP_RANGE, k);
         if (o)
             o->moved = moved;
     }
     free(left);
     /* Requests that came before our first view, then messages our view now covers. */
     for (uint32_t i = 0; i < r->early.n; i++)
-        if (rlist_push(&r->queue, r->early.v[i]) != 0)
-            rmsg_done(r, r->early.v[i]);
+        if (cps__rp_rlist_push(&r->queue, r->early.v[i]) != 0)
+            cps__rp_rmsg_done(r, r->early.v[i]);
     r->early.n = 0;
     uint32_t kept = 0;
     for (uint32_t i = 0; i < r->future.n; i++) {
         rmsg *p = r->future.v[i];
         if (p->m.hdr.epoch > r->view.epoch)
             r->future.v[kept++] = p;
-        else if (rlist_push(&r->queue, p) != 0)
-            rmsg_done(r, p);
+        else if (cps__rp_rlist_push(&r->queue, p) != 0)
+            cps__rp_rmsg_done(r, p);
     }
     r->future.n = kept;
     return rc;
@@ -1182,7 +614,7 @@ int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, in
 
 int cps__replica_step(cps__replica *r, cps__replica_msg *m, uint64_t now)
 {
-    begin(r);
+    cps__rp_begin(r);
     rmsg *p = take(r, m);
     if (!p)
         return 0;
@@ -1194,19 +626,19 @@ int cps__replica_step(cps__replica *r, cps__replica_msg *m, uint64_t now)
 
 void cps__replica_defer(cps__replica *r, cps__replica_msg *m)
 {
-    begin(r);
+    cps__rp_begin(r);
     rmsg *p = take(r, m);
     if (!p)
         return;
-    if (r->early.n >= MAX_EARLY || rlist_push(&r->early, p) != 0) {
-        say(r, CPS_LOG_WARN, "request before the job started dropped");
-        rmsg_done(r, p);
+    if (r->early.n >= MAX_EARLY || cps__rp_rlist_push(&r->early, p) != 0) {
+        cps__rp_say(r, CPS_LOG_WARN, "request before the job started dropped");
+        cps__rp_rmsg_done(r, p);
     }
 }
 
 int cps__replica_next(cps__replica *r, uint64_t now)
 {
-    begin(r);
+    cps__rp_begin(r);
     if (r->queue.n == 0)
         return 0;
     rmsg *p = r->queue.v[0];
@@ -1220,11 +652,11 @@ int cps__replica_next(cps__replica *r, uint64_t now)
 
 int cps__replica_tick(cps__replica *r, uint64_t now, int force_acks)
 {
-    begin(r);
-    flush_acks(r, now, force_acks);
+    cps__rp_begin(r);
+    cps__rp_flush_acks(r, now, force_acks);
     if (r->chain && cps__chain_tick(r->chain, now) == 0) {
         r->in_tick = 1; /* a tick only re-sends */
-        run_chain(r, now);
+        cps__rp_run_chain(r, now);
         r->in_tick = 0;
     }
     if (cps__sync_pending(r->sync) && cps__sync_tick(r->sync, now) == 0)
@@ -1240,12 +672,12 @@ int cps__replica_wait_ms(const cps__replica *r, uint64_t now, int max_ms)
 int cps__replica_join_ready(cps__replica *r, uint32_t range, uint64_t snap_seq, uint64_t now,
                             uint64_t *applied)
 {
-    begin(r);
+    cps__rp_begin(r);
     /* The snapshot's SSP clocks, before the updates after it move them further. */
-    int rc = ssp_load(r, range);
+    int rc = cps__rp_ssp_load(r, range);
     if (rc == 0) {
         rc = cps__chain_join_ready(r->chain, range, snap_seq, now);
-        run_chain(r, now);
+        cps__rp_run_chain(r, now);
     }
     *applied = cps__chain_applied(r->chain, range);
     return rc;
@@ -1254,7 +686,7 @@ int cps__replica_join_ready(cps__replica *r, uint32_t range, uint64_t snap_seq, 
 int cps__replica_put(cps__replica *r, uint32_t range, uint64_t req_seq, const void *entries,
                      size_t len, uint64_t now)
 {
-    begin(r);
+    cps__rp_begin(r);
     if (!r->chain)
         return CPS_ADMIT_NOT_HEAD;
     cps__chain_req q = {UINT32_MAX, CPS_MSG_PUT, 0, req_seq};
@@ -1265,7 +697,7 @@ int cps__replica_put(cps__replica *r, uint32_t range, uint64_t req_seq, const vo
     int rc = cps__chain_submit(r->chain, range, &u, now);
     if (rc != 0)
         return rc;
-    run_chain(r, now);
+    cps__rp_run_chain(r, now);
     return CPS_ADMIT_NEW;
 }
 
