@@ -325,47 +325,16 @@ static int install_txn(cps__txn *txn, void *arg)
     return cps__server_install_entries(txn, io->s, io->range, io->buf, io->len, io->last, &io->seq);
 }
 
-typedef struct clear_io {
-    uint32_t range;
-    uint64_t lo, hi;
-} clear_io;
-
-static int clear_txn(cps__txn *txn, void *arg)
-{
-    clear_io *c = arg;
-    char prefix[32];
-    snprintf(prefix, sizeof prefix, "agg/%" PRIu32 "/", c->range);
-    return cps__store_range_clear(txn, c->range, c->lo, c->hi, prefix);
-}
-
 static int can_serve(void *ctx, uint32_t range)
 {
     return cps__chain_can_serve_pull(cps__server_chain(ctx), range);
 }
 
-void cps__server_range_left(cps__server *s, uint32_t r, int moved)
-{
-    clear_io c = {r, s->view.ranges[r].lo, s->view.ranges[r].hi};
-    int rc = cps__store_write(s->store, clear_txn, &c);
-    if (rc != 0)
-        cps__log(CPS_LOG_WARN, "server", "range %u: not in its chain, but cannot drop our copy: %s",
-                 r, cps_strerror(rc));
-    else if (moved)
-        cps__log(CPS_LOG_INFO, "server",
-                 "range %u moved to other servers: left its chain and dropped our copy", r);
-    else
-        cps__log(CPS_LOG_DEBUG, "server", "range %u: not in its chain: dropped what we held of it",
-                 r);
-}
-
 /* BEGIN: forget our copy of the range (chain state and store). */
 static int begin_join(cps__server *s, uint32_t r, uint32_t source)
 {
-    clear_io c = {r, s->view.ranges[r].lo, s->view.ranges[r].hi};
     int rc = cps__chain_begin_join(cps__server_chain(s), r, source);
-    if (rc == 0)
-        rc = cps__store_write(s->store, clear_txn, &c);
-    return rc;
+    return rc ? rc : cps__server_clear_range(s, r);
 }
 
 /* READY: the snapshot's SSP clocks, before the updates after it move them further; then the

@@ -399,6 +399,41 @@ static void do_send(cps__server *s, const cps__replica_out *o)
     }
 }
 
+typedef struct clear_io {
+    uint32_t range;
+    uint64_t lo, hi;
+} clear_io;
+
+static int clear_txn(cps__txn *txn, void *arg)
+{
+    clear_io *c = arg;
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "agg/%" PRIu32 "/", c->range);
+    return cps__store_range_clear(txn, c->range, c->lo, c->hi, prefix);
+}
+
+int cps__server_clear_range(cps__server *s, uint32_t r)
+{
+    clear_io c = {r, s->view.ranges[r].lo, s->view.ranges[r].hi};
+    return cps__store_write(s->store, clear_txn, &c);
+}
+
+/* DROP_RANGE: the view took range r from us while we stay in the job (moved), or we were just
+ * let in and it does not name us (what we hold of it is stale). */
+static void drop_range(cps__server *s, uint32_t r, int moved)
+{
+    int rc = cps__server_clear_range(s, r);
+    if (rc != 0)
+        cps__log(CPS_LOG_WARN, "server", "range %u: not in its chain, but cannot drop our copy: %s",
+                 r, cps_strerror(rc));
+    else if (moved)
+        cps__log(CPS_LOG_INFO, "server",
+                 "range %u moved to other servers: left its chain and dropped our copy", r);
+    else
+        cps__log(CPS_LOG_DEBUG, "server", "range %u: not in its chain: dropped what we held of it",
+                 r);
+}
+
 /* The replica's counters, carried into the server's (they outlive a replica: a rejoin makes a
  * new one). */
 static void add_counts(cps__server *s)
@@ -439,7 +474,7 @@ void cps__server_perform(cps__server *s)
             cps__server_ask_view(s);
             break;
         case CPS_RO_DROP_RANGE:
-            cps__server_range_left(s, o->range, o->moved);
+            drop_range(s, o->range, o->moved);
             break;
         case CPS_RO_LOG:
             cps__log(o->level, "server", "%s", o->text);
