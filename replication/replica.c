@@ -273,7 +273,7 @@ static void push_sync(cps__replica *r, rmsg *p, uint64_t now)
         if (late < 0)
             cps__rp_reply_error(r, h, late, "no memory for the step record");
         else
-            cps__rp_reply(r, h->sender, h->req_seq, h->range, h->step, NULL, h->aux, CPS_WF_LATE);
+            cps__rp_reply(r, h, h->step, NULL, h->aux, CPS_WF_LATE);
         cps__rp_rmsg_done(r, p);
         return;
     }
@@ -302,9 +302,9 @@ static void push_sync(cps__replica *r, rmsg *p, uint64_t now)
         if (v == CPS_SYNC_LATE)
             cps__rp_reply_late(r, h, pkv);
         else if (v == CPS_SYNC_STALE)
-            cps__rp_reply(r, h->sender, h->req_seq, h->range, h->step, NULL, closed, CPS_WF_LATE);
+            cps__rp_reply(r, h, h->step, NULL, closed, CPS_WF_LATE);
         else
-            cps__rp_reply(r, h->sender, h->req_seq, h->range, h->step, pkv, 0, 0);
+            cps__rp_reply(r, h, h->step, pkv, 0, 0);
     } else if (v == CPS_SYNC_SIZE) {
         cps__rp_reply_error(r, h, CPS_ESIZE,
                             "gradient length differs between workers for step %llu",
@@ -393,7 +393,7 @@ static void on_pull(cps__replica *r, rmsg *p)
             return; /* kept */
         cps__rp_reply_error(r, h, CPS_ENOMEM, "no memory to park a pull");
     } else {
-        cps__rp_reply(r, h->sender, h->req_seq, h->range, h->step, &p->kv, 0, 0);
+        cps__rp_reply(r, h, h->step, &p->kv, 0, 0);
     }
     cps__rp_rmsg_done(r, p);
 }

@@ -122,9 +122,10 @@ typedef struct cps__replica_out {
     void *msg;
     size_t len;
     int resend;
-    /* REPLY: hdr is the reply's header (type CPS_MSG_ACK or CPS_MSG_VALUES; the shell fills in
-     * sender and epoch). VALUES carries the current values of kv's keys, read when performed.
-     * An ERROR reply has status < 0: req is the request it answers, `text` says why. */
+    /* REPLY: req is the request it answers (type, sender, req_seq, range, CPS_WF_NOAGG; a
+     * pull's aux is the clock it reads at). hdr is the reply's header (type CPS_MSG_ACK or
+     * CPS_MSG_VALUES; the shell fills in sender and epoch). VALUES carries the current values of
+     * kv's keys, read when performed. An ERROR reply has status < 0 and `text` says why. */
     cps__msg_hdr hdr;
     cps__kv kv;
     int status;

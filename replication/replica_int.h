@@ -61,9 +61,11 @@ void cps__rp_say(cps__replica *r, int level, const char *fmt, ...)
 void cps__rp_ask_view(cps__replica *r);
 void cps__rp_reply_error(cps__replica *r, const cps__msg_hdr *req, int err, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-/* An ACK, or with kv the values of kv's keys (VALUES), to `worker`'s request. */
-void cps__rp_reply(cps__replica *r, uint32_t worker, uint64_t req_seq, uint32_t range,
-                   uint64_t step, const cps__kv *kv, uint64_t aux, uint16_t flags);
+/* An ACK, or with kv the values of kv's keys (VALUES), to the request `req` (its sender). */
+void cps__rp_reply(cps__replica *r, const cps__msg_hdr *req, uint64_t step, const cps__kv *kv,
+                   uint64_t aux, uint16_t flags);
+/* The header of the request q of `range` stood for (type, worker, number, NOAGG). */
+cps__msg_hdr cps__rp_req_hdr(const cps__chain_req *q, uint32_t range);
 void cps__rp_reply_late(cps__replica *r, const cps__msg_hdr *h, const cps__kv *kv);
 /* The key set's last step as the store holds it once this call's WRITEs are performed. */
 int cps__rp_agg_step_now(cps__replica *r, uint32_t range, uint64_t sig, uint64_t *step);

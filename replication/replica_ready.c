@@ -134,22 +134,34 @@ void cps__rp_reply_error(cps__replica *r, const cps__msg_hdr *req, int err, cons
 }
 
 /* An ACK, or with kv the values of kv's keys (VALUES), to `worker`'s request. */
-void cps__rp_reply(cps__replica *r, uint32_t worker, uint64_t req_seq, uint32_t range,
-                   uint64_t step, const cps__kv *kv, uint64_t aux, uint16_t flags)
+void cps__rp_reply(cps__replica *r, const cps__msg_hdr *req, uint64_t step, const cps__kv *kv,
+                   uint64_t aux, uint16_t flags)
 {
-    cps__replica_out *o = cps__rp_emit(r, CPS_RO_REPLY, range);
+    cps__replica_out *o = cps__rp_emit(r, CPS_RO_REPLY, req->range);
     if (!o)
         return;
-    o->to = worker;
+    o->to = req->sender;
+    o->req = *req;
     o->hdr.type = kv ? CPS_MSG_VALUES : CPS_MSG_ACK;
     o->hdr.flags = (uint16_t)(CPS_WF_REPLY | flags);
-    o->hdr.req_worker = worker;
-    o->hdr.req_seq = req_seq;
-    o->hdr.range = range;
+    o->hdr.req_worker = req->sender;
+    o->hdr.req_seq = req->req_seq;
+    o->hdr.range = req->range;
     o->hdr.step = step;
     o->hdr.aux = aux;
     if (kv)
         o->kv = *kv;
+}
+
+cps__msg_hdr cps__rp_req_hdr(const cps__chain_req *q, uint32_t range)
+{
+    cps__msg_hdr h = {.type = q->type,
+                      .flags = q->noagg ? CPS_WF_NOAGG : 0,
+                      .sender = q->worker,
+                      .req_worker = q->worker,
+                      .req_seq = q->req_seq,
+                      .range = range};
+    return h;
 }
 
 /* ---- store access for the chain ---- */
@@ -254,7 +266,7 @@ void cps__rp_wake_parked(cps__replica *r)
             cps__rp_reply_error(r, h, CPS_EAGAIN, "range %u: no longer its tail, or catching up",
                                 h->range);
         else
-            cps__rp_reply(r, h->sender, h->req_seq, h->range, h->step, &p->kv, 0, 0);
+            cps__rp_reply(r, h, h->step, &p->kv, 0, 0);
         cps__rp_rmsg_done(r, p);
     }
 }
@@ -356,7 +368,7 @@ void cps__rp_reply_late(cps__replica *r, const cps__msg_hdr *h, const cps__kv *k
         "key set is at step %llu)",
         h->range, (unsigned long long)h->req_seq, h->sender, (unsigned long long)h->step,
         (unsigned long long)h->aux);
-    cps__rp_reply(r, h->sender, h->req_seq, h->range, h->step, kv, h->aux, CPS_WF_LATE);
+    cps__rp_reply(r, h, h->step, kv, h->aux, CPS_WF_LATE);
 }
 
 /* A retry answered once its update is committed: reply from the retried request. */
@@ -380,7 +392,7 @@ static void reply_retry(cps__replica *r, const cps__chain_action *a, rmsg *p)
         if (cps__rp_park_pull(r, p, h->step) == 0)
             return;
     }
-    cps__rp_reply(r, q->worker, q->req_seq, a->range, h->step, have_kv ? &kv : NULL, aux, 0);
+    cps__rp_reply(r, h, h->step, have_kv ? &kv : NULL, aux, 0);
     cps__rp_rmsg_done(r, p);
 }
 
@@ -430,11 +442,7 @@ static void do_reply(cps__replica *r, const cps__chain_action *a)
     else if (a->upd.kind == CPS_UPD_SKIP)
         refused = a->upd.body_len == 8 ? (int)(int64_t)cps__le64_get(a->upd.body) : CPS_EINVAL;
     if (refused < 0) {
-        cps__msg_hdr h = {.type = q->type,
-                          .sender = q->worker,
-                          .req_worker = q->worker,
-                          .req_seq = q->req_seq,
-                          .range = a->range};
+        cps__msg_hdr h = cps__rp_req_hdr(q, a->range);
         cps__rp_reply_error(r, &h, refused, "push refused by the head of range %u", a->range);
         cps__rp_rmsg_done(r, p);
         return;
@@ -453,7 +461,8 @@ static void do_reply(cps__replica *r, const cps__chain_action *a)
     if (have_kv && pp_must_wait(r, q, a->range, a->upd.step) &&
         park_keys(r, q, a->range, a->upd.step, &kv) == 0)
         return;
-    cps__rp_reply(r, q->worker, q->req_seq, a->range, a->upd.step, have_kv ? &kv : NULL, aux, 0);
+    cps__msg_hdr rq = cps__rp_req_hdr(q, a->range);
+    cps__rp_reply(r, &rq, a->upd.step, have_kv ? &kv : NULL, aux, 0);
 }
 
 /* ---- held CHAIN_ACKs (ackhold.c decides when) ---- */
