@@ -474,6 +474,12 @@ static rmsg *take(cps__replica *r, cps__replica_msg *m)
 
 /* ---- the interface ---- */
 
+static int make_chain(cps__replica *r)
+{
+    cps__chain_config cc = {r->cfg.self, r->cfg.resend_ms, r->cfg.max_unacked};
+    return r->chain ? 0 : cps__chain_create(&cc, &cps__rp_chain_ops, r, &r->chain);
+}
+
 int cps__replica_create(const cps__replica_config *cfg, const cps__replica_env *env,
                         cps__replica **out)
 {
@@ -492,6 +498,11 @@ int cps__replica_create(const cps__replica_config *cfg, const cps__replica_env *
         r->cfg.max_held = 1024;
     r->env = *env;
     cps__view_init(&r->view);
+    /* Our id known: the chain exists before the first view (it answers questions, empty). */
+    if (r->cfg.self && make_chain(r) != 0) {
+        free(r);
+        return CPS_ENOMEM;
+    }
     *out = r;
     return 0;
 }
@@ -535,13 +546,13 @@ static int chain_has(const cps__range *rg, uint32_t id)
 
 /* Created at the first view, with the SSP gate of its ranges, whose clocks start where the
  * store has them (a restarted server holds the pushes it applied). */
+
 static int first_view(cps__replica *r)
 {
-    cps__chain_config cc = {r->cfg.self, r->cfg.resend_ms, r->cfg.max_unacked};
     int rc = r->ssp ? 0 : cps__ssp_create(cps__rp_drop_cookie, r, &r->ssp);
     for (uint32_t k = 0; rc == 0 && k < r->view.nranges; k++)
         rc = cps__rp_ssp_load(r, k);
-    return rc ? rc : cps__chain_create(&cc, &cps__rp_chain_ops, r, &r->chain);
+    return rc ? rc : make_chain(r);
 }
 
 int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
@@ -570,10 +581,11 @@ int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, in
     for (uint32_t k = 0; (moved || fresh) && k < nv.nranges; k++)
         left[k] = !((moved && !chain_has(&r->view.ranges[k], r->cfg.self)) ||
                     chain_has(&nv.ranges[k], r->cfg.self));
+    int first = !r->have_view;
     cps__view_fini(&r->view);
     r->view = nv;
     r->have_view = 1;
-    rc = r->chain ? 0 : first_view(r);
+    rc = first ? first_view(r) : 0;
     if (rc == 0)
         rc = cps__chain_set_view(r->chain, &r->view, now);
     if (rc != 0)

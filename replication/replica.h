@@ -80,7 +80,8 @@ typedef struct cps__replica_env {
 } cps__replica_env;
 
 typedef struct cps__replica_config {
-    uint32_t self;        /* this server's node id, if known (cps__replica_set_view sets it) */
+    uint32_t self; /* this server's node id for good (the chain is made at once), or 0: set by
+                      the first view (cps__replica_set_view) */
     uint32_t resend_ms;   /* chain: re-send unacknowledged FWDs after this long (200) */
     uint32_t max_unacked; /* chain: FWDs kept per range before admission pushes back (1024) */
     uint32_t max_held;    /* messages of a future epoch (or before the first view) kept (1024) */

@@ -166,7 +166,8 @@ int cps__server_replica_new(cps__server *s)
     cps__replica_env env = {
         s,       env_range_seq, env_dedup,    env_agg_step, env_check_keys, env_scan_dedup,
         env_add, env_release,   env_msg_alloc};
-    cps__replica_config cfg = {.self = s->id, .resend_ms = 200, .max_unacked = 1024};
+    /* Our id comes with the first view (a rejoin may be given another). */
+    cps__replica_config cfg = {.self = 0, .resend_ms = 200, .max_unacked = 1024};
     cps__replica_destroy(s->replica);
     s->replica = NULL;
     return cps__replica_create(&cfg, &env, &s->replica);
