@@ -80,9 +80,9 @@ typedef struct cps__replica_env {
 } cps__replica_env;
 
 typedef struct cps__replica_config {
-    uint32_t self; /* this server's node id for good (the chain is made at once), or 0: set by
-                      the first view (cps__replica_set_view) */
-    uint32_t resend_ms;   /* chain: re-send unacknowledged FWDs after this long (200) */
+    uint32_t self;      /* this server's node id for good (the chain is made at once), or 0: set by
+                           the first view (cps__replica_set_view) */
+    uint32_t resend_ms; /* chain: re-send unacknowledged FWDs after this long (200) */
     uint32_t max_unacked; /* chain: FWDs kept per range before admission pushes back (1024) */
     uint32_t max_held;    /* messages of a future epoch (or before the first view) kept (1024) */
 } cps__replica_config;
@@ -136,6 +136,10 @@ typedef struct cps__replica_out {
     int level;
     /* DROP_RANGE: the range moved to other servers (1), or what we hold of it is stale (0). */
     int moved;
+    /* REPLY with CPS_WF_LATE: 1 if the push is dropped, never to be applied anywhere (its step
+     * closed without it); 0 for an old copy of a push the worker finished (applied or not).
+     * Nothing to perform: it is what a checker of the protocol needs to know. */
+    int dropped;
 } cps__replica_out;
 
 /* Counters for the server's /metrics page and heartbeat stats. */

@@ -369,6 +369,8 @@ void cps__rp_reply_late(cps__replica *r, const cps__msg_hdr *h, const cps__kv *k
         h->range, (unsigned long long)h->req_seq, h->sender, (unsigned long long)h->step,
         (unsigned long long)h->aux);
     cps__rp_reply(r, h, h->step, kv, h->aux, CPS_WF_LATE);
+    if (r->nout && r->out[r->nout - 1].kind == CPS_RO_REPLY)
+        r->out[r->nout - 1].dropped = 1;
 }
 
 /* A retry answered once its update is committed: reply from the retried request. */
