@@ -262,7 +262,8 @@ static void truth_append(sim *sm, sim_rstore *st, const cps__replica_out *a)
     for (uint32_t i = 0; i < a->upd.nreqs; i++) {
         const cps__chain_req *q = &a->upd.reqs[i];
         int k = hw_index(sm, q->worker);
-        if (q->type == CPS_MSG_PUSH && !q->noagg && k >= 0 && a->upd.step > row[k])
+        if ((q->type == CPS_MSG_PUSH || q->type == CPS_MSG_PUSH_PULL) && !q->noagg && k >= 0 &&
+            a->upd.step > row[k])
             row[k] = a->upd.step;
     }
 }

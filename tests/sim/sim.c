@@ -296,6 +296,8 @@ static const char *msg_name(uint8_t type)
         return "DECLARE";
     case CPS_MSG_PUSH:
         return "PUSH";
+    case CPS_MSG_PUSH_PULL:
+        return "PUSH_PULL";
     case CPS_MSG_PULL:
         return "PULL";
     case CPS_MSG_ACK:
@@ -420,7 +422,8 @@ static void req_send(sim *sm, sim_worker *w, const cps__reqs_action *a)
  * step's push was given up (answered, it is followed by the pull: worker_deliver). */
 static void op_finish(sim *sm, sim_worker *w, const sim_req *q, int given_up)
 {
-    int step_push = q->type == CPS_MSG_PUSH && !q->noagg && sm->p.mode != SIM_ASYNC;
+    int step_push = (q->type == CPS_MSG_PUSH || q->type == CPS_MSG_PUSH_PULL) && !q->noagg &&
+                    sm->p.mode != SIM_ASYNC;
     if ((step_push && (sm->p.mode == SIM_SYNC || given_up)) || q->ssp_step)
         w->sync_busy[q->range] = 0;
 }
@@ -497,6 +500,14 @@ static sim_req *worker_issue(sim *sm, sim_worker *w, int kind, uint32_t r)
         } else {
             q->step = q->seq;
             q->bad = chance(sm, sm->p.bad_per_mille);
+        }
+        if (sm->p.push_pull && (sm->p.mode != SIM_ASYNC || chance(sm, 300))) {
+            /* --push-pull: the push returns the values (a training loop's push_pull); SSP:
+             * read at its step, which it ends (no pull follows). */
+            q->type = CPS_MSG_PUSH_PULL;
+            q->floor = w->read_seq[r];
+            q->clock = sm->p.mode == SIM_SSP ? q->step : 0;
+            q->ssp_step = sm->p.mode == SIM_SSP;
         }
         break;
     case REQ_SPARSE:
@@ -594,9 +605,11 @@ static void worker_answered(sim *sm, sim_worker *w, sim_req *q, const cps__msg_h
                  w->id, q->seq, q->range, from);
         return;
     }
-    if (q->type == CPS_MSG_PULL) {
+    int pp = q->type == CPS_MSG_PUSH_PULL;
+    if (q->type == CPS_MSG_PULL || (pp && !(h->flags & CPS_WF_LATE))) {
         if (h->type != CPS_MSG_VALUES) {
-            sim_fail(sm, "reply", "worker %u: pull answered by %s", w->id, msg_name(h->type));
+            sim_fail(sm, "reply", "worker %u: %s answered by %s", w->id, msg_name(q->type),
+                     msg_name(h->type));
             return;
         }
         /* Invariant 4: a worker never sees a range's sequence number go backwards: a pull
@@ -609,14 +622,16 @@ static void worker_answered(sim *sm, sim_worker *w, sim_req *q, const cps__msg_h
                      w->id, h->range, h->aux, q->floor, from);
             return;
         }
+        if (pp)
+            sim_check_acked(sm, w, q);
     } else {
-        if (h->type != CPS_MSG_ACK) {
+        if (h->type != (pp ? CPS_MSG_VALUES : CPS_MSG_ACK)) {
             sim_fail(sm, "reply", "worker %u: push answered by %s", w->id, msg_name(h->type));
             return;
         }
         if (h->flags & CPS_WF_LATE) {
             /* Dropped, not applied: client.c moves the tensor's step on to the closed one. */
-            if (!sm->p.backup || q->type != CPS_MSG_PUSH || q->noagg || h->aux < q->step) {
+            if (!sm->p.backup || q->type == CPS_MSG_DECLARE || q->noagg || h->aux < q->step) {
                 sim_fail(sm, "reply",
                          "worker %u: push %" PRIx64 " of step %" PRIu64
                          " answered late (closed %" PRIu64 ")",

@@ -85,9 +85,10 @@ typedef struct sim_params {
     int mode;           /* SIM_SYNC / SIM_ASYNC / SIM_SSP */
     uint32_t ssp_bound; /* SIM_SSP: the staleness bound */
     uint32_t backup;    /* SIM_SYNC: backup workers (--backup-workers), never drawn */
-    int faults;         /* SIM_F_* */
-    uint64_t events;    /* length of the fault phase, in events */
-    uint32_t window;    /* requests a worker keeps in flight */
+    int push_pull;   /* --push-pull: SSP steps and some async pushes are PUSH_PULL, never drawn */
+    int faults;      /* SIM_F_* */
+    uint64_t events; /* length of the fault phase, in events */
+    uint32_t window; /* requests a worker keeps in flight */
     uint32_t tick_ms, resend_ms, max_unacked;
     uint32_t timeout_ms;             /* a worker's request timeout */
     uint32_t unavailable_timeout_ms; /* a worker gives up a range without a replica this long */

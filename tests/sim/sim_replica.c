@@ -174,16 +174,28 @@ static void unpark(sim_server *s, uint32_t worker, uint64_t req_seq)
         }
 }
 
-/* A pull the tail answers: it reads its applied sequence number and the hash of its log there. */
+/* A pull (or push-pull) the tail answers: it reads its applied sequence number and the hash of
+ * its log there. */
 static void answer_pull(sim *sm, sim_server *s, const cps__replica_out *o)
 {
     uint32_t r = o->range;
+    const cps__msg_hdr *q = &o->req;
+    int pp = q->type == CPS_MSG_PUSH_PULL;
+    if (pp) {
+        /* Its push is acknowledged with the values: on every live replica (invariant 1). */
+        cps__chain_req cq = {o->to, q->type, (q->flags & CPS_WF_NOAGG) ? 1 : 0, q->req_seq};
+        sim_check_reply(sm, s, r, &cq);
+        uint64_t at = sim_store_seq_of(s, r, &cq);
+        if (at > sm->acked_seq[r])
+            sm->acked_seq[r] = at;
+    }
     uint64_t seq = s->rs[r].applied;
     uint64_t hash = seq ? s->rs[r].log[seq - 1] : 0;
     sim_check_read(sm, s, r, seq, hash);
     sim_check_fresh_read(sm, s, r, seq);
+    /* A push-pull reads at its step, a pull at the clock it names (aux). */
     if (sm->p.mode == SIM_SSP && !sm->failed)
-        sim_check_ssp_read(sm, s, r, o->to, o->req.aux);
+        sim_check_ssp_read(sm, s, r, o->to, pp ? q->step : q->aux);
     if (sm->failed)
         return;
     uint8_t b[8];
@@ -203,7 +215,7 @@ static void perform_reply(sim *sm, sim_server *s, const cps__replica_out *o)
         reply_to_worker(sm, s, CPS_MSG_ERROR, o->to, r, q->req_seq, o->status, NULL, 0, 0, 0);
         return;
     }
-    if (o->hdr.type == CPS_MSG_VALUES) {
+    if (o->hdr.type == CPS_MSG_VALUES && !(o->hdr.flags & CPS_WF_LATE)) {
         answer_pull(sm, s, o);
         return;
     }
@@ -216,7 +228,7 @@ static void perform_reply(sim *sm, sim_server *s, const cps__replica_out *o)
             return;
         sim_trace(sm, "s%u reply late ACK r%u w%u req %" PRIx64 " (closed %" PRIu64 ")", s->id, r,
                   o->to, q->req_seq, o->hdr.aux);
-        reply_to_worker(sm, s, CPS_MSG_ACK, o->to, r, q->req_seq, 0, NULL, 0, o->hdr.aux,
+        reply_to_worker(sm, s, o->hdr.type, o->to, r, q->req_seq, 0, NULL, 0, o->hdr.aux,
                         CPS_WF_LATE);
         return;
     }
@@ -576,6 +588,9 @@ static void step_data(sim *sm, sim_server *s, const cps__msg_hdr *h, const uint8
     cps__replica_msg m = {*h, own, h->payload_len, own};
     uint32_t held = cps__replica_held(s->rep);
     cps__replica_step(s->rep, &m, sm->now);
+    if (cps__replica_held(s->rep) > held)
+        sim_trace(sm, "s%u holds %s of e%" PRIu64 " until it has that view", s->id,
+                  sim_msg_name(h->type), h->epoch);
     int answered = 0;
     const cps__replica_out *out;
     size_t n = cps__replica_ready(s->rep, &out);
