@@ -340,7 +340,9 @@ static void a_push_pull_reply_waits_for_the_slowest_worker(void **state)
     cps__replica_msg m = request(&f, CPS_MSG_PUSH_PULL, W1, 3, 1, 1, 1, 2);
     cps__replica_step(r, &m, 10);
     assert_string_equal(perform(r, &f), "W");
-    assert_int_equal(*rec(&f, 0, W1 | CPS_DEDUP_CLOCK_BIT, 0), 1); /* the clock, written */
+    const uint64_t *clock = rec(&f, 0, W1 | CPS_DEDUP_CLOCK_BIT, 0); /* the clock, written */
+    assert_non_null(clock);
+    assert_int_equal(*clock, 1);
     m = request(&f, CPS_MSG_PUSH, W2, 3, 1, 1, 1, 2);
     cps__replica_step(r, &m, 11);
     const cps__replica_out *v = item(r, CPS_RO_REPLY, 1);
