@@ -544,14 +544,21 @@ static int to_msg(cps__server *s, cps__rx *rx, cps__replica_msg *m)
     return 0;
 }
 
-void cps__server_take(cps__server *s, cps__rx *rx)
+/* A request as the replica takes it: a lossy push decoded first (whenever it is stepped), then
+ * a heap copy of rx. Returns 0, or an error with rx answered and freed. */
+static int prepare(cps__server *s, cps__rx *rx, cps__replica_msg *m)
 {
     if ((rx->hdr.flags & CPS_WF_LOSSY) && unpack_lossy(s, rx) != 0) {
         cps__rx_free(rx);
-        return;
+        return CPS_EPROTO;
     }
+    return to_msg(s, rx, m);
+}
+
+void cps__server_take(cps__server *s, cps__rx *rx)
+{
     cps__replica_msg m;
-    if (to_msg(s, rx, &m) != 0)
+    if (prepare(s, rx, &m) != 0)
         return;
     cps__replica_step(s->replica, &m, cps__now_ms());
     cps__server_perform(s);
@@ -560,7 +567,7 @@ void cps__server_take(cps__server *s, cps__rx *rx)
 void cps__server_defer(cps__server *s, cps__rx *rx)
 {
     cps__replica_msg m;
-    if (to_msg(s, rx, &m) != 0)
+    if (prepare(s, rx, &m) != 0)
         return;
     cps__replica_defer(s->replica, &m);
     cps__server_perform(s);
