@@ -154,7 +154,7 @@ static void tool_reply(cps__server *s, uint32_t peer, const cps__msg_hdr *req, i
 
 static int is_tail(const cps__server *s, uint32_t range)
 {
-    return s->chain && cps__chain_is_tail(s->chain, range);
+    return cps__server_chain(s) && cps__chain_is_tail(cps__server_chain(s), range);
 }
 
 static int holds(const cps__server *s, uint32_t range)
@@ -589,8 +589,9 @@ void cps__server_on_put(cps__server *s, cps__rx *rx)
         cps__rx_free(rx);
         return;
     }
-    cps__chain_req q = {UINT32_MAX, CPS_MSG_PUT, 0, h->req_seq};
-    int v = cps__chain_admit(s->chain, h->range, &q, 0, 0, NULL);
+    /* The body must be 8-byte aligned: the entries start at an 8-byte offset of the payload. */
+    int v = cps__replica_put(s->replica, h->range, h->req_seq, entries, elen, cps__now_ms());
+    cps__server_perform(s);
     if (v != CPS_ADMIT_NEW) {
         tool_reply(s, peer, h,
                    v == CPS_ADMIT_NOT_HEAD ? CPS_ESTALE_EPOCH
@@ -600,11 +601,6 @@ void cps__server_on_put(cps__server *s, cps__rx *rx)
         cps__rx_free(rx);
         return;
     }
-    /* The body must be 8-byte aligned: the entries start at an 8-byte offset of the payload. */
-    cps__chain_update u = {CPS_UPD_PUT, 0, 0, 1, &q, entries, elen};
-    rc = cps__chain_submit(s->chain, h->range, &u, cps__now_ms());
-    if (rc == 0)
-        cps__server_run_actions(s);
     span_io sp;
     if (rc == 0)
         rc = range_span(s, h->range, &sp);

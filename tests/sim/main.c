@@ -3,7 +3,7 @@
  *   sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R] [--ranges N]
  *       [--mode sync|async|ssp|ssp:N] [--faults
  * none|drops|crash|pause|restart|partition|join|scale|all]
- *       [--events N] [--refusals] [-v]
+ *       [--events N] [--refusals] [--push-pull] [-v]
  *   sim --regressions FILE
  *
  * Parameters not given are drawn from the seed, from a stream of their own, in a fixed order:
@@ -41,7 +41,7 @@ typedef struct cli {
     int ssp_bound;   /* --mode ssp:N; -1 when drawn */
     uint32_t backup; /* --backup-workers B: sync mode, at least B+1 workers */
     uint64_t events;
-    int verbose, refusals;
+    int verbose, refusals, push_pull;
     const char *regressions;
 } cli;
 
@@ -55,7 +55,7 @@ static void usage(void)
             "usage: sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R]\n"
             "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
             "           [--faults none|drops|crash|pause|restart|partition|join|scale|all]\n"
-            "           [--events N] [--refusals] [--backup-workers B] [-v]\n"
+            "           [--events N] [--refusals] [--push-pull] [--backup-workers B] [-v]\n"
             "       sim --regressions FILE\n");
 }
 
@@ -94,6 +94,10 @@ static int parse_args(int argc, char **argv, cli *c)
         }
         if (strcmp(a, "--refusals") == 0) {
             c->refusals = 1;
+            continue;
+        }
+        if (strcmp(a, "--push-pull") == 0) {
+            c->push_pull = 1;
             continue;
         }
         i++;
@@ -193,6 +197,7 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->partition_per_mille = p->faults == SIM_F_PARTITION ? 700 : all ? (uint32_t)(d[18] % 400) : 0;
     p->spare = p->faults == SIM_F_JOIN || scale || (all && d[19] % 2);
     p->verbose = c->verbose;
+    p->push_pull = c->push_pull;
     if (p->replicas > p->servers) {
         fprintf(stderr, "sim: --replicas %u > --servers %u\n", p->replicas, p->servers);
         return -1;
@@ -216,6 +221,8 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --events %" PRIu64, p->events);
     if (c->refusals)
         printf(" --refusals");
+    if (c->push_pull)
+        printf(" --push-pull");
     if (c->backup)
         printf(" --backup-workers %u", c->backup);
     printf("\n");

@@ -29,12 +29,26 @@ static void req_send(sim *sm, sim_worker *w, const cps__sess_action *a)
     h.range = a->range;
     h.req_seq = a->seq;
     h.step = q->step;
-    h.aux = q->bad ? SIM_BAD_KEYS : q->clock; /* a pull's aux is its SSP clock */
-    uint8_t b[8];
-    cps__le64_put(b, q->grad);
+    h.aux = q->clock; /* a pull's aux is its SSP clock */
+    /* As the library's: one key of the range (its second: a key never declared, which the head
+     * refuses), with one value for a push, a spec for a declare. */
+    const cps__range *rg = &sim_cur_view(sm)->ranges[a->range];
+    uint64_t key = rg->lo + (q->bad ? 1 : 0), offset = 0;
+    uint32_t len = 1;
+    float val = (float)(q->grad % 1024);
+    cps__param_spec spec = {.opt_kind = CPS_W_OPT_SGD, .lr = 0.5f};
+    _Alignas(8) uint8_t buf[CPS_WIRE_HDR_SIZE + 192];
+    uint8_t *pl = buf + CPS_WIRE_HDR_SIZE;
+    size_t n = a->type == CPS_MSG_DECLARE
+                   ? cps__wire_declare_encode(pl, 192, 1, &key, &len, &offset, &spec)
+               : a->type == CPS_MSG_PULL ? cps__wire_kv_encode(pl, 192, 1, &key, &len, NULL, 0)
+                                         : cps__wire_kv_encode(pl, 192, 1, &key, &len, &val, 1);
+    h.payload_len = h.raw_len = (uint32_t)n;
+    h.sender = w->id;
+    cps__wire_hdr_encode(buf, &h);
     sim_trace(sm, "w%u send %s r%u req %" PRIx64 " step %" PRIu64 " e%" PRIu64 " -> s%u (#%u)",
               w->id, sim_msg_name(a->type), a->range, a->seq, q->step, a->epoch, a->to, a->attempt);
-    sim_send(sm, w->id, a->to, &h, b, 8, 0);
+    sim_net_send(sm, w->id, a->to, buf, CPS_WIRE_HDR_SIZE + n, 0);
 }
 
 /* The application's op is over (answered, refused or given up): a sync worker goes on to the
@@ -42,7 +56,8 @@ static void req_send(sim *sm, sim_worker *w, const cps__sess_action *a)
  * step's push was given up (answered, it is followed by the pull: sim_worker_deliver). */
 static void op_finish(sim *sm, sim_worker *w, const sim_req *q, int given_up)
 {
-    int step_push = q->type == CPS_MSG_PUSH && !q->noagg && sm->p.mode != SIM_ASYNC;
+    int step_push = (q->type == CPS_MSG_PUSH || q->type == CPS_MSG_PUSH_PULL) && !q->noagg &&
+                    sm->p.mode != SIM_ASYNC;
     if ((step_push && (sm->p.mode == SIM_SYNC || given_up)) || q->ssp_step)
         w->sync_busy[q->range] = 0;
 }
@@ -68,9 +83,11 @@ static void answered(sim *sm, sim_worker *w, sim_req *q, const cps__msg_hdr *h, 
                  w->id, q->seq, q->range, from);
         return;
     }
-    if (q->type == CPS_MSG_PULL) {
+    int pp = q->type == CPS_MSG_PUSH_PULL;
+    if (q->type == CPS_MSG_PULL || (pp && !(h->flags & CPS_WF_LATE))) {
         if (h->type != CPS_MSG_VALUES) {
-            sim_fail(sm, "reply", "worker %u: pull answered by %s", w->id, sim_msg_name(h->type));
+            sim_fail(sm, "reply", "worker %u: %s answered by %s", w->id, sim_msg_name(q->type),
+                     sim_msg_name(h->type));
             return;
         }
         /* Invariant 4: a worker never sees a range's sequence number go backwards: a pull
@@ -83,14 +100,16 @@ static void answered(sim *sm, sim_worker *w, sim_req *q, const cps__msg_hdr *h, 
                      w->id, h->range, h->aux, q->floor, from);
             return;
         }
+        if (pp)
+            sim_check_acked(sm, w, q);
     } else {
-        if (h->type != CPS_MSG_ACK) {
+        if (h->type != (pp ? CPS_MSG_VALUES : CPS_MSG_ACK)) {
             sim_fail(sm, "reply", "worker %u: push answered by %s", w->id, sim_msg_name(h->type));
             return;
         }
         if (h->flags & CPS_WF_LATE) {
             /* Dropped, not applied (the session moved the range's step on to the closed one). */
-            if (!sm->p.backup || q->type != CPS_MSG_PUSH || q->noagg || h->aux < q->step) {
+            if (!sm->p.backup || q->type == CPS_MSG_DECLARE || q->noagg || h->aux < q->step) {
                 sim_fail(sm, "reply",
                          "worker %u: push %" PRIx64 " of step %" PRIu64
                          " answered late (closed %" PRIu64 ")",
@@ -134,7 +153,7 @@ static void perform(sim *sm, sim_worker *w, const cps__msg_hdr *h, uint32_t from
             cps__sess_sent(w->sess, a->index, 0, sm->now);
             break;
         case CPS_SS_SCHED: /* a view request: the only call to the scheduler a sim worker makes */
-            sim_send(sm, w->id, 0, &a->hdr, NULL, 0, 0);
+            sim_send_hdr(sm, w->id, 0, &a->hdr, NULL, 0, 0);
             break;
         case CPS_SS_VIEW:
             sim_trace(sm, "w%u installs view e%" PRIu64 ", re-sending %u", w->id, a->epoch,
@@ -204,6 +223,14 @@ static sim_req *issue(sim *sm, sim_worker *w, int kind, uint32_t r)
         } else {
             q->bad = sim_chance(sm, sm->p.bad_per_mille);
         }
+        if (sm->p.push_pull && (sm->p.mode != SIM_ASYNC || sim_chance(sm, 300))) {
+            /* --push-pull: the push returns the values (a training loop's push_pull); SSP:
+             * read at its step, which it ends (no pull follows). */
+            q->type = CPS_MSG_PUSH_PULL;
+            q->so.kind = CPS_SS_PUSH_PULL;
+            q->floor = w->read_seq[r];
+            q->ssp_step = sm->p.mode == SIM_SSP;
+        }
         break;
     case REQ_SPARSE:
         q->type = CPS_MSG_PUSH;
@@ -233,6 +260,8 @@ static sim_req *issue(sim *sm, sim_worker *w, int kind, uint32_t r)
     /* As the library: a tensor's (here: a range's) first push is flagged (CPS_WF_FIRST). */
     cps__sess_begin(w->sess, &q->so, clock, 1);
     q->step = q->so.step;
+    if (q->type == CPS_MSG_PUSH_PULL && sm->p.mode == SIM_SSP)
+        q->clock = q->step;
     /* The sim's key set of a range is one: a sync push waits behind the range's earlier ones. */
     if (cps__sess_add(w->sess, &q->so, 0, r, 1, sm->now) != 0) {
         fprintf(stderr, "sim: out of memory\n");
