@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,6 +31,7 @@
 #include "core/log.h"
 #include "core/wire.h"
 #include "transport/auth.h"
+#include "transport/local.h"
 
 #define TP_QUEUE_MAX        4096u     /* per-peer backlog before senders see CPS_EAGAIN */
 #define TP_SOCKBUF          (4 << 20) /* NN_SNDBUF / NN_RCVBUF */
@@ -53,7 +56,8 @@ typedef struct tp_peer {
     uint32_t id;
     int sock;
     int sndfd;
-    char *url;
+    int local; /* connected over ipc:// in the job's private directory: messages go unsealed */
+    char *url; /* as the caller named it (tcp://...), even when the connection is local */
     tp_msg *q; /* ring buffer: qlen entries starting at qhead */
     size_t qcap, qhead, qlen;
     size_t qbytes;
@@ -66,6 +70,12 @@ typedef struct tp_peer {
 struct cps__tp {
     int inbox; /* -1 until bound */
     int rcvfd;
+    int local_inbox; /* the ipc:// inbox, -1 without a runtime directory */
+    int local_rcvfd;
+    int drain_turn;          /* which inbox a drain reads first (fairness) */
+    char rundir[TP_URL_MAX]; /* the job's private runtime directory, "" for none */
+    char host_id[128];       /* boot id and network namespace: who shares our sockets */
+    char local_path[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* our ipc inbox's file */
     int extra_fd;
     char inbox_url[TP_URL_MAX];
     tp_peer **peers; /* sorted by id so send() finds a peer by binary search */
@@ -173,8 +183,30 @@ int cps__tp_create(const unsigned char *key, cps__tp **out)
     }
     tp->inbox = -1;
     tp->rcvfd = -1;
+    tp->local_inbox = -1;
+    tp->local_rcvfd = -1;
     tp->extra_fd = -1;
+    const char *dir = getenv("CHAINPS_RUNTIME_DIR");
+    if (dir && *dir && cps__tp_set_runtime_dir(tp, dir) != 0)
+        cps__log(CPS_LOG_WARN, SUB, "CHAINPS_RUNTIME_DIR too long: every channel stays tcp://");
     *out = tp;
+    return 0;
+}
+
+int cps__tp_set_runtime_dir(cps__tp *tp, const char *dir)
+{
+    if (!tp || tp->inbox >= 0 || (dir && strlen(dir) >= sizeof tp->rundir - 32))
+        return CPS_EINVAL;
+    tp->rundir[0] = 0;
+    tp->host_id[0] = 0;
+    if (!dir || !dir[0])
+        return 0;
+    /* Without a host identity nothing can prove a peer shares our kernel and namespace. */
+    if (cps__tp_local_host_id(tp->host_id, sizeof tp->host_id) != 0) {
+        cps__log(CPS_LOG_WARN, SUB, "no boot id or network namespace in /proc: no ipc channels");
+        return 0;
+    }
+    snprintf(tp->rundir, sizeof tp->rundir, "%s", dir);
     return 0;
 }
 
@@ -297,7 +329,28 @@ static int valid_url(const char *url)
     return n > 0 && n < TP_URL_MAX && sep && sep != url && sep[3] != '\0';
 }
 
-static int peer_open(uint32_t id, const char *url, tp_peer **out)
+/* The ipc:// address of the peer whose inbox is tcp `url`, into out, when it shares our host,
+ * namespace and runtime directory (its socket file is there) and the directory is still private;
+ * 0 if so, else -1 (then tcp://). */
+static int local_url(const cps__tp *tp, const char *url, char *out, size_t cap)
+{
+    char path[sizeof tp->local_path];
+    struct stat st;
+    if (!tp->rundir[0] || strncmp(url, "tcp://", 6) != 0 ||
+        cps__tp_local_path(tp->rundir, tp->host_id, url, path, sizeof path) != 0 ||
+        lstat(path, &st) != 0 || !S_ISSOCK(st.st_mode))
+        return -1;
+    char err[TP_URL_MAX + 160];
+    if (cps__tp_local_dir_check(tp->rundir, err, sizeof err) != 0) {
+        cps__log(CPS_LOG_ERROR, SUB, "%s: not using ipc to %s (tcp:// with a MAC instead)", err,
+                 url);
+        return -1;
+    }
+    snprintf(out, cap, "ipc://%s", path);
+    return 0;
+}
+
+static int peer_open(const cps__tp *tp, uint32_t id, const char *url, tp_peer **out)
 {
     tp_peer *p = calloc(1, sizeof *p);
     if (!p)
@@ -316,8 +369,11 @@ static int peer_open(uint32_t id, const char *url, tp_peer **out)
     }
     /* nn_connect only validates the address; the TCP connection is made (and remade) in the
      * background, which is what lets a send precede the peer's bind. */
-    if (nn_connect(p->sock, url) < 0)
-        rc = nn_fail("nn_connect", url);
+    char ipc[TP_URL_MAX + 8];
+    p->local = local_url(tp, url, ipc, sizeof ipc) == 0;
+    const char *target = p->local ? ipc : url;
+    if (nn_connect(p->sock, target) < 0)
+        rc = nn_fail("nn_connect", target);
     if (!rc)
         rc = get_fd(p->sock, NN_SNDFD, &p->sndfd);
     if (rc) {
@@ -340,7 +396,7 @@ int cps__tp_peer_set(cps__tp *tp, uint32_t id, const char *url)
         return 0;
     /* Open the new socket before touching the old one so a failure leaves the peer as it was. */
     tp_peer *p;
-    int rc = peer_open(id, url, &p);
+    int rc = peer_open(tp, id, url, &p);
     if (rc)
         return rc;
     if (found) {
@@ -359,7 +415,7 @@ int cps__tp_peer_set(cps__tp *tp, uint32_t id, const char *url)
     memmove(&tp->peers[i + 1], &tp->peers[i], (tp->npeers - i) * sizeof *tp->peers);
     tp->peers[i] = p;
     tp->npeers++;
-    cps__log(CPS_LOG_DEBUG, SUB, "peer %u at %s", id, url);
+    cps__log(CPS_LOG_DEBUG, SUB, "peer %u at %s%s", id, url, p->local ? " (over ipc)" : "");
     return 0;
 }
 
@@ -413,6 +469,12 @@ int cps__tp_peer_connected(cps__tp *tp, uint32_t id)
     return p && peer_stat(p, NN_STAT_CURRENT_CONNECTIONS) > 0;
 }
 
+int cps__tp_peer_local(const cps__tp *tp, uint32_t id)
+{
+    const tp_peer *p = tp ? peer_find(tp, id) : NULL;
+    return p && p->local;
+}
+
 int cps__tp_peer_known(const cps__tp *tp, uint32_t id)
 {
     return tp && peer_find(tp, id) != NULL;
@@ -445,8 +507,12 @@ int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
     tp_peer *p = peer_find(tp, id);
     if (!p)
         return CPS_ENOTFOUND;
-    /* Sealed now, in sending order: a peer's FIFO keeps each sender's counters increasing. */
-    cps__auth_seal(tp->auth, buf, len);
+    /* Sealed now, in sending order: a peer's FIFO keeps each sender's counters increasing. A
+     * local peer's trailer goes zeroed, as without a key: its inbox takes no MAC (local.h). */
+    if (p->local)
+        memset((unsigned char *)buf + len, 0, CPS_AUTH_TRAILER);
+    else
+        cps__auth_seal(tp->auth, buf, len);
     /* Older messages go first, or the peer would see them out of order. */
     if (p->qlen) {
         int rc = queue_flush(tp, p);
@@ -538,6 +604,41 @@ static void format_url(char *buf, size_t cap, const char *host, unsigned port)
         snprintf(buf, cap, "tcp://%s:%u", host, port);
 }
 
+/* The ipc:// inbox beside tcp `url`, in the runtime directory. */
+static int bind_local(cps__tp *tp, const char *url)
+{
+    char err[TP_URL_MAX + 160];
+    if (cps__tp_local_dir_check(tp->rundir, err, sizeof err) != 0) {
+        cps__log(CPS_LOG_ERROR, SUB, "%s (CHAINPS_RUNTIME_DIR)", err);
+        return CPS_ECONFIG;
+    }
+    char path[sizeof tp->local_path], ipc[sizeof path + 8];
+    if (cps__tp_local_path(tp->rundir, tp->host_id, url, path, sizeof path) != 0) {
+        cps__log(CPS_LOG_ERROR, SUB,
+                 "runtime directory %s: its path is too long for a Unix socket (%zu bytes)",
+                 tp->rundir, sizeof path);
+        return CPS_ECONFIG;
+    }
+    if (unlink(path) != 0 && errno != ENOENT)
+        cps__log(CPS_LOG_WARN, SUB, "cannot remove stale %s: %s", path, strerror(errno));
+    snprintf(ipc, sizeof ipc, "ipc://%s", path);
+    int s, rc = open_sock(NN_PULL, &s);
+    if (rc)
+        return rc;
+    if (nn_bind(s, ipc) < 0)
+        rc = nn_fail("nn_bind", ipc);
+    if (!rc)
+        rc = get_fd(s, NN_RCVFD, &tp->local_rcvfd);
+    if (rc) {
+        close_sock(s);
+        tp->local_rcvfd = -1;
+        return rc;
+    }
+    tp->local_inbox = s;
+    snprintf(tp->local_path, sizeof tp->local_path, "%s", path);
+    return 0;
+}
+
 int cps__tp_bind(cps__tp *tp, const char *host, uint16_t port, uint16_t *port_out)
 {
     if (!tp || !valid_host(host))
@@ -582,11 +683,21 @@ int cps__tp_bind(cps__tp *tp, const char *host, uint16_t port, uint16_t *port_ou
         tp->rcvfd = -1;
         return rc;
     }
+    /* After the tcp:// bind, whose port no other process holds now: so the ipc file named after
+     * it is no live node's, and a stale one (a crashed process's) can go. */
+    if (tp->rundir[0])
+        rc = bind_local(tp, url);
+    if (rc) {
+        close_sock(s);
+        tp->rcvfd = -1;
+        return rc;
+    }
     tp->inbox = s;
     snprintf(tp->inbox_url, sizeof tp->inbox_url, "%s", url);
     if (port_out)
         *port_out = (uint16_t)chosen;
-    cps__log(CPS_LOG_DEBUG, SUB, "inbox bound to %s", url);
+    cps__log(CPS_LOG_DEBUG, SUB, "inbox bound to %s%s%s", url,
+             tp->local_path[0] ? " and ipc://" : "", tp->local_path);
     return 0;
 }
 
@@ -630,11 +741,13 @@ enum { WAKE_INBOX = 1, WAKE_EXTRA = 2, WAKE_FLUSH = 4 };
 static int wait_once(cps__tp *tp, int wait_ms, int want_inbox)
 {
     size_t n = 0, inbox_at = SIZE_MAX, extra_at = SIZE_MAX;
-    if (pfd_reserve(tp, tp->npeers + 2))
+    if (pfd_reserve(tp, tp->npeers + 3))
         return CPS_ENOMEM;
     if (want_inbox && tp->inbox >= 0) {
         inbox_at = n;
         pfd_add(tp, &n, tp->rcvfd, NULL);
+        if (tp->local_inbox >= 0)
+            pfd_add(tp, &n, tp->local_rcvfd, NULL);
     }
     if (tp->extra_fd >= 0) {
         extra_at = n;
@@ -655,7 +768,7 @@ static int wait_once(cps__tp *tp, int wait_ms, int want_inbox)
     for (size_t i = 0; rc > 0 && i < n; i++) {
         if (!tp->pfds[i].revents)
             continue;
-        if (i == inbox_at) {
+        if (i == inbox_at || (inbox_at != SIZE_MAX && i == inbox_at + 1 && tp->local_inbox >= 0)) {
             wake |= WAKE_INBOX;
         } else if (i == extra_at) {
             wake |= WAKE_EXTRA;
@@ -669,33 +782,63 @@ static int wait_once(cps__tp *tp, int wait_ms, int want_inbox)
     return wake;
 }
 
-/* Deliver what the inbox holds now, up to `max` (0: all). */
-static int drain_inbox(cps__tp *tp, cps__tp_recv_fn fn, void *ctx, int max)
+/* One message from inbox `sock` (the ipc one if `local`): 1 delivered, 0 refused, -1 none
+ * waiting, or CPS_ETRANSPORT. */
+static int recv_one(cps__tp *tp, int sock, int local, cps__tp_recv_fn fn, void *ctx)
 {
-    int delivered = 0, refused = 0;
-    /* Refused messages end the batch too, after a while: a flood of forgeries must not keep the
-     * event loop from its timers. */
-    while ((max <= 0 || delivered < max) && refused < 256) {
+    for (;;) {
         void *buf = NULL;
-        int n = nn_recv(tp->inbox, &buf, NN_MSG, NN_DONTWAIT);
+        int n = nn_recv(sock, &buf, NN_MSG, NN_DONTWAIT);
         if (n < 0) {
             int e = nn_errno();
-            if (e == EAGAIN || e == EINTR)
-                break;
-            cps__log(CPS_LOG_ERROR, SUB, "nn_recv on %s: %s", tp->inbox_url, nn_strerror(e));
-            return delivered ? delivered : CPS_ETRANSPORT;
+            if (e == EINTR)
+                continue;
+            if (e == EAGAIN)
+                return -1;
+            cps__log(CPS_LOG_ERROR, SUB, "nn_recv on %s%s: %s", tp->inbox_url,
+                     local ? " (ipc)" : "", nn_strerror(e));
+            return CPS_ETRANSPORT;
         }
         size_t body;
-        int verdict = cps__auth_open(tp->auth, buf, (size_t)n, &body);
+        /* The ipc inbox is reached only through the private directory: the operating system
+         * vouches for the sender there, so only the trailer's shape and the version count. */
+        int verdict = local ? cps__auth_open_local(buf, (size_t)n, &body)
+                            : cps__auth_open(tp->auth, buf, (size_t)n, &body);
         if (verdict != CPS_AUTH_OK) {
             auth_refused(tp, buf, (size_t)n, verdict);
             nn_freemsg(buf);
-            refused++;
-            continue;
+            return 0;
         }
-        delivered++;
         fn(ctx, buf, body);
+        return 1;
     }
+}
+
+/* Deliver what the inboxes hold now, up to `max` (0: all), taking from the tcp and the ipc
+ * inbox in turn so that neither starves the other under a limit. */
+static int drain_inbox(cps__tp *tp, cps__tp_recv_fn fn, void *ctx, int max)
+{
+    int delivered = 0, refused = 0;
+    int socks[2] = {tp->inbox, tp->local_inbox};
+    int empty[2] = {0, tp->local_inbox < 0};
+    int turn = tp->drain_turn;
+    /* Refused messages end the batch too, after a while: a flood of forgeries must not keep the
+     * event loop from its timers. */
+    while ((max <= 0 || delivered < max) && refused < 256 && !(empty[0] && empty[1])) {
+        turn ^= 1;
+        if (empty[turn])
+            continue;
+        int rc = recv_one(tp, socks[turn], turn, fn, ctx);
+        if (rc == CPS_ETRANSPORT)
+            return delivered ? delivered : rc;
+        if (rc < 0)
+            empty[turn] = 1;
+        else if (rc == 0)
+            refused++;
+        else
+            delivered++;
+    }
+    tp->drain_turn = turn;
     return delivered;
 }
 
@@ -736,6 +879,11 @@ int cps__tp_poll(cps__tp *tp, int timeout_ms, cps__tp_recv_fn fn, void *ctx, int
 int cps__tp_inbox_fd(const cps__tp *tp)
 {
     return tp && tp->inbox >= 0 ? tp->rcvfd : -1;
+}
+
+int cps__tp_inbox_local_fd(const cps__tp *tp)
+{
+    return tp && tp->local_inbox >= 0 ? tp->local_rcvfd : -1;
 }
 
 int cps__tp_drain(cps__tp *tp, cps__tp_recv_fn fn, void *ctx, int max_msgs)
@@ -791,6 +939,10 @@ void cps__tp_destroy(cps__tp *tp)
     free(tp->peers);
     if (tp->inbox >= 0)
         close_sock(tp->inbox);
+    if (tp->local_inbox >= 0) {
+        close_sock(tp->local_inbox);
+        unlink(tp->local_path);
+    }
     free(tp->pfds);
     free(tp->pfd_peer);
     cps__auth_destroy(tp->auth);

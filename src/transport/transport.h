@@ -29,10 +29,19 @@ int cps__tp_create(const unsigned char *key, cps__tp **out);
 /* Close every socket and free queued messages. NULL is a no-op. */
 void cps__tp_destroy(cps__tp *tp);
 
-/* Bind the inbox to `url` ("tcp://host:port"). Port 0 picks a free port in 20000..59999 (tries
- * several at random) and writes the chosen port to *port_out (may be NULL).
- * Errors: CPS_EINVAL (bad url), CPS_ETRANSPORT (bind failed; the nanomsg error is logged). */
+/* Bind the inbox to `url` ("tcp://host:port"), and the ipc:// inbox with a runtime directory. Port
+ * 0 picks a free port in 20000..59999 (tries several at random) and writes the chosen port to
+ * *port_out (may be NULL). Errors: CPS_EINVAL (bad url), CPS_ETRANSPORT (bind failed; the nanomsg
+ * error is logged), CPS_ECONFIG (the runtime directory is not private to this user; logged). */
 int cps__tp_bind(cps__tp *tp, const char *host, uint16_t port, uint16_t *port_out);
+
+/* The job's private runtime directory (transport/local.h), or NULL/"" for none: then every
+ * channel is tcp://. Read from CHAINPS_RUNTIME_DIR by cps__tp_create; call before cps__tp_bind.
+ * With one, cps__tp_bind also binds an ipc:// inbox in it (refusing, CPS_ECONFIG, a directory
+ * that is a link, not ours or open to group or others), and cps__tp_peer_set connects a peer
+ * that shares this host, network namespace and directory over ipc://, where messages carry no
+ * MAC. Errors: CPS_EINVAL (bound already, or a path too long for a Unix socket). */
+int cps__tp_set_runtime_dir(cps__tp *tp, const char *dir);
 
 /* Register (or re-point) peer `id` at inbox `url`. Idempotent when the url is unchanged; a new
  * url closes the old socket and drops its queue. Errors: CPS_EINVAL, CPS_ETRANSPORT, CPS_ENOMEM. */
@@ -45,6 +54,9 @@ void cps__tp_peer_drop(cps__tp *tp, uint32_t id);
  * (its connects time out slowly or not at all): heartbeats judge it. Cheap (socket statistics);
  * call it from the thread that owns the transport. */
 int cps__tp_peer_gone(cps__tp *tp, uint32_t id);
+/* 1 if the peer is connected over ipc:// (same host and namespace), 0 if over tcp:// or
+ * unknown. */
+int cps__tp_peer_local(const cps__tp *tp, uint32_t id);
 /* 1 if the peer is registered. */
 int cps__tp_peer_known(const cps__tp *tp, uint32_t id);
 /* 1 if a connection to the peer is up now (nanomsg connects, and reconnects, on its own, whether
@@ -79,6 +91,9 @@ void cps__tp_poll_extra(cps__tp *tp, int fd);
 /* ---- for an event loop that owns the poll (node/loop.h) ----
  * The inbox's NN_RCVFD (readable when a message waits), or -1 before cps__tp_bind. */
 int cps__tp_inbox_fd(const cps__tp *tp);
+/* The ipc:// inbox's NN_RCVFD, or -1 without one. An event loop watches it beside
+ * cps__tp_inbox_fd; cps__tp_drain reads both inboxes. */
+int cps__tp_inbox_local_fd(const cps__tp *tp);
 /* Deliver the inbox messages that are waiting now, at most `max_msgs` (0: all), to `fn`,
  * without waiting. Returns the number delivered or CPS_ETRANSPORT. */
 int cps__tp_drain(cps__tp *tp, cps__tp_recv_fn fn, void *ctx, int max_msgs);
