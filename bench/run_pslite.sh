@@ -222,11 +222,11 @@ collect() { # SIDE ROUND FAILED(0|1) WHAT [CPU_S]
 # The CPU seconds (user + system) in the /usr/bin/time files $work/time.*, and removes them.
 cpu_of() {
     [ "$CPU" = 1 ] || return 0
-    awk '{ s += $1 + $2 } END { printf "%.3f", s }' "$work"/time.* 2>/dev/null
+    awk -F, '/^[0-9.]+,[0-9.]+$/ { s += $1 + $2 } END { printf "%.3f", s }' "$work"/time.* 2>/dev/null
     rm -f "$work"/time.*
 }
 timer() { # N: the /usr/bin/time prefix for process N of a run (nothing unless CPU=1)
-    [ "$CPU" = 1 ] && echo "/usr/bin/time -f %U\ %S -o $work/time.$1"
+    [ "$CPU" = 1 ] && echo "/usr/bin/time -f %U,%S -o $work/time.$1"
 }
 run_chainps() { # SIDE SERVERS WORKERS SIZES ROUND
     local side=$1 S=$2 W=$3 sizes=$4 flags=() fail=0 env=()
