@@ -31,6 +31,7 @@
 #include "core/log.h"
 #include "core/wire.h"
 #include "transport/auth.h"
+#include "transport/frame.h"
 #include "transport/local.h"
 
 #define TP_QUEUE_MAX        4096u     /* per-peer backlog before senders see CPS_EAGAIN */
@@ -44,8 +45,21 @@
 #define TP_DESTROY_FLUSH_MS 200
 #define TP_URL_MAX          512
 #define TP_AUTH_LOG_MS      1000 /* at most one line a second about refused messages */
+#define TP_ASM_MAX          64   /* senders with a framed message being assembled, as auth's */
+/* Authenticated messages over tcp:// longer than this go as frames (frame.h). Measured with
+ * bench/run_netns.sh (docs/benchmarks.md); CHAINPS_FRAME_KB overrides it, 0 turns framing off. */
+#define TP_FRAME_DEFAULT (256u << 10)
 
 static const char SUB[] = "transport";
+
+/* A framed message being assembled from one sender (frame.h). */
+typedef struct tp_asm {
+    unsigned char salt[CPS_AUTH_SALT];
+    uint64_t msg_id, total, next;
+    uint64_t used;      /* tick of the last frame: the least recently heard goes first */
+    unsigned char *buf; /* nn_allocmsg(total + trailer); NULL: none in progress */
+    int live;
+} tp_asm;
 
 typedef struct tp_msg {
     void *buf;
@@ -85,9 +99,13 @@ struct cps__tp {
     tp_peer **pfd_peer; /* pfd_peer[i] owns pfds[i], NULL for the inbox and extra fd */
     size_t pfd_cap;
     cps__auth *auth;
-    uint64_t auth_dropped;         /* messages refused by the MAC check, ever */
-    uint64_t auth_unlogged;        /* refused since the last log line */
-    int64_t auth_logged_ms;        /* time of that line */
+    uint64_t auth_dropped;  /* messages refused by the MAC check, ever */
+    uint64_t auth_unlogged; /* refused since the last log line */
+    int64_t auth_logged_ms; /* time of that line */
+    size_t frame_size;      /* 0: no framing */
+    uint64_t frame_msg_id;  /* the last framed message sent */
+    tp_asm asms[TP_ASM_MAX];
+    uint64_t asm_tick;
     cps__tp_backlog_fn backlog_fn; /* an event loop watching the peers with a backlog */
     void *backlog_ctx;
 };
@@ -186,6 +204,16 @@ int cps__tp_create(const unsigned char *key, cps__tp **out)
     tp->local_inbox = -1;
     tp->local_rcvfd = -1;
     tp->extra_fd = -1;
+    tp->frame_size = TP_FRAME_DEFAULT;
+    const char *fkb = getenv("CHAINPS_FRAME_KB");
+    if (fkb && *fkb) {
+        char *end;
+        unsigned long kb = strtoul(fkb, &end, 10);
+        if (*end || kb > (1ul << 20))
+            cps__log(CPS_LOG_WARN, SUB, "CHAINPS_FRAME_KB=%s: not a size in KiB, ignored", fkb);
+        else
+            tp->frame_size = (size_t)kb << 10;
+    }
     const char *dir = getenv("CHAINPS_RUNTIME_DIR");
     if (dir && *dir && cps__tp_set_runtime_dir(tp, dir) != 0)
         cps__log(CPS_LOG_WARN, SUB, "CHAINPS_RUNTIME_DIR too long: every channel stays tcp://");
@@ -500,19 +528,9 @@ void cps__tp_free(void *buf)
  * whole chunk, so a shorter `len` would not shorten the message, and the trailer goes right after
  * `len` bytes. The trailer is written here, so a message forwarded as it was received is sealed
  * afresh by this sender. */
-int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
+/* Hand a sealed buffer to nanomsg, or queue it behind the peer's backlog. */
+static int send_sealed(cps__tp *tp, tp_peer *p, void *buf, size_t len)
 {
-    if (!tp || !buf)
-        return CPS_EINVAL;
-    tp_peer *p = peer_find(tp, id);
-    if (!p)
-        return CPS_ENOTFOUND;
-    /* Sealed now, in sending order: a peer's FIFO keeps each sender's counters increasing. A
-     * local peer's trailer goes zeroed, as without a key: its inbox takes no MAC (local.h). */
-    if (p->local)
-        memset((unsigned char *)buf + len, 0, CPS_AUTH_TRAILER);
-    else
-        cps__auth_seal(tp->auth, buf, len);
     /* Older messages go first, or the peer would see them out of order. */
     if (p->qlen) {
         int rc = queue_flush(tp, p);
@@ -526,9 +544,59 @@ int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
     }
     int rc = queue_push(tp, p, buf, len);
     if (rc == CPS_EAGAIN)
-        cps__log(CPS_LOG_DEBUG, SUB, "peer %u (%s): queue full (%zu messages)", id, p->url,
+        cps__log(CPS_LOG_DEBUG, SUB, "peer %u (%s): queue full (%zu messages)", p->id, p->url,
                  p->qlen);
     return rc;
+}
+
+/* A large message as frames, each sealed just before it is handed over: while nanomsg's thread
+ * writes frame k, this one copies and seals frame k+1 (frame.h). The copy is the price of
+ * nanomsg taking whole buffers only. */
+static int send_framed(cps__tp *tp, tp_peer *p, void *buf, size_t len)
+{
+    size_t fs = tp->frame_size, n = (len + fs - 1) / fs;
+    if (p->qlen + n > TP_QUEUE_MAX)
+        return CPS_EAGAIN;
+    uint64_t id = ++tp->frame_msg_id;
+    for (size_t k = 0; k < n; k++) {
+        size_t off = k * fs, clen = len - off < fs ? len - off : fs;
+        unsigned char *f = nn_allocmsg(CPS_FRAME_HDR + clen + CPS_AUTH_TRAILER, 0);
+        if (!f)
+            return CPS_ENOMEM; /* frames sent already make a message the receiver drops whole */
+        cps__frame_encode_hdr(f, id, len, off);
+        memcpy(f + CPS_FRAME_HDR, (unsigned char *)buf + off, clen);
+        cps__auth_seal(tp->auth, f, CPS_FRAME_HDR + clen);
+        int rc = send_sealed(tp, p, f, CPS_FRAME_HDR + clen);
+        if (rc) {
+            nn_freemsg(f);
+            return rc;
+        }
+    }
+    nn_freemsg(buf);
+    return 0;
+}
+
+/* `len` must be the length given to cps__tp_alloc() (or received): with NN_MSG nanomsg sends the
+ * whole chunk, so a shorter `len` would not shorten the message, and the trailer goes right after
+ * `len` bytes. The trailer is written here, so a message forwarded as it was received is sealed
+ * afresh by this sender. */
+int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
+{
+    if (!tp || !buf)
+        return CPS_EINVAL;
+    tp_peer *p = peer_find(tp, id);
+    if (!p)
+        return CPS_ENOTFOUND;
+    /* Sealed now, in sending order: a peer's FIFO keeps each sender's counters increasing. A
+     * local peer's trailer goes zeroed, as without a key: its inbox takes no MAC (local.h). */
+    if (p->local) {
+        memset((unsigned char *)buf + len, 0, CPS_AUTH_TRAILER);
+    } else {
+        if (tp->frame_size && len > tp->frame_size && cps__auth_keyed(tp->auth))
+            return send_framed(tp, p, buf, len);
+        cps__auth_seal(tp->auth, buf, len);
+    }
+    return send_sealed(tp, p, buf, len);
 }
 
 size_t cps__tp_queued(const cps__tp *tp)
@@ -782,8 +850,91 @@ static int wait_once(cps__tp *tp, int wait_ms, int want_inbox)
     return wake;
 }
 
-/* One message from inbox `sock` (the ipc one if `local`): 1 delivered, 0 refused, -1 none
- * waiting, or CPS_ETRANSPORT. */
+/* A message being assembled from a sender is dropped whole: counted with the refused ones. */
+static void asm_drop(cps__tp *tp, tp_asm *a, const char *why)
+{
+    if (!a->buf)
+        return;
+    tp->auth_dropped++;
+    cps__log(CPS_LOG_WARN, SUB,
+             "%s: dropped a framed message whole (%llu of %llu bytes arrived): %s", tp->inbox_url,
+             (unsigned long long)a->next, (unsigned long long)a->total, why);
+    nn_freemsg(a->buf);
+    a->buf = NULL;
+}
+
+/* The assembly slot of sender `salt`, or a new one (a free slot, else the least recently heard
+ * sender's, whose message in progress is dropped). */
+static tp_asm *asm_slot(cps__tp *tp, const unsigned char *salt, int create)
+{
+    tp_asm *lru = &tp->asms[0];
+    for (size_t i = 0; i < TP_ASM_MAX; i++) {
+        tp_asm *a = &tp->asms[i];
+        if (a->live && memcmp(a->salt, salt, CPS_AUTH_SALT) == 0)
+            return a;
+        if (lru->live && (!a->live || a->used < lru->used))
+            lru = a;
+    }
+    if (!create)
+        return NULL;
+    asm_drop(tp, lru, "more senders framing at once than kept");
+    memset(lru, 0, sizeof *lru);
+    memcpy(lru->salt, salt, CPS_AUTH_SALT);
+    lru->live = 1;
+    return lru;
+}
+
+/* A frame whose tag was checked (`salt` its sender's). Returns 1 and the whole message in
+ * *out and *out_len when this frame completed one, else 0; buf is consumed either way. */
+static int frame_take(cps__tp *tp, void *buf, size_t len, const unsigned char *salt, void **out,
+                      size_t *out_len)
+{
+    cps__frame fr;
+    int ok = cps__frame_decode(buf, len, &fr) == 0;
+    tp_asm *a = asm_slot(tp, salt, ok && fr.offset == 0);
+    if (!ok) {
+        tp->auth_dropped++;
+        if (a)
+            asm_drop(tp, a, "a malformed frame");
+        nn_freemsg(buf);
+        return 0;
+    }
+    if (fr.offset == 0) {
+        asm_drop(tp, a, "a new message started before its last frame");
+        a->buf = nn_allocmsg(fr.total + CPS_AUTH_TRAILER, 0);
+        if (!a->buf) {
+            cps__log(CPS_LOG_ERROR, SUB, "%s: no memory for a framed message of %llu bytes",
+                     tp->inbox_url, (unsigned long long)fr.total);
+            nn_freemsg(buf);
+            return 0;
+        }
+        a->msg_id = fr.msg_id;
+        a->total = fr.total;
+        a->next = 0;
+    } else if (!a || !a->buf || a->msg_id != fr.msg_id || a->next != fr.offset ||
+               a->total != fr.total) {
+        /* A frame that does not continue the message in progress: one before it was lost or
+         * refused (a forgery in its place), so nothing of that message may be used. */
+        tp->auth_dropped++;
+        if (a)
+            asm_drop(tp, a, "a frame missing (refused or lost) before this one");
+        nn_freemsg(buf);
+        return 0;
+    }
+    a->used = ++tp->asm_tick;
+    memcpy(a->buf + a->next, fr.data, fr.len);
+    a->next += fr.len;
+    nn_freemsg(buf);
+    if (a->next < a->total)
+        return 0;
+    *out = a->buf;
+    *out_len = (size_t)a->total;
+    a->buf = NULL;
+    return 1;
+}
+
+/* One message from inbox `sock` (the ipc one if `local`): 1 delivered, 0 refused, 2 a frame
+ * taken (no message complete yet), -1 none waiting, or CPS_ETRANSPORT. */
 static int recv_one(cps__tp *tp, int sock, int local, cps__tp_recv_fn fn, void *ctx)
 {
     for (;;) {
@@ -808,6 +959,14 @@ static int recv_one(cps__tp *tp, int sock, int local, cps__tp_recv_fn fn, void *
             auth_refused(tp, buf, (size_t)n, verdict);
             nn_freemsg(buf);
             return 0;
+        }
+        if (!local && cps__frame_is(buf, body)) {
+            void *whole;
+            size_t wlen;
+            if (!frame_take(tp, buf, body, (unsigned char *)buf + body, &whole, &wlen))
+                return 2;
+            buf = whole;
+            body = wlen;
         }
         fn(ctx, buf, body);
         return 1;
@@ -835,7 +994,7 @@ static int drain_inbox(cps__tp *tp, cps__tp_recv_fn fn, void *ctx, int max)
             empty[turn] = 1;
         else if (rc == 0)
             refused++;
-        else
+        else if (rc == 1)
             delivered++;
     }
     tp->drain_turn = turn;
@@ -943,6 +1102,9 @@ void cps__tp_destroy(cps__tp *tp)
         close_sock(tp->local_inbox);
         unlink(tp->local_path);
     }
+    for (size_t i = 0; i < TP_ASM_MAX; i++)
+        if (tp->asms[i].buf)
+            nn_freemsg(tp->asms[i].buf);
     free(tp->pfds);
     free(tp->pfd_peer);
     cps__auth_destroy(tp->auth);

@@ -69,8 +69,10 @@ void *cps__tp_alloc(size_t len);
 /* Free a buffer from cps__tp_alloc() or one received from the inbox. NULL is a no-op. */
 void cps__tp_free(void *buf);
 
-/* Send `buf` (from cps__tp_alloc, `len` bytes) to peer `id`. On success the transport owns buf
- * (it is sent now or queued); on failure the caller still owns it.
+/* Send `buf` (from cps__tp_alloc, `len` bytes) to peer `id`. With a key, over tcp://, a message
+ * longer than the frame size (256 KiB; CHAINPS_FRAME_KB, read at create, 0: never) goes as
+ * frames sealed one by one (transport/frame.h); the receiver delivers it whole or not at all. On
+ * success the transport owns buf (it is sent now or queued); on failure the caller still owns it.
  * Errors: CPS_ENOTFOUND (unknown peer), CPS_EAGAIN (peer queue over its limit), CPS_ETRANSPORT. */
 int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len);
 
@@ -109,7 +111,8 @@ void cps__tp_set_backlog_fn(cps__tp *tp, cps__tp_backlog_fn fn, void *ctx);
  * Unknown fd: 0. Returns 0 or CPS_ETRANSPORT. */
 int cps__tp_flush_fd(cps__tp *tp, int fd);
 
-/* Number of messages waiting in peer queues (all peers). */
+/* Number of messages waiting in peer queues (all peers); each frame of a framed message
+ * (transport/frame.h) counts as one. */
 size_t cps__tp_queued(const cps__tp *tp);
 /* Messages refused so far because they failed authentication (or were replayed). */
 uint64_t cps__tp_auth_dropped(const cps__tp *tp);
