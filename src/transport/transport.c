@@ -46,9 +46,12 @@
 #define TP_URL_MAX          512
 #define TP_AUTH_LOG_MS      1000 /* at most one line a second about refused messages */
 #define TP_ASM_MAX          64   /* senders with a framed message being assembled, as auth's */
-/* Authenticated messages over tcp:// longer than this go as frames (frame.h). Measured with
- * bench/run_netns.sh (docs/benchmarks.md); CHAINPS_FRAME_KB overrides it, 0 turns framing off. */
-#define TP_FRAME_DEFAULT (256u << 10)
+/* Authenticated messages over tcp:// longer than this go as frames (frame.h); 0: none do.
+ * CHAINPS_FRAME_KB sets it. Off by default, by measurement (bench/run_frames.sh, two network
+ * namespaces on the 2-core test machine, docs/benchmarks.md): the copy into frames on each side
+ * costs more CPU than the overlap saves when no core is idle to overlap into; unframed beat 64,
+ * 256 and 1024 KiB frames at 1 and 16 MB. Every receiver takes frames whatever its own setting. */
+#define TP_FRAME_DEFAULT 0u
 
 static const char SUB[] = "transport";
 
@@ -56,8 +59,9 @@ static const char SUB[] = "transport";
 typedef struct tp_asm {
     unsigned char salt[CPS_AUTH_SALT];
     uint64_t msg_id, total, next;
-    uint64_t used;      /* tick of the last frame: the least recently heard goes first */
-    unsigned char *buf; /* nn_allocmsg(total + trailer); NULL: none in progress */
+    uint64_t used;       /* tick of the last frame: the least recently heard goes first */
+    uint64_t dropped_id; /* the message whose frames are being dropped (logged once) */
+    unsigned char *buf;  /* nn_allocmsg(total + trailer); NULL: none in progress */
     int live;
 } tp_asm;
 
@@ -861,6 +865,7 @@ static void asm_drop(cps__tp *tp, tp_asm *a, const char *why)
              (unsigned long long)a->next, (unsigned long long)a->total, why);
     nn_freemsg(a->buf);
     a->buf = NULL;
+    a->dropped_id = a->msg_id;
 }
 
 /* The assembly slot of sender `salt`, or a new one (a free slot, else the least recently heard
@@ -891,7 +896,7 @@ static int frame_take(cps__tp *tp, void *buf, size_t len, const unsigned char *s
 {
     cps__frame fr;
     int ok = cps__frame_decode(buf, len, &fr) == 0;
-    tp_asm *a = asm_slot(tp, salt, ok && fr.offset == 0);
+    tp_asm *a = asm_slot(tp, salt, ok);
     if (!ok) {
         tp->auth_dropped++;
         if (a)
@@ -911,13 +916,17 @@ static int frame_take(cps__tp *tp, void *buf, size_t len, const unsigned char *s
         a->msg_id = fr.msg_id;
         a->total = fr.total;
         a->next = 0;
-    } else if (!a || !a->buf || a->msg_id != fr.msg_id || a->next != fr.offset ||
-               a->total != fr.total) {
+    } else if (!a->buf || a->msg_id != fr.msg_id || a->next != fr.offset || a->total != fr.total) {
         /* A frame that does not continue the message in progress: one before it was lost or
          * refused (a forgery in its place), so nothing of that message may be used. */
         tp->auth_dropped++;
-        if (a)
+        if (a->buf)
             asm_drop(tp, a, "a frame missing (refused or lost) before this one");
+        else if (a->dropped_id != fr.msg_id)
+            cps__log(CPS_LOG_WARN, SUB,
+                     "%s: dropped a framed message whole (its first frame was refused or lost)",
+                     tp->inbox_url);
+        a->dropped_id = fr.msg_id;
         nn_freemsg(buf);
         return 0;
     }

@@ -70,7 +70,7 @@ void *cps__tp_alloc(size_t len);
 void cps__tp_free(void *buf);
 
 /* Send `buf` (from cps__tp_alloc, `len` bytes) to peer `id`. With a key, over tcp://, a message
- * longer than the frame size (256 KiB; CHAINPS_FRAME_KB, read at create, 0: never) goes as
+ * longer than the frame size (CHAINPS_FRAME_KB, read at create; unset or 0: never) goes as
  * frames sealed one by one (transport/frame.h); the receiver delivers it whole or not at all. On
  * success the transport owns buf (it is sent now or queued); on failure the caller still owns it.
  * Errors: CPS_ENOTFOUND (unknown peer), CPS_EAGAIN (peer queue over its limit), CPS_ETRANSPORT. */

@@ -271,6 +271,22 @@ static void forged_middle_frame(void **state)
     free(f);
     free(fl);
 
+    /* The first frame forged: no message starts, and each later frame of it is dropped. */
+    f = make_frames(auth, 4, msg, len, fs, &n, &fl);
+    f[0][CPS_FRAME_HDR + 1] ^= 4;
+    dropped = cps__tp_auth_dropped(b);
+    for (size_t k = 0; k < n; k++)
+        raw_send(raw, f[k], fl[k]);
+    deadline = now_ms() + WAIT_MS;
+    while (cps__tp_auth_dropped(b) < dropped + n && now_ms() < deadline)
+        assert_true(cps__tp_poll(b, 10, keep_fn, &g, 0) >= 0);
+    assert_int_equal(cps__tp_auth_dropped(b), dropped + n);
+    assert_int_equal(g.n, 2);
+    for (size_t k = 0; k < n; k++)
+        free(f[k]);
+    free(f);
+    free(fl);
+
     free(msg);
     cps__tp_free(g.last);
     cps__auth_destroy(auth);

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# ctest ipc.*: same-host ipc:// channels (issue 30, src/transport/local.h) in real jobs.
+# ctest ipc.* and frames.forge: the transport of issue 30 in real jobs: same-host ipc:// channels
+# (src/transport/local.h) and large messages between hosts as separately sealed frames
+# (src/transport/frame.h).
 #   outsider  a `chainps launch` job in a private runtime directory of this test's own (0700)
 #             while a process running as `nobody` (setpriv) keeps trying to connect to every
 #             ipc socket of the job: each attempt must be refused by the kernel (EACCES), and the
@@ -9,23 +11,33 @@
 #             while it runs: Unix connections to the job's sockets inside each namespace and TCP
 #             connections between the namespaces (ss); at the end, the checksum of the same job
 #             run over tcp:// only on loopback.
+#   forge     the scheduler, two servers (chains of 2) and a worker each in a network namespace of
+#             its own, every packet routed through tests/common/netdelay, which flips one byte in
+#             the middle of the TCP stream to the servers' port once 3 MB have gone there: the
+#             worker pushes 1.2 MB tensors (lsq_worker --dim 300000) with CHAINPS_FRAME_KB=256
+#             (framing is off by default), so the byte lands in a frame of a large authenticated
+#             message. Checked: netdelay forged it; a server
+#             refused the frame (failed authentication) and dropped that message whole; the job
+#             ends with the checksum of the undisturbed run (nothing of the forged push applied,
+#             its re-send applied once).
 # Both use sync mode with a small learning rate (every update shows in the checksum, as in
 # netns_job.sh). Needs root (setpriv to nobody; namespaces for mixed): exits 77 when not root or
 # when a namespace cannot be made. Every process is ended by its PID, namespaces deleted (trap).
 #
-# usage: ipc_job.sh CHAINPS LSQ_WORKER outsider|mixed
+# usage: transport_job.sh CHAINPS LSQ_WORKER outsider|mixed|forge [NETDELAY]
 set -euo pipefail
-cps=$(readlink -f "${1:?usage: ipc_job.sh CHAINPS LSQ_WORKER outsider|mixed}")
+cps=$(readlink -f "${1:?usage: transport_job.sh CHAINPS LSQ_WORKER outsider|mixed|forge [NETDELAY]}")
 bin=$(readlink -f "${2:?LSQ_WORKER}")
-scen=${3:?outsider or mixed}
+scen=${3:?outsider, mixed or forge}
+delayer=${4:-}
 here=$(cd "$(dirname "$0")" && pwd)
 steps=${IPC_STEPS:-1500}
-say() { echo "$(date +%T.%3N) ipc.$scen: $*"; }
+say() { echo "$(date +%T.%3N) $scen: $*"; }
 skip() {
     say "SKIP: $*"
     exit 77
 }
-case $scen in outsider | mixed) ;; *) echo "unknown scenario '$scen'" >&2; exit 2 ;; esac
+case $scen in outsider | mixed | forge) ;; *) echo "unknown scenario '$scen'" >&2; exit 2 ;; esac
 [[ $(id -u) == 0 ]] || skip "needs root (to run a process as nobody / to make namespaces)"
 py=/usr/bin/python3
 [[ -x $py ]] || py=$(command -v python3) || skip "no python3 for the outsider's connect"
@@ -57,6 +69,10 @@ fail() {
 
 job=(--servers 3 --workers 2 --mode sync)
 prog=("$bin" --steps "$steps" --lr 0.002 --tol 10)
+if [[ $scen == forge ]]; then
+    job=(--servers 2 --replicas 2 --workers 1 --mode sync)
+    prog=("$bin" --dim 300000 --steps "${FORGE_STEPS:-40}" --lr 0.002 --tol 10)
+fi
 # The reference: every channel tcp:// (an empty CHAINPS_RUNTIME_DIR turns ipc off).
 CHAINPS_RUNTIME_DIR= "$cps" launch "${job[@]}" --timeout 90 --data "$t/ref" -- "${prog[@]}" \
     >"$t/ref.log" 2>&1 || fail "the tcp:// reference run failed: $(tail -5 "$t/ref.log")"
@@ -121,12 +137,53 @@ print("refused", refused)
     exit 0
 fi
 
-# ---- mixed: two namespaces, one host ----
 # shellcheck source=tests/integration/lib_netns.sh
 . "$here/lib_netns.sh"
 why=$(netns_can_run) || skip "$why"
 tag=cpi$$
 netns_hub "$tag" || skip "cannot make a network namespace (ip netns add)"
+
+if [[ $scen == forge ]]; then
+    [[ -n $delayer ]] || { echo "usage: transport_job.sh CHAINPS LSQ_WORKER forge NETDELAY" >&2; exit 2; }
+    [[ -c /dev/net/tun ]] || skip "no /dev/net/tun (netdelay needs TUN devices)"
+    for n in sched:10.213.3.1 s0:10.213.3.11 s1:10.213.3.12 w0:10.213.3.21; do
+        netns_host "${n%%:*}" "${n#*:}"
+    done
+    NETNS_DELAY_ARGS="--forge-port 9100 --forge-after ${FORGE_AFTER:-3000000}" \
+        netns_delay_start "$(readlink -f "$delayer")" 0 "$t/netdelay.log" || {
+        cat "$t/netdelay.log"
+        skip "netdelay could not make its TUN devices"
+    }
+    "$cps" secret "$t/job.secret" >/dev/null
+    frun() { # NS CMD...
+        local n=$1
+        shift
+        ip netns exec "$tag-$n" env CHAINPS_SECRET_FILE="$t/job.secret" CHAINPS_RUNTIME_DIR= \
+            CHAINPS_FRAME_KB="${FORGE_FRAME_KB:-256}" \
+            CHAINPS_SCHEDULER=10.213.3.1:9091 CHAINPS_BIND="${netns_addr[$n]}" \
+            CHAINPS_ADVERTISE="${netns_addr[$n]}" "$@" >"$t/$n.log" 2>&1 &
+        pids+=($!)
+    }
+    frun sched "$cps" scheduler --servers 2 --workers 1 --replicas 2 --mode sync --port 9091 \
+        --bind 10.213.3.1 --data "$t/sched" --join-timeout 30
+    frun s0 "$cps" server --rank 0 --port 9100 --data "$t/s0" --join-timeout 30
+    frun s1 "$cps" server --rank 1 --port 9100 --data "$t/s1" --join-timeout 30
+    frun w0 env CHAINPS_ROLE=worker CHAINPS_RANK=0 "${prog[@]}"
+    wpid=${pids[-1]}
+    wait "$wpid" || fail "the worker exited with status $?: $(tail -5 "$t/w0.log")"
+    netns_delay_stop
+    grep -q "forged 1 byte" "$t/netdelay.log" || fail "netdelay forged nothing: $(cat "$t/netdelay.log")"
+    grep -h "failed authentication\|dropped a framed message whole" "$t/s0.log" "$t/s1.log" || true
+    grep -q "failed authentication" "$t/s0.log" "$t/s1.log" || fail "no server refused a frame"
+    grep -q "dropped a framed message whole" "$t/s0.log" "$t/s1.log" ||
+        fail "no server dropped the forged message whole"
+    got=$(checksums "$t/w0.log")
+    [[ $got == "$ref" ]] || fail "checksum '$got', undisturbed run '$ref'"
+    say "PASS: $(grep -h "forged 1 byte" "$t/netdelay.log" | sed 's/^netdelay: //'); refused and dropped whole; checksum $got as undisturbed"
+    exit 0
+fi
+
+# ---- mixed: two namespaces, one host ----
 netns_node a 10.213.1.1
 netns_node b 10.213.1.2
 "$cps" secret "$t/job.secret" >/dev/null
