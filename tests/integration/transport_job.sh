@@ -71,7 +71,7 @@ job=(--servers 3 --workers 2 --mode sync)
 prog=("$bin" --steps "$steps" --lr 0.002 --tol 10)
 if [[ $scen == forge ]]; then
     job=(--servers 2 --replicas 2 --workers 1 --mode sync)
-    prog=("$bin" --dim 300000 --steps "${FORGE_STEPS:-40}" --lr 0.002 --tol 10)
+    prog=("$bin" --dim 300000 --steps "${FORGE_STEPS:-20}" --lr 0.002 --tol 10)
 fi
 # The reference: every channel tcp:// (an empty CHAINPS_RUNTIME_DIR turns ipc off).
 CHAINPS_RUNTIME_DIR= "$cps" launch "${job[@]}" --timeout 90 --data "$t/ref" -- "${prog[@]}" \
