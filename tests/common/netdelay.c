@@ -183,10 +183,14 @@ int main(int argc, char **argv)
         nflag += 2;
     if (nflag > argc)
         nflag = argc;
-    const tc_flag flags[] = {{"--delay-us", TC_INT, &delay_us}, {"--rt-prio", TC_INT, &rt_prio},
-                             {"--ifname", TC_STR, &ifname},     {"--mtu", TC_INT, &mtu},
-                             {"--slots", TC_INT, &nslots},      {"--forge-port", TC_INT, &forge_port},
-                             {"--forge-after", TC_INT, &forge_after}, {NULL, TC_SWITCH, NULL}};
+    const tc_flag flags[] = {{"--delay-us", TC_INT, &delay_us},
+                             {"--rt-prio", TC_INT, &rt_prio},
+                             {"--ifname", TC_STR, &ifname},
+                             {"--mtu", TC_INT, &mtu},
+                             {"--slots", TC_INT, &nslots},
+                             {"--forge-port", TC_INT, &forge_port},
+                             {"--forge-after", TC_INT, &forge_after},
+                             {NULL, TC_SWITCH, NULL}};
     if (tc_flags_parse(nflag, argv, flags) != 0 || nflag >= argc || delay_us < 0 || mtu < 576 ||
         mtu > 65535 || nslots < 1) {
         usage();
@@ -337,8 +341,9 @@ int main(int argc, char **argv)
                         if (forge_seen >= (uint64_t)forge_after && pay > 0 &&
                             forge_byte(p, (size_t)len)) {
                             forged = 1;
-                            fprintf(stderr, "netdelay: forged 1 byte of a %zu-byte segment to port "
-                                            "%d after %llu payload bytes\n",
+                            fprintf(stderr,
+                                    "netdelay: forged 1 byte of a %zu-byte segment to port "
+                                    "%d after %llu payload bytes\n",
                                     pay, forge_port, (unsigned long long)forge_seen);
                         }
                         forge_seen += pay;
