@@ -24,7 +24,10 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:?usage: run_frames.sh BUILD_DIR [PSLITE_BENCH]}" && pwd) || exit 2
 pslite=${2:-}
-[ -n "$pslite" ] && { pslite=$(readlink -f "$pslite") && [ -x "$pslite" ] || { echo "run_frames: $2 not found" >&2; exit 2; }; }
+if [ -n "$pslite" ]; then
+    pslite=$(readlink -f "$pslite")
+    [ -x "$pslite" ] || { echo "run_frames: $2 not found" >&2; exit 2; }
+fi
 for p in chainps bench/bench_ps; do
     [ -x "$build/$p" ] || { echo "run_frames: $build/$p not built" >&2; exit 2; }
 done
@@ -84,10 +87,10 @@ finish() { # SIDE ROUND WORKER_PID: wait for the worker, end the rest, tag its l
     : >"$work/run.log"
 }
 run_chainps() { # SIDE ROUND SIZE
-    local env=(CHAINPS_SECRET_FILE="$work/job.secret" CHAINPS_SCHEDULER=$A:9091
+    local env=(CHAINPS_SECRET_FILE="$work/job.secret" CHAINPS_SCHEDULER="$A:9091"
         CHAINPS_RUNTIME_DIR=)
     case $1 in
-    insecure) env=(CHAINPS_INSECURE=1 CHAINPS_SCHEDULER=$A:9091 CHAINPS_RUNTIME_DIR=) ;;
+    insecure) env=(CHAINPS_INSECURE=1 CHAINPS_SCHEDULER="$A:9091" CHAINPS_RUNTIME_DIR=) ;;
     *) env+=(CHAINPS_FRAME_KB="${1#frames}") ;;
     esac
     rm -rf "$work/d"
@@ -101,7 +104,7 @@ run_chainps() { # SIDE ROUND SIZE
     finish "$1" "$2" "${pids[-1]}"
 }
 run_pslite() { # ROUND SIZE
-    local env=(DMLC_PS_ROOT_URI=$A DMLC_PS_ROOT_PORT=9092 DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=1)
+    local env=(DMLC_PS_ROOT_URI="$A" DMLC_PS_ROOT_PORT=9092 DMLC_NUM_SERVER=1 DMLC_NUM_WORKER=1)
     in_ns a "$work/t.s" env "${env[@]}" DMLC_ROLE=scheduler DMLC_NODE_HOST=$A "$pslite"
     in_ns a "$work/t.0" env "${env[@]}" DMLC_ROLE=server DMLC_NODE_HOST=$A "$pslite"
     in_ns b "$work/t.w" env "${env[@]}" DMLC_ROLE=worker DMLC_NODE_HOST=$B "$pslite" \

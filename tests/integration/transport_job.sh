@@ -46,7 +46,7 @@ command -v setpriv >/dev/null || skip "no setpriv (util-linux)"
 t=$(mktemp -d "${TMPDIR:-/tmp}/ipc-$scen.XXXXXX")
 chmod 755 "$t" # nobody may reach $t itself: only the runtime directory below keeps it out
 declare -a pids=()
-netns_delete() { :; }
+netns_delete() { :; } # replaced by lib_netns.sh where namespaces are made
 cleanup() {
     local p
     for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -74,7 +74,7 @@ if [[ $scen == forge ]]; then
     prog=("$bin" --dim 300000 --steps "${FORGE_STEPS:-20}" --lr 0.002 --tol 10)
 fi
 # The reference: every channel tcp:// (an empty CHAINPS_RUNTIME_DIR turns ipc off).
-CHAINPS_RUNTIME_DIR= "$cps" launch "${job[@]}" --timeout 90 --data "$t/ref" -- "${prog[@]}" \
+CHAINPS_RUNTIME_DIR='' "$cps" launch "${job[@]}" --timeout 90 --data "$t/ref" -- "${prog[@]}" \
     >"$t/ref.log" 2>&1 || fail "the tcp:// reference run failed: $(tail -5 "$t/ref.log")"
 ref=$(checksums "$t/ref.log")
 [[ -n $ref && $ref != *$'\n'* ]] || fail "the reference run gave checksum(s) '$ref'"
