@@ -22,24 +22,13 @@
 #include "transport/auth.h"
 #include "transport/local.h"
 #include "transport/transport.h"
+#include "transport_test.h"
 
 static const unsigned char KEY[32] = "chainps ipc unit test key ......";
 static const unsigned char OTHER[32] = "another job's key ..............";
 
 #define HOST    "127.0.0.1"
 #define WAIT_MS 5000
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void quiet_sink(void *ctx, int level, const char *subsystem, const char *line)
-{
-    (void)ctx, (void)level, (void)subsystem, (void)line;
-}
 
 typedef struct got {
     size_t n;

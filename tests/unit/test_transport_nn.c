@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/port.h"
 #include "transport/transport.h"
+#include "transport_test.h"
 
 /* Every transport here runs keyed, as a real job does (test_transport_auth.c tests the MAC). */
 static const unsigned char KEY[32] = "chainps transport unit test key";
@@ -32,18 +33,6 @@ typedef struct inbox {
     uint32_t next; /* for in-order checks: next expected sequence number */
     int order_ok;
 } inbox;
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void quiet_sink(void *ctx, int level, const char *subsystem, const char *line)
-{
-    (void)ctx, (void)level, (void)subsystem, (void)line;
-}
 
 static void keep_fn(void *ctx, void *buf, size_t len)
 {
