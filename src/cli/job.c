@@ -64,9 +64,12 @@ static int make_run_dir(cps__job *j)
 {
     if (getenv("CHAINPS_RUNTIME_DIR"))
         return 0;
+    /* Its sockets' paths must fit a Unix socket address (108 bytes with the 22 of their names):
+     * a long TMPDIR gives way to /tmp. */
     const char *tmp = getenv("TMPDIR");
-    snprintf(j->run_dir, sizeof j->run_dir, "%.300s/chainps-run-XXXXXX",
-             tmp && *tmp ? tmp : "/tmp");
+    if (!tmp || !*tmp || strlen(tmp) + sizeof "/chainps-run-XXXXXX" + 22 > 108)
+        tmp = "/tmp";
+    snprintf(j->run_dir, sizeof j->run_dir, "%.300s/chainps-run-XXXXXX", tmp);
     if (!mkdtemp(j->run_dir)) {
         fprintf(stderr, "chainps: cannot create the job's runtime directory: %s\n",
                 strerror(errno));

@@ -40,7 +40,8 @@ int cps__tp_bind(cps__tp *tp, const char *host, uint16_t port, uint16_t *port_ou
  * With one, cps__tp_bind also binds an ipc:// inbox in it (refusing, CPS_ECONFIG, a directory
  * that is a link, not ours or open to group or others), and cps__tp_peer_set connects a peer
  * that shares this host, network namespace and directory over ipc://, where messages carry no
- * MAC. Errors: CPS_EINVAL (bound already, or a path too long for a Unix socket). */
+ * MAC (a directory too long for a socket's path: a warning, and tcp:// only). Errors: CPS_EINVAL
+ * (bound already, or longer than the transport keeps). */
 int cps__tp_set_runtime_dir(cps__tp *tp, const char *dir);
 
 /* Register (or re-point) peer `id` at inbox `url`. Idempotent when the url is unchanged; a new

@@ -256,6 +256,21 @@ static void socket_file_life(void **state)
     assert_int_equal(cps__tp_local_path(longdir, host, ua, path, 108), CPS_EINVAL);
 }
 
+/* A directory whose path leaves no room for a socket name costs the speed, not the job: the
+ * inbox binds over tcp:// only. */
+static void long_dir_stays_tcp(void **state)
+{
+    fixture *f = *state;
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/%0100d", f->dir, 0);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    uint16_t port;
+    cps__tp *tp = bound_in(KEY, dir, &port);
+    assert_true(cps__tp_inbox_fd(tp) >= 0);
+    assert_int_equal(cps__tp_inbox_local_fd(tp), -1);
+    cps__tp_destroy(tp);
+}
+
 int main(void)
 {
     cps__log_set_sink(quiet_sink, NULL);
@@ -265,6 +280,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(same_dir_goes_ipc, setup, teardown),
         cmocka_unit_test_setup_teardown(only_ipc_skips_mac, setup, teardown),
         cmocka_unit_test_setup_teardown(socket_file_life, setup, teardown),
+        cmocka_unit_test_setup_teardown(long_dir_stays_tcp, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
