@@ -534,8 +534,11 @@ int cps__server_cuts_before_grow(void *ctx)
         drop_job(s, j);
         n++;
     }
+    /* INFO: this is the store's bound on what a view may pin (cps__store_room_target), working
+     * as meant. Mostly the views closed are standbys whose replica is not being read; an export
+     * that loses its reader reads from another replica or cuts again, and says so itself. */
     if (n)
-        cps__log(CPS_LOG_WARN, "server",
+        cps__log(CPS_LOG_INFO, "server",
                  "closed %d checkpoint read view(s): updates filled the store's room while "
                  "they were open (the export reads from another replica or is tried again)",
                  n);

@@ -224,7 +224,7 @@ for (phase, t), dirs in sorted(by_dir.items()):
 UNIT["disk_raw"] = "MB/h"
 
 print(f"soak: resource slopes (least squares after a {WARMUP_S:.0f} s warm-up; judged when the "
-      f"series spans >= {MIN_SPAN_S:.0f} s; bounds rss {BOUND['rss']} MB/h, fds {BOUND['fds']}/h, "
+      f"series spans >= {MIN_SPAN_S:.0f} s; bounds rss (anonymous) {BOUND['rss']} MB/h, fds {BOUND['fds']}/h, "
       f"disk: each data dir at most {DISK_CAP_MB:.0f} MB):")
 for phase in sorted(high):
     print(f"soak:   [{phase}] data dirs' largest size: " + ", ".join(
