@@ -2,6 +2,7 @@
  * drives them to completion — re-sending after a timeout or a view change, so the caller sees
  * a result rather than a transient failure. */
 #include "client.h"
+#include "collective.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -491,6 +492,7 @@ static void install_view(cps_client *c, const cps__rx *rx)
      * over a range may never have seen it, and servers recognise duplicates. */
     cps__reqs_view(c->rq, &c->view, cps__now_ms());
     perform(c);
+    cps__ar_on_view(c);
 }
 
 /* ---- data-path evidence: servers that leave our requests unanswered (recovery/suspect.h) ---- */
@@ -599,6 +601,9 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     case CPS_MSG_SHUTDOWN:
         c->shutdown = 1;
         break;
+    case CPS_MSG_COLL:
+        cps__ar_on_msg(c, &rx);
+        break;
     default:
         cps__log(CPS_LOG_WARN, "worker", "unexpected message type %u from node %u", rx.hdr.type,
                  rx.hdr.sender);
@@ -616,7 +621,18 @@ static int progress(cps_client *c, int timeout_ms)
     cps__reqs_tick(c->rq, &c->view, cps__now_ms());
     perform(c);
     report_suspects(c, cps__now_ms());
+    cps__ar_tick(c);
     return 0;
+}
+
+int cps__client_progress(cps_client *c, int timeout_ms)
+{
+    return progress(c, timeout_ms);
+}
+
+void cps__client_ask_view(cps_client *c)
+{
+    ask_view(c);
 }
 
 /* A message to the scheduler, sent at once and then every `every_ms` by a loop timer while a
@@ -686,6 +702,7 @@ static int join(cps_client *c)
 static void client_free(cps_client *c)
 {
     cps__heartbeat_stop(c->hb);
+    cps__ar_free(c);
     cps__loop_tp_detach(&c->inbox);
     cps__loop_destroy(c->loop);
     cps_tensor *t = c->tensors;

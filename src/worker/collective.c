@@ -1,0 +1,362 @@
+/* cps_allreduce: the worker's shell around the ring state machine (replication/collective.h).
+ *
+ * Wire (CPS_MSG_COLL, docs/collective.md): header epoch = the view epoch the ring was formed
+ * under, req_seq = the collective's sequence number, step = message index (ring step * chunks +
+ * chunk), range = kind (0 data, 1 result), aux = the collective's length in values, req_worker =
+ * the sender; payload = the chunk's float32 values, little-endian, never compressed (gradients do
+ * not compress, and the ring's latency is its cost). The transport has checked the MAC already. */
+#include "worker/collective.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/allreduce.h"
+#include "client.h"
+#include "core/log.h"
+#include "replication/collective.h"
+
+struct cps_allreduce_handle {
+    cps_client *c;
+    float *buf;
+    uint64_t len;
+    int op;
+    int started;
+    int done;
+    int result;
+    char why[CPS__WHY_MAX];
+    struct cps_allreduce_handle *next;
+};
+
+struct cps__ar {
+    cps__coll *coll;
+    uint64_t epoch_fed; /* the view epoch given to the ring */
+    cps_allreduce_handle *head, *tail;
+    uint64_t bytes_sent;
+    uint32_t *members;
+    uint32_t cap;
+};
+
+static int ar_get(cps_client *c, cps__ar **out)
+{
+    if (!c->ar) {
+        cps__ar *a = calloc(1, sizeof *a);
+        if (!a)
+            return CPS_ENOMEM;
+        /* No progress for the unavailable timeout: a worker's death is declared well before. */
+        uint64_t timeout = c->cfg.unavailable_timeout_ms ? c->cfg.unavailable_timeout_ms : 30000;
+        int rc = cps__coll_create(c->id, 0, timeout, &a->coll);
+        if (rc != 0) {
+            free(a);
+            return rc;
+        }
+        c->ar = a;
+        cps__ar_on_view(c);
+    }
+    *out = c->ar;
+    return 0;
+}
+
+static void start_next(cps_client *c);
+
+static void send_msg(cps_client *c, uint32_t to, const cps__coll_msg *m)
+{
+    cps__msg_hdr h = {.type = CPS_MSG_COLL,
+                      .sender = c->id,
+                      .epoch = m->epoch,
+                      .req_worker = c->id,
+                      .range = m->kind,
+                      .req_seq = m->seq,
+                      .step = m->index,
+                      .aux = m->n};
+    size_t bytes = m->count * sizeof(float);
+    void *buf = cps__msg_alloc(&h, bytes);
+    if (!buf) {
+        cps__log(CPS_LOG_ERROR, "allreduce", "out of memory for a %zu-byte message", bytes);
+        return; /* the collective times out rather than reducing without the chunk */
+    }
+    if (bytes)
+        memcpy((char *)buf + CPS_WIRE_HDR_SIZE, m->vals, bytes);
+    int rc = cps__tp_send(c->tp, to, buf, CPS_WIRE_HDR_SIZE + bytes);
+    if (rc != 0) {
+        cps__tp_free(buf);
+        cps__log(CPS_LOG_WARN, "allreduce", "cannot send to worker %u: %s", to, cps_strerror(rc));
+        return;
+    }
+    c->ar->bytes_sent += bytes;
+}
+
+static void perform(cps_client *c)
+{
+    cps__ar *a = c->ar;
+    const cps__coll_act *act;
+    size_t n = cps__coll_actions(a->coll, &act);
+    int finished = 0;
+    for (size_t i = 0; i < n; i++) {
+        switch (act[i].kind) {
+        case CPS_COLL_SEND:
+            send_msg(c, act[i].to, &act[i].msg);
+            break;
+        case CPS_COLL_NEED_VIEW:
+            cps__client_ask_view(c);
+            break;
+        case CPS_COLL_DONE:
+        case CPS_COLL_FAILED: {
+            cps_allreduce_handle *h = a->head;
+            if (!h || !h->started)
+                break;
+            a->head = h->next;
+            if (!a->head)
+                a->tail = NULL;
+            h->done = 1;
+            h->result = act[i].kind == CPS_COLL_DONE ? 0 : act[i].status;
+            if (h->result != 0) {
+                cps__log(CPS_LOG_ERROR, "allreduce",
+                         "all-reduce %llu of %llu values failed under view epoch %llu: %s",
+                         (unsigned long long)act[i].seq, (unsigned long long)h->len,
+                         (unsigned long long)act[i].epoch, cps_strerror(h->result));
+                snprintf(h->why, sizeof h->why, "%s", cps__why_latest());
+            }
+            finished = 1;
+            break;
+        }
+        }
+    }
+    if (finished)
+        start_next(c);
+}
+
+static void start_next(cps_client *c)
+{
+    cps__ar *a = c->ar;
+    cps_allreduce_handle *h = a->head;
+    if (!h || h->started)
+        return;
+    h->started = 1;
+    uint64_t seq;
+    int rc = cps__coll_start(a->coll, h->buf, h->len, h->op, cps__now_ms(), &seq);
+    if (rc != 0) {
+        a->head = h->next;
+        if (!a->head)
+            a->tail = NULL;
+        h->done = 1;
+        h->result = rc;
+        start_next(c);
+        return;
+    }
+    perform(c);
+}
+
+void cps__ar_on_view(cps_client *c)
+{
+    cps__ar *a = c->ar;
+    const cps__view *v = &c->view;
+    if (!a || v->epoch <= a->epoch_fed)
+        return;
+    if (a->cap < v->nnodes) {
+        uint32_t *m = realloc(a->members, v->nnodes * sizeof *m);
+        if (!m)
+            return; /* the next view tries again; the ring waits on its timeout meanwhile */
+        a->members = m;
+        a->cap = v->nnodes;
+    }
+    /* Members: the live workers in rank order (ties, which a view should not hold, by id). */
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < v->nnodes; i++) {
+        const cps__node_info *w = &v->nodes[i];
+        if (w->role != CPS_ROLE_WORKER || !w->alive || cps__view_superseded(v, w))
+            continue;
+        uint32_t j = n++;
+        while (j > 0) {
+            const cps__node_info *p = cps__view_node(v, a->members[j - 1]);
+            if (p->rank < w->rank || (p->rank == w->rank && p->id < w->id))
+                break;
+            a->members[j] = a->members[j - 1];
+            j--;
+        }
+        a->members[j] = w->id;
+        if (w->id != c->id) {
+            int rc = cps__tp_peer_set(c->tp, w->id, w->addr);
+            if (rc != 0)
+                cps__log(CPS_LOG_WARN, "allreduce", "cannot reach worker %u at %s: %s", w->id,
+                         w->addr, cps_strerror(rc));
+        }
+    }
+    /* Workers that left: their queued chunks go nowhere. */
+    for (uint32_t i = 0; i < v->nnodes; i++) {
+        const cps__node_info *w = &v->nodes[i];
+        if (w->role == CPS_ROLE_WORKER && w->id != c->id &&
+            (!w->alive || cps__view_superseded(v, w)))
+            cps__tp_peer_drop(c->tp, w->id);
+    }
+    if (cps__coll_view(a->coll, v->epoch, a->members, n, v->num_workers > 1, cps__now_ms()) != 0)
+        return;
+    a->epoch_fed = v->epoch;
+    if (cps__coll_running(a->coll))
+        cps__log(CPS_LOG_INFO, "allreduce", "view epoch %llu: the ring re-forms over %u workers",
+                 (unsigned long long)v->epoch, n);
+    perform(c);
+}
+
+void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
+{
+    cps__ar *a;
+    if (ar_get(c, &a) != 0)
+        return;
+    const cps__msg_hdr *h = &rx->hdr;
+    if (rx->len % sizeof(float) != 0 || h->req_worker != h->sender) {
+        cps__log(CPS_LOG_WARN, "allreduce", "malformed collective message from node %u dropped",
+                 h->sender);
+        return;
+    }
+    cps__coll_msg m = {.from = h->sender,
+                       .kind = h->range,
+                       .epoch = h->epoch,
+                       .seq = h->req_seq,
+                       .index = h->step,
+                       .n = h->aux,
+                       .vals = rx->payload,
+                       .count = rx->len / sizeof(float)};
+    cps__coll_step(a->coll, &m, cps__now_ms());
+    perform(c);
+}
+
+void cps__ar_tick(cps_client *c)
+{
+    if (!c->ar)
+        return;
+    cps__coll_tick(c->ar->coll, cps__now_ms());
+    perform(c);
+}
+
+void cps__ar_free(cps_client *c)
+{
+    cps__ar *a = c->ar;
+    if (!a)
+        return;
+    while (a->head) {
+        cps_allreduce_handle *h = a->head;
+        a->head = h->next;
+        free(h);
+    }
+    cps__coll_destroy(a->coll);
+    free(a->members);
+    free(a);
+    c->ar = NULL;
+}
+
+/* ---- public API ---- */
+
+static int enqueue(cps_client *c, float *buf, uint64_t len, cps_reduce_op op,
+                   cps_allreduce_handle **out)
+{
+    if (!c || !buf || len == 0 || len >= (1ull << 32) ||
+        (op != CPS_REDUCE_SUM && op != CPS_REDUCE_MEAN))
+        return CPS_EINVAL;
+    cps_allreduce_handle *h = calloc(1, sizeof *h);
+    if (!h)
+        return CPS_ENOMEM;
+    h->c = c;
+    h->buf = buf;
+    h->len = len;
+    h->op = op == CPS_REDUCE_MEAN ? CPS_COLL_MEAN : CPS_COLL_SUM;
+    cps__ar *a;
+    int rc = ar_get(c, &a);
+    if (rc != 0) {
+        free(h);
+        return rc;
+    }
+    if (a->tail)
+        a->tail->next = h;
+    else
+        a->head = h;
+    a->tail = h;
+    start_next(c);
+    *out = h;
+    return 0;
+}
+
+/* Under c->lock: drive the loop until h completes or timeout_ms passes. 1: still running. */
+static int wait_locked(cps_client *c, cps_allreduce_handle *h, int timeout_ms)
+{
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : cps__now_ms() + (uint64_t)timeout_ms;
+    while (!h->done) {
+        uint64_t now = cps__now_ms();
+        if (c->shutdown) {
+            cps__log(CPS_LOG_ERROR, "allreduce", "the job ended during an all-reduce");
+            return CPS_ESHUTDOWN; /* h stays queued; cps_close frees it */
+        }
+        if (now >= deadline)
+            return 1;
+        uint64_t left = deadline - now;
+        int rc = cps__client_progress(c, left > 50 ? 50 : (int)left);
+        if (rc < 0)
+            return rc;
+    }
+    int result = h->result;
+    if (result != 0 && h->why[0])
+        cps__why_set(h->why);
+    free(h);
+    return result;
+}
+
+int cps_allreduce_async(cps_client *c, float *buf, uint64_t len, cps_reduce_op op,
+                        cps_allreduce_handle **h)
+{
+    cps__why_clear();
+    if (!h)
+        return CPS_EINVAL;
+    *h = NULL;
+    if (!c)
+        return CPS_EINVAL;
+    pthread_mutex_lock(&c->lock);
+    int rc = enqueue(c, buf, len, op, h);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int cps_allreduce_wait(cps_allreduce_handle *h, int timeout_ms)
+{
+    cps__why_clear();
+    if (!h)
+        return CPS_EINVAL;
+    cps_client *c = h->c;
+    pthread_mutex_lock(&c->lock);
+    int rc = wait_locked(c, h, timeout_ms);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int cps_allreduce(cps_client *c, float *buf, uint64_t len, cps_reduce_op op)
+{
+    cps__why_clear();
+    if (!c)
+        return CPS_EINVAL;
+    pthread_mutex_lock(&c->lock);
+    cps_allreduce_handle *h;
+    int rc = enqueue(c, buf, len, op, &h);
+    if (rc == 0)
+        rc = wait_locked(c, h, -1);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+void cps_allreduce_stats_get(cps_client *c, cps_allreduce_stats *out)
+{
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->lock);
+    if (c->ar) {
+        cps__coll_stats st;
+        cps__coll_stats_get(c->ar->coll, &st);
+        out->completed = st.completed;
+        out->failed = st.failed;
+        out->restarts = st.restarts;
+        out->results_taken = st.results_taken;
+        out->bytes_sent = c->ar->bytes_sent;
+    }
+    pthread_mutex_unlock(&c->lock);
+}
