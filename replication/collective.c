@@ -244,6 +244,12 @@ static void begin(cps__coll *c, uint64_t now)
     drain_stash(c, now);
 }
 
+void cps__coll_set_me(cps__coll *c, uint32_t me)
+{
+    if (!c->members)
+        c->me = me;
+}
+
 int cps__coll_view(cps__coll *c, uint64_t epoch, const uint32_t *members, uint32_t nmembers,
                    int need_peers, uint64_t now)
 {

@@ -86,6 +86,10 @@ typedef struct cps__coll cps__coll;
 int cps__coll_create(uint32_t me, uint64_t chunk, uint64_t timeout_ms, cps__coll **out);
 void cps__coll_destroy(cps__coll *c);
 
+/* Our node id, when it was not known at create (a worker still joining gets ring messages
+ * before its id): before the first cps__coll_view. */
+void cps__coll_set_me(cps__coll *c, uint32_t me);
+
 /* Install view `epoch` whose collective members are `members` (node ids in a fixed order, the
  * same on every worker: worker rank order). An epoch not above the current one is ignored. With
  * `need_peers` (the job has more than one worker) a ring of us alone fails CPS_ENOPEER instead

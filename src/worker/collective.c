@@ -151,8 +151,11 @@ void cps__ar_on_view(cps_client *c)
 {
     cps__ar *a = c->ar;
     const cps__view *v = &c->view;
-    if (!a || v->epoch <= a->epoch_fed)
+    /* A worker still joining may hear from the ring before its WELCOME names it: its ring then
+     * waits (the pure object keeps the messages) until the id is known. */
+    if (!a || c->id == 0 || v->epoch <= a->epoch_fed)
         return;
+    cps__coll_set_me(a->coll, c->id);
     if (a->cap < v->nnodes) {
         uint32_t *m = realloc(a->members, v->nnodes * sizeof *m);
         if (!m)
@@ -203,6 +206,7 @@ void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
     cps__ar *a;
     if (ar_get(c, &a) != 0)
         return;
+    cps__ar_on_view(c); /* the WELCOME that named us may have come after the view */
     const cps__msg_hdr *h = &rx->hdr;
     if (rx->len % sizeof(float) != 0 || h->req_worker != h->sender) {
         cps__log(CPS_LOG_WARN, "allreduce", "malformed collective message from node %u dropped",
@@ -225,6 +229,7 @@ void cps__ar_tick(cps_client *c)
 {
     if (!c->ar)
         return;
+    cps__ar_on_view(c);
     cps__coll_tick(c->ar->coll, cps__now_ms());
     perform(c);
 }
