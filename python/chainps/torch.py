@@ -19,6 +19,14 @@ pass; ``step()`` waits for them. In sync mode the servers sum the workers' gradi
 order: the run is deterministic), so each worker pushes its share of the mean (gradient / W);
 in async and ssp:N modes each push is applied on its own, as it is.
 
+Hybrid training (MindSpore's ``set_param_ps()``, BytePS): give ``local_optim`` (a function
+taking a list of parameters and returning any ``torch.optim`` optimizer) and the parameters split
+in two. Those ``on_servers`` picks (by default: embeddings, i.e. names containing "embed", and
+tensors of ``server_threshold`` values or more) live on the servers as above; the rest are
+all-reduced among the workers (``client.allreduce``, mean over the live workers, the same bits on
+every worker) in ``step()`` and updated by the local optimizer on every worker. They start from
+rank 0's values. Without ``local_optim`` every parameter lives on the servers.
+
 Initial values come from the servers (the first declaration creates them; every worker pulls
 the same ones), drawn like torch's defaults for Linear and Conv layers: weights and their biases
 uniform in +-1/sqrt(fan_in), other one-dimensional parameters constant at their local value when
@@ -32,7 +40,7 @@ import torch
 import chainps
 from chainps import checkpoint as _ckpt
 
-__all__ = ["DistributedOptimizer", "default_init", "load_state_dict"]
+__all__ = ["DistributedOptimizer", "default_init", "default_on_servers", "load_state_dict"]
 
 
 def _seed_of(name, seed):
@@ -88,6 +96,13 @@ class DistributedOptimizer:
             'topk:R', 'none'), or a callable (name, param) -> spec or None, to choose per
             tensor (e.g. 'topk:0.01' for large weight matrices, None for biases).
 
+        on_servers: hybrid mode only: which parameters live on the servers, as a collection of
+            names or a predicate (name, param) -> bool. Default: :func:`default_on_servers`.
+        local_optim: hybrid mode: a callable (list of parameters) -> torch.optim.Optimizer for
+            the all-reduced parameters. None (default): every parameter on the servers.
+        server_threshold: the default placement's size, in values, from which a tensor goes to
+            the servers.
+
     The constructor declares every parameter (with its shape) and pulls its values into the
     model, so every worker starts from the same parameters. Raises TypeError/ValueError for a
     parameter that is not a contiguous float32 CPU tensor, chainps.Error when a declaration is
@@ -95,19 +110,39 @@ class DistributedOptimizer:
     """
 
     def __init__(self, named_parameters, optim=None, client=None, init=None, seed=0,
-                 overlap=True, prefix="", compress=None):
+                 overlap=True, prefix="", compress=None, on_servers=None, local_optim=None,
+                 server_threshold=1 << 16):
         self.client = client if client is not None else chainps.init()
-        self._named = [(prefix + n, p) for n, p in named_parameters if p.requires_grad]
-        if not self._named:
+        named = [(prefix + n, p) for n, p in named_parameters if p.requires_grad]
+        if not named:
             raise ValueError("no parameters that require a gradient")
-        names = [n for n, _ in self._named]
+        names = [n for n, _ in named]
         if len(set(names)) != len(names):
             raise ValueError("two parameters share a name")
+        self._local = []
+        if local_optim is not None:
+            if on_servers is None:
+                pick = lambda n, p: default_on_servers(n, p, server_threshold)  # noqa: E731
+            elif callable(on_servers):
+                pick = on_servers
+            else:
+                chosen = set(on_servers)
+                pick = lambda n, p: n in chosen or n[len(prefix):] in chosen  # noqa: E731
+            self._local = [(n, p) for n, p in named if not pick(n, p)]
+            named = [(n, p) for n, p in named if pick(n, p)]
+        self._named = named
+        self.local_optimizer = None
+        if self._local:
+            for name, p in self._local:
+                _check_param(name, p)
+            self.local_optimizer = local_optim([p for _, p in self._local])
+            self._bucket = torch.zeros(sum(p.numel() for _, p in self._local))
+            self._sync_local_from_rank0()
         self.optim = optim if optim is not None else chainps.SGD(0.01)
         self.overlap = overlap
         mode = self.client.mode
         self.grad_scale = 1.0 / self.client.num_workers if mode == "sync" else 1.0
-        by_name = dict(self._named)
+        by_name = dict(named)
         self._tensors = {}
         self._send = {}
         for name, p in self._named:
@@ -126,6 +161,7 @@ class DistributedOptimizer:
             if self.grad_scale != 1.0:
                 self._send[name] = torch.empty_like(p, memory_format=torch.contiguous_format)
         # Every worker starts from the servers' values (fresh, or those of a resumed job).
+        # (With every parameter all-reduced there is nothing to pull.)
         with torch.no_grad():
             handles = [self.client.pull_async(self._tensors[n], p.data) for n, p in self._named]
             for h in handles:
@@ -138,6 +174,48 @@ class DistributedOptimizer:
         self._hooks = []
         if overlap:
             self._install_hooks()
+
+    # ---- all-reduced parameters -----------------------------------------------------------
+    def _sync_local_from_rank0(self):
+        # A sum in which every worker but rank 0 gives zeros is rank 0's values, bit for bit.
+        b = self._bucket
+        with torch.no_grad():
+            if self.client.rank == 0:
+                self._pack([p.data for _, p in self._local])
+            else:
+                b.zero_()
+            self.client.allreduce(b, "sum")
+            self._unpack([p.data for _, p in self._local])
+
+    def _pack(self, tensors):
+        off = 0
+        for t in tensors:
+            n = t.numel()
+            self._bucket[off:off + n].copy_(t.reshape(-1))
+            off += n
+
+    def _unpack(self, tensors):
+        off = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(self._bucket[off:off + n].view_as(t))
+            off += n
+
+    def _allreduce_local(self):
+        # One all-reduce for all of them: the ring's cost is mostly per collective for small
+        # tensors. A parameter without a gradient contributes zeros.
+        grads = []
+        for _, p in self._local:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        self._pack(grads)
+        self.client.allreduce(self._bucket, "mean")
+        self._unpack(grads)
+
+    def placement(self):
+        """{'servers': [names], 'allreduce': [names]}: where each parameter lives."""
+        return {"servers": [n for n, _ in self._named], "allreduce": [n for n, _ in self._local]}
 
     # ---- hooks ----------------------------------------------------------------------------
     def _install_hooks(self):
@@ -181,7 +259,7 @@ class DistributedOptimizer:
     # ---- the optimizer's interface --------------------------------------------------------
     def zero_grad(self, set_to_none=True):
         """Clear the gradients (as torch.optim's zero_grad)."""
-        for _, p in self._named:
+        for _, p in self._named + self._local:
             if p.grad is None:
                 continue
             if set_to_none:
@@ -207,6 +285,10 @@ class DistributedOptimizer:
                     self._handles[name][0].wait()
             finally:
                 self._handles.clear()
+            if self._local:
+                self._allreduce_local()
+        if self.local_optimizer is not None:
+            self.local_optimizer.step()
         self.steps += 1
         return loss
 
@@ -225,6 +307,12 @@ class DistributedOptimizer:
     def tensors(self):
         """The declared chainps tensors by name."""
         return dict(self._tensors)
+
+
+def default_on_servers(name, param, threshold=1 << 16):
+    """The default hybrid placement: embeddings (a name containing "embed") and tensors of
+    ``threshold`` values or more live on the servers; the rest are all-reduced."""
+    return "embed" in name.lower() or param.numel() >= threshold
 
 
 def load_state_dict(model, path, strict=True):

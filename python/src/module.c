@@ -683,6 +683,40 @@ static PyObject *Client_barrier(ClientObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* allreduce(buf, op="sum"): in place over the live workers (chainps/allreduce.h). */
+static PyObject *Client_allreduce(ClientObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kw[] = {"buf", "op", NULL};
+    PyObject *obj;
+    const char *opname = "sum";
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|s", kw, &obj, &opname))
+        return NULL;
+    if (client_open(self, "allreduce"))
+        return NULL;
+    cps_reduce_op op;
+    if (strcmp(opname, "sum") == 0) {
+        op = CPS_REDUCE_SUM;
+    } else if (strcmp(opname, "mean") == 0) {
+        op = CPS_REDUCE_MEAN;
+    } else {
+        PyErr_Format(PyExc_ValueError, "allreduce: op must be 'sum' or 'mean', not '%s'", opname);
+        return NULL;
+    }
+    cpy_buf b = {0};
+    if (cpy_buf_get(obj, CPY_F32, 1, "buf", NULL, &b) != 0)
+        return NULL;
+    int rc = CPS_EINVAL;
+    if (b.n > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = cps_allreduce(self->c, (float *)b.ptr, (uint64_t)b.n, op);
+        Py_END_ALLOW_THREADS
+    }
+    cpy_buf_release(&b);
+    if (rc != 0)
+        return raise_cps(rc, "allreduce", NULL);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Client_stats(ClientObject *self, PyObject *unused)
 {
     (void)unused;
@@ -715,6 +749,9 @@ static PyMethodDef Client_methods[] = {
     {"compress", (PyCFunction)Client_compress, METH_VARARGS,
      "compress(tensor, spec): lossy push compression, 'fp16', 'bf16', 'topk:R' or 'none'"},
     {"barrier", (PyCFunction)Client_barrier, METH_NOARGS, "barrier()"},
+    {"allreduce", (PyCFunction)(void (*)(void))Client_allreduce, METH_VARARGS | METH_KEYWORDS,
+     "allreduce(buf, op='sum'): float32 buf all-reduced in place over the live workers; every "
+     "worker gets the same bits"},
     {"stats", (PyCFunction)Client_stats, METH_NOARGS, "stats() -> dict"},
     {"close", (PyCFunction)Client_close, METH_NOARGS, "close()"},
     {"__enter__", (PyCFunction)Client_enter, METH_NOARGS, NULL},

@@ -7,7 +7,7 @@
 # Usage: allreduce_test.sh CHAINPS ALLREDUCE_APP [KILLS]
 # With KILLS > 0 (bench/allreduce_kill.sh) step 2 is repeated KILLS times and the time from each
 # kill to the moment every survivor had completed an all-reduce begun after the kill is printed
-# as "kill_to_next_ms N".
+# as "kill_to_next_ms N". EQUAL_WORKERS="" skips step 1.
 set -u
 CHAINPS=$1
 APP=$2
@@ -35,7 +35,7 @@ run() { # run OUTDIR WORKERS ARGS...: a job, in the foreground
         "$APP" --out "$out" "$@" >"$out.log" 2>&1 || { tail -30 "$out.log"; fail "job $out"; }
 }
 
-for w in 2 4; do
+for w in ${EQUAL_WORKERS-2 4}; do
     for r in a b; do
         run "$dir/w$w$r" "$w" --len 100003 --iters 12 --mean
     done
