@@ -102,6 +102,12 @@ class DistributedOptimizer:
             the all-reduced parameters. None (default): every parameter on the servers.
         server_threshold: the default placement's size, in values, from which a tensor goes to
             the servers.
+        sparse: two-dimensional server parameters declared as tables whose gradients go as row
+            pushes (client.rows_push of the rows the step touched, then rows_pull of them), not
+            dense: names, or a predicate (name, param) -> bool. Default: in hybrid mode the
+            embeddings on the servers, otherwise none. A torch sparse gradient
+            (``nn.Embedding(sparse=True)``) gives its rows; a dense one its nonzero rows.
+            Row pushes apply on arrival even in sync mode (no per-step aggregate).
 
     The constructor declares every parameter (with its shape) and pulls its values into the
     model, so every worker starts from the same parameters. Raises TypeError/ValueError for a
@@ -111,7 +117,7 @@ class DistributedOptimizer:
 
     def __init__(self, named_parameters, optim=None, client=None, init=None, seed=0,
                  overlap=True, prefix="", compress=None, on_servers=None, local_optim=None,
-                 server_threshold=1 << 16):
+                 server_threshold=1 << 16, sparse=None):
         self.client = client if client is not None else chainps.init()
         named = [(prefix + n, p) for n, p in named_parameters if p.requires_grad]
         if not named:
@@ -143,6 +149,13 @@ class DistributedOptimizer:
         mode = self.client.mode
         self.grad_scale = 1.0 / self.client.num_workers if mode == "sync" else 1.0
         by_name = dict(named)
+        if sparse is None:
+            sparse = (lambda n, p: "embed" in n.lower()) if local_optim is not None else ()
+        if callable(sparse):
+            self._rows = {n for n, p in named if p.dim() == 2 and sparse(n, p)}
+        else:
+            self._rows = {n for n, p in named if p.dim() == 2 and
+                          (n in set(sparse) or n[len(prefix):] in set(sparse))}
         self._tensors = {}
         self._send = {}
         for name, p in self._named:
@@ -153,7 +166,11 @@ class DistributedOptimizer:
                 i = init(name, p)
             else:
                 i = init
-            t = self.client.declare(name, tuple(p.shape), init=i, optim=self.optim)
+            if name in self._rows:
+                t = self.client.declare_table(name, p.shape[0], p.shape[1], init=i,
+                                              optim=self.optim)
+            else:
+                t = self.client.declare(name, tuple(p.shape), init=i, optim=self.optim)
             self._tensors[name] = t
             spec = compress(name, p) if callable(compress) else compress
             if spec is not None:
@@ -238,6 +255,9 @@ class DistributedOptimizer:
             raise RuntimeError(f"parameter {name} got a second gradient before step(): call "
                                f"step() after each backward()")
         g = p.grad
+        if name in self._rows:
+            self._rows_step(name, p, g)
+            return
         if g is None:
             g = self._zeros(name, p)
         elif g.dtype != torch.float32 or g.is_sparse or not g.is_contiguous():
@@ -247,6 +267,27 @@ class DistributedOptimizer:
             torch.mul(g, self.grad_scale, out=send)
             g = send
         self._handles[name] = (self.client.push_pull_async(self._tensors[name], g, p.data), g)
+
+    def _rows_step(self, name, p, g):
+        # Only the rows this step touched cross the network, both ways.
+        t = self._tensors[name]
+        if g is None:
+            self._handles[name] = (None, None)
+            return
+        if g.is_sparse:
+            g = g.coalesce()
+            rows, vals = g.indices()[0], g.values()
+        else:
+            rows = torch.nonzero(g.abs().sum(1)).reshape(-1)
+            vals = g.index_select(0, rows)
+        if rows.numel():
+            rows = rows.contiguous()
+            vals = (vals.to(torch.float32) * self.grad_scale).contiguous()
+            self.client.rows_push(t, rows, vals)
+            out = torch.empty_like(vals)
+            self.client.rows_pull(t, rows, out)
+            p.data.index_copy_(0, rows, out)
+        self._handles[name] = (None, None)
 
     def _zeros(self, name, p):
         z = self._send.get(name)
@@ -282,7 +323,8 @@ class DistributedOptimizer:
                     self._start(name, p)
             try:
                 for name, _ in self._named:
-                    self._handles[name][0].wait()
+                    if self._handles[name][0] is not None:
+                        self._handles[name][0].wait()
             finally:
                 self._handles.clear()
             if self._local:
