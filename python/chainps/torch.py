@@ -97,7 +97,7 @@ class DistributedOptimizer:
             tensor (e.g. 'topk:0.01' for large weight matrices, None for biases).
 
         on_servers: hybrid mode only: which parameters live on the servers, as a collection of
-            names or a predicate (name, param) -> bool. Default: :func:`default_on_servers`.
+            names or a predicate (name, param) -> bool (the model's names, without ``prefix``). Default: :func:`default_on_servers`.
         local_optim: hybrid mode: a callable (list of parameters) -> torch.optim.Optimizer for
             the all-reduced parameters. None (default): every parameter on the servers.
         server_threshold: the default placement's size, in values, from which a tensor goes to
@@ -133,9 +133,11 @@ class DistributedOptimizer:
                 pick = on_servers
             else:
                 chosen = set(on_servers)
-                pick = lambda n, p: n in chosen or n[len(prefix):] in chosen  # noqa: E731
-            self._local = [(n, p) for n, p in named if not pick(n, p)]
-            named = [(n, p) for n, p in named if pick(n, p)]
+                pick = lambda n, p: n in chosen  # noqa: E731
+            # The model's names (without `prefix`) are what on_servers sees.
+            on = {n for n, p in named if pick(n[len(prefix):], p)}
+            self._local = [(n, p) for n, p in named if n not in on]
+            named = [(n, p) for n, p in named if n in on]
         self._named = named
         self.local_optimizer = None
         if self._local:
@@ -152,10 +154,9 @@ class DistributedOptimizer:
         if sparse is None:
             sparse = (lambda n, p: "embed" in n.lower()) if local_optim is not None else ()
         if callable(sparse):
-            self._rows = {n for n, p in named if p.dim() == 2 and sparse(n, p)}
+            self._rows = {n for n, p in named if p.dim() == 2 and sparse(n[len(prefix):], p)}
         else:
-            self._rows = {n for n, p in named if p.dim() == 2 and
-                          (n in set(sparse) or n[len(prefix):] in set(sparse))}
+            self._rows = {n for n, p in named if p.dim() == 2 and n[len(prefix):] in set(sparse)}
         self._tensors = {}
         self._send = {}
         for name, p in self._named:
