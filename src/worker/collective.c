@@ -45,7 +45,10 @@ static int ar_get(cps_client *c, cps__ar **out)
             return CPS_ENOMEM;
         /* No progress for the unavailable timeout: a worker's death is declared well before. */
         uint64_t timeout = c->cfg.unavailable_timeout_ms ? c->cfg.unavailable_timeout_ms : 30000;
-        int rc = cps__coll_create(c->id, 0, timeout, &a->coll);
+        /* Values per message (default 256 Ki: 1 MiB), a tuning knob for benchmarks. */
+        const char *env = getenv("CHAINPS_ALLREDUCE_CHUNK");
+        uint64_t chunk = env ? strtoull(env, NULL, 10) : 0;
+        int rc = cps__coll_create(c->id, chunk, timeout, &a->coll);
         if (rc != 0) {
             free(a);
             return rc;
