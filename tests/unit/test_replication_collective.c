@@ -472,6 +472,23 @@ static void test_epochs(void **state)
     cps__coll_stats st;
     cps__coll_stats_get(c, &st);
     assert_int_equal(st.dropped_stale, 1);
+    /* From a node outside the ring, or of the wrong length: dropped, nothing sent. */
+    m.epoch = 7;
+    m.from = 11;
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    m.from = 10;
+    m.count = 2;
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    m.count = 1;
+    m.n = 3;
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    m.n = 2;
+    cps__coll_stats_get(c, &st);
+    assert_int_equal(st.dropped_bad, 3);
+    assert_true(x[0] == 1 && x[1] == 2);
     m.epoch = 8;
     cps__coll_step(c, &m, 1);
     assert_int_equal(cps__coll_actions(c, &a), 1);
