@@ -24,6 +24,7 @@ struct cps__coll {
     uint32_t *members;
     uint32_t nmembers;
     int need_peers;
+    int joining; /* cps__coll_set_joining, until the first completion */
     /* the running collective */
     int running;
     uint64_t seq; /* the running one's, else the last started */
@@ -145,6 +146,7 @@ static void finish(cps__coll *c, int status)
     c->data = NULL;
     if (status == 0) {
         c->stats.completed++;
+        c->joining = 0;
     } else {
         c->stats.failed++;
     }
@@ -244,6 +246,11 @@ static void begin(cps__coll *c, uint64_t now)
     drain_stash(c, now);
 }
 
+void cps__coll_set_joining(cps__coll *c)
+{
+    c->joining = 1;
+}
+
 void cps__coll_set_me(cps__coll *c, uint32_t me)
 {
     if (!c->members)
@@ -285,6 +292,11 @@ int cps__coll_start(cps__coll *c, float *data, uint64_t n, int op, uint64_t now,
     if (!c->members)
         return CPS_EINVAL; /* no view yet */
     c->seq++;
+    if (c->joining)
+        for (size_t i = 0; i < c->nstash; i++)
+            if (c->stash[i].m.epoch == c->epoch && c->stash[i].m.kind == CPS_COLL_DATA &&
+                c->stash[i].m.seq > c->seq)
+                c->seq = c->stash[i].m.seq;
     c->running = 1;
     c->data = data;
     c->n = n;
@@ -350,6 +362,13 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
     if (!member_pos(c, m->from, &from_pos) || m->from == c->me) {
         c->stats.dropped_bad++;
         return 1;
+    }
+    if (c->joining && c->running && m->seq > c->seq) {
+        c->seq = m->seq;
+        c->stats.restarts++;
+        begin(c, now);
+        if (!c->running)
+            return 0;
     }
     if (m->kind == CPS_COLL_RESULT) {
         if (!c->running || m->seq != c->seq)

@@ -107,6 +107,12 @@ int cps__coll_start(cps__coll *c, float *data, uint64_t n, int op, uint64_t now,
 /* A message from the transport (authenticated already). Never fails: a bad one is counted. */
 void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now);
 
+/* This endpoint is a replacement joining a running ring: until its first collective completes,
+ * that collective takes the highest sequence number of the ring's data messages under the current
+ * epoch (restarting under it), so it joins the collective the others are in. Never set it on a
+ * worker that started with the job: there a peer one collective ahead is normal. */
+void cps__coll_set_joining(cps__coll *c);
+
 /* The next collective started gets sequence number `next` (>= 1). Errors: CPS_EBUSY (one is
  * running, or next == 0). */
 int cps__coll_set_next_seq(cps__coll *c, uint64_t next);

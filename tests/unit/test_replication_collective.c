@@ -402,6 +402,62 @@ static void test_kill_any_phase(void **state)
     assert_true(restarts > 0);
 }
 
+/* A replacement joins a ring that is at its third collective: its first one takes the ring's
+ * sequence number, whenever it starts, and every member ends with the same bits. */
+static void test_replacement_joins(void **state)
+{
+    (void)state;
+    for (uint64_t seed = 1; seed <= 100; seed++) {
+        net t;
+        net_init(&t, 4, 1 + seed % 50, 1 + (uint32_t)(seed % 3), CPS_COLL_SUM, seed * 31);
+        fill_inputs(&t, 0);
+        /* Node 3 is the replacement: the ring starts with nodes 0..2 only. */
+        t.nmembers = 3;
+        t.epoch++;
+        for (uint32_t i = 0; i < 3; i++) {
+            assert_int_equal(cps__coll_view(t.nodes[i].c, t.epoch, t.members, 3, 1, 0), 0);
+            t.nodes[i].view_epoch = t.epoch;
+        }
+        for (int k = 0; k < 2; k++) {
+            for (uint32_t i = 0; i < 3; i++)
+                start(&t, &t.nodes[i], k);
+            while (deliver_one(&t))
+                ;
+        }
+        node *j = &t.nodes[3];
+        cps__coll_set_joining(j->c);
+        t.nmembers = 4;
+        t.epoch++;
+        uint64_t steps = 0;
+        while (1) {
+            assert_true(++steps < 100000);
+            int all = 1;
+            for (uint32_t i = 0; i < 4; i++) {
+                node *nd = &t.nodes[i];
+                if (nd->view_epoch < t.epoch && rnd(&t) % 3 == 0) {
+                    assert_int_equal(cps__coll_view(nd->c, t.epoch, t.members, 4, 1, t.now), 0);
+                    nd->view_epoch = t.epoch;
+                    perform(&t, nd);
+                }
+                int k = nd == j ? 0 : 2;
+                if (nd->view_epoch == t.epoch && nd->next == k && rnd(&t) % 3 == 0)
+                    start(&t, nd, k);
+                if (nd->next != k + 1 || nd->status[k] != 0)
+                    all = 0;
+            }
+            if (all)
+                break;
+            deliver_one(&t);
+        }
+        assert_int_equal(j->seqno[0], 3);
+        for (uint32_t i = 0; i < 3; i++) {
+            assert_int_equal(t.nodes[i].seqno[2], 3);
+            assert_memory_equal(t.nodes[i].data[2], j->data[0], t.len * sizeof(float));
+        }
+        net_fini(&t);
+    }
+}
+
 static void test_alone_and_errors(void **state)
 {
     (void)state;
@@ -512,6 +568,7 @@ int main(void)
         cmocka_unit_test(test_ring_bits),
         cmocka_unit_test(test_late_starter_and_sequence),
         cmocka_unit_test(test_kill_any_phase),
+        cmocka_unit_test(test_replacement_joins),
         cmocka_unit_test(test_alone_and_errors),
         cmocka_unit_test(test_epochs),
     };
