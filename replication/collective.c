@@ -25,6 +25,7 @@ struct cps__coll {
     uint32_t nmembers;
     int need_peers;
     int joining; /* cps__coll_set_joining, until the first completion */
+    int alone;   /* running with no peer: waiting for a view with one */
     /* the running collective */
     int running;
     uint64_t seq; /* the running one's, else the last started */
@@ -210,6 +211,7 @@ static void drain_stash(cps__coll *c, uint64_t now);
 static void begin(cps__coll *c, uint64_t now)
 {
     c->last_progress = now;
+    c->alone = 0;
     unsigned b = (unsigned)(c->seq & 1);
     if (c->n > c->cap[b]) {
         float *w = realloc(c->buf[b], c->n * sizeof *w);
@@ -228,7 +230,9 @@ static void begin(cps__coll *c, uint64_t now)
     c->p = c->nmembers;
     if (c->p == 1) {
         if (c->need_peers) {
-            finish(c, CPS_ENOPEER);
+            /* Every peer gone: wait for a view with one (a replacement) until the timeout,
+             * which then names the cause. */
+            c->alone = 1;
             return;
         }
         /* Alone by design: the sum is our input; the mean is input / 1, the same bits. */
@@ -510,5 +514,5 @@ void cps__coll_tick(cps__coll *c, uint64_t now)
 {
     c->nout = 0;
     if (c->running && now > c->last_progress && now - c->last_progress >= c->timeout_ms)
-        finish(c, CPS_ETIMEDOUT);
+        finish(c, c->alone ? CPS_ENOPEER : CPS_ETIMEDOUT);
 }

@@ -92,8 +92,9 @@ void cps__coll_set_me(cps__coll *c, uint32_t me);
 
 /* Install view `epoch` whose collective members are `members` (node ids in a fixed order, the
  * same on every worker: worker rank order). An epoch not above the current one is ignored. With
- * `need_peers` (the job has more than one worker) a ring of us alone fails CPS_ENOPEER instead
- * of completing with our own values. A running collective restarts among the new members (or
+ * `need_peers` (the job has more than one worker) a ring of us alone does not complete with our
+ * own values: it waits for a view with a peer (a replacement) and fails CPS_ENOPEER at the
+ * timeout. A running collective restarts among the new members (or
  * fails CPS_ESTALE_EPOCH if we are not one of them). Errors: CPS_ENOMEM (nothing changed). */
 int cps__coll_view(cps__coll *c, uint64_t epoch, const uint32_t *members, uint32_t nmembers,
                    int need_peers, uint64_t now);

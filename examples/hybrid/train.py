@@ -98,7 +98,8 @@ def main(argv):
     t0 = time.perf_counter()
     seen = 0
     n = x.shape[0]
-    for step in range(a.steps):
+    # A replacement of a dead worker starts at the step the others are on.
+    for step in range(opt.start_step, a.steps):
         lo = (step * a.batch) % max(1, n - a.batch)
         xb, yb = x[lo:lo + a.batch], y[lo:lo + a.batch]
         opt.zero_grad()

@@ -43,7 +43,8 @@ typedef enum cps_reduce_op {
  * @param[in,out] buf this worker's values in; the result out (the same bits on every worker).
  *        Untouched when the call fails.
  * @return 0, or CPS_EINVAL (NULL, len 0 or >= 2^32), CPS_ENOPEER (the job has more than one
- *         worker and none but this one is alive: nobody to reduce with), CPS_ETIMEDOUT (no
+ *         worker and none but this one has been alive for the unavailable timeout: nobody to
+ *         reduce with, and no replacement came), CPS_ETIMEDOUT (no
  *         progress for the unavailable timeout, CHAINPS_UNAVAILABLE_TIMEOUT_MS), CPS_ESTALE_EPOCH
  *         (this worker was dropped from the view), CPS_ESHUTDOWN, CPS_ENOMEM.
  */
@@ -67,6 +68,27 @@ CPS_API int cps_allreduce_async(struct cps_client *c, float *buf, uint64_t len, 
  *         CPS_EINVAL for a NULL handle.
  */
 CPS_API int cps_allreduce_wait(cps_allreduce_handle *h, int timeout_ms);
+
+/**
+ * @brief Offer `buf` (the all-reduced parameters, say) to workers that replace a dead one: a
+ * replacement's cps_allreduce_fetch() receives a copy, with `step`. The buffer is borrowed, not
+ * copied: it must stay valid and hold a consistent state whenever this client is inside a call
+ * (requests are served there), e.g. updated after each optimizer step. NULL withdraws it.
+ * @return 0, CPS_EINVAL (NULL client, or buf with len 0).
+ */
+CPS_API int cps_allreduce_share(struct cps_client *c, const float *buf, uint64_t len,
+                                uint64_t step);
+
+/**
+ * @brief In a worker that replaces a dead one (`chainps launch --restart-workers`): copy the
+ * buffer a live worker shares (cps_allreduce_share) into `buf`, before the first all-reduce.
+ * Asks the live worker of the lowest rank, and another if that one dies.
+ * @param[out] step the step the live worker shared with its buffer (may be NULL).
+ * @return 1: fetched; 0: this worker started with the job (nothing to fetch, buf untouched);
+ *         CPS_ESIZE (the shared buffer has another length), CPS_ENOTFOUND (the live worker
+ *         shares nothing), CPS_ENOPEER (no live worker), CPS_ETIMEDOUT, CPS_EINVAL.
+ */
+CPS_API int cps_allreduce_fetch(struct cps_client *c, float *buf, uint64_t len, uint64_t *step);
 
 /** Counters of this client's all-reduces. */
 typedef struct cps_allreduce_stats {

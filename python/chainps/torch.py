@@ -145,7 +145,16 @@ class DistributedOptimizer:
                 _check_param(name, p)
             self.local_optimizer = local_optim([p for _, p in self._local])
             self._bucket = torch.zeros(sum(p.numel() for _, p in self._local))
-            self._sync_local_from_rank0()
+            # What a replacement of a dead worker copies from a live one (kept current after
+            # every step): the all-reduced parameters, with the step.
+            self._shared = torch.zeros_like(self._bucket)
+            self._local_start = self.client.allreduce_fetch(self._shared)
+            if self._local_start is None:
+                self._sync_local_from_rank0()
+            else:
+                with torch.no_grad():
+                    self._bucket.copy_(self._shared)
+                    self._unpack([p.data for _, p in self._local])
         self.optim = optim if optim is not None else chainps.SGD(0.01)
         self.overlap = overlap
         mode = self.client.mode
@@ -187,7 +196,10 @@ class DistributedOptimizer:
         # Where this worker's loop starts: the job's step for a replacement of a dead worker
         # (or a restored job), the same for every tensor (cps_start_step).
         self.start_step = self.client.start_step
+        if self._local and self._local_start is not None:
+            self.start_step = max(self.start_step, self._local_start)
         self.steps = 0
+        self._share()
         self._handles = {}
         self._hooks = []
         if overlap:
@@ -230,6 +242,19 @@ class DistributedOptimizer:
         self._pack(grads)
         self.client.allreduce(self._bucket, "mean")
         self._unpack(grads)
+
+    def _share(self):
+        # Served to a replacement while this worker is inside a chainps call, i.e. between
+        # steps: the parameters of the last completed step.
+        if not self._local:
+            return
+        with torch.no_grad():
+            off = 0
+            for _, p in self._local:
+                n = p.numel()
+                self._shared[off:off + n].copy_(p.data.reshape(-1))
+                off += n
+        self.client.allreduce_share(self._shared, self.start_step + self.steps)
 
     def placement(self):
         """{'servers': [names], 'allreduce': [names]}: where each parameter lives."""
@@ -333,6 +358,7 @@ class DistributedOptimizer:
         if self.local_optimizer is not None:
             self.local_optimizer.step()
         self.steps += 1
+        self._share()
         return loss
 
     @property

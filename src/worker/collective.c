@@ -28,8 +28,25 @@ struct cps_allreduce_handle {
     struct cps_allreduce_handle *next;
 };
 
+/* Kinds beside the ring's (header `range`): a replacement asks a live worker for the buffer it
+ * shares (aux = the length wanted, req_seq = the request's number), and the answer (the values,
+ * step = the sharer's step, status = CPS_ENOTFOUND / CPS_ESIZE when it cannot). The shell answers
+ * them itself: they are no part of a collective. */
+#define KIND_STATE_REQ  2u
+#define KIND_STATE      3u
+#define FETCH_RESEND_MS 300
+
 struct cps__ar {
     cps__coll *coll;
+    uint32_t nmembers;
+    int joiner; /* this worker took the rank of a dead one (decided at the first view) */
+    const float *share_buf;
+    uint64_t share_len, share_step;
+    /* a fetch in progress */
+    float *fetch_buf;
+    uint64_t fetch_len, fetch_step, fetch_req;
+    uint32_t fetch_from;
+    int fetch_done, fetch_result;
     uint64_t epoch_fed; /* the view epoch given to the ring */
     cps_allreduce_handle *head, *tail;
     uint64_t bytes_sent;
@@ -159,6 +176,19 @@ void cps__ar_on_view(cps_client *c)
     if (!a || c->id == 0 || v->epoch <= a->epoch_fed)
         return;
     cps__coll_set_me(a->coll, c->id);
+    const cps__node_info *me = cps__view_node(v, c->id);
+    if (a->epoch_fed == 0 && me) {
+        /* A replacement: another worker held our rank and died. */
+        for (uint32_t i = 0; i < v->nnodes; i++) {
+            const cps__node_info *w = &v->nodes[i];
+            if (w->role == CPS_ROLE_WORKER && w->id != me->id && w->rank == me->rank &&
+                cps__node_supersedes(me, w)) {
+                a->joiner = 1;
+                cps__coll_set_joining(a->coll);
+                break;
+            }
+        }
+    }
     if (a->cap < v->nnodes) {
         uint32_t *m = realloc(a->members, v->nnodes * sizeof *m);
         if (!m)
@@ -197,11 +227,43 @@ void cps__ar_on_view(cps_client *c)
     }
     if (cps__coll_view(a->coll, v->epoch, a->members, n, v->num_workers > 1, cps__now_ms()) != 0)
         return;
+    a->nmembers = n;
     a->epoch_fed = v->epoch;
     if (cps__coll_running(a->coll))
         cps__log(CPS_LOG_INFO, "allreduce", "view epoch %llu: the ring re-forms over %u workers",
                  (unsigned long long)v->epoch, n);
     perform(c);
+}
+
+/* A replacement asks for our shared buffer: answer at once (we are inside a call, so the owner
+ * is not writing it). */
+static void serve_state(cps_client *c, const cps__msg_hdr *req)
+{
+    cps__ar *a = c->ar;
+    cps__msg_hdr h = {.type = CPS_MSG_COLL,
+                      .sender = c->id,
+                      .epoch = c->view.epoch,
+                      .req_worker = c->id,
+                      .range = KIND_STATE,
+                      .req_seq = req->req_seq};
+    const float *vals = NULL;
+    uint64_t n = 0;
+    if (!a->share_buf) {
+        h.status = CPS_ENOTFOUND;
+    } else if (req->aux != a->share_len) {
+        h.status = CPS_ESIZE;
+    } else {
+        vals = a->share_buf;
+        n = a->share_len;
+        h.step = a->share_step;
+    }
+    int rc = cps__msg_send(c->tp, req->sender, &h, vals, n * sizeof(float));
+    if (rc != 0)
+        cps__log(CPS_LOG_WARN, "allreduce", "cannot answer worker %u's state request: %s",
+                 req->sender, cps_strerror(rc));
+    else
+        cps__log(CPS_LOG_INFO, "allreduce", "sent %llu shared values (step %llu) to worker %u",
+                 (unsigned long long)n, (unsigned long long)h.step, req->sender);
 }
 
 void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
@@ -214,6 +276,27 @@ void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
     if (rx->len % sizeof(float) != 0 || h->req_worker != h->sender) {
         cps__log(CPS_LOG_WARN, "allreduce", "malformed collective message from node %u dropped",
                  h->sender);
+        return;
+    }
+    if (h->range == KIND_STATE_REQ) {
+        serve_state(c, h);
+        return;
+    }
+    if (h->range == KIND_STATE) {
+        if (a->fetch_buf && !a->fetch_done && h->req_seq == a->fetch_req &&
+            h->sender == a->fetch_from) {
+            uint64_t count = rx->len / sizeof(float);
+            a->fetch_done = 1;
+            if (h->status < 0) {
+                a->fetch_result = h->status;
+            } else if (count != a->fetch_len) {
+                a->fetch_result = CPS_ESIZE;
+            } else {
+                memcpy(a->fetch_buf, rx->payload, rx->len);
+                a->fetch_step = h->step;
+                a->fetch_result = 1;
+            }
+        }
         return;
     }
     cps__coll_msg m = {.from = h->sender,
@@ -345,6 +428,116 @@ int cps_allreduce(cps_client *c, float *buf, uint64_t len, cps_reduce_op op)
     int rc = enqueue(c, buf, len, op, &h);
     if (rc == 0)
         rc = wait_locked(c, h, -1);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int cps_allreduce_share(cps_client *c, const float *buf, uint64_t len, uint64_t step)
+{
+    cps__why_clear();
+    if (!c || (buf && len == 0))
+        return CPS_EINVAL;
+    pthread_mutex_lock(&c->lock);
+    cps__ar *a;
+    int rc = ar_get(c, &a);
+    if (rc == 0) {
+        a->share_buf = buf;
+        a->share_len = buf ? len : 0;
+        a->share_step = step;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+/* The live worker to ask: the lowest rank after `after` (0: from the start), not us. */
+static uint32_t fetch_target(cps__ar *a, uint32_t me, uint32_t after)
+{
+    int past = after == 0;
+    for (uint32_t i = 0; i < a->nmembers; i++) {
+        if (a->members[i] == after) {
+            past = 1;
+            continue;
+        }
+        if (past && a->members[i] != me)
+            return a->members[i];
+    }
+    return 0;
+}
+
+int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
+{
+    cps__why_clear();
+    if (!c || !buf || len == 0 || len >= (1ull << 32))
+        return CPS_EINVAL;
+    pthread_mutex_lock(&c->lock);
+    cps__ar *a;
+    int rc = ar_get(c, &a);
+    if (rc != 0 || !a->joiner) {
+        pthread_mutex_unlock(&c->lock);
+        return rc;
+    }
+    a->fetch_buf = buf;
+    a->fetch_len = len;
+    a->fetch_done = 0;
+    a->fetch_from = 0;
+    uint64_t deadline = cps__now_ms() + c->cfg.unavailable_timeout_ms, sent = 0;
+    rc = 0;
+    while (rc == 0) {
+        uint64_t now = cps__now_ms();
+        if (a->fetch_done) {
+            if (a->fetch_result != CPS_ENOTFOUND)
+                break;
+            /* That one shares nothing (another replacement?): ask the next. */
+            a->fetch_done = 0;
+            a->fetch_from = fetch_target(a, c->id, a->fetch_from);
+            if (!a->fetch_from) {
+                a->fetch_result = CPS_ENOTFOUND;
+                break;
+            }
+            sent = 0;
+        }
+        if (c->shutdown) {
+            rc = CPS_ESHUTDOWN;
+        } else if (now >= deadline) {
+            rc = CPS_ETIMEDOUT;
+        } else if (now - sent >= FETCH_RESEND_MS) {
+            /* (Again) to the first live worker: the one asked may have died since. */
+            uint32_t to = a->fetch_from && cps__view_node(&c->view, a->fetch_from) &&
+                                  cps__view_node(&c->view, a->fetch_from)->alive
+                              ? a->fetch_from
+                              : fetch_target(a, c->id, 0);
+            if (!to) {
+                rc = CPS_ENOPEER;
+                break;
+            }
+            a->fetch_from = to;
+            cps__msg_hdr h = {.type = CPS_MSG_COLL,
+                              .sender = c->id,
+                              .epoch = c->view.epoch,
+                              .req_worker = c->id,
+                              .range = KIND_STATE_REQ,
+                              .req_seq = ++a->fetch_req,
+                              .aux = len};
+            cps__msg_send(c->tp, to, &h, NULL, 0);
+            sent = now;
+        } else {
+            rc = cps__client_progress(c, 50);
+        }
+    }
+    if (rc == 0) {
+        rc = a->fetch_result;
+        if (rc == 1) {
+            if (step)
+                *step = a->fetch_step;
+            cps__log(CPS_LOG_INFO, "allreduce",
+                     "replacement: %llu values (step %llu) fetched from worker %u",
+                     (unsigned long long)len, (unsigned long long)a->fetch_step, a->fetch_from);
+        }
+    }
+    if (rc < 0)
+        cps__log(CPS_LOG_ERROR, "allreduce", "replacement: cannot fetch the shared values: %s",
+                 cps_strerror(rc));
+    a->fetch_buf = NULL;
     pthread_mutex_unlock(&c->lock);
     return rc;
 }

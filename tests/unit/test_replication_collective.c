@@ -474,11 +474,15 @@ static void test_alone_and_errors(void **state)
     assert_int_equal(cps__coll_actions(c, &a), 1);
     assert_int_equal(a[0].kind, CPS_COLL_DONE);
     assert_true(x[2] == 3.0f);
-    /* Every peer gone: a named error, at once. */
+    /* Every peer gone: it waits for a replacement, then fails with a named error. */
     assert_int_equal(cps__coll_view(c, 2, two, 2, 1, 0), 0);
     assert_int_equal(cps__coll_start(c, x, 3, CPS_COLL_SUM, 0, &seq), 0);
     assert_int_equal(cps__coll_start(c, x, 3, CPS_COLL_SUM, 0, &seq), CPS_EBUSY);
     assert_int_equal(cps__coll_view(c, 3, &me, 1, 1, 5), 0);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    cps__coll_tick(c, 104);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    cps__coll_tick(c, 105);
     assert_int_equal(cps__coll_actions(c, &a), 1);
     assert_int_equal(a[0].kind, CPS_COLL_FAILED);
     assert_int_equal(a[0].status, CPS_ENOPEER);
