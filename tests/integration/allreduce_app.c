@@ -8,6 +8,9 @@
  * "<i> <xxh3 of the result's bytes> <CLOCK_REALTIME ms>" to DIR/rank<R>.txt (with --out): the
  * test compares the hashes across workers and runs, and the kill bench reads the times.
  * --bench: prints "bench len=N workers=P p50_us=.. gbps=.." from iterations after the warm-up.
+ * --train: a model w of N values trained by the mean of all-reduced gradients that depend on w;
+ * w is shared after every step (cps_allreduce_share), and a replacement of a dead worker starts
+ * from a live worker's w and step (cps_allreduce_fetch). Prints "final w <hash>" at the end.
  * Exits 0 when every iteration completed, 1 on the first error (printed with its name). */
 #include <stdint.h>
 #include <stdio.h>
@@ -45,17 +48,13 @@ static int cmp_u64(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    int len = 1000, iters = 10, mean = 0, async = 0, step_ms = 0, warmup = 3, bench = 0;
+    int len = 1000, iters = 10, mean = 0, async = 0, step_ms = 0, warmup = 3, bench = 0, train = 0;
     const char *out = NULL;
-    const tc_flag flags[] = {{"--len", TC_INT, &len},
-                             {"--iters", TC_INT, &iters},
-                             {"--mean", TC_SWITCH, &mean},
-                             {"--async", TC_SWITCH, &async},
-                             {"--step-ms", TC_INT, &step_ms},
-                             {"--warmup", TC_INT, &warmup},
-                             {"--bench", TC_SWITCH, &bench},
-                             {"--out", TC_STR, &out},
-                             {NULL, 0, NULL}};
+    const tc_flag flags[] = {{"--len", TC_INT, &len},         {"--iters", TC_INT, &iters},
+                             {"--mean", TC_SWITCH, &mean},    {"--async", TC_SWITCH, &async},
+                             {"--step-ms", TC_INT, &step_ms}, {"--warmup", TC_INT, &warmup},
+                             {"--bench", TC_SWITCH, &bench},  {"--train", TC_SWITCH, &train},
+                             {"--out", TC_STR, &out},         {NULL, 0, NULL}};
     if (tc_flags_parse(argc, argv, flags) != 0 || len <= 0 || iters <= 0)
         return 2;
     cps_client *c;
@@ -80,10 +79,29 @@ int main(int argc, char **argv)
     uint64_t *lat = calloc((size_t)iters, sizeof *lat);
     if (!v || !lat)
         return 1;
-    cps_reduce_op op = mean ? CPS_REDUCE_MEAN : CPS_REDUCE_SUM;
-    int status = 0, measured = 0;
-    for (int i = 0; i < iters; i++) {
+    cps_reduce_op op = mean || train ? CPS_REDUCE_MEAN : CPS_REDUCE_SUM;
+    int status = 0, measured = 0, first = 0;
+    float *w = calloc((size_t)len, sizeof *w);
+    if (!w)
+        return 1;
+    if (train) {
+        uint64_t step = 0;
+        rc = cps_allreduce_fetch(c, w, (uint64_t)len, &step);
+        if (rc < 0) {
+            fprintf(stderr, "rank %d: fetch: %s\n", rank, cps_err_name(rc));
+            return 1;
+        }
+        if (rc == 1) {
+            printf("rank %d: replacement starts at step %llu\n", rank, (unsigned long long)step);
+            first = (int)step;
+        }
+        cps_allreduce_share(c, w, (uint64_t)len, (uint64_t)first);
+    }
+    for (int i = first; i < iters; i++) {
         fill(v, len, rank, i);
+        if (train) /* a gradient that depends on the model: a wrong w shows in every later step */
+            for (int j = 0; j < len; j++)
+                v[j] = v[j] * 1e-3f + 0.01f * w[j];
         uint64_t t0 = now_us(CLOCK_MONOTONIC);
         if (async) {
             cps_allreduce_handle *h;
@@ -100,6 +118,11 @@ int main(int argc, char **argv)
                     cps_last_error_message());
             status = 1;
             break;
+        }
+        if (train) {
+            for (int j = 0; j < len; j++)
+                w[j] -= 0.1f * v[j];
+            cps_allreduce_share(c, w, (uint64_t)len, (uint64_t)i + 1);
         }
         if (i >= warmup)
             lat[measured++] = t1 - t0;
@@ -124,6 +147,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "rank %d: barrier: %s\n", rank, cps_err_name(rc));
         status = 1;
     }
+    if (train)
+        printf("final w %016llx\n", (unsigned long long)XXH3_64bits(w, (size_t)len * sizeof *w));
     cps_allreduce_stats st;
     cps_allreduce_stats_get(c, &st);
     printf("rank %d: %llu all-reduces, %llu restarts, %llu results taken\n", rank,
@@ -132,6 +157,7 @@ int main(int argc, char **argv)
     if (log)
         fclose(log);
     free(v);
+    free(w);
     free(lat);
     int crc = cps_close(c);
     return status ? status : crc != 0;

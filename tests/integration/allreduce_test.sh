@@ -4,6 +4,8 @@
 #     gives the same bits again;
 #  2. 4 workers, one killed -9 in the middle of the all-reduces: the job finishes without a
 #     restart, and the survivors agree on every all-reduce, the ones after the kill included.
+#  3. --restart-workers: the replacement fetches the trained values from a live worker
+#     (cps_allreduce_fetch) and both workers end with the same values.
 # Usage: allreduce_test.sh CHAINPS ALLREDUCE_APP [KILLS]
 # With KILLS > 0 (bench/allreduce_kill.sh) step 2 is repeated KILLS times and the time from each
 # kill to the moment every survivor had completed an all-reduce begun after the kill is printed
@@ -107,4 +109,33 @@ for k in $(seq 1 "$KILLS"); do
     grep -h 'restarts' "$out.log" | sed 's/^/  /'
 done
 echo "ok: a worker killed -9 in the middle: the survivors finished all 400 all-reduces with equal bits"
+
+# 3. Under --restart-workers: a 2-worker job training w (allreduce_app --train), rank 1 killed
+#    -9 after 100 steps; its replacement fetches w and the step from rank 0 (whose ring waits for
+#    it) and both end with the same w.
+if [ "${EQUAL_WORKERS-x}" != "" ]; then
+    out="$dir/replace"
+    mkdir -p "$out"
+    "$CHAINPS" launch --servers 1 --workers 2 --restart-workers --timeout 150 -- \
+        "$APP" --out "$out" --train --len 5000 --iters 600 --step-ms 10 >"$out.log" 2>&1 &
+    lp=$!
+    for t in $(seq 1 150); do
+        [ -s "$out/rank1.txt" ] && [ "$(wc -l <"$out/rank1.txt")" -ge 100 ] && break
+        sleep 0.1
+    done
+    pid=$(worker_of_rank 1)
+    [ -n "$pid" ] || { tail -20 "$out.log"; fail "no worker of rank 1"; }
+    kill -9 "$pid"
+    wait "$lp"
+    rc=$?
+    lp=
+    [ $rc = 0 ] || { tail -30 "$out.log"; fail "the job with a replaced worker exited $rc"; }
+    grep -q 'rank 1: replacement starts at step [1-9]' "$out.log" ||
+        { tail -30 "$out.log"; fail "the replacement did not fetch w from a live worker"; }
+    finals=$(sed -n 's/.*final w \([0-9a-f]*\).*/\1/p' "$out.log" | sort -u)
+    [ "$(sed -n 's/.*final w \([0-9a-f]*\).*/\1/p' "$out.log" | wc -l)" = 2 ] &&
+        [ "$(echo "$finals" | wc -l)" = 1 ] ||
+        { grep 'final w\|replacement' "$out.log"; fail "the workers ended with different w"; }
+    echo "ok: --restart-workers: $(grep -o 'replacement starts at step [0-9]*' "$out.log"), both workers end with w $finals"
+fi
 echo "PASS"
