@@ -108,6 +108,15 @@ class DistributedOptimizer:
             embeddings on the servers, otherwise none. A torch sparse gradient
             (``nn.Embedding(sparse=True)``) gives its rows; a dense one its nonzero rows.
             Row pushes apply on arrival even in sync mode (no per-step aggregate).
+        sync_every: hybrid mode, all-reduced parameters: accumulate their gradients for k steps
+            and all-reduce and step the local optimizer once every k (gradient accumulation,
+            not local SGD: the result is that of a k times larger batch, bitwise the same on
+            every worker, and the bytes on the ring fall by k). The servers' parameters still
+            push every step.
+        warmup_steps: hybrid mode: for the first n steps each worker steps its local optimizer
+            on its own gradients without talking to the others; at the first synchronisation
+            the parameters and the local optimizer's state are averaged (all-reduce mean), so
+            every worker continues from the same bits.
 
     The constructor declares every parameter (with its shape) and pulls its values into the
     model, so every worker starts from the same parameters. Raises TypeError/ValueError for a
@@ -117,7 +126,7 @@ class DistributedOptimizer:
 
     def __init__(self, named_parameters, optim=None, client=None, init=None, seed=0,
                  overlap=True, prefix="", compress=None, on_servers=None, local_optim=None,
-                 server_threshold=1 << 16, sparse=None):
+                 server_threshold=1 << 16, sparse=None, sync_every=1, warmup_steps=0):
         self.client = client if client is not None else chainps.init()
         named = [(prefix + n, p) for n, p in named_parameters if p.requires_grad]
         if not named:
@@ -126,6 +135,10 @@ class DistributedOptimizer:
         if len(set(names)) != len(names):
             raise ValueError("two parameters share a name")
         self._local = []
+        if sync_every < 1 or warmup_steps < 0:
+            raise ValueError("sync_every must be >= 1 and warmup_steps >= 0")
+        self.sync_every, self.warmup_steps = int(sync_every), int(warmup_steps)
+        self._acc_steps = 0
         if local_optim is not None:
             if on_servers is None:
                 pick = lambda n, p: default_on_servers(n, p, server_threshold)  # noqa: E731
@@ -243,6 +256,50 @@ class DistributedOptimizer:
         self.client.allreduce(self._bucket, "mean")
         self._unpack(grads)
 
+    def _local_step(self):
+        step = self.start_step + self.steps  # 0-based index of this step in the job
+        if step < self.warmup_steps:
+            self.local_optimizer.step()  # on this worker's own gradient
+            if step + 1 == self.warmup_steps:
+                self._average_after_warmup()
+            return
+        if self.sync_every == 1:
+            with torch.no_grad():
+                self._allreduce_local()
+            self.local_optimizer.step()
+            return
+        with torch.no_grad():
+            if self._acc_steps == 0:
+                self._acc = [torch.zeros_like(p) for _, p in self._local]
+            for a, (_, p) in zip(self._acc, self._local):
+                if p.grad is not None:
+                    a.add_(p.grad)
+            self._acc_steps += 1
+            if self._acc_steps < self.sync_every:
+                return
+            for a, (_, p) in zip(self._acc, self._local):
+                p.grad = a.div_(self.sync_every)
+            self._acc_steps = 0
+            self._allreduce_local()
+        self.local_optimizer.step()
+
+    def _average_after_warmup(self):
+        # Parameters, then every floating-point tensor of the optimizer's state, in parameter
+        # order: the same calls on every worker.
+        with torch.no_grad():
+            self._pack([p.data for _, p in self._local])
+            self.client.allreduce(self._bucket, "mean")
+            self._unpack([p.data for _, p in self._local])
+            for _, p in self._local:
+                st = self.local_optimizer.state.get(p, {})
+                for k in sorted(st):
+                    v = st[k]
+                    if torch.is_tensor(v) and v.dtype == torch.float32 and v.numel():
+                        buf = v.contiguous()
+                        self.client.allreduce(buf, "mean")
+                        if buf.data_ptr() != v.data_ptr():
+                            v.copy_(buf)
+
     def _share(self):
         # Served to a replacement while this worker is inside a chainps call, i.e. between
         # steps: the parameters of the last completed step.
@@ -353,10 +410,8 @@ class DistributedOptimizer:
                         self._handles[name][0].wait()
             finally:
                 self._handles.clear()
-            if self._local:
-                self._allreduce_local()
-        if self.local_optimizer is not None:
-            self.local_optimizer.step()
+        if self._local:
+            self._local_step()
         self.steps += 1
         self._share()
         return loss

@@ -66,6 +66,36 @@ def main():
             local_optim=lambda ps: torch.optim.SGD(ps, lr=lr))
         p2 = o2.placement()
         assert p2["servers"][0].endswith("fc.weight") and len(p2["servers"]) == 1, p2
+    # Warm-up and communication frequency on an all-reduced model of its own.
+    small = torch.nn.Linear(8, 4)
+    o3 = chainps.torch.DistributedOptimizer(
+        small.named_parameters(), chainps.SGD(lr), client=client, prefix="small/",
+        on_servers=lambda n, p: False, local_optim=lambda ps: torch.optim.SGD(ps, lr=lr,
+                                                                              momentum=0.9),
+        warmup_steps=3, sync_every=4)
+
+    def same_everywhere():
+        v = torch.cat([small.weight.detach().reshape(-1), small.bias.detach()])
+        twice = v.clone()
+        client.allreduce(twice, "sum")
+        return torch.equal(twice, v * 2)
+
+    def small_step(i):
+        xs = torch.randn(16, 8, generator=torch.Generator().manual_seed(100 * rank + i))
+        o3.zero_grad()
+        small(xs).pow(2).mean().backward()
+        before = small.weight.detach().clone()
+        o3.step()
+        return not torch.equal(before, small.weight.detach())
+
+    assert small_step(0) and small_step(1), "warm-up steps are local optimizer steps"
+    assert not same_everywhere(), "workers trained on their own data must differ in warm-up"
+    assert small_step(2) and same_everywhere(), "the first synchronisation averages them"
+    for i in range(3, 11):
+        moved = small_step(i)
+        assert moved == ((i - 3) % 4 == 3), f"step {i}: sync_every=4 steps every 4th only"
+        assert same_everywhere(), f"step {i}: workers differ"
+
     for _ in range(5):
         opt.zero_grad()
         torch.nn.functional.mse_loss(net(ids, z), y).backward()
