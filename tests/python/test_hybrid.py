@@ -13,9 +13,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(tj.ROOT, "examples", "hybrid", "train.py")
 
 
-def launch(program, args, timeout=240):
-    cmd = [tj.cli(), "launch", "--timeout", str(timeout - 20), "--servers", "2", "--workers",
-           "2", "--", tj.PYTHON, program, *args]
+def launch(program, args, timeout=240, launch_args=("--servers", "2")):
+    cmd = [tj.cli(), "launch", "--timeout", str(timeout - 20), *launch_args, "--workers", "2",
+           "--", tj.PYTHON, program, *args]
     p = tj.subprocess.run(cmd, stdout=tj.subprocess.PIPE, stderr=tj.subprocess.STDOUT,
                           text=True, env=tj.env(), timeout=timeout)
     return p.returncode, p.stdout
@@ -84,3 +84,15 @@ def test_replacement_fetches_the_allreduced_parameters(tmp_path):
     assert p.returncode == 0 and len(f) == 2, out[-5000:]
     assert "restarted worker 1" in out and "replacement: 577 values" in out, out[-5000:]
     assert f[0][2] == f[1][2], f"workers differ after the replacement: {f}"
+
+
+def test_example_survives_a_server_kill():
+    """Server 0 (head of a range holding table rows) SIGKILLed while the example trains, and
+    restarted: both workers finish with the same parameters."""
+    rc, out = launch(EXAMPLE, ["--steps", "2500", "--vocab", "5000", "--lr", "2",
+                               "--log-every", "500"],
+                     launch_args=("--servers", "3", "--kill-at", "6"))
+    f = tj.finals(out)
+    assert rc == 0 and len(f) == 2, out[-5000:]
+    assert "SIGKILL server 0" in out, out[-3000:]
+    assert f[0][2] == f[1][2], f"workers differ after a server kill: {f}"
