@@ -52,6 +52,7 @@ struct cps__ar {
     uint64_t bytes_sent;
     uint32_t *members;
     uint32_t cap;
+    uint64_t view_asked_ms;
 };
 
 static int ar_get(cps_client *c, cps__ar **out)
@@ -78,6 +79,19 @@ static int ar_get(cps_client *c, cps__ar **out)
 }
 
 static void start_next(cps_client *c);
+
+/* A peer is under a newer view than ours: ask the scheduler (node 0) for it, at most every
+ * VIEW_ASK_MS (the session asks too when its requests are refused as stale). */
+#define VIEW_ASK_MS 100
+static void ask_view(cps_client *c)
+{
+    uint64_t now = cps__now_ms();
+    if (now - c->ar->view_asked_ms < VIEW_ASK_MS)
+        return;
+    c->ar->view_asked_ms = now;
+    cps__msg_hdr h = {.type = CPS_MSG_GET_VIEW, .sender = c->id, .epoch = c->view->epoch};
+    cps__msg_send(c->tp, 0, &h, NULL, 0);
+}
 
 static void send_msg(cps_client *c, uint32_t to, const cps__coll_msg *m)
 {
@@ -118,7 +132,7 @@ static void perform(cps_client *c)
             send_msg(c, act[i].to, &act[i].msg);
             break;
         case CPS_COLL_NEED_VIEW:
-            cps__client_ask_view(c);
+            ask_view(c);
             break;
         case CPS_COLL_DONE:
         case CPS_COLL_FAILED: {
@@ -170,7 +184,7 @@ static void start_next(cps_client *c)
 void cps__ar_on_view(cps_client *c)
 {
     cps__ar *a = c->ar;
-    const cps__view *v = &c->view;
+    const cps__view *v = c->view;
     /* A worker still joining may hear from the ring before its WELCOME names it: its ring then
      * waits (the pure object keeps the messages) until the id is known. */
     if (!a || c->id == 0 || v->epoch <= a->epoch_fed)
@@ -242,7 +256,7 @@ static void serve_state(cps_client *c, const cps__msg_hdr *req)
     cps__ar *a = c->ar;
     cps__msg_hdr h = {.type = CPS_MSG_COLL,
                       .sender = c->id,
-                      .epoch = c->view.epoch,
+                      .epoch = c->view->epoch,
                       .req_worker = c->id,
                       .range = KIND_STATE,
                       .req_seq = req->req_seq};
@@ -373,7 +387,7 @@ static int wait_locked(cps_client *c, cps_allreduce_handle *h, int timeout_ms)
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : cps__now_ms() + (uint64_t)timeout_ms;
     while (!h->done) {
         uint64_t now = cps__now_ms();
-        if (c->shutdown) {
+        if (cps__sess_shutdown(c->sess)) {
             cps__log(CPS_LOG_ERROR, "allreduce", "the job ended during an all-reduce");
             return CPS_ESHUTDOWN; /* h stays queued; cps_close frees it */
         }
@@ -496,14 +510,14 @@ int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
             }
             sent = 0;
         }
-        if (c->shutdown) {
+        if (cps__sess_shutdown(c->sess)) {
             rc = CPS_ESHUTDOWN;
         } else if (now >= deadline) {
             rc = CPS_ETIMEDOUT;
         } else if (now - sent >= FETCH_RESEND_MS) {
             /* (Again) to the first live worker: the one asked may have died since. */
-            uint32_t to = a->fetch_from && cps__view_node(&c->view, a->fetch_from) &&
-                                  cps__view_node(&c->view, a->fetch_from)->alive
+            uint32_t to = a->fetch_from && cps__view_node(c->view, a->fetch_from) &&
+                                  cps__view_node(c->view, a->fetch_from)->alive
                               ? a->fetch_from
                               : fetch_target(a, c->id, 0);
             if (!to) {
@@ -513,7 +527,7 @@ int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
             a->fetch_from = to;
             cps__msg_hdr h = {.type = CPS_MSG_COLL,
                               .sender = c->id,
-                              .epoch = c->view.epoch,
+                              .epoch = c->view->epoch,
                               .req_worker = c->id,
                               .range = KIND_STATE_REQ,
                               .req_seq = ++a->fetch_req,
