@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "chainps/allreduce.h" /* cps_allreduce: collectives among the workers */
 #include "chainps/error.h"
 #include "chainps/export.h"
 

@@ -40,7 +40,8 @@ extern "C" {
     X(EPAST, -21, "already past the requested training step")                                      \
     X(EBUSY, -22, "in use by another process")                                                     \
     X(ENOSPC, -23, "disk full")                                                                    \
-    X(ESCHEDULER, -24, "the scheduler is gone")
+    X(ESCHEDULER, -24, "the scheduler is gone")                                                    \
+    X(ENOPEER, -25, "no live peer worker to take part")
 
 /** Status codes. CPS_OK is 0; every error is negative. */
 enum cps_err {

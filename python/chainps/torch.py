@@ -19,6 +19,14 @@ pass; ``step()`` waits for them. In sync mode the servers sum the workers' gradi
 order: the run is deterministic), so each worker pushes its share of the mean (gradient / W);
 in async and ssp:N modes each push is applied on its own, as it is.
 
+Hybrid training (MindSpore's ``set_param_ps()``, BytePS): give ``local_optim`` (a function
+taking a list of parameters and returning any ``torch.optim`` optimizer) and the parameters split
+in two. Those ``on_servers`` picks (by default: embeddings, i.e. names containing "embed", and
+tensors of ``server_threshold`` values or more) live on the servers as above; the rest are
+all-reduced among the workers (``client.allreduce``, mean over the live workers, the same bits on
+every worker) in ``step()`` and updated by the local optimizer on every worker. They start from
+rank 0's values. Without ``local_optim`` every parameter lives on the servers.
+
 Initial values come from the servers (the first declaration creates them; every worker pulls
 the same ones), drawn like torch's defaults for Linear and Conv layers: weights and their biases
 uniform in +-1/sqrt(fan_in), other one-dimensional parameters constant at their local value when
@@ -32,7 +40,7 @@ import torch
 import chainps
 from chainps import checkpoint as _ckpt
 
-__all__ = ["DistributedOptimizer", "default_init", "load_state_dict"]
+__all__ = ["DistributedOptimizer", "default_init", "default_on_servers", "load_state_dict"]
 
 
 def _seed_of(name, seed):
@@ -88,6 +96,28 @@ class DistributedOptimizer:
             'topk:R', 'none'), or a callable (name, param) -> spec or None, to choose per
             tensor (e.g. 'topk:0.01' for large weight matrices, None for biases).
 
+        on_servers: hybrid mode only: which parameters live on the servers, as a collection of
+            names or a predicate (name, param) -> bool (the model's names, without ``prefix``). Default: :func:`default_on_servers`.
+        local_optim: hybrid mode: a callable (list of parameters) -> torch.optim.Optimizer for
+            the all-reduced parameters. None (default): every parameter on the servers.
+        server_threshold: the default placement's size, in values, from which a tensor goes to
+            the servers.
+        sparse: two-dimensional server parameters declared as tables whose gradients go as row
+            pushes (client.rows_push of the rows the step touched, then rows_pull of them), not
+            dense: names, or a predicate (name, param) -> bool. Default: in hybrid mode the
+            embeddings on the servers, otherwise none. A torch sparse gradient
+            (``nn.Embedding(sparse=True)``) gives its rows; a dense one its nonzero rows.
+            Row pushes apply on arrival even in sync mode (no per-step aggregate).
+        sync_every: hybrid mode, all-reduced parameters: accumulate their gradients for k steps
+            and all-reduce and step the local optimizer once every k (gradient accumulation,
+            not local SGD: the result is that of a k times larger batch, bitwise the same on
+            every worker, and the bytes on the ring fall by k). The servers' parameters still
+            push every step.
+        warmup_steps: hybrid mode: for the first n steps each worker steps its local optimizer
+            on its own gradients without talking to the others; at the first synchronisation
+            the parameters and the local optimizer's state are averaged (all-reduce mean), so
+            every worker continues from the same bits.
+
     The constructor declares every parameter (with its shape) and pulls its values into the
     model, so every worker starts from the same parameters. Raises TypeError/ValueError for a
     parameter that is not a contiguous float32 CPU tensor, chainps.Error when a declaration is
@@ -95,19 +125,60 @@ class DistributedOptimizer:
     """
 
     def __init__(self, named_parameters, optim=None, client=None, init=None, seed=0,
-                 overlap=True, prefix="", compress=None):
+                 overlap=True, prefix="", compress=None, on_servers=None, local_optim=None,
+                 server_threshold=1 << 16, sparse=None, sync_every=1, warmup_steps=0):
         self.client = client if client is not None else chainps.init()
-        self._named = [(prefix + n, p) for n, p in named_parameters if p.requires_grad]
-        if not self._named:
+        named = [(prefix + n, p) for n, p in named_parameters if p.requires_grad]
+        if not named:
             raise ValueError("no parameters that require a gradient")
-        names = [n for n, _ in self._named]
+        names = [n for n, _ in named]
         if len(set(names)) != len(names):
             raise ValueError("two parameters share a name")
+        self._local = []
+        if sync_every < 1 or warmup_steps < 0:
+            raise ValueError("sync_every must be >= 1 and warmup_steps >= 0")
+        self.sync_every, self.warmup_steps = int(sync_every), int(warmup_steps)
+        self._acc_steps = 0
+        if local_optim is not None:
+            if on_servers is None:
+                pick = lambda n, p: default_on_servers(n, p, server_threshold)  # noqa: E731
+            elif callable(on_servers):
+                pick = on_servers
+            else:
+                chosen = set(on_servers)
+                pick = lambda n, p: n in chosen  # noqa: E731
+            # The model's names (without `prefix`) are what on_servers sees.
+            on = {n for n, p in named if pick(n[len(prefix):], p)}
+            self._local = [(n, p) for n, p in named if n not in on]
+            named = [(n, p) for n, p in named if n in on]
+        self._named = named
+        self.local_optimizer = None
+        if self._local:
+            for name, p in self._local:
+                _check_param(name, p)
+            self.local_optimizer = local_optim([p for _, p in self._local])
+            self._bucket = torch.zeros(sum(p.numel() for _, p in self._local))
+            # What a replacement of a dead worker copies from a live one (kept current after
+            # every step): the all-reduced parameters, with the step.
+            self._shared = torch.zeros_like(self._bucket)
+            self._local_start = self.client.allreduce_fetch(self._shared)
+            if self._local_start is None:
+                self._sync_local_from_rank0()
+            else:
+                with torch.no_grad():
+                    self._bucket.copy_(self._shared)
+                    self._unpack([p.data for _, p in self._local])
         self.optim = optim if optim is not None else chainps.SGD(0.01)
         self.overlap = overlap
         mode = self.client.mode
         self.grad_scale = 1.0 / self.client.num_workers if mode == "sync" else 1.0
-        by_name = dict(self._named)
+        by_name = dict(named)
+        if sparse is None:
+            sparse = (lambda n, p: "embed" in n.lower()) if local_optim is not None else ()
+        if callable(sparse):
+            self._rows = {n for n, p in named if p.dim() == 2 and sparse(n[len(prefix):], p)}
+        else:
+            self._rows = {n for n, p in named if p.dim() == 2 and n[len(prefix):] in set(sparse)}
         self._tensors = {}
         self._send = {}
         for name, p in self._named:
@@ -118,7 +189,11 @@ class DistributedOptimizer:
                 i = init(name, p)
             else:
                 i = init
-            t = self.client.declare(name, tuple(p.shape), init=i, optim=self.optim)
+            if name in self._rows:
+                t = self.client.declare_table(name, p.shape[0], p.shape[1], init=i,
+                                              optim=self.optim)
+            else:
+                t = self.client.declare(name, tuple(p.shape), init=i, optim=self.optim)
             self._tensors[name] = t
             spec = compress(name, p) if callable(compress) else compress
             if spec is not None:
@@ -126,6 +201,7 @@ class DistributedOptimizer:
             if self.grad_scale != 1.0:
                 self._send[name] = torch.empty_like(p, memory_format=torch.contiguous_format)
         # Every worker starts from the servers' values (fresh, or those of a resumed job).
+        # (With every parameter all-reduced there is nothing to pull.)
         with torch.no_grad():
             handles = [self.client.pull_async(self._tensors[n], p.data) for n, p in self._named]
             for h in handles:
@@ -133,11 +209,113 @@ class DistributedOptimizer:
         # Where this worker's loop starts: the job's step for a replacement of a dead worker
         # (or a restored job), the same for every tensor (cps_start_step).
         self.start_step = self.client.start_step
+        if self._local and self._local_start is not None:
+            self.start_step = max(self.start_step, self._local_start)
         self.steps = 0
+        self._share()
         self._handles = {}
         self._hooks = []
         if overlap:
             self._install_hooks()
+
+    # ---- all-reduced parameters -----------------------------------------------------------
+    def _sync_local_from_rank0(self):
+        # A sum in which every worker but rank 0 gives zeros is rank 0's values, bit for bit.
+        b = self._bucket
+        with torch.no_grad():
+            if self.client.rank == 0:
+                self._pack([p.data for _, p in self._local])
+            else:
+                b.zero_()
+            self.client.allreduce(b, "sum")
+            self._unpack([p.data for _, p in self._local])
+
+    def _pack(self, tensors):
+        off = 0
+        for t in tensors:
+            n = t.numel()
+            self._bucket[off:off + n].copy_(t.reshape(-1))
+            off += n
+
+    def _unpack(self, tensors):
+        off = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(self._bucket[off:off + n].view_as(t))
+            off += n
+
+    def _allreduce_local(self):
+        # One all-reduce for all of them: the ring's cost is mostly per collective for small
+        # tensors. A parameter without a gradient contributes zeros.
+        grads = []
+        for _, p in self._local:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grads.append(p.grad)
+        self._pack(grads)
+        self.client.allreduce(self._bucket, "mean")
+        self._unpack(grads)
+
+    def _local_step(self):
+        step = self.start_step + self.steps  # 0-based index of this step in the job
+        if step < self.warmup_steps:
+            self.local_optimizer.step()  # on this worker's own gradient
+            if step + 1 == self.warmup_steps:
+                self._average_after_warmup()
+            return
+        if self.sync_every == 1:
+            with torch.no_grad():
+                self._allreduce_local()
+            self.local_optimizer.step()
+            return
+        with torch.no_grad():
+            if self._acc_steps == 0:
+                self._acc = [torch.zeros_like(p) for _, p in self._local]
+            for a, (_, p) in zip(self._acc, self._local):
+                if p.grad is not None:
+                    a.add_(p.grad)
+            self._acc_steps += 1
+            if self._acc_steps < self.sync_every:
+                return
+            for a, (_, p) in zip(self._acc, self._local):
+                p.grad = a.div_(self.sync_every)
+            self._acc_steps = 0
+            self._allreduce_local()
+        self.local_optimizer.step()
+
+    def _average_after_warmup(self):
+        # Parameters, then every floating-point tensor of the optimizer's state, in parameter
+        # order: the same calls on every worker.
+        with torch.no_grad():
+            self._pack([p.data for _, p in self._local])
+            self.client.allreduce(self._bucket, "mean")
+            self._unpack([p.data for _, p in self._local])
+            for _, p in self._local:
+                st = self.local_optimizer.state.get(p, {})
+                for k in sorted(st):
+                    v = st[k]
+                    if torch.is_tensor(v) and v.dtype == torch.float32 and v.numel():
+                        buf = v.contiguous()
+                        self.client.allreduce(buf, "mean")
+                        if buf.data_ptr() != v.data_ptr():
+                            v.copy_(buf)
+
+    def _share(self):
+        # Served to a replacement while this worker is inside a chainps call, i.e. between
+        # steps: the parameters of the last completed step.
+        if not self._local:
+            return
+        with torch.no_grad():
+            off = 0
+            for _, p in self._local:
+                n = p.numel()
+                self._shared[off:off + n].copy_(p.data.reshape(-1))
+                off += n
+        self.client.allreduce_share(self._shared, self.start_step + self.steps)
+
+    def placement(self):
+        """{'servers': [names], 'allreduce': [names]}: where each parameter lives."""
+        return {"servers": [n for n, _ in self._named], "allreduce": [n for n, _ in self._local]}
 
     # ---- hooks ----------------------------------------------------------------------------
     def _install_hooks(self):
@@ -160,6 +338,9 @@ class DistributedOptimizer:
             raise RuntimeError(f"parameter {name} got a second gradient before step(): call "
                                f"step() after each backward()")
         g = p.grad
+        if name in self._rows:
+            self._rows_step(name, p, g)
+            return
         if g is None:
             g = self._zeros(name, p)
         elif g.dtype != torch.float32 or g.is_sparse or not g.is_contiguous():
@@ -169,6 +350,27 @@ class DistributedOptimizer:
             torch.mul(g, self.grad_scale, out=send)
             g = send
         self._handles[name] = (self.client.push_pull_async(self._tensors[name], g, p.data), g)
+
+    def _rows_step(self, name, p, g):
+        # Only the rows this step touched cross the network, both ways.
+        t = self._tensors[name]
+        if g is None:
+            self._handles[name] = (None, None)
+            return
+        if g.is_sparse:
+            g = g.coalesce()
+            rows, vals = g.indices()[0], g.values()
+        else:
+            rows = torch.nonzero(g.abs().sum(1)).reshape(-1)
+            vals = g.index_select(0, rows)
+        if rows.numel():
+            rows = rows.contiguous()
+            vals = (vals.to(torch.float32) * self.grad_scale).contiguous()
+            self.client.rows_push(t, rows, vals)
+            out = torch.empty_like(vals)
+            self.client.rows_pull(t, rows, out)
+            p.data.index_copy_(0, rows, out)
+        self._handles[name] = (None, None)
 
     def _zeros(self, name, p):
         z = self._send.get(name)
@@ -181,7 +383,7 @@ class DistributedOptimizer:
     # ---- the optimizer's interface --------------------------------------------------------
     def zero_grad(self, set_to_none=True):
         """Clear the gradients (as torch.optim's zero_grad)."""
-        for _, p in self._named:
+        for _, p in self._named + self._local:
             if p.grad is None:
                 continue
             if set_to_none:
@@ -204,10 +406,14 @@ class DistributedOptimizer:
                     self._start(name, p)
             try:
                 for name, _ in self._named:
-                    self._handles[name][0].wait()
+                    if self._handles[name][0] is not None:
+                        self._handles[name][0].wait()
             finally:
                 self._handles.clear()
+        if self._local:
+            self._local_step()
         self.steps += 1
+        self._share()
         return loss
 
     @property
@@ -225,6 +431,12 @@ class DistributedOptimizer:
     def tensors(self):
         """The declared chainps tensors by name."""
         return dict(self._tensors)
+
+
+def default_on_servers(name, param, threshold=1 << 16):
+    """The default hybrid placement: embeddings (a name containing "embed") and tensors of
+    ``threshold`` values or more live on the servers; the rest are all-reduced."""
+    return "embed" in name.lower() or param.numel() >= threshold
 
 
 def load_state_dict(model, path, strict=True):

@@ -683,6 +683,92 @@ static PyObject *Client_barrier(ClientObject *self, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* allreduce(buf, op="sum"): in place over the live workers (chainps/allreduce.h). */
+static PyObject *Client_allreduce(ClientObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kw[] = {"buf", "op", NULL};
+    PyObject *obj;
+    const char *opname = "sum";
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|s", kw, &obj, &opname))
+        return NULL;
+    if (client_open(self, "allreduce"))
+        return NULL;
+    cps_reduce_op op;
+    if (strcmp(opname, "sum") == 0) {
+        op = CPS_REDUCE_SUM;
+    } else if (strcmp(opname, "mean") == 0) {
+        op = CPS_REDUCE_MEAN;
+    } else {
+        PyErr_Format(PyExc_ValueError, "allreduce: op must be 'sum' or 'mean', not '%s'", opname);
+        return NULL;
+    }
+    cpy_buf b = {0};
+    if (cpy_buf_get(obj, CPY_F32, 1, "buf", NULL, &b) != 0)
+        return NULL;
+    int rc = CPS_EINVAL;
+    if (b.n > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = cps_allreduce(self->c, (float *)b.ptr, (uint64_t)b.n, op);
+        Py_END_ALLOW_THREADS
+    }
+    cpy_buf_release(&b);
+    if (rc != 0)
+        return raise_cps(rc, "allreduce", NULL);
+    Py_RETURN_NONE;
+}
+
+/* allreduce_share(buf, step): offer buf to replacements (borrowed: keep it alive and
+ * unresized; None withdraws it). */
+static PyObject *Client_allreduce_share(ClientObject *self, PyObject *args)
+{
+    PyObject *obj;
+    unsigned long long step = 0;
+    if (!PyArg_ParseTuple(args, "O|K", &obj, &step))
+        return NULL;
+    if (client_open(self, "allreduce_share"))
+        return NULL;
+    int rc;
+    if (obj == Py_None) {
+        rc = cps_allreduce_share(self->c, NULL, 0, 0);
+    } else {
+        cpy_buf b = {0};
+        if (cpy_buf_get(obj, CPY_F32, 0, "buf", NULL, &b) != 0)
+            return NULL;
+        rc = b.n > 0 ? cps_allreduce_share(self->c, (const float *)b.ptr, (uint64_t)b.n, step)
+                     : CPS_EINVAL;
+        cpy_buf_release(&b);
+    }
+    if (rc != 0)
+        return raise_cps(rc, "allreduce_share", NULL);
+    Py_RETURN_NONE;
+}
+
+/* allreduce_fetch(buf) -> the sharer's step, or None when this worker started with the job. */
+static PyObject *Client_allreduce_fetch(ClientObject *self, PyObject *args)
+{
+    PyObject *obj;
+    if (!PyArg_ParseTuple(args, "O", &obj))
+        return NULL;
+    if (client_open(self, "allreduce_fetch"))
+        return NULL;
+    cpy_buf b = {0};
+    if (cpy_buf_get(obj, CPY_F32, 1, "buf", NULL, &b) != 0)
+        return NULL;
+    uint64_t step = 0;
+    int rc = CPS_EINVAL;
+    if (b.n > 0) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = cps_allreduce_fetch(self->c, (float *)b.ptr, (uint64_t)b.n, &step);
+        Py_END_ALLOW_THREADS
+    }
+    cpy_buf_release(&b);
+    if (rc < 0)
+        return raise_cps(rc, "allreduce_fetch", NULL);
+    if (rc == 0)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(step);
+}
+
 static PyObject *Client_stats(ClientObject *self, PyObject *unused)
 {
     (void)unused;
@@ -715,6 +801,13 @@ static PyMethodDef Client_methods[] = {
     {"compress", (PyCFunction)Client_compress, METH_VARARGS,
      "compress(tensor, spec): lossy push compression, 'fp16', 'bf16', 'topk:R' or 'none'"},
     {"barrier", (PyCFunction)Client_barrier, METH_NOARGS, "barrier()"},
+    {"allreduce_share", (PyCFunction)Client_allreduce_share, METH_VARARGS,
+     "allreduce_share(buf, step=0): offer buf (kept alive by the caller) to replacement workers"},
+    {"allreduce_fetch", (PyCFunction)Client_allreduce_fetch, METH_VARARGS,
+     "allreduce_fetch(buf) -> step or None: a replacement copies a live worker's shared buf"},
+    {"allreduce", (PyCFunction)(void (*)(void))Client_allreduce, METH_VARARGS | METH_KEYWORDS,
+     "allreduce(buf, op='sum'): float32 buf all-reduced in place over the live workers; every "
+     "worker gets the same bits"},
     {"stats", (PyCFunction)Client_stats, METH_NOARGS, "stats() -> dict"},
     {"close", (PyCFunction)Client_close, METH_NOARGS, "close()"},
     {"__enter__", (PyCFunction)Client_enter, METH_NOARGS, NULL},

@@ -84,7 +84,10 @@ enum cps__msg_type {
                              loop answers it (CPS_WF_REPLY, same req_seq) */
     CPS_MSG_DRAIN = 46,   /* tool -> scheduler: drain server of rank `aux` (payload as STATUS);
                              server -> scheduler: drain me (SIGTERM). Reply ACK or ERROR */
-    CPS_MSG_TYPE_MAX_ = 47
+    /* Collectives among workers (replication/collective.h, docs/collective.md). */
+    CPS_MSG_COLL = 47, /* worker -> worker: a ring chunk or a completed result (range = kind,
+                          req_seq = collective seq, step = message index, aux = length) */
+    CPS_MSG_TYPE_MAX_ = 48
 };
 
 /* Header flags. */

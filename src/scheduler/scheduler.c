@@ -1799,6 +1799,20 @@ static int on_detect(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
             cps__detector_gone(s->detector, n->info.id);
         }
     }
+    /* The same for a worker (a killed one, not one that finished: declare_dead skips those): the
+     * ring of an all-reduce (replication/collective.h) waits on it, so its death is told at once
+     * rather than after CHAINPS_WORKER_DEAD_AFTER_MS of silence. */
+    for (uint32_t i = 0; !s->finished && i < s->nnodes; i++) {
+        sched_node *n = &s->nodes[i];
+        if (n->info.role == CPS_ROLE_WORKER && n->info.alive &&
+            cps__tp_peer_gone(s->tp, n->info.id)) {
+            cps__log(CPS_LOG_INFO, "scheduler",
+                     "worker %u (rank %u): connection closed and refused since: its process is "
+                     "gone",
+                     n->info.id, n->info.rank);
+            declare_dead(s, n->info.id, now > n->last_seen_ms ? now - n->last_seen_ms : 0);
+        }
+    }
     uint32_t dead[16];
     /* Once the job is ending, servers leave on purpose: not failures. */
     size_t nd = s->finished ? 0 : cps__detector_tick(s->detector, now, dead, 16);

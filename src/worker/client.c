@@ -3,6 +3,7 @@
  * again and when to give up is the session's (recovery/session.h); this file receives, steps
  * the session, and performs its output: encoding, compression, sockets, logging. */
 #include "client.h"
+#include "collective.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -429,6 +430,12 @@ static void handle_msg(void *ctx, void *buf, size_t len)
                  cps_strerror(rc));
         return;
     }
+    if (rx.hdr.type == CPS_MSG_COLL) {
+        /* Worker to worker (collective.c): no part of the session's protocol. */
+        cps__ar_on_msg(c, &rx);
+        cps__rx_free(&rx);
+        return;
+    }
     rc = cps__sess_step(c->sess, &rx.hdr, rx.payload, rx.len, cps__now_ms());
     if (rc != 0 && (rx.hdr.type == CPS_MSG_VIEW || rx.hdr.type == CPS_MSG_WELCOME))
         cps__log(CPS_LOG_ERROR, "worker", "bad view from the scheduler dropped: %s",
@@ -439,6 +446,7 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     c->id = cps__sess_id(c->sess);
     perform(c); /* before rx is freed: answers borrow its payload */
     cps__rx_free(&rx);
+    cps__ar_on_view(c); /* a new view re-forms the all-reduce ring (no-op otherwise) */
 }
 
 /* One turn of the loop: receive what has arrived (waiting up to timeout_ms, or less if the
@@ -454,7 +462,13 @@ static int progress(cps_client *c, int timeout_ms)
         return n;
     cps__sess_tick(c->sess, cps__now_ms());
     perform(c);
+    cps__ar_tick(c);
     return 0;
+}
+
+int cps__client_progress(cps_client *c, int timeout_ms)
+{
+    return progress(c, timeout_ms);
 }
 
 /* Make a call to the scheduler (recovery/session.h: cps__sess_call) and run the loop until it
@@ -497,6 +511,7 @@ static int join(cps_client *c)
 static void client_free(cps_client *c)
 {
     cps__heartbeat_stop(c->hb);
+    cps__ar_free(c);
     cps__loop_tp_detach(&c->inbox);
     cps__loop_destroy(c->loop);
     cps_tensor *t = c->tensors;

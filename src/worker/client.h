@@ -132,6 +132,7 @@ struct cps_client {
     /* Heartbeats come from a thread of their own (with its own socket), so a long compute
      * step between calls never looks like a dead worker. */
     cps__heartbeat *hb; /* heartbeats from a thread (a long step is no death) */
+    struct cps__ar *ar; /* all-reduce among the workers (collective.c); NULL until first used */
 };
 
 /* Start op's requests (op->so.kind and so.nparts set) under `clock`, the tensor's (NULL: a raw
@@ -151,6 +152,8 @@ int cps__client_wait(struct cps_client *c, cps__op *op, int timeout_ms);
 int cps__op_encode(struct cps_client *c, cps_tensor *t, cps__op *op);
 /* Free op->enc (NULL is fine). */
 void cps__op_enc_free(cps__op *op);
+/* One turn of the loop (at most timeout_ms): receive, re-send, report. Under c->lock. */
+int cps__client_progress(struct cps_client *c, int timeout_ms);
 /* Scheduler barrier. */
 int cps__client_barrier(struct cps_client *c);
 /* Tell the scheduler a tensor's description (for checkpoints) and wait for its answer.

@@ -1,0 +1,518 @@
+/* Ring AllReduce state machine (collective.h). */
+#include "replication/collective.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/error.h"
+
+#define DEFAULT_CHUNK (256u * 1024u)
+/* Largest collective: its index arithmetic and the wire's u32 payload lengths stay in range. */
+#define MAX_VALUES (1ull << 32)
+
+typedef struct stashed {
+    cps__coll_msg m; /* m.vals points to vals */
+    float *vals;
+} stashed;
+
+struct cps__coll {
+    uint32_t me;
+    uint64_t chunk;
+    uint64_t timeout_ms;
+    /* the view */
+    uint64_t epoch;
+    uint32_t *members;
+    uint32_t nmembers;
+    int need_peers;
+    int joining; /* cps__coll_set_joining, until the first completion */
+    int alone;   /* running with no peer: waiting for a view with one */
+    /* the running collective */
+    int running;
+    uint64_t seq; /* the running one's, else the last started */
+    int op;
+    float *data; /* the caller's: input until DONE, then the result */
+    uint64_t n;
+    uint32_t pos, p;  /* our position in the ring, ring size */
+    uint64_t nchunks; /* C: chunks per segment */
+    uint64_t next_in; /* index of the message expected from our predecessor */
+    uint64_t last_progress;
+    /* Working buffers: reductions land here, so the caller's input stays intact for a restart.
+     * Collective seq uses buf[seq & 1]; after DONE that buffer holds its result, kept through
+     * the next collective for members that restart the one we completed (they cannot be two
+     * behind: starting seq+2 needs our part of seq+1, given only after we completed seq). */
+    float *buf[2];
+    uint64_t cap[2];
+    float *work;       /* buf[seq & 1] of the running collective */
+    uint64_t done_seq; /* 0: none */
+    uint64_t done_n;
+    uint64_t bcast_epoch; /* epoch under which done_seq's result was last sent to all */
+    stashed *stash;
+    size_t nstash, stash_cap;
+    cps__coll_act *out;
+    size_t nout, out_cap;
+    cps__coll_stats stats;
+};
+
+void cps__coll_segment(uint64_t n, uint32_t p, uint32_t s, uint64_t *lo, uint64_t *hi)
+{
+    /* n < 2^32 and s <= p <= 2^10, so the products fit in 64 bits. */
+    *lo = (uint64_t)s * n / p;
+    *hi = (uint64_t)(s + 1) * n / p;
+}
+
+uint64_t cps__coll_chunks(uint64_t n, uint32_t p, uint64_t chunk)
+{
+    uint64_t longest = (n + p - 1) / p; /* no segment is longer than ceil(n/p) */
+    uint64_t c = (longest + chunk - 1) / chunk;
+    return c ? c : 1;
+}
+
+int cps__coll_create(uint32_t me, uint64_t chunk, uint64_t timeout_ms, cps__coll **out)
+{
+    if (!out || timeout_ms == 0)
+        return CPS_EINVAL;
+    cps__coll *c = calloc(1, sizeof *c);
+    if (!c)
+        return CPS_ENOMEM;
+    c->me = me;
+    c->chunk = chunk ? chunk : DEFAULT_CHUNK;
+    c->timeout_ms = timeout_ms;
+    *out = c;
+    return 0;
+}
+
+static void stash_free_all(cps__coll *c)
+{
+    for (size_t i = 0; i < c->nstash; i++)
+        free(c->stash[i].vals);
+    c->nstash = 0;
+}
+
+void cps__coll_destroy(cps__coll *c)
+{
+    if (!c)
+        return;
+    stash_free_all(c);
+    free(c->stash);
+    free(c->members);
+    free(c->buf[0]);
+    free(c->buf[1]);
+    free(c->out);
+    free(c);
+}
+
+size_t cps__coll_actions(const cps__coll *c, const cps__coll_act **out)
+{
+    *out = c->out;
+    return c->nout;
+}
+
+int cps__coll_running(const cps__coll *c)
+{
+    return c->running;
+}
+
+void cps__coll_stats_get(const cps__coll *c, cps__coll_stats *out)
+{
+    *out = c->stats;
+}
+
+/* Actions are few per call (C sends at most, at a start); growth failing leaves the collective
+ * to its timeout rather than losing order, so it is reported through `oom`. */
+static cps__coll_act *act_add(cps__coll *c, int kind)
+{
+    if (c->nout == c->out_cap) {
+        size_t cap = c->out_cap ? 2 * c->out_cap : 16;
+        cps__coll_act *o = realloc(c->out, cap * sizeof *o);
+        if (!o)
+            return NULL;
+        c->out = o;
+        c->out_cap = cap;
+    }
+    cps__coll_act *a = &c->out[c->nout++];
+    memset(a, 0, sizeof *a);
+    a->kind = kind;
+    return a;
+}
+
+static void finish(cps__coll *c, int status)
+{
+    cps__coll_act *a = act_add(c, status == 0 ? CPS_COLL_DONE : CPS_COLL_FAILED);
+    if (a) {
+        a->seq = c->seq;
+        a->status = status;
+        a->epoch = c->epoch;
+    }
+    c->running = 0;
+    c->data = NULL;
+    if (status == 0) {
+        c->stats.completed++;
+        c->joining = 0;
+    } else {
+        c->stats.failed++;
+    }
+}
+
+static uint32_t mod_p(int64_t x, uint32_t p)
+{
+    int64_t r = x % (int64_t)p;
+    return (uint32_t)(r < 0 ? r + p : r);
+}
+
+/* Values [lo, hi) of message `index` in the running collective, and which segment. */
+static void chunk_span(const cps__coll *c, uint64_t index, int sending, uint64_t *lo, uint64_t *hi)
+{
+    uint64_t k = index / c->nchunks, ch = index % c->nchunks;
+    /* Step k sends segment pos-k and receives segment pos-k-1 (both phases). */
+    uint32_t s = mod_p((int64_t)c->pos - (int64_t)k - (sending ? 0 : 1), c->p);
+    uint64_t slo, shi;
+    cps__coll_segment(c->n, c->p, s, &slo, &shi);
+    uint64_t a = slo + ch * c->chunk, b = a + c->chunk;
+    if (a > shi)
+        a = shi;
+    if (b > shi)
+        b = shi;
+    *lo = a;
+    *hi = b;
+}
+
+static void send_index(cps__coll *c, uint64_t index)
+{
+    uint64_t lo, hi;
+    chunk_span(c, index, 1, &lo, &hi);
+    cps__coll_act *a = act_add(c, CPS_COLL_SEND);
+    if (!a)
+        return;
+    a->to = c->members[(c->pos + 1) % c->p];
+    a->msg.from = c->me;
+    a->msg.kind = CPS_COLL_DATA;
+    a->msg.epoch = c->epoch;
+    a->msg.seq = c->seq;
+    a->msg.index = index;
+    a->msg.n = c->n;
+    /* Step 0 sends our own input; later steps forward what the last step reduced or copied. */
+    a->msg.vals = (index < c->nchunks ? c->data : c->work) + lo;
+    a->msg.count = hi - lo;
+}
+
+static int member_pos(const cps__coll *c, uint32_t id, uint32_t *pos)
+{
+    for (uint32_t i = 0; i < c->nmembers; i++)
+        if (c->members[i] == id) {
+            *pos = i;
+            return 1;
+        }
+    return 0;
+}
+
+static void drain_stash(cps__coll *c, uint64_t now);
+
+/* (Re)start the running collective among the current members, from the caller's input. */
+static void begin(cps__coll *c, uint64_t now)
+{
+    c->last_progress = now;
+    c->alone = 0;
+    unsigned b = (unsigned)(c->seq & 1);
+    if (c->n > c->cap[b]) {
+        float *w = realloc(c->buf[b], c->n * sizeof *w);
+        if (!w) {
+            finish(c, CPS_ENOMEM);
+            return;
+        }
+        c->buf[b] = w;
+        c->cap[b] = c->n;
+    }
+    c->work = c->buf[b];
+    if (!member_pos(c, c->me, &c->pos)) {
+        finish(c, CPS_ESTALE_EPOCH);
+        return;
+    }
+    c->p = c->nmembers;
+    if (c->p == 1) {
+        if (c->need_peers) {
+            /* Every peer gone: wait for a view with one (a replacement) until the timeout,
+             * which then names the cause. */
+            c->alone = 1;
+            return;
+        }
+        /* Alone by design: the sum is our input; the mean is input / 1, the same bits. */
+        memcpy(c->work, c->data, c->n * sizeof(float));
+        c->done_seq = c->seq;
+        c->done_n = c->n;
+        c->bcast_epoch = 0;
+        finish(c, 0);
+        return;
+    }
+    c->nchunks = cps__coll_chunks(c->n, c->p, c->chunk);
+    c->next_in = 0;
+    for (uint64_t i = 0; i < c->nchunks; i++)
+        send_index(c, i);
+    drain_stash(c, now);
+}
+
+void cps__coll_set_joining(cps__coll *c)
+{
+    c->joining = 1;
+}
+
+void cps__coll_set_me(cps__coll *c, uint32_t me)
+{
+    if (!c->members)
+        c->me = me;
+}
+
+int cps__coll_view(cps__coll *c, uint64_t epoch, const uint32_t *members, uint32_t nmembers,
+                   int need_peers, uint64_t now)
+{
+    c->nout = 0;
+    if (epoch <= c->epoch && c->members)
+        return 0;
+    uint32_t *m = malloc((nmembers ? nmembers : 1) * sizeof *m);
+    if (!m)
+        return CPS_ENOMEM;
+    if (nmembers)
+        memcpy(m, members, nmembers * sizeof *m);
+    free(c->members);
+    c->members = m;
+    c->nmembers = nmembers;
+    c->need_peers = need_peers;
+    c->epoch = epoch;
+    if (c->running) {
+        c->stats.restarts++;
+        begin(c, now);
+    } else {
+        drain_stash(c, now);
+    }
+    return 0;
+}
+
+int cps__coll_start(cps__coll *c, float *data, uint64_t n, int op, uint64_t now, uint64_t *seq)
+{
+    c->nout = 0;
+    if (!data || n == 0 || n >= MAX_VALUES || (op != CPS_COLL_SUM && op != CPS_COLL_MEAN) || !seq)
+        return CPS_EINVAL;
+    if (c->running)
+        return CPS_EBUSY;
+    if (!c->members)
+        return CPS_EINVAL; /* no view yet */
+    c->seq++;
+    if (c->joining)
+        for (size_t i = 0; i < c->nstash; i++)
+            if (c->stash[i].m.epoch == c->epoch && c->stash[i].m.kind == CPS_COLL_DATA &&
+                c->stash[i].m.seq > c->seq)
+                c->seq = c->stash[i].m.seq;
+    c->running = 1;
+    c->data = data;
+    c->n = n;
+    c->op = op;
+    *seq = c->seq;
+    begin(c, now);
+    return 0;
+}
+
+static void stash_add(cps__coll *c, const cps__coll_msg *m)
+{
+    /* Bounded: a peer can be ahead of us by less than one collective, (P-1) * C messages. */
+    size_t limit = (size_t)4 * (c->nmembers + 1) * (c->nchunks + 1) + 64;
+    if (c->nstash >= limit) {
+        c->stats.dropped_bad++;
+        return;
+    }
+    if (c->nstash == c->stash_cap) {
+        size_t cap = c->stash_cap ? 2 * c->stash_cap : 16;
+        stashed *s = realloc(c->stash, cap * sizeof *s);
+        if (!s)
+            return;
+        c->stash = s;
+        c->stash_cap = cap;
+    }
+    float *v = malloc((m->count ? m->count : 1) * sizeof *v);
+    if (!v)
+        return;
+    if (m->count)
+        memcpy(v, m->vals, m->count * sizeof *v);
+    stashed *s = &c->stash[c->nstash++];
+    s->m = *m;
+    s->m.vals = v;
+    s->vals = v;
+    c->stats.stashed++;
+}
+
+static void send_result_to_all(cps__coll *c)
+{
+    for (uint32_t i = 0; i < c->nmembers; i++) {
+        if (c->members[i] == c->me)
+            continue;
+        cps__coll_act *a = act_add(c, CPS_COLL_SEND);
+        if (!a)
+            return;
+        a->to = c->members[i];
+        a->msg.from = c->me;
+        a->msg.kind = CPS_COLL_RESULT;
+        a->msg.epoch = c->epoch;
+        a->msg.seq = c->done_seq;
+        a->msg.n = c->done_n;
+        a->msg.vals = c->buf[c->done_seq & 1];
+        a->msg.count = c->done_n;
+    }
+    c->bcast_epoch = c->epoch;
+    c->stats.results_sent++;
+}
+
+/* What to do with a message of the current epoch: 1 consumed (or dropped), 0 keep for later. */
+static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
+{
+    uint32_t from_pos;
+    if (!member_pos(c, m->from, &from_pos) || m->from == c->me) {
+        c->stats.dropped_bad++;
+        return 1;
+    }
+    if (c->joining && c->running && m->seq > c->seq) {
+        c->seq = m->seq;
+        c->stats.restarts++;
+        begin(c, now);
+        if (!c->running)
+            return 0;
+    }
+    if (m->kind == CPS_COLL_RESULT) {
+        if (!c->running || m->seq != c->seq)
+            return m->seq > c->seq ? 0 : (c->stats.dropped_stale++, 1);
+        if (m->n != c->n || m->count != c->n) {
+            c->stats.dropped_bad++;
+            return 1;
+        }
+        memcpy(c->work, m->vals, c->n * sizeof(float));
+        memcpy(c->data, m->vals, c->n * sizeof(float));
+        c->done_seq = c->seq;
+        c->done_n = c->n;
+        c->bcast_epoch = c->epoch; /* everyone got it from the sender */
+        c->stats.results_taken++;
+        finish(c, 0);
+        return 1;
+    }
+    if (m->kind != CPS_COLL_DATA) {
+        c->stats.dropped_bad++;
+        return 1;
+    }
+    if (!c->running || m->seq != c->seq) {
+        if (c->done_seq && m->seq == c->done_seq) {
+            /* A member restarted a collective we completed: give everyone our result. */
+            if (c->bcast_epoch != c->epoch)
+                send_result_to_all(c);
+            return 1;
+        }
+        if (m->seq > c->seq || (!c->running && m->seq == c->seq + 1))
+            return 0;
+        c->stats.dropped_stale++;
+        return 1;
+    }
+    if (from_pos != (c->pos + c->p - 1) % c->p || m->n != c->n) {
+        c->stats.dropped_bad++;
+        return 1;
+    }
+    if (m->index != c->next_in)
+        return m->index > c->next_in ? 0 : (c->stats.dropped_stale++, 1);
+    uint64_t lo, hi;
+    chunk_span(c, m->index, 0, &lo, &hi);
+    if (m->count != hi - lo) {
+        c->stats.dropped_bad++;
+        return 1;
+    }
+    uint64_t k = m->index / c->nchunks;
+    float *w = c->work + lo;
+    if (k < c->p - 1) {
+        /* Reduce-scatter: what came round the ring so far, plus ours, in that order. */
+        const float *in = m->vals, *own = c->data + lo;
+        uint64_t cnt = hi - lo;
+        if (k == c->p - 2 && c->op == CPS_COLL_MEAN) {
+            float div = (float)c->p;
+            for (uint64_t j = 0; j < cnt; j++)
+                w[j] = (in[j] + own[j]) / div;
+        } else {
+            for (uint64_t j = 0; j < cnt; j++)
+                w[j] = in[j] + own[j];
+        }
+    } else if (hi > lo) {
+        memcpy(w, m->vals, (hi - lo) * sizeof(float));
+    }
+    c->last_progress = now;
+    c->next_in++;
+    uint64_t total = 2 * (uint64_t)(c->p - 1) * c->nchunks;
+    if (m->index + c->nchunks < total)
+        send_index(c, m->index + c->nchunks);
+    if (c->next_in == total) {
+        memcpy(c->data, c->work, c->n * sizeof(float));
+        c->done_seq = c->seq;
+        c->done_n = c->n;
+        c->bcast_epoch = 0;
+        finish(c, 0);
+    }
+    return 1;
+}
+
+static void dispatch(cps__coll *c, const cps__coll_msg *m, uint64_t now, int from_stash, int *keep)
+{
+    *keep = 0;
+    if (m->epoch < c->epoch) {
+        c->stats.dropped_stale++;
+        return;
+    }
+    if (m->epoch > c->epoch || !c->members) {
+        *keep = 1;
+        if (!from_stash) {
+            cps__coll_act *a = act_add(c, CPS_COLL_NEED_VIEW);
+            if (a)
+                a->epoch = m->epoch;
+        }
+        return;
+    }
+    *keep = !handle(c, m, now);
+}
+
+static void drain_stash(cps__coll *c, uint64_t now)
+{
+    /* Stashed messages of one sender are in arrival order; retry them until none is taken. */
+    int progress = 1;
+    while (progress) {
+        progress = 0;
+        for (size_t i = 0; i < c->nstash; i++) {
+            int keep;
+            stashed s = c->stash[i];
+            dispatch(c, &s.m, now, 1, &keep);
+            if (keep)
+                continue;
+            free(s.vals);
+            memmove(&c->stash[i], &c->stash[i + 1], (c->nstash - i - 1) * sizeof *c->stash);
+            c->nstash--;
+            progress = 1;
+            break;
+        }
+    }
+}
+
+void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now)
+{
+    c->nout = 0;
+    int keep;
+    dispatch(c, m, now, 0, &keep);
+    if (keep)
+        stash_add(c, m);
+    else
+        drain_stash(c, now);
+}
+
+int cps__coll_set_next_seq(cps__coll *c, uint64_t next)
+{
+    if (c->running || next == 0)
+        return CPS_EBUSY;
+    c->seq = next - 1;
+    c->done_seq = 0;
+    return 0;
+}
+
+void cps__coll_tick(cps__coll *c, uint64_t now)
+{
+    c->nout = 0;
+    if (c->running && now > c->last_progress && now - c->last_progress >= c->timeout_ms)
+        finish(c, c->alone ? CPS_ENOPEER : CPS_ETIMEDOUT);
+}

@@ -1,0 +1,136 @@
+/* AllReduce among the workers of a job, as a pure state machine: a ring of chunks.
+ *
+ * Lives in replication/ beside the sync aggregation (sync.h) because it is the same kind of
+ * protocol: it orders and reduces the contributions of the live workers of a view, and the
+ * purity check and the simulator cover this folder. Nothing here sends, sleeps or reads a clock:
+ * the worker's shell (src/worker/collective.c) feeds messages, views and `now`, and performs the
+ * ordered actions the object returns.
+ *
+ * Algorithm: a ring over the members of the view (the live workers, in rank order), reduce-scatter
+ * then all-gather, 2(P-1) steps for P members. The n values are cut into P segments (segment s is
+ * [s*n/P, (s+1)*n/P)), and each segment into C chunks of at most `chunk` values, so a member
+ * forwards chunk c of step k+1 as soon as it has reduced chunk c of step k: sending, receiving
+ * and adding overlap. Message index i = k*C + c; a member receives its predecessor's messages in
+ * index order (one FIFO pipe per pair), so one counter says what comes next.
+ *
+ * Reduction order is fixed by the member list: segment s is summed as
+ * ((x[s] + x[s+1]) + ...) + x[s-1] (member positions mod P), and its owner (position s-1)
+ * divides by P for a mean before the all-gather. Every member copies the owner's bits, so all
+ * hold the same bits, and a run with the same members gives the same bits again.
+ *
+ * Epochs. Every message carries the view epoch it was sent under and the collective's sequence
+ * number (1, 2, ... per worker, the same on all workers since all call in the same order).
+ * Messages of an older epoch are dropped (fencing); of a newer one, kept until the shell installs
+ * that view (CPS_COLL_NEED_VIEW asks for it). A new view restarts the running collective from the
+ * caller's untouched input among the new members, so a result never mixes two epochs' parts.
+ * A member that already completed collective S under epoch E keeps S's result: a message of S
+ * under a newer epoch (a member that had not completed S restarted it) makes it send that result
+ * to every member (CPS_COLL_RESULT), which they take as theirs. The result is wholly epoch E's.
+ *
+ * A replacement worker learns the ring's next sequence number from a live worker (with the
+ * all-reduced weights) and sets it (cps__coll_set_next_seq) before its first collective.
+ *
+ * Not thread-safe. The view's member array and message payloads are borrowed for the call.
+ */
+#ifndef CPS_REPLICATION_COLLECTIVE_H
+#define CPS_REPLICATION_COLLECTIVE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* On the wire in the message header's `range` field (docs/wire.md, CPS_MSG_COLL). */
+enum cps__coll_kind {
+    CPS_COLL_DATA = 0,  /* a chunk of a ring step: index = step * C + chunk */
+    CPS_COLL_RESULT = 1 /* a completed collective's whole result (index 0) */
+};
+
+enum cps__coll_op { CPS_COLL_SUM = 0, CPS_COLL_MEAN = 1 };
+
+typedef struct cps__coll_msg {
+    uint32_t from; /* sender node id (set by the shell from the header on receipt) */
+    uint32_t kind; /* cps__coll_kind */
+    uint64_t epoch;
+    uint64_t seq;
+    uint64_t index;
+    uint64_t n;        /* values of the whole collective (a check: members must agree) */
+    const float *vals; /* borrowed */
+    uint64_t count;    /* values in vals */
+} cps__coll_msg;
+
+enum cps__coll_act_kind {
+    CPS_COLL_SEND = 1,     /* send `msg` to node `to`: copy msg.vals before the next call */
+    CPS_COLL_DONE = 2,     /* collective `seq` completed: the caller's buffer holds the result */
+    CPS_COLL_FAILED = 3,   /* collective `seq` failed with `status`; the buffer is untouched */
+    CPS_COLL_NEED_VIEW = 4 /* a message of epoch `epoch` arrived: fetch that view */
+};
+
+typedef struct cps__coll_act {
+    int kind;
+    uint32_t to;
+    int status;
+    uint64_t seq;
+    uint64_t epoch;
+    cps__coll_msg msg;
+} cps__coll_act;
+
+typedef struct cps__coll_stats {
+    uint64_t completed, failed, restarts, results_sent, results_taken;
+    uint64_t dropped_stale, dropped_bad, stashed;
+} cps__coll_stats;
+
+typedef struct cps__coll cps__coll;
+
+/* A collective endpoint for node `me`. `chunk`: values per message at most (0: 256 Ki).
+ * `timeout_ms`: a running collective that makes no progress that long fails CPS_ETIMEDOUT.
+ * Errors: CPS_EINVAL, CPS_ENOMEM. */
+int cps__coll_create(uint32_t me, uint64_t chunk, uint64_t timeout_ms, cps__coll **out);
+void cps__coll_destroy(cps__coll *c);
+
+/* Our node id, when it was not known at create (a worker still joining gets ring messages
+ * before its id): before the first cps__coll_view. */
+void cps__coll_set_me(cps__coll *c, uint32_t me);
+
+/* Install view `epoch` whose collective members are `members` (node ids in a fixed order, the
+ * same on every worker: worker rank order). An epoch not above the current one is ignored. With
+ * `need_peers` (the job has more than one worker) a ring of us alone does not complete with our
+ * own values: it waits for a view with a peer (a replacement) and fails CPS_ENOPEER at the
+ * timeout. A running collective restarts among the new members (or
+ * fails CPS_ESTALE_EPOCH if we are not one of them). Errors: CPS_ENOMEM (nothing changed). */
+int cps__coll_view(cps__coll *c, uint64_t epoch, const uint32_t *members, uint32_t nmembers,
+                   int need_peers, uint64_t now);
+
+/* Start the next collective over `data[0..n)` (read as our contribution, then overwritten with
+ * the result at CPS_COLL_DONE; the caller leaves it alone until DONE or FAILED). Its sequence
+ * number is given back in *seq. Errors: CPS_EINVAL (n == 0 or too large, NULL), CPS_EBUSY (one is
+ * running: the shell queues), CPS_ENOMEM. */
+int cps__coll_start(cps__coll *c, float *data, uint64_t n, int op, uint64_t now, uint64_t *seq);
+
+/* A message from the transport (authenticated already). Never fails: a bad one is counted. */
+void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now);
+
+/* This endpoint is a replacement joining a running ring: until its first collective completes,
+ * that collective takes the highest sequence number of the ring's data messages under the current
+ * epoch (restarting under it), so it joins the collective the others are in. Never set it on a
+ * worker that started with the job: there a peer one collective ahead is normal. */
+void cps__coll_set_joining(cps__coll *c);
+
+/* The next collective started gets sequence number `next` (>= 1). Errors: CPS_EBUSY (one is
+ * running, or next == 0). */
+int cps__coll_set_next_seq(cps__coll *c, uint64_t next);
+
+/* Time passes: a collective without progress for timeout_ms fails CPS_ETIMEDOUT. */
+void cps__coll_tick(cps__coll *c, uint64_t now);
+
+/* The actions of the last call, in order; valid until the next call into the object. */
+size_t cps__coll_actions(const cps__coll *c, const cps__coll_act **out);
+
+/* 1 if a collective is running. */
+int cps__coll_running(const cps__coll *c);
+void cps__coll_stats_get(const cps__coll *c, cps__coll_stats *out);
+
+/* Chunking arithmetic, exposed for tests: segment s of n values over p members is
+ * [*lo, *hi); chunks per segment for n, p, chunk. */
+void cps__coll_segment(uint64_t n, uint32_t p, uint32_t s, uint64_t *lo, uint64_t *hi);
+uint64_t cps__coll_chunks(uint64_t n, uint32_t p, uint64_t chunk);
+
+#endif

@@ -1,0 +1,577 @@
+/* cps_allreduce: the worker's shell around the ring state machine (replication/collective.h).
+ *
+ * Wire (CPS_MSG_COLL, docs/collective.md): header epoch = the view epoch the ring was formed
+ * under, req_seq = the collective's sequence number, step = message index (ring step * chunks +
+ * chunk), range = kind (0 data, 1 result), aux = the collective's length in values, req_worker =
+ * the sender; payload = the chunk's float32 values, little-endian, never compressed (gradients do
+ * not compress, and the ring's latency is its cost). The transport has checked the MAC already. */
+#include "worker/collective.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/allreduce.h"
+#include "client.h"
+#include "core/log.h"
+#include "replication/collective.h"
+
+struct cps_allreduce_handle {
+    cps_client *c;
+    float *buf;
+    uint64_t len;
+    int op;
+    int started;
+    int done;
+    int result;
+    char why[CPS__WHY_MAX];
+    struct cps_allreduce_handle *next;
+};
+
+/* Kinds beside the ring's (header `range`): a replacement asks a live worker for the buffer it
+ * shares (aux = the length wanted, req_seq = the request's number), and the answer (the values,
+ * step = the sharer's step, status = CPS_ENOTFOUND / CPS_ESIZE when it cannot). The shell answers
+ * them itself: they are no part of a collective. */
+#define KIND_STATE_REQ  2u
+#define KIND_STATE      3u
+#define FETCH_RESEND_MS 300
+
+struct cps__ar {
+    cps__coll *coll;
+    uint32_t nmembers;
+    int joiner; /* this worker took the rank of a dead one (decided at the first view) */
+    const float *share_buf;
+    uint64_t share_len, share_step;
+    /* a fetch in progress */
+    float *fetch_buf;
+    uint64_t fetch_len, fetch_step, fetch_req;
+    uint32_t fetch_from;
+    int fetch_done, fetch_result;
+    uint64_t epoch_fed; /* the view epoch given to the ring */
+    cps_allreduce_handle *head, *tail;
+    uint64_t bytes_sent;
+    uint32_t *members;
+    uint32_t cap;
+    uint64_t view_asked_ms;
+};
+
+static int ar_get(cps_client *c, cps__ar **out)
+{
+    if (!c->ar) {
+        cps__ar *a = calloc(1, sizeof *a);
+        if (!a)
+            return CPS_ENOMEM;
+        /* No progress for the unavailable timeout: a worker's death is declared well before. */
+        uint64_t timeout = c->cfg.unavailable_timeout_ms ? c->cfg.unavailable_timeout_ms : 30000;
+        /* Values per message (default 256 Ki: 1 MiB), a tuning knob for benchmarks. */
+        const char *env = getenv("CHAINPS_ALLREDUCE_CHUNK");
+        uint64_t chunk = env ? strtoull(env, NULL, 10) : 0;
+        int rc = cps__coll_create(c->id, chunk, timeout, &a->coll);
+        if (rc != 0) {
+            free(a);
+            return rc;
+        }
+        c->ar = a;
+        cps__ar_on_view(c);
+    }
+    *out = c->ar;
+    return 0;
+}
+
+static void start_next(cps_client *c);
+
+/* A peer is under a newer view than ours: ask the scheduler (node 0) for it, at most every
+ * VIEW_ASK_MS (the session asks too when its requests are refused as stale). */
+#define VIEW_ASK_MS 100
+static void ask_view(cps_client *c)
+{
+    uint64_t now = cps__now_ms();
+    if (now - c->ar->view_asked_ms < VIEW_ASK_MS)
+        return;
+    c->ar->view_asked_ms = now;
+    cps__msg_hdr h = {.type = CPS_MSG_GET_VIEW, .sender = c->id, .epoch = c->view->epoch};
+    cps__msg_send(c->tp, 0, &h, NULL, 0);
+}
+
+static void send_msg(cps_client *c, uint32_t to, const cps__coll_msg *m)
+{
+    cps__msg_hdr h = {.type = CPS_MSG_COLL,
+                      .sender = c->id,
+                      .epoch = m->epoch,
+                      .req_worker = c->id,
+                      .range = m->kind,
+                      .req_seq = m->seq,
+                      .step = m->index,
+                      .aux = m->n};
+    size_t bytes = m->count * sizeof(float);
+    void *buf = cps__msg_alloc(&h, bytes);
+    if (!buf) {
+        cps__log(CPS_LOG_ERROR, "allreduce", "out of memory for a %zu-byte message", bytes);
+        return; /* the collective times out rather than reducing without the chunk */
+    }
+    if (bytes)
+        memcpy((char *)buf + CPS_WIRE_HDR_SIZE, m->vals, bytes);
+    int rc = cps__tp_send(c->tp, to, buf, CPS_WIRE_HDR_SIZE + bytes);
+    if (rc != 0) {
+        cps__tp_free(buf);
+        cps__log(CPS_LOG_WARN, "allreduce", "cannot send to worker %u: %s", to, cps_strerror(rc));
+        return;
+    }
+    c->ar->bytes_sent += bytes;
+}
+
+static void perform(cps_client *c)
+{
+    cps__ar *a = c->ar;
+    const cps__coll_act *act;
+    size_t n = cps__coll_actions(a->coll, &act);
+    int finished = 0;
+    for (size_t i = 0; i < n; i++) {
+        switch (act[i].kind) {
+        case CPS_COLL_SEND:
+            send_msg(c, act[i].to, &act[i].msg);
+            break;
+        case CPS_COLL_NEED_VIEW:
+            ask_view(c);
+            break;
+        case CPS_COLL_DONE:
+        case CPS_COLL_FAILED: {
+            cps_allreduce_handle *h = a->head;
+            if (!h || !h->started)
+                break;
+            a->head = h->next;
+            if (!a->head)
+                a->tail = NULL;
+            h->done = 1;
+            h->result = act[i].kind == CPS_COLL_DONE ? 0 : act[i].status;
+            if (h->result != 0) {
+                cps__log(CPS_LOG_ERROR, "allreduce",
+                         "all-reduce %llu of %llu values failed under view epoch %llu: %s",
+                         (unsigned long long)act[i].seq, (unsigned long long)h->len,
+                         (unsigned long long)act[i].epoch, cps_strerror(h->result));
+                snprintf(h->why, sizeof h->why, "%s", cps__why_latest());
+            }
+            finished = 1;
+            break;
+        }
+        }
+    }
+    if (finished)
+        start_next(c);
+}
+
+static void start_next(cps_client *c)
+{
+    cps__ar *a = c->ar;
+    cps_allreduce_handle *h = a->head;
+    if (!h || h->started)
+        return;
+    h->started = 1;
+    uint64_t seq;
+    int rc = cps__coll_start(a->coll, h->buf, h->len, h->op, cps__now_ms(), &seq);
+    if (rc != 0) {
+        a->head = h->next;
+        if (!a->head)
+            a->tail = NULL;
+        h->done = 1;
+        h->result = rc;
+        start_next(c);
+        return;
+    }
+    perform(c);
+}
+
+void cps__ar_on_view(cps_client *c)
+{
+    cps__ar *a = c->ar;
+    const cps__view *v = c->view;
+    /* A worker still joining may hear from the ring before its WELCOME names it: its ring then
+     * waits (the pure object keeps the messages) until the id is known. */
+    if (!a || c->id == 0 || v->epoch <= a->epoch_fed)
+        return;
+    cps__coll_set_me(a->coll, c->id);
+    const cps__node_info *me = cps__view_node(v, c->id);
+    if (a->epoch_fed == 0 && me) {
+        /* A replacement: another worker held our rank and died. */
+        for (uint32_t i = 0; i < v->nnodes; i++) {
+            const cps__node_info *w = &v->nodes[i];
+            if (w->role == CPS_ROLE_WORKER && w->id != me->id && w->rank == me->rank &&
+                cps__node_supersedes(me, w)) {
+                a->joiner = 1;
+                cps__coll_set_joining(a->coll);
+                break;
+            }
+        }
+    }
+    if (a->cap < v->nnodes) {
+        uint32_t *m = realloc(a->members, v->nnodes * sizeof *m);
+        if (!m)
+            return; /* the next view tries again; the ring waits on its timeout meanwhile */
+        a->members = m;
+        a->cap = v->nnodes;
+    }
+    /* Members: the live workers in rank order (ties, which a view should not hold, by id). */
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < v->nnodes; i++) {
+        const cps__node_info *w = &v->nodes[i];
+        if (w->role != CPS_ROLE_WORKER || !w->alive || cps__view_superseded(v, w))
+            continue;
+        uint32_t j = n++;
+        while (j > 0) {
+            const cps__node_info *p = cps__view_node(v, a->members[j - 1]);
+            if (p->rank < w->rank || (p->rank == w->rank && p->id < w->id))
+                break;
+            a->members[j] = a->members[j - 1];
+            j--;
+        }
+        a->members[j] = w->id;
+        if (w->id != c->id) {
+            int rc = cps__tp_peer_set(c->tp, w->id, w->addr);
+            if (rc != 0)
+                cps__log(CPS_LOG_WARN, "allreduce", "cannot reach worker %u at %s: %s", w->id,
+                         w->addr, cps_strerror(rc));
+        }
+    }
+    /* Workers that left: their queued chunks go nowhere. */
+    for (uint32_t i = 0; i < v->nnodes; i++) {
+        const cps__node_info *w = &v->nodes[i];
+        if (w->role == CPS_ROLE_WORKER && w->id != c->id &&
+            (!w->alive || cps__view_superseded(v, w)))
+            cps__tp_peer_drop(c->tp, w->id);
+    }
+    if (cps__coll_view(a->coll, v->epoch, a->members, n, v->num_workers > 1, cps__now_ms()) != 0)
+        return;
+    a->nmembers = n;
+    a->epoch_fed = v->epoch;
+    if (cps__coll_running(a->coll))
+        cps__log(CPS_LOG_INFO, "allreduce", "view epoch %llu: the ring re-forms over %u workers",
+                 (unsigned long long)v->epoch, n);
+    perform(c);
+}
+
+/* A replacement asks for our shared buffer: answer at once (we are inside a call, so the owner
+ * is not writing it). */
+static void serve_state(cps_client *c, const cps__msg_hdr *req)
+{
+    cps__ar *a = c->ar;
+    cps__msg_hdr h = {.type = CPS_MSG_COLL,
+                      .sender = c->id,
+                      .epoch = c->view->epoch,
+                      .req_worker = c->id,
+                      .range = KIND_STATE,
+                      .req_seq = req->req_seq};
+    const float *vals = NULL;
+    uint64_t n = 0;
+    if (!a->share_buf) {
+        h.status = CPS_ENOTFOUND;
+    } else if (req->aux != a->share_len) {
+        h.status = CPS_ESIZE;
+    } else {
+        vals = a->share_buf;
+        n = a->share_len;
+        h.step = a->share_step;
+    }
+    int rc = cps__msg_send(c->tp, req->sender, &h, vals, n * sizeof(float));
+    if (rc != 0)
+        cps__log(CPS_LOG_WARN, "allreduce", "cannot answer worker %u's state request: %s",
+                 req->sender, cps_strerror(rc));
+    else
+        cps__log(CPS_LOG_INFO, "allreduce", "sent %llu shared values (step %llu) to worker %u",
+                 (unsigned long long)n, (unsigned long long)h.step, req->sender);
+}
+
+void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
+{
+    cps__ar *a;
+    if (ar_get(c, &a) != 0)
+        return;
+    cps__ar_on_view(c); /* the WELCOME that named us may have come after the view */
+    const cps__msg_hdr *h = &rx->hdr;
+    if (rx->len % sizeof(float) != 0 || h->req_worker != h->sender) {
+        cps__log(CPS_LOG_WARN, "allreduce", "malformed collective message from node %u dropped",
+                 h->sender);
+        return;
+    }
+    if (h->range == KIND_STATE_REQ) {
+        serve_state(c, h);
+        return;
+    }
+    if (h->range == KIND_STATE) {
+        if (a->fetch_buf && !a->fetch_done && h->req_seq == a->fetch_req &&
+            h->sender == a->fetch_from) {
+            uint64_t count = rx->len / sizeof(float);
+            a->fetch_done = 1;
+            if (h->status < 0) {
+                a->fetch_result = h->status;
+            } else if (count != a->fetch_len) {
+                a->fetch_result = CPS_ESIZE;
+            } else {
+                memcpy(a->fetch_buf, rx->payload, rx->len);
+                a->fetch_step = h->step;
+                a->fetch_result = 1;
+            }
+        }
+        return;
+    }
+    cps__coll_msg m = {.from = h->sender,
+                       .kind = h->range,
+                       .epoch = h->epoch,
+                       .seq = h->req_seq,
+                       .index = h->step,
+                       .n = h->aux,
+                       .vals = rx->payload,
+                       .count = rx->len / sizeof(float)};
+    cps__coll_step(a->coll, &m, cps__now_ms());
+    perform(c);
+}
+
+void cps__ar_tick(cps_client *c)
+{
+    if (!c->ar)
+        return;
+    cps__ar_on_view(c);
+    cps__coll_tick(c->ar->coll, cps__now_ms());
+    perform(c);
+}
+
+void cps__ar_free(cps_client *c)
+{
+    cps__ar *a = c->ar;
+    if (!a)
+        return;
+    while (a->head) {
+        cps_allreduce_handle *h = a->head;
+        a->head = h->next;
+        free(h);
+    }
+    cps__coll_destroy(a->coll);
+    free(a->members);
+    free(a);
+    c->ar = NULL;
+}
+
+/* ---- public API ---- */
+
+static int enqueue(cps_client *c, float *buf, uint64_t len, cps_reduce_op op,
+                   cps_allreduce_handle **out)
+{
+    if (!c || !buf || len == 0 || len >= (1ull << 32) ||
+        (op != CPS_REDUCE_SUM && op != CPS_REDUCE_MEAN))
+        return CPS_EINVAL;
+    cps_allreduce_handle *h = calloc(1, sizeof *h);
+    if (!h)
+        return CPS_ENOMEM;
+    h->c = c;
+    h->buf = buf;
+    h->len = len;
+    h->op = op == CPS_REDUCE_MEAN ? CPS_COLL_MEAN : CPS_COLL_SUM;
+    cps__ar *a;
+    int rc = ar_get(c, &a);
+    if (rc != 0) {
+        free(h);
+        return rc;
+    }
+    if (a->tail)
+        a->tail->next = h;
+    else
+        a->head = h;
+    a->tail = h;
+    start_next(c);
+    *out = h;
+    return 0;
+}
+
+/* Under c->lock: drive the loop until h completes or timeout_ms passes. 1: still running. */
+static int wait_locked(cps_client *c, cps_allreduce_handle *h, int timeout_ms)
+{
+    uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : cps__now_ms() + (uint64_t)timeout_ms;
+    while (!h->done) {
+        uint64_t now = cps__now_ms();
+        if (cps__sess_shutdown(c->sess)) {
+            cps__log(CPS_LOG_ERROR, "allreduce", "the job ended during an all-reduce");
+            return CPS_ESHUTDOWN; /* h stays queued; cps_close frees it */
+        }
+        if (now >= deadline)
+            return 1;
+        uint64_t left = deadline - now;
+        int rc = cps__client_progress(c, left > 50 ? 50 : (int)left);
+        if (rc < 0)
+            return rc;
+    }
+    int result = h->result;
+    if (result != 0 && h->why[0])
+        cps__why_set(h->why);
+    free(h);
+    return result;
+}
+
+int cps_allreduce_async(cps_client *c, float *buf, uint64_t len, cps_reduce_op op,
+                        cps_allreduce_handle **h)
+{
+    cps__why_clear();
+    if (!h)
+        return CPS_EINVAL;
+    *h = NULL;
+    if (!c)
+        return CPS_EINVAL;
+    pthread_mutex_lock(&c->lock);
+    int rc = enqueue(c, buf, len, op, h);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int cps_allreduce_wait(cps_allreduce_handle *h, int timeout_ms)
+{
+    cps__why_clear();
+    if (!h)
+        return CPS_EINVAL;
+    cps_client *c = h->c;
+    pthread_mutex_lock(&c->lock);
+    int rc = wait_locked(c, h, timeout_ms);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int cps_allreduce(cps_client *c, float *buf, uint64_t len, cps_reduce_op op)
+{
+    cps__why_clear();
+    if (!c)
+        return CPS_EINVAL;
+    pthread_mutex_lock(&c->lock);
+    cps_allreduce_handle *h;
+    int rc = enqueue(c, buf, len, op, &h);
+    if (rc == 0)
+        rc = wait_locked(c, h, -1);
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int cps_allreduce_share(cps_client *c, const float *buf, uint64_t len, uint64_t step)
+{
+    cps__why_clear();
+    if (!c || (buf && len == 0))
+        return CPS_EINVAL;
+    pthread_mutex_lock(&c->lock);
+    cps__ar *a;
+    int rc = ar_get(c, &a);
+    if (rc == 0) {
+        a->share_buf = buf;
+        a->share_len = buf ? len : 0;
+        a->share_step = step;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+/* The live worker to ask: the lowest rank after `after` (0: from the start), not us. */
+static uint32_t fetch_target(cps__ar *a, uint32_t me, uint32_t after)
+{
+    int past = after == 0;
+    for (uint32_t i = 0; i < a->nmembers; i++) {
+        if (a->members[i] == after) {
+            past = 1;
+            continue;
+        }
+        if (past && a->members[i] != me)
+            return a->members[i];
+    }
+    return 0;
+}
+
+int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
+{
+    cps__why_clear();
+    if (!c || !buf || len == 0 || len >= (1ull << 32))
+        return CPS_EINVAL;
+    pthread_mutex_lock(&c->lock);
+    cps__ar *a;
+    int rc = ar_get(c, &a);
+    if (rc != 0 || !a->joiner) {
+        pthread_mutex_unlock(&c->lock);
+        return rc;
+    }
+    a->fetch_buf = buf;
+    a->fetch_len = len;
+    a->fetch_done = 0;
+    a->fetch_from = 0;
+    uint64_t deadline = cps__now_ms() + c->cfg.unavailable_timeout_ms, sent = 0;
+    rc = 0;
+    while (rc == 0) {
+        uint64_t now = cps__now_ms();
+        if (a->fetch_done) {
+            if (a->fetch_result != CPS_ENOTFOUND)
+                break;
+            /* That one shares nothing (another replacement?): ask the next. */
+            a->fetch_done = 0;
+            a->fetch_from = fetch_target(a, c->id, a->fetch_from);
+            if (!a->fetch_from) {
+                a->fetch_result = CPS_ENOTFOUND;
+                break;
+            }
+            sent = 0;
+        }
+        if (cps__sess_shutdown(c->sess)) {
+            rc = CPS_ESHUTDOWN;
+        } else if (now >= deadline) {
+            rc = CPS_ETIMEDOUT;
+        } else if (now - sent >= FETCH_RESEND_MS) {
+            /* (Again) to the first live worker: the one asked may have died since. */
+            uint32_t to = a->fetch_from && cps__view_node(c->view, a->fetch_from) &&
+                                  cps__view_node(c->view, a->fetch_from)->alive
+                              ? a->fetch_from
+                              : fetch_target(a, c->id, 0);
+            if (!to) {
+                rc = CPS_ENOPEER;
+                break;
+            }
+            a->fetch_from = to;
+            cps__msg_hdr h = {.type = CPS_MSG_COLL,
+                              .sender = c->id,
+                              .epoch = c->view->epoch,
+                              .req_worker = c->id,
+                              .range = KIND_STATE_REQ,
+                              .req_seq = ++a->fetch_req,
+                              .aux = len};
+            cps__msg_send(c->tp, to, &h, NULL, 0);
+            sent = now;
+        } else {
+            rc = cps__client_progress(c, 50);
+        }
+    }
+    if (rc == 0) {
+        rc = a->fetch_result;
+        if (rc == 1) {
+            if (step)
+                *step = a->fetch_step;
+            cps__log(CPS_LOG_INFO, "allreduce",
+                     "replacement: %llu values (step %llu) fetched from worker %u",
+                     (unsigned long long)len, (unsigned long long)a->fetch_step, a->fetch_from);
+        }
+    }
+    if (rc < 0)
+        cps__log(CPS_LOG_ERROR, "allreduce", "replacement: cannot fetch the shared values: %s",
+                 cps_strerror(rc));
+    a->fetch_buf = NULL;
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+void cps_allreduce_stats_get(cps_client *c, cps_allreduce_stats *out)
+{
+    if (!out)
+        return;
+    memset(out, 0, sizeof *out);
+    if (!c)
+        return;
+    pthread_mutex_lock(&c->lock);
+    if (c->ar) {
+        cps__coll_stats st;
+        cps__coll_stats_get(c->ar->coll, &st);
+        out->completed = st.completed;
+        out->failed = st.failed;
+        out->restarts = st.restarts;
+        out->results_taken = st.results_taken;
+        out->bytes_sent = c->ar->bytes_sent;
+    }
+    pthread_mutex_unlock(&c->lock);
+}

@@ -1,0 +1,164 @@
+/* A worker that runs cps_allreduce in a loop, for tests/integration/allreduce_test.sh and
+ * bench/allreduce.sh.
+ *
+ * usage: allreduce_app --len N --iters K [--mean] [--out DIR] [--async] [--step-ms MS]
+ *                      [--warmup W] [--bench]
+ * Iteration i all-reduces values that depend only on (rank, i), so every run with the same
+ * workers must print the same results. Each completed iteration appends
+ * "<i> <xxh3 of the result's bytes> <CLOCK_REALTIME ms>" to DIR/rank<R>.txt (with --out): the
+ * test compares the hashes across workers and runs, and the kill bench reads the times.
+ * --bench: prints "bench len=N workers=P p50_us=.. gbps=.." from iterations after the warm-up.
+ * --train: a model w of N values trained by the mean of all-reduced gradients that depend on w;
+ * w is shared after every step (cps_allreduce_share), and a replacement of a dead worker starts
+ * from a live worker's w and step (cps_allreduce_fetch). Prints "final w <hash>" at the end.
+ * Exits 0 when every iteration completed, 1 on the first error (printed with its name). */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "chainps/chainps.h"
+#include "flags.h"
+
+static uint64_t now_us(int clock)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void fill(float *v, int len, int rank, int iter)
+{
+    uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(rank + 1) + (uint64_t)iter * 1315423911u;
+    for (int j = 0; j < len; j++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        /* Values of mixed magnitude, so that the order of the additions shows in the bits. */
+        v[j] = (float)((double)(s >> 11) / 9007199254740992.0 - 0.5) * (float)(1 + (j % 7) * 100);
+    }
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+    int len = 1000, iters = 10, mean = 0, async = 0, step_ms = 0, warmup = 3, bench = 0, train = 0;
+    const char *out = NULL;
+    const tc_flag flags[] = {{"--len", TC_INT, &len},         {"--iters", TC_INT, &iters},
+                             {"--mean", TC_SWITCH, &mean},    {"--async", TC_SWITCH, &async},
+                             {"--step-ms", TC_INT, &step_ms}, {"--warmup", TC_INT, &warmup},
+                             {"--bench", TC_SWITCH, &bench},  {"--train", TC_SWITCH, &train},
+                             {"--out", TC_STR, &out},         {NULL, 0, NULL}};
+    if (tc_flags_parse(argc, argv, flags) != 0 || len <= 0 || iters <= 0)
+        return 2;
+    cps_client *c;
+    int rc = cps_open(&c);
+    if (rc != 0) {
+        fprintf(stderr, "cps_open: %s\n", cps_err_name(rc));
+        return 1;
+    }
+    int rank = cps_rank(c);
+    FILE *log = NULL;
+    if (out) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/rank%d.txt", out, rank);
+        log = fopen(path, "a");
+        if (!log) {
+            perror(path);
+            return 1;
+        }
+        setvbuf(log, NULL, _IOLBF, 0);
+    }
+    float *v = malloc((size_t)len * sizeof *v);
+    uint64_t *lat = calloc((size_t)iters, sizeof *lat);
+    if (!v || !lat)
+        return 1;
+    cps_reduce_op op = mean || train ? CPS_REDUCE_MEAN : CPS_REDUCE_SUM;
+    int status = 0, measured = 0, first = 0;
+    float *w = calloc((size_t)len, sizeof *w);
+    if (!w)
+        return 1;
+    if (train) {
+        uint64_t step = 0;
+        rc = cps_allreduce_fetch(c, w, (uint64_t)len, &step);
+        if (rc < 0) {
+            fprintf(stderr, "rank %d: fetch: %s\n", rank, cps_err_name(rc));
+            return 1;
+        }
+        if (rc == 1) {
+            printf("rank %d: replacement starts at step %llu\n", rank, (unsigned long long)step);
+            first = (int)step;
+        }
+        cps_allreduce_share(c, w, (uint64_t)len, (uint64_t)first);
+    }
+    for (int i = first; i < iters; i++) {
+        fill(v, len, rank, i);
+        if (train) /* a gradient that depends on the model: a wrong w shows in every later step */
+            for (int j = 0; j < len; j++)
+                v[j] = v[j] * 1e-3f + 0.01f * w[j];
+        uint64_t t0 = now_us(CLOCK_MONOTONIC);
+        if (async) {
+            cps_allreduce_handle *h;
+            rc = cps_allreduce_async(c, v, (uint64_t)len, op, &h);
+            if (rc == 0)
+                while ((rc = cps_allreduce_wait(h, 20)) == 1)
+                    ;
+        } else {
+            rc = cps_allreduce(c, v, (uint64_t)len, op);
+        }
+        uint64_t t1 = now_us(CLOCK_MONOTONIC);
+        if (rc != 0) {
+            fprintf(stderr, "rank %d: allreduce %d failed: %s (%s)\n", rank, i, cps_err_name(rc),
+                    cps_last_error_message());
+            status = 1;
+            break;
+        }
+        if (train) {
+            for (int j = 0; j < len; j++)
+                w[j] -= 0.1f * v[j];
+            cps_allreduce_share(c, w, (uint64_t)len, (uint64_t)i + 1);
+        }
+        if (i >= warmup)
+            lat[measured++] = t1 - t0;
+        if (log)
+            fprintf(log, "%d %016llx %llu\n", i,
+                    (unsigned long long)XXH3_64bits(v, (size_t)len * sizeof(float)),
+                    (unsigned long long)(now_us(CLOCK_REALTIME) / 1000));
+        if (step_ms)
+            usleep((useconds_t)step_ms * 1000);
+    }
+    if (bench && measured > 0) {
+        qsort(lat, (size_t)measured, sizeof *lat, cmp_u64);
+        uint64_t p50 = lat[measured / 2];
+        /* Algorithm bandwidth: the tensor's bytes over the time of one all-reduce. */
+        double gbps = (double)len * 4.0 / ((double)p50 * 1e-6) / 1e9;
+        printf("bench len=%d workers=%d p50_us=%llu gbps=%.3f\n", len, cps_num_workers(c),
+               (unsigned long long)p50, gbps);
+    }
+    /* A collective ends with every worker: one that leaves right after its last all-reduce would
+     * look like a death to a peer still waiting for that collective's last chunk. */
+    if (status == 0 && (rc = cps_barrier(c)) != 0) {
+        fprintf(stderr, "rank %d: barrier: %s\n", rank, cps_err_name(rc));
+        status = 1;
+    }
+    if (train)
+        printf("final w %016llx\n", (unsigned long long)XXH3_64bits(w, (size_t)len * sizeof *w));
+    cps_allreduce_stats st;
+    cps_allreduce_stats_get(c, &st);
+    printf("rank %d: %llu all-reduces, %llu restarts, %llu results taken\n", rank,
+           (unsigned long long)st.completed, (unsigned long long)st.restarts,
+           (unsigned long long)st.results_taken);
+    if (log)
+        fclose(log);
+    free(v);
+    free(w);
+    free(lat);
+    int crc = cps_close(c);
+    return status ? status : crc != 0;
+}

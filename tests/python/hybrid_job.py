@@ -1,0 +1,114 @@
+#!/usr/bin/python3
+"""A worker of test_hybrid.py: checks DistributedOptimizer's hybrid placement and its two
+optimizers inside a 2-worker job, and prints "hybrid_job: OK rank R checksum C"."""
+import hashlib
+
+import torch
+
+import chainps
+import chainps.torch
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(1000, 8, sparse=True)
+        self.big = torch.nn.Linear(300, 300)   # 90,300 values: over the default threshold
+        self.fc = torch.nn.Linear(8, 1)
+
+    def forward(self, ids, z):
+        return self.fc(self.embed(ids)).squeeze(1) + self.big(z).sum(1)
+
+
+def main():
+    client = chainps.init()
+    rank = client.rank
+    torch.manual_seed(10 + rank)  # different local values: rank 0's must win
+    net = Net()
+    lr = 0.1
+    opt = chainps.torch.DistributedOptimizer(
+        net.named_parameters(), chainps.SGD(lr), client=client,
+        local_optim=lambda ps: torch.optim.SGD(ps, lr=lr))
+    pl = opt.placement()
+    assert pl == {"servers": ["embed.weight", "big.weight"],
+                  "allreduce": ["big.bias", "fc.weight", "fc.bias"]}, pl
+    # The all-reduced parameters start from rank 0's values on every worker.
+    start = torch.cat([net.fc.weight.detach().reshape(-1), net.fc.bias.detach(),
+                       net.big.bias.detach()])
+    check = start.clone()
+    client.allreduce(check, "sum")
+    assert torch.equal(check, start * 2), "workers start from different dense values"
+
+    # One step: the local optimizer applies the mean of the workers' gradients.
+    g = torch.Generator().manual_seed(rank)
+    ids = torch.randint(0, 1000, (16,), generator=g)
+    z = torch.randn(16, 300, generator=g)
+    y = torch.randn(16, generator=g)
+    emb_before = net.embed.weight.detach().clone()  # its rows move during backward()
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(net(ids, z), y).backward()
+    mine = net.fc.weight.grad.detach().clone()
+    mean = mine.clone()
+    client.allreduce(mean, "mean")
+    before = net.fc.weight.detach().clone()
+    opt.step()
+    assert torch.allclose(net.fc.weight.detach(), before - lr * mean, atol=1e-6), \
+        "the local optimizer did not apply the mean gradient"
+    touched = torch.unique(ids)
+    assert not torch.equal(net.embed.weight.detach()[touched], emb_before[touched]), \
+        "the servers' optimizer did not update the embedding rows this worker pushed"
+
+    # By name and by predicate.
+    for on in (["fc.weight"], lambda n, p: n == "fc.weight"):
+        o2 = chainps.torch.DistributedOptimizer(
+            net.named_parameters(), chainps.SGD(lr), client=client, prefix="t2/" if
+            isinstance(on, list) else "t3/", on_servers=on, overlap=False,
+            local_optim=lambda ps: torch.optim.SGD(ps, lr=lr))
+        p2 = o2.placement()
+        assert p2["servers"][0].endswith("fc.weight") and len(p2["servers"]) == 1, p2
+    # Warm-up and communication frequency on an all-reduced model of its own.
+    small = torch.nn.Linear(8, 4)
+    o3 = chainps.torch.DistributedOptimizer(
+        small.named_parameters(), chainps.SGD(lr), client=client, prefix="small/",
+        on_servers=lambda n, p: False, local_optim=lambda ps: torch.optim.SGD(ps, lr=lr,
+                                                                              momentum=0.9),
+        warmup_steps=3, sync_every=4)
+
+    def same_everywhere():
+        v = torch.cat([small.weight.detach().reshape(-1), small.bias.detach()])
+        twice = v.clone()
+        client.allreduce(twice, "sum")
+        return torch.equal(twice, v * 2)
+
+    def small_step(i):
+        xs = torch.randn(16, 8, generator=torch.Generator().manual_seed(100 * rank + i))
+        o3.zero_grad()
+        small(xs).pow(2).mean().backward()
+        before = small.weight.detach().clone()
+        o3.step()
+        return not torch.equal(before, small.weight.detach())
+
+    assert small_step(0) and small_step(1), "warm-up steps are local optimizer steps"
+    assert not same_everywhere(), "workers trained on their own data must differ in warm-up"
+    assert small_step(2) and same_everywhere(), "the first synchronisation averages them"
+    for i in range(3, 11):
+        moved = small_step(i)
+        assert moved == ((i - 3) % 4 == 3), f"step {i}: sync_every=4 steps every 4th only"
+        assert same_everywhere(), f"step {i}: workers differ"
+
+    for _ in range(5):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(ids, z), y).backward()
+        opt.step()
+    client.barrier()
+    opt.pull()
+    h = hashlib.blake2b(digest_size=8)
+    for _, p in sorted(net.named_parameters()):
+        h.update(p.detach().numpy().tobytes())
+    print(f"hybrid_job: OK rank {rank} checksum {h.hexdigest()}", flush=True)
+    client.barrier()
+    client.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""Hybrid PS + AllReduce (issue 29): DistributedOptimizer's placement, its two optimizers and the
+same parameters on both workers (hybrid_job.py), and examples/hybrid in both placements, each in
+a 2-worker `chainps launch` job bounded in time."""
+import os
+import re
+
+import pytest
+
+import torch_jobs as tj
+
+pytest.importorskip("torch")
+HERE = os.path.dirname(os.path.abspath(__file__))
+EXAMPLE = os.path.join(tj.ROOT, "examples", "hybrid", "train.py")
+
+
+def launch(program, args, timeout=240, launch_args=("--servers", "2")):
+    cmd = [tj.cli(), "launch", "--timeout", str(timeout - 20), *launch_args, "--workers", "2",
+           "--", tj.PYTHON, program, *args]
+    p = tj.subprocess.run(cmd, stdout=tj.subprocess.PIPE, stderr=tj.subprocess.STDOUT,
+                          text=True, env=tj.env(), timeout=timeout)
+    return p.returncode, p.stdout
+
+
+def test_placement_two_optimizers_and_equal_parameters():
+    rc, out = launch(os.path.join(HERE, "hybrid_job.py"), [])
+    ok = re.findall(r"hybrid_job: OK rank (\d) checksum ([0-9a-f]+)", out)
+    assert rc == 0 and len(ok) == 2, out[-5000:]
+    assert ok[0][1] == ok[1][1], f"the workers ended with different parameters: {ok}"
+
+
+@pytest.mark.parametrize("placement", ["hybrid", "servers"])
+def test_example_trains_and_workers_agree(placement):
+    rc, out = launch(EXAMPLE, ["--placement", placement, "--steps", "300", "--vocab", "5000",
+                               "--lr", "2", "--log-every", "100"])
+    f = tj.finals(out)
+    assert rc == 0 and len(f) == 2, out[-5000:]
+    assert f[0][2] == f[1][2], f"workers differ: {f}"
+    assert f[0][0] > 60.0, f"test accuracy {f[0][0]}% after 300 steps"
+
+
+def _worker_pid(parent, rank):
+    """The pid of `parent`'s child whose environment has CHAINPS_RANK=rank, or None."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != parent:
+                continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if f"CHAINPS_RANK={rank}".encode() in f.read().split(b"\0"):
+                    return int(d)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def test_replacement_fetches_the_allreduced_parameters(tmp_path):
+    """A worker killed -9 under --restart-workers: its replacement copies the all-reduced
+    parameters and the step from the live worker, and both end with the same parameters."""
+    log = open(tmp_path / "launch.log", "w+")
+    cmd = [tj.cli(), "launch", "--timeout", "220", "--servers", "2", "--workers", "2",
+           "--restart-workers", "--", tj.PYTHON, EXAMPLE, "--steps", "2500", "--vocab", "5000",
+           "--lr", "2", "--log-every", "250"]
+    p = tj.subprocess.Popen(cmd, stdout=log, stderr=tj.subprocess.STDOUT, text=True,
+                            env=tj.env(), start_new_session=True)
+    try:
+        deadline = tj.time.monotonic() + 120
+        while tj.time.monotonic() < deadline and p.poll() is None:
+            log.seek(0)
+            if "step 250:" in log.read():
+                break
+            tj.time.sleep(0.2)
+        victim = _worker_pid(p.pid, 1)
+        assert victim, "no worker of rank 1 to kill"
+        os.kill(victim, tj.signal.SIGKILL)
+        p.wait(timeout=240)
+    finally:
+        tj.kill_all([p])
+    log.seek(0)
+    out = log.read()
+    f = tj.finals(out)
+    assert p.returncode == 0 and len(f) == 2, out[-5000:]
+    assert "restarted worker 1" in out and "replacement: 577 values" in out, out[-5000:]
+    assert f[0][2] == f[1][2], f"workers differ after the replacement: {f}"
+
+
+def test_example_survives_a_server_kill():
+    """Server 0 (head of a range holding table rows) SIGKILLed while the example trains, and
+    restarted: both workers finish with the same parameters."""
+    rc, out = launch(EXAMPLE, ["--steps", "2500", "--vocab", "5000", "--lr", "2",
+                               "--log-every", "500"],
+                     launch_args=("--servers", "3", "--kill-at", "6"))
+    f = tj.finals(out)
+    assert rc == 0 and len(f) == 2, out[-5000:]
+    assert "SIGKILL server 0" in out, out[-3000:]
+    assert f[0][2] == f[1][2], f"workers differ after a server kill: {f}"

@@ -1,0 +1,580 @@
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "chainps/error.h"
+#include "replication/collective.h"
+
+/* ---- an in-memory ring: N endpoints, one FIFO pipe per ordered pair, random interleaving,
+ * kills and late views, all from one seed ---- */
+
+#define MAXN   6
+#define MAXSEQ 4
+
+typedef struct qmsg {
+    uint32_t from, to;
+    cps__coll_msg m;
+    float *vals;
+} qmsg;
+
+typedef struct node {
+    cps__coll *c;
+    uint32_t id;
+    int alive;
+    uint64_t view_epoch;
+    float *data[MAXSEQ]; /* input, then result, of each collective */
+    int status[MAXSEQ];  /* 1 running, 0 done, < 0 failed, 2 not started */
+    uint64_t seqno[MAXSEQ];
+    int next; /* collectives started */
+} node;
+
+typedef struct net {
+    node nodes[MAXN];
+    uint32_t n;
+    qmsg *q;
+    size_t nq, capq;
+    uint64_t rng;
+    uint64_t now;
+    uint64_t epoch;
+    uint32_t members[MAXN];
+    uint32_t nmembers;
+    uint64_t len; /* values per collective */
+    uint32_t chunk;
+    int op;
+} net;
+
+static uint64_t rnd(net *t)
+{
+    /* splitmix64 */
+    uint64_t z = (t->rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static node *by_id(net *t, uint32_t id)
+{
+    for (uint32_t i = 0; i < t->n; i++)
+        if (t->nodes[i].id == id)
+            return &t->nodes[i];
+    return NULL;
+}
+
+static void perform(net *t, node *nd)
+{
+    const cps__coll_act *a;
+    size_t na = cps__coll_actions(nd->c, &a);
+    for (size_t i = 0; i < na; i++) {
+        if (a[i].kind == CPS_COLL_SEND) {
+            node *to = by_id(t, a[i].to);
+            assert_non_null(to);
+            if (!to->alive || !nd->alive)
+                continue;
+            if (t->nq == t->capq) {
+                t->capq = t->capq ? 2 * t->capq : 64;
+                t->q = realloc(t->q, t->capq * sizeof *t->q);
+                assert_non_null(t->q);
+            }
+            qmsg *q = &t->q[t->nq++];
+            q->from = nd->id;
+            q->to = a[i].to;
+            q->m = a[i].msg;
+            q->vals = malloc((a[i].msg.count + 1) * sizeof(float));
+            if (a[i].msg.count)
+                memcpy(q->vals, a[i].msg.vals, a[i].msg.count * sizeof(float));
+            q->m.vals = q->vals;
+        } else if (a[i].kind == CPS_COLL_DONE || a[i].kind == CPS_COLL_FAILED) {
+            int k;
+            for (k = 0; k < nd->next; k++)
+                if (nd->status[k] == 1)
+                    break;
+            assert_true(k < nd->next);
+            nd->status[k] = a[i].kind == CPS_COLL_DONE ? 0 : a[i].status;
+            nd->seqno[k] = a[i].seq;
+        }
+    }
+}
+
+static void net_init(net *t, uint32_t n, uint64_t len, uint32_t chunk, int op, uint64_t seed)
+{
+    memset(t, 0, sizeof *t);
+    t->n = n;
+    t->rng = seed;
+    t->len = len;
+    t->chunk = chunk;
+    t->op = op;
+    t->epoch = 5;
+    t->nmembers = n;
+    for (uint32_t i = 0; i < n; i++) {
+        node *nd = &t->nodes[i];
+        nd->id = 100 + 7 * i; /* ids unrelated to positions */
+        nd->alive = 1;
+        t->members[i] = nd->id;
+        assert_int_equal(cps__coll_create(nd->id, chunk, 10000, &nd->c), 0);
+        for (int k = 0; k < MAXSEQ; k++) {
+            nd->data[k] = malloc(len * sizeof(float));
+            nd->status[k] = 2;
+        }
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        node *nd = &t->nodes[i];
+        assert_int_equal(cps__coll_view(nd->c, t->epoch, t->members, n, 1, 0), 0);
+        nd->view_epoch = t->epoch;
+    }
+}
+
+static void net_fini(net *t)
+{
+    for (uint32_t i = 0; i < t->n; i++) {
+        cps__coll_destroy(t->nodes[i].c);
+        for (int k = 0; k < MAXSEQ; k++)
+            free(t->nodes[i].data[k]);
+    }
+    for (size_t i = 0; i < t->nq; i++)
+        free(t->q[i].vals);
+    free(t->q);
+}
+
+static void start(net *t, node *nd, int k)
+{
+    uint64_t seq;
+    nd->status[k] = 1;
+    nd->next = k + 1;
+    assert_int_equal(cps__coll_start(nd->c, nd->data[k], t->len, t->op, t->now, &seq), 0);
+    perform(t, nd);
+}
+
+/* Deliver one message: a random one among those at the head of their pipe. 0 if none. */
+static int deliver_one(net *t)
+{
+    if (t->nq == 0)
+        return 0;
+    size_t pick = rnd(t) % t->nq;
+    /* The first message of the picked one's pipe. */
+    for (size_t i = 0; i < pick; i++)
+        if (t->q[i].from == t->q[pick].from && t->q[i].to == t->q[pick].to) {
+            pick = i;
+            break;
+        }
+    qmsg q = t->q[pick];
+    memmove(&t->q[pick], &t->q[pick + 1], (t->nq - pick - 1) * sizeof *t->q);
+    t->nq--;
+    node *to = by_id(t, q.to);
+    if (to->alive) {
+        q.m.from = q.from;
+        cps__coll_step(to->c, &q.m, t->now);
+        perform(t, to);
+    }
+    free(q.vals);
+    return 1;
+}
+
+static void kill_node(net *t, node *nd)
+{
+    nd->alive = 0;
+    for (size_t i = 0; i < t->nq;) {
+        if (t->q[i].from == nd->id || t->q[i].to == nd->id) {
+            free(t->q[i].vals);
+            memmove(&t->q[i], &t->q[i + 1], (t->nq - i - 1) * sizeof *t->q);
+            t->nq--;
+        } else {
+            i++;
+        }
+    }
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < t->nmembers; i++)
+        if (t->members[i] != nd->id)
+            t->members[m++] = t->members[i];
+    t->nmembers = m;
+    t->epoch++;
+}
+
+static void fill_inputs(net *t, int exact)
+{
+    for (uint32_t i = 0; i < t->n; i++)
+        for (int k = 0; k < MAXSEQ; k++)
+            for (uint64_t j = 0; j < t->len; j++) {
+                if (exact) /* the sum names who contributed: bit i per worker */
+                    t->nodes[i].data[k][j] = (float)(1u << i);
+                else
+                    t->nodes[i].data[k][j] =
+                        (float)((double)(rnd(t) % 2000001) / 1000.0 - 1000.0) * 1.37f;
+            }
+}
+
+/* The sum in the ring's order over members[0..p) (positions), as collective.h states. */
+static void reference(net *t, float **inputs, uint32_t p, float *out)
+{
+    for (uint32_t s = 0; s < p; s++) {
+        uint64_t lo, hi;
+        cps__coll_segment(t->len, p, s, &lo, &hi);
+        for (uint64_t j = lo; j < hi; j++) {
+            float acc = inputs[s][j];
+            for (uint32_t d = 1; d < p; d++)
+                acc = acc + inputs[(s + d) % p][j];
+            if (t->op == CPS_COLL_MEAN)
+                acc = acc / (float)p;
+            out[j] = acc;
+        }
+    }
+}
+
+static void test_chunking(void **state)
+{
+    (void)state;
+    uint64_t ns[] = {1, 2, 3, 7, 100, 1001, 65537};
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (uint32_t p = 1; p <= 5; p++) {
+            uint64_t prev = 0;
+            for (uint32_t s = 0; s < p; s++) {
+                uint64_t lo, hi;
+                cps__coll_segment(ns[a], p, s, &lo, &hi);
+                assert_int_equal(lo, prev);
+                assert_true(hi >= lo && hi - lo <= (ns[a] + p - 1) / p);
+                prev = hi;
+            }
+            assert_int_equal(prev, ns[a]);
+            uint64_t c = cps__coll_chunks(ns[a], p, 16);
+            assert_true(c >= 1 && c * 16 >= (ns[a] + p - 1) / p && (c - 1) * 16 < ns[a]);
+        }
+}
+
+/* Every member ends with the reference's bits, for many shapes, both ops, any interleaving. */
+static void test_ring_bits(void **state)
+{
+    (void)state;
+    uint64_t lens[] = {1, 3, 8, 101, 4096};
+    uint32_t chunks[] = {1, 5, 1024};
+    for (uint32_t p = 2; p <= 5; p++)
+        for (size_t a = 0; a < 5; a++)
+            for (size_t b = 0; b < 3; b++)
+                for (int op = 0; op < 2; op++) {
+                    net t;
+                    net_init(&t, p, lens[a], chunks[b], op, 1000 * p + 10 * a + b);
+                    fill_inputs(&t, 0);
+                    float *inputs[MAXN];
+                    for (uint32_t i = 0; i < p; i++) {
+                        inputs[i] = malloc(t.len * sizeof(float));
+                        memcpy(inputs[i], t.nodes[i].data[0], t.len * sizeof(float));
+                    }
+                    float *ref = malloc(t.len * sizeof(float));
+                    reference(&t, inputs, p, ref);
+                    for (uint32_t i = 0; i < p; i++)
+                        start(&t, &t.nodes[i], 0);
+                    while (deliver_one(&t))
+                        ;
+                    for (uint32_t i = 0; i < p; i++) {
+                        assert_int_equal(t.nodes[i].status[0], 0);
+                        assert_memory_equal(t.nodes[i].data[0], ref, t.len * sizeof(float));
+                    }
+                    for (uint32_t i = 0; i < p; i++)
+                        free(inputs[i]);
+                    free(ref);
+                    net_fini(&t);
+                }
+}
+
+/* Members starting at different moments (one still idle while others send) still agree. */
+static void test_late_starter_and_sequence(void **state)
+{
+    (void)state;
+    for (uint64_t seed = 1; seed <= 50; seed++) {
+        net t;
+        net_init(&t, 4, 37, 4, CPS_COLL_SUM, seed);
+        fill_inputs(&t, 0);
+        int total = 3;
+        while (1) {
+            /* Start collectives at random moments, in order, on random nodes. */
+            int all = 1;
+            for (uint32_t i = 0; i < t.n; i++) {
+                node *nd = &t.nodes[i];
+                if (nd->next < total && (nd->next == 0 || nd->status[nd->next - 1] == 0) &&
+                    rnd(&t) % 3 == 0)
+                    start(&t, nd, nd->next);
+                if (nd->next < total || nd->status[total - 1] != 0)
+                    all = 0;
+            }
+            if (all)
+                break;
+            deliver_one(&t);
+        }
+        for (int k = 0; k < total; k++)
+            for (uint32_t i = 1; i < t.n; i++) {
+                assert_int_equal(t.nodes[i].seqno[k], (uint64_t)k + 1);
+                assert_memory_equal(t.nodes[i].data[k], t.nodes[0].data[k], t.len * sizeof(float));
+            }
+        net_fini(&t);
+    }
+}
+
+/* A member killed at any point of a collective: the others get the new view at different
+ * moments, complete, hold the same bits, and every value comes from one epoch's members. */
+static void test_kill_any_phase(void **state)
+{
+    (void)state;
+    uint64_t taken = 0, restarts = 0;
+    for (uint64_t seed = 1; seed <= 400; seed++) {
+        net t;
+        uint32_t p = 3 + (uint32_t)(seed % 3);
+        net_init(&t, p, 1 + seed % 29, 1 + (uint32_t)(seed % 4), CPS_COLL_SUM, seed * 7919);
+        fill_inputs(&t, 1);
+        int total = 3;
+        uint64_t kill_at = rnd(&t) % (60 * p);
+        node *victim = &t.nodes[rnd(&t) % p];
+        uint64_t steps = 0;
+        for (;; steps++) {
+            if (steps >= 1000000) {
+                print_message("seed %llu p %u victim %u kill_at %llu nq %zu\n",
+                              (unsigned long long)seed, p, victim->id, (unsigned long long)kill_at,
+                              t.nq);
+                for (uint32_t i = 0; i < t.n; i++) {
+                    cps__coll_stats st;
+                    cps__coll_stats_get(t.nodes[i].c, &st);
+                    print_message(
+                        "node %u alive %d next %d st %d %d %d run %d done %llu "
+                        "res_sent %llu taken %llu restarts %llu stale %llu bad %llu\n",
+                        t.nodes[i].id, t.nodes[i].alive, t.nodes[i].next, t.nodes[i].status[0],
+                        t.nodes[i].status[1], t.nodes[i].status[2], cps__coll_running(t.nodes[i].c),
+                        (unsigned long long)st.completed, (unsigned long long)st.results_sent,
+                        (unsigned long long)st.results_taken, (unsigned long long)st.restarts,
+                        (unsigned long long)st.dropped_stale, (unsigned long long)st.dropped_bad);
+                }
+                fail();
+            }
+            if (steps == kill_at)
+                kill_node(&t, victim);
+            int all = 1;
+            for (uint32_t i = 0; i < t.n; i++) {
+                node *nd = &t.nodes[i];
+                if (!nd->alive)
+                    continue;
+                /* Views reach each survivor at its own moment. */
+                if (nd->view_epoch < t.epoch && rnd(&t) % 4 == 0) {
+                    assert_int_equal(
+                        cps__coll_view(nd->c, t.epoch, t.members, t.nmembers, 1, t.now), 0);
+                    nd->view_epoch = t.epoch;
+                    perform(&t, nd);
+                }
+                if (nd->next < total && (nd->next == 0 || nd->status[nd->next - 1] == 0) &&
+                    rnd(&t) % 3 == 0)
+                    start(&t, nd, nd->next);
+                if (nd->next < total || nd->status[total - 1] != 0)
+                    all = 0;
+            }
+            if (all && steps > kill_at)
+                break;
+            deliver_one(&t);
+        }
+        uint32_t full = (1u << p) - 1, live = 0;
+        for (uint32_t i = 0; i < p; i++)
+            if (t.nodes[i].alive)
+                live |= 1u << i;
+        node *ref = NULL;
+        for (uint32_t i = 0; i < p; i++) {
+            node *nd = &t.nodes[i];
+            if (!nd->alive)
+                continue;
+            for (int k = 0; k < total; k++) {
+                assert_int_equal(nd->status[k], 0);
+                assert_int_equal(nd->seqno[k], (uint64_t)k + 1);
+                uint32_t set = (uint32_t)nd->data[k][0];
+                assert_true(set == full || set == live);
+                for (uint64_t j = 0; j < t.len; j++)
+                    assert_int_equal((uint32_t)nd->data[k][j], set); /* one epoch's members */
+                if (ref)
+                    assert_memory_equal(nd->data[k], ref->data[k], t.len * sizeof(float));
+            }
+            ref = nd;
+            cps__coll_stats st;
+            cps__coll_stats_get(nd->c, &st);
+            taken += st.results_taken;
+            restarts += st.restarts;
+        }
+        net_fini(&t);
+    }
+    /* The seeds reach both ways of finishing after a kill: redone, and a result handed on. */
+    assert_true(taken > 0);
+    assert_true(restarts > 0);
+}
+
+/* A replacement joins a ring that is at its third collective: its first one takes the ring's
+ * sequence number, whenever it starts, and every member ends with the same bits. */
+static void test_replacement_joins(void **state)
+{
+    (void)state;
+    for (uint64_t seed = 1; seed <= 100; seed++) {
+        net t;
+        net_init(&t, 4, 1 + seed % 50, 1 + (uint32_t)(seed % 3), CPS_COLL_SUM, seed * 31);
+        fill_inputs(&t, 0);
+        /* Node 3 is the replacement: the ring starts with nodes 0..2 only. */
+        t.nmembers = 3;
+        t.epoch++;
+        for (uint32_t i = 0; i < 3; i++) {
+            assert_int_equal(cps__coll_view(t.nodes[i].c, t.epoch, t.members, 3, 1, 0), 0);
+            t.nodes[i].view_epoch = t.epoch;
+        }
+        for (int k = 0; k < 2; k++) {
+            for (uint32_t i = 0; i < 3; i++)
+                start(&t, &t.nodes[i], k);
+            while (deliver_one(&t))
+                ;
+        }
+        node *j = &t.nodes[3];
+        cps__coll_set_joining(j->c);
+        t.nmembers = 4;
+        t.epoch++;
+        uint64_t steps = 0;
+        while (1) {
+            assert_true(++steps < 100000);
+            int all = 1;
+            for (uint32_t i = 0; i < 4; i++) {
+                node *nd = &t.nodes[i];
+                if (nd->view_epoch < t.epoch && rnd(&t) % 3 == 0) {
+                    assert_int_equal(cps__coll_view(nd->c, t.epoch, t.members, 4, 1, t.now), 0);
+                    nd->view_epoch = t.epoch;
+                    perform(&t, nd);
+                }
+                int k = nd == j ? 0 : 2;
+                if (nd->view_epoch == t.epoch && nd->next == k && rnd(&t) % 3 == 0)
+                    start(&t, nd, k);
+                if (nd->next != k + 1 || nd->status[k] != 0)
+                    all = 0;
+            }
+            if (all)
+                break;
+            deliver_one(&t);
+        }
+        assert_int_equal(j->seqno[0], 3);
+        for (uint32_t i = 0; i < 3; i++) {
+            assert_int_equal(t.nodes[i].seqno[2], 3);
+            assert_memory_equal(t.nodes[i].data[2], j->data[0], t.len * sizeof(float));
+        }
+        net_fini(&t);
+    }
+}
+
+static void test_alone_and_errors(void **state)
+{
+    (void)state;
+    cps__coll *c;
+    const cps__coll_act *a;
+    uint64_t seq;
+    float x[3] = {1, 2, 3};
+    uint32_t me = 9, two[2] = {9, 10};
+    assert_int_equal(cps__coll_create(me, 0, 100, &c), 0);
+    assert_int_equal(cps__coll_start(c, x, 3, CPS_COLL_SUM, 0, &seq), CPS_EINVAL); /* no view */
+    /* A job of one worker: the result is the input. */
+    assert_int_equal(cps__coll_view(c, 1, &me, 1, 0, 0), 0);
+    assert_int_equal(cps__coll_start(c, x, 3, CPS_COLL_MEAN, 0, &seq), 0);
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].kind, CPS_COLL_DONE);
+    assert_true(x[2] == 3.0f);
+    /* Every peer gone: it waits for a replacement, then fails with a named error. */
+    assert_int_equal(cps__coll_view(c, 2, two, 2, 1, 0), 0);
+    assert_int_equal(cps__coll_start(c, x, 3, CPS_COLL_SUM, 0, &seq), 0);
+    assert_int_equal(cps__coll_start(c, x, 3, CPS_COLL_SUM, 0, &seq), CPS_EBUSY);
+    assert_int_equal(cps__coll_view(c, 3, &me, 1, 1, 5), 0);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    cps__coll_tick(c, 104);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    cps__coll_tick(c, 105);
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].kind, CPS_COLL_FAILED);
+    assert_int_equal(a[0].status, CPS_ENOPEER);
+    /* No progress: a timeout, never a hang. */
+    assert_int_equal(cps__coll_view(c, 4, two, 2, 1, 0), 0);
+    assert_int_equal(cps__coll_start(c, x, 3, CPS_COLL_SUM, 1000, &seq), 0);
+    cps__coll_tick(c, 1099);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    cps__coll_tick(c, 1100);
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].status, CPS_ETIMEDOUT);
+    /* Dropped from the view: fenced. */
+    uint32_t other = 10;
+    assert_int_equal(cps__coll_start(c, x, 3, CPS_COLL_SUM, 0, &seq), 0);
+    assert_int_equal(cps__coll_view(c, 5, &other, 1, 1, 0), 0);
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].status, CPS_ESTALE_EPOCH);
+    cps__coll_destroy(c);
+}
+
+/* Fencing: an old epoch's message is dropped; a newer one waits for its view. */
+static void test_epochs(void **state)
+{
+    (void)state;
+    cps__coll *c;
+    const cps__coll_act *a;
+    uint64_t seq;
+    float x[2] = {1, 2};
+    uint32_t two[2] = {9, 10};
+    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
+    assert_int_equal(cps__coll_view(c, 7, two, 2, 1, 0), 0);
+    assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].to, 10);
+    assert_int_equal(a[0].msg.count, 1);
+    float one = 100;
+    cps__coll_msg m = {.from = 10,
+                       .kind = CPS_COLL_DATA,
+                       .epoch = 6,
+                       .seq = 1,
+                       .index = 0,
+                       .n = 2,
+                       .vals = &one,
+                       .count = 1};
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    cps__coll_stats st;
+    cps__coll_stats_get(c, &st);
+    assert_int_equal(st.dropped_stale, 1);
+    /* From a node outside the ring, or of the wrong length: dropped, nothing sent. */
+    m.epoch = 7;
+    m.from = 11;
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    m.from = 10;
+    m.count = 2;
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    m.count = 1;
+    m.n = 3;
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    m.n = 2;
+    cps__coll_stats_get(c, &st);
+    assert_int_equal(st.dropped_bad, 3);
+    assert_true(x[0] == 1 && x[1] == 2);
+    m.epoch = 8;
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].kind, CPS_COLL_NEED_VIEW);
+    assert_int_equal(a[0].epoch, 8);
+    /* Our input is untouched so far; the view restarts us and the kept message completes step 0 */
+    assert_true(x[0] == 1 && x[1] == 2);
+    assert_int_equal(cps__coll_view(c, 8, two, 2, 1, 2), 0);
+    assert_int_equal(cps__coll_actions(c, &a), 2); /* our step 0 again, then step 1 */
+    assert_int_equal(a[0].msg.epoch, 8);
+    assert_int_equal(a[0].msg.index, 0);
+    assert_int_equal(a[1].msg.index, 1);
+    assert_true(a[1].msg.vals[0] == 102.0f); /* member 10's 100 + our x[1] */
+    cps__coll_destroy(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chunking),
+        cmocka_unit_test(test_ring_bits),
+        cmocka_unit_test(test_late_starter_and_sequence),
+        cmocka_unit_test(test_kill_any_phase),
+        cmocka_unit_test(test_replacement_joins),
+        cmocka_unit_test(test_alone_and_errors),
+        cmocka_unit_test(test_epochs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
