@@ -604,6 +604,11 @@ static int member_msg(cps__coord *c, const cps__msg_hdr *h, const void *pl, size
     case CPS_MSG_HEARTBEAT:
         if (len >= CPS_STATS_SIZE)
             cps__stats_decode(pl, &n->stats);
+        /* A node whose copy of a VIEW was lost, and that gets no request of a newer epoch, would
+         * run the old one for good: its heartbeat names its epoch, and an old one gets the view
+         * (the simulator found such runs that never finished, e.g. seed 1485 --faults drops). */
+        if (c->started && h->epoch < c->view.epoch)
+            cps__co_send_view(c, n->info.id, CPS_MSG_VIEW);
         break;
     case CPS_MSG_CAUGHT_UP:
         cps__co_caught_up(c, n, h, now);
@@ -734,6 +739,11 @@ uint32_t cps__coord_joiner(const cps__coord *c, uint32_t r, uint32_t *source)
     if (source)
         *source = j ? src : 0;
     return j;
+}
+
+uint32_t cps__coord_unconfirmed(const cps__coord *c, uint32_t r)
+{
+    return c->repair ? cps__repair_unconfirmed(c->repair, r) : 0;
 }
 
 int cps__coord_started(const cps__coord *c)

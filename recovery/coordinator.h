@@ -163,6 +163,8 @@ const cps__ckpt_note *cps__coord_ckpt(const cps__coord *c);
 cps__coord_counts cps__coord_counters(const cps__coord *c);
 /* Joiner copying range r now (0: none), and its source. */
 uint32_t cps__coord_joiner(const cps__coord *c, uint32_t r, uint32_t *source);
+/* A joiner appended to range r that the repair has not confirmed yet (0: none). */
+uint32_t cps__coord_unconfirmed(const cps__coord *c, uint32_t r);
 int cps__coord_started(const cps__coord *c);
 int cps__coord_finished(const cps__coord *c);
 /* The join timeout passed before every node arrived: the shell stops; its result. 0: not so. */

@@ -6,11 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/config.h"
 #include "core/view.h"
-#include "recovery/detector.h"
+#include "recovery/coordinator.h"
 #include "recovery/fence.h"
 #include "recovery/joiner.h"
-#include "recovery/repair.h"
 #include "recovery/requests.h"
 #include "replication/ackhold.h"
 #include "replication/chain.h"
@@ -36,7 +36,11 @@
  * keep their runs. */
 enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 /* Scheduler-side timers of state transfer, in virtual ms (scheduler.c: 120 s; scaled down). */
-#define SIM_REPAIR_MS       100
+#define SIM_REPAIR_MS 100
+/* The coordinator's tick (scheduler.c: 20 ms) and its batching of joiners (scheduler.c: 100). */
+#define SIM_SCHED_TICK_MS   20
+#define SIM_BATCH_MS        100
+#define SIM_SCHED_BLOBS     4
 #define SIM_JOIN_GIVE_UP_MS 3000
 #define SIM_JOIN_TIMEOUT_MS 2500
 /* A joiner re-sends SNAP_REQ this often until the snapshot comes (transfer.c: 1 s, unscaled:
@@ -104,6 +108,9 @@ typedef struct sim_params {
     uint32_t restart_per_mille;   /* crashes followed by a restart */
     uint32_t wipe_per_mille;      /* restarts on an empty store (a replaced disk) */
     uint32_t partition_per_mille; /* faults that are partitions */
+    /* Faults that bump the epoch with the same chains: the scheduler restarts (resumes from what
+     * it persisted), this often; else nothing happens. */
+    uint32_t sched_restart_per_mille;
 } sim_params;
 
 typedef struct sim_summary {
@@ -272,20 +279,20 @@ typedef struct sim {
     /* The last server a fault struck, until it is declared dead or comes back: one fault at a
      * time. */
     uint32_t pending_victim;
-    uint8_t draining[SIM_MAX_SERVERS + 1]; /* SIM_F_SCALE: being drained */
-    uint8_t left[SIM_MAX_SERVERS + 1];     /* SIM_F_SCALE: drained and exited */
-    /* The scheduler's failure detector (recovery/detector.c, as scheduler.c runs it): it hears
-     * every message a server sends the scheduler and declares dead one silent for
-     * SIM_DEAD_AFTER_MS. Faults are not reported to it: it finds them, or takes a slow or lossy
-     * server for a dead one, as production's does. */
-    cps__detector *detector;
+    /* The scheduler: the production coordinator (sim_sched.c), what it persisted, and its config.
+     * Its failure detector hears every message a node sends the scheduler; faults are not
+     * reported to it: it finds them, or takes a slow or lossy server for a dead one, as
+     * production's does. */
+    cps__coord *coord;
+    cps__config sched_cfg;
+    uint8_t *sched_blob[SIM_SCHED_BLOBS];
+    size_t sched_blob_len[SIM_SCHED_BLOBS];
+    uint64_t sched_restarts, worker_beat_at;
     uint64_t false_deaths;
     uint8_t cut[SIM_MAX_NODES][SIM_MAX_NODES]; /* partition: messages from -> to dropped */
     int cut_active;
-    uint32_t *sched_boot; /* per server id: the last HELLO boot the scheduler answered */
-    cps__repair *repair;  /* the scheduler's repair policy (recovery/repair.c) */
-    sim_lag *lag;         /* per range */
-    uint64_t *acked_seq;  /* per range: the highest sequence number acknowledged to a worker */
+    sim_lag *lag;        /* per range */
+    uint64_t *acked_seq; /* per range: the highest sequence number acknowledged to a worker */
     sim_snap **snaps;
     uint32_t nsnaps, snaps_cap;
     uint64_t moves, drains;
@@ -314,6 +321,26 @@ const cps__view *sim_cur_view(const sim *sm);
 int sim_is_member(const sim *sm, uint32_t r, uint32_t id);
 /* One whole run; returns 1 on a violation (already printed), else 0. */
 int sim_run(const sim_params *p, sim_summary *out);
+
+/* For sim_sched.c (sim.c). */
+uint64_t sim_rnd(sim *sm, uint64_t n);
+int sim_chance(sim *sm, uint32_t per_mille);
+void sim_send_hdr(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
+                  size_t plen, uint64_t extra);
+void sim_push_restart(sim *sm, uint32_t id, uint64_t after);
+void sim_send_reliable(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h);
+void sim_restart_last_replica(sim *sm, uint32_t id);
+
+/* sim_sched.c: the scheduler, the production coordinator behind the simulated network */
+void sim_sched_setup(sim *sm);
+void sim_sched_teardown(sim *sm);
+void sim_sched_deliver(sim *sm, const sim_msg *m);
+int sim_sched_to_server(sim *sm, sim_server *s, const sim_msg *m);
+void sim_sched_tick(sim *sm);
+void sim_sched_restart(sim *sm);
+void sim_sched_drain(sim *sm);
+int sim_sched_removable(const sim *sm, uint32_t id);
+uint32_t sim_sched_joiner(const sim *sm, uint32_t r, uint32_t *source);
 
 /* check.c: the in-memory store and the invariants */
 int sim_op_range_seq(void *ctx, uint32_t range, uint64_t *seq);
