@@ -1675,8 +1675,8 @@ static int sole_replica(const sim *sm, uint32_t id)
 static void restart(sim *sm, sim_server *s)
 {
     s->restart_due = 0;
-    if (s->state != SRV_CRASHED)
-        return;
+    if (s->state != SRV_CRASHED || sm->phase == PHASE_END)
+        return; /* at the job's end nobody restarts a server */
     int wipe = chance(sm, sm->p.wipe_per_mille) && !sole_replica(sm, s->id);
     if (wipe) {
         for (uint32_t r = 0; r < sm->nranges; r++)
@@ -1742,7 +1742,9 @@ static void deliver(sim *sm, sim_msg *m)
             server_deliver(sm, s, m);
         }
     } else {
-        worker_deliver(sm, &sm->workers[worker_rank(sm, m->to)], m);
+        sim_worker *w = &sm->workers[worker_rank(sm, m->to)];
+        if (m->from != 0 || !sim_sched_to_worker(sm, w, m))
+            worker_deliver(sm, w, m);
     }
     free(m);
 }
@@ -2035,7 +2037,11 @@ int sim_run(const sim_params *p, sim_summary *out)
             sim_check_event(sm);
         if (sm->phase == PHASE_HEAL && workers_done(sm))
             sm->phase = PHASE_DRAIN;
-        if (sm->phase == PHASE_DRAIN && chains_drained(sm))
+        if (sm->phase == PHASE_DRAIN && chains_drained(sm)) {
+            sm->phase = PHASE_END;
+            sim_sched_end(sm);
+        }
+        if (sm->phase == PHASE_END && sim_sched_ended(sm))
             break;
         if (sm->phase != PHASE_FAULTS && sm->nevents - heal_at > SIM_HEAL_EVENTS) {
             uint32_t left = 0;
@@ -2063,7 +2069,10 @@ int sim_run(const sim_params *p, sim_summary *out)
             sim_fail(sm, "liveness",
                      "%s not finished %u events after the network healed (%u requests "
                      "unanswered)",
-                     sm->phase == PHASE_HEAL ? "workers" : "replication", SIM_HEAL_EVENTS, left);
+                     sm->phase == PHASE_HEAL    ? "workers"
+                     : sm->phase == PHASE_DRAIN ? "replication"
+                                                : "the job's end",
+                     SIM_HEAL_EVENTS, left);
         }
     }
     if (!sm->failed)

@@ -84,7 +84,8 @@ enum {
     EV_SNAPSHOT,
     EV_ACKS
 };
-enum { PHASE_FAULTS = 0, PHASE_HEAL, PHASE_DRAIN };
+/* PHASE_END: the workers wait in a barrier, then say goodbye; the job ends (sim_sched.c). */
+enum { PHASE_FAULTS = 0, PHASE_HEAL, PHASE_DRAIN, PHASE_END };
 enum { REQ_DENSE = 0, REQ_SPARSE, REQ_DECLARE, REQ_PULL };
 
 typedef struct sim_params {
@@ -288,6 +289,9 @@ typedef struct sim {
     uint8_t *sched_blob[SIM_SCHED_BLOBS];
     size_t sched_blob_len[SIM_SCHED_BLOBS];
     uint64_t sched_restarts, worker_beat_at;
+    /* PHASE_END, per worker rank: 1 waits in the barrier, 2 released and said BYE, 3 its BYE
+     * acknowledged. */
+    uint8_t end_state[SIM_MAX_WORKERS];
     uint64_t false_deaths;
     uint8_t cut[SIM_MAX_NODES][SIM_MAX_NODES]; /* partition: messages from -> to dropped */
     int cut_active;
@@ -341,6 +345,9 @@ void sim_sched_restart(sim *sm);
 void sim_sched_drain(sim *sm);
 int sim_sched_removable(const sim *sm, uint32_t id);
 uint32_t sim_sched_joiner(const sim *sm, uint32_t r, uint32_t *source);
+int sim_sched_to_worker(sim *sm, sim_worker *w, const sim_msg *m);
+void sim_sched_end(sim *sm);
+int sim_sched_ended(sim *sm);
 
 /* check.c: the in-memory store and the invariants */
 int sim_op_range_seq(void *ctx, uint32_t range, uint64_t *seq);
