@@ -3,7 +3,7 @@
  *   sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R] [--ranges N]
  *       [--mode sync|async|ssp|ssp:N] [--faults
  * none|drops|crash|pause|restart|partition|join|scale|all]
- *       [--events N] [--refusals] [-v]
+ *       [--events N] [--refusals] [--sched-restarts] [-v]
  *   sim --regressions FILE
  *
  * Parameters not given are drawn from the seed, from a stream of their own, in a fixed order:
@@ -21,10 +21,12 @@
  * Workers run the real request table (recovery/requests.c) as src/worker/client.c drives it;
  * they give requests up when their range has no live replica for the unavailable timeout (a
  * given-up push stays in the table, detached, and is still sent). Servers run the chain, the
- * joiner and the fencing of replication/ and recovery/, the scheduler runs the failure detector
- * and the repair policy of recovery/, each configured as production configures it: the sim fakes
+ * joiner and the fencing of replication/ and recovery/; the scheduler is the production
+ * coordinator (recovery/coordinator.c), configured as production configures it: the sim fakes
  * only the network, the stores, the clock and the processes. --refusals lets the head refuse some
- * pushes (unknown keys: a SKIP update). Fault kinds: see sim.h; `all` mixes every kind. */
+ * pushes (unknown keys: a SKIP update); --sched-restarts makes some faults restarts of the
+ * scheduler (it resumes from what it persisted). Fault kinds: see sim.h; `all` mixes every
+ * kind. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -13,12 +13,13 @@
  *  - workers: dense per-(worker, range) push sequences, sparse pushes (CPS_SEQ_SPARSE), declares
  *    and pulls, several in flight, re-sent after a timeout and on every new view, replies matched
  *    by (range, req_seq), as src/worker/client.c does;
- *  - the scheduler: ring placement at epoch 1, then view changes that remove a crashed, paused or
- *    partitioned server from every chain as recovery/view_change.c does (the last replica of a
- *    range stays, marked dead), or only bump the epoch, published with a random delay per node,
- *    and answered to GET_VIEW; HELLO from a (re)started or fenced server revives it; the
- *    scheduler's own repair policy (recovery/repair.c: declare dead, who copies which range
- *    from whom, caught up) brings ranges back to R replicas by state transfer;
+ *  - the scheduler: the production coordinator (recovery/coordinator.c, sim_sched.c): it admits
+ *    every node and places the ranges, declares silent servers dead (heartbeats) and servers
+ *    that leave its probes unanswered after the workers' reports (data-path suspicion), takes
+ *    a new life of a server out of its chains, repairs and balances ranges by state transfer,
+ *    batching joiners that catch up into one view, drains servers the operator names, runs the
+ *    final barrier and ends the job; its views reach each node after a random delay; with
+ *    --sched-restarts it also restarts, resuming from what it persisted;
  *  - restarts: a crashed server comes back on its store (kill -9 with LMDB on disk) or on an
  *    empty one (a replaced disk), with a fresh cps__chain, and asks to be let in (HELLO); a
  * cps__server told it was declared dead rejoins the same way (server.c's rejoin); whether a server
@@ -1723,9 +1724,9 @@ static void deliver(sim *sm, sim_msg *m)
 {
     if (m->to == 0) {
         /* Also to the scheduler: a HELLO sent just before a crash would revive a dead cps__server
-         * (seed 11362 hung with a crashed server counted alive). sched_hello's re-watch, which
-         * declares such a server dead again as scheduler.c's detector does (seeds 29572,
-         * 72473), was the other side's fix of the same path; it stays as a guard. */
+         * (seed 11362 hung with a crashed server counted alive); the coordinator's detector
+         * watches a revived server from its HELLO and declares it dead again (seeds 29572,
+         * 72473). */
         if (!lost_with_sender(sm, m))
             sim_sched_deliver(sm, m);
     } else if (m->to <= sm->p.servers) {
