@@ -7,7 +7,7 @@
 
 #include "chainps/error.h"
 #include "core/log.h"
-#include "recovery/coordinator_internal.h"
+#include "recovery/coordinator_membership.h"
 #include "recovery/incarnation.h"
 #include "recovery/view_change.h"
 

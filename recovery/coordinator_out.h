@@ -1,8 +1,8 @@
-/* The coordinator's state and the helpers its files share (coordinator.c: output, views,
- * persistence, dispatch; coordinator_membership.c: admission, deaths, repair, drains, barriers,
- * job end, probes). Private to recovery/coordinator*.c. */
-#ifndef CPS_RECOVERY_COORDINATOR_INTERNAL_H
-#define CPS_RECOVERY_COORDINATOR_INTERNAL_H
+/* The coordinator's state, and its output helpers (coordinator_out.c: actions, views as sent,
+ * saves, publishing, members), which every file of the coordinator uses. Private to
+ * recovery/coordinator*.c. */
+#ifndef CPS_RECOVERY_COORDINATOR_OUT_H
+#define CPS_RECOVERY_COORDINATOR_OUT_H
 
 #include "recovery/coordinator.h"
 #include "recovery/detector.h"
@@ -49,7 +49,7 @@ struct cps__coord {
     size_t blob_cap;
 };
 
-/* coordinator.c */
+/* coordinator_out.c */
 void cps__co_log(cps__coord *c, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 cps__coord_action *cps__co_push(cps__coord *c, int kind, uint32_t peer);
@@ -64,21 +64,5 @@ cps__coord_node *cps__co_find(cps__coord *c, uint32_t id);
 int cps__co_superseded(const cps__coord *c, const cps__coord_node *n);
 uint32_t cps__co_count_role(const cps__coord *c, int role);
 const char *cps__co_role(int role);
-
-/* coordinator_membership.c */
-int cps__co_begin_running(cps__coord *c, uint64_t now);
-void cps__co_hello(cps__coord *c, const cps__msg_hdr *h, const void *pl, size_t len, uint64_t now);
-void cps__co_declare_dead(cps__coord *c, uint32_t id, uint64_t silence_ms, uint64_t now);
-void cps__co_repair(cps__coord *c, uint64_t now);
-void cps__co_caught_up(cps__coord *c, const cps__coord_node *n, const cps__msg_hdr *h,
-                       uint64_t now);
-void cps__co_drain(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to, uint64_t now);
-void cps__co_release_barrier(cps__coord *c);
-void cps__co_end_job(cps__coord *c);
-void cps__co_shutdown(cps__coord *c);
-void cps__co_suspect(cps__coord *c, const cps__coord_node *n, const cps__msg_hdr *h, const void *pl,
-                     size_t len, uint64_t now);
-void cps__co_detect(cps__coord *c, uint64_t now, const uint32_t *gone, size_t ngone);
-void cps__co_worker_heartbeat(cps__coord *c, cps__coord_node *n, uint64_t now);
 
 #endif
