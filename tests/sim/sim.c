@@ -1744,6 +1744,8 @@ static void deliver(sim *sm, sim_msg *m)
         }
     } else {
         sim_worker *w = &sm->workers[worker_rank(sm, m->to)];
+        if (m->from >= 1 && m->from <= sm->p.servers)
+            sm->worker_heard[worker_rank(sm, m->to)][m->from] = sm->now;
         if (m->from != 0 || !sim_sched_to_worker(sm, w, m))
             worker_deliver(sm, w, m);
     }

@@ -435,7 +435,9 @@ void sim_sched_tick(sim *sm)
         cps__suspect_entry e[6];
         uint32_t n = 0;
         for (uint32_t id = 1; id <= sm->p.servers && n < 6; id++)
-            cps__suspect_list_add(e, &n, id, cps__reqs_oldest_to(w->rq, id), 0, sm->now, evidence);
+            if (node_alive(w->view, id))
+                cps__suspect_list_add(e, &n, id, cps__reqs_oldest_to(w->rq, id),
+                                      sm->worker_heard[k][id], sm->now, evidence);
         if (n) {
             uint8_t pl[64];
             size_t len = cps__wire_suspects_encode(pl, sizeof pl, e, n);
