@@ -291,6 +291,19 @@ void sim_send_reliable(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *
     sm->lossy = lossy;
 }
 
+static int node_alive(const cps__view *v, uint32_t id);
+static int in_chain(const cps__range *rg, uint32_t id);
+
+int sim_node_alive(const cps__view *v, uint32_t id)
+{
+    return node_alive(v, id);
+}
+
+int sim_in_chain(const cps__range *rg, uint32_t id)
+{
+    return in_chain(rg, id);
+}
+
 void sim_push_restart(sim *sm, uint32_t id, uint64_t after)
 {
     ev_push(sm, sm->now + after, EV_RESTART, id, NULL);

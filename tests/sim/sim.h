@@ -333,6 +333,8 @@ int sim_chance(sim *sm, uint32_t per_mille);
 void sim_send_hdr(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
                   size_t plen, uint64_t extra);
 void sim_push_restart(sim *sm, uint32_t id, uint64_t after);
+int sim_node_alive(const cps__view *v, uint32_t id);
+int sim_in_chain(const cps__range *rg, uint32_t id);
 void sim_send_reliable(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h);
 void sim_restart_last_replica(sim *sm, uint32_t id);
 

@@ -34,20 +34,6 @@ static void oom(void)
     exit(2);
 }
 
-static int node_alive(const cps__view *v, uint32_t id)
-{
-    const cps__node_info *n = cps__view_node(v, id);
-    return n && n->alive;
-}
-
-static int in_chain(const cps__range *rg, uint32_t id)
-{
-    for (uint32_t j = 0; j < rg->chain_len; j++)
-        if (rg->chain[j] == id)
-            return 1;
-    return 0;
-}
-
 static const cps__coord_node *coord_node(const sim *sm, uint32_t id)
 {
     uint32_t n;
@@ -68,7 +54,7 @@ static void observe(sim *sm, const cps__view *a, const cps__view *b)
     if (!sm->servers)
         return; /* setup: nothing runs yet */
     for (uint32_t id = 1; id <= sm->p.servers; id++) {
-        int was = node_alive(a, id), is = node_alive(b, id);
+        int was = sim_node_alive(a, id), is = sim_node_alive(b, id);
         const cps__coord_node *cn = coord_node(sm, id);
         int left = cn && cn->left;
         if (was && !is) {
@@ -87,15 +73,15 @@ static void observe(sim *sm, const cps__view *a, const cps__view *b)
         const cps__range *ra = &a->ranges[r], *rb = &b->ranges[r];
         for (uint32_t j = 0; j < ra->chain_len; j++) {
             uint32_t m = ra->chain[j];
-            if (in_chain(rb, m))
+            if (sim_in_chain(rb, m))
                 continue;
             if (sm->lag[r].node == m)
                 sm->lag[r].node = 0;
-            if (node_alive(b, m) && node_alive(a, m))
+            if (sim_node_alive(b, m) && sim_node_alive(a, m))
                 sm->moves++; /* trimmed: a move's old member */
         }
         for (uint32_t j = 0; j < rb->chain_len; j++)
-            if (!in_chain(ra, rb->chain[j]) && node_alive(b, rb->chain[j])) {
+            if (!sim_in_chain(ra, rb->chain[j]) && sim_node_alive(b, rb->chain[j])) {
                 sm->lag[r] = (sim_lag){rb->chain[j], b->epoch};
                 sm->joins++;
             }
@@ -331,7 +317,8 @@ void sim_sched_drain(sim *sm)
     uint32_t cand[SIM_MAX_SERVERS], nc = 0, active = 0;
     for (uint32_t id = 1; id <= sm->p.servers; id++) {
         const cps__coord_node *cn = coord_node(sm, id);
-        int ok = node_alive(v, id) && cn && !cn->draining && sm->servers[id - 1].state == SRV_UP;
+        int ok =
+            sim_node_alive(v, id) && cn && !cn->draining && sm->servers[id - 1].state == SRV_UP;
         active += ok;
         if (ok)
             cand[nc++] = id;
@@ -357,7 +344,7 @@ int sim_sched_removable(const sim *sm, uint32_t id)
             uint32_t m = v->ranges[r].chain[j];
             others += m != id && m != sm->lag[r].node && m != unconfirmed;
         }
-        if (in_chain(&v->ranges[r], id) && others == 0)
+        if (sim_in_chain(&v->ranges[r], id) && others == 0)
             return 0;
     }
     return 1;
@@ -435,7 +422,7 @@ void sim_sched_tick(sim *sm)
         cps__suspect_entry e[6];
         uint32_t n = 0;
         for (uint32_t id = 1; id <= sm->p.servers && n < 6; id++)
-            if (node_alive(w->view, id))
+            if (sim_node_alive(w->view, id))
                 cps__suspect_list_add(e, &n, id, cps__reqs_oldest_to(w->rq, id),
                                       sm->worker_heard[k][id], sm->now, evidence);
         if (n) {

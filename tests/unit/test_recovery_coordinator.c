@@ -92,6 +92,18 @@ static void msg(cps__coord *c, uint8_t type, uint32_t from, uint64_t now)
     cps__coord_step(c, &h, NULL, 0, from, now);
 }
 
+/* Server 1 goes silent while nodes 2..6 beat, until the view changes: the time it did. */
+static uint64_t silence_server_1(cps__coord *c)
+{
+    uint64_t t;
+    for (t = 100; t <= 1000 && cps__coord_epoch(c) == 1; t += 100) {
+        for (uint32_t id = 2; id <= 6; id++)
+            msg(c, CPS_MSG_HEARTBEAT, id, t);
+        cps__coord_tick(c, t, NULL, 0);
+    }
+    return t - 100;
+}
+
 /* Every node says HELLO; the job starts. */
 static cps__coord *running(uint32_t servers, uint32_t workers)
 {
@@ -148,14 +160,7 @@ static void a_view_that_cannot_be_saved_is_held(void **state)
 {
     (void)state;
     cps__coord *c = running(4, 2);
-    /* Server 1 goes silent; the others beat. */
-    for (uint64_t t = 100; t <= 1000; t += 100) {
-        for (uint32_t id = 2; id <= 6; id++)
-            msg(c, CPS_MSG_HEARTBEAT, id, t);
-        cps__coord_tick(c, t, NULL, 0);
-        if (cps__coord_epoch(c) > 1)
-            break;
-    }
+    silence_server_1(c);
     assert_int_equal(cps__coord_epoch(c), 2);
     assert_true(count(c, CPS_CO_VIEW, CPS_MSG_VIEW) > 0);
     cps__coord_persisted(c, CPS_ENOSPC, 1000);
@@ -190,12 +195,7 @@ static void a_silent_server_leaves_every_chain_and_repairs_start(void **state)
 {
     (void)state;
     cps__coord *c = running(4, 2);
-    uint64_t t;
-    for (t = 100; t <= 1000 && cps__coord_epoch(c) == 1; t += 100) {
-        for (uint32_t id = 2; id <= 6; id++)
-            msg(c, CPS_MSG_HEARTBEAT, id, t);
-        cps__coord_tick(c, t, NULL, 0);
-    }
+    silence_server_1(c);
     assert_int_equal(cps__coord_epoch(c), 2);
     const cps__view *v = cps__coord_view(c);
     for (uint32_t r = 0; r < v->nranges; r++)
@@ -215,12 +215,7 @@ static void joiners_caught_up_together_go_out_in_one_view(void **state)
 {
     (void)state;
     cps__coord *c = running(4, 2);
-    uint64_t t;
-    for (t = 100; t <= 1000 && cps__coord_epoch(c) == 1; t += 100) {
-        for (uint32_t id = 2; id <= 6; id++)
-            msg(c, CPS_MSG_HEARTBEAT, id, t);
-        cps__coord_tick(c, t, NULL, 0);
-    }
+    uint64_t t = silence_server_1(c);
     perform(c, 0, t);
     const cps__coord_out *o = cps__coord_ready(c);
     cps__msg_hdr joins[8];
