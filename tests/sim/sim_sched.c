@@ -385,6 +385,8 @@ int sim_sched_to_server(sim *sm, sim_server *s, const sim_msg *m)
     if (cps__wire_hdr_decode(m->buf, m->len, &h) != 0)
         return 0;
     if (h.type == CPS_MSG_PROBE) {
+        sim_trace(sm, "s%u(e%" PRIu64 ") <- 0 PROBE %" PRIx64 "%s", s->id, s->epoch, h.req_seq,
+                  s->state == SRV_UP ? ": answered" : ": not serving");
         if (s->state == SRV_UP) {
             cps__msg_hdr a = {.type = CPS_MSG_PROBE,
                               .flags = CPS_WF_REPLY,
