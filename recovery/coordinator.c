@@ -305,10 +305,11 @@ static int member_msg(cps__coord *c, const cps__msg_hdr *h, const void *pl, size
     case CPS_MSG_HEARTBEAT:
         if (len >= CPS_STATS_SIZE)
             cps__stats_decode(pl, &n->stats);
-        /* A node whose copy of a VIEW was lost, and that gets no request of a newer epoch, would
-         * run the old one for good: its heartbeat names its epoch, and an old one gets the view
-         * (the simulator found such runs that never finished, e.g. seed 1485 --faults drops). */
-        if (c->started && h->epoch < c->view.epoch)
+        /* A server whose copy of a VIEW was lost, and that gets no request of a newer epoch,
+         * would run the old one for good: its heartbeat names the epoch it runs, and an old one
+         * gets the view (the simulator found runs that never finished, e.g. seed 1485 --faults
+         * drops). Not a worker's: it names the epoch of its last push, and asks by itself. */
+        if (c->started && n->info.role == CPS_ROLE_SERVER && h->epoch < c->view.epoch)
             cps__co_send_view(c, n->info.id, CPS_MSG_VIEW);
         break;
     case CPS_MSG_CAUGHT_UP:

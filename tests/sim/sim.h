@@ -290,6 +290,7 @@ typedef struct sim {
     /* PHASE_END, per worker rank: 1 waits in the barrier, 2 released and said BYE, 3 its BYE
      * acknowledged. */
     uint8_t end_state[SIM_MAX_WORKERS];
+    uint8_t told_exit[SIM_MAX_SERVERS + 1]; /* the job ended: its SHUTDOWN reached the server */
     /* Per worker rank and server id: when the worker last heard from the server (its reports of
      * unanswered requests leave out a server it hears from, as client.c's do). */
     uint64_t worker_heard[SIM_MAX_WORKERS][SIM_MAX_SERVERS + 1];

@@ -352,6 +352,8 @@ int sim_sched_removable(const sim *sm, uint32_t id)
 
 uint32_t sim_sched_joiner(const sim *sm, uint32_t r, uint32_t *source)
 {
+    if (cps__coord_finished(sm->coord))
+        return 0; /* the job ended: a copy under way no longer matters */
     return cps__coord_joiner(sm->coord, r, source);
 }
 
@@ -401,6 +403,13 @@ int sim_sched_to_server(sim *sm, sim_server *s, const sim_msg *m)
     const cps__coord_node *cn = coord_node(sm, s->id);
     if (!(cn && cn->left) && !cps__coord_finished(sm->coord))
         return 1; /* an old one, to an earlier life that was drained */
+    if (!(cn && cn->left)) {
+        /* The job ended: the run ends once replication is quiet (a late copy of a request may
+         * still be on its way down a chain); the stores are compared then. */
+        sim_trace(sm, "s%u told to exit: the job ended", s->id);
+        sm->told_exit[s->id] = 1;
+        return 1;
+    }
     sim_trace(sm, "s%u told to exit: it stops", s->id);
     s->state = SRV_CRASHED;
     s->inc++;
@@ -513,7 +522,7 @@ int sim_sched_ended(sim *sm)
     if (sm->p.mode == SIM_SSP)
         return 1;
     for (uint32_t i = 0; i < sm->p.servers; i++)
-        if (sm->servers[i].state != SRV_CRASHED)
+        if (sm->servers[i].state != SRV_CRASHED && !sm->told_exit[i + 1])
             return 0;
     return cps__coord_finished(sm->coord);
 }
