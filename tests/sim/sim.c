@@ -2063,7 +2063,7 @@ int sim_run(const sim_params *p, sim_summary *out)
             sm->phase = PHASE_END;
             sim_sched_end(sm);
         }
-        if (sm->phase == PHASE_END && sim_sched_ended(sm) && chains_drained(sm))
+        if (sm->phase == PHASE_END && sim_sched_ended(sm))
             break;
         if (sm->phase != PHASE_FAULTS && sm->nevents - heal_at > SIM_HEAL_EVENTS) {
             uint32_t left = 0;

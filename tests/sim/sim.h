@@ -38,9 +38,11 @@ enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 /* Scheduler-side timers of state transfer, in virtual ms (production: 120 s; scaled down). */
 #define SIM_REPAIR_MS 100
 /* The coordinator's tick (production: 20 ms) and its batching of joiners (production: 100). */
-#define SIM_SCHED_TICK_MS   20
-#define SIM_BATCH_MS        100
-#define SIM_SCHED_BLOBS     4
+#define SIM_SCHED_TICK_MS 20
+#define SIM_BATCH_MS      100
+#define SIM_SCHED_BLOBS   4
+/* After the job ended, messages still on their way get this long before stores are compared. */
+#define SIM_END_SETTLE_MS   3000
 #define SIM_JOIN_GIVE_UP_MS 3000
 #define SIM_JOIN_TIMEOUT_MS 2500
 /* A joiner re-sends SNAP_REQ this often until the snapshot comes (transfer.c: 1 s, unscaled:
@@ -291,6 +293,7 @@ typedef struct sim {
      * acknowledged. */
     uint8_t end_state[SIM_MAX_WORKERS];
     uint8_t told_exit[SIM_MAX_SERVERS + 1]; /* the job ended: its SHUTDOWN reached the server */
+    uint64_t ended_at;                      /* when the job's end was complete */
     /* Per worker rank and server id: when the worker last heard from the server (its reports of
      * unanswered requests leave out a server it hears from, as client.c's do). */
     uint64_t worker_heard[SIM_MAX_WORKERS][SIM_MAX_SERVERS + 1];
