@@ -1690,6 +1690,28 @@ static int sole_replica(const sim *sm, uint32_t id)
     return !sim_sched_removable(sm, id);
 }
 
+/* Does every range `id` holds keep two other members that run (not paused, not crashed)? The
+ * operator replaces a disk only then: with one other replica, the scheduler may declare that one
+ * dead next (a pause, lost heartbeats) and let the empty disk back as the range's last replica,
+ * which no scheduler can tell from a full one by its HELLO: acknowledged updates are lost (seed
+ * 1882, invariant 1: a double fault, not a protocol bug). */
+static int others_running(const sim *sm, uint32_t id)
+{
+    const cps__view *v = sim_cur_view(sm);
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        const cps__range *rg = &v->ranges[r];
+        if (!in_chain(rg, id))
+            continue;
+        uint32_t others = 0;
+        for (uint32_t j = 0; j < rg->chain_len; j++)
+            others += rg->chain[j] != id && node_alive(v, rg->chain[j]) &&
+                      sm->servers[rg->chain[j] - 1].state == SRV_UP;
+        if (others < 2)
+            return 0;
+    }
+    return 1;
+}
+
 /* A crashed server comes back: on its store, or on an empty one (a replaced disk: never for the
  * last replica of a range, whose data would be gone), with a fresh chain state machine. */
 static void restart(sim *sm, sim_server *s)
@@ -1697,7 +1719,8 @@ static void restart(sim *sm, sim_server *s)
     s->restart_due = 0;
     if (s->state != SRV_CRASHED || sm->phase == PHASE_END)
         return; /* at the job's end nobody restarts a server */
-    int wipe = chance(sm, sm->p.wipe_per_mille) && !sole_replica(sm, s->id);
+    int wipe =
+        chance(sm, sm->p.wipe_per_mille) && !sole_replica(sm, s->id) && others_running(sm, s->id);
     if (wipe) {
         for (uint32_t r = 0; r < sm->nranges; r++)
             sim_rstore_clear(&s->rs[r]);

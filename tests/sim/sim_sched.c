@@ -387,15 +387,13 @@ int sim_sched_to_server(sim *sm, sim_server *s, const sim_msg *m)
     if (cps__wire_hdr_decode(m->buf, m->len, &h) != 0)
         return 0;
     if (h.type == CPS_MSG_PROBE) {
-        sim_trace(sm, "s%u(e%" PRIu64 ") <- 0 PROBE %" PRIx64 "%s", s->id, s->epoch, h.req_seq,
-                  s->state == SRV_UP ? ": answered" : ": not serving");
-        if (s->state == SRV_UP) {
-            cps__msg_hdr a = {.type = CPS_MSG_PROBE,
-                              .flags = CPS_WF_REPLY,
-                              .epoch = s->epoch,
-                              .req_seq = h.req_seq};
-            sim_send_reliable(sm, s->id, 0, &a);
-        }
+        /* server.c answers whatever its standing (let in or not): a question of whether its
+         * inbox is served. */
+        sim_trace(sm, "s%u(e%" PRIu64 ") <- 0 PROBE %" PRIx64 ": answered", s->id, s->epoch,
+                  h.req_seq);
+        cps__msg_hdr a = {
+            .type = CPS_MSG_PROBE, .flags = CPS_WF_REPLY, .epoch = s->epoch, .req_seq = h.req_seq};
+        sim_send_reliable(sm, s->id, 0, &a);
         return 1;
     }
     if (h.type != CPS_MSG_SHUTDOWN)
