@@ -22,20 +22,29 @@
 #   2 workers, 2 servers, 1 MB: chainps with every key range in a chain of both servers
 #     (--replicas 2: every push crosses both); ps-lite with its keys split over the two
 #     servers (it keeps no replica). GB/s summed over the workers, latencies of the slower one.
-# Three sides per cell, in interleaved rounds (the order rotating from round to round, so a
-# slow minute of the machine does not fall on one side only):
-#   chainps           as users run it: messages authenticated (a job secret), snappy on pushes
-#                     when it pays (dense random data: it does not, after a probe);
-#   chainps insecure  --insecure, no authentication: the apples-to-apples one, since ps-lite
-#                     authenticates nothing;
-#   ps-lite           scheduler, servers and workers on 127.0.0.1 over TCP (DMLC_NODE_HOST).
-# The table: per cell and metric the median of the rounds and their min-max, and the ratio
-# chainps / ps-lite: the median of the per-round ratios, with their min-max (GB/s: above 1 means
-# chainps is faster; microseconds: below 1 means chainps is faster). Also the commits of both and
-# the load average at the start and at the end (2 cores: above ~0.5 at the start means other
-# programs shared the CPU). About 70 s with the defaults.
+# Up to six sides per cell (SIDES), in interleaved rounds (the order rotating from round to
+# round, so a slow minute of the machine does not fall on one side only):
+#   chainps               as users run it: `chainps launch` with a job secret, so the processes
+#                         talk over ipc:// in the job's private directory (same host: no MAC) and
+#                         would use tcp:// with a MAC across hosts; snappy on pushes when it pays
+#                         (dense random data: it does not, after a probe);
+#   chainps_insecure      --insecure, no authentication anywhere;
+#   chainps_tcp           authenticated, every channel tcp:// with a MAC (CHAINPS_RUNTIME_DIR set
+#                         empty: no ipc), as between hosts, and as every job ran before ipc;
+#   chainps_insecure_tcp  --insecure over tcp://: the apples-to-apples one against ps-lite;
+#   pslite                scheduler, servers and workers on 127.0.0.1 over TCP (DMLC_NODE_HOST);
+#   pslite_local          the same with DMLC_LOCAL=1: ZeroMQ ipc:// sockets in /tmp.
+# The tables: per cell and metric the median of the rounds (min-max) of every side, then the
+# ratios chainps / ps-lite: the median of the per-round ratios, with their min-max (GB/s: above 1
+# means chainps is faster; microseconds and CPU: below 1 means chainps is faster). Also the
+# commits of both and the load average at the start and at the end (2 cores: above ~0.5 at the
+# start means other programs shared the CPU). About 140 s a round with the defaults.
 #
-# Environment: ROUNDS (3), ITERS (iterations per size; default per size 1 GiB / size within
+# CPU=1 runs each size in a job of its own, every process under /usr/bin/time, and adds "CPU
+# ms/GB": the CPU time (user + system) of all the job's processes, start and warm-up included,
+# per 10^9 bytes pushed and pulled (as bench/run_ab.sh does).
+#
+# Environment: SIDES (the sides above, space-separated; default all six), ROUNDS (3), ITERS (iterations per size; default per size 1 GiB / size within
 # [60, 2000]), SIZES (of the 1x1 cell, bytes, comma-separated; default 4096,65536,1048576,16777216),
 # MODE (chainps launch --mode: sync, the default of launch, or async, which is what ps-lite's
 # independent workers do; it matters for the 2-worker cell only), KEEP=1 keeps the raw results
@@ -73,6 +82,9 @@ if [ "$smoke" = 1 ]; then
 fi
 case $ROUNDS in '' | *[!0-9]* | 0) usage ;; esac
 unset CHAINPS_INSECURE # the first chainps side is the default, authenticated one
+unset CHAINPS_RUNTIME_DIR # launch makes the job's private directory (the *_tcp sides: none)
+SIDES=${SIDES:-chainps chainps_insecure chainps_tcp chainps_insecure_tcp pslite pslite_local}
+CPU=${CPU:-0}
 
 work=$res.d
 mkdir -p "$work" && : >"$work/run.txt" && : >"$work/run.log" || exit 2
@@ -196,44 +208,60 @@ fi
 # 2. The runs. Each appends its worker lines to $res, tagged with round and side.
 iters_flag() { [ -n "$ITERS" ] && echo "$1 $ITERS"; }
 # One run's end: its worker lines into $res tagged with round and side, its log into $log.
-collect() { # SIDE ROUND FAILED(0|1) WHAT
+collect() { # SIDE ROUND FAILED(0|1) WHAT [CPU_S]
     if [ "$3" != 0 ]; then
         failed=$((failed + 1))
         echo "run_pslite: $4 failed:" >&2
         tail -15 "$work/run.log" >&2
     fi
-    sed "s/\$/ round=$2 side=$1/" "$work/run.txt" >>"$res"
+    sed "s/\$/ round=$2 side=$1${5:+ cpu_s=$5}/" "$work/run.txt" >>"$res"
     cat "$work/run.log" >>"$log"
     : >"$work/run.txt"
     : >"$work/run.log"
 }
+# The CPU seconds (user + system) in the /usr/bin/time files $work/time.*, and removes them.
+cpu_of() {
+    [ "$CPU" = 1 ] || return 0
+    awk -F, '/^[0-9.]+,[0-9.]+$/ { s += $1 + $2 } END { printf "%.3f", s }' "$work"/time.* 2>/dev/null
+    rm -f "$work"/time.*
+}
+timer() { # N: the /usr/bin/time prefix for process N of a run (nothing unless CPU=1)
+    [ "$CPU" = 1 ] && echo "/usr/bin/time -f %U,%S -o $work/time.$1"
+}
 run_chainps() { # SIDE SERVERS WORKERS SIZES ROUND
-    local side=$1 S=$2 W=$3 sizes=$4 flags=() fail=0
-    [ "$side" = chainps_insecure ] && flags=(--insecure)
+    local side=$1 S=$2 W=$3 sizes=$4 flags=() fail=0 env=()
+    case $side in *insecure*) flags=(--insecure) ;; esac
+    case $side in *_tcp) env=(CHAINPS_RUNTIME_DIR=) ;; esac
     # launch ends every process it started; its --timeout (and ours) bound the job.
-    timeout -k 5 200 "$CHAINPS" launch --servers "$S" --replicas "$S" --workers "$W" \
+    # shellcheck disable=SC2046 # timer's words
+    env "${env[@]}" $(timer 0) timeout -k 5 200 "$CHAINPS" launch --servers "$S" --replicas "$S" --workers "$W" \
         --mode "$MODE" --timeout 180 "${flags[@]}" -- "$BENCH_PS" --loop pslite \
         --sizes "$sizes" $(iters_flag --ops) --out "$work/run.txt" >"$work/run.log" 2>&1 &
     pids+=($!)
     wait "$!" || fail=1
     pids=()
-    collect "$side" "$5" "$fail" "chainps ($side, $S servers, $W workers)"
+    collect "$side" "$5" "$fail" "chainps ($side, $S servers, $W workers)" "$(cpu_of)"
 }
-run_pslite() { # SERVERS WORKERS SIZES ROUND
-    local S=$1 W=$2 sizes=$3 i wpids=() fail=0 p
+run_pslite() { # SIDE SERVERS WORKERS SIZES ROUND
+    local side=$1 S=$2 W=$3 sizes=$4 i wpids=() fail=0 p
+    shift
     export DMLC_PS_ROOT_URI=127.0.0.1 DMLC_NODE_HOST=127.0.0.1 DMLC_NUM_SERVER=$S \
         DMLC_NUM_WORKER=$W
+    [ "$side" = pslite_local ] && export DMLC_LOCAL=1
     DMLC_PS_ROOT_PORT=$(free_port)
     export DMLC_PS_ROOT_PORT
-    DMLC_ROLE=scheduler timeout -k 5 180 "$pslite_bench" >>"$work/run.log" 2>&1 &
+    # shellcheck disable=SC2046 # timer's words
+    DMLC_ROLE=scheduler $(timer s) timeout -k 5 180 "$pslite_bench" >>"$work/run.log" 2>&1 &
     pids+=($!)
     for ((i = 0; i < S; i++)); do
-        DMLC_ROLE=server timeout -k 5 180 "$pslite_bench" >>"$work/run.log" 2>&1 &
+        # shellcheck disable=SC2046
+        DMLC_ROLE=server $(timer "s$i") timeout -k 5 180 "$pslite_bench" >>"$work/run.log" 2>&1 &
         pids+=($!)
     done
     for ((i = 0; i < W; i++)); do
-        DMLC_ROLE=worker timeout -k 5 180 "$pslite_bench" --sizes "$sizes" $(iters_flag --iters) \
-            --out "$work/run.txt" >>"$work/run.log" 2>&1 &
+        # shellcheck disable=SC2046
+        DMLC_ROLE=worker $(timer "w$i") timeout -k 5 180 "$pslite_bench" --sizes "$sizes" \
+            $(iters_flag --iters) --out "$work/run.txt" >>"$work/run.log" 2>&1 &
         pids+=($!)
         wpids+=($!)
     done
@@ -242,8 +270,20 @@ run_pslite() { # SERVERS WORKERS SIZES ROUND
     done
     # The scheduler and the servers leave once the workers have finalized; stop_all gives 2 s.
     stop_all
-    unset DMLC_PS_ROOT_URI DMLC_NODE_HOST DMLC_NUM_SERVER DMLC_NUM_WORKER DMLC_PS_ROOT_PORT
-    collect pslite "$4" "$fail" "ps-lite ($S servers, $W workers)"
+    unset DMLC_PS_ROOT_URI DMLC_NODE_HOST DMLC_NUM_SERVER DMLC_NUM_WORKER DMLC_PS_ROOT_PORT \
+        DMLC_LOCAL
+    collect "$side" "$4" "$fail" "$side ($S servers, $W workers)" "$(cpu_of)"
+}
+run_side() { # SIDE SERVERS WORKERS SIZES ROUND: all sizes in one job, or one job per size (CPU=1)
+    local s run=run_chainps
+    case $1 in pslite*) run=run_pslite ;; esac
+    if [ "$CPU" = 1 ]; then
+        for s in ${4//,/ }; do
+            "$run" "$1" "$2" "$3" "$s" "$5"
+        done
+    else
+        "$run" "$@"
+    fi
 }
 
 failed=0
@@ -252,19 +292,14 @@ load0=$(cut -d' ' -f1-3 /proc/loadavg)
 chainps_commit=$(commit_of "$here/..")
 echo "chainps ($chainps_commit, $build) vs ps-lite ($pslite_commit) on $(nproc) cores," \
     "$(date -u '+%Y-%m-%d %H:%M UTC'), load average $load0; $ROUNDS rounds, mode $MODE"
-sides=(chainps chainps_insecure pslite)
-[ "$smoke" = 1 ] && sides=(chainps chainps_insecure)
+read -r -a sides <<<"$SIDES"
+[ "$smoke" = 1 ] && sides=(chainps chainps_insecure chainps_tcp)
 for ((r = 1; r <= ROUNDS; r++)); do
     n=${#sides[@]}
     for cell in "1:1:$SIZES" "2:2:1048576"; do
         IFS=: read -r S W sizes <<<"$cell"
         for ((k = 0; k < n; k++)); do
-            side=${sides[$(((k + r - 1) % n))]}
-            if [ "$side" = pslite ]; then
-                run_pslite "$S" "$W" "$sizes" "$r"
-            else
-                run_chainps "$side" "$S" "$W" "$sizes" "$r"
-            fi
+            run_side "${sides[$(((k + r - 1) % n))]}" "$S" "$W" "$sizes" "$r"
         done
     done
     echo "round $r of $ROUNDS done ($(($(date +%s) - start)) s)"
@@ -276,54 +311,88 @@ table='
 END {
     nm = split("pp_gbps push_p50_us push_p99_us pull_p50_us", metrics, " ")
     split("pp GB/s,push p50 us,push p99 us,pull p50 us", mname, ",")
-    nside = split("chainps chainps_insecure pslite", sides, " ")
+    for (k in bytes) {
+        sum[k, "cpu_ms_gb"] = cpu[k] * 1e12 / bytes[k]
+        if (nm == 4) { metrics[++nm] = "cpu_ms_gb"; mname[nm] = "CPU ms/GB" }
+    }
+    nside = split(sidelist, sides, " ")
+    # Ratios: every chainps side against every ps-lite side of the same round.
+    nrat = 0
+    for (i = 1; i <= nside; i++)
+        for (j = 1; j <= nside; j++)
+            if (sides[i] !~ /^pslite/ && sides[j] ~ /^pslite/) ratios[++nrat] = sides[i] "/" sides[j]
     for (k in runs) {
         split(k, p, SUBSEP)
         for (i = 1; i <= nm; i++) {
             m = metrics[i]
             key = p[1] SUBSEP p[2] SUBSEP m
-            val[key, ++cnt[key]] = sum[k, m]
-            o = p[1] SUBSEP "pslite" SUBSEP p[3]
-            if (p[2] != "pslite" && (o in runs) && sum[o, m] > 0) {
-                key = p[1] SUBSEP p[2] "/pslite" SUBSEP m
-                val[key, ++cnt[key]] = sum[k, m] / sum[o, m]
+            if ((k SUBSEP m) in sum) val[key, ++cnt[key]] = sum[k, m]
+            if (p[2] ~ /^pslite/) continue
+            for (j = 1; j <= nside; j++) {
+                if (sides[j] !~ /^pslite/) continue
+                o = p[1] SUBSEP sides[j] SUBSEP p[3]
+                if ((o in runs) && sum[o, m] > 0 && ((k SUBSEP m) in sum)) {
+                    key = p[1] SUBSEP p[2] "/" sides[j] SUBSEP m
+                    val[key, ++cnt[key]] = sum[k, m] / sum[o, m]
+                }
             }
         }
     }
-    line = "----------------------------------------------------------------------------------" \
-           "----------------------------------------------------------------------"
     printf "\nchainps (%s) vs ps-lite (%s): ps-lite\x27s loop, each push waited then each pull " \
            "waited, dense random float32\n", cc, pc
     printf "median of %d interleaved rounds (min-max); pp GB/s counts pushed + pulled bytes " \
            "(10^9 B/s), summed over the workers; latencies of the slower worker\n", rounds
-    printf "chainps: launch --mode %s, secure (authenticated, as by default) and --insecure; " \
-           "ps-lite authenticates nothing: the apples-to-apples column is chainps --insecure\n", mode
+    printf "chainps: launch --mode %s; chainps and chainps_insecure: ipc:// between the job\x27s " \
+           "processes (no MAC: the private directory is the boundary); *_tcp: tcp:// only (with " \
+           "a MAC unless insecure); ps-lite authenticates nothing, pslite_local: DMLC_LOCAL=1 " \
+           "(ZeroMQ ipc://)\n", mode
     printf "2w2s: chainps with chains of 2 (--replicas 2, every push crosses both servers); " \
            "ps-lite with its keys split over 2 servers, no replica\n"
-    printf "ratio = chainps / ps-lite, median of the per-round ratios (min-max): GB/s above 1 " \
-           "and us below 1 mean chainps is ahead\n"
-    printf "%s\n", line
-    printf "%-10s %-12s | %-22s %-22s %-22s | %-19s %-19s\n", "cell", "metric", "chainps",
-           "chainps --insecure", "ps-lite", "ratio", "ratio --insecure"
-    printf "%s\n", line
+    line = sprintf("%0" (24 + 24 * nside) "d", 0); gsub(/0/, "-", line)
+    printf "%s\n%-10s %-12s |", line, "cell", "metric"
+    for (j = 1; j <= nside; j++) printf " %-22s", sides[j]
+    printf "\n%s\n", line
     for (ci = 1; ci <= ncells; ci++) {
         c = cells[ci]
         for (i = 1; i <= nm; i++) {
             m = metrics[i]
-            fmt = m == "pp_gbps" ? "%.3f" : "%.0f"
-            printf "%-10s %-12s | %-22s %-22s %-22s | %-19s %-19s\n", i == 1 ? c : "", mname[i],
-                   stat(c SUBSEP "chainps" SUBSEP m, fmt),
-                   stat(c SUBSEP "chainps_insecure" SUBSEP m, fmt),
-                   stat(c SUBSEP "pslite" SUBSEP m, fmt),
-                   stat(c SUBSEP "chainps/pslite" SUBSEP m, "%.2f"),
-                   stat(c SUBSEP "chainps_insecure/pslite" SUBSEP m, "%.2f")
+            fmt = m == "pp_gbps" ? "%.3f" : m == "cpu_ms_gb" ? "%.1f" : "%.0f"
+            printf "%-10s %-12s |", i == 1 ? c : "", mname[i]
+            for (j = 1; j <= nside; j++) printf " %-22s", stat(c SUBSEP sides[j] SUBSEP m, fmt)
+            printf "\n"
         }
         printf "%s\n", line
+    }
+    if (nrat) {
+        printf "\nratio = chainps side / ps-lite side, median of the per-round ratios (min-max): " \
+               "GB/s above 1, us and CPU below 1 mean chainps is ahead\n"
+        printf "c = chainps, ins = --insecure, tcp = tcp:// only; ps = ps-lite, ps-ipc = ps-lite " \
+               "DMLC_LOCAL=1\n"
+        line = sprintf("%0" (24 + 18 * nrat) "d", 0); gsub(/0/, "-", line)
+        printf "%s\n%-10s %-12s |", line, "cell", "metric"
+        for (r = 1; r <= nrat; r++) {
+            h = ratios[r]
+            gsub(/chainps/, "c", h); gsub(/_insecure/, "-ins", h); gsub(/_tcp/, "-tcp", h)
+            gsub(/pslite_local/, "ps-ipc", h); gsub(/pslite/, "ps", h)
+            printf " %-17s", h
+        }
+        printf "\n%s\n", line
+        for (ci = 1; ci <= ncells; ci++) {
+            c = cells[ci]
+            for (i = 1; i <= nm; i++) {
+                printf "%-10s %-12s |", i == 1 ? c : "", mname[i]
+                for (r = 1; r <= nrat; r++)
+                    printf " %-17s", stat(c SUBSEP ratios[r] SUBSEP metrics[i], "%.2f")
+                printf "\n"
+            }
+            printf "%s\n", line
+        }
     }
     printf "took %d s; load average %s at start, %s at end\n", secs, load0, load1
 }'
 awk -v secs="$(($(date +%s) - start))" -v load0="$load0" -v load1="$(cut -d' ' -f1-3 /proc/loadavg)" \
     -v cc="$chainps_commit" -v pc="$pslite_commit" -v mode="$MODE" -v rounds="$ROUNDS" \
+    -v sidelist="${sides[*]}" \
     -f "$here/pslite_loop.awk" -f <(printf '%s\n' "$table") "$res"
 lines=$(grep -c '^pslite_loop ' "$res")
 # Every side writes one line per size and worker: 1 worker x the sizes, 2 workers x 1 MB.

@@ -56,6 +56,29 @@ static int make_secret(cps__job *j)
     return 0;
 }
 
+/* The job's private runtime directory (mode 0700) for its same-host ipc:// sockets
+ * (transport/local.h), handed to every process as CHAINPS_RUNTIME_DIR. A CHAINPS_RUNTIME_DIR in
+ * our environment is the batch scheduler's (or the user's) and is kept as it is; set empty, it
+ * turns ipc off, and every channel is tcp://. */
+static int make_run_dir(cps__job *j)
+{
+    if (getenv("CHAINPS_RUNTIME_DIR"))
+        return 0;
+    /* Its sockets' paths must fit a Unix socket address (108 bytes with the 22 of their names):
+     * a long TMPDIR gives way to /tmp. */
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp || strlen(tmp) + sizeof "/chainps-run-XXXXXX" + 22 > 108)
+        tmp = "/tmp";
+    snprintf(j->run_dir, sizeof j->run_dir, "%.300s/chainps-run-XXXXXX", tmp);
+    if (!mkdtemp(j->run_dir)) {
+        fprintf(stderr, "chainps: cannot create the job's runtime directory: %s\n",
+                strerror(errno));
+        j->run_dir[0] = 0;
+        return 1;
+    }
+    return setenv("CHAINPS_RUNTIME_DIR", j->run_dir, 1) != 0;
+}
+
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw);
 
 /* The directories the job made for itself (not a --data DIR it was given). */
@@ -65,7 +88,11 @@ static void remove_own_dirs(cps__job *j)
         nftw(j->data, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
     if (j->secret_dir[0])
         nftw(j->secret_dir, rm_entry, 4, FTW_DEPTH | FTW_PHYS);
-    j->data[0] = j->secret_dir[0] = 0;
+    if (j->run_dir[0]) {
+        nftw(j->run_dir, rm_entry, 4, FTW_DEPTH | FTW_PHYS);
+        unsetenv("CHAINPS_RUNTIME_DIR");
+    }
+    j->data[0] = j->secret_dir[0] = j->run_dir[0] = 0;
 }
 
 /* An error after the job's directories were made: take them away again, so a job that never
@@ -99,7 +126,7 @@ int cps__job_init(cps__job *j, const cps__config *cfg, int data_given, int port,
             return 1;
         }
     }
-    if (make_secret(j) != 0)
+    if (make_secret(j) != 0 || make_run_dir(j) != 0)
         return init_failed(j);
     j->port = port ? port : cps__free_port();
     if (j->port <= 0) {

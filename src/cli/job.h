@@ -40,6 +40,7 @@ typedef struct cps__job {
     int await_replacements; /* scheduler --await-replacements: a dead worker's rank holds the
                                job's end until a replacement finished it */
     char secret_dir[400];   /* a directory of our own holding the secret we made; "" if none */
+    char run_dir[400];      /* the private runtime directory we made for ipc sockets; "" if none */
     /* The scheduler's repairs, read from its log as it streams: ranges short of replicas ("range
      * N has K of R replicas") until a joiner becomes their tail ("joined range N as its tail").
      * repaired_ms: when the last short range was whole again (0: none yet since the last reset),

@@ -456,11 +456,27 @@ int cps__loop_tp_attach(cps__loop_tp *a, cps__loop *l, cps__tp *tp, cps__tp_recv
     if (!a || !l || !tp)
         return CPS_EINVAL;
     /* Without a callback there is no one to hand messages to: only the backlogs are watched. */
-    *a = (cps__loop_tp){l, tp, fn, ctx, max_msgs, fn ? cps__tp_inbox_fd(tp) : -1, 0};
+    *a = (cps__loop_tp){l,
+                        tp,
+                        fn,
+                        ctx,
+                        max_msgs,
+                        fn ? cps__tp_inbox_fd(tp) : -1,
+                        fn ? cps__tp_inbox_local_fd(tp) : -1,
+                        0};
     if (a->inbox_fd >= 0) {
         int rc = cps__loop_fd_add(l, a->inbox_fd, on_inbox, a);
         if (rc != 0)
             return rc;
+    }
+    /* Either inbox's fd wakes the same drain, which reads both. */
+    if (a->local_inbox_fd >= 0) {
+        int rc = cps__loop_fd_add(l, a->local_inbox_fd, on_inbox, a);
+        if (rc != 0) {
+            if (a->inbox_fd >= 0)
+                cps__loop_fd_del(l, a->inbox_fd);
+            return rc;
+        }
     }
     cps__tp_set_backlog_fn(tp, on_backlog, a);
     int rc = tp_hook_error(a);
@@ -476,6 +492,8 @@ void cps__loop_tp_detach(cps__loop_tp *a)
     cps__tp_set_backlog_fn(a->tp, NULL, NULL);
     if (a->inbox_fd >= 0)
         cps__loop_fd_del(a->loop, a->inbox_fd);
+    if (a->local_inbox_fd >= 0)
+        cps__loop_fd_del(a->loop, a->local_inbox_fd);
     a->loop = NULL;
     a->tp = NULL;
 }

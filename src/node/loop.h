@@ -101,8 +101,9 @@ typedef struct cps__loop_tp {
     cps__tp_recv_fn fn;
     void *ctx;
     int max_msgs;
-    int inbox_fd; /* -1 when the transport has no inbox */
-    int error;    /* the first failure to (un)watch a backlog, reported by the next turn */
+    int inbox_fd;       /* -1 when the transport has no inbox */
+    int local_inbox_fd; /* the ipc:// inbox (same-host peers), -1 without one */
+    int error;          /* the first failure to (un)watch a backlog, reported by the next turn */
 } cps__loop_tp;
 
 /* Put `tp` on loop `l`; `a` is the caller's storage and must outlive the attachment. With `fn`

@@ -154,7 +154,7 @@ static void tool_reply(cps__server *s, uint32_t peer, const cps__msg_hdr *req, i
 
 static int is_tail(const cps__server *s, uint32_t range)
 {
-    return s->chain && cps__chain_is_tail(s->chain, range);
+    return cps__server_chain(s) && cps__chain_is_tail(cps__server_chain(s), range);
 }
 
 static int holds(const cps__server *s, uint32_t range)
@@ -310,7 +310,7 @@ static void serve_read(cps__tp *tp, cut_job *j, const cps__rx *rx)
 typedef struct thread_ctx {
     cut_job *job;
     cps__tp *tp;
-    int closed;
+    int closed, tool_gone;
     uint64_t last_ms;
 } thread_ctx;
 
@@ -333,7 +333,7 @@ static void on_thread_msg(void *ctx, void *buf, size_t len)
 static void *cut_thread(void *arg)
 {
     cut_job *j = arg;
-    thread_ctx t = {j, NULL, 0, cps__now_ms()};
+    thread_ctx t = {j, NULL, 0, 0, cps__now_ms()};
     uint16_t port = 0;
     char url[CPS_ADDR_MAX];
     int rc = cps__tp_create(j->keyed ? j->key : NULL, &t.tp);
@@ -352,7 +352,12 @@ static void *cut_thread(void *arg)
         if (buf)
             memcpy((char *)buf + CPS_WIRE_HDR_SIZE, url, n);
         thread_reply(t.tp, j, &req, CPS_MSG_CUT_OPEN, rc ? rc : (buf ? 0 : CPS_ENOMEM), buf, n);
-        while (rc == 0 && !t.closed && !j->stop && cps__now_ms() - t.last_ms < CUT_IDLE_MS)
+        /* A view lives no longer than its exporter: a CUT_CLOSE can be lost (the exporter gives
+         * a slow connection CLOSE_GRACE_MS at its exit, an answer can come after it closed the
+         * cut, it can crash), and until the view ends the store cannot reuse the pages updates
+         * free (a soak's views held on for 8 s after their export had finished). */
+        while (rc == 0 && !t.closed && !j->stop && cps__now_ms() - t.last_ms < CUT_IDLE_MS &&
+               !(t.tool_gone = cps__tp_peer_gone(t.tp, TOOL_PEER)))
             cps__tp_poll(t.tp, 20, on_thread_msg, &t, 0);
     }
     /* The read transaction first: a writer may be waiting for it (to grow the map). */
@@ -370,7 +375,11 @@ static void *cut_thread(void *arg)
             cps__tp_poll(t.tp, 20, NULL, NULL, 0);
         cps__tp_destroy(t.tp);
     }
-    if (!t.closed && !j->stop)
+    if (t.tool_gone)
+        cps__log(CPS_LOG_INFO, "server",
+                 "checkpoint read view %" PRIu64 " of range %u closed: its exporter (%s) is gone",
+                 j->id, j->range, j->tool);
+    else if (!t.closed && !j->stop)
         cps__log(CPS_LOG_WARN, "server",
                  "checkpoint read view %" PRIu64 " of range %u closed "
                  "after %d s without a request",
@@ -512,7 +521,7 @@ void cps__server_cuts_after_apply(cps__server *s, uint32_t range)
     }
 }
 
-void cps__server_cuts_before_grow(void *ctx)
+int cps__server_cuts_before_grow(void *ctx)
 {
     cps__server *s = ctx;
     int n = 0;
@@ -527,9 +536,10 @@ void cps__server_cuts_before_grow(void *ctx)
     }
     if (n)
         cps__log(CPS_LOG_WARN, "server",
-                 "closed %d checkpoint read view(s): the store had to grow while they were "
-                 "open (the export fails and is tried again)",
+                 "closed %d checkpoint read view(s): updates filled the store's room while "
+                 "they were open (the export reads from another replica or is tried again)",
                  n);
+    return n;
 }
 
 void cps__server_cuts_tick(cps__server *s, uint64_t now, int stop_all)
@@ -579,8 +589,9 @@ void cps__server_on_put(cps__server *s, cps__rx *rx)
         cps__rx_free(rx);
         return;
     }
-    cps__chain_req q = {UINT32_MAX, CPS_MSG_PUT, 0, h->req_seq};
-    int v = cps__chain_admit(s->chain, h->range, &q, 0, 0, NULL);
+    /* The body must be 8-byte aligned: the entries start at an 8-byte offset of the payload. */
+    int v = cps__replica_put(s->replica, h->range, h->req_seq, entries, elen, cps__now_ms());
+    cps__server_perform(s);
     if (v != CPS_ADMIT_NEW) {
         tool_reply(s, peer, h,
                    v == CPS_ADMIT_NOT_HEAD ? CPS_ESTALE_EPOCH
@@ -590,11 +601,6 @@ void cps__server_on_put(cps__server *s, cps__rx *rx)
         cps__rx_free(rx);
         return;
     }
-    /* The body must be 8-byte aligned: the entries start at an 8-byte offset of the payload. */
-    cps__chain_update u = {CPS_UPD_PUT, 0, 0, 1, &q, entries, elen};
-    rc = cps__chain_submit(s->chain, h->range, &u, cps__now_ms());
-    if (rc == 0)
-        cps__server_run_actions(s);
     span_io sp;
     if (rc == 0)
         rc = range_span(s, h->range, &sp);

@@ -18,11 +18,9 @@
 #define HELLO_RETRY_MS 500
 #define SYNC_EVERY_MS  1000
 #define SCHED_PEER     0u
-#define MAX_EARLY      4096
 /* Messages handled per loop turn: under a steady stream of pushes the loop must still come
  * round to its timers (held acks, re-sends, joins) and tell the heartbeat thread it turned. */
 #define MSGS_PER_TURN 64
-#define MAX_FUTURE    1024
 /* Heartbeats pause once the loop has not turned for this long (or 4x the failure timeout, if
  * that is longer): far above any honest turn, and a wedged server is still failed over. */
 #define BEAT_STALL_LIMIT_MS 30000u
@@ -51,29 +49,6 @@ enum {
 /* How often the /metrics page is rendered: scrapes come every 10-60 s, so a page at most this
  * old is fresh enough, and rendering never costs the data path more than ~0.1% of a core. */
 #define METRICS_EVERY_MS 250
-
-static void dispatch_request(cps__server *s, cps__rx *rx);
-static void dispatch_held(cps__server *s);
-
-/* A message tagged with a newer epoch than ours: hold it and ask for the view. Returns 1 if
- * held (rx taken). */
-static int hold_future(cps__server *s, cps__rx *rx)
-{
-    if (!cps__fence_future(s->fence, rx->hdr.epoch))
-        return 0;
-    if (!s->future)
-        s->future = calloc(MAX_FUTURE, sizeof *s->future);
-    if (!s->future)
-        return 0;
-    if (s->nfuture == MAX_FUTURE) {
-        cps__rx_free(&s->future[0]); /* the oldest goes: its sender re-sends it */
-        memmove(s->future, s->future + 1, (MAX_FUTURE - 1) * sizeof *s->future);
-        s->nfuture--;
-    }
-    s->future[s->nfuture++] = *rx;
-    cps__server_ask_view(s);
-    return 1;
-}
 
 static int check_job(cps__server *s, uint64_t job);
 
@@ -154,24 +129,6 @@ static void install_view(cps__server *s, const cps__rx *rx, int welcome)
         cps__view_fini(&v);
         return;
     }
-    /* Ranges we leave while staying in the job (a move: rebalancing, a drain). */
-    uint32_t *left = NULL, nleft = 0;
-    int moved = verdict == CPS_FENCE_V_INSTALL && s->view.nranges == v.nranges;
-    if (moved || verdict == CPS_FENCE_V_JOINED) {
-        for (uint32_t r = 0; r < v.nranges; r++) {
-            /* Let in (started, or rejoining after a fence): what our store holds of a range
-             * whose chain does not name us is stale (it was repaired elsewhere meanwhile), and
-             * joining it later copies it afresh anyway: dropped now, so the bytes a server
-             * holds are the ranges it serves. */
-            if ((moved && !chain_has(&s->view.ranges[r], s->id)) || chain_has(&v.ranges[r], s->id))
-                continue;
-            uint32_t *l = realloc(left, sizeof *left * (nleft + 1));
-            if (!l)
-                break;
-            left = l;
-            left[nleft++] = r;
-        }
-    }
     cps__view_fini(&s->view);
     s->view = v;
     if (verdict == CPS_FENCE_V_JOINED) {
@@ -197,48 +154,11 @@ static void install_view(cps__server *s, const cps__rx *rx, int welcome)
     } else {
         cps__log(CPS_LOG_INFO, "server", "view epoch %llu installed", (unsigned long long)v.epoch);
     }
-    cps__server_view_changed(s);
-    for (uint32_t i = 0; i < nleft; i++)
-        cps__server_range_left(s, left[i], moved);
-    free(left);
+    /* The replica drops the ranges the view took from us (or, let in, those it does not give
+     * us) and releases the messages held for this view, stepped after the joiner heard of it. */
+    cps__server_view_changed(s, verdict == CPS_FENCE_V_JOINED);
     cps__server_joins_view(s); /* the joiner learns of it: a join may end (transfer.c) */
-    for (uint32_t i = 0; i < s->nearly; i++)
-        dispatch_request(s, &s->early[i]);
-    s->nearly = 0;
-    dispatch_held(s);
-}
-
-/* Messages held for a newer epoch: those our view now covers go through. */
-static void dispatch_held(cps__server *s)
-{
-    uint32_t kept = 0, n = s->nfuture;
-    for (uint32_t i = 0; i < n; i++) {
-        cps__rx rx = s->future[i];
-        if (rx.hdr.epoch > s->view.epoch) {
-            s->future[kept++] = rx;
-            continue;
-        }
-        if (rx.hdr.type == CPS_MSG_FWD || rx.hdr.type == CPS_MSG_CHAIN_ACK ||
-            rx.hdr.type == CPS_MSG_CHAIN_MARK)
-            cps__server_on_chain(s, &rx);
-        else
-            dispatch_request(s, &rx);
-    }
-    s->nfuture = kept;
-}
-
-static void dispatch_request(cps__server *s, cps__rx *rx)
-{
-    if (cps__server_check_request(s, &rx->hdr) != 0) {
-        cps__rx_free(rx);
-        return;
-    }
-    if (rx->hdr.type == CPS_MSG_DECLARE)
-        cps__server_on_declare(s, rx);
-    else if (rx->hdr.type == CPS_MSG_PULL)
-        cps__server_on_pull(s, rx);
-    else
-        cps__server_on_push(s, rx);
+    cps__server_run_held(s);
 }
 
 typedef struct checksum_io {
@@ -342,14 +262,9 @@ static void handle_msg(void *ctx, void *buf, size_t len)
                      : CPS_FENCE_FROM_SCHED;
     int admit = cps__fence_admit(s->fence, rx.hdr.type, origin);
     if (admit == CPS_FENCE_EARLY) {
-        /* A worker heard its WELCOME before we heard ours: hold the request until then. */
-        if (!s->early)
-            s->early = calloc(MAX_EARLY, sizeof *s->early);
-        if (s->early && s->nearly < MAX_EARLY) {
-            s->early[s->nearly++] = rx;
-            return;
-        }
-        cps__log(CPS_LOG_WARN, "server", "request before the job started dropped");
+        /* A worker heard its WELCOME before we heard ours: the replica holds the request. */
+        cps__server_defer(s, &rx);
+        return;
     }
     if (admit != CPS_FENCE_SERVE) {
         cps__rx_free(&rx);
@@ -358,8 +273,6 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     switch (rx.hdr.type) {
     case CPS_MSG_WELCOME:
     case CPS_MSG_VIEW:
-        /* Held acks go out under the view they were made in, as if sent at once. */
-        cps__server_flush_acks(s, 0, 1);
         install_view(s, &rx, rx.hdr.type == CPS_MSG_WELCOME);
         break;
     case CPS_MSG_SHUTDOWN:
@@ -400,9 +313,12 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     case CPS_MSG_FWD:
     case CPS_MSG_CHAIN_ACK:
     case CPS_MSG_CHAIN_MARK:
-        if (!hold_future(s, &rx))
-            cps__server_on_chain(s, &rx);
-        return; /* taken */
+    case CPS_MSG_DECLARE:
+    case CPS_MSG_PUSH:
+    case CPS_MSG_PUSH_PULL:
+    case CPS_MSG_PULL:
+        cps__server_take(s, &rx);
+        return; /* the replica took rx */
     case CPS_MSG_JOIN_RANGE:
         cps__server_on_join_range(s, &rx);
         return;
@@ -412,13 +328,6 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     case CPS_MSG_SNAP:
         cps__server_on_snap(s, &rx);
         return;
-    case CPS_MSG_DECLARE:
-    case CPS_MSG_PUSH:
-    case CPS_MSG_PUSH_PULL:
-    case CPS_MSG_PULL:
-        if (!hold_future(s, &rx))
-            dispatch_request(s, &rx);
-        return; /* the data path took rx */
     default:
         s->stats.msgs_bad++;
         cps__log(CPS_LOG_WARN, "server", "unexpected message type %u from node %u dropped",
@@ -438,14 +347,8 @@ static void rejoin(cps__server *s)
     cps__server_reap_snapshots(s, 1);
     cps__server_cuts_tick(s, cps__now_ms(), 1);
     cps__server_data_fini(s);
-    cps__chain_destroy(s->chain);
-    s->chain = NULL;
-    for (uint32_t i = 0; i < s->nearly; i++)
-        cps__rx_free(&s->early[i]);
-    s->nearly = 0;
-    for (uint32_t i = 0; i < s->nfuture; i++)
-        cps__rx_free(&s->future[i]);
-    s->nfuture = 0;
+    if (cps__server_replica_new(s) != 0)
+        s->poisoned = 1; /* no memory for a fresh replica: leave */
     cps__view_fini(&s->view);
     cps__view_init(&s->view);
     cps__fence_rejoin(s->fence, cps__now_ms());
@@ -775,7 +678,7 @@ static int on_acks_due(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
     (void)l, (void)id;
     cps__server *s = ctx;
     if (cps__fence_joined(s->fence))
-        cps__server_flush_acks(s, now, 0);
+        cps__server_tick(s, now, 0);
     return 0;
 }
 
@@ -789,7 +692,7 @@ static int on_turn(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 static uint64_t waiting_at(void *ctx, uint32_t node, uint64_t *heard)
 {
     *heard = 0; /* an ack that makes progress restarts the wait (cps__chain_waiting_since) */
-    return cps__chain_waiting_since(((cps__server *)ctx)->chain, node);
+    return cps__chain_waiting_since(cps__server_chain(ctx), node);
 }
 
 /* Every CPS_SUSPECT_REPORT_MS: tell the scheduler which successors have left our FWDs unacked
@@ -857,8 +760,7 @@ static int before_sleep(cps__loop *l, void *ctx, uint64_t now)
 {
     cps__server *s = ctx;
     if (cps__fence_joined(s->fence)) {
-        cps__server_flush_acks(s, now, 0);
-        cps__server_tick(s, now);
+        cps__server_tick(s, now, 0);
         cps__server_reap_snapshots(s, 0);
         cps__server_cuts_tick(s, now, 0);
         cps__server_check_joins(s, now);
@@ -1005,7 +907,9 @@ int cps__server_run(const cps__config *cfg)
     if (rc != 0)
         goto out;
     s.after_apply = cps__server_cuts_after_apply;
-    rc = cps__loop_create(&s.loop);
+    rc = cps__server_replica_new(&s);
+    if (rc == 0)
+        rc = cps__loop_create(&s.loop);
     if (rc == 0)
         rc = cps__loop_tp_attach(&s.inbox, s.loop, s.tp, handle_msg, &s, MSGS_PER_TURN);
     if (rc == 0)
@@ -1026,8 +930,8 @@ int cps__server_run(const cps__config *cfg)
         goto out;
     rc = rc < 0 ? rc : 0;
     if (!s.poisoned)
-        cps__server_flush_acks(&s, 0, 1);
-    if (s.ctr.late_gradients) /* backup workers: said only when there were any */
+        cps__server_tick(&s, cps__now_ms(), 1); /* held acks go out */
+    if (s.ctr.late_gradients)                   /* backup workers: said only when there were any */
         cps__log(CPS_LOG_INFO, "server",
                  "stopping: %llu updates applied, %llu bad messages, %llu late gradients dropped",
                  (unsigned long long)s.stats.updates_applied, (unsigned long long)s.stats.msgs_bad,
@@ -1043,16 +947,9 @@ out:
     s.loop = NULL;
     cps__heartbeat_stop(s.beat);
     cps__fence_destroy(s.fence);
-    for (uint32_t i = 0; i < s.nearly; i++)
-        cps__rx_free(&s.early[i]);
-    free(s.early);
-    for (uint32_t i = 0; i < s.nfuture; i++)
-        cps__rx_free(&s.future[i]);
-    free(s.future);
     cps__server_reap_snapshots(&s, 1);
     cps__server_cuts_tick(&s, cps__now_ms(), 1);
     cps__server_data_fini(&s);
-    cps__chain_destroy(s.chain);
     cps__tp_destroy(s.tp);
     cps__store_close(s.store);
     cps__view_fini(&s.view);

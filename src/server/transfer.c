@@ -223,7 +223,7 @@ void cps__server_on_snap_req(cps__server *s, cps__rx *rx)
             return;
         }
     if (r >= s->view.nranges || !joiner || joiner->role != CPS_ROLE_SERVER ||
-        !cps__chain_is_tail(s->chain, r)) {
+        !cps__chain_is_tail(cps__server_chain(s), r)) {
         cps__log(CPS_LOG_WARN, "server",
                  "snapshot request for range %u from node %u refused "
                  "(not the tail, or not a server)",
@@ -250,7 +250,7 @@ void cps__server_on_snap_req(cps__server *s, cps__rx *rx)
     /* From here on the joiner also receives every update this tail applies; the snapshot,
      * taken a moment later, is at that sequence number or beyond: the joiner skips what the
      * snapshot already holds. */
-    int rc = cps__chain_add_shadow(s->chain, r, joiner->id, j->join_id, cps__now_ms());
+    int rc = cps__chain_add_shadow(cps__server_chain(s), r, joiner->id, j->join_id, cps__now_ms());
     if (rc == CPS_ESTALE_EPOCH) {
         /* A late request of a join the scheduler has replaced since (e.g. sent by the node in
          * an earlier life): serving it would displace the current joiner. */
@@ -325,62 +325,24 @@ static int install_txn(cps__txn *txn, void *arg)
     return cps__server_install_entries(txn, io->s, io->range, io->buf, io->len, io->last, &io->seq);
 }
 
-typedef struct clear_io {
-    uint32_t range;
-    uint64_t lo, hi;
-} clear_io;
-
-static int clear_txn(cps__txn *txn, void *arg)
-{
-    clear_io *c = arg;
-    char prefix[32];
-    snprintf(prefix, sizeof prefix, "agg/%" PRIu32 "/", c->range);
-    return cps__store_range_clear(txn, c->range, c->lo, c->hi, prefix);
-}
-
 static int can_serve(void *ctx, uint32_t range)
 {
-    return cps__chain_can_serve_pull(((cps__server *)ctx)->chain, range);
-}
-
-void cps__server_range_left(cps__server *s, uint32_t r, int moved)
-{
-    cps__sync_forget_range(s->sync, r);
-    if (s->ssp)
-        cps__ssp_forget_range(s->ssp, r);
-    clear_io c = {r, s->view.ranges[r].lo, s->view.ranges[r].hi};
-    int rc = cps__store_write(s->store, clear_txn, &c);
-    if (rc != 0)
-        cps__log(CPS_LOG_WARN, "server", "range %u: not in its chain, but cannot drop our copy: %s",
-                 r, cps_strerror(rc));
-    else if (moved)
-        cps__log(CPS_LOG_INFO, "server",
-                 "range %u moved to other servers: left its chain and dropped our copy", r);
-    else
-        cps__log(CPS_LOG_DEBUG, "server", "range %u: not in its chain: dropped what we held of it",
-                 r);
+    return cps__chain_can_serve_pull(cps__server_chain(ctx), range);
 }
 
 /* BEGIN: forget our copy of the range (chain state and store). */
 static int begin_join(cps__server *s, uint32_t r, uint32_t source)
 {
-    clear_io c = {r, s->view.ranges[r].lo, s->view.ranges[r].hi};
-    int rc = cps__chain_begin_join(s->chain, r, source);
-    if (rc == 0)
-        rc = cps__store_write(s->store, clear_txn, &c);
-    return rc;
+    int rc = cps__chain_begin_join(cps__server_chain(s), r, source);
+    return rc ? rc : cps__server_clear_range(s, r);
 }
 
 /* READY: the snapshot's SSP clocks, before the updates after it move them further; then the
  * updates the source forwarded since the snapshot. */
 static int join_ready(cps__server *s, uint32_t r, uint64_t snap_seq, uint64_t *applied)
 {
-    int rc = cps__server_ssp_load(s, r);
-    if (rc == 0) {
-        rc = cps__chain_join_ready(s->chain, r, snap_seq, cps__now_ms());
-        cps__server_run_actions(s);
-    }
-    *applied = cps__chain_applied(s->chain, r);
+    int rc = cps__replica_join_ready(s->replica, r, snap_seq, cps__now_ms(), applied);
+    cps__server_perform(s);
     if (rc == 0)
         cps__log(CPS_LOG_INFO, "server",
                  "range %u: snapshot at seq %llu installed (%.1f MB), caught up to seq %llu", r,
@@ -414,7 +376,7 @@ static void run_joiner(cps__server *s, const cps__rx *snap)
             cps__server_ask_view(s);
             continue;
         case CPS_JA_ABORT:
-            cps__chain_join_abort(s->chain, r);
+            cps__chain_join_abort(cps__server_chain(s), r);
             if (a[i].why)
                 cps__log(CPS_LOG_ERROR, "server",
                          "range %u: joining failed (%s: %s); the scheduler will try again", r,
@@ -481,7 +443,7 @@ void cps__server_on_join_range(cps__server *s, cps__rx *rx)
 void cps__server_on_snap(cps__server *s, cps__rx *rx)
 {
     uint32_t r = rx->hdr.range;
-    int joining = r < s->view.nranges && cps__chain_joining(s->chain, r);
+    int joining = r < s->view.nranges && cps__chain_joining(cps__server_chain(s), r);
     if (s->joiner && cps__joiner_snap(s->joiner, rx->hdr.sender, r, rx->hdr.step, rx->hdr.aux == 1,
                                       rx->len, joining, cps__now_ms()) > 0)
         run_joiner(s, rx);

@@ -43,10 +43,16 @@
  * the cap stops a runaway caller (e.g. one that writes garbage sizes) from eating the disk. */
 #define MAX_GROWTHS   24
 #define MAX_MAP_BYTES ((size_t)1 << 40)
-/* ensure_room: free map space, at least. It is reserved on disk (and in memory on a tmpfs),
- * so not the 1 GiB of address space it once was: 256 MiB is still hundreds of steps of a small
- * store while a checkpoint reads, and a larger store gets 7 times its size anyway. */
+/* ensure_room: the room beyond the live pages that updates may take while a checkpoint's read
+ * view pins the pages they free, at least ROOM_MIN_FREE and ROOM_PER_LIVE times the live data
+ * (a few whole-store steps). The room is reserved on disk, so it follows the live data, never
+ * the highest page once written: sizing from that mark fed on itself (a view held through many
+ * steps raised it to the map's end, and the next checkpoint grew the map 8 times again: a 2 MB
+ * model's data directory reached 9 GB in a 10-minute soak). When the room is used up, the views
+ * are closed (before_grow) and the update reuses the pages they pinned; the map grows only for
+ * live data. */
 #define ROOM_MIN_FREE ((size_t)256 << 20)
+#define ROOM_PER_LIVE 4
 /* cps__store_reserve: beyond the bytes asked, room for the transaction's own bookkeeping (the
  * freelist and meta records, the branch pages it copies), and the unit the map grows by. */
 #define RESERVE_SLACK ((size_t)8 << 20)
@@ -69,8 +75,9 @@ struct cps__store {
      * (LMDB does not check). Every txn holds this lock shared; growing takes it exclusive. */
     pthread_rwlock_t map_lock;
     float *scratch; /* 64-byte aligned; only the writer thread uses it */
-    void (*before_grow)(void *ctx);
+    int (*before_grow)(void *ctx);
     void *grow_ctx;
+    size_t room_min; /* ROOM_MIN_FREE unless the options say */
     size_t scratch_floats;
     cps__store_stats stats; /* written by the writer thread only (syncs: see nsyncs) */
     /* The background flusher (cps__store_sync_async): mdb_env_sync may run on another thread,
@@ -591,6 +598,7 @@ int cps__store_open(const char *dir, const cps__store_opts *opts, cps__store **o
         s->before_grow = opts->before_grow;
         s->grow_ctx = opts->grow_ctx;
     }
+    s->room_min = opts && opts->room_min_bytes ? opts->room_min_bytes : ROOM_MIN_FREE;
     /* MDB_WRITEMAP: dirty pages are written in the map itself, so a commit does no writev of
      * every page (measured: ~10% of server CPU for 1 MB updates, ~5 us per small commit). */
     unsigned flags = MDB_NOTLS | MDB_WRITEMAP;
@@ -791,7 +799,7 @@ static int grow_map(cps__store *s, size_t want, int ahead)
     if ((rc = reserve_map(s, want, ahead ? CPS_LOG_WARN : CPS_LOG_ERROR)) != 0)
         return rc;
     if (s->before_grow)
-        s->before_grow(s->grow_ctx);
+        (void)s->before_grow(s->grow_ctx);
     pthread_rwlock_wrlock(&s->map_lock);
     pthread_mutex_lock(&s->sync_mu); /* a background flush msyncs the old map: let it end */
     rc = mdb_env_set_mapsize(s->env, want);
@@ -820,19 +828,58 @@ static int map_usage(cps__store *s, MDB_envinfo *info, size_t *used)
     return 0;
 }
 
+static size_t db_pages(MDB_txn *t, MDB_dbi dbi)
+{
+    MDB_stat st;
+    if (mdb_stat(t, dbi, &st) != 0)
+        return 0;
+    return st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages;
+}
+
+/* Bytes of the pages the databases hold now (the freelist's own pages and the two meta pages
+ * included): what a copy of the store would take, unlike the high-water mark of map_usage. */
+static int live_bytes(cps__store *s, size_t *live)
+{
+    MDB_txn *t;
+    MDB_stat st;
+    pthread_rwlock_rdlock(&s->map_lock);
+    int rc = mdb_txn_begin(s->env, NULL, MDB_RDONLY, &t);
+    if (rc == 0) {
+        const MDB_dbi dbis[] = {0 /* freelist */, 1 /* main */, s->params,
+                                s->ranges,        s->dedup,     s->meta};
+        size_t pages = 2;
+        for (size_t i = 0; i < sizeof dbis / sizeof dbis[0]; i++)
+            pages += db_pages(t, dbis[i]);
+        rc = mdb_env_stat(s->env, &st);
+        *live = pages * (size_t)st.ms_psize;
+        mdb_txn_abort(t);
+    }
+    pthread_rwlock_unlock(&s->map_lock);
+    return rc ? env_fail(s, "mdb_txn_begin (live bytes)", rc) : 0;
+}
+
+int cps__store_room_target(cps__store *s, size_t *target)
+{
+    size_t live;
+    int rc = live_bytes(s, &live);
+    if (rc)
+        return rc;
+    size_t room = live > s->room_min / ROOM_PER_LIVE ? live * ROOM_PER_LIVE : s->room_min;
+    *target = (live + room + RESERVE_SLACK + RESERVE_ROUND - 1) / RESERVE_ROUND * RESERVE_ROUND;
+    return 0;
+}
+
 int cps__store_ensure_room(cps__store *s)
 {
     MDB_envinfo info;
-    size_t used;
-    int rc = map_usage(s, &info, &used);
-    if (rc)
-        return rc;
-    /* While a snapshot is open, freed pages cannot be reused: every update takes new ones, and
-     * a training step rewrites every record. Room for several steps of the whole store. */
-    while (rc == 0 && (used * 8 > info.me_mapsize || info.me_mapsize - used < ROOM_MIN_FREE)) {
-        if ((rc = grow_map(s, 0, 1)) == 0 && (rc = mdb_env_info(s->env, &info)) != 0)
-            rc = env_fail(s, "mdb_env_info", rc);
-    }
+    size_t target;
+    int rc = cps__store_room_target(s, &target);
+    if (rc == 0 && (rc = mdb_env_info(s->env, &info)) != 0)
+        rc = env_fail(s, "mdb_env_info", rc);
+    /* Pages free below the high-water mark count as room: those freed before a view opens
+     * are reused while it is open. */
+    if (rc == 0 && info.me_mapsize < target)
+        rc = grow_map(s, target, 1);
     return rc;
 }
 
@@ -879,6 +926,7 @@ void cps__store_stats_get(cps__store *s, cps__store_stats *out)
 
 int cps__store_write(cps__store *s, cps__txn_fn fn, void *arg)
 {
+    int released = 0;
     for (int growths = 0;; growths++) {
         if (s->poisoned)
             return CPS_EPOISONED;
@@ -915,6 +963,14 @@ int cps__store_write(cps__store *s, cps__txn_fn fn, void *arg)
             return CPS_ESTORE;
         }
         s->stats.reruns++;
+        /* Read views pin the pages updates free: once they are closed, those pages are reused
+         * and the map need not grow (the views' room is ensure_room's). */
+        if (!released && s->before_grow && s->before_grow(s->grow_ctx) > 0) {
+            released = 1;
+            s->stats.pin_releases++;
+            growths--;
+            continue;
+        }
         if ((rc = grow_map(s, 0, 0)) != 0)
             return rc;
     }

@@ -45,11 +45,14 @@ typedef struct cps__txn cps__txn;
 typedef struct cps__store_opts {
     size_t initial_map_bytes; /* 0: 64 MiB */
     int sync_every_commit;    /* 1: fsync on every commit */
-    /* Called on the writer's thread before the map grows, which must wait for every read
-     * transaction of this process to end: the owner of long-lived snapshots ends them here
-     * (a snapshot waiting on that same thread would never end). May be NULL. */
-    void (*before_grow)(void *ctx);
+    /* Called on the writer's thread when a write finds the map full, and before the map grows
+     * (which must wait for every read transaction of this process to end): the owner of
+     * long-lived snapshots ends them here (a snapshot waiting on that same thread would never
+     * end) and returns how many it ended. If it ended any, the write is run again first without
+     * growing: the pages the snapshots pinned are free again. May be NULL. */
+    int (*before_grow)(void *ctx);
     void *grow_ctx;
+    size_t room_min_bytes; /* 0: 256 MiB; the least room cps__store_ensure_room keeps */
     int quiet_busy; /* a held directory is expected (the caller tries the next): no ERROR log */
 } cps__store_opts;
 
@@ -126,12 +129,17 @@ int cps__store_param_write(cps__txn *txn, uint64_t key, uint32_t slot, uint64_t 
 int cps__store_snapshot_begin(cps__store *s, cps__txn **out);
 /* End it (from any thread). NULL is a no-op. */
 void cps__store_snapshot_end(cps__txn *txn);
-/* Grow the map until at most an eighth of it is in use and at least 256 MiB is free, so that
- * updates applied while a snapshot is open need not grow it. The room is reserved on disk, so
+/* Grow the map to cps__store_room_target, so that updates applied while a snapshot is open need
+ * not grow it. The target follows the live data, not the highest page ever written, so a data
+ * directory stays a bounded multiple of the model. The room is reserved on disk, so
  * the growth stops (CPS_ENOSPC, a warning) rather than take the filesystem's last free half.
  * Call with no transaction of this process open.
  * Errors: CPS_ESTORE, CPS_ENOSPC. */
 int cps__store_ensure_room(cps__store *s);
+/* The map size ensure_room grows to: the live pages plus room for updates while a snapshot is
+ * open (at least the options' room_min_bytes, or 4 times the live data), rounded up. Errors:
+ * CPS_ESTORE. */
+int cps__store_room_target(cps__store *s, size_t *target);
 
 /* Map bytes that creating a record of `len` values with optimizer `opt_kind` takes (pages
  * included): what a caller sums for cps__store_reserve. */
@@ -146,10 +154,11 @@ uint64_t cps__store_create_bytes(uint32_t len, uint32_t opt_kind);
 int cps__store_reserve(cps__store *s, uint64_t bytes);
 
 typedef struct cps__store_stats {
-    uint64_t grows;      /* map growths, by any cause */
-    uint64_t reruns;     /* write transactions run again after MDB_MAP_FULL */
-    uint64_t syncs;      /* flushes done (here or in the background) */
-    uint64_t sync_fails; /* flushes that failed */
+    uint64_t grows;        /* map growths, by any cause */
+    uint64_t reruns;       /* write transactions run again after MDB_MAP_FULL */
+    uint64_t pin_releases; /* ... of them after before_grow ended snapshots, without growing */
+    uint64_t syncs;        /* flushes done (here or in the background) */
+    uint64_t sync_fails;   /* flushes that failed */
 } cps__store_stats;
 /* Counters since the open (tests and status). Call on the writer's thread. */
 void cps__store_stats_get(cps__store *s, cps__store_stats *out);

@@ -326,20 +326,27 @@ static int window_take(sender *s, uint64_t c)
     return CPS_AUTH_OK;
 }
 
-int cps__auth_open(cps__auth *a, const unsigned char *msg, size_t len, size_t *body_len)
+int cps__auth_open_local(const unsigned char *msg, size_t len, size_t *body_len)
 {
     if (len < CPS_AUTH_TRAILER)
         return CPS_AUTH_SHORT;
     size_t body = len - CPS_AUTH_TRAILER;
     *body_len = body;
+    if (body >= 5 && cps__le32_get(msg) == CPS_WIRE_MAGIC && msg[4] != CPS_WIRE_VERSION)
+        return CPS_AUTH_VERSION;
+    return CPS_AUTH_OK;
+}
+
+int cps__auth_open(cps__auth *a, const unsigned char *msg, size_t len, size_t *body_len)
+{
     /* The header's version says which trailer the sender wrote (GMAC before version 4), so a
      * process of another version is told apart from a forger, keyed or not: without this its
      * messages would fail as wrong tags, or as bad headers further up. Unauthenticated, like
      * every refusal: it only picks the words of the log line. */
-    if (body >= 5 && cps__le32_get(msg) == CPS_WIRE_MAGIC && msg[4] != CPS_WIRE_VERSION)
-        return CPS_AUTH_VERSION;
-    if (!a->keyed)
-        return CPS_AUTH_OK;
+    int shape = cps__auth_open_local(msg, len, body_len);
+    if (shape != CPS_AUTH_OK || !a->keyed)
+        return shape;
+    size_t body = *body_len;
     const unsigned char *t = msg + body;
     uint64_t ctr = cps__le64_get(t + CPS_AUTH_SALT);
     if (ctr == 0 && all_zero(t, CPS_AUTH_SALT))

@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,6 +31,8 @@
 #include "core/log.h"
 #include "core/wire.h"
 #include "transport/auth.h"
+#include "transport/frame.h"
+#include "transport/local.h"
 
 #define TP_QUEUE_MAX        4096u     /* per-peer backlog before senders see CPS_EAGAIN */
 #define TP_SOCKBUF          (4 << 20) /* NN_SNDBUF / NN_RCVBUF */
@@ -41,8 +45,25 @@
 #define TP_DESTROY_FLUSH_MS 200
 #define TP_URL_MAX          512
 #define TP_AUTH_LOG_MS      1000 /* at most one line a second about refused messages */
+#define TP_ASM_MAX          64   /* senders with a framed message being assembled, as auth's */
+/* Authenticated messages over tcp:// longer than this go as frames (frame.h); 0: none do.
+ * CHAINPS_FRAME_KB sets it. Off by default, by measurement (bench/run_frames.sh, two network
+ * namespaces on the 2-core test machine, docs/benchmarks.md): the copy into frames on each side
+ * costs more CPU than the overlap saves when no core is idle to overlap into; unframed beat 64,
+ * 256 and 1024 KiB frames at 1 and 16 MB. Every receiver takes frames whatever its own setting. */
+#define TP_FRAME_DEFAULT 0u
 
 static const char SUB[] = "transport";
+
+/* A framed message being assembled from one sender (frame.h). */
+typedef struct tp_asm {
+    unsigned char salt[CPS_AUTH_SALT];
+    uint64_t msg_id, total, next;
+    uint64_t used;       /* tick of the last frame: the least recently heard goes first */
+    uint64_t dropped_id; /* the message whose frames are being dropped (logged once) */
+    unsigned char *buf;  /* nn_allocmsg(total + trailer); NULL: none in progress */
+    int live;
+} tp_asm;
 
 typedef struct tp_msg {
     void *buf;
@@ -53,7 +74,8 @@ typedef struct tp_peer {
     uint32_t id;
     int sock;
     int sndfd;
-    char *url;
+    int local; /* connected over ipc:// in the job's private directory: messages go unsealed */
+    char *url; /* as the caller named it (tcp://...), even when the connection is local */
     tp_msg *q; /* ring buffer: qlen entries starting at qhead */
     size_t qcap, qhead, qlen;
     size_t qbytes;
@@ -66,6 +88,12 @@ typedef struct tp_peer {
 struct cps__tp {
     int inbox; /* -1 until bound */
     int rcvfd;
+    int local_inbox; /* the ipc:// inbox, -1 without a runtime directory */
+    int local_rcvfd;
+    int drain_turn;          /* which inbox a drain reads first (fairness) */
+    char rundir[TP_URL_MAX]; /* the job's private runtime directory, "" for none */
+    char host_id[128];       /* boot id and network namespace: who shares our sockets */
+    char local_path[sizeof(((struct sockaddr_un *)0)->sun_path)]; /* our ipc inbox's file */
     int extra_fd;
     char inbox_url[TP_URL_MAX];
     tp_peer **peers; /* sorted by id so send() finds a peer by binary search */
@@ -75,9 +103,13 @@ struct cps__tp {
     tp_peer **pfd_peer; /* pfd_peer[i] owns pfds[i], NULL for the inbox and extra fd */
     size_t pfd_cap;
     cps__auth *auth;
-    uint64_t auth_dropped;         /* messages refused by the MAC check, ever */
-    uint64_t auth_unlogged;        /* refused since the last log line */
-    int64_t auth_logged_ms;        /* time of that line */
+    uint64_t auth_dropped;  /* messages refused by the MAC check, ever */
+    uint64_t auth_unlogged; /* refused since the last log line */
+    int64_t auth_logged_ms; /* time of that line */
+    size_t frame_size;      /* 0: no framing */
+    uint64_t frame_msg_id;  /* the last framed message sent */
+    tp_asm asms[TP_ASM_MAX];
+    uint64_t asm_tick;
     cps__tp_backlog_fn backlog_fn; /* an event loop watching the peers with a backlog */
     void *backlog_ctx;
 };
@@ -173,8 +205,40 @@ int cps__tp_create(const unsigned char *key, cps__tp **out)
     }
     tp->inbox = -1;
     tp->rcvfd = -1;
+    tp->local_inbox = -1;
+    tp->local_rcvfd = -1;
     tp->extra_fd = -1;
+    tp->frame_size = TP_FRAME_DEFAULT;
+    const char *fkb = getenv("CHAINPS_FRAME_KB");
+    if (fkb && *fkb) {
+        char *end;
+        unsigned long kb = strtoul(fkb, &end, 10);
+        if (*end || kb > (1ul << 20))
+            cps__log(CPS_LOG_WARN, SUB, "CHAINPS_FRAME_KB=%s: not a size in KiB, ignored", fkb);
+        else
+            tp->frame_size = (size_t)kb << 10;
+    }
+    const char *dir = getenv("CHAINPS_RUNTIME_DIR");
+    if (dir && *dir && cps__tp_set_runtime_dir(tp, dir) != 0)
+        cps__log(CPS_LOG_WARN, SUB, "CHAINPS_RUNTIME_DIR too long: every channel stays tcp://");
     *out = tp;
+    return 0;
+}
+
+int cps__tp_set_runtime_dir(cps__tp *tp, const char *dir)
+{
+    if (!tp || tp->inbox >= 0 || (dir && strlen(dir) >= sizeof tp->rundir - 32))
+        return CPS_EINVAL;
+    tp->rundir[0] = 0;
+    tp->host_id[0] = 0;
+    if (!dir || !dir[0])
+        return 0;
+    /* Without a host identity nothing can prove a peer shares our kernel and namespace. */
+    if (cps__tp_local_host_id(tp->host_id, sizeof tp->host_id) != 0) {
+        cps__log(CPS_LOG_WARN, SUB, "no boot id or network namespace in /proc: no ipc channels");
+        return 0;
+    }
+    snprintf(tp->rundir, sizeof tp->rundir, "%s", dir);
     return 0;
 }
 
@@ -297,7 +361,28 @@ static int valid_url(const char *url)
     return n > 0 && n < TP_URL_MAX && sep && sep != url && sep[3] != '\0';
 }
 
-static int peer_open(uint32_t id, const char *url, tp_peer **out)
+/* The ipc:// address of the peer whose inbox is tcp `url`, into out, when it shares our host,
+ * namespace and runtime directory (its socket file is there) and the directory is still private;
+ * 0 if so, else -1 (then tcp://). */
+static int local_url(const cps__tp *tp, const char *url, char *out, size_t cap)
+{
+    char path[sizeof tp->local_path];
+    struct stat st;
+    if (!tp->rundir[0] || strncmp(url, "tcp://", 6) != 0 ||
+        cps__tp_local_path(tp->rundir, tp->host_id, url, path, sizeof path) != 0 ||
+        lstat(path, &st) != 0 || !S_ISSOCK(st.st_mode))
+        return -1;
+    char err[TP_URL_MAX + 160];
+    if (cps__tp_local_dir_check(tp->rundir, err, sizeof err) != 0) {
+        cps__log(CPS_LOG_ERROR, SUB, "%s: not using ipc to %s (tcp:// with a MAC instead)", err,
+                 url);
+        return -1;
+    }
+    snprintf(out, cap, "ipc://%s", path);
+    return 0;
+}
+
+static int peer_open(const cps__tp *tp, uint32_t id, const char *url, tp_peer **out)
 {
     tp_peer *p = calloc(1, sizeof *p);
     if (!p)
@@ -316,8 +401,11 @@ static int peer_open(uint32_t id, const char *url, tp_peer **out)
     }
     /* nn_connect only validates the address; the TCP connection is made (and remade) in the
      * background, which is what lets a send precede the peer's bind. */
-    if (nn_connect(p->sock, url) < 0)
-        rc = nn_fail("nn_connect", url);
+    char ipc[TP_URL_MAX + 8];
+    p->local = local_url(tp, url, ipc, sizeof ipc) == 0;
+    const char *target = p->local ? ipc : url;
+    if (nn_connect(p->sock, target) < 0)
+        rc = nn_fail("nn_connect", target);
     if (!rc)
         rc = get_fd(p->sock, NN_SNDFD, &p->sndfd);
     if (rc) {
@@ -340,7 +428,7 @@ int cps__tp_peer_set(cps__tp *tp, uint32_t id, const char *url)
         return 0;
     /* Open the new socket before touching the old one so a failure leaves the peer as it was. */
     tp_peer *p;
-    int rc = peer_open(id, url, &p);
+    int rc = peer_open(tp, id, url, &p);
     if (rc)
         return rc;
     if (found) {
@@ -359,7 +447,7 @@ int cps__tp_peer_set(cps__tp *tp, uint32_t id, const char *url)
     memmove(&tp->peers[i + 1], &tp->peers[i], (tp->npeers - i) * sizeof *tp->peers);
     tp->peers[i] = p;
     tp->npeers++;
-    cps__log(CPS_LOG_DEBUG, SUB, "peer %u at %s", id, url);
+    cps__log(CPS_LOG_DEBUG, SUB, "peer %u at %s%s", id, url, p->local ? " (over ipc)" : "");
     return 0;
 }
 
@@ -413,6 +501,12 @@ int cps__tp_peer_connected(cps__tp *tp, uint32_t id)
     return p && peer_stat(p, NN_STAT_CURRENT_CONNECTIONS) > 0;
 }
 
+int cps__tp_peer_local(const cps__tp *tp, uint32_t id)
+{
+    const tp_peer *p = tp ? peer_find(tp, id) : NULL;
+    return p && p->local;
+}
+
 int cps__tp_peer_known(const cps__tp *tp, uint32_t id)
 {
     return tp && peer_find(tp, id) != NULL;
@@ -438,15 +532,9 @@ void cps__tp_free(void *buf)
  * whole chunk, so a shorter `len` would not shorten the message, and the trailer goes right after
  * `len` bytes. The trailer is written here, so a message forwarded as it was received is sealed
  * afresh by this sender. */
-int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
+/* Hand a sealed buffer to nanomsg, or queue it behind the peer's backlog. */
+static int send_sealed(cps__tp *tp, tp_peer *p, void *buf, size_t len)
 {
-    if (!tp || !buf)
-        return CPS_EINVAL;
-    tp_peer *p = peer_find(tp, id);
-    if (!p)
-        return CPS_ENOTFOUND;
-    /* Sealed now, in sending order: a peer's FIFO keeps each sender's counters increasing. */
-    cps__auth_seal(tp->auth, buf, len);
     /* Older messages go first, or the peer would see them out of order. */
     if (p->qlen) {
         int rc = queue_flush(tp, p);
@@ -460,9 +548,59 @@ int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
     }
     int rc = queue_push(tp, p, buf, len);
     if (rc == CPS_EAGAIN)
-        cps__log(CPS_LOG_DEBUG, SUB, "peer %u (%s): queue full (%zu messages)", id, p->url,
+        cps__log(CPS_LOG_DEBUG, SUB, "peer %u (%s): queue full (%zu messages)", p->id, p->url,
                  p->qlen);
     return rc;
+}
+
+/* A large message as frames, each sealed just before it is handed over: while nanomsg's thread
+ * writes frame k, this one copies and seals frame k+1 (frame.h). The copy is the price of
+ * nanomsg taking whole buffers only. */
+static int send_framed(cps__tp *tp, tp_peer *p, void *buf, size_t len)
+{
+    size_t fs = tp->frame_size, n = (len + fs - 1) / fs;
+    if (p->qlen + n > TP_QUEUE_MAX)
+        return CPS_EAGAIN;
+    uint64_t id = ++tp->frame_msg_id;
+    for (size_t k = 0; k < n; k++) {
+        size_t off = k * fs, clen = len - off < fs ? len - off : fs;
+        unsigned char *f = nn_allocmsg(CPS_FRAME_HDR + clen + CPS_AUTH_TRAILER, 0);
+        if (!f)
+            return CPS_ENOMEM; /* frames sent already make a message the receiver drops whole */
+        cps__frame_encode_hdr(f, id, len, off);
+        memcpy(f + CPS_FRAME_HDR, (unsigned char *)buf + off, clen);
+        cps__auth_seal(tp->auth, f, CPS_FRAME_HDR + clen);
+        int rc = send_sealed(tp, p, f, CPS_FRAME_HDR + clen);
+        if (rc) {
+            nn_freemsg(f);
+            return rc;
+        }
+    }
+    nn_freemsg(buf);
+    return 0;
+}
+
+/* `len` must be the length given to cps__tp_alloc() (or received): with NN_MSG nanomsg sends the
+ * whole chunk, so a shorter `len` would not shorten the message, and the trailer goes right after
+ * `len` bytes. The trailer is written here, so a message forwarded as it was received is sealed
+ * afresh by this sender. */
+int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
+{
+    if (!tp || !buf)
+        return CPS_EINVAL;
+    tp_peer *p = peer_find(tp, id);
+    if (!p)
+        return CPS_ENOTFOUND;
+    /* Sealed now, in sending order: a peer's FIFO keeps each sender's counters increasing. A
+     * local peer's trailer goes zeroed, as without a key: its inbox takes no MAC (local.h). */
+    if (p->local) {
+        memset((unsigned char *)buf + len, 0, CPS_AUTH_TRAILER);
+    } else {
+        if (tp->frame_size && len > tp->frame_size && cps__auth_keyed(tp->auth))
+            return send_framed(tp, p, buf, len);
+        cps__auth_seal(tp->auth, buf, len);
+    }
+    return send_sealed(tp, p, buf, len);
 }
 
 size_t cps__tp_queued(const cps__tp *tp)
@@ -538,6 +676,44 @@ static void format_url(char *buf, size_t cap, const char *host, unsigned port)
         snprintf(buf, cap, "tcp://%s:%u", host, port);
 }
 
+/* The ipc:// inbox beside tcp `url`, in the runtime directory. */
+static int bind_local(cps__tp *tp, const char *url)
+{
+    char err[TP_URL_MAX + 160];
+    if (cps__tp_local_dir_check(tp->rundir, err, sizeof err) != 0) {
+        cps__log(CPS_LOG_ERROR, SUB, "%s (CHAINPS_RUNTIME_DIR)", err);
+        return CPS_ECONFIG;
+    }
+    char path[sizeof tp->local_path], ipc[sizeof path + 8];
+    if (cps__tp_local_path(tp->rundir, tp->host_id, url, path, sizeof path) != 0) {
+        /* Only speed is lost: every channel stays tcp:// with a MAC. */
+        cps__log(CPS_LOG_WARN, SUB,
+                 "runtime directory %s: its path is too long for a Unix socket (%zu bytes): no "
+                 "ipc channels",
+                 tp->rundir, sizeof path);
+        tp->rundir[0] = 0;
+        return 0;
+    }
+    if (unlink(path) != 0 && errno != ENOENT)
+        cps__log(CPS_LOG_WARN, SUB, "cannot remove stale %s: %s", path, strerror(errno));
+    snprintf(ipc, sizeof ipc, "ipc://%s", path);
+    int s, rc = open_sock(NN_PULL, &s);
+    if (rc)
+        return rc;
+    if (nn_bind(s, ipc) < 0)
+        rc = nn_fail("nn_bind", ipc);
+    if (!rc)
+        rc = get_fd(s, NN_RCVFD, &tp->local_rcvfd);
+    if (rc) {
+        close_sock(s);
+        tp->local_rcvfd = -1;
+        return rc;
+    }
+    tp->local_inbox = s;
+    snprintf(tp->local_path, sizeof tp->local_path, "%s", path);
+    return 0;
+}
+
 int cps__tp_bind(cps__tp *tp, const char *host, uint16_t port, uint16_t *port_out)
 {
     if (!tp || !valid_host(host))
@@ -582,11 +758,21 @@ int cps__tp_bind(cps__tp *tp, const char *host, uint16_t port, uint16_t *port_ou
         tp->rcvfd = -1;
         return rc;
     }
+    /* After the tcp:// bind, whose port no other process holds now: so the ipc file named after
+     * it is no live node's, and a stale one (a crashed process's) can go. */
+    if (tp->rundir[0])
+        rc = bind_local(tp, url);
+    if (rc) {
+        close_sock(s);
+        tp->rcvfd = -1;
+        return rc;
+    }
     tp->inbox = s;
     snprintf(tp->inbox_url, sizeof tp->inbox_url, "%s", url);
     if (port_out)
         *port_out = (uint16_t)chosen;
-    cps__log(CPS_LOG_DEBUG, SUB, "inbox bound to %s", url);
+    cps__log(CPS_LOG_DEBUG, SUB, "inbox bound to %s%s%s", url,
+             tp->local_path[0] ? " and ipc://" : "", tp->local_path);
     return 0;
 }
 
@@ -630,11 +816,13 @@ enum { WAKE_INBOX = 1, WAKE_EXTRA = 2, WAKE_FLUSH = 4 };
 static int wait_once(cps__tp *tp, int wait_ms, int want_inbox)
 {
     size_t n = 0, inbox_at = SIZE_MAX, extra_at = SIZE_MAX;
-    if (pfd_reserve(tp, tp->npeers + 2))
+    if (pfd_reserve(tp, tp->npeers + 3))
         return CPS_ENOMEM;
     if (want_inbox && tp->inbox >= 0) {
         inbox_at = n;
         pfd_add(tp, &n, tp->rcvfd, NULL);
+        if (tp->local_inbox >= 0)
+            pfd_add(tp, &n, tp->local_rcvfd, NULL);
     }
     if (tp->extra_fd >= 0) {
         extra_at = n;
@@ -655,7 +843,7 @@ static int wait_once(cps__tp *tp, int wait_ms, int want_inbox)
     for (size_t i = 0; rc > 0 && i < n; i++) {
         if (!tp->pfds[i].revents)
             continue;
-        if (i == inbox_at) {
+        if (i == inbox_at || (inbox_at != SIZE_MAX && i == inbox_at + 1 && tp->local_inbox >= 0)) {
             wake |= WAKE_INBOX;
         } else if (i == extra_at) {
             wake |= WAKE_EXTRA;
@@ -669,33 +857,159 @@ static int wait_once(cps__tp *tp, int wait_ms, int want_inbox)
     return wake;
 }
 
-/* Deliver what the inbox holds now, up to `max` (0: all). */
-static int drain_inbox(cps__tp *tp, cps__tp_recv_fn fn, void *ctx, int max)
+/* A message being assembled from a sender is dropped whole: counted with the refused ones. */
+static void asm_drop(cps__tp *tp, tp_asm *a, const char *why)
 {
-    int delivered = 0, refused = 0;
-    /* Refused messages end the batch too, after a while: a flood of forgeries must not keep the
-     * event loop from its timers. */
-    while ((max <= 0 || delivered < max) && refused < 256) {
+    if (!a->buf)
+        return;
+    tp->auth_dropped++;
+    cps__log(CPS_LOG_WARN, SUB,
+             "%s: dropped a framed message whole (%llu of %llu bytes arrived): %s", tp->inbox_url,
+             (unsigned long long)a->next, (unsigned long long)a->total, why);
+    nn_freemsg(a->buf);
+    a->buf = NULL;
+    a->dropped_id = a->msg_id;
+}
+
+/* The assembly slot of sender `salt`, or a new one (a free slot, else the least recently heard
+ * sender's, whose message in progress is dropped). */
+static tp_asm *asm_slot(cps__tp *tp, const unsigned char *salt, int create)
+{
+    tp_asm *lru = &tp->asms[0];
+    for (size_t i = 0; i < TP_ASM_MAX; i++) {
+        tp_asm *a = &tp->asms[i];
+        if (a->live && memcmp(a->salt, salt, CPS_AUTH_SALT) == 0)
+            return a;
+        if (lru->live && (!a->live || a->used < lru->used))
+            lru = a;
+    }
+    if (!create)
+        return NULL;
+    asm_drop(tp, lru, "more senders framing at once than kept");
+    memset(lru, 0, sizeof *lru);
+    memcpy(lru->salt, salt, CPS_AUTH_SALT);
+    lru->live = 1;
+    return lru;
+}
+
+/* A frame whose tag was checked (`salt` its sender's). Returns 1 and the whole message in
+ * *out and *out_len when this frame completed one, else 0; buf is consumed either way. */
+static int frame_take(cps__tp *tp, void *buf, size_t len, const unsigned char *salt, void **out,
+                      size_t *out_len)
+{
+    cps__frame fr;
+    int ok = cps__frame_decode(buf, len, &fr) == 0;
+    tp_asm *a = asm_slot(tp, salt, ok);
+    if (!ok) {
+        tp->auth_dropped++;
+        if (a)
+            asm_drop(tp, a, "a malformed frame");
+        nn_freemsg(buf);
+        return 0;
+    }
+    if (fr.offset == 0) {
+        asm_drop(tp, a, "a new message started before its last frame");
+        a->buf = nn_allocmsg(fr.total + CPS_AUTH_TRAILER, 0);
+        if (!a->buf) {
+            cps__log(CPS_LOG_ERROR, SUB, "%s: no memory for a framed message of %llu bytes",
+                     tp->inbox_url, (unsigned long long)fr.total);
+            nn_freemsg(buf);
+            return 0;
+        }
+        a->msg_id = fr.msg_id;
+        a->total = fr.total;
+        a->next = 0;
+    } else if (!a->buf || a->msg_id != fr.msg_id || a->next != fr.offset || a->total != fr.total) {
+        /* A frame that does not continue the message in progress: one before it was lost or
+         * refused (a forgery in its place), so nothing of that message may be used. */
+        tp->auth_dropped++;
+        if (a->buf)
+            asm_drop(tp, a, "a frame missing (refused or lost) before this one");
+        else if (a->dropped_id != fr.msg_id)
+            cps__log(CPS_LOG_WARN, SUB,
+                     "%s: dropped a framed message whole (its first frame was refused or lost)",
+                     tp->inbox_url);
+        a->dropped_id = fr.msg_id;
+        nn_freemsg(buf);
+        return 0;
+    }
+    a->used = ++tp->asm_tick;
+    memcpy(a->buf + a->next, fr.data, fr.len);
+    a->next += fr.len;
+    nn_freemsg(buf);
+    if (a->next < a->total)
+        return 0;
+    *out = a->buf;
+    *out_len = (size_t)a->total;
+    a->buf = NULL;
+    return 1;
+}
+
+/* One message from inbox `sock` (the ipc one if `local`): 1 delivered, 0 refused, 2 a frame
+ * taken (no message complete yet), -1 none waiting, or CPS_ETRANSPORT. */
+static int recv_one(cps__tp *tp, int sock, int local, cps__tp_recv_fn fn, void *ctx)
+{
+    for (;;) {
         void *buf = NULL;
-        int n = nn_recv(tp->inbox, &buf, NN_MSG, NN_DONTWAIT);
+        int n = nn_recv(sock, &buf, NN_MSG, NN_DONTWAIT);
         if (n < 0) {
             int e = nn_errno();
-            if (e == EAGAIN || e == EINTR)
-                break;
-            cps__log(CPS_LOG_ERROR, SUB, "nn_recv on %s: %s", tp->inbox_url, nn_strerror(e));
-            return delivered ? delivered : CPS_ETRANSPORT;
+            if (e == EINTR)
+                continue;
+            if (e == EAGAIN)
+                return -1;
+            cps__log(CPS_LOG_ERROR, SUB, "nn_recv on %s%s: %s", tp->inbox_url,
+                     local ? " (ipc)" : "", nn_strerror(e));
+            return CPS_ETRANSPORT;
         }
         size_t body;
-        int verdict = cps__auth_open(tp->auth, buf, (size_t)n, &body);
+        /* The ipc inbox is reached only through the private directory: the operating system
+         * vouches for the sender there, so only the trailer's shape and the version count. */
+        int verdict = local ? cps__auth_open_local(buf, (size_t)n, &body)
+                            : cps__auth_open(tp->auth, buf, (size_t)n, &body);
         if (verdict != CPS_AUTH_OK) {
             auth_refused(tp, buf, (size_t)n, verdict);
             nn_freemsg(buf);
-            refused++;
-            continue;
+            return 0;
         }
-        delivered++;
+        if (!local && cps__frame_is(buf, body)) {
+            void *whole;
+            size_t wlen;
+            if (!frame_take(tp, buf, body, (unsigned char *)buf + body, &whole, &wlen))
+                return 2;
+            buf = whole;
+            body = wlen;
+        }
         fn(ctx, buf, body);
+        return 1;
     }
+}
+
+/* Deliver what the inboxes hold now, up to `max` (0: all), taking from the tcp and the ipc
+ * inbox in turn so that neither starves the other under a limit. */
+static int drain_inbox(cps__tp *tp, cps__tp_recv_fn fn, void *ctx, int max)
+{
+    int delivered = 0, refused = 0;
+    int socks[2] = {tp->inbox, tp->local_inbox};
+    int empty[2] = {0, tp->local_inbox < 0};
+    int turn = tp->drain_turn;
+    /* Refused messages end the batch too, after a while: a flood of forgeries must not keep the
+     * event loop from its timers. */
+    while ((max <= 0 || delivered < max) && refused < 256 && !(empty[0] && empty[1])) {
+        turn ^= 1;
+        if (empty[turn])
+            continue;
+        int rc = recv_one(tp, socks[turn], turn, fn, ctx);
+        if (rc == CPS_ETRANSPORT)
+            return delivered ? delivered : rc;
+        if (rc < 0)
+            empty[turn] = 1;
+        else if (rc == 0)
+            refused++;
+        else if (rc == 1)
+            delivered++;
+    }
+    tp->drain_turn = turn;
     return delivered;
 }
 
@@ -736,6 +1050,11 @@ int cps__tp_poll(cps__tp *tp, int timeout_ms, cps__tp_recv_fn fn, void *ctx, int
 int cps__tp_inbox_fd(const cps__tp *tp)
 {
     return tp && tp->inbox >= 0 ? tp->rcvfd : -1;
+}
+
+int cps__tp_inbox_local_fd(const cps__tp *tp)
+{
+    return tp && tp->local_inbox >= 0 ? tp->local_rcvfd : -1;
 }
 
 int cps__tp_drain(cps__tp *tp, cps__tp_recv_fn fn, void *ctx, int max_msgs)
@@ -791,6 +1110,13 @@ void cps__tp_destroy(cps__tp *tp)
     free(tp->peers);
     if (tp->inbox >= 0)
         close_sock(tp->inbox);
+    if (tp->local_inbox >= 0) {
+        close_sock(tp->local_inbox);
+        unlink(tp->local_path);
+    }
+    for (size_t i = 0; i < TP_ASM_MAX; i++)
+        if (tp->asms[i].buf)
+            nn_freemsg(tp->asms[i].buf);
     free(tp->pfds);
     free(tp->pfd_peer);
     cps__auth_destroy(tp->auth);

@@ -29,10 +29,20 @@ int cps__tp_create(const unsigned char *key, cps__tp **out);
 /* Close every socket and free queued messages. NULL is a no-op. */
 void cps__tp_destroy(cps__tp *tp);
 
-/* Bind the inbox to `url` ("tcp://host:port"). Port 0 picks a free port in 20000..59999 (tries
- * several at random) and writes the chosen port to *port_out (may be NULL).
- * Errors: CPS_EINVAL (bad url), CPS_ETRANSPORT (bind failed; the nanomsg error is logged). */
+/* Bind the inbox to `url` ("tcp://host:port"), and the ipc:// inbox with a runtime directory. Port
+ * 0 picks a free port in 20000..59999 (tries several at random) and writes the chosen port to
+ * *port_out (may be NULL). Errors: CPS_EINVAL (bad url), CPS_ETRANSPORT (bind failed; the nanomsg
+ * error is logged), CPS_ECONFIG (the runtime directory is not private to this user; logged). */
 int cps__tp_bind(cps__tp *tp, const char *host, uint16_t port, uint16_t *port_out);
+
+/* The job's private runtime directory (transport/local.h), or NULL/"" for none: then every
+ * channel is tcp://. Read from CHAINPS_RUNTIME_DIR by cps__tp_create; call before cps__tp_bind.
+ * With one, cps__tp_bind also binds an ipc:// inbox in it (refusing, CPS_ECONFIG, a directory
+ * that is a link, not ours or open to group or others), and cps__tp_peer_set connects a peer
+ * that shares this host, network namespace and directory over ipc://, where messages carry no
+ * MAC (a directory too long for a socket's path: a warning, and tcp:// only). Errors: CPS_EINVAL
+ * (bound already, or longer than the transport keeps). */
+int cps__tp_set_runtime_dir(cps__tp *tp, const char *dir);
 
 /* Register (or re-point) peer `id` at inbox `url`. Idempotent when the url is unchanged; a new
  * url closes the old socket and drops its queue. Errors: CPS_EINVAL, CPS_ETRANSPORT, CPS_ENOMEM. */
@@ -45,6 +55,9 @@ void cps__tp_peer_drop(cps__tp *tp, uint32_t id);
  * (its connects time out slowly or not at all): heartbeats judge it. Cheap (socket statistics);
  * call it from the thread that owns the transport. */
 int cps__tp_peer_gone(cps__tp *tp, uint32_t id);
+/* 1 if the peer is connected over ipc:// (same host and namespace), 0 if over tcp:// or
+ * unknown. */
+int cps__tp_peer_local(const cps__tp *tp, uint32_t id);
 /* 1 if the peer is registered. */
 int cps__tp_peer_known(const cps__tp *tp, uint32_t id);
 /* 1 if a connection to the peer is up now (nanomsg connects, and reconnects, on its own, whether
@@ -57,8 +70,10 @@ void *cps__tp_alloc(size_t len);
 /* Free a buffer from cps__tp_alloc() or one received from the inbox. NULL is a no-op. */
 void cps__tp_free(void *buf);
 
-/* Send `buf` (from cps__tp_alloc, `len` bytes) to peer `id`. On success the transport owns buf
- * (it is sent now or queued); on failure the caller still owns it.
+/* Send `buf` (from cps__tp_alloc, `len` bytes) to peer `id`. With a key, over tcp://, a message
+ * longer than the frame size (CHAINPS_FRAME_KB, read at create; unset or 0: never) goes as
+ * frames sealed one by one (transport/frame.h); the receiver delivers it whole or not at all. On
+ * success the transport owns buf (it is sent now or queued); on failure the caller still owns it.
  * Errors: CPS_ENOTFOUND (unknown peer), CPS_EAGAIN (peer queue over its limit), CPS_ETRANSPORT. */
 int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len);
 
@@ -79,6 +94,9 @@ void cps__tp_poll_extra(cps__tp *tp, int fd);
 /* ---- for an event loop that owns the poll (node/loop.h) ----
  * The inbox's NN_RCVFD (readable when a message waits), or -1 before cps__tp_bind. */
 int cps__tp_inbox_fd(const cps__tp *tp);
+/* The ipc:// inbox's NN_RCVFD, or -1 without one. An event loop watches it beside
+ * cps__tp_inbox_fd; cps__tp_drain reads both inboxes. */
+int cps__tp_inbox_local_fd(const cps__tp *tp);
 /* Deliver the inbox messages that are waiting now, at most `max_msgs` (0: all), to `fn`,
  * without waiting. Returns the number delivered or CPS_ETRANSPORT. */
 int cps__tp_drain(cps__tp *tp, cps__tp_recv_fn fn, void *ctx, int max_msgs);
@@ -94,7 +112,8 @@ void cps__tp_set_backlog_fn(cps__tp *tp, cps__tp_backlog_fn fn, void *ctx);
  * Unknown fd: 0. Returns 0 or CPS_ETRANSPORT. */
 int cps__tp_flush_fd(cps__tp *tp, int fd);
 
-/* Number of messages waiting in peer queues (all peers). */
+/* Number of messages waiting in peer queues (all peers); each frame of a framed message
+ * (transport/frame.h) counts as one. */
 size_t cps__tp_queued(const cps__tp *tp);
 /* Messages refused so far because they failed authentication (or were replayed). */
 uint64_t cps__tp_auth_dropped(const cps__tp *tp);

@@ -94,20 +94,6 @@ static void format_shape(char *buf, size_t len, uint32_t ndim, const uint64_t *d
                                 (unsigned long long)dims[i]);
 }
 
-/* Every tensor this worker has not pushed yet starts at the highest step any declare found.
- * A worker joining a running job (a replacement) learns each tensor's step from the ranges
- * that hold it, and the ranges of one tensor, or two tensors, can differ by a step: the heads
- * learnt of the new worker at different moments relative to the other workers' pushes. Started
- * together after the highest, with each tensor's first push flagged (CPS_WF_FIRST), every range
- * closes the steps below without this worker and waits for it from there on, so a training loop
- * that pushes every tensor once per step stays in step with the job (issue 26). */
-static void align_start(cps_client *c)
-{
-    for (cps_tensor *t = c->tensors; t; t = t->next)
-        if (!t->pushed && t->step < c->start_step)
-            t->step = c->start_step;
-}
-
 static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_t *dims,
                    uint64_t rows, uint32_t cols, const cps_init *init, const cps_optim *optim,
                    cps_tensor **out)
@@ -182,7 +168,7 @@ static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_
     t->hash = cps__hash64(name, nlen);
     t->spec = spec;
     t->codec = c->cfg.grad_codec; /* CHAINPS_COMPRESS's codec, if any; cps_tensor_compress */
-    rc = cps__layout_tensor(t, &c->view);
+    rc = cps__layout_tensor(t, c->view);
     if (rc == 0) {
         /* The scheduler keeps the names and shapes, so a checkpoint can name the keys. */
         cps__tensor_desc d = {.kind = rows ? 1 : 0,
@@ -196,14 +182,16 @@ static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_
         rc = cps__client_register(c, &d);
     }
     if (rc == 0) {
-        cps__op op = {.kind = OP_DECLARE, .spec = &t->spec, .parts = t->parts, .nparts = t->nparts};
-        rc = cps__client_run(c, &op, 1);
-        t->step = op.step; /* 0 for a new job; the job's current step for a late joiner */
-        if (rc == 0 && op.step > c->start_step)
-            c->start_step = op.step;
-        if (rc == 0 && op.step)
+        cps__op op = {
+            .so = {.kind = OP_DECLARE, .nparts = t->nparts}, .spec = &t->spec, .parts = t->parts};
+        rc = cps__client_run(c, &op, NULL, 0, 1);
+        /* op.so.step: 0 for a new job; the job's current step for a late joiner. The session
+         * starts every tensor not pushed yet at the highest step any declaration found. */
+        if (rc == 0)
+            cps__sess_clock_add(c->sess, &t->clock, op.so.step);
+        if (rc == 0 && op.so.step)
             cps__log(CPS_LOG_INFO, "worker", "tensor %s: joining at step %llu", name,
-                     (unsigned long long)op.step);
+                     (unsigned long long)op.so.step);
     }
     if (rc != 0) {
         cps__log(CPS_LOG_ERROR, "worker", "declaring tensor %s failed: %s", name, cps_strerror(rc));
@@ -213,7 +201,6 @@ static int declare(cps_client *c, const char *name, uint32_t ndim, const uint64_
         t->next = c->tensors;
         c->tensors = t;
         *out = t;
-        align_start(c);
     }
     pthread_mutex_unlock(&c->lock);
     return rc;
@@ -245,7 +232,7 @@ int cps_table_declare(cps_client *c, const char *name, uint64_t rows, uint32_t c
 
 uint64_t cps_tensor_step(const cps_tensor *t)
 {
-    return t ? t->step : 0;
+    return t ? t->clock.step : 0;
 }
 
 uint64_t cps_start_step(cps_client *c)
@@ -253,7 +240,7 @@ uint64_t cps_start_step(cps_client *c)
     if (!c)
         return 0;
     pthread_mutex_lock(&c->lock);
-    uint64_t step = c->start_step;
+    uint64_t step = cps__sess_start_step(c->sess);
     pthread_mutex_unlock(&c->lock);
     return step;
 }
@@ -335,11 +322,11 @@ static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, 
         op = &hd->op;
     }
     memset(op, 0, sizeof *op);
-    op->kind = kind;
+    op->so.kind = kind;
+    op->so.nparts = t->nparts;
     op->grad = grad;
     op->out = out;
     op->parts = t->parts;
-    op->nparts = t->nparts;
     pthread_mutex_lock(&c->lock);
     if (kind != OP_PULL && t->codec.kind != CPS_GC_NONE) {
         /* Encoded once, here: the request's every send carries these bytes. */
@@ -352,25 +339,19 @@ static int tensor_op(cps_client *c, cps_tensor *t, int kind, const float *grad, 
             return erc;
         }
     }
-    if (kind != OP_PULL) {
-        t->step++;
-        op->step_of = &t->step;
-        op->first = !t->pushed;
-        t->pushed = 1;
-    }
-    op->step = t->step;
-    int rc = cps__client_run(c, op, h == NULL);
+    /* The session moves a push on to the tensor's next step and flags its first. */
+    int rc = cps__client_run(c, op, &t->clock, 1, h == NULL);
     if (rc != 0)
         why_from_op(op);
     if (kind == OP_PUSH || kind == OP_PUSH_PULL) {
         c->stats.pushes++;
-        cps__client_publish_step(c, op->step);
+        cps__client_publish_step(c, op->so.step);
     }
     if (kind == OP_PULL || kind == OP_PUSH_PULL)
         c->stats.pulls++;
     pthread_mutex_unlock(&c->lock);
     if (h) {
-        if (rc != 0 && op->pending == 0) {
+        if (rc != 0 && op->so.pending == 0) {
             cps__op_enc_free(op);
             free(hd);
             return rc;
@@ -433,8 +414,8 @@ int cps_wait_result(cps_handle *h, int timeout_ms, int *result)
         return CPS_EINVAL;
     cps_client *c = h->op.client;
     pthread_mutex_lock(&c->lock);
-    int rc = h->op.pending ? cps__client_wait(c, &h->op, timeout_ms) : h->op.result;
-    int pending = h->op.pending != 0;
+    int rc = h->op.so.pending ? cps__client_wait(c, &h->op, timeout_ms) : h->op.so.result;
+    int pending = h->op.so.pending != 0;
     pthread_mutex_unlock(&c->lock);
     if (pending)
         return 0;
@@ -443,7 +424,7 @@ int cps_wait_result(cps_handle *h, int timeout_ms, int *result)
     free(h->op.scratch);
     cps__op_enc_free(&h->op);
     if (h->op.own_parts)
-        cps__parts_free(h->op.parts, h->op.nparts);
+        cps__parts_free(h->op.parts, h->op.so.nparts);
     free(h);
     *result = rc;
     return 1;
@@ -481,20 +462,20 @@ static int raw_op(cps_client *c, int kind, const uint64_t *keys, size_t nkeys, c
     memset(&op, 0, sizeof op);
     cps__part *parts = NULL;
     uint32_t nparts = 0;
-    int rc = cps__layout_raw(&c->view, keys, nkeys, lens, &parts, &nparts);
+    int rc = cps__layout_raw(c->view, keys, nkeys, lens, &parts, &nparts);
     if (rc == 0) {
-        op.kind = kind;
+        op.so.kind = kind;
+        op.so.nparts = nparts;
+        op.so.noagg = noagg;
         op.grad = vals;
         op.out = out;
         op.spec = spec;
         op.parts = parts;
-        op.nparts = nparts;
-        op.noagg = noagg;
         /* Raw keys have no per-tensor step; sync mode needs one, so use a per-client counter
          * the caller advances by pushing the same key set once per step. */
+        cps_tensor *t = NULL;
         if (kind == OP_PUSH || kind == OP_PUSH_PULL) {
             uint64_t sig = cps__hash64(keys, nkeys * 8);
-            cps_tensor *t = NULL;
             char name[32];
             snprintf(name, sizeof name, "\x01raw%016llx", (unsigned long long)sig);
             for (t = c->tensors; t && strcmp(t->name, name) != 0; t = t->next)
@@ -503,14 +484,13 @@ static int raw_op(cps_client *c, int kind, const uint64_t *keys, size_t nkeys, c
                 memcpy(t->name, name, sizeof name);
                 t->next = c->tensors;
                 c->tensors = t;
+                cps__sess_clock_add(c->sess, &t->clock, 0);
             }
-            op.step = t ? ++t->step : 0;
-            op.step_of = t ? &t->step : NULL;
             c->stats.pushes++;
         } else if (kind == OP_PULL) {
             c->stats.pulls++;
         }
-        rc = cps__client_run(c, &op, 1);
+        rc = cps__client_run(c, &op, t ? &t->clock : NULL, 0, 1);
     } else {
         cps__log(CPS_LOG_ERROR, "worker", "raw keys must be strictly increasing with lens > 0");
     }
@@ -584,7 +564,7 @@ static int rows_prepare(cps_client *c, cps_tensor *t, const uint64_t *rows, size
             free(refs);
             return CPS_ENOTFOUND;
         }
-        refs[i] = (row_ref){cps__layout_row_key(t, &c->view, rows[i]), rows[i], i};
+        refs[i] = (row_ref){cps__layout_row_key(t, c->view, rows[i]), rows[i], i};
     }
     qsort(refs, nrows, sizeof *refs, cmp_row_ref);
     size_t n = 0;

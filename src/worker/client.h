@@ -15,7 +15,7 @@
 #include "core/wire.h"
 #include "node/loop.h"
 #include "node/heartbeat.h"
-#include "recovery/requests.h"
+#include "recovery/session.h"
 #include "transport/transport.h"
 
 /* The keys of one operation that live in one range, sorted, with where each key's values sit
@@ -48,10 +48,9 @@ struct cps_tensor {
     uint64_t hash;
     cps__param_spec spec;
     uint32_t nparts;
-    cps__part *parts;     /* the whole tensor, by range */
-    uint64_t step;        /* pushes so far: the sync step and the SSP clock */
-    int pushed;           /* a push of it went out: the next ones carry no CPS_WF_FIRST */
-    cps__gradcodec codec; /* lossy codec of its dense pushes (cps_tensor_compress); NONE: off */
+    cps__part *parts;      /* the whole tensor, by range */
+    cps__sess_clock clock; /* its step, kept by the session (recovery/session.h) */
+    cps__gradcodec codec;  /* lossy codec of its dense pushes (cps_tensor_compress); NONE: off */
     struct cps_tensor *next;
 };
 
@@ -71,7 +70,12 @@ int cps__layout_raw(const cps__view *v, const uint64_t *keys, size_t nkeys, cons
                     cps__part **parts, uint32_t *nparts);
 void cps__parts_free(cps__part *parts, uint32_t nparts);
 
-enum op_kind { OP_DECLARE = 1, OP_PUSH, OP_PULL, OP_PUSH_PULL };
+enum op_kind {
+    OP_DECLARE = CPS_SS_DECLARE,
+    OP_PUSH = CPS_SS_PUSH,
+    OP_PULL = CPS_SS_PULL,
+    OP_PUSH_PULL = CPS_SS_PUSH_PULL
+};
 
 /* One part's values as a lossy codec encoded them (core/gradcodec.h), once, when the push was
  * made: every send of the request, re-sends included, carries these very bytes, so a retry is
@@ -82,25 +86,19 @@ typedef struct cps__enc {
 } cps__enc;
 
 typedef struct cps__op {
-    int kind;
-    int result;       /* first error, or 0 */
-    uint32_t pending; /* requests not answered yet */
+    /* What the session (recovery/session.h) keeps of it: kind, parts, pending, result, step,
+     * first push, sparse rows. */
+    cps__sess_op so;
     const float *grad;
     float *out;
-    uint64_t step;
-    uint64_t *step_of; /* the tensor's step counter (a sync push), or NULL: a late reply
-                          (CPS_WF_LATE) moves it on to the step the job is on */
     const cps__param_spec *spec;
-    cps__part *parts; /* borrowed from the tensor, or owned (own_parts); a send updates each
-                         part's snappy backoff (zip_skip, zip_fails) */
-    uint32_t nparts;
+    cps__part *parts; /* so.nparts of them, borrowed from the tensor, or owned (own_parts); a
+                         send updates each part's snappy backoff (zip_skip, zip_fails) */
     int own_parts;
     float *scratch; /* owned buffer (sparse rows) */
     cps__enc *enc;  /* lossy pushes: nparts encoded blocks, owned (cps__op_enc_free); else NULL */
     struct cps_client *client;
     int in_use; /* handle given to the caller and not yet waited to completion */
-    int noagg;  /* sparse rows: applied on arrival (CPS_WF_NOAGG) */
-    int first;  /* the tensor's first push from this worker (CPS_WF_FIRST) */
     /* The ERROR line logged as `result` was set, maybe in another thread's call: cps_wait gives
      * it to its caller (cps_last_error_message). */
     char why[CPS__WHY_MAX];
@@ -116,35 +114,16 @@ struct cps_client {
     cps__tp *tp;
     cps__loop *loop; /* the event loop the blocking calls run until their condition holds */
     cps__loop_tp inbox;
-    uint32_t id;
+    uint32_t id; /* ours, once the scheduler welcomed us (cps__sess_id) */
     uint32_t rank;
-    cps__view view;
+    /* The worker's protocol: the view, the requests in flight, their ids, the tensors' steps,
+     * the calls to the scheduler (recovery/session.h). This file performs what it decides. */
+    cps__sess *sess;
+    const cps__view *view; /* the session's: cps__sess_view */
     char addr[CPS_ADDR_MAX];
-    uint64_t *range_seq;            /* last push seq per range (view.nranges entries) */
-    uint64_t *sparse_seq;           /* last sparse-row push seq per range */
-    uint64_t other_seq;             /* last id of a declare / pull */
-    cps__reqs *rq;                  /* requests in flight: one per part of each operation */
     struct detached_push *detached; /* pushes given up, still sent (see client.c) */
     cps_tensor *tensors;
-    uint64_t barrier_seq;
-    int barrier_done;
-    uint64_t reg_seq; /* tensor registrations with the scheduler */
-    int reg_done;     /* 1 when answered; reg_result holds the answer */
-    int reg_result;
-    int bye_acked;
-    uint64_t clock;      /* the highest training step pushed (cps__client_publish_step) */
-    uint64_t start_step; /* the highest step a declare found (cps_start_step) */
-    int shutdown;
-    uint64_t view_asked_ms;
-    uint64_t sched_heard_ms; /* last message from the scheduler */
-    /* Data-path evidence (recovery/suspect.h): when we last heard from each server (the most
-     * recent CPS_SUSPECT_MAX of them), and when we last reported the silent ones. */
-    struct {
-        uint32_t node;
-        uint64_t ms;
-    } heard[CPS_SUSPECT_MAX];
-    uint32_t nheard;
-    uint64_t suspects_checked_ms;
+    uint64_t clock; /* the highest training step pushed (cps__client_publish_step) */
     cps_client_stats stats;
     void *pack; /* scratch for compression */
     size_t pack_cap;
@@ -155,8 +134,11 @@ struct cps_client {
     cps__heartbeat *hb; /* heartbeats from a thread (a long step is no death) */
 };
 
-/* Start op's requests; with `wait`, run the loop until it completes and return its result. */
-int cps__client_run(struct cps_client *c, cps__op *op, int wait);
+/* Start op's requests (op->so.kind and so.nparts set) under `clock`, the tensor's (NULL: a raw
+ * pull or declaration; see cps__sess_begin for `mark_first`); with `wait`, run the loop until it
+ * completes and return its result. */
+int cps__client_run(struct cps_client *c, cps__op *op, cps__sess_clock *clock, int mark_first,
+                    int wait);
 /* A push of training step `step` went out: the heartbeat carries the worker's counters and its
  * clock (the highest step pushed) to the scheduler, for `chainps status`. Under c->lock. */
 void cps__client_publish_step(struct cps_client *c, uint64_t step);

@@ -32,6 +32,12 @@
  * queue full (--slots packets held) is dropped and counted, as a router's would be; so is one
  * for an address nobody owns, and anything but IPv4.
  *
+ * --forge-port P --forge-after N (issue 30's forged-frame test): once the TCP segments sent to
+ * port P (from any node) have carried N bytes of payload, one byte in the middle of the next
+ * segment's payload is flipped and its TCP checksum mended, so the receiving kernel takes it and
+ * the application gets a stream with one forged byte, as from a forger on the path. Once only;
+ * reported at the end ("forged 1 byte ...").
+ *
  * Prints "netdelay: ready" on stdout once every device exists. Ends on SIGTERM or SIGINT:
  * closing the devices removes them from their namespaces; prints what it forwarded and dropped
  * on stderr and exits 0. Root (CAP_NET_ADMIN and CAP_SYS_ADMIN for setns). */
@@ -134,15 +140,42 @@ static int node_of(const node *nodes, int n, uint32_t addr)
     return -1;
 }
 
+/* Flip a byte in the middle of the TCP payload of IPv4 packet p (len bytes) and mend the TCP
+ * checksum (RFC 1624: HC' = ~(~HC + ~m + m') over the 16-bit word that changed). Returns 1 if
+ * it did, 0 if the packet carries no payload. */
+static int forge_byte(unsigned char *p, size_t len)
+{
+    size_t ihl = (size_t)(p[0] & 15) * 4;
+    if (ihl < 20 || len < ihl + 20)
+        return 0;
+    unsigned char *t = p + ihl;
+    size_t thl = (size_t)(t[12] >> 4) * 4, seg = len - ihl;
+    if (thl < 20 || seg <= thl)
+        return 0;
+    size_t at = thl + (seg - thl) / 2, w = at & ~(size_t)1; /* offsets within the segment */
+    uint16_t old = (uint16_t)(t[w] << 8 | (w + 1 < seg ? t[w + 1] : 0));
+    t[at] ^= 0x5a;
+    uint16_t neu = (uint16_t)(t[w] << 8 | (w + 1 < seg ? t[w + 1] : 0));
+    uint32_t sum = (uint16_t) ~(t[16] << 8 | t[17]);
+    sum += (uint16_t)~old;
+    sum += neu;
+    while (sum >> 16)
+        sum = (sum & 0xffff) + (sum >> 16);
+    uint16_t hc = (uint16_t)~sum;
+    t[16] = (unsigned char)(hc >> 8);
+    t[17] = (unsigned char)hc;
+    return 1;
+}
+
 static void usage(void)
 {
     fprintf(stderr, "usage: netdelay [--delay-us US] [--rt-prio P] [--ifname NAME] [--mtu N] "
-                    "[--slots N] NETNS=IPv4 ...\n");
+                    "[--slots N] [--forge-port P --forge-after N] NETNS=IPv4 ...\n");
 }
 
 int main(int argc, char **argv)
 {
-    int delay_us = 2000, mtu = 1500, nslots = 16384, rt_prio = 0;
+    int delay_us = 2000, mtu = 1500, nslots = 16384, rt_prio = 0, forge_port = 0, forge_after = 0;
     const char *ifname = "eth0";
     /* Flags first, then the NETNS=IPv4 pairs. */
     int nflag = 1;
@@ -150,9 +183,14 @@ int main(int argc, char **argv)
         nflag += 2;
     if (nflag > argc)
         nflag = argc;
-    const tc_flag flags[] = {{"--delay-us", TC_INT, &delay_us}, {"--rt-prio", TC_INT, &rt_prio},
-                             {"--ifname", TC_STR, &ifname},     {"--mtu", TC_INT, &mtu},
-                             {"--slots", TC_INT, &nslots},      {NULL, TC_SWITCH, NULL}};
+    const tc_flag flags[] = {{"--delay-us", TC_INT, &delay_us},
+                             {"--rt-prio", TC_INT, &rt_prio},
+                             {"--ifname", TC_STR, &ifname},
+                             {"--mtu", TC_INT, &mtu},
+                             {"--slots", TC_INT, &nslots},
+                             {"--forge-port", TC_INT, &forge_port},
+                             {"--forge-after", TC_INT, &forge_after},
+                             {NULL, TC_SWITCH, NULL}};
     if (tc_flags_parse(nflag, argv, flags) != 0 || nflag >= argc || delay_us < 0 || mtu < 576 ||
         mtu > 65535 || nslots < 1) {
         usage();
@@ -234,6 +272,8 @@ int main(int argc, char **argv)
     /* How late packets left against their due time: this process's wake-up latency, the one
      * distortion it adds (a loaded machine shows it). */
     uint64_t late_max_ns = 0, late_1ms = 0, late_sum_ns = 0;
+    uint64_t forge_seen = 0; /* payload bytes to forge_port so far */
+    int forged = 0;
     size_t head = 0, count = 0;
     while (!stop_now) {
         uint64_t now = now_ns();
@@ -291,6 +331,23 @@ int main(int argc, char **argv)
                 if (to < 0) {
                     dropped_addr++;
                     continue;
+                }
+                if (forge_port > 0 && !forged && p[9] == 6 && len >= 40) {
+                    size_t ihl = (size_t)(p[0] & 15) * 4;
+                    const unsigned char *t = p + ihl;
+                    if ((size_t)len >= ihl + 20 && (t[2] << 8 | t[3]) == forge_port) {
+                        size_t thl = (size_t)(t[12] >> 4) * 4;
+                        size_t pay = (size_t)len > ihl + thl ? (size_t)len - ihl - thl : 0;
+                        if (forge_seen >= (uint64_t)forge_after && pay > 0 &&
+                            forge_byte(p, (size_t)len)) {
+                            forged = 1;
+                            fprintf(stderr,
+                                    "netdelay: forged 1 byte of a %zu-byte segment to port "
+                                    "%d after %llu payload bytes\n",
+                                    pay, forge_port, (unsigned long long)forge_seen);
+                        }
+                        forge_seen += pay;
+                    }
                 }
                 /* The clock is read per packet: one read late in a batch must not shorten the
                  * delay of those after it. */

@@ -1,6 +1,6 @@
 /* Fuzz target for everything that parses bytes from the network: header, snappy payload, kv,
  * lossy push (keys + gradient codec block), DECLARE, view, hello, spec, stats and checkpoint note
- * decoders.
+ * decoders, and the frames of large messages (transport/frame.h).
  *
  * Beyond "no crash, no sanitizer report", it checks that every accepted input is canonical:
  * re-encoding what a decoder accepted must give back the very same bytes. A decoder that
@@ -17,6 +17,7 @@
 #include "core/gradcodec.h"
 #include "core/view.h"
 #include "core/wire.h"
+#include "transport/frame.h"
 
 fuzz_wire_counts fuzz_wire_n;
 
@@ -299,12 +300,33 @@ static void fuzz_codec(const unsigned char *b, size_t len)
     free(back);
 }
 
+/* A frame of a large message (transport/frame.h): accepted only within its message, and
+ * canonical (its header re-encodes to the same bytes). */
+static void fuzz_frame(const unsigned char *b, size_t len)
+{
+    cps__frame fr;
+    int rc = cps__frame_decode(b, len, &fr);
+    if (rc) {
+        CHECK(rc == CPS_EPROTO);
+        return;
+    }
+    fuzz_wire_n.frame_ok++;
+    CHECK(cps__frame_is(b, len));
+    CHECK(fr.msg_id > 0 && fr.len > 0 && fr.offset < fr.total && fr.len <= fr.total - fr.offset);
+    CHECK(fr.total <= (uint64_t)CPS_WIRE_HDR_SIZE + CPS_WIRE_MAX_PAYLOAD);
+    CHECK(fr.data == b + CPS_FRAME_HDR && fr.len == len - CPS_FRAME_HDR);
+    unsigned char re[CPS_FRAME_HDR];
+    cps__frame_encode_hdr(re, fr.msg_id, fr.total, fr.offset);
+    CHECK(memcmp(re, b, CPS_FRAME_HDR) == 0);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     cps__msg_hdr h;
     unsigned char re[CPS_WIRE_HDR_SIZE];
 
     fuzz_wire_n.inputs++;
+    fuzz_frame(data, size);
     int rc = cps__wire_hdr_decode(data, size, &h);
     if (rc) {
         CHECK(is_error(rc));

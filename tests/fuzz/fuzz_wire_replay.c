@@ -18,6 +18,7 @@
 #include "core/gradcodec.h"
 #include "core/view.h"
 #include "core/wire.h"
+#include "transport/frame.h"
 
 typedef struct seed {
     const char *name;
@@ -356,6 +357,27 @@ static void one_case(const seed *s)
     free(pl);
 }
 
+/* A frame (transport/frame.h) of a random place in a random message, damaged half the time in
+ * its header's fields (u32 halves of msg_id, total and offset) or anywhere. */
+static void frame_case(void)
+{
+    size_t len = 1 + below(200), cap = CPS_FRAME_HDR + len + 32, flen = CPS_FRAME_HDR + len;
+    unsigned char *f = xmalloc(cap);
+    uint64_t total = len + below(1000), off = below(total - len + 1);
+    cps__frame_encode_hdr(f, 1 + below(1000), total, off);
+    for (size_t i = 0; i < len; i++)
+        f[CPS_FRAME_HDR + i] = (unsigned char)rnd();
+    if (below(2) == 0) {
+        static const size_t fields[] = {8, 12, 16, 20, 24, 28, 4};
+        mutate(f, &flen, cap, fields, 7);
+    }
+    unsigned char *exact = xmalloc(flen);
+    memcpy(exact, f, flen);
+    LLVMFuzzerTestOneInput(exact, flen);
+    free(exact);
+    free(f);
+}
+
 static int write_corpus(const char *dir)
 {
     for (int i = 0; i < nseeds; i++) {
@@ -408,19 +430,27 @@ int main(int argc, char **argv)
         fprintf(stderr, "seeds did not reach their decoders\n");
         return 1;
     }
-    for (long it = 0; it < iters; it++)
-        one_case(&seeds[below((size_t)nseeds)]);
+    for (long it = 0; it < iters; it++) {
+        if (below(8) == 0)
+            frame_case();
+        else
+            one_case(&seeds[below((size_t)nseeds)]);
+    }
+    if (fuzz_wire_n.frame_ok == 0) {
+        fprintf(stderr, "no frame reached the frame decoder\n");
+        return 1;
+    }
 
     fuzz_wire_counts c = fuzz_wire_n;
     printf("inputs %llu: header ok %llu, snappy ok %llu, kv ok %llu, declare ok %llu, "
            "view ok %llu (as prefix %llu), hello ok %llu, spec ok %llu, lossy ok %llu, suspects ok "
-           "%llu\n",
+           "%llu, frames ok %llu\n",
            (unsigned long long)c.inputs, (unsigned long long)c.hdr_ok,
            (unsigned long long)c.snappy_ok, (unsigned long long)c.kv_ok,
            (unsigned long long)c.declare_ok, (unsigned long long)c.view_ok,
            (unsigned long long)c.view_prefix_ok, (unsigned long long)c.hello_ok,
            (unsigned long long)c.spec_ok, (unsigned long long)c.lossy_ok,
-           (unsigned long long)c.suspects_ok);
+           (unsigned long long)c.suspects_ok, (unsigned long long)c.frame_ok);
     for (int i = 0; i < nseeds; i++)
         free(seeds[i].payload);
     return 0;

@@ -16,6 +16,7 @@
 #                         packet held US microseconds one-way, so a round trip gains 2 x US;
 #                         SCHED_FIFO priority NETNS_DELAY_RT, default 20, 0 for none);
 #                         its PID in netns_delay_pid, its output in LOG
+#                         (NETNS_DELAY_ARGS: more netdelay flags, e.g. --forge-port P --forge-after N)
 #   netns_delay_stop      end it by its PID (the eth0 devices go with it)
 # Run a command in a node's namespace with `ip netns exec "$netns_tag-NAME" CMD` (ip execs CMD:
 # started in the background, $! is CMD's PID).
@@ -75,7 +76,9 @@ netns_delay_start() {
     [[ -z $netns_delay_pid ]] || return 1
     for n in "${netns_hosts[@]}"; do args+=("$netns_tag-$n=${netns_addr[$n]}"); done
     : >"$log" # emptied here, not by the child: a "ready" of an earlier run must not count
-    "$prog" --delay-us "$us" --rt-prio "${NETNS_DELAY_RT:-20}" "${args[@]}" >>"$log" 2>&1 &
+    # shellcheck disable=SC2086 # NETNS_DELAY_ARGS: more netdelay flags, word-split
+    "$prog" --delay-us "$us" --rt-prio "${NETNS_DELAY_RT:-20}" ${NETNS_DELAY_ARGS:-} "${args[@]}" \
+        >>"$log" 2>&1 &
     netns_delay_pid=$!
     for _ in $(seq 100); do
         grep -q "netdelay: ready" "$log" 2>/dev/null && break

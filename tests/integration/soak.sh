@@ -28,11 +28,12 @@
 # are taken per process (a restarted process starts a new series) after a warm-up; series too
 # short to judge are listed but not judged (so a short DURATION checks no slope).
 #
-# Known failures when written (issue 26): every worker replacement leaves one more open file in
-# the scheduler and in each server (the dead worker's peer socket stays, and the scheduler keeps
-# queueing views to it), so phase 2 fails its fd and RSS slopes; and an export whose cut a fault
-# holds open for ~2 s grows a server's LMDB map (allocated on disk) to 2 GB for a 2 MB model,
-# past the disk cap.
+# What it found and what was fixed (issue 26): every worker replacement left one more open file
+# in the scheduler and in each server (the dead worker's socket); and the servers' LMDB maps,
+# which are their data files' size on disk, grew to 9 GB for a 2 MB model (sized from the highest
+# page a checkpoint's read view had made the writer take, and views outlived their exports when
+# a CUT_CLOSE was lost). The map now follows the live data, a full map ends the views instead of
+# growing, and a view ends with its exporter's process.
 #
 # The job's step count is derived from a fault-free calibration run's step rate (and
 # SLOWDOWN1/SLOWDOWN2), so DURATION is a target: the run prints how long each phase really took.

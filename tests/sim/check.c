@@ -1,6 +1,6 @@
-/* The simulator's in-memory store (cps__chain_store_ops, written by APPLY actions as update.c
- * writes LMDB) and the invariants, checked where the state they talk about changes and after
- * every event.
+/* The simulator's in-memory store (read by the replica through cps__replica_env, written by its
+ * WRITE items as the server writes LMDB) and the invariants, checked where the state they talk
+ * about changes and after every event.
  *
  * "Live replicas" of a range are the servers in its chain in the scheduler's current view.
  * Views remove servers, and add them at the tail after a join (state transfer). A removed
@@ -120,12 +120,6 @@ int sim_op_agg_step(void *ctx, uint32_t range, uint64_t sig, uint64_t *step)
     return 0;
 }
 
-void sim_op_drop_cookie(void *ctx, void *cookie)
-{
-    (void)ctx;
-    free(cookie);
-}
-
 static void agg_put(sim_rstore *st, uint64_t sig, uint64_t step)
 {
     for (uint32_t i = 0; i < st->naggs; i++)
@@ -182,7 +176,7 @@ static uint64_t step_set_hash(const cps__chain_update *u)
 /* Invariants 12 and 13 at the APPLY of a sync aggregate: no request in it was answered as late,
  * and once a step's aggregate was applied by a tail (committed: acknowledgements follow), every
  * replica that applies that step, before or after a failover, applies the same requests. */
-static void check_step_set(sim *sm, sim_server *s, const cps__chain_action *a)
+static void check_step_set(sim *sm, sim_server *s, const cps__replica_out *a)
 {
     const cps__chain_update *u = &a->upd;
     /* As invariant 3: a removed head taking a write in its old epoch (fenced, and its store
@@ -253,7 +247,7 @@ static const uint64_t *truth_row(const sim *sm, const sim_rstore *st, uint64_t s
 
 /* SSP: update a was appended to st's log: its clocks are those after the update before it, moved
  * by the dense pushes it holds (what replication/ssp.h promises, stated again). */
-static void truth_append(sim *sm, sim_rstore *st, const cps__chain_action *a)
+static void truth_append(sim *sm, sim_rstore *st, const cps__replica_out *a)
 {
     if (st->truth_cap < st->log_cap) {
         st->truth_cap = st->log_cap;
@@ -268,43 +262,41 @@ static void truth_append(sim *sm, sim_rstore *st, const cps__chain_action *a)
     for (uint32_t i = 0; i < a->upd.nreqs; i++) {
         const cps__chain_req *q = &a->upd.reqs[i];
         int k = hw_index(sm, q->worker);
-        if (q->type == CPS_MSG_PUSH && !q->noagg && k >= 0 && a->upd.step > row[k])
+        if ((q->type == CPS_MSG_PUSH || q->type == CPS_MSG_PUSH_PULL) && !q->noagg && k >= 0 &&
+            a->upd.step > row[k])
             row[k] = a->upd.step;
     }
 }
 
-/* SSP, at every APPLY: the server's gate (replication/ssp.c) holds the range's clocks, and the
- * store gets what update.c's apply_txn writes (the clocks of the update's workers). A replica
- * that came back on its store, or copied the range, must have them too (invariant 9). */
-static void ssp_apply(sim *sm, sim_server *s, const cps__chain_action *a)
+/* SSP, at every WRITE: the clocks it stores (what the replica's gate holds once the update is
+ * applied: replication/ssp.c) are those its updates imply, and the store keeps them, so a
+ * replica that came back on its store, or copied the range, has them too (invariant 9). */
+static void ssp_apply(sim *sm, sim_server *s, const cps__replica_out *a)
 {
     uint32_t r = a->range;
     truth_append(sm, &s->rs[r], a);
     const uint64_t *want = truth_row(sm, &s->rs[r], a->seq);
-    const cps__view *v = s->view ? s->view : sim_cur_view(sm);
-    for (uint32_t k = 0; k < sm->p.workers; k++) {
-        uint32_t id = sm->p.servers + 1 + k;
-        uint64_t c = cps__ssp_clock(s->ssp, v, r, id);
-        if (c != want[k]) {
+    for (uint32_t i = 0; i < a->nrecs; i++) {
+        const cps__replica_record *rec = &a->recs[i];
+        if (!(rec->id & CPS_DEDUP_CLOCK_BIT))
+            continue;
+        int k = hw_index(sm, rec->id & ~CPS_DEDUP_CLOCK_BIT);
+        if (k < 0 || rec->value != want[k]) {
             sim_fail(sm, "(9) SSP clocks are the range's",
                      "server %u range %u after seq %" PRIu64 ": worker %u's clock is %" PRIu64
                      ", its pushes applied there reach step %" PRIu64,
-                     s->id, r, a->seq, id, c, want[k]);
+                     s->id, r, a->seq, rec->id & ~CPS_DEDUP_CLOCK_BIT, rec->value,
+                     k < 0 ? 0 : want[k]);
             return;
         }
-    }
-    for (uint32_t i = 0; i < a->upd.nreqs; i++) {
-        const cps__chain_req *q = &a->upd.reqs[i];
-        int k = hw_index(sm, q->worker);
-        uint64_t c = cps__ssp_clock(s->ssp, v, r, q->worker);
-        if (q->type != CPS_MSG_PUT && !q->noagg && k >= 0 && c)
-            s->rs[r].clock[k] = c;
+        s->rs[r].clock[k] = rec->value;
     }
 }
 
-/* An APPLY action: one store transaction with the update, the range's sequence number and the
- * exactly-once records, as update.c's apply_txn. Checks invariants 2 and 3. */
-void sim_store_apply(sim *sm, sim_server *s, const cps__chain_action *a)
+/* A WRITE item: one store transaction with the update, the range's sequence number and the
+ * records the replica laid out, as the server's store transaction does. Checks invariants 2 and 3.
+ */
+void sim_store_write(sim *sm, sim_server *s, const cps__replica_out *a)
 {
     uint32_t r = a->range;
     sim_rstore *st = &s->rs[r];
@@ -341,13 +333,8 @@ void sim_store_apply(sim *sm, sim_server *s, const cps__chain_action *a)
                      a->seq, q->worker);
             return;
         }
-        if (u->kind == CPS_UPD_SKIP) {
-            /* A refusal applies nothing, and may be replicated again for a retry: only the
-             * record moves, never back (update.c's apply_txn). */
-            if (q->req_seq > st->hw[idx])
-                st->hw[idx] = q->req_seq;
-            continue;
-        }
+        if (u->kind == CPS_UPD_SKIP)
+            continue; /* a refusal applies nothing: only its record (below) */
         /* Invariant 2: no request is ever applied twice on any replica. */
         const sim_applied_ent *e = set_find(st, id, q->req_seq);
         if (e) {
@@ -358,7 +345,23 @@ void sim_store_apply(sim *sm, sim_server *s, const cps__chain_action *a)
             return;
         }
         set_put(st, id, q->req_seq, a->seq);
-        st->hw[idx] = q->req_seq; /* in sequence: the highest */
+    }
+    /* The exactly-once records the replica writes: a worker's number only moves forward (a
+     * refusal replicated again for a retry must not move it back: a re-sent later push would be
+     * applied twice). */
+    for (uint32_t i = 0; i < a->nrecs; i++) {
+        const cps__replica_record *rec = &a->recs[i];
+        if (rec->id & CPS_DEDUP_CLOCK_BIT)
+            continue; /* SSP clocks: ssp_apply */
+        int idx = hw_index(sm, rec->id);
+        if (idx < 0 || rec->value < st->hw[idx]) {
+            sim_fail(sm, "(2) applied at most once",
+                     "server %u range %u seq %" PRIu64 ": the record of %x moves back from %" PRIx64
+                     " to %" PRIx64,
+                     s->id, r, a->seq, rec->id, idx < 0 ? 0 : st->hw[idx], rec->value);
+            return;
+        }
+        st->hw[idx] = rec->value;
     }
     if (u->sig)
         agg_put(st, u->sig, u->step);
@@ -388,6 +391,15 @@ void sim_store_apply(sim *sm, sim_server *s, const cps__chain_action *a)
             return;
         }
     }
+}
+
+uint64_t sim_store_seq_of(const sim_server *s, uint32_t r, const cps__chain_req *q)
+{
+    uint32_t id = q->type == CPS_MSG_DECLARE ? q->worker | DECLARE_ID_BIT
+                  : q->noagg                 ? q->worker | CPS_DEDUP_SPARSE_BIT
+                                             : q->worker;
+    const sim_applied_ent *e = set_find(&s->rs[r], id, q->req_seq);
+    return e ? e->seq : 0;
 }
 
 void sim_rstore_clear(sim_rstore *st)
@@ -596,7 +608,7 @@ void sim_check_ssp_read(sim *sm, sim_server *s, uint32_t r, uint32_t worker, uin
 void sim_check_ssp_parked(sim *sm, sim_server *s)
 {
     for (uint32_t i = 0; i < s->nparked && !sm->failed; i++) {
-        const sim_cookie *ck = s->parked[i];
+        const sim_cookie *ck = &s->parked[i];
         uint64_t at = 0;
         if (!ssp_behind(sm, s, ck->range, ck->worker, ck->clock, &at))
             sim_fail(sm, "(11) a parked pull waits only for the bound",

@@ -3,7 +3,7 @@
  *   sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R] [--ranges N]
  *       [--mode sync|async|ssp|ssp:N] [--faults
  * none|drops|crash|pause|restart|partition|join|scale|all]
- *       [--events N] [--refusals] [--sched-restarts] [-v]
+ *       [--events N] [--refusals] [--sched-restarts] [--push-pull] [-v]
  *   sim --regressions FILE
  *
  * Parameters not given are drawn from the seed, from a stream of their own, in a fixed order:
@@ -18,8 +18,8 @@
  * every pull answered is checked against the bound (invariant 10) and every apply against the
  * range's clocks (invariant 9).
  *
- * Workers run the real request table (recovery/requests.c) as src/worker/client.c drives it;
- * they give requests up when their range has no live replica for the unavailable timeout (a
+ * Workers run the production worker session (recovery/session.c, tests/sim/sim_worker.c); they
+ * give requests up when their range has no live replica for the unavailable timeout (a
  * given-up push stays in the table, detached, and is still sent). Servers run the chain, the
  * joiner and the fencing of replication/ and recovery/; the scheduler is the production
  * coordinator (recovery/coordinator.c), configured as production configures it: the sim fakes
@@ -43,7 +43,7 @@ typedef struct cli {
     int ssp_bound;   /* --mode ssp:N; -1 when drawn */
     uint32_t backup; /* --backup-workers B: sync mode, at least B+1 workers */
     uint64_t events;
-    int verbose, refusals, sched_restarts;
+    int verbose, refusals, sched_restarts, push_pull;
     const char *regressions;
 } cli;
 
@@ -57,7 +57,8 @@ static void usage(void)
             "usage: sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R]\n"
             "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
             "           [--faults none|drops|crash|pause|restart|partition|join|scale|all]\n"
-            "           [--events N] [--refusals] [--sched-restarts] [--backup-workers B] [-v]\n"
+            "           [--events N] [--refusals] [--sched-restarts] [--push-pull]\n"
+            "           [--backup-workers B] [-v]\n"
             "       sim --regressions FILE\n");
 }
 
@@ -100,6 +101,10 @@ static int parse_args(int argc, char **argv, cli *c)
         }
         if (strcmp(a, "--sched-restarts") == 0) {
             c->sched_restarts = 1;
+            continue;
+        }
+        if (strcmp(a, "--push-pull") == 0) {
+            c->push_pull = 1;
             continue;
         }
         i++;
@@ -181,7 +186,7 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->tick_ms = 20 + (uint32_t)(d[8] % 60);
     p->resend_ms = 50 + (uint32_t)(d[9] % 300);
     p->timeout_ms = 150 + (uint32_t)(d[10] % 600);
-    /* client.c's default is 6 request timeouts; from 2 to 10 here, so that a sole replica's
+    /* The library's default is 6 request timeouts; from 2 to 10 here, so that a sole replica's
      * restart sometimes outlasts it (the request is given up) and sometimes not. */
     p->unavailable_timeout_ms = p->timeout_ms * (2 + (uint32_t)(d[20] % 9));
     p->max_unacked = 2 + (uint32_t)(d[11] % 30);
@@ -203,6 +208,7 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
      * --replicas 2 --mode async, liveness). */
     p->sched_restart_per_mille = c->sched_restarts ? 300 : 0;
     p->verbose = c->verbose;
+    p->push_pull = c->push_pull;
     if (p->replicas > p->servers) {
         fprintf(stderr, "sim: --replicas %u > --servers %u\n", p->replicas, p->servers);
         return -1;
@@ -228,6 +234,8 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --refusals");
     if (c->sched_restarts)
         printf(" --sched-restarts");
+    if (c->push_pull)
+        printf(" --push-pull");
     if (c->backup)
         printf(" --backup-workers %u", c->backup);
     printf("\n");

@@ -8,10 +8,10 @@
  * for all the answers before the next; the replacement declares every tensor (each range answers
  * with the last step it applied to it, once it holds the view with the replacement, as a server
  * holds a future epoch's messages), starts after the highest of those steps (cps_start_step)
- * and flags each tensor's first push (CPS_WF_FIRST). What the model re-states of the shells is
- * small and named: the head drops a push of a step at or below the last it applied (admit()'s
- * duplicate rule in src/server/update.c) and the worker's start rule (align_start in
- * src/worker/api.c).
+ * and flags each tensor's first push (CPS_WF_FIRST): both rules are the production worker
+ * session's (recovery/session.c: its tensor clocks), which every worker here runs. What the model
+ * re-states of the shells is small and named: the head drops a push of a step at or below the
+ * last it applied (admit()'s duplicate rule in src/server/update.c).
  *
  * Checked on every seed: every range closes a tensor's steps in order, one at a time; the
  * replacement is in a step's aggregate on every range or on none (issue 26: fmnist's replacement
@@ -30,6 +30,7 @@
 #include "chainps/chainps.h"
 #include "core/view.h"
 #include "core/wire.h"
+#include "recovery/session.h"
 #include "replication/sync.h"
 
 #define MAX_RANGES  4
@@ -60,10 +61,11 @@ typedef struct head {
 typedef struct worker {
     uint32_t id, rank;
     int alive, started, done;
-    uint64_t step[MAX_TENSORS]; /* last step pushed */
-    int pushed[MAX_TENSORS];
-    uint32_t waiting;  /* answers of the current step still to come */
-    uint32_t declares; /* declare answers still to come */
+    cps__sess *sess;                    /* the worker's protocol: here, its tensors' steps */
+    cps__sess_clock clock[MAX_TENSORS]; /* per tensor: the last step pushed */
+    uint64_t found[MAX_TENSORS];        /* the replacement: the highest step a declare found */
+    uint32_t waiting;                   /* answers of the current step still to come */
+    uint32_t declares;                  /* declare answers still to come */
     uint64_t start;
 } worker;
 
@@ -244,23 +246,24 @@ static void push_step(model *m, uint32_t wi)
     worker *w = &m->workers[wi];
     if (!w->alive)
         return;
-    if (w->step[0] >= m->steps) {
+    if (w->clock[0].step >= m->steps) {
         w->done = 1;
         return;
     }
     w->waiting = m->ntensors * m->nranges;
     for (uint32_t t = 0; t < m->ntensors; t++) {
-        w->step[t]++;
-        int first = !m->no_first && !w->pushed[t];
-        w->pushed[t] = 1;
+        /* The session moves the tensor on a step and flags its first push (not with
+         * --no-first: the code before the fix). */
+        cps__sess_op op = {.kind = CPS_SS_PUSH, .nparts = 1};
+        cps__sess_begin(w->sess, &op, &w->clock[t], !m->no_first);
         for (uint32_t r = 0; r < m->nranges; r++)
             post(m, link_delay(m, wi, r, 0) + t,
                  (event){.type = EV_PUSH,
                          .worker = wi,
                          .range = r,
                          .tensor = t,
-                         .step = w->step[t],
-                         .first = first});
+                         .step = op.step,
+                         .first = op.first});
     }
 }
 
@@ -300,17 +303,21 @@ static void on_declare(model *m, const event *e)
 static void on_declared(model *m, const event *e)
 {
     worker *w = &m->workers[e->worker];
-    if (e->step > w->step[e->tensor])
-        w->step[e->tensor] = e->step; /* the client keeps the highest range's answer */
+    if (e->step > w->found[e->tensor])
+        w->found[e->tensor] = e->step; /* a declare keeps the highest range's answer */
     if (--w->declares)
         return;
     uint64_t start = 0;
-    for (uint32_t t = 0; t < m->ntensors; t++)
-        start = w->step[t] > start ? w->step[t] : start;
+    for (uint32_t t = 0; t < m->ntensors; t++) {
+        start = w->found[t] > start ? w->found[t] : start;
+        if (m->no_first)
+            w->clock[t].step = w->found[t]; /* each tensor where its declare found it */
+        else
+            cps__sess_clock_add(w->sess, &w->clock[t], w->found[t]); /* the session aligns */
+    }
+    if (!m->no_first && cps__sess_start_step(w->sess) != start)
+        fail(m, "the session's start step is not the highest a declare found");
     w->start = start;
-    if (!m->no_first)
-        for (uint32_t t = 0; t < m->ntensors; t++)
-            w->step[t] = start; /* align_start */
     if (m->verbose)
         printf("  t=%" PRIu64 " the replacement starts after step %" PRIu64 "\n", m->now, start);
     push_step(m, e->worker);
@@ -355,6 +362,14 @@ static int run_seed(uint64_t seed, int no_first, int verbose, char *why, size_t 
         m->workers[i].id = i < m->nworkers ? 10 + i : REPL_ID;
         m->workers[i].rank = i < m->nworkers ? i : m->victim;
         m->workers[i].alive = i < m->nworkers;
+        cps__sess_config cfg = {.request_timeout_ms = 1000, .unavailable_timeout_ms = 30000};
+        if (cps__sess_create(&cfg, &m->workers[i].sess) != 0) {
+            fprintf(stderr, "sim_replace: out of memory\n");
+            exit(2);
+        }
+        /* The workers of the job from its start: every tensor declared at step 0. */
+        for (uint32_t t = 0; i < m->nworkers && t < m->ntensors; t++)
+            cps__sess_clock_add(m->workers[i].sess, &m->workers[i].clock[t], 0);
     }
     if (verbose)
         printf("seed %" PRIu64 ": %u ranges, %u tensors, %u workers, %u steps, victim rank %u\n",
@@ -413,7 +428,7 @@ static int run_seed(uint64_t seed, int no_first, int verbose, char *why, size_t 
         snprintf(msg, sizeof msg,
                  "deadlock: worker %u (rank %u) stuck at step %" PRIu64
                  " (range %u closed tensor 0 up to %" PRIu64 ")",
-                 w->id, w->rank, w->step[0], r0, m->heads[r0].closed[0]);
+                 w->id, w->rank, w->clock[0].step, r0, m->heads[r0].closed[0]);
         fail(m, msg);
     }
     int failed = m->failed;
@@ -421,6 +436,8 @@ static int run_seed(uint64_t seed, int no_first, int verbose, char *why, size_t 
         snprintf(why, why_len, "%s", m->why);
     for (uint32_t r = 0; r < m->nranges; r++)
         cps__sync_destroy(m->heads[r].sync);
+    for (uint32_t i = 0; i <= m->nworkers; i++)
+        cps__sess_destroy(m->workers[i].sess);
     free(m);
     return failed;
 }

@@ -11,11 +11,9 @@
 #include "recovery/coordinator.h"
 #include "recovery/fence.h"
 #include "recovery/joiner.h"
-#include "recovery/requests.h"
-#include "replication/ackhold.h"
+#include "recovery/session.h"
 #include "replication/chain.h"
-#include "replication/ssp.h"
-#include "replication/sync.h"
+#include "replication/replica.h"
 
 #define SIM_MAX_SERVERS 16
 #define SIM_MAX_WORKERS 16
@@ -29,13 +27,11 @@
 #define SIM_WORKER_TICK_MS 10
 /* After the network heals, everything must finish within this many events. */
 #define SIM_HEAL_EVENTS 400000u
-/* Header aux of a sim push that the head must refuse, as a push naming an undeclared key. */
-#define SIM_BAD_KEYS 0xbadull
 
 /* SIM_SSP: bounded staleness (--mode ssp:N), never drawn from a seed, so the seeds of sim.seeds
  * keep their runs. */
 enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
-/* Scheduler-side timers of state transfer, in virtual ms (production: 120 s; scaled down). */
+/* Scheduler-side timers of state transfer, in virtual ms (scheduler.c: 120 s; scaled down). */
 #define SIM_REPAIR_MS 100
 /* The coordinator's tick (production: 20 ms) and its batching of joiners (production: 100). */
 #define SIM_SCHED_TICK_MS 20
@@ -50,7 +46,7 @@ enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 #define SIM_SNAP_RETRY_MS 1000
 #define SIM_HELLO_MS      100
 #define SIM_BEAT_MS       200
-/* A server silent this long is declared dead (CHAINPS_DEAD_AFTER_MS, 4 heartbeats;
+/* A server silent this long is declared dead (scheduler.c: CHAINPS_DEAD_AFTER_MS, 4 heartbeats;
  * 3 here, so that drops and long delays sometimes make a live server look dead). */
 #define SIM_DEAD_AFTER_MS 600
 
@@ -96,15 +92,18 @@ typedef struct sim_params {
     int mode;           /* SIM_SYNC / SIM_ASYNC / SIM_SSP */
     uint32_t ssp_bound; /* SIM_SSP: the staleness bound */
     uint32_t backup;    /* SIM_SYNC: backup workers (--backup-workers), never drawn */
-    int faults;         /* SIM_F_* */
-    uint64_t events;    /* length of the fault phase, in events */
-    uint32_t window;    /* requests a worker keeps in flight */
+    int push_pull;   /* --push-pull: SSP steps and some async pushes are PUSH_PULL, never drawn */
+    int faults;      /* SIM_F_* */
+    uint64_t events; /* length of the fault phase, in events */
+    uint32_t window; /* requests a worker keeps in flight */
     uint32_t tick_ms, resend_ms, max_unacked;
     uint32_t timeout_ms;             /* a worker's request timeout */
     uint32_t unavailable_timeout_ms; /* a worker gives up a range without a replica this long */
     uint32_t drop_per_mille, dup_per_mille, long_per_mille;
     uint32_t bad_per_mille; /* pushes the head refuses (unknown key) */
     int verbose;
+    /* Model scheduler.c / server.c exactly where the sim deviates (see sim.c: a HELLO from a
+     * server the scheduler still counts alive; a (re)starting server taking any VIEW). */
     int spare;                    /* the last server holds no range at the start */
     uint32_t restart_per_mille;   /* crashes followed by a restart */
     uint32_t wipe_per_mille;      /* restarts on an empty store (a replaced disk) */
@@ -152,7 +151,7 @@ typedef struct sim_agg {
     uint64_t sig, step;
 } sim_agg;
 
-/* What the store of one server holds for one range (update.c writes the same to LMDB). */
+/* What the store of one server holds for one range (the server writes the same to LMDB). */
 typedef struct sim_rstore {
     uint64_t applied;
     uint64_t *log; /* log[s - 1]: hash of update s (body and requests) */
@@ -166,16 +165,15 @@ typedef struct sim_rstore {
     uint32_t naggs, aggs_cap;
     sim_applied_ent *set;
     uint32_t set_n, set_cap;
-    /* SSP: each worker's clock (by rank), as update.c stores it under CPS_DEDUP_CLOCK_BIT. */
+    /* SSP: each worker's clock (by rank), as the replica stores it under CPS_DEDUP_CLOCK_BIT. */
     uint64_t clock[SIM_MAX_WORKERS];
 } sim_rstore;
 
+/* A pull parked by the replica's SSP gate. */
 typedef struct sim_cookie {
     uint32_t worker, range;
     uint64_t req_seq;
-    uint64_t clock; /* a pull parked by the SSP gate: the clock it reads at */
-    int refused;    /* a retry of a push the head refuses: its error (update.c's admit) */
-    uint64_t late;  /* backup workers: a push of a step closed without it: the closed step */
+    uint64_t clock; /* the clock it reads at */
 } sim_cookie;
 
 /* Backup workers: a request answered as late (never to be applied), and the requests a step's
@@ -210,14 +208,13 @@ typedef struct sim_server {
     uint32_t id;
     int state; /* SRV_* */
     uint64_t resume_at;
-    cps__chain *chain;
+    cps__replica *rep; /* the production replica (replication/replica.h), as src/server's */
+    cps__chain *chain; /* its chain state machine, for questions (cps__replica_chain) */
+    uint64_t acks_at;  /* an EV_ACKS is queued for then (held CHAIN_ACKs), or 0 */
     uint64_t epoch;
     const cps__view *view; /* borrowed from sim.views */
     sim_rstore *rs;        /* per range */
-    cps__ackhold *acks;    /* CHAIN_ACKs held back a moment (replication/ackhold.c), as update.c */
-    cps__sync *sync;       /* sync steps being gathered (replication/sync.c), NULL until used */
-    cps__ssp *ssp;         /* SSP clocks and parked pulls (replication/ssp.c), as update.c */
-    sim_cookie **parked;   /* the pulls ssp holds, for invariant 11 */
+    sim_cookie *parked;    /* the pulls the replica's SSP gate holds, for invariant 11 */
     uint32_t nparked, parked_cap;
     uint32_t inc;  /* crash incarnation: messages of an earlier one are lost */
     uint32_t boot; /* grows on every restart and fenced rejoin; sent in HELLO */
@@ -227,36 +224,34 @@ typedef struct sim_server {
     int wiped;           /* restarted on an empty store, not yet let in: no longer a replica */
     int restart_due;     /* crashed as a range's last replica: a restart is on its way */
     cps__joiner *joiner; /* our joins (recovery/joiner.c), as transfer.c's */
-    cps__fence *fence; /* our standing: joined, unsure, fenced (recovery/fence.c), as server.c's */
-    uint8_t *copying;  /* per range: holds a snapshot, not yet a member */
+    cps__fence *fence;   /* our standing: joined, unsure, fenced (recovery/fence.c) */
+    uint8_t *copying;    /* per range: holds a snapshot, not yet a member */
 } sim_server;
 
-/* One request of the application (client.c's cps__op with one part): the request table
- * (recovery/requests.c) decides where and when it goes; this is what it carries and what its
+/* One request of the application (an operation with one part): the worker's session
+ * (recovery/session.c) decides where and when it goes; this is what it carries and what its
  * answer is checked against. */
 typedef struct sim_req {
+    cps__sess_op so; /* first: the session's part of it (sim_worker.c's req_of) */
     uint8_t type, noagg;
     uint8_t bad;      /* names an undeclared key: the head refuses it */
-    uint8_t detached; /* given up, still sent (cps__reqs_detach): no longer the application's */
+    uint8_t detached; /* given up, still sent (cps__sess_detach): no longer the application's */
     uint32_t range;
     uint64_t seq, step, grad;
     uint64_t floor;              /* pull: the highest seq of the range seen before it was sent */
-    uint64_t clock;              /* SSP pull: the clock it reads at (header aux, as client.c) */
+    uint64_t clock;              /* SSP pull: the clock it reads at (header aux) */
     int ssp_step;                /* SSP pull: the one that ends the worker's step of the range */
     struct sim_req *prev, *next; /* the worker's requests not yet over */
 } sim_req;
 
 typedef struct sim_worker {
     uint32_t id;
-    uint64_t epoch;
-    const cps__view *view;
-    uint64_t *dense_seq, *sparse_seq, other_seq;
-    uint64_t *step;     /* sync, SSP: last step pushed per range */
-    int *sync_busy;     /* sync: a dense push of the range is in flight; SSP: or its pull */
-    uint64_t *read_seq; /* highest sequence number read or acknowledged, per range */
-    cps__reqs *rq;      /* the worker's request table (recovery/requests.c), as client.c's */
-    sim_req *live;      /* every request in rq (ctx), to free at the end */
-    uint64_t view_asked, issued, acked;
+    cps__sess *sess;         /* the worker's protocol (recovery/session.c) */
+    cps__sess_clock *clocks; /* sync, SSP: per range, its step (the session's; a "tensor") */
+    int *sync_busy;          /* sync: a dense push of the range is in flight; SSP: or its pull */
+    uint64_t *read_seq;      /* highest sequence number read or acknowledged, per range */
+    sim_req *live;           /* every request the session holds (its ops), to free at the end */
+    uint64_t issued, acked;
     uint64_t unavailable; /* requests given up with CPS_EUNAVAILABLE */
     uint64_t late;        /* backup workers: pushes answered as late */
 } sim_worker;
@@ -294,9 +289,6 @@ typedef struct sim {
     uint8_t end_state[SIM_MAX_WORKERS];
     uint8_t told_exit[SIM_MAX_SERVERS + 1]; /* the job ended: its SHUTDOWN reached the server */
     uint64_t ended_at;                      /* when the job's end was complete */
-    /* Per worker rank and server id: when the worker last heard from the server (its reports of
-     * unanswered requests leave out a server it hears from, as client.c's do). */
-    uint64_t worker_heard[SIM_MAX_WORKERS][SIM_MAX_SERVERS + 1];
     uint64_t false_deaths;
     uint8_t cut[SIM_MAX_NODES][SIM_MAX_NODES]; /* partition: messages from -> to dropped */
     int cut_active;
@@ -331,15 +323,13 @@ int sim_is_member(const sim *sm, uint32_t r, uint32_t id);
 /* One whole run; returns 1 on a violation (already printed), else 0. */
 int sim_run(const sim_params *p, sim_summary *out);
 
-/* For sim_sched.c (sim.c). */
+/* sim.c's network, events, seeded choices and memory, for sim_replica.c and sim_worker.c */
 uint64_t sim_rnd(sim *sm, uint64_t n);
 int sim_chance(sim *sm, uint32_t per_mille);
-void sim_send_hdr(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
-                  size_t plen, uint64_t extra);
 void sim_push_restart(sim *sm, uint32_t id, uint64_t after);
+void sim_send_reliable(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h);
 int sim_node_alive(const cps__view *v, uint32_t id);
 int sim_in_chain(const cps__range *rg, uint32_t id);
-void sim_send_reliable(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h);
 void sim_restart_last_replica(sim *sm, uint32_t id);
 
 /* sim_sched.c: the scheduler, the production coordinator behind the simulated network */
@@ -355,13 +345,40 @@ uint32_t sim_sched_joiner(const sim *sm, uint32_t r, uint32_t *source);
 int sim_sched_to_worker(sim *sm, sim_worker *w, const sim_msg *m);
 void sim_sched_end(sim *sm);
 int sim_sched_ended(sim *sm);
+void sim_ev_push(sim *sm, uint64_t t, int type, uint32_t node, sim_msg *m);
+void sim_net_send(sim *sm, uint32_t from, uint32_t to, const void *buf, size_t len, uint64_t extra);
+void sim_send_hdr(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
+                  size_t plen, uint64_t extra);
+void *sim_xmalloc(size_t n);
+void *sim_xcalloc(size_t n, size_t size);
+const char *sim_msg_name(uint8_t type);
+
+/* sim_replica.c: the servers, each the production replica behind a shell */
+void sim_server_start(sim *sm, sim_server *s, const cps__view *v);
+void sim_server_free(sim *sm, sim_server *s);
+/* A restarted process, or a fenced server's rejoin: a fresh replica, no joins, no
+ * view; the store stays as it is. It asks the scheduler to let it in (HELLO). */
+void sim_server_reset(sim *sm, sim_server *s);
+void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m);
+void sim_server_tick(sim *sm, sim_server *s);
+void sim_server_acks_due(sim *sm, sim_server *s);
+void sim_snapshot_run(sim *sm, sim_msg *m);
+
+/* sim_worker.c: the workers, each the production session (recovery/session.c) */
+void sim_worker_init(sim *sm, sim_worker *w, uint32_t id, const cps__view *v);
+void sim_worker_fini(sim_worker *w);
+void sim_worker_tick(sim *sm, sim_worker *w);
+void sim_worker_deliver(sim *sm, sim_worker *w, const sim_msg *m);
+uint32_t sim_worker_pending(const sim_worker *w);
+uint64_t sim_worker_step(const sim_worker *w, uint32_t r);
 
 /* check.c: the in-memory store and the invariants */
 int sim_op_range_seq(void *ctx, uint32_t range, uint64_t *seq);
 int sim_op_dedup(void *ctx, uint32_t range, uint32_t worker, uint64_t *seq);
 int sim_op_agg_step(void *ctx, uint32_t range, uint64_t sig, uint64_t *step);
-void sim_op_drop_cookie(void *ctx, void *cookie);
-void sim_store_apply(sim *sm, sim_server *s, const cps__chain_action *a);
+void sim_store_write(sim *sm, sim_server *s, const cps__replica_out *a);
+/* The sequence number of the update that applied request q in server s's range r (0: none). */
+uint64_t sim_store_seq_of(const sim_server *s, uint32_t r, const cps__chain_req *q);
 void sim_store_free(sim *sm, sim_server *s);
 void sim_rstore_clear(sim_rstore *st);
 void sim_rstore_copy(sim_rstore *dst, const sim_rstore *src);

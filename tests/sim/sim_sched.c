@@ -426,18 +426,20 @@ void sim_sched_tick(sim *sm)
     uint32_t evidence = cps__suspect_evidence_ms(SIM_DEAD_AFTER_MS);
     for (uint32_t k = 0; k < sm->p.workers && sm->now - sm->worker_beat_at >= SIM_BEAT_MS; k++) {
         const sim_worker *w = &sm->workers[k];
-        cps__msg_hdr b = {.type = CPS_MSG_HEARTBEAT, .epoch = w->epoch};
+        const cps__view *wv = cps__sess_view(w->sess);
+        cps__msg_hdr b = {.type = CPS_MSG_HEARTBEAT, .epoch = wv->epoch};
         sim_send_hdr(sm, w->id, 0, &b, NULL, 0, 0);
         cps__suspect_entry e[6];
         uint32_t n = 0;
         for (uint32_t id = 1; id <= sm->p.servers && n < 6; id++)
-            if (sim_node_alive(w->view, id))
-                cps__suspect_list_add(e, &n, id, cps__reqs_oldest_to(w->rq, id),
-                                      sm->worker_heard[k][id], sm->now, evidence);
+            if (sim_node_alive(wv, id)) {
+                uint64_t heard = 0, since = cps__sess_waiting(w->sess, id, &heard);
+                cps__suspect_list_add(e, &n, id, since, heard, sm->now, evidence);
+            }
         if (n) {
             uint8_t pl[64];
             size_t len = cps__wire_suspects_encode(pl, sizeof pl, e, n);
-            cps__msg_hdr su = {.type = CPS_MSG_SUSPECT, .epoch = w->epoch};
+            cps__msg_hdr su = {.type = CPS_MSG_SUSPECT, .epoch = wv->epoch};
             sim_send_hdr(sm, w->id, 0, &su, pl, len, 0);
         }
     }
@@ -461,8 +463,10 @@ void sim_sched_end(sim *sm)
     for (uint32_t k = 0; k < sm->p.workers; k++) {
         const sim_worker *w = &sm->workers[k];
         sm->end_state[k] = 1;
-        cps__msg_hdr b = {
-            .type = CPS_MSG_BARRIER, .epoch = w->epoch, .req_worker = w->id, .req_seq = 7};
+        cps__msg_hdr b = {.type = CPS_MSG_BARRIER,
+                          .epoch = cps__sess_view(w->sess)->epoch,
+                          .req_worker = w->id,
+                          .req_seq = 7};
         sim_send_hdr(sm, w->id, 0, &b, NULL, 0, 0);
     }
 }
@@ -491,8 +495,10 @@ int sim_sched_to_worker(sim *sm, sim_worker *w, const sim_msg *m)
             sm->end_state[k] = 3;
             return 1;
         }
-        cps__msg_hdr b = {
-            .type = CPS_MSG_BYE, .epoch = w->epoch, .req_worker = w->id, .req_seq = 8};
+        cps__msg_hdr b = {.type = CPS_MSG_BYE,
+                          .epoch = cps__sess_view(w->sess)->epoch,
+                          .req_worker = w->id,
+                          .req_seq = 8};
         sim_send_hdr(sm, w->id, 0, &b, NULL, 0, 0);
         return 1;
     }

@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/port.h"
 #include "transport/transport.h"
+#include "transport_test.h"
 
 /* Every transport here runs keyed, as a real job does (test_transport_auth.c tests the MAC). */
 static const unsigned char KEY[32] = "chainps transport unit test key";
@@ -32,18 +33,6 @@ typedef struct inbox {
     uint32_t next; /* for in-order checks: next expected sequence number */
     int order_ok;
 } inbox;
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void quiet_sink(void *ctx, int level, const char *subsystem, const char *line)
-{
-    (void)ctx, (void)level, (void)subsystem, (void)line;
-}
 
 static void keep_fn(void *ctx, void *buf, size_t len)
 {
@@ -484,7 +473,10 @@ static void extra_fd_wakes_poll(void **state)
 static void destroy_with_queued(void **state)
 {
     (void)state;
+    /* Unframed, so that every message queued is one buffer (framing: test_transport_frame.c). */
+    setenv("CHAINPS_FRAME_KB", "0", 1);
     cps__tp *a = bound(NULL);
+    unsetenv("CHAINPS_FRAME_KB");
     char url[64];
     url_of(url, sizeof url, (uint16_t)cps__free_port());
     assert_int_equal(cps__tp_peer_set(a, 1, url), 0);

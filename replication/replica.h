@@ -1,0 +1,204 @@
+/* The server's data-path protocol as one state machine: etcd raft's Node, for a chain replica.
+ *
+ * One cps__replica per server process composes the pure parts (replication/chain, sync, ssp,
+ * ackhold) and holds the policies that decide what a replica stores and answers: which requests
+ * it takes (epoch, role, keys), a refused push turned into a SKIP update, the exactly-once and
+ * clock records each update writes, sync aggregation and late pushes, push-pull and pull parking
+ * under SSP, held CHAIN_ACKs, messages of a view epoch not installed yet, and the ranges a new
+ * view takes away. It never touches a socket, the store or the clock: messages and `now` come
+ * in through the calls below, the store is read through cps__replica_env, and everything to do
+ * comes out as one ordered list (cps__replica_ready).
+ *
+ * The shell (src/server) receives a message, calls cps__replica_step, and performs the ready
+ * list in order; it does the same after cps__replica_tick and cps__replica_set_view, and then
+ * calls cps__replica_next until it returns 0 (messages the replica held come out one at a time,
+ * so that each is decided on a store holding everything before it).
+ *
+ * Order of the ready list (perform it front to back; never reorder):
+ *  - WRITE: the write set of one update, to apply in one store transaction. Each WRITE comes
+ *    before every SEND and REPLY that depends on it: messages go out only after the writes
+ *    before them are as durable as the store's sync mode makes any commit.
+ *  - SEND: a complete wire message to a server (FWD, CHAIN_ACK, CHAIN_MARK), after its WRITE.
+ *  - REPLY: an answer to a worker (ACK, VALUES read from the store when performed, ERROR).
+ *    Pulls released by the SSP gate come out as REPLY items too, after the writes that let them
+ *    through.
+ *  - ASK_VIEW: ask the scheduler for the current view.
+ *  - DROP_RANGE: a new view took a range away: clear our copy of it from the store.
+ *  - LOG: a line for the server's log (the replica has no log of its own).
+ * Timers: cps__replica_wait_ms says when cps__replica_tick is due at the latest (held acks).
+ *
+ * Not thread-safe: one event loop owns a cps__replica.
+ */
+#ifndef CPS_REPLICATION_REPLICA_H
+#define CPS_REPLICATION_REPLICA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/view.h"
+#include "core/wire.h"
+#include "replication/chain.h"
+
+typedef struct cps__replica cps__replica;
+
+/* A received message, header decoded and payload 8-byte aligned. The replica takes it in every
+ * call that accepts one: it gives `owner` back through env->release once it no longer needs the
+ * payload (at the latest when the replica is destroyed), never before the ready list of the call
+ * is consumed (WRITE bodies and VALUES keys may point into it). */
+typedef struct cps__replica_msg {
+    cps__msg_hdr hdr;
+    const void *payload;
+    size_t len;
+    void *owner;
+} cps__replica_msg;
+
+/* What the replica needs of its surroundings. Store reads see every WRITE performed so far. */
+typedef struct cps__replica_env {
+    void *ctx;
+    /* Sequence number of the last update applied to the range (0 if none). */
+    int (*range_seq)(void *ctx, uint32_t range, uint64_t *seq);
+    /* Exactly-once record of dedup id `id` in `range` (0 if none). */
+    int (*dedup)(void *ctx, uint32_t range, uint32_t id, uint64_t *seq);
+    /* Last applied step of the sync aggregate of key set `sig` in `range` (0 if none). */
+    int (*agg_step)(void *ctx, uint32_t range, uint64_t sig, uint64_t *step);
+    /* Check keys against the store. spec == NULL (a push): CPS_ENOTFOUND for a key never
+     * declared, CPS_ESIZE for one of another length. spec != NULL (a declare): CPS_EEXIST for a
+     * key that exists with another length. Sets *bad_key and *have_len (0 when absent). */
+    int (*check_keys)(void *ctx, const cps__kv *kv, const cps__param_spec *spec, uint64_t *bad_key,
+                      uint32_t *have_len);
+    /* Call fn for every exactly-once record of `range` (SSP clocks are among them). */
+    int (*scan_dedup)(void *ctx, uint32_t range, int (*fn)(void *arg, uint32_t id, uint64_t value),
+                      void *arg);
+    /* acc[i] += x[i] for i < n, bit for bit the same on every run (the sync sum). */
+    void (*add)(void *ctx, float *acc, const float *x, size_t n);
+    /* A message's owner the replica is done with (see cps__replica_msg). */
+    void (*release)(void *ctx, void *owner);
+    /* A buffer for a SEND item's message (a transport buffer, so that the shell sends it as it
+     * is); NULL when out of memory. Every SEND's buffer is the shell's once the call returns,
+     * whether it performs the item or not. */
+    void *(*msg_alloc)(void *ctx, size_t len);
+} cps__replica_env;
+
+typedef struct cps__replica_config {
+    uint32_t self;      /* this server's node id for good (the chain is made at once), or 0: set by
+                           the first view (cps__replica_set_view) */
+    uint32_t resend_ms; /* chain: re-send unacknowledged FWDs after this long (200) */
+    uint32_t max_unacked; /* chain: FWDs kept per range before admission pushes back (1024) */
+    uint32_t max_held;    /* messages of a future epoch (or before the first view) kept (1024) */
+} cps__replica_config;
+
+/* One exactly-once record a WRITE stores: dedup id (a worker, with CPS_DEDUP_SPARSE_BIT or
+ * CPS_DEDUP_CLOCK_BIT) -> value. */
+typedef struct cps__replica_record {
+    uint32_t id;
+    uint64_t value;
+} cps__replica_record;
+
+enum {
+    CPS_RO_WRITE = 1,
+    CPS_RO_SEND,
+    CPS_RO_REPLY,
+    CPS_RO_ASK_VIEW,
+    CPS_RO_DROP_RANGE,
+    CPS_RO_LOG
+};
+
+/* Log levels of LOG items: those of core/log.h. */
+typedef struct cps__replica_out {
+    int kind;
+    uint32_t range;
+    /* WRITE: in one transaction, the update's data (upd.kind: PUSH adds the gradient of each key
+     * through the optimizer, DECLARE creates the keys it names that are not there yet, PUT
+     * installs whole records, SKIP writes no data), the range's sequence number (`seq`) and step
+     * (raised to upd.step), every record of recs[], and, when upd.sig != 0, the key set's last
+     * step (upd.step under upd.sig). */
+    uint64_t seq;
+    cps__chain_update upd;
+    const cps__replica_record *recs;
+    uint32_t nrecs;
+    /* SEND: the whole wire message `msg` (len bytes, from env->msg_alloc: the shell takes it and
+     * sends or frees it) to node `to`, or, when msg is NULL, the header-only message `hdr` (a
+     * held CHAIN_ACK); resend: a re-send by the chain timer. REPLY: the answer to node `to`. */
+    uint32_t to;
+    void *msg;
+    size_t len;
+    int resend;
+    /* REPLY: req is the request it answers (type, sender, req_seq, range, CPS_WF_NOAGG; a
+     * pull's aux is the clock it reads at). hdr is the reply's header (type CPS_MSG_ACK or
+     * CPS_MSG_VALUES; the shell fills in sender and epoch). VALUES carries the current values of
+     * kv's keys, read when performed. An ERROR reply has status < 0 and `text` says why. */
+    cps__msg_hdr hdr;
+    cps__kv kv;
+    int status;
+    cps__msg_hdr req;
+    /* LOG, ERROR: the text (valid until the next call). LOG: level (core/log.h). */
+    const char *text;
+    int level;
+    /* DROP_RANGE: the range moved to other servers (1), or what we hold of it is stale (0). */
+    int moved;
+    /* REPLY with CPS_WF_LATE: 1 if the push is dropped, never to be applied anywhere (its step
+     * closed without it); 0 for an old copy of a push the worker finished (applied or not).
+     * Nothing to perform: it is what a checker of the protocol needs to know. */
+    int dropped;
+} cps__replica_out;
+
+/* Counters for the server's /metrics page and heartbeat stats. */
+typedef struct cps__replica_counters {
+    uint64_t pushes, pulls;  /* PUSH(+PUSH_PULL) and PULL(+PUSH_PULL) requests taken */
+    uint64_t late_gradients; /* sync pushes dropped: their step closed without them */
+    uint64_t msgs_bad;       /* malformed requests and chain messages */
+    uint64_t push_raw_bytes, push_wire_bytes;
+} cps__replica_counters;
+
+/* Errors: CPS_EINVAL, CPS_ENOMEM. env is copied; env->ctx is borrowed for the replica's life. */
+int cps__replica_create(const cps__replica_config *cfg, const cps__replica_env *env,
+                        cps__replica **out);
+/* Frees everything, releasing every message still held. NULL is a no-op. */
+void cps__replica_destroy(cps__replica *r);
+
+/* Install a view (copied); `self` is our node id in it (the first view's counts for the
+ * replica's life). `fresh`: we were just let in (started, or rejoining after a fence):
+ * ranges whose chain does not name us are stale here and dropped; otherwise ranges whose chain
+ * named us and no longer does are dropped (moved), if the range count is the same. Held acks go
+ * out first, under the view they were made in; messages held for this epoch are queued for
+ * cps__replica_next. Errors: CPS_ENOMEM, CPS_EINVAL (range count changed under a chain). */
+int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
+                          uint64_t now);
+
+/* A request or chain message (DECLARE, PUSH, PUSH_PULL, PULL, FWD, CHAIN_ACK, CHAIN_MARK) from
+ * a peer, taken. One of a newer epoch than our view is held until the view comes (ASK_VIEW).
+ * Returns 0 (what became of it is in the ready list). */
+int cps__replica_step(cps__replica *r, cps__replica_msg *m, uint64_t now);
+/* A request that came before our first view: held, taken, stepped once a view is installed. */
+void cps__replica_defer(cps__replica *r, cps__replica_msg *m);
+/* Step the next message a view released (held for its epoch, or deferred): 1 if one was
+ * stepped (perform the ready list, then call again), 0 if none is left. */
+int cps__replica_next(cps__replica *r, uint64_t now);
+
+/* Timers: re-send overdue FWDs, send held acks that are due (all when `force`), report sync
+ * steps that wait too long. */
+int cps__replica_tick(cps__replica *r, uint64_t now, int force_acks);
+/* Milliseconds until the next held ack is due, at most max_ms. */
+int cps__replica_wait_ms(const cps__replica *r, uint64_t now, int max_ms);
+
+/* State transfer and restore, at the joiner or tail (src/server/transfer.c and cut.c). */
+/* The snapshot of `range` at snap_seq is in the store: its SSP clocks, then the updates the
+ * source forwarded since. *applied: the range's sequence number after. */
+int cps__replica_join_ready(cps__replica *r, uint32_t range, uint64_t snap_seq, uint64_t now,
+                            uint64_t *applied);
+/* A checkpoint restore's PUT of `range` (entries, len bytes, 8-byte aligned; borrowed until
+ * the ready list is consumed). Returns a chain admission verdict (CPS_ADMIT_NEW: submitted),
+ * or an error. */
+int cps__replica_put(cps__replica *r, uint32_t range, uint64_t req_seq, const void *entries,
+                     size_t len, uint64_t now);
+
+/* The output of the last call, in order; valid until the next call into the replica. */
+size_t cps__replica_ready(const cps__replica *r, const cps__replica_out **out);
+/* The chain state machine, for questions only (is_tail, applied, ...) and state transfer's
+ * calls that produce no actions (begin_join, join_abort, add_shadow). */
+cps__chain *cps__replica_chain(cps__replica *r);
+const cps__replica_counters *cps__replica_counts(const cps__replica *r);
+/* Number of messages held (future epoch or deferred). */
+uint32_t cps__replica_held(const cps__replica *r);
+
+#endif

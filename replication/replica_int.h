@@ -1,0 +1,85 @@
+/* Private to replication/replica*.c: the replica's state and the helpers that build its ready
+ * list (replica_ready.c), shared with the request and interface side (replica.c). */
+#ifndef CPS_REPLICATION_REPLICA_INT_H
+#define CPS_REPLICATION_REPLICA_INT_H
+
+#include "replication/ackhold.h"
+#include "replication/replica.h"
+#include "replication/ssp.h"
+#include "replication/sync.h"
+
+/* A message the replica holds: a retry's answer waiting for a commit (chain cookie), a sync
+ * contribution, a parked pull, a message of a future epoch. */
+typedef struct rmsg {
+    cps__replica_msg m;
+    cps__kv kv;  /* decoded keys (and values) of a push or pull */
+    int refused; /* a retry of a push the head refuses: its error */
+    void *own;   /* a buffer of ours the message points into (parked push-pull keys) */
+} rmsg;
+
+typedef struct rlist {
+    rmsg **v;
+    uint32_t n, cap;
+} rlist;
+
+struct cps__replica {
+    cps__replica_config cfg;
+    cps__replica_env env;
+    cps__view view;
+    int have_view;
+    cps__chain *chain;
+    cps__sync *sync;
+    cps__ssp *ssp;
+    cps__ackhold *acks;
+    int in_tick;    /* the chain timer runs: the FWDs sent now are re-sends */
+    int destroying; /* cookies dropped now are released at once */
+    cps__replica_out *out;
+    size_t nout, out_cap;
+    void **scratch; /* freed at the next call: texts, records */
+    size_t nscratch, scratch_cap;
+    rlist dispose; /* released at the next call (the ready list may point into them) */
+    rlist early;   /* requests before our first view */
+    rlist future;  /* messages of an epoch above our view's */
+    rlist queue;   /* released by a view, stepped by cps__replica_next */
+    cps__replica_counters ctr;
+};
+
+#define MAX_EARLY 4096
+
+/* ---- replica_ready.c ---- */
+/* Memory of one call: rmsg_done releases a message at the next call (the ready list may point
+ * into it); scratch memory is freed then too; begin starts a call with an empty ready list. */
+int cps__rp_rlist_push(rlist *l, rmsg *m);
+void cps__rp_rmsg_free(cps__replica *r, rmsg *m);
+void cps__rp_rmsg_done(cps__replica *r, rmsg *m);
+void *cps__rp_scratch(cps__replica *r, size_t n);
+void cps__rp_begin(cps__replica *r);
+/* Append an item to the ready list (NULL: no memory). */
+cps__replica_out *cps__rp_emit(cps__replica *r, int kind, uint32_t range);
+void cps__rp_say(cps__replica *r, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void cps__rp_ask_view(cps__replica *r);
+void cps__rp_reply_error(cps__replica *r, const cps__msg_hdr *req, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* An ACK, or with kv the values of kv's keys (VALUES), to the request `req` (its sender). */
+void cps__rp_reply(cps__replica *r, const cps__msg_hdr *req, uint64_t step, const cps__kv *kv,
+                   uint64_t aux, uint16_t flags);
+/* The header of the request q of `range` stood for (type, worker, number, NOAGG). */
+cps__msg_hdr cps__rp_req_hdr(const cps__chain_req *q, uint32_t range);
+void cps__rp_reply_late(cps__replica *r, const cps__msg_hdr *h, const cps__kv *kv);
+/* The key set's last step as the store holds it once this call's WRITEs are performed. */
+int cps__rp_agg_step_now(cps__replica *r, uint32_t range, uint64_t sig, uint64_t *step);
+extern const cps__chain_store_ops cps__rp_chain_ops;
+/* Releases a cookie of the chain, the aggregator or the SSP gate (an rmsg). */
+void cps__rp_drop_cookie(void *ctx, void *cookie);
+uint64_t cps__rp_keyset_sig(const cps__kv *kv);
+int cps__rp_ssp_load(cps__replica *r, uint32_t range);
+void cps__rp_wake_parked(cps__replica *r);
+int cps__rp_park_pull(cps__replica *r, rmsg *p, uint64_t clock);
+int cps__rp_pull_may_proceed(cps__replica *r, uint32_t range, uint64_t clock, uint32_t worker);
+/* The chain's last actions into the ready list. */
+void cps__rp_run_chain(cps__replica *r, uint64_t now);
+void cps__rp_submit(cps__replica *r, uint32_t range, const cps__chain_update *u, uint64_t now);
+void cps__rp_flush_acks(cps__replica *r, uint64_t now, int force);
+
+#endif

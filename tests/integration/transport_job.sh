@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# ctest ipc.* and frames.forge: the transport of issue 30 in real jobs: same-host ipc:// channels
+# (src/transport/local.h) and large messages between hosts as separately sealed frames
+# (src/transport/frame.h).
+#   outsider  a `chainps launch` job in a private runtime directory of this test's own (0700)
+#             while a process running as `nobody` (setpriv) keeps trying to connect to every
+#             ipc socket of the job: each attempt must be refused by the kernel (EACCES), and the
+#             job must end with the checksum of the same job run over tcp:// only.
+#   mixed     one host, two network namespaces: the scheduler, servers 0 and 1 and worker 0 in
+#             one, server 2 and worker 1 in the other, all sharing one runtime directory. Checked
+#             while it runs: Unix connections to the job's sockets inside each namespace and TCP
+#             connections between the namespaces (ss); at the end, the checksum of the same job
+#             run over tcp:// only on loopback.
+#   forge     the scheduler, two servers (chains of 2) and a worker each in a network namespace of
+#             its own, every packet routed through tests/common/netdelay, which flips one byte in
+#             the middle of the TCP stream to the servers' port once 3 MB have gone there: the
+#             worker pushes 1.2 MB tensors (lsq_worker --dim 300000) with CHAINPS_FRAME_KB=256
+#             (framing is off by default), so the byte lands in a frame of a large authenticated
+#             message. Checked: netdelay forged it; a server
+#             refused the frame (failed authentication) and dropped that message whole; the job
+#             ends with the checksum of the undisturbed run (nothing of the forged push applied,
+#             its re-send applied once).
+# Both use sync mode with a small learning rate (every update shows in the checksum, as in
+# netns_job.sh). Needs root (setpriv to nobody; namespaces for mixed): exits 77 when not root or
+# when a namespace cannot be made. Every process is ended by its PID, namespaces deleted (trap).
+#
+# usage: transport_job.sh CHAINPS LSQ_WORKER outsider|mixed|forge [NETDELAY]
+set -euo pipefail
+cps=$(readlink -f "${1:?usage: transport_job.sh CHAINPS LSQ_WORKER outsider|mixed|forge [NETDELAY]}")
+bin=$(readlink -f "${2:?LSQ_WORKER}")
+scen=${3:?outsider, mixed or forge}
+delayer=${4:-}
+here=$(cd "$(dirname "$0")" && pwd)
+steps=${IPC_STEPS:-1500}
+say() { echo "$(date +%T.%3N) $scen: $*"; }
+skip() {
+    say "SKIP: $*"
+    exit 77
+}
+case $scen in outsider | mixed | forge) ;; *) echo "unknown scenario '$scen'" >&2; exit 2 ;; esac
+[[ $(id -u) == 0 ]] || skip "needs root (to run a process as nobody / to make namespaces)"
+py=/usr/bin/python3
+[[ -x $py ]] || py=$(command -v python3) || skip "no python3 for the outsider's connect"
+command -v setpriv >/dev/null || skip "no setpriv (util-linux)"
+
+t=$(mktemp -d "${TMPDIR:-/tmp}/ipc-$scen.XXXXXX")
+chmod 755 "$t" # nobody may reach $t itself: only the runtime directory below keeps it out
+declare -a pids=()
+netns_delete() { :; } # replaced by lib_netns.sh where namespaces are made
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do
+        for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
+    netns_delete
+    if [[ ${keep:-0} == 1 ]]; then say "logs kept in $t"; else rm -rf "$t"; fi
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
+checksums() { sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$@" | sort -u; }
+fail() {
+    say "FAIL: $*"
+    keep=1
+    exit 1
+}
+
+job=(--servers 3 --workers 2 --mode sync)
+prog=("$bin" --steps "$steps" --lr 0.002 --tol 10)
+if [[ $scen == forge ]]; then
+    job=(--servers 2 --replicas 2 --workers 1 --mode sync)
+    prog=("$bin" --dim 300000 --steps "${FORGE_STEPS:-20}" --lr 0.002 --tol 10)
+fi
+# The reference: every channel tcp:// (an empty CHAINPS_RUNTIME_DIR turns ipc off).
+CHAINPS_RUNTIME_DIR='' "$cps" launch "${job[@]}" --timeout 90 --data "$t/ref" -- "${prog[@]}" \
+    >"$t/ref.log" 2>&1 || fail "the tcp:// reference run failed: $(tail -5 "$t/ref.log")"
+ref=$(checksums "$t/ref.log")
+[[ -n $ref && $ref != *$'\n'* ]] || fail "the reference run gave checksum(s) '$ref'"
+grep -q "over ipc" "$t/ref.log" && fail "the reference run used ipc"
+
+rundir=$t/run
+mkdir -m 700 "$rundir"
+
+if [[ $scen == outsider ]]; then
+    CHAINPS_RUNTIME_DIR=$rundir "$cps" launch "${job[@]}" --timeout 90 --data "$t/job" -- \
+        "${prog[@]}" --step-ms 2 >"$t/job.log" 2>&1 &
+    jpid=$!
+    pids+=("$jpid")
+    # The outsider: as nobody, connect to every socket of the job, again and again while it
+    # runs. It prints "refused N" (every attempt met EACCES) or "CONNECTED path" and stops.
+    probe='
+import os, socket, sys
+paths, refused = sys.argv[1:], 0
+for p in paths:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(p)
+        print("CONNECTED", p)
+        sys.exit(1)
+    except PermissionError:
+        refused += 1
+    except OSError as e:
+        print("OTHER", p, e)
+        sys.exit(1)
+    finally:
+        s.close()
+try:
+    os.listdir(sys.argv[1].rsplit("/", 1)[0])
+    print("LISTED the runtime directory")
+    sys.exit(1)
+except PermissionError:
+    pass
+print("refused", refused)
+'
+    attempts=0 rounds=0 seen=0
+    while kill -0 "$jpid" 2>/dev/null; do
+        mapfile -t socks < <(find "$rundir" -maxdepth 1 -type s 2>/dev/null)
+        ((${#socks[@]} > seen)) && seen=${#socks[@]}
+        if ((${#socks[@]})); then
+            out=$(setpriv --reuid=nobody --regid=nogroup --clear-groups --inh-caps=-all \
+                "$py" -c "$probe" "${socks[@]}" 2>&1) || fail "the outsider got in: $out"
+            attempts=$((attempts + ${out#refused }))
+            rounds=$((rounds + 1))
+        fi
+        sleep 0.2
+    done
+    wait "$jpid" || fail "the job failed: $(tail -5 "$t/job.log")"
+    pids=()
+    # Every node binds one ipc inbox: the scheduler, 3 servers and 2 workers.
+    ((seen >= 6)) || fail "saw $seen ipc sockets in the runtime directory, want 6: no ipc?"
+    ((rounds >= 3)) || fail "only $rounds outsider rounds while the job ran: make it longer"
+    got=$(checksums "$t/job.log")
+    [[ $got == "$ref" ]] || fail "checksum(s) '$got', tcp:// reference '$ref'"
+    say "PASS: $attempts connects as nobody refused ($rounds rounds, $seen sockets); checksum $got as over tcp://"
+    exit 0
+fi
+
+# shellcheck source=tests/integration/lib_netns.sh
+. "$here/lib_netns.sh"
+why=$(netns_can_run) || skip "$why"
+tag=cpi$$
+netns_hub "$tag" || skip "cannot make a network namespace (ip netns add)"
+
+if [[ $scen == forge ]]; then
+    [[ -n $delayer ]] || { echo "usage: transport_job.sh CHAINPS LSQ_WORKER forge NETDELAY" >&2; exit 2; }
+    [[ -c /dev/net/tun ]] || skip "no /dev/net/tun (netdelay needs TUN devices)"
+    for n in sched:10.213.3.1 s0:10.213.3.11 s1:10.213.3.12 w0:10.213.3.21; do
+        netns_host "${n%%:*}" "${n#*:}"
+    done
+    NETNS_DELAY_ARGS="--forge-port 9100 --forge-after ${FORGE_AFTER:-3000000}" \
+        netns_delay_start "$(readlink -f "$delayer")" 0 "$t/netdelay.log" || {
+        cat "$t/netdelay.log"
+        skip "netdelay could not make its TUN devices"
+    }
+    "$cps" secret "$t/job.secret" >/dev/null
+    frun() { # NS CMD...
+        local n=$1
+        shift
+        ip netns exec "$tag-$n" env CHAINPS_SECRET_FILE="$t/job.secret" CHAINPS_RUNTIME_DIR= \
+            CHAINPS_FRAME_KB="${FORGE_FRAME_KB:-256}" \
+            CHAINPS_SCHEDULER=10.213.3.1:9091 CHAINPS_BIND="${netns_addr[$n]}" \
+            CHAINPS_ADVERTISE="${netns_addr[$n]}" "$@" >"$t/$n.log" 2>&1 &
+        pids+=($!)
+    }
+    frun sched "$cps" scheduler --servers 2 --workers 1 --replicas 2 --mode sync --port 9091 \
+        --bind 10.213.3.1 --data "$t/sched" --join-timeout 30
+    frun s0 "$cps" server --rank 0 --port 9100 --data "$t/s0" --join-timeout 30
+    frun s1 "$cps" server --rank 1 --port 9100 --data "$t/s1" --join-timeout 30
+    frun w0 env CHAINPS_ROLE=worker CHAINPS_RANK=0 "${prog[@]}"
+    wpid=${pids[-1]}
+    wait "$wpid" || fail "the worker exited with status $?: $(tail -5 "$t/w0.log")"
+    netns_delay_stop
+    grep -q "forged 1 byte" "$t/netdelay.log" || fail "netdelay forged nothing: $(cat "$t/netdelay.log")"
+    grep -h "failed authentication\|dropped a framed message whole" "$t/s0.log" "$t/s1.log" || true
+    grep -q "failed authentication" "$t/s0.log" "$t/s1.log" || fail "no server refused a frame"
+    grep -q "dropped a framed message whole" "$t/s0.log" "$t/s1.log" ||
+        fail "no server dropped the forged message whole"
+    got=$(checksums "$t/w0.log")
+    [[ $got == "$ref" ]] || fail "checksum '$got', undisturbed run '$ref'"
+    say "PASS: $(grep -h "forged 1 byte" "$t/netdelay.log" | sed 's/^netdelay: //'); refused and dropped whole; checksum $got as undisturbed"
+    exit 0
+fi
+
+# ---- mixed: two namespaces, one host ----
+netns_node a 10.213.1.1
+netns_node b 10.213.1.2
+"$cps" secret "$t/job.secret" >/dev/null
+run() { # NS LOG CMD...
+    local n=$1 log=$2
+    shift 2
+    ip netns exec "$tag-$n" env CHAINPS_SECRET_FILE="$t/job.secret" CHAINPS_RUNTIME_DIR="$rundir" \
+        CHAINPS_SCHEDULER=10.213.1.1:9091 CHAINPS_BIND="${netns_addr[$n]}" \
+        CHAINPS_ADVERTISE="${netns_addr[$n]}" "$@" >"$t/$log.log" 2>&1 &
+    pids+=($!)
+}
+run a sched "$cps" scheduler --servers 3 --workers 2 --mode sync --port 9091 --bind 10.213.1.1 \
+    --data "$t/sched" --join-timeout 30
+run a s0 "$cps" server --rank 0 --port 9100 --data "$t/s0" --join-timeout 30
+run a s1 "$cps" server --rank 1 --port 9101 --data "$t/s1" --join-timeout 30
+run b s2 "$cps" server --rank 2 --port 9100 --data "$t/s2" --join-timeout 30
+wpids=()
+run a w0 env CHAINPS_ROLE=worker CHAINPS_RANK=0 "${prog[@]}" --step-ms 2
+wpids+=("${pids[-1]}")
+run b w1 env CHAINPS_ROLE=worker CHAINPS_RANK=1 "${prog[@]}" --step-ms 2
+wpids+=("${pids[-1]}")
+for _ in $(seq 300); do
+    grep -q "connected 2 workers and 3 servers" "$t/sched.log" && break
+    sleep 0.1
+done
+grep -q "connected 2 workers and 3 servers" "$t/sched.log" || fail "the job did not start in 30 s"
+sleep 1
+# Unix connections to the job's sockets within a namespace; TCP between the two.
+unix_a=$(ip netns exec "$tag-a" ss -xH 2>/dev/null | grep -c "$rundir" || true)
+unix_b=$(ip netns exec "$tag-b" ss -xH 2>/dev/null | grep -c "$rundir" || true)
+tcp_ab=$(ip netns exec "$tag-a" ss -tnH state established 2>/dev/null | grep -c "10.213.1.2" ||
+    true)
+say "while running: unix connections to the job's sockets: $unix_a, $unix_b; tcp a<->b: $tcp_ab"
+rc=0
+for p in "${wpids[@]}"; do wait "$p" || rc=$?; done
+((rc == 0)) || fail "a worker exited with status $rc"
+((unix_a > 0)) || fail "no ipc connection inside namespace a"
+((tcp_ab > 0)) || fail "no tcp connection between the namespaces"
+got=$(checksums "$t/w0.log" "$t/w1.log")
+n_got=$(cat "$t/w0.log" "$t/w1.log" | grep -c "final: " || true)
+[[ $n_got == 2 && $got == "$ref" ]] ||
+    fail "final checksum(s) '$got' ($n_got of 2 workers), tcp:// reference '$ref'"
+say "PASS: ipc inside the namespaces ($unix_a, $unix_b), tcp between ($tcp_ab); checksum $got as all-tcp"

@@ -1,0 +1,710 @@
+/* The simulator's servers: each runs the production replica (replication/replica.h), built as
+ * the server process builds it, over the sim's in-memory store (check.c), network and clock.
+ * What is left here is a shell, as the server's is: receive, step, perform the ready list; plus
+ * the standing (recovery/fence.c) and state transfer (recovery/joiner.c), as the server runs
+ * them.
+ *
+ * A request's payload is a kv payload of one key (the range's first key; its second names a key
+ * never declared, which the head must refuse) and one value, so the replica decodes, checks,
+ * aggregates and forwards it as it does a worker's. The store reads a pull's values as the hash
+ * of its log at the sequence number it holds, and an ACK carries the committed sequence number
+ * in aux (the sim's, not production's): both let the checks see what a worker read. */
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/error.h"
+#include "core/log.h"
+#include "recovery/fence.h"
+#include "recovery/joiner.h"
+#include "replication/replica.h"
+
+#include "sim.h"
+
+/* ---- the store and memory the replica sees (cps__replica_env) ---- */
+
+static int env_check_keys(void *ctx, const cps__kv *kv, const cps__param_spec *spec,
+                          uint64_t *bad_key, uint32_t *have_len)
+{
+    sim_server *s = ctx;
+    *bad_key = 0;
+    *have_len = 1;
+    if (spec)
+        return 0; /* declares create their keys; the sim's never conflict */
+    const cps__view *v = sim_cur_view(s->sm);
+    for (uint32_t i = 0; i < kv->nkeys; i++) {
+        const cps__range *rg = &v->ranges[cps__view_range_of(v, kv->keys[i])];
+        if (kv->keys[i] == rg->lo + 1) {
+            *bad_key = kv->keys[i];
+            *have_len = 0;
+            return CPS_ENOTFOUND;
+        }
+    }
+    return 0;
+}
+
+/* The exactly-once records of a range that the replica reloads: the SSP clocks. */
+static int env_scan_dedup(void *ctx, uint32_t range,
+                          int (*fn)(void *arg, uint32_t id, uint64_t value), void *arg)
+{
+    sim_server *s = ctx;
+    const sim *sm = s->sm;
+    for (uint32_t k = 0; k < sm->p.workers; k++)
+        if (s->rs[range].clock[k])
+            fn(arg, (sm->p.servers + 1 + k) | CPS_DEDUP_CLOCK_BIT, s->rs[range].clock[k]);
+    return 0;
+}
+
+static void env_add(void *ctx, float *acc, const float *x, size_t n)
+{
+    (void)ctx;
+    for (size_t i = 0; i < n; i++)
+        acc[i] += x[i];
+}
+
+static void env_release(void *ctx, void *owner)
+{
+    (void)ctx;
+    free(owner);
+}
+
+static void *env_msg_alloc(void *ctx, size_t len)
+{
+    (void)ctx;
+    return malloc(len);
+}
+
+static void replica_new(sim *sm, sim_server *s)
+{
+    cps__replica_destroy(s->rep);
+    s->rep = NULL;
+    s->chain = NULL;
+    cps__replica_env env = {
+        s,       sim_op_range_seq, sim_op_dedup, sim_op_agg_step, env_check_keys, env_scan_dedup,
+        env_add, env_release,      env_msg_alloc};
+    cps__replica_config cfg = {s->id, sm->p.resend_ms, sm->p.max_unacked, 0};
+    if (cps__replica_create(&cfg, &env, &s->rep) != 0) {
+        fprintf(stderr, "sim: cps__replica_create failed\n");
+        exit(2);
+    }
+    s->chain = cps__replica_chain(s->rep);
+    s->nparked = 0; /* parked pulls are lost with the process: their workers re-send */
+    s->acks_at = 0;
+}
+
+static void joiner_new(sim *sm, sim_server *s)
+{
+    cps__joiner_destroy(s->joiner);
+    s->joiner = NULL;
+    /* As the server configures it. */
+    cps__joiner_config cfg = {.self = s->id,
+                              .nranges = sm->nranges,
+                              .timeout_ms = SIM_JOIN_TIMEOUT_MS,
+                              .snap_retry_ms = SIM_SNAP_RETRY_MS,
+                              .orders_may_reorder = 1};
+    if (cps__joiner_create(&cfg, &s->joiner) != 0) {
+        fprintf(stderr, "sim: cps__joiner_create failed\n");
+        exit(2);
+    }
+}
+
+/* ---- performing the ready list ---- */
+
+static void reply_to_worker(sim *sm, sim_server *s, uint8_t type, uint32_t worker, uint32_t range,
+                            uint64_t req_seq, int status, const void *pl, size_t plen, uint64_t aux,
+                            uint16_t flags)
+{
+    cps__msg_hdr h = {0};
+    h.type = type;
+    h.flags = (uint16_t)(CPS_WF_REPLY | flags);
+    h.status = status;
+    h.epoch = s->epoch;
+    h.req_worker = worker;
+    h.range = range;
+    h.req_seq = req_seq;
+    h.aux = aux;
+    sim_send_hdr(sm, s->id, worker, &h, pl, plen, 0);
+}
+
+static void ask_view(sim *sm, sim_server *s)
+{
+    cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .epoch = s->epoch};
+    sim_send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
+}
+
+/* Persist before send: a replica forwards or acknowledges only what it applied. (A CHAIN_MARK
+ * is no data: a replica still catching up passes on its own MARK.) */
+static int check_persisted(sim *sm, sim_server *s, const cps__msg_hdr *h)
+{
+    if (h->range < sm->nranges &&
+        (h->type == CPS_MSG_CHAIN_MARK || h->req_seq <= s->rs[h->range].applied))
+        return 0;
+    sim_fail(sm, "persist before send",
+             "server %u sent %s of range %u seq %" PRIu64 " having applied %" PRIu64, s->id,
+             sim_msg_name(h->type), h->range, h->req_seq,
+             h->range < sm->nranges ? s->rs[h->range].applied : 0);
+    return -1;
+}
+
+/* Invariant 5 at a WRITE the head took (an update it gave a number: a head applies nothing
+ * else): at most one server accepts writes for a range in one epoch. */
+static void check_one_head(sim *sm, sim_server *s, uint32_t r)
+{
+    const cps__range *rg = s->view ? &s->view->ranges[r] : NULL;
+    if (!rg || rg->chain_len == 0 || rg->chain[0] != s->id)
+        return;
+    uint32_t *head = &sm->heads[(size_t)r * (SIM_MAX_EPOCHS + 1) + s->epoch];
+    if (*head && *head != s->id)
+        sim_fail(sm, "(5) one head per range per epoch",
+                 "range %u epoch %" PRIu64 ": servers %u and %u both accepted writes", r, s->epoch,
+                 *head, s->id);
+    *head = s->id;
+    if (!sim_is_member(sm, r, s->id))
+        sm->zombie_writes++; /* a removed head taking a write in its old epoch */
+}
+
+static void unpark(sim_server *s, uint32_t worker, uint64_t req_seq)
+{
+    for (uint32_t k = 0; k < s->nparked; k++)
+        if (s->parked[k].worker == worker && s->parked[k].req_seq == req_seq) {
+            s->parked[k] = s->parked[--s->nparked];
+            return;
+        }
+}
+
+/* A pull (or push-pull) the tail answers: it reads its applied sequence number and the hash of
+ * its log there. */
+static void answer_pull(sim *sm, sim_server *s, const cps__replica_out *o)
+{
+    uint32_t r = o->range;
+    const cps__msg_hdr *q = &o->req;
+    int pp = q->type == CPS_MSG_PUSH_PULL;
+    if (pp) {
+        /* Its push is acknowledged with the values: on every live replica (invariant 1). */
+        cps__chain_req cq = {o->to, q->type, (q->flags & CPS_WF_NOAGG) ? 1 : 0, q->req_seq};
+        sim_check_reply(sm, s, r, &cq);
+        uint64_t at = sim_store_seq_of(s, r, &cq);
+        if (at > sm->acked_seq[r])
+            sm->acked_seq[r] = at;
+    }
+    uint64_t seq = s->rs[r].applied;
+    uint64_t hash = seq ? s->rs[r].log[seq - 1] : 0;
+    sim_check_read(sm, s, r, seq, hash);
+    sim_check_fresh_read(sm, s, r, seq);
+    /* A push-pull reads at its step, a pull at the clock it names (aux). */
+    if (sm->p.mode == SIM_SSP && !sm->failed)
+        sim_check_ssp_read(sm, s, r, o->to, pp ? q->step : q->aux);
+    if (sm->failed)
+        return;
+    uint8_t b[8];
+    cps__le64_put(b, hash);
+    reply_to_worker(sm, s, CPS_MSG_VALUES, o->to, r, o->hdr.req_seq, 0, b, 8, seq, 0);
+}
+
+static void perform_reply(sim *sm, sim_server *s, const cps__replica_out *o)
+{
+    const cps__msg_hdr *q = &o->req;
+    uint32_t r = o->range;
+    unpark(s, o->to, q->req_seq);
+    if (o->status < 0) {
+        sim_trace(sm, "s%u reply ERROR %s r%u w%u req %" PRIx64 ": %s", s->id,
+                  cps_err_name(o->status), r, o->to, q->req_seq, o->text);
+        sm->gated += q->type == CPS_MSG_PULL && o->status == CPS_EAGAIN;
+        reply_to_worker(sm, s, CPS_MSG_ERROR, o->to, r, q->req_seq, o->status, NULL, 0, 0, 0);
+        return;
+    }
+    if (o->hdr.type == CPS_MSG_VALUES && !(o->hdr.flags & CPS_WF_LATE)) {
+        answer_pull(sm, s, o);
+        return;
+    }
+    if (o->hdr.flags & CPS_WF_LATE) {
+        /* Dropped, never applied (an old copy of a finished push is not: answered at once,
+         * without a claim); the worker moves on to the closed step. */
+        if (o->dropped)
+            sim_check_late(sm, s, r, o->to, q->req_seq);
+        if (sm->failed)
+            return;
+        sim_trace(sm, "s%u reply late ACK r%u w%u req %" PRIx64 " (closed %" PRIu64 ")", s->id, r,
+                  o->to, q->req_seq, o->hdr.aux);
+        reply_to_worker(sm, s, o->hdr.type, o->to, r, q->req_seq, 0, NULL, 0, o->hdr.aux,
+                        CPS_WF_LATE);
+        return;
+    }
+    /* Invariant 1 when the answer leaves the server, not only when it arrives. */
+    cps__chain_req cq = {o->to, q->type, (q->flags & CPS_WF_NOAGG) ? 1 : 0, q->req_seq};
+    sim_check_reply(sm, s, r, &cq);
+    if (sm->failed)
+        return;
+    uint64_t seq = sim_store_seq_of(s, r, &cq);
+    sim_trace(sm, "s%u reply ACK r%u w%u req %" PRIx64 " at seq %" PRIu64, s->id, r, o->to,
+              q->req_seq, seq);
+    if (seq > sm->acked_seq[r])
+        sm->acked_seq[r] = seq;
+    /* aux: the committed sequence number the reply stands for (read-your-writes). */
+    reply_to_worker(sm, s, CPS_MSG_ACK, o->to, r, q->req_seq, 0, NULL, 0, seq, 0);
+}
+
+/* Perform the ready list of the last call, in order. */
+static void perform(sim *sm, sim_server *s)
+{
+    const cps__replica_out *out;
+    size_t n = cps__replica_ready(s->rep, &out);
+    for (size_t i = 0; i < n; i++) {
+        const cps__replica_out *o = &out[i];
+        if (sm->failed) {
+            if (o->kind == CPS_RO_SEND)
+                free(o->msg);
+            continue;
+        }
+        switch (o->kind) {
+        case CPS_RO_WRITE:
+            check_one_head(sm, s, o->range);
+            if (!sm->failed)
+                sim_store_write(sm, s, o);
+            break;
+        case CPS_RO_SEND:
+            sim_trace(sm, "s%u send %s%s r%u seq %" PRIu64 " e%" PRIu64 " -> s%u", s->id,
+                      o->msg ? "" : "held ", sim_msg_name(o->hdr.type), o->hdr.range,
+                      o->hdr.req_seq, o->hdr.epoch, o->to);
+            if (!o->msg) {
+                /* A held CHAIN_ACK: persist-before-send was checked when the chain made it
+                 * (holding is a network that delays acks; sim seed 1935). */
+                sim_send_hdr(sm, s->id, o->to, &o->hdr, NULL, 0, 0);
+                break;
+            }
+            if (check_persisted(sm, s, &o->hdr) == 0)
+                sim_net_send(sm, s->id, o->to, o->msg, o->len, 0);
+            free(o->msg);
+            break;
+        case CPS_RO_REPLY:
+            perform_reply(sm, s, o);
+            break;
+        case CPS_RO_ASK_VIEW:
+            ask_view(sm, s);
+            break;
+        case CPS_RO_DROP_RANGE:
+            /* Our copy of a range the view took from us is cleared. */
+            sim_trace(sm, "s%u drops r%u (%s)", s->id, o->range, o->moved ? "moved" : "stale");
+            sim_rstore_clear(&s->rs[o->range]);
+            break;
+        case CPS_RO_LOG:
+            if (o->level <= CPS_LOG_WARN)
+                sim_trace(sm, "s%u: %s", s->id, o->text);
+            break;
+        default:
+            sim_fail(sm, "action", "server %u: unknown ready item %d", s->id, o->kind);
+        }
+    }
+    if (sm->p.mode == SIM_SSP && !sm->failed)
+        sim_check_ssp_parked(sm, s);
+    /* The first held ack schedules its own flush, as the server's loop sleeps no longer than
+     * cps__replica_wait_ms. */
+    int wait = cps__replica_wait_ms(s->rep, sm->now, INT_MAX);
+    if (wait < INT_MAX && !s->acks_at) {
+        s->acks_at = sm->now + (uint64_t)wait;
+        sim_ev_push(sm, s->acks_at, EV_ACKS, s->id, NULL);
+    }
+}
+
+/* Step the messages a view released, one at a time. */
+static void run_held(sim *sm, sim_server *s)
+{
+    while (!sm->failed && cps__replica_next(s->rep, sm->now))
+        perform(sm, s);
+}
+
+/* ---- (re)starting ---- */
+
+void sim_server_reset(sim *sm, sim_server *s)
+{
+    replica_new(sm, s);
+    joiner_new(sm, s); /* no joins: they went with the process (or the fenced state) */
+    cps__fence_rejoin(s->fence, sm->now);
+    memset(s->copying, 0, sm->nranges * sizeof *s->copying);
+    s->epoch = 0;
+    s->view = NULL;
+    s->state = SRV_HELLO;
+    s->boot++;
+    s->hello_at = 0;
+    s->beat_at = 0;
+    s->seen_view = 0;
+    if (!s->ticking) {
+        s->ticking = 1;
+        sim_ev_push(sm, sm->now + 1 + sim_rnd(sm, sm->p.tick_ms), EV_TICK, s->id, NULL);
+    }
+}
+
+static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn);
+
+void sim_server_start(sim *sm, sim_server *s, const cps__view *v)
+{
+    s->sm = sm;
+    s->rs = sim_xcalloc(sm->nranges, sizeof *s->rs);
+    s->copying = sim_xcalloc(sm->nranges, sizeof *s->copying);
+    replica_new(sm, s);
+    joiner_new(sm, s);
+    if (cps__fence_create(SIM_DEAD_AFTER_MS, 0, &s->fence) != 0 ||
+        cps__fence_view(s->fence, 1, 1, 1) != CPS_FENCE_V_NEWER ||
+        cps__fence_install(s->fence, 1, 1, 1) != CPS_FENCE_V_JOINED) {
+        fprintf(stderr, "sim: cps__fence_create failed\n");
+        exit(2);
+    }
+    s->ticking = 1;
+    s->epoch = 1;
+    s->view = v;
+    cps__replica_set_view(s->rep, v, s->id, 1, 0);
+    perform(sm, s);
+    cps__joiner_view(s->joiner, v, 0);
+}
+
+void sim_server_free(sim *sm, sim_server *s)
+{
+    (void)sm;
+    cps__replica_destroy(s->rep);
+    s->rep = NULL;
+    s->chain = NULL;
+    free(s->parked);
+    cps__joiner_destroy(s->joiner);
+    cps__fence_destroy(s->fence);
+    free(s->copying);
+}
+
+/* The server did not run for longer than the failure timeout (paused):
+ * it serves nothing until a view says it is still in, and asks for one (again while no answer
+ * comes). `turned`: its loop turns now (a tick), else a message arrives. */
+static void check_stall(sim *sm, sim_server *s, int turned)
+{
+    int v = turned ? cps__fence_turned(s->fence, sm->now) : cps__fence_check(s->fence, sm->now);
+    if (v == CPS_FENCE_CALM)
+        return;
+    if (v == CPS_FENCE_STALLED)
+        sim_trace(sm, "s%u stalled: unsure of its standing, asks for the view", s->id);
+    ask_view(sm, s);
+}
+
+/* A view: recovery/fence.c decides, the replica follows it. */
+static void take_view(sim *sm, sim_server *s, uint64_t epoch)
+{
+    const cps__node_info *me = cps__view_node(&sm->views[epoch], s->id);
+    int verdict = cps__fence_view(s->fence, epoch, me != NULL, me && me->alive);
+    if (verdict == CPS_FENCE_V_CONFIRMED)
+        sim_trace(sm, "s%u still in at e%" PRIu64 ": serving again (%" PRIu64 " dropped)", s->id,
+                  epoch, cps__fence_dropped(s->fence));
+    if (verdict != CPS_FENCE_V_NEWER)
+        return;
+    verdict = cps__fence_install(s->fence, epoch, me != NULL, me && me->alive);
+    if (verdict == CPS_FENCE_V_FENCED) {
+        /* Declared dead (paused, partitioned, slow): drop the chain state and rejoin as a fresh
+         * replica (the server does it at its loop's next turn, serving nothing meanwhile); the
+         * store stays, cleared range by range when joining. */
+        sim_trace(sm, "s%u fenced by view e%" PRIu64 ": rejoins", s->id, epoch);
+        sm->rejoins++;
+        sim_server_reset(sm, s);
+        return;
+    }
+    if (verdict == CPS_FENCE_V_IGNORE)
+        return;
+    s->epoch = epoch;
+    s->view = &sm->views[epoch];
+    sim_trace(sm, "s%u installs view e%" PRIu64, s->id, epoch);
+    cps__replica_set_view(s->rep, s->view, s->id, verdict == CPS_FENCE_V_JOINED, sm->now);
+    perform(sm, s);
+    for (uint32_t r = 0; r < sm->nranges; r++)
+        if (s->copying[r] && sim_is_member(sm, r, s->id))
+            s->copying[r] = 0;
+    if (!sm->failed && cps__joiner_view(s->joiner, s->view, sm->now) > 0)
+        run_joiner(sm, s, NULL);
+    run_held(sm, s);
+}
+
+/* ---- the joiner's side of state transfer: recovery/joiner.c, run as transfer.c runs it (the
+ * sim's store and snapshot stand in for LMDB and the SNAP chunks) ---- */
+
+static int joiner_can_serve(void *ctx, uint32_t r)
+{
+    return cps__chain_can_serve_pull(((sim_server *)ctx)->chain, r);
+}
+
+/* Perform the joiner's actions, as transfer.c's run_joiner: BEGIN, INSTALL and READY end their
+ * batch, and their outcome hands back the next one. sn: the snapshot just taken, or NULL. */
+static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn)
+{
+    const cps__joiner_action *a;
+    size_t n = cps__joiner_actions(s->joiner, &a);
+    for (size_t i = 0; i < n && !sm->failed; i++) {
+        uint32_t r = a[i].range;
+        int rc = 0;
+        uint64_t value = 0;
+        switch (a[i].kind) {
+        case CPS_JA_SEND:
+            sim_send_hdr(sm, s->id, a[i].to, &a[i].hdr, NULL, 0, 0);
+            continue;
+        case CPS_JA_ASK_VIEW:
+            ask_view(sm, s);
+            continue;
+        case CPS_JA_ABORT:
+            if (a[i].why)
+                sim_trace(sm, "s%u join of r%u aborted: %s", s->id, r, a[i].why);
+            cps__chain_join_abort(s->chain, r);
+            s->copying[r] = 0;
+            continue;
+        case CPS_JA_BEGIN:
+            rc = cps__chain_begin_join(s->chain, r, a[i].source);
+            if (rc == 0) {
+                sim_rstore_clear(&s->rs[r]); /* transfer.c's cps__server_clear_range */
+                s->copying[r] = 0;
+            }
+            break;
+        case CPS_JA_INSTALL:
+            sim_rstore_copy(&s->rs[r], &sn->st);
+            s->copying[r] = 1;
+            sim_check_snapshot(sm, s, r);
+            if (sm->failed)
+                return;
+            value = sn->st.applied;
+            break;
+        case CPS_JA_READY:
+            /* transfer.c: the snapshot's SSP clocks, then the updates after it. */
+            rc = cps__replica_join_ready(s->rep, r, a[i].seq, sm->now, &value);
+            perform(sm, s);
+            if (rc == 0)
+                sim_trace(sm,
+                          "s%u installed snapshot of r%u at seq %" PRIu64 ", caught up to %" PRIu64,
+                          s->id, r, a[i].seq, value);
+            break;
+        default:
+            continue;
+        }
+        if (sm->failed)
+            return;
+        cps__joiner_result(s->joiner, r, rc, value, sm->now);
+        n = cps__joiner_actions(s->joiner, &a);
+        i = (size_t)-1; /* the next batch, from its start */
+    }
+}
+
+/* JOIN_RANGE from the scheduler. */
+static void on_join_range(sim *sm, sim_server *s, const cps__msg_hdr *h)
+{
+    cps__joiner_order(s->joiner, s->view, h->range, (uint32_t)h->aux, h->step, h->epoch, sm->now);
+    run_joiner(sm, s, NULL);
+}
+
+/* SNAP_REQ at the tail: shadow the joiner, and take the snapshot a moment later (a thread). */
+static void on_snap_req(sim *sm, sim_server *s, const cps__msg_hdr *h)
+{
+    uint32_t r = h->range, joiner = h->sender;
+    if (r >= sm->nranges || joiner < 1 || joiner > sm->p.servers ||
+        !cps__chain_is_tail(s->chain, r))
+        return;
+    if (h->epoch > s->epoch) {
+        /* transfer.c: the joiner runs a newer view than ours: an older one we install next may
+         * count it dead and clear the shadow (with what we held for it), while its snapshot
+         * still goes out and it reports CAUGHT_UP lacking those updates (seed 5596). Fetch the
+         * view; the joiner asks again. */
+        ask_view(sm, s);
+        return;
+    }
+    int rc = cps__chain_add_shadow(s->chain, r, joiner, h->step, sm->now);
+    if (rc == CPS_EINVAL || rc == CPS_ESTALE_EPOCH)
+        return; /* a joiner our view counts dead, or a late request of a replaced join:
+                 * transfer.c logs and starts no snapshot */
+    if (rc != 0) {
+        sim_fail(sm, "api", "server %u: cps__chain_add_shadow returned %s", s->id,
+                 cps_err_name(rc));
+        return;
+    }
+    sim_msg *m = sim_xmalloc(sizeof *m + CPS_WIRE_HDR_SIZE);
+    m->from = s->id;
+    m->to = joiner;
+    m->inc = s->inc;
+    m->len = CPS_WIRE_HDR_SIZE;
+    /* step: the join id of the request, echoed (transfer.c's SNAP does not name its request). */
+    cps__msg_hdr sh = {
+        .type = CPS_MSG_SNAP, .sender = s->id, .epoch = s->epoch, .range = r, .step = h->step};
+    cps__wire_hdr_encode(m->buf, &sh);
+    sim_ev_push(sm, sm->now + sim_rnd(sm, 40), EV_SNAPSHOT, s->id, m);
+}
+
+/* The snapshot thread reads the store (whatever the chain did since) and sends it. */
+void sim_snapshot_run(sim *sm, sim_msg *m)
+{
+    sim_server *s = &sm->servers[m->from - 1];
+    if (s->state == SRV_CRASHED || s->inc != m->inc) {
+        free(m); /* the thread died with the process */
+        return;
+    }
+    if (s->state == SRV_PAUSED) {
+        sim_ev_push(sm, s->resume_at + 1, EV_SNAPSHOT, s->id, m);
+        return;
+    }
+    cps__msg_hdr h;
+    cps__wire_hdr_decode(m->buf, m->len, &h);
+    if (sm->nsnaps == sm->snaps_cap) {
+        sm->snaps_cap = sm->snaps_cap ? 2 * sm->snaps_cap : 16;
+        sm->snaps = realloc(sm->snaps, sm->snaps_cap * sizeof *sm->snaps);
+        if (!sm->snaps) {
+            fprintf(stderr, "sim: out of memory\n");
+            exit(2);
+        }
+    }
+    sim_snap *sn = sim_xcalloc(1, sizeof *sn);
+    sn->range = h.range;
+    sn->source = s->id;
+    sim_rstore_copy(&sn->st, &s->rs[h.range]);
+    h.req_seq = sn->st.applied;
+    h.aux = sm->nsnaps;
+    sm->snaps[sm->nsnaps++] = sn;
+    sim_trace(sm, "s%u snapshot of r%u at seq %" PRIu64 " -> s%u", s->id, h.range, h.req_seq,
+              m->to);
+    sim_send_hdr(sm, s->id, m->to, &h, NULL, 0, 0);
+    free(m);
+}
+
+/* SNAP at the joiner (the whole snapshot in one message, aux: its index in sm->snaps). */
+static void on_snap(sim *sm, sim_server *s, const cps__msg_hdr *h)
+{
+    uint32_t r = h->range;
+    if (r >= sm->nranges || h->aux >= sm->nsnaps)
+        return;
+    if (cps__joiner_snap(s->joiner, h->sender, r, h->step, 1, 0, cps__chain_joining(s->chain, r),
+                         sm->now) == CPS_JOINER_TAKEN)
+        run_joiner(sm, s, sm->snaps[h->aux]);
+}
+
+/* ---- receive, step, perform ---- */
+
+/* A request or chain message into the replica (a copy it owns). A pull it neither answers nor
+ * holds for a newer view is parked by the SSP gate: kept for invariant 11. */
+static void step_data(sim *sm, sim_server *s, const cps__msg_hdr *h, const uint8_t *pl)
+{
+    if (h->epoch < s->epoch &&
+        (h->type == CPS_MSG_FWD || h->type == CPS_MSG_CHAIN_ACK || h->type == CPS_MSG_CHAIN_MARK))
+        sm->fenced++; /* the chain drops it: fenced by epoch */
+    uint8_t *own = sim_xmalloc(h->payload_len ? h->payload_len : 1);
+    memcpy(own, pl, h->payload_len);
+    cps__replica_msg m = {*h, own, h->payload_len, own};
+    uint32_t held = cps__replica_held(s->rep);
+    cps__replica_step(s->rep, &m, sm->now);
+    if (cps__replica_held(s->rep) > held)
+        sim_trace(sm, "s%u holds %s of e%" PRIu64 " until it has that view", s->id,
+                  sim_msg_name(h->type), h->epoch);
+    int answered = 0;
+    const cps__replica_out *out;
+    size_t n = cps__replica_ready(s->rep, &out);
+    for (size_t i = 0; i < n; i++)
+        answered |= out[i].kind == CPS_RO_REPLY && out[i].to == h->sender &&
+                    out[i].req.req_seq == h->req_seq;
+    if (h->type == CPS_MSG_PULL && sm->p.mode == SIM_SSP && !answered &&
+        cps__replica_held(s->rep) == held) {
+        if (s->nparked == s->parked_cap) {
+            s->parked_cap = s->parked_cap ? 2 * s->parked_cap : 16;
+            s->parked = realloc(s->parked, s->parked_cap * sizeof *s->parked);
+            if (!s->parked) {
+                fprintf(stderr, "sim: out of memory\n");
+                exit(2);
+            }
+        }
+        s->parked[s->nparked++] = (sim_cookie){h->sender, h->range, h->req_seq, h->aux};
+        sm->ssp_parked++;
+        sim_trace(sm, "s%u parks pull r%u w%u at clock %" PRIu64, s->id, h->range, h->sender,
+                  h->aux);
+    }
+    perform(sm, s);
+}
+
+void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
+{
+    cps__msg_hdr h;
+    if (cps__wire_hdr_decode(m->buf, m->len, &h) != 0) {
+        sim_fail(sm, "wire", "server %u got an undecodable message from %u", s->id, m->from);
+        return;
+    }
+    const uint8_t *pl = m->buf + CPS_WIRE_HDR_SIZE;
+    sim_trace(sm, "s%u(e%" PRIu64 ") <- %u %s r%u seq %" PRIx64 " e%" PRIu64, s->id, s->epoch,
+              m->from, sim_msg_name(h.type), h.range, h.req_seq, h.epoch);
+    /* The origin of a message: our own WELCOME names our incarnation (the sim's in aux). */
+    int origin = m->from != 0                                    ? CPS_FENCE_FROM_PEER
+                 : h.type == CPS_MSG_WELCOME && h.aux == s->boot ? CPS_FENCE_OUR_WELCOME
+                                                                 : CPS_FENCE_FROM_SCHED;
+    if (s->state == SRV_HELLO) {
+        /* Not let in yet: recovery/fence.c lets only our WELCOME in. */
+        int ok = (h.type == CPS_MSG_WELCOME || h.type == CPS_MSG_VIEW) &&
+                 cps__fence_admit(s->fence, h.type, origin) == CPS_FENCE_SERVE;
+        if (!ok) {
+            if (m->from == 0 && h.type == CPS_MSG_VIEW && h.epoch > s->seen_view)
+                s->seen_view = h.epoch; /* installed once let in, if newer than the welcome */
+            return;
+        }
+        const cps__node_info *me = cps__view_node(&sm->views[h.epoch], s->id);
+        if (!me || !me->alive)
+            return; /* the server would install it; it only leads to another fence */
+        s->state = SRV_UP;
+        s->wiped = 0;
+        s->epoch = 0;
+        sim_trace(sm, "s%u let in at e%" PRIu64, s->id, h.epoch);
+        take_view(sm, s, h.epoch);
+        if (s->state == SRV_UP && s->seen_view > s->epoch)
+            take_view(sm, s, s->seen_view);
+        return;
+    }
+    /* A stall first (a pause the scheduler may have declared us dead
+     * in), then what our standing lets through (recovery/fence.c). */
+    check_stall(sm, s, 0);
+    if (cps__fence_admit(s->fence, h.type, origin) != CPS_FENCE_SERVE) {
+        sim_trace(sm, "s%u drops %s: %s", s->id, sim_msg_name(h.type),
+                  cps__fence_unsure(s->fence) ? "unsure of its standing" : "not for it now");
+        return;
+    }
+    switch (h.type) {
+    case CPS_MSG_VIEW:
+    case CPS_MSG_WELCOME:
+        take_view(sm, s, h.epoch);
+        break;
+    case CPS_MSG_FWD:
+    case CPS_MSG_CHAIN_ACK:
+    case CPS_MSG_CHAIN_MARK:
+    case CPS_MSG_PUSH:
+    case CPS_MSG_PUSH_PULL:
+    case CPS_MSG_DECLARE:
+    case CPS_MSG_PULL:
+        step_data(sm, s, &h, pl);
+        break;
+    case CPS_MSG_JOIN_RANGE:
+        if (m->from == 0)
+            on_join_range(sm, s, &h);
+        break;
+    case CPS_MSG_SNAP_REQ:
+        on_snap_req(sm, s, &h);
+        break;
+    case CPS_MSG_SNAP:
+        on_snap(sm, s, &h);
+        break;
+    default:
+        sim_fail(sm, "wire", "server %u got unexpected message type %u", s->id, h.type);
+    }
+}
+
+/* The server's timer (before its loop sleeps): standing, held acks and re-sends (the replica's
+ * tick), joins, heartbeats. */
+void sim_server_tick(sim *sm, sim_server *s)
+{
+    check_stall(sm, s, 1);
+    cps__replica_tick(s->rep, sm->now, 0);
+    perform(sm, s);
+    if (!sm->failed && cps__joiner_tick(s->joiner, sm->now, joiner_can_serve, s) > 0)
+        run_joiner(sm, s, NULL);
+}
+
+/* Held acks are due (EV_ACKS); a paused server sends them at its next tick after resuming, a
+ * crashed one lost them. */
+void sim_server_acks_due(sim *sm, sim_server *s)
+{
+    s->acks_at = 0;
+    if (s->state != SRV_UP)
+        return;
+    cps__replica_tick(s->rep, sm->now, 0);
+    perform(sm, s);
+}

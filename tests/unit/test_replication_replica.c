@@ -1,0 +1,412 @@
+/* The replica as the server shell drives it, on a store faked in memory: what a message becomes,
+ * and in which order the ready list says it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "chainps/error.h"
+#include "replication/replica.h"
+
+#define SELF 1u
+#define W1   9u
+#define W2   10u
+#define KEY  5u
+
+/* The fake store: key KEY (2 values) once declared, and what WRITE items leave. */
+typedef struct fake {
+    int declared;
+    uint64_t seq[2];
+    uint32_t ids[2][16]; /* exactly-once records: ids[r][i] -> vals[r][i] */
+    uint64_t vals[2][16];
+    uint32_t nrec[2];
+    uint64_t agg_sig[2], agg_step[2];
+    int released, owners;
+} fake;
+
+static int f_seq(void *ctx, uint32_t range, uint64_t *seq)
+{
+    *seq = ((fake *)ctx)->seq[range];
+    return 0;
+}
+
+static uint64_t *rec(fake *f, uint32_t range, uint32_t id, int add)
+{
+    for (uint32_t i = 0; i < f->nrec[range]; i++)
+        if (f->ids[range][i] == id)
+            return &f->vals[range][i];
+    if (!add)
+        return NULL;
+    assert_true(f->nrec[range] < 16);
+    f->ids[range][f->nrec[range]] = id;
+    return &f->vals[range][f->nrec[range]++];
+}
+
+static int f_dedup(void *ctx, uint32_t range, uint32_t id, uint64_t *seq)
+{
+    uint64_t *v = rec(ctx, range, id, 0);
+    *seq = v ? *v : 0;
+    return 0;
+}
+
+static int f_agg(void *ctx, uint32_t range, uint64_t sig, uint64_t *step)
+{
+    fake *f = ctx;
+    *step = f->agg_sig[range] == sig ? f->agg_step[range] : 0;
+    return 0;
+}
+
+static int f_check(void *ctx, const cps__kv *kv, const cps__param_spec *spec, uint64_t *bad,
+                   uint32_t *have)
+{
+    fake *f = ctx;
+    *bad = kv->keys[0];
+    *have = f->declared ? 2 : 0;
+    if (spec)
+        return 0;
+    if (!f->declared)
+        return CPS_ENOTFOUND;
+    return kv->lens[0] == 2 ? 0 : CPS_ESIZE;
+}
+
+static int f_scan(void *ctx, uint32_t range, int (*fn)(void *arg, uint32_t id, uint64_t value),
+                  void *arg)
+{
+    fake *f = ctx;
+    for (uint32_t i = 0; i < f->nrec[range]; i++)
+        fn(arg, f->ids[range][i], f->vals[range][i]);
+    return 0;
+}
+
+static void f_add(void *ctx, float *acc, const float *x, size_t n)
+{
+    (void)ctx;
+    for (size_t i = 0; i < n; i++)
+        acc[i] += x[i];
+}
+
+static void f_release(void *ctx, void *owner)
+{
+    ((fake *)ctx)->released++;
+    free(owner);
+}
+
+static void *f_alloc(void *ctx, size_t len)
+{
+    (void)ctx;
+    return malloc(len);
+}
+
+static cps__replica *new_replica(fake *f)
+{
+    cps__replica_env env = {f, f_seq, f_dedup, f_agg, f_check, f_scan, f_add, f_release, f_alloc};
+    cps__replica_config cfg = {.self = SELF};
+    cps__replica *r;
+    assert_int_equal(cps__replica_create(&cfg, &env, &r), 0);
+    return r;
+}
+
+/* Servers 1 and 2, workers 9 and 10 (ranks 0 and 1); `nranges` ranges served by server 1
+ * alone, except range 1 by server 2 when `moved`. */
+static void make_view(cps__view *v, uint64_t epoch, uint32_t mode, uint32_t nranges, int moved)
+{
+    cps__view_init(v);
+    v->epoch = epoch;
+    v->mode = mode;
+    v->nnodes = 4;
+    v->nodes = calloc(4, sizeof *v->nodes);
+    const uint32_t ids[4] = {1, 2, W1, W2};
+    for (uint32_t i = 0; i < 4; i++) {
+        v->nodes[i].id = ids[i];
+        v->nodes[i].role = i < 2 ? CPS_ROLE_SERVER : CPS_ROLE_WORKER;
+        v->nodes[i].alive = 1;
+        v->nodes[i].rank = i % 2;
+    }
+    v->num_servers = 2;
+    v->num_workers = 2;
+    v->replicas = 1;
+    v->nranges = nranges;
+    v->ranges = calloc(nranges, sizeof *v->ranges);
+    for (uint32_t k = 0; k < nranges; k++) {
+        v->ranges[k].lo = k == 0 ? 0 : 1000;
+        v->ranges[k].hi = k + 1 == nranges ? UINT64_MAX : 999;
+        v->ranges[k].chain_len = 1;
+        v->ranges[k].chain[0] = moved && k == 1 ? 2 : SELF;
+    }
+}
+
+static void set_view(cps__replica *r, uint64_t epoch, uint32_t mode, uint32_t nranges, int moved,
+                     int fresh)
+{
+    cps__view v;
+    make_view(&v, epoch, mode, nranges, moved);
+    assert_int_equal(cps__replica_set_view(r, &v, SELF, fresh, 0), 0);
+    cps__view_fini(&v);
+}
+
+/* A message from `from` of KEY with values {a, b} (none for a pull), owned by the replica. */
+static cps__replica_msg request(fake *f, uint8_t type, uint32_t from, uint64_t epoch, uint64_t req,
+                                uint64_t step, float a, float b)
+{
+    uint64_t key = KEY;
+    uint32_t len = 2;
+    float vals[2] = {a, b};
+    int with = type != CPS_MSG_PULL;
+    size_t n = cps__wire_kv_size(1, with ? 2 : 0);
+    uint64_t *buf = calloc(1, (n + 7) & ~(size_t)7);
+    assert_true(cps__wire_kv_encode(buf, n, 1, &key, &len, with ? vals : NULL, with ? 2 : 0) > 0);
+    cps__replica_msg m = {.payload = buf, .len = n, .owner = buf};
+    m.hdr.type = type;
+    m.hdr.sender = from;
+    m.hdr.req_worker = from;
+    m.hdr.epoch = epoch;
+    m.hdr.req_seq = req;
+    m.hdr.step = step;
+    m.hdr.aux = step; /* a pull reads at the worker's clock */
+    f->owners++;
+    return m;
+}
+
+/* Perform the ready list on the fake store; returns the kinds in order as a string (W S R A D L
+ * for WRITE SEND REPLY ASK_VIEW DROP_RANGE LOG, LOG left out). */
+static const char *perform(cps__replica *r, fake *f)
+{
+    static char kinds[64];
+    const cps__replica_out *o;
+    size_t n = cps__replica_ready(r, &o), k = 0;
+    for (size_t i = 0; i < n && k < sizeof kinds - 1; i++) {
+        if (o[i].kind == CPS_RO_LOG)
+            continue;
+        kinds[k++] = "?WSRADL"[o[i].kind];
+        if (o[i].kind == CPS_RO_WRITE) {
+            f->seq[o[i].range] = o[i].seq;
+            for (uint32_t j = 0; j < o[i].nrecs; j++)
+                *rec(f, o[i].range, o[i].recs[j].id, 1) = o[i].recs[j].value;
+            if (o[i].upd.sig) {
+                f->agg_sig[o[i].range] = o[i].upd.sig;
+                f->agg_step[o[i].range] = o[i].upd.step;
+            }
+        }
+        if (o[i].kind == CPS_RO_SEND)
+            free(o[i].msg);
+    }
+    kinds[k] = 0;
+    return kinds;
+}
+
+static const cps__replica_out *item(cps__replica *r, int kind, size_t nth)
+{
+    const cps__replica_out *o;
+    size_t n = cps__replica_ready(r, &o);
+    for (size_t i = 0; i < n; i++)
+        if (o[i].kind == kind && nth-- == 0)
+            return &o[i];
+    fail_msg("no item of kind %d", kind);
+    return NULL;
+}
+
+static void finish(cps__replica *r, fake *f)
+{
+    cps__replica_destroy(r);
+    assert_int_equal(f->released, f->owners); /* every message given back once */
+}
+
+static void a_push_is_written_before_it_is_acknowledged(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    set_view(r, 3, CPS_MODE_ASYNC, 1, 0, 1);
+    perform(r, &f);
+    cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 3, 1, 0, 1, 2);
+    cps__replica_step(r, &m, 10);
+    const cps__replica_out *w = item(r, CPS_RO_WRITE, 0);
+    assert_int_equal(w->upd.kind, CPS_UPD_PUSH);
+    assert_int_equal(w->seq, 1);
+    assert_int_equal(w->nrecs, 1);
+    assert_int_equal(w->recs[0].id, W1);
+    assert_int_equal(w->recs[0].value, 1);
+    const cps__replica_out *a = item(r, CPS_RO_REPLY, 0);
+    assert_int_equal(a->hdr.type, CPS_MSG_ACK);
+    assert_int_equal(a->to, W1);
+    assert_string_equal(perform(r, &f), "WR");
+    /* The same push again: a duplicate, acknowledged and never written twice. */
+    m = request(&f, CPS_MSG_PUSH, W1, 3, 1, 0, 1, 2);
+    cps__replica_step(r, &m, 11);
+    assert_string_equal(perform(r, &f), "R");
+    finish(r, &f);
+}
+
+/* A refused push still uses up its number: replicated as a SKIP, answered with its error once
+ * written, and its record never moves the worker's number back. */
+static void an_undeclared_key_becomes_a_skip_answered_with_its_error(void **state)
+{
+    (void)state;
+    fake f = {0};
+    cps__replica *r = new_replica(&f);
+    set_view(r, 3, CPS_MODE_ASYNC, 1, 0, 1);
+    perform(r, &f);
+    cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 3, 1, 0, 1, 2);
+    cps__replica_step(r, &m, 10);
+    const cps__replica_out *w = item(r, CPS_RO_WRITE, 0);
+    assert_int_equal(w->upd.kind, CPS_UPD_SKIP);
+    assert_int_equal(w->nrecs, 1);
+    assert_int_equal(w->recs[0].value, 1);
+    assert_int_equal(item(r, CPS_RO_REPLY, 0)->status, CPS_ENOTFOUND);
+    assert_string_equal(perform(r, &f), "WR");
+    finish(r, &f);
+}
+
+static void a_message_of_a_future_epoch_waits_for_its_view(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    set_view(r, 3, CPS_MODE_ASYNC, 1, 0, 1);
+    perform(r, &f);
+    cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 4, 1, 0, 1, 2);
+    cps__replica_step(r, &m, 10);
+    assert_string_equal(perform(r, &f), "A");
+    assert_int_equal(cps__replica_held(r), 1);
+    set_view(r, 4, CPS_MODE_ASYNC, 1, 0, 0);
+    assert_string_equal(perform(r, &f), "");
+    assert_int_equal(cps__replica_next(r, 20), 1);
+    assert_string_equal(perform(r, &f), "WR");
+    assert_int_equal(cps__replica_next(r, 20), 0);
+    assert_int_equal(cps__replica_held(r), 0);
+    finish(r, &f);
+}
+
+/* Requests that came before our first view are stepped once it is here, in order. */
+static void deferred_requests_are_stepped_after_the_first_view(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 3, 1, 0, 1, 2);
+    cps__replica_defer(r, &m);
+    m = request(&f, CPS_MSG_PUSH, W1, 3, 2, 0, 1, 2);
+    cps__replica_defer(r, &m);
+    assert_string_equal(perform(r, &f), "");
+    set_view(r, 3, CPS_MODE_ASYNC, 1, 0, 1);
+    perform(r, &f);
+    assert_int_equal(cps__replica_next(r, 20), 1);
+    assert_string_equal(perform(r, &f), "WR");
+    assert_int_equal(cps__replica_next(r, 20), 1);
+    assert_int_equal(item(r, CPS_RO_WRITE, 0)->recs[0].value, 2);
+    perform(r, &f);
+    assert_int_equal(cps__replica_next(r, 20), 0);
+    finish(r, &f);
+}
+
+/* Sync: one update per step, the sum in rank order, both workers' records in it. */
+static void a_sync_step_is_written_once_with_the_sum(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    set_view(r, 3, CPS_MODE_SYNC, 1, 0, 1);
+    perform(r, &f);
+    cps__replica_msg m = request(&f, CPS_MSG_PUSH, W2, 3, 1, 1, 10, 20);
+    cps__replica_step(r, &m, 10);
+    assert_string_equal(perform(r, &f), "");
+    m = request(&f, CPS_MSG_PUSH, W1, 3, 1, 1, 1, 2);
+    cps__replica_step(r, &m, 11);
+    const cps__replica_out *w = item(r, CPS_RO_WRITE, 0);
+    assert_int_equal(w->upd.nreqs, 2);
+    assert_int_equal(w->upd.reqs[0].worker, W1); /* rank 0 first */
+    assert_true(w->upd.sig != 0);
+    cps__kv kv;
+    assert_int_equal(cps__wire_kv_decode(w->upd.body, w->upd.body_len, 1, &kv), 0);
+    assert_true(kv.vals[0] == 11.0f && kv.vals[1] == 22.0f);
+    assert_string_equal(perform(r, &f), "WRR");
+    assert_int_equal(f.agg_step[0], 1);
+    finish(r, &f);
+}
+
+/* SSP, bound 0: a push-pull's push is written at once, its values wait for the other worker. */
+static void a_push_pull_reply_waits_for_the_slowest_worker(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    set_view(r, 3, CPS_MODE_SSP, 1, 0, 1);
+    perform(r, &f);
+    cps__replica_msg m = request(&f, CPS_MSG_PUSH_PULL, W1, 3, 1, 1, 1, 2);
+    cps__replica_step(r, &m, 10);
+    assert_string_equal(perform(r, &f), "W");
+    const uint64_t *clock = rec(&f, 0, W1 | CPS_DEDUP_CLOCK_BIT, 0); /* the clock, written */
+    assert_non_null(clock);
+    assert_int_equal(*clock, 1);
+    m = request(&f, CPS_MSG_PUSH, W2, 3, 1, 1, 1, 2);
+    cps__replica_step(r, &m, 11);
+    const cps__replica_out *v = item(r, CPS_RO_REPLY, 1);
+    assert_int_equal(v->hdr.type, CPS_MSG_VALUES);
+    assert_int_equal(v->to, W1);
+    assert_int_equal(v->kv.nkeys, 1);
+    assert_string_equal(perform(r, &f), "WRR");
+    finish(r, &f);
+}
+
+/* A view that moves a range to another server drops our copy of it; the others stay. */
+static void a_range_moved_away_is_dropped(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    set_view(r, 3, CPS_MODE_ASYNC, 2, 0, 1);
+    assert_string_equal(perform(r, &f), "");
+    set_view(r, 4, CPS_MODE_ASYNC, 2, 1, 0);
+    const cps__replica_out *d = item(r, CPS_RO_DROP_RANGE, 0);
+    assert_int_equal(d->range, 1);
+    assert_int_equal(d->moved, 1);
+    assert_string_equal(perform(r, &f), "D");
+    /* Let in afresh by a view that does not give us range 1: what we hold of it is stale. */
+    cps__replica_destroy(r);
+    r = new_replica(&f);
+    set_view(r, 5, CPS_MODE_ASYNC, 2, 1, 1);
+    assert_int_equal(item(r, CPS_RO_DROP_RANGE, 0)->moved, 0);
+    finish(r, &f);
+}
+
+static void a_request_for_a_stale_epoch_or_another_head_is_refused(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    set_view(r, 3, CPS_MODE_ASYNC, 2, 1, 1);
+    perform(r, &f);
+    cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 2, 1, 0, 1, 2);
+    cps__replica_step(r, &m, 10);
+    assert_int_equal(item(r, CPS_RO_REPLY, 0)->status, CPS_ESTALE_EPOCH);
+    assert_string_equal(perform(r, &f), "R");
+    m = request(&f, CPS_MSG_PUSH, W1, 3, 1, 0, 1, 2);
+    m.hdr.range = 1; /* served by server 2 */
+    cps__replica_step(r, &m, 10);
+    assert_int_equal(item(r, CPS_RO_REPLY, 0)->status, CPS_ESTALE_EPOCH);
+    m = request(&f, CPS_MSG_PUSH, 77, 3, 1, 0, 1, 2); /* no such worker: ask for the view */
+    cps__replica_step(r, &m, 10);
+    assert_string_equal(perform(r, &f), "A");
+    assert_int_equal(cps__replica_counts(r)->msgs_bad, 1);
+    finish(r, &f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(a_push_is_written_before_it_is_acknowledged),
+        cmocka_unit_test(an_undeclared_key_becomes_a_skip_answered_with_its_error),
+        cmocka_unit_test(a_message_of_a_future_epoch_waits_for_its_view),
+        cmocka_unit_test(deferred_requests_are_stepped_after_the_first_view),
+        cmocka_unit_test(a_sync_step_is_written_once_with_the_sum),
+        cmocka_unit_test(a_push_pull_reply_waits_for_the_slowest_worker),
+        cmocka_unit_test(a_range_moved_away_is_dropped),
+        cmocka_unit_test(a_request_for_a_stale_epoch_or_another_head_is_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
