@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "chainps/error.h"
+#include "core/array.h"
 #include "core/log.h"
 #include "recovery/coordinator_out.h"
 
@@ -21,16 +22,12 @@ static cps__coord_action scratch;
 cps__coord_action *cps__co_push(cps__coord *c, int kind, uint32_t peer)
 {
     cps__coord_out *o = &c->out;
-    if (o->n == o->cap) {
-        size_t cap = o->cap ? 2 * o->cap : 32;
-        cps__coord_action *a = realloc(o->a, cap * sizeof *a);
-        if (!a) {
-            memset(&scratch, 0, sizeof scratch);
-            return &scratch;
-        }
-        o->a = a;
-        o->cap = cap;
+    void *items = o->a;
+    if (cps__array_reserve(&items, &o->cap, o->n + 1, sizeof *o->a, 32) != 0) {
+        memset(&scratch, 0, sizeof scratch);
+        return &scratch;
     }
+    o->a = items;
     cps__coord_action *a = &o->a[o->n++];
     memset(a, 0, sizeof *a);
     a->kind = kind;
@@ -63,16 +60,12 @@ static uint32_t view_blob(cps__coord *c)
         free(buf);
         return (uint32_t)(o->nviews - 1);
     }
-    if (o->nviews == o->views_cap) {
-        size_t cap = o->views_cap ? 2 * o->views_cap : 4;
-        cps__coord_blob *v = realloc(o->views, cap * sizeof *v);
-        if (!v) {
-            free(buf);
-            return UINT32_MAX;
-        }
-        o->views = v;
-        o->views_cap = cap;
+    void *items = o->views;
+    if (cps__array_reserve(&items, &o->views_cap, o->nviews + 1, sizeof *o->views, 4) != 0) {
+        free(buf);
+        return UINT32_MAX;
     }
+    o->views = items;
     o->views[o->nviews].data = buf;
     o->views[o->nviews].len = len;
     return (uint32_t)o->nviews++;
