@@ -246,7 +246,11 @@ static void net_send(sim *sm, uint32_t from, uint32_t to, const void *buf, size_
         m->inc = from >= 1 && from <= sm->p.servers ? sm->servers[from - 1].inc : 0;
         m->len = len;
         memcpy(m->buf, buf, len);
-        ev_push(sm, sm->now + extra + net_delay(sm), EV_DELIVER, to, m);
+        uint64_t t = sm->now + extra + net_delay(sm);
+        if (t < sm->net_floor)
+            t = sm->net_floor; /* sim_sched.c: one connection's messages stay in order */
+        sm->net_last_due = t;
+        ev_push(sm, t, EV_DELIVER, to, m);
     }
     sm->sent++;
 }

@@ -289,6 +289,11 @@ typedef struct sim {
     uint8_t end_state[SIM_MAX_WORKERS];
     uint8_t told_exit[SIM_MAX_SERVERS + 1]; /* the job ended: its SHUTDOWN reached the server */
     uint64_t ended_at;                      /* when the job's end was complete */
+    /* The scheduler's views reach each node in the order sent (one TCP connection): a message
+     * net_send schedules is delivered no earlier than net_floor; net_last_due is when the last
+     * one will be; view_due[node] when the last view sent to it will. */
+    uint64_t net_floor, net_last_due;
+    uint64_t view_due[SIM_MAX_NODES];
     uint64_t false_deaths;
     uint8_t cut[SIM_MAX_NODES][SIM_MAX_NODES]; /* partition: messages from -> to dropped */
     int cut_active;

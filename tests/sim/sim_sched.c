@@ -188,9 +188,17 @@ static void perform(sim *sm, int send)
             /* The sim's servers read the life a WELCOME names in aux (the shell's job id). */
             if (h.type == CPS_MSG_WELCOME)
                 h.aux = h.req_seq;
-            /* A publish reaches each node after its own delay; an answer to one node at once. */
+            /* A publish reaches each node after its own delay; an answer to one node at once;
+             * and a node gets its views in the order they were sent (one connection): a later
+             * view overtaking an earlier one hid a joiner's death from a tail, which then kept
+             * forwarding to it for ever (seeds 4312 --faults scale, 9673). */
+            sm->net_floor = sm->view_due[a->peer] ? sm->view_due[a->peer] + 1 : 0;
+            sm->net_last_due = 0;
             sim_send_hdr(sm, 0, a->peer, &h, NULL, 0,
                          nviews > 1 && h.type == CPS_MSG_VIEW ? publish_delay(sm) : 0);
+            if (sm->net_last_due > sm->view_due[a->peer])
+                sm->view_due[a->peer] = sm->net_last_due;
+            sm->net_floor = 0;
             break;
         case CPS_CO_MSG:
             /* A lost probe would be a death (it has no retry); over TCP it is not lost. */
