@@ -203,9 +203,9 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->wipe_per_mille = p->restart_per_mille ? (uint32_t)(d[17] % 600) : 0;
     p->partition_per_mille = p->faults == SIM_F_PARTITION ? 700 : all ? (uint32_t)(d[18] % 400) : 0;
     p->spare = p->faults == SIM_F_JOIN || scale || (all && d[19] % 2);
-    /* Off unless asked: a scheduler restart forgets the joins under way, and a tail may keep
-     * forwarding to a joiner it forgot (seed 262 --faults all --servers 5 --workers 4
-     * --replicas 2 --mode async, liveness). */
+    /* Off unless asked (sim.seeds_sched_restarts), so that the other tests' seeds keep their
+     * runs: a restarted scheduler forgets the joins under way and resumes from what it
+     * persisted. */
     p->sched_restart_per_mille = c->sched_restarts ? 300 : 0;
     p->verbose = c->verbose;
     p->push_pull = c->push_pull;
