@@ -31,7 +31,7 @@
 /* SIM_SSP: bounded staleness (--mode ssp:N), never drawn from a seed, so the seeds of sim.seeds
  * keep their runs. */
 enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
-/* Scheduler-side timers of state transfer, in virtual ms (scheduler.c: 120 s; scaled down). */
+/* Scheduler-side timers of state transfer, in virtual ms (production: 120 s; scaled down). */
 #define SIM_REPAIR_MS 100
 /* The coordinator's tick (production: 20 ms) and its batching of joiners (production: 100). */
 #define SIM_SCHED_TICK_MS 20
@@ -46,7 +46,7 @@ enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 #define SIM_SNAP_RETRY_MS 1000
 #define SIM_HELLO_MS      100
 #define SIM_BEAT_MS       200
-/* A server silent this long is declared dead (scheduler.c: CHAINPS_DEAD_AFTER_MS, 4 heartbeats;
+/* A server silent this long is declared dead (CHAINPS_DEAD_AFTER_MS, 4 heartbeats;
  * 3 here, so that drops and long delays sometimes make a live server look dead). */
 #define SIM_DEAD_AFTER_MS 600
 
@@ -102,8 +102,6 @@ typedef struct sim_params {
     uint32_t drop_per_mille, dup_per_mille, long_per_mille;
     uint32_t bad_per_mille; /* pushes the head refuses (unknown key) */
     int verbose;
-    /* Model scheduler.c / server.c exactly where the sim deviates (see sim.c: a HELLO from a
-     * server the scheduler still counts alive; a (re)starting server taking any VIEW). */
     int spare;                    /* the last server holds no range at the start */
     uint32_t restart_per_mille;   /* crashes followed by a restart */
     uint32_t wipe_per_mille;      /* restarts on an empty store (a replaced disk) */
