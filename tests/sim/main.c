@@ -3,7 +3,7 @@
  *   sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R] [--ranges N]
  *       [--mode sync|async|ssp|ssp:N] [--faults
  * none|drops|crash|pause|restart|partition|join|scale|all]
- *       [--events N] [--refusals] [--push-pull] [-v]
+ *       [--events N] [--refusals] [--sched-restarts] [--push-pull] [-v]
  *   sim --regressions FILE
  *
  * Parameters not given are drawn from the seed, from a stream of their own, in a fixed order:
@@ -21,10 +21,12 @@
  * Workers run the production worker session (recovery/session.c, tests/sim/sim_worker.c); they
  * give requests up when their range has no live replica for the unavailable timeout (a
  * given-up push stays in the table, detached, and is still sent). Servers run the chain, the
- * joiner and the fencing of replication/ and recovery/, the scheduler runs the failure detector
- * and the repair policy of recovery/, each configured as production configures it: the sim fakes
+ * joiner and the fencing of replication/ and recovery/; the scheduler is the production
+ * coordinator (recovery/coordinator.c), configured as production configures it: the sim fakes
  * only the network, the stores, the clock and the processes. --refusals lets the head refuse some
- * pushes (unknown keys: a SKIP update). Fault kinds: see sim.h; `all` mixes every kind. */
+ * pushes (unknown keys: a SKIP update); --sched-restarts makes some faults restarts of the
+ * scheduler (it resumes from what it persisted). Fault kinds: see sim.h; `all` mixes every
+ * kind. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,7 +43,7 @@ typedef struct cli {
     int ssp_bound;   /* --mode ssp:N; -1 when drawn */
     uint32_t backup; /* --backup-workers B: sync mode, at least B+1 workers */
     uint64_t events;
-    int verbose, refusals, push_pull;
+    int verbose, refusals, sched_restarts, push_pull;
     const char *regressions;
 } cli;
 
@@ -55,7 +57,8 @@ static void usage(void)
             "usage: sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R]\n"
             "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
             "           [--faults none|drops|crash|pause|restart|partition|join|scale|all]\n"
-            "           [--events N] [--refusals] [--push-pull] [--backup-workers B] [-v]\n"
+            "           [--events N] [--refusals] [--sched-restarts] [--push-pull]\n"
+            "           [--backup-workers B] [-v]\n"
             "       sim --regressions FILE\n");
 }
 
@@ -94,6 +97,10 @@ static int parse_args(int argc, char **argv, cli *c)
         }
         if (strcmp(a, "--refusals") == 0) {
             c->refusals = 1;
+            continue;
+        }
+        if (strcmp(a, "--sched-restarts") == 0) {
+            c->sched_restarts = 1;
             continue;
         }
         if (strcmp(a, "--push-pull") == 0) {
@@ -196,6 +203,10 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->wipe_per_mille = p->restart_per_mille ? (uint32_t)(d[17] % 600) : 0;
     p->partition_per_mille = p->faults == SIM_F_PARTITION ? 700 : all ? (uint32_t)(d[18] % 400) : 0;
     p->spare = p->faults == SIM_F_JOIN || scale || (all && d[19] % 2);
+    /* Off unless asked (sim.seeds_sched_restarts), so that the other tests' seeds keep their
+     * runs: a restarted scheduler forgets the joins under way and resumes from what it
+     * persisted. */
+    p->sched_restart_per_mille = c->sched_restarts ? 300 : 0;
     p->verbose = c->verbose;
     p->push_pull = c->push_pull;
     if (p->replicas > p->servers) {
@@ -221,6 +232,8 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --events %" PRIu64, p->events);
     if (c->refusals)
         printf(" --refusals");
+    if (c->sched_restarts)
+        printf(" --sched-restarts");
     if (c->push_pull)
         printf(" --push-pull");
     if (c->backup)

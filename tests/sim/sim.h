@@ -6,11 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/config.h"
 #include "core/view.h"
-#include "recovery/detector.h"
+#include "recovery/coordinator.h"
 #include "recovery/fence.h"
 #include "recovery/joiner.h"
-#include "recovery/repair.h"
 #include "recovery/session.h"
 #include "replication/chain.h"
 #include "replication/replica.h"
@@ -31,8 +31,14 @@
 /* SIM_SSP: bounded staleness (--mode ssp:N), never drawn from a seed, so the seeds of sim.seeds
  * keep their runs. */
 enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
-/* Scheduler-side timers of state transfer, in virtual ms (scheduler.c: 120 s; scaled down). */
-#define SIM_REPAIR_MS       100
+/* Scheduler-side timers of state transfer, in virtual ms (production: 120 s; scaled down). */
+#define SIM_REPAIR_MS 100
+/* The coordinator's tick (production: 20 ms) and its batching of joiners (production: 100). */
+#define SIM_SCHED_TICK_MS 20
+#define SIM_BATCH_MS      100
+#define SIM_SCHED_BLOBS   4
+/* After the job ended, messages still on their way get this long before stores are compared. */
+#define SIM_END_SETTLE_MS   3000
 #define SIM_JOIN_GIVE_UP_MS 3000
 #define SIM_JOIN_TIMEOUT_MS 2500
 /* A joiner re-sends SNAP_REQ this often until the snapshot comes (transfer.c: 1 s, unscaled:
@@ -40,7 +46,7 @@ enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 #define SIM_SNAP_RETRY_MS 1000
 #define SIM_HELLO_MS      100
 #define SIM_BEAT_MS       200
-/* A server silent this long is declared dead (scheduler.c: CHAINPS_DEAD_AFTER_MS, 4 heartbeats;
+/* A server silent this long is declared dead (CHAINPS_DEAD_AFTER_MS, 4 heartbeats;
  * 3 here, so that drops and long delays sometimes make a live server look dead). */
 #define SIM_DEAD_AFTER_MS 600
 
@@ -76,7 +82,8 @@ enum {
     EV_SNAPSHOT,
     EV_ACKS
 };
-enum { PHASE_FAULTS = 0, PHASE_HEAL, PHASE_DRAIN };
+/* PHASE_END: the workers wait in a barrier, then say goodbye; the job ends (sim_sched.c). */
+enum { PHASE_FAULTS = 0, PHASE_HEAL, PHASE_DRAIN, PHASE_END };
 enum { REQ_DENSE = 0, REQ_SPARSE, REQ_DECLARE, REQ_PULL };
 
 typedef struct sim_params {
@@ -95,12 +102,13 @@ typedef struct sim_params {
     uint32_t drop_per_mille, dup_per_mille, long_per_mille;
     uint32_t bad_per_mille; /* pushes the head refuses (unknown key) */
     int verbose;
-    /* Model scheduler.c / server.c exactly where the sim deviates (see sim.c: a HELLO from a
-     * server the scheduler still counts alive; a (re)starting server taking any VIEW). */
     int spare;                    /* the last server holds no range at the start */
     uint32_t restart_per_mille;   /* crashes followed by a restart */
     uint32_t wipe_per_mille;      /* restarts on an empty store (a replaced disk) */
     uint32_t partition_per_mille; /* faults that are partitions */
+    /* Faults that bump the epoch with the same chains: the scheduler restarts (resumes from what
+     * it persisted), this often; else nothing happens. */
+    uint32_t sched_restart_per_mille;
 } sim_params;
 
 typedef struct sim_summary {
@@ -265,20 +273,30 @@ typedef struct sim {
     /* The last server a fault struck, until it is declared dead or comes back: one fault at a
      * time. */
     uint32_t pending_victim;
-    uint8_t draining[SIM_MAX_SERVERS + 1]; /* SIM_F_SCALE: being drained */
-    uint8_t left[SIM_MAX_SERVERS + 1];     /* SIM_F_SCALE: drained and exited */
-    /* The scheduler's failure detector (recovery/detector.c, as scheduler.c runs it): it hears
-     * every message a server sends the scheduler and declares dead one silent for
-     * SIM_DEAD_AFTER_MS. Faults are not reported to it: it finds them, or takes a slow or lossy
-     * server for a dead one, as production's does. */
-    cps__detector *detector;
+    /* The scheduler: the production coordinator (sim_sched.c), what it persisted, and its config.
+     * Its failure detector hears every message a node sends the scheduler; faults are not
+     * reported to it: it finds them, or takes a slow or lossy server for a dead one, as
+     * production's does. */
+    cps__coord *coord;
+    cps__config sched_cfg;
+    uint8_t *sched_blob[SIM_SCHED_BLOBS];
+    size_t sched_blob_len[SIM_SCHED_BLOBS];
+    uint64_t sched_restarts, worker_beat_at;
+    /* PHASE_END, per worker rank: 1 waits in the barrier, 2 released and said BYE, 3 its BYE
+     * acknowledged. */
+    uint8_t end_state[SIM_MAX_WORKERS];
+    uint8_t told_exit[SIM_MAX_SERVERS + 1]; /* the job ended: its SHUTDOWN reached the server */
+    uint64_t ended_at;                      /* when the job's end was complete */
+    /* The scheduler's views reach each node in the order sent (one TCP connection): a message
+     * net_send schedules is delivered no earlier than net_floor; net_last_due is when the last
+     * one will be; view_due[node] when the last view sent to it will. */
+    uint64_t net_floor, net_last_due;
+    uint64_t view_due[SIM_MAX_NODES];
     uint64_t false_deaths;
     uint8_t cut[SIM_MAX_NODES][SIM_MAX_NODES]; /* partition: messages from -> to dropped */
     int cut_active;
-    uint32_t *sched_boot; /* per server id: the last HELLO boot the scheduler answered */
-    cps__repair *repair;  /* the scheduler's repair policy (recovery/repair.c) */
-    sim_lag *lag;         /* per range */
-    uint64_t *acked_seq;  /* per range: the highest sequence number acknowledged to a worker */
+    sim_lag *lag;        /* per range */
+    uint64_t *acked_seq; /* per range: the highest sequence number acknowledged to a worker */
     sim_snap **snaps;
     uint32_t nsnaps, snaps_cap;
     uint64_t moves, drains;
@@ -311,6 +329,25 @@ int sim_run(const sim_params *p, sim_summary *out);
 /* sim.c's network, events, seeded choices and memory, for sim_replica.c and sim_worker.c */
 uint64_t sim_rnd(sim *sm, uint64_t n);
 int sim_chance(sim *sm, uint32_t per_mille);
+void sim_push_restart(sim *sm, uint32_t id, uint64_t after);
+void sim_send_reliable(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h);
+int sim_node_alive(const cps__view *v, uint32_t id);
+int sim_in_chain(const cps__range *rg, uint32_t id);
+void sim_restart_last_replica(sim *sm, uint32_t id);
+
+/* sim_sched.c: the scheduler, the production coordinator behind the simulated network */
+void sim_sched_setup(sim *sm);
+void sim_sched_teardown(sim *sm);
+void sim_sched_deliver(sim *sm, const sim_msg *m);
+int sim_sched_to_server(sim *sm, sim_server *s, const sim_msg *m);
+void sim_sched_tick(sim *sm);
+void sim_sched_restart(sim *sm);
+void sim_sched_drain(sim *sm);
+int sim_sched_removable(const sim *sm, uint32_t id);
+uint32_t sim_sched_joiner(const sim *sm, uint32_t r, uint32_t *source);
+int sim_sched_to_worker(sim *sm, sim_worker *w, const sim_msg *m);
+void sim_sched_end(sim *sm);
+int sim_sched_ended(sim *sm);
 void sim_ev_push(sim *sm, uint64_t t, int type, uint32_t node, sim_msg *m);
 void sim_net_send(sim *sm, uint32_t from, uint32_t to, const void *buf, size_t len, uint64_t extra);
 void sim_send_hdr(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,

@@ -160,7 +160,8 @@ static void perform(sim *sm, sim_worker *w, const cps__msg_hdr *h, uint32_t from
                       a->count);
             break;
         case CPS_SS_PEER:
-        case CPS_SS_SUSPECTS: /* the sim's scheduler does not model data-path suspicion */
+        case CPS_SS_SUSPECTS: /* reported by sim_sched.c with the heartbeats, from cps__sess_waiting
+                               */
             break;
         case CPS_SS_WAIT_REPLICA:
             sim_trace(sm, "w%u: r%u has no live replica; waiting", w->id, a->range);

@@ -1,0 +1,469 @@
+/* The scheduler's state machine: its life cycle, what it persists and resumes from, and the
+ * dispatch of messages and ticks (see coordinator.h). Membership, deaths, repairs, drains,
+ * barriers and the end of the job are in coordinator_membership.c; the output and the view it
+ * publishes in coordinator_out.c. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chainps/error.h"
+#include "core/log.h"
+#include "recovery/coordinator_membership.h"
+#include "recovery/coordinator_out.h"
+
+/* ---- life cycle ---- */
+
+int cps__coord_create(const cps__coord_config *cfg, cps__coord **out)
+{
+    if (!cfg || !cfg->cfg || !out || !cfg->repair_every_ms || !cfg->join_give_up_ms)
+        return CPS_EINVAL;
+    cps__coord *c = calloc(1, sizeof *c);
+    if (!c)
+        return CPS_ENOMEM;
+    c->cfg = *cfg->cfg;
+    c->repair_every_ms = cfg->repair_every_ms;
+    c->batch_ms = cfg->batch_ms;
+    c->join_give_up_ms = cfg->join_give_up_ms;
+    c->save_retry_ms = cfg->save_retry_ms ? cfg->save_retry_ms : 200;
+    c->id_limit = cfg->id_limit ? cfg->id_limit : UINT32_MAX;
+    c->next_id = 1;
+    c->last_detect_ms = cfg->now;
+    c->join_deadline = cfg->now + c->cfg.join_timeout_ms + 1;
+    cps__view_init(&c->view);
+    c->nodes = calloc(CPS_MAX_NODES, sizeof *c->nodes);
+    cps__detector_config dc = {c->cfg.dead_after_ms, 2 * c->cfg.dead_after_ms};
+    int rc = c->nodes ? cps__detector_create(&dc, &c->detector) : CPS_ENOMEM;
+    cps__suspect_config sc = {cps__suspect_evidence_ms(c->cfg.dead_after_ms),
+                              cps__suspect_probe_ms(c->cfg.dead_after_ms)};
+    if (rc == 0)
+        rc = cps__suspect_create(&sc, &c->suspect);
+    if (rc != 0) {
+        cps__coord_destroy(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void cps__coord_destroy(cps__coord *c)
+{
+    if (!c)
+        return;
+    cps__coord_done(c);
+    free(c->out.a);
+    free(c->out.views);
+    cps__detector_destroy(c->detector);
+    cps__suspect_destroy(c->suspect);
+    cps__repair_destroy(c->repair);
+    cps__view_fini(&c->view);
+    free(c->nodes);
+    free(c->blob_buf);
+    free(c);
+}
+
+/* ---- persistence: sched/view (the encoded view) and sched/state ----
+ * state: u32 version 1, u32 finished, u32 next_id, u32 workers_done, u32 servers, u32 workers,
+ * u32 n, then n u32 ids of workers that said BYE.
+ * scale: u32 count, then per server draining or drained: u32 id, u32 1 draining / 2 drained.
+ * boots: u32 count, then per server whose life we let in: u32 id, u32 0, u64 boot id. A
+ * restarted scheduler tells a server's new life from the one it let in by it
+ * (recovery/incarnation.h). */
+int cps__coord_blobs(cps__coord *c, const char *names[4], cps__coord_blob blobs[4])
+{
+    size_t vlen = cps__view_encoded_size(&c->view);
+    size_t need =
+        vlen + 28 + 4 * (size_t)c->nnodes + 4 + 8 * (size_t)c->nnodes + 4 + 16 * (size_t)c->nnodes;
+    if (need > c->blob_cap) {
+        unsigned char *b = realloc(c->blob_buf, need);
+        if (!b)
+            return CPS_ENOMEM;
+        c->blob_buf = b;
+        c->blob_cap = need;
+    }
+    unsigned char *v = c->blob_buf, *st = v + vlen;
+    cps__view_encode(&c->view, v, vlen);
+    uint32_t ndone = 0;
+    for (uint32_t i = 0; i < c->nnodes; i++)
+        if (c->nodes[i].done)
+            cps__le32_put(st + 28 + 4 * ndone++, c->nodes[i].info.id);
+    cps__le32_put(st, 1);
+    cps__le32_put(st + 4, (uint32_t)c->finished);
+    cps__le32_put(st + 8, c->next_id);
+    cps__le32_put(st + 12, c->counts.workers_done);
+    cps__le32_put(st + 16, c->cfg.num_servers);
+    cps__le32_put(st + 20, c->cfg.num_workers);
+    cps__le32_put(st + 24, ndone);
+    unsigned char *sc = st + 28 + 4 * (size_t)ndone;
+    uint32_t nsc = 0;
+    for (uint32_t i = 0; i < c->nnodes; i++)
+        if (c->nodes[i].draining || c->nodes[i].left) {
+            cps__le32_put(sc + 4 + 8 * nsc, c->nodes[i].info.id);
+            cps__le32_put(sc + 8 + 8 * nsc, c->nodes[i].left ? 2u : 1u);
+            nsc++;
+        }
+    cps__le32_put(sc, nsc);
+    unsigned char *bt = sc + 4 + 8 * (size_t)nsc;
+    uint32_t nbt = 0;
+    for (uint32_t i = 0; i < c->nnodes; i++)
+        if (c->nodes[i].boot_id) {
+            cps__le32_put(bt + 4 + 16 * nbt, c->nodes[i].info.id);
+            cps__le32_put(bt + 8 + 16 * nbt, 0);
+            cps__le64_put(bt + 12 + 16 * nbt, c->nodes[i].boot_id);
+            nbt++;
+        }
+    cps__le32_put(bt, nbt);
+    names[0] = "sched/view", blobs[0] = (cps__coord_blob){v, vlen};
+    names[1] = "sched/state", blobs[1] = (cps__coord_blob){st, 28 + 4 * (size_t)ndone};
+    names[2] = "sched/scale", blobs[2] = (cps__coord_blob){sc, 4 + 8 * (size_t)nsc};
+    names[3] = "sched/boots", blobs[3] = (cps__coord_blob){bt, 4 + 16 * (size_t)nbt};
+    return 4;
+}
+
+static int load_marks(cps__coord *c, cps__coord_get_fn get, void *ctx)
+{
+    const void *b;
+    size_t len;
+    if (get(ctx, "sched/scale", &b, &len) == 0) {
+        const unsigned char *sc = b;
+        if (len < 4 || len != 4 + 8 * (size_t)cps__le32_get(sc))
+            return CPS_ECORRUPT;
+        for (uint32_t j = 0; j < cps__le32_get(sc); j++) {
+            cps__coord_node *n = cps__co_find(c, cps__le32_get(sc + 4 + 8 * j));
+            uint32_t what = cps__le32_get(sc + 8 + 8 * j);
+            if (n && what == 1)
+                n->draining = 1;
+            if (n && what == 2)
+                n->left = 1;
+        }
+    }
+    if (get(ctx, "sched/boots", &b, &len) == 0) {
+        const unsigned char *bt = b;
+        if (len < 4 || len != 4 + 16 * (size_t)cps__le32_get(bt))
+            return CPS_ECORRUPT;
+        for (uint32_t j = 0; j < cps__le32_get(bt); j++) {
+            cps__coord_node *n = cps__co_find(c, cps__le32_get(bt + 4 + 16 * j));
+            if (n)
+                n->boot_id = cps__le64_get(bt + 12 + 16 * j);
+        }
+    }
+    return 0;
+}
+
+static int load(cps__coord *c, cps__coord_get_fn get, void *ctx, uint64_t now)
+{
+    const void *vb, *sb;
+    size_t vlen, slen;
+    int rc = get(ctx, "sched/state", &sb, &slen);
+    if (rc == CPS_ENOTFOUND)
+        return 0;
+    if (rc == 0)
+        rc = get(ctx, "sched/view", &vb, &vlen);
+    if (rc != 0)
+        return rc;
+    const unsigned char *st = sb;
+    if (slen < 28 || cps__le32_get(st) != 1 || slen != 28 + 4 * (size_t)cps__le32_get(st + 24))
+        return CPS_ECORRUPT;
+    if (cps__le32_get(st + 4))
+        return 0; /* that job finished: start a new one */
+    const void *cb;
+    size_t clen;
+    if (get(ctx, "sched/ckpt", &cb, &clen) == 0 &&
+        cps__ckpt_note_decode(cb, clen, &c->ckpt, NULL) != 0)
+        memset(&c->ckpt, 0, sizeof c->ckpt); /* unreadable: shown as none, not fatal */
+    if (cps__le32_get(st + 16) != c->cfg.num_servers ||
+        cps__le32_get(st + 20) != c->cfg.num_workers) {
+        cps__co_log(c, CPS_LOG_ERROR,
+                    "the data directory holds an unfinished job of %u servers and %u workers, "
+                    "not %u and %u: use another --data to start a new job",
+                    cps__le32_get(st + 16), cps__le32_get(st + 20), c->cfg.num_servers,
+                    c->cfg.num_workers);
+        return CPS_ECONFIG;
+    }
+    cps__view v;
+    cps__view_init(&v);
+    if ((rc = cps__view_decode(vb, vlen, &v)) != 0) {
+        cps__view_fini(&v);
+        return rc;
+    }
+    cps__view_fini(&c->view);
+    c->view = v;
+    c->next_id = cps__le32_get(st + 8);
+    c->counts.workers_done = cps__le32_get(st + 12);
+    c->nnodes = 0;
+    for (uint32_t i = 0; i < v.nnodes && i < CPS_MAX_NODES; i++) {
+        cps__coord_node *n = &c->nodes[c->nnodes++];
+        memset(n, 0, sizeof *n);
+        n->info = v.nodes[i];
+        n->last_seen_ms = now;
+        for (uint32_t j = 0; j < cps__le32_get(st + 24); j++)
+            n->done |= cps__le32_get(st + 28 + 4 * j) == n->info.id;
+    }
+    rc = load_marks(c, get, ctx);
+    return rc ? rc : 1;
+}
+
+int cps__coord_resume(cps__coord *c, cps__coord_get_fn get, void *ctx, uint64_t now)
+{
+    int rc = load(c, get, ctx, now);
+    if (rc <= 0)
+        return rc;
+    if ((rc = cps__co_begin_running(c, now)) != 0)
+        return rc;
+    for (uint32_t i = 0; i < c->nnodes; i++) {
+        const cps__coord_node *n = &c->nodes[i];
+        if (cps__co_superseded(c, n))
+            continue;
+        cps__coord_action *a = cps__co_push(c, CPS_CO_PEER_SET, n->info.id);
+        snprintf(a->addr, sizeof a->addr, "%s", n->info.addr);
+    }
+    /* Nobody is declared dead for our own absence: everyone gets a fresh grace period. */
+    cps__detector_restart(c->detector, now);
+    c->last_detect_ms = now;
+    cps__co_log(c, CPS_LOG_INFO,
+                "resumed the job from view epoch %llu (%u nodes, %u of %u workers finished)",
+                (unsigned long long)c->view.epoch, c->nnodes, c->counts.workers_done,
+                c->cfg.num_workers);
+    /* Everyone learns we are back (and anyone who missed a view gets it now). */
+    c->view.epoch++;
+    cps__co_save(c);
+    for (uint32_t i = 0; i < c->nnodes; i++)
+        if (!c->nodes[i].done)
+            cps__co_send_view(c, c->nodes[i].info.id, CPS_MSG_VIEW);
+    return 1;
+}
+
+/* ---- messages ---- */
+
+/* CKPT_DONE from a checkpoint tool (or our own periodic exports): the job's last checkpoint. */
+static void ckpt_done(cps__coord *c, const void *pl, size_t len)
+{
+    cps__ckpt_note n;
+    int rc = cps__ckpt_note_decode(pl, len, &n, NULL);
+    if (rc != 0) {
+        cps__co_log(c, CPS_LOG_WARN, "malformed CKPT_DONE dropped: %s", cps_strerror(rc));
+        return;
+    }
+    n.id = c->ckpt.id + 1;
+    n.age_ms = 0;
+    c->ckpt = n;
+    cps__co_log(c, CPS_LOG_INFO, "checkpoint %llu at step %llu: %s", (unsigned long long)n.id,
+                (unsigned long long)n.step, n.path);
+    c->out.persist |= CPS_CO_P_CKPT;
+}
+
+static void worker_bye(cps__coord *c, cps__coord_node *n, const cps__msg_hdr *h, const void *pl,
+                       size_t len)
+{
+    if (n->info.role == CPS_ROLE_WORKER && !n->done) {
+        n->done = 1;
+        cps__detector_forget(c->detector, n->info.id);
+        if (len >= CPS_STATS_SIZE)
+            cps__stats_decode(pl, &n->stats);
+        c->counts.workers_done++;
+        cps__co_log(c, CPS_LOG_INFO, "worker %u (rank %u) finished (%u of %u)", n->info.id,
+                    n->info.rank, c->counts.workers_done, c->cfg.num_workers);
+        cps__co_release_barrier(c);
+    }
+    cps__co_send_simple(c, n->info.id, CPS_MSG_ACK, h);
+    if (c->counts.workers_done < c->cfg.num_workers && n->info.alive) {
+        /* The others may be waiting for its gradient in a sync step: a view without it lets
+         * the servers complete the step with the workers that are left. */
+        n->info.alive = 0;
+        cps__co_publish(c, "a worker finished");
+    }
+    cps__co_end_job(c);
+}
+
+/* A message of a member. */
+static int member_msg(cps__coord *c, const cps__msg_hdr *h, const void *pl, size_t len,
+                      uint64_t now)
+{
+    cps__coord_node *n = cps__co_find(c, h->sender);
+    if (!n) {
+        cps__co_log(c, CPS_LOG_WARN, "message type %u from unknown node %u dropped", h->type,
+                    h->sender);
+        return CPS_ENOTFOUND;
+    }
+    n->last_seen_ms = now;
+    if (n->left) {
+        /* Drained, and still talking (our SHUTDOWN is on its way, or was lost). */
+        if (h->type == CPS_MSG_HEARTBEAT || h->type == CPS_MSG_GET_VIEW)
+            cps__co_send_simple(c, n->info.id, CPS_MSG_SHUTDOWN, NULL);
+        return 0;
+    }
+    cps__detector_heard(c->detector, n->info.id, now);
+    if (!n->info.alive && n->info.role == CPS_ROLE_WORKER && !n->done && c->started &&
+        h->type == CPS_MSG_HEARTBEAT)
+        cps__co_worker_heartbeat(c, n, now);
+    if (!n->info.alive && n->info.role == CPS_ROLE_SERVER && c->started &&
+        h->type != CPS_MSG_GET_VIEW) {
+        /* Declared dead but still talking (paused, partitioned): show it the view. */
+        cps__co_send_view(c, n->info.id, CPS_MSG_VIEW);
+        return 0;
+    }
+    switch (h->type) {
+    case CPS_MSG_HEARTBEAT:
+        if (len >= CPS_STATS_SIZE)
+            cps__stats_decode(pl, &n->stats);
+        /* A server whose copy of a VIEW was lost, and that gets no request of a newer epoch,
+         * would run the old one for good: its heartbeat names the epoch it runs, and an old one
+         * gets the view (the simulator found runs that never finished, e.g. seed 1485 --faults
+         * drops). Not a worker's: it names the epoch of its last push, and asks by itself. */
+        if (c->started && n->info.role == CPS_ROLE_SERVER && h->epoch < c->view.epoch)
+            cps__co_send_view(c, n->info.id, CPS_MSG_VIEW);
+        break;
+    case CPS_MSG_CAUGHT_UP:
+        cps__co_caught_up(c, n, h, now);
+        break;
+    case CPS_MSG_GET_VIEW:
+        if (c->started)
+            cps__co_send_view(c, n->info.id, CPS_MSG_VIEW);
+        break;
+    case CPS_MSG_BARRIER:
+        if (n->info.role == CPS_ROLE_WORKER) {
+            n->in_barrier = 1;
+            n->barrier_seq = h->req_seq;
+            cps__co_release_barrier(c);
+        }
+        break;
+    case CPS_MSG_REGISTER:
+        return 1; /* the tensor registry is the shell's */
+    case CPS_MSG_SUSPECT:
+        cps__co_suspect(c, n, h, pl, len, now);
+        break;
+    case CPS_MSG_PROBE:
+        if (h->flags & CPS_WF_REPLY)
+            cps__suspect_answered(c->suspect, n->info.id, h->req_seq);
+        break;
+    case CPS_MSG_BYE:
+        worker_bye(c, n, h, pl, len);
+        break;
+    default:
+        cps__co_log(c, CPS_LOG_WARN, "unexpected message type %u from node %u", h->type, h->sender);
+    }
+    return 0;
+}
+
+int cps__coord_step(cps__coord *c, const cps__msg_hdr *h, const void *pl, size_t len,
+                    uint32_t reply_to, uint64_t now)
+{
+    switch (h->type) {
+    case CPS_MSG_HELLO:
+        cps__co_hello(c, h, pl, len, now);
+        return 0;
+    case CPS_MSG_DRAIN:
+        cps__co_drain(c, h, reply_to, now);
+        return 0;
+    case CPS_MSG_RELEASE:
+        if (c->cfg.hold_workers) {
+            c->cfg.hold_workers = 0;
+            cps__co_log(c, CPS_LOG_INFO, "checkpoint restored: admitting the workers");
+            for (uint32_t i = 0; i < c->nnodes; i++)
+                if (c->nodes[i].info.role == CPS_ROLE_WORKER && c->started)
+                    cps__co_send_view(c, c->nodes[i].info.id, CPS_MSG_WELCOME);
+        }
+        return 0;
+    default:
+        break;
+    }
+    if (h->sender == UINT32_MAX && h->type == CPS_MSG_SHUTDOWN) {
+        /* `chainps status --end`: end a held job (or any job, on purpose). */
+        cps__co_log(c, CPS_LOG_INFO, "asked to end the job");
+        cps__co_shutdown(c);
+        return 0;
+    }
+    if (h->sender == UINT32_MAX && h->type == CPS_MSG_CKPT_DONE) {
+        ckpt_done(c, pl, len);
+        return 0;
+    }
+    return member_msg(c, h, pl, len, now);
+}
+
+void cps__coord_tick(cps__coord *c, uint64_t now, const uint32_t *gone, size_t ngone)
+{
+    if (!c->started && !c->gave_up && !c->finished && now >= c->join_deadline) {
+        cps__co_log(c, CPS_LOG_ERROR,
+                    "only %u of %u servers and %u of %u workers arrived within %.1f s; giving up",
+                    cps__co_count_role(c, CPS_ROLE_SERVER), c->cfg.num_servers,
+                    cps__co_count_role(c, CPS_ROLE_WORKER), c->cfg.num_workers,
+                    c->cfg.join_timeout_ms / 1000.0);
+        cps__co_shutdown(c);
+        /* Workers wait in cps_open() too: tell them now, not after their own timeout. */
+        for (uint32_t i = 0; i < c->nnodes; i++)
+            if (c->nodes[i].info.role == CPS_ROLE_WORKER)
+                cps__co_send_simple(c, c->nodes[i].info.id, CPS_MSG_SHUTDOWN, NULL);
+        c->gave_up = CPS_ETIMEDOUT;
+        return;
+    }
+    if (c->unsaved && now >= c->save_retry_at) {
+        c->save_retry_at = now + c->save_retry_ms;
+        cps__co_save(c);
+    }
+    cps__co_detect(c, now, gone, ngone);
+    if ((c->batch_at && now >= c->batch_at) || now >= c->next_repair_at) {
+        if (now >= c->next_repair_at)
+            c->next_repair_at = now + c->repair_every_ms;
+        cps__co_repair(c, now);
+    }
+}
+
+void cps__coord_stop(cps__coord *c)
+{
+    cps__co_shutdown(c);
+}
+
+/* ---- read-only views ---- */
+
+const cps__view *cps__coord_view(const cps__coord *c)
+{
+    return &c->view;
+}
+
+const cps__coord_node *cps__coord_nodes(const cps__coord *c, uint32_t *n)
+{
+    *n = c->nnodes;
+    return c->nodes;
+}
+
+const cps__ckpt_note *cps__coord_ckpt(const cps__coord *c)
+{
+    return &c->ckpt;
+}
+
+cps__coord_counts cps__coord_counters(const cps__coord *c)
+{
+    return c->counts;
+}
+
+uint32_t cps__coord_joiner(const cps__coord *c, uint32_t r, uint32_t *source)
+{
+    uint32_t src = 0, j = c->repair ? cps__repair_joiner(c->repair, r, &src) : 0;
+    if (source)
+        *source = j ? src : 0;
+    return j;
+}
+
+uint32_t cps__coord_unconfirmed(const cps__coord *c, uint32_t r)
+{
+    return c->repair ? cps__repair_unconfirmed(c->repair, r) : 0;
+}
+
+int cps__coord_started(const cps__coord *c)
+{
+    return c->started;
+}
+
+int cps__coord_finished(const cps__coord *c)
+{
+    return c->finished;
+}
+
+int cps__coord_gave_up(const cps__coord *c)
+{
+    return c->gave_up;
+}
+
+uint64_t cps__coord_epoch(const cps__coord *c)
+{
+    return c->view.epoch;
+}
