@@ -11,7 +11,7 @@
  * and flags each tensor's first push (CPS_WF_FIRST): both rules are the production worker
  * session's (recovery/session.c: its tensor clocks), which every worker here runs. What the model
  * re-states of the shells is small and named: the head drops a push of a step at or below the
- * last it applied (admit()'s duplicate rule in src/server/update.c).
+ * last it applied (the duplicate rule of admit() in replication/replica.c).
  *
  * Checked on every seed: every range closes a tensor's steps in order, one at a time; the
  * replacement is in a step's aggregate on every range or on none (issue 26: fmnist's replacement

@@ -377,7 +377,7 @@ void sim_sched_deliver(sim *sm, const sim_msg *m)
     const uint8_t *pl = m->buf + CPS_WIRE_HDR_SIZE;
     size_t len = h.payload_len;
     if (h.type == CPS_MSG_HELLO && m->from <= sm->p.servers) {
-        /* The sim's servers say HELLO by their boot alone; the rest is what server.c sends. */
+        /* The sim's servers say HELLO by their boot alone; the rest is what a server process adds. */
         hello(sm, m->from, h.aux);
     } else if (cps__coord_step(sm->coord, &h, pl, len, m->from, sm->now) == 1) {
         sim_fail(sm, "wire", "scheduler got unexpected %u from %u", h.type, m->from);
@@ -395,7 +395,7 @@ int sim_sched_to_server(sim *sm, sim_server *s, const sim_msg *m)
     if (cps__wire_hdr_decode(m->buf, m->len, &h) != 0)
         return 0;
     if (h.type == CPS_MSG_PROBE) {
-        /* server.c answers whatever its standing (let in or not): a question of whether its
+        /* A server process answers whatever its standing (let in or not): a question of whether its
          * inbox is served. */
         sim_trace(sm, "s%u(e%" PRIu64 ") <- 0 PROBE %" PRIx64 ": answered", s->id, s->epoch,
                   h.req_seq);
