@@ -362,6 +362,16 @@ int cps__coord_step(cps__coord *c, const cps__msg_hdr *h, const void *pl, size_t
                 if (c->nodes[i].info.role == CPS_ROLE_WORKER && c->started)
                     cps__co_send_view(c, c->nodes[i].info.id, CPS_MSG_WELCOME);
         }
+        /* Acknowledged (a repeat too): the restore tool sends RELEASE until it hears this, as a
+         * message sent just before its transport closes can be lost. */
+        if (reply_to && reply_to != h->sender) {
+            cps__coord_action *a = cps__co_push(c, CPS_CO_MSG, reply_to);
+            a->hdr = (cps__msg_hdr){.type = CPS_MSG_RELEASE,
+                                    .flags = CPS_WF_REPLY,
+                                    .sender = CPS_COORD_SELF,
+                                    .epoch = c->view.epoch,
+                                    .req_seq = h->req_seq};
+        }
         return 0;
     default:
         break;

@@ -1559,6 +1559,37 @@ typedef struct restore_ctx {
     uint32_t slot;
 } restore_ctx;
 
+static int match_release(const cps__rx *rx, const void *arg)
+{
+    (void)arg;
+    return rx->hdr.type == CPS_MSG_RELEASE && (rx->hdr.flags & CPS_WF_REPLY);
+}
+
+/* Tell the scheduler the restore is done, until it says it heard: a message sent just before
+ * our transport closes can be lost, and then the held workers waited out their join timeout. */
+static int release_workers(link *l)
+{
+    uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
+    for (;;) {
+        cps__msg_hdr h = {.type = CPS_MSG_RELEASE, .sender = UINT32_MAX, .req_seq = ++l->next_req};
+        int rc = cps__msg_send(l->tp, SCHED, &h, l->hello, l->hello_len);
+        if (rc != 0 && rc != CPS_EAGAIN)
+            return rc;
+        cps__rx ack;
+        uint64_t now = cps__now_ms(), wait = now + 500 < deadline ? now + 500 : deadline;
+        rc = take(l, match_release, NULL, wait, &ack);
+        if (rc == 0) {
+            cps__rx_free(&ack);
+            return 0;
+        }
+        if (rc != CPS_ETIMEDOUT || cps__now_ms() >= deadline) {
+            cps__log(CPS_LOG_ERROR, SUB, "the scheduler did not confirm the workers' release: %s",
+                     cps_strerror(rc));
+            return rc;
+        }
+    }
+}
+
 static int match_put(const cps__rx *rx, const void *arg)
 {
     const uint64_t *tag = arg;
@@ -1950,10 +1981,8 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
             rc = put_wait_one(&x);
     if (rc == 0)
         rc = wait_tails(&x);
-    if (rc == 0 && o->release) {
-        cps__msg_hdr h = {.type = CPS_MSG_RELEASE, .sender = UINT32_MAX};
-        rc = cps__msg_send(l.tp, SCHED, &h, l.hello, l.hello_len);
-    }
+    if (rc == 0 && o->release)
+        rc = release_workers(&l);
     for (uint32_t r = 0; x.pb && r < nr; r++)
         cps__tp_free(x.pb[r].buf);
     free(x.pb);

@@ -433,6 +433,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         uint32_t reply_to = h->sender;
         if (h->type == CPS_MSG_DRAIN && h->sender == UINT32_MAX)
             reply_to = tool_peer(s, &rx, "DRAIN");
+        else if (h->type == CPS_MSG_RELEASE && h->sender == UINT32_MAX)
+            reply_to = tool_peer(s, &rx, "RELEASE");
         /* The loop's clock of this turn, which the ticks also read (see recovery/suspect.c). */
         rc = cps__coord_step(s->co, h, rx.payload, rx.len, reply_to, cps__loop_now(s->loop));
         perform(s);
