@@ -377,7 +377,8 @@ void sim_sched_deliver(sim *sm, const sim_msg *m)
     const uint8_t *pl = m->buf + CPS_WIRE_HDR_SIZE;
     size_t len = h.payload_len;
     if (h.type == CPS_MSG_HELLO && m->from <= sm->p.servers) {
-        /* The sim's servers say HELLO by their boot alone; the rest is what a server process adds. */
+        /* The sim's servers say HELLO by their boot alone; the rest is what a server process adds.
+         */
         hello(sm, m->from, h.aux);
     } else if (cps__coord_step(sm->coord, &h, pl, len, m->from, sm->now) == 1) {
         sim_fail(sm, "wire", "scheduler got unexpected %u from %u", h.type, m->from);
