@@ -17,6 +17,7 @@
 #define DEAD_MS 400
 
 static cps__config cfg;
+static int hold; /* the next make() holds the workers back until a RELEASE (--restore-from) */
 
 static cps__coord *make(uint32_t servers, uint32_t workers)
 {
@@ -29,6 +30,7 @@ static cps__coord *make(uint32_t servers, uint32_t workers)
     cfg.dead_after_ms = DEAD_MS;
     cfg.worker_dead_after_ms = 2 * DEAD_MS;
     cfg.join_timeout_ms = 10000;
+    cfg.hold_workers = hold;
     cps__coord_config cc = {&cfg, 500, 100, 5000, 200, 0x40000000u, 0};
     cps__coord *c = NULL;
     assert_int_equal(cps__coord_create(&cc, &c), 0);
@@ -452,6 +454,42 @@ static void a_job_short_of_nodes_gives_up(void **state)
     cps__coord_destroy(c);
 }
 
+/* --restore-from: the workers are WELCOMEd only at the restore tool's RELEASE, which the
+ * coordinator acknowledges to the tool's temporary peer, a repeat too (the tool sends it until
+ * it hears back: one sent just before its transport closed was lost). */
+static void a_restore_releases_the_held_workers_and_is_acknowledged(void **state)
+{
+    (void)state;
+    hold = 1;
+    cps__coord *c = make(4, 2);
+    hold = 0;
+    for (uint32_t i = 0; i < 4; i++)
+        hello(c, CPS_ROLE_SERVER, 7000 + i, 100 + i, 0);
+    for (uint32_t i = 0; i < 2; i++)
+        hello(c, CPS_ROLE_WORKER, 8000 + i, 0, 0);
+    assert_true(cps__coord_started(c));
+    perform(c, 0, 0);
+    assert_non_null(find(c, CPS_CO_VIEW, CPS_MSG_WELCOME, 1));
+    assert_null(find(c, CPS_CO_VIEW, CPS_MSG_WELCOME, 5));
+    assert_null(find(c, CPS_CO_VIEW, CPS_MSG_WELCOME, 6));
+    done(c);
+    const uint32_t tool = 0x40000001u;
+    for (int round = 0; round < 2; round++) {
+        cps__msg_hdr h = {.type = CPS_MSG_RELEASE, .sender = UINT32_MAX, .req_seq = 7 + round};
+        assert_int_equal(cps__coord_step(c, &h, NULL, 0, tool, 10), 0);
+        perform(c, 0, 10);
+        /* The workers are welcomed once, at the first RELEASE. */
+        assert_int_equal(find(c, CPS_CO_VIEW, CPS_MSG_WELCOME, 5) != NULL, round == 0);
+        assert_int_equal(find(c, CPS_CO_VIEW, CPS_MSG_WELCOME, 6) != NULL, round == 0);
+        const cps__coord_action *a = find(c, CPS_CO_MSG, CPS_MSG_RELEASE, tool);
+        assert_non_null(a);
+        assert_true(a->hdr.flags & CPS_WF_REPLY);
+        assert_int_equal(a->hdr.req_seq, 7 + round);
+        done(c);
+    }
+    cps__coord_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -466,6 +504,7 @@ int main(void)
         cmocka_unit_test(an_unanswered_probe_is_a_death),
         cmocka_unit_test(a_restarted_coordinator_resumes_from_its_blobs),
         cmocka_unit_test(a_job_short_of_nodes_gives_up),
+        cmocka_unit_test(a_restore_releases_the_held_workers_and_is_acknowledged),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
