@@ -21,6 +21,7 @@
 # Run a command in a node's namespace with `ip netns exec "$netns_tag-NAME" CMD` (ip execs CMD:
 # started in the background, $! is CMD's PID).
 #   netns_delete          delete every namespace made (call it from the caller's exit trap)
+#   stop_pids PID...      end the test's processes by PID: TERM, up to 1 s, then KILL, and reap
 # shellcheck disable=SC2034 # netns_addr is for the caller
 netns_tag=""
 netns_list=()
@@ -126,4 +127,14 @@ netns_delete() {
     for n in "${netns_list[@]}"; do ip netns del "$n" 2>/dev/null || true; done
     netns_list=()
     netns_hosts=()
+}
+
+stop_pids() {
+    local p
+    for p in "$@"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "$@"; do
+        for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
 }

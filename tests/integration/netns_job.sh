@@ -74,13 +74,7 @@ fi
 t=$(mktemp -d "${TMPDIR:-/tmp}/netns-$scen.XXXXXX")
 declare -a pids=()
 cleanup() {
-    local p
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do
-        for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$p" 2>/dev/null || true
-        wait "$p" 2>/dev/null || true
-    done
+    stop_pids "${pids[@]}"
     netns_delete
     if [[ ${keep:-0} == 1 ]]; then
         say "logs kept in $t"

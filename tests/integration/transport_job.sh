@@ -46,15 +46,10 @@ command -v setpriv >/dev/null || skip "no setpriv (util-linux)"
 t=$(mktemp -d "${TMPDIR:-/tmp}/ipc-$scen.XXXXXX")
 chmod 755 "$t" # nobody may reach $t itself: only the runtime directory below keeps it out
 declare -a pids=()
-netns_delete() { :; } # replaced by lib_netns.sh where namespaces are made
+# shellcheck source=tests/integration/lib_netns.sh
+. "$here/lib_netns.sh" # stop_pids; the namespaces only where a scenario makes them
 cleanup() {
-    local p
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do
-        for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$p" 2>/dev/null || true
-        wait "$p" 2>/dev/null || true
-    done
+    stop_pids "${pids[@]}"
     netns_delete
     if [[ ${keep:-0} == 1 ]]; then say "logs kept in $t"; else rm -rf "$t"; fi
 }
@@ -137,8 +132,6 @@ print("refused", refused)
     exit 0
 fi
 
-# shellcheck source=tests/integration/lib_netns.sh
-. "$here/lib_netns.sh"
 why=$(netns_can_run) || skip "$why"
 tag=cpi$$
 netns_hub "$tag" || skip "cannot make a network namespace (ip netns add)"
