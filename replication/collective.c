@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "chainps/error.h"
+#include "core/array.h"
 
 #define DEFAULT_CHUNK (256u * 1024u)
 /* Largest collective: its index arithmetic and the wire's u32 payload lengths stay in range. */
@@ -121,14 +122,10 @@ void cps__coll_stats_get(const cps__coll *c, cps__coll_stats *out)
  * to its timeout rather than losing order, so it is reported through `oom`. */
 static cps__coll_act *act_add(cps__coll *c, int kind)
 {
-    if (c->nout == c->out_cap) {
-        size_t cap = c->out_cap ? 2 * c->out_cap : 16;
-        cps__coll_act *o = realloc(c->out, cap * sizeof *o);
-        if (!o)
-            return NULL;
-        c->out = o;
-        c->out_cap = cap;
-    }
+    void *o = c->out;
+    if (cps__array_reserve(&o, &c->out_cap, c->nout + 1, sizeof *c->out, 16) != 0)
+        return NULL;
+    c->out = o;
     cps__coll_act *a = &c->out[c->nout++];
     memset(a, 0, sizeof *a);
     a->kind = kind;
@@ -318,14 +315,10 @@ static void stash_add(cps__coll *c, const cps__coll_msg *m)
         c->stats.dropped_bad++;
         return;
     }
-    if (c->nstash == c->stash_cap) {
-        size_t cap = c->stash_cap ? 2 * c->stash_cap : 16;
-        stashed *s = realloc(c->stash, cap * sizeof *s);
-        if (!s)
-            return;
-        c->stash = s;
-        c->stash_cap = cap;
-    }
+    void *grown = c->stash;
+    if (cps__array_reserve(&grown, &c->stash_cap, c->nstash + 1, sizeof *c->stash, 16) != 0)
+        return;
+    c->stash = grown;
     float *v = malloc((m->count ? m->count : 1) * sizeof *v);
     if (!v)
         return;

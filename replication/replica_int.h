@@ -19,7 +19,7 @@ typedef struct rmsg {
 
 typedef struct rlist {
     rmsg **v;
-    uint32_t n, cap;
+    size_t n, cap;
 } rlist;
 
 struct cps__replica {

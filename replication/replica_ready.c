@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "chainps/error.h"
+#include "core/array.h"
 #include "core/log.h"
 #include "replication/replica_int.h"
 
@@ -15,14 +16,10 @@
 
 int cps__rp_rlist_push(rlist *l, rmsg *m)
 {
-    if (l->n == l->cap) {
-        uint32_t cap = l->cap ? 2 * l->cap : 16;
-        rmsg **v = realloc(l->v, cap * sizeof *v);
-        if (!v)
-            return CPS_ENOMEM;
-        l->v = v;
-        l->cap = cap;
-    }
+    void *v = l->v;
+    if (cps__array_reserve(&v, &l->cap, l->n + 1, sizeof *l->v, 16) != 0)
+        return CPS_ENOMEM;
+    l->v = v;
     l->v[l->n++] = m;
     return 0;
 }
@@ -48,14 +45,10 @@ void cps__rp_rmsg_done(cps__replica *r, rmsg *m)
 
 void *cps__rp_scratch(cps__replica *r, size_t n)
 {
-    if (r->nscratch == r->scratch_cap) {
-        size_t cap = r->scratch_cap ? 2 * r->scratch_cap : 32;
-        void **v = realloc(r->scratch, cap * sizeof *v);
-        if (!v)
-            return NULL;
-        r->scratch = v;
-        r->scratch_cap = cap;
-    }
+    void *v = r->scratch;
+    if (cps__array_reserve(&v, &r->scratch_cap, r->nscratch + 1, sizeof *r->scratch, 32) != 0)
+        return NULL;
+    r->scratch = v;
     void *p = malloc(n ? n : 1);
     if (p)
         r->scratch[r->nscratch++] = p;
@@ -75,14 +68,10 @@ void cps__rp_begin(cps__replica *r)
 
 cps__replica_out *cps__rp_emit(cps__replica *r, int kind, uint32_t range)
 {
-    if (r->nout == r->out_cap) {
-        size_t cap = r->out_cap ? 2 * r->out_cap : 32;
-        cps__replica_out *v = realloc(r->out, cap * sizeof *v);
-        if (!v)
-            return NULL;
-        r->out = v;
-        r->out_cap = cap;
-    }
+    void *v = r->out;
+    if (cps__array_reserve(&v, &r->out_cap, r->nout + 1, sizeof *r->out, 32) != 0)
+        return NULL;
+    r->out = v;
     cps__replica_out *o = &r->out[r->nout++];
     memset(o, 0, sizeof *o);
     o->kind = kind;
