@@ -713,6 +713,8 @@ void cps__co_detect(cps__coord *c, uint64_t now, const uint32_t *gone, size_t ng
         const cps__coord_node *n = cps__co_find(c, gone[i]);
         if (!n || !n->info.alive)
             continue;
+        if (n->info.role == CPS_ROLE_WORKER && n->done)
+            continue; /* finished: it closed its connection on purpose */
         if (n->info.role == CPS_ROLE_WORKER) {
             /* A killed worker (declare_dead skips one that finished): the ring of an all-reduce
              * (replication/collective.h) waits on it, so its death is told at once rather than

@@ -490,6 +490,37 @@ static void a_restore_releases_the_held_workers_and_is_acknowledged(void **state
     cps__coord_destroy(c);
 }
 
+/* A worker whose connection closed and now refuses: killed, it is declared dead at once (an
+ * all-reduce's ring waits on it); finished (BYE), it closed on purpose and is left alone, tick
+ * after tick. */
+static void a_gone_worker_is_dead_unless_it_finished(void **state)
+{
+    (void)state;
+    cps__coord *c = running(3, 3); /* servers 1..3, workers 4..6 */
+    msg(c, CPS_MSG_BYE, 4, 10);
+    perform(c, 0, 10);
+    done(c);
+    uint64_t epoch = cps__coord_epoch(c);
+    const uint32_t finished[] = {4};
+    for (uint64_t t = 20; t <= 40; t += 10) {
+        for (uint32_t id = 1; id <= 6; id++)
+            if (id != 4)
+                msg(c, CPS_MSG_HEARTBEAT, id, t);
+        cps__coord_tick(c, t, finished, 1);
+        assert_false(logged(c, "connection closed"));
+        perform(c, 0, t);
+        done(c);
+    }
+    assert_int_equal(cps__coord_epoch(c), epoch);
+    const uint32_t killed[] = {5};
+    cps__coord_tick(c, 50, killed, 1);
+    assert_true(logged(c, "worker 5 (rank 1): connection closed"));
+    perform(c, 0, 50);
+    assert_true(cps__coord_epoch(c) > epoch);
+    done(c);
+    cps__coord_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -499,6 +530,7 @@ int main(void)
         cmocka_unit_test(joiners_caught_up_together_go_out_in_one_view),
         cmocka_unit_test(a_barrier_waits_for_every_live_worker),
         cmocka_unit_test(the_job_ends_when_every_worker_finished),
+        cmocka_unit_test(a_gone_worker_is_dead_unless_it_finished),
         cmocka_unit_test(a_drain_needs_room_and_moves_the_ranges),
         cmocka_unit_test(a_new_life_is_a_death_then_a_return),
         cmocka_unit_test(an_unanswered_probe_is_a_death),
