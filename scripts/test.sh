@@ -2,7 +2,7 @@
 # Build chainps and run every test: unit, simulator, integration and fuzz-replay tests in a
 # normal build, the same again under AddressSanitizer + UndefinedBehaviorSanitizer, and a
 # bounded libFuzzer run of the wire decoders. Installs missing packages first.
-# Usage: scripts/test.sh            (everything, about 35 minutes on 2 cores with the builds done)
+# Usage: scripts/test.sh            (everything; see docs/testing.md for how long)
 #        QUICK=1 scripts/test.sh    (normal build only)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,11 +22,12 @@ run_suite() { # dir label
   echo "== $name: ctest"
   # The `long` label (10,000 more simulator seeds) is for `ctest -L long`, not for every run;
   # EXCLUDE (the sanitizer suite's) leaves out more. The simulator's seeds are pure computation
-  # (no socket, no clock), so they run on every core; the rest one at a time (jobs of several
-  # processes, and unit tests of heartbeats and sockets, which a busy core would disturb).
+  # (no socket, no clock), so they run on every core first; then the rest, two at a time: jobs
+  # of several processes and the unit tests of heartbeats and sockets each take one of two
+  # lanes (tests/lanes.json), so no more than two of them share the cores.
   local exclude=${EXCLUDE:-long}
   if (cd "$dir" && ctest --output-on-failure -j"$jobs" -L '^sim$' -LE "$exclude" 2>&1 | tee "$log"); then :; else fail=1; fi
-  if (cd "$dir" && ctest --output-on-failure -j1 -LE "^sim$|$exclude" 2>&1 | tee -a "$log"); then :; else fail=1; fi
+  if (cd "$dir" && ctest --output-on-failure -j"$jobs" -LE "^sim$|$exclude" 2>&1 | tee -a "$log"); then :; else fail=1; fi
   # ctest's summary of each run: "NN% tests passed, F tests failed out of T"
   local f t
   while read -r f t; do

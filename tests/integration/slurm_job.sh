@@ -23,7 +23,9 @@ fmnist=${4:-}
 fm_data=${FMNIST_DATA:-/usr/share/datasets/fashion-mnist}
 here=$(cd "$(dirname "$0")" && pwd)
 steps=${SLURM_TEST_STEPS:-6000}
-job_timeout=60
+# Each job's bound: 2 fmnist epochs took over 60 s with another job in the other lane and a
+# loaded machine (load 20).
+job_timeout=150
 
 skip() {
     echo "SKIP: $*"
