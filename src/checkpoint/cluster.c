@@ -13,6 +13,7 @@
 #include "checkpoint/ckpt.h"
 #include "checkpoint/cluster.h"
 #include "core/bigbuf.h"
+#include "core/entries.h"
 #include "core/log.h"
 #include "core/view.h"
 #include "node/msg.h"
@@ -53,11 +54,6 @@
 #define GONE_MS        100 /* a server looks gone but its view still lists it: look again this often */
 #define CUT_TRIES      4   /* cuts lost with every replica that held them, cut again this often */
 #define CLOSE_GRACE_MS 200 /* closing: a CUT_CLOSE's peer not connected by then is dropped */
-
-static size_t pad8(size_t n)
-{
-    return (n + 7) & ~(size_t)7;
-}
 
 /* ---- talking to the cluster ---- */
 
@@ -491,7 +487,7 @@ static int finish_read(export_ctx *x, read_req *q, void *buf)
     if (rc != 0)
         return rc;
     uint64_t nkeys = q->hi - q->lo + 1;
-    size_t head = 8 + pad8(nkeys * 12);
+    size_t head = 8 + cps__pad8(nkeys * 12);
     if (rx.hdr.type == CPS_MSG_ERROR) {
         rc = rx.hdr.status ? rx.hdr.status : CPS_EPROTO;
         cps__log(CPS_LOG_ERROR, SUB, "tensor %s: range %u refused a read: %s", x->d->name, q->range,
@@ -694,7 +690,7 @@ static int dense_take(export_ctx *x, uint32_t r, dense_req *d)
     if (rc != 0)
         return rc;
     d->have = 1;
-    size_t head = 8 + pad8((size_t)d->m * 12);
+    size_t head = 8 + cps__pad8((size_t)d->m * 12);
     if (d->rx.hdr.type == CPS_MSG_ERROR) {
         rc = d->rx.hdr.status ? d->rx.hdr.status : CPS_EPROTO;
         cps__log(CPS_LOG_ERROR, SUB, "tensor %s: range %u refused a read: %s", x->d->name, r,
@@ -732,7 +728,7 @@ static int dense_fill(export_ctx *x, uint64_t first, float *buf, size_t n)
         uint64_t a = p->off + d->first, b = a + d->count; /* this piece's elements in it */
         uint64_t e = b < end ? b : end;
         const unsigned char *src = (const unsigned char *)d->rx.payload + 8 +
-                                   pad8((size_t)d->m * 12) +
+                                   cps__pad8((size_t)d->m * 12) +
                                    ((size_t)d->k * d->count + (s->pos - a)) * sizeof(float);
         memcpy(buf + (s->pos - first), src, (e - s->pos) * sizeof(float));
         s->pos = e;
@@ -1696,15 +1692,10 @@ static int restore_sink(void *arg, uint64_t first, const void *buf, size_t n)
             uint64_t cnt = s1 - s0, max = (PUT_BYTES - 64) / sizeof(float);
             cnt = cnt > max ? max : cnt;
             unsigned char *at;
-            int rc = put_room(x, p->range, 32 + pad8(cnt * sizeof(float)), &at);
+            int rc = put_room(x, p->range, cps__ent_slice_size(cnt), &at);
             if (rc != 0)
                 return rc;
-            cps__le32_put(at, 6);
-            cps__le32_put(at + 4, x->slot);
-            cps__le64_put(at + 8, p->key);
-            cps__le64_put(at + 16, s0 - p->off);
-            cps__le64_put(at + 24, cnt);
-            memcpy(at + 32, v + (s0 - first), cnt * sizeof(float));
+            cps__ent_put_slice(at, x->slot, p->key, s0 - p->off, cnt, v + (s0 - first));
             s0 += cnt;
         }
     }
@@ -1888,7 +1879,7 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
     if (rc == 0) {
         x.l = &l;
         x.tag = cps__splitmix64(cps__now_ms());
-        x.base = pad8(8 + l.hello_len);
+        x.base = cps__pad8(8 + l.hello_len);
         x.pb = calloc(nr, sizeof *x.pb);
         if (!x.pb)
             rc = CPS_ENOMEM;
@@ -1928,13 +1919,10 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
         for (size_t k = 0; rc == 0 && k < x.npieces; k++) {
             const piece *p = &x.pieces[k];
             unsigned char *at;
-            if ((rc = put_room(&x, p->range, 32 + CPS_WIRE_SPEC_SIZE, &at)) != 0)
+            if ((rc = put_room(&x, p->range, CPS_ENT_CREATE_SIZE, &at)) != 0)
                 break;
-            cps__le32_put(at, 5);
-            cps__le32_put(at + 4, p->len);
-            cps__le64_put(at + 8, p->key);
-            cps__le64_put(at + 16, steps[d->kind ? p->off / d->cols : 0]);
-            cps__wire_spec_encode(at + 32, &d->spec);
+            cps__ent_put_create(at, p->key, p->len, steps[d->kind ? p->off / d->cols : 0],
+                                &d->spec);
         }
         uint32_t slots = (uint32_t)cps__optim_state_slots(d->spec.opt_kind);
         for (uint32_t k = 0; rc == 0 && k <= slots; k++) {
@@ -1958,14 +1946,12 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
             int nlen =
                 snprintf(name, sizeof name, "agg/%" PRIu32 "/%016" PRIx64, t.parts[k].range,
                          cps__keyset_sig(t.parts[k].keys, t.parts[k].lens, t.parts[k].nkeys));
-            unsigned char *at;
-            if ((rc = put_room(&x, t.parts[k].range, 16 + pad8((size_t)nlen) + 8, &at)) != 0)
+            unsigned char *at, value[8];
+            cps__le64_put(value, step);
+            if ((rc = put_room(&x, t.parts[k].range, cps__ent_named_size((size_t)nlen, 8), &at)) !=
+                0)
                 break;
-            cps__le32_put(at, 3);
-            cps__le32_put(at + 4, (uint32_t)nlen);
-            cps__le32_put(at + 8, 8);
-            memcpy(at + 16, name, (size_t)nlen);
-            cps__le64_put(at + 16 + pad8((size_t)nlen), step);
+            cps__ent_put_named(at, name, (size_t)nlen, value, 8);
         }
         res->bytes += d->length * 4 * (1 + slots);
         free(steps);

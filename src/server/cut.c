@@ -271,7 +271,7 @@ static void serve_read(cps__tp *tp, cut_job *j, const cps__rx *rx)
         thread_reply(tp, j, &rx->hdr, 0, CPS_ESIZE, NULL, 0);
         return;
     }
-    size_t head = 8 + pad8(nkeys * 12);
+    size_t head = 8 + cps__pad8(nkeys * 12);
     size_t len = head + nkeys * q.count * sizeof(float);
     cps__msg_hdr h = {0};
     unsigned char *buf = cps__msg_alloc(&h, len);
@@ -575,7 +575,7 @@ void cps__server_on_put(cps__server *s, cps__rx *rx)
         return;
     }
     const cps__msg_hdr *h = &rx->hdr;
-    size_t off = pad8(8 + cps__le32_get(rx->payload));
+    size_t off = cps__pad8(8 + cps__le32_get(rx->payload));
     if (off >= rx->len || h->range >= s->view.nranges) {
         tool_reply(s, peer, h, CPS_EPROTO, 0, 0, 0, "PUT without records");
         cps__rx_free(rx);

@@ -11,7 +11,7 @@
  * scheduler then publishes a view with the joiner as the range's new tail. Every decision of the
  * joiner's side is recovery/joiner.c's (the simulator runs the same code); this file performs its
  * actions on the chain, LMDB and nanomsg.
- * The SNAP payload's entries: see entries.h. */
+ * The SNAP payload's entries: see core/entries.h. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -91,25 +91,12 @@ static int job_room(snap_job *j, size_t need)
 static int put_param(void *arg, uint64_t key, const cps__param_rec *rec)
 {
     snap_job *j = arg;
-    size_t slots = cps__optim_state_slots(rec->spec.opt_kind);
-    size_t data = (1 + slots) * (size_t)rec->len * sizeof(float);
-    size_t need = 32 + CPS_WIRE_SPEC_SIZE + pad8(data);
-    int rc = job_room(j, need);
+    uint32_t slots = (uint32_t)cps__optim_state_slots(rec->spec.opt_kind);
+    int rc = job_room(j, cps__ent_param_size(rec->len, slots));
     if (rc != 0)
         return rc;
-    unsigned char *p = j->buf + j->used;
-    memset(p, 0, need);
-    cps__le32_put(p, ENT_PARAM);
-    cps__le32_put(p + 4, rec->len);
-    cps__le64_put(p + 8, key);
-    cps__le64_put(p + 16, rec->opt_step);
-    cps__le32_put(p + 24, (uint32_t)slots);
-    cps__wire_spec_encode(p + 32, &rec->spec);
-    memcpy(p + 32 + CPS_WIRE_SPEC_SIZE, rec->vals, (size_t)rec->len * sizeof(float));
-    if (slots)
-        memcpy(p + 32 + CPS_WIRE_SPEC_SIZE + (size_t)rec->len * sizeof(float), rec->state,
-               slots * rec->len * sizeof(float));
-    j->used += need;
+    j->used += cps__ent_put_param(j->buf + j->used, key, rec->len, rec->opt_step, &rec->spec, slots,
+                                  rec->vals, rec->state);
     j->records++;
     return 0;
 }
@@ -117,14 +104,10 @@ static int put_param(void *arg, uint64_t key, const cps__param_rec *rec)
 static int put_dedup(void *arg, uint32_t worker, uint64_t seq)
 {
     snap_job *j = arg;
-    int rc = job_room(j, 16);
+    int rc = job_room(j, CPS_ENT_DEDUP_SIZE);
     if (rc != 0)
         return rc;
-    unsigned char *p = j->buf + j->used;
-    cps__le32_put(p, ENT_DEDUP);
-    cps__le32_put(p + 4, worker);
-    cps__le64_put(p + 8, seq);
-    j->used += 16;
+    j->used += cps__ent_put_dedup(j->buf + j->used, worker, seq);
     return 0;
 }
 
@@ -132,18 +115,10 @@ static int put_named(void *arg, const char *name, const void *val, size_t len)
 {
     snap_job *j = arg;
     size_t nlen = strlen(name);
-    size_t need = 16 + pad8(nlen) + pad8(len);
-    int rc = job_room(j, need);
+    int rc = job_room(j, cps__ent_named_size(nlen, len));
     if (rc != 0)
         return rc;
-    unsigned char *p = j->buf + j->used;
-    memset(p, 0, need);
-    cps__le32_put(p, ENT_NAMED);
-    cps__le32_put(p + 4, (uint32_t)nlen);
-    cps__le32_put(p + 8, (uint32_t)len);
-    memcpy(p + 16, name, nlen);
-    memcpy(p + 16 + pad8(nlen), val, len);
-    j->used += need;
+    j->used += cps__ent_put_named(j->buf + j->used, name, nlen, val, len);
     return 0;
 }
 
@@ -163,14 +138,8 @@ static int snap_txn(cps__txn *txn, void *arg)
         rc = cps__store_dedup_scan(txn, j->range, put_dedup, j);
     if (rc == 0)
         rc = cps__store_meta_scan(txn, prefix, put_named, j);
-    if (rc == 0 && (rc = job_room(j, 24)) == 0) {
-        unsigned char *p = j->buf + j->used;
-        cps__le32_put(p, ENT_RANGE);
-        cps__le32_put(p + 4, 0);
-        cps__le64_put(p + 8, m.seq);
-        cps__le64_put(p + 16, m.step);
-        j->used += 24;
-    }
+    if (rc == 0 && (rc = job_room(j, CPS_ENT_RANGE_SIZE)) == 0)
+        j->used += cps__ent_put_range(j->buf + j->used, m.seq, m.step);
     return rc;
 }
 

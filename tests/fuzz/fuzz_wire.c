@@ -1,6 +1,7 @@
 /* Fuzz target for everything that parses bytes from the network: header, snappy payload, kv,
  * lossy push (keys + gradient codec block), DECLARE, view, hello, spec, stats and checkpoint note
- * decoders, and the frames of large messages (transport/frame.h).
+ * decoders, the range entries of SNAP and PUT payloads (core/entries.h), and the frames of
+ * large messages (transport/frame.h).
  *
  * Beyond "no crash, no sanitizer report", it checks that every accepted input is canonical:
  * re-encoding what a decoder accepted must give back the very same bytes. A decoder that
@@ -14,6 +15,7 @@
 
 #include "chainps/error.h"
 #include "core/codec.h"
+#include "core/entries.h"
 #include "core/gradcodec.h"
 #include "core/view.h"
 #include "core/wire.h"
@@ -320,6 +322,52 @@ static void fuzz_frame(const unsigned char *b, size_t len)
     CHECK(memcmp(re, b, CPS_FRAME_HDR) == 0);
 }
 
+/* The payload read as a run of range entries (a SNAP's, or a PUT's after its header): every
+ * accepted entry is canonical, its writer giving back the very bytes. */
+static void fuzz_entries(const unsigned char *b, size_t len)
+{
+    size_t off = 0;
+    while (off < len) {
+        cps__ent e;
+        int rc = cps__ent_next(b + off, len - off, &e);
+        if (rc) {
+            CHECK(rc == CPS_EPROTO);
+            return;
+        }
+        CHECK(e.size > 0 && e.size % 8 == 0 && e.size <= len - off);
+        fuzz_wire_n.entries_ok++;
+        unsigned char *re = malloc(e.size);
+        CHECK(re);
+        size_t n = 0;
+        switch (e.tag) {
+        case CPS_ENT_PARAM:
+            n = cps__ent_put_param(re, e.key, e.len, e.opt_step, &e.spec, e.slots, e.vals,
+                                   e.vals + e.len);
+            break;
+        case CPS_ENT_DEDUP:
+            n = cps__ent_put_dedup(re, e.worker, e.seq);
+            break;
+        case CPS_ENT_NAMED:
+            n = cps__ent_put_named(re, e.name, e.name_len, e.value, e.value_len);
+            break;
+        case CPS_ENT_RANGE:
+            n = cps__ent_put_range(re, e.seq, e.step);
+            break;
+        case CPS_ENT_CREATE:
+            n = cps__ent_put_create(re, e.key, e.len, e.opt_step, &e.spec);
+            break;
+        case CPS_ENT_SLICE:
+            n = cps__ent_put_slice(re, e.slot, e.key, e.first, e.n, e.vals);
+            break;
+        default:
+            CHECK(0);
+        }
+        check_same(b + off, e.size, re, n);
+        free(re);
+        off += e.size;
+    }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     cps__msg_hdr h;
@@ -362,6 +410,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_suspects(p, plen);
     fuzz_fixed(p, plen);
     fuzz_codec(p, plen);
+    fuzz_entries(p, plen);
     free(p);
     return 0;
 }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/entries.h"
 #include "core/gradcodec.h"
 #include "core/view.h"
 #include "core/wire.h"
@@ -201,6 +202,22 @@ static void make_other_seeds(void)
     p = xmalloc(cps__wire_suspects_size(3));
     n = cps__wire_suspects_encode(p, cps__wire_suspects_size(3), sus, 3);
     add_seed("suspect", CPS_MSG_SUSPECT, 0, p, n);
+
+    /* A SNAP payload with one entry of each kind (core/entries.h). */
+    cps__param_spec spec = {0};
+    spec.lr = 0.1f;
+    float v[6] = {1, 2, 3, 4, 5, 6};
+    unsigned char step[8] = {7};
+    size_t cap = cps__ent_param_size(3, 0) + CPS_ENT_DEDUP_SIZE + cps__ent_named_size(12, 8) +
+                 CPS_ENT_CREATE_SIZE + cps__ent_slice_size(3) + CPS_ENT_RANGE_SIZE;
+    p = xmalloc(cap);
+    n = cps__ent_put_param(p, 40, 3, 9, &spec, 0, v, NULL);
+    n += cps__ent_put_dedup(p + n, 2, 77);
+    n += cps__ent_put_named(p + n, "agg/0/0123ab", 12, step, 8);
+    n += cps__ent_put_create(p + n, 41, 3, 0, &spec);
+    n += cps__ent_put_slice(p + n, 0, 41, 0, 3, v + 3);
+    n += cps__ent_put_range(p + n, 12, 3);
+    add_seed("snap", CPS_MSG_SNAP, 0, p, n);
 }
 
 /* Header + payload, compressed with snappy when the seed asks (whether or not it pays, so the
@@ -426,7 +443,7 @@ int main(int argc, char **argv)
     }
     fuzz_wire_counts base = fuzz_wire_n;
     if (base.kv_ok < 3 || base.declare_ok != 1 || base.view_ok != 3 || base.hello_ok != 2 ||
-        base.lossy_ok != 4 || base.suspects_ok < 1) {
+        base.lossy_ok != 4 || base.suspects_ok < 1 || base.entries_ok < 6) {
         fprintf(stderr, "seeds did not reach their decoders\n");
         return 1;
     }
@@ -444,13 +461,14 @@ int main(int argc, char **argv)
     fuzz_wire_counts c = fuzz_wire_n;
     printf("inputs %llu: header ok %llu, snappy ok %llu, kv ok %llu, declare ok %llu, "
            "view ok %llu (as prefix %llu), hello ok %llu, spec ok %llu, lossy ok %llu, suspects ok "
-           "%llu, frames ok %llu\n",
+           "%llu, frames ok %llu, range entries ok %llu\n",
            (unsigned long long)c.inputs, (unsigned long long)c.hdr_ok,
            (unsigned long long)c.snappy_ok, (unsigned long long)c.kv_ok,
            (unsigned long long)c.declare_ok, (unsigned long long)c.view_ok,
            (unsigned long long)c.view_prefix_ok, (unsigned long long)c.hello_ok,
            (unsigned long long)c.spec_ok, (unsigned long long)c.lossy_ok,
-           (unsigned long long)c.suspects_ok, (unsigned long long)c.frame_ok);
+           (unsigned long long)c.suspects_ok, (unsigned long long)c.frame_ok,
+           (unsigned long long)c.entries_ok);
     for (int i = 0; i < nseeds; i++)
         free(seeds[i].payload);
     return 0;
