@@ -344,14 +344,22 @@ int cps__sync_set_view(cps__sync *a, const cps__view *v)
     return rc;
 }
 
+static uint64_t ms_since(uint64_t now, uint64_t then)
+{
+    return now > then ? now - then : 0;
+}
+
 int cps__sync_tick(cps__sync *a, uint64_t now)
 {
     a->nacts = 0;
     for (uint32_t i = 0; i < a->nslots; i++) {
         slot *s = &a->slots[i];
-        /* A ready slot waits for an earlier step, which is reported itself. */
-        if (!s->used || s->ready || now - s->since_ms < CPS_SYNC_STUCK_MS ||
-            (s->warned_ms && now - s->warned_ms < CPS_SYNC_STUCK_REPEAT_MS))
+        /* A ready slot waits for an earlier step, which is reported itself. The shell's clock
+         * for a tick can be read a little before the push that opened a slot was stamped: a
+         * slot opened "later" than now has waited 0 ms (unsigned now - since would wrap and
+         * report it stuck at once, for 18446744073709552 s). */
+        if (!s->used || s->ready || ms_since(now, s->since_ms) < CPS_SYNC_STUCK_MS ||
+            (s->warned_ms && ms_since(now, s->warned_ms) < CPS_SYNC_STUCK_REPEAT_MS))
             continue;
         int rc = emit(a, CPS_SA_STUCK, s);
         if (rc != 0)
