@@ -210,8 +210,7 @@ static void sync_report_stuck(cps__replica *r, const cps__sync_action *a, uint64
         "range %u: sync step %llu has waited %.0f s for worker rank(s) %s (rank(s) %s pushed): "
         "they are slow or stopped, or push other keys; a sync step needs every live worker to "
         "push the same keys (workers that push different keys need --mode async)",
-        a->range, (unsigned long long)a->step,
-        (now > a->since_ms ? now - a->since_ms : 0) / 1000.0,
+        a->range, (unsigned long long)a->step, (now > a->since_ms ? now - a->since_ms : 0) / 1000.0,
         waiting[0] ? waiting : "none", have[0] ? have : "none");
 }
 
