@@ -13,6 +13,7 @@
 
 #include "chainps/allreduce.h"
 #include "client.h"
+#include "core/config.h"
 #include "core/log.h"
 #include "replication/collective.h"
 
@@ -63,10 +64,20 @@ static int ar_get(cps_client *c, cps__ar **out)
             return CPS_ENOMEM;
         /* No progress for the unavailable timeout: a worker's death is declared well before. */
         uint64_t timeout = c->cfg.unavailable_timeout_ms ? c->cfg.unavailable_timeout_ms : 30000;
-        /* Values per message (default 256 Ki: 1 MiB), a tuning knob for benchmarks. */
+        /* Values per message (default 256 Ki: 1 MiB), a tuning knob for benchmarks. A bad value
+         * fails the call naming it rather than falling back to a default unnoticed. */
         const char *env = getenv("CHAINPS_ALLREDUCE_CHUNK");
-        uint64_t chunk = env ? strtoull(env, NULL, 10) : 0;
-        int rc = cps__coll_create(c->id, chunk, timeout, &a->coll);
+        uint32_t chunk = 0;
+        char err[160];
+        int rc = 0;
+        if (env && *env &&
+            (rc = cps__config_parse_u32("CHAINPS_ALLREDUCE_CHUNK", env, 256, 1u << 26, &chunk, err,
+                                        sizeof err)) != 0) {
+            cps__log(CPS_LOG_ERROR, "allreduce", "%s", err);
+            free(a);
+            return rc;
+        }
+        rc = cps__coll_create(c->id, chunk, timeout, &a->coll);
         if (rc != 0) {
             free(a);
             return rc;

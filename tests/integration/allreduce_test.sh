@@ -51,6 +51,16 @@ for w in ${EQUAL_WORKERS-2 4}; do
     echo "ok: $w workers, 12 all-reduces of 100003 values: equal bits on every worker and in both runs"
 done
 
+# A bad CHAINPS_ALLREDUCE_CHUNK fails the job with the variable named, instead of a silent default.
+if [ -z "${EQUAL_WORKERS+x}" ]; then
+    out=$dir/badchunk
+    mkdir -p "$out"
+    CHAINPS_ALLREDUCE_CHUNK=lots timeout 60 "$CHAINPS" launch --servers 1 --workers 2 --timeout 50 -- \
+        "$APP" --out "$out" --len 1000 --iters 2 >"$out.log" 2>&1 && fail "CHAINPS_ALLREDUCE_CHUNK=lots: the job succeeded"
+    grep -q 'CHAINPS_ALLREDUCE_CHUNK' "$out.log" || { tail -20 "$out.log"; fail "CHAINPS_ALLREDUCE_CHUNK=lots: no error naming it"; }
+    echo "ok: CHAINPS_ALLREDUCE_CHUNK=lots: the job fails, naming the variable"
+fi
+
 # pid of the worker of rank $1 among launch's children
 worker_of_rank() {
     local p
