@@ -110,6 +110,14 @@ static int admit(cps__replica *r, rmsg *p, uint64_t sig, int refused, int *verdi
     cps__chain_req q = {h->sender, h->type, (h->flags & CPS_WF_NOAGG) ? 1 : 0, h->req_seq};
     p->refused = refused;
     int v = cps__chain_admit(r->chain, h->range, &q, h->step, sig, p);
+    if (v == CPS_ADMIT_NEW && cps__rp_values_wait(r, h->range)) {
+        /* A push-pull's values wait until the range's commit point reaches our store
+         * (cps__rp_answer_values): a new update would move the store on again. */
+        cps__rp_reply_error(r, h, CPS_EAGAIN, "range %u: a read waits for the commit point",
+                            h->range);
+        *verdict = CPS_ADMIT_BUSY;
+        return 0;
+    }
     *verdict = v;
     if (v == CPS_ADMIT_DUP) {
         cps__rp_run_chain(r, now); /* may answer (and release) p now */
@@ -299,6 +307,13 @@ static void push_sync(cps__replica *r, rmsg *p, uint64_t now)
         uint64_t closed = 0;
         cps__sync_check(r->sync, h->range, sig, h->step, h->sender, h->req_seq, &closed);
         h->aux = closed;
+        if (pkv && v != CPS_SYNC_STALE) {
+            /* Values, read from committed updates only: as a retry's (reply_retry). */
+            h->flags =
+                (uint16_t)(v == CPS_SYNC_LATE ? h->flags | CPS_WF_LATE : h->flags & ~CPS_WF_LATE);
+            cps__rp_answer_values(r, p);
+            return;
+        }
         if (v == CPS_SYNC_LATE)
             cps__rp_reply_late(r, h, pkv);
         else if (v == CPS_SYNC_STALE)
@@ -529,6 +544,7 @@ void cps__replica_destroy(cps__replica *r)
     free_list(r, &r->early);
     free_list(r, &r->future);
     free_list(r, &r->queue);
+    free_list(r, &r->values);
     free_list(r, &r->dispose);
     free(r->scratch);
     free(r->out);

@@ -41,6 +41,7 @@ struct cps__replica {
     rlist early;   /* requests before our first view */
     rlist future;  /* messages of an epoch above our view's */
     rlist queue;   /* released by a view, stepped by cps__replica_next */
+    rlist values;  /* push-pull answers waiting for our store to hold committed updates only */
     cps__replica_counters ctr;
 };
 
@@ -77,6 +78,14 @@ int cps__rp_ssp_load(cps__replica *r, uint32_t range);
 void cps__rp_wake_parked(cps__replica *r);
 int cps__rp_park_pull(cps__replica *r, rmsg *p, uint64_t clock);
 int cps__rp_pull_may_proceed(cps__replica *r, uint32_t range, uint64_t clock, uint32_t worker);
+/* A push-pull's values, read from committed updates only (see replica_ready.c): p->kv holds its
+ * keys, CPS_WF_LATE in p's header makes it a late reply (cps__rp_reply_late). Answered now if
+ * our store holds only committed updates of the range, else once it does (takes p). */
+void cps__rp_answer_values(cps__replica *r, rmsg *p);
+/* Answer the push-pulls whose store caught up (at the end of every chain run). */
+void cps__rp_wake_values(cps__replica *r);
+/* 1 if a push-pull answer waits for the commit point of `range`. */
+int cps__rp_values_wait(const cps__replica *r, uint32_t range);
 /* The chain's last actions into the ready list. */
 void cps__rp_run_chain(cps__replica *r, uint64_t now);
 void cps__rp_submit(cps__replica *r, uint32_t range, const cps__chain_update *u, uint64_t now);

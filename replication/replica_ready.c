@@ -272,6 +272,77 @@ int cps__rp_pull_may_proceed(cps__replica *r, uint32_t range, uint64_t clock, ui
     return cps__ssp_may_proceed(r->ssp, &r->view, range, clock, worker);
 }
 
+/* ---- push-pull values read from committed updates only ---- */
+
+/* A push-pull's values are read from the store when its reply is performed. Two stores hold
+ * more, or less, than is committed:
+ *  - the head's holds every update it applied, committed or not: a retried push-pull (or a sync
+ *    push-pull of a closed step) answered at the commit point of its own update read the later,
+ *    uncommitted ones too, which a head failing next takes away (simulator --push-pull, seed 4).
+ *    The head cannot read its store as of an earlier sequence number, so the answer waits until
+ *    the commit point reaches what it applied, and admit (replica.c) holds new updates of the
+ *    range back meanwhile: else, under a steady flow of pushes, the commit point might trail the
+ *    head for ever;
+ *  - a tail that joined and has not caught up with what its predecessor acknowledged (its MARK)
+ *    answers the push-pulls of the re-sent updates it applies with values older than
+ *    acknowledged ones (seed 66): it waits, as its pulls are refused, until it has caught up. */
+static int store_readable(cps__replica *r, uint32_t range)
+{
+    return cps__chain_committed(r->chain, range) >= cps__chain_applied(r->chain, range) &&
+           (!cps__chain_is_tail(r->chain, range) || cps__chain_can_serve_pull(r->chain, range));
+}
+
+static void answer_values(cps__replica *r, rmsg *p)
+{
+    const cps__msg_hdr *h = &p->m.hdr;
+    if (h->flags & CPS_WF_LATE)
+        cps__rp_reply_late(r, h, &p->kv);
+    else
+        cps__rp_reply(r, h, h->step, &p->kv, 0, 0);
+    cps__rp_rmsg_done(r, p);
+}
+
+void cps__rp_answer_values(cps__replica *r, rmsg *p)
+{
+    if (store_readable(r, p->m.hdr.range)) {
+        answer_values(r, p);
+    } else if (cps__rp_rlist_push(&r->values, p) != 0) {
+        /* Its push is applied: a re-send is a duplicate, answered then. */
+        cps__rp_reply_error(r, &p->m.hdr, CPS_EAGAIN, "range %u: no memory to wait for commit",
+                            p->m.hdr.range);
+        cps__rp_rmsg_done(r, p);
+    }
+}
+
+void cps__rp_wake_values(cps__replica *r)
+{
+    uint32_t kept = 0;
+    for (uint32_t i = 0; i < r->values.n; i++) {
+        rmsg *p = r->values.v[i];
+        uint32_t range = p->m.hdr.range;
+        if (!cps__chain_is_head(r->chain, range) && !cps__chain_is_tail(r->chain, range)) {
+            /* A new view took the range (or its end) from us: the worker asks the head of its
+             * view, for which its push is a duplicate. */
+            cps__rp_reply_error(r, &p->m.hdr, CPS_EAGAIN, "range %u: no longer its head or tail",
+                                range);
+            cps__rp_rmsg_done(r, p);
+        } else if (store_readable(r, range)) {
+            answer_values(r, p);
+        } else {
+            r->values.v[kept++] = p;
+        }
+    }
+    r->values.n = kept;
+}
+
+int cps__rp_values_wait(const cps__replica *r, uint32_t range)
+{
+    for (uint32_t i = 0; i < r->values.n; i++)
+        if (r->values.v[i]->m.hdr.range == range)
+            return 1;
+    return 0;
+}
+
 /* SSP: a push-pull's values wait like a pull's. Its push is applied; only the reply waits. */
 static int pp_must_wait(cps__replica *r, const cps__chain_req *q, uint32_t range, uint64_t step)
 {
@@ -370,27 +441,31 @@ static void reply_retry(cps__replica *r, const cps__chain_action *a, rmsg *p)
     cps__kv kv;
     int have_kv =
         h->type == CPS_MSG_PUSH_PULL && cps__wire_kv_decode(p->m.payload, p->m.len, 1, &kv) == 0;
+    if (have_kv) {
+        p->kv = kv;
+        /* SSP: the values wait for the slowest worker (a late push's do not: it counts for no
+         * clock); no memory to wait: answer rather than not at all. */
+        if (!(h->flags & CPS_WF_LATE) && pp_must_wait(r, q, a->range, h->step) &&
+            cps__rp_park_pull(r, p, h->step) == 0)
+            return;
+        cps__rp_answer_values(r, p);
+        return;
+    }
     if (h->flags & CPS_WF_LATE) {
-        cps__rp_reply_late(r, h, have_kv ? &kv : NULL);
+        cps__rp_reply_late(r, h, NULL);
         cps__rp_rmsg_done(r, p);
         return;
     }
     uint64_t aux = q->type == CPS_MSG_DECLARE
                        ? declare_step(r, a->range, q->worker, p->m.payload, p->m.len)
                        : 0;
-    if (have_kv && pp_must_wait(r, q, a->range, h->step)) {
-        p->kv = kv;
-        if (cps__rp_park_pull(r, p, h->step) == 0)
-            return;
-    }
-    cps__rp_reply(r, h, h->step, have_kv ? &kv : NULL, aux, 0);
+    cps__rp_reply(r, h, h->step, NULL, aux, 0);
     cps__rp_rmsg_done(r, p);
 }
 
-/* SSP: the push-pull's reply waits, and needs only its keys: park a copy of them (no copy of
- * the gradient, which belongs to the chain). 0 if parked. */
-static int park_keys(cps__replica *r, const cps__chain_req *q, uint32_t range, uint64_t step,
-                     const cps__kv *kv)
+/* A push-pull whose reply waits needs only its keys: a copy of them (no copy of the gradient,
+ * which belongs to the chain), in a message as the request came in. NULL: no memory. */
+static rmsg *keys_copy(const cps__chain_req *q, uint32_t range, uint64_t step, const cps__kv *kv)
 {
     rmsg *p = calloc(1, sizeof *p);
     size_t len = cps__wire_kv_size(kv->nkeys, 0);
@@ -399,22 +474,14 @@ static int park_keys(cps__replica *r, const cps__chain_req *q, uint32_t range, u
         cps__wire_kv_decode(buf, len, 0, &p->kv) != 0) {
         free(buf);
         free(p);
-        return CPS_ENOMEM;
+        return NULL;
     }
     p->own = buf;
     p->m.payload = buf;
     p->m.len = len;
-    /* As the request came in: wake_parked answers hdr.sender. */
-    p->m.hdr.type = CPS_MSG_PUSH_PULL;
-    p->m.hdr.sender = q->worker;
-    p->m.hdr.req_worker = q->worker;
-    p->m.hdr.req_seq = q->req_seq;
-    p->m.hdr.range = range;
+    p->m.hdr = cps__rp_req_hdr(q, range);
     p->m.hdr.step = step;
-    if (cps__rp_park_pull(r, p, step) == 0)
-        return 0;
-    cps__rp_rmsg_free(r, p);
-    return CPS_ENOMEM;
+    return p;
 }
 
 static void do_reply(cps__replica *r, const cps__chain_action *a)
@@ -448,10 +515,18 @@ static void do_reply(cps__replica *r, const cps__chain_action *a)
     uint64_t aux = q->type == CPS_MSG_DECLARE && a->upd.kind == CPS_UPD_DECLARE
                        ? declare_step(r, a->range, q->worker, a->upd.body, a->upd.body_len)
                        : 0;
-    /* No memory to wait: answer now rather than not at all (staleness over a hang). */
-    if (have_kv && pp_must_wait(r, q, a->range, a->upd.step) &&
-        park_keys(r, q, a->range, a->upd.step, &kv) == 0)
-        return;
+    int ssp = have_kv && pp_must_wait(r, q, a->range, a->upd.step);
+    if (ssp || (have_kv && !store_readable(r, a->range))) {
+        rmsg *k = keys_copy(q, a->range, a->upd.step, &kv);
+        if (k && !ssp) {
+            cps__rp_answer_values(r, k);
+            return;
+        }
+        if (k && cps__rp_park_pull(r, k, a->upd.step) == 0)
+            return;
+        cps__rp_rmsg_free(r, k);
+        /* No memory to wait: answer now rather than not at all (staleness over a hang). */
+    }
     cps__msg_hdr rq = cps__rp_req_hdr(q, a->range);
     cps__rp_reply(r, &rq, a->upd.step, have_kv ? &kv : NULL, aux, 0);
 }
@@ -526,6 +601,8 @@ void cps__rp_run_chain(cps__replica *r, uint64_t now)
     }
     if (applied && cps__ssp_parked(r->ssp))
         cps__rp_wake_parked(r);
+    if (r->values.n)
+        cps__rp_wake_values(r);
 }
 
 void cps__rp_submit(cps__replica *r, uint32_t range, const cps__chain_update *u, uint64_t now)

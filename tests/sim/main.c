@@ -14,9 +14,10 @@
  *
  * --mode ssp:N runs bounded staleness with bound N (`ssp`: N drawn from the seed, 0..3). The mode
  * is drawn as sync or async only, so SSP runs are asked for (sim.seeds_ssp) and the seeds of
- * sim.seeds keep their runs. Workers then run steps of a push and a pull at its clock, and
- * every pull answered is checked against the bound (invariant 10) and every apply against the
- * range's clocks (invariant 9).
+ * sim.seeds keep their runs; with --push-pull (no suite ran it before) it is drawn among the
+ * three. In SSP mode workers run steps of a push and a pull at its clock, and every pull
+ * answered is checked against the bound (invariant 10) and every apply against the range's
+ * clocks (invariant 9).
  *
  * Workers run the production worker session (recovery/session.c, tests/sim/sim_worker.c); they
  * give requests up when their range has no live replica for the unavailable timeout (a
@@ -175,7 +176,7 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     }
     uint32_t rmax = p->servers < 3 ? p->servers : 3;
     p->replicas = c->replicas ? c->replicas : 1 + (uint32_t)(d[2] % rmax);
-    p->mode = c->mode >= 0 ? c->mode : (int)(d[3] % 2);
+    p->mode = c->mode >= 0 ? c->mode : (int)(d[3] % (c->push_pull ? 3 : 2));
     if (c->backup)
         p->mode = SIM_SYNC;
     p->ssp_bound = c->ssp_bound >= 0 ? (uint32_t)c->ssp_bound : (uint32_t)(d[21] % 4);

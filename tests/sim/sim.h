@@ -28,8 +28,8 @@
 /* After the network heals, everything must finish within this many events. */
 #define SIM_HEAL_EVENTS 400000u
 
-/* SIM_SSP: bounded staleness (--mode ssp:N), never drawn from a seed, so the seeds of sim.seeds
- * keep their runs. */
+/* SIM_SSP: bounded staleness (--mode ssp:N), drawn from a seed only with --push-pull, so the
+ * seeds of sim.seeds keep their runs. */
 enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 /* Scheduler-side timers of state transfer, in virtual ms (production: 120 s; scaled down). */
 #define SIM_REPAIR_MS 100

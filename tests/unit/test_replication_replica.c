@@ -353,6 +353,70 @@ static void a_push_pull_reply_waits_for_the_slowest_worker(void **state)
     finish(r, &f);
 }
 
+/* A header-only CHAIN_ACK of range 0 up to `seq` from server 2, owned by the replica. */
+static cps__replica_msg chain_ack(fake *f, uint64_t epoch, uint64_t seq)
+{
+    cps__replica_msg m = {.owner = malloc(1)};
+    m.hdr.type = CPS_MSG_CHAIN_ACK;
+    m.hdr.sender = 2;
+    m.hdr.epoch = epoch;
+    m.hdr.req_seq = seq;
+    f->owners++;
+    return m;
+}
+
+/* Async, range 0 on the chain 1 -> 2 (we are its head). A retried push-pull is a duplicate the
+ * head answers itself, with values read from its store: not before that store holds committed
+ * updates only (simulator --push-pull, seed 4). Answered at its own update's commit point, it
+ * read W2's push, which the tail had not applied. */
+static void a_retried_push_pull_is_not_answered_before_commit(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    cps__view v;
+    make_view(&v, 3, CPS_MODE_ASYNC, 1, 0);
+    v.replicas = 2;
+    v.ranges[0].chain_len = 2;
+    v.ranges[0].chain[1] = 2;
+    assert_int_equal(cps__replica_set_view(r, &v, SELF, 1, 0), 0);
+    cps__view_fini(&v);
+    perform(r, &f);
+    cps__replica_msg m = request(&f, CPS_MSG_PUSH_PULL, W1, 3, 1, 1, 1, 2);
+    cps__replica_step(r, &m, 10);
+    assert_string_equal(perform(r, &f), "WS"); /* applied, forwarded; the tail answers it */
+    m = request(&f, CPS_MSG_PUSH_PULL, W1, 3, 1, 1, 1, 2); /* the worker's retry */
+    cps__replica_step(r, &m, 11);
+    assert_string_equal(perform(r, &f), ""); /* a duplicate: waits for seq 1 to commit */
+    m = request(&f, CPS_MSG_PUSH, W2, 3, 1, 1, 3, 4);
+    cps__replica_step(r, &m, 12);
+    assert_string_equal(perform(r, &f), "WS"); /* seq 2: the store now holds W2's push */
+    m = chain_ack(&f, 3, 1);
+    cps__replica_step(r, &m, 13);
+    /* Seq 1 is committed, but the store holds seq 2, which is not: no answer. */
+    assert_string_equal(perform(r, &f), "");
+    /* Meanwhile new updates of the range wait: the store must stop moving for the answer. */
+    m = request(&f, CPS_MSG_PUSH, W2, 3, 2, 2, 5, 6);
+    cps__replica_step(r, &m, 14);
+    assert_int_equal(item(r, CPS_RO_REPLY, 0)->status, CPS_EAGAIN);
+    assert_string_equal(perform(r, &f), "R");
+    m = chain_ack(&f, 3, 2);
+    cps__replica_step(r, &m, 15);
+    const cps__replica_out *o = item(r, CPS_RO_REPLY, 0);
+    assert_int_equal(o->hdr.type, CPS_MSG_VALUES);
+    assert_int_equal(o->to, W1);
+    assert_int_equal(o->hdr.req_seq, 1);
+    assert_int_equal(o->kv.nkeys, 1);
+    assert_int_equal(o->kv.keys[0], KEY);
+    assert_string_equal(perform(r, &f), "R");
+    assert_int_equal(f.seq[0], 2);
+    /* Committed again: W2's re-sent push is taken. */
+    m = request(&f, CPS_MSG_PUSH, W2, 3, 2, 2, 5, 6);
+    cps__replica_step(r, &m, 16);
+    assert_string_equal(perform(r, &f), "WS");
+    finish(r, &f);
+}
+
 /* A view that moves a range to another server drops our copy of it; the others stay. */
 static void a_range_moved_away_is_dropped(void **state)
 {
@@ -405,6 +469,7 @@ int main(void)
         cmocka_unit_test(deferred_requests_are_stepped_after_the_first_view),
         cmocka_unit_test(a_sync_step_is_written_once_with_the_sum),
         cmocka_unit_test(a_push_pull_reply_waits_for_the_slowest_worker),
+        cmocka_unit_test(a_retried_push_pull_is_not_answered_before_commit),
         cmocka_unit_test(a_range_moved_away_is_dropped),
         cmocka_unit_test(a_request_for_a_stale_epoch_or_another_head_is_refused),
     };
