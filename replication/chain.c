@@ -51,11 +51,14 @@ static uint8_t *encode_fwd(cps__chain *c, uint32_t r, uint64_t seq, const cps__c
     return m;
 }
 
-/* Send a held FWD (re-stamped with the current epoch and our id) to the successor. */
+/* Send a held FWD (re-stamped with the current epoch and our id) to the successor. One to a
+ * shadow names its join in aux, so that a refusal (CPS_CHAIN_ACK_NOT_JOINING) is of that join. */
 static int send_held(cps__chain *c, uint32_t r, sent_entry *e, uint32_t to, uint64_t now)
 {
+    const range_st *rs = &c->ranges[r];
     e->hdr.epoch = c->view.epoch;
     e->hdr.sender = c->cfg.self;
+    e->hdr.aux = rs->shadow && to == rs->shadow ? rs->shadow_join : 0;
     cps__wire_hdr_encode(e->msg, &e->hdr);
     e->sent_ms = now;
     c->fwd_bytes += e->len;
@@ -235,6 +238,12 @@ int cps__chain_set_view(cps__chain *c, const cps__view *v, uint64_t now)
         }
         if ((rc = cps__chain_load_range(c, r)) != 0)
             break;
+        /* A joiner made tail keeps the epoch its join began in: its source is its predecessor. */
+        uint32_t pred = pos > 0 ? cps__chain_neighbour(c, r, pos - 1) : 0;
+        if (pred != rs->pred) {
+            rs->pred = pred;
+            rs->pred_epoch = v->epoch;
+        }
         int tail = (uint32_t)pos == cps__chain_chain_len(c, r) - 1;
         uint32_t succ = tail ? 0 : cps__chain_neighbour(c, r, pos + 1);
         if (rs->shadow && succ != rs->shadow &&
@@ -392,10 +401,40 @@ static int on_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, siz
     return forward(c, r, h->req_seq, &u, pos, now);
 }
 
+/* Answer a FWD sent to us as a shadow of join h->aux, which we are not copying from its sender. */
+static int send_not_joining(cps__chain *c, const cps__msg_hdr *h)
+{
+    cps__msg_hdr a = {0};
+    a.type = CPS_MSG_CHAIN_ACK;
+    a.sender = c->cfg.self;
+    a.epoch = c->view.epoch;
+    a.range = h->range;
+    a.step = h->aux;
+    a.aux = CPS_CHAIN_ACK_NOT_JOINING;
+    uint8_t *m = cps__chain_scratch_alloc(c, CPS_WIRE_HDR_SIZE);
+    if (!m)
+        return CPS_ENOMEM;
+    cps__wire_hdr_encode(m, &a);
+    return cps__chain_emit_send(c, h->range, h->sender, m, CPS_WIRE_HDR_SIZE);
+}
+
 static int on_ack(cps__chain *c, const cps__msg_hdr *h, int pos, uint64_t now)
 {
     uint32_t r = h->range;
     range_st *rs = &c->ranges[r];
+    if (h->aux & CPS_CHAIN_ACK_NOT_JOINING) {
+        /* Our shadow is not copying the range (any more): it gave the join up, or restarted,
+         * while our views kept it alive (one overtaken by a later one hid its death: simulator
+         * seeds 4312, 9673). Kept, it would be forwarded every update for ever, and at a head
+         * count against max_unacked. Only a refusal of the join we hold counts: one of an
+         * earlier join may arrive after the node asked again. */
+        if (rs->shadow && h->sender == rs->shadow && h->step == rs->shadow_join) {
+            rs->shadow = 0;
+            if ((uint32_t)pos + 1 == cps__chain_chain_len(c, r))
+                cps__chain_drop_acked(rs, UINT64_MAX);
+        }
+        return 0;
+    }
     if (rs->shadow && h->sender == rs->shadow && (uint32_t)pos + 1 == cps__chain_chain_len(c, r)) {
         /* The joining replica has these: nothing to commit, we are the tail. */
         cps__chain_drop_acked(rs, h->req_seq);
@@ -429,12 +468,32 @@ static int on_ack(cps__chain *c, const cps__msg_hdr *h, int pos, uint64_t now)
     return rc;
 }
 
+/* 1 if h, stamped with an older epoch than our view's, is a FWD or MARK of the node we have
+ * taken the range's updates from (predecessor or join source) since that epoch, as far as our
+ * views show. Its sender is simply behind us in views: it re-stamps its re-sends with its own
+ * epoch, and while views keep coming it may stay one behind for seconds. Dropped, its FWDs
+ * stalled all that time, and an ex-tail died holding an update it had acknowledged, which its
+ * joined successor never got (simulator seed 4517). Such a FWD is safe to take: the chain only
+ * grows at its tail, so a node that is our predecessor in our view and was at the FWD's epoch,
+ * with no view of ours in between showing otherwise, never left it, and its sequence numbers
+ * are the chain's. A node that left and came back is after us, unless we left too, and leaving
+ * (begin_join, forget_range) resets pred. A removed head's FWDs stay fenced: it is nobody's
+ * predecessor in our view. Acks keep the strict check: a behind successor's ack only frees
+ * what we hold, and holding longer is safe. */
+static int from_steady_pred(const cps__chain *c, const cps__msg_hdr *h)
+{
+    if ((h->type != CPS_MSG_FWD && h->type != CPS_MSG_CHAIN_MARK) || h->range >= c->nranges)
+        return 0;
+    const range_st *rs = &c->ranges[h->range];
+    return rs->pred != 0 && h->sender == rs->pred && h->epoch >= rs->pred_epoch;
+}
+
 int cps__chain_on_message(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len,
                           uint64_t now)
 {
     cps__chain_begin_call(c);
     c->now = now;
-    if (!c->have_view || h->epoch < c->view.epoch)
+    if (!c->have_view || (h->epoch < c->view.epoch && !from_steady_pred(c, h)))
         return CPS_ESTALE_EPOCH; /* fenced: a message from an older configuration */
     if (h->epoch > c->view.epoch)
         return CPS_EAGAIN; /* we are behind: the caller fetches the view; the sender re-sends */
@@ -445,6 +504,8 @@ int cps__chain_on_message(cps__chain *c, const cps__msg_hdr *h, const void *payl
         range_st *rs = &c->ranges[h->range];
         if (rs->joining && h->type == CPS_MSG_FWD && h->sender == rs->join_source)
             return cps__chain_on_join_fwd(c, h, payload, len);
+        if (h->type == CPS_MSG_FWD && h->aux != 0) /* sent to us as a shadow: not any more */
+            return send_not_joining(c, h);
         return CPS_ESTALE_EPOCH;
     }
     int rc = cps__chain_load_range(c, h->range);

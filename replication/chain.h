@@ -162,7 +162,9 @@ size_t cps__chain_actions(cps__chain *c, const cps__chain_action **out);
 /* ---- state transfer (a replica joining a range's chain) ----
  * At the range's tail: also forward every update applied from now on to `node`, which is
  * copying the range for the scheduler's join `join_id`; its acks are accepted but commit
- * nothing. Cleared when `node` becomes our successor or leaves the view. Errors: CPS_EINVAL
+ * nothing. Cleared when `node` becomes our successor or leaves the view, or when it answers a
+ * FWD of this join saying it is not copying the range (it gave the join up, or restarted while
+ * our views still showed it alive). Errors: CPS_EINVAL
  * (not the tail, or `node` is not alive in our view), CPS_ESTALE_EPOCH (`join_id` is below one
  * a shadow of the range was added for since we became its tail: a late request of an earlier
  * join, which must not displace the current one). */

@@ -67,6 +67,12 @@ typedef struct range_st {
     uint32_t backoff;     /* re-send rounds without an ack since the last one (doubles the wait) */
     uint64_t progress_ms; /* the last ack that dropped updates: re-sends wait from then too */
     uint64_t succ_since;  /* when our current successor became it (cps__chain_waiting_since) */
+    /* The node our FWDs come from (our predecessor, or the source we copy from while joining)
+     * and the epoch of the first view of ours in which it was that: its FWDs and MARKs stamped
+     * with an older epoch than ours, but not older than pred_epoch, are taken (chain.c's
+     * from_steady_pred). */
+    uint32_t pred;
+    uint64_t pred_epoch;
 } range_st;
 
 struct cps__chain {
@@ -87,6 +93,10 @@ struct cps__chain {
 
 /* aux of a CHAIN_ACK that answers a CHAIN_MARK: the MARK arrived. */
 #define CPS_CHAIN_ACK_OF_MARK 1u
+/* aux of a CHAIN_ACK that answers a FWD sent to us as a shadow (its aux: the join id) while we
+ * are not copying the range from its sender: we gave that join up, or restarted since, or copy
+ * from another tail. step is the join id the FWD named; req_seq is 0 (it acknowledges nothing). */
+#define CPS_CHAIN_ACK_NOT_JOINING 2u
 
 /* The range state and its helpers (chain_state.c). */
 int cps__chain_grow(void **arr, uint32_t *cap, uint32_t need, size_t elem);

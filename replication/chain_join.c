@@ -53,6 +53,8 @@ int cps__chain_begin_join(cps__chain *c, uint32_t r, uint32_t source)
     rs->joining = 1;
     rs->join_ready = 0;
     rs->join_source = source;
+    rs->pred = source;
+    rs->pred_epoch = c->have_view ? c->view.epoch : 0;
     return 0;
 }
 

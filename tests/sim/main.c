@@ -3,7 +3,7 @@
  *   sim --seed N [--seeds K] [--servers S] [--workers W] [--replicas R] [--ranges N]
  *       [--mode sync|async|ssp|ssp:N] [--faults
  * none|drops|crash|pause|restart|partition|join|scale|all]
- *       [--events N] [--refusals] [--sched-restarts] [--push-pull] [-v]
+ *       [--events N] [--refusals] [--sched-restarts] [--push-pull] [--views-unordered] [-v]
  *   sim --regressions FILE
  *
  * Parameters not given are drawn from the seed, from a stream of their own, in a fixed order:
@@ -44,7 +44,7 @@ typedef struct cli {
     int ssp_bound;   /* --mode ssp:N; -1 when drawn */
     uint32_t backup; /* --backup-workers B: sync mode, at least B+1 workers */
     uint64_t events;
-    int verbose, refusals, sched_restarts, push_pull;
+    int verbose, refusals, sched_restarts, push_pull, views_unordered;
     const char *regressions;
 } cli;
 
@@ -59,6 +59,7 @@ static void usage(void)
             "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
             "           [--faults none|drops|crash|pause|restart|partition|join|scale|all]\n"
             "           [--events N] [--refusals] [--sched-restarts] [--push-pull]\n"
+            "           [--views-unordered]\n"
             "           [--backup-workers B] [-v]\n"
             "       sim --regressions FILE\n");
 }
@@ -106,6 +107,10 @@ static int parse_args(int argc, char **argv, cli *c)
         }
         if (strcmp(a, "--push-pull") == 0) {
             c->push_pull = 1;
+            continue;
+        }
+        if (strcmp(a, "--views-unordered") == 0) {
+            c->views_unordered = 1;
             continue;
         }
         i++;
@@ -210,6 +215,7 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->sched_restart_per_mille = c->sched_restarts ? 300 : 0;
     p->verbose = c->verbose;
     p->push_pull = c->push_pull;
+    p->views_unordered = c->views_unordered;
     if (p->replicas > p->servers) {
         fprintf(stderr, "sim: --replicas %u > --servers %u\n", p->replicas, p->servers);
         return -1;
@@ -237,6 +243,8 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --sched-restarts");
     if (c->push_pull)
         printf(" --push-pull");
+    if (c->views_unordered)
+        printf(" --views-unordered");
     if (c->backup)
         printf(" --backup-workers %u", c->backup);
     printf("\n");

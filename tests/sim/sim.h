@@ -109,6 +109,9 @@ typedef struct sim_params {
     /* Faults that bump the epoch with the same chains: the scheduler restarts (resumes from what
      * it persisted), this often; else nothing happens. */
     uint32_t sched_restart_per_mille;
+    /* --views-unordered: a later view may overtake an earlier one at a node (a view lost and
+     * fetched again, a slow connection); never drawn. The default keeps one connection's order. */
+    int views_unordered;
 } sim_params;
 
 typedef struct sim_summary {

@@ -192,7 +192,8 @@ static void perform(sim *sm, int send)
              * and a node gets its views in the order they were sent (one connection): a later
              * view overtaking an earlier one hid a joiner's death from a tail, which then kept
              * forwarding to it for ever (seeds 4312 --faults scale, 9673). */
-            sm->net_floor = sm->view_due[a->peer] ? sm->view_due[a->peer] + 1 : 0;
+            sm->net_floor =
+                sm->view_due[a->peer] && !sm->p.views_unordered ? sm->view_due[a->peer] + 1 : 0;
             sm->net_last_due = 0;
             sim_send_hdr(sm, 0, a->peer, &h, NULL, 0,
                          nviews > 1 && h.type == CPS_MSG_VIEW ? publish_delay(sm) : 0);

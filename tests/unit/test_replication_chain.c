@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cmocka.h>
 
@@ -147,11 +148,98 @@ static void a_view_that_makes_the_joiner_a_member_ends_the_join(void **state)
     cps__view_fini(&v);
 }
 
+/* The first message the last call of `c` sent to node `to`, copied into buf (header in *h). */
+static size_t take_send(cps__chain *c, uint32_t to, cps__msg_hdr *h, uint8_t *buf, size_t cap)
+{
+    const cps__chain_action *a;
+    size_t n = cps__chain_actions(c, &a);
+    for (size_t i = 0; i < n; i++) {
+        if (a[i].kind != CPS_CA_SEND || a[i].to != to)
+            continue;
+        assert_true(a[i].len <= cap);
+        memcpy(buf, a[i].msg, a[i].len);
+        assert_int_equal(cps__wire_hdr_decode(buf, a[i].len, h), 0);
+        return a[i].len;
+    }
+    fail_msg("no message to node %u", to);
+    return 0;
+}
+
+/* Deliver msg (len bytes, header h) to chain c. */
+static int deliver(cps__chain *c, const cps__msg_hdr *h, const uint8_t *msg, size_t len,
+                   uint64_t now)
+{
+    return cps__chain_on_message(c, h, msg + CPS_WIRE_HDR_SIZE, len - CPS_WIRE_HDR_SIZE, now);
+}
+
+/* Simulator seeds 4312 and 9673: a joiner gave its join up (or restarted) while the tail's views
+ * still showed it alive (a later view had overtaken the one with its death), and the tail kept it
+ * as its shadow, forwarding it every update for ever. A FWD to a shadow names the join; a node
+ * not copying the range from its sender answers it with a refusal of that join, and the tail
+ * forgets the shadow. A refusal of an earlier join (late, after the node asked again) does not
+ * touch the current one, and a node copying the range again takes the FWDs. */
+static void a_joiner_that_gave_up_stops_being_forwarded_to(void **state)
+{
+    (void)state;
+    cps__view v;
+    make_view(&v);
+    cps__chain_config cfg1 = {1, 200, 1024}, cfg3 = {3, 200, 1024};
+    cps__chain *tail = NULL, *joiner = NULL;
+    assert_int_equal(cps__chain_create(&cfg1, &ops, NULL, &tail), 0);
+    assert_int_equal(cps__chain_create(&cfg3, &ops, NULL, &joiner), 0);
+    assert_int_equal(cps__chain_set_view(tail, &v, 0), 0);
+    assert_int_equal(cps__chain_set_view(joiner, &v, 0), 0);
+    uint8_t fwd[256], ack[256];
+    cps__msg_hdr fh, ah;
+
+    /* Join 8 of server 3, given up (no snapshot in time) after the tail took its request. */
+    assert_int_equal(cps__chain_begin_join(joiner, 0, 1), 0);
+    assert_int_equal(cps__chain_add_shadow(tail, 0, 3, 8, 1), 0);
+    cps__chain_join_abort(joiner, 0);
+    submit(tail, 1, 2);
+    size_t flen = take_send(tail, 3, &fh, fwd, sizeof fwd);
+    assert_int_equal(fh.aux, 8); /* the FWD names the join */
+    assert_int_equal(deliver(joiner, &fh, fwd, flen, 3), 0);
+    size_t alen = take_send(joiner, 1, &ah, ack, sizeof ack);
+    assert_int_equal(ah.type, CPS_MSG_CHAIN_ACK);
+    assert_int_equal(ah.step, 8);
+    assert_int_equal(ah.req_seq, 0); /* it acknowledges no update */
+
+    /* The refusal of an earlier join leaves join 8 alone. */
+    cps__msg_hdr old = ah;
+    old.step = 7;
+    uint8_t oldmsg[CPS_WIRE_HDR_SIZE];
+    cps__wire_hdr_encode(oldmsg, &old);
+    assert_int_equal(deliver(tail, &old, oldmsg, sizeof oldmsg, 4), 0);
+    assert_int_equal(cps__chain_unacked(tail, 0), 1);
+    assert_int_equal(deliver(tail, &ah, ack, alen, 5), 0);
+    assert_int_equal(cps__chain_unacked(tail, 0), 0);
+    submit(tail, 2, 6);
+    assert_int_equal(sent_to(tail), 0); /* nothing for server 3 any more */
+    assert_int_equal(cps__chain_tick(tail, 1000), 0);
+    assert_int_equal(sent_to(tail), 0);
+
+    /* Server 3 asks again (join 9): the tail forwards to it, and it takes the FWDs. */
+    assert_int_equal(cps__chain_begin_join(joiner, 0, 1), 0);
+    assert_int_equal(cps__chain_add_shadow(tail, 0, 3, 9, 1001), 0);
+    submit(tail, 3, 1002);
+    flen = take_send(tail, 3, &fh, fwd, sizeof fwd);
+    assert_int_equal(fh.aux, 9);
+    assert_int_equal(deliver(joiner, &fh, fwd, flen, 1003), 0);
+    assert_int_equal(sent_to(joiner), 0); /* held for the snapshot: no refusal */
+    assert_int_equal(deliver(tail, &ah, ack, alen, 1004), 0); /* join 8's refusal, late */
+    assert_int_equal(cps__chain_unacked(tail, 0), 1);
+    cps__chain_destroy(tail);
+    cps__chain_destroy(joiner);
+    cps__view_fini(&v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_late_request_of_an_earlier_join_keeps_the_current_shadow),
         cmocka_unit_test(a_view_that_makes_the_joiner_a_member_ends_the_join),
+        cmocka_unit_test(a_joiner_that_gave_up_stops_being_forwarded_to),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

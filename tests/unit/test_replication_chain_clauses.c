@@ -656,6 +656,119 @@ static void waiting_at_the_successor_counts_from_the_last_progress(void **state)
     assert_int_equal(cps__chain_waiting_since(w->n[1].c, 2), 0);
 }
 
+/* The scheduler's next view (`chain` for the range), installed at no node yet: a test gives it
+ * to some nodes only (install_at), as a slow connection would. */
+static void next_view(world *w, const uint32_t *chain, uint32_t len)
+{
+    w->v.epoch++;
+    set_chain(w, chain, len);
+}
+
+static void install_at(world *w, uint32_t id)
+{
+    assert_int_equal(cps__chain_set_view(w->n[id].c, &w->v, w->now), 0);
+    take(w, id);
+}
+
+/* Node `to`'s last call took the FWD (an APPLY came out) or did not. */
+static void deliver_fwd(world *w, uint32_t to, uint64_t seq, int taken)
+{
+    long i = find_msg(w, to, CPS_MSG_FWD, seq);
+    assert_true(i >= 0);
+    uint64_t before = cps__chain_applied(w->n[to].c, 0);
+    deliver_at(w, (size_t)i);
+    assert_int_equal(cps__chain_applied(w->n[to].c, 0), taken ? seq : before);
+}
+
+static const uint32_t chain1[] = {1};
+
+static int setup_chain1(void **state)
+{
+    return setup_world(state, chain1, 1);
+}
+
+/* Simulator seed 4517: a tail acknowledged an update and forwarded it to the replica copying
+ * the range, which became the tail in a view the old tail had not got yet. Each of its re-sends
+ * carried its own, older epoch; while views kept coming it stayed one behind, the new tail
+ * dropped them all as fenced, and the old tail died holding an update it had acknowledged. A
+ * FWD stamped with an older epoch is taken from the node we have taken the range from since
+ * then (predecessor or join source). */
+static void a_predecessor_behind_in_views_still_gets_its_fwds_through(void **state)
+{
+    world *w = *state;
+    push(w, 1, 1);
+    assert_replied_1_to(w, 1, 1);
+    /* Node 2 copies the range from node 1 (the tail), under epoch 1. */
+    assert_int_equal(cps__chain_begin_join(w->n[2].c, 0, 1), 0);
+    take(w, 2);
+    assert_int_equal(cps__chain_add_shadow(w->n[1].c, 0, 2, 1, w->now), 0);
+    take(w, 1);
+    install_snapshot(w, &w->n[1], 2);
+    assert_int_equal(cps__chain_join_ready(w->n[2].c, 0, 1, w->now), 0);
+    take(w, 2);
+    deliver_all(w);
+
+    push(w, 1, 2); /* acknowledged by node 1, the tail, and forwarded to node 2 under epoch 1 */
+    assert_replied_1_to(w, 1, 2);
+    next_view(w, chain12, 2); /* epoch 2: node 2 is the tail; node 1 does not have it yet */
+    install_at(w, 2);
+    deliver_fwd(w, 2, 2, 1);
+    next_view(w, chain12, 2); /* epoch 3 (another node's change): node 2 moves further ahead */
+    install_at(w, 2);
+    w->now += 10 * RESEND;
+    push(w, 1, 3);
+    deliver_fwd(w, 2, 3, 1);
+    /* Node 2's acks carry epoch 3: node 1 waits for that view, then holds nothing. */
+    deliver_all(w);
+    assert_int_equal(cps__chain_unacked(w->n[1].c, 0), 2);
+    install_at(w, 1);
+    deliver_all(w);
+    w->now += 10 * RESEND;
+    tick(w, 1);
+    deliver_all(w);
+    assert_applied_1_to(w, 2, 3);
+    assert_held(w, 1, 3, 0);
+    push(w, 1, 4);
+    deliver_all(w);
+    assert_applied_1_to(w, 2, 4);
+    assert_int_equal(w->n[2].replied[w->n[2].nreplied - 1], 4);
+}
+
+/* The rule above keeps the fence: a head removed from the chain (declared dead while slow)
+ * is nobody's predecessor in the newer view, and a FWD stamped before the epoch since which
+ * the sender has been our predecessor (as far as our views show) is not taken either. */
+static void older_fwds_of_a_removed_head_or_an_earlier_chain_stay_fenced(void **state)
+{
+    world *w = *state;
+    push(w, 1, 1);
+    deliver_all(w);
+    push(w, 1, 2);
+    long old = find_msg(w, 2, CPS_MSG_FWD, 2); /* epoch 1, node 1 -> node 2 */
+    assert_true(old >= 0);
+    msg stale = unqueue(w, (size_t)old);
+
+    static const uint32_t chain13[] = {1, 3};
+    next_view(w, chain13, 2); /* epoch 2: node 2 left; node 3 follows node 1 from now on */
+    install_at(w, 2);
+    install_at(w, 3);
+    stale.to = 3; /* a FWD node 1 sent its successor of epoch 1 reaches node 3 */
+    w->q[w->nq++] = stale;
+    deliver_fwd(w, 3, 2, 0);
+    install_at(w, 1);
+    deliver_all(w); /* the re-send under epoch 2 is taken */
+    assert_applied_1_to(w, 3, 2);
+
+    static const uint32_t chain3[] = {3};
+    next_view(w, chain3, 1); /* epoch 3: node 1 removed; it has not heard */
+    install_at(w, 3);
+    push(w, 1, 3); /* node 1 still takes writes under epoch 2 */
+    deliver_fwd(w, 3, 3, 0);
+    w->now += 10 * RESEND;
+    tick(w, 1);
+    deliver_fwd(w, 3, 3, 0);
+    assert_applied_1_to(w, 3, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -680,6 +793,11 @@ int main(void)
                                         teardown_world),
         cmocka_unit_test_setup_teardown(waiting_at_the_successor_counts_from_the_last_progress,
                                         setup_chain12, teardown_world),
+        cmocka_unit_test_setup_teardown(a_predecessor_behind_in_views_still_gets_its_fwds_through,
+                                        setup_chain1, teardown_world),
+        cmocka_unit_test_setup_teardown(
+            older_fwds_of_a_removed_head_or_an_earlier_chain_stay_fenced, setup_chain123,
+            teardown_world),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
