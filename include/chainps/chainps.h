@@ -133,8 +133,8 @@ typedef struct cps_handle cps_handle;
 /**
  * @brief Join the job described by the environment.
  *
- * Reads CHAINPS_ROLE / DMLC_ROLE / MS_ROLE, the scheduler address and the node counts (see the
- * README's table). If the role is `scheduler` or `server`, this call runs that role until the
+ * Reads CHAINPS_ROLE / DMLC_ROLE / MS_ROLE, the scheduler address and the node counts (all of
+ * them: Caveats). If the role is `scheduler` or `server`, this call runs that role until the
  * job ends and then calls exit(0) (or exit(1) on a fatal error): the same program can be started
  * in every role, as with ps-lite and MindSpore. If the role is `worker` (the default), it
  * registers with the scheduler, waits until every expected node has joined, and returns a client.
@@ -142,8 +142,12 @@ typedef struct cps_handle cps_handle;
  * message buffers are reused instead of being mapped and unmapped for every large message.
  *
  * @param[out] out the new client; the caller closes it with cps_close().
- * @return 0, CPS_ECONFIG (a bad or conflicting variable: the message names it), CPS_ETIMEDOUT
- *         (the scheduler or other nodes never arrived), CPS_ETRANSPORT, CPS_ENOMEM.
+ * @return 0, CPS_EINVAL (NULL out), CPS_ECONFIG (a bad or conflicting variable, or no usable
+ *         secret: the message names it), CPS_ETIMEDOUT (the scheduler or other nodes never
+ *         arrived within CHAINPS_JOIN_TIMEOUT_MS), CPS_ETRANSPORT (cannot bind or reach the
+ *         scheduler's address), CPS_EPROTO (the scheduler's answer does not list this worker),
+ *         CPS_ESHUTDOWN (the job ended while joining), CPS_ENOMEM, or the error the scheduler
+ *         refused the join with. In the scheduler and server roles it does not return.
  */
 CPS_API int cps_open(cps_client **out);
 
