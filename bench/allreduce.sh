@@ -15,8 +15,9 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=lib_results.sh
-. "$here/lib_results.sh" allreduce "${1:-}" chainps tests/integration/allreduce_app
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+bench_prepare allreduce "${1:-}" chainps tests/integration/allreduce_app
 CHAINPS=$build/chainps
 APP=$build/tests/integration/allreduce_app
 RUNS=${RUNS:-3}

@@ -8,8 +8,9 @@
 #   bench/allreduce_kill.sh [BUILD_DIR]
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=lib_results.sh
-. "$here/lib_results.sh" allreduce_kill "${1:-}" chainps tests/integration/allreduce_app
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+bench_prepare allreduce_kill "${1:-}" chainps tests/integration/allreduce_app
 KILLS=${KILLS:-20}
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 EQUAL_WORKERS="" "$here/../tests/integration/allreduce_test.sh" "$build/chainps" \

@@ -18,6 +18,8 @@ size=${2:?size}
 kind=${3:?kind}
 S=${4:-1}
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 build=$(cd "${5:-$here/../build-bench}" && pwd) || exit 2
 out=${TMPDIR:-/tmp}/chainps-prof-$name
 hz=$(getconf CLK_TCK)
@@ -31,6 +33,7 @@ cleanup() {
     kill "$launch" 2>/dev/null
     wait 2>/dev/null
 }
+bench_report "" "$@"
 trap cleanup EXIT
 
 # The worker and the servers are launch's children; wait until the worker has joined.

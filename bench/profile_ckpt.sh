@@ -20,6 +20,8 @@
 # Knobs: PARAMS (100000000), REPLICAS (1), WARM (2), EXPORTS (2), CALLGRAPH (dwarf | fp | none).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 build=$(cd "${1:-$here/../build-bench}" && pwd) || exit 2
 CHAINPS=$build/chainps
 WORKER=$build/bench/ckpt_worker
@@ -48,6 +50,7 @@ cleanup() {
     # checkpoint go; the logs and perf data stay. KEEP=1 keeps everything.
     [ "${KEEP:-0}" = 1 ] || rm -rf "$out/data" "$out/ckpt"
 }
+bench_report "" "$@"
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 

@@ -41,8 +41,8 @@ case $ROUNDS in '' | *[!0-9]* | 0) echo "run_ab: ROUNDS must be a positive numbe
 unset CHAINPS_INSECURE CHAINPS_SECRET_FILE
 work=$(mktemp -d "${TMPDIR:-/tmp}/chainps-ab-XXXXXX") || exit 2
 pids=()
-# shellcheck source=lib_pids.sh
-. "$here/lib_pids.sh"
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 cleanup() {
     stop_all
     if [ "${KEEP:-0}" = 1 ]; then echo "raw results kept in $work"; else rm -rf "$work"; fi

@@ -9,6 +9,8 @@
 # Usage: bench/run_auth.sh [BUILD_DIR]   env: ROUNDS (5), MS (400), REPS (3)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 build=${1:-$here/../build/release}
 CHAINPS=$build/chainps
 BENCH_PS=$build/bench/bench_ps
@@ -17,6 +19,7 @@ for b in "$CHAINPS" "$BENCH_PS"; do
 done
 ROUNDS=${ROUNDS:-5} MS=${MS:-400} REPS=${REPS:-3}
 work=$(mktemp -d "${TMPDIR:-/tmp}/chainps-auth-bench-XXXXXX")
+bench_report "" "$@"
 trap 'rm -rf "$work"' EXIT
 unset CHAINPS_SECRET_FILE CHAINPS_INSECURE
 "$CHAINPS" secret "$work/job.secret" >/dev/null

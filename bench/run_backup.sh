@@ -16,8 +16,10 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=lib_results.sh
-. "$here/lib_results.sh" run_backup "${1:-}" chainps tests/integration/lsq_worker
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+bench_prepare run_backup "${1:-}" chainps tests/integration/lsq_worker
+bench_report "" "$@"
 CHAINPS=$build/chainps
 LSQ=$build/tests/integration/lsq_worker
 RUNS=${RUNS:-5}

@@ -18,6 +18,8 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 build=${1:-$here/../build-bench}
 build=$(cd "$build" && pwd) || exit 2
 CHAINPS=$build/chainps
@@ -45,6 +47,7 @@ cleanup() {
         rm -f "$res" "$res.json" "$log"
     fi
 }
+bench_report "" "$@"
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 

@@ -56,8 +56,10 @@ R=3
 
 res=$(mktemp "${TMPDIR:-/tmp}/chainps-catchup-XXXXXX")
 work=$(mktemp -d "${TMPDIR:-/tmp}/chainps-catchup-XXXXXX")
-# shellcheck source=lib_procs.sh
-. "$here/lib_procs.sh"
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+bench_procs
+bench_report "" "$@"
 
 # wait_for FILE REGEX SECONDS [COUNT] [PID] [FROM]: until FILE has COUNT (1) lines matching REGEX
 # from its line FROM (1) on; gives up after SECONDS or when PID (if given) is gone.

@@ -46,6 +46,8 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 build=${1:-$here/../build-bench}
 build=$(cd "$build" && pwd) || exit 2
 CHAINPS=$build/chainps
@@ -76,11 +78,6 @@ monitor_pid=
 export_pid=
 dd_pid=
 kids_of() { ps -o pid= --ppid "$1" 2>/dev/null | tr -d ' '; }
-alive() {
-    local st
-    st=$(ps -o stat= -p "$1" 2>/dev/null)
-    [ -n "$st" ] && [ "${st#Z}" = "$st" ]
-}
 # End PID (and the children it had): SIGTERM, up to 10 s, then SIGKILL for whoever is left
 # (reported unless QUIET is given: the monitor's last `sleep`).
 end_tree() {
@@ -114,6 +111,7 @@ cleanup() {
         rm -rf "$tmp"
     fi
 }
+bench_report "" "$@"
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 die() {

@@ -18,8 +18,10 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=lib_results.sh
-. "$here/lib_results.sh" run_compress "${1:-}" chainps bench/bench_ps bench/bench_gradcodec
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+bench_prepare run_compress "${1:-}" chainps bench/bench_ps bench/bench_gradcodec
+bench_report "" "$@"
 CHAINPS=$build/chainps
 BENCH_PS=$build/bench/bench_ps
 BENCH_GC=$build/bench/bench_gradcodec

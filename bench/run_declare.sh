@@ -11,7 +11,7 @@
 # parts, /proc/PID/status), the data file's size and the disk blocks it holds (du), each against
 # the data bytes (4 x params). Medians over the runs, with min-max. PUSH_BENCH=1 also measures
 # the 16 MB push p50/p99 (bench_ps under `chainps launch`, one server; PUSH_MS per run).
-# Every process is ended by its PID (lib_procs.sh). KEEP=1 keeps the logs.
+# Every process is ended by its PID (lib.sh). KEEP=1 keeps the logs.
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -29,8 +29,10 @@ WORKER_LIMIT_S=${WORKER_LIMIT_S:-300}
 
 res=$(mktemp "${TMPDIR:-/tmp}/chainps-declare-XXXXXX")
 work=$(mktemp -d "${TMPDIR:-/tmp}/chainps-declare-XXXXXX")
-# shellcheck source=lib_procs.sh
-. "$here/lib_procs.sh"
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+bench_procs
+bench_report "" "$@"
 
 kb_of() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
 

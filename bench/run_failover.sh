@@ -37,8 +37,10 @@ S=3
 
 res=$(mktemp "${TMPDIR:-/tmp}/chainps-failover-XXXXXX")
 work=$(mktemp -d "${TMPDIR:-/tmp}/chainps-failover-XXXXXX")
-# shellcheck source=lib_procs.sh
-. "$here/lib_procs.sh"
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+bench_procs
+bench_report "" "$@"
 
 # Node id of the server with rank 0, and whether it heads a range, from `chainps status`.
 victim_heads() {

@@ -38,6 +38,8 @@
 # REPS, EPOCHS, TTA, LOCAL2, EXTRA, KEEP=1 keeps the raw results. All on 127.0.0.1.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 root=$(cd "$here/.." && pwd)
 build=${1:-$root/build/rel}
 build=$(cd "$build" && pwd) || exit 2
@@ -61,6 +63,7 @@ res=$tmp/results
 cleanup() {
     if [ "${KEEP:-0}" = 1 ]; then echo "raw results kept in $tmp"; else rm -rf "$tmp"; fi
 }
+bench_report "" "$@"
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 

@@ -22,6 +22,8 @@
 # every namespace deleted on exit.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 build=$(cd "${1:?usage: run_frames.sh BUILD_DIR [PSLITE_BENCH]}" && pwd) || exit 2
 pslite=${2:-}
 if [ -n "$pslite" ]; then
@@ -52,6 +54,7 @@ cleanup() {
     netns_delete
     if [ "${KEEP:-0}" = 1 ]; then echo "kept $work"; else rm -rf "$work"; fi
 }
+bench_report "" "$@"
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 tag=cpsf$$

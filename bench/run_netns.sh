@@ -53,8 +53,10 @@ S=3
 
 res=$(mktemp "${TMPDIR:-/tmp}/chainps-netns-XXXXXX")
 work=$(mktemp -d "${TMPDIR:-/tmp}/chainps-netns-XXXXXX")
-# shellcheck source=bench/lib_procs.sh
-. "$here/lib_procs.sh"
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+bench_procs
+bench_report "" "$@"
 # shellcheck source=tests/integration/lib_netns.sh
 . "$here/../tests/integration/lib_netns.sh"
 why=$(netns_can_run) || {
@@ -67,7 +69,7 @@ end_all() {
     for p in "${busy[@]}"; do kill -KILL "$p" 2>/dev/null; done
     reap "${busy[@]}"
     netns_delete
-    cleanup
+    bench_procs_cleanup
 }
 trap end_all EXIT
 

@@ -67,7 +67,9 @@ else
     [ $# -ge 1 ] && [ $# -le 2 ] || usage
 fi
 pslite_arg=$1
-. "$here/lib_results.sh" run_pslite "${2:-}" chainps bench/bench_ps
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+bench_prepare run_pslite "${2:-}" chainps bench/bench_ps
 CHAINPS=$build/chainps
 BENCH_PS=$build/bench/bench_ps
 
@@ -75,6 +77,8 @@ ROUNDS=${ROUNDS:-3}
 ITERS=${ITERS:-}
 SIZES=${SIZES:-4096,65536,1048576,16777216}
 MODE=${MODE:-sync}
+# The smoke run (a ctest) is no result: it leaves bench/results/run_pslite.md alone.
+[ "$smoke" = 1 ] || bench_report "" "$@"
 if [ "$smoke" = 1 ]; then
     ROUNDS=1
     ITERS=${ITERS:-3}
@@ -88,8 +92,6 @@ CPU=${CPU:-0}
 
 work=$res.d
 mkdir -p "$work" && : >"$work/run.txt" && : >"$work/run.log" || exit 2
-# shellcheck source=lib_pids.sh
-. "$here/lib_pids.sh"
 cleanup() {
     stop_all
     if [ "${KEEP:-0}" = 1 ]; then
@@ -101,9 +103,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 commit_of() { # DIR: short commit, "-dirty" when it has local changes; "unknown" if not a checkout
     local c top
     top=$(git -C "$1" rev-parse --show-toplevel 2>/dev/null)

@@ -9,6 +9,8 @@
 # Knobs: REPS (rounds, 5), MS (ms per run, 1000), DEPTH (pipelined calls in flight, 4).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 root=$(cd "$here/.." && pwd)
 build=$(cd "${1:-$root/build/rel}" && pwd) || exit 2
 CHAINPS=$build/chainps
@@ -20,6 +22,7 @@ MS=${MS:-1000}
 DEPTH=${DEPTH:-4}
 for b in "$CHAINPS" "$BENCH_PS"; do [ -x "$b" ] || { echo "run_python: $b not built" >&2; exit 2; }; done
 res=$(mktemp "${TMPDIR:-/tmp}/chainps-pybench-XXXXXX")
+bench_report "" "$@"
 trap 'rm -f "$res" "$res.c"' EXIT
 trap 'exit 130' INT TERM
 echo "Python vs C push_pull, $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -21,8 +21,10 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=lib_results.sh
-. "$here/lib_results.sh" run_replication "${1:-}" chainps bench/bench_ps
+# shellcheck source=lib.sh
+. "$here/lib.sh"
+bench_prepare run_replication "${1:-}" chainps bench/bench_ps
+bench_report "" "$@"
 CHAINPS=$build/chainps
 BENCH_PS=$build/bench/bench_ps
 [ -r /proc/net/dev ] || { echo "run_replication: /proc/net/dev unreadable" >&2; exit 2; }

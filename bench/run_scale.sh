@@ -23,8 +23,9 @@ fi
 cps=$build/chainps
 worker=$build/bench/ckpt_worker
 tmp=$(mktemp -d)
-# shellcheck source=bench/lib_pids.sh
-. "$root/bench/lib_pids.sh"
+# shellcheck source=lib.sh
+. "$root/bench/lib.sh"
+bench_report "" "$@"
 work=$tmp
 cleanup() {
     stop_all

@@ -12,6 +12,8 @@
 # Prints medians with min-max, the load average before and after. All on 127.0.0.1.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=lib.sh
+. "$here/lib.sh"
 root=$(cd "$here/.." && pwd)
 build=${1:-$root/build/rel}
 build=$(cd "$build" && pwd) || exit 2
@@ -25,6 +27,7 @@ STEPS=${STEPS:-300}
 "$PY" -c 'import chainps, torch' || { echo "run_torch: chainps or torch not importable" >&2; exit 2; }
 
 res=$(mktemp "${TMPDIR:-/tmp}/chainps-torch-XXXXXX")
+bench_report "" "$@"
 trap 'rm -f "$res" "$res.out"' EXIT
 trap 'exit 130' INT TERM
 echo "examples/torch on $(nproc) cores, $(date -u '+%Y-%m-%d %H:%M UTC'), load average $(cut -d' ' -f1-3 /proc/loadavg)"

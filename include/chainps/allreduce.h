@@ -98,7 +98,8 @@ typedef struct cps_allreduce_stats {
     uint64_t bytes_sent;    /**< payload bytes sent to other workers */
 } cps_allreduce_stats;
 
-/** @brief Copy the counters into *out (zeros before the first all-reduce). */
+/** @brief Copy the counters into *out (zeros before the first all-reduce, or for a NULL client).
+ * Never fails; does nothing if out is NULL. */
 CPS_API void cps_allreduce_stats_get(struct cps_client *c, cps_allreduce_stats *out);
 
 #ifdef __cplusplus

@@ -8,6 +8,11 @@ int main(void)
 {
     printf("chainps %s (headers %d.%d.%d)\n", cps_version(), CHAINPS_VERSION_MAJOR,
            CHAINPS_VERSION_MINOR, CHAINPS_VERSION_PATCH);
+    if (cps_version_number() != CHAINPS_VERSION || cps_wire_version() != CHAINPS_WIRE_VERSION) {
+        fprintf(stderr, "library %d (wire %d) is not the headers' %d (wire %d)\n",
+                cps_version_number(), cps_wire_version(), CHAINPS_VERSION, CHAINPS_WIRE_VERSION);
+        return 1;
+    }
     cps_client *c;
     int rc = cps_open(&c);
     if (rc != 0) {
