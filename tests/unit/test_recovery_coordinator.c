@@ -356,12 +356,9 @@ static void a_new_life_is_a_death_then_a_return(void **state)
     cps__coord_destroy(c);
 }
 
-/* Data-path evidence: a report of unanswered requests starts a probe round; a server that
- * leaves its probe unanswered is declared dead though its heartbeats flow. */
-static void an_unanswered_probe_is_a_death(void **state)
+/* Worker 5 reports server 2 at 100: the nonce of the probe round it starts. */
+static uint64_t report_server_2(cps__coord *c)
 {
-    (void)state;
-    cps__coord *c = running(4, 1);
     cps__suspect_entry e = {2, 5 * DEAD_MS};
     unsigned char pl[64];
     size_t len = cps__wire_suspects_encode(pl, sizeof pl, &e, 1);
@@ -372,22 +369,37 @@ static void an_unanswered_probe_is_a_death(void **state)
     assert_non_null(p);
     uint64_t nonce = p->hdr.req_seq;
     done(c);
+    return nonce;
+}
+
+static void answer_probe(cps__coord *c, uint32_t id, uint64_t nonce, uint64_t now)
+{
+    cps__msg_hdr a = {
+        .type = CPS_MSG_PROBE, .flags = CPS_WF_REPLY, .sender = id, .epoch = 1, .req_seq = nonce};
+    cps__coord_step(c, &a, NULL, 0, id, now);
+}
+
+/* Nodes 1..5 (servers 1..4, worker 5) beat at t, then time passes. */
+static void beat_and_tick(cps__coord *c, uint64_t t)
+{
+    for (uint32_t id = 1; id <= 5; id++)
+        msg(c, CPS_MSG_HEARTBEAT, id, t);
+    cps__coord_tick(c, t, NULL, 0);
+}
+
+/* Data-path evidence: a report of unanswered requests starts a probe round; a server that
+ * leaves its probe unanswered is declared dead though its heartbeats flow. */
+static void an_unanswered_probe_is_a_death(void **state)
+{
+    (void)state;
+    cps__coord *c = running(4, 1);
+    uint64_t nonce = report_server_2(c);
     /* Everyone beats; all but server 2 answer their probe. */
-    for (uint32_t id = 1; id <= 4; id++) {
-        if (id == 2)
-            continue;
-        cps__msg_hdr a = {.type = CPS_MSG_PROBE,
-                          .flags = CPS_WF_REPLY,
-                          .sender = id,
-                          .epoch = 1,
-                          .req_seq = nonce};
-        cps__coord_step(c, &a, NULL, 0, id, 110);
-    }
-    for (uint64_t t = 120; t <= 120 + 4 * DEAD_MS && cps__coord_epoch(c) == 1; t += 20) {
-        for (uint32_t id = 1; id <= 5; id++)
-            msg(c, CPS_MSG_HEARTBEAT, id, t);
-        cps__coord_tick(c, t, NULL, 0);
-    }
+    for (uint32_t id = 1; id <= 4; id++)
+        if (id != 2)
+            answer_probe(c, id, nonce, 110);
+    for (uint64_t t = 120; t <= 120 + 4 * DEAD_MS && cps__coord_epoch(c) == 1; t += 20)
+        beat_and_tick(c, t);
     assert_int_equal(cps__coord_epoch(c), 2);
     assert_true(logged(c, "server 2 (rank 1) left our probe unanswered"));
     assert_false(cps__view_node(cps__coord_view(c), 2)->alive);
@@ -401,27 +413,13 @@ static void a_late_probe_answer_is_asked_again_not_a_death(void **state)
 {
     (void)state;
     cps__coord *c = running(4, 1);
-    cps__suspect_entry e = {2, 5 * DEAD_MS};
-    unsigned char pl[64];
-    size_t len = cps__wire_suspects_encode(pl, sizeof pl, &e, 1);
-    cps__msg_hdr h = {.type = CPS_MSG_SUSPECT, .sender = 5, .epoch = 1};
-    cps__coord_step(c, &h, pl, len, 5, 100);
-    uint64_t first = find(c, CPS_CO_MSG, CPS_MSG_PROBE, 2)->hdr.req_seq;
-    done(c);
-    for (uint32_t id = 1; id <= 4; id++) {
-        cps__msg_hdr a = {.type = CPS_MSG_PROBE,
-                          .flags = CPS_WF_REPLY,
-                          .sender = id,
-                          .epoch = 1,
-                          .req_seq = first};
+    uint64_t first = report_server_2(c);
+    for (uint32_t id = 1; id <= 4; id++)
         if (id != 2)
-            cps__coord_step(c, &a, NULL, 0, id, 110);
-    }
+            answer_probe(c, id, first, 110);
     uint64_t again = 0, t;
     for (t = 120; t <= 120 + 4 * DEAD_MS && !again; t += 20) {
-        for (uint32_t id = 1; id <= 5; id++)
-            msg(c, CPS_MSG_HEARTBEAT, id, t);
-        cps__coord_tick(c, t, NULL, 0);
+        beat_and_tick(c, t);
         const cps__coord_action *p = find(c, CPS_CO_MSG, CPS_MSG_PROBE, 2);
         again = p ? p->hdr.req_seq : 0;
         done(c);
@@ -429,17 +427,10 @@ static void a_late_probe_answer_is_asked_again_not_a_death(void **state)
     assert_true(again != 0 && again != first);
     assert_int_equal(cps__coord_epoch(c), 1);
     /* The first probe's answer comes now, then the second's. */
-    cps__msg_hdr late = {
-        .type = CPS_MSG_PROBE, .flags = CPS_WF_REPLY, .sender = 2, .epoch = 1, .req_seq = first};
-    cps__coord_step(c, &late, NULL, 0, 2, t);
-    cps__msg_hdr ok = late;
-    ok.req_seq = again;
-    cps__coord_step(c, &ok, NULL, 0, 2, t + 10);
-    for (t += 20; t <= 120 + 10 * DEAD_MS; t += 20) {
-        for (uint32_t id = 1; id <= 5; id++)
-            msg(c, CPS_MSG_HEARTBEAT, id, t);
-        cps__coord_tick(c, t, NULL, 0);
-    }
+    answer_probe(c, 2, first, t);
+    answer_probe(c, 2, again, t + 10);
+    for (t += 20; t <= 120 + 10 * DEAD_MS; t += 20)
+        beat_and_tick(c, t);
     assert_int_equal(cps__coord_epoch(c), 1);
     assert_false(logged(c, "left our probe unanswered for"));
     assert_true(cps__view_node(cps__coord_view(c), 2)->alive);
