@@ -31,8 +31,9 @@ int cps__coord_create(const cps__coord_config *cfg, cps__coord **out)
     c->join_deadline = cfg->now + c->cfg.join_timeout_ms + 1;
     cps__view_init(&c->view);
     c->nodes = calloc(CPS_MAX_NODES, sizeof *c->nodes);
+    c->former = calloc(CPS_MAX_RANGES, sizeof *c->former);
     cps__detector_config dc = {c->cfg.dead_after_ms, 2 * c->cfg.dead_after_ms};
-    int rc = c->nodes ? cps__detector_create(&dc, &c->detector) : CPS_ENOMEM;
+    int rc = c->nodes && c->former ? cps__detector_create(&dc, &c->detector) : CPS_ENOMEM;
     cps__suspect_config sc = {cps__suspect_evidence_ms(c->cfg.dead_after_ms),
                               cps__suspect_probe_ms(c->cfg.dead_after_ms)};
     if (rc == 0)
@@ -57,6 +58,7 @@ void cps__coord_destroy(cps__coord *c)
     cps__repair_destroy(c->repair);
     cps__view_fini(&c->view);
     free(c->nodes);
+    free(c->former);
     free(c->blob_buf);
     free(c);
 }

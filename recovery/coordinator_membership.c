@@ -116,6 +116,8 @@ static int start_job(cps__coord *c, uint64_t now)
 
 /* ---- admission ---- */
 
+static int emptied(cps__coord *c, const cps__coord_node *n);
+
 /* A HELLO that names no member: a new node, if the job has room for it. NULL: refused. */
 static cps__coord_node *admit(cps__coord *c, uint32_t role, uint32_t want_rank, uint32_t prev_id,
                               const char *addr)
@@ -172,6 +174,7 @@ void cps__co_hello(cps__coord *c, const cps__msg_hdr *h, const void *pl, size_t 
         cps__co_log(c, CPS_LOG_ERROR, "malformed HELLO dropped: %s", cps_strerror(rc));
         return;
     }
+    uint32_t flags = cps__hello_flags(pl, len);
     if (role != CPS_ROLE_SERVER && role != CPS_ROLE_WORKER) {
         cps__co_log(c, CPS_LOG_ERROR, "HELLO from %s with role %u refused", addr, role);
         return;
@@ -211,6 +214,16 @@ void cps__co_hello(cps__coord *c, const cps__msg_hdr *h, const void *pl, size_t 
     }
     if (boot)
         n->boot_id = boot;
+    if (n->info.role == CPS_ROLE_SERVER && c->started && !n->info.alive) {
+        /* A server let in drops every range whose chain does not name it (replication/replica.h,
+         * `fresh`), so it is nobody's fallback any more; one that lost its store holds nothing
+         * its chains may be served from. */
+        if ((flags & CPS_HELLO_EMPTY) && emptied(c, n) != 0)
+            return;
+        for (uint32_t r = 0; r < c->view.nranges; r++)
+            if (c->former[r] == n->info.id)
+                c->former[r] = 0;
+    }
     int moved = strcmp(n->info.addr, addr) != 0 && n->info.addr[0];
     if (moved)
         cps__co_log(c, CPS_LOG_INFO, "%s %u (rank %u) came back at %s", cps__co_role(n->info.role),
@@ -291,6 +304,62 @@ static void chain_remove(cps__range *rg, uint32_t node)
     rg->chain_len = k;
 }
 
+static int in_chain(const cps__range *rg, uint32_t node)
+{
+    for (uint32_t j = 0; j < rg->chain_len; j++)
+        if (rg->chain[j] == node)
+            return 1;
+    return 0;
+}
+
+/* Server n, not alive, says HELLO from an empty store (CPS_HELLO_EMPTY: a replaced disk). A chain
+ * may still name it: as the last replica of a range, which a death leaves in its place
+ * (recovery/repair.h) for the range to wait for it. Its copy is gone: it must never serve such a
+ * range, let alone as its only holder. The range goes back to the member a death took out of it
+ * when it left n alone (c->former), which holds what was acknowledged until then, and n copies
+ * the range as any joiner once a member runs. Returns 0 when n may be let in, CPS_EAGAIN when a
+ * range it is the only replica of has no such member: n is kept out (it asks again), and the
+ * range waits for a server that holds it. */
+static int emptied(cps__coord *c, const cps__coord_node *n)
+{
+    uint32_t id = n->info.id, changed = 0, kept = 0;
+    for (uint32_t r = 0; r < c->view.nranges; r++) {
+        cps__range *rg = &c->view.ranges[r];
+        if (!in_chain(rg, id))
+            continue;
+        if (rg->chain_len > 1) {
+            chain_remove(rg, id);
+            changed++;
+            cps__co_log(c, CPS_LOG_WARN,
+                        "range %u: server %u came back with an empty store: it leaves the chain "
+                        "and will copy the range",
+                        r, id);
+            continue;
+        }
+        const cps__coord_node *f = c->former[r] ? cps__co_find(c, c->former[r]) : NULL;
+        if (f && f != n && f->info.role == CPS_ROLE_SERVER && !f->left) {
+            rg->chain[0] = f->info.id;
+            c->former[r] = 0;
+            changed++;
+            cps__co_log(c, CPS_LOG_WARN,
+                        "range %u: server %u, its last replica, came back with an empty store: "
+                        "server %u, which a death took out of the range, holds what was "
+                        "acknowledged before and replaces it%s",
+                        r, id, f->info.id, f->info.alive ? "" : " (the range waits for it)");
+            continue;
+        }
+        kept++;
+        cps__co_log(c, CPS_LOG_ERROR,
+                    "range %u: server %u, its only replica, came back with an empty store, and "
+                    "no other server holds the range: server %u is kept out; start it on its "
+                    "old data, or restore a checkpoint",
+                    r, id, id);
+    }
+    if (kept && changed)
+        cps__co_publish(c, "a server came back with an empty store");
+    return kept ? CPS_EAGAIN : 0;
+}
+
 /* Put the joiners that caught up into the view in memory (the caller publishes it). Returns how
  * many. */
 static uint32_t apply_appends(cps__coord *c)
@@ -305,6 +374,7 @@ static uint32_t apply_appends(cps__coord *c)
         if (in || rg->chain_len >= CPS_MAX_REPLICAS)
             continue;
         rg->chain[rg->chain_len++] = node;
+        c->former[c->appends[i].range] = 0; /* updates acknowledged by two from now on */
         cps__co_log(c, CPS_LOG_INFO, "server %u joined range %u as its tail", node,
                     c->appends[i].range);
         n++;
@@ -440,6 +510,11 @@ void cps__co_declare_dead(cps__coord *c, uint32_t id, uint64_t silence_ms, uint6
     else
         c->counts.deaths_worker++;
     cps__co_sync_view_nodes(c);
+    /* The ranges it is a full member of (not a joiner that may lack acknowledged updates):
+     * where its death leaves one member, it is the range's fallback (c->former). */
+    unsigned char *full = calloc(c->view.nranges ? c->view.nranges : 1, 1);
+    for (uint32_t r = 0; full && r < c->view.nranges; r++)
+        full[r] = in_chain(&c->view.ranges[r], id) && cps__coord_unconfirmed(c, r) != id;
     cps__view nv;
     cps__view_init(&nv);
     uint32_t lost = 0;
@@ -448,8 +523,15 @@ void cps__co_declare_dead(cps__coord *c, uint32_t id, uint64_t silence_ms, uint6
     if (rc != 0) {
         cps__co_log(c, CPS_LOG_ERROR, "cannot build a view without node %u", id);
         cps__view_fini(&nv);
+        free(full);
         return;
     }
+    for (uint32_t r = 0; r < nv.nranges; r++) {
+        const cps__range *rg = &nv.ranges[r];
+        if (in_chain(&c->view.ranges[r], id) && !in_chain(rg, id))
+            c->former[r] = full && full[r] && rg->chain_len == 1 ? id : 0;
+    }
+    free(full);
     nv.epoch = c->view.epoch; /* publish bumps it */
     const cps__repair_action *a;
     size_t na = c->repair ? cps__repair_actions(c->repair, &a) : 0;
@@ -658,6 +740,15 @@ static void sync_suspects(cps__coord *c)
     }
 }
 
+static void send_probe(cps__coord *c, const cps__suspect_action *a)
+{
+    cps__coord_action *m = cps__co_push(c, CPS_CO_MSG, a->node);
+    m->hdr = (cps__msg_hdr){.type = CPS_MSG_PROBE,
+                            .sender = CPS_COORD_SELF,
+                            .epoch = c->view.epoch,
+                            .req_seq = a->nonce};
+}
+
 /* A worker or server reports servers that left its requests unanswered (recovery/suspect.h):
  * the report may start a probe round of every server; the probes decide, never the report.
  * `now` must be the clock the ticks read too (see recovery/suspect.c). */
@@ -685,13 +776,8 @@ void cps__co_suspect(cps__coord *c, const cps__coord_node *n, const cps__msg_hdr
                         "%s %u has had requests to server %u unanswered for %u ms: probing %zu "
                         "server(s)",
                         cps__co_role(n->info.role), n->info.id, e[i].node, e[i].unanswered_ms, na);
-        for (size_t k = 0; k < na; k++) {
-            cps__coord_action *m = cps__co_push(c, CPS_CO_MSG, a[k].node);
-            m->hdr = (cps__msg_hdr){.type = CPS_MSG_PROBE,
-                                    .sender = CPS_COORD_SELF,
-                                    .epoch = c->view.epoch,
-                                    .req_seq = a[k].nonce};
-        }
+        for (size_t k = 0; k < na; k++)
+            send_probe(c, &a[k]);
     }
 }
 
@@ -759,6 +845,13 @@ void cps__co_detect(cps__coord *c, uint64_t now, const uint32_t *gone, size_t ng
     const cps__suspect_action *sa;
     size_t ns = c->finished ? 0 : cps__suspect_actions(c->suspect, &sa);
     for (size_t i = 0; i < ns; i++) {
+        if (sa[i].kind == CPS_SUS_PROBE) {
+            cps__co_log(c, CPS_LOG_INFO,
+                        "server %u left our probe unanswered for %u ms: asking it again",
+                        sa[i].node, cps__suspect_probe_ms(c->cfg.dead_after_ms));
+            send_probe(c, &sa[i]);
+            continue;
+        }
         cps__coord_node *dn = cps__co_find(c, sa[i].node);
         if (!dn || !dn->info.alive)
             continue;

@@ -44,6 +44,11 @@ struct cps__coord {
         uint32_t range, node;
     } appends[64];
     uint32_t nappends;
+    /* Per range (CPS_MAX_RANGES): the member a death took out of it when that left one member,
+     * and which has not been let in since (a server let in drops the ranges whose chain does
+     * not name it). It holds what was acknowledged until then: the range's fallback, should the
+     * one left come back with an empty store. 0: none. In memory only. */
+    uint32_t *former;
     cps__coord_out out;
     unsigned char *blob_buf; /* cps__coord_blobs' bytes */
     size_t blob_cap;

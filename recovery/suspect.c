@@ -8,8 +8,10 @@
 
 typedef struct watched {
     uint32_t node;
-    uint64_t probed; /* the nonce of the round it was probed in (0: none) */
-    int answered;    /* it answered that probe */
+    uint64_t probed;  /* the nonce of its outstanding probe, the current one (0: none) */
+    int answered;     /* it answered that probe */
+    int tries;        /* 1: the round's probe; 2: asked again after leaving it unanswered */
+    uint64_t sent_ms; /* when the current probe went out */
 } watched;
 
 struct cps__suspect {
@@ -17,7 +19,8 @@ struct cps__suspect {
     uint64_t epoch;
     watched *w;
     size_t n, cap;
-    uint64_t nonce;    /* the current (or last) round's; rounds count from 1 */
+    uint64_t nonce;    /* the last probe's; every probe has its own */
+    int rounds;        /* a round was started */
     int probing;       /* a round is under way */
     uint64_t round_ms; /* when it started */
     uint32_t round_by; /* the reporter that started it */
@@ -70,7 +73,7 @@ int cps__suspect_watch(cps__suspect *s, uint32_t node)
     if (rc != 0)
         return rc;
     /* Not probed in a round under way: it is judged from the next one. */
-    s->w[s->n++] = (watched){node, 0, 0};
+    s->w[s->n++] = (watched){node, 0, 0, 0, 0};
     return 0;
 }
 
@@ -93,9 +96,24 @@ void cps__suspect_epoch(cps__suspect *s, uint64_t epoch)
  * now - round_ms wrapped there, and a round that had just sent its probes declared every server
  * that had not answered yet dead at once: issue 26, chaos on fmnist, three servers and a range
  * with no replica). */
+static uint64_t since(uint64_t then, uint64_t now)
+{
+    return now > then ? now - then : 0;
+}
+
 static uint64_t since_round(const cps__suspect *s, uint64_t now)
 {
-    return now > s->round_ms ? now - s->round_ms : 0;
+    return since(s->round_ms, now);
+}
+
+/* A probe's nonce: never one an earlier probe had, in this life or an earlier one of the
+ * scheduler (whose epochs are older: a restarted scheduler starts at a newer one), so an answer
+ * counts only for the probe it answers. */
+static uint64_t next_nonce(cps__suspect *s)
+{
+    uint64_t floor = s->epoch << 32;
+    s->nonce = s->nonce + 1 > floor ? s->nonce + 1 : floor + 1;
+    return s->nonce;
 }
 
 int cps__suspect_report(cps__suspect *s, const cps__suspect_report_in *in, uint64_t now)
@@ -109,19 +127,19 @@ int cps__suspect_report(cps__suspect *s, const cps__suspect_report_in *in, uint6
         return CPS_SUS_UNKNOWN;
     if (in->unanswered_ms < s->cfg.evidence_ms)
         return CPS_SUS_WEAK;
-    if (s->probing || (s->nonce && since_round(s, now) < s->cfg.probe_ms))
+    if (s->probing || (s->rounds && since_round(s, now) < s->cfg.probe_ms))
         return CPS_SUS_PROBING; /* one round at a time, at most one per probe_ms */
-    s->nonce++;
+    s->rounds = 1;
     s->probing = 1;
     s->round_ms = now;
     s->round_by = in->reporter;
     /* Every server, not only the one named: the reporter sees where its requests stop being
      * answered, which is the head even when the head waits on a successor that is cut off. */
+    uint64_t nonce = next_nonce(s); /* the round's; a probe asked again gets its own */
     for (size_t i = 0; i < s->n; i++) {
-        s->w[i].probed = s->nonce;
-        s->w[i].answered = 0;
+        s->w[i] = (watched){s->w[i].node, nonce, 0, 1, now};
         s->acts[s->nacts++] =
-            (cps__suspect_action){CPS_SUS_PROBE, s->w[i].node, s->nonce, 0, in->reporter};
+            (cps__suspect_action){CPS_SUS_PROBE, s->w[i].node, s->w[i].probed, 0, in->reporter};
     }
     return CPS_SUS_PROBING;
 }
@@ -133,38 +151,57 @@ void cps__suspect_answered(cps__suspect *s, uint32_t node, uint64_t nonce)
         w->answered = 1;
 }
 
+/* How long a server's current probe may go unanswered: the round's probe probe_ms; the one
+ * asked again, half that (a fresh message on a link that served the first one late). */
+static uint64_t probe_limit(const cps__suspect *s, const watched *w)
+{
+    uint64_t half = s->cfg.probe_ms / 2;
+    return w->tries > 1 ? (half ? half : 1) : s->cfg.probe_ms;
+}
+
 void cps__suspect_tick(cps__suspect *s, uint64_t now)
 {
     s->nacts = 0;
     if (!s->probing)
         return;
     int waiting = 0;
-    for (size_t i = 0; i < s->n; i++)
-        waiting |= s->w[i].probed == s->nonce && !s->w[i].answered;
-    if (!waiting) {
-        s->probing = 0; /* everyone answered: the reporters' silence is explained elsewhere */
-        return;
-    }
-    uint64_t waited = since_round(s, now);
-    if (waited < s->cfg.probe_ms)
-        return;
-    s->probing = 0;
     for (size_t i = 0; i < s->n;) {
         watched *w = &s->w[i];
-        if (w->probed == s->nonce && !w->answered) {
-            s->acts[s->nacts++] =
-                (cps__suspect_action){CPS_SUS_DEAD, w->node, s->nonce, waited, s->round_by};
-            *w = s->w[--s->n]; /* reported once; the caller declares it dead */
-        } else {
+        if (!w->probed || w->answered) {
             i++;
+            continue;
+        }
+        if (since(w->sent_ms, now) < probe_limit(s, w)) {
+            waiting = 1;
+            i++;
+        } else if (w->tries == 1) {
+            /* One late message is not a death: ask again, and judge by that probe alone (an
+             * answer to the first one no longer counts: it answers a question not asked). */
+            *w = (watched){w->node, next_nonce(s), 0, 2, now};
+            s->acts[s->nacts++] =
+                (cps__suspect_action){CPS_SUS_PROBE, w->node, w->probed, 0, s->round_by};
+            waiting = 1;
+            i++;
+        } else {
+            s->acts[s->nacts++] = (cps__suspect_action){CPS_SUS_DEAD, w->node, w->probed,
+                                                        since_round(s, now), s->round_by};
+            *w = s->w[--s->n]; /* reported once; the caller declares it dead */
         }
     }
+    /* Everyone answered (or is judged): the reporters' silence is explained elsewhere. */
+    if (!waiting)
+        s->probing = 0;
 }
 
 void cps__suspect_refresh(cps__suspect *s, uint64_t now)
 {
-    if (s->probing && now > s->round_ms)
+    if (!s->probing)
+        return;
+    if (now > s->round_ms)
         s->round_ms = now;
+    for (size_t i = 0; i < s->n; i++)
+        if (s->w[i].probed && now > s->w[i].sent_ms)
+            s->w[i].sent_ms = now;
 }
 
 size_t cps__suspect_actions(const cps__suspect *s, const cps__suspect_action **out)

@@ -9,7 +9,11 @@
  * The rule: a report is never a verdict on its own. A report that counts makes the scheduler
  * look for itself: it probes every watched server (CPS_MSG_PROBE, sent to each server's inbox,
  * the same way the reporters' requests go, and answered by the server's event loop). A server
- * that leaves the probe unanswered for probe_ms is declared dead. Why not "unanswered for long
+ * that leaves the probe unanswered for probe_ms is asked again, and is declared dead when it
+ * leaves that probe, the current one, unanswered for probe_ms / 2 too: one message held back
+ * (the simulator's long delays, seeds 8540 and 9471 of --faults scale) is not a death. Every
+ * probe has its own nonce, which the answer echoes: an answer counts only for the probe it
+ * answers (not for a later one, nor across the scheduler's restarts). Why not "unanswered for long
  * enough" or "two reporters": a reporter cannot tell an unreachable server from one that holds
  * its request on purpose (a sync step waits for the slowest worker; an SSP pull waits for the
  * clocks), from one slow to answer, or from a break in its own link; two workers waiting on the
@@ -22,8 +26,8 @@
  * about a chain that no longer exists); its reporter is a live member of the view (a node
  * declared dead is cut off, and its view of others proves nothing); the suspect is a watched
  * server other than the reporter; and its requests went unanswered for at least evidence_ms. A
- * probe round starts at most once per probe_ms; a server answering the probe of a round clears
- * it for that round.
+ * probe round starts at most once per probe_ms; a server answering its current probe clears it
+ * for that round.
  *
  * Lost heartbeats play no part here, and a lost probe is re-sent by TCP: on a lossy link a probe
  * is late by a retransmission timeout or two (hundreds of ms), not by probe_ms.
@@ -42,9 +46,10 @@ typedef struct cps__suspect cps__suspect;
 /* The timings, from the heartbeat timeout (CHAINPS_DEAD_AFTER_MS, 2000 by default): a reporter
  * reports a server it has had requests out to and heard nothing from for 0.6 of it (1200 ms),
  * every CPS_SUSPECT_REPORT_MS while that lasts; a probed server is dead after 0.4 of it (800 ms:
- * a lost probe's TCP retransmissions, 200 then 400 ms, fit in it). A one-way partition is
- * failed over within the heartbeat timeout plus a tick or two (~2.1 s by default), and a node
- * that only ever loses heartbeats is never probed. */
+ * a lost probe's TCP retransmissions, 200 then 400 ms, fit in it), and asked again, after 0.2
+ * more (400 ms). A one-way partition is failed over within the heartbeat timeout plus 0.2 of it
+ * and a tick or two (~2.5 s by default), and a node that only ever loses heartbeats is never
+ * probed. */
 #define CPS_SUSPECT_REPORT_MS 200u
 static inline uint32_t cps__suspect_evidence_ms(uint32_t dead_after_ms)
 {
@@ -66,7 +71,7 @@ int cps__suspect_list_add(cps__suspect_entry *e, uint32_t *n, uint32_t node, uin
 
 typedef struct cps__suspect_config {
     uint32_t evidence_ms; /* a report counts when unanswered this long (> 0) */
-    uint32_t probe_ms;    /* a probed server silent this long is dead (> 0) */
+    uint32_t probe_ms;    /* a probed server silent this long is asked again (> 0) */
 } cps__suspect_config;
 
 /* Verdicts of cps__suspect_report. */
@@ -88,14 +93,14 @@ typedef struct cps__suspect_report_in {
 
 enum cps__suspect_action_kind {
     CPS_SUS_PROBE = 1, /* send CPS_MSG_PROBE with req_seq `nonce` to `node` */
-    CPS_SUS_DEAD       /* declare `node` dead: it left probe `nonce` unanswered `silent_ms` */
+    CPS_SUS_DEAD       /* declare `node` dead: it left its probes unanswered `silent_ms` */
 };
 
 typedef struct cps__suspect_action {
     int kind;
     uint32_t node;
     uint64_t nonce;
-    uint64_t silent_ms;   /* CPS_SUS_DEAD: since the probe went out */
+    uint64_t silent_ms;   /* CPS_SUS_DEAD: since the round's first probe went out */
     uint32_t reported_by; /* the reporter that started the round */
 } cps__suspect_action;
 
@@ -115,11 +120,14 @@ void cps__suspect_epoch(cps__suspect *s, uint64_t epoch);
  * round (see cps__suspect_actions). */
 int cps__suspect_report(cps__suspect *s, const cps__suspect_report_in *in, uint64_t now);
 
-/* `node` answered probe `nonce` (a stale nonce or unknown node: no-op). */
+/* `node` answered probe `nonce`. Only its current probe counts: an answer to a probe it was
+ * asked again after, to an earlier round, or from an earlier life of the scheduler, and an
+ * unknown node, are no-ops. */
 void cps__suspect_answered(cps__suspect *s, uint32_t node, uint64_t nonce);
 
-/* Time passes: servers that left the round's probe unanswered for probe_ms become CPS_SUS_DEAD
- * actions (each once; they are no longer watched). */
+/* Time passes: a server that left the round's probe unanswered for probe_ms is probed again
+ * (CPS_SUS_PROBE, a new nonce); one that left that probe unanswered for probe_ms / 2 becomes a
+ * CPS_SUS_DEAD action (once; it is no longer watched). */
 void cps__suspect_tick(cps__suspect *s, uint64_t now);
 
 /* We (the scheduler) did not run for a while: a round under way counts its probe time from

@@ -415,8 +415,12 @@ int cps__hello_decode(const void *buf, size_t len, uint32_t *role, uint32_t *wan
     if (len < 16)
         return CPS_ESIZE;
     uint32_t r = cps__le32_get(b), wr = cps__le32_get(b + 4), alen = cps__le32_get(b + 12);
-    if ((uint64_t)alen + 16 != len)
+    int flagged = (uint64_t)alen + 20 == len;
+    if ((uint64_t)alen + 16 != len && !flagged)
         return CPS_ESIZE;
+    /* The flags word is sent only when not 0: one encoding per HELLO. */
+    if (flagged && cps__le32_get(b + 16 + alen) == 0)
+        return CPS_EPROTO;
     /* Servers and workers join; CPS_ROLE_NONE is an observer (`chainps status` sends its
      * address this way). A rank is dense, so it is below CPS_MAX_NODES or "any". */
     if ((r != CPS_ROLE_NONE && r != CPS_ROLE_SERVER && r != CPS_ROLE_WORKER) ||
@@ -433,4 +437,23 @@ int cps__hello_decode(const void *buf, size_t len, uint32_t *role, uint32_t *wan
     memcpy(addr, b + 16, alen);
     memset(addr + alen, 0, CPS_ADDR_MAX - alen);
     return 0;
+}
+
+size_t cps__hello_add_flags(void *buf, size_t cap, size_t len, uint32_t flags)
+{
+    if (flags == 0)
+        return len;
+    if (!buf || len == 0 || len + 4 > cap)
+        return 0;
+    cps__le32_put((unsigned char *)buf + len, flags);
+    return len + 4;
+}
+
+uint32_t cps__hello_flags(const void *buf, size_t len)
+{
+    const unsigned char *b = buf;
+    if (!buf || len < 16)
+        return 0;
+    uint32_t alen = cps__le32_get(b + 12);
+    return (uint64_t)alen + 20 == len ? cps__le32_get(b + 16 + alen) : 0;
 }

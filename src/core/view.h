@@ -106,13 +106,25 @@ void cps__stats_encode(void *buf, const cps__node_stats *s);
 void cps__stats_decode(const void *buf, cps__node_stats *s);
 
 /* HELLO payload: u32 role, u32 requested rank (UINT32_MAX: any), u32 previous id (0: new),
- * u32 addr length, addr bytes (no NUL). Also the STATUS request payload, with CPS_ROLE_NONE.
- * The decoder accepts roles NONE, SERVER and WORKER (the caller checks which it expects), an
- * address of 1..CPS_ADDR_MAX-1 printable non-space ASCII bytes, and a rank < CPS_MAX_NODES or
- * UINT32_MAX. Errors: CPS_ESIZE (lengths), CPS_EPROTO (fields). */
+ * u32 addr length, addr bytes (no NUL), then optionally u32 flags (CPS_HELLO_*; present only
+ * when not 0, so a HELLO that says nothing new is the shorter form every earlier build reads).
+ * Also the STATUS request payload, with CPS_ROLE_NONE. The decoder accepts roles NONE, SERVER
+ * and WORKER (the caller checks which it expects), an address of 1..CPS_ADDR_MAX-1 printable
+ * non-space ASCII bytes, a rank < CPS_MAX_NODES or UINT32_MAX, and a flags word that is not 0
+ * (unknown bits are kept: cps__hello_flags). Errors: CPS_ESIZE (lengths), CPS_EPROTO (fields). */
 size_t cps__hello_encode(void *buf, size_t cap, uint32_t role, uint32_t want_rank, uint32_t prev_id,
                          const char *addr);
 int cps__hello_decode(const void *buf, size_t len, uint32_t *role, uint32_t *want_rank,
                       uint32_t *prev_id, char addr[CPS_ADDR_MAX]);
+
+/* HELLO flags. A server whose store lost its data (a new or replaced disk, --reset-data) says so:
+ * the scheduler must not count it as holding the ranges an earlier life of it held, and above
+ * all not as the last replica of one (recovery/coordinator_membership.c). */
+#define CPS_HELLO_EMPTY 1u
+/* Append `flags` to the HELLO of `len` bytes encoded in buf (cap bytes). Returns the new
+ * length: len itself when flags is 0, 0 when buf has no room. */
+size_t cps__hello_add_flags(void *buf, size_t cap, size_t len, uint32_t flags);
+/* The flags of a HELLO that cps__hello_decode accepted (0: none sent, as by earlier builds). */
+uint32_t cps__hello_flags(const void *buf, size_t len);
 
 #endif

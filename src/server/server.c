@@ -358,9 +358,12 @@ static void rejoin(cps__server *s)
 
 static int send_hello(cps__server *s, const char *addr, uint32_t prev_id)
 {
-    char payload[16 + CPS_ADDR_MAX];
+    char payload[20 + CPS_ADDR_MAX];
     size_t n =
         cps__hello_encode(payload, sizeof payload, CPS_ROLE_SERVER, s->cfg.rank, prev_id, addr);
+    /* No node id in the store: it never held a range of this job (a new or replaced disk,
+     * --reset-data), whatever an earlier life at this address did. */
+    n = cps__hello_add_flags(payload, sizeof payload, n, prev_id ? 0 : CPS_HELLO_EMPTY);
     /* aux: this incarnation, so a restart the scheduler had not noticed is not mistaken for
      * the same process continuing with its old chain state. */
     cps__msg_hdr h = {.type = CPS_MSG_HELLO, .sender = UINT32_MAX, .aux = s->boot_id};

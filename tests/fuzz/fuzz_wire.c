@@ -204,8 +204,9 @@ static void fuzz_hello(const unsigned char *b, size_t len)
     }
     fuzz_wire_n.hello_ok++;
     CHECK(memchr(addr, 0, CPS_ADDR_MAX) != NULL);
-    unsigned char re[16 + CPS_ADDR_MAX];
-    check_same(b, len, re, cps__hello_encode(re, sizeof re, role, rank, prev, addr));
+    unsigned char re[20 + CPS_ADDR_MAX];
+    size_t n = cps__hello_encode(re, sizeof re, role, rank, prev, addr);
+    check_same(b, len, re, cps__hello_add_flags(re, sizeof re, n, cps__hello_flags(b, len)));
 }
 
 /* Tensor descriptions (REGISTER, REGISTRY): a run of them, each re-encoding to its bytes. */

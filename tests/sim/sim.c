@@ -378,20 +378,16 @@ int sim_chance(sim *sm, uint32_t per_mille)
     return chance(sm, per_mille);
 }
 
-/* A message a partition cuts but the network never drops, duplicates or holds back long: what a
- * TCP connection gives a small message with no retry behind it (the scheduler's probes and their
- * answers). With the long delays, a probe answered late declared a live server dead, and with a
- * replaced disk elsewhere that lost acknowledged updates (seeds 8540 and 9471 of --faults scale:
- * a question for recovery/suspect.c, which decides on one answer's lateness). */
+/* A message the network delays (long, sometimes) and a partition cuts, but never drops or
+ * duplicates: what a TCP connection gives a message with no retry behind it (the scheduler's
+ * probes and their answers). A probe answered late once is asked again (recovery/suspect.c:
+ * seeds 8540 and 9471 of --faults scale declared a live server dead on one late answer). */
 void sim_send_reliable(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h)
 {
     int lossy = sm->lossy;
-    uint32_t long_pm = sm->p.long_per_mille;
     sm->lossy = 0;
-    sm->p.long_per_mille = 0;
     send_hdr(sm, from, to, h, NULL, 0, 0);
     sm->lossy = lossy;
-    sm->p.long_per_mille = long_pm;
 }
 
 static int node_alive(const cps__view *v, uint32_t id);
@@ -533,28 +529,6 @@ static int sole_replica(const sim *sm, uint32_t id)
     return !sim_sched_removable(sm, id);
 }
 
-/* Does every range `id` holds keep two other members that run (not paused, not crashed)? The
- * operator replaces a disk only then: with one other replica, the scheduler may declare that one
- * dead next (a pause, lost heartbeats) and let the empty disk back as the range's last replica,
- * which no scheduler can tell from a full one by its HELLO: acknowledged updates are lost (seed
- * 1882, invariant 1: a double fault, not a protocol bug). */
-static int others_running(const sim *sm, uint32_t id)
-{
-    const cps__view *v = sim_cur_view(sm);
-    for (uint32_t r = 0; r < v->nranges; r++) {
-        const cps__range *rg = &v->ranges[r];
-        if (!in_chain(rg, id))
-            continue;
-        uint32_t others = 0;
-        for (uint32_t j = 0; j < rg->chain_len; j++)
-            others += rg->chain[j] != id && node_alive(v, rg->chain[j]) &&
-                      sm->servers[rg->chain[j] - 1].state == SRV_UP;
-        if (others < 2)
-            return 0;
-    }
-    return 1;
-}
-
 /* A crashed server comes back: on its store, or on an empty one (a replaced disk: never for the
  * last replica of a range, whose data would be gone), with a fresh chain state machine. */
 static void restart(sim *sm, sim_server *s)
@@ -562,8 +536,10 @@ static void restart(sim *sm, sim_server *s)
     s->restart_due = 0;
     if (s->state != SRV_CRASHED || sm->phase == PHASE_END)
         return; /* at the job's end nobody restarts a server */
-    int wipe =
-        chance(sm, sm->p.wipe_per_mille) && !sole_replica(sm, s->id) && others_running(sm, s->id);
+    /* With one other replica, the scheduler may declare that one dead next (a pause, lost
+     * heartbeats) and find the empty disk the range's last replica: it says it is empty in its
+     * HELLO, and the coordinator never lets it be the range's holder (seed 1882). */
+    int wipe = chance(sm, sm->p.wipe_per_mille) && !sole_replica(sm, s->id);
     if (wipe) {
         for (uint32_t r = 0; r < sm->nranges; r++)
             sim_rstore_clear(&s->rs[r]);

@@ -241,6 +241,11 @@ static void hello(sim *sm, uint32_t id, uint64_t boot)
     snprintf(addr, sizeof addr, "sim://%u", id);
     size_t len = cps__hello_encode(pl, sizeof pl, server ? CPS_ROLE_SERVER : CPS_ROLE_WORKER,
                                    server ? id - 1 : id - 1 - sm->p.servers, id, addr);
+    /* A restart on an empty store (a replaced disk) says so, as a server finding no node id in
+     * its store does. */
+    len = cps__hello_add_flags(pl, sizeof pl, len,
+                               server && sm->servers && sm->servers[id - 1].wiped ? CPS_HELLO_EMPTY
+                                                                                  : 0);
     cps__msg_hdr h = {.type = CPS_MSG_HELLO, .sender = id, .aux = boot, .raw_len = (uint32_t)len};
     cps__coord_step(sm->coord, &h, pl, len, id, sm->now);
 }

@@ -625,6 +625,35 @@ static void hello_round_trip(void **state)
     assert_string_equal(addr, longest);
 }
 
+/* The flags word (CPS_HELLO_EMPTY: a server whose store has no data) follows the address, only
+ * when not 0: a HELLO without flags is the form earlier builds send and read. */
+static void hello_flags_extend_the_old_form(void **state)
+{
+    (void)state;
+    uint32_t role, rank, prev;
+    char addr[CPS_ADDR_MAX];
+    size_t old = cps__hello_encode(buf, sizeof buf, CPS_ROLE_SERVER, 1, 0, "tcp://h:1");
+    assert_int_equal(cps__hello_add_flags(buf, sizeof buf, old, 0), old);
+    assert_int_equal(cps__hello_flags(buf, old), 0);
+    size_t n = cps__hello_add_flags(buf, sizeof buf, old, CPS_HELLO_EMPTY);
+    assert_int_equal(n, old + 4);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), 0);
+    assert_int_equal(role, CPS_ROLE_SERVER);
+    assert_string_equal(addr, "tcp://h:1");
+    assert_int_equal(cps__hello_flags(buf, n), CPS_HELLO_EMPTY);
+    /* Bits this build does not know are kept for the caller to ignore. */
+    cps__le32_put(buf + old, CPS_HELLO_EMPTY | 0x80u);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), 0);
+    assert_int_equal(cps__hello_flags(buf, n), CPS_HELLO_EMPTY | 0x80u);
+    /* A flags word of 0 is never sent (one encoding per HELLO); other lengths are refused. */
+    cps__le32_put(buf + old, 0);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), CPS_EPROTO);
+    assert_int_equal(cps__hello_decode(buf, old + 2, &role, &rank, &prev, addr), CPS_ESIZE);
+    assert_int_equal(cps__hello_decode(buf, old + 5, &role, &rank, &prev, addr), CPS_ESIZE);
+    /* No room for the word. */
+    assert_int_equal(cps__hello_add_flags(buf, old + 3, old, CPS_HELLO_EMPTY), 0);
+}
+
 static void hello_errors(void **state)
 {
     (void)state;
@@ -723,6 +752,7 @@ int main(void)
         cmocka_unit_test(view_prefix_decode),
         cmocka_unit_test(stats_round_trip),
         cmocka_unit_test(hello_round_trip),
+        cmocka_unit_test(hello_flags_extend_the_old_form),
         cmocka_unit_test(hello_errors),
         cmocka_unit_test(supersedes_worker_replacement),
     };

@@ -11,6 +11,7 @@
 #include "chainps/error.h"
 #include "core/config.h"
 #include "recovery/coordinator.h"
+#include "recovery/view_change.h"
 
 /* A job of 4 servers (ids 1..4, ranks 0..3), chains of 3 over 4 ranges, and 2 workers (ids 5, 6);
  * heartbeats declared missing after 400 ms. */
@@ -18,13 +19,14 @@
 
 static cps__config cfg;
 static int hold; /* the next make() holds the workers back until a RELEASE (--restore-from) */
+static uint32_t replicas = 3; /* the chains' length of the next make() */
 
 static cps__coord *make(uint32_t servers, uint32_t workers)
 {
     cps__config_defaults(&cfg);
     cfg.num_servers = servers;
     cfg.num_workers = workers;
-    cfg.replicas = 3;
+    cfg.replicas = replicas;
     cfg.num_ranges = 4;
     cfg.mode = CPS_MODE_SYNC;
     cfg.dead_after_ms = DEAD_MS;
@@ -78,14 +80,22 @@ static void done(cps__coord *c)
     cps__coord_done(c);
 }
 
-static void hello(cps__coord *c, uint32_t role, uint32_t port, uint64_t boot, uint64_t now)
+/* A HELLO with CPS_HELLO_* flags (a server that found its store empty). */
+static void hello_flags(cps__coord *c, uint32_t role, uint32_t port, uint64_t boot, uint32_t flags,
+                        uint64_t now)
 {
     char addr[64], pl[128];
     snprintf(addr, sizeof addr, "tcp://127.0.0.1:%u", port);
     size_t len = cps__hello_encode(pl, sizeof pl, role, UINT32_MAX, 0, addr);
+    len = cps__hello_add_flags(pl, sizeof pl, len, flags);
     cps__msg_hdr h = {
         .type = CPS_MSG_HELLO, .sender = UINT32_MAX, .aux = boot, .raw_len = (uint32_t)len};
     assert_int_equal(cps__coord_step(c, &h, pl, len, UINT32_MAX, now), 0);
+}
+
+static void hello(cps__coord *c, uint32_t role, uint32_t port, uint64_t boot, uint64_t now)
+{
+    hello_flags(c, role, port, boot, 0, now);
 }
 
 static void msg(cps__coord *c, uint8_t type, uint32_t from, uint64_t now)
@@ -346,12 +356,9 @@ static void a_new_life_is_a_death_then_a_return(void **state)
     cps__coord_destroy(c);
 }
 
-/* Data-path evidence: a report of unanswered requests starts a probe round; a server that
- * leaves its probe unanswered is declared dead though its heartbeats flow. */
-static void an_unanswered_probe_is_a_death(void **state)
+/* Worker 5 reports server 2 at 100: the nonce of the probe round it starts. */
+static uint64_t report_server_2(cps__coord *c)
 {
-    (void)state;
-    cps__coord *c = running(4, 1);
     cps__suspect_entry e = {2, 5 * DEAD_MS};
     unsigned char pl[64];
     size_t len = cps__wire_suspects_encode(pl, sizeof pl, &e, 1);
@@ -362,25 +369,154 @@ static void an_unanswered_probe_is_a_death(void **state)
     assert_non_null(p);
     uint64_t nonce = p->hdr.req_seq;
     done(c);
+    return nonce;
+}
+
+static void answer_probe(cps__coord *c, uint32_t id, uint64_t nonce, uint64_t now)
+{
+    cps__msg_hdr a = {
+        .type = CPS_MSG_PROBE, .flags = CPS_WF_REPLY, .sender = id, .epoch = 1, .req_seq = nonce};
+    cps__coord_step(c, &a, NULL, 0, id, now);
+}
+
+/* Nodes 1..5 (servers 1..4, worker 5) beat at t, then time passes. */
+static void beat_and_tick(cps__coord *c, uint64_t t)
+{
+    for (uint32_t id = 1; id <= 5; id++)
+        msg(c, CPS_MSG_HEARTBEAT, id, t);
+    cps__coord_tick(c, t, NULL, 0);
+}
+
+/* Data-path evidence: a report of unanswered requests starts a probe round; a server that
+ * leaves its probe unanswered is declared dead though its heartbeats flow. */
+static void an_unanswered_probe_is_a_death(void **state)
+{
+    (void)state;
+    cps__coord *c = running(4, 1);
+    uint64_t nonce = report_server_2(c);
     /* Everyone beats; all but server 2 answer their probe. */
-    for (uint32_t id = 1; id <= 4; id++) {
-        if (id == 2)
-            continue;
-        cps__msg_hdr a = {.type = CPS_MSG_PROBE,
-                          .flags = CPS_WF_REPLY,
-                          .sender = id,
-                          .epoch = 1,
-                          .req_seq = nonce};
-        cps__coord_step(c, &a, NULL, 0, id, 110);
-    }
-    for (uint64_t t = 120; t <= 120 + 4 * DEAD_MS && cps__coord_epoch(c) == 1; t += 20) {
-        for (uint32_t id = 1; id <= 5; id++)
-            msg(c, CPS_MSG_HEARTBEAT, id, t);
-        cps__coord_tick(c, t, NULL, 0);
-    }
+    for (uint32_t id = 1; id <= 4; id++)
+        if (id != 2)
+            answer_probe(c, id, nonce, 110);
+    for (uint64_t t = 120; t <= 120 + 4 * DEAD_MS && cps__coord_epoch(c) == 1; t += 20)
+        beat_and_tick(c, t);
     assert_int_equal(cps__coord_epoch(c), 2);
     assert_true(logged(c, "server 2 (rank 1) left our probe unanswered"));
     assert_false(cps__view_node(cps__coord_view(c), 2)->alive);
+    cps__coord_destroy(c);
+}
+
+/* Regression (seeds 8540 and 9471 of sim --faults scale): a server whose probe answer is late
+ * once is asked again with a probe of its own, which alone counts; answering it keeps the server
+ * in the view, and a late answer to the first probe neither clears nor kills it. */
+static void a_late_probe_answer_is_asked_again_not_a_death(void **state)
+{
+    (void)state;
+    cps__coord *c = running(4, 1);
+    uint64_t first = report_server_2(c);
+    for (uint32_t id = 1; id <= 4; id++)
+        if (id != 2)
+            answer_probe(c, id, first, 110);
+    uint64_t again = 0, t;
+    for (t = 120; t <= 120 + 4 * DEAD_MS && !again; t += 20) {
+        beat_and_tick(c, t);
+        const cps__coord_action *p = find(c, CPS_CO_MSG, CPS_MSG_PROBE, 2);
+        again = p ? p->hdr.req_seq : 0;
+        done(c);
+    }
+    assert_true(again != 0 && again != first);
+    assert_int_equal(cps__coord_epoch(c), 1);
+    /* The first probe's answer comes now, then the second's. */
+    answer_probe(c, 2, first, t);
+    answer_probe(c, 2, again, t + 10);
+    for (t += 20; t <= 120 + 10 * DEAD_MS; t += 20)
+        beat_and_tick(c, t);
+    assert_int_equal(cps__coord_epoch(c), 1);
+    assert_false(logged(c, "left our probe unanswered for"));
+    assert_true(cps__view_node(cps__coord_view(c), 2)->alive);
+    cps__coord_destroy(c);
+}
+
+/* Servers 1 and 2 hold every range; server 1 goes silent and is declared dead (each chain: 2).
+ * Returns the coordinator with that view out. */
+static cps__coord *two_servers_one_dead(void)
+{
+    replicas = 2;
+    cps__coord *c = running(2, 1);
+    replicas = 3;
+    uint64_t t;
+    for (t = 100; t <= 2000 && cps__coord_epoch(c) == 1; t += 50) {
+        msg(c, CPS_MSG_HEARTBEAT, 2, t);
+        msg(c, CPS_MSG_HEARTBEAT, 3, t);
+        cps__coord_tick(c, t, NULL, 0);
+    }
+    const cps__view *v = cps__coord_view(c);
+    assert_false(cps__view_node(v, 1)->alive);
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        assert_int_equal(v->ranges[r].chain_len, 1);
+        assert_int_equal(v->ranges[r].chain[0], 2);
+    }
+    done(c);
+    return c;
+}
+
+/* Regression (seed 1882 of sim --faults all): server 2, the last replica of every range after
+ * server 1's (false) death, restarts on an empty disk. Its HELLO says so: it must not be let
+ * back as the ranges' holder. The ranges go back to server 1, which the death took out and which
+ * holds what was acknowledged; server 2 is let in holding nothing (it copies them as a joiner). */
+static void an_empty_store_is_never_a_last_replica(void **state)
+{
+    (void)state;
+    cps__coord *c = two_servers_one_dead();
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 5000);
+    assert_true(logged(c, "came back with an empty store"));
+    const cps__view *v = cps__coord_view(c);
+    assert_true(cps__view_node(v, 2)->alive);
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        assert_int_equal(v->ranges[r].chain_len, 1);
+        assert_int_equal(v->ranges[r].chain[0], 1);
+        assert_false(cps__view_range_available(v, r)); /* it waits for server 1 */
+    }
+    done(c);
+    hello(c, CPS_ROLE_SERVER, 7000, 888, 5100); /* server 1, on its store */
+    v = cps__coord_view(c);
+    assert_true(cps__view_node(v, 1)->alive);
+    for (uint32_t r = 0; r < v->nranges; r++)
+        assert_true(cps__view_range_available(v, r));
+    cps__coord_destroy(c);
+}
+
+/* The same restart with no server to fall back on: server 1 came back and was let in (so it
+ * dropped the ranges it was no longer in) before server 2 restarted empty. Server 2 is kept
+ * out, and the ranges wait, rather than be served from nothing. A server that is no member of
+ * any chain says it is empty to no effect. */
+static void an_empty_last_replica_with_no_fallback_is_kept_out(void **state)
+{
+    (void)state;
+    cps__coord *c = two_servers_one_dead();
+    hello(c, CPS_ROLE_SERVER, 7000, 888, 5000); /* server 1 back: a joiner at most */
+    assert_true(cps__view_node(cps__coord_view(c), 1)->alive);
+    done(c);
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 5100);
+    assert_true(logged(c, "its only replica, came back with an empty store"));
+    const cps__view *v = cps__coord_view(c);
+    assert_false(cps__view_node(v, 2)->alive);
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        assert_int_equal(v->ranges[r].chain[0], 2);
+        assert_false(cps__view_range_available(v, r));
+    }
+    assert_null(find(c, CPS_CO_VIEW, CPS_MSG_WELCOME, 2));
+    cps__coord_destroy(c);
+
+    c = running(4, 1);
+    hello_flags(c, CPS_ROLE_SERVER, 7003, 999, CPS_HELLO_EMPTY, 10); /* a new life of server 4 */
+    v = cps__coord_view(c);
+    assert_true(cps__view_node(v, 4)->alive);
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        assert_true(cps__view_range_available(v, r));
+        for (uint32_t j = 0; j < v->ranges[r].chain_len; j++)
+            assert_int_not_equal(v->ranges[r].chain[j], 4);
+    }
     cps__coord_destroy(c);
 }
 
@@ -534,6 +670,9 @@ int main(void)
         cmocka_unit_test(a_drain_needs_room_and_moves_the_ranges),
         cmocka_unit_test(a_new_life_is_a_death_then_a_return),
         cmocka_unit_test(an_unanswered_probe_is_a_death),
+        cmocka_unit_test(a_late_probe_answer_is_asked_again_not_a_death),
+        cmocka_unit_test(an_empty_store_is_never_a_last_replica),
+        cmocka_unit_test(an_empty_last_replica_with_no_fallback_is_kept_out),
         cmocka_unit_test(a_restarted_coordinator_resumes_from_its_blobs),
         cmocka_unit_test(a_job_short_of_nodes_gives_up),
         cmocka_unit_test(a_restore_releases_the_held_workers_and_is_acknowledged),

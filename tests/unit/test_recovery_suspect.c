@@ -40,6 +40,16 @@ static uint64_t probes(cps__suspect *s, size_t want)
     return n ? a[0].nonce : 0;
 }
 
+/* The last call asked `node` again, alone: returns the new probe's nonce. */
+static uint64_t asked_again(cps__suspect *s, uint32_t node)
+{
+    const cps__suspect_action *a;
+    assert_int_equal(cps__suspect_actions(s, &a), 1);
+    assert_int_equal(a[0].kind, CPS_SUS_PROBE);
+    assert_int_equal(a[0].node, node);
+    return a[0].nonce;
+}
+
 static size_t deaths(cps__suspect *s, uint32_t *dead)
 {
     const cps__suspect_action *a;
@@ -72,6 +82,10 @@ static void a_tick_before_the_round_started_declares_nobody_dead(void **state)
     cps__suspect_tick(s, 5999);
     assert_int_equal(deaths(s, dead), 0);
     cps__suspect_tick(s, 6000);
+    asked_again(s, 1);
+    cps__suspect_tick(s, 6499);
+    assert_int_equal(deaths(s, dead), 0);
+    cps__suspect_tick(s, 6500);
     assert_int_equal(deaths(s, dead), 1);
     assert_int_equal(dead[0], 1);
     cps__suspect_destroy(s);
@@ -88,7 +102,8 @@ static void bad_config_is_refused(void **state)
 }
 
 /* The one-way partition: server 2 gets nothing, so it answers neither the worker nor the probe;
- * the others answer. Server 2 alone is declared dead, probe_ms after the report. */
+ * the others answer. Server 2 alone is asked again probe_ms after the report, and declared dead
+ * when it leaves that probe unanswered too, probe_ms / 2 later. */
 static void unreachable_server_is_declared_dead(void **state)
 {
     (void)state;
@@ -105,11 +120,17 @@ static void unreachable_server_is_declared_dead(void **state)
     assert_int_equal(report(s, 11, 7, 2, 1700, 5500), CPS_SUS_PROBING);
     assert_int_equal(probes(s, 0), 0);
     cps__suspect_tick(s, 6000);
+    uint64_t again = asked_again(s, 2);
+    assert_true(again != nonce);
+    assert_true(cps__suspect_probing(s));
+    cps__suspect_tick(s, 6499);
+    assert_int_equal(deaths(s, dead), 0);
+    cps__suspect_tick(s, 6500);
     assert_int_equal(deaths(s, dead), 1);
     assert_int_equal(dead[0], 2);
     const cps__suspect_action *a;
     cps__suspect_actions(s, &a);
-    assert_int_equal(a[0].silent_ms, 1000);
+    assert_int_equal(a[0].silent_ms, 1500);
     assert_int_equal(a[0].reported_by, 10);
     assert_false(cps__suspect_probing(s));
     /* Reported once, then no longer watched: a later report about it is unknown. */
@@ -138,7 +159,8 @@ static void slow_but_answering_server_is_not_killed(void **state)
     cps__suspect_destroy(s);
 }
 
-/* An answer to an earlier round does not clear a node in the current one. */
+/* An answer to an earlier round does not clear a node in the current one, nor does a late
+ * answer to the probe it was asked again after: only the current probe counts. */
 static void old_probe_answer_does_not_count(void **state)
 {
     (void)state;
@@ -159,6 +181,11 @@ static void old_probe_answer_does_not_count(void **state)
     cps__suspect_answered(s, 2, second);
     cps__suspect_answered(s, 3, first); /* a duplicate of its old answer */
     cps__suspect_tick(s, 2000);
+    uint64_t third = asked_again(s, 3);
+    assert_true(third != second && third != first);
+    cps__suspect_answered(s, 3, second); /* the superseded probe, answered late */
+    cps__suspect_answered(s, 3, first);
+    cps__suspect_tick(s, 2500);
     assert_int_equal(deaths(s, dead), 1);
     assert_int_equal(dead[0], 3);
     cps__suspect_destroy(s);
@@ -210,6 +237,8 @@ static void the_probe_finds_the_unreachable_server_not_the_named_one(void **stat
     assert_int_equal(deaths(s, dead), 0);
     cps__suspect_answered(s, 2, nonce);
     cps__suspect_tick(s, 1900);
+    asked_again(s, 3);
+    cps__suspect_tick(s, 2400);
     assert_int_equal(deaths(s, dead), 1);
     assert_int_equal(dead[0], 3);
     cps__suspect_destroy(s);
@@ -281,11 +310,64 @@ static void a_tick_older_than_the_round_waits(void **state)
     cps__suspect_tick(s, 6008);
     assert_int_equal(deaths(s, dead), 0);
     cps__suspect_tick(s, 6009);
+    asked_again(s, 2);
+    cps__suspect_tick(s, 6509);
     assert_int_equal(deaths(s, dead), 1);
     assert_int_equal(dead[0], 2);
     const cps__suspect_action *a;
     cps__suspect_actions(s, &a);
-    assert_int_equal(a[0].silent_ms, 1000);
+    assert_int_equal(a[0].silent_ms, 1500);
+    cps__suspect_destroy(s);
+}
+
+/* Regression (seeds 8540 and 9471 of sim --faults scale): a live server whose probe, or its
+ * answer, is held back once past probe_ms was declared dead on that one late message. It is
+ * asked again, and answering that probe clears it; the round then ends. */
+static void one_late_answer_is_asked_again_not_a_death(void **state)
+{
+    (void)state;
+    cps__suspect *s = make();
+    uint32_t dead[4];
+    report(s, 10, 7, 2, 1600, 0);
+    uint64_t nonce = probes(s, 3);
+    cps__suspect_answered(s, 1, nonce);
+    cps__suspect_answered(s, 3, nonce);
+    cps__suspect_tick(s, 1000);
+    uint64_t again = asked_again(s, 2);
+    cps__suspect_answered(s, 2, nonce); /* the first answer arrives: it answers no current probe */
+    assert_true(cps__suspect_probing(s));
+    cps__suspect_answered(s, 2, again);
+    cps__suspect_tick(s, 1400);
+    assert_int_equal(deaths(s, dead), 0);
+    assert_false(cps__suspect_probing(s));
+    cps__suspect_tick(s, 60000);
+    assert_int_equal(deaths(s, dead), 0);
+    cps__suspect_destroy(s);
+}
+
+/* A restarted scheduler's probes have other nonces than its earlier life's (it starts at a newer
+ * epoch): an answer to an old life's probe, still in flight, is no answer to the new one's. */
+static void nonces_of_an_earlier_life_do_not_count(void **state)
+{
+    (void)state;
+    cps__suspect *old = make();
+    report(old, 10, 7, 2, 1600, 0);
+    uint64_t old_nonce = probes(old, 3);
+    cps__suspect_destroy(old);
+    cps__suspect *s = make();
+    cps__suspect_epoch(s, 8); /* the new life's first epoch */
+    uint32_t dead[4];
+    report(s, 10, 8, 2, 1600, 0);
+    uint64_t nonce = probes(s, 3);
+    assert_true(nonce > old_nonce);
+    for (uint32_t n = 1; n <= 3; n++)
+        cps__suspect_answered(s, n, n == 2 ? old_nonce : nonce);
+    cps__suspect_tick(s, 1000);
+    uint64_t again = asked_again(s, 2);
+    assert_true(again > nonce);
+    cps__suspect_tick(s, 1500);
+    assert_int_equal(deaths(s, dead), 1);
+    assert_int_equal(dead[0], 2);
     cps__suspect_destroy(s);
 }
 
@@ -302,6 +384,8 @@ int main(void)
         cmocka_unit_test(reporters_list_only_long_silences),
         cmocka_unit_test(a_tick_older_than_the_round_waits),
         cmocka_unit_test(a_tick_before_the_round_started_declares_nobody_dead),
+        cmocka_unit_test(one_late_answer_is_asked_again_not_a_death),
+        cmocka_unit_test(nonces_of_an_earlier_life_do_not_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
