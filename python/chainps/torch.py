@@ -165,8 +165,9 @@ class DistributedOptimizer:
             self._shared = torch.zeros_like(self._bucket)
             self._local_start = self.client.allreduce_fetch(self._shared)
             self._listed, self._meta = {}, {}
-            if self._local_start is None and not self._restore_local():
-                self._sync_local_from_rank0()
+            if self._local_start is None:
+                if not self._restore_local():
+                    self._sync_local_from_rank0()
             else:
                 with torch.no_grad():
                     self._bucket.copy_(self._shared)
