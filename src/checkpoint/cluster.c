@@ -1229,6 +1229,7 @@ typedef struct local_cut {
     uint32_t node, rank; /* the worker asked */
     uint64_t req;
     int have; /* rx and blob hold its answer */
+    int any;  /* asked for its next boundary, not the cut's step */
     cps__rx rx;
     cps__lset_blob blob;
 } local_cut;
@@ -1255,6 +1256,15 @@ static const cps__node_info *local_worker(const link *l)
     return best;
 }
 
+/* 1 if every server tensor is a table (row pushes: no per-step aggregate on the servers). */
+static int all_tables(const link *l)
+{
+    for (uint32_t i = 0; i < l->ndescs; i++)
+        if (l->descs[i].kind != 1)
+            return 0;
+    return 1;
+}
+
 /* Ask that worker for its local tensors at boundary `step` (any: its next boundary). */
 static int local_ask(link *l, local_cut *lc, uint64_t step, int any)
 {
@@ -1267,6 +1277,7 @@ static int local_ask(link *l, local_cut *lc, uint64_t step, int any)
     }
     lc->node = w->id;
     lc->rank = w->rank;
+    lc->any = any;
     lc->req = ++l->next_req;
     int rc = cps__tp_peer_set(l->tp, w->id, w->addr);
     cps__msg_hdr h = {.type = CPS_MSG_LOCAL,
@@ -1377,6 +1388,10 @@ static int local_write(const link *l, const local_cut *lc, cps__ckpt_writer *w)
     snprintf(val, sizeof val, "%u", b->ntensors);
     if (rc == 0)
         rc = cps__ckpt_writer_set_meta(w, "local/tensors", val);
+    if (rc == 0)
+        rc = cps__ckpt_writer_set_meta(w, "local/cut",
+                                       lc->any ? "the worker's next step boundary after the cut"
+                                               : "the servers' step boundary");
     return rc;
 }
 
@@ -1531,13 +1546,19 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
     int attempt = 0, cut_try = 0;
 again:
     for (; rc == 0; attempt++) {
-        if (l.has_local)
-            rc = local_ask(&l, &lc, step, !sync);
+        /* The workers' local tensors: in a sync job with a dense server tensor, at the cut's
+         * step (asked before the cut opens: the workers reach it after the servers, whose acks
+         * they wait for); otherwise (async, or only row-pushed tables on the servers, whose
+         * steps do not follow the workers') at the worker's next step boundary after the cut. */
+        int local_any = !sync || all_tables(&l);
+        if (l.has_local && !local_any)
+            rc = local_ask(&l, &lc, step, 0);
         if (rc == 0)
             rc = open_cut(&l, &c, sync ? (step ? step : 0) : 0, need, sync, &past);
-        /* The workers reach the boundary after the servers (they wait for its acks). */
+        if (rc == 0 && l.has_local && local_any)
+            rc = local_ask(&l, &lc, 0, 1);
         if (rc == 0 && l.has_local)
-            rc = local_take(&l, &lc, step, !sync, &past);
+            rc = local_take(&l, &lc, step, local_any, &past);
         if (rc != CPS_EPAST || o->at_step || attempt + 1 >= OPEN_TRIES)
             break;
         /* Training got there first: measure again and aim twice as far ahead. */
