@@ -283,5 +283,10 @@ def local_optimizer_state(path, local=None):
     for pname, slots in extra.items():
         if pname not in index:
             raise CheckpointError(f"{path}: local optimizer state of unknown parameter {pname!r}")
-        state.setdefault(index[pname], {}).update(slots)
+        for slot, v in slots.items():
+            if isinstance(v, dict) and set(v) == {"tensor", "dtype"}:
+                import torch
+
+                v = torch.tensor(v["tensor"], dtype=getattr(torch, v["dtype"]))
+            state.setdefault(index[pname], {})[slot] = v
     return {"state": state, "param_groups": out_groups}

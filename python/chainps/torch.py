@@ -325,17 +325,20 @@ class DistributedOptimizer:
         out, extra = [(n, p.data) for n, p in self._local], {}
         for n, p in self._local:
             for k, v in sorted(self.local_optimizer.state.get(p, {}).items()):
-                if torch.is_tensor(v) and v.dtype == torch.float32 and v.is_contiguous():
+                if torch.is_tensor(v) and v.dtype == torch.float32 and v.dim() and \
+                        v.is_contiguous():
                     out.append((f"{_ckpt._LOCAL_OPTIM}{n}/{k}", v))
-                elif torch.is_tensor(v):
-                    extra.setdefault(n, {})[k] = v.tolist()
+                elif torch.is_tensor(v):  # Adam's 0-dim step, say: exact through JSON
+                    extra.setdefault(n, {})[k] = {"tensor": v.tolist(),
+                                                  "dtype": str(v.dtype).split(".")[-1]}
                 else:
                     extra.setdefault(n, {})[k] = v
         names = {id(p): n for n, p in self._local}
         groups = [{**{k: v for k, v in g.items() if k != "params"},
                    "params": [names[id(p)] for p in g["params"]]}
                   for g in self.local_optimizer.param_groups]
-        return out, {"optim/param_groups": json.dumps(groups), "optim/extra": json.dumps(extra)}
+        return out, {"optim/param_groups": json.dumps(groups, default=_jsonable),
+                     "optim/extra": json.dumps(extra, default=_jsonable)}
 
     def _commit_local(self, step):
         # The step boundary: an export waiting for it copies the listed tensors now. Listing
@@ -491,6 +494,11 @@ class DistributedOptimizer:
     def tensors(self):
         """The declared chainps tensors by name."""
         return dict(self._tensors)
+
+
+def _jsonable(o):
+    # A hyper-parameter given as a tensor (a learning rate, say): its values.
+    return o.tolist() if torch.is_tensor(o) else str(o)
 
 
 def default_on_servers(name, param, threshold=1 << 16):

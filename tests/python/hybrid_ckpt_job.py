@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """A worker of test_hybrid_ckpt.py: examples/hybrid's model (table on the servers, dense layers
-all-reduced) with a local SGD with momentum, so the local optimizer has state to checkpoint.
+all-reduced) with a local SGD with momentum (or Adam), so the local optimizer has state to
+checkpoint.
 
 Right after DistributedOptimizer is built (in a restored job: after it took the export's local
 tensors back) it saves this worker's all-reduced parameters and local optimizer state to
@@ -26,6 +27,7 @@ def main(argv):
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--step-ms", type=float, default=5)
     ap.add_argument("--dump", required=True)
+    ap.add_argument("--adam", action="store_true", help="local Adam instead of SGD+momentum")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     client = chainps.init()
@@ -33,7 +35,8 @@ def main(argv):
     model = hybrid.Model(2000, 8)
     opt = chainps.torch.DistributedOptimizer(
         model.named_parameters(), chainps.SGD(0.5), client=client, seed=1,
-        local_optim=lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9),
+        local_optim=(lambda ps: torch.optim.Adam(ps, lr=0.01)) if a.adam else
+        (lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9)),
         sparse=())  # every server tensor pushed dense: a sync aggregate per step
     local = {n: p.detach().clone() for n, p in model.named_parameters() if n != "embed.weight"}
     torch.save({"start_step": opt.start_step, "params": local,

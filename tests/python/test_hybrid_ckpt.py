@@ -150,3 +150,31 @@ def test_missing_allreduced_tensor_is_named(export):
         ck.load_local(bad)
     rc, out = launch(["--restore-from", bad], ["--steps", "5", "--dump", str(d)], timeout=120)
     assert rc != 0 and "fc2.bias" in out and "missing" in out, out[-3000:]
+
+
+def test_adam_state_round_trip(tmp_path):
+    """Adam's state (exp_avg, exp_avg_sq, and its 0-dim step, which travels as metadata) comes
+    back bitwise and with its shapes on both workers."""
+    d1, d2 = tmp_path / "d1", tmp_path / "d2"
+    d1.mkdir()
+    d2.mkdir()
+    rc, out = launch(["--checkpoint-every", "50", "--checkpoint-dir", str(tmp_path / "ck"),
+                      "--keep", "5"], ["--adam", "--steps", "120", "--dump", str(d1)])
+    assert rc == 0, out[-5000:]
+    steps = sorted(glob.glob(str(tmp_path / "ck" / "step-*")))
+    assert steps, out[-5000:]
+    path = steps[-1]
+    rc, out = launch(["--restore-from", path],
+                     ["--adam", "--steps", str(ck.step(path) + 10), "--dump", str(d2)])
+    assert rc == 0, out[-5000:]
+    local = ck.load_local(path)
+    state = ck.local_optimizer_state(path, local)["state"]
+    assert set(state[0]) == {"exp_avg", "exp_avg_sq", "step"}, state[0].keys()
+    for r in (0, 1):
+        g = torch.load(d2 / f"rank-{r}.pt")
+        for n in LOCAL:
+            assert torch.equal(bits(g["params"][n]), bits(local[n])), (r, n)
+        for i, slots in state.items():
+            for k, v in slots.items():
+                got = g["optim"]["state"][i][k]
+                assert got.shape == v.shape and torch.equal(bits(got), bits(v)), (r, i, k)
