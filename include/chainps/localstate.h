@@ -9,7 +9,9 @@
  * worker copies its listed tensors to the exporter, which writes them into the same safetensors
  * export as the servers' tensors, marked `kind/<name>` = "local" in its metadata
  * (docs/checkpoints.md). In a sync job every worker holds the same bits of its all-reduced
- * tensors, so one worker's copy is every worker's.
+ * tensors, so one worker's copy is every worker's. In async jobs, and in sync jobs whose server
+ * tensors are all row-pushed tables (the servers then have no step boundary), the worker gives
+ * the state of its next boundary after the servers' cut instead ("local/step" records it).
  *
  * A job restored from an export (`chainps launch --restore-from PATH` hands PATH to the workers as
  * CHAINPS_RESTORE_FROM) gives every worker the same tensors back through cps_local_fetch.
