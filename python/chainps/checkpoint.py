@@ -9,7 +9,13 @@ under the names the workers declared, with the shapes they declared (``chainps.t
     model.load_state_dict(state)
 
 Optimizer state (``optim/<slot>/<name>``, torch.optim's slot names) is left out unless asked
-for. Every tensor's CRC-32 and the header's are checked; a damaged or truncated file raises
+for.
+
+A hybrid job's export also holds the workers' all-reduced parameters, under their own names
+(marked ``kind/<name>`` = ``local`` in the metadata), so ``load`` returns the whole model; their
+local optimizer's state is under ``optim/local/<parameter>/<key>``, and
+:func:`local_optimizer_state` gives it in the form ``torch.optim.Optimizer.load_state_dict``
+takes. Every tensor's CRC-32 and the header's are checked; a damaged or truncated file raises
 :class:`CheckpointError` naming the file and the tensor. Only the standard library and numpy are
 needed (torch when ``as_numpy`` is false); the C library is not.
 """
@@ -21,7 +27,8 @@ import zlib
 
 import numpy as np
 
-__all__ = ["CheckpointError", "load", "metadata", "step", "files", "check_shapes"]
+__all__ = ["CheckpointError", "load", "metadata", "step", "files", "check_shapes", "local_names",
+           "load_local", "local_optimizer_state"]
 
 _DTYPES = {"F32": np.dtype("<f4"), "U64": np.dtype("<u8"), "F64": np.dtype("<f8"),
            "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "F16": np.dtype("<f2")}
@@ -202,3 +209,84 @@ def check_shapes(state, model_state):
             problems.append(f"{name}: not a tensor of the model")
     if problems:
         raise CheckpointError("the checkpoint does not fit the model: " + "; ".join(problems))
+
+
+_LOCAL_OPTIM = _OPTIM_PREFIX + "local/"
+_LOCAL_META = "local/meta/"
+
+
+def local_names(path, meta=None):
+    """The names of the tensors the workers held (all-reduced parameters and their local
+    optimizer's state), in file order; empty for an export without any. Raises CheckpointError
+    when the export says it has more or fewer than it holds."""
+    meta = metadata(path) if meta is None else meta
+    names = sorted(k[len("kind/"):] for k, v in meta.items()
+                   if k.startswith("kind/") and v == "local")
+    want = meta.get("local/tensors")
+    if want is None:
+        if names:
+            raise CheckpointError(f"{path}: local tensors {names} without local/tensors")
+        return []
+    if str(len(names)) != want:
+        raise CheckpointError(f"{path}: the export names {len(names)} local tensors and says it "
+                              f"has {want}")
+    return names
+
+
+def load_local(path, verify=True):
+    """The workers' local tensors of an export, as a dict name -> float32 torch tensor, every
+    checksum verified. A local tensor the metadata names but the file lacks raises
+    CheckpointError naming it."""
+    arrays, meta = _load_arrays(path, None, verify)
+    out = {}
+    for name in local_names(path, meta):
+        if name not in arrays:
+            raise CheckpointError(f"{path}: local (all-reduced) tensor {name!r} is missing")
+        out[name] = arrays[name].copy()
+    import torch
+
+    return {n: torch.from_numpy(a) for n, a in out.items()}
+
+
+def local_optimizer_state(path, local=None):
+    """The local optimizer's state of a hybrid job's export as ``torch.optim``'s state_dict
+    (``{'state': {i: {...}}, 'param_groups': [...]}``, parameters numbered in the order the
+    workers gave them), or None when the export has none. ``local``: what :func:`load_local`
+    returned, to avoid reading the file twice."""
+    meta = metadata(path)
+    groups_s = meta.get(_LOCAL_META + "optim/param_groups")
+    if groups_s is None:
+        return None
+    local = load_local(path) if local is None else local
+    try:
+        groups = json.loads(groups_s)
+        extra = json.loads(meta.get(_LOCAL_META + "optim/extra", "{}"))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: local optimizer metadata is not JSON: {e}") from None
+    index, out_groups = {}, []
+    for g in groups:
+        g = dict(g)
+        ids = []
+        for name in g["params"]:
+            index[name] = len(index)
+            ids.append(index[name])
+        g["params"] = ids
+        out_groups.append(g)
+    state = {}
+    for key, t in local.items():
+        if not key.startswith(_LOCAL_OPTIM):
+            continue
+        pname, slot = key[len(_LOCAL_OPTIM):].rsplit("/", 1)
+        if pname not in index:
+            raise CheckpointError(f"{path}: {key}: no parameter {pname!r} in the local optimizer")
+        state.setdefault(index[pname], {})[slot] = t
+    for pname, slots in extra.items():
+        if pname not in index:
+            raise CheckpointError(f"{path}: local optimizer state of unknown parameter {pname!r}")
+        for slot, v in slots.items():
+            if isinstance(v, dict) and set(v) == {"tensor", "dtype"}:
+                import torch
+
+                v = torch.tensor(v["tensor"], dtype=getattr(torch, v["dtype"]))
+            state.setdefault(index[pname], {})[slot] = v
+    return {"state": state, "param_groups": out_groups}

@@ -34,6 +34,8 @@ it is constant (LayerNorm's 1 and 0), else zeros. Pass ``init=`` to choose per p
 """
 
 import hashlib
+import json
+import os
 
 import torch
 
@@ -162,8 +164,10 @@ class DistributedOptimizer:
             # every step): the all-reduced parameters, with the step.
             self._shared = torch.zeros_like(self._bucket)
             self._local_start = self.client.allreduce_fetch(self._shared)
+            self._listed, self._meta = {}, {}
             if self._local_start is None:
-                self._sync_local_from_rank0()
+                if not self._restore_local():
+                    self._sync_local_from_rank0()
             else:
                 with torch.no_grad():
                     self._bucket.copy_(self._shared)
@@ -312,6 +316,65 @@ class DistributedOptimizer:
                 self._shared[off:off + n].copy_(p.data.reshape(-1))
                 off += n
         self.client.allreduce_share(self._shared, self.start_step + self.steps)
+        self._commit_local(self.start_step + self.steps)
+
+    # ---- the all-reduced part in checkpoints (include/chainps/localstate.h) ---------------
+    def _local_tensors(self):
+        # The parameters, then every float32 tensor of the local optimizer's state; its other
+        # values and its param_groups (parameters by name) go as JSON metadata.
+        out, extra = [(n, p.data) for n, p in self._local], {}
+        for n, p in self._local:
+            for k, v in sorted(self.local_optimizer.state.get(p, {}).items()):
+                if torch.is_tensor(v) and v.dtype == torch.float32 and v.dim() and \
+                        v.is_contiguous():
+                    out.append((f"{_ckpt._LOCAL_OPTIM}{n}/{k}", v))
+                elif torch.is_tensor(v):  # Adam's 0-dim step, say: exact through JSON
+                    extra.setdefault(n, {})[k] = {"tensor": v.tolist(),
+                                                  "dtype": str(v.dtype).split(".")[-1]}
+                else:
+                    extra.setdefault(n, {})[k] = v
+        names = {id(p): n for n, p in self._local}
+        groups = [{**{k: v for k, v in g.items() if k != "params"},
+                   "params": [names[id(p)] for p in g["params"]]}
+                  for g in self.local_optimizer.param_groups]
+        return out, {"optim/param_groups": json.dumps(groups, default=_jsonable),
+                     "optim/extra": json.dumps(extra, default=_jsonable)}
+
+    def _commit_local(self, step):
+        # The step boundary: an export waiting for it copies the listed tensors now. Listing
+        # again only what moved (a state tensor torch created or replaced).
+        tensors, meta = self._local_tensors()
+        for name, t in tensors:
+            key = (t.data_ptr(), tuple(t.shape))
+            if self._listed.get(name) != key:
+                self.client.local_add(name, t, tuple(t.shape) or (1,))
+                self._listed[name] = key
+        for k, v in meta.items():
+            if self._meta.get(k) != v:
+                self.client.local_meta(k, v)
+                self._meta[k] = v
+        self.client.local_commit(step)
+
+    def _restore_local(self):
+        # A job restored from an export (`chainps launch --restore-from`): every worker takes
+        # the all-reduced parameters and the local optimizer's state from the same file.
+        path = os.environ.get("CHAINPS_RESTORE_FROM")
+        if not path or not _ckpt.local_names(path):
+            return False
+        local = _ckpt.load_local(path)
+        for name, p in self._local:
+            if name not in local:
+                raise _ckpt.CheckpointError(f"{path}: local (all-reduced) tensor {name!r} is "
+                                            f"missing")
+            if tuple(local[name].shape) != tuple(p.shape):
+                raise _ckpt.CheckpointError(f"{path}: local tensor {name!r}: export "
+                                            f"{list(local[name].shape)}, model {list(p.shape)}")
+            with torch.no_grad():
+                p.data.copy_(local[name])
+        state = _ckpt.local_optimizer_state(path, local)
+        if state is not None:
+            self.local_optimizer.load_state_dict(state)
+        return True
 
     def placement(self):
         """{'servers': [names], 'allreduce': [names]}: where each parameter lives."""
@@ -431,6 +494,11 @@ class DistributedOptimizer:
     def tensors(self):
         """The declared chainps tensors by name."""
         return dict(self._tensors)
+
+
+def _jsonable(o):
+    # A hyper-parameter given as a tensor (a learning rate, say): its values.
+    return o.tolist() if torch.is_tensor(o) else str(o)
 
 
 def default_on_servers(name, param, threshold=1 << 16):

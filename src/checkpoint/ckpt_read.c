@@ -742,7 +742,8 @@ int cps__ckpt_reader_check_names(const cps__ckpt_reader *r, const char *const *n
                 base = slash + 1;
         }
         size_t j = 0;
-        while (j < n && strcmp(names[j], base))
+        /* A worker's local tensor may itself be named optim/... (cps_local_add): its full name. */
+        while (j < n && strcmp(names[j], base) && strcmp(names[j], r->t[i].name))
             j++;
         if (j == n) {
             cps__log(CPS_LOG_ERROR, "ckpt", "%s: tensor '%s' is not known to the job", where,

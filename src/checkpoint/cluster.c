@@ -22,6 +22,7 @@
 #include "recovery/cutroute.h"
 #include "transport/transport.h"
 #include "worker/client.h"
+#include "worker/localset.h"
 
 #define SUB           "ckpt"
 #define SCHED         0u
@@ -73,6 +74,7 @@ typedef struct link {
     size_t nin, capin;
     uint64_t read_wait_us; /* export: time spent waiting for read answers */
     uint32_t closes;       /* names the peers CUT_CLOSEs of unused views go to (CLOSE_PEER + k) */
+    int has_local;         /* a worker registered local tensors (worker/localset.h) */
 } link;
 
 static void on_msg(void *ctx, void *buf, size_t len)
@@ -269,6 +271,15 @@ static int link_registry(link *l, const char *scheduler)
         left -= u;
     }
     l->ndescs = rc == 0 ? n : 0;
+    /* The workers' marker is no server tensor: every use of descs below is of the servers'. */
+    l->has_local = 0;
+    for (uint32_t i = 0; i < l->ndescs;)
+        if (l->descs[i].kind == CPS_DESC_LOCAL) {
+            l->has_local = 1;
+            l->descs[i] = l->descs[--l->ndescs];
+        } else {
+            i++;
+        }
     cps__rx_free(&rx);
     if (rc != 0)
         cps__log(CPS_LOG_ERROR, SUB, "malformed registry from the scheduler: %s", cps_strerror(rc));
@@ -1208,6 +1219,178 @@ static int absorb_opens(link *l, cut *c)
     return rc;
 }
 
+/* ---- the workers' local tensors (worker/localset.h) ---- */
+
+typedef struct local_cut {
+    uint32_t node, rank; /* the worker asked */
+    uint64_t req;
+    int have; /* rx and blob hold its answer */
+    int any;  /* asked for its next boundary, not the cut's step */
+    cps__rx rx;
+    cps__lset_blob blob;
+} local_cut;
+
+static void local_reset(local_cut *lc)
+{
+    if (lc->have) {
+        cps__lset_blob_fini(&lc->blob);
+        cps__rx_free(&lc->rx);
+    }
+    memset(lc, 0, sizeof *lc);
+}
+
+/* The live worker of the lowest rank: in a sync job every worker holds the same bits of its
+ * all-reduced tensors, so any one will do, and the lowest is the one the docs name. */
+static const cps__node_info *local_worker(const link *l)
+{
+    const cps__node_info *best = NULL;
+    for (uint32_t i = 0; i < l->view.nnodes; i++) {
+        const cps__node_info *n = &l->view.nodes[i];
+        if (n->role == CPS_ROLE_WORKER && n->alive && (!best || n->rank < best->rank))
+            best = n;
+    }
+    return best;
+}
+
+/* 1 if every server tensor is a table (row pushes: no per-step aggregate on the servers). */
+static int all_tables(const link *l)
+{
+    for (uint32_t i = 0; i < l->ndescs; i++)
+        if (l->descs[i].kind != 1)
+            return 0;
+    return 1;
+}
+
+/* Ask that worker for its local tensors at boundary `step` (any: its next boundary). */
+static int local_ask(link *l, local_cut *lc, uint64_t step, int any)
+{
+    local_reset(lc);
+    const cps__node_info *w = local_worker(l);
+    if (!w) {
+        cps__log(CPS_LOG_ERROR, SUB,
+                 "the job has local (all-reduced) tensors but no live worker to give them");
+        return CPS_EUNAVAILABLE;
+    }
+    lc->node = w->id;
+    lc->rank = w->rank;
+    lc->any = any;
+    lc->req = ++l->next_req;
+    int rc = cps__tp_peer_set(l->tp, w->id, w->addr);
+    cps__msg_hdr h = {.type = CPS_MSG_LOCAL,
+                      .sender = UINT32_MAX,
+                      .req_seq = lc->req,
+                      .step = step,
+                      .aux = any ? 1 : 0};
+    if (rc == 0)
+        rc = cps__msg_send(l->tp, w->id, &h, l->hello, l->hello_len);
+    if (rc != 0)
+        cps__log(CPS_LOG_ERROR, SUB, "cannot ask worker %u (rank %u) for its local tensors: %s",
+                 w->id, w->rank, cps_strerror(rc));
+    return rc;
+}
+
+static int match_local(const cps__rx *rx, const void *arg)
+{
+    const local_cut *lc = arg;
+    return rx->hdr.type == CPS_MSG_LOCAL && (rx->hdr.flags & CPS_WF_REPLY) &&
+           rx->hdr.req_seq == lc->req;
+}
+
+/* Wait for the worker's answer. A worker that dies meanwhile is replaced by the next live one,
+ * asked for the same boundary. *past: the worker's boundary when it was past `step`. */
+static int local_take(link *l, local_cut *lc, uint64_t step, int any, uint64_t *past)
+{
+    uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
+    int rc = 0;
+    while (rc == 0 && !lc->have) {
+        uint64_t now = cps__now_ms();
+        if (now >= deadline) {
+            cps__log(CPS_LOG_ERROR, SUB,
+                     "worker %u (rank %u) did not give its local tensors of step %" PRIu64
+                     " within %.0f s",
+                     lc->node, lc->rank, step, l->timeout_ms / 1000.0);
+            return CPS_ETIMEDOUT;
+        }
+        rc = take(l, match_local, lc, now + LOOK_MS < deadline ? now + LOOK_MS : deadline, &lc->rx);
+        if (rc == CPS_ETIMEDOUT) {
+            rc = 0;
+            if (!cps__tp_peer_gone(l->tp, lc->node))
+                continue;
+            if ((rc = link_refresh_view(l)) == 0) {
+                const cps__node_info *w = local_worker(l);
+                if (!w || w->id != lc->node)
+                    rc = local_ask(l, lc, step, any);
+            }
+            continue;
+        }
+        if (rc != 0)
+            break;
+        int st = lc->rx.hdr.status;
+        if (st == 0)
+            rc = cps__lset_blob_decode(lc->rx.payload, lc->rx.len, &lc->blob);
+        if (st == 0 && rc == 0 && !any && lc->blob.step != step)
+            rc = CPS_EPROTO;
+        if (st == 0 && rc == 0) {
+            lc->have = 1;
+            break;
+        }
+        if (st == CPS_EPAST)
+            *past = lc->rx.hdr.step;
+        else if (st == CPS_ENOTFOUND)
+            cps__log(CPS_LOG_ERROR, SUB,
+                     "worker %u (rank %u) lists no local tensors, though the job registered some",
+                     lc->node, lc->rank);
+        else
+            cps__log(CPS_LOG_ERROR, SUB,
+                     "worker %u (rank %u): bad local tensors of step %" PRIu64 ": %s", lc->node,
+                     lc->rank, step, cps_strerror(st ? st : rc));
+        cps__lset_blob_fini(&lc->blob);
+        cps__rx_free(&lc->rx);
+        rc = st ? st : rc;
+    }
+    return rc;
+}
+
+/* The local tensors into the checkpoint, beside the servers', marked kind/<name> = "local". */
+static int local_write(const link *l, const local_cut *lc, cps__ckpt_writer *w)
+{
+    const cps__lset_blob *b = &lc->blob;
+    char key[CPS_CKPT_NAME_MAX], val[32];
+    int rc = 0;
+    for (uint32_t i = 0; rc == 0 && i < b->ntensors; i++) {
+        const cps__lset_tensor *t = &b->tensors[i];
+        for (uint32_t j = 0; rc == 0 && j < l->ndescs; j++)
+            if (!strcmp(l->descs[j].name, t->name)) {
+                cps__log(CPS_LOG_ERROR, SUB,
+                         "tensor %s is both on the servers and a worker's local tensor", t->name);
+                rc = CPS_EEXIST;
+            }
+        if (rc == 0)
+            rc = cps__ckpt_writer_add(w, t->name, CPS_CKPT_F32, t->ndim, t->dims, t->data);
+        snprintf(key, sizeof key, "kind/%s", t->name);
+        if (rc == 0)
+            rc = cps__ckpt_writer_set_meta(w, key, "local");
+    }
+    for (uint32_t i = 0; rc == 0 && i < b->nmeta; i++) {
+        snprintf(key, sizeof key, "local/meta/%s", b->keys[i]);
+        rc = cps__ckpt_writer_set_meta(w, key, b->values[i]);
+    }
+    snprintf(val, sizeof val, "%" PRIu64, b->step);
+    if (rc == 0)
+        rc = cps__ckpt_writer_set_meta(w, "local/step", val);
+    snprintf(val, sizeof val, "%u", lc->rank);
+    if (rc == 0)
+        rc = cps__ckpt_writer_set_meta(w, "local/rank", val);
+    snprintf(val, sizeof val, "%u", b->ntensors);
+    if (rc == 0)
+        rc = cps__ckpt_writer_set_meta(w, "local/tensors", val);
+    if (rc == 0)
+        rc = cps__ckpt_writer_set_meta(w, "local/cut",
+                                       lc->any ? "the worker's next step boundary after the cut"
+                                               : "the servers' step boundary");
+    return rc;
+}
+
 static int name_cmp(const void *a, const void *b)
 {
     return strcmp(((const cps__tensor_desc *)a)->name, ((const cps__tensor_desc *)b)->name);
@@ -1310,6 +1493,7 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
     uint64_t t0 = cps__now_ms();
     link l;
     cut c = {0};
+    local_cut lc = {0};
     tensor_job *jobs = NULL;
     cps__ckpt_writer *w = NULL;
     int rc = link_open(&l, o->scheduler, o->bind_host, o->advertise, o->key, o->timeout_ms);
@@ -1358,7 +1542,19 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
     int attempt = 0, cut_try = 0;
 again:
     for (; rc == 0; attempt++) {
-        rc = open_cut(&l, &c, sync ? (step ? step : 0) : 0, need, sync, &past);
+        /* The workers' local tensors: in a sync job with a dense server tensor, at the cut's
+         * step (asked before the cut opens: the workers reach it after the servers, whose acks
+         * they wait for); otherwise (async, or only row-pushed tables on the servers, whose
+         * steps do not follow the workers') at the worker's next step boundary after the cut. */
+        int local_any = !sync || all_tables(&l);
+        if (l.has_local && !local_any)
+            rc = local_ask(&l, &lc, step, 0);
+        if (rc == 0)
+            rc = open_cut(&l, &c, sync ? (step ? step : 0) : 0, need, sync, &past);
+        if (rc == 0 && l.has_local && local_any)
+            rc = local_ask(&l, &lc, 0, 1);
+        if (rc == 0 && l.has_local)
+            rc = local_take(&l, &lc, step, local_any, &past);
         if (rc != CPS_EPAST || o->at_step || attempt + 1 >= OPEN_TRIES)
             break;
         /* Training got there first: measure again and aim twice as far ahead. */
@@ -1477,6 +1673,8 @@ again:
             snprintf(val, sizeof val, "%" PRIu64, c.seq[r]);
             rc = cps__ckpt_writer_set_meta(w, key, val);
         }
+        if (rc == 0 && lc.have)
+            rc = local_write(&l, &lc, w);
         if (rc == 0 && l.ndescs == 1 && cps__ckpt_optim_kind_name(l.descs[0].spec.opt_kind))
             rc = cps__ckpt_writer_set_meta(w, CPS_CKPT_META_OPTIM,
                                            cps__ckpt_optim_kind_name(l.descs[0].spec.opt_kind));
@@ -1520,6 +1718,7 @@ again:
         close_cut(&l, &c);
     cps__cutroute_destroy(c.route);
     jobs_free(jobs, l.ndescs);
+    local_reset(&lc);
     res->step = step;
     res->tensors = l.ndescs;
     res->seconds = (double)(cps__now_ms() - t0) / 1000.0;
@@ -1747,6 +1946,16 @@ static const cps__tensor_desc *registry_find(const link *l, const char *name)
     return NULL;
 }
 
+/* A worker's local tensor (kind/<name> = "local"): the workers take it back themselves
+ * (cps_local_fetch), the servers never hold it. */
+static int is_local(const cps__ckpt_reader *rd, const char *name)
+{
+    char key[CPS_CKPT_NAME_MAX];
+    snprintf(key, sizeof key, "kind/%s", name);
+    const char *kind = cps__ckpt_reader_meta(rd, key);
+    return kind && !strcmp(kind, "local");
+}
+
 int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore_result *res)
 {
     if (!o || !from || !res)
@@ -1773,7 +1982,8 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
     char key[CPS_CKPT_NAME_MAX];
     for (size_t i = 0; rc == 0 && i < nt; i++) {
         const cps__ckpt_tensor *t = cps__ckpt_reader_tensor(rd, i);
-        if (!strncmp(t->name, CPS_CKPT_OPTIM_PREFIX, strlen(CPS_CKPT_OPTIM_PREFIX)))
+        if (!strncmp(t->name, CPS_CKPT_OPTIM_PREFIX, strlen(CPS_CKPT_OPTIM_PREFIX)) ||
+            is_local(rd, t->name))
             continue;
         cps__tensor_desc *d = &want[nwant];
         if (strcmp(t->dtype, "F32") != 0 || t->ndim < 1 || t->ndim > CPS_MAX_NDIM ||
@@ -1818,13 +2028,20 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
         }
         nwant++;
     }
-    const char **names = rc == 0 ? calloc(nwant ? nwant : 1, sizeof *names) : NULL;
+    /* The workers' local tensors are known too: they are theirs to take (cps_local_fetch). */
+    const char **names = rc == 0 ? calloc(nt ? nt : 1, sizeof *names) : NULL;
+    size_t nnames = 0;
     for (uint32_t i = 0; names && i < nwant; i++)
-        names[i] = want[i].name;
+        names[nnames++] = want[i].name;
+    for (size_t i = 0; names && i < nt; i++) {
+        const cps__ckpt_tensor *t = cps__ckpt_reader_tensor(rd, i);
+        if (is_local(rd, t->name))
+            names[nnames++] = t->name;
+    }
     if (rc == 0 && !names)
         rc = CPS_ENOMEM;
     if (rc == 0)
-        rc = cps__ckpt_reader_check_names(rd, names, nwant);
+        rc = cps__ckpt_reader_check_names(rd, names, nnames);
     if (rc == 0 && nwant == 0) {
         cps__log(CPS_LOG_ERROR, SUB, "%s: no parameter tensors", from);
         rc = CPS_ENOTFOUND;
@@ -1832,7 +2049,8 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
     /* Optimizer state of an optimizer the tensor does not have is a tensor no one knows. */
     for (size_t i = 0; rc == 0 && i < nt; i++) {
         const cps__ckpt_tensor *t = cps__ckpt_reader_tensor(rd, i);
-        if (strncmp(t->name, CPS_CKPT_OPTIM_PREFIX, strlen(CPS_CKPT_OPTIM_PREFIX)))
+        if (strncmp(t->name, CPS_CKPT_OPTIM_PREFIX, strlen(CPS_CKPT_OPTIM_PREFIX)) ||
+            is_local(rd, t->name))
             continue;
         int known = 0;
         for (uint32_t j = 0; j < nwant && !known; j++) {

@@ -23,6 +23,16 @@
  * replicates; returns once every range's tail holds them. Workers that declare their tensors
  * afterwards find them in place, and cps_tensor_step() tells them the step to resume from.
  *
+ * Workers' local tensors (hybrid training's all-reduced parameters, include/chainps/
+ * localstate.h): when the registry holds the workers' marker (kind CPS_DESC_LOCAL), the live
+ * worker of the lowest rank is asked (CPS_MSG_LOCAL, worker/localset.h) for its listed tensors at
+ * the cut's step (sync jobs with a dense server tensor; a worker already past it makes the export
+ * cut again later, like a range past it) or at its next step boundary after the cut (async jobs,
+ * or only row-pushed tables on the servers); they go into the same checkpoint under their names,
+ * marked "kind/<name>" = "local", with "local/step", "local/rank", "local/tensors" and the
+ * worker's "local/meta/<key>" strings. Restore skips them: each worker reads them from the export
+ * itself (cps_local_fetch).
+ *
  * Not exported: raw keys (cps__raw_*; they have no name). Sparse tables are cut at the same
  * moment as the dense tensors, but sparse pushes are not aligned to steps, so a table may hold
  * rows pushed during the step after the cut (recorded per range as the sequence number).

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <limits.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -334,6 +335,7 @@ int cps__job_start(cps__job *j, int i)
     /* Each child's environment: the job's settings in CHAINPS_* form. Kept in the job so the
      * strings outlive putenv in the child (the child copies them on exec anyway). */
     static char env[12][200];
+    static char restore_env[PATH_MAX + 32];
     char sched[64], port_s[16], sv_s[16], wk_s[16];
     snprintf(sched, sizeof sched, "127.0.0.1:%d", j->port);
     snprintf(port_s, sizeof port_s, "%d", j->port);
@@ -360,10 +362,17 @@ int cps__job_start(cps__job *j, int i)
     else {
         snprintf(env[k++], sizeof env[0], "CHAINPS_ROLE=worker");
         snprintf(env[k++], sizeof env[0], "CHAINPS_RANK=%d", i - 1 - j->S);
+        /* Where the workers take their local tensors back from (cps_local_fetch). */
+        char abs[PATH_MAX];
+        if (j->cfg.restore_from[0])
+            snprintf(restore_env, sizeof restore_env, "CHAINPS_RESTORE_FROM=%s",
+                     realpath(j->cfg.restore_from, abs) ? abs : j->cfg.restore_from);
     }
-    char *envp[13];
+    char *envp[14];
     for (int e = 0; e < k; e++)
         envp[e] = env[e];
+    if (c->role == CPS_ROLE_WORKER && restore_env[0])
+        envp[k++] = restore_env;
     envp[k] = NULL;
     if (c->role == CPS_ROLE_SCHEDULER) {
         char every[32], keep[16];

@@ -458,10 +458,10 @@ int cps__wire_tensor_desc_decode(const void *buf, size_t len, cps__tensor_desc *
     out->rows = cps__le64_get(p + 16);
     uint32_t nlen = cps__le32_get(p + 32 + CPS_WIRE_SPEC_SIZE);
     out->ndim = cps__le32_get(p + 36 + CPS_WIRE_SPEC_SIZE);
-    if (out->kind > 1 || out->length == 0 || cps__le64_get(p + 24) != 0 ||
+    if (out->kind > CPS_DESC_LOCAL || out->length == 0 || cps__le64_get(p + 24) != 0 ||
         out->ndim > CPS_MAX_NDIM || nlen == 0 || nlen > CPS_TENSOR_NAME_MAX)
         return CPS_EPROTO;
-    if (out->kind == 0 ? (out->rows != 0 || out->cols != 0)
+    if (out->kind != 1 ? (out->rows != 0 || out->cols != 0)
                        : (out->cols == 0 || out->rows == 0 ||
                           out->length / out->rows != out->cols || out->length % out->rows != 0))
         return CPS_EPROTO;
@@ -475,9 +475,9 @@ int cps__wire_tensor_desc_decode(const void *buf, size_t len, cps__tensor_desc *
             return CPS_EPROTO; /* padding is zero: one encoding per description */
     for (uint32_t i = 0; i < out->ndim; i++)
         out->dims[i] = cps__le64_get(p + pad_end + 8 * i);
-    if (out->ndim &&
-        (!cps__shape_matches(out->ndim, out->dims, out->length) ||
-         (out->kind && (out->ndim != 2 || out->dims[0] != out->rows || out->dims[1] != out->cols))))
+    if (out->ndim && (!cps__shape_matches(out->ndim, out->dims, out->length) ||
+                      (out->kind == 1 &&
+                       (out->ndim != 2 || out->dims[0] != out->rows || out->dims[1] != out->cols))))
         return CPS_EPROTO;
     memcpy(out->name, p + DESC_FIXED, nlen);
     *used = n;

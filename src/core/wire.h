@@ -85,9 +85,11 @@ enum cps__msg_type {
     CPS_MSG_DRAIN = 46,   /* tool -> scheduler: drain server of rank `aux` (payload as STATUS);
                              server -> scheduler: drain me (SIGTERM). Reply ACK or ERROR */
     /* Collectives among workers (replication/collective.h, docs/collective.md). */
-    CPS_MSG_COLL = 47, /* worker -> worker: a ring chunk or a completed result (range = kind,
-                          req_seq = collective seq, step = message index, aux = length) */
-    CPS_MSG_TYPE_MAX_ = 48
+    CPS_MSG_COLL = 47,  /* worker -> worker: a ring chunk or a completed result (range = kind,
+                           req_seq = collective seq, step = message index, aux = length) */
+    CPS_MSG_LOCAL = 48, /* tool <-> worker: the local tensors at a step boundary (worker/localset.h)
+                         */
+    CPS_MSG_TYPE_MAX_ = 49
 };
 
 /* Header flags. */
@@ -268,8 +270,11 @@ int cps__wire_declare_decode(const void *buf, size_t len, cps__kv *kv, const uin
  * shape is [length] (dense) or [rows, cols] (table). A table's shape, when given, is [rows, cols];
  * a dense tensor's dims multiply to its length. */
 #define CPS_TENSOR_NAME_MAX 255
+/* kind 2: no keys on the servers; a worker registers it so that exports know the job has local
+ * tensors to ask the workers for (worker/localset.h). Laid out like a dense description. */
+#define CPS_DESC_LOCAL 2u
 typedef struct cps__tensor_desc {
-    uint32_t kind; /* 0 dense, 1 table */
+    uint32_t kind; /* 0 dense, 1 table, 2 held by the workers (CPS_DESC_LOCAL) */
     uint32_t cols;
     uint64_t length;
     uint64_t rows;

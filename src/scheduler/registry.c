@@ -89,7 +89,10 @@ int cps__registry_add(cps__registry *r, const void *payload, size_t len, char *t
         r->len += cps__wire_tensor_desc_encode(r->reg + r->len, r->cap - r->len, &d);
         r->count++;
         snprintf(text, textlen, "tensor %s registered (%s, %llu values)", d.name,
-                 d.kind ? "table" : "dense", (unsigned long long)d.length);
+                 d.kind == CPS_DESC_LOCAL ? "held by the workers"
+                 : d.kind                 ? "table"
+                                          : "dense",
+                 (unsigned long long)d.length);
     }
     return 1;
 }

@@ -4,6 +4,7 @@
  * the session, and performs its output: encoding, compression, sockets, logging. */
 #include "client.h"
 #include "collective.h"
+#include "localset.h"
 
 #include <cblas.h>
 #include <errno.h>
@@ -436,6 +437,12 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         cps__rx_free(&rx);
         return;
     }
+    if (rx.hdr.type == CPS_MSG_LOCAL) {
+        /* An exporter asks for the local tensors (localset.c). */
+        cps__lset_on_msg(c, &rx);
+        cps__rx_free(&rx);
+        return;
+    }
     rc = cps__sess_step(c->sess, &rx.hdr, rx.payload, rx.len, cps__now_ms());
     if (rc != 0 && (rx.hdr.type == CPS_MSG_VIEW || rx.hdr.type == CPS_MSG_WELCOME))
         cps__log(CPS_LOG_ERROR, "worker", "bad view from the scheduler dropped: %s",
@@ -512,6 +519,7 @@ static void client_free(cps_client *c)
 {
     cps__heartbeat_stop(c->hb);
     cps__ar_free(c);
+    cps__lset_free(c);
     cps__loop_tp_detach(&c->inbox);
     cps__loop_destroy(c->loop);
     cps_tensor *t = c->tensors;

@@ -131,8 +131,9 @@ struct cps_client {
     uint64_t gc_scratch_n;
     /* Heartbeats come from a thread of their own (with its own socket), so a long compute
      * step between calls never looks like a dead worker. */
-    cps__heartbeat *hb; /* heartbeats from a thread (a long step is no death) */
-    struct cps__ar *ar; /* all-reduce among the workers (collective.c); NULL until first used */
+    cps__heartbeat *hb;     /* heartbeats from a thread (a long step is no death) */
+    struct cps__ar *ar;     /* all-reduce among the workers (collective.c); NULL until first used */
+    struct cps__lset *lset; /* local tensors for checkpoints (localset.c); NULL until first used */
 };
 
 /* Start op's requests (op->so.kind and so.nparts set) under `clock`, the tensor's (NULL: a raw

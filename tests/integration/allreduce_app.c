@@ -11,6 +11,11 @@
  * --train: a model w of N values trained by the mean of all-reduced gradients that depend on w;
  * w is shared after every step (cps_allreduce_share), and a replacement of a dead worker starts
  * from a live worker's w and step (cps_allreduce_fetch). Prints "final w <hash>" at the end.
+ * --ckpt (with --train): also a server tensor "s" pushed every step (a sync step boundary for the
+ * servers' cut) and w listed as the local tensor "w" (cps_local_add), committed after every step
+ * (cps_local_commit), so that exports hold it. Prints "commit <step> <hash of w>" after every
+ * step; in a job restored from an export (CHAINPS_RESTORE_FROM) w comes back through
+ * cps_local_fetch and the worker prints "restored w <hash> at step <step>" and starts there.
  * Exits 0 when every iteration completed, 1 on the first error (printed with its name). */
 #include <stdint.h>
 #include <stdio.h>
@@ -48,13 +53,20 @@ static int cmp_u64(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    int len = 1000, iters = 10, mean = 0, async = 0, step_ms = 0, warmup = 3, bench = 0, train = 0;
+    int len = 1000, iters = 10, mean = 0, async = 0, step_ms = 0, warmup = 3, bench = 0, train = 0,
+        ckpt = 0;
     const char *out = NULL;
-    const tc_flag flags[] = {{"--len", TC_INT, &len},         {"--iters", TC_INT, &iters},
-                             {"--mean", TC_SWITCH, &mean},    {"--async", TC_SWITCH, &async},
-                             {"--step-ms", TC_INT, &step_ms}, {"--warmup", TC_INT, &warmup},
-                             {"--bench", TC_SWITCH, &bench},  {"--train", TC_SWITCH, &train},
-                             {"--out", TC_STR, &out},         {NULL, 0, NULL}};
+    const tc_flag flags[] = {{"--len", TC_INT, &len},
+                             {"--iters", TC_INT, &iters},
+                             {"--mean", TC_SWITCH, &mean},
+                             {"--async", TC_SWITCH, &async},
+                             {"--step-ms", TC_INT, &step_ms},
+                             {"--warmup", TC_INT, &warmup},
+                             {"--bench", TC_SWITCH, &bench},
+                             {"--train", TC_SWITCH, &train},
+                             {"--out", TC_STR, &out},
+                             {"--ckpt", TC_SWITCH, &ckpt},
+                             {NULL, 0, NULL}};
     if (tc_flags_parse(argc, argv, flags) != 0 || len <= 0 || iters <= 0)
         return 2;
     cps_client *c;
@@ -95,7 +107,37 @@ int main(int argc, char **argv)
             printf("rank %d: replacement starts at step %llu\n", rank, (unsigned long long)step);
             first = (int)step;
         }
+        if (ckpt && rc == 0) {
+            uint64_t at = 0;
+            rc = cps_local_fetch(c, "w", w, (uint64_t)len, &at);
+            if (rc < 0) {
+                fprintf(stderr, "rank %d: cps_local_fetch: %s\n", rank, cps_err_name(rc));
+                return 1;
+            }
+            if (rc == 1) {
+                first = (int)at;
+                printf("restored w %016llx at step %llu\n",
+                       (unsigned long long)XXH3_64bits(w, (size_t)len * sizeof *w),
+                       (unsigned long long)at);
+                fflush(stdout);
+            }
+        }
         cps_allreduce_share(c, w, (uint64_t)len, (uint64_t)first);
+    }
+    cps_tensor *stensor = NULL;
+    float sv[16] = {0}, sg[16] = {0};
+    if (ckpt) {
+        uint64_t shape[1] = {(uint64_t)len};
+        cps_optim sgd = cps_optim_sgd(0.1f);
+        rc = cps_tensor_declare(c, "s", 16, NULL, &sgd, &stensor);
+        if (rc == 0)
+            rc = cps_local_add(c, "w", w, 1, shape);
+        if (rc == 0)
+            rc = cps_local_commit(c, (uint64_t)first);
+        if (rc != 0) {
+            fprintf(stderr, "rank %d: ckpt setup: %s\n", rank, cps_err_name(rc));
+            return 1;
+        }
     }
     for (int i = first; i < iters; i++) {
         fill(v, len, rank, i);
@@ -123,6 +165,21 @@ int main(int argc, char **argv)
             for (int j = 0; j < len; j++)
                 w[j] -= 0.1f * v[j];
             cps_allreduce_share(c, w, (uint64_t)len, (uint64_t)i + 1);
+        }
+        if (ckpt) {
+            for (int j = 0; j < 16; j++)
+                sg[j] = v[j] * 1e-3f;
+            rc = cps_push_pull(c, stensor, sg, sv, 16);
+            if (rc == 0)
+                rc = cps_local_commit(c, (uint64_t)i + 1);
+            if (rc != 0) {
+                fprintf(stderr, "rank %d: step %d: %s\n", rank, i, cps_err_name(rc));
+                status = 1;
+                break;
+            }
+            printf("commit %d %016llx\n", i + 1,
+                   (unsigned long long)XXH3_64bits(w, (size_t)len * sizeof *w));
+            fflush(stdout); /* whole lines: launch interleaves the workers' output by line */
         }
         if (i >= warmup)
             lat[measured++] = t1 - t0;

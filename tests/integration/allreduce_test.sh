@@ -6,6 +6,9 @@
 #     restart, and the survivors agree on every all-reduce, the ones after the kill included.
 #  3. --restart-workers: the replacement fetches the trained values from a live worker
 #     (cps_allreduce_fetch) and both workers end with the same values.
+#  4. checkpoints: periodic exports hold the all-reduced values (cps_local_add/commit); a job
+#     restored from one gives both workers those bits back (cps_local_fetch), and an export whose
+#     all-reduced tensor is damaged is refused naming it.
 # Usage: allreduce_test.sh CHAINPS ALLREDUCE_APP [KILLS]
 # With KILLS > 0 (bench/allreduce_kill.sh) step 2 is repeated KILLS times and the time from each
 # kill to the moment every survivor had completed an all-reduce begun after the kill is printed
@@ -147,5 +150,48 @@ if [ "${EQUAL_WORKERS-x}" != "" ]; then
         [ "$(echo "$finals" | wc -l)" = 1 ] ||
         { grep 'final w\|replacement' "$out.log"; fail "the workers ended with different w"; }
     echo "ok: --restart-workers: $(grep -o 'replacement starts at step [0-9]*' "$out.log"), both workers end with w $finals"
+fi
+# 4. Checkpoints hold the all-reduced w: a 2-worker job (allreduce_app --train --ckpt, a server
+#    tensor pushed every step beside it) with a checkpoint every 100 steps; w at the export's
+#    step (printed by both workers as they commit it) is what both workers of a job restored from
+#    it start from.
+if [ "${EQUAL_WORKERS-x}" != "" ]; then
+    out="$dir/ckpt"
+    mkdir -p "$out"
+    timeout 120 "$CHAINPS" launch --servers 1 --workers 2 --timeout 100 --checkpoint-every 100 \
+        --checkpoint-dir "$out/ck" --keep 5 -- "$APP" --train --ckpt --len 5000 --iters 400 \
+        --step-ms 5 >"$out.log" 2>&1 || { tail -30 "$out.log"; fail "the checkpointed job"; }
+    ck=$(ls -d "$out"/ck/step-* 2>/dev/null | head -1)
+    [ -n "$ck" ] || { tail -30 "$out.log"; fail "no periodic checkpoint"; }
+    s=$((10#${ck##*step-}))
+    want=$(sed -n "s/^\[worker 0\] commit $s \([0-9a-f]*\)$/\1/p" "$out.log")
+    other=$(sed -n "s/^\[worker 1\] commit $s \([0-9a-f]*\)$/\1/p" "$out.log")
+    [ -n "$want" ] && [ "$want" = "$other" ] || fail "the workers' w at step $s: '$want' '$other'"
+    timeout 120 "$CHAINPS" launch --servers 2 --workers 2 --timeout 100 --restore-from "$ck" -- \
+        "$APP" --train --ckpt --len 5000 --iters $((s + 50)) >"$out.restore.log" 2>&1 ||
+        { tail -30 "$out.restore.log"; fail "the restored job"; }
+    got=$(sed -n 's/.*restored w \([0-9a-f]*\) at step \([0-9]*\)$/\1 \2/p' "$out.restore.log" | sort -u)
+    [ "$(grep -c 'restored w' "$out.restore.log")" = 2 ] && [ "$got" = "$want $s" ] ||
+        { grep 'restored w' "$out.restore.log"; fail "restored w is not the exported one ($want at $s)"; }
+    finals=$(sed -n 's/.*final w \([0-9a-f]*\).*/\1/p' "$out.restore.log" | sort -u | wc -l)
+    [ "$finals" = 1 ] || fail "the restored workers ended with different w"
+    # One flipped bit in the exported w: the restore is refused, naming the tensor.
+    cp -r "$ck" "$out/bad"
+    /usr/bin/python3 - "$out/bad/model.safetensors" <<'PY' || fail "cannot damage the export"
+import json, struct, sys
+with open(sys.argv[1], "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    begin = json.loads(f.read(n))["w"]["data_offsets"][0]
+    f.seek(8 + n + begin + 3)
+    b = f.read(1)
+    f.seek(8 + n + begin + 3)
+    f.write(bytes([b[0] ^ 0x10]))
+PY
+    timeout 60 "$CHAINPS" launch --servers 1 --workers 2 --timeout 40 --restore-from "$out/bad" -- \
+        "$APP" --train --ckpt --len 5000 --iters 10 >"$out.bad.log" 2>&1 &&
+        fail "a damaged export was restored"
+    grep -q "tensor 'w'.*checksum\|w.*checksum mismatch\|checksum.*'w'" "$out.bad.log" ||
+        { tail -10 "$out.bad.log"; fail "the refusal does not name the damaged tensor w"; }
+    echo "ok: checkpoints: w at step $s restored bitwise on both workers ($want); a damaged w is refused naming it"
 fi
 echo "PASS"

@@ -68,8 +68,9 @@ static void hdr_every_known_type_accepted(void **state)
         cps__wire_hdr_encode(arena, &h);
         int known =
             /* 28..34: chain and state transfer; 35..43: checkpoints; 44..45: data-path
-             * failure evidence; 46: drain; 47: collectives among workers */
-            (t >= 1 && t <= 11) || (t >= 20 && t <= 47);
+             * failure evidence; 46: drain; 47: collectives among workers; 48: a worker's
+             * local tensors for a checkpoint */
+            (t >= 1 && t <= 11) || (t >= 20 && t <= 48);
         assert_int_equal(cps__wire_hdr_decode(arena, 64, &g), known ? 0 : CPS_EPROTO);
     }
 }

@@ -1,0 +1,61 @@
+#!/usr/bin/python3
+"""A worker of test_hybrid_ckpt.py: examples/hybrid's model (table on the servers, dense layers
+all-reduced) with a local SGD with momentum (or Adam), so the local optimizer has state to
+checkpoint.
+
+Right after DistributedOptimizer is built (in a restored job: after it took the export's local
+tensors back) it saves this worker's all-reduced parameters and local optimizer state to
+DUMP/rank-R.pt, then trains to --steps with --step-ms between steps (so that the periodic
+checkpoints of the first job find steps to cut at)."""
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+import chainps
+import chainps.torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                "examples", "hybrid"))
+import train as hybrid  # noqa: E402
+
+
+def main(argv):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--step-ms", type=float, default=5)
+    ap.add_argument("--dump", required=True)
+    ap.add_argument("--adam", action="store_true", help="local Adam instead of SGD+momentum")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(1)
+    client = chainps.init()
+    torch.manual_seed(1)
+    model = hybrid.Model(2000, 8)
+    opt = chainps.torch.DistributedOptimizer(
+        model.named_parameters(), chainps.SGD(0.5), client=client, seed=1,
+        local_optim=(lambda ps: torch.optim.Adam(ps, lr=0.01)) if a.adam else
+        (lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9)),
+        sparse=())  # every server tensor pushed dense: a sync aggregate per step
+    local = {n: p.detach().clone() for n, p in model.named_parameters() if n != "embed.weight"}
+    torch.save({"start_step": opt.start_step, "params": local,
+                "optim": opt.local_optimizer.state_dict()},
+               os.path.join(a.dump, f"rank-{client.rank}.pt"))
+    x, y = hybrid.make_data(4000, 2000, 4, 1001, 7)
+    x, y = x[client.rank::client.num_workers], y[client.rank::client.num_workers]
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    for step in range(opt.start_step, a.steps):
+        lo = (step * 32) % (x.shape[0] - 32)
+        opt.zero_grad()
+        loss_fn(model(x[lo:lo + 32]), y[lo:lo + 32]).backward()
+        opt.step()
+        time.sleep(a.step_ms / 1000)
+    client.barrier()
+    print(f"hybrid_ckpt_job: OK rank {client.rank} from {opt.start_step}", flush=True)
+    client.barrier()
+    client.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
