@@ -27,6 +27,7 @@
 #include "chainps/allreduce.h" /* cps_allreduce: collectives among the workers */
 #include "chainps/error.h"
 #include "chainps/export.h"
+#include "chainps/freq.h" /* cps_freq: communication frequency and warm-up of all-reduces */
 
 #ifdef __cplusplus
 extern "C" {
