@@ -47,6 +47,7 @@ fmnist_run() { # k n
         --log-every 0 --out "$res.dir" >"$res.out" 2>&1
     # Rank 0 evaluates; every worker prints a final line (the job's rate is the sum of both).
     awk -v k="$1" -v n="$2" '
+        { sub(/^\[worker [0-9]+\] /, "") } # launch tags each line with its process
         /^final: test accuracy/ { w++; if (!acc) { acc = $4; sub(/%,?/, "", acc) }; rate += $5 }
         /^allreduce: sync every/ { for (i = 1; i < NF; i++) if ($i == "sent") bytes += $(i + 1) }
         END { if (w == 2) printf "fmnist %s %s %s %.1f %.0f 0\n", k, n, acc, rate, bytes; else exit 1 }
