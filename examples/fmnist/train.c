@@ -99,7 +99,7 @@ static void usage(FILE *f)
         "  --no-overlap           push-pull after the whole backward pass, not layer by layer\n"
         "  --allreduce            keep every parameter on every worker and all-reduce the\n"
         "                         gradients (the optimizer runs on each worker, no servers used)\n"
-        "  --sync-every K         --allreduce: accumulate K steps' gradients, all-reduce once\n"
+        "  --sync-every K         accumulate K steps' gradients, then all-reduce or push once\n"
         "  --warmup N             --allreduce: N steps on own gradients, then average (default 0)\n"
         "  --data DIR             IDX .gz files (default " FM_DEFAULT_DATA_DIR ")\n"
         "  --out DIR              where the CSV, plot and model go (default fmnist-out)\n"
@@ -327,8 +327,8 @@ static int parse_opts(int argc, char **argv, opts *o)
         return bad_flag("unexpected argument '%s'", argv[optind]);
     if (o->allreduce && o->local)
         return bad_flag("--allreduce and --local exclude each other");
-    if (!o->allreduce && (o->sync_every != 1 || o->warmup != 0))
-        return bad_flag("--sync-every and --warmup need --allreduce");
+    if (o->local && (o->sync_every != 1 || o->warmup != 0))
+        return bad_flag("--sync-every and --warmup need workers (not --local)");
     if (o->lr == 0.0f)
         o->lr = o->optim == CPS_OPTIM_SGD ? 0.1f : o->optim == CPS_OPTIM_ADAM ? 0.001f : 0.01f;
     return 0;
@@ -408,6 +408,21 @@ static void allreduce_setup(run *r)
         die("cps_freq_create: %s (%s)", cps_strerror(rc), cps_last_error_message());
 }
 
+/* Parameters on the servers with --sync-every: the schedule only counts and sums (a warm-up is
+ * refused: the workers hold no parameters of their own to train). */
+static void ps_freq_setup(run *r)
+{
+    int n = fm_model_num_params(r->m);
+    cps_freq_buf grads[FM_MAX_PARAMS];
+    for (int i = 0; i < n; i++)
+        grads[i] = (cps_freq_buf){fm_model_param(r->m, i)->grad, fm_model_param(r->m, i)->len};
+    cps_freq_config cfg = {
+        .sync_every = r->o.sync_every, .warmup_steps = r->o.warmup, .target = CPS_FREQ_SERVERS};
+    int rc = cps_freq_create(r->cli, &cfg, grads, (size_t)n, NULL, 0, &r->freq);
+    if (rc != CPS_OK)
+        die("cps_freq_create: %s (%s)", cps_strerror(rc), cps_last_error_message());
+}
+
 static void local_setup(run *r)
 {
     size_t slots = fm_optim_state_slots(r->optim.kind);
@@ -446,6 +461,8 @@ typedef struct step_io {
     int err, bad;             /* first failure to start an operation, and its parameter */
 } step_io;
 
+static void push_param(step_io *s, int i);
+
 static void grad_ready(void *ctx, int i)
 {
     step_io *s = ctx;
@@ -458,8 +475,15 @@ static void grad_ready(void *ctx, int i)
         fm_optim_apply(&r->optim, p->value, r->state[i], p->grad, p->len, s->step);
         return;
     }
-    if (r->o.allreduce)
-        return; /* allreduce_step, once every gradient is in */
+    if (r->freq)
+        return; /* finish_step asks cps_freq, once every gradient is in */
+    push_param(s, i);
+}
+
+static void push_param(step_io *s, int i)
+{
+    run *r = s->r;
+    fm_param *p = fm_model_param(r->m, i);
     if (s->err != CPS_OK)
         return; /* nothing more after a failure; finish_step reports it */
     int rc =
@@ -478,7 +502,7 @@ static double train_step(run *r, const float *x, const uint8_t *y, int b, uint64
                          step_io *io)
 {
     *io = (step_io){.r = r, .step = step, .scale = step_scale(r, step)};
-    if (!r->o.no_overlap && !r->o.allreduce)
+    if (!r->o.no_overlap && !r->freq)
         return fm_model_forward_backward_cb(r->m, x, y, b, NULL, grad_ready, io);
     double loss = fm_model_forward_backward(r->m, x, y, b, NULL);
     for (int i = 0; isfinite(loss) && i < fm_model_num_params(r->m); i++)
@@ -518,6 +542,11 @@ static void finish_step(run *r, step_io *s)
         return;
     }
     double t0 = now_s(CLOCK_MONOTONIC);
+    /* --sync-every K on the servers: the window's mean gradient is pushed every K-th step. */
+    int verdict = r->freq ? cps_freq_grad(r->freq) : CPS_FREQ_APPLY;
+    check(verdict < 0 ? verdict : 0, "cps_freq_grad", "gradients");
+    for (int i = 0; r->freq && verdict == CPS_FREQ_APPLY && i < fm_model_num_params(r->m); i++)
+        push_param(s, i);
     for (int k = 0; k < s->started; k++) {
         int rc = cps_wait(s->h[k], -1);
         if (rc != CPS_OK && s->err == CPS_OK) {
@@ -528,6 +557,10 @@ static void finish_step(run *r, step_io *s)
     r->wait_s += now_s(CLOCK_MONOTONIC) - t0;
     if (s->err != CPS_OK)
         check(s->err, "cps_push_pull", fm_model_param(r->m, s->bad)->name);
+    if (r->freq) {
+        int rc = cps_freq_step_end(r->freq);
+        check(rc < 0 ? rc : 0, "cps_freq_step_end", "gradients");
+    }
 }
 
 static double evaluate(run *r, const fm_dataset *test)
@@ -783,6 +816,12 @@ static void finish(run *r, const fm_dataset *test, double acc, int acc_fresh, do
     if (r->cli)
         cps_client_stats_get(r->cli, &st);
     uint64_t sum = checksum(r->m);
+    if (r->freq) {
+        cps_freq_stats fs = {0};
+        cps_freq_stats_get(r->freq, &fs);
+        printf("sync every %ld, warm-up %ld: %llu windows, %llu steps held\n", r->o.sync_every,
+               r->o.warmup, (unsigned long long)fs.syncs, (unsigned long long)fs.held);
+    }
     if (r->o.allreduce) {
         cps_allreduce_stats as = {0};
         cps_allreduce_stats_get(r->cli, &as);
@@ -956,6 +995,8 @@ int main(int argc, char **argv)
         allreduce_setup(&r);
     else
         ps_setup(&r);
+    if (!r.o.local && !r.o.allreduce && (r.o.sync_every != 1 || r.o.warmup != 0))
+        ps_freq_setup(&r);
     open_outputs(&r);
     printf("fmnist: %s (%zu parameters in %d tensors), %s lr %g, batch %d, epochs %d, "
            "worker %d of %d%s, train %zu images (shard %zu), test %zu\n",

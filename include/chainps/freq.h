@@ -25,6 +25,14 @@
  *   continues from the same bits. Averaging rather than taking rank 0's values keeps what every
  *   worker learned during its warm-up.
  *
+ * Parameters on the servers (cfg.target = CPS_FREQ_SERVERS): the same windows, but
+ * cps_freq_grad() all-reduces nothing: at the window's last step it writes the window's sum / k
+ * into the gradient buffers and answers CPS_FREQ_APPLY, and the program pushes them
+ * (cps_push_pull); on the other steps it answers CPS_FREQ_HOLD and the program sends nothing, so
+ * the servers see 1/k of the pushes, each the mean of k steps' gradients. In sync mode the
+ * servers still sum the workers' pushes in rank order: the same bits in every run for a given k.
+ * A warm-up needs the parameters on the workers, so it is refused in this mode.
+ *
  * The step windows are counted from the job's step (cfg.start_step + the steps ended since), so a
  * worker that replaces a dead one (cps_allreduce_fetch) synchronises at the same steps as the
  * others. Every worker must use the same k, n and buffer lengths (as for cps_allreduce). With the
@@ -67,11 +75,18 @@ typedef struct cps_freq_buf {
     uint64_t len; /**< values, >= 1 */
 } cps_freq_buf;
 
+/** Where the gradients go once a window is complete. */
+typedef enum cps_freq_target {
+    CPS_FREQ_RING = 0,   /**< all-reduced (mean) among the workers by cps_freq_grad() */
+    CPS_FREQ_SERVERS = 1 /**< left in the buffers for the program to push to the servers */
+} cps_freq_target;
+
 typedef struct cps_freq_config {
-    int64_t sync_every;   /**< k, 1 .. CPS_FREQ_MAX_SYNC_EVERY (1: all-reduce every step) */
-    int64_t warmup_steps; /**< n, 0 .. CPS_FREQ_MAX_WARMUP (0: no warm-up) */
-    uint64_t start_step;  /**< the job's step this worker starts at: 0, or the step
-                               cps_allreduce_fetch() returned to a replacement */
+    int64_t sync_every;     /**< k, 1 .. CPS_FREQ_MAX_SYNC_EVERY (1: all-reduce every step) */
+    int64_t warmup_steps;   /**< n, 0 .. CPS_FREQ_MAX_WARMUP (0: no warm-up) */
+    uint64_t start_step;    /**< the job's step this worker starts at: 0, or the step
+                                 cps_allreduce_fetch() returned to a replacement */
+    cps_freq_target target; /**< CPS_FREQ_RING (0, the default) or CPS_FREQ_SERVERS */
 } cps_freq_config;
 
 /**
@@ -86,7 +101,8 @@ typedef struct cps_freq_config {
  * @param[out] out the new schedule, owned by the caller (cps_freq_destroy()).
  * @return 0, or CPS_EINVAL (NULL c, cfg or out; sync_every outside 1..CPS_FREQ_MAX_SYNC_EVERY;
  *         warmup_steps outside 0..CPS_FREQ_MAX_WARMUP; no gradient buffer; a NULL or empty
- *         buffer; gradients of 2^32 values or more; warmup_steps > 0 with no state buffer: the
+ *         buffer; gradients of 2^32 values or more; warmup_steps > 0 with no state buffer or with
+ *         CPS_FREQ_SERVERS; an unknown target: the
  *         log and cps_last_error_message() name which), CPS_ENOMEM. Nothing is created on error.
  */
 CPS_API int cps_freq_create(struct cps_client *c, const cps_freq_config *cfg,
@@ -97,8 +113,8 @@ CPS_API int cps_freq_create(struct cps_client *c, const cps_freq_config *cfg,
  * @brief This step's gradients are in the gradient buffers: say what to do with them.
  * During the warm-up: CPS_FREQ_APPLY, the buffers untouched. After it: the gradients are added
  * to the window's sum; at the window's last step (every k-th) the sum divided by k is all-reduced
- * (mean) and written back into the gradient buffers: CPS_FREQ_APPLY; otherwise CPS_FREQ_HOLD,
- * the buffers untouched.
+ * (mean; CPS_FREQ_SERVERS: not all-reduced) and written back into the gradient buffers:
+ * CPS_FREQ_APPLY; otherwise CPS_FREQ_HOLD, the buffers untouched.
  * @return CPS_FREQ_APPLY, CPS_FREQ_HOLD, or an error of cps_allreduce(), or CPS_EINVAL (NULL, or
  *         called twice without cps_freq_step_end()). After an all-reduce error the schedule is
  *         poisoned: every later call returns CPS_EPOISONED (the window's sum no longer matches
@@ -118,7 +134,7 @@ CPS_API int cps_freq_step_end(cps_freq *f);
 /** Counters of a schedule. */
 typedef struct cps_freq_stats {
     uint64_t steps;    /**< steps ended (cps_freq_step_end) */
-    uint64_t syncs;    /**< gradient all-reduces made */
+    uint64_t syncs;    /**< windows completed (gradient all-reduces made, or pushes due) */
     uint64_t held;     /**< steps that returned CPS_FREQ_HOLD */
     uint64_t averaged; /**< 1 once the warm-up's state average is done */
 } cps_freq_stats;

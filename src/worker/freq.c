@@ -13,6 +13,7 @@
 struct cps_freq {
     cps_client *c;
     int64_t k, warmup;
+    cps_freq_target target;
     uint64_t step; /* the job's step the next cps_freq_grad belongs to */
     cps_freq_buf *grads, *state;
     size_t ngrads, nstate;
@@ -58,6 +59,10 @@ static int check_config(const cps_freq_config *cfg, const cps_freq_buf *grads, s
     }
     if (!grads || ngrads == 0)
         return bad("no gradient buffer");
+    if (cfg->target != CPS_FREQ_RING && cfg->target != CPS_FREQ_SERVERS)
+        return bad("unknown target");
+    if (cfg->target == CPS_FREQ_SERVERS && cfg->warmup_steps > 0)
+        return bad("a warm-up needs the parameters on the workers, not on the servers");
     if ((nstate && !state) || (cfg->warmup_steps > 0 && nstate == 0))
         return bad("a warm-up needs the state buffers it averages at its end");
     uint64_t slen;
@@ -92,6 +97,7 @@ int cps_freq_create(cps_client *c, const cps_freq_config *cfg, const cps_freq_bu
     *f = (cps_freq){.c = c,
                     .k = cfg->sync_every,
                     .warmup = cfg->warmup_steps,
+                    .target = cfg->target,
                     .step = cfg->start_step,
                     .ngrads = ngrads,
                     .nstate = nstate,
@@ -167,9 +173,11 @@ int cps_freq_grad(cps_freq *f)
             f->acc[j] /= kf;
     }
     f->held = 0;
-    int rc = cps_allreduce(f->c, f->acc, f->glen, CPS_REDUCE_MEAN);
-    if (rc != 0)
-        return poison(f, rc, "the gradients' all-reduce");
+    if (f->target == CPS_FREQ_RING) {
+        int rc = cps_allreduce(f->c, f->acc, f->glen, CPS_REDUCE_MEAN);
+        if (rc != 0)
+            return poison(f, rc, "the gradients' all-reduce");
+    }
     f->st.syncs++;
     scatter(f);
     return CPS_FREQ_APPLY;

@@ -1,13 +1,17 @@
 /* A worker that trains a vector w by all-reduced gradients under a cps_freq schedule (issue 29's
  * communication frequency and warm-up), for tests/integration/freq_test.sh.
  *
- * usage: freq_app --out DIR [--len N] [--steps S] [--sync-every K] [--warmup N]
+ * usage: freq_app --out DIR [--len N] [--steps S] [--sync-every K] [--warmup N] [--servers]
  * The gradient of step t depends on (rank, t) and on w, so every worker's w moves differently
  * during the warm-up and a wrong w would show in every later step. The local optimizer is SGD
  * with momentum (state: w, then the velocity v). After every step "<step> <xxh3 of w>" goes to
  * DIR/rank<R>.txt. At the end: "rank R: final w HASH sent BYTES syncs S held H averaged A".
+ * --servers: w lives on the servers instead (a tensor with a momentum optimizer there), and the
+ * schedule's target is CPS_FREQ_SERVERS: a step whose verdict is CPS_FREQ_APPLY push-pulls the
+ * window's mean gradient; BYTES are then the push bytes (before compression) of the loop.
  * Before training it checks that cps_freq refuses bad settings (k 0, -1, 2^40, 2^20 + 1; warm-up
- * -1 or 2^33; a warm-up without state; cps_freq_grad twice in a step), printing
+ * -1 or 2^33; a warm-up without state or with the servers' target; an unknown target;
+ * cps_freq_grad twice in a step), printing
  * "rank R: bad settings refused". Exits 0, or 1 with the failure printed. */
 #include <stdint.h>
 #include <stdio.h>
@@ -33,16 +37,20 @@ static int check_refusals(cps_client *c, cps_freq_buf *g, cps_freq_buf *st)
 {
     static const struct {
         int64_t k, n;
-        int nstate;
-    } bad[] = {{0, 0, 2},
-               {-1, 0, 2},
-               {INT64_C(1) << 40, 0, 2},
-               {CPS_FREQ_MAX_SYNC_EVERY + 1, 0, 2},
-               {1, -1, 2},
-               {1, CPS_FREQ_MAX_WARMUP + 1, 2},
-               {4, 10, 0}};
+        int nstate, target;
+    } bad[] = {{0, 0, 2, 0},
+               {-1, 0, 2, 0},
+               {INT64_C(1) << 40, 0, 2, 0},
+               {CPS_FREQ_MAX_SYNC_EVERY + 1, 0, 2, 0},
+               {1, -1, 2, 0},
+               {1, CPS_FREQ_MAX_WARMUP + 1, 2, 0},
+               {4, 10, 0, 0},
+               {4, 10, 2, CPS_FREQ_SERVERS},
+               {4, 0, 2, 7}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        cps_freq_config cfg = {.sync_every = bad[i].k, .warmup_steps = bad[i].n};
+        cps_freq_config cfg = {.sync_every = bad[i].k,
+                               .warmup_steps = bad[i].n,
+                               .target = (cps_freq_target)bad[i].target};
         cps_freq *f = (cps_freq *)&cfg; /* must be reset to NULL */
         int rc =
             cps_freq_create(c, &cfg, g, 1, bad[i].nstate ? st : NULL, (size_t)bad[i].nstate, &f);
@@ -68,11 +76,15 @@ static int check_refusals(cps_client *c, cps_freq_buf *g, cps_freq_buf *st)
 
 int main(int argc, char **argv)
 {
-    int len = 4096, steps = 64, k = 1, warmup = 0;
+    int len = 4096, steps = 64, k = 1, warmup = 0, servers = 0;
     const char *out = NULL;
-    const tc_flag flags[] = {{"--len", TC_INT, &len},      {"--steps", TC_INT, &steps},
-                             {"--sync-every", TC_INT, &k}, {"--warmup", TC_INT, &warmup},
-                             {"--out", TC_STR, &out},      {NULL, 0, NULL}};
+    const tc_flag flags[] = {{"--len", TC_INT, &len},
+                             {"--steps", TC_INT, &steps},
+                             {"--sync-every", TC_INT, &k},
+                             {"--warmup", TC_INT, &warmup},
+                             {"--out", TC_STR, &out},
+                             {"--servers", TC_SWITCH, &servers},
+                             {NULL, 0, NULL}};
     if (tc_flags_parse(argc, argv, flags) != 0 || len <= 0 || steps <= 0 || !out)
         return 2;
     cps_client *c;
@@ -96,7 +108,21 @@ int main(int argc, char **argv)
         return 1;
     printf("rank %d: bad settings refused\n", rank);
 
-    cps_freq_config cfg = {.sync_every = k, .warmup_steps = warmup};
+    cps_tensor *wt = NULL;
+    if (servers) {
+        cps_init init = {.kind = CPS_INIT_CONSTANT, .a = 1.0f};
+        cps_optim mom = {.kind = CPS_OPTIM_MOMENTUM, .lr = 0.01f, .momentum = 0.9f};
+        rc = cps_tensor_declare(c, "w", (uint64_t)len, &init, &mom, &wt);
+        if (rc == 0)
+            rc = cps_pull(c, wt, w, (uint64_t)len);
+        if (rc != 0) {
+            fprintf(stderr, "declare/pull: %s\n", cps_err_name(rc));
+            return 1;
+        }
+    }
+    cps_freq_config cfg = {.sync_every = k,
+                           .warmup_steps = warmup,
+                           .target = servers ? CPS_FREQ_SERVERS : CPS_FREQ_RING};
     cps_freq *f;
     rc = cps_freq_create(c, &cfg, &gb, 1, state, 2, &f);
     if (rc != 0) {
@@ -105,11 +131,18 @@ int main(int argc, char **argv)
     }
     cps_allreduce_stats before;
     cps_allreduce_stats_get(c, &before);
+    cps_client_stats pbefore;
+    cps_client_stats_get(c, &pbefore);
     int status = 0;
     for (int t = 0; t < steps && status == 0; t++) {
         grad_of(g, w, len, rank, t);
         rc = cps_freq_grad(f);
-        if (rc == CPS_FREQ_APPLY) {
+        if (rc == CPS_FREQ_APPLY && servers) {
+            /* Sync mode: the servers sum the workers' pushes, so each sends its share. */
+            for (int j = 0; j < len; j++)
+                g[j] /= (float)cps_num_workers(c);
+            rc = cps_push_pull(c, wt, g, w, (uint64_t)len);
+        } else if (rc == CPS_FREQ_APPLY) {
             for (int j = 0; j < len; j++) {
                 v[j] = 0.9f * v[j] + g[j];
                 w[j] -= 0.01f * v[j];
@@ -132,6 +165,12 @@ int main(int argc, char **argv)
     }
     cps_allreduce_stats st;
     cps_allreduce_stats_get(c, &st);
+    cps_client_stats ps;
+    cps_client_stats_get(c, &ps);
+    if (servers) {
+        st.bytes_sent = ps.push_raw_bytes;
+        before.bytes_sent = pbefore.push_raw_bytes;
+    }
     cps_freq_stats fs;
     cps_freq_stats_get(f, &fs);
     printf("rank %d: final w %016llx sent %llu syncs %llu held %llu averaged %llu\n", rank,

@@ -8,7 +8,10 @@
 #     every 4th step with k = 4;
 #  3. k = 4 twice: both runs end with the same bits;
 #  4. k = 4 and warm-up 8: the workers' w differ during the warm-up and are equal from its end
-#     on; the bytes are 14 gradient syncs plus the average of w and its momentum.
+#     on; the bytes are 14 gradient syncs plus the average of w and its momentum;
+#  5. w on the servers (CPS_FREQ_SERVERS, sync mode), k = 1 and k = 4 twice: the push bytes fall
+#     by exactly 4 (cps_client_stats), w moves every 4th step only, the workers agree after every
+#     step, and the two k = 4 runs end bitwise equal.
 # Usage: freq_test.sh CHAINPS FREQ_APP
 set -u
 CHAINPS=$1
@@ -37,11 +40,14 @@ run k1 --sync-every 1
 run k4a --sync-every 4
 run k4b --sync-every 4
 run warm --sync-every 4 --warmup 8
+run srv1 --servers --sync-every 1
+run srv4a --servers --sync-every 4
+run srv4b --servers --sync-every 4
 
 [ "$(grep -c 'bad settings refused' "$dir/k1.log")" = 2 ] || fail "bad settings were not refused"
-echo "ok: k 0, -1, 2^40, 2^20 + 1, warm-up -1, 2^33 and a warm-up without state are CPS_EINVAL"
+echo "ok: k 0, -1, 2^40, 2^20 + 1, warm-up -1, 2^33, a warm-up without state or on the servers, an unknown target: CPS_EINVAL"
 
-for n in k1 k4a k4b warm; do
+for n in k1 k4a k4b warm srv1 srv4a srv4b; do
     cmp -s <(steps $n 0) <(steps $n 1) && [ "$(steps $n 0 | wc -l)" = 64 ] ||
         { [ $n = warm ] || fail "$n: the workers' w differ (or a worker did not finish 64 steps)"; }
 done
@@ -70,4 +76,13 @@ bw=$(field warm 0 sent)
 # 56 steps after the warm-up = 14 syncs of 4096 values, then the average of w and v (4096 each).
 [ "$bw" = $((b4 / 16 * (14 + 2))) ] || fail "warm-up bytes $bw, expected $((b4 / 16 * 16))"
 echo "ok: warm-up 8: workers differ for steps 0..6, agree from the average on; $bw bytes (14 syncs + 2 averages)"
+p1=$(field srv1 0 sent)
+p4=$(field srv4a 0 sent)
+[ -n "$p1" ] && [ "$p4" -gt 0 ] && [ "$p1" = $((4 * p4)) ] || fail "servers: k=1 pushed $p1 bytes, k=4 $p4 (not 4x)"
+moved=$(awk 'NR > 1 && $2 != prev {printf "%d ", $1} {prev = $2}' "$dir/srv4a/rank1.txt")
+[ "$moved" = "$(seq -s ' ' 3 4 63) " ] || fail "servers, k=4: w moved after steps $moved"
+h=$(field srv4a 0 w)
+[ -n "$h" ] && [ "$h" = "$(field srv4b 0 w)" ] && [ "$h" = "$(field srv4b 1 w)" ] ||
+    fail "servers, k=4: two runs ended with other bits"
+echo "ok: servers: k=1 pushed $p1 bytes, k=4 $p4 (exactly 1/4); w moves every 4th step; two runs end equal ($h)"
 echo PASS
