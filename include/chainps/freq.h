@@ -1,8 +1,9 @@
 /**
  * @file freq.h
- * @brief Communication frequency and warm-up of all-reduced training (TensorFlow's parameter-server
- * guide's two knobs; the C side of `chainps.torch.DistributedOptimizer(sync_every=,
- * warmup_steps=)`). Included by chainps.h.
+ * @brief Communication frequency and warm-up (TensorFlow's parameter-server guide's two knobs;
+ * the C side of `chainps.torch.DistributedOptimizer(sync_every=, warmup_steps=)`), for
+ * all-reduced parameters and, without the warm-up, for parameters on the servers. Included by
+ * chainps.h.
  *
  * A training program that keeps its parameters on every worker and all-reduces their gradients
  * (cps_allreduce) registers the gradient buffers, and the buffers that make up its state
