@@ -5,7 +5,10 @@
  * The gradient of step t depends on (rank, t) and on w, so every worker's w moves differently
  * during the warm-up and a wrong w would show in every later step. The local optimizer is SGD
  * with momentum (state: w, then the velocity v). After every step "<step> <xxh3 of w>" goes to
- * DIR/rank<R>.txt. At the end: "rank R: final w HASH sent BYTES syncs S held H averaged A".
+ * DIR/rank<R>.txt. Every window's gradients as cps_freq_grad hands them back are checked against
+ * the mean this program computes itself (over the window's steps, and over every worker's
+ * gradient on the ring). At the end: "rank R: final w HASH sent BYTES syncs S held H averaged A
+ * checked C" (C: windows checked).
  * --servers: w lives on the servers instead (a tensor with a momentum optimizer there), and the
  * schedule's target is CPS_FREQ_SERVERS: a step whose verdict is CPS_FREQ_APPLY push-pulls the
  * window's mean gradient; BYTES are then the push bytes (before compression) of the loop.
@@ -13,6 +16,7 @@
  * -1 or 2^33; a warm-up without state or with the servers' target; an unknown target;
  * cps_freq_grad twice in a step), printing
  * "rank R: bad settings refused". Exits 0, or 1 with the failure printed. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,10 +137,37 @@ int main(int argc, char **argv)
     cps_allreduce_stats_get(c, &before);
     cps_client_stats pbefore;
     cps_client_stats_get(c, &pbefore);
-    int status = 0;
+    /* What a window's verdict must hand back, computed here in double: the mean over the window's
+     * steps and (on the ring) over the workers' gradients, each worker's computable from the
+     * shared w (equal on every worker after the warm-up; w does not move inside a window). */
+    double *want = calloc((size_t)len, sizeof *want);
+    float *tmp = malloc((size_t)len * sizeof *tmp);
+    if (!want || !tmp)
+        return 1;
+    int status = 0, nw = cps_num_workers(c);
+    uint64_t checked = 0;
     for (int t = 0; t < steps && status == 0; t++) {
         grad_of(g, w, len, rank, t);
+        for (int r = servers ? rank : 0; t >= warmup && r < (servers ? rank + 1 : nw); r++) {
+            grad_of(tmp, w, len, r, t);
+            for (int j = 0; j < len; j++)
+                want[j] += tmp[j];
+        }
         rc = cps_freq_grad(f);
+        if (rc == CPS_FREQ_APPLY && t >= warmup) {
+            double div = (double)k * (servers ? 1 : nw);
+            for (int j = 0; j < len; j++) {
+                double e = want[j] / div;
+                if (fabs((double)g[j] - e) > 1e-5 * fabs(e) + 1e-6) {
+                    fprintf(stderr, "rank %d step %d: gradient %d is %g, not the mean %g\n", rank,
+                            t, j, (double)g[j], e);
+                    status = 1;
+                    break;
+                }
+            }
+            memset(want, 0, (size_t)len * sizeof *want);
+            checked++;
+        }
         if (rc == CPS_FREQ_APPLY && servers) {
             /* Sync mode: the servers sum the workers' pushes, so each sends its share. */
             for (int j = 0; j < len; j++)
@@ -173,14 +204,17 @@ int main(int argc, char **argv)
     }
     cps_freq_stats fs;
     cps_freq_stats_get(f, &fs);
-    printf("rank %d: final w %016llx sent %llu syncs %llu held %llu averaged %llu\n", rank,
-           (unsigned long long)XXH3_64bits(w, (size_t)len * sizeof *w),
+    printf("rank %d: final w %016llx sent %llu syncs %llu held %llu averaged %llu checked %llu\n",
+           rank, (unsigned long long)XXH3_64bits(w, (size_t)len * sizeof *w),
            (unsigned long long)(st.bytes_sent - before.bytes_sent), (unsigned long long)fs.syncs,
-           (unsigned long long)fs.held, (unsigned long long)fs.averaged);
+           (unsigned long long)fs.held, (unsigned long long)fs.averaged,
+           (unsigned long long)checked);
     cps_freq_destroy(f);
     free(w);
     free(v);
     free(g);
+    free(want);
+    free(tmp);
     int crc = cps_close(c);
     return status ? status : crc != 0;
 }

@@ -3,7 +3,8 @@
 # of tests/integration/freq_app through `chainps launch`:
 #  1. bad settings (k 0, -1, 2^40, 2^20 + 1; warm-up -1, 2^33, without state; calls out of order)
 #     are refused with CPS_EINVAL;
-#  2. k = 1 and k = 4, 64 steps: the all-reduce bytes each worker sends fall by exactly 4
+#  2. k = 1 and k = 4, 64 steps: every window's gradient handed back is the mean over the window's
+#     steps and the workers (freq_app computes it itself); the all-reduce bytes each worker sends fall by exactly 4
 #     (cps_allreduce_stats), the workers hold the same bits after every step, and w moves only on
 #     every 4th step with k = 4;
 #  3. k = 4 twice: both runs end with the same bits;
@@ -54,7 +55,9 @@ done
 b1=$(field k1 0 sent)
 b4=$(field k4a 0 sent)
 [ -n "$b1" ] && [ "$b4" -gt 0 ] && [ "$b1" = $((4 * b4)) ] || fail "bytes: k=1 sent $b1, k=4 sent $b4 (not 4x)"
-[ "$(field k1 0 syncs)" = 64 ] && [ "$(field k4a 0 syncs)" = 16 ] && [ "$(field k4a 0 held)" = 48 ] ||
+[ "$(field k1 0 syncs)" = 64 ] && [ "$(field k4a 0 syncs)" = 16 ] && [ "$(field k4a 0 held)" = 48 ] &&
+    [ "$(field k4a 0 checked)" = 16 ] && [ "$(field k4a 1 checked)" = 16 ] && [ "$(field srv4a 1 checked)" = 16 ] &&
+    [ "$(field warm 0 checked)" = 14 ] ||
     fail "syncs: $(field k1 0 syncs) and $(field k4a 0 syncs) (held $(field k4a 0 held)), not 64 and 16 (48)"
 # With k = 4, w changes after steps 3, 7, 11, ... only.
 moved=$(awk 'NR > 1 && $2 != prev {printf "%d ", $1} {prev = $2}' "$dir/k4a/rank0.txt")
