@@ -25,12 +25,12 @@ fail() {
 }
 
 run() { # run NAME ARGS...: a 2-worker job of 64 steps, in the foreground
-    local out=$dir/$1
+    local name=$1 out=$dir/$1
     shift
     mkdir -p "$out"
     timeout 120 "$CHAINPS" launch --servers 1 --workers 2 --timeout 100 -- \
         "$APP" --out "$out" --len 4096 --steps 64 "$@" >"$out.log" 2>&1 ||
-        { tail -30 "$out.log"; fail "job $1"; }
+        { tail -30 "$out.log"; fail "job $name"; }
 }
 field() { # field NAME RANK WORD: the number after WORD in rank RANK's final line
     grep "rank $2: final" "$dir/$1.log" | awk -v f="$3" '{for (i = 1; i < NF; i++) if ($i == f) print $(i + 1)}'
