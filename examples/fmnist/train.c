@@ -36,11 +36,13 @@
 typedef struct opts {
     fm_model_kind model;
     int epochs, batch, log_every, local;
-    int no_overlap; /* start the step's push-pulls after the whole backward pass */
-    int cosine;     /* --schedule cosine (1) or constant (0) */
-    long steps;     /* 0: no limit */
-    float lr;       /* 0: the optimizer's default */
-    float wd;       /* L2 weight decay, applied by the optimizer */
+    int no_overlap;          /* start the step's push-pulls after the whole backward pass */
+    int allreduce;           /* every parameter on every worker, gradients all-reduced (cps_freq) */
+    long sync_every, warmup; /* --allreduce: cps_freq's k and n */
+    int cosine;              /* --schedule cosine (1) or constant (0) */
+    long steps;              /* 0: no limit */
+    float lr;                /* 0: the optimizer's default */
+    float wd;                /* L2 weight decay, applied by the optimizer */
     uint64_t seed;
     cps_optim_kind optim;
     const char *csv, *plot, *out, *data;
@@ -52,7 +54,9 @@ typedef struct run {
     int rank, nworkers;
     fm_model *m;
     cps_tensor *tensors[FM_MAX_PARAMS];
-    float *state[FM_MAX_PARAMS]; /* --local optimizer state */
+    float *state[FM_MAX_PARAMS]; /* --local and --allreduce optimizer state */
+    cps_freq *freq;              /* --allreduce: when the gradients travel */
+    uint64_t updates;            /* --allreduce: optimizer steps applied (Adam's t) */
     cps_optim optim;
     float grad_scale;     /* 1/num_workers in sync mode, else 1 */
     uint64_t total_steps; /* planned steps, the length of the cosine schedule */
@@ -93,6 +97,10 @@ static void usage(FILE *f)
         "  --log-every N          print the loss every N steps of an epoch (default 100, 0 off)\n"
         "  --local                train in this process, without a parameter server\n"
         "  --no-overlap           push-pull after the whole backward pass, not layer by layer\n"
+        "  --allreduce            keep every parameter on every worker and all-reduce the\n"
+        "                         gradients (the optimizer runs on each worker, no servers used)\n"
+        "  --sync-every K         accumulate K steps' gradients, then all-reduce or push once\n"
+        "  --warmup N             --allreduce: N steps on own gradients, then average (default 0)\n"
         "  --data DIR             IDX .gz files (default " FM_DEFAULT_DATA_DIR ")\n"
         "  --out DIR              where the CSV, plot and model go (default fmnist-out)\n"
         "  --csv PATH             CSV of time_s,epoch,step,loss,accuracy (default "
@@ -147,6 +155,9 @@ enum {
     OPT_SEED,
     OPT_LOCAL,
     OPT_NO_OVERLAP,
+    OPT_ALLREDUCE,
+    OPT_SYNC_EVERY,
+    OPT_WARMUP,
     OPT_OPTIM,
     OPT_LOGEVERY,
     OPT_STEPS,
@@ -231,6 +242,16 @@ static int parse_one(opts *o, int c, const char *arg, const char *flag)
     case OPT_NO_OVERLAP:
         o->no_overlap = 1;
         break;
+    case OPT_ALLREDUCE:
+        o->allreduce = 1;
+        break;
+    /* cps_freq_create checks the range; these bounds only keep the number a long. */
+    case OPT_SYNC_EVERY:
+        rc = parse_long(flag, arg, -1000000000L, 1000000000L, &o->sync_every);
+        break;
+    case OPT_WARMUP:
+        rc = parse_long(flag, arg, -1000000000L, 1000000000L, &o->warmup);
+        break;
     case OPT_CSV:
         o->csv = arg;
         break;
@@ -258,6 +279,9 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"seed", required_argument, NULL, OPT_SEED},
         {"local", no_argument, NULL, OPT_LOCAL},
         {"no-overlap", no_argument, NULL, OPT_NO_OVERLAP},
+        {"allreduce", no_argument, NULL, OPT_ALLREDUCE},
+        {"sync-every", required_argument, NULL, OPT_SYNC_EVERY},
+        {"warmup", required_argument, NULL, OPT_WARMUP},
         {"optimizer", required_argument, NULL, OPT_OPTIM},
         {"log-every", required_argument, NULL, OPT_LOGEVERY},
         {"steps", required_argument, NULL, OPT_STEPS},
@@ -273,6 +297,7 @@ static int parse_opts(int argc, char **argv, opts *o)
     *o = (opts){.model = FM_MODEL_MLP,
                 .epochs = 10,
                 .batch = 64,
+                .sync_every = 1,
                 .log_every = 100,
                 .cosine = 1,
                 .seed = 1,
@@ -300,6 +325,10 @@ static int parse_opts(int argc, char **argv, opts *o)
     }
     if (optind < argc)
         return bad_flag("unexpected argument '%s'", argv[optind]);
+    if (o->allreduce && o->local)
+        return bad_flag("--allreduce and --local exclude each other");
+    if (o->local && (o->sync_every != 1 || o->warmup != 0))
+        return bad_flag("--sync-every and --warmup need workers (not --local)");
     if (o->lr == 0.0f)
         o->lr = o->optim == CPS_OPTIM_SGD ? 0.1f : o->optim == CPS_OPTIM_ADAM ? 0.001f : 0.01f;
     return 0;
@@ -355,6 +384,45 @@ static double now_s(clockid_t clk)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+static void local_setup(run *r);
+
+/* --allreduce: the same initial values on every worker (cps_init_values depends on the seed
+ * only), then the schedule over every gradient and, for the warm-up's average, every parameter
+ * and optimizer state buffer. */
+static void allreduce_setup(run *r)
+{
+    local_setup(r);
+    int n = fm_model_num_params(r->m), ns = 0;
+    size_t slots = fm_optim_state_slots(r->optim.kind);
+    cps_freq_buf grads[FM_MAX_PARAMS], state[2 * FM_MAX_PARAMS];
+    for (int i = 0; i < n; i++) {
+        fm_param *p = fm_model_param(r->m, i);
+        grads[i] = (cps_freq_buf){p->grad, p->len};
+        state[ns++] = (cps_freq_buf){p->value, p->len};
+    }
+    for (int i = 0; slots && i < n; i++)
+        state[ns++] = (cps_freq_buf){r->state[i], slots * fm_model_param(r->m, i)->len};
+    cps_freq_config cfg = {.sync_every = r->o.sync_every, .warmup_steps = r->o.warmup};
+    int rc = cps_freq_create(r->cli, &cfg, grads, (size_t)n, state, (size_t)ns, &r->freq);
+    if (rc != CPS_OK)
+        die("cps_freq_create: %s (%s)", cps_strerror(rc), cps_last_error_message());
+}
+
+/* Parameters on the servers with --sync-every: the schedule only counts and sums (a warm-up is
+ * refused: the workers hold no parameters of their own to train). */
+static void ps_freq_setup(run *r)
+{
+    int n = fm_model_num_params(r->m);
+    cps_freq_buf grads[FM_MAX_PARAMS];
+    for (int i = 0; i < n; i++)
+        grads[i] = (cps_freq_buf){fm_model_param(r->m, i)->grad, fm_model_param(r->m, i)->len};
+    cps_freq_config cfg = {
+        .sync_every = r->o.sync_every, .warmup_steps = r->o.warmup, .target = CPS_FREQ_SERVERS};
+    int rc = cps_freq_create(r->cli, &cfg, grads, (size_t)n, NULL, 0, &r->freq);
+    if (rc != CPS_OK)
+        die("cps_freq_create: %s (%s)", cps_strerror(rc), cps_last_error_message());
+}
+
 static void local_setup(run *r)
 {
     size_t slots = fm_optim_state_slots(r->optim.kind);
@@ -393,6 +461,8 @@ typedef struct step_io {
     int err, bad;             /* first failure to start an operation, and its parameter */
 } step_io;
 
+static void push_param(step_io *s, int i);
+
 static void grad_ready(void *ctx, int i)
 {
     step_io *s = ctx;
@@ -405,6 +475,15 @@ static void grad_ready(void *ctx, int i)
         fm_optim_apply(&r->optim, p->value, r->state[i], p->grad, p->len, s->step);
         return;
     }
+    if (r->freq)
+        return; /* finish_step asks cps_freq, once every gradient is in */
+    push_param(s, i);
+}
+
+static void push_param(step_io *s, int i)
+{
+    run *r = s->r;
+    fm_param *p = fm_model_param(r->m, i);
     if (s->err != CPS_OK)
         return; /* nothing more after a failure; finish_step reports it */
     int rc =
@@ -423,12 +502,33 @@ static double train_step(run *r, const float *x, const uint8_t *y, int b, uint64
                          step_io *io)
 {
     *io = (step_io){.r = r, .step = step, .scale = step_scale(r, step)};
-    if (!r->o.no_overlap)
+    if (!r->o.no_overlap && !r->freq)
         return fm_model_forward_backward_cb(r->m, x, y, b, NULL, grad_ready, io);
     double loss = fm_model_forward_backward(r->m, x, y, b, NULL);
     for (int i = 0; isfinite(loss) && i < fm_model_num_params(r->m); i++)
         grad_ready(io, i);
     return loss;
+}
+
+/* --allreduce: the gradients go to cps_freq, which says whether this step updates the
+ * parameters (every k-th step with the mean of the k steps' gradients over the workers, or
+ * every warm-up step with this worker's own), and averages parameters and optimizer state at the
+ * warm-up's end. */
+static void allreduce_step(run *r)
+{
+    double t0 = now_s(CLOCK_MONOTONIC);
+    int rc = cps_freq_grad(r->freq);
+    if (rc == CPS_FREQ_APPLY) {
+        r->updates++;
+        for (int i = 0; i < fm_model_num_params(r->m); i++) {
+            fm_param *p = fm_model_param(r->m, i);
+            fm_optim_apply(&r->optim, p->value, r->state[i], p->grad, p->len, r->updates);
+        }
+    }
+    if (rc >= 0)
+        rc = cps_freq_step_end(r->freq);
+    r->wait_s += now_s(CLOCK_MONOTONIC) - t0;
+    check(rc < 0 ? rc : 0, "cps_freq", "gradients");
 }
 
 /* Wait for every push-pull of the step, even after a failure: started operations still own
@@ -437,7 +537,16 @@ static void finish_step(run *r, step_io *s)
 {
     if (r->o.local)
         return;
+    if (r->o.allreduce) {
+        allreduce_step(r);
+        return;
+    }
     double t0 = now_s(CLOCK_MONOTONIC);
+    /* --sync-every K on the servers: the window's mean gradient is pushed every K-th step. */
+    int verdict = r->freq ? cps_freq_grad(r->freq) : CPS_FREQ_APPLY;
+    check(verdict < 0 ? verdict : 0, "cps_freq_grad", "gradients");
+    for (int i = 0; r->freq && verdict == CPS_FREQ_APPLY && i < fm_model_num_params(r->m); i++)
+        push_param(s, i);
     for (int k = 0; k < s->started; k++) {
         int rc = cps_wait(s->h[k], -1);
         if (rc != CPS_OK && s->err == CPS_OK) {
@@ -448,6 +557,10 @@ static void finish_step(run *r, step_io *s)
     r->wait_s += now_s(CLOCK_MONOTONIC) - t0;
     if (s->err != CPS_OK)
         check(s->err, "cps_push_pull", fm_model_param(r->m, s->bad)->name);
+    if (r->freq) {
+        int rc = cps_freq_step_end(r->freq);
+        check(rc < 0 ? rc : 0, "cps_freq_step_end", "gradients");
+    }
 }
 
 static double evaluate(run *r, const fm_dataset *test)
@@ -679,7 +792,12 @@ static void load(const char *dir, const char *prefix, fm_dataset *ds)
 static void finish(run *r, const fm_dataset *test, double acc, int acc_fresh, double train_s,
                    uint64_t samples, int epoch, uint64_t step)
 {
-    if (!r->o.local) {
+    if (r->o.allreduce) {
+        /* Every worker holds the same parameters after the last sync; the barrier keeps a peer
+         * from leaving while another still waits for the last all-reduce's chunks. */
+        check(cps_barrier(r->cli), "cps_barrier", "final");
+        acc_fresh = acc_fresh && r->rank == 0;
+    } else if (!r->o.local) {
         /* After the barrier every push of every worker is applied: pulling then gives all
          * workers the same final model (in async mode too), so their checksums agree. */
         check(cps_barrier(r->cli), "cps_barrier", "final");
@@ -698,6 +816,23 @@ static void finish(run *r, const fm_dataset *test, double acc, int acc_fresh, do
     if (r->cli)
         cps_client_stats_get(r->cli, &st);
     uint64_t sum = checksum(r->m);
+    if (r->freq) {
+        cps_freq_stats fs = {0};
+        cps_freq_stats_get(r->freq, &fs);
+        printf("sync every %ld, warm-up %ld: %llu windows, %llu steps held\n", r->o.sync_every,
+               r->o.warmup, (unsigned long long)fs.syncs, (unsigned long long)fs.held);
+    }
+    if (r->o.allreduce) {
+        cps_allreduce_stats as = {0};
+        cps_allreduce_stats_get(r->cli, &as);
+        cps_freq_stats fs = {0};
+        cps_freq_stats_get(r->freq, &fs);
+        st.push_raw_bytes = st.push_wire_bytes = as.bytes_sent;
+        printf("allreduce: sync every %ld, warm-up %ld, %llu all-reduces of gradients, "
+               "%llu steps held, sent %llu bytes\n",
+               r->o.sync_every, r->o.warmup, (unsigned long long)fs.syncs,
+               (unsigned long long)fs.held, (unsigned long long)as.bytes_sent);
+    }
     if (r->rank == 0) {
         if (r->csv && fclose(r->csv) != 0)
             fprintf(stderr, "fmnist: error writing %s\n", r->csv_path);
@@ -840,7 +975,8 @@ int main(int argc, char **argv)
         r.rank = cps_rank(r.cli);
         r.nworkers = cps_num_workers(r.cli);
         const char *mode = getenv("CHAINPS_MODE");
-        if ((!mode || !strcmp(mode, "sync")) && r.nworkers > 1)
+        /* --allreduce's mean already divides by the workers. */
+        if ((!mode || !strcmp(mode, "sync")) && r.nworkers > 1 && !r.o.allreduce)
             r.grad_scale = 1.0f / (float)r.nworkers;
     }
     r.optim = (cps_optim){.kind = r.o.optim, .lr = r.o.lr, .weight_decay = r.o.wd};
@@ -855,8 +991,12 @@ int main(int argc, char **argv)
         die("out of memory building the model");
     if (r.o.local)
         local_setup(&r);
+    else if (r.o.allreduce)
+        allreduce_setup(&r);
     else
         ps_setup(&r);
+    if (!r.o.local && !r.o.allreduce && (r.o.sync_every != 1 || r.o.warmup != 0))
+        ps_freq_setup(&r);
     open_outputs(&r);
     printf("fmnist: %s (%zu parameters in %d tensors), %s lr %g, batch %d, epochs %d, "
            "worker %d of %d%s, train %zu images (shard %zu), test %zu\n",
@@ -867,6 +1007,7 @@ int main(int argc, char **argv)
     train(&r, &trainset, &test);
 
     int rc = 0;
+    cps_freq_destroy(r.freq); /* before the client it borrows */
     if (r.cli) {
         int crc = cps_close(r.cli);
         if (crc != CPS_OK) {

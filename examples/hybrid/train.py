@@ -73,6 +73,10 @@ def main(argv):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--data-seed", type=int, default=7)
     ap.add_argument("--log-every", type=int, default=200)
+    ap.add_argument("--sync-every", type=int, default=1,
+                    help="hybrid: all-reduce the dense layers' gradients once every K steps (1)")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="hybrid: N steps on each worker's own gradients, then average (0)")
     a = ap.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -87,7 +91,8 @@ def main(argv):
     # cross the network), so the comparison is about where the dense layers live.
     opt = chainps.torch.DistributedOptimizer(model.named_parameters(), chainps.SGD(a.lr),
                                              client=client, local_optim=local, seed=a.seed,
-                                             sparse=["embed.weight"])
+                                             sparse=["embed.weight"], sync_every=a.sync_every,
+                                             warmup_steps=a.warmup)
     if rank == 0:
         print(f"placement: {opt.placement()}", flush=True)
 
@@ -110,12 +115,15 @@ def main(argv):
         if (step + 1) % a.log_every == 0:
             print(f"step {step + 1}: loss {loss.item():.4f}", flush=True)
     rate = seen * workers / (time.perf_counter() - t0)
+    st = client.stats()  # the training loop's traffic, before the final pull
     client.barrier()  # every worker's last step is in before anyone reads the final values
     opt.pull()
     with torch.no_grad():
         acc = float(((model(tx) > 0).float() == ty).float().mean()) * 100
     print(f"final: test accuracy {acc:.2f}%, {rate:.1f} samples/s, steps {a.steps}, "
-          f"checksum {checksum(model)}", flush=True)
+          f"checksum {checksum(model)}, pushed {st['push_wire_bytes']} bytes, pulled "
+          f"{st['pull_bytes']} bytes, all-reduce sent {st['allreduce_bytes_sent']} bytes",
+          flush=True)
     client.barrier()
     client.close()
 

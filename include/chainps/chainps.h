@@ -82,6 +82,7 @@
 #include "chainps/allreduce.h" /* cps_allreduce: collectives among the workers */
 #include "chainps/error.h"
 #include "chainps/export.h"
+#include "chainps/freq.h" /* cps_freq: communication frequency and warm-up of all-reduces */
 #include "chainps/localstate.h" /* cps_local_*: worker-held tensors in checkpoints */
 
 #ifdef __cplusplus

@@ -857,12 +857,15 @@ static PyObject *Client_stats(ClientObject *self, PyObject *unused)
         return NULL;
     cps_client_stats s;
     cps_client_stats_get(self->c, &s);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "pushes", (unsigned long long)s.pushes,
-                         "pulls", (unsigned long long)s.pulls, "push_raw_bytes",
-                         (unsigned long long)s.push_raw_bytes, "push_wire_bytes",
-                         (unsigned long long)s.push_wire_bytes, "pull_bytes",
-                         (unsigned long long)s.pull_bytes, "retries", (unsigned long long)s.retries,
-                         "late_pushes", (unsigned long long)s.late_pushes);
+    cps_allreduce_stats a;
+    cps_allreduce_stats_get(self->c, &a);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "pushes", (unsigned long long)s.pushes, "pulls",
+        (unsigned long long)s.pulls, "push_raw_bytes", (unsigned long long)s.push_raw_bytes,
+        "push_wire_bytes", (unsigned long long)s.push_wire_bytes, "pull_bytes",
+        (unsigned long long)s.pull_bytes, "retries", (unsigned long long)s.retries, "late_pushes",
+        (unsigned long long)s.late_pushes, "allreduces", (unsigned long long)a.completed,
+        "allreduce_bytes_sent", (unsigned long long)a.bytes_sent);
 }
 
 static PyMethodDef Client_methods[] = {

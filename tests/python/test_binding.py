@@ -225,6 +225,17 @@ def test_stats_move(client):
     assert s2["pushes"] > s["pushes"] and s2["push_raw_bytes"] >= s["push_raw_bytes"] + 400
 
 
+def test_stats_count_allreduces(client):
+    # One worker: the all-reduce completes with nobody to send to, and is counted.
+    s = client.stats()
+    x = np.full(10, 3.0, np.float32)
+    client.allreduce(x, "mean")
+    s2 = client.stats()
+    assert (x == 3.0).all()
+    assert s2["allreduces"] == s["allreduces"] + 1
+    assert s2["allreduce_bytes_sent"] == s["allreduce_bytes_sent"]
+
+
 def _worker_script(cluster, code, **env):
     """Run python `code` as a worker of `cluster` (with `env` added); its CompletedProcess. The
     cluster is closed afterwards, and every process of it ended."""
