@@ -51,6 +51,7 @@
  *     CHAINPS_SCHEDULER_TIMEOUT_MS;
  *   - data path: CHAINPS_COMPRESS, CHAINPS_MAX_TENSOR_MB, CHAINPS_FRAME_KB,
  *     CHAINPS_ALLREDUCE_CHUNK;
+ *   - restores: CHAINPS_RESTORE_FROM (a worker's all-reduced tensors, cps_local_fetch);
  *   - tests only: CHAINPS_FAILPOINT_SCHED_SAVE (a scheduler fails chosen view saves);
  *   - not its own: GLIBC_TUNABLES, OPENBLAS_NUM_THREADS (above).
  *   A ps-lite job (DMLC_ROLE without CHAINPS_MODE, CHAINPS_ROLE or MS_ROLE) runs in async mode.
@@ -82,7 +83,7 @@
 #include "chainps/allreduce.h" /* cps_allreduce: collectives among the workers */
 #include "chainps/error.h"
 #include "chainps/export.h"
-#include "chainps/freq.h" /* cps_freq: communication frequency and warm-up of all-reduces */
+#include "chainps/freq.h"       /* cps_freq: communication frequency and warm-up of all-reduces */
 #include "chainps/localstate.h" /* cps_local_*: worker-held tensors in checkpoints */
 
 #ifdef __cplusplus
