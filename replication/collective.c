@@ -49,6 +49,7 @@ struct cps__coll {
     uint64_t bcast_epoch; /* epoch under which done_seq's result was last sent to all */
     stashed *stash;
     size_t nstash, stash_cap;
+    int draining, redrain; /* drain_stash is running; a nested call asked it to rescan */
     cps__coll_act *out;
     size_t nout, out_cap;
     cps__coll_stats stats;
@@ -464,6 +465,14 @@ static void dispatch(cps__coll *c, const cps__coll_msg *m, uint64_t now, int fro
 
 static void drain_stash(cps__coll *c, uint64_t now)
 {
+    /* A stashed message can restart the collective (a joiner taking a higher seq), and begin()
+     * drains: nested, that drain would free the very message this loop holds and move the stash
+     * under it (a double free). It only asks this loop to scan again from the start instead. */
+    if (c->draining) {
+        c->redrain = 1;
+        return;
+    }
+    c->draining = 1;
     /* Stashed messages of one sender are in arrival order; retry them until none is taken. */
     int progress = 1;
     while (progress) {
@@ -471,7 +480,12 @@ static void drain_stash(cps__coll *c, uint64_t now)
         for (size_t i = 0; i < c->nstash; i++) {
             int keep;
             stashed s = c->stash[i];
+            c->redrain = 0;
             dispatch(c, &s.m, now, 1, &keep);
+            if (keep && c->redrain) {
+                progress = 1; /* restarted: earlier entries may fit the new collective */
+                break;
+            }
             if (keep)
                 continue;
             free(s.vals);
@@ -481,6 +495,7 @@ static void drain_stash(cps__coll *c, uint64_t now)
             break;
         }
     }
+    c->draining = 0;
 }
 
 void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now)
