@@ -422,7 +422,7 @@ static void start_call(model *m, uint32_t wi)
     perform(m, wi);
 }
 
-static void install_view(model *m, uint32_t wi, uint64_t epoch)
+static void deliver_view(model *m, uint32_t wi, uint64_t epoch)
 {
     worker *w = &m->w[wi];
     if (!w->alive || epoch <= w->epoch)
@@ -602,7 +602,7 @@ static int run_seed(uint64_t seed, int mix, int verbose, uint64_t *hash, char *w
     for (uint32_t i = 0; i < m->norig; i++)
         m->views[1].members[i] = m->w[i].id;
     for (uint32_t i = 0; i < m->norig; i++) {
-        install_view(m, i, 1);
+        deliver_view(m, i, 1);
         post(m, rnd(m, 30), (event){.type = EV_START, .to = i});
     }
     /* Kills fall anywhere in the job: before, inside (any ring step, any chunk) or between
@@ -643,7 +643,7 @@ static int run_seed(uint64_t seed, int mix, int verbose, uint64_t *hash, char *w
             }
             break;
         case EV_VIEW:
-            install_view(m, e.to, e.epoch);
+            deliver_view(m, e.to, e.epoch);
             break;
         case EV_GETVIEW:
             if (m->in_view[e.from])
