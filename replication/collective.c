@@ -27,6 +27,7 @@ struct cps__coll {
     int need_peers;
     int joining; /* cps__coll_set_joining, until the first completion */
     int alone;   /* running with no peer: waiting for a view with one */
+    int listen;  /* a joiner restarted by a view: waiting for its predecessor's seq */
     /* the running collective */
     int running;
     uint64_t seq; /* the running one's, else the last started */
@@ -49,6 +50,7 @@ struct cps__coll {
     uint64_t bcast_epoch; /* epoch under which done_seq's result was last sent to all */
     stashed *stash;
     size_t nstash, stash_cap;
+    int draining, redrain; /* drain_stash is running; a nested call asked it to rescan */
     cps__coll_act *out;
     size_t nout, out_cap;
     cps__coll_stats stats;
@@ -209,6 +211,7 @@ static void begin(cps__coll *c, uint64_t now)
 {
     c->last_progress = now;
     c->alone = 0;
+    c->listen = 0;
     unsigned b = (unsigned)(c->seq & 1);
     if (c->n > c->cap[b]) {
         float *w = realloc(c->buf[b], c->n * sizeof *w);
@@ -274,7 +277,18 @@ int cps__coll_view(cps__coll *c, uint64_t epoch, const uint32_t *members, uint32
     c->nmembers = nmembers;
     c->need_peers = need_peers;
     c->epoch = epoch;
-    if (c->running) {
+    uint32_t pos;
+    if (c->running && c->joining && nmembers > 1 && member_pos(c, c->me, &pos)) {
+        /* A joiner's seq came from a member that may be gone now, ahead of the others: its
+         * restarted chunks of that seq would sit in a peer that must first end an earlier one,
+         * which needs us, and meet our input of another call there. Send nothing until the new
+         * predecessor's first chunk says which collective the ring is in (sim_collective). */
+        c->stats.restarts++;
+        c->listen = 1;
+        c->alone = 0;
+        c->last_progress = now;
+        drain_stash(c, now);
+    } else if (c->running) {
         c->stats.restarts++;
         begin(c, now);
     } else {
@@ -359,6 +373,16 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
     if (!member_pos(c, m->from, &from_pos) || m->from == c->me) {
         c->stats.dropped_bad++;
         return 1;
+    }
+    if (c->listen && c->running) {
+        uint32_t mine = 0;
+        member_pos(c, c->me, &mine); /* a member: the view that set listen checked it */
+        if (m->kind != CPS_COLL_DATA || from_pos != (mine + c->nmembers - 1) % c->nmembers)
+            return 0; /* kept until we know our collective */
+        c->seq = m->seq;
+        begin(c, now);
+        if (!c->running)
+            return 0;
     }
     if (c->joining && c->running && m->seq > c->seq) {
         c->seq = m->seq;
@@ -464,6 +488,14 @@ static void dispatch(cps__coll *c, const cps__coll_msg *m, uint64_t now, int fro
 
 static void drain_stash(cps__coll *c, uint64_t now)
 {
+    /* A stashed message can restart the collective (a joiner taking a higher seq), and begin()
+     * drains: nested, that drain would free the very message this loop holds and move the stash
+     * under it (a double free). It only asks this loop to scan again from the start instead. */
+    if (c->draining) {
+        c->redrain = 1;
+        return;
+    }
+    c->draining = 1;
     /* Stashed messages of one sender are in arrival order; retry them until none is taken. */
     int progress = 1;
     while (progress) {
@@ -471,7 +503,12 @@ static void drain_stash(cps__coll *c, uint64_t now)
         for (size_t i = 0; i < c->nstash; i++) {
             int keep;
             stashed s = c->stash[i];
+            c->redrain = 0;
             dispatch(c, &s.m, now, 1, &keep);
+            if (keep && c->redrain) {
+                progress = 1; /* restarted: earlier entries may fit the new collective */
+                break;
+            }
             if (keep)
                 continue;
             free(s.vals);
@@ -481,6 +518,7 @@ static void drain_stash(cps__coll *c, uint64_t now)
             break;
         }
     }
+    c->draining = 0;
 }
 
 void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now)
@@ -506,6 +544,11 @@ int cps__coll_set_next_seq(cps__coll *c, uint64_t next)
 void cps__coll_tick(cps__coll *c, uint64_t now)
 {
     c->nout = 0;
+    if (c->running && c->listen && now - c->last_progress >= c->timeout_ms / 2) {
+        /* Our predecessor is a joiner listening too (every member is new): go on with ours. */
+        begin(c, now);
+        return;
+    }
     if (c->running && now > c->last_progress && now - c->last_progress >= c->timeout_ms)
         finish(c, c->alone ? CPS_ENOPEER : CPS_ETIMEDOUT);
 }

@@ -27,8 +27,10 @@
  * under a newer epoch (a member that had not completed S restarted it) makes it send that result
  * to every member (CPS_COLL_RESULT), which they take as theirs. The result is wholly epoch E's.
  *
- * A replacement worker learns the ring's next sequence number from a live worker (with the
- * all-reduced weights) and sets it (cps__coll_set_next_seq) before its first collective.
+ * A replacement worker (cps__coll_set_joining) takes the ring's sequence number from the data
+ * messages it receives, until its first collective completes; a view that re-forms the ring
+ * meanwhile makes it wait for its new predecessor's first chunk and join that collective (its
+ * seq may have come from a member now gone, ahead of the others).
  *
  * Not thread-safe. The view's member array and message payloads are borrowed for the call.
  */
@@ -110,8 +112,10 @@ void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now);
 
 /* This endpoint is a replacement joining a running ring: until its first collective completes,
  * that collective takes the highest sequence number of the ring's data messages under the current
- * epoch (restarting under it), so it joins the collective the others are in. Never set it on a
- * worker that started with the job: there a peer one collective ahead is normal. */
+ * epoch (restarting under it), so it joins the collective the others are in; after a new view it
+ * sends nothing until its predecessor's first data message, whose seq it takes (up or down; with
+ * no such message for timeout_ms / 2, every member being new, it goes on with its own). Never set
+ * it on a worker that started with the job: there a peer one collective ahead is normal. */
 void cps__coll_set_joining(cps__coll *c);
 
 /* The next collective started gets sequence number `next` (>= 1). Errors: CPS_EBUSY (one is

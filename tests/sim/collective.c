@@ -1,0 +1,745 @@
+/* sim_collective: seeded model of the ring all-reduce (replication/collective.c) among 2..6
+ * workers while workers are killed -9 and replaced.
+ *
+ * Every worker runs the production state machine (cps__coll); the model fakes only what its shell
+ * (src/worker/collective.c) and the rest of the job provide: the network, the clock, and the
+ * scheduler's views.
+ * - Network: the real transport keeps one NN_PUSH pipe per ordered pair of nodes (transport.h),
+ *   so messages from one node to another arrive in the order they were sent, after a random delay;
+ *   messages of different pairs interleave freely. Nothing is lost while both ends live. A node
+ *   killed -9 loses what its pipes had not delivered yet: the model delivers a random prefix of
+ *   each of its pipes and drops the rest; messages to a dead node go nowhere.
+ * - Scheduler: it declares a killed worker dead a random while after the kill (its connection
+ *   closed) and publishes a view without it; with some seeds it then adds a replacement of the
+ *   same rank (--restart-workers), which the shell marks as joining. Each worker receives each
+ *   view at its own moment (one pipe from the scheduler, in order), and a worker whose ring saw a
+ *   newer epoch asks for the latest view (CPS_COLL_NEED_VIEW), as the shell does.
+ * - Clock: simulated milliseconds; every running worker ticks every TICK_MS.
+ *
+ * Checked on every seed: all live workers that complete collective k hold bitwise the same
+ * result; that result is bitwise the fixed-order reduction of the inputs of exactly the members of
+ * one view epoch (inputs differ per worker and per collective, so a mix of two epochs matches no
+ * epoch); a collective completes, or fails CPS_ENOPEER when the failing worker's view holds no
+ * peer (CPS_ETIMEDOUT, a hang, is a failure of the seed); and a second run of the seed gives the
+ * same results and the same event count (determinism). The one other failure accepted is a
+ * replacement that started a collective after every other live worker had ended the job's last
+ * one: nobody is left to run it with (production ends the job with cps_barrier).
+ *
+ * With --mix-epochs the shell's fencing is undone: a message of an older epoch than the
+ * receiver's is relabelled with the receiver's epoch before delivery. Seeds must then fail.
+ *
+ * usage: sim_collective [--seed N] [--seeds K] [--mix-epochs] [-v]   (-v with SIM_TRACE=1 in the
+ * environment also prints every message delivered)
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "seed_args.h"
+#include "chainps/error.h"
+#include "replication/collective.h"
+
+#define MAX_ORIG     6
+#define MAX_REPL     2
+#define MAX_W        (MAX_ORIG + MAX_REPL)
+#define SCHED        MAX_W /* the scheduler's link index */
+#define MAX_VIEWS    16
+#define MAX_SEQ      6
+#define MAX_N        48
+#define MAX_RECORDS  (MAX_W * (MAX_SEQ + 2))
+#define TIMEOUT_MS   30000 /* CHAINPS_UNAVAILABLE_TIMEOUT_MS's default */
+#define TICK_MS      500
+#define TIME_LIMIT   (20 * TIMEOUT_MS)
+#define REPL_ID_BASE 100u
+
+enum { EV_MSG, EV_VIEW, EV_GETVIEW, EV_START, EV_TICK, EV_KILL, EV_DECLARE, EV_JOIN };
+
+typedef struct event {
+    uint64_t t, order;
+    int type;
+    uint32_t from, to; /* worker indices (SCHED for the scheduler) */
+    uint64_t epoch;
+    cps__coll_msg m;
+    float *vals; /* owned copy of m.vals */
+} event;
+
+typedef struct view {
+    uint32_t members[MAX_W]; /* node ids in rank order */
+    uint32_t n;
+} view;
+
+typedef struct worker {
+    uint32_t id, rank;
+    int exists, alive, done, repl;
+    int killed; /* its results no longer count: the live ones need not agree with them */
+    cps__coll *c;
+    uint64_t epoch;     /* the last view installed */
+    uint64_t calls;     /* collectives started */
+    uint64_t completed; /* the seq of the last completed collective */
+    int running, tick_pending;
+    float in[MAX_N], buf[MAX_N];
+    float repl_in[MAX_SEQ + 1][MAX_N]; /* a replacement: its input, by the seq it completed */
+    int repl_known[MAX_SEQ + 1];
+} worker;
+
+typedef struct record {
+    uint32_t w;
+    uint64_t seq;
+    float out[MAX_N];
+} record;
+
+typedef struct model {
+    uint64_t rng, seed;
+    uint32_t norig, nw, n, chunk, seqs;
+    int op, mix, verbose, failed;
+    char why[320];
+    worker w[MAX_W];
+    int in_view[MAX_W]; /* the scheduler's membership */
+    view views[MAX_VIEWS + 1];
+    uint32_t nviews;
+    uint64_t link_last[MAX_W + 1][MAX_W + 1];
+    event *heap;
+    size_t nheap, capheap;
+    uint64_t order, now, events;
+    record rec[MAX_RECORDS];
+    uint32_t nrec;
+    uint64_t hash;
+    uint32_t restarts, results_taken, late_repl, enopeer;
+} model;
+
+static uint64_t total_late; /* job-end races accepted, over all seeds (printed) */
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rnd(model *m, uint64_t n)
+{
+    m->rng += 0x9e3779b97f4a7c15ull;
+    return mix64(m->rng) % n;
+}
+
+static void fail(model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void fail(model *m, const char *fmt, ...)
+{
+    if (m->failed)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->why, sizeof m->why, fmt, ap);
+    va_end(ap);
+    m->failed = 1;
+}
+
+/* ---- the event queue: a binary heap on (t, order) ---- */
+
+static int ev_less(const event *a, const event *b)
+{
+    return a->t < b->t || (a->t == b->t && a->order < b->order);
+}
+
+static void post(model *m, uint64_t at, event e)
+{
+    if (m->nheap == m->capheap) {
+        size_t cap = m->capheap ? 2 * m->capheap : 256;
+        event *h = realloc(m->heap, cap * sizeof *h);
+        if (!h) {
+            fprintf(stderr, "sim_collective: out of memory\n");
+            exit(2);
+        }
+        m->heap = h;
+        m->capheap = cap;
+    }
+    e.t = at;
+    e.order = m->order++;
+    size_t i = m->nheap++;
+    while (i > 0 && ev_less(&e, &m->heap[(i - 1) / 2])) {
+        m->heap[i] = m->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    m->heap[i] = e;
+}
+
+static int pop(model *m, event *out)
+{
+    if (m->nheap == 0)
+        return 0;
+    *out = m->heap[0];
+    event last = m->heap[--m->nheap];
+    size_t i = 0;
+    for (;;) {
+        size_t l = 2 * i + 1, best = i;
+        const event *b = &last;
+        if (l < m->nheap && ev_less(&m->heap[l], b))
+            best = l, b = &m->heap[l];
+        if (l + 1 < m->nheap && ev_less(&m->heap[l + 1], b))
+            best = l + 1;
+        if (best == i)
+            break;
+        m->heap[i] = m->heap[best];
+        i = best;
+    }
+    if (m->nheap)
+        m->heap[i] = last;
+    return 1;
+}
+
+/* One pipe per ordered pair: a message never overtakes an earlier one of the same pair. */
+static uint64_t link_at(model *m, uint32_t from, uint32_t to)
+{
+    uint64_t at = m->now + 1 + rnd(m, 20);
+    if (at <= m->link_last[from][to])
+        at = m->link_last[from][to] + rnd(m, 2);
+    m->link_last[from][to] = at;
+    return at;
+}
+
+/* ---- inputs and the reference reduction ---- */
+
+/* Worker `id`'s contribution to collective `key`: values with varied exponents, so the order of
+ * the additions shows in the bits, and a value from another worker or collective is noticed. */
+static float input_value(uint64_t seed, uint32_t id, uint64_t key, uint32_t j)
+{
+    uint64_t h =
+        mix64(seed * 0x9e3779b97f4a7c15ull ^ mix64(((uint64_t)id << 40) ^ (key << 20) ^ j));
+    int32_t mant = (int32_t)(h & 0xffffff) - 0x800000;
+    return ldexpf((float)mant, -(int)((h >> 32) % 24));
+}
+
+static int worker_of(const model *m, uint32_t id)
+{
+    for (uint32_t i = 0; i < m->nw; i++)
+        if (m->w[i].id == id)
+            return (int)i;
+    return -1;
+}
+
+/* The input of node `id` to collective `seq`, or NULL if unknown (a replacement that never
+ * completed `seq`: its buffer's identity with that seq is not known). */
+static const float *input_of(const model *m, uint32_t id, uint64_t seq, float *tmp)
+{
+    int wi = worker_of(m, id);
+    if (wi < 0)
+        return NULL;
+    const worker *w = &m->w[wi];
+    if (w->repl)
+        return seq <= MAX_SEQ && w->repl_known[seq] ? w->repl_in[seq] : NULL;
+    for (uint32_t j = 0; j < m->n; j++)
+        tmp[j] = input_value(m->seed, id, seq, j);
+    return tmp;
+}
+
+/* The documented order: segment s is ((x[s] + x[s+1]) + ...) + x[s-1] over ring positions, the
+ * last addition divided by P for a mean. 1 if view `v`'s reduction of `seq` is computable. */
+static int reference(const model *m, const view *v, uint64_t seq, float *out)
+{
+    static float in[MAX_W][MAX_N];
+    uint32_t p = v->n;
+    if (p < 2)
+        return 0;
+    for (uint32_t i = 0; i < p; i++) {
+        const float *x = input_of(m, v->members[i], seq, in[i]);
+        if (!x)
+            return 0;
+        if (x != in[i])
+            memcpy(in[i], x, m->n * sizeof(float));
+    }
+    for (uint32_t s = 0; s < p; s++) {
+        uint64_t lo, hi;
+        cps__coll_segment(m->n, p, s, &lo, &hi);
+        for (uint64_t j = lo; j < hi; j++) {
+            float acc = in[s][j];
+            for (uint32_t k = 1; k < p; k++) {
+                float own = in[(s + k) % p][j];
+                if (k == p - 1 && m->op == CPS_COLL_MEAN)
+                    acc = (acc + own) / (float)p;
+                else
+                    acc = acc + own;
+            }
+            out[j] = acc;
+        }
+    }
+    return 1;
+}
+
+/* ---- the workers' shell ---- */
+
+static void schedule_tick(model *m, uint32_t wi)
+{
+    if (m->w[wi].tick_pending)
+        return;
+    m->w[wi].tick_pending = 1;
+    post(m, m->now + TICK_MS, (event){.type = EV_TICK, .to = wi});
+}
+
+static int others_finished(const model *m, uint32_t wi)
+{
+    for (uint32_t i = 0; i < m->nw; i++)
+        if (i != wi && m->w[i].exists && m->w[i].alive && !m->w[i].done)
+            return 0;
+    return 1;
+}
+
+/* A replacement in view `v` that ran no collective: its fetch found the job's last one done. */
+static int idle_member(const model *m, const view *v)
+{
+    for (uint32_t i = 0; i < v->n; i++) {
+        int wi = worker_of(m, v->members[i]);
+        if (wi >= 0 && m->w[wi].repl && m->w[wi].calls == 0 && m->w[wi].done)
+            return 1;
+    }
+    return 0;
+}
+
+static void on_finish(model *m, uint32_t wi, const cps__coll_act *a)
+{
+    worker *w = &m->w[wi];
+    w->running = 0;
+    if (a->kind == CPS_COLL_FAILED) {
+        const view *v = &m->views[w->epoch];
+        if (a->status == CPS_ENOPEER && v->n == 1) {
+            m->enopeer++; /* every peer gone: the documented error; the program ends */
+        } else if ((w->repl && others_finished(m, wi)) ||
+                   (a->status == CPS_ETIMEDOUT && idle_member(m, v))) {
+            /* The job's end raced a replacement: it joined after the last collective, or it
+             * learnt (cps_allreduce_fetch) that the last one was done and ran none, while this
+             * worker restarted that last one with it. Known, and reported (docs/collective.md). */
+            m->late_repl++;
+        } else {
+            fail(m,
+                 "worker %u's collective %" PRIu64 " failed %s under epoch %" PRIu64
+                 " (%u members)%s",
+                 w->id, a->seq, cps_strerror(a->status), w->epoch, v->n,
+                 a->status == CPS_ETIMEDOUT ? ": it hung" : "");
+        }
+        w->done = 1;
+        w->alive = 0;
+        return;
+    }
+    if (!w->repl && a->seq != w->calls) {
+        fail(m, "worker %u completed collective %" PRIu64 " while running its call %" PRIu64, w->id,
+             a->seq, w->calls);
+        return;
+    }
+    if (a->seq > m->seqs || m->nrec == MAX_RECORDS) {
+        fail(m, "worker %u completed collective %" PRIu64 " (the job runs %u)", w->id, a->seq,
+             m->seqs);
+        return;
+    }
+    if (w->repl) {
+        memcpy(w->repl_in[a->seq], w->in, m->n * sizeof(float));
+        w->repl_known[a->seq] = 1;
+    }
+    record *r = &m->rec[m->nrec++];
+    r->w = wi;
+    r->seq = a->seq;
+    memcpy(r->out, w->buf, m->n * sizeof(float));
+    for (uint32_t j = 0; j < m->n; j++) {
+        uint32_t bits;
+        memcpy(&bits, &w->buf[j], sizeof bits);
+        m->hash = mix64(m->hash ^ bits ^ (a->seq << 32) ^ ((uint64_t)w->id << 48));
+    }
+    m->hash = mix64(m->hash ^ m->now);
+    w->completed = a->seq;
+    if (m->verbose)
+        printf("  t=%" PRIu64 " worker %u completes collective %" PRIu64 " under epoch %" PRIu64
+               "\n",
+               m->now, w->id, a->seq, a->epoch);
+    if (a->seq >= m->seqs) {
+        w->done = 1;
+        return;
+    }
+    post(m, m->now + rnd(m, 30), (event){.type = EV_START, .to = wi}); /* compute, then call */
+}
+
+static void perform(model *m, uint32_t wi)
+{
+    worker *w = &m->w[wi];
+    const cps__coll_act *acts;
+    size_t n = cps__coll_actions(w->c, &acts);
+    for (size_t i = 0; i < n && !m->failed; i++) {
+        const cps__coll_act *a = &acts[i];
+        switch (a->kind) {
+        case CPS_COLL_SEND: {
+            int to = worker_of(m, a->to);
+            if (to < 0) {
+                fail(m, "worker %u sends to unknown node %u", w->id, a->to);
+                break;
+            }
+            event e = {.type = EV_MSG, .from = wi, .to = (uint32_t)to, .m = a->msg};
+            e.vals = malloc((a->msg.count ? a->msg.count : 1) * sizeof(float));
+            if (!e.vals) {
+                fprintf(stderr, "sim_collective: out of memory\n");
+                exit(2);
+            }
+            if (a->msg.count)
+                memcpy(e.vals, a->msg.vals, a->msg.count * sizeof(float));
+            /* A joining replacement moves its call to the ring's seq: what it sends says which
+             * collective its input went into. */
+            if (w->repl && a->msg.kind == CPS_COLL_DATA && a->msg.seq <= MAX_SEQ) {
+                memcpy(w->repl_in[a->msg.seq], w->in, m->n * sizeof(float));
+                w->repl_known[a->msg.seq] = 1;
+            }
+            e.m.vals = e.vals;
+            post(m, link_at(m, wi, (uint32_t)to), e);
+            break;
+        }
+        case CPS_COLL_NEED_VIEW:
+            post(m, link_at(m, wi, SCHED), (event){.type = EV_GETVIEW, .from = wi});
+            break;
+        case CPS_COLL_DONE:
+        case CPS_COLL_FAILED:
+            on_finish(m, wi, a);
+            break;
+        }
+    }
+}
+
+static void start_call(model *m, uint32_t wi)
+{
+    worker *w = &m->w[wi];
+    if (!w->alive || w->done || w->running)
+        return;
+    w->calls++;
+    for (uint32_t j = 0; j < m->n; j++)
+        w->in[j] = input_value(m->seed, w->id, w->repl ? 1000 + w->calls : w->calls, j);
+    memcpy(w->buf, w->in, m->n * sizeof(float));
+    uint64_t seq;
+    w->running = 1;
+    int rc = cps__coll_start(w->c, w->buf, m->n, m->op, m->now, &seq);
+    if (rc != 0) {
+        fail(m, "worker %u: cps__coll_start: %s", w->id, cps_strerror(rc));
+        return;
+    }
+    schedule_tick(m, wi);
+    perform(m, wi);
+}
+
+static void deliver_view(model *m, uint32_t wi, uint64_t epoch)
+{
+    worker *w = &m->w[wi];
+    if (!w->alive || epoch <= w->epoch)
+        return;
+    const view *v = &m->views[epoch];
+    int first = w->epoch == 0;
+    if (cps__coll_view(w->c, epoch, v->members, v->n, 1, m->now) != 0) {
+        fail(m, "worker %u: cps__coll_view failed", w->id);
+        return;
+    }
+    w->epoch = epoch;
+    if (cps__coll_running(w->c))
+        m->restarts++;
+    perform(m, wi);
+    if (first && w->repl) {
+        /* cps_allreduce_fetch: the live worker of the lowest rank says where the job is; a
+         * replacement that arrives after the last collective has nothing to run. */
+        uint64_t at = 0;
+        for (uint32_t i = 0; i < m->norig; i++)
+            if (m->w[i].alive) {
+                at = m->w[i].completed;
+                break;
+            }
+        if (at >= m->seqs)
+            w->done = 1;
+        else
+            post(m, m->now + 1 + rnd(m, 20), (event){.type = EV_START, .to = wi});
+    }
+}
+
+/* ---- the scheduler ---- */
+
+static void publish(model *m)
+{
+    if (m->nviews == MAX_VIEWS) {
+        fail(m, "too many views");
+        return;
+    }
+    view *v = &m->views[++m->nviews];
+    v->n = 0;
+    /* Live workers in rank order; a replacement sorts where its dead predecessor stood. */
+    for (uint32_t rank = 0; rank < m->norig; rank++)
+        for (uint32_t i = 0; i < m->nw; i++)
+            if (m->in_view[i] && m->w[i].rank == rank)
+                v->members[v->n++] = m->w[i].id;
+    if (m->verbose) {
+        printf("  t=%" PRIu64 " view %u:", m->now, m->nviews);
+        for (uint32_t i = 0; i < v->n; i++)
+            printf(" %u", v->members[i]);
+        printf("\n");
+    }
+    for (uint32_t i = 0; i < m->nw; i++)
+        if (m->in_view[i])
+            post(m, link_at(m, SCHED, i), (event){.type = EV_VIEW, .to = i, .epoch = m->nviews});
+}
+
+static void on_kill(model *m, uint32_t wi)
+{
+    worker *w = &m->w[wi];
+    if (!w->alive)
+        return;
+    w->alive = 0;
+    w->killed = 1;
+    if (m->verbose)
+        printf("  t=%" PRIu64 " worker %u killed -9 (running collective %" PRIu64 ": %d)\n", m->now,
+               w->id, w->calls, w->running);
+    /* Its pipes deliver a random prefix of what they hold; the rest dies with the process. */
+    uint64_t cut[MAX_W];
+    for (uint32_t i = 0; i < MAX_W; i++)
+        cut[i] = m->now + rnd(m, 10);
+    for (size_t i = 0; i < m->nheap; i++) {
+        event *e = &m->heap[i];
+        if (e->type == EV_MSG && e->from == wi && e->t > cut[e->to])
+            e->type = -1 - EV_MSG; /* dropped: left in the heap, ignored when popped */
+    }
+    /* The scheduler sees the connection close and declares it dead a while later. */
+    post(m, m->now + 5 + rnd(m, 300), (event){.type = EV_DECLARE, .to = wi});
+}
+
+static void on_declare(model *m, uint32_t wi)
+{
+    m->in_view[wi] = 0;
+    publish(m);
+    /* --restart-workers: sometimes a replacement of the same rank comes. */
+    if (m->nw < MAX_W && rnd(m, 2) == 0) {
+        uint32_t ri = m->nw++;
+        worker *r = &m->w[ri];
+        memset(r, 0, sizeof *r);
+        r->id = REPL_ID_BASE + ri;
+        r->rank = m->w[wi].rank;
+        r->repl = 1;
+        post(m, m->now + 20 + rnd(m, 500), (event){.type = EV_JOIN, .to = ri});
+    }
+}
+
+static void on_join(model *m, uint32_t ri)
+{
+    worker *r = &m->w[ri];
+    if (cps__coll_create(r->id, m->chunk, TIMEOUT_MS, &r->c) != 0) {
+        fprintf(stderr, "sim_collective: out of memory\n");
+        exit(2);
+    }
+    cps__coll_set_joining(r->c);
+    r->exists = r->alive = 1;
+    m->in_view[ri] = 1;
+    if (m->verbose)
+        printf("  t=%" PRIu64 " replacement %u of rank %u joins\n", m->now, r->id, r->rank);
+    publish(m);
+}
+
+/* ---- the checks at the end of a seed ---- */
+
+static void check(model *m)
+{
+    float ref[MAX_N];
+    for (uint32_t i = 0; i < m->nrec && !m->failed; i++) {
+        const record *r = &m->rec[i];
+        for (uint32_t k = 0; k < i && !m->w[r->w].killed; k++)
+            if (m->rec[k].seq == r->seq && !m->w[m->rec[k].w].killed) {
+                if (memcmp(m->rec[k].out, r->out, m->n * sizeof(float)) != 0)
+                    fail(m, "collective %" PRIu64 ": workers %u and %u hold different bits", r->seq,
+                         m->w[m->rec[k].w].id, m->w[r->w].id);
+                break;
+            }
+        int found = 0;
+        for (uint32_t e = 1; e <= m->nviews && !found; e++)
+            if (reference(m, &m->views[e], r->seq, ref) &&
+                memcmp(ref, r->out, m->n * sizeof(float)) == 0)
+                found = 1;
+        if (!found && !m->failed)
+            fail(m,
+                 "worker %u's result of collective %" PRIu64
+                 " is no epoch's reduction of its members' inputs",
+                 m->w[r->w].id, r->seq);
+    }
+    for (uint32_t i = 0; i < m->nw && !m->failed; i++) {
+        const worker *w = &m->w[i];
+        if (w->exists && w->alive && !w->done)
+            fail(m, "worker %u never ended collective %" PRIu64 " (t=%" PRIu64 ")", w->id, w->calls,
+                 m->now);
+    }
+}
+
+static int run_seed(uint64_t seed, int mix, int verbose, uint64_t *hash, char *why, size_t why_len)
+{
+    model *m = calloc(1, sizeof *m);
+    if (!m)
+        return -1;
+    m->seed = seed;
+    m->rng = seed * 0x2545f4914f6cdd1dull + 7;
+    m->mix = mix;
+    m->verbose = verbose;
+    m->norig = m->nw = 2 + (uint32_t)rnd(m, MAX_ORIG - 1);
+    m->n = 1 + (uint32_t)rnd(m, MAX_N);
+    m->chunk = 1 + (uint32_t)rnd(m, rnd(m, 2) ? 4 : MAX_N);
+    m->seqs = 2 + (uint32_t)rnd(m, MAX_SEQ - 1);
+    m->op = rnd(m, 2) ? CPS_COLL_SUM : CPS_COLL_MEAN;
+    uint32_t kills = (uint32_t)rnd(m, m->norig);
+    if (verbose)
+        printf("seed %" PRIu64 ": %u workers, %u values, chunk %u, %u collectives, %s, %u kills\n",
+               seed, m->norig, m->n, m->chunk, m->seqs, m->op == CPS_COLL_SUM ? "sum" : "mean",
+               kills);
+    for (uint32_t i = 0; i < m->norig; i++) {
+        worker *w = &m->w[i];
+        w->id = 10 + i;
+        w->rank = i;
+        w->exists = w->alive = 1;
+        m->in_view[i] = 1;
+        if (cps__coll_create(w->id, m->chunk, TIMEOUT_MS, &w->c) != 0) {
+            free(m);
+            return -1;
+        }
+    }
+    /* View 1, known to all at the start, as the job's first view is. */
+    m->nviews = 1;
+    m->views[1].n = m->norig;
+    for (uint32_t i = 0; i < m->norig; i++)
+        m->views[1].members[i] = m->w[i].id;
+    for (uint32_t i = 0; i < m->norig; i++) {
+        deliver_view(m, i, 1);
+        post(m, rnd(m, 30), (event){.type = EV_START, .to = i});
+    }
+    /* Kills fall anywhere in the job: before, inside (any ring step, any chunk) or between
+     * collectives. A ring step takes about 11 ms here. */
+    uint64_t span = (uint64_t)m->seqs * 2 * m->norig * 12 * (1 + m->n / (m->chunk * m->norig));
+    uint32_t order[MAX_ORIG];
+    for (uint32_t i = 0; i < m->norig; i++)
+        order[i] = i;
+    for (uint32_t i = m->norig - 1; i > 0; i--) {
+        uint32_t j = (uint32_t)rnd(m, i + 1), t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+    for (uint32_t k = 0; k < kills; k++)
+        post(m, rnd(m, span), (event){.type = EV_KILL, .to = order[k]});
+    event e;
+    while (!m->failed && pop(m, &e)) {
+        if (e.t > TIME_LIMIT) {
+            fail(m, "simulated time passed %d ms", TIME_LIMIT);
+            free(e.vals);
+            break;
+        }
+        m->now = e.t;
+        m->events++;
+        worker *w = e.type >= 0 && e.to < MAX_W ? &m->w[e.to] : NULL;
+        switch (e.type) {
+        case EV_MSG:
+            if (w->alive) {
+                /* --mix-epochs: the fencing undone, an old epoch's message taken as current. */
+                if (m->mix && e.m.epoch < w->epoch)
+                    e.m.epoch = w->epoch;
+                if (m->verbose > 1)
+                    printf("  t=%" PRIu64 " %u -> %u: kind %u epoch %" PRIu64 " seq %" PRIu64
+                           " index %" PRIu64 "\n",
+                           m->now, e.m.from, w->id, e.m.kind, e.m.epoch, e.m.seq, e.m.index);
+                cps__coll_step(w->c, &e.m, m->now);
+                perform(m, e.to);
+            }
+            break;
+        case EV_VIEW:
+            deliver_view(m, e.to, e.epoch);
+            break;
+        case EV_GETVIEW:
+            if (m->in_view[e.from])
+                post(m, link_at(m, SCHED, e.from),
+                     (event){.type = EV_VIEW, .to = e.from, .epoch = m->nviews});
+            break;
+        case EV_START:
+            start_call(m, e.to);
+            break;
+        case EV_TICK:
+            w->tick_pending = 0;
+            if (w->alive && w->running) {
+                cps__coll_tick(w->c, m->now);
+                perform(m, e.to);
+                if (w->running)
+                    schedule_tick(m, e.to);
+            }
+            break;
+        case EV_KILL:
+            on_kill(m, e.to);
+            break;
+        case EV_DECLARE:
+            on_declare(m, e.to);
+            break;
+        case EV_JOIN:
+            on_join(m, e.to);
+            break;
+        default:
+            break; /* a message that died with its sender */
+        }
+        free(e.vals);
+    }
+    while (pop(m, &e))
+        free(e.vals);
+    if (!m->failed)
+        check(m);
+    for (uint32_t i = 0; i < m->nw; i++) {
+        cps__coll_stats st = {0};
+        if (m->w[i].c) {
+            cps__coll_stats_get(m->w[i].c, &st);
+            m->results_taken += (uint32_t)st.results_taken;
+            cps__coll_destroy(m->w[i].c);
+        }
+    }
+    if (verbose)
+        printf("  %" PRIu64 " events, %u views, %u results taken from a peer, %u ENOPEER, %u"
+               " failures of the job's end racing a replacement\n",
+               m->events, m->nviews, m->results_taken, m->enopeer, m->late_repl);
+    *hash = mix64(m->hash ^ m->events);
+    total_late += m->late_repl;
+    int failed = m->failed;
+    if (failed)
+        snprintf(why, why_len, "%s", m->why);
+    free(m->heap);
+    free(m);
+    return failed;
+}
+
+int main(int argc, char **argv)
+{
+    sim_seed_args a;
+    if (sim_seed_args_parse(argc, argv, "sim_collective", "--mix-epochs", &a) != 0)
+        return 2;
+    uint64_t failed = 0, first_failed = 0;
+    for (uint64_t s = a.seed; s < a.seed + a.seeds; s++) {
+        char why[320] = "";
+        uint64_t h1 = 0, h2 = 0;
+        int rc = run_seed(s, a.variant, a.verbose + (a.verbose && getenv("SIM_TRACE")), &h1, why,
+                          sizeof why);
+        if (rc == 0) {
+            /* Determinism: the same seed again gives the same bits at the same moments. */
+            rc = run_seed(s, a.variant, 0, &h2, why, sizeof why);
+            if (rc == 0 && h1 != h2) {
+                snprintf(why, sizeof why,
+                         "a second run gave other results (%016" PRIx64 " then %016" PRIx64 ")", h1,
+                         h2);
+                rc = 1;
+            }
+        }
+        if (rc < 0) {
+            fprintf(stderr, "sim_collective: out of memory\n");
+            return 1;
+        }
+        if (rc) {
+            if (!failed++)
+                first_failed = s;
+            if (failed <= 5)
+                printf("seed %" PRIu64 " FAILED: %s\n", s, why);
+        }
+    }
+    printf("sim_collective: %" PRIu64 " seeds from %" PRIu64 "%s: %" PRIu64 " passed, %" PRIu64
+           " failed",
+           a.seeds, a.seed, a.variant ? " (--mix-epochs)" : "", a.seeds - failed, failed);
+    if (failed)
+        printf(" (first: --seed %" PRIu64 " --seeds 1 -v)", first_failed);
+    printf("; %" PRIu64 " failures of a job's end racing a replacement accepted (both runs)\n",
+           total_late);
+    return failed ? 1 : 0;
+}
