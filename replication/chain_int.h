@@ -64,6 +64,13 @@ typedef struct range_st {
     uint64_t mark_to_send;
     int mark_pending; /* mark_to_send is to be (re)sent: a MARK of 0 is a MARK too */
     uint64_t mark_sent_ms;
+    /* Forward before apply, at a successor: FWDs our predecessor sent ahead of its own WRITE,
+     * held (copies, ascending seq from applied + 1) until it says it applied them, and the
+     * highest seq it said so of in this view (a FWD's aux, a CHAIN_MARK with
+     * CPS_CHAIN_MARK_APPLIED). */
+    sent_entry *ahead;
+    uint32_t nahead, ahead_cap;
+    uint64_t up_applied;
     uint32_t backoff;     /* re-send rounds without an ack since the last one (doubles the wait) */
     uint64_t progress_ms; /* the last ack that dropped updates: re-sends wait from then too */
     uint64_t succ_since;  /* when our current successor became it (cps__chain_waiting_since) */
@@ -107,6 +114,8 @@ uint32_t cps__chain_neighbour(const cps__chain *c, uint32_t r, int pos);
 int cps__chain_load_range(cps__chain *c, uint32_t r);
 /* Free the FWDs a joiner held. */
 void cps__chain_drop_held(range_st *rs);
+/* Free the FWDs held ahead of our predecessor's WRITE, and forget what it said it applied. */
+void cps__chain_drop_ahead(range_st *rs);
 /* Drop every piece of state kept for a range. */
 void cps__chain_forget_range(cps__chain *c, range_st *rs);
 /* The cached exactly-once number of `worker` on r (loaded from the store on first use). */

@@ -111,9 +111,20 @@ void cps__chain_drop_held(range_st *rs)
     rs->nheld = rs->held_cap = 0;
 }
 
+void cps__chain_drop_ahead(range_st *rs)
+{
+    for (uint32_t i = 0; i < rs->nahead; i++)
+        free(rs->ahead[i].msg);
+    free(rs->ahead);
+    rs->ahead = NULL;
+    rs->nahead = rs->ahead_cap = 0;
+    rs->up_applied = 0;
+}
+
 void cps__chain_forget_range(cps__chain *c, range_st *rs)
 {
     cps__chain_drop_held(rs);
+    cps__chain_drop_ahead(rs);
     for (uint32_t i = 0; i < rs->nwaits; i++)
         if (c->ops->drop_cookie && rs->waits[i].cookie)
             c->ops->drop_cookie(c->ctx, rs->waits[i].cookie);
