@@ -582,6 +582,66 @@ static void middle_crash_the_predecessor_resends_its_sent_list_once_each(void **
     assert_held(w, 1, 3, 0);
 }
 
+/* Forward before apply, and the head stops between its FWD and its APPLY: the FWD is on the
+ * wire, but the successor holds it unapplied (the head never said it applied it), so nothing
+ * is acknowledged and no replica holds what the head lacks. The new head takes the worker's
+ * re-send as new and every replica applies it once. */
+static void head_stopped_between_fwd_and_apply_loses_nothing_applies_once(void **state)
+{
+    world *w = *state;
+    push(w, 1, 1);
+    deliver_all(w);
+    assert_replied_1_to(w, 3, 1);
+    w->stop_at_fwd = 1;
+    push(w, 1, 2);
+    assert_string_equal(w->n[1].acts, "S");
+    assert_applied_1_to(w, 1, 1); /* its store never got update 2 */
+    deliver_all(w);
+    assert_applied_1_to(w, 2, 1); /* held, not applied, not passed on */
+    assert_applied_1_to(w, 3, 1);
+    assert_replied_1_to(w, 3, 1); /* nothing acknowledged */
+    crash(w, 1);
+
+    static const uint32_t chain23[] = {2, 3};
+    new_view(w, chain23, 2);
+    assert_int_equal(push_cookie(w, 2, 2, NULL), CPS_ADMIT_NEW);
+    deliver_all(w);
+    assert_applied_1_to(w, 2, 2);
+    assert_applied_1_to(w, 3, 2);
+    assert_replied_1_to(w, 3, 2);
+    assert_held(w, 2, 2, 0);
+}
+
+/* The same at a middle replica: its successor holds the FWD unapplied; the head, which applied
+ * the update, re-sends it to its new successor with the view, which applies it once and answers;
+ * the worker's re-send is then a duplicate. */
+static void middle_stopped_between_fwd_and_apply_loses_nothing_applies_once(void **state)
+{
+    world *w = *state;
+    push(w, 1, 1);
+    deliver_all(w);
+    push(w, 1, 2);
+    w->stop_at_fwd = 2;
+    deliver_fwd(w, 2, 2);
+    assert_string_equal(w->n[2].acts, "S");
+    assert_applied_1_to(w, 2, 1);
+    deliver_all(w);
+    assert_applied_1_to(w, 3, 1); /* held: the middle never said it applied update 2 */
+    assert_replied_1_to(w, 3, 1);
+    crash(w, 2);
+
+    static const uint32_t chain13[] = {1, 3};
+    new_view(w, chain13, 2);
+    deliver_all(w);
+    assert_applied_1_to(w, 3, 2);
+    assert_replied_1_to(w, 3, 2);
+    assert_held(w, 1, 2, 0);
+    int cookie;
+    assert_int_equal(push_cookie(w, 1, 2, &cookie), CPS_ADMIT_DUP);
+    assert_applied_1_to(w, 1, 2);
+    assert_applied_1_to(w, 3, 2);
+}
+
 /* Install into node `to` the store `s` held when the snapshot was taken. */
 static void install_snapshot(world *w, const node *s, uint32_t to)
 {
@@ -711,6 +771,12 @@ int main(void)
                                         setup_chain123, teardown_world),
         cmocka_unit_test_setup_teardown(
             middle_crash_the_predecessor_resends_its_sent_list_once_each, setup_chain123,
+            teardown_world),
+        cmocka_unit_test_setup_teardown(
+            head_stopped_between_fwd_and_apply_loses_nothing_applies_once, setup_chain123,
+            teardown_world),
+        cmocka_unit_test_setup_teardown(
+            middle_stopped_between_fwd_and_apply_loses_nothing_applies_once, setup_chain123,
             teardown_world),
         cmocka_unit_test_setup_teardown(a_new_tail_joins_by_state_transfer_and_misses_no_update,
                                         setup_chain12, teardown_world),
