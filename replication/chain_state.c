@@ -102,22 +102,23 @@ int cps__chain_load_range(cps__chain *c, uint32_t r)
     return 0;
 }
 
+static void free_entries(sent_entry **v, uint32_t *n, uint32_t *cap)
+{
+    for (uint32_t i = 0; i < *n; i++)
+        free((*v)[i].msg);
+    free(*v);
+    *v = NULL;
+    *n = *cap = 0;
+}
+
 void cps__chain_drop_held(range_st *rs)
 {
-    for (uint32_t i = 0; i < rs->nheld; i++)
-        free(rs->held[i].msg);
-    free(rs->held);
-    rs->held = NULL;
-    rs->nheld = rs->held_cap = 0;
+    free_entries(&rs->held, &rs->nheld, &rs->held_cap);
 }
 
 void cps__chain_drop_ahead(range_st *rs)
 {
-    for (uint32_t i = 0; i < rs->nahead; i++)
-        free(rs->ahead[i].msg);
-    free(rs->ahead);
-    rs->ahead = NULL;
-    rs->nahead = rs->ahead_cap = 0;
+    free_entries(&rs->ahead, &rs->nahead, &rs->ahead_cap);
     rs->up_applied = 0;
 }
 
