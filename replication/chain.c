@@ -248,7 +248,7 @@ int cps__chain_set_view(cps__chain *c, const cps__view *v, uint64_t now)
         }
         /* FWDs held ahead of an old view's predecessor: its re-sends (which say it applied them)
          * replace them. */
-        cps__chain_drop_ahead(rs);
+        cps__chain_drop_ahead(c, rs);
         if (rs->joining) {
             /* We copied the range and are now its tail: the predecessor's MARK tells us when
              * we hold everything it acknowledged, and only then do we serve reads. */
@@ -404,52 +404,59 @@ static int apply_fwd(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_u
     return commit_at_tail(c, r, seq, u, pos);
 }
 
-/* Apply the held FWDs our predecessor now says it applied, in order. Their copies go with this
- * call's scratch (the APPLYs point into them). */
+/* Apply the held FWDs our predecessor now says it applied, in order. Each is let go once its
+ * APPLY is made: a copy with this call's scratch, a caller's message through drop_cookie (which
+ * keeps it until its next call), so the APPLYs may point into them. */
 static int drain_ahead(cps__chain *c, uint32_t r, int pos, uint64_t now)
 {
     range_st *rs = &c->ranges[r];
     int rc = 0;
     uint32_t done = 0;
     while (rc == 0 && done < rs->nahead && rs->ahead[done].seq <= rs->up_applied) {
-        sent_entry *e = &rs->ahead[done];
+        ahead_entry *e = &rs->ahead[done++];
         cps__chain_update u;
-        if (e->seq != rs->applied + 1 ||
-            cps__chain_decode_fwd(c, e->msg + CPS_WIRE_HDR_SIZE, e->len - CPS_WIRE_HDR_SIZE, &u) !=
-                0 ||
-            cps__chain_scratch_keep(c, e->msg) != 0) {
-            free(e->msg); /* cannot be: held in order, checked when it came; re-sent if need be */
-            done++;
+        if (e->seq != rs->applied + 1 || cps__chain_decode_fwd(c, e->payload, e->len, &u) != 0 ||
+            (e->copy && cps__chain_scratch_keep(c, e->copy) != 0)) {
+            /* cannot be: held in order, checked when it came; the predecessor re-sends */
+            cps__chain_release_ahead(c, e);
             break;
         }
-        done++;
+        e->copy = NULL; /* the scratch's now */
         rc = apply_fwd(c, r, e->seq, &u, pos, now);
+        cps__chain_release_ahead(c, e);
     }
     if (done) {
         memmove(rs->ahead, rs->ahead + done, (rs->nahead - done) * sizeof *rs->ahead);
         rs->nahead -= done;
     }
     if (rs->nahead && rs->ahead[0].seq != rs->applied + 1)
-        cps__chain_drop_ahead(rs); /* out of step: the predecessor re-sends what we lack */
+        cps__chain_drop_ahead(c, rs); /* out of step: the predecessor re-sends what we lack */
     return rc;
 }
 
-/* Keep a copy of a FWD that came ahead of our predecessor's WRITE. */
-static int hold_ahead(range_st *rs, const cps__msg_hdr *h, const void *payload, size_t len)
+/* Hold a FWD that came ahead of our predecessor's WRITE: in the caller's message when it gave
+ * one (*kept: the chain keeps it), else in a copy. */
+static int hold_ahead(cps__chain *c, range_st *rs, uint64_t seq, const void *payload, size_t len,
+                      void *owner, int *kept)
 {
     if (cps__chain_grow((void **)&rs->ahead, &rs->ahead_cap, rs->nahead + 1, sizeof *rs->ahead) !=
         0)
         return CPS_ENOMEM;
-    sent_entry *e = &rs->ahead[rs->nahead];
+    ahead_entry *e = &rs->ahead[rs->nahead];
     memset(e, 0, sizeof *e);
-    e->len = CPS_WIRE_HDR_SIZE + len;
-    e->msg = malloc(e->len);
-    if (!e->msg)
-        return CPS_ENOMEM;
-    e->seq = h->req_seq;
-    e->hdr = *h;
-    cps__wire_hdr_encode(e->msg, h);
-    memcpy(e->msg + CPS_WIRE_HDR_SIZE, payload, len);
+    e->seq = seq;
+    e->len = len;
+    if (owner && c->ops->drop_cookie && !*kept) {
+        e->payload = payload;
+        e->owner = owner;
+        *kept = 1;
+    } else {
+        e->copy = malloc(len ? len : 1);
+        if (!e->copy)
+            return CPS_ENOMEM;
+        memcpy(e->copy, payload, len);
+        e->payload = e->copy;
+    }
     rs->nahead++;
     return 0;
 }
@@ -460,7 +467,7 @@ static int hold_ahead(range_st *rs, const cps__msg_hdr *h, const void *payload, 
  * replica ever holds an update its predecessor lacks: a predecessor that stops between the FWD
  * and its WRITE leaves an update no one applied and no one acknowledged. */
 static int on_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len,
-                  uint64_t now, int pos)
+                  void *owner, int *kept, uint64_t now, int pos)
 {
     uint32_t r = h->range;
     range_st *rs = &c->ranges[r];
@@ -488,7 +495,7 @@ static int on_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, siz
         if (h->req_seq <= rs->up_applied && rs->nahead == 0)
             rc = apply_fwd(c, r, h->req_seq, &u, pos, now);
         else
-            rc = hold_ahead(rs, h, payload, len);
+            rc = hold_ahead(c, rs, h->req_seq, payload, len, owner, kept);
     }
     if (rc == 0 && !tail && rs->applied > before)
         rc = send_applied(c, r, pos);
@@ -551,6 +558,14 @@ static int on_ack(cps__chain *c, const cps__msg_hdr *h, int pos, uint64_t now)
 int cps__chain_on_message(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len,
                           uint64_t now)
 {
+    int kept = 0;
+    return cps__chain_on_message_owned(c, h, payload, len, NULL, &kept, now);
+}
+
+int cps__chain_on_message_owned(cps__chain *c, const cps__msg_hdr *h, const void *payload,
+                                size_t len, void *owner, int *kept, uint64_t now)
+{
+    *kept = 0;
     cps__chain_begin_call(c);
     c->now = now;
     if (!c->have_view || h->epoch < c->view.epoch)
@@ -570,7 +585,7 @@ int cps__chain_on_message(cps__chain *c, const cps__msg_hdr *h, const void *payl
     if (rc != 0)
         return rc;
     if (h->type == CPS_MSG_FWD)
-        return on_fwd(c, h, payload, len, now, pos);
+        return on_fwd(c, h, payload, len, owner, kept, now, pos);
     if (h->type == CPS_MSG_CHAIN_ACK)
         return on_ack(c, h, pos, now);
     if (h->type == CPS_MSG_CHAIN_MARK && (h->aux & CPS_CHAIN_MARK_APPLIED))

@@ -103,7 +103,8 @@ typedef struct cps__chain_store_ops {
     /* Last applied step of the sync aggregate with signature sig; 0 if none. */
     int (*agg_step)(void *ctx, uint32_t range, uint64_t sig, uint64_t *step);
     /* Release a cookie of cps__chain_admit that will never be answered (its range left this
-     * server, or the chain is destroyed). May be NULL. */
+     * server, or the chain is destroyed), or a message cps__chain_on_message_owned kept. May be
+     * NULL (the chain then copies what it would keep). */
     void (*drop_cookie)(void *ctx, void *cookie);
 } cps__chain_store_ops;
 
@@ -149,6 +150,13 @@ int cps__chain_submit(cps__chain *c, uint32_t range, const cps__chain_update *u,
  * CPS_ESTALE_EPOCH (dropped), CPS_ENOMEM. */
 int cps__chain_on_message(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len,
                           uint64_t now);
+/* The same, with `owner`, the caller's handle on the message (NULL: none). A FWD that came
+ * ahead of its predecessor's write is then held in the message itself rather than copied: *kept
+ * is set to 1, and the chain gives owner back through ops->drop_cookie once done with it (the
+ * actions of that call may still point into it: the caller keeps it until its next call into
+ * the chain). Without ops->drop_cookie the chain copies. */
+int cps__chain_on_message_owned(cps__chain *c, const cps__msg_hdr *h, const void *payload,
+                                size_t len, void *owner, int *kept, uint64_t now);
 
 /* Re-send what waited longer than resend_ms. */
 int cps__chain_tick(cps__chain *c, uint64_t now);

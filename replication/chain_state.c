@@ -102,30 +102,37 @@ int cps__chain_load_range(cps__chain *c, uint32_t r)
     return 0;
 }
 
-static void free_entries(sent_entry **v, uint32_t *n, uint32_t *cap)
-{
-    for (uint32_t i = 0; i < *n; i++)
-        free((*v)[i].msg);
-    free(*v);
-    *v = NULL;
-    *n = *cap = 0;
-}
-
 void cps__chain_drop_held(range_st *rs)
 {
-    free_entries(&rs->held, &rs->nheld, &rs->held_cap);
+    for (uint32_t i = 0; i < rs->nheld; i++)
+        free(rs->held[i].msg);
+    free(rs->held);
+    rs->held = NULL;
+    rs->nheld = rs->held_cap = 0;
 }
 
-void cps__chain_drop_ahead(range_st *rs)
+void cps__chain_release_ahead(cps__chain *c, ahead_entry *e)
 {
-    free_entries(&rs->ahead, &rs->nahead, &rs->ahead_cap);
+    free(e->copy);
+    if (e->owner)
+        c->ops->drop_cookie(c->ctx, e->owner);
+    memset(e, 0, sizeof *e);
+}
+
+void cps__chain_drop_ahead(cps__chain *c, range_st *rs)
+{
+    for (uint32_t i = 0; i < rs->nahead; i++)
+        cps__chain_release_ahead(c, &rs->ahead[i]);
+    free(rs->ahead);
+    rs->ahead = NULL;
+    rs->nahead = rs->ahead_cap = 0;
     rs->up_applied = 0;
 }
 
 void cps__chain_forget_range(cps__chain *c, range_st *rs)
 {
     cps__chain_drop_held(rs);
-    cps__chain_drop_ahead(rs);
+    cps__chain_drop_ahead(c, rs);
     for (uint32_t i = 0; i < rs->nwaits; i++)
         if (c->ops->drop_cookie && rs->waits[i].cookie)
             c->ops->drop_cookie(c->ctx, rs->waits[i].cookie);
