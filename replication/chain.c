@@ -51,14 +51,23 @@ static uint8_t *encode_fwd(cps__chain *c, uint32_t r, uint64_t seq, const cps__c
     return m;
 }
 
-/* Send a held FWD (re-stamped with the current epoch and our id) to the successor. One to a
- * shadow names its join in aux, so that a refusal (CPS_CHAIN_ACK_NOT_JOINING) is of that join. */
-static int send_held(cps__chain *c, uint32_t r, sent_entry *e, uint32_t to, uint64_t now)
+/* Send a held FWD (re-stamped with the current epoch and our id) to the successor. Its aux says
+ * how far we applied: all of it when we send it again, one less when it goes ahead of its own
+ * APPLY (forward before apply). One to a shadow goes after our APPLY; it is marked
+ * CPS_WF_SHADOW and names its join in aux instead, so that a refusal (CPS_CHAIN_ACK_NOT_JOINING)
+ * is of that join and a node that got it outside any join can tell it from a chain FWD. */
+static int send_held(cps__chain *c, uint32_t r, sent_entry *e, uint32_t to, uint64_t now, int ahead)
 {
     const range_st *rs = &c->ranges[r];
     e->hdr.epoch = c->view.epoch;
     e->hdr.sender = c->cfg.self;
-    e->hdr.aux = rs->shadow && to == rs->shadow ? rs->shadow_join : 0;
+    if (rs->shadow && to == rs->shadow) {
+        e->hdr.flags |= CPS_WF_SHADOW;
+        e->hdr.aux = rs->shadow_join;
+    } else {
+        e->hdr.flags &= ~CPS_WF_SHADOW;
+        e->hdr.aux = ahead ? e->seq - 1 : e->seq;
+    }
     cps__wire_hdr_encode(e->msg, &e->hdr);
     e->sent_ms = now;
     c->fwd_bytes += e->len;
@@ -67,7 +76,7 @@ static int send_held(cps__chain *c, uint32_t r, sent_entry *e, uint32_t to, uint
 
 /* Keep update u (seq) for re-sending and send it to node `to`. */
 static int forward_to(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_update *u,
-                      uint32_t to, uint64_t now)
+                      uint32_t to, uint64_t now, int ahead)
 {
     range_st *rs = &c->ranges[r];
     if (cps__chain_grow((void **)&rs->sent, &rs->sent_cap, rs->nsent + 1, sizeof *rs->sent) != 0)
@@ -79,14 +88,37 @@ static int forward_to(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_
         return CPS_ENOMEM;
     rs->nsent++;
     e->first_ms = now;
-    return send_held(c, r, e, to, now);
+    return send_held(c, r, e, to, now, ahead);
 }
 
-/* Keep update u (seq) for re-sending and send it to the successor. */
-static int forward(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_update *u, int pos,
-                   uint64_t now)
+static int apply_action(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_update *u)
 {
-    return forward_to(c, r, seq, u, cps__chain_neighbour(c, r, pos + 1), now);
+    cps__chain_action *a = cps__chain_act(c, CPS_CA_APPLY, r);
+    if (!a)
+        return CPS_ENOMEM;
+    a->seq = seq;
+    a->upd = *u;
+    return 0;
+}
+
+/* A replica that is not the tail: keep update u (seq) for re-sending, send it to the successor,
+ * then apply it (chain.h, "forward before apply"): the successor receives it while we write.
+ * The APPLY is there even when the forward failed: the update is ours (rs->applied counts it)
+ * and the caller must write it. */
+static int forward_then_apply(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_update *u,
+                              int pos, uint64_t now)
+{
+    int rc = forward_to(c, r, seq, u, cps__chain_neighbour(c, r, pos + 1), now, 1);
+    int arc = apply_action(c, r, seq, u);
+    return rc ? rc : arc;
+}
+
+/* After the APPLYs of this call: tell the successor how far we applied, so it applies what we
+ * forwarded ahead of them. */
+static int send_applied(cps__chain *c, uint32_t r, int pos)
+{
+    return cps__chain_send_control(c, r, cps__chain_neighbour(c, r, pos + 1), CPS_MSG_CHAIN_MARK,
+                                   c->ranges[r].applied, CPS_CHAIN_MARK_APPLIED);
 }
 
 /* This replica is the tail for seq: everything up to it is committed. Reply and ack upstream. */
@@ -105,7 +137,7 @@ static int commit_at_tail(cps__chain *c, uint32_t r, uint64_t seq, const cps__ch
         rc = cps__chain_send_ack(c, r, cps__chain_neighbour(c, r, pos - 1), seq);
     /* A replica copying the range gets the update too (committed here regardless). */
     if (rc == 0 && rs->shadow && u)
-        rc = forward_to(c, r, seq, u, rs->shadow, c->now);
+        rc = forward_to(c, r, seq, u, rs->shadow, c->now, 0);
     return rc;
 }
 
@@ -223,6 +255,9 @@ int cps__chain_set_view(cps__chain *c, const cps__view *v, uint64_t now)
                 cps__chain_forget_range(c, rs);
             continue;
         }
+        /* FWDs held ahead of an old view's predecessor: its re-sends (which say it applied them)
+         * replace them. */
+        cps__chain_drop_ahead(c, rs);
         if (rs->joining) {
             /* We copied the range and are now its tail: the predecessor's MARK tells us when
              * we hold everything it acknowledged, and only then do we serve reads. */
@@ -269,7 +304,7 @@ int cps__chain_set_view(cps__chain *c, const cps__view *v, uint64_t now)
             rs->backoff = 0; /* a new successor: its clock starts now */
             rs->succ_since = now;
             for (uint32_t i = 0; rc == 0 && i < rs->nsent; i++)
-                rc = send_held(c, r, &rs->sent[i], succ, now);
+                rc = send_held(c, r, &rs->sent[i], succ, now, 0);
             if (rc == 0)
                 rc = cps__chain_mark_send(c, r, succ, now);
         }
@@ -358,18 +393,96 @@ int cps__chain_submit(cps__chain *c, uint32_t r, const cps__chain_update *u, uin
     if ((rc = cps__chain_note_applied(c, r, u)) != 0)
         return rc;
     rs->applied = seq;
-    cps__chain_action *a = cps__chain_act(c, CPS_CA_APPLY, r);
-    if (!a)
-        return CPS_ENOMEM;
-    a->seq = seq;
-    a->upd = *u;
-    if (cps__chain_chain_len(c, r) == 1)
+    if (cps__chain_chain_len(c, r) == 1) {
+        if ((rc = apply_action(c, r, seq, u)) != 0)
+            return rc;
         return commit_at_tail(c, r, seq, u, pos);
-    return forward(c, r, seq, u, pos, now);
+    }
+    rc = forward_then_apply(c, r, seq, u, pos, now);
+    return rc ? rc : send_applied(c, r, pos);
 }
 
+/* Apply FWD update u (seq, the next one) here: at the tail, commit it; elsewhere, forward it
+ * first (forward before apply). */
+static int apply_fwd(cps__chain *c, uint32_t r, uint64_t seq, const cps__chain_update *u, int pos,
+                     uint64_t now)
+{
+    range_st *rs = &c->ranges[r];
+    int rc = cps__chain_note_applied(c, r, u);
+    if (rc != 0)
+        return rc;
+    rs->applied = seq;
+    if ((uint32_t)pos + 1 < cps__chain_chain_len(c, r))
+        return forward_then_apply(c, r, seq, u, pos, now);
+    if ((rc = apply_action(c, r, seq, u)) != 0)
+        return rc;
+    return commit_at_tail(c, r, seq, u, pos);
+}
+
+/* Apply the held FWDs our predecessor now says it applied, in order. Each is let go once its
+ * APPLY is made: a copy with this call's scratch, a caller's message through drop_cookie (which
+ * keeps it until its next call), so the APPLYs may point into them. */
+static int drain_ahead(cps__chain *c, uint32_t r, int pos, uint64_t now)
+{
+    range_st *rs = &c->ranges[r];
+    int rc = 0;
+    uint32_t done = 0;
+    while (rc == 0 && done < rs->nahead && rs->ahead[done].seq <= rs->up_applied) {
+        ahead_entry *e = &rs->ahead[done++];
+        cps__chain_update u;
+        if (e->seq != rs->applied + 1 || cps__chain_decode_fwd(c, e->payload, e->len, &u) != 0 ||
+            (e->copy && cps__chain_scratch_keep(c, e->copy) != 0)) {
+            /* cannot be: held in order, checked when it came; the predecessor re-sends */
+            cps__chain_release_ahead(c, e);
+            break;
+        }
+        e->copy = NULL; /* the scratch's now */
+        rc = apply_fwd(c, r, e->seq, &u, pos, now);
+        cps__chain_release_ahead(c, e);
+    }
+    if (done) {
+        memmove(rs->ahead, rs->ahead + done, (rs->nahead - done) * sizeof *rs->ahead);
+        rs->nahead -= done;
+    }
+    if (rs->nahead && rs->ahead[0].seq != rs->applied + 1)
+        cps__chain_drop_ahead(c, rs); /* out of step: the predecessor re-sends what we lack */
+    return rc;
+}
+
+/* Hold a FWD that came ahead of our predecessor's WRITE: in the caller's message when it gave
+ * one (*kept: the chain keeps it), else in a copy. */
+static int hold_ahead(cps__chain *c, range_st *rs, uint64_t seq, const void *payload, size_t len,
+                      void *owner, int *kept)
+{
+    if (cps__chain_grow((void **)&rs->ahead, &rs->ahead_cap, rs->nahead + 1, sizeof *rs->ahead) !=
+        0)
+        return CPS_ENOMEM;
+    ahead_entry *e = &rs->ahead[rs->nahead];
+    memset(e, 0, sizeof *e);
+    e->seq = seq;
+    e->len = len;
+    if (owner && c->ops->drop_cookie && !*kept) {
+        e->payload = payload;
+        e->owner = owner;
+        *kept = 1;
+    } else {
+        e->copy = malloc(len ? len : 1);
+        if (!e->copy)
+            return CPS_ENOMEM;
+        memcpy(e->copy, payload, len);
+        e->payload = e->copy;
+    }
+    rs->nahead++;
+    return 0;
+}
+
+/* A FWD from our predecessor. Applied (and forwarded on) in sequence order, and only once the
+ * predecessor applied it: its aux says how far it had when it sent it; one it sent ahead of its
+ * own WRITE is held until its CHAIN_MARK (CPS_CHAIN_MARK_APPLIED) or a re-send says so. So no
+ * replica ever holds an update its predecessor lacks: a predecessor that stops between the FWD
+ * and its WRITE leaves an update no one applied and no one acknowledged. */
 static int on_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len,
-                  uint64_t now, int pos)
+                  void *owner, int *kept, uint64_t now, int pos)
 {
     uint32_t r = h->range;
     range_st *rs = &c->ranges[r];
@@ -386,19 +499,41 @@ static int on_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, siz
             return cps__chain_send_ack(c, r, h->sender, rs->committed);
         return 0;
     }
-    if (h->req_seq != rs->applied + 1)
+    uint64_t before = rs->applied;
+    uint64_t next = rs->applied + rs->nahead + 1;
+    if (h->req_seq > next)
         return 0; /* a gap: the predecessor re-sends in order */
-    if ((rc = cps__chain_note_applied(c, r, &u)) != 0)
-        return rc;
-    rs->applied = h->req_seq;
-    cps__chain_action *a = cps__chain_act(c, CPS_CA_APPLY, r);
-    if (!a)
-        return CPS_ENOMEM;
-    a->seq = h->req_seq;
-    a->upd = u;
-    if (tail)
-        return commit_at_tail(c, r, h->req_seq, &u, pos);
-    return forward(c, r, h->req_seq, &u, pos, now);
+    /* A shadow's FWD (we joined from its sender, who is now our predecessor) went after its
+     * sender's APPLY; its aux is the join's id. */
+    uint64_t up = (h->flags & CPS_WF_SHADOW) ? h->req_seq : h->aux;
+    if (up > rs->up_applied)
+        rs->up_applied = up;
+    rc = drain_ahead(c, r, pos, now);
+    if (rc == 0 && h->req_seq == rs->applied + rs->nahead + 1) {
+        if (h->req_seq <= rs->up_applied && rs->nahead == 0)
+            rc = apply_fwd(c, r, h->req_seq, &u, pos, now);
+        else
+            rc = hold_ahead(c, rs, h->req_seq, payload, len, owner, kept);
+    }
+    if (rc == 0 && !tail && rs->applied > before)
+        rc = send_applied(c, r, pos);
+    return rc;
+}
+
+/* Our predecessor applied up to h->req_seq (CHAIN_MARK with CPS_CHAIN_MARK_APPLIED). */
+static int on_applied(cps__chain *c, const cps__msg_hdr *h, int pos, uint64_t now)
+{
+    uint32_t r = h->range;
+    range_st *rs = &c->ranges[r];
+    if (pos <= 0 || cps__chain_neighbour(c, r, pos - 1) != h->sender)
+        return CPS_ESTALE_EPOCH;
+    if (h->req_seq > rs->up_applied)
+        rs->up_applied = h->req_seq;
+    uint64_t before = rs->applied;
+    int rc = drain_ahead(c, r, pos, now);
+    if (rc == 0 && (uint32_t)pos + 1 < cps__chain_chain_len(c, r) && rs->applied > before)
+        rc = send_applied(c, r, pos);
+    return rc;
 }
 
 /* Answer a FWD sent to us as a shadow of join h->aux, which we are not copying from its sender. */
@@ -491,6 +626,14 @@ static int from_steady_pred(const cps__chain *c, const cps__msg_hdr *h)
 int cps__chain_on_message(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len,
                           uint64_t now)
 {
+    int kept = 0;
+    return cps__chain_on_message_owned(c, h, payload, len, NULL, &kept, now);
+}
+
+int cps__chain_on_message_owned(cps__chain *c, const cps__msg_hdr *h, const void *payload,
+                                size_t len, void *owner, int *kept, uint64_t now)
+{
+    *kept = 0;
     cps__chain_begin_call(c);
     c->now = now;
     if (!c->have_view || (h->epoch < c->view.epoch && !from_steady_pred(c, h)))
@@ -504,7 +647,7 @@ int cps__chain_on_message(cps__chain *c, const cps__msg_hdr *h, const void *payl
         range_st *rs = &c->ranges[h->range];
         if (rs->joining && h->type == CPS_MSG_FWD && h->sender == rs->join_source)
             return cps__chain_on_join_fwd(c, h, payload, len);
-        if (h->type == CPS_MSG_FWD && h->aux != 0) /* sent to us as a shadow: not any more */
+        if (h->type == CPS_MSG_FWD && (h->flags & CPS_WF_SHADOW)) /* to us as a shadow: no more */
             return send_not_joining(c, h);
         return CPS_ESTALE_EPOCH;
     }
@@ -512,9 +655,11 @@ int cps__chain_on_message(cps__chain *c, const cps__msg_hdr *h, const void *payl
     if (rc != 0)
         return rc;
     if (h->type == CPS_MSG_FWD)
-        return on_fwd(c, h, payload, len, now, pos);
+        return on_fwd(c, h, payload, len, owner, kept, now, pos);
     if (h->type == CPS_MSG_CHAIN_ACK)
         return on_ack(c, h, pos, now);
+    if (h->type == CPS_MSG_CHAIN_MARK && (h->aux & CPS_CHAIN_MARK_APPLIED))
+        return on_applied(c, h, pos, now);
     if (h->type == CPS_MSG_CHAIN_MARK)
         return cps__chain_on_mark(c, h, pos);
     return CPS_EPROTO;
@@ -556,7 +701,7 @@ int cps__chain_tick(cps__chain *c, uint64_t now)
             continue;
         rs->backoff++;
         for (uint32_t i = 0; rc == 0 && i < rs->nsent; i++)
-            rc = send_held(c, r, &rs->sent[i], succ, now);
+            rc = send_held(c, r, &rs->sent[i], succ, now, 0);
     }
     return rc;
 }

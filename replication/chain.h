@@ -4,16 +4,30 @@
  * driven by calls (a worker request admitted at the head, an update submitted at the head, a
  * message from a neighbour, a timer tick, a new view) and answers with actions that the caller
  * performs in order: APPLY (write the update to the store, in one transaction with its sequence
- * number and exactly-once records: persist before send), SEND (a complete wire message to a
- * node), REPLY (answer a worker's request). It never touches sockets, the store or the clock:
- * time arrives as `now` arguments, and the store is read only through cps__chain_store_ops.
+ * number and exactly-once records), SEND (a complete wire message to a node), REPLY (answer a
+ * worker's request). It never touches sockets, the store or the clock: time arrives as `now`
+ * arguments, and the store is read only through cps__chain_store_ops.
+ *
+ * Order: persist before send, with one exception, forward before apply. A replica that is not
+ * the tail emits the FWD of a new update to its successor immediately before that update's
+ * APPLY, so that the successor receives it while this replica writes it; after the APPLY comes
+ * a CHAIN_MARK with CPS_CHAIN_MARK_APPLIED (our applied seq). Every other SEND and every REPLY
+ * comes after the APPLYs it depends on: CHAIN_ACKs, those MARKs, re-sent FWDs, the tail's
+ * replies and the FWD to a joining shadow. The successor applies a FWD only once its
+ * predecessor applied it: the FWD's aux says how far the sender had applied when it sent it
+ * (seq - 1 when sent ahead, seq when re-sent), and a FWD that came ahead is held (a copy) until
+ * the MARK or a re-send says more; a new view drops what is held (the re-sends replace it). So
+ * every replica still holds every update its successor holds, and a replica that stops between
+ * the FWD and its APPLY leaves an update that no one applied and no one acknowledged (the
+ * simulator's --fwd-crashes stops servers there). What overlaps is the transfer and the
+ * successor's copy with the sender's write.
  *
  * Protocol (van Renesse & Schneider, OSDI 2004; the parameter-server layout of Li et al., OSDI
- * 2014): the head gives each update of a range the next sequence number, applies it and
- * forwards it (FWD) to its successor, keeping it until acknowledged. Every replica applies FWDs
- * strictly in sequence order with the same code, so replicas are bitwise identical at equal
- * sequence numbers. The tail replies to the workers and sends CHAIN_ACK(seq) to its
- * predecessor; each replica drops what the ack covers and passes the ack up. Unacknowledged
+ * 2014): the head gives each update of a range the next sequence number, forwards it (FWD) to
+ * its successor and applies it, keeping it until acknowledged. Every replica applies FWDs (once
+ * its predecessor has) strictly in sequence order with the same code, so replicas are bitwise
+ * identical at equal sequence numbers. The tail replies to the workers and sends CHAIN_ACK(seq) to
+ * its predecessor; each replica drops what the ack covers and passes the ack up. Unacknowledged
  * FWDs are re-sent after `resend_ms`, and to a new successor at once when the view changes.
  *
  * Exactly once: each update carries the requests it contains (worker, request seq); every
@@ -33,6 +47,10 @@
 #include "core/wire.h"
 
 typedef struct cps__chain cps__chain;
+
+/* aux of a CHAIN_MARK a replica sends its successor after the WRITE of updates it forwarded
+ * ahead of it (forward before apply): it applied everything up to the MARK's req_seq. */
+#define CPS_CHAIN_MARK_APPLIED 2u
 
 /* Update kinds. PUSH: gradients (kv with values). DECLARE: create keys. SKIP: no data, only
  * the exactly-once record of a push the head refused (unknown key, wrong length), whose number
@@ -85,7 +103,8 @@ typedef struct cps__chain_store_ops {
     /* Last applied step of the sync aggregate with signature sig; 0 if none. */
     int (*agg_step)(void *ctx, uint32_t range, uint64_t sig, uint64_t *step);
     /* Release a cookie of cps__chain_admit that will never be answered (its range left this
-     * server, or the chain is destroyed). May be NULL. */
+     * server, or the chain is destroyed), or a message cps__chain_on_message_owned kept. May be
+     * NULL (the chain then copies what it would keep). */
     void (*drop_cookie)(void *ctx, void *cookie);
 } cps__chain_store_ops;
 
@@ -120,8 +139,9 @@ enum {
 int cps__chain_admit(cps__chain *c, uint32_t range, const cps__chain_req *req, uint64_t step,
                      uint64_t sig, void *cookie);
 
-/* At the head: give update u the next sequence number of the range, and emit APPLY, then SEND
- * to the successor (or REPLY for every request when this server is also the tail). The body is
+/* At the head: give update u the next sequence number of the range, and emit SEND (the FWD) to
+ * the successor, APPLY, then SEND of the CHAIN_MARK that says it is applied (or APPLY, then
+ * REPLY for every request when this server is also the tail). The body is
  * copied when it must be kept for re-sending. Errors: CPS_EINVAL (not head), CPS_ENOMEM. */
 int cps__chain_submit(cps__chain *c, uint32_t range, const cps__chain_update *u, uint64_t now);
 
@@ -130,6 +150,13 @@ int cps__chain_submit(cps__chain *c, uint32_t range, const cps__chain_update *u,
  * CPS_ESTALE_EPOCH (dropped), CPS_ENOMEM. */
 int cps__chain_on_message(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len,
                           uint64_t now);
+/* The same, with `owner`, the caller's handle on the message (NULL: none). A FWD that came
+ * ahead of its predecessor's write is then held in the message itself rather than copied: *kept
+ * is set to 1, and the chain gives owner back through ops->drop_cookie once done with it (the
+ * actions of that call may still point into it: the caller keeps it until its next call into
+ * the chain). Without ops->drop_cookie the chain copies. */
+int cps__chain_on_message_owned(cps__chain *c, const cps__msg_hdr *h, const void *payload,
+                                size_t len, void *owner, int *kept, uint64_t now);
 
 /* Re-send what waited longer than resend_ms. */
 int cps__chain_tick(cps__chain *c, uint64_t now);

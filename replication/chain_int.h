@@ -25,6 +25,16 @@ typedef struct sent_entry {
     uint64_t first_ms; /* its first send (cps__chain_waiting_since) */
 } sent_entry;
 
+/* A FWD held ahead of our predecessor's WRITE: its payload, in the caller's message (`owner`,
+ * given back through ops->drop_cookie) or in a copy of ours. */
+typedef struct ahead_entry {
+    uint64_t seq;
+    const uint8_t *payload;
+    size_t len;
+    uint8_t *copy;
+    void *owner;
+} ahead_entry;
+
 typedef struct wait_reply {
     cps__chain_req req;
     uint64_t wait_seq;
@@ -64,6 +74,12 @@ typedef struct range_st {
     uint64_t mark_to_send;
     int mark_pending; /* mark_to_send is to be (re)sent: a MARK of 0 is a MARK too */
     uint64_t mark_sent_ms;
+    /* Forward before apply, at a successor: FWDs our predecessor sent ahead of its own WRITE,
+     * held (ascending seq from applied + 1) until it says it applied them, and the highest seq
+     * it said so of in this view (a FWD's aux, a CHAIN_MARK with CPS_CHAIN_MARK_APPLIED). */
+    ahead_entry *ahead;
+    uint32_t nahead, ahead_cap;
+    uint64_t up_applied;
     uint32_t backoff;     /* re-send rounds without an ack since the last one (doubles the wait) */
     uint64_t progress_ms; /* the last ack that dropped updates: re-sends wait from then too */
     uint64_t succ_since;  /* when our current successor became it (cps__chain_waiting_since) */
@@ -117,6 +133,11 @@ uint32_t cps__chain_neighbour(const cps__chain *c, uint32_t r, int pos);
 int cps__chain_load_range(cps__chain *c, uint32_t r);
 /* Free the FWDs a joiner held. */
 void cps__chain_drop_held(range_st *rs);
+/* Let go of the FWDs held ahead of our predecessor's WRITE, and forget what it said it
+ * applied. */
+void cps__chain_drop_ahead(cps__chain *c, range_st *rs);
+/* Let go of one such FWD: its copy, or its owner back to the caller. */
+void cps__chain_release_ahead(cps__chain *c, ahead_entry *e);
 /* Drop every piece of state kept for a range. */
 void cps__chain_forget_range(cps__chain *c, range_st *rs);
 /* The cached exactly-once number of `worker` on r (loaded from the store on first use). */

@@ -111,9 +111,28 @@ void cps__chain_drop_held(range_st *rs)
     rs->nheld = rs->held_cap = 0;
 }
 
+void cps__chain_release_ahead(cps__chain *c, ahead_entry *e)
+{
+    free(e->copy);
+    if (e->owner)
+        c->ops->drop_cookie(c->ctx, e->owner);
+    memset(e, 0, sizeof *e);
+}
+
+void cps__chain_drop_ahead(cps__chain *c, range_st *rs)
+{
+    for (uint32_t i = 0; i < rs->nahead; i++)
+        cps__chain_release_ahead(c, &rs->ahead[i]);
+    free(rs->ahead);
+    rs->ahead = NULL;
+    rs->nahead = rs->ahead_cap = 0;
+    rs->up_applied = 0;
+}
+
 void cps__chain_forget_range(cps__chain *c, range_st *rs)
 {
     cps__chain_drop_held(rs);
+    cps__chain_drop_ahead(c, rs);
     for (uint32_t i = 0; i < rs->nwaits; i++)
         if (c->ops->drop_cookie && rs->waits[i].cookie)
             c->ops->drop_cookie(c->ctx, rs->waits[i].cookie);

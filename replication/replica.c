@@ -416,7 +416,8 @@ static void on_pull(cps__replica *r, rmsg *p)
 static void on_chain(cps__replica *r, rmsg *p, uint64_t now)
 {
     const cps__msg_hdr *h = &p->m.hdr;
-    int rc = cps__chain_on_message(r->chain, h, p->m.payload, p->m.len, now);
+    int kept = 0;
+    int rc = cps__chain_on_message_owned(r->chain, h, p->m.payload, p->m.len, p, &kept, now);
     if (rc == CPS_EAGAIN) {
         cps__rp_ask_view(r);
     } else if (rc == CPS_ESTALE_EPOCH) {
@@ -428,7 +429,10 @@ static void on_chain(cps__replica *r, rmsg *p, uint64_t now)
                     cps_strerror(rc));
     }
     cps__rp_run_chain(r, now);
-    cps__rp_rmsg_done(r, p); /* WRITE bodies point into it: released at the next call */
+    /* WRITE bodies point into it: released at the next call. A FWD held ahead of its sender's
+     * write is the chain's until it gives it back (cps__rp_drop_cookie). */
+    if (!kept)
+        cps__rp_rmsg_done(r, p);
 }
 
 static int is_chain_msg(uint8_t type)

@@ -17,8 +17,15 @@
  * Order of the ready list (perform it front to back; never reorder):
  *  - WRITE: the write set of one update, to apply in one store transaction. Each WRITE comes
  *    before every SEND and REPLY that depends on it: messages go out only after the writes
- *    before them are as durable as the store's sync mode makes any commit.
- *  - SEND: a complete wire message to a server (FWD, CHAIN_ACK, CHAIN_MARK), after its WRITE.
+ *    before them are as durable as the store's sync mode makes any commit. One exception,
+ *    forward before apply: a replica that is not the tail of the update's range puts the FWD
+ *    of a new update to its successor immediately before that update's WRITE (same range,
+ *    hdr.req_seq == seq, resend 0), so the successor receives it while we write it.
+ *  - SEND: a complete wire message to a server (FWD, CHAIN_ACK, CHAIN_MARK), after its WRITE
+ *    (the FWD above: right before it). Acks, re-sent FWDs, the CHAIN_MARK that says the update
+ *    is applied and everything the tail sends still follow their WRITEs. The successor applies
+ *    the FWD only once that MARK (or a re-send) comes, so a server that stops between such a
+ *    FWD and its WRITE leaves an update nobody applied (replication/chain.h).
  *  - REPLY: an answer to a worker (ACK, VALUES read from the store when performed, ERROR).
  *    Pulls released by the SSP gate come out as REPLY items too, after the writes that let them
  *    through.

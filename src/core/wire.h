@@ -6,7 +6,7 @@
  * by decoders are borrowed from the input buffer and live as long as it does.
  *
  * Header layout (offsets in bytes, all little-endian):
- *    0 u32 magic 'CPS1' (0x31535043)   4 u8 version (4)    5 u8 type    6 u16 flags
+ *    0 u32 magic 'CPS1' (0x31535043)   4 u8 version (5)    5 u8 type    6 u16 flags
  *    8 u32 sender node id             12 i32 status (0 or CPS_E... in replies)
  *   16 u64 view epoch                 24 u32 request worker id   28 u32 range id
  *   32 u64 request sequence number    40 u64 training step
@@ -23,12 +23,15 @@
 #include "chainps/chainps.h" /* CPS_MAX_NDIM */
 
 #define CPS_WIRE_MAGIC 0x31535043u
-/* 4: the MAC trailer (src/transport/auth.h) is ChaCha20-Poly1305 instead of GMAC; the transport
- * refuses another version's messages before checking their MAC, and says why. 3: dense tensors
- * cut into chunks of at most 128 Ki values. 2: tensor keys and key-set signatures hashed with
- * XXH3 instead of FNV-1a. Nodes of two versions would place the same tensor on different keys, so
- * they must not talk. */
-#define CPS_WIRE_VERSION  4
+/* 5: chains forward before they apply (a FWD's aux is how far its sender applied, a CHAIN_MARK
+ * with CPS_CHAIN_MARK_APPLIED says it applied; a successor of version 4 would apply FWDs its
+ * predecessor had not), FWDs to a shadow flagged CPS_WF_SHADOW, and a HELLO may end with a flags
+ * word (CPS_HELLO_EMPTY) that a scheduler of version 4 refuses by its size. 4: the MAC trailer
+ * (src/transport/auth.h) is ChaCha20-Poly1305 instead of GMAC; the transport refuses another
+ * version's messages before checking their MAC, and says why. 3: dense tensors cut into chunks of
+ * at most 128 Ki values. 2: tensor keys and key-set signatures hashed with XXH3 instead of FNV-1a.
+ * Nodes of two versions would place the same tensor on different keys, so they must not talk. */
+#define CPS_WIRE_VERSION  5
 #define CPS_WIRE_HDR_SIZE 64
 /* Hard cap on one message's payload (compressed or not); larger is refused as CPS_ESIZE. */
 #define CPS_WIRE_MAX_PAYLOAD (1u << 30)
@@ -115,8 +118,12 @@ enum cps__msg_type {
  * (replication/sync.c, pushed_later): a worker joining a running job starts after every range's
  * last step, and the ranges that had not closed that step yet close it without it. */
 #define CPS_WF_FIRST 0x0020u
+/* FWD only: sent by a tail to its shadow (a joiner copying the range), after the tail applied
+ * it; aux is then the join's id, not how far the sender applied (replication/chain.c). */
+#define CPS_WF_SHADOW 0x0040u
 #define CPS_WF_KNOWN_                                                                              \
-    (CPS_WF_SNAPPY | CPS_WF_REPLY | CPS_WF_NOAGG | CPS_WF_LOSSY | CPS_WF_LATE | CPS_WF_FIRST)
+    (CPS_WF_SNAPPY | CPS_WF_REPLY | CPS_WF_NOAGG | CPS_WF_LOSSY | CPS_WF_LATE | CPS_WF_FIRST |     \
+     CPS_WF_SHADOW)
 
 /* Request sequence spaces (header req_seq): dense pushes count 1, 2, ... per (worker, range);
  * sparse-row pushes (CPS_WF_NOAGG) have CPS_SEQ_SPARSE set and their own count; every other

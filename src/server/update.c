@@ -4,7 +4,9 @@
  * is sent and answered); this file reads the store for it (cps__replica_env) and performs its
  * ready list in order: WRITE (one LMDB transaction with the update's data, the range's sequence
  * number and the records the replica laid out), SEND (FWD / CHAIN_ACK / CHAIN_MARK to a
- * neighbour), REPLY (ACK, ERROR, or values read from LMDB straight into the message). */
+ * neighbour), REPLY (ACK, ERROR, or values read from LMDB straight into the message). The order
+ * is the replica's: a FWD that comes before its WRITE (forward before apply) is handed to the
+ * transport first, whose I/O thread sends it while this thread writes. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -366,7 +368,9 @@ static void do_apply(cps__server *s, const cps__replica_out *w)
                  w->range, (unsigned long long)w->seq, io.bad_key, cps_strerror(rc));
         /* Nothing of this update was committed (CPS_ENOSPC aborts the txn), but the replica
          * counts it as applied here and our successors and the worker's ack wait on it: the
-         * server leaves, and poisoned stops every later item (no forward, no ack). */
+         * server leaves, and poisoned stops every later item (no ack, no further forward). Its
+         * own FWD may have gone already (forward before apply, replica.h): we leave as a server
+         * stopped between that FWD and the write does. */
         s->poisoned = 1;
         s->disk_full = rc == CPS_ENOSPC;
         return;

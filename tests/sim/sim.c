@@ -244,6 +244,7 @@ static void net_send(sim *sm, uint32_t from, uint32_t to, const void *buf, size_
         m->from = from;
         m->to = to;
         m->inc = from >= 1 && from <= sm->p.servers ? sm->servers[from - 1].inc : 0;
+        m->wire = sm->on_wire;
         m->len = len;
         memcpy(m->buf, buf, len);
         uint64_t t = sm->now + extra + net_delay(sm);
@@ -472,6 +473,16 @@ static void partition(sim *sm)
     }
 }
 
+/* Server s stopped (its state says how): what it had in flight is lost with it, except what
+ * was on the wire already; it may come back. */
+static void crash(sim *sm, sim_server *s)
+{
+    s->inc++;
+    if (has_restarts(sm) &&
+        (!sim_sched_removable(sm, s->id) || chance(sm, sm->p.restart_per_mille)))
+        ev_push(sm, sm->now + 1 + rnd(sm, chance(sm, 500) ? 400 : 3000), EV_RESTART, s->id, NULL);
+}
+
 static void fault(sim *sm)
 {
     if (sm->epoch >= SIM_FAULT_EPOCHS || sm->pending_victim)
@@ -512,15 +523,36 @@ static void fault(sim *sm)
         s->resume_at = sm->now + (chance(sm, 400) ? 1 + rnd(sm, 400) : 100 + rnd(sm, 3000));
         ev_push(sm, s->resume_at, EV_RESUME, s->id, NULL);
     } else {
-        s->inc++; /* what it had in flight is lost with it */
-        if (has_restarts(sm) &&
-            (!sim_sched_removable(sm, s->id) || chance(sm, sm->p.restart_per_mille)))
-            ev_push(sm, sm->now + 1 + rnd(sm, chance(sm, 500) ? 400 : 3000), EV_RESTART, s->id,
-                    NULL);
+        crash(sm, s);
     }
     /* The scheduler's detector notices its silence; until then the chain waits on it. */
     sm->pending_victim = s->id;
     sim_trace(sm, "server %u %s", s->id, kind == SRV_CRASHED ? "crashed" : "paused");
+}
+
+/* Crash faults are drawn in this run (fault()'s kinds). */
+static int crashes_drawn(const sim *sm)
+{
+    int f = sm->p.faults;
+    return f == SIM_F_CRASH || f == SIM_F_ALL || f == SIM_F_RESTART || f == SIM_F_JOIN ||
+           f == SIM_F_SCALE;
+}
+
+int sim_fwd_crash_point(sim *sm, sim_server *s, int middle)
+{
+    if (!sm->p.fwd_crash_per_mille || sm->phase != PHASE_FAULTS || !crashes_drawn(sm) ||
+        sm->epoch >= SIM_FAULT_EPOCHS || sm->pending_victim || s->state != SRV_UP ||
+        !(has_restarts(sm) || sim_sched_removable(sm, s->id)) ||
+        !chance(sm, sm->p.fwd_crash_per_mille))
+        return 0;
+    s->state = SRV_CRASHED;
+    sm->nfaults++;
+    sm->fwd_crashes[middle ? 1 : 0]++;
+    crash(sm, s);
+    sm->pending_victim = s->id;
+    sim_trace(sm, "server %u crashed between a FWD and its WRITE (%s)", s->id,
+              middle ? "middle" : "head");
+    return 1;
 }
 
 /* Is server `id` the last replica of some range of the current view? */
@@ -576,7 +608,7 @@ void sim_restart_last_replica(sim *sm, uint32_t id)
 /* A crashed server's messages in flight are lost with it. */
 static int lost_with_sender(const sim *sm, const sim_msg *m)
 {
-    return m->from >= 1 && m->from <= sm->p.servers &&
+    return !m->wire && m->from >= 1 && m->from <= sm->p.servers &&
            (sm->servers[m->from - 1].state == SRV_CRASHED ||
             sm->servers[m->from - 1].inc != m->inc);
 }
@@ -903,6 +935,8 @@ int sim_run(const sim_params *p, sim_summary *out)
         out->gated = sm->gated;
         out->ssp_parked = sm->ssp_parked;
         out->false_deaths = sm->false_deaths;
+        out->fwd_crashes[0] = sm->fwd_crashes[0];
+        out->fwd_crashes[1] = sm->fwd_crashes[1];
         out->late = 0;
         for (uint32_t k = 0; k < p->workers; k++)
             out->late += sm->workers[k].late;

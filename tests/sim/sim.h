@@ -112,6 +112,9 @@ typedef struct sim_params {
     /* --views-unordered: a later view may overtake an earlier one at a node (a view lost and
      * fetched again, a slow connection); never drawn. The default keeps one connection's order. */
     int views_unordered;
+    /* Crash points between a FWD sent ahead of its WRITE (forward before apply) and that WRITE:
+     * the server stops there this often, where a crash fault could strike it (--fwd-crashes). */
+    uint32_t fwd_crash_per_mille;
 } sim_params;
 
 typedef struct sim_summary {
@@ -122,6 +125,8 @@ typedef struct sim_summary {
     uint64_t unavailable;  /* requests workers gave up with CPS_EUNAVAILABLE */
     uint64_t false_deaths; /* servers the detector declared dead though up and reachable */
     uint64_t late;         /* backup workers: sync pushes answered as late (dropped) */
+    /* Servers stopped between a FWD and its WRITE: at a head, at a middle. */
+    uint64_t fwd_crashes[2];
 } sim_summary;
 
 typedef struct sim_rng {
@@ -131,6 +136,7 @@ typedef struct sim_rng {
 typedef struct sim_msg {
     uint32_t from, to;
     uint32_t inc; /* the sending server's incarnation (lost with it if it crashes) */
+    int wire;     /* on the wire: arrives though its sender crashed (sim.c's lost_with_sender) */
     size_t len;
     _Alignas(8) uint8_t buf[]; /* whole wire message; 8-byte aligned payload after the header */
 } sim_msg;
@@ -311,6 +317,8 @@ typedef struct sim {
     sim_acked *acked;
     uint64_t nacked, acked_cap;
     uint64_t sent, drops, nfaults, fenced, zombie_writes;
+    uint64_t fwd_crashes[2]; /* sim_summary's */
+    int on_wire;             /* net_send marks what it sends now as on the wire (sim_msg.wire) */
     sim_late *lates;
     uint64_t nlates, lates_cap;
     sim_step_set *step_sets;
@@ -337,6 +345,9 @@ void sim_send_reliable(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *
 int sim_node_alive(const cps__view *v, uint32_t id);
 int sim_in_chain(const cps__range *rg, uint32_t id);
 void sim_restart_last_replica(sim *sm, uint32_t id);
+/* A crash fault may strike server s now (forward before apply: it sent a FWD ahead of the
+ * WRITE it is about to perform). 1 if s crashed: it performs nothing more. */
+int sim_fwd_crash_point(sim *sm, sim_server *s, int middle);
 
 /* sim_sched.c: the scheduler, the production coordinator behind the simulated network */
 void sim_sched_setup(sim *sm);

@@ -134,12 +134,26 @@ static void ask_view(sim *sm, sim_server *s)
     sim_send_hdr(sm, s->id, 0, &g, NULL, 0, 0);
 }
 
-/* Persist before send: a replica forwards or acknowledges only what it applied. (A CHAIN_MARK
- * is no data: a replica still catching up passes on its own MARK.) */
+/* Forward before apply (replication/replica.h): the FWD of update n of a range that a replica
+ * has not applied yet is the first send of a new update, and the next item is its WRITE. */
+static int fwd_ahead(sim_server *s, const cps__replica_out *out, size_t n, size_t i)
+{
+    const cps__replica_out *o = &out[i];
+    if (o->hdr.type != CPS_MSG_FWD || o->hdr.range >= s->sm->nranges ||
+        o->hdr.req_seq <= s->rs[o->hdr.range].applied)
+        return 0;
+    const cps__replica_out *w = i + 1 < n ? &out[i + 1] : NULL;
+    return !o->resend && w && w->kind == CPS_RO_WRITE && w->range == o->hdr.range &&
+           w->seq == o->hdr.req_seq && o->hdr.req_seq == s->rs[o->hdr.range].applied + 1;
+}
+
+/* Persist before send: a replica forwards, acknowledges or says it applied only what it
+ * applied, or forwards ahead of its WRITE (fwd_ahead). (A join's CHAIN_MARK is no data: a
+ * replica still catching up passes on its own MARK.) */
 static int check_persisted(sim *sm, sim_server *s, const cps__msg_hdr *h)
 {
-    if (h->range < sm->nranges &&
-        (h->type == CPS_MSG_CHAIN_MARK || h->req_seq <= s->rs[h->range].applied))
+    int join_mark = h->type == CPS_MSG_CHAIN_MARK && !(h->aux & CPS_CHAIN_MARK_APPLIED);
+    if (h->range < sm->nranges && (join_mark || h->req_seq <= s->rs[h->range].applied))
         return 0;
     sim_fail(sm, "persist before send",
              "server %u sent %s of range %u seq %" PRIu64 " having applied %" PRIu64, s->id,
@@ -246,14 +260,27 @@ static void perform_reply(sim *sm, sim_server *s, const cps__replica_out *o)
     reply_to_worker(sm, s, CPS_MSG_ACK, o->to, r, q->req_seq, 0, NULL, 0, seq, 0);
 }
 
-/* Perform the ready list of the last call, in order. */
+/* A FWD sent ahead of its WRITE: the crash point between the two (sim_fwd_crash_point). The
+ * FWD is on the wire when the server stops there: it arrives. 1 if the server crashed. */
+static int send_ahead(sim *sm, sim_server *s, const cps__replica_out *o)
+{
+    const cps__range *rg = s->view ? &s->view->ranges[o->hdr.range] : NULL;
+    int middle = rg && rg->chain_len > 0 && rg->chain[0] != s->id;
+    sm->on_wire = 1;
+    sim_net_send(sm, s->id, o->to, o->msg, o->len, 0);
+    sm->on_wire = 0;
+    return sim_fwd_crash_point(sm, s, middle);
+}
+
+/* Perform the ready list of the last call, in order; a server that crashes part way through
+ * (sim_fwd_crash_point) performs nothing more. */
 static void perform(sim *sm, sim_server *s)
 {
     const cps__replica_out *out;
     size_t n = cps__replica_ready(s->rep, &out);
     for (size_t i = 0; i < n; i++) {
         const cps__replica_out *o = &out[i];
-        if (sm->failed) {
+        if (sm->failed || s->state == SRV_CRASHED) {
             if (o->kind == CPS_RO_SEND)
                 free(o->msg);
             continue;
@@ -274,8 +301,11 @@ static void perform(sim *sm, sim_server *s)
                 sim_send_hdr(sm, s->id, o->to, &o->hdr, NULL, 0, 0);
                 break;
             }
-            if (check_persisted(sm, s, &o->hdr) == 0)
+            if (o->hdr.type == CPS_MSG_FWD && fwd_ahead(s, out, n, i)) {
+                send_ahead(sm, s, o);
+            } else if (check_persisted(sm, s, &o->hdr) == 0) {
                 sim_net_send(sm, s->id, o->to, o->msg, o->len, 0);
+            }
             free(o->msg);
             break;
         case CPS_RO_REPLY:
@@ -297,6 +327,8 @@ static void perform(sim *sm, sim_server *s)
             sim_fail(sm, "action", "server %u: unknown ready item %d", s->id, o->kind);
         }
     }
+    if (s->state == SRV_CRASHED)
+        return;
     if (sm->p.mode == SIM_SSP && !sm->failed)
         sim_check_ssp_parked(sm, s);
     /* The first held ack schedules its own flush, as the server's loop sleeps no longer than
@@ -311,7 +343,7 @@ static void perform(sim *sm, sim_server *s)
 /* Step the messages a view released, one at a time. */
 static void run_held(sim *sm, sim_server *s)
 {
-    while (!sm->failed && cps__replica_next(s->rep, sm->now))
+    while (!sm->failed && s->state != SRV_CRASHED && cps__replica_next(s->rep, sm->now))
         perform(sm, s);
 }
 
@@ -411,6 +443,8 @@ static void take_view(sim *sm, sim_server *s, uint64_t epoch)
     sim_trace(sm, "s%u installs view e%" PRIu64, s->id, epoch);
     cps__replica_set_view(s->rep, s->view, s->id, verdict == CPS_FENCE_V_JOINED, sm->now);
     perform(sm, s);
+    if (s->state == SRV_CRASHED)
+        return;
     for (uint32_t r = 0; r < sm->nranges; r++)
         if (s->copying[r] && sim_is_member(sm, r, s->id))
             s->copying[r] = 0;
@@ -433,7 +467,7 @@ static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn)
 {
     const cps__joiner_action *a;
     size_t n = cps__joiner_actions(s->joiner, &a);
-    for (size_t i = 0; i < n && !sm->failed; i++) {
+    for (size_t i = 0; i < n && !sm->failed && s->state != SRV_CRASHED; i++) {
         uint32_t r = a[i].range;
         int rc = 0;
         uint64_t value = 0;
@@ -477,7 +511,7 @@ static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn)
         default:
             continue;
         }
-        if (sm->failed)
+        if (sm->failed || s->state == SRV_CRASHED)
             return;
         cps__joiner_result(s->joiner, r, rc, value, sm->now);
         n = cps__joiner_actions(s->joiner, &a);
@@ -694,7 +728,8 @@ void sim_server_tick(sim *sm, sim_server *s)
     check_stall(sm, s, 1);
     cps__replica_tick(s->rep, sm->now, 0);
     perform(sm, s);
-    if (!sm->failed && cps__joiner_tick(s->joiner, sm->now, joiner_can_serve, s) > 0)
+    if (!sm->failed && s->state != SRV_CRASHED &&
+        cps__joiner_tick(s->joiner, sm->now, joiner_can_serve, s) > 0)
         run_joiner(sm, s, NULL);
 }
 

@@ -2,7 +2,8 @@
  * pure chain state machine: head, middle, tail, propagation, tail / head / middle crash, and a
  * new tail joining. Servers 1..4 each run a cps__chain over a fake store; a FIFO network carries
  * their SENDs, and a test may deliver selectively (to one node, out of order) or crash a node
- * (its queued messages vanish). The fake store refuses an APPLY out of sequence, so any update
+ * (its queued messages vanish), also between a FWD it sends ahead of its APPLY and that APPLY
+ * (forward before apply). The fake store refuses an APPLY out of sequence, so any update
  * applied twice or out of order fails the test where it happens. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -54,6 +55,7 @@ typedef struct world {
     size_t nq;
     cps__view v;
     uint64_t now;
+    uint32_t stop_at_fwd; /* this node stops right after its next FWD goes out (take) */
 } world;
 
 static int store_seq(void *ctx, uint32_t range, uint64_t *seq)
@@ -81,7 +83,15 @@ static int store_agg(void *ctx, uint32_t range, uint64_t sig, uint64_t *step)
 
 static const cps__chain_store_ops ops = {store_seq, store_dedup, store_agg, NULL};
 
-/* Perform the actions of node id's last call, as a server's event loop would. */
+static uint8_t msg_type(const void *buf, size_t len)
+{
+    cps__msg_hdr h;
+    assert_int_equal(cps__wire_hdr_decode(buf, len, &h), 0);
+    return h.type;
+}
+
+/* Perform the actions of node id's last call, as a server's event loop would; a node named by
+ * w->stop_at_fwd stops right after a FWD it sends (it is on the wire), before anything else. */
 static void take(world *w, uint32_t id)
 {
     node *n = &w->n[id];
@@ -113,6 +123,12 @@ static void take(world *w, uint32_t id)
             m->buf = malloc(a[i].len);
             assert_non_null(m->buf);
             memcpy(m->buf, a[i].msg, a[i].len);
+            if (w->stop_at_fwd == id && msg_type(a[i].msg, a[i].len) == CPS_MSG_FWD) {
+                w->stop_at_fwd = 0;
+                n->alive = 0;
+                n->acts[i + 1] = 0;
+                return;
+            }
         } else {
             assert_int_equal(a[i].kind, CPS_CA_REPLY);
             assert_true(n->nreplied < MAXLOG);
@@ -217,6 +233,10 @@ static void deliver_at(world *w, size_t i)
     cps__msg_hdr h;
     assert_int_equal(cps__wire_hdr_decode(m.buf, m.len, &h), 0);
     node *n = &w->n[m.to];
+    if (!n->alive) {
+        free(m.buf); /* a stopped node hears nothing */
+        return;
+    }
     /* Refusals (a fenced epoch, a gap) are part of the protocol: what counts is the actions. */
     (void)cps__chain_on_message(n->c, &h, m.buf + CPS_WIRE_HDR_SIZE, m.len - CPS_WIRE_HDR_SIZE,
                                 w->now);
@@ -258,6 +278,18 @@ static long find_msg(const world *w, uint32_t to, uint8_t type, uint64_t seq)
             return (long)i;
     }
     return -1;
+}
+
+/* Deliver to node `to` the FWD of update `seq`, then the CHAIN_MARK that says its sender
+ * applied it (forward before apply: the FWD alone is held). */
+static void deliver_fwd(world *w, uint32_t to, uint64_t seq)
+{
+    long i = find_msg(w, to, CPS_MSG_FWD, seq);
+    assert_true(i >= 0);
+    deliver_at(w, (size_t)i);
+    i = find_msg(w, to, CPS_MSG_CHAIN_MARK, seq);
+    assert_true(i >= 0);
+    deliver_at(w, (size_t)i);
 }
 
 /* The worker's push with request number `req` (its delta is `req` too) at node `head`. */
@@ -343,20 +375,23 @@ static int teardown_world(void **state)
     return 0;
 }
 
-/* The head numbers each update, applies it before forwarding it, and says nothing to the worker:
- * only the tail answers, once the update is on every replica. */
+/* The head numbers each update, forwards it ahead of applying it (the successor receives while
+ * the head writes), says so once applied (CHAIN_MARK), and says nothing to the worker: only the
+ * tail answers, once the update is on every replica. */
 static void head_numbers_applies_and_forwards_and_does_not_answer(void **state)
 {
     world *w = *state;
     push(w, 1, 1);
-    assert_string_equal(w->n[1].acts, "AS");
-    assert_int_equal(w->n[1].to[1], 2);
+    assert_string_equal(w->n[1].acts, "SAS");
+    assert_int_equal(w->n[1].to[0], 2);
+    assert_int_equal(w->n[1].to[2], 2);
     push(w, 1, 2);
-    assert_string_equal(w->n[1].acts, "AS");
+    assert_string_equal(w->n[1].acts, "SAS");
     assert_applied_1_to(w, 1, 2);
     assert_true(find_msg(w, 2, CPS_MSG_FWD, 1) >= 0);
     assert_true(find_msg(w, 2, CPS_MSG_FWD, 2) >= 0);
-    assert_int_equal(w->nq, 2);
+    assert_true(find_msg(w, 2, CPS_MSG_CHAIN_MARK, 2) >= 0);
+    assert_int_equal(w->nq, 4);
     assert_int_equal(w->n[1].nreplied, 0);
     assert_held(w, 1, 0, 2);
 
@@ -367,8 +402,9 @@ static void head_numbers_applies_and_forwards_and_does_not_answer(void **state)
     assert_int_equal(cps__chain_committed(w->n[1].c, 0), 2);
 }
 
-/* A middle replica applies FWDs strictly in sequence (a FWD past a gap waits for the re-send),
- * forwards each, and keeps each as unacknowledged until the ack comes back up. */
+/* A middle replica applies FWDs strictly in sequence (a FWD past a gap waits for the re-send)
+ * and only once its predecessor applied them (a FWD that came ahead of the head's write waits
+ * for its MARK), forwards each, and keeps each as unacknowledged until the ack comes back up. */
 static void middle_applies_in_order_forwards_and_holds_until_acked(void **state)
 {
     world *w = *state;
@@ -379,9 +415,11 @@ static void middle_applies_in_order_forwards_and_holds_until_acked(void **state)
     assert_string_equal(w->n[2].acts, "");
     assert_int_equal(cps__chain_applied(w->n[2].c, 0), 0);
     deliver_at(w, (size_t)find_msg(w, 2, CPS_MSG_FWD, 1));
-    assert_string_equal(w->n[2].acts, "AS");
-    assert_int_equal(w->n[2].to[1], 3);
-    deliver_at(w, (size_t)find_msg(w, 2, CPS_MSG_FWD, 2));
+    assert_string_equal(w->n[2].acts, ""); /* held: the head said nothing of its write yet */
+    deliver_at(w, (size_t)find_msg(w, 2, CPS_MSG_CHAIN_MARK, 1));
+    assert_string_equal(w->n[2].acts, "SAS");
+    assert_int_equal(w->n[2].to[0], 3);
+    deliver_fwd(w, 2, 2);
     assert_applied_1_to(w, 2, 2);
     assert_int_equal(w->n[2].nreplied, 0);
     assert_held(w, 2, 0, 2);
@@ -527,7 +565,7 @@ static void middle_crash_the_predecessor_resends_its_sent_list_once_each(void **
     for (uint64_t r = 1; r <= 3; r++)
         push(w, 1, r);
     deliver_to(w, 2);
-    deliver_at(w, (size_t)find_msg(w, 3, CPS_MSG_FWD, 1)); /* only FWD 1 got past 2 */
+    deliver_fwd(w, 3, 1); /* only update 1 got past 2 */
     assert_applied_1_to(w, 3, 1);
     crash(w, 2);
     assert_int_equal(cps__chain_unacked(w->n[1].c, 0), 3);
@@ -542,6 +580,66 @@ static void middle_crash_the_predecessor_resends_its_sent_list_once_each(void **
     assert_applied_1_to(w, 3, 3);
     assert_replied_1_to(w, 3, 3);
     assert_held(w, 1, 3, 0);
+}
+
+/* Forward before apply, and the head stops between its FWD and its APPLY: the FWD is on the
+ * wire, but the successor holds it unapplied (the head never said it applied it), so nothing
+ * is acknowledged and no replica holds what the head lacks. The new head takes the worker's
+ * re-send as new and every replica applies it once. */
+static void head_stopped_between_fwd_and_apply_loses_nothing_applies_once(void **state)
+{
+    world *w = *state;
+    push(w, 1, 1);
+    deliver_all(w);
+    assert_replied_1_to(w, 3, 1);
+    w->stop_at_fwd = 1;
+    push(w, 1, 2);
+    assert_string_equal(w->n[1].acts, "S");
+    assert_applied_1_to(w, 1, 1); /* its store never got update 2 */
+    deliver_all(w);
+    assert_applied_1_to(w, 2, 1); /* held, not applied, not passed on */
+    assert_applied_1_to(w, 3, 1);
+    assert_replied_1_to(w, 3, 1); /* nothing acknowledged */
+    crash(w, 1);
+
+    static const uint32_t chain23[] = {2, 3};
+    new_view(w, chain23, 2);
+    assert_int_equal(push_cookie(w, 2, 2, NULL), CPS_ADMIT_NEW);
+    deliver_all(w);
+    assert_applied_1_to(w, 2, 2);
+    assert_applied_1_to(w, 3, 2);
+    assert_replied_1_to(w, 3, 2);
+    assert_held(w, 2, 2, 0);
+}
+
+/* The same at a middle replica: its successor holds the FWD unapplied; the head, which applied
+ * the update, re-sends it to its new successor with the view, which applies it once and answers;
+ * the worker's re-send is then a duplicate. */
+static void middle_stopped_between_fwd_and_apply_loses_nothing_applies_once(void **state)
+{
+    world *w = *state;
+    push(w, 1, 1);
+    deliver_all(w);
+    push(w, 1, 2);
+    w->stop_at_fwd = 2;
+    deliver_fwd(w, 2, 2);
+    assert_string_equal(w->n[2].acts, "S");
+    assert_applied_1_to(w, 2, 1);
+    deliver_all(w);
+    assert_applied_1_to(w, 3, 1); /* held: the middle never said it applied update 2 */
+    assert_replied_1_to(w, 3, 1);
+    crash(w, 2);
+
+    static const uint32_t chain13[] = {1, 3};
+    new_view(w, chain13, 2);
+    deliver_all(w);
+    assert_applied_1_to(w, 3, 2);
+    assert_replied_1_to(w, 3, 2);
+    assert_held(w, 1, 2, 0);
+    int cookie;
+    assert_int_equal(push_cookie(w, 1, 2, &cookie), CPS_ADMIT_DUP);
+    assert_applied_1_to(w, 1, 2);
+    assert_applied_1_to(w, 3, 2);
 }
 
 /* Install into node `to` the store `s` held when the snapshot was taken. */
@@ -617,7 +715,7 @@ static void the_head_re_sends_only_once_acks_stop(void **state)
         push(w, 1, r);
     /* The tail takes FWD 1 late, and its ack arrives just before the re-send time. */
     w->now = RESEND - 10;
-    deliver_at(w, (size_t)find_msg(w, 2, CPS_MSG_FWD, 1));
+    deliver_fwd(w, 2, 1);
     deliver_to(w, 1);
     assert_int_equal(cps__chain_unacked(w->n[1].c, 0), 2);
     w->now = RESEND + 5; /* FWDs 2 and 3 are older than the re-send time, but acks flow */
@@ -649,7 +747,7 @@ static void waiting_at_the_successor_counts_from_the_last_progress(void **state)
     tick(w, 1);
     assert_int_equal(cps__chain_waiting_since(w->n[1].c, 2), 1000);
     w->now = 5100;
-    deliver_at(w, (size_t)find_msg(w, 2, CPS_MSG_FWD, 1));
+    deliver_fwd(w, 2, 1);
     deliver_to(w, 1); /* the ack of 1: progress */
     assert_int_equal(cps__chain_waiting_since(w->n[1].c, 2), 5100);
     deliver_all(w);
@@ -670,8 +768,9 @@ static void install_at(world *w, uint32_t id)
     take(w, id);
 }
 
-/* Node `to`'s last call took the FWD (an APPLY came out) or did not. */
-static void deliver_fwd(world *w, uint32_t to, uint64_t seq, int taken)
+/* Deliver the FWD of update `seq` alone (no CHAIN_MARK after it): node `to` took it (an APPLY
+ * came out) or did not. */
+static void deliver_fwd_alone(world *w, uint32_t to, uint64_t seq, int taken)
 {
     long i = find_msg(w, to, CPS_MSG_FWD, seq);
     assert_true(i >= 0);
@@ -712,12 +811,12 @@ static void a_predecessor_behind_in_views_still_gets_its_fwds_through(void **sta
     assert_replied_1_to(w, 1, 2);
     next_view(w, chain12, 2); /* epoch 2: node 2 is the tail; node 1 does not have it yet */
     install_at(w, 2);
-    deliver_fwd(w, 2, 2, 1);
+    deliver_fwd_alone(w, 2, 2, 1);
     next_view(w, chain12, 2); /* epoch 3 (another node's change): node 2 moves further ahead */
     install_at(w, 2);
     w->now += 10 * RESEND;
     push(w, 1, 3);
-    deliver_fwd(w, 2, 3, 1);
+    deliver_fwd_alone(w, 2, 3, 1);
     /* Node 2's acks carry epoch 3: node 1 waits for that view, then holds nothing. */
     deliver_all(w);
     assert_int_equal(cps__chain_unacked(w->n[1].c, 0), 2);
@@ -753,7 +852,7 @@ static void older_fwds_of_a_removed_head_or_an_earlier_chain_stay_fenced(void **
     install_at(w, 3);
     stale.to = 3; /* a FWD node 1 sent its successor of epoch 1 reaches node 3 */
     w->q[w->nq++] = stale;
-    deliver_fwd(w, 3, 2, 0);
+    deliver_fwd_alone(w, 3, 2, 0);
     install_at(w, 1);
     deliver_all(w); /* the re-send under epoch 2 is taken */
     assert_applied_1_to(w, 3, 2);
@@ -762,10 +861,10 @@ static void older_fwds_of_a_removed_head_or_an_earlier_chain_stay_fenced(void **
     next_view(w, chain3, 1); /* epoch 3: node 1 removed; it has not heard */
     install_at(w, 3);
     push(w, 1, 3); /* node 1 still takes writes under epoch 2 */
-    deliver_fwd(w, 3, 3, 0);
+    deliver_fwd_alone(w, 3, 3, 0);
     w->now += 10 * RESEND;
     tick(w, 1);
-    deliver_fwd(w, 3, 3, 0);
+    deliver_fwd_alone(w, 3, 3, 0);
     assert_applied_1_to(w, 3, 2);
 }
 
@@ -786,6 +885,12 @@ int main(void)
                                         setup_chain123, teardown_world),
         cmocka_unit_test_setup_teardown(
             middle_crash_the_predecessor_resends_its_sent_list_once_each, setup_chain123,
+            teardown_world),
+        cmocka_unit_test_setup_teardown(
+            head_stopped_between_fwd_and_apply_loses_nothing_applies_once, setup_chain123,
+            teardown_world),
+        cmocka_unit_test_setup_teardown(
+            middle_stopped_between_fwd_and_apply_loses_nothing_applies_once, setup_chain123,
             teardown_world),
         cmocka_unit_test_setup_teardown(a_new_tail_joins_by_state_transfer_and_misses_no_update,
                                         setup_chain12, teardown_world),

@@ -242,6 +242,38 @@ static void a_push_is_written_before_it_is_acknowledged(void **state)
     finish(r, &f);
 }
 
+/* Forward before apply: the head of a chain of two puts the FWD right before the update's
+ * WRITE (the successor receives while the head writes), and after the WRITE the CHAIN_MARK
+ * that says it is applied; it answers nothing (the tail does). */
+static void the_head_forwards_before_it_writes_and_then_says_it_applied(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    cps__view v;
+    make_view(&v, 3, CPS_MODE_ASYNC, 1, 0);
+    v.ranges[0].chain_len = 2;
+    v.ranges[0].chain[1] = 2;
+    assert_int_equal(cps__replica_set_view(r, &v, SELF, 1, 0), 0);
+    cps__view_fini(&v);
+    perform(r, &f);
+    cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 3, 1, 0, 1, 2);
+    cps__replica_step(r, &m, 10);
+    const cps__replica_out *fwd = item(r, CPS_RO_SEND, 0);
+    assert_int_equal(fwd->hdr.type, CPS_MSG_FWD);
+    assert_int_equal(fwd->to, 2);
+    assert_int_equal(fwd->hdr.req_seq, 1);
+    assert_int_equal(fwd->hdr.aux, 0); /* sent before its own write: applied up to 0 */
+    assert_int_equal(fwd->resend, 0);
+    assert_int_equal(item(r, CPS_RO_WRITE, 0)->seq, 1);
+    const cps__replica_out *mark = item(r, CPS_RO_SEND, 1);
+    assert_int_equal(mark->hdr.type, CPS_MSG_CHAIN_MARK);
+    assert_int_equal(mark->hdr.aux, CPS_CHAIN_MARK_APPLIED);
+    assert_int_equal(mark->hdr.req_seq, 1);
+    assert_string_equal(perform(r, &f), "SWS");
+    finish(r, &f);
+}
+
 /* A refused push still uses up its number: replicated as a SKIP, answered with its error once
  * written, and its record never moves the worker's number back. */
 static void an_undeclared_key_becomes_a_skip_answered_with_its_error(void **state)
@@ -384,13 +416,13 @@ static void a_retried_push_pull_is_not_answered_before_commit(void **state)
     perform(r, &f);
     cps__replica_msg m = request(&f, CPS_MSG_PUSH_PULL, W1, 3, 1, 1, 1, 2);
     cps__replica_step(r, &m, 10);
-    assert_string_equal(perform(r, &f), "WS"); /* applied, forwarded; the tail answers it */
+    assert_string_equal(perform(r, &f), "SWS"); /* forwarded, applied, said so; the tail answers */
     m = request(&f, CPS_MSG_PUSH_PULL, W1, 3, 1, 1, 1, 2); /* the worker's retry */
     cps__replica_step(r, &m, 11);
     assert_string_equal(perform(r, &f), ""); /* a duplicate: waits for seq 1 to commit */
     m = request(&f, CPS_MSG_PUSH, W2, 3, 1, 1, 3, 4);
     cps__replica_step(r, &m, 12);
-    assert_string_equal(perform(r, &f), "WS"); /* seq 2: the store now holds W2's push */
+    assert_string_equal(perform(r, &f), "SWS"); /* seq 2: the store now holds W2's push */
     m = chain_ack(&f, 3, 1);
     cps__replica_step(r, &m, 13);
     /* Seq 1 is committed, but the store holds seq 2, which is not: no answer. */
@@ -413,7 +445,7 @@ static void a_retried_push_pull_is_not_answered_before_commit(void **state)
     /* Committed again: W2's re-sent push is taken. */
     m = request(&f, CPS_MSG_PUSH, W2, 3, 2, 2, 5, 6);
     cps__replica_step(r, &m, 16);
-    assert_string_equal(perform(r, &f), "WS");
+    assert_string_equal(perform(r, &f), "SWS");
     finish(r, &f);
 }
 
@@ -464,6 +496,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_push_is_written_before_it_is_acknowledged),
+        cmocka_unit_test(the_head_forwards_before_it_writes_and_then_says_it_applied),
         cmocka_unit_test(an_undeclared_key_becomes_a_skip_answered_with_its_error),
         cmocka_unit_test(a_message_of_a_future_epoch_waits_for_its_view),
         cmocka_unit_test(deferred_requests_are_stepped_after_the_first_view),

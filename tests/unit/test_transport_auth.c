@@ -183,7 +183,7 @@ static void other_wire_version_is_named(void **state)
     assert_int_equal(cps__auth_create(NULL, &open_tx), 0);
     assert_int_equal(cps__auth_create(NULL, &open_rx), 0);
     unsigned char *m = message(5);
-    assert_int_equal(CPS_WIRE_VERSION, 4);
+    assert_int_equal(CPS_WIRE_VERSION, 5);
 
     header(m, 3);
     seal_v3(m, BODY, KEY, 1);
@@ -197,6 +197,11 @@ static void other_wire_version_is_named(void **state)
     cps__auth_seal(open_tx, m, BODY);
     assert_int_equal(open_copy(rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_VERSION);
     assert_int_equal(open_copy(open_rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_VERSION);
+    /* Version 4 (same MAC, chains that applied before forwarding) is refused, however well
+     * sealed: its successors would apply FWDs their predecessor had not. */
+    header(m, 4);
+    cps__auth_seal(tx, m, BODY);
+    assert_int_equal(open_copy(rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_VERSION);
     /* A later version too, however well sealed. */
     header(m, CPS_WIRE_VERSION + 1);
     cps__auth_seal(tx, m, BODY);
@@ -558,7 +563,7 @@ static void old_version_peer_is_logged_as_such(void **state)
     assert_int_equal(ib.n, 0);
     assert_int_equal(cps__tp_auth_dropped(rcv), 1);
     assert_non_null(strstr(line, "another version of chainps"));
-    assert_non_null(strstr(line, "wire version 3 (ours 4)"));
+    assert_non_null(strstr(line, "wire version 3 (ours 5)"));
     nn_close(raw);
     cps__tp_destroy(rcv);
 }
