@@ -707,7 +707,7 @@ int main(int argc, char **argv)
     sim_seed_args a;
     if (sim_seed_args_parse(argc, argv, "sim_collective", "--mix-epochs", &a) != 0)
         return 2;
-    uint64_t failed = 0, first_failed = 0;
+    sim_seed_tally t = {0, 0};
     for (uint64_t s = a.seed; s < a.seed + a.seeds; s++) {
         char why[320] = "";
         uint64_t h1 = 0, h2 = 0;
@@ -723,23 +723,11 @@ int main(int argc, char **argv)
                 rc = 1;
             }
         }
-        if (rc < 0) {
-            fprintf(stderr, "sim_collective: out of memory\n");
+        if (sim_seed_count(&t, "sim_collective", s, rc, why) < 0)
             return 1;
-        }
-        if (rc) {
-            if (!failed++)
-                first_failed = s;
-            if (failed <= 5)
-                printf("seed %" PRIu64 " FAILED: %s\n", s, why);
-        }
     }
-    printf("sim_collective: %" PRIu64 " seeds from %" PRIu64 "%s: %" PRIu64 " passed, %" PRIu64
-           " failed",
-           a.seeds, a.seed, a.variant ? " (--mix-epochs)" : "", a.seeds - failed, failed);
-    if (failed)
-        printf(" (first: --seed %" PRIu64 " --seeds 1 -v)", first_failed);
-    printf("; %" PRIu64 " failures of a job's end racing a replacement accepted (both runs)\n",
+    sim_seed_summary(&t, "sim_collective", &a, "--mix-epochs");
+    printf("; %" PRIu64 " failures of a job's end racing a replacement accepted (both runs)",
            total_late);
-    return failed ? 1 : 0;
+    return sim_seed_end(&t);
 }

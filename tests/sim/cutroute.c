@@ -1081,17 +1081,12 @@ int main(int argc, char **argv)
     sim_seed_args a;
     if (sim_seed_args_parse(argc, argv, "sim_cutroute", "--no-absorb", &a) != 0)
         return 2;
-    uint64_t seed = a.seed, seeds = a.seeds;
-    int no_absorb = a.variant, verbose = a.verbose;
-    uint64_t failed = 0, first_failed = 0, done = 0, lost[4] = {0};
-    for (uint64_t s = seed; s < seed + seeds; s++) {
+    sim_seed_tally t = {0, 0};
+    uint64_t done = 0, lost[4] = {0};
+    for (uint64_t s = a.seed; s < a.seed + a.seeds; s++) {
         char why[512] = "", outcome[200] = "";
-        int rc = run_seed(s, no_absorb, verbose, why, sizeof why, outcome, sizeof outcome);
-        if (rc < 0) {
-            fprintf(stderr, "sim_cutroute: out of memory\n");
-            return 1;
-        }
-        if (verbose)
+        int rc = run_seed(s, a.variant, a.verbose, why, sizeof why, outcome, sizeof outcome);
+        if (rc >= 0 && a.verbose)
             printf("seed %" PRIu64 ": %s\n", s, outcome);
         if (!strncmp(outcome, "done", 4))
             done++;
@@ -1103,20 +1098,12 @@ int main(int argc, char **argv)
             lost[2]++;
         else
             lost[3]++;
-        if (rc) {
-            if (!failed++)
-                first_failed = s;
-            if (failed <= 5)
-                printf("seed %" PRIu64 " FAILED: %s\n", s, why);
-        }
+        if (sim_seed_count(&t, "sim_cutroute", s, rc, why) < 0)
+            return 1;
     }
-    printf("sim_cutroute: %" PRIu64 " seeds from %" PRIu64 "%s: %" PRIu64 " passed, %" PRIu64
-           " failed; exports: %" PRIu64 " complete, failed by name: %" PRIu64 " EAGAIN, %" PRIu64
+    sim_seed_summary(&t, "sim_cutroute", &a, "--no-absorb");
+    printf("; exports: %" PRIu64 " complete, failed by name: %" PRIu64 " EAGAIN, %" PRIu64
            " EPAST, %" PRIu64 " EUNAVAILABLE, %" PRIu64 " other",
-           seeds, seed, no_absorb ? " (--no-absorb)" : "", seeds - failed, failed, done, lost[0],
-           lost[1], lost[2], lost[3]);
-    if (failed)
-        printf(" (first: --seed %" PRIu64 " --seeds 1 -v)", first_failed);
-    printf("\n");
-    return failed ? 1 : 0;
+           done, lost[0], lost[1], lost[2], lost[3]);
+    return sim_seed_end(&t);
 }

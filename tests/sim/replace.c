@@ -447,28 +447,13 @@ int main(int argc, char **argv)
     sim_seed_args a;
     if (sim_seed_args_parse(argc, argv, "sim_replace", "--no-first", &a) != 0)
         return 2;
-    uint64_t seed = a.seed, seeds = a.seeds;
-    int no_first = a.variant, verbose = a.verbose;
-    uint64_t failed = 0, first_failed = 0;
-    for (uint64_t s = seed; s < seed + seeds; s++) {
+    sim_seed_tally t = {0, 0};
+    for (uint64_t s = a.seed; s < a.seed + a.seeds; s++) {
         char why[256] = "";
-        int rc = run_seed(s, no_first, verbose, why, sizeof why);
-        if (rc < 0) {
-            fprintf(stderr, "sim_replace: out of memory\n");
+        int rc = run_seed(s, a.variant, a.verbose, why, sizeof why);
+        if (sim_seed_count(&t, "sim_replace", s, rc, why) < 0)
             return 1;
-        }
-        if (rc) {
-            if (!failed++)
-                first_failed = s;
-            if (failed <= 5)
-                printf("seed %" PRIu64 " FAILED: %s\n", s, why);
-        }
     }
-    printf("sim_replace: %" PRIu64 " seeds from %" PRIu64 "%s: %" PRIu64 " passed, %" PRIu64
-           " failed",
-           seeds, seed, no_first ? " (--no-first)" : "", seeds - failed, failed);
-    if (failed)
-        printf(" (first: --seed %" PRIu64 " --seeds 1 -v)", first_failed);
-    printf("\n");
-    return failed ? 1 : 0;
+    sim_seed_summary(&t, "sim_replace", &a, "--no-first");
+    return sim_seed_end(&t);
 }

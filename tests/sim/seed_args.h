@@ -1,8 +1,10 @@
-/* The command line the seeded models share (sim_replace, sim_cutroute): --seed N --seeds K, one
- * switch of the model's own that selects its known-bad variant, and -v. */
+/* What the seeded models share (sim_replace, sim_cutroute, sim_collective): the command line
+ * (--seed N --seeds K, one switch of the model's own that selects its known-bad variant, and -v)
+ * and the tally of their seeds' verdicts with its summary line. */
 #ifndef CPS_TESTS_SIM_SEED_ARGS_H
 #define CPS_TESTS_SIM_SEED_ARGS_H
 
+#include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +37,47 @@ static inline int sim_seed_args_parse(int argc, char **argv, const char *prog,
         }
     }
     return 0;
+}
+
+typedef struct sim_seed_tally {
+    uint64_t failed, first_failed;
+} sim_seed_tally;
+
+/* Count seed s's verdict rc: 0 passed, 1 failed (why says how; the first five are printed), < 0
+ * out of memory (said on stderr; returns -1: the model stops). */
+static inline int sim_seed_count(sim_seed_tally *t, const char *prog, uint64_t s, int rc,
+                                 const char *why)
+{
+    if (rc < 0) {
+        fprintf(stderr, "%s: out of memory\n", prog);
+        return -1;
+    }
+    if (rc) {
+        if (!t->failed++)
+            t->first_failed = s;
+        if (t->failed <= 5)
+            printf("seed %" PRIu64 " FAILED: %s\n", s, why);
+    }
+    return 0;
+}
+
+/* The start of the summary line: "PROG: K seeds from N (--variant): P passed, F failed". The model
+ * may print more of its own, then ends the line with sim_seed_end. */
+static inline void sim_seed_summary(const sim_seed_tally *t, const char *prog,
+                                    const sim_seed_args *a, const char *variant_flag)
+{
+    printf("%s: %" PRIu64 " seeds from %" PRIu64 "%s%s%s: %" PRIu64 " passed, %" PRIu64 " failed",
+           prog, a->seeds, a->seed, a->variant ? " (" : "", a->variant ? variant_flag : "",
+           a->variant ? ")" : "", a->seeds - t->failed, t->failed);
+}
+
+/* End the summary line with the first failing seed's command; the process's exit status. */
+static inline int sim_seed_end(const sim_seed_tally *t)
+{
+    if (t->failed)
+        printf(" (first: --seed %" PRIu64 " --seeds 1 -v)", t->first_failed);
+    printf("\n");
+    return t->failed ? 1 : 0;
 }
 
 #endif
