@@ -113,8 +113,10 @@ class DistributedOptimizer:
         sync_every: hybrid mode, all-reduced parameters: accumulate their gradients for k steps
             and all-reduce and step the local optimizer once every k (gradient accumulation,
             not local SGD: the result is that of a k times larger batch, bitwise the same on
-            every worker, and the bytes on the ring fall by k). The servers' parameters still
-            push every step.
+            every worker, and the bytes on the ring fall by k). Windows end on the job's step
+            (after the warm-up, every k-th), not on this process's count, so a replacement
+            worker syncs at the same steps as the others. 1 .. 2**20, as the C API's. The
+            servers' parameters still push every step.
         warmup_steps: hybrid mode: for the first n steps each worker steps its local optimizer
             on its own gradients without talking to the others; at the first synchronisation
             the parameters and the local optimizer's state are averaged (all-reduce mean), so
@@ -137,8 +139,11 @@ class DistributedOptimizer:
         if len(set(names)) != len(names):
             raise ValueError("two parameters share a name")
         self._local = []
-        if sync_every < 1 or warmup_steps < 0:
-            raise ValueError("sync_every must be >= 1 and warmup_steps >= 0")
+        # The C API's bounds (CPS_FREQ_MAX_SYNC_EVERY, CPS_FREQ_MAX_WARMUP).
+        if not 1 <= sync_every <= 1 << 20:
+            raise ValueError(f"sync_every must be 1 .. {1 << 20}, not {sync_every}")
+        if not 0 <= warmup_steps <= 1 << 32:
+            raise ValueError(f"warmup_steps must be 0 .. {1 << 32}, not {warmup_steps}")
         self.sync_every, self.warmup_steps = int(sync_every), int(warmup_steps)
         self._acc_steps = 0
         if local_optim is not None:
@@ -279,7 +284,10 @@ class DistributedOptimizer:
                 if p.grad is not None:
                     a.add_(p.grad)
             self._acc_steps += 1
-            if self._acc_steps < self.sync_every:
+            # The window ends on the job's step (as cps_freq's does): a replacement that joined
+            # inside a window syncs with the others, its sum lacking the steps before it joined;
+            # the divisor is k on every worker all the same.
+            if (step - self.warmup_steps + 1) % self.sync_every != 0:
                 return
             for a, (_, p) in zip(self._acc, self._local):
                 p.grad = a.div_(self.sync_every)

@@ -96,6 +96,30 @@ def main():
         assert moved == ((i - 3) % 4 == 3), f"step {i}: sync_every=4 steps every 4th only"
         assert same_everywhere(), f"step {i}: workers differ"
 
+    # Bounds as the C API's (cps_freq): refused before anything is declared.
+    for bad in ({"sync_every": 0}, {"sync_every": (1 << 20) + 1}, {"warmup_steps": -1}):
+        try:
+            chainps.torch.DistributedOptimizer(
+                small.named_parameters(), chainps.SGD(lr), client=client, prefix="bad/",
+                on_servers=lambda n, p: False, **bad)
+        except ValueError as e:
+            assert "must be" in str(e), e
+        else:
+            raise AssertionError(f"{bad} was accepted")
+    # Windows end on the job's step, not on the process's count: a worker that starts at job
+    # step 2 (as a replacement or a restored job does) syncs at step 3 with the others, then
+    # every 4th.
+    o4 = chainps.torch.DistributedOptimizer(
+        small.named_parameters(), chainps.SGD(lr), client=client, prefix="small4/",
+        on_servers=lambda n, p: False, local_optim=lambda ps: torch.optim.SGD(ps, lr=lr),
+        sync_every=4)
+    o4.start_step = 2
+    o3 = o4
+    for i in range(6):
+        moved = small_step(i)
+        assert moved == (i in (1, 5)), f"job step {2 + i}: sync_every=4 ends windows at 3 and 7"
+        assert same_everywhere(), f"job step {2 + i}: workers differ"
+
     for _ in range(5):
         opt.zero_grad()
         torch.nn.functional.mse_loss(net(ids, z), y).backward()
