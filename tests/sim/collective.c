@@ -94,8 +94,8 @@ typedef struct record {
 typedef struct model {
     uint64_t rng, seed;
     uint32_t norig, nw, n, chunk, seqs;
-    int op, mix, verbose, failed;
-    char why[320];
+    int op, mix, verbose;
+    sim_verdict v;
     worker w[MAX_W];
     int in_view[MAX_W]; /* the scheduler's membership */
     view views[MAX_VIEWS + 1];
@@ -112,30 +112,9 @@ typedef struct model {
 
 static uint64_t total_late; /* job-end races accepted, over all seeds (printed) */
 
-static uint64_t mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static uint64_t rnd(model *m, uint64_t n)
 {
-    m->rng += 0x9e3779b97f4a7c15ull;
-    return mix64(m->rng) % n;
-}
-
-static void fail(model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void fail(model *m, const char *fmt, ...)
-{
-    if (m->failed)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(m->why, sizeof m->why, fmt, ap);
-    va_end(ap);
-    m->failed = 1;
+    return sim_draw(&m->rng, n);
 }
 
 /* ---- the event queue: a binary heap on (t, order) ---- */
@@ -208,7 +187,7 @@ static uint64_t link_at(model *m, uint32_t from, uint32_t to)
 static float input_value(uint64_t seed, uint32_t id, uint64_t key, uint32_t j)
 {
     uint64_t h =
-        mix64(seed * 0x9e3779b97f4a7c15ull ^ mix64(((uint64_t)id << 40) ^ (key << 20) ^ j));
+        sim_mix64(seed * 0x9e3779b97f4a7c15ull ^ sim_mix64(((uint64_t)id << 40) ^ (key << 20) ^ j));
     int32_t mant = (int32_t)(h & 0xffffff) - 0x800000;
     return ldexpf((float)mant, -(int)((h >> 32) % 24));
 }
@@ -313,24 +292,25 @@ static void on_finish(model *m, uint32_t wi, const cps__coll_act *a)
              * worker restarted that last one with it. Known, and reported (docs/collective.md). */
             m->late_repl++;
         } else {
-            fail(m,
-                 "worker %u's collective %" PRIu64 " failed %s under epoch %" PRIu64
-                 " (%u members)%s",
-                 w->id, a->seq, cps_strerror(a->status), w->epoch, v->n,
-                 a->status == CPS_ETIMEDOUT ? ": it hung" : "");
+            sim_fail(&m->v,
+                     "worker %u's collective %" PRIu64 " failed %s under epoch %" PRIu64
+                     " (%u members)%s",
+                     w->id, a->seq, cps_strerror(a->status), w->epoch, v->n,
+                     a->status == CPS_ETIMEDOUT ? ": it hung" : "");
         }
         w->done = 1;
         w->alive = 0;
         return;
     }
     if (!w->repl && a->seq != w->calls) {
-        fail(m, "worker %u completed collective %" PRIu64 " while running its call %" PRIu64, w->id,
-             a->seq, w->calls);
+        sim_fail(&m->v,
+                 "worker %u completed collective %" PRIu64 " while running its call %" PRIu64,
+                 w->id, a->seq, w->calls);
         return;
     }
     if (a->seq > m->seqs || m->nrec == MAX_RECORDS) {
-        fail(m, "worker %u completed collective %" PRIu64 " (the job runs %u)", w->id, a->seq,
-             m->seqs);
+        sim_fail(&m->v, "worker %u completed collective %" PRIu64 " (the job runs %u)", w->id,
+                 a->seq, m->seqs);
         return;
     }
     if (w->repl) {
@@ -344,9 +324,9 @@ static void on_finish(model *m, uint32_t wi, const cps__coll_act *a)
     for (uint32_t j = 0; j < m->n; j++) {
         uint32_t bits;
         memcpy(&bits, &w->buf[j], sizeof bits);
-        m->hash = mix64(m->hash ^ bits ^ (a->seq << 32) ^ ((uint64_t)w->id << 48));
+        m->hash = sim_mix64(m->hash ^ bits ^ (a->seq << 32) ^ ((uint64_t)w->id << 48));
     }
-    m->hash = mix64(m->hash ^ m->now);
+    m->hash = sim_mix64(m->hash ^ m->now);
     w->completed = a->seq;
     if (m->verbose)
         printf("  t=%" PRIu64 " worker %u completes collective %" PRIu64 " under epoch %" PRIu64
@@ -364,13 +344,13 @@ static void perform(model *m, uint32_t wi)
     worker *w = &m->w[wi];
     const cps__coll_act *acts;
     size_t n = cps__coll_actions(w->c, &acts);
-    for (size_t i = 0; i < n && !m->failed; i++) {
+    for (size_t i = 0; i < n && !m->v.failed; i++) {
         const cps__coll_act *a = &acts[i];
         switch (a->kind) {
         case CPS_COLL_SEND: {
             int to = worker_of(m, a->to);
             if (to < 0) {
-                fail(m, "worker %u sends to unknown node %u", w->id, a->to);
+                sim_fail(&m->v, "worker %u sends to unknown node %u", w->id, a->to);
                 break;
             }
             event e = {.type = EV_MSG, .from = wi, .to = (uint32_t)to, .m = a->msg};
@@ -415,7 +395,7 @@ static void start_call(model *m, uint32_t wi)
     w->running = 1;
     int rc = cps__coll_start(w->c, w->buf, m->n, m->op, m->now, &seq);
     if (rc != 0) {
-        fail(m, "worker %u: cps__coll_start: %s", w->id, cps_strerror(rc));
+        sim_fail(&m->v, "worker %u: cps__coll_start: %s", w->id, cps_strerror(rc));
         return;
     }
     schedule_tick(m, wi);
@@ -430,7 +410,7 @@ static void deliver_view(model *m, uint32_t wi, uint64_t epoch)
     const view *v = &m->views[epoch];
     int first = w->epoch == 0;
     if (cps__coll_view(w->c, epoch, v->members, v->n, 1, m->now) != 0) {
-        fail(m, "worker %u: cps__coll_view failed", w->id);
+        sim_fail(&m->v, "worker %u: cps__coll_view failed", w->id);
         return;
     }
     w->epoch = epoch;
@@ -458,7 +438,7 @@ static void deliver_view(model *m, uint32_t wi, uint64_t epoch)
 static void publish(model *m)
 {
     if (m->nviews == MAX_VIEWS) {
-        fail(m, "too many views");
+        sim_fail(&m->v, "too many views");
         return;
     }
     view *v = &m->views[++m->nviews];
@@ -538,13 +518,13 @@ static void on_join(model *m, uint32_t ri)
 static void check(model *m)
 {
     float ref[MAX_N];
-    for (uint32_t i = 0; i < m->nrec && !m->failed; i++) {
+    for (uint32_t i = 0; i < m->nrec && !m->v.failed; i++) {
         const record *r = &m->rec[i];
         for (uint32_t k = 0; k < i && !m->w[r->w].killed; k++)
             if (m->rec[k].seq == r->seq && !m->w[m->rec[k].w].killed) {
                 if (memcmp(m->rec[k].out, r->out, m->n * sizeof(float)) != 0)
-                    fail(m, "collective %" PRIu64 ": workers %u and %u hold different bits", r->seq,
-                         m->w[m->rec[k].w].id, m->w[r->w].id);
+                    sim_fail(&m->v, "collective %" PRIu64 ": workers %u and %u hold different bits",
+                             r->seq, m->w[m->rec[k].w].id, m->w[r->w].id);
                 break;
             }
         int found = 0;
@@ -552,17 +532,17 @@ static void check(model *m)
             if (reference(m, &m->views[e], r->seq, ref) &&
                 memcmp(ref, r->out, m->n * sizeof(float)) == 0)
                 found = 1;
-        if (!found && !m->failed)
-            fail(m,
-                 "worker %u's result of collective %" PRIu64
-                 " is no epoch's reduction of its members' inputs",
-                 m->w[r->w].id, r->seq);
+        if (!found && !m->v.failed)
+            sim_fail(&m->v,
+                     "worker %u's result of collective %" PRIu64
+                     " is no epoch's reduction of its members' inputs",
+                     m->w[r->w].id, r->seq);
     }
-    for (uint32_t i = 0; i < m->nw && !m->failed; i++) {
+    for (uint32_t i = 0; i < m->nw && !m->v.failed; i++) {
         const worker *w = &m->w[i];
         if (w->exists && w->alive && !w->done)
-            fail(m, "worker %u never ended collective %" PRIu64 " (t=%" PRIu64 ")", w->id, w->calls,
-                 m->now);
+            sim_fail(&m->v, "worker %u never ended collective %" PRIu64 " (t=%" PRIu64 ")", w->id,
+                     w->calls, m->now);
     }
 }
 
@@ -619,9 +599,9 @@ static int run_seed(uint64_t seed, int mix, int verbose, uint64_t *hash, char *w
     for (uint32_t k = 0; k < kills; k++)
         post(m, rnd(m, span), (event){.type = EV_KILL, .to = order[k]});
     event e;
-    while (!m->failed && pop(m, &e)) {
+    while (!m->v.failed && pop(m, &e)) {
         if (e.t > TIME_LIMIT) {
-            fail(m, "simulated time passed %d ms", TIME_LIMIT);
+            sim_fail(&m->v, "simulated time passed %d ms", TIME_LIMIT);
             free(e.vals);
             break;
         }
@@ -678,7 +658,7 @@ static int run_seed(uint64_t seed, int mix, int verbose, uint64_t *hash, char *w
     }
     while (pop(m, &e))
         free(e.vals);
-    if (!m->failed)
+    if (!m->v.failed)
         check(m);
     for (uint32_t i = 0; i < m->nw; i++) {
         cps__coll_stats st = {0};
@@ -692,11 +672,11 @@ static int run_seed(uint64_t seed, int mix, int verbose, uint64_t *hash, char *w
         printf("  %" PRIu64 " events, %u views, %u results taken from a peer, %u ENOPEER, %u"
                " failures of the job's end racing a replacement\n",
                m->events, m->nviews, m->results_taken, m->enopeer, m->late_repl);
-    *hash = mix64(m->hash ^ m->events);
+    *hash = sim_mix64(m->hash ^ m->events);
     total_late += m->late_repl;
-    int failed = m->failed;
+    int failed = m->v.failed;
     if (failed)
-        snprintf(why, why_len, "%s", m->why);
+        snprintf(why, why_len, "%s", m->v.why);
     free(m->heap);
     free(m);
     return failed;
@@ -709,7 +689,7 @@ int main(int argc, char **argv)
         return 2;
     sim_seed_tally t = {0, 0};
     for (uint64_t s = a.seed; s < a.seed + a.seeds; s++) {
-        char why[320] = "";
+        char why[512] = "";
         uint64_t h1 = 0, h2 = 0;
         int rc = run_seed(s, a.variant, a.verbose + (a.verbose && getenv("SIM_TRACE")), &h1, why,
                           sizeof why);

@@ -116,8 +116,8 @@ typedef struct read {
 
 typedef struct model {
     uint64_t rng;
-    int no_absorb, verbose, failed;
-    char why[512];
+    int no_absorb, verbose;
+    sim_verdict v;
     uint32_t nservers, nranges, repl;
     int sync;
     unsigned char need[MAX_RANGES];
@@ -155,24 +155,7 @@ typedef struct model {
 
 static uint64_t rnd(model *m, uint64_t n)
 {
-    m->rng += 0x9e3779b97f4a7c15ull;
-    uint64_t z = m->rng;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (z ^ (z >> 31)) % n;
-}
-
-static void fail(model *m, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void fail(model *m, const char *fmt, ...)
-{
-    if (m->failed)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(m->why, sizeof m->why, fmt, ap);
-    va_end(ap);
-    m->failed = 1;
+    return sim_draw(&m->rng, n);
 }
 
 /* ---- the event queue: a binary heap on (t, order) ---- */
@@ -185,7 +168,7 @@ static int ev_less(const event *a, const event *b)
 static void post(model *m, uint64_t delay, event e)
 {
     if (m->nev == MAX_EVENTS) {
-        fail(m, "event queue full");
+        sim_fail(&m->v, "event queue full");
         return;
     }
     e.t = m->now + delay;
@@ -266,7 +249,7 @@ static void try_cut(model *m, uint32_t node, uint32_t r);
 static void publish(model *m, const chains *c)
 {
     if (m->epoch == MAX_EPOCHS) {
-        fail(m, "too many views");
+        sim_fail(&m->v, "too many views");
         return;
     }
     m->views[++m->epoch] = *c;
@@ -479,7 +462,7 @@ static void x_send_read(model *m, uint32_t i)
         return; /* no reader until a standby answers: READ_FROM sends it */
     uint32_t node, inc;
     if (url_parse(cps__cutroute_url(m->cr, r, q->node), &node, &inc) != 0 || node != q->node) {
-        fail(m, "range %u: the reader %u has no read view address", r, q->node);
+        sim_fail(&m->v, "range %u: the reader %u has no read view address", r, q->node);
         return;
     }
     q->inc = inc;
@@ -514,7 +497,7 @@ static void x_cut(model *m);
 static void x_do(model *m, const cps__cr_action *a, int n)
 {
     if (n < 0) {
-        fail(m, "cutroute returned %d", n);
+        sim_fail(&m->v, "cutroute returned %d", n);
         return;
     }
     for (int i = 0; i < n && m->phase < 3; i++) {
@@ -530,7 +513,7 @@ static void x_do(model *m, const cps__cr_action *a, int n)
             uint32_t vn, vi;
             const char *url = cps__cutroute_url(m->cr, r, node);
             if (url_parse(url, &vn, &vi) != 0 || vn != node) {
-                fail(m, "range %u: READ_FROM node %u without its address", r, node);
+                sim_fail(&m->v, "range %u: READ_FROM node %u without its address", r, node);
                 return;
             }
             /* The check at the source: the view it reads from is the cut's (or died since). */
@@ -538,13 +521,14 @@ static void x_do(model *m, const cps__cr_action *a, int n)
             const job *j = &s->jobs[r];
             if (s->inc == vi && s->alive &&
                 (j->attempt != m->attempt || (j->state != J_OPEN && j->state != J_SHUT)))
-                fail(m, "range %u: reads go to node %u, which holds no read view of the cut", r,
-                     node);
+                sim_fail(&m->v,
+                         "range %u: reads go to node %u, which holds no read view of the cut", r,
+                         node);
             else if (s->inc == vi && s->alive && j->seq != cps__cutroute_seq(m->cr, r))
-                fail(m,
-                     "range %u: reads go to node %u whose view is at sequence number %" PRIu64
-                     ", the cut's is %" PRIu64,
-                     r, node, j->seq, cps__cutroute_seq(m->cr, r));
+                sim_fail(&m->v,
+                         "range %u: reads go to node %u whose view is at sequence number %" PRIu64
+                         ", the cut's is %" PRIu64,
+                         r, node, j->seq, cps__cutroute_seq(m->cr, r));
             if (m->verbose)
                 printf("  t=%" PRIu64 " range %u reads from node %u (seq %" PRIu64 ")\n", m->now, r,
                        node, cps__cutroute_seq(m->cr, r));
@@ -569,7 +553,7 @@ static void x_do(model *m, const cps__cr_action *a, int n)
             x_cut(m);
             return;
         default:
-            fail(m, "unknown cutroute action %u", a[i].kind);
+            sim_fail(&m->v, "unknown cutroute action %u", a[i].kind);
             return;
         }
     }
@@ -653,7 +637,7 @@ static void x_start(model *m)
     if (m->verbose)
         printf("  t=%" PRIu64 " cut %u at step %" PRIu64 "\n", m->now, m->attempt, m->T);
     if (cps__cutroute_create(m->nranges, m->need, m->sync, &m->cr) != 0) {
-        fail(m, "cps__cutroute_create failed");
+        sim_fail(&m->v, "cps__cutroute_create failed");
         return;
     }
     const cps__cr_action *a;
@@ -733,16 +717,17 @@ static void on_read_ans(model *m, const event *e)
     }
     uint64_t seq = cps__cutroute_seq(m->cr, r);
     if (m->sync && e->step != m->T)
-        fail(m, "range %u read from node %u's view at step %" PRIu64 ", the cut's is %" PRIu64, r,
-             e->node, e->step, m->T);
+        sim_fail(&m->v,
+                 "range %u read from node %u's view at step %" PRIu64 ", the cut's is %" PRIu64, r,
+                 e->node, e->step, m->T);
     if (e->seq != seq)
-        fail(m,
-             "range %u read from node %u's view at sequence number %" PRIu64
-             ", the cut's is %" PRIu64,
-             r, e->node, e->seq, seq);
+        sim_fail(&m->v,
+                 "range %u read from node %u's view at sequence number %" PRIu64
+                 ", the cut's is %" PRIu64,
+                 r, e->node, e->seq, seq);
     if (m->read_any[r] && m->read_seq[r] != e->seq)
-        fail(m, "range %u read at sequence numbers %" PRIu64 " and %" PRIu64, r, m->read_seq[r],
-             e->seq);
+        sim_fail(&m->v, "range %u read at sequence numbers %" PRIu64 " and %" PRIu64, r,
+                 m->read_seq[r], e->seq);
     m->read_any[r] = 1;
     m->read_seq[r] = e->seq;
     q->live = 0;
@@ -993,10 +978,10 @@ static int run_seed(uint64_t seed, int no_absorb, int verbose, char *why, size_t
     post(m, x0 + GONE_MS, (event){.type = EV_XTICK});
     plan_faults(m, x0 > 50 ? x0 - 50 : 0);
     event e;
-    while (!m->failed && m->phase < 3 && pop(m, &e)) {
+    while (!m->v.failed && m->phase < 3 && pop(m, &e)) {
         m->now = e.t;
         if (++m->nsteps > MAX_STEPS_RUN) {
-            fail(m, "runaway: %d events", MAX_STEPS_RUN);
+            sim_fail(&m->v, "runaway: %d events", MAX_STEPS_RUN);
             break;
         }
         switch (e.type) {
@@ -1058,18 +1043,18 @@ static int run_seed(uint64_t seed, int no_absorb, int verbose, char *why, size_t
             }
             break;
         }
-        if (!m->failed && m->phase < 3 && m->now > m->last_fault + HANG_MS &&
+        if (!m->v.failed && m->phase < 3 && m->now > m->last_fault + HANG_MS &&
             m->now > m->started + HANG_MS) {
             char w[400];
             describe_wait(m, w, sizeof w);
-            fail(m, "hang: the export waits %d ms after the last fault: %s", HANG_MS, w);
+            sim_fail(&m->v, "hang: the export waits %d ms after the last fault: %s", HANG_MS, w);
         }
     }
-    if (!m->failed && m->phase < 3)
-        fail(m, "the export neither ended nor has anything left to wait for");
-    int failed = m->failed;
+    if (!m->v.failed && m->phase < 3)
+        sim_fail(&m->v, "the export neither ended nor has anything left to wait for");
+    int failed = m->v.failed;
     if (failed)
-        snprintf(why, why_len, "%s", m->why);
+        snprintf(why, why_len, "%s", m->v.why);
     snprintf(outcome, out_len, "%s%s", m->phase == 3 ? "done " : "failed ", m->outcome);
     cps__cutroute_destroy(m->cr);
     free(m);

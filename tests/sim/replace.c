@@ -72,8 +72,8 @@ typedef struct worker {
 typedef struct model {
     uint64_t rng;
     uint32_t nranges, ntensors, nworkers, steps;
-    int no_first, verbose, failed;
-    char why[256];
+    int no_first, verbose;
+    sim_verdict v;
     cps__view views[4];
     cps__node_info nodes[4][MAX_WORKERS + 1];
     head heads[MAX_RANGES];
@@ -88,24 +88,13 @@ typedef struct model {
 
 static uint64_t rnd(model *m, uint64_t n)
 {
-    m->rng += 0x9e3779b97f4a7c15ull;
-    uint64_t z = m->rng;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return (z ^ (z >> 31)) % n;
-}
-
-static void fail(model *m, const char *why)
-{
-    if (!m->failed)
-        snprintf(m->why, sizeof m->why, "%s", why);
-    m->failed = 1;
+    return sim_draw(&m->rng, n);
 }
 
 static void post(model *m, uint64_t delay, event e)
 {
     if (m->nev == MAX_EVENTS) {
-        fail(m, "event queue full");
+        sim_fail(&m->v, "event queue full");
         return;
     }
     e.t = m->now + delay;
@@ -177,7 +166,7 @@ static void on_submit(model *m, uint32_t r, const cps__sync_action *a)
         char why[160];
         snprintf(why, sizeof why, "range %u closed tensor %u's step %" PRIu64 " after %" PRIu64, r,
                  t, a->step, h->closed[t]);
-        fail(m, why);
+        sim_fail(&m->v, "%s", why);
         return;
     }
     h->closed[t] = a->step;
@@ -191,7 +180,7 @@ static void on_submit(model *m, uint32_t r, const cps__sync_action *a)
         snprintf(why, sizeof why,
                  "tensor %u step %" PRIu64 ": the replacement is in range %u's aggregate %s", t,
                  a->step, r, in ? "but not in another's" : "but in another's");
-        fail(m, why);
+        sim_fail(&m->v, "%s", why);
     }
     *seen = (signed char)in;
     if (m->verbose)
@@ -234,7 +223,7 @@ static void on_push(model *m, const event *e)
         e->first};
     int rc = cps__sync_push(h->sync, v, e->range, e->tensor + 1, e->step, w->rank, &c, m->now);
     if (rc < 0) {
-        fail(m, "cps__sync_push failed");
+        sim_fail(&m->v, "cps__sync_push failed");
         return;
     }
     run_actions(m, e->range);
@@ -283,7 +272,7 @@ static void on_view(model *m, const event *e)
         return;
     h->epoch = e->step;
     if (cps__sync_set_view(h->sync, &m->views[h->epoch]) != 0)
-        fail(m, "cps__sync_set_view failed");
+        sim_fail(&m->v, "cps__sync_set_view failed");
     run_actions(m, e->range);
 }
 
@@ -316,7 +305,7 @@ static void on_declared(model *m, const event *e)
             cps__sess_clock_add(w->sess, &w->clock[t], w->found[t]); /* the session aligns */
     }
     if (!m->no_first && cps__sess_start_step(w->sess) != start)
-        fail(m, "the session's start step is not the highest a declare found");
+        sim_fail(&m->v, "the session's start step is not the highest a declare found");
     w->start = start;
     if (m->verbose)
         printf("  t=%" PRIu64 " the replacement starts after step %" PRIu64 "\n", m->now, start);
@@ -389,7 +378,7 @@ static int run_seed(uint64_t seed, int no_first, int verbose, char *why, size_t 
     for (uint32_t i = 0; i < m->nworkers; i++)
         push_step(m, i);
     event e;
-    while (!m->failed && pop(m, &e)) {
+    while (!m->v.failed && pop(m, &e)) {
         m->now = e.t;
         switch (e.type) {
         case EV_PUSH:
@@ -419,7 +408,7 @@ static int run_seed(uint64_t seed, int no_first, int verbose, char *why, size_t 
         }
     }
     /* The network is quiet: every live worker must have ended its steps. */
-    for (uint32_t i = 0; i <= m->nworkers && !m->failed; i++) {
+    for (uint32_t i = 0; i <= m->nworkers && !m->v.failed; i++) {
         const worker *w = &m->workers[i];
         if (i == m->victim || w->done)
             continue;
@@ -429,11 +418,11 @@ static int run_seed(uint64_t seed, int no_first, int verbose, char *why, size_t 
                  "deadlock: worker %u (rank %u) stuck at step %" PRIu64
                  " (range %u closed tensor 0 up to %" PRIu64 ")",
                  w->id, w->rank, w->clock[0].step, r0, m->heads[r0].closed[0]);
-        fail(m, msg);
+        sim_fail(&m->v, "%s", msg);
     }
-    int failed = m->failed;
+    int failed = m->v.failed;
     if (failed)
-        snprintf(why, why_len, "%s", m->why);
+        snprintf(why, why_len, "%s", m->v.why);
     for (uint32_t r = 0; r < m->nranges; r++)
         cps__sync_destroy(m->heads[r].sync);
     for (uint32_t i = 0; i <= m->nworkers; i++)
@@ -449,7 +438,7 @@ int main(int argc, char **argv)
         return 2;
     sim_seed_tally t = {0, 0};
     for (uint64_t s = a.seed; s < a.seed + a.seeds; s++) {
-        char why[256] = "";
+        char why[512] = "";
         int rc = run_seed(s, a.variant, a.verbose, why, sizeof why);
         if (sim_seed_count(&t, "sim_replace", s, rc, why) < 0)
             return 1;

@@ -5,10 +5,46 @@
 #define CPS_TESTS_SIM_SEED_ARGS_H
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* splitmix64's finalizer: the models' random draws and their hashes of what happened. */
+static inline uint64_t sim_mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The next draw in [0, n) of the splitmix64 stream whose state is *rng. */
+static inline uint64_t sim_draw(uint64_t *rng, uint64_t n)
+{
+    *rng += 0x9e3779b97f4a7c15ull;
+    return sim_mix64(*rng) % n;
+}
+
+/* A seed's verdict: the first failure the model met (later ones would only be its echoes). */
+typedef struct sim_verdict {
+    int failed;
+    char why[512];
+} sim_verdict;
+
+static inline void sim_fail(sim_verdict *v, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static inline void sim_fail(sim_verdict *v, const char *fmt, ...)
+{
+    if (v->failed)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(v->why, sizeof v->why, fmt, ap);
+    va_end(ap);
+    v->failed = 1;
+}
 
 typedef struct sim_seed_args {
     uint64_t seed, seeds;
