@@ -575,10 +575,22 @@ static int first_view(cps__replica *r)
     return rc ? rc : make_chain(r);
 }
 
+/* The replica's clock: never earlier than one an earlier call brought. A shell reads its clock
+ * once per loop turn and may stamp the steps of that turn later than the tick that follows;
+ * every "now - since" of the parts below (chain re-sends, held acks, sync slots) would wrap
+ * and fire at once. */
+static uint64_t replica_clock(cps__replica *r, uint64_t now)
+{
+    if (now > r->now_max)
+        r->now_max = now;
+    return r->now_max;
+}
+
 int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
                           uint64_t now)
 {
     cps__rp_begin(r);
+    now = replica_clock(r, now);
     if (!r->chain)
         r->cfg.self = self;
     /* Held acks go out under the view they were made in, as if sent at once. */
@@ -647,6 +659,7 @@ int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, in
 int cps__replica_step(cps__replica *r, cps__replica_msg *m, uint64_t now)
 {
     cps__rp_begin(r);
+    now = replica_clock(r, now);
     rmsg *p = take(r, m);
     if (!p)
         return 0;
@@ -671,6 +684,7 @@ void cps__replica_defer(cps__replica *r, cps__replica_msg *m)
 int cps__replica_next(cps__replica *r, uint64_t now)
 {
     cps__rp_begin(r);
+    now = replica_clock(r, now);
     if (r->queue.n == 0)
         return 0;
     rmsg *p = r->queue.v[0];
@@ -685,6 +699,7 @@ int cps__replica_next(cps__replica *r, uint64_t now)
 int cps__replica_tick(cps__replica *r, uint64_t now, int force_acks)
 {
     cps__rp_begin(r);
+    now = replica_clock(r, now);
     cps__rp_flush_acks(r, now, force_acks);
     if (r->chain && cps__chain_tick(r->chain, now) == 0) {
         r->in_tick = 1; /* a tick only re-sends */
@@ -698,13 +713,14 @@ int cps__replica_tick(cps__replica *r, uint64_t now, int force_acks)
 
 int cps__replica_wait_ms(const cps__replica *r, uint64_t now, int max_ms)
 {
-    return cps__ackhold_wait_ms(r->acks, now, max_ms);
+    return cps__ackhold_wait_ms(r->acks, now > r->now_max ? now : r->now_max, max_ms);
 }
 
 int cps__replica_join_ready(cps__replica *r, uint32_t range, uint64_t snap_seq, uint64_t now,
                             uint64_t *applied)
 {
     cps__rp_begin(r);
+    now = replica_clock(r, now);
     /* The snapshot's SSP clocks, before the updates after it move them further. */
     int rc = cps__rp_ssp_load(r, range);
     if (rc == 0) {
@@ -719,6 +735,7 @@ int cps__replica_put(cps__replica *r, uint32_t range, uint64_t req_seq, const vo
                      size_t len, uint64_t now)
 {
     cps__rp_begin(r);
+    now = replica_clock(r, now);
     if (!r->chain)
         return CPS_ADMIT_NOT_HEAD;
     cps__chain_req q = {UINT32_MAX, CPS_MSG_PUT, 0, req_seq};

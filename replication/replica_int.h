@@ -24,6 +24,7 @@ typedef struct rlist {
 
 struct cps__replica {
     cps__replica_config cfg;
+    uint64_t now_max; /* the latest clock any call brought (replica_clock) */
     cps__replica_env env;
     cps__view view;
     int have_view;

@@ -449,6 +449,32 @@ static void a_retried_push_pull_is_not_answered_before_commit(void **state)
     finish(r, &f);
 }
 
+/* A tick whose clock was read before the step it follows was stamped (a shell reads its clock
+ * once per loop turn) does not take the forwarded update for one waiting 2^64 ms: no re-send.
+ * The chain's re-send comes when the real wait is over. */
+static void a_tick_with_an_earlier_clock_does_not_resend(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    cps__view v;
+    make_view(&v, 3, CPS_MODE_ASYNC, 1, 0);
+    v.replicas = 2;
+    v.ranges[0].chain_len = 2;
+    v.ranges[0].chain[1] = 2;
+    assert_int_equal(cps__replica_set_view(r, &v, SELF, 1, 0), 0);
+    cps__view_fini(&v);
+    perform(r, &f);
+    cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 3, 1, 1, 1, 2);
+    cps__replica_step(r, &m, 1000);
+    assert_string_equal(perform(r, &f), "SWS");
+    cps__replica_tick(r, 995, 0);
+    assert_string_equal(perform(r, &f), "");
+    cps__replica_tick(r, 1000 + 60000, 0);
+    assert_true(strchr(perform(r, &f), 'S') != NULL); /* unacknowledged: re-sent in time */
+    finish(r, &f);
+}
+
 /* A view that moves a range to another server drops our copy of it; the others stay. */
 static void a_range_moved_away_is_dropped(void **state)
 {
@@ -503,6 +529,7 @@ int main(void)
         cmocka_unit_test(a_sync_step_is_written_once_with_the_sum),
         cmocka_unit_test(a_push_pull_reply_waits_for_the_slowest_worker),
         cmocka_unit_test(a_retried_push_pull_is_not_answered_before_commit),
+        cmocka_unit_test(a_tick_with_an_earlier_clock_does_not_resend),
         cmocka_unit_test(a_range_moved_away_is_dropped),
         cmocka_unit_test(a_request_for_a_stale_epoch_or_another_head_is_refused),
     };
