@@ -11,6 +11,17 @@
 #include "core/log.h"
 #include "optim/optim.h"
 
+/* A named value that may travel with `range`: only that range's aggregation records
+ * ("agg/<range>/<key set>"), a name of at most 63 bytes, a value of at most 4 KiB. The one rule
+ * for SNAP chunks and restores alike. */
+static int named_ok(uint32_t range, const cps__ent *e)
+{
+    char prefix[32];
+    int pl = snprintf(prefix, sizeof prefix, "agg/%" PRIu32 "/", range);
+    return e->name_len < 64 && e->value_len <= 4096 && e->name_len > (size_t)pl &&
+           memcmp(e->name, prefix, (size_t)pl) == 0;
+}
+
 typedef struct install_io {
     cps__server *s;
     uint32_t range;
@@ -51,14 +62,10 @@ static int install(cps__txn *txn, install_io *io)
             rc = cps__store_dedup_put(txn, io->range, e.worker, e.seq);
         } else if (e.tag == CPS_ENT_NAMED) {
             char name[64];
-            char prefix[32];
-            snprintf(prefix, sizeof prefix, "agg/%" PRIu32 "/", io->range);
-            if (e.name_len >= sizeof name || e.value_len > 4096)
+            if (!named_ok(io->range, &e))
                 return CPS_EPROTO;
             memcpy(name, e.name, e.name_len);
             name[e.name_len] = 0;
-            if (strncmp(name, prefix, strlen(prefix)) != 0)
-                return CPS_EPROTO; /* only this range's aggregation records travel */
             rc = cps__store_meta_put(txn, name, e.value, e.value_len);
         } else if (e.tag == CPS_ENT_CREATE) {
             if (e.key < rg->lo || e.key > rg->hi)
@@ -141,10 +148,7 @@ static int put_check_txn(cps__txn *txn, void *arg)
             if (e.slot > slots || e.first > len || e.n > len - e.first)
                 return check_fail(c, "slice out of bounds of key %016llx", e.key);
         } else if (e.tag == CPS_ENT_NAMED) {
-            char prefix[32];
-            int pl = snprintf(prefix, sizeof prefix, "agg/%" PRIu32 "/", c->range);
-            if (e.name_len >= 64 || e.value_len > 4096 || e.name_len <= (size_t)pl ||
-                memcmp(e.name, prefix, (size_t)pl) != 0)
+            if (!named_ok(c->range, &e))
                 return check_fail(c, "bad named value%.0llu", 0);
         } else {
             return check_fail(c, "entry type %llu does not belong in a restore", e.tag);

@@ -580,8 +580,12 @@ void cps__server_defer(cps__server *s, cps__rx *rx)
 void cps__server_view_changed(cps__server *s, int fresh)
 {
     int rc = cps__replica_set_view(s->replica, &s->view, s->id, fresh, cps__now_ms());
-    if (rc != 0)
-        cps__log(CPS_LOG_ERROR, "server", "view change failed: %s", cps_strerror(rc));
+    if (rc != 0) {
+        /* The shell installed the view and the replica did not: serving under two views would
+         * answer from the wrong chain. Leave, as on a failed rejoin. */
+        cps__log(CPS_LOG_ERROR, "server", "view change failed: %s; leaving", cps_strerror(rc));
+        s->poisoned = 1;
+    }
     cps__server_perform(s);
 }
 
