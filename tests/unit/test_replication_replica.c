@@ -397,6 +397,21 @@ static cps__replica_msg chain_ack(fake *f, uint64_t epoch, uint64_t seq)
     return m;
 }
 
+/* A replica at the head of range 0's chain 1 -> 2, async, its view performed. */
+static cps__replica *head_of_two(fake *f)
+{
+    cps__replica *r = new_replica(f);
+    cps__view v;
+    make_view(&v, 3, CPS_MODE_ASYNC, 1, 0);
+    v.replicas = 2;
+    v.ranges[0].chain_len = 2;
+    v.ranges[0].chain[1] = 2;
+    assert_int_equal(cps__replica_set_view(r, &v, SELF, 1, 0), 0);
+    cps__view_fini(&v);
+    perform(r, f);
+    return r;
+}
+
 /* Async, range 0 on the chain 1 -> 2 (we are its head). A retried push-pull is a duplicate the
  * head answers itself, with values read from its store: not before that store holds committed
  * updates only (simulator --push-pull, seed 4). Answered at its own update's commit point, it
@@ -405,15 +420,7 @@ static void a_retried_push_pull_is_not_answered_before_commit(void **state)
 {
     (void)state;
     fake f = {.declared = 1};
-    cps__replica *r = new_replica(&f);
-    cps__view v;
-    make_view(&v, 3, CPS_MODE_ASYNC, 1, 0);
-    v.replicas = 2;
-    v.ranges[0].chain_len = 2;
-    v.ranges[0].chain[1] = 2;
-    assert_int_equal(cps__replica_set_view(r, &v, SELF, 1, 0), 0);
-    cps__view_fini(&v);
-    perform(r, &f);
+    cps__replica *r = head_of_two(&f);
     cps__replica_msg m = request(&f, CPS_MSG_PUSH_PULL, W1, 3, 1, 1, 1, 2);
     cps__replica_step(r, &m, 10);
     assert_string_equal(perform(r, &f), "SWS"); /* forwarded, applied, said so; the tail answers */
@@ -456,15 +463,7 @@ static void a_tick_with_an_earlier_clock_does_not_resend(void **state)
 {
     (void)state;
     fake f = {.declared = 1};
-    cps__replica *r = new_replica(&f);
-    cps__view v;
-    make_view(&v, 3, CPS_MODE_ASYNC, 1, 0);
-    v.replicas = 2;
-    v.ranges[0].chain_len = 2;
-    v.ranges[0].chain[1] = 2;
-    assert_int_equal(cps__replica_set_view(r, &v, SELF, 1, 0), 0);
-    cps__view_fini(&v);
-    perform(r, &f);
+    cps__replica *r = head_of_two(&f);
     cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 3, 1, 1, 1, 2);
     cps__replica_step(r, &m, 1000);
     assert_string_equal(perform(r, &f), "SWS");
