@@ -255,9 +255,6 @@ int cps__chain_set_view(cps__chain *c, const cps__view *v, uint64_t now)
                 cps__chain_forget_range(c, rs);
             continue;
         }
-        /* FWDs held ahead of an old view's predecessor: its re-sends (which say it applied them)
-         * replace them. */
-        cps__chain_drop_ahead(c, rs);
         if (rs->joining) {
             /* We copied the range and are now its tail: the predecessor's MARK tells us when
              * we hold everything it acknowledged, and only then do we serve reads. */
@@ -276,6 +273,10 @@ int cps__chain_set_view(cps__chain *c, const cps__view *v, uint64_t now)
         /* A joiner made tail keeps the epoch its join began in: its source is its predecessor. */
         uint32_t pred = pos > 0 ? cps__chain_neighbour(c, r, pos - 1) : 0;
         if (pred != rs->pred) {
+            /* FWDs held ahead of another predecessor: the new one's re-sends (which say it
+             * applied them) replace them. With the same predecessor they stay: it sends nothing
+             * again until its re-send timer, and its next MARK applies them. */
+            cps__chain_drop_ahead(c, rs);
             rs->pred = pred;
             rs->pred_epoch = v->epoch;
         }
