@@ -15,8 +15,9 @@
  * comes after the APPLYs it depends on: CHAIN_ACKs, those MARKs, re-sent FWDs, the tail's
  * replies and the FWD to a joining shadow. The successor applies a FWD only once its
  * predecessor applied it: the FWD's aux says how far the sender had applied when it sent it
- * (seq - 1 when sent ahead, seq when re-sent), and a FWD that came ahead is held (a copy) until
- * the MARK or a re-send says more; a new view drops what is held (the re-sends replace it). So
+ * (seq - 1 when sent ahead, seq when re-sent), and a FWD that came ahead is held (in the
+ * received message, or a copy) until the MARK or a re-send says more; a view with another
+ * predecessor drops what is held (the new one's re-sends replace it). So
  * every replica still holds every update its successor holds, and a replica that stops between
  * the FWD and its APPLY leaves an update that no one applied and no one acknowledged (the
  * simulator's --fwd-crashes stops servers there). What overlaps is the transfer and the
