@@ -69,10 +69,15 @@ static uint64_t fnv(uint64_t h, const char *s)
     return h;
 }
 
+uint64_t cps__tp_local_name(const char *host_id, const char *tcp_url)
+{
+    return fnv(fnv(fnv(0xcbf29ce484222325ull, host_id), "|"), tcp_url);
+}
+
 int cps__tp_local_path(const char *dir, const char *host_id, const char *tcp_url, char *out,
                        size_t cap)
 {
-    uint64_t h = fnv(fnv(fnv(0xcbf29ce484222325ull, host_id), "|"), tcp_url);
+    uint64_t h = cps__tp_local_name(host_id, tcp_url);
     int n = snprintf(out, cap, "%s/n%016llx.ipc", dir, (unsigned long long)h);
     return n > 0 && (size_t)n < cap ? 0 : CPS_EINVAL;
 }

@@ -19,6 +19,7 @@
 #define CPS_TRANSPORT_LOCAL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* This process's host identity ("boot id/network namespace") into out[cap]. Returns 0, or
  * CPS_ENOTFOUND when the platform does not say (no /proc): no ipc then. */
@@ -27,6 +28,10 @@ int cps__tp_local_host_id(char *out, size_t cap);
 /* Check that `dir` is a directory (not a link to one), owned by geteuid() and with no permission
  * bit for group or others. Returns 0, or CPS_ECONFIG with the reason in err. */
 int cps__tp_local_dir_check(const char *dir, char *err, size_t errlen);
+
+/* The 64-bit name of the node whose inbox is `tcp_url` on host `host_id`: its socket file's and
+ * (transport/ring.h) its ring's. */
+uint64_t cps__tp_local_name(const char *host_id, const char *tcp_url);
 
 /* The ipc socket file of the node whose inbox is `tcp_url` on host `host_id`, in `dir`, into
  * out[cap]. Returns 0, or CPS_EINVAL when it does not fit (a Unix socket path is short). */

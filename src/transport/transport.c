@@ -33,6 +33,7 @@
 #include "transport/auth.h"
 #include "transport/frame.h"
 #include "transport/local.h"
+#include "transport/ring.h"
 
 #define TP_QUEUE_MAX        4096u     /* per-peer backlog before senders see CPS_EAGAIN */
 #define TP_SOCKBUF          (4 << 20) /* NN_SNDBUF / NN_RCVBUF */
@@ -52,6 +53,12 @@
  * costs more CPU than the overlap saves when no core is idle to overlap into; unframed beat 64,
  * 256 and 1024 KiB frames at 1 and 16 MB. Every receiver takes frames whatever its own setting. */
 #define TP_FRAME_DEFAULT 0u
+/* Messages to a same-host peer of at least this many bytes go through this process's shared-
+ * memory ring (ring.h), smaller ones inline on the ipc socket; CHAINPS_RING_MIN_KB sets it in
+ * KiB, 0 turns rings off. By measurement (bench/README.md, "Shared-memory rings"). */
+#define TP_RING_MIN_DEFAULT (256u << 10)
+/* The ring's data area; CHAINPS_RING_MB sets it. A full ring sends inline. */
+#define TP_RING_CAP_DEFAULT (64u << 20)
 
 static const char SUB[] = "transport";
 
@@ -112,6 +119,13 @@ struct cps__tp {
     uint64_t asm_tick;
     cps__tp_backlog_fn backlog_fn; /* an event loop watching the peers with a backlog */
     void *backlog_ctx;
+    size_t ring_min;              /* 0: no rings */
+    size_t ring_cap;              /* bytes of our ring's data area */
+    cps__ring *ring;              /* ours, made at the first large send to a local peer */
+    int ring_failed;              /* could not make it: inline from then on */
+    cps__ring_peers *ring_peers;  /* the senders' rings we map, with the ipc inbox */
+    uint64_t ring_refused;        /* descriptors refused (ring.h) */
+    uint64_t ring_sent, ring_inline_full; /* sent through the ring / inline for want of room */
 };
 
 /* A peer's queue went from empty to not (on) or back. */
@@ -217,6 +231,26 @@ int cps__tp_create(const unsigned char *key, cps__tp **out)
             cps__log(CPS_LOG_WARN, SUB, "CHAINPS_FRAME_KB=%s: not a size in KiB, ignored", fkb);
         else
             tp->frame_size = (size_t)kb << 10;
+    }
+    tp->ring_min = TP_RING_MIN_DEFAULT;
+    tp->ring_cap = TP_RING_CAP_DEFAULT;
+    const char *rkb = getenv("CHAINPS_RING_MIN_KB"), *rmb = getenv("CHAINPS_RING_MB");
+    if (rkb && *rkb) {
+        char *end;
+        unsigned long kb = strtoul(rkb, &end, 10);
+        if (*end || kb > (1ul << 20))
+            cps__log(CPS_LOG_WARN, SUB, "CHAINPS_RING_MIN_KB=%s: not a size in KiB, ignored", rkb);
+        else
+            tp->ring_min = (size_t)kb << 10;
+    }
+    if (rmb && *rmb) {
+        char *end;
+        unsigned long mb = strtoul(rmb, &end, 10);
+        if (*end || mb < 1 || mb > 4096)
+            cps__log(CPS_LOG_WARN, SUB, "CHAINPS_RING_MB=%s: not a size in MiB (1..4096), ignored",
+                     rmb);
+        else
+            tp->ring_cap = (size_t)mb << 20;
     }
     const char *dir = getenv("CHAINPS_RUNTIME_DIR");
     if (dir && *dir && cps__tp_set_runtime_dir(tp, dir) != 0)
@@ -433,6 +467,7 @@ int cps__tp_peer_set(cps__tp *tp, uint32_t id, const char *url)
         return rc;
     if (found) {
         cps__log(CPS_LOG_INFO, SUB, "peer %u moved %s -> %s", id, tp->peers[i]->url, url);
+        cps__ring_reclaim_peer(tp->ring, id);
         peer_free(tp, tp->peers[i]);
         tp->peers[i] = p;
         return 0;
@@ -459,6 +494,7 @@ void cps__tp_peer_drop(cps__tp *tp, uint32_t id)
     size_t i = peer_index(tp, id, &found);
     if (!found)
         return;
+    cps__ring_reclaim_peer(tp->ring, id);
     peer_free(tp, tp->peers[i]);
     memmove(&tp->peers[i], &tp->peers[i + 1], (tp->npeers - i - 1) * sizeof *tp->peers);
     tp->npeers--;
@@ -524,7 +560,7 @@ void *cps__tp_alloc(size_t len)
 
 void cps__tp_free(void *buf)
 {
-    if (buf)
+    if (buf && !cps__ring_release(buf))
         nn_freemsg(buf);
 }
 
@@ -584,6 +620,62 @@ static int send_framed(cps__tp *tp, tp_peer *p, void *buf, size_t len)
  * whole chunk, so a shorter `len` would not shorten the message, and the trailer goes right after
  * `len` bytes. The trailer is written here, so a message forwarded as it was received is sealed
  * afresh by this sender. */
+/* Our ring, made on first use; NULL when rings are off or it cannot be made. */
+static cps__ring *ring_get(cps__tp *tp)
+{
+    if (tp->ring || tp->ring_failed)
+        return tp->ring;
+    int rc = CPS_EINVAL;
+    if (tp->local_inbox >= 0)
+        rc = cps__ring_create(tp->rundir, cps__tp_local_name(tp->host_id, tp->inbox_url),
+                              tp->ring_cap, &tp->ring);
+    if (rc) {
+        tp->ring_failed = 1;
+        cps__log(CPS_LOG_WARN, SUB, "no shared-memory ring in %s (%s): large same-host messages "
+                 "go inline", tp->rundir, cps_strerror(rc));
+    }
+    return tp->ring;
+}
+
+/* Send a large message to a local peer as a descriptor of its copy in our ring: 1 sent (buf
+ * freed), 0 not (no ring or no room: send it inline), or a negative error (buf the caller's). */
+static int send_ring(cps__tp *tp, tp_peer *p, void *buf, size_t len)
+{
+    cps__ring *r = ring_get(tp);
+    if (!r)
+        return 0;
+    cps__ring_desc d;
+    unsigned char *slot;
+    int rc = cps__ring_alloc(r, p->id, len, &d, &slot);
+    uint32_t oldest;
+    /* The oldest slot may be held by a receiver that died: its slots come back, once. */
+    if (rc == CPS_EAGAIN && cps__ring_oldest_peer(r, &oldest) == 0 &&
+        (!peer_find(tp, oldest) || cps__tp_peer_gone(tp, oldest)) &&
+        cps__ring_reclaim_peer(r, oldest))
+        rc = cps__ring_alloc(r, p->id, len, &d, &slot);
+    if (rc) {
+        tp->ring_inline_full += rc == CPS_EAGAIN;
+        return 0;
+    }
+    unsigned char *desc = nn_allocmsg(CPS_RING_DESC + CPS_AUTH_TRAILER, 0);
+    if (!desc) {
+        cps__ring_abandon(r, &d);
+        return CPS_ENOMEM;
+    }
+    memcpy(slot, buf, len);
+    cps__ring_desc_encode(desc, &d);
+    memset(desc + CPS_RING_DESC, 0, CPS_AUTH_TRAILER);
+    rc = send_sealed(tp, p, desc, CPS_RING_DESC);
+    if (rc) {
+        nn_freemsg(desc);
+        cps__ring_abandon(r, &d);
+        return rc;
+    }
+    tp->ring_sent++;
+    cps__tp_free(buf);
+    return 1;
+}
+
 int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
 {
     if (!tp || !buf)
@@ -591,6 +683,25 @@ int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
     tp_peer *p = peer_find(tp, id);
     if (!p)
         return CPS_ENOTFOUND;
+    if (p->local && tp->ring_min && len >= tp->ring_min) {
+        int rc = send_ring(tp, p, buf, len);
+        if (rc)
+            return rc < 0 ? rc : 0;
+    }
+    if (cps__ring_owns(buf)) {
+        /* A message received through a peer's ring and forwarded: nanomsg sends only its own
+         * buffers. The ring slot goes back only once the copy is on its way. */
+        void *copy = cps__tp_alloc(len);
+        if (!copy)
+            return CPS_ENOMEM;
+        memcpy(copy, buf, len);
+        int rc = cps__tp_send(tp, id, copy, len);
+        if (rc)
+            nn_freemsg(copy);
+        else
+            cps__ring_release(buf);
+        return rc;
+    }
     /* Sealed now, in sending order: a peer's FIFO keeps each sender's counters increasing. A
      * local peer's trailer goes zeroed, as without a key: its inbox takes no MAC (local.h). */
     if (p->local) {
@@ -711,6 +822,9 @@ static int bind_local(cps__tp *tp, const char *url)
     }
     tp->local_inbox = s;
     snprintf(tp->local_path, sizeof tp->local_path, "%s", path);
+    if (cps__ring_peers_create(tp->rundir, &tp->ring_peers) != 0)
+        cps__log(CPS_LOG_WARN, SUB, "no table of rings: same-host peers' ring descriptors are "
+                 "refused");
     return 0;
 }
 
@@ -945,6 +1059,31 @@ static int frame_take(cps__tp *tp, void *buf, size_t len, const unsigned char *s
     return 1;
 }
 
+/* A descriptor from the ipc inbox (ring.h): its payload is delivered from the sender's ring.
+ * Returns 1 delivered or 0 refused, as recv_one. */
+static int ring_take(cps__tp *tp, void *desc, size_t len, cps__tp_recv_fn fn, void *ctx)
+{
+    cps__ring_desc d;
+    void *buf = NULL;
+    int why = CPS_RING_NO_RING;
+    int rc = tp->ring_peers ? cps__ring_desc_decode(desc, len, &d, &why) : CPS_EPROTO;
+    if (!rc)
+        rc = cps__ring_resolve(tp->ring_peers, &d, &buf, &why);
+    nn_freemsg(desc);
+    if (rc) {
+        /* Rate-limited with the refused MACs: a restarted sender's old descriptors come in a
+         * burst. */
+        if (tp->ring_refused++ == 0 || now_ms() - tp->auth_logged_ms >= TP_AUTH_LOG_MS) {
+            tp->auth_logged_ms = now_ms();
+            cps__log(CPS_LOG_WARN, SUB, "%s: ring descriptor refused: %s (%llu so far)",
+                     tp->inbox_url, cps__ring_why_str(why), (unsigned long long)tp->ring_refused);
+        }
+        return 0;
+    }
+    fn(ctx, buf, (size_t)d.len);
+    return 1;
+}
+
 /* One message from inbox `sock` (the ipc one if `local`): 1 delivered, 0 refused, 2 a frame
  * taken (no message complete yet), -1 none waiting, or CPS_ETRANSPORT. */
 static int recv_one(cps__tp *tp, int sock, int local, cps__tp_recv_fn fn, void *ctx)
@@ -972,6 +1111,8 @@ static int recv_one(cps__tp *tp, int sock, int local, cps__tp_recv_fn fn, void *
             nn_freemsg(buf);
             return 0;
         }
+        if (local && cps__ring_desc_is(buf, body))
+            return ring_take(tp, buf, body, fn, ctx);
         if (!local && cps__frame_is(buf, body)) {
             void *whole;
             size_t wlen;
@@ -1117,6 +1258,9 @@ void cps__tp_destroy(cps__tp *tp)
     for (size_t i = 0; i < TP_ASM_MAX; i++)
         if (tp->asms[i].buf)
             nn_freemsg(tp->asms[i].buf);
+    /* Receivers keep their own mappings of our ring; the file goes with us. */
+    cps__ring_destroy(tp->ring, 1);
+    cps__ring_peers_destroy(tp->ring_peers);
     free(tp->pfds);
     free(tp->pfd_peer);
     cps__auth_destroy(tp->auth);

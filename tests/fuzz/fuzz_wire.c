@@ -1,7 +1,8 @@
 /* Fuzz target for everything that parses bytes from the network: header, snappy payload, kv,
  * lossy push (keys + gradient codec block), DECLARE, view, hello, spec, stats and checkpoint note
- * decoders, the range entries of SNAP and PUT payloads (core/entries.h), and the frames of
- * large messages (transport/frame.h).
+ * decoders, the range entries of SNAP and PUT payloads (core/entries.h), the frames of
+ * large messages (transport/frame.h) and the descriptors of shared-memory rings
+ * (transport/ring.h).
  *
  * Beyond "no crash, no sanitizer report", it checks that every accepted input is canonical:
  * re-encoding what a decoder accepted must give back the very same bytes. A decoder that
@@ -20,6 +21,7 @@
 #include "core/view.h"
 #include "core/wire.h"
 #include "transport/frame.h"
+#include "transport/ring.h"
 
 fuzz_wire_counts fuzz_wire_n;
 
@@ -323,6 +325,26 @@ static void fuzz_frame(const unsigned char *b, size_t len)
     CHECK(memcmp(re, b, CPS_FRAME_HDR) == 0);
 }
 
+/* A shared-memory ring's descriptor (transport/ring.h): accepted only with its fields in their
+ * limits, and canonical. */
+static void fuzz_ring_desc(const unsigned char *b, size_t len)
+{
+    cps__ring_desc d;
+    int why = -1;
+    int rc = cps__ring_desc_decode(b, len, &d, &why);
+    if (rc) {
+        CHECK(rc == CPS_EPROTO && why == CPS_RING_MALFORMED);
+        return;
+    }
+    fuzz_wire_n.ring_ok++;
+    CHECK(why == CPS_RING_OK && len == CPS_RING_DESC && cps__ring_desc_is(b, len));
+    CHECK(d.gen && d.seq && d.len && d.offset % 64 == 0);
+    CHECK(d.len <= (uint64_t)CPS_WIRE_HDR_SIZE + CPS_WIRE_MAX_PAYLOAD);
+    unsigned char re[CPS_RING_DESC];
+    cps__ring_desc_encode(re, &d);
+    CHECK(memcmp(re, b, CPS_RING_DESC) == 0);
+}
+
 /* The payload read as a run of range entries (a SNAP's, or a PUT's after its header): every
  * accepted entry is canonical, its writer giving back the very bytes. */
 static void fuzz_entries(const unsigned char *b, size_t len)
@@ -376,6 +398,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     fuzz_wire_n.inputs++;
     fuzz_frame(data, size);
+    fuzz_ring_desc(data, size);
     int rc = cps__wire_hdr_decode(data, size, &h);
     if (rc) {
         CHECK(is_error(rc));

@@ -20,6 +20,7 @@
 #include "core/view.h"
 #include "core/wire.h"
 #include "transport/frame.h"
+#include "transport/ring.h"
 
 typedef struct seed {
     const char *name;
@@ -400,6 +401,26 @@ static void frame_case(void)
     free(f);
 }
 
+/* A ring descriptor (transport/ring.h) with fields near their limits, damaged half the time in
+ * its fields' u32 halves, its version and pad bytes, or anywhere. */
+static void ring_case(void)
+{
+    size_t cap = CPS_RING_DESC + 32, len = CPS_RING_DESC;
+    unsigned char *b = xmalloc(cap);
+    cps__ring_desc d = {rnd(), 1 + below(3), below(1u << 20) * 64, 1 + below(1u << 30),
+                        1 + below(1000)};
+    cps__ring_desc_encode(b, &d);
+    if (below(2) == 0) {
+        static const size_t fields[] = {8, 16, 20, 24, 28, 32, 36, 40, 44, 4, 5};
+        mutate(b, &len, cap, fields, 11);
+    }
+    unsigned char *exact = xmalloc(len);
+    memcpy(exact, b, len);
+    LLVMFuzzerTestOneInput(exact, len);
+    free(exact);
+    free(b);
+}
+
 static int write_corpus(const char *dir)
 {
     for (int i = 0; i < nseeds; i++) {
@@ -453,8 +474,11 @@ int main(int argc, char **argv)
         return 1;
     }
     for (long it = 0; it < iters; it++) {
-        if (below(8) == 0)
+        size_t pick = below(16);
+        if (pick < 2)
             frame_case();
+        else if (pick == 2)
+            ring_case();
         else
             one_case(&seeds[below((size_t)nseeds)]);
     }
@@ -462,18 +486,22 @@ int main(int argc, char **argv)
         fprintf(stderr, "no frame reached the frame decoder\n");
         return 1;
     }
+    if (fuzz_wire_n.ring_ok == 0) {
+        fprintf(stderr, "no ring descriptor reached its decoder\n");
+        return 1;
+    }
 
     fuzz_wire_counts c = fuzz_wire_n;
     printf("inputs %llu: header ok %llu, snappy ok %llu, kv ok %llu, declare ok %llu, "
            "view ok %llu (as prefix %llu), hello ok %llu, spec ok %llu, lossy ok %llu, suspects ok "
-           "%llu, frames ok %llu, range entries ok %llu\n",
+           "%llu, frames ok %llu, range entries ok %llu, ring descriptors ok %llu\n",
            (unsigned long long)c.inputs, (unsigned long long)c.hdr_ok,
            (unsigned long long)c.snappy_ok, (unsigned long long)c.kv_ok,
            (unsigned long long)c.declare_ok, (unsigned long long)c.view_ok,
            (unsigned long long)c.view_prefix_ok, (unsigned long long)c.hello_ok,
            (unsigned long long)c.spec_ok, (unsigned long long)c.lossy_ok,
            (unsigned long long)c.suspects_ok, (unsigned long long)c.frame_ok,
-           (unsigned long long)c.entries_ok);
+           (unsigned long long)c.entries_ok, (unsigned long long)c.ring_ok);
     for (int i = 0; i < nseeds; i++)
         free(seeds[i].payload);
     return 0;

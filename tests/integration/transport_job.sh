@@ -6,6 +6,13 @@
 #             while a process running as `nobody` (setpriv) keeps trying to connect to every
 #             ipc socket of the job: each attempt must be refused by the kernel (EACCES), and the
 #             job must end with the checksum of the same job run over tcp:// only.
+#   ring      as outsider, with 1.2 MB tensors (lsq_worker --dim 300000), so that pushes, pulls
+#             and forwards go through the processes' shared-memory rings (src/transport/ring.h):
+#             the outsider must also fail to open every ring file of the job, and the job must
+#             end with the checksum of the same job over tcp:// only.
+#   ringkill  the ring job with server 1 killed by SIGKILL (launch --kill-at) while 1.2 MB
+#             messages stream through the rings, and restarted: it must still end with the
+#             checksum of the all-tcp:// run.
 #   mixed     one host, two network namespaces: the scheduler, servers 0 and 1 and worker 0 in
 #             one, server 2 and worker 1 in the other, all sharing one runtime directory. Checked
 #             while it runs: Unix connections to the job's sockets inside each namespace and TCP
@@ -24,7 +31,7 @@
 # netns_job.sh). Needs root (setpriv to nobody; namespaces for mixed): exits 77 when not root or
 # when a namespace cannot be made. Every process is ended by its PID, namespaces deleted (trap).
 #
-# usage: transport_job.sh CHAINPS LSQ_WORKER outsider|mixed|forge [NETDELAY]
+# usage: transport_job.sh CHAINPS LSQ_WORKER outsider|ring|ringkill|mixed|forge [NETDELAY]
 set -euo pipefail
 cps=$(readlink -f "${1:?usage: transport_job.sh CHAINPS LSQ_WORKER outsider|mixed|forge [NETDELAY]}")
 bin=$(readlink -f "${2:?LSQ_WORKER}")
@@ -37,7 +44,7 @@ skip() {
     say "SKIP: $*"
     exit 77
 }
-case $scen in outsider | mixed | forge) ;; *) echo "unknown scenario '$scen'" >&2; exit 2 ;; esac
+case $scen in outsider | ring | ringkill | mixed | forge) ;; *) echo "unknown scenario '$scen'" >&2; exit 2 ;; esac
 [[ $(id -u) == 0 ]] || skip "needs root (to run a process as nobody / to make namespaces)"
 py=/usr/bin/python3
 [[ -x $py ]] || py=$(command -v python3) || skip "no python3 for the outsider's connect"
@@ -64,6 +71,9 @@ fail() {
 
 job=(--servers 3 --workers 2 --mode sync)
 prog=("$bin" --steps "$steps" --lr 0.002 --tol 10)
+if [[ $scen == ring* ]]; then
+    prog=("$bin" --dim 300000 --steps "${RING_STEPS:-400}" --lr 0.002 --tol 10)
+fi
 if [[ $scen == forge ]]; then
     job=(--servers 2 --replicas 2 --workers 1 --mode sync)
     prog=("$bin" --dim 300000 --steps "${FORGE_STEPS:-20}" --lr 0.002 --tol 10)
@@ -78,9 +88,33 @@ grep -q "over ipc" "$t/ref.log" && fail "the reference run used ipc"
 rundir=$t/run
 mkdir -m 700 "$rundir"
 
-if [[ $scen == outsider ]]; then
+if [[ $scen == ringkill ]]; then
+    # The kill lands while the workers stream 1.2 MB tensors; the server restarts and rejoins.
+    CHAINPS_RUNTIME_DIR=$rundir "$cps" launch "${job[@]}" --timeout 120 --data "$t/job" \
+        --kill-at "${RING_KILL_AT:-3}" --kill-server 1 -- "${prog[@]}" >"$t/job.log" 2>&1 &
+    jpid=$!
+    pids+=("$jpid")
+    rings=0
+    while kill -0 "$jpid" 2>/dev/null; do
+        n=$(find "$rundir" -maxdepth 1 -name '*.ring' 2>/dev/null | wc -l)
+        ((n > rings)) && rings=$n
+        sleep 0.2
+    done
+    wait "$jpid" || fail "the job failed: $(tail -5 "$t/job.log")"
+    pids=()
+    grep -q "SIGKILL server 1" "$t/job.log" || fail "no server was killed: $(grep -i kill "$t/job.log")"
+    ((rings >= 1)) || fail "no ring file in the runtime directory: were the rings used?"
+    got=$(checksums "$t/job.log")
+    [[ $got == "$ref" ]] || fail "checksum(s) '$got', tcp:// reference '$ref'"
+    say "PASS: server 1 killed mid-run over rings ($rings ring files); checksum $got as over tcp://"
+    exit 0
+fi
+
+if [[ $scen == outsider || $scen == ring ]]; then
+    steady=(--step-ms 2)
+    [[ $scen == ring ]] && steady=()
     CHAINPS_RUNTIME_DIR=$rundir "$cps" launch "${job[@]}" --timeout 90 --data "$t/job" -- \
-        "${prog[@]}" --step-ms 2 >"$t/job.log" 2>&1 &
+        "${prog[@]}" "${steady[@]}" >"$t/job.log" 2>&1 &
     jpid=$!
     pids+=("$jpid")
     # The outsider: as nobody, connect to every socket of the job, again and again while it
@@ -89,6 +123,14 @@ if [[ $scen == outsider ]]; then
 import os, socket, sys
 paths, refused = sys.argv[1:], 0
 for p in paths:
+    if p.endswith(".ring"):
+        try:
+            open(p, "rb").close()
+            print("OPENED", p)
+            sys.exit(1)
+        except PermissionError:
+            refused += 1
+        continue
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         s.connect(p)
@@ -109,10 +151,13 @@ except PermissionError:
     pass
 print("refused", refused)
 '
-    attempts=0 rounds=0 seen=0
+    attempts=0 rounds=0 seen=0 rings=0
     while kill -0 "$jpid" 2>/dev/null; do
         mapfile -t socks < <(find "$rundir" -maxdepth 1 -type s 2>/dev/null)
         ((${#socks[@]} > seen)) && seen=${#socks[@]}
+        mapfile -t ringf < <(find "$rundir" -maxdepth 1 -name '*.ring' 2>/dev/null)
+        ((${#ringf[@]} > rings)) && rings=${#ringf[@]}
+        socks+=("${ringf[@]}")
         if ((${#socks[@]})); then
             out=$(setpriv --reuid=nobody --regid=nogroup --clear-groups --inh-caps=-all \
                 "$py" -c "$probe" "${socks[@]}" 2>&1) || fail "the outsider got in: $out"
@@ -126,9 +171,10 @@ print("refused", refused)
     # Every node binds one ipc inbox: the scheduler, 3 servers and 2 workers.
     ((seen >= 6)) || fail "saw $seen ipc sockets in the runtime directory, want 6: no ipc?"
     ((rounds >= 3)) || fail "only $rounds outsider rounds while the job ran: make it longer"
+    [[ $scen == ring ]] && ((rings < 1)) && fail "no ring file in the runtime directory: were the rings used?"
     got=$(checksums "$t/job.log")
     [[ $got == "$ref" ]] || fail "checksum(s) '$got', tcp:// reference '$ref'"
-    say "PASS: $attempts connects as nobody refused ($rounds rounds, $seen sockets); checksum $got as over tcp://"
+    say "PASS: $attempts connects/opens as nobody refused ($rounds rounds, $seen sockets, $rings ring files); checksum $got as over tcp://"
     exit 0
 fi
 

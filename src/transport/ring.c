@@ -1,0 +1,579 @@
+/* Shared-memory rings (see ring.h). */
+#include "transport/ring.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "chainps/error.h"
+#include "core/wire.h"
+
+#define RING_FILE_MAGIC 0x31474e4952535043ull /* "CPSRING1" */
+#define RING_HDR        4096u                 /* the file's header; the data area follows */
+#define RING_ALIGN      64u
+
+/* The file's header. */
+typedef struct ring_hdr {
+    uint64_t magic;
+    uint64_t gen;
+    uint64_t cap; /* bytes of the data area */
+    uint64_t pid;
+} ring_hdr;
+
+/* A slot's header, at its offset in the data area. */
+typedef struct slot_hdr {
+    uint64_t live; /* the slot's seq while lent out, 0 once released */
+    uint64_t len;
+    uint32_t peer;
+} slot_hdr;
+
+const char *cps__ring_why_str(int why)
+{
+    switch (why) {
+    case CPS_RING_OK:
+        return "ok";
+    case CPS_RING_MALFORMED:
+        return "malformed descriptor";
+    case CPS_RING_NO_RING:
+        return "no private ring file";
+    case CPS_RING_STALE_GEN:
+        return "stale generation";
+    case CPS_RING_OUT_OF_RANGE:
+        return "slot out of range";
+    case CPS_RING_STALE_SLOT:
+        return "stale slot";
+    default:
+        return "unknown";
+    }
+}
+
+/* ---- descriptors ---- */
+
+static uint64_t get64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static void put64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++, v >>= 8)
+        p[i] = (unsigned char)v;
+}
+
+static uint32_t get32(const unsigned char *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+int cps__ring_desc_is(const unsigned char *buf, size_t len)
+{
+    return buf && len >= 4 && get32(buf) == CPS_RING_MAGIC;
+}
+
+int cps__ring_desc_decode(const unsigned char *buf, size_t len, cps__ring_desc *out, int *why)
+{
+    if (why)
+        *why = CPS_RING_MALFORMED;
+    if (!buf || !out || len != CPS_RING_DESC || get32(buf) != CPS_RING_MAGIC ||
+        buf[4] != CPS_WIRE_VERSION || buf[5] || buf[6] || buf[7])
+        return CPS_EPROTO;
+    cps__ring_desc d = {get64(buf + 8), get64(buf + 16), get64(buf + 24), get64(buf + 32),
+                        get64(buf + 40)};
+    const uint64_t max = (uint64_t)CPS_WIRE_HDR_SIZE + CPS_WIRE_MAX_PAYLOAD;
+    if (!d.gen || !d.seq || !d.len || d.len > max || d.offset % RING_ALIGN ||
+        d.offset > (uint64_t)1 << 48)
+        return CPS_EPROTO;
+    *out = d;
+    if (why)
+        *why = CPS_RING_OK;
+    return 0;
+}
+
+void cps__ring_desc_encode(unsigned char out[CPS_RING_DESC], const cps__ring_desc *d)
+{
+    memset(out, 0, CPS_RING_DESC);
+    out[0] = 'C', out[1] = 'P', out[2] = 'S', out[3] = 'R';
+    out[4] = CPS_WIRE_VERSION;
+    put64(out + 8, d->ring);
+    put64(out + 16, d->gen);
+    put64(out + 24, d->offset);
+    put64(out + 32, d->len);
+    put64(out + 40, d->seq);
+}
+
+/* ---- the sender's ring ---- */
+
+typedef struct ring_ent {
+    uint64_t off, size, seq;
+    uint32_t peer;
+} ring_ent;
+
+struct cps__ring {
+    unsigned char *map; /* the whole file */
+    size_t map_len;
+    unsigned char *data; /* map + RING_HDR */
+    uint64_t cap, id, gen, next_seq;
+    uint64_t head; /* where the next slot goes */
+    ring_ent *fifo; /* live slots, oldest first: fcap entries from fhead */
+    size_t fcap, fhead, flen;
+    char path[512];
+};
+
+int cps__ring_path(const char *dir, uint64_t id, char *out, size_t cap)
+{
+    if (!dir || !out)
+        return CPS_EINVAL;
+    int n = snprintf(out, cap, "%s/r%016llx.ring", dir, (unsigned long long)id);
+    return n > 0 && (size_t)n < cap ? 0 : CPS_EINVAL;
+}
+
+static slot_hdr *slot_at(unsigned char *data, uint64_t off)
+{
+    return (slot_hdr *)(void *)(data + off);
+}
+
+int cps__ring_create(const char *dir, uint64_t id, size_t cap, cps__ring **out)
+{
+    if (!dir || !out || cap < RING_ALIGN * 2 || cap > (size_t)1 << 40)
+        return CPS_EINVAL;
+    cps__ring *r = calloc(1, sizeof *r);
+    if (!r)
+        return CPS_ENOMEM;
+    r->cap = (cap + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
+    r->id = id;
+    r->next_seq = 1;
+    if (cps__ring_path(dir, id, r->path, sizeof r->path) != 0) {
+        free(r);
+        return CPS_EINVAL;
+    }
+    while (!r->gen)
+        if (getrandom(&r->gen, sizeof r->gen, 0) != (ssize_t)sizeof r->gen) {
+            free(r);
+            return CPS_EIO;
+        }
+    /* A crashed predecessor's file goes: receivers that map it keep their pages, and its
+     * descriptors no longer match the new file's generation. */
+    if (unlink(r->path) != 0 && errno != ENOENT) {
+        free(r);
+        return CPS_EIO;
+    }
+    int fd = open(r->path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        free(r);
+        return CPS_EIO;
+    }
+    r->map_len = RING_HDR + r->cap;
+    if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)r->map_len) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(r->path);
+        free(r);
+        errno = e;
+        return CPS_EIO;
+    }
+    void *m = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        unlink(r->path);
+        free(r);
+        return CPS_EIO;
+    }
+    r->map = m;
+    r->data = r->map + RING_HDR;
+    ring_hdr *h = (ring_hdr *)(void *)r->map;
+    h->gen = r->gen;
+    h->cap = r->cap;
+    h->pid = (uint64_t)getpid();
+    __atomic_store_n(&h->magic, RING_FILE_MAGIC, __ATOMIC_RELEASE);
+    *out = r;
+    return 0;
+}
+
+void cps__ring_destroy(cps__ring *r, int unlink_file)
+{
+    if (!r)
+        return;
+    if (unlink_file)
+        unlink(r->path);
+    munmap(r->map, r->map_len);
+    free(r->fifo);
+    free(r);
+}
+
+uint64_t cps__ring_gen(const cps__ring *r)
+{
+    return r ? r->gen : 0;
+}
+
+size_t cps__ring_live(const cps__ring *r)
+{
+    return r ? r->flen : 0;
+}
+
+static ring_ent *fifo_at(const cps__ring *r, size_t i)
+{
+    return &r->fifo[(r->fhead + i) % r->fcap];
+}
+
+/* Take back, oldest first, the slots whose receivers released them (or that were taken back). */
+static void reap(cps__ring *r)
+{
+    while (r->flen) {
+        ring_ent *e = fifo_at(r, 0);
+        if (e->seq && __atomic_load_n(&slot_at(r->data, e->off)->live, __ATOMIC_ACQUIRE) == e->seq)
+            break;
+        r->fhead = (r->fhead + 1) % r->fcap;
+        r->flen--;
+    }
+    if (!r->flen) {
+        r->fhead = 0;
+        r->head = 0;
+    }
+}
+
+/* Where a slot of `size` bytes fits now, or UINT64_MAX. The live slots lie in [front, head)
+ * when that does not wrap, else in [front, cap) and [0, head). */
+static uint64_t fit(const cps__ring *r, uint64_t size)
+{
+    if (!r->flen)
+        return size <= r->cap ? 0 : UINT64_MAX;
+    uint64_t front = fifo_at(r, 0)->off;
+    if (r->head > front) {
+        if (r->cap - r->head >= size)
+            return r->head;
+        return front >= size ? 0 : UINT64_MAX;
+    }
+    return front - r->head >= size ? r->head : UINT64_MAX;
+}
+
+int cps__ring_alloc(cps__ring *r, uint32_t peer, size_t len, cps__ring_desc *d,
+                    unsigned char **data)
+{
+    if (!r || !d || !data || !len)
+        return CPS_EINVAL;
+    uint64_t size = (CPS_RING_SLOT_HDR + (uint64_t)len + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
+    if (size > r->cap)
+        return CPS_EINVAL;
+    reap(r);
+    uint64_t off = fit(r, size);
+    if (off == UINT64_MAX)
+        return CPS_EAGAIN;
+    if (r->flen == r->fcap) {
+        size_t ncap = r->fcap ? r->fcap * 2 : 64;
+        ring_ent *nf = malloc(ncap * sizeof *nf);
+        if (!nf)
+            return CPS_ENOMEM;
+        for (size_t i = 0; i < r->flen; i++)
+            nf[i] = *fifo_at(r, i);
+        free(r->fifo);
+        r->fifo = nf;
+        r->fcap = ncap;
+        r->fhead = 0;
+    }
+    uint64_t seq = r->next_seq++;
+    *fifo_at(r, r->flen++) = (ring_ent){off, size, seq, peer};
+    r->head = off + size;
+    slot_hdr *s = slot_at(r->data, off);
+    s->len = len;
+    s->peer = peer;
+    __atomic_store_n(&s->live, seq, __ATOMIC_RELEASE);
+    *d = (cps__ring_desc){r->id, r->gen, off, len, seq};
+    *data = r->data + off + CPS_RING_SLOT_HDR;
+    return 0;
+}
+
+/* Take one slot back from its receiver: a release that comes later finds another seq. */
+static void take_back(cps__ring *r, ring_ent *e)
+{
+    uint64_t seq = e->seq;
+    __atomic_compare_exchange_n(&slot_at(r->data, e->off)->live, &seq, 0, 0, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
+    e->seq = 0;
+}
+
+void cps__ring_abandon(cps__ring *r, const cps__ring_desc *d)
+{
+    if (!r || !d)
+        return;
+    for (size_t i = 0; i < r->flen; i++) {
+        ring_ent *e = fifo_at(r, i);
+        if (e->seq == d->seq) {
+            take_back(r, e);
+            break;
+        }
+    }
+    reap(r);
+}
+
+size_t cps__ring_reclaim_peer(cps__ring *r, uint32_t peer)
+{
+    size_t n = 0;
+    if (!r)
+        return 0;
+    for (size_t i = 0; i < r->flen; i++) {
+        ring_ent *e = fifo_at(r, i);
+        if (e->seq && e->peer == peer) {
+            n += __atomic_load_n(&slot_at(r->data, e->off)->live, __ATOMIC_ACQUIRE) == e->seq;
+            take_back(r, e);
+        }
+    }
+    reap(r);
+    return n;
+}
+
+int cps__ring_oldest_peer(cps__ring *r, uint32_t *peer)
+{
+    if (!r || !peer)
+        return CPS_EINVAL;
+    reap(r);
+    if (!r->flen)
+        return CPS_ENOTFOUND;
+    *peer = fifo_at(r, 0)->peer;
+    return 0;
+}
+
+/* ---- the receiver's side ----
+ * Every mapping of a sender's ring is in one process-wide registry, so that cps__tp_free, which
+ * knows no transport, can tell a ring buffer from a nanomsg one and release it. */
+
+typedef struct lent {
+    const unsigned char *payload;
+    uint64_t off, seq;
+} lent;
+
+typedef struct ring_map {
+    unsigned char *map;
+    size_t map_len;
+    uint64_t id, gen, cap;
+    const cps__ring_peers *owner; /* the table that looks descriptors up in it; NULL: none */
+    lent *lent;                   /* buffers out */
+    size_t nlent, lent_cap;
+} ring_map;
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static ring_map **reg;
+static size_t nreg, reg_cap;
+static size_t reg_count; /* nreg, read without the lock on the fast path of cps__ring_owns */
+
+struct cps__ring_peers {
+    char dir[512];
+};
+
+int cps__ring_peers_create(const char *dir, cps__ring_peers **out)
+{
+    if (!dir || !out || strlen(dir) >= sizeof((cps__ring_peers *)0)->dir)
+        return CPS_EINVAL;
+    cps__ring_peers *t = calloc(1, sizeof *t);
+    if (!t)
+        return CPS_ENOMEM;
+    snprintf(t->dir, sizeof t->dir, "%s", dir);
+    *out = t;
+    return 0;
+}
+
+/* With reg_lock held: unmap and forget registry entry i if nothing needs it. */
+static void map_maybe_free(size_t i)
+{
+    ring_map *m = reg[i];
+    if (m->owner || m->nlent)
+        return;
+    munmap(m->map, m->map_len);
+    free(m->lent);
+    free(m);
+    reg[i] = reg[--nreg];
+    __atomic_store_n(&reg_count, nreg, __ATOMIC_RELEASE);
+}
+
+void cps__ring_peers_destroy(cps__ring_peers *t)
+{
+    if (!t)
+        return;
+    pthread_mutex_lock(&reg_lock);
+    for (size_t i = nreg; i-- > 0;)
+        if (reg[i]->owner == t) {
+            reg[i]->owner = NULL;
+            map_maybe_free(i);
+        }
+    pthread_mutex_unlock(&reg_lock);
+    free(t);
+}
+
+/* With reg_lock held: table t's current mapping of ring `id`, or NULL. */
+static ring_map *map_find(const cps__ring_peers *t, uint64_t id)
+{
+    for (size_t i = 0; i < nreg; i++)
+        if (reg[i]->owner == t && reg[i]->id == id)
+            return reg[i];
+    return NULL;
+}
+
+/* With reg_lock held: map ring d->ring's file for table t. Its generation must be d->gen. */
+static int map_open(cps__ring_peers *t, const cps__ring_desc *d, ring_map **out)
+{
+    char path[600];
+    if (cps__ring_path(t->dir, d->ring, path, sizeof path) != 0)
+        return CPS_RING_NO_RING;
+    int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return CPS_RING_NO_RING;
+    struct stat st;
+    /* The directory vouches for the file only if it is a plain file of ours that nobody else
+     * can open. */
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & 077) || st.st_size < (off_t)(RING_HDR + 2 * RING_ALIGN)) {
+        close(fd);
+        return CPS_RING_NO_RING;
+    }
+    size_t len = (size_t)st.st_size;
+    void *mp = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (mp == MAP_FAILED)
+        return CPS_RING_NO_RING;
+    const ring_hdr *h = mp;
+    int why = CPS_RING_OK;
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != RING_FILE_MAGIC ||
+        h->cap != len - RING_HDR)
+        why = CPS_RING_NO_RING;
+    else if (h->gen != d->gen)
+        why = CPS_RING_STALE_GEN;
+    ring_map *m = why ? NULL : calloc(1, sizeof *m);
+    if (!why && !m)
+        why = CPS_RING_NO_RING;
+    if (!why && nreg == reg_cap) {
+        size_t ncap = reg_cap ? reg_cap * 2 : 8;
+        ring_map **nr = realloc(reg, ncap * sizeof *nr);
+        if (nr) {
+            reg = nr;
+            reg_cap = ncap;
+        } else {
+            why = CPS_RING_NO_RING;
+        }
+    }
+    if (why) {
+        free(m);
+        munmap(mp, len);
+        return why;
+    }
+    *m = (ring_map){.map = mp, .map_len = len, .id = d->ring, .gen = d->gen, .cap = h->cap,
+                    .owner = t};
+    reg[nreg++] = m;
+    __atomic_store_n(&reg_count, nreg, __ATOMIC_RELEASE);
+    *out = m;
+    return CPS_RING_OK;
+}
+
+static int resolve_locked(cps__ring_peers *t, const cps__ring_desc *d, void **buf)
+{
+    ring_map *m = map_find(t, d->ring);
+    if (m && m->gen != d->gen) {
+        /* The sender restarted (a new file) or this is a descriptor of its old self: only the
+         * file can tell which. An old descriptor is refused either way. */
+        ring_map *fresh;
+        int why = map_open(t, d, &fresh);
+        if (why)
+            return why;
+        for (size_t i = 0; i < nreg; i++)
+            if (reg[i] == m) {
+                m->owner = NULL;
+                map_maybe_free(i);
+                break;
+            }
+        m = fresh;
+    } else if (!m) {
+        int why = map_open(t, d, &m);
+        if (why)
+            return why;
+    }
+    if (d->offset >= m->cap || m->cap - d->offset < CPS_RING_SLOT_HDR ||
+        m->cap - d->offset - CPS_RING_SLOT_HDR < d->len)
+        return CPS_RING_OUT_OF_RANGE;
+    unsigned char *data = m->map + RING_HDR;
+    slot_hdr *s = slot_at(data, d->offset);
+    if (__atomic_load_n(&s->live, __ATOMIC_ACQUIRE) != d->seq || s->len != d->len)
+        return CPS_RING_STALE_SLOT;
+    /* A descriptor replayed while its slot is out would lend the slot twice. */
+    for (size_t i = 0; i < m->nlent; i++)
+        if (m->lent[i].off == d->offset)
+            return CPS_RING_STALE_SLOT;
+    if (m->nlent == m->lent_cap) {
+        size_t ncap = m->lent_cap ? m->lent_cap * 2 : 16;
+        lent *nl = realloc(m->lent, ncap * sizeof *nl);
+        if (!nl)
+            return CPS_RING_NO_RING;
+        m->lent = nl;
+        m->lent_cap = ncap;
+    }
+    unsigned char *payload = data + d->offset + CPS_RING_SLOT_HDR;
+    m->lent[m->nlent++] = (lent){payload, d->offset, d->seq};
+    *buf = payload;
+    return CPS_RING_OK;
+}
+
+int cps__ring_resolve(cps__ring_peers *t, const cps__ring_desc *d, void **buf, int *why)
+{
+    int w = CPS_RING_MALFORMED;
+    if (t && d && buf) {
+        pthread_mutex_lock(&reg_lock);
+        w = resolve_locked(t, d, buf);
+        pthread_mutex_unlock(&reg_lock);
+    }
+    if (why)
+        *why = w;
+    return w ? CPS_EPROTO : 0;
+}
+
+/* With reg_lock held: the registry entry whose mapping holds p, or nreg. */
+static size_t map_of(const void *p)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < nreg; i++)
+        if (b >= reg[i]->map && b < reg[i]->map + reg[i]->map_len)
+            return i;
+    return nreg;
+}
+
+int cps__ring_owns(const void *buf)
+{
+    if (!buf || !__atomic_load_n(&reg_count, __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&reg_lock);
+    int owns = map_of(buf) < nreg;
+    pthread_mutex_unlock(&reg_lock);
+    return owns;
+}
+
+int cps__ring_release(void *buf)
+{
+    if (!buf || !__atomic_load_n(&reg_count, __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&reg_lock);
+    size_t i = map_of(buf);
+    if (i == nreg) {
+        pthread_mutex_unlock(&reg_lock);
+        return 0;
+    }
+    ring_map *m = reg[i];
+    for (size_t k = 0; k < m->nlent; k++) {
+        if (m->lent[k].payload != buf)
+            continue;
+        uint64_t seq = m->lent[k].seq;
+        slot_hdr *s = slot_at(m->map + RING_HDR, m->lent[k].off);
+        /* A slot the sender took back (and maybe reused) holds another seq: left alone. */
+        __atomic_compare_exchange_n(&s->live, &seq, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        m->lent[k] = m->lent[--m->nlent];
+        break;
+    }
+    map_maybe_free(i);
+    pthread_mutex_unlock(&reg_lock);
+    return 1;
+}

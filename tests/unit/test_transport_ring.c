@@ -1,0 +1,407 @@
+/* Shared-memory rings (transport/ring.h): descriptors, slots around the ring, refusals of stale
+ * and out-of-range descriptors, a sender's restart, and large messages between two transports
+ * of one runtime directory arriving from the ring, with a full ring falling back to inline.
+ * Every wait has a deadline. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "chainps/error.h"
+#include "core/log.h"
+#include "core/wire.h"
+#include "transport/ring.h"
+#include "transport/transport.h"
+#include "transport_test.h"
+
+#define HOST    "127.0.0.1"
+#define WAIT_MS 5000
+#define RING_ID 0x1234abcdull
+
+typedef struct fixture {
+    char dir[64];
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "/tmp/cps-ring-test-XXXXXX");
+    if (!mkdtemp(f->dir))
+        return -1;
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
+    if (system(cmd) != 0)
+        return -1;
+    free(f);
+    return 0;
+}
+
+static void desc_round_trip_and_refusals(void **state)
+{
+    (void)state;
+    cps__ring_desc d = {RING_ID, 77, 4096, 1000, 5}, back;
+    unsigned char b[CPS_RING_DESC];
+    cps__ring_desc_encode(b, &d);
+    assert_true(cps__ring_desc_is(b, sizeof b));
+    int why = -1;
+    assert_int_equal(cps__ring_desc_decode(b, sizeof b, &back, &why), 0);
+    assert_int_equal(why, CPS_RING_OK);
+    assert_memory_equal(&d, &back, sizeof d);
+    /* A wire header is never a descriptor. */
+    unsigned char w[CPS_WIRE_HDR_SIZE] = {0x43, 0x50, 0x53, 0x31};
+    assert_false(cps__ring_desc_is(w, sizeof w));
+    /* Each field that must not be 0, a misaligned offset, a bad version, a non-zero pad byte,
+     * a wrong length. */
+    cps__ring_desc bad[] = {{RING_ID, 0, 0, 1, 1}, {RING_ID, 1, 0, 0, 1}, {RING_ID, 1, 0, 1, 0},
+                            {RING_ID, 1, 8, 1, 1}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cps__ring_desc_encode(b, &bad[i]);
+        assert_int_equal(cps__ring_desc_decode(b, sizeof b, &back, &why), CPS_EPROTO);
+        assert_int_equal(why, CPS_RING_MALFORMED);
+    }
+    cps__ring_desc_encode(b, &d);
+    b[4]++;
+    assert_int_equal(cps__ring_desc_decode(b, sizeof b, &back, &why), CPS_EPROTO);
+    b[4]--;
+    b[6] = 1;
+    assert_int_equal(cps__ring_desc_decode(b, sizeof b, &back, &why), CPS_EPROTO);
+    b[6] = 0;
+    assert_int_equal(cps__ring_desc_decode(b, sizeof b - 1, &back, &why), CPS_EPROTO);
+    assert_string_equal(cps__ring_why_str(CPS_RING_STALE_GEN), "stale generation");
+}
+
+/* The file is private: mode 0600, ours. */
+static void ring_file_private(void **state)
+{
+    fixture *f = *state;
+    cps__ring *r;
+    assert_int_equal(cps__ring_create(f->dir, RING_ID, 1 << 16, &r), 0);
+    char path[256];
+    assert_int_equal(cps__ring_path(f->dir, RING_ID, path, sizeof path), 0);
+    struct stat st;
+    assert_int_equal(lstat(path, &st), 0);
+    assert_true(S_ISREG(st.st_mode));
+    assert_int_equal(st.st_mode & 07777, 0600);
+    assert_int_equal(st.st_uid, geteuid());
+    cps__ring_destroy(r, 1);
+    assert_int_not_equal(lstat(path, &st), 0);
+}
+
+/* Slots go around the ring: released ones come back oldest first, a slot that does not fit at
+ * the end starts again at 0, and the bytes a receiver sees are the sender's. */
+static void wrap_around(void **state)
+{
+    fixture *f = *state;
+    cps__ring *r;
+    cps__ring_peers *t;
+    const size_t cap = 64 * 1024, len = 20000;
+    assert_int_equal(cps__ring_create(f->dir, RING_ID, cap, &r), 0);
+    assert_int_equal(cps__ring_peers_create(f->dir, &t), 0);
+    int wrapped = 0;
+    uint64_t last_off = 0;
+    void *prev = NULL;
+    cps__ring_desc prev_d = {0};
+    for (int i = 0; i < 40; i++) {
+        cps__ring_desc d;
+        unsigned char *slot;
+        assert_int_equal(cps__ring_alloc(r, 7, len, &d, &slot), 0);
+        memset(slot, i, len);
+        if (i && d.offset < last_off)
+            wrapped++;
+        last_off = d.offset;
+        void *buf, *again;
+        int why;
+        assert_int_equal(cps__ring_resolve(t, &d, &buf, &why), 0);
+        assert_true(cps__ring_owns(buf));
+        assert_int_equal(((unsigned char *)buf)[0], i);
+        assert_int_equal(((unsigned char *)buf)[len - 1], i);
+        /* A replayed descriptor while its slot is out is refused. */
+        assert_int_equal(cps__ring_resolve(t, &d, &again, &why), CPS_EPROTO);
+        assert_int_equal(why, CPS_RING_STALE_SLOT);
+        /* One slot stays out while the next is taken, so the ring moves on. */
+        if (prev) {
+            assert_int_equal(((unsigned char *)prev)[len / 2], i - 1);
+            assert_int_equal(cps__ring_release(prev), 1);
+            /* Released: its descriptor no longer matches the slot. */
+            assert_int_equal(cps__ring_resolve(t, &prev_d, &again, &why), CPS_EPROTO);
+            assert_int_equal(why, CPS_RING_STALE_SLOT);
+        }
+        prev = buf;
+        prev_d = d;
+    }
+    cps__ring_release(prev);
+    assert_true(wrapped >= 5);
+    int dummy;
+    assert_int_equal(cps__ring_release(&dummy), 0);
+    cps__ring_peers_destroy(t);
+    cps__ring_destroy(r, 1);
+}
+
+/* With slots held the ring fills (CPS_EAGAIN: the transport then sends inline); a held slot
+ * released in the middle comes back only once those before it are. */
+static void full_ring(void **state)
+{
+    fixture *f = *state;
+    cps__ring *r;
+    cps__ring_peers *t;
+    const size_t cap = 64 * 1024, len = 15000;
+    assert_int_equal(cps__ring_create(f->dir, RING_ID, cap, &r), 0);
+    assert_int_equal(cps__ring_peers_create(f->dir, &t), 0);
+    void *held[8];
+    cps__ring_desc d;
+    unsigned char *slot;
+    int n = 0, why;
+    while (cps__ring_alloc(r, 3, len, &d, &slot) == 0) {
+        assert_true(n < 8);
+        assert_int_equal(cps__ring_resolve(t, &d, &held[n++], &why), 0);
+    }
+    assert_int_equal(n, 4);
+    assert_int_equal(cps__ring_alloc(r, 3, len, &d, &slot), CPS_EAGAIN);
+    assert_int_equal(cps__ring_alloc(r, 3, cap * 2, &d, &slot), CPS_EINVAL);
+    cps__ring_release(held[2]);
+    assert_int_equal(cps__ring_alloc(r, 3, len, &d, &slot), CPS_EAGAIN);
+    cps__ring_release(held[0]);
+    cps__ring_release(held[1]);
+    assert_int_equal(cps__ring_alloc(r, 3, len, &d, &slot), 0);
+    assert_int_equal(cps__ring_live(r), 2);
+    cps__ring_release(held[3]);
+    /* A peer that never releases: its slots are taken back, and its late release does not free
+     * a slot that went to someone else since. */
+    void *late;
+    assert_int_equal(cps__ring_resolve(t, &d, &late, &why), 0);
+    assert_int_equal(cps__ring_reclaim_peer(r, 3), 1);
+    assert_int_equal(cps__ring_live(r), 0);
+    cps__ring_desc d2;
+    assert_int_equal(cps__ring_alloc(r, 4, len, &d2, &slot), 0);
+    assert_int_equal(d2.offset, 0);
+    /* Another receiver (its own table) gets the slot now. */
+    cps__ring_peers *t2;
+    assert_int_equal(cps__ring_peers_create(f->dir, &t2), 0);
+    void *b2;
+    assert_int_equal(cps__ring_resolve(t2, &d2, &b2, &why), 0);
+    cps__ring_release(late);
+    assert_int_equal(cps__ring_live(r), 1);
+    uint32_t oldest = 0;
+    assert_int_equal(cps__ring_oldest_peer(r, &oldest), 0);
+    assert_int_equal(oldest, 4);
+    cps__ring_release(b2);
+    assert_int_equal(cps__ring_oldest_peer(r, &oldest), CPS_ENOTFOUND);
+    cps__ring_peers_destroy(t2);
+    cps__ring_peers_destroy(t);
+    cps__ring_destroy(r, 1);
+}
+
+/* A sender restarts: its new file has a new generation; descriptors of the old one are refused,
+ * the new ones accepted, and a buffer lent from the old mapping stays readable until released. */
+static void stale_generation_and_restart(void **state)
+{
+    fixture *f = *state;
+    cps__ring *r;
+    cps__ring_peers *t;
+    assert_int_equal(cps__ring_create(f->dir, RING_ID, 1 << 16, &r), 0);
+    assert_int_equal(cps__ring_peers_create(f->dir, &t), 0);
+    cps__ring_desc d_old, d_old2, d_new;
+    unsigned char *slot;
+    void *old_buf, *buf;
+    int why;
+    assert_int_equal(cps__ring_alloc(r, 1, 100, &d_old, &slot), 0);
+    memset(slot, 0xab, 100);
+    assert_int_equal(cps__ring_alloc(r, 1, 100, &d_old2, &slot), 0);
+    assert_int_equal(cps__ring_resolve(t, &d_old, &old_buf, &why), 0);
+    /* The sender dies without a word (its file stays) and starts again. */
+    cps__ring_destroy(r, 0);
+    assert_int_equal(cps__ring_create(f->dir, RING_ID, 1 << 16, &r), 0);
+    assert_int_not_equal(cps__ring_gen(r), d_old.gen);
+    assert_int_equal(cps__ring_alloc(r, 1, 100, &d_new, &slot), 0);
+    memset(slot, 0xcd, 100);
+    assert_int_equal(cps__ring_resolve(t, &d_new, &buf, &why), 0);
+    assert_int_equal(((unsigned char *)buf)[99], 0xcd);
+    /* The old incarnation's descriptor still in flight. */
+    assert_int_equal(cps__ring_resolve(t, &d_old2, &buf, &why), CPS_EPROTO);
+    assert_int_equal(why, CPS_RING_STALE_GEN);
+    assert_int_equal(((unsigned char *)old_buf)[99], 0xab);
+    assert_int_equal(cps__ring_release(old_buf), 1);
+    assert_int_equal(cps__ring_release(old_buf), 0); /* its mapping is gone now */
+    /* Out of the data area, and a ring that does not exist. */
+    cps__ring_desc far = d_new;
+    far.offset = (uint64_t)1 << 20;
+    assert_int_equal(cps__ring_resolve(t, &far, &old_buf, &why), CPS_EPROTO);
+    assert_int_equal(why, CPS_RING_OUT_OF_RANGE);
+    far = d_new;
+    far.len = 1 << 16;
+    assert_int_equal(cps__ring_resolve(t, &far, &old_buf, &why), CPS_EPROTO);
+    assert_int_equal(why, CPS_RING_OUT_OF_RANGE);
+    far = d_new;
+    far.ring++;
+    assert_int_equal(cps__ring_resolve(t, &far, &old_buf, &why), CPS_EPROTO);
+    assert_int_equal(why, CPS_RING_NO_RING);
+    cps__ring_release(buf);
+    /* A ring file open to others is not taken. */
+    char path[256];
+    assert_int_equal(cps__ring_path(f->dir, RING_ID, path, sizeof path), 0);
+    cps__ring_peers_destroy(t);
+    assert_int_equal(cps__ring_peers_create(f->dir, &t), 0);
+    assert_int_equal(chmod(path, 0644), 0);
+    assert_int_equal(cps__ring_alloc(r, 1, 100, &d_new, &slot), 0);
+    assert_int_equal(cps__ring_resolve(t, &d_new, &buf, &why), CPS_EPROTO);
+    assert_int_equal(why, CPS_RING_NO_RING);
+    cps__ring_peers_destroy(t);
+    cps__ring_destroy(r, 1);
+}
+
+/* ---- through the transport ---- */
+
+typedef struct got {
+    size_t n, from_ring;
+    void *keep[16];
+    size_t nkeep;
+    int hold; /* keep buffers instead of freeing them */
+    uint64_t sum;
+    size_t bytes;
+} got;
+
+static void got_fn(void *ctx, void *buf, size_t len)
+{
+    got *g = ctx;
+    g->n++;
+    g->from_ring += (size_t)cps__ring_owns(buf);
+    const unsigned char *b = buf;
+    for (size_t i = 0; i < len; i += 4093)
+        g->sum += b[i] * (i + 1);
+    g->bytes += len;
+    if (g->hold && g->nkeep < 16)
+        g->keep[g->nkeep++] = buf;
+    else
+        cps__tp_free(buf);
+}
+
+static int wait_for(cps__tp *snd, cps__tp *rcv, got *g, size_t want)
+{
+    int64_t deadline = now_ms() + WAIT_MS;
+    while (g->n < want && now_ms() < deadline) {
+        assert_true(cps__tp_poll(snd, 0, NULL, NULL, 0) >= 0);
+        assert_true(cps__tp_poll(rcv, 10, got_fn, g, 0) >= 0);
+    }
+    return g->n >= want;
+}
+
+static void *pattern(size_t len, unsigned seed, uint64_t *sum)
+{
+    unsigned char *b = cps__tp_alloc(len);
+    assert_non_null(b);
+    for (size_t i = 0; i < len; i++)
+        b[i] = (unsigned char)(i * 131 + seed);
+    for (size_t i = 0; i < len; i += 4093)
+        *sum += b[i] * (i + 1);
+    return b;
+}
+
+static cps__tp *bound_in(const char *dir, uint16_t *port)
+{
+    cps__tp *tp = NULL;
+    assert_int_equal(cps__tp_create(NULL, &tp), 0);
+    assert_int_equal(cps__tp_set_runtime_dir(tp, dir), 0);
+    assert_int_equal(cps__tp_bind(tp, HOST, 0, port), 0);
+    return tp;
+}
+
+/* Large messages to a same-host peer arrive from the ring, smaller ones inline, and with the
+ * receiver holding every buffer the ring fills and the rest go inline, all bytes equal; the
+ * receiver forwards a ring buffer on (a copy goes), and releases. */
+static void transport_ring_and_fallback(void **state)
+{
+    fixture *f = *state;
+    setenv("CHAINPS_RING_MB", "4", 1);
+    unsetenv("CHAINPS_RING_MIN_KB");
+    uint16_t pa, pb;
+    cps__tp *a = bound_in(f->dir, &pa), *b = bound_in(f->dir, &pb);
+    unsetenv("CHAINPS_RING_MB");
+    char url[64];
+    snprintf(url, sizeof url, "tcp://" HOST ":%u", (unsigned)pb);
+    assert_int_equal(cps__tp_peer_set(a, 2, url), 0);
+    snprintf(url, sizeof url, "tcp://" HOST ":%u", (unsigned)pa);
+    assert_int_equal(cps__tp_peer_set(b, 1, url), 0);
+    assert_true(cps__tp_peer_local(a, 2));
+
+    got g = {.hold = 1};
+    uint64_t want = 0;
+    const size_t big = 1 << 20;
+    /* 6 x 1 MiB into a 4 MiB ring, all held: 3 from the ring (a slot is 1 MiB and a header),
+     * the rest inline; one small one inline. */
+    for (unsigned i = 0; i < 6; i++)
+        assert_int_equal(cps__tp_send(a, 2, pattern(big, i, &want), big), 0);
+    assert_int_equal(cps__tp_send(a, 2, pattern(1000, 99, &want), 1000), 0);
+    assert_true(wait_for(a, b, &g, 7));
+    assert_int_equal(g.from_ring, 3);
+    assert_int_equal(g.sum, want);
+    assert_int_equal(g.bytes, 6 * big + 1000);
+
+    /* Forward the first ring buffer back to a: a copy travels (through b's own ring), and
+     * b's slot in a's ring comes back. */
+    got back = {0};
+    void *fwd = g.keep[0];
+    uint64_t fsum = 0;
+    for (size_t i = 0; i < big; i += 4093)
+        fsum += ((unsigned char *)fwd)[i] * (i + 1);
+    assert_true(cps__ring_owns(fwd));
+    assert_int_equal(cps__tp_send(b, 1, fwd, big), 0);
+    assert_true(wait_for(b, a, &back, 1));
+    assert_int_equal(back.sum, fsum);
+    assert_int_equal(back.from_ring, 1);
+    for (size_t i = 1; i < g.nkeep; i++)
+        cps__tp_free(g.keep[i]);
+    g = (got){0};
+    /* All released: the ring takes 1 MiB messages again. */
+    want = 0;
+    for (unsigned i = 0; i < 3; i++)
+        assert_int_equal(cps__tp_send(a, 2, pattern(big, 10 + i, &want), big), 0);
+    assert_true(wait_for(a, b, &g, 3));
+    assert_int_equal(g.from_ring, 3);
+    assert_int_equal(g.sum, want);
+
+    /* a restarts (a new transport on the same address, so the same ring name): b maps the new
+     * file and takes its messages. */
+    cps__tp_destroy(a);
+    cps__tp *a2 = NULL;
+    assert_int_equal(cps__tp_create(NULL, &a2), 0);
+    assert_int_equal(cps__tp_set_runtime_dir(a2, f->dir), 0);
+    assert_int_equal(cps__tp_bind(a2, HOST, pa, NULL), 0);
+    snprintf(url, sizeof url, "tcp://" HOST ":%u", (unsigned)pb);
+    assert_int_equal(cps__tp_peer_set(a2, 2, url), 0);
+    g = (got){0};
+    want = 0;
+    assert_int_equal(cps__tp_send(a2, 2, pattern(big, 42, &want), big), 0);
+    assert_true(wait_for(a2, b, &g, 1));
+    assert_int_equal(g.from_ring, 1);
+    assert_int_equal(g.sum, want);
+    cps__tp_destroy(a2);
+    cps__tp_destroy(b);
+}
+
+int main(void)
+{
+    cps__log_set_sink(quiet_sink, NULL);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(desc_round_trip_and_refusals),
+        cmocka_unit_test_setup_teardown(ring_file_private, setup, teardown),
+        cmocka_unit_test_setup_teardown(wrap_around, setup, teardown),
+        cmocka_unit_test_setup_teardown(full_ring, setup, teardown),
+        cmocka_unit_test_setup_teardown(stale_generation_and_restart, setup, teardown),
+        cmocka_unit_test_setup_teardown(transport_ring_and_fallback, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
