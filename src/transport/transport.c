@@ -633,6 +633,10 @@ static cps__ring *ring_get(cps__tp *tp)
         tp->ring_failed = 1;
         cps__log(CPS_LOG_WARN, SUB, "no shared-memory ring in %s (%s): large same-host messages "
                  "go inline", tp->rundir, cps_strerror(rc));
+    } else {
+        cps__log(CPS_LOG_INFO, SUB, "%s: shared-memory ring of %zu MiB: same-host messages of "
+                 "%zu KiB and more go through it", tp->inbox_url, tp->ring_cap >> 20,
+                 tp->ring_min >> 10);
     }
     return tp->ring;
 }
@@ -1258,6 +1262,11 @@ void cps__tp_destroy(cps__tp *tp)
     for (size_t i = 0; i < TP_ASM_MAX; i++)
         if (tp->asms[i].buf)
             nn_freemsg(tp->asms[i].buf);
+    if (tp->ring)
+        cps__log(CPS_LOG_DEBUG, SUB, "%s: %llu messages through the ring, %llu inline for want of "
+                 "room, %llu descriptors refused", tp->inbox_url,
+                 (unsigned long long)tp->ring_sent, (unsigned long long)tp->ring_inline_full,
+                 (unsigned long long)tp->ring_refused);
     /* Receivers keep their own mappings of our ring; the file goes with us. */
     cps__ring_destroy(tp->ring, 1);
     cps__ring_peers_destroy(tp->ring_peers);
