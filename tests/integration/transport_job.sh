@@ -72,7 +72,11 @@ fail() {
 job=(--servers 3 --workers 2 --mode sync)
 prog=("$bin" --steps "$steps" --lr 0.002 --tol 10)
 if [[ $scen == ring* ]]; then
-    prog=("$bin" --dim 300000 --steps "${RING_STEPS:-400}" --lr 0.002 --tol 10)
+    # 1.2 MB tensors over 8 samples (little to compute), a rate at which no value overflows, so
+    # that every update shows in the checksum; the killed run long enough to be killed mid-way.
+    rsteps=600
+    [[ $scen == ringkill ]] && rsteps=1500
+    prog=("$bin" --dim 300000 --samples 8 --steps "${RING_STEPS:-$rsteps}" --lr 1e-6 --tol 10)
 fi
 if [[ $scen == forge ]]; then
     job=(--servers 2 --replicas 2 --workers 1 --mode sync)
