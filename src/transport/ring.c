@@ -123,7 +123,7 @@ struct cps__ring {
     size_t map_len;
     unsigned char *data; /* map + RING_HDR */
     uint64_t cap, id, gen, next_seq;
-    uint64_t head; /* where the next slot goes */
+    uint64_t head;  /* where the next slot goes */
     ring_ent *fifo; /* live slots, oldest first: fcap entries from fhead */
     size_t fcap, fhead, flen;
     char path[512];
@@ -441,8 +441,7 @@ static int map_open(cps__ring_peers *t, const cps__ring_desc *d, ring_map **out)
         return CPS_RING_NO_RING;
     const ring_hdr *h = mp;
     int why = CPS_RING_OK;
-    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != RING_FILE_MAGIC ||
-        h->cap != len - RING_HDR)
+    if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != RING_FILE_MAGIC || h->cap != len - RING_HDR)
         why = CPS_RING_NO_RING;
     else if (h->gen != d->gen)
         why = CPS_RING_STALE_GEN;
@@ -464,8 +463,8 @@ static int map_open(cps__ring_peers *t, const cps__ring_desc *d, ring_map **out)
         munmap(mp, len);
         return why;
     }
-    *m = (ring_map){.map = mp, .map_len = len, .id = d->ring, .gen = d->gen, .cap = h->cap,
-                    .owner = t};
+    *m = (ring_map){
+        .map = mp, .map_len = len, .id = d->ring, .gen = d->gen, .cap = h->cap, .owner = t};
     reg[nreg++] = m;
     __atomic_store_n(&reg_count, nreg, __ATOMIC_RELEASE);
     *out = m;

@@ -119,12 +119,12 @@ struct cps__tp {
     uint64_t asm_tick;
     cps__tp_backlog_fn backlog_fn; /* an event loop watching the peers with a backlog */
     void *backlog_ctx;
-    size_t ring_min;              /* 0: no rings */
-    size_t ring_cap;              /* bytes of our ring's data area */
-    cps__ring *ring;              /* ours, made at the first large send to a local peer */
-    int ring_failed;              /* could not make it: inline from then on */
-    cps__ring_peers *ring_peers;  /* the senders' rings we map, with the ipc inbox */
-    uint64_t ring_refused;        /* descriptors refused (ring.h) */
+    size_t ring_min;                      /* 0: no rings */
+    size_t ring_cap;                      /* bytes of our ring's data area */
+    cps__ring *ring;                      /* ours, made at the first large send to a local peer */
+    int ring_failed;                      /* could not make it: inline from then on */
+    cps__ring_peers *ring_peers;          /* the senders' rings we map, with the ipc inbox */
+    uint64_t ring_refused;                /* descriptors refused (ring.h) */
     uint64_t ring_sent, ring_inline_full; /* sent through the ring / inline for want of room */
 };
 
@@ -631,12 +631,15 @@ static cps__ring *ring_get(cps__tp *tp)
                               tp->ring_cap, &tp->ring);
     if (rc) {
         tp->ring_failed = 1;
-        cps__log(CPS_LOG_WARN, SUB, "no shared-memory ring in %s (%s): large same-host messages "
-                 "go inline", tp->rundir, cps_strerror(rc));
+        cps__log(CPS_LOG_WARN, SUB,
+                 "no shared-memory ring in %s (%s): large same-host messages "
+                 "go inline",
+                 tp->rundir, cps_strerror(rc));
     } else {
-        cps__log(CPS_LOG_INFO, SUB, "%s: shared-memory ring of %zu MiB: same-host messages of "
-                 "%zu KiB and more go through it", tp->inbox_url, tp->ring_cap >> 20,
-                 tp->ring_min >> 10);
+        cps__log(CPS_LOG_INFO, SUB,
+                 "%s: shared-memory ring of %zu MiB: same-host messages of "
+                 "%zu KiB and more go through it",
+                 tp->inbox_url, tp->ring_cap >> 20, tp->ring_min >> 10);
     }
     return tp->ring;
 }
@@ -827,7 +830,8 @@ static int bind_local(cps__tp *tp, const char *url)
     tp->local_inbox = s;
     snprintf(tp->local_path, sizeof tp->local_path, "%s", path);
     if (cps__ring_peers_create(tp->rundir, &tp->ring_peers) != 0)
-        cps__log(CPS_LOG_WARN, SUB, "no table of rings: same-host peers' ring descriptors are "
+        cps__log(CPS_LOG_WARN, SUB,
+                 "no table of rings: same-host peers' ring descriptors are "
                  "refused");
     return 0;
 }
@@ -1263,10 +1267,11 @@ void cps__tp_destroy(cps__tp *tp)
         if (tp->asms[i].buf)
             nn_freemsg(tp->asms[i].buf);
     if (tp->ring)
-        cps__log(CPS_LOG_DEBUG, SUB, "%s: %llu messages through the ring, %llu inline for want of "
-                 "room, %llu descriptors refused", tp->inbox_url,
-                 (unsigned long long)tp->ring_sent, (unsigned long long)tp->ring_inline_full,
-                 (unsigned long long)tp->ring_refused);
+        cps__log(CPS_LOG_DEBUG, SUB,
+                 "%s: %llu messages through the ring, %llu inline for want of "
+                 "room, %llu descriptors refused",
+                 tp->inbox_url, (unsigned long long)tp->ring_sent,
+                 (unsigned long long)tp->ring_inline_full, (unsigned long long)tp->ring_refused);
     /* Receivers keep their own mappings of our ring; the file goes with us. */
     cps__ring_destroy(tp->ring, 1);
     cps__ring_peers_destroy(tp->ring_peers);

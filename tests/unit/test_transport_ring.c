@@ -66,8 +66,8 @@ static void desc_round_trip_and_refusals(void **state)
     assert_false(cps__ring_desc_is(w, sizeof w));
     /* Each field that must not be 0, a misaligned offset, a bad version, a non-zero pad byte,
      * a wrong length. */
-    cps__ring_desc bad[] = {{RING_ID, 0, 0, 1, 1}, {RING_ID, 1, 0, 0, 1}, {RING_ID, 1, 0, 1, 0},
-                            {RING_ID, 1, 8, 1, 1}};
+    cps__ring_desc bad[] = {
+        {RING_ID, 0, 0, 1, 1}, {RING_ID, 1, 0, 0, 1}, {RING_ID, 1, 0, 1, 0}, {RING_ID, 1, 8, 1, 1}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         cps__ring_desc_encode(b, &bad[i]);
         assert_int_equal(cps__ring_desc_decode(b, sizeof b, &back, &why), CPS_EPROTO);
