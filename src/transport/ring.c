@@ -173,7 +173,10 @@ int cps__ring_create(const char *dir, uint64_t id, size_t cap, cps__ring **out)
         return CPS_EIO;
     }
     r->map_len = RING_HDR + r->cap;
-    if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)r->map_len) != 0) {
+    /* The blocks are reserved now: a store into a hole of a full file system would be a
+     * SIGBUS, a failed reservation only sends inline. */
+    if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)r->map_len) != 0 ||
+        (errno = posix_fallocate(fd, 0, (off_t)r->map_len)) != 0) {
         int e = errno;
         close(fd);
         unlink(r->path);

@@ -48,14 +48,15 @@ typedef struct cps__ring_desc {
     uint64_t ring, gen, offset, len, seq;
 } cps__ring_desc;
 
-/* Why a descriptor was refused (cps__ring_decode, cps__ring_resolve). */
+/* Why a descriptor was refused (cps__ring_desc_decode, cps__ring_resolve). */
 enum cps__ring_why {
     CPS_RING_OK = 0,
-    CPS_RING_MALFORMED, /* not a descriptor: magic, version, zero bytes, 0 fields, alignment */
-    CPS_RING_NO_RING,   /* no ring file by that name, or not a private regular file of ours */
-    CPS_RING_STALE_GEN, /* the ring file is of another generation: its sender restarted */
-    CPS_RING_OUT_OF_RANGE /* the slot does not lie in the ring's data area */,
-    CPS_RING_STALE_SLOT /* the slot does not hold this sequence and length (taken back) */
+    CPS_RING_MALFORMED,    /* not a descriptor: magic, version, zero bytes, 0 fields, alignment */
+    CPS_RING_NO_RING,      /* no ring file by that name, or not a private regular file of ours */
+    CPS_RING_STALE_GEN,    /* the ring file is of another generation: its sender restarted */
+    CPS_RING_OUT_OF_RANGE, /* the slot does not lie in the ring's data area */
+    CPS_RING_STALE_SLOT    /* the slot does not hold this sequence and length (taken back or
+                              replayed while lent out) */
 };
 /* A name for a cps__ring_why ("stale generation", ...); never NULL. */
 const char *cps__ring_why_str(int why);
