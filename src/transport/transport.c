@@ -616,10 +616,6 @@ static int send_framed(cps__tp *tp, tp_peer *p, void *buf, size_t len)
     return 0;
 }
 
-/* `len` must be the length given to cps__tp_alloc() (or received): with NN_MSG nanomsg sends the
- * whole chunk, so a shorter `len` would not shorten the message, and the trailer goes right after
- * `len` bytes. The trailer is written here, so a message forwarded as it was received is sealed
- * afresh by this sender. */
 /* Our ring, made on first use; NULL when rings are off or it cannot be made. */
 static cps__ring *ring_get(cps__tp *tp)
 {
@@ -632,13 +628,12 @@ static cps__ring *ring_get(cps__tp *tp)
     if (rc) {
         tp->ring_failed = 1;
         cps__log(CPS_LOG_WARN, SUB,
-                 "no shared-memory ring in %s (%s): large same-host messages "
-                 "go inline",
-                 tp->rundir, cps_strerror(rc));
+                 "no shared-memory ring in %s (%s): large same-host messages go inline", tp->rundir,
+                 cps_strerror(rc));
     } else {
         cps__log(CPS_LOG_INFO, SUB,
-                 "%s: shared-memory ring of %zu MiB: same-host messages of "
-                 "%zu KiB and more go through it",
+                 "%s: shared-memory ring of %zu MiB: same-host messages of %zu KiB and more go "
+                 "through it",
                  tp->inbox_url, tp->ring_cap >> 20, tp->ring_min >> 10);
     }
     return tp->ring;
@@ -683,6 +678,10 @@ static int send_ring(cps__tp *tp, tp_peer *p, void *buf, size_t len)
     return 1;
 }
 
+/* `len` must be the length given to cps__tp_alloc() (or received): with NN_MSG nanomsg sends the
+ * whole chunk, so a shorter `len` would not shorten the message, and the trailer goes right after
+ * `len` bytes. The trailer is written here, so a message forwarded as it was received is sealed
+ * afresh by this sender. */
 int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
 {
     if (!tp || !buf)
@@ -831,8 +830,7 @@ static int bind_local(cps__tp *tp, const char *url)
     snprintf(tp->local_path, sizeof tp->local_path, "%s", path);
     if (cps__ring_peers_create(tp->rundir, &tp->ring_peers) != 0)
         cps__log(CPS_LOG_WARN, SUB,
-                 "no table of rings: same-host peers' ring descriptors are "
-                 "refused");
+                 "no table of rings: same-host peers' ring descriptors are refused");
     return 0;
 }
 
@@ -1268,8 +1266,8 @@ void cps__tp_destroy(cps__tp *tp)
             nn_freemsg(tp->asms[i].buf);
     if (tp->ring)
         cps__log(CPS_LOG_DEBUG, SUB,
-                 "%s: %llu messages through the ring, %llu inline for want of "
-                 "room, %llu descriptors refused",
+                 "%s: %llu messages through the ring, %llu inline for want of room, %llu "
+                 "descriptors refused",
                  tp->inbox_url, (unsigned long long)tp->ring_sent,
                  (unsigned long long)tp->ring_inline_full, (unsigned long long)tp->ring_refused);
     /* Receivers keep their own mappings of our ring; the file goes with us. */

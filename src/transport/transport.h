@@ -67,19 +67,28 @@ int cps__tp_peer_connected(cps__tp *tp, uint32_t id);
 /* Allocate a message buffer of `len` bytes (8-byte aligned), with room after them for the
  * authentication trailer. NULL on failure. */
 void *cps__tp_alloc(size_t len);
-/* Free a buffer from cps__tp_alloc() or one received from the inbox. NULL is a no-op. */
+/* Free a buffer from cps__tp_alloc() or one received from the inbox; a received buffer that lies in
+ * a same-host sender's shared-memory ring (transport/ring.h) gives its slot back to the sender.
+ * Any thread. NULL is a no-op. */
 void cps__tp_free(void *buf);
 
 /* Send `buf` (from cps__tp_alloc, `len` bytes) to peer `id`. With a key, over tcp://, a message
  * longer than the frame size (CHAINPS_FRAME_KB, read at create; unset or 0: never) goes as
- * frames sealed one by one (transport/frame.h); the receiver delivers it whole or not at all. On
+ * frames sealed one by one (transport/frame.h); the receiver delivers it whole or not at all. Over
+ * ipc://, a message of at least CHAINPS_RING_MIN_KB KiB (default 256; 0: never) is copied into
+ * this transport's shared-memory ring and only its descriptor is sent (transport/ring.h), or
+ * inline when the ring is full. `buf` may also be a buffer received from a ring (forwarded): it
+ * is copied, and released once the copy is sent. On
  * success the transport owns buf (it is sent now or queued); on failure the caller still owns it.
  * Errors: CPS_ENOTFOUND (unknown peer), CPS_EAGAIN (peer queue over its limit), CPS_ETRANSPORT. */
 int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len);
 
 /* Called for each received message that passed authentication; `len` excludes the trailer. The
  * callee owns `buf` and must cps__tp_free() it (it may keep
- * it past the call, e.g. to aggregate gradients without a copy). */
+ * it past the call, e.g. to aggregate gradients without a copy). A large message from a same-host
+ * peer arrives as a pointer into that peer's shared-memory ring (transport/ring.h): readable and
+ * writable, 64-byte aligned, with no room after `len` bytes; keeping it holds the sender's slot
+ * (a sender whose ring is full sends inline). */
 typedef void (*cps__tp_recv_fn)(void *ctx, void *buf, size_t len);
 
 /* Wait up to `timeout_ms` (-1: forever, 0: just check) for inbox messages, deliver every message
