@@ -114,7 +114,7 @@ void cps__ring_desc_encode(unsigned char out[CPS_RING_DESC], const cps__ring_des
 /* ---- the sender's ring ---- */
 
 typedef struct ring_ent {
-    uint64_t off, size, seq;
+    uint64_t off, size, seq, tag;
     uint32_t peer;
 } ring_ent;
 
@@ -218,14 +218,19 @@ uint64_t cps__ring_gen(const cps__ring *r)
     return r ? r->gen : 0;
 }
 
-size_t cps__ring_live(const cps__ring *r)
-{
-    return r ? r->flen : 0;
-}
-
 static ring_ent *fifo_at(const cps__ring *r, size_t i)
 {
     return &r->fifo[(r->fhead + i) % r->fcap];
+}
+
+size_t cps__ring_live(const cps__ring *r)
+{
+    size_t n = 0;
+    for (size_t i = 0; r && i < r->flen; i++) {
+        const ring_ent *e = fifo_at(r, i);
+        n += e->seq && __atomic_load_n(&slot_at(r->data, e->off)->live, __ATOMIC_ACQUIRE) == e->seq;
+    }
+    return n;
 }
 
 /* Take back, oldest first, the slots whose receivers released them (or that were taken back). */
@@ -259,7 +264,7 @@ static uint64_t fit(const cps__ring *r, uint64_t size)
     return front - r->head >= size ? r->head : UINT64_MAX;
 }
 
-int cps__ring_alloc(cps__ring *r, uint32_t peer, size_t len, cps__ring_desc *d,
+int cps__ring_alloc(cps__ring *r, uint32_t peer, uint64_t tag, size_t len, cps__ring_desc *d,
                     unsigned char **data)
 {
     if (!r || !d || !data || !len)
@@ -284,7 +289,7 @@ int cps__ring_alloc(cps__ring *r, uint32_t peer, size_t len, cps__ring_desc *d,
         r->fhead = 0;
     }
     uint64_t seq = r->next_seq++;
-    *fifo_at(r, r->flen++) = (ring_ent){off, size, seq, peer};
+    *fifo_at(r, r->flen++) = (ring_ent){off, size, seq, tag, peer};
     r->head = off + size;
     slot_hdr *s = slot_at(r->data, off);
     s->len = len;
@@ -320,12 +325,17 @@ void cps__ring_abandon(cps__ring *r, const cps__ring_desc *d)
 
 size_t cps__ring_reclaim_peer(cps__ring *r, uint32_t peer)
 {
+    return cps__ring_reclaim_before(r, peer, UINT64_MAX);
+}
+
+size_t cps__ring_reclaim_before(cps__ring *r, uint32_t peer, uint64_t tag)
+{
     size_t n = 0;
     if (!r)
         return 0;
     for (size_t i = 0; i < r->flen; i++) {
         ring_ent *e = fifo_at(r, i);
-        if (e->seq && e->peer == peer) {
+        if (e->seq && e->peer == peer && (tag == UINT64_MAX || e->tag < tag)) {
             n += __atomic_load_n(&slot_at(r->data, e->off)->live, __ATOMIC_ACQUIRE) == e->seq;
             take_back(r, e);
         }
@@ -334,14 +344,17 @@ size_t cps__ring_reclaim_peer(cps__ring *r, uint32_t peer)
     return n;
 }
 
-int cps__ring_oldest_peer(cps__ring *r, uint32_t *peer)
+int cps__ring_oldest_peer(cps__ring *r, uint32_t *peer, uint64_t *tag)
 {
-    if (!r || !peer)
+    if (!r)
         return CPS_EINVAL;
     reap(r);
     if (!r->flen)
         return CPS_ENOTFOUND;
-    *peer = fifo_at(r, 0)->peer;
+    if (peer)
+        *peer = fifo_at(r, 0)->peer;
+    if (tag)
+        *tag = fifo_at(r, 0)->tag;
     return 0;
 }
 

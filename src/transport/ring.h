@@ -11,7 +11,8 @@
  * compare-and-swap of the live word from the sequence it was given to 0, so a late release of a
  * slot the sender already took back (its receiver was gone) and reused does nothing. A slot
  * whose receiver never releases it stops the ring; the sender then sends inline, as below the
- * size threshold, and takes the slots of a peer back when the peer is dropped, moved or gone.
+ * size threshold, and takes the slots of a peer back when the peer is dropped, moved or gone, or
+ * those it sent before the peer's connection last broke (a receiver restarted on its address).
  *
  * A descriptor (one ipc message, with the usual zeroed trailer after it):
  *
@@ -84,20 +85,26 @@ int cps__ring_create(const char *dir, uint64_t id, size_t cap, cps__ring **out);
 /* Unmap the ring (receivers keep their own mappings) and unlink its file if `unlink_file`.
  * NULL is a no-op. */
 void cps__ring_destroy(cps__ring *r, int unlink_file);
-/* Reserve a slot of `len` bytes for peer `peer`: first takes back, oldest first, the slots their
- * receivers released. On success *data points at the payload (the caller copies the message
- * there), *d describes it, and the slot is live until its receiver releases it or
+/* Reserve a slot of `len` bytes for peer `peer`, noting `tag` with it (the transport's count of
+ * that peer's broken connections, see cps__ring_reclaim_before): first takes back, oldest first,
+ * the slots their receivers released. On success *data points at the payload (the caller copies the
+ * message there), *d describes it, and the slot is live until its receiver releases it or
  * cps__ring_abandon / cps__ring_reclaim_peer. CPS_EAGAIN: no room now (send inline);
  * CPS_EINVAL: len 0 or larger than the ring. */
-int cps__ring_alloc(cps__ring *r, uint32_t peer, size_t len, cps__ring_desc *d,
+int cps__ring_alloc(cps__ring *r, uint32_t peer, uint64_t tag, size_t len, cps__ring_desc *d,
                     unsigned char **data);
 /* Give back a slot that was reserved but not sent. */
 void cps__ring_abandon(cps__ring *r, const cps__ring_desc *d);
-/* Take back every slot held for `peer` (it was dropped, moved or is gone). Returns how many. */
+/* Take back every slot held for `peer` (it was dropped, moved or is gone). Returns how many
+ * were still held. */
 size_t cps__ring_reclaim_peer(cps__ring *r, uint32_t peer);
-/* The peer of the oldest live slot into *peer; 0, or CPS_ENOTFOUND when no slot is live (after
- * taking back the released ones). */
-int cps__ring_oldest_peer(cps__ring *r, uint32_t *peer);
+/* Take back the slots held for `peer` that were reserved with a tag below `tag`: those sent
+ * before the connection to the peer last broke, which a receiver that restarted on the same
+ * address will never release. Returns how many were still held. */
+size_t cps__ring_reclaim_before(cps__ring *r, uint32_t peer, uint64_t tag);
+/* The peer and tag of the oldest live slot into *peer and *tag (may be NULL); 0, or
+ * CPS_ENOTFOUND when no slot is live (after taking back the released ones). */
+int cps__ring_oldest_peer(cps__ring *r, uint32_t *peer, uint64_t *tag);
 /* Slots reserved and not yet taken back. */
 size_t cps__ring_live(const cps__ring *r);
 /* This ring's generation and id. */

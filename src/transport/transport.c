@@ -639,6 +639,21 @@ static cps__ring *ring_get(cps__tp *tp)
     return tp->ring;
 }
 
+/* A full ring: the oldest slot may be held by a receiver that died (gone, or its connection broke
+ * since: one that restarted on the same address never releases what its predecessor held). Its
+ * slots come back. Returns how many. */
+static size_t ring_unblock(cps__tp *tp, cps__ring *r)
+{
+    uint32_t oldest;
+    uint64_t tag;
+    if (cps__ring_oldest_peer(r, &oldest, &tag) != 0)
+        return 0;
+    tp_peer *o = peer_find(tp, oldest);
+    if (!o || cps__tp_peer_gone(tp, oldest))
+        return cps__ring_reclaim_peer(r, oldest);
+    return cps__ring_reclaim_before(r, oldest, peer_stat(o, NN_STAT_BROKEN_CONNECTIONS));
+}
+
 /* Send a large message to a local peer as a descriptor of its copy in our ring: 1 sent (buf
  * freed), 0 not (no ring or no room: send it inline), or a negative error (buf the caller's). */
 static int send_ring(cps__tp *tp, tp_peer *p, void *buf, size_t len)
@@ -648,13 +663,9 @@ static int send_ring(cps__tp *tp, tp_peer *p, void *buf, size_t len)
         return 0;
     cps__ring_desc d;
     unsigned char *slot;
-    int rc = cps__ring_alloc(r, p->id, len, &d, &slot);
-    uint32_t oldest;
-    /* The oldest slot may be held by a receiver that died: its slots come back, once. */
-    if (rc == CPS_EAGAIN && cps__ring_oldest_peer(r, &oldest) == 0 &&
-        (!peer_find(tp, oldest) || cps__tp_peer_gone(tp, oldest)) &&
-        cps__ring_reclaim_peer(r, oldest))
-        rc = cps__ring_alloc(r, p->id, len, &d, &slot);
+    int rc = cps__ring_alloc(r, p->id, peer_stat(p, NN_STAT_BROKEN_CONNECTIONS), len, &d, &slot);
+    if (rc == CPS_EAGAIN && ring_unblock(tp, r))
+        rc = cps__ring_alloc(r, p->id, peer_stat(p, NN_STAT_BROKEN_CONNECTIONS), len, &d, &slot);
     if (rc) {
         tp->ring_inline_full += rc == CPS_EAGAIN;
         return 0;

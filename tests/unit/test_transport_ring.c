@@ -118,7 +118,7 @@ static void wrap_around(void **state)
     for (int i = 0; i < 40; i++) {
         cps__ring_desc d;
         unsigned char *slot;
-        assert_int_equal(cps__ring_alloc(r, 7, len, &d, &slot), 0);
+        assert_int_equal(cps__ring_alloc(r, 7, 0, len, &d, &slot), 0);
         memset(slot, i, len);
         if (i && d.offset < last_off)
             wrapped++;
@@ -165,18 +165,18 @@ static void full_ring(void **state)
     cps__ring_desc d;
     unsigned char *slot;
     int n = 0, why;
-    while (cps__ring_alloc(r, 3, len, &d, &slot) == 0) {
+    while (cps__ring_alloc(r, 3, 0, len, &d, &slot) == 0) {
         assert_true(n < 8);
         assert_int_equal(cps__ring_resolve(t, &d, &held[n++], &why), 0);
     }
     assert_int_equal(n, 4);
-    assert_int_equal(cps__ring_alloc(r, 3, len, &d, &slot), CPS_EAGAIN);
-    assert_int_equal(cps__ring_alloc(r, 3, cap * 2, &d, &slot), CPS_EINVAL);
+    assert_int_equal(cps__ring_alloc(r, 3, 0, len, &d, &slot), CPS_EAGAIN);
+    assert_int_equal(cps__ring_alloc(r, 3, 0, cap * 2, &d, &slot), CPS_EINVAL);
     cps__ring_release(held[2]);
-    assert_int_equal(cps__ring_alloc(r, 3, len, &d, &slot), CPS_EAGAIN);
+    assert_int_equal(cps__ring_alloc(r, 3, 0, len, &d, &slot), CPS_EAGAIN);
     cps__ring_release(held[0]);
     cps__ring_release(held[1]);
-    assert_int_equal(cps__ring_alloc(r, 3, len, &d, &slot), 0);
+    assert_int_equal(cps__ring_alloc(r, 3, 0, len, &d, &slot), 0);
     assert_int_equal(cps__ring_live(r), 2);
     cps__ring_release(held[3]);
     /* A peer that never releases: its slots are taken back, and its late release does not free
@@ -186,7 +186,7 @@ static void full_ring(void **state)
     assert_int_equal(cps__ring_reclaim_peer(r, 3), 1);
     assert_int_equal(cps__ring_live(r), 0);
     cps__ring_desc d2;
-    assert_int_equal(cps__ring_alloc(r, 4, len, &d2, &slot), 0);
+    assert_int_equal(cps__ring_alloc(r, 4, 0, len, &d2, &slot), 0);
     assert_int_equal(d2.offset, 0);
     /* Another receiver (its own table) gets the slot now. */
     cps__ring_peers *t2;
@@ -196,12 +196,41 @@ static void full_ring(void **state)
     cps__ring_release(late);
     assert_int_equal(cps__ring_live(r), 1);
     uint32_t oldest = 0;
-    assert_int_equal(cps__ring_oldest_peer(r, &oldest), 0);
+    assert_int_equal(cps__ring_oldest_peer(r, &oldest, NULL), 0);
     assert_int_equal(oldest, 4);
     cps__ring_release(b2);
-    assert_int_equal(cps__ring_oldest_peer(r, &oldest), CPS_ENOTFOUND);
+    assert_int_equal(cps__ring_oldest_peer(r, &oldest, NULL), CPS_ENOTFOUND);
     cps__ring_peers_destroy(t2);
     cps__ring_peers_destroy(t);
+    cps__ring_destroy(r, 1);
+}
+
+/* Slots sent to a peer before its connection broke (tag below the current count) come back; the
+ * ones sent since, and other peers', stay. */
+static void reclaim_before_a_break(void **state)
+{
+    fixture *f = *state;
+    cps__ring *r;
+    assert_int_equal(cps__ring_create(f->dir, RING_ID, 1 << 16, &r), 0);
+    cps__ring_desc d;
+    unsigned char *slot;
+    assert_int_equal(cps__ring_alloc(r, 5, 0, 100, &d, &slot), 0);
+    assert_int_equal(cps__ring_alloc(r, 6, 0, 100, &d, &slot), 0);
+    assert_int_equal(cps__ring_alloc(r, 5, 1, 100, &d, &slot), 0);
+    assert_int_equal(cps__ring_alloc(r, 5, 2, 100, &d, &slot), 0);
+    uint32_t peer;
+    uint64_t tag = 9;
+    assert_int_equal(cps__ring_oldest_peer(r, &peer, &tag), 0);
+    assert_int_equal(peer, 5);
+    assert_int_equal(tag, 0);
+    assert_int_equal(cps__ring_reclaim_before(r, 5, 2), 2);
+    assert_int_equal(cps__ring_live(r), 2);
+    assert_int_equal(cps__ring_oldest_peer(r, &peer, &tag), 0);
+    assert_int_equal(peer, 6);
+    assert_int_equal(cps__ring_reclaim_before(r, 5, 2), 0);
+    assert_int_equal(cps__ring_reclaim_peer(r, 6), 1);
+    assert_int_equal(cps__ring_oldest_peer(r, &peer, &tag), 0);
+    assert_int_equal(tag, 2);
     cps__ring_destroy(r, 1);
 }
 
@@ -218,15 +247,15 @@ static void stale_generation_and_restart(void **state)
     unsigned char *slot;
     void *old_buf, *buf;
     int why;
-    assert_int_equal(cps__ring_alloc(r, 1, 100, &d_old, &slot), 0);
+    assert_int_equal(cps__ring_alloc(r, 1, 0, 100, &d_old, &slot), 0);
     memset(slot, 0xab, 100);
-    assert_int_equal(cps__ring_alloc(r, 1, 100, &d_old2, &slot), 0);
+    assert_int_equal(cps__ring_alloc(r, 1, 0, 100, &d_old2, &slot), 0);
     assert_int_equal(cps__ring_resolve(t, &d_old, &old_buf, &why), 0);
     /* The sender dies without a word (its file stays) and starts again. */
     cps__ring_destroy(r, 0);
     assert_int_equal(cps__ring_create(f->dir, RING_ID, 1 << 16, &r), 0);
     assert_int_not_equal(cps__ring_gen(r), d_old.gen);
-    assert_int_equal(cps__ring_alloc(r, 1, 100, &d_new, &slot), 0);
+    assert_int_equal(cps__ring_alloc(r, 1, 0, 100, &d_new, &slot), 0);
     memset(slot, 0xcd, 100);
     assert_int_equal(cps__ring_resolve(t, &d_new, &buf, &why), 0);
     assert_int_equal(((unsigned char *)buf)[99], 0xcd);
@@ -256,7 +285,7 @@ static void stale_generation_and_restart(void **state)
     cps__ring_peers_destroy(t);
     assert_int_equal(cps__ring_peers_create(f->dir, &t), 0);
     assert_int_equal(chmod(path, 0644), 0);
-    assert_int_equal(cps__ring_alloc(r, 1, 100, &d_new, &slot), 0);
+    assert_int_equal(cps__ring_alloc(r, 1, 0, 100, &d_new, &slot), 0);
     assert_int_equal(cps__ring_resolve(t, &d_new, &buf, &why), CPS_EPROTO);
     assert_int_equal(why, CPS_RING_NO_RING);
     cps__ring_peers_destroy(t);
@@ -377,7 +406,9 @@ static void transport_ring_and_fallback(void **state)
      * file and takes its messages. */
     cps__tp_destroy(a);
     cps__tp *a2 = NULL;
+    setenv("CHAINPS_RING_MB", "4", 1);
     assert_int_equal(cps__tp_create(NULL, &a2), 0);
+    unsetenv("CHAINPS_RING_MB");
     assert_int_equal(cps__tp_set_runtime_dir(a2, f->dir), 0);
     assert_int_equal(cps__tp_bind(a2, HOST, pa, NULL), 0);
     snprintf(url, sizeof url, "tcp://" HOST ":%u", (unsigned)pb);
@@ -388,8 +419,36 @@ static void transport_ring_and_fallback(void **state)
     assert_true(wait_for(a2, b, &g, 1));
     assert_int_equal(g.from_ring, 1);
     assert_int_equal(g.sum, want);
-    cps__tp_destroy(a2);
+
+    /* b fills a2's ring (holding three buffers) and restarts on the same address without
+     * releasing them: a2 sees the connection break and takes those slots back when its ring is
+     * full, so the new b gets ring messages again. */
+    g = (got){.hold = 1};
+    want = 0;
+    for (unsigned i = 0; i < 4; i++)
+        assert_int_equal(cps__tp_send(a2, 2, pattern(big, 50 + i, &want), big), 0);
+    assert_true(wait_for(a2, b, &g, 4));
+    assert_int_equal(g.from_ring, 3);
     cps__tp_destroy(b);
+    cps__tp *b2 = NULL;
+    assert_int_equal(cps__tp_create(NULL, &b2), 0);
+    assert_int_equal(cps__tp_set_runtime_dir(b2, f->dir), 0);
+    assert_int_equal(cps__tp_bind(b2, HOST, pb, NULL), 0);
+    int64_t deadline = now_ms() + WAIT_MS;
+    while (!cps__tp_peer_connected(a2, 2) && now_ms() < deadline)
+        assert_true(cps__tp_poll(a2, 10, NULL, NULL, 0) >= 0);
+    assert_true(cps__tp_peer_connected(a2, 2));
+    got g2 = {0};
+    want = 0;
+    assert_int_equal(cps__tp_send(a2, 2, pattern(big, 60, &want), big), 0);
+    assert_true(wait_for(a2, b2, &g2, 1));
+    assert_int_equal(g2.from_ring, 1);
+    assert_int_equal(g2.sum, want);
+    /* The old b's buffers, released late, leave the new b's slots alone. */
+    for (size_t i = 0; i < g.nkeep; i++)
+        cps__tp_free(g.keep[i]);
+    cps__tp_destroy(a2);
+    cps__tp_destroy(b2);
 }
 
 int main(void)
@@ -400,6 +459,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(ring_file_private, setup, teardown),
         cmocka_unit_test_setup_teardown(wrap_around, setup, teardown),
         cmocka_unit_test_setup_teardown(full_ring, setup, teardown),
+        cmocka_unit_test_setup_teardown(reclaim_before_a_break, setup, teardown),
         cmocka_unit_test_setup_teardown(stale_generation_and_restart, setup, teardown),
         cmocka_unit_test_setup_teardown(transport_ring_and_fallback, setup, teardown),
     };
