@@ -62,6 +62,17 @@ typedef struct cps__coord_counts {
     uint32_t workers_done;
 } cps__coord_counts;
 
+/* The job as the coordinator counts it, for the /metrics page (cps__coord_summary). */
+typedef struct cps__coord_summary {
+    int running;           /* every node joined, and the job has not ended */
+    uint32_t live_servers; /* servers the view counts alive */
+    uint32_t live_workers; /* workers alive and not finished */
+    uint32_t draining;     /* servers whose ranges are being moved away */
+    /* The servers' counters as their heartbeats last reported them, summed; and the highest
+     * step any server applied (the job's step). */
+    uint64_t push_raw_bytes, push_wire_bytes, pull_bytes, updates_applied, step;
+} cps__coord_summary;
+
 enum {
     CPS_CO_P_STATE = 1,   /* the view and the job's progress (cps__coord_blobs) */
     CPS_CO_P_CKPT = 2,    /* the last checkpoint's note (cps__coord_ckpt) */
@@ -74,8 +85,7 @@ enum cps__coord_action_kind {
      * encoding number `view` of the output (cps__coord_out.views). Withdrawn (kind 0) when the
      * save of this output failed. */
     CPS_CO_VIEW = 1,
-    /* Send hdr (no payload) to `peer`. Of kind JOIN_RANGE: if it cannot be sent, tell
-     * cps__coord_join_unsent. */
+    /* Send hdr (no payload) to `peer`; if it cannot be sent, tell cps__coord_unsent. */
     CPS_CO_MSG,
     /* Answer request hdr (its sender: the peer) with error `code` and `text`. */
     CPS_CO_ERROR,
@@ -154,9 +164,10 @@ int cps__coord_step(cps__coord *c, const cps__msg_hdr *hdr, const void *payload,
 void cps__coord_set_wall(cps__coord *c, uint64_t wall_ms);
 
 /* Time passes (call every few tens of ms): failure detection, data-path probes, periodic and
- * batched repairs, save retries, the join timeout. `gone` lists servers whose connection closed
- * and whose address refuses connections (their process is gone: no need to wait out their
- * silence). */
+ * batched repairs, save retries, the join timeout. `gone` lists members whose connection closed
+ * and whose address refuses connections, as the transport sees them (the shell checks every
+ * member; the coordinator decides which count: a live server's or worker's process is gone, no
+ * need to wait out its silence; a finished worker closed on purpose). */
 void cps__coord_tick(cps__coord *c, uint64_t now, const uint32_t *gone, size_t ngone);
 
 /* A stop was requested (signal, or the shell): every server is told to exit; the job ends. */
@@ -169,8 +180,12 @@ cps__coord_out *cps__coord_ready(cps__coord *c);
  * the held view goes out to every node (appended to the output being performed). */
 void cps__coord_persisted(cps__coord *c, int rc, uint64_t now);
 void cps__coord_done(cps__coord *c);
-/* A JOIN_RANGE of the output could not be sent: the join is retried at the next repair. */
-void cps__coord_join_unsent(cps__coord *c, const cps__msg_hdr *join);
+/* The CPS_CO_MSG with header `hdr` could not be sent (with the transport's error). The
+ * coordinator decides what that means: a JOIN_RANGE is retried at the next repair; anything else
+ * is left to its own retry (a heartbeat, a probe round, a repeated request). Returns the level
+ * (CPS_LOG_*) the shell logs the failure at: debug for a probe, whose silence is the evidence a
+ * probe round looks for, else warn. */
+int cps__coord_unsent(cps__coord *c, const cps__msg_hdr *hdr);
 
 /* The blobs to persist under CPS_CO_P_STATE: sched/view, sched/state, sched/scale, sched/boots
  * (names in names[i], bytes owned by the coordinator until the next call). Returns how many, or
@@ -180,6 +195,12 @@ int cps__coord_blobs(cps__coord *c, const char *names[4], cps__coord_blob blobs[
 /* The tensor registry to persist under CPS_CO_P_REGISTRY as "sched/registry": malloc'd, the
  * caller frees it; *len set. NULL when out of memory. */
 unsigned char *cps__coord_registry_blob(const cps__coord *c, size_t *len);
+
+/* The job's figures for /metrics. */
+cps__coord_summary cps__coord_summarize(const cps__coord *c);
+/* Whether member i (of cps__coord_nodes) has a training clock to show: a worker alive or
+ * finished (a dead or superseded one's rank is someone else's now). */
+int cps__coord_shows_clock(const cps__coord *c, uint32_t i);
 
 /* Read-only views of the state, for /metrics. */
 const cps__view *cps__coord_view(const cps__coord *c);

@@ -196,10 +196,11 @@ void cps__coord_done(cps__coord *c)
     c->out.persist = 0;
 }
 
-void cps__coord_join_unsent(cps__coord *c, const cps__msg_hdr *join)
+int cps__coord_unsent(cps__coord *c, const cps__msg_hdr *hdr)
 {
-    if (c->repair)
-        cps__repair_join_unsent(c->repair, join->range, join->step);
+    if (hdr->type == CPS_MSG_JOIN_RANGE && c->repair)
+        cps__repair_join_unsent(c->repair, hdr->range, hdr->step);
+    return hdr->type == CPS_MSG_PROBE ? CPS_LOG_DEBUG : CPS_LOG_WARN;
 }
 
 /* ---- members ---- */

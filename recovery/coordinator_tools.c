@@ -176,3 +176,29 @@ unsigned char *cps__coord_registry_blob(const cps__coord *c, size_t *len)
 {
     return cps__registry_blob(&c->reg, len);
 }
+
+cps__coord_summary cps__coord_summarize(const cps__coord *c)
+{
+    cps__coord_summary m = {.running = c->started && !c->finished};
+    for (uint32_t i = 0; i < c->nnodes; i++) {
+        const cps__coord_node *n = &c->nodes[i];
+        m.draining += n->draining != 0;
+        if (n->info.role == CPS_ROLE_SERVER) {
+            m.live_servers += n->info.alive != 0;
+            m.push_raw_bytes += n->stats.push_raw_bytes;
+            m.push_wire_bytes += n->stats.push_wire_bytes;
+            m.pull_bytes += n->stats.pull_bytes;
+            m.updates_applied += n->stats.updates_applied;
+            m.step = n->stats.step > m.step ? n->stats.step : m.step;
+        } else if (n->info.role == CPS_ROLE_WORKER) {
+            m.live_workers += n->info.alive && !n->done;
+        }
+    }
+    return m;
+}
+
+int cps__coord_shows_clock(const cps__coord *c, uint32_t i)
+{
+    const cps__coord_node *n = i < c->nnodes ? &c->nodes[i] : NULL;
+    return n && n->info.role == CPS_ROLE_WORKER && (n->info.alive || n->done);
+}

@@ -197,11 +197,9 @@ static void perform_one(cps__sched *s, const cps__coord_out *o, const cps__coord
         break;
     case CPS_CO_MSG:
         rc = cps__msg_send(s->tp, a->peer, &h, NULL, 0);
-        if (rc != 0 && h.type == CPS_MSG_JOIN_RANGE)
-            cps__coord_join_unsent(s->co, &a->hdr);
         if (rc != 0)
-            cps__log(h.type == CPS_MSG_PROBE ? CPS_LOG_DEBUG : CPS_LOG_WARN, "scheduler",
-                     "send to node %u failed: %s", a->peer, cps_strerror(rc));
+            cps__log(cps__coord_unsent(s->co, &a->hdr), "scheduler", "send to node %u failed: %s",
+                     a->peer, cps_strerror(rc));
         break;
     case CPS_CO_ERROR:
         cps__msg_reply_error(s->tp, SCHED_ID, cps__coord_epoch(s->co), &h, a->code, a->text);
@@ -312,49 +310,38 @@ static void publish_metrics(cps__sched *s)
 {
     cps__prom *p = &s->page;
     cps__prom_reset(p);
-    uint32_t nn, live_servers = 0, live_workers = 0;
+    uint32_t nn;
     const cps__coord_node *nodes = cps__coord_nodes(s->co, &nn);
     const cps__view *v = cps__coord_view(s->co);
     cps__coord_counts k = cps__coord_counters(s->co);
+    cps__coord_summary m = cps__coord_summarize(s->co);
     const cps__ckpt_note *ck = cps__coord_ckpt(s->co);
-    uint64_t raw = 0, wire = 0, pull = 0, applied = 0, step = 0, draining = 0;
-    for (uint32_t i = 0; i < nn; i++) {
-        const cps__coord_node *n = &nodes[i];
-        draining += n->draining;
-        if (n->info.role == CPS_ROLE_SERVER) {
-            live_servers += n->info.alive;
-            raw += n->stats.push_raw_bytes;
-            wire += n->stats.push_wire_bytes;
-            pull += n->stats.pull_bytes;
-            applied += n->stats.updates_applied;
-            step = n->stats.step > step ? n->stats.step : step;
-        } else if (n->info.role == CPS_ROLE_WORKER) {
-            live_workers += n->info.alive && !n->done;
-        }
-    }
 #define FAMILY(name, type, help, v)                                                                \
     cps__prom_family(p, name, type, help);                                                         \
     cps__prom_u64(p, name, NULL, v)
     FAMILY("chainps_view_epoch", "gauge", "The view epoch the scheduler published last.", v->epoch);
     FAMILY("chainps_job_running", "gauge", "1 once every node joined and until the job ends.",
-           (uint64_t)(cps__coord_started(s->co) && !cps__coord_finished(s->co)));
-    FAMILY("chainps_job_step", "gauge", "The job's step: the highest any server applied.", step);
-    FAMILY("chainps_live_servers", "gauge", "Servers the view counts alive.", live_servers);
-    FAMILY("chainps_live_workers", "gauge", "Workers alive and not finished.", live_workers);
+           (uint64_t)m.running);
+    FAMILY("chainps_job_step", "gauge", "The job's step: the highest any server applied.", m.step);
+    FAMILY("chainps_live_servers", "gauge", "Servers the view counts alive.", m.live_servers);
+    FAMILY("chainps_live_workers", "gauge", "Workers alive and not finished.", m.live_workers);
     FAMILY("chainps_workers_finished", "gauge", "Workers that said goodbye.", k.workers_done);
     /* The servers' counters as their heartbeats report them: a restarted server's start over,
      * which Prometheus's rate() takes for a counter reset. */
     FAMILY("chainps_job_push_bytes_total", "counter",
-           "Push payload bytes the servers received, after decompression (from heartbeats).", raw);
+           "Push payload bytes the servers received, after decompression (from heartbeats).",
+           m.push_raw_bytes);
     FAMILY("chainps_job_received_push_bytes_total", "counter",
-           "Push payload bytes the servers received, as sent (from heartbeats).", wire);
+           "Push payload bytes the servers received, as sent (from heartbeats).",
+           m.push_wire_bytes);
     FAMILY("chainps_job_pull_bytes_total", "counter",
-           "Value bytes the servers sent to pulls (from heartbeats).", pull);
+           "Value bytes the servers sent to pulls (from heartbeats).", m.pull_bytes);
     FAMILY("chainps_job_updates_applied_total", "counter",
-           "Updates the servers applied, every replica counted (from heartbeats).", applied);
+           "Updates the servers applied, every replica counted (from heartbeats).",
+           m.updates_applied);
     FAMILY("chainps_checkpoints_total", "counter", "Checkpoints completed in this job.", ck->id);
     FAMILY("chainps_servers_draining", "gauge", "Servers whose ranges are being moved away.",
-           draining);
+           m.draining);
     FAMILY("chainps_servers_drained_total", "counter", "Servers drained and let go since start.",
            k.drained);
     FAMILY("chainps_range_moves_total", "counter",
@@ -377,7 +364,7 @@ static void publish_metrics(cps__sched *s)
     int any_worker = 0;
     for (uint32_t i = 0; i < nn; i++) {
         const cps__coord_node *n = &nodes[i];
-        if (n->info.role != CPS_ROLE_WORKER || !(n->info.alive || n->done))
+        if (!cps__coord_shows_clock(s->co, i))
             continue;
         if (!any_worker++)
             cps__prom_family(p, "chainps_worker_clock", "gauge",
@@ -450,18 +437,17 @@ static int linger_then_stop(cps__sched *s)
     return cps__loop_timer_add(s->loop, T_STOP, SHUTDOWN_LINGER_MS, 0, on_stop, s);
 }
 
-/* Every DETECT_EVERY_MS: the coordinator's tick, told which servers' processes are gone (their
- * connection closed and their address refuses connections). */
+/* Every DETECT_EVERY_MS: the coordinator's tick, told which members' connections look gone (closed,
+ * and their address refuses connections); the coordinator judges what that means. */
 static int on_detect(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)l, (void)id;
     cps__sched *s = ctx;
-    uint32_t nn, gone[64];
+    uint32_t nn, gone[CPS_MAX_NODES];
     size_t ng = 0;
     const cps__coord_node *nodes = cps__coord_nodes(s->co, &nn);
-    for (uint32_t i = 0; i < nn && ng < sizeof gone / sizeof gone[0]; i++)
-        if ((nodes[i].info.role == CPS_ROLE_SERVER || nodes[i].info.role == CPS_ROLE_WORKER) &&
-            nodes[i].info.alive && cps__tp_peer_gone(s->tp, nodes[i].info.id))
+    for (uint32_t i = 0; i < nn && ng < CPS_MAX_NODES; i++)
+        if (cps__tp_peer_gone(s->tp, nodes[i].info.id))
             gone[ng++] = nodes[i].info.id;
     cps__coord_tick(s->co, now, gone, ng);
     perform(s);

@@ -10,6 +10,7 @@
 
 #include "chainps/error.h"
 #include "core/config.h"
+#include "core/log.h"
 #include "recovery/coordinator.h"
 #include "recovery/view_change.h"
 
@@ -843,6 +844,84 @@ static void workers_declare_tensors_and_tools_list_them(void **state)
     cps__coord_destroy(c);
 }
 
+/* A join that could not be sent goes out again at the next repair, not after the join's
+ * give-up time; other unsent messages change nothing. Probes fail quietly (their silence is
+ * what a probe round looks for). */
+static void an_unsent_join_is_retried_at_the_next_repair(void **state)
+{
+    (void)state;
+    cps__coord *c = running(4, 2);
+    uint64_t t = silence_server_1(c);
+    perform(c, 0, t);
+    const cps__coord_action *j = find(c, CPS_CO_MSG, CPS_MSG_JOIN_RANGE, UINT32_MAX);
+    assert_non_null(j);
+    cps__msg_hdr join = j->hdr;
+    uint32_t joiner = j->peer;
+    size_t joins = count(c, CPS_CO_MSG, CPS_MSG_JOIN_RANGE);
+    assert_int_equal(cps__coord_unsent(c, &join), CPS_LOG_WARN);
+    cps__msg_hdr probe = {.type = CPS_MSG_PROBE, .req_seq = 1};
+    assert_int_equal(cps__coord_unsent(c, &probe), CPS_LOG_DEBUG);
+    done(c);
+    for (uint64_t at = t + 100; at <= t + 700; at += 100) {
+        for (uint32_t id = 2; id <= 6; id++)
+            msg(c, CPS_MSG_HEARTBEAT, id, at);
+        cps__coord_tick(c, at, NULL, 0);
+        perform(c, 0, at);
+        const cps__coord_out *o = cps__coord_ready(c);
+        for (size_t i = 0; i < o->n; i++)
+            if (o->a[i].kind == CPS_CO_MSG && o->a[i].hdr.type == CPS_MSG_JOIN_RANGE) {
+                /* Only the unsent one, to the same joiner, for the same range. */
+                assert_int_equal(o->a[i].hdr.range, join.range);
+                assert_int_equal(o->a[i].peer, joiner);
+                joins = 0;
+            }
+        done(c);
+    }
+    assert_int_equal(joins, 0); /* it went out again */
+    cps__coord_destroy(c);
+}
+
+/* The figures of /metrics: live servers and workers, the servers' counters summed, the job's
+ * step the highest any server applied; a finished worker still shows its clock. */
+static void metrics_count_what_the_view_holds(void **state)
+{
+    (void)state;
+    cps__coord *c = running(4, 2); /* servers 1..4, workers 5, 6 */
+    cps__coord_summary m = cps__coord_summarize(c);
+    assert_true(m.running);
+    assert_int_equal(m.live_servers, 4);
+    assert_int_equal(m.live_workers, 2);
+    uint64_t t = silence_server_1(c) + 10;
+    perform(c, 0, t);
+    done(c);
+    m = cps__coord_summarize(c);
+    assert_int_equal(m.live_servers, 3);
+    for (uint32_t id = 2; id <= 3; id++) {
+        unsigned char st[CPS_STATS_SIZE];
+        cps__node_stats ns = {.push_raw_bytes = 100 * id, .updates_applied = id, .step = 10 * id};
+        cps__stats_encode(st, &ns);
+        cps__msg_hdr h = {.type = CPS_MSG_HEARTBEAT,
+                          .sender = id,
+                          .epoch = cps__coord_epoch(c),
+                          .raw_len = CPS_STATS_SIZE};
+        cps__coord_step(c, &h, st, sizeof st, id, t);
+    }
+    msg(c, CPS_MSG_BYE, 5, t);
+    perform(c, 0, t);
+    done(c);
+    m = cps__coord_summarize(c);
+    assert_int_equal(m.push_raw_bytes, 500);
+    assert_int_equal(m.updates_applied, 5);
+    assert_int_equal(m.step, 30);
+    assert_int_equal(m.live_workers, 1);
+    uint32_t nn;
+    const cps__coord_node *nodes = cps__coord_nodes(c, &nn);
+    for (uint32_t i = 0; i < nn; i++)
+        assert_int_equal(cps__coord_shows_clock(c, i), nodes[i].info.role == CPS_ROLE_WORKER);
+    assert_false(cps__coord_shows_clock(c, nn));
+    cps__coord_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -865,6 +944,8 @@ int main(void)
         cmocka_unit_test(tools_are_told_from_members),
         cmocka_unit_test(status_reports_the_view_ages_and_the_checkpoint),
         cmocka_unit_test(workers_declare_tensors_and_tools_list_them),
+        cmocka_unit_test(an_unsent_join_is_retried_at_the_next_repair),
+        cmocka_unit_test(metrics_count_what_the_view_holds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
