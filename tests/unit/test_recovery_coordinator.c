@@ -922,6 +922,47 @@ static void metrics_count_what_the_view_holds(void **state)
     cps__coord_destroy(c);
 }
 
+/* While a range is copied to a joiner, STATUS names the joiner and its source: the range's tail,
+ * which serves snapshots (src/server/transfer.c refuses a snapshot request elsewhere). */
+static void status_names_each_copy_and_its_source(void **state)
+{
+    (void)state;
+    cps__coord *c = running(4, 2);
+    uint64_t t = silence_server_1(c);
+    perform(c, 0, t);
+    done(c);
+    const uint32_t tool = 0x40000004u;
+    cps__msg_hdr q = {.type = CPS_MSG_STATUS, .sender = UINT32_MAX, .req_seq = 8};
+    assert_int_equal(cps__coord_step(c, &q, NULL, 0, tool, t), 0);
+    const cps__coord_action *a = find(c, CPS_CO_REPLY, CPS_MSG_STATUS_REPLY, tool);
+    assert_non_null(a);
+    const cps__coord_blob *b = &cps__coord_ready(c)->views[a->view];
+    cps__view v;
+    cps__view_init(&v);
+    size_t vlen;
+    assert_int_equal(cps__view_decode_prefix(b->data, b->len, &v, &vlen), 0);
+    const unsigned char *p = (const unsigned char *)b->data + vlen;
+    p += 4 + (size_t)cps__le32_get(p) * (8 + CPS_STATS_SIZE);
+    assert_int_equal(cps__le32_get(p), v.nranges);
+    p += 4;
+    uint32_t copies = 0;
+    for (uint32_t r = 0; r < v.nranges; r++, p += 8) {
+        uint32_t joiner = cps__le32_get(p), source = cps__le32_get(p + 4);
+        const cps__range *rg = &v.ranges[r];
+        if (!joiner) {
+            assert_int_equal(source, 0);
+            continue;
+        }
+        copies++;
+        assert_int_not_equal(joiner, 1);
+        assert_int_equal(source, rg->chain[rg->chain_len - 1]);
+    }
+    assert_true(copies >= 1);
+    cps__view_fini(&v);
+    done(c);
+    cps__coord_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -946,6 +987,7 @@ int main(void)
         cmocka_unit_test(workers_declare_tensors_and_tools_list_them),
         cmocka_unit_test(an_unsent_join_is_retried_at_the_next_repair),
         cmocka_unit_test(metrics_count_what_the_view_holds),
+        cmocka_unit_test(status_names_each_copy_and_its_source),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
