@@ -60,6 +60,7 @@ void cps__coord_destroy(cps__coord *c)
     free(c->nodes);
     free(c->former);
     free(c->blob_buf);
+    cps__registry_fini(&c->reg);
     free(c);
 }
 
@@ -206,7 +207,9 @@ static int load(cps__coord *c, cps__coord_get_fn get, void *ctx, uint64_t now)
 
 int cps__coord_resume(cps__coord *c, cps__coord_get_fn get, void *ctx, uint64_t now)
 {
-    int rc = load(c, get, ctx, now);
+    int rc = cps__co_registry_load(c, get, ctx);
+    if (rc == 0)
+        rc = load(c, get, ctx, now);
     if (rc <= 0)
         return rc;
     if ((rc = cps__co_begin_running(c, now)) != 0)
@@ -329,7 +332,8 @@ static int member_msg(cps__coord *c, const cps__msg_hdr *h, const void *pl, size
         }
         break;
     case CPS_MSG_REGISTER:
-        return 1; /* the tensor registry is the shell's */
+        cps__co_register(c, n, h, pl, len);
+        break;
     case CPS_MSG_SUSPECT:
         cps__co_suspect(c, n, h, pl, len, now);
         break;
@@ -357,23 +361,13 @@ int cps__coord_step(cps__coord *c, const cps__msg_hdr *h, const void *pl, size_t
         cps__co_drain(c, h, reply_to, now);
         return 0;
     case CPS_MSG_RELEASE:
-        if (c->cfg.hold_workers) {
-            c->cfg.hold_workers = 0;
-            cps__co_log(c, CPS_LOG_INFO, "checkpoint restored: admitting the workers");
-            for (uint32_t i = 0; i < c->nnodes; i++)
-                if (c->nodes[i].info.role == CPS_ROLE_WORKER && c->started)
-                    cps__co_send_view(c, c->nodes[i].info.id, CPS_MSG_WELCOME);
-        }
-        /* Acknowledged (a repeat too): the restore tool sends RELEASE until it hears this, as a
-         * message sent just before its transport closes can be lost. */
-        if (reply_to && reply_to != h->sender) {
-            cps__coord_action *a = cps__co_push(c, CPS_CO_MSG, reply_to);
-            a->hdr = (cps__msg_hdr){.type = CPS_MSG_RELEASE,
-                                    .flags = CPS_WF_REPLY,
-                                    .sender = CPS_COORD_SELF,
-                                    .epoch = c->view.epoch,
-                                    .req_seq = h->req_seq};
-        }
+        cps__co_release(c, h, reply_to);
+        return 0;
+    case CPS_MSG_STATUS:
+        cps__co_status(c, h, reply_to, now);
+        return 0;
+    case CPS_MSG_REGISTRY:
+        cps__co_registry(c, h, reply_to);
         return 0;
     default:
         break;

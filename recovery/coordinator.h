@@ -62,9 +62,22 @@ typedef struct cps__coord_counts {
     uint32_t workers_done;
 } cps__coord_counts;
 
+/* The job as the coordinator counts it, for the /metrics page (cps__coord_summary). */
+typedef struct cps__coord_summary {
+    int running;           /* every node joined, and the job has not ended */
+    uint32_t live_servers; /* servers the view counts alive */
+    uint32_t live_workers; /* workers alive and not finished */
+    uint32_t draining;     /* servers whose ranges are being moved away */
+    /* The servers' counters as their heartbeats last reported them, summed; and the highest
+     * step any server applied (the job's step). */
+    uint64_t push_raw_bytes, push_wire_bytes, pull_bytes, updates_applied, step;
+} cps__coord_summary;
+
 enum {
-    CPS_CO_P_STATE = 1, /* the view and the job's progress (cps__coord_blobs) */
-    CPS_CO_P_CKPT = 2   /* the last checkpoint's note (cps__coord_ckpt) */
+    CPS_CO_P_STATE = 1,   /* the view and the job's progress (cps__coord_blobs) */
+    CPS_CO_P_CKPT = 2,    /* the last checkpoint's note (cps__coord_ckpt) */
+    CPS_CO_P_REGISTRY = 4 /* the tensor registry (cps__coord_registry_blob); not protocol: a
+                           * failed write is only logged, as no view depends on it */
 };
 
 enum cps__coord_action_kind {
@@ -72,8 +85,7 @@ enum cps__coord_action_kind {
      * encoding number `view` of the output (cps__coord_out.views). Withdrawn (kind 0) when the
      * save of this output failed. */
     CPS_CO_VIEW = 1,
-    /* Send hdr (no payload) to `peer`. Of kind JOIN_RANGE: if it cannot be sent, tell
-     * cps__coord_join_unsent. */
+    /* Send hdr (no payload) to `peer`; if it cannot be sent, tell cps__coord_unsent. */
     CPS_CO_MSG,
     /* Answer request hdr (its sender: the peer) with error `code` and `text`. */
     CPS_CO_ERROR,
@@ -85,7 +97,11 @@ enum cps__coord_action_kind {
     /* Drop the peer of node `peer` (a superseded worker). */
     CPS_CO_PEER_DROP,
     /* Log `text` at `level` (CPS_LOG_*). */
-    CPS_CO_LOG
+    CPS_CO_LOG,
+    /* Answer a tool's request: send hdr (complete) to `peer` with payload number `view` of the
+     * output (cps__coord_out.views: a STATUS_REPLY, a REGISTRY reply). A failed save does not
+     * withdraw it: a tool is no member, and no node acts on the view a tool is shown. */
+    CPS_CO_REPLY
 };
 
 typedef struct cps__coord_action {
@@ -109,7 +125,7 @@ typedef struct cps__coord_out {
     unsigned persist; /* CPS_CO_P_* */
     cps__coord_action *a;
     size_t n, cap;
-    cps__coord_blob *views; /* encoded views the CPS_CO_VIEW actions name */
+    cps__coord_blob *views; /* payloads the CPS_CO_VIEW (encoded views) and CPS_CO_REPLY name */
     size_t nviews, views_cap;
 } cps__coord_out;
 
@@ -118,24 +134,40 @@ int cps__coord_create(const cps__coord_config *cfg, cps__coord **out);
 void cps__coord_destroy(cps__coord *c); /* NULL: no-op */
 
 /* Resume an unfinished job from the persisted blobs. `get` reads one blob by name (the names of
- * cps__coord_blobs, and "sched/ckpt"): 0 with *data and *len set (borrowed for the call),
+ * cps__coord_blobs, "sched/ckpt" and "sched/registry"; the registry is read even when there is
+ * no job to resume, as a new job in the directory keeps it): 0 with *data and *len set (borrowed
+ * for the call),
  * CPS_ENOTFOUND, or an error. Returns 1 resumed (a new epoch, to be persisted and sent: see the
  * output), 0 nothing to resume (none saved, or that job finished), or CPS_ECORRUPT,
  * CPS_ECONFIG (the directory holds another job's shape; logged in the output), CPS_ENOMEM. */
 typedef int (*cps__coord_get_fn)(void *ctx, const char *name, const void **data, size_t *len);
 int cps__coord_resume(cps__coord *c, cps__coord_get_fn get, void *ctx, uint64_t now);
 
+/* Whether hdr is a tool's request to be answered at a peer its payload names (a hello naming
+ * the tool's inbox; see node/temp_peers.h): STATUS and REGISTRY from anyone, DRAIN and RELEASE
+ * from a sender of UINT32_MAX (a member's are answered at the member). The shell makes that peer
+ * and passes it to cps__coord_step as reply_to; it decides nothing else about tools. */
+int cps__coord_tool_request(const cps__msg_hdr *hdr);
+
 /* One message. `payload` is hdr->raw_len bytes (len). `reply_to`: where a tool's request is
- * answered (the shell's temporary peer for it), else hdr->sender. Returns 0 handled, 1 handled
- * and the shell must also act on it (REGISTER of a member worker: the tensor registry is the
- * shell's), or CPS_ENOTFOUND (a sender that is no member: dropped, logged). */
+ * answered (the shell's temporary peer for it; 0: the request named none, so it is not
+ * answered), else hdr->sender. Tool queries (STATUS, REGISTRY) are answered with CPS_CO_REPLY;
+ * a member worker's REGISTER is taken into the tensor registry (CPS_CO_P_REGISTRY when it
+ * changed) and answered. Returns 0 handled, or CPS_ENOTFOUND (a sender that is no member:
+ * dropped, logged). */
 int cps__coord_step(cps__coord *c, const cps__msg_hdr *hdr, const void *payload, size_t len,
                     uint32_t reply_to, uint64_t now);
 
+/* The wall clock of this turn (ms since 1970): a STATUS reply gives the last checkpoint's age by
+ * it, as checkpoint times are wall-clock times. Call before the step that may answer STATUS;
+ * until then ages read 0. */
+void cps__coord_set_wall(cps__coord *c, uint64_t wall_ms);
+
 /* Time passes (call every few tens of ms): failure detection, data-path probes, periodic and
- * batched repairs, save retries, the join timeout. `gone` lists servers whose connection closed
- * and whose address refuses connections (their process is gone: no need to wait out their
- * silence). */
+ * batched repairs, save retries, the join timeout. `gone` lists members whose connection closed
+ * and whose address refuses connections, as the transport sees them (the shell checks every
+ * member; the coordinator decides which count: a live server's or worker's process is gone, no
+ * need to wait out its silence; a finished worker closed on purpose). */
 void cps__coord_tick(cps__coord *c, uint64_t now, const uint32_t *gone, size_t ngone);
 
 /* A stop was requested (signal, or the shell): every server is told to exit; the job ends. */
@@ -148,15 +180,29 @@ cps__coord_out *cps__coord_ready(cps__coord *c);
  * the held view goes out to every node (appended to the output being performed). */
 void cps__coord_persisted(cps__coord *c, int rc, uint64_t now);
 void cps__coord_done(cps__coord *c);
-/* A JOIN_RANGE of the output could not be sent: the join is retried at the next repair. */
-void cps__coord_join_unsent(cps__coord *c, const cps__msg_hdr *join);
+/* The CPS_CO_MSG with header `hdr` could not be sent (with the transport's error). The
+ * coordinator decides what that means: a JOIN_RANGE is retried at the next repair; anything else
+ * is left to its own retry (a heartbeat, a probe round, a repeated request). Returns the level
+ * (CPS_LOG_*) the shell logs the failure at: debug for a probe, whose silence is the evidence a
+ * probe round looks for, else warn. */
+int cps__coord_unsent(cps__coord *c, const cps__msg_hdr *hdr);
 
 /* The blobs to persist under CPS_CO_P_STATE: sched/view, sched/state, sched/scale, sched/boots
  * (names in names[i], bytes owned by the coordinator until the next call). Returns how many, or
  * CPS_ENOMEM. */
 int cps__coord_blobs(cps__coord *c, const char *names[4], cps__coord_blob blobs[4]);
 
-/* Read-only views of the state, for STATUS and /metrics. */
+/* The tensor registry to persist under CPS_CO_P_REGISTRY as "sched/registry": malloc'd, the
+ * caller frees it; *len set. NULL when out of memory. */
+unsigned char *cps__coord_registry_blob(const cps__coord *c, size_t *len);
+
+/* The job's figures for /metrics. */
+cps__coord_summary cps__coord_summarize(const cps__coord *c);
+/* Whether member i (of cps__coord_nodes) has a training clock to show: a worker alive or
+ * finished (a dead or superseded one's rank is someone else's now). */
+int cps__coord_shows_clock(const cps__coord *c, uint32_t i);
+
+/* Read-only views of the state, for /metrics. */
 const cps__view *cps__coord_view(const cps__coord *c);
 const cps__coord_node *cps__coord_nodes(const cps__coord *c, uint32_t *n);
 const cps__ckpt_note *cps__coord_ckpt(const cps__coord *c);

@@ -45,6 +45,20 @@ void cps__co_log(cps__coord *c, int level, const char *fmt, ...)
     va_end(ap);
 }
 
+uint32_t cps__co_payload(cps__coord *c, void *buf, size_t len)
+{
+    cps__coord_out *o = &c->out;
+    void *items = o->views;
+    if (cps__array_reserve(&items, &o->views_cap, o->nviews + 1, sizeof *o->views, 4) != 0) {
+        free(buf);
+        return UINT32_MAX;
+    }
+    o->views = items;
+    o->views[o->nviews].data = buf;
+    o->views[o->nviews].len = len;
+    return (uint32_t)o->nviews++;
+}
+
 /* The index of the view's encoding in the output: the last one if the view is unchanged since,
  * else a new one. UINT32_MAX when out of memory. */
 static uint32_t view_blob(cps__coord *c)
@@ -60,15 +74,7 @@ static uint32_t view_blob(cps__coord *c)
         free(buf);
         return (uint32_t)(o->nviews - 1);
     }
-    void *items = o->views;
-    if (cps__array_reserve(&items, &o->views_cap, o->nviews + 1, sizeof *o->views, 4) != 0) {
-        free(buf);
-        return UINT32_MAX;
-    }
-    o->views = items;
-    o->views[o->nviews].data = buf;
-    o->views[o->nviews].len = len;
-    return (uint32_t)o->nviews++;
+    return cps__co_payload(c, buf, len);
 }
 
 void cps__co_send_view(cps__coord *c, uint32_t peer, uint8_t type)
@@ -190,10 +196,11 @@ void cps__coord_done(cps__coord *c)
     c->out.persist = 0;
 }
 
-void cps__coord_join_unsent(cps__coord *c, const cps__msg_hdr *join)
+int cps__coord_unsent(cps__coord *c, const cps__msg_hdr *hdr)
 {
-    if (c->repair)
-        cps__repair_join_unsent(c->repair, join->range, join->step);
+    if (hdr->type == CPS_MSG_JOIN_RANGE && c->repair)
+        cps__repair_join_unsent(c->repair, hdr->range, hdr->step);
+    return hdr->type == CPS_MSG_PROBE ? CPS_LOG_DEBUG : CPS_LOG_WARN;
 }
 
 /* ---- members ---- */

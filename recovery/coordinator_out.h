@@ -6,6 +6,7 @@
 
 #include "recovery/coordinator.h"
 #include "recovery/detector.h"
+#include "recovery/registry.h"
 #include "recovery/repair.h"
 #include "recovery/suspect.h"
 
@@ -49,6 +50,8 @@ struct cps__coord {
      * not name it). It holds what was acknowledged until then: the range's fallback, should the
      * one left come back with an empty store. 0: none. In memory only. */
     uint32_t *former;
+    cps__registry reg; /* the tensors workers declared (REGISTER), for checkpoints (REGISTRY) */
+    uint64_t wall_ms;  /* this turn's wall clock (cps__coord_set_wall), for STATUS's ages */
     cps__coord_out out;
     unsigned char *blob_buf; /* cps__coord_blobs' bytes */
     size_t blob_cap;
@@ -69,5 +72,17 @@ cps__coord_node *cps__co_find(cps__coord *c, uint32_t id);
 int cps__co_superseded(const cps__coord *c, const cps__coord_node *n);
 uint32_t cps__co_count_role(const cps__coord *c, int role);
 const char *cps__co_role(int role);
+/* Take `buf` (malloc'd, `len` bytes) into the output as payload number N (the return value) for a
+ * CPS_CO_VIEW or CPS_CO_REPLY action; freed by cps__coord_done. UINT32_MAX (buf freed) when the
+ * output cannot grow. */
+uint32_t cps__co_payload(cps__coord *c, void *buf, size_t len);
+
+/* coordinator_tools.c: what tools and the tensor registry are answered */
+void cps__co_status(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to, uint64_t now);
+void cps__co_registry(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to);
+void cps__co_register(cps__coord *c, const cps__coord_node *n, const cps__msg_hdr *h,
+                      const void *pl, size_t len);
+void cps__co_release(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to);
+int cps__co_registry_load(cps__coord *c, cps__coord_get_fn get, void *ctx);
 
 #endif

@@ -349,6 +349,16 @@ static void call_finish(cps__sess *s, int result)
     s->call.result = result;
 }
 
+/* The join is over once a WELCOME named us and a view came: ours only if it lists us as a
+ * worker (a view of another job, or one that took our id for a server, is no place to train). */
+static void hello_check(cps__sess *s)
+{
+    if (s->call.h.type != CPS_MSG_HELLO || s->id == 0 || s->view.nranges == 0)
+        return;
+    const cps__node_info *me = cps__view_node(&s->view, s->id);
+    call_finish(s, me && me->role == CPS_ROLE_WORKER ? 0 : CPS_EPROTO);
+}
+
 /* Install view v (taken: moved into the session, or freed). */
 static int install_view(cps__sess *s, cps__view *v, uint64_t now)
 {
@@ -431,8 +441,7 @@ int cps__sess_view_in(cps__sess *s, uint32_t welcome_id, const cps__view *v, uin
         return rc;
     }
     rc = install_view(s, &copy, now);
-    if (s->call.h.type == CPS_MSG_HELLO && s->id != 0 && s->view.nranges != 0)
-        call_finish(s, 0);
+    hello_check(s);
     return rc;
 }
 
@@ -553,8 +562,7 @@ int cps__sess_step(cps__sess *s, const cps__msg_hdr *h, const void *payload, siz
     default:
         rc = CPS_EPROTO;
     }
-    if (s->call.h.type == CPS_MSG_HELLO && s->id != 0 && s->view.nranges != 0)
-        call_finish(s, 0);
+    hello_check(s);
     if (s->shutdown)
         call_finish(s, CPS_ESHUTDOWN);
     return rc;
@@ -726,6 +734,41 @@ uint32_t cps__sess_pending(const cps__sess *s)
 uint32_t cps__sess_detached(const cps__sess *s)
 {
     return cps__reqs_detached(s->rq);
+}
+
+uint32_t cps__sess_rank(const cps__sess *s)
+{
+    const cps__node_info *me = cps__view_node(&s->view, s->id);
+    return me ? me->rank : 0;
+}
+
+uint64_t cps__sess_sched_gone_ms(const cps__sess *s)
+{
+    return gone_ms(s);
+}
+
+int cps__sess_op_over(const cps__sess *s, const cps__sess_op *op, int *result)
+{
+    if (op->pending == 0) {
+        *result = op->result;
+        return 1;
+    }
+    if (s->shutdown) {
+        *result = CPS_ESHUTDOWN; /* the job ended under us; nothing will answer */
+        return 1;
+    }
+    return 0;
+}
+
+int cps__sess_settled(const cps__sess *s)
+{
+    return cps__reqs_count(s->rq) == 0 || s->shutdown;
+}
+
+int cps__sess_leave_result(const cps__sess *s)
+{
+    /* Pushes given up (detached) are no call's any more: they may go unanswered. */
+    return cps__reqs_count(s->rq) > cps__reqs_detached(s->rq) ? CPS_ETIMEDOUT : 0;
 }
 
 uint64_t cps__sess_waiting(void *ctx, uint32_t node, uint64_t *heard)

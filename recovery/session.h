@@ -185,14 +185,14 @@ void cps__sess_clock_add(cps__sess *s, cps__sess_clock *clock, uint64_t declared
 uint64_t cps__sess_start_step(const cps__sess *s);
 
 /* Calls to the scheduler, one at a time (the API's calls that wait for one do not nest):
- * CPS_MSG_HELLO (join: over when a WELCOME and a view came; CPS_ETIMEDOUT after the join
- * timeout), CPS_MSG_REGISTER (a tensor's description: over when answered; CPS_EEXIST if
- * registered otherwise), CPS_MSG_BARRIER (over when released), CPS_MSG_BYE (over when
- * acknowledged, or after bye_wait_ms with CPS_ETIMEDOUT). Register and barrier fail with
- * CPS_ESCHEDULER when the scheduler answered nothing, not even views, for the longer of the
- * unavailable timeout and three request timeouts; every call fails with CPS_ESHUTDOWN once the
- * job is over for us. The payload is borrowed until the call is over. Output: the first send.
- * Errors: CPS_EBUSY (a call is in progress), CPS_EINVAL (another type). */
+ * CPS_MSG_HELLO (join: over when a WELCOME and a view came; CPS_EPROTO if that view does not
+ * list us as a worker; CPS_ETIMEDOUT after the join timeout), CPS_MSG_REGISTER (a tensor's
+ * description: over when answered; CPS_EEXIST if registered otherwise), CPS_MSG_BARRIER (over when
+ * released), CPS_MSG_BYE (over when acknowledged, or after bye_wait_ms with CPS_ETIMEDOUT).
+ * Register and barrier fail with CPS_ESCHEDULER when the scheduler answered nothing, not even
+ * views, for the longer of the unavailable timeout and three request timeouts; every call fails
+ * with CPS_ESHUTDOWN once the job is over for us. The payload is borrowed until the call is over.
+ * Output: the first send. Errors: CPS_EBUSY (a call is in progress), CPS_EINVAL (another type). */
 int cps__sess_call(cps__sess *s, uint8_t type, const void *payload, size_t len, uint64_t now);
 /* 1 and *result set if the call is over (it then ends), else 0. */
 int cps__sess_call_done(cps__sess *s, int *result);
@@ -207,9 +207,25 @@ const cps__view *cps__sess_view(const cps__sess *s);
 uint32_t cps__sess_id(const cps__sess *s);
 /* 1 once the job is over for us (the scheduler said so, or refused us). */
 int cps__sess_shutdown(const cps__sess *s);
+/* Our rank, as the view names it (0 before the join). */
+uint32_t cps__sess_rank(const cps__sess *s);
 /* Requests in the table, and those of them given up yet still sent (detached). */
 uint32_t cps__sess_pending(const cps__sess *s);
 uint32_t cps__sess_detached(const cps__sess *s);
+/* How long the scheduler may answer nothing before a register or barrier call fails with
+ * CPS_ESCHEDULER: the longer of the unavailable timeout and three request timeouts (for the
+ * log line of that failure). */
+uint64_t cps__sess_sched_gone_ms(const cps__sess *s);
+/* Whether the caller of `op` stops waiting: 1 with *result set when every part was answered or
+ * given up (op->result), or when the job is over for us with parts still pending
+ * (CPS_ESHUTDOWN: nothing will answer them); else 0. */
+int cps__sess_op_over(const cps__sess *s, const cps__sess_op *op, int *result);
+/* 1 when a leaving worker has nothing left to wait for before its BYE: no request in flight,
+ * or the job is over for us. */
+int cps__sess_settled(const cps__sess *s);
+/* What leaving returns: CPS_ETIMEDOUT if requests of a call are still unanswered, else 0.
+ * Detached pushes do not count: their calls have long returned. */
+int cps__sess_leave_result(const cps__sess *s);
 /* cps__waiting_fn for cps__msg_report_suspects (ctx: the session): when a request of ours
  * first waited at `node` (0: none), and when we last heard from it (*heard). */
 uint64_t cps__sess_waiting(void *ctx, uint32_t node, uint64_t *heard);

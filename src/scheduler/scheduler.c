@@ -1,8 +1,9 @@
 /* The scheduler's shell: sockets, the LMDB store, the /metrics page and the event loop around
  * recovery/coordinator.h, which decides everything the protocol decides (admission, deaths,
  * repairs, drains, barriers, the end of the job). Here messages are parsed and stepped into the
- * coordinator, and its output is performed in its order: persist, then send. Tool requests that
- * only read (STATUS, REGISTRY) and the tensor registry are answered here. */
+ * coordinator, and its output is performed in its order: persist, then send. Tools' requests
+ * (STATUS, REGISTRY, DRAIN, RELEASE) are answered by the coordinator too; this file only makes the
+ * temporary peer a tool is answered at. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,6 @@
 #include "node/roles.h"
 #include "node/temp_peers.h"
 #include "recovery/coordinator.h"
-#include "registry.h"
 #include "store/store.h"
 #include "transport/transport.h"
 
@@ -68,7 +68,6 @@ typedef struct cps__sched {
     /* Test-only fault injection (CHAINPS_FAILPOINT_SCHED_SAVE=FIRST:COUNT): saves number FIRST
      * .. FIRST+COUNT-1 (counted from 1) fail as a full disk would. */
     uint32_t saves, fail_first, fail_count;
-    cps__registry reg;
     cps__metrics *metrics; /* --metrics-port; NULL when off */
     cps__prom page;        /* the page last rendered (buffer reused) */
 } cps__sched;
@@ -120,7 +119,7 @@ static int save_registry_txn(cps__txn *txn, void *arg)
 {
     cps__sched *s = arg;
     size_t len;
-    unsigned char *b = cps__registry_blob(&s->reg, &len);
+    unsigned char *b = cps__coord_registry_blob(s->co, &len);
     if (!b)
         return CPS_ENOMEM;
     int rc = cps__store_blob_put(txn, "sched/registry", b, len);
@@ -141,11 +140,6 @@ typedef struct load_io {
 static int load_txn(cps__txn *txn, void *arg)
 {
     load_io *io = arg;
-    const void *rb;
-    size_t rlen;
-    if (cps__store_blob_get(txn, "sched/registry", &rb, &rlen) == 0 &&
-        cps__registry_load(&io->s->reg, rb, rlen) != 0)
-        return CPS_ENOMEM;
     io->rc = cps__coord_resume(io->s->co, get_blob, txn, cps__loop_now(io->s->loop));
     return io->rc < 0 ? io->rc : 0;
 }
@@ -203,11 +197,9 @@ static void perform_one(cps__sched *s, const cps__coord_out *o, const cps__coord
         break;
     case CPS_CO_MSG:
         rc = cps__msg_send(s->tp, a->peer, &h, NULL, 0);
-        if (rc != 0 && h.type == CPS_MSG_JOIN_RANGE)
-            cps__coord_join_unsent(s->co, &a->hdr);
         if (rc != 0)
-            cps__log(h.type == CPS_MSG_PROBE ? CPS_LOG_DEBUG : CPS_LOG_WARN, "scheduler",
-                     "send to node %u failed: %s", a->peer, cps_strerror(rc));
+            cps__log(cps__coord_unsent(s->co, &a->hdr), "scheduler", "send to node %u failed: %s",
+                     a->peer, cps_strerror(rc));
         break;
     case CPS_CO_ERROR:
         cps__msg_reply_error(s->tp, SCHED_ID, cps__coord_epoch(s->co), &h, a->code, a->text);
@@ -236,6 +228,12 @@ static void perform_one(cps__sched *s, const cps__coord_out *o, const cps__coord
     case CPS_CO_LOG:
         cps__log(a->level, "scheduler", "%s", a->text);
         break;
+    case CPS_CO_REPLY:
+        rc = cps__msg_send(s->tp, a->peer, &h, o->views[a->view].data, o->views[a->view].len);
+        if (rc != 0)
+            cps__log(CPS_LOG_WARN, "scheduler", "reply to tool %u failed: %s", a->peer,
+                     cps_strerror(rc));
+        break;
     default:
         break; /* withdrawn */
     }
@@ -251,6 +249,10 @@ static void perform(cps__sched *s)
         (rc = cps__store_write(s->store, save_ckpt_txn, (void *)cps__coord_ckpt(s->co))) != 0)
         cps__log(CPS_LOG_WARN, "scheduler", "cannot save the last checkpoint's record: %s",
                  cps_strerror(rc));
+    if ((persist & CPS_CO_P_REGISTRY) && s->store &&
+        (rc = cps__store_write(s->store, save_registry_txn, s)) != 0)
+        cps__log(CPS_LOG_ERROR, "scheduler", "cannot save the tensor registry: %s",
+                 cps_strerror(rc));
     if (persist)
         cps__coord_persisted(s->co, (persist & CPS_CO_P_STATE) ? save(s) : 0,
                              cps__loop_now(s->loop));
@@ -261,38 +263,18 @@ static void perform(cps__sched *s)
         publish_metrics(s); /* now, so /metrics agrees with `chainps status` at once */
 }
 
-/* ---- requests of tools (not members): STATUS, REGISTRY ---- */
+/* ---- messages ---- */
 
 /* A request from a tool that is not a member (its payload is a hello naming its inbox): the
  * temporary peer id to answer it at, or 0 (logged) if the request is malformed. */
-static uint32_t tool_peer(cps__sched *s, const cps__rx *rx, const char *what)
+static uint32_t tool_peer(cps__sched *s, const cps__rx *rx)
 {
     uint32_t peer = 0;
     if (cps__temp_peer_from_hello(&s->temps, s->tp, rx->payload, rx->len, cps__now_ms(), &peer,
                                   NULL) != 0)
-        cps__log(CPS_LOG_WARN, "scheduler", "malformed %s request dropped", what);
+        cps__log(CPS_LOG_WARN, "scheduler", "malformed request of type %u from a tool dropped",
+                 rx->hdr.type);
     return peer;
-}
-
-/* A reply to a tool: the view, then `extra` bytes for the caller to fill; aux says whether the
- * job runs. *len receives the payload length. NULL if out of memory. */
-static unsigned char *view_reply(cps__sched *s, const cps__rx *rx, uint8_t type, size_t extra,
-                                 size_t *len)
-{
-    const cps__view *v = cps__coord_view(s->co);
-    size_t vlen = cps__view_encoded_size(v);
-    *len = vlen + extra;
-    cps__msg_hdr h = {0};
-    h.type = type;
-    h.flags = CPS_WF_REPLY;
-    h.sender = SCHED_ID;
-    h.epoch = v->epoch;
-    h.req_seq = rx->hdr.req_seq;
-    h.aux = (uint64_t)cps__coord_started(s->co);
-    unsigned char *buf = cps__msg_alloc(&h, *len);
-    if (buf)
-        cps__view_encode(v, buf + CPS_WIRE_HDR_SIZE, vlen);
-    return buf;
 }
 
 /* Milliseconds since 1970 by this machine's clock: checkpoint times are wall-clock times. */
@@ -301,117 +283,6 @@ static uint64_t wall_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void handle_status(cps__sched *s, const cps__rx *rx)
-{
-    uint32_t tmp = tool_peer(s, rx, "STATUS");
-    if (!tmp)
-        return;
-    /* Payload: view, u32 count, then per node u32 id, u32 age_ms, stats block; then u32 ranges
-     * and per range u32 joiner, u32 source (0, 0: no copy under way); then the last checkpoint
-     * (absent when there was none; older tools ignore it). */
-    uint32_t nn;
-    const cps__coord_node *nodes = cps__coord_nodes(s->co, &nn);
-    uint32_t nranges = cps__coord_view(s->co)->nranges;
-    cps__ckpt_note note = *cps__coord_ckpt(s->co);
-    size_t len, note_len = note.id ? cps__ckpt_note_size(&note) : 0;
-    if (note.id) {
-        uint64_t wall = wall_ms();
-        note.age_ms = wall > note.unix_ms ? wall - note.unix_ms : 0;
-    }
-    unsigned char *buf = view_reply(
-        s, rx, CPS_MSG_STATUS_REPLY,
-        4 + (size_t)nn * (8 + CPS_STATS_SIZE) + 4 + (size_t)nranges * 8 + note_len, &len);
-    if (!buf)
-        return;
-    unsigned char *p = buf + CPS_WIRE_HDR_SIZE + cps__view_encoded_size(cps__coord_view(s->co));
-    cps__le32_put(p, nn);
-    p += 4;
-    uint64_t now = cps__now_ms();
-    for (uint32_t i = 0; i < nn; i++) {
-        uint64_t age = now > nodes[i].last_seen_ms ? now - nodes[i].last_seen_ms : 0;
-        cps__le32_put(p, nodes[i].info.id);
-        cps__le32_put(p + 4, age > UINT32_MAX ? UINT32_MAX : (uint32_t)age);
-        cps__stats_encode(p + 8, &nodes[i].stats);
-        p += 8 + CPS_STATS_SIZE;
-    }
-    cps__le32_put(p, nranges);
-    p += 4;
-    for (uint32_t r = 0; r < nranges; r++, p += 8) {
-        uint32_t source = 0, joiner = cps__coord_joiner(s->co, r, &source);
-        cps__le32_put(p, joiner);
-        cps__le32_put(p + 4, source);
-    }
-    if (note_len)
-        cps__ckpt_note_encode(p, note_len, &note);
-    if (cps__tp_send(s->tp, tmp, buf, CPS_WIRE_HDR_SIZE + len) != 0)
-        cps__tp_free(buf);
-}
-
-/* REGISTRY from a tool: reply with the view, the tensor count and the descriptions. */
-static void handle_registry(cps__sched *s, cps__rx *rx)
-{
-    uint32_t tmp = tool_peer(s, rx, "REGISTRY");
-    if (!tmp)
-        return;
-    size_t len;
-    unsigned char *buf = view_reply(s, rx, CPS_MSG_REGISTRY, 8 + s->reg.len, &len);
-    if (!buf)
-        return;
-    size_t vlen = cps__view_encoded_size(cps__coord_view(s->co));
-    unsigned char *p = buf + CPS_WIRE_HDR_SIZE;
-    /* The descriptions start 8-byte aligned after the view. */
-    memset(p + vlen, 0, 8);
-    cps__le32_put(p + vlen, s->reg.count);
-    if (s->reg.len)
-        memcpy(p + vlen + 8, s->reg.reg, s->reg.len);
-    if (cps__tp_send(s->tp, tmp, buf, CPS_WIRE_HDR_SIZE + len) != 0)
-        cps__tp_free(buf);
-}
-
-/* REGISTER from a member (the coordinator vetted the sender): a worker declares a tensor. */
-static void on_register(cps__sched *s, const cps__rx *rx)
-{
-    uint32_t nn, i;
-    const cps__coord_node *nodes = cps__coord_nodes(s->co, &nn);
-    for (i = 0; i < nn && nodes[i].info.id != rx->hdr.sender; i++)
-        ;
-    char text[CPS_TENSOR_NAME_MAX + 64] = "", name[CPS_TENSOR_NAME_MAX + 1] = "";
-    int rc =
-        i < nn && nodes[i].info.role == CPS_ROLE_WORKER
-            ? cps__registry_add(&s->reg, rx->payload, rx->len, text, sizeof text, name, sizeof name)
-            : CPS_EPROTO;
-    if (rc == 1) {
-        cps__log(CPS_LOG_INFO, "scheduler", "%s", text);
-        if (s->store && (rc = cps__store_write(s->store, save_registry_txn, s)) != 0)
-            cps__log(CPS_LOG_ERROR, "scheduler", "cannot save the tensor registry: %s",
-                     cps_strerror(rc));
-        rc = 0;
-    }
-    uint64_t epoch = cps__coord_epoch(s->co);
-    if (rc == CPS_EEXIST) {
-        cps__log(CPS_LOG_ERROR, "scheduler",
-                 "worker %u declared tensor %s with another shape or optimizer than before",
-                 rx->hdr.sender, name);
-        cps__msg_reply_error(s->tp, SCHED_ID, epoch, &rx->hdr, rc, text);
-    } else if (rc != 0) {
-        cps__log(CPS_LOG_WARN, "scheduler", "malformed REGISTER from node %u dropped: %s",
-                 rx->hdr.sender, cps_strerror(rc));
-        cps__msg_reply_error(s->tp, SCHED_ID, epoch, &rx->hdr, rc,
-                             text[0] ? text : "malformed tensor description");
-    } else {
-        cps__msg_hdr h = {.type = CPS_MSG_REGISTER,
-                          .flags = CPS_WF_REPLY,
-                          .sender = SCHED_ID,
-                          .epoch = epoch,
-                          .req_worker = rx->hdr.req_worker,
-                          .req_seq = rx->hdr.req_seq,
-                          .step = rx->hdr.step};
-        if ((rc = cps__msg_send(s->tp, rx->hdr.sender, &h, NULL, 0)) != 0)
-            cps__log(CPS_LOG_WARN, "scheduler", "send to node %u failed: %s", rx->hdr.sender,
-                     cps_strerror(rc));
-    }
 }
 
 static void handle_msg(void *ctx, void *buf, size_t len)
@@ -425,22 +296,11 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         return;
     }
     const cps__msg_hdr *h = &rx.hdr;
-    if (h->type == CPS_MSG_STATUS) {
-        handle_status(s, &rx);
-    } else if (h->type == CPS_MSG_REGISTRY) {
-        handle_registry(s, &rx);
-    } else {
-        uint32_t reply_to = h->sender;
-        if (h->type == CPS_MSG_DRAIN && h->sender == UINT32_MAX)
-            reply_to = tool_peer(s, &rx, "DRAIN");
-        else if (h->type == CPS_MSG_RELEASE && h->sender == UINT32_MAX)
-            reply_to = tool_peer(s, &rx, "RELEASE");
-        /* The loop's clock of this turn, which the ticks also read (see recovery/suspect.c). */
-        rc = cps__coord_step(s->co, h, rx.payload, rx.len, reply_to, cps__loop_now(s->loop));
-        perform(s);
-        if (rc == 1)
-            on_register(s, &rx);
-    }
+    uint32_t reply_to = cps__coord_tool_request(h) ? tool_peer(s, &rx) : h->sender;
+    cps__coord_set_wall(s->co, wall_ms());
+    /* The loop's clock of this turn, which the ticks also read (see recovery/suspect.c). */
+    cps__coord_step(s->co, h, rx.payload, rx.len, reply_to, cps__loop_now(s->loop));
+    perform(s);
     cps__rx_free(&rx);
 }
 
@@ -450,49 +310,38 @@ static void publish_metrics(cps__sched *s)
 {
     cps__prom *p = &s->page;
     cps__prom_reset(p);
-    uint32_t nn, live_servers = 0, live_workers = 0;
+    uint32_t nn;
     const cps__coord_node *nodes = cps__coord_nodes(s->co, &nn);
     const cps__view *v = cps__coord_view(s->co);
     cps__coord_counts k = cps__coord_counters(s->co);
+    cps__coord_summary m = cps__coord_summarize(s->co);
     const cps__ckpt_note *ck = cps__coord_ckpt(s->co);
-    uint64_t raw = 0, wire = 0, pull = 0, applied = 0, step = 0, draining = 0;
-    for (uint32_t i = 0; i < nn; i++) {
-        const cps__coord_node *n = &nodes[i];
-        draining += n->draining;
-        if (n->info.role == CPS_ROLE_SERVER) {
-            live_servers += n->info.alive;
-            raw += n->stats.push_raw_bytes;
-            wire += n->stats.push_wire_bytes;
-            pull += n->stats.pull_bytes;
-            applied += n->stats.updates_applied;
-            step = n->stats.step > step ? n->stats.step : step;
-        } else if (n->info.role == CPS_ROLE_WORKER) {
-            live_workers += n->info.alive && !n->done;
-        }
-    }
 #define FAMILY(name, type, help, v)                                                                \
     cps__prom_family(p, name, type, help);                                                         \
     cps__prom_u64(p, name, NULL, v)
     FAMILY("chainps_view_epoch", "gauge", "The view epoch the scheduler published last.", v->epoch);
     FAMILY("chainps_job_running", "gauge", "1 once every node joined and until the job ends.",
-           (uint64_t)(cps__coord_started(s->co) && !cps__coord_finished(s->co)));
-    FAMILY("chainps_job_step", "gauge", "The job's step: the highest any server applied.", step);
-    FAMILY("chainps_live_servers", "gauge", "Servers the view counts alive.", live_servers);
-    FAMILY("chainps_live_workers", "gauge", "Workers alive and not finished.", live_workers);
+           (uint64_t)m.running);
+    FAMILY("chainps_job_step", "gauge", "The job's step: the highest any server applied.", m.step);
+    FAMILY("chainps_live_servers", "gauge", "Servers the view counts alive.", m.live_servers);
+    FAMILY("chainps_live_workers", "gauge", "Workers alive and not finished.", m.live_workers);
     FAMILY("chainps_workers_finished", "gauge", "Workers that said goodbye.", k.workers_done);
     /* The servers' counters as their heartbeats report them: a restarted server's start over,
      * which Prometheus's rate() takes for a counter reset. */
     FAMILY("chainps_job_push_bytes_total", "counter",
-           "Push payload bytes the servers received, after decompression (from heartbeats).", raw);
+           "Push payload bytes the servers received, after decompression (from heartbeats).",
+           m.push_raw_bytes);
     FAMILY("chainps_job_received_push_bytes_total", "counter",
-           "Push payload bytes the servers received, as sent (from heartbeats).", wire);
+           "Push payload bytes the servers received, as sent (from heartbeats).",
+           m.push_wire_bytes);
     FAMILY("chainps_job_pull_bytes_total", "counter",
-           "Value bytes the servers sent to pulls (from heartbeats).", pull);
+           "Value bytes the servers sent to pulls (from heartbeats).", m.pull_bytes);
     FAMILY("chainps_job_updates_applied_total", "counter",
-           "Updates the servers applied, every replica counted (from heartbeats).", applied);
+           "Updates the servers applied, every replica counted (from heartbeats).",
+           m.updates_applied);
     FAMILY("chainps_checkpoints_total", "counter", "Checkpoints completed in this job.", ck->id);
     FAMILY("chainps_servers_draining", "gauge", "Servers whose ranges are being moved away.",
-           draining);
+           m.draining);
     FAMILY("chainps_servers_drained_total", "counter", "Servers drained and let go since start.",
            k.drained);
     FAMILY("chainps_range_moves_total", "counter",
@@ -515,7 +364,7 @@ static void publish_metrics(cps__sched *s)
     int any_worker = 0;
     for (uint32_t i = 0; i < nn; i++) {
         const cps__coord_node *n = &nodes[i];
-        if (n->info.role != CPS_ROLE_WORKER || !(n->info.alive || n->done))
+        if (!cps__coord_shows_clock(s->co, i))
             continue;
         if (!any_worker++)
             cps__prom_family(p, "chainps_worker_clock", "gauge",
@@ -588,18 +437,17 @@ static int linger_then_stop(cps__sched *s)
     return cps__loop_timer_add(s->loop, T_STOP, SHUTDOWN_LINGER_MS, 0, on_stop, s);
 }
 
-/* Every DETECT_EVERY_MS: the coordinator's tick, told which servers' processes are gone (their
- * connection closed and their address refuses connections). */
+/* Every DETECT_EVERY_MS: the coordinator's tick, told which members' connections look gone (closed,
+ * and their address refuses connections); the coordinator judges what that means. */
 static int on_detect(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 {
     (void)l, (void)id;
     cps__sched *s = ctx;
-    uint32_t nn, gone[64];
+    uint32_t nn, gone[CPS_MAX_NODES];
     size_t ng = 0;
     const cps__coord_node *nodes = cps__coord_nodes(s->co, &nn);
-    for (uint32_t i = 0; i < nn && ng < sizeof gone / sizeof gone[0]; i++)
-        if ((nodes[i].info.role == CPS_ROLE_SERVER || nodes[i].info.role == CPS_ROLE_WORKER) &&
-            nodes[i].info.alive && cps__tp_peer_gone(s->tp, nodes[i].info.id))
+    for (uint32_t i = 0; i < nn && ng < CPS_MAX_NODES; i++)
+        if (cps__tp_peer_gone(s->tp, nodes[i].info.id))
             gone[ng++] = nodes[i].info.id;
     cps__coord_tick(s->co, now, gone, ng);
     perform(s);
@@ -746,6 +594,5 @@ out:
     cps__tp_destroy(s.tp);
     cps__store_close(s.store);
     cps__coord_destroy(s.co);
-    cps__registry_fini(&s.reg);
     return rc;
 }

@@ -405,7 +405,8 @@ static int op_start(cps_client *c, cps__op *op, cps__sess_clock *clock, int mark
 static int op_wait(cps_client *c, cps__op *op, int timeout_ms)
 {
     uint64_t deadline = timeout_ms < 0 ? UINT64_MAX : cps__now_ms() + (uint64_t)timeout_ms;
-    while (op->so.pending > 0) {
+    int result = 0;
+    while (!cps__sess_op_over(c->sess, &op->so, &result)) {
         uint64_t now = cps__now_ms();
         if (now >= deadline)
             return CPS_ETIMEDOUT;
@@ -413,12 +414,8 @@ static int op_wait(cps_client *c, cps__op *op, int timeout_ms)
         int rc = progress(c, left > 50 ? 50 : (int)left);
         if (rc < 0)
             return rc;
-        if (cps__sess_shutdown(c->sess) && op->so.pending > 0) {
-            /* The job ended under us; nothing will answer. */
-            return CPS_ESHUTDOWN;
-        }
     }
-    return op->so.result;
+    return result;
 }
 
 static void handle_msg(void *ctx, void *buf, size_t len)
@@ -444,12 +441,9 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         return;
     }
     rc = cps__sess_step(c->sess, &rx.hdr, rx.payload, rx.len, cps__now_ms());
-    if (rc != 0 && (rx.hdr.type == CPS_MSG_VIEW || rx.hdr.type == CPS_MSG_WELCOME))
-        cps__log(CPS_LOG_ERROR, "worker", "bad view from the scheduler dropped: %s",
-                 cps_strerror(rc));
-    else if (rc != 0)
-        cps__log(CPS_LOG_WARN, "worker", "unexpected message type %u from node %u", rx.hdr.type,
-                 rx.hdr.sender);
+    if (rc != 0)
+        cps__log(CPS_LOG_WARN, "worker", "message type %u from node %u dropped: %s", rx.hdr.type,
+                 rx.hdr.sender, cps_strerror(rc));
     c->id = cps__sess_id(c->sess);
     perform(c); /* before rx is freed: answers borrow its payload */
     cps__rx_free(&rx);
@@ -504,14 +498,11 @@ static int join(cps_client *c)
                  "the job did not start within %.1f s (scheduler %s:%u unreachable, or not "
                  "every server and worker arrived)",
                  c->cfg.join_timeout_ms / 1000.0, c->cfg.sched_host, c->cfg.sched_port);
+    if (rc == CPS_EPROTO)
+        cps__log(CPS_LOG_ERROR, "worker", "the view does not list us as a worker");
     if (rc < 0)
         return rc;
-    const cps__node_info *me = cps__view_node(c->view, c->id);
-    if (!me || me->role != CPS_ROLE_WORKER) {
-        cps__log(CPS_LOG_ERROR, "worker", "the view does not list us as a worker");
-        return CPS_EPROTO;
-    }
-    c->rank = me->rank;
+    c->rank = cps__sess_rank(c->sess);
     return 0;
 }
 
@@ -632,12 +623,9 @@ int cps_close(cps_client *c)
     pthread_mutex_lock(&c->lock);
     int result = 0;
     uint64_t deadline = cps__now_ms() + c->cfg.request_timeout_ms;
-    while (cps__sess_pending(c->sess) > 0 && !cps__sess_shutdown(c->sess) &&
-           cps__now_ms() < deadline)
+    while (!cps__sess_settled(c->sess) && cps__now_ms() < deadline)
         progress(c, 50);
-    /* Pushes given up (detached) are no call's any more: they may go unanswered. */
-    if (cps__sess_pending(c->sess) > cps__sess_detached(c->sess))
-        result = CPS_ETIMEDOUT;
+    result = cps__sess_leave_result(c->sess);
     unsigned char stats[CPS_STATS_SIZE];
     cps__node_stats ns = {0};
     ns.push_raw_bytes = c->stats.push_raw_bytes;
@@ -766,10 +754,7 @@ static int ask_scheduler(cps_client *c, uint8_t type, const void *payload, size_
         cps__log(CPS_LOG_ERROR, "worker",
                  "the scheduler has not answered for %.1f s (CHAINPS_UNAVAILABLE_TIMEOUT_MS, "
                  "at least 3 request timeouts): giving up",
-                 (c->cfg.unavailable_timeout_ms > 3 * c->cfg.request_timeout_ms
-                      ? c->cfg.unavailable_timeout_ms
-                      : 3 * c->cfg.request_timeout_ms) /
-                     1000.0);
+                 cps__sess_sched_gone_ms(c->sess) / 1000.0);
     return rc;
 }
 

@@ -16,6 +16,7 @@
 #include "core/config.h"
 #include "core/log.h"
 #include "replication/collective.h"
+#include "replication/ring_view.h"
 
 struct cps_allreduce_handle {
     cps_client *c;
@@ -201,18 +202,10 @@ void cps__ar_on_view(cps_client *c)
     if (!a || c->id == 0 || v->epoch <= a->epoch_fed)
         return;
     cps__coll_set_me(a->coll, c->id);
-    const cps__node_info *me = cps__view_node(v, c->id);
-    if (a->epoch_fed == 0 && me) {
+    if (a->epoch_fed == 0 && cps__ring_replacement(v, c->id)) {
         /* A replacement: another worker held our rank and died. */
-        for (uint32_t i = 0; i < v->nnodes; i++) {
-            const cps__node_info *w = &v->nodes[i];
-            if (w->role == CPS_ROLE_WORKER && w->id != me->id && w->rank == me->rank &&
-                cps__node_supersedes(me, w)) {
-                a->joiner = 1;
-                cps__coll_set_joining(a->coll);
-                break;
-            }
-        }
+        a->joiner = 1;
+        cps__coll_set_joining(a->coll);
     }
     if (a->cap < v->nnodes) {
         uint32_t *m = realloc(a->members, v->nnodes * sizeof *m);
@@ -221,21 +214,9 @@ void cps__ar_on_view(cps_client *c)
         a->members = m;
         a->cap = v->nnodes;
     }
-    /* Members: the live workers in rank order (ties, which a view should not hold, by id). */
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < v->nnodes; i++) {
-        const cps__node_info *w = &v->nodes[i];
-        if (w->role != CPS_ROLE_WORKER || !w->alive || cps__view_superseded(v, w))
-            continue;
-        uint32_t j = n++;
-        while (j > 0) {
-            const cps__node_info *p = cps__view_node(v, a->members[j - 1]);
-            if (p->rank < w->rank || (p->rank == w->rank && p->id < w->id))
-                break;
-            a->members[j] = a->members[j - 1];
-            j--;
-        }
-        a->members[j] = w->id;
+    uint32_t n = cps__ring_members(v, a->members, a->cap);
+    for (uint32_t i = 0; i < n; i++) {
+        const cps__node_info *w = cps__view_node(v, a->members[i]);
         if (w->id != c->id) {
             int rc = cps__tp_peer_set(c->tp, w->id, w->addr);
             if (rc != 0)
@@ -243,13 +224,9 @@ void cps__ar_on_view(cps_client *c)
                          w->addr, cps_strerror(rc));
         }
     }
-    /* Workers that left: their queued chunks go nowhere. */
-    for (uint32_t i = 0; i < v->nnodes; i++) {
-        const cps__node_info *w = &v->nodes[i];
-        if (w->role == CPS_ROLE_WORKER && w->id != c->id &&
-            (!w->alive || cps__view_superseded(v, w)))
-            cps__tp_peer_drop(c->tp, w->id);
-    }
+    for (uint32_t i = 0; i < v->nnodes; i++)
+        if (cps__ring_gone(v, &v->nodes[i], c->id))
+            cps__tp_peer_drop(c->tp, v->nodes[i].id);
     if (cps__coll_view(a->coll, v->epoch, a->members, n, v->num_workers > 1, cps__now_ms()) != 0)
         return;
     a->nmembers = n;

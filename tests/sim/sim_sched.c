@@ -156,6 +156,64 @@ static int is_node(const sim *sm, uint32_t id)
     return id >= 1 && id <= sm->p.servers + sm->p.workers;
 }
 
+/* 1 if payload i of the output is a tool's answer (CPS_CO_REPLY), not a view. */
+static int is_reply(const cps__coord_out *o, size_t i)
+{
+    for (size_t k = 0; k < o->n; k++)
+        if (o->a[k].kind == CPS_CO_REPLY && o->a[k].view == i)
+            return 1;
+    return 0;
+}
+
+/* A STATUS reply, as `chainps status` reads it, must say what the coordinator holds: its view,
+ * whether the job runs, each member's age since last heard, each range's copy under way. */
+static void check_status(sim *sm, const cps__coord_out *o, const cps__coord_action *a)
+{
+    if (a->hdr.type != CPS_MSG_STATUS_REPLY)
+        return;
+    const cps__coord_blob *b = &o->views[a->view];
+    const uint8_t *p = b->data, *end = p + b->len;
+    cps__view v;
+    cps__view_init(&v);
+    size_t used = 0;
+    const cps__view *cur = cps__coord_view(sm->coord);
+    uint32_t nn;
+    const cps__coord_node *nodes = cps__coord_nodes(sm->coord, &nn);
+    int bad = cps__view_decode_prefix(p, b->len, &v, &used) != 0 || v.epoch != cur->epoch ||
+              v.nnodes != cur->nnodes || a->hdr.aux != (uint64_t)cps__coord_started(sm->coord);
+    p += used;
+    bad = bad || end - p < 4 || cps__le32_get(p) != nn;
+    p += 4;
+    for (uint32_t i = 0; !bad && i < nn; i++, p += 8 + CPS_STATS_SIZE) {
+        uint64_t age = sm->now > nodes[i].last_seen_ms ? sm->now - nodes[i].last_seen_ms : 0;
+        bad = end - p < 8 + CPS_STATS_SIZE || cps__le32_get(p) != nodes[i].info.id ||
+              cps__le32_get(p + 4) != (age > UINT32_MAX ? UINT32_MAX : age);
+    }
+    bad = bad || end - p < 4 || cps__le32_get(p) != cur->nranges;
+    p += 4;
+    for (uint32_t r = 0; !bad && r < cur->nranges; r++, p += 8) {
+        uint32_t source = 0, joiner = cps__coord_joiner(sm->coord, r, &source);
+        bad = end - p < 8 || cps__le32_get(p) != joiner || cps__le32_get(p + 4) != source;
+    }
+    /* Then the last checkpoint's note, which the sim never makes: nothing. */
+    bad = bad || p != end;
+    cps__view_fini(&v);
+    if (bad)
+        sim_fail(sm, "status", "a STATUS reply disagrees with the coordinator (view epoch %llu)",
+                 (unsigned long long)cur->epoch);
+}
+
+static void perform(sim *sm, int send);
+
+/* `chainps status` asks, as the shell passes it on (the coordinator says it is a tool's). */
+static void status_query(sim *sm)
+{
+    cps__msg_hdr q = {.type = CPS_MSG_STATUS, .sender = UINT32_MAX, .req_seq = 3};
+    cps__coord_step(sm->coord, &q, NULL, 0, cps__coord_tool_request(&q) ? SIM_TOOL : q.sender,
+                    sm->now);
+    perform(sm, 1);
+}
+
 /* The output, in its order: persist, then the actions. `send`: 0 in setup, where every node
  * starts at the first view without being told. */
 static void perform(sim *sm, int send)
@@ -166,6 +224,8 @@ static void perform(sim *sm, int send)
     if (o->persist)
         cps__coord_persisted(sm->coord, 0, sm->now);
     for (size_t i = 0; i < o->nviews && !sm->failed; i++) {
+        if (is_reply(o, i))
+            continue; /* a tool's answer (STATUS), checked below */
         cps__view v;
         cps__view_init(&v);
         if (cps__view_decode(o->views[i].data, o->views[i].len, &v) != 0) {
@@ -207,6 +267,8 @@ static void perform(sim *sm, int send)
                 sim_send_reliable(sm, 0, a->peer, &h);
             else if (is_node(sm, a->peer))
                 sim_send_hdr(sm, 0, a->peer, &h, NULL, 0, 0);
+            else
+                cps__coord_unsent(sm->coord, &a->hdr); /* no such peer: the send fails */
             break;
         case CPS_CO_ERROR:
         case CPS_CO_TO_ADDR:
@@ -215,6 +277,9 @@ static void perform(sim *sm, int send)
             break;
         case CPS_CO_LOG:
             sim_trace(sm, "scheduler: %s", a->text);
+            break;
+        case CPS_CO_REPLY:
+            check_status(sm, o, a);
             break;
         default:
             break; /* peers: the sim's network needs none */
@@ -342,7 +407,9 @@ void sim_sched_drain(sim *sm)
     uint32_t id = cand[sim_rnd(sm, nc)];
     sim_trace(sm, "operator: drain s%u", id);
     cps__msg_hdr h = {.type = CPS_MSG_DRAIN, .sender = UINT32_MAX, .aux = id - 1, .req_seq = 1};
-    cps__coord_step(sm->coord, &h, NULL, 0, SIM_TOOL, sm->now);
+    /* As the shell: a tool's request is answered at the peer its hello names (SIM_TOOL). */
+    uint32_t reply_to = cps__coord_tool_request(&h) ? SIM_TOOL : h.sender;
+    cps__coord_step(sm->coord, &h, NULL, 0, reply_to, sm->now);
     perform(sm, 1);
 }
 
@@ -386,9 +453,8 @@ void sim_sched_deliver(sim *sm, const sim_msg *m)
         /* The sim's servers say HELLO by their boot alone; the rest is what a server process adds.
          */
         hello(sm, m->from, h.aux);
-    } else if (cps__coord_step(sm->coord, &h, pl, len, m->from, sm->now) == 1) {
-        sim_fail(sm, "wire", "scheduler got unexpected %u from %u", h.type, m->from);
-        return;
+    } else {
+        cps__coord_step(sm->coord, &h, pl, len, m->from, sm->now);
     }
     perform(sm, 1);
 }
@@ -458,10 +524,13 @@ void sim_sched_tick(sim *sm)
             sim_send_hdr(sm, w->id, 0, &su, pl, len, 0);
         }
     }
-    if (sm->now - sm->worker_beat_at >= SIM_BEAT_MS)
+    int beat = sm->now - sm->worker_beat_at >= SIM_BEAT_MS;
+    if (beat)
         sm->worker_beat_at = sm->now;
     cps__coord_tick(sm->coord, sm->now, NULL, 0);
     perform(sm, 1);
+    if (beat && !sm->failed)
+        status_query(sm); /* reads only: the run goes on as without it */
 }
 
 /* ---- the end of the job: a barrier, then goodbyes (as a training script ends) ---- */

@@ -310,6 +310,9 @@ static void test_give_up(void **state)
     assert_int_equal(push.result, CPS_EUNAVAILABLE);
     assert_int_equal(cps__sess_pending(s), 1);
     assert_int_equal(cps__sess_detached(s), 1);
+    /* A leaving worker still gives the detached push its chance, but no call waits on it. */
+    assert_false(cps__sess_settled(s));
+    assert_int_equal(cps__sess_leave_result(s), 0);
 
     assert_int_equal(view_in(s, 2, CPS_MODE_ASYNC, HEAD_2, 0, T0 + 40000), 0);
     const cps__sess_action *a = expect_send(s, 2, 2, CPS_RQ_WHY_VIEW, T0 + 40000);
@@ -328,6 +331,7 @@ static void test_scheduler_gone(void **state)
 {
     (void)state;
     cps__sess *s = joined(CPS_MODE_SYNC, HEAD_1);
+    assert_int_equal(cps__sess_sched_gone_ms(s), UNAVAIL_MS); /* longer than 3 x TIMEOUT_MS */
     uint64_t t = T0 + 100;
     assert_int_equal(cps__sess_call(s, CPS_MSG_BARRIER, NULL, 0, t), 0);
     const cps__sess_action *a = NULL;
@@ -458,6 +462,64 @@ static void test_join_timeout(void **state)
     cps__sess_destroy(s);
 }
 
+/* The join ends with our WELCOME only if its view lists us as a worker: a WELCOME naming an id
+ * the view gives a server (or does not hold) is a protocol error, not a place to train. */
+static void test_welcome_must_list_us_as_a_worker(void **state)
+{
+    (void)state;
+    const uint32_t ids[] = {2, 77};
+    for (int i = 0; i < 2; i++) {
+        cps__sess *s = make_sess();
+        assert_int_equal(cps__sess_call(s, CPS_MSG_HELLO, "hi", 2, T0), 0);
+        char buf[4096];
+        size_t n = view_bytes(buf, sizeof buf, 1, CPS_MODE_ASYNC, HEAD_1);
+        cps__msg_hdr h = {.type = CPS_MSG_WELCOME, .sender = 0, .epoch = 1, .req_worker = ids[i]};
+        assert_int_equal(cps__sess_step(s, &h, buf, n, T0 + 1), 0);
+        int result = 0;
+        assert_int_equal(cps__sess_call_done(s, &result), 1);
+        assert_int_equal(result, CPS_EPROTO);
+        cps__sess_destroy(s);
+    }
+    cps__sess *s = joined(CPS_MODE_ASYNC, HEAD_1);
+    assert_int_equal(cps__sess_rank(s), 0);
+    cps__sess_destroy(s);
+}
+
+/* A caller waits until its op is answered, or until the job is over for us (then nothing will
+ * answer: CPS_ESHUTDOWN); a leaving worker waits for requests in flight until the job ends, and
+ * leaves with CPS_ETIMEDOUT if a call's request is still unanswered. */
+static void test_waiting_ends_on_answer_or_shutdown(void **state)
+{
+    (void)state;
+    cps__sess *s = joined(CPS_MODE_ASYNC, HEAD_1);
+    assert_true(cps__sess_settled(s));
+    assert_int_equal(cps__sess_leave_result(s), 0);
+    cps__sess_op a, b;
+    start_op(s, &a, CPS_SS_PUSH, NULL, T0 + 10);
+    const cps__sess_action *sa = expect_send(s, 1, 1, CPS_RQ_WHY_NEW, T0 + 10);
+    uint64_t seq_a = sa->seq;
+    start_op(s, &b, CPS_SS_PUSH, NULL, T0 + 10);
+    expect_send(s, 1, 1, CPS_RQ_WHY_NEW, T0 + 10);
+    int result = 1;
+    assert_int_equal(cps__sess_op_over(s, &a, &result), 0);
+    assert_false(cps__sess_settled(s));
+    assert_int_equal(cps__sess_leave_result(s), CPS_ETIMEDOUT);
+    assert_int_equal(reply(s, CPS_MSG_ACK, 1, 1, seq_a, 0, 0, 0, T0 + 20), 0);
+    assert_int_equal(cps__sess_op_over(s, &a, &result), 1);
+    assert_int_equal(result, 0);
+    assert_int_equal(cps__sess_op_over(s, &b, &result), 0);
+    cps__msg_hdr h = {.type = CPS_MSG_SHUTDOWN, .sender = 0, .epoch = 1};
+    assert_int_equal(cps__sess_step(s, &h, NULL, 0, T0 + 30), 0);
+    assert_int_equal(cps__sess_op_over(s, &b, &result), 1);
+    assert_int_equal(result, CPS_ESHUTDOWN);
+    assert_true(cps__sess_settled(s));
+    assert_int_equal(cps__sess_leave_result(s), CPS_ETIMEDOUT); /* b's request never answered */
+    /* An answered op keeps its own result even after the end. */
+    assert_int_equal(cps__sess_op_over(s, &a, &result), 1);
+    assert_int_equal(result, 0);
+    cps__sess_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -469,6 +531,8 @@ int main(void)
         cmocka_unit_test(test_replacement_first_push),
         cmocka_unit_test(test_refused_and_expelled),
         cmocka_unit_test(test_join_timeout),
+        cmocka_unit_test(test_welcome_must_list_us_as_a_worker),
+        cmocka_unit_test(test_waiting_ends_on_answer_or_shutdown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,8 +1,9 @@
 /* The scheduler's tensor registry: the encoded descriptions the workers registered (tensor_desc
- * in core/wire.h), so a checkpoint can name the keys. Kept in memory here; the scheduler saves it
- * as sched/registry (u32 count, then the descriptions). Not protocol: no view depends on it. */
-#ifndef CPS_SCHEDULER_REGISTRY_H
-#define CPS_SCHEDULER_REGISTRY_H
+ * in core/wire.h), so a checkpoint can name the keys. The coordinator holds it (who may declare,
+ * what a REGISTRY query returns); the scheduler's shell saves it as sched/registry (u32 count,
+ * then the descriptions). No view depends on it. Pure: no I/O. */
+#ifndef CPS_RECOVERY_REGISTRY_H
+#define CPS_RECOVERY_REGISTRY_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "chainps/error.h"
-#include "registry.h"
+#include "recovery/registry.h"
 
 /* 1: same name and definition registered; 0: new name; 2: registered before shapes were
  * recorded (ndim 0), same otherwise: its entry at *at takes the shape; CPS_EEXIST: same name,
