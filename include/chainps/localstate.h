@@ -77,7 +77,9 @@ CPS_API int cps_local_commit(struct cps_client *c, uint64_t step);
  * @brief In a job restored from an export (CHAINPS_RESTORE_FROM, set by `chainps launch
  * --restore-from`): copy local tensor `name` of that export into buf (len values). Every worker
  * gets the same bits. The file's checksums are verified.
- * @param[out] step the export's step (may be NULL).
+ * @param[out] step the step of the export's local tensors (may be NULL): where the restored
+ *            loop starts. In a job whose servers hold no dense tensor it is the only record of
+ *            the step (cps_start_step knows the servers' steps only, and says 0 there).
  * @return 1: copied; 0: not a restored job (CHAINPS_RESTORE_FROM unset or empty; buf untouched);
  *         CPS_ENOTFOUND (the export has no local tensor of that name: logged, naming it and the
  *         file), CPS_ESIZE (it has another number of values), CPS_ECORRUPT (a checksum or the

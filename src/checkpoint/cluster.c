@@ -1566,6 +1566,16 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
      * are not aligned to steps anyway. Chosen over the rows' push counts, which count pushes,
      * not steps: a table's rows are pushed a varying number of times per step. */
     int local_steps = sync && l.has_local && all_tables(&l);
+    if (rc == 0 && sync && o->at_step && !l.has_local && all_tables(&l)) {
+        /* Nothing counts this job's steps yet: the workers register their local tensors after
+         * declaring the table (a periodic export asks again), or have none (a job of tables
+         * alone: no step boundary anywhere; `--checkpoint-every Ns` works). */
+        cps__log(o->quiet_until_ready ? CPS_LOG_DEBUG : CPS_LOG_ERROR, SUB,
+                 "the job has no dense server tensor and no worker-held tensors (yet): no step "
+                 "boundary to cut at step %" PRIu64 " at",
+                 o->at_step);
+        rc = CPS_ENOTFOUND;
+    }
     uint64_t step = 0;
     aim a = {0};
     if (rc == 0 && local_steps) {
