@@ -37,6 +37,7 @@ enum { SLOT_FREE, SLOT_WAITING, SLOT_SENDING };
 typedef struct request {
     int state, any;
     uint64_t want, req_seq, arrival;
+    char addr[CPS_ADDR_MAX]; /* where the exporter listens */
 } request;
 
 struct cps__lset {
@@ -477,12 +478,11 @@ void cps__lset_on_msg(cps_client *c, const cps__rx *rx)
     for (size_t i = 0; i < CPS_LSET_QUEUE && slot == CPS_LSET_QUEUE; i++)
         if (s->q[i].state == SLOT_FREE)
             slot = i;
-    for (size_t i = 0; slot == CPS_LSET_QUEUE && i < CPS_LSET_QUEUE; i++)
-        if (s->q[i].state == SLOT_WAITING)
-            for (size_t j = i; j < CPS_LSET_QUEUE; j++)
-                if (s->q[j].state == SLOT_WAITING &&
-                    (slot == CPS_LSET_QUEUE || s->q[j].arrival < s->q[slot].arrival))
-                    slot = j;
+    int evict = slot == CPS_LSET_QUEUE;
+    for (size_t i = 0; evict && i < CPS_LSET_QUEUE; i++)
+        if (s->q[i].state == SLOT_WAITING &&
+            (slot == CPS_LSET_QUEUE || s->q[i].arrival < s->q[slot].arrival))
+            slot = i;
     if (slot == CPS_LSET_QUEUE) { /* every slot is being answered right now */
         if (cps__tp_peer_set(c->tp, REFUSE_PEER, addr) == 0)
             answer_status(c, REFUSE_PEER, rx->hdr.req_seq, CPS_EAGAIN, last);
@@ -491,12 +491,14 @@ void cps__lset_on_msg(cps_client *c, const cps__rx *rx)
         return;
     }
     request *r = &s->q[slot];
-    if (r->state == SLOT_WAITING) {
+    if (evict) {
         cps__log(CPS_LOG_WARN, SUB,
                  "%d exports wait for the local tensors: the oldest (step %" PRIu64
                  ") gives way to a new one",
                  CPS_LSET_QUEUE, r->want);
-        answer_status(c, slot_peer(slot), r->req_seq, CPS_EAGAIN, last);
+        /* Told through the refusals' peer: re-pointing the slot's peer drops what it queued. */
+        if (cps__tp_peer_set(c->tp, REFUSE_PEER, r->addr) == 0)
+            answer_status(c, REFUSE_PEER, r->req_seq, CPS_EAGAIN, last);
     }
     if (cps__tp_peer_set(c->tp, slot_peer(slot), addr) != 0) {
         r->state = SLOT_FREE;
@@ -507,6 +509,7 @@ void cps__lset_on_msg(cps_client *c, const cps__rx *rx)
                    .want = want,
                    .req_seq = rx->hdr.req_seq,
                    .arrival = ++s->arrivals};
+    snprintf(r->addr, sizeof r->addr, "%s", addr);
 }
 
 /* The list and metadata as they are now, for encoding outside the lock. */
