@@ -170,7 +170,7 @@ if [ "${EQUAL_WORKERS-x}" != "" ]; then
     ls -d "$out"/ck/step-* | sed 's/.*step-0*//' | while read -r n; do
         [ $((n % 100)) = 0 ] || fail "a periodic checkpoint at step $n, not a multiple of 100"
     done || exit 1
-    grep -q 'local tensors of step [0-9]* sent to an exporter (20[0-9]* bytes in 5 messages)' "$out.log" ||
+    grep -q 'local tensors of step [0-9]* sent to an exporter (20[0-9]* bytes in 5 messages;' "$out.log" ||
         { grep 'local tensors' "$out.log" | head -3; fail "the local part did not come in 4 KiB chunks"; }
     s=$((10#${ck##*step-}))
     want=$(sed -n "s/^\[worker 0\] commit $s \([0-9a-f]*\) [0-9a-f]*$/\1/p" "$out.log")
