@@ -1787,6 +1787,8 @@ again:
     cps__cutroute_destroy(c.route);
     jobs_free(jobs, l.ndescs);
     res->tensors = l.ndescs;
+    for (uint32_t i = 0; lc.have && rc == 0 && i < lc.blob.ntensors; i++)
+        res->bytes += 4 * lc.blob.tensors[i].numel;
     for (uint32_t i = 0; lc.have && i < lc.blob.ntensors; i++)
         res->tensors += strncmp(lc.blob.tensors[i].name, CPS_CKPT_OPTIM_PREFIX,
                                 strlen(CPS_CKPT_OPTIM_PREFIX)) != 0;
