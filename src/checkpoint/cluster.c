@@ -1597,8 +1597,8 @@ again:
     for (; rc == 0; attempt++) {
         /* The workers' local tensors: in a sync job with a dense server tensor, at the cut's
          * step (asked before the cut opens: the workers reach it after the servers, whose acks
-         * they wait for); otherwise (async, or only row-pushed tables on the servers, whose
-         * steps do not follow the workers') at the worker's next step boundary after the cut. */
+         * they wait for); in async jobs at the worker's next step boundary after the cut; in a
+         * sync job without a dense server tensor the worker's boundary is the cut's step. */
         if (local_steps) {
             rc = local_ask(&l, &lc, step, step == 0);
             if (rc == 0)
@@ -1724,7 +1724,6 @@ again:
         char mode[32];
         snprintf(val, sizeof val, "%" PRIu64, step);
         rc = cps__ckpt_writer_set_meta(w, CPS_CKPT_META_STEP, val);
-        /* A local-only job's step is the workers' (local_steps): a restore resumes them at it. */
         snprintf(mode, sizeof mode, "%s",
                  sync                          ? "sync"
                  : l.view.mode == CPS_MODE_SSP ? "ssp"
