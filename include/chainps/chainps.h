@@ -51,7 +51,8 @@
  *     CHAINPS_SCHEDULER_TIMEOUT_MS;
  *   - data path: CHAINPS_COMPRESS, CHAINPS_MAX_TENSOR_MB, CHAINPS_FRAME_KB,
  *     CHAINPS_ALLREDUCE_CHUNK, CHAINPS_RING_MIN_KB, CHAINPS_RING_MB;
- *   - restores: CHAINPS_RESTORE_FROM (a worker's all-reduced tensors, cps_local_fetch);
+ *   - checkpoints: CHAINPS_RESTORE_FROM (a worker's all-reduced tensors, cps_local_fetch),
+ *     CHAINPS_LOCAL_CHUNK (bytes per message of the local tensors an export takes);
  *   - tests only: CHAINPS_FAILPOINT_SCHED_SAVE (a scheduler fails chosen view saves);
  *   - not its own: GLIBC_TUNABLES, OPENBLAS_NUM_THREADS (above).
  *   A ps-lite job (DMLC_ROLE without CHAINPS_MODE, CHAINPS_ROLE or MS_ROLE) runs in async mode.

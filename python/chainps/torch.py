@@ -382,6 +382,9 @@ class DistributedOptimizer:
         state = _ckpt.local_optimizer_state(path, local)
         if state is not None:
             self.local_optimizer.load_state_dict(state)
+        # The export's step: with no dense tensor on the servers they keep no step, and the
+        # loop would start again at 0 (client.start_step) without it.
+        self._local_start = _ckpt.step(path)
         return True
 
     def placement(self):

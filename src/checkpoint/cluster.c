@@ -1224,18 +1224,17 @@ static int absorb_opens(link *l, cut *c)
 typedef struct local_cut {
     uint32_t node, rank; /* the worker asked */
     uint64_t req;
-    int have; /* rx and blob hold its answer */
-    int any;  /* asked for its next boundary, not the cut's step */
-    cps__rx rx;
-    cps__lset_blob blob;
+    int have;            /* rx and blob hold its answer */
+    int any;             /* asked for its next boundary, not the cut's step */
+    int stepped;         /* its boundary is the cut's step (a job without dense server tensors) */
+    cps__lset_asm as;    /* the blob's chunks so far; the blob once complete */
+    cps__lset_blob blob; /* decoded from as.buf */
 } local_cut;
 
 static void local_reset(local_cut *lc)
 {
-    if (lc->have) {
-        cps__lset_blob_fini(&lc->blob);
-        cps__rx_free(&lc->rx);
-    }
+    cps__lset_blob_fini(&lc->blob);
+    cps__lset_asm_fini(&lc->as);
     memset(lc, 0, sizeof *lc);
 }
 
@@ -1307,11 +1306,12 @@ static int local_take(link *l, local_cut *lc, uint64_t step, int any, uint64_t *
         if (now >= deadline) {
             cps__log(CPS_LOG_ERROR, SUB,
                      "worker %u (rank %u) did not give its local tensors of step %" PRIu64
-                     " within %.0f s",
-                     lc->node, lc->rank, step, l->timeout_ms / 1000.0);
+                     " within %.0f s (%" PRIu64 " bytes of them came)",
+                     lc->node, lc->rank, step, l->timeout_ms / 1000.0, lc->as.got);
             return CPS_ETIMEDOUT;
         }
-        rc = take(l, match_local, lc, now + LOOK_MS < deadline ? now + LOOK_MS : deadline, &lc->rx);
+        cps__rx rx;
+        rc = take(l, match_local, lc, now + LOOK_MS < deadline ? now + LOOK_MS : deadline, &rx);
         if (rc == CPS_ETIMEDOUT) {
             rc = 0;
             if (!cps__tp_peer_gone(l->tp, lc->node))
@@ -1325,28 +1325,59 @@ static int local_take(link *l, local_cut *lc, uint64_t step, int any, uint64_t *
         }
         if (rc != 0)
             break;
-        int st = lc->rx.hdr.status;
-        if (st == 0)
-            rc = cps__lset_blob_decode(lc->rx.payload, lc->rx.len, &lc->blob);
-        if (st == 0 && rc == 0 && !any && lc->blob.step != step)
-            rc = CPS_EPROTO;
-        if (st == 0 && rc == 0) {
-            lc->have = 1;
-            break;
+        int st = rx.hdr.status, done = 0;
+        uint64_t at = rx.hdr.step;
+        if (st == 0) {
+            done = cps__lset_asm_put(&lc->as, rx.hdr.step, rx.payload, rx.len);
+            if (done < 0)
+                cps__log(CPS_LOG_ERROR, SUB,
+                         "worker %u (rank %u): a bad chunk of its local tensors (%zu bytes at "
+                         "%" PRIu64 " of step %" PRIu64 "): %s",
+                         lc->node, lc->rank, rx.len, lc->as.got, rx.hdr.step,
+                         done == CPS_ESIZE    ? "truncated or past the announced length"
+                         : done == CPS_EPROTO ? "lost, repeated or out of order, or of another step"
+                                              : cps_strerror(done));
         }
-        if (st == CPS_EPAST)
-            *past = lc->rx.hdr.step;
-        else if (st == CPS_ENOTFOUND)
-            cps__log(CPS_LOG_ERROR, SUB,
-                     "worker %u (rank %u) lists no local tensors, though the job registered some",
-                     lc->node, lc->rank);
-        else
-            cps__log(CPS_LOG_ERROR, SUB,
-                     "worker %u (rank %u): bad local tensors of step %" PRIu64 ": %s", lc->node,
-                     lc->rank, step, cps_strerror(st ? st : rc));
+        cps__rx_free(&rx);
+        if (st == 0 && done == 0)
+            continue;
+        if (st == 0 && done == 1) {
+            rc = cps__lset_blob_decode(lc->as.buf, (size_t)lc->as.total, &lc->blob);
+            if (rc == 0 && !any && lc->blob.step != step) {
+                cps__log(CPS_LOG_ERROR, SUB,
+                         "worker %u (rank %u) gave its local tensors of step %" PRIu64
+                         ", not of step %" PRIu64,
+                         lc->node, lc->rank, lc->blob.step, step);
+                rc = CPS_EPROTO;
+            } else if (rc != 0) {
+                cps__log(CPS_LOG_ERROR, SUB,
+                         "worker %u (rank %u): malformed local tensors of step %" PRIu64 ": %s",
+                         lc->node, lc->rank, step, cps_strerror(rc));
+            }
+            if (rc == 0) {
+                lc->have = 1;
+                break;
+            }
+        } else if (st == 0) {
+            rc = done;
+        } else if (st == CPS_EPAST) {
+            *past = at;
+            rc = st;
+        } else {
+            if (st == CPS_ENOTFOUND)
+                cps__log(CPS_LOG_ERROR, SUB,
+                         "worker %u (rank %u) lists no local tensors, though the job registered "
+                         "some",
+                         lc->node, lc->rank);
+            else
+                cps__log(CPS_LOG_ERROR, SUB,
+                         "worker %u (rank %u) could not give its local tensors of step %" PRIu64
+                         ": %s",
+                         lc->node, lc->rank, step, cps_strerror(st));
+            rc = st;
+        }
         cps__lset_blob_fini(&lc->blob);
-        cps__rx_free(&lc->rx);
-        rc = st ? st : rc;
+        cps__lset_asm_fini(&lc->as);
     }
     return rc;
 }
@@ -1386,8 +1417,9 @@ static int local_write(const link *l, const local_cut *lc, cps__ckpt_writer *w)
         rc = cps__ckpt_writer_set_meta(w, "local/tensors", val);
     if (rc == 0)
         rc = cps__ckpt_writer_set_meta(w, "local/cut",
-                                       lc->any ? "the worker's next step boundary after the cut"
-                                               : "the servers' step boundary");
+                                       lc->stepped ? "the job's step boundary (the workers')"
+                                       : lc->any   ? "the worker's next step boundary after the cut"
+                                                   : "the servers' step boundary");
     return rc;
 }
 
@@ -1500,13 +1532,13 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
     if (rc == 0)
         rc = link_registry(&l, o->scheduler);
     uint64_t wait_until = t0 + (uint64_t)(o->timeout_ms > 0 ? o->timeout_ms : 120000);
-    while (o->wait_start && (rc == CPS_EUNAVAILABLE || (rc == 0 && l.ndescs == 0)) &&
+    while (o->wait_start && (rc == CPS_EUNAVAILABLE || (rc == 0 && !l.ndescs && !l.has_local)) &&
            cps__now_ms() < wait_until) {
         struct timespec pause = {0, 100 * 1000 * 1000};
         nanosleep(&pause, NULL);
         rc = link_registry(&l, o->scheduler);
     }
-    if (rc == 0 && l.ndescs == 0) {
+    if (rc == 0 && l.ndescs == 0 && !l.has_local) {
         cps__log(o->quiet_until_ready ? CPS_LOG_DEBUG : CPS_LOG_ERROR, SUB,
                  "the job has no tensors yet (workers register them when "
                  "they declare them): nothing to export");
@@ -1515,19 +1547,40 @@ int cps__ckpt_export(const cps__export_opts *o, const char *out, cps__export_res
     uint32_t n = l.view.nranges;
     if (rc == 0) {
         c.nranges = n;
-        c.open = calloc(n, sizeof *c.open);
-        c.seq = calloc(n, sizeof *c.seq);
-        c.at_step = calloc(n, sizeof *c.at_step);
-        c.gen = calloc(n, sizeof *c.gen);
-        c.node = calloc(n, sizeof *c.node);
+        size_t nn = n ? n : 1;
+        c.open = calloc(nn, sizeof *c.open);
+        c.seq = calloc(nn, sizeof *c.seq);
+        c.at_step = calloc(nn, sizeof *c.at_step);
+        c.gen = calloc(nn, sizeof *c.gen);
+        c.node = calloc(nn, sizeof *c.node);
         if (!c.open || !c.seq || !c.at_step || !c.gen || !c.node)
             rc = CPS_ENOMEM;
     }
     /* The cut: sync jobs at a step boundary, the others now. */
     int sync = l.view.mode == CPS_MODE_SYNC;
+    /* A sync job with no dense server tensor (every tensor all-reduced, or row-pushed tables
+     * beside them) has no step boundary on the servers: their sync steps never advance. Its
+     * steps are the workers' (cps_local_commit), so the cut's step comes from the worker asked
+     * for the local tensors: exactly at_step (periodic checkpoints), or its next boundary. The
+     * tables are then cut as they are when that boundary's tensors have arrived: their pushes
+     * are not aligned to steps anyway. Chosen over the rows' push counts, which count pushes,
+     * not steps: a table's rows are pushed a varying number of times per step. */
+    int local_steps = sync && l.has_local && all_tables(&l);
+    if (rc == 0 && sync && o->at_step && !l.has_local && all_tables(&l)) {
+        /* Nothing counts this job's steps yet: the workers register their local tensors after
+         * declaring the table (a periodic export asks again), or have none (a job of tables
+         * alone: no step boundary anywhere; `--checkpoint-every Ns` works). */
+        cps__log(o->quiet_until_ready ? CPS_LOG_DEBUG : CPS_LOG_ERROR, SUB,
+                 "the job has no dense server tensor and no worker-held tensors (yet): no step "
+                 "boundary to cut at step %" PRIu64 " at",
+                 o->at_step);
+        rc = CPS_ENOTFOUND;
+    }
     uint64_t step = 0;
     aim a = {0};
-    if (rc == 0 && sync) {
+    if (rc == 0 && local_steps) {
+        step = o->at_step;
+    } else if (rc == 0 && sync) {
         if (o->at_step)
             step = o->at_step;
         else if ((rc = aim_measure(&l, &a)) == 0)
@@ -1544,9 +1597,21 @@ again:
     for (; rc == 0; attempt++) {
         /* The workers' local tensors: in a sync job with a dense server tensor, at the cut's
          * step (asked before the cut opens: the workers reach it after the servers, whose acks
-         * they wait for); otherwise (async, or only row-pushed tables on the servers, whose
-         * steps do not follow the workers') at the worker's next step boundary after the cut. */
-        int local_any = !sync || all_tables(&l);
+         * they wait for); in async jobs at the worker's next step boundary after the cut; in a
+         * sync job without a dense server tensor the worker's boundary is the cut's step. */
+        if (local_steps) {
+            rc = local_ask(&l, &lc, step, step == 0);
+            if (rc == 0)
+                rc = local_take(&l, &lc, step, step == 0, &past);
+            if (rc == 0) {
+                step = lc.blob.step;
+                lc.stepped = 1;
+            }
+            if (rc == 0 && l.ndescs)
+                rc = open_cut(&l, &c, 0, need, sync, &past);
+            break;
+        }
+        int local_any = !sync;
         if (l.has_local && !local_any)
             rc = local_ask(&l, &lc, step, 0);
         if (rc == 0)
@@ -1667,7 +1732,9 @@ again:
             rc = cps__ckpt_writer_set_meta(w, "mode", mode);
         if (rc == 0)
             rc = cps__ckpt_writer_set_meta(w, "cut",
-                                           sync ? "step boundary" : "per-range sequence number");
+                                           local_steps ? "the workers' step boundary"
+                                           : sync      ? "step boundary"
+                                                       : "per-range sequence number");
         for (uint32_t r = 0; rc == 0 && r < n; r++) {
             snprintf(key, sizeof key, "cut/seq/%u", r);
             snprintf(val, sizeof val, "%" PRIu64, c.seq[r]);
@@ -1691,9 +1758,9 @@ again:
         jobs_free(jobs, l.ndescs);
         jobs = NULL;
         res->bytes = 0;
-        rc = sync ? aim_measure(&l, &a) : 0;
+        rc = sync && !local_steps ? aim_measure(&l, &a) : 0;
         if (rc == 0) {
-            step = sync ? aim_step(&a, 1) : 0;
+            step = sync && !local_steps ? aim_step(&a, 1) : 0;
             cps__log(CPS_LOG_INFO, SUB, "cutting again (try %d of %d)%s", cut_try + 1, CUT_TRIES,
                      sync ? ", at a later step" : "");
             goto again;
@@ -1718,9 +1785,14 @@ again:
         close_cut(&l, &c);
     cps__cutroute_destroy(c.route);
     jobs_free(jobs, l.ndescs);
+    res->tensors = l.ndescs;
+    for (uint32_t i = 0; lc.have && rc == 0 && i < lc.blob.ntensors; i++)
+        res->bytes += 4 * lc.blob.tensors[i].numel;
+    for (uint32_t i = 0; lc.have && i < lc.blob.ntensors; i++)
+        res->tensors += strncmp(lc.blob.tensors[i].name, CPS_CKPT_OPTIM_PREFIX,
+                                strlen(CPS_CKPT_OPTIM_PREFIX)) != 0;
     local_reset(&lc);
     res->step = step;
-    res->tensors = l.ndescs;
     res->seconds = (double)(cps__now_ms() - t0) / 1000.0;
     free(need);
     free(c.open);
@@ -2042,7 +2114,9 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
         rc = CPS_ENOMEM;
     if (rc == 0)
         rc = cps__ckpt_reader_check_names(rd, names, nnames);
-    if (rc == 0 && nwant == 0) {
+    /* A job whose every tensor is all-reduced exports only local tensors: nothing for the
+     * servers, the workers take them back themselves. */
+    if (rc == 0 && nnames == 0) {
         cps__log(CPS_LOG_ERROR, SUB, "%s: no parameter tensors", from);
         rc = CPS_ENOTFOUND;
     }
@@ -2178,12 +2252,12 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
         x.pieces = NULL;
         cps__parts_free(t.parts, t.nparts);
     }
-    for (uint32_t r = 0; rc == 0 && r < nr; r++)
+    for (uint32_t r = 0; rc == 0 && nwant && r < nr; r++)
         rc = put_flush(&x, r);
-    for (uint32_t r = 0; rc == 0 && r < nr; r++)
+    for (uint32_t r = 0; rc == 0 && nwant && r < nr; r++)
         while (rc == 0 && x.pb[r].inflight)
             rc = put_wait_one(&x);
-    if (rc == 0)
+    if (rc == 0 && nwant)
         rc = wait_tails(&x);
     if (rc == 0 && o->release)
         rc = release_workers(&l);

@@ -27,8 +27,11 @@
  * localstate.h): when the registry holds the workers' marker (kind CPS_DESC_LOCAL), the live
  * worker of the lowest rank is asked (CPS_MSG_LOCAL, worker/localset.h) for its listed tensors at
  * the cut's step (sync jobs with a dense server tensor; a worker already past it makes the export
- * cut again later, like a range past it) or at its next step boundary after the cut (async jobs,
- * or only row-pushed tables on the servers); they go into the same checkpoint under their names,
+ * cut again later, like a range past it) or at its next step boundary after the cut (async
+ * jobs). A sync job without a dense server tensor (every tensor all-reduced, or only row-pushed
+ * tables) takes its step from that worker: at_step exactly, or its next boundary, and the tables
+ * are cut once that boundary's tensors are in. The worker sends them in chunks (worker/
+ * localset.h), reassembled here in order; they go into the same checkpoint under their names,
  * marked "kind/<name>" = "local", with "local/step", "local/rank", "local/tensors" and the
  * worker's "local/meta/<key>" strings. Restore skips them: each worker reads them from the export
  * itself (cps_local_fetch).

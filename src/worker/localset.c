@@ -2,6 +2,7 @@
  * (localset.h; the public calls are include/chainps/localstate.h). */
 #include "worker/localset.h"
 
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,15 +11,18 @@
 #include "chainps/error.h"
 #include "chainps/localstate.h"
 #include "client.h"
+#include "core/config.h"
 #include "core/log.h"
 #include "core/view.h"
 #include "transport/transport.h"
 
-#define SUB        "local"
-#define MAGIC      0x4C535043u /* "CPSL" */
-#define TOOL_PEER  0x40000001u /* the exporter that asked, a peer of our transport */
-#define NO_STEP    UINT64_MAX  /* no boundary committed yet */
-#define BLOB_FIXED 24
+#define SUB   "local"
+#define MAGIC 0x4C535043u /* "CPSL" */
+/* The exporters that asked, peers of our transport: TOOL_PEER + slot, and one more for refusals. */
+#define TOOL_PEER   0x40000001u
+#define REFUSE_PEER (TOOL_PEER + CPS_LSET_QUEUE)
+#define NO_STEP     UINT64_MAX /* no boundary committed yet */
+#define BLOB_FIXED  24
 
 typedef struct entry {
     char name[CPS_TENSOR_NAME_MAX + 1];
@@ -28,6 +32,14 @@ typedef struct entry {
     uint64_t numel;
 } entry;
 
+enum { SLOT_FREE, SLOT_WAITING, SLOT_SENDING };
+
+typedef struct request {
+    int state, any;
+    uint64_t want, req_seq, arrival;
+    char addr[CPS_ADDR_MAX]; /* where the exporter listens */
+} request;
+
 struct cps__lset {
     entry *e;
     size_t n, cap;
@@ -35,9 +47,12 @@ struct cps__lset {
     size_t nmeta;
     int registered; /* the scheduler's registry holds our marker */
     uint64_t last;  /* the last committed boundary, NO_STEP before the first */
-    /* An exporter's request waiting for its boundary. */
-    int pending, any;
-    uint64_t want, req_seq;
+    size_t chunk;   /* bytes of blob per answer message (CHAINPS_LOCAL_CHUNK) */
+    /* Exporters' requests waiting for their boundary, or being answered (commit sends outside
+     * the lock, so a slot stays taken, and its peer id pointed at that exporter, until done). */
+    request q[CPS_LSET_QUEUE];
+    uint64_t
+        arrivals; /* orders the requests: the oldest waiting one gives way when all are taken */
 };
 
 static size_t pad4(size_t n)
@@ -47,7 +62,16 @@ static size_t pad4(size_t n)
 
 /* ---- the blob ---- */
 
-static size_t blob_size(const cps__lset *s)
+/* What a blob is made of: the list's entries and metadata, or a copy of them taken under the
+ * client's lock (commit encodes outside it). */
+typedef struct blob_src {
+    const entry *e;
+    size_t n;
+    char *const *keys, *const *values;
+    size_t nmeta;
+} blob_src;
+
+static size_t blob_size(const blob_src *s)
 {
     size_t n = BLOB_FIXED;
     for (size_t i = 0; i < s->n; i++)
@@ -57,7 +81,7 @@ static size_t blob_size(const cps__lset *s)
     return n;
 }
 
-static void blob_encode(const cps__lset *s, uint64_t step, unsigned char *p)
+static void blob_encode(const blob_src *s, uint64_t step, unsigned char *p)
 {
     cps__le32_put(p, MAGIC);
     cps__le32_put(p + 4, (uint32_t)s->n);
@@ -189,15 +213,76 @@ int cps__lset_blob_decode(const void *buf, size_t len, cps__lset_blob *out)
     return left == 0 ? 0 : CPS_EPROTO;
 }
 
+/* ---- reassembly of a blob sent in chunks (the exporter's side) ---- */
+
+int cps__lset_asm_put(cps__lset_asm *a, uint64_t step, const void *payload, size_t len)
+{
+    const unsigned char *p = payload;
+    if (len < CPS_LSET_CHUNK_HDR)
+        return CPS_ESIZE;
+    uint64_t total = cps__le64_get(p), off = cps__le64_get(p + 8);
+    size_t n = len - CPS_LSET_CHUNK_HDR;
+    if (total < BLOB_FIXED || total > CPS_LSET_BLOB_MAX || n == 0 || off > total || n > total - off)
+        return CPS_ESIZE;
+    if (a->got ? total != a->total || step != a->step : off != 0)
+        return CPS_EPROTO;
+    if (off != a->got)
+        return CPS_EPROTO; /* a chunk lost, repeated or out of order */
+    if (a->got + n > a->cap) {
+        /* Grown as chunks arrive, not to the length the first one announces. */
+        uint64_t cap = a->cap ? 2 * a->cap : n;
+        cap = cap < a->got + n ? a->got + n : cap > total ? total : cap;
+        unsigned char *b = realloc(a->buf, (size_t)cap);
+        if (!b)
+            return CPS_ENOMEM;
+        a->buf = b;
+        a->cap = cap;
+    }
+    memcpy(a->buf + a->got, p + CPS_LSET_CHUNK_HDR, n);
+    a->got += n;
+    a->total = total;
+    a->step = step;
+    return a->got == total;
+}
+
+void cps__lset_asm_fini(cps__lset_asm *a)
+{
+    if (!a)
+        return;
+    free(a->buf);
+    memset(a, 0, sizeof *a);
+}
+
 /* ---- the worker's list ---- */
+
+/* CHAINPS_LOCAL_CHUNK: bytes of the blob per answer (default CPS_LSET_CHUNK_DEFAULT). A bad
+ * value fails cps_local_add naming the variable rather than falling back silently. */
+static int chunk_from_env(size_t *out)
+{
+    const char *env = getenv("CHAINPS_LOCAL_CHUNK");
+    uint32_t v = CPS_LSET_CHUNK_DEFAULT;
+    char err[160];
+    int rc = 0;
+    if (env && *env &&
+        (rc = cps__config_parse_u32("CHAINPS_LOCAL_CHUNK", env, CPS_LSET_CHUNK_MIN,
+                                    CPS_LSET_CHUNK_MAX, &v, err, sizeof err)) != 0)
+        cps__log(CPS_LOG_ERROR, SUB, "%s", err);
+    *out = v;
+    return rc;
+}
 
 static int lset_get(cps_client *c, cps__lset **out)
 {
     if (!c->lset) {
+        size_t chunk;
+        int rc = chunk_from_env(&chunk);
+        if (rc != 0)
+            return rc;
         c->lset = calloc(1, sizeof *c->lset);
         if (!c->lset)
             return CPS_ENOMEM;
         c->lset->last = NO_STEP;
+        c->lset->chunk = chunk;
     }
     *out = c->lset;
     return 0;
@@ -320,7 +405,14 @@ int cps_local_meta(cps_client *c, const char *key, const char *value)
 
 /* ---- the exchange with an exporter ---- */
 
-static void reply(cps_client *c, cps__lset *s, int status, uint64_t step)
+static uint32_t slot_peer(size_t slot)
+{
+    return TOOL_PEER + (uint32_t)slot;
+}
+
+/* An answer without a blob: CPS_EPAST (with the boundary we are at), CPS_ENOTFOUND, CPS_EAGAIN,
+ * CPS_ENOMEM. */
+static void answer_status(cps_client *c, uint32_t peer, uint64_t req_seq, int status, uint64_t step)
 {
     cps__msg_hdr h = {.type = CPS_MSG_LOCAL,
                       .flags = CPS_WF_REPLY,
@@ -328,32 +420,36 @@ static void reply(cps_client *c, cps__lset *s, int status, uint64_t step)
                       .status = status,
                       .epoch = c->view ? c->view->epoch : 0,
                       .req_worker = c->id,
-                      .req_seq = s->req_seq,
+                      .req_seq = req_seq,
                       .step = step};
-    size_t len = status == 0 ? blob_size(s) : 0;
-    if (len > CPS_WIRE_MAX_PAYLOAD) {
-        cps__log(CPS_LOG_ERROR, SUB, "the local tensors (%zu bytes) exceed a message", len);
-        h.status = CPS_ESIZE;
-        len = 0;
-    }
-    unsigned char *buf = cps__msg_alloc(&h, len);
-    if (!buf) {
-        h.status = CPS_ENOMEM;
-        len = 0;
-        buf = cps__msg_alloc(&h, 0);
-    }
-    if (!buf)
-        return;
-    if (len)
-        blob_encode(s, step, buf + CPS_WIRE_HDR_SIZE);
-    int rc = cps__tp_send(c->tp, TOOL_PEER, buf, CPS_WIRE_HDR_SIZE + len);
-    if (rc != 0) {
-        cps__tp_free(buf);
+    int rc = cps__msg_send(c->tp, peer, &h, NULL, 0);
+    if (rc != 0)
         cps__log(CPS_LOG_WARN, SUB, "cannot answer the exporter: %s", cps_strerror(rc));
-    } else if (h.status == 0) {
-        cps__log(CPS_LOG_INFO, SUB, "local tensors of step %llu sent to the exporter (%zu bytes)",
-                 (unsigned long long)step, len);
-    }
+}
+
+/* One chunk of the blob to the exporter of slot `slot`; the message owns a copy. */
+static int send_chunk(cps_client *c, const request *r, size_t slot, uint64_t step,
+                      const unsigned char *blob, uint64_t total, uint64_t off, size_t len)
+{
+    cps__msg_hdr h = {.type = CPS_MSG_LOCAL,
+                      .flags = CPS_WF_REPLY,
+                      .sender = c->id,
+                      .epoch = c->view ? c->view->epoch : 0,
+                      .req_worker = c->id,
+                      .req_seq = r->req_seq,
+                      .step = step};
+    unsigned char *buf = cps__msg_alloc(&h, CPS_LSET_CHUNK_HDR + len);
+    if (!buf)
+        return CPS_ENOMEM;
+    unsigned char *p = buf + CPS_WIRE_HDR_SIZE;
+    cps__le64_put(p, total);
+    cps__le64_put(p + 8, off);
+    memcpy(p + CPS_LSET_CHUNK_HDR, blob + off, len);
+    int rc =
+        cps__tp_send(c->tp, slot_peer(slot), buf, CPS_WIRE_HDR_SIZE + CPS_LSET_CHUNK_HDR + len);
+    if (rc != 0)
+        cps__tp_free(buf);
+    return rc;
 }
 
 void cps__lset_on_msg(cps_client *c, const cps__rx *rx)
@@ -368,18 +464,149 @@ void cps__lset_on_msg(cps_client *c, const cps__rx *rx)
         cps__log(CPS_LOG_WARN, SUB, "malformed request for the local tensors dropped");
         return;
     }
-    if (cps__tp_peer_set(c->tp, TOOL_PEER, addr) != 0)
+    int any = rx->hdr.aux == 1;
+    uint64_t want = rx->hdr.step, last = s->last == NO_STEP ? 0 : s->last;
+    if (s->n == 0 || (!any && s->last != NO_STEP && want <= s->last)) {
+        if (cps__tp_peer_set(c->tp, REFUSE_PEER, addr) == 0)
+            answer_status(c, REFUSE_PEER, rx->hdr.req_seq, s->n == 0 ? CPS_ENOTFOUND : CPS_EPAST,
+                          last);
         return;
-    s->req_seq = rx->hdr.req_seq;
-    s->pending = 0;
-    s->any = rx->hdr.aux == 1;
-    s->want = rx->hdr.step;
-    if (s->n == 0)
-        reply(c, s, CPS_ENOTFOUND, s->last == NO_STEP ? 0 : s->last);
-    else if (!s->any && s->last != NO_STEP && s->want <= s->last)
-        reply(c, s, CPS_EPAST, s->last);
-    else
-        s->pending = 1;
+    }
+    /* A free slot, or else the oldest waiting request gives way (told CPS_EAGAIN): an exporter
+     * that died waiting for a far step must not block the later ones for ever. */
+    size_t slot = CPS_LSET_QUEUE;
+    for (size_t i = 0; i < CPS_LSET_QUEUE && slot == CPS_LSET_QUEUE; i++)
+        if (s->q[i].state == SLOT_FREE)
+            slot = i;
+    int evict = slot == CPS_LSET_QUEUE;
+    for (size_t i = 0; evict && i < CPS_LSET_QUEUE; i++)
+        if (s->q[i].state == SLOT_WAITING &&
+            (slot == CPS_LSET_QUEUE || s->q[i].arrival < s->q[slot].arrival))
+            slot = i;
+    if (slot == CPS_LSET_QUEUE) { /* every slot is being answered right now */
+        if (cps__tp_peer_set(c->tp, REFUSE_PEER, addr) == 0)
+            answer_status(c, REFUSE_PEER, rx->hdr.req_seq, CPS_EAGAIN, last);
+        cps__log(CPS_LOG_WARN, SUB, "%d exports are being answered: a new one is refused",
+                 CPS_LSET_QUEUE);
+        return;
+    }
+    request *r = &s->q[slot];
+    if (evict) {
+        cps__log(CPS_LOG_WARN, SUB,
+                 "%d exports wait for the local tensors: the oldest (step %" PRIu64
+                 ") gives way to a new one",
+                 CPS_LSET_QUEUE, r->want);
+        /* Told through the refusals' peer: re-pointing the slot's peer drops what it queued. */
+        if (cps__tp_peer_set(c->tp, REFUSE_PEER, r->addr) == 0)
+            answer_status(c, REFUSE_PEER, r->req_seq, CPS_EAGAIN, last);
+    }
+    if (cps__tp_peer_set(c->tp, slot_peer(slot), addr) != 0) {
+        r->state = SLOT_FREE;
+        return;
+    }
+    *r = (request){.state = SLOT_WAITING,
+                   .any = any,
+                   .want = want,
+                   .req_seq = rx->hdr.req_seq,
+                   .arrival = ++s->arrivals};
+    snprintf(r->addr, sizeof r->addr, "%s", addr);
+}
+
+/* The list and metadata as they are now, for encoding outside the lock. */
+typedef struct snapshot {
+    entry *e;
+    char **keys, **values;
+    blob_src src;
+} snapshot;
+
+static void snapshot_fini(snapshot *sn)
+{
+    for (size_t i = 0; i < sn->src.nmeta; i++) {
+        free(sn->keys[i]);
+        free(sn->values[i]);
+    }
+    free(sn->keys);
+    free(sn->values);
+    free(sn->e);
+    memset(sn, 0, sizeof *sn);
+}
+
+static int snapshot_take(const cps__lset *s, snapshot *sn)
+{
+    memset(sn, 0, sizeof *sn);
+    sn->e = malloc((s->n ? s->n : 1) * sizeof *sn->e);
+    sn->keys = calloc(s->nmeta ? s->nmeta : 1, sizeof *sn->keys);
+    sn->values = calloc(s->nmeta ? s->nmeta : 1, sizeof *sn->values);
+    if (!sn->e || !sn->keys || !sn->values)
+        goto oom;
+    memcpy(sn->e, s->e, s->n * sizeof *sn->e);
+    for (size_t i = 0; i < s->nmeta; i++, sn->src.nmeta++) {
+        sn->keys[i] = strdup(s->keys[i]);
+        sn->values[i] = strdup(s->values[i]);
+        if (!sn->keys[i] || !sn->values[i]) {
+            sn->src.nmeta++;
+            goto oom;
+        }
+    }
+    sn->src = (blob_src){sn->e, s->n, sn->keys, sn->values, s->nmeta};
+    return 0;
+oom:
+    snapshot_fini(sn);
+    return CPS_ENOMEM;
+}
+
+/* Answer the requests of slots `which` (SLOT_SENDING) with the blob of boundary `step`, encoded
+ * outside the client's lock (the copy of a large model must not hold up the client's loop) and
+ * sent in chunks of s->chunk bytes, each under the lock (the transport's owner). Called and
+ * returns with the lock held. */
+static int answer_blob(cps_client *c, cps__lset *s, const unsigned char *which, uint64_t step)
+{
+    snapshot sn;
+    int rc = snapshot_take(s, &sn);
+    size_t chunk = s->chunk;
+    unsigned char *blob = NULL;
+    uint64_t total = 0, t0 = cps__now_us(), t_copy = t0;
+    if (rc == 0) {
+        pthread_mutex_unlock(&c->lock);
+        total = blob_size(&sn.src);
+        blob = malloc(total);
+        if (blob)
+            blob_encode(&sn.src, step, blob);
+        t_copy = cps__now_us();
+        pthread_mutex_lock(&c->lock);
+        rc = blob ? 0 : CPS_ENOMEM;
+    }
+    snapshot_fini(&sn);
+    for (size_t i = 0; i < CPS_LSET_QUEUE; i++) {
+        if (!which[i])
+            continue;
+        request *r = &s->q[i];
+        int src = rc;
+        for (uint64_t off = 0; src == 0 && off < total; off += chunk) {
+            size_t len = total - off < chunk ? (size_t)(total - off) : chunk;
+            src = send_chunk(c, r, i, step, blob, total, off, len);
+            if (src == 0 && off + len < total) {
+                /* Let the client's loop (and other threads' calls) in between chunks. */
+                pthread_mutex_unlock(&c->lock);
+                pthread_mutex_lock(&c->lock);
+            }
+        }
+        if (src == CPS_ENOMEM)
+            answer_status(c, slot_peer(i), r->req_seq, CPS_ENOMEM, step);
+        if (src != 0)
+            cps__log(CPS_LOG_ERROR, SUB, "cannot send the local tensors of step %" PRIu64 ": %s",
+                     step, cps_strerror(src));
+        else
+            cps__log(CPS_LOG_INFO, SUB,
+                     "local tensors of step %" PRIu64 " sent to an exporter (%" PRIu64
+                     " bytes in %" PRIu64 " messages; copied in %.1f ms outside the lock, "
+                     "queued after %.1f ms)",
+                     step, total, (total + chunk - 1) / chunk, (t_copy - t0) / 1000.0,
+                     (cps__now_us() - t0) / 1000.0);
+        r->state = SLOT_FREE;
+    }
+    free(blob);
+    return rc;
 }
 
 int cps_local_commit(cps_client *c, uint64_t step)
@@ -390,15 +617,25 @@ int cps_local_commit(cps_client *c, uint64_t step)
     pthread_mutex_lock(&c->lock);
     cps__lset *s;
     int rc = lset_get(c, &s);
+    unsigned char which[CPS_LSET_QUEUE] = {0};
+    int any = 0;
+    for (size_t i = 0; rc == 0 && i < CPS_LSET_QUEUE; i++) {
+        request *r = &s->q[i];
+        if (r->state != SLOT_WAITING)
+            continue;
+        if (r->any || step == r->want) {
+            r->state = SLOT_SENDING;
+            which[i] = 1;
+            any = 1;
+        } else if (step > r->want) {
+            answer_status(c, slot_peer(i), r->req_seq, CPS_EPAST, step);
+            r->state = SLOT_FREE;
+        }
+    }
     if (rc == 0) {
         s->last = step;
-        if (s->pending && (s->any || step == s->want)) {
-            s->pending = 0;
-            reply(c, s, 0, step);
-        } else if (s->pending && step > s->want) {
-            s->pending = 0;
-            reply(c, s, CPS_EPAST, step);
-        }
+        if (any)
+            rc = answer_blob(c, s, which, step);
     }
     pthread_mutex_unlock(&c->lock);
     return rc;

@@ -11,12 +11,13 @@
  * --train: a model w of N values trained by the mean of all-reduced gradients that depend on w;
  * w is shared after every step (cps_allreduce_share), and a replacement of a dead worker starts
  * from a live worker's w and step (cps_allreduce_fetch). Prints "final w <hash>" at the end.
- * --ckpt (with --train): also a server tensor "s" pushed every step (a sync step boundary for the
- * servers' cut) and w listed as the local tensor "w" (cps_local_add), committed after every step
- * (cps_local_commit), so that exports hold it. Prints "commit <step> <hash of w>" after every
- * step; in a job restored from an export (CHAINPS_RESTORE_FROM) w comes back through
- * cps_local_fetch and the worker prints "restored w <hash> at step <step>" and starts there.
- * Exits 0 when every iteration completed, 1 on the first error (printed with its name). */
+ * --ckpt (with --train): w listed as the local tensor "w" (cps_local_add), committed after every
+ * step (cps_local_commit), so that exports hold it: a job whose every tensor is all-reduced, whose
+ * steps are the workers' commits. --server-tensor adds a server tensor "s" pushed every step (the
+ * servers' sync step boundary is then the cut's). Prints "commit <step> <xxh3 of w> <fnv1a-64 of
+ * w>" after every step; in a job restored from an export (CHAINPS_RESTORE_FROM) w comes back
+ * through cps_local_fetch and the worker prints "restored w <hash> at step <step>" and starts
+ * there. Exits 0 when every iteration completed, 1 on the first error (printed with its name). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +46,16 @@ static void fill(float *v, int len, int rank, int iter)
     }
 }
 
+/* FNV-1a 64 of w's bytes: a hash a test's Python computes from an export without xxhash. */
+static uint64_t fnv1a(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
 static int cmp_u64(const void *a, const void *b)
 {
     uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
@@ -54,7 +65,7 @@ static int cmp_u64(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     int len = 1000, iters = 10, mean = 0, async = 0, step_ms = 0, warmup = 3, bench = 0, train = 0,
-        ckpt = 0;
+        ckpt = 0, server_tensor = 0;
     const char *out = NULL;
     const tc_flag flags[] = {{"--len", TC_INT, &len},
                              {"--iters", TC_INT, &iters},
@@ -66,6 +77,7 @@ int main(int argc, char **argv)
                              {"--train", TC_SWITCH, &train},
                              {"--out", TC_STR, &out},
                              {"--ckpt", TC_SWITCH, &ckpt},
+                             {"--server-tensor", TC_SWITCH, &server_tensor},
                              {NULL, 0, NULL}};
     if (tc_flags_parse(argc, argv, flags) != 0 || len <= 0 || iters <= 0)
         return 2;
@@ -129,7 +141,9 @@ int main(int argc, char **argv)
     if (ckpt) {
         uint64_t shape[1] = {(uint64_t)len};
         cps_optim sgd = cps_optim_sgd(0.1f);
-        rc = cps_tensor_declare(c, "s", 16, NULL, &sgd, &stensor);
+        rc = 0;
+        if (server_tensor)
+            rc = cps_tensor_declare(c, "s", 16, NULL, &sgd, &stensor);
         if (rc == 0)
             rc = cps_local_add(c, "w", w, 1, shape);
         if (rc == 0)
@@ -169,7 +183,7 @@ int main(int argc, char **argv)
         if (ckpt) {
             for (int j = 0; j < 16; j++)
                 sg[j] = v[j] * 1e-3f;
-            rc = cps_push_pull(c, stensor, sg, sv, 16);
+            rc = stensor ? cps_push_pull(c, stensor, sg, sv, 16) : 0;
             if (rc == 0)
                 rc = cps_local_commit(c, (uint64_t)i + 1);
             if (rc != 0) {
@@ -177,8 +191,9 @@ int main(int argc, char **argv)
                 status = 1;
                 break;
             }
-            printf("commit %d %016llx\n", i + 1,
-                   (unsigned long long)XXH3_64bits(w, (size_t)len * sizeof *w));
+            printf("commit %d %016llx %016llx\n", i + 1,
+                   (unsigned long long)XXH3_64bits(w, (size_t)len * sizeof *w),
+                   (unsigned long long)fnv1a(w, (size_t)len * sizeof *w));
             fflush(stdout); /* whole lines: launch interleaves the workers' output by line */
         }
         if (i >= warmup)

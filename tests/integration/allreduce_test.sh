@@ -6,9 +6,13 @@
 #     restart, and the survivors agree on every all-reduce, the ones after the kill included.
 #  3. --restart-workers: the replacement fetches the trained values from a live worker
 #     (cps_allreduce_fetch) and both workers end with the same values.
-#  4. checkpoints: periodic exports hold the all-reduced values (cps_local_add/commit); a job
-#     restored from one gives both workers those bits back (cps_local_fetch), and an export whose
-#     all-reduced tensor is damaged is refused naming it.
+#  4. checkpoints of a job whose every tensor is all-reduced: step-based periodic exports (their
+#     step is the workers' cps_local_commit) hold the all-reduced values (cps_local_add/commit),
+#     sent in chunks of 4 KiB (CHAINPS_LOCAL_CHUNK); a job restored from one gives both workers
+#     those bits back (cps_local_fetch), and an export whose all-reduced tensor is damaged is
+#     refused naming it.
+#  5. two `chainps checkpoint export --step` of such a job at once both succeed, each with the
+#     workers' w of its own step.
 # Usage: allreduce_test.sh CHAINPS ALLREDUCE_APP [KILLS]
 # With KILLS > 0 (bench/allreduce_kill.sh) step 2 is repeated KILLS times and the time from each
 # kill to the moment every survivor had completed an all-reduce begun after the kill is printed
@@ -151,21 +155,26 @@ if [ "${EQUAL_WORKERS-x}" != "" ]; then
         { grep 'final w\|replacement' "$out.log"; fail "the workers ended with different w"; }
     echo "ok: --restart-workers: $(grep -o 'replacement starts at step [0-9]*' "$out.log"), both workers end with w $finals"
 fi
-# 4. Checkpoints hold the all-reduced w: a 2-worker job (allreduce_app --train --ckpt, a server
-#    tensor pushed every step beside it) with a checkpoint every 100 steps; w at the export's
-#    step (printed by both workers as they commit it) is what both workers of a job restored from
-#    it start from.
+# 4. Checkpoints hold the all-reduced w: a 2-worker job (allreduce_app --train --ckpt, no server
+#    tensor at all) with a checkpoint every 100 steps; w (20 KB, 5 chunks) at the export's step
+#    (printed by both workers as they commit it) is what both workers of a job restored from it
+#    start from.
 if [ "${EQUAL_WORKERS-x}" != "" ]; then
     out="$dir/ckpt"
     mkdir -p "$out"
-    timeout 120 "$CHAINPS" launch --servers 1 --workers 2 --timeout 100 --checkpoint-every 100 \
+    CHAINPS_LOCAL_CHUNK=4096 timeout 120 "$CHAINPS" launch --servers 1 --workers 2 --timeout 100 --checkpoint-every 100 \
         --checkpoint-dir "$out/ck" --keep 5 -- "$APP" --train --ckpt --len 5000 --iters 400 \
         --step-ms 5 >"$out.log" 2>&1 || { tail -30 "$out.log"; fail "the checkpointed job"; }
     ck=$(ls -d "$out"/ck/step-* 2>/dev/null | head -1)
     [ -n "$ck" ] || { tail -30 "$out.log"; fail "no periodic checkpoint"; }
+    ls -d "$out"/ck/step-* | sed 's/.*step-0*//' | while read -r n; do
+        [ $((n % 100)) = 0 ] || fail "a periodic checkpoint at step $n, not a multiple of 100"
+    done || exit 1
+    grep -q 'local tensors of step [0-9]* sent to an exporter (20[0-9]* bytes in 5 messages;' "$out.log" ||
+        { grep 'local tensors' "$out.log" | head -3; fail "the local part did not come in 4 KiB chunks"; }
     s=$((10#${ck##*step-}))
-    want=$(sed -n "s/^\[worker 0\] commit $s \([0-9a-f]*\)$/\1/p" "$out.log")
-    other=$(sed -n "s/^\[worker 1\] commit $s \([0-9a-f]*\)$/\1/p" "$out.log")
+    want=$(sed -n "s/^\[worker 0\] commit $s \([0-9a-f]*\) [0-9a-f]*$/\1/p" "$out.log")
+    other=$(sed -n "s/^\[worker 1\] commit $s \([0-9a-f]*\) [0-9a-f]*$/\1/p" "$out.log")
     [ -n "$want" ] && [ "$want" = "$other" ] || fail "the workers' w at step $s: '$want' '$other'"
     timeout 120 "$CHAINPS" launch --servers 2 --workers 2 --timeout 100 --restore-from "$ck" -- \
         "$APP" --train --ckpt --len 5000 --iters $((s + 50)) >"$out.restore.log" 2>&1 ||
@@ -192,6 +201,57 @@ PY
         fail "a damaged export was restored"
     grep -q "tensor 'w'.*checksum\|w.*checksum mismatch\|checksum.*'w'" "$out.bad.log" ||
         { tail -10 "$out.bad.log"; fail "the refusal does not name the damaged tensor w"; }
-    echo "ok: checkpoints: w at step $s restored bitwise on both workers ($want); a damaged w is refused naming it"
+    echo "ok: checkpoints of an all-reduce-only job: periodic at $(ls "$out/ck" | tr '\n' ' ')in 4 KiB chunks; w at step $s restored bitwise on both workers ($want); a damaged w is refused naming it"
+fi
+# 5. Two exports at once: both are answered, each with w of its own step (the worker queues
+#    their requests). The steps are ahead of the job, so both wait at the worker together.
+if [ "${EQUAL_WORKERS-x}" != "" ]; then
+    out="$dir/two"
+    mkdir -p "$out"
+    "$CHAINPS" secret "$out/job.key" >/dev/null
+    CHAINPS_LOCAL_CHUNK=4096 timeout 150 "$CHAINPS" launch --secret-file "$out/job.key" --servers 1 \
+        --workers 2 --timeout 100 -- "$APP" --train --ckpt --len 5000 --iters 1000000 --step-ms 5 \
+        >"$out.log" 2>&1 &
+    lp=$!
+    addr=
+    for _ in $(seq 200); do
+        addr=$(sed -n 's/^launch: scheduler on \([0-9.:]*\),.*/\1/p' "$out.log")
+        [ -n "$addr" ] && grep -q '^\[worker 1\] commit 5 ' "$out.log" && break
+        sleep 0.1
+    done
+    [ -n "$addr" ] || { tail -20 "$out.log"; fail "the job did not start"; }
+    now=$(sed -n 's/^\[worker 0\] commit \([0-9]*\) .*/\1/p' "$out.log" | tail -1)
+    s1=$((now + 150)) s2=$((now + 200))
+    pids=
+    for s in $s1 $s2; do
+        timeout 120 "$CHAINPS" checkpoint export --secret-file "$out/job.key" --scheduler "$addr" \
+            --step "$s" --out "$out/e$s" >"$out/e$s.log" 2>&1 &
+        pids="$pids $!"
+    done
+    for p in $pids; do wait "$p" || { cat "$out"/e*.log; fail "one of two exports at once failed"; }; done
+    kill "$lp" 2>/dev/null
+    wait "$lp" 2>/dev/null
+    lp=
+    for s in $s1 $s2; do
+        grep -q "at step $s " "$out/e$s.log" || { cat "$out/e$s.log"; fail "export --step $s: another step"; }
+        want=$(sed -n "s/^\[worker 0\] commit $s [0-9a-f]* \([0-9a-f]*\)$/\1/p" "$out.log")
+        got=$(/usr/bin/python3 - "$out/e$s/model.safetensors" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    head = json.loads(f.read(n))
+    a, b = head["w"]["data_offsets"]
+    f.seek(8 + n + a)
+    h = 0xCBF29CE484222325
+    for byte in f.read(b - a):
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    meta = head["__metadata__"]
+    print("%016x %s %s" % (h, meta["local/step"], meta["step"]))
+PY
+)
+        [ -n "$want" ] && [ "$got" = "$want $s $s" ] ||
+            fail "export --step $s holds w '$got', the workers committed '$want $s $s'"
+    done
+    echo "ok: two exports at once (steps $s1 and $s2) both hold the workers' w of their step"
 fi
 echo "PASS"

@@ -28,6 +28,9 @@ def main(argv):
     ap.add_argument("--step-ms", type=float, default=5)
     ap.add_argument("--dump", required=True)
     ap.add_argument("--adam", action="store_true", help="local Adam instead of SGD+momentum")
+    ap.add_argument("--tables", action="store_true",
+                    help="examples/hybrid's default split: the table as row pushes, so the "
+                    "servers hold no dense tensor (the job's steps are the workers')")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     client = chainps.init()
@@ -37,7 +40,8 @@ def main(argv):
         model.named_parameters(), chainps.SGD(0.5), client=client, seed=1,
         local_optim=(lambda ps: torch.optim.Adam(ps, lr=0.01)) if a.adam else
         (lambda ps: torch.optim.SGD(ps, lr=0.5, momentum=0.9)),
-        sparse=())  # every server tensor pushed dense: a sync aggregate per step
+        # Without --tables every server tensor is pushed dense: a sync aggregate per step.
+        **({} if a.tables else {"sparse": ()}))
     local = {n: p.detach().clone() for n, p in model.named_parameters() if n != "embed.weight"}
     torch.save({"start_step": opt.start_step, "params": local,
                 "optim": opt.local_optimizer.state_dict()},

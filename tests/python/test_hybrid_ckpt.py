@@ -2,7 +2,10 @@
 steps with periodic exports, then a fresh job restored from the newest one. The all-reduced
 parameters and the local optimizer's state every restored worker starts from are bitwise those
 in the export, and the same on both workers; `chainps.checkpoint.load` gives the whole
-state_dict; a damaged or missing all-reduced tensor is refused naming it. Every job is a
+state_dict; a damaged or missing all-reduced tensor is refused naming it. With the table pushed
+as rows (examples/hybrid's default split: no dense tensor on the servers), `--checkpoint-every N`
+still writes a checkpoint every N steps, at the workers' step, and a job restored from one
+resumes there. Every job is a
 `chainps launch` bounded in time (loopback only)."""
 import glob
 import json
@@ -178,3 +181,33 @@ def test_adam_state_round_trip(tmp_path):
             for k, v in slots.items():
                 got = g["optim"]["state"][i][k]
                 assert got.shape == v.shape and torch.equal(bits(got), bits(v)), (r, i, k)
+
+
+def test_step_checkpoints_of_a_table_only_job(tmp_path):
+    """The servers hold only the row-pushed table, so they have no step boundary: the periodic
+    checkpoints take the workers' (cps_local_commit) and fire every N steps all the same."""
+    d1, d2 = tmp_path / "d1", tmp_path / "d2"
+    d1.mkdir()
+    d2.mkdir()
+    rc, out = launch(["--checkpoint-every", "40", "--checkpoint-dir", str(tmp_path / "ck"),
+                      "--keep", "5"], ["--tables", "--steps", "130", "--step-ms", "10",
+                                       "--dump", str(d1)])
+    assert rc == 0, out[-5000:]
+    steps = sorted(glob.glob(str(tmp_path / "ck" / "step-*")))
+    got = [int(p.rsplit("-", 1)[1]) for p in steps]
+    assert got and all(s % 40 == 0 for s in got), (got, out[-5000:])
+    path = steps[-1]
+    meta = ck.metadata(path)
+    assert meta["step"] == meta["local/step"] == str(got[-1]), meta
+    assert meta["cut"] == "the workers' step boundary" and meta["kind/embed.weight"] == "table"
+    model = hybrid.Model(2000, 8)
+    model.load_state_dict(ck.load(path), strict=True)
+    rc, out = launch(["--restore-from", path],
+                     ["--tables", "--steps", str(got[-1] + 10), "--dump", str(d2)])
+    assert rc == 0, out[-5000:]
+    local = ck.load_local(path)
+    for r in (0, 1):
+        g = torch.load(d2 / f"rank-{r}.pt")
+        assert g["start_step"] == got[-1], (r, g["start_step"])
+        for n in LOCAL:
+            assert torch.equal(bits(g["params"][n]), bits(local[n])), (r, n)

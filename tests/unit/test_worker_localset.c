@@ -1,6 +1,8 @@
 /* The local tensors' blob (src/worker/localset.h), as the exporter decodes what a worker sent:
  * a well-formed blob gives back its tensors, shapes and metadata; every truncation, trailing
- * byte and impossible length is refused before anything is read past the end. */
+ * byte and impossible length is refused before anything is read past the end. A blob sent in
+ * chunks reassembles to the same bytes; a truncated, lost, repeated, out-of-order chunk or one of
+ * another step is refused with its error. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -118,12 +120,88 @@ static void test_impossible_fields_refused(void **state)
     }
 }
 
+/* One chunk as a worker sends it: u64 blob length, u64 offset, the bytes. Returns its length. */
+static size_t make_chunk(unsigned char *out, const unsigned char *blob, uint64_t total,
+                         uint64_t off, size_t len)
+{
+    cps__le64_put(out, total);
+    cps__le64_put(out + 8, off);
+    memcpy(out + CPS_LSET_CHUNK_HDR, blob + off, len);
+    return CPS_LSET_CHUNK_HDR + len;
+}
+
+/* A blob sent in chunks of every size from 1 byte to the whole reassembles to the same bytes,
+ * complete exactly at its last chunk, and decodes. */
+static void test_chunks_reassemble(void **state)
+{
+    (void)state;
+    unsigned char b[512], c[512 + CPS_LSET_CHUNK_HDR];
+    size_t n = make_blob(b);
+    for (size_t chunk = 1; chunk <= n; chunk++) {
+        cps__lset_asm as = {0};
+        for (size_t off = 0; off < n; off += chunk) {
+            size_t len = n - off < chunk ? n - off : chunk;
+            int rc = cps__lset_asm_put(&as, 42, c, make_chunk(c, b, n, off, len));
+            assert_int_equal(rc, off + len == n);
+        }
+        assert_int_equal(as.total, n);
+        assert_memory_equal(as.buf, b, n);
+        cps__lset_blob blob;
+        assert_int_equal(cps__lset_blob_decode(as.buf, (size_t)as.total, &blob), 0);
+        assert_int_equal(blob.ntensors, 2);
+        cps__lset_blob_fini(&blob);
+        cps__lset_asm_fini(&as);
+    }
+}
+
+/* Each bad chunk gets its named error, and the assembly is as it was (the exporter fails the
+ * exchange, it does not guess). */
+static void test_bad_chunks_refused(void **state)
+{
+    (void)state;
+    unsigned char b[512], c[512 + CPS_LSET_CHUNK_HDR];
+    size_t n = make_blob(b), half = n / 2;
+    cps__lset_asm as = {0};
+    /* truncated: shorter than the chunk's header, or no data */
+    for (size_t len = 0; len <= CPS_LSET_CHUNK_HDR; len++) {
+        make_chunk(c, b, n, 0, 0);
+        assert_int_equal(cps__lset_asm_put(&as, 42, c, len), CPS_ESIZE);
+    }
+    /* an impossible blob length, data past the announced length */
+    make_chunk(c, b, n, 0, half);
+    cps__le64_put(c, CPS_LSET_BLOB_MAX + 1);
+    assert_int_equal(cps__lset_asm_put(&as, 42, c, CPS_LSET_CHUNK_HDR + half), CPS_ESIZE);
+    cps__le64_put(c, 8);
+    assert_int_equal(cps__lset_asm_put(&as, 42, c, CPS_LSET_CHUNK_HDR + half), CPS_ESIZE);
+    cps__le64_put(c, half - 1);
+    assert_int_equal(cps__lset_asm_put(&as, 42, c, CPS_LSET_CHUNK_HDR + half), CPS_ESIZE);
+    /* the first chunk missing */
+    assert_int_equal(cps__lset_asm_put(&as, 42, c, make_chunk(c, b, n, half, n - half)),
+                     CPS_EPROTO);
+    assert_int_equal(as.got, 0);
+    assert_int_equal(cps__lset_asm_put(&as, 42, c, make_chunk(c, b, n, 0, half)), 0);
+    /* repeated, of another step, of another length */
+    assert_int_equal(cps__lset_asm_put(&as, 42, c, make_chunk(c, b, n, 0, half)), CPS_EPROTO);
+    assert_int_equal(cps__lset_asm_put(&as, 43, c, make_chunk(c, b, n, half, n - half)),
+                     CPS_EPROTO);
+    make_chunk(c, b, n, half, n - half);
+    cps__le64_put(c, n + 1);
+    assert_int_equal(cps__lset_asm_put(&as, 42, c, CPS_LSET_CHUNK_HDR + n - half), CPS_EPROTO);
+    assert_int_equal(as.got, half);
+    /* the right one still completes it */
+    assert_int_equal(cps__lset_asm_put(&as, 42, c, make_chunk(c, b, n, half, n - half)), 1);
+    assert_memory_equal(as.buf, b, n);
+    cps__lset_asm_fini(&as);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_every_truncation_and_trailer_refused),
         cmocka_unit_test(test_impossible_fields_refused),
+        cmocka_unit_test(test_chunks_reassemble),
+        cmocka_unit_test(test_bad_chunks_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
