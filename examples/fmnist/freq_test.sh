@@ -35,7 +35,7 @@ run() { # run NAME ARGS...: a 2-worker job of 240 steps
     [ "$(echo "$sums" | wc -l)" = 1 ] && [ -n "$sums" ] || fail "$name: the workers' checksums differ: $sums"
     accs=$(sed -n 's/.*final: test accuracy \([0-9.]*\)%.*/\1/p' "$out/$name.log")
     for a in $accs; do
-        awk -v a="$a" 'BEGIN {exit !(a > 30)}' || fail "$name: test accuracy $a% (chance is 10%)"
+        awk -v a="$a" 'BEGIN {exit !(a > 50)}' || fail "$name: test accuracy $a% (chance is 10%)"
     done
     bytes=$(sed -n 's/.*allreduce: sync every.* sent \([0-9]*\) bytes.*/\1/p' "$out/$name.log" | head -1)
     [ -n "$bytes" ] && [ "$bytes" -gt 0 ] || fail "$name: no all-reduce bytes line"
