@@ -266,9 +266,9 @@ class DistributedOptimizer:
             self._pviews.append(self._flat[off:off + n].view_as(p))
             self._gviews.append(self._grads[off:off + n].view_as(p))
             off += n
-        for i, key, shape in layout:
+        for p, key, shape in layout:
             n = max(1, math.prod(shape))
-            self._slots.append((self._local[i][1], key, self._flat[off:off + n].view(shape)))
+            self._slots.append((p, key, self._flat[off:off + n].view(shape)))
             off += n
         self._params_flat = self._flat[:npar]
         self._state_flat = self._flat[:npar + nstate]
@@ -276,18 +276,19 @@ class DistributedOptimizer:
     def _state_layout(self):
         # Which float32 state tensors the local optimizer will create, and their shapes, from
         # a copy of it stepped once on zero gradients (torch.optim creates its state lazily).
+        # The copy keeps the groups' structure, so its i-th parameter stands for the original's.
         probe = copy.deepcopy(self.local_optimizer)
         qs = [q for g in probe.param_groups for q in g["params"]]
+        ps = [p for g in self.local_optimizer.param_groups for p in g["params"]]
         with torch.no_grad():
             for q in qs:
                 q.grad = torch.zeros_like(q)
         probe.step()
-        index = {id(q): i for i, q in enumerate(qs)}
         layout = []
-        for q in qs:
+        for q, p in zip(qs, ps):
             for k, v in sorted(probe.state.get(q, {}).items()):
                 if torch.is_tensor(v) and v.dtype == torch.float32:
-                    layout.append((index[id(q)], k, tuple(v.shape)))
+                    layout.append((p, k, tuple(v.shape)))
         return layout
 
     def _adopt_state(self):
