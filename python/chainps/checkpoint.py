@@ -284,7 +284,14 @@ def local_optimizer_state(path, local=None):
         if pname not in index:
             raise CheckpointError(f"{path}: local optimizer state of unknown parameter {pname!r}")
         for slot, v in slots.items():
-            if isinstance(v, dict) and set(v) == {"tensor", "dtype"}:
+            if isinstance(v, dict) and set(v) == {"shape"}:
+                # A local tensor listed flat (a 0-dim one as one value): its real shape.
+                t = state.get(index[pname], {}).get(slot)
+                if t is None:
+                    raise CheckpointError(f"{path}: local tensor {_LOCAL_OPTIM}{pname}/{slot} "
+                                          f"is missing")
+                v = t.reshape(v["shape"])
+            elif isinstance(v, dict) and set(v) == {"tensor", "dtype"}:
                 import torch
 
                 v = torch.tensor(v["tensor"], dtype=getattr(torch, v["dtype"]))

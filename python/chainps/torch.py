@@ -25,7 +25,12 @@ in two. Those ``on_servers`` picks (by default: embeddings, i.e. names containin
 tensors of ``server_threshold`` values or more) live on the servers as above; the rest are
 all-reduced among the workers (``client.allreduce``, mean over the live workers, the same bits on
 every worker) in ``step()`` and updated by the local optimizer on every worker. They start from
-rank 0's values. Without ``local_optim`` every parameter lives on the servers.
+rank 0's values. Their storage moves into one flat buffer with the local optimizer's float32
+state (``p.data`` and the state's tensors become views of it) and their gradients into another
+(``p.grad`` views, which ``zero_grad`` zeroes in place): the all-reduce, the share to a
+replacement of a dead worker (parameters and optimizer state) and the checkpoint listing read
+them there, without a copy per step. The local optimizer's state layout is learnt from a copy of
+it stepped once on zeros. Without ``local_optim`` every parameter lives on the servers.
 
 Initial values come from the servers (the first declaration creates them; every worker pulls
 the same ones), drawn like torch's defaults for Linear and Conv layers: weights and their biases
@@ -33,8 +38,10 @@ uniform in +-1/sqrt(fan_in), other one-dimensional parameters constant at their 
 it is constant (LayerNorm's 1 and 0), else zeros. Pass ``init=`` to choose per parameter.
 """
 
+import copy
 import hashlib
 import json
+import math
 import os
 
 import torch
@@ -115,8 +122,9 @@ class DistributedOptimizer:
             not local SGD: the result is that of a k times larger batch, bitwise the same on
             every worker, and the bytes on the ring fall by k). Windows end on the job's step
             (after the warm-up, every k-th), not on this process's count, so a replacement
-            worker syncs at the same steps as the others. 1 .. 2**20, as the C API's. The
-            servers' parameters still push every step.
+            worker syncs at the same steps as the others. This is the C API's cps_freq
+            (``client.freq``), bounds included (1 .. 2**20). The servers' parameters still push
+            every step.
         warmup_steps: hybrid mode: for the first n steps each worker steps its local optimizer
             on its own gradients without talking to the others; at the first synchronisation
             the parameters and the local optimizer's state are averaged (all-reduce mean), so
@@ -139,13 +147,10 @@ class DistributedOptimizer:
         if len(set(names)) != len(names):
             raise ValueError("two parameters share a name")
         self._local = []
-        # The C API's bounds (CPS_FREQ_MAX_SYNC_EVERY, CPS_FREQ_MAX_WARMUP).
-        if not 1 <= sync_every <= 1 << 20:
-            raise ValueError(f"sync_every must be 1 .. {1 << 20}, not {sync_every}")
-        if not 0 <= warmup_steps <= 1 << 32:
-            raise ValueError(f"warmup_steps must be 0 .. {1 << 32}, not {warmup_steps}")
+        # cps_freq's rules are the only ones: it refuses bad settings (ValueError) before
+        # anything is declared, with or without all-reduced parameters.
+        self.client.freq([torch.zeros(1)], [torch.zeros(1)], int(sync_every), int(warmup_steps))
         self.sync_every, self.warmup_steps = int(sync_every), int(warmup_steps)
-        self._acc_steps = 0
         if local_optim is not None:
             if on_servers is None:
                 pick = lambda n, p: default_on_servers(n, p, server_threshold)  # noqa: E731
@@ -164,19 +169,25 @@ class DistributedOptimizer:
             for name, p in self._local:
                 _check_param(name, p)
             self.local_optimizer = local_optim([p for _, p in self._local])
-            self._bucket = torch.zeros(sum(p.numel() for _, p in self._local))
-            # What a replacement of a dead worker copies from a live one (kept current after
-            # every step): the all-reduced parameters, with the step.
-            self._shared = torch.zeros_like(self._bucket)
-            self._local_start = self.client.allreduce_fetch(self._shared)
-            self._listed, self._meta = {}, {}
+            self._flatten_local()
+            # A replacement of a dead worker copies the flat buffer from a live one: the
+            # parameters and the optimizer's state of the live worker's last completed step.
+            self._local_start = self.client.allreduce_fetch(self._flat)
             if self._local_start is None:
-                if not self._restore_local():
-                    self._sync_local_from_rank0()
-            else:
                 with torch.no_grad():
-                    self._bucket.copy_(self._shared)
-                    self._unpack([p.data for _, p in self._local])
+                    for (_, p), v in zip(self._local, self._pviews):
+                        v.copy_(p.data)
+            for (_, p), v, g in zip(self._local, self._pviews, self._gviews):
+                p.data, p.grad = v, g
+            self._restored_step = None
+            if self._local_start is None:
+                self._restored_step = self._restore_local()
+                if self._restored_step is None:
+                    self._sync_local_from_rank0()
+            elif self._slots and self._flat[-1] != 0:
+                self._state_from_flat()
+            self._adopt_state()
+            self._listed, self._meta = False, {}
         self.optim = optim if optim is not None else chainps.SGD(0.01)
         self.overlap = overlap
         mode = self.client.mode
@@ -220,7 +231,14 @@ class DistributedOptimizer:
         self.start_step = self.client.start_step
         if self._local and self._local_start is not None:
             self.start_step = max(self.start_step, self._local_start)
+        if self._local and self._restored_step is not None:
+            # The export's local/step: in a job whose server tensors are all row-pushed tables
+            # the servers' cut is step 0 while the all-reduced half was taken later; its
+            # windows and warm-up go on from there (as cps_local_fetch's step in C).
+            self.start_step = max(self.start_step, self._restored_step)
         self.steps = 0
+        if self._local:
+            self._freq = self._make_freq()
         self._share()
         self._handles = {}
         self._hooks = []
@@ -228,147 +246,185 @@ class DistributedOptimizer:
             self._install_hooks()
 
     # ---- all-reduced parameters -----------------------------------------------------------
+    def _flatten_local(self):
+        # The all-reduced parameters and every float32 tensor of the local optimizer's state
+        # live in one flat buffer (p.data and the state entries are views of it), their
+        # gradients in another (p.grad): cps_freq, the share to a replacement and the
+        # checkpoint listing read them in place, with no copy per step. When the optimizer has
+        # state, one more value after it is 1 once that state exists (torch creates it at its
+        # first step), so that a replacement knows whether to take it.
+        self._slots = []  # (parameter, slot name, view of self._flat)
+        layout = self._state_layout()
+        npar = sum(p.numel() for _, p in self._local)
+        nstate = sum(max(1, math.prod(shape)) for _, _, shape in layout)
+        self._flat = torch.zeros(npar + nstate + (1 if layout else 0))
+        self._grads = torch.zeros(npar)
+        self._pviews, self._gviews = [], []
+        off = 0
+        for _, p in self._local:
+            n = p.numel()
+            self._pviews.append(self._flat[off:off + n].view_as(p))
+            self._gviews.append(self._grads[off:off + n].view_as(p))
+            off += n
+        for p, key, shape in layout:
+            n = max(1, math.prod(shape))
+            self._slots.append((p, key, self._flat[off:off + n].view(shape)))
+            off += n
+        self._params_flat = self._flat[:npar]
+        self._state_flat = self._flat[:npar + nstate]
+
+    def _state_layout(self):
+        # Which float32 state tensors the local optimizer will create, and their shapes, from
+        # a copy of it stepped once on zero gradients (torch.optim creates its state lazily).
+        # The copy keeps the groups' structure, so its i-th parameter stands for the original's.
+        probe = copy.deepcopy(self.local_optimizer)
+        qs = [q for g in probe.param_groups for q in g["params"]]
+        ps = [p for g in self.local_optimizer.param_groups for p in g["params"]]
+        with torch.no_grad():
+            for q in qs:
+                q.grad = torch.zeros_like(q)
+        probe.step()
+        layout = []
+        for q, p in zip(qs, ps):
+            for k, v in sorted(probe.state.get(q, {}).items()):
+                if torch.is_tensor(v) and v.dtype == torch.float32:
+                    layout.append((p, k, tuple(v.shape)))
+        return layout
+
+    def _adopt_state(self):
+        # Move state torch created or replaced (its first step, load_state_dict) into its slot
+        # of the flat buffer; in-place updates keep it there afterwards.
+        st = self.local_optimizer.state
+        moved = False
+        for p, key, slot in self._slots:
+            v = st[p].get(key) if p in st else None
+            if v is None or v is slot:
+                continue
+            with torch.no_grad():
+                slot.copy_(v)
+            st[p][key] = slot
+            moved = True
+        if moved:
+            self._flat[-1] = 1.0
+        return moved
+
+    def _state_from_flat(self):
+        # A replacement: the live worker's optimizer state, as views of the fetched buffer.
+        st = self.local_optimizer.state
+        for p, key, slot in self._slots:
+            st[p][key] = slot
+
+    def _make_freq(self):
+        # The windows and the warm-up count from the job's step (start_step may have been set
+        # after the constructor). At the warm-up's end the parameters and the state are
+        # averaged, in one all-reduce.
+        return self.client.freq([self._grads], [self._state_flat], self.sync_every,
+                                self.warmup_steps, self.start_step + self.steps)
+
     def _sync_local_from_rank0(self):
         # A sum in which every worker but rank 0 gives zeros is rank 0's values, bit for bit.
-        b = self._bucket
         with torch.no_grad():
-            if self.client.rank == 0:
-                self._pack([p.data for _, p in self._local])
-            else:
-                b.zero_()
-            self.client.allreduce(b, "sum")
-            self._unpack([p.data for _, p in self._local])
+            if self.client.rank != 0:
+                self._params_flat.zero_()
+            self.client.allreduce(self._params_flat, "sum")
 
-    def _pack(self, tensors):
-        off = 0
-        for t in tensors:
-            n = t.numel()
-            self._bucket[off:off + n].copy_(t.reshape(-1))
-            off += n
-
-    def _unpack(self, tensors):
-        off = 0
-        for t in tensors:
-            n = t.numel()
-            t.copy_(self._bucket[off:off + n].view_as(t))
-            off += n
-
-    def _allreduce_local(self):
-        # One all-reduce for all of them: the ring's cost is mostly per collective for small
-        # tensors. A parameter without a gradient contributes zeros.
-        grads = []
-        for _, p in self._local:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            grads.append(p.grad)
-        self._pack(grads)
-        self.client.allreduce(self._bucket, "mean")
-        self._unpack(grads)
+    def _own_grads(self):
+        # A gradient torch allocated anew (zero_grad(set_to_none=True) outside this class)
+        # goes back into its view; a parameter without one contributes zeros.
+        for (_, p), g in zip(self._local, self._gviews):
+            if p.grad is not g:
+                with torch.no_grad():
+                    if p.grad is None:
+                        g.zero_()
+                    else:
+                        g.copy_(p.grad)
+                p.grad = g
 
     def _local_step(self):
-        step = self.start_step + self.steps  # 0-based index of this step in the job
-        if step < self.warmup_steps:
-            self.local_optimizer.step()  # on this worker's own gradient
-            if step + 1 == self.warmup_steps:
-                self._average_after_warmup()
-            return
-        if self.sync_every == 1:
-            with torch.no_grad():
-                self._allreduce_local()
+        f = self._freq
+        if f.step != self.start_step + self.steps:
+            f = self._freq = self._make_freq()
+        self._own_grads()
+        if f.grad():
             self.local_optimizer.step()
-            return
-        with torch.no_grad():
-            if self._acc_steps == 0:
-                self._acc = [torch.zeros_like(p) for _, p in self._local]
-            for a, (_, p) in zip(self._acc, self._local):
-                if p.grad is not None:
-                    a.add_(p.grad)
-            self._acc_steps += 1
-            # The window ends on the job's step (as cps_freq's does): a replacement that joined
-            # inside a window syncs with the others, its sum lacking the steps before it joined;
-            # the divisor is k on every worker all the same.
-            if (step - self.warmup_steps + 1) % self.sync_every != 0:
-                return
-            for a, (_, p) in zip(self._acc, self._local):
-                p.grad = a.div_(self.sync_every)
-            self._acc_steps = 0
-            self._allreduce_local()
-        self.local_optimizer.step()
-
-    def _average_after_warmup(self):
-        # Parameters, then every floating-point tensor of the optimizer's state, in parameter
-        # order: the same calls on every worker.
-        with torch.no_grad():
-            self._pack([p.data for _, p in self._local])
-            self.client.allreduce(self._bucket, "mean")
-            self._unpack([p.data for _, p in self._local])
-            for _, p in self._local:
-                st = self.local_optimizer.state.get(p, {})
-                for k in sorted(st):
-                    v = st[k]
-                    if torch.is_tensor(v) and v.dtype == torch.float32 and v.numel():
-                        buf = v.contiguous()
-                        self.client.allreduce(buf, "mean")
-                        if buf.data_ptr() != v.data_ptr():
-                            v.copy_(buf)
+            if self._adopt_state():
+                self._listed = False
+        f.step_end()
 
     def _share(self):
         # Served to a replacement while this worker is inside a chainps call, i.e. between
-        # steps: the parameters of the last completed step.
+        # steps: the buffer holds the last completed step's parameters and state.
         if not self._local:
             return
-        with torch.no_grad():
-            off = 0
-            for _, p in self._local:
-                n = p.numel()
-                self._shared[off:off + n].copy_(p.data.reshape(-1))
-                off += n
-        self.client.allreduce_share(self._shared, self.start_step + self.steps)
-        self._commit_local(self.start_step + self.steps)
+        step = self.start_step + self.steps
+        self.client.allreduce_share(self._flat, step)
+        self._commit_local(step)
 
     # ---- the all-reduced part in checkpoints (include/chainps/localstate.h) ---------------
-    def _local_tensors(self):
-        # The parameters, then every float32 tensor of the local optimizer's state; its other
-        # values and its param_groups (parameters by name) go as JSON metadata.
-        out, extra = [(n, p.data) for n, p in self._local], {}
-        for n, p in self._local:
-            for k, v in sorted(self.local_optimizer.state.get(p, {}).items()):
-                if torch.is_tensor(v) and v.dtype == torch.float32 and v.dim() and \
-                        v.is_contiguous():
-                    out.append((f"{_ckpt._LOCAL_OPTIM}{n}/{k}", v))
-                elif torch.is_tensor(v):  # Adam's 0-dim step, say: exact through JSON
-                    extra.setdefault(n, {})[k] = {"tensor": v.tolist(),
-                                                  "dtype": str(v.dtype).split(".")[-1]}
-                else:
-                    extra.setdefault(n, {})[k] = v
+    def _list_local(self):
+        # The parameters and the state's slots, all views of the flat buffer, so listed once
+        # (again only when a slot was filled). A 0-dim slot (Adam's step) goes as one value,
+        # "optim/extra" saying its shape; other state values (not float32 tensors) as JSON.
+        for (n, _), v in zip(self._local, self._pviews):
+            self.client.local_add(n, v, tuple(v.shape))
         names = {id(p): n for n, p in self._local}
-        groups = [{**{k: v for k, v in g.items() if k != "params"},
-                   "params": [names[id(p)] for p in g["params"]]}
+        shapes = {}
+        st = self.local_optimizer.state
+        for p, key, slot in self._slots:
+            if p in st and st[p].get(key) is slot:
+                n = names[id(p)]
+                self.client.local_add(f"{_ckpt._LOCAL_OPTIM}{n}/{key}", slot,
+                                      tuple(slot.shape) or (1,))
+                if not slot.dim():
+                    shapes.setdefault(n, {})[key] = {"shape": []}
+        self._shapes = shapes
+        self._listed = True
+
+    def _local_meta(self):
+        # The param_groups (parameters by name) and the state values that are not float32
+        # tensors, as JSON, rebuilt only when their plain values changed (an LR schedule).
+        names = {id(p): n for n, p in self._local}
+        groups = [{k: v for k, v in g.items() if k != "params"}
                   for g in self.local_optimizer.param_groups]
-        return out, {"optim/param_groups": json.dumps(groups, default=_jsonable),
-                     "optim/extra": json.dumps(extra, default=_jsonable)}
+        slotted = {(id(p), k) for p, k, _ in self._slots}
+        other = [(names[id(p)], k, v) for p, d in self.local_optimizer.state.items()
+                 for k, v in d.items() if (id(p), k) not in slotted]
+        sig = (_plain(groups), _plain(other), repr(self._shapes))
+        if sig == self._meta.get("sig"):
+            return None
+        self._meta["sig"] = sig
+        extra = {n: dict(d) for n, d in self._shapes.items()}
+        for n, k, v in other:
+            if torch.is_tensor(v):  # exact through JSON
+                v = {"tensor": v.tolist(), "dtype": str(v.dtype).split(".")[-1]}
+            extra.setdefault(n, {})[k] = v
+        for g, og in zip(groups, self.local_optimizer.param_groups):
+            g["params"] = [names[id(p)] for p in og["params"]]
+        return {"optim/param_groups": json.dumps(groups, default=_jsonable),
+                "optim/extra": json.dumps(extra, default=_jsonable)}
 
     def _commit_local(self, step):
-        # The step boundary: an export waiting for it copies the listed tensors now. Listing
-        # again only what moved (a state tensor torch created or replaced).
-        tensors, meta = self._local_tensors()
-        for name, t in tensors:
-            key = (t.data_ptr(), tuple(t.shape))
-            if self._listed.get(name) != key:
-                self.client.local_add(name, t, tuple(t.shape) or (1,))
-                self._listed[name] = key
-        for k, v in meta.items():
-            if self._meta.get(k) != v:
-                self.client.local_meta(k, v)
-                self._meta[k] = v
+        # The step boundary: an export waiting for it copies the listed tensors now.
+        if not self._listed:
+            self._list_local()
+        meta = self._local_meta()
+        if meta is not None:
+            for k, v in meta.items():
+                if self._meta.get(k) != v:
+                    self.client.local_meta(k, v)
+                    self._meta[k] = v
         self.client.local_commit(step)
 
     def _restore_local(self):
         # A job restored from an export (`chainps launch --restore-from`): every worker takes
         # the all-reduced parameters and the local optimizer's state from the same file.
+        # Returns the export's local/step, or None when this is not a restored job.
         path = os.environ.get("CHAINPS_RESTORE_FROM")
-        if not path or not _ckpt.local_names(path):
-            return False
+        if not path:
+            return None
+        meta = _ckpt.metadata(path)
+        if not _ckpt.local_names(path, meta):
+            return None
         local = _ckpt.load_local(path)
         for name, p in self._local:
             if name not in local:
@@ -382,10 +438,7 @@ class DistributedOptimizer:
         state = _ckpt.local_optimizer_state(path, local)
         if state is not None:
             self.local_optimizer.load_state_dict(state)
-        # The export's step: with no dense tensor on the servers they keep no step, and the
-        # loop would start again at 0 (client.start_step) without it.
-        self._local_start = _ckpt.step(path)
-        return True
+        return int(meta.get("local/step", meta.get("step", 0)))
 
     def placement(self):
         """{'servers': [names], 'allreduce': [names]}: where each parameter lives."""
@@ -457,7 +510,12 @@ class DistributedOptimizer:
     # ---- the optimizer's interface --------------------------------------------------------
     def zero_grad(self, set_to_none=True):
         """Clear the gradients (as torch.optim's zero_grad)."""
-        for _, p in self._named + self._local:
+        if self._local:
+            # The all-reduced parameters keep their gradient views (cps_freq reads them).
+            self._grads.zero_()
+            for (_, p), g in zip(self._local, self._gviews):
+                p.grad = g
+        for _, p in self._named:
             if p.grad is None:
                 continue
             if set_to_none:
@@ -505,6 +563,17 @@ class DistributedOptimizer:
     def tensors(self):
         """The declared chainps tensors by name."""
         return dict(self._tensors)
+
+
+def _plain(o):
+    # A value comparable with ==: tensors as their lists (a hyper-parameter given as a tensor).
+    if torch.is_tensor(o):
+        return ("tensor", str(o.dtype), o.tolist())
+    if isinstance(o, dict):
+        return tuple((k, _plain(v)) for k, v in o.items())
+    if isinstance(o, (list, tuple)):
+        return tuple(_plain(v) for v in o)
+    return o
 
 
 def _jsonable(o):

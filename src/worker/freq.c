@@ -1,8 +1,9 @@
 /* cps_freq: communication frequency (gradient accumulation over k steps) and warm-up (n steps
  * without talking, then one average of the state) for all-reduced training; include/chainps/freq.h.
- * The same rules as python/chainps/torch.py's sync_every and warmup_steps, except that the
- * accumulation windows are counted from the job's step rather than from this process's start,
- * so a replacement of a dead worker syncs at the same steps as the survivors. */
+ * python/chainps/torch.py's sync_every and warmup_steps are this schedule (the binding's
+ * client.freq), so its rules live here only. The accumulation windows are counted from the job's
+ * step rather than from this process's start, so a replacement of a dead worker syncs at the
+ * same steps as the survivors. */
 #include <stdlib.h>
 #include <string.h>
 

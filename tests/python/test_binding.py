@@ -236,6 +236,41 @@ def test_stats_count_allreduces(client):
     assert s2["allreduce_bytes_sent"] == s["allreduce_bytes_sent"]
 
 
+def test_freq_accumulates_in_place_and_refuses_bad_settings(client):
+    # cps_freq through the binding, one worker: k = 2 after a warm-up of 1. The schedule reads
+    # and writes the caller's buffers (numpy here) in place.
+    g = np.zeros(3, np.float32)
+    w = np.ones(3, np.float32)
+    f = client.freq([g], [w], sync_every=2, warmup_steps=1)
+    seen = []
+    for step in range(5):
+        g[:] = [step + 1.0, 2.0 * (step + 1), -1.0]
+        seen.append((f.step, f.grad(), g.copy()))
+        assert f.step_end() == (step == 0)  # the warm-up's average, at its last step
+    assert [s for s, _, _ in seen] == [0, 1, 2, 3, 4]
+    assert [a for _, a, _ in seen] == [True, False, True, False, True]
+    # Step 2 ends the window of steps 1 and 2: their mean, written back into g.
+    assert seen[2][2].tolist() == [2.5, 5.0, -1.0]
+    assert seen[1][2].tolist() == [2.0, 4.0, -1.0]  # held: the buffer is untouched
+    assert f.stats() == {"steps": 5, "syncs": 2, "held": 2, "averaged": 1}
+    # Windows end on the job's step (1, 3, 5, ...): one starting at step 2 syncs at step 3.
+    f2 = client.freq([g], sync_every=2, start_step=2)
+    assert f2.grad() is False and f2.step_end() is False and f2.grad() is True
+    for bad in ({"sync_every": 0}, {"sync_every": (1 << 20) + 1}, {"warmup_steps": -1},
+                {"warmup_steps": 1}):  # a warm-up needs state buffers
+        with pytest.raises(ValueError, match="must be"):
+            client.freq([g], **bad)
+    with pytest.raises(ValueError, match="empty"):
+        client.freq([np.zeros(0, np.float32)])
+    with pytest.raises(TypeError):
+        client.freq([np.zeros(3, np.float64)])
+    # Called twice without step_end: the library refuses it.
+    f3 = client.freq([g])
+    f3.grad()
+    with pytest.raises(chainps.Error):
+        f3.grad()
+
+
 def _worker_script(cluster, code, **env):
     """Run python `code` as a worker of `cluster` (with `env` added); its CompletedProcess. The
     cluster is closed afterwards, and every process of it ended."""

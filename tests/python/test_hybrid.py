@@ -39,24 +39,6 @@ def test_example_trains_and_workers_agree(placement):
     assert f[0][0] > 60.0, f"test accuracy {f[0][0]}% after 300 steps"
 
 
-def _worker_pid(parent, rank):
-    """The pid of `parent`'s child whose environment has CHAINPS_RANK=rank, or None."""
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != parent:
-                continue
-            with open(f"/proc/{d}/environ", "rb") as f:
-                if f"CHAINPS_RANK={rank}".encode() in f.read().split(b"\0"):
-                    return int(d)
-        except (OSError, ValueError, IndexError):
-            continue
-    return None
-
-
 def test_replacement_fetches_the_allreduced_parameters(tmp_path):
     """A worker killed -9 under --restart-workers: its replacement copies the all-reduced
     parameters and the step from the live worker, and both end with the same parameters."""
@@ -73,7 +55,7 @@ def test_replacement_fetches_the_allreduced_parameters(tmp_path):
             if "step 250:" in log.read():
                 break
             tj.time.sleep(0.2)
-        victim = _worker_pid(p.pid, 1)
+        victim = tj.worker_pid(p.pid, 1)
         assert victim, "no worker of rank 1 to kill"
         os.kill(victim, tj.signal.SIGKILL)
         p.wait(timeout=240)

@@ -190,7 +190,7 @@ def test_step_checkpoints_of_a_table_only_job(tmp_path):
     d1.mkdir()
     d2.mkdir()
     rc, out = launch(["--checkpoint-every", "40", "--checkpoint-dir", str(tmp_path / "ck"),
-                      "--keep", "5"], ["--tables", "--steps", "130", "--step-ms", "10",
+                      "--keep", "5"], ["--table-only", "--steps", "130", "--step-ms", "10",
                                        "--dump", str(d1)])
     assert rc == 0, out[-5000:]
     steps = sorted(glob.glob(str(tmp_path / "ck" / "step-*")))
@@ -203,7 +203,7 @@ def test_step_checkpoints_of_a_table_only_job(tmp_path):
     model = hybrid.Model(2000, 8)
     model.load_state_dict(ck.load(path), strict=True)
     rc, out = launch(["--restore-from", path],
-                     ["--tables", "--steps", str(got[-1] + 10), "--dump", str(d2)])
+                     ["--table-only", "--steps", str(got[-1] + 10), "--dump", str(d2)])
     assert rc == 0, out[-5000:]
     local = ck.load_local(path)
     for r in (0, 1):
@@ -211,3 +211,78 @@ def test_step_checkpoints_of_a_table_only_job(tmp_path):
         assert g["start_step"] == got[-1], (r, g["start_step"])
         for n in LOCAL:
             assert torch.equal(bits(g["params"][n]), bits(local[n])), (r, n)
+
+
+def test_table_only_job_resumes_at_the_local_step(tmp_path):
+    """Only the embedding on the servers, as row pushes: the servers' cut is step 0 and the
+    all-reduced half is taken at the worker's step S (local/step). The restored workers start
+    their loop at S, not 0, and do not warm up again: their parameters are equal after every
+    step."""
+    d1, d2 = tmp_path / "d1", tmp_path / "d2"
+    d1.mkdir()
+    d2.mkdir()
+    rc, out = launch(["--checkpoint-every", "1s", "--checkpoint-dir", str(tmp_path / "ck"),
+                      "--keep", "10"], ["--table-only", "--warmup", "20", "--compare", "--steps", "400",
+                                        "--step-ms", "10", "--dump", str(d1)])
+    assert rc == 0, out[-5000:]
+    assert (d1 / "apart-0.txt").read_text().split() == [str(s) for s in range(19)], \
+        "the first job's workers must differ during their warm-up only"
+    # Time-based exports are named time-<seconds>: newest last.
+    exports = [p for p in sorted(glob.glob(str(tmp_path / "ck" / "time-*")))
+               if ck.local_names(p) and int(ck.metadata(p)["local/step"]) > 20]
+    assert exports, "no time-based export past the warm-up:\n" + out[-5000:]
+    path = exports[-1]
+    meta = ck.metadata(path)
+    at = int(meta["local/step"])
+    # The servers hold no dense tensor: the export's step is the workers' boundary.
+    assert meta["step"] == meta["local/step"], meta
+    rc, out = launch(["--restore-from", path],
+                     ["--table-only", "--warmup", "20", "--compare", "--steps", str(at + 10),
+                      "--step-ms", "0", "--dump", str(d2)])
+    assert rc == 0, out[-5000:]
+    local = ck.load_local(path)
+    for r in (0, 1):
+        g = torch.load(d2 / f"rank-{r}.pt")
+        assert g["start_step"] == at, (r, g["start_step"], at)
+        for n in LOCAL:
+            assert torch.equal(bits(g["params"][n]), bits(local[n])), (r, n)
+        apart = (d2 / f"apart-{r}.txt").read_text().split()
+        assert apart == [], f"rank {r}: restored workers differ after steps {apart} (warm-up again)"
+
+
+def test_replacement_gets_the_local_optimizer_state(tmp_path):
+    """A worker killed -9 under --restart-workers (the table as row pushes, as in
+    test_hybrid.py's replacement test): its replacement copies the all-reduced parameters and
+    the local optimizer's state (SGD's momentum) from the live worker, so after
+    its first step both workers hold the same bits of both (without the momentum it would start
+    from none and differ from then on)."""
+    log = open(tmp_path / "launch.log", "w+")
+    cmd = [tj.cli(), "launch", "--timeout", "200", "--servers", "2", "--workers", "2",
+           "--restart-workers", "--", tj.PYTHON, JOB, "--table-only", "--compare", "--steps", "600",
+           "--step-ms", "5", "--dump", str(tmp_path)]
+    p = tj.subprocess.Popen(cmd, stdout=log, stderr=tj.subprocess.STDOUT, text=True,
+                            env=tj.env(), start_new_session=True)
+    try:
+        deadline = tj.time.monotonic() + 120
+        while tj.time.monotonic() < deadline and p.poll() is None:
+            log.seek(0)
+            if "rank 1 step 100" in log.read():
+                break
+            tj.time.sleep(0.2)
+        victim = tj.worker_pid(p.pid, 1)
+        assert victim, "no worker of rank 1 to kill"
+        os.kill(victim, tj.signal.SIGKILL)
+        p.wait(timeout=220)
+    finally:
+        tj.kill_all([p])
+    log.seek(0)
+    out = log.read()
+    assert p.returncode == 0 and out.count("hybrid_ckpt_job: OK") == 2, out[-5000:]
+    assert "restarted worker 1" in out, out[-5000:]
+    g = torch.load(tmp_path / "rank-1.pt")
+    assert g["start_step"] > 100, g["start_step"]
+    assert [sorted(s) for s in g["optim"]["state"].values()] == [["momentum_buffer"]] * 4, \
+        g["optim"]["state"]
+    for r in (0, 1):
+        apart = (tmp_path / f"apart-{r}.txt").read_text().split()
+        assert apart == [], f"rank {r}: the workers differ after steps {apart}"

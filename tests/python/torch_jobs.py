@@ -154,5 +154,23 @@ def wait_all(procs, timeout):
     return codes
 
 
+def worker_pid(parent, rank):
+    """The pid of `parent`'s child whose environment has CHAINPS_RANK=rank, or None."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != parent:
+                continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if f"CHAINPS_RANK={rank}".encode() in f.read().split(b"\0"):
+                    return int(d)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
 if __name__ == "__main__":
     sys.exit("a helper module of tests/python/test_torch.py")
