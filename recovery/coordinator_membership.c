@@ -167,14 +167,13 @@ static cps__coord_node *admit(cps__coord *c, uint32_t role, uint32_t want_rank, 
 
 void cps__co_hello(cps__coord *c, const cps__msg_hdr *h, const void *pl, size_t len, uint64_t now)
 {
-    uint32_t role, want_rank, prev_id;
+    uint32_t role, want_rank, prev_id, flags;
     char addr[CPS_ADDR_MAX];
-    int rc = cps__hello_decode(pl, len, &role, &want_rank, &prev_id, addr);
+    int rc = cps__hello_decode(pl, len, &role, &want_rank, &prev_id, addr, &flags);
     if (rc != 0) {
         cps__co_log(c, CPS_LOG_ERROR, "malformed HELLO dropped: %s", cps_strerror(rc));
         return;
     }
-    uint32_t flags = cps__hello_flags(pl, len);
     if (role != CPS_ROLE_SERVER && role != CPS_ROLE_WORKER) {
         cps__co_log(c, CPS_LOG_ERROR, "HELLO from %s with role %u refused", addr, role);
         return;
