@@ -78,8 +78,8 @@ static void publish_metrics(cps__sched *s);
 /* ---- persistence: the coordinator's blobs, the last checkpoint, the tensor registry ---- */
 
 typedef struct blobs_io {
-    const char *names[4];
-    cps__coord_blob b[4];
+    const char *names[CPS_COORD_BLOBS];
+    cps__coord_blob b[CPS_COORD_BLOBS];
     int n;
 } blobs_io;
 

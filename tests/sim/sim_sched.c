@@ -26,7 +26,7 @@
 #define SIM_TOOL 0x40000001u
 
 static const char *const blob_names[SIM_SCHED_BLOBS] = {"sched/view", "sched/state", "sched/scale",
-                                                        "sched/boots"};
+                                                        "sched/boots", "sched/former"};
 
 static void oom(void)
 {
