@@ -671,6 +671,67 @@ static void a_restarted_coordinator_resumes_from_its_blobs(void **state)
         free(s.copy[i]);
 }
 
+/* The fallback of a range is persisted with the view (sched/former): a scheduler restarted with
+ * --allow-rollback (the operator's way to accept the rollback) still knows which server to give
+ * the range to. A store of an earlier build, without sched/former, loads as one without
+ * fallbacks: the empty last replica is kept out and nothing is rolled back. */
+static void a_restarted_coordinator_remembers_the_fallback(void **state)
+{
+    (void)state;
+    cps__coord *c = two_servers_one_dead();
+    uint64_t left = cps__coord_epoch(c);
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 5000); /* kept out */
+    done(c);
+    store s;
+    assert_int_equal(cps__coord_blobs(c, s.names, s.b), CPS_COORD_BLOBS);
+    assert_string_equal(s.names[4], "sched/former");
+    s.n = CPS_COORD_BLOBS;
+    for (int i = 0; i < s.n; i++) {
+        s.copy[i] = malloc(s.b[i].len ? s.b[i].len : 1);
+        memcpy(s.copy[i], s.b[i].data, s.b[i].len);
+    }
+    cps__coord_destroy(c);
+
+    allow_rollback = 1;
+    c = make(2, 1);
+    allow_rollback = 0;
+    assert_int_equal(cps__coord_resume(c, get, &s, 6000), 1);
+    done(c);
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 6100);
+    char want[96];
+    snprintf(want, sizeof want, "server 1, which left the range at epoch %llu, takes it",
+             (unsigned long long)left);
+    assert_int_equal(logged_at(c, CPS_LOG_ERROR, want), 4);
+    const cps__view *v = cps__coord_view(c);
+    for (uint32_t r = 0; r < v->nranges; r++)
+        assert_int_equal(v->ranges[r].chain[0], 1);
+    cps__coord_destroy(c);
+
+    /* The same store as an earlier build wrote it. */
+    s.n = 4;
+    allow_rollback = 1;
+    c = make(2, 1);
+    allow_rollback = 0;
+    assert_int_equal(cps__coord_resume(c, get, &s, 6000), 1);
+    done(c);
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 6100);
+    assert_int_equal(logged_at(c, CPS_LOG_ERROR, "no other server holds the range"), 4);
+    v = cps__coord_view(c);
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        assert_int_equal(v->ranges[r].chain[0], 2);
+        assert_int_equal(cps__coord_stranded(c, r, NULL, NULL), 2);
+    }
+    cps__coord_destroy(c);
+    /* A fallback naming no member is a corrupt store. */
+    s.n = CPS_COORD_BLOBS;
+    cps__le32_put(s.copy[4] + 8, 77);
+    c = make(2, 1);
+    assert_int_equal(cps__coord_resume(c, get, &s, 6000), CPS_ECORRUPT);
+    cps__coord_destroy(c);
+    for (int i = 0; i < CPS_COORD_BLOBS; i++)
+        free(s.copy[i]);
+}
+
 /* Not every node arrived in time: the job gives up, and the workers that came are told. */
 static void a_job_short_of_nodes_gives_up(void **state)
 {
@@ -771,6 +832,7 @@ int main(void)
         cmocka_unit_test(a_kept_out_empty_server_is_not_logged_on_every_retry),
         cmocka_unit_test(an_empty_last_replica_with_no_fallback_is_kept_out),
         cmocka_unit_test(a_restarted_coordinator_resumes_from_its_blobs),
+        cmocka_unit_test(a_restarted_coordinator_remembers_the_fallback),
         cmocka_unit_test(a_job_short_of_nodes_gives_up),
         cmocka_unit_test(a_restore_releases_the_held_workers_and_is_acknowledged),
     };
