@@ -310,7 +310,8 @@ static void handle_status(cps__sched *s, const cps__rx *rx)
         return;
     /* Payload: view, u32 count, then per node u32 id, u32 age_ms, stats block; then u32 ranges
      * and per range u32 joiner, u32 source (0, 0: no copy under way); then the last checkpoint
-     * (absent when there was none; older tools ignore it). */
+     * (absent when there was none; older tools ignore it); then the stranded ranges
+     * (CPS_STATUS_STRANDED_TAG, absent when none). */
     uint32_t nn;
     const cps__coord_node *nodes = cps__coord_nodes(s->co, &nn);
     uint32_t nranges = cps__coord_view(s->co)->nranges;
@@ -320,9 +321,14 @@ static void handle_status(cps__sched *s, const cps__rx *rx)
         uint64_t wall = wall_ms();
         note.age_ms = wall > note.unix_ms ? wall - note.unix_ms : 0;
     }
-    unsigned char *buf = view_reply(
-        s, rx, CPS_MSG_STATUS_REPLY,
-        4 + (size_t)nn * (8 + CPS_STATS_SIZE) + 4 + (size_t)nranges * 8 + note_len, &len);
+    uint32_t nstranded = 0;
+    for (uint32_t r = 0; r < nranges; r++)
+        nstranded += cps__coord_stranded(s->co, r, NULL, NULL) != 0;
+    size_t stranded_len = nstranded ? 8 + 12 * (size_t)nstranded : 0;
+    unsigned char *buf = view_reply(s, rx, CPS_MSG_STATUS_REPLY,
+                                    4 + (size_t)nn * (8 + CPS_STATS_SIZE) + 4 +
+                                        (size_t)nranges * 8 + note_len + stranded_len,
+                                    &len);
     if (!buf)
         return;
     unsigned char *p = buf + CPS_WIRE_HDR_SIZE + cps__view_encoded_size(cps__coord_view(s->co));
@@ -345,6 +351,21 @@ static void handle_status(cps__sched *s, const cps__rx *rx)
     }
     if (note_len)
         cps__ckpt_note_encode(p, note_len, &note);
+    p += note_len;
+    if (nstranded) {
+        cps__le32_put(p, CPS_STATUS_STRANDED_TAG);
+        cps__le32_put(p + 4, nstranded);
+        p += 8;
+        for (uint32_t r = 0; r < nranges; r++) {
+            uint32_t fallback, id = cps__coord_stranded(s->co, r, &fallback, NULL);
+            if (!id)
+                continue;
+            cps__le32_put(p, r);
+            cps__le32_put(p + 4, id);
+            cps__le32_put(p + 8, fallback);
+            p += 12;
+        }
+    }
     if (cps__tp_send(s->tp, tmp, buf, CPS_WIRE_HDR_SIZE + len) != 0)
         cps__tp_free(buf);
 }
@@ -504,6 +525,13 @@ static void publish_metrics(cps__sched *s)
     cps__prom_u64(p, "chainps_declared_deaths_total", "role=\"server\"", k.deaths_server);
     cps__prom_u64(p, "chainps_declared_deaths_total", "role=\"worker\"", k.deaths_worker);
     char l[48];
+    uint32_t stranded = 0;
+    for (uint32_t r = 0; r < v->nranges; r++)
+        stranded += cps__coord_stranded(s->co, r, NULL, NULL) != 0;
+    cps__prom_family(p, "chainps_ranges_stranded", "gauge",
+                     "Ranges held unavailable because their only replica came back with an empty "
+                     "store (see the scheduler's ERROR: old disk, checkpoint or --allow-rollback).");
+    cps__prom_u64(p, "chainps_ranges_stranded", NULL, stranded);
     if (v->nranges) {
         cps__prom_family(p, "chainps_range_replicas", "gauge",
                          "Servers in each key range's chain (the target is the job's replicas).");
