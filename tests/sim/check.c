@@ -454,6 +454,9 @@ void sim_store_free(sim *sm, sim_server *s)
         free(s->rs[r].set);
     }
     free(s->rs);
+    for (uint32_t r = 0; s->old_rs && r < sm->nranges; r++)
+        sim_rstore_clear(&s->old_rs[r]);
+    free(s->old_rs);
 }
 
 /* ---- invariants ---- */

@@ -248,6 +248,11 @@ static void hello(sim *sm, uint32_t id, uint64_t boot)
                                                                                   : 0);
     cps__msg_hdr h = {.type = CPS_MSG_HELLO, .sender = id, .aux = boot, .raw_len = (uint32_t)len};
     cps__coord_step(sm->coord, &h, pl, len, id, sm->now);
+    for (uint32_t r = 0; server && r < sm->nranges; r++)
+        if (cps__coord_stranded(sm->coord, r, NULL, NULL) == id) {
+            sim_old_disk_back(sm, id);
+            break;
+        }
 }
 
 void sim_sched_setup(sim *sm)
@@ -272,6 +277,7 @@ void sim_sched_setup(sim *sm)
      * not model being declared dead. */
     c->worker_dead_after_ms = 100 * SIM_DEAD_AFTER_MS;
     c->join_timeout_ms = SIM_JOIN_TIMEOUT_MS;
+    c->allow_rollback = p->allow_rollback;
     create(sm);
     for (uint32_t id = 1; id <= p->servers + p->workers; id++)
         if (!(spare && id == p->servers))
