@@ -45,7 +45,8 @@ typedef struct cli {
     int ssp_bound;   /* --mode ssp:N; -1 when drawn */
     uint32_t backup; /* --backup-workers B: sync mode, at least B+1 workers */
     uint64_t events;
-    int verbose, refusals, sched_restarts, push_pull, views_unordered, fwd_crashes, allow_rollback;
+    int verbose, refusals, sched_restarts, push_pull, views_unordered, fwd_crashes, allow_rollback,
+        wipe_sole;
     const char *regressions;
 } cli;
 
@@ -60,7 +61,7 @@ static void usage(void)
             "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
             "           [--faults none|drops|crash|pause|restart|partition|join|scale|all]\n"
             "           [--events N] [--refusals] [--sched-restarts] [--push-pull]\n"
-            "           [--views-unordered] [--allow-rollback]\n"
+            "           [--views-unordered] [--allow-rollback] [--wipe-sole]\n"
             "           [--backup-workers B] [--fwd-crashes] [-v]\n"
             "       sim --regressions FILE\n");
 }
@@ -120,6 +121,10 @@ static int parse_args(int argc, char **argv, cli *c)
         }
         if (strcmp(a, "--allow-rollback") == 0) {
             c->allow_rollback = 1;
+            continue;
+        }
+        if (strcmp(a, "--wipe-sole") == 0) {
+            c->wipe_sole = 1;
             continue;
         }
         i++;
@@ -226,6 +231,7 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->push_pull = c->push_pull;
     p->views_unordered = c->views_unordered;
     p->allow_rollback = c->allow_rollback;
+    p->wipe_sole = c->wipe_sole;
     /* Off unless asked (sim.seeds_fwd_crash), so that the other tests' seeds keep their runs:
      * where crash faults are drawn, a server may stop between a FWD it sent ahead of its WRITE
      * and that WRITE, at 1 in 50 of those points while no other fault is pending. */
@@ -263,6 +269,8 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --fwd-crashes");
     if (c->allow_rollback)
         printf(" --allow-rollback");
+    if (c->wipe_sole)
+        printf(" --wipe-sole");
     if (c->backup)
         printf(" --backup-workers %u", c->backup);
     printf("\n");

@@ -585,7 +585,7 @@ static void restart(sim *sm, sim_server *s)
      * heartbeats) and find the empty disk the range's last replica: it says it is empty in its
      * HELLO, and the coordinator never lets it be the range's holder (seed 1882), nor, unless
      * told to (--allow-rollback), give the range to the server that left it last. */
-    int wipe = chance(sm, sm->p.wipe_per_mille) && !sole_replica(sm, s->id);
+    int wipe = chance(sm, sm->p.wipe_per_mille) && (sm->p.wipe_sole || !sole_replica(sm, s->id));
     if (wipe) {
         /* The replaced disk goes on the shelf: the operator may need it back. */
         if (!s->old_rs)

@@ -119,6 +119,11 @@ typedef struct sim_params {
      * to the server that left it last, losing what was acknowledged since): the invariants must
      * catch it (sim.rollback_catches). */
     int allow_rollback;
+    /* --wipe-sole: a restart may be on an empty store even for a range's only replica (its
+     * disk died with the updates it acknowledged alone); never drawn, so that other tests' seeds
+     * keep their runs. The coordinator keeps the range unavailable until the old disk is back
+     * (sim_old_disk_back), or with allow_rollback gives it to the server that left it last. */
+    int wipe_sole;
 } sim_params;
 
 typedef struct sim_summary {
