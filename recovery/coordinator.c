@@ -491,7 +491,7 @@ uint32_t cps__coord_stranded(const cps__coord *c, uint32_t r, uint32_t *fallback
     if (r < c->view.nranges && c->view.ranges[r].chain_len == 1) {
         for (uint32_t i = 0; i < c->nnodes && !id; i++) {
             const cps__coord_node *n = &c->nodes[i];
-            if (n->info.id == c->view.ranges[r].chain[0] && n->empty_boot && !n->info.alive)
+            if (n->info.id == c->view.ranges[r].chain[0] && n->empty_kept && !n->info.alive)
                 id = n->info.id;
         }
     }

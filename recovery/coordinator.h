@@ -54,8 +54,9 @@ typedef struct cps__coord_node {
     int in_barrier; /* worker waiting in the current barrier */
     uint64_t barrier_seq;
     uint64_t shutdown_sent_ms; /* superseded worker still talking: when we last told it to go */
-    /* Server: the life (boot id) that said HELLO from an empty store while the only replica of
-     * a range, and is kept out (cps__coord_stranded); 0: none. When we last logged that. */
+    /* Server: kept out, as it said HELLO from an empty store while the only replica of a range
+     * (cps__coord_stranded); the life (boot id) that did, and when we last logged it. */
+    int empty_kept;
     uint64_t empty_boot;
     uint64_t empty_logged_ms;
 } cps__coord_node;

@@ -223,7 +223,7 @@ void cps__co_hello(cps__coord *c, const cps__msg_hdr *h, const void *pl, size_t 
          * disk or a checkpoint as ways out (emptied() then finds no fallback and says so). */
         if ((flags & CPS_HELLO_EMPTY) && emptied(c, n, boot, now) != 0)
             return;
-        n->empty_boot = 0;
+        n->empty_kept = 0;
         for (uint32_t r = 0; r < c->view.nranges; r++)
             if (c->former[r] == n->info.id)
                 c->former[r] = 0;
@@ -323,8 +323,7 @@ static int in_chain(const cps__range *rg, uint32_t node)
 /* Range r's only replica, server n, came back empty: give the range to its fallback f, which
  * holds it as of the epoch it left in. The operator chose this (--allow-rollback): updates n
  * acknowledged alone since are lost, and said so. */
-static void roll_back(cps__coord *c, uint32_t r, const cps__coord_node *n,
-                      const cps__coord_node *f)
+static void roll_back(cps__coord *c, uint32_t r, const cps__coord_node *n, const cps__coord_node *f)
 {
     c->view.ranges[r].chain[0] = f->info.id;
     cps__co_log(c, CPS_LOG_ERROR,
@@ -352,7 +351,7 @@ static void roll_back(cps__coord *c, uint32_t r, const cps__coord_node *n,
 static int emptied(cps__coord *c, cps__coord_node *n, uint64_t boot, uint64_t now)
 {
     uint32_t id = n->info.id, changed = 0, kept = 0;
-    int say = n->empty_boot != boot || now - n->empty_logged_ms >= EMPTY_RELOG_MS;
+    int say = !n->empty_kept || n->empty_boot != boot || now - n->empty_logged_ms >= EMPTY_RELOG_MS;
     for (uint32_t r = 0; r < c->view.nranges; r++) {
         cps__range *rg = &c->view.ranges[r];
         if (!in_chain(rg, id))
@@ -394,13 +393,10 @@ static int emptied(cps__coord *c, cps__coord_node *n, uint64_t boot, uint64_t no
                         "out. Ways out: start server %u on its old disk, or restore a checkpoint",
                         r, id, id, id);
     }
-    if (kept) {
-        if (say)
-            n->empty_logged_ms = now;
-        n->empty_boot = boot;
-    } else {
-        n->empty_boot = 0;
-    }
+    if (kept && say)
+        n->empty_logged_ms = now;
+    n->empty_kept = kept != 0;
+    n->empty_boot = boot;
     if (kept && changed)
         cps__co_publish(c, "a server came back with an empty store");
     return kept ? CPS_EAGAIN : 0;

@@ -341,8 +341,7 @@ static void print_json(const reply *r, const summary *sm)
         if (i < r->njoins && r->joiner[i])
             printf(",\"copying\":{\"node\":%u,\"from\":%u}", r->joiner[i], r->source[i]);
         if (i < CPS_MAX_RANGES_STATUS && r->stranded[i])
-            printf(",\"stranded\":{\"empty\":%u,\"fallback\":%u}", r->stranded[i],
-                   r->fallback[i]);
+            printf(",\"stranded\":{\"empty\":%u,\"fallback\":%u}", r->stranded[i], r->fallback[i]);
         putchar('}');
     }
     printf("],\"last_checkpoint\":");

@@ -112,7 +112,8 @@ void cps__stats_decode(const void *buf, cps__node_stats *s);
  * and WORKER (the caller checks which it expects), an address of 1..CPS_ADDR_MAX-1 printable
  * non-space ASCII bytes, a rank < CPS_MAX_NODES or UINT32_MAX, and a flags word that is not 0
  * (unknown bits are kept). `flags` (may be NULL) receives the flags word, 0 when none was sent
- * (as by earlier builds): the one place it is parsed. Errors: CPS_ESIZE (lengths), CPS_EPROTO (fields). */
+ * (as by earlier builds): the one place it is parsed. Errors: CPS_ESIZE (lengths), CPS_EPROTO
+ * (fields). */
 size_t cps__hello_encode(void *buf, size_t cap, uint32_t role, uint32_t want_rank, uint32_t prev_id,
                          const char *addr);
 int cps__hello_decode(const void *buf, size_t len, uint32_t *role, uint32_t *want_rank,

@@ -528,9 +528,10 @@ static void publish_metrics(cps__sched *s)
     uint32_t stranded = 0;
     for (uint32_t r = 0; r < v->nranges; r++)
         stranded += cps__coord_stranded(s->co, r, NULL, NULL) != 0;
-    cps__prom_family(p, "chainps_ranges_stranded", "gauge",
-                     "Ranges held unavailable because their only replica came back with an empty "
-                     "store (see the scheduler's ERROR: old disk, checkpoint or --allow-rollback).");
+    cps__prom_family(
+        p, "chainps_ranges_stranded", "gauge",
+        "Ranges held unavailable because their only replica came back with an empty "
+        "store (see the scheduler's ERROR: old disk, checkpoint or --allow-rollback).");
     cps__prom_u64(p, "chainps_ranges_stranded", NULL, stranded);
     if (v->nranges) {
         cps__prom_family(p, "chainps_range_replicas", "gauge",

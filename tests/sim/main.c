@@ -279,7 +279,8 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
 static int run_cli(const char *prog, const cli *c)
 {
     uint64_t events = 0, acked = 0, views = 0, faults = 0, fenced = 0, zombie = 0;
-    uint64_t restarts = 0, wipes = 0, disks_back = 0, parts = 0, joins = 0, rejoins = 0, gated = 0, parked = 0;
+    uint64_t restarts = 0, wipes = 0, disks_back = 0, parts = 0, joins = 0, rejoins = 0, gated = 0,
+             parked = 0;
     uint64_t unavailable = 0, false_deaths = 0, moves = 0, drains = 0, late = 0;
     uint64_t fwd_crashes[2] = {0, 0};
     for (uint64_t i = 0; i < c->seeds; i++) {
@@ -302,12 +303,12 @@ static int run_cli(const char *prog, const cli *c)
                    "%" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
                    " messages dropped, %" PRIu64 " ms virtual; %" PRIu64 " restarts (%" PRIu64
                    " on an empty store, %" PRIu64 " old disks put back), %" PRIu64
-                   " partitions, %" PRIu64 " fenced rejoins, %" PRIu64 " joins, %" PRIu64 " reads gated, %" PRIu64
-                   " pulls parked (SSP), %" PRIu64 " requests given up (no replica), %" PRIu64
-                   " false deaths\n",
+                   " partitions, %" PRIu64 " fenced rejoins, %" PRIu64 " joins, %" PRIu64
+                   " reads gated, %" PRIu64 " pulls parked (SSP), %" PRIu64
+                   " requests given up (no replica), %" PRIu64 " false deaths\n",
                    p.seed, s.events, s.acked, s.views, s.faults, s.drops, s.virt_ms, s.restarts,
-                   s.wipes, s.disks_back, s.partitions, s.rejoins, s.joins, s.gated, s.ssp_parked, s.unavailable,
-                   s.false_deaths);
+                   s.wipes, s.disks_back, s.partitions, s.rejoins, s.joins, s.gated, s.ssp_parked,
+                   s.unavailable, s.false_deaths);
         events += s.events;
         acked += s.acked;
         views += s.views;
@@ -334,13 +335,12 @@ static int run_cli(const char *prog, const cli *c)
            " requests acknowledged, %" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
            " chain messages fenced, %" PRIu64 " writes taken by removed heads; %" PRIu64
            " restarts (%" PRIu64 " on an empty store, %" PRIu64
-           " on an old disk put back), %" PRIu64 " partitions, %" PRIu64
-           " fenced rejoins, %" PRIu64 " joins by state transfer, %" PRIu64 " reads gated, %" PRIu64
+           " on an old disk put back), %" PRIu64 " partitions, %" PRIu64 " fenced rejoins, %" PRIu64
+           " joins by state transfer, %" PRIu64 " reads gated, %" PRIu64
            " pulls parked (SSP), %" PRIu64 " requests given up (no replica), %" PRIu64
            " servers declared dead though up (false deaths)\n",
            c->seeds, c->seed, events, acked, views, faults, fenced, zombie, restarts, wipes,
-           disks_back, parts,
-           rejoins, joins, gated, parked, unavailable, false_deaths);
+           disks_back, parts, rejoins, joins, gated, parked, unavailable, false_deaths);
     if (moves || drains)
         printf("sim: %" PRIu64 " ranges moved (balance and drains), %" PRIu64 " servers drained\n",
                moves, drains);

@@ -616,8 +616,10 @@ void sim_old_disk_back(sim *sm, uint32_t id)
     s->inc++;
     s->disk_back = 1;
     sm->disks_back++;
-    sim_trace(sm, "s%u kept out: its empty store is a range's only replica; the operator puts "
-              "its old disk back", id);
+    sim_trace(sm,
+              "s%u kept out: its empty store is a range's only replica; the operator puts "
+              "its old disk back",
+              id);
     ev_push(sm, sm->now + 1 + rnd(sm, 3000), EV_RESTART, id, NULL);
 }
 

@@ -235,10 +235,10 @@ typedef struct sim_server {
     uint32_t inc;  /* crash incarnation: messages of an earlier one are lost */
     uint32_t boot; /* grows on every restart and fenced rejoin; sent in HELLO */
     uint64_t hello_at, beat_at;
-    uint64_t seen_view;  /* the newest VIEW heard while not let in */
-    int ticking;         /* an EV_TICK of this server is queued */
-    int wiped;           /* restarted on an empty store, not yet let in: no longer a replica */
-    int restart_due;     /* crashed as a range's last replica: a restart is on its way */
+    uint64_t seen_view; /* the newest VIEW heard while not let in */
+    int ticking;        /* an EV_TICK of this server is queued */
+    int wiped;          /* restarted on an empty store, not yet let in: no longer a replica */
+    int restart_due;    /* crashed as a range's last replica: a restart is on its way */
     /* The disk a wipe replaced, kept on the shelf (per range; NULL: none), and whether the
      * operator is putting it back (a range stranded on our empty store: the next restart is on
      * it, see sim_old_disk_back). */
