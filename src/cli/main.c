@@ -74,9 +74,8 @@ static const char scheduler_usage[] =
     "                     unavailable and the empty server is kept out until its old disk\n"
     "                     is back or a checkpoint is restored. Restarting the scheduler with\n"
     "                     it on the same --data applies it to a range already waiting\n"
-    "                     (docs/operations.md)\n" CPS_CLI_CKPT_HELP
-        CPS_CLI_METRICS_HELP CPS_CLI_SECRET_HELP
-    "  -v, --verbose      more logging (twice: debug)\n"
+    "                     (docs/operations.md)\n" CPS_CLI_CKPT_HELP CPS_CLI_METRICS_HELP
+        CPS_CLI_SECRET_HELP "  -v, --verbose      more logging (twice: debug)\n"
     "  -h, --help         this text\n";
 
 static const struct option scheduler_opts[] = {
