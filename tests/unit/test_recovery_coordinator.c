@@ -592,11 +592,18 @@ static void an_empty_last_replica_with_no_fallback_is_kept_out(void **state)
     done(c);
     hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 5100);
     assert_true(logged(c, "its only replica, came back with an empty store"));
+    /* Server 1 dropped its copy when let in (issue 28's point 2: see emptied()'s caller): the
+     * ERROR offers only the old disk and a checkpoint. */
+    assert_int_equal(logged_at(c, CPS_LOG_ERROR, "no other server holds the range"), 4);
+    assert_false(logged(c, "--allow-rollback"));
     const cps__view *v = cps__coord_view(c);
     assert_false(cps__view_node(v, 2)->alive);
     for (uint32_t r = 0; r < v->nranges; r++) {
         assert_int_equal(v->ranges[r].chain[0], 2);
         assert_false(cps__view_range_available(v, r));
+        uint32_t fb = 9;
+        assert_int_equal(cps__coord_stranded(c, r, &fb, NULL), 2);
+        assert_int_equal(fb, 0);
     }
     assert_null(find(c, CPS_CO_VIEW, CPS_MSG_WELCOME, 2));
     cps__coord_destroy(c);
