@@ -32,8 +32,10 @@ int cps__coord_create(const cps__coord_config *cfg, cps__coord **out)
     cps__view_init(&c->view);
     c->nodes = calloc(CPS_MAX_NODES, sizeof *c->nodes);
     c->former = calloc(CPS_MAX_RANGES, sizeof *c->former);
+    c->former_epoch = calloc(CPS_MAX_RANGES, sizeof *c->former_epoch);
     cps__detector_config dc = {c->cfg.dead_after_ms, 2 * c->cfg.dead_after_ms};
-    int rc = c->nodes && c->former ? cps__detector_create(&dc, &c->detector) : CPS_ENOMEM;
+    int rc = c->nodes && c->former && c->former_epoch ? cps__detector_create(&dc, &c->detector)
+                                                      : CPS_ENOMEM;
     cps__suspect_config sc = {cps__suspect_evidence_ms(c->cfg.dead_after_ms),
                               cps__suspect_probe_ms(c->cfg.dead_after_ms)};
     if (rc == 0)
@@ -59,6 +61,7 @@ void cps__coord_destroy(cps__coord *c)
     cps__view_fini(&c->view);
     free(c->nodes);
     free(c->former);
+    free(c->former_epoch);
     free(c->blob_buf);
     cps__registry_fini(&c->reg);
     free(c);
@@ -70,12 +73,15 @@ void cps__coord_destroy(cps__coord *c)
  * scale: u32 count, then per server draining or drained: u32 id, u32 1 draining / 2 drained.
  * boots: u32 count, then per server whose life we let in: u32 id, u32 0, u64 boot id. A
  * restarted scheduler tells a server's new life from the one it let in by it
- * (recovery/incarnation.h). */
-int cps__coord_blobs(cps__coord *c, const char *names[4], cps__coord_blob blobs[4])
+ * (recovery/incarnation.h).
+ * former: u32 count, then per range with a fallback (c->former): u32 range, u32 node, u64 the
+ * epoch it left in. Absent from stores of earlier builds: none. */
+int cps__coord_blobs(cps__coord *c, const char *names[CPS_COORD_BLOBS],
+                     cps__coord_blob blobs[CPS_COORD_BLOBS])
 {
     size_t vlen = cps__view_encoded_size(&c->view);
-    size_t need =
-        vlen + 28 + 4 * (size_t)c->nnodes + 4 + 8 * (size_t)c->nnodes + 4 + 16 * (size_t)c->nnodes;
+    size_t need = vlen + 28 + 4 * (size_t)c->nnodes + 4 + 8 * (size_t)c->nnodes + 4 +
+                  16 * (size_t)c->nnodes + 4 + 16 * (size_t)c->view.nranges;
     if (need > c->blob_cap) {
         unsigned char *b = realloc(c->blob_buf, need);
         if (!b)
@@ -115,11 +121,22 @@ int cps__coord_blobs(cps__coord *c, const char *names[4], cps__coord_blob blobs[
             nbt++;
         }
     cps__le32_put(bt, nbt);
+    unsigned char *fm = bt + 4 + 16 * (size_t)nbt;
+    uint32_t nfm = 0;
+    for (uint32_t r = 0; r < c->view.nranges; r++)
+        if (c->former[r]) {
+            cps__le32_put(fm + 4 + 16 * nfm, r);
+            cps__le32_put(fm + 8 + 16 * nfm, c->former[r]);
+            cps__le64_put(fm + 12 + 16 * nfm, c->former_epoch[r]);
+            nfm++;
+        }
+    cps__le32_put(fm, nfm);
     names[0] = "sched/view", blobs[0] = (cps__coord_blob){v, vlen};
     names[1] = "sched/state", blobs[1] = (cps__coord_blob){st, 28 + 4 * (size_t)ndone};
     names[2] = "sched/scale", blobs[2] = (cps__coord_blob){sc, 4 + 8 * (size_t)nsc};
     names[3] = "sched/boots", blobs[3] = (cps__coord_blob){bt, 4 + 16 * (size_t)nbt};
-    return 4;
+    names[4] = "sched/former", blobs[4] = (cps__coord_blob){fm, 4 + 16 * (size_t)nfm};
+    return CPS_COORD_BLOBS;
 }
 
 static int load_marks(cps__coord *c, cps__coord_get_fn get, void *ctx)
@@ -147,6 +164,18 @@ static int load_marks(cps__coord *c, cps__coord_get_fn get, void *ctx)
             cps__coord_node *n = cps__co_find(c, cps__le32_get(bt + 4 + 16 * j));
             if (n)
                 n->boot_id = cps__le64_get(bt + 12 + 16 * j);
+        }
+    }
+    if (get(ctx, "sched/former", &b, &len) == 0) {
+        const unsigned char *fm = b;
+        if (len < 4 || len != 4 + 16 * (size_t)cps__le32_get(fm))
+            return CPS_ECORRUPT;
+        for (uint32_t j = 0; j < cps__le32_get(fm); j++) {
+            uint32_t r = cps__le32_get(fm + 4 + 16 * j), id = cps__le32_get(fm + 8 + 16 * j);
+            if (r >= c->view.nranges || !cps__co_find(c, id))
+                return CPS_ECORRUPT;
+            c->former[r] = id;
+            c->former_epoch[r] = cps__le64_get(fm + 12 + 16 * j);
         }
     }
     return 0;
@@ -447,6 +476,24 @@ uint32_t cps__coord_joiner(const cps__coord *c, uint32_t r, uint32_t *source)
     if (source)
         *source = j ? src : 0;
     return j;
+}
+
+uint32_t cps__coord_stranded(const cps__coord *c, uint32_t r, uint32_t *fallback,
+                             uint64_t *since_epoch)
+{
+    uint32_t id = 0;
+    if (r < c->view.nranges && c->view.ranges[r].chain_len == 1) {
+        for (uint32_t i = 0; i < c->nnodes && !id; i++) {
+            const cps__coord_node *n = &c->nodes[i];
+            if (n->info.id == c->view.ranges[r].chain[0] && n->empty_kept && !n->info.alive)
+                id = n->info.id;
+        }
+    }
+    if (fallback)
+        *fallback = id ? c->former[r] : 0;
+    if (since_epoch)
+        *since_epoch = id ? c->former_epoch[r] : 0;
+    return id;
 }
 
 uint32_t cps__coord_unconfirmed(const cps__coord *c, uint32_t r)

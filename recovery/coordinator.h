@@ -54,6 +54,11 @@ typedef struct cps__coord_node {
     int in_barrier; /* worker waiting in the current barrier */
     uint64_t barrier_seq;
     uint64_t shutdown_sent_ms; /* superseded worker still talking: when we last told it to go */
+    /* Server: kept out, as it said HELLO from an empty store while the only replica of a range
+     * (cps__coord_stranded); the life (boot id) that did, and when we last logged it. */
+    int empty_kept;
+    uint64_t empty_boot;
+    uint64_t empty_logged_ms;
 } cps__coord_node;
 
 /* Counters for the /metrics page. */
@@ -68,6 +73,7 @@ typedef struct cps__coord_summary {
     uint32_t live_servers; /* servers the view counts alive */
     uint32_t live_workers; /* workers alive and not finished */
     uint32_t draining;     /* servers whose ranges are being moved away */
+    uint32_t stranded; /* ranges held unavailable by an empty last replica (cps__coord_stranded) */
     /* The servers' counters as their heartbeats last reported them, summed; and the highest
      * step any server applied (the job's step). */
     uint64_t push_raw_bytes, push_wire_bytes, pull_bytes, updates_applied, step;
@@ -113,7 +119,7 @@ typedef struct cps__coord_action {
     int force;
     cps__msg_hdr hdr;
     char addr[CPS_ADDR_MAX];
-    char text[232];
+    char text[512]; /* room for the longest log line (an unavailable range and its ways out) */
 } cps__coord_action;
 
 typedef struct cps__coord_blob {
@@ -187,10 +193,13 @@ void cps__coord_done(cps__coord *c);
  * probe round looks for, else warn. */
 int cps__coord_unsent(cps__coord *c, const cps__msg_hdr *hdr);
 
-/* The blobs to persist under CPS_CO_P_STATE: sched/view, sched/state, sched/scale, sched/boots
- * (names in names[i], bytes owned by the coordinator until the next call). Returns how many, or
- * CPS_ENOMEM. */
-int cps__coord_blobs(cps__coord *c, const char *names[4], cps__coord_blob blobs[4]);
+/* The blobs to persist under CPS_CO_P_STATE: sched/view, sched/state, sched/scale, sched/boots,
+ * sched/former (names in names[i], bytes owned by the coordinator until the next call). Returns
+ * how many (CPS_COORD_BLOBS), or CPS_ENOMEM. A store written before sched/former existed loads
+ * as one without fallbacks. */
+#define CPS_COORD_BLOBS 5
+int cps__coord_blobs(cps__coord *c, const char *names[CPS_COORD_BLOBS],
+                     cps__coord_blob blobs[CPS_COORD_BLOBS]);
 
 /* The tensor registry to persist under CPS_CO_P_REGISTRY as "sched/registry": malloc'd, the
  * caller frees it; *len set. NULL when out of memory. */
@@ -209,6 +218,12 @@ const cps__ckpt_note *cps__coord_ckpt(const cps__coord *c);
 cps__coord_counts cps__coord_counters(const cps__coord *c);
 /* Joiner copying range r now (0: none), and its source. */
 uint32_t cps__coord_joiner(const cps__coord *c, uint32_t r, uint32_t *source);
+/* Range r is held unavailable because its only replica, this server (the id returned; 0: r is
+ * not so), came back with an empty store and is kept out (docs/operations.md, "An empty disk
+ * as a range's last replica"). *fallback (may be NULL) receives the server that left r last and
+ * holds it as of *since_epoch (NULL allowed), the view epoch it left in; 0 when none does. */
+uint32_t cps__coord_stranded(const cps__coord *c, uint32_t r, uint32_t *fallback,
+                             uint64_t *since_epoch);
 /* A joiner appended to range r that the repair has not confirmed yet (0: none). */
 uint32_t cps__coord_unconfirmed(const cps__coord *c, uint32_t r);
 int cps__coord_started(const cps__coord *c);

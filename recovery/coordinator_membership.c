@@ -116,7 +116,7 @@ static int start_job(cps__coord *c, uint64_t now)
 
 /* ---- admission ---- */
 
-static int emptied(cps__coord *c, const cps__coord_node *n);
+static int emptied(cps__coord *c, cps__coord_node *n, uint64_t boot, uint64_t now);
 
 /* A HELLO that names no member: a new node, if the job has room for it. NULL: refused. */
 static cps__coord_node *admit(cps__coord *c, uint32_t role, uint32_t want_rank, uint32_t prev_id,
@@ -167,14 +167,13 @@ static cps__coord_node *admit(cps__coord *c, uint32_t role, uint32_t want_rank, 
 
 void cps__co_hello(cps__coord *c, const cps__msg_hdr *h, const void *pl, size_t len, uint64_t now)
 {
-    uint32_t role, want_rank, prev_id;
+    uint32_t role, want_rank, prev_id, flags;
     char addr[CPS_ADDR_MAX];
-    int rc = cps__hello_decode(pl, len, &role, &want_rank, &prev_id, addr);
+    int rc = cps__hello_decode(pl, len, &role, &want_rank, &prev_id, addr, &flags);
     if (rc != 0) {
         cps__co_log(c, CPS_LOG_ERROR, "malformed HELLO dropped: %s", cps_strerror(rc));
         return;
     }
-    uint32_t flags = cps__hello_flags(pl, len);
     if (role != CPS_ROLE_SERVER && role != CPS_ROLE_WORKER) {
         cps__co_log(c, CPS_LOG_ERROR, "HELLO from %s with role %u refused", addr, role);
         return;
@@ -217,9 +216,14 @@ void cps__co_hello(cps__coord *c, const cps__msg_hdr *h, const void *pl, size_t 
     if (n->info.role == CPS_ROLE_SERVER && c->started && !n->info.alive) {
         /* A server let in drops every range whose chain does not name it (replication/replica.h,
          * `fresh`), so it is nobody's fallback any more; one that lost its store holds nothing
-         * its chains may be served from. */
-        if ((flags & CPS_HELLO_EMPTY) && emptied(c, n) != 0)
+         * its chains may be served from. Keeping a fallback's copy while it serves other ranges
+         * would need the view to name, per range, a member that holds it without serving it: a
+         * change of the view's encoding and of every server's `fresh` rule, not done. So a
+         * fallback that comes back before the range's empty last replica leaves only the old
+         * disk or a checkpoint as ways out (emptied() then finds no fallback and says so). */
+        if ((flags & CPS_HELLO_EMPTY) && emptied(c, n, boot, now) != 0)
             return;
+        n->empty_kept = 0;
         for (uint32_t r = 0; r < c->view.nranges; r++)
             if (c->former[r] == n->info.id)
                 c->former[r] = 0;
@@ -312,17 +316,42 @@ static int in_chain(const cps__range *rg, uint32_t node)
     return 0;
 }
 
-/* Server n, not alive, says HELLO from an empty store (CPS_HELLO_EMPTY: a replaced disk). A chain
- * may still name it: as the last replica of a range, which a death leaves in its place
- * (recovery/repair.h) for the range to wait for it. Its copy is gone: it must never serve such a
- * range, let alone as its only holder. The range goes back to the member a death took out of it
- * when it left n alone (c->former), which holds what was acknowledged until then, and n copies
- * the range as any joiner once a member runs. Returns 0 when n may be let in, CPS_EAGAIN when a
- * range it is the only replica of has no such member: n is kept out (it asks again), and the
- * range waits for a server that holds it. */
-static int emptied(cps__coord *c, const cps__coord_node *n)
+/* How often a server kept out for an empty store hears its refusal logged again: its HELLO comes
+ * every half second, and one line per life says it all. */
+#define EMPTY_RELOG_MS 600000u
+
+/* Range r's only replica, server n, came back empty: give the range to its fallback f, which
+ * holds it as of the epoch it left in. The operator chose this (--allow-rollback): updates n
+ * acknowledged alone since are lost, and said so. */
+static void roll_back(cps__coord *c, uint32_t r, const cps__coord_node *n, const cps__coord_node *f)
+{
+    c->view.ranges[r].chain[0] = f->info.id;
+    cps__co_log(c, CPS_LOG_ERROR,
+                "range %u ROLLED BACK (--allow-rollback): server %u, its only replica, came back "
+                "with an empty store; server %u, which left the range at epoch %llu, takes it "
+                "with what it held then: updates acknowledged since are lost%s",
+                r, n->info.id, f->info.id, (unsigned long long)c->former_epoch[r],
+                f->info.alive ? "" : " (the range waits for it)");
+    c->former[r] = 0;
+}
+
+/* Server n, not alive, says HELLO from an empty store (CPS_HELLO_EMPTY: a replaced disk) in life
+ * `boot`. A chain may still name it: as the last replica of a range, which a death leaves in its
+ * place (recovery/repair.h) for the range to wait for it. Its copy is gone: it must never serve
+ * such a range. Ranges it shares with others just lose it (it copies them again as any joiner).
+ * A range it is the only replica of has acknowledged updates on no live disk: the member a death
+ * took out of it when it left n alone (c->former) holds it only as of then, and giving it the
+ * range rolls the job back unseen. As a serious store does (Kafka's unclean leader election is
+ * off by default), the range stays unavailable and n is kept out, until n returns on its old
+ * disk or the operator restores a checkpoint; rolling back is the operator's decision
+ * (cfg.allow_rollback, scheduler --allow-rollback), logged as such. The coordinator cannot know
+ * that nothing was acknowledged since the fallback left (no per-range sequence reaches it; a
+ * server's heartbeat counts updates of every range, and lags), so it never falls back on its
+ * own. Returns 0 when n may be let in, CPS_EAGAIN when it is kept out (it asks again). */
+static int emptied(cps__coord *c, cps__coord_node *n, uint64_t boot, uint64_t now)
 {
     uint32_t id = n->info.id, changed = 0, kept = 0;
+    int say = !n->empty_kept || n->empty_boot != boot || now - n->empty_logged_ms >= EMPTY_RELOG_MS;
     for (uint32_t r = 0; r < c->view.nranges; r++) {
         cps__range *rg = &c->view.ranges[r];
         if (!in_chain(rg, id))
@@ -337,24 +366,37 @@ static int emptied(cps__coord *c, const cps__coord_node *n)
             continue;
         }
         const cps__coord_node *f = c->former[r] ? cps__co_find(c, c->former[r]) : NULL;
-        if (f && f != n && f->info.role == CPS_ROLE_SERVER && !f->left) {
-            rg->chain[0] = f->info.id;
-            c->former[r] = 0;
+        if (f && (f == n || f->info.role != CPS_ROLE_SERVER || f->left))
+            f = NULL;
+        if (f && c->cfg.allow_rollback) {
+            roll_back(c, r, n, f);
             changed++;
-            cps__co_log(c, CPS_LOG_WARN,
-                        "range %u: server %u, its last replica, came back with an empty store: "
-                        "server %u, which a death took out of the range, holds what was "
-                        "acknowledged before and replaces it%s",
-                        r, id, f->info.id, f->info.alive ? "" : " (the range waits for it)");
             continue;
         }
         kept++;
-        cps__co_log(c, CPS_LOG_ERROR,
-                    "range %u: server %u, its only replica, came back with an empty store, and "
-                    "no other server holds the range: server %u is kept out; start it on its "
-                    "old data, or restore a checkpoint",
-                    r, id, id);
+        if (!say)
+            continue;
+        if (f)
+            cps__co_log(c, CPS_LOG_ERROR,
+                        "range %u is UNAVAILABLE: server %u, its only replica, came back with an "
+                        "empty store and is kept out; the updates it acknowledged since epoch "
+                        "%llu are on no other server. Ways out: start server %u on its old disk, "
+                        "or restore a checkpoint; or accept losing those updates: restart the "
+                        "scheduler with --allow-rollback, and server %u takes the range as it "
+                        "held it at epoch %llu",
+                        r, id, (unsigned long long)c->former_epoch[r], id, f->info.id,
+                        (unsigned long long)c->former_epoch[r]);
+        else
+            cps__co_log(c, CPS_LOG_ERROR,
+                        "range %u is UNAVAILABLE: server %u, its only replica, came back with an "
+                        "empty store, and no other server holds the range: server %u is kept "
+                        "out. Ways out: start server %u on its old disk, or restore a checkpoint",
+                        r, id, id, id);
     }
+    if (kept && say)
+        n->empty_logged_ms = now;
+    n->empty_kept = kept != 0;
+    n->empty_boot = boot;
     if (kept && changed)
         cps__co_publish(c, "a server came back with an empty store");
     return kept ? CPS_EAGAIN : 0;
@@ -530,6 +572,8 @@ void cps__co_declare_dead(cps__coord *c, uint32_t id, uint64_t silence_ms, uint6
         const cps__range *rg = &nv.ranges[r];
         if (in_chain(&c->view.ranges[r], id) && !in_chain(rg, id))
             c->former[r] = full && full[r] && rg->chain_len == 1 ? id : 0;
+        if (c->former[r] == id)
+            c->former_epoch[r] = c->view.epoch + 1; /* the view cps__co_publish sends below */
     }
     free(full);
     nv.epoch = c->view.epoch; /* publish bumps it */

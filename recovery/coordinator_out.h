@@ -48,8 +48,11 @@ struct cps__coord {
     /* Per range (CPS_MAX_RANGES): the member a death took out of it when that left one member,
      * and which has not been let in since (a server let in drops the ranges whose chain does
      * not name it). It holds what was acknowledged until then: the range's fallback, should the
-     * one left come back with an empty store. 0: none. In memory only. */
+     * one left come back with an empty store: only by the operator's choice (cfg.allow_rollback),
+     * as the updates the one left acknowledged alone since are not on it. 0: none. former_epoch:
+     * the view epoch it left in. Persisted (sched/former): a restarted scheduler still knows. */
     uint32_t *former;
+    uint64_t *former_epoch;
     cps__registry reg; /* the tensors workers declared (REGISTER), for checkpoints (REGISTRY) */
     uint64_t wall_ms;  /* this turn's wall clock (cps__coord_set_wall), for STATUS's ages */
     cps__coord_out out;

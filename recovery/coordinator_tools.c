@@ -60,7 +60,9 @@ static void reply(cps__coord *c, const cps__msg_hdr *req, uint32_t to, uint8_t t
 
 /* STATUS: the view, u32 count, then per node u32 id, u32 age_ms (since its last message), stats
  * block; then u32 ranges and per range u32 joiner, u32 source (0, 0: no copy under way); then
- * the last checkpoint (absent when there was none; older tools ignore it). */
+ * the last checkpoint (absent when there was none; older tools ignore it); then the stranded ranges
+ * (CPS_STATUS_STRANDED_TAG, u32 count, per range u32 range, u32 empty server, u32 fallback;
+ * absent when none). */
 void cps__co_status(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to, uint64_t now)
 {
     if (!reply_to)
@@ -70,8 +72,14 @@ void cps__co_status(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to, uin
     size_t len, note_len = note.id ? cps__ckpt_note_size(&note) : 0;
     if (note.id)
         note.age_ms = c->wall_ms > note.unix_ms ? c->wall_ms - note.unix_ms : 0;
-    unsigned char *buf = view_reply(
-        c, 4 + (size_t)nn * (8 + CPS_STATS_SIZE) + 4 + (size_t)nranges * 8 + note_len, &len);
+    uint32_t nstranded = 0;
+    for (uint32_t r = 0; r < nranges; r++)
+        nstranded += cps__coord_stranded(c, r, NULL, NULL) != 0;
+    size_t stranded_len = nstranded ? 8 + 12 * (size_t)nstranded : 0;
+    unsigned char *buf = view_reply(c,
+                                    4 + (size_t)nn * (8 + CPS_STATS_SIZE) + 4 +
+                                        (size_t)nranges * 8 + note_len + stranded_len,
+                                    &len);
     if (!buf)
         return;
     unsigned char *p = buf + cps__view_encoded_size(&c->view);
@@ -94,6 +102,21 @@ void cps__co_status(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to, uin
     }
     if (note_len)
         cps__ckpt_note_encode(p, note_len, &note);
+    p += note_len;
+    if (nstranded) {
+        cps__le32_put(p, CPS_STATUS_STRANDED_TAG);
+        cps__le32_put(p + 4, nstranded);
+        p += 8;
+        for (uint32_t r = 0; r < nranges; r++) {
+            uint32_t fallback, id = cps__coord_stranded(c, r, &fallback, NULL);
+            if (!id)
+                continue;
+            cps__le32_put(p, r);
+            cps__le32_put(p + 4, id);
+            cps__le32_put(p + 8, fallback);
+            p += 12;
+        }
+    }
     reply(c, h, reply_to, CPS_MSG_STATUS_REPLY, buf, len);
 }
 
@@ -194,6 +217,8 @@ cps__coord_summary cps__coord_summarize(const cps__coord *c)
             m.live_workers += n->info.alive && !n->done;
         }
     }
+    for (uint32_t r = 0; r < c->view.nranges; r++)
+        m.stranded += cps__coord_stranded(c, r, NULL, NULL) != 0;
     return m;
 }
 

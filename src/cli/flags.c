@@ -162,6 +162,9 @@ int cps__cli_common_flag(const char *cmd, int opt, const char *arg, cps__config 
     case CLI_OPT_AWAIT_REPLACEMENTS:
         cfg->await_replacements = 1;
         break;
+    case CLI_OPT_ALLOW_ROLLBACK:
+        cfg->allow_rollback = 1;
+        break;
     case CLI_OPT_CKPT_EVERY: {
         char num[32];
         size_t len = strlen(arg);

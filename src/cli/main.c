@@ -67,9 +67,15 @@ static const char scheduler_usage[] =
     "  --await-replacements  a worker that died holds the job's end until a new worker has\n"
     "                     taken its rank and finished (chainps launch --restart-workers sets\n"
     "                     it); without it the job ends when the live workers are done, and a\n"
-    "                     worker arriving later is refused (the job has ended)\n" CPS_CLI_CKPT_HELP
-        CPS_CLI_METRICS_HELP CPS_CLI_SECRET_HELP
-    "  -v, --verbose      more logging (twice: debug)\n"
+    "                     worker arriving later is refused (the job has ended)\n"
+    "  --allow-rollback   a range whose only replica came back with an empty store (a new\n"
+    "                     disk) goes to the server that left it last, LOSING the updates\n"
+    "                     acknowledged since (logged at ERROR). Default: the range stays\n"
+    "                     unavailable and the empty server is kept out until its old disk\n"
+    "                     is back or a checkpoint is restored. Restarting the scheduler with\n"
+    "                     it on the same --data applies it to a range already waiting\n"
+    "                     (docs/operations.md)\n" CPS_CLI_CKPT_HELP CPS_CLI_METRICS_HELP
+        CPS_CLI_SECRET_HELP "  -v, --verbose      more logging (twice: debug)\n"
     "  -h, --help         this text\n";
 
 static const struct option scheduler_opts[] = {
@@ -81,6 +87,7 @@ static const struct option scheduler_opts[] = {
     {"data", required_argument, 0, CLI_OPT_DATA},
     {"hold", no_argument, 0, CLI_OPT_HOLD},
     {"await-replacements", no_argument, 0, CLI_OPT_AWAIT_REPLACEMENTS},
+    {"allow-rollback", no_argument, 0, CLI_OPT_ALLOW_ROLLBACK},
     {"servers", required_argument, 0, CLI_OPT_SERVERS},
     {"workers", required_argument, 0, CLI_OPT_WORKERS},
     {"port", required_argument, 0, CLI_OPT_PORT},

@@ -78,7 +78,28 @@ typedef struct reply {
     sum_answer *sums;                       /* nranges x CPS_MAX_REPLICAS */
     cps__ckpt_note ckpt;                    /* the last checkpoint; id 0: none (or an older
                                                scheduler, which does not know) */
+    /* per range: the empty server kept out as its only replica (0: none), and its fallback */
+    uint32_t stranded[CPS_MAX_RANGES_STATUS];
+    uint32_t fallback[CPS_MAX_RANGES_STATUS];
 } reply;
+
+/* The stranded ranges at p (len bytes), if that is where they are: bytes used, or 0. */
+static size_t stranded_decode(reply *r, const unsigned char *p, size_t len)
+{
+    if (len < 8 || cps__le32_get(p) != CPS_STATUS_STRANDED_TAG)
+        return 0;
+    uint32_t n = cps__le32_get(p + 4);
+    if (n > CPS_MAX_RANGES_STATUS || len < 8 + 12 * (size_t)n)
+        return 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t g = cps__le32_get(p + 8 + 12 * i);
+        if (g < CPS_MAX_RANGES_STATUS) {
+            r->stranded[g] = cps__le32_get(p + 12 + 12 * i);
+            r->fallback[g] = cps__le32_get(p + 16 + 12 * i);
+        }
+    }
+    return 8 + 12 * (size_t)n;
+}
 
 static void on_msg(void *ctx, void *buf, size_t len)
 {
@@ -121,10 +142,14 @@ static void on_msg(void *ctx, void *buf, size_t len)
                     }
                     r->njoins = nr;
                     /* Then the last checkpoint, when there was one. */
-                    size_t at = off + 4 + (size_t)nr * 8;
-                    if (at < rx.len && cps__ckpt_note_decode((const char *)rx.payload + at,
-                                                             rx.len - at, &r->ckpt, NULL) != 0)
-                        r->ckpt.id = 0;
+                    size_t at = off + 4 + (size_t)nr * 8, used = 0;
+                    const unsigned char *tail = (const unsigned char *)rx.payload;
+                    if (at < rx.len && !stranded_decode(r, tail + at, rx.len - at)) {
+                        if (cps__ckpt_note_decode(tail + at, rx.len - at, &r->ckpt, &used) != 0)
+                            r->ckpt.id = 0;
+                        else
+                            stranded_decode(r, tail + at + used, rx.len - at - used);
+                    }
                 }
             }
         }
@@ -223,14 +248,20 @@ static void print_status(const reply *r, const summary *sm)
         printf("\nranges:\n  %-6s %-35s %s\n", "range", "keys", "chain (head .. tail)");
         for (uint32_t i = 0; i < v->nranges; i++) {
             const cps__range *rg = &v->ranges[i];
-            char chain[160] = "";
+            char chain[384] = "";
             size_t off = 0;
             for (uint32_t j = 0; j < rg->chain_len && off < sizeof chain; j++)
                 off += (size_t)snprintf(chain + off, sizeof chain - off, "%s%u", j ? " -> " : "",
                                         rg->chain[j]);
             if (i < r->njoins && r->joiner[i] && off < sizeof chain)
-                snprintf(chain + off, sizeof chain - off, "   (node %u copying it from node %u)",
-                         r->joiner[i], r->source[i]);
+                off += (size_t)snprintf(chain + off, sizeof chain - off,
+                                        "   (node %u copying it from node %u)", r->joiner[i],
+                                        r->source[i]);
+            if (i < CPS_MAX_RANGES_STATUS && r->stranded[i] && off < sizeof chain)
+                snprintf(chain + off, sizeof chain - off,
+                         "   UNAVAILABLE: server %u, its only replica, came back with an empty "
+                         "store and is kept out (fallback: %s%.0u; see the scheduler's ERROR)",
+                         r->stranded[i], r->fallback[i] ? "server " : "none", r->fallback[i]);
             printf("  %-6u %016" PRIx64 "-%016" PRIx64 " %s\n", i, rg->lo, rg->hi, chain);
         }
     }
@@ -309,6 +340,8 @@ static void print_json(const reply *r, const summary *sm)
         putchar(']');
         if (i < r->njoins && r->joiner[i])
             printf(",\"copying\":{\"node\":%u,\"from\":%u}", r->joiner[i], r->source[i]);
+        if (i < CPS_MAX_RANGES_STATUS && r->stranded[i])
+            printf(",\"stranded\":{\"empty\":%u,\"fallback\":%u}", r->stranded[i], r->fallback[i]);
         putchar('}');
     }
     printf("],\"last_checkpoint\":");

@@ -407,7 +407,7 @@ size_t cps__hello_encode(void *buf, size_t cap, uint32_t role, uint32_t want_ran
 }
 
 int cps__hello_decode(const void *buf, size_t len, uint32_t *role, uint32_t *want_rank,
-                      uint32_t *prev_id, char addr[CPS_ADDR_MAX])
+                      uint32_t *prev_id, char addr[CPS_ADDR_MAX], uint32_t *flags)
 {
     const unsigned char *b = buf;
     if (!buf || !role || !want_rank || !prev_id || !addr)
@@ -436,6 +436,8 @@ int cps__hello_decode(const void *buf, size_t len, uint32_t *role, uint32_t *wan
     *prev_id = cps__le32_get(b + 8);
     memcpy(addr, b + 16, alen);
     memset(addr + alen, 0, CPS_ADDR_MAX - alen);
+    if (flags)
+        *flags = flagged ? cps__le32_get(b + 16 + alen) : 0;
     return 0;
 }
 
@@ -447,13 +449,4 @@ size_t cps__hello_add_flags(void *buf, size_t cap, size_t len, uint32_t flags)
         return 0;
     cps__le32_put((unsigned char *)buf + len, flags);
     return len + 4;
-}
-
-uint32_t cps__hello_flags(const void *buf, size_t len)
-{
-    const unsigned char *b = buf;
-    if (!buf || len < 16)
-        return 0;
-    uint32_t alen = cps__le32_get(b + 12);
-    return (uint64_t)alen + 20 == len ? cps__le32_get(b + 16 + alen) : 0;
 }

@@ -111,11 +111,13 @@ void cps__stats_decode(const void *buf, cps__node_stats *s);
  * Also the STATUS request payload, with CPS_ROLE_NONE. The decoder accepts roles NONE, SERVER
  * and WORKER (the caller checks which it expects), an address of 1..CPS_ADDR_MAX-1 printable
  * non-space ASCII bytes, a rank < CPS_MAX_NODES or UINT32_MAX, and a flags word that is not 0
- * (unknown bits are kept: cps__hello_flags). Errors: CPS_ESIZE (lengths), CPS_EPROTO (fields). */
+ * (unknown bits are kept). `flags` (may be NULL) receives the flags word, 0 when none was sent
+ * (as by earlier builds): the one place it is parsed. Errors: CPS_ESIZE (lengths), CPS_EPROTO
+ * (fields). */
 size_t cps__hello_encode(void *buf, size_t cap, uint32_t role, uint32_t want_rank, uint32_t prev_id,
                          const char *addr);
 int cps__hello_decode(const void *buf, size_t len, uint32_t *role, uint32_t *want_rank,
-                      uint32_t *prev_id, char addr[CPS_ADDR_MAX]);
+                      uint32_t *prev_id, char addr[CPS_ADDR_MAX], uint32_t *flags);
 
 /* HELLO flags. A server whose store lost its data (a new or replaced disk, --reset-data) says so:
  * the scheduler must not count it as holding the ranges an earlier life of it held, and above
@@ -124,7 +126,5 @@ int cps__hello_decode(const void *buf, size_t len, uint32_t *role, uint32_t *wan
 /* Append `flags` to the HELLO of `len` bytes encoded in buf (cap bytes). Returns the new
  * length: len itself when flags is 0, 0 when buf has no room. */
 size_t cps__hello_add_flags(void *buf, size_t cap, size_t len, uint32_t flags);
-/* The flags of a HELLO that cps__hello_decode accepted (0: none sent, as by earlier builds). */
-uint32_t cps__hello_flags(const void *buf, size_t len);
 
 #endif

@@ -317,6 +317,13 @@ typedef struct cps__ckpt_note {
     char path[CPS_CKPT_NOTE_PATH_MAX]; /* what a reader opens, as the writer named it */
 } cps__ckpt_note;
 
+/* STATUS_REPLY's last part (after the checkpoint note, or in its place when there is none):
+ * the ranges held unavailable because their only replica came back empty. u32 this tag, u32
+ * count, then per range u32 range, u32 the empty server kept out, u32 the fallback (0: none).
+ * Older tools ignore it (where they look for a note, it does not decode as one). A note starts
+ * with its id, a count of the job's checkpoints from 1, never this tag's 1.1e9. */
+#define CPS_STATUS_STRANDED_TAG 0x44525453u /* "STRD" */
+
 #define CPS_CKPT_NOTE_FIXED 36
 /* Bytes the encoding of n takes. */
 size_t cps__ckpt_note_size(const cps__ckpt_note *n);

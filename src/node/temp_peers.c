@@ -32,7 +32,7 @@ int cps__temp_peer_from_hello(cps__temp_peers *t, cps__tp *tp, const void *hello
     uint32_t role, want_rank, prev_id;
     char a[CPS_ADDR_MAX];
     *peer = 0;
-    if (cps__hello_decode(hello, len, &role, &want_rank, &prev_id, a) != 0)
+    if (cps__hello_decode(hello, len, &role, &want_rank, &prev_id, a, NULL) != 0)
         return CPS_EPROTO;
     if (addr)
         memcpy(addr, a, CPS_ADDR_MAX);

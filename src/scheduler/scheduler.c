@@ -77,8 +77,8 @@ static void publish_metrics(cps__sched *s);
 /* ---- persistence: the coordinator's blobs, the last checkpoint, the tensor registry ---- */
 
 typedef struct blobs_io {
-    const char *names[4];
-    cps__coord_blob b[4];
+    const char *names[CPS_COORD_BLOBS];
+    cps__coord_blob b[CPS_COORD_BLOBS];
     int n;
 } blobs_io;
 
@@ -353,6 +353,11 @@ static void publish_metrics(cps__sched *s)
     cps__prom_u64(p, "chainps_declared_deaths_total", "role=\"server\"", k.deaths_server);
     cps__prom_u64(p, "chainps_declared_deaths_total", "role=\"worker\"", k.deaths_worker);
     char l[48];
+    cps__prom_family(
+        p, "chainps_ranges_stranded", "gauge",
+        "Ranges held unavailable because their only replica came back with an empty "
+        "store (see the scheduler's ERROR: old disk, checkpoint or --allow-rollback).");
+    cps__prom_u64(p, "chainps_ranges_stranded", NULL, m.stranded);
     if (v->nranges) {
         cps__prom_family(p, "chainps_range_replicas", "gauge",
                          "Servers in each key range's chain (the target is the job's replicas).");

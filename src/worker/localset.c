@@ -459,7 +459,7 @@ void cps__lset_on_msg(cps_client *c, const cps__rx *rx)
     uint32_t role, rank, prev;
     char addr[CPS_ADDR_MAX];
     cps__lset *s;
-    if (cps__hello_decode(rx->payload, rx->len, &role, &rank, &prev, addr) != 0 ||
+    if (cps__hello_decode(rx->payload, rx->len, &role, &rank, &prev, addr, NULL) != 0 ||
         lset_get(c, &s) != 0) {
         cps__log(CPS_LOG_WARN, SUB, "malformed request for the local tensors dropped");
         return;

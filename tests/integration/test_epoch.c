@@ -236,7 +236,7 @@ static void fake_msg(void *ctx, void *buf, size_t len)
     switch (h->type) {
     case CPS_MSG_HELLO: {
         uint32_t role, rank, prev;
-        if (cps__hello_decode(rx.payload, rx.len, &role, &rank, &prev, f->worker_addr) != 0 ||
+        if (cps__hello_decode(rx.payload, rx.len, &role, &rank, &prev, f->worker_addr, NULL) != 0 ||
             role != CPS_ROLE_WORKER) {
             fake_fail(f, "bad HELLO");
             break;

@@ -454,6 +454,9 @@ void sim_store_free(sim *sm, sim_server *s)
         free(s->rs[r].set);
     }
     free(s->rs);
+    for (uint32_t r = 0; s->old_rs && r < sm->nranges; r++)
+        sim_rstore_clear(&s->old_rs[r]);
+    free(s->old_rs);
 }
 
 /* ---- invariants ---- */
@@ -634,7 +637,13 @@ static void check_lag(sim *sm, uint32_t r)
     uint64_t need = 0;
     for (uint32_t i = 0; i < rg->chain_len; i++) {
         const sim_server *o = &sm->servers[rg->chain[i] - 1];
-        if (o->id == lg->node || o->wiped)
+        if (o->id == lg->node)
+            continue;
+        /* A wiped member's old disk, on the shelf, may come back (sim_old_disk_back): what it
+         * holds is not lost, and a joiner that lacks it has not caught up. */
+        if (o->wiped && o->old_rs && o->old_rs[r].applied > need)
+            need = o->old_rs[r].applied;
+        if (o->wiped)
             continue;
         if (o->state != SRV_UP || o->epoch < lg->epoch)
             return;

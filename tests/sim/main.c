@@ -45,7 +45,8 @@ typedef struct cli {
     int ssp_bound;   /* --mode ssp:N; -1 when drawn */
     uint32_t backup; /* --backup-workers B: sync mode, at least B+1 workers */
     uint64_t events;
-    int verbose, refusals, sched_restarts, push_pull, views_unordered, fwd_crashes;
+    int verbose, refusals, sched_restarts, push_pull, views_unordered, fwd_crashes, allow_rollback,
+        wipe_sole;
     const char *regressions;
 } cli;
 
@@ -60,7 +61,7 @@ static void usage(void)
             "           [--ranges N] [--mode sync|async|ssp|ssp:N]\n"
             "           [--faults none|drops|crash|pause|restart|partition|join|scale|all]\n"
             "           [--events N] [--refusals] [--sched-restarts] [--push-pull]\n"
-            "           [--views-unordered]\n"
+            "           [--views-unordered] [--allow-rollback] [--wipe-sole]\n"
             "           [--backup-workers B] [--fwd-crashes] [-v]\n"
             "       sim --regressions FILE\n");
 }
@@ -116,6 +117,14 @@ static int parse_args(int argc, char **argv, cli *c)
         }
         if (strcmp(a, "--fwd-crashes") == 0) {
             c->fwd_crashes = 1;
+            continue;
+        }
+        if (strcmp(a, "--allow-rollback") == 0) {
+            c->allow_rollback = 1;
+            continue;
+        }
+        if (strcmp(a, "--wipe-sole") == 0) {
+            c->wipe_sole = 1;
             continue;
         }
         i++;
@@ -221,6 +230,8 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->verbose = c->verbose;
     p->push_pull = c->push_pull;
     p->views_unordered = c->views_unordered;
+    p->allow_rollback = c->allow_rollback;
+    p->wipe_sole = c->wipe_sole;
     /* Off unless asked (sim.seeds_fwd_crash), so that the other tests' seeds keep their runs:
      * where crash faults are drawn, a server may stop between a FWD it sent ahead of its WRITE
      * and that WRITE, at 1 in 50 of those points while no other fault is pending. */
@@ -256,6 +267,10 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --views-unordered");
     if (c->fwd_crashes)
         printf(" --fwd-crashes");
+    if (c->allow_rollback)
+        printf(" --allow-rollback");
+    if (c->wipe_sole)
+        printf(" --wipe-sole");
     if (c->backup)
         printf(" --backup-workers %u", c->backup);
     printf("\n");
@@ -264,7 +279,8 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
 static int run_cli(const char *prog, const cli *c)
 {
     uint64_t events = 0, acked = 0, views = 0, faults = 0, fenced = 0, zombie = 0;
-    uint64_t restarts = 0, wipes = 0, parts = 0, joins = 0, rejoins = 0, gated = 0, parked = 0;
+    uint64_t restarts = 0, wipes = 0, disks_back = 0, parts = 0, joins = 0, rejoins = 0, gated = 0,
+             parked = 0;
     uint64_t unavailable = 0, false_deaths = 0, moves = 0, drains = 0, late = 0;
     uint64_t fwd_crashes[2] = {0, 0};
     for (uint64_t i = 0; i < c->seeds; i++) {
@@ -286,13 +302,13 @@ static int run_cli(const char *prog, const cli *c)
             printf("seed %" PRIu64 ": ok, %" PRIu64 " events, %" PRIu64 " requests acknowledged, "
                    "%" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
                    " messages dropped, %" PRIu64 " ms virtual; %" PRIu64 " restarts (%" PRIu64
-                   " on an empty store), %" PRIu64 " partitions, %" PRIu64
-                   " fenced rejoins, %" PRIu64 " joins, %" PRIu64 " reads gated, %" PRIu64
-                   " pulls parked (SSP), %" PRIu64 " requests given up (no replica), %" PRIu64
-                   " false deaths\n",
+                   " on an empty store, %" PRIu64 " old disks put back), %" PRIu64
+                   " partitions, %" PRIu64 " fenced rejoins, %" PRIu64 " joins, %" PRIu64
+                   " reads gated, %" PRIu64 " pulls parked (SSP), %" PRIu64
+                   " requests given up (no replica), %" PRIu64 " false deaths\n",
                    p.seed, s.events, s.acked, s.views, s.faults, s.drops, s.virt_ms, s.restarts,
-                   s.wipes, s.partitions, s.rejoins, s.joins, s.gated, s.ssp_parked, s.unavailable,
-                   s.false_deaths);
+                   s.wipes, s.disks_back, s.partitions, s.rejoins, s.joins, s.gated, s.ssp_parked,
+                   s.unavailable, s.false_deaths);
         events += s.events;
         acked += s.acked;
         views += s.views;
@@ -301,6 +317,7 @@ static int run_cli(const char *prog, const cli *c)
         zombie += s.zombie_writes;
         restarts += s.restarts;
         wipes += s.wipes;
+        disks_back += s.disks_back;
         parts += s.partitions;
         joins += s.joins;
         rejoins += s.rejoins;
@@ -317,12 +334,13 @@ static int run_cli(const char *prog, const cli *c)
     printf("sim: %" PRIu64 " seeds from %" PRIu64 " passed: %" PRIu64 " events, %" PRIu64
            " requests acknowledged, %" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
            " chain messages fenced, %" PRIu64 " writes taken by removed heads; %" PRIu64
-           " restarts (%" PRIu64 " on an empty store), %" PRIu64 " partitions, %" PRIu64
-           " fenced rejoins, %" PRIu64 " joins by state transfer, %" PRIu64 " reads gated, %" PRIu64
+           " restarts (%" PRIu64 " on an empty store, %" PRIu64
+           " on an old disk put back), %" PRIu64 " partitions, %" PRIu64 " fenced rejoins, %" PRIu64
+           " joins by state transfer, %" PRIu64 " reads gated, %" PRIu64
            " pulls parked (SSP), %" PRIu64 " requests given up (no replica), %" PRIu64
            " servers declared dead though up (false deaths)\n",
-           c->seeds, c->seed, events, acked, views, faults, fenced, zombie, restarts, wipes, parts,
-           rejoins, joins, gated, parked, unavailable, false_deaths);
+           c->seeds, c->seed, events, acked, views, faults, fenced, zombie, restarts, wipes,
+           disks_back, parts, rejoins, joins, gated, parked, unavailable, false_deaths);
     if (moves || drains)
         printf("sim: %" PRIu64 " ranges moved (balance and drains), %" PRIu64 " servers drained\n",
                moves, drains);

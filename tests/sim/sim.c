@@ -566,21 +566,61 @@ static int sole_replica(const sim *sm, uint32_t id)
 static void restart(sim *sm, sim_server *s)
 {
     s->restart_due = 0;
-    if (s->state != SRV_CRASHED || sm->phase == PHASE_END)
-        return; /* at the job's end nobody restarts a server */
+    if (s->state != SRV_CRASHED || (sm->phase == PHASE_END && !s->disk_back))
+        return; /* at the job's end nobody restarts a server (but to save a range) */
+    if (s->disk_back) {
+        for (uint32_t r = 0; r < sm->nranges; r++) {
+            sim_rstore_clear(&s->rs[r]);
+            s->rs[r] = s->old_rs[r];
+            memset(&s->old_rs[r], 0, sizeof s->old_rs[r]);
+        }
+        s->disk_back = 0;
+        s->wiped = 0;
+        sm->restarts++;
+        sim_trace(sm, "s%u restarts on its old disk", s->id);
+        sim_server_reset(sm, s);
+        return;
+    }
     /* With one other replica, the scheduler may declare that one dead next (a pause, lost
      * heartbeats) and find the empty disk the range's last replica: it says it is empty in its
-     * HELLO, and the coordinator never lets it be the range's holder (seed 1882). */
-    int wipe = chance(sm, sm->p.wipe_per_mille) && !sole_replica(sm, s->id);
+     * HELLO, and the coordinator never lets it be the range's holder (seed 1882), nor, unless
+     * told to (--allow-rollback), give the range to the server that left it last. */
+    int wipe = chance(sm, sm->p.wipe_per_mille) && (sm->p.wipe_sole || !sole_replica(sm, s->id));
     if (wipe) {
-        for (uint32_t r = 0; r < sm->nranges; r++)
-            sim_rstore_clear(&s->rs[r]);
+        /* The replaced disk goes on the shelf: the operator may need it back. */
+        if (!s->old_rs)
+            s->old_rs = sim_xcalloc(sm->nranges, sizeof *s->old_rs);
+        for (uint32_t r = 0; r < sm->nranges; r++) {
+            sim_rstore_clear(&s->old_rs[r]);
+            s->old_rs[r] = s->rs[r];
+            memset(&s->rs[r], 0, sizeof s->rs[r]);
+        }
         s->wiped = 1;
         sm->wipes++;
     }
     sm->restarts++;
     sim_trace(sm, "s%u restarts%s", s->id, wipe ? " on an empty store" : " on its store");
     sim_server_reset(sm, s);
+}
+
+/* The coordinator keeps server `id` out because its empty store is the only replica of a range
+ * (cps__coord_stranded): the range is unavailable until the operator, reading the scheduler's
+ * ERROR, stops it and starts it on its old disk, which holds every update it acknowledged. The
+ * other way out, a checkpoint, is no part of the sim. */
+void sim_old_disk_back(sim *sm, uint32_t id)
+{
+    sim_server *s = &sm->servers[id - 1];
+    if (s->state != SRV_HELLO || !s->wiped || s->disk_back || !s->old_rs)
+        return;
+    s->state = SRV_CRASHED;
+    s->inc++;
+    s->disk_back = 1;
+    sm->disks_back++;
+    sim_trace(sm,
+              "s%u kept out: its empty store is a range's only replica; the operator puts "
+              "its old disk back",
+              id);
+    ev_push(sm, sm->now + 1 + rnd(sm, 3000), EV_RESTART, id, NULL);
 }
 
 /* A crashed server the view keeps as the last replica of a range (repair.c leaves a dead last
@@ -929,6 +969,7 @@ int sim_run(const sim_params *p, sim_summary *out)
         out->moves = sm->moves;
         out->drains = sm->drains;
         out->wipes = sm->wipes;
+        out->disks_back = sm->disks_back;
         out->partitions = sm->partitions;
         out->joins = sm->joins;
         out->rejoins = sm->rejoins;

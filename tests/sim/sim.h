@@ -36,7 +36,7 @@ enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 /* The coordinator's tick (production: 20 ms) and its batching of joiners (production: 100). */
 #define SIM_SCHED_TICK_MS 20
 #define SIM_BATCH_MS      100
-#define SIM_SCHED_BLOBS   4
+#define SIM_SCHED_BLOBS   5
 /* After the job ended, messages still on their way get this long before stores are compared. */
 #define SIM_END_SETTLE_MS   3000
 #define SIM_JOIN_GIVE_UP_MS 3000
@@ -115,12 +115,21 @@ typedef struct sim_params {
     /* Crash points between a FWD sent ahead of its WRITE (forward before apply) and that WRITE:
      * the server stops there this often, where a crash fault could strike it (--fwd-crashes). */
     uint32_t fwd_crash_per_mille;
+    /* --allow-rollback: the scheduler's flag (a range whose last replica came back empty goes
+     * to the server that left it last, losing what was acknowledged since): the invariants must
+     * catch it (sim.rollback_catches). */
+    int allow_rollback;
+    /* --wipe-sole: a restart may be on an empty store even for a range's only replica (its
+     * disk died with the updates it acknowledged alone); never drawn, so that other tests' seeds
+     * keep their runs. The coordinator keeps the range unavailable until the old disk is back
+     * (sim_old_disk_back), or with allow_rollback gives it to the server that left it last. */
+    int wipe_sole;
 } sim_params;
 
 typedef struct sim_summary {
     uint64_t events, acked, views, faults, drops, virt_ms;
     uint64_t fenced, zombie_writes; /* chain messages fenced by epoch; writes at removed heads */
-    uint64_t restarts, wipes, partitions, joins, rejoins, gated, ssp_parked;
+    uint64_t restarts, wipes, disks_back, partitions, joins, rejoins, gated, ssp_parked;
     uint64_t moves, drains;
     uint64_t unavailable;  /* requests workers gave up with CPS_EUNAVAILABLE */
     uint64_t false_deaths; /* servers the detector declared dead though up and reachable */
@@ -226,10 +235,15 @@ typedef struct sim_server {
     uint32_t inc;  /* crash incarnation: messages of an earlier one are lost */
     uint32_t boot; /* grows on every restart and fenced rejoin; sent in HELLO */
     uint64_t hello_at, beat_at;
-    uint64_t seen_view;  /* the newest VIEW heard while not let in */
-    int ticking;         /* an EV_TICK of this server is queued */
-    int wiped;           /* restarted on an empty store, not yet let in: no longer a replica */
-    int restart_due;     /* crashed as a range's last replica: a restart is on its way */
+    uint64_t seen_view; /* the newest VIEW heard while not let in */
+    int ticking;        /* an EV_TICK of this server is queued */
+    int wiped;          /* restarted on an empty store, not yet let in: no longer a replica */
+    int restart_due;    /* crashed as a range's last replica: a restart is on its way */
+    /* The disk a wipe replaced, kept on the shelf (per range; NULL: none), and whether the
+     * operator is putting it back (a range stranded on our empty store: the next restart is on
+     * it, see sim_old_disk_back). */
+    sim_rstore *old_rs;
+    int disk_back;
     cps__joiner *joiner; /* our joins (recovery/joiner.c), as transfer.c's */
     cps__fence *fence;   /* our standing: joined, unsure, fenced (recovery/fence.c) */
     uint8_t *copying;    /* per range: holds a snapshot, not yet a member */
@@ -309,7 +323,7 @@ typedef struct sim {
     sim_snap **snaps;
     uint32_t nsnaps, snaps_cap;
     uint64_t moves, drains;
-    uint64_t restarts, wipes, partitions, joins, rejoins, gated, ssp_parked;
+    uint64_t restarts, wipes, disks_back, partitions, joins, rejoins, gated, ssp_parked;
     uint32_t *heads; /* [range][epoch]: the server that accepted writes */
     uint64_t *sync_target;
     sim_server *servers;
@@ -398,6 +412,9 @@ void sim_store_write(sim *sm, sim_server *s, const cps__replica_out *a);
 uint64_t sim_store_seq_of(const sim_server *s, uint32_t r, const cps__chain_req *q);
 void sim_store_free(sim *sm, sim_server *s);
 void sim_rstore_clear(sim_rstore *st);
+/* The coordinator keeps server `id` out: its empty store is the only replica of a range. The
+ * operator reads the ERROR and restarts it on its old disk (the one a wipe replaced). */
+void sim_old_disk_back(sim *sm, uint32_t id);
 void sim_rstore_copy(sim_rstore *dst, const sim_rstore *src);
 void sim_check_snapshot(sim *sm, sim_server *s, uint32_t r);
 void sim_check_fresh_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq);

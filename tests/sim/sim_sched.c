@@ -26,7 +26,7 @@
 #define SIM_TOOL 0x40000001u
 
 static const char *const blob_names[SIM_SCHED_BLOBS] = {"sched/view", "sched/state", "sched/scale",
-                                                        "sched/boots"};
+                                                        "sched/boots", "sched/former"};
 
 static void oom(void)
 {
@@ -195,7 +195,23 @@ static void check_status(sim *sm, const cps__coord_out *o, const cps__coord_acti
         uint32_t source = 0, joiner = cps__coord_joiner(sm->coord, r, &source);
         bad = end - p < 8 || cps__le32_get(p) != joiner || cps__le32_get(p + 4) != source;
     }
-    /* Then the last checkpoint's note, which the sim never makes: nothing. */
+    /* Then the last checkpoint's note, which the sim never makes; then the stranded ranges. */
+    uint32_t nstranded = 0;
+    for (uint32_t r = 0; r < cur->nranges; r++)
+        nstranded += cps__coord_stranded(sm->coord, r, NULL, NULL) != 0;
+    if (!bad && nstranded) {
+        bad = end - p < 8 + 12 * (ptrdiff_t)nstranded ||
+              cps__le32_get(p) != CPS_STATUS_STRANDED_TAG || cps__le32_get(p + 4) != nstranded;
+        p += 8;
+        for (uint32_t r = 0; !bad && r < cur->nranges; r++) {
+            uint32_t fallback, id = cps__coord_stranded(sm->coord, r, &fallback, NULL);
+            if (!id)
+                continue;
+            bad = cps__le32_get(p) != r || cps__le32_get(p + 4) != id ||
+                  cps__le32_get(p + 8) != fallback;
+            p += 12;
+        }
+    }
     bad = bad || p != end;
     cps__view_fini(&v);
     if (bad)
@@ -313,6 +329,11 @@ static void hello(sim *sm, uint32_t id, uint64_t boot)
                                                                                   : 0);
     cps__msg_hdr h = {.type = CPS_MSG_HELLO, .sender = id, .aux = boot, .raw_len = (uint32_t)len};
     cps__coord_step(sm->coord, &h, pl, len, id, sm->now);
+    for (uint32_t r = 0; server && r < sm->nranges; r++)
+        if (cps__coord_stranded(sm->coord, r, NULL, NULL) == id) {
+            sim_old_disk_back(sm, id);
+            break;
+        }
 }
 
 void sim_sched_setup(sim *sm)
@@ -337,6 +358,7 @@ void sim_sched_setup(sim *sm)
      * not model being declared dead. */
     c->worker_dead_after_ms = 100 * SIM_DEAD_AFTER_MS;
     c->join_timeout_ms = SIM_JOIN_TIMEOUT_MS;
+    c->allow_rollback = p->allow_rollback;
     create(sm);
     for (uint32_t id = 1; id <= p->servers + p->workers; id++)
         if (!(spare && id == p->servers))

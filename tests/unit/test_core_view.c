@@ -601,19 +601,19 @@ static void hello_round_trip(void **state)
     char addr[CPS_ADDR_MAX];
     size_t n = cps__hello_encode(buf, sizeof buf, CPS_ROLE_SERVER, 2, 17, "tcp://h:1");
     assert_int_equal(n, 16 + 9);
-    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), 0);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr, NULL), 0);
     assert_int_equal(role, CPS_ROLE_SERVER);
     assert_int_equal(rank, 2);
     assert_int_equal(prev, 17);
     assert_string_equal(addr, "tcp://h:1");
 
     n = cps__hello_encode(buf, sizeof buf, CPS_ROLE_WORKER, UINT32_MAX, 0, "tcp://w:2");
-    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), 0);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr, NULL), 0);
     assert_int_equal(rank, UINT32_MAX);
 
     /* an observer (`chainps status`) introduces itself with no role */
     n = cps__hello_encode(buf, sizeof buf, CPS_ROLE_NONE, UINT32_MAX, 0, "tcp://cli:3");
-    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), 0);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr, NULL), 0);
     assert_int_equal(role, CPS_ROLE_NONE);
 
     char longest[CPS_ADDR_MAX];
@@ -621,7 +621,7 @@ static void hello_round_trip(void **state)
     longest[CPS_ADDR_MAX - 1] = 0;
     n = cps__hello_encode(buf, sizeof buf, CPS_ROLE_WORKER, 0, 0, longest);
     assert_int_equal(n, 16 + CPS_ADDR_MAX - 1);
-    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), 0);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr, NULL), 0);
     assert_string_equal(addr, longest);
 }
 
@@ -630,26 +630,29 @@ static void hello_round_trip(void **state)
 static void hello_flags_extend_the_old_form(void **state)
 {
     (void)state;
-    uint32_t role, rank, prev;
+    uint32_t role, rank, prev, flags = 99;
     char addr[CPS_ADDR_MAX];
     size_t old = cps__hello_encode(buf, sizeof buf, CPS_ROLE_SERVER, 1, 0, "tcp://h:1");
     assert_int_equal(cps__hello_add_flags(buf, sizeof buf, old, 0), old);
-    assert_int_equal(cps__hello_flags(buf, old), 0);
+    assert_int_equal(cps__hello_decode(buf, old, &role, &rank, &prev, addr, &flags), 0);
+    assert_int_equal(flags, 0);
     size_t n = cps__hello_add_flags(buf, sizeof buf, old, CPS_HELLO_EMPTY);
     assert_int_equal(n, old + 4);
-    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), 0);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr, &flags), 0);
     assert_int_equal(role, CPS_ROLE_SERVER);
     assert_string_equal(addr, "tcp://h:1");
-    assert_int_equal(cps__hello_flags(buf, n), CPS_HELLO_EMPTY);
+    assert_int_equal(flags, CPS_HELLO_EMPTY);
     /* Bits this build does not know are kept for the caller to ignore. */
     cps__le32_put(buf + old, CPS_HELLO_EMPTY | 0x80u);
-    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), 0);
-    assert_int_equal(cps__hello_flags(buf, n), CPS_HELLO_EMPTY | 0x80u);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr, &flags), 0);
+    assert_int_equal(flags, CPS_HELLO_EMPTY | 0x80u);
+    /* The flags pointer is optional. */
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr, NULL), 0);
     /* A flags word of 0 is never sent (one encoding per HELLO); other lengths are refused. */
     cps__le32_put(buf + old, 0);
-    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), CPS_EPROTO);
-    assert_int_equal(cps__hello_decode(buf, old + 2, &role, &rank, &prev, addr), CPS_ESIZE);
-    assert_int_equal(cps__hello_decode(buf, old + 5, &role, &rank, &prev, addr), CPS_ESIZE);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr, NULL), CPS_EPROTO);
+    assert_int_equal(cps__hello_decode(buf, old + 2, &role, &rank, &prev, addr, NULL), CPS_ESIZE);
+    assert_int_equal(cps__hello_decode(buf, old + 5, &role, &rank, &prev, addr, NULL), CPS_ESIZE);
     /* No room for the word. */
     assert_int_equal(cps__hello_add_flags(buf, old + 3, old, CPS_HELLO_EMPTY), 0);
 }
@@ -669,33 +672,33 @@ static void hello_errors(void **state)
 
     size_t n = cps__hello_encode(buf, sizeof buf, CPS_ROLE_WORKER, 0, 0, "tcp://x:1");
     for (size_t len = 0; len < 16; len++)
-        assert_int_equal(cps__hello_decode(buf, len, &role, &rank, &prev, addr), CPS_ESIZE);
-    assert_int_equal(cps__hello_decode(buf, n - 1, &role, &rank, &prev, addr), CPS_ESIZE);
-    assert_int_equal(cps__hello_decode(buf, n + 1, &role, &rank, &prev, addr), CPS_ESIZE);
+        assert_int_equal(cps__hello_decode(buf, len, &role, &rank, &prev, addr, NULL), CPS_ESIZE);
+    assert_int_equal(cps__hello_decode(buf, n - 1, &role, &rank, &prev, addr, NULL), CPS_ESIZE);
+    assert_int_equal(cps__hello_decode(buf, n + 1, &role, &rank, &prev, addr, NULL), CPS_ESIZE);
     cps__le32_put(buf + 12, UINT32_MAX); /* addr length lies; 16 + it must not wrap */
-    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), CPS_ESIZE);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr, NULL), CPS_ESIZE);
 
     uint32_t bad_roles[] = {CPS_ROLE_SCHEDULER, 4, UINT32_MAX};
     for (size_t i = 0; i < 3; i++) {
         n = cps__hello_encode(buf, sizeof buf, bad_roles[i], 0, 0, "tcp://x:1");
-        assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), CPS_EPROTO);
+        assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr, NULL), CPS_EPROTO);
     }
     n = cps__hello_encode(buf, sizeof buf, CPS_ROLE_SERVER, CPS_MAX_NODES, 0, "tcp://x:1");
-    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), CPS_EPROTO);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr, NULL), CPS_EPROTO);
 
     n = cps__hello_encode(buf, sizeof buf, CPS_ROLE_SERVER, 0, 0, "tcp://x:1");
     buf[20] = 0; /* NUL inside the address */
-    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), CPS_EPROTO);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr, NULL), CPS_EPROTO);
     buf[20] = '\n';
-    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr), CPS_EPROTO);
+    assert_int_equal(cps__hello_decode(buf, n, &role, &rank, &prev, addr, NULL), CPS_EPROTO);
 
     cps__le32_put(buf + 12, 0); /* empty address */
-    assert_int_equal(cps__hello_decode(buf, 16, &role, &rank, &prev, addr), CPS_EPROTO);
+    assert_int_equal(cps__hello_decode(buf, 16, &role, &rank, &prev, addr, NULL), CPS_EPROTO);
     memset(buf + 16, 'a', CPS_ADDR_MAX);
     cps__le32_put(buf + 12, CPS_ADDR_MAX); /* no room for the NUL */
-    assert_int_equal(cps__hello_decode(buf, 16 + CPS_ADDR_MAX, &role, &rank, &prev, addr),
+    assert_int_equal(cps__hello_decode(buf, 16 + CPS_ADDR_MAX, &role, &rank, &prev, addr, NULL),
                      CPS_EPROTO);
-    assert_int_equal(cps__hello_decode(NULL, 16, &role, &rank, &prev, addr), CPS_EINVAL);
+    assert_int_equal(cps__hello_decode(NULL, 16, &role, &rank, &prev, addr, NULL), CPS_EINVAL);
 }
 
 /* Worker replacement: who keeps a socket to a dead worker (the soak's fd leak). */

@@ -21,6 +21,7 @@
 static cps__config cfg;
 static int hold; /* the next make() holds the workers back until a RELEASE (--restore-from) */
 static uint32_t replicas = 3; /* the chains' length of the next make() */
+static int allow_rollback;    /* the next make() runs with --allow-rollback */
 
 static cps__coord *make(uint32_t servers, uint32_t workers)
 {
@@ -34,6 +35,7 @@ static cps__coord *make(uint32_t servers, uint32_t workers)
     cfg.worker_dead_after_ms = 2 * DEAD_MS;
     cfg.join_timeout_ms = 10000;
     cfg.hold_workers = hold;
+    cfg.allow_rollback = allow_rollback;
     cps__coord_config cc = {&cfg, 500, 100, 5000, 200, 0x40000000u, 0};
     cps__coord *c = NULL;
     assert_int_equal(cps__coord_create(&cc, &c), 0);
@@ -60,13 +62,20 @@ static const cps__coord_action *find(cps__coord *c, int kind, uint8_t type, uint
     return NULL;
 }
 
-static int logged(cps__coord *c, const char *what)
+/* How many lines of the output's log hold `what` (at `level`; -1: any). */
+static int logged_at(cps__coord *c, int level, const char *what)
 {
     const cps__coord_out *o = cps__coord_ready(c);
+    int n = 0;
     for (size_t i = 0; i < o->n; i++)
-        if (o->a[i].kind == CPS_CO_LOG && strstr(o->a[i].text, what))
-            return 1;
-    return 0;
+        n += o->a[i].kind == CPS_CO_LOG && (level < 0 || o->a[i].level == level) &&
+             strstr(o->a[i].text, what) != NULL;
+    return n;
+}
+
+static int logged(cps__coord *c, const char *what)
+{
+    return logged_at(c, -1, what) > 0;
 }
 
 /* The shell's part: persist (succeeding or failing with `rc`), then empty the output. */
@@ -299,9 +308,9 @@ static void the_job_ends_when_every_worker_finished(void **state)
     assert_true(cps__coord_finished(c));
     assert_int_equal(count(c, CPS_CO_MSG, CPS_MSG_SHUTDOWN), 3);
     assert_true(cps__coord_ready(c)->persist & CPS_CO_P_STATE);
-    const char *names[4];
-    cps__coord_blob b[4];
-    assert_int_equal(cps__coord_blobs(c, names, b), 4);
+    const char *names[CPS_COORD_BLOBS];
+    cps__coord_blob b[CPS_COORD_BLOBS];
+    assert_int_equal(cps__coord_blobs(c, names, b), CPS_COORD_BLOBS);
     assert_string_equal(names[1], "sched/state");
     assert_int_equal(((const unsigned char *)b[1].data)[4], 1); /* finished */
     cps__coord_destroy(c);
@@ -461,22 +470,78 @@ static cps__coord *two_servers_one_dead(void)
     return c;
 }
 
-/* Regression (seed 1882 of sim --faults all): server 2, the last replica of every range after
- * server 1's (false) death, restarts on an empty disk. Its HELLO says so: it must not be let
- * back as the ranges' holder. The ranges go back to server 1, which the death took out and which
- * holds what was acknowledged; server 2 is let in holding nothing (it copies them as a joiner). */
-static void an_empty_store_is_never_a_last_replica(void **state)
+/* Regression (seed 1882 of sim --faults all), and issue 28's review: server 2, the last replica
+ * of every range after server 1's (false) death, restarts on an empty disk; its HELLO says so.
+ * It must not be let back as the ranges' holder; nor may server 1, which the death took out,
+ * take them on its own: server 2 acknowledged updates alone since, and they would be lost
+ * unseen. By default the ranges stay unavailable and server 2 is kept out, with one ERROR per
+ * range naming the range, both servers, the epoch and the ways out; it is visible through
+ * cps__coord_stranded. */
+static void an_empty_last_replica_is_kept_out_not_rolled_back(void **state)
 {
     (void)state;
     cps__coord *c = two_servers_one_dead();
+    uint64_t left = cps__coord_epoch(c);
     hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 5000);
-    assert_true(logged(c, "came back with an empty store"));
+    assert_int_equal(logged_at(c, CPS_LOG_ERROR, "is UNAVAILABLE: server 2, its only replica"), 4);
+    char want[320];
+    snprintf(want, sizeof want,
+             "since epoch %llu are on no other server. Ways out: start server 2 on its old disk, "
+             "or restore a checkpoint; or accept losing those updates: restart the scheduler "
+             "with --allow-rollback, and server 1",
+             (unsigned long long)left);
+    assert_int_equal(logged_at(c, CPS_LOG_ERROR, want), 4);
+    assert_false(logged(c, "ROLLED BACK"));
+    const cps__view *v = cps__coord_view(c);
+    assert_false(cps__view_node(v, 2)->alive);
+    assert_null(find(c, CPS_CO_VIEW, CPS_MSG_WELCOME, 2));
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        assert_int_equal(v->ranges[r].chain_len, 1);
+        assert_int_equal(v->ranges[r].chain[0], 2);
+        assert_false(cps__view_range_available(v, r));
+        uint32_t fb = 0;
+        uint64_t since = 0;
+        assert_int_equal(cps__coord_stranded(c, r, &fb, &since), 2);
+        assert_int_equal(fb, 1);
+        assert_int_equal(since, left);
+    }
+    done(c);
+    /* Server 2 on its old disk: let in as the ranges' holder; nothing is stranded any more. */
+    hello(c, CPS_ROLE_SERVER, 7001, 778, 5200);
+    v = cps__coord_view(c);
+    assert_true(cps__view_node(v, 2)->alive);
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        assert_int_equal(v->ranges[r].chain[0], 2);
+        assert_true(cps__view_range_available(v, r));
+        assert_int_equal(cps__coord_stranded(c, r, NULL, NULL), 0);
+    }
+    cps__coord_destroy(c);
+}
+
+/* The rollback is the operator's decision (--allow-rollback): then the ranges go back to server
+ * 1, which holds what was acknowledged until it left, said at ERROR; server 2 is let in holding
+ * nothing (it copies them as a joiner). */
+static void allow_rollback_gives_the_range_to_its_fallback_and_says_so(void **state)
+{
+    (void)state;
+    allow_rollback = 1;
+    cps__coord *c = two_servers_one_dead();
+    allow_rollback = 0;
+    uint64_t left = cps__coord_epoch(c);
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 5000);
+    char want[128];
+    snprintf(want, sizeof want, "ROLLED BACK (--allow-rollback): server 2, its only replica");
+    assert_int_equal(logged_at(c, CPS_LOG_ERROR, want), 4);
+    snprintf(want, sizeof want, "server 1, which left the range at epoch %llu, takes it",
+             (unsigned long long)left);
+    assert_int_equal(logged_at(c, CPS_LOG_ERROR, want), 4);
     const cps__view *v = cps__coord_view(c);
     assert_true(cps__view_node(v, 2)->alive);
     for (uint32_t r = 0; r < v->nranges; r++) {
         assert_int_equal(v->ranges[r].chain_len, 1);
         assert_int_equal(v->ranges[r].chain[0], 1);
         assert_false(cps__view_range_available(v, r)); /* it waits for server 1 */
+        assert_int_equal(cps__coord_stranded(c, r, NULL, NULL), 0);
     }
     done(c);
     hello(c, CPS_ROLE_SERVER, 7000, 888, 5100); /* server 1, on its store */
@@ -484,6 +549,33 @@ static void an_empty_store_is_never_a_last_replica(void **state)
     assert_true(cps__view_node(v, 1)->alive);
     for (uint32_t r = 0; r < v->nranges; r++)
         assert_true(cps__view_range_available(v, r));
+    cps__coord_destroy(c);
+}
+
+/* A kept-out server asks again every half second: its refusal is logged once per life, and
+ * again only after minutes; a new life (another boot id) is told at once. */
+static void a_kept_out_empty_server_is_not_logged_on_every_retry(void **state)
+{
+    (void)state;
+    cps__coord *c = two_servers_one_dead();
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 5000);
+    assert_int_equal(logged_at(c, CPS_LOG_ERROR, "is UNAVAILABLE"), 4);
+    done(c);
+    int lines = 0;
+    for (uint64_t t = 5500; t < 5000 + 300000; t += 500) {
+        hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, t);
+        lines += logged_at(c, -1, "UNAVAILABLE");
+        done(c);
+    }
+    assert_int_equal(lines, 0);
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 5000 + 600000);
+    assert_int_equal(logged_at(c, CPS_LOG_ERROR, "is UNAVAILABLE"), 4); /* a reminder */
+    done(c);
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 5000 + 600500);
+    assert_int_equal(logged_at(c, -1, "UNAVAILABLE"), 0);
+    done(c);
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 779, CPS_HELLO_EMPTY, 5000 + 601000); /* new life */
+    assert_int_equal(logged_at(c, CPS_LOG_ERROR, "is UNAVAILABLE"), 4);
     cps__coord_destroy(c);
 }
 
@@ -500,11 +592,18 @@ static void an_empty_last_replica_with_no_fallback_is_kept_out(void **state)
     done(c);
     hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 5100);
     assert_true(logged(c, "its only replica, came back with an empty store"));
+    /* Server 1 dropped its copy when let in (issue 28's point 2: see emptied()'s caller): the
+     * ERROR offers only the old disk and a checkpoint. */
+    assert_int_equal(logged_at(c, CPS_LOG_ERROR, "no other server holds the range"), 4);
+    assert_false(logged(c, "--allow-rollback"));
     const cps__view *v = cps__coord_view(c);
     assert_false(cps__view_node(v, 2)->alive);
     for (uint32_t r = 0; r < v->nranges; r++) {
         assert_int_equal(v->ranges[r].chain[0], 2);
         assert_false(cps__view_range_available(v, r));
+        uint32_t fb = 9;
+        assert_int_equal(cps__coord_stranded(c, r, &fb, NULL), 2);
+        assert_int_equal(fb, 0);
     }
     assert_null(find(c, CPS_CO_VIEW, CPS_MSG_WELCOME, 2));
     cps__coord_destroy(c);
@@ -522,15 +621,16 @@ static void an_empty_last_replica_with_no_fallback_is_kept_out(void **state)
 }
 
 typedef struct store {
-    const char *names[4];
-    cps__coord_blob b[4];
-    unsigned char *copy[4];
+    const char *names[CPS_COORD_BLOBS];
+    cps__coord_blob b[CPS_COORD_BLOBS];
+    unsigned char *copy[CPS_COORD_BLOBS];
+    int n; /* blobs the store holds: fewer, a store of an earlier build */
 } store;
 
 static int get(void *ctx, const char *name, const void **data, size_t *len)
 {
     store *s = ctx;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < s->n; i++)
         if (strcmp(s->names[i], name) == 0) {
             *data = s->copy[i];
             *len = s->b[i].len;
@@ -549,8 +649,9 @@ static void a_restarted_coordinator_resumes_from_its_blobs(void **state)
     cps__coord_step(c, &d, NULL, 0, 3, 10); /* server 3 asks to leave */
     done(c);
     store s;
-    assert_int_equal(cps__coord_blobs(c, s.names, s.b), 4);
-    for (int i = 0; i < 4; i++) {
+    assert_int_equal(cps__coord_blobs(c, s.names, s.b), CPS_COORD_BLOBS);
+    s.n = CPS_COORD_BLOBS;
+    for (int i = 0; i < s.n; i++) {
         s.copy[i] = malloc(s.b[i].len ? s.b[i].len : 1);
         memcpy(s.copy[i], s.b[i].data, s.b[i].len);
     }
@@ -573,7 +674,68 @@ static void a_restarted_coordinator_resumes_from_its_blobs(void **state)
     c = make(5, 2);
     assert_int_equal(cps__coord_resume(c, get, &s, 5000), CPS_ECONFIG);
     cps__coord_destroy(c);
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < s.n; i++)
+        free(s.copy[i]);
+}
+
+/* The fallback of a range is persisted with the view (sched/former): a scheduler restarted with
+ * --allow-rollback (the operator's way to accept the rollback) still knows which server to give
+ * the range to. A store of an earlier build, without sched/former, loads as one without
+ * fallbacks: the empty last replica is kept out and nothing is rolled back. */
+static void a_restarted_coordinator_remembers_the_fallback(void **state)
+{
+    (void)state;
+    cps__coord *c = two_servers_one_dead();
+    uint64_t left = cps__coord_epoch(c);
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 5000); /* kept out */
+    done(c);
+    store s;
+    assert_int_equal(cps__coord_blobs(c, s.names, s.b), CPS_COORD_BLOBS);
+    assert_string_equal(s.names[4], "sched/former");
+    s.n = CPS_COORD_BLOBS;
+    for (int i = 0; i < s.n; i++) {
+        s.copy[i] = malloc(s.b[i].len ? s.b[i].len : 1);
+        memcpy(s.copy[i], s.b[i].data, s.b[i].len);
+    }
+    cps__coord_destroy(c);
+
+    allow_rollback = 1;
+    c = make(2, 1);
+    allow_rollback = 0;
+    assert_int_equal(cps__coord_resume(c, get, &s, 6000), 1);
+    done(c);
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 6100);
+    char want[96];
+    snprintf(want, sizeof want, "server 1, which left the range at epoch %llu, takes it",
+             (unsigned long long)left);
+    assert_int_equal(logged_at(c, CPS_LOG_ERROR, want), 4);
+    const cps__view *v = cps__coord_view(c);
+    for (uint32_t r = 0; r < v->nranges; r++)
+        assert_int_equal(v->ranges[r].chain[0], 1);
+    cps__coord_destroy(c);
+
+    /* The same store as an earlier build wrote it. */
+    s.n = 4;
+    allow_rollback = 1;
+    c = make(2, 1);
+    allow_rollback = 0;
+    assert_int_equal(cps__coord_resume(c, get, &s, 6000), 1);
+    done(c);
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 6100);
+    assert_int_equal(logged_at(c, CPS_LOG_ERROR, "no other server holds the range"), 4);
+    v = cps__coord_view(c);
+    for (uint32_t r = 0; r < v->nranges; r++) {
+        assert_int_equal(v->ranges[r].chain[0], 2);
+        assert_int_equal(cps__coord_stranded(c, r, NULL, NULL), 2);
+    }
+    cps__coord_destroy(c);
+    /* A fallback naming no member is a corrupt store. */
+    s.n = CPS_COORD_BLOBS;
+    cps__le32_put(s.copy[4] + 8, 77);
+    c = make(2, 1);
+    assert_int_equal(cps__coord_resume(c, get, &s, 6000), CPS_ECORRUPT);
+    cps__coord_destroy(c);
+    for (int i = 0; i < CPS_COORD_BLOBS; i++)
         free(s.copy[i]);
 }
 
@@ -827,7 +989,7 @@ static void workers_declare_tensors_and_tools_list_them(void **state)
     size_t rlen;
     unsigned char *rb = cps__coord_registry_blob(c, &rlen);
     assert_non_null(rb);
-    store s = {{"sched/registry", "-", "-", "-"}, {{rb, rlen}}, {rb, NULL, NULL, NULL}};
+    store s = {{"sched/registry"}, {{rb, rlen}}, {rb}, 1};
     cps__coord_destroy(c);
     c = make(4, 2);
     assert_int_equal(cps__coord_resume(c, get, &s, 0), 0); /* no job to resume; the registry */
@@ -977,9 +1139,12 @@ int main(void)
         cmocka_unit_test(a_new_life_is_a_death_then_a_return),
         cmocka_unit_test(an_unanswered_probe_is_a_death),
         cmocka_unit_test(a_late_probe_answer_is_asked_again_not_a_death),
-        cmocka_unit_test(an_empty_store_is_never_a_last_replica),
+        cmocka_unit_test(an_empty_last_replica_is_kept_out_not_rolled_back),
+        cmocka_unit_test(allow_rollback_gives_the_range_to_its_fallback_and_says_so),
+        cmocka_unit_test(a_kept_out_empty_server_is_not_logged_on_every_retry),
         cmocka_unit_test(an_empty_last_replica_with_no_fallback_is_kept_out),
         cmocka_unit_test(a_restarted_coordinator_resumes_from_its_blobs),
+        cmocka_unit_test(a_restarted_coordinator_remembers_the_fallback),
         cmocka_unit_test(a_job_short_of_nodes_gives_up),
         cmocka_unit_test(a_restore_releases_the_held_workers_and_is_acknowledged),
         cmocka_unit_test(tools_are_told_from_members),

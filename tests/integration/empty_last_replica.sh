@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Issue 28 (review): a range's only replica comes back on an empty disk. By default the range stays
+# unavailable and the empty server is kept out: one ERROR per range naming both servers and the
+# ways out (not repeated on every HELLO retry), `chainps status` (text and JSON) and /metrics show
+# it. The operator then accepts the rollback: the scheduler restarted on its --data with
+# --allow-rollback still knows the fallback (persisted), gives it the range at ERROR, and the
+# empty server copies it back. usage: empty_last_replica.sh CHAINPS LSQ_WORKER
+set -euo pipefail
+cps=$1
+lsq=$2
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    sleep 0.5
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in "$dir"/*.log; do echo "== $f"; tail -15 "$f"; done; exit 1; }
+# Free loopback ports: scheduler, metrics, server 0, server 1 (the servers come back on theirs).
+read -r P M P0 P1 < <("$py" -c '
+import socket
+s = [socket.socket() for _ in range(4)]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])')
+export CHAINPS_INSECURE=1
+wait_for() { # FILE PATTERN SECONDS
+    for _ in $(seq $(($3 * 10))); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    return 1
+}
+sched() { exec "$cps" scheduler --servers 2 --workers 1 --replicas 2 --port "$P" --data "$dir/sched" "$@"; }
+server() { # RANK PORT LOG [flags]
+    "$cps" server --scheduler "127.0.0.1:$P" --data "$dir/s$1" --rank "$1" --port "$2" "${@:4}" \
+        >"$dir/$3" 2>&1 &
+    pids+=("$!")
+}
+sched --metrics-port "$M" >"$dir/sched.log" 2>&1 &
+sp=$!
+pids+=("$sp")
+server 0 "$P0" s0.log
+s0=${pids[-1]}
+server 1 "$P1" s1.log
+s1=${pids[-1]}
+CHAINPS_SCHEDULER=127.0.0.1:$P "$lsq" --steps 100000000 >"$dir/w.log" 2>&1 &
+pids+=("$!")
+wait_for "$dir/sched.log" "connected 1 workers and 2 servers" 20 || fail "the job did not start"
+sleep 1
+kill -9 "$s0"
+wait_for "$dir/sched.log" "(rank 0) silent for .* declared dead" 20 || fail "server 0 not declared dead"
+sleep 1 # server 1 alone acknowledges updates now
+kill -9 "$s1"
+wait_for "$dir/sched.log" "(rank 1) silent for .* declared dead" 20 || fail "server 1 not declared dead"
+server 1 "$P1" s1b.log --reset-data
+wait_for "$dir/sched.log" "range 1 is UNAVAILABLE" 20 || fail "no ERROR for the stranded range"
+sleep 2 # four HELLO retries
+n=$(grep -c "ERROR .*is UNAVAILABLE: server [0-9]*, its only replica, came back with an empty store and is kept out" "$dir/sched.log" || true)
+[ "$n" = 2 ] || fail "$n UNAVAILABLE lines, not one per range (2)"
+grep -q "Ways out: start server [0-9]* on its old disk, or restore a checkpoint; or accept losing those updates: restart the scheduler with --allow-rollback" "$dir/sched.log" || fail "the ERROR names no way out"
+"$cps" status --scheduler "127.0.0.1:$P" >"$dir/status.txt" 2>/dev/null || fail "status"
+[ "$(grep -c "UNAVAILABLE: server .* kept out (fallback: server" "$dir/status.txt")" = 2 ] ||
+    { cat "$dir/status.txt"; fail "status shows no stranded range"; }
+"$cps" status --scheduler "127.0.0.1:$P" --json >"$dir/status.json" 2>/dev/null || fail "status --json"
+"$py" - "$dir/status.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+st = [r["stranded"] for r in d["ranges"] if "stranded" in r]
+assert len(st) == 2 and all(s["empty"] and s["fallback"] and s["empty"] != s["fallback"] for s in st), d["ranges"]
+PY
+"$py" -c 'import sys, urllib.request
+page = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode()
+assert "\nchainps_ranges_stranded 2\n" in page, [l for l in page.splitlines() if "stranded" in l]' "$M" ||
+    fail "metrics"
+grep -q "ROLLED BACK" "$dir/sched.log" && fail "rolled back without --allow-rollback"
+
+# The operator accepts losing the updates: the scheduler again, on its --data, with the flag.
+kill -9 "$sp"
+wait "$sp" 2>/dev/null || true
+sched --allow-rollback >"$dir/sched2.log" 2>&1 &
+pids+=("$!")
+wait_for "$dir/sched2.log" "resumed the job" 20 || fail "the scheduler did not resume"
+wait_for "$dir/sched2.log" "range 1 ROLLED BACK (--allow-rollback)" 20 || fail "no rollback"
+[ "$(grep -c "ERROR .*ROLLED BACK (--allow-rollback): server [0-9]*, its only replica, came back with an empty store; server [0-9]*, which left the range at epoch" "$dir/sched2.log")" = 2 ] ||
+    fail "not one rollback ERROR per range"
+server 0 "$P0" s0b.log # the fallback, on its disk
+for _ in $(seq 300); do
+    if "$cps" status --scheduler "127.0.0.1:$P" --json >"$dir/s2.json" 2>/dev/null &&
+        "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if all(len(r["chain"]) == 2 and "stranded" not in r for r in d["ranges"]) else 1)' "$dir/s2.json"; then
+        echo "PASS"
+        exit 0
+    fi
+    sleep 0.1
+done
+fail "the ranges did not come back to 2 replicas"
