@@ -901,7 +901,8 @@ int sim_run(const sim_params *p, sim_summary *out)
                     printf(" s%u(applied %" PRIu64 " unacked %u gated %d)", x->id, x->rs[r].applied,
                            cps__chain_unacked(x->chain, r),
                            cps__chain_is_tail(x->chain, r) &&
-                               !cps__chain_can_serve_pull(x->chain, r));
+                               /* after the run failed: the gate's lazy clearing is moot */
+                               !cps__chain_can_serve_pull((cps__chain *)x->chain, r));
                 }
                 printf("\n");
             }

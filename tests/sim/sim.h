@@ -215,9 +215,9 @@ typedef struct sim_server {
     uint32_t id;
     int state; /* SRV_* */
     uint64_t resume_at;
-    cps__replica *rep; /* the production replica (replication/replica.h), as src/server's */
-    cps__chain *chain; /* its chain state machine, for questions (cps__replica_chain) */
-    uint64_t acks_at;  /* an EV_ACKS is queued for then (held CHAIN_ACKs), or 0 */
+    cps__replica *rep;       /* the production replica (replication/replica.h), as src/server's */
+    const cps__chain *chain; /* its chain state machine, for questions (cps__replica_chain) */
+    uint64_t acks_at;        /* an EV_ACKS is queued for then (held CHAIN_ACKs), or 0 */
     uint64_t epoch;
     const cps__view *view; /* borrowed from sim.views */
     sim_rstore *rs;        /* per range */
@@ -226,13 +226,12 @@ typedef struct sim_server {
     uint32_t inc;  /* crash incarnation: messages of an earlier one are lost */
     uint32_t boot; /* grows on every restart and fenced rejoin; sent in HELLO */
     uint64_t hello_at, beat_at;
-    uint64_t seen_view;  /* the newest VIEW heard while not let in */
-    int ticking;         /* an EV_TICK of this server is queued */
-    int wiped;           /* restarted on an empty store, not yet let in: no longer a replica */
-    int restart_due;     /* crashed as a range's last replica: a restart is on its way */
-    cps__joiner *joiner; /* our joins (recovery/joiner.c), as transfer.c's */
-    cps__fence *fence;   /* our standing: joined, unsure, fenced (recovery/fence.c) */
-    uint8_t *copying;    /* per range: holds a snapshot, not yet a member */
+    uint64_t seen_view; /* the newest VIEW heard while not let in */
+    int ticking;        /* an EV_TICK of this server is queued */
+    int wiped;          /* restarted on an empty store, not yet let in: no longer a replica */
+    int restart_due;    /* crashed as a range's last replica: a restart is on its way */
+    cps__fence *fence;  /* our standing: joined, unsure, fenced (recovery/fence.c) */
+    uint8_t *copying;   /* per range: holds a snapshot, not yet a member */
 } sim_server;
 
 /* One request of the application (an operation with one part): the worker's session
