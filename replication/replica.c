@@ -577,17 +577,6 @@ static int first_view(cps__replica *r)
     return rc ? rc : make_chain(r);
 }
 
-/* The replica's clock: never earlier than one an earlier call brought. A shell reads its clock
- * once per loop turn and may stamp the steps of that turn later than the tick that follows;
- * every "now - since" of the parts below (chain re-sends, held acks, sync slots) would wrap
- * and fire at once. */
-uint64_t cps__rp_clock(cps__replica *r, uint64_t now)
-{
-    if (now > r->now_max)
-        r->now_max = now;
-    return r->now_max;
-}
-
 int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
                           uint64_t now)
 {

@@ -62,6 +62,8 @@ void cps__rp_rmsg_free(cps__replica *r, rmsg *m);
 void cps__rp_rmsg_done(cps__replica *r, rmsg *m);
 void *cps__rp_scratch(cps__replica *r, size_t n);
 void cps__rp_begin(cps__replica *r);
+/* The replica's clock: `now`, never earlier than one an earlier call brought. */
+uint64_t cps__rp_clock(cps__replica *r, uint64_t now);
 /* Append an item to the ready list (NULL: no memory). */
 cps__replica_out *cps__rp_emit(cps__replica *r, int kind, uint32_t range);
 void cps__rp_say(cps__replica *r, int level, const char *fmt, ...)
@@ -97,10 +99,6 @@ int cps__rp_values_wait(const cps__replica *r, uint32_t range);
 void cps__rp_run_chain(cps__replica *r, uint64_t now);
 void cps__rp_submit(cps__replica *r, uint32_t range, const cps__chain_update *u, uint64_t now);
 void cps__rp_flush_acks(cps__replica *r, uint64_t now, int force);
-
-/* ---- replica.c ---- */
-/* The replica's clock: `now`, never earlier than one an earlier call brought. */
-uint64_t cps__rp_clock(cps__replica *r, uint64_t now);
 
 /* ---- replica_join.c ---- */
 /* JOIN_RANGE, SNAP_REQ or SNAP (takes p). */
