@@ -41,7 +41,7 @@ enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 #define SIM_END_SETTLE_MS   3000
 #define SIM_JOIN_GIVE_UP_MS 3000
 #define SIM_JOIN_TIMEOUT_MS 2500
-/* A joiner re-sends SNAP_REQ this often until the snapshot comes (transfer.c: 1 s, unscaled:
+/* A joiner re-sends SNAP_REQ this often until the snapshot comes (the server's: 1 s, unscaled:
  * it stands for a lost request, not for the size of a snapshot). */
 #define SIM_SNAP_RETRY_MS 1000
 #define SIM_HELLO_MS      100
