@@ -259,7 +259,7 @@ int cps__chain_set_view(cps__chain *c, const cps__view *v, uint64_t now)
             /* We copied the range and are now its tail: the predecessor's MARK tells us when
              * we hold everything it acknowledged, and only then do we serve reads. */
             rs->joining = 0;
-            cps__chain_drop_held(rs);
+            cps__chain_drop_ahead(c, rs);
             rs->gated = 1;
             rs->mark_known = 0;
         }
@@ -450,33 +450,6 @@ static int drain_ahead(cps__chain *c, uint32_t r, int pos, uint64_t now)
     return rc;
 }
 
-/* Hold a FWD that came ahead of our predecessor's WRITE: in the caller's message when it gave
- * one (*kept: the chain keeps it), else in a copy. */
-static int hold_ahead(cps__chain *c, range_st *rs, uint64_t seq, const void *payload, size_t len,
-                      void *owner, int *kept)
-{
-    if (cps__chain_grow((void **)&rs->ahead, &rs->ahead_cap, rs->nahead + 1, sizeof *rs->ahead) !=
-        0)
-        return CPS_ENOMEM;
-    ahead_entry *e = &rs->ahead[rs->nahead];
-    memset(e, 0, sizeof *e);
-    e->seq = seq;
-    e->len = len;
-    if (owner && c->ops->drop_cookie && !*kept) {
-        e->payload = payload;
-        e->owner = owner;
-        *kept = 1;
-    } else {
-        e->copy = malloc(len ? len : 1);
-        if (!e->copy)
-            return CPS_ENOMEM;
-        memcpy(e->copy, payload, len);
-        e->payload = e->copy;
-    }
-    rs->nahead++;
-    return 0;
-}
-
 /* A FWD from our predecessor. Applied (and forwarded on) in sequence order, and only once the
  * predecessor applied it: its aux says how far it had when it sent it; one it sent ahead of its
  * own WRITE is held until its CHAIN_MARK (CPS_CHAIN_MARK_APPLIED) or a re-send says so. So no
@@ -514,7 +487,7 @@ static int on_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, siz
         if (h->req_seq <= rs->up_applied && rs->nahead == 0)
             rc = apply_fwd(c, r, h->req_seq, &u, pos, now);
         else
-            rc = hold_ahead(c, rs, h->req_seq, payload, len, owner, kept);
+            rc = cps__chain_hold_ahead(c, rs, h->req_seq, payload, len, owner, kept);
     }
     if (rc == 0 && !tail && rs->applied > before)
         rc = send_applied(c, r, pos);
@@ -647,7 +620,7 @@ int cps__chain_on_message_owned(cps__chain *c, const cps__msg_hdr *h, const void
     if (pos < 0) {
         range_st *rs = &c->ranges[h->range];
         if (rs->joining && h->type == CPS_MSG_FWD && h->sender == rs->join_source)
-            return cps__chain_on_join_fwd(c, h, payload, len);
+            return cps__chain_on_join_fwd(c, h, payload, len, owner, kept);
         if (h->type == CPS_MSG_FWD && (h->flags & CPS_WF_SHADOW)) /* to us as a shadow: no more */
             return send_not_joining(c, h);
         return CPS_ESTALE_EPOCH;

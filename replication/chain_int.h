@@ -61,11 +61,10 @@ typedef struct range_st {
      * late request of an abandoned join). */
     uint32_t shadow;
     uint64_t shadow_join;
-    /* At the joiner: FWDs from `join_source` held until the snapshot is installed. */
+    /* At the joiner: FWDs from `join_source` are held in `ahead` below until the snapshot is
+     * installed, then applied in order. */
     int joining, join_ready;
     uint32_t join_source;
-    sent_entry *held;
-    uint32_t nheld, held_cap;
     /* A new tail serves reads only once it applied what its predecessor had (the MARK). */
     int gated;
     uint64_t mark;
@@ -74,9 +73,11 @@ typedef struct range_st {
     uint64_t mark_to_send;
     int mark_pending; /* mark_to_send is to be (re)sent: a MARK of 0 is a MARK too */
     uint64_t mark_sent_ms;
-    /* Forward before apply, at a successor: FWDs our predecessor sent ahead of its own WRITE,
-     * held (ascending seq from applied + 1) until it says it applied them, and the highest seq
-     * it said so of in this view (a FWD's aux, a CHAIN_MARK with CPS_CHAIN_MARK_APPLIED). */
+    /* FWDs held ahead, in ascending seq without gaps. Forward before apply, at a successor:
+     * FWDs our predecessor sent ahead of its own WRITE (from applied + 1) until it says it
+     * applied them, and the highest seq it said so of in this view (a FWD's aux, a CHAIN_MARK
+     * with CPS_CHAIN_MARK_APPLIED). At a joiner: its source's FWDs, until the snapshot is in
+     * (chain_join.c). */
     ahead_entry *ahead;
     uint32_t nahead, ahead_cap;
     uint64_t up_applied;
@@ -131,11 +132,13 @@ uint32_t cps__chain_chain_len(const cps__chain *c, uint32_t r);
 uint32_t cps__chain_neighbour(const cps__chain *c, uint32_t r, int pos);
 /* Read r's sequence numbers from the store once. */
 int cps__chain_load_range(cps__chain *c, uint32_t r);
-/* Free the FWDs a joiner held. */
-void cps__chain_drop_held(range_st *rs);
 /* Let go of the FWDs held ahead of our predecessor's WRITE, and forget what it said it
  * applied. */
 void cps__chain_drop_ahead(cps__chain *c, range_st *rs);
+/* Hold a FWD ahead: in the caller's message `owner` when it gave one and ops->drop_cookie
+ * exists (*kept: the chain keeps it), else in a copy. */
+int cps__chain_hold_ahead(cps__chain *c, range_st *rs, uint64_t seq, const void *payload,
+                          size_t len, void *owner, int *kept);
 /* Let go of one such FWD: its copy, or its owner back to the caller. */
 void cps__chain_release_ahead(cps__chain *c, ahead_entry *e);
 /* Drop every piece of state kept for a range. */
@@ -166,7 +169,8 @@ int cps__chain_decode_fwd(cps__chain *c, const void *payload, size_t len, cps__c
 void cps__chain_drop_acked(range_st *rs, uint64_t seq);
 
 /* State transfer (chain_join.c): a FWD for a range this server is joining. */
-int cps__chain_on_join_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len);
+int cps__chain_on_join_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len,
+                           void *owner, int *kept);
 /* A view made node `succ` our successor, or a re-send is due: send it the pending MARK, if any
  * (see chain_join.c's mark_value). */
 int cps__chain_mark_send(cps__chain *c, uint32_t r, uint32_t succ, uint64_t now);

@@ -66,70 +66,68 @@ void cps__chain_join_abort(cps__chain *c, uint32_t r)
     }
 }
 
-/* Apply held FWDs in order from applied + 1; stop at a gap (the source re-sends). */
+/* Apply the held FWDs (the range's one buffer of FWDs held ahead: chain_int.h) in order from
+ * applied + 1, each once; what the snapshot already holds is let go. One pass: they are held in
+ * ascending order without gaps, so a front that does not follow on means the source re-sends
+ * from there, and the rest goes with it. */
 static int replay_held(cps__chain *c, uint32_t r)
 {
     range_st *rs = &c->ranges[r];
-    int progressed = 1, rc = 0;
-    while (progressed && rc == 0) {
-        progressed = 0;
-        for (uint32_t i = 0; i < rs->nheld; i++) {
-            sent_entry *e = &rs->held[i];
-            if (e->seq <= rs->applied) {
-                free(e->msg);
-                rs->held[i--] = rs->held[--rs->nheld];
-                continue;
-            }
-            if (e->seq != rs->applied + 1)
-                continue;
-            cps__chain_update u;
-            rc = cps__chain_decode_fwd(c, e->msg + CPS_WIRE_HDR_SIZE, e->len - CPS_WIRE_HDR_SIZE,
-                                       &u);
-            if (rc == 0)
-                rc = cps__chain_note_applied(c, r, &u);
-            cps__chain_action *a = rc == 0 ? cps__chain_act(c, CPS_CA_APPLY, r) : NULL;
-            if (!a)
-                return rc ? rc : CPS_ENOMEM;
-            a->seq = e->seq;
-            a->upd = u;
-            rs->applied = rs->committed = e->seq;
-            /* The APPLY points into this copy: it lives until the next call. */
-            if ((rc = cps__chain_scratch_keep(c, e->msg)) != 0)
-                return rc;
-            rs->held[i] = rs->held[--rs->nheld];
-            progressed = 1;
+    int rc = 0;
+    uint32_t done = 0;
+    while (rc == 0 && done < rs->nahead && rs->ahead[done].seq <= rs->applied + 1) {
+        ahead_entry *e = &rs->ahead[done++];
+        if (e->seq <= rs->applied) {
+            cps__chain_release_ahead(c, e);
+            continue;
+        }
+        cps__chain_update u;
+        rc = cps__chain_decode_fwd(c, e->payload, e->len, &u);
+        if (rc == 0)
+            rc = cps__chain_note_applied(c, r, &u);
+        cps__chain_action *a = rc == 0 ? cps__chain_act(c, CPS_CA_APPLY, r) : NULL;
+        /* The APPLY points into the FWD: a copy lives with this call's scratch, a caller's
+         * message until the caller's next call (drop_cookie). */
+        if (a && e->copy && (rc = cps__chain_scratch_keep(c, e->copy)) == 0)
+            e->copy = NULL;
+        if (!a || rc != 0) {
+            cps__chain_release_ahead(c, e);
+            rc = rc ? rc : CPS_ENOMEM;
             break;
         }
+        a->seq = e->seq;
+        a->upd = u;
+        rs->applied = rs->committed = e->seq;
+        cps__chain_release_ahead(c, e);
     }
+    if (done) {
+        memmove(rs->ahead, rs->ahead + done, (rs->nahead - done) * sizeof *rs->ahead);
+        rs->nahead -= done;
+    }
+    if (rs->nahead && rs->ahead[0].seq != rs->applied + 1)
+        cps__chain_drop_ahead(c, rs); /* out of step: the source re-sends what we lack */
     return rc;
 }
 
-int cps__chain_on_join_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len)
+int cps__chain_on_join_fwd(cps__chain *c, const cps__msg_hdr *h, const void *payload, size_t len,
+                           void *owner, int *kept)
 {
     uint32_t r = h->range;
     range_st *rs = &c->ranges[r];
     if (rs->join_ready && h->req_seq <= rs->applied)
         return cps__chain_send_ack(c, r, h->sender, rs->applied);
-    /* Keep a copy: before the snapshot is in we cannot apply it, after it we apply in order. */
-    if (cps__chain_grow((void **)&rs->held, &rs->held_cap, rs->nheld + 1, sizeof *rs->held) != 0)
-        return CPS_ENOMEM;
-    sent_entry *e = &rs->held[rs->nheld];
-    for (uint32_t i = 0; i < rs->nheld; i++)
-        if (rs->held[i].seq == h->req_seq)
-            return 0; /* a duplicate */
-    e->seq = h->req_seq;
-    e->hdr = *h;
-    e->len = CPS_WIRE_HDR_SIZE + len;
-    e->msg = malloc(e->len);
-    if (!e->msg)
-        return CPS_ENOMEM;
-    cps__wire_hdr_encode(e->msg, h);
-    memcpy(e->msg + CPS_WIRE_HDR_SIZE, payload, len);
-    rs->nheld++;
-    if (!rs->join_ready)
+    /* Before the snapshot is in we cannot apply it, after it we apply in order. Held in
+     * ascending order without gaps (the source forwards and re-sends in order): one that does
+     * not follow the last held (or, once ready, what we applied) is a duplicate or comes after
+     * a loss, and the source's re-send brings it again. */
+    uint64_t last = rs->nahead ? rs->ahead[rs->nahead - 1].seq : rs->applied;
+    if ((rs->nahead || rs->join_ready) && h->req_seq != last + 1)
         return 0;
+    int rc = cps__chain_hold_ahead(c, rs, h->req_seq, payload, len, owner, kept);
+    if (rc != 0 || !rs->join_ready)
+        return rc;
     uint64_t before = rs->applied;
-    int rc = replay_held(c, r);
+    rc = replay_held(c, r);
     if (rc == 0 && rs->applied > before)
         rc = cps__chain_send_ack(c, r, rs->join_source, rs->applied);
     return rc;

@@ -102,13 +102,29 @@ int cps__chain_load_range(cps__chain *c, uint32_t r)
     return 0;
 }
 
-void cps__chain_drop_held(range_st *rs)
+int cps__chain_hold_ahead(cps__chain *c, range_st *rs, uint64_t seq, const void *payload,
+                          size_t len, void *owner, int *kept)
 {
-    for (uint32_t i = 0; i < rs->nheld; i++)
-        free(rs->held[i].msg);
-    free(rs->held);
-    rs->held = NULL;
-    rs->nheld = rs->held_cap = 0;
+    if (cps__chain_grow((void **)&rs->ahead, &rs->ahead_cap, rs->nahead + 1, sizeof *rs->ahead) !=
+        0)
+        return CPS_ENOMEM;
+    ahead_entry *e = &rs->ahead[rs->nahead];
+    memset(e, 0, sizeof *e);
+    e->seq = seq;
+    e->len = len;
+    if (owner && c->ops->drop_cookie && !*kept) {
+        e->payload = payload;
+        e->owner = owner;
+        *kept = 1;
+    } else {
+        e->copy = malloc(len ? len : 1);
+        if (!e->copy)
+            return CPS_ENOMEM;
+        memcpy(e->copy, payload, len);
+        e->payload = e->copy;
+    }
+    rs->nahead++;
+    return 0;
 }
 
 void cps__chain_release_ahead(cps__chain *c, ahead_entry *e)
@@ -131,7 +147,6 @@ void cps__chain_drop_ahead(cps__chain *c, range_st *rs)
 
 void cps__chain_forget_range(cps__chain *c, range_st *rs)
 {
-    cps__chain_drop_held(rs);
     cps__chain_drop_ahead(c, rs);
     for (uint32_t i = 0; i < rs->nwaits; i++)
         if (c->ops->drop_cookie && rs->waits[i].cookie)

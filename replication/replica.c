@@ -545,6 +545,8 @@ void cps__replica_destroy(cps__replica *r)
     cps__ssp_destroy(r->ssp);
     /* Held acks are dropped: the chain state they came from is gone. */
     cps__ackhold_destroy(r->acks);
+    cps__joiner_destroy(r->joiner);
+    cps__rp_rmsg_free(r, r->join_snap);
     free_list(r, &r->early);
     free_list(r, &r->future);
     free_list(r, &r->queue);
@@ -575,22 +577,11 @@ static int first_view(cps__replica *r)
     return rc ? rc : make_chain(r);
 }
 
-/* The replica's clock: never earlier than one an earlier call brought. A shell reads its clock
- * once per loop turn and may stamp the steps of that turn later than the tick that follows;
- * every "now - since" of the parts below (chain re-sends, held acks, sync slots) would wrap
- * and fire at once. */
-static uint64_t replica_clock(cps__replica *r, uint64_t now)
-{
-    if (now > r->now_max)
-        r->now_max = now;
-    return r->now_max;
-}
-
 int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
                           uint64_t now)
 {
     cps__rp_begin(r);
-    now = replica_clock(r, now);
+    now = cps__rp_clock(r, now);
     if (!r->chain)
         r->cfg.self = self;
     /* Held acks go out under the view they were made in, as if sent at once. */
@@ -653,16 +644,26 @@ int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, in
             cps__rp_rmsg_done(r, p);
     }
     r->future.n = kept;
+    /* The joiner learns of it last: a join may end now that the chain has the view. */
+    if (rc == 0)
+        cps__rp_joiner_view(r, now); /* a failure is logged: joins wait for the next view */
     return rc;
 }
 
 int cps__replica_step(cps__replica *r, cps__replica_msg *m, uint64_t now)
 {
     cps__rp_begin(r);
-    now = replica_clock(r, now);
+    now = cps__rp_clock(r, now);
     rmsg *p = take(r, m);
     if (!p)
         return 0;
+    uint8_t type = p->m.hdr.type;
+    if (type == CPS_MSG_JOIN_RANGE || type == CPS_MSG_SNAP_REQ || type == CPS_MSG_SNAP) {
+        /* Never held for a view: the joiner judges an order's epoch itself, and a tail asks
+         * for the view a SNAP_REQ names (the joiner asks again). */
+        cps__rp_on_transfer(r, p, now);
+        return 0;
+    }
     if (hold_future(r, p))
         return 0;
     dispatch(r, p, now);
@@ -684,7 +685,7 @@ void cps__replica_defer(cps__replica *r, cps__replica_msg *m)
 int cps__replica_next(cps__replica *r, uint64_t now)
 {
     cps__rp_begin(r);
-    now = replica_clock(r, now);
+    now = cps__rp_clock(r, now);
     if (r->queue.n == 0)
         return 0;
     rmsg *p = r->queue.v[0];
@@ -699,7 +700,7 @@ int cps__replica_next(cps__replica *r, uint64_t now)
 int cps__replica_tick(cps__replica *r, uint64_t now, int force_acks)
 {
     cps__rp_begin(r);
-    now = replica_clock(r, now);
+    now = cps__rp_clock(r, now);
     cps__rp_flush_acks(r, now, force_acks);
     if (r->chain && cps__chain_tick(r->chain, now) == 0) {
         r->in_tick = 1; /* a tick only re-sends */
@@ -716,26 +717,11 @@ int cps__replica_wait_ms(const cps__replica *r, uint64_t now, int max_ms)
     return cps__ackhold_wait_ms(r->acks, now > r->now_max ? now : r->now_max, max_ms);
 }
 
-int cps__replica_join_ready(cps__replica *r, uint32_t range, uint64_t snap_seq, uint64_t now,
-                            uint64_t *applied)
-{
-    cps__rp_begin(r);
-    now = replica_clock(r, now);
-    /* The snapshot's SSP clocks, before the updates after it move them further. */
-    int rc = cps__rp_ssp_load(r, range);
-    if (rc == 0) {
-        rc = cps__chain_join_ready(r->chain, range, snap_seq, now);
-        cps__rp_run_chain(r, now);
-    }
-    *applied = cps__chain_applied(r->chain, range);
-    return rc;
-}
-
 int cps__replica_put(cps__replica *r, uint32_t range, uint64_t req_seq, const void *entries,
                      size_t len, uint64_t now)
 {
     cps__rp_begin(r);
-    now = replica_clock(r, now);
+    now = cps__rp_clock(r, now);
     if (!r->chain)
         return CPS_ADMIT_NOT_HEAD;
     cps__chain_req q = {UINT32_MAX, CPS_MSG_PUT, 0, req_seq};
@@ -756,7 +742,7 @@ size_t cps__replica_ready(const cps__replica *r, const cps__replica_out **out)
     return r->nout;
 }
 
-cps__chain *cps__replica_chain(cps__replica *r)
+const cps__chain *cps__replica_chain(const cps__replica *r)
 {
     return r->chain;
 }

@@ -4,10 +4,11 @@
  * ackhold) and holds the policies that decide what a replica stores and answers: which requests
  * it takes (epoch, role, keys), a refused push turned into a SKIP update, the exactly-once and
  * clock records each update writes, sync aggregation and late pushes, push-pull and pull parking
- * under SSP, held CHAIN_ACKs, messages of a view epoch not installed yet, and the ranges a new
- * view takes away. It never touches a socket, the store or the clock: messages and `now` come
- * in through the calls below, the store is read through cps__replica_env, and everything to do
- * comes out as one ordered list (cps__replica_ready).
+ * under SSP, held CHAIN_ACKs, messages of a view epoch not installed yet, the ranges a new
+ * view takes away, and both sides of state transfer (replica_join.c: the tail's shadow and
+ * snapshot order, the joiner's decisions of recovery/joiner.c). It never touches a socket, the
+ * store or the clock: messages and `now` come in through the calls below, the store is read through
+ * cps__replica_env, and everything to do comes out as one ordered list (cps__replica_ready).
  *
  * The shell (src/server) receives a message, calls cps__replica_step, and performs the ready
  * list in order; it does the same after cps__replica_tick and cps__replica_set_view, and then
@@ -31,6 +32,17 @@
  *    through.
  *  - ASK_VIEW: ask the scheduler for the current view.
  *  - DROP_RANGE: a new view took a range away: clear our copy of it from the store.
+ *  - SNAPSHOT: we are the tail of `range` and node `to` copies it (join id `seq`; `req` is its
+ *    SNAP_REQ): stream the range from one read transaction of the store to it, as SNAP chunks
+ *    (the header's step: the join id; aux 1 on the last, whose req_seq is the range's sequence
+ *    number). Every update we apply from now on also goes to it. A repeated order of a snapshot
+ *    under way needs no second one.
+ *  - JOIN_CLEAR: we begin to copy `range` (join `seq`, from node `to`): clear our copy of it
+ *    from the store. Always the last item; answer with cps__replica_join_result (value 0).
+ *  - JOIN_INSTALL: write the SNAP chunk `req` (payload upd.body, upd.body_len bytes) of `range`
+ *    into the store in one transaction; `last`: the last chunk, whose range entry sets the
+ *    range's sequence number. Always the last item; answer with cps__replica_join_result
+ *    (value: the range's sequence number after the last chunk).
  *  - LOG: a line for the server's log (the replica has no log of its own).
  * Timers: cps__replica_wait_ms says when cps__replica_tick is due at the latest (held acks).
  *
@@ -92,6 +104,8 @@ typedef struct cps__replica_config {
     uint32_t resend_ms; /* chain: re-send unacknowledged FWDs after this long (200) */
     uint32_t max_unacked; /* chain: FWDs kept per range before admission pushes back (1024) */
     uint32_t max_held;    /* messages of a future epoch (or before the first view) kept (1024) */
+    uint32_t join_timeout_ms; /* a join without its whole snapshot by then is given up (120000) */
+    uint32_t snap_retry_ms;   /* SNAP_REQ is re-sent this often until a chunk comes (1000) */
 } cps__replica_config;
 
 /* One exactly-once record a WRITE stores: dedup id (a worker, with CPS_DEDUP_SPARSE_BIT or
@@ -107,7 +121,10 @@ enum {
     CPS_RO_REPLY,
     CPS_RO_ASK_VIEW,
     CPS_RO_DROP_RANGE,
-    CPS_RO_LOG
+    CPS_RO_LOG,
+    CPS_RO_SNAPSHOT,
+    CPS_RO_JOIN_CLEAR,
+    CPS_RO_JOIN_INSTALL
 };
 
 /* Log levels of LOG items: those of core/log.h. */
@@ -143,6 +160,8 @@ typedef struct cps__replica_out {
     int level;
     /* DROP_RANGE: the range moved to other servers (1), or what we hold of it is stale (0). */
     int moved;
+    /* JOIN_INSTALL: the snapshot's last chunk. */
+    int last;
     /* REPLY with CPS_WF_LATE: 1 if the push is dropped, never to be applied anywhere (its step
      * closed without it); 0 for an old copy of a push the worker finished (applied or not).
      * Nothing to perform: it is what a checker of the protocol needs to know. */
@@ -174,7 +193,8 @@ int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, in
 
 /* A request or chain message (DECLARE, PUSH, PUSH_PULL, PULL, FWD, CHAIN_ACK, CHAIN_MARK) from
  * a peer, taken. One of a newer epoch than our view is held until the view comes (ASK_VIEW).
- * Returns 0 (what became of it is in the ready list). */
+ * Also state transfer's messages (JOIN_RANGE from the scheduler, SNAP_REQ, SNAP chunks), never
+ * held. Returns 0 (what became of it is in the ready list). */
 int cps__replica_step(cps__replica *r, cps__replica_msg *m, uint64_t now);
 /* A request that came before our first view: held, taken, stepped once a view is installed. */
 void cps__replica_defer(cps__replica *r, cps__replica_msg *m);
@@ -188,11 +208,16 @@ int cps__replica_tick(cps__replica *r, uint64_t now, int force_acks);
 /* Milliseconds until the next held ack is due, at most max_ms. */
 int cps__replica_wait_ms(const cps__replica *r, uint64_t now, int max_ms);
 
-/* State transfer and restore, at the joiner or tail (src/server/transfer.c and cut.c). */
-/* The snapshot of `range` at snap_seq is in the store: its SSP clocks, then the updates the
- * source forwarded since. *applied: the range's sequence number after. */
-int cps__replica_join_ready(cps__replica *r, uint32_t range, uint64_t snap_seq, uint64_t now,
-                            uint64_t *applied);
+/* State transfer (replica_join.c). */
+/* The outcome of the JOIN_CLEAR or JOIN_INSTALL that ended the last ready list: rc 0 or the
+ * store's error, value as the item says. The join goes on (the next ready list). Errors:
+ * CPS_EINVAL (no outcome was awaited). */
+int cps__replica_join_result(cps__replica *r, uint32_t range, int rc, uint64_t value, uint64_t now);
+/* The joins' timer: re-ask for snapshots, give up joins past their deadline, report a copied
+ * range that may serve reads. Returns 0. */
+int cps__replica_join_tick(cps__replica *r, uint64_t now);
+
+/* Restore, at the head (src/server/cut.c). */
 /* A checkpoint restore's PUT of `range` (entries, len bytes, 8-byte aligned; borrowed until
  * the ready list is consumed). Returns a chain admission verdict (CPS_ADMIT_NEW: submitted),
  * or an error. */
@@ -201,9 +226,14 @@ int cps__replica_put(cps__replica *r, uint32_t range, uint64_t req_seq, const vo
 
 /* The output of the last call, in order; valid until the next call into the replica. */
 size_t cps__replica_ready(const cps__replica *r, const cps__replica_out **out);
-/* The chain state machine, for questions only (is_tail, applied, ...) and state transfer's
- * calls that produce no actions (begin_join, join_abort, add_shadow). */
-cps__chain *cps__replica_chain(cps__replica *r);
+/* Questions: are we the tail of `range`; are we copying it (a join begun, not yet a member);
+ * since when a successor `node` leaves our FWDs unacknowledged (cps__chain_waiting_since). */
+int cps__replica_is_tail(const cps__replica *r, uint32_t range);
+int cps__replica_joining(const cps__replica *r, uint32_t range);
+uint64_t cps__replica_waiting_since(const cps__replica *r, uint32_t node);
+/* The chain state machine, read-only, for a checker of the protocol (tests/sim); NULL before
+ * the first view. The shell asks the questions above instead. */
+const cps__chain *cps__replica_chain(const cps__replica *r);
 const cps__replica_counters *cps__replica_counts(const cps__replica *r);
 /* Number of messages held (future epoch or deferred). */
 uint32_t cps__replica_held(const cps__replica *r);

@@ -3,6 +3,7 @@
 #ifndef CPS_REPLICATION_REPLICA_INT_H
 #define CPS_REPLICATION_REPLICA_INT_H
 
+#include "recovery/joiner.h"
 #include "replication/ackhold.h"
 #include "replication/replica.h"
 #include "replication/ssp.h"
@@ -44,6 +45,11 @@ struct cps__replica {
     rlist queue;   /* released by a view, stepped by cps__replica_next */
     rlist values;  /* push-pull answers waiting for our store to hold committed updates only */
     cps__replica_counters ctr;
+    /* State transfer (replica_join.c): the joins of ranges we copy, the SNAP chunk an INSTALL
+     * item points into, and whether the shell owes us the outcome of a BEGIN or INSTALL. */
+    cps__joiner *joiner;
+    rmsg *join_snap;
+    int join_wait;
 };
 
 #define MAX_EARLY 4096
@@ -56,6 +62,8 @@ void cps__rp_rmsg_free(cps__replica *r, rmsg *m);
 void cps__rp_rmsg_done(cps__replica *r, rmsg *m);
 void *cps__rp_scratch(cps__replica *r, size_t n);
 void cps__rp_begin(cps__replica *r);
+/* The replica's clock: `now`, never earlier than one an earlier call brought. */
+uint64_t cps__rp_clock(cps__replica *r, uint64_t now);
 /* Append an item to the ready list (NULL: no memory). */
 cps__replica_out *cps__rp_emit(cps__replica *r, int kind, uint32_t range);
 void cps__rp_say(cps__replica *r, int level, const char *fmt, ...)
@@ -91,5 +99,11 @@ int cps__rp_values_wait(const cps__replica *r, uint32_t range);
 void cps__rp_run_chain(cps__replica *r, uint64_t now);
 void cps__rp_submit(cps__replica *r, uint32_t range, const cps__chain_update *u, uint64_t now);
 void cps__rp_flush_acks(cps__replica *r, uint64_t now, int force);
+
+/* ---- replica_join.c ---- */
+/* JOIN_RANGE, SNAP_REQ or SNAP (takes p). */
+void cps__rp_on_transfer(cps__replica *r, rmsg *p, uint64_t now);
+/* The joiner learns of the view just installed (created at the first). */
+int cps__rp_joiner_view(cps__replica *r, uint64_t now);
 
 #endif

@@ -66,6 +66,17 @@ void cps__rp_begin(cps__replica *r)
     r->nout = 0;
 }
 
+/* The replica's clock: never earlier than one an earlier call brought. A shell reads its clock
+ * once per loop turn and may stamp the steps of that turn later than the tick that follows;
+ * every "now - since" of the parts below (chain re-sends, held acks, sync slots) would wrap
+ * and fire at once. */
+uint64_t cps__rp_clock(cps__replica *r, uint64_t now)
+{
+    if (now > r->now_max)
+        r->now_max = now;
+    return r->now_max;
+}
+
 cps__replica_out *cps__rp_emit(cps__replica *r, int kind, uint32_t range)
 {
     void *v = r->out;

@@ -154,7 +154,7 @@ static void tool_reply(cps__server *s, uint32_t peer, const cps__msg_hdr *req, i
 
 static int is_tail(const cps__server *s, uint32_t range)
 {
-    return cps__server_chain(s) && cps__chain_is_tail(cps__server_chain(s), range);
+    return s->replica && cps__replica_is_tail(s->replica, range);
 }
 
 static int holds(const cps__server *s, uint32_t range)

@@ -155,9 +155,8 @@ static void install_view(cps__server *s, const cps__rx *rx, int welcome)
         cps__log(CPS_LOG_INFO, "server", "view epoch %llu installed", (unsigned long long)v.epoch);
     }
     /* The replica drops the ranges the view took from us (or, let in, those it does not give
-     * us) and releases the messages held for this view, stepped after the joiner heard of it. */
+     * us), tells its joiner (a join may end), and releases the messages held for this view. */
     cps__server_view_changed(s, verdict == CPS_FENCE_V_JOINED);
-    cps__server_joins_view(s); /* the joiner learns of it: a join may end (transfer.c) */
     cps__server_run_held(s);
 }
 
@@ -317,17 +316,11 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     case CPS_MSG_PUSH:
     case CPS_MSG_PUSH_PULL:
     case CPS_MSG_PULL:
+    case CPS_MSG_JOIN_RANGE:
+    case CPS_MSG_SNAP_REQ:
+    case CPS_MSG_SNAP:
         cps__server_take(s, &rx);
         return; /* the replica took rx */
-    case CPS_MSG_JOIN_RANGE:
-        cps__server_on_join_range(s, &rx);
-        return;
-    case CPS_MSG_SNAP_REQ:
-        cps__server_on_snap_req(s, &rx);
-        return;
-    case CPS_MSG_SNAP:
-        cps__server_on_snap(s, &rx);
-        return;
     default:
         s->stats.msgs_bad++;
         cps__log(CPS_LOG_WARN, "server", "unexpected message type %u from node %u dropped",
@@ -695,7 +688,8 @@ static int on_turn(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
 static uint64_t waiting_at(void *ctx, uint32_t node, uint64_t *heard)
 {
     *heard = 0; /* an ack that makes progress restarts the wait (cps__chain_waiting_since) */
-    return cps__chain_waiting_since(cps__server_chain(ctx), node);
+    const cps__server *s = ctx;
+    return s->replica ? cps__replica_waiting_since(s->replica, node) : 0;
 }
 
 /* Every CPS_SUSPECT_REPORT_MS: tell the scheduler which successors have left our FWDs unacked

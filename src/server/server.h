@@ -15,7 +15,6 @@
 #include "node/msg.h"
 #include "node/temp_peers.h"
 #include "recovery/fence.h"
-#include "recovery/joiner.h"
 #include "store/store.h"
 #include "transport/transport.h"
 #include "state.h"
@@ -41,19 +40,17 @@ int cps__server_ack_wait_ms(const cps__server *s, uint64_t now, int max_ms);
 /* Clear our copy of range r from the store (its records, exactly-once and aggregate records).
  * Errors: the store's. */
 int cps__server_clear_range(cps__server *s, uint32_t r);
-/* Free the replica and the joiner. */
+/* Free the replica (with its joins). */
 void cps__server_data_fini(cps__server *s);
-/* State transfer (transfer.c). Each takes rx. */
-void cps__server_on_snap_req(cps__server *s, cps__rx *rx);
-void cps__server_on_join_range(cps__server *s, cps__rx *rx);
-void cps__server_on_snap(cps__server *s, cps__rx *rx);
+/* The joins' timer (the replica decides): re-asks, deadlines, confirmations. */
+void cps__server_check_joins(cps__server *s, uint64_t now);
+/* State transfer (transfer.c): perform the replica's SNAPSHOT item (a thread streams the range
+ * to the joiner; a repeat of one under way is ignored), and its JOIN_INSTALL item (*seq: the
+ * range's sequence number after the last chunk). Errors of the latter: the store's. */
+void cps__server_start_snapshot(cps__server *s, const cps__replica_out *o);
+int cps__server_join_install(cps__server *s, const cps__replica_out *o, uint64_t *seq);
 /* Join finished snapshot threads (all of them, waiting, when `wait`). */
 void cps__server_reap_snapshots(cps__server *s, int wait);
-/* A view was installed (after the chain's): joins under way it ends are given up. Creates the
- * joiner at the first view. */
-void cps__server_joins_view(cps__server *s);
-/* Abandon joins that made no progress in time, re-ask for snapshots, confirm joins. */
-void cps__server_check_joins(cps__server *s, uint64_t now);
 /* Checkpoints (cut.c): requests from a checkpoint tool. on_put takes rx; the others do not. */
 void cps__server_on_cut_probe(cps__server *s, cps__rx *rx);
 void cps__server_on_cut_open(cps__server *s, cps__rx *rx);

@@ -14,7 +14,6 @@
 #include "node/msg.h"
 #include "node/temp_peers.h"
 #include "recovery/fence.h"
-#include "recovery/joiner.h"
 #include "replication/chain.h"
 #include "replication/replica.h"
 #include "store/store.h"
@@ -62,7 +61,6 @@ typedef struct cps__server {
     int refused;            /* our data directory belongs to another job: leave with this error */
     cps__temp_peers temps;  /* `chainps status --verify` and other non-members */
     uint64_t boot_id;       /* this process's incarnation, sent with HELLO */
-    cps__joiner *joiner;    /* ranges we copy from their tails (recovery/joiner.h, transfer.c) */
     struct snap_job *snaps; /* snapshots being sent by threads */
     struct cut_job *cuts;   /* checkpoint read views, pending or served by threads (cut.c) */
     uint32_t cuts_made;     /* names each cut's deadline timer */
@@ -81,11 +79,5 @@ typedef struct cps__server {
     char addr[CPS_ADDR_MAX]; /* our inbox, as the HELLO names it */
     char sched_url[CPS_ADDR_MAX + 16];
 } cps__server;
-
-/* The chain state machine of the replica, for questions (NULL before the first view). */
-static inline cps__chain *cps__server_chain(const cps__server *s)
-{
-    return s->replica ? cps__replica_chain(s->replica) : NULL;
-}
 
 #endif

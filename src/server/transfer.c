@@ -8,9 +8,10 @@
  * records with their optimizer state, the exactly-once records and the sequence number — so the
  * event loop keeps serving meanwhile. The joiner writes the chunks, then applies the updates
  * that were forwarded to it after the snapshot's sequence number, and reports CAUGHT_UP; the
- * scheduler then publishes a view with the joiner as the range's new tail. Every decision of the
- * joiner's side is recovery/joiner.c's (the simulator runs the same code); this file performs its
- * actions on the chain, LMDB and nanomsg.
+ * scheduler then publishes a view with the joiner as the range's new tail. Every decision of
+ * either side is the replica's (replication/replica_join.c, recovery/joiner.c; the simulator
+ * runs the same code); this file performs its SNAPSHOT and JOIN_INSTALL items on LMDB and
+ * nanomsg.
  * The SNAP payload's entries: see core/entries.h. */
 #include <inttypes.h>
 #include <pthread.h>
@@ -24,10 +25,8 @@
 #include "entries.h"
 #include "server.h"
 
-#define SNAP_CHUNK      (4u << 20)
-#define SNAP_FLUSH_MS   30000
-#define JOIN_TIMEOUT_MS 120000
-#define SNAP_RETRY_MS   1000
+#define SNAP_CHUNK    (4u << 20)
+#define SNAP_FLUSH_MS 30000
 
 /* ---- source side (the range's tail) ---- */
 
@@ -176,69 +175,37 @@ static void *snap_main(void *arg)
     return NULL;
 }
 
-void cps__server_on_snap_req(cps__server *s, cps__rx *rx)
+void cps__server_start_snapshot(cps__server *s, const cps__replica_out *o)
 {
-    uint32_t r = rx->hdr.range;
-    const cps__node_info *joiner = cps__view_node(&s->view, rx->hdr.sender);
-    if (rx->hdr.epoch > s->view.epoch) {
-        /* The joiner knows a newer view: we may no longer be the tail. It asks again. */
-        cps__server_ask_view(s);
-        cps__rx_free(rx);
-        return;
-    }
+    uint32_t r = o->range;
     for (snap_job *q = s->snaps; q; q = q->next)
-        if (q->range == r && q->joiner == rx->hdr.sender && q->join_id == rx->hdr.step) {
-            cps__rx_free(rx); /* a repeated request for a snapshot already under way */
-            return;
-        }
-    if (r >= s->view.nranges || !joiner || joiner->role != CPS_ROLE_SERVER ||
-        !cps__chain_is_tail(cps__server_chain(s), r)) {
-        cps__log(CPS_LOG_WARN, "server",
-                 "snapshot request for range %u from node %u refused "
-                 "(not the tail, or not a server)",
-                 r, rx->hdr.sender);
-        cps__rx_free(rx);
+        if (q->range == r && q->joiner == o->to && q->join_id == o->seq)
+            return; /* a repeated request for a snapshot already under way */
+    const cps__node_info *joiner = cps__view_node(&s->view, o->to);
+    snap_job *j = joiner && r < s->view.nranges ? calloc(1, sizeof *j) : NULL;
+    if (!j)
         return;
-    }
-    snap_job *j = calloc(1, sizeof *j);
-    if (!j) {
-        cps__rx_free(rx);
-        return;
-    }
     j->store = s->store;
     j->self = s->id;
-    j->joiner = joiner->id;
+    j->joiner = o->to;
     j->range = r;
-    j->join_id = rx->hdr.step;
+    j->join_id = o->seq;
     j->epoch = s->view.epoch;
     j->lo = s->view.ranges[r].lo;
     j->hi = s->view.ranges[r].hi;
     snprintf(j->joiner_addr, sizeof j->joiner_addr, "%s", joiner->addr);
     j->keyed = s->cfg.secret_loaded;
     memcpy(j->key, s->cfg.secret_key, sizeof j->key);
-    /* From here on the joiner also receives every update this tail applies; the snapshot,
-     * taken a moment later, is at that sequence number or beyond: the joiner skips what the
-     * snapshot already holds. */
-    int rc = cps__chain_add_shadow(cps__server_chain(s), r, joiner->id, j->join_id, cps__now_ms());
-    if (rc == CPS_ESTALE_EPOCH) {
-        /* A late request of a join the scheduler has replaced since (e.g. sent by the node in
-         * an earlier life): serving it would displace the current joiner. */
-        cps__log(CPS_LOG_WARN, "server",
-                 "range %u: snapshot request of node %u for join %llu refused: a later join "
-                 "of the range is under way",
-                 r, j->joiner, (unsigned long long)j->join_id);
-        free(j);
-    } else if (rc == 0 && pthread_create(&j->thread, NULL, snap_main, j) == 0) {
+    if (pthread_create(&j->thread, NULL, snap_main, j) == 0) {
         j->started = 1;
         j->next = s->snaps;
         s->snaps = j;
         cps__log(CPS_LOG_INFO, "server", "range %u: sending a snapshot to node %u", r, j->joiner);
     } else {
         cps__log(CPS_LOG_ERROR, "server", "range %u: cannot start a snapshot for node %u: %s", r,
-                 j->joiner, cps_strerror(rc ? rc : CPS_ENOMEM));
+                 j->joiner, cps_strerror(CPS_ENOMEM));
         free(j);
     }
-    cps__rx_free(rx);
 }
 
 #define SNAP_SOCKET_LINGER_MS 30000
@@ -294,133 +261,10 @@ static int install_txn(cps__txn *txn, void *arg)
     return cps__server_install_entries(txn, io->s, io->range, io->buf, io->len, io->last, &io->seq);
 }
 
-static int can_serve(void *ctx, uint32_t range)
+int cps__server_join_install(cps__server *s, const cps__replica_out *o, uint64_t *seq)
 {
-    return cps__chain_can_serve_pull(cps__server_chain(ctx), range);
-}
-
-/* BEGIN: forget our copy of the range (chain state and store). */
-static int begin_join(cps__server *s, uint32_t r, uint32_t source)
-{
-    int rc = cps__chain_begin_join(cps__server_chain(s), r, source);
-    return rc ? rc : cps__server_clear_range(s, r);
-}
-
-/* READY: the snapshot's SSP clocks, before the updates after it move them further; then the
- * updates the source forwarded since the snapshot. */
-static int join_ready(cps__server *s, uint32_t r, uint64_t snap_seq, uint64_t *applied)
-{
-    int rc = cps__replica_join_ready(s->replica, r, snap_seq, cps__now_ms(), applied);
-    cps__server_perform(s);
-    if (rc == 0)
-        cps__log(CPS_LOG_INFO, "server",
-                 "range %u: snapshot at seq %llu installed (%.1f MB), caught up to seq %llu", r,
-                 (unsigned long long)snap_seq, cps__joiner_bytes(s->joiner, r) / 1e6,
-                 (unsigned long long)*applied);
+    install_io io = {s, o->range, o->upd.body, o->upd.body_len, o->last, 0};
+    int rc = cps__store_write(s->store, install_txn, &io);
+    *seq = io.seq;
     return rc;
-}
-
-/* Perform the joiner's actions (recovery/joiner.h). BEGIN, INSTALL and READY end their batch:
- * their outcome, reported to the joiner, hands back the next one. snap: the SNAP chunk the
- * joiner just took, or NULL. */
-static void run_joiner(cps__server *s, const cps__rx *snap)
-{
-    const cps__joiner_action *a;
-    size_t n = s->joiner ? cps__joiner_actions(s->joiner, &a) : 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t r = a[i].range;
-        int rc;
-        uint64_t value = 0;
-        switch (a[i].kind) {
-        case CPS_JA_SEND: {
-            cps__msg_hdr h = a[i].hdr; /* the send fills in the payload length */
-            rc = cps__msg_send(s->tp, a[i].to, &h, NULL, 0);
-            if (rc != 0 && a[i].hdr.type == CPS_MSG_SNAP_REQ)
-                cps__log(CPS_LOG_WARN, "server",
-                         "range %u: asking node %u for a snapshot failed: %s", r, a[i].to,
-                         cps_strerror(rc));
-            continue;
-        }
-        case CPS_JA_ASK_VIEW:
-            cps__server_ask_view(s);
-            continue;
-        case CPS_JA_ABORT:
-            cps__chain_join_abort(cps__server_chain(s), r);
-            if (a[i].why)
-                cps__log(CPS_LOG_ERROR, "server",
-                         "range %u: joining failed (%s: %s); the scheduler will try again", r,
-                         a[i].why, cps_strerror(a[i].status));
-            continue;
-        case CPS_JA_BEGIN:
-            rc = begin_join(s, r, a[i].source);
-            if (rc == 0)
-                cps__log(CPS_LOG_INFO, "server",
-                         "range %u: joining (join %llu); copying it from node %u", r,
-                         (unsigned long long)a[i].seq, a[i].source);
-            break;
-        case CPS_JA_INSTALL: {
-            install_io io = {s, r, snap->payload, snap->len, a[i].last, 0};
-            rc = cps__store_write(s->store, install_txn, &io);
-            value = io.seq;
-            break;
-        }
-        case CPS_JA_READY:
-            rc = join_ready(s, r, a[i].seq, &value);
-            break;
-        default:
-            continue;
-        }
-        /* A full disk does not clear itself: joining again would fail again, unseen. */
-        if (rc == CPS_ENOSPC)
-            s->disk_full = 1;
-        cps__joiner_result(s->joiner, r, rc, value, cps__now_ms());
-        n = cps__joiner_actions(s->joiner, &a);
-        i = (size_t)-1; /* the next batch, from its start */
-    }
-}
-
-void cps__server_joins_view(cps__server *s)
-{
-    if (!s->joiner) {
-        cps__joiner_config cfg = {.self = s->id,
-                                  .nranges = s->view.nranges,
-                                  .timeout_ms = JOIN_TIMEOUT_MS,
-                                  .snap_retry_ms = SNAP_RETRY_MS,
-                                  /* The simulator's rule: ignoring a stale or early order is
-                                   * safe over one in-order connection too, and covers orders
-                                   * from a scheduler's earlier life still queued. */
-                                  .orders_may_reorder = 1};
-        int rc = cps__joiner_create(&cfg, &s->joiner);
-        if (rc != 0) {
-            cps__log(CPS_LOG_ERROR, "server", "cannot keep track of joins: %s", cps_strerror(rc));
-            return;
-        }
-    }
-    if (cps__joiner_view(s->joiner, &s->view, cps__now_ms()) > 0)
-        run_joiner(s, NULL);
-}
-
-void cps__server_on_join_range(cps__server *s, cps__rx *rx)
-{
-    if (s->joiner)
-        cps__joiner_order(s->joiner, &s->view, rx->hdr.range, (uint32_t)rx->hdr.aux, rx->hdr.step,
-                          rx->hdr.epoch, cps__now_ms());
-    run_joiner(s, NULL);
-    cps__rx_free(rx);
-}
-
-void cps__server_on_snap(cps__server *s, cps__rx *rx)
-{
-    uint32_t r = rx->hdr.range;
-    int joining = r < s->view.nranges && cps__chain_joining(cps__server_chain(s), r);
-    if (s->joiner && cps__joiner_snap(s->joiner, rx->hdr.sender, r, rx->hdr.step, rx->hdr.aux == 1,
-                                      rx->len, joining, cps__now_ms()) > 0)
-        run_joiner(s, rx);
-    cps__rx_free(rx);
-}
-
-void cps__server_check_joins(cps__server *s, uint64_t now)
-{
-    if (s->joiner && cps__joiner_tick(s->joiner, now, can_serve, s) > 0)
-        run_joiner(s, NULL);
 }

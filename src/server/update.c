@@ -385,11 +385,14 @@ static void do_apply(cps__server *s, const cps__replica_out *w)
 static void do_send(cps__server *s, const cps__replica_out *o)
 {
     if (!o->msg) {
-        cps__msg_hdr h = o->hdr; /* a held CHAIN_ACK: cps__msg_send fills in the header */
+        /* A held CHAIN_ACK, or a joiner's SNAP_REQ or CAUGHT_UP: cps__msg_send fills in the
+         * header. */
+        cps__msg_hdr h = o->hdr;
         int rc = cps__msg_send(s->tp, o->to, &h, NULL, 0);
         if (rc != 0)
-            cps__log(CPS_LOG_DEBUG, "server", "chain ack to node %u not sent: %s", o->to,
-                     cps_strerror(rc));
+            cps__log(h.type == CPS_MSG_CHAIN_ACK ? CPS_LOG_DEBUG : CPS_LOG_WARN, "server",
+                     "message type %u for range %u to node %u not sent: %s", h.type, o->range,
+                     o->to, cps_strerror(rc));
         return;
     }
     if (o->hdr.type == CPS_MSG_FWD) {
@@ -454,10 +457,13 @@ static void add_counts(cps__server *s)
     *seen = *c;
 }
 
-void cps__server_perform(cps__server *s)
+/* Perform one ready list. A JOIN_CLEAR or JOIN_INSTALL ends it: 1 then, with the store's
+ * outcome in *rc and *value for the replica. */
+static int perform_list(cps__server *s, uint32_t *range, int *rc, uint64_t *value)
 {
     const cps__replica_out *out;
     size_t n = cps__replica_ready(s->replica, &out);
+    int answer = 0;
     for (size_t i = 0; i < n; i++) {
         const cps__replica_out *o = &out[i];
         if (s->poisoned) {
@@ -484,9 +490,44 @@ void cps__server_perform(cps__server *s)
         case CPS_RO_LOG:
             cps__log(o->level, "server", "%s", o->text);
             break;
+        case CPS_RO_SNAPSHOT:
+            cps__server_start_snapshot(s, o);
+            break;
+        case CPS_RO_JOIN_CLEAR:
+            *rc = cps__server_clear_range(s, o->range);
+            *range = o->range;
+            answer = 1;
+            break;
+        case CPS_RO_JOIN_INSTALL:
+            *rc = cps__server_join_install(s, o, value);
+            *range = o->range;
+            answer = 1;
+            break;
         }
     }
     add_counts(s);
+    return answer;
+}
+
+void cps__server_perform(cps__server *s)
+{
+    uint32_t range = 0;
+    int rc = 0;
+    uint64_t value = 0;
+    while (perform_list(s, &range, &rc, &value)) {
+        /* A full disk does not clear itself: joining again would fail again, unseen. */
+        if (rc == CPS_ENOSPC)
+            s->disk_full = 1;
+        cps__replica_join_result(s->replica, range, rc, value, cps__now_ms());
+        rc = 0;
+        value = 0;
+    }
+}
+
+void cps__server_check_joins(cps__server *s, uint64_t now)
+{
+    cps__replica_join_tick(s->replica, now);
+    cps__server_perform(s);
 }
 
 /* ---- entry points ---- */
@@ -608,8 +649,6 @@ int cps__server_ack_wait_ms(const cps__server *s, uint64_t now, int max_ms)
 
 void cps__server_data_fini(cps__server *s)
 {
-    cps__joiner_destroy(s->joiner);
-    s->joiner = NULL;
     cps__replica_destroy(s->replica);
     s->replica = NULL;
     memset(&s->counted, 0, sizeof s->counted);

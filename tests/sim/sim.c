@@ -26,10 +26,11 @@
  * server told it was declared dead rejoins the same way (a fresh replica); whether a server
  * is fenced, unsure of its standing after a pause (it then drops what comes and asks for the view)
  * or may serve is recovery/fence.c's decision;
- *  - state transfer: the joiner's decisions are recovery/joiner.c's, performed as transfer.c
- *    performs them: JOIN_RANGE -> begin_join and clearing the copy -> SNAP_REQ (re-sent until
- *    the snapshot comes) -> add_shadow at the tail, then a snapshot of the tail's store a moment
- *    later -> SNAP over the network (one message) -> install, join_ready -> CAUGHT_UP -> a view
+ *  - state transfer: both sides are the replica's (replication/replica_join.c, running
+ *    recovery/joiner.c); the sim performs its ready items as the server does: JOIN_RANGE ->
+ *    JOIN_CLEAR (clearing the copy) -> SNAP_REQ (re-sent until the snapshot comes) -> the
+ *    tail's shadow and SNAPSHOT, a snapshot of the tail's store a moment later -> SNAP over the
+ *    network (one message) -> JOIN_INSTALL, then the replica's READY -> CAUGHT_UP -> a view
  *    with the joiner as the new tail, whose reads wait for CHAIN_MARK
  *    (cps__chain_can_serve_pull), and a second CAUGHT_UP (aux 1) once they may be served; a join
  *    given up (timeout, a view that ends it, a failed step) reports CAUGHT_UP aux 2;
@@ -941,7 +942,8 @@ int sim_run(const sim_params *p, sim_summary *out)
                     printf(" s%u(applied %" PRIu64 " unacked %u gated %d)", x->id, x->rs[r].applied,
                            cps__chain_unacked(x->chain, r),
                            cps__chain_is_tail(x->chain, r) &&
-                               !cps__chain_can_serve_pull(x->chain, r));
+                               /* after the run failed: the gate's lazy clearing is moot */
+                               !cps__chain_can_serve_pull((cps__chain *)x->chain, r));
                 }
                 printf("\n");
             }

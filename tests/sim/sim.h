@@ -41,7 +41,7 @@ enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 #define SIM_END_SETTLE_MS   3000
 #define SIM_JOIN_GIVE_UP_MS 3000
 #define SIM_JOIN_TIMEOUT_MS 2500
-/* A joiner re-sends SNAP_REQ this often until the snapshot comes (transfer.c: 1 s, unscaled:
+/* A joiner re-sends SNAP_REQ this often until the snapshot comes (the server's: 1 s, unscaled:
  * it stands for a lost request, not for the size of a snapshot). */
 #define SIM_SNAP_RETRY_MS 1000
 #define SIM_HELLO_MS      100
@@ -224,9 +224,9 @@ typedef struct sim_server {
     uint32_t id;
     int state; /* SRV_* */
     uint64_t resume_at;
-    cps__replica *rep; /* the production replica (replication/replica.h), as src/server's */
-    cps__chain *chain; /* its chain state machine, for questions (cps__replica_chain) */
-    uint64_t acks_at;  /* an EV_ACKS is queued for then (held CHAIN_ACKs), or 0 */
+    cps__replica *rep;       /* the production replica (replication/replica.h), as src/server's */
+    const cps__chain *chain; /* its chain state machine, for questions (cps__replica_chain) */
+    uint64_t acks_at;        /* an EV_ACKS is queued for then (held CHAIN_ACKs), or 0 */
     uint64_t epoch;
     const cps__view *view; /* borrowed from sim.views */
     sim_rstore *rs;        /* per range */
@@ -244,9 +244,8 @@ typedef struct sim_server {
      * it, see sim_old_disk_back). */
     sim_rstore *old_rs;
     int disk_back;
-    cps__joiner *joiner; /* our joins (recovery/joiner.c), as transfer.c's */
-    cps__fence *fence;   /* our standing: joined, unsure, fenced (recovery/fence.c) */
-    uint8_t *copying;    /* per range: holds a snapshot, not yet a member */
+    cps__fence *fence; /* our standing: joined, unsure, fenced (recovery/fence.c) */
+    uint8_t *copying;  /* per range: holds a snapshot, not yet a member */
 } sim_server;
 
 /* One request of the application (an operation with one part): the worker's session

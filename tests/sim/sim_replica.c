@@ -1,8 +1,8 @@
 /* The simulator's servers: each runs the production replica (replication/replica.h), built as
  * the server process builds it, over the sim's in-memory store (check.c), network and clock.
- * What is left here is a shell, as the server's is: receive, step, perform the ready list; plus
- * the standing (recovery/fence.c) and state transfer (recovery/joiner.c), as the server runs
- * them.
+ * What is left here is a shell, as the server's is: receive, step, perform the ready list
+ * (state transfer's too: the replica runs recovery/joiner.c); plus the standing
+ * (recovery/fence.c), as the server runs it.
  *
  * A request's payload is a kv payload of one key (the range's first key; its second names a key
  * never declared, which the head must refuse) and one value, so the replica decodes, checks,
@@ -18,7 +18,6 @@
 #include "chainps/error.h"
 #include "core/log.h"
 #include "recovery/fence.h"
-#include "recovery/joiner.h"
 #include "replication/replica.h"
 
 #include "sim.h"
@@ -84,7 +83,12 @@ static void replica_new(sim *sm, sim_server *s)
     cps__replica_env env = {
         s,       sim_op_range_seq, sim_op_dedup, sim_op_agg_step, env_check_keys, env_scan_dedup,
         env_add, env_release,      env_msg_alloc};
-    cps__replica_config cfg = {s->id, sm->p.resend_ms, sm->p.max_unacked, 0};
+    /* As the server configures it, the joins' timers scaled as sim.h says. */
+    cps__replica_config cfg = {.self = s->id,
+                               .resend_ms = sm->p.resend_ms,
+                               .max_unacked = sm->p.max_unacked,
+                               .join_timeout_ms = SIM_JOIN_TIMEOUT_MS,
+                               .snap_retry_ms = SIM_SNAP_RETRY_MS};
     if (cps__replica_create(&cfg, &env, &s->rep) != 0) {
         fprintf(stderr, "sim: cps__replica_create failed\n");
         exit(2);
@@ -92,22 +96,6 @@ static void replica_new(sim *sm, sim_server *s)
     s->chain = cps__replica_chain(s->rep);
     s->nparked = 0; /* parked pulls are lost with the process: their workers re-send */
     s->acks_at = 0;
-}
-
-static void joiner_new(sim *sm, sim_server *s)
-{
-    cps__joiner_destroy(s->joiner);
-    s->joiner = NULL;
-    /* As the server configures it. */
-    cps__joiner_config cfg = {.self = s->id,
-                              .nranges = sm->nranges,
-                              .timeout_ms = SIM_JOIN_TIMEOUT_MS,
-                              .snap_retry_ms = SIM_SNAP_RETRY_MS,
-                              .orders_may_reorder = 1};
-    if (cps__joiner_create(&cfg, &s->joiner) != 0) {
-        fprintf(stderr, "sim: cps__joiner_create failed\n");
-        exit(2);
-    }
 }
 
 /* ---- performing the ready list ---- */
@@ -272,12 +260,50 @@ static int send_ahead(sim *sm, sim_server *s, const cps__replica_out *o)
     return sim_fwd_crash_point(sm, s, middle);
 }
 
+/* SNAPSHOT at the tail: the snapshot thread reads the store a moment later (sim_snapshot_run). */
+static void start_snapshot(sim *sm, sim_server *s, const cps__replica_out *o)
+{
+    sim_msg *m = sim_xmalloc(sizeof *m + CPS_WIRE_HDR_SIZE);
+    m->from = s->id;
+    m->to = o->to;
+    m->inc = s->inc;
+    m->len = CPS_WIRE_HDR_SIZE;
+    /* step: the join id of the request, echoed; one chunk, the last. */
+    cps__msg_hdr sh = {.type = CPS_MSG_SNAP,
+                       .sender = s->id,
+                       .epoch = s->epoch,
+                       .range = o->range,
+                       .step = o->seq,
+                       .aux = 1};
+    cps__wire_hdr_encode(m->buf, &sh);
+    sim_ev_push(sm, sm->now + sim_rnd(sm, 40), EV_SNAPSHOT, s->id, m);
+}
+
+/* JOIN_INSTALL: the snapshot (the SNAP's payload: its index in sm->snaps) into our store. */
+static int install_snapshot(sim *sm, sim_server *s, const cps__replica_out *o, uint64_t *value)
+{
+    uint32_t r = o->range;
+    uint64_t k = o->upd.body_len == 8 ? cps__le64_get(o->upd.body) : UINT64_MAX;
+    if (k >= sm->nsnaps) {
+        sim_fail(sm, "api", "server %u: JOIN_INSTALL of r%u names no snapshot", s->id, r);
+        return CPS_EINVAL;
+    }
+    const sim_snap *sn = sm->snaps[k];
+    sim_rstore_copy(&s->rs[r], &sn->st);
+    s->copying[r] = 1;
+    sim_check_snapshot(sm, s, r);
+    *value = sn->st.applied;
+    return 0;
+}
+
 /* Perform the ready list of the last call, in order; a server that crashes part way through
- * (sim_fwd_crash_point) performs nothing more. */
-static void perform(sim *sm, sim_server *s)
+ * (sim_fwd_crash_point) performs nothing more. A JOIN_CLEAR or JOIN_INSTALL ends it: 1 then,
+ * with its outcome for cps__replica_join_result. */
+static int perform_list(sim *sm, sim_server *s, uint32_t *range, int *rc, uint64_t *value)
 {
     const cps__replica_out *out;
     size_t n = cps__replica_ready(s->rep, &out);
+    int answer = 0;
     for (size_t i = 0; i < n; i++) {
         const cps__replica_out *o = &out[i];
         if (sm->failed || s->state == SRV_CRASHED) {
@@ -323,12 +349,45 @@ static void perform(sim *sm, sim_server *s)
             if (o->level <= CPS_LOG_WARN)
                 sim_trace(sm, "s%u: %s", s->id, o->text);
             break;
+        case CPS_RO_SNAPSHOT:
+            start_snapshot(sm, s, o);
+            break;
+        case CPS_RO_JOIN_CLEAR:
+            sim_rstore_clear(&s->rs[o->range]); /* the server's cps__server_clear_range */
+            s->copying[o->range] = 0;
+            *range = o->range;
+            *rc = 0;
+            answer = 1;
+            break;
+        case CPS_RO_JOIN_INSTALL:
+            *range = o->range;
+            *rc = install_snapshot(sm, s, o, value);
+            answer = 1;
+            break;
         default:
             sim_fail(sm, "action", "server %u: unknown ready item %d", s->id, o->kind);
         }
     }
+    return answer && !sm->failed && s->state != SRV_CRASHED;
+}
+
+/* Perform the ready list, and answer the store's outcome of a join's step until none is owed;
+ * a range whose join ended unfinished is no longer being copied. */
+static void perform(sim *sm, sim_server *s)
+{
+    uint32_t range = 0;
+    int rc = 0;
+    uint64_t value = 0;
+    while (perform_list(sm, s, &range, &rc, &value)) {
+        cps__replica_join_result(s->rep, range, rc, value, sm->now);
+        rc = 0;
+        value = 0;
+    }
     if (s->state == SRV_CRASHED)
         return;
+    for (uint32_t r = 0; r < sm->nranges; r++)
+        if (s->copying[r] && !cps__replica_joining(s->rep, r))
+            s->copying[r] = 0;
     if (sm->p.mode == SIM_SSP && !sm->failed)
         sim_check_ssp_parked(sm, s);
     /* The first held ack schedules its own flush, as the server's loop sleeps no longer than
@@ -352,7 +411,7 @@ static void run_held(sim *sm, sim_server *s)
 void sim_server_reset(sim *sm, sim_server *s)
 {
     replica_new(sm, s);
-    joiner_new(sm, s); /* no joins: they went with the process (or the fenced state) */
+    /* no joins: they went with the replica (the process, or the fenced state) */
     cps__fence_rejoin(s->fence, sm->now);
     memset(s->copying, 0, sm->nranges * sizeof *s->copying);
     s->epoch = 0;
@@ -368,15 +427,12 @@ void sim_server_reset(sim *sm, sim_server *s)
     }
 }
 
-static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn);
-
 void sim_server_start(sim *sm, sim_server *s, const cps__view *v)
 {
     s->sm = sm;
     s->rs = sim_xcalloc(sm->nranges, sizeof *s->rs);
     s->copying = sim_xcalloc(sm->nranges, sizeof *s->copying);
     replica_new(sm, s);
-    joiner_new(sm, s);
     if (cps__fence_create(SIM_DEAD_AFTER_MS, 0, &s->fence) != 0 ||
         cps__fence_view(s->fence, 1, 1, 1) != CPS_FENCE_V_NEWER ||
         cps__fence_install(s->fence, 1, 1, 1) != CPS_FENCE_V_JOINED) {
@@ -388,7 +444,6 @@ void sim_server_start(sim *sm, sim_server *s, const cps__view *v)
     s->view = v;
     cps__replica_set_view(s->rep, v, s->id, 1, 0);
     perform(sm, s);
-    cps__joiner_view(s->joiner, v, 0);
 }
 
 void sim_server_free(sim *sm, sim_server *s)
@@ -398,7 +453,6 @@ void sim_server_free(sim *sm, sim_server *s)
     s->rep = NULL;
     s->chain = NULL;
     free(s->parked);
-    cps__joiner_destroy(s->joiner);
     cps__fence_destroy(s->fence);
     free(s->copying);
 }
@@ -445,121 +499,7 @@ static void take_view(sim *sm, sim_server *s, uint64_t epoch)
     perform(sm, s);
     if (s->state == SRV_CRASHED)
         return;
-    for (uint32_t r = 0; r < sm->nranges; r++)
-        if (s->copying[r] && sim_is_member(sm, r, s->id))
-            s->copying[r] = 0;
-    if (!sm->failed && cps__joiner_view(s->joiner, s->view, sm->now) > 0)
-        run_joiner(sm, s, NULL);
     run_held(sm, s);
-}
-
-/* ---- the joiner's side of state transfer: recovery/joiner.c, run as transfer.c runs it (the
- * sim's store and snapshot stand in for LMDB and the SNAP chunks) ---- */
-
-static int joiner_can_serve(void *ctx, uint32_t r)
-{
-    return cps__chain_can_serve_pull(((sim_server *)ctx)->chain, r);
-}
-
-/* Perform the joiner's actions, as transfer.c's run_joiner: BEGIN, INSTALL and READY end their
- * batch, and their outcome hands back the next one. sn: the snapshot just taken, or NULL. */
-static void run_joiner(sim *sm, sim_server *s, const sim_snap *sn)
-{
-    const cps__joiner_action *a;
-    size_t n = cps__joiner_actions(s->joiner, &a);
-    for (size_t i = 0; i < n && !sm->failed && s->state != SRV_CRASHED; i++) {
-        uint32_t r = a[i].range;
-        int rc = 0;
-        uint64_t value = 0;
-        switch (a[i].kind) {
-        case CPS_JA_SEND:
-            sim_send_hdr(sm, s->id, a[i].to, &a[i].hdr, NULL, 0, 0);
-            continue;
-        case CPS_JA_ASK_VIEW:
-            ask_view(sm, s);
-            continue;
-        case CPS_JA_ABORT:
-            if (a[i].why)
-                sim_trace(sm, "s%u join of r%u aborted: %s", s->id, r, a[i].why);
-            cps__chain_join_abort(s->chain, r);
-            s->copying[r] = 0;
-            continue;
-        case CPS_JA_BEGIN:
-            rc = cps__chain_begin_join(s->chain, r, a[i].source);
-            if (rc == 0) {
-                sim_rstore_clear(&s->rs[r]); /* transfer.c's cps__server_clear_range */
-                s->copying[r] = 0;
-            }
-            break;
-        case CPS_JA_INSTALL:
-            sim_rstore_copy(&s->rs[r], &sn->st);
-            s->copying[r] = 1;
-            sim_check_snapshot(sm, s, r);
-            if (sm->failed)
-                return;
-            value = sn->st.applied;
-            break;
-        case CPS_JA_READY:
-            /* transfer.c: the snapshot's SSP clocks, then the updates after it. */
-            rc = cps__replica_join_ready(s->rep, r, a[i].seq, sm->now, &value);
-            perform(sm, s);
-            if (rc == 0)
-                sim_trace(sm,
-                          "s%u installed snapshot of r%u at seq %" PRIu64 ", caught up to %" PRIu64,
-                          s->id, r, a[i].seq, value);
-            break;
-        default:
-            continue;
-        }
-        if (sm->failed || s->state == SRV_CRASHED)
-            return;
-        cps__joiner_result(s->joiner, r, rc, value, sm->now);
-        n = cps__joiner_actions(s->joiner, &a);
-        i = (size_t)-1; /* the next batch, from its start */
-    }
-}
-
-/* JOIN_RANGE from the scheduler. */
-static void on_join_range(sim *sm, sim_server *s, const cps__msg_hdr *h)
-{
-    cps__joiner_order(s->joiner, s->view, h->range, (uint32_t)h->aux, h->step, h->epoch, sm->now);
-    run_joiner(sm, s, NULL);
-}
-
-/* SNAP_REQ at the tail: shadow the joiner, and take the snapshot a moment later (a thread). */
-static void on_snap_req(sim *sm, sim_server *s, const cps__msg_hdr *h)
-{
-    uint32_t r = h->range, joiner = h->sender;
-    if (r >= sm->nranges || joiner < 1 || joiner > sm->p.servers ||
-        !cps__chain_is_tail(s->chain, r))
-        return;
-    if (h->epoch > s->epoch) {
-        /* transfer.c: the joiner runs a newer view than ours: an older one we install next may
-         * count it dead and clear the shadow (with what we held for it), while its snapshot
-         * still goes out and it reports CAUGHT_UP lacking those updates (seed 5596). Fetch the
-         * view; the joiner asks again. */
-        ask_view(sm, s);
-        return;
-    }
-    int rc = cps__chain_add_shadow(s->chain, r, joiner, h->step, sm->now);
-    if (rc == CPS_EINVAL || rc == CPS_ESTALE_EPOCH)
-        return; /* a joiner our view counts dead, or a late request of a replaced join:
-                 * transfer.c logs and starts no snapshot */
-    if (rc != 0) {
-        sim_fail(sm, "api", "server %u: cps__chain_add_shadow returned %s", s->id,
-                 cps_err_name(rc));
-        return;
-    }
-    sim_msg *m = sim_xmalloc(sizeof *m + CPS_WIRE_HDR_SIZE);
-    m->from = s->id;
-    m->to = joiner;
-    m->inc = s->inc;
-    m->len = CPS_WIRE_HDR_SIZE;
-    /* step: the join id of the request, echoed (transfer.c's SNAP does not name its request). */
-    cps__msg_hdr sh = {
-        .type = CPS_MSG_SNAP, .sender = s->id, .epoch = s->epoch, .range = r, .step = h->step};
-    cps__wire_hdr_encode(m->buf, &sh);
-    sim_ev_push(sm, sm->now + sim_rnd(sm, 40), EV_SNAPSHOT, s->id, m);
 }
 
 /* The snapshot thread reads the store (whatever the chain did since) and sends it. */
@@ -589,23 +529,13 @@ void sim_snapshot_run(sim *sm, sim_msg *m)
     sn->source = s->id;
     sim_rstore_copy(&sn->st, &s->rs[h.range]);
     h.req_seq = sn->st.applied;
-    h.aux = sm->nsnaps;
+    uint8_t index[8]; /* the payload: the snapshot's index in sm->snaps */
+    cps__le64_put(index, sm->nsnaps);
     sm->snaps[sm->nsnaps++] = sn;
     sim_trace(sm, "s%u snapshot of r%u at seq %" PRIu64 " -> s%u", s->id, h.range, h.req_seq,
               m->to);
-    sim_send_hdr(sm, s->id, m->to, &h, NULL, 0, 0);
+    sim_send_hdr(sm, s->id, m->to, &h, index, sizeof index, 0);
     free(m);
-}
-
-/* SNAP at the joiner (the whole snapshot in one message, aux: its index in sm->snaps). */
-static void on_snap(sim *sm, sim_server *s, const cps__msg_hdr *h)
-{
-    uint32_t r = h->range;
-    if (r >= sm->nranges || h->aux >= sm->nsnaps)
-        return;
-    if (cps__joiner_snap(s->joiner, h->sender, r, h->step, 1, 0, cps__chain_joining(s->chain, r),
-                         sm->now) == CPS_JOINER_TAKEN)
-        run_joiner(sm, s, sm->snaps[h->aux]);
 }
 
 /* ---- receive, step, perform ---- */
@@ -704,17 +634,13 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
     case CPS_MSG_PUSH_PULL:
     case CPS_MSG_DECLARE:
     case CPS_MSG_PULL:
+    case CPS_MSG_SNAP_REQ:
+    case CPS_MSG_SNAP:
         step_data(sm, s, &h, pl);
         break;
     case CPS_MSG_JOIN_RANGE:
         if (m->from == 0)
-            on_join_range(sm, s, &h);
-        break;
-    case CPS_MSG_SNAP_REQ:
-        on_snap_req(sm, s, &h);
-        break;
-    case CPS_MSG_SNAP:
-        on_snap(sm, s, &h);
+            step_data(sm, s, &h, pl);
         break;
     default:
         sim_fail(sm, "wire", "server %u got unexpected message type %u", s->id, h.type);
@@ -728,9 +654,10 @@ void sim_server_tick(sim *sm, sim_server *s)
     check_stall(sm, s, 1);
     cps__replica_tick(s->rep, sm->now, 0);
     perform(sm, s);
-    if (!sm->failed && s->state != SRV_CRASHED &&
-        cps__joiner_tick(s->joiner, sm->now, joiner_can_serve, s) > 0)
-        run_joiner(sm, s, NULL);
+    if (!sm->failed && s->state != SRV_CRASHED) {
+        cps__replica_join_tick(s->rep, sm->now);
+        perform(sm, s);
+    }
 }
 
 /* Held acks are due (EV_ACKS); a paused server sends them at its next tick after resuming, a

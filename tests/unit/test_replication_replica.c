@@ -173,7 +173,8 @@ static cps__replica_msg request(fake *f, uint8_t type, uint32_t from, uint64_t e
 }
 
 /* Perform the ready list on the fake store; returns the kinds in order as a string (W S R A D L
- * for WRITE SEND REPLY ASK_VIEW DROP_RANGE LOG, LOG left out). */
+ * P C I for WRITE SEND REPLY ASK_VIEW DROP_RANGE LOG SNAPSHOT JOIN_CLEAR JOIN_INSTALL, LOG left
+ * out). */
 static const char *perform(cps__replica *r, fake *f)
 {
     static char kinds[64];
@@ -182,7 +183,7 @@ static const char *perform(cps__replica *r, fake *f)
     for (size_t i = 0; i < n && k < sizeof kinds - 1; i++) {
         if (o[i].kind == CPS_RO_LOG)
             continue;
-        kinds[k++] = "?WSRADL"[o[i].kind];
+        kinds[k++] = "?WSRADLPCI"[o[i].kind];
         if (o[i].kind == CPS_RO_WRITE) {
             f->seq[o[i].range] = o[i].seq;
             for (uint32_t j = 0; j < o[i].nrecs; j++)
@@ -517,6 +518,100 @@ static void a_request_for_a_stale_epoch_or_another_head_is_refused(void **state)
     finish(r, &f);
 }
 
+/* A header-only message of state transfer (payload: `len` zero bytes), owned by the replica. */
+static cps__replica_msg transfer_msg(fake *f, uint8_t type, uint32_t from, uint64_t epoch,
+                                     uint32_t range, uint64_t step, uint64_t aux, size_t len)
+{
+    cps__replica_msg m = {.len = len};
+    m.owner = calloc(1, len ? len : 1);
+    m.payload = m.owner;
+    m.hdr.type = type;
+    m.hdr.sender = from;
+    m.hdr.epoch = epoch;
+    m.hdr.range = range;
+    m.hdr.step = step;
+    m.hdr.aux = aux;
+    f->owners++;
+    return m;
+}
+
+/* The SEND item of message type `type` in the ready list, or NULL. */
+static const cps__replica_out *sent(cps__replica *r, uint8_t type)
+{
+    const cps__replica_out *o;
+    size_t n = cps__replica_ready(r, &o);
+    for (size_t i = 0; i < n; i++)
+        if (o[i].kind == CPS_RO_SEND && o[i].hdr.type == type)
+            return &o[i];
+    return NULL;
+}
+
+/* Both sides of state transfer are the replica's: the shell only clears, writes and streams.
+ * Range 1 is server 2's (we copy it); range 0 is ours alone (we are its tail). */
+static void a_join_is_decided_by_the_replica_and_performed_by_the_shell(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    set_view(r, 3, CPS_MODE_ASYNC, 2, 1, 1);
+    assert_string_equal(perform(r, &f), "D"); /* range 1 is not ours: what we hold is stale */
+    /* JOIN_RANGE (source 2, join 7): our copy is cleared first, and the shell answers. */
+    cps__replica_msg m = transfer_msg(&f, CPS_MSG_JOIN_RANGE, 0, 3, 1, 7, 2, 0);
+    cps__replica_step(r, &m, 10);
+    assert_string_equal(perform(r, &f), "C");
+    const cps__replica_out *c = item(r, CPS_RO_JOIN_CLEAR, 0);
+    assert_int_equal(c->range, 1);
+    assert_int_equal(c->to, 2);
+    assert_int_equal(c->seq, 7);
+    assert_true(cps__replica_joining(r, 1));
+    assert_int_equal(cps__replica_join_result(r, 1, 0, 0, 10), 0);
+    const cps__replica_out *q = sent(r, CPS_MSG_SNAP_REQ);
+    assert_non_null(q);
+    assert_int_equal(q->to, 2);
+    assert_int_equal(q->hdr.step, 7);
+    assert_null(q->msg); /* header only: the shell's send fills in the rest */
+    assert_string_equal(perform(r, &f), "S");
+    /* No outcome is owed now. */
+    assert_int_equal(cps__replica_join_result(r, 1, 0, 0, 10), CPS_EINVAL);
+    /* The snapshot's one chunk: the shell writes it (the store is at seq 5 after), then the
+     * replica reports CAUGHT_UP to the scheduler at that seq. */
+    m = transfer_msg(&f, CPS_MSG_SNAP, 2, 3, 1, 7, 1, 16);
+    const void *chunk = m.payload;
+    cps__replica_step(r, &m, 20);
+    assert_string_equal(perform(r, &f), "I");
+    const cps__replica_out *in = item(r, CPS_RO_JOIN_INSTALL, 0);
+    assert_ptr_equal(in->upd.body, chunk);
+    assert_int_equal(in->upd.body_len, 16);
+    assert_true(in->last);
+    int released = f.released;
+    f.seq[1] = 5;
+    assert_int_equal(cps__replica_join_result(r, 1, 0, 5, 20), 0);
+    const cps__replica_out *up = sent(r, CPS_MSG_CAUGHT_UP);
+    assert_non_null(up);
+    assert_int_equal(up->to, 0);
+    assert_int_equal(up->hdr.req_seq, 5);
+    assert_int_equal(up->hdr.aux, 0);
+    perform(r, &f);
+    cps__replica_tick(r, 30, 1); /* the next call gives the chunk back */
+    assert_int_equal(f.released, released + 1);
+    /* At the tail of range 0: a SNAP_REQ makes a SNAPSHOT order, unless it names a view we
+     * lack (we ask for it; the joiner asks again) or a range we are not the tail of. */
+    m = transfer_msg(&f, CPS_MSG_SNAP_REQ, 2, 3, 0, 9, 0, 0);
+    cps__replica_step(r, &m, 40);
+    const cps__replica_out *p = item(r, CPS_RO_SNAPSHOT, 0);
+    assert_int_equal(p->range, 0);
+    assert_int_equal(p->to, 2);
+    assert_int_equal(p->seq, 9);
+    assert_string_equal(perform(r, &f), "P");
+    m = transfer_msg(&f, CPS_MSG_SNAP_REQ, 2, 4, 0, 10, 0, 0);
+    cps__replica_step(r, &m, 40);
+    assert_string_equal(perform(r, &f), "A");
+    m = transfer_msg(&f, CPS_MSG_SNAP_REQ, 2, 3, 1, 10, 0, 0);
+    cps__replica_step(r, &m, 40);
+    assert_string_equal(perform(r, &f), "");
+    finish(r, &f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -531,6 +626,7 @@ int main(void)
         cmocka_unit_test(a_tick_with_an_earlier_clock_does_not_resend),
         cmocka_unit_test(a_range_moved_away_is_dropped),
         cmocka_unit_test(a_request_for_a_stale_epoch_or_another_head_is_refused),
+        cmocka_unit_test(a_join_is_decided_by_the_replica_and_performed_by_the_shell),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
