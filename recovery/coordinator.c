@@ -35,7 +35,7 @@ int cps__coord_create(const cps__coord_config *cfg, cps__coord **out)
     cps__detector_config dc = {c->cfg.dead_after_ms, 2 * c->cfg.dead_after_ms};
     int rc = c->nodes && c->former ? cps__detector_create(&dc, &c->detector) : CPS_ENOMEM;
     cps__suspect_config sc = {cps__suspect_evidence_ms(c->cfg.dead_after_ms),
-                              cps__suspect_probe_ms(c->cfg.dead_after_ms)};
+                              cps__suspect_probe_ms(c->cfg.dead_after_ms), cfg->single_probe};
     if (rc == 0)
         rc = cps__suspect_create(&sc, &c->suspect);
     if (rc != 0) {

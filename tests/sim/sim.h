@@ -115,6 +115,9 @@ typedef struct sim_params {
     /* Crash points between a FWD sent ahead of its WRITE (forward before apply) and that WRITE:
      * the server stops there this often, where a crash fault could strike it (--fwd-crashes). */
     uint32_t fwd_crash_per_mille;
+    /* --single-probe: the coordinator declares a server dead after one unanswered probe
+     * (recovery/suspect.h), so false deaths of slow servers are common; never drawn. */
+    int single_probe;
 } sim_params;
 
 typedef struct sim_summary {

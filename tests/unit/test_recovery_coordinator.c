@@ -33,7 +33,7 @@ static cps__coord *make(uint32_t servers, uint32_t workers)
     cfg.worker_dead_after_ms = 2 * DEAD_MS;
     cfg.join_timeout_ms = 10000;
     cfg.hold_workers = hold;
-    cps__coord_config cc = {&cfg, 500, 100, 5000, 200, 0x40000000u, 0};
+    cps__coord_config cc = {&cfg, 500, 100, 5000, 200, 0x40000000u, 0, 0};
     cps__coord *c = NULL;
     assert_int_equal(cps__coord_create(&cc, &c), 0);
     return c;
