@@ -403,6 +403,7 @@ void sim_store_free(sim *sm, sim_server *s);
 void sim_rstore_clear(sim_rstore *st);
 void sim_rstore_copy(sim_rstore *dst, const sim_rstore *src);
 void sim_check_snapshot(sim *sm, sim_server *s, uint32_t r);
+void sim_check_copy_source(sim *sm, const sim_server *s, uint32_t r, uint32_t joiner);
 void sim_check_fresh_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq);
 void sim_check_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq, uint64_t hash);
 void sim_check_acked(sim *sm, sim_worker *w, const sim_req *q);
