@@ -146,10 +146,10 @@ int cps__repair_declare_dead(cps__repair *rp, const cps__view *in, uint32_t node
                 rg->chain[k++] = node; /* the dead one has it all: the range waits for it */
             rg->chain_len = k;
             act(rp, CPS_RA_EVICTED, r, pj->unconfirmed, node, 0, pj->id);
-            /* A copy being made from it (its confirmation was lost, so the range was repaired
-             * from it) lacks what it lacks: abandoned too, or the copy joins a chain it cannot
-             * catch up with (simulator seed 8334: its predecessor came back as head without
-             * the updates between). */
+            /* A copy being made from it lacks what it lacks: abandoned too, or the copy joins a
+             * chain it cannot catch up with (simulator seed 8334: its predecessor came back as
+             * head without the updates between). No copy starts from an unconfirmed tail any
+             * more (it leaves the chain when its probation ends), so this only guards. */
             if (pj->joiner && pj->source == pj->unconfirmed)
                 pj->joiner = 0;
             pj->unconfirmed = 0;
