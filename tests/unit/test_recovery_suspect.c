@@ -320,28 +320,40 @@ static void a_tick_older_than_the_round_waits(void **state)
     cps__suspect_destroy(s);
 }
 
+/* A round started at 0 by a report on server 2, which alone leaves the round's probe (*first)
+ * unanswered: asked again (*again) at 1000, then answers probe `answer` (either) and lives: no
+ * death, however long after, and the round is over. */
+static cps__suspect *server_2_asked_again_answers(int answer_first, uint64_t *first,
+                                                  uint64_t *again)
+{
+    cps__suspect *s = make();
+    uint32_t dead[4];
+    report(s, 10, 7, 2, 1600, 0);
+    *first = probes(s, 3);
+    cps__suspect_answered(s, 1, *first);
+    cps__suspect_answered(s, 3, *first);
+    cps__suspect_tick(s, 1000);
+    *again = asked_again(s, 2);
+    assert_true(*again != *first);
+    assert_true(cps__suspect_probing(s));
+    cps__suspect_answered(s, 2, answer_first ? *first : *again);
+    cps__suspect_tick(s, 1500);
+    assert_int_equal(deaths(s, dead), 0);
+    assert_false(cps__suspect_probing(s));
+    cps__suspect_answered(s, 2, answer_first ? *again : *first); /* the other one, later: no harm */
+    cps__suspect_tick(s, 60000);
+    assert_int_equal(deaths(s, dead), 0);
+    return s;
+}
+
 /* Regression (seeds 8540 and 9471 of sim --faults scale): a live server whose probe, or its
  * answer, is held back once past probe_ms was declared dead on that one late message. It is
  * asked again, and answering that probe clears it; the round then ends. */
 static void one_late_answer_is_asked_again_not_a_death(void **state)
 {
     (void)state;
-    cps__suspect *s = make();
-    uint32_t dead[4];
-    report(s, 10, 7, 2, 1600, 0);
-    uint64_t nonce = probes(s, 3);
-    cps__suspect_answered(s, 1, nonce);
-    cps__suspect_answered(s, 3, nonce);
-    cps__suspect_tick(s, 1000);
-    uint64_t again = asked_again(s, 2);
-    assert_true(cps__suspect_probing(s));
-    cps__suspect_answered(s, 2, again);
-    cps__suspect_tick(s, 1400);
-    assert_int_equal(deaths(s, dead), 0);
-    assert_false(cps__suspect_probing(s));
-    cps__suspect_tick(s, 60000);
-    assert_int_equal(deaths(s, dead), 0);
-    cps__suspect_destroy(s);
+    uint64_t first, again;
+    cps__suspect_destroy(server_2_asked_again_answers(0, &first, &again));
 }
 
 /* A slow server whose answer to the round's first probe arrives after it was asked again, and
@@ -351,22 +363,9 @@ static void one_late_answer_is_asked_again_not_a_death(void **state)
 static void a_late_answer_to_the_first_probe_still_counts(void **state)
 {
     (void)state;
-    cps__suspect *s = make();
+    uint64_t nonce, again;
+    cps__suspect *s = server_2_asked_again_answers(1, &nonce, &again);
     uint32_t dead[4];
-    report(s, 10, 7, 2, 1600, 0);
-    uint64_t nonce = probes(s, 3);
-    cps__suspect_answered(s, 1, nonce);
-    cps__suspect_answered(s, 3, nonce);
-    cps__suspect_tick(s, 1000);
-    uint64_t again = asked_again(s, 2);
-    assert_true(again != nonce);
-    cps__suspect_answered(s, 2, nonce);
-    cps__suspect_tick(s, 1500);
-    assert_int_equal(deaths(s, dead), 0);
-    assert_false(cps__suspect_probing(s));
-    cps__suspect_answered(s, 2, again); /* the second answer, later still: no harm */
-    cps__suspect_tick(s, 60000);
-    assert_int_equal(deaths(s, dead), 0);
     /* The next round is judged afresh: its first probe's nonce is new, and the old round's
      * answers clear nobody. */
     assert_int_equal(report(s, 10, 7, 2, 1600, 60000), CPS_SUS_PROBING);
