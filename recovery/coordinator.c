@@ -37,7 +37,7 @@ int cps__coord_create(const cps__coord_config *cfg, cps__coord **out)
     int rc = c->nodes && c->former && c->former_epoch ? cps__detector_create(&dc, &c->detector)
                                                       : CPS_ENOMEM;
     cps__suspect_config sc = {cps__suspect_evidence_ms(c->cfg.dead_after_ms),
-                              cps__suspect_probe_ms(c->cfg.dead_after_ms)};
+                              cps__suspect_probe_ms(c->cfg.dead_after_ms), cfg->single_probe};
     if (rc == 0)
         rc = cps__suspect_create(&sc, &c->suspect);
     if (rc != 0) {

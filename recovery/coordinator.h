@@ -40,6 +40,7 @@ typedef struct cps__coord_config {
     uint32_t save_retry_ms;   /* a failed save of the view is retried this often */
     uint32_t id_limit;        /* node ids stay below this (the shell's temporary peers above) */
     uint64_t now;             /* start time: the join timeout counts from it */
+    int single_probe;         /* tests only: see cps__suspect_config (0 in production) */
 } cps__coord_config;
 
 /* A member as the coordinator keeps it; read-only for the shell (STATUS, /metrics). */

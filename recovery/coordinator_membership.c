@@ -462,7 +462,7 @@ void cps__co_repair(cps__coord *c, uint64_t now)
     int n = cps__repair_tick(c->repair, &c->view, now);
     const cps__repair_action *a;
     size_t na = n > 0 ? cps__repair_actions(c->repair, &a) : 0;
-    uint32_t trims = 0;
+    uint32_t trims = 0, evicted = 0;
     char why[128] = "";
     for (size_t i = 0; i < na; i++) {
         if (a[i].kind == CPS_RA_TIMED_OUT) {
@@ -478,6 +478,15 @@ void cps__co_repair(cps__coord *c, uint64_t now)
                         a[i].node, c->view.replicas);
             if (!trims++)
                 snprintf(why, sizeof why, "server %u left range %u", a[i].node, a[i].range);
+            continue;
+        }
+        if (a[i].kind == CPS_RA_EVICTED) {
+            chain_remove(&c->view.ranges[a[i].range], a[i].node);
+            evicted++;
+            cps__co_log(c, CPS_LOG_WARN,
+                        "range %u: server %u did not confirm in time that it caught up with "
+                        "server %u; it leaves the chain and will copy the range again",
+                        a[i].range, a[i].node, a[i].source);
             continue;
         }
         if (a[i].kind != CPS_RA_JOIN)
@@ -502,8 +511,12 @@ void cps__co_repair(cps__coord *c, uint64_t now)
                         "server %u",
                         a[i].range, a[i].live, c->view.replicas, a[i].node, a[i].source);
     }
-    if (trims || appended) {
-        if (trims + appended > 1 || !trims)
+    if (trims || appended || evicted) {
+        if (evicted)
+            snprintf(why, sizeof why,
+                     "%u joiner(s) became tails, %u move(s) completed, %u unconfirmed tail(s) left",
+                     appended, trims, evicted);
+        else if (trims + appended > 1 || !trims)
             snprintf(why, sizeof why, "%u joiner(s) became tails, %u move(s) completed", appended,
                      trims);
         cps__co_publish(c, why);

@@ -14,7 +14,7 @@ typedef struct pending_join {
     /* Appended as tail, not yet holding all its predecessor acknowledged (see repair.h). */
     uint32_t unconfirmed;
     uint32_t unconfirmed_pred;
-    uint64_t unconfirmed_until; /* its confirmation holds repairs of the range back till then */
+    uint64_t unconfirmed_until; /* its probation: it confirms by then, or leaves the chain */
     /* A move (rebalance or drain): the member that leaves the chain once the joiner is a
      * confirmed replica; 0 for a repair. */
     uint32_t leaving;
@@ -25,7 +25,7 @@ struct cps__repair {
     cps__repair_config cfg;
     pending_join *joins; /* cfg.nranges */
     uint64_t next_join_id;
-    /* At most two per range per call (a timeout and a new join). */
+    /* At most two per range per call (a timeout, then a new join or an eviction). */
     cps__repair_action *actions;
     size_t nactions;
     uint32_t draining[CPS_MAX_NODES]; /* servers being drained (0: free slot) */
@@ -146,10 +146,10 @@ int cps__repair_declare_dead(cps__repair *rp, const cps__view *in, uint32_t node
                 rg->chain[k++] = node; /* the dead one has it all: the range waits for it */
             rg->chain_len = k;
             act(rp, CPS_RA_EVICTED, r, pj->unconfirmed, node, 0, pj->id);
-            /* A copy being made from it (its confirmation was lost, so the range was repaired
-             * from it) lacks what it lacks: abandoned too, or the copy joins a chain it cannot
-             * catch up with (simulator seed 8334: its predecessor came back as head without
-             * the updates between). */
+            /* A copy being made from it lacks what it lacks: abandoned too, or the copy joins a
+             * chain it cannot catch up with (simulator seed 8334: its predecessor came back as
+             * head without the updates between). No copy starts from an unconfirmed tail any
+             * more (it leaves the chain when its probation ends), so this only guards. */
             if (pj->joiner && pj->source == pj->unconfirmed)
                 pj->joiner = 0;
             pj->unconfirmed = 0;
@@ -292,11 +292,12 @@ int cps__repair_tick(cps__repair *rp, const cps__view *v, uint64_t now)
                 tail = rg->chain[j];
             }
         /* A tail still unconfirmed may lack acknowledged updates: a copy of it would too, and
-         * the copy's own unconfirmed mark would replace its (one per range). Its confirmation
-         * travels once, unacknowledged: when it is lost the range is repaired after all. */
+         * the copy's own unconfirmed mark would replace its (one per range). */
         int held = pj->unconfirmed && now <= pj->unconfirmed_until;
         if (pj->joiner || held || live == 0)
             continue;
+        if (pj->unconfirmed && !in_chain(rg, pj->unconfirmed))
+            pj->unconfirmed = 0; /* gone from the chain some other way (an empty store) */
         if (live > v->replicas && live == rg->chain_len) {
             /* A move's joiner is a confirmed replica: the member it replaces leaves. */
             uint32_t victim = trim_victim(pj, v, rg);
@@ -304,6 +305,20 @@ int cps__repair_tick(cps__repair *rp, const cps__view *v, uint64_t now)
             pj->move_confirmed = 0;
             pj->unconfirmed = 0;
             act(rp, CPS_RA_TRIM, r, victim, 0, live, 0);
+            continue;
+        }
+        if (pj->unconfirmed) {
+            /* Its probation is over and it never said it holds what its predecessor
+             * acknowledged: it may still lack some (the predecessor's re-sends never reached it,
+             * or its confirmation was lost; it cannot tell us which). Taken for a full replica,
+             * it would be copied from, its copy's mark would replace its own, and its
+             * predecessor's death would leave the two of them holding the range without an
+             * acknowledged update (simulator seed 8085 with one probe: a balance move copied
+             * such a tail). It leaves the chain like a join that did not catch up in time, and
+             * the range is copied afresh from the members before it: a lost confirmation costs a
+             * copy, never an update. */
+            act(rp, CPS_RA_EVICTED, r, pj->unconfirmed, pj->unconfirmed_pred, live - 1, pj->id);
+            pj->unconfirmed = 0;
             continue;
         }
         pj->leaving = 0;

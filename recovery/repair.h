@@ -8,7 +8,10 @@
  * A joiner reports CAUGHT_UP twice: once its snapshot is installed (it becomes the tail), and
  * again once it holds everything its predecessor acknowledged (cps__chain_can_serve_pull). In
  * between it is "unconfirmed": if that predecessor dies, the joiner may lack acknowledged updates
- * nobody can re-send, so it leaves the chain with it and the range is copied afresh.
+ * nobody can re-send, so it leaves the chain with it and the range is copied afresh. It is never
+ * copied from, and it is on probation for join_give_up_ms: one that has not confirmed by then
+ * leaves the chain too (it may never have caught up; its confirmation, sent once, may have been
+ * lost: either way only its predecessor is known to hold everything acknowledged).
  *
  * Not thread-safe: one event loop owns a cps__repair. */
 #ifndef CPS_RECOVERY_REPAIR_H
@@ -40,7 +43,9 @@ enum cps__repair_action_kind {
     /* The join of `range` by `node` did not catch up before its deadline: abandoned. */
     CPS_RA_TIMED_OUT,
     /* `node` had joined `range` but not caught up with `source`, which died: it left the chain
-     * too and the range will be copied again. */
+     * too and the range will be copied again (cps__repair_declare_dead). Of cps__repair_tick:
+     * `node` did not confirm within join_give_up_ms that it caught up with `source`: the caller
+     * takes it out of the chain in the next view, and the range will be copied again. */
     CPS_RA_EVICTED,
     /* `range` has more live replicas than R, all confirmed (a move's joiner caught up): take
      * `node` out of its chain in the next view (it stays alive and drops the range). */
@@ -99,11 +104,12 @@ int cps__repair_draining(const cps__repair *rp, uint32_t node);
 uint32_t cps__repair_load(const cps__repair *rp, const cps__view *v, uint32_t node);
 
 /* A repair round at `now` over view v (borrowed): joins past their deadline are abandoned
- * (CPS_RA_TIMED_OUT), and every range with at least one but fewer than v->replicas live
- * replicas, no join under way and no unconfirmed tail (for join_give_up_ms after it joined: a
- * lost confirmation must not stop repairs for good) gets one (CPS_RA_JOIN): the live server not
- * in its chain that holds or is copying the fewest ranges (the lowest position in v->nodes on a
- * tie; never a draining one) copies it from the range's live tail. No spare server: no join.
+ * (CPS_RA_TIMED_OUT), an unconfirmed tail past its probation (join_give_up_ms after it joined)
+ * is evicted (CPS_RA_EVICTED; the range waits for the next view), and every range with at least
+ * one but fewer than v->replicas live replicas, no join under way and no unconfirmed tail gets
+ * one (CPS_RA_JOIN): the live server not in its chain that holds or is copying the fewest ranges
+ * (the lowest position in v->nodes on a tie; never a draining one) copies it from the range's
+ * live tail. No spare server: no join.
  *
  * Then balance, for ranges with exactly R live replicas, nothing under way and nothing
  * unconfirmed, at most CPS_REPAIR_MAX_MOVES at once: a range with a draining member, or whose

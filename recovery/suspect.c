@@ -9,7 +9,8 @@
 typedef struct watched {
     uint32_t node;
     uint64_t probed;  /* the nonce of its outstanding probe, the current one (0: none) */
-    int answered;     /* it answered that probe */
+    uint64_t first;   /* the nonce of the round's probe, still proof of life when asked again */
+    int answered;     /* it answered a probe of this round */
     int tries;        /* 1: the round's probe; 2: asked again after leaving it unanswered */
     uint64_t sent_ms; /* when the current probe went out */
 } watched;
@@ -73,7 +74,7 @@ int cps__suspect_watch(cps__suspect *s, uint32_t node)
     if (rc != 0)
         return rc;
     /* Not probed in a round under way: it is judged from the next one. */
-    s->w[s->n++] = (watched){node, 0, 0, 0, 0};
+    s->w[s->n++] = (watched){node, 0, 0, 0, 0, 0};
     return 0;
 }
 
@@ -137,7 +138,7 @@ int cps__suspect_report(cps__suspect *s, const cps__suspect_report_in *in, uint6
      * answered, which is the head even when the head waits on a successor that is cut off. */
     uint64_t nonce = next_nonce(s); /* the round's; a probe asked again gets its own */
     for (size_t i = 0; i < s->n; i++) {
-        s->w[i] = (watched){s->w[i].node, nonce, 0, 1, now};
+        s->w[i] = (watched){s->w[i].node, nonce, nonce, 0, 1, now};
         s->acts[s->nacts++] =
             (cps__suspect_action){CPS_SUS_PROBE, s->w[i].node, s->w[i].probed, 0, in->reporter};
     }
@@ -147,7 +148,10 @@ int cps__suspect_report(cps__suspect *s, const cps__suspect_report_in *in, uint6
 void cps__suspect_answered(cps__suspect *s, uint32_t node, uint64_t nonce)
 {
     watched *w = find(s, node);
-    if (w && nonce != 0 && w->probed == nonce)
+    /* Either probe of the round: an answer to the first one, however late, was sent by a server
+     * that got our message in this round, which is all the round asks. A nonce of an earlier
+     * round or life is neither. */
+    if (w && nonce != 0 && w->probed && (w->probed == nonce || w->first == nonce))
         w->answered = 1;
 }
 
@@ -174,10 +178,10 @@ void cps__suspect_tick(cps__suspect *s, uint64_t now)
         if (since(w->sent_ms, now) < probe_limit(s, w)) {
             waiting = 1;
             i++;
-        } else if (w->tries == 1) {
-            /* One late message is not a death: ask again, and judge by that probe alone (an
-             * answer to the first one no longer counts: it answers a question not asked). */
-            *w = (watched){w->node, next_nonce(s), 0, 2, now};
+        } else if (w->tries == 1 && !s->cfg.single_probe) {
+            /* One late message is not a death: ask again. The first probe's answer still counts
+             * if it comes (the message held back may be the probe or its answer). */
+            *w = (watched){w->node, next_nonce(s), w->first, 0, 2, now};
             s->acts[s->nacts++] =
                 (cps__suspect_action){CPS_SUS_PROBE, w->node, w->probed, 0, s->round_by};
             waiting = 1;

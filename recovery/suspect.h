@@ -10,11 +10,12 @@
  * look for itself: it probes every watched server (CPS_MSG_PROBE, sent to each server's inbox,
  * the same way the reporters' requests go, and answered by the server's event loop). A server
  * that leaves the probe unanswered for probe_ms is asked again, and is declared dead when it
- * leaves that probe, the current one, unanswered for probe_ms / 2 too: one message held back
- * (the simulator's long delays, seeds 8540 and 9471 of --faults scale) is not a death. Every
- * probe has its own nonce, which the answer echoes: an answer counts only for the probe it
- * answers (not for a later one, nor across the scheduler's restarts). Why not "unanswered for long
- * enough" or "two reporters": a reporter cannot tell an unreachable server from one that holds
+ * leaves both of them unanswered for probe_ms / 2 more: one message held back (the simulator's
+ * long delays, seeds 8540 and 9471 of --faults scale) is not a death. Every probe has its own
+ * nonce, which the answer echoes: an answer counts for the round of the probe it answers, either
+ * of its two probes (a late answer to the first still proves the server got our message in this
+ * round), and never for a later round or across the scheduler's restarts. Why not "unanswered for
+ * long enough" or "two reporters": a reporter cannot tell an unreachable server from one that holds
  * its request on purpose (a sync step waits for the slowest worker; an SSP pull waits for the
  * clocks), from one slow to answer, or from a break in its own link; two workers waiting on the
  * same step see the same silence. The probe asks the one question that matters -- does traffic
@@ -26,8 +27,8 @@
  * about a chain that no longer exists); its reporter is a live member of the view (a node
  * declared dead is cut off, and its view of others proves nothing); the suspect is a watched
  * server other than the reporter; and its requests went unanswered for at least evidence_ms. A
- * probe round starts at most once per probe_ms; a server answering its current probe clears it
- * for that round.
+ * probe round starts at most once per probe_ms; a server answering either of the round's probes
+ * clears it for that round.
  *
  * Lost heartbeats play no part here, and a lost probe is re-sent by TCP: on a lossy link a probe
  * is late by a retransmission timeout or two (hundreds of ms), not by probe_ms.
@@ -72,6 +73,11 @@ int cps__suspect_list_add(cps__suspect_entry *e, uint32_t *n, uint32_t node, uin
 typedef struct cps__suspect_config {
     uint32_t evidence_ms; /* a report counts when unanswered this long (> 0) */
     uint32_t probe_ms;    /* a probed server silent this long is asked again (> 0) */
+    /* Tests only (the simulator's --single-probe): a server that leaves the round's probe
+     * unanswered for probe_ms is dead, without being asked again. False deaths of slow servers
+     * become common, which the protocol must survive (correctness never rests on the detector);
+     * the second probe only makes them rare. 0 in production. */
+    int single_probe;
 } cps__suspect_config;
 
 /* Verdicts of cps__suspect_report. */
@@ -120,13 +126,13 @@ void cps__suspect_epoch(cps__suspect *s, uint64_t epoch);
  * round (see cps__suspect_actions). */
 int cps__suspect_report(cps__suspect *s, const cps__suspect_report_in *in, uint64_t now);
 
-/* `node` answered probe `nonce`. Only its current probe counts: an answer to a probe it was
- * asked again after, to an earlier round, or from an earlier life of the scheduler, and an
- * unknown node, are no-ops. */
+/* `node` answered probe `nonce`. Either probe of the current round counts (the round's first
+ * one, answered late, or the one it was asked again); an answer to a probe of an earlier round
+ * or of an earlier life of the scheduler, and an unknown node, are no-ops. */
 void cps__suspect_answered(cps__suspect *s, uint32_t node, uint64_t nonce);
 
 /* Time passes: a server that left the round's probe unanswered for probe_ms is probed again
- * (CPS_SUS_PROBE, a new nonce); one that left that probe unanswered for probe_ms / 2 becomes a
+ * (CPS_SUS_PROBE, a new nonce); one that left both unanswered for probe_ms / 2 more becomes a
  * CPS_SUS_DEAD action (once; it is no longer watched). */
 void cps__suspect_tick(cps__suspect *s, uint64_t now);
 

@@ -547,7 +547,8 @@ int cps__scheduler_run(const cps__config *cfg)
                             JOIN_GIVE_UP_MS,
                             SAVE_RETRY_MS,
                             CPS_TEMP_PEER_BASE,
-                            cps__loop_now(s.loop)};
+                            cps__loop_now(s.loop),
+                            0};
     if (rc == 0)
         rc = cps__coord_create(&cc, &s.co);
     if (rc == 0)

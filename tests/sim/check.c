@@ -560,6 +560,28 @@ void sim_check_snapshot(sim *sm, sim_server *s, uint32_t r)
     }
 }
 
+/* Invariant 1 at a copy's source: a member of the range that sends its snapshot to a joiner
+ * holds every update acknowledged on the range, or the copy lacks it too, and nobody will send it
+ * (simulator seed 8085 without the second probe, at 4bc79e8: a joined tail that never caught up
+ * with its predecessor was copied from after its probation; the predecessor's death then left the
+ * two of them as the range's holders). Checked when the copy is taken, so that the path fails a
+ * seed even when no death follows. */
+void sim_check_copy_source(sim *sm, const sim_server *s, uint32_t r, uint32_t joiner)
+{
+    if (s->wiped || !sim_is_member(sm, r, s->id))
+        return; /* not a holder: a copy the coordinator will not let join from it */
+    for (uint64_t i = 0; i < sm->nacked; i++) {
+        const sim_acked *k = &sm->acked[i];
+        if (k->range == r && !set_find(&s->rs[r], k->id, k->req_seq)) {
+            sim_fail(sm, "(1) acked is on every replica",
+                     "server %u, a member of range %u, sends server %u a copy without request "
+                     "(id %08x, req %" PRIx64 "), acknowledged to its worker (applied %" PRIu64 ")",
+                     s->id, r, joiner, k->id, k->req_seq, s->rs[r].applied);
+            return;
+        }
+    }
+}
+
 /* Invariant 8: a tail of the current epoch never serves a read older than an update already
  * acknowledged to a worker (after a join: CHAIN_MARK gating, cps__chain_can_serve_pull). */
 void sim_check_fresh_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq)

@@ -4,7 +4,7 @@
  *       [--mode sync|async|ssp|ssp:N] [--faults
  * none|drops|crash|pause|restart|partition|join|scale|all]
  *       [--events N] [--refusals] [--sched-restarts] [--push-pull] [--views-unordered]
- *       [--fwd-crashes] [-v]
+ *       [--fwd-crashes] [--single-probe] [-v]
  *   sim --regressions FILE
  *
  * Parameters not given are drawn from the seed, from a stream of their own, in a fixed order:
@@ -27,8 +27,9 @@
  * coordinator (recovery/coordinator.c), configured as production configures it: the sim fakes
  * only the network, the stores, the clock and the processes. --refusals lets the head refuse some
  * pushes (unknown keys: a SKIP update); --sched-restarts makes some faults restarts of the
- * scheduler (it resumes from what it persisted). Fault kinds: see sim.h; `all` mixes every
- * kind. */
+ * scheduler (it resumes from what it persisted); --single-probe makes the coordinator declare a
+ * server dead after one unanswered probe (false deaths of slow servers become common). Fault
+ * kinds: see sim.h; `all` mixes every kind. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,7 +47,7 @@ typedef struct cli {
     uint32_t backup; /* --backup-workers B: sync mode, at least B+1 workers */
     uint64_t events;
     int verbose, refusals, sched_restarts, push_pull, views_unordered, fwd_crashes, allow_rollback,
-        wipe_sole;
+        wipe_sole, single_probe;
     const char *regressions;
 } cli;
 
@@ -62,7 +63,7 @@ static void usage(void)
             "           [--faults none|drops|crash|pause|restart|partition|join|scale|all]\n"
             "           [--events N] [--refusals] [--sched-restarts] [--push-pull]\n"
             "           [--views-unordered] [--allow-rollback] [--wipe-sole]\n"
-            "           [--backup-workers B] [--fwd-crashes] [-v]\n"
+            "           [--backup-workers B] [--fwd-crashes] [--single-probe] [-v]\n"
             "       sim --regressions FILE\n");
 }
 
@@ -125,6 +126,10 @@ static int parse_args(int argc, char **argv, cli *c)
         }
         if (strcmp(a, "--wipe-sole") == 0) {
             c->wipe_sole = 1;
+            continue;
+        }
+        if (strcmp(a, "--single-probe") == 0) {
+            c->single_probe = 1;
             continue;
         }
         i++;
@@ -236,6 +241,9 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
      * where crash faults are drawn, a server may stop between a FWD it sent ahead of its WRITE
      * and that WRITE, at 1 in 50 of those points while no other fault is pending. */
     p->fwd_crash_per_mille = c->fwd_crashes ? 20 : 0;
+    /* Off unless asked: without the second probe, false deaths of slow servers are common (the
+     * protocol must survive them), and the runs of the other tests' seeds stay as they were. */
+    p->single_probe = c->single_probe;
     if (p->replicas > p->servers) {
         fprintf(stderr, "sim: --replicas %u > --servers %u\n", p->replicas, p->servers);
         return -1;
@@ -271,6 +279,8 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --allow-rollback");
     if (c->wipe_sole)
         printf(" --wipe-sole");
+    if (c->single_probe)
+        printf(" --single-probe");
     if (c->backup)
         printf(" --backup-workers %u", c->backup);
     printf("\n");

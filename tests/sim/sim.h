@@ -124,6 +124,9 @@ typedef struct sim_params {
      * keep their runs. The coordinator keeps the range unavailable until the old disk is back
      * (sim_old_disk_back), or with allow_rollback gives it to the server that left it last. */
     int wipe_sole;
+    /* --single-probe: the coordinator declares a server dead after one unanswered probe
+     * (recovery/suspect.h), so false deaths of slow servers are common; never drawn. */
+    int single_probe;
 } sim_params;
 
 typedef struct sim_summary {
@@ -416,6 +419,7 @@ void sim_rstore_clear(sim_rstore *st);
 void sim_old_disk_back(sim *sm, uint32_t id);
 void sim_rstore_copy(sim_rstore *dst, const sim_rstore *src);
 void sim_check_snapshot(sim *sm, sim_server *s, uint32_t r);
+void sim_check_copy_source(sim *sm, const sim_server *s, uint32_t r, uint32_t joiner);
 void sim_check_fresh_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq);
 void sim_check_read(sim *sm, sim_server *s, uint32_t r, uint64_t seq, uint64_t hash);
 void sim_check_acked(sim *sm, sim_worker *w, const sim_req *q);

@@ -524,6 +524,7 @@ void sim_snapshot_run(sim *sm, sim_msg *m)
             exit(2);
         }
     }
+    sim_check_copy_source(sm, s, h.range, m->to);
     sim_snap *sn = sim_xcalloc(1, sizeof *sn);
     sn->range = h.range;
     sn->source = s->id;

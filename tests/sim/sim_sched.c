@@ -308,8 +308,9 @@ static void perform(sim *sm, int send)
 
 static void create(sim *sm)
 {
-    cps__coord_config cc = {&sm->sched_cfg, SIM_REPAIR_MS, SIM_BATCH_MS, SIM_JOIN_GIVE_UP_MS, 200,
-                            SIM_TOOL,       sm->now};
+    cps__coord_config cc = {
+        &sm->sched_cfg, SIM_REPAIR_MS, SIM_BATCH_MS,      SIM_JOIN_GIVE_UP_MS, 200,
+        SIM_TOOL,       sm->now,       sm->p.single_probe};
     if (cps__coord_create(&cc, &sm->coord) != 0)
         oom();
 }

@@ -36,7 +36,7 @@ static cps__coord *make(uint32_t servers, uint32_t workers)
     cfg.join_timeout_ms = 10000;
     cfg.hold_workers = hold;
     cfg.allow_rollback = allow_rollback;
-    cps__coord_config cc = {&cfg, 500, 100, 5000, 200, 0x40000000u, 0};
+    cps__coord_config cc = {&cfg, 500, 100, 5000, 200, 0x40000000u, 0, 0};
     cps__coord *c = NULL;
     assert_int_equal(cps__coord_create(&cc, &c), 0);
     return c;
@@ -232,16 +232,15 @@ static void a_silent_server_leaves_every_chain_and_repairs_start(void **state)
     cps__coord_destroy(c);
 }
 
-/* Joiners that catch up within the batch window become tails in one view, not one each. */
-static void joiners_caught_up_together_go_out_in_one_view(void **state)
+/* Server 1 of running(4, 2) went silent at t; the joiners that repair its ranges report their
+ * snapshots installed within the batch window and become tails in one view (not one each) at
+ * t + 120. Returns how many (joins[k], peers[k]: the orders and whom they went to). */
+static uint32_t joiners_become_tails(cps__coord *c, uint64_t t, cps__msg_hdr joins[8],
+                                     uint32_t peers[8])
 {
-    (void)state;
-    cps__coord *c = running(4, 2);
-    uint64_t t = silence_server_1(c);
     perform(c, 0, t);
     const cps__coord_out *o = cps__coord_ready(c);
-    cps__msg_hdr joins[8];
-    uint32_t peers[8], nj = 0;
+    uint32_t nj = 0;
     for (size_t i = 0; i < o->n && nj < 8; i++)
         if (o->a[i].kind == CPS_CO_MSG && o->a[i].hdr.type == CPS_MSG_JOIN_RANGE) {
             joins[nj] = o->a[i].hdr;
@@ -269,6 +268,62 @@ static void joiners_caught_up_together_go_out_in_one_view(void **state)
         assert_int_equal(rg->chain[rg->chain_len - 1], peers[k]);
     }
     assert_true(logged(c, "joiner(s) became tails"));
+    return nj;
+}
+
+/* Joiners that catch up within the batch window become tails in one view, not one each. */
+static void joiners_caught_up_together_go_out_in_one_view(void **state)
+{
+    (void)state;
+    cps__coord *c = running(4, 2);
+    cps__msg_hdr joins[8];
+    uint32_t peers[8];
+    joiners_become_tails(c, silence_server_1(c), joins, peers);
+    cps__coord_destroy(c);
+}
+
+/* A joined tail that never confirms it holds what its predecessor acknowledged (it may lack
+ * some; simulator seed 8085 without the second probe) leaves its chain once its probation
+ * (join_give_up_ms) is over, in a new view, and the range is copied again; one that confirmed
+ * stays. */
+static void a_tail_that_never_confirms_leaves_its_chain(void **state)
+{
+    (void)state;
+    cps__coord *c = running(4, 2);
+    cps__msg_hdr joins[8];
+    uint32_t peers[8];
+    uint64_t t = silence_server_1(c);
+    uint32_t nj = joiners_become_tails(c, t, joins, peers);
+    done(c);
+    cps__msg_hdr h = {.type = CPS_MSG_CAUGHT_UP,
+                      .sender = peers[0],
+                      .epoch = cps__coord_epoch(c),
+                      .range = joins[0].range,
+                      .step = joins[0].step,
+                      .aux = 1};
+    assert_int_equal(cps__coord_step(c, &h, NULL, 0, peers[0], t + 200), 0);
+    /* Their probation: join_give_up_ms (5000) from their reports (t + 10 k). */
+    uint64_t epoch = cps__coord_epoch(c);
+    int told = 0;
+    for (uint64_t now = t + 200; now <= t + 6200; now += 100) {
+        done(c);
+        for (uint32_t id = 2; id <= 6; id++)
+            msg(c, CPS_MSG_HEARTBEAT, id, now);
+        cps__coord_tick(c, now, NULL, 0);
+        told |= logged(c, "did not confirm in time");
+        if (now <= t + 5000)
+            assert_int_equal(cps__coord_epoch(c), epoch);
+    }
+    assert_true(told);
+    assert_true(cps__coord_epoch(c) > epoch);
+    const cps__view *v = cps__coord_view(c);
+    const cps__range *rg = &v->ranges[joins[0].range];
+    assert_int_equal(rg->chain[rg->chain_len - 1], peers[0]); /* confirmed: stays */
+    for (uint32_t k = 1; k < nj; k++) {
+        rg = &v->ranges[joins[k].range];
+        for (uint32_t j = 0; j < rg->chain_len; j++)
+            assert_int_not_equal(rg->chain[j], peers[k]);
+    }
     cps__coord_destroy(c);
 }
 
@@ -1132,6 +1187,7 @@ int main(void)
         cmocka_unit_test(a_view_that_cannot_be_saved_is_held),
         cmocka_unit_test(a_silent_server_leaves_every_chain_and_repairs_start),
         cmocka_unit_test(joiners_caught_up_together_go_out_in_one_view),
+        cmocka_unit_test(a_tail_that_never_confirms_leaves_its_chain),
         cmocka_unit_test(a_barrier_waits_for_every_live_worker),
         cmocka_unit_test(the_job_ends_when_every_worker_finished),
         cmocka_unit_test(a_gone_worker_is_dead_unless_it_finished),

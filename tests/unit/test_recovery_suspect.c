@@ -11,7 +11,7 @@
 /* Servers 1, 2, 3; workers 10, 11. Evidence 1500 ms, probes answered within 1000 ms. */
 static cps__suspect *make(void)
 {
-    cps__suspect_config cfg = {1500, 1000};
+    cps__suspect_config cfg = {1500, 1000, 0};
     cps__suspect *s = NULL;
     assert_int_equal(cps__suspect_create(&cfg, &s), 0);
     for (uint32_t n = 1; n <= 3; n++)
@@ -95,7 +95,7 @@ static void bad_config_is_refused(void **state)
 {
     (void)state;
     cps__suspect *s = NULL;
-    cps__suspect_config zero_ev = {0, 1000}, zero_probe = {1500, 0};
+    cps__suspect_config zero_ev = {0, 1000, 0}, zero_probe = {1500, 0, 0};
     assert_int_equal(cps__suspect_create(&zero_ev, &s), CPS_EINVAL);
     assert_int_equal(cps__suspect_create(&zero_probe, &s), CPS_EINVAL);
     assert_int_equal(cps__suspect_create(NULL, &s), CPS_EINVAL);
@@ -159,8 +159,8 @@ static void slow_but_answering_server_is_not_killed(void **state)
     cps__suspect_destroy(s);
 }
 
-/* An answer to an earlier round does not clear a node in the current one, nor does a late
- * answer to the probe it was asked again after: only the current probe counts. */
+/* An answer to an earlier round does not clear a node in the current one, whether it comes
+ * before or after the node is asked again: only the probes of the current round count. */
 static void old_probe_answer_does_not_count(void **state)
 {
     (void)state;
@@ -183,8 +183,8 @@ static void old_probe_answer_does_not_count(void **state)
     cps__suspect_tick(s, 2000);
     uint64_t third = asked_again(s, 3);
     assert_true(third != second && third != first);
-    cps__suspect_answered(s, 3, second); /* the superseded probe, answered late */
-    cps__suspect_answered(s, 3, first);
+    cps__suspect_answered(s, 3, first);     /* the earlier round's, again */
+    cps__suspect_answered(s, 3, third + 1); /* no probe of ours */
     cps__suspect_tick(s, 2500);
     assert_int_equal(deaths(s, dead), 1);
     assert_int_equal(dead[0], 3);
@@ -320,28 +320,67 @@ static void a_tick_older_than_the_round_waits(void **state)
     cps__suspect_destroy(s);
 }
 
+/* A round started at 0 by a report on server 2, which alone leaves the round's probe (*first)
+ * unanswered: asked again (*again) at 1000, then answers probe `answer` (either) and lives: no
+ * death, however long after, and the round is over. */
+static cps__suspect *server_2_asked_again_answers(int answer_first, uint64_t *first,
+                                                  uint64_t *again)
+{
+    cps__suspect *s = make();
+    uint32_t dead[4];
+    report(s, 10, 7, 2, 1600, 0);
+    *first = probes(s, 3);
+    cps__suspect_answered(s, 1, *first);
+    cps__suspect_answered(s, 3, *first);
+    cps__suspect_tick(s, 1000);
+    *again = asked_again(s, 2);
+    assert_true(*again != *first);
+    assert_true(cps__suspect_probing(s));
+    cps__suspect_answered(s, 2, answer_first ? *first : *again);
+    cps__suspect_tick(s, 1500);
+    assert_int_equal(deaths(s, dead), 0);
+    assert_false(cps__suspect_probing(s));
+    cps__suspect_answered(s, 2, answer_first ? *again : *first); /* the other one, later: no harm */
+    cps__suspect_tick(s, 60000);
+    assert_int_equal(deaths(s, dead), 0);
+    return s;
+}
+
 /* Regression (seeds 8540 and 9471 of sim --faults scale): a live server whose probe, or its
  * answer, is held back once past probe_ms was declared dead on that one late message. It is
  * asked again, and answering that probe clears it; the round then ends. */
 static void one_late_answer_is_asked_again_not_a_death(void **state)
 {
     (void)state;
-    cps__suspect *s = make();
+    uint64_t first, again;
+    cps__suspect_destroy(server_2_asked_again_answers(0, &first, &again));
+}
+
+/* A slow server whose answer to the round's first probe arrives after it was asked again, and
+ * whose answer to the second is slower still: the first answer proves it got our message in
+ * this round, so it lives (judged by the second probe alone, it died on the shorter half-window
+ * with its answer to the first in hand). */
+static void a_late_answer_to_the_first_probe_still_counts(void **state)
+{
+    (void)state;
+    uint64_t nonce, again;
+    cps__suspect *s = server_2_asked_again_answers(1, &nonce, &again);
     uint32_t dead[4];
-    report(s, 10, 7, 2, 1600, 0);
-    uint64_t nonce = probes(s, 3);
-    cps__suspect_answered(s, 1, nonce);
-    cps__suspect_answered(s, 3, nonce);
-    cps__suspect_tick(s, 1000);
-    uint64_t again = asked_again(s, 2);
-    cps__suspect_answered(s, 2, nonce); /* the first answer arrives: it answers no current probe */
-    assert_true(cps__suspect_probing(s));
+    /* The next round is judged afresh: its first probe's nonce is new, and the old round's
+     * answers clear nobody. */
+    assert_int_equal(report(s, 10, 7, 2, 1600, 60000), CPS_SUS_PROBING);
+    uint64_t next = probes(s, 3);
+    assert_true(next != nonce && next != again);
+    cps__suspect_answered(s, 1, next);
+    cps__suspect_answered(s, 3, next);
+    cps__suspect_answered(s, 2, nonce);
     cps__suspect_answered(s, 2, again);
-    cps__suspect_tick(s, 1400);
-    assert_int_equal(deaths(s, dead), 0);
-    assert_false(cps__suspect_probing(s));
-    cps__suspect_tick(s, 60000);
-    assert_int_equal(deaths(s, dead), 0);
+    cps__suspect_tick(s, 61000);
+    asked_again(s, 2);
+    cps__suspect_answered(s, 2, nonce);
+    cps__suspect_tick(s, 61500);
+    assert_int_equal(deaths(s, dead), 1);
+    assert_int_equal(dead[0], 2);
     cps__suspect_destroy(s);
 }
 
@@ -385,6 +424,7 @@ int main(void)
         cmocka_unit_test(a_tick_older_than_the_round_waits),
         cmocka_unit_test(a_tick_before_the_round_started_declares_nobody_dead),
         cmocka_unit_test(one_late_answer_is_asked_again_not_a_death),
+        cmocka_unit_test(a_late_answer_to_the_first_probe_still_counts),
         cmocka_unit_test(nonces_of_an_earlier_life_do_not_count),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
