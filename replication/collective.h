@@ -43,7 +43,9 @@
 /* On the wire in the message header's `range` field (docs/wire.md, CPS_MSG_COLL). */
 enum cps__coll_kind {
     CPS_COLL_DATA = 0,  /* a chunk of a ring step: index = step * C + chunk */
-    CPS_COLL_RESULT = 1 /* a completed collective's whole result (index 0) */
+    CPS_COLL_RESULT = 1, /* a completed collective's whole result (index 0) */
+    /* 2 and 3 are the shell's (a replacement's state request and its answer). */
+    CPS_COLL_ASK = 4 /* "send your result of seq to all": from a member that cannot run it */
 };
 
 enum cps__coll_op { CPS_COLL_SUM = 0, CPS_COLL_MEAN = 1 };
@@ -77,7 +79,7 @@ typedef struct cps__coll_act {
 
 typedef struct cps__coll_stats {
     uint64_t completed, failed, restarts, results_sent, results_taken;
-    uint64_t dropped_stale, dropped_bad, stashed;
+    uint64_t dropped_stale, dropped_bad, stashed, asks_sent, helped;
 } cps__coll_stats;
 
 typedef struct cps__coll cps__coll;
@@ -118,9 +120,29 @@ void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now);
  * it on a worker that started with the job: there a peer one collective ahead is normal. */
 void cps__coll_set_joining(cps__coll *c);
 
-/* The next collective started gets sequence number `next` (>= 1). Errors: CPS_EBUSY (one is
- * running, or next == 0). */
+/* The next collective started gets sequence number `next` (>= 1): a replacement's, from the
+ * member it fetched the shared state from (that member's cps__coll_seq when it shared it, + 1).
+ * It ends joining (cps__coll_set_joining): the sequence is known, not guessed. A member whose
+ * sequence was given this way and that gets a peer's chunk of an earlier collective it never ran
+ * (the job's last one, restarted by a survivor under a view that added us) asks every member for
+ * that collective's result (CPS_COLL_ASK), so the survivor completes with it instead of waiting
+ * for our part. Errors: CPS_EBUSY (one is running, or next == 0). */
 int cps__coll_set_next_seq(cps__coll *c, uint64_t next);
+
+/* The running collective's sequence number, else the last started one's (0: none). */
+uint64_t cps__coll_seq(const cps__coll *c);
+
+/* The result of the last collective we completed, kept for members that restart it: 1 and its
+ * seq, values (valid until the next call into the object) and length, or 0 when none is kept. */
+int cps__coll_last_result(const cps__coll *c, uint64_t *seq, const float **vals, uint64_t *n);
+
+/* A replacement keeps the result of collective `seq` that the member it fetched from completed
+ * (that member's cps__coll_last_result, sent with the shared state), after
+ * cps__coll_set_next_seq(seq + 1): when survivors redo `seq` with us, after every member that
+ * completed it died, we answer with it (CPS_COLL_RESULT) instead of leaving them waiting for a
+ * part we never had. The values are copied. Errors: CPS_EINVAL (running, or seq is not the one
+ * before our next), CPS_ENOMEM. */
+int cps__coll_adopt_result(cps__coll *c, uint64_t seq, const float *vals, uint64_t n);
 
 /* Time passes: a collective without progress for timeout_ms fails CPS_ETIMEDOUT. */
 void cps__coll_tick(cps__coll *c, uint64_t now);

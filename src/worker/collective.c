@@ -31,7 +31,8 @@ struct cps_allreduce_handle {
 
 /* Kinds beside the ring's (header `range`): a replacement asks a live worker for the buffer it
  * shares (aux = the length wanted, req_seq = the request's number), and the answer (the values,
- * step = the sharer's step, status = CPS_ENOTFOUND / CPS_ESIZE when it cannot). The shell answers
+ * step = the sharer's step, aux = the sequence number of the collective that follows the shared
+ * state, status = CPS_ENOTFOUND / CPS_ESIZE when it cannot). The shell answers
  * them itself: they are no part of a collective. */
 #define KIND_STATE_REQ  2u
 #define KIND_STATE      3u
@@ -43,9 +44,10 @@ struct cps__ar {
     int joiner; /* this worker took the rank of a dead one (decided at the first view) */
     const float *share_buf;
     uint64_t share_len, share_step;
+    uint64_t share_seq; /* the ring's last collective when the buffer was shared */
     /* a fetch in progress */
     float *fetch_buf;
-    uint64_t fetch_len, fetch_step, fetch_req;
+    uint64_t fetch_len, fetch_step, fetch_req, fetch_seq;
     uint32_t fetch_from;
     int fetch_done, fetch_result;
     uint64_t epoch_fed; /* the view epoch given to the ring */
@@ -281,6 +283,7 @@ static void serve_state(cps_client *c, const cps__msg_hdr *req)
         vals = a->share_buf;
         n = a->share_len;
         h.step = a->share_step;
+        h.aux = a->share_seq + 1; /* the collective that follows the shared state */
     }
     int rc = cps__msg_send(c->tp, req->sender, &h, vals, n * sizeof(float));
     if (rc != 0)
@@ -319,6 +322,7 @@ void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
             } else {
                 memcpy(a->fetch_buf, rx->payload, rx->len);
                 a->fetch_step = h->step;
+                a->fetch_seq = h->aux;
                 a->fetch_result = 1;
             }
         }
@@ -469,6 +473,9 @@ int cps_allreduce_share(cps_client *c, const float *buf, uint64_t len, uint64_t 
         a->share_buf = buf;
         a->share_len = buf ? len : 0;
         a->share_step = step;
+        /* The buffer holds what the collectives up to this one made: a replacement that fetches
+         * it runs the next one (cps__coll_set_next_seq), however the job's end races it. */
+        a->share_seq = cps__coll_seq(a->coll) - (cps__coll_running(a->coll) ? 1 : 0);
     }
     pthread_mutex_unlock(&c->lock);
     return rc;
@@ -554,6 +561,9 @@ int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
         if (rc == 1) {
             if (step)
                 *step = a->fetch_step;
+            /* An older sharer sends no sequence (0): the ring's is then guessed (joining). */
+            if (a->fetch_seq && !cps__coll_running(a->coll) && !a->head)
+                cps__coll_set_next_seq(a->coll, a->fetch_seq);
             cps__log(CPS_LOG_INFO, "allreduce",
                      "replacement: %llu values (step %llu) fetched from worker %u",
                      (unsigned long long)len, (unsigned long long)a->fetch_step, a->fetch_from);
