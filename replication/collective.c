@@ -25,9 +25,9 @@ struct cps__coll {
     uint32_t *members;
     uint32_t nmembers;
     int need_peers;
-    int joining; /* cps__coll_set_joining, until the first completion */
-    int alone;   /* running with no peer: waiting for a view with one */
-    int listen;  /* a joiner restarted by a view: waiting for its predecessor's seq */
+    int joining;   /* cps__coll_set_joining, until the first completion */
+    int alone;     /* running with no peer: waiting for a view with one */
+    int listen;    /* a joiner restarted by a view: waiting for its predecessor's seq */
     int seq_given; /* cps__coll_set_next_seq: our sequence came from a member's completed one */
     /* Helping: our running collective (this seq) is set aside while we run an earlier one that
      * the ring redoes and we skipped (see help()); 0: not helping. */
@@ -680,13 +680,20 @@ int cps__coll_adopt_result(cps__coll *c, uint64_t seq, const float *vals, uint64
     /* index 1: nobody else got it from us, so the first member to ask gets a broadcast. */
     cps__coll_msg m = {
         .kind = CPS_COLL_RESULT, .seq = seq, .index = 1, .n = n, .vals = vals, .count = n};
+    c->nout = 0;
+    if (c->done_seq == seq)
+        return 0; /* a member's broadcast of it came first: the same bits */
     uint64_t taken = c->stats.results_taken;
     keep_result(c, &m);
-    return c->stats.results_taken > taken ? 0 : CPS_ENOMEM;
+    if (c->stats.results_taken == taken)
+        return CPS_ENOMEM;
+    drain_stash(c, 0); /* a survivor's restart of `seq` may be waiting for it */
+    return 0;
 }
 
 int cps__coll_set_next_seq(cps__coll *c, uint64_t next)
 {
+    c->nout = 0;
     if (c->running || next == 0)
         return CPS_EBUSY;
     c->seq = next - 1;
@@ -695,6 +702,8 @@ int cps__coll_set_next_seq(cps__coll *c, uint64_t next)
     c->joining = 0;
     c->listen = 0;
     c->seq_given = 1;
+    /* Messages kept while our sequence was unknown may concern a collective we now skip. */
+    drain_stash(c, 0);
     return 0;
 }
 

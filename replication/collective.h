@@ -42,7 +42,7 @@
 
 /* On the wire in the message header's `range` field (docs/wire.md, CPS_MSG_COLL). */
 enum cps__coll_kind {
-    CPS_COLL_DATA = 0,  /* a chunk of a ring step: index = step * C + chunk */
+    CPS_COLL_DATA = 0,   /* a chunk of a ring step: index = step * C + chunk */
     CPS_COLL_RESULT = 1, /* a completed collective's whole result (index 0) */
     /* 2 and 3 are the shell's (a replacement's state request and its answer). */
     CPS_COLL_ASK = 4 /* "send your result of seq to all": from a member that cannot run it */
@@ -126,7 +126,8 @@ void cps__coll_set_joining(cps__coll *c);
  * sequence was given this way and that gets a peer's chunk of an earlier collective it never ran
  * (the job's last one, restarted by a survivor under a view that added us) asks every member for
  * that collective's result (CPS_COLL_ASK), so the survivor completes with it instead of waiting
- * for our part. Errors: CPS_EBUSY (one is running, or next == 0). */
+ * for our part. Messages kept meanwhile are looked at again: perform the actions
+ * (cps__coll_actions). Errors: CPS_EBUSY (one is running, or next == 0). */
 int cps__coll_set_next_seq(cps__coll *c, uint64_t next);
 
 /* The running collective's sequence number, else the last started one's (0: none). */
@@ -141,7 +142,7 @@ int cps__coll_last_result(const cps__coll *c, uint64_t *seq, const float **vals,
  * cps__coll_set_next_seq(seq + 1): when survivors redo `seq` with us, after every member that
  * completed it died, we answer with it (CPS_COLL_RESULT) instead of leaving them waiting for a
  * part we never had. The values are copied. Errors: CPS_EINVAL (running, or seq is not the one
- * before our next), CPS_ENOMEM. */
+ * before our next), CPS_ENOMEM. Like cps__coll_set_next_seq, it leaves actions to perform. */
 int cps__coll_adopt_result(cps__coll *c, uint64_t seq, const float *vals, uint64_t n);
 
 /* Time passes: a collective without progress for timeout_ms fails CPS_ETIMEDOUT. */

@@ -47,7 +47,7 @@ struct cps__ar {
     uint64_t share_seq; /* the ring's last collective when the buffer was shared */
     /* a fetch in progress */
     float *fetch_buf;
-    uint64_t fetch_len, fetch_step, fetch_req, fetch_seq;
+    uint64_t fetch_len, fetch_step, fetch_req;
     uint32_t fetch_from;
     int fetch_done, fetch_result;
     uint64_t epoch_fed; /* the view epoch given to the ring */
@@ -273,8 +273,8 @@ static void serve_state(cps_client *c, const cps__msg_hdr *req)
                       .req_worker = c->id,
                       .range = KIND_STATE,
                       .req_seq = req->req_seq};
-    const float *vals = NULL;
-    uint64_t n = 0;
+    const float *vals = NULL, *res = NULL;
+    uint64_t n = 0, rseq = 0, rn = 0;
     if (!a->share_buf) {
         h.status = CPS_ENOTFOUND;
     } else if (req->aux != a->share_len) {
@@ -284,8 +284,27 @@ static void serve_state(cps_client *c, const cps__msg_hdr *req)
         n = a->share_len;
         h.step = a->share_step;
         h.aux = a->share_seq + 1; /* the collective that follows the shared state */
+        /* With it, that collective's result: if every member that completed it dies before the
+         * others got it, the replacement answers their restart with it (collective.h). */
+        if (!cps__coll_last_result(a->coll, &rseq, &res, &rn) || rseq != a->share_seq)
+            rn = 0;
     }
-    int rc = cps__msg_send(c->tp, req->sender, &h, vals, n * sizeof(float));
+    int rc;
+    if (rn == 0) {
+        rc = cps__msg_send(c->tp, req->sender, &h, vals, n * sizeof(float));
+    } else {
+        /* The shared values, then the result: the asker knows the first length. */
+        void *buf = cps__msg_alloc(&h, (n + rn) * sizeof(float));
+        rc = CPS_ENOMEM;
+        if (buf) {
+            memcpy((char *)buf + CPS_WIRE_HDR_SIZE, vals, n * sizeof(float));
+            memcpy((char *)buf + CPS_WIRE_HDR_SIZE + n * sizeof(float), res, rn * sizeof(float));
+            rc =
+                cps__tp_send(c->tp, req->sender, buf, CPS_WIRE_HDR_SIZE + (n + rn) * sizeof(float));
+            if (rc != 0)
+                cps__tp_free(buf);
+        }
+    }
     if (rc != 0)
         cps__log(CPS_LOG_WARN, "allreduce", "cannot answer worker %u's state request: %s",
                  req->sender, cps_strerror(rc));
@@ -317,13 +336,23 @@ void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
             a->fetch_done = 1;
             if (h->status < 0) {
                 a->fetch_result = h->status;
-            } else if (count != a->fetch_len) {
+            } else if (count < a->fetch_len) {
                 a->fetch_result = CPS_ESIZE;
             } else {
-                memcpy(a->fetch_buf, rx->payload, rx->len);
+                memcpy(a->fetch_buf, rx->payload, a->fetch_len * sizeof(float));
                 a->fetch_step = h->step;
-                a->fetch_seq = h->aux;
                 a->fetch_result = 1;
+                /* The ring's next collective, and the result of the one before it (if sent): an
+                 * older sharer sends neither, and the sequence is then guessed (joining). */
+                if (h->aux && !cps__coll_running(a->coll) && !a->head &&
+                    cps__coll_set_next_seq(a->coll, h->aux) == 0) {
+                    perform(c);
+                    if (count > a->fetch_len &&
+                        cps__coll_adopt_result(a->coll, h->aux - 1,
+                                               (const float *)rx->payload + a->fetch_len,
+                                               count - a->fetch_len) == 0)
+                        perform(c);
+                }
             }
         }
         return;
@@ -561,9 +590,6 @@ int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
         if (rc == 1) {
             if (step)
                 *step = a->fetch_step;
-            /* An older sharer sends no sequence (0): the ring's is then guessed (joining). */
-            if (a->fetch_seq && !cps__coll_running(a->coll) && !a->head)
-                cps__coll_set_next_seq(a->coll, a->fetch_seq);
             cps__log(CPS_LOG_INFO, "allreduce",
                      "replacement: %llu values (step %llu) fetched from worker %u",
                      (unsigned long long)len, (unsigned long long)a->fetch_step, a->fetch_from);

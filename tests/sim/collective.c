@@ -108,10 +108,10 @@ typedef struct model {
     uint32_t nrec;
     uint64_t hash;
     uint32_t restarts, results_taken, enopeer;
-    int guess;             /* --guess-seq: replacements fetch nothing and guess the ring's seq */
-    int no_adopt;          /* --no-adopt: a fetch brings the seq but not the last result */
-    int slow;              /* --slow: a worker stalls (its messages wait) for a while */
-    uint32_t slow_w;       /* which */
+    int guess;       /* --guess-seq: replacements fetch nothing and guess the ring's seq */
+    int no_adopt;    /* --no-adopt: a fetch brings the seq but not the last result */
+    int slow;        /* --slow: a worker stalls (its messages wait) for a while */
+    uint32_t slow_w; /* which */
     uint64_t slow_from, slow_until;
     uint32_t slow_delayed; /* messages the stall held back */
 } model;
@@ -428,12 +428,21 @@ static void deliver_view(model *m, uint32_t wi, uint64_t epoch)
                                  rseq == at && !m->no_adopt;
                 }
         if (found && !m->guess) {
-            if (cps__coll_set_next_seq(w->c, at + 1) != 0 ||
-                (has_result && cps__coll_adopt_result(w->c, rseq, rvals, rn) != 0)) {
-                sim_fail(&m->v, "replacement %u: cps__coll_set_next_seq/adopt failed", w->id);
+            if (cps__coll_set_next_seq(w->c, at + 1) != 0) {
+                sim_fail(&m->v, "replacement %u: cps__coll_set_next_seq failed", w->id);
                 return;
             }
+            perform(m, wi);
+            if (has_result && cps__coll_adopt_result(w->c, rseq, rvals, rn) != 0) {
+                sim_fail(&m->v, "replacement %u: cps__coll_adopt_result failed", w->id);
+                return;
+            }
+            perform(m, wi);
         }
+        if (m->verbose)
+            printf("  t=%" PRIu64 " replacement %u fetches: next collective %" PRIu64
+                   ", result of %" PRIu64 " %s\n",
+                   m->now, w->id, at + 1, rseq, has_result ? "kept" : "not sent");
         if (at >= m->seqs)
             w->done = 1;
         else
