@@ -25,9 +25,14 @@ struct cps__coll {
     uint32_t *members;
     uint32_t nmembers;
     int need_peers;
-    int joining;   /* cps__coll_set_joining, until the first completion */
-    int alone;     /* running with no peer: waiting for a view with one */
-    int listen;    /* a joiner restarted by a view: waiting for its predecessor's seq */
+    int joining; /* cps__coll_set_joining, until the first completion */
+    int alone;   /* running with no peer: waiting for a view with one */
+    int listen;  /* a joiner restarted by a view: waiting for its predecessor's seq */
+    /* While listening: which members said they listen too (CPS_COLL_LISTEN, by position), how
+     * many, and the highest seq they named. */
+    uint8_t *heard;
+    uint32_t nheard;
+    uint64_t heard_max;
     int seq_given; /* cps__coll_set_next_seq: our sequence came from a member's completed one */
     /* Helping: our running collective (this seq) is set aside while we run an earlier one that
      * the ring redoes and we skipped (see help()); 0: not helping. */
@@ -104,6 +109,7 @@ void cps__coll_destroy(cps__coll *c)
     stash_free_all(c);
     free(c->stash);
     free(c->members);
+    free(c->heard);
     free(c->buf[0]);
     free(c->buf[1]);
     free(c->out);
@@ -332,6 +338,26 @@ int cps__coll_view(cps__coll *c, uint64_t epoch, const uint32_t *members, uint32
         c->listen = 1;
         c->alone = 0;
         c->last_progress = now;
+        /* A ring of joiners only would listen for ever: say so to every member; when all have
+         * said it, each takes the highest seq named (the same on all). Evidence, not a timer: a
+         * predecessor merely slow sends its chunk later, and we join its collective then. */
+        uint8_t *h = calloc(nmembers, 1);
+        free(c->heard);
+        c->heard = h;
+        c->nheard = 0;
+        c->heard_max = c->seq;
+        for (uint32_t i = 0; i < nmembers; i++) {
+            if (members[i] == c->me)
+                continue;
+            cps__coll_act *a = act_add(c, CPS_COLL_SEND);
+            if (!a)
+                break;
+            a->to = members[i];
+            a->msg.from = c->me;
+            a->msg.kind = CPS_COLL_LISTEN;
+            a->msg.epoch = epoch;
+            a->msg.seq = c->seq;
+        }
         drain_stash(c, now);
     } else if (c->running) {
         c->stats.restarts++;
@@ -491,6 +517,20 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
         /* Never a reason to join or restart: it names a collective the asker's ring completed. */
         if (c->done_seq && m->seq == c->done_seq)
             answer_done(c, m->from, 1);
+        return 1;
+    }
+    if (m->kind == CPS_COLL_LISTEN) {
+        /* Only a listener cares: anyone else sends its chunks, which is evidence enough. */
+        if (c->listen && c->running && c->heard && !c->heard[from_pos]) {
+            c->heard[from_pos] = 1;
+            c->nheard++;
+            if (m->seq > c->heard_max)
+                c->heard_max = m->seq;
+            if (c->nheard + 1 == c->nmembers) {
+                c->seq = c->heard_max; /* every member is new: all take the same seq */
+                begin(c, now);
+            }
+        }
         return 1;
     }
     if (c->listen && c->running) {
@@ -710,11 +750,6 @@ int cps__coll_set_next_seq(cps__coll *c, uint64_t next)
 void cps__coll_tick(cps__coll *c, uint64_t now)
 {
     c->nout = 0;
-    if (c->running && c->listen && now - c->last_progress >= c->timeout_ms / 2) {
-        /* Our predecessor is a joiner listening too (every member is new): go on with ours. */
-        begin(c, now);
-        return;
-    }
     if (c->running && now > c->last_progress && now - c->last_progress >= c->timeout_ms)
         finish(c, c->alone ? CPS_ENOPEER : CPS_ETIMEDOUT);
 }

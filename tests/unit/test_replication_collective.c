@@ -649,7 +649,10 @@ static void test_joiner_listens_after_view(void **state)
     assert_int_equal(a[0].msg.seq, 4);
     /* Node 10 dies: the ring is 9 -> 11 -> 9, and 11 is still in 3. */
     assert_int_equal(cps__coll_view(c, 2, two, 2, 1, 2), 0);
-    assert_int_equal(cps__coll_actions(c, &a), 0);
+    /* No chunk: only that we listen, to the other member. */
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].msg.kind, CPS_COLL_LISTEN);
+    assert_int_equal(a[0].to, 11);
     float hundred = 100;
     m = (cps__coll_msg){.from = 11,
                         .kind = CPS_COLL_DATA,
