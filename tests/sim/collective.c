@@ -114,6 +114,7 @@ typedef struct model {
     uint32_t slow_w; /* which */
     uint64_t slow_from, slow_until;
     uint32_t slow_delayed; /* messages the stall held back */
+    int slow_aimed;        /* the stall was moved onto a listening replacement's predecessor */
 } model;
 
 static uint64_t total_slowed; /* over all seeds (printed with --slow) */
@@ -407,6 +408,25 @@ static void deliver_view(model *m, uint32_t wi, uint64_t epoch)
     w->epoch = epoch;
     if (cps__coll_running(w->c))
         m->restarts++;
+    if (m->slow && w->repl && !first && cps__coll_running(w->c) && v->n > 1 && !m->slow_aimed) {
+        /* --slow, aimed: a running replacement re-formed by a view waits for its predecessor;
+         * that predecessor now stalls past half the timeout (a timer there once let the
+         * replacement go on with a seq of its own). */
+        for (uint32_t i = 0; i < v->n; i++)
+            if (v->members[i] == w->id) {
+                int p = worker_of(m, v->members[(i + v->n - 1) % v->n]);
+                if (p >= 0) {
+                    m->slow_aimed = 1;
+                    m->slow_w = (uint32_t)p;
+                    m->slow_from = m->now;
+                    m->slow_until = m->now + TIMEOUT_MS / 2 + rnd(m, TIMEOUT_MS * 3 / 10);
+                    if (m->verbose)
+                        printf("  t=%" PRIu64 " worker %u stalls until t=%" PRIu64 "\n", m->now,
+                               m->w[p].id, m->slow_until);
+                }
+                break;
+            }
+    }
     perform(m, wi);
     if (first && w->repl) {
         /* cps_allreduce_fetch: the live worker of the lowest rank that shares something (it
