@@ -21,14 +21,21 @@
  * one view epoch (inputs differ per worker and per collective, so a mix of two epochs matches no
  * epoch); a collective completes, or fails CPS_ENOPEER when the failing worker's view holds no
  * peer (CPS_ETIMEDOUT, a hang, is a failure of the seed); and a second run of the seed gives the
- * same results and the same event count (determinism). The one other failure accepted is a
- * replacement that started a collective after every other live worker had ended the job's last
- * one: nobody is left to run it with (production ends the job with cps_barrier).
+ * same results and the same event count (determinism). Nothing else is accepted: a replacement
+ * gets the ring's next sequence number and the last result from the worker it fetches from, as
+ * cps_allreduce_fetch does, so the job's end racing a replacement must complete too.
+ *
+ * --guess-seq: replacements fetch nothing and guess the ring's sequence (cps__coll_set_joining);
+ * the job's end can then still race them (a few seeds in a thousand hang: known, documented).
+ * --no-adopt: the fetch brings the sequence number but not the result (seed 985 then hangs).
+ * --slow: one worker stalls once (its messages leave late, none is lost) for up to 90% of the
+ * timeout, moved onto the predecessor of a replacement that a view made listen when there is
+ * one; the same checks hold (sim.collective_slow).
  *
  * With --mix-epochs the shell's fencing is undone: a message of an older epoch than the
  * receiver's is relabelled with the receiver's epoch before delivery. Seeds must then fail.
  *
- * usage: sim_collective [--seed N] [--seeds K] [--mix-epochs] [-v]   (-v with SIM_TRACE=1 in the
+ * usage: sim_collective [--seed N] [--seeds K] [--mix-epochs] [--guess-seq] [--no-adopt] [--slow] [-v]   (-v with SIM_TRACE=1 in the
  * environment also prints every message delivered)
  */
 #include <inttypes.h>
