@@ -255,6 +255,8 @@ static void help(cps__coll *c, uint64_t seq, uint64_t now)
 {
     c->help_for = c->seq;
     c->seq = seq;
+    if (c->done_seq && (c->done_seq & 1) == (seq & 1))
+        c->done_seq = 0; /* its buffer is about to hold the helped collective's work */
     c->stats.helped++;
     begin(c, now);
 }

@@ -2,9 +2,10 @@
  *
  * Wire (CPS_MSG_COLL, docs/collective.md): header epoch = the view epoch the ring was formed
  * under, req_seq = the collective's sequence number, step = message index (ring step * chunks +
- * chunk), range = kind (0 data, 1 result), aux = the collective's length in values, req_worker =
- * the sender; payload = the chunk's float32 values, little-endian, never compressed (gradients do
- * not compress, and the ring's latency is its cost). The transport has checked the MAC already. */
+ * chunk), range = kind (0 data, 1 result, 4 ask, 5 listen: collective.h), aux = the length,
+ * req_worker = the sender; payload = the chunk's float32 values, little-endian, never compressed
+ * (gradients do not compress, and the ring's latency is its cost). The transport has checked the
+ * MAC already. */
 #include "worker/collective.h"
 
 #include <stdio.h>
