@@ -618,6 +618,19 @@ static void test_joiner_restart_in_drain(void **state)
     cps__coll_destroy(c);
 }
 
+/* Node 9, a joiner, running its first call over x[0..2) in the ring 10 -> 9 -> 11 (view 1). */
+static cps__coll *joiner_started(float *x)
+{
+    cps__coll *c;
+    uint64_t seq;
+    uint32_t three[3] = {10, 9, 11};
+    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
+    cps__coll_set_joining(c);
+    assert_int_equal(cps__coll_view(c, 1, three, 3, 1, 0), 0);
+    assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
+    return c;
+}
+
 /* A joiner took seq 4 from a predecessor that then died; its new predecessor is still in 3. The
  * new view must not make it send seq 4's chunks (the peer would keep them, end 3 with us, and
  * reduce our first call's input into 4 beside our second call's: sim_collective, seed 4862): it
@@ -625,15 +638,11 @@ static void test_joiner_restart_in_drain(void **state)
 static void test_joiner_listens_after_view(void **state)
 {
     (void)state;
-    cps__coll *c;
     const cps__coll_act *a;
     uint64_t seq;
     float x[2] = {1, 2};
-    uint32_t three[3] = {10, 9, 11}, two[2] = {9, 11};
-    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
-    cps__coll_set_joining(c);
-    assert_int_equal(cps__coll_view(c, 1, three, 3, 1, 0), 0);
-    assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
+    uint32_t two[2] = {9, 11};
+    cps__coll *c = joiner_started(x);
     float v = 5;
     cps__coll_msg m = {.from = 10,
                        .kind = CPS_COLL_DATA,
@@ -843,15 +852,10 @@ static void test_given_seq_helps_skipped(void **state)
 static void test_listeners_agree(void **state)
 {
     (void)state;
-    cps__coll *c;
     const cps__coll_act *a;
-    uint64_t seq;
     float x[2] = {1, 2};
-    uint32_t three[3] = {10, 9, 11}, two[2] = {9, 11};
-    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
-    cps__coll_set_joining(c);
-    assert_int_equal(cps__coll_view(c, 1, three, 3, 1, 0), 0);
-    assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
+    uint32_t two[2] = {9, 11};
+    cps__coll *c = joiner_started(x);
     assert_int_equal(cps__coll_view(c, 2, two, 2, 1, 1), 0);
     assert_int_equal(cps__coll_actions(c, &a), 1);
     assert_int_equal(a[0].msg.kind, CPS_COLL_LISTEN);
