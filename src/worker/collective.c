@@ -287,8 +287,9 @@ static void serve_state(cps_client *c, const cps__msg_hdr *req)
         h.aux = a->share_seq + 1; /* the collective that follows the shared state */
         /* With it, that collective's result: if every member that completed it dies before the
          * others got it, the replacement answers their restart with it (collective.h). */
-        if (!cps__coll_last_result(a->coll, &rseq, &res, &rn) || rseq != a->share_seq)
-            rn = 0;
+        if (!cps__coll_last_result(a->coll, &rseq, &res, &rn) || rseq != a->share_seq ||
+            (n + rn) * sizeof(float) > CPS_WIRE_MAX_PAYLOAD)
+            rn = 0; /* (too large to go with the state: the replacement then asks the ring) */
     }
     int rc;
     if (rn == 0) {
