@@ -717,12 +717,12 @@ int cps__coll_last_result(const cps__coll *c, uint64_t *seq, const float **vals,
 
 int cps__coll_adopt_result(cps__coll *c, uint64_t seq, const float *vals, uint64_t n)
 {
+    c->nout = 0;
     if (c->running || seq == 0 || seq != c->seq || !vals || n == 0 || n >= MAX_VALUES)
         return CPS_EINVAL;
     /* index 1: nobody else got it from us, so the first member to ask gets a broadcast. */
     cps__coll_msg m = {
         .kind = CPS_COLL_RESULT, .seq = seq, .index = 1, .n = n, .vals = vals, .count = n};
-    c->nout = 0;
     if (c->done_seq == seq)
         return 0; /* a member's broadcast of it came first: the same bits */
     uint64_t taken = c->stats.results_taken;
