@@ -35,8 +35,8 @@
  * With --mix-epochs the shell's fencing is undone: a message of an older epoch than the
  * receiver's is relabelled with the receiver's epoch before delivery. Seeds must then fail.
  *
- * usage: sim_collective [--seed N] [--seeds K] [--mix-epochs] [--guess-seq] [--no-adopt] [--slow] [-v]   (-v with SIM_TRACE=1 in the
- * environment also prints every message delivered)
+ * usage: sim_collective [--seed N] [--seeds K] [--mix-epochs] [--guess-seq] [--no-adopt] [--slow]
+ * [-v]   (-v with SIM_TRACE=1 in the environment also prints every message delivered)
  */
 #include <inttypes.h>
 #include <math.h>
