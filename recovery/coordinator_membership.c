@@ -386,7 +386,7 @@ static int emptied(cps__coord *c, cps__coord_node *n, uint64_t boot, uint64_t no
         kept++;
         if (!say)
             continue;
-        /* Two lines: what happened, then the ways out (a log line has CPS_CO_TEXT bytes). */
+        /* Two lines, what happened and the ways out: a log line holds 232 bytes. */
         if (f) {
             cps__co_log(c, CPS_LOG_ERROR,
                         "range %u is UNAVAILABLE: server %u, its only replica, came back with an "
