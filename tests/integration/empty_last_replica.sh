@@ -61,6 +61,7 @@ sleep 1 # server 1 alone acknowledges updates now
 kill -9 "$s1"
 wait_for "$dir/sched.log" "(rank 1) silent for .* declared dead" 20 || fail "server 1 not declared dead"
 server 1 "$P1" s1b.log --reset-data
+s1b=${pids[-1]}
 wait_for "$dir/sched.log" "range 1 is UNAVAILABLE" 20 || fail "no ERROR for the stranded range"
 sleep 2 # four HELLO retries
 n=$(grep -c "ERROR .*is UNAVAILABLE: server [0-9]*, its only replica, came back with an empty store and is kept out" "$dir/sched.log" || true)
@@ -100,12 +101,37 @@ wait_for "$dir/sched2.log" "range 1 ROLLED BACK (--allow-rollback)" 20 || fail "
 [ "$(grep -c "ERROR .*ROLLED BACK (--allow-rollback): server [0-9]*, its only replica, came back empty; server [0-9]*, which left the range at epoch" "$dir/sched2.log")" = 2 ] ||
     fail "not one rollback ERROR per range"
 server 0 "$P0" s0b.log # the fallback, on its disk
+s0=${pids[-1]}
+s1=$s1b # let in by the rollback, it copied the ranges back
+back=0
 for _ in $(seq 300); do
     if "$cps" status --scheduler "127.0.0.1:$P" --json >"$dir/s2.json" 2>/dev/null &&
         "$py" -c 'import json,sys; d=json.load(open(sys.argv[1])); sys.exit(0 if all(len(r["chain"]) == 2 and "stranded" not in r for r in d["ranges"]) else 1)' "$dir/s2.json"; then
-        echo "PASS"
-        exit 0
+        back=1
+        break
     fi
     sleep 0.1
 done
-fail "the ranges did not come back to 2 replicas"
+[ "$back" = 1 ] || fail "the ranges did not come back to 2 replicas"
+
+# Without a fallback: the same two deaths, but server 0 comes back (on its disk) before server 1
+# (empty): let in, it drops the ranges, and status says "(fallback: none)".
+sleep 2 # server 1's copies confirm they hold everything
+kill -9 "$s0"
+wait_for "$dir/sched2.log" "(rank 0) silent for .* declared dead" 20 || fail "server 0 not declared dead (2)"
+sleep 1
+kill -9 "$s1"
+wait_for "$dir/sched2.log" "(rank 1) silent for .* declared dead" 20 || fail "server 1 not declared dead (2)"
+n=$(grep -c "a node came back" "$dir/sched2.log" || true)
+server 0 "$P0" s0c.log
+for _ in $(seq 200); do
+    [ "$(grep -c "a node came back" "$dir/sched2.log" || true)" -gt "$n" ] && break
+    sleep 0.1
+done
+server 1 "$P1" s1c.log --reset-data
+wait_for "$dir/sched2.log" "is UNAVAILABLE: server [0-9]*, its only replica, came back with an empty store, and no other server holds the range" 20 ||
+    fail "no ERROR without a fallback"
+"$cps" status --scheduler "127.0.0.1:$P" >"$dir/status2.txt" 2>/dev/null || fail "status (2)"
+[ "$(grep -c "UNAVAILABLE: server .* kept out (fallback: none;" "$dir/status2.txt")" = 2 ] ||
+    { cat "$dir/status2.txt"; fail "status does not say the ranges have no fallback"; }
+echo "PASS"
