@@ -94,3 +94,13 @@ int cps__cut_put_entries(size_t len, size_t hello_len, uint32_t range, uint32_t 
     *off = cps__pad8(8 + hello_len);
     return *off >= len || range >= nranges ? CPS_EPROTO : 0;
 }
+
+int cps__cut_view_msg(uint8_t type, uint64_t id, uint32_t range, uint64_t view_id,
+                      uint32_t view_range)
+{
+    if (id != view_id || range != view_range)
+        return CPS_CUT_IGNORE;
+    if (type == CPS_MSG_CUT_READ)
+        return CPS_CUT_READ;
+    return type == CPS_MSG_CUT_CLOSE ? CPS_CUT_CLOSE : CPS_CUT_ALIVE;
+}

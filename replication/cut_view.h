@@ -73,4 +73,16 @@ int cps__cut_read_parse(const void *payload, size_t len, size_t max_bytes, uint6
  * 0, or CPS_ESIZE. */
 int cps__cut_read_fits(const cps__cut_read *q, uint32_t slots, uint32_t rec_len);
 
+/* What an open view's own socket does with a message of `type` naming view `id` of `range`
+ * (the header's aux and range) when the view is `view_id` of `view_range`. A message for
+ * another view is ignored and does not count as the exporter's activity. */
+enum {
+    CPS_CUT_IGNORE = 0,
+    CPS_CUT_READ,  /* serve it (cps__cut_read_parse) */
+    CPS_CUT_CLOSE, /* close the view */
+    CPS_CUT_ALIVE  /* the exporter's, of no use to us: it only keeps the view open */
+};
+int cps__cut_view_msg(uint8_t type, uint64_t id, uint32_t range, uint64_t view_id,
+                      uint32_t view_range);
+
 #endif

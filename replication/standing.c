@@ -9,6 +9,11 @@ int cps__standing_probe(uint8_t type, int from_sched)
     return type == CPS_MSG_PROBE && from_sched;
 }
 
+int cps__standing_tell_bad(uint8_t type, uint32_t flags, int joined, int from_worker)
+{
+    return type != 0 && !(flags & CPS_WF_REPLY) && joined && from_worker;
+}
+
 int cps__standing_checksum(int joined, const cps__view *v, uint32_t range)
 {
     return joined && range < v->nranges;

@@ -16,6 +16,11 @@
  * requests); 0 otherwise (it goes through the fence). */
 int cps__standing_probe(uint8_t type, int from_sched);
 
+/* 1 if the sender of a message whose payload we rejected is told (an ERROR): its header
+ * decoded (type != 0), it is a request (not a reply: flags lack CPS_WF_REPLY), we are in the
+ * job (`joined`) and it comes from one of the job's workers (`from_worker`). */
+int cps__standing_tell_bad(uint8_t type, uint32_t flags, int joined, int from_worker);
+
 /* 1 if a CHECKSUM request for `range` is served: we are in the job (`joined`) and the view has
  * that range. Else 0: dropped. */
 int cps__standing_checksum(int joined, const cps__view *v, uint32_t range);

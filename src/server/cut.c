@@ -285,13 +285,13 @@ static void on_thread_msg(void *ctx, void *buf, size_t len)
     cps__rx rx;
     if (cps__rx_parse(&rx, buf, len) != 0)
         return;
-    if (rx.hdr.aux == t->job->id && rx.hdr.range == t->job->range) {
+    int what = cps__cut_view_msg(rx.hdr.type, rx.hdr.aux, rx.hdr.range, t->job->id, t->job->range);
+    if (what != CPS_CUT_IGNORE)
         t->last_ms = cps__now_ms();
-        if (rx.hdr.type == CPS_MSG_CUT_READ)
-            serve_read(t->tp, t->job, &rx);
-        else if (rx.hdr.type == CPS_MSG_CUT_CLOSE)
-            t->closed = 1;
-    }
+    if (what == CPS_CUT_READ)
+        serve_read(t->tp, t->job, &rx);
+    else if (what == CPS_CUT_CLOSE)
+        t->closed = 1;
     cps__rx_free(&rx);
 }
 

@@ -247,8 +247,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
                  "bad message (%zu bytes, type %u, from node %u) dropped: %s", len, rx.hdr.type,
                  rx.hdr.sender, cps_strerror(rc));
         /* The header decoded: the sender can be told (e.g. corrupt snappy payload). */
-        if (rx.hdr.type != 0 && !(rx.hdr.flags & CPS_WF_REPLY) && cps__fence_joined(s->fence) &&
-            cps__server_worker_rank(s, rx.hdr.sender) != UINT32_MAX)
+        if (cps__standing_tell_bad(rx.hdr.type, rx.hdr.flags, cps__fence_joined(s->fence),
+                                   cps__server_worker_rank(s, rx.hdr.sender) != UINT32_MAX))
             cps__server_reply_error(s, &rx.hdr, rc, "payload rejected");
         return;
     }

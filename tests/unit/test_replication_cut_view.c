@@ -179,6 +179,18 @@ static void read_fits_the_record(void **state)
     assert_int_equal(cps__cut_read_fits(&q, 2, 5), CPS_ESIZE);
 }
 
+/* Only the exporter of this very view reads or closes it; anything else it sends keeps the view
+ * open, and messages for another view (id or range) are not ours. */
+static void view_socket_messages(void **state)
+{
+    (void)state;
+    assert_int_equal(cps__cut_view_msg(CPS_MSG_CUT_READ, 9, 2, 9, 2), CPS_CUT_READ);
+    assert_int_equal(cps__cut_view_msg(CPS_MSG_CUT_CLOSE, 9, 2, 9, 2), CPS_CUT_CLOSE);
+    assert_int_equal(cps__cut_view_msg(CPS_MSG_CUT_PROBE, 9, 2, 9, 2), CPS_CUT_ALIVE);
+    assert_int_equal(cps__cut_view_msg(CPS_MSG_CUT_CLOSE, 8, 2, 9, 2), CPS_CUT_IGNORE);
+    assert_int_equal(cps__cut_view_msg(CPS_MSG_CUT_READ, 9, 1, 9, 2), CPS_CUT_IGNORE);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -191,6 +203,7 @@ int main(void)
         cmocka_unit_test(put_layout),
         cmocka_unit_test(read_parse_and_bounds),
         cmocka_unit_test(read_fits_the_record),
+        cmocka_unit_test(view_socket_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,6 +20,16 @@ static void probes_from_the_scheduler_only(void **state)
     assert_false(cps__standing_probe(CPS_MSG_VIEW, 1));
 }
 
+static void bad_payload_told_to_workers_only(void **state)
+{
+    (void)state;
+    assert_true(cps__standing_tell_bad(CPS_MSG_PUSH, 0, 1, 1));
+    assert_false(cps__standing_tell_bad(0, 0, 1, 1)); /* header did not decode */
+    assert_false(cps__standing_tell_bad(CPS_MSG_PUSH, CPS_WF_REPLY, 1, 1)); /* a reply */
+    assert_false(cps__standing_tell_bad(CPS_MSG_PUSH, 0, 0, 1));            /* not in the job */
+    assert_false(cps__standing_tell_bad(CPS_MSG_FWD, 0, 1, 0));             /* a server's */
+}
+
 static void checksum_needs_the_job_and_the_range(void **state)
 {
     (void)state;
@@ -123,6 +133,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(probes_from_the_scheduler_only),
+        cmocka_unit_test(bad_payload_told_to_workers_only),
         cmocka_unit_test(checksum_needs_the_job_and_the_range),
         cmocka_unit_test(drain_held_counts_our_ranges),
         cmocka_unit_test(drain_decisions),
