@@ -14,15 +14,18 @@
  * moments (the exporter may miss a view altogether); asks, answers and reads travel with random
  * delays, and those of a dead process are lost.
  *
- * What the model re-states of the shells is small and named: the server's may_cut, cut_ready and
- * repeat rule (src/server/cut.c), and the exporter's loop (src/checkpoint/cluster.c: open_cut
- * looks at the view every REFRESH_MS, every GONE_MS while a chain member's connection refuses, at
- * once after a stale-epoch refusal; read_take hands a range on when its reader's view socket
- * refuses or the view closed, looks every LOOK_MS, absorb_opens feeds the late answers; cuts lost
- * with every replica are cut again CUT_TRIES times, cuts refused as past OPEN_TRIES times).
+ * The server's decisions who may open a cut and when it opens are the production ones
+ * (replication/cut_view.c: cps__cut_may_open, cps__cut_ready). What the model re-states of the
+ * shells is small and named: the server's repeat rule (src/server/cut.c), and the exporter's loop
+ * (src/checkpoint/cluster.c: open_cut looks at the view every REFRESH_MS, every GONE_MS while a
+ * chain member's connection refuses, at once after a stale-epoch refusal; read_take hands a range
+ * on when its reader's view socket refuses or the view closed, looks every LOOK_MS, absorb_opens
+ * feeds the late answers; cuts lost with every replica are cut again CUT_TRIES times, cuts refused
+ * as past OPEN_TRIES times).
  *
  * Checked on every seed: a read is only ever answered from a view opened at the cut's step and at
  * the range's sequence number (cps__cutroute_seq), and every range is read at one sequence number;
+ * a "now" view (async) holds nothing its tail has not applied;
  * the export either completes with every range read, or fails with a reason naming a range; and it
  * never waits past HANG_MS after the last fault (the real exporter would wait out its timeout for
  * an answer that cannot come). With --no-absorb the exporter ignores the answers that come after
@@ -362,6 +365,15 @@ static void try_cut(model *m, uint32_t node, uint32_t r)
     j->state = J_OPEN;
     j->seq = sp.seq;
     j->step = cps__cut_at_step(&sp);
+    /* A "now" view holds only what is acknowledged: nothing its tail (in the server's own view)
+     * has not applied. A middle's or a head's "now" may hold updates lost with it. */
+    const chains *v = &m->views[s->epoch];
+    uint32_t tail = v->len[r] ? v->c[r][v->len[r] - 1] : 0;
+    if (!m->sync && tail && j->seq > m->s[tail].applied[r])
+        sim_fail(&m->v,
+                 "range %u: node %u opened a \"now\" view at sequence number %" PRIu64
+                 ", past its tail's (node %u) %" PRIu64,
+                 r, node, j->seq, tail, m->s[tail].applied[r]);
     answer_open(m, node, r, 0, j->seq, at);
 }
 
