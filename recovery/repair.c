@@ -362,7 +362,8 @@ int cps__repair_caught_up(cps__repair *rp, const cps__view *v, uint32_t node, ui
         return CPS_REPAIR_IGNORED;
     pending_join *pj = &rp->joins[range];
     if (kind == 1) {
-        if (pj->unconfirmed != node || join_id != pj->id)
+        /* Id 0 is none handed out: a mark put back without its id (an earlier build's store). */
+        if (pj->unconfirmed != node || join_id != pj->id || join_id == 0)
             return CPS_REPAIR_IGNORED;
         pj->unconfirmed = 0;
         pj->move_confirmed = pj->leaving != 0;
