@@ -282,6 +282,20 @@ static void joiners_caught_up_together_go_out_in_one_view(void **state)
     cps__coord_destroy(c);
 }
 
+/* Joiner peers[k] says it holds everything its predecessor acknowledged (CAUGHT_UP, aux 1) for
+ * the join joins[k], at `now`. */
+static void confirm(cps__coord *c, const cps__msg_hdr *joins, const uint32_t *peers, uint32_t k,
+                    uint64_t now)
+{
+    cps__msg_hdr h = {.type = CPS_MSG_CAUGHT_UP,
+                      .sender = peers[k],
+                      .epoch = cps__coord_epoch(c),
+                      .range = joins[k].range,
+                      .step = joins[k].step,
+                      .aux = 1};
+    assert_int_equal(cps__coord_step(c, &h, NULL, 0, peers[k], now), 0);
+}
+
 /* A joined tail that never confirms it holds what its predecessor acknowledged (it may lack
  * some; simulator seed 8085 without the second probe) leaves its chain once its probation
  * (join_give_up_ms) is over, in a new view, and the range is copied again; one that confirmed
@@ -295,13 +309,7 @@ static void a_tail_that_never_confirms_leaves_its_chain(void **state)
     uint64_t t = silence_server_1(c);
     uint32_t nj = joiners_become_tails(c, t, joins, peers);
     done(c);
-    cps__msg_hdr h = {.type = CPS_MSG_CAUGHT_UP,
-                      .sender = peers[0],
-                      .epoch = cps__coord_epoch(c),
-                      .range = joins[0].range,
-                      .step = joins[0].step,
-                      .aux = 1};
-    assert_int_equal(cps__coord_step(c, &h, NULL, 0, peers[0], t + 200), 0);
+    confirm(c, joins, peers, 0, t + 200);
     /* Their probation: join_give_up_ms (5000) from their reports (t + 10 k). */
     uint64_t epoch = cps__coord_epoch(c);
     int told = 0;
@@ -694,6 +702,17 @@ static int get(void *ctx, const char *name, const void **data, size_t *len)
     return CPS_ENOTFOUND;
 }
 
+/* The store as it is now: every blob, copied. */
+static void snapshot(cps__coord *c, store *s)
+{
+    assert_int_equal(cps__coord_blobs(c, s->names, s->b), CPS_COORD_BLOBS);
+    s->n = CPS_COORD_BLOBS;
+    for (int i = 0; i < s->n; i++) {
+        s->copy[i] = malloc(s->b[i].len ? s->b[i].len : 1);
+        memcpy(s->copy[i], s->b[i].data, s->b[i].len);
+    }
+}
+
 /* What the coordinator persists resumes it: same members, drains and lives, a newer epoch
  * sent to every node; a directory of another job's shape is refused. */
 static void a_restarted_coordinator_resumes_from_its_blobs(void **state)
@@ -704,12 +723,7 @@ static void a_restarted_coordinator_resumes_from_its_blobs(void **state)
     cps__coord_step(c, &d, NULL, 0, 3, 10); /* server 3 asks to leave */
     done(c);
     store s;
-    assert_int_equal(cps__coord_blobs(c, s.names, s.b), CPS_COORD_BLOBS);
-    s.n = CPS_COORD_BLOBS;
-    for (int i = 0; i < s.n; i++) {
-        s.copy[i] = malloc(s.b[i].len ? s.b[i].len : 1);
-        memcpy(s.copy[i], s.b[i].data, s.b[i].len);
-    }
+    snapshot(c, &s);
     uint64_t epoch = cps__coord_epoch(c);
     cps__coord_destroy(c);
 
@@ -745,13 +759,8 @@ static void a_restarted_coordinator_remembers_the_fallback(void **state)
     hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 5000); /* kept out */
     done(c);
     store s;
-    assert_int_equal(cps__coord_blobs(c, s.names, s.b), CPS_COORD_BLOBS);
+    snapshot(c, &s);
     assert_string_equal(s.names[4], "sched/former");
-    s.n = CPS_COORD_BLOBS;
-    for (int i = 0; i < s.n; i++) {
-        s.copy[i] = malloc(s.b[i].len ? s.b[i].len : 1);
-        memcpy(s.copy[i], s.b[i].data, s.b[i].len);
-    }
     cps__coord_destroy(c);
 
     allow_rollback = 1;
@@ -794,17 +803,6 @@ static void a_restarted_coordinator_remembers_the_fallback(void **state)
         free(s.copy[i]);
 }
 
-/* The store as it is now: every blob, copied. */
-static void snapshot(cps__coord *c, store *s)
-{
-    assert_int_equal(cps__coord_blobs(c, s->names, s->b), CPS_COORD_BLOBS);
-    s->n = CPS_COORD_BLOBS;
-    for (int i = 0; i < s->n; i++) {
-        s->copy[i] = malloc(s->b[i].len ? s->b[i].len : 1);
-        memcpy(s->copy[i], s->b[i].data, s->b[i].len);
-    }
-}
-
 /* Joined tails that have not confirmed they caught up stay unconfirmed across a scheduler
  * restart (sched/unconfirmed): taken for full replicas, one would be left the range's only
  * holder by its predecessor's death, without the acknowledged updates it lacks. A confirmation
@@ -821,13 +819,7 @@ static void a_restarted_coordinator_keeps_unconfirmed_tails(void **state)
     uint32_t nj = joiners_become_tails(c, t, joins, peers);
     assert_true(nj >= 3);
     done(c);
-    cps__msg_hdr h = {.type = CPS_MSG_CAUGHT_UP,
-                      .sender = peers[0],
-                      .epoch = cps__coord_epoch(c),
-                      .range = joins[0].range,
-                      .step = joins[0].step,
-                      .aux = 1};
-    assert_int_equal(cps__coord_step(c, &h, NULL, 0, peers[0], t + 200), 0);
+    confirm(c, joins, peers, 0, t + 200);
     assert_true(cps__coord_ready(c)->persist & CPS_CO_P_STATE); /* the mark is gone: saved */
     done(c);
     store s;
@@ -842,11 +834,7 @@ static void a_restarted_coordinator_keeps_unconfirmed_tails(void **state)
     for (uint32_t k = 1; k < nj; k++)
         assert_int_equal(cps__coord_unconfirmed(c, joins[k].range), peers[k]);
     /* A confirmation sent after the restart, with its join's id, is taken. */
-    h.sender = peers[1];
-    h.range = joins[1].range;
-    h.step = joins[1].step;
-    h.epoch = cps__coord_epoch(c);
-    assert_int_equal(cps__coord_step(c, &h, NULL, 0, peers[1], 10100), 0);
+    confirm(c, joins, peers, 1, 10100);
     assert_int_equal(cps__coord_unconfirmed(c, joins[1].range), 0);
     done(c);
     /* The predecessor of an unconfirmed tail dies: the tail leaves with it. */
