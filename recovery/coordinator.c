@@ -205,13 +205,13 @@ static int load_marks(cps__coord *c, cps__coord_get_fn get, void *ctx)
 /* The unconfirmed tails of the life before (sched/unconfirmed), into the repair state (the
  * caller made it). Forgotten, such a tail counts as a full replica: it may be copied from, and
  * its predecessor's death leaves the range to it without the acknowledged updates it lacks. A
- * mark naming a server no longer in the range's chain is stale (the repair drops such marks
- * lazily) and skipped. A store of an earlier build has no such blob and cannot tell a tail that
- * joined a moment ago from one that has been there since the job began; taking none for
- * unconfirmed reopens that hole, so every tail of a chain of two or more is taken for one: each
- * gets the probation of a fresh join, no confirmation can match it (its join id is unknown), so
- * each leaves its chain and the range is copied again. An upgrade restart costs one copy per
- * range, once, and never an acknowledged update. */
+ * mark naming a server no longer in the range's chain (or its only member) is stale (the
+ * repair drops such marks lazily) and skipped. A store of an earlier build has no such blob and
+ * cannot tell a tail that joined a moment ago from one that has been there since the job began;
+ * taking none for unconfirmed reopens that hole, so every tail of a chain of two or more is taken
+ * for one: each gets the probation of a fresh join, no confirmation can match it (its join id is
+ * unknown), so each leaves its chain and the range is copied again. An upgrade restart costs one
+ * copy per range, once, and never an acknowledged update. */
 static int load_unconfirmed(cps__coord *c, cps__coord_get_fn get, void *ctx, uint64_t now)
 {
     const void *b;
@@ -246,7 +246,10 @@ static int load_unconfirmed(cps__coord *c, cps__coord_get_fn get, void *ctx, uin
         if (r >= c->view.nranges || !cps__co_find(c, node) || (pred && !cps__co_find(c, pred)))
             return CPS_ECORRUPT;
         const cps__range *rg = &c->view.ranges[r];
-        if (rg->chain_len < 2 || rg->chain[rg->chain_len - 1] != node)
+        int in = 0;
+        for (uint32_t k = 0; k < rg->chain_len; k++)
+            in |= rg->chain[k] == node;
+        if (!in || rg->chain_len < 2)
             continue;
         cps__repair_restore_unconfirmed(c->repair, r, node, pred, cps__le64_get(e + 16), now);
     }
