@@ -78,13 +78,17 @@ void cps__coord_destroy(cps__coord *c)
  * restarted scheduler tells a server's new life from the one it let in by it
  * (recovery/incarnation.h).
  * former: u32 count, then per range with a fallback (c->former): u32 range, u32 node, u64 the
- * epoch it left in. Absent from stores of earlier builds: none. */
+ * epoch it left in. Absent from stores of earlier builds: none.
+ * unconfirmed: u32 count, then per range whose tail has not confirmed it caught up
+ * (recovery/repair.h): u32 range, u32 node, u32 its predecessor, u32 0, u64 the join id its
+ * confirmation echoes. Absent from stores of earlier builds: see load_unconfirmed. */
 int cps__coord_blobs(cps__coord *c, const char *names[CPS_COORD_BLOBS],
                      cps__coord_blob blobs[CPS_COORD_BLOBS])
 {
     size_t vlen = cps__view_encoded_size(&c->view);
     size_t need = vlen + 28 + 4 * (size_t)c->nnodes + 4 + 8 * (size_t)c->nnodes + 4 +
-                  16 * (size_t)c->nnodes + 4 + 16 * (size_t)c->view.nranges;
+                  16 * (size_t)c->nnodes + 4 + 16 * (size_t)c->view.nranges + 4 +
+                  24 * (size_t)c->view.nranges;
     if (need > c->blob_cap) {
         unsigned char *b = realloc(c->blob_buf, need);
         if (!b)
@@ -134,11 +138,28 @@ int cps__coord_blobs(cps__coord *c, const char *names[CPS_COORD_BLOBS],
             nfm++;
         }
     cps__le32_put(fm, nfm);
+    unsigned char *uc = fm + 4 + 16 * (size_t)nfm;
+    uint32_t nuc = 0;
+    for (uint32_t r = 0; c->repair && r < c->view.nranges; r++) {
+        uint32_t pred;
+        uint64_t id;
+        uint32_t node = cps__repair_unconfirmed_of(c->repair, r, &pred, &id);
+        if (!node)
+            continue;
+        cps__le32_put(uc + 4 + 24 * nuc, r);
+        cps__le32_put(uc + 8 + 24 * nuc, node);
+        cps__le32_put(uc + 12 + 24 * nuc, pred);
+        cps__le32_put(uc + 16 + 24 * nuc, 0);
+        cps__le64_put(uc + 20 + 24 * nuc, id);
+        nuc++;
+    }
+    cps__le32_put(uc, nuc);
     names[0] = "sched/view", blobs[0] = (cps__coord_blob){v, vlen};
     names[1] = "sched/state", blobs[1] = (cps__coord_blob){st, 28 + 4 * (size_t)ndone};
     names[2] = "sched/scale", blobs[2] = (cps__coord_blob){sc, 4 + 8 * (size_t)nsc};
     names[3] = "sched/boots", blobs[3] = (cps__coord_blob){bt, 4 + 16 * (size_t)nbt};
     names[4] = "sched/former", blobs[4] = (cps__coord_blob){fm, 4 + 16 * (size_t)nfm};
+    names[5] = "sched/unconfirmed", blobs[5] = (cps__coord_blob){uc, 4 + 24 * (size_t)nuc};
     return CPS_COORD_BLOBS;
 }
 
@@ -180,6 +201,60 @@ static int load_marks(cps__coord *c, cps__coord_get_fn get, void *ctx)
             c->former[r] = id;
             c->former_epoch[r] = cps__le64_get(fm + 12 + 16 * j);
         }
+    }
+    return 0;
+}
+
+/* The unconfirmed tails of the life before (sched/unconfirmed), into the repair state (the
+ * caller made it). Forgotten, such a tail counts as a full replica: it may be copied from, and
+ * its predecessor's death leaves the range to it without the acknowledged updates it lacks. A
+ * mark naming a server no longer in the range's chain (or its only member) is stale (the
+ * repair drops such marks lazily) and skipped. A store of an earlier build has no such blob and
+ * cannot tell a tail that joined a moment ago from one that has been there since the job began;
+ * taking none for unconfirmed reopens that hole, so every tail of a chain of two or more is taken
+ * for one: each gets the probation of a fresh join, no confirmation can match it (its join id is
+ * unknown), so each leaves its chain and the range is copied again. An upgrade restart costs one
+ * copy per range, once, and never an acknowledged update. */
+static int load_unconfirmed(cps__coord *c, cps__coord_get_fn get, void *ctx, uint64_t now)
+{
+    const void *b;
+    size_t len;
+    int rc = get(ctx, "sched/unconfirmed", &b, &len);
+    if (rc == CPS_ENOTFOUND) {
+        uint32_t n = 0;
+        for (uint32_t r = 0; r < c->view.nranges; r++) {
+            const cps__range *rg = &c->view.ranges[r];
+            if (rg->chain_len < 2)
+                continue;
+            cps__repair_restore_unconfirmed(c->repair, r, rg->chain[rg->chain_len - 1],
+                                            rg->chain[rg->chain_len - 2], 0, now);
+            n++;
+        }
+        if (n)
+            cps__co_log(c, CPS_LOG_WARN,
+                        "the store predates sched/unconfirmed: the tails of %u range(s) are taken "
+                        "for joiners that have not confirmed they caught up; they leave their "
+                        "chains in %u ms and those ranges are copied again",
+                        n, c->join_give_up_ms);
+        return 0;
+    }
+    if (rc != 0)
+        return rc;
+    const unsigned char *uc = b;
+    if (len < 4 || len != 4 + 24 * (size_t)cps__le32_get(uc))
+        return CPS_ECORRUPT;
+    for (uint32_t j = 0; j < cps__le32_get(uc); j++) {
+        const unsigned char *e = uc + 4 + 24 * (size_t)j;
+        uint32_t r = cps__le32_get(e), node = cps__le32_get(e + 4), pred = cps__le32_get(e + 8);
+        if (r >= c->view.nranges || !cps__co_find(c, node) || (pred && !cps__co_find(c, pred)))
+            return CPS_ECORRUPT;
+        const cps__range *rg = &c->view.ranges[r];
+        int in = 0;
+        for (uint32_t k = 0; k < rg->chain_len; k++)
+            in |= rg->chain[k] == node;
+        if (!in || rg->chain_len < 2)
+            continue;
+        cps__repair_restore_unconfirmed(c->repair, r, node, pred, cps__le64_get(e + 16), now);
     }
     return 0;
 }
@@ -274,7 +349,7 @@ int cps__coord_resume(cps__coord *c, cps__coord_get_fn get, void *ctx, uint64_t 
         rc = load(c, get, ctx, now);
     if (rc <= 0)
         return rc;
-    if ((rc = cps__co_begin_running(c, now)) != 0)
+    if ((rc = cps__co_begin_running(c, now)) != 0 || (rc = load_unconfirmed(c, get, ctx, now)) != 0)
         return rc;
     for (uint32_t i = 0; i < c->nnodes; i++) {
         const cps__coord_node *n = &c->nodes[i];

@@ -195,10 +195,12 @@ void cps__coord_done(cps__coord *c);
 int cps__coord_unsent(cps__coord *c, const cps__msg_hdr *hdr);
 
 /* The blobs to persist under CPS_CO_P_STATE: sched/view, sched/state, sched/scale, sched/boots,
- * sched/former (names in names[i], bytes owned by the coordinator until the next call). Returns
- * how many (CPS_COORD_BLOBS), or CPS_ENOMEM. A store written before sched/former existed loads
- * as one without fallbacks. */
-#define CPS_COORD_BLOBS 5
+ * sched/former, sched/unconfirmed (names in names[i], bytes owned by the coordinator until the
+ * next call). Returns how many (CPS_COORD_BLOBS), or CPS_ENOMEM. A store written before
+ * sched/former existed loads as one without fallbacks; one written before sched/unconfirmed
+ * loads with the tail of every chain of two or more taken for an unconfirmed joiner (each leaves
+ * its chain after a probation and its range is copied again: see coordinator.c). */
+#define CPS_COORD_BLOBS 6
 int cps__coord_blobs(cps__coord *c, const char *names[CPS_COORD_BLOBS],
                      cps__coord_blob blobs[CPS_COORD_BLOBS]);
 

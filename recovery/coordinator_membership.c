@@ -550,6 +550,10 @@ void cps__co_caught_up(cps__coord *c, const cps__coord_node *n, const cps__msg_h
         return;
     uint32_t r = h->range;
     int verdict = cps__repair_caught_up(c->repair, &c->view, n->info.id, r, h->step, h->aux, now);
+    /* A restarted scheduler must not find the mark again (sched/unconfirmed): a stale one costs
+     * the range a copy, as its confirmation is sent once. */
+    if (verdict == CPS_REPAIR_CONFIRMED)
+        cps__co_save(c);
     if (verdict == CPS_REPAIR_RETRY)
         cps__co_log(c, CPS_LOG_WARN, "range %u: server %u could not copy it; trying again", r,
                     n->info.id);

@@ -367,7 +367,8 @@ int cps__repair_caught_up(cps__repair *rp, const cps__view *v, uint32_t node, ui
         return CPS_REPAIR_IGNORED;
     pending_join *pj = &rp->joins[range];
     if (kind == 1) {
-        if (pj->unconfirmed != node || join_id != pj->id)
+        /* Id 0 is none handed out: a mark put back without its id (an earlier build's store). */
+        if (pj->unconfirmed != node || join_id != pj->id || join_id == 0)
             return CPS_REPAIR_IGNORED;
         pj->unconfirmed = 0;
         pj->move_confirmed = pj->leaving != 0;
@@ -411,4 +412,31 @@ uint32_t cps__repair_unconfirmed(const cps__repair *rp, uint32_t range)
     if (range >= rp->cfg.nranges)
         return 0;
     return rp->joins[range].unconfirmed;
+}
+
+uint32_t cps__repair_unconfirmed_of(const cps__repair *rp, uint32_t range, uint32_t *pred,
+                                    uint64_t *join_id)
+{
+    if (range >= rp->cfg.nranges)
+        return 0;
+    const pending_join *pj = &rp->joins[range];
+    if (pred)
+        *pred = pj->unconfirmed ? pj->unconfirmed_pred : 0;
+    if (join_id)
+        *join_id = pj->unconfirmed ? pj->id : 0;
+    return pj->unconfirmed;
+}
+
+int cps__repair_restore_unconfirmed(cps__repair *rp, uint32_t range, uint32_t node, uint32_t pred,
+                                    uint64_t join_id, uint64_t now)
+{
+    if (range >= rp->cfg.nranges || !node)
+        return CPS_EINVAL;
+    pending_join *pj = &rp->joins[range];
+    pj->unconfirmed = node;
+    pj->unconfirmed_pred = pred;
+    pj->unconfirmed_until = now + rp->cfg.join_give_up_ms;
+    /* Its confirmation must echo this id; a join started meanwhile replaces it (a new id). */
+    pj->id = join_id;
+    return 0;
 }

@@ -142,5 +142,18 @@ uint32_t cps__repair_joiner(const cps__repair *rp, uint32_t range, uint32_t *sou
 
 /* The joined tail of `range` not yet confirmed (0: none). Out of range: 0. */
 uint32_t cps__repair_unconfirmed(const cps__repair *rp, uint32_t range);
+/* The same, with (when not NULL) the predecessor it must catch up with and the join id its
+ * confirmation echoes: what a scheduler persists so that a restarted one does not take the
+ * tail for a full replica (cps__repair_restore_unconfirmed). */
+uint32_t cps__repair_unconfirmed_of(const cps__repair *rp, uint32_t range, uint32_t *pred,
+                                    uint64_t *join_id);
+/* A restarted scheduler puts back the mark of an earlier life: `node`, the tail of `range`,
+ * has not confirmed it holds everything `pred` acknowledged; its confirmation echoes `join_id`
+ * (0: unknown, so none is accepted and it leaves the chain when its probation ends). The
+ * probation starts again at `now` (join_give_up_ms): its confirmation may be on the way. It is
+ * never copied from meanwhile, and `pred`'s death evicts it, as for a mark set here. Errors:
+ * CPS_EINVAL (range out of bounds, node 0). */
+int cps__repair_restore_unconfirmed(cps__repair *rp, uint32_t range, uint32_t node, uint32_t pred,
+                                    uint64_t join_id, uint64_t now);
 
 #endif

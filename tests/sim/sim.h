@@ -36,7 +36,7 @@ enum { SIM_SYNC = 0, SIM_ASYNC = 1, SIM_SSP = 2 };
 /* The coordinator's tick (production: 20 ms) and its batching of joiners (production: 100). */
 #define SIM_SCHED_TICK_MS 20
 #define SIM_BATCH_MS      100
-#define SIM_SCHED_BLOBS   5
+#define SIM_SCHED_BLOBS   6
 /* After the job ended, messages still on their way get this long before stores are compared. */
 #define SIM_END_SETTLE_MS   3000
 #define SIM_JOIN_GIVE_UP_MS 3000

@@ -25,8 +25,8 @@
 /* The operator's tool (DRAIN): a peer id no node has. */
 #define SIM_TOOL 0x40000001u
 
-static const char *const blob_names[SIM_SCHED_BLOBS] = {"sched/view", "sched/state", "sched/scale",
-                                                        "sched/boots", "sched/former"};
+static const char *const blob_names[SIM_SCHED_BLOBS] = {
+    "sched/view", "sched/state", "sched/scale", "sched/boots", "sched/former", "sched/unconfirmed"};
 
 static void oom(void)
 {

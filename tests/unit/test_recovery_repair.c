@@ -493,6 +493,48 @@ static void an_evicted_tail_copies_again_when_no_other_can(void **state)
     cps__repair_destroy(rp);
 }
 
+/* A mark put back by a restarted scheduler (cps__repair_restore_unconfirmed) acts as one set
+ * here: the tail is no copy's source, leaves with its predecessor, takes its confirmation by the
+ * join id of the earlier life (not another), and a new probation runs from the restart. */
+static void a_restored_mark_acts_as_one_set_here(void **state)
+{
+    (void)state;
+    static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2, 3}};
+    cps__view v, w;
+    make_view(&v, 4, 4, 1, chains);
+    cps__repair *rp = make_repair(1);
+    assert_int_equal(cps__repair_restore_unconfirmed(rp, 1, 3, 2, 77, 0), CPS_EINVAL);
+    assert_int_equal(cps__repair_restore_unconfirmed(rp, 0, 0, 2, 77, 0), CPS_EINVAL);
+    assert_int_equal(cps__repair_restore_unconfirmed(rp, 0, 3, 2, 77, 1000), 0);
+    uint32_t pred = 0;
+    uint64_t jid = 0;
+    assert_int_equal(cps__repair_unconfirmed_of(rp, 0, &pred, &jid), 3);
+    assert_int_equal(pred, 2);
+    assert_int_equal(jid, 77);
+    assert_int_equal(cps__repair_tick(rp, &v, 1000 + GIVE_UP_MS), 0); /* held: no copy of it */
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, 78, 1, 1100), CPS_REPAIR_IGNORED);
+    cps__view_init(&w);
+    assert_int_equal(cps__repair_declare_dead(rp, &v, 2, &w, NULL), 0);
+    assert_chain(&w, 0, (const uint32_t[]){1}, 1);
+    cps__view_fini(&w);
+    /* Put back again: its confirmation with the earlier life's id is taken. */
+    assert_int_equal(cps__repair_restore_unconfirmed(rp, 0, 3, 2, 77, 2000), 0);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, 77, 1, 2100), CPS_REPAIR_CONFIRMED);
+    assert_int_equal(cps__repair_unconfirmed_of(rp, 0, &pred, &jid), 0);
+    assert_int_equal(jid, 0);
+    /* Put back with no known id: nothing confirms it, and it leaves when its probation ends. */
+    assert_int_equal(cps__repair_restore_unconfirmed(rp, 0, 3, 2, 0, 3000), 0);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, 0, 1, 3100), CPS_REPAIR_IGNORED);
+    assert_int_equal(cps__repair_tick(rp, &v, 3000 + GIVE_UP_MS), 0);
+    assert_int_equal(cps__repair_tick(rp, &v, 3001 + GIVE_UP_MS), 1);
+    const cps__repair_action *a;
+    assert_int_equal(cps__repair_actions(rp, &a), 1);
+    assert_int_equal(a[0].kind, CPS_RA_EVICTED);
+    assert_int_equal(a[0].node, 3);
+    cps__view_fini(&v);
+    cps__repair_destroy(rp);
+}
+
 /* Regression (simulator seed 8085 without the second probe, once a false death took a live
  * server out): a tail that never confirmed it caught up was taken for a full replica once its
  * probation was over. A move copied the range from it, the copy's mark replaced its own, and its
@@ -830,6 +872,7 @@ int main(void)
         cmocka_unit_test(joiner_giving_up_is_retried),
         cmocka_unit_test(join_abandoned_when_joiner_or_source_dies),
         cmocka_unit_test(unconfirmed_tail_leaves_with_its_predecessor),
+        cmocka_unit_test(a_restored_mark_acts_as_one_set_here),
         cmocka_unit_test(unconfirmed_tail_dying_is_forgotten),
         cmocka_unit_test(unconfirmed_tail_is_never_left_alone),
         cmocka_unit_test(no_copy_from_an_unconfirmed_tail),
