@@ -301,8 +301,10 @@ static void bounds_of_mappings(void **state)
 {
     fixture *f = *state;
     uintptr_t lo, hi;
-    assert_int_equal(cps__ring_bounds(&lo, &hi), 0);
-    assert_true(lo >= hi);
+    /* Mappings an earlier failed test left behind would keep the bound; none otherwise. */
+    int before = cps__ring_bounds(&lo, &hi);
+    if (!before)
+        assert_true(lo >= hi);
     cps__ring *r;
     cps__ring_peers *t;
     assert_int_equal(cps__ring_create(f->dir, RING_ID, 1 << 16, &r), 0);
@@ -323,7 +325,7 @@ static void bounds_of_mappings(void **state)
     cps__ring_peers_destroy(t);
     assert_int_equal(cps__ring_bounds(NULL, NULL), 1); /* still lent */
     assert_int_equal(cps__ring_release(buf), 1);
-    assert_int_equal(cps__ring_bounds(&lo, &hi), 0);
+    assert_int_equal(cps__ring_bounds(&lo, &hi), before);
     cps__ring_destroy(r, 1);
 }
 
