@@ -694,6 +694,14 @@ static int send_ring(cps__tp *tp, tp_peer *p, void *buf, size_t len)
     int rc = cps__ring_alloc(r, p->id, peer_stat(p, NN_STAT_BROKEN_CONNECTIONS), len, &d, &slot);
     if (rc == CPS_EAGAIN && ring_unblock(tp, r))
         rc = cps__ring_alloc(r, p->id, peer_stat(p, NN_STAT_BROKEN_CONNECTIONS), len, &d, &slot);
+    if (rc == CPS_EIO && !tp->ring_failed) {
+        /* A retired ring whose new file could not be made: inline from now on. */
+        tp->ring_failed = 1;
+        cps__log(CPS_LOG_WARN, SUB,
+                 "%s: no new shared-memory ring after retiring one (%s): large same-host "
+                 "messages go inline",
+                 tp->inbox_url, strerror(errno));
+    }
     if (rc) {
         tp->ring_inline_full += rc == CPS_EAGAIN;
         return 0;
