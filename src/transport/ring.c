@@ -241,6 +241,10 @@ static void ring_retire(cps__ring *r)
         return;
     ring_hdr *h = (ring_hdr *)(void *)r->map;
     __atomic_store_n(&h->retired, 1, __ATOMIC_RELEASE);
+    struct stat st;
+    /* Another process on our address (a successor) made the file under our name: it is not
+     * ours to replace, so this ring stops (inline from now on). */
+    int theirs = lstat(r->path, &st) == 0 && (st.st_dev != r->dev || st.st_ino != r->ino);
     unlink_ours(r);
     munmap(r->map, r->map_len);
     r->map = NULL;
@@ -248,7 +252,8 @@ static void ring_retire(cps__ring *r)
     r->head = 0;
     r->fhead = r->flen = 0;
     r->retired++;
-    ring_open_file(r);
+    if (!theirs)
+        ring_open_file(r);
 }
 
 void cps__ring_destroy(cps__ring *r, int unlink_file)

@@ -15,9 +15,10 @@
  * back that its receiver had not released may still be read (a receiver counted dead by
  * mistake, a connection that only reconnected), so its bytes are never written again: the
  * sender retires the whole ring instead (marks the file retired, unlinks it, unmaps it and makes
- * a new file of a new generation under the same name). Receivers keep reading the old pages
- * through their own mappings and drop them once their last buffer from it is released (or a
- * descriptor of the new generation arrives). Descriptors of the old generation still in flight
+ * a new file of a new generation under the same name; if another process has put its own file
+ * under that name, none: the ring stops and the sender sends inline). Receivers keep reading the
+ * old pages through their own mappings and drop them once their last buffer from it is released (or
+ * a descriptor of the new generation arrives). Descriptors of the old generation still in flight
  * resolve through a receiver's existing mapping of it; one that had none refuses them.
  *
  * Rings belong in memory: cps__ring_dir_in_memory tells whether a directory is on tmpfs (the

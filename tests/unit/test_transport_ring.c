@@ -277,6 +277,13 @@ static void destroy_spares_successor(void **state)
     cps__ring_peers *t;
     assert_int_equal(cps__ring_create(f->dir, RING_ID, 1 << 16, &old), 0);
     assert_int_equal(cps__ring_create(f->dir, RING_ID, 1 << 16, &succ), 0);
+    /* The old one retires its ring (it took back a slot still lent): it leaves the successor's
+     * file alone and makes none of its own. */
+    cps__ring_desc od;
+    unsigned char *oslot;
+    assert_int_equal(cps__ring_alloc(old, 1, 0, 100, &od, &oslot), 0);
+    assert_int_equal(cps__ring_reclaim_peer(old, 1), 1);
+    assert_int_equal(cps__ring_alloc(old, 1, 0, 100, &od, &oslot), CPS_EIO);
     cps__ring_destroy(old, 1);
     char path[256];
     struct stat st;
