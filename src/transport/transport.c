@@ -675,7 +675,6 @@ static size_t ring_unblock(cps__tp *tp, cps__ring *r)
     uint64_t tag;
     if (cps__ring_oldest_peer(r, &oldest, &tag) != 0)
         return 0;
-    (void)r;
     tp_peer *o = peer_find(tp, oldest);
     if (!o || cps__tp_peer_gone(tp, oldest))
         return ring_reclaim(tp, oldest, UINT64_MAX, "gone");
