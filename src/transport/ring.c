@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "chainps/error.h"
@@ -25,6 +26,7 @@ typedef struct ring_hdr {
     uint64_t gen;
     uint64_t cap; /* bytes of the data area */
     uint64_t pid;
+    uint64_t retired; /* 1 once the sender gave this file up for a new generation */
 } ring_hdr;
 
 /* A slot's header, at its offset in the data area. */
@@ -126,6 +128,9 @@ struct cps__ring {
     uint64_t head;  /* where the next slot goes */
     ring_ent *fifo; /* live slots, oldest first: fcap entries from fhead */
     size_t fcap, fhead, flen;
+    uint64_t retired; /* generations given up because a slot was taken back while lent */
+    dev_t dev;        /* of the file we made: only that one is ours to unlink */
+    ino_t ino;
     char path[512];
 };
 
@@ -142,6 +147,56 @@ static slot_hdr *slot_at(unsigned char *data, uint64_t off)
     return (slot_hdr *)(void *)(data + off);
 }
 
+/* Make a fresh file of a fresh generation for r (any old file of that name goes: a crashed
+ * predecessor's, or our own retired one) and map it. On failure r->map is NULL. */
+static int ring_open_file(cps__ring *r)
+{
+    r->map = NULL;
+    r->data = NULL;
+    uint64_t gen = 0;
+    while (!gen || gen == r->gen)
+        if (getrandom(&gen, sizeof gen, 0) != (ssize_t)sizeof gen)
+            return CPS_EIO;
+    r->gen = gen;
+    /* Receivers that map the old file keep their pages, and its descriptors no longer match
+     * the new file's generation. */
+    if (unlink(r->path) != 0 && errno != ENOENT)
+        return CPS_EIO;
+    int fd = open(r->path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return CPS_EIO;
+    r->map_len = RING_HDR + r->cap;
+    struct stat st;
+    /* The blocks are reserved now: a store into a hole of a full file system would be a
+     * SIGBUS, a failed reservation only sends inline. */
+    if (fchmod(fd, 0600) != 0 || fstat(fd, &st) != 0 || ftruncate(fd, (off_t)r->map_len) != 0 ||
+        (errno = posix_fallocate(fd, 0, (off_t)r->map_len)) != 0) {
+        int e = errno;
+        close(fd);
+        unlink(r->path);
+        errno = e;
+        return CPS_EIO;
+    }
+    void *m = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        unlink(r->path);
+        return CPS_EIO;
+    }
+    r->dev = st.st_dev;
+    r->ino = st.st_ino;
+    r->map = m;
+    r->data = r->map + RING_HDR;
+    r->head = 0;
+    r->fhead = r->flen = 0;
+    ring_hdr *h = (ring_hdr *)(void *)r->map;
+    h->gen = r->gen;
+    h->cap = r->cap;
+    h->pid = (uint64_t)getpid();
+    __atomic_store_n(&h->magic, RING_FILE_MAGIC, __ATOMIC_RELEASE);
+    return 0;
+}
+
 int cps__ring_create(const char *dir, uint64_t id, size_t cap, cps__ring **out)
 {
     if (!dir || !out || cap < RING_ALIGN * 2 || cap > (size_t)1 << 40)
@@ -156,61 +211,76 @@ int cps__ring_create(const char *dir, uint64_t id, size_t cap, cps__ring **out)
         free(r);
         return CPS_EINVAL;
     }
-    while (!r->gen)
-        if (getrandom(&r->gen, sizeof r->gen, 0) != (ssize_t)sizeof r->gen) {
-            free(r);
-            return CPS_EIO;
-        }
-    /* A crashed predecessor's file goes: receivers that map it keep their pages, and its
-     * descriptors no longer match the new file's generation. */
-    if (unlink(r->path) != 0 && errno != ENOENT) {
-        free(r);
-        return CPS_EIO;
-    }
-    int fd = open(r->path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        free(r);
-        return CPS_EIO;
-    }
-    r->map_len = RING_HDR + r->cap;
-    /* The blocks are reserved now: a store into a hole of a full file system would be a
-     * SIGBUS, a failed reservation only sends inline. */
-    if (fchmod(fd, 0600) != 0 || ftruncate(fd, (off_t)r->map_len) != 0 ||
-        (errno = posix_fallocate(fd, 0, (off_t)r->map_len)) != 0) {
+    int rc = ring_open_file(r);
+    if (rc) {
         int e = errno;
-        close(fd);
-        unlink(r->path);
         free(r);
         errno = e;
-        return CPS_EIO;
+        return rc;
     }
-    void *m = mmap(NULL, r->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) {
-        unlink(r->path);
-        free(r);
-        return CPS_EIO;
-    }
-    r->map = m;
-    r->data = r->map + RING_HDR;
-    ring_hdr *h = (ring_hdr *)(void *)r->map;
-    h->gen = r->gen;
-    h->cap = r->cap;
-    h->pid = (uint64_t)getpid();
-    __atomic_store_n(&h->magic, RING_FILE_MAGIC, __ATOMIC_RELEASE);
     *out = r;
     return 0;
+}
+
+/* Unlink our file, but only if the name still is our file: a successor on the same address
+ * has replaced it with its own, which its receivers map. */
+static void unlink_ours(const cps__ring *r)
+{
+    struct stat st;
+    if (lstat(r->path, &st) == 0 && st.st_dev == r->dev && st.st_ino == r->ino)
+        unlink(r->path);
+}
+
+/* Give up the current file: a receiver may still read a slot we took back, so no byte of it is
+ * written again. Receivers keep their mappings; the header tells them to drop theirs once their
+ * last buffer from it is released. A new generation replaces it; if that cannot be made, r sends
+ * nothing more (cps__ring_alloc: CPS_EIO). */
+static void ring_retire(cps__ring *r)
+{
+    if (!r->map)
+        return;
+    ring_hdr *h = (ring_hdr *)(void *)r->map;
+    __atomic_store_n(&h->retired, 1, __ATOMIC_RELEASE);
+    struct stat st;
+    /* Another process on our address (a successor) made the file under our name: it is not
+     * ours to replace, so this ring stops (inline from now on). */
+    int theirs = lstat(r->path, &st) == 0 && (st.st_dev != r->dev || st.st_ino != r->ino);
+    unlink_ours(r);
+    munmap(r->map, r->map_len);
+    r->map = NULL;
+    r->data = NULL;
+    r->head = 0;
+    r->fhead = r->flen = 0;
+    r->retired++;
+    if (!theirs)
+        ring_open_file(r);
 }
 
 void cps__ring_destroy(cps__ring *r, int unlink_file)
 {
     if (!r)
         return;
-    if (unlink_file)
-        unlink(r->path);
-    munmap(r->map, r->map_len);
+    if (unlink_file && r->map)
+        unlink_ours(r);
+    if (r->map)
+        munmap(r->map, r->map_len);
     free(r->fifo);
     free(r);
+}
+
+uint64_t cps__ring_retired(const cps__ring *r)
+{
+    return r ? r->retired : 0;
+}
+
+int cps__ring_dir_in_memory(const char *dir)
+{
+    struct statfs sf;
+    if (!dir || statfs(dir, &sf) != 0)
+        return 0;
+    /* tmpfs (TMPFS_MAGIC) and ramfs (RAMFS_MAGIC): a shared mapping of a file elsewhere is
+     * written back to its disk, the whole hot ring over and over. */
+    return (unsigned long)sf.f_type == 0x01021994ul || (unsigned long)sf.f_type == 0x858458f6ul;
 }
 
 uint64_t cps__ring_gen(const cps__ring *r)
@@ -226,7 +296,7 @@ static ring_ent *fifo_at(const cps__ring *r, size_t i)
 size_t cps__ring_live(const cps__ring *r)
 {
     size_t n = 0;
-    for (size_t i = 0; r && i < r->flen; i++) {
+    for (size_t i = 0; r && r->map && i < r->flen; i++) {
         const ring_ent *e = fifo_at(r, i);
         n += e->seq && __atomic_load_n(&slot_at(r->data, e->off)->live, __ATOMIC_ACQUIRE) == e->seq;
     }
@@ -272,6 +342,8 @@ int cps__ring_alloc(cps__ring *r, uint32_t peer, uint64_t tag, size_t len, cps__
     uint64_t size = (CPS_RING_SLOT_HDR + (uint64_t)len + RING_ALIGN - 1) / RING_ALIGN * RING_ALIGN;
     if (size > r->cap)
         return CPS_EINVAL;
+    if (!r->map)
+        return CPS_EIO;
     reap(r);
     uint64_t off = fit(r, size);
     if (off == UINT64_MAX)
@@ -300,19 +372,22 @@ int cps__ring_alloc(cps__ring *r, uint32_t peer, uint64_t tag, size_t len, cps__
     return 0;
 }
 
-/* Take one slot back from its receiver: a release that comes later finds another seq. */
-static void take_back(cps__ring *r, ring_ent *e)
+/* Take one slot back. 1 if it was still live (its receiver may be reading it: the caller must
+ * retire the ring), 0 if its receiver had released it. */
+static int take_back(cps__ring *r, ring_ent *e)
 {
     uint64_t seq = e->seq;
-    __atomic_compare_exchange_n(&slot_at(r->data, e->off)->live, &seq, 0, 0, __ATOMIC_ACQ_REL,
-                                __ATOMIC_ACQUIRE);
+    int live = __atomic_compare_exchange_n(&slot_at(r->data, e->off)->live, &seq, 0, 0,
+                                           __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     e->seq = 0;
+    return live;
 }
 
 void cps__ring_abandon(cps__ring *r, const cps__ring_desc *d)
 {
-    if (!r || !d)
+    if (!r || !d || !r->map || d->gen != r->gen)
         return;
+    /* Never sent: no receiver saw it, so its bytes may be reused at once. */
     for (size_t i = 0; i < r->flen; i++) {
         ring_ent *e = fifo_at(r, i);
         if (e->seq == d->seq) {
@@ -331,16 +406,20 @@ size_t cps__ring_reclaim_peer(cps__ring *r, uint32_t peer)
 size_t cps__ring_reclaim_before(cps__ring *r, uint32_t peer, uint64_t tag)
 {
     size_t n = 0;
-    if (!r)
+    if (!r || !r->map)
         return 0;
     for (size_t i = 0; i < r->flen; i++) {
         ring_ent *e = fifo_at(r, i);
-        if (e->seq && e->peer == peer && (tag == UINT64_MAX || e->tag < tag)) {
-            n += __atomic_load_n(&slot_at(r->data, e->off)->live, __ATOMIC_ACQUIRE) == e->seq;
-            take_back(r, e);
-        }
+        if (e->seq && e->peer == peer && (tag == UINT64_MAX || e->tag < tag))
+            n += (size_t)take_back(r, e);
     }
-    reap(r);
+    /* A receiver counted dead may be alive (a worker dropped by mistake, a connection that only
+     * reconnected) and still read a slot taken back while lent: reusing it would change bytes
+     * under it, so the whole ring goes instead. */
+    if (n)
+        ring_retire(r);
+    else
+        reap(r);
     return n;
 }
 
@@ -348,6 +427,8 @@ int cps__ring_oldest_peer(cps__ring *r, uint32_t *peer, uint64_t *tag)
 {
     if (!r)
         return CPS_EINVAL;
+    if (!r->map)
+        return CPS_ENOTFOUND;
     reap(r);
     if (!r->flen)
         return CPS_ENOTFOUND;
@@ -379,11 +460,53 @@ typedef struct ring_map {
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static ring_map **reg;
 static size_t nreg, reg_cap;
-static size_t reg_count; /* nreg, read without the lock on the fast path of cps__ring_owns */
+/* [reg_lo, reg_hi) covers every mapping in the registry (empty: lo >= hi). Written under
+ * reg_lock, read without it: cps__tp_free of a nanomsg buffer, the common case, neither locks
+ * nor scans. A buffer lent from a mapping is covered for as long as it is lent, since the bound
+ * is widened before the mapping is registered and recomputed only when one goes. */
+static uintptr_t reg_lo = UINTPTR_MAX, reg_hi;
 
 struct cps__ring_peers {
     char dir[512];
+    uint64_t returned; /* slots of refused descriptors given back to their sender */
 };
+
+/* With reg_lock held: recompute [reg_lo, reg_hi) from the registry. */
+static void bounds_update(void)
+{
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    for (size_t i = 0; i < nreg; i++) {
+        uintptr_t a = (uintptr_t)reg[i]->map, b = a + reg[i]->map_len;
+        lo = a < lo ? a : lo;
+        hi = b > hi ? b : hi;
+    }
+    __atomic_store_n(&reg_lo, lo, __ATOMIC_RELEASE);
+    __atomic_store_n(&reg_hi, hi, __ATOMIC_RELEASE);
+}
+
+/* 1 if p may lie in a registered mapping (then look under the lock), 0 if it cannot. */
+static int in_bounds(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    return a >= __atomic_load_n(&reg_lo, __ATOMIC_ACQUIRE) &&
+           a < __atomic_load_n(&reg_hi, __ATOMIC_ACQUIRE);
+}
+
+int cps__ring_bounds(uintptr_t *lo, uintptr_t *hi)
+{
+    uintptr_t l = __atomic_load_n(&reg_lo, __ATOMIC_ACQUIRE),
+              h = __atomic_load_n(&reg_hi, __ATOMIC_ACQUIRE);
+    if (lo)
+        *lo = l;
+    if (hi)
+        *hi = h;
+    return l < h;
+}
+
+uint64_t cps__ring_peers_returned(const cps__ring_peers *t)
+{
+    return t ? t->returned : 0;
+}
 
 int cps__ring_peers_create(const char *dir, cps__ring_peers **out)
 {
@@ -407,7 +530,7 @@ static void map_maybe_free(size_t i)
     free(m->lent);
     free(m);
     reg[i] = reg[--nreg];
-    __atomic_store_n(&reg_count, nreg, __ATOMIC_RELEASE);
+    bounds_update();
 }
 
 void cps__ring_peers_destroy(cps__ring_peers *t)
@@ -481,8 +604,12 @@ static int map_open(cps__ring_peers *t, const cps__ring_desc *d, ring_map **out)
     }
     *m = (ring_map){
         .map = mp, .map_len = len, .id = d->ring, .gen = d->gen, .cap = h->cap, .owner = t};
+    uintptr_t a = (uintptr_t)mp, b = a + len;
+    if (a < __atomic_load_n(&reg_lo, __ATOMIC_RELAXED))
+        __atomic_store_n(&reg_lo, a, __ATOMIC_RELEASE);
+    if (b > __atomic_load_n(&reg_hi, __ATOMIC_RELAXED))
+        __atomic_store_n(&reg_hi, b, __ATOMIC_RELEASE);
     reg[nreg++] = m;
-    __atomic_store_n(&reg_count, nreg, __ATOMIC_RELEASE);
     *out = m;
     return CPS_RING_OK;
 }
@@ -514,19 +641,34 @@ static int resolve_locked(cps__ring_peers *t, const cps__ring_desc *d, void **bu
         return CPS_RING_OUT_OF_RANGE;
     unsigned char *data = m->map + RING_HDR;
     slot_hdr *s = slot_at(data, d->offset);
-    if (__atomic_load_n(&s->live, __ATOMIC_ACQUIRE) != d->seq || s->len != d->len)
-        return CPS_RING_STALE_SLOT;
-    /* A descriptor replayed while its slot is out would lend the slot twice. */
+    /* A descriptor replayed while its slot is out would lend the slot twice (and must not give
+     * back a slot we are reading). The same offset with another seq is the slot reused after
+     * its release: a new message. */
     for (size_t i = 0; i < m->nlent; i++)
-        if (m->lent[i].off == d->offset)
+        if (m->lent[i].off == d->offset && m->lent[i].seq == d->seq)
             return CPS_RING_STALE_SLOT;
-    if (m->nlent == m->lent_cap) {
+    int why = CPS_RING_OK;
+    if (__atomic_load_n(&s->live, __ATOMIC_ACQUIRE) != d->seq)
+        return CPS_RING_STALE_SLOT;
+    if (s->len != d->len)
+        why = CPS_RING_STALE_SLOT;
+    if (!why && m->nlent == m->lent_cap) {
         size_t ncap = m->lent_cap ? m->lent_cap * 2 : 16;
         lent *nl = realloc(m->lent, ncap * sizeof *nl);
-        if (!nl)
-            return CPS_RING_NO_RING;
-        m->lent = nl;
-        m->lent_cap = ncap;
+        if (nl) {
+            m->lent = nl;
+            m->lent_cap = ncap;
+        } else {
+            why = CPS_RING_NO_RING;
+        }
+    }
+    if (why) {
+        /* The slot holds this descriptor's seq and nobody here reads it: refused, it would stay
+         * live for good and stop the sender's ring (first in, first out) behind it. */
+        uint64_t seq = d->seq;
+        if (__atomic_compare_exchange_n(&s->live, &seq, 0, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            t->returned++;
+        return why;
     }
     unsigned char *payload = data + d->offset + CPS_RING_SLOT_HDR;
     m->lent[m->nlent++] = (lent){payload, d->offset, d->seq};
@@ -559,7 +701,7 @@ static size_t map_of(const void *p)
 
 int cps__ring_owns(const void *buf)
 {
-    if (!buf || !__atomic_load_n(&reg_count, __ATOMIC_ACQUIRE))
+    if (!buf || !in_bounds(buf))
         return 0;
     pthread_mutex_lock(&reg_lock);
     int owns = map_of(buf) < nreg;
@@ -569,7 +711,7 @@ int cps__ring_owns(const void *buf)
 
 int cps__ring_release(void *buf)
 {
-    if (!buf || !__atomic_load_n(&reg_count, __ATOMIC_ACQUIRE))
+    if (!buf || !in_bounds(buf))
         return 0;
     pthread_mutex_lock(&reg_lock);
     size_t i = map_of(buf);
@@ -588,6 +730,10 @@ int cps__ring_release(void *buf)
         m->lent[k] = m->lent[--m->nlent];
         break;
     }
+    /* Its sender gave this file up for a new generation: nothing more comes from it. */
+    const ring_hdr *h = (const ring_hdr *)(const void *)m->map;
+    if (!m->nlent && __atomic_load_n(&h->retired, __ATOMIC_ACQUIRE))
+        m->owner = NULL;
     map_maybe_free(i);
     pthread_mutex_unlock(&reg_lock);
     return 1;

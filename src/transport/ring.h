@@ -8,11 +8,21 @@
  * area of slots. A slot is a 64-byte header (the live word: the slot's sequence number while the
  * receiver holds it, 0 once released; the length; the receiving peer) and the payload. The
  * sender allocates slots first in, first out around the area; a receiver releases its slot by
- * compare-and-swap of the live word from the sequence it was given to 0, so a late release of a
- * slot the sender already took back (its receiver was gone) and reused does nothing. A slot
- * whose receiver never releases it stops the ring; the sender then sends inline, as below the
- * size threshold, and takes the slots of a peer back when the peer is dropped, moved or gone, or
- * those it sent before the peer's connection last broke (a receiver restarted on its address).
+ * compare-and-swap of the live word from the sequence it was given to 0. A slot whose receiver
+ * never releases it stops the ring; the sender then sends inline, as below the size threshold,
+ * and takes the slots of a peer back when the peer is dropped, moved or gone, or those it sent
+ * before the peer's connection last broke (a receiver restarted on its address). A slot taken
+ * back that its receiver had not released may still be read (a receiver counted dead by
+ * mistake, a connection that only reconnected), so its bytes are never written again: the
+ * sender retires the whole ring instead (marks the file retired, unlinks it, unmaps it and makes
+ * a new file of a new generation under the same name; if another process has put its own file
+ * under that name, none: the ring stops and the sender sends inline). Receivers keep reading the
+ * old pages through their own mappings and drop them once their last buffer from it is released (or
+ * a descriptor of the new generation arrives). Descriptors of the old generation still in flight
+ * resolve through a receiver's existing mapping of it; one that had none refuses them.
+ *
+ * Rings belong in memory: cps__ring_dir_in_memory tells whether a directory is on tmpfs (the
+ * transport sends inline otherwise, as a shared mapping of a disk file is written back).
  *
  * A descriptor (one ipc message, with the usual zeroed trailer after it):
  *
@@ -28,9 +38,11 @@
  * The receiver refuses, with a named reason (cps__ring_why_str), a malformed descriptor, one whose
  * ring file is missing or not private, one of another generation than the file's (a sender that
  * restarted: its old descriptors are dropped), one outside the data area, and one whose slot does
- * not hold that sequence and length. A received payload is a pointer into the mapped ring that
- * cps__ring_release (through cps__tp_free) gives back; the mapping lives until the last such
- * buffer is released, even after its transport is destroyed.
+ * not hold that sequence and length. A refused descriptor whose slot holds its sequence (and
+ * is not one we already hold) is given back, so that the FIFO ring does not stay blocked
+ * behind it (counted: cps__ring_peers_returned). A received payload is a pointer into the mapped
+ * ring that cps__ring_release (through cps__tp_free) gives back; the mapping lives until the last
+ * such buffer is released, even after its transport is destroyed.
  *
  * The sender side (cps__ring) belongs to one thread; the receiver side's registry is locked, so
  * buffers can be released from any thread.
@@ -82,25 +94,33 @@ int cps__ring_path(const char *dir, uint64_t id, char *out, size_t cap);
  * exclusively, mode 0600, and mapped; its generation is fresh randomness. Errors: CPS_EINVAL,
  * CPS_EIO (the file could not be made or mapped; errno kept), CPS_ENOMEM. */
 int cps__ring_create(const char *dir, uint64_t id, size_t cap, cps__ring **out);
-/* Unmap the ring (receivers keep their own mappings) and unlink its file if `unlink_file`.
- * NULL is a no-op. */
+/* Unmap the ring (receivers keep their own mappings) and unlink its file if `unlink_file` and
+ * the name is still the file this ring made (device and inode as at creation: a successor on
+ * the same address replaces it with its own). NULL is a no-op. */
 void cps__ring_destroy(cps__ring *r, int unlink_file);
+/* How many times the ring was retired for a new generation (see above). */
+uint64_t cps__ring_retired(const cps__ring *r);
+/* 1 if `dir` lies on a memory file system (tmpfs, ramfs), else 0 (also on error). */
+int cps__ring_dir_in_memory(const char *dir);
 /* Reserve a slot of `len` bytes for peer `peer`, noting `tag` with it (the transport's count of
  * that peer's broken connections, see cps__ring_reclaim_before): first takes back, oldest first,
  * the slots their receivers released. On success *data points at the payload (the caller copies the
  * message there), *d describes it, and the slot is live until its receiver releases it or
  * cps__ring_abandon / cps__ring_reclaim_peer. CPS_EAGAIN: no room now (send inline);
- * CPS_EINVAL: len 0 or larger than the ring. */
+ * CPS_EINVAL: len 0 or larger than the ring; CPS_EIO: a retired ring's new file could not be
+ * made (send inline from now on). */
 int cps__ring_alloc(cps__ring *r, uint32_t peer, uint64_t tag, size_t len, cps__ring_desc *d,
                     unsigned char **data);
-/* Give back a slot that was reserved but not sent. */
+/* Give back a slot that was reserved but not sent (no receiver saw it: reused at once). */
 void cps__ring_abandon(cps__ring *r, const cps__ring_desc *d);
 /* Take back every slot held for `peer` (it was dropped, moved or is gone). Returns how many
- * were still held. */
+ * were still held; if any, the ring was retired (all slots, every peer's, start afresh in a new
+ * generation; cps__ring_gen changes). */
 size_t cps__ring_reclaim_peer(cps__ring *r, uint32_t peer);
 /* Take back the slots held for `peer` that were reserved with a tag below `tag`: those sent
  * before the connection to the peer last broke, which a receiver that restarted on the same
- * address will never release. Returns how many were still held. */
+ * address will never release. Returns how many were still held; if any, the ring was retired
+ * as by cps__ring_reclaim_peer. */
 size_t cps__ring_reclaim_before(cps__ring *r, uint32_t peer, uint64_t tag);
 /* The peer and tag of the oldest live slot into *peer and *tag (may be NULL); 0, or
  * CPS_ENOTFOUND when no slot is live (after taking back the released ones). */
@@ -116,6 +136,8 @@ typedef struct cps__ring_peers cps__ring_peers;
 /* A table of the senders' rings a transport has mapped, looked up in `dir` (copied). Errors:
  * CPS_ENOMEM, CPS_EINVAL. */
 int cps__ring_peers_create(const char *dir, cps__ring_peers **out);
+/* Slots of refused descriptors that `t` gave back to their senders. */
+uint64_t cps__ring_peers_returned(const cps__ring_peers *t);
 /* Forget the table; mappings still lent out (buffers not released) stay until their last
  * release. NULL is a no-op. */
 void cps__ring_peers_destroy(cps__ring_peers *t);
@@ -124,11 +146,15 @@ void cps__ring_peers_destroy(cps__ring_peers *t);
  * points at d->len bytes the caller owns until cps__ring_release(*buf). Returns 0, or CPS_EPROTO
  * with *why the named reason (see enum cps__ring_why). */
 int cps__ring_resolve(cps__ring_peers *t, const cps__ring_desc *d, void **buf, int *why);
-/* 1 if `buf` lies in a mapped ring (a buffer from cps__ring_resolve), else 0. */
+/* 1 if `buf` lies in a mapped ring (a buffer from cps__ring_resolve), else 0. A buffer outside
+ * the bound of all mappings (cps__ring_bounds) is answered without a lock. */
 int cps__ring_owns(const void *buf);
 /* Release a buffer from cps__ring_resolve: its slot goes back to the sender. Returns 1 if buf
  * was a ring buffer (released, or already released: then nothing happens), 0 if not (then it
  * is the caller's to free some other way). Any thread. */
 int cps__ring_release(void *buf);
+/* The bound [*lo, *hi) of every mapped ring of this process (either may be NULL); returns 1 if
+ * there is any mapping, 0 if none (then the bound is empty). */
+int cps__ring_bounds(uintptr_t *lo, uintptr_t *hi);
 
 #endif

@@ -126,6 +126,7 @@ struct cps__tp {
     cps__ring_peers *ring_peers;          /* the senders' rings we map, with the ipc inbox */
     uint64_t ring_refused;                /* descriptors refused (ring.h) */
     uint64_t ring_sent, ring_inline_full; /* sent through the ring / inline for want of room */
+    uint64_t ring_recv;                   /* received through a peer's ring */
 };
 
 /* A peer's queue went from empty to not (on) or back. */
@@ -452,6 +453,22 @@ static int peer_open(const cps__tp *tp, uint32_t id, const char *url, tp_peer **
     return 0;
 }
 
+/* Take back our ring's slots held for peer `id` (all, or those reserved with a tag below
+ * `tag`). Slots it still held retire the ring (ring.h): logged, as its receivers' mappings of
+ * the old file stay until they release them. Returns how many it held. */
+static size_t ring_reclaim(cps__tp *tp, uint32_t id, uint64_t tag, const char *why)
+{
+    if (!tp->ring)
+        return 0;
+    size_t n = tag == UINT64_MAX ? cps__ring_reclaim_peer(tp->ring, id)
+                                 : cps__ring_reclaim_before(tp->ring, id, tag);
+    if (n)
+        cps__log(CPS_LOG_INFO, SUB,
+                 "%s: peer %u %s holding %zu ring slot(s): ring retired, new generation %016llx",
+                 tp->inbox_url, id, why, n, (unsigned long long)cps__ring_gen(tp->ring));
+    return n;
+}
+
 int cps__tp_peer_set(cps__tp *tp, uint32_t id, const char *url)
 {
     if (!tp || !valid_url(url))
@@ -467,7 +484,7 @@ int cps__tp_peer_set(cps__tp *tp, uint32_t id, const char *url)
         return rc;
     if (found) {
         cps__log(CPS_LOG_INFO, SUB, "peer %u moved %s -> %s", id, tp->peers[i]->url, url);
-        cps__ring_reclaim_peer(tp->ring, id);
+        ring_reclaim(tp, id, UINT64_MAX, "moved");
         peer_free(tp, tp->peers[i]);
         tp->peers[i] = p;
         return 0;
@@ -494,7 +511,7 @@ void cps__tp_peer_drop(cps__tp *tp, uint32_t id)
     size_t i = peer_index(tp, id, &found);
     if (!found)
         return;
-    cps__ring_reclaim_peer(tp->ring, id);
+    ring_reclaim(tp, id, UINT64_MAX, "dropped");
     peer_free(tp, tp->peers[i]);
     memmove(&tp->peers[i], &tp->peers[i + 1], (tp->npeers - i - 1) * sizeof *tp->peers);
     tp->npeers--;
@@ -622,6 +639,16 @@ static cps__ring *ring_get(cps__tp *tp)
     if (tp->ring || tp->ring_failed)
         return tp->ring;
     int rc = CPS_EINVAL;
+    if (tp->local_inbox >= 0 && !cps__ring_dir_in_memory(tp->rundir)) {
+        /* Each process's ring is tens of MiB written over and over: on a disk file system the
+         * kernel writes it back, and the copy through the socket is the cheaper one. */
+        tp->ring_failed = 1;
+        cps__log(CPS_LOG_WARN, SUB,
+                 "runtime directory %s is not on tmpfs: no shared-memory ring, large same-host "
+                 "messages go inline (run with $TMPDIR or CHAINPS_RUNTIME_DIR on /dev/shm)",
+                 tp->rundir);
+        return NULL;
+    }
     if (tp->local_inbox >= 0)
         rc = cps__ring_create(tp->rundir, cps__tp_local_name(tp->host_id, tp->inbox_url),
                               tp->ring_cap, &tp->ring);
@@ -650,8 +677,8 @@ static size_t ring_unblock(cps__tp *tp, cps__ring *r)
         return 0;
     tp_peer *o = peer_find(tp, oldest);
     if (!o || cps__tp_peer_gone(tp, oldest))
-        return cps__ring_reclaim_peer(r, oldest);
-    return cps__ring_reclaim_before(r, oldest, peer_stat(o, NN_STAT_BROKEN_CONNECTIONS));
+        return ring_reclaim(tp, oldest, UINT64_MAX, "gone");
+    return ring_reclaim(tp, oldest, peer_stat(o, NN_STAT_BROKEN_CONNECTIONS), "reconnected");
 }
 
 /* Send a large message to a local peer as a descriptor of its copy in our ring: 1 sent (buf
@@ -666,6 +693,14 @@ static int send_ring(cps__tp *tp, tp_peer *p, void *buf, size_t len)
     int rc = cps__ring_alloc(r, p->id, peer_stat(p, NN_STAT_BROKEN_CONNECTIONS), len, &d, &slot);
     if (rc == CPS_EAGAIN && ring_unblock(tp, r))
         rc = cps__ring_alloc(r, p->id, peer_stat(p, NN_STAT_BROKEN_CONNECTIONS), len, &d, &slot);
+    if (rc == CPS_EIO && !tp->ring_failed) {
+        /* A retired ring whose new file could not be made: inline from now on. */
+        tp->ring_failed = 1;
+        cps__log(CPS_LOG_WARN, SUB,
+                 "%s: no new shared-memory ring after retiring one (%s): large same-host "
+                 "messages go inline",
+                 tp->inbox_url, strerror(errno));
+    }
     if (rc) {
         tp->ring_inline_full += rc == CPS_EAGAIN;
         return 0;
@@ -1097,6 +1132,7 @@ static int ring_take(cps__tp *tp, void *desc, size_t len, cps__tp_recv_fn fn, vo
         }
         return 0;
     }
+    tp->ring_recv++;
     fn(ctx, buf, (size_t)d.len);
     return 1;
 }
@@ -1275,12 +1311,17 @@ void cps__tp_destroy(cps__tp *tp)
     for (size_t i = 0; i < TP_ASM_MAX; i++)
         if (tp->asms[i].buf)
             nn_freemsg(tp->asms[i].buf);
-    if (tp->ring)
-        cps__log(CPS_LOG_DEBUG, SUB,
-                 "%s: %llu messages through the ring, %llu inline for want of room, %llu "
-                 "descriptors refused",
+    /* At INFO, one line per process that used rings: the ipc tests read it to tell that the
+     * rings carried the messages (ring_sent) and that no descriptor was lost (ring_refused). */
+    if (tp->ring || tp->ring_recv || tp->ring_refused)
+        cps__log(CPS_LOG_INFO, SUB,
+                 "%s: ring counters: ring_sent=%llu ring_recv=%llu ring_inline_full=%llu "
+                 "ring_refused=%llu ring_returned=%llu retired=%llu",
                  tp->inbox_url, (unsigned long long)tp->ring_sent,
-                 (unsigned long long)tp->ring_inline_full, (unsigned long long)tp->ring_refused);
+                 (unsigned long long)tp->ring_recv, (unsigned long long)tp->ring_inline_full,
+                 (unsigned long long)tp->ring_refused,
+                 (unsigned long long)cps__ring_peers_returned(tp->ring_peers),
+                 (unsigned long long)cps__ring_retired(tp->ring));
     /* Receivers keep their own mappings of our ring; the file goes with us. */
     cps__ring_destroy(tp->ring, 1);
     cps__ring_peers_destroy(tp->ring_peers);

@@ -10,9 +10,13 @@
 #             and forwards go through the processes' shared-memory rings (src/transport/ring.h):
 #             the outsider must also fail to open every ring file of the job, and the job must
 #             end with the checksum of the same job over tcp:// only.
+#             Each process logs its ring counters at exit: more than 0 messages must have gone
+#             through the rings and no descriptor may have been refused. The runtime directory
+#             is on /dev/shm (transports make rings only on tmpfs; skipped without it).
 #   ringkill  the ring job with server 1 killed by SIGKILL (launch --kill-at) while 1.2 MB
 #             messages stream through the rings, and restarted: it must still end with the
-#             checksum of the all-tcp:// run.
+#             checksum of the all-tcp:// run, with messages through the rings and at most a few
+#             descriptors refused (those in flight from the killed server's old generation).
 #   mixed     one host, two network namespaces: the scheduler, servers 0 and 1 and worker 0 in
 #             one, server 2 and worker 1 in the other, all sharing one runtime directory. Checked
 #             while it runs: Unix connections to the job's sockets inside each namespace and TCP
@@ -58,6 +62,7 @@ declare -a pids=()
 cleanup() {
     stop_pids "${pids[@]}"
     netns_delete
+    [[ -n ${shmdir:-} ]] && rm -rf "$shmdir"
     if [[ ${keep:-0} == 1 ]]; then say "logs kept in $t"; else rm -rf "$t"; fi
 }
 trap cleanup EXIT
@@ -90,7 +95,25 @@ ref=$(checksums "$t/ref.log")
 grep -q "over ipc" "$t/ref.log" && fail "the reference run used ipc"
 
 rundir=$t/run
+if [[ $scen == ring* ]]; then
+    # Rings only on tmpfs (src/transport/ring.h, cps__ring_dir_in_memory).
+    [[ $(stat -f -c %T /dev/shm 2>/dev/null) == tmpfs ]] || skip "no tmpfs at /dev/shm for the rings"
+    shmdir=$(mktemp -d "/dev/shm/ipc-$scen.XXXXXX")
+    chmod 755 "$shmdir"
+    rundir=$shmdir/run
+fi
 mkdir -m 700 "$rundir"
+# The ring counters every transport logs at exit (transport.c): the sum of field $1.
+ring_sum() { sed -n "s/.*ring counters:.* $1=\([0-9]*\).*/\1/p" "$t/job.log" | awk '{s += $1} END {print s + 0}'; }
+ring_check() { # $1: most refusals allowed
+    local lines sent refused
+    lines=$(grep -c "ring counters:" "$t/job.log" || true)
+    sent=$(ring_sum ring_sent) refused=$(ring_sum ring_refused)
+    say "ring counters: $lines processes, ring_sent=$sent ring_refused=$refused retired=$(ring_sum retired) ring_returned=$(ring_sum ring_returned)"
+    ((lines >= 1)) || fail "no process logged its ring counters: were the rings used?"
+    ((sent > 0)) || fail "no message went through a ring (ring_sent=0)"
+    ((refused <= $1)) || fail "$refused ring descriptors refused, at most $1 allowed"
+}
 
 if [[ $scen == ringkill ]]; then
     # The kill lands while the workers stream 1.2 MB tensors; the server restarts and rejoins.
@@ -108,6 +131,7 @@ if [[ $scen == ringkill ]]; then
     pids=()
     grep -q "SIGKILL server 1" "$t/job.log" || fail "no server was killed: $(grep -i kill "$t/job.log")"
     ((rings >= 1)) || fail "no ring file in the runtime directory: were the rings used?"
+    ring_check "${RING_MAX_REFUSED:-16}"
     got=$(checksums "$t/job.log")
     [[ $got == "$ref" ]] || fail "checksum(s) '$got', tcp:// reference '$ref'"
     say "PASS: server 1 killed mid-run over rings ($rings ring files); checksum $got as over tcp://"
@@ -175,7 +199,10 @@ print("refused", refused)
     # Every node binds one ipc inbox: the scheduler, 3 servers and 2 workers.
     ((seen >= 6)) || fail "saw $seen ipc sockets in the runtime directory, want 6: no ipc?"
     ((rounds >= 3)) || fail "only $rounds outsider rounds while the job ran: make it longer"
-    [[ $scen == ring ]] && ((rings < 1)) && fail "no ring file in the runtime directory: were the rings used?"
+    if [[ $scen == ring ]]; then
+        ((rings >= 1)) || fail "no ring file in the runtime directory: were the rings used?"
+        ring_check 0
+    fi
     got=$(checksums "$t/job.log")
     [[ $got == "$ref" ]] || fail "checksum(s) '$got', tcp:// reference '$ref'"
     say "PASS: $attempts connects/opens as nobody refused ($rounds rounds, $seen sockets, $rings ring files); checksum $got as over tcp://"
