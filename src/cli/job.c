@@ -22,6 +22,7 @@
 #include "node/msg.h"
 #include "node/roles.h"
 #include "transport/auth.h"
+#include "transport/ring.h"
 
 #define KILL_GRACE_MS 3000
 
@@ -57,20 +58,38 @@ static int make_secret(cps__job *j)
     return 0;
 }
 
+/* Where the job's runtime directory goes. Memory first: the shared-memory rings (large same-host
+ * messages, transport/ring.h) are made only on a memory file system, since on a disk the kernel
+ * writes the hot rings back. So an explicit TMPDIR on tmpfs, then $XDG_RUNTIME_DIR, then
+ * /dev/shm, then TMPDIR or /tmp wherever they are. The sockets' paths must fit a Unix socket
+ * address (108 bytes with the 22 of their names), and the directory must be ours to write. */
+static const char *run_dir_parent(void)
+{
+    const char *tmp = getenv("TMPDIR"), *xdg = getenv("XDG_RUNTIME_DIR");
+    const struct {
+        const char *dir;
+        int memory_only;
+    } cands[] = {{tmp, 1}, {xdg, 1}, {"/dev/shm", 1}, {tmp, 0}};
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
+        const char *d = cands[i].dir;
+        if (!d || !*d || strlen(d) + sizeof "/chainps-run-XXXXXX" + 22 > 108 ||
+            access(d, W_OK | X_OK) != 0)
+            continue;
+        if (!cands[i].memory_only || cps__ring_dir_in_memory(d))
+            return d;
+    }
+    return "/tmp";
+}
+
 /* The job's private runtime directory (mode 0700) for its same-host ipc:// sockets
- * (transport/local.h), handed to every process as CHAINPS_RUNTIME_DIR. A CHAINPS_RUNTIME_DIR in
- * our environment is the batch scheduler's (or the user's) and is kept as it is; set empty, it
- * turns ipc off, and every channel is tcp://. */
+ * (transport/local.h) and rings, handed to every process as CHAINPS_RUNTIME_DIR. A
+ * CHAINPS_RUNTIME_DIR in our environment is the batch scheduler's (or the user's) and is kept as
+ * it is; set empty, it turns ipc off, and every channel is tcp://. */
 static int make_run_dir(cps__job *j)
 {
     if (getenv("CHAINPS_RUNTIME_DIR"))
         return 0;
-    /* Its sockets' paths must fit a Unix socket address (108 bytes with the 22 of their names):
-     * a long TMPDIR gives way to /tmp. */
-    const char *tmp = getenv("TMPDIR");
-    if (!tmp || !*tmp || strlen(tmp) + sizeof "/chainps-run-XXXXXX" + 22 > 108)
-        tmp = "/tmp";
-    snprintf(j->run_dir, sizeof j->run_dir, "%.300s/chainps-run-XXXXXX", tmp);
+    snprintf(j->run_dir, sizeof j->run_dir, "%.300s/chainps-run-XXXXXX", run_dir_parent());
     if (!mkdtemp(j->run_dir)) {
         fprintf(stderr, "chainps: cannot create the job's runtime directory: %s\n",
                 strerror(errno));
