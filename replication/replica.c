@@ -518,7 +518,9 @@ int cps__replica_create(const cps__replica_config *cfg, const cps__replica_env *
     r->env = *env;
     cps__view_init(&r->view);
     /* Our id known: the chain exists before the first view (it answers questions, empty). */
-    if (r->cfg.self && make_chain(r) != 0) {
+    if (cps__fence_create(r->cfg.dead_after_ms, r->cfg.start_ms, &r->fence) != 0 ||
+        (r->cfg.self && make_chain(r) != 0)) {
+        cps__fence_destroy(r->fence);
         free(r);
         return CPS_ENOMEM;
     }
@@ -555,6 +557,7 @@ void cps__replica_destroy(cps__replica *r)
     free(r->scratch);
     free(r->out);
     cps__view_fini(&r->view);
+    cps__fence_destroy(r->fence);
     free(r);
 }
 
@@ -582,6 +585,14 @@ int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, in
 {
     cps__rp_begin(r);
     now = cps__rp_clock(r, now);
+    cps__fence_view(r->fence, v->epoch, 1, 1);
+    cps__fence_install(r->fence, v->epoch, 1, 1);
+    return cps__rp_install_view(r, v, self, fresh, now);
+}
+
+int cps__rp_install_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
+                         uint64_t now)
+{
     if (!r->chain)
         r->cfg.self = self;
     /* Held acks go out under the view they were made in, as if sent at once. */
@@ -657,6 +668,15 @@ int cps__replica_step(cps__replica *r, cps__replica_msg *m, uint64_t now)
     rmsg *p = take(r, m);
     if (!p)
         return 0;
+    int standing = cps__rp_standing(r, &p->m.hdr, 0, now);
+    if (standing == CPS_FENCE_EARLY) {
+        cps__rp_defer(r, p); /* a worker heard its WELCOME before we heard ours */
+        return 0;
+    }
+    if (standing != CPS_FENCE_SERVE) {
+        cps__rp_rmsg_done(r, p);
+        return 0;
+    }
     uint8_t type = p->m.hdr.type;
     if (type == CPS_MSG_JOIN_RANGE || type == CPS_MSG_SNAP_REQ || type == CPS_MSG_SNAP) {
         /* Never held for a view: the joiner judges an order's epoch itself, and a tail asks
@@ -674,8 +694,12 @@ void cps__replica_defer(cps__replica *r, cps__replica_msg *m)
 {
     cps__rp_begin(r);
     rmsg *p = take(r, m);
-    if (!p)
-        return;
+    if (p)
+        cps__rp_defer(r, p);
+}
+
+void cps__rp_defer(cps__replica *r, rmsg *p)
+{
     if (r->early.n >= MAX_EARLY || cps__rp_rlist_push(&r->early, p) != 0) {
         cps__rp_say(r, CPS_LOG_WARN, "request before the job started dropped");
         cps__rp_rmsg_done(r, p);

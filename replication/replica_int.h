@@ -50,6 +50,8 @@ struct cps__replica {
     cps__joiner *joiner;
     rmsg *join_snap;
     int join_wait;
+    /* Our standing (replica_fence.c). */
+    cps__fence *fence;
 };
 
 #define MAX_EARLY 4096
@@ -105,5 +107,16 @@ void cps__rp_flush_acks(cps__replica *r, uint64_t now, int force);
 void cps__rp_on_transfer(cps__replica *r, rmsg *p, uint64_t now);
 /* The joiner learns of the view just installed (created at the first). */
 int cps__rp_joiner_view(cps__replica *r, uint64_t now);
+
+/* ---- replica.c ---- */
+/* cps__replica_set_view's work, within the current call (no new ready list). */
+int cps__rp_install_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
+                         uint64_t now);
+/* Hold a request that came before our first view (takes p). */
+void cps__rp_defer(cps__replica *r, rmsg *p);
+
+/* ---- replica_fence.c ---- */
+/* What our standing does with a message, a stall measured at `now` first (CPS_FENCE_*). */
+int cps__rp_standing(cps__replica *r, const cps__msg_hdr *h, int our_welcome, uint64_t now);
 
 #endif
