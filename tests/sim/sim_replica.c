@@ -435,7 +435,7 @@ void sim_server_start(sim *sm, sim_server *s, const cps__view *v)
     s->copying = sim_xcalloc(sm->nranges, sizeof *s->copying);
     replica_new(sm, s);
     s->ticking = 1;
-    s->epoch = 1;
+    s->epoch = v->epoch; /* the replica (and its fence) install v as it is */
     s->view = v;
     /* The job's first view, known to count every server in: the fence joins with it. */
     cps__replica_set_view(s->rep, v, s->id, 1, 0);
@@ -544,8 +544,9 @@ static void step_data(sim *sm, sim_server *s, const cps__msg_hdr *h, const uint8
     for (size_t i = 0; i < n; i++)
         answered |= out[i].kind == CPS_RO_REPLY && out[i].to == h->sender &&
                     out[i].req.req_seq == h->req_seq;
+    /* Unsure of its standing now, the replica dropped the pull unanswered: not parked. */
     if (h->type == CPS_MSG_PULL && sm->p.mode == SIM_SSP && !answered &&
-        cps__replica_held(s->rep) == held) {
+        cps__replica_held(s->rep) == held && !cps__fence_unsure(cps__replica_fence(s->rep))) {
         if (s->nparked == s->parked_cap) {
             s->parked_cap = s->parked_cap ? 2 * s->parked_cap : 16;
             s->parked = realloc(s->parked, s->parked_cap * sizeof *s->parked);
