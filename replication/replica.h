@@ -198,11 +198,12 @@ void cps__replica_destroy(cps__replica *r);
 
 /* Install a view (copied) known to count us in, bypassing the fence's judgement (which it
  * brings along: joined at the view's epoch); the shell uses cps__replica_view instead. `self` is
- * our node id in it (the first view's counts for the replica's life). `fresh`: we were just let in (started, or rejoining after a fence):
- * ranges whose chain does not name us are stale here and dropped; otherwise ranges whose chain
- * named us and no longer does are dropped (moved), if the range count is the same. Held acks go
- * out first, under the view they were made in; messages held for this epoch are queued for
- * cps__replica_next. Errors: CPS_ENOMEM, CPS_EINVAL (range count changed under a chain). */
+ * our node id in it (the first view's counts for the replica's life). `fresh`: we were just let in
+ * (started, or rejoining after a fence): ranges whose chain does not name us are stale here and
+ * dropped; otherwise ranges whose chain named us and no longer does are dropped (moved), if the
+ * range count is the same. Held acks go out first, under the view they were made in; messages held
+ * for this epoch are queued for cps__replica_next. Errors: CPS_ENOMEM, CPS_EINVAL (range count
+ * changed under a chain). */
 int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
                           uint64_t now);
 

@@ -33,9 +33,9 @@ static void stall_check(cps__replica *r, uint64_t now, int turned)
 int cps__rp_standing(cps__replica *r, const cps__msg_hdr *h, int our_welcome, uint64_t now)
 {
     stall_check(r, now, 0);
-    int origin = h->sender != SCHED_NODE ? CPS_FENCE_FROM_PEER
+    int origin = h->sender != SCHED_NODE                     ? CPS_FENCE_FROM_PEER
                  : our_welcome && h->type == CPS_MSG_WELCOME ? CPS_FENCE_OUR_WELCOME
-                                                              : CPS_FENCE_FROM_SCHED;
+                                                             : CPS_FENCE_FROM_SCHED;
     return cps__fence_admit(r->fence, h->type, origin);
 }
 

@@ -246,7 +246,7 @@ typedef struct sim_server {
      * it, see sim_old_disk_back). */
     sim_rstore *old_rs;
     int disk_back;
-    uint8_t *copying;  /* per range: holds a snapshot, not yet a member */
+    uint8_t *copying; /* per range: holds a snapshot, not yet a member */
 } sim_server;
 
 /* One request of the application (an operation with one part): the worker's session
