@@ -580,6 +580,23 @@ static int first_view(cps__replica *r)
     return rc ? rc : make_chain(r);
 }
 
+static int install_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
+                        uint64_t now);
+
+/* The fence judges (replica_fence.c); let in, the ranges the view does not give us are stale
+ * here, staying in, those it took from us moved: either way dropped (DROP_RANGE). */
+int cps__replica_view(cps__replica *r, const cps__view *v, uint32_t self, uint64_t now)
+{
+    cps__rp_begin(r);
+    now = cps__rp_clock(r, now);
+    int fresh = 0;
+    int verdict = cps__rp_fence_install(r, v, self, &fresh);
+    if (verdict != CPS_RV_INSTALLED)
+        return verdict;
+    int rc = install_view(r, v, self, fresh, now);
+    return rc ? rc : CPS_RV_INSTALLED;
+}
+
 int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
                           uint64_t now)
 {
@@ -587,11 +604,10 @@ int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, in
     now = cps__rp_clock(r, now);
     cps__fence_view(r->fence, v->epoch, 1, 1);
     cps__fence_install(r->fence, v->epoch, 1, 1);
-    return cps__rp_install_view(r, v, self, fresh, now);
+    return install_view(r, v, self, fresh, now);
 }
 
-int cps__rp_install_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
-                         uint64_t now)
+static int install_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh, uint64_t now)
 {
     if (!r->chain)
         r->cfg.self = self;
@@ -661,6 +677,8 @@ int cps__rp_install_view(cps__replica *r, const cps__view *v, uint32_t self, int
     return rc;
 }
 
+static void defer(cps__replica *r, rmsg *p);
+
 int cps__replica_step(cps__replica *r, cps__replica_msg *m, uint64_t now)
 {
     cps__rp_begin(r);
@@ -670,7 +688,7 @@ int cps__replica_step(cps__replica *r, cps__replica_msg *m, uint64_t now)
         return 0;
     int standing = cps__rp_standing(r, &p->m.hdr, 0, now);
     if (standing == CPS_FENCE_EARLY) {
-        cps__rp_defer(r, p); /* a worker heard its WELCOME before we heard ours */
+        defer(r, p); /* a worker heard its WELCOME before we heard ours */
         return 0;
     }
     if (standing != CPS_FENCE_SERVE) {
@@ -695,10 +713,10 @@ void cps__replica_defer(cps__replica *r, cps__replica_msg *m)
     cps__rp_begin(r);
     rmsg *p = take(r, m);
     if (p)
-        cps__rp_defer(r, p);
+        defer(r, p);
 }
 
-void cps__rp_defer(cps__replica *r, rmsg *p)
+static void defer(cps__replica *r, rmsg *p)
 {
     if (r->early.n >= MAX_EARLY || cps__rp_rlist_push(&r->early, p) != 0) {
         cps__rp_say(r, CPS_LOG_WARN, "request before the job started dropped");

@@ -95,10 +95,8 @@ static void say_joined(cps__replica *r, const cps__view *v, uint32_t self, uint3
                 self, rank, v->epoch, head, mid, tail, v->nranges, v->replicas);
 }
 
-int cps__replica_view(cps__replica *r, const cps__view *v, uint32_t self, uint64_t now)
+int cps__rp_fence_install(cps__replica *r, const cps__view *v, uint32_t self, int *fresh)
 {
-    cps__rp_begin(r);
-    now = cps__rp_clock(r, now);
     const cps__node_info *me = cps__view_node(v, self);
     int verdict = cps__fence_install(r->fence, v->epoch, me != NULL, me && me->alive);
     if (verdict == CPS_FENCE_V_FENCED) {
@@ -110,15 +108,12 @@ int cps__replica_view(cps__replica *r, const cps__view *v, uint32_t self, uint64
     }
     if (verdict == CPS_FENCE_V_IGNORE)
         return CPS_RV_DONE; /* fenced already: the views queued meanwhile say so again */
-    int fresh = verdict == CPS_FENCE_V_JOINED;
-    if (fresh)
+    *fresh = verdict == CPS_FENCE_V_JOINED;
+    if (*fresh)
         say_joined(r, v, self, me ? me->rank : 0);
     else
         cps__rp_say(r, CPS_LOG_INFO, "view epoch %" PRIu64 " installed", v->epoch);
-    /* Let in, the ranges the view does not give us are stale here; staying in, those it took
-     * from us moved: either way dropped (DROP_RANGE), and held messages released. */
-    int rc = cps__rp_install_view(r, v, self, fresh, now);
-    return rc ? rc : CPS_RV_INSTALLED;
+    return CPS_RV_INSTALLED;
 }
 
 const cps__fence *cps__replica_fence(const cps__replica *r)
