@@ -33,9 +33,11 @@ int cps__coord_create(const cps__coord_config *cfg, cps__coord **out)
     c->nodes = calloc(CPS_MAX_NODES, sizeof *c->nodes);
     c->former = calloc(CPS_MAX_RANGES, sizeof *c->former);
     c->former_epoch = calloc(CPS_MAX_RANGES, sizeof *c->former_epoch);
+    c->rollback_ok = calloc(CPS_MAX_RANGES, 1);
     cps__detector_config dc = {c->cfg.dead_after_ms, 2 * c->cfg.dead_after_ms};
-    int rc = c->nodes && c->former && c->former_epoch ? cps__detector_create(&dc, &c->detector)
-                                                      : CPS_ENOMEM;
+    int rc = c->nodes && c->former && c->former_epoch && c->rollback_ok
+                 ? cps__detector_create(&dc, &c->detector)
+                 : CPS_ENOMEM;
     cps__suspect_config sc = {cps__suspect_evidence_ms(c->cfg.dead_after_ms),
                               cps__suspect_probe_ms(c->cfg.dead_after_ms), cfg->single_probe};
     if (rc == 0)
@@ -62,6 +64,7 @@ void cps__coord_destroy(cps__coord *c)
     free(c->nodes);
     free(c->former);
     free(c->former_epoch);
+    free(c->rollback_ok);
     free(c->blob_buf);
     cps__registry_fini(&c->reg);
     free(c);
@@ -234,6 +237,36 @@ static int load(cps__coord *c, cps__coord_get_fn get, void *ctx, uint64_t now)
     return rc ? rc : 1;
 }
 
+/* --allow-rollback (cfg.allow_rollback) is the operator's answer to the ERROR in front of them,
+ * not a policy for this life's later incidents: it holds for the ranges whose only replica is
+ * down with a fallback now, as this life resumes, and for no other (c->rollback_ok). */
+static void consent_to_rollback(cps__coord *c)
+{
+    if (!c->cfg.allow_rollback)
+        return;
+    char list[160] = "";
+    size_t off = 0;
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < c->view.nranges; r++) {
+        const cps__range *rg = &c->view.ranges[r];
+        const cps__coord_node *only = rg->chain_len == 1 ? cps__co_find(c, rg->chain[0]) : NULL;
+        if (!only || only->info.alive || !c->former[r])
+            continue;
+        c->rollback_ok[r] = 1;
+        if (n++ < 16 && off < sizeof list)
+            off += (size_t)snprintf(list + off, sizeof list - off, "%s%u", off ? ", " : "", r);
+    }
+    if (n)
+        cps__co_log(c, CPS_LOG_WARN,
+                    "--allow-rollback: %u range(s) (%s%s) go to their fallback if their only "
+                    "replica comes back empty; for no other range in this life",
+                    n, list, n > 16 ? ", ..." : "");
+    else
+        cps__co_log(c, CPS_LOG_WARN,
+                    "--allow-rollback: no range's only replica is down with a fallback: the flag "
+                    "has no effect in this life");
+}
+
 int cps__coord_resume(cps__coord *c, cps__coord_get_fn get, void *ctx, uint64_t now)
 {
     int rc = cps__co_registry_load(c, get, ctx);
@@ -250,6 +283,7 @@ int cps__coord_resume(cps__coord *c, cps__coord_get_fn get, void *ctx, uint64_t 
         cps__coord_action *a = cps__co_push(c, CPS_CO_PEER_SET, n->info.id);
         snprintf(a->addr, sizeof a->addr, "%s", n->info.addr);
     }
+    consent_to_rollback(c);
     /* Nobody is declared dead for our own absence: everyone gets a fresh grace period. */
     cps__detector_restart(c->detector, now);
     c->last_detect_ms = now;

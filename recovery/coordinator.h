@@ -120,7 +120,7 @@ typedef struct cps__coord_action {
     int force;
     cps__msg_hdr hdr;
     char addr[CPS_ADDR_MAX];
-    char text[512]; /* room for the longest log line (an unavailable range and its ways out) */
+    char text[232]; /* a log line: a longer message is split over lines */
 } cps__coord_action;
 
 typedef struct cps__coord_blob {

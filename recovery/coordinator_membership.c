@@ -117,6 +117,7 @@ static int start_job(cps__coord *c, uint64_t now)
 /* ---- admission ---- */
 
 static int emptied(cps__coord *c, cps__coord_node *n, uint64_t boot, uint64_t now);
+static int in_chain(const cps__range *rg, uint32_t node);
 
 /* A HELLO that names no member: a new node, if the job has room for it. NULL: refused. */
 static cps__coord_node *admit(cps__coord *c, uint32_t role, uint32_t want_rank, uint32_t prev_id,
@@ -224,9 +225,13 @@ void cps__co_hello(cps__coord *c, const cps__msg_hdr *h, const void *pl, size_t 
         if ((flags & CPS_HELLO_EMPTY) && emptied(c, n, boot, now) != 0)
             return;
         n->empty_kept = 0;
-        for (uint32_t r = 0; r < c->view.nranges; r++)
+        for (uint32_t r = 0; r < c->view.nranges; r++) {
             if (c->former[r] == n->info.id)
                 c->former[r] = 0;
+            /* Its only replica is back on its disk: the incident the consent was for is over. */
+            if (in_chain(&c->view.ranges[r], n->info.id))
+                c->rollback_ok[r] = 0;
+        }
     }
     int moved = strcmp(n->info.addr, addr) != 0 && n->info.addr[0];
     if (moved)
@@ -328,11 +333,11 @@ static void roll_back(cps__coord *c, uint32_t r, const cps__coord_node *n, const
     c->view.ranges[r].chain[0] = f->info.id;
     cps__co_log(c, CPS_LOG_ERROR,
                 "range %u ROLLED BACK (--allow-rollback): server %u, its only replica, came back "
-                "with an empty store; server %u, which left the range at epoch %llu, takes it "
-                "with what it held then: updates acknowledged since are lost%s",
-                r, n->info.id, f->info.id, (unsigned long long)c->former_epoch[r],
-                f->info.alive ? "" : " (the range waits for it)");
+                "empty; server %u, which left the range at epoch %llu, takes it as it held it "
+                "then: updates acknowledged since are lost (it waits for it)",
+                r, n->info.id, f->info.id, (unsigned long long)c->former_epoch[r]);
     c->former[r] = 0;
+    c->rollback_ok[r] = 0; /* the consent was for this once */
 }
 
 /* Server n, not alive, says HELLO from an empty store (CPS_HELLO_EMPTY: a replaced disk) in life
@@ -352,6 +357,11 @@ static int emptied(cps__coord *c, cps__coord_node *n, uint64_t boot, uint64_t no
 {
     uint32_t id = n->info.id, changed = 0, kept = 0;
     int say = !n->empty_kept || n->empty_boot != boot || now - n->empty_logged_ms >= EMPTY_RELOG_MS;
+    /* Its store is gone whether or not it is let in: it is nobody's fallback any more (issue
+     * 28: a fallback kept out on an empty disk was still offered, and rolled back to). */
+    for (uint32_t r = 0; r < c->view.nranges; r++)
+        if (c->former[r] == id)
+            c->former[r] = 0;
     for (uint32_t r = 0; r < c->view.nranges; r++) {
         cps__range *rg = &c->view.ranges[r];
         if (!in_chain(rg, id))
@@ -368,7 +378,7 @@ static int emptied(cps__coord *c, cps__coord_node *n, uint64_t boot, uint64_t no
         const cps__coord_node *f = c->former[r] ? cps__co_find(c, c->former[r]) : NULL;
         if (f && (f == n || f->info.role != CPS_ROLE_SERVER || f->left))
             f = NULL;
-        if (f && c->cfg.allow_rollback) {
+        if (f && c->cfg.allow_rollback && c->rollback_ok[r]) {
             roll_back(c, r, n, f);
             changed++;
             continue;
@@ -376,22 +386,30 @@ static int emptied(cps__coord *c, cps__coord_node *n, uint64_t boot, uint64_t no
         kept++;
         if (!say)
             continue;
-        if (f)
+        /* Two lines, what happened and the ways out: a log line holds 232 bytes. */
+        if (f) {
             cps__co_log(c, CPS_LOG_ERROR,
                         "range %u is UNAVAILABLE: server %u, its only replica, came back with an "
                         "empty store and is kept out; the updates it acknowledged since epoch "
-                        "%llu are on no other server. Ways out: start server %u on its old disk, "
-                        "or restore a checkpoint; or accept losing those updates: restart the "
-                        "scheduler with --allow-rollback, and server %u takes the range as it "
-                        "held it at epoch %llu",
-                        r, id, (unsigned long long)c->former_epoch[r], id, f->info.id,
-                        (unsigned long long)c->former_epoch[r]);
-        else
+                        "%llu are on no other server",
+                        r, id, (unsigned long long)c->former_epoch[r]);
+            /* Started first, the fallback is let in and drops the range: the last copy. */
+            cps__co_log(c, CPS_LOG_ERROR,
+                        "range %u: ways out: start server %u on its old disk, or restore a "
+                        "checkpoint, or (losing those updates) keep server %u stopped, restart "
+                        "the scheduler with --allow-rollback, then start server %u once 'ROLLED "
+                        "BACK' is logged",
+                        r, id, f->info.id, f->info.id);
+        } else {
             cps__co_log(c, CPS_LOG_ERROR,
                         "range %u is UNAVAILABLE: server %u, its only replica, came back with an "
-                        "empty store, and no other server holds the range: server %u is kept "
-                        "out. Ways out: start server %u on its old disk, or restore a checkpoint",
-                        r, id, id, id);
+                        "empty store, and no other server holds the range: server %u is kept out",
+                        r, id, id);
+            cps__co_log(c, CPS_LOG_ERROR,
+                        "range %u: ways out: start server %u on its old disk, or restore a "
+                        "checkpoint",
+                        r, id);
+        }
     }
     if (kept && say)
         n->empty_logged_ms = now;
@@ -415,8 +433,9 @@ static uint32_t apply_appends(cps__coord *c)
             in |= rg->chain[j] == node;
         if (in || rg->chain_len >= CPS_MAX_REPLICAS)
             continue;
+        /* The fallback stays until the tail confirms (cps__co_caught_up): evicted or dead
+         * before, it leaves the range with one holder again. */
         rg->chain[rg->chain_len++] = node;
-        c->former[c->appends[i].range] = 0; /* updates acknowledged by two from now on */
         cps__co_log(c, CPS_LOG_INFO, "server %u joined range %u as its tail", node,
                     c->appends[i].range);
         n++;
@@ -534,6 +553,8 @@ void cps__co_caught_up(cps__coord *c, const cps__coord_node *n, const cps__msg_h
     if (verdict == CPS_REPAIR_RETRY)
         cps__co_log(c, CPS_LOG_WARN, "range %u: server %u could not copy it; trying again", r,
                     n->info.id);
+    if (verdict == CPS_REPAIR_CONFIRMED)
+        c->former[r] = 0; /* updates acknowledged by two from now on */
     if (verdict == CPS_REPAIR_APPEND) {
         if (c->nappends == sizeof c->appends / sizeof c->appends[0])
             cps__co_repair(c, now); /* full: publish what is held first */
@@ -583,8 +604,12 @@ void cps__co_declare_dead(cps__coord *c, uint32_t id, uint64_t silence_ms, uint6
     }
     for (uint32_t r = 0; r < nv.nranges; r++) {
         const cps__range *rg = &nv.ranges[r];
-        if (in_chain(&c->view.ranges[r], id) && !in_chain(rg, id))
-            c->former[r] = full && full[r] && rg->chain_len == 1 ? id : 0;
+        /* Only a full member's death changes the fallback: an unconfirmed tail's leaves the
+         * one it had (the range is as it was before the tail joined). */
+        if (full && full[r] && !in_chain(rg, id)) {
+            uint32_t u = cps__coord_unconfirmed(c, r);
+            c->former[r] = rg->chain_len - (u && in_chain(rg, u)) == 1 ? id : 0;
+        }
         if (c->former[r] == id)
             c->former_epoch[r] = c->view.epoch + 1; /* the view cps__co_publish sends below */
     }

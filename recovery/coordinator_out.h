@@ -53,6 +53,11 @@ struct cps__coord {
      * the view epoch it left in. Persisted (sched/former): a restarted scheduler still knows. */
     uint32_t *former;
     uint64_t *former_epoch;
+    /* Per range: --allow-rollback holds for it in this life. The operator's consent is for the
+     * incident in front of them: only ranges whose only replica was down with a fallback when
+     * this life resumed (cps__coord_resume); each is cleared once rolled back or once that
+     * replica is let in, and nothing later sets it. Not persisted. */
+    unsigned char *rollback_ok;
     cps__registry reg; /* the tensors workers declared (REGISTER), for checkpoints (REGISTRY) */
     uint64_t wall_ms;  /* this turn's wall clock (cps__coord_set_wall), for STATUS's ages */
     cps__coord_out out;

@@ -72,13 +72,10 @@ void cps__co_status(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to, uin
     size_t len, note_len = note.id ? cps__ckpt_note_size(&note) : 0;
     if (note.id)
         note.age_ms = c->wall_ms > note.unix_ms ? c->wall_ms - note.unix_ms : 0;
-    uint32_t nstranded = 0;
-    for (uint32_t r = 0; r < nranges; r++)
-        nstranded += cps__coord_stranded(c, r, NULL, NULL) != 0;
-    size_t stranded_len = nstranded ? 8 + 12 * (size_t)nstranded : 0;
+    /* Room for every range stranded; the reply is cut to those that are. */
     unsigned char *buf = view_reply(c,
                                     4 + (size_t)nn * (8 + CPS_STATS_SIZE) + 4 +
-                                        (size_t)nranges * 8 + note_len + stranded_len,
+                                        (size_t)nranges * 8 + note_len + 8 + 12 * (size_t)nranges,
                                     &len);
     if (!buf)
         return;
@@ -103,21 +100,22 @@ void cps__co_status(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to, uin
     if (note_len)
         cps__ckpt_note_encode(p, note_len, &note);
     p += note_len;
-    if (nstranded) {
+    uint32_t nstranded = 0;
+    for (uint32_t r = 0; r < nranges; r++) {
+        uint32_t fallback, id = cps__coord_stranded(c, r, &fallback, NULL);
+        if (!id)
+            continue;
+        unsigned char *e = p + 8 + 12 * (size_t)nstranded++;
+        cps__le32_put(e, r);
+        cps__le32_put(e + 4, id);
+        cps__le32_put(e + 8, fallback);
+    }
+    if (nstranded) { /* absent when none */
         cps__le32_put(p, CPS_STATUS_STRANDED_TAG);
         cps__le32_put(p + 4, nstranded);
-        p += 8;
-        for (uint32_t r = 0; r < nranges; r++) {
-            uint32_t fallback, id = cps__coord_stranded(c, r, &fallback, NULL);
-            if (!id)
-                continue;
-            cps__le32_put(p, r);
-            cps__le32_put(p + 4, id);
-            cps__le32_put(p + 8, fallback);
-            p += 12;
-        }
+        p += 8 + 12 * (size_t)nstranded;
     }
-    reply(c, h, reply_to, CPS_MSG_STATUS_REPLY, buf, len);
+    reply(c, h, reply_to, CPS_MSG_STATUS_REPLY, buf, (size_t)(p - buf));
 }
 
 /* REGISTRY: the view, then (8-byte aligned) u32 count, u32 0, and the descriptions. */

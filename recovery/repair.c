@@ -19,6 +19,9 @@ typedef struct pending_join {
      * confirmed replica; 0 for a repair. */
     uint32_t leaving;
     int move_confirmed; /* the move's joiner confirmed: `leaving` may go */
+    /* The last tail evicted from the range: the next copy goes elsewhere while another server
+     * can take it, or a server that cannot confirm would copy, join and be evicted forever. */
+    uint32_t evicted;
 } pending_join;
 
 struct cps__repair {
@@ -146,6 +149,7 @@ int cps__repair_declare_dead(cps__repair *rp, const cps__view *in, uint32_t node
                 rg->chain[k++] = node; /* the dead one has it all: the range waits for it */
             rg->chain_len = k;
             act(rp, CPS_RA_EVICTED, r, pj->unconfirmed, node, 0, pj->id);
+            pj->evicted = pj->unconfirmed;
             /* A copy being made from it lacks what it lacks: abandoned too, or the copy joins a
              * chain it cannot catch up with (simulator seed 8334: its predecessor came back as
              * head without the updates between). No copy starts from an unconfirmed tail any
@@ -168,28 +172,28 @@ int cps__repair_declare_dead(cps__repair *rp, const cps__view *in, uint32_t node
 
 /* The live server outside rg's chain holding or copying the fewest ranges, 0 if none. A
  * draining server only when no other can: R replicas come before a drain, which then waits
- * for a server to be added (or to come back). */
-static uint32_t least_loaded(const cps__repair *rp, const cps__view *v, const cps__range *rg)
+ * for a server to be added (or to come back). `avoid` (the range's last evicted tail) only when
+ * no other can either. */
+static uint32_t least_loaded(const cps__repair *rp, const cps__view *v, const cps__range *rg,
+                             uint32_t avoid)
 {
-    for (int allow_draining = 0; allow_draining < 2; allow_draining++) {
-        uint32_t best = 0, best_load = UINT32_MAX;
-        for (uint32_t i = 0; i < v->nnodes; i++) {
-            const cps__node_info *n = &v->nodes[i];
-            if (n->role != CPS_ROLE_SERVER || !n->alive || in_chain(rg, n->id) ||
-                cps__repair_draining(rp, n->id) != allow_draining)
-                continue;
-            uint32_t load = 0;
-            for (uint32_t q = 0; q < v->nranges; q++)
-                load += in_chain(&v->ranges[q], n->id) || rp->joins[q].joiner == n->id;
-            if (load < best_load) {
-                best = n->id;
-                best_load = load;
-            }
+    uint32_t best = 0;
+    uint64_t best_key = UINT64_MAX;
+    for (uint32_t i = 0; i < v->nnodes; i++) {
+        const cps__node_info *n = &v->nodes[i];
+        if (n->role != CPS_ROLE_SERVER || !n->alive || in_chain(rg, n->id))
+            continue;
+        uint64_t load = 0;
+        for (uint32_t q = 0; q < v->nranges; q++)
+            load += in_chain(&v->ranges[q], n->id) || rp->joins[q].joiner == n->id;
+        uint64_t key = (uint64_t)cps__repair_draining(rp, n->id) << 41 |
+                       (uint64_t)(n->id == avoid) << 40 | load;
+        if (key < best_key) {
+            best = n->id;
+            best_key = key;
         }
-        if (best)
-            return best;
     }
-    return 0;
+    return best;
 }
 
 /* Per-node load for a tick: slots held or being copied, less the moves planned away. */
@@ -318,6 +322,7 @@ int cps__repair_tick(cps__repair *rp, const cps__view *v, uint64_t now)
              * the range is copied afresh from the members before it: a lost confirmation costs a
              * copy, never an update. */
             act(rp, CPS_RA_EVICTED, r, pj->unconfirmed, pj->unconfirmed_pred, live - 1, pj->id);
+            pj->evicted = pj->unconfirmed;
             pj->unconfirmed = 0;
             continue;
         }
@@ -325,7 +330,7 @@ int cps__repair_tick(cps__repair *rp, const cps__view *v, uint64_t now)
         pj->move_confirmed = 0;
         uint32_t best = 0, from = 0;
         if (live < v->replicas) {
-            best = least_loaded(rp, v, rg);
+            best = least_loaded(rp, v, rg, pj->evicted);
         } else if (rp->cfg.balance && live == v->replicas && live == rg->chain_len &&
                    moving < CPS_REPAIR_MAX_MOVES) {
             plan_move(rp, v, rg, &from, &best);

@@ -28,6 +28,15 @@ struct cps__coll {
     int joining; /* cps__coll_set_joining, until the first completion */
     int alone;   /* running with no peer: waiting for a view with one */
     int listen;  /* a joiner restarted by a view: waiting for its predecessor's seq */
+    /* While listening: which members said they listen too (CPS_COLL_LISTEN, by position), how
+     * many, and the highest seq they named. */
+    uint8_t *heard;
+    uint32_t nheard;
+    uint64_t heard_max;
+    int seq_given; /* cps__coll_set_next_seq: our sequence came from a member's completed one */
+    /* Helping: our running collective (this seq) is set aside while we run an earlier one that
+     * the ring redoes and we skipped (see help()); 0: not helping. */
+    uint64_t help_for;
     /* the running collective */
     int running;
     uint64_t seq; /* the running one's, else the last started */
@@ -48,6 +57,8 @@ struct cps__coll {
     uint64_t done_seq; /* 0: none */
     uint64_t done_n;
     uint64_t bcast_epoch; /* epoch under which done_seq's result was last sent to all */
+    /* The (epoch, seq) we last asked the members for (CPS_COLL_ASK): one ask per pair. */
+    uint64_t asked_epoch, asked_seq;
     stashed *stash;
     size_t nstash, stash_cap;
     int draining, redrain; /* drain_stash is running; a nested call asked it to rescan */
@@ -98,6 +109,7 @@ void cps__coll_destroy(cps__coll *c)
     stash_free_all(c);
     free(c->stash);
     free(c->members);
+    free(c->heard);
     free(c->buf[0]);
     free(c->buf[1]);
     free(c->out);
@@ -136,6 +148,10 @@ static cps__coll_act *act_add(cps__coll *c, int kind)
 
 static void finish(cps__coll *c, int status)
 {
+    if (c->help_for) {
+        c->seq = c->help_for; /* what failed is our own call */
+        c->help_for = 0;
+    }
     cps__coll_act *a = act_add(c, status == 0 ? CPS_COLL_DONE : CPS_COLL_FAILED);
     if (a) {
         a->seq = c->seq;
@@ -205,6 +221,45 @@ static int member_pos(const cps__coll *c, uint32_t id, uint32_t *pos)
 }
 
 static void drain_stash(cps__coll *c, uint64_t now);
+static void begin(cps__coll *c, uint64_t now);
+
+/* The running collective's result is in c->work: hand it to the caller, or, when we were only
+ * helping the ring through an earlier collective, keep it (to give to members that restart it)
+ * and go back to our own call, restarted from its untouched input. */
+static void complete(cps__coll *c, uint64_t now)
+{
+    c->done_seq = c->seq;
+    c->done_n = c->n;
+    if (!c->help_for) {
+        memcpy(c->data, c->work, c->n * sizeof(float));
+        finish(c, 0);
+        return;
+    }
+    uint64_t own = c->help_for;
+    c->help_for = 0;
+    if ((own & 1) == (c->seq & 1))
+        c->done_seq = 0; /* our own call reuses that buffer */
+    c->seq = own;
+    c->stats.restarts++;
+    begin(c, now);
+}
+
+/* A member whose sequence was given (a replacement) runs collective `own`, and a peer sends a
+ * chunk of an earlier one, `seq`, which the member we fetched from had completed and we therefore
+ * skipped; the survivors redo it under this view, and only we are missing. No member of this
+ * view holds its result unless it completed it, and then the ring cannot complete without that
+ * member and takes its result instead (CPS_COLL_RESULT): either way everyone gets the same bits,
+ * all of one epoch. We take part with our current input (the caller's buffer of `own`, left
+ * untouched), keep the result out of it, then restart `own`. */
+static void help(cps__coll *c, uint64_t seq, uint64_t now)
+{
+    c->help_for = c->seq;
+    c->seq = seq;
+    if (c->done_seq && (c->done_seq & 1) == (seq & 1))
+        c->done_seq = 0; /* its buffer is about to hold the helped collective's work */
+    c->stats.helped++;
+    begin(c, now);
+}
 
 /* (Re)start the running collective among the current members, from the caller's input. */
 static void begin(cps__coll *c, uint64_t now)
@@ -237,10 +292,8 @@ static void begin(cps__coll *c, uint64_t now)
         }
         /* Alone by design: the sum is our input; the mean is input / 1, the same bits. */
         memcpy(c->work, c->data, c->n * sizeof(float));
-        c->done_seq = c->seq;
-        c->done_n = c->n;
         c->bcast_epoch = 0;
-        finish(c, 0);
+        complete(c, now);
         return;
     }
     c->nchunks = cps__coll_chunks(c->n, c->p, c->chunk);
@@ -287,6 +340,26 @@ int cps__coll_view(cps__coll *c, uint64_t epoch, const uint32_t *members, uint32
         c->listen = 1;
         c->alone = 0;
         c->last_progress = now;
+        /* A ring of joiners only would listen for ever: say so to every member; when all have
+         * said it, each takes the highest seq named (the same on all). Evidence, not a timer: a
+         * predecessor merely slow sends its chunk later, and we join its collective then. */
+        uint8_t *h = calloc(nmembers, 1);
+        free(c->heard);
+        c->heard = h;
+        c->nheard = 0;
+        c->heard_max = c->seq;
+        for (uint32_t i = 0; i < nmembers; i++) {
+            if (members[i] == c->me)
+                continue;
+            cps__coll_act *a = act_add(c, CPS_COLL_SEND);
+            if (!a)
+                break;
+            a->to = members[i];
+            a->msg.from = c->me;
+            a->msg.kind = CPS_COLL_LISTEN;
+            a->msg.epoch = epoch;
+            a->msg.seq = c->seq;
+        }
         drain_stash(c, now);
     } else if (c->running) {
         c->stats.restarts++;
@@ -345,8 +418,78 @@ static void stash_add(cps__coll *c, const cps__coll_msg *m)
     c->stats.stashed++;
 }
 
+/* `only`: sent to this member alone (index 1), so its receiver does not take it that every
+ * member got it (index 0: a broadcast). */
+static void send_result(cps__coll *c, uint32_t to, int only)
+{
+    cps__coll_act *a = act_add(c, CPS_COLL_SEND);
+    if (!a)
+        return;
+    a->to = to;
+    a->msg.from = c->me;
+    a->msg.kind = CPS_COLL_RESULT;
+    a->msg.epoch = c->epoch;
+    a->msg.seq = c->done_seq;
+    a->msg.index = only ? 1 : 0;
+    a->msg.n = c->done_n;
+    a->msg.vals = c->buf[c->done_seq & 1];
+    a->msg.count = c->done_n;
+}
+
 static void send_result_to_all(cps__coll *c)
 {
+    for (uint32_t i = 0; i < c->nmembers; i++)
+        if (c->members[i] != c->me)
+            send_result(c, c->members[i], 0);
+    c->bcast_epoch = c->epoch;
+    c->stats.results_sent++;
+}
+
+/* Member `from` (re)runs or asks for the collective we completed (done_seq): give everyone our
+ * result, once per view; after that, only to one that still asks (a replacement that skipped it
+ * and was not running it when the broadcast came, see help()). `first`: the message is one a
+ * member sends once per (re)start, so a resend does not repeat per chunk. */
+static void answer_done(cps__coll *c, uint32_t from, int first)
+{
+    if (c->bcast_epoch != c->epoch) {
+        send_result_to_all(c);
+    } else if (first) {
+        send_result(c, from, 1);
+        c->stats.results_sent++;
+    }
+}
+
+/* A result of collective `m->seq`, which we are not running: a member whose sequence was given
+ * keeps it when it is later than what it holds (it skipped that collective and may yet be asked
+ * for it: it then answers with it instead of joining a ring that already completed). */
+static void keep_result(cps__coll *c, const cps__coll_msg *m)
+{
+    unsigned b = (unsigned)(m->seq & 1);
+    if (!c->seq_given || m->seq <= c->done_seq || m->count != m->n || m->n == 0 ||
+        (c->running && b == (c->seq & 1)))
+        return;
+    if (m->n > c->cap[b]) {
+        float *w = realloc(c->buf[b], m->n * sizeof *w);
+        if (!w)
+            return;
+        c->buf[b] = w;
+        c->cap[b] = m->n;
+    }
+    memcpy(c->buf[b], m->vals, m->n * sizeof(float));
+    c->done_seq = m->seq;
+    c->done_n = m->n;
+    c->bcast_epoch = m->index == 0 ? c->epoch : 0; /* a broadcast: everyone got it */
+    c->stats.results_taken++;
+}
+
+/* A peer runs collective `seq`, which the ring already completed (our sequence is past it: it was
+ * set from a member that completed it, cps__coll_set_next_seq) but whose result we do not hold:
+ * we cannot take part, and staying silent would leave the ring stuck at us. Ask every member to
+ * send its result of `seq` to all (handle: CPS_COLL_ASK); the result is wholly one epoch's. */
+static void ask_result(cps__coll *c, uint64_t seq)
+{
+    if (c->asked_epoch == c->epoch && c->asked_seq == seq)
+        return;
     for (uint32_t i = 0; i < c->nmembers; i++) {
         if (c->members[i] == c->me)
             continue;
@@ -355,15 +498,13 @@ static void send_result_to_all(cps__coll *c)
             return;
         a->to = c->members[i];
         a->msg.from = c->me;
-        a->msg.kind = CPS_COLL_RESULT;
+        a->msg.kind = CPS_COLL_ASK;
         a->msg.epoch = c->epoch;
-        a->msg.seq = c->done_seq;
-        a->msg.n = c->done_n;
-        a->msg.vals = c->buf[c->done_seq & 1];
-        a->msg.count = c->done_n;
+        a->msg.seq = seq;
     }
-    c->bcast_epoch = c->epoch;
-    c->stats.results_sent++;
+    c->asked_epoch = c->epoch;
+    c->asked_seq = seq;
+    c->stats.asks_sent++;
 }
 
 /* What to do with a message of the current epoch: 1 consumed (or dropped), 0 keep for later. */
@@ -372,6 +513,26 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
     uint32_t from_pos;
     if (!member_pos(c, m->from, &from_pos) || m->from == c->me) {
         c->stats.dropped_bad++;
+        return 1;
+    }
+    if (m->kind == CPS_COLL_ASK) {
+        /* Never a reason to join or restart: it names a collective the asker's ring completed. */
+        if (c->done_seq && m->seq == c->done_seq)
+            answer_done(c, m->from, 1);
+        return 1;
+    }
+    if (m->kind == CPS_COLL_LISTEN) {
+        /* Only a listener cares: anyone else sends its chunks, which is evidence enough. */
+        if (c->listen && c->running && c->heard && !c->heard[from_pos]) {
+            c->heard[from_pos] = 1;
+            c->nheard++;
+            if (m->seq > c->heard_max)
+                c->heard_max = m->seq;
+            if (c->nheard + 1 == c->nmembers) {
+                c->seq = c->heard_max; /* every member is new: all take the same seq */
+                begin(c, now);
+            }
+        }
         return 1;
     }
     if (c->listen && c->running) {
@@ -392,19 +553,21 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
             return 0;
     }
     if (m->kind == CPS_COLL_RESULT) {
-        if (!c->running || m->seq != c->seq)
-            return m->seq > c->seq ? 0 : (c->stats.dropped_stale++, 1);
+        if (!c->running || m->seq != c->seq) {
+            if (m->seq > c->seq)
+                return 0;
+            keep_result(c, m);
+            c->stats.dropped_stale++;
+            return 1;
+        }
         if (m->n != c->n || m->count != c->n) {
             c->stats.dropped_bad++;
             return 1;
         }
         memcpy(c->work, m->vals, c->n * sizeof(float));
-        memcpy(c->data, m->vals, c->n * sizeof(float));
-        c->done_seq = c->seq;
-        c->done_n = c->n;
-        c->bcast_epoch = c->epoch; /* everyone got it from the sender */
+        c->bcast_epoch = m->index == 0 ? c->epoch : 0; /* a broadcast: everyone got it */
         c->stats.results_taken++;
-        finish(c, 0);
+        complete(c, now);
         return 1;
     }
     if (m->kind != CPS_COLL_DATA) {
@@ -414,12 +577,20 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
     if (!c->running || m->seq != c->seq) {
         if (c->done_seq && m->seq == c->done_seq) {
             /* A member restarted a collective we completed: give everyone our result. */
-            if (c->bcast_epoch != c->epoch)
-                send_result_to_all(c);
+            answer_done(c, m->from, m->index == 0);
             return 1;
         }
         if (m->seq > c->seq || (!c->running && m->seq == c->seq + 1))
             return 0;
+        /* Only before our own call took a chunk in this view: a predecessor already in it
+         * completed `seq`, holds its result and answers our ask with it. */
+        if (c->seq_given && c->running && !c->help_for && !c->alone && c->next_in == 0 &&
+            m->n == c->n) {
+            help(c, m->seq, now);
+            return c->running ? handle(c, m, now) : 1; /* the chunk is the helped one's */
+        }
+        if (c->seq_given)
+            ask_result(c, m->seq);
         c->stats.dropped_stale++;
         return 1;
     }
@@ -458,11 +629,8 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
     if (m->index + c->nchunks < total)
         send_index(c, m->index + c->nchunks);
     if (c->next_in == total) {
-        memcpy(c->data, c->work, c->n * sizeof(float));
-        c->done_seq = c->seq;
-        c->done_n = c->n;
         c->bcast_epoch = 0;
-        finish(c, 0);
+        complete(c, now);
     }
     return 1;
 }
@@ -532,23 +700,58 @@ void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now)
         drain_stash(c, now);
 }
 
+uint64_t cps__coll_seq(const cps__coll *c)
+{
+    return c->seq;
+}
+
+int cps__coll_last_result(const cps__coll *c, uint64_t *seq, const float **vals, uint64_t *n)
+{
+    if (!c->done_seq)
+        return 0;
+    *seq = c->done_seq;
+    *vals = c->buf[c->done_seq & 1];
+    *n = c->done_n;
+    return 1;
+}
+
+int cps__coll_adopt_result(cps__coll *c, uint64_t seq, const float *vals, uint64_t n)
+{
+    c->nout = 0;
+    if (c->running || seq == 0 || seq != c->seq || !vals || n == 0 || n >= MAX_VALUES)
+        return CPS_EINVAL;
+    /* index 1: nobody else got it from us, so the first member to ask gets a broadcast. */
+    cps__coll_msg m = {
+        .kind = CPS_COLL_RESULT, .seq = seq, .index = 1, .n = n, .vals = vals, .count = n};
+    if (c->done_seq == seq)
+        return 0; /* a member's broadcast of it came first: the same bits */
+    uint64_t taken = c->stats.results_taken;
+    keep_result(c, &m);
+    if (c->stats.results_taken == taken)
+        return CPS_ENOMEM;
+    drain_stash(c, 0); /* a survivor's restart of `seq` may be waiting for it */
+    return 0;
+}
+
 int cps__coll_set_next_seq(cps__coll *c, uint64_t next)
 {
+    c->nout = 0;
     if (c->running || next == 0)
         return CPS_EBUSY;
     c->seq = next - 1;
     c->done_seq = 0;
+    /* The ring's sequence is known now: a joiner stops taking it from the messages it sees. */
+    c->joining = 0;
+    c->listen = 0;
+    c->seq_given = 1;
+    /* Messages kept while our sequence was unknown may concern a collective we now skip. */
+    drain_stash(c, 0);
     return 0;
 }
 
 void cps__coll_tick(cps__coll *c, uint64_t now)
 {
     c->nout = 0;
-    if (c->running && c->listen && now - c->last_progress >= c->timeout_ms / 2) {
-        /* Our predecessor is a joiner listening too (every member is new): go on with ours. */
-        begin(c, now);
-        return;
-    }
     if (c->running && now > c->last_progress && now - c->last_progress >= c->timeout_ms)
         finish(c, c->alone ? CPS_ENOPEER : CPS_ETIMEDOUT);
 }

@@ -27,7 +27,9 @@
  * under a newer epoch (a member that had not completed S restarted it) makes it send that result
  * to every member (CPS_COLL_RESULT), which they take as theirs. The result is wholly epoch E's.
  *
- * A replacement worker (cps__coll_set_joining) takes the ring's sequence number from the data
+ * A replacement worker is told the ring's next sequence number and the last collective's result
+ * by the member it fetched the shared state from (cps__coll_set_next_seq, cps__coll_adopt_result).
+ * One that fetched nothing (cps__coll_set_joining) takes the sequence number from the data
  * messages it receives, until its first collective completes; a view that re-forms the ring
  * meanwhile makes it wait for its new predecessor's first chunk and join that collective (its
  * seq may have come from a member now gone, ahead of the others).
@@ -42,8 +44,11 @@
 
 /* On the wire in the message header's `range` field (docs/wire.md, CPS_MSG_COLL). */
 enum cps__coll_kind {
-    CPS_COLL_DATA = 0,  /* a chunk of a ring step: index = step * C + chunk */
-    CPS_COLL_RESULT = 1 /* a completed collective's whole result (index 0) */
+    CPS_COLL_DATA = 0,   /* a chunk of a ring step: index = step * C + chunk */
+    CPS_COLL_RESULT = 1, /* a completed collective's whole result (index 0) */
+    /* 2 and 3 are the shell's (a replacement's state request and its answer). */
+    CPS_COLL_ASK = 4,   /* "send your result of seq to all": from a member that cannot run it */
+    CPS_COLL_LISTEN = 5 /* a joiner re-formed by a view waits for its predecessor (seq: its own) */
 };
 
 enum cps__coll_op { CPS_COLL_SUM = 0, CPS_COLL_MEAN = 1 };
@@ -77,7 +82,7 @@ typedef struct cps__coll_act {
 
 typedef struct cps__coll_stats {
     uint64_t completed, failed, restarts, results_sent, results_taken;
-    uint64_t dropped_stale, dropped_bad, stashed;
+    uint64_t dropped_stale, dropped_bad, stashed, asks_sent, helped;
 } cps__coll_stats;
 
 typedef struct cps__coll cps__coll;
@@ -113,14 +118,39 @@ void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now);
 /* This endpoint is a replacement joining a running ring: until its first collective completes,
  * that collective takes the highest sequence number of the ring's data messages under the current
  * epoch (restarting under it), so it joins the collective the others are in; after a new view it
- * sends nothing until its predecessor's first data message, whose seq it takes (up or down; with
- * no such message for timeout_ms / 2, every member being new, it goes on with its own). Never set
- * it on a worker that started with the job: there a peer one collective ahead is normal. */
+ * sends nothing until its predecessor's first data message, whose seq it takes (up or down). It
+ * tells every member it listens (CPS_COLL_LISTEN); when every other member said so too (every
+ * member is new), all take the highest seq named. No timer: a predecessor merely slow sends its
+ * chunk later (a timer once let a joiner go on with its own seq and mix two calls' inputs); a
+ * predecessor that never does leaves the collective to fail CPS_ETIMEDOUT. Used only when no
+ * fetch gave the sequence (cps__coll_set_next_seq ends it). Never set it on a worker that
+ * started with the job: there a peer one collective ahead is normal. */
 void cps__coll_set_joining(cps__coll *c);
 
-/* The next collective started gets sequence number `next` (>= 1). Errors: CPS_EBUSY (one is
- * running, or next == 0). */
+/* The next collective started gets sequence number `next` (>= 1): a replacement's, from the
+ * member it fetched the shared state from (that member's cps__coll_seq when it shared it, + 1).
+ * It ends joining (cps__coll_set_joining): the sequence is known, not guessed. A member whose
+ * sequence was given this way and that gets a peer's chunk of an earlier collective it never ran
+ * (the job's last one, restarted by a survivor under a view that added us) asks every member for
+ * that collective's result (CPS_COLL_ASK), so the survivor completes with it instead of waiting
+ * for our part. Messages kept meanwhile are looked at again: perform the actions
+ * (cps__coll_actions). Errors: CPS_EBUSY (one is running, or next == 0). */
 int cps__coll_set_next_seq(cps__coll *c, uint64_t next);
+
+/* The running collective's sequence number, else the last started one's (0: none). */
+uint64_t cps__coll_seq(const cps__coll *c);
+
+/* The result of the last collective we completed, kept for members that restart it: 1 and its
+ * seq, values (valid until the next call into the object) and length, or 0 when none is kept. */
+int cps__coll_last_result(const cps__coll *c, uint64_t *seq, const float **vals, uint64_t *n);
+
+/* A replacement keeps the result of collective `seq` that the member it fetched from completed
+ * (that member's cps__coll_last_result, sent with the shared state), after
+ * cps__coll_set_next_seq(seq + 1): when survivors redo `seq` with us, after every member that
+ * completed it died, we answer with it (CPS_COLL_RESULT) instead of leaving them waiting for a
+ * part we never had. The values are copied. Errors: CPS_EINVAL (running, or seq is not the one
+ * before our next), CPS_ENOMEM. Like cps__coll_set_next_seq, it leaves actions to perform. */
+int cps__coll_adopt_result(cps__coll *c, uint64_t seq, const float *vals, uint64_t n);
 
 /* Time passes: a collective without progress for timeout_ms fails CPS_ETIMEDOUT. */
 void cps__coll_tick(cps__coll *c, uint64_t now);

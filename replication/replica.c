@@ -545,8 +545,9 @@ void cps__replica_destroy(cps__replica *r)
     cps__chain_destroy(r->chain);
     cps__sync_destroy(r->sync);
     cps__ssp_destroy(r->ssp);
-    /* Held acks are dropped: the chain state they came from is gone. */
+    /* Held acks and MARKs are dropped: the chain state they came from is gone. */
     cps__ackhold_destroy(r->acks);
+    free(r->marks);
     cps__joiner_destroy(r->joiner);
     cps__rp_rmsg_free(r, r->join_snap);
     free_list(r, &r->early);
@@ -611,8 +612,9 @@ static int install_view(cps__replica *r, const cps__view *v, uint32_t self, int 
 {
     if (!r->chain)
         r->cfg.self = self;
-    /* Held acks go out under the view they were made in, as if sent at once. */
+    /* Held acks and MARKs go out under the view they were made in, as if sent at once. */
     cps__rp_flush_acks(r, now, 1);
+    cps__rp_flush_marks(r);
     cps__view nv;
     cps__view_init(&nv);
     int rc = cps__view_copy(&nv, v);
@@ -744,6 +746,7 @@ int cps__replica_tick(cps__replica *r, uint64_t now, int force_acks)
     cps__rp_begin(r);
     now = cps__rp_clock(r, now);
     cps__rp_flush_acks(r, now, force_acks);
+    cps__rp_flush_marks(r); /* the loop turn ended */
     if (r->chain && cps__chain_tick(r->chain, now) == 0) {
         r->in_tick = 1; /* a tick only re-sends */
         cps__rp_run_chain(r, now);
@@ -756,6 +759,8 @@ int cps__replica_tick(cps__replica *r, uint64_t now, int force_acks)
 
 int cps__replica_wait_ms(const cps__replica *r, uint64_t now, int max_ms)
 {
+    if (r->marks_held)
+        return 0;
     return cps__ackhold_wait_ms(r->acks, now > r->now_max ? now : r->now_max, max_ms);
 }
 

@@ -45,6 +45,9 @@
  *    (value: the range's sequence number after the last chunk).
  *  - LOG: a line for the server's log (the replica has no log of its own).
  * Timers: cps__replica_wait_ms says when cps__replica_tick is due at the latest (held acks).
+ * CHAIN_MARK(APPLIED)s are held too, one per range, and go out at the next cps__replica_tick
+ * (the end of the loop turn) with the highest seq applied: several updates a turn cost one
+ * MARK per range. Held acks and MARKs come out as SEND items without msg (hdr only).
  *
  * Not thread-safe: one event loop owns a cps__replica.
  */
@@ -188,6 +191,9 @@ typedef struct cps__replica_counters {
     uint64_t late_gradients; /* sync pushes dropped: their step closed without them */
     uint64_t msgs_bad;       /* malformed requests and chain messages */
     uint64_t push_raw_bytes, push_wire_bytes;
+    /* Chain messages sent (FWD, CHAIN_ACK, CHAIN_MARK; held ones when they go), and of those the
+     * CHAIN_MARK(APPLIED)s; marks_merged: MARKs a later one of the same loop turn replaced. */
+    uint64_t chain_sends, marks_sent, marks_merged;
 } cps__replica_counters;
 
 /* Errors: CPS_EINVAL, CPS_ENOMEM. env is copied; env->ctx is borrowed for the replica's life. */
@@ -221,10 +227,12 @@ void cps__replica_defer(cps__replica *r, cps__replica_msg *m);
  * stepped (perform the ready list, then call again), 0 if none is left. */
 int cps__replica_next(cps__replica *r, uint64_t now);
 
-/* Timers: re-send overdue FWDs, send held acks that are due (all when `force`), report sync
- * steps that wait too long. */
+/* The end of a loop turn, and timers: send the CHAIN_MARK(APPLIED)s held this turn (one per
+ * range, the highest applied seq), re-send overdue FWDs, send held acks that are due (all when
+ * `force`), report sync steps that wait too long. The shell calls it every turn, before it
+ * sleeps. */
 int cps__replica_tick(cps__replica *r, uint64_t now, int force_acks);
-/* Milliseconds until the next held ack is due, at most max_ms. */
+/* Milliseconds until the next held ack is due (0 while MARKs are held), at most max_ms. */
 int cps__replica_wait_ms(const cps__replica *r, uint64_t now, int max_ms);
 
 /* State transfer (replica_join.c). */

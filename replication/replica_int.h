@@ -50,6 +50,10 @@ struct cps__replica {
     cps__joiner *joiner;
     rmsg *join_snap;
     int join_wait;
+    /* CHAIN_MARK(APPLIED)s held until the end of the loop turn (cps__rp_flush_marks), one per
+     * range: the latest covers the earlier ones. */
+    struct held_mark *marks;
+    uint32_t nmarks, marks_held;
     /* Our standing (replica_fence.c). */
     cps__fence *fence;
 };
@@ -101,6 +105,8 @@ int cps__rp_values_wait(const cps__replica *r, uint32_t range);
 void cps__rp_run_chain(cps__replica *r, uint64_t now);
 void cps__rp_submit(cps__replica *r, uint32_t range, const cps__chain_update *u, uint64_t now);
 void cps__rp_flush_acks(cps__replica *r, uint64_t now, int force);
+/* Send the held CHAIN_MARK(APPLIED)s: the loop turn ended (cps__replica_tick), a view comes. */
+void cps__rp_flush_marks(cps__replica *r);
 
 /* ---- replica_join.c ---- */
 /* JOIN_RANGE, SNAP_REQ or SNAP (takes p). */

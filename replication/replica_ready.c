@@ -553,6 +553,7 @@ static void send_released_acks(cps__replica *r)
         if (o) {
             o->to = out[i].to;
             o->hdr = out[i].hdr;
+            r->ctr.chain_sends++;
         }
     }
 }
@@ -575,6 +576,65 @@ void cps__rp_flush_acks(cps__replica *r, uint64_t now, int force)
     send_released_acks(r);
 }
 
+/* ---- held CHAIN_MARK(APPLIED)s: one per range per loop turn ---- */
+
+/* Forward before apply costs a header-only MARK per update and hop; the successor only needs
+ * the last of a turn (a MARK of seq N lets it apply every held FWD up to N). Held, the MARK is
+ * a message the network delays: the successor holds the FWDs a little longer, and a server
+ * that stops first leaves them unapplied, as when it stops before the MARK is sent. */
+struct held_mark {
+    int used;
+    uint32_t to;
+    cps__msg_hdr hdr;
+};
+
+static void release_mark(cps__replica *r, struct held_mark *m)
+{
+    cps__replica_out *o = cps__rp_emit(r, CPS_RO_SEND, m->hdr.range);
+    if (o) {
+        o->to = m->to;
+        o->hdr = m->hdr;
+        r->ctr.chain_sends++;
+        r->ctr.marks_sent++;
+    }
+    m->used = 0;
+    r->marks_held--;
+}
+
+void cps__rp_flush_marks(cps__replica *r)
+{
+    for (uint32_t k = 0; k < r->nmarks && r->marks_held; k++)
+        if (r->marks[k].used)
+            release_mark(r, &r->marks[k]);
+}
+
+/* Hold the CHAIN_MARK(APPLIED) `h` to node `to`; 1 if held, 0 if it must go now. */
+static int hold_mark(cps__replica *r, uint32_t to, const cps__msg_hdr *h)
+{
+    if (h->payload_len != 0 || h->range >= r->view.nranges)
+        return 0;
+    if (r->nmarks != r->view.nranges) {
+        struct held_mark *v = calloc(r->view.nranges, sizeof *v);
+        if (!v)
+            return 0;
+        cps__rp_flush_marks(r);
+        free(r->marks);
+        r->marks = v;
+        r->nmarks = r->view.nranges;
+    }
+    struct held_mark *m = &r->marks[h->range];
+    if (m->used && m->to == to && m->hdr.epoch == h->epoch && m->hdr.req_seq <= h->req_seq) {
+        r->ctr.marks_merged++;
+        m->hdr = *h;
+        return 1;
+    }
+    if (m->used)
+        release_mark(r, m); /* another link or epoch: it says something of its own */
+    *m = (struct held_mark){1, to, *h};
+    r->marks_held++;
+    return 1;
+}
+
 /* ---- the chain's actions become the ready list ---- */
 
 void cps__rp_run_chain(cps__replica *r, uint64_t now)
@@ -595,6 +655,9 @@ void cps__rp_run_chain(cps__replica *r, uint64_t now)
                 continue;
             if (h.type == CPS_MSG_CHAIN_ACK && hold_ack(r, a->to, &h, now))
                 continue;
+            if (h.type == CPS_MSG_CHAIN_MARK && (h.aux & CPS_CHAIN_MARK_APPLIED) &&
+                hold_mark(r, a->to, &h))
+                continue;
             void *buf = r->env.msg_alloc(r->env.ctx, a->len);
             cps__replica_out *o = buf ? cps__rp_emit(r, CPS_RO_SEND, a->range) : NULL;
             if (!o) {
@@ -608,6 +671,7 @@ void cps__rp_run_chain(cps__replica *r, uint64_t now)
             o->len = a->len;
             o->hdr = h;
             o->resend = r->in_tick;
+            r->ctr.chain_sends++;
         }
     }
     if (applied && cps__ssp_parked(r->ssp))

@@ -74,6 +74,8 @@ CPS_API int cps_allreduce_wait(cps_allreduce_handle *h, int timeout_ms);
  * replacement's cps_allreduce_fetch() receives a copy, with `step`. The buffer is borrowed, not
  * copied: it must stay valid and hold a consistent state whenever this client is inside a call
  * (requests are served there), e.g. updated after each optimizer step. NULL withdraws it.
+ * Call it after the step's all-reduces: the all-reduces completed by then are the ones a
+ * replacement that fetches this buffer counts as done (its first all-reduce is the next one).
  * @return 0, CPS_EINVAL (NULL client, or buf with len 0).
  */
 CPS_API int cps_allreduce_share(struct cps_client *c, const float *buf, uint64_t len,
@@ -82,7 +84,11 @@ CPS_API int cps_allreduce_share(struct cps_client *c, const float *buf, uint64_t
 /**
  * @brief In a worker that replaces a dead one (`chainps launch --restart-workers`): copy the
  * buffer a live worker shares (cps_allreduce_share) into `buf`, before the first all-reduce.
- * Asks the live worker of the lowest rank, and another if that one dies.
+ * Asks the live worker of the lowest rank, and another if that one dies. The answer also sets
+ * where this worker's all-reduces join the others' (the one after the sharer's last) and leaves
+ * it the result of that last one, which it gives to survivors that redo it, so that the job's
+ * end cannot leave them waiting for a worker that never ran it. Without a fetch, a replacement
+ * guesses that place from the chunks it receives.
  * @param[out] step the step the live worker shared with its buffer (may be NULL).
  * @return 1: fetched; 0: this worker started with the job (nothing to fetch, buf untouched);
  *         CPS_ESIZE (the shared buffer has another length), CPS_ENOTFOUND (the live worker

@@ -229,8 +229,17 @@ class DistributedOptimizer:
         # Where this worker's loop starts: the job's step for a replacement of a dead worker
         # (or a restored job), the same for every tensor (cps_start_step).
         self.start_step = self.client.start_step
+        # Dense sync steps this replacement's loop runs without pushing to the servers.
+        self._servers_ahead = 0
         if self._local and self._local_start is not None:
-            self.start_step = max(self.start_step, self._local_start)
+            if mode == "sync" and self.start_step > self._local_start:
+                # The live worker pushes a step's server tensors before it all-reduces that
+                # step's gradients, so the servers may have closed its sync step (without this
+                # worker) while its all-reduce waits for this one. Start at the all-reduce's
+                # step and skip that push: pushing the servers' next step first would wait for
+                # the live worker's push of it, which waits for this worker's all-reduce.
+                self._servers_ahead = self.start_step - self._local_start
+            self.start_step = max(self.start_step - self._servers_ahead, self._local_start)
         if self._local and self._restored_step is not None:
             # The export's local/step: in a job whose server tensors are all row-pushed tables
             # the servers' cut is step 0 while the all-reduced half was taken later; its
@@ -468,6 +477,11 @@ class DistributedOptimizer:
         if name in self._rows:
             self._rows_step(name, p, g)
             return
+        if self._servers_ahead:
+            # A step the servers closed before this replacement joined: its parameters already
+            # hold that step's result (pulled at construction), and it must push nothing.
+            self._handles[name] = (None, g)
+            return
         if g is None:
             g = self._zeros(name, p)
         elif g.dtype != torch.float32 or g.is_sparse or not g.is_contiguous():
@@ -542,6 +556,8 @@ class DistributedOptimizer:
                         self._handles[name][0].wait()
             finally:
                 self._handles.clear()
+        if self._servers_ahead:
+            self._servers_ahead -= 1
         if self._local:
             self._local_step()
         self.steps += 1

@@ -68,14 +68,17 @@ static const char scheduler_usage[] =
     "                     taken its rank and finished (chainps launch --restart-workers sets\n"
     "                     it); without it the job ends when the live workers are done, and a\n"
     "                     worker arriving later is refused (the job has ended)\n"
-    "  --allow-rollback   a range whose only replica came back with an empty store (a new\n"
-    "                     disk) goes to the server that left it last, LOSING the updates\n"
-    "                     acknowledged since (logged at ERROR). Default: the range stays\n"
-    "                     unavailable and the empty server is kept out until its old disk\n"
-    "                     is back or a checkpoint is restored. Restarting the scheduler with\n"
-    "                     it on the same --data applies it to a range already waiting\n"
-    "                     (docs/operations.md)\n" CPS_CLI_CKPT_HELP CPS_CLI_METRICS_HELP
-        CPS_CLI_SECRET_HELP "  -v, --verbose      more logging (twice: debug)\n"
+    "  --allow-rollback   on resuming a job (same --data): each range whose only replica is\n"
+    "                     down with a fallback goes to the server that left it last, should\n"
+    "                     that replica come back with an empty store (a new disk), LOSING\n"
+    "                     the updates acknowledged since (logged at ERROR). Once per range,\n"
+    "                     for the ranges waiting as this scheduler resumes, never for a\n"
+    "                     later incident; keep the fallback server stopped until 'ROLLED\n"
+    "                     BACK' is logged. Default: the range stays unavailable and the\n"
+    "                     empty server is kept out until its old disk is back or a\n"
+    "                     checkpoint is restored (docs/operations.md)\n" CPS_CLI_CKPT_HELP
+        CPS_CLI_METRICS_HELP CPS_CLI_SECRET_HELP
+    "  -v, --verbose      more logging (twice: debug)\n"
     "  -h, --help         this text\n";
 
 static const struct option scheduler_opts[] = {

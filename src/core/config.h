@@ -80,10 +80,11 @@ typedef struct cps__config {
                                           coming (flag --await-replacements; launch
                                           --restart-workers sets it and ends the job itself if
                                           it gives up on one) */
-    int allow_rollback;                /* scheduler: a range whose only replica came back with an
-                                          empty store goes to the server that left it last,
-                                          losing the updates acknowledged since (flag
-                                          --allow-rollback; default: the range waits) */
+    int allow_rollback;                /* scheduler: a range whose only replica is down with a
+                                          fallback as the scheduler resumes goes to the server
+                                          that left it last, should that replica come back
+                                          empty, losing the updates acknowledged since (flag
+                                          --allow-rollback; once per range; default: it waits) */
     /* Checkpoints taken by the scheduler's process (src/cli/ckpt_jobs.c). */
     uint64_t ckpt_every;    /* 0: none; steps, or seconds if ckpt_every_seconds */
     int ckpt_every_seconds; /* --checkpoint-every 30s */

@@ -297,7 +297,8 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     }
     const cps__msg_hdr *h = &rx.hdr;
     uint32_t reply_to = cps__coord_tool_request(h) ? tool_peer(s, &rx) : h->sender;
-    cps__coord_set_wall(s->co, wall_ms());
+    if (h->type == CPS_MSG_STATUS) /* the only reply that reads the wall clock */
+        cps__coord_set_wall(s->co, wall_ms());
     /* The loop's clock of this turn, which the ticks also read (see recovery/suspect.c). */
     cps__coord_step(s->co, h, rx.payload, rx.len, reply_to, cps__loop_now(s->loop));
     perform(s);

@@ -35,6 +35,7 @@
 #include "core/log.h"
 #include "node/roles.h"
 #include "optim/optim.h"
+#include "replication/cut_view.h"
 #include "entries.h"
 #include "server.h"
 
@@ -67,15 +68,10 @@ typedef struct cut_job {
 
 /* ---- the steps of a range's sync key sets ---- */
 
-typedef struct agg_span {
-    uint64_t lo, hi;
-    uint32_t n;
-} agg_span;
-
 static int agg_one(void *arg, const char *name, const void *val, size_t len)
 {
     (void)name;
-    agg_span *a = arg;
+    cps__cut_span *a = arg;
     if (len != 8)
         return 0;
     uint64_t v = cps__le64_get(val);
@@ -87,8 +83,7 @@ static int agg_one(void *arg, const char *name, const void *val, size_t len)
 
 typedef struct span_io {
     uint32_t range;
-    agg_span span;
-    cps__range_meta meta;
+    cps__cut_span span;
 } span_io;
 
 static int span_txn(cps__txn *txn, void *arg)
@@ -97,32 +92,32 @@ static int span_txn(cps__txn *txn, void *arg)
     char prefix[32];
     snprintf(prefix, sizeof prefix, "agg/%" PRIu32 "/", io->range);
     int rc = cps__store_meta_scan(txn, prefix, agg_one, &io->span);
-    return rc ? rc : cps__store_range_get(txn, io->range, &io->meta);
+    cps__range_meta meta;
+    if (rc == 0 && (rc = cps__store_range_get(txn, io->range, &meta)) == 0) {
+        io->span.seq = meta.seq;
+        io->span.step = meta.step;
+    }
+    return rc;
 }
 
-static int range_span(cps__server *s, uint32_t range, span_io *io)
+/* The range as the store holds it, in one read transaction (replication/cut_view.h). */
+static int range_span(cps__server *s, uint32_t range, cps__cut_span *sp)
 {
-    memset(io, 0, sizeof *io);
-    io->range = range;
-    return cps__store_read(s->store, span_txn, io);
+    span_io io;
+    memset(&io, 0, sizeof io);
+    io.range = range;
+    int rc = cps__store_read(s->store, span_txn, &io);
+    *sp = io.span;
+    return rc;
 }
 
 /* ---- replies from the event loop ---- */
 
-/* The temporary peer id to answer a tool's request at (its payload starts with a hello naming
- * its inbox), or 0 (logged) if the request is malformed. */
-static uint32_t tool_peer(cps__server *s, const cps__rx *rx, char addr[CPS_ADDR_MAX])
+/* The temporary peer id to answer a tool's request at (the hello, hlen bytes, names its
+ * inbox), or 0 (logged) if the request is malformed. */
+static uint32_t tool_peer(cps__server *s, const cps__rx *rx, const void *hello, size_t hlen,
+                          char addr[CPS_ADDR_MAX])
 {
-    const void *hello = rx->payload;
-    size_t hlen = rx->len;
-    if (rx->hdr.type == CPS_MSG_PUT) {
-        if (rx->len < 8 || cps__le32_get(rx->payload) > rx->len - 8) {
-            cps__log(CPS_LOG_WARN, "server", "malformed PUT dropped");
-            return 0;
-        }
-        hello = (const char *)rx->payload + 8;
-        hlen = cps__le32_get(rx->payload);
-    }
     uint32_t peer;
     if (cps__temp_peer_from_hello(&s->temps, s->tp, hello, hlen, cps__now_ms(), &peer, addr) != 0)
         cps__log(CPS_LOG_WARN, "server", "malformed checkpoint request (type %u) dropped",
@@ -157,24 +152,11 @@ static int is_tail(const cps__server *s, uint32_t range)
     return s->replica && cps__replica_is_tail(s->replica, range);
 }
 
-static int holds(const cps__server *s, uint32_t range)
-{
-    if (range >= s->view.nranges)
-        return 0;
-    const cps__range *r = &s->view.ranges[range];
-    for (uint32_t i = 0; i < r->chain_len; i++)
-        if (r->chain[i] == s->id)
-            return 1;
-    return 0;
-}
-
-/* Who opens a cut. One at a step boundary (sync jobs): any replica, since every replica passes
- * through that same state (recovery/cutroute.h), and the exporter keeps the other replicas' views
- * to read from should the tail die. One "now" (async, SSP): the tail only, whose state is what
- * has been acknowledged; a head's "now" holds updates that may still be lost with it. */
+/* Who opens a cut: replication/cut_view.h (any replica at a step boundary, recovery/cutroute.h;
+ * the tail only for "now"). */
 static int may_cut(const cps__server *s, uint32_t range, uint64_t step)
 {
-    return step ? holds(s, range) : is_tail(s, range);
+    return cps__cut_may_open(&s->view, s->id, is_tail(s, range), range, step);
 }
 
 static int cuts_open(const cps__server *s)
@@ -202,22 +184,22 @@ static void make_room(cps__server *s)
 void cps__server_on_cut_probe(cps__server *s, cps__rx *rx)
 {
     char addr[CPS_ADDR_MAX];
-    uint32_t peer = tool_peer(s, rx, addr);
+    uint32_t peer = tool_peer(s, rx, rx->payload, rx->len, addr);
     if (!peer)
         return;
     const cps__msg_hdr *h = &rx->hdr;
-    if (!holds(s, h->range)) {
+    if (!cps__cut_holds(&s->view, s->id, h->range)) {
         tool_reply(s, peer, h, CPS_ESTALE_EPOCH, 0, 0, 0, "this server does not hold the range");
         return;
     }
     make_room(s);
-    span_io io;
-    int rc = range_span(s, h->range, &io);
+    cps__cut_span sp;
+    int rc = range_span(s, h->range, &sp);
     if (rc != 0) {
         tool_reply(s, peer, h, rc, 0, 0, 0, "store read failed");
         return;
     }
-    tool_reply(s, peer, h, 0, io.span.lo, io.meta.seq, io.span.hi, NULL);
+    tool_reply(s, peer, h, 0, sp.lo, sp.seq, sp.hi, NULL);
 }
 
 /* ---- the cut thread ---- */
@@ -247,30 +229,15 @@ static void thread_reply(cps__tp *tp, cut_job *j, const cps__msg_hdr *req, int t
     cps__msg_send(tp, TOOL_PEER, &h, NULL, 0);
 }
 
-typedef struct read_req {
-    uint64_t lo, hi, first, count;
-    uint32_t slot;
-} read_req;
-
 static void serve_read(cps__tp *tp, cut_job *j, const cps__rx *rx)
 {
-    read_req q;
-    if (rx->len != 40 || cps__le32_get((const char *)rx->payload + 20) != 0) {
-        thread_reply(tp, j, &rx->hdr, 0, CPS_EPROTO, NULL, 0);
+    cps__cut_read q;
+    int bad = cps__cut_read_parse(rx->payload, rx->len, CUT_READ_MAX, CUT_READ_KEYS, &q);
+    if (bad != 0) {
+        thread_reply(tp, j, &rx->hdr, 0, bad, NULL, 0);
         return;
     }
-    const char *p = rx->payload;
-    q.lo = cps__le64_get(p);
-    q.hi = cps__le64_get(p + 8);
-    q.slot = cps__le32_get(p + 16);
-    q.first = cps__le64_get(p + 24);
-    q.count = cps__le64_get(p + 32);
     uint64_t nkeys = q.hi - q.lo + 1;
-    if (q.hi < q.lo || nkeys > CUT_READ_KEYS || q.count > CUT_READ_MAX / sizeof(float) ||
-        nkeys * q.count > CUT_READ_MAX / sizeof(float)) {
-        thread_reply(tp, j, &rx->hdr, 0, CPS_ESIZE, NULL, 0);
-        return;
-    }
     size_t head = 8 + cps__pad8(nkeys * 12);
     size_t len = head + nkeys * q.count * sizeof(float);
     cps__msg_hdr h = {0};
@@ -290,10 +257,8 @@ static void serve_read(cps__tp *tp, cut_job *j, const cps__rx *rx)
         if (rc != 0)
             break;
         uint32_t slots = (uint32_t)cps__optim_state_slots(rec.spec.opt_kind);
-        if (q.slot > slots || q.first > rec.len || q.count > rec.len - q.first) {
-            rc = CPS_ESIZE;
+        if ((rc = cps__cut_read_fits(&q, slots, rec.len)) != 0)
             break;
-        }
         cps__le64_put(out + 8 + i * 8, rec.opt_step);
         cps__le32_put(out + 8 + nkeys * 8 + i * 4, rec.len);
         const float *src = q.slot == 0 ? rec.vals : rec.state + (size_t)(q.slot - 1) * rec.len;
@@ -320,13 +285,13 @@ static void on_thread_msg(void *ctx, void *buf, size_t len)
     cps__rx rx;
     if (cps__rx_parse(&rx, buf, len) != 0)
         return;
-    if (rx.hdr.aux == t->job->id && rx.hdr.range == t->job->range) {
+    int what = cps__cut_view_msg(rx.hdr.type, rx.hdr.aux, rx.hdr.range, t->job->id, t->job->range);
+    if (what != CPS_CUT_IGNORE)
         t->last_ms = cps__now_ms();
-        if (rx.hdr.type == CPS_MSG_CUT_READ)
-            serve_read(t->tp, t->job, &rx);
-        else if (rx.hdr.type == CPS_MSG_CUT_CLOSE)
-            t->closed = 1;
-    }
+    if (what == CPS_CUT_READ)
+        serve_read(t->tp, t->job, &rx);
+    else if (what == CPS_CUT_CLOSE)
+        t->closed = 1;
     cps__rx_free(&rx);
 }
 
@@ -388,13 +353,13 @@ static void *cut_thread(void *arg)
     return NULL;
 }
 
-static int open_cut(cps__server *s, cut_job *j, const span_io *io)
+static int open_cut(cps__server *s, cut_job *j, const cps__cut_span *sp)
 {
     int rc = cps__store_snapshot_begin(s->store, &j->txn);
     if (rc != 0)
         return rc;
-    j->seq = io->meta.seq;
-    j->at_step = io->span.n ? io->span.hi : io->meta.step;
+    j->seq = sp->seq;
+    j->at_step = cps__cut_at_step(sp);
     j->self = s->id;
     j->epoch = s->view.epoch;
     snprintf(j->bind_host, sizeof j->bind_host, "%s", s->cfg.bind_host);
@@ -412,19 +377,6 @@ static int open_cut(cps__server *s, cut_job *j, const span_io *io)
              ", sequence number %" PRIu64,
              j->range, j->id, j->at_step, j->seq);
     return 0;
-}
-
-/* 1: the range is at the boundary of j->step (or the cut is "now"); 0: not yet; CPS_EPAST:
- * past it (io->span.hi says where). */
-static int cut_ready(const cut_job *j, const span_io *io)
-{
-    if (j->step == 0)
-        return 1;
-    if (io->span.n == 0) /* no sync key set has been pushed yet (or only sparse tables) */
-        return io->meta.step >= j->step;
-    if (io->span.hi > j->step)
-        return CPS_EPAST;
-    return io->span.lo == j->step && io->span.hi == j->step;
 }
 
 static void drop_job(cps__server *s, cut_job *j);
@@ -456,12 +408,12 @@ static void drop_job(cps__server *s, cut_job *j)
 /* Try to open pending cut j now. Returns 1 if it is settled (opened or refused). */
 static int try_cut(cps__server *s, cut_job *j)
 {
-    span_io io;
-    int rc = range_span(s, j->range, &io);
-    int ready = rc ? rc : cut_ready(j, &io);
+    cps__cut_span sp;
+    int rc = range_span(s, j->range, &sp);
+    int ready = rc ? rc : cps__cut_ready(j->step, &sp);
     if (ready == 0)
         return 0;
-    if (ready == 1 && (rc = open_cut(s, j, &io)) == 0)
+    if (ready == 1 && (rc = open_cut(s, j, &sp)) == 0)
         return 1;
     char addr[CPS_ADDR_MAX];
     snprintf(addr, sizeof addr, "%s", j->tool);
@@ -469,7 +421,7 @@ static int try_cut(cps__server *s, cut_job *j)
     cps__msg_hdr req = {.type = CPS_MSG_CUT_OPEN, .range = j->range, .req_seq = j->req_seq};
     int err = ready == 1 ? rc : ready;
     if (peer)
-        tool_reply(s, peer, &req, err, io.span.hi, 0, j->id,
+        tool_reply(s, peer, &req, err, sp.hi, 0, j->id,
                    err == CPS_EPAST ? "the range is past that step" : "cannot open a read view");
     drop_job(s, j);
     return 1;
@@ -478,7 +430,7 @@ static int try_cut(cps__server *s, cut_job *j)
 void cps__server_on_cut_open(cps__server *s, cps__rx *rx)
 {
     char addr[CPS_ADDR_MAX];
-    uint32_t peer = tool_peer(s, rx, addr);
+    uint32_t peer = tool_peer(s, rx, rx->payload, rx->len, addr);
     if (!peer)
         return;
     const cps__msg_hdr *h = &rx->hdr;
@@ -557,7 +509,8 @@ void cps__server_cuts_tick(cps__server *s, uint64_t now, int stop_all)
                 pthread_join(j->thread, NULL);
                 drop_job(s, j);
             }
-        } else if (stop_all || (s->view.nranges && !may_cut(s, j->range, j->step))) {
+        } else if (cps__cut_pending_drop(&s->view, s->id, is_tail(s, j->range), j->range, j->step,
+                                         stop_all)) {
             /* The tool asks again (at the new tail, if that moved). */
             drop_job(s, j);
         }
@@ -569,14 +522,18 @@ void cps__server_cuts_tick(cps__server *s, uint64_t now, int stop_all)
 void cps__server_on_put(cps__server *s, cps__rx *rx)
 {
     char addr[CPS_ADDR_MAX];
-    uint32_t peer = tool_peer(s, rx, addr);
+    size_t hlen, off;
+    uint32_t peer = 0;
+    if (cps__cut_put_hello(rx->payload, rx->len, &hlen) != 0)
+        cps__log(CPS_LOG_WARN, "server", "malformed PUT dropped");
+    else
+        peer = tool_peer(s, rx, (const char *)rx->payload + 8, hlen, addr);
     if (!peer) {
         cps__rx_free(rx);
         return;
     }
     const cps__msg_hdr *h = &rx->hdr;
-    size_t off = cps__pad8(8 + cps__le32_get(rx->payload));
-    if (off >= rx->len || h->range >= s->view.nranges) {
+    if (cps__cut_put_entries(rx->len, hlen, h->range, s->view.nranges, &off) != 0) {
         tool_reply(s, peer, h, CPS_EPROTO, 0, 0, 0, "PUT without records");
         cps__rx_free(rx);
         return;
@@ -596,20 +553,16 @@ void cps__server_on_put(cps__server *s, cps__rx *rx)
     int v = cps__replica_put(s->replica, h->range, h->req_seq, entries, elen, cps__now_ms());
     cps__server_perform(s);
     if (v != CPS_ADMIT_NEW) {
-        tool_reply(s, peer, h,
-                   v == CPS_ADMIT_NOT_HEAD ? CPS_ESTALE_EPOCH
-                   : v == CPS_ADMIT_BUSY   ? CPS_EAGAIN
-                                           : (v < 0 ? v : CPS_EPROTO),
-                   0, 0, 0, "not admitted");
+        tool_reply(s, peer, h, cps__cut_put_status(v), 0, 0, 0, "not admitted");
         cps__rx_free(rx);
         return;
     }
-    span_io sp;
+    cps__cut_span sp;
     if (rc == 0)
         rc = range_span(s, h->range, &sp);
     if (rc != 0)
         tool_reply(s, peer, h, rc, 0, 0, 0, "submit failed");
     else
-        tool_reply(s, peer, h, 0, 0, sp.meta.seq, h->aux, NULL);
+        tool_reply(s, peer, h, 0, 0, sp.seq, h->aux, NULL);
     cps__rx_free(rx);
 }

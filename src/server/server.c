@@ -14,6 +14,7 @@
 #include "core/wire.h"
 #include "node/roles.h"
 #include "recovery/suspect.h"
+#include "replication/standing.h"
 
 #define HELLO_RETRY_MS 500
 #define SYNC_EVERY_MS  1000
@@ -51,14 +52,6 @@ enum {
 #define METRICS_EVERY_MS 250
 
 static int check_job(cps__server *s, uint64_t job);
-
-static int chain_has(const cps__range *rg, uint32_t id)
-{
-    for (uint32_t j = 0; j < rg->chain_len; j++)
-        if (rg->chain[j] == id)
-            return 1;
-    return 0;
-}
 
 /* A WELCOME or VIEW from the scheduler: decoded here, judged by the replica (replica_fence.c),
  * which says whether it lets us in (then the job is checked and our id taken from the welcome),
@@ -140,7 +133,7 @@ static int checksum_txn(cps__txn *txn, void *arg)
 static void handle_checksum(cps__server *s, const cps__rx *rx)
 {
     uint32_t peer = 0;
-    if (!cps__fence_joined(s->fence) || rx->hdr.range >= s->view.nranges ||
+    if (!cps__standing_checksum(cps__fence_joined(s->fence), &s->view, rx->hdr.range) ||
         cps__temp_peer_from_hello(&s->temps, s->tp, rx->payload, rx->len, cps__now_ms(), &peer,
                                   NULL) != 0) {
         cps__log(CPS_LOG_WARN, "server", "malformed checksum request dropped");
@@ -163,6 +156,26 @@ static void handle_checksum(cps__server *s, const cps__rx *rx)
     cps__msg_send(s->tp, peer, &h, NULL, 0);
 }
 
+/* An ERROR or ACK that may answer our DRAIN (replication/standing.h decides). Returns 1 if it
+ * did. */
+static int on_drain_answer(cps__server *s, const cps__rx *rx)
+{
+    int next = cps__drain_on_answer(s->drain, rx->hdr.type, rx->hdr.sender == SCHED_PEER);
+    if (next < 0) {
+        cps__log(CPS_LOG_WARN, "server", "the scheduler cannot drain us: %.*s; stopping now",
+                 (int)(rx->len < 200 ? rx->len : 200), (const char *)rx->payload);
+        s->shutdown = 1;
+        return 1;
+    }
+    if (next == s->drain)
+        return 0;
+    s->drain = next;
+    cps__log(CPS_LOG_INFO, "server",
+             "draining: our ranges move to the other servers, then the scheduler lets "
+             "us exit (SIGTERM again to stop now)");
+    return 1;
+}
+
 static void handle_msg(void *ctx, void *buf, size_t len)
 {
     cps__server *s = ctx;
@@ -176,14 +189,14 @@ static void handle_msg(void *ctx, void *buf, size_t len)
                  "bad message (%zu bytes, type %u, from node %u) dropped: %s", len, rx.hdr.type,
                  rx.hdr.sender, cps_strerror(rc));
         /* The header decoded: the sender can be told (e.g. corrupt snappy payload). */
-        if (rx.hdr.type != 0 && !(rx.hdr.flags & CPS_WF_REPLY) && cps__fence_joined(s->fence) &&
-            cps__server_worker_rank(s, rx.hdr.sender) != UINT32_MAX)
+        if (cps__standing_tell_bad(rx.hdr.type, rx.hdr.flags, cps__fence_joined(s->fence),
+                                   cps__server_worker_rank(s, rx.hdr.sender) != UINT32_MAX))
             cps__server_reply_error(s, &rx.hdr, rc, "payload rejected");
         return;
     }
     if (rx.hdr.sender == SCHED_PEER)
         s->sched_seen_ms = rx_ms; /* proof of life, beside the connection (scheduler_gone) */
-    if (rx.hdr.type == CPS_MSG_PROBE && rx.hdr.sender == SCHED_PEER) {
+    if (cps__standing_probe(rx.hdr.type, rx.hdr.sender == SCHED_PEER)) {
         /* The scheduler asks whether traffic to our inbox is served (recovery/suspect.h): a
          * liveness question, answered whatever our standing, from this loop (the one that
          * serves requests), not from the heartbeat thread. */
@@ -228,32 +241,21 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         s->shutdown = 1;
         break;
     case CPS_MSG_ERROR:
-        if (rx.hdr.sender == SCHED_PEER && s->drain == 1) {
-            cps__log(CPS_LOG_WARN, "server", "the scheduler cannot drain us: %.*s; stopping now",
-                     (int)(rx.len < 200 ? rx.len : 200), (const char *)rx.payload);
-            s->shutdown = 1;
-            break;
-        }
-        cps__log(CPS_LOG_ERROR, "server", "error from node %u: %s", rx.hdr.sender,
-                 cps_strerror(rx.hdr.status));
+        if (!on_drain_answer(s, &rx))
+            cps__log(CPS_LOG_ERROR, "server", "error from node %u: %s", rx.hdr.sender,
+                     cps_strerror(rx.hdr.status));
         break;
     case CPS_MSG_ACK:
-        if (rx.hdr.sender == SCHED_PEER && s->drain == 1) {
-            s->drain = 2;
-            cps__log(CPS_LOG_INFO, "server",
-                     "draining: our ranges move to the other servers, then the scheduler lets "
-                     "us exit (SIGTERM again to stop now)");
-        }
+        on_drain_answer(s, &rx);
         break;
     case CPS_MSG_CHECKSUM:
         handle_checksum(s, &rx);
         break;
     case CPS_MSG_CUT_PROBE:
+        cps__server_on_cut_probe(s, &rx);
+        break;
     case CPS_MSG_CUT_OPEN:
-        if (rx.hdr.type == CPS_MSG_CUT_PROBE)
-            cps__server_on_cut_probe(s, &rx);
-        else
-            cps__server_on_cut_open(s, &rx);
+        cps__server_on_cut_open(s, &rx);
         break;
     case CPS_MSG_PUT:
         cps__server_on_put(s, &rx);
@@ -322,6 +324,7 @@ static int save_id(cps__txn *txn, void *arg)
 
 typedef struct job_io {
     uint64_t job, stored;
+    int verdict;
 } job_io;
 
 /* Record the job this directory belongs to, or report the one it already belongs to. */
@@ -330,11 +333,11 @@ static int job_txn(cps__txn *txn, void *arg)
     job_io *j = arg;
     unsigned char b[8];
     size_t len = sizeof b;
-    if (cps__store_meta_get(txn, "job_id", b, &len) == 0 && len == 8) {
-        j->stored = cps__le64_get(b);
+    j->stored = cps__store_meta_get(txn, "job_id", b, &len) == 0 && len == 8 ? cps__le64_get(b) : 0;
+    int store;
+    j->verdict = cps__standing_job(j->job, j->stored, &store);
+    if (!store)
         return 0;
-    }
-    j->stored = 0;
     cps__le64_put(b, j->job);
     return cps__store_meta_put(txn, "job_id", b, sizeof b);
 }
@@ -390,13 +393,11 @@ static int check_layout(cps__server *s)
  * (and two jobs' node ids). Returns 0 to go on, or CPS_EEXIST (logged). */
 static int check_job(cps__server *s, uint64_t job)
 {
-    if (!job)
-        return 0; /* a scheduler from before job ids */
-    job_io j = {job, 0};
+    job_io j = {job, 0, 0};
     int rc = cps__store_write(s->store, job_txn, &j);
     if (rc != 0)
         return rc;
-    if (j.stored && j.stored != job) {
+    if (j.verdict != 0) {
         cps__log(CPS_LOG_ERROR, "server",
                  "data directory %s belongs to job %016llx, not to this job (%016llx): refusing "
                  "it; give this server another --data, or --reset-data to empty it",
@@ -576,9 +577,8 @@ static int on_join_timeout(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
  * above a scheduler's restart, which the job rides through (it is not on the data path). */
 static int scheduler_gone(cps__server *s, uint64_t now)
 {
-    if (cps__tp_peer_connected(s->tp, SCHED_PEER) || s->sched_seen_ms > now)
-        s->sched_seen_ms = now;
-    if (now - s->sched_seen_ms <= s->cfg.scheduler_timeout_ms)
+    if (!cps__standing_sched_gone(cps__tp_peer_connected(s->tp, SCHED_PEER), &s->sched_seen_ms, now,
+                                  s->cfg.scheduler_timeout_ms))
         return 0;
     cps__log(CPS_LOG_ERROR, "server",
              "leaving the job: the scheduler at %s has been unreachable for %.1f s "
@@ -666,21 +666,16 @@ static int start_joining(cps__server *s)
  * second signal, a refusal or no answer stops us at once. Returns 1 while we keep serving. */
 static int keep_serving_to_drain(cps__server *s, uint64_t now)
 {
-    if (cps__role_stop_signals() > 1 || !cps__fence_joined(s->fence) || cps__fence_fenced(s->fence))
-        return 0;
-    if (s->drain == 2)
-        return 1;
-    if (s->drain == 1)
-        return now - s->drain_asked_ms < DRAIN_ANSWER_MS;
-    uint32_t held = 0;
-    for (uint32_t r = 0; r < s->view.nranges; r++)
-        held += chain_has(&s->view.ranges[r], s->id);
-    if (held == 0)
-        return 0;
+    uint32_t held = cps__drain_held(&s->view, s->id);
+    int d = cps__drain_decide(s->drain, cps__role_stop_signals(), cps__fence_joined(s->fence),
+                              cps__fence_fenced(s->fence), held, s->drain_asked_ms, now,
+                              DRAIN_ANSWER_MS);
+    if (d != CPS_DRAIN_ASK)
+        return d == CPS_DRAIN_SERVE;
     cps__msg_hdr h = {.type = CPS_MSG_DRAIN, .sender = s->id, .epoch = s->view.epoch, .req_seq = 1};
     if (cps__msg_send(s->tp, SCHED_PEER, &h, NULL, 0) != 0)
         return 0;
-    s->drain = 1;
+    s->drain = CPS_DRAIN_ASKED;
     s->drain_asked_ms = now;
     cps__log(CPS_LOG_INFO, "server",
              "SIGTERM: asking the scheduler to move our %u range(s) to other servers before we "

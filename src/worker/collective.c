@@ -2,9 +2,10 @@
  *
  * Wire (CPS_MSG_COLL, docs/collective.md): header epoch = the view epoch the ring was formed
  * under, req_seq = the collective's sequence number, step = message index (ring step * chunks +
- * chunk), range = kind (0 data, 1 result), aux = the collective's length in values, req_worker =
- * the sender; payload = the chunk's float32 values, little-endian, never compressed (gradients do
- * not compress, and the ring's latency is its cost). The transport has checked the MAC already. */
+ * chunk), range = kind (0 data, 1 result, 4 ask, 5 listen: collective.h), aux = the length,
+ * req_worker = the sender; payload = the chunk's float32 values, little-endian, never compressed
+ * (gradients do not compress, and the ring's latency is its cost). The transport has checked the
+ * MAC already. */
 #include "worker/collective.h"
 
 #include <stdio.h>
@@ -32,7 +33,8 @@ struct cps_allreduce_handle {
 
 /* Kinds beside the ring's (header `range`): a replacement asks a live worker for the buffer it
  * shares (aux = the length wanted, req_seq = the request's number), and the answer (the values,
- * step = the sharer's step, status = CPS_ENOTFOUND / CPS_ESIZE when it cannot). The shell answers
+ * step = the sharer's step, aux = the sequence number of the collective that follows the shared
+ * state, status = CPS_ENOTFOUND / CPS_ESIZE when it cannot). The shell answers
  * them itself: they are no part of a collective. */
 #define KIND_STATE_REQ  2u
 #define KIND_STATE      3u
@@ -44,6 +46,7 @@ struct cps__ar {
     int joiner; /* this worker took the rank of a dead one (decided at the first view) */
     const float *share_buf;
     uint64_t share_len, share_step;
+    uint64_t share_seq; /* the ring's last collective when the buffer was shared */
     /* a fetch in progress */
     float *fetch_buf;
     uint64_t fetch_len, fetch_step, fetch_req;
@@ -248,8 +251,8 @@ static void serve_state(cps_client *c, const cps__msg_hdr *req)
                       .req_worker = c->id,
                       .range = KIND_STATE,
                       .req_seq = req->req_seq};
-    const float *vals = NULL;
-    uint64_t n = 0;
+    const float *vals = NULL, *res = NULL;
+    uint64_t n = 0, rseq = 0, rn = 0;
     if (!a->share_buf) {
         h.status = CPS_ENOTFOUND;
     } else if (req->aux != a->share_len) {
@@ -258,8 +261,29 @@ static void serve_state(cps_client *c, const cps__msg_hdr *req)
         vals = a->share_buf;
         n = a->share_len;
         h.step = a->share_step;
+        h.aux = a->share_seq + 1; /* the collective that follows the shared state */
+        /* With it, that collective's result: if every member that completed it dies before the
+         * others got it, the replacement answers their restart with it (collective.h). */
+        if (!cps__coll_last_result(a->coll, &rseq, &res, &rn) || rseq != a->share_seq ||
+            (n + rn) * sizeof(float) > CPS_WIRE_MAX_PAYLOAD)
+            rn = 0; /* (too large to go with the state: the replacement then asks the ring) */
     }
-    int rc = cps__msg_send(c->tp, req->sender, &h, vals, n * sizeof(float));
+    int rc;
+    if (rn == 0) {
+        rc = cps__msg_send(c->tp, req->sender, &h, vals, n * sizeof(float));
+    } else {
+        /* The shared values, then the result: the asker knows the first length. */
+        void *buf = cps__msg_alloc(&h, (n + rn) * sizeof(float));
+        rc = CPS_ENOMEM;
+        if (buf) {
+            memcpy((char *)buf + CPS_WIRE_HDR_SIZE, vals, n * sizeof(float));
+            memcpy((char *)buf + CPS_WIRE_HDR_SIZE + n * sizeof(float), res, rn * sizeof(float));
+            rc =
+                cps__tp_send(c->tp, req->sender, buf, CPS_WIRE_HDR_SIZE + (n + rn) * sizeof(float));
+            if (rc != 0)
+                cps__tp_free(buf);
+        }
+    }
     if (rc != 0)
         cps__log(CPS_LOG_WARN, "allreduce", "cannot answer worker %u's state request: %s",
                  req->sender, cps_strerror(rc));
@@ -291,12 +315,23 @@ void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
             a->fetch_done = 1;
             if (h->status < 0) {
                 a->fetch_result = h->status;
-            } else if (count != a->fetch_len) {
+            } else if (count < a->fetch_len) {
                 a->fetch_result = CPS_ESIZE;
             } else {
-                memcpy(a->fetch_buf, rx->payload, rx->len);
+                memcpy(a->fetch_buf, rx->payload, a->fetch_len * sizeof(float));
                 a->fetch_step = h->step;
                 a->fetch_result = 1;
+                /* The ring's next collective, and the result of the one before it (if sent): an
+                 * older sharer sends neither, and the sequence is then guessed (joining). */
+                if (h->aux && !cps__coll_running(a->coll) && !a->head &&
+                    cps__coll_set_next_seq(a->coll, h->aux) == 0) {
+                    perform(c);
+                    if (count > a->fetch_len &&
+                        cps__coll_adopt_result(a->coll, h->aux - 1,
+                                               (const float *)rx->payload + a->fetch_len,
+                                               count - a->fetch_len) == 0)
+                        perform(c);
+                }
             }
         }
         return;
@@ -446,6 +481,9 @@ int cps_allreduce_share(cps_client *c, const float *buf, uint64_t len, uint64_t 
         a->share_buf = buf;
         a->share_len = buf ? len : 0;
         a->share_step = step;
+        /* The buffer holds what the collectives up to this one made: a replacement that fetches
+         * it runs the next one (cps__coll_set_next_seq), however the job's end races it. */
+        a->share_seq = cps__coll_seq(a->coll) - (cps__coll_running(a->coll) ? 1 : 0);
     }
     pthread_mutex_unlock(&c->lock);
     return rc;

@@ -14,15 +14,13 @@
 #include "core/config.h"
 #include "core/log.h"
 #include "core/view.h"
+#include "node/temp_peers.h"
 #include "transport/transport.h"
 
-#define SUB   "local"
-#define MAGIC 0x4C535043u /* "CPSL" */
-/* The exporters that asked, peers of our transport: TOOL_PEER + slot, and one more for refusals. */
-#define TOOL_PEER   0x40000001u
-#define REFUSE_PEER (TOOL_PEER + CPS_LSET_QUEUE)
-#define NO_STEP     UINT64_MAX /* no boundary committed yet */
-#define BLOB_FIXED  24
+#define SUB        "local"
+#define MAGIC      0x4C535043u /* "CPSL" */
+#define NO_STEP    UINT64_MAX  /* no boundary committed yet */
+#define BLOB_FIXED 24
 
 typedef struct entry {
     char name[CPS_TENSOR_NAME_MAX + 1];
@@ -53,6 +51,9 @@ struct cps__lset {
     request q[CPS_LSET_QUEUE];
     uint64_t
         arrivals; /* orders the requests: the oldest waiting one gives way when all are taken */
+    /* The exporters we answer, as temporary peers: one id per exporter's inbox, never pointed
+     * at another one while an answer to it may still be queued (node/temp_peers.h). */
+    cps__temp_peers temps;
 };
 
 static size_t pad4(size_t n)
@@ -405,15 +406,25 @@ int cps_local_meta(cps_client *c, const char *key, const char *value)
 
 /* ---- the exchange with an exporter ---- */
 
-static uint32_t slot_peer(size_t slot)
+/* The peer id of the exporter listening at `addr` (0: it cannot be reached now). */
+static uint32_t exporter_peer(cps_client *c, cps__lset *s, const char *addr)
 {
-    return TOOL_PEER + (uint32_t)slot;
+    uint64_t now = cps__now_ms();
+    cps__temp_peers_expire(&s->temps, c->tp, now);
+    uint32_t peer = cps__temp_peer_add(&s->temps, c->tp, addr, now);
+    if (!peer)
+        cps__log(CPS_LOG_WARN, SUB, "cannot answer the exporter at %s: no peer for it now", addr);
+    return peer;
 }
 
 /* An answer without a blob: CPS_EPAST (with the boundary we are at), CPS_ENOTFOUND, CPS_EAGAIN,
  * CPS_ENOMEM. */
-static void answer_status(cps_client *c, uint32_t peer, uint64_t req_seq, int status, uint64_t step)
+static void answer_status(cps_client *c, cps__lset *s, const char *addr, uint64_t req_seq,
+                          int status, uint64_t step)
 {
+    uint32_t peer = exporter_peer(c, s, addr);
+    if (!peer)
+        return;
     cps__msg_hdr h = {.type = CPS_MSG_LOCAL,
                       .flags = CPS_WF_REPLY,
                       .sender = c->id,
@@ -427,8 +438,8 @@ static void answer_status(cps_client *c, uint32_t peer, uint64_t req_seq, int st
         cps__log(CPS_LOG_WARN, SUB, "cannot answer the exporter: %s", cps_strerror(rc));
 }
 
-/* One chunk of the blob to the exporter of slot `slot`; the message owns a copy. */
-static int send_chunk(cps_client *c, const request *r, size_t slot, uint64_t step,
+/* One chunk of the blob to peer `peer`, the exporter of request r; the message owns a copy. */
+static int send_chunk(cps_client *c, cps__lset *s, const request *r, uint32_t peer, uint64_t step,
                       const unsigned char *blob, uint64_t total, uint64_t off, size_t len)
 {
     cps__msg_hdr h = {.type = CPS_MSG_LOCAL,
@@ -445,10 +456,11 @@ static int send_chunk(cps_client *c, const request *r, size_t slot, uint64_t ste
     cps__le64_put(p, total);
     cps__le64_put(p + 8, off);
     memcpy(p + CPS_LSET_CHUNK_HDR, blob + off, len);
-    int rc =
-        cps__tp_send(c->tp, slot_peer(slot), buf, CPS_WIRE_HDR_SIZE + CPS_LSET_CHUNK_HDR + len);
+    int rc = cps__tp_send(c->tp, peer, buf, CPS_WIRE_HDR_SIZE + CPS_LSET_CHUNK_HDR + len);
     if (rc != 0)
         cps__tp_free(buf);
+    else
+        cps__temp_peer_touch(&s->temps, peer, cps__now_ms());
     return rc;
 }
 
@@ -467,9 +479,7 @@ void cps__lset_on_msg(cps_client *c, const cps__rx *rx)
     int any = rx->hdr.aux == 1;
     uint64_t want = rx->hdr.step, last = s->last == NO_STEP ? 0 : s->last;
     if (s->n == 0 || (!any && s->last != NO_STEP && want <= s->last)) {
-        if (cps__tp_peer_set(c->tp, REFUSE_PEER, addr) == 0)
-            answer_status(c, REFUSE_PEER, rx->hdr.req_seq, s->n == 0 ? CPS_ENOTFOUND : CPS_EPAST,
-                          last);
+        answer_status(c, s, addr, rx->hdr.req_seq, s->n == 0 ? CPS_ENOTFOUND : CPS_EPAST, last);
         return;
     }
     /* A free slot, or else the oldest waiting request gives way (told CPS_EAGAIN): an exporter
@@ -484,8 +494,7 @@ void cps__lset_on_msg(cps_client *c, const cps__rx *rx)
             (slot == CPS_LSET_QUEUE || s->q[i].arrival < s->q[slot].arrival))
             slot = i;
     if (slot == CPS_LSET_QUEUE) { /* every slot is being answered right now */
-        if (cps__tp_peer_set(c->tp, REFUSE_PEER, addr) == 0)
-            answer_status(c, REFUSE_PEER, rx->hdr.req_seq, CPS_EAGAIN, last);
+        answer_status(c, s, addr, rx->hdr.req_seq, CPS_EAGAIN, last);
         cps__log(CPS_LOG_WARN, SUB, "%d exports are being answered: a new one is refused",
                  CPS_LSET_QUEUE);
         return;
@@ -496,13 +505,7 @@ void cps__lset_on_msg(cps_client *c, const cps__rx *rx)
                  "%d exports wait for the local tensors: the oldest (step %" PRIu64
                  ") gives way to a new one",
                  CPS_LSET_QUEUE, r->want);
-        /* Told through the refusals' peer: re-pointing the slot's peer drops what it queued. */
-        if (cps__tp_peer_set(c->tp, REFUSE_PEER, r->addr) == 0)
-            answer_status(c, REFUSE_PEER, r->req_seq, CPS_EAGAIN, last);
-    }
-    if (cps__tp_peer_set(c->tp, slot_peer(slot), addr) != 0) {
-        r->state = SLOT_FREE;
-        return;
+        answer_status(c, s, r->addr, r->req_seq, CPS_EAGAIN, last);
     }
     *r = (request){.state = SLOT_WAITING,
                    .any = any,
@@ -581,10 +584,11 @@ static int answer_blob(cps_client *c, cps__lset *s, const unsigned char *which, 
         if (!which[i])
             continue;
         request *r = &s->q[i];
-        int src = rc;
+        uint32_t peer = exporter_peer(c, s, r->addr);
+        int src = peer ? rc : CPS_EUNAVAILABLE;
         for (uint64_t off = 0; src == 0 && off < total; off += chunk) {
             size_t len = total - off < chunk ? (size_t)(total - off) : chunk;
-            src = send_chunk(c, r, i, step, blob, total, off, len);
+            src = send_chunk(c, s, r, peer, step, blob, total, off, len);
             if (src == 0 && off + len < total) {
                 /* Let the client's loop (and other threads' calls) in between chunks. */
                 pthread_mutex_unlock(&c->lock);
@@ -592,7 +596,7 @@ static int answer_blob(cps_client *c, cps__lset *s, const unsigned char *which, 
             }
         }
         if (src == CPS_ENOMEM)
-            answer_status(c, slot_peer(i), r->req_seq, CPS_ENOMEM, step);
+            answer_status(c, s, r->addr, r->req_seq, CPS_ENOMEM, step);
         if (src != 0)
             cps__log(CPS_LOG_ERROR, SUB, "cannot send the local tensors of step %" PRIu64 ": %s",
                      step, cps_strerror(src));
@@ -628,7 +632,7 @@ int cps_local_commit(cps_client *c, uint64_t step)
             which[i] = 1;
             any = 1;
         } else if (step > r->want) {
-            answer_status(c, slot_peer(i), r->req_seq, CPS_EPAST, step);
+            answer_status(c, s, r->addr, r->req_seq, CPS_EPAST, step);
             r->state = SLOT_FREE;
         }
     }

@@ -56,25 +56,36 @@ def main(argv):
     x, y = x[client.rank::client.num_workers], y[client.rank::client.num_workers]
     loss_fn = torch.nn.BCEWithLogitsLoss()
     apart = []  # the job's steps after which the workers' all-reduced parameters differ
+
+    def differ():
+        # The mean: equal bits give themselves back, also while the other worker is dead.
+        local = [p for n, p in model.named_parameters() if n != "embed.weight"]
+        st = opt.local_optimizer.state
+        v = torch.cat([p.detach().reshape(-1) for p in local] +
+                      [t.reshape(-1) for p in local for _, t in sorted(st[p].items())
+                       if torch.is_tensor(t)])
+        mean = v.clone()
+        client.allreduce(mean, "mean")
+        return not torch.equal(mean, v)
+
     for step in range(opt.start_step, a.steps):
+        # The comparison of the last step's result comes first in the loop, before opt.step():
+        # a replacement starts its loop after the step it fetched (opt.step() shares the state
+        # at its end), so an all-reduce of our own after opt.step() would be one it never runs
+        # (docs/collective.md).
+        # Every worker compares at every step, a replacement's first included, so that the
+        # all-reduces pair up; what is compared is the state after step - 1.
+        if a.compare and differ() and step > 0:
+            apart.append(step - 1)
         lo = (step * 32) % (x.shape[0] - 32)
         opt.zero_grad()
         loss_fn(model(x[lo:lo + 32]), y[lo:lo + 32]).backward()
         opt.step()
-        if a.compare:
-            local = [p for n, p in model.named_parameters() if n != "embed.weight"]
-            st = opt.local_optimizer.state
-            v = torch.cat([p.detach().reshape(-1) for p in local] +
-                          [t.reshape(-1) for p in local for _, t in sorted(st[p].items())
-                           if torch.is_tensor(t)])
-            # The mean: equal bits give themselves back, also while the other worker is dead.
-            mean = v.clone()
-            client.allreduce(mean, "mean")
-            if not torch.equal(mean, v):
-                apart.append(step)
         if a.compare and step % 50 == 0:
             print(f"hybrid_ckpt_job: rank {client.rank} step {step}", flush=True)
         time.sleep(a.step_ms / 1000)
+    if a.compare and a.steps > opt.start_step and differ():
+        apart.append(a.steps - 1)
     with open(os.path.join(a.dump, f"apart-{client.rank}.txt"), "w") as f:
         f.write(" ".join(map(str, apart)))
     client.barrier()

@@ -31,12 +31,19 @@ def test_placement_two_optimizers_and_equal_parameters():
 
 @pytest.mark.parametrize("placement", ["hybrid", "servers"])
 def test_example_trains_and_workers_agree(placement):
+    """A fixed step count, and lr 1: the table's rows apply on arrival, so which of the other
+    worker's row updates a worker reads depends on timing (the machine's load). At lr 2 the
+    training is at the edge of stability and amplifies that: 12 runs of the servers placement at
+    300 steps under load 6-9 ended between 58.6% and 75.1% (one failed the threshold of 60),
+    10 at 600 steps between 52.3% and 82.9%. At lr 1, 10 runs of the servers placement ended
+    between 71.65% and 72.32% and 6 of the hybrid one between 71.53% and 73.27% (load 9-15), so
+    65% is far below the spread and far above chance (50%)."""
     rc, out = launch(EXAMPLE, ["--placement", placement, "--steps", "300", "--vocab", "5000",
-                               "--lr", "2", "--log-every", "100"])
+                               "--lr", "1", "--log-every", "100"])
     f = tj.finals(out)
     assert rc == 0 and len(f) == 2, out[-5000:]
     assert f[0][2] == f[1][2], f"workers differ: {f}"
-    assert f[0][0] > 60.0, f"test accuracy {f[0][0]}% after 300 steps"
+    assert f[0][0] > 65.0, f"test accuracy {f[0][0]}% after 300 steps"
 
 
 def test_replacement_fetches_the_allreduced_parameters(tmp_path):

@@ -252,15 +252,18 @@ def test_table_only_job_resumes_at_the_local_step(tmp_path):
         assert apart == [], f"rank {r}: restored workers differ after steps {apart} (warm-up again)"
 
 
-def test_replacement_gets_the_local_optimizer_state(tmp_path):
-    """A worker killed -9 under --restart-workers (the table as row pushes, as in
-    test_hybrid.py's replacement test): its replacement copies the all-reduced parameters and
-    the local optimizer's state (SGD's momentum) from the live worker, so after
+@pytest.mark.parametrize("servers", [["--table-only"], []], ids=["rows", "dense"])
+def test_replacement_gets_the_local_optimizer_state(tmp_path, servers):
+    """A worker killed -9 under --restart-workers: its replacement copies the all-reduced
+    parameters and the local optimizer's state (SGD's momentum) from the live worker, so after
     its first step both workers hold the same bits of both (without the momentum it would start
-    from none and differ from then on)."""
+    from none and differ from then on). With the table as row pushes (as in test_hybrid.py's
+    replacement test) the servers have no step boundary; with every server tensor pushed dense
+    each step is also a sync step of the servers, which the replacement must join at the step
+    the live worker is on (or the two wait on each other until the all-reduce times out)."""
     log = open(tmp_path / "launch.log", "w+")
     cmd = [tj.cli(), "launch", "--timeout", "200", "--servers", "2", "--workers", "2",
-           "--restart-workers", "--", tj.PYTHON, JOB, "--table-only", "--compare", "--steps", "600",
+           "--restart-workers", "--", tj.PYTHON, JOB, *servers, "--compare", "--steps", "600",
            "--step-ms", "5", "--dump", str(tmp_path)]
     p = tj.subprocess.Popen(cmd, stdout=log, stderr=tj.subprocess.STDOUT, text=True,
                             env=tj.env(), start_new_session=True)

@@ -14,15 +14,18 @@
  * moments (the exporter may miss a view altogether); asks, answers and reads travel with random
  * delays, and those of a dead process are lost.
  *
- * What the model re-states of the shells is small and named: the server's may_cut, cut_ready and
- * repeat rule (src/server/cut.c), and the exporter's loop (src/checkpoint/cluster.c: open_cut
- * looks at the view every REFRESH_MS, every GONE_MS while a chain member's connection refuses, at
- * once after a stale-epoch refusal; read_take hands a range on when its reader's view socket
- * refuses or the view closed, looks every LOOK_MS, absorb_opens feeds the late answers; cuts lost
- * with every replica are cut again CUT_TRIES times, cuts refused as past OPEN_TRIES times).
+ * The server's decisions who may open a cut and when it opens are the production ones
+ * (replication/cut_view.c: cps__cut_may_open, cps__cut_ready). What the model re-states of the
+ * shells is small and named: the server's repeat rule (src/server/cut.c), and the exporter's loop
+ * (src/checkpoint/cluster.c: open_cut looks at the view every REFRESH_MS, every GONE_MS while a
+ * chain member's connection refuses, at once after a stale-epoch refusal; read_take hands a range
+ * on when its reader's view socket refuses or the view closed, looks every LOOK_MS, absorb_opens
+ * feeds the late answers; cuts lost with every replica are cut again CUT_TRIES times, cuts refused
+ * as past OPEN_TRIES times).
  *
  * Checked on every seed: a read is only ever answered from a view opened at the cut's step and at
  * the range's sequence number (cps__cutroute_seq), and every range is read at one sequence number;
+ * a "now" view (async) holds nothing its tail has not applied;
  * the export either completes with every range read, or fails with a reason naming a range; and it
  * never waits past HANG_MS after the last fault (the real exporter would wait out its timeout for
  * an answer that cannot come). With --no-absorb the exporter ignores the answers that come after
@@ -41,6 +44,7 @@
 #include "chainps/error.h"
 #include "core/view.h"
 #include "recovery/cutroute.h"
+#include "replication/cut_view.h"
 
 #define MAX_SERVERS   7
 #define MAX_RANGES    4
@@ -340,7 +344,8 @@ static void answer_open(model *m, uint32_t node, uint32_t r, int err, uint64_t s
                  .step = step});
 }
 
-/* cut_ready: at the boundary of the step (or "now"): open; past it: CPS_EPAST. */
+/* The server's own decision (replication/cut_view.c): at the boundary of the step (or "now"):
+ * open; past it: CPS_EPAST. Every key set of a modelled range is at the same step. */
 static void try_cut(model *m, uint32_t node, uint32_t r)
 {
     server *s = &m->s[node];
@@ -348,17 +353,46 @@ static void try_cut(model *m, uint32_t node, uint32_t r)
     if (j->state != J_PENDING)
         return;
     uint64_t at = step_at(m, r, s->applied[r]);
-    if (m->sync && at < m->T)
+    cps__cut_span sp = {.lo = at, .hi = at, .n = 1, .seq = s->applied[r], .step = at};
+    int ready = cps__cut_ready(m->sync ? m->T : 0, &sp);
+    if (ready == 0)
         return;
-    if (m->sync && at > m->T) {
+    if (ready == CPS_EPAST) {
         answer_open(m, node, r, CPS_EPAST, 0, at);
         j->state = J_DONE;
         return;
     }
     j->state = J_OPEN;
-    j->seq = s->applied[r];
-    j->step = at;
+    j->seq = sp.seq;
+    j->step = cps__cut_at_step(&sp);
+    /* A "now" view holds only what is acknowledged: nothing its tail (in the server's own view)
+     * has not applied. A middle's or a head's "now" may hold updates lost with it. */
+    const chains *v = &m->views[s->epoch];
+    uint32_t tail = v->len[r] ? v->c[r][v->len[r] - 1] : 0;
+    if (!m->sync && tail && j->seq > m->s[tail].applied[r])
+        sim_fail(&m->v,
+                 "range %u: node %u opened a \"now\" view at sequence number %" PRIu64
+                 ", past its tail's (node %u) %" PRIu64,
+                 r, node, j->seq, tail, m->s[tail].applied[r]);
     answer_open(m, node, r, 0, j->seq, at);
+}
+
+/* A step cut on any replica the server's view lists, a "now" cut on its tail. */
+static int may_cut(const model *m, const chains *v, uint32_t node, uint32_t r)
+{
+    cps__range rg[MAX_RANGES];
+    memset(rg, 0, sizeof rg);
+    for (uint32_t i = 0; i < m->nranges; i++) {
+        rg[i].chain_len = v->len[i];
+        memcpy(rg[i].chain, v->c[i], v->len[i] * sizeof *v->c[i]);
+    }
+    cps__view view;
+    cps__view_init(&view);
+    view.nranges = m->nranges;
+    view.ranges = rg;
+    uint32_t pos;
+    int tail = in_chain(v, r, node, &pos) && pos + 1 == v->len[r];
+    return cps__cut_may_open(&view, node, tail, r, m->sync ? m->T : 0);
 }
 
 static void on_ask(model *m, const event *e)
@@ -368,10 +402,8 @@ static void on_ask(model *m, const event *e)
         return; /* lost with the dead */
     job *j = &s->jobs[e->range];
     const chains *v = &m->views[s->epoch];
-    uint32_t pos;
-    /* may_cut: a step cut on any replica the server's own view lists, a "now" cut on its tail. */
-    int may = in_chain(v, e->range, e->node, &pos) && (m->sync || pos + 1 == v->len[e->range]);
-    if (!may) {
+    /* The server's own decision (replication/cut_view.c), on the server's own view. */
+    if (!may_cut(m, v, e->node, e->range)) {
         post(m, fifo(m, e->node, 1),
              (event){.type = EV_OPEN_ANS,
                      .node = e->node,
@@ -625,6 +657,8 @@ static void x_start(model *m)
     }
     m->attempt++;
     m->T = m->sync ? hi + rnd(m, 4) : 0;
+    if (m->sync && m->T == 0)
+        m->T = 1; /* the exporter aims at least a step ahead (aim_step): 0 would mean "now" */
     m->lost = 0;
     m->phase = 1;
     m->look = m->now + REFRESH_MS;

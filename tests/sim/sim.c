@@ -624,6 +624,18 @@ void sim_old_disk_back(sim *sm, uint32_t id)
     ev_push(sm, sm->now + 1 + rnd(sm, 3000), EV_RESTART, id, NULL);
 }
 
+/* With --allow-rollback, the operator answers a range stranded with a fallback as the ERROR
+ * says: the scheduler is restarted with the flag (which holds for the ranges stranded as it
+ * resumes), and the empty server's next HELLO rolls the range back. */
+void sim_rollback_restart(sim *sm)
+{
+    if (sm->rollback_due)
+        return;
+    sm->rollback_due = 1;
+    sim_trace(sm, "operator: restarts the scheduler with --allow-rollback");
+    ev_push(sm, sm->now + 1 + rnd(sm, 1000), EV_SCHED_RESTART, 0, NULL);
+}
+
 /* A crashed server the view keeps as the last replica of a range (repair.c leaves a dead last
  * replica in place) holds the only copy: the operator restarts it, on its store, even in a run
  * without restarts. Its crash was allowed while others held the range; the detector taking live
@@ -856,6 +868,10 @@ static void step(sim *sm, sim_event e)
     }
     case EV_RESTART:
         restart(sm, &sm->servers[e.node - 1]);
+        break;
+    case EV_SCHED_RESTART:
+        sm->rollback_due = 0;
+        sim_sched_restart(sm);
         break;
     case EV_HEAL_CUT:
         if (sm->cut_active)

@@ -79,7 +79,8 @@ enum {
     EV_HEAL_CUT,
     EV_REPAIR,
     EV_SNAPSHOT,
-    EV_ACKS
+    EV_ACKS,
+    EV_SCHED_RESTART /* the operator restarts the scheduler (with --allow-rollback) */
 };
 /* PHASE_END: the workers wait in a barrier, then say goodbye; the job ends (sim_sched.c). */
 enum { PHASE_FAULTS = 0, PHASE_HEAL, PHASE_DRAIN, PHASE_END };
@@ -116,7 +117,9 @@ typedef struct sim_params {
     uint32_t fwd_crash_per_mille;
     /* --allow-rollback: the scheduler's flag (a range whose last replica came back empty goes
      * to the server that left it last, losing what was acknowledged since): the invariants must
-     * catch it (sim.rollback_catches). */
+     * catch it (sim.rollback_catches). The flag holds only for ranges stranded as a scheduler
+     * resumes, so the operator answers a stranded range with a fallback by restarting the
+     * scheduler (sim_rollback_restart), as the ERROR says. */
     int allow_rollback;
     /* --wipe-sole: a restart may be on an empty store even for a range's only replica (its
      * disk died with the updates it acknowledged alone); never drawn, so that other tests' seeds
@@ -305,6 +308,7 @@ typedef struct sim {
     uint8_t *sched_blob[SIM_SCHED_BLOBS];
     size_t sched_blob_len[SIM_SCHED_BLOBS];
     uint64_t sched_restarts, worker_beat_at;
+    int rollback_due; /* a scheduler restart with --allow-rollback is on its way */
     /* PHASE_END, per worker rank: 1 waits in the barrier, 2 released and said BYE, 3 its BYE
      * acknowledged. */
     uint8_t end_state[SIM_MAX_WORKERS];
@@ -415,6 +419,7 @@ void sim_rstore_clear(sim_rstore *st);
 /* The coordinator keeps server `id` out: its empty store is the only replica of a range. The
  * operator reads the ERROR and restarts it on its old disk (the one a wipe replaced). */
 void sim_old_disk_back(sim *sm, uint32_t id);
+void sim_rollback_restart(sim *sm);
 void sim_rstore_copy(sim_rstore *dst, const sim_rstore *src);
 void sim_check_snapshot(sim *sm, sim_server *s, uint32_t r);
 void sim_check_copy_source(sim *sm, const sim_server *s, uint32_t r, uint32_t joiner);

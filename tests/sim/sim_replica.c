@@ -324,8 +324,11 @@ static int perform_list(sim *sm, sim_server *s, uint32_t *range, int *rc, uint64
                       o->hdr.req_seq, o->hdr.epoch, o->to);
             if (!o->msg) {
                 /* A held CHAIN_ACK: persist-before-send was checked when the chain made it
-                 * (holding is a network that delays acks; sim seed 1935). */
-                sim_send_hdr(sm, s->id, o->to, &o->hdr, NULL, 0, 0);
+                 * (holding is a network that delays acks; sim seed 1935). A held
+                 * CHAIN_MARK(APPLIED) goes at the end of the turn: what it says is applied
+                 * must be, then as now. */
+                if (o->hdr.type != CPS_MSG_CHAIN_MARK || check_persisted(sm, s, &o->hdr) == 0)
+                    sim_send_hdr(sm, s->id, o->to, &o->hdr, NULL, 0, 0);
                 break;
             }
             if (o->hdr.type == CPS_MSG_FWD && fwd_ahead(s, out, n, i)) {

@@ -330,11 +330,16 @@ static void hello(sim *sm, uint32_t id, uint64_t boot)
                                                                                   : 0);
     cps__msg_hdr h = {.type = CPS_MSG_HELLO, .sender = id, .aux = boot, .raw_len = (uint32_t)len};
     cps__coord_step(sm->coord, &h, pl, len, id, sm->now);
-    for (uint32_t r = 0; server && r < sm->nranges; r++)
-        if (cps__coord_stranded(sm->coord, r, NULL, NULL) == id) {
+    for (uint32_t r = 0; server && r < sm->nranges; r++) {
+        uint32_t fallback;
+        if (cps__coord_stranded(sm->coord, r, &fallback, NULL) != id)
+            continue;
+        if (sm->p.allow_rollback && fallback)
+            sim_rollback_restart(sm);
+        else
             sim_old_disk_back(sm, id);
-            break;
-        }
+        break;
+    }
 }
 
 void sim_sched_setup(sim *sm)

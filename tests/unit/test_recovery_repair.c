@@ -448,7 +448,9 @@ static void no_copy_from_an_unconfirmed_tail(void **state)
 }
 
 /* A confirmation lost on the way holds the range's repairs back for join_give_up_ms; then the
- * tail that never confirmed leaves the chain, and the range is copied from its predecessor. */
+ * tail that never confirmed leaves the chain, and the range is copied from its predecessor, by
+ * another server while one can (issue 28: the evicted one, least loaded, was picked again, and a
+ * server that cannot confirm copied, joined and was evicted forever). */
 static void lost_confirmation_holds_repairs_for_a_while(void **state)
 {
     (void)state;
@@ -464,6 +466,28 @@ static void lost_confirmation_holds_repairs_for_a_while(void **state)
     assert_int_equal(a[0].source, 2);
     assert_int_equal(cps__repair_unconfirmed(rp, 0), 0);
     v.ranges[0].chain_len--; /* the next view, without it */
+    expect_one_join(rp, &v, 102 + GIVE_UP_MS, 0, 4, 2);
+    cps__view_fini(&v);
+    cps__repair_destroy(rp);
+}
+
+/* The evicted tail copies the range again when no other server can: a range short of replicas
+ * is not left so for want of a better candidate. */
+static void an_evicted_tail_copies_again_when_no_other_can(void **state)
+{
+    (void)state;
+    static const uint32_t chains[][CPS_MAX_REPLICAS + 1] = {{1, 2}};
+    cps__view v;
+    make_view(&v, 3, 3, 1, chains);
+    cps__repair *rp = make_repair(1);
+    uint64_t id = expect_one_join(rp, &v, 0, 0, 3, 2);
+    assert_int_equal(cps__repair_caught_up(rp, &v, 3, 0, id, 0, 100), CPS_REPAIR_APPEND);
+    v.ranges[0].chain[v.ranges[0].chain_len++] = 3;
+    assert_int_equal(cps__repair_tick(rp, &v, 101 + GIVE_UP_MS), 1);
+    const cps__repair_action *a;
+    assert_int_equal(cps__repair_actions(rp, &a), 1);
+    assert_int_equal(a[0].kind, CPS_RA_EVICTED);
+    v.ranges[0].chain_len--;
     expect_one_join(rp, &v, 102 + GIVE_UP_MS, 0, 3, 2);
     cps__view_fini(&v);
     cps__repair_destroy(rp);
@@ -810,6 +834,7 @@ int main(void)
         cmocka_unit_test(unconfirmed_tail_is_never_left_alone),
         cmocka_unit_test(no_copy_from_an_unconfirmed_tail),
         cmocka_unit_test(lost_confirmation_holds_repairs_for_a_while),
+        cmocka_unit_test(an_evicted_tail_copies_again_when_no_other_can),
         cmocka_unit_test(an_unconfirmed_tail_is_no_holder_after_its_probation),
         cmocka_unit_test(servers_that_join_take_a_fair_share),
         cmocka_unit_test(a_draining_server_is_emptied),

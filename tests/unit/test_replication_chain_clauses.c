@@ -642,6 +642,88 @@ static void middle_stopped_between_fwd_and_apply_loses_nothing_applies_once(void
     assert_applied_1_to(w, 3, 2);
 }
 
+/* Drop node `from`'s queued CHAIN_MARK(APPLIED)s to `to` below `keep` (the replica holds a
+ * turn's MARKs and sends only the last: replication/replica_ready.c). */
+static void drop_marks_below(world *w, uint32_t from, uint32_t to, uint64_t keep)
+{
+    for (size_t i = 0; i < w->nq;) {
+        cps__msg_hdr h;
+        assert_int_equal(cps__wire_hdr_decode(w->q[i].buf, w->q[i].len, &h), 0);
+        if (w->q[i].from == from && w->q[i].to == to && h.type == CPS_MSG_CHAIN_MARK &&
+            (h.aux & CPS_CHAIN_MARK_APPLIED) && h.req_seq < keep)
+            free(unqueue(w, i).buf);
+        else
+            i++;
+    }
+}
+
+/* Set the aux ("applied up to") of node `from`'s queued FWDs to 0, as if it had forwarded all of
+ * them before any of its writes. */
+static void fwds_say_nothing_applied(world *w, uint32_t from)
+{
+    for (size_t i = 0; i < w->nq; i++) {
+        cps__msg_hdr h;
+        assert_int_equal(cps__wire_hdr_decode(w->q[i].buf, w->q[i].len, &h), 0);
+        if (w->q[i].from == from && h.type == CPS_MSG_FWD) {
+            h.aux = 0;
+            cps__wire_hdr_encode(w->q[i].buf, &h);
+        }
+    }
+}
+
+/* One MARK for a turn of updates: a MARK of seq N lets the successor apply every FWD of that
+ * predecessor it holds up to N, in order, and pass them on. */
+static void one_mark_of_n_applies_every_held_fwd_up_to_n_in_order(void **state)
+{
+    world *w = *state;
+    push(w, 1, 1);
+    push(w, 1, 2);
+    push(w, 1, 3);
+    drop_marks_below(w, 1, 2, 3);
+    fwds_say_nothing_applied(w, 1);
+    long mark = find_msg(w, 2, CPS_MSG_CHAIN_MARK, 3);
+    assert_true(mark >= 0);
+    msg m = unqueue(w, (size_t)mark);
+    deliver_to(w, 2);                      /* the three FWDs */
+    assert_int_equal(w->n[2].napplied, 0); /* held: nothing said applied */
+    w->q[w->nq++] = m;
+    deliver_to(w, 2);
+    assert_applied_1_to(w, 2, 3);
+    deliver_all(w);
+    assert_applied_1_to(w, 3, 3);
+    assert_replied_1_to(w, 3, 3);
+    assert_held(w, 1, 3, 0);
+}
+
+/* A head stops after its WRITEs and before the turn's one MARK: its successor applied what an
+ * earlier FWD's aux said the head had, holds the last update unapplied, and nothing it lacks is
+ * acknowledged. The new head takes the worker's re-send of the last as new; every replica
+ * applies each update once. */
+static void head_stopped_before_its_turns_mark_loses_nothing_acknowledged(void **state)
+{
+    world *w = *state;
+    push(w, 1, 1);
+    push(w, 1, 2);
+    push(w, 1, 3);
+    assert_applied_1_to(w, 1, 3);
+    drop_marks_below(w, 1, 2, UINT64_MAX); /* the turn's MARK never went */
+    deliver_all(w);
+    assert_applied_1_to(w, 2, 2); /* FWD 3 said the head had 2 */
+    assert_applied_1_to(w, 3, 2);
+    assert_replied_1_to(w, 3, 2); /* update 3 is not acknowledged */
+    crash(w, 1);
+
+    static const uint32_t chain23[] = {2, 3};
+    new_view(w, chain23, 2);
+    deliver_all(w);
+    assert_int_equal(push_cookie(w, 2, 3, NULL), CPS_ADMIT_NEW);
+    deliver_all(w);
+    assert_applied_1_to(w, 2, 3);
+    assert_applied_1_to(w, 3, 3);
+    assert_replied_1_to(w, 3, 3);
+    assert_held(w, 2, 3, 0);
+}
+
 /* Install into node `to` the store `s` held when the snapshot was taken. */
 static void install_snapshot(world *w, const node *s, uint32_t to)
 {
@@ -891,6 +973,11 @@ int main(void)
             teardown_world),
         cmocka_unit_test_setup_teardown(
             middle_stopped_between_fwd_and_apply_loses_nothing_applies_once, setup_chain123,
+            teardown_world),
+        cmocka_unit_test_setup_teardown(one_mark_of_n_applies_every_held_fwd_up_to_n_in_order,
+                                        setup_chain123, teardown_world),
+        cmocka_unit_test_setup_teardown(
+            head_stopped_before_its_turns_mark_loses_nothing_acknowledged, setup_chain123,
             teardown_world),
         cmocka_unit_test_setup_teardown(a_new_tail_joins_by_state_transfer_and_misses_no_update,
                                         setup_chain12, teardown_world),

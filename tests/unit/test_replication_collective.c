@@ -618,6 +618,19 @@ static void test_joiner_restart_in_drain(void **state)
     cps__coll_destroy(c);
 }
 
+/* Node 9, a joiner, running its first call over x[0..2) in the ring 10 -> 9 -> 11 (view 1). */
+static cps__coll *joiner_started(float *x)
+{
+    cps__coll *c;
+    uint64_t seq;
+    uint32_t three[3] = {10, 9, 11};
+    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
+    cps__coll_set_joining(c);
+    assert_int_equal(cps__coll_view(c, 1, three, 3, 1, 0), 0);
+    assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
+    return c;
+}
+
 /* A joiner took seq 4 from a predecessor that then died; its new predecessor is still in 3. The
  * new view must not make it send seq 4's chunks (the peer would keep them, end 3 with us, and
  * reduce our first call's input into 4 beside our second call's: sim_collective, seed 4862): it
@@ -625,15 +638,11 @@ static void test_joiner_restart_in_drain(void **state)
 static void test_joiner_listens_after_view(void **state)
 {
     (void)state;
-    cps__coll *c;
     const cps__coll_act *a;
     uint64_t seq;
     float x[2] = {1, 2};
-    uint32_t three[3] = {10, 9, 11}, two[2] = {9, 11};
-    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
-    cps__coll_set_joining(c);
-    assert_int_equal(cps__coll_view(c, 1, three, 3, 1, 0), 0);
-    assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
+    uint32_t two[2] = {9, 11};
+    cps__coll *c = joiner_started(x);
     float v = 5;
     cps__coll_msg m = {.from = 10,
                        .kind = CPS_COLL_DATA,
@@ -649,7 +658,10 @@ static void test_joiner_listens_after_view(void **state)
     assert_int_equal(a[0].msg.seq, 4);
     /* Node 10 dies: the ring is 9 -> 11 -> 9, and 11 is still in 3. */
     assert_int_equal(cps__coll_view(c, 2, two, 2, 1, 2), 0);
-    assert_int_equal(cps__coll_actions(c, &a), 0);
+    /* No chunk: only that we listen, to the other member. */
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].msg.kind, CPS_COLL_LISTEN);
+    assert_int_equal(a[0].to, 11);
     float hundred = 100;
     m = (cps__coll_msg){.from = 11,
                         .kind = CPS_COLL_DATA,
@@ -682,6 +694,183 @@ static void test_joiner_listens_after_view(void **state)
     cps__coll_destroy(c);
 }
 
+/* A replacement told the ring's next seq (3) by its fetch gets a survivor's restart of 2, which it
+ * never ran and holds no result of: it asks every member for that result, once per view (the old
+ * code dropped the chunk and the survivor waited out the timeout). A result it then receives is
+ * kept and given to a member restarting 2 under a later view. */
+static void test_given_seq_asks_and_keeps(void **state)
+{
+    (void)state;
+    cps__coll *c;
+    const cps__coll_act *a;
+    uint32_t three[3] = {10, 9, 11};
+    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
+    assert_int_equal(cps__coll_view(c, 1, three, 3, 1, 0), 0);
+    assert_int_equal(cps__coll_set_next_seq(c, 3), 0);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    float v = 5;
+    cps__coll_msg m = {.from = 10,
+                       .kind = CPS_COLL_DATA,
+                       .epoch = 1,
+                       .seq = 2,
+                       .index = 0,
+                       .n = 2,
+                       .vals = &v,
+                       .count = 1};
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(a[i].kind, CPS_COLL_SEND);
+        assert_int_equal(a[i].msg.kind, CPS_COLL_ASK);
+        assert_int_equal(a[i].msg.seq, 2);
+    }
+    assert_true((a[0].to == 10 && a[1].to == 11) || (a[0].to == 11 && a[1].to == 10));
+    m.index = 1;
+    cps__coll_step(c, &m, 2);
+    assert_int_equal(cps__coll_actions(c, &a), 0); /* asked already in this view */
+    float res[2] = {7, 8};
+    cps__coll_msg r = {.from = 11,
+                       .kind = CPS_COLL_RESULT,
+                       .epoch = 1,
+                       .seq = 2,
+                       .index = 0,
+                       .n = 2,
+                       .vals = res,
+                       .count = 2};
+    cps__coll_step(c, &r, 3);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    /* Node 11 dies; node 10 restarts 2 under view 2: it gets 11's result from us. */
+    uint32_t two[2] = {10, 9};
+    assert_int_equal(cps__coll_view(c, 2, two, 2, 1, 4), 0);
+    m.epoch = 2;
+    m.index = 0;
+    cps__coll_step(c, &m, 5);
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].to, 10);
+    assert_int_equal(a[0].msg.kind, CPS_COLL_RESULT);
+    assert_int_equal(a[0].msg.seq, 2);
+    assert_int_equal(a[0].msg.count, 2);
+    assert_true(a[0].msg.vals[0] == 7.0f && a[0].msg.vals[1] == 8.0f);
+    cps__coll_destroy(c);
+}
+
+/* The fetch also brought the result of the collective before ours (the sharer's): when every
+ * member that completed it died, we answer the survivors' restart with it, to all at first, then
+ * only to a member that asks again in the same view. */
+static void test_adopted_result_answers_restart(void **state)
+{
+    (void)state;
+    cps__coll *c;
+    const cps__coll_act *a;
+    uint32_t three[3] = {10, 9, 11};
+    float res[2] = {3, 4};
+    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
+    assert_int_equal(cps__coll_view(c, 1, three, 3, 1, 0), 0);
+    assert_int_equal(cps__coll_set_next_seq(c, 5), 0);
+    assert_int_equal(cps__coll_adopt_result(c, 3, res, 2), CPS_EINVAL); /* not the one before 5 */
+    assert_int_equal(cps__coll_adopt_result(c, 4, res, 2), 0);
+    res[0] = 99; /* copied */
+    float v = 5;
+    cps__coll_msg m = {.from = 10,
+                       .kind = CPS_COLL_DATA,
+                       .epoch = 1,
+                       .seq = 4,
+                       .index = 0,
+                       .n = 2,
+                       .vals = &v,
+                       .count = 1};
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(a[i].msg.kind, CPS_COLL_RESULT);
+        assert_int_equal(a[i].msg.index, 0); /* a broadcast */
+        assert_true(a[i].msg.vals[0] == 3.0f && a[i].msg.vals[1] == 4.0f);
+    }
+    m.from = 11;
+    cps__coll_step(c, &m, 2);
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].to, 11);
+    assert_int_equal(a[0].msg.index, 1); /* to it alone */
+    cps__coll_destroy(c);
+}
+
+/* A replacement running its first call (3) gets its predecessor's restart of 2, which the member
+ * it fetched from completed and which no member of this view holds: it takes part with its
+ * current input, keeps the result out of the caller's buffer, then restarts 3 (the old code
+ * dropped the chunk: the survivor waited out the timeout). */
+static void test_given_seq_helps_skipped(void **state)
+{
+    (void)state;
+    cps__coll *c;
+    const cps__coll_act *a;
+    uint64_t seq;
+    float x[2] = {1, 2};
+    uint32_t two[2] = {10, 9};
+    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
+    assert_int_equal(cps__coll_view(c, 1, two, 2, 1, 0), 0);
+    assert_int_equal(cps__coll_set_next_seq(c, 3), 0);
+    assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
+    assert_int_equal(seq, 3);
+    float hundred = 100;
+    cps__coll_msg m = {.from = 10,
+                       .kind = CPS_COLL_DATA,
+                       .epoch = 1,
+                       .seq = 2,
+                       .index = 0,
+                       .n = 2,
+                       .vals = &hundred,
+                       .count = 1};
+    cps__coll_step(c, &m, 1);
+    size_t n = cps__coll_actions(c, &a);
+    assert_int_equal(n, 2);
+    assert_int_equal(a[0].msg.seq, 2); /* our segment 1 */
+    assert_int_equal(a[0].msg.index, 0);
+    assert_true(a[0].msg.vals[0] == 2.0f);
+    assert_int_equal(a[1].msg.seq, 2); /* segment 0 reduced: 100 + 1 */
+    assert_int_equal(a[1].msg.index, 1);
+    assert_true(a[1].msg.vals[0] == 101.0f);
+    float seg1 = 7;
+    m.index = 1;
+    m.vals = &seg1;
+    cps__coll_step(c, &m, 2);
+    n = cps__coll_actions(c, &a);
+    assert_int_equal(n, 1); /* no DONE: 3 restarts, its chunk again */
+    assert_int_equal(a[0].kind, CPS_COLL_SEND);
+    assert_int_equal(a[0].msg.seq, 3);
+    assert_int_equal(a[0].msg.index, 0);
+    assert_true(x[0] == 1.0f && x[1] == 2.0f); /* the caller's input untouched */
+    assert_true(cps__coll_running(c));
+    cps__coll_stats st;
+    cps__coll_stats_get(c, &st);
+    assert_int_equal(st.helped, 1);
+    cps__coll_destroy(c);
+}
+
+/* Two joiners re-formed by a view, each waiting for its predecessor: neither sends a chunk; when
+ * each has heard the other listen, both take the higher seq (no timer: waiting long changes
+ * nothing). */
+static void test_listeners_agree(void **state)
+{
+    (void)state;
+    const cps__coll_act *a;
+    float x[2] = {1, 2};
+    uint32_t two[2] = {9, 11};
+    cps__coll *c = joiner_started(x);
+    assert_int_equal(cps__coll_view(c, 2, two, 2, 1, 1), 0);
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].msg.kind, CPS_COLL_LISTEN);
+    cps__coll_tick(c, 800); /* past half the timeout: still nothing */
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    cps__coll_msg m = {.from = 11, .kind = CPS_COLL_LISTEN, .epoch = 2, .seq = 4};
+    cps__coll_step(c, &m, 801);
+    size_t n = cps__coll_actions(c, &a);
+    assert_true(n >= 1);
+    assert_int_equal(a[0].kind, CPS_COLL_SEND);
+    assert_int_equal(a[0].msg.kind, CPS_COLL_DATA);
+    assert_int_equal(a[0].msg.seq, 4);
+    cps__coll_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -694,6 +883,10 @@ int main(void)
         cmocka_unit_test(test_epochs),
         cmocka_unit_test(test_joiner_restart_in_drain),
         cmocka_unit_test(test_joiner_listens_after_view),
+        cmocka_unit_test(test_given_seq_asks_and_keeps),
+        cmocka_unit_test(test_adopted_result_answers_restart),
+        cmocka_unit_test(test_given_seq_helps_skipped),
+        cmocka_unit_test(test_listeners_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -244,8 +244,9 @@ static void a_push_is_written_before_it_is_acknowledged(void **state)
 }
 
 /* Forward before apply: the head of a chain of two puts the FWD right before the update's
- * WRITE (the successor receives while the head writes), and after the WRITE the CHAIN_MARK
- * that says it is applied; it answers nothing (the tail does). */
+ * WRITE (the successor receives while the head writes), and at the end of the loop turn (the
+ * tick) the CHAIN_MARK that says it is applied, header only; it answers nothing (the tail
+ * does). */
 static void the_head_forwards_before_it_writes_and_then_says_it_applied(void **state)
 {
     (void)state;
@@ -267,11 +268,73 @@ static void the_head_forwards_before_it_writes_and_then_says_it_applied(void **s
     assert_int_equal(fwd->hdr.aux, 0); /* sent before its own write: applied up to 0 */
     assert_int_equal(fwd->resend, 0);
     assert_int_equal(item(r, CPS_RO_WRITE, 0)->seq, 1);
-    const cps__replica_out *mark = item(r, CPS_RO_SEND, 1);
+    assert_string_equal(perform(r, &f), "SW");
+    assert_int_equal(cps__replica_wait_ms(r, 10, 1000), 0); /* a MARK waits for the tick */
+    cps__replica_tick(r, 10, 0);
+    const cps__replica_out *mark = item(r, CPS_RO_SEND, 0);
     assert_int_equal(mark->hdr.type, CPS_MSG_CHAIN_MARK);
     assert_int_equal(mark->hdr.aux, CPS_CHAIN_MARK_APPLIED);
     assert_int_equal(mark->hdr.req_seq, 1);
-    assert_string_equal(perform(r, &f), "SWS");
+    assert_int_equal(mark->to, 2);
+    assert_null(mark->msg);
+    assert_string_equal(perform(r, &f), "S");
+    assert_int_equal(cps__replica_wait_ms(r, 10, 1000), 1000);
+    finish(r, &f);
+}
+
+/* Several updates of a range in one loop turn: one CHAIN_MARK at its end, with the highest
+ * seq (the successor applies every FWD it holds up to it). Its counters: three FWDs and one MARK
+ * sent, two MARKs merged. */
+static void a_turn_of_updates_sends_one_mark_per_range_with_the_highest_seq(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    cps__view v;
+    make_view(&v, 3, CPS_MODE_ASYNC, 2, 0);
+    for (uint32_t k = 0; k < 2; k++) {
+        v.ranges[k].chain_len = 2;
+        v.ranges[k].chain[1] = 2;
+    }
+    assert_int_equal(cps__replica_set_view(r, &v, SELF, 1, 0), 0);
+    cps__view_fini(&v);
+    perform(r, &f);
+    for (uint64_t q = 1; q <= 3; q++) {
+        cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 3, q, 0, 1, 2);
+        cps__replica_step(r, &m, 10);
+        assert_string_equal(perform(r, &f), "SW");
+        assert_int_equal(item(r, CPS_RO_WRITE, 0)->seq, q);
+    }
+    cps__replica_tick(r, 10, 0);
+    const cps__replica_out *mark = item(r, CPS_RO_SEND, 0);
+    assert_int_equal(mark->hdr.type, CPS_MSG_CHAIN_MARK);
+    assert_int_equal(mark->hdr.range, 0);
+    assert_int_equal(mark->hdr.req_seq, 3);
+    assert_int_equal(mark->hdr.aux, CPS_CHAIN_MARK_APPLIED);
+    assert_string_equal(perform(r, &f), "S");
+    const cps__replica_counters *c = cps__replica_counts(r);
+    assert_int_equal(c->chain_sends, 4);
+    assert_int_equal(c->marks_sent, 1);
+    assert_int_equal(c->marks_merged, 2);
+    /* The next turn starts afresh: nothing held, nothing sent again. */
+    cps__replica_tick(r, 11, 0);
+    assert_string_equal(perform(r, &f), "");
+    /* A view change sends the held MARK first, under the view it was made in. */
+    cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 3, 4, 0, 1, 2);
+    cps__replica_step(r, &m, 12);
+    perform(r, &f);
+    make_view(&v, 4, CPS_MODE_ASYNC, 2, 0);
+    for (uint32_t k = 0; k < 2; k++) {
+        v.ranges[k].chain_len = 2;
+        v.ranges[k].chain[1] = 2;
+    }
+    assert_int_equal(cps__replica_set_view(r, &v, SELF, 0, 12), 0);
+    cps__view_fini(&v);
+    mark = item(r, CPS_RO_SEND, 0);
+    assert_int_equal(mark->hdr.type, CPS_MSG_CHAIN_MARK);
+    assert_int_equal(mark->hdr.req_seq, 4);
+    assert_int_equal(mark->hdr.epoch, 3);
+    perform(r, &f);
     finish(r, &f);
 }
 
@@ -424,13 +487,13 @@ static void a_retried_push_pull_is_not_answered_before_commit(void **state)
     cps__replica *r = head_of_two(&f);
     cps__replica_msg m = request(&f, CPS_MSG_PUSH_PULL, W1, 3, 1, 1, 1, 2);
     cps__replica_step(r, &m, 10);
-    assert_string_equal(perform(r, &f), "SWS"); /* forwarded, applied, said so; the tail answers */
+    assert_string_equal(perform(r, &f), "SW"); /* forwarded, applied; the tail answers */
     m = request(&f, CPS_MSG_PUSH_PULL, W1, 3, 1, 1, 1, 2); /* the worker's retry */
     cps__replica_step(r, &m, 11);
     assert_string_equal(perform(r, &f), ""); /* a duplicate: waits for seq 1 to commit */
     m = request(&f, CPS_MSG_PUSH, W2, 3, 1, 1, 3, 4);
     cps__replica_step(r, &m, 12);
-    assert_string_equal(perform(r, &f), "SWS"); /* seq 2: the store now holds W2's push */
+    assert_string_equal(perform(r, &f), "SW"); /* seq 2: the store now holds W2's push */
     m = chain_ack(&f, 3, 1);
     cps__replica_step(r, &m, 13);
     /* Seq 1 is committed, but the store holds seq 2, which is not: no answer. */
@@ -453,7 +516,7 @@ static void a_retried_push_pull_is_not_answered_before_commit(void **state)
     /* Committed again: W2's re-sent push is taken. */
     m = request(&f, CPS_MSG_PUSH, W2, 3, 2, 2, 5, 6);
     cps__replica_step(r, &m, 16);
-    assert_string_equal(perform(r, &f), "SWS");
+    assert_string_equal(perform(r, &f), "SW");
     finish(r, &f);
 }
 
@@ -467,9 +530,10 @@ static void a_tick_with_an_earlier_clock_does_not_resend(void **state)
     cps__replica *r = head_of_two(&f);
     cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 3, 1, 1, 1, 2);
     cps__replica_step(r, &m, 1000);
-    assert_string_equal(perform(r, &f), "SWS");
+    assert_string_equal(perform(r, &f), "SW");
     cps__replica_tick(r, 995, 0);
-    assert_string_equal(perform(r, &f), "");
+    assert_int_equal(item(r, CPS_RO_SEND, 0)->hdr.type, CPS_MSG_CHAIN_MARK); /* the turn's MARK */
+    assert_string_equal(perform(r, &f), "S");
     cps__replica_tick(r, 1000 + 60000, 0);
     assert_true(strchr(perform(r, &f), 'S') != NULL); /* unacknowledged: re-sent in time */
     finish(r, &f);
@@ -764,6 +828,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(a_push_is_written_before_it_is_acknowledged),
         cmocka_unit_test(the_head_forwards_before_it_writes_and_then_says_it_applied),
+        cmocka_unit_test(a_turn_of_updates_sends_one_mark_per_range_with_the_highest_seq),
         cmocka_unit_test(an_undeclared_key_becomes_a_skip_answered_with_its_error),
         cmocka_unit_test(a_message_of_a_future_epoch_waits_for_its_view),
         cmocka_unit_test(deferred_requests_are_stepped_after_the_first_view),
