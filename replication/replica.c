@@ -518,7 +518,9 @@ int cps__replica_create(const cps__replica_config *cfg, const cps__replica_env *
     r->env = *env;
     cps__view_init(&r->view);
     /* Our id known: the chain exists before the first view (it answers questions, empty). */
-    if (r->cfg.self && make_chain(r) != 0) {
+    if (cps__fence_create(r->cfg.dead_after_ms, r->cfg.start_ms, &r->fence) != 0 ||
+        (r->cfg.self && make_chain(r) != 0)) {
+        cps__fence_destroy(r->fence);
         free(r);
         return CPS_ENOMEM;
     }
@@ -556,6 +558,7 @@ void cps__replica_destroy(cps__replica *r)
     free(r->scratch);
     free(r->out);
     cps__view_fini(&r->view);
+    cps__fence_destroy(r->fence);
     free(r);
 }
 
@@ -578,11 +581,35 @@ static int first_view(cps__replica *r)
     return rc ? rc : make_chain(r);
 }
 
+static int install_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
+                        uint64_t now);
+
+/* The fence judges (replica_fence.c); let in, the ranges the view does not give us are stale
+ * here, staying in, those it took from us moved: either way dropped (DROP_RANGE). */
+int cps__replica_view(cps__replica *r, const cps__view *v, uint32_t self, uint64_t now)
+{
+    cps__rp_begin(r);
+    now = cps__rp_clock(r, now);
+    int fresh = 0;
+    int verdict = cps__rp_fence_install(r, v, self, &fresh);
+    if (verdict != CPS_RV_INSTALLED)
+        return verdict;
+    int rc = install_view(r, v, self, fresh, now);
+    return rc ? rc : CPS_RV_INSTALLED;
+}
+
 int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
                           uint64_t now)
 {
     cps__rp_begin(r);
     now = cps__rp_clock(r, now);
+    cps__fence_view(r->fence, v->epoch, 1, 1);
+    cps__fence_install(r->fence, v->epoch, 1, 1);
+    return install_view(r, v, self, fresh, now);
+}
+
+static int install_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh, uint64_t now)
+{
     if (!r->chain)
         r->cfg.self = self;
     /* Held acks and MARKs go out under the view they were made in, as if sent at once. */
@@ -652,6 +679,8 @@ int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, in
     return rc;
 }
 
+static void defer(cps__replica *r, rmsg *p);
+
 int cps__replica_step(cps__replica *r, cps__replica_msg *m, uint64_t now)
 {
     cps__rp_begin(r);
@@ -659,6 +688,15 @@ int cps__replica_step(cps__replica *r, cps__replica_msg *m, uint64_t now)
     rmsg *p = take(r, m);
     if (!p)
         return 0;
+    int standing = cps__rp_standing(r, &p->m.hdr, 0, now);
+    if (standing == CPS_FENCE_EARLY) {
+        defer(r, p); /* a worker heard its WELCOME before we heard ours */
+        return 0;
+    }
+    if (standing != CPS_FENCE_SERVE) {
+        cps__rp_rmsg_done(r, p);
+        return 0;
+    }
     uint8_t type = p->m.hdr.type;
     if (type == CPS_MSG_JOIN_RANGE || type == CPS_MSG_SNAP_REQ || type == CPS_MSG_SNAP) {
         /* Never held for a view: the joiner judges an order's epoch itself, and a tail asks
@@ -676,8 +714,12 @@ void cps__replica_defer(cps__replica *r, cps__replica_msg *m)
 {
     cps__rp_begin(r);
     rmsg *p = take(r, m);
-    if (!p)
-        return;
+    if (p)
+        defer(r, p);
+}
+
+static void defer(cps__replica *r, rmsg *p)
+{
     if (r->early.n >= MAX_EARLY || cps__rp_rlist_push(&r->early, p) != 0) {
         cps__rp_say(r, CPS_LOG_WARN, "request before the job started dropped");
         cps__rp_rmsg_done(r, p);

@@ -59,6 +59,7 @@
 
 #include "core/view.h"
 #include "core/wire.h"
+#include "recovery/fence.h"
 #include "replication/chain.h"
 
 typedef struct cps__replica cps__replica;
@@ -109,6 +110,10 @@ typedef struct cps__replica_config {
     uint32_t max_held;    /* messages of a future epoch (or before the first view) kept (1024) */
     uint32_t join_timeout_ms; /* a join without its whole snapshot by then is given up (120000) */
     uint32_t snap_retry_ms;   /* SNAP_REQ is re-sent this often until a chunk comes (1000) */
+    /* The fence (replica_fence.c): the scheduler's failure timeout (0: never unsure of our
+     * standing), and the clock at creation (a stall is measured from it until the first turn). */
+    uint32_t dead_after_ms;
+    uint64_t start_ms;
 } cps__replica_config;
 
 /* One exactly-once record a WRITE stores: dedup id (a worker, with CPS_DEDUP_SPARSE_BIT or
@@ -128,6 +133,15 @@ enum {
     CPS_RO_SNAPSHOT,
     CPS_RO_JOIN_CLEAR,
     CPS_RO_JOIN_INSTALL
+};
+
+/* What a view means for us (cps__replica_view_news, cps__replica_view). */
+enum {
+    CPS_RV_DONE = 0,  /* nothing more to do with it: older, confirming our standing, or ignored */
+    CPS_RV_NEWER,     /* news: newer, install it (cps__replica_view) */
+    CPS_RV_LET_IN,    /* news: newer, and it lets us in: check the job and take our id first */
+    CPS_RV_INSTALLED, /* view: installed; the shell keeps its copy and performs the ready list */
+    CPS_RV_FENCED     /* view: it counts us dead: the shell rejoins as a fresh replica */
 };
 
 /* Log levels of LOG items: those of core/log.h. */
@@ -188,19 +202,24 @@ int cps__replica_create(const cps__replica_config *cfg, const cps__replica_env *
 /* Frees everything, releasing every message still held. NULL is a no-op. */
 void cps__replica_destroy(cps__replica *r);
 
-/* Install a view (copied); `self` is our node id in it (the first view's counts for the
- * replica's life). `fresh`: we were just let in (started, or rejoining after a fence):
- * ranges whose chain does not name us are stale here and dropped; otherwise ranges whose chain
- * named us and no longer does are dropped (moved), if the range count is the same. Held acks go
- * out first, under the view they were made in; messages held for this epoch are queued for
- * cps__replica_next. Errors: CPS_ENOMEM, CPS_EINVAL (range count changed under a chain). */
+/* Install a view (copied) known to count us in, bypassing the fence's judgement (which it
+ * brings along: joined at the view's epoch); the shell uses cps__replica_view instead. `self` is
+ * our node id in it (the first view's counts for the replica's life). `fresh`: we were just let in
+ * (started, or rejoining after a fence): ranges whose chain does not name us are stale here and
+ * dropped; otherwise ranges whose chain named us and no longer does are dropped (moved), if the
+ * range count is the same. Held acks go out first, under the view they were made in; messages held
+ * for this epoch are queued for cps__replica_next. Errors: CPS_ENOMEM, CPS_EINVAL (range count
+ * changed under a chain). */
 int cps__replica_set_view(cps__replica *r, const cps__view *v, uint32_t self, int fresh,
                           uint64_t now);
 
 /* A request or chain message (DECLARE, PUSH, PUSH_PULL, PULL, FWD, CHAIN_ACK, CHAIN_MARK) from
- * a peer, taken. One of a newer epoch than our view is held until the view comes (ASK_VIEW).
- * Also state transfer's messages (JOIN_RANGE from the scheduler, SNAP_REQ, SNAP chunks), never
- * held. Returns 0 (what became of it is in the ready list). */
+ * a peer, taken. Our standing admits it first (replica_fence.c): a stall measured now makes us
+ * unsure; dropped if not joined, fenced or unsure (or, a JOIN_RANGE, not from the scheduler); a
+ * request before we are let in is held as by cps__replica_defer. One of a newer epoch than our
+ * view is held until the view comes (ASK_VIEW). Also state transfer's messages (JOIN_RANGE from
+ * the scheduler, SNAP_REQ, SNAP chunks), never held. Returns 0 (what became of it is in the
+ * ready list). */
 int cps__replica_step(cps__replica *r, cps__replica_msg *m, uint64_t now);
 /* A request that came before our first view: held, taken, stepped once a view is installed. */
 void cps__replica_defer(cps__replica *r, cps__replica_msg *m);
@@ -245,5 +264,30 @@ const cps__chain *cps__replica_chain(const cps__replica *r);
 const cps__replica_counters *cps__replica_counts(const cps__replica *r);
 /* Number of messages held (future epoch or deferred). */
 uint32_t cps__replica_held(const cps__replica *r);
+
+/* Our standing (replica_fence.c): the replica owns the recovery/fence.h machine, asks it before
+ * it serves a message (cps__replica_step, cps__replica_admit), when the loop turns and when a
+ * view comes; the shell only performs the ready list, and rejoins (a new replica) when fenced. */
+/* A message the shell serves itself (WELCOME, VIEW, SHUTDOWN, CUT_*, PUT, CHECKSUM, ERROR, ACK):
+ * may it? `our_welcome`: a WELCOME that answers this incarnation's HELLO. A stall measured now
+ * makes us unsure first (LOG, ASK_VIEW items). Returns a CPS_FENCE_* admission verdict; anything
+ * but CPS_FENCE_SERVE: drop it (CPS_FENCE_EARLY never comes for these types). */
+int cps__replica_admit(cps__replica *r, const cps__msg_hdr *h, int our_welcome, uint64_t now);
+/* The event loop turned at `now`: a stall since the last turn makes us unsure (LOG, ASK_VIEW),
+ * and an unanswered question is asked again. Returns 0. */
+int cps__replica_turned(cps__replica *r, uint64_t now);
+/* A view `v` came (a WELCOME when `welcome`); `self`: our node id so far. A CPS_RV_* verdict:
+ * DONE (the ready list may hold a LOG), NEWER or LET_IN (then cps__replica_view). */
+int cps__replica_view_news(cps__replica *r, const cps__view *v, uint32_t self, int welcome);
+/* Install `v` (after cps__replica_view_news said so), `self` our node id in it: CPS_RV_DONE
+ * (ignored: fenced already), CPS_RV_FENCED (the view counts us dead: nothing installed), or
+ * CPS_RV_INSTALLED, the ready list saying what to perform (LOG, DROP_RANGE of the ranges the view
+ * took, or, let in, of those it does not give us; released messages follow with
+ * cps__replica_next). Errors: as cps__replica_set_view (the shell must leave: the fence says we
+ * are in, the replica has not installed the view). */
+int cps__replica_view(cps__replica *r, const cps__view *v, uint32_t self, uint64_t now);
+/* The fence, read-only, for the shell's questions (cps__fence_joined, _unsure, _fenced,
+ * _beating, _dropped); valid for the replica's life. */
+const cps__fence *cps__replica_fence(const cps__replica *r);
 
 #endif

@@ -54,6 +54,8 @@ struct cps__replica {
      * range: the latest covers the earlier ones. */
     struct held_mark *marks;
     uint32_t nmarks, marks_held;
+    /* Our standing (replica_fence.c). */
+    cps__fence *fence;
 };
 
 #define MAX_EARLY 4096
@@ -111,5 +113,13 @@ void cps__rp_flush_marks(cps__replica *r);
 void cps__rp_on_transfer(cps__replica *r, rmsg *p, uint64_t now);
 /* The joiner learns of the view just installed (created at the first). */
 int cps__rp_joiner_view(cps__replica *r, uint64_t now);
+
+/* ---- replica_fence.c ---- */
+/* What our standing does with a message, a stall measured at `now` first (CPS_FENCE_*). */
+int cps__rp_standing(cps__replica *r, const cps__msg_hdr *h, int our_welcome, uint64_t now);
+/* What the fence makes of a view the news said to install: CPS_RV_FENCED, CPS_RV_DONE
+ * (ignored), or CPS_RV_INSTALLED with *fresh (let in: the first view since we (re)started); the
+ * LOG line said. The caller installs it. */
+int cps__rp_fence_install(cps__replica *r, const cps__view *v, uint32_t self, int *fresh);
 
 #endif

@@ -53,6 +53,9 @@ enum {
 
 static int check_job(cps__server *s, uint64_t job);
 
+/* A WELCOME or VIEW from the scheduler: decoded here, judged by the replica (replica_fence.c),
+ * which says whether it lets us in (then the job is checked and our id taken from the welcome),
+ * and installs it; the transport learns the view's peers. */
 static void install_view(cps__server *s, const cps__rx *rx, int welcome)
 {
     cps__view v;
@@ -64,25 +67,19 @@ static void install_view(cps__server *s, const cps__rx *rx, int welcome)
         cps__view_fini(&v);
         return;
     }
-    const cps__node_info *me = cps__view_node(&v, s->id);
-    int verdict = cps__fence_view(s->fence, v.epoch, me != NULL, me && me->alive);
-    if (verdict != CPS_FENCE_V_NEWER) {
-        if (verdict == CPS_FENCE_V_CONFIRMED)
-            cps__log(CPS_LOG_INFO, "server",
-                     "the scheduler still counts us in (epoch %llu): serving again; %llu "
-                     "messages that came while we were unsure were dropped unanswered",
-                     (unsigned long long)v.epoch, (unsigned long long)cps__fence_dropped(s->fence));
+    int news = cps__replica_view_news(s->replica, &v, s->id, welcome);
+    cps__server_perform(s);
+    if (news == CPS_RV_DONE) {
         cps__view_fini(&v);
         return;
     }
-    int joined = cps__fence_joined(s->fence);
-    if ((welcome || !joined) && (rc = check_job(s, rx->hdr.aux)) != 0) {
-        s->refused = rc;
-        s->shutdown = 1;
-        cps__view_fini(&v);
-        return;
-    }
-    if (welcome || !joined) {
+    if (news == CPS_RV_LET_IN) {
+        if ((rc = check_job(s, rx->hdr.aux)) != 0) {
+            s->refused = rc;
+            s->shutdown = 1;
+            cps__view_fini(&v);
+            return;
+        }
         s->id = rx->hdr.req_worker;
         const cps__node_info *me = cps__view_node(&v, s->id);
         if (!me || me->role != CPS_ROLE_SERVER) {
@@ -110,46 +107,9 @@ static void install_view(cps__server *s, const cps__rx *rx, int welcome)
             cps__log(CPS_LOG_WARN, "server", "cannot reach node %u at %s: %s", v.nodes[i].id,
                      v.nodes[i].addr, cps_strerror(rc));
     }
-    const cps__node_info *self = cps__view_node(&v, s->id);
-    verdict = cps__fence_install(s->fence, v.epoch, self != NULL, self && self->alive);
-    if (verdict == CPS_FENCE_V_FENCED || verdict == CPS_FENCE_V_IGNORE) {
-        /* Fenced (recovery/fence.h): the loop drops our chain state and rejoins. */
-        if (verdict == CPS_FENCE_V_FENCED)
-            cps__log(CPS_LOG_WARN, "server",
-                     "declared dead by the scheduler (view epoch %llu): "
-                     "fenced; dropping our chain state and rejoining as a fresh replica",
-                     (unsigned long long)v.epoch);
-        cps__view_fini(&v);
-        return;
-    }
-    cps__view_fini(&s->view);
-    s->view = v;
-    if (verdict == CPS_FENCE_V_JOINED) {
-        uint32_t head = 0, mid = 0, tail = 0;
-        for (uint32_t r = 0; r < v.nranges; r++) {
-            const cps__range *rg = &v.ranges[r];
-            for (uint32_t j = 0; j < rg->chain_len; j++) {
-                if (rg->chain[j] != s->id)
-                    continue;
-                if (j == 0)
-                    head++;
-                else if (j + 1 == rg->chain_len)
-                    tail++;
-                else
-                    mid++;
-            }
-        }
-        cps__log(CPS_LOG_INFO, "server",
-                 "joined as node %u (rank %u), view epoch %llu: head of %u, "
-                 "middle of %u, tail of %u of %u ranges (%u replicas)",
-                 s->id, s->rank, (unsigned long long)v.epoch, head, mid, tail, v.nranges,
-                 v.replicas);
-    } else {
-        cps__log(CPS_LOG_INFO, "server", "view epoch %llu installed", (unsigned long long)v.epoch);
-    }
-    /* The replica drops the ranges the view took from us (or, let in, those it does not give
-     * us), tells its joiner (a join may end), and releases the messages held for this view. */
-    cps__server_view_changed(s, verdict == CPS_FENCE_V_JOINED);
+    /* Fenced, the loop drops our chain state and rejoins (cps__fence_fenced). */
+    cps__server_view_changed(s, &v);
+    cps__view_fini(&v); /* empty once installed */
     cps__server_run_held(s);
 }
 
@@ -196,23 +156,6 @@ static void handle_checksum(cps__server *s, const cps__rx *rx)
     cps__msg_send(s->tp, peer, &h, NULL, 0);
 }
 
-/* We did not run for longer than the failure timeout (SIGSTOP, a VM pause, a starved CPU): the
- * scheduler may have declared us dead and moved our chains on. recovery/fence.c decides; we serve
- * nothing until it tells us we are still in. `turned`: the loop turns now (else a message). */
-static void check_stall(cps__server *s, uint64_t now, int turned)
-{
-    uint64_t stalled = cps__fence_stalled_ms(s->fence, now);
-    int verdict = turned ? cps__fence_turned(s->fence, now) : cps__fence_check(s->fence, now);
-    if (verdict == CPS_FENCE_CALM)
-        return;
-    if (verdict == CPS_FENCE_STALLED)
-        cps__log(CPS_LOG_WARN, "server",
-                 "did not run for %llu ms (more than the %u ms failure timeout): asking the "
-                 "scheduler whether we are still in before serving anything",
-                 (unsigned long long)stalled, s->cfg.dead_after_ms);
-    cps__server_ask_view(s);
-}
-
 /* An ERROR or ACK that may answer our DRAIN (replication/standing.h decides). Returns 1 if it
  * did. */
 static int on_drain_answer(cps__server *s, const cps__rx *rx)
@@ -239,7 +182,6 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     cps__rx rx;
     s->stats.msgs_in++;
     uint64_t rx_ms = cps__now_ms();
-    check_stall(s, rx_ms, 0);
     int rc = cps__rx_parse(&rx, buf, len);
     if (rc != 0) {
         s->stats.msgs_bad++;
@@ -267,18 +209,25 @@ static void handle_msg(void *ctx, void *buf, size_t len)
         cps__rx_free(&rx);
         return;
     }
-    /* What our standing lets through (recovery/fence.h). */
-    int origin = rx.hdr.sender != SCHED_PEER ? CPS_FENCE_FROM_PEER
-                 : rx.hdr.type == CPS_MSG_WELCOME && rx.hdr.req_seq == s->boot_id
-                     ? CPS_FENCE_OUR_WELCOME
-                     : CPS_FENCE_FROM_SCHED;
-    int admit = cps__fence_admit(s->fence, rx.hdr.type, origin);
-    if (admit == CPS_FENCE_EARLY) {
-        /* A worker heard its WELCOME before we heard ours: the replica holds the request. */
-        cps__server_defer(s, &rx);
-        return;
+    /* The replica's messages: it admits them itself (replica_fence.c). */
+    switch (rx.hdr.type) {
+    case CPS_MSG_FWD:
+    case CPS_MSG_CHAIN_ACK:
+    case CPS_MSG_CHAIN_MARK:
+    case CPS_MSG_DECLARE:
+    case CPS_MSG_PUSH:
+    case CPS_MSG_PUSH_PULL:
+    case CPS_MSG_PULL:
+    case CPS_MSG_JOIN_RANGE:
+    case CPS_MSG_SNAP_REQ:
+    case CPS_MSG_SNAP:
+        cps__server_take(s, &rx);
+        return; /* the replica took rx */
+    default:
+        break;
     }
-    if (admit != CPS_FENCE_SERVE) {
+    if (!cps__server_admit(s, &rx.hdr,
+                           rx.hdr.type == CPS_MSG_WELCOME && rx.hdr.req_seq == s->boot_id, rx_ms)) {
         cps__rx_free(&rx);
         return;
     }
@@ -311,18 +260,6 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     case CPS_MSG_PUT:
         cps__server_on_put(s, &rx);
         return; /* taken */
-    case CPS_MSG_FWD:
-    case CPS_MSG_CHAIN_ACK:
-    case CPS_MSG_CHAIN_MARK:
-    case CPS_MSG_DECLARE:
-    case CPS_MSG_PUSH:
-    case CPS_MSG_PUSH_PULL:
-    case CPS_MSG_PULL:
-    case CPS_MSG_JOIN_RANGE:
-    case CPS_MSG_SNAP_REQ:
-    case CPS_MSG_SNAP:
-        cps__server_take(s, &rx);
-        return; /* the replica took rx */
     default:
         s->stats.msgs_bad++;
         cps__log(CPS_LOG_WARN, "server", "unexpected message type %u from node %u dropped",
@@ -346,7 +283,6 @@ static void rejoin(cps__server *s)
         s->poisoned = 1; /* no memory for a fresh replica: leave */
     cps__view_fini(&s->view);
     cps__view_init(&s->view);
-    cps__fence_rejoin(s->fence, cps__now_ms());
     /* A fresh replica is a new incarnation: a late WELCOME of the old one must not let it in. */
     s->boot_id = cps__splitmix64(s->boot_id ^ cps__now_ms()) | 1;
 }
@@ -795,7 +731,7 @@ static int before_sleep(cps__loop *l, void *ctx, uint64_t now)
         if (rc != 0)
             return rc;
     }
-    check_stall(s, now, 1);
+    cps__server_turned(s, now);
     beat_publish(s, now);
     if (cps__fence_joined(s->fence)) {
         if (s->saved_id != s->id) {
@@ -895,9 +831,6 @@ int cps__server_run(const cps__config *cfg)
     snprintf(s.sched_url, sizeof s.sched_url, "%s", url);
     snprintf(s.addr, sizeof s.addr, "%s", addr);
     s.saved_id = prev.id;
-    rc = cps__fence_create(cfg->dead_after_ms, cps__now_ms(), &s.fence);
-    if (rc != 0)
-        goto out;
     s.after_apply = cps__server_cuts_after_apply;
     rc = cps__server_replica_new(&s);
     if (rc == 0)
@@ -938,7 +871,6 @@ out:
     cps__loop_destroy(s.loop);
     s.loop = NULL;
     cps__heartbeat_stop(s.beat);
-    cps__fence_destroy(s.fence);
     cps__server_reap_snapshots(&s, 1);
     cps__server_cuts_tick(&s, cps__now_ms(), 1);
     cps__server_data_fini(&s);

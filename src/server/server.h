@@ -24,11 +24,14 @@
 int cps__server_replica_new(cps__server *s);
 /* A request or chain message from a peer (takes rx). */
 void cps__server_take(cps__server *s, cps__rx *rx);
-/* A request that came before our own WELCOME: held by the replica until the first view (takes
- * rx). */
-void cps__server_defer(cps__server *s, cps__rx *rx);
-/* s->view was installed: the replica follows (fresh: we were just let in). */
-void cps__server_view_changed(cps__server *s, int fresh);
+/* A view the replica said to install (cps__replica_view_news): the replica decides (fenced,
+ * installed: then it becomes s->view, *v left empty) and the ready list is performed. */
+void cps__server_view_changed(cps__server *s, cps__view *v);
+/* A message the shell serves itself: 1 if our standing lets it through (the replica's
+ * cps__replica_admit; its ready list performed). `our_welcome`: a WELCOME answering our HELLO. */
+int cps__server_admit(cps__server *s, const cps__msg_hdr *h, int our_welcome, uint64_t now);
+/* The event loop turned: the replica measures stalls (cps__replica_turned). */
+void cps__server_turned(cps__server *s, uint64_t now);
 /* Step the messages the last view released (held for its epoch, or deferred). */
 void cps__server_run_held(cps__server *s);
 /* Perform the replica's ready list (after any call into it). */

@@ -42,7 +42,8 @@ typedef struct cps__server {
     uint32_t id;
     uint32_t rank;
     cps__view view;
-    cps__fence *fence; /* our standing: joined, unsure, fenced (recovery/fence.h) */
+    const cps__fence *fence; /* our standing, the replica's (cps__replica_fence); re-pointed
+                                when the replica is re-created (a new one: not joined) */
     int shutdown;
     /* SIGTERM: we asked the scheduler to drain us (1), it accepted (2); see on_before_sleep. */
     int drain;

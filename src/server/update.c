@@ -169,10 +169,18 @@ int cps__server_replica_new(cps__server *s)
         s,       env_range_seq, env_dedup,    env_agg_step, env_check_keys, env_scan_dedup,
         env_add, env_release,   env_msg_alloc};
     /* Our id comes with the first view (a rejoin may be given another). */
-    cps__replica_config cfg = {.self = 0, .resend_ms = 200, .max_unacked = 1024};
+    cps__replica_config cfg = {.self = 0,
+                               .resend_ms = 200,
+                               .max_unacked = 1024,
+                               .dead_after_ms = s->cfg.dead_after_ms,
+                               .start_ms = cps__now_ms()};
     cps__replica_destroy(s->replica);
     s->replica = NULL;
-    return cps__replica_create(&cfg, &env, &s->replica);
+    s->fence = NULL;
+    int rc = cps__replica_create(&cfg, &env, &s->replica);
+    if (rc == 0)
+        s->fence = cps__replica_fence(s->replica); /* a new one: a fresh replica is not joined */
+    return rc;
 }
 
 /* ---- REPLY ---- */
@@ -609,19 +617,28 @@ void cps__server_take(cps__server *s, cps__rx *rx)
     cps__server_perform(s);
 }
 
-void cps__server_defer(cps__server *s, cps__rx *rx)
+int cps__server_admit(cps__server *s, const cps__msg_hdr *h, int our_welcome, uint64_t now)
 {
-    cps__replica_msg m;
-    if (prepare(s, rx, &m) != 0)
-        return;
-    cps__replica_defer(s->replica, &m);
+    int verdict = cps__replica_admit(s->replica, h, our_welcome, now);
+    cps__server_perform(s);
+    return verdict == CPS_FENCE_SERVE;
+}
+
+void cps__server_turned(cps__server *s, uint64_t now)
+{
+    cps__replica_turned(s->replica, now);
     cps__server_perform(s);
 }
 
-void cps__server_view_changed(cps__server *s, int fresh)
+void cps__server_view_changed(cps__server *s, cps__view *v)
 {
-    int rc = cps__replica_set_view(s->replica, &s->view, s->id, fresh, cps__now_ms());
-    if (rc != 0) {
+    int rc = cps__replica_view(s->replica, v, s->id, cps__now_ms());
+    if (rc == CPS_RV_INSTALLED) {
+        cps__view_fini(&s->view);
+        s->view = *v; /* ours now */
+        cps__view_init(v);
+    }
+    if (rc < 0) {
         /* The shell installed the view and the replica did not: serving under two views would
          * answer from the wrong chain. Leave, as on a failed rejoin. */
         cps__log(CPS_LOG_ERROR, "server", "view change failed: %s; leaving", cps_strerror(rc));

@@ -9,7 +9,6 @@
 #include "core/config.h"
 #include "core/view.h"
 #include "recovery/coordinator.h"
-#include "recovery/fence.h"
 #include "recovery/joiner.h"
 #include "recovery/session.h"
 #include "replication/chain.h"
@@ -250,8 +249,7 @@ typedef struct sim_server {
      * it, see sim_old_disk_back). */
     sim_rstore *old_rs;
     int disk_back;
-    cps__fence *fence; /* our standing: joined, unsure, fenced (recovery/fence.c) */
-    uint8_t *copying;  /* per range: holds a snapshot, not yet a member */
+    uint8_t *copying; /* per range: holds a snapshot, not yet a member */
 } sim_server;
 
 /* One request of the application (an operation with one part): the worker's session

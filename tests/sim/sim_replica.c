@@ -1,8 +1,8 @@
 /* The simulator's servers: each runs the production replica (replication/replica.h), built as
  * the server process builds it, over the sim's in-memory store (check.c), network and clock.
  * What is left here is a shell, as the server's is: receive, step, perform the ready list
- * (state transfer's too: the replica runs recovery/joiner.c); plus the standing
- * (recovery/fence.c), as the server runs it.
+ * (state transfer's and the standing's too: the replica runs recovery/joiner.c and
+ * recovery/fence.c).
  *
  * A request's payload is a kv payload of one key (the range's first key; its second names a key
  * never declared, which the head must refuse) and one value, so the replica decodes, checks,
@@ -17,7 +17,6 @@
 
 #include "chainps/error.h"
 #include "core/log.h"
-#include "recovery/fence.h"
 #include "replication/replica.h"
 
 #include "sim.h"
@@ -88,7 +87,9 @@ static void replica_new(sim *sm, sim_server *s)
                                .resend_ms = sm->p.resend_ms,
                                .max_unacked = sm->p.max_unacked,
                                .join_timeout_ms = SIM_JOIN_TIMEOUT_MS,
-                               .snap_retry_ms = SIM_SNAP_RETRY_MS};
+                               .snap_retry_ms = SIM_SNAP_RETRY_MS,
+                               .dead_after_ms = SIM_DEAD_AFTER_MS,
+                               .start_ms = sm->now};
     if (cps__replica_create(&cfg, &env, &s->rep) != 0) {
         fprintf(stderr, "sim: cps__replica_create failed\n");
         exit(2);
@@ -413,9 +414,9 @@ static void run_held(sim *sm, sim_server *s)
 
 void sim_server_reset(sim *sm, sim_server *s)
 {
+    /* A new replica, so a new fence (not joined); no joins: they went with the replica (the
+     * process, or the fenced state). */
     replica_new(sm, s);
-    /* no joins: they went with the replica (the process, or the fenced state) */
-    cps__fence_rejoin(s->fence, sm->now);
     memset(s->copying, 0, sm->nranges * sizeof *s->copying);
     s->epoch = 0;
     s->view = NULL;
@@ -436,15 +437,10 @@ void sim_server_start(sim *sm, sim_server *s, const cps__view *v)
     s->rs = sim_xcalloc(sm->nranges, sizeof *s->rs);
     s->copying = sim_xcalloc(sm->nranges, sizeof *s->copying);
     replica_new(sm, s);
-    if (cps__fence_create(SIM_DEAD_AFTER_MS, 0, &s->fence) != 0 ||
-        cps__fence_view(s->fence, 1, 1, 1) != CPS_FENCE_V_NEWER ||
-        cps__fence_install(s->fence, 1, 1, 1) != CPS_FENCE_V_JOINED) {
-        fprintf(stderr, "sim: cps__fence_create failed\n");
-        exit(2);
-    }
     s->ticking = 1;
-    s->epoch = 1;
+    s->epoch = v->epoch; /* the replica (and its fence) install v as it is */
     s->view = v;
+    /* The job's first view, known to count every server in: the fence joins with it. */
     cps__replica_set_view(s->rep, v, s->id, 1, 0);
     perform(sm, s);
 }
@@ -456,49 +452,35 @@ void sim_server_free(sim *sm, sim_server *s)
     s->rep = NULL;
     s->chain = NULL;
     free(s->parked);
-    cps__fence_destroy(s->fence);
     free(s->copying);
 }
 
-/* The server did not run for longer than the failure timeout (paused):
- * it serves nothing until a view says it is still in, and asks for one (again while no answer
- * comes). `turned`: its loop turns now (a tick), else a message arrives. */
-static void check_stall(sim *sm, sim_server *s, int turned)
-{
-    int v = turned ? cps__fence_turned(s->fence, sm->now) : cps__fence_check(s->fence, sm->now);
-    if (v == CPS_FENCE_CALM)
-        return;
-    if (v == CPS_FENCE_STALLED)
-        sim_trace(sm, "s%u stalled: unsure of its standing, asks for the view", s->id);
-    ask_view(sm, s);
-}
-
-/* A view: recovery/fence.c decides, the replica follows it. */
+/* A view: the replica decides (replica_fence.c: confirmed, newer, fenced) and installs it. */
 static void take_view(sim *sm, sim_server *s, uint64_t epoch)
 {
-    const cps__node_info *me = cps__view_node(&sm->views[epoch], s->id);
-    int verdict = cps__fence_view(s->fence, epoch, me != NULL, me && me->alive);
-    if (verdict == CPS_FENCE_V_CONFIRMED)
-        sim_trace(sm, "s%u still in at e%" PRIu64 ": serving again (%" PRIu64 " dropped)", s->id,
-                  epoch, cps__fence_dropped(s->fence));
-    if (verdict != CPS_FENCE_V_NEWER)
+    const cps__view *v = &sm->views[epoch];
+    int verdict = cps__replica_view_news(s->rep, v, s->id, 0);
+    perform(sm, s);
+    if (verdict == CPS_RV_DONE || s->state == SRV_CRASHED)
         return;
-    verdict = cps__fence_install(s->fence, epoch, me != NULL, me && me->alive);
-    if (verdict == CPS_FENCE_V_FENCED) {
+    verdict = cps__replica_view(s->rep, v, s->id, sm->now);
+    if (verdict == CPS_RV_FENCED) {
         /* Declared dead (paused, partitioned, slow): drop the chain state and rejoin as a fresh
          * replica (the server does it at its loop's next turn, serving nothing meanwhile); the
          * store stays, cleared range by range when joining. */
+        perform(sm, s);
         sim_trace(sm, "s%u fenced by view e%" PRIu64 ": rejoins", s->id, epoch);
         sm->rejoins++;
         sim_server_reset(sm, s);
         return;
     }
-    if (verdict == CPS_FENCE_V_IGNORE)
+    if (verdict != CPS_RV_INSTALLED) {
+        perform(sm, s);
         return;
+    }
     s->epoch = epoch;
-    s->view = &sm->views[epoch];
+    s->view = v;
     sim_trace(sm, "s%u installs view e%" PRIu64, s->id, epoch);
-    cps__replica_set_view(s->rep, s->view, s->id, verdict == CPS_FENCE_V_JOINED, sm->now);
     perform(sm, s);
     if (s->state == SRV_CRASHED)
         return;
@@ -565,8 +547,9 @@ static void step_data(sim *sm, sim_server *s, const cps__msg_hdr *h, const uint8
     for (size_t i = 0; i < n; i++)
         answered |= out[i].kind == CPS_RO_REPLY && out[i].to == h->sender &&
                     out[i].req.req_seq == h->req_seq;
+    /* Unsure of its standing now, the replica dropped the pull unanswered: not parked. */
     if (h->type == CPS_MSG_PULL && sm->p.mode == SIM_SSP && !answered &&
-        cps__replica_held(s->rep) == held) {
+        cps__replica_held(s->rep) == held && !cps__fence_unsure(cps__replica_fence(s->rep))) {
         if (s->nparked == s->parked_cap) {
             s->parked_cap = s->parked_cap ? 2 * s->parked_cap : 16;
             s->parked = realloc(s->parked, s->parked_cap * sizeof *s->parked);
@@ -593,14 +576,15 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
     const uint8_t *pl = m->buf + CPS_WIRE_HDR_SIZE;
     sim_trace(sm, "s%u(e%" PRIu64 ") <- %u %s r%u seq %" PRIx64 " e%" PRIu64, s->id, s->epoch,
               m->from, sim_msg_name(h.type), h.range, h.req_seq, h.epoch);
-    /* The origin of a message: our own WELCOME names our incarnation (the sim's in aux). */
-    int origin = m->from != 0                                    ? CPS_FENCE_FROM_PEER
-                 : h.type == CPS_MSG_WELCOME && h.aux == s->boot ? CPS_FENCE_OUR_WELCOME
-                                                                 : CPS_FENCE_FROM_SCHED;
+    /* Our own WELCOME names our incarnation (the sim's in aux). */
+    int ours = h.type == CPS_MSG_WELCOME && h.aux == s->boot;
     if (s->state == SRV_HELLO) {
-        /* Not let in yet: recovery/fence.c lets only our WELCOME in. */
-        int ok = (h.type == CPS_MSG_WELCOME || h.type == CPS_MSG_VIEW) &&
-                 cps__fence_admit(s->fence, h.type, origin) == CPS_FENCE_SERVE;
+        /* Not let in yet: the replica's fence lets only our WELCOME in. */
+        int ok = h.type == CPS_MSG_WELCOME || h.type == CPS_MSG_VIEW;
+        if (ok) {
+            ok = cps__replica_admit(s->rep, &h, ours, sm->now) == CPS_FENCE_SERVE;
+            perform(sm, s);
+        }
         if (!ok) {
             if (m->from == 0 && h.type == CPS_MSG_VIEW && h.epoch > s->seen_view)
                 s->seen_view = h.epoch; /* installed once let in, if newer than the welcome */
@@ -618,19 +602,23 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
             take_view(sm, s, s->seen_view);
         return;
     }
-    /* A stall first (a pause the scheduler may have declared us dead
-     * in), then what our standing lets through (recovery/fence.c). */
-    check_stall(sm, s, 0);
-    if (cps__fence_admit(s->fence, h.type, origin) != CPS_FENCE_SERVE) {
-        sim_trace(sm, "s%u drops %s: %s", s->id, sim_msg_name(h.type),
-                  cps__fence_unsure(s->fence) ? "unsure of its standing" : "not for it now");
-        return;
-    }
+    /* The replica admits what it steps itself; a view, the replica's admission first (a stall
+     * the scheduler may have declared us dead in, then what our standing lets through). */
     switch (h.type) {
     case CPS_MSG_VIEW:
-    case CPS_MSG_WELCOME:
-        take_view(sm, s, h.epoch);
+    case CPS_MSG_WELCOME: {
+        int verdict = cps__replica_admit(s->rep, &h, ours, sm->now);
+        perform(sm, s);
+        if (verdict != CPS_FENCE_SERVE) {
+            sim_trace(sm, "s%u drops %s: %s", s->id, sim_msg_name(h.type),
+                      cps__fence_unsure(cps__replica_fence(s->rep)) ? "unsure of its standing"
+                                                                    : "not for it now");
+            break;
+        }
+        if (s->state != SRV_CRASHED)
+            take_view(sm, s, h.epoch);
         break;
+    }
     case CPS_MSG_FWD:
     case CPS_MSG_CHAIN_ACK:
     case CPS_MSG_CHAIN_MARK:
@@ -640,11 +628,8 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
     case CPS_MSG_PULL:
     case CPS_MSG_SNAP_REQ:
     case CPS_MSG_SNAP:
-        step_data(sm, s, &h, pl);
-        break;
     case CPS_MSG_JOIN_RANGE:
-        if (m->from == 0)
-            step_data(sm, s, &h, pl);
+        step_data(sm, s, &h, pl);
         break;
     default:
         sim_fail(sm, "wire", "server %u got unexpected message type %u", s->id, h.type);
@@ -655,7 +640,10 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
  * tick), joins, heartbeats. */
 void sim_server_tick(sim *sm, sim_server *s)
 {
-    check_stall(sm, s, 1);
+    cps__replica_turned(s->rep, sm->now);
+    perform(sm, s);
+    if (sm->failed || s->state == SRV_CRASHED)
+        return;
     cps__replica_tick(s->rep, sm->now, 0);
     perform(sm, s);
     if (!sm->failed && s->state != SRV_CRASHED) {
