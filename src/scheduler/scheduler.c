@@ -206,8 +206,13 @@ static void perform_one(cps__sched *s, const cps__coord_out *o, const cps__coord
         break;
     case CPS_CO_TO_ADDR: {
         uint32_t tmp = cps__temp_peer_add(&s->temps, s->tp, a->addr, cps__now_ms());
-        if (!tmp)
+        if (!tmp) {
+            cps__log(CPS_LOG_WARN, "scheduler",
+                     "cannot answer %s: no temporary peer for it now (unreachable, or %d others "
+                     "still lingering)",
+                     a->addr, CPS_TEMP_PEERS);
             break;
+        }
         h.sender = tmp;
         if (a->code)
             cps__msg_reply_error(s->tp, SCHED_ID, cps__coord_epoch(s->co), &h, a->code, a->text);
