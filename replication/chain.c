@@ -441,12 +441,7 @@ static int drain_ahead(cps__chain *c, uint32_t r, int pos, uint64_t now)
         rc = apply_fwd(c, r, e->seq, &u, pos, now);
         cps__chain_release_ahead(c, e);
     }
-    if (done) {
-        memmove(rs->ahead, rs->ahead + done, (rs->nahead - done) * sizeof *rs->ahead);
-        rs->nahead -= done;
-    }
-    if (rs->nahead && rs->ahead[0].seq != rs->applied + 1)
-        cps__chain_drop_ahead(c, rs); /* out of step: the predecessor re-sends what we lack */
+    cps__chain_ahead_consumed(c, rs, done);
     return rc;
 }
 

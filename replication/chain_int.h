@@ -141,6 +141,9 @@ int cps__chain_hold_ahead(cps__chain *c, range_st *rs, uint64_t seq, const void 
                           size_t len, void *owner, int *kept);
 /* Let go of one such FWD: its copy, or its owner back to the caller. */
 void cps__chain_release_ahead(cps__chain *c, ahead_entry *e);
+/* The first `done` FWDs held ahead were applied (and released): take them out. If the next one
+ * does not follow what is applied, drop them all: the sender re-sends what we lack. */
+void cps__chain_ahead_consumed(cps__chain *c, range_st *rs, uint32_t done);
 /* Drop every piece of state kept for a range. */
 void cps__chain_forget_range(cps__chain *c, range_st *rs);
 /* The cached exactly-once number of `worker` on r (loaded from the store on first use). */

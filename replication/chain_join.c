@@ -100,12 +100,7 @@ static int replay_held(cps__chain *c, uint32_t r)
         rs->applied = rs->committed = e->seq;
         cps__chain_release_ahead(c, e);
     }
-    if (done) {
-        memmove(rs->ahead, rs->ahead + done, (rs->nahead - done) * sizeof *rs->ahead);
-        rs->nahead -= done;
-    }
-    if (rs->nahead && rs->ahead[0].seq != rs->applied + 1)
-        cps__chain_drop_ahead(c, rs); /* out of step: the source re-sends what we lack */
+    cps__chain_ahead_consumed(c, rs, done);
     return rc;
 }
 

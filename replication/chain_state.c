@@ -145,6 +145,16 @@ void cps__chain_drop_ahead(cps__chain *c, range_st *rs)
     rs->up_applied = 0;
 }
 
+void cps__chain_ahead_consumed(cps__chain *c, range_st *rs, uint32_t done)
+{
+    if (done) {
+        memmove(rs->ahead, rs->ahead + done, (rs->nahead - done) * sizeof *rs->ahead);
+        rs->nahead -= done;
+    }
+    if (rs->nahead && rs->ahead[0].seq != rs->applied + 1)
+        cps__chain_drop_ahead(c, rs); /* out of step: the sender re-sends what we lack */
+}
+
 void cps__chain_forget_range(cps__chain *c, range_st *rs)
 {
     cps__chain_drop_ahead(c, rs);

@@ -49,29 +49,12 @@ def test_example_trains_and_workers_agree(placement):
 def test_replacement_fetches_the_allreduced_parameters(tmp_path):
     """A worker killed -9 under --restart-workers: its replacement copies the all-reduced
     parameters and the step from the live worker, and both end with the same parameters."""
-    log = open(tmp_path / "launch.log", "w+")
     cmd = [tj.cli(), "launch", "--timeout", "220", "--servers", "2", "--workers", "2",
            "--restart-workers", "--", tj.PYTHON, EXAMPLE, "--steps", "2500", "--vocab", "5000",
            "--lr", "2", "--log-every", "250"]
-    p = tj.subprocess.Popen(cmd, stdout=log, stderr=tj.subprocess.STDOUT, text=True,
-                            env=tj.env(), start_new_session=True)
-    try:
-        deadline = tj.time.monotonic() + 120
-        while tj.time.monotonic() < deadline and p.poll() is None:
-            log.seek(0)
-            if "step 250:" in log.read():
-                break
-            tj.time.sleep(0.2)
-        victim = tj.worker_pid(p.pid, 1)
-        assert victim, "no worker of rank 1 to kill"
-        os.kill(victim, tj.signal.SIGKILL)
-        p.wait(timeout=240)
-    finally:
-        tj.kill_all([p])
-    log.seek(0)
-    out = log.read()
+    rc, out = tj.launch_killing_worker(cmd, tmp_path / "launch.log", "step 250:")
     f = tj.finals(out)
-    assert p.returncode == 0 and len(f) == 2, out[-5000:]
+    assert rc == 0 and len(f) == 2, out[-5000:]
     assert "restarted worker 1" in out and "replacement: 577 values" in out, out[-5000:]
     assert f[0][2] == f[1][2], f"workers differ after the replacement: {f}"
 

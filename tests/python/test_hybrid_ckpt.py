@@ -261,28 +261,12 @@ def test_replacement_gets_the_local_optimizer_state(tmp_path, servers):
     replacement test) the servers have no step boundary; with every server tensor pushed dense
     each step is also a sync step of the servers, which the replacement must join at the step
     the live worker is on (or the two wait on each other until the all-reduce times out)."""
-    log = open(tmp_path / "launch.log", "w+")
     cmd = [tj.cli(), "launch", "--timeout", "200", "--servers", "2", "--workers", "2",
            "--restart-workers", "--", tj.PYTHON, JOB, *servers, "--compare", "--steps", "600",
            "--step-ms", "5", "--dump", str(tmp_path)]
-    p = tj.subprocess.Popen(cmd, stdout=log, stderr=tj.subprocess.STDOUT, text=True,
-                            env=tj.env(), start_new_session=True)
-    try:
-        deadline = tj.time.monotonic() + 120
-        while tj.time.monotonic() < deadline and p.poll() is None:
-            log.seek(0)
-            if "rank 1 step 100" in log.read():
-                break
-            tj.time.sleep(0.2)
-        victim = tj.worker_pid(p.pid, 1)
-        assert victim, "no worker of rank 1 to kill"
-        os.kill(victim, tj.signal.SIGKILL)
-        p.wait(timeout=220)
-    finally:
-        tj.kill_all([p])
-    log.seek(0)
-    out = log.read()
-    assert p.returncode == 0 and out.count("hybrid_ckpt_job: OK") == 2, out[-5000:]
+    rc, out = tj.launch_killing_worker(cmd, tmp_path / "launch.log", "rank 1 step 100",
+                                       timeout=220)
+    assert rc == 0 and out.count("hybrid_ckpt_job: OK") == 2, out[-5000:]
     assert "restarted worker 1" in out, out[-5000:]
     g = torch.load(tmp_path / "rank-1.pt")
     assert g["start_step"] > 100, g["start_step"]

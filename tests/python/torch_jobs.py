@@ -172,5 +172,28 @@ def worker_pid(parent, rank):
     return None
 
 
+def launch_killing_worker(cmd, log_path, when, rank=1, timeout=240):
+    """Run `cmd` (a `chainps launch ... --restart-workers` line) logging to log_path; once the
+    log shows `when` (or after 120 s), SIGKILL the worker of `rank`. Returns (exit code, log)."""
+    log = open(log_path, "w+")
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env(),
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and p.poll() is None:
+            log.seek(0)
+            if when in log.read():
+                break
+            time.sleep(0.2)
+        victim = worker_pid(p.pid, rank)
+        assert victim, f"no worker of rank {rank} to kill"
+        os.kill(victim, signal.SIGKILL)
+        p.wait(timeout=timeout)
+    finally:
+        kill_all([p])
+    log.seek(0)
+    return p.returncode, log.read()
+
+
 if __name__ == "__main__":
     sys.exit("a helper module of tests/python/test_torch.py")
