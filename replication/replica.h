@@ -100,6 +100,9 @@ typedef struct cps__replica_env {
      * is); NULL when out of memory. Every SEND's buffer is the shell's once the call returns,
      * whether it performs the item or not. */
     void *(*msg_alloc)(void *ctx, size_t len);
+    /* Give back a buffer of msg_alloc that never became a SEND item (the item itself could not
+     * be allocated). */
+    void (*msg_free)(void *ctx, void *msg);
 } cps__replica_env;
 
 typedef struct cps__replica_config {

@@ -661,9 +661,11 @@ void cps__rp_run_chain(cps__replica *r, uint64_t now)
             void *buf = r->env.msg_alloc(r->env.ctx, a->len);
             cps__replica_out *o = buf ? cps__rp_emit(r, CPS_RO_SEND, a->range) : NULL;
             if (!o) {
+                if (buf)
+                    r->env.msg_free(r->env.ctx, buf); /* no item carries it to the shell */
                 cps__rp_say(r, CPS_LOG_DEBUG, "chain message to node %u not sent: no memory",
                             a->to);
-                continue; /* the chain re-sends; buf (if any) leaks no further than this */
+                continue; /* the chain re-sends it */
             }
             memcpy(buf, a->msg, a->len);
             o->to = a->to;

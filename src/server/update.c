@@ -163,11 +163,17 @@ static void *env_msg_alloc(void *ctx, size_t len)
     return cps__tp_alloc(len);
 }
 
+static void env_msg_free(void *ctx, void *msg)
+{
+    (void)ctx;
+    cps__tp_free(msg);
+}
+
 int cps__server_replica_new(cps__server *s)
 {
     cps__replica_env env = {
-        s,       env_range_seq, env_dedup,    env_agg_step, env_check_keys, env_scan_dedup,
-        env_add, env_release,   env_msg_alloc};
+        s,       env_range_seq, env_dedup,     env_agg_step, env_check_keys, env_scan_dedup,
+        env_add, env_release,   env_msg_alloc, env_msg_free};
     /* Our id comes with the first view (a rejoin may be given another). */
     cps__replica_config cfg = {.self = 0,
                                .resend_ms = 200,

@@ -74,14 +74,20 @@ static void *env_msg_alloc(void *ctx, size_t len)
     return malloc(len);
 }
 
+static void env_msg_free(void *ctx, void *msg)
+{
+    (void)ctx;
+    free(msg);
+}
+
 static void replica_new(sim *sm, sim_server *s)
 {
     cps__replica_destroy(s->rep);
     s->rep = NULL;
     s->chain = NULL;
     cps__replica_env env = {
-        s,       sim_op_range_seq, sim_op_dedup, sim_op_agg_step, env_check_keys, env_scan_dedup,
-        env_add, env_release,      env_msg_alloc};
+        s,       sim_op_range_seq, sim_op_dedup,  sim_op_agg_step, env_check_keys, env_scan_dedup,
+        env_add, env_release,      env_msg_alloc, env_msg_free};
     /* As the server configures it, the joins' timers scaled as sim.h says. */
     cps__replica_config cfg = {.self = s->id,
                                .resend_ms = sm->p.resend_ms,
