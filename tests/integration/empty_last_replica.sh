@@ -10,29 +10,10 @@
 set -euo pipefail
 cps=$1
 lsq=$2
-py=/usr/bin/python3
-[ -x "$py" ] || py=python3
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    sleep 0.5
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$dir"/*.log; do echo "== $f"; tail -15 "$f"; done; exit 1; }
+# shellcheck source=stranded_job.sh
+. "$(dirname "$0")/stranded_job.sh"
 # Free loopback ports: scheduler, metrics, server 0, server 1 (the servers come back on theirs).
-read -r P M P0 P1 < <("$py" -c '
-import socket
-s = [socket.socket() for _ in range(4)]
-for x in s: x.bind(("127.0.0.1", 0))
-print(*[x.getsockname()[1] for x in s])')
-export CHAINPS_INSECURE=1
-wait_for() { # FILE PATTERN SECONDS
-    for _ in $(seq $(($3 * 10))); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-    return 1
-}
+read -r P M P0 P1 < <(free_ports 4)
 sched() { exec "$cps" scheduler --servers 2 --workers 2 --replicas 2 --port "$P" --data "$dir/sched" "$@"; }
 server() { # RANK PORT LOG [flags]
     "$cps" server --scheduler "127.0.0.1:$P" --data "$dir/s$1" --rank "$1" --port "$2" "${@:4}" \
@@ -55,11 +36,7 @@ CHAINPS_UNAVAILABLE_TIMEOUT_MS=1500 CHAINPS_SCHEDULER=127.0.0.1:$P "$lsq" --step
 pids+=("$!")
 wait_for "$dir/sched.log" "connected 2 workers and 2 servers" 20 || fail "the job did not start"
 sleep 1
-kill -9 "$s0"
-wait_for "$dir/sched.log" "(rank 0) silent for .* declared dead" 20 || fail "server 0 not declared dead"
-sleep 1 # server 1 alone acknowledges updates now
-kill -9 "$s1"
-wait_for "$dir/sched.log" "(rank 1) silent for .* declared dead" 20 || fail "server 1 not declared dead"
+both_servers_die "$dir/sched.log" "$s0" "$s1"
 server 1 "$P1" s1b.log --reset-data
 s1b=${pids[-1]}
 wait_for "$dir/sched.log" "range 1 is UNAVAILABLE" 20 || fail "no ERROR for the stranded range"

@@ -12,28 +12,10 @@
 set -euo pipefail
 cps=$1
 lsq=$2
-py=/usr/bin/python3
-dir=$(mktemp -d)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    sleep 0.5
-    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-    [ -n "${KEEP:-}" ] || rm -rf "$dir"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; for f in "$dir"/*.log; do echo "== $f"; tail -15 "$f"; done; exit 1; }
+# shellcheck source=stranded_job.sh
+. "$(dirname "$0")/stranded_job.sh"
 # Free loopback ports: the two jobs' schedulers and metrics, server 0, server 1.
-read -r P M P2 M2 P0 P1 < <("$py" -c '
-import socket
-s = [socket.socket() for _ in range(6)]
-for x in s: x.bind(("127.0.0.1", 0))
-print(*[x.getsockname()[1] for x in s])')
-export CHAINPS_INSECURE=1
-wait_for() { # FILE PATTERN SECONDS
-    for _ in $(seq $(($3 * 10))); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
-    return 1
-}
+read -r P M P2 M2 P0 P1 < <(free_ports 6)
 server() { # RANK SCHEDULER_PORT LOG [flags]
     "$cps" server --scheduler "127.0.0.1:$2" --data "$dir/s$1" --rank "$1" \
         --port "$([ "$1" = 0 ] && echo "$P0" || echo "$P1")" "${@:4}" >"$dir/$3" 2>&1 &
@@ -71,11 +53,7 @@ timeout 30 "$cps" checkpoint inspect "$dir/ckpt" >"$dir/inspect.log" 2>&1 || fai
 step=$(sed -n 's/^step: *//p' "$dir/inspect.log")
 [ -n "$step" ] && [ "$step" -gt 0 ] || fail "the export has no step ($step)"
 sleep 1 # training goes on past the checkpoint
-kill -9 "$s0"
-wait_for "$dir/sched.log" "(rank 0) silent for .* declared dead" 20 || fail "server 0 not declared dead"
-sleep 1 # server 1 alone acknowledges updates now
-kill -9 "$s1"
-wait_for "$dir/sched.log" "(rank 1) silent for .* declared dead" 20 || fail "server 1 not declared dead"
+both_servers_die "$dir/sched.log" "$s0" "$s1"
 server 1 "$P" s1b.log --reset-data
 s1b=${pids[-1]}
 wait_for "$dir/sched.log" "range 1 is UNAVAILABLE" 20 || fail "no ERROR for the stranded range"

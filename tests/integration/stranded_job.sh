@@ -1,0 +1,37 @@
+# Sourced by the scripts of a stranded range (empty_last_replica.sh, stranded_restore.sh): the
+# Python to parse with, a scratch directory, processes ended by their PIDs (the caller appends
+# each to pids), free loopback ports, and the incident itself.
+py=/usr/bin/python3
+[ -x "$py" ] || py=python3
+dir=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    sleep 0.5
+    for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    [ -n "${KEEP:-}" ] || rm -rf "$dir"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in "$dir"/*.log; do echo "== $f"; tail -15 "$f"; done; exit 1; }
+free_ports() { # N: N free loopback ports on one line
+    "$py" -c '
+import socket, sys
+s = [socket.socket() for _ in range(int(sys.argv[1]))]
+for x in s: x.bind(("127.0.0.1", 0))
+print(*[x.getsockname()[1] for x in s])' "$1"
+}
+export CHAINPS_INSECURE=1
+wait_for() { # FILE PATTERN SECONDS
+    for _ in $(seq $(($3 * 10))); do grep -q -- "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    return 1
+}
+# Both servers of a 2-replica job die, server 0 (PID $2) first, so server 1 (PID $3) alone
+# acknowledges updates for a second; the scheduler (log $1) declares each dead. The caller then
+# brings server 1 back on an empty disk.
+both_servers_die() { # SCHED_LOG S0_PID S1_PID
+    kill -9 "$2"
+    wait_for "$1" "(rank 0) silent for .* declared dead" 20 || fail "server 0 not declared dead"
+    sleep 1
+    kill -9 "$3"
+    wait_for "$1" "(rank 1) silent for .* declared dead" 20 || fail "server 1 not declared dead"
+}
