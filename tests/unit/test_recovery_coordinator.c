@@ -63,6 +63,16 @@ static const cps__coord_action *find(cps__coord *c, int kind, uint8_t type, uint
 }
 
 /* How many lines of the output's log hold `what` (at `level`; -1: any). */
+/* A tool's request `q` (from its temporary peer `tool`) at `now`: the reply of type `reply`. */
+static const cps__coord_action *ask(cps__coord *c, const cps__msg_hdr *q, uint8_t reply,
+                                    uint32_t tool, uint64_t now)
+{
+    assert_int_equal(cps__coord_step(c, q, NULL, 0, tool, now), 0);
+    const cps__coord_action *a = find(c, CPS_CO_REPLY, reply, tool);
+    assert_non_null(a);
+    return a;
+}
+
 static int logged_at(cps__coord *c, int level, const char *what)
 {
     const cps__coord_out *o = cps__coord_ready(c);
@@ -126,17 +136,42 @@ static uint64_t silence_server_1(cps__coord *c)
     return t - 100;
 }
 
-/* Every node says HELLO; the job starts. */
-static cps__coord *running(uint32_t servers, uint32_t workers)
+/* Servers 1..servers (ports 7000.., lives 100..), then workers (ports 8000..) say HELLO at 0. */
+static void all_say_hello(cps__coord *c, uint32_t servers, uint32_t workers)
 {
-    cps__coord *c = make(servers, workers);
     for (uint32_t i = 0; i < servers; i++)
         hello(c, CPS_ROLE_SERVER, 7000 + i, 100 + i, 0);
     for (uint32_t i = 0; i < workers; i++)
         hello(c, CPS_ROLE_WORKER, 8000 + i, 0, 0);
+}
+
+/* Every node says HELLO; the job starts. */
+static cps__coord *running(uint32_t servers, uint32_t workers)
+{
+    cps__coord *c = make(servers, workers);
+    all_say_hello(c, servers, workers);
     assert_true(cps__coord_started(c));
     perform(c, 0, 0);
     done(c);
+    return c;
+}
+
+/* running(), with chains of two. */
+static cps__coord *running_in_pairs(uint32_t servers, uint32_t workers)
+{
+    replicas = 2;
+    cps__coord *c = running(servers, workers);
+    replicas = 3;
+    return c;
+}
+
+/* A job of 4 servers and 2 workers whose server 1 fell silent and was declared dead at *t: the
+ * repair that follows is performed. */
+static cps__coord *server_1_silenced(uint64_t *t)
+{
+    cps__coord *c = running(4, 2);
+    *t = silence_server_1(c);
+    perform(c, 0, *t);
     return c;
 }
 
@@ -296,6 +331,25 @@ static void confirm(cps__coord *c, const cps__msg_hdr *joins, const uint32_t *pe
     assert_int_equal(cps__coord_step(c, &h, NULL, 0, peers[k], now), 0);
 }
 
+/* Server 1 of a job of 4 servers and 2 workers dies at t; the nj joiners that replace it become
+ * tails (their joins and peers), and the first of them confirms it caught up at t + 200. */
+typedef struct joined {
+    cps__msg_hdr joins[8];
+    uint32_t peers[8];
+    uint64_t t;
+    uint32_t nj;
+} joined;
+
+static cps__coord *first_joiner_confirmed(joined *jt)
+{
+    cps__coord *c = running(4, 2);
+    jt->t = silence_server_1(c);
+    jt->nj = joiners_become_tails(c, jt->t, jt->joins, jt->peers);
+    done(c);
+    confirm(c, jt->joins, jt->peers, 0, jt->t + 200);
+    return c;
+}
+
 /* A joined tail that never confirms it holds what its predecessor acknowledged (it may lack
  * some; simulator seed 8085 without the second probe) leaves its chain once its probation
  * (join_give_up_ms) is over, in a new view, and the range is copied again; one that confirmed
@@ -303,34 +357,29 @@ static void confirm(cps__coord *c, const cps__msg_hdr *joins, const uint32_t *pe
 static void a_tail_that_never_confirms_leaves_its_chain(void **state)
 {
     (void)state;
-    cps__coord *c = running(4, 2);
-    cps__msg_hdr joins[8];
-    uint32_t peers[8];
-    uint64_t t = silence_server_1(c);
-    uint32_t nj = joiners_become_tails(c, t, joins, peers);
-    done(c);
-    confirm(c, joins, peers, 0, t + 200);
+    joined jt;
+    cps__coord *c = first_joiner_confirmed(&jt);
     /* Their probation: join_give_up_ms (5000) from their reports (t + 10 k). */
     uint64_t epoch = cps__coord_epoch(c);
     int told = 0;
-    for (uint64_t now = t + 200; now <= t + 6200; now += 100) {
+    for (uint64_t now = jt.t + 200; now <= jt.t + 6200; now += 100) {
         done(c);
         for (uint32_t id = 2; id <= 6; id++)
             msg(c, CPS_MSG_HEARTBEAT, id, now);
         cps__coord_tick(c, now, NULL, 0);
         told |= logged(c, "did not confirm in time");
-        if (now <= t + 5000)
+        if (now <= jt.t + 5000)
             assert_int_equal(cps__coord_epoch(c), epoch);
     }
     assert_true(told);
     assert_true(cps__coord_epoch(c) > epoch);
     const cps__view *v = cps__coord_view(c);
-    const cps__range *rg = &v->ranges[joins[0].range];
-    assert_int_equal(rg->chain[rg->chain_len - 1], peers[0]); /* confirmed: stays */
-    for (uint32_t k = 1; k < nj; k++) {
-        rg = &v->ranges[joins[k].range];
+    const cps__range *rg = &v->ranges[jt.joins[0].range];
+    assert_int_equal(rg->chain[rg->chain_len - 1], jt.peers[0]); /* confirmed: stays */
+    for (uint32_t k = 1; k < jt.nj; k++) {
+        rg = &v->ranges[jt.joins[k].range];
         for (uint32_t j = 0; j < rg->chain_len; j++)
-            assert_int_not_equal(rg->chain[j], peers[k]);
+            assert_int_not_equal(rg->chain[j], jt.peers[k]);
     }
     cps__coord_destroy(c);
 }
@@ -514,9 +563,7 @@ static void a_late_probe_answer_is_asked_again_not_a_death(void **state)
  * Returns the coordinator with that view out. */
 static cps__coord *two_servers_one_dead(void)
 {
-    replicas = 2;
-    cps__coord *c = running(2, 1);
-    replicas = 3;
+    cps__coord *c = running_in_pairs(2, 1);
     uint64_t t;
     for (t = 100; t <= 2000 && cps__coord_epoch(c) == 1; t += 50) {
         msg(c, CPS_MSG_HEARTBEAT, 2, t);
@@ -718,6 +765,19 @@ static void a_restarted_coordinator_resumes_from_its_blobs(void **state)
         free(s.copy[i]);
 }
 
+/* A scheduler of 2 servers and 1 worker resumed from `s` with --allow-rollback at 6000; server
+ * 2 then says HELLO with an empty store. */
+static cps__coord *resumed_with_rollback(store *s)
+{
+    allow_rollback = 1;
+    cps__coord *c = make(2, 1);
+    allow_rollback = 0;
+    assert_int_equal(cps__coord_resume(c, get, s, 6000), 1);
+    done(c);
+    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 6100);
+    return c;
+}
+
 /* The fallback of a range is persisted with the view (sched/former): a scheduler restarted with
  * --allow-rollback (the operator's way to accept the rollback) still knows which server to give
  * the range to. A store of an earlier build, without sched/former, loads as one without
@@ -734,12 +794,7 @@ static void a_restarted_coordinator_remembers_the_fallback(void **state)
     assert_string_equal(s.names[4], "sched/former");
     cps__coord_destroy(c);
 
-    allow_rollback = 1;
-    c = make(2, 1);
-    allow_rollback = 0;
-    assert_int_equal(cps__coord_resume(c, get, &s, 6000), 1);
-    done(c);
-    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 6100);
+    c = resumed_with_rollback(&s);
     char want[96];
     snprintf(want, sizeof want, "server 1, which left the range at epoch %llu, takes it",
              (unsigned long long)left);
@@ -751,12 +806,7 @@ static void a_restarted_coordinator_remembers_the_fallback(void **state)
 
     /* The same store as an earlier build wrote it. */
     s.n = 4;
-    allow_rollback = 1;
-    c = make(2, 1);
-    allow_rollback = 0;
-    assert_int_equal(cps__coord_resume(c, get, &s, 6000), 1);
-    done(c);
-    hello_flags(c, CPS_ROLE_SERVER, 7001, 777, CPS_HELLO_EMPTY, 6100);
+    c = resumed_with_rollback(&s);
     assert_int_equal(logged_at(c, CPS_LOG_ERROR, "no other server holds the range"), 4);
     v = cps__coord_view(c);
     for (uint32_t r = 0; r < v->nranges; r++) {
@@ -847,9 +897,7 @@ static void allow_rollback_gives_the_range_to_its_fallback_and_says_so(void **st
 static void allow_rollback_is_no_consent_for_a_later_incident(void **state)
 {
     (void)state;
-    replicas = 2;
-    cps__coord *c = running(2, 1);
-    replicas = 3;
+    cps__coord *c = running_in_pairs(2, 1);
     c = restarted(c, 2, 1, 1, 50);
     assert_true(logged(c, "--allow-rollback: no range's only replica is down"));
     done(c);
@@ -910,9 +958,7 @@ static int chain_is(const cps__range *rg, uint32_t a, uint32_t b)
 static void an_empty_fallback_is_no_fallback(void **state)
 {
     (void)state;
-    replicas = 2;
-    cps__coord *c = running(3, 1);
-    replicas = 3;
+    cps__coord *c = running_in_pairs(3, 1);
     const cps__view *v = cps__coord_view(c);
     int r12 = -1, r13 = -1;
     for (uint32_t r = 0; r < v->nranges; r++) {
@@ -1058,14 +1104,9 @@ static void the_fallback_stays_until_the_joiner_confirms(void **state)
 static void a_restarted_coordinator_keeps_unconfirmed_tails(void **state)
 {
     (void)state;
-    cps__coord *c = running(4, 2);
-    cps__msg_hdr joins[8];
-    uint32_t peers[8];
-    uint64_t t = silence_server_1(c);
-    uint32_t nj = joiners_become_tails(c, t, joins, peers);
-    assert_true(nj >= 3);
-    done(c);
-    confirm(c, joins, peers, 0, t + 200);
+    joined jt;
+    cps__coord *c = first_joiner_confirmed(&jt);
+    assert_true(jt.nj >= 3);
     assert_true(cps__coord_ready(c)->persist & CPS_CO_P_STATE); /* the mark is gone: saved */
     done(c);
     store s;
@@ -1076,21 +1117,21 @@ static void a_restarted_coordinator_keeps_unconfirmed_tails(void **state)
     c = make(4, 2);
     assert_int_equal(cps__coord_resume(c, get, &s, 10000), 1);
     done(c);
-    assert_int_equal(cps__coord_unconfirmed(c, joins[0].range), 0);
-    for (uint32_t k = 1; k < nj; k++)
-        assert_int_equal(cps__coord_unconfirmed(c, joins[k].range), peers[k]);
+    assert_int_equal(cps__coord_unconfirmed(c, jt.joins[0].range), 0);
+    for (uint32_t k = 1; k < jt.nj; k++)
+        assert_int_equal(cps__coord_unconfirmed(c, jt.joins[k].range), jt.peers[k]);
     /* A confirmation sent after the restart, with its join's id, is taken. */
-    confirm(c, joins, peers, 1, 10100);
-    assert_int_equal(cps__coord_unconfirmed(c, joins[1].range), 0);
+    confirm(c, jt.joins, jt.peers, 1, 10100);
+    assert_int_equal(cps__coord_unconfirmed(c, jt.joins[1].range), 0);
     done(c);
     /* The predecessor of an unconfirmed tail dies: the tail leaves with it. */
-    const cps__range *rg = &cps__coord_view(c)->ranges[joins[2].range];
+    const cps__range *rg = &cps__coord_view(c)->ranges[jt.joins[2].range];
     uint32_t pred = rg->chain[rg->chain_len - 2];
     cps__coord_tick(c, 10200, &pred, 1);
     assert_true(logged(c, "had not caught up with server"));
-    rg = &cps__coord_view(c)->ranges[joins[2].range];
+    rg = &cps__coord_view(c)->ranges[jt.joins[2].range];
     for (uint32_t j = 0; j < rg->chain_len; j++)
-        assert_int_not_equal(rg->chain[j], peers[2]);
+        assert_int_not_equal(rg->chain[j], jt.peers[2]);
     cps__coord_destroy(c);
 
     /* The same store as an earlier build wrote it: every tail of two or more is unconfirmed. */
@@ -1107,7 +1148,7 @@ static void a_restarted_coordinator_keeps_unconfirmed_tails(void **state)
             marked++;
         }
     }
-    assert_true(marked > nj);
+    assert_true(marked > jt.nj);
     cps__coord_destroy(c);
 
     /* Malformed: a length that is no whole number of entries; an entry naming no member. */
@@ -1148,10 +1189,7 @@ static void a_restore_releases_the_held_workers_and_is_acknowledged(void **state
     hold = 1;
     cps__coord *c = make(4, 2);
     hold = 0;
-    for (uint32_t i = 0; i < 4; i++)
-        hello(c, CPS_ROLE_SERVER, 7000 + i, 100 + i, 0);
-    for (uint32_t i = 0; i < 2; i++)
-        hello(c, CPS_ROLE_WORKER, 8000 + i, 0, 0);
+    all_say_hello(c, 4, 2);
     assert_true(cps__coord_started(c));
     perform(c, 0, 0);
     assert_non_null(find(c, CPS_CO_VIEW, CPS_MSG_WELCOME, 1));
@@ -1239,15 +1277,10 @@ static void status_reports_the_view_ages_and_the_checkpoint(void **state)
     cps__coord *c = make(4, 2);
     cps__msg_hdr q = {.type = CPS_MSG_STATUS, .sender = UINT32_MAX, .req_seq = 5};
     const uint32_t tool = 0x40000002u;
-    assert_int_equal(cps__coord_step(c, &q, NULL, 0, tool, 0), 0);
-    const cps__coord_action *a = find(c, CPS_CO_REPLY, CPS_MSG_STATUS_REPLY, tool);
-    assert_non_null(a);
+    const cps__coord_action *a = ask(c, &q, CPS_MSG_STATUS_REPLY, tool, 0);
     assert_int_equal(a->hdr.aux, 0); /* not started */
     done(c);
-    for (uint32_t i = 0; i < 4; i++)
-        hello(c, CPS_ROLE_SERVER, 7000 + i, 100 + i, 0);
-    for (uint32_t i = 0; i < 2; i++)
-        hello(c, CPS_ROLE_WORKER, 8000 + i, 0, 0);
+    all_say_hello(c, 4, 2);
     perform(c, 0, 0);
     done(c);
     msg(c, CPS_MSG_HEARTBEAT, 2, 300);
@@ -1263,9 +1296,7 @@ static void status_reports_the_view_ages_and_the_checkpoint(void **state)
     cps__coord_set_wall(c, 1000000 + 2500);
     assert_int_equal(cps__coord_step(c, &q, NULL, 0, 0, 400), 0);
     assert_int_equal(count(c, CPS_CO_REPLY, 0), 0); /* nobody to answer */
-    assert_int_equal(cps__coord_step(c, &q, NULL, 0, tool, 400), 0);
-    a = find(c, CPS_CO_REPLY, CPS_MSG_STATUS_REPLY, tool);
-    assert_non_null(a);
+    a = ask(c, &q, CPS_MSG_STATUS_REPLY, tool, 400);
     assert_int_equal(a->hdr.aux, 1);
     assert_int_equal(a->hdr.req_seq, 5);
     assert_true(a->hdr.flags & CPS_WF_REPLY);
@@ -1362,9 +1393,7 @@ static void workers_declare_tensors_and_tools_list_them(void **state)
 
     const uint32_t tool = 0x40000003u;
     cps__msg_hdr q = {.type = CPS_MSG_REGISTRY, .sender = UINT32_MAX, .req_seq = 3};
-    assert_int_equal(cps__coord_step(c, &q, NULL, 0, tool, 60), 0);
-    a = find(c, CPS_CO_REPLY, CPS_MSG_REGISTRY, tool);
-    assert_non_null(a);
+    a = ask(c, &q, CPS_MSG_REGISTRY, tool, 60);
     const cps__coord_blob *b = &cps__coord_ready(c)->views[a->view];
     size_t vlen = cps__view_encoded_size(cps__coord_view(c));
     assert_int_equal(b->len, vlen + 8 + len);
@@ -1380,9 +1409,7 @@ static void workers_declare_tensors_and_tools_list_them(void **state)
     c = make(4, 2);
     assert_int_equal(cps__coord_resume(c, get, &s, 0), 0); /* no job to resume; the registry */
     done(c);
-    assert_int_equal(cps__coord_step(c, &q, NULL, 0, tool, 60), 0);
-    a = find(c, CPS_CO_REPLY, CPS_MSG_REGISTRY, tool);
-    assert_non_null(a);
+    a = ask(c, &q, CPS_MSG_REGISTRY, tool, 60);
     b = &cps__coord_ready(c)->views[a->view];
     vlen = cps__view_encoded_size(cps__coord_view(c));
     assert_int_equal(b->len, vlen + 8 + len);
@@ -1398,9 +1425,8 @@ static void workers_declare_tensors_and_tools_list_them(void **state)
 static void an_unsent_join_is_retried_at_the_next_repair(void **state)
 {
     (void)state;
-    cps__coord *c = running(4, 2);
-    uint64_t t = silence_server_1(c);
-    perform(c, 0, t);
+    uint64_t t;
+    cps__coord *c = server_1_silenced(&t);
     const cps__coord_action *j = find(c, CPS_CO_MSG, CPS_MSG_JOIN_RANGE, UINT32_MAX);
     assert_non_null(j);
     cps__msg_hdr join = j->hdr;
@@ -1475,15 +1501,12 @@ static void metrics_count_what_the_view_holds(void **state)
 static void status_names_each_copy_and_its_source(void **state)
 {
     (void)state;
-    cps__coord *c = running(4, 2);
-    uint64_t t = silence_server_1(c);
-    perform(c, 0, t);
+    uint64_t t;
+    cps__coord *c = server_1_silenced(&t);
     done(c);
     const uint32_t tool = 0x40000004u;
     cps__msg_hdr q = {.type = CPS_MSG_STATUS, .sender = UINT32_MAX, .req_seq = 8};
-    assert_int_equal(cps__coord_step(c, &q, NULL, 0, tool, t), 0);
-    const cps__coord_action *a = find(c, CPS_CO_REPLY, CPS_MSG_STATUS_REPLY, tool);
-    assert_non_null(a);
+    const cps__coord_action *a = ask(c, &q, CPS_MSG_STATUS_REPLY, tool, t);
     const cps__coord_blob *b = &cps__coord_ready(c)->views[a->view];
     cps__view v;
     cps__view_init(&v);

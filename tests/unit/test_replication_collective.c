@@ -503,30 +503,50 @@ static void test_alone_and_errors(void **state)
     cps__coll_destroy(c);
 }
 
+/* Node 9 (chunks of any size, a 1000 ms timeout) in view `epoch` of `members`: a joiner when
+ * `joining` (it fetched nothing), told the ring's next seq when `next_seq` is not 0. */
+static cps__coll *node9(uint64_t epoch, const uint32_t *members, uint32_t n, int joining,
+                        uint64_t next_seq)
+{
+    cps__coll *c;
+    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
+    if (joining)
+        cps__coll_set_joining(c);
+    assert_int_equal(cps__coll_view(c, epoch, members, n, 1, 0), 0);
+    if (next_seq)
+        assert_int_equal(cps__coll_set_next_seq(c, next_seq), 0);
+    return c;
+}
+
+/* A message of a 2-value collective from `from`, chunk 0, carrying `count` values at `vals`. */
+static cps__coll_msg msg2(uint32_t from, uint32_t kind, uint64_t epoch, uint64_t seq,
+                          const float *vals, uint64_t count)
+{
+    return (cps__coll_msg){.from = from,
+                           .kind = kind,
+                           .epoch = epoch,
+                           .seq = seq,
+                           .index = 0,
+                           .n = 2,
+                           .vals = vals,
+                           .count = count};
+}
+
 /* Fencing: an old epoch's message is dropped; a newer one waits for its view. */
 static void test_epochs(void **state)
 {
     (void)state;
-    cps__coll *c;
     const cps__coll_act *a;
     uint64_t seq;
     float x[2] = {1, 2};
     uint32_t two[2] = {9, 10};
-    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
-    assert_int_equal(cps__coll_view(c, 7, two, 2, 1, 0), 0);
+    cps__coll *c = node9(7, two, 2, 0, 0);
     assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
     assert_int_equal(cps__coll_actions(c, &a), 1);
     assert_int_equal(a[0].to, 10);
     assert_int_equal(a[0].msg.count, 1);
     float one = 100;
-    cps__coll_msg m = {.from = 10,
-                       .kind = CPS_COLL_DATA,
-                       .epoch = 6,
-                       .seq = 1,
-                       .index = 0,
-                       .n = 2,
-                       .vals = &one,
-                       .count = 1};
+    cps__coll_msg m = msg2(10, CPS_COLL_DATA, 6, 1, &one, 1);
     cps__coll_step(c, &m, 1);
     assert_int_equal(cps__coll_actions(c, &a), 0);
     cps__coll_stats st;
@@ -572,25 +592,15 @@ static void test_epochs(void **state)
 static void test_joiner_restart_in_drain(void **state)
 {
     (void)state;
-    cps__coll *c;
     const cps__coll_act *a;
     uint64_t seq;
     float x[2] = {1, 2};
     uint32_t two[2] = {9, 10};
-    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
-    cps__coll_set_joining(c);
-    assert_int_equal(cps__coll_view(c, 1, two, 2, 1, 0), 0);
+    cps__coll *c = node9(1, two, 2, 1, 0);
     assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
     assert_int_equal(seq, 1);
     float hundred = 100;
-    cps__coll_msg m = {.from = 10,
-                       .kind = CPS_COLL_DATA,
-                       .epoch = 2,
-                       .seq = 3,
-                       .index = 0,
-                       .n = 2,
-                       .vals = &hundred,
-                       .count = 1};
+    cps__coll_msg m = msg2(10, CPS_COLL_DATA, 2, 3, &hundred, 1);
     cps__coll_step(c, &m, 1);
     assert_int_equal(cps__coll_actions(c, &a), 1);
     assert_int_equal(a[0].kind, CPS_COLL_NEED_VIEW);
@@ -621,12 +631,9 @@ static void test_joiner_restart_in_drain(void **state)
 /* Node 9, a joiner, running its first call over x[0..2) in the ring 10 -> 9 -> 11 (view 1). */
 static cps__coll *joiner_started(float *x)
 {
-    cps__coll *c;
     uint64_t seq;
     uint32_t three[3] = {10, 9, 11};
-    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
-    cps__coll_set_joining(c);
-    assert_int_equal(cps__coll_view(c, 1, three, 3, 1, 0), 0);
+    cps__coll *c = node9(1, three, 3, 1, 0);
     assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
     return c;
 }
@@ -644,14 +651,7 @@ static void test_joiner_listens_after_view(void **state)
     uint32_t two[2] = {9, 11};
     cps__coll *c = joiner_started(x);
     float v = 5;
-    cps__coll_msg m = {.from = 10,
-                       .kind = CPS_COLL_DATA,
-                       .epoch = 1,
-                       .seq = 4,
-                       .index = 0,
-                       .n = 2,
-                       .vals = &v,
-                       .count = 1};
+    cps__coll_msg m = msg2(10, CPS_COLL_DATA, 1, 4, &v, 1);
     cps__coll_step(c, &m, 1); /* from our predecessor: the ring is in 4 */
     size_t n = cps__coll_actions(c, &a);
     assert_true(n >= 1);
@@ -663,14 +663,7 @@ static void test_joiner_listens_after_view(void **state)
     assert_int_equal(a[0].msg.kind, CPS_COLL_LISTEN);
     assert_int_equal(a[0].to, 11);
     float hundred = 100;
-    m = (cps__coll_msg){.from = 11,
-                        .kind = CPS_COLL_DATA,
-                        .epoch = 2,
-                        .seq = 3,
-                        .index = 0,
-                        .n = 2,
-                        .vals = &hundred,
-                        .count = 1};
+    m = msg2(11, CPS_COLL_DATA, 2, 3, &hundred, 1);
     cps__coll_step(c, &m, 3);
     n = cps__coll_actions(c, &a);
     assert_int_equal(n, 2);
@@ -701,22 +694,12 @@ static void test_joiner_listens_after_view(void **state)
 static void test_given_seq_asks_and_keeps(void **state)
 {
     (void)state;
-    cps__coll *c;
     const cps__coll_act *a;
     uint32_t three[3] = {10, 9, 11};
-    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
-    assert_int_equal(cps__coll_view(c, 1, three, 3, 1, 0), 0);
-    assert_int_equal(cps__coll_set_next_seq(c, 3), 0);
+    cps__coll *c = node9(1, three, 3, 0, 3);
     assert_int_equal(cps__coll_actions(c, &a), 0);
     float v = 5;
-    cps__coll_msg m = {.from = 10,
-                       .kind = CPS_COLL_DATA,
-                       .epoch = 1,
-                       .seq = 2,
-                       .index = 0,
-                       .n = 2,
-                       .vals = &v,
-                       .count = 1};
+    cps__coll_msg m = msg2(10, CPS_COLL_DATA, 1, 2, &v, 1);
     cps__coll_step(c, &m, 1);
     assert_int_equal(cps__coll_actions(c, &a), 2);
     for (int i = 0; i < 2; i++) {
@@ -729,14 +712,7 @@ static void test_given_seq_asks_and_keeps(void **state)
     cps__coll_step(c, &m, 2);
     assert_int_equal(cps__coll_actions(c, &a), 0); /* asked already in this view */
     float res[2] = {7, 8};
-    cps__coll_msg r = {.from = 11,
-                       .kind = CPS_COLL_RESULT,
-                       .epoch = 1,
-                       .seq = 2,
-                       .index = 0,
-                       .n = 2,
-                       .vals = res,
-                       .count = 2};
+    cps__coll_msg r = msg2(11, CPS_COLL_RESULT, 1, 2, res, 2);
     cps__coll_step(c, &r, 3);
     assert_int_equal(cps__coll_actions(c, &a), 0);
     /* Node 11 dies; node 10 restarts 2 under view 2: it gets 11's result from us. */
@@ -760,25 +736,15 @@ static void test_given_seq_asks_and_keeps(void **state)
 static void test_adopted_result_answers_restart(void **state)
 {
     (void)state;
-    cps__coll *c;
     const cps__coll_act *a;
     uint32_t three[3] = {10, 9, 11};
     float res[2] = {3, 4};
-    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
-    assert_int_equal(cps__coll_view(c, 1, three, 3, 1, 0), 0);
-    assert_int_equal(cps__coll_set_next_seq(c, 5), 0);
+    cps__coll *c = node9(1, three, 3, 0, 5);
     assert_int_equal(cps__coll_adopt_result(c, 3, res, 2), CPS_EINVAL); /* not the one before 5 */
     assert_int_equal(cps__coll_adopt_result(c, 4, res, 2), 0);
     res[0] = 99; /* copied */
     float v = 5;
-    cps__coll_msg m = {.from = 10,
-                       .kind = CPS_COLL_DATA,
-                       .epoch = 1,
-                       .seq = 4,
-                       .index = 0,
-                       .n = 2,
-                       .vals = &v,
-                       .count = 1};
+    cps__coll_msg m = msg2(10, CPS_COLL_DATA, 1, 4, &v, 1);
     cps__coll_step(c, &m, 1);
     assert_int_equal(cps__coll_actions(c, &a), 2);
     for (int i = 0; i < 2; i++) {
@@ -801,25 +767,15 @@ static void test_adopted_result_answers_restart(void **state)
 static void test_given_seq_helps_skipped(void **state)
 {
     (void)state;
-    cps__coll *c;
     const cps__coll_act *a;
     uint64_t seq;
     float x[2] = {1, 2};
     uint32_t two[2] = {10, 9};
-    assert_int_equal(cps__coll_create(9, 0, 1000, &c), 0);
-    assert_int_equal(cps__coll_view(c, 1, two, 2, 1, 0), 0);
-    assert_int_equal(cps__coll_set_next_seq(c, 3), 0);
+    cps__coll *c = node9(1, two, 2, 0, 3);
     assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
     assert_int_equal(seq, 3);
     float hundred = 100;
-    cps__coll_msg m = {.from = 10,
-                       .kind = CPS_COLL_DATA,
-                       .epoch = 1,
-                       .seq = 2,
-                       .index = 0,
-                       .n = 2,
-                       .vals = &hundred,
-                       .count = 1};
+    cps__coll_msg m = msg2(10, CPS_COLL_DATA, 1, 2, &hundred, 1);
     cps__coll_step(c, &m, 1);
     size_t n = cps__coll_actions(c, &a);
     assert_int_equal(n, 2);
