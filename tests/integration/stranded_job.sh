@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the scripts of a stranded range (empty_last_replica.sh, stranded_restore.sh): the
 # Python to parse with, a scratch directory, processes ended by their PIDs (the caller appends
 # each to pids), free loopback ports, and the incident itself.

@@ -51,7 +51,7 @@ timeout 60 "$cps" checkpoint export --scheduler "127.0.0.1:$P" --out "$dir/ckpt"
     >"$dir/export.log" 2>&1 || fail "the export failed"
 timeout 30 "$cps" checkpoint inspect "$dir/ckpt" >"$dir/inspect.log" 2>&1 || fail "inspect"
 step=$(sed -n 's/^step: *//p' "$dir/inspect.log")
-[ -n "$step" ] && [ "$step" -gt 0 ] || fail "the export has no step ($step)"
+if [ -z "$step" ] || [ "$step" -le 0 ]; then fail "the export has no step ($step)"; fi
 sleep 1 # training goes on past the checkpoint
 both_servers_die "$dir/sched.log" "$s0" "$s1"
 server 1 "$P" s1b.log --reset-data
