@@ -608,7 +608,7 @@ static int send_sealed(cps__tp *tp, tp_peer *p, void *buf, size_t len)
 
 /* A large message as frames, each sealed just before it is handed over: while nanomsg's thread
  * writes frame k, this one copies and seals frame k+1 (frame.h). The copy is the price of
- * nanomsg taking whole buffers only. */
+ * nanomsg taking whole buffers only; the MAC rides on it (cps__auth_seal_copy). */
 static int send_framed(cps__tp *tp, tp_peer *p, void *buf, size_t len)
 {
     size_t fs = tp->frame_size, n = (len + fs - 1) / fs;
@@ -621,8 +621,8 @@ static int send_framed(cps__tp *tp, tp_peer *p, void *buf, size_t len)
         if (!f)
             return CPS_ENOMEM; /* frames sent already make a message the receiver drops whole */
         cps__frame_encode_hdr(f, id, len, off);
-        memcpy(f + CPS_FRAME_HDR, (unsigned char *)buf + off, clen);
-        cps__auth_seal(tp->auth, f, CPS_FRAME_HDR + clen);
+        cps__auth_seal_copy(tp->auth, f, CPS_FRAME_HDR + clen, CPS_FRAME_HDR,
+                            (unsigned char *)buf + off, clen);
         int rc = send_sealed(tp, p, f, CPS_FRAME_HDR + clen);
         if (rc) {
             nn_freemsg(f);
