@@ -33,12 +33,13 @@
  *
  * A copy that happens anyway can carry the MAC (cps__auth_seal_copy, cps__auth_open_copy): each
  * 16 KiB piece is MACed while the copy has it in L1, so the MAC makes no pass of its own over
- * memory. On a loaded 2-core VM (load 15-20, bench_auth's `fused` case) this cut the MAC's share
- * of copy + MAC by about a fifth at 1 MiB and a third at 16 MiB; on an idle machine an earlier
- * measurement found 1-5%, since Poly1305 is then bound by arithmetic more than by memory. The
+ * memory. On a loaded 2-core VM (load 12-15; bench_auth's copy rows, cold rings) this took
+ * 11-17% off the copy and the MAC at 1 MiB, 27-32% at 16 MiB, 3-4% at 64 KiB; an earlier
+ * measurement on a quieter machine found 1-5% at 1 MiB, Poly1305 being bound by arithmetic more
+ * than by memory there. The
  * transport uses it where it owns the copy: framed messages (frame.h), sealing each frame as its
  * bytes are copied in and checking each as its bytes are copied into the message being
- * assembled (which is dropped whole if the check fails, so no unchecked byte is used).
+ * assembled (frame.h says why no unchecked byte is delivered).
  *
  * Versions: the wire header's version byte names the trailer's construction (4: this one). A
  * message whose header bears another version is refused as CPS_AUTH_VERSION before any MAC is
