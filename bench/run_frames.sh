@@ -21,7 +21,8 @@
 # side with CHAINPS_FRAME_KB unset, the default), REPORT_NAME (bench/results/NAME.md; default
 # run_frames), ITERS (per size;
 # default bench_ps's rule), KEEP=1, PERF=DIR (every process under `perf record`, DWARF call
-# graphs, into DIR/SIDE.SIZE.rROUND.{s,0,w}.perf: for profiles, not figures). Namespaces cpsf<PID>-*; every process is ended by its PID and
+# graphs, into DIR/SIDE.SIZE.rROUND.{s,0,w}.perf: for profiles, not figures, so no report is
+# written unless BENCH_RESULTS_DIR names a directory). Namespaces cpsf<PID>-*; every process is ended by its PID and
 # every namespace deleted on exit.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -57,6 +58,8 @@ cleanup() {
     netns_delete
     if [ "${KEEP:-0}" = 1 ]; then echo "kept $work"; else rm -rf "$work"; fi
 }
+# A profiling run's figures carry perf's cost: they do not replace the last report.
+[ -n "${PERF:-}" ] && BENCH_RESULTS_DIR=${BENCH_RESULTS_DIR:-none}
 bench_report "${REPORT_NAME:-}" "$@"
 trap cleanup EXIT
 trap 'exit 130' INT TERM
