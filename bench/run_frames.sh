@@ -17,8 +17,12 @@
 # included, per 10^9 bytes moved: /usr/bin/time), median (min-max) of the rounds, and the ratio
 # to ps-lite per round.
 #
-# Environment: ROUNDS (3), SIZES (1048576,16777216), FRAMES ("0 64 256 1024"), ITERS (per size;
-# default bench_ps's rule), KEEP=1. Namespaces cpsf<PID>-*; every process is ended by its PID and
+# Environment: ROUNDS (3), SIZES (1048576,16777216), FRAMES ("0 64 256 1024"; `auth` in it is a
+# side with CHAINPS_FRAME_KB unset, the default), REPORT_NAME (bench/results/NAME.md; default
+# run_frames), ITERS (per size;
+# default bench_ps's rule), KEEP=1, PERF=DIR (every process under `perf record`, DWARF call
+# graphs, into DIR/SIDE.SIZE.rROUND.{s,0,w}.perf: for profiles, not figures, so no report is
+# written unless BENCH_RESULTS_DIR names a directory). Namespaces cpsf<PID>-*; every process is ended by its PID and
 # every namespace deleted on exit.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -54,7 +58,9 @@ cleanup() {
     netns_delete
     if [ "${KEEP:-0}" = 1 ]; then echo "kept $work"; else rm -rf "$work"; fi
 }
-bench_report "" "$@"
+# A profiling run's figures carry perf's cost: they do not replace the last report.
+[ -n "${PERF:-}" ] && BENCH_RESULTS_DIR=${BENCH_RESULTS_DIR:-none}
+bench_report "${REPORT_NAME:-}" "$@"
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 tag=cpsf$$
@@ -64,10 +70,15 @@ netns_node b 10.213.2.2
 "$build/chainps" secret "$work/job.secret" >/dev/null || exit 2
 A=10.213.2.1 B=10.213.2.2
 
+prof_side=""
 in_ns() { # NS TIMEFILE CMD...: in the background, timed, its PID kept
-    local n=$1 tf=$2
+    local n=$1 tf=$2 rec=()
     shift 2
-    ip netns exec "$tag-$n" /usr/bin/time -f %U,%S -o "$tf" timeout -k 5 200 "$@" \
+    # PERF: each process under perf record, named by side, size, round and role (the time file's
+    # suffix); perf's own CPU then counts in the side's CPU ms/GB, so such a run is for profiles.
+    [ -n "${PERF:-}" ] &&
+        rec=(perf record -q -F 499 --call-graph dwarf,8192 -o "$PERF/$prof_side.${tf##*/t.}.perf" --)
+    ip netns exec "$tag-$n" /usr/bin/time -f %U,%S -o "$tf" timeout -k 5 200 "${rec[@]}" "$@" \
         >>"$work/run.log" 2>&1 &
     pids+=($!)
 }
@@ -94,6 +105,7 @@ run_chainps() { # SIDE ROUND SIZE
         CHAINPS_RUNTIME_DIR=)
     case $1 in
     insecure) env=(CHAINPS_INSECURE=1 CHAINPS_SCHEDULER="$A:9091" CHAINPS_RUNTIME_DIR=) ;;
+    auth) ;; # the default: CHAINPS_FRAME_KB unset
     *) env+=(CHAINPS_FRAME_KB="${1#frames}") ;;
     esac
     rm -rf "$work/d"
@@ -115,7 +127,9 @@ run_pslite() { # ROUND SIZE
     finish pslite "$1" "${pids[-1]}"
 }
 sides=()
-for f in $FRAMES; do sides+=("frames$f"); done
+for f in $FRAMES; do
+    if [ "$f" = auth ]; then sides+=(auth); else sides+=("frames$f"); fi
+done
 sides+=(insecure)
 [ -n "$pslite" ] && sides+=(pslite)
 : >"$work/all.txt"
@@ -128,6 +142,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
         n=${#sides[@]}
         for ((k = 0; k < n; k++)); do
             side=${sides[$(((k + r - 1) % n))]}
+            prof_side=$side.$s.r$r
             if [ "$side" = pslite ]; then run_pslite "$r" "$s"; else run_chainps "$side" "$r" "$s"; fi
         done
     done

@@ -202,18 +202,12 @@ static int mac_key(const cps__auth *a, EVP_CIPHER_CTX *c, const unsigned char *s
     return rc;
 }
 
-/* The tag of data[0, len) (len >= 24: it ends with the salt and the counter): ChaCha20-Poly1305
- * with the data as additional data and no plaintext, so the tag is Poly1305 over the data under
- * the one-time key that ChaCha20 derives from the subkey and the nonce. The receiver computes it
- * with this same function and compares with CRYPTO_memcmp, in constant time as a decrypting
- * context's final step would; one code path for both ends keeps them from ever disagreeing. */
-static int mac(EVP_CIPHER_CTX *c, uint64_t counter, const unsigned char *data, size_t len,
-               unsigned char tag[CPS_AUTH_TAG])
+/* Piece size of a copy that the MAC rides on: small enough that a piece copied is still in L1
+ * when Poly1305 reads it. */
+#define COPY_PIECE (16u << 10)
+
+static int mac_update(EVP_CIPHER_CTX *c, const unsigned char *data, size_t len)
 {
-    unsigned char nonce[NONCE_LEN] = {0};
-    cps__le64_put(nonce, counter);
-    if (EVP_EncryptInit_ex(c, NULL, NULL, NULL, nonce) != 1)
-        return -1;
     int outl;
     while (len > 0) {
         int part = len > (1u << 30) ? (1 << 30) : (int)len;
@@ -222,8 +216,41 @@ static int mac(EVP_CIPHER_CTX *c, uint64_t counter, const unsigned char *data, s
         data += part;
         len -= (size_t)part;
     }
+    return 0;
+}
+
+/* The tag of data[0, len) (len >= 24: it ends with the salt and the counter): ChaCha20-Poly1305
+ * with the data as additional data and no plaintext, so the tag is Poly1305 over the data under
+ * the one-time key that ChaCha20 derives from the subkey and the nonce. The receiver computes it
+ * with this same function and compares with CRYPTO_memcmp, in constant time as a decrypting
+ * context's final step would; one code path for both ends keeps them from ever disagreeing.
+ *
+ * With n > 0, data[at, at + n) is also copied on the way, piece by piece, each piece MACed right
+ * after (seal: other -> data) or before (open: data -> other) its copy, so the MAC reads it from
+ * L1 rather than making a pass of its own over memory. The tag is the same either way. */
+static int mac_copy(EVP_CIPHER_CTX *c, uint64_t counter, const unsigned char *data, size_t len,
+                    size_t at, size_t n, unsigned char *other, int seal,
+                    unsigned char tag[CPS_AUTH_TAG])
+{
+    unsigned char nonce[NONCE_LEN] = {0};
+    cps__le64_put(nonce, counter);
+    if (EVP_EncryptInit_ex(c, NULL, NULL, NULL, nonce) != 1 || mac_update(c, data, at) != 0)
+        return -1;
+    for (size_t off = 0; off < n; off += COPY_PIECE) {
+        size_t part = n - off < COPY_PIECE ? n - off : COPY_PIECE;
+        /* data is the caller's writable message when sealing (cps__auth_seal_copy). */
+        unsigned char *p = (unsigned char *)data + at + off;
+        if (seal)
+            memcpy(p, other + off, part);
+        if (mac_update(c, p, part) != 0)
+            return -1;
+        if (!seal)
+            memcpy(other + off, p, part);
+    }
+    int outl;
     unsigned char none[16];
-    if (EVP_EncryptFinal_ex(c, none, &outl) != 1 ||
+    if (mac_update(c, data + at + n, len - at - n) != 0 ||
+        EVP_EncryptFinal_ex(c, none, &outl) != 1 ||
         EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, CPS_AUTH_TAG, tag) != 1)
         return -1;
     return 0;
@@ -269,10 +296,13 @@ int cps__auth_keyed(const cps__auth *a)
     return a && a->keyed;
 }
 
-void cps__auth_seal(cps__auth *a, unsigned char *msg, size_t len)
+void cps__auth_seal_copy(cps__auth *a, unsigned char *msg, size_t len, size_t at, const void *src,
+                         size_t n)
 {
     unsigned char *t = msg + len;
     if (!a->keyed) {
+        if (n)
+            memcpy(msg + at, src, n);
         memset(t, 0, CPS_AUTH_TRAILER);
         return;
     }
@@ -281,8 +311,14 @@ void cps__auth_seal(cps__auth *a, unsigned char *msg, size_t len)
     cps__le64_put(t + CPS_AUTH_SALT, ctr);
     /* A context that fails here (OpenSSL out of memory) leaves a zero tag, which every receiver
      * refuses: the message is lost like a dropped packet, and the protocol re-sends. */
-    if (mac(a->own, ctr, msg, len + CPS_AUTH_SALT + 8, t + CPS_AUTH_SALT + 8) != 0)
+    if (mac_copy(a->own, ctr, msg, len + CPS_AUTH_SALT + 8, at, n, (unsigned char *)src, 1,
+                 t + CPS_AUTH_SALT + 8) != 0)
         memset(t + CPS_AUTH_SALT + 8, 0, CPS_AUTH_TAG);
+}
+
+void cps__auth_seal(cps__auth *a, unsigned char *msg, size_t len)
+{
+    cps__auth_seal_copy(a, msg, len, 0, NULL, 0);
 }
 
 static int all_zero(const unsigned char *p, size_t n)
@@ -337,15 +373,23 @@ int cps__auth_open_local(const unsigned char *msg, size_t len, size_t *body_len)
     return CPS_AUTH_OK;
 }
 
-int cps__auth_open(cps__auth *a, const unsigned char *msg, size_t len, size_t *body_len)
+int cps__auth_open_copy(cps__auth *a, const unsigned char *msg, size_t len, size_t *body_len,
+                        size_t at, void *dst, size_t n)
 {
     /* The header's version says which trailer the sender wrote (GMAC before version 4), so a
      * process of another version is told apart from a forger, keyed or not: without this its
      * messages would fail as wrong tags, or as bad headers further up. Unauthenticated, like
      * every refusal: it only picks the words of the log line. */
     int shape = cps__auth_open_local(msg, len, body_len);
-    if (shape != CPS_AUTH_OK || !a->keyed)
+    if (shape == CPS_AUTH_OK && (at > *body_len || n > *body_len - at))
+        shape = CPS_AUTH_SHORT;
+    if (shape != CPS_AUTH_OK)
         return shape;
+    if (!a->keyed) {
+        if (n)
+            memcpy(dst, msg + at, n);
+        return CPS_AUTH_OK;
+    }
     size_t body = *body_len;
     const unsigned char *t = msg + body;
     uint64_t ctr = cps__le64_get(t + CPS_AUTH_SALT);
@@ -362,7 +406,7 @@ int cps__auth_open(cps__auth *a, const unsigned char *msg, size_t len, size_t *b
     if (!c || (!s && mac_key(a, c, t) != 0))
         return CPS_AUTH_NOMEM;
     unsigned char tag[CPS_AUTH_TAG];
-    if (mac(c, ctr, msg, body + CPS_AUTH_SALT + 8, tag) != 0)
+    if (mac_copy(c, ctr, msg, body + CPS_AUTH_SALT + 8, at, n, dst, 0, tag) != 0)
         return CPS_AUTH_NOMEM;
     if (CRYPTO_memcmp(tag, t + CPS_AUTH_SALT + 8, CPS_AUTH_TAG) != 0)
         return CPS_AUTH_BAD_TAG;
@@ -386,4 +430,9 @@ int cps__auth_open(cps__auth *a, const unsigned char *msg, size_t len, size_t *b
     }
     s->used = ++a->tick;
     return window_take(s, ctr);
+}
+
+int cps__auth_open(cps__auth *a, const unsigned char *msg, size_t len, size_t *body_len)
+{
+    return cps__auth_open_copy(a, msg, len, body_len, 0, NULL, 0);
 }

@@ -18,7 +18,14 @@
  * message exactly (same msg_id, offset where the last frame ended; offset 0 starts a new one).
  * Anything else drops the message being assembled, whole: a forged or corrupted frame fails its
  * MAC and is dropped, so the next genuine frame leaves a gap, and nothing of that message is
- * delivered. A message is delivered only when its last byte arrived checked. Messages up to
+ * delivered. A message is delivered only when its last byte arrived checked.
+ *
+ * Both copies that framing costs carry the MAC (auth.h, cps__auth_seal_copy / _open_copy): the
+ * sender seals a frame as it copies the bytes in, and the receiver checks a frame that continues
+ * the message in progress as it copies its bytes into place. A continuation that fails the check
+ * has then written past the checked part; the message stays undelivered until checked frames
+ * have written every byte up to its end, over those. A first frame is checked before anything is
+ * allocated for its message. Messages up to
  * the frame size travel as before, unframed.
  */
 #ifndef CPS_TRANSPORT_FRAME_H

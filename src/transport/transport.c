@@ -608,7 +608,7 @@ static int send_sealed(cps__tp *tp, tp_peer *p, void *buf, size_t len)
 
 /* A large message as frames, each sealed just before it is handed over: while nanomsg's thread
  * writes frame k, this one copies and seals frame k+1 (frame.h). The copy is the price of
- * nanomsg taking whole buffers only. */
+ * nanomsg taking whole buffers only; the MAC rides on it (cps__auth_seal_copy). */
 static int send_framed(cps__tp *tp, tp_peer *p, void *buf, size_t len)
 {
     size_t fs = tp->frame_size, n = (len + fs - 1) / fs;
@@ -621,8 +621,8 @@ static int send_framed(cps__tp *tp, tp_peer *p, void *buf, size_t len)
         if (!f)
             return CPS_ENOMEM; /* frames sent already make a message the receiver drops whole */
         cps__frame_encode_hdr(f, id, len, off);
-        memcpy(f + CPS_FRAME_HDR, (unsigned char *)buf + off, clen);
-        cps__auth_seal(tp->auth, f, CPS_FRAME_HDR + clen);
+        cps__auth_seal_copy(tp->auth, f, CPS_FRAME_HDR + clen, CPS_FRAME_HDR,
+                            (unsigned char *)buf + off, clen);
         int rc = send_sealed(tp, p, f, CPS_FRAME_HDR + clen);
         if (rc) {
             nn_freemsg(f);
@@ -1058,6 +1058,17 @@ static tp_asm *asm_slot(cps__tp *tp, const unsigned char *salt, int create)
     return lru;
 }
 
+/* 1 and the whole message in *out when a's last byte has arrived, else 0. */
+static int asm_done(tp_asm *a, void **out, size_t *out_len)
+{
+    if (a->next < a->total)
+        return 0;
+    *out = a->buf;
+    *out_len = (size_t)a->total;
+    a->buf = NULL;
+    return 1;
+}
+
 /* A frame whose tag was checked (`salt` its sender's). Returns 1 and the whole message in
  * *out and *out_len when this frame completed one, else 0; buf is consumed either way. */
 static int frame_take(cps__tp *tp, void *buf, size_t len, const unsigned char *salt, void **out,
@@ -1103,12 +1114,43 @@ static int frame_take(cps__tp *tp, void *buf, size_t len, const unsigned char *s
     memcpy(a->buf + a->next, fr.data, fr.len);
     a->next += fr.len;
     nn_freemsg(buf);
-    if (a->next < a->total)
+    return asm_done(a, out, out_len);
+}
+
+/* A frame that continues the message being assembled from its sender is checked while its bytes
+ * are copied into place (cps__auth_open_copy): one pass over them instead of a check and then a
+ * copy. Returns -1 when the frame is not such a one (the caller checks it and takes it the
+ * usual way: first frames among them, so that no buffer is sized by an unchecked header), else
+ * buf is consumed and it returns as recv_one: 1 the message complete (in *out), 2 taken, 0
+ * refused. */
+static int frame_take_checking(cps__tp *tp, void *buf, size_t n, void **out, size_t *out_len)
+{
+    if (n < CPS_AUTH_TRAILER)
+        return -1;
+    size_t body = n - CPS_AUTH_TRAILER;
+    cps__frame fr;
+    /* Unchecked yet: only says where the bytes would go, and only into a message whose earlier
+     * frames were checked. */
+    if (cps__frame_decode(buf, body, &fr) != 0 || fr.offset == 0)
+        return -1;
+    tp_asm *a = asm_slot(tp, (unsigned char *)buf + body, 0);
+    if (!a || !a->buf || a->msg_id != fr.msg_id || a->next != fr.offset || a->total != fr.total)
+        return -1;
+    size_t got;
+    int verdict =
+        cps__auth_open_copy(tp->auth, buf, n, &got, CPS_FRAME_HDR, a->buf + a->next, fr.len);
+    if (verdict != CPS_AUTH_OK) {
+        /* Refused as if checked first: its bytes lie past a->next, unchecked, where the
+         * genuine frames that must still come to complete the message write over them (a
+         * message is delivered only when checked frames have filled it up to its end). */
+        auth_refused(tp, buf, n, verdict);
+        nn_freemsg(buf);
         return 0;
-    *out = a->buf;
-    *out_len = (size_t)a->total;
-    a->buf = NULL;
-    return 1;
+    }
+    a->used = ++tp->asm_tick;
+    a->next += fr.len;
+    nn_freemsg(buf);
+    return asm_done(a, out, out_len) ? 1 : 2;
 }
 
 /* A descriptor from the ipc inbox (ring.h): its payload is delivered from the sender's ring.
@@ -1153,6 +1195,15 @@ static int recv_one(cps__tp *tp, int sock, int local, cps__tp_recv_fn fn, void *
             cps__log(CPS_LOG_ERROR, SUB, "nn_recv on %s%s: %s", tp->inbox_url,
                      local ? " (ipc)" : "", nn_strerror(e));
             return CPS_ETRANSPORT;
+        }
+        if (!local && cps__auth_keyed(tp->auth) && cps__frame_is(buf, (size_t)n)) {
+            void *whole;
+            size_t wlen;
+            int rc = frame_take_checking(tp, buf, (size_t)n, &whole, &wlen);
+            if (rc == 1)
+                fn(ctx, whole, wlen);
+            if (rc >= 0)
+                return rc;
         }
         size_t body;
         /* The ipc inbox is reached only through the private directory: the operating system

@@ -174,8 +174,9 @@ static void raw_send(int sock, const void *buf, size_t len)
 /* A forged frame in place of the middle one of a large authenticated message: the forgery is
  * refused by its MAC, the genuine frames after it no longer continue the message, and nothing of
  * it reaches the receiver's callback. The same sender's next message arrives whole. A forged
- * frame slipped in between two genuine ones (not replacing one) is refused and the message
- * still arrives whole, since no frame of it is missing. */
+ * frame slipped in between two genuine ones (not replacing one, even one longer than the genuine
+ * frame at its offset) is refused and the message still arrives whole and exact, since no frame
+ * of it is missing. */
 static void forged_middle_frame(void **state)
 {
     (void)state;
@@ -275,6 +276,33 @@ static void forged_middle_frame(void **state)
         free(f[k]);
     free(f);
     free(fl);
+
+    /* A forged continuation twice as long as the genuine frame at its offset: the receiver
+     * copies its bytes into the message being assembled while checking it (frame.h), past the
+     * checked part, and refuses it; the genuine frames then write over every one of them, and
+     * the message arrives whole and exact. */
+    f = make_frames(auth, 5, msg, len, fs, &n, &fl);
+    size_t dlen = fl[3] - CPS_FRAME_HDR - CPS_AUTH_TRAILER, elen = fl[3] + dlen;
+    extra = malloc(elen);
+    memcpy(extra, f[3], CPS_FRAME_HDR);
+    memset(extra + CPS_FRAME_HDR, 0xee, 2 * dlen);
+    memcpy(extra + CPS_FRAME_HDR + 2 * dlen, f[3] + CPS_FRAME_HDR + dlen, CPS_AUTH_TRAILER);
+    dropped = cps__tp_auth_dropped(b);
+    for (size_t k = 0; k < n; k++) {
+        if (k == 3)
+            raw_send(raw, extra, elen);
+        raw_send(raw, f[k], fl[k]);
+    }
+    wait_for(NULL, b, &g, 3);
+    assert_int_equal(g.n, 3);
+    assert_int_equal(g.last_len, len);
+    assert_memory_equal(g.last, msg, len);
+    assert_int_equal(cps__tp_auth_dropped(b), dropped + 1);
+    for (size_t k = 0; k < n; k++)
+        free(f[k]);
+    free(f);
+    free(fl);
+    free(extra);
 
     free(msg);
     cps__tp_free(g.last);
