@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include "chainps/error.h"
+#include "core/array.h"
 #include "core/entries.h"
 #include "core/wire.h"
 #include "replication/chain.h"
@@ -126,14 +127,10 @@ int cps__cut_book_ask(cps__cut_book *b, uint64_t id, uint32_t range, uint64_t no
 {
     if (book_find(b, id, range))
         return CPS_CUT_REPEAT;
-    if (b->n == b->cap) {
-        size_t cap = b->cap ? 2 * b->cap : 8;
-        cps__cut_entry *e = realloc(b->e, cap * sizeof *e);
-        if (!e)
-            return CPS_ENOMEM;
-        b->e = e;
-        b->cap = cap;
-    }
+    void *e = b->e;
+    if (cps__array_reserve(&e, &b->cap, b->n + 1, sizeof *b->e, 8) != 0)
+        return CPS_ENOMEM;
+    b->e = e;
     b->e[b->n++] = (cps__cut_entry){.id = id, .range = range, .deadline = now + CPS_CUT_PENDING_MS};
     return CPS_CUT_NEW;
 }
