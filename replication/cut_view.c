@@ -1,7 +1,10 @@
 /* The checkpoint cut's decisions (replication/cut_view.h). */
 #include "replication/cut_view.h"
 
+#include <stdlib.h>
+
 #include "chainps/error.h"
+#include "core/array.h"
 #include "core/entries.h"
 #include "core/wire.h"
 #include "replication/chain.h"
@@ -103,4 +106,57 @@ int cps__cut_view_msg(uint8_t type, uint64_t id, uint32_t range, uint64_t view_i
     if (type == CPS_MSG_CUT_READ)
         return CPS_CUT_READ;
     return type == CPS_MSG_CUT_CLOSE ? CPS_CUT_CLOSE : CPS_CUT_ALIVE;
+}
+
+static cps__cut_entry *book_find(cps__cut_book *b, uint64_t id, uint32_t range)
+{
+    for (size_t i = 0; i < b->n; i++)
+        if (b->e[i].id == id && b->e[i].range == range)
+            return &b->e[i];
+    return NULL;
+}
+
+void cps__cut_book_fini(cps__cut_book *b)
+{
+    free(b->e);
+    b->e = NULL;
+    b->n = b->cap = 0;
+}
+
+int cps__cut_book_ask(cps__cut_book *b, uint64_t id, uint32_t range, uint64_t now)
+{
+    if (book_find(b, id, range))
+        return CPS_CUT_REPEAT;
+    void *e = b->e;
+    if (cps__array_reserve(&e, &b->cap, b->n + 1, sizeof *b->e, 8) != 0)
+        return CPS_ENOMEM;
+    b->e = e;
+    b->e[b->n++] = (cps__cut_entry){.id = id, .range = range, .deadline = now + CPS_CUT_PENDING_MS};
+    return CPS_CUT_NEW;
+}
+
+void cps__cut_book_opened(cps__cut_book *b, uint64_t id, uint32_t range)
+{
+    cps__cut_entry *e = book_find(b, id, range);
+    if (e)
+        e->open = 1;
+}
+
+void cps__cut_book_forget(cps__cut_book *b, uint64_t id, uint32_t range)
+{
+    cps__cut_entry *e = book_find(b, id, range);
+    if (e)
+        *e = b->e[--b->n];
+}
+
+int cps__cut_book_expired(cps__cut_book *b, uint64_t now, uint64_t *id, uint32_t *range)
+{
+    for (size_t i = 0; i < b->n; i++)
+        if (!b->e[i].open && now >= b->e[i].deadline) {
+            *id = b->e[i].id;
+            *range = b->e[i].range;
+            b->e[i] = b->e[--b->n];
+            return 1;
+        }
+    return 0;
 }

@@ -85,4 +85,35 @@ enum {
 int cps__cut_view_msg(uint8_t type, uint64_t id, uint32_t range, uint64_t view_id,
                       uint32_t view_range);
 
+/* The cuts a server was asked to open, each named by the tool's view id and its range: pending
+ * ones (waiting for their step, with a deadline) and open ones. It decides which CUT_OPENs are
+ * repeats and when a pending cut has waited long enough; the shell keeps the read views
+ * themselves and performs what it says. A zeroed book is empty; cps__cut_book_fini frees it. */
+#define CPS_CUT_PENDING_MS (10 * 60 * 1000) /* how long a cut may wait for its step */
+typedef struct cps__cut_entry {
+    uint64_t id;
+    uint32_t range;
+    int open;
+    uint64_t deadline; /* while pending */
+} cps__cut_entry;
+typedef struct cps__cut_book {
+    cps__cut_entry *e;
+    size_t n, cap;
+} cps__cut_book;
+void cps__cut_book_fini(cps__cut_book *b);
+enum { CPS_CUT_NEW = 1, CPS_CUT_REPEAT = 2 };
+/* A CUT_OPEN of view `id` of `range` at `now` (one the server may open, cps__cut_may_open):
+ * CPS_CUT_NEW (recorded as pending until now + CPS_CUT_PENDING_MS: open or refuse it), or
+ * CPS_CUT_REPEAT (that view is pending or open already: its first request is being answered,
+ * ignore this one). Errors: CPS_ENOMEM (nothing recorded). */
+int cps__cut_book_ask(cps__cut_book *b, uint64_t id, uint32_t range, uint64_t now);
+/* View `id` of `range` opened: it waits for no deadline any more. Unknown ones: no effect. */
+void cps__cut_book_opened(cps__cut_book *b, uint64_t id, uint32_t range);
+/* The shell dropped view `id` of `range` (refused, closed, or pending no longer): a later
+ * CUT_OPEN of it is new. Unknown ones: no effect. */
+void cps__cut_book_forget(cps__cut_book *b, uint64_t id, uint32_t range);
+/* A pending cut whose step did not come by its deadline at `now`: 1 with its *id and *range
+ * (forgotten already: the shell drops it, and the tool asks again), or 0 when none is due. */
+int cps__cut_book_expired(cps__cut_book *b, uint64_t now, uint64_t *id, uint32_t *range);
+
 #endif

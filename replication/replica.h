@@ -261,6 +261,16 @@ size_t cps__replica_ready(const cps__replica *r, const cps__replica_out **out);
 int cps__replica_is_tail(const cps__replica *r, uint32_t range);
 int cps__replica_joining(const cps__replica *r, uint32_t range);
 uint64_t cps__replica_waiting_since(const cps__replica *r, uint32_t node);
+/* How long a SNAPSHOT's sending socket must stay open once its thread ended: nanomsg drops what
+ * has not left yet when a socket closes, and the last chunk may still be in its buffers. */
+#define CPS_REPLICA_SNAP_LINGER_MS 30000
+/* May the shell close the socket of a SNAPSHOT of `range` to node `joiner` whose thread ended at
+ * `ended_ms` with `status` (0: all sent)? 1 when the socket holds nothing the joiner still needs:
+ * the send failed (the joiner asks again), our view has the joiner in the range's chain (it had
+ * the whole snapshot), the joiner is gone from the view or dead (nothing to wait for), or it
+ * lingered CPS_REPLICA_SNAP_LINGER_MS; 0 while it should stay open. Never fails. */
+int cps__replica_snapshot_may_close(const cps__replica *r, uint32_t range, uint32_t joiner,
+                                    int status, uint64_t ended_ms, uint64_t now);
 /* The chain state machine, read-only, for a checker of the protocol (tests/sim); NULL before
  * the first view. The shell asks the questions above instead. */
 const cps__chain *cps__replica_chain(const cps__replica *r);

@@ -242,3 +242,18 @@ uint64_t cps__replica_waiting_since(const cps__replica *r, uint32_t node)
 {
     return r->chain ? cps__chain_waiting_since(r->chain, node) : 0;
 }
+
+int cps__replica_snapshot_may_close(const cps__replica *r, uint32_t range, uint32_t joiner,
+                                    int status, uint64_t ended_ms, uint64_t now)
+{
+    if (status != 0 || now - ended_ms > CPS_REPLICA_SNAP_LINGER_MS)
+        return 1;
+    if (!r || range >= r->view.nranges)
+        return 0;
+    const cps__range *rg = &r->view.ranges[range];
+    for (uint32_t k = 0; k < rg->chain_len; k++)
+        if (rg->chain[k] == joiner)
+            return 1;
+    const cps__node_info *n = cps__view_node(&r->view, joiner);
+    return !n || !n->alive;
+}

@@ -39,11 +39,10 @@
 #include "entries.h"
 #include "server.h"
 
-#define CUT_PENDING_MS (10 * 60 * 1000) /* how long a cut may wait for its step */
-#define CUT_IDLE_MS    60000            /* an open cut nobody reads is closed after this */
-#define CUT_READ_MAX   (256u << 20)     /* bytes of values in one reply */
-#define CUT_READ_KEYS  (1u << 20)
-#define TOOL_PEER      1u
+#define CUT_IDLE_MS   60000        /* an open cut nobody reads is closed after this */
+#define CUT_READ_MAX  (256u << 20) /* bytes of values in one reply */
+#define CUT_READ_KEYS (1u << 20)
+#define TOOL_PEER     1u
 
 typedef struct cut_job {
     struct cut_job *next;
@@ -52,8 +51,7 @@ typedef struct cut_job {
     uint64_t step;    /* the wanted boundary; 0: now */
     uint64_t req_seq; /* the tool's request number, echoed */
     char tool[CPS_ADDR_MAX];
-    uint64_t timer; /* pending: its deadline, a loop timer (CPS_SERVER_T_CUT) */
-    int open;       /* the thread runs */
+    int open; /* the thread runs */
     /* thread side */
     pthread_t thread;
     atomic_int stop, done; /* set by one thread, read by the other */
@@ -372,6 +370,7 @@ static int open_cut(cps__server *s, cut_job *j, const cps__cut_span *sp)
         return CPS_ENOMEM;
     }
     j->open = 1;
+    cps__cut_book_opened(&s->cut_book, j->id, j->range);
     cps__log(CPS_LOG_INFO, "server",
              "range %u: checkpoint read view %" PRIu64 " opened at step %" PRIu64
              ", sequence number %" PRIu64,
@@ -379,24 +378,9 @@ static int open_cut(cps__server *s, cut_job *j, const cps__cut_span *sp)
     return 0;
 }
 
-static void drop_job(cps__server *s, cut_job *j);
-
-/* A pending cut's step did not come in time: the tool asks again. */
-static int on_cut_deadline(cps__loop *l, uint64_t id, void *ctx, uint64_t now)
-{
-    (void)l, (void)now;
-    cps__server *s = ctx;
-    for (cut_job *j = s->cuts; j; j = j->next)
-        if (j->timer == id && !j->open) {
-            drop_job(s, j);
-            break;
-        }
-    return 0;
-}
-
 static void drop_job(cps__server *s, cut_job *j)
 {
-    cps__loop_timer_del(s->loop, j->timer);
+    cps__cut_book_forget(&s->cut_book, j->id, j->range);
     for (cut_job **pp = &s->cuts; *pp; pp = &(*pp)->next)
         if (*pp == j) {
             *pp = j->next;
@@ -439,12 +423,14 @@ void cps__server_on_cut_open(cps__server *s, cps__rx *rx)
                    h->step ? "this server does not hold the range" : "not the tail of the range");
         return;
     }
-    for (cut_job *j = s->cuts; j; j = j->next)
-        if (j->id == h->aux && j->range == h->range)
-            return; /* a repeat: the first one is pending or answered */
+    int asked = cps__cut_book_ask(&s->cut_book, h->aux, h->range, cps__now_ms());
+    if (asked == CPS_CUT_REPEAT)
+        return;
     make_room(s);
-    cut_job *j = calloc(1, sizeof *j);
+    cut_job *j = asked == CPS_CUT_NEW ? calloc(1, sizeof *j) : NULL;
     if (!j) {
+        if (asked == CPS_CUT_NEW)
+            cps__cut_book_forget(&s->cut_book, h->aux, h->range);
         tool_reply(s, peer, h, CPS_ENOMEM, 0, 0, h->aux, "no memory");
         return;
     }
@@ -453,14 +439,8 @@ void cps__server_on_cut_open(cps__server *s, cps__rx *rx)
     j->step = h->step;
     j->req_seq = h->req_seq;
     snprintf(j->tool, sizeof j->tool, "%s", addr);
-    j->timer = CPS_SERVER_T_CUT(++s->cuts_made);
     j->next = s->cuts;
     s->cuts = j;
-    if (cps__loop_timer_add(s->loop, j->timer, CUT_PENDING_MS, 0, on_cut_deadline, s) != 0) {
-        tool_reply(s, peer, h, CPS_ENOMEM, 0, 0, h->aux, "no memory");
-        drop_job(s, j);
-        return;
-    }
     try_cut(s, j);
 }
 
@@ -499,7 +479,16 @@ int cps__server_cuts_before_grow(void *ctx)
 
 void cps__server_cuts_tick(cps__server *s, uint64_t now, int stop_all)
 {
-    (void)now; /* a pending cut's deadline is a loop timer (on_cut_deadline) */
+    /* A pending cut whose step did not come in time (the book says which): the tool asks
+     * again. */
+    uint64_t id;
+    uint32_t range;
+    while (cps__cut_book_expired(&s->cut_book, now, &id, &range))
+        for (cut_job *j = s->cuts; j; j = j->next)
+            if (j->id == id && j->range == range && !j->open) {
+                drop_job(s, j);
+                break;
+            }
     for (cut_job *j = s->cuts, *next; j; j = next) {
         next = j->next;
         if (j->open) {

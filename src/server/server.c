@@ -873,6 +873,7 @@ out:
     cps__heartbeat_stop(s.beat);
     cps__server_reap_snapshots(&s, 1);
     cps__server_cuts_tick(&s, cps__now_ms(), 1);
+    cps__cut_book_fini(&s.cut_book);
     cps__server_data_fini(&s);
     cps__tp_destroy(s.tp);
     cps__store_close(s.store);

@@ -15,14 +15,12 @@
 #include "node/temp_peers.h"
 #include "recovery/fence.h"
 #include "replication/chain.h"
+#include "replication/cut_view.h"
 #include "replication/replica.h"
 #include "store/store.h"
 #include "transport/transport.h"
 
 struct snap_job;
-
-/* A pending checkpoint cut's deadline (cut.c): n counts the cuts this process was asked for. */
-#define CPS_SERVER_T_CUT(n) ((3ull << 32) | (uint32_t)(n))
 
 /* What the /metrics page shows beyond the heartbeat's stats block (cps__node_stats). */
 typedef struct cps__server_counters {
@@ -64,7 +62,7 @@ typedef struct cps__server {
     uint64_t boot_id;       /* this process's incarnation, sent with HELLO */
     struct snap_job *snaps; /* snapshots being sent by threads */
     struct cut_job *cuts;   /* checkpoint read views, pending or served by threads (cut.c) */
-    uint32_t cuts_made;     /* names each cut's deadline timer */
+    cps__cut_book cut_book; /* which cuts were asked for, and their deadlines (cut_view.h) */
     cps__heartbeat *beat;   /* the heartbeat thread (node/heartbeat.c) */
     /* Called after each applied update while checkpoint cuts are open (cut.c's
      * cps__server_cuts_after_apply, set by server.c): the data path does not call up into the

@@ -164,9 +164,8 @@ static void *snap_main(void *arg)
     else
         cps__log(CPS_LOG_ERROR, "server", "range %u: snapshot for node %u failed: %s", j->range,
                  j->joiner, cps_strerror(rc));
-    /* The socket stays open: nanomsg drops what has not left yet when a socket closes, and the
-     * last chunk may still be in its buffers. The reaper closes it once the joiner is in the
-     * chain (so it had everything) or after a while. */
+    /* The socket stays open until the replica says it may go (cps__replica_snapshot_may_close):
+     * nanomsg drops what has not left yet when a socket closes. */
     free(j->buf);
     j->buf = NULL;
     j->rc = rc;
@@ -208,21 +207,6 @@ void cps__server_start_snapshot(cps__server *s, const cps__replica_out *o)
     }
 }
 
-#define SNAP_SOCKET_LINGER_MS 30000
-
-/* 1 once the joiner of job j is a member of the range's chain: it had the whole snapshot. */
-static int joiner_in_chain(const cps__server *s, const snap_job *j)
-{
-    if (j->range >= s->view.nranges)
-        return 0;
-    const cps__range *rg = &s->view.ranges[j->range];
-    for (uint32_t k = 0; k < rg->chain_len; k++)
-        if (rg->chain[k] == j->joiner)
-            return 1;
-    const cps__node_info *n = cps__view_node(&s->view, j->joiner);
-    return !n || !n->alive; /* gone: nothing to wait for */
-}
-
 void cps__server_reap_snapshots(cps__server *s, int wait)
 {
     snap_job **pp = &s->snaps;
@@ -230,8 +214,8 @@ void cps__server_reap_snapshots(cps__server *s, int wait)
     while (*pp) {
         snap_job *j = *pp;
         int done = __atomic_load_n(&j->done, __ATOMIC_ACQUIRE);
-        if (wait || (done && (j->rc != 0 || joiner_in_chain(s, j) ||
-                              now - j->done_ms > SNAP_SOCKET_LINGER_MS))) {
+        if (wait || (done && cps__replica_snapshot_may_close(s->replica, j->range, j->joiner, j->rc,
+                                                             j->done_ms, now))) {
             pthread_join(j->thread, NULL);
             cps__tp_destroy(j->tp);
             *pp = j->next;

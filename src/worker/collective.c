@@ -17,6 +17,7 @@
 #include "core/config.h"
 #include "core/log.h"
 #include "replication/collective.h"
+#include "replication/ring_fetch.h"
 #include "replication/ring_view.h"
 
 struct cps_allreduce_handle {
@@ -36,9 +37,8 @@ struct cps_allreduce_handle {
  * step = the sharer's step, aux = the sequence number of the collective that follows the shared
  * state, status = CPS_ENOTFOUND / CPS_ESIZE when it cannot). The shell answers
  * them itself: they are no part of a collective. */
-#define KIND_STATE_REQ  2u
-#define KIND_STATE      3u
-#define FETCH_RESEND_MS 300
+#define KIND_STATE_REQ 2u
+#define KIND_STATE     3u
 
 struct cps__ar {
     cps__coll *coll;
@@ -47,11 +47,9 @@ struct cps__ar {
     const float *share_buf;
     uint64_t share_len, share_step;
     uint64_t share_seq; /* the ring's last collective when the buffer was shared */
-    /* a fetch in progress */
+    /* a fetch (replication/ring_fetch.h decides; fetch_buf receives the values) */
+    cps__fetch fetch;
     float *fetch_buf;
-    uint64_t fetch_len, fetch_step, fetch_req;
-    uint32_t fetch_from;
-    int fetch_done, fetch_result;
     uint64_t epoch_fed; /* the view epoch given to the ring */
     cps_allreduce_handle *head, *tail;
     uint64_t bytes_sent;
@@ -253,21 +251,17 @@ static void serve_state(cps_client *c, const cps__msg_hdr *req)
                       .req_seq = req->req_seq};
     const float *vals = NULL, *res = NULL;
     uint64_t n = 0, rseq = 0, rn = 0;
-    if (!a->share_buf) {
-        h.status = CPS_ENOTFOUND;
-    } else if (req->aux != a->share_len) {
-        h.status = CPS_ESIZE;
-    } else {
+    int has = cps__coll_last_result(a->coll, &rseq, &res, &rn), with_result;
+    h.status = cps__fetch_serve(a->share_buf ? a->share_len : 0, req->aux, a->share_seq, has, rseq,
+                                rn, &with_result);
+    if (h.status == 0) {
         vals = a->share_buf;
         n = a->share_len;
         h.step = a->share_step;
         h.aux = a->share_seq + 1; /* the collective that follows the shared state */
-        /* With it, that collective's result: if every member that completed it dies before the
-         * others got it, the replacement answers their restart with it (collective.h). */
-        if (!cps__coll_last_result(a->coll, &rseq, &res, &rn) || rseq != a->share_seq ||
-            (n + rn) * sizeof(float) > CPS_WIRE_MAX_PAYLOAD)
-            rn = 0; /* (too large to go with the state: the replacement then asks the ring) */
     }
+    if (!with_result)
+        rn = 0;
     int rc;
     if (rn == 0) {
         rc = cps__msg_send(c->tp, req->sender, &h, vals, n * sizeof(float));
@@ -309,29 +303,19 @@ void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
         return;
     }
     if (h->range == KIND_STATE) {
-        if (a->fetch_buf && !a->fetch_done && h->req_seq == a->fetch_req &&
-            h->sender == a->fetch_from) {
-            uint64_t count = rx->len / sizeof(float);
-            a->fetch_done = 1;
-            if (h->status < 0) {
-                a->fetch_result = h->status;
-            } else if (count < a->fetch_len) {
-                a->fetch_result = CPS_ESIZE;
-            } else {
-                memcpy(a->fetch_buf, rx->payload, a->fetch_len * sizeof(float));
-                a->fetch_step = h->step;
-                a->fetch_result = 1;
-                /* The ring's next collective, and the result of the one before it (if sent): an
-                 * older sharer sends neither, and the sequence is then guessed (joining). */
-                if (h->aux && !cps__coll_running(a->coll) && !a->head &&
-                    cps__coll_set_next_seq(a->coll, h->aux) == 0) {
+        uint64_t count = rx->len / sizeof(float), len = a->fetch.len;
+        if (a->fetch_buf &&
+            cps__fetch_answer(&a->fetch, h->sender, h->req_seq, h->status, count, h->step)) {
+            memcpy(a->fetch_buf, rx->payload, len * sizeof(float));
+            /* The ring's next collective, and the result of the one before it (if sent): an
+             * older sharer sends neither, and the sequence is then guessed (joining). */
+            if (h->aux && !cps__coll_running(a->coll) && !a->head &&
+                cps__coll_set_next_seq(a->coll, h->aux) == 0) {
+                perform(c);
+                if (count > len &&
+                    cps__coll_adopt_result(a->coll, h->aux - 1, (const float *)rx->payload + len,
+                                           count - len) == 0)
                     perform(c);
-                    if (count > a->fetch_len &&
-                        cps__coll_adopt_result(a->coll, h->aux - 1,
-                                               (const float *)rx->payload + a->fetch_len,
-                                               count - a->fetch_len) == 0)
-                        perform(c);
-                }
             }
         }
         return;
@@ -489,21 +473,6 @@ int cps_allreduce_share(cps_client *c, const float *buf, uint64_t len, uint64_t 
     return rc;
 }
 
-/* The live worker to ask: the lowest rank after `after` (0: from the start), not us. */
-static uint32_t fetch_target(cps__ar *a, uint32_t me, uint32_t after)
-{
-    int past = after == 0;
-    for (uint32_t i = 0; i < a->nmembers; i++) {
-        if (a->members[i] == after) {
-            past = 1;
-            continue;
-        }
-        if (past && a->members[i] != me)
-            return a->members[i];
-    }
-    return 0;
-}
-
 int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
 {
     cps__why_clear();
@@ -517,62 +486,34 @@ int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
         return rc;
     }
     a->fetch_buf = buf;
-    a->fetch_len = len;
-    a->fetch_done = 0;
-    a->fetch_from = 0;
-    uint64_t deadline = cps__now_ms() + c->cfg.unavailable_timeout_ms, sent = 0;
-    rc = 0;
-    while (rc == 0) {
-        uint64_t now = cps__now_ms();
-        if (a->fetch_done) {
-            if (a->fetch_result != CPS_ENOTFOUND)
-                break;
-            /* That one shares nothing (another replacement?): ask the next. */
-            a->fetch_done = 0;
-            a->fetch_from = fetch_target(a, c->id, a->fetch_from);
-            if (!a->fetch_from) {
-                a->fetch_result = CPS_ENOTFOUND;
-                break;
-            }
-            sent = 0;
-        }
-        if (cps__sess_shutdown(c->sess)) {
-            rc = CPS_ESHUTDOWN;
-        } else if (now >= deadline) {
-            rc = CPS_ETIMEDOUT;
-        } else if (now - sent >= FETCH_RESEND_MS) {
-            /* (Again) to the first live worker: the one asked may have died since. */
-            uint32_t to = a->fetch_from && cps__view_node(c->view, a->fetch_from) &&
-                                  cps__view_node(c->view, a->fetch_from)->alive
-                              ? a->fetch_from
-                              : fetch_target(a, c->id, 0);
-            if (!to) {
-                rc = CPS_ENOPEER;
-                break;
-            }
-            a->fetch_from = to;
+    cps__fetch_start(&a->fetch, len, cps__now_ms(), c->cfg.unavailable_timeout_ms);
+    for (;;) {
+        uint32_t to;
+        uint64_t req;
+        int what = cps__fetch_next(&a->fetch, c->view, a->members, a->nmembers, c->id,
+                                   cps__sess_shutdown(c->sess), cps__now_ms(), &to, &req, &rc);
+        if (what == CPS_FETCH_DONE)
+            break;
+        if (what == CPS_FETCH_SEND) {
             cps__msg_hdr h = {.type = CPS_MSG_COLL,
                               .sender = c->id,
                               .epoch = c->view->epoch,
                               .req_worker = c->id,
                               .range = KIND_STATE_REQ,
-                              .req_seq = ++a->fetch_req,
+                              .req_seq = req,
                               .aux = len};
             cps__msg_send(c->tp, to, &h, NULL, 0);
-            sent = now;
-        } else {
-            rc = cps__client_progress(c, 50);
+        } else if ((rc = cps__client_progress(c, 50)) < 0) {
+            cps__fetch_stop(&a->fetch);
+            break;
         }
     }
-    if (rc == 0) {
-        rc = a->fetch_result;
-        if (rc == 1) {
-            if (step)
-                *step = a->fetch_step;
-            cps__log(CPS_LOG_INFO, "allreduce",
-                     "replacement: %llu values (step %llu) fetched from worker %u",
-                     (unsigned long long)len, (unsigned long long)a->fetch_step, a->fetch_from);
-        }
+    if (rc == 1) {
+        if (step)
+            *step = a->fetch.step;
+        cps__log(CPS_LOG_INFO, "allreduce",
+                 "replacement: %llu values (step %llu) fetched from worker %u",
+                 (unsigned long long)len, (unsigned long long)a->fetch.step, a->fetch.from);
     }
     if (rc < 0)
         cps__log(CPS_LOG_ERROR, "allreduce", "replacement: cannot fetch the shared values: %s",

@@ -15,11 +15,11 @@
 #include "core/log.h"
 #include "core/view.h"
 #include "node/temp_peers.h"
+#include "replication/local_queue.h"
 #include "transport/transport.h"
 
 #define SUB        "local"
 #define MAGIC      0x4C535043u /* "CPSL" */
-#define NO_STEP    UINT64_MAX  /* no boundary committed yet */
 #define BLOB_FIXED 24
 
 typedef struct entry {
@@ -30,13 +30,7 @@ typedef struct entry {
     uint64_t numel;
 } entry;
 
-enum { SLOT_FREE, SLOT_WAITING, SLOT_SENDING };
-
-typedef struct request {
-    int state, any;
-    uint64_t want, req_seq, arrival;
-    char addr[CPS_ADDR_MAX]; /* where the exporter listens */
-} request;
+_Static_assert(CPS_LSET_QUEUE == CPS_LQ_SLOTS, "localset.h's queue is replication/local_queue.h's");
 
 struct cps__lset {
     entry *e;
@@ -44,13 +38,12 @@ struct cps__lset {
     char **keys, **values;
     size_t nmeta;
     int registered; /* the scheduler's registry holds our marker */
-    uint64_t last;  /* the last committed boundary, NO_STEP before the first */
     size_t chunk;   /* bytes of blob per answer message (CHAINPS_LOCAL_CHUNK) */
     /* Exporters' requests waiting for their boundary, or being answered (commit sends outside
-     * the lock, so a slot stays taken, and its peer id pointed at that exporter, until done). */
-    request q[CPS_LSET_QUEUE];
-    uint64_t
-        arrivals; /* orders the requests: the oldest waiting one gives way when all are taken */
+     * the lock, so a slot stays taken, and its peer id pointed at that exporter, until done):
+     * replication/local_queue.h decides; addr[k] is where slot k's exporter listens. */
+    cps__lq lq;
+    char addr[CPS_LSET_QUEUE][CPS_ADDR_MAX];
     /* The exporters we answer, as temporary peers: one id per exporter's inbox, never pointed
      * at another one while an answer to it may still be queued (node/temp_peers.h). */
     cps__temp_peers temps;
@@ -282,7 +275,7 @@ static int lset_get(cps_client *c, cps__lset **out)
         c->lset = calloc(1, sizeof *c->lset);
         if (!c->lset)
             return CPS_ENOMEM;
-        c->lset->last = NO_STEP;
+        cps__lq_init(&c->lset->lq);
         c->lset->chunk = chunk;
     }
     *out = c->lset;
@@ -438,8 +431,9 @@ static void answer_status(cps_client *c, cps__lset *s, const char *addr, uint64_
         cps__log(CPS_LOG_WARN, SUB, "cannot answer the exporter: %s", cps_strerror(rc));
 }
 
-/* One chunk of the blob to peer `peer`, the exporter of request r; the message owns a copy. */
-static int send_chunk(cps_client *c, cps__lset *s, const request *r, uint32_t peer, uint64_t step,
+/* One chunk of the blob to peer `peer`, the exporter of request req_seq; the message owns a
+ * copy. */
+static int send_chunk(cps_client *c, cps__lset *s, uint64_t req_seq, uint32_t peer, uint64_t step,
                       const unsigned char *blob, uint64_t total, uint64_t off, size_t len)
 {
     cps__msg_hdr h = {.type = CPS_MSG_LOCAL,
@@ -447,7 +441,7 @@ static int send_chunk(cps_client *c, cps__lset *s, const request *r, uint32_t pe
                       .sender = c->id,
                       .epoch = c->view ? c->view->epoch : 0,
                       .req_worker = c->id,
-                      .req_seq = r->req_seq,
+                      .req_seq = req_seq,
                       .step = step};
     unsigned char *buf = cps__msg_alloc(&h, CPS_LSET_CHUNK_HDR + len);
     if (!buf)
@@ -476,43 +470,24 @@ void cps__lset_on_msg(cps_client *c, const cps__rx *rx)
         cps__log(CPS_LOG_WARN, SUB, "malformed request for the local tensors dropped");
         return;
     }
-    int any = rx->hdr.aux == 1;
-    uint64_t want = rx->hdr.step, last = s->last == NO_STEP ? 0 : s->last;
-    if (s->n == 0 || (!any && s->last != NO_STEP && want <= s->last)) {
-        answer_status(c, s, addr, rx->hdr.req_seq, s->n == 0 ? CPS_ENOTFOUND : CPS_EPAST, last);
-        return;
+    cps__lq_act act[2];
+    size_t n = cps__lq_request(&s->lq, rx->hdr.req_seq, rx->hdr.step, rx->hdr.aux == 1, s->n, act);
+    for (size_t i = 0; i < n; i++) {
+        if (act[i].kind == CPS_LQ_HOLD) {
+            snprintf(s->addr[act[i].slot], sizeof s->addr[0], "%s", addr);
+            continue;
+        }
+        if (act[i].slot < 0 && act[i].status == CPS_EAGAIN)
+            cps__log(CPS_LOG_WARN, SUB, "%d exports are being answered: a new one is refused",
+                     CPS_LSET_QUEUE);
+        else if (act[i].slot >= 0)
+            cps__log(CPS_LOG_WARN, SUB,
+                     "%d exports wait for the local tensors: the oldest (step %" PRIu64
+                     ") gives way to a new one",
+                     CPS_LSET_QUEUE, act[i].want);
+        answer_status(c, s, act[i].slot < 0 ? addr : s->addr[act[i].slot], act[i].req_seq,
+                      act[i].status, act[i].step);
     }
-    /* A free slot, or else the oldest waiting request gives way (told CPS_EAGAIN): an exporter
-     * that died waiting for a far step must not block the later ones for ever. */
-    size_t slot = CPS_LSET_QUEUE;
-    for (size_t i = 0; i < CPS_LSET_QUEUE && slot == CPS_LSET_QUEUE; i++)
-        if (s->q[i].state == SLOT_FREE)
-            slot = i;
-    int evict = slot == CPS_LSET_QUEUE;
-    for (size_t i = 0; evict && i < CPS_LSET_QUEUE; i++)
-        if (s->q[i].state == SLOT_WAITING &&
-            (slot == CPS_LSET_QUEUE || s->q[i].arrival < s->q[slot].arrival))
-            slot = i;
-    if (slot == CPS_LSET_QUEUE) { /* every slot is being answered right now */
-        answer_status(c, s, addr, rx->hdr.req_seq, CPS_EAGAIN, last);
-        cps__log(CPS_LOG_WARN, SUB, "%d exports are being answered: a new one is refused",
-                 CPS_LSET_QUEUE);
-        return;
-    }
-    request *r = &s->q[slot];
-    if (evict) {
-        cps__log(CPS_LOG_WARN, SUB,
-                 "%d exports wait for the local tensors: the oldest (step %" PRIu64
-                 ") gives way to a new one",
-                 CPS_LSET_QUEUE, r->want);
-        answer_status(c, s, r->addr, r->req_seq, CPS_EAGAIN, last);
-    }
-    *r = (request){.state = SLOT_WAITING,
-                   .any = any,
-                   .want = want,
-                   .req_seq = rx->hdr.req_seq,
-                   .arrival = ++s->arrivals};
-    snprintf(r->addr, sizeof r->addr, "%s", addr);
 }
 
 /* The list and metadata as they are now, for encoding outside the lock. */
@@ -558,7 +533,7 @@ oom:
     return CPS_ENOMEM;
 }
 
-/* Answer the requests of slots `which` (SLOT_SENDING) with the blob of boundary `step`, encoded
+/* Answer the requests of slots `which` (CPS_LQ_SENDING) with the blob of boundary `step`, encoded
  * outside the client's lock (the copy of a large model must not hold up the client's loop) and
  * sent in chunks of s->chunk bytes, each under the lock (the transport's owner). Called and
  * returns with the lock held. */
@@ -583,12 +558,12 @@ static int answer_blob(cps_client *c, cps__lset *s, const unsigned char *which, 
     for (size_t i = 0; i < CPS_LSET_QUEUE; i++) {
         if (!which[i])
             continue;
-        request *r = &s->q[i];
-        uint32_t peer = exporter_peer(c, s, r->addr);
+        uint64_t req_seq = s->lq.q[i].req_seq;
+        uint32_t peer = exporter_peer(c, s, s->addr[i]);
         int src = peer ? rc : CPS_EUNAVAILABLE;
         for (uint64_t off = 0; src == 0 && off < total; off += chunk) {
             size_t len = total - off < chunk ? (size_t)(total - off) : chunk;
-            src = send_chunk(c, s, r, peer, step, blob, total, off, len);
+            src = send_chunk(c, s, req_seq, peer, step, blob, total, off, len);
             if (src == 0 && off + len < total) {
                 /* Let the client's loop (and other threads' calls) in between chunks. */
                 pthread_mutex_unlock(&c->lock);
@@ -596,7 +571,7 @@ static int answer_blob(cps_client *c, cps__lset *s, const unsigned char *which, 
             }
         }
         if (src == CPS_ENOMEM)
-            answer_status(c, s, r->addr, r->req_seq, CPS_ENOMEM, step);
+            answer_status(c, s, s->addr[i], req_seq, CPS_ENOMEM, step);
         if (src != 0)
             cps__log(CPS_LOG_ERROR, SUB, "cannot send the local tensors of step %" PRIu64 ": %s",
                      step, cps_strerror(src));
@@ -607,7 +582,7 @@ static int answer_blob(cps_client *c, cps__lset *s, const unsigned char *which, 
                      "queued after %.1f ms)",
                      step, total, (total + chunk - 1) / chunk, (t_copy - t0) / 1000.0,
                      (cps__now_us() - t0) / 1000.0);
-        r->state = SLOT_FREE;
+        cps__lq_sent(&s->lq, (int)i);
     }
     free(blob);
     return rc;
@@ -623,21 +598,16 @@ int cps_local_commit(cps_client *c, uint64_t step)
     int rc = lset_get(c, &s);
     unsigned char which[CPS_LSET_QUEUE] = {0};
     int any = 0;
-    for (size_t i = 0; rc == 0 && i < CPS_LSET_QUEUE; i++) {
-        request *r = &s->q[i];
-        if (r->state != SLOT_WAITING)
-            continue;
-        if (r->any || step == r->want) {
-            r->state = SLOT_SENDING;
-            which[i] = 1;
-            any = 1;
-        } else if (step > r->want) {
-            answer_status(c, s, r->addr, r->req_seq, CPS_EPAST, step);
-            r->state = SLOT_FREE;
-        }
-    }
     if (rc == 0) {
-        s->last = step;
+        cps__lq_act act[CPS_LQ_SLOTS];
+        size_t n = cps__lq_commit(&s->lq, step, act);
+        for (size_t i = 0; i < n; i++) {
+            if (act[i].kind == CPS_LQ_BLOB)
+                which[act[i].slot] = any = 1;
+            else
+                answer_status(c, s, s->addr[act[i].slot], act[i].req_seq, act[i].status,
+                              act[i].step);
+        }
         if (any)
             rc = answer_blob(c, s, which, step);
     }

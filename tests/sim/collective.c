@@ -48,6 +48,7 @@
 #include "seed_args.h"
 #include "chainps/error.h"
 #include "replication/collective.h"
+#include "replication/ring_fetch.h"
 
 #define MAX_ORIG     6
 #define MAX_REPL     2
@@ -445,15 +446,20 @@ static void deliver_view(model *m, uint32_t wi, uint64_t epoch)
         const float *rvals = NULL;
         int found = 0, has_result = 0;
         for (uint32_t rank = 0; rank < m->norig && !found; rank++)
-            for (uint32_t i = 0; i < m->nw && !found; i++)
-                if (i != wi && m->w[i].alive && m->in_view[i] && m->w[i].rank == rank &&
-                    m->w[i].completed > 0) {
-                    at = m->w[i].completed;
-                    found = 1;
-                    /* and, with it, the result of that collective (the shell sends both) */
-                    has_result = cps__coll_last_result(m->w[i].c, &rseq, &rvals, &rn) &&
-                                 rseq == at && !m->no_adopt;
-                }
+            for (uint32_t i = 0; i < m->nw && !found; i++) {
+                if (i == wi || !m->w[i].alive || !m->in_view[i] || m->w[i].rank != rank)
+                    continue;
+                /* The sharer's own answer (replication/ring_fetch.c): a worker that completed
+                 * nothing shares nothing, and the asker goes on to the next; the result goes
+                 * with the state when it is that state's collective's. */
+                int has = cps__coll_last_result(m->w[i].c, &rseq, &rvals, &rn);
+                if (cps__fetch_serve(m->w[i].completed > 0, 1, m->w[i].completed, has, rseq, rn,
+                                     &has_result) != 0)
+                    continue;
+                at = m->w[i].completed;
+                found = 1;
+                has_result = has_result && !m->no_adopt;
+            }
         if (found && !m->guess) {
             if (cps__coll_set_next_seq(w->c, at + 1) != 0) {
                 sim_fail(&m->v, "replacement %u: cps__coll_set_next_seq failed", w->id);

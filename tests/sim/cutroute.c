@@ -105,6 +105,7 @@ typedef struct server {
     uint64_t epoch;
     uint64_t applied[MAX_RANGES];
     job jobs[MAX_RANGES];
+    cps__cut_book book; /* the server's own record of the cuts asked for (cut_view.c) */
 } server;
 
 typedef struct chains {
@@ -413,8 +414,10 @@ static void on_ask(model *m, const event *e)
                      .err = CPS_ESTALE_EPOCH});
         return;
     }
-    if (j->attempt == e->attempt)
-        return; /* a repeat: the first one is pending or answered */
+    if (cps__cut_book_ask(&s->book, e->attempt, e->range, m->now) != CPS_CUT_NEW)
+        return; /* the server's own rule (cut_view.c): a repeat of a pending or answered one */
+    if (j->attempt)
+        cps__cut_book_forget(&s->book, j->attempt, e->range); /* its one slot is taken over */
     *j = (job){.attempt = e->attempt, .state = J_PENDING};
     try_cut(m, e->node, e->range);
 }
@@ -827,6 +830,7 @@ static void on_kill(model *m, uint32_t node)
     s->alive = 0;
     s->died = m->now;
     memset(s->jobs, 0, sizeof s->jobs);
+    cps__cut_book_fini(&s->book);
     m->last_fault = m->now;
     if (m->verbose)
         printf("  t=%" PRIu64 " kill -9 node %u\n", m->now, node);
@@ -1091,6 +1095,8 @@ static int run_seed(uint64_t seed, int no_absorb, int verbose, char *why, size_t
         snprintf(why, why_len, "%s", m->v.why);
     snprintf(outcome, out_len, "%s%s", m->phase == 3 ? "done " : "failed ", m->outcome);
     cps__cutroute_destroy(m->cr);
+    for (uint32_t n = 1; n <= MAX_SERVERS; n++)
+        cps__cut_book_fini(&m->s[n].book);
     free(m);
     return failed;
 }

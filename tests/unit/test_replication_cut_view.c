@@ -191,6 +191,47 @@ static void view_socket_messages(void **state)
     assert_int_equal(cps__cut_view_msg(CPS_MSG_CUT_READ, 9, 1, 9, 2), CPS_CUT_IGNORE);
 }
 
+/* A CUT_OPEN naming a view already pending or open is a repeat; one for another range, or once
+ * the view was dropped, is new. A pending view expires at its deadline, an open one never. */
+static void book_repeats_and_deadlines(void **state)
+{
+    (void)state;
+    cps__cut_book b;
+    memset(&b, 0, sizeof b);
+    const uint64_t t0 = 1000, due = t0 + CPS_CUT_PENDING_MS;
+    uint64_t id;
+    uint32_t range;
+    assert_int_equal(cps__cut_book_ask(&b, 7, 0, t0), CPS_CUT_NEW);
+    assert_int_equal(cps__cut_book_ask(&b, 7, 0, t0 + 5), CPS_CUT_REPEAT);
+    assert_int_equal(cps__cut_book_ask(&b, 7, 1, t0), CPS_CUT_NEW); /* same id, another range */
+    assert_int_equal(cps__cut_book_ask(&b, 8, 0, t0 + 10), CPS_CUT_NEW);
+    cps__cut_book_opened(&b, 7, 1);
+    assert_int_equal(cps__cut_book_ask(&b, 7, 1, t0 + 20), CPS_CUT_REPEAT); /* open: answered */
+    /* Nothing is due before the deadline; at it, the pending (7, 0) goes, not the open (7, 1). */
+    assert_int_equal(cps__cut_book_expired(&b, due - 1, &id, &range), 0);
+    assert_int_equal(cps__cut_book_expired(&b, due, &id, &range), 1);
+    assert_int_equal(id, 7);
+    assert_int_equal(range, 0);
+    assert_int_equal(cps__cut_book_expired(&b, due, &id, &range), 0);
+    assert_int_equal(cps__cut_book_expired(&b, due + 10, &id, &range), 1);
+    assert_int_equal(id, 8);
+    assert_int_equal(cps__cut_book_expired(&b, 10 * due, &id, &range), 0);
+    /* Expired or dropped: the tool's next request of it is new. */
+    assert_int_equal(cps__cut_book_ask(&b, 7, 0, due), CPS_CUT_NEW);
+    cps__cut_book_forget(&b, 7, 1);
+    cps__cut_book_forget(&b, 99, 1); /* unknown: nothing happens */
+    assert_int_equal(cps__cut_book_ask(&b, 7, 1, due), CPS_CUT_NEW);
+    assert_int_equal(cps__cut_book_ask(&b, 7, 0, due), CPS_CUT_REPEAT);
+    /* Many at once grow the book; each is found again. */
+    for (uint64_t k = 100; k < 140; k++)
+        assert_int_equal(cps__cut_book_ask(&b, k, 3, due), CPS_CUT_NEW);
+    for (uint64_t k = 100; k < 140; k++)
+        assert_int_equal(cps__cut_book_ask(&b, k, 3, due), CPS_CUT_REPEAT);
+    cps__cut_book_fini(&b);
+    assert_int_equal(cps__cut_book_ask(&b, 7, 0, due), CPS_CUT_NEW);
+    cps__cut_book_fini(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -204,6 +245,7 @@ int main(void)
         cmocka_unit_test(read_parse_and_bounds),
         cmocka_unit_test(read_fits_the_record),
         cmocka_unit_test(view_socket_messages),
+        cmocka_unit_test(book_repeats_and_deadlines),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

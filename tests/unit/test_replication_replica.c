@@ -875,6 +875,36 @@ static void a_view_taking_a_range_yields_its_drop(void **state)
     finish(r, &f);
 }
 
+/* A finished snapshot's socket goes once it holds nothing the joiner needs: the joiner is in the
+ * range's chain, dead or gone, the send failed, or it lingered long enough; never earlier. */
+static void a_snapshot_socket_closes_only_when_the_joiner_needs_nothing_more(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    set_view(r, 3, CPS_MODE_ASYNC, 2, 1, 1); /* range 0: {SELF}; range 1: {2} */
+    const uint64_t end = 5000, in_time = end + CPS_REPLICA_SNAP_LINGER_MS;
+    /* Node 2 is alive and not in range 0's chain yet: the last chunk may still be queued. */
+    assert_int_equal(cps__replica_snapshot_may_close(r, 0, 2, 0, end, end), 0);
+    assert_int_equal(cps__replica_snapshot_may_close(r, 0, 2, 0, end, in_time), 0);
+    assert_int_equal(cps__replica_snapshot_may_close(r, 0, 2, 0, end, in_time + 1), 1);
+    assert_int_equal(cps__replica_snapshot_may_close(r, 0, 2, CPS_EIO, end, end), 1);
+    /* A range we do not know: only failure or lingering end it. */
+    assert_int_equal(cps__replica_snapshot_may_close(r, 7, 2, 0, end, end), 0);
+    /* In the chain of range 1: it had everything. */
+    assert_int_equal(cps__replica_snapshot_may_close(r, 1, 2, 0, end, end), 1);
+    /* A node the view does not name: nobody to wait for. */
+    assert_int_equal(cps__replica_snapshot_may_close(r, 0, 77, 0, end, end), 1);
+    /* Node 2 counted dead. */
+    cps__view v;
+    make_view(&v, 4, CPS_MODE_ASYNC, 2, 0);
+    v.nodes[1].alive = 0;
+    assert_int_equal(cps__replica_set_view(r, &v, SELF, 0, 0), 0);
+    cps__view_fini(&v);
+    assert_int_equal(cps__replica_snapshot_may_close(r, 0, 2, 0, end, end), 1);
+    finish(r, &f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -896,6 +926,7 @@ int main(void)
         cmocka_unit_test(an_unsure_replica_asks_and_drops_until_confirmed),
         cmocka_unit_test(a_view_counting_us_dead_fences_the_replica),
         cmocka_unit_test(a_view_taking_a_range_yields_its_drop),
+        cmocka_unit_test(a_snapshot_socket_closes_only_when_the_joiner_needs_nothing_more),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
