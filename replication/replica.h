@@ -46,8 +46,10 @@
  *  - LOG: a line for the server's log (the replica has no log of its own).
  * Timers: cps__replica_wait_ms says when cps__replica_tick is due at the latest (held acks).
  * CHAIN_MARK(APPLIED)s are held too, one per range, and go out at the next cps__replica_tick
- * (the end of the loop turn) with the highest seq applied: several updates a turn cost one
- * MARK per range. Held acks and MARKs come out as SEND items without msg (hdr only).
+ * (the end of the loop turn) with the highest seq applied, or earlier, right before the first
+ * item of other work (another range's FWD and WRITE, a VALUES reply): several updates of a
+ * range in a row cost one MARK, and a MARK never waits for work that would not replace it.
+ * Held acks and MARKs come out as SEND items without msg (hdr only).
  *
  * Not thread-safe: one event loop owns a cps__replica.
  */

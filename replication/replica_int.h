@@ -50,8 +50,8 @@ struct cps__replica {
     cps__joiner *joiner;
     rmsg *join_snap;
     int join_wait;
-    /* CHAIN_MARK(APPLIED)s held until the end of the loop turn (cps__rp_flush_marks), one per
-     * range: the latest covers the earlier ones. */
+    /* CHAIN_MARK(APPLIED)s held until the end of the loop turn (cps__rp_flush_marks) or other
+     * work (cps__rp_release_marks), one per range: the latest covers the earlier ones. */
     struct held_mark *marks;
     uint32_t nmarks, marks_held;
     /* Our standing (replica_fence.c). */
@@ -107,6 +107,9 @@ void cps__rp_submit(cps__replica *r, uint32_t range, const cps__chain_update *u,
 void cps__rp_flush_acks(cps__replica *r, uint64_t now, int force);
 /* Send the held CHAIN_MARK(APPLIED)s: the loop turn ended (cps__replica_tick), a view comes. */
 void cps__rp_flush_marks(cps__replica *r);
+/* Send the held CHAIN_MARK(APPLIED)s of every range but `keep` (UINT32_MAX: all of them): work
+ * that would not replace them comes next in the ready list. */
+void cps__rp_release_marks(cps__replica *r, uint32_t keep);
 
 /* ---- replica_join.c ---- */
 /* JOIN_RANGE, SNAP_REQ or SNAP (takes p). */

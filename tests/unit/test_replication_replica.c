@@ -172,11 +172,12 @@ static void set_view(cps__replica *r, uint64_t epoch, uint32_t mode, uint32_t nr
     cps__view_fini(&v);
 }
 
-/* A message from `from` of KEY with values {a, b} (none for a pull), owned by the replica. */
-static cps__replica_msg request(fake *f, uint8_t type, uint32_t from, uint64_t epoch, uint64_t req,
-                                uint64_t step, float a, float b)
+/* A message from `from` of `key` in `range` with values {a, b} (none for a pull), owned by the
+ * replica. */
+static cps__replica_msg request_of(fake *f, uint8_t type, uint32_t from, uint64_t epoch,
+                                   uint64_t req, uint64_t step, float a, float b, uint64_t key,
+                                   uint32_t range)
 {
-    uint64_t key = KEY;
     uint32_t len = 2;
     float vals[2] = {a, b};
     int with = type != CPS_MSG_PULL;
@@ -191,8 +192,16 @@ static cps__replica_msg request(fake *f, uint8_t type, uint32_t from, uint64_t e
     m.hdr.req_seq = req;
     m.hdr.step = step;
     m.hdr.aux = step; /* a pull reads at the worker's clock */
+    m.hdr.range = range;
     f->owners++;
     return m;
+}
+
+/* The same of KEY, in range 0. */
+static cps__replica_msg request(fake *f, uint8_t type, uint32_t from, uint64_t epoch, uint64_t req,
+                                uint64_t step, float a, float b)
+{
+    return request_of(f, type, from, epoch, req, step, a, b, KEY, 0);
 }
 
 /* Perform the ready list on the fake store; returns the kinds in order as a string (W S R A D L
@@ -307,6 +316,28 @@ static void the_head_forwards_before_it_writes_and_then_says_it_applied(void **s
     finish(r, &f);
 }
 
+/* An async view of epoch `epoch` with ranges 0 and 1 both on the chain 1 -> 2. */
+static void two_chains_view(cps__view *v, uint64_t epoch)
+{
+    make_view(v, epoch, CPS_MODE_ASYNC, 2, 0);
+    for (uint32_t k = 0; k < 2; k++) {
+        v->ranges[k].chain_len = 2;
+        v->ranges[k].chain[1] = 2;
+    }
+}
+
+/* A replica at the head of both ranges of two_chains_view (epoch 3). */
+static cps__replica *head_of_two_ranges(fake *f)
+{
+    cps__replica *r = new_replica(f);
+    cps__view v;
+    two_chains_view(&v, 3);
+    assert_int_equal(cps__replica_set_view(r, &v, SELF, 1, 0), 0);
+    cps__view_fini(&v);
+    perform(r, f);
+    return r;
+}
+
 /* Several updates of a range in one loop turn: one CHAIN_MARK at its end, with the highest
  * seq (the successor applies every FWD it holds up to it). Its counters: three FWDs and one MARK
  * sent, two MARKs merged. */
@@ -314,16 +345,8 @@ static void a_turn_of_updates_sends_one_mark_per_range_with_the_highest_seq(void
 {
     (void)state;
     fake f = {.declared = 1};
-    cps__replica *r = new_replica(&f);
+    cps__replica *r = head_of_two_ranges(&f);
     cps__view v;
-    make_view(&v, 3, CPS_MODE_ASYNC, 2, 0);
-    for (uint32_t k = 0; k < 2; k++) {
-        v.ranges[k].chain_len = 2;
-        v.ranges[k].chain[1] = 2;
-    }
-    assert_int_equal(cps__replica_set_view(r, &v, SELF, 1, 0), 0);
-    cps__view_fini(&v);
-    perform(r, &f);
     for (uint64_t q = 1; q <= 3; q++) {
         cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 3, q, 0, 1, 2);
         cps__replica_step(r, &m, 10);
@@ -348,11 +371,7 @@ static void a_turn_of_updates_sends_one_mark_per_range_with_the_highest_seq(void
     cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 3, 4, 0, 1, 2);
     cps__replica_step(r, &m, 12);
     perform(r, &f);
-    make_view(&v, 4, CPS_MODE_ASYNC, 2, 0);
-    for (uint32_t k = 0; k < 2; k++) {
-        v.ranges[k].chain_len = 2;
-        v.ranges[k].chain[1] = 2;
-    }
+    two_chains_view(&v, 4);
     assert_int_equal(cps__replica_set_view(r, &v, SELF, 0, 12), 0);
     cps__view_fini(&v);
     mark = item(r, CPS_RO_SEND, 0);
@@ -360,6 +379,42 @@ static void a_turn_of_updates_sends_one_mark_per_range_with_the_highest_seq(void
     assert_int_equal(mark->hdr.req_seq, 4);
     assert_int_equal(mark->hdr.epoch, 3);
     perform(r, &f);
+    finish(r, &f);
+}
+
+/* A held MARK waits only for updates of its own range: the FWD and write of another range's
+ * update come after it (a sync step's MARK waited at the end of the turn for the other range's
+ * write), while a second update of the range replaces it. */
+static void a_held_mark_goes_before_another_ranges_update(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = head_of_two_ranges(&f);
+    cps__replica_msg m = request(&f, CPS_MSG_PUSH, W1, 3, 1, 0, 1, 2);
+    cps__replica_step(r, &m, 10);
+    assert_string_equal(perform(r, &f), "SW"); /* range 0's MARK held */
+    m = request_of(&f, CPS_MSG_PUSH, W2, 3, 1, 0, 1, 2, 1005, 1);
+    cps__replica_step(r, &m, 10);
+    const cps__replica_out *mark = item(r, CPS_RO_SEND, 0);
+    assert_int_equal(mark->hdr.type, CPS_MSG_CHAIN_MARK);
+    assert_int_equal(mark->hdr.range, 0);
+    assert_int_equal(mark->hdr.req_seq, 1);
+    assert_int_equal(mark->hdr.aux, CPS_CHAIN_MARK_APPLIED);
+    assert_int_equal(item(r, CPS_RO_SEND, 1)->hdr.type, CPS_MSG_FWD);
+    assert_int_equal(item(r, CPS_RO_WRITE, 0)->range, 1);
+    assert_string_equal(perform(r, &f), "SSW");
+    m = request_of(&f, CPS_MSG_PUSH, W2, 3, 2, 0, 1, 2, 1005, 1);
+    cps__replica_step(r, &m, 10);
+    assert_string_equal(perform(r, &f), "SW"); /* range 1's MARK replaced, not sent */
+    cps__replica_tick(r, 10, 0);
+    mark = item(r, CPS_RO_SEND, 0);
+    assert_int_equal(mark->hdr.type, CPS_MSG_CHAIN_MARK);
+    assert_int_equal(mark->hdr.range, 1);
+    assert_int_equal(mark->hdr.req_seq, 2);
+    assert_string_equal(perform(r, &f), "S");
+    const cps__replica_counters *c = cps__replica_counts(r);
+    assert_int_equal(c->marks_sent, 2);
+    assert_int_equal(c->marks_merged, 1);
     finish(r, &f);
 }
 
@@ -536,7 +591,10 @@ static void a_retried_push_pull_is_not_answered_before_commit(void **state)
     assert_int_equal(o->hdr.req_seq, 1);
     assert_int_equal(o->kv.nkeys, 1);
     assert_int_equal(o->kv.keys[0], KEY);
-    assert_string_equal(perform(r, &f), "R");
+    /* The MARK of seq 2, held since its write (no tick here), goes before the values' read. */
+    assert_int_equal(item(r, CPS_RO_SEND, 0)->hdr.type, CPS_MSG_CHAIN_MARK);
+    assert_int_equal(item(r, CPS_RO_SEND, 0)->hdr.req_seq, 2);
+    assert_string_equal(perform(r, &f), "SR");
     assert_int_equal(f.seq[0], 2);
     /* Committed again: W2's re-sent push is taken. */
     m = request(&f, CPS_MSG_PUSH, W2, 3, 2, 2, 5, 6);
@@ -911,6 +969,7 @@ int main(void)
         cmocka_unit_test(a_push_is_written_before_it_is_acknowledged),
         cmocka_unit_test(the_head_forwards_before_it_writes_and_then_says_it_applied),
         cmocka_unit_test(a_turn_of_updates_sends_one_mark_per_range_with_the_highest_seq),
+        cmocka_unit_test(a_held_mark_goes_before_another_ranges_update),
         cmocka_unit_test(an_undeclared_key_becomes_a_skip_answered_with_its_error),
         cmocka_unit_test(a_message_of_a_future_epoch_waits_for_its_view),
         cmocka_unit_test(deferred_requests_are_stepped_after_the_first_view),
