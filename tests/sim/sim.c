@@ -991,6 +991,7 @@ int sim_run(const sim_params *p, sim_summary *out)
         out->partitions = sm->partitions;
         out->joins = sm->joins;
         out->rejoins = sm->rejoins;
+        out->stale_welcomes = sm->stale_welcomes;
         out->gated = sm->gated;
         out->ssp_parked = sm->ssp_parked;
         out->false_deaths = sm->false_deaths;
