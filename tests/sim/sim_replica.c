@@ -459,10 +459,10 @@ void sim_server_start(sim *sm, sim_server *s, const cps__view *v)
     s->ticking = 1;
     s->epoch = v->epoch; /* the replica (and its fence) install v as it is */
     s->view = v;
-    /* The job's first view, as production's WELCOME of the first life. */
+    /* The job's first view, known to count every server in: the fence joins with it. It
+     * stands for the WELCOME of the first life (a late copy may reach the next one). */
     s->welcome_epoch = v->epoch;
     s->welcome_life = s->boot;
-    /* The job's first view, known to count every server in: the fence joins with it. */
     cps__replica_set_view(s->rep, v, s->id, 1, 0);
     perform(sm, s);
 }
