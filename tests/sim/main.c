@@ -4,7 +4,7 @@
  *       [--mode sync|async|ssp|ssp:N] [--faults
  * none|drops|crash|pause|restart|partition|join|scale|all]
  *       [--events N] [--refusals] [--sched-restarts] [--push-pull] [--views-unordered]
- *       [--fwd-crashes] [--single-probe] [-v]
+ *       [--fwd-crashes] [--single-probe] [--fence-faults] [-v]
  *   sim --regressions FILE
  *
  * Parameters not given are drawn from the seed, from a stream of their own, in a fixed order:
@@ -28,8 +28,9 @@
  * only the network, the stores, the clock and the processes. --refusals lets the head refuse some
  * pushes (unknown keys: a SKIP update); --sched-restarts makes some faults restarts of the
  * scheduler (it resumes from what it persisted); --single-probe makes the coordinator declare a
- * server dead after one unanswered probe (false deaths of slow servers become common). Fault
- * kinds: see sim.h; `all` mixes every kind. */
+ * server dead after one unanswered probe (false deaths of slow servers become common);
+ * --fence-faults sends a server's new life late copies of the WELCOME that let its previous life
+ * in (sim.h). Fault kinds: see sim.h; `all` mixes every kind. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,7 +48,7 @@ typedef struct cli {
     uint32_t backup; /* --backup-workers B: sync mode, at least B+1 workers */
     uint64_t events;
     int verbose, refusals, sched_restarts, push_pull, views_unordered, fwd_crashes, allow_rollback,
-        wipe_sole, single_probe;
+        wipe_sole, single_probe, fence_faults;
     const char *regressions;
 } cli;
 
@@ -63,7 +64,8 @@ static void usage(void)
             "           [--faults none|drops|crash|pause|restart|partition|join|scale|all]\n"
             "           [--events N] [--refusals] [--sched-restarts] [--push-pull]\n"
             "           [--views-unordered] [--allow-rollback] [--wipe-sole]\n"
-            "           [--backup-workers B] [--fwd-crashes] [--single-probe] [-v]\n"
+            "           [--backup-workers B] [--fwd-crashes] [--single-probe]\n"
+            "           [--fence-faults] [-v]\n"
             "       sim --regressions FILE\n");
 }
 
@@ -130,6 +132,10 @@ static int parse_args(int argc, char **argv, cli *c)
         }
         if (strcmp(a, "--single-probe") == 0) {
             c->single_probe = 1;
+            continue;
+        }
+        if (strcmp(a, "--fence-faults") == 0) {
+            c->fence_faults = 1;
             continue;
         }
         i++;
@@ -244,6 +250,8 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     /* Off unless asked: without the second probe, false deaths of slow servers are common (the
      * protocol must survive them), and the runs of the other tests' seeds stay as they were. */
     p->single_probe = c->single_probe;
+    /* Off unless asked (sim.seeds_fence), so that the other tests' seeds keep their runs. */
+    p->fence_faults = c->fence_faults;
     if (p->replicas > p->servers) {
         fprintf(stderr, "sim: --replicas %u > --servers %u\n", p->replicas, p->servers);
         return -1;
@@ -281,6 +289,8 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --wipe-sole");
     if (c->single_probe)
         printf(" --single-probe");
+    if (c->fence_faults)
+        printf(" --fence-faults");
     if (c->backup)
         printf(" --backup-workers %u", c->backup);
     printf("\n");
@@ -292,7 +302,7 @@ static int run_cli(const char *prog, const cli *c)
     uint64_t restarts = 0, wipes = 0, disks_back = 0, parts = 0, joins = 0, rejoins = 0, gated = 0,
              parked = 0;
     uint64_t unavailable = 0, false_deaths = 0, moves = 0, drains = 0, late = 0;
-    uint64_t fwd_crashes[2] = {0, 0};
+    uint64_t fwd_crashes[2] = {0, 0}, stale_welcomes = 0;
     for (uint64_t i = 0; i < c->seeds; i++) {
         sim_params p;
         if (make_params(c, c->seed + i, &p) != 0)
@@ -340,6 +350,7 @@ static int run_cli(const char *prog, const cli *c)
         late += s.late;
         fwd_crashes[0] += s.fwd_crashes[0];
         fwd_crashes[1] += s.fwd_crashes[1];
+        stale_welcomes += s.stale_welcomes;
     }
     printf("sim: %" PRIu64 " seeds from %" PRIu64 " passed: %" PRIu64 " events, %" PRIu64
            " requests acknowledged, %" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
@@ -358,6 +369,9 @@ static int run_cli(const char *prog, const cli *c)
         printf("sim: %" PRIu64 " servers stopped between a FWD and its WRITE at a head, %" PRIu64
                " at a middle\n",
                fwd_crashes[0], fwd_crashes[1]);
+    if (c->fence_faults)
+        printf("sim: %" PRIu64 " late WELCOMEs sent to a later life of their server\n",
+               stale_welcomes);
     if (c->backup)
         printf("sim: %" PRIu64 " sync pushes answered as late (backup workers %u)\n", late,
                c->backup);

@@ -36,6 +36,10 @@
  *    given up (timeout, a view that ends it, a failed step) reports CAUGHT_UP aux 2;
  *  - partitions: servers cut off from the scheduler, their peers or the workers (both ways) for
  *    a while; the scheduler may declare them dead meanwhile, and they must be fenced;
+ *  - the fence's own promises, which the chain's epochs would hide the breach of: only the
+ *    WELCOME answering a server's present life lets it in (14), let in it holds only the ranges
+ *    its view gives it (15), unsure of its standing it applies and answers no worker's request
+ *    (16); with --fence-faults a new life also gets a late copy of its previous life's WELCOME;
  *  - SSP (--mode ssp:N): each replica's gate is replication/ssp.c, moved at every WRITE, its
  *    clocks stored with the update and carried by snapshots and loaded at a restart and after
  *    a snapshot; pulls park and wake in the replica. Workers
@@ -991,6 +995,7 @@ int sim_run(const sim_params *p, sim_summary *out)
         out->partitions = sm->partitions;
         out->joins = sm->joins;
         out->rejoins = sm->rejoins;
+        out->stale_welcomes = sm->stale_welcomes;
         out->gated = sm->gated;
         out->ssp_parked = sm->ssp_parked;
         out->false_deaths = sm->false_deaths;

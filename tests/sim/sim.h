@@ -129,6 +129,10 @@ typedef struct sim_params {
     /* --single-probe: the coordinator declares a server dead after one unanswered probe
      * (recovery/suspect.h), so false deaths of slow servers are common; never drawn. */
     int single_probe;
+    /* --fence-faults: the fence's hard cases made common (never drawn, so that other tests' seeds
+     * keep their runs): a server's new life (restarted, or rejoining after a fence) gets a late
+     * copy of the WELCOME its previous life was let in by, half of the time. */
+    int fence_faults;
 } sim_params;
 
 typedef struct sim_summary {
@@ -141,6 +145,7 @@ typedef struct sim_summary {
     uint64_t late;         /* backup workers: sync pushes answered as late (dropped) */
     /* Servers stopped between a FWD and its WRITE: at a head, at a middle. */
     uint64_t fwd_crashes[2];
+    uint64_t stale_welcomes; /* late WELCOMEs sent to a later life (--fence-faults) */
 } sim_summary;
 
 typedef struct sim_rng {
@@ -250,6 +255,10 @@ typedef struct sim_server {
     sim_rstore *old_rs;
     int disk_back;
     uint8_t *copying; /* per range: holds a snapshot, not yet a member */
+    /* The WELCOME (its epoch, and the life it answered) the server was last let in by: a late
+     * copy of it may reach its next life (--fence-faults). Epoch 0: none yet. */
+    uint64_t welcome_epoch;
+    uint32_t welcome_life;
 } sim_server;
 
 /* One request of the application (an operation with one part): the worker's session
@@ -328,6 +337,7 @@ typedef struct sim {
     uint32_t nsnaps, snaps_cap;
     uint64_t moves, drains;
     uint64_t restarts, wipes, disks_back, partitions, joins, rejoins, gated, ssp_parked;
+    uint64_t stale_welcomes;
     uint32_t *heads; /* [range][epoch]: the server that accepted writes */
     uint64_t *sync_target;
     sim_server *servers;

@@ -418,6 +418,23 @@ static void run_held(sim *sm, sim_server *s)
 
 /* ---- (re)starting ---- */
 
+/* --fence-faults: the WELCOME that let the previous life in reaches the new one, late (a copy
+ * the network delayed, or one queued in a socket the new process inherits the address of): it
+ * names chain positions whose state the new life may no longer hold (a wiped disk, or updates
+ * acknowledged elsewhere since). Only the WELCOME answering this life's HELLO may let it in
+ * (invariant 14). */
+static void late_welcome(sim *sm, sim_server *s)
+{
+    cps__msg_hdr h = {.type = CPS_MSG_WELCOME,
+                      .epoch = s->welcome_epoch,
+                      .req_seq = s->welcome_life,
+                      .aux = s->welcome_life};
+    sm->stale_welcomes++;
+    sim_trace(sm, "s%u (life %u) will get the WELCOME of e%" PRIu64 " of its life %u late", s->id,
+              s->boot, s->welcome_epoch, s->welcome_life);
+    sim_send_hdr(sm, 0, s->id, &h, NULL, 0, sim_rnd(sm, 60));
+}
+
 void sim_server_reset(sim *sm, sim_server *s)
 {
     /* A new replica, so a new fence (not joined); no joins: they went with the replica (the
@@ -431,6 +448,8 @@ void sim_server_reset(sim *sm, sim_server *s)
     s->hello_at = 0;
     s->beat_at = 0;
     s->seen_view = 0;
+    if (sm->p.fence_faults && s->welcome_epoch && sim_chance(sm, 500))
+        late_welcome(sm, s);
     if (!s->ticking) {
         s->ticking = 1;
         sim_ev_push(sm, sm->now + 1 + sim_rnd(sm, sm->p.tick_ms), EV_TICK, s->id, NULL);
@@ -446,7 +465,10 @@ void sim_server_start(sim *sm, sim_server *s, const cps__view *v)
     s->ticking = 1;
     s->epoch = v->epoch; /* the replica (and its fence) install v as it is */
     s->view = v;
-    /* The job's first view, known to count every server in: the fence joins with it. */
+    /* The job's first view, known to count every server in: the fence joins with it. It
+     * stands for the WELCOME of the first life (a late copy may reach the next one). */
+    s->welcome_epoch = v->epoch;
+    s->welcome_life = s->boot;
     cps__replica_set_view(s->rep, v, s->id, 1, 0);
     perform(sm, s);
 }
@@ -532,6 +554,45 @@ void sim_snapshot_run(sim *sm, sim_msg *m)
 
 /* ---- receive, step, perform ---- */
 
+/* Invariant 15: let in (started again, or rejoining after a fence), a server holds only the
+ * ranges its view gives it: what it holds of the others is stale (they moved on meanwhile, new
+ * updates were acknowledged elsewhere), and would be taken for a replica's state if it kept it. */
+static void check_let_in_ranges(sim *sm, const sim_server *s)
+{
+    for (uint32_t r = 0; r < sm->nranges && !sm->failed; r++) {
+        const sim_rstore *st = &s->rs[r];
+        if (sim_in_chain(&s->view->ranges[r], s->id) || s->copying[r] ||
+            (st->applied == 0 && st->set_n == 0))
+            continue;
+        sim_fail(sm, "(15) let in, a server holds only the ranges it serves",
+                 "server %u let in at epoch %" PRIu64 " keeps range %u (applied %" PRIu64
+                 "), which its view does not give it",
+                 s->id, s->epoch, r, st->applied);
+    }
+}
+
+/* Invariant 16: unsure of its standing (its loop stalled past the failure timeout, so it may
+ * have been declared dead and replaced), a replica serves no worker's request until a view says
+ * it is still in: nothing applied, nothing answered. The chain's epochs fence its forwards, but
+ * not what it applies or answers itself. */
+static void check_unsure_served(sim *sm, const sim_server *s, const cps__msg_hdr *h,
+                                const cps__replica_out *out, size_t n)
+{
+    if ((h->type != CPS_MSG_PUSH && h->type != CPS_MSG_PUSH_PULL && h->type != CPS_MSG_PULL &&
+         h->type != CPS_MSG_DECLARE) ||
+        !cps__fence_unsure(cps__replica_fence(s->rep)))
+        return;
+    for (size_t i = 0; i < n; i++)
+        if (out[i].kind == CPS_RO_WRITE || (out[i].kind == CPS_RO_REPLY && out[i].to == h->sender &&
+                                            out[i].req.req_seq == h->req_seq)) {
+            sim_fail(sm, "(16) an unsure replica serves nothing",
+                     "server %u, unsure of its standing, %s worker %u's %s of range %u", s->id,
+                     out[i].kind == CPS_RO_WRITE ? "applied" : "answered", h->sender,
+                     sim_msg_name(h->type), h->range);
+            return;
+        }
+}
+
 /* A request or chain message into the replica (a copy it owns). A pull it neither answers nor
  * holds for a newer view is parked by the SSP gate: kept for invariant 11. */
 static void step_data(sim *sm, sim_server *s, const cps__msg_hdr *h, const uint8_t *pl)
@@ -553,6 +614,7 @@ static void step_data(sim *sm, sim_server *s, const cps__msg_hdr *h, const uint8
     for (size_t i = 0; i < n; i++)
         answered |= out[i].kind == CPS_RO_REPLY && out[i].to == h->sender &&
                     out[i].req.req_seq == h->req_seq;
+    check_unsure_served(sm, s, h, out, n);
     /* Unsure of its standing now, the replica dropped the pull unanswered: not parked. */
     if (h->type == CPS_MSG_PULL && sm->p.mode == SIM_SSP && !answered &&
         cps__replica_held(s->rep) == held && !cps__fence_unsure(cps__replica_fence(s->rep))) {
@@ -591,6 +653,15 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
             ok = cps__replica_admit(s->rep, &h, ours, sm->now) == CPS_FENCE_SERVE;
             perform(sm, s);
         }
+        if (ok && !ours) {
+            /* Invariant 14: a VIEW, or a WELCOME that answered an earlier life's HELLO (late,
+             * or a copy), names chain positions the new life does not hold the state of. */
+            sim_fail(sm, "(14) only this life's WELCOME lets a server in",
+                     "server %u (life %u) let in by a %s of epoch %" PRIu64
+                     " meant for life %" PRIu64,
+                     s->id, s->boot, sim_msg_name(h.type), h.epoch, h.aux);
+            return;
+        }
         if (!ok) {
             if (m->from == 0 && h.type == CPS_MSG_VIEW && h.epoch > s->seen_view)
                 s->seen_view = h.epoch; /* installed once let in, if newer than the welcome */
@@ -602,8 +673,12 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
         s->state = SRV_UP;
         s->wiped = 0;
         s->epoch = 0;
+        s->welcome_epoch = h.epoch;
+        s->welcome_life = s->boot;
         sim_trace(sm, "s%u let in at e%" PRIu64, s->id, h.epoch);
         take_view(sm, s, h.epoch);
+        if (s->state == SRV_UP && s->epoch == h.epoch)
+            check_let_in_ranges(sm, s);
         if (s->state == SRV_UP && s->seen_view > s->epoch)
             take_view(sm, s, s->seen_view);
         return;
