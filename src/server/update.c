@@ -214,7 +214,9 @@ static void reply_values(cps__server *s, const cps__msg_hdr *rh, const cps__kv *
     /* rh is our reply, sent by us: an error goes to the worker it was for. */
     cps__msg_hdr req = *rh;
     req.sender = rh->req_worker;
-    void *buf = cps__msg_alloc(&h, len);
+    /* Reserved for the worker: to a same-host one the values go from LMDB straight into the
+     * ring, written once. */
+    void *buf = cps__msg_reserve(s->tp, rh->req_worker, &h, len);
     if (!buf) {
         cps__server_reply_error(s, &req, CPS_ENOMEM, "no memory for a %zu-byte reply", len);
         return;
@@ -226,14 +228,14 @@ static void reply_values(cps__server *s, const cps__msg_hdr *rh, const cps__kv *
     read_io r = {kv, (float *)(void *)(payload + cps__wire_kv_size(kv->nkeys, 0))};
     int rc = cps__store_read(s->store, read_values, &r);
     if (rc != 0) {
-        cps__tp_free(buf);
+        cps__tp_unreserve(s->tp, buf);
         cps__server_reply_error(s, &req, rc, "reading %u keys failed", kv->nkeys);
         return;
     }
     s->stats.pull_bytes += nvals * 4;
     rc = cps__tp_send(s->tp, rh->req_worker, buf, CPS_WIRE_HDR_SIZE + len);
     if (rc != 0) {
-        cps__tp_free(buf);
+        cps__tp_unreserve(s->tp, buf);
         cps__log(CPS_LOG_WARN, "server", "reply to node %u failed: %s", rh->req_worker,
                  cps_strerror(rc));
     }
