@@ -157,10 +157,9 @@ static void env_release(void *ctx, void *owner)
     free(owner);
 }
 
-static void *env_msg_alloc(void *ctx, size_t len)
+static void *env_msg_alloc(void *ctx, uint32_t to, size_t len)
 {
-    (void)ctx;
-    return cps__tp_alloc(len);
+    return cps__tp_reserve(((cps__server *)ctx)->tp, to, len);
 }
 
 int cps__server_replica_new(cps__server *s)
@@ -411,7 +410,7 @@ static void do_send(cps__server *s, const cps__replica_out *o)
     }
     int rc = cps__tp_send(s->tp, o->to, o->msg, o->len);
     if (rc != 0) {
-        cps__tp_free(o->msg);
+        cps__tp_unreserve(s->tp, o->msg);
         cps__log(CPS_LOG_DEBUG, "server", "chain message to node %u not sent: %s", o->to,
                  cps_strerror(rc));
     }
@@ -478,7 +477,7 @@ static int perform_list(cps__server *s, uint32_t *range, int *rc, uint64_t *valu
         const cps__replica_out *o = &out[i];
         if (s->poisoned) {
             if (o->kind == CPS_RO_SEND)
-                cps__tp_free(o->msg); /* ours, sent or not */
+                cps__tp_unreserve(s->tp, o->msg); /* ours, sent or not */
             continue;
         }
         switch (o->kind) {

@@ -68,9 +68,10 @@ static void env_release(void *ctx, void *owner)
     free(owner);
 }
 
-static void *env_msg_alloc(void *ctx, size_t len)
+static void *env_msg_alloc(void *ctx, uint32_t to, size_t len)
 {
     (void)ctx;
+    (void)to;
     return malloc(len);
 }
 

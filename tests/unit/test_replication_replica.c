@@ -96,9 +96,10 @@ static void f_release(void *ctx, void *owner)
     free(owner);
 }
 
-static void *f_alloc(void *ctx, size_t len)
+static void *f_alloc(void *ctx, uint32_t to, size_t len)
 {
     (void)ctx;
+    (void)to;
     return malloc(len);
 }
 
