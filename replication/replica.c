@@ -503,8 +503,7 @@ int cps__replica_create(const cps__replica_config *cfg, const cps__replica_env *
                         cps__replica **out)
 {
     if (!cfg || !env || !out || !env->range_seq || !env->dedup || !env->agg_step ||
-        !env->check_keys || !env->scan_dedup || !env->add || !env->release || !env->msg_alloc ||
-        !env->msg_free)
+        !env->check_keys || !env->scan_dedup || !env->add || !env->release || !env->msg_alloc)
         return CPS_EINVAL;
     cps__replica *r = calloc(1, sizeof *r);
     if (!r)

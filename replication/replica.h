@@ -98,13 +98,11 @@ typedef struct cps__replica_env {
     void (*add)(void *ctx, float *acc, const float *x, size_t n);
     /* A message's owner the replica is done with (see cps__replica_msg). */
     void (*release)(void *ctx, void *owner);
-    /* A buffer for a SEND item's message (a transport buffer, so that the shell sends it as it
-     * is); NULL when out of memory. Every SEND's buffer is the shell's once the call returns,
-     * whether it performs the item or not. */
-    void *(*msg_alloc)(void *ctx, size_t len);
-    /* Give back a buffer of msg_alloc that never became a SEND item (the item itself could not
-     * be allocated). */
-    void (*msg_free)(void *ctx, void *msg);
+    /* A buffer for a SEND item's message to node `to` (a transport buffer, so that the shell
+     * sends it as it is: the server reserves it in its same-host ring, cps__tp_reserve, so that
+     * a forwarded update is copied there once); NULL when out of memory. Every SEND's buffer is
+     * the shell's once the call returns, whether it performs the item or not. */
+    void *(*msg_alloc)(void *ctx, uint32_t to, size_t len);
 } cps__replica_env;
 
 typedef struct cps__replica_config {

@@ -674,11 +674,13 @@ void cps__rp_run_chain(cps__replica *r, uint64_t now)
             if (h.type == CPS_MSG_CHAIN_MARK && (h.aux & CPS_CHAIN_MARK_APPLIED) &&
                 hold_mark(r, a->to, &h))
                 continue;
-            void *buf = r->env.msg_alloc(r->env.ctx, a->len);
-            cps__replica_out *o = buf ? cps__rp_emit(r, CPS_RO_SEND, a->range) : NULL;
-            if (!o) {
-                if (buf)
-                    r->env.msg_free(r->env.ctx, buf); /* no item carries it to the shell */
+            /* The item first: a buffer that has one is the shell's (a transport may have reserved
+             * it in a ring that must get it back), so none is made without one. */
+            cps__replica_out *o = cps__rp_emit(r, CPS_RO_SEND, a->range);
+            void *buf = o ? r->env.msg_alloc(r->env.ctx, a->to, a->len) : NULL;
+            if (!buf) {
+                if (o)
+                    r->nout--; /* the last item, just made */
                 cps__rp_say(r, CPS_LOG_DEBUG, "chain message to node %u not sent: no memory",
                             a->to);
                 continue; /* the chain re-sends it */

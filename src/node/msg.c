@@ -36,6 +36,20 @@ void *cps__msg_alloc(cps__msg_hdr *h, size_t payload_len)
     return buf;
 }
 
+void *cps__msg_reserve(cps__tp *tp, uint32_t peer, cps__msg_hdr *h, size_t payload_len)
+{
+    if (payload_len > CPS_WIRE_MAX_PAYLOAD)
+        return NULL;
+    void *buf = cps__tp_reserve(tp, peer, CPS_WIRE_HDR_SIZE + payload_len);
+    if (!buf)
+        return NULL;
+    h->payload_len = (uint32_t)payload_len;
+    if (!(h->flags & CPS_WF_SNAPPY))
+        h->raw_len = (uint32_t)payload_len;
+    cps__wire_hdr_encode(buf, h);
+    return buf;
+}
+
 int cps__msg_send(cps__tp *tp, uint32_t peer, cps__msg_hdr *h, const void *payload, size_t len)
 {
     void *buf = cps__msg_alloc(h, len);

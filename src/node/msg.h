@@ -21,6 +21,13 @@ uint64_t cps__now_us(void);
  * Returns NULL when out of memory. The caller owns the buffer (send it or cps__tp_free it). */
 void *cps__msg_alloc(cps__msg_hdr *h, size_t payload_len);
 
+/* As cps__msg_alloc, for a message to `peer` built in place: the buffer comes from
+ * cps__tp_reserve (a slot of the same-host shared-memory ring when large enough, so that the
+ * payload is written once). The caller sends it with cps__tp_send or gives it back with
+ * cps__tp_unreserve, never cps__tp_free. A message sent shorter than reserved (compressed)
+ * must have its header written again (cps__wire_hdr_encode). NULL when out of memory. */
+void *cps__msg_reserve(cps__tp *tp, uint32_t peer, cps__msg_hdr *h, size_t payload_len);
+
 /* Build and send a message with a copy of `payload`. Never takes the caller's payload.
  * Errors: CPS_ENOMEM, CPS_ENOTFOUND (unknown peer), CPS_EAGAIN, CPS_ETRANSPORT. */
 int cps__msg_send(cps__tp *tp, uint32_t peer, cps__msg_hdr *h, const void *payload, size_t len);

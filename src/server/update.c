@@ -157,23 +157,16 @@ static void env_release(void *ctx, void *owner)
     free(owner);
 }
 
-static void *env_msg_alloc(void *ctx, size_t len)
+static void *env_msg_alloc(void *ctx, uint32_t to, size_t len)
 {
-    (void)ctx;
-    return cps__tp_alloc(len);
-}
-
-static void env_msg_free(void *ctx, void *msg)
-{
-    (void)ctx;
-    cps__tp_free(msg);
+    return cps__tp_reserve(((cps__server *)ctx)->tp, to, len);
 }
 
 int cps__server_replica_new(cps__server *s)
 {
     cps__replica_env env = {
         s,       env_range_seq, env_dedup,     env_agg_step, env_check_keys, env_scan_dedup,
-        env_add, env_release,   env_msg_alloc, env_msg_free};
+        env_add, env_release,   env_msg_alloc};
     /* Our id comes with the first view (a rejoin may be given another). */
     cps__replica_config cfg = {.self = 0,
                                .resend_ms = 200,
@@ -220,7 +213,9 @@ static void reply_values(cps__server *s, const cps__msg_hdr *rh, const cps__kv *
     /* rh is our reply, sent by us: an error goes to the worker it was for. */
     cps__msg_hdr req = *rh;
     req.sender = rh->req_worker;
-    void *buf = cps__msg_alloc(&h, len);
+    /* Reserved for the worker: to a same-host one the values go from LMDB straight into the
+     * ring, written once. */
+    void *buf = cps__msg_reserve(s->tp, rh->req_worker, &h, len);
     if (!buf) {
         cps__server_reply_error(s, &req, CPS_ENOMEM, "no memory for a %zu-byte reply", len);
         return;
@@ -232,14 +227,14 @@ static void reply_values(cps__server *s, const cps__msg_hdr *rh, const cps__kv *
     read_io r = {kv, (float *)(void *)(payload + cps__wire_kv_size(kv->nkeys, 0))};
     int rc = cps__store_read(s->store, read_values, &r);
     if (rc != 0) {
-        cps__tp_free(buf);
+        cps__tp_unreserve(s->tp, buf);
         cps__server_reply_error(s, &req, rc, "reading %u keys failed", kv->nkeys);
         return;
     }
     s->stats.pull_bytes += nvals * 4;
     rc = cps__tp_send(s->tp, rh->req_worker, buf, CPS_WIRE_HDR_SIZE + len);
     if (rc != 0) {
-        cps__tp_free(buf);
+        cps__tp_unreserve(s->tp, buf);
         cps__log(CPS_LOG_WARN, "server", "reply to node %u failed: %s", rh->req_worker,
                  cps_strerror(rc));
     }
@@ -415,7 +410,7 @@ static void do_send(cps__server *s, const cps__replica_out *o)
     }
     int rc = cps__tp_send(s->tp, o->to, o->msg, o->len);
     if (rc != 0) {
-        cps__tp_free(o->msg);
+        cps__tp_unreserve(s->tp, o->msg);
         cps__log(CPS_LOG_DEBUG, "server", "chain message to node %u not sent: %s", o->to,
                  cps_strerror(rc));
     }
@@ -482,7 +477,7 @@ static int perform_list(cps__server *s, uint32_t *range, int *rc, uint64_t *valu
         const cps__replica_out *o = &out[i];
         if (s->poisoned) {
             if (o->kind == CPS_RO_SEND)
-                cps__tp_free(o->msg); /* ours, sent or not */
+                cps__tp_unreserve(s->tp, o->msg); /* ours, sent or not */
             continue;
         }
         switch (o->kind) {

@@ -118,7 +118,18 @@ void cps__ring_desc_encode(unsigned char out[CPS_RING_DESC], const cps__ring_des
 typedef struct ring_ent {
     uint64_t off, size, seq, tag;
     uint32_t peer;
+    int unsent; /* reserved, being built by the sender: no receiver has its descriptor */
 } ring_ent;
+
+/* A retired file in which slots were reserved and not yet sent: the builders still write into
+ * them, so it stays mapped until the last one is sent (as a copy) or abandoned. */
+typedef struct ring_zombie {
+    unsigned char *map;
+    size_t map_len;
+    uint64_t gen;
+    uint64_t *unsent; /* the seqs of the slots still reserved in it */
+    size_t nunsent;
+} ring_zombie;
 
 struct cps__ring {
     unsigned char *map; /* the whole file */
@@ -129,7 +140,9 @@ struct cps__ring {
     ring_ent *fifo; /* live slots, oldest first: fcap entries from fhead */
     size_t fcap, fhead, flen;
     uint64_t retired; /* generations given up because a slot was taken back while lent */
-    dev_t dev;        /* of the file we made: only that one is ours to unlink */
+    ring_zombie *zombies;
+    size_t nzombies;
+    dev_t dev; /* of the file we made: only that one is ours to unlink */
     ino_t ino;
     char path[512];
 };
@@ -145,6 +158,11 @@ int cps__ring_path(const char *dir, uint64_t id, char *out, size_t cap)
 static slot_hdr *slot_at(unsigned char *data, uint64_t off)
 {
     return (slot_hdr *)(void *)(data + off);
+}
+
+static ring_ent *fifo_at(const cps__ring *r, size_t i)
+{
+    return &r->fifo[(r->fhead + i) % r->fcap];
 }
 
 /* Make a fresh file of a fresh generation for r (any old file of that name goes: a crashed
@@ -246,7 +264,25 @@ static void ring_retire(cps__ring *r)
      * ours to replace, so this ring stops (inline from now on). */
     int theirs = lstat(r->path, &st) == 0 && (st.st_dev != r->dev || st.st_ino != r->ino);
     unlink_ours(r);
-    munmap(r->map, r->map_len);
+    size_t unsent = 0;
+    for (size_t i = 0; i < r->flen; i++)
+        unsent += fifo_at(r, i)->unsent && fifo_at(r, i)->seq;
+    uint64_t *seqs = unsent ? malloc(unsent * sizeof *seqs) : NULL;
+    ring_zombie *nz = seqs ? realloc(r->zombies, (r->nzombies + 1) * sizeof *nz) : NULL;
+    if (nz) {
+        size_t k = 0;
+        for (size_t i = 0; i < r->flen; i++)
+            if (fifo_at(r, i)->unsent && fifo_at(r, i)->seq)
+                seqs[k++] = fifo_at(r, i)->seq;
+        r->zombies = nz;
+        r->zombies[r->nzombies++] = (ring_zombie){r->map, r->map_len, r->gen, seqs, unsent};
+    } else if (!unsent) {
+        munmap(r->map, r->map_len);
+    } else {
+        /* No memory to remember the builders' slots: the mapping is leaked rather than
+         * unmapped under them. */
+        free(seqs);
+    }
     r->map = NULL;
     r->data = NULL;
     r->head = 0;
@@ -264,6 +300,11 @@ void cps__ring_destroy(cps__ring *r, int unlink_file)
         unlink_ours(r);
     if (r->map)
         munmap(r->map, r->map_len);
+    for (size_t i = 0; i < r->nzombies; i++) {
+        munmap(r->zombies[i].map, r->zombies[i].map_len);
+        free(r->zombies[i].unsent);
+    }
+    free(r->zombies);
     free(r->fifo);
     free(r);
 }
@@ -286,11 +327,6 @@ int cps__ring_dir_in_memory(const char *dir)
 uint64_t cps__ring_gen(const cps__ring *r)
 {
     return r ? r->gen : 0;
-}
-
-static ring_ent *fifo_at(const cps__ring *r, size_t i)
-{
-    return &r->fifo[(r->fhead + i) % r->fcap];
 }
 
 size_t cps__ring_live(const cps__ring *r)
@@ -334,8 +370,8 @@ static uint64_t fit(const cps__ring *r, uint64_t size)
     return front - r->head >= size ? r->head : UINT64_MAX;
 }
 
-int cps__ring_alloc(cps__ring *r, uint32_t peer, uint64_t tag, size_t len, cps__ring_desc *d,
-                    unsigned char **data)
+static int ring_take_slot(cps__ring *r, uint32_t peer, uint64_t tag, size_t len, int unsent,
+                          cps__ring_desc *d, unsigned char **data)
 {
     if (!r || !d || !data || !len)
         return CPS_EINVAL;
@@ -361,7 +397,7 @@ int cps__ring_alloc(cps__ring *r, uint32_t peer, uint64_t tag, size_t len, cps__
         r->fhead = 0;
     }
     uint64_t seq = r->next_seq++;
-    *fifo_at(r, r->flen++) = (ring_ent){off, size, seq, tag, peer};
+    *fifo_at(r, r->flen++) = (ring_ent){off, size, seq, tag, peer, unsent};
     r->head = off + size;
     slot_hdr *s = slot_at(r->data, off);
     s->len = len;
@@ -370,6 +406,57 @@ int cps__ring_alloc(cps__ring *r, uint32_t peer, uint64_t tag, size_t len, cps__
     *d = (cps__ring_desc){r->id, r->gen, off, len, seq};
     *data = r->data + off + CPS_RING_SLOT_HDR;
     return 0;
+}
+
+int cps__ring_alloc(cps__ring *r, uint32_t peer, uint64_t tag, size_t len, cps__ring_desc *d,
+                    unsigned char **data)
+{
+    return ring_take_slot(r, peer, tag, len, 0, d, data);
+}
+
+int cps__ring_reserve(cps__ring *r, uint32_t peer, size_t len, cps__ring_desc *d,
+                      unsigned char **data)
+{
+    return ring_take_slot(r, peer, 0, len, 1, d, data);
+}
+
+/* The current generation's FIFO entry of descriptor d, or NULL. */
+static ring_ent *ent_of(cps__ring *r, const cps__ring_desc *d)
+{
+    if (!r->map || d->gen != r->gen || d->ring != r->id)
+        return NULL;
+    for (size_t i = 0; i < r->flen; i++) {
+        ring_ent *e = fifo_at(r, i);
+        if (e->seq == d->seq)
+            return e;
+    }
+    return NULL;
+}
+
+int cps__ring_commit(cps__ring *r, cps__ring_desc *d, uint32_t peer, uint64_t tag, size_t len)
+{
+    if (!r || !d)
+        return CPS_EINVAL;
+    ring_ent *e = ent_of(r, d);
+    if (!e || !e->unsent)
+        return CPS_ENOTFOUND;
+    if (!len || len > d->len)
+        return CPS_EINVAL;
+    slot_hdr *s = slot_at(r->data, e->off);
+    s->len = len;
+    s->peer = peer;
+    e->peer = peer;
+    e->tag = tag;
+    e->unsent = 0;
+    d->len = len;
+    return 0;
+}
+
+void cps__ring_uncommit(cps__ring *r, const cps__ring_desc *d)
+{
+    ring_ent *e = r && d ? ent_of(r, d) : NULL;
+    if (e)
+        e->unsent = 1;
 }
 
 /* Take one slot back. 1 if it was still live (its receiver may be reading it: the caller must
@@ -385,7 +472,27 @@ static int take_back(cps__ring *r, ring_ent *e)
 
 void cps__ring_abandon(cps__ring *r, const cps__ring_desc *d)
 {
-    if (!r || !d || !r->map || d->gen != r->gen)
+    if (!r || !d)
+        return;
+    for (size_t i = 0; i < r->nzombies; i++) {
+        ring_zombie *z = &r->zombies[i];
+        if (z->gen != d->gen)
+            continue;
+        /* A reservation in a retired file: the file is no one's any more once the last
+         * builder lets go. */
+        for (size_t k = 0; k < z->nunsent; k++)
+            if (z->unsent[k] == d->seq) {
+                z->unsent[k] = z->unsent[--z->nunsent];
+                break;
+            }
+        if (!z->nunsent) {
+            munmap(z->map, z->map_len);
+            free(z->unsent);
+            r->zombies[i] = r->zombies[--r->nzombies];
+        }
+        return;
+    }
+    if (!r->map || d->gen != r->gen)
         return;
     /* Never sent: no receiver saw it, so its bytes may be reused at once. */
     for (size_t i = 0; i < r->flen; i++) {
@@ -410,7 +517,8 @@ size_t cps__ring_reclaim_before(cps__ring *r, uint32_t peer, uint64_t tag)
         return 0;
     for (size_t i = 0; i < r->flen; i++) {
         ring_ent *e = fifo_at(r, i);
-        if (e->seq && e->peer == peer && (tag == UINT64_MAX || e->tag < tag))
+        /* A reserved slot not yet sent has no receiver: it stays with its builder. */
+        if (e->seq && !e->unsent && e->peer == peer && (tag == UINT64_MAX || e->tag < tag))
             n += (size_t)take_back(r, e);
     }
     /* A receiver counted dead may be alive (a worker dropped by mistake, a connection that only

@@ -111,7 +111,27 @@ int cps__ring_dir_in_memory(const char *dir);
  * made (send inline from now on). */
 int cps__ring_alloc(cps__ring *r, uint32_t peer, uint64_t tag, size_t len, cps__ring_desc *d,
                     unsigned char **data);
-/* Give back a slot that was reserved but not sent (no receiver saw it: reused at once). */
+/* Reserve a slot of `len` bytes for peer `peer` that the caller builds its message in before
+ * sending it: as cps__ring_alloc, but the slot stays the caller's (unsent) until
+ * cps__ring_commit, and while unsent it is not taken back by cps__ring_reclaim_peer /
+ * cps__ring_reclaim_before (no receiver has its descriptor). If the ring is retired meanwhile
+ * (another peer's slots were taken back while lent), the old file stays mapped, so *data stays
+ * writable, until the slot is abandoned; its commit then fails and the caller sends a copy.
+ * Errors as cps__ring_alloc. */
+int cps__ring_reserve(cps__ring *r, uint32_t peer, size_t len, cps__ring_desc *d,
+                      unsigned char **data);
+/* Mark a reserved slot sent to `peer` (it may differ from the one reserved for), with the
+ * peer's `tag` now (see cps__ring_alloc) and the message's length `len` (1 to d->len: a message
+ * that came out shorter than reserved, e.g. compressed); d->len becomes len. The caller then
+ * sends the descriptor. Errors: CPS_ENOTFOUND (not an unsent slot of the current generation:
+ * the ring was retired since; the bytes are still readable at the reserved pointer until
+ * cps__ring_abandon), CPS_EINVAL (len 0 or above the reserved length). */
+int cps__ring_commit(cps__ring *r, cps__ring_desc *d, uint32_t peer, uint64_t tag, size_t len);
+/* Undo cps__ring_commit when its descriptor could not be sent: the slot is unsent again. */
+void cps__ring_uncommit(cps__ring *r, const cps__ring_desc *d);
+/* Give back a slot that was reserved but not sent (no receiver saw it: reused at once). For a
+ * slot reserved in a file retired since, that file is unmapped once its last reserved slot is
+ * abandoned. */
 void cps__ring_abandon(cps__ring *r, const cps__ring_desc *d);
 /* Take back every slot held for `peer` (it was dropped, moved or is gone). Returns how many
  * were still held; if any, the ring was retired (all slots, every peer's, start afresh in a new

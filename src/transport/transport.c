@@ -77,6 +77,14 @@ typedef struct tp_msg {
     size_t len;
 } tp_msg;
 
+/* A buffer handed out by cps__tp_reserve: a slot of our ring, or a nanomsg buffer (fallback). */
+typedef struct tp_resv {
+    void *buf;
+    size_t cap;       /* bytes reserved */
+    cps__ring_desc d; /* the slot's descriptor (slot only) */
+    int slot;         /* 1: in our ring; 0: from cps__tp_alloc */
+} tp_resv;
+
 typedef struct tp_peer {
     uint32_t id;
     int sock;
@@ -127,6 +135,9 @@ struct cps__tp {
     uint64_t ring_refused;                /* descriptors refused (ring.h) */
     uint64_t ring_sent, ring_inline_full; /* sent through the ring / inline for want of room */
     uint64_t ring_recv;                   /* received through a peer's ring */
+    uint64_t ring_built;                  /* sent from a reserved slot, without a copy */
+    tp_resv *resv;                        /* buffers out from cps__tp_reserve */
+    size_t nresv, resv_cap;
 };
 
 /* A peer's queue went from empty to not (on) or back. */
@@ -681,6 +692,30 @@ static size_t ring_unblock(cps__tp *tp, cps__ring *r)
     return ring_reclaim(tp, oldest, peer_stat(o, NN_STAT_BROKEN_CONNECTIONS), "reconnected");
 }
 
+/* A slot of `len` bytes in ring r for local peer p, sent at once (reserve 0) or reserved for the
+ * caller to build in (1). A full ring first takes back the slots of a receiver that died. 0, or
+ * an error (then send inline). */
+static int ring_slot(cps__tp *tp, cps__ring *r, tp_peer *p, size_t len, int reserve,
+                     cps__ring_desc *d, unsigned char **slot)
+{
+    uint64_t tag = peer_stat(p, NN_STAT_BROKEN_CONNECTIONS);
+    int rc = reserve ? cps__ring_reserve(r, p->id, len, d, slot)
+                     : cps__ring_alloc(r, p->id, tag, len, d, slot);
+    if (rc == CPS_EAGAIN && ring_unblock(tp, r))
+        rc = reserve ? cps__ring_reserve(r, p->id, len, d, slot)
+                     : cps__ring_alloc(r, p->id, tag, len, d, slot);
+    if (rc == CPS_EIO && !tp->ring_failed) {
+        /* A retired ring whose new file could not be made: inline from now on. */
+        tp->ring_failed = 1;
+        cps__log(CPS_LOG_WARN, SUB,
+                 "%s: no new shared-memory ring after retiring one (%s): large same-host "
+                 "messages go inline",
+                 tp->inbox_url, strerror(errno));
+    }
+    tp->ring_inline_full += rc == CPS_EAGAIN;
+    return rc;
+}
+
 /* Send a large message to a local peer as a descriptor of its copy in our ring: 1 sent (buf
  * freed), 0 not (no ring or no room: send it inline), or a negative error (buf the caller's). */
 static int send_ring(cps__tp *tp, tp_peer *p, void *buf, size_t len)
@@ -690,21 +725,8 @@ static int send_ring(cps__tp *tp, tp_peer *p, void *buf, size_t len)
         return 0;
     cps__ring_desc d;
     unsigned char *slot;
-    int rc = cps__ring_alloc(r, p->id, peer_stat(p, NN_STAT_BROKEN_CONNECTIONS), len, &d, &slot);
-    if (rc == CPS_EAGAIN && ring_unblock(tp, r))
-        rc = cps__ring_alloc(r, p->id, peer_stat(p, NN_STAT_BROKEN_CONNECTIONS), len, &d, &slot);
-    if (rc == CPS_EIO && !tp->ring_failed) {
-        /* A retired ring whose new file could not be made: inline from now on. */
-        tp->ring_failed = 1;
-        cps__log(CPS_LOG_WARN, SUB,
-                 "%s: no new shared-memory ring after retiring one (%s): large same-host "
-                 "messages go inline",
-                 tp->inbox_url, strerror(errno));
-    }
-    if (rc) {
-        tp->ring_inline_full += rc == CPS_EAGAIN;
+    if (ring_slot(tp, r, p, len, 0, &d, &slot) != 0)
         return 0;
-    }
     unsigned char *desc = nn_allocmsg(CPS_RING_DESC + CPS_AUTH_TRAILER, 0);
     if (!desc) {
         cps__ring_abandon(r, &d);
@@ -713,7 +735,7 @@ static int send_ring(cps__tp *tp, tp_peer *p, void *buf, size_t len)
     memcpy(slot, buf, len);
     cps__ring_desc_encode(desc, &d);
     memset(desc + CPS_RING_DESC, 0, CPS_AUTH_TRAILER);
-    rc = send_sealed(tp, p, desc, CPS_RING_DESC);
+    int rc = send_sealed(tp, p, desc, CPS_RING_DESC);
     if (rc) {
         nn_freemsg(desc);
         cps__ring_abandon(r, &d);
@@ -728,13 +750,8 @@ static int send_ring(cps__tp *tp, tp_peer *p, void *buf, size_t len)
  * whole chunk, so a shorter `len` would not shorten the message, and the trailer goes right after
  * `len` bytes. The trailer is written here, so a message forwarded as it was received is sealed
  * afresh by this sender. */
-int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
+static int send_plain(cps__tp *tp, tp_peer *p, void *buf, size_t len)
 {
-    if (!tp || !buf)
-        return CPS_EINVAL;
-    tp_peer *p = peer_find(tp, id);
-    if (!p)
-        return CPS_ENOTFOUND;
     if (p->local && tp->ring_min && len >= tp->ring_min) {
         int rc = send_ring(tp, p, buf, len);
         if (rc)
@@ -747,7 +764,7 @@ int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
         if (!copy)
             return CPS_ENOMEM;
         memcpy(copy, buf, len);
-        int rc = cps__tp_send(tp, id, copy, len);
+        int rc = send_plain(tp, p, copy, len);
         if (rc)
             nn_freemsg(copy);
         else
@@ -764,6 +781,123 @@ int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
         cps__auth_seal(tp->auth, buf, len);
     }
     return send_sealed(tp, p, buf, len);
+}
+
+/* ---- reserved buffers ---- */
+
+static tp_resv *resv_find(cps__tp *tp, const void *buf)
+{
+    for (size_t i = 0; i < tp->nresv; i++)
+        if (tp->resv[i].buf == buf)
+            return &tp->resv[i];
+    return NULL;
+}
+
+static void resv_forget(cps__tp *tp, tp_resv *e)
+{
+    *e = tp->resv[--tp->nresv];
+}
+
+void *cps__tp_reserve(cps__tp *tp, uint32_t id, size_t len)
+{
+    if (!tp || !len)
+        return NULL;
+    if (tp->nresv == tp->resv_cap) {
+        size_t ncap = tp->resv_cap ? tp->resv_cap * 2 : 8;
+        tp_resv *nr = realloc(tp->resv, ncap * sizeof *nr);
+        if (!nr)
+            return NULL;
+        tp->resv = nr;
+        tp->resv_cap = ncap;
+    }
+    tp_resv e = {.cap = len};
+    tp_peer *p = peer_find(tp, id);
+    cps__ring *r = p && p->local && tp->ring_min && len >= tp->ring_min ? ring_get(tp) : NULL;
+    unsigned char *slot;
+    if (r && ring_slot(tp, r, p, len, 1, &e.d, &slot) == 0) {
+        e.buf = slot;
+        e.slot = 1;
+    } else {
+        e.buf = cps__tp_alloc(len);
+        if (!e.buf)
+            return NULL;
+    }
+    tp->resv[tp->nresv++] = e;
+    return e.buf;
+}
+
+void cps__tp_unreserve(cps__tp *tp, void *buf)
+{
+    tp_resv *e = tp && buf ? resv_find(tp, buf) : NULL;
+    if (!e) {
+        cps__tp_free(buf);
+        return;
+    }
+    if (e->slot)
+        cps__ring_abandon(tp->ring, &e->d);
+    else
+        nn_freemsg(e->buf);
+    resv_forget(tp, e);
+}
+
+/* Send a reserved buffer (see cps__tp_reserve). A slot goes as its descriptor when the peer is
+ * still local and the ring still the slot's; otherwise, and for a fallback buffer sent shorter
+ * than reserved, a copy goes the usual way. */
+static int send_reserved(cps__tp *tp, tp_peer *p, tp_resv *e, size_t len)
+{
+    if (!len || len > e->cap)
+        return CPS_EINVAL;
+    if (e->slot && p->local && tp->ring) {
+        unsigned char *desc = nn_allocmsg(CPS_RING_DESC + CPS_AUTH_TRAILER, 0);
+        if (!desc)
+            return CPS_ENOMEM;
+        cps__ring_desc d = e->d;
+        if (cps__ring_commit(tp->ring, &d, p->id, peer_stat(p, NN_STAT_BROKEN_CONNECTIONS), len) ==
+            0) {
+            cps__ring_desc_encode(desc, &d);
+            memset(desc + CPS_RING_DESC, 0, CPS_AUTH_TRAILER);
+            int rc = send_sealed(tp, p, desc, CPS_RING_DESC);
+            if (rc) {
+                nn_freemsg(desc);
+                cps__ring_uncommit(tp->ring, &d);
+                return rc;
+            }
+            tp->ring_sent++;
+            tp->ring_built++;
+            resv_forget(tp, e);
+            return 0;
+        }
+        /* The ring was retired since the reservation: the bytes are still mapped, copied. */
+        nn_freemsg(desc);
+    } else if (!e->slot && len == e->cap) {
+        void *buf = e->buf;
+        int rc = send_plain(tp, p, buf, len);
+        if (rc == 0)
+            resv_forget(tp, e);
+        return rc;
+    }
+    void *copy = cps__tp_alloc(len);
+    if (!copy)
+        return CPS_ENOMEM;
+    memcpy(copy, e->buf, len);
+    int rc = send_plain(tp, p, copy, len);
+    if (rc) {
+        nn_freemsg(copy);
+        return rc;
+    }
+    cps__tp_unreserve(tp, e->buf);
+    return 0;
+}
+
+int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
+{
+    if (!tp || !buf)
+        return CPS_EINVAL;
+    tp_peer *p = peer_find(tp, id);
+    if (!p)
+        return CPS_ENOTFOUND;
+    tp_resv *e = tp->nresv ? resv_find(tp, buf) : NULL;
+    return e ? send_reserved(tp, p, e, len) : send_plain(tp, p, buf, len);
 }
 
 size_t cps__tp_queued(const cps__tp *tp)
@@ -1365,14 +1499,19 @@ void cps__tp_destroy(cps__tp *tp)
     /* At INFO, one line per process that used rings: the ipc tests read it to tell that the
      * rings carried the messages (ring_sent) and that no descriptor was lost (ring_refused). */
     if (tp->ring || tp->ring_recv || tp->ring_refused)
-        cps__log(CPS_LOG_INFO, SUB,
-                 "%s: ring counters: ring_sent=%llu ring_recv=%llu ring_inline_full=%llu "
-                 "ring_refused=%llu ring_returned=%llu retired=%llu",
-                 tp->inbox_url, (unsigned long long)tp->ring_sent,
-                 (unsigned long long)tp->ring_recv, (unsigned long long)tp->ring_inline_full,
-                 (unsigned long long)tp->ring_refused,
-                 (unsigned long long)cps__ring_peers_returned(tp->ring_peers),
-                 (unsigned long long)cps__ring_retired(tp->ring));
+        cps__log(
+            CPS_LOG_INFO, SUB,
+            "%s: ring counters: ring_sent=%llu ring_recv=%llu ring_inline_full=%llu "
+            "ring_refused=%llu ring_returned=%llu retired=%llu ring_built=%llu",
+            tp->inbox_url, (unsigned long long)tp->ring_sent, (unsigned long long)tp->ring_recv,
+            (unsigned long long)tp->ring_inline_full, (unsigned long long)tp->ring_refused,
+            (unsigned long long)cps__ring_peers_returned(tp->ring_peers),
+            (unsigned long long)cps__ring_retired(tp->ring), (unsigned long long)tp->ring_built);
+    /* Reserved buffers never sent: a slot goes with the ring, a fallback buffer here. */
+    for (size_t i = 0; i < tp->nresv; i++)
+        if (!tp->resv[i].slot)
+            nn_freemsg(tp->resv[i].buf);
+    free(tp->resv);
     /* Receivers keep their own mappings of our ring; the file goes with us. */
     cps__ring_destroy(tp->ring, 1);
     cps__ring_peers_destroy(tp->ring_peers);

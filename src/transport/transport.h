@@ -78,10 +78,36 @@ void cps__tp_free(void *buf);
  * ipc://, a message of at least CHAINPS_RING_MIN_KB KiB (default 256; 0: never) is copied into
  * this transport's shared-memory ring and only its descriptor is sent (transport/ring.h), or
  * inline when the ring is full. `buf` may also be a buffer received from a ring (forwarded): it
- * is copied, and released once the copy is sent. On
+ * is copied (into our ring when the peer is same-host: one copy), and released once the copy is
+ * sent. `buf` may be a buffer from cps__tp_reserve: see there (`len` up to the reserved length;
+ * on failure it is still reserved and the caller's). On
  * success the transport owns buf (it is sent now or queued); on failure the caller still owns it.
  * Errors: CPS_ENOTFOUND (unknown peer), CPS_EAGAIN (peer queue over its limit), CPS_ETRANSPORT. */
 int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len);
+
+/* Build a message in place: a buffer of `len` bytes for a message to peer `id`, to be passed
+ * to cps__tp_send (or given back by cps__tp_unreserve). When the peer is same-host and `len`
+ * is at least the ring threshold (CHAINPS_RING_MIN_KB), it is a slot of this transport's
+ * shared-memory ring, and sending it sends only its descriptor: the message is written once,
+ * by its builder, instead of into a buffer and then copied into the ring. Otherwise (a tcp://
+ * peer, an unknown one, a small message, no ring, the ring full) it is a cps__tp_alloc buffer.
+ * Either way: writable, 8-byte aligned (a slot: 64), with no room promised after `len`.
+ *
+ * Ownership: the buffer is the caller's until cps__tp_send succeeds (then the transport's) or
+ * cps__tp_unreserve; never cps__tp_free it (a slot is no nanomsg buffer). cps__tp_send may be
+ * given a shorter length than reserved (1..len: a message that came out shorter, compressed)
+ * and another peer than reserved for. A slot stays valid through anything the transport does
+ * meanwhile: while it is unsent no receiver has it, so it is never taken back with a dropped,
+ * moved or reconnected peer's slots; if the ring is retired meanwhile (ring.h), the old file
+ * stays mapped for it, and its send goes as a copy. A send to a peer no longer same-host (or a
+ * fallback buffer sent shorter than reserved) is a copy too. A reservation left unsent holds
+ * its slot, and the ring, first in first out, fills behind it: send or unreserve promptly.
+ * Buffers not sent when the transport is destroyed are freed with it (a slot's pointer is then
+ * invalid). NULL: out of memory, or `len` 0. Same thread as the rest of the transport. */
+void *cps__tp_reserve(cps__tp *tp, uint32_t id, size_t len);
+/* Give back a buffer from cps__tp_reserve that will not be sent (a slot is reused at once: no
+ * receiver saw it). Any other buffer is cps__tp_free'd. NULL is a no-op. */
+void cps__tp_unreserve(cps__tp *tp, void *buf);
 
 /* Called for each received message that passed authentication; `len` excludes the trailer. The
  * callee owns `buf` and must cps__tp_free() it (it may keep

@@ -86,7 +86,9 @@ static int req_send(cps_client *c, const cps__sess_action *a)
     h.flags = a->flags;
     if (enc)
         h.flags |= CPS_WF_LOSSY;
-    void *buf = cps__msg_alloc(&h, len);
+    /* Reserved for a->to: to a same-host server a large payload is built in the ring, so the
+     * gradient is copied once (cps__tp_reserve). */
+    void *buf = cps__msg_reserve(c->tp, a->to, &h, len);
     if (!buf)
         return CPS_ENOMEM;
     char *payload = (char *)buf + CPS_WIRE_HDR_SIZE;
@@ -120,22 +122,34 @@ static int req_send(cps_client *c, const cps__sess_action *a)
         size_t pz = c->pack_cap >= bound
                         ? cps__codec_compress(payload + len - probe, probe, c->pack, c->pack_cap)
                         : 0;
-        /* A payload no bigger than the probe was compressed whole by the probe itself. */
-        size_t z = probe == len ? pz
-                   : pz         ? cps__codec_compress(payload, len, c->pack, c->pack_cap)
-                                : 0;
+        size_t z = 0;
+        void *zbuf = NULL;
+        cps__msg_hdr zh = h;
+        zh.flags |= CPS_WF_SNAPPY;
+        zh.raw_len = (uint32_t)len;
+        if (probe == len && pz) {
+            /* A payload no bigger than the probe was compressed whole by the probe itself. */
+            zbuf = cps__msg_reserve(c->tp, a->to, &zh, pz);
+            if (zbuf) {
+                memcpy((char *)zbuf + CPS_WIRE_HDR_SIZE, c->pack, pz);
+                z = pz;
+            }
+        } else if (pz && bound <= CPS_WIRE_MAX_PAYLOAD) {
+            /* Compressed straight into the message to send (a ring slot to a same-host
+             * server), which is reserved at the bound and sent at the length it came to. */
+            zbuf = cps__msg_reserve(c->tp, a->to, &zh, bound);
+            z = zbuf ? cps__codec_compress(payload, len, (char *)zbuf + CPS_WIRE_HDR_SIZE, bound)
+                     : 0;
+        }
         zip_note(p, z != 0);
         if (z) {
-            cps__msg_hdr zh = h;
-            zh.flags |= CPS_WF_SNAPPY;
-            zh.raw_len = (uint32_t)len;
-            void *zbuf = cps__msg_alloc(&zh, z);
-            if (zbuf) {
-                memcpy((char *)zbuf + CPS_WIRE_HDR_SIZE, c->pack, z);
-                cps__tp_free(buf);
-                buf = zbuf;
-                wire_len = z;
-            }
+            zh.payload_len = (uint32_t)z;
+            cps__wire_hdr_encode(zbuf, &zh);
+            cps__tp_unreserve(c->tp, buf);
+            buf = zbuf;
+            wire_len = z;
+        } else if (zbuf) {
+            cps__tp_unreserve(c->tp, zbuf);
         }
     }
     if (has_vals && a->attempt == 0) {
@@ -145,7 +159,7 @@ static int req_send(cps_client *c, const cps__sess_action *a)
     }
     int rc = cps__tp_send(c->tp, a->to, buf, CPS_WIRE_HDR_SIZE + wire_len);
     if (rc != 0) {
-        cps__tp_free(buf);
+        cps__tp_unreserve(c->tp, buf);
         return rc;
     }
     if (a->attempt > 0)

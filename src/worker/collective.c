@@ -117,7 +117,8 @@ static void send_msg(cps_client *c, uint32_t to, const cps__coll_msg *m)
                       .step = m->index,
                       .aux = m->n};
     size_t bytes = m->count * sizeof(float);
-    void *buf = cps__msg_alloc(&h, bytes);
+    /* Reserved for `to`: a chunk to a same-host worker is written once, into the ring. */
+    void *buf = cps__msg_reserve(c->tp, to, &h, bytes);
     if (!buf) {
         cps__log(CPS_LOG_ERROR, "allreduce", "out of memory for a %zu-byte message", bytes);
         return; /* the collective times out rather than reducing without the chunk */
@@ -126,7 +127,7 @@ static void send_msg(cps_client *c, uint32_t to, const cps__coll_msg *m)
         memcpy((char *)buf + CPS_WIRE_HDR_SIZE, m->vals, bytes);
     int rc = cps__tp_send(c->tp, to, buf, CPS_WIRE_HDR_SIZE + bytes);
     if (rc != 0) {
-        cps__tp_free(buf);
+        cps__tp_unreserve(c->tp, buf);
         cps__log(CPS_LOG_WARN, "allreduce", "cannot send to worker %u: %s", to, cps_strerror(rc));
         return;
     }

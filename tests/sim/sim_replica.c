@@ -68,16 +68,11 @@ static void env_release(void *ctx, void *owner)
     free(owner);
 }
 
-static void *env_msg_alloc(void *ctx, size_t len)
+static void *env_msg_alloc(void *ctx, uint32_t to, size_t len)
 {
     (void)ctx;
+    (void)to;
     return malloc(len);
-}
-
-static void env_msg_free(void *ctx, void *msg)
-{
-    (void)ctx;
-    free(msg);
 }
 
 static void replica_new(sim *sm, sim_server *s)
@@ -87,7 +82,7 @@ static void replica_new(sim *sm, sim_server *s)
     s->chain = NULL;
     cps__replica_env env = {
         s,       sim_op_range_seq, sim_op_dedup,  sim_op_agg_step, env_check_keys, env_scan_dedup,
-        env_add, env_release,      env_msg_alloc, env_msg_free};
+        env_add, env_release,      env_msg_alloc};
     /* As the server configures it, the joins' timers scaled as sim.h says. */
     cps__replica_config cfg = {.self = s->id,
                                .resend_ms = sm->p.resend_ms,
