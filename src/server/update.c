@@ -165,7 +165,7 @@ static void *env_msg_alloc(void *ctx, uint32_t to, size_t len)
 int cps__server_replica_new(cps__server *s)
 {
     cps__replica_env env = {
-        s,       env_range_seq, env_dedup,     env_agg_step, env_check_keys, env_scan_dedup,
+        s,       env_range_seq, env_dedup,    env_agg_step, env_check_keys, env_scan_dedup,
         env_add, env_release,   env_msg_alloc};
     /* Our id comes with the first view (a rejoin may be given another). */
     cps__replica_config cfg = {.self = 0,

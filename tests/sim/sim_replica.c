@@ -81,7 +81,7 @@ static void replica_new(sim *sm, sim_server *s)
     s->rep = NULL;
     s->chain = NULL;
     cps__replica_env env = {
-        s,       sim_op_range_seq, sim_op_dedup,  sim_op_agg_step, env_check_keys, env_scan_dedup,
+        s,       sim_op_range_seq, sim_op_dedup, sim_op_agg_step, env_check_keys, env_scan_dedup,
         env_add, env_release,      env_msg_alloc};
     /* As the server configures it, the joins' timers scaled as sim.h says. */
     cps__replica_config cfg = {.self = s->id,

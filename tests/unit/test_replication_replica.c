@@ -121,8 +121,7 @@ static void *f_alloc(void *ctx, uint32_t to, size_t len)
 
 static cps__replica *new_replica(fake *f)
 {
-    cps__replica_env env = {f,      f_seq, f_dedup,   f_agg,   f_check,
-                            f_scan, f_add, f_release, f_alloc};
+    cps__replica_env env = {f, f_seq, f_dedup, f_agg, f_check, f_scan, f_add, f_release, f_alloc};
     cps__replica_config cfg = {.self = SELF};
     cps__replica *r;
     assert_int_equal(cps__replica_create(&cfg, &env, &r), 0);
@@ -786,8 +785,7 @@ static void a_join_is_decided_by_the_replica_and_performed_by_the_shell(void **s
 
 static cps__replica *new_fenced_replica(fake *f)
 {
-    cps__replica_env env = {f,      f_seq, f_dedup,   f_agg,   f_check,
-                            f_scan, f_add, f_release, f_alloc};
+    cps__replica_env env = {f, f_seq, f_dedup, f_agg, f_check, f_scan, f_add, f_release, f_alloc};
     cps__replica_config cfg = {.self = SELF, .dead_after_ms = DEAD_AFTER, .start_ms = 0};
     cps__replica *r;
     assert_int_equal(cps__replica_create(&cfg, &env, &r), 0);
