@@ -273,9 +273,12 @@ def main(argv):
     elapsed = time.monotonic() - t0
     traffic = ""
     if client:
-        st = client.stats()  # the training loop's traffic, before the final pull
-        traffic = (f", pushed {st['push_wire_bytes']} bytes, pulled {st['pull_bytes']} bytes, "
-                   f"all-reduce sent {st['allreduce_bytes_sent']} bytes")
+        if a.allreduce:
+            # The training loop's traffic, before the final pull (bench/run_freq.sh reads it).
+            # Only here: other runs' final lines end with the checksum, as scripts expect.
+            st = client.stats()
+            traffic = (f", pushed {st['push_wire_bytes']} bytes, pulled {st['pull_bytes']} "
+                       f"bytes, all-reduce sent {st['allreduce_bytes_sent']} bytes")
         client.barrier()  # every worker's last step is in before the final pull
         opt.pull()
     acc = accuracy(torch, model, xt, yt)
