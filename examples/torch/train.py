@@ -212,7 +212,7 @@ def main(argv):
     if a.eval:
         step = cpt.load_state_dict(model, a.eval)
         print(f"eval: {a.eval} at step {step}: test accuracy {accuracy(torch, model, xt, yt):.2f}%, "
-              f"checksum {checksum(model)}{traffic}", flush=True)
+              f"checksum {checksum(model)}", flush=True)
         return 0
     x, y = load(a.data, "train")
     rank, nw = (client.rank, client.num_workers) if client else (0, 1)
