@@ -52,6 +52,16 @@ def parse_args(argv):
                     help="torch intra-op threads (1: workers share the machine's cores)")
     ap.add_argument("--no-overlap", action="store_true",
                     help="push every gradient after backward() instead of from its hook")
+    ap.add_argument("--allreduce", action="store_true",
+                    help="keep every parameter on the workers, all-reduced among them each step "
+                         "and updated there by the same optimizer (torch.optim), not on the "
+                         "servers")
+    ap.add_argument("--sync-every", type=int, default=1, metavar="K",
+                    help="with --allreduce: accumulate K steps' gradients, all-reduce and step "
+                         "once every K (1)")
+    ap.add_argument("--warmup", type=int, default=0, metavar="N",
+                    help="with --allreduce: N steps on each worker's own gradients, then the "
+                         "parameters are averaged (0)")
     ap.add_argument("--local", action="store_true",
                     help="train in this process alone (torch.optim), without a parameter server")
     ap.add_argument("--eval", metavar="CKPT",
@@ -66,6 +76,14 @@ def parse_args(argv):
     a = ap.parse_args(argv)
     if a.epochs < 1 or a.batch < 1 or a.steps < 0 or a.threads < 1 or a.lr < 0:
         ap.error("--epochs, --batch and --threads must be >= 1; --steps and --lr >= 0")
+    if a.sync_every < 1 or a.warmup < 0:
+        ap.error("--sync-every must be >= 1 and --warmup >= 0")
+    # The servers' parameters push every step (DistributedOptimizer's sync_every is about the
+    # all-reduced ones): without --allreduce the flags would silently do nothing.
+    if (a.sync_every != 1 or a.warmup) and not a.allreduce:
+        ap.error("--sync-every and --warmup need --allreduce")
+    if a.allreduce and a.local:
+        ap.error("--allreduce and --local exclude each other")
     if not a.lr:
         a.lr = {"sgd": 0.1, "momentum": 0.02, "adam": 0.002}[a.optimizer]
     return a
@@ -208,12 +226,19 @@ def main(argv):
     if client:
         # Chosen per tensor: a bias is too small for compression to pay.
         compress = (lambda name, p: a.compress if p.dim() > 1 else None) if a.compress else None
+        hybrid = {}
+        if a.allreduce:
+            # No parameter on the servers: every one is all-reduced and stepped locally.
+            hybrid = dict(on_servers=(), local_optim=lambda ps: local_optimizer(torch, a, ps),
+                          sync_every=a.sync_every, warmup_steps=a.warmup)
         opt = cpt.DistributedOptimizer(model.named_parameters(), chainps_optim(chainps, a),
                                        client=client, seed=a.seed, overlap=not a.no_overlap,
-                                       compress=compress)
+                                       compress=compress, **hybrid)
         start = opt.start_step
-        print(f"worker {rank} of {nw}: mode {client.mode}, {client.num_servers} servers, "
-              f"steps {start}..{total}", flush=True)
+        where = (f"all-reduced, sync every {a.sync_every}, warm-up {a.warmup}" if a.allreduce
+                 else f"{client.num_servers} servers")
+        print(f"worker {rank} of {nw}: mode {client.mode}, {where}, steps {start}..{total}",
+              flush=True)
     else:
         # The servers' initial values, drawn locally: the same starting point as a job's.
         params = dict(model.named_parameters())
@@ -246,7 +271,14 @@ def main(argv):
         if a.log_every and (step + 1) % a.log_every == 0:
             print(f"epoch: {e + 1} step: {step + 1}, loss is {loss.item():.4f}", flush=True)
     elapsed = time.monotonic() - t0
+    traffic = ""
     if client:
+        if a.allreduce:
+            # The training loop's traffic, before the final pull (bench/run_freq.sh reads it).
+            # Only here: other runs' final lines end with the checksum, as scripts expect.
+            st = client.stats()
+            traffic = (f", pushed {st['push_wire_bytes']} bytes, pulled {st['pull_bytes']} "
+                       f"bytes, all-reduce sent {st['allreduce_bytes_sent']} bytes")
         client.barrier()  # every worker's last step is in before the final pull
         opt.pull()
     acc = accuracy(torch, model, xt, yt)
@@ -254,7 +286,7 @@ def main(argv):
         torch.save(model.state_dict(), a.save)
     rate = samples / elapsed if elapsed > 0 else 0.0
     print(f"final: test accuracy {acc:.2f}%, {rate:.1f} samples/s, steps {total}, "
-          f"checksum {checksum(model)}", flush=True)
+          f"checksum {checksum(model)}{traffic}", flush=True)
     if client:
         client.close()
     if loss is not None and not math.isfinite(loss.item()):

@@ -5,6 +5,7 @@ accuracy. Each job is bounded in time and every process is ended by its PID."""
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -151,3 +152,50 @@ def test_a_checkpoint_that_does_not_fit_is_refused_by_name(tmp_path):
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q"]))
+
+
+# --allreduce: every parameter on the workers, all-reduced by DistributedOptimizer with
+# sync_every/warmup_steps (issue 29). 1 server, which holds nothing.
+AR = ["--servers", "1", "--workers", "2", "--mode", "sync"]
+AR_STEPS = ["--model", "tiny", "--steps", "160", "--log-every", "0", "--allreduce"]
+
+
+def allreduce_bytes(out):
+    """Both workers' all-reduce payload bytes (from their final lines)."""
+    sent = [int(b) for b in re.findall(r"final: .* all-reduce sent (\d+) bytes", out)]
+    assert len(sent) == 2, out[-3000:]
+    return sum(sent)
+
+
+@pytest.fixture(scope="module")
+def allreduce_k1():
+    f, out = run_ok(AR, AR_STEPS)
+    assert "pushed 0 bytes" in out, "a parameter went to the servers"
+    return f, allreduce_bytes(out)
+
+
+@pytest.mark.parametrize("warmup", ["0", "20"])
+def test_allreduce_sync_every_is_bitwise_deterministic_and_bytes_fall_by_k(allreduce_k1, warmup):
+    ref, ref_bytes = allreduce_k1
+    args = AR_STEPS + ["--sync-every", "4", "--warmup", warmup]
+    f, out = run_ok(AR, args)
+    assert f[0][2] == f[1][2], "workers ended with different parameters"
+    assert f[0][2] != ref[0][2], "sync_every changed nothing"
+    again, out2 = run_ok(AR, args)
+    assert again[0][2] == again[1][2] == f[0][2], "a second run with the same k differs"
+    sent = allreduce_bytes(out)
+    assert allreduce_bytes(out2) == sent
+    # k = 1 all-reduces the gradients at each of the 160 steps, k = 4 at every 4th step
+    # after the warm-up (plus, for a warm-up, one average of the parameters and momentum):
+    # both add rank 0's initial parameters. So ~4x fewer bytes without a warm-up, ~4.2x with 20.
+    lo, hi = (3.5, 4.1) if warmup == "0" else (4.0, 4.5)
+    assert lo < ref_bytes / sent < hi, (ref_bytes, sent)
+    assert f[0][0] > 30.0, f"test accuracy {f[0][0]}%"
+
+
+def test_sync_every_without_allreduce_is_refused():
+    # The servers' parameters push every step: the flag would do nothing, so it is an error.
+    out = tj.subprocess.run([tj.PYTHON, tj.TRAIN, "--sync-every", "4"], capture_output=True,
+                            text=True, timeout=60, env=tj.env())
+    assert out.returncode == 2 and "--sync-every and --warmup need --allreduce" in out.stderr, \
+        out.stdout + out.stderr
