@@ -55,6 +55,10 @@
 #define LOOK_MS        500
 #define GONE_MS        100 /* a server looks gone but its view still lists it: look again this often */
 #define RESTORE_PASSES 8 /* a restore streams a range again at most this often (heads that died) */
+/* A head that answers none of a range's PUTs in flight for this long lost them: a server that
+ * did not run past the failure timeout drops what came meanwhile unanswered (it was unsure of its
+ * view), and a restore waiting for those answers waited out its whole timeout. */
+#define PUT_STALL_MS 10000
 #define CUT_TRIES      4   /* cuts lost with every replica that held them, cut again this often */
 #define CLOSE_GRACE_MS 200 /* closing: a CUT_CLOSE's peer not connected by then is dropped */
 
@@ -1814,6 +1818,7 @@ typedef struct put_buf {
     size_t cap;
     uint32_t inflight;
     uint64_t acked_seq; /* highest sequence number a head reported */
+    uint64_t heard_ms;  /* its head's last answer (or the send that found none in flight) */
 } put_buf;
 
 typedef struct restore_ctx {
@@ -1919,6 +1924,27 @@ static int restore_look(restore_ctx *x, int force)
     return rc;
 }
 
+/* Ranges whose head left PUTs unanswered for PUT_STALL_MS are streamed again (to the same head
+ * if the view still names it: every record sets values, so the stream again leaves the same
+ * bytes). Returns how many. */
+static int put_stalled(restore_ctx *x)
+{
+    uint64_t now = cps__now_ms();
+    int n = 0;
+    for (uint32_t r = 0; r < x->l->view.nranges; r++) {
+        put_buf *b = &x->pb[r];
+        if (!b->inflight || x->skip[r] || x->again[r] || now < b->heard_ms + PUT_STALL_MS)
+            continue;
+        cps__log(CPS_LOG_WARN, SUB,
+                 "range %u: node %u left %u PUT(s) unanswered for %.0f s (dropped while it was "
+                 "unsure of its view?): its records go again",
+                 r, x->head[r], b->inflight, PUT_STALL_MS / 1000.0);
+        stream_again(x, r);
+        n++;
+    }
+    return n;
+}
+
 /* One answer of a range head, or the view moved (0 either way: the caller looks again at what
  * it waits for). Heads that do not answer fail it after the timeout. */
 static int put_wait_one(restore_ctx *x)
@@ -1941,6 +1967,8 @@ static int put_wait_one(restore_ctx *x)
         }
         if ((rc = restore_look(x, 0)) != 0 || x->l->view.epoch != epoch)
             return rc;
+        if (put_stalled(x))
+            return 0;
     }
     if (rc != 0)
         return rc;
@@ -1962,6 +1990,7 @@ static int put_wait_one(restore_ctx *x)
         put_buf *b = &x->pb[r];
         if (b->inflight)
             b->inflight--;
+        b->heard_ms = cps__now_ms();
         if (rx.hdr.req_seq > b->acked_seq)
             b->acked_seq = rx.hdr.req_seq;
     }
@@ -2006,7 +2035,8 @@ static int put_flush(restore_ctx *x, uint32_t r)
         if (!cps__tp_peer_gone(x->l->tp, x->head[r]))
             return rc;
     }
-    b->inflight++;
+    if (b->inflight++ == 0)
+        b->heard_ms = cps__now_ms();
     b->used = x->base; /* the hello stays in front */
     return 0;
 }
