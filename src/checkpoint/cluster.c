@@ -52,13 +52,14 @@
 #define READ_WAIT_MS     30000 /* one read's answer (a tail that died fails the export) */
 /* Unanswered this long, the exporter looks at the view again: a reader whose process died is
  * seen sooner (its connection refuses), but one cut off by the network only through the view. */
-#define LOOK_MS        500
-#define GONE_MS        100 /* a server looks gone but its view still lists it: look again this often */
-#define RESTORE_PASSES 8 /* a restore streams a range again at most this often (heads that died) */
+#define LOOK_MS 500
+#define GONE_MS 100 /* a server looks gone but its view still lists it: look again this often */
+/* A restore streams a range again at most this often (its head died, or lost PUTs). */
+#define RESTORE_PASSES 8
 /* A head that answers none of a range's PUTs in flight for this long lost them: a server that
  * did not run past the failure timeout drops what came meanwhile unanswered (it was unsure of its
  * view), and a restore waiting for those answers waited out its whole timeout. */
-#define PUT_STALL_MS 10000
+#define PUT_STALL_MS   10000
 #define CUT_TRIES      4   /* cuts lost with every replica that held them, cut again this often */
 #define CLOSE_GRACE_MS 200 /* closing: a CUT_CLOSE's peer not connected by then is dropped */
 
@@ -1823,8 +1824,8 @@ typedef struct put_buf {
 
 typedef struct restore_ctx {
     link *l;
-    put_buf *pb; /* per range */
-    size_t base; /* payload offset where entries start */
+    put_buf *pb;  /* per range */
+    size_t base;  /* payload offset where entries start */
     uint64_t tag; /* this pass's: answers to an earlier pass's PUTs are not counted */
     int rc;
     /* streaming one tensor's slot */
@@ -1978,8 +1979,8 @@ static int put_wait_one(restore_ctx *x)
     if (rx.hdr.type == CPS_MSG_ERROR && ours &&
         (rx.hdr.status == CPS_ESTALE_EPOCH || rx.hdr.status == CPS_EAGAIN)) {
         /* Not the head any more, or busy re-forming its chain: the next pass asks the view. */
-        cps__log(CPS_LOG_WARN, SUB, "range %u: node %u did not take the records (%s): again",
-                 r, rx.hdr.sender, cps_strerror(rx.hdr.status));
+        cps__log(CPS_LOG_WARN, SUB, "range %u: node %u did not take the records (%s): again", r,
+                 rx.hdr.sender, cps_strerror(rx.hdr.status));
         stream_again(x, r);
         x->next_look = 0;
     } else if (rx.hdr.type == CPS_MSG_ERROR && ours) {

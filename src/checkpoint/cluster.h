@@ -109,9 +109,9 @@ typedef struct cps__restore_result {
     uint64_t bytes;
     uint32_t tensors;
     double seconds;
-    int started;         /**< the job had started (CPS_EUNAVAILABLE otherwise: not yet, ask again) */
-    int no_replica;      /**< failed because a range had no live replica left (logged by range) */
-    uint32_t resent;     /**< ranges streamed again because their head left the chain */
+    int started;     /**< the job had started (CPS_EUNAVAILABLE otherwise: not yet, ask again) */
+    int no_replica;  /**< failed because a range had no live replica left (logged by range) */
+    uint32_t resent; /**< ranges streamed again (their head left the chain, or lost PUTs) */
 } cps__restore_result;
 
 /**

@@ -77,7 +77,7 @@ r1=${pids[-1]}
 # Mid-stream: server 0's store (a replica of every range) outgrew its first 64 MB map, so it
 # holds about two thirds of the records.
 for _ in $(seq 1200); do
-    grep -q "map grown from 67108864" "$dir/s0r.log" && break
+    grep -qs "map grown from 67108864" "$dir/s0r.log" && break
     grep -q "restored .* workers admitted" "$dir/sched2.log" && break
     sleep 0.05
 done
