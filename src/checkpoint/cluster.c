@@ -2412,7 +2412,7 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
             break;
         if (pass + 1 >= RESTORE_PASSES) {
             cps__log(CPS_LOG_ERROR, SUB,
-                     "%u range(s) lost their head in each of %u passes: the restore gives up",
+                     "%u range(s) still to stream again after %u passes: the restore gives up",
                      again, RESTORE_PASSES);
             rc = CPS_EUNAVAILABLE;
             break;
