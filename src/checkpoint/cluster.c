@@ -20,6 +20,7 @@
 #include "node/roles.h"
 #include "optim/optim.h"
 #include "recovery/cutroute.h"
+#include "recovery/restore_route.h"
 #include "transport/transport.h"
 #include "worker/client.h"
 #include "worker/localset.h"
@@ -51,8 +52,14 @@
 #define READ_WAIT_MS     30000 /* one read's answer (a tail that died fails the export) */
 /* Unanswered this long, the exporter looks at the view again: a reader whose process died is
  * seen sooner (its connection refuses), but one cut off by the network only through the view. */
-#define LOOK_MS        500
-#define GONE_MS        100 /* a server looks gone but its view still lists it: look again this often */
+#define LOOK_MS 500
+#define GONE_MS 100 /* a server looks gone but its view still lists it: look again this often */
+/* A restore streams a range again at most this often (its head died, or lost PUTs). */
+#define RESTORE_PASSES 8
+/* A head that answers none of a range's PUTs in flight for this long lost them: a server that
+ * did not run past the failure timeout drops what came meanwhile unanswered (it was unsure of its
+ * view), and a restore waiting for those answers waited out its whole timeout. */
+#define PUT_STALL_MS   10000
 #define CUT_TRIES      4   /* cuts lost with every replica that held them, cut again this often */
 #define CLOSE_GRACE_MS 200 /* closing: a CUT_CLOSE's peer not connected by then is dropped */
 
@@ -1812,18 +1819,26 @@ typedef struct put_buf {
     size_t cap;
     uint32_t inflight;
     uint64_t acked_seq; /* highest sequence number a head reported */
+    uint64_t heard_ms;  /* its head's last answer (or the send that found none in flight) */
 } put_buf;
 
 typedef struct restore_ctx {
     link *l;
-    put_buf *pb; /* per range */
-    size_t base; /* payload offset where entries start */
-    uint64_t tag;
+    put_buf *pb;  /* per range */
+    size_t base;  /* payload offset where entries start */
+    uint64_t tag; /* this pass's: answers to an earlier pass's PUTs are not counted */
     int rc;
     /* streaming one tensor's slot */
     piece *pieces;
     size_t npieces;
     uint32_t slot;
+    /* Across view changes (recovery/restore_route.h), per range: */
+    uint32_t *head;        /* where this pass's PUTs went (CPS_RR_NONE: none yet) */
+    unsigned char *skip;   /* not streamed in this pass (its tail confirmed an earlier one) */
+    unsigned char *again;  /* its head changed: streamed again in the next pass */
+    unsigned char *resend; /* cps__restore_route's verdicts */
+    uint64_t next_look;    /* when to ask the scheduler for the view again */
+    int no_replica;        /* failed: a range has no live replica */
 } restore_ctx;
 
 static int match_release(const cps__rx *rx, const void *arg)
@@ -1864,24 +1879,119 @@ static int match_put(const cps__rx *rx, const void *arg)
            ((rx->hdr.type == CPS_MSG_PUT && rx->hdr.aux == *tag) || rx->hdr.type == CPS_MSG_ERROR);
 }
 
+/* Range r's stream stops here and starts again in the next pass (at the view's head then). */
+static void stream_again(restore_ctx *x, uint32_t r)
+{
+    put_buf *b = &x->pb[r];
+    x->again[r] = 1;
+    b->inflight = 0;
+    b->used = x->base;
+}
+
+/* The view again when a server of the chains looks gone (every LOOK_MS), every REFRESH_MS
+ * otherwise, at once with `force`. A range whose head changed is streamed again in the next
+ * pass; one without a live replica fails the restore now, by name (recovery/restore_route.h). */
+static int restore_look(restore_ctx *x, int force)
+{
+    link *l = x->l;
+    uint64_t now = cps__now_ms();
+    int gone = chain_gone(l);
+    if (!force && !gone && now < x->next_look)
+        return 0;
+    x->next_look = now + (gone ? LOOK_MS : REFRESH_MS);
+    uint64_t epoch = l->view.epoch;
+    int rc = link_refresh_view(l);
+    if (rc == CPS_ETIMEDOUT)
+        return 0; /* the scheduler is off the data path: the answers' deadline decides */
+    if (rc != 0 || l->view.epoch == epoch)
+        return rc;
+    uint32_t nr = l->view.nranges, bad = 0;
+    rc = cps__restore_route(&l->view, nr, x->head, x->resend, &bad);
+    if (rc == CPS_EUNAVAILABLE) {
+        cps__log(CPS_LOG_ERROR, SUB,
+                 "range %u has no live replica in view epoch %" PRIu64
+                 ": its records cannot be restored",
+                 bad, l->view.epoch);
+        x->no_replica = 1;
+    }
+    for (uint32_t r = 0; rc == 0 && r < nr; r++)
+        if (x->resend[r] && !x->skip[r] && !x->again[r]) {
+            cps__log(CPS_LOG_WARN, SUB,
+                     "range %u: its head (node %u) left the chain in view epoch %" PRIu64
+                     "; its records go again to node %u",
+                     r, x->head[r], l->view.epoch, l->view.ranges[r].chain[0]);
+            stream_again(x, r);
+        }
+    return rc;
+}
+
+/* Ranges whose head left PUTs unanswered for PUT_STALL_MS are streamed again (to the same head
+ * if the view still names it: every record sets values, so the stream again leaves the same
+ * bytes). Returns how many. */
+static int put_stalled(restore_ctx *x)
+{
+    uint64_t now = cps__now_ms();
+    int n = 0;
+    for (uint32_t r = 0; r < x->l->view.nranges; r++) {
+        put_buf *b = &x->pb[r];
+        if (!b->inflight || x->skip[r] || x->again[r] || now < b->heard_ms + PUT_STALL_MS)
+            continue;
+        cps__log(CPS_LOG_WARN, SUB,
+                 "range %u: node %u left %u PUT(s) unanswered for %.0f s (dropped while it was "
+                 "unsure of its view?): its records go again",
+                 r, x->head[r], b->inflight, PUT_STALL_MS / 1000.0);
+        stream_again(x, r);
+        n++;
+    }
+    return n;
+}
+
+/* One answer of a range head, or the view moved (0 either way: the caller looks again at what
+ * it waits for). Heads that do not answer fail it after the timeout. */
 static int put_wait_one(restore_ctx *x)
 {
-    cps__rx rx;
-    int rc = take(x->l, match_put, &x->tag, cps__now_ms() + (uint64_t)x->l->timeout_ms, &rx);
-    if (rc != 0) {
-        cps__log(CPS_LOG_ERROR, SUB, "a range head did not take the records within %.0f s",
-                 x->l->timeout_ms / 1000.0);
+    uint64_t epoch = x->l->view.epoch;
+    int rc = restore_look(x, 0);
+    if (rc != 0 || x->l->view.epoch != epoch)
         return rc;
+    uint64_t deadline = cps__now_ms() + (uint64_t)x->l->timeout_ms;
+    cps__rx rx;
+    for (;;) {
+        uint64_t until = cps__now_ms() + LOOK_MS;
+        rc = take(x->l, match_put, &x->tag, until < deadline ? until : deadline, &rx);
+        if (rc != CPS_ETIMEDOUT)
+            break;
+        if (cps__now_ms() >= deadline) {
+            cps__log(CPS_LOG_ERROR, SUB, "a range head did not take the records within %.0f s",
+                     x->l->timeout_ms / 1000.0);
+            return rc;
+        }
+        if ((rc = restore_look(x, 0)) != 0 || x->l->view.epoch != epoch)
+            return rc;
+        if (put_stalled(x))
+            return 0;
     }
+    if (rc != 0)
+        return rc;
     uint32_t r = rx.hdr.range;
-    if (rx.hdr.type == CPS_MSG_ERROR) {
+    /* What a head that left the chain says is no answer for this pass's stream. */
+    int ours = r < x->l->view.nranges && rx.hdr.sender == x->head[r] && !x->again[r];
+    if (rx.hdr.type == CPS_MSG_ERROR && ours &&
+        (rx.hdr.status == CPS_ESTALE_EPOCH || rx.hdr.status == CPS_EAGAIN)) {
+        /* Not the head any more, or busy re-forming its chain: the next pass asks the view. */
+        cps__log(CPS_LOG_WARN, SUB, "range %u: node %u did not take the records (%s): again", r,
+                 rx.hdr.sender, cps_strerror(rx.hdr.status));
+        stream_again(x, r);
+        x->next_look = 0;
+    } else if (rx.hdr.type == CPS_MSG_ERROR && ours) {
         rc = rx.hdr.status ? rx.hdr.status : CPS_EPROTO;
         cps__log(CPS_LOG_ERROR, SUB, "range %u refused the records: %s (%.*s)", r, cps_strerror(rc),
                  (int)(rx.len > 200 ? 200 : rx.len), (const char *)rx.payload);
-    } else if (r < x->l->view.nranges) {
+    } else if (rx.hdr.type != CPS_MSG_ERROR && ours) {
         put_buf *b = &x->pb[r];
         if (b->inflight)
             b->inflight--;
+        b->heard_ms = cps__now_ms();
         if (rx.hdr.req_seq > b->acked_seq)
             b->acked_seq = rx.hdr.req_seq;
     }
@@ -1892,13 +2002,18 @@ static int put_wait_one(restore_ctx *x)
 static int put_flush(restore_ctx *x, uint32_t r)
 {
     put_buf *b = &x->pb[r];
-    if (b->used <= x->base)
-        return 0;
-    while (b->inflight >= PUT_WINDOW) {
+    while (!x->skip[r] && !x->again[r] && b->used > x->base && b->inflight >= PUT_WINDOW) {
         int rc = put_wait_one(x);
         if (rc != 0)
             return rc;
     }
+    if (x->skip[r] || x->again[r] || b->used <= x->base) {
+        b->used = x->base; /* nothing to send, or what it held goes again in the next pass */
+        return 0;
+    }
+    const cps__range *g = &x->l->view.ranges[r];
+    if (x->head[r] == CPS_RR_NONE)
+        x->head[r] = g->chain[0];
     cps__msg_hdr h = {.type = CPS_MSG_PUT,
                       .sender = UINT32_MAX,
                       .range = r,
@@ -1913,13 +2028,16 @@ static int put_flush(restore_ctx *x, uint32_t r)
         return CPS_ENOMEM;
     cps__wire_hdr_encode(msg, &h);
     memcpy(msg + CPS_WIRE_HDR_SIZE, b->buf + CPS_WIRE_HDR_SIZE, b->used);
-    int rc =
-        cps__tp_send(x->l->tp, x->l->view.ranges[r].chain[0], msg, CPS_WIRE_HDR_SIZE + b->used);
+    int rc = cps__tp_send(x->l->tp, x->head[r], msg, CPS_WIRE_HDR_SIZE + b->used);
     if (rc != 0) {
         cps__tp_free(msg);
-        return rc;
+        /* A head whose process is gone: the PUT is lost like those in flight to it, and the
+         * range goes again once the view has moved its head (restore_look). */
+        if (!cps__tp_peer_gone(x->l->tp, x->head[r]))
+            return rc;
     }
-    b->inflight++;
+    if (b->inflight++ == 0)
+        b->heard_ms = cps__now_ms();
     b->used = x->base; /* the hello stays in front */
     return 0;
 }
@@ -1979,13 +2097,15 @@ static int match_probe_range(const cps__rx *rx, const void *arg)
     return is_probe_reply(rx) && rx->hdr.range == *r;
 }
 
-/* Wait until each range's tail has applied everything the heads took. */
+/* Wait until each range's tail has applied everything the heads took. The tail is the view's:
+ * one that died is replaced by its predecessor, and a range whose head changed meanwhile is
+ * streamed again in the next pass (restore_look). */
 static int wait_tails(restore_ctx *x)
 {
     link *l = x->l;
     uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
     for (uint32_t r = 0; r < l->view.nranges; r++) {
-        for (;;) {
+        while (!x->skip[r] && !x->again[r]) {
             cps__msg_hdr h = {.type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = r};
             cps__msg_send(l->tp, tail_of(l, r), &h, l->hello, l->hello_len);
             cps__rx rx;
@@ -2004,6 +2124,8 @@ static int wait_tails(restore_ctx *x)
                          r, l->timeout_ms / 1000.0);
                 return CPS_ETIMEDOUT;
             }
+            if ((rc = restore_look(x, 0)) != 0)
+                return rc;
             cps__tp_poll(l->tp, 20, on_msg, l, 0);
         }
     }
@@ -2026,6 +2148,89 @@ static int is_local(const cps__ckpt_reader *rd, const char *name)
     snprintf(key, sizeof key, "kind/%s", name);
     const char *kind = cps__ckpt_reader_meta(rd, key);
     return kind && !strcmp(kind, "local");
+}
+
+/* One pass of the restore: every tensor's records to the ranges it streams (not those x->skip
+ * or x->again leave out), then every head's answers and every tail's confirmation. `bytes`: adds
+ * what the checkpoint holds for the servers (NULL: a later pass, which says nothing again). */
+static int restore_pass(restore_ctx *x, cps__ckpt_reader *rd, const cps__tensor_desc *want,
+                        uint32_t nwant, uint64_t step, const char *from, uint64_t *bytes)
+{
+    int rc = 0;
+    char key[CPS_CKPT_NAME_MAX];
+    uint32_t nr = x->l->view.nranges;
+    uint64_t *steps = NULL;
+    for (uint32_t i = 0; rc == 0 && i < nwant; i++) {
+        const cps__tensor_desc *d = &want[i];
+        cps_tensor t;
+        if ((rc = tensor_layout(x->l, d, &t)) != 0)
+            break;
+        x->pieces = tensor_pieces(&t, &x->npieces);
+        if (!x->pieces)
+            rc = CPS_ENOMEM;
+        /* Optimizer step counts: per row (tables) or one for the tensor. */
+        size_t nsteps = d->kind ? d->rows : 1;
+        steps = rc == 0 ? calloc(nsteps, sizeof *steps) : NULL;
+        if (rc == 0 && !steps)
+            rc = CPS_ENOMEM;
+        snprintf(key, sizeof key, "%sstep/%s", CPS_CKPT_OPTIM_PREFIX, d->name);
+        const cps__ckpt_tensor *st = rc == 0 ? cps__ckpt_reader_find(rd, key) : NULL;
+        if (st)
+            rc = cps__ckpt_reader_read(rd, st, steps, nsteps * sizeof *steps);
+        /* Create every key (zeros), then stream the values and optimizer state into them. */
+        for (size_t k = 0; rc == 0 && k < x->npieces; k++) {
+            const piece *p = &x->pieces[k];
+            unsigned char *at;
+            if ((rc = put_room(x, p->range, CPS_ENT_CREATE_SIZE, &at)) != 0)
+                break;
+            cps__ent_put_create(at, p->key, p->len, steps[d->kind ? p->off / d->cols : 0],
+                                &d->spec);
+        }
+        uint32_t slots = (uint32_t)cps__optim_state_slots(d->spec.opt_kind);
+        for (uint32_t k = 0; rc == 0 && k <= slots; k++) {
+            const cps__ckpt_tensor *ct;
+            if (k == 0) {
+                ct = cps__ckpt_reader_find(rd, d->name);
+            } else {
+                cps__ckpt_optim_tensor_name(key, sizeof key, d->spec.opt_kind, k - 1, d->name);
+                ct = cps__ckpt_reader_find(rd, key);
+                if (!ct && bytes)
+                    cps__log(CPS_LOG_WARN, SUB, "%s: no %s: that optimizer state starts at zero",
+                             from, key);
+            }
+            x->slot = k;
+            if (ct)
+                rc = cps__ckpt_reader_stream(rd, ct, restore_sink, x);
+        }
+        /* Sync jobs: the step the key sets are at, so workers declaring them resume there. */
+        for (uint32_t k = 0; rc == 0 && !d->kind && step && k < t.nparts; k++) {
+            char name[64];
+            int nlen =
+                snprintf(name, sizeof name, "agg/%" PRIu32 "/%016" PRIx64, t.parts[k].range,
+                         cps__keyset_sig(t.parts[k].keys, t.parts[k].lens, t.parts[k].nkeys));
+            unsigned char *at, value[8];
+            cps__le64_put(value, step);
+            if ((rc = put_room(x, t.parts[k].range, cps__ent_named_size((size_t)nlen, 8), &at)) !=
+                0)
+                break;
+            cps__ent_put_named(at, name, (size_t)nlen, value, 8);
+        }
+        if (bytes)
+            *bytes += d->length * 4 * (1 + slots);
+        free(steps);
+        steps = NULL;
+        free(x->pieces);
+        x->pieces = NULL;
+        cps__parts_free(t.parts, t.nparts);
+    }
+    for (uint32_t r = 0; rc == 0 && nwant && r < nr; r++)
+        rc = put_flush(x, r);
+    for (uint32_t r = 0; rc == 0 && nwant && r < nr; r++)
+        while (rc == 0 && x->pb[r].inflight)
+            rc = put_wait_one(x);
+    if (rc == 0 && nwant)
+        rc = wait_tails(x);
+    return rc;
 }
 
 int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore_result *res)
@@ -2150,6 +2355,7 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
         rc = link_open(&l, o->scheduler, o->bind_host, o->advertise, o->key, o->timeout_ms);
     if (rc == 0)
         rc = link_registry(&l, o->scheduler);
+    res->started = rc == 0;
     if (rc == 0 && l.ndescs)
         cps__log(CPS_LOG_WARN, SUB,
                  "the job's workers declared their tensors already: the "
@@ -2173,8 +2379,15 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
         x.tag = cps__splitmix64(cps__now_ms());
         x.base = cps__pad8(8 + l.hello_len);
         x.pb = calloc(nr, sizeof *x.pb);
-        if (!x.pb)
+        x.head = malloc((nr ? nr : 1) * sizeof *x.head);
+        x.skip = calloc(nr ? nr : 1, 1);
+        x.again = calloc(nr ? nr : 1, 1);
+        x.resend = calloc(nr ? nr : 1, 1);
+        if (!x.pb || !x.head || !x.skip || !x.again || !x.resend)
             rc = CPS_ENOMEM;
+        for (uint32_t r = 0; x.head && r < nr; r++)
+            x.head[r] = CPS_RR_NONE;
+        x.next_look = cps__now_ms() + REFRESH_MS;
         for (uint32_t r = 0; rc == 0 && r < nr; r++) {
             x.pb[r].cap = PUT_BYTES + x.base;
             x.pb[r].buf = cps__tp_alloc(CPS_WIRE_HDR_SIZE + x.pb[r].cap);
@@ -2189,81 +2402,41 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
             x.pb[r].used = x.base;
         }
     }
-    uint64_t *steps = NULL;
-    for (uint32_t i = 0; rc == 0 && i < nwant; i++) {
-        const cps__tensor_desc *d = &want[i];
-        cps_tensor t;
-        if ((rc = tensor_layout(&l, d, &t)) != 0)
+    for (uint32_t pass = 0; rc == 0; pass++) {
+        x.tag = cps__splitmix64(cps__now_ms() + pass);
+        rc = restore_pass(&x, rd, want, nwant, step, from, pass ? NULL : &res->bytes);
+        uint32_t again = 0;
+        for (uint32_t r = 0; r < nr; r++)
+            again += x.again[r];
+        if (rc != 0 || again == 0)
             break;
-        x.pieces = tensor_pieces(&t, &x.npieces);
-        if (!x.pieces)
-            rc = CPS_ENOMEM;
-        /* Optimizer step counts: per row (tables) or one for the tensor. */
-        size_t nsteps = d->kind ? d->rows : 1;
-        steps = rc == 0 ? calloc(nsteps, sizeof *steps) : NULL;
-        if (rc == 0 && !steps)
-            rc = CPS_ENOMEM;
-        snprintf(key, sizeof key, "%sstep/%s", CPS_CKPT_OPTIM_PREFIX, d->name);
-        const cps__ckpt_tensor *st = rc == 0 ? cps__ckpt_reader_find(rd, key) : NULL;
-        if (st)
-            rc = cps__ckpt_reader_read(rd, st, steps, nsteps * sizeof *steps);
-        /* Create every key (zeros), then stream the values and optimizer state into them. */
-        for (size_t k = 0; rc == 0 && k < x.npieces; k++) {
-            const piece *p = &x.pieces[k];
-            unsigned char *at;
-            if ((rc = put_room(&x, p->range, CPS_ENT_CREATE_SIZE, &at)) != 0)
-                break;
-            cps__ent_put_create(at, p->key, p->len, steps[d->kind ? p->off / d->cols : 0],
-                                &d->spec);
+        if (pass + 1 >= RESTORE_PASSES) {
+            cps__log(CPS_LOG_ERROR, SUB,
+                     "%u range(s) still to stream again after %u passes: the restore gives up",
+                     again, RESTORE_PASSES);
+            rc = CPS_EUNAVAILABLE;
+            break;
         }
-        uint32_t slots = (uint32_t)cps__optim_state_slots(d->spec.opt_kind);
-        for (uint32_t k = 0; rc == 0 && k <= slots; k++) {
-            const cps__ckpt_tensor *ct;
-            if (k == 0) {
-                ct = cps__ckpt_reader_find(rd, d->name);
-            } else {
-                cps__ckpt_optim_tensor_name(key, sizeof key, d->spec.opt_kind, k - 1, d->name);
-                ct = cps__ckpt_reader_find(rd, key);
-                if (!ct)
-                    cps__log(CPS_LOG_WARN, SUB, "%s: no %s: that optimizer state starts at zero",
-                             from, key);
-            }
-            x.slot = k;
-            if (ct)
-                rc = cps__ckpt_reader_stream(rd, ct, restore_sink, &x);
+        for (uint32_t r = 0; r < nr; r++) {
+            x.skip[r] = !x.again[r];
+            x.again[r] = 0;
+            x.head[r] = CPS_RR_NONE;
+            x.pb[r].acked_seq = 0;
         }
-        /* Sync jobs: the step the key sets are at, so workers declaring them resume there. */
-        for (uint32_t k = 0; rc == 0 && !d->kind && step && k < t.nparts; k++) {
-            char name[64];
-            int nlen =
-                snprintf(name, sizeof name, "agg/%" PRIu32 "/%016" PRIx64, t.parts[k].range,
-                         cps__keyset_sig(t.parts[k].keys, t.parts[k].lens, t.parts[k].nkeys));
-            unsigned char *at, value[8];
-            cps__le64_put(value, step);
-            if ((rc = put_room(&x, t.parts[k].range, cps__ent_named_size((size_t)nlen, 8), &at)) !=
-                0)
-                break;
-            cps__ent_put_named(at, name, (size_t)nlen, value, 8);
-        }
-        res->bytes += d->length * 4 * (1 + slots);
-        free(steps);
-        steps = NULL;
-        free(x.pieces);
-        x.pieces = NULL;
-        cps__parts_free(t.parts, t.nparts);
+        res->resent += again;
+        cps__log(CPS_LOG_INFO, SUB, "streaming %u range(s) again under view epoch %" PRIu64, again,
+                 l.view.epoch);
     }
-    for (uint32_t r = 0; rc == 0 && nwant && r < nr; r++)
-        rc = put_flush(&x, r);
-    for (uint32_t r = 0; rc == 0 && nwant && r < nr; r++)
-        while (rc == 0 && x.pb[r].inflight)
-            rc = put_wait_one(&x);
-    if (rc == 0 && nwant)
-        rc = wait_tails(&x);
     if (rc == 0 && o->release)
         rc = release_workers(&l);
     for (uint32_t r = 0; x.pb && r < nr; r++)
         cps__tp_free(x.pb[r].buf);
     free(x.pb);
+    free(x.head);
+    free(x.skip);
+    free(x.again);
+    free(x.resend);
+    res->no_replica = x.no_replica;
     free(names);
     free(want);
     res->step = step;

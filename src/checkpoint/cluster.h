@@ -109,6 +109,9 @@ typedef struct cps__restore_result {
     uint64_t bytes;
     uint32_t tensors;
     double seconds;
+    int started;     /**< the job had started (CPS_EUNAVAILABLE otherwise: not yet, ask again) */
+    int no_replica;  /**< failed because a range had no live replica left (logged by range) */
+    uint32_t resent; /**< ranges streamed again (their head left the chain, or lost PUTs) */
 } cps__restore_result;
 
 /**
@@ -117,6 +120,10 @@ typedef struct cps__restore_result {
  *         CPS_ENOTFOUND (a tensor the job's registry does not know, or optimizer state for a
  *         tensor that is not there), CPS_EINVAL (no optimizer description and no default),
  *         CPS_ETIMEDOUT, CPS_EIO, CPS_ENOMEM, or a server's refusal. Logged.
+ *         CPS_EUNAVAILABLE: the job has not started (res->started 0: ask again later), or a
+ *         range lost its last replica during the restore (res->no_replica 1). A server that dies
+ *         during the restore is followed through the view: a range whose head changed is
+ *         streamed again to its new head (recovery/restore_route.h, res->resent).
  */
 int cps__ckpt_restore(const cps__restore_opts *opts, const char *from, cps__restore_result *res);
 

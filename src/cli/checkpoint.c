@@ -252,9 +252,10 @@ static int cluster_cmd(const char *sub, int argc, char **argv)
     int rc = cps__ckpt_restore(&o, from, &res);
     if (rc != 0) {
         fprintf(stderr, "chainps checkpoint restore: %s: %s\n", from,
-                rc == CPS_EUNAVAILABLE ? "the job has not started yet (not every server and "
-                                         "worker has joined)"
-                                       : cps_strerror(rc));
+                rc == CPS_EUNAVAILABLE && !res.started
+                    ? "the job has not started yet (not every server and "
+                      "worker has joined)"
+                    : cps_strerror(rc));
         return 1;
     }
     printf("restored %u tensors (%.1f MB with optimizer state) at step %" PRIu64 " in %.2f s\n",

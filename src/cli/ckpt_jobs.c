@@ -58,7 +58,7 @@ static void *restore_thread(void *arg)
     int rc;
     for (;;) {
         rc = cps__ckpt_restore(&o, t->cfg.restore_from, &res);
-        if (rc != CPS_EUNAVAILABLE)
+        if (rc != CPS_EUNAVAILABLE || res.started)
             break;
         sleep_ms(RETRY_MS);
     }

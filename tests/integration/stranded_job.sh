@@ -1,7 +1,7 @@
 # shellcheck shell=bash
-# Sourced by the scripts of a stranded range (empty_last_replica.sh, stranded_restore.sh): the
-# Python to parse with, a scratch directory, processes ended by their PIDs (the caller appends
-# each to pids), free loopback ports, and the incident itself.
+# Sourced by the scripts of a stranded range (empty_last_replica.sh, stranded_restore.sh) and by
+# restore_kill.sh: the Python to parse with, a scratch directory, processes ended by their PIDs
+# (the caller appends each to pids), free loopback ports, and the incident itself.
 py=/usr/bin/python3
 [ -x "$py" ] || py=python3
 dir=$(mktemp -d)
@@ -35,4 +35,24 @@ both_servers_die() { # SCHED_LOG S0_PID S1_PID
     sleep 1
     kill -9 "$3"
     wait_for "$1" "(rank 1) silent for .* declared dead" 20 || fail "server 1 not declared dead"
+}
+# The XXH3-64 of lsq/w's bytes in an export (what lsq_worker logs at resume), checking its shape
+# and step.
+ckpt_hash() { # SAFETENSORS STEP DIM
+    "$py" - "$@" <<'PY'
+import ctypes, json, struct, sys
+import numpy as np
+f = open(sys.argv[1], "rb")
+n = struct.unpack("<Q", f.read(8))[0]
+h = json.loads(f.read(n))
+e = h["lsq/w"]
+assert e["dtype"] == "F32" and e["shape"] == [int(sys.argv[3])], e
+assert h["__metadata__"]["step"] == sys.argv[2], h["__metadata__"]
+b, end = e["data_offsets"]
+f.seek(8 + n + b)
+raw = np.frombuffer(f.read(end - b), dtype="<f4").tobytes()
+x = ctypes.CDLL("libxxhash.so.0")
+x.XXH3_64bits.restype = ctypes.c_uint64
+print("%016x" % x.XXH3_64bits(raw, ctypes.c_size_t(len(raw))))
+PY
 }

@@ -91,22 +91,7 @@ done
 seen=$(sed -n 's/.*values checksum \([0-9a-f]*\).*/\1/p' "$dir/r0.log")
 [ "$seen" = "$(sed -n 's/.*values checksum \([0-9a-f]*\).*/\1/p' "$dir/r1.log")" ] ||
     fail "the two workers pulled different values"
-want=$("$py" - "$dir/ckpt/model.safetensors" "$step" <<'PY'
-import ctypes, json, struct, sys
-import numpy as np
-f = open(sys.argv[1], "rb")
-n = struct.unpack("<Q", f.read(8))[0]
-h = json.loads(f.read(n))
-d = f.read()
-e = h["lsq/w"]
-assert e["dtype"] == "F32" and e["shape"] == [64] and h["__metadata__"]["step"] == sys.argv[2], h
-b, end = e["data_offsets"]
-raw = np.frombuffer(d[b:end], dtype="<f4").tobytes()
-x = ctypes.CDLL("libxxhash.so.0")
-x.XXH3_64bits.restype = ctypes.c_uint64
-print("%016x" % x.XXH3_64bits(raw, ctypes.c_size_t(len(raw))))
-PY
-) || fail "reading the export"
+want=$(ckpt_hash "$dir/ckpt/model.safetensors" "$step" 64) || fail "reading the export"
 [ "$seen" = "$want" ] || fail "pulled values $seen are not the checkpoint's $want"
 [ "$(stranded_metric "$M2")" = 0 ] || fail "the restored job strands a range"
 "$cps" status --scheduler "127.0.0.1:$P2" >"$dir/status2.txt" 2>/dev/null || fail "status (2)"

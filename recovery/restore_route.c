@@ -1,0 +1,25 @@
+/* Where a checkpoint restore sends each range's records across view changes (restore_route.h). */
+#include "recovery/restore_route.h"
+
+#include "chainps/error.h"
+
+int cps__restore_route(const cps__view *v, uint32_t nranges, const uint32_t *sent_head,
+                       unsigned char *resend, uint32_t *bad)
+{
+    if (!v || !sent_head || !resend || !bad || v->nranges != nranges || (nranges && !v->ranges))
+        return CPS_EINVAL;
+    /* Every range is judged before the verdict: a caller that fails still sees them all. */
+    int rc = 0;
+    for (uint32_t r = 0; r < nranges; r++) {
+        const cps__range *g = &v->ranges[r];
+        if (g->chain_len == 0) {
+            resend[r] = 0;
+            if (rc == 0)
+                *bad = r;
+            rc = CPS_EUNAVAILABLE;
+            continue;
+        }
+        resend[r] = sent_head[r] != CPS_RR_NONE && sent_head[r] != g->chain[0];
+    }
+    return rc;
+}
