@@ -19,7 +19,9 @@
  * Checked on every seed: all live workers that complete collective k hold bitwise the same
  * result; that result is bitwise the fixed-order reduction of the inputs of exactly the members of
  * one view epoch (inputs differ per worker and per collective, so a mix of two epochs matches no
- * epoch); a collective completes, or fails CPS_ENOPEER when the failing worker's view holds no
+ * epoch); every worker's input counts in one collective at most (a replacement may give zeros
+ * instead, to a collective it skipped: cps__coll helps the ring through it so); a collective
+ * completes, or fails CPS_ENOPEER when the failing worker's view holds no
  * peer (CPS_ETIMEDOUT, a hang, is a failure of the seed); and a second run of the seed gives the
  * same results and the same event count (determinism). Nothing else is accepted: a replacement
  * gets the ring's next sequence number and the last result from the worker it fetches from, as
@@ -27,7 +29,8 @@
  *
  * --guess-seq: replacements fetch nothing and guess the ring's sequence (cps__coll_set_joining);
  * the job's end can then still race them (a few seeds in a thousand hang: known, documented).
- * --no-adopt: the fetch brings the sequence number but not the result (seed 985 then hangs).
+ * --no-adopt: the fetch brings the sequence number but not the result, as when the two do not fit
+ * in one message (seed 985 then hangs; sim.collective_noadopt runs the seeds after it).
  * --slow: one worker stalls once (its messages leave late, none is lost) for up to 90% of the
  * timeout, moved onto the predecessor of a replacement that a view made listen when there is
  * one; the same checks hold (sim.collective_slow).

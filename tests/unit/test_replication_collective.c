@@ -795,9 +795,10 @@ static void test_adopted_result_answers_restart(void **state)
 }
 
 /* A replacement running its first call (3) gets its predecessor's restart of 2, which the member
- * it fetched from completed and which no member of this view holds: it takes part with its
- * current input, keeps the result out of the caller's buffer, then restarts 3 (the old code
- * dropped the chunk: the survivor waited out the timeout). */
+ * it fetched from completed and which no member of this view holds: it takes part with zeros (its
+ * input is its contribution to 3: given to 2 as well, it counted twice), keeps the result out of
+ * the caller's buffer, then restarts 3 (the old code dropped the chunk: the survivor waited out
+ * the timeout). */
 static void test_given_seq_helps_skipped(void **state)
 {
     (void)state;
@@ -825,10 +826,10 @@ static void test_given_seq_helps_skipped(void **state)
     assert_int_equal(n, 2);
     assert_int_equal(a[0].msg.seq, 2); /* our segment 1 */
     assert_int_equal(a[0].msg.index, 0);
-    assert_true(a[0].msg.vals[0] == 2.0f);
-    assert_int_equal(a[1].msg.seq, 2); /* segment 0 reduced: 100 + 1 */
+    assert_true(a[0].msg.vals[0] == 0.0f); /* zeros, not our 2 */
+    assert_int_equal(a[1].msg.seq, 2);     /* segment 0 reduced: 100 + 0 */
     assert_int_equal(a[1].msg.index, 1);
-    assert_true(a[1].msg.vals[0] == 101.0f);
+    assert_true(a[1].msg.vals[0] == 100.0f);
     float seg1 = 7;
     m.index = 1;
     m.vals = &seg1;
@@ -838,11 +839,19 @@ static void test_given_seq_helps_skipped(void **state)
     assert_int_equal(a[0].kind, CPS_COLL_SEND);
     assert_int_equal(a[0].msg.seq, 3);
     assert_int_equal(a[0].msg.index, 0);
+    assert_true(a[0].msg.vals[0] == 2.0f);    /* our own call: our input */
     assert_true(x[0] == 1.0f && x[1] == 2.0f); /* the caller's input untouched */
     assert_true(cps__coll_running(c));
     cps__coll_stats st;
     cps__coll_stats_get(c, &st);
     assert_int_equal(st.helped, 1);
+    /* 2's result, kept for members that restart it: the survivor's values alone. */
+    uint64_t rseq, rn;
+    const float *rv;
+    assert_int_equal(cps__coll_last_result(c, &rseq, &rv, &rn), 1);
+    assert_int_equal(rseq, 2);
+    assert_int_equal(rn, 2);
+    assert_true(rv[0] == 100.0f && rv[1] == 7.0f);
     cps__coll_destroy(c);
 }
 
