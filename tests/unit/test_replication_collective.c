@@ -839,7 +839,7 @@ static void test_given_seq_helps_skipped(void **state)
     assert_int_equal(a[0].kind, CPS_COLL_SEND);
     assert_int_equal(a[0].msg.seq, 3);
     assert_int_equal(a[0].msg.index, 0);
-    assert_true(a[0].msg.vals[0] == 2.0f);    /* our own call: our input */
+    assert_true(a[0].msg.vals[0] == 2.0f);     /* our own call: our input */
     assert_true(x[0] == 1.0f && x[1] == 2.0f); /* the caller's input untouched */
     assert_true(cps__coll_running(c));
     cps__coll_stats st;
@@ -852,6 +852,42 @@ static void test_given_seq_helps_skipped(void **state)
     assert_int_equal(rseq, 2);
     assert_int_equal(rn, 2);
     assert_true(rv[0] == 100.0f && rv[1] == 7.0f);
+    cps__coll_destroy(c);
+}
+
+/* A joiner took its predecessor's chunk of its collective (1): its input may be in 1's result at
+ * a peer now. A peer's chunk of 2 (that peer completed 1) must not move its call to 2, where its
+ * input would count a second time (sim_collective, seeds 2113 and 4422); neither may the next
+ * view, where its new predecessor is in 2: it restarts 1, whose result that peer holds. */
+static void test_joiner_stays_where_its_input_went(void **state)
+{
+    (void)state;
+    const cps__coll_act *a;
+    float x[2] = {1, 2};
+    cps__coll *c = joiner_started(x); /* seq 1 among 10, 9, 11 */
+    cps__coll_msg m = {.from = 10, .kind = CPS_COLL_DATA, .epoch = 1, .seq = 1, .n = 2};
+    cps__coll_step(c, &m, 1); /* step 0 from the predecessor (segment 0: empty) */
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].msg.seq, 1);
+    assert_int_equal(a[0].msg.index, 1);
+    float v = 5;
+    cps__coll_msg ahead = {
+        .from = 11, .kind = CPS_COLL_DATA, .epoch = 1, .seq = 2, .n = 2, .vals = &v, .count = 1};
+    cps__coll_step(c, &ahead, 2);
+    assert_int_equal(cps__coll_actions(c, &a), 0); /* kept, no restart */
+    assert_int_equal(cps__coll_seq(c), 1);
+    uint32_t two[2] = {9, 11};
+    assert_int_equal(cps__coll_view(c, 2, two, 2, 1, 3), 0);
+    ahead.epoch = 2;
+    ahead.index = 0;
+    cps__coll_step(c, &ahead, 4);
+    size_t n = cps__coll_actions(c, &a);
+    assert_true(n >= 1);
+    for (size_t i = 0; i < n; i++)
+        if (a[i].kind == CPS_COLL_SEND && a[i].msg.kind == CPS_COLL_DATA)
+            assert_int_equal(a[i].msg.seq, 1);
+    assert_int_equal(cps__coll_seq(c), 1);
+    assert_true(x[0] == 1.0f && x[1] == 2.0f);
     cps__coll_destroy(c);
 }
 
@@ -895,6 +931,7 @@ int main(void)
         cmocka_unit_test(test_given_seq_asks_and_keeps),
         cmocka_unit_test(test_adopted_result_answers_restart),
         cmocka_unit_test(test_given_seq_helps_skipped),
+        cmocka_unit_test(test_joiner_stays_where_its_input_went),
         cmocka_unit_test(test_listeners_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
