@@ -34,9 +34,9 @@ struct cps__coll {
     uint32_t nheard;
     uint64_t heard_max;
     int seq_given; /* cps__coll_set_next_seq: our sequence came from a member's completed one */
-    /* A joiner that took its predecessor's chunk of its running collective (this seq; 0: not
-     * yet): its input may be in that collective's result at a peer now, so its call never moves
-     * to a later seq (that would count its input twice); a peer that completed it answers our
+    /* A joiner that reduced its own segment of its running collective (this seq; 0: not yet):
+     * its input may be in that collective's result at a peer now, so its call never moves to a
+     * later seq (that would count its input twice); a peer that completed it answers our
      * restart with the result. */
     uint64_t pinned;
     /* Helping: our running collective (this seq) is set aside while we run an earlier one that
@@ -658,7 +658,11 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
     }
     c->last_progress = now;
     c->next_in++;
-    if (c->joining && !c->help_for)
+    /* Our segment's reduction (step P-2) is the first point where a peer can complete this
+     * collective with our input in it: no peer holds that segment's sum before we make it.
+     * Earlier, the predecessor may itself be a joiner that guessed wrong, and the ring's
+     * collective is still to be found. */
+    if (c->joining && !c->help_for && k + 2 >= c->p)
         c->pinned = c->seq;
     uint64_t total = 2 * (uint64_t)(c->p - 1) * c->nchunks;
     if (m->index + c->nchunks < total)

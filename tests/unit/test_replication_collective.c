@@ -855,8 +855,8 @@ static void test_given_seq_helps_skipped(void **state)
     cps__coll_destroy(c);
 }
 
-/* A joiner took its predecessor's chunk of its collective (1): its input may be in 1's result at
- * a peer now. A peer's chunk of 2 (that peer completed 1) must not move its call to 2, where its
+/* A joiner reduced its segment of its collective (1): its input may be in 1's result at a peer
+ * now. A peer's chunk of 2 (that peer completed 1) must not move its call to 2, where its
  * input would count a second time (sim_collective, seeds 2113 and 4422); neither may the next
  * view, where its new predecessor is in 2: it restarts 1, whose result that peer holds. */
 static void test_joiner_stays_where_its_input_went(void **state)
@@ -870,6 +870,16 @@ static void test_joiner_stays_where_its_input_went(void **state)
     assert_int_equal(cps__coll_actions(c, &a), 1);
     assert_int_equal(a[0].msg.seq, 1);
     assert_int_equal(a[0].msg.index, 1);
+    /* Not yet pinned: no peer can complete 1 before we reduce our segment (the predecessor may
+     * be a joiner that guessed 1 wrongly). Step 1 (P - 2) is that reduction. */
+    float w = 3;
+    m.index = 1;
+    m.vals = &w;
+    m.count = 1;
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].msg.index, 2); /* the all-gather: our segment's sum, 3 + 2 */
+    assert_true(a[0].msg.vals[0] == 5.0f);
     float v = 5;
     cps__coll_msg ahead = {
         .from = 11, .kind = CPS_COLL_DATA, .epoch = 1, .seq = 2, .n = 2, .vals = &v, .count = 1};
