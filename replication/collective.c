@@ -560,7 +560,8 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
             if (m->seq > c->heard_max)
                 c->heard_max = m->seq;
             if (c->nheard + 1 == c->nmembers) {
-                c->seq = c->heard_max; /* every member is new: all take the same seq */
+                /* Every member is new: all take the same seq (pinned, ours was the one named). */
+                c->seq = c->pinned ? c->pinned : c->heard_max;
                 begin(c, now);
             }
         }
@@ -571,9 +572,11 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
         member_pos(c, c->me, &mine); /* a member: the view that set listen checked it */
         if (m->kind != CPS_COLL_DATA || from_pos != (mine + c->nmembers - 1) % c->nmembers)
             return 0; /* kept until we know our collective */
-        /* Pinned: the predecessor is past our collective, so it completed it and answers our
-         * restart of it with the result. */
-        c->seq = c->pinned && m->seq > c->pinned ? c->pinned : m->seq;
+        /* Pinned: every member of the view where we reduced our segment ran that collective
+         * (the segment came round through all of them), so the ring is there or past it (then a
+         * peer that completed it answers our restart with the result); a predecessor in another
+         * one is a new joiner that guessed. */
+        c->seq = c->pinned ? c->pinned : m->seq;
         begin(c, now);
         if (!c->running)
             return 0;
