@@ -34,9 +34,17 @@ struct cps__coll {
     uint32_t nheard;
     uint64_t heard_max;
     int seq_given; /* cps__coll_set_next_seq: our sequence came from a member's completed one */
+    /* A joiner that reduced its own segment of its running collective (this seq; 0: not yet):
+     * its input may be in that collective's result at a peer now, so its call never moves to a
+     * later seq (that would count its input twice); a peer that completed it answers our
+     * restart with the result. */
+    uint64_t pinned;
     /* Helping: our running collective (this seq) is set aside while we run an earlier one that
      * the ring redoes and we skipped (see help()); 0: not helping. */
     uint64_t help_for;
+    /* While helping, our contribution: zeros (help()). Grown to the largest n helped. */
+    float *zeros;
+    uint64_t zeros_cap;
     /* the running collective */
     int running;
     uint64_t seq; /* the running one's, else the last started */
@@ -112,6 +120,7 @@ void cps__coll_destroy(cps__coll *c)
     free(c->heard);
     free(c->buf[0]);
     free(c->buf[1]);
+    free(c->zeros);
     free(c->out);
     free(c);
 }
@@ -191,6 +200,14 @@ static void chunk_span(const cps__coll *c, uint64_t index, int sending, uint64_t
     *hi = b;
 }
 
+/* What we add into the running collective: the caller's input, or zeros while we help the ring
+ * through a collective we skipped (help()): our input belongs to our own call, and counting it in
+ * the helped one too would count our gradient twice. */
+static const float *own_input(const cps__coll *c)
+{
+    return c->help_for ? c->zeros : c->data;
+}
+
 static void send_index(cps__coll *c, uint64_t index)
 {
     uint64_t lo, hi;
@@ -206,7 +223,7 @@ static void send_index(cps__coll *c, uint64_t index)
     a->msg.index = index;
     a->msg.n = c->n;
     /* Step 0 sends our own input; later steps forward what the last step reduced or copied. */
-    a->msg.vals = (index < c->nchunks ? c->data : c->work) + lo;
+    a->msg.vals = (index < c->nchunks ? own_input(c) : c->work) + lo;
     a->msg.count = hi - lo;
 }
 
@@ -249,10 +266,23 @@ static void complete(cps__coll *c, uint64_t now)
  * skipped; the survivors redo it under this view, and only we are missing. No member of this
  * view holds its result unless it completed it, and then the ring cannot complete without that
  * member and takes its result instead (CPS_COLL_RESULT): either way everyone gets the same bits,
- * all of one epoch. We take part with our current input (the caller's buffer of `own`, left
- * untouched), keep the result out of it, then restart `own`. */
+ * all of one epoch. We take part with zeros: we have no contribution to `seq` (our state came
+ * from a member that had completed it), and the caller's buffer is our contribution to `own`,
+ * which would otherwise count twice (in `seq` and again in `own`). A mean still divides by the
+ * view's members, us included (no member knows we gave nothing). We keep the result out of the
+ * caller's buffer, then restart `own` from its untouched input. */
 static void help(cps__coll *c, uint64_t seq, uint64_t now)
 {
+    if (c->n > c->zeros_cap) {
+        float *z = calloc(c->n, sizeof *z);
+        if (!z) {
+            finish(c, CPS_ENOMEM);
+            return;
+        }
+        free(c->zeros);
+        c->zeros = z;
+        c->zeros_cap = c->n;
+    }
     c->help_for = c->seq;
     c->seq = seq;
     if (c->done_seq && (c->done_seq & 1) == (seq & 1))
@@ -291,7 +321,7 @@ static void begin(cps__coll *c, uint64_t now)
             return;
         }
         /* Alone by design: the sum is our input; the mean is input / 1, the same bits. */
-        memcpy(c->work, c->data, c->n * sizeof(float));
+        memcpy(c->work, own_input(c), c->n * sizeof(float));
         c->bcast_epoch = 0;
         complete(c, now);
         return;
@@ -386,6 +416,7 @@ int cps__coll_start(cps__coll *c, float *data, uint64_t n, int op, uint64_t now,
                 c->stash[i].m.seq > c->seq)
                 c->seq = c->stash[i].m.seq;
     c->running = 1;
+    c->pinned = 0;
     c->data = data;
     c->n = n;
     c->op = op;
@@ -529,7 +560,8 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
             if (m->seq > c->heard_max)
                 c->heard_max = m->seq;
             if (c->nheard + 1 == c->nmembers) {
-                c->seq = c->heard_max; /* every member is new: all take the same seq */
+                /* Every member is new: all take the same seq (pinned, ours was the one named). */
+                c->seq = c->pinned ? c->pinned : c->heard_max;
                 begin(c, now);
             }
         }
@@ -540,12 +572,16 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
         member_pos(c, c->me, &mine); /* a member: the view that set listen checked it */
         if (m->kind != CPS_COLL_DATA || from_pos != (mine + c->nmembers - 1) % c->nmembers)
             return 0; /* kept until we know our collective */
-        c->seq = m->seq;
+        /* Pinned: every member of the view where we reduced our segment ran that collective
+         * (the segment came round through all of them), so the ring is there or past it (then a
+         * peer that completed it answers our restart with the result); a predecessor in another
+         * one is a new joiner that guessed. */
+        c->seq = c->pinned ? c->pinned : m->seq;
         begin(c, now);
         if (!c->running)
             return 0;
     }
-    if (c->joining && c->running && m->seq > c->seq) {
+    if (c->joining && c->running && !c->pinned && m->seq > c->seq) {
         c->seq = m->seq;
         c->stats.restarts++;
         begin(c, now);
@@ -610,7 +646,7 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
     float *w = c->work + lo;
     if (k < c->p - 1) {
         /* Reduce-scatter: what came round the ring so far, plus ours, in that order. */
-        const float *in = m->vals, *own = c->data + lo;
+        const float *in = m->vals, *own = own_input(c) + lo;
         uint64_t cnt = hi - lo;
         if (k == c->p - 2 && c->op == CPS_COLL_MEAN) {
             float div = (float)c->p;
@@ -625,6 +661,12 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
     }
     c->last_progress = now;
     c->next_in++;
+    /* Our segment's reduction (step P-2) is the first point where a peer can complete this
+     * collective with our input in it: no peer holds that segment's sum before we make it.
+     * Earlier, the predecessor may itself be a joiner that guessed wrong, and the ring's
+     * collective is still to be found. */
+    if (c->joining && !c->help_for && k + 2 >= c->p)
+        c->pinned = c->seq;
     uint64_t total = 2 * (uint64_t)(c->p - 1) * c->nchunks;
     if (m->index + c->nchunks < total)
         send_index(c, m->index + c->nchunks);

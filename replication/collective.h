@@ -122,7 +122,10 @@ void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now);
  * tells every member it listens (CPS_COLL_LISTEN); when every other member said so too (every
  * member is new), all take the highest seq named. No timer: a predecessor merely slow sends its
  * chunk later (a timer once let a joiner go on with its own seq and mix two calls' inputs); a
- * predecessor that never does leaves the collective to fail CPS_ETIMEDOUT. Used only when no
+ * predecessor that never does leaves the collective to fail CPS_ETIMEDOUT. Once it has reduced
+ * its own segment of a collective (its input may then be in a peer's result), its call stays in
+ * that collective: it takes no higher seq from messages, and after a view restarts it there.
+ * Used only when no
  * fetch gave the sequence (cps__coll_set_next_seq ends it). Never set it on a worker that
  * started with the job: there a peer one collective ahead is normal. */
 void cps__coll_set_joining(cps__coll *c);
@@ -143,6 +146,10 @@ uint64_t cps__coll_seq(const cps__coll *c);
 /* The result of the last collective we completed, kept for members that restart it: 1 and its
  * seq, values (valid until the next call into the object) and length, or 0 when none is kept. */
 int cps__coll_last_result(const cps__coll *c, uint64_t *seq, const float **vals, uint64_t *n);
+
+/* (A member whose sequence was given that gets a peer's restart of a collective it skipped, with
+ * no member holding its result, takes part in it with zeros, not its input: that input is its
+ * own call's, and would count twice.) */
 
 /* A replacement keeps the result of collective `seq` that the member it fetched from completed
  * (that member's cps__coll_last_result, sent with the shared state), after

@@ -179,6 +179,7 @@ class DistributedOptimizer:
                         v.copy_(p.data)
             for (_, p), v, g in zip(self._local, self._pviews, self._gviews):
                 p.data, p.grad = v, g
+                p.register_hook(self._regrad_hook(p, g))
             self._restored_step = None
             if self._local_start is None:
                 self._restored_step = self._restore_local()
@@ -337,9 +338,28 @@ class DistributedOptimizer:
                 self._params_flat.zero_()
             self.client.allreduce(self._params_flat, "sum")
 
+    @staticmethod
+    def _regrad_hook(p, g):
+        # After zero_grad(set_to_none=True) outside this class (the model's, or the local
+        # optimizer's), backward would store a gradient torch allocated as p.grad, and step()
+        # would copy it into the flat buffer. This hook runs before the gradient is accumulated
+        # into p.grad: it gives p its zeroed view back, so autograd adds into the flat buffer in
+        # place and a step allocates and copies nothing.
+        def hook(_):
+            if p.grad is not g:
+                with torch.no_grad():
+                    if p.grad is None:
+                        g.zero_()
+                    else:
+                        g.copy_(p.grad)  # one the program assigned: kept, not lost
+                p.grad = g
+
+        return hook
+
     def _own_grads(self):
-        # A gradient torch allocated anew (zero_grad(set_to_none=True) outside this class)
-        # goes back into its view; a parameter without one contributes zeros.
+        # A gradient that is not the view (one the program assigned, or a parameter backward
+        # did not reach: None) goes into the view; a parameter without one contributes zeros
+        # (on every worker the same rule, so the all-reduce's sum still matches).
         for (_, p), g in zip(self._local, self._gviews):
             if p.grad is not g:
                 with torch.no_grad():

@@ -13,6 +13,8 @@
 #     refused naming it.
 #  5. two `chainps checkpoint export --step` of such a job at once both succeed, each with the
 #     workers' w of its own step.
+#  6. nine at once: the oldest waiting request gives way to the ninth (refused, CPS_EAGAIN), the
+#     other eight succeed at their steps.
 # Usage: allreduce_test.sh CHAINPS ALLREDUCE_APP [KILLS]
 # With KILLS > 0 (bench/allreduce_kill.sh) step 2 is repeated KILLS times and the time from each
 # kill to the moment every survivor had completed an all-reduce begun after the kill is printed
@@ -253,5 +255,57 @@ PY
             fail "export --step $s holds w '$got', the workers committed '$want $s $s'"
     done
     echo "ok: two exports at once (steps $s1 and $s2) both hold the workers' w of their step"
+fi
+# 6. Nine exports waiting at once: a worker holds 8 requests (CPS_LSET_QUEUE); the ninth takes the
+#    place of the oldest waiting one, which is told CPS_EAGAIN and fails, and the other 8 are each
+#    answered at their own step. The requests go out one after another, for steps far enough ahead
+#    that all wait together, so the oldest is the first sent.
+if [ "${EQUAL_WORKERS-x}" != "" ]; then
+    out="$dir/nine"
+    mkdir -p "$out"
+    "$CHAINPS" secret "$out/job.key" >/dev/null
+    timeout 200 "$CHAINPS" launch --secret-file "$out/job.key" --servers 1 \
+        --workers 2 --timeout 180 -- "$APP" --train --ckpt --len 500 --iters 1000000 --step-ms 10 \
+        >"$out.log" 2>&1 &
+    lp=$!
+    addr=
+    for _ in $(seq 200); do
+        addr=$(sed -n 's/^launch: scheduler on \([0-9.:]*\),.*/\1/p' "$out.log")
+        [ -n "$addr" ] && grep -q '^\[worker 1\] commit 5 ' "$out.log" && break
+        sleep 0.1
+    done
+    [ -n "$addr" ] || { tail -20 "$out.log"; fail "the job did not start"; }
+    now=$(sed -n 's/^\[worker 0\] commit \([0-9]*\) .*/\1/p' "$out.log" | tail -1)
+    pids= steps=
+    for i in 0 1 2 3 4 5 6 7 8; do
+        s=$((now + 700 + 10 * i))
+        steps="$steps $s"
+        timeout 150 "$CHAINPS" checkpoint export --secret-file "$out/job.key" --scheduler "$addr" \
+            --step "$s" --out "$out/e$s" >"$out/e$s.log" 2>&1 &
+        pids="$pids $!"
+        # the next one only once the worker holds this one (its log says nothing: wait a little)
+        sleep 0.4
+    done
+    first=${steps# }
+    first=${first%% *}
+    i=0
+    for p in $pids; do
+        s=$((now + 700 + 10 * i))
+        if wait "$p"; then
+            [ "$s" != "$first" ] || { cat "$out/e$s.log"; fail "the oldest of 9 waiting exports (step $s) was not refused"; }
+            grep -q "at step $s " "$out/e$s.log" || { cat "$out/e$s.log"; fail "export --step $s: another step"; }
+        else
+            [ "$s" = "$first" ] || { cat "$out/e$s.log"; tail -20 "$out.log"; fail "export --step $s failed; only the oldest ($first) should"; }
+        fi
+        i=$((i + 1))
+    done
+    kill "$lp" 2>/dev/null
+    wait "$lp" 2>/dev/null
+    lp=
+    grep -q "could not give its local tensors of step $first" "$out/e$first.log" ||
+        { cat "$out/e$first.log"; fail "the refused export does not say the worker could not give step $first"; }
+    grep -q "8 exports wait for the local tensors: the oldest (step $first) gives way" "$out.log" ||
+        { grep -i export "$out.log" | tail; fail "worker 0 did not log the oldest request giving way"; }
+    echo "ok: 9 exports at once: the oldest (step $first) is refused, the other 8 hold their steps"
 fi
 echo "PASS"

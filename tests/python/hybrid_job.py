@@ -20,6 +20,47 @@ class Net(torch.nn.Module):
         return self.fc(self.embed(ids)).squeeze(1) + self.big(z).sum(1)
 
 
+def grads_to_none(client, rank, lr):
+    """The program clears gradients itself with zero_grad(set_to_none=True) (the model's, as
+    torch 2's default does), and on rank 1 every other step leaves `b` out of the graph (its
+    grads stay None). Backward must add into the optimizer's flat gradient buffer in place
+    (p.grad is its view after backward: nothing allocated or copied per step, the buffer never
+    moves), and a gradient left None counts as zeros on that worker, so the workers still
+    apply the same mean and hold the same bits."""
+    a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    model = torch.nn.ModuleDict({"a": a, "b": b})
+    o = chainps.torch.DistributedOptimizer(
+        model.named_parameters(), chainps.SGD(lr), client=client, prefix="none/",
+        on_servers=lambda n, p: False, local_optim=lambda ps: torch.optim.SGD(ps, lr=lr))
+    params = [p for _, p in model.named_parameters()]
+    buf = o._grads.data_ptr()
+    for i in range(6):
+        x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1000 * rank + i))
+        model.zero_grad(set_to_none=True)
+        use_b = rank == 0 or i % 2 == 0
+        loss = a(x).pow(2).sum() + (b(x).pow(2).sum() if use_b else 0)
+        loss.backward()
+        for p, view in zip(params, o._gviews):
+            if p.grad is None:
+                assert not use_b and any(p is q for q in b.parameters()), "a grad left None"
+            else:
+                assert p.grad.data_ptr() == view.data_ptr(), \
+                    f"step {i}: backward put the gradient outside the flat buffer"
+        mine = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                          for p in params])
+        mean = mine.clone()
+        client.allreduce(mean, "mean")
+        before = torch.cat([p.detach().reshape(-1) for p in params])
+        o.step()
+        after = torch.cat([p.detach().reshape(-1) for p in params])
+        assert torch.allclose(after, before - lr * mean, atol=1e-6), \
+            f"step {i}: a None gradient was not a zero contribution"
+        assert o._grads.data_ptr() == buf, f"step {i}: the gradient buffer moved"
+        twice = after.clone()
+        client.allreduce(twice, "sum")
+        assert torch.equal(twice, after * 2), f"step {i}: workers differ"
+
+
 def main():
     client = chainps.init()
     rank = client.rank
@@ -119,6 +160,8 @@ def main():
         moved = small_step(i)
         assert moved == (i in (1, 5)), f"job step {2 + i}: sync_every=4 ends windows at 3 and 7"
         assert same_everywhere(), f"job step {2 + i}: workers differ"
+
+    grads_to_none(client, rank, lr)
 
     for _ in range(5):
         opt.zero_grad()

@@ -275,3 +275,4 @@ def test_replacement_gets_the_local_optimizer_state(tmp_path, servers):
     for r in (0, 1):
         apart = (tmp_path / f"apart-{r}.txt").read_text().split()
         assert apart == [], f"rank {r}: the workers differ after steps {apart}"
+

@@ -19,7 +19,9 @@
  * Checked on every seed: all live workers that complete collective k hold bitwise the same
  * result; that result is bitwise the fixed-order reduction of the inputs of exactly the members of
  * one view epoch (inputs differ per worker and per collective, so a mix of two epochs matches no
- * epoch); a collective completes, or fails CPS_ENOPEER when the failing worker's view holds no
+ * epoch); every worker's input counts in one collective at most (a replacement may give zeros
+ * instead, to a collective it skipped: cps__coll helps the ring through it so); a collective
+ * completes, or fails CPS_ENOPEER when the failing worker's view holds no
  * peer (CPS_ETIMEDOUT, a hang, is a failure of the seed); and a second run of the seed gives the
  * same results and the same event count (determinism). Nothing else is accepted: a replacement
  * gets the ring's next sequence number and the last result from the worker it fetches from, as
@@ -27,7 +29,8 @@
  *
  * --guess-seq: replacements fetch nothing and guess the ring's sequence (cps__coll_set_joining);
  * the job's end can then still race them (a few seeds in a thousand hang: known, documented).
- * --no-adopt: the fetch brings the sequence number but not the result (seed 985 then hangs).
+ * --no-adopt: the fetch brings the sequence number but not the result, as when the two do not fit
+ * in one message (seed 985 then hangs; sim.collective_noadopt runs the seeds after it).
  * --slow: one worker stalls once (its messages leave late, none is lost) for up to 90% of the
  * timeout, moved onto the predecessor of a replacement that a view made listen when there is
  * one; the same checks hold (sim.collective_slow).
@@ -91,6 +94,7 @@ typedef struct worker {
     float in[MAX_N], buf[MAX_N];
     float repl_in[MAX_SEQ + 1][MAX_N]; /* a replacement: its input, by the seq it completed */
     int repl_known[MAX_SEQ + 1];
+    uint64_t repl_call[MAX_SEQ + 1]; /* which of its calls that input was (w->calls then) */
 } worker;
 
 typedef struct record {
@@ -222,13 +226,19 @@ static int worker_of(const model *m, uint32_t id)
 }
 
 /* The input of node `id` to collective `seq`, or NULL if unknown (a replacement that never
- * completed `seq`: its buffer's identity with that seq is not known). */
-static const float *input_of(const model *m, uint32_t id, uint64_t seq, float *tmp)
+ * completed `seq`: its buffer's identity with that seq is not known). A replacement with
+ * `zero` gives zeros: it helps the ring through a collective it skipped (its state came from a
+ * member that completed it), and its buffer belongs to its own call. */
+static const float *input_of(const model *m, uint32_t id, uint64_t seq, int zero, float *tmp)
 {
     int wi = worker_of(m, id);
     if (wi < 0)
         return NULL;
     const worker *w = &m->w[wi];
+    if (w->repl && zero) {
+        memset(tmp, 0, m->n * sizeof(float));
+        return tmp;
+    }
     if (w->repl)
         return seq <= MAX_SEQ && w->repl_known[seq] ? w->repl_in[seq] : NULL;
     for (uint32_t j = 0; j < m->n; j++)
@@ -237,15 +247,16 @@ static const float *input_of(const model *m, uint32_t id, uint64_t seq, float *t
 }
 
 /* The documented order: segment s is ((x[s] + x[s+1]) + ...) + x[s-1] over ring positions, the
- * last addition divided by P for a mean. 1 if view `v`'s reduction of `seq` is computable. */
-static int reference(const model *m, const view *v, uint64_t seq, float *out)
+ * last addition divided by P for a mean. 1 if view `v`'s reduction of `seq` is computable.
+ * Member positions in `zmask` (replacements only) give zeros (input_of). */
+static int reference(const model *m, const view *v, uint64_t seq, uint32_t zmask, float *out)
 {
     static float in[MAX_W][MAX_N];
     uint32_t p = v->n;
     if (p < 2)
         return 0;
     for (uint32_t i = 0; i < p; i++) {
-        const float *x = input_of(m, v->members[i], seq, in[i]);
+        const float *x = input_of(m, v->members[i], seq, (zmask >> i) & 1, in[i]);
         if (!x)
             return 0;
         if (x != in[i])
@@ -316,6 +327,7 @@ static void on_finish(model *m, uint32_t wi, const cps__coll_act *a)
     if (w->repl) {
         memcpy(w->repl_in[a->seq], w->in, m->n * sizeof(float));
         w->repl_known[a->seq] = 1;
+        w->repl_call[a->seq] = w->calls;
     }
     record *r = &m->rec[m->nrec++];
     r->w = wi;
@@ -366,6 +378,7 @@ static void perform(model *m, uint32_t wi)
             if (w->repl && a->msg.kind == CPS_COLL_DATA && a->msg.seq <= MAX_SEQ) {
                 memcpy(w->repl_in[a->msg.seq], w->in, m->n * sizeof(float));
                 w->repl_known[a->msg.seq] = 1;
+                w->repl_call[a->msg.seq] = w->calls;
             }
             e.m.vals = e.vals;
             post(m, link_at(m, wi, (uint32_t)to), e);
@@ -565,9 +578,25 @@ static void on_join(model *m, uint32_t ri)
 
 /* ---- the checks at the end of a seed ---- */
 
+/* Replacement members of view `v`, as a mask of positions. */
+static uint32_t repl_positions(const model *m, const view *v)
+{
+    uint32_t mask = 0;
+    for (uint32_t i = 0; i < v->n; i++) {
+        int wi = worker_of(m, v->members[i]);
+        if (wi >= 0 && m->w[wi].repl)
+            mask |= 1u << i;
+    }
+    return mask;
+}
+
 static void check(model *m)
 {
     float ref[MAX_N];
+    /* The collective each replacement call's input counted in (0: none yet), by worker and call:
+     * one contribution per member, so a call's input may count in one collective only. */
+    static uint64_t counted_in[MAX_W][MAX_SEQ + 2];
+    memset(counted_in, 0, sizeof counted_in);
     for (uint32_t i = 0; i < m->nrec && !m->v.failed; i++) {
         const record *r = &m->rec[i];
         for (uint32_t k = 0; k < i && !m->w[r->w].killed; k++)
@@ -577,16 +606,46 @@ static void check(model *m)
                              r->seq, m->w[m->rec[k].w].id, m->w[r->w].id);
                 break;
             }
+        /* Which views' reductions match, with which replacements giving zeros. The workers
+         * (by index) whose input of their call counts in every match: their input surely went
+         * into this result (a tiny input lost in rounding can match both ways: not counted). */
         int found = 0;
-        for (uint32_t e = 1; e <= m->nviews && !found; e++)
-            if (reference(m, &m->views[e], r->seq, ref) &&
-                memcmp(ref, r->out, m->n * sizeof(float)) == 0)
+        uint32_t surely = ~0u; /* worker indices, as bits */
+        for (uint32_t e = 1; e <= m->nviews; e++) {
+            const view *v = &m->views[e];
+            uint32_t rp = repl_positions(m, v);
+            for (uint32_t z = 0; z <= rp; z++) {
+                if ((z & ~rp) || !reference(m, v, r->seq, z, ref) ||
+                    memcmp(ref, r->out, m->n * sizeof(float)) != 0)
+                    continue;
                 found = 1;
-        if (!found && !m->v.failed)
+                uint32_t used = 0;
+                for (uint32_t p = 0; p < v->n; p++)
+                    if (((rp & ~z) >> p) & 1)
+                        used |= 1u << worker_of(m, v->members[p]);
+                surely &= used;
+            }
+        }
+        if (!found && !m->v.failed) {
             sim_fail(&m->v,
                      "worker %u's result of collective %" PRIu64
                      " is no epoch's reduction of its members' inputs",
                      m->w[r->w].id, r->seq);
+            break;
+        }
+        for (uint32_t wi = 0; wi < m->nw && !m->v.failed; wi++) {
+            if (!((surely >> wi) & 1) || r->seq > MAX_SEQ)
+                continue;
+            uint64_t call = m->w[wi].repl_call[r->seq];
+            if (call > MAX_SEQ + 1)
+                continue;
+            if (counted_in[wi][call] && counted_in[wi][call] != r->seq)
+                sim_fail(&m->v,
+                         "replacement %u's input of its call %" PRIu64
+                         " counts in collectives %" PRIu64 " and %" PRIu64 " (twice)",
+                         m->w[wi].id, call, counted_in[wi][call], r->seq);
+            counted_in[wi][call] = r->seq;
+        }
     }
     for (uint32_t i = 0; i < m->nw && !m->v.failed; i++) {
         const worker *w = &m->w[i];

@@ -761,9 +761,10 @@ static void test_adopted_result_answers_restart(void **state)
 }
 
 /* A replacement running its first call (3) gets its predecessor's restart of 2, which the member
- * it fetched from completed and which no member of this view holds: it takes part with its
- * current input, keeps the result out of the caller's buffer, then restarts 3 (the old code
- * dropped the chunk: the survivor waited out the timeout). */
+ * it fetched from completed and which no member of this view holds: it takes part with zeros (its
+ * input is its contribution to 3: given to 2 as well, it counted twice), keeps the result out of
+ * the caller's buffer, then restarts 3 (the old code dropped the chunk: the survivor waited out
+ * the timeout). */
 static void test_given_seq_helps_skipped(void **state)
 {
     (void)state;
@@ -781,10 +782,10 @@ static void test_given_seq_helps_skipped(void **state)
     assert_int_equal(n, 2);
     assert_int_equal(a[0].msg.seq, 2); /* our segment 1 */
     assert_int_equal(a[0].msg.index, 0);
-    assert_true(a[0].msg.vals[0] == 2.0f);
-    assert_int_equal(a[1].msg.seq, 2); /* segment 0 reduced: 100 + 1 */
+    assert_true(a[0].msg.vals[0] == 0.0f); /* zeros, not our 2 */
+    assert_int_equal(a[1].msg.seq, 2);     /* segment 0 reduced: 100 + 0 */
     assert_int_equal(a[1].msg.index, 1);
-    assert_true(a[1].msg.vals[0] == 101.0f);
+    assert_true(a[1].msg.vals[0] == 100.0f);
     float seg1 = 7;
     m.index = 1;
     m.vals = &seg1;
@@ -794,11 +795,65 @@ static void test_given_seq_helps_skipped(void **state)
     assert_int_equal(a[0].kind, CPS_COLL_SEND);
     assert_int_equal(a[0].msg.seq, 3);
     assert_int_equal(a[0].msg.index, 0);
+    assert_true(a[0].msg.vals[0] == 2.0f);     /* our own call: our input */
     assert_true(x[0] == 1.0f && x[1] == 2.0f); /* the caller's input untouched */
     assert_true(cps__coll_running(c));
     cps__coll_stats st;
     cps__coll_stats_get(c, &st);
     assert_int_equal(st.helped, 1);
+    /* 2's result, kept for members that restart it: the survivor's values alone. */
+    uint64_t rseq, rn;
+    const float *rv;
+    assert_int_equal(cps__coll_last_result(c, &rseq, &rv, &rn), 1);
+    assert_int_equal(rseq, 2);
+    assert_int_equal(rn, 2);
+    assert_true(rv[0] == 100.0f && rv[1] == 7.0f);
+    cps__coll_destroy(c);
+}
+
+/* A joiner reduced its segment of its collective (1): its input may be in 1's result at a peer
+ * now. A peer's chunk of 2 (that peer completed 1) must not move its call to 2, where its
+ * input would count a second time (sim_collective, seeds 2113 and 4422); neither may the next
+ * view, where its new predecessor is in 2: it restarts 1, whose result that peer holds. */
+static void test_joiner_stays_where_its_input_went(void **state)
+{
+    (void)state;
+    const cps__coll_act *a;
+    float x[2] = {1, 2};
+    cps__coll *c = joiner_started(x); /* seq 1 among 10, 9, 11 */
+    cps__coll_msg m = {.from = 10, .kind = CPS_COLL_DATA, .epoch = 1, .seq = 1, .n = 2};
+    cps__coll_step(c, &m, 1); /* step 0 from the predecessor (segment 0: empty) */
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].msg.seq, 1);
+    assert_int_equal(a[0].msg.index, 1);
+    /* Not yet pinned: no peer can complete 1 before we reduce our segment (the predecessor may
+     * be a joiner that guessed 1 wrongly). Step 1 (P - 2) is that reduction. */
+    float w = 3;
+    m.index = 1;
+    m.vals = &w;
+    m.count = 1;
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].msg.index, 2); /* the all-gather: our segment's sum, 3 + 2 */
+    assert_true(a[0].msg.vals[0] == 5.0f);
+    float v = 5;
+    cps__coll_msg ahead = {
+        .from = 11, .kind = CPS_COLL_DATA, .epoch = 1, .seq = 2, .n = 2, .vals = &v, .count = 1};
+    cps__coll_step(c, &ahead, 2);
+    assert_int_equal(cps__coll_actions(c, &a), 0); /* kept, no restart */
+    assert_int_equal(cps__coll_seq(c), 1);
+    uint32_t two[2] = {9, 11};
+    assert_int_equal(cps__coll_view(c, 2, two, 2, 1, 3), 0);
+    ahead.epoch = 2;
+    ahead.index = 0;
+    cps__coll_step(c, &ahead, 4);
+    size_t n = cps__coll_actions(c, &a);
+    assert_true(n >= 1);
+    for (size_t i = 0; i < n; i++)
+        if (a[i].kind == CPS_COLL_SEND && a[i].msg.kind == CPS_COLL_DATA)
+            assert_int_equal(a[i].msg.seq, 1);
+    assert_int_equal(cps__coll_seq(c), 1);
+    assert_true(x[0] == 1.0f && x[1] == 2.0f);
     cps__coll_destroy(c);
 }
 
@@ -842,6 +897,7 @@ int main(void)
         cmocka_unit_test(test_given_seq_asks_and_keeps),
         cmocka_unit_test(test_adopted_result_answers_restart),
         cmocka_unit_test(test_given_seq_helps_skipped),
+        cmocka_unit_test(test_joiner_stays_where_its_input_went),
         cmocka_unit_test(test_listeners_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
