@@ -56,3 +56,17 @@ x.XXH3_64bits.restype = ctypes.c_uint64
 print("%016x" % x.XXH3_64bits(raw, ctypes.c_size_t(len(raw))))
 PY
 }
+
+stranded_metric() { # METRICS_PORT -> the gauge's value
+    "$py" -c 'import sys, urllib.request
+page = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode()
+print([l.split()[1] for l in page.splitlines() if l.startswith("chainps_ranges_stranded ")][0])' "$1"
+}
+# The gauge is published from the scheduler's loop a moment after the view changes: poll it.
+stranded_metric_is() { # METRICS_PORT VALUE
+    for _ in $(seq 50); do
+        [ "$(stranded_metric "$1")" = "$2" ] && return 0
+        sleep 0.1
+    done
+    return 1
+}

@@ -26,11 +26,6 @@ worker() { # SCHEDULER_PORT LOG [flags]
         >"$dir/$2" 2>&1 &
     pids+=("$!")
 }
-stranded_metric() { # METRICS_PORT -> the gauge's value
-    "$py" -c 'import sys, urllib.request
-page = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode()
-print([l.split()[1] for l in page.splitlines() if l.startswith("chainps_ranges_stranded ")][0])' "$1"
-}
 
 # ---- the job, its checkpoint, the incident ----
 "$cps" scheduler --servers 2 --workers 2 --replicas 2 --port "$P" --data "$dir/sched" \
@@ -60,7 +55,7 @@ wait_for "$dir/sched.log" "range 1 is UNAVAILABLE" 20 || fail "no ERROR for the 
 "$cps" status --scheduler "127.0.0.1:$P" >"$dir/status.txt" 2>/dev/null || fail "status"
 [ "$(grep -c "UNAVAILABLE: server .* kept out (fallback: server" "$dir/status.txt")" = 2 ] ||
     { cat "$dir/status.txt"; fail "status shows no stranded range"; }
-[ "$(stranded_metric "$M")" = 2 ] || fail "chainps_ranges_stranded is not 2"
+stranded_metric_is "$M" 2 || fail "chainps_ranges_stranded is not 2"
 
 # ---- way 2: end the job, start it again from the checkpoint ----
 for p in "$w0" "$w1" "$s1b" "$sp"; do kill "$p"; done
@@ -93,7 +88,7 @@ seen=$(sed -n 's/.*values checksum \([0-9a-f]*\).*/\1/p' "$dir/r0.log")
     fail "the two workers pulled different values"
 want=$(ckpt_hash "$dir/ckpt/model.safetensors" "$step" 64) || fail "reading the export"
 [ "$seen" = "$want" ] || fail "pulled values $seen are not the checkpoint's $want"
-[ "$(stranded_metric "$M2")" = 0 ] || fail "the restored job strands a range"
+stranded_metric_is "$M2" 0 || fail "the restored job strands a range"
 "$cps" status --scheduler "127.0.0.1:$P2" >"$dir/status2.txt" 2>/dev/null || fail "status (2)"
 grep -q UNAVAILABLE "$dir/status2.txt" && { cat "$dir/status2.txt"; fail "status shows a stranded range"; }
 echo "PASS (checkpoint step $step, values $want)"
