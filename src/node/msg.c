@@ -22,11 +22,9 @@ uint64_t cps__now_us(void)
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-void *cps__msg_alloc(cps__msg_hdr *h, size_t payload_len)
+/* The header of a message of payload_len bytes, written at the start of buf (NULL: none). */
+static void *put_hdr(void *buf, cps__msg_hdr *h, size_t payload_len)
 {
-    if (payload_len > CPS_WIRE_MAX_PAYLOAD)
-        return NULL;
-    void *buf = cps__tp_alloc(CPS_WIRE_HDR_SIZE + payload_len);
     if (!buf)
         return NULL;
     h->payload_len = (uint32_t)payload_len;
@@ -36,18 +34,18 @@ void *cps__msg_alloc(cps__msg_hdr *h, size_t payload_len)
     return buf;
 }
 
+void *cps__msg_alloc(cps__msg_hdr *h, size_t payload_len)
+{
+    if (payload_len > CPS_WIRE_MAX_PAYLOAD)
+        return NULL;
+    return put_hdr(cps__tp_alloc(CPS_WIRE_HDR_SIZE + payload_len), h, payload_len);
+}
+
 void *cps__msg_reserve(cps__tp *tp, uint32_t peer, cps__msg_hdr *h, size_t payload_len)
 {
     if (payload_len > CPS_WIRE_MAX_PAYLOAD)
         return NULL;
-    void *buf = cps__tp_reserve(tp, peer, CPS_WIRE_HDR_SIZE + payload_len);
-    if (!buf)
-        return NULL;
-    h->payload_len = (uint32_t)payload_len;
-    if (!(h->flags & CPS_WF_SNAPPY))
-        h->raw_len = (uint32_t)payload_len;
-    cps__wire_hdr_encode(buf, h);
-    return buf;
+    return put_hdr(cps__tp_reserve(tp, peer, CPS_WIRE_HDR_SIZE + payload_len), h, payload_len);
 }
 
 int cps__msg_send(cps__tp *tp, uint32_t peer, cps__msg_hdr *h, const void *payload, size_t len)

@@ -35,19 +35,7 @@ ended() { # PID...: each ends (TERM, then KILL after 10 s)
 }
 
 # ---- a job and its checkpoint ----
-"$cps" scheduler --servers 2 --workers 2 --replicas 2 --port "$P" --data "$dir/sched" \
-    >"$dir/sched.log" 2>&1 &
-sp=$!
-pids+=("$sp")
-server 0 "$P" s0.log
-s0=${pids[-1]}
-server 1 "$P" s1.log
-s1=${pids[-1]}
-worker "$P" w0.log --steps 100000000 --step-ms 20
-w0=${pids[-1]}
-worker "$P" w1.log --steps 100000000 --step-ms 20
-w1=${pids[-1]}
-wait_for "$dir/sched.log" "connected 2 workers and 2 servers" 30 || fail "the job did not start"
+start_job 20 30
 # A cut of step 0 comes before the workers' first step: export again until one is past it.
 step=0
 for try in $(seq 8); do

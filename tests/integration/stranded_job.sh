@@ -57,6 +57,25 @@ print("%016x" % x.XXH3_64bits(raw, ctypes.c_size_t(len(raw))))
 PY
 }
 
+
+# A sync job of 2 servers (chains of 2) and 2 workers on scheduler port $P, with the caller's
+# server and worker functions: sets sp, s0, s1, w0, w1. start_job STEP_MS SECONDS [scheduler flags]
+# shellcheck disable=SC2034,SC2154 # cps and the PIDs are the caller's
+start_job() {
+    "$cps" scheduler --servers 2 --workers 2 --replicas 2 --port "$P" --data "$dir/sched" "${@:3}" \
+        >"$dir/sched.log" 2>&1 &
+    sp=$!
+    pids+=("$sp")
+    server 0 "$P" s0.log
+    s0=${pids[-1]}
+    server 1 "$P" s1.log
+    s1=${pids[-1]}
+    worker "$P" w0.log --steps 100000000 --step-ms "$1"
+    w0=${pids[-1]}
+    worker "$P" w1.log --steps 100000000 --step-ms "$1"
+    w1=${pids[-1]}
+    wait_for "$dir/sched.log" "connected 2 workers and 2 servers" "$2" || fail "the job did not start"
+}
 stranded_metric() { # METRICS_PORT -> the gauge's value
     "$py" -c 'import sys, urllib.request
 page = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=5).read().decode()

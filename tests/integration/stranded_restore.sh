@@ -28,19 +28,7 @@ worker() { # SCHEDULER_PORT LOG [flags]
 }
 
 # ---- the job, its checkpoint, the incident ----
-"$cps" scheduler --servers 2 --workers 2 --replicas 2 --port "$P" --data "$dir/sched" \
-    --metrics-port "$M" >"$dir/sched.log" 2>&1 &
-sp=$!
-pids+=("$sp")
-server 0 "$P" s0.log
-s0=${pids[-1]}
-server 1 "$P" s1.log
-s1=${pids[-1]}
-worker "$P" w0.log --steps 100000000 --step-ms 5
-w0=${pids[-1]}
-worker "$P" w1.log --steps 100000000 --step-ms 5
-w1=${pids[-1]}
-wait_for "$dir/sched.log" "connected 2 workers and 2 servers" 20 || fail "the job did not start"
+start_job 5 20 --metrics-port "$M"
 sleep 1
 timeout 60 "$cps" checkpoint export --scheduler "127.0.0.1:$P" --out "$dir/ckpt" \
     >"$dir/export.log" 2>&1 || fail "the export failed"
