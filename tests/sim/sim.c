@@ -853,8 +853,9 @@ static void step(sim *sm, sim_event e)
             cps__msg_hdr h = {.type = CPS_MSG_HELLO, .aux = s->boot};
             send_hdr(sm, s->id, 0, &h, NULL, 0, 0);
         }
+        if (s->state == SRV_HELLO || s->state == SRV_UP)
+            sim_server_tick(sm, s); /* the loop turns whether or not it is let in */
         if (s->state == SRV_UP) {
-            sim_server_tick(sm, s);
             if (sm->now - s->beat_at >= SIM_BEAT_MS) {
                 s->beat_at = sm->now;
                 cps__msg_hdr h = {.type = CPS_MSG_HEARTBEAT, .epoch = s->epoch};

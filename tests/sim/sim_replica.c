@@ -713,12 +713,15 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
 }
 
 /* The server's timer (before its loop sleeps): standing, held acks and re-sends (the replica's
- * tick), joins, heartbeats. */
+ * tick), joins, heartbeats. A server waiting for its WELCOME turns its loop too and tells the
+ * replica at every turn, as production's does, so that a stall is measured from its last turn
+ * (not from its start: let in after a long wait, it would be unsure at once), and runs nothing
+ * else. */
 void sim_server_tick(sim *sm, sim_server *s)
 {
     cps__replica_turned(s->rep, sm->now);
     perform(sm, s);
-    if (sm->failed || s->state == SRV_CRASHED)
+    if (sm->failed || s->state != SRV_UP)
         return;
     cps__replica_tick(s->rep, sm->now, 0);
     perform(sm, s);
