@@ -366,8 +366,8 @@ uint64_t cps__auth_stream_begin(cps__auth *a)
     return ctr;
 }
 
-int cps__auth_stream_copy(cps__auth *a, uint64_t s, unsigned char *msg, size_t at,
-                          const void *src, size_t n)
+int cps__auth_stream_copy(cps__auth *a, uint64_t s, unsigned char *msg, size_t at, const void *src,
+                          size_t n)
 {
     if (s && s == a->stream_ctr && at >= a->stream_fed &&
         mac_update(a->stream, msg + a->stream_fed, at - a->stream_fed) == 0 &&

@@ -120,8 +120,8 @@ uint64_t cps__auth_stream_begin(cps__auth *a);
  * copy's end f, or since 0: the caller wrote them already and must not change them again) and
  * then each piece as it is copied. Always copies. 0: stream s took the bytes; -1: s is not the
  * current stream, `at` is before its end so far, or OpenSSL failed (the stream is then ended). */
-int cps__auth_stream_copy(cps__auth *a, uint64_t s, unsigned char *msg, size_t at,
-                          const void *src, size_t n);
+int cps__auth_stream_copy(cps__auth *a, uint64_t s, unsigned char *msg, size_t at, const void *src,
+                          size_t n);
 /* End stream s: write the trailer for msg[0, len) into msg[len, len + CPS_AUTH_TRAILER), MACing
  * the bytes after the last copy. msg[0, f) must be the bytes the stream MACed. 0 sealed; -1 not
  * (not the current stream, len short of its last copy, or OpenSSL failed): seal it whole. */
