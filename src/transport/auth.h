@@ -39,7 +39,9 @@
  * than by memory there. The
  * transport uses it where it owns the copy: framed messages (frame.h), sealing each frame as its
  * bytes are copied in and checking each as its bytes are copied into the message being
- * assembled (frame.h says why no unchecked byte is delivered).
+ * assembled (frame.h says why no unchecked byte is delivered). A copy made by the message's
+ * builder (the worker's push values) carries it through cps__tp_fill, on the streamed MAC below
+ * (cps__auth_stream_begin).
  *
  * Versions: the wire header's version byte names the trailer's construction (4: this one). A
  * message whose header bears another version is refused as CPS_AUTH_VERSION before any MAC is
