@@ -12,7 +12,9 @@
  * cache traffic still shows).
  *
  * Then, per size, the MAC riding on a copy (cps__auth_seal_copy / cps__auth_open_copy) against
- * a copy followed by the MAC, over cold source and destination rings.
+ * a copy followed by the MAC, over cold source and destination rings; and the streamed MAC of a
+ * message built piece by piece (cps__auth_stream_*: what the transport's cps__tp_fill and send
+ * do), its 64-byte header written first and MACed at the fill, the rest copied and MACed.
  *
  * usage: bench_auth [--reps N] [--sizes BYTES,...] [--out FILE]
  * Results: one key=value line per case appended to FILE; a table on stdout. */
@@ -111,15 +113,16 @@ static int run_case(size_t size, int cold, int reps, double *seal_ns, double *op
 
 /* A copy that carries the MAC (cps__auth_seal_copy / cps__auth_open_copy) against the copy and
  * then the MAC, both over two cold rings (source and destination): out[0] seal after copy,
- * out[1] fused seal, out[2] open then copy, out[3] fused open; ns per message, median of reps. */
-static int run_copy(size_t size, int reps, double out[4])
+ * out[1] fused seal, out[2] open then copy, out[3] fused open, out[4] streamed seal; ns per
+ * message, median of reps. */
+static int run_copy(size_t size, int reps, double out[5])
 {
     size_t stride = (size + CPS_AUTH_TRAILER + 63) & ~(size_t)63;
     size_t nbuf = (RING_BYTES + stride - 1) / stride;
     size_t per = BATCH_BYTES / size;
     per = per < MIN_PER_RUNS ? MIN_PER_RUNS : per > nbuf ? nbuf : per;
     unsigned char *src = aligned_alloc(64, nbuf * stride), *dst = aligned_alloc(64, nbuf * stride);
-    double *t = malloc(sizeof *t * 4 * (size_t)reps);
+    double *t = malloc(sizeof *t * 5 * (size_t)reps);
     cps__auth *tx = NULL, *rx = NULL;
     static const unsigned char key[CPS_AUTH_KEY_SIZE] = "bench_auth: a job key, 32 bytes";
     int bad =
@@ -128,8 +131,8 @@ static int run_copy(size_t size, int reps, double out[4])
         src[i] = dst[i] = (unsigned char)(i * 131u + (i >> 12));
     size_t at = 0;
     for (int r = -1; !bad && r < reps; r++) {
-        double v[4];
-        for (int k = 0; k < 4; k++) {
+        double v[5];
+        for (int k = 0; k < 5; k++) {
             /* k even: seal (src -> dst message); k odd: open (dst message -> src). */
             double t0 = cpu_s();
             for (size_t i = 0; i < per; i++) {
@@ -144,6 +147,12 @@ static int run_copy(size_t size, int reps, double out[4])
                     memcpy(o, m, size);
                 } else if (k == 2) {
                     cps__auth_seal_copy(tx, m, size, 0, o, size);
+                } else if (k == 4) {
+                    size_t h = size < 64 ? size : 64;
+                    memcpy(m, o, h);
+                    uint64_t st = cps__auth_stream_begin(tx);
+                    bad |= cps__auth_stream_copy(tx, st, m, h, o + h, size - h) != 0;
+                    bad |= cps__auth_stream_seal(tx, st, m, size) != 0;
                 } else {
                     bad |= cps__auth_open_copy(rx, m, size + CPS_AUTH_TRAILER, &body, 0, o, size) !=
                            CPS_AUTH_OK;
@@ -153,11 +162,11 @@ static int run_copy(size_t size, int reps, double out[4])
         }
         at = (at + per) % nbuf;
         if (r >= 0)
-            for (int k = 0; k < 4; k++)
+            for (int k = 0; k < 5; k++)
                 t[k * reps + r] = v[k];
     }
-    static const int order[4] = {0, 2, 1, 3}; /* seal, fused seal, open, fused open */
-    for (int k = 0; !bad && k < 4; k++)
+    static const int order[5] = {0, 2, 1, 3, 4}; /* seal, fused seal, open, fused open, stream */
+    for (int k = 0; !bad && k < 5; k++)
         out[k] = tc_median(t + order[k] * reps, reps);
     free(src), free(dst), free(t);
     cps__auth_destroy(tx), cps__auth_destroy(rx);
@@ -209,20 +218,21 @@ int main(int argc, char **argv)
                         on);
         }
     }
-    printf("\n%-10s %14s %14s %14s %14s   (cold rings, ns per message)\n", "size", "copy then seal",
-           "fused seal", "open then copy", "fused open");
+    printf("\n%-10s %14s %14s %14s %14s %14s   (cold rings, ns per message)\n", "size",
+           "copy then seal", "fused seal", "open then copy", "fused open", "streamed seal");
     for (int s = 0; s < nsizes; s++) {
-        double v[4];
+        double v[5];
         if (run_copy(sizes[s], reps, v) != 0) {
             fprintf(stderr, "bench_auth: fused copy failed at %zu bytes\n", sizes[s]);
             return 1;
         }
-        printf("%-10zu %14.0f %14.0f %14.0f %14.0f\n", sizes[s], v[0], v[1], v[2], v[3]);
+        printf("%-10zu %14.0f %14.0f %14.0f %14.0f %14.0f\n", sizes[s], v[0], v[1], v[2], v[3],
+               v[4]);
         if (out)
             fprintf(out,
                     "auth size=%zu case=copy seal_ns=%.1f fused_seal_ns=%.1f open_ns=%.1f "
-                    "fused_open_ns=%.1f\n",
-                    sizes[s], v[0], v[1], v[2], v[3]);
+                    "fused_open_ns=%.1f stream_seal_ns=%.1f\n",
+                    sizes[s], v[0], v[1], v[2], v[3], v[4]);
     }
     if (out)
         fclose(out);

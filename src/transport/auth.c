@@ -43,6 +43,11 @@ struct cps__auth {
     uint64_t counter;
     EVP_CIPHER_CTX *own;   /* our sending subkey */
     EVP_CIPHER_CTX *spare; /* checks a sender not yet in the table */
+    /* The one message MACed while it is built (cps__auth_stream_begin), on a context of its own
+     * so that seals in between leave it be: its counter (0: none) and the bytes MACed so far. */
+    EVP_CIPHER_CTX *stream;
+    uint64_t stream_ctr;
+    size_t stream_fed;
     sender senders[SENDERS_MAX];
     uint64_t tick;
 };
@@ -219,39 +224,57 @@ static int mac_update(EVP_CIPHER_CTX *c, const unsigned char *data, size_t len)
     return 0;
 }
 
+/* data[0, n) copied from (seal: to data) or to (open: from data) `other`, piece by piece, each
+ * piece MACed right after (seal) or before (open) its copy, so the MAC reads it from L1 rather
+ * than making a pass of its own over memory. */
+static int copy_mac(EVP_CIPHER_CTX *c, unsigned char *data, size_t n, unsigned char *other,
+                    int seal)
+{
+    for (size_t off = 0; off < n; off += COPY_PIECE) {
+        size_t part = n - off < COPY_PIECE ? n - off : COPY_PIECE;
+        if (seal)
+            memcpy(data + off, other + off, part);
+        if (mac_update(c, data + off, part) != 0)
+            return -1;
+        if (!seal)
+            memcpy(other + off, data + off, part);
+    }
+    return 0;
+}
+
+static int mac_start(EVP_CIPHER_CTX *c, uint64_t counter)
+{
+    unsigned char nonce[NONCE_LEN] = {0};
+    cps__le64_put(nonce, counter);
+    return EVP_EncryptInit_ex(c, NULL, NULL, NULL, nonce) == 1 ? 0 : -1;
+}
+
+static int mac_finish(EVP_CIPHER_CTX *c, unsigned char tag[CPS_AUTH_TAG])
+{
+    int outl;
+    unsigned char none[16];
+    return EVP_EncryptFinal_ex(c, none, &outl) == 1 &&
+                   EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, CPS_AUTH_TAG, tag) == 1
+               ? 0
+               : -1;
+}
+
 /* The tag of data[0, len) (len >= 24: it ends with the salt and the counter): ChaCha20-Poly1305
  * with the data as additional data and no plaintext, so the tag is Poly1305 over the data under
  * the one-time key that ChaCha20 derives from the subkey and the nonce. The receiver computes it
  * with this same function and compares with CRYPTO_memcmp, in constant time as a decrypting
  * context's final step would; one code path for both ends keeps them from ever disagreeing.
  *
- * With n > 0, data[at, at + n) is also copied on the way, piece by piece, each piece MACed right
- * after (seal: other -> data) or before (open: data -> other) its copy, so the MAC reads it from
- * L1 rather than making a pass of its own over memory. The tag is the same either way. */
+ * With n > 0, data[at, at + n) is also copied on the way (copy_mac). The tag is the same either
+ * way. */
 static int mac_copy(EVP_CIPHER_CTX *c, uint64_t counter, const unsigned char *data, size_t len,
                     size_t at, size_t n, unsigned char *other, int seal,
                     unsigned char tag[CPS_AUTH_TAG])
 {
-    unsigned char nonce[NONCE_LEN] = {0};
-    cps__le64_put(nonce, counter);
-    if (EVP_EncryptInit_ex(c, NULL, NULL, NULL, nonce) != 1 || mac_update(c, data, at) != 0)
-        return -1;
-    for (size_t off = 0; off < n; off += COPY_PIECE) {
-        size_t part = n - off < COPY_PIECE ? n - off : COPY_PIECE;
-        /* data is the caller's writable message when sealing (cps__auth_seal_copy). */
-        unsigned char *p = (unsigned char *)data + at + off;
-        if (seal)
-            memcpy(p, other + off, part);
-        if (mac_update(c, p, part) != 0)
-            return -1;
-        if (!seal)
-            memcpy(other + off, p, part);
-    }
-    int outl;
-    unsigned char none[16];
-    if (mac_update(c, data + at + n, len - at - n) != 0 ||
-        EVP_EncryptFinal_ex(c, none, &outl) != 1 ||
-        EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, CPS_AUTH_TAG, tag) != 1)
+    /* data is the caller's writable message when sealing (cps__auth_seal_copy). */
+    if (mac_start(c, counter) != 0 || mac_update(c, data, at) != 0 ||
+        copy_mac(c, (unsigned char *)data + at, n, other, seal) != 0 ||
+        mac_update(c, data + at + n, len - at - n) != 0 || mac_finish(c, tag) != 0)
         return -1;
     return 0;
 }
@@ -285,6 +308,7 @@ void cps__auth_destroy(cps__auth *a)
         return;
     EVP_CIPHER_CTX_free(a->own);
     EVP_CIPHER_CTX_free(a->spare);
+    EVP_CIPHER_CTX_free(a->stream);
     for (size_t i = 0; i < SENDERS_MAX; i++)
         EVP_CIPHER_CTX_free(a->senders[i].ctx);
     OPENSSL_cleanse(a, sizeof *a);
@@ -319,6 +343,60 @@ void cps__auth_seal_copy(cps__auth *a, unsigned char *msg, size_t len, size_t at
 void cps__auth_seal(cps__auth *a, unsigned char *msg, size_t len)
 {
     cps__auth_seal_copy(a, msg, len, 0, NULL, 0);
+}
+
+uint64_t cps__auth_stream_begin(cps__auth *a)
+{
+    a->stream_ctr = 0;
+    if (!a->keyed)
+        return 0;
+    if (!a->stream) {
+        a->stream = mac_new();
+        if (!a->stream || mac_key(a, a->stream, a->salt) != 0) {
+            EVP_CIPHER_CTX_free(a->stream);
+            a->stream = NULL;
+            return 0;
+        }
+    }
+    uint64_t ctr = ++a->counter;
+    if (mac_start(a->stream, ctr) != 0)
+        return 0;
+    a->stream_ctr = ctr;
+    a->stream_fed = 0;
+    return ctr;
+}
+
+int cps__auth_stream_copy(cps__auth *a, uint64_t s, unsigned char *msg, size_t at, const void *src,
+                          size_t n)
+{
+    if (s && s == a->stream_ctr && at >= a->stream_fed &&
+        mac_update(a->stream, msg + a->stream_fed, at - a->stream_fed) == 0 &&
+        copy_mac(a->stream, msg + at, n, (unsigned char *)src, 1) == 0) {
+        a->stream_fed = at + n;
+        return 0;
+    }
+    /* Not (or no longer) the stream: a plain copy, and the message is sealed whole at send. A
+     * MAC that failed part way has copied part of src already; the rest is copied again. */
+    if (s && s == a->stream_ctr)
+        a->stream_ctr = 0;
+    if (n)
+        memcpy(msg + at, src, n);
+    return -1;
+}
+
+int cps__auth_stream_seal(cps__auth *a, uint64_t s, unsigned char *msg, size_t len)
+{
+    if (!s || s != a->stream_ctr || len < a->stream_fed)
+        return -1;
+    a->stream_ctr = 0;
+    unsigned char *t = msg + len;
+    memcpy(t, a->salt, CPS_AUTH_SALT);
+    cps__le64_put(t + CPS_AUTH_SALT, s);
+    size_t fed = a->stream_fed;
+    return mac_update(a->stream, msg + fed, len + CPS_AUTH_SALT + 8 - fed) == 0 &&
+                   mac_finish(a->stream, t + CPS_AUTH_SALT + 8) == 0
+               ? 0
+               : -1;
 }
 
 static int all_zero(const unsigned char *p, size_t n)

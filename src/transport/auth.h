@@ -39,7 +39,9 @@
  * than by memory there. The
  * transport uses it where it owns the copy: framed messages (frame.h), sealing each frame as its
  * bytes are copied in and checking each as its bytes are copied into the message being
- * assembled (frame.h says why no unchecked byte is delivered).
+ * assembled (frame.h says why no unchecked byte is delivered). A copy made by the message's
+ * builder (the worker's push values) carries it through cps__tp_fill, on the streamed MAC below
+ * (cps__auth_stream_begin).
  *
  * Versions: the wire header's version byte names the trailer's construction (4: this one). A
  * message whose header bears another version is refused as CPS_AUTH_VERSION before any MAC is
@@ -105,6 +107,27 @@ void cps__auth_seal(cps__auth *a, unsigned char *msg, size_t len);
  * cps__auth_seal's, so any receiver checks it the usual way. */
 void cps__auth_seal_copy(cps__auth *a, unsigned char *msg, size_t len, size_t at, const void *src,
                          size_t n);
+/* A MAC that runs while a message is built, so that the bytes copied into it are MACed in the
+ * same pass (the transport's cps__tp_fill): begin, copy pieces in at increasing offsets, seal.
+ * The tag is cps__auth_seal's, so any receiver checks it the usual way. One stream at a time:
+ * beginning another ends the one before (its copies and seal then return -1, and its message
+ * must be sealed whole with cps__auth_seal). The stream takes its counter at begin, so messages
+ * sealed meanwhile carry higher counters: the receiver's replay window (1024) takes them out of
+ * order, as long as few are sent between a stream's begin and its seal.
+ *
+ * Begin: the stream's id (its counter, nonzero), or 0 (no key, or OpenSSL out of memory: then
+ * seal the message whole). */
+uint64_t cps__auth_stream_begin(cps__auth *a);
+/* Copy src[0, n) into msg[at, at + n), MACing first msg[f, at) (the bytes since the previous
+ * copy's end f, or since 0: the caller wrote them already and must not change them again) and
+ * then each piece as it is copied. Always copies. 0: stream s took the bytes; -1: s is not the
+ * current stream, `at` is before its end so far, or OpenSSL failed (the stream is then ended). */
+int cps__auth_stream_copy(cps__auth *a, uint64_t s, unsigned char *msg, size_t at, const void *src,
+                          size_t n);
+/* End stream s: write the trailer for msg[0, len) into msg[len, len + CPS_AUTH_TRAILER), MACing
+ * the bytes after the last copy. msg[0, f) must be the bytes the stream MACed. 0 sealed; -1 not
+ * (not the current stream, len short of its last copy, or OpenSSL failed): seal it whole. */
+int cps__auth_stream_seal(cps__auth *a, uint64_t s, unsigned char *msg, size_t len);
 /* Check a received message of `len` bytes (trailer included). Returns CPS_AUTH_OK and the length
  * without the trailer in *body_len, or the verdict. Without a key every message of at least a
  * trailer and of this wire version is CPS_AUTH_OK. */

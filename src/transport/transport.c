@@ -83,6 +83,9 @@ typedef struct tp_resv {
     size_t cap;       /* bytes reserved */
     cps__ring_desc d; /* the slot's descriptor (slot only) */
     int slot;         /* 1: in our ring; 0: from cps__tp_alloc */
+    uint32_t peer;    /* reserved for */
+    int plain;        /* cps__tp_fill copies without a MAC (see there) */
+    uint64_t mac;     /* its MAC so far (cps__auth_stream_begin), 0: none */
 } tp_resv;
 
 typedef struct tp_peer {
@@ -617,6 +620,12 @@ static int send_sealed(cps__tp *tp, tp_peer *p, void *buf, size_t len)
     return rc;
 }
 
+/* A message that goes as frames (send_framed) rather than sealed whole. */
+static int framed(const cps__tp *tp, size_t len)
+{
+    return tp->frame_size && len > tp->frame_size && cps__auth_keyed(tp->auth);
+}
+
 /* A large message as frames, each sealed just before it is handed over: while nanomsg's thread
  * writes frame k, this one copies and seals frame k+1 (frame.h). The copy is the price of
  * nanomsg taking whole buffers only; the MAC rides on it (cps__auth_seal_copy). */
@@ -776,7 +785,7 @@ static int send_plain(cps__tp *tp, tp_peer *p, void *buf, size_t len)
     if (p->local) {
         memset((unsigned char *)buf + len, 0, CPS_AUTH_TRAILER);
     } else {
-        if (tp->frame_size && len > tp->frame_size && cps__auth_keyed(tp->auth))
+        if (framed(tp, len))
             return send_framed(tp, p, buf, len);
         cps__auth_seal(tp->auth, buf, len);
     }
@@ -810,7 +819,7 @@ void *cps__tp_reserve(cps__tp *tp, uint32_t id, size_t len)
         tp->resv = nr;
         tp->resv_cap = ncap;
     }
-    tp_resv e = {.cap = len};
+    tp_resv e = {.cap = len, .peer = id};
     tp_peer *p = peer_find(tp, id);
     cps__ring *r = p && p->local && tp->ring_min && len >= tp->ring_min ? ring_get(tp) : NULL;
     unsigned char *slot;
@@ -871,7 +880,13 @@ static int send_reserved(cps__tp *tp, tp_peer *p, tp_resv *e, size_t len)
         nn_freemsg(desc);
     } else if (!e->slot && len == e->cap) {
         void *buf = e->buf;
-        int rc = send_plain(tp, p, buf, len);
+        /* Filled with its MAC running (cps__tp_fill): finish the tag, not a pass of its own. */
+        uint64_t mac = e->mac;
+        e->mac = 0;
+        int rc = mac && !p->local && !framed(tp, len) &&
+                         cps__auth_stream_seal(tp->auth, mac, buf, len) == 0
+                     ? send_sealed(tp, p, buf, len)
+                     : send_plain(tp, p, buf, len);
         if (rc == 0)
             resv_forget(tp, e);
         return rc;
@@ -886,6 +901,30 @@ static int send_reserved(cps__tp *tp, tp_peer *p, tp_resv *e, size_t len)
         return rc;
     }
     cps__tp_unreserve(tp, e->buf);
+    return 0;
+}
+
+int cps__tp_fill(cps__tp *tp, void *buf, size_t off, const void *src, size_t n)
+{
+    tp_resv *e = tp && buf ? resv_find(tp, buf) : NULL;
+    if (!e || off > e->cap || n > e->cap - off || (n && !src))
+        return CPS_EINVAL;
+    if (!e->mac && !e->plain) {
+        /* MACed as it goes only where the send will seal it whole: a tcp:// peer, with a key,
+         * a message too short for frames (sealed frame by frame) and no ring slot. */
+        const tp_peer *p = peer_find(tp, e->peer);
+        e->mac = !e->slot && p && !p->local && !framed(tp, e->cap)
+                     ? cps__auth_stream_begin(tp->auth)
+                     : 0;
+        e->plain = !e->mac;
+    }
+    if (e->plain) {
+        if (n)
+            memcpy((unsigned char *)buf + off, src, n);
+    } else if (cps__auth_stream_copy(tp->auth, e->mac, buf, off, src, n) != 0) {
+        e->mac = 0; /* copied all the same; sealed whole at send */
+        e->plain = 1;
+    }
     return 0;
 }
 

@@ -105,6 +105,22 @@ int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len);
  * Buffers not sent when the transport is destroyed are freed with it (a slot's pointer is then
  * invalid). NULL: out of memory, or `len` 0. Same thread as the rest of the transport. */
 void *cps__tp_reserve(cps__tp *tp, uint32_t id, size_t len);
+/* Copy src[0, n) into buf[off, off + n), buf being from cps__tp_reserve (and not yet sent):
+ * where the message will be sealed whole at send (reserved for a tcp:// peer, with a key, too
+ * short for frames), the MAC is computed as the bytes are copied, in one pass over them instead
+ * of a copy and later a MAC of its own, and cps__tp_send only finishes it. Elsewhere (a ring
+ * slot, an ipc:// or unknown peer, no key, frames) it is a plain memcpy.
+ *
+ * The MAC runs over the message in order, so: write every byte before `off` (the header, say)
+ * before the first fill, fill at increasing offsets, and change no byte before the end of the
+ * last fill afterwards (the bytes between and after fills may be written any time before the
+ * send). A fill that breaks the order still copies, and the message is then sealed whole at
+ * send, as is one sent shorter than reserved, to another kind of peer than reserved for, or
+ * while another buffer's fills have started since (one MAC runs at a time): the MAC done so far
+ * is wasted, never wrong. A change before that end after a fill is not caught: the receiver
+ * drops the message as a forgery. Errors: CPS_EINVAL (buf not reserved, or off + n beyond its
+ * reserved length: nothing copied). */
+int cps__tp_fill(cps__tp *tp, void *buf, size_t off, const void *src, size_t n);
 /* Give back a buffer from cps__tp_reserve that will not be sent (a slot is reused at once: no
  * receiver saw it). Any other buffer is cps__tp_free'd. NULL is a no-op. */
 void cps__tp_unreserve(cps__tp *tp, void *buf);

@@ -65,6 +65,16 @@ static void zip_note(cps__part *p, int shrank)
 }
 
 /* Encode the request of a CPS_SS_SEND action and send it to a->to under a->epoch. */
+/* Put n bytes of values at buf[off] (a reserved message): MACed on the way, or (zip: the payload
+ * may go compressed instead) plainly. */
+static int values_put(cps_client *c, int zip, void *buf, size_t off, const void *src, size_t n)
+{
+    if (!zip)
+        return cps__tp_fill(c->tp, buf, off, src, n);
+    memcpy((char *)buf + off, src, n);
+    return 0;
+}
+
 static int req_send(cps_client *c, const cps__sess_action *a)
 {
     cps__op *op = op_of(a->op);
@@ -92,24 +102,34 @@ static int req_send(cps_client *c, const cps__sess_action *a)
     if (!buf)
         return CPS_ENOMEM;
     char *payload = (char *)buf + CPS_WIRE_HDR_SIZE;
+    /* Values that go as they are, to a tcp:// server with a key, are MACed as they are copied in
+     * (cps__tp_fill, after the header and keys are written); a payload that may be compressed is
+     * copied plainly, as the compressed message is sealed on its own. */
+    int zip = has_vals && c->cfg.compress && len >= CPS_CODEC_MIN_BYTES && zip_try(p);
+    int rc = 0;
     if (a->type == CPS_MSG_DECLARE) {
         cps__wire_declare_encode(payload, len, p->nkeys, p->keys, p->lens, p->init_off, op->spec);
     } else {
         cps__wire_kv_encode(payload, len, p->nkeys, p->keys, p->lens, NULL, 0);
         if (has_vals)
             cps__le32_put(payload + 4, (uint32_t)p->nvals);
+        size_t off = CPS_WIRE_HDR_SIZE + cps__wire_kv_size(p->nkeys, 0);
         if (enc) {
-            memcpy(payload + cps__wire_kv_size(p->nkeys, 0), enc->buf, enc->len);
+            rc = values_put(c, zip, buf, off, enc->buf, enc->len);
         } else if (has_vals) {
-            float *dst = (float *)(void *)(payload + cps__wire_kv_size(p->nkeys, 0));
-            for (uint32_t j = 0; j < p->nkeys; j++) {
-                memcpy(dst, op->grad + p->src_off[j], (size_t)p->lens[j] * sizeof(float));
-                dst += p->lens[j];
+            for (uint32_t j = 0; j < p->nkeys && rc == 0; j++) {
+                size_t n = (size_t)p->lens[j] * sizeof(float);
+                rc = values_put(c, zip, buf, off, op->grad + p->src_off[j], n);
+                off += n;
             }
         }
     }
+    if (rc != 0) {
+        cps__tp_unreserve(c->tp, buf);
+        return rc;
+    }
     size_t wire_len = len;
-    if (has_vals && c->cfg.compress && len >= CPS_CODEC_MIN_BYTES && zip_try(p)) {
+    if (zip) {
         size_t probe = len < PROBE_BYTES ? len : PROBE_BYTES;
         size_t bound = cps__codec_bound(len);
         if (c->pack_cap < bound) {
@@ -157,7 +177,7 @@ static int req_send(cps_client *c, const cps__sess_action *a)
         c->stats.push_raw_bytes += cps__wire_kv_size(p->nkeys, p->nvals);
         c->stats.push_wire_bytes += wire_len;
     }
-    int rc = cps__tp_send(c->tp, a->to, buf, CPS_WIRE_HDR_SIZE + wire_len);
+    rc = cps__tp_send(c->tp, a->to, buf, CPS_WIRE_HDR_SIZE + wire_len);
     if (rc != 0) {
         cps__tp_unreserve(c->tp, buf);
         return rc;

@@ -805,6 +805,57 @@ static void transport_reserve(void **state)
     cps__tp_destroy(c);
 }
 
+/* cps__tp_fill into a buffer for a same-host peer is a plain copy, with a key too: a ring slot
+ * (large) or an inline buffer (small) arrives with the bytes filled, unsealed as local
+ * messages go. */
+static void transport_fill_local(void **state)
+{
+    fixture *f = *state;
+    if (!cps__ring_dir_in_memory(f->dir))
+        skip(); /* no tmpfs on this machine: transports make no ring */
+    static const unsigned char key[32] = "ring fill test job key, 32 byte";
+    setenv("CHAINPS_RING_MB", "4", 1);
+    unsetenv("CHAINPS_RING_MIN_KB");
+    cps__tp *tp[2];
+    uint16_t port[2];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(cps__tp_create(key, &tp[i]), 0);
+        assert_int_equal(cps__tp_set_runtime_dir(tp[i], f->dir), 0);
+        assert_int_equal(cps__tp_bind(tp[i], HOST, 0, &port[i]), 0);
+    }
+    unsetenv("CHAINPS_RING_MB");
+    char url[64];
+    snprintf(url, sizeof url, "tcp://" HOST ":%u", (unsigned)port[1]);
+    assert_int_equal(cps__tp_peer_set(tp[0], 2, url), 0);
+    assert_true(cps__tp_peer_local(tp[0], 2));
+    const size_t sizes[] = {1 << 20, 1000};
+    for (int k = 0; k < 2; k++) {
+        size_t len = sizes[k];
+        unsigned char *src = malloc(len);
+        assert_non_null(src);
+        uint64_t want = 0;
+        for (size_t i = 0; i < len; i++)
+            src[i] = (unsigned char)(i * 29 + 5 + (unsigned)k);
+        unsigned char *m = cps__tp_reserve(tp[0], 2, len);
+        assert_non_null(m);
+        memcpy(m, src, 64);
+        assert_int_equal(cps__tp_fill(tp[0], m, 64, src + 64, len / 2 - 64), 0);
+        assert_int_equal(cps__tp_fill(tp[0], m, len / 2, src + len / 2, len - len / 2), 0);
+        for (size_t i = 0; i < len; i += 4093)
+            want += src[i] * (i + 1);
+        got g = {0};
+        assert_int_equal(cps__tp_send(tp[0], 2, m, len), 0);
+        assert_true(wait_for(tp[0], tp[1], &g, 1));
+        assert_int_equal(g.from_ring, k == 0);
+        assert_int_equal(g.bytes, len);
+        assert_int_equal(g.sum, want);
+        assert_int_equal(cps__tp_auth_dropped(tp[1]), 0);
+        free(src);
+    }
+    cps__tp_destroy(tp[0]);
+    cps__tp_destroy(tp[1]);
+}
+
 /* A runtime directory on a disk file system: no ring (its pages would be written back), the
  * large message goes inline. */
 static void transport_inline_off_tmpfs(void **state)
@@ -858,6 +909,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(transport_inline_off_tmpfs, setup, teardown),
         cmocka_unit_test_setup_teardown(reserve_commit_abandon, setup, teardown),
         cmocka_unit_test_setup_teardown(transport_reserve, setup, teardown),
+        cmocka_unit_test_setup_teardown(transport_fill_local, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
