@@ -477,7 +477,7 @@ static int perform_list(cps__server *s, uint32_t *range, int *rc, uint64_t *valu
         const cps__replica_out *o = &out[i];
         if (s->poisoned) {
             if (o->kind == CPS_RO_SEND)
-                cps__tp_unreserve(s->tp, o->msg); /* ours, sent or not */
+                cps__tp_unreserve(s->tp, o->msg); /* reserved for it, never sent */
             continue;
         }
         switch (o->kind) {

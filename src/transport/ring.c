@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "chainps/error.h"
+#include "core/array.h"
 #include "core/wire.h"
 
 #define RING_FILE_MAGIC 0x31474e4952535043ull /* "CPSRING1" */
@@ -141,7 +142,7 @@ struct cps__ring {
     size_t fcap, fhead, flen;
     uint64_t retired; /* generations given up because a slot was taken back while lent */
     ring_zombie *zombies;
-    size_t nzombies;
+    size_t nzombies, zcap;
     dev_t dev; /* of the file we made: only that one is ours to unlink */
     ino_t ino;
     char path[512];
@@ -268,13 +269,15 @@ static void ring_retire(cps__ring *r)
     for (size_t i = 0; i < r->flen; i++)
         unsent += fifo_at(r, i)->unsent && fifo_at(r, i)->seq;
     uint64_t *seqs = unsent ? malloc(unsent * sizeof *seqs) : NULL;
-    ring_zombie *nz = seqs ? realloc(r->zombies, (r->nzombies + 1) * sizeof *nz) : NULL;
-    if (nz) {
+    void *nz = r->zombies;
+    int grown = seqs ? cps__array_reserve(&nz, &r->zcap, r->nzombies + 1, sizeof *r->zombies, 4)
+                     : CPS_ENOMEM;
+    r->zombies = nz;
+    if (grown == 0) {
         size_t k = 0;
         for (size_t i = 0; i < r->flen; i++)
             if (fifo_at(r, i)->unsent && fifo_at(r, i)->seq)
                 seqs[k++] = fifo_at(r, i)->seq;
-        r->zombies = nz;
         r->zombies[r->nzombies++] = (ring_zombie){r->map, r->map_len, r->gen, seqs, unsent};
     } else if (!unsent) {
         munmap(r->map, r->map_len);
@@ -327,6 +330,25 @@ int cps__ring_dir_in_memory(const char *dir)
 uint64_t cps__ring_gen(const cps__ring *r)
 {
     return r ? r->gen : 0;
+}
+
+size_t cps__ring_retired_held(const cps__ring *r)
+{
+    return r ? r->nzombies : 0;
+}
+
+int cps__ring_maps(const cps__ring *r, const void *p)
+{
+    if (!r || !p)
+        return 0;
+    uintptr_t a = (uintptr_t)p;
+    if (r->map && a >= (uintptr_t)r->map && a < (uintptr_t)r->map + r->map_len)
+        return 1;
+    for (size_t i = 0; i < r->nzombies; i++)
+        if (a >= (uintptr_t)r->zombies[i].map &&
+            a < (uintptr_t)r->zombies[i].map + r->zombies[i].map_len)
+            return 1;
+    return 0;
 }
 
 size_t cps__ring_live(const cps__ring *r)

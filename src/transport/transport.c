@@ -83,9 +83,11 @@ typedef struct tp_resv {
     size_t cap;       /* bytes reserved */
     cps__ring_desc d; /* the slot's descriptor (slot only) */
     int slot;         /* 1: in our ring; 0: from cps__tp_alloc */
+    int ring_full;    /* no slot for it (counted then): its send goes inline, skipping the ring */
     uint32_t peer;    /* reserved for */
     int plain;        /* cps__tp_fill copies without a MAC (see there) */
     uint64_t mac;     /* its MAC so far (cps__auth_stream_begin), 0: none */
+    int moved;        /* cut by a nanomsg that moved it: not the caller's pointer any more */
 } tp_resv;
 
 typedef struct tp_peer {
@@ -759,9 +761,9 @@ static int send_ring(cps__tp *tp, tp_peer *p, void *buf, size_t len)
  * whole chunk, so a shorter `len` would not shorten the message, and the trailer goes right after
  * `len` bytes. The trailer is written here, so a message forwarded as it was received is sealed
  * afresh by this sender. */
-static int send_plain(cps__tp *tp, tp_peer *p, void *buf, size_t len)
+static int send_plain(cps__tp *tp, tp_peer *p, void *buf, size_t len, int try_ring)
 {
-    if (p->local && tp->ring_min && len >= tp->ring_min) {
+    if (try_ring && p->local && tp->ring_min && len >= tp->ring_min) {
         int rc = send_ring(tp, p, buf, len);
         if (rc)
             return rc < 0 ? rc : 0;
@@ -773,7 +775,7 @@ static int send_plain(cps__tp *tp, tp_peer *p, void *buf, size_t len)
         if (!copy)
             return CPS_ENOMEM;
         memcpy(copy, buf, len);
-        int rc = send_plain(tp, p, copy, len);
+        int rc = send_plain(tp, p, copy, len, 1);
         if (rc)
             nn_freemsg(copy);
         else
@@ -811,14 +813,11 @@ void *cps__tp_reserve(cps__tp *tp, uint32_t id, size_t len)
 {
     if (!tp || !len)
         return NULL;
-    if (tp->nresv == tp->resv_cap) {
-        size_t ncap = tp->resv_cap ? tp->resv_cap * 2 : 8;
-        tp_resv *nr = realloc(tp->resv, ncap * sizeof *nr);
-        if (!nr)
-            return NULL;
-        tp->resv = nr;
-        tp->resv_cap = ncap;
-    }
+    void *nr = tp->resv;
+    int grown = cps__array_reserve(&nr, &tp->resv_cap, tp->nresv + 1, sizeof *tp->resv, 8);
+    tp->resv = nr;
+    if (grown != 0)
+        return NULL;
     tp_resv e = {.cap = len, .peer = id};
     tp_peer *p = peer_find(tp, id);
     cps__ring *r = p && p->local && tp->ring_min && len >= tp->ring_min ? ring_get(tp) : NULL;
@@ -827,6 +826,7 @@ void *cps__tp_reserve(cps__tp *tp, uint32_t id, size_t len)
         e.buf = slot;
         e.slot = 1;
     } else {
+        e.ring_full = r != NULL;
         e.buf = cps__tp_alloc(len);
         if (!e.buf)
             return NULL;
@@ -835,28 +835,74 @@ void *cps__tp_reserve(cps__tp *tp, uint32_t id, size_t len)
     return e.buf;
 }
 
-void cps__tp_unreserve(cps__tp *tp, void *buf)
+int cps__tp_unreserve(cps__tp *tp, void *buf)
 {
-    tp_resv *e = tp && buf ? resv_find(tp, buf) : NULL;
+    if (!tp || !buf)
+        return 0;
+    tp_resv *e = resv_find(tp, buf);
     if (!e) {
-        cps__tp_free(buf);
-        return;
+        /* Sent already, given back twice, or never ours: freeing it could hand a slot of our
+         * ring (shared memory, no nanomsg chunk) to nn_freemsg, which aborts, or free a buffer
+         * that nanomsg owns now. */
+        cps__log(CPS_LOG_ERROR, SUB, "%s: unreserve of %s buffer %p that is not reserved: ignored",
+                 tp->inbox_url, cps__ring_maps(tp->ring, buf) ? "a ring" : "a", buf);
+        return CPS_EINVAL;
     }
     if (e->slot)
         cps__ring_abandon(tp->ring, &e->d);
     else
         nn_freemsg(e->buf);
     resv_forget(tp, e);
+    return 0;
+}
+
+/* nanomsg sends a chunk whole, so a fallback buffer sent shorter than reserved is cut to `len`
+ * (and its trailer). nanomsg 1.1 and later cut a chunk held once in place, so the compressed
+ * push to a tcp:// server costs no second buffer and no copy. 0, or CPS_ENOMEM (unchanged). */
+static int resv_shrink(tp_resv *e, size_t len)
+{
+    void *nb = nn_reallocmsg(e->buf, len + CPS_AUTH_TRAILER);
+    if (!nb)
+        return CPS_ENOMEM;
+    if (nb != e->buf) {
+        /* An older nanomsg moved it: the caller's pointer is gone, so a failed send cannot
+         * leave it reserved (send_reserved frees it). */
+        e->moved = 1;
+        e->buf = nb;
+    }
+    e->cap = len;
+    return 0;
 }
 
 /* Send a reserved buffer (see cps__tp_reserve). A slot goes as its descriptor when the peer is
- * still local and the ring still the slot's; otherwise, and for a fallback buffer sent shorter
- * than reserved, a copy goes the usual way. */
+ * still local and the ring still the slot's; otherwise a copy goes the usual way. A fallback
+ * buffer goes itself, cut to `len` when shorter than reserved. */
 static int send_reserved(cps__tp *tp, tp_peer *p, tp_resv *e, size_t len)
 {
     if (!len || len > e->cap)
         return CPS_EINVAL;
-    if (e->slot && p->local && tp->ring) {
+    if (!e->slot) {
+        if (len < e->cap && resv_shrink(e, len) != 0)
+            return CPS_ENOMEM;
+        void *buf = e->buf;
+        /* Filled with its MAC running (cps__tp_fill): finish the tag, not a pass of its own. */
+        uint64_t mac = e->mac;
+        e->mac = 0;
+        /* One that found the ring full at its reservation goes inline now: counted once, and
+         * the full ring's unblocking is not run twice for one message. */
+        int rc = mac && !p->local && !framed(tp, len) &&
+                         cps__auth_stream_seal(tp->auth, mac, buf, len) == 0
+                     ? send_sealed(tp, p, buf, len)
+                     : send_plain(tp, p, buf, len, !e->ring_full);
+        if (rc != 0 && e->moved) {
+            nn_freemsg(buf);
+            resv_forget(tp, e);
+        } else if (rc == 0) {
+            resv_forget(tp, e);
+        }
+        return rc;
+    }
+    if (p->local && tp->ring) {
         unsigned char *desc = nn_allocmsg(CPS_RING_DESC + CPS_AUTH_TRAILER, 0);
         if (!desc)
             return CPS_ENOMEM;
@@ -878,29 +924,18 @@ static int send_reserved(cps__tp *tp, tp_peer *p, tp_resv *e, size_t len)
         }
         /* The ring was retired since the reservation: the bytes are still mapped, copied. */
         nn_freemsg(desc);
-    } else if (!e->slot && len == e->cap) {
-        void *buf = e->buf;
-        /* Filled with its MAC running (cps__tp_fill): finish the tag, not a pass of its own. */
-        uint64_t mac = e->mac;
-        e->mac = 0;
-        int rc = mac && !p->local && !framed(tp, len) &&
-                         cps__auth_stream_seal(tp->auth, mac, buf, len) == 0
-                     ? send_sealed(tp, p, buf, len)
-                     : send_plain(tp, p, buf, len);
-        if (rc == 0)
-            resv_forget(tp, e);
-        return rc;
     }
     void *copy = cps__tp_alloc(len);
     if (!copy)
         return CPS_ENOMEM;
     memcpy(copy, e->buf, len);
-    int rc = send_plain(tp, p, copy, len);
+    int rc = send_plain(tp, p, copy, len, 1);
     if (rc) {
         nn_freemsg(copy);
         return rc;
     }
-    cps__tp_unreserve(tp, e->buf);
+    cps__ring_abandon(tp->ring, &e->d);
+    resv_forget(tp, e);
     return 0;
 }
 
@@ -936,7 +971,22 @@ int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len)
     if (!p)
         return CPS_ENOTFOUND;
     tp_resv *e = tp->nresv ? resv_find(tp, buf) : NULL;
-    return e ? send_reserved(tp, p, e, len) : send_plain(tp, p, buf, len);
+    return e ? send_reserved(tp, p, e, len) : send_plain(tp, p, buf, len, 1);
+}
+
+void cps__tp_ring_stats_get(const cps__tp *tp, cps__tp_ring_stats *out)
+{
+    if (!out)
+        return;
+    *out = (cps__tp_ring_stats){0};
+    if (!tp)
+        return;
+    out->sent = tp->ring_sent;
+    out->built = tp->ring_built;
+    out->inline_full = tp->ring_inline_full;
+    out->retired = cps__ring_retired(tp->ring);
+    out->live = cps__ring_live(tp->ring);
+    out->retired_held = cps__ring_retired_held(tp->ring);
 }
 
 size_t cps__tp_queued(const cps__tp *tp)

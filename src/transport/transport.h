@@ -99,9 +99,10 @@ int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len);
  * and another peer than reserved for. A slot stays valid through anything the transport does
  * meanwhile: while it is unsent no receiver has it, so it is never taken back with a dropped,
  * moved or reconnected peer's slots; if the ring is retired meanwhile (ring.h), the old file
- * stays mapped for it, and its send goes as a copy. A send to a peer no longer same-host (or a
- * fallback buffer sent shorter than reserved) is a copy too. A reservation left unsent holds
- * its slot, and the ring, first in first out, fills behind it: send or unreserve promptly.
+ * stays mapped for it, and its send goes as a copy. A send to a peer no longer same-host is a
+ * copy too. A fallback buffer sent shorter than reserved is cut to that length in place (no
+ * copy; after a failed send it stays reserved at the shorter length). A reservation left unsent
+ * holds its slot, and the ring, first in first out, fills behind it: send or unreserve promptly.
  * Buffers not sent when the transport is destroyed are freed with it (a slot's pointer is then
  * invalid). NULL: out of memory, or `len` 0. Same thread as the rest of the transport. */
 void *cps__tp_reserve(cps__tp *tp, uint32_t id, size_t len);
@@ -122,8 +123,22 @@ void *cps__tp_reserve(cps__tp *tp, uint32_t id, size_t len);
  * reserved length: nothing copied). */
 int cps__tp_fill(cps__tp *tp, void *buf, size_t off, const void *src, size_t n);
 /* Give back a buffer from cps__tp_reserve that will not be sent (a slot is reused at once: no
- * receiver saw it). Any other buffer is cps__tp_free'd. NULL is a no-op. */
-void cps__tp_unreserve(cps__tp *tp, void *buf);
+ * receiver saw it). Only a reserved buffer not yet sent is taken: any other pointer (one sent
+ * already, given back already, or never reserved: a slot pointer of ours is shared memory that
+ * nn_freemsg would abort on) is logged and left alone, CPS_EINVAL; a buffer that was never
+ * reserved is the caller's to cps__tp_free. 0 given back; NULL is a no-op (0). */
+int cps__tp_unreserve(cps__tp *tp, void *buf);
+
+/* This transport's shared-memory ring, for tests and diagnostics (all 0 without a ring). */
+typedef struct cps__tp_ring_stats {
+    uint64_t sent;        /* messages sent as descriptors */
+    uint64_t built;       /* of those, built in a reserved slot (no copy) */
+    uint64_t inline_full; /* large same-host messages that went inline for want of room */
+    uint64_t retired;     /* generations retired (a slot taken back while lent) */
+    size_t live;          /* slots lent out or reserved now, in the current generation */
+    size_t retired_held;  /* retired files still mapped for slots reserved in them */
+} cps__tp_ring_stats;
+void cps__tp_ring_stats_get(const cps__tp *tp, cps__tp_ring_stats *out);
 
 /* Called for each received message that passed authentication; `len` excludes the trailer. The
  * callee owns `buf` and must cps__tp_free() it (it may keep

@@ -131,15 +131,17 @@ static int req_send(cps_client *c, const cps__sess_action *a)
     size_t wire_len = len;
     if (zip) {
         size_t probe = len < PROBE_BYTES ? len : PROBE_BYTES;
-        size_t bound = cps__codec_bound(len);
-        if (c->pack_cap < bound) {
-            void *grown = realloc(c->pack, bound);
+        size_t bound = cps__codec_bound(len), pbound = cps__codec_bound(probe);
+        /* c->pack holds the probe's output only: the whole payload is compressed straight into
+         * the message below. */
+        if (c->pack_cap < pbound) {
+            void *grown = realloc(c->pack, pbound);
             if (grown) {
                 c->pack = grown;
-                c->pack_cap = bound;
+                c->pack_cap = pbound;
             }
         }
-        size_t pz = c->pack_cap >= bound
+        size_t pz = c->pack_cap >= pbound
                         ? cps__codec_compress(payload + len - probe, probe, c->pack, c->pack_cap)
                         : 0;
         size_t z = 0;
@@ -155,8 +157,9 @@ static int req_send(cps_client *c, const cps__sess_action *a)
                 z = pz;
             }
         } else if (pz && bound <= CPS_WIRE_MAX_PAYLOAD) {
-            /* Compressed straight into the message to send (a ring slot to a same-host
-             * server), which is reserved at the bound and sent at the length it came to. */
+            /* Compressed straight into the message to send, reserved at the bound and sent
+             * at the length it came to: a ring slot to a same-host server, else a buffer the
+             * transport cuts to that length in place (no copy either way). */
             zbuf = cps__msg_reserve(c->tp, a->to, &zh, bound);
             z = zbuf ? cps__codec_compress(payload, len, (char *)zbuf + CPS_WIRE_HDR_SIZE, bound)
                      : 0;

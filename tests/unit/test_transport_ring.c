@@ -744,7 +744,10 @@ static void transport_reserve(void **state)
     assert_int_equal(g.sum, want);
 
     /* The ring is full (b holds them): the reservation is a plain buffer, sent inline, also
-     * when it is sent shorter than reserved. */
+     * when it is sent shorter than reserved (cut in place). Each counts once as inline for
+     * want of room: its send does not try the ring again. */
+    cps__tp_ring_stats st0, st;
+    cps__tp_ring_stats_get(a, &st0);
     got g2 = {0};
     m = cps__tp_reserve(a, 2, big);
     assert_non_null(m);
@@ -758,6 +761,9 @@ static void transport_reserve(void **state)
     assert_true(wait_for(a, b, &g2, 2));
     assert_int_equal(g2.from_ring, 0);
     assert_int_equal(g2.bytes, 2 * big - 100);
+    cps__tp_ring_stats_get(a, &st);
+    assert_int_equal(st.inline_full - st0.inline_full, 2);
+    assert_int_equal(st.sent, st0.sent);
     for (size_t i = 0; i < g.nkeep; i++)
         cps__tp_free(g.keep[i]);
 
@@ -774,6 +780,19 @@ static void transport_reserve(void **state)
     assert_true(wait_for(a, c, &g3, 1));
     assert_int_equal(g3.from_ring, 0);
     assert_int_equal(g3.bytes, big);
+    /* Reserved for the tcp:// peer (a plain buffer) and sent shorter: cut in place. */
+    m = cps__tp_reserve(a, 2, big);
+    assert_non_null(m);
+    g3 = (got){0};
+    want = 0;
+    for (size_t k = 0; k < big - 5000; k++)
+        m[k] = (unsigned char)(k * 11 + 1);
+    for (size_t k = 0; k < big - 5000; k += 4093)
+        want += m[k] * (k + 1);
+    assert_int_equal(cps__tp_send(a, 2, m, big - 5000), 0);
+    assert_true(wait_for(a, c, &g3, 1));
+    assert_int_equal(g3.bytes, big - 5000);
+    assert_int_equal(g3.sum, want);
     /* And back to b: the ring has all its room again (the moved slot was given back). */
     snprintf(url, sizeof url, "tcp://" HOST ":%u", (unsigned)pb);
     assert_int_equal(cps__tp_peer_set(a, 2, url), 0);
@@ -797,7 +816,104 @@ static void transport_reserve(void **state)
     /* Unknown peer: refused, still the caller's. */
     m = cps__tp_reserve(a, 2, big);
     assert_int_equal(cps__tp_send(a, 9, m, big), CPS_ENOTFOUND);
-    cps__tp_unreserve(a, m);
+    assert_int_equal(cps__tp_unreserve(a, m), 0);
+
+    /* Given back twice, or sent already: a slot pointer of ours (shared memory, no nanomsg
+     * chunk) is refused, not freed; so is a buffer that was never reserved. */
+    assert_int_equal(cps__tp_unreserve(a, m), CPS_EINVAL);
+    m = cps__tp_reserve(a, 2, big);
+    memset(m, 0x44, big);
+    g = (got){0};
+    assert_int_equal(cps__tp_send(a, 2, m, big), 0);
+    assert_true(wait_for(a, b, &g, 1));
+    assert_int_equal(cps__tp_unreserve(a, m), CPS_EINVAL);
+    void *plain = cps__tp_alloc(100);
+    assert_int_equal(cps__tp_unreserve(a, plain), CPS_EINVAL);
+    cps__tp_free(plain);
+
+    /* The ring is retired under a reservation (peer 3, dropped, held a slot): the slot's file
+     * stays mapped for its builder, the send goes as a copy (into the new generation), and
+     * the old file goes once the reservation is done with. */
+    uint16_t p3;
+    cps__tp *b3 = bound_in(f->dir, &p3);
+    snprintf(url, sizeof url, "tcp://" HOST ":%u", (unsigned)p3);
+    assert_int_equal(cps__tp_peer_set(a, 3, url), 0);
+    got gh = {.hold = 1};
+    want = 0;
+    assert_int_equal(cps__tp_send(a, 3, pattern(big, 70, &want), big), 0);
+    assert_true(wait_for(a, b3, &gh, 1));
+    assert_int_equal(gh.from_ring, 1);
+    cps__tp_ring_stats_get(a, &st0);
+    m = cps__tp_reserve(a, 2, big);
+    assert_non_null(m);
+    cps__tp_ring_stats_get(a, &st);
+    assert_int_equal(st.live, st0.live + 1); /* a slot */
+    want = 0;
+    for (size_t k = 0; k < big - 100; k++)
+        m[k] = (unsigned char)(k * 17 + 9);
+    for (size_t k = 0; k < big - 100; k += 4093)
+        want += m[k] * (k + 1);
+    cps__tp_peer_drop(a, 3);
+    cps__tp_ring_stats_get(a, &st);
+    assert_int_equal(st.retired, st0.retired + 1);
+    assert_int_equal(st.retired_held, 1);
+    assert_int_equal(st.live, 0);
+    g = (got){0};
+    assert_int_equal(cps__tp_send(a, 2, m, big - 100), 0);
+    assert_true(wait_for(a, b, &g, 1));
+    assert_int_equal(g.bytes, big - 100);
+    assert_int_equal(g.sum, want);
+    cps__tp_ring_stats_get(a, &st);
+    assert_int_equal(st.retired_held, 0); /* the old file unmapped */
+    assert_int_equal(st.live, 0);         /* b released the copy */
+    assert_int_equal(st.built, st0.built);
+    for (size_t i = 0; i < gh.nkeep; i++)
+        cps__tp_free(gh.keep[i]);
+    cps__tp_destroy(b3);
+
+    /* A descriptor that cannot be sent (peer 4's receiver is gone and its queue is full): the
+     * commit is undone, the slot is the caller's again, and given back it leaves no slot live. */
+    uint16_t p4;
+    cps__tp *b4 = bound_in(f->dir, &p4);
+    snprintf(url, sizeof url, "tcp://" HOST ":%u", (unsigned)p4);
+    assert_int_equal(cps__tp_peer_set(a, 4, url), 0);
+    assert_true(cps__tp_peer_local(a, 4));
+    cps__tp_destroy(b4);
+    int full = 0;
+    for (int i = 0; i < 200000 && !full; i++) {
+        void *s = cps__tp_alloc(8);
+        assert_non_null(s);
+        memset(s, 0, 8);
+        int rc = cps__tp_send(a, 4, s, 8);
+        if (rc == CPS_EAGAIN) {
+            cps__tp_free(s);
+            full = 1;
+        } else {
+            assert_int_equal(rc, 0);
+        }
+    }
+    assert_true(full);
+    cps__tp_ring_stats_get(a, &st0);
+    m = cps__tp_reserve(a, 4, big);
+    assert_non_null(m);
+    memset(m, 0x55, big);
+    assert_int_equal(cps__tp_send(a, 4, m, big), CPS_EAGAIN);
+    cps__tp_ring_stats_get(a, &st);
+    assert_int_equal(st.live, st0.live + 1);
+    assert_int_equal(st.sent, st0.sent);
+    cps__tp_peer_drop(a, 4); /* unsent: not taken back with the peer, the ring not retired */
+    cps__tp_ring_stats_get(a, &st);
+    assert_int_equal(st.retired, st0.retired);
+    assert_int_equal(cps__tp_unreserve(a, m), 0);
+    cps__tp_ring_stats_get(a, &st);
+    assert_int_equal(st.live, st0.live);
+    /* The slot's room is back: a message to b goes through the ring. */
+    g = (got){0};
+    want = 0;
+    assert_int_equal(cps__tp_send(a, 2, pattern(big, 80, &want), big), 0);
+    assert_true(wait_for(a, b, &g, 1));
+    assert_int_equal(g.from_ring, 1);
+    assert_int_equal(g.sum, want);
     /* One left unsent at destroy is freed with the transport (ASan/LSan would say otherwise). */
     assert_non_null(cps__tp_reserve(a, 9, 1000));
     cps__tp_destroy(a);
