@@ -101,7 +101,9 @@ int cps__tp_send(cps__tp *tp, uint32_t id, void *buf, size_t len);
  * moved or reconnected peer's slots; if the ring is retired meanwhile (ring.h), the old file
  * stays mapped for it, and its send goes as a copy. A send to a peer no longer same-host is a
  * copy too. A fallback buffer sent shorter than reserved is cut to that length in place (no
- * copy; after a failed send it stays reserved at the shorter length). A reservation left unsent
+ * copy; after a failed send it stays reserved at the shorter length; only with a nanomsg older
+ * than 1.1, whose cut may move the chunk, does the failed send free it instead, and a later
+ * cps__tp_unreserve refuses it, logged). A reservation left unsent
  * holds its slot, and the ring, first in first out, fills behind it: send or unreserve promptly.
  * Buffers not sent when the transport is destroyed are freed with it (a slot's pointer is then
  * invalid). NULL: out of memory, or `len` 0. Same thread as the rest of the transport. */
