@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Communication frequency and warm-up (issue 29), as a table: bench/results/freq.md.
+# Communication frequency and warm-up (issue 29), as a table: bench/results/freq.md (the script
+# rewrites only its part, between two marker lines; the notes on particular runs around it are
+# hand-written and kept).
 #
 #   bench/run_freq.sh [BUILD_DIR]      (default: build/release beside this folder's parent)
 #
@@ -49,7 +51,7 @@ done
 
 tmp=$(mktemp "${TMPDIR:-/tmp}/chainps-freq-XXXXXX")
 res=${RAW:-$tmp}
-trap 'rm -rf "$tmp" "$tmp.out" "$tmp.dir"' EXIT
+trap 'rm -rf "$tmp" "$tmp.out" "$tmp.dir" "$tmp.gen" "$tmp.new"' EXIT
 trap 'exit 130' INT TERM
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 started=$(date -u '+%Y-%m-%d %H:%M UTC')
@@ -128,14 +130,19 @@ done
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 [ "$REPS" -gt 0 ] && echo "# $started: PROGRAMS=\"$PROGRAMS\" REPS=$REPS, $(($(date +%s) - t0)) s, load average $load0 before, $load1 after" >>"$res"
 
+# The script writes only what it ran and measured, between two marker lines of $OUT; notes on
+# particular runs are hand-written outside them and kept as they are.
+begin='<!-- bench/run_freq.sh writes from here to its end marker; the rest of this file is hand-written -->'
+end='<!-- end of bench/run_freq.sh output -->'
 mkdir -p "$(dirname "$OUT")"
 {
+    echo "$begin"
     echo "# Communication frequency and warm-up (bench/run_freq.sh)"
     echo
-    echo "$(nproc) cores shared with other engineers' builds and tests: samples/s are noisy; accuracy"
-    echo "and bytes do not depend on the load. 2 workers; every cell is the median over its runs"
-    echo "($(grep -vc '^#' "$res") runs in all${RAW:+, kept in $(basename "$RAW")}; samples/s with min-max)."
-    echo "Rounds are interleaved (every cell once per round). Invocations:"
+    echo "2 workers on $(nproc) cores; every cell is the median over its runs ($(grep -vc '^#' "$res")"
+    echo "runs in all${RAW:+, kept in $(basename "$RAW")}; samples/s with min-max). Rounds are interleaved"
+    echo "(every cell once per round). samples/s depend on the machine's load (each invocation's load"
+    echo "average below). Invocations:"
     echo
     sed -n 's/^# /- /p' "$res"
     echo
@@ -145,29 +152,11 @@ mkdir -p "$(dirname "$OUT")"
     echo "- hybrid-S: examples/hybrid/train.py --steps S (batch 64 per worker; the 100,000 x 16"
     echo "  table on 2 servers as row pushes, the dense layers all-reduced by DistributedOptimizer);"
     echo "  test accuracy on its 4,000 made test samples. Server bytes: pushed + pulled by both workers."
-    echo "  The hybrid-600 rows (the script's first default) stopped far from the model's plateau: the"
-    echo "  k = 1 run, once per length (k = 1, n = 0, 2026-11-27 01:49-01:52 UTC), reaches 68.6% at 600"
-    echo "  steps, 74.9% at 1,500, 77.2% at 3,000, 80.6% at 6,000 and 83.2% at 12,000 (about +3 points"
-    echo "  per doubling: the 100,000-row table sees each row rarely). At 600 steps every k > 1 cell"
-    echo "  ended on the same 64.95% (too few updates to tell k apart). hybrid-6000 is the longest run"
-    echo "  the session's time allowed for 18 runs (the one 12,000-step run took 55 s at load 16;"
-    echo "  the 6,000-step runs beside the torch ones took 41 min for 3 rounds at load 15-39); it is"
-    echo "  not at the plateau either, so read its k columns as 'after 6,000 x 128 samples', not as"
-    echo "  final accuracies. The 600-step rows stay, labelled, for the comparison."
-    echo "- samples/s of the 01:53 run are the noisiest: load average 15-39, and the python.torch tests"
-    echo "  of the new flags ran beside its first round."
     echo "- torch-S: examples/torch/train.py --allreduce --steps S (PyTorch LeNet-5 on Fashion-MNIST,"
-    echo "  S = 469: one epoch of each worker's 30,000 images in batches of 64; every parameter"
+    echo "  batches of 64, 469 steps being one epoch of each worker's 30,000 images; every parameter"
     echo "  all-reduced by DistributedOptimizer(sync_every=k, warmup_steps=n), torch.optim momentum 0.9"
-    echo "  lr 0.02 on each worker; 1 server, which holds nothing, so server MB is 0); test accuracy on"
-    echo "  the 10,000 test images. Its runs are bitwise deterministic: accuracy and bytes were the"
-    echo "  same in all 3 rounds of every cell. With the learning rate unchanged, k = 16 leaves 29"
-    echo "  optimizer steps in the epoch (36.65% without a warm-up); the 100 warm-up steps, taken on"
-    echo "  each worker's own batches, are 100 more updates, hence 75.78%."
-    echo "- hybrid-6000's accuracy varies between rounds (the table's rows apply on arrival: 78.2-81.1%"
-    echo "  for k = 1, 79.2-80.9% for k = 4, 76.2-77.1% for k = 16), so k = 1 and k = 4 are within"
-    echo "  noise of each other there and k = 16 is 4-5 points lower; the server MB do not fall with"
-    echo "  k (the table's row pushes go every step; only the dense layers' all-reduce is batched)."
+    echo "  lr 0.02 on each worker; 1 server, which holds nothing); test accuracy on the 10,000 test"
+    echo "  images."
     echo "- fmnist-ps: the same MLP, its parameters on 2 servers (sync mode, momentum there), the mean"
     echo "  of each window's gradients pushed every k-th step (cps_freq, CPS_FREQ_SERVERS). Server"
     echo "  bytes: pushed (before snappy) + pulled by both workers, initial and final pulls included."
@@ -200,5 +189,17 @@ AWK
     echo '```'
     grep -v '^#' "$res"
     echo '```'
-} >"$OUT"
-cat "$OUT"
+    echo "$end"
+} >"$tmp.gen"
+if [ ! -e "$OUT" ]; then
+    cat "$tmp.gen" >"$OUT"
+elif [ "$(grep -cxF -e "$begin" -e "$end" "$OUT")" = 2 ]; then
+    awk -v b="$begin" -v e="$end" -v gen="$tmp.gen" '
+        $0 == b { while ((getline l < gen) > 0) print l; skip = 1; next }
+        $0 == e { skip = 0; next }
+        !skip' "$OUT" >"$tmp.new" && cat "$tmp.new" >"$OUT"
+else
+    cat "$tmp.gen" >"$OUT.new"
+    echo "run_freq: $OUT lacks its two marker lines: the table went to $OUT.new" >&2
+fi
+cat "$tmp.gen"

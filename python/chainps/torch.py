@@ -43,6 +43,7 @@ import hashlib
 import json
 import math
 import os
+import weakref
 
 import torch
 
@@ -165,6 +166,16 @@ class DistributedOptimizer:
             named = [(n, p) for n, p in named if n in on]
         self._named = named
         self.local_optimizer = None
+        # The gradient hooks this optimizer puts on the parameters hold it weakly, and go with
+        # it (close(), or its collection): hooks of dropped optimizers over the same parameters
+        # would pile up, each copying every gradient and keeping its buffers alive. The
+        # buffers it lent the client (borrowed there) are withdrawn with them.
+        self_ref = weakref.ref(self)
+        self._hook_handles, self._lent = [], set()
+        self._token = object()
+        self._closer = weakref.finalize(self, _release, self.client, self._token,
+                                        self._hook_handles, self._lent)
+        self._closer.atexit = False
         if self._local:
             for name, p in self._local:
                 _check_param(name, p)
@@ -177,9 +188,9 @@ class DistributedOptimizer:
                 with torch.no_grad():
                     for (_, p), v in zip(self._local, self._pviews):
                         v.copy_(p.data)
-            for (_, p), v, g in zip(self._local, self._pviews, self._gviews):
+            for i, ((_, p), v, g) in enumerate(zip(self._local, self._pviews, self._gviews)):
                 p.data, p.grad = v, g
-                p.register_hook(self._regrad_hook(p, g))
+                self._hook_handles.append(p.register_hook(_regrad_hook(self_ref, i)))
             self._restored_step = None
             if self._local_start is None:
                 self._restored_step = self._restore_local()
@@ -338,36 +349,11 @@ class DistributedOptimizer:
                 self._params_flat.zero_()
             self.client.allreduce(self._params_flat, "sum")
 
-    @staticmethod
-    def _regrad_hook(p, g):
-        # After zero_grad(set_to_none=True) outside this class (the model's, or the local
-        # optimizer's), backward would store a gradient torch allocated as p.grad, and step()
-        # would copy it into the flat buffer. This hook runs before the gradient is accumulated
-        # into p.grad: it gives p its zeroed view back, so autograd adds into the flat buffer in
-        # place and a step allocates and copies nothing.
-        def hook(_):
-            if p.grad is not g:
-                with torch.no_grad():
-                    if p.grad is None:
-                        g.zero_()
-                    else:
-                        g.copy_(p.grad)  # one the program assigned: kept, not lost
-                p.grad = g
-
-        return hook
-
     def _own_grads(self):
-        # A gradient that is not the view (one the program assigned, or a parameter backward
-        # did not reach: None) goes into the view; a parameter without one contributes zeros
-        # (on every worker the same rule, so the all-reduce's sum still matches).
+        # A parameter backward did not reach (None) contributes zeros, on every worker alike,
+        # so the all-reduce's sum still matches.
         for (_, p), g in zip(self._local, self._gviews):
-            if p.grad is not g:
-                with torch.no_grad():
-                    if p.grad is None:
-                        g.zero_()
-                    else:
-                        g.copy_(p.grad)
-                p.grad = g
+            _own_grad(p, g)
 
     def _local_step(self):
         f = self._freq
@@ -387,6 +373,7 @@ class DistributedOptimizer:
             return
         step = self.start_step + self.steps
         self.client.allreduce_share(self._flat, step)
+        self._lend(None)
         self._commit_local(step)
 
     # ---- the all-reduced part in checkpoints (include/chainps/localstate.h) ---------------
@@ -396,14 +383,16 @@ class DistributedOptimizer:
         # "optim/extra" saying its shape; other state values (not float32 tensors) as JSON.
         for (n, _), v in zip(self._local, self._pviews):
             self.client.local_add(n, v, tuple(v.shape))
+            self._lend(n)
         names = {id(p): n for n, p in self._local}
         shapes = {}
         st = self.local_optimizer.state
         for p, key, slot in self._slots:
             if p in st and st[p].get(key) is slot:
                 n = names[id(p)]
-                self.client.local_add(f"{_ckpt._LOCAL_OPTIM}{n}/{key}", slot,
-                                      tuple(slot.shape) or (1,))
+                k = f"{_ckpt._LOCAL_OPTIM}{n}/{key}"
+                self.client.local_add(k, slot, tuple(slot.shape) or (1,))
+                self._lend(k)
                 if not slot.dim():
                     shapes.setdefault(n, {})[key] = {"shape": []}
         self._shapes = shapes
@@ -431,6 +420,13 @@ class DistributedOptimizer:
             g["params"] = [names[id(p)] for p in og["params"]]
         return {"optim/param_groups": json.dumps(groups, default=_jsonable),
                 "optim/extra": json.dumps(extra, default=_jsonable)}
+
+    def _lend(self, name):
+        # The client's latest share (name None) or listing of `name` is this optimizer's buffer.
+        key = (id(self.client), name)
+        if _lender.get(key) is not self._token:
+            _lender[key] = self._token
+            self._lent.add(name)
 
     def _commit_local(self, step):
         # The step boundary: an export waiting for it copies the listed tensors now.
@@ -478,16 +474,11 @@ class DistributedOptimizer:
         # The hook of a parameter's AccumulateGrad node fires once its .grad holds this
         # backward's whole gradient, i.e. after every use of the parameter in backward (shared
         # weights included), so the new values may be written into it from then on.
+        ref = weakref.ref(self)
         for name, p in self._named:
             acc = p.expand_as(p).grad_fn.next_functions[0][0]
-            acc.register_hook(self._make_hook(name, p))
+            self._hook_handles.append(acc.register_hook(_push_hook(ref, name, p)))
             self._hooks.append(acc)  # the node must outlive this constructor
-
-    def _make_hook(self, name, p):
-        def hook(*_):
-            self._start(name, p)
-
-        return hook
 
     def _start(self, name, p):
         if name in self._handles:
@@ -599,6 +590,71 @@ class DistributedOptimizer:
     def tensors(self):
         """The declared chainps tensors by name."""
         return dict(self._tensors)
+
+    def close(self):
+        """Take this optimizer's gradient hooks off the parameters, so that another
+        DistributedOptimizer may train them (done as well when it is garbage-collected). The
+        parameters keep their values (the all-reduced ones as views of this optimizer's
+        buffer); step() is not to be called afterwards. Calling it again does nothing."""
+        self._closer()
+
+
+def _own_grad(p, g):
+    # p's gradient into g, its view of the flat gradient buffer, and g as p.grad again: a
+    # gradient the program assigned is copied (kept, not lost), None (zero_grad(set_to_none=True)
+    # outside this class, or backward did not reach p) becomes zeros.
+    if p.grad is not g:
+        with torch.no_grad():
+            if p.grad is None:
+                g.zero_()
+            else:
+                g.copy_(p.grad)
+        p.grad = g
+
+
+def _regrad_hook(ref, i):
+    # Runs before backward accumulates into p.grad: p gets its view back, so autograd adds into
+    # the flat buffer in place and a step allocates and copies nothing (after a zero_grad that
+    # set p.grad to None, say). `ref` is weak: a dropped optimizer's hook does nothing.
+    def hook(_):
+        o = ref()
+        if o is not None:
+            _own_grad(o._local[i][1], o._gviews[i])
+
+    return hook
+
+
+def _push_hook(ref, name, p):
+    def hook(*_):
+        o = ref()
+        if o is not None:
+            o._start(name, p)
+
+    return hook
+
+
+# (id(client), name or None) -> the token of the optimizer whose buffer the client holds there
+# (None: its allreduce_share), so that a dropped optimizer withdraws only what is still its own.
+_lender = {}
+
+
+def _release(client, token, handles, lent):
+    for h in handles:
+        h.remove()
+    handles.clear()
+    for name in lent:
+        key = (id(client), name)
+        if _lender.get(key) is not token:
+            continue  # another optimizer lent its own buffer there since
+        del _lender[key]
+        try:
+            if name is None:
+                client.allreduce_share(None)
+            else:
+                client.local_add(name, None)
+        except ValueError:  # the client is closed: it holds nothing any more
+            pass
+    lent.clear()
 
 
 def _plain(o):

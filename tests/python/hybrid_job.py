@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """A worker of test_hybrid.py: checks DistributedOptimizer's hybrid placement and its two
 optimizers inside a 2-worker job, and prints "hybrid_job: OK rank R checksum C"."""
+import gc
 import hashlib
+import weakref
 
 import torch
 
@@ -59,6 +61,51 @@ def grads_to_none(client, rank, lr):
         twice = after.clone()
         client.allreduce(twice, "sum")
         assert torch.equal(twice, after * 2), f"step {i}: workers differ"
+
+
+def hooks_do_not_pile_up(client, rank, lr):
+    """Two optimizers over one model in turn, the first closed, then the first dropped without
+    close() and collected: a backward after a zero_grad(set_to_none=True) lands in the live
+    optimizer's flat buffer only (the old one's hook is gone: its buffer keeps a sentinel), and
+    the old optimizer and its buffer are freed (no hook keeps them alive)."""
+    model = torch.nn.Linear(4, 3)
+    params = list(model.parameters())
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(rank))
+
+    def make(prefix):
+        return chainps.torch.DistributedOptimizer(
+            model.named_parameters(), chainps.SGD(lr), client=client, prefix=prefix,
+            on_servers=lambda n, p: False, local_optim=lambda ps: torch.optim.SGD(ps, lr=lr))
+
+    for how in ("close", "collect"):
+        old = make(f"{how}1/")
+        old_buf = old._grads
+        gone, buf_gone = weakref.ref(old), weakref.ref(old_buf)
+        if how == "close":
+            old.close()
+            old.close()  # a second close does nothing
+        new = make(f"{how}2/")
+        if how == "collect":
+            del old
+            gc.collect()
+        want = torch.autograd.grad(model(x).pow(2).sum(), params)
+        old_buf.fill_(7.0)
+        model.zero_grad(set_to_none=True)
+        model(x).pow(2).sum().backward()
+        for p, view, w in zip(params, new._gviews, want):
+            assert p.grad is view, f"{how}: backward did not land in the live optimizer's buffer"
+            assert torch.equal(view, w), f"{how}: wrong gradient in the live optimizer's buffer"
+        assert bool((old_buf == 7.0).all()), f"{how}: a stale optimizer's hook still acts"
+        assert len(params[0]._backward_hooks) == 1, f"{how}: hooks pile up"
+        del old_buf
+        if how == "close":
+            del old
+        gc.collect()
+        assert gone() is None, f"{how}: the dropped optimizer is still alive"
+        assert buf_gone() is None, f"{how}: the dropped optimizer's buffer is still alive"
+        new.close()
+        del new
+        gc.collect()
 
 
 def main():
@@ -162,6 +209,7 @@ def main():
         assert same_everywhere(), f"job step {2 + i}: workers differ"
 
     grads_to_none(client, rank, lr)
+    hooks_do_not_pile_up(client, rank, lr)
 
     for _ in range(5):
         opt.zero_grad()
