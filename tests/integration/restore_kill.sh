@@ -26,13 +26,6 @@ worker() { # SCHEDULER_PORT LOG [flags]
         >"$dir/$2" 2>&1 &
     pids+=("$!")
 }
-ended() { # PID...: each ends (TERM, then KILL after 10 s)
-    for p in "$@"; do kill "$p" 2>/dev/null || true; done
-    for p in "$@"; do
-        for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -9 "$p" 2>/dev/null || true
-    done
-}
 
 # ---- a job and its checkpoint ----
 start_job 20 30
