@@ -2430,14 +2430,12 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
         }
     }
     for (uint32_t pass = 0; rc == 0; pass++) {
-        /* Req_seqs only grow: what answers an earlier number answers an earlier pass. */
-        x.seq0 = l.next_req + 1;
         /* A pass after "not head" / "busy" or a drop starts on the view as it is now, not on the
          * one the last pass streamed under. */
-        if (pass > 0)
-            rc = restore_look(&x, 1);
-        if (rc != 0)
+        if (pass > 0 && (rc = restore_look(&x, 1)) != 0)
             break;
+        /* Req_seqs only grow: what answers an earlier number answers an earlier pass. */
+        x.seq0 = l.next_req + 1;
         rc = restore_pass(&x, rd, want, nwant, step, from, pass ? NULL : &res->bytes);
         uint32_t again = 0;
         for (uint32_t r = 0; r < nr; r++)
