@@ -41,9 +41,8 @@ int cps__restore_route(const cps__view *v, uint32_t nranges, const uint32_t *sen
 /* What a restore makes of one answer of a range's head (cps__restore_answer). */
 #define CPS_RR_IGNORE 0 /* no answer to this pass's PUTs in flight: drop it */
 #define CPS_RR_TAKEN  1 /* the oldest PUT in flight was taken */
-#define CPS_RR_AGAIN  2 /* the range's stream starts again (in the next pass, at the view's head)  \
-                         */
-#define CPS_RR_FATAL 3  /* the head refused the records themselves: the restore fails */
+#define CPS_RR_AGAIN  2 /* the range's stream starts again, next pass, at the view's head */
+#define CPS_RR_FATAL  3 /* the head refused the records themselves: the restore fails */
 
 /* One answer, as the restore read it off the wire. */
 typedef struct cps__rr_answer {
