@@ -23,3 +23,17 @@ int cps__restore_route(const cps__view *v, uint32_t nranges, const uint32_t *sen
     }
     return rc;
 }
+
+int cps__restore_answer(const cps__rr_answer *a, uint32_t head, uint64_t seq0, uint64_t oldest,
+                        uint32_t inflight)
+{
+    if (!a || !inflight || a->sender != head || a->put_seq < seq0 || a->put_seq < oldest)
+        return CPS_RR_IGNORE;
+    if (a->put_seq > oldest)
+        return CPS_RR_AGAIN;
+    if (!a->error)
+        return CPS_RR_TAKEN;
+    if (a->status == CPS_ESTALE_EPOCH || a->status == CPS_EAGAIN)
+        return CPS_RR_AGAIN;
+    return CPS_RR_FATAL;
+}

@@ -38,4 +38,38 @@
 int cps__restore_route(const cps__view *v, uint32_t nranges, const uint32_t *sent_head,
                        unsigned char *resend, uint32_t *bad);
 
+/* What a restore makes of one answer of a range's head (cps__restore_answer). */
+#define CPS_RR_IGNORE 0 /* no answer to this pass's PUTs in flight: drop it */
+#define CPS_RR_TAKEN  1 /* the oldest PUT in flight was taken */
+#define CPS_RR_AGAIN  2 /* the range's stream starts again, next pass, at the view's head */
+#define CPS_RR_FATAL  3 /* the head refused the records themselves: the restore fails */
+
+/* One answer, as the restore read it off the wire. */
+typedef struct cps__rr_answer {
+    uint32_t sender;  /* node that answered */
+    int error;        /* 1: an ERROR; 0: the PUT's own reply */
+    int status;       /* an ERROR's status (CPS_E...) */
+    uint64_t put_seq; /* the PUT it answers: an ERROR's req_seq, a reply's aux (both echo the
+                       * PUT's req_seq; a CUT_PROBE's ERROR carries 0) */
+} cps__rr_answer;
+
+/**
+ * @brief Classify an answer for range r. A head answers a range's PUTs in the order they came,
+ *        so an answer to a later PUT while an earlier one is unanswered proves the earlier one
+ *        dropped (a head unsure of its view drops what comes meanwhile): the stream starts again
+ *        at once, without waiting for a timeout; and an ERROR after such a drop (a slice of a key
+ *        whose create was dropped) is its consequence, not a verdict on the records.
+ * @param a        the answer (borrowed)
+ * @param head     the node this pass's PUTs of r went to
+ * @param seq0     the first req_seq of this pass: answers to earlier passes' PUTs are ignored
+ * @param oldest   req_seq of r's oldest PUT in flight (ignored when inflight is 0)
+ * @param inflight r's PUTs in flight, unanswered
+ * @return CPS_RR_IGNORE (not from head, of an earlier pass, of no PUT in flight or of one already
+ *         counted), CPS_RR_AGAIN (an earlier PUT dropped; or the head said "not head"
+ *         CPS_ESTALE_EPOCH or "busy" CPS_EAGAIN), CPS_RR_TAKEN (the oldest PUT answered), or
+ *         CPS_RR_FATAL (the oldest PUT refused with another error). Never fails; NULL a: ignore.
+ */
+int cps__restore_answer(const cps__rr_answer *a, uint32_t head, uint64_t seq0, uint64_t oldest,
+                        uint32_t inflight);
+
 #endif

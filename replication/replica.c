@@ -783,6 +783,14 @@ int cps__replica_put(cps__replica *r, uint32_t range, uint64_t req_seq, const vo
     return CPS_ADMIT_NEW;
 }
 
+int cps__replica_put_verdict(const cps__replica *r, uint32_t range)
+{
+    if (!r->chain || !cps__chain_is_head(r->chain, range))
+        return CPS_ADMIT_NOT_HEAD;
+    return cps__chain_unacked(r->chain, range) >= r->cfg.max_unacked ? CPS_ADMIT_BUSY
+                                                                     : CPS_ADMIT_NEW;
+}
+
 size_t cps__replica_ready(const cps__replica *r, const cps__replica_out **out)
 {
     *out = r->out;

@@ -253,6 +253,11 @@ int cps__replica_join_tick(cps__replica *r, uint64_t now);
  * or an error. */
 int cps__replica_put(cps__replica *r, uint32_t range, uint64_t req_seq, const void *entries,
                      size_t len, uint64_t now);
+/* Would cps__replica_put take a PUT of `range` now? CPS_ADMIT_NEW, CPS_ADMIT_NOT_HEAD (no chain
+ * yet, or not its head) or CPS_ADMIT_BUSY (its successors hold max_unacked updates). Read-only:
+ * the shell asks it before checking the records, so that a node which is not the head answers
+ * "not head" (the tool asks the view) rather than judge records its store may not hold. */
+int cps__replica_put_verdict(const cps__replica *r, uint32_t range);
 
 /* The output of the last call, in order; valid until the next call into the replica. */
 size_t cps__replica_ready(const cps__replica *r, const cps__replica_out **out);

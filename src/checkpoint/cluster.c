@@ -56,10 +56,6 @@
 #define GONE_MS 100 /* a server looks gone but its view still lists it: look again this often */
 /* A restore streams a range again at most this often (its head died, or lost PUTs). */
 #define RESTORE_PASSES 8
-/* A head that answers none of a range's PUTs in flight for this long lost them: a server that
- * did not run past the failure timeout drops what came meanwhile unanswered (it was unsure of its
- * view), and a restore waiting for those answers waited out its whole timeout. */
-#define PUT_STALL_MS   10000
 #define CUT_TRIES      4   /* cuts lost with every replica that held them, cut again this often */
 #define CLOSE_GRACE_MS 200 /* closing: a CUT_CLOSE's peer not connected by then is dropped */
 
@@ -1818,15 +1814,17 @@ typedef struct put_buf {
     size_t used;        /* payload bytes so far (hello prefix included) */
     size_t cap;
     uint32_t inflight;
+    uint64_t fly[PUT_WINDOW]; /* req_seqs of the PUTs in flight, oldest at fly[fly0] */
+    uint32_t fly0;
     uint64_t acked_seq; /* highest sequence number a head reported */
     uint64_t heard_ms;  /* its head's last answer (or the send that found none in flight) */
 } put_buf;
 
 typedef struct restore_ctx {
     link *l;
-    put_buf *pb;  /* per range */
-    size_t base;  /* payload offset where entries start */
-    uint64_t tag; /* this pass's: answers to an earlier pass's PUTs are not counted */
+    put_buf *pb;   /* per range */
+    size_t base;   /* payload offset where entries start */
+    uint64_t seq0; /* this pass's first req_seq: answers to an earlier pass's PUTs do not count */
     int rc;
     /* streaming one tensor's slot */
     piece *pieces;
@@ -1872,11 +1870,14 @@ static int release_workers(link *l)
     }
 }
 
+/* A PUT's answer: its reply (one of an earlier pass is taken too, and dropped), or an ERROR
+ * naming a PUT of this pass (a CUT_PROBE's carries req_seq 0: wait_tails takes it). */
 static int match_put(const cps__rx *rx, const void *arg)
 {
-    const uint64_t *tag = arg;
+    const uint64_t *seq0 = arg;
     return (rx->hdr.flags & CPS_WF_REPLY) &&
-           ((rx->hdr.type == CPS_MSG_PUT && rx->hdr.aux == *tag) || rx->hdr.type == CPS_MSG_ERROR);
+           (rx->hdr.type == CPS_MSG_PUT ||
+            (rx->hdr.type == CPS_MSG_ERROR && rx->hdr.req_seq >= *seq0));
 }
 
 /* Range r's stream stops here and starts again in the next pass (at the view's head then). */
@@ -1885,6 +1886,7 @@ static void stream_again(restore_ctx *x, uint32_t r)
     put_buf *b = &x->pb[r];
     x->again[r] = 1;
     b->inflight = 0;
+    b->fly0 = 0;
     b->used = x->base;
 }
 
@@ -1925,25 +1927,24 @@ static int restore_look(restore_ctx *x, int force)
     return rc;
 }
 
-/* Ranges whose head left PUTs unanswered for PUT_STALL_MS are streamed again (to the same head
- * if the view still names it: every record sets values, so the stream again leaves the same
- * bytes). Returns how many. */
-static int put_stalled(restore_ctx *x)
+/* A head that answers a later PUT while an earlier one is unanswered dropped the earlier one
+ * (cps__restore_answer): that range goes again at once. A head that answers nothing cannot be
+ * told from a slow one, so the limit there is the restore's own timeout, per range (answers of
+ * other ranges do not extend it): CPS_ETIMEDOUT, naming the range. */
+static int put_overdue(restore_ctx *x)
 {
     uint64_t now = cps__now_ms();
-    int n = 0;
     for (uint32_t r = 0; r < x->l->view.nranges; r++) {
-        put_buf *b = &x->pb[r];
-        if (!b->inflight || x->skip[r] || x->again[r] || now < b->heard_ms + PUT_STALL_MS)
+        const put_buf *b = &x->pb[r];
+        if (!b->inflight || x->skip[r] || x->again[r] ||
+            now < b->heard_ms + (uint64_t)x->l->timeout_ms)
             continue;
-        cps__log(CPS_LOG_WARN, SUB,
-                 "range %u: node %u left %u PUT(s) unanswered for %.0f s (dropped while it was "
-                 "unsure of its view?): its records go again",
-                 r, x->head[r], b->inflight, PUT_STALL_MS / 1000.0);
-        stream_again(x, r);
-        n++;
+        cps__log(CPS_LOG_ERROR, SUB,
+                 "range %u: node %u left %u PUT(s) unanswered for %.0f s (the restore's timeout)",
+                 r, x->head[r], b->inflight, x->l->timeout_ms / 1000.0);
+        return CPS_ETIMEDOUT;
     }
-    return n;
+    return 0;
 }
 
 /* One answer of a range head, or the view moved (0 either way: the caller looks again at what
@@ -1958,7 +1959,7 @@ static int put_wait_one(restore_ctx *x)
     cps__rx rx;
     for (;;) {
         uint64_t until = cps__now_ms() + LOOK_MS;
-        rc = take(x->l, match_put, &x->tag, until < deadline ? until : deadline, &rx);
+        rc = take(x->l, match_put, &x->seq0, until < deadline ? until : deadline, &rx);
         if (rc != CPS_ETIMEDOUT)
             break;
         if (cps__now_ms() >= deadline) {
@@ -1968,32 +1969,51 @@ static int put_wait_one(restore_ctx *x)
         }
         if ((rc = restore_look(x, 0)) != 0 || x->l->view.epoch != epoch)
             return rc;
-        if (put_stalled(x))
-            return 0;
+        if ((rc = put_overdue(x)) != 0)
+            return rc;
     }
     if (rc != 0)
         return rc;
     uint32_t r = rx.hdr.range;
-    /* What a head that left the chain says is no answer for this pass's stream. */
-    int ours = r < x->l->view.nranges && rx.hdr.sender == x->head[r] && !x->again[r];
-    if (rx.hdr.type == CPS_MSG_ERROR && ours &&
-        (rx.hdr.status == CPS_ESTALE_EPOCH || rx.hdr.status == CPS_EAGAIN)) {
-        /* Not the head any more, or busy re-forming its chain: the next pass asks the view. */
-        cps__log(CPS_LOG_WARN, SUB, "range %u: node %u did not take the records (%s): again", r,
-                 rx.hdr.sender, cps_strerror(rx.hdr.status));
-        stream_again(x, r);
-        x->next_look = 0;
-    } else if (rx.hdr.type == CPS_MSG_ERROR && ours) {
-        rc = rx.hdr.status ? rx.hdr.status : CPS_EPROTO;
-        cps__log(CPS_LOG_ERROR, SUB, "range %u refused the records: %s (%.*s)", r, cps_strerror(rc),
-                 (int)(rx.len > 200 ? 200 : rx.len), (const char *)rx.payload);
-    } else if (rx.hdr.type != CPS_MSG_ERROR && ours) {
+    int err = rx.hdr.type == CPS_MSG_ERROR;
+    if (r < x->l->view.nranges && !x->skip[r] && !x->again[r]) {
         put_buf *b = &x->pb[r];
-        if (b->inflight)
+        uint64_t oldest = b->fly[b->fly0];
+        cps__rr_answer a = {rx.hdr.sender, err, rx.hdr.status, err ? rx.hdr.req_seq : rx.hdr.aux};
+        switch (cps__restore_answer(&a, x->head[r], x->seq0, oldest, b->inflight)) {
+        case CPS_RR_TAKEN:
             b->inflight--;
-        b->heard_ms = cps__now_ms();
-        if (rx.hdr.req_seq > b->acked_seq)
-            b->acked_seq = rx.hdr.req_seq;
+            b->fly0 = (b->fly0 + 1) % PUT_WINDOW;
+            b->heard_ms = cps__now_ms();
+            if (rx.hdr.req_seq > b->acked_seq)
+                b->acked_seq = rx.hdr.req_seq;
+            break;
+        case CPS_RR_AGAIN:
+            if (a.put_seq > oldest) {
+                uint32_t lost = 0;
+                while (lost < b->inflight && b->fly[(b->fly0 + lost) % PUT_WINDOW] < a.put_seq)
+                    lost++;
+                cps__log(CPS_LOG_WARN, SUB,
+                         "range %u: node %u answered a later PUT while %u earlier one(s) were "
+                         "unanswered: it dropped them (unsure of its view?): again",
+                         r, rx.hdr.sender, lost);
+            } else { /* not the head any more, or busy re-forming its chain */
+                cps__log(CPS_LOG_WARN, SUB,
+                         "range %u: node %u did not take the records (%s): again", r, rx.hdr.sender,
+                         cps_strerror(rx.hdr.status));
+            }
+            stream_again(x, r);
+            x->next_look = 0; /* the next pass asks the view */
+            break;
+        case CPS_RR_FATAL:
+            rc = rx.hdr.status ? rx.hdr.status : CPS_EPROTO;
+            cps__log(CPS_LOG_ERROR, SUB, "range %u refused the records: %s (%.*s)", r,
+                     cps_strerror(rc), (int)(rx.len > 200 ? 200 : rx.len),
+                     (const char *)rx.payload);
+            break;
+        default:
+            break; /* an earlier pass's, or a head's that left the chain: no answer of this one */
+        }
     }
     cps__rx_free(&rx);
     return rc;
@@ -2019,13 +2039,14 @@ static int put_flush(restore_ctx *x, uint32_t r)
                       .range = r,
                       .epoch = x->l->view.epoch,
                       .req_seq = ++x->l->next_req,
-                      .aux = x->tag,
                       .payload_len = (uint32_t)b->used,
                       .raw_len = (uint32_t)b->used};
     /* The transport sends whole buffers (nanomsg's zero-copy chunks): one of the exact size. */
     unsigned char *msg = cps__tp_alloc(CPS_WIRE_HDR_SIZE + b->used);
     if (!msg)
         return CPS_ENOMEM;
+    /* The head echoes aux in its reply (and req_seq in an ERROR): which PUT it answers. */
+    h.aux = h.req_seq;
     cps__wire_hdr_encode(msg, &h);
     memcpy(msg + CPS_WIRE_HDR_SIZE, b->buf + CPS_WIRE_HDR_SIZE, b->used);
     int rc = cps__tp_send(x->l->tp, x->head[r], msg, CPS_WIRE_HDR_SIZE + b->used);
@@ -2036,8 +2057,9 @@ static int put_flush(restore_ctx *x, uint32_t r)
         if (!cps__tp_peer_gone(x->l->tp, x->head[r]))
             return rc;
     }
-    if (b->inflight++ == 0)
+    if (b->inflight == 0)
         b->heard_ms = cps__now_ms();
+    b->fly[(b->fly0 + b->inflight++) % PUT_WINDOW] = h.req_seq;
     b->used = x->base; /* the hello stays in front */
     return 0;
 }
@@ -2091,10 +2113,12 @@ static int restore_sink(void *arg, uint64_t first, const void *buf, size_t n)
     return 0;
 }
 
+/* A probe's answer for range *arg (its ERROR carries req_seq 0: one of a PUT is not). */
 static int match_probe_range(const cps__rx *rx, const void *arg)
 {
     const uint32_t *r = arg;
-    return is_probe_reply(rx) && rx->hdr.range == *r;
+    return is_probe_reply(rx) && rx->hdr.range == *r &&
+           (rx->hdr.type != CPS_MSG_ERROR || rx->hdr.req_seq == 0);
 }
 
 /* Wait until each range's tail has applied everything the heads took. The tail is the view's:
@@ -2114,8 +2138,12 @@ static int wait_tails(restore_ctx *x)
             if (rc == 0) {
                 int ok = rx.hdr.type == CPS_MSG_CUT_PROBE && rx.hdr.req_seq >= x->pb[r].acked_seq;
                 cps__rx_free(&rx);
-                if (ok)
+                if (ok) {
+                    /* Every replica of its chain holds the records: a head change a later look
+                     * sees must not stream it again. */
+                    x->skip[r] = 1;
                     break;
+                }
             }
             if (cps__now_ms() >= deadline) {
                 cps__log(CPS_LOG_ERROR, SUB,
@@ -2376,7 +2404,6 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
     uint32_t nr = l.view.nranges;
     if (rc == 0) {
         x.l = &l;
-        x.tag = cps__splitmix64(cps__now_ms());
         x.base = cps__pad8(8 + l.hello_len);
         x.pb = calloc(nr, sizeof *x.pb);
         x.head = malloc((nr ? nr : 1) * sizeof *x.head);
@@ -2403,7 +2430,12 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
         }
     }
     for (uint32_t pass = 0; rc == 0; pass++) {
-        x.tag = cps__splitmix64(cps__now_ms() + pass);
+        /* A pass after "not head" / "busy" or a drop starts on the view as it is now, not on the
+         * one the last pass streamed under. */
+        if (pass > 0 && (rc = restore_look(&x, 1)) != 0)
+            break;
+        /* Req_seqs only grow: what answers an earlier number answers an earlier pass. */
+        x.seq0 = l.next_req + 1;
         rc = restore_pass(&x, rd, want, nwant, step, from, pass ? NULL : &res->bytes);
         uint32_t again = 0;
         for (uint32_t r = 0; r < nr; r++)

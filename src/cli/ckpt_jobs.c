@@ -64,8 +64,10 @@ static void *restore_thread(void *arg)
     }
     if (rc == 0) {
         cps__log(CPS_LOG_INFO, "ckpt",
-                 "restored %s: %u tensors, %.1f MB at step %" PRIu64 " in %.2f s; workers admitted",
-                 t->cfg.restore_from, res.tensors, res.bytes / 1e6, res.step, res.seconds);
+                 "restored %s: %u tensors, %.1f MB at step %" PRIu64
+                 " in %.2f s (%u range(s) streamed again); workers admitted",
+                 t->cfg.restore_from, res.tensors, res.bytes / 1e6, res.step, res.seconds,
+                 res.resent);
     } else {
         /* Training from scratch is not what was asked for, and holding the workers back for
          * ever helps no one: the scheduler ends the job and exits CPS_CLI_EXIT_REFUSED, so

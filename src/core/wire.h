@@ -68,7 +68,8 @@ enum cps__msg_type {
     /* Checkpoints (src/server/cut.c, src/checkpoint/cluster.c). A tool that is not a member of
      * the job sends these with a hello payload naming its inbox (as STATUS does). */
     CPS_MSG_PUT = 35,       /* restore tool -> head: install records (payload: snapshot entries
-                               of src/server/transfer.c), replicated as one CPS_UPD_PUT */
+                               of src/server/transfer.c), replicated as one CPS_UPD_PUT; reply:
+                               req_seq = range seq, aux echoed (the tool puts its req_seq there) */
     CPS_MSG_CUT_PROBE = 36, /* tool -> tail: `range`'s applied steps (reply: step = lowest sync
                                step of its key sets, aux = highest, req_seq = range seq) */
     CPS_MSG_CUT_OPEN = 37,  /* tool -> tail: open read view `aux` of `range` at step boundary

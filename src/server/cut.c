@@ -529,6 +529,15 @@ void cps__server_on_put(cps__server *s, cps__rx *rx)
     }
     const unsigned char *entries = (const unsigned char *)rx->payload + off;
     size_t elen = rx->len - off;
+    /* May we take it at all, first: a node no longer the head (or back with a wiped store)
+     * would find a slice's key missing and refuse the records, where the tool must hear "not
+     * head" / "busy" and stream the range again under the new view. */
+    int v = cps__replica_put_verdict(s->replica, h->range);
+    if (v != CPS_ADMIT_NEW) {
+        tool_reply(s, peer, h, cps__cut_put_status(v), 0, 0, 0, "not admitted");
+        cps__rx_free(rx);
+        return;
+    }
     /* Check every record before the chain counts the update as applied: a failure while
      * applying it would leave the replica poisoned. */
     char why[200];
@@ -539,7 +548,7 @@ void cps__server_on_put(cps__server *s, cps__rx *rx)
         return;
     }
     /* The body must be 8-byte aligned: the entries start at an 8-byte offset of the payload. */
-    int v = cps__replica_put(s->replica, h->range, h->req_seq, entries, elen, cps__now_ms());
+    v = cps__replica_put(s->replica, h->range, h->req_seq, entries, elen, cps__now_ms());
     cps__server_perform(s);
     if (v != CPS_ADMIT_NEW) {
         tool_reply(s, peer, h, cps__cut_put_status(v), 0, 0, 0, "not admitted");

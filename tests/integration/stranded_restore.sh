@@ -46,11 +46,7 @@ wait_for "$dir/sched.log" "range 1 is UNAVAILABLE" 20 || fail "no ERROR for the 
 stranded_metric_is "$M" 2 || fail "chainps_ranges_stranded is not 2"
 
 # ---- way 2: end the job, start it again from the checkpoint ----
-for p in "$w0" "$w1" "$s1b" "$sp"; do kill "$p"; done
-for p in "$w0" "$w1" "$s1b" "$sp"; do
-    for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -9 "$p" 2>/dev/null || true
-done
+ended "$w0" "$w1" "$s1b" "$sp"
 "$cps" scheduler --servers 2 --workers 2 --replicas 2 --port "$P2" --data "$dir/sched2" \
     --metrics-port "$M2" --restore-from "$dir/ckpt" --hold >"$dir/sched2.log" 2>&1 &
 pids+=("$!")

@@ -92,6 +92,52 @@ static void test_bad_arguments(void **state)
     assert_int_equal(cps__restore_route(&v, 3, sent, again, NULL), CPS_EINVAL);
 }
 
+/* Answers of node 4, head of a range whose pass began at req_seq 100; PUTs 105 and 109 are in
+ * flight (105 the oldest). */
+static int answer(int error, int status, uint64_t put_seq, uint32_t sender)
+{
+    cps__rr_answer a = {sender, error, status, put_seq};
+    return cps__restore_answer(&a, 4, 100, 105, 2);
+}
+
+static void test_answers_in_order_are_taken_a_later_one_proves_a_drop(void **state)
+{
+    (void)state;
+    assert_int_equal(answer(0, 0, 105, 4), CPS_RR_TAKEN);
+    /* 109 answered while 105 is not: the head dropped 105, and does not answer it later. */
+    assert_int_equal(answer(0, 0, 109, 4), CPS_RR_AGAIN);
+}
+
+static void test_an_error_after_a_drop_is_its_consequence(void **state)
+{
+    (void)state;
+    /* The slice of a key whose create (in 105) the head dropped: not the records' fault. */
+    assert_int_equal(answer(1, CPS_EPROTO, 109, 4), CPS_RR_AGAIN);
+    /* The same error of the oldest PUT is a verdict on the records. */
+    assert_int_equal(answer(1, CPS_EPROTO, 105, 4), CPS_RR_FATAL);
+    assert_int_equal(answer(1, CPS_ENOTFOUND, 105, 4), CPS_RR_FATAL);
+}
+
+static void test_not_head_or_busy_streams_again(void **state)
+{
+    (void)state;
+    assert_int_equal(answer(1, CPS_ESTALE_EPOCH, 105, 4), CPS_RR_AGAIN);
+    assert_int_equal(answer(1, CPS_EAGAIN, 105, 4), CPS_RR_AGAIN);
+}
+
+static void test_stale_or_foreign_answers_are_ignored(void **state)
+{
+    (void)state;
+    assert_int_equal(answer(1, CPS_EPROTO, 99, 4), CPS_RR_IGNORE); /* an earlier pass's PUT */
+    assert_int_equal(answer(0, 0, 99, 4), CPS_RR_IGNORE);
+    assert_int_equal(answer(1, CPS_EPROTO, 0, 4), CPS_RR_IGNORE);   /* a CUT_PROBE's error */
+    assert_int_equal(answer(1, CPS_EPROTO, 105, 7), CPS_RR_IGNORE); /* not this pass's head */
+    assert_int_equal(answer(0, 0, 103, 4), CPS_RR_IGNORE); /* this pass's, counted already */
+    cps__rr_answer a = {4, 0, 0, 105};
+    assert_int_equal(cps__restore_answer(&a, 4, 100, 105, 0), CPS_RR_IGNORE); /* none in flight */
+    assert_int_equal(cps__restore_answer(NULL, 4, 100, 105, 2), CPS_RR_IGNORE);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -99,6 +145,10 @@ int main(void)
         cmocka_unit_test(test_a_range_not_streamed_yet_has_nothing_to_lose),
         cmocka_unit_test(test_no_live_replica_fails_naming_the_first_such_range),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_answers_in_order_are_taken_a_later_one_proves_a_drop),
+        cmocka_unit_test(test_an_error_after_a_drop_is_its_consequence),
+        cmocka_unit_test(test_not_head_or_busy_streams_again),
+        cmocka_unit_test(test_stale_or_foreign_answers_are_ignored),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -637,6 +637,26 @@ static void a_range_moved_away_is_dropped(void **state)
     finish(r, &f);
 }
 
+/* A restore's PUT is judged "not head" before its records are: a node that no longer heads the
+ * range (or has no view yet) must say so, whatever its store holds. The question changes
+ * nothing. */
+static void a_put_verdict_says_not_head_before_any_record_is_read(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    assert_int_equal(cps__replica_put_verdict(r, 0), CPS_ADMIT_NOT_HEAD); /* no view yet */
+    set_view(r, 3, CPS_MODE_ASYNC, 2, 1, 1);
+    perform(r, &f);
+    const cps__replica_out *o;
+    size_t ready = cps__replica_ready(r, &o);
+    assert_int_equal(cps__replica_put_verdict(r, 0), CPS_ADMIT_NEW);
+    assert_int_equal(cps__replica_put_verdict(r, 1), CPS_ADMIT_NOT_HEAD); /* server 2 heads it */
+    assert_int_equal(cps__replica_put_verdict(r, 7), CPS_ADMIT_NOT_HEAD); /* no such range */
+    assert_int_equal(cps__replica_ready(r, &o), ready); /* the ready list is untouched */
+    finish(r, &f);
+}
+
 static void a_request_for_a_stale_epoch_or_another_head_is_refused(void **state)
 {
     (void)state;
@@ -979,6 +999,7 @@ int main(void)
         cmocka_unit_test(a_view_counting_us_dead_fences_the_replica),
         cmocka_unit_test(a_view_taking_a_range_yields_its_drop),
         cmocka_unit_test(a_snapshot_socket_closes_only_when_the_joiner_needs_nothing_more),
+        cmocka_unit_test(a_put_verdict_says_not_head_before_any_record_is_read),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
