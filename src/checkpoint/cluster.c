@@ -56,8 +56,9 @@
 #define GONE_MS 100 /* a server looks gone but its view still lists it: look again this often */
 /* A restore streams a range again at most this often (its head died, or lost PUTs). */
 #define RESTORE_PASSES 8
-#define CUT_TRIES      4   /* cuts lost with every replica that held them, cut again this often */
-#define CLOSE_GRACE_MS 200 /* closing: a CUT_CLOSE's peer not connected by then is dropped */
+#define PUT_SILENT_MS  15000 /* a head with PUTs in flight and no answer this long: again */
+#define CUT_TRIES      4     /* cuts lost with every replica that held them, cut again this often */
+#define CLOSE_GRACE_MS 200   /* closing: a CUT_CLOSE's peer not connected by then is dropped */
 
 /* ---- talking to the cluster ---- */
 
@@ -1929,15 +1930,29 @@ static int restore_look(restore_ctx *x, int force)
 
 /* A head that answers a later PUT while an earlier one is unanswered dropped the earlier one
  * (cps__restore_answer): that range goes again at once. A head that answers nothing cannot be
- * told from a slow one, so the limit there is the restore's own timeout, per range (answers of
- * other ranges do not extend it): CPS_ETIMEDOUT, naming the range. */
+ * told from a slow one by order: one that dropped the range's last PUTs (unsure of its view)
+ * would be waited on to the restore's timeout, past the held workers' patience. A slow head
+ * answers something within PUT_SILENT_MS (each answer restarts it); a silent one has its range
+ * streamed again (records set values: sending again costs load, never bytes), at most once per
+ * pass. The hard limit stays the restore's own timeout, per range (answers of other ranges do
+ * not extend it): CPS_ETIMEDOUT, naming the range. */
 static int put_overdue(restore_ctx *x)
 {
     uint64_t now = cps__now_ms();
     for (uint32_t r = 0; r < x->l->view.nranges; r++) {
         const put_buf *b = &x->pb[r];
-        if (!b->inflight || x->skip[r] || x->again[r] ||
-            now < b->heard_ms + (uint64_t)x->l->timeout_ms)
+        if (!b->inflight || x->skip[r] || x->again[r])
+            continue;
+        if (now >= b->heard_ms + PUT_SILENT_MS && PUT_SILENT_MS < (uint64_t)x->l->timeout_ms) {
+            cps__log(CPS_LOG_WARN, SUB,
+                     "range %u: node %u answered none of %u PUT(s) for %.0f s (dropped while "
+                     "unsure of its view, or slow): again",
+                     r, x->head[r], b->inflight, PUT_SILENT_MS / 1000.0);
+            stream_again(x, r);
+            x->next_look = 0;
+            continue;
+        }
+        if (now < b->heard_ms + (uint64_t)x->l->timeout_ms)
             continue;
         cps__log(CPS_LOG_ERROR, SUB,
                  "range %u: node %u left %u PUT(s) unanswered for %.0f s (the restore's timeout)",
