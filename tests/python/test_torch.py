@@ -150,8 +150,6 @@ def test_a_checkpoint_that_does_not_fit_is_refused_by_name(tmp_path):
         chainps_ckpt.load(str(tmp_path / "missing"))
 
 
-if __name__ == "__main__":
-    raise SystemExit(pytest.main([__file__, "-q"]))
 
 
 # --allreduce: every parameter on the workers, all-reduced by DistributedOptimizer with
@@ -199,3 +197,7 @@ def test_sync_every_without_allreduce_is_refused():
                             text=True, timeout=60, env=tj.env())
     assert out.returncode == 2 and "--sync-every and --warmup need --allreduce" in out.stderr, \
         out.stdout + out.stderr
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q"]))
