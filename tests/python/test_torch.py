@@ -4,7 +4,6 @@ converge, and an export of the final model loads with load_state_dict and reprod
 accuracy. Each job is bounded in time and every process is ended by its PID."""
 
 import json
-import os
 import re
 
 import numpy as np
