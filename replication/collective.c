@@ -29,10 +29,11 @@ struct cps__coll {
     int alone;   /* running with no peer: waiting for a view with one */
     int listen;  /* a joiner restarted by a view: waiting for its predecessor's seq */
     /* While listening: which members said they listen too (CPS_COLL_LISTEN, by position), how
-     * many, and the highest seq they named. */
+     * many, the highest seq they named, and the highest a pinned one named (0: none pinned). */
     uint8_t *heard;
     uint32_t nheard;
     uint64_t heard_max;
+    uint64_t heard_pinned;
     int seq_given; /* cps__coll_set_next_seq: our sequence came from a member's completed one */
     /* A joiner that reduced its own segment of its running collective (this seq; 0: not yet):
      * its input may be in that collective's result at a peer now, so its call never moves to a
@@ -378,6 +379,7 @@ int cps__coll_view(cps__coll *c, uint64_t epoch, const uint32_t *members, uint32
         c->heard = h;
         c->nheard = 0;
         c->heard_max = c->seq;
+        c->heard_pinned = c->pinned;
         for (uint32_t i = 0; i < nmembers; i++) {
             if (members[i] == c->me)
                 continue;
@@ -388,7 +390,9 @@ int cps__coll_view(cps__coll *c, uint64_t epoch, const uint32_t *members, uint32
             a->msg.from = c->me;
             a->msg.kind = CPS_COLL_LISTEN;
             a->msg.epoch = epoch;
-            a->msg.seq = c->seq;
+            /* Pinned, our seq is the one every member must take (index 1 says so). */
+            a->msg.seq = c->pinned ? c->pinned : c->seq;
+            a->msg.index = c->pinned ? 1 : 0;
         }
         drain_stash(c, now);
     } else if (c->running) {
@@ -559,9 +563,15 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
             c->nheard++;
             if (m->seq > c->heard_max)
                 c->heard_max = m->seq;
+            if (m->index == 1 && m->seq > c->heard_pinned)
+                c->heard_pinned = m->seq;
             if (c->nheard + 1 == c->nmembers) {
-                /* Every member is new: all take the same seq (pinned, ours was the one named). */
-                c->seq = c->pinned ? c->pinned : c->heard_max;
+                /* Every member is new: all take the same seq. A pinned member cannot move off
+                 * its pin (its input may be in that collective's result), so when one named a
+                 * pin, that seq wins over the highest named, on every member alike. */
+                c->seq = c->pinned       ? c->pinned
+                         : c->heard_pinned ? c->heard_pinned
+                                           : c->heard_max;
                 begin(c, now);
             }
         }
