@@ -43,7 +43,8 @@ struct cps__coll {
     /* Helping: our running collective (this seq) is set aside while we run an earlier one that
      * the ring redoes and we skipped (see help()); 0: not helping. */
     uint64_t help_for;
-    /* While helping, our contribution: zeros (help()). Grown to the largest n helped. */
+    /* While helping, our contribution: zeros (help()), one chunk's worth (no message spans
+     * more), read for every chunk. Grown to the largest chunk helped. */
     float *zeros;
     uint64_t zeros_cap;
     /* the running collective */
@@ -201,14 +202,6 @@ static void chunk_span(const cps__coll *c, uint64_t index, int sending, uint64_t
     *hi = b;
 }
 
-/* What we add into the running collective: the caller's input, or zeros while we help the ring
- * through a collective we skipped (help()): our input belongs to our own call, and counting it in
- * the helped one too would count our gradient twice. */
-static const float *own_input(const cps__coll *c)
-{
-    return c->help_for ? c->zeros : c->data;
-}
-
 static void send_index(cps__coll *c, uint64_t index)
 {
     uint64_t lo, hi;
@@ -223,8 +216,12 @@ static void send_index(cps__coll *c, uint64_t index)
     a->msg.seq = c->seq;
     a->msg.index = index;
     a->msg.n = c->n;
-    /* Step 0 sends our own input; later steps forward what the last step reduced or copied. */
-    a->msg.vals = (index < c->nchunks ? own_input(c) : c->work) + lo;
+    /* Step 0 sends our own input (zeros while helping: help()); later steps forward what the
+     * last step reduced or copied. */
+    if (index >= c->nchunks)
+        a->msg.vals = c->work + lo;
+    else
+        a->msg.vals = c->help_for ? c->zeros : c->data + lo;
     a->msg.count = hi - lo;
 }
 
@@ -274,15 +271,17 @@ static void complete(cps__coll *c, uint64_t now)
  * caller's buffer, then restart `own` from its untouched input. */
 static void help(cps__coll *c, uint64_t seq, uint64_t now)
 {
-    if (c->n > c->zeros_cap) {
-        float *z = calloc(c->n, sizeof *z);
+    /* No message carries more than a chunk, nor more than the whole collective. */
+    uint64_t need = c->chunk < c->n ? c->chunk : c->n;
+    if (need > c->zeros_cap) {
+        float *z = calloc(need, sizeof *z);
         if (!z) {
             finish(c, CPS_ENOMEM);
             return;
         }
         free(c->zeros);
         c->zeros = z;
-        c->zeros_cap = c->n;
+        c->zeros_cap = need;
     }
     c->help_for = c->seq;
     c->seq = seq;
@@ -322,7 +321,10 @@ static void begin(cps__coll *c, uint64_t now)
             return;
         }
         /* Alone by design: the sum is our input; the mean is input / 1, the same bits. */
-        memcpy(c->work, own_input(c), c->n * sizeof(float));
+        if (c->help_for)
+            memset(c->work, 0, c->n * sizeof(float));
+        else
+            memcpy(c->work, c->data, c->n * sizeof(float));
         c->bcast_epoch = 0;
         complete(c, now);
         return;
@@ -655,8 +657,9 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
     uint64_t k = m->index / c->nchunks;
     float *w = c->work + lo;
     if (k < c->p - 1) {
-        /* Reduce-scatter: what came round the ring so far, plus ours, in that order. */
-        const float *in = m->vals, *own = own_input(c) + lo;
+        /* Reduce-scatter: what came round the ring so far, plus ours, in that order (zeros
+         * while helping: a message spans at most one chunk, the zero buffer's length). */
+        const float *in = m->vals, *own = c->help_for ? c->zeros : c->data + lo;
         uint64_t cnt = hi - lo;
         if (k == c->p - 2 && c->op == CPS_COLL_MEAN) {
             float div = (float)c->p;
