@@ -571,9 +571,7 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
                 /* Every member is new: all take the same seq. A pinned member cannot move off
                  * its pin (its input may be in that collective's result), so when one named a
                  * pin, that seq wins over the highest named, on every member alike. */
-                c->seq = c->pinned       ? c->pinned
-                         : c->heard_pinned ? c->heard_pinned
-                                           : c->heard_max;
+                c->seq = c->pinned ? c->pinned : c->heard_pinned ? c->heard_pinned : c->heard_max;
                 begin(c, now);
             }
         }

@@ -844,7 +844,7 @@ static void test_joiner_stays_where_its_input_went(void **state)
     assert_int_equal(cps__coll_seq(c), 1);
     uint32_t two[2] = {9, 11};
     assert_int_equal(cps__coll_view(c, 2, two, 2, 1, 3), 0);
-    /* Its listen names the pin, so that a ring of joiners all take 1 (test_listeners_follow_pin). */
+    /* Its listen names the pin: a ring of joiners all take 1 (test_listeners_follow_pin). */
     assert_int_equal(cps__coll_actions(c, &a), 1);
     assert_int_equal(a[0].msg.kind, CPS_COLL_LISTEN);
     assert_int_equal(a[0].msg.seq, 1);
