@@ -29,10 +29,11 @@ struct cps__coll {
     int alone;   /* running with no peer: waiting for a view with one */
     int listen;  /* a joiner restarted by a view: waiting for its predecessor's seq */
     /* While listening: which members said they listen too (CPS_COLL_LISTEN, by position), how
-     * many, and the highest seq they named. */
+     * many, the highest seq they named, and the highest a pinned one named (0: none pinned). */
     uint8_t *heard;
     uint32_t nheard;
     uint64_t heard_max;
+    uint64_t heard_pinned;
     int seq_given; /* cps__coll_set_next_seq: our sequence came from a member's completed one */
     /* A joiner that reduced its own segment of its running collective (this seq; 0: not yet):
      * its input may be in that collective's result at a peer now, so its call never moves to a
@@ -42,7 +43,8 @@ struct cps__coll {
     /* Helping: our running collective (this seq) is set aside while we run an earlier one that
      * the ring redoes and we skipped (see help()); 0: not helping. */
     uint64_t help_for;
-    /* While helping, our contribution: zeros (help()). Grown to the largest n helped. */
+    /* While helping, our contribution: zeros (help()), one chunk's worth (no message spans
+     * more), read for every chunk. Grown to the largest chunk helped. */
     float *zeros;
     uint64_t zeros_cap;
     /* the running collective */
@@ -200,14 +202,6 @@ static void chunk_span(const cps__coll *c, uint64_t index, int sending, uint64_t
     *hi = b;
 }
 
-/* What we add into the running collective: the caller's input, or zeros while we help the ring
- * through a collective we skipped (help()): our input belongs to our own call, and counting it in
- * the helped one too would count our gradient twice. */
-static const float *own_input(const cps__coll *c)
-{
-    return c->help_for ? c->zeros : c->data;
-}
-
 static void send_index(cps__coll *c, uint64_t index)
 {
     uint64_t lo, hi;
@@ -222,8 +216,12 @@ static void send_index(cps__coll *c, uint64_t index)
     a->msg.seq = c->seq;
     a->msg.index = index;
     a->msg.n = c->n;
-    /* Step 0 sends our own input; later steps forward what the last step reduced or copied. */
-    a->msg.vals = (index < c->nchunks ? own_input(c) : c->work) + lo;
+    /* Step 0 sends our own input (zeros while helping: help()); later steps forward what the
+     * last step reduced or copied. */
+    if (index >= c->nchunks)
+        a->msg.vals = c->work + lo;
+    else
+        a->msg.vals = c->help_for ? c->zeros : c->data + lo;
     a->msg.count = hi - lo;
 }
 
@@ -273,15 +271,17 @@ static void complete(cps__coll *c, uint64_t now)
  * caller's buffer, then restart `own` from its untouched input. */
 static void help(cps__coll *c, uint64_t seq, uint64_t now)
 {
-    if (c->n > c->zeros_cap) {
-        float *z = calloc(c->n, sizeof *z);
+    /* No message carries more than a chunk, nor more than the whole collective. */
+    uint64_t need = c->chunk < c->n ? c->chunk : c->n;
+    if (need > c->zeros_cap) {
+        float *z = calloc(need, sizeof *z);
         if (!z) {
             finish(c, CPS_ENOMEM);
             return;
         }
         free(c->zeros);
         c->zeros = z;
-        c->zeros_cap = c->n;
+        c->zeros_cap = need;
     }
     c->help_for = c->seq;
     c->seq = seq;
@@ -321,7 +321,10 @@ static void begin(cps__coll *c, uint64_t now)
             return;
         }
         /* Alone by design: the sum is our input; the mean is input / 1, the same bits. */
-        memcpy(c->work, own_input(c), c->n * sizeof(float));
+        if (c->help_for)
+            memset(c->work, 0, c->n * sizeof(float));
+        else
+            memcpy(c->work, c->data, c->n * sizeof(float));
         c->bcast_epoch = 0;
         complete(c, now);
         return;
@@ -378,6 +381,7 @@ int cps__coll_view(cps__coll *c, uint64_t epoch, const uint32_t *members, uint32
         c->heard = h;
         c->nheard = 0;
         c->heard_max = c->seq;
+        c->heard_pinned = c->pinned;
         for (uint32_t i = 0; i < nmembers; i++) {
             if (members[i] == c->me)
                 continue;
@@ -388,7 +392,9 @@ int cps__coll_view(cps__coll *c, uint64_t epoch, const uint32_t *members, uint32
             a->msg.from = c->me;
             a->msg.kind = CPS_COLL_LISTEN;
             a->msg.epoch = epoch;
-            a->msg.seq = c->seq;
+            /* Pinned, our seq is the one every member must take (index 1 says so). */
+            a->msg.seq = c->pinned ? c->pinned : c->seq;
+            a->msg.index = c->pinned ? 1 : 0;
         }
         drain_stash(c, now);
     } else if (c->running) {
@@ -559,9 +565,13 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
             c->nheard++;
             if (m->seq > c->heard_max)
                 c->heard_max = m->seq;
+            if (m->index == 1 && m->seq > c->heard_pinned)
+                c->heard_pinned = m->seq;
             if (c->nheard + 1 == c->nmembers) {
-                /* Every member is new: all take the same seq (pinned, ours was the one named). */
-                c->seq = c->pinned ? c->pinned : c->heard_max;
+                /* Every member is new: all take the same seq. A pinned member cannot move off
+                 * its pin (its input may be in that collective's result), so when one named a
+                 * pin, that seq wins over the highest named, on every member alike. */
+                c->seq = c->pinned ? c->pinned : c->heard_pinned ? c->heard_pinned : c->heard_max;
                 begin(c, now);
             }
         }
@@ -645,8 +655,9 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
     uint64_t k = m->index / c->nchunks;
     float *w = c->work + lo;
     if (k < c->p - 1) {
-        /* Reduce-scatter: what came round the ring so far, plus ours, in that order. */
-        const float *in = m->vals, *own = own_input(c) + lo;
+        /* Reduce-scatter: what came round the ring so far, plus ours, in that order (zeros
+         * while helping: a message spans at most one chunk, the zero buffer's length). */
+        const float *in = m->vals, *own = c->help_for ? c->zeros : c->data + lo;
         uint64_t cnt = hi - lo;
         if (k == c->p - 2 && c->op == CPS_COLL_MEAN) {
             float div = (float)c->p;

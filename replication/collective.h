@@ -120,14 +120,14 @@ void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now);
  * epoch (restarting under it), so it joins the collective the others are in; after a new view it
  * sends nothing until its predecessor's first data message, whose seq it takes (up or down). It
  * tells every member it listens (CPS_COLL_LISTEN); when every other member said so too (every
- * member is new), all take the highest seq named. No timer: a predecessor merely slow sends its
- * chunk later (a timer once let a joiner go on with its own seq and mix two calls' inputs); a
- * predecessor that never does leaves the collective to fail CPS_ETIMEDOUT. Once it has reduced
- * its own segment of a collective (its input may then be in a peer's result), its call stays in
- * that collective: it takes no higher seq from messages, and after a view restarts it there.
- * Used only when no
- * fetch gave the sequence (cps__coll_set_next_seq ends it). Never set it on a worker that
- * started with the job: there a peer one collective ahead is normal. */
+ * member is new), all take the highest seq named, or the seq of a member pinned there (below). No
+ * timer: a predecessor merely slow sends its chunk later (a timer once let a joiner go on with its
+ * own seq and mix two calls' inputs); a predecessor that never does leaves the collective to fail
+ * CPS_ETIMEDOUT. Once it has reduced its own segment of a collective (its input may then be in a
+ * peer's result), its call stays in that collective: it takes no higher seq from messages, and
+ * after a view restarts it there. Used only when no fetch gave the sequence (cps__coll_set_next_seq
+ * ends it). Never set it on a worker that started with the job: there a peer one collective ahead
+ * is normal. */
 void cps__coll_set_joining(cps__coll *c);
 
 /* The next collective started gets sequence number `next` (>= 1): a replacement's, from the

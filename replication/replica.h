@@ -287,10 +287,12 @@ uint32_t cps__replica_held(const cps__replica *r);
  * it serves a message (cps__replica_step, cps__replica_admit), when the loop turns and when a
  * view comes; the shell only performs the ready list, and rejoins (a new replica) when fenced. */
 /* A message the shell serves itself (WELCOME, VIEW, SHUTDOWN, CUT_*, PUT, CHECKSUM, ERROR, ACK):
- * may it? `our_welcome`: a WELCOME that answers this incarnation's HELLO. A stall measured now
- * makes us unsure first (LOG, ASK_VIEW items). Returns a CPS_FENCE_* admission verdict; anything
- * but CPS_FENCE_SERVE: drop it (CPS_FENCE_EARLY never comes for these types). */
-int cps__replica_admit(cps__replica *r, const cps__msg_hdr *h, int our_welcome, uint64_t now);
+ * may it? `boot_id`: this incarnation's id (non-zero), the one its HELLO carried; a WELCOME
+ * whose req_seq names it answers that HELLO, and only such a WELCOME lets a replica not yet in
+ * (a fresh one, or one fenced) in. A stall measured now makes us unsure first (LOG, ASK_VIEW
+ * items). Returns a CPS_FENCE_* admission verdict; anything but CPS_FENCE_SERVE: drop it
+ * (CPS_FENCE_EARLY never comes for these types). */
+int cps__replica_admit(cps__replica *r, const cps__msg_hdr *h, uint64_t boot_id, uint64_t now);
 /* The event loop turned at `now`: a stall since the last turn makes us unsure (LOG, ASK_VIEW),
  * and an unanswered question is asked again. Returns 0. */
 int cps__replica_turned(cps__replica *r, uint64_t now);

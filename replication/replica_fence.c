@@ -39,10 +39,13 @@ int cps__rp_standing(cps__replica *r, const cps__msg_hdr *h, int our_welcome, ui
     return cps__fence_admit(r->fence, h->type, origin);
 }
 
-int cps__replica_admit(cps__replica *r, const cps__msg_hdr *h, int our_welcome, uint64_t now)
+int cps__replica_admit(cps__replica *r, const cps__msg_hdr *h, uint64_t boot_id, uint64_t now)
 {
     cps__rp_begin(r);
     now = cps__rp_clock(r, now);
+    /* The scheduler names in a WELCOME the incarnation whose HELLO it answers (0: none it
+     * knows); one naming an earlier life of ours (late, or a copy) is not ours. */
+    int our_welcome = h->type == CPS_MSG_WELCOME && boot_id != 0 && h->req_seq == boot_id;
     return cps__rp_standing(r, h, our_welcome, now);
 }
 

@@ -11,6 +11,7 @@
 
 #include "chainps/error.h"
 #include "core/log.h"
+#include "replication/cut_view.h"
 #include "replication/replica_int.h"
 
 #define JOIN_TIMEOUT_MS 120000
@@ -250,10 +251,8 @@ int cps__replica_snapshot_may_close(const cps__replica *r, uint32_t range, uint3
         return 1;
     if (!r || range >= r->view.nranges)
         return 0;
-    const cps__range *rg = &r->view.ranges[range];
-    for (uint32_t k = 0; k < rg->chain_len; k++)
-        if (rg->chain[k] == joiner)
-            return 1;
+    if (cps__cut_holds(&r->view, joiner, range))
+        return 1;
     const cps__node_info *n = cps__view_node(&r->view, joiner);
     return !n || !n->alive;
 }

@@ -654,10 +654,24 @@ void cps__rp_run_chain(cps__replica *r, uint64_t now)
     const cps__chain_action *acts;
     size_t n = cps__chain_actions(r->chain, &acts);
     int applied = 0;
-    /* Before the FWD and write of another range's update, the MARKs held for other ranges. */
-    for (size_t i = 0; i < n && r->marks_held; i++)
-        if (acts[i].kind == CPS_CA_APPLY)
-            cps__rp_release_marks(r, acts[i].range);
+    /* Before the FWD and write of another range's update, the MARKs held for other ranges: one
+     * scan of the marks. A range's own MARK stays held only when every APPLY is of that range
+     * (its APPLY's MARK will replace it); with APPLYs of two ranges, each one's is another's. */
+    if (r->marks_held) {
+        uint32_t keep = UINT32_MAX;
+        int any = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (acts[i].kind != CPS_CA_APPLY)
+                continue;
+            if (!any)
+                keep = acts[i].range;
+            else if (acts[i].range != keep)
+                keep = UINT32_MAX;
+            any = 1;
+        }
+        if (any)
+            cps__rp_release_marks(r, keep);
+    }
     for (size_t i = 0; i < n; i++) {
         const cps__chain_action *a = &acts[i];
         if (a->kind == CPS_CA_APPLY) {

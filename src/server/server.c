@@ -226,8 +226,7 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     default:
         break;
     }
-    if (!cps__server_admit(s, &rx.hdr,
-                           rx.hdr.type == CPS_MSG_WELCOME && rx.hdr.req_seq == s->boot_id, rx_ms)) {
+    if (!cps__server_admit(s, &rx.hdr, rx_ms)) {
         cps__rx_free(&rx);
         return;
     }

@@ -28,8 +28,8 @@ void cps__server_take(cps__server *s, cps__rx *rx);
  * installed: then it becomes s->view, *v left empty) and the ready list is performed. */
 void cps__server_view_changed(cps__server *s, cps__view *v);
 /* A message the shell serves itself: 1 if our standing lets it through (the replica's
- * cps__replica_admit; its ready list performed). `our_welcome`: a WELCOME answering our HELLO. */
-int cps__server_admit(cps__server *s, const cps__msg_hdr *h, int our_welcome, uint64_t now);
+ * cps__replica_admit with our boot id, which tells our WELCOME; its ready list performed). */
+int cps__server_admit(cps__server *s, const cps__msg_hdr *h, uint64_t now);
 /* The event loop turned: the replica measures stalls (cps__replica_turned). */
 void cps__server_turned(cps__server *s, uint64_t now);
 /* Step the messages the last view released (held for its epoch, or deferred). */

@@ -618,9 +618,9 @@ void cps__server_take(cps__server *s, cps__rx *rx)
     cps__server_perform(s);
 }
 
-int cps__server_admit(cps__server *s, const cps__msg_hdr *h, int our_welcome, uint64_t now)
+int cps__server_admit(cps__server *s, const cps__msg_hdr *h, uint64_t now)
 {
-    int verdict = cps__replica_admit(s->replica, h, our_welcome, now);
+    int verdict = cps__replica_admit(s->replica, h, s->boot_id, now);
     cps__server_perform(s);
     return verdict == CPS_FENCE_SERVE;
 }

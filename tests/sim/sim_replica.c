@@ -420,10 +420,8 @@ static void run_held(sim *sm, sim_server *s)
  * (invariant 14). */
 static void late_welcome(sim *sm, sim_server *s)
 {
-    cps__msg_hdr h = {.type = CPS_MSG_WELCOME,
-                      .epoch = s->welcome_epoch,
-                      .req_seq = s->welcome_life,
-                      .aux = s->welcome_life};
+    cps__msg_hdr h = {
+        .type = CPS_MSG_WELCOME, .epoch = s->welcome_epoch, .req_seq = s->welcome_life};
     sm->stale_welcomes++;
     sim_trace(sm, "s%u (life %u) will get the WELCOME of e%" PRIu64 " of its life %u late", s->id,
               s->boot, s->welcome_epoch, s->welcome_life);
@@ -639,13 +637,14 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
     const uint8_t *pl = m->buf + CPS_WIRE_HDR_SIZE;
     sim_trace(sm, "s%u(e%" PRIu64 ") <- %u %s r%u seq %" PRIx64 " e%" PRIu64, s->id, s->epoch,
               m->from, sim_msg_name(h.type), h.range, h.req_seq, h.epoch);
-    /* Our own WELCOME names our incarnation (the sim's in aux). */
-    int ours = h.type == CPS_MSG_WELCOME && h.aux == s->boot;
+    /* The checker's own view of "our WELCOME" (it names this life, sent in our HELLO): the
+     * replica decides from the boot id it is given, and invariant 14 holds it to this. */
+    int ours = h.type == CPS_MSG_WELCOME && h.req_seq == s->boot;
     if (s->state == SRV_HELLO) {
         /* Not let in yet: the replica's fence lets only our WELCOME in. */
         int ok = h.type == CPS_MSG_WELCOME || h.type == CPS_MSG_VIEW;
         if (ok) {
-            ok = cps__replica_admit(s->rep, &h, ours, sm->now) == CPS_FENCE_SERVE;
+            ok = cps__replica_admit(s->rep, &h, s->boot, sm->now) == CPS_FENCE_SERVE;
             perform(sm, s);
         }
         if (ok && !ours) {
@@ -654,7 +653,7 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
             sim_fail(sm, "(14) only this life's WELCOME lets a server in",
                      "server %u (life %u) let in by a %s of epoch %" PRIu64
                      " meant for life %" PRIu64,
-                     s->id, s->boot, sim_msg_name(h.type), h.epoch, h.aux);
+                     s->id, s->boot, sim_msg_name(h.type), h.epoch, h.req_seq);
             return;
         }
         if (!ok) {
@@ -683,7 +682,7 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
     switch (h.type) {
     case CPS_MSG_VIEW:
     case CPS_MSG_WELCOME: {
-        int verdict = cps__replica_admit(s->rep, &h, ours, sm->now);
+        int verdict = cps__replica_admit(s->rep, &h, s->boot, sm->now);
         perform(sm, s);
         if (verdict != CPS_FENCE_SERVE) {
             sim_trace(sm, "s%u drops %s: %s", s->id, sim_msg_name(h.type),

@@ -261,9 +261,6 @@ static void perform(sim *sm, int send)
         case CPS_CO_VIEW:
             if (!is_node(sm, a->peer))
                 break;
-            /* The sim's servers read the life a WELCOME names in aux (the shell's job id). */
-            if (h.type == CPS_MSG_WELCOME)
-                h.aux = h.req_seq;
             /* A publish reaches each node after its own delay; an answer to one node at once;
              * and a node gets its views in the order they were sent (one connection): a later
              * view overtaking an earlier one hid a joiner's death from a tail, which then kept

@@ -844,6 +844,11 @@ static void test_joiner_stays_where_its_input_went(void **state)
     assert_int_equal(cps__coll_seq(c), 1);
     uint32_t two[2] = {9, 11};
     assert_int_equal(cps__coll_view(c, 2, two, 2, 1, 3), 0);
+    /* Its listen names the pin: a ring of joiners all take 1 (test_listeners_follow_pin). */
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].msg.kind, CPS_COLL_LISTEN);
+    assert_int_equal(a[0].msg.seq, 1);
+    assert_int_equal(a[0].msg.index, 1);
     ahead.epoch = 2;
     ahead.index = 0;
     cps__coll_step(c, &ahead, 4);
@@ -882,6 +887,39 @@ static void test_listeners_agree(void **state)
     cps__coll_destroy(c);
 }
 
+/* A ring of joiners only, one of them (11) pinned at 3, another (12) guessing 5: the pinned one
+ * stays in 3 whatever it hears, so every other member must take 3 too, not the highest seq named
+ * (the ring split, each waiting for the other's chunks until the timeout: sim_collective
+ * --guess-seq). */
+static void test_listeners_follow_pin(void **state)
+{
+    (void)state;
+    const cps__coll_act *a;
+    float x[2] = {1, 2};
+    uint32_t three[3] = {9, 11, 12};
+    cps__coll *c = joiner_started(x);
+    assert_int_equal(cps__coll_view(c, 2, three, 3, 1, 1), 0);
+    assert_int_equal(cps__coll_actions(c, &a), 2);
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(a[i].msg.kind, CPS_COLL_LISTEN);
+        assert_int_equal(a[i].msg.index, 0); /* not pinned: nothing reduced yet */
+    }
+    cps__coll_msg pin = {.from = 11, .kind = CPS_COLL_LISTEN, .epoch = 2, .seq = 3, .index = 1};
+    cps__coll_msg guess = {.from = 12, .kind = CPS_COLL_LISTEN, .epoch = 2, .seq = 5};
+    cps__coll_step(c, &guess, 2);
+    assert_int_equal(cps__coll_actions(c, &a), 0); /* 11 not heard yet */
+    cps__coll_step(c, &pin, 3);
+    size_t n = cps__coll_actions(c, &a);
+    assert_true(n >= 1);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(a[i].kind, CPS_COLL_SEND);
+        assert_int_equal(a[i].msg.kind, CPS_COLL_DATA);
+        assert_int_equal(a[i].msg.seq, 3);
+    }
+    assert_int_equal(cps__coll_seq(c), 3);
+    cps__coll_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -899,6 +937,7 @@ int main(void)
         cmocka_unit_test(test_given_seq_helps_skipped),
         cmocka_unit_test(test_joiner_stays_where_its_input_went),
         cmocka_unit_test(test_listeners_agree),
+        cmocka_unit_test(test_listeners_follow_pin),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -842,10 +842,15 @@ static void a_replica_not_let_in_takes_only_its_welcome(void **state)
     fake f = {.declared = 1};
     cps__replica *r = new_fenced_replica(&f);
     cps__msg_hdr h = sched_hdr(CPS_MSG_VIEW, 3);
-    assert_int_equal(cps__replica_admit(r, &h, 0, 1), CPS_FENCE_DROP);
+    h.req_seq = 7;
+    assert_int_equal(cps__replica_admit(r, &h, 7, 1), CPS_FENCE_DROP); /* only a WELCOME */
     h = sched_hdr(CPS_MSG_WELCOME, 3);
-    assert_int_equal(cps__replica_admit(r, &h, 0, 1), CPS_FENCE_DROP); /* another incarnation's */
-    assert_int_equal(cps__replica_admit(r, &h, 1, 1), CPS_FENCE_SERVE);
+    h.req_seq = 6; /* the WELCOME of the life before ours (boot id 7), late */
+    assert_int_equal(cps__replica_admit(r, &h, 7, 1), CPS_FENCE_DROP);
+    h.req_seq = 0; /* the scheduler knew no HELLO of ours */
+    assert_int_equal(cps__replica_admit(r, &h, 0, 1), CPS_FENCE_DROP);
+    h.req_seq = 7;
+    assert_int_equal(cps__replica_admit(r, &h, 7, 1), CPS_FENCE_SERVE);
     cps__replica_msg m = request(&f, CPS_MSG_FWD, 2, 3, 1, 0, 1, 2);
     cps__replica_step(r, &m, 2);
     assert_string_equal(perform(r, &f), "");
@@ -916,9 +921,9 @@ static void a_view_counting_us_dead_fences_the_replica(void **state)
     cps__replica_step(r, &m, 3);
     assert_string_equal(perform(r, &f), "");
     cps__msg_hdr h = sched_hdr(CPS_MSG_VIEW, 5);
-    assert_int_equal(cps__replica_admit(r, &h, 0, 4), CPS_FENCE_DROP);
+    assert_int_equal(cps__replica_admit(r, &h, 7, 4), CPS_FENCE_DROP);
     h = sched_hdr(CPS_MSG_SHUTDOWN, 5);
-    assert_int_equal(cps__replica_admit(r, &h, 0, 4), CPS_FENCE_SERVE);
+    assert_int_equal(cps__replica_admit(r, &h, 7, 4), CPS_FENCE_SERVE);
     finish(r, &f);
 }
 
