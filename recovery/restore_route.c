@@ -37,3 +37,15 @@ int cps__restore_answer(const cps__rr_answer *a, uint32_t head, uint64_t seq0, u
         return CPS_RR_AGAIN;
     return CPS_RR_FATAL;
 }
+
+int cps__restore_silence(uint64_t now, uint64_t heard_ms, uint64_t quiet_since, uint32_t inflight,
+                         uint64_t silent_ms, uint64_t timeout_ms)
+{
+    if (!inflight)
+        return CPS_RR_WAIT;
+    if (now >= quiet_since + timeout_ms)
+        return CPS_RR_TIMEOUT;
+    if (silent_ms < timeout_ms && now >= heard_ms + silent_ms)
+        return CPS_RR_RESEND;
+    return CPS_RR_WAIT;
+}

@@ -72,4 +72,28 @@ typedef struct cps__rr_answer {
 int cps__restore_answer(const cps__rr_answer *a, uint32_t head, uint64_t seq0, uint64_t oldest,
                         uint32_t inflight);
 
+/* What a restore does about a range whose head has PUTs in flight (cps__restore_silence). */
+#define CPS_RR_WAIT    0 /* nothing yet */
+#define CPS_RR_RESEND  1 /* silent too long in this pass: stream the range again */
+#define CPS_RR_TIMEOUT 2 /* silent since quiet_since for the restore's whole timeout: fail */
+
+/**
+ * @brief Judge a range head's silence. Order proves a drop only when a later PUT is answered
+ *        (cps__restore_answer); a head that dropped a range's last PUTs (unsure of its view, for
+ *        less than the failure timeout, so the view does not move) answers nothing more. A slow
+ *        head answers something within silent_ms (each answer restarts it), so a silent one has
+ *        its range streamed again (records set values: that costs load, never bytes). The hard
+ *        limit counts from quiet_since, which a new pass does not restart: a head silent through
+ *        every pass fails the restore after timeout_ms, naming the range.
+ * @param now         the caller's clock, ms
+ * @param heard_ms    this pass: the head's last answer, or the send that found none in flight
+ * @param quiet_since the head's last answer to any pass (or this head's first PUT)
+ * @param inflight    the range's PUTs in flight; 0: CPS_RR_WAIT
+ * @param silent_ms   silence that sends the range again (>= timeout_ms: never)
+ * @param timeout_ms  the restore's timeout
+ * @return CPS_RR_WAIT, CPS_RR_RESEND or CPS_RR_TIMEOUT. Never fails.
+ */
+int cps__restore_silence(uint64_t now, uint64_t heard_ms, uint64_t quiet_since, uint32_t inflight,
+                         uint64_t silent_ms, uint64_t timeout_ms);
+
 #endif

@@ -1817,8 +1817,10 @@ typedef struct put_buf {
     uint32_t inflight;
     uint64_t fly[PUT_WINDOW]; /* req_seqs of the PUTs in flight, oldest at fly[fly0] */
     uint32_t fly0;
-    uint64_t acked_seq; /* highest sequence number a head reported */
-    uint64_t heard_ms;  /* its head's last answer (or the send that found none in flight) */
+    uint64_t acked_seq;   /* highest sequence number a head reported */
+    uint64_t heard_ms;    /* its head's last answer (or the send that found none in flight) */
+    uint64_t quiet_since; /* its head's last answer in any pass, or that head's first PUT */
+    uint32_t quiet_head;  /* the head quiet_since is of (CPS_RR_NONE: none yet) */
 } put_buf;
 
 typedef struct restore_ctx {
@@ -1928,36 +1930,38 @@ static int restore_look(restore_ctx *x, int force)
     return rc;
 }
 
-/* A head that answers a later PUT while an earlier one is unanswered dropped the earlier one
- * (cps__restore_answer): that range goes again at once. A head that answers nothing cannot be
- * told from a slow one by order: one that dropped the range's last PUTs (unsure of its view)
- * would be waited on to the restore's timeout, past the held workers' patience. A slow head
- * answers something within PUT_SILENT_MS (each answer restarts it); a silent one has its range
- * streamed again (records set values: sending again costs load, never bytes), at most once per
- * pass. The hard limit stays the restore's own timeout, per range (answers of other ranges do
- * not extend it): CPS_ETIMEDOUT, naming the range. */
-static int put_overdue(restore_ctx *x)
+/* Heads silent too long (recovery/restore_route.h, cps__restore_silence): their ranges go
+ * again (*again counts them: the caller stops waiting for their answers), or, silent for the
+ * whole timeout across passes, the restore fails naming the range. Answers of other ranges
+ * extend nothing: it runs after every answer and every LOOK_MS without one. */
+static int put_overdue(restore_ctx *x, uint32_t *again)
 {
     uint64_t now = cps__now_ms();
+    *again = 0;
     for (uint32_t r = 0; r < x->l->view.nranges; r++) {
         const put_buf *b = &x->pb[r];
-        if (!b->inflight || x->skip[r] || x->again[r])
+        if (x->skip[r] || x->again[r])
             continue;
-        if (now >= b->heard_ms + PUT_SILENT_MS && PUT_SILENT_MS < (uint64_t)x->l->timeout_ms) {
+        switch (cps__restore_silence(now, b->heard_ms, b->quiet_since, b->inflight, PUT_SILENT_MS,
+                                     (uint64_t)x->l->timeout_ms)) {
+        case CPS_RR_RESEND:
             cps__log(CPS_LOG_WARN, SUB,
                      "range %u: node %u answered none of %u PUT(s) for %.0f s (dropped while "
                      "unsure of its view, or slow): again",
                      r, x->head[r], b->inflight, PUT_SILENT_MS / 1000.0);
             stream_again(x, r);
             x->next_look = 0;
-            continue;
+            (*again)++;
+            break;
+        case CPS_RR_TIMEOUT:
+            cps__log(CPS_LOG_ERROR, SUB,
+                     "range %u: node %u left %u PUT(s) unanswered for %.0f s (the restore's "
+                     "timeout)",
+                     r, x->head[r], b->inflight, x->l->timeout_ms / 1000.0);
+            return CPS_ETIMEDOUT;
+        default:
+            break;
         }
-        if (now < b->heard_ms + (uint64_t)x->l->timeout_ms)
-            continue;
-        cps__log(CPS_LOG_ERROR, SUB,
-                 "range %u: node %u left %u PUT(s) unanswered for %.0f s (the restore's timeout)",
-                 r, x->head[r], b->inflight, x->l->timeout_ms / 1000.0);
-        return CPS_ETIMEDOUT;
     }
     return 0;
 }
@@ -1984,8 +1988,9 @@ static int put_wait_one(restore_ctx *x)
         }
         if ((rc = restore_look(x, 0)) != 0 || x->l->view.epoch != epoch)
             return rc;
-        if ((rc = put_overdue(x)) != 0)
-            return rc;
+        uint32_t again;
+        if ((rc = put_overdue(x, &again)) != 0 || again)
+            return rc; /* the caller looks again at what it waits for */
     }
     if (rc != 0)
         return rc;
@@ -1999,7 +2004,7 @@ static int put_wait_one(restore_ctx *x)
         case CPS_RR_TAKEN:
             b->inflight--;
             b->fly0 = (b->fly0 + 1) % PUT_WINDOW;
-            b->heard_ms = cps__now_ms();
+            b->heard_ms = b->quiet_since = cps__now_ms();
             if (rx.hdr.req_seq > b->acked_seq)
                 b->acked_seq = rx.hdr.req_seq;
             break;
@@ -2031,6 +2036,10 @@ static int put_wait_one(restore_ctx *x)
         }
     }
     cps__rx_free(&rx);
+    if (rc == 0) {
+        uint32_t again;
+        rc = put_overdue(x, &again);
+    }
     return rc;
 }
 
@@ -2072,8 +2081,13 @@ static int put_flush(restore_ctx *x, uint32_t r)
         if (!cps__tp_peer_gone(x->l->tp, x->head[r]))
             return rc;
     }
+    uint64_t now = cps__now_ms();
     if (b->inflight == 0)
-        b->heard_ms = cps__now_ms();
+        b->heard_ms = now;
+    if (b->quiet_head != x->head[r]) { /* a new head: its silence counts from its first PUT */
+        b->quiet_head = x->head[r];
+        b->quiet_since = now;
+    }
     b->fly[(b->fly0 + b->inflight++) % PUT_WINDOW] = h.req_seq;
     b->used = x->base; /* the hello stays in front */
     return 0;
@@ -2432,6 +2446,7 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
         x.next_look = cps__now_ms() + REFRESH_MS;
         for (uint32_t r = 0; rc == 0 && r < nr; r++) {
             x.pb[r].cap = PUT_BYTES + x.base;
+            x.pb[r].quiet_head = CPS_RR_NONE;
             x.pb[r].buf = cps__tp_alloc(CPS_WIRE_HDR_SIZE + x.pb[r].cap);
             if (!x.pb[r].buf) {
                 rc = CPS_ENOMEM;

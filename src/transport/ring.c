@@ -337,20 +337,6 @@ size_t cps__ring_retired_held(const cps__ring *r)
     return r ? r->nzombies : 0;
 }
 
-int cps__ring_maps(const cps__ring *r, const void *p)
-{
-    if (!r || !p)
-        return 0;
-    uintptr_t a = (uintptr_t)p;
-    if (r->map && a >= (uintptr_t)r->map && a < (uintptr_t)r->map + r->map_len)
-        return 1;
-    for (size_t i = 0; i < r->nzombies; i++)
-        if (a >= (uintptr_t)r->zombies[i].map &&
-            a < (uintptr_t)r->zombies[i].map + r->zombies[i].map_len)
-            return 1;
-    return 0;
-}
-
 size_t cps__ring_live(const cps__ring *r)
 {
     size_t n = 0;

@@ -149,9 +149,6 @@ int cps__ring_oldest_peer(cps__ring *r, uint32_t *peer, uint64_t *tag);
 size_t cps__ring_live(const cps__ring *r);
 /* Retired files still mapped because slots reserved in them are not yet sent or abandoned. */
 size_t cps__ring_retired_held(const cps__ring *r);
-/* 1 if `p` lies in r's current file or in a retired one still mapped for its reservations: a
- * slot pointer of ours, never a nanomsg buffer (so never to be nn_freemsg'd), else 0. */
-int cps__ring_maps(const cps__ring *r, const void *p);
 /* This ring's generation and id. */
 uint64_t cps__ring_gen(const cps__ring *r);
 

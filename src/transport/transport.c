@@ -844,8 +844,8 @@ int cps__tp_unreserve(cps__tp *tp, void *buf)
         /* Sent already, given back twice, or never ours: freeing it could hand a slot of our
          * ring (shared memory, no nanomsg chunk) to nn_freemsg, which aborts, or free a buffer
          * that nanomsg owns now. */
-        cps__log(CPS_LOG_ERROR, SUB, "%s: unreserve of %s buffer %p that is not reserved: ignored",
-                 tp->inbox_url, cps__ring_maps(tp->ring, buf) ? "a ring" : "a", buf);
+        cps__log(CPS_LOG_ERROR, SUB, "%s: unreserve of a buffer %p that is not reserved: ignored",
+                 tp->inbox_url, buf);
         return CPS_EINVAL;
     }
     if (e->slot)

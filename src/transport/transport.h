@@ -116,10 +116,12 @@ void *cps__tp_reserve(cps__tp *tp, uint32_t id, size_t len);
  *
  * The MAC runs over the message in order, so: write every byte before `off` (the header, say)
  * before the first fill, fill at increasing offsets, and change no byte before the end of the
- * last fill afterwards (the bytes between and after fills may be written any time before the
- * send). A fill that breaks the order still copies, and the message is then sealed whole at
- * send, as is one sent shorter than reserved, to another kind of peer than reserved for, or
- * while another buffer's fills have started since (one MAC runs at a time): the MAC done so far
+ * last fill afterwards (bytes between two fills must be written before the later fill, which
+ * MACs them; bytes after the last fill any time before the send). A message sent shorter than
+ * reserved has its MAC finished at that length. A fill that breaks the order still copies, and
+ * the message is then sealed whole at send, as is one sent to another kind of peer than
+ * reserved for, or while another buffer's fills have started since (one MAC runs at a time): the
+ * MAC done so far
  * is wasted, never wrong. A change before that end after a fill is not caught: the receiver
  * drops the message as a forgery. Errors: CPS_EINVAL (buf not reserved, or off + n beyond its
  * reserved length: nothing copied). */

@@ -64,7 +64,6 @@ static void zip_note(cps__part *p, int shrank)
     p->zip_skip = 1u << p->zip_fails;
 }
 
-/* Encode the request of a CPS_SS_SEND action and send it to a->to under a->epoch. */
 /* Put n bytes of values at buf[off] (a reserved message): MACed on the way, or (zip: the payload
  * may go compressed instead) plainly. */
 static int values_put(cps_client *c, int zip, void *buf, size_t off, const void *src, size_t n)
@@ -75,6 +74,7 @@ static int values_put(cps_client *c, int zip, void *buf, size_t off, const void 
     return 0;
 }
 
+/* Encode the request of a CPS_SS_SEND action and send it to a->to under a->epoch. */
 static int req_send(cps_client *c, const cps__sess_action *a)
 {
     cps__op *op = op_of(a->op);

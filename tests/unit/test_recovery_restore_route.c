@@ -138,6 +138,25 @@ static void test_stale_or_foreign_answers_are_ignored(void **state)
     assert_int_equal(cps__restore_answer(NULL, 4, 100, 105, 2), CPS_RR_IGNORE);
 }
 
+/* A silent head: nothing before 15 s of this pass, then again; a new pass restarts the 15 s but
+ * not the hard limit, which fails after the whole timeout of silence; nothing in flight: wait. */
+static void test_a_silent_head_goes_again_then_times_out(void **state)
+{
+    (void)state;
+    const uint64_t s = 15000, t = 120000;
+    assert_int_equal(cps__restore_silence(1000 + s - 1, 1000, 1000, 3, s, t), CPS_RR_WAIT);
+    assert_int_equal(cps__restore_silence(1000 + s, 1000, 1000, 3, s, t), CPS_RR_RESEND);
+    assert_int_equal(cps__restore_silence(1000 + s, 1000, 1000, 0, s, t), CPS_RR_WAIT);
+    /* pass 2 sent at 20 s: its 15 s run from there, the limit from 1 s */
+    assert_int_equal(cps__restore_silence(30000, 20000, 1000, 3, s, t), CPS_RR_WAIT);
+    assert_int_equal(cps__restore_silence(35000, 20000, 1000, 3, s, t), CPS_RR_RESEND);
+    assert_int_equal(cps__restore_silence(1000 + t, 110000, 1000, 3, s, t), CPS_RR_TIMEOUT);
+    /* an answer restarts both */
+    assert_int_equal(cps__restore_silence(1000 + t, 110000, 110000, 3, s, t), CPS_RR_WAIT);
+    /* a silence rule not shorter than the timeout never sends again */
+    assert_int_equal(cps__restore_silence(1000 + s, 1000, 1000, 3, t, t), CPS_RR_WAIT);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -149,6 +168,7 @@ int main(void)
         cmocka_unit_test(test_an_error_after_a_drop_is_its_consequence),
         cmocka_unit_test(test_not_head_or_busy_streams_again),
         cmocka_unit_test(test_stale_or_foreign_answers_are_ignored),
+        cmocka_unit_test(test_a_silent_head_goes_again_then_times_out),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
