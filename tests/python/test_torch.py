@@ -171,6 +171,8 @@ def allreduce_k1():
     return f, allreduce_bytes(out)
 
 
+# The second run (determinism) only with the warm-up, whose first synchronisation (the average
+# of the workers' parameters) is the likelier place for bits to differ: the suite's time.
 @pytest.mark.parametrize("warmup", ["0", "20"])
 def test_allreduce_sync_every_is_bitwise_deterministic_and_bytes_fall_by_k(allreduce_k1, warmup):
     ref, ref_bytes = allreduce_k1
@@ -178,10 +180,11 @@ def test_allreduce_sync_every_is_bitwise_deterministic_and_bytes_fall_by_k(allre
     f, out = run_ok(AR, args)
     assert f[0][2] == f[1][2], "workers ended with different parameters"
     assert f[0][2] != ref[0][2], "sync_every changed nothing"
-    again, out2 = run_ok(AR, args)
-    assert again[0][2] == again[1][2] == f[0][2], "a second run with the same k differs"
     sent = allreduce_bytes(out)
-    assert allreduce_bytes(out2) == sent
+    if warmup != "0":
+        again, out2 = run_ok(AR, args)
+        assert again[0][2] == again[1][2] == f[0][2], "a second run with the same k differs"
+        assert allreduce_bytes(out2) == sent
     # k = 1 all-reduces the gradients at each of the 160 steps, k = 4 at every 4th step
     # after the warm-up (plus, for a warm-up, one average of the parameters and momentum):
     # both add rank 0's initial parameters. So ~4x fewer bytes without a warm-up, ~4.2x with 20.
