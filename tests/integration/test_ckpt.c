@@ -448,11 +448,13 @@ static void export_rides_through_a_failover(void **state)
      * the job's last step (80). At 30 ms a step, step 70 came with the kill and the job could
      * end before the new tails were asked: the export then waited for servers that were gone. */
     const char *ex[] = {CHAINPS_BIN, "checkpoint", "export", "--scheduler", sched, "--out",
-                        out,         "--step",     "70",     "--timeout",   "40",  NULL};
+                        out,         "--step",     "70",     "--timeout",   "90",  NULL};
     pid_t ex_pid;
     /* Waited for longer than its own --timeout: the export must end by itself, with a result or
-     * a named error, and the test must not race that (it killed a slow export at 30 s). */
-    int rc = run_cli_within("export-failover", ex, 40000 + WAIT_MS, &ex_pid);
+     * a named error, and the test must not race that (it killed a slow export at 30 s). Under
+     * ASan on a loaded machine a step takes 400-500 ms, so step 70 comes 30-40 s in: a 40 s
+     * --timeout failed the suite once; 90 s costs nothing when the export succeeds. */
+    int rc = run_cli_within("export-failover", ex, 90000 + WAIT_MS, &ex_pid);
     if (rc == 0) {
         assert_int_equal(h_log_count(ex_pid, "at step 70 in"), 1);
     } else {
