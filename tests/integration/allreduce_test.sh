@@ -205,6 +205,18 @@ PY
         { tail -10 "$out.bad.log"; fail "the refusal does not name the damaged tensor w"; }
     echo "ok: checkpoints of an all-reduce-only job: periodic at $(ls "$out/ck" | tr '\n' ' ')in 4 KiB chunks; w at step $s restored bitwise on both workers ($want); a damaged w is refused naming it"
 fi
+# A launched checkpointing job (log $1) under way: sets addr (its scheduler) and now (worker 0's
+# last committed step), once worker 1 committed step 5.
+job_started() {
+    addr=
+    for _ in $(seq 200); do
+        addr=$(sed -n 's/^launch: scheduler on \([0-9.:]*\),.*/\1/p' "$1")
+        [ -n "$addr" ] && grep -q '^\[worker 1\] commit 5 ' "$1" && break
+        sleep 0.1
+    done
+    [ -n "$addr" ] || { tail -20 "$1"; fail "the job did not start"; }
+    now=$(sed -n 's/^\[worker 0\] commit \([0-9]*\) .*/\1/p' "$1" | tail -1)
+}
 # 5. Two exports at once: both are answered, each with w of its own step (the worker queues
 #    their requests). The steps are ahead of the job, so both wait at the worker together.
 if [ "${EQUAL_WORKERS-x}" != "" ]; then
@@ -215,14 +227,7 @@ if [ "${EQUAL_WORKERS-x}" != "" ]; then
         --workers 2 --timeout 100 -- "$APP" --train --ckpt --len 5000 --iters 1000000 --step-ms 5 \
         >"$out.log" 2>&1 &
     lp=$!
-    addr=
-    for _ in $(seq 200); do
-        addr=$(sed -n 's/^launch: scheduler on \([0-9.:]*\),.*/\1/p' "$out.log")
-        [ -n "$addr" ] && grep -q '^\[worker 1\] commit 5 ' "$out.log" && break
-        sleep 0.1
-    done
-    [ -n "$addr" ] || { tail -20 "$out.log"; fail "the job did not start"; }
-    now=$(sed -n 's/^\[worker 0\] commit \([0-9]*\) .*/\1/p' "$out.log" | tail -1)
+    job_started "$out.log"
     s1=$((now + 150)) s2=$((now + 200))
     pids=
     for s in $s1 $s2; do
@@ -268,14 +273,7 @@ if [ "${EQUAL_WORKERS-x}" != "" ]; then
         --workers 2 --timeout 180 -- "$APP" --train --ckpt --len 500 --iters 1000000 --step-ms 10 \
         >"$out.log" 2>&1 &
     lp=$!
-    addr=
-    for _ in $(seq 200); do
-        addr=$(sed -n 's/^launch: scheduler on \([0-9.:]*\),.*/\1/p' "$out.log")
-        [ -n "$addr" ] && grep -q '^\[worker 1\] commit 5 ' "$out.log" && break
-        sleep 0.1
-    done
-    [ -n "$addr" ] || { tail -20 "$out.log"; fail "the job did not start"; }
-    now=$(sed -n 's/^\[worker 0\] commit \([0-9]*\) .*/\1/p' "$out.log" | tail -1)
+    job_started "$out.log"
     pids= steps=
     for i in 0 1 2 3 4 5 6 7 8; do
         s=$((now + 700 + 10 * i))
