@@ -550,6 +550,7 @@ void cps__replica_destroy(cps__replica *r)
     free(r->marks);
     cps__joiner_destroy(r->joiner);
     cps__rp_rmsg_free(r, r->join_snap);
+    free(r->snaps);
     free_list(r, &r->early);
     free_list(r, &r->future);
     free_list(r, &r->queue);

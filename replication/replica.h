@@ -35,8 +35,8 @@
  *  - SNAPSHOT: we are the tail of `range` and node `to` copies it (join id `seq`; `req` is its
  *    SNAP_REQ): stream the range from one read transaction of the store to it, as SNAP chunks
  *    (the header's step: the join id; aux 1 on the last, whose req_seq is the range's sequence
- *    number). Every update we apply from now on also goes to it. A repeated order of a snapshot
- *    under way needs no second one.
+ *    number). Every update we apply from now on also goes to it. Report its end with
+ *    cps__replica_snapshot_closed: until then a repeated SNAP_REQ of the same join orders none.
  *  - JOIN_CLEAR: we begin to copy `range` (join `seq`, from node `to`): clear our copy of it
  *    from the store. Always the last item; answer with cps__replica_join_result (value 0).
  *  - JOIN_INSTALL: write the SNAP chunk `req` (payload upd.body, upd.body_len bytes) of `range`
@@ -276,6 +276,12 @@ uint64_t cps__replica_waiting_since(const cps__replica *r, uint32_t node);
  * lingered CPS_REPLICA_SNAP_LINGER_MS; 0 while it should stay open. Never fails. */
 int cps__replica_snapshot_may_close(const cps__replica *r, uint32_t range, uint32_t joiner,
                                     int status, uint64_t ended_ms, uint64_t now);
+/* The SNAPSHOT of `range` to `joiner` for join `join_id` (the item's range, to and seq) is over:
+ * its socket closed, or it could not start. The joiner's next request of that join (it asks
+ * again while no snapshot comes) orders a new one. `r` may be NULL; an unknown snapshot is
+ * ignored. Never fails. */
+void cps__replica_snapshot_closed(cps__replica *r, uint32_t range, uint32_t joiner,
+                                  uint64_t join_id);
 /* The chain state machine, read-only, for a checker of the protocol (tests/sim); NULL before
  * the first view. The shell asks the questions above instead. */
 const cps__chain *cps__replica_chain(const cps__replica *r);

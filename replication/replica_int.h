@@ -50,6 +50,10 @@ struct cps__replica {
     cps__joiner *joiner;
     rmsg *join_snap;
     int join_wait;
+    /* At the tail: the snapshots ordered (SNAPSHOT items) whose end the shell has not reported
+     * yet (cps__replica_snapshot_closed). */
+    struct snap_order *snaps;
+    uint32_t nsnaps, snaps_cap;
     /* CHAIN_MARK(APPLIED)s held until the end of the loop turn (cps__rp_flush_marks) or other
      * work (cps__rp_release_marks), one per range: the latest covers the earlier ones. */
     struct held_mark *marks;

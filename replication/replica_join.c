@@ -145,6 +145,43 @@ int cps__rp_joiner_view(cps__replica *r, uint64_t now)
     return 0;
 }
 
+struct snap_order {
+    uint32_t range, joiner;
+    uint64_t join_id;
+};
+
+/* The index of the snapshot of join `join_id` of `range` to `joiner` under way, or -1. */
+static int64_t snap_find(const cps__replica *r, uint32_t range, uint32_t joiner, uint64_t join_id)
+{
+    for (uint32_t i = 0; i < r->nsnaps; i++)
+        if (r->snaps[i].range == range && r->snaps[i].joiner == joiner &&
+            r->snaps[i].join_id == join_id)
+            return i;
+    return -1;
+}
+
+static int snap_remember(cps__replica *r, uint32_t range, uint32_t joiner, uint64_t join_id)
+{
+    if (r->nsnaps == r->snaps_cap) {
+        uint32_t cap = r->snaps_cap ? 2 * r->snaps_cap : 4;
+        struct snap_order *grown = realloc(r->snaps, cap * sizeof *grown);
+        if (!grown)
+            return CPS_ENOMEM;
+        r->snaps = grown;
+        r->snaps_cap = cap;
+    }
+    r->snaps[r->nsnaps++] = (struct snap_order){range, joiner, join_id};
+    return 0;
+}
+
+void cps__replica_snapshot_closed(cps__replica *r, uint32_t range, uint32_t joiner,
+                                  uint64_t join_id)
+{
+    int64_t i = r ? snap_find(r, range, joiner, join_id) : -1;
+    if (i >= 0)
+        r->snaps[i] = r->snaps[--r->nsnaps];
+}
+
 /* SNAP_REQ at the tail: make the joiner a shadow successor, then order the snapshot. */
 static void on_snap_req(cps__replica *r, const cps__msg_hdr *h, uint64_t now)
 {
@@ -179,8 +216,18 @@ static void on_snap_req(cps__replica *r, const cps__msg_hdr *h, uint64_t now)
                     range, joiner->id, (unsigned long long)h->step);
         return;
     }
+    /* A repeat of a join whose snapshot is under way (the joiner asked again before the chunks
+     * came, or the network doubled the request): one read transaction streams it already. A
+     * second stream carries the same join id, so the joiner could not tell their chunks apart:
+     * records of two read transactions would be installed under one's sequence number. */
+    if (rc == 0 && snap_find(r, range, joiner->id, h->step) >= 0)
+        return;
+    if (rc == 0)
+        rc = snap_remember(r, range, joiner->id, h->step);
     cps__replica_out *o = rc == 0 ? cps__rp_emit(r, CPS_RO_SNAPSHOT, range) : NULL;
     if (!o) {
+        if (rc == 0)
+            r->nsnaps--; /* never ordered */
         cps__rp_say(r, CPS_LOG_ERROR, "range %u: cannot start a snapshot for node %u: %s", range,
                     joiner->id, cps_strerror(rc ? rc : CPS_ENOMEM));
         return;

@@ -533,8 +533,17 @@ class DistributedOptimizer:
         return z
 
     # ---- the optimizer's interface --------------------------------------------------------
+    def _check_open(self, call):
+        # After close() the client no longer holds this optimizer's buffers; a step would lend
+        # them again (allreduce_share, the checkpoint listing) and a zero_grad would hand the
+        # parameters its gradient views back, behind the next optimizer's back.
+        if not self._closer.alive:
+            raise RuntimeError(f"DistributedOptimizer.{call}() after close(): its hooks and "
+                               f"buffers were withdrawn; create a new DistributedOptimizer")
+
     def zero_grad(self, set_to_none=True):
-        """Clear the gradients (as torch.optim's zero_grad)."""
+        """Clear the gradients (as torch.optim's zero_grad). RuntimeError after close()."""
+        self._check_open("zero_grad")
         if self._local:
             # The all-reduced parameters keep their gradient views (cps_freq reads them).
             self._grads.zero_()
@@ -552,7 +561,9 @@ class DistributedOptimizer:
     def step(self, closure=None):
         """Finish this step: push what the hooks did not (a parameter with no gradient pushes
         zeros, so a sync step still completes), wait for every push-pull, and leave the new
-        parameters in the model. Returns the closure's loss when one is given."""
+        parameters in the model. Returns the closure's loss when one is given. RuntimeError
+        after close()."""
+        self._check_open("step")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -595,7 +606,8 @@ class DistributedOptimizer:
         """Take this optimizer's gradient hooks off the parameters, so that another
         DistributedOptimizer may train them (done as well when it is garbage-collected). The
         parameters keep their values (the all-reduced ones as views of this optimizer's
-        buffer); step() is not to be called afterwards. Calling it again does nothing."""
+        buffer); step() and zero_grad() raise RuntimeError afterwards. Calling it again does
+        nothing."""
         self._closer()
 
 

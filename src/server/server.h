@@ -48,7 +48,7 @@ void cps__server_data_fini(cps__server *s);
 /* The joins' timer (the replica decides): re-asks, deadlines, confirmations. */
 void cps__server_check_joins(cps__server *s, uint64_t now);
 /* State transfer (transfer.c): perform the replica's SNAPSHOT item (a thread streams the range
- * to the joiner; a repeat of one under way is ignored), and its JOIN_INSTALL item (*seq: the
+ * to the joiner; its end goes back to the replica), and its JOIN_INSTALL item (*seq: the
  * range's sequence number after the last chunk). Errors of the latter: the store's. */
 void cps__server_start_snapshot(cps__server *s, const cps__replica_out *o);
 int cps__server_join_install(cps__server *s, const cps__replica_out *o, uint64_t *seq);

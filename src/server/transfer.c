@@ -177,13 +177,12 @@ static void *snap_main(void *arg)
 void cps__server_start_snapshot(cps__server *s, const cps__replica_out *o)
 {
     uint32_t r = o->range;
-    for (snap_job *q = s->snaps; q; q = q->next)
-        if (q->range == r && q->joiner == o->to && q->join_id == o->seq)
-            return; /* a repeated request for a snapshot already under way */
     const cps__node_info *joiner = cps__view_node(&s->view, o->to);
     snap_job *j = joiner && r < s->view.nranges ? calloc(1, sizeof *j) : NULL;
-    if (!j)
+    if (!j) {
+        cps__replica_snapshot_closed(s->replica, r, o->to, o->seq);
         return;
+    }
     j->store = s->store;
     j->self = s->id;
     j->joiner = o->to;
@@ -203,6 +202,7 @@ void cps__server_start_snapshot(cps__server *s, const cps__replica_out *o)
     } else {
         cps__log(CPS_LOG_ERROR, "server", "range %u: cannot start a snapshot for node %u: %s", r,
                  j->joiner, cps_strerror(CPS_ENOMEM));
+        cps__replica_snapshot_closed(s->replica, r, o->to, o->seq);
         free(j);
     }
 }
@@ -218,6 +218,7 @@ void cps__server_reap_snapshots(cps__server *s, int wait)
                                                              j->done_ms, now))) {
             pthread_join(j->thread, NULL);
             cps__tp_destroy(j->tp);
+            cps__replica_snapshot_closed(s->replica, j->range, j->joiner, j->join_id);
             *pp = j->next;
             free(j);
         } else {

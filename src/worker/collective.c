@@ -310,8 +310,7 @@ void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
             memcpy(a->fetch_buf, rx->payload, len * sizeof(float));
             /* The ring's next collective, and the result of the one before it (if sent): an
              * older sharer sends neither, and the sequence is then guessed (joining). */
-            if (h->aux && !cps__coll_running(a->coll) && !a->head &&
-                cps__coll_set_next_seq(a->coll, h->aux) == 0) {
+            if (cps__coll_set_next_seq(a->coll, h->aux, a->head != NULL) == 0) {
                 perform(c);
                 if (count > len &&
                     cps__coll_adopt_result(a->coll, h->aux - 1, (const float *)rx->payload + len,

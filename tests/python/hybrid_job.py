@@ -64,8 +64,8 @@ def grads_to_none(client, rank, lr):
 
 
 def hooks_do_not_pile_up(client, rank, lr):
-    """Two optimizers over one model in turn, the first closed, then the first dropped without
-    close() and collected: a backward after a zero_grad(set_to_none=True) lands in the live
+    """Two optimizers over one model in turn, the first closed (its step() and zero_grad() then
+    raise), then the first dropped without close() and collected: a backward after a zero_grad(set_to_none=True) lands in the live
     optimizer's flat buffer only (the old one's hook is gone: its buffer keeps a sentinel), and
     the old optimizer and its buffer are freed (no hook keeps them alive)."""
     model = torch.nn.Linear(4, 3)
@@ -84,6 +84,13 @@ def hooks_do_not_pile_up(client, rank, lr):
         if how == "close":
             old.close()
             old.close()  # a second close does nothing
+            for call in ("step", "zero_grad"):  # names: a bound method would keep `old` alive
+                try:
+                    getattr(old, call)()
+                except RuntimeError as e:
+                    assert "after close()" in str(e), e
+                else:
+                    raise AssertionError(f"{call}() after close() was accepted")
         new = make(f"{how}2/")
         if how == "collect":
             del old

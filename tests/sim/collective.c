@@ -474,7 +474,7 @@ static void deliver_view(model *m, uint32_t wi, uint64_t epoch)
                 has_result = has_result && !m->no_adopt;
             }
         if (found && !m->guess) {
-            if (cps__coll_set_next_seq(w->c, at + 1) != 0) {
+            if (cps__coll_set_next_seq(w->c, at + 1, w->running) != 0) {
                 sim_fail(&m->v, "replacement %u: cps__coll_set_next_seq failed", w->id);
                 return;
             }

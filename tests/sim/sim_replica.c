@@ -542,6 +542,9 @@ void sim_snapshot_run(sim *sm, sim_msg *m)
     sim_trace(sm, "s%u snapshot of r%u at seq %" PRIu64 " -> s%u", s->id, h.range, h.req_seq,
               m->to);
     sim_send_hdr(sm, s->id, m->to, &h, index, sizeof index, 0);
+    /* One message, gone at once: the snapshot is over, and the joiner's next request of this
+     * join orders another (the replica ignores those that came meanwhile). */
+    cps__replica_snapshot_closed(s->rep, h.range, m->to, h.step);
     free(m);
 }
 

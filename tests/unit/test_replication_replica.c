@@ -790,6 +790,20 @@ static void a_join_is_decided_by_the_replica_and_performed_by_the_shell(void **s
     assert_int_equal(p->to, 2);
     assert_int_equal(p->seq, 9);
     assert_string_equal(perform(r, &f), "P");
+    /* Asked again (or doubled by the network) while it is under way: no second snapshot, also
+     * after another join's ended; once the shell reports this one over, the next request orders
+     * another. */
+    for (uint64_t closed = 0; closed <= 9; closed += 8) {
+        m = transfer_msg(&f, CPS_MSG_SNAP_REQ, 2, 3, 0, 9, 0, 0);
+        cps__replica_step(r, &m, 41);
+        assert_string_equal(perform(r, &f), "");
+        cps__replica_snapshot_closed(r, 0, 2, closed);
+    }
+    cps__replica_snapshot_closed(r, 0, 2, 9);
+    m = transfer_msg(&f, CPS_MSG_SNAP_REQ, 2, 3, 0, 9, 0, 0);
+    cps__replica_step(r, &m, 42);
+    assert_int_equal(item(r, CPS_RO_SNAPSHOT, 0)->seq, 9);
+    assert_string_equal(perform(r, &f), "P");
     m = transfer_msg(&f, CPS_MSG_SNAP_REQ, 2, 4, 0, 10, 0, 0);
     cps__replica_step(r, &m, 40);
     assert_string_equal(perform(r, &f), "A");
