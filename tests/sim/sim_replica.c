@@ -441,6 +441,8 @@ void sim_server_reset(sim *sm, sim_server *s)
     s->hello_at = 0;
     s->beat_at = 0;
     s->seen_view = 0;
+    s->stop_signals = 0; /* a new process: no signal, no drain asked */
+    s->drain = 0;
     if (sm->p.fence_faults && s->welcome_epoch && sim_chance(sm, 500))
         late_welcome(sm, s);
     if (!s->ticking) {
@@ -474,6 +476,7 @@ void sim_server_free(sim *sm, sim_server *s)
     s->chain = NULL;
     free(s->parked);
     free(s->copying);
+    free(s->drain_held);
 }
 
 /* A view: the replica decides (replica_fence.c: confirmed, newer, fenced) and installs it. */
@@ -728,6 +731,8 @@ void sim_server_tick(sim *sm, sim_server *s)
         cps__replica_join_tick(s->rep, sm->now);
         perform(sm, s);
     }
+    if (!sm->failed && s->stop_signals)
+        sim_drain_turn(sm, s);
 }
 
 /* Held acks are due (EV_ACKS); a paused server sends them at its next tick after resuming, a
