@@ -265,6 +265,18 @@ static int send_ahead(sim *sm, sim_server *s, const cps__replica_out *o)
 /* SNAPSHOT at the tail: the snapshot thread reads the store a moment later (sim_snapshot_run). */
 static void start_snapshot(sim *sm, sim_server *s, const cps__replica_out *o)
 {
+    if (o->req.epoch > s->epoch) {
+        /* Invariant 18: a tail serves a join's SNAP_REQ only under a view as new as the join's.
+         * Under an older one, a view it installs next may count the joiner dead (it died and
+         * came back since) and drop the shadow with what it held for it, while this snapshot
+         * still goes out: the joiner lacks those updates for good. The chain's later defences
+         * (MARK gating, the probation) hide that damage, so the promise is checked here. */
+        sim_fail(sm, "(18) a tail serves no SNAP_REQ of a newer view",
+                 "server %u (epoch %" PRIu64 ") starts a snapshot of range %u for server %u's "
+                 "join %" PRIu64 " of epoch %" PRIu64,
+                 s->id, s->epoch, o->range, o->to, o->seq, o->req.epoch);
+        return;
+    }
     sim_msg *m = sim_xmalloc(sizeof *m + CPS_WIRE_HDR_SIZE);
     m->from = s->id;
     m->to = o->to;
