@@ -264,7 +264,8 @@ typedef struct sim_server {
     uint64_t welcome_epoch;
     uint32_t welcome_life;
     /* --drains: stop signals received, the drain conversation's state (CPS_DRAIN_*), when the
-     * DRAIN was sent, the fault count and the epoch then, and the ranges held when signalled (invariant 17). */
+     * DRAIN was sent, the fault count and the epoch then, and the ranges held when signalled
+     * (invariant 17). */
     int stop_signals, drain;
     uint64_t drain_asked, drain_faults, drain_epoch;
     uint8_t *drain_held;

@@ -1,7 +1,7 @@
 /* The server's side of a drain (--drains): the operator stops a server with SIGTERM, and the
- * server, as src/server/server.c's keep_serving_to_drain does, asks the scheduler to move its
- * ranges away (DRAIN from its own id), keeps serving until the scheduler lets it go (SHUTDOWN),
- * and stops at once on a refusal or when no answer comes. Every decision is the production
+ * server, as production's does, asks the scheduler to move its ranges away (DRAIN from its own
+ * id), keeps serving until the scheduler lets it go (SHUTDOWN), and stops at once on a refusal
+ * or when no answer comes. Every decision is the production
  * pure part's (replication/standing.h: cps__drain_decide, cps__drain_on_answer,
  * cps__drain_held); this file only performs them. Checked when such a server stops (17): each
  * range it held when signalled keeps a replica holding every acknowledged update, and R of them
@@ -14,9 +14,6 @@
 #include "replication/standing.h"
 
 #include "sim.h"
-
-/* As server.c's DRAIN_ANSWER_MS: how long a DRAIN may go unanswered before the server stops. */
-#define SIM_DRAIN_ANSWER_MS 3000
 
 /* The operator sends SIGTERM to a live server let in, when the others can still hold R
  * replicas of every range. */
@@ -72,8 +69,7 @@ static void check_leave(sim *sm, const sim_server *s)
         for (uint32_t j = 0; j < rg->chain_len; j++) {
             const sim_server *o = &sm->servers[rg->chain[j] - 1];
             /* A store counts, whatever its process does meanwhile (kill -9 keeps LMDB). */
-            holders += o != s && !o->wiped &&
-                       o->rs[r].applied >= sm->acked_seq[r];
+            holders += o != s && !o->wiped && o->rs[r].applied >= sm->acked_seq[r];
         }
         uint32_t need = calm ? v->replicas : 1;
         if (holders < need) {
@@ -101,7 +97,7 @@ static void leave(sim *sm, sim_server *s, const char *why)
     sim_push_restart(sm, s->id, 100 + sim_rnd(sm, 3000));
 }
 
-/* Every turn of a signalled server's loop (before it sleeps), as keep_serving_to_drain. */
+/* Every turn of a signalled server's loop (before it sleeps), as production's server does. */
 void sim_drain_turn(sim *sm, sim_server *s)
 {
     if (!s->stop_signals || s->state == SRV_CRASHED)
@@ -110,7 +106,7 @@ void sim_drain_turn(sim *sm, sim_server *s)
     int joined = s->state != SRV_HELLO && cps__fence_joined(f);
     uint32_t held = s->view ? cps__drain_held(s->view, s->id) : 0;
     int d = cps__drain_decide(s->drain, s->stop_signals, joined, cps__fence_fenced(f), held,
-                              s->drain_asked, sm->now, SIM_DRAIN_ANSWER_MS);
+                              s->drain_asked, sm->now, CPS_DRAIN_ANSWER_MS);
     if (d == CPS_DRAIN_STOP) {
         leave(sm, s, "stop signal");
         return;
