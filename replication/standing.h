@@ -38,6 +38,9 @@ enum {
  * until the scheduler ends us; an unanswered one serves for answer_ms after `asked_ms`. */
 int cps__drain_decide(int state, int signals, int joined, int fenced, uint32_t held,
                       uint64_t asked_ms, uint64_t now, uint32_t answer_ms);
+/* The answer_ms servers use: how long a DRAIN may go unanswered before a stop signal just stops
+ * the server (the scheduler is gone, or ending the job itself). */
+#define CPS_DRAIN_ANSWER_MS 3000u
 /* Ranges whose chain names `self` under `v` (what a drain moves away). */
 uint32_t cps__drain_held(const cps__view *v, uint32_t self);
 /* The scheduler's answer of `type` (CPS_MSG_ACK, CPS_MSG_ERROR) in drain state `state`:

@@ -656,10 +656,6 @@ static int start_joining(cps__server *s)
  * the state machines' timeouts, finished threads, deadlines), then whether to go on, then what
  * precedes the next poll. */
 
-/* How long a drain request may go unanswered before SIGTERM just stops us (the scheduler is
- * gone, or ending the job itself). */
-#define DRAIN_ANSWER_MS 3000
-
 /* SIGTERM while we hold ranges of a running job: ask the scheduler to move them away first and
  * keep serving until it tells us to exit (SHUTDOWN), so no replica is lost to a routine stop. A
  * second signal, a refusal or no answer stops us at once. Returns 1 while we keep serving. */
@@ -668,7 +664,7 @@ static int keep_serving_to_drain(cps__server *s, uint64_t now)
     uint32_t held = cps__drain_held(&s->view, s->id);
     int d = cps__drain_decide(s->drain, cps__role_stop_signals(), cps__fence_joined(s->fence),
                               cps__fence_fenced(s->fence), held, s->drain_asked_ms, now,
-                              DRAIN_ANSWER_MS);
+                              CPS_DRAIN_ANSWER_MS);
     if (d != CPS_DRAIN_ASK)
         return d == CPS_DRAIN_SERVE;
     cps__msg_hdr h = {.type = CPS_MSG_DRAIN, .sender = s->id, .epoch = s->view.epoch, .req_seq = 1};

@@ -4,7 +4,7 @@
  *       [--mode sync|async|ssp|ssp:N] [--faults
  * none|drops|crash|pause|restart|partition|join|scale|all]
  *       [--events N] [--refusals] [--sched-restarts] [--push-pull] [--views-unordered]
- *       [--fwd-crashes] [--single-probe] [--fence-faults] [-v]
+ *       [--fwd-crashes] [--single-probe] [--fence-faults] [--drains] [-v]
  *   sim --regressions FILE
  *
  * Parameters not given are drawn from the seed, from a stream of their own, in a fixed order:
@@ -30,7 +30,8 @@
  * scheduler (it resumes from what it persisted); --single-probe makes the coordinator declare a
  * server dead after one unanswered probe (false deaths of slow servers become common);
  * --fence-faults sends a server's new life late copies of the WELCOME that let its previous life
- * in (sim.h). Fault kinds: see sim.h; `all` mixes every kind. */
+ * in (sim.h); --drains has the operator stop servers with SIGTERM, each asking to be drained first
+ * (sim_drain.c). Fault kinds: see sim.h; `all` mixes every kind. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +49,7 @@ typedef struct cli {
     uint32_t backup; /* --backup-workers B: sync mode, at least B+1 workers */
     uint64_t events;
     int verbose, refusals, sched_restarts, push_pull, views_unordered, fwd_crashes, allow_rollback,
-        wipe_sole, single_probe, fence_faults;
+        wipe_sole, single_probe, fence_faults, drains;
     const char *regressions;
 } cli;
 
@@ -65,7 +66,7 @@ static void usage(void)
             "           [--events N] [--refusals] [--sched-restarts] [--push-pull]\n"
             "           [--views-unordered] [--allow-rollback] [--wipe-sole]\n"
             "           [--backup-workers B] [--fwd-crashes] [--single-probe]\n"
-            "           [--fence-faults] [-v]\n"
+            "           [--fence-faults] [--drains] [-v]\n"
             "       sim --regressions FILE\n");
 }
 
@@ -136,6 +137,10 @@ static int parse_args(int argc, char **argv, cli *c)
         }
         if (strcmp(a, "--fence-faults") == 0) {
             c->fence_faults = 1;
+            continue;
+        }
+        if (strcmp(a, "--drains") == 0) {
+            c->drains = 1;
             continue;
         }
         i++;
@@ -252,6 +257,7 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->single_probe = c->single_probe;
     /* Off unless asked (sim.seeds_fence), so that the other tests' seeds keep their runs. */
     p->fence_faults = c->fence_faults;
+    p->drains = c->drains; /* off unless asked (sim.seeds_drain), as the others */
     if (p->replicas > p->servers) {
         fprintf(stderr, "sim: --replicas %u > --servers %u\n", p->replicas, p->servers);
         return -1;
@@ -291,6 +297,8 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --single-probe");
     if (c->fence_faults)
         printf(" --fence-faults");
+    if (c->drains)
+        printf(" --drains");
     if (c->backup)
         printf(" --backup-workers %u", c->backup);
     printf("\n");
@@ -302,7 +310,7 @@ static int run_cli(const char *prog, const cli *c)
     uint64_t restarts = 0, wipes = 0, disks_back = 0, parts = 0, joins = 0, rejoins = 0, gated = 0,
              parked = 0;
     uint64_t unavailable = 0, false_deaths = 0, moves = 0, drains = 0, late = 0;
-    uint64_t fwd_crashes[2] = {0, 0}, stale_welcomes = 0;
+    uint64_t fwd_crashes[2] = {0, 0}, stale_welcomes = 0, sigterms = 0;
     for (uint64_t i = 0; i < c->seeds; i++) {
         sim_params p;
         if (make_params(c, c->seed + i, &p) != 0)
@@ -351,6 +359,7 @@ static int run_cli(const char *prog, const cli *c)
         fwd_crashes[0] += s.fwd_crashes[0];
         fwd_crashes[1] += s.fwd_crashes[1];
         stale_welcomes += s.stale_welcomes;
+        sigterms += s.sigterms;
     }
     printf("sim: %" PRIu64 " seeds from %" PRIu64 " passed: %" PRIu64 " events, %" PRIu64
            " requests acknowledged, %" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
@@ -372,6 +381,9 @@ static int run_cli(const char *prog, const cli *c)
     if (c->fence_faults)
         printf("sim: %" PRIu64 " late WELCOMEs sent to a later life of their server\n",
                stale_welcomes);
+    if (c->drains)
+        printf("sim: %" PRIu64 " servers stopped with SIGTERM (each asked to be drained)\n",
+               sigterms);
     if (c->backup)
         printf("sim: %" PRIu64 " sync pushes answered as late (backup workers %u)\n", late,
                c->backup);

@@ -500,6 +500,10 @@ static void fault(sim *sm)
         sim_sched_drain(sm);
         return;
     }
+    if (sm->p.drains && chance(sm, 300)) {
+        sim_drain_sigterm(sm);
+        return;
+    }
     int kinds[3], nk = 0;
     if (sm->p.faults == SIM_F_CRASH || sm->p.faults == SIM_F_ALL || sm->p.faults == SIM_F_RESTART ||
         sm->p.faults == SIM_F_JOIN || sm->p.faults == SIM_F_SCALE)
@@ -997,6 +1001,7 @@ int sim_run(const sim_params *p, sim_summary *out)
         out->joins = sm->joins;
         out->rejoins = sm->rejoins;
         out->stale_welcomes = sm->stale_welcomes;
+        out->sigterms = sm->sigterms;
         out->gated = sm->gated;
         out->ssp_parked = sm->ssp_parked;
         out->false_deaths = sm->false_deaths;

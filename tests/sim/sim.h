@@ -133,6 +133,9 @@ typedef struct sim_params {
      * keep their runs): a server's new life (restarted, or rejoining after a fence) gets a late
      * copy of the WELCOME its previous life was let in by, half of the time. */
     int fence_faults;
+    /* --drains: the operator stops servers with SIGTERM, and each asks the scheduler to drain it
+     * first (the server's side of a drain, sim_drain.c); never drawn. */
+    int drains;
 } sim_params;
 
 typedef struct sim_summary {
@@ -146,6 +149,7 @@ typedef struct sim_summary {
     /* Servers stopped between a FWD and its WRITE: at a head, at a middle. */
     uint64_t fwd_crashes[2];
     uint64_t stale_welcomes; /* late WELCOMEs sent to a later life (--fence-faults) */
+    uint64_t sigterms;       /* servers stopped with SIGTERM (--drains) */
 } sim_summary;
 
 typedef struct sim_rng {
@@ -259,6 +263,12 @@ typedef struct sim_server {
      * copy of it may reach its next life (--fence-faults). Epoch 0: none yet. */
     uint64_t welcome_epoch;
     uint32_t welcome_life;
+    /* --drains: stop signals received, the drain conversation's state (CPS_DRAIN_*), when the
+     * DRAIN was sent, the fault count and the epoch then, and the ranges held when signalled
+     * (invariant 17). */
+    int stop_signals, drain;
+    uint64_t drain_asked, drain_faults, drain_epoch;
+    uint8_t *drain_held;
 } sim_server;
 
 /* One request of the application (an operation with one part): the worker's session
@@ -338,6 +348,7 @@ typedef struct sim {
     uint64_t moves, drains;
     uint64_t restarts, wipes, disks_back, partitions, joins, rejoins, gated, ssp_parked;
     uint64_t stale_welcomes;
+    uint64_t sigterms;
     uint32_t *heads; /* [range][epoch]: the server that accepted writes */
     uint64_t *sync_target;
     sim_server *servers;
@@ -408,6 +419,12 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m);
 void sim_server_tick(sim *sm, sim_server *s);
 void sim_server_acks_due(sim *sm, sim_server *s);
 void sim_snapshot_run(sim *sm, sim_msg *m);
+
+/* sim_drain.c: the server's side of a drain (--drains) */
+void sim_drain_sigterm(sim *sm);
+void sim_drain_turn(sim *sm, sim_server *s);
+int sim_drain_answer(sim *sm, sim_server *s, uint8_t type);
+void sim_drain_shutdown(sim *sm, sim_server *s);
 
 /* sim_worker.c: the workers, each the production session (recovery/session.c) */
 void sim_worker_init(sim *sm, sim_worker *w, uint32_t id, const cps__view *v);

@@ -265,6 +265,18 @@ static int send_ahead(sim *sm, sim_server *s, const cps__replica_out *o)
 /* SNAPSHOT at the tail: the snapshot thread reads the store a moment later (sim_snapshot_run). */
 static void start_snapshot(sim *sm, sim_server *s, const cps__replica_out *o)
 {
+    if (o->req.epoch > s->epoch) {
+        /* Invariant 18: a tail serves a join's SNAP_REQ only under a view as new as the join's.
+         * Under an older one, a view it installs next may count the joiner dead (it died and
+         * came back since) and drop the shadow with what it held for it, while this snapshot
+         * still goes out: the joiner lacks those updates for good. The chain's later defences
+         * (MARK gating, the probation) hide that damage, so the promise is checked here. */
+        sim_fail(sm, "(18) a tail serves no SNAP_REQ of a newer view",
+                 "server %u (epoch %" PRIu64 ") starts a snapshot of range %u for server %u's "
+                 "join %" PRIu64 " of epoch %" PRIu64,
+                 s->id, s->epoch, o->range, o->to, o->seq, o->req.epoch);
+        return;
+    }
     sim_msg *m = sim_xmalloc(sizeof *m + CPS_WIRE_HDR_SIZE);
     m->from = s->id;
     m->to = o->to;
@@ -441,6 +453,8 @@ void sim_server_reset(sim *sm, sim_server *s)
     s->hello_at = 0;
     s->beat_at = 0;
     s->seen_view = 0;
+    s->stop_signals = 0; /* a new process: no signal, no drain asked */
+    s->drain = 0;
     if (sm->p.fence_faults && s->welcome_epoch && sim_chance(sm, 500))
         late_welcome(sm, s);
     if (!s->ticking) {
@@ -474,6 +488,7 @@ void sim_server_free(sim *sm, sim_server *s)
     s->chain = NULL;
     free(s->parked);
     free(s->copying);
+    free(s->drain_held);
 }
 
 /* A view: the replica decides (replica_fence.c: confirmed, newer, fenced) and installs it. */
@@ -731,6 +746,8 @@ void sim_server_tick(sim *sm, sim_server *s)
         cps__replica_join_tick(s->rep, sm->now);
         perform(sm, s);
     }
+    if (!sm->failed && s->stop_signals)
+        sim_drain_turn(sm, s);
 }
 
 /* Held acks are due (EV_ACKS); a paused server sends them at its next tick after resuming, a

@@ -275,8 +275,11 @@ static void perform(sim *sm, int send)
             sm->net_floor = 0;
             break;
         case CPS_CO_MSG:
-            /* A lost probe would be a death (it has no retry); over TCP it is not lost. */
-            if (is_node(sm, a->peer) && h.type == CPS_MSG_PROBE)
+            /* A lost probe would be a death (it has no retry); over TCP it is not lost, nor is
+             * the answer to a server's DRAIN (only with --drains: other seeds keep their runs). */
+            if (is_node(sm, a->peer) &&
+                (h.type == CPS_MSG_PROBE ||
+                 (sm->p.drains && h.type == CPS_MSG_ACK && a->peer <= sm->p.servers)))
                 sim_send_reliable(sm, 0, a->peer, &h);
             else if (is_node(sm, a->peer))
                 sim_send_hdr(sm, 0, a->peer, &h, NULL, 0, 0);
@@ -284,6 +287,17 @@ static void perform(sim *sm, int send)
                 cps__coord_unsent(sm->coord, &a->hdr); /* no such peer: the send fails */
             break;
         case CPS_CO_ERROR:
+            if (h.type == CPS_MSG_DRAIN && is_node(sm, a->peer)) {
+                /* A server's DRAIN refused: the answer goes back on its connection. */
+                cps__msg_hdr e = {.type = CPS_MSG_ERROR,
+                                  .flags = CPS_WF_REPLY,
+                                  .status = a->code,
+                                  .epoch = h.epoch,
+                                  .req_seq = h.req_seq};
+                sim_send_reliable(sm, 0, a->peer, &e);
+                break;
+            }
+            /* fall through */
         case CPS_CO_TO_ADDR:
             if (is_node(sm, a->peer) || a->kind == CPS_CO_TO_ADDR)
                 sim_fail(sm, "scheduler", "the coordinator refused a node: %s", a->text);
@@ -502,6 +516,8 @@ int sim_sched_to_server(sim *sm, sim_server *s, const sim_msg *m)
         sim_send_reliable(sm, s->id, 0, &a);
         return 1;
     }
+    if (sm->p.drains && (h.type == CPS_MSG_ACK || h.type == CPS_MSG_ERROR))
+        return sim_drain_answer(sm, s, h.type);
     if (h.type != CPS_MSG_SHUTDOWN)
         return 0;
     const cps__coord_node *cn = coord_node(sm, s->id);
@@ -512,6 +528,11 @@ int sim_sched_to_server(sim *sm, sim_server *s, const sim_msg *m)
          * still be on its way down a chain); the stores are compared then. */
         sim_trace(sm, "s%u told to exit: the job ended", s->id);
         sm->told_exit[s->id] = 1;
+        return 1;
+    }
+    if (s->stop_signals) {
+        sm->drains++;
+        sim_drain_shutdown(sm, s);
         return 1;
     }
     sim_trace(sm, "s%u told to exit: it stops", s->id);
