@@ -643,24 +643,25 @@ static int fault(world *w, uint32_t i)
 
 /* ---- the tool: a coroutine that runs while the simulator waits ---- */
 
-static void tool_yield(world *w)
+/* Hand the run to `who` (0: the simulator, 1: the tool) and wait until it hands it back. */
+static void hand_to(world *w, int who)
 {
     pthread_mutex_lock(&w->mu);
-    w->turn = 0;
+    w->turn = who;
     pthread_cond_broadcast(&w->cv);
-    while (w->turn != 1)
+    while (w->turn == who)
         pthread_cond_wait(&w->cv, &w->mu);
     pthread_mutex_unlock(&w->mu);
 }
 
+static void tool_yield(world *w)
+{
+    hand_to(w, 0);
+}
+
 static void tool_resume(world *w)
 {
-    pthread_mutex_lock(&w->mu);
-    w->turn = 1;
-    pthread_cond_broadcast(&w->cv);
-    while (w->turn != 0)
-        pthread_cond_wait(&w->cv, &w->mu);
-    pthread_mutex_unlock(&w->mu);
+    hand_to(w, 1);
 }
 
 /* Sleep until `until`, or until a message comes. */
