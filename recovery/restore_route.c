@@ -90,7 +90,12 @@ uint32_t cps__rr_stopped(const cps__rr_book *b)
     return n;
 }
 
-uint32_t cps__rr_pass_begin(cps__rr_book *b, uint64_t seq0)
+uint64_t cps__rr_pass_due(const cps__rr_book *b, uint64_t gap_ms)
+{
+    return b->pass ? b->begun_ms + gap_ms : 0;
+}
+
+uint32_t cps__rr_pass_begin(cps__rr_book *b, uint64_t seq0, uint64_t now)
 {
     uint32_t again = b->pass ? cps__rr_stopped(b) : 0;
     for (uint32_t r = 0; again && r < b->nranges; r++) {
@@ -102,6 +107,7 @@ uint32_t cps__rr_pass_begin(cps__rr_book *b, uint64_t seq0)
         g->inflight = g->fly0 = 0;
     }
     b->seq0 = seq0;
+    b->begun_ms = now;
     b->pass++;
     return again;
 }

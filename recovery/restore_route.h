@@ -125,6 +125,7 @@ typedef struct cps__rr_book {
     uint32_t *heads;       /* scratch: g[r].head, for cps__restore_route */
     uint64_t seq0;         /* this pass's first req_seq: earlier numbers answer earlier passes */
     uint32_t pass;         /* passes begun (1 in the first) */
+    uint64_t begun_ms;     /* when the last pass began */
 } cps__rr_book;
 
 /**
@@ -140,7 +141,16 @@ void cps__rr_book_fini(cps__rr_book *b);
  *        stopped are done (skip). Returns how many ranges this pass streams again (0 in the
  *        first pass; the caller's pass limit counts them).
  */
-uint32_t cps__rr_pass_begin(cps__rr_book *b, uint64_t seq0);
+uint32_t cps__rr_pass_begin(cps__rr_book *b, uint64_t seq0, uint64_t now);
+
+/**
+ * @brief When the next pass may begin: gap_ms after the last one began (0 before the first). A
+ *        range stopped by "not head" from a new head that has not installed the view the tool
+ *        reads already (or by "busy") would be refused again by a pass begun at once, and the
+ *        passes spent in moments (sim_restore seeds 5471 and 9630: a view 300 ms late at the new
+ *        head took all 8 passes in 240 ms); a head change, a drop or a silence costs gap_ms more.
+ */
+uint64_t cps__rr_pass_due(const cps__rr_book *b, uint64_t gap_ms);
 
 /* Range r is streamed in this pass and not stopped: its records go on. */
 int cps__rr_open(const cps__rr_book *b, uint32_t r);

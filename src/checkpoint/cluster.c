@@ -55,6 +55,7 @@
 #define GONE_MS 100 /* a server looks gone but its view still lists it: look again this often */
 /* A restore streams a range again at most this often (its head died, or lost PUTs). */
 #define RESTORE_PASSES 8
+#define PASS_GAP_MS    500   /* a pass begins at least this long after the last one began */
 #define PUT_SILENT_MS  15000 /* a head with PUTs in flight and no answer this long: again */
 #define CUT_TRIES      4     /* cuts lost with every replica that held them, cut again this often */
 #define CLOSE_GRACE_MS 200   /* closing: a CUT_CLOSE's peer not connected by then is dropped */
@@ -2409,13 +2410,17 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
         }
     }
     for (uint32_t pass = 0; rc == 0; pass++) {
+        /* Passes are paced (cps__rr_pass_due): a new head that has not installed the view yet
+         * answers "not head" until it has. Waiting without a sleep: answers keep arriving. */
+        for (uint64_t due = cps__rr_pass_due(&x.book, PASS_GAP_MS); cps__now_ms() < due;)
+            cps__tp_poll(l.tp, (int)(due - cps__now_ms()), on_msg, &l, 0);
         /* A pass after "not head" / "busy" or a drop starts on the view as it is now, not on the
          * one the last pass streamed under. */
         if (pass > 0 && (rc = restore_look(&x, 1)) != 0)
             break;
         /* Req_seqs only grow: what answers an earlier number answers an earlier pass. The
          * ranges stopped in the last pass are streamed again, the others are done. */
-        cps__rr_pass_begin(&x.book, l.next_req + 1);
+        cps__rr_pass_begin(&x.book, l.next_req + 1, cps__now_ms());
         rc = restore_pass(&x, rd, want, nwant, step, from, pass ? NULL : &res->bytes);
         uint32_t again = cps__rr_stopped(&x.book);
         if (rc != 0 || again == 0)

@@ -18,7 +18,8 @@
  * member's process is gone and every REFRESH_MS otherwise, the tails probed (wait_tails), passes
  * up to RESTORE_PASSES. Every decision about a range (where its PUTs go, which answer counts, a
  * head that changed, a silent head, the tail's confirmation) is the book's: cps__rr_target,
- * cps__rr_sent, cps__rr_take, cps__rr_look, cps__rr_overdue, cps__rr_confirm, cps__rr_pass_begin.
+ * cps__rr_sent, cps__rr_take, cps__rr_look, cps__rr_overdue, cps__rr_confirm, cps__rr_pass_due,
+ * cps__rr_pass_begin.
  *
  * The scheduler is modelled, not the production coordinator: a killed server is declared dead
  * after 0.3-1.5 s, a paused one only when its heartbeat stalled with its loop and the pause passed
@@ -84,6 +85,7 @@
 #define PUT_SILENT_MS  15000
 #define TIMEOUT_MS     120000
 #define RESTORE_PASSES 8
+#define PASS_GAP_MS    500
 #define VIEW_WAIT_MS   1000
 #define MAX_EVENTS     2000000 /* a runaway seed fails */
 
@@ -138,7 +140,8 @@ typedef struct world {
     int verbose;
     uint32_t nservers, nranges, replicas, per_put;
     uint32_t drop_pm;
-    uint32_t put_ms; /* the tool reads and encodes a PUT in up to this long */
+    uint32_t put_ms;  /* the tool reads and encodes a PUT in up to this long */
+    uint32_t view_ms; /* a new view reaches a server up to this late */
     uint32_t nkeys[MAX_RANGES];
     uint64_t version[MAX_RANGES][MAX_KEYS], value[MAX_RANGES][MAX_KEYS];
     cps__view views[MAX_EPOCHS + 1];
@@ -248,8 +251,8 @@ static void msg_free(msg *m)
 /* A message from -> to. fifo: one TCP connection (the tool's links, the scheduler's views):
  * never overtaken and never lost on the way; otherwise (the chain's links) lost at drop_pm and
  * reordered by its delay. */
-static msg *net_send(world *w, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
-                     size_t len, int fifo)
+static msg *net_post(world *w, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
+                     size_t len, int fifo, uint64_t extra)
 {
     if (!fifo && rnd(w, 1000) < w->drop_pm)
         return NULL;
@@ -266,7 +269,7 @@ static msg *net_send(world *w, uint32_t from, uint32_t to, const cps__msg_hdr *h
             abort();
         memcpy(m->pl, pl, len);
     }
-    uint64_t t = w->now + 1 + rnd(w, fifo ? 5 : 20);
+    uint64_t t = w->now + 1 + rnd(w, fifo ? 5 : 20) + extra;
     if (fifo) {
         if (t < w->fifo[from][to])
             t = w->fifo[from][to];
@@ -274,6 +277,12 @@ static msg *net_send(world *w, uint32_t from, uint32_t to, const cps__msg_hdr *h
     }
     ev_push(w, t, EV_MSG, to, 0, m);
     return m;
+}
+
+static msg *net_send(world *w, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
+                     size_t len, int fifo)
+{
+    return net_post(w, from, to, h, pl, len, fifo, 0);
 }
 
 /* ---- the checkpoint's records ---- */
@@ -555,10 +564,12 @@ static void server_tick(world *w, server *s)
 
 /* ---- the scheduler (a model: deaths declared, views sent, GET_VIEW answered) ---- */
 
-static void send_view(world *w, uint32_t to)
+/* A view to `to`: a server's may come late (a loaded scheduler, a slow connection), so that the
+ * tool, asking, may know of a new head before the head does ("not head"). */
+static void send_view(world *w, uint32_t to, int late)
 {
     cps__msg_hdr h = {.type = CPS_MSG_VIEW, .epoch = w->epoch, .aux = w->epoch};
-    net_send(w, 0, to, &h, NULL, 0, 1);
+    net_post(w, 0, to, &h, NULL, 0, 1, late ? rnd(w, w->view_ms) : 0);
 }
 
 static void declare(world *w, uint32_t id)
@@ -592,7 +603,7 @@ static void declare(world *w, uint32_t id)
     trace(w, "scheduler: server %u dead, view %" PRIu64, id, e);
     for (uint32_t k = 1; k <= w->nservers; k++)
         if (w->srv[k].state != SRV_DEAD && w->srv[k].state != SRV_FENCED)
-            send_view(w, k);
+            send_view(w, k, 1);
 }
 
 /* ---- faults ---- */
@@ -981,9 +992,10 @@ static int restore(world *w)
     w->next_look = w->now + REFRESH_MS;
     int rc = cps__rr_book_init(&w->book, w->nranges);
     for (uint32_t pass = 0; rc == 0; pass++) {
+        tool_sleep(w, cps__rr_pass_due(&w->book, PASS_GAP_MS));
         if (pass > 0 && (rc = look(w, 1)) != 0)
             break;
-        w->resent += cps__rr_pass_begin(&w->book, w->next_req + 1);
+        w->resent += cps__rr_pass_begin(&w->book, w->next_req + 1, w->now);
         w->pass = pass + 1;
         memset(w->buffered, 0, sizeof w->buffered);
         rc = restore_pass(w);
@@ -1028,6 +1040,7 @@ static void setup(world *w)
     w->per_put = 1 + (uint32_t)rnd(w, 3);
     w->drop_pm = rnd(w, 2) ? (uint32_t)rnd(w, 50) : 0;
     w->put_ms = 10 + (uint32_t)rnd(w, 300);
+    w->view_ms = rnd(w, 2) ? 1 + (uint32_t)rnd(w, 400) : 1;
     for (uint32_t r = 0; r < w->nranges; r++) {
         w->nkeys[r] = 1 + (uint32_t)rnd(w, MAX_KEYS);
         for (uint32_t k = 0; k < w->nkeys[r]; k++) {
@@ -1106,7 +1119,7 @@ static void deliver(world *w, msg *m)
 {
     uint32_t to = m->to;
     if (to == 0) { /* the scheduler: GET_VIEW */
-        send_view(w, m->from);
+        send_view(w, m->from, 0);
         msg_free(m);
         return;
     }

@@ -163,7 +163,8 @@ static void test_book_takes_in_order_and_confirms_at_the_tail(void **state)
     (void)state;
     cps__rr_book b;
     assert_int_equal(cps__rr_book_init(&b, 2), 0);
-    assert_int_equal(cps__rr_pass_begin(&b, 10), 0);
+    assert_int_equal(cps__rr_pass_due(&b, 500), 0); /* the first pass: at once */
+    assert_int_equal(cps__rr_pass_begin(&b, 10, 0), 0);
     assert_int_equal(cps__rr_target(&b, 0, 4), 4);
     assert_int_equal(cps__rr_target(&b, 0, 5), 4); /* the pass's head stays */
     assert_int_equal(cps__rr_sent(&b, 0, 10, 100), 0);
@@ -188,7 +189,7 @@ static void test_book_streams_a_stopped_range_again_and_ignores_the_old_pass(voi
     (void)state;
     cps__rr_book b;
     assert_int_equal(cps__rr_book_init(&b, 2), 0);
-    cps__rr_pass_begin(&b, 1);
+    cps__rr_pass_begin(&b, 1, 0);
     cps__rr_target(&b, 0, 1);
     cps__rr_target(&b, 1, 2);
     for (uint64_t q = 1; q <= 3; q++)
@@ -202,7 +203,9 @@ static void test_book_streams_a_stopped_range_again_and_ignores_the_old_pass(voi
     cps__rr_answer a1 = {2, 0, 0, 4};
     assert_int_equal(cps__rr_take(&b, 1, &a1, 1, 5, NULL), CPS_RR_TAKEN);
     assert_int_equal(cps__rr_confirm(&b, 1, 1), 1);
-    assert_int_equal(cps__rr_pass_begin(&b, 5), 1);
+    assert_int_equal(cps__rr_pass_due(&b, 500), 500); /* a pass 500 ms after the last began */
+    assert_int_equal(cps__rr_pass_begin(&b, 5, 500), 1);
+    assert_int_equal(cps__rr_pass_due(&b, 500), 1000);
     assert_true(cps__rr_open(&b, 0));
     assert_false(cps__rr_open(&b, 1)); /* done: not streamed again */
     assert_int_equal(cps__rr_target(&b, 0, 3), 3);
@@ -221,7 +224,7 @@ static void test_book_looks_and_judges_silence(void **state)
     (void)state;
     cps__rr_book b;
     assert_int_equal(cps__rr_book_init(&b, 3), 0);
-    cps__rr_pass_begin(&b, 1);
+    cps__rr_pass_begin(&b, 1, 0);
     for (uint32_t r = 0; r < 3; r++) {
         cps__rr_target(&b, r, r + 1);
         cps__rr_sent(&b, r, r + 1, 0);
@@ -238,12 +241,12 @@ static void test_book_looks_and_judges_silence(void **state)
     assert_int_equal(stopped, 0);
     assert_int_equal(cps__rr_overdue(&b, 15000, 15000, 120000, &stopped, &range), 0);
     assert_int_equal(stopped, 2);
-    cps__rr_pass_begin(&b, 10);
+    cps__rr_pass_begin(&b, 10, 0);
     cps__rr_target(&b, 0, 1);
     cps__rr_sent(&b, 0, 10, 100000);
     assert_int_equal(cps__rr_overdue(&b, 119999, 15000, 120000, &stopped, &range), 0);
     assert_int_equal(stopped, 1); /* silent 15 s in this pass */
-    cps__rr_pass_begin(&b, 20);
+    cps__rr_pass_begin(&b, 20, 0);
     cps__rr_target(&b, 0, 1);
     cps__rr_sent(&b, 0, 20, 119999);
     assert_int_equal(cps__rr_overdue(&b, 120000, 15000, 120000, &stopped, &range), CPS_ETIMEDOUT);
