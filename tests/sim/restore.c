@@ -44,14 +44,17 @@
  *
  * Bugs seeded by hand (the restore's rules were found broken three times by hand), and the
  * first seed of 1..1000 that fails with each (sim.restore_regressions runs them):
- *  - a tool that never looks at the view again (refresh_view returns at once): seed 2, and 531 of
- *    1..1000 (5,179 of 1001..11000): a head's silence, or a wait's deadline, fails the restore;
+ *  - a tool that never looks at the view again (refresh_view returns at once): seed 2, and 521 of
+ *    1..1000 (5,081 of 1001..11000): a head's silence, or a wait's deadline, fails the restore;
  *  - an earlier pass's answer counted as this pass's (cps__restore_answer takes a reply with
- *    put_seq < seq0 as the oldest PUT's): seed 135, and 5 of 1..1000 (39 of 1001..11000), by the
- *    check of what the book took; with the whole sequence match gone (the code before the PUT's
- *    own number was echoed), seed 36, 21 of 1..1000;
+ *    put_seq < seq0 as the oldest PUT's): seed 43, and 8 of 1..1000 (84 of 1001..11000), by the
+ *    check of what the book took; with the sequence match gone altogether (answers counted by
+ *    head, as before each PUT's own number was echoed) 30 and 290, some as refused records;
  *  - the silent-head rule without its early return (wait_one keeps waiting once overdue stopped a
- *    range): seed 5, 107 of 1..1000 (1,043 of 1001..11000): the wait runs to its deadline.
+ *    range): seed 8, 98 of 1..1000 (1,061 of 1001..11000): the wait runs to its deadline.
+ * Found by this model: passes begun at once after "not head" from a new head whose view came
+ * late spent all 8 passes in 240 ms (seeds 5471 and 9630 of 1001..11000, and none of 1..1000):
+ * the book now paces them (cps__rr_pass_due).
  *
  * usage: sim_restore [--seed N] [--seeds K] [-v]
  */
