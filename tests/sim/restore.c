@@ -44,9 +44,9 @@
  *
  * Bugs seeded by hand (the restore's rules were found broken three times by hand), and the
  * first seed of 1..1000 that fails with each (sim.restore_regressions runs them):
- *  - a tool that never looks at the view again (restore_tool.c: refresh_view returns at once): seed
- * 2, and 521 of 1..1000 (5,081 of 1001..11000): a head's silence, or a wait's deadline, fails the
- * restore;
+ *  - a tool that never looks at the view again (restore_tool.c: refresh_view returns at once):
+ *    seed 2, and 521 of 1..1000 (5,081 of 1001..11000): a head's silence, or a wait's deadline,
+ *    fails the restore;
  *  - an earlier pass's answer counted as this pass's (cps__restore_answer takes a reply with
  *    put_seq < seq0 as the oldest PUT's): seed 43, and 8 of 1..1000 (84 of 1001..11000), by the
  *    check of what the book took; with the sequence match gone altogether (answers counted by
