@@ -96,4 +96,115 @@ int cps__restore_answer(const cps__rr_answer *a, uint32_t head, uint64_t seq0, u
 int cps__restore_silence(uint64_t now, uint64_t heard_ms, uint64_t quiet_since, uint32_t inflight,
                          uint64_t silent_ms, uint64_t timeout_ms);
 
+/* ---- the restore's book: per range, what went where and what came back ----
+ *
+ * The restore tool (src/checkpoint/cluster.c) streams in passes and keeps, per range, the PUTs in
+ * flight, the head they went to, the head's silence and whether the range is done. The book holds
+ * that state and applies the verdicts above to it, so that the tool and the restore simulator
+ * (tests/sim/restore.c) run the same decisions; the caller only sends, receives and waits. */
+
+/* PUTs in flight per range before the tool waits for an answer. */
+#define CPS_RR_WINDOW 16
+
+typedef struct cps__rr_range {
+    uint32_t head;           /* where this pass's PUTs went (CPS_RR_NONE: none yet) */
+    unsigned char skip;      /* done: its tail confirmed an earlier pass (not streamed now) */
+    unsigned char again;     /* stopped: streamed again, next pass, at the view's head */
+    uint32_t inflight, fly0; /* PUTs in flight, unanswered; the oldest is fly[fly0] */
+    uint64_t fly[CPS_RR_WINDOW];
+    uint64_t acked_seq;   /* highest range sequence number the head reported this pass */
+    uint64_t heard_ms;    /* the head's last answer (or the send that found none in flight) */
+    uint64_t quiet_since; /* the head's last answer in any pass, or that head's first PUT */
+    uint32_t quiet_head;  /* the head quiet_since is of (CPS_RR_NONE: none yet) */
+} cps__rr_range;
+
+typedef struct cps__rr_book {
+    uint32_t nranges;
+    cps__rr_range *g;      /* per range */
+    unsigned char *resend; /* scratch for cps__restore_route */
+    uint32_t *heads;       /* scratch: g[r].head, for cps__restore_route */
+    uint64_t seq0;         /* this pass's first req_seq: earlier numbers answer earlier passes */
+    uint32_t pass;         /* passes begun (1 in the first) */
+    uint64_t begun_ms;     /* when the last pass began */
+} cps__rr_book;
+
+/**
+ * @brief A book for nranges ranges, none streamed. Errors: CPS_EINVAL (NULL), CPS_ENOMEM.
+ *        Free with cps__rr_book_fini (also after a failed init).
+ */
+int cps__rr_book_init(cps__rr_book *b, uint32_t nranges);
+void cps__rr_book_fini(cps__rr_book *b);
+
+/**
+ * @brief A pass begins; its PUTs' req_seqs are >= seq0 (req_seqs only grow). Ranges stopped in
+ *        the last pass are streamed in this one, at the head the view names then; those not
+ *        stopped are done (skip). Returns how many ranges this pass streams again (0 in the
+ *        first pass; the caller's pass limit counts them).
+ */
+uint32_t cps__rr_pass_begin(cps__rr_book *b, uint64_t seq0, uint64_t now);
+
+/**
+ * @brief When the next pass may begin: gap_ms after the last one began (0 before the first). A
+ *        range stopped by "not head" from a new head that has not installed the view the tool
+ *        reads already (or by "busy") would be refused again by a pass begun at once, and the
+ *        passes spent in moments (sim_restore seeds 5471 and 9630: a view 300 ms late at the new
+ *        head took all 8 passes in 240 ms); a head change, a drop or a silence costs gap_ms more.
+ */
+uint64_t cps__rr_pass_due(const cps__rr_book *b, uint64_t gap_ms);
+
+/* Range r is streamed in this pass and not stopped: its records go on. */
+int cps__rr_open(const cps__rr_book *b, uint32_t r);
+/* Ranges stopped in this pass (streamed again in the next). */
+uint32_t cps__rr_stopped(const cps__rr_book *b);
+
+/**
+ * @brief Where range r's next PUT goes: the head of this pass's earlier PUTs, or, for its first,
+ *        view_head (which it then is for the whole pass: a head change is the view's news,
+ *        cps__rr_look). Returns CPS_RR_NONE when r is not open or view_head is CPS_RR_NONE.
+ */
+uint32_t cps__rr_target(cps__rr_book *b, uint32_t r, uint32_t view_head);
+
+/**
+ * @brief Range r's PUT req_seq went to its target at `now` (after cps__rr_target). Its window
+ *        must have room (cps__rr_full): CPS_EINVAL otherwise, or if r is not open.
+ */
+int cps__rr_sent(cps__rr_book *b, uint32_t r, uint64_t req_seq, uint64_t now);
+/* Range r has CPS_RR_WINDOW PUTs in flight: the caller waits for an answer first. */
+int cps__rr_full(const cps__rr_book *b, uint32_t r);
+
+/**
+ * @brief One answer for range r (cps__restore_answer against this pass and r's oldest PUT in
+ *        flight), applied: TAKEN pops the oldest PUT (range_seq, the head's sequence number in a
+ *        reply, raises what the tail must confirm); AGAIN stops the range (streamed again next
+ *        pass). *lost (may be NULL): on AGAIN by order, the earlier PUTs proven dropped.
+ * @return the CPS_RR_* verdict (IGNORE for a range that is not open or out of range).
+ */
+int cps__rr_take(cps__rr_book *b, uint32_t r, const cps__rr_answer *a, uint64_t range_seq,
+                 uint64_t now, uint32_t *lost);
+
+/**
+ * @brief A view came (the newest): ranges open whose head changed stop (cps__restore_route).
+ * @param[out] stopped how many it stopped (may be NULL)
+ * @param[out] bad     on CPS_EUNAVAILABLE, the first range without a live replica
+ * @return 0, CPS_EUNAVAILABLE (nothing stopped then), CPS_EINVAL (another range count).
+ */
+int cps__rr_look(cps__rr_book *b, const cps__view *v, uint32_t *stopped, uint32_t *bad);
+
+/**
+ * @brief The silence of every open range's head at `now` (cps__restore_silence): silent ones
+ *        stop. Returns 0 with *stopped (how many stopped: a caller waiting for answers stops
+ *        waiting when it is not 0, they will not come), or CPS_ETIMEDOUT with *range, the first
+ *        range whose head was silent for the whole timeout.
+ */
+int cps__rr_overdue(cps__rr_book *b, uint64_t now, uint64_t silent_ms, uint64_t timeout_ms,
+                    uint32_t *stopped, uint32_t *range);
+
+/**
+ * @brief Range r's tail says it is at sequence number tail_seq: if that holds every PUT its head
+ *        took this pass (tail_seq >= acked_seq), r is done for good (a later head change does
+ *        not stream it again). Returns 1 if done now, 0 if not (or r not open with nothing in
+ *        flight: CPS_EINVAL is never returned, a stale probe answer is just not enough).
+ */
+int cps__rr_confirm(cps__rr_book *b, uint32_t r, uint64_t tail_seq);
+
 #endif

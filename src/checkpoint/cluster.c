@@ -43,7 +43,6 @@
  * (64 MB ones stalled the servers' loops past the failure timeout on a loaded machine, and a
  * restore onto chains of 2 did not finish); 128 MB stay in flight per range. */
 #define PUT_BYTES        (8u << 20) /* records per PUT message */
-#define PUT_WINDOW       16         /* PUTs in flight per range */
 #define OPEN_TRIES       8
 #define AIM_GAP_MS       50    /* between the two probes that measure a sync job's step rate */
 #define AIM_MIN_MS       20    /* the least time ahead a cut aims (doubled after each miss) */
@@ -56,6 +55,7 @@
 #define GONE_MS 100 /* a server looks gone but its view still lists it: look again this often */
 /* A restore streams a range again at most this often (its head died, or lost PUTs). */
 #define RESTORE_PASSES 8
+#define PASS_GAP_MS    500   /* a pass begins at least this long after the last one began */
 #define PUT_SILENT_MS  15000 /* a head with PUTs in flight and no answer this long: again */
 #define CUT_TRIES      4     /* cuts lost with every replica that held them, cut again this often */
 #define CLOSE_GRACE_MS 200   /* closing: a CUT_CLOSE's peer not connected by then is dropped */
@@ -1814,32 +1814,22 @@ typedef struct put_buf {
     unsigned char *buf; /* message: header room + payload */
     size_t used;        /* payload bytes so far (hello prefix included) */
     size_t cap;
-    uint32_t inflight;
-    uint64_t fly[PUT_WINDOW]; /* req_seqs of the PUTs in flight, oldest at fly[fly0] */
-    uint32_t fly0;
-    uint64_t acked_seq;   /* highest sequence number a head reported */
-    uint64_t heard_ms;    /* its head's last answer (or the send that found none in flight) */
-    uint64_t quiet_since; /* its head's last answer in any pass, or that head's first PUT */
-    uint32_t quiet_head;  /* the head quiet_since is of (CPS_RR_NONE: none yet) */
 } put_buf;
 
 typedef struct restore_ctx {
     link *l;
-    put_buf *pb;   /* per range */
-    size_t base;   /* payload offset where entries start */
-    uint64_t seq0; /* this pass's first req_seq: answers to an earlier pass's PUTs do not count */
+    put_buf *pb; /* per range */
+    size_t base; /* payload offset where entries start */
     int rc;
     /* streaming one tensor's slot */
     piece *pieces;
     size_t npieces;
     uint32_t slot;
-    /* Across view changes (recovery/restore_route.h), per range: */
-    uint32_t *head;        /* where this pass's PUTs went (CPS_RR_NONE: none yet) */
-    unsigned char *skip;   /* not streamed in this pass (its tail confirmed an earlier one) */
-    unsigned char *again;  /* its head changed: streamed again in the next pass */
-    unsigned char *resend; /* cps__restore_route's verdicts */
-    uint64_t next_look;    /* when to ask the scheduler for the view again */
-    int no_replica;        /* failed: a range has no live replica */
+    /* Per range, across passes and view changes: what went where, what came back, what is done
+     * (recovery/restore_route.h: the decisions are the book's; tests/sim/restore.c runs them). */
+    cps__rr_book book;
+    uint64_t next_look; /* when to ask the scheduler for the view again */
+    int no_replica;     /* failed: a range has no live replica */
 } restore_ctx;
 
 static int match_release(const cps__rx *rx, const void *arg)
@@ -1883,16 +1873,6 @@ static int match_put(const cps__rx *rx, const void *arg)
             (rx->hdr.type == CPS_MSG_ERROR && rx->hdr.req_seq >= *seq0));
 }
 
-/* Range r's stream stops here and starts again in the next pass (at the view's head then). */
-static void stream_again(restore_ctx *x, uint32_t r)
-{
-    put_buf *b = &x->pb[r];
-    x->again[r] = 1;
-    b->inflight = 0;
-    b->fly0 = 0;
-    b->used = x->base;
-}
-
 /* The view again when a server of the chains looks gone (every LOOK_MS), every REFRESH_MS
  * otherwise, at once with `force`. A range whose head changed is streamed again in the next
  * pass; one without a live replica fails the restore now, by name (recovery/restore_route.h). */
@@ -1910,8 +1890,8 @@ static int restore_look(restore_ctx *x, int force)
         return 0; /* the scheduler is off the data path: the answers' deadline decides */
     if (rc != 0 || l->view.epoch == epoch)
         return rc;
-    uint32_t nr = l->view.nranges, bad = 0;
-    rc = cps__restore_route(&l->view, nr, x->head, x->resend, &bad);
+    uint32_t bad = 0, stopped = 0;
+    rc = cps__rr_look(&x->book, &l->view, &stopped, &bad);
     if (rc == CPS_EUNAVAILABLE) {
         cps__log(CPS_LOG_ERROR, SUB,
                  "range %u has no live replica in view epoch %" PRIu64
@@ -1919,13 +1899,13 @@ static int restore_look(restore_ctx *x, int force)
                  bad, l->view.epoch);
         x->no_replica = 1;
     }
-    for (uint32_t r = 0; rc == 0 && r < nr; r++)
-        if (x->resend[r] && !x->skip[r] && !x->again[r]) {
+    for (uint32_t r = 0; rc == 0 && stopped && r < l->view.nranges; r++)
+        if (x->book.resend[r] && x->book.g[r].again && x->book.g[r].head != CPS_RR_NONE) {
             cps__log(CPS_LOG_WARN, SUB,
                      "range %u: its head (node %u) left the chain in view epoch %" PRIu64
                      "; its records go again to node %u",
-                     r, x->head[r], l->view.epoch, l->view.ranges[r].chain[0]);
-            stream_again(x, r);
+                     r, x->book.g[r].head, l->view.epoch, l->view.ranges[r].chain[0]);
+            x->pb[r].used = x->base;
         }
     return rc;
 }
@@ -1936,32 +1916,21 @@ static int restore_look(restore_ctx *x, int force)
  * extend nothing: it runs after every answer and every LOOK_MS without one. */
 static int put_overdue(restore_ctx *x, uint32_t *again)
 {
-    uint64_t now = cps__now_ms();
-    *again = 0;
-    for (uint32_t r = 0; r < x->l->view.nranges; r++) {
-        const put_buf *b = &x->pb[r];
-        if (x->skip[r] || x->again[r])
-            continue;
-        switch (cps__restore_silence(now, b->heard_ms, b->quiet_since, b->inflight, PUT_SILENT_MS,
-                                     (uint64_t)x->l->timeout_ms)) {
-        case CPS_RR_RESEND:
-            cps__log(CPS_LOG_WARN, SUB,
-                     "range %u: node %u answered none of %u PUT(s) for %.0f s (dropped while "
-                     "unsure of its view, or slow): again",
-                     r, x->head[r], b->inflight, PUT_SILENT_MS / 1000.0);
-            stream_again(x, r);
-            x->next_look = 0;
-            (*again)++;
-            break;
-        case CPS_RR_TIMEOUT:
-            cps__log(CPS_LOG_ERROR, SUB,
-                     "range %u: node %u left %u PUT(s) unanswered for %.0f s (the restore's "
-                     "timeout)",
-                     r, x->head[r], b->inflight, x->l->timeout_ms / 1000.0);
-            return CPS_ETIMEDOUT;
-        default:
-            break;
-        }
+    uint32_t r = 0;
+    int rc = cps__rr_overdue(&x->book, cps__now_ms(), PUT_SILENT_MS, (uint64_t)x->l->timeout_ms,
+                             again, &r);
+    if (rc != 0) {
+        cps__log(CPS_LOG_ERROR, SUB,
+                 "range %u: node %u left %u PUT(s) unanswered for %.0f s (the restore's timeout)",
+                 r, x->book.g[r].head, x->book.g[r].inflight, x->l->timeout_ms / 1000.0);
+        return rc;
+    }
+    if (*again) {
+        cps__log(CPS_LOG_WARN, SUB,
+                 "%u range(s): their head answered none of their PUTs for %.0f s (dropped while "
+                 "unsure of its view, or slow): again",
+                 *again, PUT_SILENT_MS / 1000.0);
+        x->next_look = 0;
     }
     return 0;
 }
@@ -1978,7 +1947,7 @@ static int put_wait_one(restore_ctx *x)
     cps__rx rx;
     for (;;) {
         uint64_t until = cps__now_ms() + LOOK_MS;
-        rc = take(x->l, match_put, &x->seq0, until < deadline ? until : deadline, &rx);
+        rc = take(x->l, match_put, &x->book.seq0, until < deadline ? until : deadline, &rx);
         if (rc != CPS_ETIMEDOUT)
             break;
         if (cps__now_ms() >= deadline) {
@@ -1996,23 +1965,14 @@ static int put_wait_one(restore_ctx *x)
         return rc;
     uint32_t r = rx.hdr.range;
     int err = rx.hdr.type == CPS_MSG_ERROR;
-    if (r < x->l->view.nranges && !x->skip[r] && !x->again[r]) {
-        put_buf *b = &x->pb[r];
-        uint64_t oldest = b->fly[b->fly0];
+    if (r < x->l->view.nranges) {
         cps__rr_answer a = {rx.hdr.sender, err, rx.hdr.status, err ? rx.hdr.req_seq : rx.hdr.aux};
-        switch (cps__restore_answer(&a, x->head[r], x->seq0, oldest, b->inflight)) {
+        uint32_t lost = 0;
+        switch (cps__rr_take(&x->book, r, &a, err ? 0 : rx.hdr.req_seq, cps__now_ms(), &lost)) {
         case CPS_RR_TAKEN:
-            b->inflight--;
-            b->fly0 = (b->fly0 + 1) % PUT_WINDOW;
-            b->heard_ms = b->quiet_since = cps__now_ms();
-            if (rx.hdr.req_seq > b->acked_seq)
-                b->acked_seq = rx.hdr.req_seq;
             break;
         case CPS_RR_AGAIN:
-            if (a.put_seq > oldest) {
-                uint32_t lost = 0;
-                while (lost < b->inflight && b->fly[(b->fly0 + lost) % PUT_WINDOW] < a.put_seq)
-                    lost++;
+            if (lost) {
                 cps__log(CPS_LOG_WARN, SUB,
                          "range %u: node %u answered a later PUT while %u earlier one(s) were "
                          "unanswered: it dropped them (unsure of its view?): again",
@@ -2022,7 +1982,7 @@ static int put_wait_one(restore_ctx *x)
                          "range %u: node %u did not take the records (%s): again", r, rx.hdr.sender,
                          cps_strerror(rx.hdr.status));
             }
-            stream_again(x, r);
+            x->pb[r].used = x->base;
             x->next_look = 0; /* the next pass asks the view */
             break;
         case CPS_RR_FATAL:
@@ -2046,18 +2006,23 @@ static int put_wait_one(restore_ctx *x)
 static int put_flush(restore_ctx *x, uint32_t r)
 {
     put_buf *b = &x->pb[r];
-    while (!x->skip[r] && !x->again[r] && b->used > x->base && b->inflight >= PUT_WINDOW) {
+    while (cps__rr_open(&x->book, r) && b->used > x->base && cps__rr_full(&x->book, r)) {
         int rc = put_wait_one(x);
         if (rc != 0)
             return rc;
     }
-    if (x->skip[r] || x->again[r] || b->used <= x->base) {
+    if (!cps__rr_open(&x->book, r) || b->used <= x->base) {
         b->used = x->base; /* nothing to send, or what it held goes again in the next pass */
         return 0;
     }
     const cps__range *g = &x->l->view.ranges[r];
-    if (x->head[r] == CPS_RR_NONE)
-        x->head[r] = g->chain[0];
+    uint32_t head = cps__rr_target(&x->book, r, g->chain_len ? g->chain[0] : CPS_RR_NONE);
+    if (head == CPS_RR_NONE) {
+        cps__log(CPS_LOG_ERROR, SUB, "range %u has no live replica in view epoch %" PRIu64, r,
+                 x->l->view.epoch);
+        x->no_replica = 1;
+        return CPS_EUNAVAILABLE;
+    }
     cps__msg_hdr h = {.type = CPS_MSG_PUT,
                       .sender = UINT32_MAX,
                       .range = r,
@@ -2073,24 +2038,16 @@ static int put_flush(restore_ctx *x, uint32_t r)
     h.aux = h.req_seq;
     cps__wire_hdr_encode(msg, &h);
     memcpy(msg + CPS_WIRE_HDR_SIZE, b->buf + CPS_WIRE_HDR_SIZE, b->used);
-    int rc = cps__tp_send(x->l->tp, x->head[r], msg, CPS_WIRE_HDR_SIZE + b->used);
+    int rc = cps__tp_send(x->l->tp, head, msg, CPS_WIRE_HDR_SIZE + b->used);
     if (rc != 0) {
         cps__tp_free(msg);
         /* A head whose process is gone: the PUT is lost like those in flight to it, and the
          * range goes again once the view has moved its head (restore_look). */
-        if (!cps__tp_peer_gone(x->l->tp, x->head[r]))
+        if (!cps__tp_peer_gone(x->l->tp, head))
             return rc;
     }
-    uint64_t now = cps__now_ms();
-    if (b->inflight == 0)
-        b->heard_ms = now;
-    if (b->quiet_head != x->head[r]) { /* a new head: its silence counts from its first PUT */
-        b->quiet_head = x->head[r];
-        b->quiet_since = now;
-    }
-    b->fly[(b->fly0 + b->inflight++) % PUT_WINDOW] = h.req_seq;
     b->used = x->base; /* the hello stays in front */
-    return 0;
+    return cps__rr_sent(&x->book, r, h.req_seq, cps__now_ms());
 }
 
 /* Room for `n` more bytes in range r's message. */
@@ -2158,21 +2115,20 @@ static int wait_tails(restore_ctx *x)
     link *l = x->l;
     uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
     for (uint32_t r = 0; r < l->view.nranges; r++) {
-        while (!x->skip[r] && !x->again[r]) {
+        while (cps__rr_open(&x->book, r)) {
             cps__msg_hdr h = {.type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = r};
             cps__msg_send(l->tp, tail_of(l, r), &h, l->hello, l->hello_len);
             cps__rx rx;
             uint64_t until = cps__now_ms() + 1000;
             int rc = take(l, match_probe_range, &r, until < deadline ? until : deadline, &rx);
             if (rc == 0) {
-                int ok = rx.hdr.type == CPS_MSG_CUT_PROBE && rx.hdr.req_seq >= x->pb[r].acked_seq;
+                /* Every replica of its chain holds the records: a head change a later look sees
+                 * must not stream it again (the book marks it done). */
+                int ok = rx.hdr.type == CPS_MSG_CUT_PROBE &&
+                         cps__rr_confirm(&x->book, r, rx.hdr.req_seq);
                 cps__rx_free(&rx);
-                if (ok) {
-                    /* Every replica of its chain holds the records: a head change a later look
-                     * sees must not stream it again. */
-                    x->skip[r] = 1;
+                if (ok)
                     break;
-                }
             }
             if (cps__now_ms() >= deadline) {
                 cps__log(CPS_LOG_ERROR, SUB,
@@ -2207,8 +2163,8 @@ static int is_local(const cps__ckpt_reader *rd, const char *name)
     return kind && !strcmp(kind, "local");
 }
 
-/* One pass of the restore: every tensor's records to the ranges it streams (not those x->skip
- * or x->again leave out), then every head's answers and every tail's confirmation. `bytes`: adds
+/* One pass of the restore: every tensor's records to the ranges it streams (those the book
+ * keeps open), then every head's answers and every tail's confirmation. `bytes`: adds
  * what the checkpoint holds for the servers (NULL: a later pass, which says nothing again). */
 static int restore_pass(restore_ctx *x, cps__ckpt_reader *rd, const cps__tensor_desc *want,
                         uint32_t nwant, uint64_t step, const char *from, uint64_t *bytes)
@@ -2283,7 +2239,7 @@ static int restore_pass(restore_ctx *x, cps__ckpt_reader *rd, const cps__tensor_
     for (uint32_t r = 0; rc == 0 && nwant && r < nr; r++)
         rc = put_flush(x, r);
     for (uint32_t r = 0; rc == 0 && nwant && r < nr; r++)
-        while (rc == 0 && x->pb[r].inflight)
+        while (rc == 0 && x->book.g[r].inflight)
             rc = put_wait_one(x);
     if (rc == 0 && nwant)
         rc = wait_tails(x);
@@ -2434,19 +2390,13 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
     if (rc == 0) {
         x.l = &l;
         x.base = cps__pad8(8 + l.hello_len);
-        x.pb = calloc(nr, sizeof *x.pb);
-        x.head = malloc((nr ? nr : 1) * sizeof *x.head);
-        x.skip = calloc(nr ? nr : 1, 1);
-        x.again = calloc(nr ? nr : 1, 1);
-        x.resend = calloc(nr ? nr : 1, 1);
-        if (!x.pb || !x.head || !x.skip || !x.again || !x.resend)
+        x.pb = calloc(nr ? nr : 1, sizeof *x.pb);
+        rc = cps__rr_book_init(&x.book, nr);
+        if (rc == 0 && !x.pb)
             rc = CPS_ENOMEM;
-        for (uint32_t r = 0; x.head && r < nr; r++)
-            x.head[r] = CPS_RR_NONE;
         x.next_look = cps__now_ms() + REFRESH_MS;
         for (uint32_t r = 0; rc == 0 && r < nr; r++) {
             x.pb[r].cap = PUT_BYTES + x.base;
-            x.pb[r].quiet_head = CPS_RR_NONE;
             x.pb[r].buf = cps__tp_alloc(CPS_WIRE_HDR_SIZE + x.pb[r].cap);
             if (!x.pb[r].buf) {
                 rc = CPS_ENOMEM;
@@ -2460,16 +2410,19 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
         }
     }
     for (uint32_t pass = 0; rc == 0; pass++) {
+        /* Passes are paced (cps__rr_pass_due): a new head that has not installed the view yet
+         * answers "not head" until it has. Waiting without a sleep: answers keep arriving. */
+        for (uint64_t due = cps__rr_pass_due(&x.book, PASS_GAP_MS); cps__now_ms() < due;)
+            cps__tp_poll(l.tp, (int)(due - cps__now_ms()), on_msg, &l, 0);
         /* A pass after "not head" / "busy" or a drop starts on the view as it is now, not on the
          * one the last pass streamed under. */
         if (pass > 0 && (rc = restore_look(&x, 1)) != 0)
             break;
-        /* Req_seqs only grow: what answers an earlier number answers an earlier pass. */
-        x.seq0 = l.next_req + 1;
+        /* Req_seqs only grow: what answers an earlier number answers an earlier pass. The
+         * ranges stopped in the last pass are streamed again, the others are done. */
+        cps__rr_pass_begin(&x.book, l.next_req + 1, cps__now_ms());
         rc = restore_pass(&x, rd, want, nwant, step, from, pass ? NULL : &res->bytes);
-        uint32_t again = 0;
-        for (uint32_t r = 0; r < nr; r++)
-            again += x.again[r];
+        uint32_t again = cps__rr_stopped(&x.book);
         if (rc != 0 || again == 0)
             break;
         if (pass + 1 >= RESTORE_PASSES) {
@@ -2478,12 +2431,6 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
                      again, RESTORE_PASSES);
             rc = CPS_EUNAVAILABLE;
             break;
-        }
-        for (uint32_t r = 0; r < nr; r++) {
-            x.skip[r] = !x.again[r];
-            x.again[r] = 0;
-            x.head[r] = CPS_RR_NONE;
-            x.pb[r].acked_seq = 0;
         }
         res->resent += again;
         cps__log(CPS_LOG_INFO, SUB, "streaming %u range(s) again under view epoch %" PRIu64, again,
@@ -2494,10 +2441,7 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
     for (uint32_t r = 0; x.pb && r < nr; r++)
         cps__tp_free(x.pb[r].buf);
     free(x.pb);
-    free(x.head);
-    free(x.skip);
-    free(x.again);
-    free(x.resend);
+    cps__rr_book_fini(&x.book);
     res->no_replica = x.no_replica;
     free(names);
     free(want);

@@ -157,6 +157,109 @@ static void test_a_silent_head_goes_again_then_times_out(void **state)
     assert_int_equal(cps__restore_silence(1000 + s, 1000, 1000, 3, t, t), CPS_RR_WAIT);
 }
 
+/* The book: a pass's PUTs taken in order, a drop proven by order, the tail's confirmation. */
+static void test_book_takes_in_order_and_confirms_at_the_tail(void **state)
+{
+    (void)state;
+    cps__rr_book b;
+    assert_int_equal(cps__rr_book_init(&b, 2), 0);
+    assert_int_equal(cps__rr_pass_due(&b, 500), 0); /* the first pass: at once */
+    assert_int_equal(cps__rr_pass_begin(&b, 10, 0), 0);
+    assert_int_equal(cps__rr_target(&b, 0, 4), 4);
+    assert_int_equal(cps__rr_target(&b, 0, 5), 4); /* the pass's head stays */
+    assert_int_equal(cps__rr_sent(&b, 0, 10, 100), 0);
+    assert_int_equal(cps__rr_sent(&b, 0, 11, 100), 0);
+    cps__rr_answer a = {4, 0, 0, 10};
+    assert_int_equal(cps__rr_take(&b, 0, &a, 7, 150, NULL), CPS_RR_TAKEN);
+    assert_int_equal(b.g[0].inflight, 1);
+    assert_int_equal(cps__rr_confirm(&b, 0, 7), 0); /* a PUT still in flight */
+    a.put_seq = 11;
+    assert_int_equal(cps__rr_take(&b, 0, &a, 8, 160, NULL), CPS_RR_TAKEN);
+    assert_int_equal(cps__rr_confirm(&b, 0, 7), 0); /* the tail lacks seq 8 */
+    assert_int_equal(cps__rr_confirm(&b, 0, 8), 1);
+    assert_false(cps__rr_open(&b, 0));
+    assert_int_equal(cps__rr_stopped(&b), 0);
+    cps__rr_book_fini(&b);
+}
+
+/* A drop proven by order stops the range; the next pass streams only it, at the view's new head,
+ * and an answer of the earlier pass counts for nothing there. */
+static void test_book_streams_a_stopped_range_again_and_ignores_the_old_pass(void **state)
+{
+    (void)state;
+    cps__rr_book b;
+    assert_int_equal(cps__rr_book_init(&b, 2), 0);
+    cps__rr_pass_begin(&b, 1, 0);
+    cps__rr_target(&b, 0, 1);
+    cps__rr_target(&b, 1, 2);
+    for (uint64_t q = 1; q <= 3; q++)
+        assert_int_equal(cps__rr_sent(&b, 0, q, 0), 0);
+    assert_int_equal(cps__rr_sent(&b, 1, 4, 0), 0);
+    cps__rr_answer a = {1, 0, 0, 3};
+    uint32_t lost = 0;
+    assert_int_equal(cps__rr_take(&b, 0, &a, 9, 5, &lost), CPS_RR_AGAIN);
+    assert_int_equal(lost, 2);
+    assert_false(cps__rr_open(&b, 0));
+    cps__rr_answer a1 = {2, 0, 0, 4};
+    assert_int_equal(cps__rr_take(&b, 1, &a1, 1, 5, NULL), CPS_RR_TAKEN);
+    assert_int_equal(cps__rr_confirm(&b, 1, 1), 1);
+    assert_int_equal(cps__rr_pass_due(&b, 500), 500); /* a pass 500 ms after the last began */
+    assert_int_equal(cps__rr_pass_begin(&b, 5, 500), 1);
+    assert_int_equal(cps__rr_pass_due(&b, 500), 1000);
+    assert_true(cps__rr_open(&b, 0));
+    assert_false(cps__rr_open(&b, 1)); /* done: not streamed again */
+    assert_int_equal(cps__rr_target(&b, 0, 3), 3);
+    assert_int_equal(cps__rr_sent(&b, 0, 5, 10), 0);
+    cps__rr_answer old = {3, 0, 0, 1}; /* a PUT of the first pass, answered late */
+    assert_int_equal(cps__rr_take(&b, 0, &old, 9, 11, NULL), CPS_RR_IGNORE);
+    assert_int_equal(b.g[0].inflight, 1);
+    assert_int_equal(b.g[0].acked_seq, 0);
+    cps__rr_book_fini(&b);
+}
+
+/* A view that moves a head stops its range; one without a replica names the range; a silent head
+ * stops its range, then, silent across passes, times the restore out. */
+static void test_book_looks_and_judges_silence(void **state)
+{
+    (void)state;
+    cps__rr_book b;
+    assert_int_equal(cps__rr_book_init(&b, 3), 0);
+    cps__rr_pass_begin(&b, 1, 0);
+    for (uint32_t r = 0; r < 3; r++) {
+        cps__rr_target(&b, r, r + 1);
+        cps__rr_sent(&b, r, r + 1, 0);
+    }
+    const uint32_t chains[3][3] = {{1}, {3}, {3}};
+    const uint32_t lens[3] = {1, 1, 1};
+    cps__view v = view_of(chains, lens);
+    uint32_t stopped = 9, bad = 9, range = 9;
+    assert_int_equal(cps__rr_look(&b, &v, &stopped, &bad), 0);
+    assert_int_equal(stopped, 1); /* range 1: node 2 gone */
+    assert_false(cps__rr_open(&b, 1));
+    assert_true(cps__rr_open(&b, 2));
+    assert_int_equal(cps__rr_overdue(&b, 14999, 15000, 120000, &stopped, &range), 0);
+    assert_int_equal(stopped, 0);
+    assert_int_equal(cps__rr_overdue(&b, 15000, 15000, 120000, &stopped, &range), 0);
+    assert_int_equal(stopped, 2);
+    cps__rr_pass_begin(&b, 10, 0);
+    cps__rr_target(&b, 0, 1);
+    cps__rr_sent(&b, 0, 10, 100000);
+    assert_int_equal(cps__rr_overdue(&b, 119999, 15000, 120000, &stopped, &range), 0);
+    assert_int_equal(stopped, 1); /* silent 15 s in this pass */
+    cps__rr_pass_begin(&b, 20, 0);
+    cps__rr_target(&b, 0, 1);
+    cps__rr_sent(&b, 0, 20, 119999);
+    assert_int_equal(cps__rr_overdue(&b, 120000, 15000, 120000, &stopped, &range), CPS_ETIMEDOUT);
+    assert_int_equal(range, 0);
+    const uint32_t none[3][3] = {{1}, {0}, {3}};
+    const uint32_t nlens[3] = {1, 0, 1};
+    v = view_of(none, nlens);
+    assert_int_equal(cps__rr_look(&b, &v, &stopped, &bad), CPS_EUNAVAILABLE);
+    assert_int_equal(bad, 1);
+    assert_int_equal(stopped, 0);
+    cps__rr_book_fini(&b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -169,6 +272,9 @@ int main(void)
         cmocka_unit_test(test_not_head_or_busy_streams_again),
         cmocka_unit_test(test_stale_or_foreign_answers_are_ignored),
         cmocka_unit_test(test_a_silent_head_goes_again_then_times_out),
+        cmocka_unit_test(test_book_takes_in_order_and_confirms_at_the_tail),
+        cmocka_unit_test(test_book_streams_a_stopped_range_again_and_ignores_the_old_pass),
+        cmocka_unit_test(test_book_looks_and_judges_silence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,144 @@
+/* sim_restore's world, shared by the simulator (restore.c) and the restore tool it runs
+ * (restore_tool.c): see restore.c for what it models. */
+#ifndef CPS_TESTS_SIM_RESTORE_H
+#define CPS_TESTS_SIM_RESTORE_H
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "seed_args.h"
+#include "chainps/error.h"
+#include "core/view.h"
+#include "core/wire.h"
+#include "recovery/restore_route.h"
+#include "replication/cut_view.h"
+#include "replication/replica.h"
+
+#define MAX_SERVERS 5
+#define MAX_RANGES  4
+#define MAX_KEYS    12
+#define MAX_EPOCHS  16
+#define MAX_FAULTS  3
+#define MAX_SENT    4096
+#define TOOL        (MAX_SERVERS + 1) /* the restore tool's node in the simulator */
+#define TICK_MS     10
+#define DEAD_AFTER  600 /* the scheduler's failure timeout, and the fence's (scaled down) */
+#define RESEND_MS   200
+/* The tool's timers (src/checkpoint/cluster.c), in simulated ms. */
+#define LOOK_MS        500
+#define REFRESH_MS     2000
+#define PUT_SILENT_MS  15000
+#define TIMEOUT_MS     120000
+#define RESTORE_PASSES 8
+#define PASS_GAP_MS    500
+#define VIEW_WAIT_MS   1000
+#define MAX_EVENTS     2000000 /* a runaway seed fails */
+
+enum { REC_CREATE = 1, REC_SLICE = 2 };
+enum { SRV_UP = 0, SRV_PAUSED, SRV_DEAD, SRV_FENCED };
+enum { EV_MSG = 1, EV_TICK, EV_RESUME, EV_FAULT, EV_DECLARE, EV_TWAKE };
+enum { F_KILL_HEAD = 0, F_KILL_MIDDLE, F_KILL_TAIL, F_KILL_ANY, F_PAUSE_HEAD, F_KINDS };
+
+typedef struct msg {
+    uint32_t from, to;
+    cps__msg_hdr h;
+    void *pl; /* payload (malloc), or NULL */
+    size_t len;
+    int whole; /* a CUT_PROBE answer: the tail held the range whole when it answered (sim only) */
+    struct msg *next;
+} msg;
+
+typedef struct event {
+    uint64_t t, n;
+    int type;
+    uint32_t node;
+    uint64_t arg;
+    msg *m;
+} event;
+
+typedef struct rstore {
+    uint64_t applied;
+    uint8_t exists[MAX_KEYS];
+    uint64_t version[MAX_KEYS], value[MAX_KEYS];
+} rstore;
+
+typedef struct server {
+    uint32_t id;
+    int state;
+    cps__replica *rep;
+    const cps__view *view;
+    rstore rs[MAX_RANGES];
+    msg *pend, *pend_tail; /* came while paused, in order */
+    int hb_stalled;        /* paused with its heartbeat thread: may be declared dead */
+    uint64_t resume_at;
+} server;
+
+typedef struct sent_put {
+    uint64_t req_seq;
+    uint32_t range, pass, to;
+    int answered;
+} sent_put;
+
+typedef struct world {
+    uint64_t rng, now, evn, nevents;
+    sim_verdict v;
+    int verbose;
+    uint32_t nservers, nranges, replicas, per_put;
+    uint32_t drop_pm;
+    uint32_t put_ms;  /* the tool reads and encodes a PUT in up to this long */
+    uint32_t view_ms; /* a new view reaches a server up to this late */
+    uint32_t nkeys[MAX_RANGES];
+    uint64_t version[MAX_RANGES][MAX_KEYS], value[MAX_RANGES][MAX_KEYS];
+    cps__view views[MAX_EPOCHS + 1];
+    cps__range vranges[MAX_EPOCHS + 1][MAX_RANGES];
+    cps__node_info vnodes[MAX_EPOCHS + 1][MAX_SERVERS];
+    uint64_t epoch;
+    server srv[MAX_SERVERS + 1];
+    event *ev;
+    size_t nev, evcap;
+    uint64_t fifo[MAX_SERVERS + 2][MAX_SERVERS + 2]; /* per link: the last delivery (TCP order) */
+    /* faults */
+    uint32_t nfaults, fired;
+    int fkind[MAX_FAULTS];
+    uint64_t ftrigger[MAX_FAULTS]; /* after this many PUTs sent */
+    uint64_t fdur[MAX_FAULTS];
+    int fstall[MAX_FAULTS];
+    /* the tool */
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int turn; /* 0: the simulator runs, 1: the tool runs */
+    int done, rc, failed_by;
+    uint64_t wake_at, wake_gen;
+    msg *inbox, *inbox_tail;
+    const cps__view *tview; /* the tool's view */
+    cps__rr_book book;
+    uint64_t next_req, next_look, puts_sent;
+    uint32_t pass, bad, no_replica, resent;
+    uint32_t buffered[MAX_RANGES];
+    uint64_t buf[MAX_RANGES][2 * 3]; /* one PUT's records being filled: (word0, word1) pairs */
+    sent_put sent[MAX_SENT];
+    uint32_t nsent;
+} world;
+
+enum { WHY_NONE = 0, WHY_DEADLINE, WHY_FATAL, WHY_SILENT, WHY_PASSES, WHY_NO_REPLICA };
+
+/* restore.c: the seeded draws, the log, the events and the network, for the tool too. */
+uint64_t rnd(world *w, uint64_t n);
+void trace(world *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void ev_push(world *w, uint64_t t, int type, uint32_t node, uint64_t arg, msg *m);
+void msg_free(msg *m);
+/* A message from -> to (fifo: a TCP connection; else a chain link, lossy and reordered); the
+ * message queued, or NULL if lost. */
+msg *net_send(world *w, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
+              size_t len, int fifo);
+
+/* restore_tool.c: the restore tool, a thread that runs only while the simulator waits for it. */
+void *tool_main(void *arg);
+/* Run the tool until it waits again (for a message or a time) or ends. */
+void tool_resume(world *w);
+
+#endif
