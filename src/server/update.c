@@ -6,7 +6,17 @@
  * number and the records the replica laid out), SEND (FWD / CHAIN_ACK / CHAIN_MARK to a
  * neighbour), REPLY (ACK, ERROR, or values read from LMDB straight into the message). The order
  * is the replica's: a FWD that comes before its WRITE (forward before apply) is handed to the
- * transport first, whose I/O thread sends it while this thread writes. */
+ * transport first, whose I/O thread sends it while this thread writes.
+ *
+ * Why a push's MAC is still checked by the transport before the replica sees it, rather than
+ * during the FWD's copy or the apply's pass over the values (which would save a pass): the
+ * replica's step changes its state on the push before either copy happens (the chain's record
+ * of each worker's last request, the range's next sequence number, the forwarded-but-unacked
+ * list, a sync step's contributions), so a tag found wrong at the copy or in the write would
+ * leave a replica that counts as applied a push that never was: the genuine retry would be
+ * acknowledged as a duplicate and lost, or the server would have to leave (poisoned) on any
+ * forged message. Checking there needs the replica to hold a push as "check pending" and take it
+ * back whole; see the session's note (issue 30). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
