@@ -158,7 +158,6 @@ struct cps__tp_pending {
     size_t n;           /* bytes received */
     size_t body;        /* without the trailer (once checked: as checked) */
     int state;
-    int live; /* 0 once its callback returned */
 };
 
 /* A peer's queue went from empty to not (on) or back. */
@@ -1445,7 +1444,6 @@ static int deferred(const cps__tp *tp, const unsigned char *m, size_t n)
 
 const void *cps__tp_pending_peek(const cps__tp_pending *m, size_t *len)
 {
-    assert(m->live);
     *len = m->n - CPS_AUTH_TRAILER; /* deferred() saw at least a header and a trailer */
     return m->buf;
 }
@@ -1465,7 +1463,6 @@ static int pending_verdict(cps__tp_pending *m, int verdict)
 
 int cps__tp_pending_open_copy(cps__tp_pending *m, size_t at, void *dst, size_t n)
 {
-    assert(m->live);
     if (m->state != PEND_UNCHECKED || at > m->n - CPS_AUTH_TRAILER ||
         n > m->n - CPS_AUTH_TRAILER - at)
         return CPS_EINVAL;
@@ -1474,7 +1471,6 @@ int cps__tp_pending_open_copy(cps__tp_pending *m, size_t at, void *dst, size_t n
 
 int cps__tp_pending_take(cps__tp_pending *m, void **buf, size_t *len)
 {
-    assert(m->live);
     /* A refused message is gone: taking it is a caller that ignored open_copy's answer. */
     assert(m->state != PEND_REFUSED && m->state != PEND_TAKEN);
     if (m->state == PEND_UNCHECKED &&
@@ -1493,9 +1489,8 @@ int cps__tp_pending_take(cps__tp_pending *m, void **buf, size_t *len)
  * as recv_one: 1 delivered (taken, or declined and delivered here), 0 refused. */
 static int pending_take(cps__tp *tp, void *buf, size_t n, cps__tp_recv_fn fn, void *ctx)
 {
-    cps__tp_pending m = {tp, buf, n, 0, PEND_UNCHECKED, 1};
+    cps__tp_pending m = {tp, buf, n, 0, PEND_UNCHECKED};
     tp->defer_fn(tp->defer_ctx, &m);
-    m.live = 0;
     if (m.state == PEND_REFUSED)
         return 0;
     if (m.state == PEND_TAKEN)

@@ -171,7 +171,7 @@ typedef void (*cps__tp_recv_fn)(void *ctx, void *buf, size_t len);
  * A callback that returns without taking or refusing it declines: the transport checks it (if
  * open_copy did not) and delivers it to the ordinary cps__tp_recv_fn. So no path hands out the
  * bytes unchecked, and a type declared but not handled only costs the check it always had. Debug
- * builds assert that a refused message is not taken and a handle is not used after its call. */
+ * builds assert that a message refused or taken is not taken (again). */
 typedef struct cps__tp_pending cps__tp_pending;
 typedef void (*cps__tp_pending_fn)(void *ctx, cps__tp_pending *m);
 /* Route messages whose header names wire type `type` to `fn` (one fn and ctx per transport: a
