@@ -330,24 +330,45 @@ static void *fake_main(void *arg)
     return NULL;
 }
 
-static void reply_of_another_epoch_is_not_taken(void **state)
+/* Start the fake scheduler and server in a thread, and make this process its worker. */
+static void fake_start(fake *f, int mac_forge, pthread_t *th)
 {
-    (void)state;
-    static fake f;
-    memset(&f, 0, sizeof f);
-    f.epoch = EPOCH0;
-    assert_int_equal(cps__tp_create(h_key(), &f.tp), 0);
+    memset(f, 0, sizeof *f);
+    f->epoch = EPOCH0;
+    f->mac_forge = mac_forge;
+    f->raw = -1;
+    if (mac_forge)
+        assert_int_equal(cps__auth_create(h_key(), &f->sealer), 0);
+    assert_int_equal(cps__tp_create(h_key(), &f->tp), 0);
     uint16_t port = 0;
-    assert_int_equal(cps__tp_bind(f.tp, H_HOST, 0, &port), 0);
-    snprintf(f.url, sizeof f.url, "tcp://%s:%u", H_HOST, port);
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, fake_main, &f), 0);
-
+    assert_int_equal(cps__tp_bind(f->tp, H_HOST, 0, &port), 0);
+    snprintf(f->url, sizeof f->url, "tcp://%s:%u", H_HOST, port);
+    assert_int_equal(pthread_create(th, NULL, fake_main, f), 0);
     char sched[64];
     snprintf(sched, sizeof sched, "%s:%u", H_HOST, port);
     h_become_worker(sched, 1, 1);
     setenv("CHAINPS_REQUEST_TIMEOUT_MS", "300", 1);
     setenv("CHAINPS_JOIN_TIMEOUT_MS", "10000", 1);
+}
+
+static void fake_stop(fake *f, pthread_t th)
+{
+    f->stop = 1;
+    pthread_join(th, NULL);
+    cps__tp_destroy(f->tp);
+    if (f->raw >= 0)
+        nn_close(f->raw);
+    cps__auth_destroy(f->sealer);
+    if (f->failure[0])
+        fprintf(stderr, "fake server: %s\n", f->failure);
+}
+
+static void reply_of_another_epoch_is_not_taken(void **state)
+{
+    (void)state;
+    static fake f;
+    pthread_t th;
+    fake_start(&f, 0, &th);
     cps__log_set_level(CPS_LOG_DEBUG); /* the "ignored" lines, for whoever reads the output */
     cps_client *c = NULL;
     int rc = cps_open(&c);
@@ -364,12 +385,7 @@ static void reply_of_another_epoch_is_not_taken(void **state)
     cps_client_stats_get(c, &st);
     int closed = c ? cps_close(c) : -1;
     cps__log_set_level(CPS_LOG_INFO);
-    f.stop = 1;
-    pthread_join(th, NULL);
-    cps__tp_destroy(f.tp);
-
-    if (f.failure[0])
-        fprintf(stderr, "fake server: %s\n", f.failure);
+    fake_stop(&f, th);
     assert_string_equal(f.failure, "");
     assert_int_equal(rc, 0);
     assert_int_equal(push1, 0);
@@ -406,23 +422,8 @@ static void forged_pull_reply_is_asked_again(void **state)
 {
     (void)state;
     static fake f;
-    memset(&f, 0, sizeof f);
-    f.epoch = EPOCH0;
-    f.mac_forge = 1;
-    f.raw = -1;
-    assert_int_equal(cps__auth_create(h_key(), &f.sealer), 0);
-    assert_int_equal(cps__tp_create(h_key(), &f.tp), 0);
-    uint16_t port = 0;
-    assert_int_equal(cps__tp_bind(f.tp, H_HOST, 0, &port), 0);
-    snprintf(f.url, sizeof f.url, "tcp://%s:%u", H_HOST, port);
     pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, fake_main, &f), 0);
-
-    char sched[64];
-    snprintf(sched, sizeof sched, "%s:%u", H_HOST, port);
-    h_become_worker(sched, 1, 1);
-    setenv("CHAINPS_REQUEST_TIMEOUT_MS", "300", 1);
-    setenv("CHAINPS_JOIN_TIMEOUT_MS", "10000", 1);
+    fake_start(&f, 1, &th);
     cps_client *c = NULL;
     int rc = cps_open(&c);
     float a[NK] = {1, 2, 3, 4}, pulled[2][NK];
@@ -435,15 +436,7 @@ static void forged_pull_reply_is_asked_again(void **state)
     cps_client_stats st = {0};
     cps_client_stats_get(c, &st);
     int closed = c ? cps_close(c) : -1;
-    f.stop = 1;
-    pthread_join(th, NULL);
-    cps__tp_destroy(f.tp);
-    if (f.raw >= 0)
-        nn_close(f.raw);
-    cps__auth_destroy(f.sealer);
-
-    if (f.failure[0])
-        fprintf(stderr, "fake server: %s\n", f.failure);
+    fake_stop(&f, th);
     assert_string_equal(f.failure, "");
     assert_int_equal(rc, 0);
     assert_int_equal(push, 0);
