@@ -538,8 +538,10 @@ static void take_checked_values(void *ctx, cps__tp_pending *m)
     const cps__part *p = &op->parts[part];
     if (!op->out || values_span(p, b + CPS_WIRE_HDR_SIZE, h.payload_len, &at, &n) != 0)
         return;
-    if (cps__tp_pending_open_copy(m, CPS_WIRE_HDR_SIZE + at, op->out + p->src_off[0], n) != 0) {
-        c->stats.values_refused++;
+    int rc = cps__tp_pending_open_copy(m, CPS_WIRE_HDR_SIZE + at, op->out + p->src_off[0], n);
+    if (rc != 0) {
+        /* CPS_EINVAL (cannot be: the span is inside the message): copied nothing, declined. */
+        c->stats.values_refused += rc == CPS_EPROTO;
         return;
     }
     void *buf;
