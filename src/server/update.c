@@ -16,7 +16,7 @@
  * leave a replica that counts as applied a push that never was: the genuine retry would be
  * acknowledged as a duplicate and lost, or the server would have to leave (poisoned) on any
  * forged message. Checking there needs the replica to hold a push as "check pending" and take it
- * back whole; see the session's note (issue 30). */
+ * back whole (issue 30). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
