@@ -349,6 +349,24 @@ int cps__reqs_reply(cps__reqs *rq, const cps__view *v, const cps__reqs_reply_in 
     return CPS_RQ_REPLY_TAKEN;
 }
 
+int cps__reqs_would_take(const cps__reqs *rq, uint32_t range, uint64_t req_seq, uint64_t epoch,
+                         void **ctx, uint32_t *part)
+{
+    for (uint32_t i = 0; i < rq->nreqs; i++) {
+        const entry *e = &rq->reqs[i];
+        if (e->range != range || e->seq != req_seq)
+            continue;
+        /* As cps__reqs_reply decides: only an answer of its send's epoch is taken, and a
+         * detached request's caller has its result already. */
+        if (e->sent_epoch != epoch || e->detached || e->dropped)
+            return 0;
+        *ctx = e->ctx;
+        *part = e->part;
+        return 1;
+    }
+    return 0;
+}
+
 void cps__reqs_view(cps__reqs *rq, const cps__view *v, uint64_t now)
 {
     begin(rq);

@@ -157,6 +157,13 @@ void cps__reqs_sent(cps__reqs *rq, uint32_t index, int rc, uint64_t now);
 int cps__reqs_reply(cps__reqs *rq, const cps__view *v, const cps__reqs_reply_in *in, uint64_t now,
                     cps__reqs_done *done);
 
+/* Which request a VALUES or ACK reply (range, req_seq, produced under `epoch`) would complete if
+ * it arrived now (cps__reqs_reply's CPS_RQ_REPLY_TAKEN for a caller still waiting): 1 and its
+ * ctx and part, else 0. Pure: changes nothing, so a shell may ask it of a message it has not
+ * authenticated yet, to plan where that message's values would be copied. */
+int cps__reqs_would_take(const cps__reqs *rq, uint32_t range, uint64_t req_seq, uint64_t epoch,
+                         void **ctx, uint32_t *part);
+
 /* View v (borrowed) was installed at `now`: every request goes out again under it
  * (CPS_RQ_WHY_VIEW), parked ones included. */
 void cps__reqs_view(cps__reqs *rq, const cps__view *v, uint64_t now);

@@ -501,6 +501,17 @@ static void on_reply(cps__sess *s, const cps__msg_hdr *h, const void *payload, s
     part_done(s, op, 0);
 }
 
+int cps__sess_values_target(const cps__sess *s, const cps__msg_hdr *h, cps__sess_op **op,
+                            uint32_t *part)
+{
+    void *ctx;
+    if (h->type != CPS_MSG_VALUES || h->sender == SCHED_PEER ||
+        !cps__reqs_would_take(s->rq, h->range, h->req_seq, h->epoch, &ctx, part))
+        return 0;
+    *op = ctx;
+    return 1;
+}
+
 int cps__sess_step(cps__sess *s, const cps__msg_hdr *h, const void *payload, size_t len,
                    uint64_t now)
 {

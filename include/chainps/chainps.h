@@ -365,6 +365,15 @@ CPS_API int cps_push(cps_client *c, cps_tensor *t, const float *grad, uint64_t l
  * @return 0, CPS_EINVAL (NULL client, tensor or out), CPS_ESIZE (len is not the tensor's
  *         length), and the errors of the data calls (above). `out` may be partly written when
  *         the call fails.
+ *
+ * Authentication (a job with a secret, servers on other hosts): a reply's MAC is checked while
+ * its values are copied into `out`, in one pass. A reply that fails the check is dropped as a
+ * lost one (counted in cps_client_stats.values_refused and logged) and its request is re-sent;
+ * the call goes on and returns 0 once a genuine reply arrives, or fails as for a lost reply
+ * (CPS_ETIMEDOUT, CPS_EUNAVAILABLE). So while the call runs, and after it fails, `out` may hold
+ * bytes of a refused (forged or corrupted) reply; when it returns 0, every value in `out` is
+ * from a reply that passed the check. The same holds for the other calls that fill `out`
+ * (cps_push_pull, the _async forms until cps_wait gives their result, cps_raw_pull's vals).
  */
 CPS_API int cps_pull(cps_client *c, cps_tensor *t, float *out, uint64_t len);
 
@@ -452,6 +461,10 @@ typedef struct cps_client_stats {
     uint64_t late_pushes;     /**< sync pushes dropped as late: their step had closed with the
                                    first W-b gradients (--backup-workers); the tensor's step
                                    moved on to the job's */
+    uint64_t values_refused;  /**< pull replies from servers on other hosts that failed their
+                                   authentication check, made while their values were copied
+                                   into the caller's buffer: each was dropped as if lost and
+                                   its request re-sent (cps_pull) */
 } cps_client_stats;
 
 /** @brief Copy the client's counters into *out. Never fails; does nothing if either is NULL. */

@@ -6,7 +6,17 @@
  * number and the records the replica laid out), SEND (FWD / CHAIN_ACK / CHAIN_MARK to a
  * neighbour), REPLY (ACK, ERROR, or values read from LMDB straight into the message). The order
  * is the replica's: a FWD that comes before its WRITE (forward before apply) is handed to the
- * transport first, whose I/O thread sends it while this thread writes. */
+ * transport first, whose I/O thread sends it while this thread writes.
+ *
+ * Why a push's MAC is still checked by the transport before the replica sees it, rather than
+ * during the FWD's copy or the apply's pass over the values (which would save a pass): the
+ * replica's step changes its state on the push before either copy happens (the chain's record
+ * of each worker's last request, the range's next sequence number, the forwarded-but-unacked
+ * list, a sync step's contributions), so a tag found wrong at the copy or in the write would
+ * leave a replica that counts as applied a push that never was: the genuine retry would be
+ * acknowledged as a duplicate and lost, or the server would have to leave (poisoned) on any
+ * forged message. Checking there needs the replica to hold a push as "check pending" and take it
+ * back whole (issue 30). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,19 +195,30 @@ int cps__server_replica_new(cps__server *s)
 /* ---- REPLY ---- */
 
 typedef struct read_io {
+    cps__tp *tp;
+    void *msg;  /* the reply, from cps__tp_reserve */
+    size_t off; /* where the values start in it */
     const cps__kv *kv;
-    float *out;
 } read_io;
 
+/* The values go from LMDB into the reply through cps__tp_fill: to a tcp:// worker the reply's
+ * MAC is computed as they are copied (one pass over them instead of the copy and then the seal
+ * at send); elsewhere it is the plain copy it always was. */
 static int read_values(cps__txn *txn, void *arg)
 {
     read_io *r = arg;
-    float *p = r->out;
+    size_t off = r->off;
     for (uint32_t i = 0; i < r->kv->nkeys; i++) {
-        int rc = cps__store_param_read(txn, r->kv->keys[i], p, r->kv->lens[i]);
+        cps__param_rec rec;
+        int rc = cps__store_param_get(txn, r->kv->keys[i], &rec);
+        if (rc == 0 && rec.len != r->kv->lens[i])
+            rc = CPS_ESIZE;
+        size_t n = (size_t)rec.len * sizeof(float);
+        if (rc == 0)
+            rc = cps__tp_fill(r->tp, r->msg, off, rec.vals, n);
         if (rc != 0)
             return rc;
-        p += r->kv->lens[i];
+        off += n;
     }
     return 0;
 }
@@ -224,7 +245,7 @@ static void reply_values(cps__server *s, const cps__msg_hdr *rh, const cps__kv *
     /* Keys and lens first; the values are read from LMDB straight into the message. */
     cps__wire_kv_encode(payload, len, kv->nkeys, kv->keys, kv->lens, NULL, 0);
     cps__le32_put(payload + 4, (uint32_t)nvals);
-    read_io r = {kv, (float *)(void *)(payload + cps__wire_kv_size(kv->nkeys, 0))};
+    read_io r = {s->tp, buf, CPS_WIRE_HDR_SIZE + cps__wire_kv_size(kv->nkeys, 0), kv};
     int rc = cps__store_read(s->store, read_values, &r);
     if (rc != 0) {
         cps__tp_unreserve(s->tp, buf);

@@ -40,8 +40,11 @@
  * transport uses it where it owns the copy: framed messages (frame.h), sealing each frame as its
  * bytes are copied in and checking each as its bytes are copied into the message being
  * assembled (frame.h says why no unchecked byte is delivered). A copy made by the message's
- * builder (the worker's push values) carries it through cps__tp_fill, on the streamed MAC below
- * (cps__auth_stream_begin).
+ * builder (the worker's push values, the server's pull reply read from LMDB) carries it through
+ * cps__tp_fill, on the streamed MAC below (cps__auth_stream_begin). On receipt, a copy the
+ * receiver makes anyway (the worker's pull reply into the caller's buffer) carries the check
+ * through cps__tp_defer_check (transport.h): that message type reaches its receiver unchecked,
+ * as a handle whose bytes come out only checked.
  *
  * Versions: the wire header's version byte names the trailer's construction (4: this one). A
  * message whose header bears another version is refused as CPS_AUTH_VERSION before any MAC is

@@ -11,6 +11,7 @@
  */
 #include "transport/transport.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdint.h>
@@ -143,6 +144,20 @@ struct cps__tp {
     uint64_t ring_built;                  /* sent from a reserved slot, without a copy */
     tp_resv *resv;                        /* buffers out from cps__tp_reserve */
     size_t nresv, resv_cap;
+    /* Message types whose check the receiver makes during its own copy (cps__tp_defer_check). */
+    uint64_t defer_types[4];
+    cps__tp_pending_fn defer_fn;
+    void *defer_ctx;
+};
+
+/* A message handed to a cps__tp_pending_fn unchecked (transport.h). */
+enum { PEND_UNCHECKED, PEND_CHECKED, PEND_TAKEN, PEND_REFUSED };
+struct cps__tp_pending {
+    cps__tp *tp;
+    unsigned char *buf; /* nanomsg's, trailer included */
+    size_t n;           /* bytes received */
+    size_t body;        /* without the trailer (once checked: as checked) */
+    int state;
 };
 
 /* A peer's queue went from empty to not (on) or back. */
@@ -1402,6 +1417,92 @@ static int ring_take(cps__tp *tp, void *desc, size_t len, cps__tp_recv_fn fn, vo
     return 1;
 }
 
+void cps__tp_defer_check(cps__tp *tp, uint8_t type, cps__tp_pending_fn fn, void *ctx)
+{
+    if (!tp)
+        return;
+    if (!fn) {
+        memset(tp->defer_types, 0, sizeof tp->defer_types);
+        tp->defer_fn = NULL;
+        tp->defer_ctx = NULL;
+        return;
+    }
+    tp->defer_types[type / 64] |= 1ull << (type % 64);
+    tp->defer_fn = fn;
+    tp->defer_ctx = ctx;
+}
+
+static int deferred(const cps__tp *tp, const unsigned char *m, size_t n)
+{
+    /* Unchecked: the type only picks which path checks. */
+    if (!tp->defer_fn || n < CPS_WIRE_HDR_SIZE + CPS_AUTH_TRAILER ||
+        cps__le32_get(m) != CPS_WIRE_MAGIC) /* frames among others: checked as assembled */
+        return 0;
+    unsigned type = m[5];
+    return (int)(tp->defer_types[type / 64] >> (type % 64) & 1u);
+}
+
+const void *cps__tp_pending_peek(const cps__tp_pending *m, size_t *len)
+{
+    *len = m->n - CPS_AUTH_TRAILER; /* deferred() saw at least a header and a trailer */
+    return m->buf;
+}
+
+static int pending_verdict(cps__tp_pending *m, int verdict)
+{
+    if (verdict == CPS_AUTH_OK) {
+        m->state = PEND_CHECKED;
+        return 0;
+    }
+    auth_refused(m->tp, m->buf, m->n, verdict);
+    nn_freemsg(m->buf);
+    m->buf = NULL;
+    m->state = PEND_REFUSED;
+    return CPS_EPROTO;
+}
+
+int cps__tp_pending_open_copy(cps__tp_pending *m, size_t at, void *dst, size_t n)
+{
+    if (m->state != PEND_UNCHECKED || at > m->n - CPS_AUTH_TRAILER ||
+        n > m->n - CPS_AUTH_TRAILER - at)
+        return CPS_EINVAL;
+    return pending_verdict(m, cps__auth_open_copy(m->tp->auth, m->buf, m->n, &m->body, at, dst, n));
+}
+
+int cps__tp_pending_take(cps__tp_pending *m, void **buf, size_t *len)
+{
+    /* A refused message is gone: taking it is a caller that ignored open_copy's answer. */
+    assert(m->state != PEND_REFUSED && m->state != PEND_TAKEN);
+    if (m->state == PEND_UNCHECKED &&
+        pending_verdict(m, cps__auth_open(m->tp->auth, m->buf, m->n, &m->body)) != 0)
+        return CPS_EPROTO;
+    if (m->state != PEND_CHECKED)
+        return CPS_EPROTO;
+    m->state = PEND_TAKEN;
+    *buf = m->buf;
+    *len = m->body;
+    m->buf = NULL;
+    return 0;
+}
+
+/* A message of a deferred type: its callback checks it during its own copy, or declines. Returns
+ * as recv_one: 1 delivered (taken, or declined and delivered here), 0 refused. */
+static int pending_take(cps__tp *tp, void *buf, size_t n, cps__tp_recv_fn fn, void *ctx)
+{
+    cps__tp_pending m = {tp, buf, n, 0, PEND_UNCHECKED};
+    tp->defer_fn(tp->defer_ctx, &m);
+    if (m.state == PEND_REFUSED)
+        return 0;
+    if (m.state == PEND_TAKEN)
+        return 1;
+    void *b;
+    size_t len;
+    if (cps__tp_pending_take(&m, &b, &len) != 0)
+        return 0;
+    fn(ctx, b, len);
+    return 1;
+}
+
 /* One message from inbox `sock` (the ipc one if `local`): 1 delivered, 0 refused, 2 a frame
  * taken (no message complete yet), -1 none waiting, or CPS_ETRANSPORT. */
 static int recv_one(cps__tp *tp, int sock, int local, cps__tp_recv_fn fn, void *ctx)
@@ -1428,6 +1529,8 @@ static int recv_one(cps__tp *tp, int sock, int local, cps__tp_recv_fn fn, void *
             if (rc >= 0)
                 return rc;
         }
+        if (!local && cps__auth_keyed(tp->auth) && deferred(tp, buf, (size_t)n))
+            return pending_take(tp, buf, (size_t)n, fn, ctx);
         size_t body;
         /* The ipc inbox is reached only through the private directory: the operating system
          * vouches for the sender there, so only the trailer's shape and the version count. */

@@ -152,6 +152,46 @@ void cps__tp_ring_stats_get(const cps__tp *tp, cps__tp_ring_stats *out);
  * (a sender whose ring is full sends inline). */
 typedef void (*cps__tp_recv_fn)(void *ctx, void *buf, size_t len);
 
+/* ---- checks made during a copy of the receiver's own ("check pending") ----
+ * With a key, a message from a tcp:// peer is normally checked (auth.h) before cps__tp_recv_fn
+ * sees it. A receiver that copies some message type out of the message anyway (the worker's pull
+ * reply, copied into the caller's buffer) may declare that type with cps__tp_defer_check: such a
+ * message is then handed to its cps__tp_pending_fn unchecked, as an opaque cps__tp_pending that
+ * gives its bytes out only checked. Messages of other types, unkeyed jobs, same-host (ipc://,
+ * ring) messages and framed ones (checked as they are assembled) never take this path.
+ *
+ * What the pending callback may do, before it returns (the handle dies with the call):
+ *  - cps__tp_pending_peek: the bytes, UNAUTHENTICATED, only to plan where a copy goes (as the
+ *    framed path reads a frame's header): no state may change on what it says;
+ *  - cps__tp_pending_open_copy: check the message while copying part of it into the caller's
+ *    memory, in one pass. Refused: the message is dropped, counted and logged as any refused
+ *    message, and the destination holds unauthenticated bytes to throw away;
+ *  - cps__tp_pending_take: the message, checked (by open_copy before, or now), as a
+ *    cps__tp_recv_fn would get it (the callee owns it).
+ * A callback that returns without taking or refusing it declines: the transport checks it (if
+ * open_copy did not) and delivers it to the ordinary cps__tp_recv_fn. So no path hands out the
+ * bytes unchecked, and a type declared but not handled only costs the check it always had. Debug
+ * builds assert that a message refused or taken is not taken (again). */
+typedef struct cps__tp_pending cps__tp_pending;
+typedef void (*cps__tp_pending_fn)(void *ctx, cps__tp_pending *m);
+/* Route messages whose header names wire type `type` to `fn` (one fn and ctx per transport: a
+ * later call replaces them for every declared type). `fn` NULL: no type is deferred any more.
+ * The header's type is read unchecked: a forger who names a declared type only reaches a path
+ * that checks too. */
+void cps__tp_defer_check(cps__tp *tp, uint8_t type, cps__tp_pending_fn fn, void *ctx);
+/* The message's bytes without its trailer (*len), unauthenticated: read only to plan a copy. */
+const void *cps__tp_pending_peek(const cps__tp_pending *m, size_t *len);
+/* Check the message and copy its bytes [at, at + n) to dst in the same pass. 0: authentic (the
+ * copy is of checked bytes; cps__tp_pending_take then hands it out). CPS_EPROTO: refused (a
+ * wrong tag, a replay, ...; counted in cps__tp_auth_dropped and logged); dst[0, n) may hold
+ * unauthenticated bytes and must not be used; the message is gone. CPS_EINVAL: at + n beyond the
+ * message, or checked already (nothing copied; the message is still pending or checked). */
+int cps__tp_pending_open_copy(cps__tp_pending *m, size_t at, void *dst, size_t n);
+/* The message, checked: *buf and *len as a cps__tp_recv_fn gets them (the caller owns buf and
+ * cps__tp_free()s it). Checks it now unless open_copy did. CPS_EPROTO: refused now (counted,
+ * logged; the message is gone) or earlier by open_copy. */
+int cps__tp_pending_take(cps__tp_pending *m, void **buf, size_t *len);
+
 /* Wait up to `timeout_ms` (-1: forever, 0: just check) for inbox messages, deliver every message
  * already available to `fn` (at most `max_msgs`, 0 for no limit), and flush peer queues that can
  * take data. Returns the number delivered (>= 0) or CPS_ETRANSPORT. Interrupted by a signal:

@@ -291,7 +291,11 @@ static int take_values(cps_client *c, cps__op *op, uint32_t part, const cps__ses
     for (uint32_t j = 0; err == 0 && j < p->nkeys; j++)
         if (kv.keys[j] != p->keys[j] || kv.lens[j] != p->lens[j])
             err = CPS_EPROTO;
-    if (err == 0 && op->out) {
+    /* Copied already, by the check that let the reply in (take_checked_values). */
+    int placed = c->placed_op == op && c->placed_part == part;
+    if (err == 0 && op->out && placed)
+        c->stats.pull_bytes += kv.nvals * sizeof(float);
+    if (err == 0 && op->out && !placed) {
         const float *src = kv.vals;
         for (uint32_t j = 0; j < p->nkeys; j++) {
             memcpy(op->out + p->src_off[j], src, (size_t)p->lens[j] * sizeof(float));
@@ -487,6 +491,68 @@ static void handle_msg(void *ctx, void *buf, size_t len)
     cps__ar_on_view(c); /* a new view re-forms the all-reduce ring (no-op otherwise) */
 }
 
+/* Where the values of a reply to part p lie in its payload (`pl`, `plen` bytes, not yet
+ * authenticated) and whether they go to the caller's buffer in one piece: 0 and the span
+ * (*at, *n bytes) when the payload is exactly the kv payload p asked for (its keys and lengths)
+ * and p's keys are contiguous in the caller's buffer; -1 otherwise. */
+static int values_span(const cps__part *p, const unsigned char *pl, size_t plen, size_t *at,
+                       size_t *n)
+{
+    size_t pre = cps__wire_kv_size(p->nkeys, 0);
+    if (p->nkeys == 0 || plen != cps__wire_kv_size(p->nkeys, p->nvals) ||
+        cps__le32_get(pl) != p->nkeys || cps__le32_get(pl + 4) != p->nvals)
+        return -1;
+    for (uint32_t j = 0; j < p->nkeys; j++) {
+        if (cps__le64_get(pl + 8 + 8 * (size_t)j) != p->keys[j] ||
+            cps__le32_get(pl + 8 + 8 * (size_t)p->nkeys + 4 * (size_t)j) != p->lens[j])
+            return -1;
+        if (j && p->src_off[j] != p->src_off[j - 1] + p->lens[j - 1])
+            return -1;
+    }
+    *at = pre;
+    *n = (size_t)p->nvals * sizeof(float);
+    return 0;
+}
+
+/* A VALUES reply over tcp (transport.h, cps__tp_defer_check): its MAC is checked while its
+ * values are copied into the caller's buffer, one pass over them instead of the transport's
+ * check and then take_values' copy. Nothing but where the copy goes is read before the check:
+ * the session is asked (purely) which part the reply would answer, and the payload must be
+ * exactly that part's. A reply that is not such a one is declined (the transport checks it and
+ * it goes through handle_msg as any message). A refused one is dropped like a lost reply: the
+ * session never saw it, so the request is re-sent at its timeout. Its bytes may by then be in
+ * the caller's buffer (cps_pull says so): the answer that completes the part writes it all. */
+static void take_checked_values(void *ctx, cps__tp_pending *m)
+{
+    cps_client *c = ctx;
+    size_t len;
+    const unsigned char *b = cps__tp_pending_peek(m, &len);
+    cps__msg_hdr h;
+    cps__sess_op *so;
+    uint32_t part;
+    size_t at, n;
+    if (cps__wire_hdr_decode(b, len, &h) != 0 || (h.flags & CPS_WF_SNAPPY) ||
+        !cps__sess_values_target(c->sess, &h, &so, &part))
+        return;
+    cps__op *op = op_of(so);
+    const cps__part *p = &op->parts[part];
+    if (!op->out || values_span(p, b + CPS_WIRE_HDR_SIZE, h.payload_len, &at, &n) != 0)
+        return;
+    int rc = cps__tp_pending_open_copy(m, CPS_WIRE_HDR_SIZE + at, op->out + p->src_off[0], n);
+    if (rc != 0) {
+        /* CPS_EINVAL (cannot be: the span is inside the message): copied nothing, declined. */
+        c->stats.values_refused += rc == CPS_EPROTO;
+        return;
+    }
+    void *buf;
+    if (cps__tp_pending_take(m, &buf, &len) != 0)
+        return;
+    c->placed_op = op;
+    c->placed_part = part;
+    handle_msg(c, buf, len);
+    c->placed_op = NULL;
+}
+
 /* One turn of the loop: receive what has arrived (waiting up to timeout_ms, or less if the
  * session's next timer is due sooner), then let the session act on the time. */
 static int progress(cps_client *c, int timeout_ms)
@@ -622,6 +688,8 @@ int cps_open(cps_client **out)
         rc = cps__tp_bind(c->tp, cfg.bind_host, cfg.port, &port);
     if (rc == 0)
         rc = cps__loop_create(&c->loop);
+    if (rc == 0)
+        cps__tp_defer_check(c->tp, CPS_MSG_VALUES, take_checked_values, c);
     if (rc == 0)
         rc = cps__loop_tp_attach(&c->inbox, c->loop, c->tp, handle_msg, c, 0);
     char url[CPS_ADDR_MAX + 16];

@@ -134,6 +134,10 @@ struct cps_client {
     cps__heartbeat *hb;     /* heartbeats from a thread (a long step is no death) */
     struct cps__ar *ar;     /* all-reduce among the workers (collective.c); NULL until first used */
     struct cps__lset *lset; /* local tensors for checkpoints (localset.c); NULL until first used */
+    /* The part whose values the reply being handled already copied into the caller's buffer,
+     * checking it on the way (client.c, take_checked_values); NULL: none. */
+    const struct cps__op *placed_op;
+    uint32_t placed_part;
 };
 
 /* Start op's requests (op->so.kind and so.nparts set) under `clock`, the tensor's (NULL: a raw

@@ -38,7 +38,11 @@
 #include "core/wire.h"
 #include "cluster.h"
 #include "node/msg.h"
+#include "transport/auth.h"
 #include "transport/transport.h"
+
+#include <nanomsg/nn.h>
+#include <nanomsg/pipeline.h>
 
 #define WAIT_MS 30000
 
@@ -65,6 +69,12 @@ typedef struct fake {
     uint64_t expect_resend;      /* req_seq whose forged reply is out: next must be its re-send */
     uint64_t expect_epoch;       /* ...sent under this epoch */
     int forged, resent;
+    /* forged_pull_reply_is_asked_again: the first send of each of the first two pulls is
+     * answered under the right epoch and sealed with the job's key, then one byte is changed
+     * on the way (a value, then a header field): the MAC must refuse it. */
+    int mac_forge;
+    int raw;           /* a plain nanomsg socket to the worker's inbox, for the altered bytes */
+    cps__auth *sealer; /* the job's key */
     int bye;
     volatile int stop;
     char failure[256];
@@ -157,6 +167,40 @@ static void forge(fake *f, const cps__msg_hdr *req, uint8_t type, int nth)
     f->expect_epoch = f->epoch;
 }
 
+/* The true answer to `req`, sealed with the job's key, with byte `at` changed after sealing:
+ * what a network in the way that changes bytes delivers. */
+static void forge_mac(fake *f, const cps__msg_hdr *req, size_t at)
+{
+    cps__msg_hdr h = {.type = CPS_MSG_VALUES,
+                      .flags = CPS_WF_REPLY,
+                      .sender = FAKE_SRV,
+                      .epoch = f->epoch,
+                      .req_worker = req->req_worker,
+                      .req_seq = req->req_seq,
+                      .range = req->range,
+                      .step = req->step};
+    size_t plen = cps__wire_kv_size(NK, NK);
+    unsigned char m[CPS_WIRE_HDR_SIZE + 256 + CPS_AUTH_TRAILER];
+    h.payload_len = h.raw_len = (uint32_t)plen;
+    cps__wire_hdr_encode(m, &h);
+    cps__wire_kv_encode(m + CPS_WIRE_HDR_SIZE, plen, NK, KEYS, LENS, f->vals, NK);
+    cps__auth_seal(f->sealer, m, CPS_WIRE_HDR_SIZE + plen);
+    m[at] ^= 0x40;
+    if (f->raw < 0) {
+        f->raw = nn_socket(AF_SP, NN_PUSH);
+        if (f->raw < 0 || nn_connect(f->raw, f->worker_addr) < 0) {
+            fake_fail(f, "no raw socket to the worker");
+            return;
+        }
+    }
+    size_t len = CPS_WIRE_HDR_SIZE + plen + CPS_AUTH_TRAILER;
+    if (nn_send(f->raw, m, len, 0) != (int)len)
+        fake_fail(f, "cannot send the altered reply");
+    f->forged++;
+    f->expect_resend = req->req_seq;
+    f->expect_epoch = f->epoch;
+}
+
 static void fake_request(fake *f, const cps__rx *rx)
 {
     const cps__msg_hdr *h = &rx->hdr;
@@ -204,7 +248,7 @@ static void fake_request(fake *f, const cps__rx *rx)
                       (unsigned long long)f->applied);
         }
         int nth = ++f->pushes_seen;
-        if (nth <= 2)
+        if (nth <= 2 && !f->mac_forge)
             forge(f, h, CPS_MSG_ACK, nth);
         else
             fake_reply(f, h, CPS_MSG_ACK, f->epoch, NULL);
@@ -213,7 +257,10 @@ static void fake_request(fake *f, const cps__rx *rx)
     case CPS_MSG_PULL: {
         f->last_pull = h->req_seq;
         int nth = ++f->pulls_seen;
-        if (nth <= 2)
+        if (nth <= 2 && f->mac_forge)
+            /* A value's byte, then the step's in the header. */
+            forge_mac(f, h, nth == 1 ? CPS_WIRE_HDR_SIZE + cps__wire_kv_size(NK, 0) + 5 : 41);
+        else if (nth <= 2)
             forge(f, h, CPS_MSG_VALUES, nth);
         else
             fake_reply(f, h, CPS_MSG_VALUES, f->epoch, f->vals);
@@ -283,24 +330,45 @@ static void *fake_main(void *arg)
     return NULL;
 }
 
-static void reply_of_another_epoch_is_not_taken(void **state)
+/* Start the fake scheduler and server in a thread, and make this process its worker. */
+static void fake_start(fake *f, int mac_forge, pthread_t *th)
 {
-    (void)state;
-    static fake f;
-    memset(&f, 0, sizeof f);
-    f.epoch = EPOCH0;
-    assert_int_equal(cps__tp_create(h_key(), &f.tp), 0);
+    memset(f, 0, sizeof *f);
+    f->epoch = EPOCH0;
+    f->mac_forge = mac_forge;
+    f->raw = -1;
+    if (mac_forge)
+        assert_int_equal(cps__auth_create(h_key(), &f->sealer), 0);
+    assert_int_equal(cps__tp_create(h_key(), &f->tp), 0);
     uint16_t port = 0;
-    assert_int_equal(cps__tp_bind(f.tp, H_HOST, 0, &port), 0);
-    snprintf(f.url, sizeof f.url, "tcp://%s:%u", H_HOST, port);
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, fake_main, &f), 0);
-
+    assert_int_equal(cps__tp_bind(f->tp, H_HOST, 0, &port), 0);
+    snprintf(f->url, sizeof f->url, "tcp://%s:%u", H_HOST, port);
+    assert_int_equal(pthread_create(th, NULL, fake_main, f), 0);
     char sched[64];
     snprintf(sched, sizeof sched, "%s:%u", H_HOST, port);
     h_become_worker(sched, 1, 1);
     setenv("CHAINPS_REQUEST_TIMEOUT_MS", "300", 1);
     setenv("CHAINPS_JOIN_TIMEOUT_MS", "10000", 1);
+}
+
+static void fake_stop(fake *f, pthread_t th)
+{
+    f->stop = 1;
+    pthread_join(th, NULL);
+    cps__tp_destroy(f->tp);
+    if (f->raw >= 0)
+        nn_close(f->raw);
+    cps__auth_destroy(f->sealer);
+    if (f->failure[0])
+        fprintf(stderr, "fake server: %s\n", f->failure);
+}
+
+static void reply_of_another_epoch_is_not_taken(void **state)
+{
+    (void)state;
+    static fake f;
+    pthread_t th;
+    fake_start(&f, 0, &th);
     cps__log_set_level(CPS_LOG_DEBUG); /* the "ignored" lines, for whoever reads the output */
     cps_client *c = NULL;
     int rc = cps_open(&c);
@@ -317,12 +385,7 @@ static void reply_of_another_epoch_is_not_taken(void **state)
     cps_client_stats_get(c, &st);
     int closed = c ? cps_close(c) : -1;
     cps__log_set_level(CPS_LOG_INFO);
-    f.stop = 1;
-    pthread_join(th, NULL);
-    cps__tp_destroy(f.tp);
-
-    if (f.failure[0])
-        fprintf(stderr, "fake server: %s\n", f.failure);
+    fake_stop(&f, th);
     assert_string_equal(f.failure, "");
     assert_int_equal(rc, 0);
     assert_int_equal(push1, 0);
@@ -343,6 +406,50 @@ static void reply_of_another_epoch_is_not_taken(void **state)
         got[i] = a[i] + b[i];
         assert_true(pulled[0][i] == got[i]);
         assert_true(pulled[1][i] == got[i]);
+    }
+    assert_true(f.bye);
+}
+
+/* A pull reply whose bytes were changed on the way (tcp, a job with a secret): the worker checks
+ * its MAC while copying its values into the caller's buffer (transport.h, cps__tp_defer_check),
+ * refuses it, and asks again as for a lost reply; the call returns the true values. The fake
+ * server answers the first send of each of two pulls with the true reply altered after sealing,
+ * in a value, then in the header's step: both refused (counted in values_refused, so the check
+ * made during the copy is the one that refused them), both re-sent, and the pulls return the
+ * true sums. Fails if the altered reply is taken (the worker would not re-send, and the fake
+ * says so) or if the check made during the copy is not the one used (values_refused 0). */
+static void forged_pull_reply_is_asked_again(void **state)
+{
+    (void)state;
+    static fake f;
+    pthread_t th;
+    fake_start(&f, 1, &th);
+    cps_client *c = NULL;
+    int rc = cps_open(&c);
+    float a[NK] = {1, 2, 3, 4}, pulled[2][NK];
+    cps_optim sgd = cps_optim_sgd(1.0f);
+    if (rc == 0)
+        rc = cps_raw_declare(c, KEYS, NK, LENS, NULL, &sgd);
+    int push = rc == 0 ? cps_raw_push(c, KEYS, NK, a, LENS) : rc;
+    int pull1 = push == 0 ? cps_raw_pull(c, KEYS, NK, pulled[0], LENS) : push;
+    int pull2 = pull1 == 0 ? cps_raw_pull(c, KEYS, NK, pulled[1], LENS) : pull1;
+    cps_client_stats st = {0};
+    cps_client_stats_get(c, &st);
+    int closed = c ? cps_close(c) : -1;
+    fake_stop(&f, th);
+    assert_string_equal(f.failure, "");
+    assert_int_equal(rc, 0);
+    assert_int_equal(push, 0);
+    assert_int_equal(pull1, 0);
+    assert_int_equal(pull2, 0);
+    assert_int_equal(closed, 0);
+    assert_int_equal(f.forged, 2);
+    assert_int_equal(f.resent, 2);
+    assert_int_equal(st.values_refused, 2);
+    assert_true(st.retries >= 2);
+    for (int i = 0; i < NK; i++) {
+        assert_true(pulled[0][i] == a[i]);
+        assert_true(pulled[1][i] == a[i]);
     }
     assert_true(f.bye);
 }
@@ -699,6 +806,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         H_TEST(reply_of_another_epoch_is_not_taken, "epoch", 280),
+        H_TEST(forged_pull_reply_is_asked_again, "epoch", 280),
         H_TEST(paused_head_answers_nothing_queued, "epoch", 280),
         H_TEST(paused_head_during_training, "epoch", 280),
     };
