@@ -663,7 +663,17 @@ static void deliver_view(model *m, uint32_t wi, uint64_t epoch)
         w->fetching = 1;
         fetch_drive(m, wi);
     } else if (first && w->repl) {
-        post(m, m->now + 1 + rnd(m, 20), (event){.type = EV_START, .to = wi});
+        /* A program that guesses still ends when the job's collectives are over: one that
+         * arrives after the last has nothing to run (it sits in cps_barrier). */
+        uint64_t at = 0;
+        for (uint32_t rank = 0; rank < m->norig && !at; rank++)
+            for (uint32_t i = 0; i < m->nw && !at; i++)
+                if (i != wi && m->w[i].alive && m->in_view[i] && m->w[i].rank == rank)
+                    at = m->w[i].completed;
+        if (at >= m->seqs)
+            w->done = 1;
+        else
+            post(m, m->now + 1 + rnd(m, 20), (event){.type = EV_START, .to = wi});
     }
 }
 
@@ -849,11 +859,13 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     m->op = rnd(m, 2) ? CPS_COLL_SUM : CPS_COLL_MEAN;
     uint32_t kills = (uint32_t)rnd(m, m->norig);
     /* The shared state and its answer: parts of at most half the state, so every fetch comes in
-     * several parts, and windows of 1 to 3 parts. */
-    m->slen = 2 + (uint32_t)rnd(m, MAX_S - 1);
-    m->part = 1 + (uint32_t)rnd(m, m->slen / 2);
-    m->window = 1 + (uint32_t)rnd(m, 3);
-    m->msg_limit = no_adopt ? m->slen + (uint32_t)rnd(m, m->n) : MAX_S + MAX_N;
+     * several parts, and windows of 1 to 3 parts. Drawn from a stream of their own, so the seeds
+     * of --guess-seq (no fetch) run as they did before the fetch was modelled. */
+    uint64_t frng = sim_mix64(seed ^ 0xfe7c4ull);
+    m->slen = 2 + (uint32_t)sim_draw(&frng, MAX_S - 1);
+    m->part = 1 + (uint32_t)sim_draw(&frng, m->slen / 2);
+    m->window = 1 + (uint32_t)sim_draw(&frng, 3);
+    m->msg_limit = no_adopt ? m->slen + (uint32_t)sim_draw(&frng, m->n) : MAX_S + MAX_N;
     if (verbose)
         printf("seed %" PRIu64 ": %u workers, %u values, chunk %u, %u collectives, %s, %u kills\n",
                seed, m->norig, m->n, m->chunk, m->seqs, m->op == CPS_COLL_SUM ? "sum" : "mean",
