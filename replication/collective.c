@@ -786,10 +786,10 @@ int cps__coll_adopt_result(cps__coll *c, uint64_t seq, const float *vals, uint64
     return 0;
 }
 
-int cps__coll_set_next_seq(cps__coll *c, uint64_t next)
+int cps__coll_set_next_seq(cps__coll *c, uint64_t next, int calls_queued)
 {
     c->nout = 0;
-    if (c->running || next == 0)
+    if (c->running || calls_queued || next == 0)
         return CPS_EBUSY;
     c->seq = next - 1;
     c->done_seq = 0;

@@ -131,14 +131,20 @@ void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now);
 void cps__coll_set_joining(cps__coll *c);
 
 /* The next collective started gets sequence number `next` (>= 1): a replacement's, from the
- * member it fetched the shared state from (that member's cps__coll_seq when it shared it, + 1).
- * It ends joining (cps__coll_set_joining): the sequence is known, not guessed. A member whose
- * sequence was given this way and that gets a peer's chunk of an earlier collective it never ran
- * (the job's last one, restarted by a survivor under a view that added us) asks every member for
- * that collective's result (CPS_COLL_ASK), so the survivor completes with it instead of waiting
- * for our part. Messages kept meanwhile are looked at again: perform the actions
- * (cps__coll_actions). Errors: CPS_EBUSY (one is running, or next == 0). */
-int cps__coll_set_next_seq(cps__coll *c, uint64_t next);
+ * member it fetched the shared state from (that member's cps__coll_seq when it shared it, + 1;
+ * 0: an older sharer sent none). It ends joining (cps__coll_set_joining): the sequence is known,
+ * not guessed. A member whose sequence was given this way and that gets a peer's chunk of an
+ * earlier collective it never ran (the job's last one, restarted by a survivor under a view that
+ * added us) asks every member for that collective's result (CPS_COLL_ASK), so the survivor
+ * completes with it instead of waiting for our part. Messages kept meanwhile are looked at again:
+ * perform the actions (cps__coll_actions).
+ * `calls_queued`: the caller holds calls of this ring not finished yet (started or waiting to).
+ * The sequence is then left as it is: those calls were ordered against the ring as it stood, and
+ * an answer that comes late (a fetch given up, or the caller started calls first) must not
+ * renumber them, or one member would run a call under another's sequence and mix two calls'
+ * inputs. Errors: CPS_EBUSY (a collective runs, calls are queued, or next == 0: nothing changed,
+ * no actions). */
+int cps__coll_set_next_seq(cps__coll *c, uint64_t next, int calls_queued);
 
 /* The running collective's sequence number, else the last started one's (0: none). */
 uint64_t cps__coll_seq(const cps__coll *c);

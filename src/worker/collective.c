@@ -375,8 +375,7 @@ static void serve_state(cps_client *c, const cps__msg_hdr *req)
 static void adopt_fetched(cps_client *c, uint64_t next, const float *res, uint64_t rn)
 {
     cps__ar *a = c->ar;
-    if (next && !cps__coll_running(a->coll) && !a->head &&
-        cps__coll_set_next_seq(a->coll, next) == 0) {
+    if (cps__coll_set_next_seq(a->coll, next, a->head != NULL) == 0) {
         perform(c);
         if (rn && cps__coll_adopt_result(a->coll, next - 1, res, rn) == 0)
             perform(c);

@@ -474,7 +474,7 @@ static void fetch_done(model *m, uint32_t wi, int result)
                          w->id, at, j);
                 return;
             }
-        if (cps__coll_set_next_seq(w->c, next) != 0) {
+        if (cps__coll_set_next_seq(w->c, next, w->running) != 0) {
             sim_fail(&m->v, "replacement %u: cps__coll_set_next_seq failed", w->id);
             return;
         }

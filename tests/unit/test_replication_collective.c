@@ -514,8 +514,37 @@ static cps__coll *node9(uint64_t epoch, const uint32_t *members, uint32_t n, int
         cps__coll_set_joining(c);
     assert_int_equal(cps__coll_view(c, epoch, members, n, 1, 0), 0);
     if (next_seq)
-        assert_int_equal(cps__coll_set_next_seq(c, next_seq), 0);
+        assert_int_equal(cps__coll_set_next_seq(c, next_seq, 0), 0);
     return c;
+}
+
+/* A fetch's answer names the ring's next collective; it is taken only while the shell holds no
+ * call of the ring (started or waiting): a late answer must not renumber a call already ordered
+ * against the ring, nor does an older sharer's answer without a sequence (0) change anything. */
+static void test_next_seq_waits_for_no_calls(void **state)
+{
+    (void)state;
+    const cps__coll_act *a;
+    uint64_t seq;
+    float x[2] = {1, 2};
+    uint32_t three[3] = {10, 9, 11};
+    cps__coll *c = node9(1, three, 3, 1, 0);
+    assert_int_equal(cps__coll_set_next_seq(c, 5, 1), CPS_EBUSY); /* a call is queued */
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    assert_int_equal(cps__coll_set_next_seq(c, 0, 0), CPS_EBUSY); /* none sent */
+    assert_int_equal(cps__coll_seq(c), 0);
+    /* Still joining: the call guesses its sequence from the predecessor, not from the answer. */
+    assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
+    assert_int_equal(seq, 1);
+    assert_int_equal(cps__coll_set_next_seq(c, 5, 0), CPS_EBUSY); /* it runs */
+    assert_int_equal(cps__coll_seq(c), 1);
+    cps__coll_destroy(c);
+    /* No call held: taken, and the next call runs it. */
+    c = node9(1, three, 3, 1, 0);
+    assert_int_equal(cps__coll_set_next_seq(c, 5, 0), 0);
+    assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
+    assert_int_equal(seq, 5);
+    cps__coll_destroy(c);
 }
 
 /* A message of a 2-value collective from `from`, chunk 0, carrying `count` values at `vals`. */
@@ -933,6 +962,7 @@ int main(void)
         cmocka_unit_test(test_joiner_restart_in_drain),
         cmocka_unit_test(test_joiner_listens_after_view),
         cmocka_unit_test(test_given_seq_asks_and_keeps),
+        cmocka_unit_test(test_next_seq_waits_for_no_calls),
         cmocka_unit_test(test_adopted_result_answers_restart),
         cmocka_unit_test(test_given_seq_helps_skipped),
         cmocka_unit_test(test_joiner_stays_where_its_input_went),
