@@ -626,8 +626,17 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
             answer_done(c, m->from, m->index == 0);
             return 1;
         }
-        if (m->seq > c->seq || (!c->running && m->seq == c->seq + 1))
+        if (m->seq > c->seq || (!c->running && m->seq == c->seq + 1)) {
+            /* A joiner that guesses and runs nothing yet: the chunk may be of a collective the
+             * others completed under an older view, restarted by a member that lost its last
+             * chunk to the fence, with us as its only successor; if our program never runs
+             * that collective (the job ended), nobody else would tell the restarter. Members that
+             * completed it answer our ask with the result, to all (one epoch's bits); the rest
+             * ignore it, and when our call comes the chunk is still here to join by. */
+            if (c->joining && !c->running && !c->seq_given && m->kind == CPS_COLL_DATA)
+                ask_result(c, m->seq);
             return 0;
+        }
         /* Only before our own call took a chunk in this view: a predecessor already in it
          * completed `seq`, holds its result and answers our ask with it. */
         if (c->seq_given && c->running && !c->help_for && !c->alone && c->next_in == 0 &&

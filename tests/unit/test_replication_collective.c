@@ -949,6 +949,50 @@ static void test_listeners_follow_pin(void **state)
     cps__coll_destroy(c);
 }
 
+/* A joiner that guesses its sequence and runs nothing yet gets its predecessor's chunk of 6: the
+ * others may have completed 6 under an older view, the sender restarting it after the fence
+ * dropped its last chunk, with us its only successor; if our program never calls again (the job
+ * ended), only an ask gets the restarter the result (sim_collective --guess-seq, seed 280). It
+ * asks every member once, and the chunk stays for the call that may still come, which joins 6. */
+static void test_idle_joiner_asks_for_a_restart(void **state)
+{
+    (void)state;
+    const cps__coll_act *a;
+    uint32_t three[3] = {10, 9, 11};
+    cps__coll *c = node9(3, three, 3, 1, 0);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    cps__coll_msg m = msg2(10, CPS_COLL_DATA, 3, 6, NULL, 0); /* segment 0 of 2 values: empty */
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 2);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(a[i].kind, CPS_COLL_SEND);
+        assert_int_equal(a[i].msg.kind, CPS_COLL_ASK);
+        assert_int_equal(a[i].msg.seq, 6);
+        assert_int_equal(a[i].msg.epoch, 3);
+    }
+    assert_true((a[0].to == 10 && a[1].to == 11) || (a[0].to == 11 && a[1].to == 10));
+    cps__coll_step(c, &m, 2); /* the same again: asked already in this view */
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    /* Our call comes after all: it joins 6 by the kept chunk, with our input. */
+    float x[2] = {1, 2};
+    uint64_t seq;
+    assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 3, &seq), 0);
+    assert_true(cps__coll_running(c));
+    assert_int_equal(cps__coll_seq(c), 6);
+    size_t n = cps__coll_actions(c, &a);
+    int sent6 = 0;
+    for (size_t i = 0; i < n; i++)
+        sent6 |= a[i].kind == CPS_COLL_SEND && a[i].msg.kind == CPS_COLL_DATA && a[i].msg.seq == 6;
+    assert_true(sent6);
+    cps__coll_destroy(c);
+    /* A member whose sequence was given does not ask for a collective ahead of it. */
+    c = node9(3, three, 3, 0, 3);
+    m.seq = 6;
+    cps__coll_step(c, &m, 1);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    cps__coll_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -968,6 +1012,7 @@ int main(void)
         cmocka_unit_test(test_joiner_stays_where_its_input_went),
         cmocka_unit_test(test_listeners_agree),
         cmocka_unit_test(test_listeners_follow_pin),
+        cmocka_unit_test(test_idle_joiner_asks_for_a_restart),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
