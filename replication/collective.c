@@ -580,7 +580,14 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
     if (c->listen && c->running) {
         uint32_t mine = 0;
         member_pos(c, c->me, &mine); /* a member: the view that set listen checked it */
-        if (m->kind != CPS_COLL_DATA || from_pos != (mine + c->nmembers - 1) % c->nmembers)
+        /* A completed collective's result also says where the ring is: when every other member
+         * had completed it, no chunk would ever come (the job's last collective, its result
+         * broadcast to answer a restart), and we would wait out the timeout. A joiner that is
+         * not pinned takes it as its call's result, as it would after a chunk of that
+         * collective; a pinned one only its own collective's. */
+        int result_here = m->kind == CPS_COLL_RESULT && (c->pinned ? m->seq == c->pinned : 1);
+        if (!result_here &&
+            (m->kind != CPS_COLL_DATA || from_pos != (mine + c->nmembers - 1) % c->nmembers))
             return 0; /* kept until we know our collective */
         /* Pinned: every member of the view where we reduced our segment ran that collective
          * (the segment came round through all of them), so the ring is there or past it (then a

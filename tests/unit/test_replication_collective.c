@@ -993,6 +993,35 @@ static void test_idle_joiner_asks_for_a_restart(void **state)
     cps__coll_destroy(c);
 }
 
+/* A listening joiner (re-formed by a view, waiting for its predecessor's chunk) whose peers all
+ * completed the ring's last collective gets no chunk ever: only that collective's result,
+ * broadcast to answer a restart (sim_collective --guess-seq, seed 3514). Not pinned, it takes it
+ * as its call's result, as it would have after a chunk of that collective. */
+static void test_listening_joiner_takes_a_result(void **state)
+{
+    (void)state;
+    const cps__coll_act *a;
+    uint32_t two[2] = {9, 11};
+    float x[2] = {1, 2};
+    cps__coll *c = joiner_started(x);
+    assert_int_equal(cps__coll_view(c, 2, two, 2, 1, 1), 0);
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].msg.kind, CPS_COLL_LISTEN);
+    float res[2] = {7, 8};
+    cps__coll_msg r = msg2(11, CPS_COLL_RESULT, 2, 6, res, 2);
+    cps__coll_step(c, &r, 2);
+    /* Its call moved to 6 (its first chunk goes, as after a predecessor's chunk: the peer that
+     * completed 6 answers it with the result again) and completed with the result. */
+    size_t n = cps__coll_actions(c, &a);
+    assert_int_equal(n, 2);
+    assert_int_equal(a[0].kind, CPS_COLL_SEND);
+    assert_int_equal(a[0].msg.seq, 6);
+    assert_int_equal(a[1].kind, CPS_COLL_DONE);
+    assert_int_equal(a[1].seq, 6);
+    assert_true(x[0] == 7.0f && x[1] == 8.0f);
+    cps__coll_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1013,6 +1042,7 @@ int main(void)
         cmocka_unit_test(test_listeners_agree),
         cmocka_unit_test(test_listeners_follow_pin),
         cmocka_unit_test(test_idle_joiner_asks_for_a_restart),
+        cmocka_unit_test(test_listening_joiner_takes_a_result),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
