@@ -559,6 +559,11 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
         return 1;
     }
     if (m->kind == CPS_COLL_LISTEN) {
+        /* A listener in a collective we completed (its pin, or its guess) waits for a chunk that
+         * may never come: we are past it, and so may be every other member (the job's last
+         * collective). Our result answers it, as it answers a restart. */
+        if (c->done_seq && m->seq == c->done_seq)
+            answer_done(c, m->from, 1);
         /* Only a listener cares: anyone else sends its chunks, which is evidence enough. */
         if (c->listen && c->running && c->heard && !c->heard[from_pos]) {
             c->heard[from_pos] = 1;

@@ -1022,6 +1022,50 @@ static void test_listening_joiner_takes_a_result(void **state)
     cps__coll_destroy(c);
 }
 
+/* A listener pinned in collective 1, which we completed and it did not (the fence dropped its last
+ * chunk), waits for its predecessor; if that is us, or every member is past 1, no chunk comes
+ * (sim_collective --guess-seq, seed 1997). Its LISTEN gets our result, to every member. */
+static void test_listen_in_a_completed_collective_gets_the_result(void **state)
+{
+    (void)state;
+    const cps__coll_act *a;
+    uint64_t seq;
+    float x[2] = {1, 2};
+    uint32_t two[2] = {10, 9}, three[3] = {10, 9, 11};
+    cps__coll *c = node9(1, two, 2, 0, 0);
+    assert_int_equal(cps__coll_start(c, x, 2, CPS_COLL_SUM, 0, &seq), 0);
+    assert_int_equal(seq, 1);
+    float hundred = 100, seg1 = 7;
+    cps__coll_msg m = msg2(10, CPS_COLL_DATA, 1, 1, &hundred, 1);
+    cps__coll_step(c, &m, 1);
+    m.index = 1;
+    m.vals = &seg1;
+    cps__coll_step(c, &m, 2);
+    size_t n = cps__coll_actions(c, &a);
+    assert_int_equal(a[n - 1].kind, CPS_COLL_DONE);
+    assert_int_equal(cps__coll_view(c, 2, three, 3, 1, 3), 0);
+    cps__coll_actions(c, &a);
+    cps__coll_msg l = {.from = 11, .kind = CPS_COLL_LISTEN, .epoch = 2, .seq = 1, .index = 1};
+    cps__coll_step(c, &l, 4);
+    n = cps__coll_actions(c, &a);
+    int to11 = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(a[i].kind, CPS_COLL_SEND);
+        assert_int_equal(a[i].msg.kind, CPS_COLL_RESULT);
+        assert_int_equal(a[i].msg.seq, 1);
+        assert_int_equal(a[i].msg.count, 2);
+        assert_true(a[i].msg.vals[0] == x[0] && a[i].msg.vals[1] == x[1]); /* what we completed */
+        to11 |= a[i].to == 11;
+    }
+    assert_true(to11);
+    /* A LISTEN naming another collective gets nothing. */
+    l.seq = 2;
+    l.from = 10;
+    cps__coll_step(c, &l, 5);
+    assert_int_equal(cps__coll_actions(c, &a), 0);
+    cps__coll_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1043,6 +1087,7 @@ int main(void)
         cmocka_unit_test(test_listeners_follow_pin),
         cmocka_unit_test(test_idle_joiner_asks_for_a_restart),
         cmocka_unit_test(test_listening_joiner_takes_a_result),
+        cmocka_unit_test(test_listen_in_a_completed_collective_gets_the_result),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
