@@ -33,10 +33,10 @@
  * answers with another identity; parts lost with a killed sharer are asked again. An assembled
  * state must be one collective's throughout.
  * --guess-seq: replacements fetch nothing and guess the ring's sequence (cps__coll_set_joining);
- * the job's end can then still race them (a few seeds in a thousand hang: known, documented).
+ * the job's end can then still race them (11 seeds of 20,000 hang: known, documented).
  * --no-adopt: the state and the result exceed one message; in parts the result travels anyway.
  * --old-peers: answers in one message, as between workers that predate parts; with --no-adopt the
- * result then stays behind (seed 985 hangs: sim.collective_oldpeers runs the seeds after it).
+ * result then stays behind and replacements help with zeros (sim.collective_oldpeers).
  * --slow: one worker stalls once (its messages leave late, none is lost) for up to 90% of the
  * timeout, moved onto the predecessor of a replacement that a view made listen when there is
  * one; the same checks hold (sim.collective_slow).
