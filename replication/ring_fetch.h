@@ -5,8 +5,9 @@
  * client's loop between calls. Pure: no I/O, no clock (`now` comes in).
  *
  * Use: cps__fetch_start, then cps__fetch_next in a loop until it says CPS_FETCH_DONE, performing
- * each CPS_FETCH_SEND and running the client's loop on CPS_FETCH_WAIT; an answer that arrives
- * meanwhile goes to cps__fetch_answer. */
+ * each CPS_FETCH_SEND and running the client's loop on CPS_FETCH_WAIT; a part of an answer that
+ * arrives meanwhile goes to cps__fetch_part_take (an answer in one message, from a sharer that
+ * predates parts, to cps__fetch_answer). */
 #ifndef CPS_REPLICATION_RING_FETCH_H
 #define CPS_REPLICATION_RING_FETCH_H
 
