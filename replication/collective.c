@@ -559,6 +559,11 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
         return 1;
     }
     if (m->kind == CPS_COLL_LISTEN) {
+        /* A listener in a collective we completed (its pin, or its guess) waits for a chunk that
+         * may never come: we are past it, and so may be every other member (the job's last
+         * collective). Our result answers it, as it answers a restart. */
+        if (c->done_seq && m->seq == c->done_seq)
+            answer_done(c, m->from, 1);
         /* Only a listener cares: anyone else sends its chunks, which is evidence enough. */
         if (c->listen && c->running && c->heard && !c->heard[from_pos]) {
             c->heard[from_pos] = 1;
@@ -580,7 +585,14 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
     if (c->listen && c->running) {
         uint32_t mine = 0;
         member_pos(c, c->me, &mine); /* a member: the view that set listen checked it */
-        if (m->kind != CPS_COLL_DATA || from_pos != (mine + c->nmembers - 1) % c->nmembers)
+        /* A completed collective's result also says where the ring is: when every other member
+         * had completed it, no chunk would ever come (the job's last collective, its result
+         * broadcast to answer a restart), and we would wait out the timeout. A joiner that is
+         * not pinned takes it as its call's result, as it would after a chunk of that
+         * collective; a pinned one only its own collective's. */
+        int result_here = m->kind == CPS_COLL_RESULT && (c->pinned ? m->seq == c->pinned : 1);
+        if (!result_here &&
+            (m->kind != CPS_COLL_DATA || from_pos != (mine + c->nmembers - 1) % c->nmembers))
             return 0; /* kept until we know our collective */
         /* Pinned: every member of the view where we reduced our segment ran that collective
          * (the segment came round through all of them), so the ring is there or past it (then a
@@ -626,8 +638,17 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
             answer_done(c, m->from, m->index == 0);
             return 1;
         }
-        if (m->seq > c->seq || (!c->running && m->seq == c->seq + 1))
+        if (m->seq > c->seq || (!c->running && m->seq == c->seq + 1)) {
+            /* A joiner that guesses and runs nothing yet: the chunk may be of a collective the
+             * others completed under an older view, restarted by a member that lost its last
+             * chunk to the fence, with us as its only successor; if our program never runs
+             * that collective (the job ended), nobody else would tell the restarter. Members that
+             * completed it answer our ask with the result, to all (one epoch's bits); the rest
+             * ignore it, and when our call comes the chunk is still here to join by. */
+            if (c->joining && !c->running && !c->seq_given && m->kind == CPS_COLL_DATA)
+                ask_result(c, m->seq);
             return 0;
+        }
         /* Only before our own call took a chunk in this view: a predecessor already in it
          * completed `seq`, holds its result and answers our ask with it. */
         if (c->seq_given && c->running && !c->help_for && !c->alone && c->next_in == 0 &&

@@ -49,6 +49,7 @@ int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, 
             return done(f, f->result, result);
         /* That one shares nothing (another replacement?): ask the next. */
         f->answered = 0;
+        f->has_id = 0;
         f->from = target(members, n, me, f->from);
         if (!f->from)
             return done(f, CPS_ENOTFOUND, result);
@@ -58,6 +59,8 @@ int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, 
         return done(f, CPS_ESHUTDOWN, result);
     if (now >= f->deadline)
         return done(f, CPS_ETIMEDOUT, result);
+    /* Re-sent after a silence (a part lost with a dead sharer, or the request itself), and at
+     * once for the next window of an answer in parts (sent cleared). */
     if (f->sent && now - f->sent_ms < CPS_FETCH_RESEND_MS)
         return CPS_FETCH_WAIT;
     /* (Again) to the first live worker: the one asked may have died since. */
@@ -65,6 +68,11 @@ int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, 
     uint32_t t = w && w->alive ? f->from : target(members, n, me, 0);
     if (!t)
         return done(f, CPS_ENOPEER, result);
+    if (t != f->from)
+        f->has_id = 0; /* another sharer's answer is another answer */
+    if (!f->has_id)
+        f->have = 0;
+    f->ask = f->have;
     f->from = t;
     f->sent = 1;
     f->sent_ms = now;
@@ -92,18 +100,134 @@ int cps__fetch_answer(cps__fetch *f, uint32_t from, uint64_t req_seq, int status
     return 1;
 }
 
-int cps__fetch_serve(uint64_t share_len, uint64_t want, uint64_t share_seq, int has_result,
-                     uint64_t result_seq, uint64_t result_len, int *with_result)
+/* What a sharer may answer at all, and whether the result is the shared state's own. */
+static int serve_check(uint64_t share_len, uint64_t want, uint64_t share_seq, int has_result,
+                       uint64_t result_seq, int *own)
 {
-    *with_result = 0;
+    *own = 0;
     if (share_len == 0)
         return CPS_ENOTFOUND;
     if (want != share_len)
         return CPS_ESIZE;
     /* The result that goes with the state: if every member that completed that collective dies
-     * before the others got it, the replacement answers their restart with it. Too large to go
-     * along, the replacement asks the ring instead. */
-    *with_result = has_result && result_seq == share_seq &&
-                   (share_len + result_len) * sizeof(float) <= CPS_WIRE_MAX_PAYLOAD;
+     * before the others got it, the replacement answers their restart with it. */
+    *own = has_result && result_seq == share_seq;
     return 0;
+}
+
+int cps__fetch_serve(uint64_t share_len, uint64_t want, uint64_t share_seq, int has_result,
+                     uint64_t result_seq, uint64_t result_len, int *with_result)
+{
+    int rc = serve_check(share_len, want, share_seq, has_result, result_seq, with_result);
+    /* One message (an asker that predates parts): too large to go along, the result stays, and
+     * the replacement asks the ring for it instead (the degraded help case, docs/collective.md). */
+    if (rc == 0 && (share_len + result_len) * sizeof(float) > CPS_WIRE_MAX_PAYLOAD)
+        *with_result = 0;
+    return rc;
+}
+
+int cps__fetch_serve_parts(uint64_t share_len, uint64_t want, uint64_t share_seq, int has_result,
+                           uint64_t result_seq, uint64_t result_len, uint64_t from_off,
+                           uint64_t *total)
+{
+    int own;
+    int rc = serve_check(share_len, want, share_seq, has_result, result_seq, &own);
+    if (rc != 0)
+        return rc;
+    *total = share_len + (own ? result_len : 0);
+    return from_off < *total ? 0 : CPS_EINVAL;
+}
+
+int cps__fetch_part_at(uint64_t from_off, uint64_t total, uint64_t part_values, uint32_t window,
+                       uint32_t k, uint64_t *off, uint64_t *count, int *last)
+{
+    if (part_values == 0 || k >= window || from_off >= total ||
+        k >= (total - from_off + part_values - 1) / part_values)
+        return 0;
+    *off = from_off + (uint64_t)k * part_values;
+    *count = total - *off < part_values ? total - *off : part_values;
+    *last = k + 1 == window || *off + *count == total;
+    return 1;
+}
+
+#define PART_LAST 1u
+
+void cps__fetch_part_encode(void *out, const cps__fetch_part *p)
+{
+    unsigned char *b = out;
+    cps__le64_put(b, p->gen);
+    cps__le64_put(b + 8, p->off);
+    cps__le64_put(b + 16, p->total);
+    cps__le32_put(b + 24, p->last ? PART_LAST : 0);
+    cps__le32_put(b + 28, 0);
+}
+
+int cps__fetch_part_decode(const void *payload, size_t len, uint64_t step, uint64_t next,
+                           cps__fetch_part *p, const float **vals)
+{
+    const unsigned char *b = payload;
+    if (len < CPS_FETCH_PART_HDR || (len - CPS_FETCH_PART_HDR) % sizeof(float) != 0)
+        return CPS_EPROTO;
+    uint32_t flags = cps__le32_get(b + 24);
+    if ((flags & ~PART_LAST) || cps__le32_get(b + 28) != 0)
+        return CPS_EPROTO;
+    cps__fetch_part q = {.gen = cps__le64_get(b),
+                         .step = step,
+                         .next = next,
+                         .off = cps__le64_get(b + 8),
+                         .count = (len - CPS_FETCH_PART_HDR) / sizeof(float),
+                         .total = cps__le64_get(b + 16),
+                         .last = (flags & PART_LAST) != 0};
+    /* An empty part says nothing, and off + count must not wrap. */
+    if (q.count == 0 || q.off > q.total || q.count > q.total - q.off)
+        return CPS_EPROTO;
+    *p = q;
+    *vals = (const float *)(b + CPS_FETCH_PART_HDR);
+    return 0;
+}
+
+int cps__fetch_part_take(cps__fetch *f, uint32_t from, uint64_t req_seq, int status,
+                         const cps__fetch_part *p, uint64_t now)
+{
+    if (!f->active || f->answered || req_seq != f->req || from != f->from)
+        return 0;
+    if (status < 0) {
+        f->answered = 1;
+        f->result = status;
+        return 0;
+    }
+    if (p->total < f->len) {
+        f->answered = 1;
+        f->result = CPS_ESIZE;
+        return 0;
+    }
+    if (f->has_id &&
+        (p->gen != f->gen || p->step != f->step || p->next != f->next || p->total != f->total)) {
+        /* The sharer shared again since the parts we hold: they are another answer's. Start
+         * over; a part from value 0 begins the new answer, any other is asked again. */
+        f->has_id = 0;
+        f->have = 0;
+    }
+    if (!f->has_id) {
+        if (p->off != 0) {
+            f->sent = 0;
+            return 0;
+        }
+        f->has_id = 1;
+        f->gen = p->gen;
+        f->step = p->step;
+        f->next = p->next;
+        f->total = p->total;
+    }
+    if (p->off != f->have)
+        return 0; /* a part already taken (a re-ask crossed it), or after a gap */
+    f->have += p->count;
+    f->sent_ms = now; /* progress: the re-send waits again */
+    if (f->have == f->total) {
+        f->answered = 1;
+        f->result = 1;
+    } else if (p->last) {
+        f->sent = 0; /* this window is complete: ask for the next at once */
+    }
+    return 1;
 }

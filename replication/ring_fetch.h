@@ -5,8 +5,9 @@
  * client's loop between calls. Pure: no I/O, no clock (`now` comes in).
  *
  * Use: cps__fetch_start, then cps__fetch_next in a loop until it says CPS_FETCH_DONE, performing
- * each CPS_FETCH_SEND and running the client's loop on CPS_FETCH_WAIT; an answer that arrives
- * meanwhile goes to cps__fetch_answer. */
+ * each CPS_FETCH_SEND and running the client's loop on CPS_FETCH_WAIT; a part of an answer that
+ * arrives meanwhile goes to cps__fetch_part_take (an answer in one message, from a sharer that
+ * predates parts, to cps__fetch_answer). */
 #ifndef CPS_REPLICATION_RING_FETCH_H
 #define CPS_REPLICATION_RING_FETCH_H
 
@@ -30,6 +31,11 @@ typedef struct cps__fetch {
     int answered;  /* an answer to `req` from `from` came, with `result` */
     int result;    /* 1: the values were taken; else the sharer's refusal (CPS_E...) */
     uint64_t step; /* with result 1: the sharer's step */
+    /* An answer in parts (cps__fetch_part_take): the parts taken so far are the first `have`
+     * values of one answer of worker `from`, the one named by (gen, step, next, total) */
+    int has_id;
+    uint64_t gen, next, total, have;
+    uint64_t ask; /* on CPS_FETCH_SEND: the request asks for the answer from this value on */
 } cps__fetch;
 
 /* Begin fetching `len` values at `now`, giving up after `timeout_ms`. A zeroed struct is a
@@ -43,7 +49,8 @@ enum { CPS_FETCH_WAIT = 0, CPS_FETCH_SEND = 1, CPS_FETCH_DONE = 2 };
 
 /* What to do now. The ring's `n` members in order (`members`, this worker `me` among them or
  * not) and the view `v` say who may be asked; `shutdown`: the job ended.
- *  - CPS_FETCH_SEND: send request *req (asking for f->len values) to worker *to now.
+ *  - CPS_FETCH_SEND: send request *req (asking for f->len values, in parts from value f->ask on)
+ *    to worker *to now.
  *  - CPS_FETCH_WAIT: let the client's loop run a little (answers come through it), then ask
  *    again.
  *  - CPS_FETCH_DONE: the fetch is over with *result: 1 (the values were taken, f->step is the
@@ -55,7 +62,8 @@ int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, 
                     uint32_t me, int shutdown, uint64_t now, uint32_t *to, uint64_t *req,
                     int *result);
 
-/* An answer to request `req_seq` from worker `from`: the sharer's `status` (0 or CPS_E...),
+/* An answer in one message (a sharer that predates parts, asked in parts; see cps__fetch_part)
+ * to request `req_seq` from worker `from`: the sharer's `status` (0 or CPS_E...),
  * `count` values, its `step`. 1 when the shell takes the first f->len values of it (and may
  * adopt the ring's next collective and the result that follow them, collective.h); 0 when it
  * is ignored (no fetch under way, another request's, or the outcome is a refusal, kept for
@@ -71,5 +79,71 @@ int cps__fetch_answer(cps__fetch *f, uint32_t from, uint64_t req_seq, int status
  * tries the next worker) or CPS_ESIZE (another length). */
 int cps__fetch_serve(uint64_t share_len, uint64_t want, uint64_t share_seq, int has_result,
                      uint64_t result_seq, uint64_t result_len, int *with_result);
+
+/* ---- The answer in parts ----
+ * A request whose header `step` has CPS_FETCH_IN_PARTS set asks for the answer in parts, from
+ * value `step & ~CPS_FETCH_IN_PARTS` on (cps__fetch's `ask`). The answer is the shared values and
+ * then, always, the result of the shared state's own collective when the sharer keeps it: so the
+ * result travels whatever the size. A sharer that predates parts ignores `step` and answers in
+ * one message (cps__fetch_answer); one asked without the bit (an older asker) answers so too
+ * (cps__fetch_serve). Each part repeats the answer's identity, so parts of two answers (the
+ * sharer shared again between two requests, or another sharer) never mix: the asker assembles
+ * one answer's parts in order, re-asks from the first value it lacks after CPS_FETCH_RESEND_MS
+ * without progress, and uses nothing before it holds all of it. */
+#define CPS_FETCH_IN_PARTS (1ull << 63)
+/* Values per part (64 MiB) and parts per request: a request is answered with at most a window
+ * of parts (the asker asks for the next window when the last part of one came), so a sharer
+ * never queues more than 256 MiB for one asker. */
+#define CPS_FETCH_PART_VALUES (16ull << 20)
+#define CPS_FETCH_WINDOW      4u
+/* Bytes of a part's payload before its values. */
+#define CPS_FETCH_PART_HDR 32u
+
+/* A part of an answer. On the wire (message kind 6): header req_seq = the request's number, step
+ * = the sharer's step, aux = the collective that follows the shared state, status = 0 (a refusal
+ * is status CPS_E... with an empty payload); payload = u64 gen, u64 off, u64 total, u32 flags
+ * (bit 0: the last part of this request's window), u32 zero, then `count` float32 values. */
+typedef struct cps__fetch_part {
+    uint64_t gen;   /* the sharer's share generation: grows with every cps_allreduce_share */
+    uint64_t step;  /* the sharer's step (header) */
+    uint64_t next;  /* the collective that follows the shared state (header aux) */
+    uint64_t off;   /* this part's first value in the answer */
+    uint64_t count; /* values in this part */
+    uint64_t total; /* values of the whole answer: the shared ones, then the result */
+    int last;       /* the last part of its request's window */
+} cps__fetch_part;
+
+/* Writes the 32-byte prefix of `p` into `out` (p->step and p->next go in the header). */
+void cps__fetch_part_encode(void *out, const cps__fetch_part *p);
+
+/* Reads the prefix of a part's payload (`len` bytes, the values after it) into *p (step and next
+ * from the header, as given) and points *vals at the values (borrowed from `payload`). 0, or
+ * CPS_EPROTO (short, values not whole floats, off + count past total, unknown flags or a
+ * non-zero reserved word): nothing of it may be used. */
+int cps__fetch_part_decode(const void *payload, size_t len, uint64_t step, uint64_t next,
+                           cps__fetch_part *p, const float **vals);
+
+/* The sharer's side of a request in parts, from value `from_off` on: as cps__fetch_serve (0,
+ * CPS_ENOTFOUND, CPS_ESIZE) but the result goes whenever it is the shared state's own; *total =
+ * the answer's values. CPS_EINVAL when from_off is not below *total. */
+int cps__fetch_serve_parts(uint64_t share_len, uint64_t want, uint64_t share_seq, int has_result,
+                           uint64_t result_seq, uint64_t result_len, uint64_t from_off,
+                           uint64_t *total);
+
+/* The k-th part (from 0) of the answer to a request from `from_off` in an answer of `total`
+ * values, parts of `part_values` values, `window` parts per request: 1 and *off, *count, *last,
+ * or 0 when there is no such part. */
+int cps__fetch_part_at(uint64_t from_off, uint64_t total, uint64_t part_values, uint32_t window,
+                       uint32_t k, uint64_t *off, uint64_t *count, int *last);
+
+/* A part `p` of an answer to request `req_seq` from worker `from`, with the sharer's `status`,
+ * arrived at `now`. 1: take it (copy its values to the answer's value p->off on: the first
+ * f->len values are the shared state, the rest the result); 0: ignored (no fetch under way,
+ * another request's or worker's, a part out of order, a part of another answer, which restarts
+ * the assembly from value 0, or a refusal, kept for cps__fetch_next). When the last part is taken,
+ * cps__fetch_next says CPS_FETCH_DONE with result 1: f->step, f->next and f->total describe the
+ * whole answer (f->total - f->len values of result, of collective f->next - 1). */
+int cps__fetch_part_take(cps__fetch *f, uint32_t from, uint64_t req_seq, int status,
+                         const cps__fetch_part *p, uint64_t now);
 
 #endif

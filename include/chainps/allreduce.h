@@ -74,6 +74,9 @@ CPS_API int cps_allreduce_wait(cps_allreduce_handle *h, int timeout_ms);
  * replacement's cps_allreduce_fetch() receives a copy, with `step`. The buffer is borrowed, not
  * copied: it must stay valid and hold a consistent state whenever this client is inside a call
  * (requests are served there), e.g. updated after each optimizer step. NULL withdraws it.
+ * Call it again whenever the contents change (after every step): a replacement may fetch a large
+ * buffer over several requests, and each call starts a new version, so it never assembles parts
+ * of two.
  * Call it after the step's all-reduces: the all-reduces completed by then are the ones a
  * replacement that fetches this buffer counts as done (its first all-reduce is the next one).
  * @return 0, CPS_EINVAL (NULL client, or buf with len 0).
@@ -88,7 +91,9 @@ CPS_API int cps_allreduce_share(struct cps_client *c, const float *buf, uint64_t
  * where this worker's all-reduces join the others' (the one after the sharer's last) and leaves
  * it the result of that last one, which it gives to survivors that redo it, so that the job's
  * end cannot leave them waiting for a worker that never ran it. Without a fetch, a replacement
- * guesses that place from the chunks it receives.
+ * guesses that place from the chunks it receives. The answer comes in parts (any size: the
+ * result always travels); nothing of it is used before all of it has arrived, but `buf` is
+ * written as parts arrive, so after an error its contents are unspecified.
  * @param[out] step the step the live worker shared with its buffer (may be NULL).
  * @return 1: fetched; 0: this worker started with the job (nothing to fetch, buf untouched);
  *         CPS_ESIZE (the shared buffer has another length), CPS_ENOTFOUND (the live worker

@@ -39,6 +39,9 @@ struct cps_allreduce_handle {
  * them itself: they are no part of a collective. */
 #define KIND_STATE_REQ 2u
 #define KIND_STATE     3u
+/* A part of the answer to a request in parts (header step has CPS_FETCH_IN_PARTS; the part's
+ * layout is replication/ring_fetch.h's): what this shell asks for, so the result always travels. */
+#define KIND_STATE_PART 6u
 
 struct cps__ar {
     cps__coll *coll;
@@ -46,10 +49,14 @@ struct cps__ar {
     int joiner; /* this worker took the rank of a dead one (decided at the first view) */
     const float *share_buf;
     uint64_t share_len, share_step;
-    uint64_t share_seq; /* the ring's last collective when the buffer was shared */
-    /* a fetch (replication/ring_fetch.h decides; fetch_buf receives the values) */
+    uint64_t share_seq;   /* the ring's last collective when the buffer was shared */
+    uint64_t share_gen;   /* grows with every share: names the answer's parts (ring_fetch.h) */
+    uint64_t part_values; /* values per part of our answers (CHAINPS_FETCH_PART) */
+    /* a fetch (replication/ring_fetch.h decides; fetch_buf receives the values, fetch_res the
+     * result that follows them in an answer in parts) */
     cps__fetch fetch;
-    float *fetch_buf;
+    float *fetch_buf, *fetch_res;
+    uint64_t fetch_res_cap;
     uint64_t epoch_fed; /* the view epoch given to the ring */
     cps_allreduce_handle *head, *tail;
     uint64_t bytes_sent;
@@ -79,6 +86,18 @@ static int ar_get(cps_client *c, cps__ar **out)
             free(a);
             return rc;
         }
+        /* Values per part of a fetch answer: small values make every fetch come in parts (the
+         * tests' knob); the default keeps a part at 64 MiB. */
+        uint32_t part = 0;
+        env = getenv("CHAINPS_FETCH_PART");
+        if (env && *env &&
+            (rc = cps__config_parse_u32("CHAINPS_FETCH_PART", env, 1, CPS_FETCH_PART_VALUES, &part,
+                                        err, sizeof err)) != 0) {
+            cps__log(CPS_LOG_ERROR, "allreduce", "%s", err);
+            free(a);
+            return rc;
+        }
+        a->part_values = part ? part : CPS_FETCH_PART_VALUES;
         rc = cps__coll_create(c->id, chunk, timeout, &a->coll);
         if (rc != 0) {
             free(a);
@@ -241,6 +260,69 @@ void cps__ar_on_view(cps_client *c)
 
 /* A replacement asks for our shared buffer: answer at once (we are inside a call, so the owner
  * is not writing it). */
+/* The answer in parts, from the value the request names: every part carries the answer's
+ * identity (ring_fetch.h), and the result always goes after the shared values. */
+static void serve_parts(cps_client *c, const cps__msg_hdr *req)
+{
+    cps__ar *a = c->ar;
+    cps__msg_hdr h = {.type = CPS_MSG_COLL,
+                      .sender = c->id,
+                      .epoch = c->view->epoch,
+                      .req_worker = c->id,
+                      .range = KIND_STATE_PART,
+                      .req_seq = req->req_seq};
+    const float *res = NULL;
+    uint64_t rseq = 0, rn = 0, total = 0, from = req->step & ~CPS_FETCH_IN_PARTS;
+    int has = cps__coll_last_result(a->coll, &rseq, &res, &rn);
+    h.status = cps__fetch_serve_parts(a->share_buf ? a->share_len : 0, req->aux, a->share_seq, has,
+                                      rseq, rn, from, &total);
+    if (h.status != 0) {
+        int rc = cps__msg_send(c->tp, req->sender, &h, NULL, 0);
+        if (rc != 0)
+            cps__log(CPS_LOG_WARN, "allreduce", "cannot answer worker %u's state request: %s",
+                     req->sender, cps_strerror(rc));
+        return;
+    }
+    h.step = a->share_step;
+    h.aux = a->share_seq + 1; /* the collective that follows the shared state */
+    cps__fetch_part p = {.gen = a->share_gen, .step = h.step, .next = h.aux, .total = total};
+    uint64_t len = a->share_len, sent = 0;
+    for (uint32_t k = 0; cps__fetch_part_at(from, total, a->part_values, CPS_FETCH_WINDOW, k,
+                                            &p.off, &p.count, &p.last);
+         k++) {
+        size_t bytes = CPS_FETCH_PART_HDR + p.count * sizeof(float);
+        char *buf = cps__msg_alloc(&h, bytes);
+        if (!buf) {
+            cps__log(CPS_LOG_WARN, "allreduce", "out of memory for a %zu-byte answer part", bytes);
+            return; /* the asker asks again from the first value it lacks */
+        }
+        char *o = buf + CPS_WIRE_HDR_SIZE;
+        cps__fetch_part_encode(o, &p);
+        o += CPS_FETCH_PART_HDR;
+        /* The part's values: shared ones below `len`, the result's after. */
+        uint64_t a_end = p.off + p.count < len ? p.off + p.count : len;
+        uint64_t nstate = p.off < len ? a_end - p.off : 0;
+        if (nstate)
+            memcpy(o, a->share_buf + p.off, nstate * sizeof(float));
+        if (p.count > nstate)
+            memcpy(o + nstate * sizeof(float), res + (p.off + nstate - len),
+                   (p.count - nstate) * sizeof(float));
+        int rc = cps__tp_send(c->tp, req->sender, buf, CPS_WIRE_HDR_SIZE + bytes);
+        if (rc != 0) {
+            cps__tp_free(buf);
+            cps__log(CPS_LOG_WARN, "allreduce", "cannot answer worker %u's state request: %s",
+                     req->sender, cps_strerror(rc));
+            return;
+        }
+        sent += p.count;
+    }
+    cps__log(CPS_LOG_INFO, "allreduce",
+             "sent values %llu..%llu of %llu (%llu shared, step %llu) to worker %u",
+             (unsigned long long)from, (unsigned long long)(from + sent), (unsigned long long)total,
+             (unsigned long long)len, (unsigned long long)h.step, req->sender);
+}
+
+/* An older asker's request: one message, the result only when both fit (ring_fetch.h). */
 static void serve_state(cps_client *c, const cps__msg_hdr *req)
 {
     cps__ar *a = c->ar;
@@ -287,6 +369,59 @@ static void serve_state(cps_client *c, const cps__msg_hdr *req)
                  (unsigned long long)n, (unsigned long long)h.step, req->sender);
 }
 
+/* A fetch is complete: the ring's next collective, and the result of the one before it (if
+ * sent: `rn` values): an older sharer sends neither, and the sequence is then guessed
+ * (joining). */
+static void adopt_fetched(cps_client *c, uint64_t next, const float *res, uint64_t rn)
+{
+    cps__ar *a = c->ar;
+    if (cps__coll_set_next_seq(a->coll, next, a->head != NULL) == 0) {
+        perform(c);
+        if (rn && cps__coll_adopt_result(a->coll, next - 1, res, rn) == 0)
+            perform(c);
+    }
+}
+
+/* A part of the answer we asked for: copied where it belongs (the caller's buffer, then the
+ * result's); nothing is adopted before the last part is in. */
+static void on_part(cps_client *c, const cps__rx *rx)
+{
+    cps__ar *a = c->ar;
+    const cps__msg_hdr *h = &rx->hdr;
+    cps__fetch_part p = {0};
+    const float *vals = NULL;
+    if (h->status == 0 &&
+        cps__fetch_part_decode(rx->payload, rx->len, h->step, h->aux, &p, &vals) != 0) {
+        cps__log(CPS_LOG_WARN, "allreduce", "malformed answer part from worker %u dropped",
+                 h->sender);
+        return;
+    }
+    if (!a->fetch_buf)
+        return;
+    uint64_t len = a->fetch.len;
+    if (h->status == 0 && p.total > len && a->fetch_res_cap < p.total - len) {
+        /* Room for the result before the part is taken, so a taken part is always stored. */
+        float *r = realloc(a->fetch_res, (p.total - len) * sizeof(float));
+        if (!r) {
+            cps__log(CPS_LOG_WARN, "allreduce", "out of memory for a fetched result");
+            return; /* asked again after the re-send delay */
+        }
+        a->fetch_res = r;
+        a->fetch_res_cap = p.total - len;
+    }
+    if (!cps__fetch_part_take(&a->fetch, h->sender, h->req_seq, h->status, &p, cps__now_ms()))
+        return;
+    uint64_t end = p.off + p.count, a_end = end < len ? end : len;
+    uint64_t nstate = p.off < len ? a_end - p.off : 0;
+    if (nstate)
+        memcpy(a->fetch_buf + p.off, vals, nstate * sizeof(float));
+    if (p.count > nstate)
+        memcpy(a->fetch_res + (p.off + nstate - len), vals + nstate,
+               (p.count - nstate) * sizeof(float));
+    if (a->fetch.answered && a->fetch.result == 1)
+        adopt_fetched(c, a->fetch.next, a->fetch_res, a->fetch.total - len);
+}
+
 void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
 {
     cps__ar *a;
@@ -300,7 +435,10 @@ void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
         return;
     }
     if (h->range == KIND_STATE_REQ) {
-        serve_state(c, h);
+        if (h->step & CPS_FETCH_IN_PARTS)
+            serve_parts(c, h);
+        else
+            serve_state(c, h);
         return;
     }
     if (h->range == KIND_STATE) {
@@ -308,16 +446,12 @@ void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
         if (a->fetch_buf &&
             cps__fetch_answer(&a->fetch, h->sender, h->req_seq, h->status, count, h->step)) {
             memcpy(a->fetch_buf, rx->payload, len * sizeof(float));
-            /* The ring's next collective, and the result of the one before it (if sent): an
-             * older sharer sends neither, and the sequence is then guessed (joining). */
-            if (cps__coll_set_next_seq(a->coll, h->aux, a->head != NULL) == 0) {
-                perform(c);
-                if (count > len &&
-                    cps__coll_adopt_result(a->coll, h->aux - 1, (const float *)rx->payload + len,
-                                           count - len) == 0)
-                    perform(c);
-            }
+            adopt_fetched(c, h->aux, (const float *)rx->payload + len, count - len);
         }
+        return;
+    }
+    if (h->range == KIND_STATE_PART) {
+        on_part(c, rx);
         return;
     }
     cps__coll_msg m = {.from = h->sender,
@@ -465,6 +599,7 @@ int cps_allreduce_share(cps_client *c, const float *buf, uint64_t len, uint64_t 
         a->share_buf = buf;
         a->share_len = buf ? len : 0;
         a->share_step = step;
+        a->share_gen++;
         /* The buffer holds what the collectives up to this one made: a replacement that fetches
          * it runs the next one (cps__coll_set_next_seq), however the job's end races it. */
         a->share_seq = cps__coll_seq(a->coll) - (cps__coll_running(a->coll) ? 1 : 0);
@@ -501,6 +636,7 @@ int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
                               .req_worker = c->id,
                               .range = KIND_STATE_REQ,
                               .req_seq = req,
+                              .step = CPS_FETCH_IN_PARTS | a->fetch.ask,
                               .aux = len};
             cps__msg_send(c->tp, to, &h, NULL, 0);
         } else if ((rc = cps__client_progress(c, 50)) < 0) {
@@ -519,6 +655,9 @@ int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
         cps__log(CPS_LOG_ERROR, "allreduce", "replacement: cannot fetch the shared values: %s",
                  cps_strerror(rc));
     a->fetch_buf = NULL;
+    free(a->fetch_res);
+    a->fetch_res = NULL;
+    a->fetch_res_cap = 0;
     pthread_mutex_unlock(&c->lock);
     return rc;
 }

@@ -1,8 +1,8 @@
 /* Fuzz target for everything that parses bytes from the network: header, snappy payload, kv,
  * lossy push (keys + gradient codec block), DECLARE, view, hello, spec, stats and checkpoint note
  * decoders, the range entries of SNAP and PUT payloads (core/entries.h), the frames of
- * large messages (transport/frame.h) and the descriptors of shared-memory rings
- * (transport/ring.h).
+ * large messages (transport/frame.h), the descriptors of shared-memory rings
+ * (transport/ring.h) and the parts of a replacement's fetch answer (replication/ring_fetch.h).
  *
  * Beyond "no crash, no sanitizer report", it checks that every accepted input is canonical:
  * re-encoding what a decoder accepted must give back the very same bytes. A decoder that
@@ -20,6 +20,7 @@
 #include "core/gradcodec.h"
 #include "core/view.h"
 #include "core/wire.h"
+#include "replication/ring_fetch.h"
 #include "transport/frame.h"
 #include "transport/ring.h"
 
@@ -345,6 +346,27 @@ static void fuzz_ring_desc(const unsigned char *b, size_t len)
     CHECK(memcmp(re, b, CPS_RING_DESC) == 0);
 }
 
+/* The payload read as a part of a fetch answer: accepted only with its values inside its answer,
+ * and canonical. */
+static void fuzz_fetch_part(const unsigned char *b, size_t len, uint64_t step, uint64_t next)
+{
+    cps__fetch_part p;
+    const float *vals = NULL;
+    int rc = cps__fetch_part_decode(b, len, step, next, &p, &vals);
+    if (rc) {
+        CHECK(rc == CPS_EPROTO);
+        return;
+    }
+    fuzz_wire_n.part_ok++;
+    CHECK(p.count > 0 && p.off <= p.total && p.count <= p.total - p.off);
+    CHECK(p.step == step && p.next == next);
+    CHECK((const unsigned char *)vals == b + CPS_FETCH_PART_HDR &&
+          len == CPS_FETCH_PART_HDR + p.count * sizeof(float));
+    unsigned char re[CPS_FETCH_PART_HDR];
+    cps__fetch_part_encode(re, &p);
+    CHECK(memcmp(re, b, CPS_FETCH_PART_HDR) == 0);
+}
+
 /* The payload read as a run of range entries (a SNAP's, or a PUT's after its header): every
  * accepted entry is canonical, its writer giving back the very bytes. */
 static void fuzz_entries(const unsigned char *b, size_t len)
@@ -435,6 +457,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_fixed(p, plen);
     fuzz_codec(p, plen);
     fuzz_entries(p, plen);
+    fuzz_fetch_part(p, plen, h.step, h.aux);
     free(p);
     return 0;
 }

@@ -19,6 +19,7 @@
 #include "core/gradcodec.h"
 #include "core/view.h"
 #include "core/wire.h"
+#include "replication/ring_fetch.h"
 #include "transport/frame.h"
 #include "transport/ring.h"
 
@@ -224,6 +225,13 @@ static void make_other_seeds(void)
     n += cps__ent_put_slice(p + n, 0, 41, 0, 3, v + 3);
     n += cps__ent_put_range(p + n, 12, 3);
     add_seed("snap", CPS_MSG_SNAP, 0, p, n);
+
+    /* A part of a replacement's fetch answer (replication/ring_fetch.h): 3 values of 10. */
+    cps__fetch_part fp = {.gen = 5, .off = 4, .count = 3, .total = 10, .last = 1};
+    p = xmalloc(CPS_FETCH_PART_HDR + 3 * sizeof(float));
+    cps__fetch_part_encode(p, &fp);
+    memcpy(p + CPS_FETCH_PART_HDR, v, 3 * sizeof(float));
+    add_seed("fetch-part", CPS_MSG_COLL, 0, p, CPS_FETCH_PART_HDR + 3 * sizeof(float));
 }
 
 /* Header + payload, compressed with snappy when the seed asks (whether or not it pays, so the
@@ -331,6 +339,11 @@ static int payload_fields(const seed *s, size_t *f)
         f[n++] = 8 + 8 * below(3) + 4 * below(2); /* a node or its unanswered time */
     if ((s->type == CPS_MSG_PUSH || s->type == CPS_MSG_DECLARE) && !s->flags)
         f[n++] = 8 + 5 * 8 + 4 * below(5); /* a len */
+    if (s->type == CPS_MSG_COLL) {
+        f[n++] = 8 + 4 * below(3); /* off, total, or their high halves */
+        f[n++] = 16 + 4 * below(2);
+        f[n++] = 24 + 4 * below(2); /* flags, reserved */
+    }
     if (s->flags & CPS_WF_LOSSY) {
         f[n++] = 8 + 3 * 8 + 4 * below(3); /* a len */
         f[n++] = 48;                       /* the block's codec and count */
@@ -469,7 +482,7 @@ int main(int argc, char **argv)
     }
     fuzz_wire_counts base = fuzz_wire_n;
     if (base.kv_ok < 3 || base.declare_ok != 1 || base.view_ok != 3 || base.hello_ok != 3 ||
-        base.lossy_ok != 4 || base.suspects_ok < 1 || base.entries_ok < 6) {
+        base.lossy_ok != 4 || base.suspects_ok < 1 || base.entries_ok < 6 || base.part_ok < 1) {
         fprintf(stderr, "seeds did not reach their decoders\n");
         return 1;
     }
@@ -494,14 +507,16 @@ int main(int argc, char **argv)
     fuzz_wire_counts c = fuzz_wire_n;
     printf("inputs %llu: header ok %llu, snappy ok %llu, kv ok %llu, declare ok %llu, "
            "view ok %llu (as prefix %llu), hello ok %llu, spec ok %llu, lossy ok %llu, suspects ok "
-           "%llu, frames ok %llu, range entries ok %llu, ring descriptors ok %llu\n",
+           "%llu, frames ok %llu, range entries ok %llu, ring descriptors ok %llu, fetch parts ok "
+           "%llu\n",
            (unsigned long long)c.inputs, (unsigned long long)c.hdr_ok,
            (unsigned long long)c.snappy_ok, (unsigned long long)c.kv_ok,
            (unsigned long long)c.declare_ok, (unsigned long long)c.view_ok,
            (unsigned long long)c.view_prefix_ok, (unsigned long long)c.hello_ok,
            (unsigned long long)c.spec_ok, (unsigned long long)c.lossy_ok,
            (unsigned long long)c.suspects_ok, (unsigned long long)c.frame_ok,
-           (unsigned long long)c.entries_ok, (unsigned long long)c.ring_ok);
+           (unsigned long long)c.entries_ok, (unsigned long long)c.ring_ok,
+           (unsigned long long)c.part_ok);
     for (int i = 0; i < nseeds; i++)
         free(seeds[i].payload);
     return 0;

@@ -131,11 +131,12 @@ echo "ok: a worker killed -9 in the middle: the survivors finished all 400 all-r
 
 # 3. Under --restart-workers: a 2-worker job training w (allreduce_app --train), rank 1 killed
 #    -9 after 100 steps; its replacement fetches w and the step from rank 0 (whose ring waits for
-#    it) and both end with the same w.
+#    it) and both end with the same w. The answer comes in parts of 1000 values
+#    (CHAINPS_FETCH_PART), 4 per request: w's 5000 values and the last result's take 3 requests.
 if [ "${EQUAL_WORKERS-x}" != "" ]; then
     out="$dir/replace"
     mkdir -p "$out"
-    "$CHAINPS" launch --servers 1 --workers 2 --restart-workers --timeout 150 -- \
+    CHAINPS_FETCH_PART=1000 "$CHAINPS" launch --servers 1 --workers 2 --restart-workers --timeout 150 -- \
         "$APP" --out "$out" --train --len 5000 --iters 600 --step-ms 10 >"$out.log" 2>&1 &
     lp=$!
     for t in $(seq 1 150); do
@@ -151,6 +152,10 @@ if [ "${EQUAL_WORKERS-x}" != "" ]; then
     [ $rc = 0 ] || { tail -30 "$out.log"; fail "the job with a replaced worker exited $rc"; }
     grep -q 'rank 1: replacement starts at step [1-9]' "$out.log" ||
         { tail -30 "$out.log"; fail "the replacement did not fetch w from a live worker"; }
+    # The last window ends at the answer's total: w and, past its 5000 values, the result.
+    grep -q 'sent values 4000\.\.[0-9]* of ' "$out.log" &&
+        grep -Eq 'sent values 8000\.\.10000 of 10000 ' "$out.log" ||
+        { grep 'sent values' "$out.log"; fail "the answer did not come in parts with the result"; }
     finals=$(sed -n 's/.*final w \([0-9a-f]*\).*/\1/p' "$out.log" | sort -u)
     [ "$(sed -n 's/.*final w \([0-9a-f]*\).*/\1/p' "$out.log" | wc -l)" = 2 ] &&
         [ "$(echo "$finals" | wc -l)" = 1 ] ||

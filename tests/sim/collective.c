@@ -27,10 +27,16 @@
  * gets the ring's next sequence number and the last result from the worker it fetches from, as
  * cps_allreduce_fetch does, so the job's end racing a replacement must complete too.
  *
+ * The fetch goes over the network like the ring's messages: requests, and answers in parts
+ * (replication/ring_fetch.c) of at most half the shared state, 1 to 3 parts per request, so
+ * every fetch takes several parts and a sharer that completes a collective between two requests
+ * answers with another identity; parts lost with a killed sharer are asked again. An assembled
+ * state must be one collective's throughout.
  * --guess-seq: replacements fetch nothing and guess the ring's sequence (cps__coll_set_joining);
- * the job's end can then still race them (a few seeds in a thousand hang: known, documented).
- * --no-adopt: the fetch brings the sequence number but not the result, as when the two do not fit
- * in one message (seed 985 then hangs; sim.collective_noadopt runs the seeds after it).
+ * the job's end can then still race them (11 seeds of 20,000 hang: known, documented).
+ * --no-adopt: the state and the result exceed one message; in parts the result travels anyway.
+ * --old-peers: answers in one message, as between workers that predate parts; with --no-adopt the
+ * result then stays behind and replacements help with zeros (sim.collective_oldpeers).
  * --slow: one worker stalls once (its messages leave late, none is lost) for up to 90% of the
  * timeout, moved onto the predecessor of a replacement that a view made listen when there is
  * one; the same checks hold (sim.collective_slow).
@@ -38,7 +44,8 @@
  * With --mix-epochs the shell's fencing is undone: a message of an older epoch than the
  * receiver's is relabelled with the receiver's epoch before delivery. Seeds must then fail.
  *
- * usage: sim_collective [--seed N] [--seeds K] [--mix-epochs] [--guess-seq] [--no-adopt] [--slow]
+ * usage: sim_collective [--seed N] [--seeds K] [--mix-epochs] [--guess-seq] [--no-adopt]
+ * [--old-peers] [--slow]
  * [-v]   (-v with SIM_TRACE=1 in the environment also prints every message delivered)
  */
 #include <inttypes.h>
@@ -66,7 +73,20 @@
 #define TIME_LIMIT   (20 * TIMEOUT_MS)
 #define REPL_ID_BASE 100u
 
-enum { EV_MSG, EV_VIEW, EV_GETVIEW, EV_START, EV_TICK, EV_KILL, EV_DECLARE, EV_JOIN };
+#define MAX_S 8 /* values of a worker's shared state (its parameters) */
+enum {
+    EV_MSG,
+    EV_VIEW,
+    EV_GETVIEW,
+    EV_START,
+    EV_TICK,
+    EV_KILL,
+    EV_DECLARE,
+    EV_JOIN,
+    EV_FREQ,  /* a replacement's request for a shared state (m.seq = its number, m.index = from) */
+    EV_FPART, /* a part of the answer (part, status; whole: an answer in one message) */
+    EV_FTICK  /* a fetching replacement's loop comes round (cps_allreduce_fetch's 50 ms wait) */
+};
 
 typedef struct event {
     uint64_t t, order;
@@ -75,6 +95,8 @@ typedef struct event {
     uint64_t epoch;
     cps__coll_msg m;
     float *vals; /* owned copy of m.vals */
+    int status, whole;
+    cps__fetch_part part;
 } event;
 
 typedef struct view {
@@ -95,6 +117,11 @@ typedef struct worker {
     float repl_in[MAX_SEQ + 1][MAX_N]; /* a replacement: its input, by the seq it completed */
     int repl_known[MAX_SEQ + 1];
     uint64_t repl_call[MAX_SEQ + 1]; /* which of its calls that input was (w->calls then) */
+    /* a replacement's cps_allreduce_fetch (replication/ring_fetch.c decides) */
+    cps__fetch fetch;
+    int fetching, ftick_pending;
+    uint64_t fetched_next; /* an answer in one message: its header's aux */
+    float fstate[MAX_S], fres[MAX_N];
 } worker;
 
 typedef struct record {
@@ -120,16 +147,23 @@ typedef struct model {
     uint32_t nrec;
     uint64_t hash;
     uint32_t restarts, results_taken, enopeer;
-    int guess;       /* --guess-seq: replacements fetch nothing and guess the ring's seq */
-    int no_adopt;    /* --no-adopt: a fetch brings the seq but not the last result */
-    int slow;        /* --slow: a worker stalls (its messages wait) for a while */
-    uint32_t slow_w; /* which */
+    int guess;     /* --guess-seq: replacements fetch nothing and guess the ring's seq */
+    int no_adopt;  /* --no-adopt: the state and the result exceed one message */
+    int old_peers; /* --old-peers: answers in one message, the result left out when too big */
+    uint32_t slen; /* values of the shared state */
+    uint32_t part, window; /* values per part, parts per request */
+    uint32_t msg_limit;    /* values one message holds (CPS_WIRE_MAX_PAYLOAD, scaled down) */
+    uint32_t fetch_parts;  /* parts taken by replacements (printed) */
+    uint32_t fetches;      /* fetches that brought a state */
+    int slow;              /* --slow: a worker stalls (its messages wait) for a while */
+    uint32_t slow_w;       /* which */
     uint64_t slow_from, slow_until;
     uint32_t slow_delayed; /* messages the stall held back */
     int slow_aimed;        /* the stall was moved onto a listening replacement's predecessor */
 } model;
 
-static uint64_t total_slowed; /* over all seeds (printed with --slow) */
+static uint64_t total_slowed;               /* over all seeds (printed with --slow) */
+static uint64_t total_fetches, total_parts; /* replacements' fetches done, parts they took */
 
 static uint64_t rnd(model *m, uint64_t n)
 {
@@ -415,6 +449,175 @@ static void start_call(model *m, uint32_t wi)
     perform(m, wi);
 }
 
+/* The shared state of a worker that completed collective `k`: its parameters, the same on every
+ * worker that completed k. An assembled fetch holds one k's values throughout, or it mixed. */
+static float state_value(uint64_t seed, uint64_t k, uint32_t j)
+{
+    return input_value(seed, 999, 5000 + k, j);
+}
+
+static void fetch_done(model *m, uint32_t wi, int result)
+{
+    worker *w = &m->w[wi];
+    w->fetching = 0;
+    uint64_t at = 0, rn = 0;
+    if (result == 1) {
+        m->fetches++;
+        uint64_t next = w->fetched_next ? w->fetched_next : w->fetch.next;
+        rn = w->fetch.total - m->slen;
+        at = next - 1;
+        for (uint32_t j = 0; j < m->slen; j++)
+            if (w->fstate[j] != state_value(m->seed, at, j)) {
+                sim_fail(&m->v,
+                         "replacement %u fetched a state that is not collective %" PRIu64
+                         "'s (value %u): parts of two answers mixed",
+                         w->id, at, j);
+                return;
+            }
+        if (cps__coll_set_next_seq(w->c, next, w->running) != 0) {
+            sim_fail(&m->v, "replacement %u: cps__coll_set_next_seq failed", w->id);
+            return;
+        }
+        perform(m, wi);
+        if (rn && cps__coll_adopt_result(w->c, at, w->fres, rn) != 0) {
+            sim_fail(&m->v, "replacement %u: cps__coll_adopt_result failed", w->id);
+            return;
+        }
+        perform(m, wi);
+    } else if (result == CPS_ETIMEDOUT) {
+        sim_fail(&m->v, "replacement %u's fetch hung", w->id);
+        return;
+    }
+    /* Otherwise nobody shares anything (CPS_ENOTFOUND, CPS_ENOPEER): the sequence is guessed. */
+    if (m->verbose)
+        printf("  t=%" PRIu64 " replacement %u fetched (%s): next collective %" PRIu64 ", %" PRIu64
+               " values of result\n",
+               m->now, w->id, result == 1 ? "ok" : cps_strerror(result), at + 1, rn);
+    if (at >= m->seqs)
+        w->done = 1;
+    else
+        post(m, m->now + 1 + rnd(m, 20), (event){.type = EV_START, .to = wi});
+}
+
+/* cps_allreduce_fetch's loop: ask, wait, ask again, until the fetch ends. */
+static void fetch_drive(model *m, uint32_t wi)
+{
+    worker *w = &m->w[wi];
+    if (!w->alive || !w->fetching)
+        return;
+    const view *v = &m->views[w->epoch];
+    cps__node_info nodes[MAX_W];
+    for (uint32_t i = 0; i < v->n; i++)
+        nodes[i] = (cps__node_info){.id = v->members[i], .role = CPS_ROLE_WORKER, .alive = 1};
+    cps__view cv = {.epoch = w->epoch, .nnodes = v->n, .nodes = nodes};
+    for (;;) {
+        uint32_t to;
+        uint64_t req;
+        int result;
+        int what =
+            cps__fetch_next(&w->fetch, &cv, v->members, v->n, w->id, 0, m->now, &to, &req, &result);
+        if (what == CPS_FETCH_DONE) {
+            fetch_done(m, wi, result);
+            return;
+        }
+        if (what == CPS_FETCH_WAIT)
+            break;
+        int ti = worker_of(m, to);
+        if (ti < 0) {
+            sim_fail(&m->v, "replacement %u asks unknown node %u", w->id, to);
+            return;
+        }
+        event e = {.type = EV_FREQ, .from = wi, .to = (uint32_t)ti};
+        e.m.seq = req;
+        e.m.index = w->fetch.ask;
+        post(m, link_at(m, wi, (uint32_t)ti), e);
+    }
+    if (!w->ftick_pending) {
+        w->ftick_pending = 1;
+        post(m, m->now + 50, (event){.type = EV_FTICK, .to = wi});
+    }
+}
+
+/* The sharer (any live worker, done or not): its answer (replication/ring_fetch.c), over its
+ * pipe to the asker, in parts; with --old-peers in one message, the result left out when the two
+ * exceed a message. */
+static void fetch_serve(model *m, uint32_t si, uint32_t ri, uint64_t req, uint64_t from)
+{
+    worker *s = &m->w[si];
+    uint64_t rseq = 0, rn = 0, total = 0;
+    const float *rvals = NULL;
+    int has = cps__coll_last_result(s->c, &rseq, &rvals, &rn);
+    uint64_t k = s->completed, share = k > 0 ? m->slen : 0;
+    event e = {.type = EV_FPART, .from = si, .to = ri};
+    e.m.seq = req;
+    float vals[MAX_S + MAX_N];
+    for (uint32_t j = 0; j < m->slen; j++)
+        vals[j] = state_value(m->seed, k, j);
+    if (has)
+        memcpy(vals + m->slen, rvals, rn * sizeof(float));
+    e.part = (cps__fetch_part){.gen = k, .step = k, .next = k + 1};
+    if (m->old_peers) {
+        int with = 0;
+        e.whole = 1;
+        e.status = cps__fetch_serve(share, m->slen, k, has, rseq, rn, &with);
+        with = with && m->slen + rn <= m->msg_limit;
+        e.part.count = e.status == 0 ? m->slen + (with ? rn : 0) : 0;
+    } else {
+        e.status = cps__fetch_serve_parts(share, m->slen, k, has, rseq, rn, from, &total);
+    }
+    if (e.status != 0 || e.whole) {
+        e.vals = malloc((e.part.count + 1) * sizeof(float));
+        if (!e.vals) {
+            fprintf(stderr, "sim_collective: out of memory\n");
+            exit(2);
+        }
+        memcpy(e.vals, vals, e.part.count * sizeof(float));
+        post(m, link_at(m, si, ri), e);
+        return;
+    }
+    e.part.total = total;
+    for (uint32_t i = 0; cps__fetch_part_at(from, total, m->part, m->window, i, &e.part.off,
+                                            &e.part.count, &e.part.last);
+         i++) {
+        event p = e;
+        p.vals = malloc(p.part.count * sizeof(float));
+        if (!p.vals) {
+            fprintf(stderr, "sim_collective: out of memory\n");
+            exit(2);
+        }
+        memcpy(p.vals, vals + p.part.off, p.part.count * sizeof(float));
+        post(m, link_at(m, si, ri), p);
+    }
+}
+
+/* A part (or a whole answer) reaches the fetching replacement: the shell's copy. */
+static void fetch_receive(model *m, uint32_t ri, const event *e)
+{
+    worker *w = &m->w[ri];
+    if (!w->alive || !w->fetching)
+        return;
+    uint32_t from = m->w[e->from].id;
+    const cps__fetch_part *p = &e->part;
+    if (e->whole) {
+        if (cps__fetch_answer(&w->fetch, from, e->m.seq, e->status, p->count, p->step)) {
+            memcpy(w->fstate, e->vals, m->slen * sizeof(float));
+            memcpy(w->fres, e->vals + m->slen, (p->count - m->slen) * sizeof(float));
+            w->fetched_next = p->next;
+            w->fetch.total = p->count; /* past slen: the result */
+        }
+    } else if (cps__fetch_part_take(&w->fetch, from, e->m.seq, e->status, p, m->now)) {
+        m->fetch_parts++;
+        for (uint64_t j = 0; j < p->count; j++) {
+            uint64_t at = p->off + j;
+            if (at < m->slen)
+                w->fstate[at] = e->vals[j];
+            else
+                w->fres[at - m->slen] = e->vals[j];
+        }
+    }
+    fetch_drive(m, ri);
+}
+
 static void deliver_view(model *m, uint32_t wi, uint64_t epoch)
 {
     worker *w = &m->w[wi];
@@ -449,46 +652,24 @@ static void deliver_view(model *m, uint32_t wi, uint64_t epoch)
             }
     }
     perform(m, wi);
-    if (first && w->repl) {
-        /* cps_allreduce_fetch: the live worker of the lowest rank that shares something (it
-         * completed a collective) gives its state and the sequence number of the collective
-         * that follows it; a replacement that arrives after the last collective has nothing to
-         * run, but keeps answering the ring (it sits in cps_barrier). With --guess-seq the
-         * replacement fetches nothing and guesses the ring's sequence (cps__coll_set_joining). */
-        uint64_t at = 0, rseq = 0, rn = 0;
-        const float *rvals = NULL;
-        int found = 0, has_result = 0;
-        for (uint32_t rank = 0; rank < m->norig && !found; rank++)
-            for (uint32_t i = 0; i < m->nw && !found; i++) {
-                if (i == wi || !m->w[i].alive || !m->in_view[i] || m->w[i].rank != rank)
-                    continue;
-                /* The sharer's own answer (replication/ring_fetch.c): a worker that completed
-                 * nothing shares nothing, and the asker goes on to the next; the result goes
-                 * with the state when it is that state's collective's. */
-                int has = cps__coll_last_result(m->w[i].c, &rseq, &rvals, &rn);
-                if (cps__fetch_serve(m->w[i].completed > 0, 1, m->w[i].completed, has, rseq, rn,
-                                     &has_result) != 0)
-                    continue;
-                at = m->w[i].completed;
-                found = 1;
-                has_result = has_result && !m->no_adopt;
-            }
-        if (found && !m->guess) {
-            if (cps__coll_set_next_seq(w->c, at + 1, w->running) != 0) {
-                sim_fail(&m->v, "replacement %u: cps__coll_set_next_seq failed", w->id);
-                return;
-            }
-            perform(m, wi);
-            if (has_result && cps__coll_adopt_result(w->c, rseq, rvals, rn) != 0) {
-                sim_fail(&m->v, "replacement %u: cps__coll_adopt_result failed", w->id);
-                return;
-            }
-            perform(m, wi);
-        }
-        if (m->verbose)
-            printf("  t=%" PRIu64 " replacement %u fetches: next collective %" PRIu64
-                   ", result of %" PRIu64 " %s\n",
-                   m->now, w->id, at + 1, rseq, has_result ? "kept" : "not sent");
+    if (first && w->repl && !m->guess) {
+        /* cps_allreduce_fetch, over the network: the first live member that shares something
+         * (it completed a collective) answers in parts with its state, the sequence number of
+         * the collective that follows it and that collective's predecessor's result. A
+         * replacement that arrives after the last collective has nothing to run, but keeps
+         * answering the ring (it sits in cps_barrier). With --guess-seq the replacement fetches
+         * nothing and guesses the ring's sequence (cps__coll_set_joining). */
+        cps__fetch_start(&w->fetch, m->slen, m->now, TIMEOUT_MS);
+        w->fetching = 1;
+        fetch_drive(m, wi);
+    } else if (first && w->repl) {
+        /* A program that guesses still ends when the job's collectives are over: one that
+         * arrives after the last has nothing to run (it sits in cps_barrier). */
+        uint64_t at = 0;
+        for (uint32_t rank = 0; rank < m->norig && !at; rank++)
+            for (uint32_t i = 0; i < m->nw && !at; i++)
+                if (i != wi && m->w[i].alive && m->in_view[i] && m->w[i].rank == rank)
+                    at = m->w[i].completed;
         if (at >= m->seqs)
             w->done = 1;
         else
@@ -538,8 +719,9 @@ static void on_kill(model *m, uint32_t wi)
         cut[i] = m->now + rnd(m, 10);
     for (size_t i = 0; i < m->nheap; i++) {
         event *e = &m->heap[i];
-        if (e->type == EV_MSG && e->from == wi && e->t > cut[e->to])
-            e->type = -1 - EV_MSG; /* dropped: left in the heap, ignored when popped */
+        if ((e->type == EV_MSG || e->type == EV_FREQ || e->type == EV_FPART) && e->from == wi &&
+            e->t > cut[e->to])
+            e->type = -1 - e->type; /* dropped: left in the heap, ignored when popped */
     }
     /* The scheduler sees the connection close and declares it dead a while later. */
     post(m, m->now + 5 + rnd(m, 300), (event){.type = EV_DECLARE, .to = wi});
@@ -655,7 +837,7 @@ static void check(model *m)
     }
 }
 
-static int no_adopt;
+static int no_adopt, old_peers;
 
 static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, uint64_t *hash,
                     char *why, size_t why_len)
@@ -668,6 +850,7 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     m->mix = mix;
     m->guess = guess;
     m->no_adopt = no_adopt;
+    m->old_peers = old_peers;
     m->verbose = verbose;
     m->norig = m->nw = 2 + (uint32_t)rnd(m, MAX_ORIG - 1);
     m->n = 1 + (uint32_t)rnd(m, MAX_N);
@@ -675,6 +858,14 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     m->seqs = 2 + (uint32_t)rnd(m, MAX_SEQ - 1);
     m->op = rnd(m, 2) ? CPS_COLL_SUM : CPS_COLL_MEAN;
     uint32_t kills = (uint32_t)rnd(m, m->norig);
+    /* The shared state and its answer: parts of at most half the state, so every fetch comes in
+     * several parts, and windows of 1 to 3 parts. Drawn from a stream of their own, so the seeds
+     * of --guess-seq (no fetch) run as they did before the fetch was modelled. */
+    uint64_t frng = sim_mix64(seed ^ 0xfe7c4ull);
+    m->slen = 2 + (uint32_t)sim_draw(&frng, MAX_S - 1);
+    m->part = 1 + (uint32_t)sim_draw(&frng, m->slen / 2);
+    m->window = 1 + (uint32_t)sim_draw(&frng, 3);
+    m->msg_limit = no_adopt ? m->slen + (uint32_t)sim_draw(&frng, m->n) : MAX_S + MAX_N;
     if (verbose)
         printf("seed %" PRIu64 ": %u workers, %u values, chunk %u, %u collectives, %s, %u kills\n",
                seed, m->norig, m->n, m->chunk, m->seqs, m->op == CPS_COLL_SUM ? "sum" : "mean",
@@ -777,6 +968,17 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
         case EV_JOIN:
             on_join(m, e.to);
             break;
+        case EV_FREQ:
+            if (w->alive)
+                fetch_serve(m, e.to, e.from, e.m.seq, e.m.index);
+            break;
+        case EV_FPART:
+            fetch_receive(m, e.to, &e);
+            break;
+        case EV_FTICK:
+            w->ftick_pending = 0;
+            fetch_drive(m, e.to);
+            break;
         default:
             break; /* a message that died with its sender */
         }
@@ -800,6 +1002,8 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
                m->events, m->nviews, m->results_taken, m->enopeer, m->slow_delayed);
     *hash = sim_mix64(m->hash ^ m->events);
     total_slowed += m->slow_delayed;
+    total_parts += m->fetch_parts;
+    total_fetches += m->fetches;
     int failed = m->v.failed;
     if (failed)
         snprintf(why, why_len, "%s", m->v.why);
@@ -819,13 +1023,16 @@ int main(int argc, char **argv)
             slow = 1;
         else if (!strcmp(argv[i], "--no-adopt"))
             no_adopt = 1;
+        else if (!strcmp(argv[i], "--old-peers"))
+            old_peers = 1;
         else
             argv[kept++] = argv[i];
     }
     argc = kept;
     sim_seed_args a;
     if (sim_seed_args_parse(argc, argv, "sim_collective", "--mix-epochs", &a) != 0) {
-        fprintf(stderr, "  sim_collective also takes --guess-seq, --no-adopt and --slow\n");
+        fprintf(stderr,
+                "  sim_collective also takes --guess-seq, --no-adopt, --old-peers and --slow\n");
         return 2;
     }
     sim_seed_tally t = {0, 0};
@@ -850,5 +1057,8 @@ int main(int argc, char **argv)
     sim_seed_summary(&t, "sim_collective", &a, "--mix-epochs");
     if (slow)
         printf("; %" PRIu64 " messages held back by stalls (both runs)", total_slowed);
+    if (!guess)
+        printf("; %" PRIu64 " fetches brought a state, in %" PRIu64 " parts (both runs)",
+               total_fetches, total_parts);
     return sim_seed_end(&t);
 }

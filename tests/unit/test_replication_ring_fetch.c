@@ -184,6 +184,256 @@ static void the_sharer_answers_with_what_it_holds(void **state)
     assert_int_equal(with, 0);
 }
 
+/* A part of gen `gen` (step 7, next collective 5) at `off`, `count` values of `total`. */
+static cps__fetch_part part(uint64_t gen, uint64_t off, uint64_t count, uint64_t total, int last)
+{
+    return (cps__fetch_part){
+        .gen = gen, .step = 7, .next = 5, .off = off, .count = count, .total = total, .last = last};
+}
+
+/* The sharer cuts an answer of 100 shared values and a 60-value result into parts of 30, 4 per
+ * request; the asker takes them in order, asks for the next window as soon as the last part of
+ * one is in, and is done only when it holds all 160 values: never before. */
+static void a_multi_part_answer_is_assembled(void **state)
+{
+    (void)state;
+    uint64_t total = 0;
+    assert_int_equal(cps__fetch_serve_parts(100, 100, 4, 1, 4, 60, 0, &total), 0);
+    assert_int_equal(total, 160);
+    uint64_t off, count;
+    int last;
+    uint64_t want_off[] = {0, 30, 60, 90};
+    for (uint32_t k = 0; k < 4; k++) {
+        assert_int_equal(cps__fetch_part_at(0, total, 30, CPS_FETCH_WINDOW, k, &off, &count, &last),
+                         1);
+        assert_int_equal(off, want_off[k]);
+        assert_int_equal(count, 30);
+        assert_int_equal(last, k == 3);
+    }
+    assert_int_equal(cps__fetch_part_at(0, total, 30, CPS_FETCH_WINDOW, 4, &off, &count, &last), 0);
+
+    cps__view v;
+    make(&v, 0);
+    cps__fetch f = {0};
+    cps__fetch_start(&f, 100, 0, 5000);
+    step_out o = next(&f, &v, ring, 4, 0, 0);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(f.ask, 0);
+    for (uint32_t k = 0; k < 4; k++) {
+        cps__fetch_part p = part(1, 30 * k, 30, 160, k == 3);
+        /* Through the wire's prefix and back. */
+        unsigned char wire[CPS_FETCH_PART_HDR + 30 * sizeof(float)] = {0};
+        cps__fetch_part_encode(wire, &p);
+        cps__fetch_part q;
+        const float *vals;
+        assert_int_equal(cps__fetch_part_decode(wire, sizeof wire, 7, 5, &q, &vals), 0);
+        assert_int_equal(q.gen, 1);
+        assert_int_equal(q.off, 30 * k);
+        assert_int_equal(q.count, 30);
+        assert_int_equal(q.total, 160);
+        assert_int_equal(q.last, k == 3);
+        assert_ptr_equal(vals, (const float *)(wire + CPS_FETCH_PART_HDR));
+        assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &q, 10 + k), 1);
+        if (k < 3)
+            assert_int_equal(next(&f, &v, ring, 4, 0, 10 + k).what, CPS_FETCH_WAIT);
+    }
+    /* The window is in: the next request goes at once, from value 120, with a new number. */
+    step_out o2 = next(&f, &v, ring, 4, 0, 14);
+    assert_int_equal(o2.what, CPS_FETCH_SEND);
+    assert_int_equal(o2.to, 10);
+    assert_int_equal(o2.req, o.req + 1);
+    assert_int_equal(f.ask, 120);
+    assert_int_equal(cps__fetch_serve_parts(100, 100, 4, 1, 4, 60, 120, &total), 0);
+    assert_int_equal(cps__fetch_part_at(120, total, 30, CPS_FETCH_WINDOW, 1, &off, &count, &last),
+                     1);
+    assert_int_equal(off, 150);
+    assert_int_equal(count, 10);
+    assert_int_equal(last, 1);
+    cps__fetch_part p = part(1, 120, 30, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o2.req, 0, &p, 15), 1);
+    assert_int_equal(next(&f, &v, ring, 4, 0, 15).what, CPS_FETCH_WAIT); /* 10 values short */
+    p = part(1, 150, 10, 160, 1);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o2.req, 0, &p, 16), 1);
+    o = next(&f, &v, ring, 4, 0, 16);
+    assert_int_equal(o.what, CPS_FETCH_DONE);
+    assert_int_equal(o.result, 1);
+    assert_int_equal(f.step, 7);
+    assert_int_equal(f.next, 5);
+    assert_int_equal(f.total, 160);
+    /* Over: a part again is not taken. */
+    assert_int_equal(cps__fetch_part_take(&f, 10, o2.req, 0, &p, 17), 0);
+    cps__view_fini(&v);
+}
+
+/* Parts of two answers never mix: the sharer shared again between two requests (another gen), or
+ * the asker moved to another sharer; what it held is dropped and the answer asked from value 0. */
+static void parts_of_two_answers_never_mix(void **state)
+{
+    (void)state;
+    cps__view v, dead10;
+    make(&v, 0);
+    make(&dead10, 10);
+    cps__fetch f = {0};
+    cps__fetch_start(&f, 100, 0, 5000);
+    step_out o = next(&f, &v, ring, 4, 0, 0);
+    cps__fetch_part p = part(1, 0, 30, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 1), 1);
+    p = part(1, 30, 30, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 2), 1);
+    /* The rest was lost; asked again from 60, the sharer answers from its new share. */
+    o = next(&f, &v, ring, 4, 0, 2 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(f.ask, 60);
+    p = part(2, 60, 30, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 400), 0);
+    /* Asked again at once, from 0. */
+    o = next(&f, &v, ring, 4, 0, 400);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(f.ask, 0);
+    /* Each identity field counts: another step, next collective or total is another answer. */
+    p = part(2, 0, 30, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 401), 1);
+    p = part(2, 30, 30, 160, 0);
+    p.step = 8;
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 402), 0);
+    o = next(&f, &v, ring, 4, 0, 402);
+    assert_int_equal(f.ask, 0);
+    p = part(2, 0, 30, 160, 0);
+    p.next = 6;
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 403), 1);
+    p = part(2, 30, 30, 160, 0); /* next 5 again: not the answer held */
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 404), 0);
+    o = next(&f, &v, ring, 4, 0, 404);
+    p = part(3, 0, 100, 100, 1); /* no result this time: another total */
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 405), 1);
+    o = next(&f, &v, ring, 4, 0, 405);
+    assert_int_equal(o.what, CPS_FETCH_DONE);
+    assert_int_equal(o.result, 1);
+    assert_int_equal(f.gen, 3);
+    assert_int_equal(f.total, 100);
+
+    /* Another sharer: 10 died after two parts; 11 is asked from 0, and a late part of 10's is
+     * not taken. */
+    cps__fetch_start(&f, 100, 0, 5000);
+    o = next(&f, &v, ring, 4, 0, 0);
+    uint64_t first = o.req;
+    p = part(1, 0, 30, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, 1), 1);
+    const uint32_t later[] = {11, ME, 13};
+    o = next(&f, &dead10, later, 3, 0, 1 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(o.to, 11);
+    assert_int_equal(f.ask, 0);
+    p = part(1, 30, 30, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, 302), 0);
+    p = part(1, 0, 160, 160, 1); /* 11's gen 1 is not 10's */
+    assert_int_equal(cps__fetch_part_take(&f, 11, o.req, 0, &p, 303), 1);
+    assert_int_equal(next(&f, &dead10, later, 3, 0, 304).result, 1);
+    /* A sharer that has gone silent since it refused: the next one starts from 0 too. */
+    cps__fetch_start(&f, 100, 0, 5000);
+    o = next(&f, &v, ring, 4, 0, 0);
+    p = part(1, 0, 30, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 1), 1);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, CPS_ENOTFOUND, &p, 2), 0);
+    o = next(&f, &v, ring, 4, 0, 3);
+    assert_int_equal(o.to, 11);
+    assert_int_equal(f.ask, 0);
+    cps__view_fini(&v);
+    cps__view_fini(&dead10);
+}
+
+/* A part lost (its sharer's pipe cut, or a window sent while the asker was out of memory) leaves
+ * a gap: later parts are not taken, and after CPS_FETCH_RESEND_MS without progress the request
+ * goes again from the first value missing; a part of the earlier request no longer counts. */
+static void a_missing_part_is_asked_again(void **state)
+{
+    (void)state;
+    cps__view v;
+    make(&v, 0);
+    cps__fetch f = {0};
+    cps__fetch_start(&f, 100, 0, 5000);
+    step_out o = next(&f, &v, ring, 4, 0, 0);
+    uint64_t first = o.req;
+    cps__fetch_part p = part(1, 0, 30, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, 100), 1);
+    p = part(1, 60, 30, 160, 0); /* 30..59 lost */
+    assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, 101), 0);
+    /* Progress at 100 restarted the re-send delay. */
+    assert_int_equal(next(&f, &v, ring, 4, 0, 100 + CPS_FETCH_RESEND_MS - 1).what, CPS_FETCH_WAIT);
+    o = next(&f, &v, ring, 4, 0, 100 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(o.req, first + 1);
+    assert_int_equal(f.ask, 30);
+    p = part(1, 30, 30, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, 500), 0); /* the old request's */
+    assert_int_equal(cps__fetch_part_take(&f, 11, o.req, 0, &p, 500), 0); /* not asked */
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 500), 1);
+    p = part(1, 60, 100, 160, 1);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 501), 1);
+    assert_int_equal(next(&f, &v, ring, 4, 0, 502).result, 1);
+    /* A refusal in a part ends the fetch with it; a total below the length is CPS_ESIZE. */
+    cps__fetch_start(&f, 100, 0, 5000);
+    o = next(&f, &v, ring, 4, 0, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, CPS_ESIZE, &p, 1), 0);
+    assert_int_equal(next(&f, &v, ring, 4, 0, 1).result, CPS_ESIZE);
+    cps__fetch_start(&f, 100, 0, 5000);
+    o = next(&f, &v, ring, 4, 0, 0);
+    p = part(1, 0, 99, 99, 1);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 1), 0);
+    assert_int_equal(next(&f, &v, ring, 4, 0, 1).result, CPS_ESIZE);
+    cps__view_fini(&v);
+}
+
+/* In parts the result goes with the state whatever the size (in one message it stays behind
+ * past CPS_WIRE_MAX_PAYLOAD); only the shared state's own result goes. */
+static void in_parts_the_result_always_travels(void **state)
+{
+    (void)state;
+    uint64_t big = CPS_WIRE_MAX_PAYLOAD / sizeof(float), total = 0;
+    int with = -1;
+    assert_int_equal(cps__fetch_serve(100, 100, 4, 1, 4, big, &with), 0);
+    assert_int_equal(with, 0);
+    assert_int_equal(cps__fetch_serve_parts(100, 100, 4, 1, 4, big, 0, &total), 0);
+    assert_int_equal(total, 100 + big);
+    assert_int_equal(cps__fetch_serve_parts(100, 100, 4, 1, 3, big, 0, &total), 0);
+    assert_int_equal(total, 100);
+    assert_int_equal(cps__fetch_serve_parts(100, 100, 4, 0, 4, big, 0, &total), 0);
+    assert_int_equal(total, 100);
+    assert_int_equal(cps__fetch_serve_parts(0, 100, 4, 1, 4, 10, 0, &total), CPS_ENOTFOUND);
+    assert_int_equal(cps__fetch_serve_parts(100, 99, 4, 1, 4, 10, 0, &total), CPS_ESIZE);
+    assert_int_equal(cps__fetch_serve_parts(100, 100, 4, 1, 4, 10, 110, &total), CPS_EINVAL);
+    /* A part never exceeds the message limit at the default size. */
+    assert_true(CPS_FETCH_PART_HDR + CPS_FETCH_PART_VALUES * sizeof(float) <= CPS_WIRE_MAX_PAYLOAD);
+}
+
+/* The decoder refuses every prefix it cannot trust. */
+static void a_bad_part_is_refused(void **state)
+{
+    (void)state;
+    unsigned char w[CPS_FETCH_PART_HDR + 8] = {0};
+    cps__fetch_part p = part(1, 2, 2, 4, 1), q;
+    const float *vals;
+    cps__fetch_part_encode(w, &p);
+    assert_int_equal(cps__fetch_part_decode(w, sizeof w, 0, 0, &q, &vals), 0);
+    assert_int_equal(cps__fetch_part_decode(w, CPS_FETCH_PART_HDR - 1, 0, 0, &q, &vals),
+                     CPS_EPROTO);
+    assert_int_equal(cps__fetch_part_decode(w, sizeof w - 1, 0, 0, &q, &vals), CPS_EPROTO);
+    assert_int_equal(cps__fetch_part_decode(w, CPS_FETCH_PART_HDR, 0, 0, &q, &vals), CPS_EPROTO);
+    p.total = 3; /* off + count past total */
+    cps__fetch_part_encode(w, &p);
+    assert_int_equal(cps__fetch_part_decode(w, sizeof w, 0, 0, &q, &vals), CPS_EPROTO);
+    p = part(1, UINT64_MAX - 1, 2, UINT64_MAX, 0); /* wraps */
+    cps__fetch_part_encode(w, &p);
+    assert_int_equal(cps__fetch_part_decode(w, sizeof w, 0, 0, &q, &vals), CPS_EPROTO);
+    p = part(1, 2, 2, 4, 1);
+    cps__fetch_part_encode(w, &p);
+    w[24] |= 2; /* unknown flag */
+    assert_int_equal(cps__fetch_part_decode(w, sizeof w, 0, 0, &q, &vals), CPS_EPROTO);
+    cps__fetch_part_encode(w, &p);
+    w[31] = 1; /* reserved word */
+    assert_int_equal(cps__fetch_part_decode(w, sizeof w, 0, 0, &q, &vals), CPS_EPROTO);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -191,6 +441,11 @@ int main(void)
         cmocka_unit_test(a_member_sharing_nothing_passes_to_the_next),
         cmocka_unit_test(a_dead_member_is_replaced_and_the_fetch_gives_up_in_time),
         cmocka_unit_test(the_sharer_answers_with_what_it_holds),
+        cmocka_unit_test(a_multi_part_answer_is_assembled),
+        cmocka_unit_test(parts_of_two_answers_never_mix),
+        cmocka_unit_test(a_missing_part_is_asked_again),
+        cmocka_unit_test(in_parts_the_result_always_travels),
+        cmocka_unit_test(a_bad_part_is_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
