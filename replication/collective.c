@@ -703,7 +703,8 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
      * the last step: its action comes first, so that the chunk is written straight into the
      * message's payload (out_payload), not into c->work and then copied. c->work keeps only
      * what the result needs: the chunks of the last reduce-scatter step and of the all-gather. */
-    cps__coll_act *fwd = m->index + c->nchunks < total ? send_index(c, m->index + c->nchunks) : NULL;
+    cps__coll_act *fwd =
+        m->index + c->nchunks < total ? send_index(c, m->index + c->nchunks) : NULL;
     float *out = out_payload(c, fwd), *w = c->work + lo;
     if (k < c->p - 1) {
         /* Reduce-scatter: what came round the ring so far, plus ours, in that order (zeros
