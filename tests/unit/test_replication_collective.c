@@ -296,6 +296,9 @@ static void test_ring_bits(void **state)
         for (size_t a = 0; a < 5; a++)
             for (size_t b = 0; b < 3; b++)
                 for (int op = 0; op < 2; op++) {
+                    /* With the hook: not the shapes of thousands of one-value chunks (time). */
+                    if (hook_mode && lens[a] / chunks[b] > 1000)
+                        continue;
                     net t;
                     net_init(&t, p, lens[a], chunks[b], op, 1000 * p + 10 * a + b);
                     fill_inputs(&t, 0);
@@ -467,7 +470,7 @@ static void test_kill_any_phase(void **state)
 static void test_kill_any_phase_built(void **state)
 {
     hook_mode = 2;
-    kill_seeds = 120;
+    kill_seeds = 60;
     test_kill_any_phase(state);
 }
 
