@@ -74,6 +74,8 @@ struct cps__coll {
     int draining, redrain; /* drain_stash is running; a nested call asked it to rescan */
     cps__coll_act *out;
     size_t nout, out_cap;
+    cps__coll_out_fn out_fn; /* cps__coll_set_out */
+    void *out_ctx;
     cps__coll_stats stats;
 };
 
@@ -202,13 +204,13 @@ static void chunk_span(const cps__coll *c, uint64_t index, int sending, uint64_t
     *hi = b;
 }
 
-static void send_index(cps__coll *c, uint64_t index)
+static cps__coll_act *send_index(cps__coll *c, uint64_t index)
 {
     uint64_t lo, hi;
     chunk_span(c, index, 1, &lo, &hi);
     cps__coll_act *a = act_add(c, CPS_COLL_SEND);
     if (!a)
-        return;
+        return NULL;
     a->to = c->members[(c->pos + 1) % c->p];
     a->msg.from = c->me;
     a->msg.kind = CPS_COLL_DATA;
@@ -223,6 +225,49 @@ static void send_index(cps__coll *c, uint64_t index)
     else
         a->msg.vals = c->help_for ? c->zeros : c->data + lo;
     a->msg.count = hi - lo;
+    return a;
+}
+
+void cps__coll_set_out(cps__coll *c, cps__coll_out_fn fn, void *ctx)
+{
+    c->out_fn = fn;
+    c->out_ctx = ctx;
+}
+
+/* The payload of forwarded message a, from the out hook, or NULL (then a points at c->work). */
+static float *out_payload(cps__coll *c, cps__coll_act *a)
+{
+    if (!a || !c->out_fn || !a->msg.count)
+        return NULL;
+    cps__coll_msg m = a->msg;
+    m.vals = NULL;
+    float *p = c->out_fn(c->out_ctx, a->to, &m);
+    if (p) {
+        a->msg.vals = p;
+        a->built = 1;
+    }
+    return p;
+}
+
+/* The reduction of a chunk, in + own (divided by div when `mean`), written to d1 and to d2 when
+ * not NULL: one expression for every destination, so the bits are the same wherever they land. */
+static void reduce_into(float *restrict d1, float *restrict d2, const float *restrict in,
+                        const float *restrict own, uint64_t cnt, int mean, float div)
+{
+    if (mean) {
+        if (d2)
+            for (uint64_t j = 0; j < cnt; j++)
+                d1[j] = d2[j] = (in[j] + own[j]) / div;
+        else
+            for (uint64_t j = 0; j < cnt; j++)
+                d1[j] = (in[j] + own[j]) / div;
+    } else if (d2) {
+        for (uint64_t j = 0; j < cnt; j++)
+            d1[j] = d2[j] = in[j] + own[j];
+    } else {
+        for (uint64_t j = 0; j < cnt; j++)
+            d1[j] = in[j] + own[j];
+    }
 }
 
 static int member_pos(const cps__coll *c, uint32_t id, uint32_t *pos)
@@ -674,22 +719,29 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
         return 1;
     }
     uint64_t k = m->index / c->nchunks;
-    float *w = c->work + lo;
+    uint64_t total = 2 * (uint64_t)(c->p - 1) * c->nchunks, cnt = hi - lo;
+    /* The chunk goes on to our successor as the next step's message (the same span), except at
+     * the last step: its action comes first, so that the chunk is written straight into the
+     * message's payload (out_payload), not into c->work and then copied. c->work keeps only
+     * what the result needs: the chunks of the last reduce-scatter step and of the all-gather. */
+    cps__coll_act *fwd =
+        m->index + c->nchunks < total ? send_index(c, m->index + c->nchunks) : NULL;
+    float *out = out_payload(c, fwd), *w = c->work + lo;
     if (k < c->p - 1) {
         /* Reduce-scatter: what came round the ring so far, plus ours, in that order (zeros
          * while helping: a message spans at most one chunk, the zero buffer's length). */
         const float *in = m->vals, *own = c->help_for ? c->zeros : c->data + lo;
-        uint64_t cnt = hi - lo;
-        if (k == c->p - 2 && c->op == CPS_COLL_MEAN) {
-            float div = (float)c->p;
-            for (uint64_t j = 0; j < cnt; j++)
-                w[j] = (in[j] + own[j]) / div;
-        } else {
-            for (uint64_t j = 0; j < cnt; j++)
-                w[j] = in[j] + own[j];
-        }
-    } else if (hi > lo) {
-        memcpy(w, m->vals, (hi - lo) * sizeof(float));
+        int mean = k == c->p - 2 && c->op == CPS_COLL_MEAN;
+        if (!out)
+            reduce_into(w, NULL, in, own, cnt, mean, (float)c->p);
+        else
+            reduce_into(out, k == c->p - 2 ? w : NULL, in, own, cnt, mean, (float)c->p);
+    } else if (cnt) {
+        /* All-gather: the result's chunk, kept and passed on. The second copy reads the first,
+         * still in cache, rather than the sender's memory again. */
+        memcpy(w, m->vals, cnt * sizeof(float));
+        if (out)
+            memcpy(out, w, cnt * sizeof(float));
     }
     c->last_progress = now;
     c->next_in++;
@@ -699,9 +751,6 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
      * collective is still to be found. */
     if (c->joining && !c->help_for && k + 2 >= c->p)
         c->pinned = c->seq;
-    uint64_t total = 2 * (uint64_t)(c->p - 1) * c->nchunks;
-    if (m->index + c->nchunks < total)
-        send_index(c, m->index + c->nchunks);
     if (c->next_in == total) {
         c->bcast_epoch = 0;
         complete(c, now);

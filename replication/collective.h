@@ -79,6 +79,9 @@ typedef struct cps__coll_act {
     uint64_t seq;
     uint64_t epoch;
     cps__coll_msg msg;
+    /* SEND only: 1 when msg.vals is the payload that the out hook (cps__coll_set_out) gave for
+     * this very message, already written: the shell sends that buffer as it is, no copy. */
+    int built;
 } cps__coll_act;
 
 typedef struct cps__coll_stats {
@@ -93,6 +96,18 @@ typedef struct cps__coll cps__coll;
  * Errors: CPS_EINVAL, CPS_ENOMEM. */
 int cps__coll_create(uint32_t me, uint64_t chunk, uint64_t timeout_ms, cps__coll **out);
 void cps__coll_destroy(cps__coll *c);
+
+/* Where a forwarded chunk is written (optional). A member forwards every chunk it reduces or
+ * gathers, except at the last step. Without a hook it writes the chunk into its own buffer and
+ * the SEND action points there, for the shell to copy into a message. With one, it first asks
+ * fn(ctx, to, m) for the payload of message m (every field set but vals; m->count floats,
+ * 4-byte aligned, not overlapping anything the object holds) and writes the chunk there in the
+ * same pass as its reduction (and, where the chunk is part of the result, into its own buffer
+ * too): the SEND action then carries that payload with `built` set, and the shell must send or
+ * give back that buffer. fn returning NULL (no memory) falls back to the copy for that chunk.
+ * The values, and so the result's bits, are the same either way. */
+typedef float *(*cps__coll_out_fn)(void *ctx, uint32_t to, const cps__coll_msg *m);
+void cps__coll_set_out(cps__coll *c, cps__coll_out_fn fn, void *ctx);
 
 /* Our node id, when it was not known at create (a worker still joining gets ring messages
  * before its id): before the first cps__coll_view. */

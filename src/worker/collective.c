@@ -65,6 +65,8 @@ struct cps__ar {
     uint64_t view_asked_ms;
 };
 
+static float *out_payload(void *ctx, uint32_t to, const cps__coll_msg *m);
+
 static int ar_get(cps_client *c, cps__ar **out)
 {
     if (!c->ar) {
@@ -103,6 +105,7 @@ static int ar_get(cps_client *c, cps__ar **out)
             free(a);
             return rc;
         }
+        cps__coll_set_out(a->coll, out_payload, c);
         c->ar = a;
         cps__ar_on_view(c);
     }
@@ -125,7 +128,9 @@ static void ask_view(cps_client *c)
     cps__msg_send(c->tp, 0, &h, NULL, 0);
 }
 
-static void send_msg(cps_client *c, uint32_t to, const cps__coll_msg *m)
+/* The ring's message m to `to`, reserved for it (header written, payload not): a chunk to a
+ * same-host worker is then written once, into its shared-memory ring slot. NULL: no memory. */
+static void *msg_reserve(cps_client *c, uint32_t to, const cps__coll_msg *m)
 {
     cps__msg_hdr h = {.type = CPS_MSG_COLL,
                       .sender = c->id,
@@ -135,15 +140,30 @@ static void send_msg(cps_client *c, uint32_t to, const cps__coll_msg *m)
                       .req_seq = m->seq,
                       .step = m->index,
                       .aux = m->n};
+    return cps__msg_reserve(c->tp, to, &h, m->count * sizeof(float));
+}
+
+/* The ring's out hook (cps__coll_set_out): a forwarded chunk is reduced or gathered straight
+ * into its message's payload. The payload sits CPS_WIRE_HDR_SIZE (64) bytes into the buffer,
+ * so it is float-aligned. */
+static float *out_payload(void *ctx, uint32_t to, const cps__coll_msg *m)
+{
+    char *buf = msg_reserve(ctx, to, m);
+    return buf ? (float *)(void *)(buf + CPS_WIRE_HDR_SIZE) : NULL;
+}
+
+static void send_msg(cps_client *c, uint32_t to, const cps__coll_msg *m, int built)
+{
     size_t bytes = m->count * sizeof(float);
-    /* Reserved for `to`: a chunk to a same-host worker is written once, into the ring. */
-    void *buf = cps__msg_reserve(c->tp, to, &h, bytes);
-    if (!buf) {
+    void *buf;
+    if (built) {
+        buf = (char *)(uintptr_t)m->vals - CPS_WIRE_HDR_SIZE; /* out_payload's buffer */
+    } else if (!(buf = msg_reserve(c, to, m))) {
         cps__log(CPS_LOG_ERROR, "allreduce", "out of memory for a %zu-byte message", bytes);
         return; /* the collective times out rather than reducing without the chunk */
-    }
-    if (bytes)
+    } else if (bytes) {
         memcpy((char *)buf + CPS_WIRE_HDR_SIZE, m->vals, bytes);
+    }
     int rc = cps__tp_send(c->tp, to, buf, CPS_WIRE_HDR_SIZE + bytes);
     if (rc != 0) {
         cps__tp_unreserve(c->tp, buf);
@@ -162,7 +182,7 @@ static void perform(cps_client *c)
     for (size_t i = 0; i < n; i++) {
         switch (act[i].kind) {
         case CPS_COLL_SEND:
-            send_msg(c, act[i].to, &act[i].msg);
+            send_msg(c, act[i].to, &act[i].msg, act[i].built);
             break;
         case CPS_COLL_NEED_VIEW:
             ask_view(c);

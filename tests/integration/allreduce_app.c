@@ -7,7 +7,8 @@
  * workers must print the same results. Each completed iteration appends
  * "<i> <xxh3 of the result's bytes> <CLOCK_REALTIME ms>" to DIR/rank<R>.txt (with --out): the
  * test compares the hashes across workers and runs, and the kill bench reads the times.
- * --bench: prints "bench len=N workers=P p50_us=.. gbps=.." from iterations after the warm-up.
+ * --bench: prints "bench len=N workers=P p50_us=.. gbps=.. cpu_us=.." from iterations after the
+ * warm-up (cpu_us: the median of the process's CPU time, all threads, within each all-reduce).
  * --train: a model w of N values trained by the mean of all-reduced gradients that depend on w;
  * w is shared after every step (cps_allreduce_share), and a replacement of a dead worker starts
  * from a live worker's w and step (cps_allreduce_fetch). Prints "final w <hash>" at the end.
@@ -100,8 +101,8 @@ int main(int argc, char **argv)
         setvbuf(log, NULL, _IOLBF, 0);
     }
     float *v = malloc((size_t)len * sizeof *v);
-    uint64_t *lat = calloc((size_t)iters, sizeof *lat);
-    if (!v || !lat)
+    uint64_t *lat = calloc((size_t)iters, sizeof *lat), *cpu = calloc((size_t)iters, sizeof *cpu);
+    if (!v || !lat || !cpu)
         return 1;
     cps_reduce_op op = mean || train ? CPS_REDUCE_MEAN : CPS_REDUCE_SUM;
     int status = 0, measured = 0, first = 0;
@@ -158,7 +159,7 @@ int main(int argc, char **argv)
         if (train) /* a gradient that depends on the model: a wrong w shows in every later step */
             for (int j = 0; j < len; j++)
                 v[j] = v[j] * 1e-3f + 0.01f * w[j];
-        uint64_t t0 = now_us(CLOCK_MONOTONIC);
+        uint64_t c0 = now_us(CLOCK_PROCESS_CPUTIME_ID), t0 = now_us(CLOCK_MONOTONIC);
         if (async) {
             cps_allreduce_handle *h;
             rc = cps_allreduce_async(c, v, (uint64_t)len, op, &h);
@@ -168,7 +169,7 @@ int main(int argc, char **argv)
         } else {
             rc = cps_allreduce(c, v, (uint64_t)len, op);
         }
-        uint64_t t1 = now_us(CLOCK_MONOTONIC);
+        uint64_t t1 = now_us(CLOCK_MONOTONIC), c1 = now_us(CLOCK_PROCESS_CPUTIME_ID);
         if (rc != 0) {
             fprintf(stderr, "rank %d: allreduce %d failed: %s (%s)\n", rank, i, cps_err_name(rc),
                     cps_last_error_message());
@@ -196,8 +197,10 @@ int main(int argc, char **argv)
                    (unsigned long long)fnv1a(w, (size_t)len * sizeof *w));
             fflush(stdout); /* whole lines: launch interleaves the workers' output by line */
         }
-        if (i >= warmup)
+        if (i >= warmup) {
+            cpu[measured] = c1 - c0;
             lat[measured++] = t1 - t0;
+        }
         if (log)
             fprintf(log, "%d %016llx %llu\n", i,
                     (unsigned long long)XXH3_64bits(v, (size_t)len * sizeof(float)),
@@ -207,11 +210,13 @@ int main(int argc, char **argv)
     }
     if (bench && measured > 0) {
         qsort(lat, (size_t)measured, sizeof *lat, cmp_u64);
+        qsort(cpu, (size_t)measured, sizeof *cpu, cmp_u64);
         uint64_t p50 = lat[measured / 2];
         /* Algorithm bandwidth: the tensor's bytes over the time of one all-reduce. */
         double gbps = (double)len * 4.0 / ((double)p50 * 1e-6) / 1e9;
-        printf("bench len=%d workers=%d p50_us=%llu gbps=%.3f\n", len, cps_num_workers(c),
-               (unsigned long long)p50, gbps);
+        printf("bench len=%d workers=%d p50_us=%llu gbps=%.3f cpu_us=%llu\n", len,
+               cps_num_workers(c), (unsigned long long)p50, gbps,
+               (unsigned long long)cpu[measured / 2]);
     }
     /* A collective ends with every worker: one that leaves right after its last all-reduce would
      * look like a death to a peer still waiting for that collective's last chunk. */
@@ -231,6 +236,7 @@ int main(int argc, char **argv)
     free(v);
     free(w);
     free(lat);
+    free(cpu);
     int crc = cps_close(c);
     return status ? status : crc != 0;
 }

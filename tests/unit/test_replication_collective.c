@@ -33,6 +33,31 @@ typedef struct node {
     int next; /* collectives started */
 } node;
 
+/* The out hook (cps__coll_set_out) the shell installs, as a test double: 0 none (the ring copies
+ * from its own buffer), 1 every forwarded chunk gets a payload of its own, 2 one in three asks
+ * finds no memory (the copy path for that chunk). Payloads start as NaNs: a value the ring did
+ * not write shows in the result. */
+static int hook_mode;
+static long hook_out;             /* payloads given and not yet sent or dropped */
+static uint64_t kill_seeds = 400; /* test_kill_any_phase's seeds (fewer with the hook: time) */
+
+static float *hook_payload(void *ctx, uint32_t to, const cps__coll_msg *m)
+{
+    uint64_t *rng = ctx;
+    (void)to;
+    assert_null(m->vals);
+    assert_true(m->count > 0);
+    *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+    if (hook_mode == 2 && (*rng >> 33) % 3 == 0)
+        return NULL;
+    float *p = malloc(m->count * sizeof *p);
+    assert_non_null(p);
+    for (uint64_t j = 0; j < m->count; j++)
+        p[j] = __builtin_nanf("");
+    hook_out++;
+    return p;
+}
+
 typedef struct net {
     node nodes[MAXN];
     uint32_t n;
@@ -46,6 +71,7 @@ typedef struct net {
     uint64_t len; /* values per collective */
     uint32_t chunk;
     int op;
+    uint64_t hook_rng;
 } net;
 
 static uint64_t rnd(net *t)
@@ -73,8 +99,16 @@ static void perform(net *t, node *nd)
         if (a[i].kind == CPS_COLL_SEND) {
             node *to = by_id(t, a[i].to);
             assert_non_null(to);
-            if (!to->alive || !nd->alive)
+            /* A built payload is the shell's to send or give back, whatever happens. */
+            float *built = a[i].built ? (float *)(uintptr_t)a[i].msg.vals : NULL;
+            assert_true(!built || hook_mode);
+            if (!to->alive || !nd->alive) {
+                if (built) {
+                    free(built);
+                    hook_out--;
+                }
                 continue;
+            }
             if (t->nq == t->capq) {
                 t->capq = t->capq ? 2 * t->capq : 64;
                 t->q = realloc(t->q, t->capq * sizeof *t->q);
@@ -88,6 +122,10 @@ static void perform(net *t, node *nd)
             if (a[i].msg.count)
                 memcpy(q->vals, a[i].msg.vals, a[i].msg.count * sizeof(float));
             q->m.vals = q->vals;
+            if (built) {
+                free(built);
+                hook_out--;
+            }
         } else if (a[i].kind == CPS_COLL_DONE || a[i].kind == CPS_COLL_FAILED) {
             int k;
             for (k = 0; k < nd->next; k++)
@@ -110,12 +148,15 @@ static void net_init(net *t, uint32_t n, uint64_t len, uint32_t chunk, int op, u
     t->op = op;
     t->epoch = 5;
     t->nmembers = n;
+    t->hook_rng = seed;
     for (uint32_t i = 0; i < n; i++) {
         node *nd = &t->nodes[i];
         nd->id = 100 + 7 * i; /* ids unrelated to positions */
         nd->alive = 1;
         t->members[i] = nd->id;
         assert_int_equal(cps__coll_create(nd->id, chunk, 10000, &nd->c), 0);
+        if (hook_mode)
+            cps__coll_set_out(nd->c, hook_payload, &t->hook_rng);
         for (int k = 0; k < MAXSEQ; k++) {
             nd->data[k] = malloc(len * sizeof(float));
             nd->status[k] = 2;
@@ -138,6 +179,7 @@ static void net_fini(net *t)
     for (size_t i = 0; i < t->nq; i++)
         free(t->q[i].vals);
     free(t->q);
+    assert_int_equal(hook_out, 0); /* every payload the ring asked for was sent */
 }
 
 static void start(net *t, node *nd, int k)
@@ -254,6 +296,9 @@ static void test_ring_bits(void **state)
         for (size_t a = 0; a < 5; a++)
             for (size_t b = 0; b < 3; b++)
                 for (int op = 0; op < 2; op++) {
+                    /* With the hook: not the shapes of thousands of one-value chunks (time). */
+                    if (hook_mode && lens[a] / chunks[b] > 1000)
+                        continue;
                     net t;
                     net_init(&t, p, lens[a], chunks[b], op, 1000 * p + 10 * a + b);
                     fill_inputs(&t, 0);
@@ -277,6 +322,25 @@ static void test_ring_bits(void **state)
                     free(ref);
                     net_fini(&t);
                 }
+}
+
+/* The same with the shell's out hook: chunks reduced or gathered straight into their messages
+ * (and, one time in three, no memory for one: copied instead) give the same bits, and every
+ * payload the ring asks for goes out in a SEND marked built. (Mode 2 takes both paths.) */
+static void test_ring_bits_built(void **state)
+{
+    hook_mode = 2;
+    test_ring_bits(state);
+}
+
+/* A failed test leaves the hook off for the next. */
+static int hook_off(void **state)
+{
+    (void)state;
+    hook_mode = 0;
+    hook_out = 0;
+    kill_seeds = 400;
+    return 0;
 }
 
 /* Members starting at different moments (one still idle while others send) still agree. */
@@ -318,7 +382,7 @@ static void test_kill_any_phase(void **state)
 {
     (void)state;
     uint64_t taken = 0, restarts = 0;
-    for (uint64_t seed = 1; seed <= 400; seed++) {
+    for (uint64_t seed = 1; seed <= kill_seeds; seed++) {
         net t;
         uint32_t p = 3 + (uint32_t)(seed % 3);
         net_init(&t, p, 1 + seed % 29, 1 + (uint32_t)(seed % 4), CPS_COLL_SUM, seed * 7919);
@@ -400,6 +464,14 @@ static void test_kill_any_phase(void **state)
     /* The seeds reach both ways of finishing after a kill: redone, and a result handed on. */
     assert_true(taken > 0);
     assert_true(restarts > 0);
+}
+
+/* Kills at any phase with the out hook (some asks finding no memory): the same guarantees. */
+static void test_kill_any_phase_built(void **state)
+{
+    hook_mode = 2;
+    kill_seeds = 60;
+    test_kill_any_phase(state);
 }
 
 /* A replacement joins a ring that is at its third collective: its first one takes the ring's
@@ -1071,8 +1143,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chunking),
         cmocka_unit_test(test_ring_bits),
+        cmocka_unit_test_teardown(test_ring_bits_built, hook_off),
         cmocka_unit_test(test_late_starter_and_sequence),
         cmocka_unit_test(test_kill_any_phase),
+        cmocka_unit_test_teardown(test_kill_any_phase_built, hook_off),
         cmocka_unit_test(test_replacement_joins),
         cmocka_unit_test(test_alone_and_errors),
         cmocka_unit_test(test_epochs),
