@@ -254,8 +254,8 @@ int cps__rs_step(cps__restore *m, const cps__rs_event *e, cps__rs_ready *out)
         return 0;
     int view = e->kind == CPS_RS_VIEW || e->kind == CPS_RS_VIEW_NONE;
     if (m->looking != view || (e->kind == CPS_RS_VIEW && (!e->view || !e->view->ranges)) ||
-        (e->kind == CPS_RS_READY && (m->held != CPS_RR_NONE || m->phase != CPS_RS_STREAMING ||
-                                     e->range >= m->book.nranges)))
+        (e->kind == CPS_RS_READY &&
+         (m->held != CPS_RR_NONE || m->phase != CPS_RS_STREAMING || e->range >= m->book.nranges)))
         return CPS_EINVAL;
     if (e->now > m->now)
         m->now = e->now;

@@ -24,7 +24,7 @@
 
 /* The restore's timers and limits. */
 typedef struct cps__rs_cfg {
-    uint64_t look_ms;    /* a wait without answers: views looked at and silences judged this often */
+    uint64_t look_ms; /* a wait without answers: views looked at and silences judged this often */
     uint64_t refresh_ms; /* the view again this often when no chain member looks gone */
     uint64_t silent_ms;  /* a head silent this long in a pass has its range streamed again */
     uint64_t timeout_ms; /* the restore's timeout: a wait's, a silence's, the tails' */
@@ -36,13 +36,13 @@ typedef struct cps__rs_cfg {
 
 /* Events (cps__rs_event.kind). */
 enum {
-    CPS_RS_TICK = 1,   /* time passed (the deadline came), nothing received */
-    CPS_RS_VIEW,       /* the scheduler's view, answering GET_VIEW (view: the newest) */
-    CPS_RS_VIEW_NONE,  /* GET_VIEW unanswered: the scheduler is off the data path */
-    CPS_RS_ANSWER,     /* a PUT's answer (range, ans, seq: the head's sequence number) */
-    CPS_RS_PROBE,      /* a tail probe's answer (range; ok 0: an ERROR; seq: the tail's number) */
-    CPS_RS_READY,      /* range's next PUT is full; seq: the req_seq it would carry */
-    CPS_RS_STREAMED,   /* every record of the pass was handed out (the last READYs fed) */
+    CPS_RS_TICK = 1,  /* time passed (the deadline came), nothing received */
+    CPS_RS_VIEW,      /* the scheduler's view, answering GET_VIEW (view: the newest) */
+    CPS_RS_VIEW_NONE, /* GET_VIEW unanswered: the scheduler is off the data path */
+    CPS_RS_ANSWER,    /* a PUT's answer (range, ans, seq: the head's sequence number) */
+    CPS_RS_PROBE,     /* a tail probe's answer (range; ok 0: an ERROR; seq: the tail's number) */
+    CPS_RS_READY,     /* range's next PUT is full; seq: the req_seq it would carry */
+    CPS_RS_STREAMED,  /* every record of the pass was handed out (the last READYs fed) */
 };
 
 typedef struct cps__rs_event {
@@ -62,9 +62,9 @@ enum {
     CPS_RS_DISCARD,  /* drop range's full PUT: the range is not streamed now */
     CPS_RS_GET_VIEW, /* ask the scheduler for the view; feed VIEW or VIEW_NONE next, nothing else */
     CPS_RS_PROBE_TAIL, /* ask range's tail `to` for its sequence number (CUT_PROBE) */
-    CPS_RS_STREAM,   /* a pass begins: stream the records of the open ranges (cps__rs_open) */
-    CPS_RS_DONE,     /* restored */
-    CPS_RS_FAILED,   /* failed: rc (CPS_E...), range (where one is named), why (CPS_RS_WHY_...) */
+    CPS_RS_STREAM,     /* a pass begins: stream the records of the open ranges (cps__rs_open) */
+    CPS_RS_DONE,       /* restored */
+    CPS_RS_FAILED,     /* failed: rc (CPS_E...), range (where one is named), why (CPS_RS_WHY_...) */
 };
 
 /* Why a restore failed. */
@@ -92,7 +92,14 @@ typedef struct cps__rs_ready {
     uint32_t n;
 } cps__rs_ready;
 
-enum { CPS_RS_START = 0, CPS_RS_PACING, CPS_RS_STREAMING, CPS_RS_DRAINING, CPS_RS_TAILS, CPS_RS_END };
+enum {
+    CPS_RS_START = 0,
+    CPS_RS_PACING,
+    CPS_RS_STREAMING,
+    CPS_RS_DRAINING,
+    CPS_RS_TAILS,
+    CPS_RS_END
+};
 
 typedef struct cps__restore {
     cps__rs_cfg cfg;
@@ -100,12 +107,12 @@ typedef struct cps__restore {
     const cps__view *v; /* the view the restore goes by (the shell's) */
     uint64_t epoch;
     int phase;
-    int looking;    /* GET_VIEW out: the next event is its answer */
-    int look_pass;  /* ... the forced look before a pass */
-    uint64_t now;   /* the last event's time */
+    int looking;   /* GET_VIEW out: the next event is its answer */
+    int look_pass; /* ... the forced look before a pass */
+    uint64_t now;  /* the last event's time */
     uint64_t next_look, last_look;
     int gone;
-    uint32_t held;  /* range whose READY waits for room (CPS_RR_NONE: none) */
+    uint32_t held; /* range whose READY waits for room (CPS_RR_NONE: none) */
     uint64_t held_seq;
     uint64_t last_seq;       /* the highest req_seq a READY carried */
     uint64_t wait_deadline;  /* waiting for answers: fail with no answer by then */

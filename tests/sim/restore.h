@@ -117,7 +117,7 @@ typedef struct world {
     uint64_t wake_at, wake_gen;
     msg *inbox, *inbox_tail;
     const cps__view *tview; /* the tool's view */
-    cps__restore m; /* the production restore machine (recovery/restore.h) */
+    cps__restore m;         /* the production restore machine (recovery/restore.h) */
     uint64_t next_req, puts_sent;
     uint32_t pass, bad, resent;
     int stream, sent_now; /* the machine said STREAM; a PUT went out in the last feed */

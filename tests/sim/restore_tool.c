@@ -153,7 +153,8 @@ static void feed(world *w, cps__rs_event e)
                 more = 1;
                 break;
             case CPS_RS_PROBE_TAIL: {
-                cps__msg_hdr h = {.type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = x->range};
+                cps__msg_hdr h = {
+                    .type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = x->range};
                 if (w->tview->ranges[x->range].chain_len)
                     net_send(w, TOOL, x->to, &h, NULL, 0, 1);
                 break;
