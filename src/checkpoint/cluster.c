@@ -2132,9 +2132,9 @@ static int is_local(const cps__ckpt_reader *rd, const char *name)
     return kind && !strcmp(kind, "local");
 }
 
-/* One pass of the restore: every tensor's records to the ranges it streams (those the book
- * keeps open), then every head's answers and every tail's confirmation. `bytes`: adds
- * what the checkpoint holds for the servers (NULL: a later pass, which says nothing again). */
+/* One pass of the restore: every tensor's records to the ranges the machine streams, then
+ * STREAMED (the machine then waits for the heads' answers and the tails' confirmation). `bytes`:
+ * adds what the checkpoint holds for the servers (NULL: a later pass, which says nothing again). */
 static int restore_pass(restore_ctx *x, cps__ckpt_reader *rd, const cps__tensor_desc *want,
                         uint32_t nwant, uint64_t step, const char *from, uint64_t *bytes)
 {
