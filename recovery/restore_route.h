@@ -98,10 +98,11 @@ int cps__restore_silence(uint64_t now, uint64_t heard_ms, uint64_t quiet_since, 
 
 /* ---- the restore's book: per range, what went where and what came back ----
  *
- * The restore tool (src/checkpoint/cluster.c) streams in passes and keeps, per range, the PUTs in
- * flight, the head they went to, the head's silence and whether the range is done. The book holds
- * that state and applies the verdicts above to it, so that the tool and the restore simulator
- * (tests/sim/restore.c) run the same decisions; the caller only sends, receives and waits. */
+ * A restore streams in passes and keeps, per range, the PUTs in flight, the head they went to,
+ * the head's silence and whether the range is done. The book holds that state and applies the
+ * verdicts above to it; the restore machine (recovery/restore.h) owns the book and the loop
+ * around it, which src/checkpoint/cluster.c and the restore simulator (tests/sim/restore_tool.c)
+ * both drive. */
 
 /* PUTs in flight per range before the tool waits for an answer. */
 #define CPS_RR_WINDOW 16

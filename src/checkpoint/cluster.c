@@ -20,7 +20,7 @@
 #include "node/roles.h"
 #include "optim/optim.h"
 #include "recovery/cutroute.h"
-#include "recovery/restore_route.h"
+#include "recovery/restore.h"
 #include "transport/transport.h"
 #include "worker/client.h"
 #include "worker/localset.h"
@@ -57,6 +57,8 @@
 #define RESTORE_PASSES 8
 #define PASS_GAP_MS    500   /* a pass begins at least this long after the last one began */
 #define PUT_SILENT_MS  15000 /* a head with PUTs in flight and no answer this long: again */
+#define PROBE_MS       1000  /* a restore's tail probe: its answer waited for this long */
+#define PROBE_RETRY_MS 20    /* ... and the tail probed again this long after a miss */
 #define CUT_TRIES      4     /* cuts lost with every replica that held them, cut again this often */
 #define CLOSE_GRACE_MS 200   /* closing: a CUT_CLOSE's peer not connected by then is dropped */
 
@@ -1825,11 +1827,12 @@ typedef struct restore_ctx {
     piece *pieces;
     size_t npieces;
     uint32_t slot;
-    /* Per range, across passes and view changes: what went where, what came back, what is done
-     * (recovery/restore_route.h: the decisions are the book's; tests/sim/restore.c runs them). */
-    cps__rr_book book;
-    uint64_t next_look; /* when to ask the scheduler for the view again */
-    int no_replica;     /* failed: a range has no live replica */
+    /* Every decision of the restore (passes, targets, answers, silences, looks, tails) is the
+     * machine's (recovery/restore.h); this shell reads records, feeds events, performs outputs.
+     * tests/sim/restore_tool.c drives the same machine. */
+    cps__restore m;
+    int stream;     /* the machine said STREAM: a pass's records go out */
+    int no_replica; /* failed: a range has no live replica */
 } restore_ctx;
 
 static int match_release(const cps__rx *rx, const void *arg)
@@ -1863,171 +1866,25 @@ static int release_workers(link *l)
     }
 }
 
-/* A PUT's answer: its reply (one of an earlier pass is taken too, and dropped), or an ERROR
- * naming a PUT of this pass (a CUT_PROBE's carries req_seq 0: wait_tails takes it). */
-static int match_put(const cps__rx *rx, const void *arg)
+static cps__rs_event rs_event(restore_ctx *x, int kind)
 {
-    const uint64_t *seq0 = arg;
-    return (rx->hdr.flags & CPS_WF_REPLY) &&
-           (rx->hdr.type == CPS_MSG_PUT ||
-            (rx->hdr.type == CPS_MSG_ERROR && rx->hdr.req_seq >= *seq0));
+    cps__rs_event e;
+    memset(&e, 0, sizeof e);
+    e.kind = kind;
+    e.now = cps__now_ms();
+    e.gone = chain_gone(x->l);
+    return e;
 }
 
-/* The view again when a server of the chains looks gone (every LOOK_MS), every REFRESH_MS
- * otherwise, at once with `force`. A range whose head changed is streamed again in the next
- * pass; one without a live replica fails the restore now, by name (recovery/restore_route.h). */
-static int restore_look(restore_ctx *x, int force)
+/* Send range r's full PUT where the machine says. */
+static int send_put(restore_ctx *x, const cps__rs_out *o)
 {
-    link *l = x->l;
-    uint64_t now = cps__now_ms();
-    int gone = chain_gone(l);
-    if (!force && !gone && now < x->next_look)
-        return 0;
-    x->next_look = now + (gone ? LOOK_MS : REFRESH_MS);
-    uint64_t epoch = l->view.epoch;
-    int rc = link_refresh_view(l);
-    if (rc == CPS_ETIMEDOUT)
-        return 0; /* the scheduler is off the data path: the answers' deadline decides */
-    if (rc != 0 || l->view.epoch == epoch)
-        return rc;
-    uint32_t bad = 0, stopped = 0;
-    rc = cps__rr_look(&x->book, &l->view, &stopped, &bad);
-    if (rc == CPS_EUNAVAILABLE) {
-        cps__log(CPS_LOG_ERROR, SUB,
-                 "range %u has no live replica in view epoch %" PRIu64
-                 ": its records cannot be restored",
-                 bad, l->view.epoch);
-        x->no_replica = 1;
-    }
-    for (uint32_t r = 0; rc == 0 && stopped && r < l->view.nranges; r++)
-        if (x->book.resend[r] && x->book.g[r].again && x->book.g[r].head != CPS_RR_NONE) {
-            cps__log(CPS_LOG_WARN, SUB,
-                     "range %u: its head (node %u) left the chain in view epoch %" PRIu64
-                     "; its records go again to node %u",
-                     r, x->book.g[r].head, l->view.epoch, l->view.ranges[r].chain[0]);
-            x->pb[r].used = x->base;
-        }
-    return rc;
-}
-
-/* Heads silent too long (recovery/restore_route.h, cps__restore_silence): their ranges go
- * again (*again counts them: the caller stops waiting for their answers), or, silent for the
- * whole timeout across passes, the restore fails naming the range. Answers of other ranges
- * extend nothing: it runs after every answer and every LOOK_MS without one. */
-static int put_overdue(restore_ctx *x, uint32_t *again)
-{
-    uint32_t r = 0;
-    int rc = cps__rr_overdue(&x->book, cps__now_ms(), PUT_SILENT_MS, (uint64_t)x->l->timeout_ms,
-                             again, &r);
-    if (rc != 0) {
-        cps__log(CPS_LOG_ERROR, SUB,
-                 "range %u: node %u left %u PUT(s) unanswered for %.0f s (the restore's timeout)",
-                 r, x->book.g[r].head, x->book.g[r].inflight, x->l->timeout_ms / 1000.0);
-        return rc;
-    }
-    if (*again) {
-        cps__log(CPS_LOG_WARN, SUB,
-                 "%u range(s): their head answered none of their PUTs for %.0f s (dropped while "
-                 "unsure of its view, or slow): again",
-                 *again, PUT_SILENT_MS / 1000.0);
-        x->next_look = 0;
-    }
-    return 0;
-}
-
-/* One answer of a range head, or the view moved (0 either way: the caller looks again at what
- * it waits for). Heads that do not answer fail it after the timeout. */
-static int put_wait_one(restore_ctx *x)
-{
-    uint64_t epoch = x->l->view.epoch;
-    int rc = restore_look(x, 0);
-    if (rc != 0 || x->l->view.epoch != epoch)
-        return rc;
-    uint64_t deadline = cps__now_ms() + (uint64_t)x->l->timeout_ms;
-    cps__rx rx;
-    for (;;) {
-        uint64_t until = cps__now_ms() + LOOK_MS;
-        rc = take(x->l, match_put, &x->book.seq0, until < deadline ? until : deadline, &rx);
-        if (rc != CPS_ETIMEDOUT)
-            break;
-        if (cps__now_ms() >= deadline) {
-            cps__log(CPS_LOG_ERROR, SUB, "a range head did not take the records within %.0f s",
-                     x->l->timeout_ms / 1000.0);
-            return rc;
-        }
-        if ((rc = restore_look(x, 0)) != 0 || x->l->view.epoch != epoch)
-            return rc;
-        uint32_t again;
-        if ((rc = put_overdue(x, &again)) != 0 || again)
-            return rc; /* the caller looks again at what it waits for */
-    }
-    if (rc != 0)
-        return rc;
-    uint32_t r = rx.hdr.range;
-    int err = rx.hdr.type == CPS_MSG_ERROR;
-    if (r < x->l->view.nranges) {
-        cps__rr_answer a = {rx.hdr.sender, err, rx.hdr.status, err ? rx.hdr.req_seq : rx.hdr.aux};
-        uint32_t lost = 0;
-        switch (cps__rr_take(&x->book, r, &a, err ? 0 : rx.hdr.req_seq, cps__now_ms(), &lost)) {
-        case CPS_RR_TAKEN:
-            break;
-        case CPS_RR_AGAIN:
-            if (lost) {
-                cps__log(CPS_LOG_WARN, SUB,
-                         "range %u: node %u answered a later PUT while %u earlier one(s) were "
-                         "unanswered: it dropped them (unsure of its view?): again",
-                         r, rx.hdr.sender, lost);
-            } else { /* not the head any more, or busy re-forming its chain */
-                cps__log(CPS_LOG_WARN, SUB,
-                         "range %u: node %u did not take the records (%s): again", r, rx.hdr.sender,
-                         cps_strerror(rx.hdr.status));
-            }
-            x->pb[r].used = x->base;
-            x->next_look = 0; /* the next pass asks the view */
-            break;
-        case CPS_RR_FATAL:
-            rc = rx.hdr.status ? rx.hdr.status : CPS_EPROTO;
-            cps__log(CPS_LOG_ERROR, SUB, "range %u refused the records: %s (%.*s)", r,
-                     cps_strerror(rc), (int)(rx.len > 200 ? 200 : rx.len),
-                     (const char *)rx.payload);
-            break;
-        default:
-            break; /* an earlier pass's, or a head's that left the chain: no answer of this one */
-        }
-    }
-    cps__rx_free(&rx);
-    if (rc == 0) {
-        uint32_t again;
-        rc = put_overdue(x, &again);
-    }
-    return rc;
-}
-
-static int put_flush(restore_ctx *x, uint32_t r)
-{
-    put_buf *b = &x->pb[r];
-    while (cps__rr_open(&x->book, r) && b->used > x->base && cps__rr_full(&x->book, r)) {
-        int rc = put_wait_one(x);
-        if (rc != 0)
-            return rc;
-    }
-    if (!cps__rr_open(&x->book, r) || b->used <= x->base) {
-        b->used = x->base; /* nothing to send, or what it held goes again in the next pass */
-        return 0;
-    }
-    const cps__range *g = &x->l->view.ranges[r];
-    uint32_t head = cps__rr_target(&x->book, r, g->chain_len ? g->chain[0] : CPS_RR_NONE);
-    if (head == CPS_RR_NONE) {
-        cps__log(CPS_LOG_ERROR, SUB, "range %u has no live replica in view epoch %" PRIu64, r,
-                 x->l->view.epoch);
-        x->no_replica = 1;
-        return CPS_EUNAVAILABLE;
-    }
+    put_buf *b = &x->pb[o->range];
     cps__msg_hdr h = {.type = CPS_MSG_PUT,
                       .sender = UINT32_MAX,
-                      .range = r,
-                      .epoch = x->l->view.epoch,
-                      .req_seq = ++x->l->next_req,
+                      .range = o->range,
+                      .epoch = o->epoch,
+                      .req_seq = o->seq,
                       .payload_len = (uint32_t)b->used,
                       .raw_len = (uint32_t)b->used};
     /* The transport sends whole buffers (nanomsg's zero-copy chunks): one of the exact size. */
@@ -2038,16 +1895,174 @@ static int put_flush(restore_ctx *x, uint32_t r)
     h.aux = h.req_seq;
     cps__wire_hdr_encode(msg, &h);
     memcpy(msg + CPS_WIRE_HDR_SIZE, b->buf + CPS_WIRE_HDR_SIZE, b->used);
-    int rc = cps__tp_send(x->l->tp, head, msg, CPS_WIRE_HDR_SIZE + b->used);
+    b->used = x->base; /* the hello stays in front */
+    int rc = cps__tp_send(x->l->tp, o->to, msg, CPS_WIRE_HDR_SIZE + h.payload_len);
     if (rc != 0) {
         cps__tp_free(msg);
         /* A head whose process is gone: the PUT is lost like those in flight to it, and the
-         * range goes again once the view has moved its head (restore_look). */
-        if (!cps__tp_peer_gone(x->l->tp, head))
+         * range goes again once the view has moved its head. */
+        if (!cps__tp_peer_gone(x->l->tp, o->to))
             return rc;
     }
-    b->used = x->base; /* the hello stays in front */
-    return cps__rr_sent(&x->book, r, h.req_seq, cps__now_ms());
+    return 0;
+}
+
+static void log_failure(restore_ctx *x, const cps__rs_out *o)
+{
+    const link *l = x->l;
+    switch (o->why) {
+    case CPS_RS_WHY_DEADLINE:
+        if (o->range == CPS_RR_NONE)
+            cps__log(CPS_LOG_ERROR, SUB, "a range head did not take the records within %.0f s",
+                     l->timeout_ms / 1000.0);
+        else
+            cps__log(CPS_LOG_ERROR, SUB,
+                     "range %u's tail did not confirm the records within %.0f s", o->range,
+                     l->timeout_ms / 1000.0);
+        break;
+    case CPS_RS_WHY_SILENT:
+        cps__log(CPS_LOG_ERROR, SUB,
+                 "range %u: node %u left its PUT(s) unanswered for %.0f s (the restore's timeout)",
+                 o->range, x->m.book.g[o->range].head, l->timeout_ms / 1000.0);
+        break;
+    case CPS_RS_WHY_PASSES:
+        cps__log(CPS_LOG_ERROR, SUB,
+                 "%u range(s) still to stream again after %u passes: the restore gives up",
+                 cps__rr_stopped(&x->m.book), RESTORE_PASSES);
+        break;
+    case CPS_RS_WHY_NO_REPLICA:
+        cps__log(CPS_LOG_ERROR, SUB,
+                 "range %u has no live replica in view epoch %" PRIu64
+                 ": its records cannot be restored",
+                 o->range, l->view.epoch);
+        x->no_replica = 1;
+        break;
+    case CPS_RS_WHY_FATAL:
+        break; /* logged with the ERROR's text (rs_wait) */
+    default:
+        cps__log(CPS_LOG_ERROR, SUB, "the restore failed: %s", cps_strerror(o->rc));
+        break;
+    }
+}
+
+/* Feed one event and perform the machine's outputs in order; a GET_VIEW's answer is the next
+ * event. Returns the restore's failure (the machine's, or the transport's), 0 otherwise. */
+static int rs_feed(restore_ctx *x, cps__rs_event e)
+{
+    link *l = x->l;
+    for (int more = 1; more;) {
+        cps__rs_ready o;
+        int rc = cps__rs_step(&x->m, &e, &o);
+        if (rc != 0)
+            return rc;
+        more = 0;
+        for (uint32_t i = 0; i < o.n; i++) {
+            const cps__rs_out *a = &o.out[i];
+            switch (a->kind) {
+            case CPS_RS_PUT:
+                if ((rc = send_put(x, a)) != 0)
+                    return rc;
+                break;
+            case CPS_RS_DISCARD:
+                x->pb[a->range].used = x->base; /* what it held goes again in the next pass */
+                break;
+            case CPS_RS_GET_VIEW: {
+                uint64_t epoch = l->view.epoch;
+                rc = link_refresh_view(l);
+                if (rc == CPS_ETIMEDOUT) { /* off the data path: the answers' deadline decides */
+                    e = rs_event(x, CPS_RS_VIEW_NONE);
+                } else if (rc != 0) {
+                    return rc;
+                } else {
+                    if (l->view.epoch != epoch)
+                        cps__log(CPS_LOG_INFO, SUB, "view epoch %" PRIu64 " during the restore",
+                                 l->view.epoch);
+                    e = rs_event(x, CPS_RS_VIEW);
+                    e.view = &l->view;
+                }
+                more = 1;
+                break;
+            }
+            case CPS_RS_PROBE_TAIL: {
+                cps__msg_hdr h = {
+                    .type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = a->range};
+                cps__msg_send(l->tp, a->to, &h, l->hello, l->hello_len);
+                break;
+            }
+            case CPS_RS_STREAM:
+                x->stream = 1;
+                break;
+            case CPS_RS_FAILED:
+                log_failure(x, a);
+                return a->rc;
+            default:
+                break;
+            }
+        }
+    }
+    return 0;
+}
+
+/* A PUT's answer (a reply; an ERROR naming a PUT of this pass) or a tail probe's (its ERROR
+ * carries req_seq 0). */
+static int match_answer(const cps__rx *rx, const void *arg)
+{
+    const uint64_t *seq0 = arg;
+    if (!(rx->hdr.flags & CPS_WF_REPLY))
+        return 0;
+    if (rx->hdr.type == CPS_MSG_PUT || is_probe_reply(rx))
+        return rx->hdr.type != CPS_MSG_ERROR || rx->hdr.req_seq == 0 || rx->hdr.req_seq >= *seq0;
+    return rx->hdr.type == CPS_MSG_ERROR && rx->hdr.req_seq >= *seq0;
+}
+
+/* Wait for what the machine waits for, until its deadline, and feed what came. */
+static int rs_wait(restore_ctx *x)
+{
+    cps__rx rx;
+    int rc = take(x->l, match_answer, &x->m.book.seq0, cps__rs_deadline(&x->m), &rx);
+    if (rc == CPS_ETIMEDOUT)
+        return rs_feed(x, rs_event(x, CPS_RS_TICK));
+    if (rc != 0)
+        return rc;
+    uint32_t r = rx.hdr.range;
+    int err = rx.hdr.type == CPS_MSG_ERROR;
+    cps__rs_event e;
+    if (rx.hdr.type == CPS_MSG_CUT_PROBE || (err && rx.hdr.req_seq == 0)) {
+        e = rs_event(x, CPS_RS_PROBE);
+        e.ok = !err;
+        e.seq = rx.hdr.req_seq;
+    } else {
+        e = rs_event(x, CPS_RS_ANSWER);
+        e.ans =
+            (cps__rr_answer){rx.hdr.sender, err, rx.hdr.status, err ? rx.hdr.req_seq : rx.hdr.aux};
+        e.seq = err ? 0 : rx.hdr.req_seq;
+    }
+    e.range = r;
+    int open = r < x->m.book.nranges && cps__rr_open(&x->m.book, r);
+    rc = rs_feed(x, e);
+    if (e.kind == CPS_RS_ANSWER && open && x->m.book.g[r].again)
+        cps__log(CPS_LOG_WARN, SUB, "range %u: node %u did not take the records (%s): again", r,
+                 rx.hdr.sender, err ? cps_strerror(rx.hdr.status) : "an earlier PUT dropped");
+    if (rc != 0 && x->m.why == CPS_RS_WHY_FATAL)
+        cps__log(CPS_LOG_ERROR, SUB, "range %u refused the records: %s (%.*s)", r, cps_strerror(rc),
+                 (int)(rx.len > 200 ? 200 : rx.len), (const char *)rx.payload);
+    cps__rx_free(&rx);
+    return rc;
+}
+
+/* Range r's message is full, or the pass's records end: the machine sends it, drops it, or
+ * holds it until its window has room. */
+static int put_flush(restore_ctx *x, uint32_t r)
+{
+    if (x->pb[r].used <= x->base)
+        return 0;
+    cps__rs_event e = rs_event(x, CPS_RS_READY);
+    e.range = r;
+    e.seq = ++x->l->next_req;
+    int rc = rs_feed(x, e);
+    while (rc == 0 && cps__rs_held(&x->m))
+        rc = rs_wait(x);
+    return rc;
 }
 
 /* Room for `n` more bytes in range r's message. */
@@ -2099,52 +2114,6 @@ static int restore_sink(void *arg, uint64_t first, const void *buf, size_t n)
     return 0;
 }
 
-/* A probe's answer for range *arg (its ERROR carries req_seq 0: one of a PUT is not). */
-static int match_probe_range(const cps__rx *rx, const void *arg)
-{
-    const uint32_t *r = arg;
-    return is_probe_reply(rx) && rx->hdr.range == *r &&
-           (rx->hdr.type != CPS_MSG_ERROR || rx->hdr.req_seq == 0);
-}
-
-/* Wait until each range's tail has applied everything the heads took. The tail is the view's:
- * one that died is replaced by its predecessor, and a range whose head changed meanwhile is
- * streamed again in the next pass (restore_look). */
-static int wait_tails(restore_ctx *x)
-{
-    link *l = x->l;
-    uint64_t deadline = cps__now_ms() + (uint64_t)l->timeout_ms;
-    for (uint32_t r = 0; r < l->view.nranges; r++) {
-        while (cps__rr_open(&x->book, r)) {
-            cps__msg_hdr h = {.type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = r};
-            cps__msg_send(l->tp, tail_of(l, r), &h, l->hello, l->hello_len);
-            cps__rx rx;
-            uint64_t until = cps__now_ms() + 1000;
-            int rc = take(l, match_probe_range, &r, until < deadline ? until : deadline, &rx);
-            if (rc == 0) {
-                /* Every replica of its chain holds the records: a head change a later look sees
-                 * must not stream it again (the book marks it done). */
-                int ok = rx.hdr.type == CPS_MSG_CUT_PROBE &&
-                         cps__rr_confirm(&x->book, r, rx.hdr.req_seq);
-                cps__rx_free(&rx);
-                if (ok)
-                    break;
-            }
-            if (cps__now_ms() >= deadline) {
-                cps__log(CPS_LOG_ERROR, SUB,
-                         "range %u's tail did not confirm the records within "
-                         "%.0f s",
-                         r, l->timeout_ms / 1000.0);
-                return CPS_ETIMEDOUT;
-            }
-            if ((rc = restore_look(x, 0)) != 0)
-                return rc;
-            cps__tp_poll(l->tp, 20, on_msg, l, 0);
-        }
-    }
-    return 0;
-}
-
 static const cps__tensor_desc *registry_find(const link *l, const char *name)
 {
     for (uint32_t i = 0; i < l->ndescs; i++)
@@ -2163,9 +2132,9 @@ static int is_local(const cps__ckpt_reader *rd, const char *name)
     return kind && !strcmp(kind, "local");
 }
 
-/* One pass of the restore: every tensor's records to the ranges it streams (those the book
- * keeps open), then every head's answers and every tail's confirmation. `bytes`: adds
- * what the checkpoint holds for the servers (NULL: a later pass, which says nothing again). */
+/* One pass of the restore: every tensor's records to the ranges the machine streams, then
+ * STREAMED (the machine then waits for the heads' answers and the tails' confirmation). `bytes`:
+ * adds what the checkpoint holds for the servers (NULL: a later pass, which says nothing again). */
 static int restore_pass(restore_ctx *x, cps__ckpt_reader *rd, const cps__tensor_desc *want,
                         uint32_t nwant, uint64_t step, const char *from, uint64_t *bytes)
 {
@@ -2238,11 +2207,8 @@ static int restore_pass(restore_ctx *x, cps__ckpt_reader *rd, const cps__tensor_
     }
     for (uint32_t r = 0; rc == 0 && nwant && r < nr; r++)
         rc = put_flush(x, r);
-    for (uint32_t r = 0; rc == 0 && nwant && r < nr; r++)
-        while (rc == 0 && x->book.g[r].inflight)
-            rc = put_wait_one(x);
     if (rc == 0 && nwant)
-        rc = wait_tails(x);
+        rc = rs_feed(x, rs_event(x, CPS_RS_STREAMED));
     return rc;
 }
 
@@ -2391,10 +2357,17 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
         x.l = &l;
         x.base = cps__pad8(8 + l.hello_len);
         x.pb = calloc(nr ? nr : 1, sizeof *x.pb);
-        rc = cps__rr_book_init(&x.book, nr);
+        const cps__rs_cfg cfg = {.look_ms = LOOK_MS,
+                                 .refresh_ms = REFRESH_MS,
+                                 .silent_ms = PUT_SILENT_MS,
+                                 .timeout_ms = (uint64_t)l.timeout_ms,
+                                 .gap_ms = PASS_GAP_MS,
+                                 .probe_ms = PROBE_MS,
+                                 .retry_ms = PROBE_RETRY_MS,
+                                 .passes = RESTORE_PASSES};
+        rc = cps__rs_init(&x.m, &cfg, &l.view, nr, cps__now_ms());
         if (rc == 0 && !x.pb)
             rc = CPS_ENOMEM;
-        x.next_look = cps__now_ms() + REFRESH_MS;
         for (uint32_t r = 0; rc == 0 && r < nr; r++) {
             x.pb[r].cap = PUT_BYTES + x.base;
             x.pb[r].buf = cps__tp_alloc(CPS_WIRE_HDR_SIZE + x.pb[r].cap);
@@ -2409,39 +2382,32 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
             x.pb[r].used = x.base;
         }
     }
-    for (uint32_t pass = 0; rc == 0; pass++) {
-        /* Passes are paced (cps__rr_pass_due): a new head that has not installed the view yet
-         * answers "not head" until it has. Waiting without a sleep: answers keep arriving. */
-        for (uint64_t due = cps__rr_pass_due(&x.book, PASS_GAP_MS); cps__now_ms() < due;)
-            cps__tp_poll(l.tp, (int)(due - cps__now_ms()), on_msg, &l, 0);
-        /* A pass after "not head" / "busy" or a drop starts on the view as it is now, not on the
-         * one the last pass streamed under. */
-        if (pass > 0 && (rc = restore_look(&x, 1)) != 0)
-            break;
-        /* Req_seqs only grow: what answers an earlier number answers an earlier pass. The
-         * ranges stopped in the last pass are streamed again, the others are done. */
-        cps__rr_pass_begin(&x.book, l.next_req + 1, cps__now_ms());
-        rc = restore_pass(&x, rd, want, nwant, step, from, pass ? NULL : &res->bytes);
-        uint32_t again = cps__rr_stopped(&x.book);
-        if (rc != 0 || again == 0)
-            break;
-        if (pass + 1 >= RESTORE_PASSES) {
-            cps__log(CPS_LOG_ERROR, SUB,
-                     "%u range(s) still to stream again after %u passes: the restore gives up",
-                     again, RESTORE_PASSES);
-            rc = CPS_EUNAVAILABLE;
-            break;
+    /* The machine says when a pass streams (STREAM: the first at once, the next ones paced and
+     * after a look at the view) and when the restore ends; between passes this waits for what
+     * it waits for. Nothing for the servers (only local tensors): nothing to stream. */
+    if (rc == 0 && nwant)
+        rc = rs_feed(&x, rs_event(&x, CPS_RS_TICK));
+    for (uint32_t pass = 0; rc == 0 && nwant && !cps__rs_ended(&x.m);) {
+        if (!x.stream) {
+            rc = rs_wait(&x);
+            continue;
         }
-        res->resent += again;
-        cps__log(CPS_LOG_INFO, SUB, "streaming %u range(s) again under view epoch %" PRIu64, again,
-                 l.view.epoch);
+        x.stream = 0;
+        uint32_t open = 0;
+        for (uint32_t r = 0; r < nr; r++)
+            open += cps__rs_open(&x.m, r);
+        if (pass > 0)
+            cps__log(CPS_LOG_INFO, SUB, "streaming %u range(s) again under view epoch %" PRIu64,
+                     open, l.view.epoch);
+        rc = restore_pass(&x, rd, want, nwant, step, from, pass++ ? NULL : &res->bytes);
     }
+    res->resent = x.m.resent;
     if (rc == 0 && o->release)
         rc = release_workers(&l);
     for (uint32_t r = 0; x.pb && r < nr; r++)
         cps__tp_free(x.pb[r].buf);
     free(x.pb);
-    cps__rr_book_fini(&x.book);
+    cps__rs_fini(&x.m);
     res->no_replica = x.no_replica;
     free(names);
     free(want);

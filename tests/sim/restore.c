@@ -1,6 +1,6 @@
 /* sim_restore: seeded model of a checkpoint restore through server deaths (issue 28), over the
- * production replica (replication/replica.h) at every server and the production restore book
- * (recovery/restore_route.h) at the tool.
+ * production replica (replication/replica.h) at every server and the production restore machine
+ * (recovery/restore.h) at the tool.
  *
  * Two to five servers hold one to four ranges on chains of one to three; each server is the
  * replica behind a small shell that does what src/server does with a restore's messages: a PUT
@@ -13,13 +13,12 @@
  * loop turns every TICK_MS (cps__replica_turned, cps__replica_tick).
  *
  * The restore tool (restore_tool.c) runs as a coroutine (a thread that runs only while the
- * simulator waits for it) and follows src/checkpoint/cluster.c's loop: records into per-range PUTs,
- * PUT_WINDOW in flight, one answer at a time (put_wait_one), the view looked at every LOOK_MS while
- * a chain member's process is gone and every REFRESH_MS otherwise, the tails probed (wait_tails),
- * passes up to RESTORE_PASSES. Every decision about a range (where its PUTs go, which answer
- * counts, a head that changed, a silent head, the tail's confirmation) is the book's:
- * cps__rr_target, cps__rr_sent, cps__rr_take, cps__rr_look, cps__rr_overdue, cps__rr_confirm,
- * cps__rr_pass_due, cps__rr_pass_begin.
+ * simulator waits for it) and is a shell around the machine, as src/checkpoint/cluster.c is: it
+ * fills per-range PUTs with the records (creates, then values, the ranges interleaved), feeds
+ * READY / STREAMED / answers / probe answers / views / ticks at the machine's deadline, and
+ * performs its outputs (PUT, DISCARD, GET_VIEW, PROBE_TAIL, STREAM, DONE, FAILED). Every decision
+ * (passes and their pacing, targets, which answer counts, a head that changed, a silent head, the
+ * looks at the view, the tails' confirmation, the limits) is the machine's: cps__rs_step.
  *
  * The scheduler is modelled, not the production coordinator: a killed server is declared dead
  * after 0.3-1.5 s, a paused one only when its heartbeat stalled with its loop and the pause passed
@@ -42,20 +41,19 @@
  *    range, sent to the node that answers;
  *  - a range the book marks done is held whole, at that moment, by the tail that confirmed it.
  *
- * Bugs seeded by hand (the restore's rules were found broken three times by hand), and the
- * first seed of 1..1000 that fails with each (sim.restore_regressions runs them):
- *  - a tool that never looks at the view again (restore_tool.c: refresh_view returns at once):
- *    seed 2, and 521 of 1..1000 (5,081 of 1001..11000): a head's silence, or a wait's deadline,
- *    fails the restore;
+ * Bugs seeded by hand in the production machine (recovery/restore.c, restore_route.c), each then
+ * removed, with the seeds that fail (sim.restore_regressions runs the first of each):
+ *  - a tool that never takes a new view (on_view ignores it: the old "refresh_view returns at
+ *    once"): seed 2; 519 of 1..1000, 5,078 of 1001..11000 (a head's silence, the pass limit);
  *  - an earlier pass's answer counted as this pass's (cps__restore_answer takes a reply with
- *    put_seq < seq0 as the oldest PUT's): seed 43, and 8 of 1..1000 (84 of 1001..11000), by the
- *    check of what the book took; with the sequence match gone altogether (answers counted by
- *    head, as before each PUT's own number was echoed) 30 and 290, some as refused records;
- *  - the silent-head rule without its early return (wait_one keeps waiting once overdue stopped a
- *    range): seed 8, 98 of 1..1000 (1,061 of 1001..11000): the wait runs to its deadline.
- * Found by this model: passes begun at once after "not head" from a new head whose view came
- * late spent all 8 passes in 240 ms (seeds 5471 and 9630 of 1001..11000, and none of 1..1000):
- * the book now paces them (cps__rr_pass_due).
+ *    put_seq < seq0 from the head as TAKEN): seed 395; 2 of 1..1000, 35 of 1001..11000, by the
+ *    check of what the machine took;
+ *  - a range stopped by a silence or a view while the tool waits, the held PUT or the pass's
+ *    drain looked at again only on the next answer (the old "wait without its early return"):
+ *    seed 6; 216 of 1..1000, 2,094 of 1001..11000: the wait runs to its deadline;
+ *  - passes not paced (PACING begins the next pass at once): no seed of 1..11000 fails since the
+ *    loop became the machine (the forced look before each pass takes a round trip); before, 5471
+ *    and 9630. test_recovery_restore's test_passes_wait_for_the_gap fails with it.
  *
  * usage: sim_restore [--seed N] [--seeds K] [-v]
  */

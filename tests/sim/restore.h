@@ -13,7 +13,7 @@
 #include "chainps/error.h"
 #include "core/view.h"
 #include "core/wire.h"
-#include "recovery/restore_route.h"
+#include "recovery/restore.h"
 #include "replication/cut_view.h"
 #include "replication/replica.h"
 
@@ -35,6 +35,8 @@
 #define RESTORE_PASSES 8
 #define PASS_GAP_MS    500
 #define VIEW_WAIT_MS   1000
+#define PROBE_MS       1000 /* a tail probe's answer waited for (cluster.c) */
+#define PROBE_RETRY_MS 20
 #define MAX_EVENTS     2000000 /* a runaway seed fails */
 
 enum { REC_CREATE = 1, REC_SLICE = 2 };
@@ -115,16 +117,25 @@ typedef struct world {
     uint64_t wake_at, wake_gen;
     msg *inbox, *inbox_tail;
     const cps__view *tview; /* the tool's view */
-    cps__rr_book book;
-    uint64_t next_req, next_look, puts_sent;
-    uint32_t pass, bad, no_replica, resent;
+    cps__restore m;         /* the production restore machine (recovery/restore.h) */
+    uint64_t next_req, puts_sent;
+    uint32_t pass, bad, resent;
+    int stream, sent_now; /* the machine said STREAM; a PUT went out in the last feed */
     uint32_t buffered[MAX_RANGES];
     uint64_t buf[MAX_RANGES][2 * 3]; /* one PUT's records being filled: (word0, word1) pairs */
     sent_put sent[MAX_SENT];
     uint32_t nsent;
 } world;
 
-enum { WHY_NONE = 0, WHY_DEADLINE, WHY_FATAL, WHY_SILENT, WHY_PASSES, WHY_NO_REPLICA };
+/* failed_by: the machine's CPS_RS_WHY_... */
+enum {
+    WHY_NONE = CPS_RS_WHY_NONE,
+    WHY_DEADLINE = CPS_RS_WHY_DEADLINE,
+    WHY_FATAL = CPS_RS_WHY_FATAL,
+    WHY_SILENT = CPS_RS_WHY_SILENT,
+    WHY_PASSES = CPS_RS_WHY_PASSES,
+    WHY_NO_REPLICA = CPS_RS_WHY_NO_REPLICA
+};
 
 /* restore.c: the seeded draws, the log, the events and the network, for the tool too. */
 uint64_t rnd(world *w, uint64_t n);

@@ -1,5 +1,7 @@
-/* sim_restore's restore tool: src/checkpoint/cluster.c's restore loop over the simulated network
- * (restore.c), every decision about a range the restore book's (recovery/restore_route.h). */
+/* sim_restore's restore tool: a shell around the production restore machine (recovery/restore.h),
+ * as src/checkpoint/cluster.c is: it fills per-range PUTs with the checkpoint's records, feeds
+ * what comes over the simulated network (restore.c) as events and performs the machine's outputs.
+ * Every decision (passes, pacing, targets, answers, silences, looks, tails) is the machine's. */
 #include "restore.h"
 
 /* ---- the tool: a coroutine that runs while the simulator waits ---- */
@@ -68,21 +70,6 @@ static int match_view(const world *w, const msg *m, const void *arg)
     return m->h.type == CPS_MSG_VIEW;
 }
 
-/* link_refresh_view: the scheduler's current view. */
-static int refresh_view(world *w)
-{
-    cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = UINT32_MAX};
-    net_send(w, TOOL, 0, &g, NULL, 0, 1);
-    msg *m;
-    int rc = take(w, match_view, NULL, w->now + VIEW_WAIT_MS, &m);
-    if (rc != 0)
-        return rc;
-    if (m->h.aux > w->tview->epoch)
-        w->tview = &w->views[m->h.aux];
-    msg_free(m);
-    return 0;
-}
-
 /* A server of the chains whose process is gone (its connection refuses). */
 static int chain_gone(const world *w)
 {
@@ -94,57 +81,114 @@ static int chain_gone(const world *w)
     return 0;
 }
 
-/* restore_look */
-static int look(world *w, int force)
+static cps__rs_event event_of(world *w, int kind)
 {
-    int gone = chain_gone(w);
-    if (!force && !gone && w->now < w->next_look)
-        return 0;
-    w->next_look = w->now + (gone ? LOOK_MS : REFRESH_MS);
-    uint64_t epoch = w->tview->epoch;
-    int rc = refresh_view(w);
-    if (rc == CPS_ETIMEDOUT)
-        return 0;
-    if (rc != 0 || w->tview->epoch == epoch)
-        return rc;
-    uint32_t stopped = 0, bad = 0;
-    rc = cps__rr_look(&w->book, w->tview, &stopped, &bad);
-    if (rc == CPS_EUNAVAILABLE) {
-        w->no_replica = 1;
-        w->bad = bad;
-        w->failed_by = WHY_NO_REPLICA;
-        trace(w, "tool: range %u has no live replica in view %" PRIu64, bad, w->tview->epoch);
-    } else if (stopped) {
-        trace(w, "tool: view %" PRIu64 ": %u range(s) go again", w->tview->epoch, stopped);
-    }
-    return rc;
+    cps__rs_event e;
+    memset(&e, 0, sizeof e);
+    e.kind = kind;
+    e.now = w->now;
+    e.gone = chain_gone(w);
+    return e;
 }
 
-static int overdue(world *w, uint32_t *stopped)
+/* GET_VIEW, as link_refresh_view: the view the scheduler answers with, or none in time. */
+static cps__rs_event get_view(world *w)
 {
-    uint32_t range = 0;
-    int rc = cps__rr_overdue(&w->book, w->now, PUT_SILENT_MS, TIMEOUT_MS, stopped, &range);
-    if (rc != 0) {
-        w->failed_by = WHY_SILENT;
-        trace(w, "tool: range %u's head silent for the whole timeout", range);
+    cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = UINT32_MAX};
+    net_send(w, TOOL, 0, &g, NULL, 0, 1);
+    msg *m;
+    if (take(w, match_view, NULL, w->now + VIEW_WAIT_MS, &m) != 0)
+        return event_of(w, CPS_RS_VIEW_NONE);
+    if (m->h.aux > w->tview->epoch) {
+        w->tview = &w->views[m->h.aux];
+        trace(w, "tool: view %" PRIu64, w->tview->epoch);
     }
-    if (*stopped) {
-        w->next_look = 0;
-        trace(w, "tool: %u silent head(s): again", *stopped);
-    }
-    return rc;
+    msg_free(m);
+    cps__rs_event e = event_of(w, CPS_RS_VIEW);
+    e.view = w->tview;
+    return e;
 }
 
-static int match_put(const world *w, const msg *m, const void *arg)
+static void send_put(world *w, const cps__rs_out *o)
+{
+    uint32_t r = o->range;
+    cps__msg_hdr h = {.type = CPS_MSG_PUT,
+                      .sender = UINT32_MAX,
+                      .range = r,
+                      .epoch = o->epoch,
+                      .req_seq = o->seq};
+    h.aux = h.req_seq;
+    net_send(w, TOOL, o->to, &h, w->buf[r], w->buffered[r] * 16, 1);
+    w->buffered[r] = 0;
+    if (w->nsent < MAX_SENT)
+        w->sent[w->nsent++] = (sent_put){h.req_seq, r, w->pass, o->to, 0};
+    w->puts_sent++;
+    w->sent_now = 1;
+    for (uint32_t i = 0; i < w->nfaults; i++)
+        if (w->ftrigger[i] == w->puts_sent)
+            ev_push(w, w->now + rnd(w, 20), EV_FAULT, 0, i, NULL);
+}
+
+/* Feed one event and perform the outputs; a GET_VIEW's answer is the next event. */
+static void feed(world *w, cps__rs_event e)
+{
+    for (int more = 1; more && !w->v.failed;) {
+        cps__rs_ready o;
+        if (cps__rs_step(&w->m, &e, &o) != 0) {
+            sim_fail(&w->v, "the restore machine refused event %d", e.kind);
+            return;
+        }
+        more = 0;
+        for (uint32_t i = 0; i < o.n; i++) {
+            const cps__rs_out *x = &o.out[i];
+            switch (x->kind) {
+            case CPS_RS_PUT:
+                send_put(w, x);
+                break;
+            case CPS_RS_DISCARD:
+                w->buffered[x->range] = 0;
+                break;
+            case CPS_RS_GET_VIEW:
+                e = get_view(w);
+                more = 1;
+                break;
+            case CPS_RS_PROBE_TAIL: {
+                cps__msg_hdr h = {
+                    .type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = x->range};
+                if (w->tview->ranges[x->range].chain_len)
+                    net_send(w, TOOL, x->to, &h, NULL, 0, 1);
+                break;
+            }
+            case CPS_RS_STREAM:
+                w->stream = 1;
+                break;
+            case CPS_RS_DONE:
+                w->rc = 0;
+                break;
+            case CPS_RS_FAILED:
+                w->rc = x->rc;
+                w->failed_by = x->why;
+                w->bad = x->range;
+                trace(w, "tool: failed (%s, why %d, range %u)", cps_err_name(x->rc), x->why,
+                      x->range);
+                break;
+            }
+        }
+    }
+}
+
+static int match_answer(const world *w, const msg *m, const void *arg)
 {
     (void)arg;
-    return (m->h.flags & CPS_WF_REPLY) &&
-           (m->h.type == CPS_MSG_PUT ||
-            (m->h.type == CPS_MSG_ERROR && m->h.req_seq >= w->book.seq0));
+    if (!(m->h.flags & CPS_WF_REPLY))
+        return 0;
+    if (m->h.type == CPS_MSG_PUT || m->h.type == CPS_MSG_CUT_PROBE)
+        return 1;
+    return m->h.type == CPS_MSG_ERROR && (m->h.req_seq == 0 || m->h.req_seq >= w->m.book.seq0);
 }
 
-/* The answer the book took must be to the oldest unanswered PUT of this pass to that range, at
- * the node that answered. */
+/* The answer the machine took must be to the oldest unanswered PUT of this pass to that range,
+ * at the node that answered. */
 static void check_taken(world *w, uint32_t r, const cps__rr_answer *a)
 {
     sent_put *oldest = NULL, *it = NULL;
@@ -165,201 +209,118 @@ static void check_taken(world *w, uint32_t r, const cps__rr_answer *a)
     it->answered = 1;
 }
 
-/* put_wait_one */
-static int wait_one(world *w)
+/* Wait for the machine's deadline or a message, and feed what came. */
+static void wait_event(world *w)
 {
-    uint64_t epoch = w->tview->epoch;
-    int rc = look(w, 0);
-    if (rc != 0 || w->tview->epoch != epoch)
-        return rc;
-    uint64_t deadline = w->now + TIMEOUT_MS;
-    msg *m = NULL;
-    for (;;) {
-        uint64_t until = w->now + LOOK_MS;
-        rc = take(w, match_put, NULL, until < deadline ? until : deadline, &m);
-        if (rc != CPS_ETIMEDOUT)
-            break;
-        if (w->v.failed)
-            return rc;
-        if (w->now >= deadline) {
-            w->failed_by = WHY_DEADLINE;
-            return rc;
-        }
-        if ((rc = look(w, 0)) != 0 || w->tview->epoch != epoch)
-            return rc;
-        uint32_t stopped;
-        if ((rc = overdue(w, &stopped)) != 0 || stopped)
-            return rc; /* what it waited for will not come */
+    msg *m;
+    if (take(w, match_answer, NULL, cps__rs_deadline(&w->m), &m) != 0) {
+        if (!w->v.failed)
+            feed(w, event_of(w, CPS_RS_TICK));
+        return;
     }
     uint32_t r = m->h.range;
-    int err = m->h.type == CPS_MSG_ERROR;
-    cps__rr_answer a = {m->h.sender, err, m->h.status, err ? m->h.req_seq : m->h.aux};
-    uint32_t lost = 0;
-    switch (cps__rr_take(&w->book, r, &a, err ? 0 : m->h.req_seq, w->now, &lost)) {
-    case CPS_RR_TAKEN:
-        check_taken(w, r, &a);
-        break;
-    case CPS_RR_AGAIN:
-        trace(w, "tool: range %u again (node %u: %s, %u dropped)", r, a.sender,
-              err ? cps_err_name(a.status) : "a later PUT answered", lost);
-        w->next_look = 0;
-        break;
-    case CPS_RR_FATAL:
-        w->failed_by = WHY_FATAL;
-        rc = a.status ? a.status : CPS_EPROTO;
-        trace(w, "tool: range %u refused: %s", r, cps_err_name(rc));
-        break;
-    default:
-        break;
+    const cps__rr_book *b = &w->m.book;
+    if (m->h.type == CPS_MSG_CUT_PROBE || (m->h.type == CPS_MSG_ERROR && m->h.req_seq == 0)) {
+        cps__rs_event e = event_of(w, CPS_RS_PROBE);
+        e.range = r;
+        e.ok = m->h.type == CPS_MSG_CUT_PROBE;
+        e.seq = m->h.req_seq;
+        int was = r < w->nranges && cps__rr_open(b, r);
+        feed(w, e);
+        if (was && b->g[r].skip) {
+            if (!m->whole)
+                sim_fail(&w->v,
+                         "range %u marked done on node %u's word (seq %" PRIu64
+                         "), which does not hold it whole",
+                         r, m->h.sender, m->h.req_seq);
+            trace(w, "tool: range %u confirmed by node %u", r, m->h.sender);
+        }
+    } else {
+        int err = m->h.type == CPS_MSG_ERROR;
+        cps__rs_event e = event_of(w, CPS_RS_ANSWER);
+        e.range = r;
+        e.ans = (cps__rr_answer){m->h.sender, err, m->h.status, err ? m->h.req_seq : m->h.aux};
+        e.seq = err ? 0 : m->h.req_seq;
+        /* The check of what is counted: the same verdict the machine's book reaches. */
+        int taken = r < w->nranges && cps__rr_open(b, r) &&
+                    cps__restore_answer(&e.ans, b->g[r].head, b->seq0, b->g[r].fly[b->g[r].fly0],
+                                        b->g[r].inflight) == CPS_RR_TAKEN;
+        if (taken)
+            check_taken(w, r, &e.ans);
+        feed(w, e);
     }
     msg_free(m);
-    if (rc == 0) {
-        uint32_t stopped;
-        rc = overdue(w, &stopped);
-    }
-    return rc;
 }
 
-/* put_flush */
-static int flush(world *w, uint32_t r)
+/* Range r's PUT is full (or the pass's records end): hand it to the machine. */
+static void flush(world *w, uint32_t r)
 {
-    while (cps__rr_open(&w->book, r) && w->buffered[r] && cps__rr_full(&w->book, r)) {
-        int rc = wait_one(w);
-        if (rc != 0)
-            return rc;
-    }
-    uint32_t n = w->buffered[r];
-    w->buffered[r] = 0;
-    if (!cps__rr_open(&w->book, r) || !n)
-        return 0;
-    const cps__range *g = &w->tview->ranges[r];
-    uint32_t to = cps__rr_target(&w->book, r, g->chain_len ? g->chain[0] : CPS_RR_NONE);
-    if (to == CPS_RR_NONE)
-        return CPS_EUNAVAILABLE; /* the look that saw the empty chain failed already */
-    cps__msg_hdr h = {.type = CPS_MSG_PUT,
-                      .sender = UINT32_MAX,
-                      .range = r,
-                      .epoch = w->tview->epoch,
-                      .req_seq = ++w->next_req};
-    h.aux = h.req_seq;
-    net_send(w, TOOL, to, &h, w->buf[r], n * 16, 1);
-    if (w->nsent < MAX_SENT)
-        w->sent[w->nsent++] = (sent_put){h.req_seq, r, w->pass, to, 0};
-    w->puts_sent++;
-    for (uint32_t i = 0; i < w->nfaults; i++)
-        if (w->ftrigger[i] == w->puts_sent)
-            ev_push(w, w->now + rnd(w, 20), EV_FAULT, 0, i, NULL);
-    int rc = cps__rr_sent(&w->book, r, h.req_seq, w->now);
-    tool_sleep(w, w->now + 1 + rnd(w, w->put_ms));
-    return rc;
+    if (!w->buffered[r])
+        return;
+    cps__rs_event e = event_of(w, CPS_RS_READY);
+    e.range = r;
+    e.seq = ++w->next_req;
+    w->sent_now = 0;
+    feed(w, e);
+    while (cps__rs_held(&w->m) && !w->v.failed)
+        wait_event(w);
+    if (w->sent_now) /* reading and encoding the next records */
+        tool_sleep(w, w->now + 1 + rnd(w, w->put_ms));
 }
 
-static int put_record(world *w, uint32_t r, int kind, uint32_t key, uint64_t val)
+static void put_record(world *w, uint32_t r, int kind, uint32_t key, uint64_t val)
 {
-    if (w->buffered[r] >= w->per_put) {
-        int rc = flush(w, r);
-        if (rc != 0)
-            return rc;
-    }
+    if (w->buffered[r] >= w->per_put)
+        flush(w, r);
     uint64_t *p = w->buf[r] + 2 * w->buffered[r]++;
     p[0] = ((uint64_t)kind << 56) | key;
     p[1] = val;
-    return 0;
 }
 
-static int match_probe(const world *w, const msg *m, const void *arg)
+/* One pass's records: creates first, then values, the ranges interleaved as a tensor's pieces
+ * are; only the ranges the machine streams. */
+static void stream_pass(world *w)
 {
-    (void)w;
-    const uint32_t *r = arg;
-    return (m->h.flags & CPS_WF_REPLY) && m->h.range == *r &&
-           (m->h.type == CPS_MSG_CUT_PROBE || (m->h.type == CPS_MSG_ERROR && m->h.req_seq == 0));
-}
-
-/* wait_tails */
-static int wait_tails(world *w)
-{
-    uint64_t deadline = w->now + TIMEOUT_MS;
-    for (uint32_t r = 0; r < w->nranges; r++) {
-        while (cps__rr_open(&w->book, r)) {
-            const cps__range *g = &w->tview->ranges[r];
-            cps__msg_hdr h = {.type = CPS_MSG_CUT_PROBE, .sender = UINT32_MAX, .range = r};
-            if (g->chain_len)
-                net_send(w, TOOL, g->chain[g->chain_len - 1], &h, NULL, 0, 1);
-            msg *m;
-            uint64_t until = w->now + 1000;
-            int rc = take(w, match_probe, &r, until < deadline ? until : deadline, &m);
-            if (rc == 0) {
-                int ok =
-                    m->h.type == CPS_MSG_CUT_PROBE && cps__rr_confirm(&w->book, r, m->h.req_seq);
-                if (ok && !m->whole)
-                    sim_fail(&w->v,
-                             "range %u marked done on node %u's word (seq %" PRIu64
-                             "), which does not hold it whole",
-                             r, m->h.sender, m->h.req_seq);
-                if (ok)
-                    trace(w, "tool: range %u confirmed by node %u", r, m->h.sender);
-                msg_free(m);
-                if (ok)
-                    break;
-            }
-            if (w->v.failed)
-                return CPS_ETIMEDOUT;
-            if (w->now >= deadline) {
-                w->failed_by = WHY_DEADLINE;
-                return CPS_ETIMEDOUT;
-            }
-            if ((rc = look(w, 0)) != 0)
-                return rc;
-            tool_wait(w, w->now + 20);
-        }
-    }
-    return 0;
-}
-
-/* restore_pass: creates first, then values, the ranges interleaved as a tensor's pieces are. */
-static int restore_pass(world *w)
-{
-    int rc = 0;
-    for (int kind = REC_CREATE; rc == 0 && kind <= REC_SLICE; kind++)
-        for (uint32_t k = 0; rc == 0 && k < MAX_KEYS; k++)
-            for (uint32_t r = 0; rc == 0 && r < w->nranges; r++)
-                if (k < w->nkeys[r] && cps__rr_open(&w->book, r))
-                    rc = put_record(w, r, kind, k,
-                                    kind == REC_CREATE ? w->version[r][k] : w->value[r][k]);
-    for (uint32_t r = 0; rc == 0 && r < w->nranges; r++)
-        rc = flush(w, r);
-    for (uint32_t r = 0; rc == 0 && r < w->nranges; r++)
-        while (rc == 0 && cps__rr_open(&w->book, r) && w->book.g[r].inflight)
-            rc = wait_one(w);
-    if (rc == 0)
-        rc = wait_tails(w);
-    return rc;
+    memset(w->buffered, 0, sizeof w->buffered);
+    for (int kind = REC_CREATE; kind <= REC_SLICE; kind++)
+        for (uint32_t k = 0; k < MAX_KEYS; k++)
+            for (uint32_t r = 0; r < w->nranges; r++)
+                if (k < w->nkeys[r] && cps__rs_open(&w->m, r) && !w->v.failed)
+                    put_record(w, r, kind, k,
+                               kind == REC_CREATE ? w->version[r][k] : w->value[r][k]);
+    for (uint32_t r = 0; r < w->nranges && !cps__rs_ended(&w->m) && !w->v.failed; r++)
+        flush(w, r);
+    if (!cps__rs_ended(&w->m) && !w->v.failed)
+        feed(w, event_of(w, CPS_RS_STREAMED));
 }
 
 static int restore(world *w)
 {
     w->tview = &w->views[w->epoch];
-    w->next_look = w->now + REFRESH_MS;
-    int rc = cps__rr_book_init(&w->book, w->nranges);
-    for (uint32_t pass = 0; rc == 0; pass++) {
-        tool_sleep(w, cps__rr_pass_due(&w->book, PASS_GAP_MS));
-        if (pass > 0 && (rc = look(w, 1)) != 0)
-            break;
-        w->resent += cps__rr_pass_begin(&w->book, w->next_req + 1, w->now);
-        w->pass = pass + 1;
-        memset(w->buffered, 0, sizeof w->buffered);
-        rc = restore_pass(w);
-        uint32_t again = cps__rr_stopped(&w->book);
-        if (rc != 0 || again == 0)
-            break;
-        if (pass + 1 >= RESTORE_PASSES) {
-            w->failed_by = WHY_PASSES;
-            rc = CPS_EUNAVAILABLE;
-            break;
+    const cps__rs_cfg cfg = {.look_ms = LOOK_MS,
+                             .refresh_ms = REFRESH_MS,
+                             .silent_ms = PUT_SILENT_MS,
+                             .timeout_ms = TIMEOUT_MS,
+                             .gap_ms = PASS_GAP_MS,
+                             .probe_ms = PROBE_MS,
+                             .retry_ms = PROBE_RETRY_MS,
+                             .passes = RESTORE_PASSES};
+    int rc = cps__rs_init(&w->m, &cfg, w->tview, w->nranges, w->now);
+    if (rc == 0)
+        feed(w, event_of(w, CPS_RS_TICK));
+    while (rc == 0 && !cps__rs_ended(&w->m) && !w->v.failed) {
+        if (w->stream) {
+            w->stream = 0;
+            w->pass++;
+            stream_pass(w);
+        } else {
+            wait_event(w);
         }
-        trace(w, "tool: streaming %u range(s) again under view %" PRIu64, again, w->tview->epoch);
     }
-    cps__rr_book_fini(&w->book);
+    if (rc == 0)
+        rc = cps__rs_ended(&w->m) ? w->m.rc : CPS_ETIMEDOUT;
+    w->resent = w->m.resent;
+    cps__rs_fini(&w->m);
     return rc;
 }
 
