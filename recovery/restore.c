@@ -79,6 +79,18 @@ static void look(cps__restore *m, cps__rs_ready *o)
     emit(o, CPS_RS_GET_VIEW, 0, 0, 0);
 }
 
+void cps__rs_cfg_defaults(cps__rs_cfg *cfg, uint64_t timeout_ms)
+{
+    *cfg = (cps__rs_cfg){.look_ms = 500,
+                         .refresh_ms = 2000,
+                         .silent_ms = 15000,
+                         .timeout_ms = timeout_ms,
+                         .gap_ms = 500,
+                         .probe_ms = 1000,
+                         .retry_ms = 20,
+                         .passes = 8};
+}
+
 static void begin_pass(cps__restore *m, cps__rs_ready *o)
 {
     uint32_t again = cps__rr_pass_begin(&m->book, m->last_seq + 1, m->now);

@@ -34,6 +34,14 @@ typedef struct cps__rs_cfg {
     uint32_t passes;     /* passes at most */
 } cps__rs_cfg;
 
+/**
+ * @brief The restore tool's timers and limits, the same for the tool and the simulator (which
+ *        must run what production runs): look 500 ms, refresh 2 s, a head silent 15 s, a pass
+ *        at least 500 ms after the last began, a tail probe answered within 1 s and retried
+ *        20 ms after a miss, 8 passes; timeout_ms: the caller's (the restore's --timeout).
+ */
+void cps__rs_cfg_defaults(cps__rs_cfg *cfg, uint64_t timeout_ms);
+
 /* Events (cps__rs_event.kind). */
 enum {
     CPS_RS_TICK = 1,  /* time passed (the deadline came), nothing received */

@@ -100,7 +100,8 @@ uint32_t cps__rr_pass_begin(cps__rr_book *b, uint64_t seq0, uint64_t now)
     uint32_t again = b->pass ? cps__rr_stopped(b) : 0;
     for (uint32_t r = 0; again && r < b->nranges; r++) {
         cps__rr_range *g = &b->g[r];
-        g->skip = !g->again;
+        /* Only a tail's confirmation (cps__rr_confirm) marks a range done: a range neither
+         * stopped nor confirmed stays open (none is, when the caller confirmed every open one). */
         g->again = 0;
         g->head = CPS_RR_NONE;
         g->acked_seq = 0;

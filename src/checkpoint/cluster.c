@@ -51,16 +51,10 @@
 #define READ_WAIT_MS     30000 /* one read's answer (a tail that died fails the export) */
 /* Unanswered this long, the exporter looks at the view again: a reader whose process died is
  * seen sooner (its connection refuses), but one cut off by the network only through the view. */
-#define LOOK_MS 500
-#define GONE_MS 100 /* a server looks gone but its view still lists it: look again this often */
-/* A restore streams a range again at most this often (its head died, or lost PUTs). */
-#define RESTORE_PASSES 8
-#define PASS_GAP_MS    500   /* a pass begins at least this long after the last one began */
-#define PUT_SILENT_MS  15000 /* a head with PUTs in flight and no answer this long: again */
-#define PROBE_MS       1000  /* a restore's tail probe: its answer waited for this long */
-#define PROBE_RETRY_MS 20    /* ... and the tail probed again this long after a miss */
-#define CUT_TRIES      4     /* cuts lost with every replica that held them, cut again this often */
-#define CLOSE_GRACE_MS 200   /* closing: a CUT_CLOSE's peer not connected by then is dropped */
+#define LOOK_MS        500
+#define GONE_MS        100 /* a server looks gone but its view still lists it: look again this often */
+#define CUT_TRIES      4   /* cuts lost with every replica that held them, cut again this often */
+#define CLOSE_GRACE_MS 200 /* closing: a CUT_CLOSE's peer not connected by then is dropped */
 
 /* ---- talking to the cluster ---- */
 
@@ -1928,7 +1922,7 @@ static void log_failure(restore_ctx *x, const cps__rs_out *o)
     case CPS_RS_WHY_PASSES:
         cps__log(CPS_LOG_ERROR, SUB,
                  "%u range(s) still to stream again after %u passes: the restore gives up",
-                 cps__rr_stopped(&x->m.book), RESTORE_PASSES);
+                 cps__rr_stopped(&x->m.book), x->m.cfg.passes);
         break;
     case CPS_RS_WHY_NO_REPLICA:
         cps__log(CPS_LOG_ERROR, SUB,
@@ -2357,14 +2351,8 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
         x.l = &l;
         x.base = cps__pad8(8 + l.hello_len);
         x.pb = calloc(nr ? nr : 1, sizeof *x.pb);
-        const cps__rs_cfg cfg = {.look_ms = LOOK_MS,
-                                 .refresh_ms = REFRESH_MS,
-                                 .silent_ms = PUT_SILENT_MS,
-                                 .timeout_ms = (uint64_t)l.timeout_ms,
-                                 .gap_ms = PASS_GAP_MS,
-                                 .probe_ms = PROBE_MS,
-                                 .retry_ms = PROBE_RETRY_MS,
-                                 .passes = RESTORE_PASSES};
+        cps__rs_cfg cfg;
+        cps__rs_cfg_defaults(&cfg, (uint64_t)l.timeout_ms);
         rc = cps__rs_init(&x.m, &cfg, &l.view, nr, cps__now_ms());
         if (rc == 0 && !x.pb)
             rc = CPS_ENOMEM;

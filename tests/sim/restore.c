@@ -35,7 +35,7 @@
  *    in the range's chain of the scheduler's last view) holds exactly the checkpoint's records
  *    (each key created with its version, then holding its value, no other key), or fails with
  *    CPS_EUNAVAILABLE naming a range whose chain is empty in the scheduler's view, or after
- *    RESTORE_PASSES passes with at least that many faults; any other failure (a timeout, a
+ *    the machine's passes (8) with at least that many faults; any other failure (a timeout, a
  *    refusal of the records) is a violation, since every fault here ends in seconds;
  *  - an answer the book counts (TAKEN) is to the oldest unanswered PUT of this pass for that
  *    range, sent to the node that answers;
@@ -678,7 +678,7 @@ static int final_check(world *w)
             sim_fail(&w->v, "CPS_EUNAVAILABLE names range %u, which has a replica", w->bad);
         return 0;
     }
-    if (w->failed_by == WHY_PASSES && w->fired >= RESTORE_PASSES)
+    if (w->failed_by == WHY_PASSES && w->fired >= w->m.cfg.passes)
         return 0;
     static const char *why[] = {"?",
                                 "a wait's deadline",

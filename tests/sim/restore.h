@@ -27,17 +27,10 @@
 #define TICK_MS     10
 #define DEAD_AFTER  600 /* the scheduler's failure timeout, and the fence's (scaled down) */
 #define RESEND_MS   200
-/* The tool's timers (src/checkpoint/cluster.c), in simulated ms. */
-#define LOOK_MS        500
-#define REFRESH_MS     2000
-#define PUT_SILENT_MS  15000
-#define TIMEOUT_MS     120000
-#define RESTORE_PASSES 8
-#define PASS_GAP_MS    500
-#define VIEW_WAIT_MS   1000
-#define PROBE_MS       1000 /* a tail probe's answer waited for (cluster.c) */
-#define PROBE_RETRY_MS 20
-#define MAX_EVENTS     2000000 /* a runaway seed fails */
+/* The tool's: its --timeout default; its other timers are production's (cps__rs_cfg_defaults). */
+#define TIMEOUT_MS   120000
+#define VIEW_WAIT_MS 1000
+#define MAX_EVENTS   2000000 /* a runaway seed fails */
 
 enum { REC_CREATE = 1, REC_SLICE = 2 };
 enum { SRV_UP = 0, SRV_PAUSED, SRV_DEAD, SRV_FENCED };

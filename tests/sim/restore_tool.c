@@ -297,14 +297,8 @@ static void stream_pass(world *w)
 static int restore(world *w)
 {
     w->tview = &w->views[w->epoch];
-    const cps__rs_cfg cfg = {.look_ms = LOOK_MS,
-                             .refresh_ms = REFRESH_MS,
-                             .silent_ms = PUT_SILENT_MS,
-                             .timeout_ms = TIMEOUT_MS,
-                             .gap_ms = PASS_GAP_MS,
-                             .probe_ms = PROBE_MS,
-                             .retry_ms = PROBE_RETRY_MS,
-                             .passes = RESTORE_PASSES};
+    cps__rs_cfg cfg; /* production's timers and limits, in simulated ms */
+    cps__rs_cfg_defaults(&cfg, TIMEOUT_MS);
     int rc = cps__rs_init(&w->m, &cfg, w->tview, w->nranges, w->now);
     if (rc == 0)
         feed(w, event_of(w, CPS_RS_TICK));

@@ -217,6 +217,29 @@ static void test_book_streams_a_stopped_range_again_and_ignores_the_old_pass(voi
     cps__rr_book_fini(&b);
 }
 
+/* Only a tail's confirmation marks a range done: a new pass after another range stopped leaves a
+ * range neither stopped nor confirmed open (it was once marked done by being merely not stopped).
+ */
+static void test_only_a_confirmation_marks_a_range_done(void **state)
+{
+    (void)state;
+    cps__rr_book b;
+    assert_int_equal(cps__rr_book_init(&b, 2), 0);
+    cps__rr_pass_begin(&b, 1, 0);
+    cps__rr_target(&b, 0, 1);
+    cps__rr_target(&b, 1, 2);
+    assert_int_equal(cps__rr_sent(&b, 0, 1, 0), 0);
+    assert_int_equal(cps__rr_sent(&b, 1, 2, 0), 0);
+    cps__rr_answer stale = {1, 1, CPS_ESTALE_EPOCH, 1}; /* range 0's head: "not head" */
+    assert_int_equal(cps__rr_take(&b, 0, &stale, 9, 5, NULL), CPS_RR_AGAIN);
+    cps__rr_answer a1 = {2, 0, 0, 2}; /* range 1 answered, its tail never confirmed */
+    assert_int_equal(cps__rr_take(&b, 1, &a1, 1, 5, NULL), CPS_RR_TAKEN);
+    assert_int_equal(cps__rr_pass_begin(&b, 3, 500), 1);
+    assert_true(cps__rr_open(&b, 0));
+    assert_true(cps__rr_open(&b, 1));
+    cps__rr_book_fini(&b);
+}
+
 /* A view that moves a head stops its range; one without a replica names the range; a silent head
  * stops its range, then, silent across passes, times the restore out. */
 static void test_book_looks_and_judges_silence(void **state)
@@ -275,6 +298,7 @@ int main(void)
         cmocka_unit_test(test_book_takes_in_order_and_confirms_at_the_tail),
         cmocka_unit_test(test_book_streams_a_stopped_range_again_and_ignores_the_old_pass),
         cmocka_unit_test(test_book_looks_and_judges_silence),
+        cmocka_unit_test(test_only_a_confirmation_marks_a_range_done),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
