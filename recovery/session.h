@@ -201,12 +201,13 @@ int cps__sess_call_done(cps__sess *s, int *result);
  * until the next such call. Returns their number. */
 size_t cps__sess_output(const cps__sess *s, const cps__sess_action **out);
 
-/* The view we work under (empty until the first is installed). */
 /* The op and part whose values a VALUES message with header `h` would deliver if stepped now (an
  * ANSWER of cps__sess_step): 1 and them, else 0. Pure (see cps__reqs_would_take): for planning
- * the copy of a reply not yet authenticated (transport.h, cps__tp_defer_check). */
+ * the copy of a reply not yet authenticated (transport.h, cps__tp_defer_check). Always 0 once
+ * the job is over for us (cps__sess_shutdown): every op's call has returned by then. */
 int cps__sess_values_target(const cps__sess *s, const cps__msg_hdr *h, cps__sess_op **op,
                             uint32_t *part);
+/* The view we work under (empty until the first is installed). */
 const cps__view *cps__sess_view(const cps__sess *s);
 /* Our node id (0 until the scheduler welcomed us) and rank (from the view). */
 uint32_t cps__sess_id(const cps__sess *s);
