@@ -274,8 +274,8 @@ typedef struct sim_server {
     uint64_t drain_asked, drain_accepted, drain_faults, drain_epoch;
     uint8_t *drain_held;
     /* Snapshots sent whose sockets production keeps open until the replica lets them close
-     * (cps__replica_snapshot_may_close, asked at every turn of the loop as transfer.c's reap
-     * does); until then the replica ignores the joiner's repeated requests of that join. */
+     * (cps__replica_snapshot_may_close, asked at every turn of the server's loop); until then the
+     * replica ignores the joiner's repeated requests of that join. */
     struct sim_linger {
         uint32_t range, joiner;
         uint64_t join_id, ended_ms;

@@ -745,8 +745,9 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
  * replica at every turn, as production's does, so that a stall is measured from its last turn
  * (not from its start: let in after a long wait, it would be unsure at once), and runs nothing
  * else. */
-/* transfer.c's cps__server_reap_snapshots: a sent snapshot's socket closes once the replica
- * says it may (the joiner in the chain, gone or dead, or the linger over). */
+/* As the server's shell reaps its snapshot threads at every turn: a sent snapshot's socket
+ * closes once the replica says it may (the joiner in the chain, gone or dead, or the linger
+ * over). */
 static void reap_snapshots(sim *sm, sim_server *s)
 {
     for (uint32_t i = 0; i < s->nlingers; i++) {
