@@ -302,16 +302,35 @@ void cps__reqs_sent(cps__reqs *rq, uint32_t index, int rc, uint64_t now)
     e->fresh = 0;
 }
 
+/* The one acceptance rule of an answer (range, req_seq) produced under `epoch`, for
+ * cps__reqs_reply and cps__reqs_would_take: CPS_RQ_REPLY_UNKNOWN if no request is so numbered (a
+ * duplicate answer to one already completed), _OTHER_EPOCH if it was produced under another
+ * configuration than the request's last send, else _TAKEN; *at the request's index. An ERROR is
+ * the request's whatever its epoch: cps__reqs_reply looks at it before the epoch. A dropped
+ * request (detached, its caller kept no context) is no longer there: the next call's begin()
+ * removes it before any answer is looked up, and a pure look-up must see the table as that call
+ * will. */
+static int lookup(const cps__reqs *rq, uint32_t range, uint64_t req_seq, uint64_t epoch,
+                  uint32_t *at)
+{
+    for (uint32_t i = 0; i < rq->nreqs; i++) {
+        const entry *e = &rq->reqs[i];
+        if (e->range != range || e->seq != req_seq || e->dropped)
+            continue;
+        *at = i;
+        return e->sent_epoch == epoch ? CPS_RQ_REPLY_TAKEN : CPS_RQ_REPLY_OTHER_EPOCH;
+    }
+    return CPS_RQ_REPLY_UNKNOWN;
+}
+
 int cps__reqs_reply(cps__reqs *rq, const cps__view *v, const cps__reqs_reply_in *in, uint64_t now,
                     cps__reqs_done *done)
 {
     begin(rq);
-    uint32_t i;
-    for (i = 0; i < rq->nreqs; i++)
-        if (rq->reqs[i].range == in->range && rq->reqs[i].seq == in->req_seq)
-            break;
-    if (i == rq->nreqs)
-        return CPS_RQ_REPLY_UNKNOWN; /* a duplicate answer to a request already completed */
+    uint32_t i = 0;
+    int verdict = lookup(rq, in->range, in->req_seq, in->epoch, &i);
+    if (verdict == CPS_RQ_REPLY_UNKNOWN)
+        return verdict;
     entry *e = &rq->reqs[i];
     if (done)
         *done = (cps__reqs_done){
@@ -333,7 +352,7 @@ int cps__reqs_reply(cps__reqs *rq, const cps__view *v, const cps__reqs_reply_in 
         send_released(rq, v, now);
         return CPS_RQ_REPLY_FAILED;
     }
-    if (in->epoch != e->sent_epoch) {
+    if (verdict == CPS_RQ_REPLY_OTHER_EPOCH) {
         /* An answer produced under another configuration than the one the request entered:
          * not taken. The request is re-sent under the current view, where the chain answers
          * it again (exactly-once makes the repeat harmless). */
@@ -352,19 +371,17 @@ int cps__reqs_reply(cps__reqs *rq, const cps__view *v, const cps__reqs_reply_in 
 int cps__reqs_would_take(const cps__reqs *rq, uint32_t range, uint64_t req_seq, uint64_t epoch,
                          void **ctx, uint32_t *part)
 {
-    for (uint32_t i = 0; i < rq->nreqs; i++) {
-        const entry *e = &rq->reqs[i];
-        if (e->range != range || e->seq != req_seq)
-            continue;
-        /* As cps__reqs_reply decides: only an answer of its send's epoch is taken, and a
-         * detached request's caller has its result already. */
-        if (e->sent_epoch != epoch || e->detached || e->dropped)
-            return 0;
-        *ctx = e->ctx;
-        *part = e->part;
-        return 1;
-    }
-    return 0;
+    uint32_t i = 0;
+    if (lookup(rq, range, req_seq, epoch, &i) != CPS_RQ_REPLY_TAKEN)
+        return 0;
+    /* Taken, but a detached request's caller has had its result long ago: no call waits for
+     * values, so there is nowhere to copy them early. */
+    const entry *e = &rq->reqs[i];
+    if (e->detached)
+        return 0;
+    *ctx = e->ctx;
+    *part = e->part;
+    return 1;
 }
 
 void cps__reqs_view(cps__reqs *rq, const cps__view *v, uint64_t now)

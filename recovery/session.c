@@ -454,6 +454,10 @@ static void on_reply(cps__sess *s, const cps__msg_hdr *h, const void *payload, s
                              .req_seq = h->req_seq,
                              .epoch = h->epoch,
                              .status = h->status};
+    /* Every op's call has returned CPS_ESHUTDOWN (cps__sess_op_over): the op and its buffers
+     * are its caller's again, maybe freed. A late answer must touch neither. */
+    if (s->shutdown)
+        return;
     cps__reqs_done d;
     int verdict = cps__reqs_reply(s->rq, &s->view, &in, now, &d);
     drain(s, now);
@@ -505,7 +509,7 @@ int cps__sess_values_target(const cps__sess *s, const cps__msg_hdr *h, cps__sess
                             uint32_t *part)
 {
     void *ctx;
-    if (h->type != CPS_MSG_VALUES || h->sender == SCHED_PEER ||
+    if (s->shutdown || h->type != CPS_MSG_VALUES || h->sender == SCHED_PEER ||
         !cps__reqs_would_take(s->rq, h->range, h->req_seq, h->epoch, &ctx, part))
         return 0;
     *op = ctx;
@@ -638,8 +642,12 @@ static void call_tick(cps__sess *s, uint64_t now)
 void cps__sess_tick(cps__sess *s, uint64_t now)
 {
     start(s);
-    cps__reqs_tick(s->rq, &s->view, now);
-    drain(s, now);
+    /* Not once the job is over: a re-send reads the op's buffers, a give-up writes the op, and
+     * their calls have returned (see on_reply). */
+    if (!s->shutdown) {
+        cps__reqs_tick(s->rq, &s->view, now);
+        drain(s, now);
+    }
     call_tick(s, now);
     if (now - s->suspects_checked_ms >= CPS_SUSPECT_REPORT_MS && !s->shutdown) {
         s->suspects_checked_ms = now;

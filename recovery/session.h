@@ -141,7 +141,9 @@ int cps__sess_create(const cps__sess_config *cfg, cps__sess **out);
 void cps__sess_destroy(cps__sess *s);
 
 /* A message arrived at `now`: its header (already checked by the wire decoder) and payload
- * (borrowed for this call and its output). Errors: CPS_ENOMEM (a first view that could not be
+ * (borrowed for this call and its output). Once the job is over for us (cps__sess_shutdown),
+ * a server's answer is ignored: every op's call has returned, and neither the op nor its
+ * buffers may be touched. Errors: CPS_ENOMEM (a first view that could not be
  * installed; the next one is tried again). */
 int cps__sess_step(cps__sess *s, const cps__msg_hdr *h, const void *payload, size_t len,
                    uint64_t now);
@@ -150,7 +152,8 @@ int cps__sess_step(cps__sess *s, const cps__msg_hdr *h, const void *payload, siz
  * decoding. The simulator's network carries views this way. Errors: CPS_ENOMEM, CPS_EPROTO (a
  * view that changes the range count). */
 int cps__sess_view_in(cps__sess *s, uint32_t welcome_id, const cps__view *v, uint64_t now);
-/* Time passed: re-sends, give-ups, scheduler calls re-sent or failed, suspect reports. */
+/* Time passed: re-sends, give-ups, scheduler calls re-sent or failed, suspect reports. Once
+ * the job is over for us, no request is re-sent or given up (their ops' calls have returned). */
 void cps__sess_tick(cps__sess *s, uint64_t now);
 /* The latest time the next cps__sess_tick is due (the shell blocks no longer than that). */
 uint64_t cps__sess_deadline(const cps__sess *s, uint64_t now);
@@ -201,12 +204,13 @@ int cps__sess_call_done(cps__sess *s, int *result);
  * until the next such call. Returns their number. */
 size_t cps__sess_output(const cps__sess *s, const cps__sess_action **out);
 
-/* The view we work under (empty until the first is installed). */
 /* The op and part whose values a VALUES message with header `h` would deliver if stepped now (an
  * ANSWER of cps__sess_step): 1 and them, else 0. Pure (see cps__reqs_would_take): for planning
- * the copy of a reply not yet authenticated (transport.h, cps__tp_defer_check). */
+ * the copy of a reply not yet authenticated (transport.h, cps__tp_defer_check). Always 0 once
+ * the job is over for us (cps__sess_shutdown): every op's call has returned by then. */
 int cps__sess_values_target(const cps__sess *s, const cps__msg_hdr *h, cps__sess_op **op,
                             uint32_t *part);
+/* The view we work under (empty until the first is installed). */
 const cps__view *cps__sess_view(const cps__sess *s);
 /* Our node id (0 until the scheduler welcomed us) and rank (from the view). */
 uint32_t cps__sess_id(const cps__sess *s);

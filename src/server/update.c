@@ -209,13 +209,11 @@ static int read_values(cps__txn *txn, void *arg)
     read_io *r = arg;
     size_t off = r->off;
     for (uint32_t i = 0; i < r->kv->nkeys; i++) {
-        cps__param_rec rec;
-        int rc = cps__store_param_get(txn, r->kv->keys[i], &rec);
-        if (rc == 0 && rec.len != r->kv->lens[i])
-            rc = CPS_ESIZE;
-        size_t n = (size_t)rec.len * sizeof(float);
+        const float *vals;
+        size_t n = (size_t)r->kv->lens[i] * sizeof(float);
+        int rc = cps__store_param_read(txn, r->kv->keys[i], r->kv->lens[i], &vals);
         if (rc == 0)
-            rc = cps__tp_fill(r->tp, r->msg, off, rec.vals, n);
+            rc = cps__tp_fill(r->tp, r->msg, off, vals, n);
         if (rc != 0)
             return rc;
         off += n;

@@ -1118,7 +1118,7 @@ int cps__store_param_apply(cps__txn *tx, uint64_t key, const float *grad, uint32
     return 0;
 }
 
-int cps__store_param_read(cps__txn *tx, uint64_t key, float *out, uint32_t len)
+int cps__store_param_read(cps__txn *tx, uint64_t key, uint32_t len, const float **vals)
 {
     cps__param_rec rec;
     MDB_val d;
@@ -1127,7 +1127,7 @@ int cps__store_param_read(cps__txn *tx, uint64_t key, float *out, uint32_t len)
         return rc;
     if (len != rec.len)
         return CPS_ESIZE;
-    memcpy(out, rec.vals, (size_t)len * sizeof(float));
+    *vals = rec.vals;
     return 0;
 }
 

@@ -107,8 +107,10 @@ int cps__store_param_create(cps__txn *txn, uint64_t key, uint32_t len, uint64_t 
 /* Apply one gradient to key with its optimizer, in place (read, update, write).
  * Errors: CPS_ENOTFOUND, CPS_ESIZE (glen != len), CPS_ESTORE. */
 int cps__store_param_apply(cps__txn *txn, uint64_t key, const float *grad, uint32_t glen);
-/* Copy key's parameter values into out[0..len). Errors: CPS_ENOTFOUND, CPS_ESIZE (len mismatch). */
-int cps__store_param_read(cps__txn *txn, uint64_t key, float *out, uint32_t len);
+/* Key's `len` parameter values, where they lie in the store (*vals, valid until txn ends; may be
+ * misaligned for floats, so copy them with memcpy): a pull's read, which asks for a length.
+ * Errors: those of cps__store_param_get, CPS_ESIZE (the record holds another number). */
+int cps__store_param_read(cps__txn *txn, uint64_t key, uint32_t len, const float **vals);
 /* Overwrite a whole record (state transfer, checkpoint restore). rec->vals / rec->state used. */
 int cps__store_param_put(cps__txn *txn, uint64_t key, const cps__param_rec *rec);
 

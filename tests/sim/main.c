@@ -384,6 +384,11 @@ static int run_cli(const char *prog, const cli *c)
     if (c->drains)
         printf("sim: %" PRIu64 " servers stopped with SIGTERM (each asked to be drained)\n",
                sigterms);
+    if (c->drains && c->seeds > 1 && drains == 0) {
+        /* Every seed passed, but no drain ever ended: the seeds did not test drains. */
+        printf("sim: FAIL: --drains over %" PRIu64 " seeds, and no server was drained\n", c->seeds);
+        return 1;
+    }
     if (c->backup)
         printf("sim: %" PRIu64 " sync pushes answered as late (backup workers %u)\n", late,
                c->backup);

@@ -983,6 +983,8 @@ int sim_run(const sim_params *p, sim_summary *out)
     }
     if (!sm->failed)
         sim_check_final(sm);
+    if (!sm->failed && sm->p.drains)
+        sim_drain_check_end(sm);
     if (out) {
         out->events = sm->nevents;
         out->acked = sm->nacked;

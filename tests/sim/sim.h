@@ -26,6 +26,10 @@
 #define SIM_WORKER_TICK_MS 10
 /* After the network heals, everything must finish within this many events. */
 #define SIM_HEAL_EVENTS 400000u
+/* Invariant 17's liveness half: an accepted drain ends (the server let go) within this much
+ * virtual time of the scheduler's ACK. Its ranges move by joins, each a snapshot that may linger
+ * CPS_REPLICA_SNAP_LINGER_MS after a lost chunk, with faults between. */
+#define SIM_DRAIN_END_MS 180000u
 
 /* SIM_SSP: bounded staleness (--mode ssp:N), drawn from a seed only with --push-pull, so the
  * seeds of sim.seeds keep their runs. */
@@ -267,8 +271,16 @@ typedef struct sim_server {
      * DRAIN was sent, the fault count and the epoch then, and the ranges held when signalled
      * (invariant 17). */
     int stop_signals, drain;
-    uint64_t drain_asked, drain_faults, drain_epoch;
+    uint64_t drain_asked, drain_accepted, drain_faults, drain_epoch;
     uint8_t *drain_held;
+    /* Snapshots sent whose sockets production keeps open until the replica lets them close
+     * (cps__replica_snapshot_may_close, asked at every turn of the server's loop); until then the
+     * replica ignores the joiner's repeated requests of that join. */
+    struct sim_linger {
+        uint32_t range, joiner;
+        uint64_t join_id, ended_ms;
+    } * lingers;
+    uint32_t nlingers, lingers_cap;
 } sim_server;
 
 /* One request of the application (an operation with one part): the worker's session
@@ -425,6 +437,9 @@ void sim_drain_sigterm(sim *sm);
 void sim_drain_turn(sim *sm, sim_server *s);
 int sim_drain_answer(sim *sm, sim_server *s, uint8_t type);
 void sim_drain_shutdown(sim *sm, sim_server *s);
+void sim_drain_check_end(sim *sm);
+/* The coordinator's record of node `id`, or NULL (sim_sched.c). */
+const cps__coord_node *sim_coord_node(const sim *sm, uint32_t id);
 
 /* sim_worker.c: the workers, each the production session (recovery/session.c) */
 void sim_worker_init(sim *sm, sim_worker *w, uint32_t id, const cps__view *v);

@@ -5,7 +5,8 @@
  * pure part's (replication/standing.h: cps__drain_decide, cps__drain_on_answer,
  * cps__drain_held); this file only performs them. Checked when such a server stops (17): each
  * range it held when signalled keeps a replica holding every acknowledged update, and R of them
- * when no fault struck and no server was declared dead while it drained. */
+ * when no fault struck and no server was declared dead while it drained; and an accepted drain
+ * ends within SIM_DRAIN_END_MS of its ACK, and is still the scheduler's when the job ends. */
 #include <inttypes.h>
 #include <stdlib.h>
 
@@ -111,6 +112,13 @@ void sim_drain_turn(sim *sm, sim_server *s)
         leave(sm, s, "stop signal");
         return;
     }
+    if (s->drain == CPS_DRAIN_ACCEPTED && sm->now - s->drain_accepted > SIM_DRAIN_END_MS) {
+        sim_fail(sm, "(17) an accepted drain ends",
+                 "server %u's drain, accepted at %" PRIu64 " ms, has not ended %u ms later (it "
+                 "still holds %u range(s) in its view)",
+                 s->id, s->drain_accepted, SIM_DRAIN_END_MS, held);
+        return;
+    }
     if (d != CPS_DRAIN_ASK)
         return;
     cps__msg_hdr h = {.type = CPS_MSG_DRAIN, .epoch = s->epoch, .req_seq = 1};
@@ -128,8 +136,11 @@ int sim_drain_answer(sim *sm, sim_server *s, uint8_t type)
         leave(sm, s, "the scheduler cannot drain it");
         return 1;
     }
-    if (next != s->drain)
+    if (next != s->drain) {
         sim_trace(sm, "s%u draining: the scheduler accepted", s->id);
+        if (next == CPS_DRAIN_ACCEPTED)
+            s->drain_accepted = sm->now;
+    }
     s->drain = next;
     return 1;
 }
@@ -138,4 +149,23 @@ int sim_drain_answer(sim *sm, sim_server *s, uint8_t type)
 void sim_drain_shutdown(sim *sm, sim_server *s)
 {
     leave(sm, s, "drained");
+}
+
+/* At the job's end: a server whose drain was accepted may still be draining (the job does not
+ * wait for a drain), but the scheduler must still know it as draining (or let go): one that
+ * forgot the drain (a restart of it, say) would never let the server go, and the server, signalled,
+ * would serve until its operator kills it. */
+void sim_drain_check_end(sim *sm)
+{
+    for (uint32_t id = 1; id <= sm->p.servers && !sm->failed; id++) {
+        const sim_server *s = &sm->servers[id - 1];
+        if (s->state == SRV_CRASHED || !s->stop_signals || s->drain != CPS_DRAIN_ACCEPTED)
+            continue;
+        const cps__coord_node *cn = sim_coord_node(sm, id);
+        if (!cn || !(cn->draining || cn->left))
+            sim_fail(sm, "(17) an accepted drain ends",
+                     "server %u's drain, accepted at %" PRIu64 " ms, is unknown to the scheduler "
+                     "when the job ends at %" PRIu64 " ms",
+                     id, s->drain_accepted, sm->now);
+    }
 }

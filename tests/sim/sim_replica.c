@@ -446,6 +446,7 @@ void sim_server_reset(sim *sm, sim_server *s)
      * process, or the fenced state). */
     replica_new(sm, s);
     memset(s->copying, 0, sm->nranges * sizeof *s->copying);
+    s->nlingers = 0; /* their sockets went with the process, or the fenced replica */
     s->epoch = 0;
     s->view = NULL;
     s->state = SRV_HELLO;
@@ -488,6 +489,7 @@ void sim_server_free(sim *sm, sim_server *s)
     s->chain = NULL;
     free(s->parked);
     free(s->copying);
+    free(s->lingers);
     free(s->drain_held);
 }
 
@@ -557,9 +559,18 @@ void sim_snapshot_run(sim *sm, sim_msg *m)
     sim_trace(sm, "s%u snapshot of r%u at seq %" PRIu64 " -> s%u", s->id, h.range, h.req_seq,
               m->to);
     sim_send_hdr(sm, s->id, m->to, &h, index, sizeof index, 0);
-    /* One message, gone at once: the snapshot is over, and the joiner's next request of this
-     * join orders another (the replica ignores those that came meanwhile). */
-    cps__replica_snapshot_closed(s->rep, h.range, m->to, h.step);
+    /* Sent, but its socket lingers until the replica lets it close (sim_reap_snapshots): the
+     * joiner's requests of this join that come meanwhile are ignored, as in production. */
+    if (s->nlingers == s->lingers_cap) {
+        s->lingers_cap = s->lingers_cap ? 2 * s->lingers_cap : 4;
+        s->lingers = realloc(s->lingers, s->lingers_cap * sizeof *s->lingers);
+        if (!s->lingers) {
+            fprintf(stderr, "sim: out of memory\n");
+            exit(2);
+        }
+    }
+    s->lingers[s->nlingers++] = (struct sim_linger){
+        .range = h.range, .joiner = m->to, .join_id = h.step, .ended_ms = sm->now};
     free(m);
 }
 
@@ -734,10 +745,27 @@ void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m)
  * replica at every turn, as production's does, so that a stall is measured from its last turn
  * (not from its start: let in after a long wait, it would be unsure at once), and runs nothing
  * else. */
+/* As the server's shell reaps its snapshot threads at every turn: a sent snapshot's socket
+ * closes once the replica says it may (the joiner in the chain, gone or dead, or the linger
+ * over). */
+static void reap_snapshots(sim *sm, sim_server *s)
+{
+    for (uint32_t i = 0; i < s->nlingers; i++) {
+        const struct sim_linger *l = &s->lingers[i];
+        if (!cps__replica_snapshot_may_close(s->rep, l->range, l->joiner, 0, l->ended_ms, sm->now))
+            continue;
+        sim_trace(sm, "s%u snapshot of r%u to s%u closed", s->id, l->range, l->joiner);
+        cps__replica_snapshot_closed(s->rep, l->range, l->joiner, l->join_id);
+        s->lingers[i--] = s->lingers[--s->nlingers];
+    }
+}
+
 void sim_server_tick(sim *sm, sim_server *s)
 {
     cps__replica_turned(s->rep, sm->now);
     perform(sm, s);
+    if (s->state != SRV_CRASHED)
+        reap_snapshots(sm, s);
     if (sm->failed || s->state != SRV_UP)
         return;
     cps__replica_tick(s->rep, sm->now, 0);

@@ -34,7 +34,7 @@ static void oom(void)
     exit(2);
 }
 
-static const cps__coord_node *coord_node(const sim *sm, uint32_t id)
+const cps__coord_node *sim_coord_node(const sim *sm, uint32_t id)
 {
     uint32_t n;
     const cps__coord_node *nodes = cps__coord_nodes(sm->coord, &n);
@@ -55,7 +55,7 @@ static void observe(sim *sm, const cps__view *a, const cps__view *b)
         return; /* setup: nothing runs yet */
     for (uint32_t id = 1; id <= sm->p.servers; id++) {
         int was = sim_node_alive(a, id), is = sim_node_alive(b, id);
-        const cps__coord_node *cn = coord_node(sm, id);
+        const cps__coord_node *cn = sim_coord_node(sm, id);
         int left = cn && cn->left;
         if (was && !is) {
             if (sm->pending_victim == id)
@@ -434,7 +434,7 @@ void sim_sched_drain(sim *sm)
     const cps__view *v = sim_cur_view(sm);
     uint32_t cand[SIM_MAX_SERVERS], nc = 0, active = 0;
     for (uint32_t id = 1; id <= sm->p.servers; id++) {
-        const cps__coord_node *cn = coord_node(sm, id);
+        const cps__coord_node *cn = sim_coord_node(sm, id);
         int ok =
             sim_node_alive(v, id) && cn && !cn->draining && sm->servers[id - 1].state == SRV_UP;
         active += ok;
@@ -520,7 +520,7 @@ int sim_sched_to_server(sim *sm, sim_server *s, const sim_msg *m)
         return sim_drain_answer(sm, s, h.type);
     if (h.type != CPS_MSG_SHUTDOWN)
         return 0;
-    const cps__coord_node *cn = coord_node(sm, s->id);
+    const cps__coord_node *cn = sim_coord_node(sm, s->id);
     if (!(cn && cn->left) && !cps__coord_finished(sm->coord))
         return 1; /* an old one, to an earlier life that was drained */
     if (!(cn && cn->left)) {

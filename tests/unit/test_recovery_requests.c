@@ -727,6 +727,59 @@ static void range_without_chain_waits_for_the_timeout(void **state)
     cps__view_fini(&v5);
 }
 
+/* cps__reqs_would_take (the pure look-up that plans an early copy of values) says 1 exactly when
+ * cps__reqs_reply would then take the answer for a caller still waiting: not for an unknown
+ * number, nor an answer of another epoch, nor a detached request (taken, but its caller has its
+ * result), nor a dropped one (gone from the table at the next call, so unknown to the reply). */
+static void would_take_agrees_with_reply(void **state)
+{
+    (void)state;
+    static int ctx_c;
+    cps__view v;
+    make_view_range0_down(&v, CPS_MODE_ASYNC);
+    v.nodes[0].alive = 1;
+    cps__reqs *rq = make_reqs();
+    void *ctx = NULL;
+    uint32_t part = 0;
+    cps__reqs_done d;
+    assert_int_equal(cps__reqs_add(rq, &v, &ctx_b, 3, CPS_MSG_PULL, 0, 1, T0), 0);
+    expect_send(rq, 1, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    assert_int_equal(cps__reqs_would_take(rq, 0, 2, 5, &ctx, &part), 0);
+    assert_int_equal(reply(rq, &v, CPS_MSG_VALUES, 2, 5, 0, T0 + 1, &d), CPS_RQ_REPLY_UNKNOWN);
+    assert_int_equal(cps__reqs_would_take(rq, 0, 1, 4, &ctx, &part), 0);
+    assert_int_equal(reply(rq, &v, CPS_MSG_VALUES, 1, 4, 0, T0 + 1, &d), CPS_RQ_REPLY_OTHER_EPOCH);
+    assert_int_equal(cps__reqs_would_take(rq, 0, 1, 5, &ctx, &part), 1);
+    assert_ptr_equal(ctx, &ctx_b);
+    assert_int_equal(part, 3);
+    assert_int_equal(reply(rq, &v, CPS_MSG_VALUES, 1, 5, 0, T0 + 1, &d), CPS_RQ_REPLY_TAKEN);
+    assert_ptr_equal(d.ctx, &ctx_b);
+
+    /* Two pushes given up: one detached under a context, one dropped. */
+    v.nodes[0].alive = 0;
+    assert_int_equal(cps__reqs_add(rq, &v, &ctx_a, 0, CPS_MSG_PUSH, 0, 2, T0), 0);
+    expect_send(rq, 2, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    assert_int_equal(cps__reqs_add(rq, &v, &ctx_b, 0, CPS_MSG_PUSH, 0, 3, T0), 0);
+    expect_send(rq, 3, 1, 5, 0, CPS_RQ_WHY_NEW, T0);
+    cps__reqs_tick(rq, &v, T0 + 1);
+    cps__reqs_tick(rq, &v, T0 + 2 + UNAVAIL_MS);
+    const cps__reqs_action *a;
+    size_t n = actions(rq, &a);
+    for (size_t k = 0; k < n; k++)
+        if (a[k].kind == CPS_RQ_COMPLETE)
+            cps__reqs_detach(rq, a[k].index, a[k].seq == 2 ? &ctx_c : NULL, 0);
+    v.nodes[0].alive = 1;
+    assert_int_equal(cps__reqs_would_take(rq, 0, 2, 5, &ctx, &part), 0);
+    assert_int_equal(cps__reqs_would_take(rq, 0, 3, 5, &ctx, &part), 0);
+    assert_int_equal(reply(rq, &v, CPS_MSG_ACK, 3, 5, 0, T0 + 3 + UNAVAIL_MS, &d),
+                     CPS_RQ_REPLY_UNKNOWN);
+    assert_int_equal(reply(rq, &v, CPS_MSG_ACK, 2, 5, 0, T0 + 3 + UNAVAIL_MS, &d),
+                     CPS_RQ_REPLY_TAKEN);
+    assert_true(d.detached);
+    assert_int_equal(cps__reqs_count(rq), 0);
+    cps__reqs_destroy(rq);
+    cps__view_fini(&v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -747,6 +800,7 @@ int main(void)
         cmocka_unit_test(range_without_chain_waits_for_the_timeout),
         cmocka_unit_test(ordered_requests_wait_behind_a_given_up_one),
         cmocka_unit_test(held_request_is_given_up_and_keeps_its_place),
+        cmocka_unit_test(would_take_agrees_with_reply),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

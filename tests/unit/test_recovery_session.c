@@ -520,6 +520,47 @@ static void test_waiting_ends_on_answer_or_shutdown(void **state)
     cps__sess_destroy(s);
 }
 
+/* The job ends while a pull is in the table: its call returns CPS_ESHUTDOWN, and its buffer
+ * and the op are the caller's again. A VALUES answer arriving afterwards (cps_close still runs
+ * the loop) is no copy's target and no ANSWER, and no timer re-sends or gives up the request. */
+static void test_no_answer_after_shutdown(void **state)
+{
+    (void)state;
+    cps__sess *s = joined(CPS_MODE_ASYNC, HEAD_1);
+    cps__sess_op op;
+    start_op(s, &op, CPS_SS_PULL, NULL, T0 + 10);
+    const cps__sess_action *a = expect_send(s, 3, 1, CPS_RQ_WHY_NEW, T0 + 10); /* the tail */
+    uint64_t seq = a->seq;
+    cps__msg_hdr vh = {.type = CPS_MSG_VALUES,
+                       .flags = CPS_WF_REPLY,
+                       .sender = 3,
+                       .epoch = 1,
+                       .req_worker = ME,
+                       .range = 0,
+                       .req_seq = seq};
+    cps__sess_op *target = NULL;
+    uint32_t part = 9;
+    assert_int_equal(cps__sess_values_target(s, &vh, &target, &part), 1);
+    assert_ptr_equal(target, &op);
+    assert_int_equal(part, 0);
+
+    cps__msg_hdr h = {.type = CPS_MSG_SHUTDOWN, .sender = 0, .epoch = 1};
+    assert_int_equal(cps__sess_step(s, &h, NULL, 0, T0 + 20), 0);
+    int result = 0;
+    assert_int_equal(cps__sess_op_over(s, &op, &result), 1);
+    assert_int_equal(result, CPS_ESHUTDOWN);
+
+    assert_int_equal(cps__sess_values_target(s, &vh, &target, &part), 0);
+    assert_int_equal(cps__sess_step(s, &vh, NULL, 0, T0 + 30), 0);
+    assert_int_equal(count(s, CPS_SS_ANSWER, NULL), 0);
+    assert_int_equal(count(s, CPS_SS_DONE, NULL), 0);
+    assert_int_equal(op.pending, 1); /* the op was not touched */
+    cps__sess_tick(s, T0 + 30 + UNAVAIL_MS + 10 * TIMEOUT_MS);
+    assert_int_equal(count(s, CPS_SS_SEND, NULL), 0);
+    assert_int_equal(count(s, CPS_SS_GIVE_UP, NULL), 0);
+    cps__sess_destroy(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -533,6 +574,7 @@ int main(void)
         cmocka_unit_test(test_join_timeout),
         cmocka_unit_test(test_welcome_must_list_us_as_a_worker),
         cmocka_unit_test(test_waiting_ends_on_answer_or_shutdown),
+        cmocka_unit_test(test_no_answer_after_shutdown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

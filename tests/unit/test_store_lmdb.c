@@ -115,7 +115,11 @@ static int do_apply(cps__txn *t, void *a)
 static int do_read(cps__txn *t, void *a)
 {
     op *o = a;
-    return cps__store_param_read(t, o->key, o->out, o->len);
+    const float *vals;
+    int rc = cps__store_param_read(t, o->key, o->len, &vals);
+    if (rc == 0)
+        memcpy(o->out, vals, (size_t)o->len * sizeof(float));
+    return rc;
 }
 
 static int do_get(cps__txn *t, void *a)
