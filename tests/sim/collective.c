@@ -40,6 +40,9 @@
  * --slow-parts: a part's time on its pipe grows with its values, a whole part's up to three
  * times CPS_FETCH_RESEND_MS (a large part over a slow link), so parts arrive after their request
  * was sent again and must still count (sim.collective_slowparts).
+ * The sharer sends a window once per asker (cps__fetch_serve_again), as the shell does. It
+ * answers whenever it is alive, where the shell answers only inside a call after a share: not
+ * modelled.
  * --slow: one worker stalls once (its messages leave late, none is lost) for up to 90% of the
  * timeout, moved onto the predecessor of a replacement that a view made listen when there is
  * one; the same checks hold (sim.collective_slow).
