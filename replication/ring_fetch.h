@@ -135,7 +135,8 @@ int cps__fetch_part_decode(const void *payload, size_t len, uint64_t step, uint6
 
 /* The sharer's side of a request in parts, from value `from_off` on: as cps__fetch_serve (0,
  * CPS_ENOTFOUND, CPS_ESIZE) but the result goes whenever it is the shared state's own; *total =
- * the answer's values. CPS_EINVAL when from_off is not below *total. */
+ * the answer's values. CPS_EINVAL when from_off is not below *total (a resume past the end of a
+ * new, shorter answer: the asker starts over from value 0). */
 int cps__fetch_serve_parts(uint64_t share_len, uint64_t want, uint64_t share_seq, int has_result,
                            uint64_t result_seq, uint64_t result_len, uint64_t from_off,
                            uint64_t *total);
