@@ -634,8 +634,10 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
          * had completed it, no chunk would ever come (the job's last collective, its result
          * broadcast to answer a restart), and we would wait out the timeout. A joiner that is
          * not pinned takes it as its call's result, as it would after a chunk of that
-         * collective; a pinned one only its own collective's. */
-        int result_here = m->kind == CPS_COLL_RESULT && (c->pinned ? m->seq == c->pinned : 1);
+         * collective, but never one below its guess (an old result re-sent to a late member
+         * would move the guess backwards); a pinned one only its own collective's. */
+        int result_here =
+            m->kind == CPS_COLL_RESULT && (c->pinned ? m->seq == c->pinned : m->seq >= c->seq);
         if (!result_here &&
             (m->kind != CPS_COLL_DATA || from_pos != (mine + c->nmembers - 1) % c->nmembers))
             return 0; /* kept until we know our collective */

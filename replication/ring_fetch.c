@@ -54,6 +54,7 @@ int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, 
         if (!f->from)
             return done(f, CPS_ENOTFOUND, result);
         f->sent = 0;
+        f->req0 = f->req + 1;
     }
     if (shutdown)
         return done(f, CPS_ESHUTDOWN, result);
@@ -68,8 +69,10 @@ int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, 
     uint32_t t = w && w->alive ? f->from : target(members, n, me, 0);
     if (!t)
         return done(f, CPS_ENOPEER, result);
-    if (t != f->from)
+    if (t != f->from) {
         f->has_id = 0; /* another sharer's answer is another answer */
+        f->req0 = f->req + 1;
+    }
     if (!f->has_id)
         f->have = 0;
     f->ask = f->have;
@@ -186,12 +189,67 @@ int cps__fetch_part_decode(const void *payload, size_t len, uint64_t step, uint6
     return 0;
 }
 
+void cps__fetch_part_split(uint64_t off, uint64_t count, uint64_t len, uint64_t *nstate,
+                           uint64_t *res_off)
+{
+    uint64_t s_end = off < len && count > len - off ? len : off + count;
+    *nstate = off < len ? s_end - off : 0;
+    *res_off = *nstate < count ? off + *nstate - len : 0;
+}
+
+/* A part of one of the requests sent to `from` since it was chosen. */
+static int of_ours(const cps__fetch *f, uint32_t from, uint64_t req_seq)
+{
+    return f->active && !f->answered && from == f->from && f->from != 0 && req_seq >= f->req0 &&
+           req_seq <= f->req;
+}
+
+int cps__fetch_part_wanted(const cps__fetch *f, uint32_t from, uint64_t req_seq,
+                           const cps__fetch_part *p)
+{
+    return of_ours(f, from, req_seq) && p->total >= f->len && p->total - f->len < (1ull << 32);
+}
+
+int cps__fetch_serve_again(const cps__fetch_served *s, uint32_t to, uint64_t gen, uint64_t from,
+                           uint64_t now)
+{
+    for (uint32_t i = 0; i < CPS_FETCH_SERVED_ASKERS; i++)
+        if (s[i].to == to && s[i].to != 0)
+            return s[i].gen != gen || from < s[i].from || from >= s[i].end ||
+                   now - s[i].at >= CPS_FETCH_SERVING_MS;
+    return 1;
+}
+
+void cps__fetch_served_note(cps__fetch_served *s, uint32_t to, uint64_t gen, uint64_t from,
+                            uint64_t end, uint64_t now)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < CPS_FETCH_SERVED_ASKERS; i++) {
+        if (s[i].to == to) {
+            k = i;
+            break;
+        }
+        if (s[i].at < s[k].at)
+            k = i;
+    }
+    s[k] = (cps__fetch_served){.to = to, .gen = gen, .from = from, .end = end, .at = now};
+}
+
 int cps__fetch_part_take(cps__fetch *f, uint32_t from, uint64_t req_seq, int status,
                          const cps__fetch_part *p, uint64_t now)
 {
-    if (!f->active || f->answered || req_seq != f->req || from != f->from)
+    if (!of_ours(f, from, req_seq))
         return 0;
     if (status < 0) {
+        if (req_seq != f->req)
+            return 0; /* the last request's answer decides */
+        if (status == CPS_EINVAL && f->ask > 0) {
+            /* We resumed past the end of a new, shorter answer: start it over from value 0. */
+            f->has_id = 0;
+            f->have = 0;
+            f->sent = 0;
+            return 0;
+        }
         f->answered = 1;
         f->result = status;
         return 0;
@@ -201,6 +259,14 @@ int cps__fetch_part_take(cps__fetch *f, uint32_t from, uint64_t req_seq, int sta
         f->result = CPS_ESIZE;
         return 0;
     }
+    if (p->total - f->len >= (1ull << 32)) {
+        f->answered = 1;
+        f->result = CPS_EPROTO;
+        return 0;
+    }
+    if (f->has_id && req_seq < f->id_req &&
+        (p->gen != f->gen || p->step != f->step || p->next != f->next || p->total != f->total))
+        return 0; /* a late part of the answer we dropped */
     if (f->has_id &&
         (p->gen != f->gen || p->step != f->step || p->next != f->next || p->total != f->total)) {
         /* The sharer shared again since the parts we hold: they are another answer's. Start
@@ -210,10 +276,12 @@ int cps__fetch_part_take(cps__fetch *f, uint32_t from, uint64_t req_seq, int sta
     }
     if (!f->has_id) {
         if (p->off != 0) {
-            f->sent = 0;
+            if (req_seq == f->req)
+                f->sent = 0;
             return 0;
         }
         f->has_id = 1;
+        f->id_req = req_seq;
         f->gen = p->gen;
         f->step = p->step;
         f->next = p->next;
@@ -226,8 +294,10 @@ int cps__fetch_part_take(cps__fetch *f, uint32_t from, uint64_t req_seq, int sta
     if (f->have == f->total) {
         f->answered = 1;
         f->result = 1;
-    } else if (p->last) {
-        f->sent = 0; /* this window is complete: ask for the next at once */
+    } else if (p->last && req_seq == f->req) {
+        /* This window is complete: ask for the next at once. (The last part of an older
+         * request's window says nothing of the window the last request asked for.) */
+        f->sent = 0;
     }
     return 1;
 }

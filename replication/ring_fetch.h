@@ -25,6 +25,9 @@ typedef struct cps__fetch {
     uint64_t deadline; /* CPS_ETIMEDOUT from then on */
     uint64_t req;      /* the last request's number; grows over every fetch of the worker, so
                           a late answer to an earlier fetch never counts */
+    uint64_t req0;     /* the first request sent to `from` since it was chosen: parts answering
+                          any of req0..req are of the same sharer, and a part of a window that
+                          takes longer than the re-send delay to arrive still counts */
     int sent;          /* the request `req` went to `from` at `sent_ms` */
     uint64_t sent_ms;
     uint32_t from; /* the worker asked (0: none yet) */
@@ -35,7 +38,9 @@ typedef struct cps__fetch {
      * values of one answer of worker `from`, the one named by (gen, step, next, total) */
     int has_id;
     uint64_t gen, next, total, have;
-    uint64_t ask; /* on CPS_FETCH_SEND: the request asks for the answer from this value on */
+    uint64_t id_req; /* the request whose part began the assembly: an older request's part of
+                        another answer is stale, not news */
+    uint64_t ask;    /* on CPS_FETCH_SEND: the request asks for the answer from this value on */
 } cps__fetch;
 
 /* Begin fetching `len` values at `now`, giving up after `timeout_ms`. A zeroed struct is a
@@ -91,11 +96,16 @@ int cps__fetch_serve(uint64_t share_len, uint64_t want, uint64_t share_seq, int 
  * one answer's parts in order, re-asks from the first value it lacks after CPS_FETCH_RESEND_MS
  * without progress, and uses nothing before it holds all of it. */
 #define CPS_FETCH_IN_PARTS (1ull << 63)
-/* Values per part (64 MiB) and parts per request: a request is answered with at most a window
- * of parts (the asker asks for the next window when the last part of one came), so a sharer
- * never queues more than 256 MiB for one asker. */
-#define CPS_FETCH_PART_VALUES (16ull << 20)
+/* Values per part (4 MiB: ~34 ms over 1 GbE, well under CPS_FETCH_RESEND_MS, so a part arrives
+ * before a silence re-asks) and parts per request: a request is answered with at most a window of
+ * parts (the asker asks for the next window when the last part of one came). A sharer serves a
+ * request whose first value lies in the window it is serving the same asker (same answer, less
+ * than CPS_FETCH_SERVING_MS ago) with nothing (cps__fetch_serve_again), so it queues one window
+ * (16 MiB) per asker, and another only when asked past it or after CPS_FETCH_SERVING_MS (a
+ * window lost with a broken connection). */
+#define CPS_FETCH_PART_VALUES (1ull << 20)
 #define CPS_FETCH_WINDOW      4u
+#define CPS_FETCH_SERVING_MS  (10u * CPS_FETCH_RESEND_MS)
 /* Bytes of a part's payload before its values. */
 #define CPS_FETCH_PART_HDR 32u
 
@@ -125,7 +135,8 @@ int cps__fetch_part_decode(const void *payload, size_t len, uint64_t step, uint6
 
 /* The sharer's side of a request in parts, from value `from_off` on: as cps__fetch_serve (0,
  * CPS_ENOTFOUND, CPS_ESIZE) but the result goes whenever it is the shared state's own; *total =
- * the answer's values. CPS_EINVAL when from_off is not below *total. */
+ * the answer's values. CPS_EINVAL when from_off is not below *total (a resume past the end of a
+ * new, shorter answer: the asker starts over from value 0). */
 int cps__fetch_serve_parts(uint64_t share_len, uint64_t want, uint64_t share_seq, int has_result,
                            uint64_t result_seq, uint64_t result_len, uint64_t from_off,
                            uint64_t *total);
@@ -136,8 +147,47 @@ int cps__fetch_serve_parts(uint64_t share_len, uint64_t want, uint64_t share_seq
 int cps__fetch_part_at(uint64_t from_off, uint64_t total, uint64_t part_values, uint32_t window,
                        uint32_t k, uint64_t *off, uint64_t *count, int *last);
 
+/* The split of a part of `count` values from answer value `off` on, in an answer whose first
+ * `len` values are the shared state: *nstate values go to the state (from value off), the other
+ * count - *nstate to the result (from its value *res_off). Pure; callers hold off + count <=
+ * total (cps__fetch_part_decode checks it). */
+void cps__fetch_part_split(uint64_t off, uint64_t count, uint64_t len, uint64_t *nstate,
+                           uint64_t *res_off);
+
+/* Whether a part (status 0) of an answer to request `req_seq` from worker `from` would be looked
+ * at by cps__fetch_part_take at all (a fetch under way, asked of `from` by one of its requests
+ * req0..req), and its total is one the asker could hold (f->len <= total, total - f->len below
+ * 2^32): the shell grows its result buffer only for such a part. Pure. */
+int cps__fetch_part_wanted(const cps__fetch *f, uint32_t from, uint64_t req_seq,
+                           const cps__fetch_part *p);
+
+/* The sharer's memory of the windows it last served, one per asker (a few askers at a time:
+ * CPS_FETCH_SERVED_ASKERS, the oldest forgotten first); zeroed: none. */
+#define CPS_FETCH_SERVED_ASKERS 4u
+typedef struct cps__fetch_served {
+    uint32_t to;
+    uint64_t gen, from, end, at;
+} cps__fetch_served;
+
+/* Whether the sharer serves asker `to`'s request from value `from` of the answer `gen` at `now`
+ * (1), or skips it (0) because its first value lies in the window it is serving that asker
+ * (sent less than CPS_FETCH_SERVING_MS ago: those parts are still on their way). `s` holds
+ * CPS_FETCH_SERVED_ASKERS entries. */
+int cps__fetch_serve_again(const cps__fetch_served *s, uint32_t to, uint64_t gen, uint64_t from,
+                           uint64_t now);
+
+/* Remember that values from..end of answer `gen` went to `to` at `now` (its entry, or the
+ * oldest's). */
+void cps__fetch_served_note(cps__fetch_served *s, uint32_t to, uint64_t gen, uint64_t from,
+                            uint64_t end, uint64_t now);
+
 /* A part `p` of an answer to request `req_seq` from worker `from`, with the sharer's `status`,
- * arrived at `now`. 1: take it (copy its values to the answer's value p->off on: the first
+ * arrived at `now`. Parts answering any request sent to `from` since it was chosen count
+ * (their identity and offset say they carry the same values); a refusal only the last
+ * request's, and a refusal CPS_EINVAL to a request from a value past the start (the sharer's new
+ * answer is shorter than the old one we resumed) restarts the assembly from value 0 instead of
+ * ending the fetch. A total of 2^32 values or more past f->len is refused (CPS_EPROTO). 1: take
+ * it (copy its values to the answer's value p->off on: the first
  * f->len values are the shared state, the rest the result); 0: ignored (no fetch under way,
  * another request's or worker's, a part out of order, a part of another answer, which restarts
  * the assembly from value 0, or a refusal, kept for cps__fetch_next). When the last part is taken,

@@ -97,7 +97,8 @@ CPS_API int cps_allreduce_share(struct cps_client *c, const float *buf, uint64_t
  * @param[out] step the step the live worker shared with its buffer (may be NULL).
  * @return 1: fetched; 0: this worker started with the job (nothing to fetch, buf untouched);
  *         CPS_ESIZE (the shared buffer has another length), CPS_ENOTFOUND (the live worker
- *         shares nothing), CPS_ENOPEER (no live worker), CPS_ETIMEDOUT, CPS_EINVAL.
+ *         shares nothing), CPS_ENOPEER (no live worker), CPS_ETIMEDOUT, CPS_EINVAL, CPS_EBUSY
+ *         (an all-reduce of this client is running or queued: call it before the first).
  */
 CPS_API int cps_allreduce_fetch(struct cps_client *c, float *buf, uint64_t len, uint64_t *step);
 

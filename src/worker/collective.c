@@ -52,6 +52,7 @@ struct cps__ar {
     uint64_t share_seq;   /* the ring's last collective when the buffer was shared */
     uint64_t share_gen;   /* grows with every share: names the answer's parts (ring_fetch.h) */
     uint64_t part_values; /* values per part of our answers (CHAINPS_FETCH_PART) */
+    cps__fetch_served served[CPS_FETCH_SERVED_ASKERS]; /* the windows last sent to askers */
     /* a fetch (replication/ring_fetch.h decides; fetch_buf receives the values, fetch_res the
      * result that follows them in an answer in parts) */
     cps__fetch fetch;
@@ -89,7 +90,7 @@ static int ar_get(cps_client *c, cps__ar **out)
             return rc;
         }
         /* Values per part of a fetch answer: small values make every fetch come in parts (the
-         * tests' knob); the default keeps a part at 64 MiB. */
+         * tests' knob); the default keeps a part at 4 MiB. */
         uint32_t part = 0;
         env = getenv("CHAINPS_FETCH_PART");
         if (env && *env &&
@@ -279,9 +280,8 @@ void cps__ar_on_view(cps_client *c)
 }
 
 /* A replacement asks for our shared buffer: answer at once (we are inside a call, so the owner
- * is not writing it). */
-/* The answer in parts, from the value the request names: every part carries the answer's
- * identity (ring_fetch.h), and the result always goes after the shared values. */
+ * is not writing it). The answer in parts, from the value the request names: every part carries the
+ * answer's identity (ring_fetch.h), and the result always goes after the shared values. */
 static void serve_parts(cps_client *c, const cps__msg_hdr *req)
 {
     cps__ar *a = c->ar;
@@ -306,36 +306,43 @@ static void serve_parts(cps_client *c, const cps__msg_hdr *req)
     h.step = a->share_step;
     h.aux = a->share_seq + 1; /* the collective that follows the shared state */
     cps__fetch_part p = {.gen = a->share_gen, .step = h.step, .next = h.aux, .total = total};
-    uint64_t len = a->share_len, sent = 0;
+    uint64_t len = a->share_len, sent = 0, now = cps__now_ms();
+    /* A re-ask from inside the window we are still sending that asker: those parts are queued
+     * already, and another copy would only double what the asker's link carries. */
+    if (!cps__fetch_serve_again(a->served, req->sender, a->share_gen, from, now))
+        return;
     for (uint32_t k = 0; cps__fetch_part_at(from, total, a->part_values, CPS_FETCH_WINDOW, k,
                                             &p.off, &p.count, &p.last);
          k++) {
         size_t bytes = CPS_FETCH_PART_HDR + p.count * sizeof(float);
-        char *buf = cps__msg_alloc(&h, bytes);
+        char *buf = cps__msg_reserve(c->tp, req->sender, &h, bytes);
         if (!buf) {
             cps__log(CPS_LOG_WARN, "allreduce", "out of memory for a %zu-byte answer part", bytes);
             return; /* the asker asks again from the first value it lacks */
         }
-        char *o = buf + CPS_WIRE_HDR_SIZE;
-        cps__fetch_part_encode(o, &p);
-        o += CPS_FETCH_PART_HDR;
-        /* The part's values: shared ones below `len`, the result's after. */
-        uint64_t a_end = p.off + p.count < len ? p.off + p.count : len;
-        uint64_t nstate = p.off < len ? a_end - p.off : 0;
+        cps__fetch_part_encode(buf + CPS_WIRE_HDR_SIZE, &p);
+        /* The part's values, straight from the shared state and the result into the message (the
+         * MAC computed as they are copied, where the message is sealed whole). */
+        uint64_t nstate, roff;
+        cps__fetch_part_split(p.off, p.count, len, &nstate, &roff);
+        size_t o = CPS_WIRE_HDR_SIZE + CPS_FETCH_PART_HDR;
+        int rc = 0;
         if (nstate)
-            memcpy(o, a->share_buf + p.off, nstate * sizeof(float));
-        if (p.count > nstate)
-            memcpy(o + nstate * sizeof(float), res + (p.off + nstate - len),
-                   (p.count - nstate) * sizeof(float));
-        int rc = cps__tp_send(c->tp, req->sender, buf, CPS_WIRE_HDR_SIZE + bytes);
+            rc = cps__tp_fill(c->tp, buf, o, a->share_buf + p.off, nstate * sizeof(float));
+        if (rc == 0 && p.count > nstate)
+            rc = cps__tp_fill(c->tp, buf, o + nstate * sizeof(float), res + roff,
+                              (p.count - nstate) * sizeof(float));
+        if (rc == 0)
+            rc = cps__tp_send(c->tp, req->sender, buf, CPS_WIRE_HDR_SIZE + bytes);
         if (rc != 0) {
-            cps__tp_free(buf);
+            cps__tp_unreserve(c->tp, buf);
             cps__log(CPS_LOG_WARN, "allreduce", "cannot answer worker %u's state request: %s",
                      req->sender, cps_strerror(rc));
             return;
         }
         sent += p.count;
     }
+    cps__fetch_served_note(a->served, req->sender, a->share_gen, from, from + sent, now);
     cps__log(CPS_LOG_INFO, "allreduce",
              "sent values %llu..%llu of %llu (%llu shared, step %llu) to worker %u",
              (unsigned long long)from, (unsigned long long)(from + sent), (unsigned long long)total,
@@ -395,11 +402,17 @@ static void serve_state(cps_client *c, const cps__msg_hdr *req)
 static void adopt_fetched(cps_client *c, uint64_t next, const float *res, uint64_t rn)
 {
     cps__ar *a = c->ar;
-    if (cps__coll_set_next_seq(a->coll, next, a->head != NULL) == 0) {
-        perform(c);
-        if (rn && cps__coll_adopt_result(a->coll, next - 1, res, rn) == 0)
-            perform(c);
+    int rc = cps__coll_set_next_seq(a->coll, next, a->head != NULL);
+    if (rc != 0) {
+        /* cps_allreduce_fetch refuses to start under a call, so this is not expected: say so
+         * rather than leave the replacement guessing unnoticed. */
+        cps__log(CPS_LOG_WARN, "allreduce", "the fetched sequence %llu is not taken: %s",
+                 (unsigned long long)next, cps_strerror(rc));
+        return;
     }
+    perform(c);
+    if (rn && cps__coll_adopt_result(a->coll, next - 1, res, rn) == 0)
+        perform(c);
 }
 
 /* A part of the answer we asked for: copied where it belongs (the caller's buffer, then the
@@ -419,8 +432,10 @@ static void on_part(cps_client *c, const cps__rx *rx)
     if (!a->fetch_buf)
         return;
     uint64_t len = a->fetch.len;
-    if (h->status == 0 && p.total > len && a->fetch_res_cap < p.total - len) {
-        /* Room for the result before the part is taken, so a taken part is always stored. */
+    /* Room for the result before the part is taken, so a taken part is always stored; only for
+     * a part of our fetch whose total we could hold (a forged or stray total grows nothing). */
+    if (h->status == 0 && cps__fetch_part_wanted(&a->fetch, h->sender, h->req_seq, &p) &&
+        p.total > len && a->fetch_res_cap < p.total - len) {
         float *r = realloc(a->fetch_res, (p.total - len) * sizeof(float));
         if (!r) {
             cps__log(CPS_LOG_WARN, "allreduce", "out of memory for a fetched result");
@@ -431,13 +446,12 @@ static void on_part(cps_client *c, const cps__rx *rx)
     }
     if (!cps__fetch_part_take(&a->fetch, h->sender, h->req_seq, h->status, &p, cps__now_ms()))
         return;
-    uint64_t end = p.off + p.count, a_end = end < len ? end : len;
-    uint64_t nstate = p.off < len ? a_end - p.off : 0;
+    uint64_t nstate, roff;
+    cps__fetch_part_split(p.off, p.count, len, &nstate, &roff);
     if (nstate)
         memcpy(a->fetch_buf + p.off, vals, nstate * sizeof(float));
     if (p.count > nstate)
-        memcpy(a->fetch_res + (p.off + nstate - len), vals + nstate,
-               (p.count - nstate) * sizeof(float));
+        memcpy(a->fetch_res + roff, vals + nstate, (p.count - nstate) * sizeof(float));
     if (a->fetch.answered && a->fetch.result == 1)
         adopt_fetched(c, a->fetch.next, a->fetch_res, a->fetch.total - len);
 }
@@ -639,6 +653,11 @@ int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
     if (rc != 0 || !a->joiner) {
         pthread_mutex_unlock(&c->lock);
         return rc;
+    }
+    if (a->head || cps__coll_running(a->coll)) {
+        /* The fetch sets where our all-reduces join the ring's: not under one already running. */
+        pthread_mutex_unlock(&c->lock);
+        return CPS_EBUSY;
     }
     a->fetch_buf = buf;
     cps__fetch_start(&a->fetch, len, cps__now_ms(), c->cfg.unavailable_timeout_ms);

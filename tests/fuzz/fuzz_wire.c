@@ -348,7 +348,68 @@ static void fuzz_ring_desc(const unsigned char *b, size_t len)
 
 /* The payload read as a part of a fetch answer: accepted only with its values inside its answer,
  * and canonical. */
-static void fuzz_fetch_part(const unsigned char *b, size_t len, uint64_t step, uint64_t next)
+/* The decoded part through the asker's path, as the shell's on_part: wanted (only then the
+ * result buffer is sized by the part's total), taken, split into the state and the result, with
+ * every copy inside its buffer. `sel` (header bits) picks the asker's length, sender and
+ * request. */
+static void fuzz_fetch_take(const cps__fetch_part *p, const float *vals, uint64_t sel)
+{
+    enum { SMALL = 4096 };
+    /* The choices vary with the part as well as the header: a mutation of either moves them. */
+    sel ^= (p->gen + p->off * 3 + p->count * 5 + p->total * 7) * 0x9e3779b97f4a7c15ull;
+    sel ^= sel >> 29;
+    /* Mostly a length the answer can hold (the part is then looked at), sometimes any. */
+    uint64_t most = p->total < 64 ? p->total : 64;
+    uint64_t len = 1 + sel % ((sel >> 14) % 8 ? most : 64), cap = 0;
+    cps__fetch f = {0};
+    cps__fetch_start(&f, len, 0, 1000);
+    f.from = 7;
+    f.req0 = 5;
+    f.req = 6;
+    f.sent = 1;
+    uint32_t from = (sel >> 6) % 4 ? 7 : 8;
+    uint64_t req = 4 + (sel >> 8) % 3; /* 4: a request to another sharer */
+    int status = (sel >> 10) % 8 ? 0 : CPS_ENOTFOUND;
+    if ((sel >> 13) % 4) {
+        /* Mid-assembly: the parts before this one taken already. */
+        f.has_id = 1;
+        f.id_req = 5;
+        f.gen = p->gen;
+        f.step = p->step;
+        f.next = p->next;
+        f.total = p->total;
+        f.have = p->off;
+    }
+    float state[64];
+    float *res = NULL;
+    if (status == 0 && cps__fetch_part_wanted(&f, from, req, p) && p->total > len) {
+        cap = p->total - len;
+        CHECK(cap < (1ull << 32));
+        if (cap <= SMALL) {
+            res = malloc(cap * sizeof(float));
+            CHECK(res);
+        }
+    }
+    for (int twice = 0; twice < 2; twice++) {
+        if (!cps__fetch_part_take(&f, from, req, status, p, 1))
+            continue;
+        fuzz_wire_n.part_taken++;
+        CHECK(status == 0 && cps__fetch_part_wanted(&f, from, req, p) == !f.answered);
+        uint64_t nstate, roff;
+        cps__fetch_part_split(p->off, p->count, len, &nstate, &roff);
+        CHECK(nstate <= p->count);
+        CHECK(nstate == 0 || p->off + nstate <= len);
+        CHECK(nstate == p->count || roff + (p->count - nstate) <= cap);
+        if (nstate)
+            memcpy(state + p->off, vals, nstate * sizeof(float));
+        if (res)
+            memcpy(res + roff, vals + nstate, (p->count - nstate) * sizeof(float));
+    }
+    free(res);
+}
+
+static void fuzz_fetch_part(const unsigned char *b, size_t len, uint64_t step, uint64_t next,
+                            uint64_t sel)
 {
     cps__fetch_part p;
     const float *vals = NULL;
@@ -365,6 +426,7 @@ static void fuzz_fetch_part(const unsigned char *b, size_t len, uint64_t step, u
     unsigned char re[CPS_FETCH_PART_HDR];
     cps__fetch_part_encode(re, &p);
     CHECK(memcmp(re, b, CPS_FETCH_PART_HDR) == 0);
+    fuzz_fetch_take(&p, vals, sel);
 }
 
 /* The payload read as a run of range entries (a SNAP's, or a PUT's after its header): every
@@ -457,7 +519,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     fuzz_fixed(p, plen);
     fuzz_codec(p, plen);
     fuzz_entries(p, plen);
-    fuzz_fetch_part(p, plen, h.step, h.aux);
+    fuzz_fetch_part(p, plen, h.step, h.aux, h.req_seq ^ h.epoch);
     free(p);
     return 0;
 }

@@ -9,7 +9,7 @@
  * header check. */
 typedef struct fuzz_wire_counts {
     uint64_t inputs, hdr_ok, snappy_ok, kv_ok, declare_ok, view_ok, view_prefix_ok, hello_ok,
-        spec_ok, lossy_ok, suspects_ok, frame_ok, entries_ok, ring_ok, part_ok;
+        spec_ok, lossy_ok, suspects_ok, frame_ok, entries_ok, ring_ok, part_ok, part_taken;
 } fuzz_wire_counts;
 
 extern fuzz_wire_counts fuzz_wire_n;

@@ -508,7 +508,7 @@ int main(int argc, char **argv)
     printf("inputs %llu: header ok %llu, snappy ok %llu, kv ok %llu, declare ok %llu, "
            "view ok %llu (as prefix %llu), hello ok %llu, spec ok %llu, lossy ok %llu, suspects ok "
            "%llu, frames ok %llu, range entries ok %llu, ring descriptors ok %llu, fetch parts ok "
-           "%llu\n",
+           "%llu (taken %llu)\n",
            (unsigned long long)c.inputs, (unsigned long long)c.hdr_ok,
            (unsigned long long)c.snappy_ok, (unsigned long long)c.kv_ok,
            (unsigned long long)c.declare_ok, (unsigned long long)c.view_ok,
@@ -516,8 +516,12 @@ int main(int argc, char **argv)
            (unsigned long long)c.spec_ok, (unsigned long long)c.lossy_ok,
            (unsigned long long)c.suspects_ok, (unsigned long long)c.frame_ok,
            (unsigned long long)c.entries_ok, (unsigned long long)c.ring_ok,
-           (unsigned long long)c.part_ok);
+           (unsigned long long)c.part_ok, (unsigned long long)c.part_taken);
     for (int i = 0; i < nseeds; i++)
         free(seeds[i].payload);
+    if (fuzz_wire_n.part_taken == 0) {
+        fprintf(stderr, "no fetch part was taken and split\n");
+        return 1;
+    }
     return 0;
 }

@@ -37,6 +37,12 @@
  * --no-adopt: the state and the result exceed one message; in parts the result travels anyway.
  * --old-peers: answers in one message, as between workers that predate parts; with --no-adopt the
  * result then stays behind and replacements help with zeros (sim.collective_oldpeers).
+ * --slow-parts: a part's time on its pipe grows with its values, a whole part's up to three
+ * times CPS_FETCH_RESEND_MS (a large part over a slow link), so parts arrive after their request
+ * was sent again and must still count (sim.collective_slowparts).
+ * The sharer sends a window once per asker (cps__fetch_serve_again), as the shell does. It
+ * answers whenever it is alive, where the shell answers only inside a call after a share: not
+ * modelled.
  * --slow: one worker stalls once (its messages leave late, none is lost) for up to 90% of the
  * timeout, moved onto the predecessor of a replacement that a view made listen when there is
  * one; the same checks hold (sim.collective_slow).
@@ -45,7 +51,7 @@
  * receiver's is relabelled with the receiver's epoch before delivery. Seeds must then fail.
  *
  * usage: sim_collective [--seed N] [--seeds K] [--mix-epochs] [--guess-seq] [--no-adopt]
- * [--old-peers] [--slow]
+ * [--old-peers] [--slow] [--slow-parts]
  * [-v]   (-v with SIM_TRACE=1 in the environment also prints every message delivered)
  */
 #include <inttypes.h>
@@ -122,6 +128,7 @@ typedef struct worker {
     int fetching, ftick_pending;
     uint64_t fetched_next; /* an answer in one message: its header's aux */
     float fstate[MAX_S], fres[MAX_N];
+    cps__fetch_served served[CPS_FETCH_SERVED_ASKERS]; /* as a sharer (ring_fetch.h) */
 } worker;
 
 typedef struct record {
@@ -160,6 +167,7 @@ typedef struct model {
     uint64_t slow_from, slow_until;
     uint32_t slow_delayed; /* messages the stall held back */
     int slow_aimed;        /* the stall was moved onto a listening replacement's predecessor */
+    uint64_t part_ms;      /* --slow-parts: a whole part's time on the pipe (0: none) */
 } model;
 
 static uint64_t total_slowed;               /* over all seeds (printed with --slow) */
@@ -528,6 +536,9 @@ static void fetch_drive(model *m, uint32_t wi)
             return;
         }
         event e = {.type = EV_FREQ, .from = wi, .to = (uint32_t)ti};
+        if (m->verbose > 1)
+            printf("  t=%" PRIu64 " %u -> %u: fetch request %" PRIu64 " from value %" PRIu64 "\n",
+                   m->now, w->id, to, req, w->fetch.ask);
         e.m.seq = req;
         e.m.index = w->fetch.ask;
         post(m, link_at(m, wi, (uint32_t)ti), e);
@@ -550,6 +561,8 @@ static void fetch_serve(model *m, uint32_t si, uint32_t ri, uint64_t req, uint64
     uint64_t k = s->completed, share = k > 0 ? m->slen : 0;
     event e = {.type = EV_FPART, .from = si, .to = ri};
     e.m.seq = req;
+    if (!m->old_peers && !cps__fetch_serve_again(s->served, m->w[ri].id, k, from, m->now))
+        return; /* that window is still on its way: the shell sends nothing again */
     float vals[MAX_S + MAX_N];
     for (uint32_t j = 0; j < m->slen; j++)
         vals[j] = state_value(m->seed, k, j);
@@ -586,7 +599,19 @@ static void fetch_serve(model *m, uint32_t si, uint32_t ri, uint64_t req, uint64
             exit(2);
         }
         memcpy(p.vals, vals + p.part.off, p.part.count * sizeof(float));
-        post(m, link_at(m, si, ri), p);
+        uint64_t at = link_at(m, si, ri);
+        if (m->part_ms) {
+            /* --slow-parts: the part's bytes take their time on the pipe, and the next part
+             * leaves after them. */
+            at += m->part_ms * p.part.count / m->part;
+            m->link_last[si][ri] = at;
+        }
+        if (m->verbose > 1)
+            printf("  t=%" PRIu64 " %u -> %u: part %" PRIu64 "+%" PRIu64 " of %" PRIu64
+                   " (request %" PRIu64 ") arrives at t=%" PRIu64 "\n",
+                   m->now, s->id, m->w[ri].id, p.part.off, p.part.count, total, req, at);
+        post(m, at, p);
+        cps__fetch_served_note(s->served, m->w[ri].id, k, from, p.part.off + p.part.count, m->now);
     }
 }
 
@@ -607,13 +632,10 @@ static void fetch_receive(model *m, uint32_t ri, const event *e)
         }
     } else if (cps__fetch_part_take(&w->fetch, from, e->m.seq, e->status, p, m->now)) {
         m->fetch_parts++;
-        for (uint64_t j = 0; j < p->count; j++) {
-            uint64_t at = p->off + j;
-            if (at < m->slen)
-                w->fstate[at] = e->vals[j];
-            else
-                w->fres[at - m->slen] = e->vals[j];
-        }
+        uint64_t nstate, roff;
+        cps__fetch_part_split(p->off, p->count, m->slen, &nstate, &roff);
+        memcpy(w->fstate + p->off, e->vals, nstate * sizeof(float));
+        memcpy(w->fres + roff, e->vals + nstate, (p->count - nstate) * sizeof(float));
     }
     fetch_drive(m, ri);
 }
@@ -837,7 +859,7 @@ static void check(model *m)
     }
 }
 
-static int no_adopt, old_peers;
+static int no_adopt, old_peers, slow_parts;
 
 static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, uint64_t *hash,
                     char *why, size_t why_len)
@@ -866,6 +888,17 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     m->part = 1 + (uint32_t)sim_draw(&frng, m->slen / 2);
     m->window = 1 + (uint32_t)sim_draw(&frng, 3);
     m->msg_limit = no_adopt ? m->slen + (uint32_t)sim_draw(&frng, m->n) : MAX_S + MAX_N;
+    if (slow_parts) {
+        /* A whole part's time on the pipe: up to 3 re-send delays (a 64 MiB part over 1 GbE
+         * takes ~0.54 s), so a part often arrives after its request was sent again. A stream
+         * of its own, so the other draws stay as they were. */
+        uint64_t prng = sim_mix64(seed ^ 0x5a7f5ull);
+        m->part_ms = 1 + sim_draw(&prng, 3 * CPS_FETCH_RESEND_MS);
+        /* ... but the whole answer within a third of the fetch's timeout. */
+        uint64_t parts = (m->slen + m->n + m->part - 1) / m->part;
+        if (m->part_ms * parts > TIMEOUT_MS / 3)
+            m->part_ms = TIMEOUT_MS / 3 / parts;
+    }
     if (verbose)
         printf("seed %" PRIu64 ": %u workers, %u values, chunk %u, %u collectives, %s, %u kills\n",
                seed, m->norig, m->n, m->chunk, m->seqs, m->op == CPS_COLL_SUM ? "sum" : "mean",
@@ -1025,6 +1058,8 @@ int main(int argc, char **argv)
             no_adopt = 1;
         else if (!strcmp(argv[i], "--old-peers"))
             old_peers = 1;
+        else if (!strcmp(argv[i], "--slow-parts"))
+            slow_parts = 1;
         else
             argv[kept++] = argv[i];
     }
@@ -1032,7 +1067,8 @@ int main(int argc, char **argv)
     sim_seed_args a;
     if (sim_seed_args_parse(argc, argv, "sim_collective", "--mix-epochs", &a) != 0) {
         fprintf(stderr,
-                "  sim_collective also takes --guess-seq, --no-adopt, --old-peers and --slow\n");
+                "  sim_collective also takes --guess-seq, --no-adopt, --old-peers, --slow and\n"
+                "  --slow-parts\n");
         return 2;
     }
     sim_seed_tally t = {0, 0};

@@ -1094,6 +1094,44 @@ static void test_listening_joiner_takes_a_result(void **state)
     cps__coll_destroy(c);
 }
 
+/* A listening joiner that is not pinned never moves its guess backwards on a result: one below
+ * its seq is an older collective's, re-sent to answer someone's restart. Here the joiner took 4
+ * from its predecessor's chunk; after a view it listens, and 11's result of 3 must not complete
+ * its call as 3 (its input would count in no collective the ring runs next). */
+static void test_listener_ignores_an_older_result(void **state)
+{
+    (void)state;
+    const cps__coll_act *a;
+    uint32_t two[2] = {9, 11};
+    float x[2] = {1, 2};
+    cps__coll *c = joiner_started(x);
+    float v = 5;
+    cps__coll_msg m = msg2(10, CPS_COLL_DATA, 1, 4, &v, 1);
+    cps__coll_step(c, &m, 1);
+    size_t n = cps__coll_actions(c, &a);
+    assert_true(n >= 1);
+    assert_int_equal(a[0].msg.seq, 4);
+    assert_int_equal(cps__coll_view(c, 2, two, 2, 1, 2), 0);
+    assert_int_equal(cps__coll_actions(c, &a), 1);
+    assert_int_equal(a[0].msg.kind, CPS_COLL_LISTEN);
+    float res[2] = {7, 8};
+    cps__coll_msg r = msg2(11, CPS_COLL_RESULT, 2, 3, res, 2);
+    cps__coll_step(c, &r, 3);
+    n = cps__coll_actions(c, &a);
+    for (size_t i = 0; i < n; i++)
+        assert_false(a[i].kind == CPS_COLL_DONE);
+    assert_true(x[0] == 1.0f && x[1] == 2.0f);
+    /* Its own collective's result (4) is taken. */
+    r.seq = 4;
+    cps__coll_step(c, &r, 4);
+    n = cps__coll_actions(c, &a);
+    assert_true(n >= 1);
+    assert_int_equal(a[n - 1].kind, CPS_COLL_DONE);
+    assert_int_equal(a[n - 1].seq, 4);
+    assert_true(x[0] == 7.0f && x[1] == 8.0f);
+    cps__coll_destroy(c);
+}
+
 /* A listener pinned in collective 1, which we completed and it did not (the fence dropped its last
  * chunk), waits for its predecessor; if that is us, or every member is past 1, no chunk comes
  * (sim_collective --guess-seq, seed 1997). Its LISTEN gets our result, to every member. */
@@ -1161,6 +1199,7 @@ int main(void)
         cmocka_unit_test(test_listeners_follow_pin),
         cmocka_unit_test(test_idle_joiner_asks_for_a_restart),
         cmocka_unit_test(test_listening_joiner_takes_a_result),
+        cmocka_unit_test(test_listener_ignores_an_older_result),
         cmocka_unit_test(test_listen_in_a_completed_collective_gets_the_result),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -344,7 +344,9 @@ static void parts_of_two_answers_never_mix(void **state)
 
 /* A part lost (its sharer's pipe cut, or a window sent while the asker was out of memory) leaves
  * a gap: later parts are not taken, and after CPS_FETCH_RESEND_MS without progress the request
- * goes again from the first value missing; a part of the earlier request no longer counts. */
+ * goes again from the first value missing. A part of the earlier request to the same sharer
+ * still counts (the same answer, the same offset: the same values); the re-ask's copy of it is
+ * then a duplicate. */
 static void a_missing_part_is_asked_again(void **state)
 {
     (void)state;
@@ -365,9 +367,9 @@ static void a_missing_part_is_asked_again(void **state)
     assert_int_equal(o.req, first + 1);
     assert_int_equal(f.ask, 30);
     p = part(1, 30, 30, 160, 0);
-    assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, 500), 0); /* the old request's */
     assert_int_equal(cps__fetch_part_take(&f, 11, o.req, 0, &p, 500), 0); /* not asked */
-    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 500), 1);
+    assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, 500), 1); /* the old request's */
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 500), 0); /* its copy */
     p = part(1, 60, 100, 160, 1);
     assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 501), 1);
     assert_int_equal(next(&f, &v, ring, 4, 0, 502).result, 1);
@@ -434,6 +436,176 @@ static void a_bad_part_is_refused(void **state)
     assert_int_equal(cps__fetch_part_decode(w, sizeof w, 0, 0, &q, &vals), CPS_EPROTO);
 }
 
+/* A part that takes longer than CPS_FETCH_RESEND_MS to arrive (64 MiB over 1 GbE: ~0.54 s)
+ * still counts after the request went again, so the fetch progresses at the link's pace; the
+ * last part of an old request's window asks nothing more while a newer request is out; a part
+ * of a request to the sharer asked before the current one never counts. */
+static void a_slow_part_of_an_earlier_request_counts(void **state)
+{
+    (void)state;
+    cps__view v;
+    make(&v, 0);
+    cps__fetch f = {0};
+    cps__fetch_start(&f, 100, 0, 60000);
+    step_out o = next(&f, &v, ring, 4, 0, 0);
+    uint64_t first = o.req;
+    uint64_t t = 0;
+    /* Three silences: three re-asks, all from value 0. */
+    for (int i = 1; i <= 3; i++) {
+        t += CPS_FETCH_RESEND_MS;
+        o = next(&f, &v, ring, 4, 0, t);
+        assert_int_equal(o.what, CPS_FETCH_SEND);
+        assert_int_equal(o.req, first + (uint64_t)i);
+    }
+    /* The first request's window (2 parts) arrives at last. */
+    cps__fetch_part p = part(1, 0, 50, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, t + 1), 1);
+    p = part(1, 50, 50, 160, 1);
+    assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, t + 2), 1);
+    /* That window's end is the old request's: the latest is still out, no new ask. */
+    assert_int_equal(next(&f, &v, ring, 4, 0, t + 3).what, CPS_FETCH_WAIT);
+    /* The latest request's window (from 0) brings the rest. */
+    p = part(1, 0, 50, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, t + 4), 0); /* a duplicate */
+    p = part(1, 100, 60, 160, 1);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, t + 5), 1);
+    assert_int_equal(next(&f, &v, ring, 4, 0, t + 6).result, 1);
+    /* Another sharer: requests to the one asked before it no longer count. */
+    cps__view dead10;
+    make(&dead10, 10);
+    const uint32_t later[] = {11, ME, 13};
+    cps__fetch_start(&f, 100, 0, 60000);
+    o = next(&f, &v, ring, 4, 0, 0);
+    first = o.req;
+    o = next(&f, &dead10, later, 3, 0, CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.to, 11);
+    p = part(1, 0, 50, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 11, first, 0, &p, 400), 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, 400), 0);
+    assert_int_equal(cps__fetch_part_take(&f, 11, o.req, 0, &p, 400), 1);
+    /* A refusal counts only as the answer to the latest request. */
+    uint64_t second = o.req;
+    o = next(&f, &dead10, later, 3, 0, 400 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.req, second + 1);
+    assert_int_equal(cps__fetch_part_take(&f, 11, second, CPS_ENOTFOUND, &p, 800), 0);
+    assert_int_equal(next(&f, &dead10, later, 3, 0, 801).what, CPS_FETCH_WAIT);
+    cps__view_fini(&v);
+    cps__view_fini(&dead10);
+}
+
+/* A total the asker could never hold (2^32 values or more past its length: a forged or corrupt
+ * part) is refused before anything is sized by it, and a stray part is not wanted. */
+static void an_impossible_total_is_refused(void **state)
+{
+    (void)state;
+    cps__view v;
+    make(&v, 0);
+    cps__fetch f = {0};
+    cps__fetch_start(&f, 100, 0, 5000);
+    step_out o = next(&f, &v, ring, 4, 0, 0);
+    cps__fetch_part p = part(1, 0, 1, 100 + (1ull << 62) + 1, 0);
+    assert_int_equal(cps__fetch_part_wanted(&f, 10, o.req, &p), 0);
+    p.total = 100 + (1ull << 32);
+    assert_int_equal(cps__fetch_part_wanted(&f, 10, o.req, &p), 0);
+    p.total = 100 + (1ull << 32) - 1;
+    assert_int_equal(cps__fetch_part_wanted(&f, 10, o.req, &p), 1);
+    assert_int_equal(cps__fetch_part_wanted(&f, 11, o.req, &p), 0);
+    assert_int_equal(cps__fetch_part_wanted(&f, 10, o.req + 1, &p), 0);
+    p.total = 99;
+    assert_int_equal(cps__fetch_part_wanted(&f, 10, o.req, &p), 0);
+    p.total = 100 + (1ull << 62) + 1;
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 1), 0);
+    assert_int_equal(next(&f, &v, ring, 4, 0, 2).result, CPS_EPROTO);
+    cps__view_fini(&v);
+}
+
+/* A part's values split at the state's end: the state's first, then the result's. */
+static void a_part_splits_at_the_state_end(void **state)
+{
+    (void)state;
+    uint64_t ns = 9, ro = 9;
+    cps__fetch_part_split(0, 30, 100, &ns, &ro); /* all state */
+    assert_int_equal(ns, 30);
+    assert_int_equal(ro, 0);
+    cps__fetch_part_split(90, 30, 100, &ns, &ro); /* across */
+    assert_int_equal(ns, 10);
+    assert_int_equal(ro, 0);
+    cps__fetch_part_split(100, 30, 100, &ns, &ro); /* all result */
+    assert_int_equal(ns, 0);
+    assert_int_equal(ro, 0);
+    cps__fetch_part_split(130, 30, 100, &ns, &ro);
+    assert_int_equal(ns, 0);
+    assert_int_equal(ro, 30);
+    cps__fetch_part_split(70, 30, 100, &ns, &ro); /* ends at the state's end */
+    assert_int_equal(ns, 30);
+    assert_int_equal(ro, 0);
+    cps__fetch_part_split(UINT64_MAX - 5, 5, 100, &ns, &ro); /* no wrap */
+    assert_int_equal(ns, 0);
+    assert_int_equal(ro, UINT64_MAX - 105);
+    cps__fetch_part_split(5, 10, UINT64_MAX, &ns, &ro);
+    assert_int_equal(ns, 10);
+}
+
+/* A request resumed from value 60 of an answer that the sharer replaced with a shorter one (50
+ * values: a new state whose result is not its own) is refused CPS_EINVAL: the asker starts the
+ * new answer over from 0 instead of giving up. */
+static void a_resume_past_a_shorter_answer_starts_over(void **state)
+{
+    (void)state;
+    cps__view v;
+    make(&v, 0);
+    cps__fetch f = {0};
+    cps__fetch_start(&f, 50, 0, 5000);
+    step_out o = next(&f, &v, ring, 4, 0, 0);
+    cps__fetch_part p = part(1, 0, 60, 110, 1); /* the state and a 60-value result, window 1 */
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 1), 1);
+    o = next(&f, &v, ring, 4, 0, 2);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(f.ask, 60);
+    uint64_t total = 0;
+    /* The sharer shared again; its new state's result is not its own: 50 values. */
+    assert_int_equal(cps__fetch_serve_parts(50, 50, 5, 1, 4, 60, f.ask, &total), CPS_EINVAL);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, CPS_EINVAL, &p, 3), 0);
+    o = next(&f, &v, ring, 4, 0, 4);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(f.ask, 0);
+    p = part(2, 0, 50, 50, 1);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 5), 1);
+    assert_int_equal(next(&f, &v, ring, 4, 0, 6).result, 1);
+    assert_int_equal(f.total, 50);
+    /* From value 0 CPS_EINVAL is a refusal like any other. */
+    cps__fetch_start(&f, 50, 0, 5000);
+    o = next(&f, &v, ring, 4, 0, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, CPS_EINVAL, &p, 1), 0);
+    assert_int_equal(next(&f, &v, ring, 4, 0, 2).result, CPS_EINVAL);
+    cps__view_fini(&v);
+}
+
+/* The sharer sends a window once per asker: a re-ask from inside it is skipped until it is past
+ * or CPS_FETCH_SERVING_MS old; askers are remembered apart, the oldest forgotten first. */
+static void a_window_on_its_way_is_not_sent_again(void **state)
+{
+    (void)state;
+    cps__fetch_served s[CPS_FETCH_SERVED_ASKERS] = {{0}};
+    assert_int_equal(cps__fetch_serve_again(s, 20, 1, 0, 0), 1);
+    cps__fetch_served_note(s, 20, 1, 0, 120, 10);
+    assert_int_equal(cps__fetch_serve_again(s, 20, 1, 0, 300), 0);
+    assert_int_equal(cps__fetch_serve_again(s, 20, 1, 119, 300), 0);
+    assert_int_equal(cps__fetch_serve_again(s, 20, 1, 120, 300), 1); /* the next window */
+    assert_int_equal(cps__fetch_serve_again(s, 20, 2, 0, 300), 1);   /* another answer */
+    assert_int_equal(cps__fetch_serve_again(s, 21, 1, 0, 300), 1);   /* another asker */
+    assert_int_equal(cps__fetch_serve_again(s, 20, 1, 0, 10 + CPS_FETCH_SERVING_MS), 1);
+    for (uint32_t i = 0; i < CPS_FETCH_SERVED_ASKERS - 1; i++)
+        cps__fetch_served_note(s, 30 + i, 1, 0, 120, 20 + i);
+    assert_int_equal(cps__fetch_serve_again(s, 20, 1, 0, 300), 0);
+    assert_int_equal(cps__fetch_serve_again(s, 30, 1, 0, 300), 0);
+    cps__fetch_served_note(s, 20, 1, 120, 240, 40); /* its entry, not a new one */
+    assert_int_equal(cps__fetch_serve_again(s, 30, 1, 0, 300), 0);
+    cps__fetch_served_note(s, 40, 1, 0, 120, 50); /* a fifth asker: 30 (the oldest) forgotten */
+    assert_int_equal(cps__fetch_serve_again(s, 30, 1, 0, 300), 1);
+    assert_int_equal(cps__fetch_serve_again(s, 20, 1, 130, 300), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -446,6 +618,11 @@ int main(void)
         cmocka_unit_test(a_missing_part_is_asked_again),
         cmocka_unit_test(in_parts_the_result_always_travels),
         cmocka_unit_test(a_bad_part_is_refused),
+        cmocka_unit_test(a_slow_part_of_an_earlier_request_counts),
+        cmocka_unit_test(an_impossible_total_is_refused),
+        cmocka_unit_test(a_part_splits_at_the_state_end),
+        cmocka_unit_test(a_resume_past_a_shorter_answer_starts_over),
+        cmocka_unit_test(a_window_on_its_way_is_not_sent_again),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
