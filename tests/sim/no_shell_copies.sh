@@ -10,7 +10,7 @@
 # (cps__replica_admit, _turned, _view_news, _view) and may only read its standing
 # (cps__fence_unsure and the like on cps__replica_fence); the calls that decide it and the shell's
 # glue around them (check_stall) are refused. Still modelled, and so allowed by
-# name: src/server/cut.c (tests/sim/cutroute.c models its read views for the export's router). tests/sim/regressions.txt is history. The tensor registry is no shell's any
+# name: src/server/cut.c (tests/sim/cutroute_servers.c models its read views for the export's router). tests/sim/regressions.txt is history. The tensor registry is no shell's any
 # more (recovery/registry.c, held by the coordinator), so the sim may name it. The names below
 # also cover the tool answers and worker calls that moved into the coordinator and the session
 # (STATUS, REGISTRY, REGISTER, the join's check, the wait for an op, the leave).
