@@ -1,0 +1,172 @@
+/* sim_collective's model (collective.c describes it): its state, and what its files share.
+ *
+ *   collective.c          the checks, a seed, main
+ *   collective_events.c   rnd, the event queue, the pipes' delays, the inputs and reference sums
+ *   collective_workers.c  each worker's shell around cps__coll: calls, actions, views, kills,
+ *                         and the scheduler's views and replacements
+ *   collective_fetch.c    a replacement's fetch of the shared state, in parts, over the network */
+#ifndef CPS_SIM_COLLECTIVE_H
+#define CPS_SIM_COLLECTIVE_H
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "seed_args.h"
+#include "chainps/error.h"
+#include "replication/collective.h"
+#include "replication/ring_fetch.h"
+
+#define MAX_ORIG     6
+#define MAX_REPL     2
+#define MAX_W        (MAX_ORIG + MAX_REPL)
+#define SCHED        MAX_W /* the scheduler's link index */
+#define MAX_VIEWS    16
+#define MAX_SEQ      6
+#define MAX_N        48
+#define MAX_RECORDS  (MAX_W * (MAX_SEQ + 2))
+#define TIMEOUT_MS   30000 /* CHAINPS_UNAVAILABLE_TIMEOUT_MS's default */
+#define TICK_MS      500
+#define TIME_LIMIT   (20 * TIMEOUT_MS)
+#define REPL_ID_BASE 100u
+#define MAX_S        8 /* values of a worker's shared state (its parameters) */
+
+enum {
+    EV_MSG,
+    EV_VIEW,
+    EV_GETVIEW,
+    EV_START,
+    EV_TICK,
+    EV_KILL,
+    EV_DECLARE,
+    EV_JOIN,
+    EV_FREQ,  /* a replacement's request for a shared state (m.seq = its number, m.index = from) */
+    EV_FPART, /* a part of the answer (part, status; whole: an answer in one message) */
+    EV_FTICK  /* a fetching replacement's loop comes round (cps_allreduce_fetch's 50 ms wait) */
+};
+
+typedef struct event {
+    uint64_t t, order;
+    int type;
+    uint32_t from, to; /* worker indices (SCHED for the scheduler) */
+    uint64_t epoch;
+    cps__coll_msg m;
+    float *vals; /* owned copy of m.vals */
+    int status, whole;
+    cps__fetch_part part;
+} event;
+
+typedef struct view {
+    uint32_t members[MAX_W]; /* node ids in rank order */
+    uint32_t n;
+} view;
+
+typedef struct worker {
+    uint32_t id, rank;
+    int exists, alive, done, repl;
+    int killed; /* its results no longer count: the live ones need not agree with them */
+    cps__coll *c;
+    uint64_t epoch;     /* the last view installed */
+    uint64_t calls;     /* collectives started */
+    uint64_t completed; /* the seq of the last completed collective */
+    int running, tick_pending;
+    float in[MAX_N], buf[MAX_N];
+    float repl_in[MAX_SEQ + 1][MAX_N]; /* a replacement: its input, by the seq it completed */
+    int repl_known[MAX_SEQ + 1];
+    uint64_t repl_call[MAX_SEQ + 1]; /* which of its calls that input was (w->calls then) */
+    /* a replacement's cps_allreduce_fetch (replication/ring_fetch.c decides) */
+    cps__fetch fetch;
+    int fetching, ftick_pending;
+    uint64_t fetched_next; /* an answer in one message: its header's aux */
+    float fstate[MAX_S], fres[MAX_N];
+    cps__fetch_served served[CPS_FETCH_SERVED_ASKERS]; /* as a sharer (ring_fetch.h) */
+} worker;
+
+typedef struct record {
+    uint32_t w;
+    uint64_t seq;
+    float out[MAX_N];
+} record;
+
+typedef struct model {
+    uint64_t rng, seed;
+    uint32_t norig, nw, n, chunk, seqs;
+    int op, mix, verbose;
+    sim_verdict v;
+    worker w[MAX_W];
+    int in_view[MAX_W]; /* the scheduler's membership */
+    view views[MAX_VIEWS + 1];
+    uint32_t nviews;
+    uint64_t link_last[MAX_W + 1][MAX_W + 1];
+    event *heap;
+    size_t nheap, capheap;
+    uint64_t order, now, events;
+    record rec[MAX_RECORDS];
+    uint32_t nrec;
+    uint64_t hash;
+    uint32_t restarts, results_taken, enopeer;
+    int guess;     /* --guess-seq: replacements fetch nothing and guess the ring's seq */
+    int no_adopt;  /* --no-adopt: the state and the result exceed one message */
+    int old_peers; /* --old-peers: answers in one message, the result left out when too big */
+    uint32_t slen; /* values of the shared state */
+    uint32_t part, window; /* values per part, parts per request */
+    uint32_t msg_limit;    /* values one message holds (CPS_WIRE_MAX_PAYLOAD, scaled down) */
+    uint32_t fetch_parts;  /* parts taken by replacements (printed) */
+    uint32_t fetches;      /* fetches that brought a state */
+    int slow;              /* --slow: a worker stalls (its messages wait) for a while */
+    uint32_t slow_w;       /* which */
+    uint64_t slow_from, slow_until;
+    uint32_t slow_delayed; /* messages the stall held back */
+    int slow_aimed;        /* the stall was moved onto a listening replacement's predecessor */
+    uint64_t part_ms;      /* --slow-parts: a whole part's time on the pipe (0: none) */
+} model;
+
+uint64_t rnd(model *m, uint64_t n);
+
+void post(model *m, uint64_t at, event e);
+
+int pop(model *m, event *out);
+
+/* One pipe per ordered pair: a message never overtakes an earlier one of the same pair. */
+uint64_t link_at(model *m, uint32_t from, uint32_t to);
+
+/* Worker `id`'s contribution to collective `key`: values with varied exponents, so the order of
+ * the additions shows in the bits, and a value from another worker or collective is noticed. */
+float input_value(uint64_t seed, uint32_t id, uint64_t key, uint32_t j);
+
+int worker_of(const model *m, uint32_t id);
+
+/* The documented order: segment s is ((x[s] + x[s+1]) + ...) + x[s-1] over ring positions, the
+ * last addition divided by P for a mean. 1 if view `v`'s reduction of `seq` is computable.
+ * Member positions in `zmask` (replacements only) give zeros (input_of). */
+int reference(const model *m, const view *v, uint64_t seq, uint32_t zmask, float *out);
+
+void schedule_tick(model *m, uint32_t wi);
+
+void perform(model *m, uint32_t wi);
+
+void start_call(model *m, uint32_t wi);
+
+void deliver_view(model *m, uint32_t wi, uint64_t epoch);
+
+void on_kill(model *m, uint32_t wi);
+
+void on_declare(model *m, uint32_t wi);
+
+void on_join(model *m, uint32_t ri);
+
+/* cps_allreduce_fetch's loop: ask, wait, ask again, until the fetch ends. */
+void fetch_drive(model *m, uint32_t wi);
+
+/* The sharer (any live worker, done or not): its answer (replication/ring_fetch.c), over its
+ * pipe to the asker, in parts; with --old-peers in one message, the result left out when the two
+ * exceed a message. */
+void fetch_serve(model *m, uint32_t si, uint32_t ri, uint64_t req, uint64_t from);
+
+/* A part (or a whole answer) reaches the fetching replacement: the shell's copy. */
+void fetch_receive(model *m, uint32_t ri, const event *e);
+
+#endif

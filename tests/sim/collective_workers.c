@@ -1,0 +1,276 @@
+/* sim_collective: each worker's shell around the production ring (cps__coll), and the
+ * scheduler's views, kills and replacements (collective.h). */
+#include "collective.h"
+
+/* ---- the workers' shell ---- */
+void schedule_tick(model *m, uint32_t wi)
+{
+    if (m->w[wi].tick_pending)
+        return;
+    m->w[wi].tick_pending = 1;
+    post(m, m->now + TICK_MS, (event){.type = EV_TICK, .to = wi});
+}
+
+static void on_finish(model *m, uint32_t wi, const cps__coll_act *a)
+{
+    worker *w = &m->w[wi];
+    w->running = 0;
+    if (a->kind == CPS_COLL_FAILED) {
+        const view *v = &m->views[w->epoch];
+        if (a->status == CPS_ENOPEER && v->n == 1) {
+            m->enopeer++; /* every peer gone: the documented error; the program ends */
+        } else {
+            /* Among them the job's end racing a replacement (a survivor restarting the last
+             * collective with a replacement that ran none of it, or a replacement starting one
+             * after the others ended): once accepted, now a failure (cps__coll_set_next_seq,
+             * CPS_COLL_ASK). */
+            sim_fail(&m->v,
+                     "worker %u's collective %" PRIu64 " failed %s under epoch %" PRIu64
+                     " (%u members)%s",
+                     w->id, a->seq, cps_strerror(a->status), w->epoch, v->n,
+                     a->status == CPS_ETIMEDOUT ? ": it hung" : "");
+        }
+        w->done = 1;
+        w->alive = 0;
+        return;
+    }
+    if (!w->repl && a->seq != w->calls) {
+        sim_fail(&m->v,
+                 "worker %u completed collective %" PRIu64 " while running its call %" PRIu64,
+                 w->id, a->seq, w->calls);
+        return;
+    }
+    if (a->seq > m->seqs || m->nrec == MAX_RECORDS) {
+        sim_fail(&m->v, "worker %u completed collective %" PRIu64 " (the job runs %u)", w->id,
+                 a->seq, m->seqs);
+        return;
+    }
+    if (w->repl) {
+        memcpy(w->repl_in[a->seq], w->in, m->n * sizeof(float));
+        w->repl_known[a->seq] = 1;
+        w->repl_call[a->seq] = w->calls;
+    }
+    record *r = &m->rec[m->nrec++];
+    r->w = wi;
+    r->seq = a->seq;
+    memcpy(r->out, w->buf, m->n * sizeof(float));
+    for (uint32_t j = 0; j < m->n; j++) {
+        uint32_t bits;
+        memcpy(&bits, &w->buf[j], sizeof bits);
+        m->hash = sim_mix64(m->hash ^ bits ^ (a->seq << 32) ^ ((uint64_t)w->id << 48));
+    }
+    m->hash = sim_mix64(m->hash ^ m->now);
+    w->completed = a->seq;
+    if (m->verbose)
+        printf("  t=%" PRIu64 " worker %u completes collective %" PRIu64 " under epoch %" PRIu64
+               "\n",
+               m->now, w->id, a->seq, a->epoch);
+    if (a->seq >= m->seqs) {
+        w->done = 1;
+        return;
+    }
+    post(m, m->now + rnd(m, 30), (event){.type = EV_START, .to = wi}); /* compute, then call */
+}
+
+void perform(model *m, uint32_t wi)
+{
+    worker *w = &m->w[wi];
+    const cps__coll_act *acts;
+    size_t n = cps__coll_actions(w->c, &acts);
+    for (size_t i = 0; i < n && !m->v.failed; i++) {
+        const cps__coll_act *a = &acts[i];
+        switch (a->kind) {
+        case CPS_COLL_SEND: {
+            int to = worker_of(m, a->to);
+            if (to < 0) {
+                sim_fail(&m->v, "worker %u sends to unknown node %u", w->id, a->to);
+                break;
+            }
+            event e = {.type = EV_MSG, .from = wi, .to = (uint32_t)to, .m = a->msg};
+            e.vals = malloc((a->msg.count ? a->msg.count : 1) * sizeof(float));
+            if (!e.vals) {
+                fprintf(stderr, "sim_collective: out of memory\n");
+                exit(2);
+            }
+            if (a->msg.count)
+                memcpy(e.vals, a->msg.vals, a->msg.count * sizeof(float));
+            /* A joining replacement moves its call to the ring's seq: what it sends says which
+             * collective its input went into. */
+            if (w->repl && a->msg.kind == CPS_COLL_DATA && a->msg.seq <= MAX_SEQ) {
+                memcpy(w->repl_in[a->msg.seq], w->in, m->n * sizeof(float));
+                w->repl_known[a->msg.seq] = 1;
+                w->repl_call[a->msg.seq] = w->calls;
+            }
+            e.m.vals = e.vals;
+            post(m, link_at(m, wi, (uint32_t)to), e);
+            break;
+        }
+        case CPS_COLL_NEED_VIEW:
+            post(m, link_at(m, wi, SCHED), (event){.type = EV_GETVIEW, .from = wi});
+            break;
+        case CPS_COLL_DONE:
+        case CPS_COLL_FAILED:
+            on_finish(m, wi, a);
+            break;
+        }
+    }
+}
+
+void start_call(model *m, uint32_t wi)
+{
+    worker *w = &m->w[wi];
+    if (!w->alive || w->done || w->running)
+        return;
+    w->calls++;
+    for (uint32_t j = 0; j < m->n; j++)
+        w->in[j] = input_value(m->seed, w->id, w->repl ? 1000 + w->calls : w->calls, j);
+    memcpy(w->buf, w->in, m->n * sizeof(float));
+    uint64_t seq;
+    w->running = 1;
+    int rc = cps__coll_start(w->c, w->buf, m->n, m->op, m->now, &seq);
+    if (rc != 0) {
+        sim_fail(&m->v, "worker %u: cps__coll_start: %s", w->id, cps_strerror(rc));
+        return;
+    }
+    schedule_tick(m, wi);
+    perform(m, wi);
+}
+
+void deliver_view(model *m, uint32_t wi, uint64_t epoch)
+{
+    worker *w = &m->w[wi];
+    if (!w->alive || epoch <= w->epoch)
+        return;
+    const view *v = &m->views[epoch];
+    int first = w->epoch == 0;
+    if (cps__coll_view(w->c, epoch, v->members, v->n, 1, m->now) != 0) {
+        sim_fail(&m->v, "worker %u: cps__coll_view failed", w->id);
+        return;
+    }
+    w->epoch = epoch;
+    if (cps__coll_running(w->c))
+        m->restarts++;
+    if (m->slow && w->repl && !first && cps__coll_running(w->c) && v->n > 1 && !m->slow_aimed) {
+        /* --slow, aimed: a running replacement re-formed by a view waits for its predecessor;
+         * that predecessor now stalls past half the timeout (a timer there once let the
+         * replacement go on with a seq of its own). */
+        for (uint32_t i = 0; i < v->n; i++)
+            if (v->members[i] == w->id) {
+                int p = worker_of(m, v->members[(i + v->n - 1) % v->n]);
+                if (p >= 0) {
+                    m->slow_aimed = 1;
+                    m->slow_w = (uint32_t)p;
+                    m->slow_from = m->now;
+                    m->slow_until = m->now + TIMEOUT_MS / 2 + rnd(m, TIMEOUT_MS * 3 / 10);
+                    if (m->verbose)
+                        printf("  t=%" PRIu64 " worker %u stalls until t=%" PRIu64 "\n", m->now,
+                               m->w[p].id, m->slow_until);
+                }
+                break;
+            }
+    }
+    perform(m, wi);
+    if (first && w->repl && !m->guess) {
+        /* cps_allreduce_fetch, over the network: the first live member that shares something
+         * (it completed a collective) answers in parts with its state, the sequence number of
+         * the collective that follows it and that collective's predecessor's result. A
+         * replacement that arrives after the last collective has nothing to run, but keeps
+         * answering the ring (it sits in cps_barrier). With --guess-seq the replacement fetches
+         * nothing and guesses the ring's sequence (cps__coll_set_joining). */
+        cps__fetch_start(&w->fetch, m->slen, m->now, TIMEOUT_MS);
+        w->fetching = 1;
+        fetch_drive(m, wi);
+    } else if (first && w->repl) {
+        /* A program that guesses still ends when the job's collectives are over: one that
+         * arrives after the last has nothing to run (it sits in cps_barrier). */
+        uint64_t at = 0;
+        for (uint32_t rank = 0; rank < m->norig && !at; rank++)
+            for (uint32_t i = 0; i < m->nw && !at; i++)
+                if (i != wi && m->w[i].alive && m->in_view[i] && m->w[i].rank == rank)
+                    at = m->w[i].completed;
+        if (at >= m->seqs)
+            w->done = 1;
+        else
+            post(m, m->now + 1 + rnd(m, 20), (event){.type = EV_START, .to = wi});
+    }
+}
+
+/* ---- the scheduler ---- */
+static void publish(model *m)
+{
+    if (m->nviews == MAX_VIEWS) {
+        sim_fail(&m->v, "too many views");
+        return;
+    }
+    view *v = &m->views[++m->nviews];
+    v->n = 0;
+    /* Live workers in rank order; a replacement sorts where its dead predecessor stood. */
+    for (uint32_t rank = 0; rank < m->norig; rank++)
+        for (uint32_t i = 0; i < m->nw; i++)
+            if (m->in_view[i] && m->w[i].rank == rank)
+                v->members[v->n++] = m->w[i].id;
+    if (m->verbose) {
+        printf("  t=%" PRIu64 " view %u:", m->now, m->nviews);
+        for (uint32_t i = 0; i < v->n; i++)
+            printf(" %u", v->members[i]);
+        printf("\n");
+    }
+    for (uint32_t i = 0; i < m->nw; i++)
+        if (m->in_view[i])
+            post(m, link_at(m, SCHED, i), (event){.type = EV_VIEW, .to = i, .epoch = m->nviews});
+}
+
+void on_kill(model *m, uint32_t wi)
+{
+    worker *w = &m->w[wi];
+    if (!w->alive)
+        return;
+    w->alive = 0;
+    w->killed = 1;
+    if (m->verbose)
+        printf("  t=%" PRIu64 " worker %u killed -9 (running collective %" PRIu64 ": %d)\n", m->now,
+               w->id, w->calls, w->running);
+    /* Its pipes deliver a random prefix of what they hold; the rest dies with the process. */
+    uint64_t cut[MAX_W];
+    for (uint32_t i = 0; i < MAX_W; i++)
+        cut[i] = m->now + rnd(m, 10);
+    for (size_t i = 0; i < m->nheap; i++) {
+        event *e = &m->heap[i];
+        if ((e->type == EV_MSG || e->type == EV_FREQ || e->type == EV_FPART) && e->from == wi &&
+            e->t > cut[e->to])
+            e->type = -1 - e->type; /* dropped: left in the heap, ignored when popped */
+    }
+    /* The scheduler sees the connection close and declares it dead a while later. */
+    post(m, m->now + 5 + rnd(m, 300), (event){.type = EV_DECLARE, .to = wi});
+}
+
+void on_declare(model *m, uint32_t wi)
+{
+    m->in_view[wi] = 0;
+    publish(m);
+    /* --restart-workers: sometimes a replacement of the same rank comes. */
+    if (m->nw < MAX_W && rnd(m, 2) == 0) {
+        uint32_t ri = m->nw++;
+        worker *r = &m->w[ri];
+        memset(r, 0, sizeof *r);
+        r->id = REPL_ID_BASE + ri;
+        r->rank = m->w[wi].rank;
+        r->repl = 1;
+        post(m, m->now + 20 + rnd(m, 500), (event){.type = EV_JOIN, .to = ri});
+    }
+}
+
+void on_join(model *m, uint32_t ri)
+{
+    worker *r = &m->w[ri];
+    if (cps__coll_create(r->id, m->chunk, TIMEOUT_MS, &r->c) != 0) {
+        fprintf(stderr, "sim_collective: out of memory\n");
+        exit(2);
+    }
+    cps__coll_set_joining(r->c);
+    r->exists = r->alive = 1;
+    m->in_view[ri] = 1;
+    if (m->verbose)
+        printf("  t=%" PRIu64 " replacement %u of rank %u joins\n", m->now, r->id, r->rank);
+    publish(m);
+}
