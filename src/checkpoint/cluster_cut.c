@@ -1,6 +1,5 @@
 /* Export: opening a cut on every range, probing and aiming a sync job's step, closing it
  * (cluster_int.h). */
-
 #include "checkpoint/cluster_int.h"
 
 static int match_open(const cps__rx *rx, const void *arg)

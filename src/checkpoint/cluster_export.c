@@ -1,5 +1,4 @@
 /* Export: the workers' local tensors and the export itself (cluster.h, cluster_int.h). */
-
 #include "checkpoint/cluster_int.h"
 
 /* ---- the workers' local tensors (worker/localset.h) ---- */

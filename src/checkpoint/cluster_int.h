@@ -84,7 +84,7 @@ typedef struct link {
     int has_local;         /* a worker registered local tensors (worker/localset.h) */
 } link;
 
-/* Take the first received message `match` accepts, waiting until the deadline. */
+/* Which received message cps__cl_take wants. */
 typedef int (*match_fn)(const cps__rx *rx, const void *arg);
 
 /* The pieces of a tensor (one per key), in element order. */
@@ -134,6 +134,7 @@ typedef struct aim {
 
 /* cluster_link.c */
 void cps__cl_on_msg(void *ctx, void *buf, size_t len);
+/* Take the first received message `match` accepts, waiting until the deadline. */
 int cps__cl_take(link *l, match_fn match, const void *arg, uint64_t deadline, cps__rx *out);
 void cps__cl_link_close(link *l);
 int cps__cl_link_open(link *l, const char *scheduler, const char *bind, const char *advertise,

@@ -1,6 +1,5 @@
 /* Export and restore, talking to the cluster: the link to the scheduler and the servers, and the
  * layout of a registered tensor (cluster_int.h). */
-
 #include "checkpoint/cluster_int.h"
 
 /* ---- talking to the cluster ---- */

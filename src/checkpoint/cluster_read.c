@@ -1,5 +1,4 @@
 /* Export: the reads of a cut, tables in windows and dense tensors in streams (cluster_int.h). */
-
 #include "checkpoint/cluster_int.h"
 
 /* need[r] = 1 for every range holding a key of some registered tensor. A range with none (a

@@ -1,6 +1,5 @@
 /* Restore: a checkpoint put back into a running job (cluster.h, cluster_int.h); the decisions
  * are recovery/restore.h's. */
-
 #include "checkpoint/cluster_int.h"
 
 /* ---- restore ---- */
