@@ -1,7 +1,7 @@
 /* Range entries: the one encoding of a key range's contents as it travels, in SNAP messages
  * (state transfer to a joiner, src/server/transfer.c) and in PUT messages (a checkpoint restore's
- * records, src/checkpoint/cluster.c), read back by src/server/entries.c. Every writer and reader
- * of the format goes through this file, so the layout is written down once.
+ * records, src/checkpoint/cluster_restore.c), read back by src/server/entries.c. Every writer and
+ * reader of the format goes through this file, so the layout is written down once.
  *
  * A payload is a sequence of 8-byte-aligned entries, little-endian:
  *   1 param:  u32 1, u32 len, u64 key, u64 opt_step, u32 slots, u32 0, spec[64],

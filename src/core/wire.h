@@ -65,7 +65,7 @@ enum cps__msg_type {
                                   aux = 1 on the last chunk) */
     CPS_MSG_CAUGHT_UP = 33,    /* joiner -> scheduler: `range` copied, applied up to req_seq */
     CPS_MSG_CHAIN_MARK = 34,   /* ex-tail -> its new successor: I had applied up to req_seq */
-    /* Checkpoints (src/server/cut.c, src/checkpoint/cluster.c). A tool that is not a member of
+    /* Checkpoints (src/server/cut.c, src/checkpoint/cluster_*.c). A tool that is not a member of
      * the job sends these with a hello payload naming its inbox (as STATUS does). */
     CPS_MSG_PUT = 35,       /* restore tool -> head: install records (payload: snapshot entries
                                of src/server/transfer.c), replicated as one CPS_UPD_PUT; reply:

@@ -17,7 +17,7 @@
  * The server's decisions who may open a cut and when it opens are the production ones
  * (replication/cut_view.c: cps__cut_may_open, cps__cut_ready). What the model re-states of the
  * shells is small and named: the server's repeat rule (src/server/cut.c), and the exporter's loop
- * (src/checkpoint/cluster.c: open_cut looks at the view every REFRESH_MS, every GONE_MS while a
+ * (src/checkpoint/cluster_cut.c: open_cut looks at the view every REFRESH_MS, every GONE_MS while a
  * chain member's connection refuses, at once after a stale-epoch refusal; read_take hands a range
  * on when its reader's view socket refuses or the view closed, looks every LOOK_MS, absorb_opens
  * feeds the late answers; cuts lost with every replica are cut again CUT_TRIES times, cuts refused

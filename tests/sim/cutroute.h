@@ -3,7 +3,7 @@
  *   cutroute.c          faults, a seed, main
  *   cutroute_events.c   rnd, the event queue (a binary heap on (t, order)) and the network's delays
  *   cutroute_servers.c  the chains, the job's steps and views, and each server's read views
- * (src/server/cut.c) cutroute_export.c   the exporter (src/checkpoint/cluster.c) over the
+ * (src/server/cut.c) cutroute_export.c   the exporter (src/checkpoint/cluster_cut.c) over the
  * production router (recovery/cutroute.c) */
 #ifndef CPS_SIM_CUTROUTE_H
 #define CPS_SIM_CUTROUTE_H
@@ -28,7 +28,7 @@
 #define MAX_READS     64
 #define MAX_EVENTS    65536
 #define MAX_STEPS_RUN 400000 /* events per seed: a runaway loop fails the seed */
-/* The exporter's timers (src/checkpoint/cluster.c), in simulated ms. */
+/* The exporter's timers (src/checkpoint/cluster_int.h), in simulated ms. */
 #define GONE_MS    100
 #define LOOK_MS    500
 #define REFRESH_MS 2000

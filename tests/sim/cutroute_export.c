@@ -1,8 +1,8 @@
-/* sim_cutroute: the exporter (src/checkpoint/cluster.c) over the production router
+/* sim_cutroute: the exporter (src/checkpoint/cluster_cut.c) over the production router
  * (recovery/cutroute.c) (cutroute.h). */
 #include "cutroute.h"
 
-/* ---- the exporter (src/checkpoint/cluster.c) ---- */
+/* ---- the exporter (src/checkpoint/cluster_cut.c) ---- */
 
 static void url_of(char *buf, size_t len, uint32_t node, uint32_t inc)
 {
@@ -202,8 +202,8 @@ static void x_cut(model *m)
     x_end(m, 0, "range %u: %s", r, cps_err_name(err));
 }
 
-/* Probe the tails (an oracle: cluster.c's probe_steps has its own tests) and open a cut a little
- * ahead of the furthest; async cuts are "now". */
+/* Probe the tails (an oracle: cluster_cut.c's probe_steps has its own tests) and open a cut a
+ * little ahead of the furthest; async cuts are "now". */
 void x_start(model *m)
 {
     if (m->phase != 0)

@@ -13,9 +13,9 @@
  * loop turns every TICK_MS (cps__replica_turned, cps__replica_tick).
  *
  * The restore tool (restore_tool.c) runs as a coroutine (a thread that runs only while the
- * simulator waits for it) and is a shell around the machine, as src/checkpoint/cluster.c is: it
- * fills per-range PUTs with the records (creates, then values, the ranges interleaved), feeds
- * READY / STREAMED / answers / probe answers / views / ticks at the machine's deadline, and
+ * simulator waits for it) and is a shell around the machine, as src/checkpoint/cluster_restore.c
+ * is: it fills per-range PUTs with the records (creates, then values, the ranges interleaved),
+ * feeds READY / STREAMED / answers / probe answers / views / ticks at the machine's deadline, and
  * performs its outputs (PUT, DISCARD, GET_VIEW, PROBE_TAIL, STREAM, DONE, FAILED). Every decision
  * (passes and their pacing, targets, which answer counts, a head that changed, a silent head, the
  * looks at the view, the tails' confirmation, the limits) is the machine's: cps__rs_step.

@@ -1,7 +1,8 @@
 /* sim_restore's restore tool: a shell around the production restore machine (recovery/restore.h),
- * as src/checkpoint/cluster.c is: it fills per-range PUTs with the checkpoint's records, feeds
- * what comes over the simulated network (restore.c) as events and performs the machine's outputs.
- * Every decision (passes, pacing, targets, answers, silences, looks, tails) is the machine's. */
+ * as src/checkpoint/cluster_restore.c is: it fills per-range PUTs with the checkpoint's records,
+ * feeds what comes over the simulated network (restore.c) as events and performs the machine's
+ * outputs. Every decision (passes, pacing, targets, answers, silences, looks, tails) is the
+ * machine's. */
 #include "restore.h"
 
 /* ---- the tool: a coroutine that runs while the simulator waits ---- */
@@ -44,7 +45,7 @@ static void tool_sleep(world *w, uint64_t until)
 
 typedef int (*match_fn)(const world *w, const msg *m, const void *arg);
 
-/* The first received message `match` takes, by `deadline` (cluster.c's take). */
+/* The first received message `match` takes, by `deadline` (cluster_link.c's cps__cl_take). */
 static int take(world *w, match_fn match, const void *arg, uint64_t deadline, msg **out)
 {
     for (;;) {
