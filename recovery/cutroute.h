@@ -13,7 +13,7 @@
  * acknowledged), which no other replica shares: with `all_replicas` 0 only the tail is asked, and
  * a reader that dies loses the range's cut (the export cuts again: a "now" can always be had).
  *
- * The exporter (src/checkpoint/cluster.c) feeds it views and the replicas' answers and performs
+ * The exporter (src/checkpoint/cluster_cut.c) feeds it views and the replicas' answers and performs
  * the actions it returns. Pure: no I/O, no clock. Not thread-safe. */
 #ifndef CPS_RECOVERY_CUTROUTE_H
 #define CPS_RECOVERY_CUTROUTE_H

@@ -1,11 +1,11 @@
 /* A checkpoint restore's loop as one pure state machine (issue 28).
  *
- * The restore tool (src/checkpoint/cluster.c) and the restore simulator (tests/sim/restore_tool.c)
- * are shells around it: they read the checkpoint's records into per-range PUTs, feed what happens
- * as events (cps__rs_step) and perform the outputs in their order; they decide nothing. The
- * machine owns the passes and their pacing, where each PUT goes and which answer counts (the
- * restore book, recovery/restore_route.h), the silent-head rule, the waits' hard limits, when to
- * look at the view again and the tails' confirmation.
+ * The restore tool (src/checkpoint/cluster_restore.c) and the restore simulator
+ * (tests/sim/restore_tool.c) are shells around it: they read the checkpoint's records into
+ * per-range PUTs, feed what happens as events (cps__rs_step) and perform the outputs in their
+ * order; they decide nothing. The machine owns the passes and their pacing, where each PUT goes and
+ * which answer counts (the restore book, recovery/restore_route.h), the silent-head rule, the
+ * waits' hard limits, when to look at the view again and the tails' confirmation.
  *
  * A pass: the machine says STREAM; the shell fills each open range's PUTs from the records and
  * feeds READY for each full one (PUT: send it; DISCARD: drop it; neither: the range's window is

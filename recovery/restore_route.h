@@ -1,9 +1,9 @@
 /* Where a checkpoint restore sends each range's records across view changes.
  *
- * A restore (src/checkpoint/cluster.c) streams every range's records as PUTs to the range's head,
- * which applies each one, answers, and forwards it down the chain. A server that dies in the middle
- * of the restore is removed from the chains by the scheduler, and the restore goes on under the new
- * view instead of waiting out its timeout for answers that will never come:
+ * A restore (src/checkpoint/cluster_restore.c) streams every range's records as PUTs to the range's
+ * head, which applies each one, answers, and forwards it down the chain. A server that dies in the
+ * middle of the restore is removed from the chains by the scheduler, and the restore goes on under
+ * the new view instead of waiting out its timeout for answers that will never come:
  * - the range's head is the same: the chain itself re-sends to a new successor what it lacks
  *   (a middle or the tail died), so the records sent so far still count;
  * - the head changed (it died, or the scheduler moved it): the new head may lack any record of the
@@ -101,8 +101,8 @@ int cps__restore_silence(uint64_t now, uint64_t heard_ms, uint64_t quiet_since, 
  * A restore streams in passes and keeps, per range, the PUTs in flight, the head they went to,
  * the head's silence and whether the range is done. The book holds that state and applies the
  * verdicts above to it; the restore machine (recovery/restore.h) owns the book and the loop
- * around it, which src/checkpoint/cluster.c and the restore simulator (tests/sim/restore_tool.c)
- * both drive. */
+ * around it, which src/checkpoint/cluster_restore.c and the restore simulator
+ * (tests/sim/restore_tool.c) both drive. */
 
 /* PUTs in flight per range before the tool waits for an answer. */
 #define CPS_RR_WINDOW 16
