@@ -182,16 +182,22 @@ static void test_book_takes_in_order_and_confirms_at_the_tail(void **state)
     cps__rr_book_fini(&b);
 }
 
+/* A book of two ranges in its first pass, range 0's PUTs going to node 1, range 1's to node 2. */
+static void two_ranges(cps__rr_book *b)
+{
+    assert_int_equal(cps__rr_book_init(b, 2), 0);
+    cps__rr_pass_begin(b, 1, 0);
+    cps__rr_target(b, 0, 1);
+    cps__rr_target(b, 1, 2);
+}
+
 /* A drop proven by order stops the range; the next pass streams only it, at the view's new head,
  * and an answer of the earlier pass counts for nothing there. */
 static void test_book_streams_a_stopped_range_again_and_ignores_the_old_pass(void **state)
 {
     (void)state;
     cps__rr_book b;
-    assert_int_equal(cps__rr_book_init(&b, 2), 0);
-    cps__rr_pass_begin(&b, 1, 0);
-    cps__rr_target(&b, 0, 1);
-    cps__rr_target(&b, 1, 2);
+    two_ranges(&b);
     for (uint64_t q = 1; q <= 3; q++)
         assert_int_equal(cps__rr_sent(&b, 0, q, 0), 0);
     assert_int_equal(cps__rr_sent(&b, 1, 4, 0), 0);
@@ -224,10 +230,7 @@ static void test_only_a_confirmation_marks_a_range_done(void **state)
 {
     (void)state;
     cps__rr_book b;
-    assert_int_equal(cps__rr_book_init(&b, 2), 0);
-    cps__rr_pass_begin(&b, 1, 0);
-    cps__rr_target(&b, 0, 1);
-    cps__rr_target(&b, 1, 2);
+    two_ranges(&b);
     assert_int_equal(cps__rr_sent(&b, 0, 1, 0), 0);
     assert_int_equal(cps__rr_sent(&b, 1, 2, 0), 0);
     cps__rr_answer stale = {1, 1, CPS_ESTALE_EPOCH, 1}; /* range 0's head: "not head" */
