@@ -7,6 +7,8 @@
 
 static void emit(cps__rs_ready *o, int kind, uint32_t range, uint32_t to, uint64_t seq)
 {
+    /* A step emits at most 3 outputs; should one ever be dropped, the shells take the verdict
+     * from m->rc, not from the outputs. */
     if (o->n < CPS_RS_OUT_MAX)
         o->out[o->n++] = (cps__rs_out){.kind = kind, .range = range, .to = to, .seq = seq};
 }
@@ -197,7 +199,8 @@ static void tails(cps__restore *m, cps__rs_ready *o)
         m->probe_until = until < m->tails_deadline ? until : m->tails_deadline;
         if (m->probe_until <= m->now)
             m->probe_until = m->now + 1;
-        emit(o, CPS_RS_PROBE_TAIL, m->cursor, g->chain_len ? g->chain[g->chain_len - 1] : 0, 0);
+        m->probe_to = g->chain_len ? g->chain[g->chain_len - 1] : 0;
+        emit(o, CPS_RS_PROBE_TAIL, m->cursor, m->probe_to, 0);
     }
 }
 
@@ -280,8 +283,10 @@ int cps__rs_step(cps__restore *m, const cps__rs_event *e, cps__rs_ready *out)
     case CPS_RS_ANSWER: {
         if (e->range >= m->book.nranges)
             break;
-        m->wait_deadline = m->now + m->cfg.timeout_ms;
         int v = cps__rr_take(&m->book, e->range, &e->ans, e->seq, m->now, NULL);
+        /* Only an answer that counts (not a stale, duplicate or foreign one) keeps the wait. */
+        if (v == CPS_RR_TAKEN || v == CPS_RR_AGAIN)
+            m->wait_deadline = m->now + m->cfg.timeout_ms;
         if (v == CPS_RR_FATAL)
             fail(m, out, e->ans.status ? e->ans.status : CPS_EPROTO, CPS_RS_WHY_FATAL, e->range);
         else if (v == CPS_RR_AGAIN)
@@ -289,7 +294,9 @@ int cps__rs_step(cps__restore *m, const cps__rs_event *e, cps__rs_ready *out)
         break;
     }
     case CPS_RS_PROBE:
-        if (m->phase != CPS_RS_TAILS || e->range != m->cursor || !m->probe_until)
+        /* A late answer of a tail probed before a look moved the tail counts for nothing. */
+        if (m->phase != CPS_RS_TAILS || e->range != m->cursor || !m->probe_until ||
+            e->from != m->probe_to)
             break;
         m->probe_until = 0;
         if (e->ok && cps__rr_confirm(&m->book, e->range, e->seq)) {

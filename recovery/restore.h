@@ -48,9 +48,9 @@ enum {
     CPS_RS_VIEW,      /* the scheduler's view, answering GET_VIEW (view: the newest) */
     CPS_RS_VIEW_NONE, /* GET_VIEW unanswered: the scheduler is off the data path */
     CPS_RS_ANSWER,    /* a PUT's answer (range, ans, seq: the head's sequence number) */
-    CPS_RS_PROBE,     /* a tail probe's answer (range; ok 0: an ERROR; seq: the tail's number) */
-    CPS_RS_READY,     /* range's next PUT is full; seq: the req_seq it would carry */
-    CPS_RS_STREAMED,  /* every record of the pass was handed out (the last READYs fed) */
+    CPS_RS_PROBE, /* a tail probe's answer (range, from; ok 0: an ERROR; seq: the tail's number) */
+    CPS_RS_READY, /* range's next PUT is full; seq: the req_seq it would carry */
+    CPS_RS_STREAMED, /* every record of the pass was handed out (the last READYs fed) */
 };
 
 typedef struct cps__rs_event {
@@ -59,6 +59,7 @@ typedef struct cps__rs_event {
     int gone;              /* a chain member's process looks gone (every event) */
     const cps__view *view; /* VIEW: borrowed until the next VIEW (the shell keeps it alive) */
     uint32_t range;
+    uint32_t from; /* PROBE: the node that answered (only the probed tail's answer counts) */
     int ok;
     cps__rr_answer ans;
     uint64_t seq;
@@ -127,6 +128,7 @@ typedef struct cps__restore {
     uint32_t cursor;         /* TAILS: the range being confirmed */
     uint64_t probe_until;    /* ... its probe's answer waited for until then (0: none out) */
     uint64_t probe_again;    /* ... probed again then */
+    uint32_t probe_to;       /* ... the tail that probe went to */
     uint64_t tails_deadline; /* ... every tail confirmed by then */
     uint32_t resent;         /* ranges streamed again, over all passes */
     int rc, why;             /* the end: 0, or the failure */

@@ -238,7 +238,8 @@ int cps__sess_add(cps__sess *s, cps__sess_op *op, uint32_t part, uint32_t range,
 {
     start(s);
     uint8_t type = wire_type(op->kind);
-    int rc = range < s->nseq ? reserve(s, 4) : CPS_EINVAL;
+    /* After the job's end nothing is sent: an entry added now would outlive its call. */
+    int rc = s->shutdown ? CPS_ESHUTDOWN : range < s->nseq ? reserve(s, 4) : CPS_EINVAL;
     uint64_t *last = NULL, space = 0;
     if (rc == 0) {
         if (op->noagg)
@@ -408,9 +409,12 @@ static int install_view(cps__sess *s, cps__view *v, uint64_t now)
         a->count = cps__reqs_count(s->rq);
     }
     /* Every request in flight goes out again under the new view: a server that moved or took
-     * over a range may never have seen it, and servers recognise duplicates. */
-    cps__reqs_view(s->rq, cur, now);
-    drain(s, now);
+     * over a range may never have seen it, and servers recognise duplicates. Not once the job is
+     * over: those requests' calls returned CPS_ESHUTDOWN, and re-sending reads their buffers. */
+    if (!s->shutdown) {
+        cps__reqs_view(s->rq, cur, now);
+        drain(s, now);
+    }
     return 0;
 }
 

@@ -244,10 +244,13 @@ int cps__fetch_part_take(cps__fetch *f, uint32_t from, uint64_t req_seq, int sta
         if (req_seq != f->req)
             return 0; /* the last request's answer decides */
         if (status == CPS_EINVAL && f->ask > 0) {
-            /* We resumed past the end of a new, shorter answer: start it over from value 0. */
+            /* We resumed past the end of a new, shorter answer: start it over from value 0, and
+             * from the next request only: a late part of the dropped answer must not begin
+             * another assembly of it. */
             f->has_id = 0;
             f->have = 0;
             f->sent = 0;
+            f->req0 = f->req + 1;
             return 0;
         }
         f->answered = 1;
@@ -270,9 +273,11 @@ int cps__fetch_part_take(cps__fetch *f, uint32_t from, uint64_t req_seq, int sta
     if (f->has_id &&
         (p->gen != f->gen || p->step != f->step || p->next != f->next || p->total != f->total)) {
         /* The sharer shared again since the parts we hold: they are another answer's. Start
-         * over; a part from value 0 begins the new answer, any other is asked again. */
+         * over; a part from value 0 begins the new answer, any other is asked again. Parts of
+         * requests older than this one may be of the dropped answer: they count no more. */
         f->has_id = 0;
         f->have = 0;
+        f->req0 = req_seq;
     }
     if (!f->has_id) {
         if (p->off != 0) {

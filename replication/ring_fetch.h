@@ -161,9 +161,12 @@ void cps__fetch_part_split(uint64_t off, uint64_t count, uint64_t len, uint64_t 
 int cps__fetch_part_wanted(const cps__fetch *f, uint32_t from, uint64_t req_seq,
                            const cps__fetch_part *p);
 
-/* The sharer's memory of the windows it last served, one per asker (a few askers at a time:
- * CPS_FETCH_SERVED_ASKERS, the oldest forgotten first); zeroed: none. */
-#define CPS_FETCH_SERVED_ASKERS 4u
+/* The sharer's memory of the windows it last served, one per asker, CPS_FETCH_SERVED_ASKERS
+ * askers at a time, the oldest forgotten first; zeroed: none. Every replacement asks the same
+ * sharer (the lowest live rank), so "one window on its way per asker" holds for up to that many
+ * replacements fetching at once; past it a forgotten asker's re-ask is served again (more queued,
+ * nothing lost). */
+#define CPS_FETCH_SERVED_ASKERS 16u
 typedef struct cps__fetch_served {
     uint32_t to;
     uint64_t gen, from, end, at;

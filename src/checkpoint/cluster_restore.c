@@ -161,11 +161,19 @@ static int rs_feed(restore_ctx *x, cps__rs_event e)
             case CPS_RS_GET_VIEW: {
                 uint64_t epoch = l->view.epoch;
                 rc = cps__cl_link_refresh_view(l);
-                if (rc == CPS_ETIMEDOUT) { /* off the data path: the answers' deadline decides */
-                    e = rs_event(x, CPS_RS_VIEW_NONE);
-                } else if (rc != 0) {
+                if (rc == CPS_ENOMEM)
                     return rc;
+                if (rc != 0 && rc != CPS_ETIMEDOUT)
+                    cps__log(CPS_LOG_WARN, SUB,
+                             "asking the scheduler for the view: %s; going on under epoch %" PRIu64,
+                             cps_strerror(rc), l->view.epoch);
+                /* A failed look is no view (the answers' deadline decides), unless it replaced
+                 * the view before failing: the machine then sees the one it borrows. */
+                if (rc != 0 && l->view.epoch == epoch) {
+                    e = rs_event(x, CPS_RS_VIEW_NONE);
+                    rc = 0;
                 } else {
+                    rc = 0;
                     if (l->view.epoch != epoch)
                         cps__log(CPS_LOG_INFO, SUB, "view epoch %" PRIu64 " during the restore",
                                  l->view.epoch);
@@ -221,6 +229,7 @@ static int rs_wait(restore_ctx *x)
     cps__rs_event e;
     if (rx.hdr.type == CPS_MSG_CUT_PROBE || (err && rx.hdr.req_seq == 0)) {
         e = rs_event(x, CPS_RS_PROBE);
+        e.from = rx.hdr.sender;
         e.ok = !err;
         e.seq = rx.hdr.req_seq;
     } else {
@@ -289,6 +298,8 @@ static int restore_sink(void *arg, uint64_t first, const void *buf, size_t n)
     }
     for (size_t i = lo; i < x->npieces && x->pieces[i].off < end; i++) {
         const piece *p = &x->pieces[i];
+        if (!cps__rs_open(&x->m, p->range)) /* done, or not streamed in this pass */
+            continue;
         uint64_t s0 = p->off < first ? first : p->off;
         uint64_t s1 = p->off + p->len > end ? end : p->off + p->len;
         while (s0 < s1) {
@@ -351,17 +362,22 @@ static int restore_pass(restore_ctx *x, cps__ckpt_reader *rd, const cps__tensor_
         const cps__ckpt_tensor *st = rc == 0 ? cps__ckpt_reader_find(rd, key) : NULL;
         if (st)
             rc = cps__ckpt_reader_read(rd, st, steps, nsteps * sizeof *steps);
-        /* Create every key (zeros), then stream the values and optimizer state into them. */
+        /* Create every key (zeros), then stream the values and optimizer state into them; a
+         * later pass reads only what the ranges it streams again hold. */
+        int streamed = 0;
         for (size_t k = 0; rc == 0 && k < x->npieces; k++) {
             const piece *p = &x->pieces[k];
             unsigned char *at;
+            if (!cps__rs_open(&x->m, p->range))
+                continue;
+            streamed = 1;
             if ((rc = put_room(x, p->range, CPS_ENT_CREATE_SIZE, &at)) != 0)
                 break;
             cps__ent_put_create(at, p->key, p->len, steps[d->kind ? p->off / d->cols : 0],
                                 &d->spec);
         }
         uint32_t slots = (uint32_t)cps__optim_state_slots(d->spec.opt_kind);
-        for (uint32_t k = 0; rc == 0 && k <= slots; k++) {
+        for (uint32_t k = 0; rc == 0 && (streamed || bytes) && k <= slots; k++) {
             const cps__ckpt_tensor *ct;
             if (k == 0) {
                 ct = cps__ckpt_reader_find(rd, d->name);
@@ -373,11 +389,13 @@ static int restore_pass(restore_ctx *x, cps__ckpt_reader *rd, const cps__tensor_
                              from, key);
             }
             x->slot = k;
-            if (ct)
+            if (ct && streamed)
                 rc = cps__ckpt_reader_stream(rd, ct, restore_sink, x);
         }
         /* Sync jobs: the step the key sets are at, so workers declaring them resume there. */
         for (uint32_t k = 0; rc == 0 && !d->kind && step && k < t.nparts; k++) {
+            if (!cps__rs_open(&x->m, t.parts[k].range))
+                continue;
             char name[64];
             int nlen =
                 snprintf(name, sizeof name, "agg/%" PRIu32 "/%016" PRIx64, t.parts[k].range,
@@ -588,6 +606,8 @@ int cps__ckpt_restore(const cps__restore_opts *o, const char *from, cps__restore
                      open, l.view.epoch);
         rc = restore_pass(&x, rd, want, nwant, step, from, pass++ ? NULL : &res->bytes);
     }
+    if (rc == 0 && nwant)
+        rc = x.m.rc; /* the machine's verdict, whatever outputs said it */
     res->resent = x.m.resent;
     if (rc == 0 && o->release)
         rc = release_workers(&l);

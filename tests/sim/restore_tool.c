@@ -224,6 +224,7 @@ static void wait_event(world *w)
     if (m->h.type == CPS_MSG_CUT_PROBE || (m->h.type == CPS_MSG_ERROR && m->h.req_seq == 0)) {
         cps__rs_event e = event_of(w, CPS_RS_PROBE);
         e.range = r;
+        e.from = m->h.sender;
         e.ok = m->h.type == CPS_MSG_CUT_PROBE;
         e.seq = m->h.req_seq;
         int was = r < w->nranges && cps__rr_open(b, r);

@@ -558,6 +558,16 @@ static void test_no_answer_after_shutdown(void **state)
     cps__sess_tick(s, T0 + 30 + UNAVAIL_MS + 10 * TIMEOUT_MS);
     assert_int_equal(count(s, CPS_SS_SEND, NULL), 0);
     assert_int_equal(count(s, CPS_SS_GIVE_UP, NULL), 0);
+    /* A view after the end (the others leaving) sends nothing again, and nothing new is added. */
+    assert_int_equal(view_in(s, 2, CPS_MODE_ASYNC, HEAD_2, 0, T0 + 40), 0);
+    assert_int_equal(count(s, CPS_SS_SEND, NULL), 0);
+    cps__sess_op late;
+    memset(&late, 0, sizeof late);
+    late.kind = CPS_SS_PUSH;
+    late.nparts = 1;
+    cps__sess_begin(s, &late, NULL, 1);
+    assert_int_equal(cps__sess_add(s, &late, 0, 0, 0x1234, T0 + 50), CPS_ESHUTDOWN);
+    assert_int_equal(count(s, CPS_SS_SEND, NULL), 0);
     cps__sess_destroy(s);
 }
 

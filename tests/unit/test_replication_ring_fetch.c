@@ -581,6 +581,29 @@ static void a_resume_past_a_shorter_answer_starts_over(void **state)
     cps__view_fini(&v);
 }
 
+/* After a restart (the sharer shared again), a late first part of the dropped answer, answering
+ * a request older than the restart, does not begin another assembly of that answer. */
+static void a_dropped_answer_does_not_begin_again(void **state)
+{
+    (void)state;
+    cps__view v;
+    make(&v, 0);
+    cps__fetch f = {0};
+    cps__fetch_start(&f, 100, 0, 5000);
+    step_out o = next(&f, &v, ring, 4, 0, 0);
+    uint64_t first = o.req;
+    cps__fetch_part p = part(1, 0, 30, 160, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, 1), 1);
+    o = next(&f, &v, ring, 4, 0, 1 + CPS_FETCH_RESEND_MS); /* the rest lost: asked from 30 */
+    assert_int_equal(f.ask, 30);
+    p = part(2, 30, 30, 160, 0); /* shared again meanwhile: the parts held are dropped */
+    assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 400), 0);
+    p = part(1, 0, 30, 160, 0); /* the first request's part, again (a re-sent copy, late) */
+    assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, 401), 0);
+    assert_false(f.has_id);
+    cps__view_fini(&v);
+}
+
 /* The sharer sends a window once per asker: a re-ask from inside it is skipped until it is past
  * or CPS_FETCH_SERVING_MS old; askers are remembered apart, the oldest forgotten first. */
 static void a_window_on_its_way_is_not_sent_again(void **state)
@@ -601,7 +624,7 @@ static void a_window_on_its_way_is_not_sent_again(void **state)
     assert_int_equal(cps__fetch_serve_again(s, 30, 1, 0, 300), 0);
     cps__fetch_served_note(s, 20, 1, 120, 240, 40); /* its entry, not a new one */
     assert_int_equal(cps__fetch_serve_again(s, 30, 1, 0, 300), 0);
-    cps__fetch_served_note(s, 40, 1, 0, 120, 50); /* a fifth asker: 30 (the oldest) forgotten */
+    cps__fetch_served_note(s, 1000, 1, 0, 120, 50); /* one asker too many: 30, the oldest, goes */
     assert_int_equal(cps__fetch_serve_again(s, 30, 1, 0, 300), 1);
     assert_int_equal(cps__fetch_serve_again(s, 20, 1, 130, 300), 0);
 }
@@ -623,6 +646,7 @@ int main(void)
         cmocka_unit_test(a_part_splits_at_the_state_end),
         cmocka_unit_test(a_resume_past_a_shorter_answer_starts_over),
         cmocka_unit_test(a_window_on_its_way_is_not_sent_again),
+        cmocka_unit_test(a_dropped_answer_does_not_begin_again),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
