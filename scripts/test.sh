@@ -50,8 +50,8 @@ if [ -z "${QUICK:-}" ]; then
   # under ASan).
   EXCLUDE='long|accuracy|release_only|netns|deploy|docs' run_suite build/asan "ASan+UBSan build" -DCMAKE_BUILD_TYPE=Debug -DCHAINPS_SANITIZE=ON
   unset ASAN_OPTIONS UBSAN_OPTIONS
-  echo "== libFuzzer: wire decoders for ${FUZZ_SECONDS:-60} s, the checkpoint JSON reader for half that"
-  if tests/fuzz/run_fuzz.sh build/fuzz "${FUZZ_SECONDS:-60}"; then passed=$((passed + 1)); else failed=$((failed + 1)); fail=1; fi
+  echo "== libFuzzer: wire decoders for ${FUZZ_SECONDS:-40} s, the checkpoint JSON reader for half that"
+  if tests/fuzz/run_fuzz.sh build/fuzz "${FUZZ_SECONDS:-40}"; then passed=$((passed + 1)); else failed=$((failed + 1)); fail=1; fi
 fi
 echo
 echo "tests: $passed passed, $failed failed"

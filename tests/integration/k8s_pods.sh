@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ctest integration.k8s_pods (deploy/k8s) and integration.k8s_pods_torch (deploy/k8s-torch: the
+# ctest integration.k8s_pods (deploy/k8s) and long.k8s_pods_torch (deploy/k8s-torch: the
 # PyTorch workers): the pods of a kustomization run as their manifests say, without Kubernetes. Each pod's command, arguments and environment (ConfigMap, env, the downward API
 # values a cluster would give) come from the rendered manifests (k8s_check.py); the test plays
 # the kubelet: it starts the containers' commands, runs their probes, restarts a container
