@@ -59,7 +59,8 @@ struct cps_tensor {
 int cps__layout_tensor(cps_tensor *t, const cps__view *v);
 /* The wire description of a declaration: `init` (NULL: zeros) and `optim` (NULL: SGD 0.01)
  * checked, the optimizer's defaults filled in. Whatever else builds a spec a worker must match
- * (a restore's --optimizer) goes through here too. `name` is for the log. Errors: CPS_EINVAL. */
+ * (a restore's --optimizer) goes through here too. `name` is for the log. Errors: CPS_EINVAL.
+ * In spec.c, below the client: localset.c and the command line use it too. */
 int cps__spec_make(const char *name, const cps_init *init, const cps_optim *optim,
                    cps__param_spec *spec);
 /* Key of row `row` of table t under view v. */
