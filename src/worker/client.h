@@ -1,6 +1,7 @@
 /* Worker client internals: tensors are cut into keys spread over the key ranges (layout.c);
  * operations fan out into one request per range and complete when every request has been
- * answered (client.c). */
+ * answered (client.c, the core that the all-reduce and the local tensors run on); worker.c opens
+ * the client and hands each message to its part. */
 #ifndef CPS_WORKER_CLIENT_H
 #define CPS_WORKER_CLIENT_H
 
@@ -53,6 +54,8 @@ struct cps_tensor {
     cps__gradcodec codec;  /* lossy codec of its dense pushes (cps_tensor_compress); NONE: off */
     struct cps_tensor *next;
 };
+
+#define SCHED_PEER 0u /* the scheduler's peer id in c->tp */
 
 /* Fill t->parts for a dense tensor (chunks) or a table (rows) under view v.
  * Errors: CPS_ENOMEM, CPS_EINVAL. */
@@ -109,6 +112,12 @@ struct cps_handle {
     cps__op op;
 };
 
+/* The operation a session op belongs to (NULL: none). */
+static inline cps__op *cps__op_of(cps__sess_op *so)
+{
+    return so ? (cps__op *)(void *)((char *)so - offsetof(cps__op, so)) : NULL;
+}
+
 struct cps_client {
     pthread_mutex_t lock;
     cps__config cfg;
@@ -139,6 +148,10 @@ struct cps_client {
      * checking it on the way (client.c, take_checked_values); NULL: none. */
     const struct cps__op *placed_op;
     uint32_t placed_part;
+    /* Called after every turn of the loop (cps__client_progress): the all-reduce's timeouts
+     * (cps__ar_tick), wired by cps_open (worker.c), so that this core names none of the parts
+     * that run on it. NULL: none. */
+    void (*on_turn)(struct cps_client *c);
 };
 
 /* Start op's requests (op->so.kind and so.nparts set) under `clock`, the tensor's (NULL: a raw
@@ -158,8 +171,18 @@ int cps__client_wait(struct cps_client *c, cps__op *op, int timeout_ms);
 int cps__op_encode(struct cps_client *c, cps_tensor *t, cps__op *op);
 /* Free op->enc (NULL is fine). */
 void cps__op_enc_free(cps__op *op);
-/* One turn of the loop (at most timeout_ms): receive, re-send, report. Under c->lock. */
+/* One turn of the loop (at most timeout_ms): receive, re-send, report, then c->on_turn. Under
+ * c->lock. */
 int cps__client_progress(struct cps_client *c, int timeout_ms);
+/* Perform what the last call into the session decided, in its order (sends, completions, logs). */
+void cps__client_perform(struct cps_client *c);
+/* Make a call to the scheduler (recovery/session.h: cps__sess_call) and run the loop until it is
+ * over, `turn_ms` at a time. Returns its result, or the loop's error. */
+int cps__client_call(struct cps_client *c, uint8_t type, const void *payload, size_t n,
+                     int turn_ms);
+/* Free what the core holds (loop, tensors, transport, session, detached pushes, scratch) and c;
+ * the parts above it (heartbeat, all-reduce, local tensors) are freed first (worker.c). */
+void cps__client_destroy(struct cps_client *c);
 /* Scheduler barrier. */
 int cps__client_barrier(struct cps_client *c);
 /* Tell the scheduler a tensor's description (for checkpoints) and wait for its answer.
