@@ -199,7 +199,7 @@ int cps__coord_unsent(cps__coord *c, const cps__msg_hdr *hdr);
  * next call). Returns how many (CPS_COORD_BLOBS), or CPS_ENOMEM. A store written before
  * sched/former existed loads as one without fallbacks; one written before sched/unconfirmed
  * loads with the tail of every chain of two or more taken for an unconfirmed joiner (each leaves
- * its chain after a probation and its range is copied again: see coordinator.c). */
+ * its chain after a probation and its range is copied again: see coordinator_dispatch.c). */
 #define CPS_COORD_BLOBS 6
 int cps__coord_blobs(cps__coord *c, const char *names[CPS_COORD_BLOBS],
                      cps__coord_blob blobs[CPS_COORD_BLOBS]);

@@ -1,5 +1,5 @@
 /* The coordinator's policies (coordinator_membership.c): admission, deaths, repairs and moves,
- * drains, barriers, the end of the job, probes. Called by coordinator.c's dispatch. Private to
+ * drains, barriers, the end of the job, probes. Called by coordinator_dispatch.c. Private to
  * recovery/coordinator*.c. */
 #ifndef CPS_RECOVERY_COORDINATOR_MEMBERSHIP_H
 #define CPS_RECOVERY_COORDINATOR_MEMBERSHIP_H

@@ -203,39 +203,6 @@ int cps__coord_unsent(cps__coord *c, const cps__msg_hdr *hdr)
     return hdr->type == CPS_MSG_PROBE ? CPS_LOG_DEBUG : CPS_LOG_WARN;
 }
 
-/* ---- members ---- */
-
-const char *cps__co_role(int role)
-{
-    return cps__config_role_str(role);
-}
-
-uint32_t cps__co_count_role(const cps__coord *c, int role)
-{
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < c->nnodes; i++)
-        n += c->nodes[i].info.role == role;
-    return n;
-}
-
-cps__coord_node *cps__co_find(cps__coord *c, uint32_t id)
-{
-    for (uint32_t i = 0; i < c->nnodes; i++)
-        if (c->nodes[i].info.id == id)
-            return &c->nodes[i];
-    return NULL;
-}
-
-/* A dead (or finished) worker whose rank another worker took (cps__node_supersedes): it is
- * kept as a member, but nobody sends it anything. */
-int cps__co_superseded(const cps__coord *c, const cps__coord_node *n)
-{
-    for (uint32_t i = 0; i < c->nnodes; i++)
-        if (cps__node_supersedes(&c->nodes[i].info, &n->info))
-            return 1;
-    return 0;
-}
-
 /* Rebuild the view's node list from the members (ranges are placed once, at start). */
 int cps__co_sync_view_nodes(cps__coord *c)
 {

@@ -1,69 +1,9 @@
-/* The coordinator's state, and its output helpers (coordinator_out.c: actions, views as sent,
- * saves, publishing, members), which every file of the coordinator uses. Private to
- * recovery/coordinator*.c. */
+/* The coordinator's output helpers (coordinator_out.c: actions, views as sent, saves,
+ * publishing), which the policies and the dispatch use. Private to recovery/coordinator*.c. */
 #ifndef CPS_RECOVERY_COORDINATOR_OUT_H
 #define CPS_RECOVERY_COORDINATOR_OUT_H
 
-#include "recovery/coordinator.h"
-#include "recovery/detector.h"
-#include "recovery/registry.h"
-#include "recovery/repair.h"
-#include "recovery/suspect.h"
-
-#define CPS_COORD_SELF 0u /* the scheduler's node id */
-
-struct cps__coord {
-    cps__config cfg;
-    uint32_t repair_every_ms, batch_ms, join_give_up_ms, save_retry_ms, id_limit;
-    cps__coord_node *nodes;
-    uint32_t nnodes;
-    uint32_t next_id;
-    cps__view view;
-    int started, finished;
-    int ending_held; /* every worker is done, but cfg.hold keeps the servers up */
-    uint32_t workers_done;
-    cps__detector *detector;
-    cps__suspect *suspect; /* data-path evidence: reports of unanswered requests, probes */
-    cps__repair *repair;   /* joins under way; made when the job runs */
-    uint64_t last_detect_ms;
-    uint64_t next_repair_at; /* periodic repair; 0: at the next tick */
-    uint64_t batch_at;       /* joiners or moves wait for the view of this moment; 0: none */
-    uint64_t join_deadline;  /* not every node arrived by then: give up */
-    int gave_up;             /* the result once given up (CPS_ETIMEDOUT) */
-    /* The view in memory is newer than the saved one: no node is sent it until it is saved
-     * (persist before publish), so a restarted scheduler never resumes an epoch older than one
-     * some node has seen. */
-    int unsaved;
-    uint8_t held_type; /* what the held view goes out as once saved: WELCOME or VIEW */
-    uint32_t failed_saves;
-    uint64_t save_retry_at;
-    cps__coord_counts counts;
-    cps__ckpt_note ckpt; /* the last checkpoint a tool reported complete; id 0: none */
-    /* Joiners appended as tails in the next view (CPS_REPAIR_APPEND verdicts since the last
-     * one): the view in memory stays the one published until then. */
-    struct {
-        uint32_t range, node;
-    } appends[64];
-    uint32_t nappends;
-    /* Per range (CPS_MAX_RANGES): the member a death took out of it when that left one member,
-     * and which has not been let in since (a server let in drops the ranges whose chain does
-     * not name it). It holds what was acknowledged until then: the range's fallback, should the
-     * one left come back with an empty store: only by the operator's choice (cfg.allow_rollback),
-     * as the updates the one left acknowledged alone since are not on it. 0: none. former_epoch:
-     * the view epoch it left in. Persisted (sched/former): a restarted scheduler still knows. */
-    uint32_t *former;
-    uint64_t *former_epoch;
-    /* Per range: --allow-rollback holds for it in this life. The operator's consent is for the
-     * incident in front of them: only ranges whose only replica was down with a fallback when
-     * this life resumed (cps__coord_resume); each is cleared once rolled back or once that
-     * replica is let in, and nothing later sets it. Not persisted. */
-    unsigned char *rollback_ok;
-    cps__registry reg; /* the tensors workers declared (REGISTER), for checkpoints (REGISTRY) */
-    uint64_t wall_ms;  /* this turn's wall clock (cps__coord_set_wall), for STATUS's ages */
-    cps__coord_out out;
-    unsigned char *blob_buf; /* cps__coord_blobs' bytes */
-    size_t blob_cap;
-};
+#include "recovery/coordinator_state.h"
 
 /* coordinator_out.c */
 void cps__co_log(cps__coord *c, int level, const char *fmt, ...)
@@ -76,21 +16,9 @@ void cps__co_reply_error(cps__coord *c, const cps__msg_hdr *req, uint32_t peer, 
 void cps__co_save(cps__coord *c);
 void cps__co_publish(cps__coord *c, const char *why);
 int cps__co_sync_view_nodes(cps__coord *c);
-cps__coord_node *cps__co_find(cps__coord *c, uint32_t id);
-int cps__co_superseded(const cps__coord *c, const cps__coord_node *n);
-uint32_t cps__co_count_role(const cps__coord *c, int role);
-const char *cps__co_role(int role);
 /* Take `buf` (malloc'd, `len` bytes) into the output as payload number N (the return value) for a
  * CPS_CO_VIEW or CPS_CO_REPLY action; freed by cps__coord_done. UINT32_MAX (buf freed) when the
  * output cannot grow. */
 uint32_t cps__co_payload(cps__coord *c, void *buf, size_t len);
-
-/* coordinator_tools.c: what tools and the tensor registry are answered */
-void cps__co_status(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to, uint64_t now);
-void cps__co_registry(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to);
-void cps__co_register(cps__coord *c, const cps__coord_node *n, const cps__msg_hdr *h,
-                      const void *pl, size_t len);
-void cps__co_release(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to);
-int cps__co_registry_load(cps__coord *c, cps__coord_get_fn get, void *ctx);
 
 #endif

@@ -8,7 +8,7 @@
 
 #include "chainps/error.h"
 #include "core/log.h"
-#include "recovery/coordinator_out.h"
+#include "recovery/coordinator_tools.h"
 
 int cps__coord_tool_request(const cps__msg_hdr *h)
 {

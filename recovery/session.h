@@ -10,11 +10,11 @@
  * (view changes, fencing by epoch, re-sends, give-up); what a server does with a push is
  * replication/'s. recovery/requests.c, which it composes, sits here for the same reason.
  *
- * The shell (src/worker/client.c) receives a message, hands its header and payload to
- * cps__sess_step, and performs the output in order; it starts the API's operations with
- * cps__sess_begin and cps__sess_add and the scheduler calls with cps__sess_call, ticks it with
- * cps__sess_tick, and blocks its caller until the operation is over. Every call that takes
- * `now` replaces the output of the one before (cps__sess_output), so the shell performs each
+ * The shell (src/worker/worker.c receives, src/worker/client.c performs) receives a message, hands
+ * its header and payload to cps__sess_step, and performs the output in order; it starts the API's
+ * operations with cps__sess_begin and cps__sess_add and the scheduler calls with cps__sess_call,
+ * ticks it with cps__sess_tick, and blocks its caller until the operation is over. Every call that
+ * takes `now` replaces the output of the one before (cps__sess_output), so the shell performs each
  * call's output before it makes the next. Pure: no I/O, no clock (time arrives as `now`, in
  * milliseconds of a monotonic clock), no memory of the caller's kept beyond what is documented.
  * Not thread-safe: the shell serialises calls (client.c: under the client's lock).

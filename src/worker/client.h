@@ -1,6 +1,7 @@
-/* Worker client internals: tensors are cut into keys spread over the key ranges (layout.c);
+/* Worker client internals: tensors are cut into keys spread over the key ranges (layout.h);
  * operations fan out into one request per range and complete when every request has been
- * answered (client.c). */
+ * answered (client.c, the core that the all-reduce and the local tensors run on); worker.c opens
+ * the client and hands each message to its part. */
 #ifndef CPS_WORKER_CLIENT_H
 #define CPS_WORKER_CLIENT_H
 
@@ -13,62 +14,20 @@
 #include "core/log.h"
 #include "core/view.h"
 #include "core/wire.h"
+#include "layout.h"
 #include "node/loop.h"
 #include "node/heartbeat.h"
 #include "recovery/session.h"
 #include "transport/transport.h"
 
-/* The keys of one operation that live in one range, sorted, with where each key's values sit
- * in the caller's buffer. */
-typedef struct cps__part {
-    uint32_t range;
-    uint32_t nkeys;
-    uint64_t *keys;
-    uint32_t *lens;
-    uint64_t *src_off;  /* element offset of key j's values in the caller's buffer */
-    uint64_t *init_off; /* element offset of key j within its tensor (declare only) */
-    uint64_t nvals;
-    /* A tensor's part under a lossy codec: what the encodings of its pushes have lost so far
-     * (nvals floats, in the order the part's values are sent), added to the next push's
-     * gradient (error feedback). Allocated at the first lossy push, freed with the part. */
-    float *resid;
-    /* Snappy on this part's pushes (client.c, zip_try/zip_note): pushes still to send without
-     * trying, and how many tries in a row saved nothing (the backoff's exponent). */
-    uint32_t zip_skip;
-    uint32_t zip_fails;
-} cps__part;
+#define SCHED_PEER 0u /* the scheduler's peer id in c->tp */
 
-struct cps_tensor {
-    char name[256];
-    uint64_t length;
-    uint64_t rows; /* tables: rows x cols; dense tensors: rows == 0 */
-    uint32_t cols;
-    uint32_t ndim; /* shape: dims[0..ndim), row-major; [length] for a plain declaration */
-    uint64_t dims[CPS_MAX_NDIM];
-    uint64_t hash;
-    cps__param_spec spec;
-    uint32_t nparts;
-    cps__part *parts;      /* the whole tensor, by range */
-    cps__sess_clock clock; /* its step, kept by the session (recovery/session.h) */
-    cps__gradcodec codec;  /* lossy codec of its dense pushes (cps_tensor_compress); NONE: off */
-    struct cps_tensor *next;
-};
-
-/* Fill t->parts for a dense tensor (chunks) or a table (rows) under view v.
- * Errors: CPS_ENOMEM, CPS_EINVAL. */
-int cps__layout_tensor(cps_tensor *t, const cps__view *v);
 /* The wire description of a declaration: `init` (NULL: zeros) and `optim` (NULL: SGD 0.01)
  * checked, the optimizer's defaults filled in. Whatever else builds a spec a worker must match
- * (a restore's --optimizer) goes through here too. `name` is for the log. Errors: CPS_EINVAL. */
+ * (a restore's --optimizer) goes through here too. `name` is for the log. Errors: CPS_EINVAL.
+ * In spec.c, below the client: localset.c and the command line use it too. */
 int cps__spec_make(const char *name, const cps_init *init, const cps_optim *optim,
                    cps__param_spec *spec);
-/* Key of row `row` of table t under view v. */
-uint64_t cps__layout_row_key(const cps_tensor *t, const cps__view *v, uint64_t row);
-/* Split sorted raw keys into per-range parts (values contiguous in key order).
- * Errors: CPS_EINVAL (unsorted / duplicate keys, zero len), CPS_ENOMEM. */
-int cps__layout_raw(const cps__view *v, const uint64_t *keys, size_t nkeys, const uint32_t *lens,
-                    cps__part **parts, uint32_t *nparts);
-void cps__parts_free(cps__part *parts, uint32_t nparts);
 
 enum op_kind {
     OP_DECLARE = CPS_SS_DECLARE,
@@ -108,6 +67,12 @@ struct cps_handle {
     cps__op op;
 };
 
+/* The operation a session op belongs to (NULL: none). */
+static inline cps__op *cps__op_of(cps__sess_op *so)
+{
+    return so ? (cps__op *)(void *)((char *)so - offsetof(cps__op, so)) : NULL;
+}
+
 struct cps_client {
     pthread_mutex_t lock;
     cps__config cfg;
@@ -138,6 +103,10 @@ struct cps_client {
      * checking it on the way (client.c, take_checked_values); NULL: none. */
     const struct cps__op *placed_op;
     uint32_t placed_part;
+    /* Called after every turn of the loop (cps__client_progress): the all-reduce's timeouts
+     * (cps__ar_tick), wired by cps_open (worker.c), so that this core names none of the parts
+     * that run on it. NULL: none. */
+    void (*on_turn)(struct cps_client *c);
 };
 
 /* Start op's requests (op->so.kind and so.nparts set) under `clock`, the tensor's (NULL: a raw
@@ -157,8 +126,18 @@ int cps__client_wait(struct cps_client *c, cps__op *op, int timeout_ms);
 int cps__op_encode(struct cps_client *c, cps_tensor *t, cps__op *op);
 /* Free op->enc (NULL is fine). */
 void cps__op_enc_free(cps__op *op);
-/* One turn of the loop (at most timeout_ms): receive, re-send, report. Under c->lock. */
+/* One turn of the loop (at most timeout_ms): receive, re-send, report, then c->on_turn. Under
+ * c->lock. */
 int cps__client_progress(struct cps_client *c, int timeout_ms);
+/* Perform what the last call into the session decided, in its order (sends, completions, logs). */
+void cps__client_perform(struct cps_client *c);
+/* Make a call to the scheduler (recovery/session.h: cps__sess_call) and run the loop until it is
+ * over, `turn_ms` at a time. Returns its result, or the loop's error. */
+int cps__client_call(struct cps_client *c, uint8_t type, const void *payload, size_t n,
+                     int turn_ms);
+/* Free what the core holds (loop, tensors, transport, session, detached pushes, scratch) and c;
+ * the parts above it (heartbeat, all-reduce, local tensors) are freed first (worker.c). */
+void cps__client_destroy(struct cps_client *c);
 /* Scheduler barrier. */
 int cps__client_barrier(struct cps_client *c);
 /* Tell the scheduler a tensor's description (for checkpoints) and wait for its answer.

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client.h"
+#include "layout.h"
 #include "node/msg.h"
 
 #define CHUNK_MIN 16384u

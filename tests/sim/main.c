@@ -24,7 +24,7 @@
  * give requests up when their range has no live replica for the unavailable timeout (a
  * given-up push stays in the table, detached, and is still sent). Servers run the chain, the
  * joiner and the fencing of replication/ and recovery/; the scheduler is the production
- * coordinator (recovery/coordinator.c), configured as production configures it: the sim fakes
+ * coordinator (recovery/coordinator.h), configured as production configures it: the sim fakes
  * only the network, the stores, the clock and the processes. --refusals lets the head refuse some
  * pushes (unknown keys: a SKIP update); --sched-restarts makes some faults restarts of the
  * scheduler (it resumes from what it persisted); --single-probe makes the coordinator declare a

@@ -16,7 +16,7 @@
 # (STATUS, REGISTRY, REGISTER, the join's check, the wait for an op, the leave).
 # usage: no_shell_copies.sh DIR
 dir=${1:-$(dirname "$0")}
-pattern='\b(update|scheduler|server|client|reply|api|layout|localset|freq|transfer)\.c\b|run_joiner|on_snap_req|wake_parked|apply_txn|install_view|hold_future|push_sync|do_reply|bad_keys|handle_hello|start_drain|maybe_end_job|align_start|handle_msg|handle_status|handle_registry|on_register|view_reply|ask_scheduler|sched_call|op_wait|on_detect|keep_serving_to_drain|check_job|check_stall|cps__fence_(create|destroy|admit|check|turned|view|install|rejoin)\b'
+pattern='\b(update|scheduler|server|client|reply|api|layout|localset|freq|transfer|worker|spec)\.c\b|run_joiner|on_snap_req|wake_parked|apply_txn|install_view|hold_future|push_sync|do_reply|bad_keys|handle_hello|start_drain|maybe_end_job|align_start|handle_msg|handle_status|handle_registry|on_register|view_reply|ask_scheduler|sched_call|op_wait|on_detect|keep_serving_to_drain|check_job|check_stall|cps__fence_(create|destroy|admit|check|turned|view|install|rejoin)\b'
 if grep -nE "$pattern" "$dir"/*.c "$dir"/*.h; then
     echo "no_shell_copies: tests/sim names shell code (above): build the production object instead"
     exit 1

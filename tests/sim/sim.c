@@ -14,7 +14,7 @@
  *  - workers: dense per-(worker, range) push sequences, sparse pushes (CPS_SEQ_SPARSE), declares
  *    and pulls, several in flight, re-sent after a timeout and on every new view, replies matched
  *    by (range, req_seq): the production worker session (recovery/session.c, sim_worker.c);
- *  - the scheduler: the production coordinator (recovery/coordinator.c, sim_sched.c): it admits
+ *  - the scheduler: the production coordinator (recovery/coordinator.h, sim_sched.c): it admits
  *    every node and places the ranges, declares silent servers dead (heartbeats) and servers
  *    that leave its probes unanswered after the workers' reports (data-path suspicion), takes
  *    a new life of a server out of its chains, repairs and balances ranges by state transfer,

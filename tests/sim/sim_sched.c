@@ -1,4 +1,4 @@
-/* The simulator's scheduler: the production coordinator (recovery/coordinator.c) itself, fed the
+/* The simulator's scheduler: the production coordinator (recovery/coordinator.h) itself, fed the
  * simulated network's messages and ticks, its output performed as a shell performs it: persist
  * (to memory), then send (through the simulated network, a view with a random delay per node).
  * Only the network, the store and the clock are fake. Its view of each epoch is recorded in

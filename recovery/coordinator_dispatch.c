@@ -1,15 +1,19 @@
 /* The scheduler's state machine: its life cycle, what it persists and resumes from, and the
- * dispatch of messages and ticks (see coordinator.h). Membership, deaths, repairs, drains,
- * barriers and the end of the job are in coordinator_membership.c; the output and the view it
- * publishes in coordinator_out.c. */
+ * dispatch of messages and ticks (see coordinator.h). The top of recovery/coordinator*.c: the
+ * parts it dispatches to never call back into it. Membership, deaths, repairs, drains, barriers
+ * and the end of the job are in coordinator_membership.c; tools and the tensor registry in
+ * coordinator_tools.c; the output and the view it publishes in coordinator_out.c; the state and
+ * its read-only views, below them all, in coordinator_state.c. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "chainps/error.h"
 #include "core/log.h"
+#include "recovery/coordinator.h"
 #include "recovery/coordinator_membership.h"
 #include "recovery/coordinator_out.h"
+#include "recovery/coordinator_tools.h"
 
 /* ---- life cycle ---- */
 
@@ -554,78 +558,4 @@ void cps__coord_tick(cps__coord *c, uint64_t now, const uint32_t *gone, size_t n
 void cps__coord_stop(cps__coord *c)
 {
     cps__co_shutdown(c);
-}
-
-/* ---- read-only views ---- */
-
-const cps__view *cps__coord_view(const cps__coord *c)
-{
-    return &c->view;
-}
-
-const cps__coord_node *cps__coord_nodes(const cps__coord *c, uint32_t *n)
-{
-    *n = c->nnodes;
-    return c->nodes;
-}
-
-const cps__ckpt_note *cps__coord_ckpt(const cps__coord *c)
-{
-    return &c->ckpt;
-}
-
-cps__coord_counts cps__coord_counters(const cps__coord *c)
-{
-    return c->counts;
-}
-
-uint32_t cps__coord_joiner(const cps__coord *c, uint32_t r, uint32_t *source)
-{
-    uint32_t src = 0, j = c->repair ? cps__repair_joiner(c->repair, r, &src) : 0;
-    if (source)
-        *source = j ? src : 0;
-    return j;
-}
-
-uint32_t cps__coord_stranded(const cps__coord *c, uint32_t r, uint32_t *fallback,
-                             uint64_t *since_epoch)
-{
-    uint32_t id = 0;
-    if (r < c->view.nranges && c->view.ranges[r].chain_len == 1) {
-        for (uint32_t i = 0; i < c->nnodes && !id; i++) {
-            const cps__coord_node *n = &c->nodes[i];
-            if (n->info.id == c->view.ranges[r].chain[0] && n->empty_kept && !n->info.alive)
-                id = n->info.id;
-        }
-    }
-    if (fallback)
-        *fallback = id ? c->former[r] : 0;
-    if (since_epoch)
-        *since_epoch = id ? c->former_epoch[r] : 0;
-    return id;
-}
-
-uint32_t cps__coord_unconfirmed(const cps__coord *c, uint32_t r)
-{
-    return c->repair ? cps__repair_unconfirmed(c->repair, r) : 0;
-}
-
-int cps__coord_started(const cps__coord *c)
-{
-    return c->started;
-}
-
-int cps__coord_finished(const cps__coord *c)
-{
-    return c->finished;
-}
-
-int cps__coord_gave_up(const cps__coord *c)
-{
-    return c->gave_up;
-}
-
-uint64_t cps__coord_epoch(const cps__coord *c)
-{
-    return c->view.epoch;
 }
