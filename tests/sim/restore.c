@@ -678,7 +678,7 @@ static int final_check(world *w)
             sim_fail(&w->v, "CPS_EUNAVAILABLE names range %u, which has a replica", w->bad);
         return 0;
     }
-    if (w->failed_by == WHY_PASSES && w->fired >= w->m.cfg.passes)
+    if (w->failed_by == WHY_PASSES && w->fired >= w->m.limit)
         return 0;
     static const char *why[] = {"?",
                                 "a wait's deadline",
@@ -702,6 +702,12 @@ static int run_seed(uint64_t seed, int verbose, char *why, size_t whylen, char *
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     setup(w);
+    /* One seed in eight has a slow scheduler: its views reach the servers 1-8 s late, so a new
+     * head answers "not head" for seconds (more than the old pacing's 3.5 s, within the back-off's
+     * budget, CPS_RS_BUDGET_MS). Drawn apart from the model's draws (a draw takes one step
+     * whatever its bound), so the other seeds run as they did before. */
+    if (sim_mix64(seed ^ 0x5c4ed01e5ull) % 8 == 0)
+        w->view_ms = 1000 + (uint32_t)(sim_mix64(seed ^ 0x1a7e5ull) % 7000);
     if (pthread_create(&w->th, NULL, tool_main, w) != 0)
         abort();
     tool_resume(w); /* the tool starts: its first PUTs */
