@@ -32,8 +32,9 @@
  * @param[out] resend    per range (caller's array of nranges): 1 if its stream starts again at
  *                       v's head, 0 if what was sent still counts
  * @param[out] bad       the first range without a live replica (set only on CPS_EUNAVAILABLE)
- * @return 0; CPS_EUNAVAILABLE (a range's chain is empty in v); CPS_EINVAL (NULL argument, or a
- *         view of another range count).
+ * @return 0; CPS_EUNAVAILABLE (no member of a range's chain is alive in v: its chain is empty,
+ *         or holds only the dead last replica the coordinator keeps for the range to wait for);
+ *         CPS_EINVAL (NULL argument, or a view of another range count).
  */
 int cps__restore_route(const cps__view *v, uint32_t nranges, const uint32_t *sent_head,
                        unsigned char *resend, uint32_t *bad);

@@ -68,6 +68,8 @@
 
 #include "restore.h"
 
+#include "recovery/view_change.h"
+
 uint64_t rnd(world *w, uint64_t n)
 {
     return n ? sim_draw(&w->rng, n) : 0;
@@ -421,6 +423,22 @@ static void server_deliver(world *w, server *s, msg *m)
     default:
         break;
     }
+    if (w->coord_on && m->from == 0 && h->type == CPS_MSG_PROBE) {
+        /* A server process answers the coordinator's probe whatever its standing. */
+        cps__msg_hdr a = {.type = CPS_MSG_PROBE,
+                          .flags = CPS_WF_REPLY,
+                          .sender = s->id,
+                          .epoch = s->view ? s->view->epoch : 0,
+                          .req_seq = h->req_seq};
+        net_send(w, s->id, 0, &a, NULL, 0, 1);
+        return;
+    }
+    if (w->coord_on && m->from == 0 &&
+        (h->type == CPS_MSG_JOIN_RANGE || h->type == CPS_MSG_SHUTDOWN)) {
+        trace(w, "s%u drops %s r%u (joins and exits are not modelled)", s->id,
+              h->type == CPS_MSG_JOIN_RANGE ? "JOIN_RANGE" : "SHUTDOWN", h->range);
+        return;
+    }
     int ok = cps__replica_admit(s->rep, h, 1, w->now) == CPS_FENCE_SERVE;
     perform(w, s);
     if (!ok) {
@@ -455,10 +473,15 @@ static void server_tick(world *w, server *s)
 
 /* A view to `to`: a server's may come late (a loaded scheduler, a slow connection), so that the
  * tool, asking, may know of a new head before the head does ("not head"). */
+void view_post(world *w, uint32_t to, uint64_t epoch, int late)
+{
+    cps__msg_hdr h = {.type = CPS_MSG_VIEW, .epoch = epoch, .aux = epoch};
+    net_post(w, 0, to, &h, NULL, 0, 1, late ? rnd(w, w->view_ms) : 0);
+}
+
 static void send_view(world *w, uint32_t to, int late)
 {
-    cps__msg_hdr h = {.type = CPS_MSG_VIEW, .epoch = w->epoch, .aux = w->epoch};
-    net_post(w, 0, to, &h, NULL, 0, 1, late ? rnd(w, w->view_ms) : 0);
+    view_post(w, to, w->epoch, late);
 }
 
 static void declare(world *w, uint32_t id)
@@ -589,6 +612,8 @@ static void setup(world *w)
             g->chain[i] = 1 + (r + i) % w->nservers;
     }
     w->epoch = 1;
+    if (w->coord_on)
+        rsched_setup(w); /* the coordinator's first view replaces the model's */
     cps__replica_env env = {NULL,     env_range_seq, env_zero,    env_agg,  env_keys,
                             env_scan, env_add,       env_release, env_alloc};
     for (uint32_t id = 1; id <= w->nservers; id++) {
@@ -629,8 +654,11 @@ static void setup(world *w)
 static void deliver(world *w, msg *m)
 {
     uint32_t to = m->to;
-    if (to == 0) { /* the scheduler: GET_VIEW */
-        send_view(w, m->from, 0);
+    if (to == 0) { /* the scheduler: GET_VIEW (the model); anything (the coordinator) */
+        if (w->coord_on)
+            rsched_deliver(w, m);
+        else
+            send_view(w, m->from, 0);
         msg_free(m);
         return;
     }
@@ -681,7 +709,7 @@ static int final_check(world *w)
         return 0;
     }
     if (w->failed_by == WHY_NO_REPLICA && w->rc == CPS_EUNAVAILABLE) {
-        if (w->bad >= w->nranges || v->ranges[w->bad].chain_len != 0)
+        if (w->bad >= w->nranges || cps__view_range_available(v, w->bad))
             sim_fail(&w->v, "CPS_EUNAVAILABLE names range %u, which has a replica", w->bad);
         return 0;
     }
@@ -698,7 +726,7 @@ static int final_check(world *w)
     return 0;
 }
 
-static int run_seed(uint64_t seed, int verbose, char *why, size_t whylen, char *outcome,
+static int run_seed(uint64_t seed, int verbose, int coord, char *why, size_t whylen, char *outcome,
                     size_t outlen)
 {
     world *w = calloc(1, sizeof *w);
@@ -706,6 +734,7 @@ static int run_seed(uint64_t seed, int verbose, char *why, size_t whylen, char *
         return -1;
     w->rng = sim_mix64(seed ^ 0x5e570e5eedull);
     w->verbose = verbose;
+    w->coord_on = coord;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
     setup(w);
@@ -736,6 +765,8 @@ static int run_seed(uint64_t seed, int verbose, char *why, size_t whylen, char *
             deliver(w, e.m);
             break;
         case EV_TICK:
+            if (w->coord_on)
+                rsched_beat(w, s);
             if (s->state == SRV_UP)
                 server_tick(w, s);
             if (s->state != SRV_DEAD && s->state != SRV_FENCED)
@@ -761,7 +792,13 @@ static int run_seed(uint64_t seed, int verbose, char *why, size_t whylen, char *
                 w->fired += (uint32_t)fault(w, (uint32_t)e.arg);
             break;
         case EV_DECLARE:
-            declare(w, e.node);
+            if (!w->coord_on)
+                declare(w, e.node);
+            else if (s->state == SRV_DEAD)
+                s->gone = 1; /* the coordinator's detector declares; its transport sees this */
+            break;
+        case EV_STICK:
+            rsched_tick(w);
             break;
         case EV_TWAKE:
             if (!w->done && e.arg == w->wake_gen)
@@ -785,6 +822,8 @@ static int run_seed(uint64_t seed, int verbose, char *why, size_t whylen, char *
     snprintf(why, whylen, "%s", w->v.why);
     int failed = w->v.failed;
     int ok_restore = w->rc == 0;
+    if (w->coord)
+        rsched_teardown(w);
     for (uint32_t id = 1; id <= w->nservers; id++) {
         cps__replica_destroy(w->srv[id].rep);
         for (msg *m = w->srv[id].pend, *n; m; m = n) {
@@ -808,13 +847,13 @@ static int run_seed(uint64_t seed, int verbose, char *why, size_t whylen, char *
 int main(int argc, char **argv)
 {
     sim_seed_args a;
-    if (sim_seed_args_parse(argc, argv, "sim_restore", "--none", &a) != 0)
+    if (sim_seed_args_parse(argc, argv, "sim_restore", "--coordinator", &a) != 0)
         return 2;
     sim_seed_tally t = {0, 0};
     uint64_t restored = 0, refused = 0;
     for (uint64_t s = a.seed; s < a.seed + a.seeds; s++) {
         char why[512] = "", outcome[200] = "";
-        int rc = run_seed(s, a.verbose, why, sizeof why, outcome, sizeof outcome);
+        int rc = run_seed(s, a.verbose, a.variant, why, sizeof why, outcome, sizeof outcome);
         if (rc >= 0 && a.verbose)
             printf("seed %" PRIu64 ": %s\n", s, outcome);
         restored += rc == 0;
@@ -822,7 +861,7 @@ int main(int argc, char **argv)
         if (sim_seed_count(&t, "sim_restore", s, rc == 2 ? 0 : rc, why) < 0)
             return 1;
     }
-    sim_seed_summary(&t, "sim_restore", &a, "--none");
+    sim_seed_summary(&t, "sim_restore", &a, "--coordinator");
     printf("; restores: %" PRIu64 " complete, %" PRIu64 " failed as allowed", restored, refused);
     return sim_seed_end(&t);
 }

@@ -20,7 +20,7 @@
 #define MAX_SERVERS 5
 #define MAX_RANGES  4
 #define MAX_KEYS    12
-#define MAX_EPOCHS  16
+#define MAX_EPOCHS  64
 #define MAX_FAULTS  3
 #define MAX_SENT    4096
 #define TOOL        (MAX_SERVERS + 1) /* the restore tool's node in the simulator */
@@ -34,7 +34,7 @@
 
 enum { REC_CREATE = 1, REC_SLICE = 2 };
 enum { SRV_UP = 0, SRV_PAUSED, SRV_DEAD, SRV_FENCED };
-enum { EV_MSG = 1, EV_TICK, EV_RESUME, EV_FAULT, EV_DECLARE, EV_TWAKE };
+enum { EV_MSG = 1, EV_TICK, EV_RESUME, EV_FAULT, EV_DECLARE, EV_TWAKE, EV_STICK };
 enum { F_KILL_HEAD = 0, F_KILL_MIDDLE, F_KILL_TAIL, F_KILL_ANY, F_PAUSE_HEAD, F_KINDS };
 
 typedef struct msg {
@@ -69,6 +69,8 @@ typedef struct server {
     msg *pend, *pend_tail; /* came while paused, in order */
     int hb_stalled;        /* paused with its heartbeat thread: may be declared dead */
     uint64_t resume_at;
+    uint64_t beat_at; /* --coordinator: its heartbeat thread's next beat */
+    int gone;         /* --coordinator: killed, and its connection refuses (the scheduler sees) */
 } server;
 
 typedef struct sent_put {
@@ -79,6 +81,8 @@ typedef struct sent_put {
 
 typedef struct world {
     uint64_t rng, now, evn, nevents;
+    int coord_on;             /* --coordinator: the production coordinator (restore_sched.c) */
+    struct cps__coord *coord; /* ... it */
     sim_verdict v;
     int verbose;
     uint32_t nservers, nranges, replicas, per_put;
@@ -139,6 +143,16 @@ void msg_free(msg *m);
  * message queued, or NULL if lost. */
 msg *net_send(world *w, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
               size_t len, int fifo);
+
+/* A view message to server `to` naming view `epoch` (late: up to view_ms on the way). */
+void view_post(world *w, uint32_t to, uint64_t epoch, int late);
+
+/* restore_sched.c: the production coordinator as the scheduler (--coordinator). */
+void rsched_setup(world *w); /* the servers' HELLOs; its first view is w->views[1] */
+void rsched_teardown(world *w);
+void rsched_deliver(world *w, msg *m); /* a message to the scheduler (node 0) */
+void rsched_tick(world *w);            /* EV_STICK */
+void rsched_beat(world *w, server *s); /* at the server's tick: its heartbeat thread */
 
 /* restore_tool.c: the restore tool, a thread that runs only while the simulator waits for it. */
 void *tool_main(void *arg);
