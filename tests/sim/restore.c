@@ -295,10 +295,13 @@ static void *env_alloc(void *ctx, uint32_t to, size_t len)
     return malloc(len);
 }
 
-static void perform(world *w, server *s)
+/* Perform the ready list, in order; a JOIN_CLEAR or JOIN_INSTALL ends it: 1 then, with its
+ * outcome for cps__replica_join_result. */
+static int perform_list(world *w, server *s, uint32_t *range, int *rc, uint64_t *value)
 {
     const cps__replica_out *out;
     size_t n = cps__replica_ready(s->rep, &out);
+    int answer = 0;
     for (size_t i = 0; i < n; i++) {
         const cps__replica_out *o = &out[i];
         switch (o->kind) {
@@ -317,11 +320,21 @@ static void perform(world *w, server *s)
                 cps__msg_hdr h;
                 if (cps__wire_hdr_decode(o->msg, o->len, &h) == 0)
                     net_send(w, s->id, o->to, &h, (const uint8_t *)o->msg + CPS_WIRE_HDR_SIZE,
-                             o->len - CPS_WIRE_HDR_SIZE, 0);
+                             o->len - CPS_WIRE_HDR_SIZE, o->to == 0);
                 free(o->msg);
             } else {
-                net_send(w, s->id, o->to, &o->hdr, NULL, 0, 0);
+                /* To the scheduler (a CAUGHT_UP): its connection; else a lossy chain link. */
+                net_send(w, s->id, o->to, &o->hdr, NULL, 0, o->to == 0);
             }
+            break;
+        case CPS_RO_SNAPSHOT:
+            rjoin_snapshot(w, s, o);
+            break;
+        case CPS_RO_JOIN_CLEAR:
+        case CPS_RO_JOIN_INSTALL:
+            *range = o->range;
+            *rc = rjoin_take(w, s, o, value);
+            answer = 1;
             break;
         case CPS_RO_ASK_VIEW: {
             cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id};
@@ -338,6 +351,17 @@ static void perform(world *w, server *s)
             sim_fail(&w->v, "server %u: ready item %d in a restore", s->id, o->kind);
         }
     }
+    return answer && !w->v.failed;
+}
+
+/* Perform the ready list, and answer a join step's outcome until none is owed. */
+static void perform(world *w, server *s)
+{
+    uint32_t range = 0;
+    int rc = 0;
+    uint64_t value = 0;
+    while (perform_list(w, s, &range, &rc, &value))
+        cps__replica_join_result(s->rep, range, rc, value, w->now);
 }
 
 static void perform_all(world *w, server *s)
@@ -411,6 +435,9 @@ static void server_deliver(world *w, server *s, msg *m)
 {
     const cps__msg_hdr *h = &m->h;
     switch (h->type) {
+    case CPS_MSG_JOIN_RANGE: /* the coordinator's only (--coordinator) */
+    case CPS_MSG_SNAP_REQ:
+    case CPS_MSG_SNAP:
     case CPS_MSG_FWD:
     case CPS_MSG_CHAIN_ACK:
     case CPS_MSG_CHAIN_MARK: {
@@ -433,12 +460,8 @@ static void server_deliver(world *w, server *s, msg *m)
         net_send(w, s->id, 0, &a, NULL, 0, 1);
         return;
     }
-    if (w->coord_on && m->from == 0 &&
-        (h->type == CPS_MSG_JOIN_RANGE || h->type == CPS_MSG_SHUTDOWN)) {
-        trace(w, "s%u drops %s r%u (joins and exits are not modelled)", s->id,
-              h->type == CPS_MSG_JOIN_RANGE ? "JOIN_RANGE" : "SHUTDOWN", h->range);
-        return;
-    }
+    if (w->coord_on && m->from == 0 && h->type == CPS_MSG_SHUTDOWN)
+        return; /* the job's end: not modelled (the run ends with the restore) */
     int ok = cps__replica_admit(s->rep, h, 1, w->now) == CPS_FENCE_SERVE;
     perform(w, s);
     if (!ok) {
@@ -467,6 +490,11 @@ static void server_tick(world *w, server *s)
     perform(w, s);
     cps__replica_tick(s->rep, w->now, 0);
     perform_all(w, s);
+    if (w->coord_on && s->state == SRV_UP) {
+        rjoin_reap(w, s);
+        cps__replica_join_tick(s->rep, w->now);
+        perform_all(w, s);
+    }
 }
 
 /* ---- the scheduler (a model: deaths declared, views sent, GET_VIEW answered) ---- */
@@ -799,6 +827,9 @@ static int run_seed(uint64_t seed, int verbose, int coord, char *why, size_t why
             break;
         case EV_STICK:
             rsched_tick(w);
+            break;
+        case EV_SNAPSHOT:
+            rjoin_snapshot_run(w, e.m);
             break;
         case EV_TWAKE:
             if (!w->done && e.arg == w->wake_gen)

@@ -34,7 +34,7 @@
 
 enum { REC_CREATE = 1, REC_SLICE = 2 };
 enum { SRV_UP = 0, SRV_PAUSED, SRV_DEAD, SRV_FENCED };
-enum { EV_MSG = 1, EV_TICK, EV_RESUME, EV_FAULT, EV_DECLARE, EV_TWAKE, EV_STICK };
+enum { EV_MSG = 1, EV_TICK, EV_RESUME, EV_FAULT, EV_DECLARE, EV_TWAKE, EV_STICK, EV_SNAPSHOT };
 enum { F_KILL_HEAD = 0, F_KILL_MIDDLE, F_KILL_TAIL, F_KILL_ANY, F_PAUSE_HEAD, F_KINDS };
 
 typedef struct msg {
@@ -60,6 +60,13 @@ typedef struct rstore {
     uint64_t version[MAX_KEYS], value[MAX_KEYS];
 } rstore;
 
+/* A sent snapshot whose socket stays open until the replica lets it close (restore_join.c). */
+typedef struct linger {
+    uint32_t range, joiner;
+    uint64_t join_id, ended_ms;
+} linger;
+#define MAX_LINGERS 8
+
 typedef struct server {
     uint32_t id;
     int state;
@@ -71,6 +78,8 @@ typedef struct server {
     uint64_t resume_at;
     uint64_t beat_at; /* --coordinator: its heartbeat thread's next beat */
     int gone;         /* --coordinator: killed, and its connection refuses (the scheduler sees) */
+    linger lingers[MAX_LINGERS];
+    uint32_t nlingers;
 } server;
 
 typedef struct sent_put {
@@ -153,6 +162,12 @@ void rsched_teardown(world *w);
 void rsched_deliver(world *w, msg *m); /* a message to the scheduler (node 0) */
 void rsched_tick(world *w);            /* EV_STICK */
 void rsched_beat(world *w, server *s); /* at the server's tick: its heartbeat thread */
+
+/* restore_join.c: the server's side of a join (--coordinator). */
+void rjoin_snapshot(world *w, server *s, const cps__replica_out *o);
+void rjoin_snapshot_run(world *w, msg *m); /* EV_SNAPSHOT */
+int rjoin_take(world *w, server *s, const cps__replica_out *o, uint64_t *value);
+void rjoin_reap(world *w, server *s);
 
 /* restore_tool.c: the restore tool, a thread that runs only while the simulator waits for it. */
 void *tool_main(void *arg);
