@@ -422,8 +422,11 @@ static void on_view(world *w, server *s, uint64_t epoch)
         return;
     verdict = cps__replica_view(s->rep, v, s->id, w->now);
     if (verdict == CPS_RV_FENCED) {
-        trace(w, "s%u fenced by view %" PRIu64 ": it stops (no rejoin here)", s->id, epoch);
+        trace(w, "s%u fenced by view %" PRIu64 ": it stops%s", s->id, epoch,
+              w->coord_on ? ", then rejoins in a new life" : " (no rejoin here)");
         s->state = SRV_FENCED;
+        if (w->coord_on)
+            ev_push(w, w->now + 100 + rnd(w, 500), EV_RESTART, s->id, 0, NULL);
         return;
     }
     if (verdict == CPS_RV_INSTALLED)
@@ -462,14 +465,33 @@ static void server_deliver(world *w, server *s, msg *m)
     }
     if (w->coord_on && m->from == 0 && h->type == CPS_MSG_SHUTDOWN)
         return; /* the job's end: not modelled (the run ends with the restore) */
-    int ok = cps__replica_admit(s->rep, h, 1, w->now) == CPS_FENCE_SERVE;
+    if (s->state == SRV_HELLO) {
+        /* Not let in yet: the replica's fence lets only this life's WELCOME in. */
+        int ok = h->type == CPS_MSG_VIEW || h->type == CPS_MSG_WELCOME;
+        if (ok)
+            ok = cps__replica_admit(s->rep, h, s->boot, w->now) == CPS_FENCE_SERVE;
+        perform(w, s);
+        if (!ok)
+            return;
+        if (h->type != CPS_MSG_WELCOME || h->req_seq != s->boot) {
+            sim_fail(
+                &w->v, "server %u (life %u) let in by a %s of epoch %" PRIu64 " for life %" PRIu64,
+                s->id, s->boot, h->type == CPS_MSG_VIEW ? "VIEW" : "WELCOME", h->epoch, h->req_seq);
+            return;
+        }
+        trace(w, "s%u let in at view %" PRIu64, s->id, h->aux);
+        s->state = SRV_UP;
+        on_view(w, s, h->aux);
+        return;
+    }
+    int ok = cps__replica_admit(s->rep, h, s->boot, w->now) == CPS_FENCE_SERVE;
     perform(w, s);
     if (!ok) {
         trace(w, "s%u drops %s r%u req %" PRIu64 " (standing)", s->id,
               h->type == CPS_MSG_PUT ? "PUT" : "message", h->range, h->req_seq);
         return;
     }
-    if (h->type == CPS_MSG_VIEW) {
+    if (h->type == CPS_MSG_VIEW || h->type == CPS_MSG_WELCOME) {
         on_view(w, s, h->aux);
     } else if (h->type == CPS_MSG_PUT) {
         on_put(w, s, m);
@@ -501,15 +523,15 @@ static void server_tick(world *w, server *s)
 
 /* A view to `to`: a server's may come late (a loaded scheduler, a slow connection), so that the
  * tool, asking, may know of a new head before the head does ("not head"). */
-void view_post(world *w, uint32_t to, uint64_t epoch, int late)
+void view_post(world *w, uint32_t to, const cps__msg_hdr *h, int late)
 {
-    cps__msg_hdr h = {.type = CPS_MSG_VIEW, .epoch = epoch, .aux = epoch};
-    net_post(w, 0, to, &h, NULL, 0, 1, late ? rnd(w, w->view_ms) : 0);
+    net_post(w, 0, to, h, NULL, 0, 1, late ? rnd(w, w->view_ms) : 0);
 }
 
 static void send_view(world *w, uint32_t to, int late)
 {
-    view_post(w, to, w->epoch, late);
+    cps__msg_hdr h = {.type = CPS_MSG_VIEW, .epoch = w->epoch, .aux = w->epoch};
+    view_post(w, to, &h, late);
 }
 
 static void declare(world *w, uint32_t id)
@@ -589,7 +611,52 @@ static int fault(world *w, uint32_t i)
     trace(w, "FAULT: kill -9 server %u", id);
     s->state = SRV_DEAD;
     ev_push(w, w->now + 300 + rnd(w, 1200), EV_DECLARE, id, 0, NULL);
+    if (w->coord_on && rnd(w, 2)) /* it comes back on its store (LMDB on disk) */
+        ev_push(w, w->now + 1000 + rnd(w, 3000), EV_RESTART, id, 0, NULL);
     return 1;
+}
+
+static void replica_new(world *w, server *s)
+{
+    cps__replica_env env = {s,        env_range_seq, env_zero,    env_agg,  env_keys,
+                            env_scan, env_add,       env_release, env_alloc};
+    cps__replica_config cfg = {.self = s->id,
+                               .resend_ms = RESEND_MS,
+                               .max_unacked = 1024,
+                               .max_held = 1024,
+                               .join_timeout_ms = 120000,
+                               .snap_retry_ms = 1000,
+                               .dead_after_ms = DEAD_AFTER,
+                               .start_ms = w->now};
+    if (cps__replica_create(&cfg, &env, &s->rep) != 0) {
+        fprintf(stderr, "sim_restore: replica setup failed\n");
+        exit(2);
+    }
+}
+
+/* --coordinator: a killed or fenced server starts again, on its store, in a new life: a new
+ * replica (its joins, lingering snapshots and pending messages went with the old process) that
+ * says HELLO until its WELCOME lets it in. */
+static void restart(world *w, server *s)
+{
+    if (s->state != SRV_DEAD && s->state != SRV_FENCED)
+        return;
+    cps__replica_destroy(s->rep);
+    replica_new(w, s);
+    for (msg *m = s->pend, *n; m; m = n) {
+        n = m->next;
+        msg_free(m);
+    }
+    s->pend = s->pend_tail = NULL;
+    s->state = SRV_HELLO;
+    s->boot++;
+    s->view = NULL;
+    s->nlingers = 0;
+    s->gone = 0;
+    s->hb_stalled = 0;
+    s->beat_at = s->hello_at = 0;
+    trace(w, "server %u restarts (life %u)", s->id, s->boot);
+    ev_push(w, w->now + 1, EV_TICK, s->id, 0, NULL);
 }
 /* ---- one seed ---- */
 
@@ -642,22 +709,12 @@ static void setup(world *w)
     w->epoch = 1;
     if (w->coord_on)
         rsched_setup(w); /* the coordinator's first view replaces the model's */
-    cps__replica_env env = {NULL,     env_range_seq, env_zero,    env_agg,  env_keys,
-                            env_scan, env_add,       env_release, env_alloc};
     for (uint32_t id = 1; id <= w->nservers; id++) {
         server *s = &w->srv[id];
         s->id = id;
-        env.ctx = s;
-        cps__replica_config cfg = {.self = id,
-                                   .resend_ms = RESEND_MS,
-                                   .max_unacked = 1024,
-                                   .max_held = 1024,
-                                   .join_timeout_ms = 120000,
-                                   .snap_retry_ms = 1000,
-                                   .dead_after_ms = DEAD_AFTER,
-                                   .start_ms = 0};
-        if (cps__replica_create(&cfg, &env, &s->rep) != 0 ||
-            cps__replica_set_view(s->rep, v, id, 1, 0) != 0) {
+        s->boot = 1;
+        replica_new(w, s);
+        if (cps__replica_set_view(s->rep, v, id, 1, 0) != 0) {
             fprintf(stderr, "sim_restore: replica setup failed\n");
             exit(2);
         }
@@ -726,7 +783,8 @@ static int final_check(world *w)
         for (uint32_t r = 0; r < w->nranges; r++)
             for (uint32_t i = 0; i < v->ranges[r].chain_len; i++) {
                 const server *s = &w->srv[v->ranges[r].chain[i]];
-                if (s->state == SRV_DEAD || s->state == SRV_FENCED)
+                const cps__node_info *ni = cps__view_node(v, s->id);
+                if (s->state == SRV_DEAD || s->state == SRV_FENCED || !ni || !ni->alive)
                     continue;
                 if (!holds_whole(w, &s->rs[r], r))
                     sim_fail(&w->v,
@@ -737,8 +795,12 @@ static int final_check(world *w)
         return 0;
     }
     if (w->failed_by == WHY_NO_REPLICA && w->rc == CPS_EUNAVAILABLE) {
-        if (w->bad >= w->nranges || cps__view_range_available(v, w->bad))
-            sim_fail(&w->v, "CPS_EUNAVAILABLE names range %u, which has a replica", w->bad);
+        /* Judged by the view the tool failed under: a server may come back on its store since
+         * (--coordinator), and the range with it. */
+        if (w->bad >= w->nranges || w->fail_epoch > w->epoch ||
+            cps__view_range_available(&w->views[w->fail_epoch], w->bad))
+            sim_fail(&w->v, "CPS_EUNAVAILABLE names range %u, which has a replica in view %" PRIu64,
+                     w->bad, w->fail_epoch);
         return 0;
     }
     if (w->failed_by == WHY_PASSES && w->fired >= w->m.limit)
@@ -830,6 +892,10 @@ static int run_seed(uint64_t seed, int verbose, int coord, char *why, size_t why
             break;
         case EV_SNAPSHOT:
             rjoin_snapshot_run(w, e.m);
+            break;
+        case EV_RESTART:
+            if (!w->done)
+                restart(w, s);
             break;
         case EV_TWAKE:
             if (!w->done && e.arg == w->wake_gen)

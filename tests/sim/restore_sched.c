@@ -11,9 +11,10 @@
  * and the repairs after a death are the coordinator's. The tool asks for the view as
  * src/checkpoint/cluster_link.c does (REGISTRY, answered with the view first).
  *
- * Not modelled yet: a join's copy (a JOIN_RANGE is dropped by the server's shell, so the
- * coordinator's repairs give up and retry, and chains only shrink, as under the model), and
- * restarts of killed servers. */
+ * Joins are performed as src/server performs them (restore_join.c), so the coordinator's repairs
+ * copy ranges onto live servers while the restore streams into them; a killed server comes back
+ * on its store in half the kills (after 1-4 s), and a fenced one at once, each with a new replica
+ * saying HELLO in a new life until its WELCOME lets it in (then repairs copy ranges onto it). */
 #include "restore.h"
 
 #include "recovery/coordinator.h"
@@ -107,7 +108,8 @@ static void perform(world *w, int send)
                 break;
             /* The servers read a view by the epoch it names (restore.c's on_view). A publish
              * reaches each server up to view_ms late; an answer to one server at once. */
-            view_post(w, a->peer, h.epoch, nviews > 1);
+            h.aux = h.epoch; /* WELCOME's req_seq names the life it answers */
+            view_post(w, a->peer, &h, nviews > 1);
             break;
         case CPS_CO_MSG:
             if (is_server(w, a->peer))
@@ -137,6 +139,16 @@ static void perform(world *w, int send)
     cps__coord_done(w->coord);
 }
 
+/* Server id's HELLO in life `boot` (kept on its id and rank: a restart on its store). */
+static size_t hello_of(uint32_t id, uint32_t boot, uint8_t *pl, size_t cap, cps__msg_hdr *h)
+{
+    char addr[32];
+    snprintf(addr, sizeof addr, "sim://%u", id);
+    size_t len = cps__hello_encode(pl, cap, CPS_ROLE_SERVER, id - 1, id, addr);
+    *h = (cps__msg_hdr){.type = CPS_MSG_HELLO, .sender = id, .aux = boot, .raw_len = (uint32_t)len};
+    return len;
+}
+
 void rsched_setup(world *w)
 {
     cps__config c;
@@ -159,11 +171,9 @@ void rsched_setup(world *w)
         oom();
     w->epoch = 0;
     for (uint32_t id = 1; id <= w->nservers; id++) {
-        char addr[32];
         uint8_t pl[64];
-        snprintf(addr, sizeof addr, "sim://%u", id);
-        size_t len = cps__hello_encode(pl, sizeof pl, CPS_ROLE_SERVER, id - 1, id, addr);
-        cps__msg_hdr h = {.type = CPS_MSG_HELLO, .sender = id, .raw_len = (uint32_t)len};
+        cps__msg_hdr h;
+        size_t len = hello_of(id, 1, pl, sizeof pl, &h);
         cps__coord_step(w->coord, &h, pl, len, id, w->now);
     }
     perform(w, 0);
@@ -215,6 +225,16 @@ void rsched_tick(world *w)
  * one too unless the pause stalled it. */
 void rsched_beat(world *w, server *s)
 {
+    if (s->state == SRV_HELLO) { /* restarted: HELLO again until let in */
+        if (w->now < s->hello_at)
+            return;
+        s->hello_at = w->now + 300;
+        uint8_t pl[64];
+        cps__msg_hdr h;
+        size_t len = hello_of(s->id, s->boot, pl, sizeof pl, &h);
+        net_send(w, s->id, 0, &h, pl, len, 1);
+        return;
+    }
     if (w->now < s->beat_at || s->state == SRV_DEAD || s->state == SRV_FENCED ||
         (s->state == SRV_PAUSED && s->hb_stalled))
         return;
