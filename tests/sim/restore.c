@@ -20,10 +20,15 @@
  * (passes and their pacing, targets, which answer counts, a head that changed, a silent head, the
  * looks at the view, the tails' confirmation, the limits) is the machine's: cps__rs_step.
  *
- * The scheduler is modelled, not the production coordinator: a killed server is declared dead
- * after 0.3-1.5 s, a paused one only when its heartbeat stalled with its loop and the pause passed
- * the failure timeout; a view without it goes to every server (FIFO per server) and answers
- * GET_VIEW. Chains only shrink (no repair, no rejoin: a fenced server stops).
+ * The scheduler, by default, is a model: a killed server is declared dead after 0.3-1.5 s, a
+ * paused one only when its heartbeat stalled with its loop and the pause passed the failure
+ * timeout; a view without it goes to every server (FIFO per server) and answers GET_VIEW. Chains
+ * only shrink (no repair, no rejoin: a fenced server stops). With --coordinator it is the
+ * production coordinator (restore_sched.c): the servers heartbeat, its detector declares deaths,
+ * its views and epochs are the job's, its repairs copy ranges onto live servers while the restore
+ * streams (restore_join.c performs the joins), and killed servers (half of them, after 1-4 s) and
+ * fenced ones come back on their store in a new life and are let in again. The faults are
+ * drawn alike in both modes; the runs part at the first death (its views and repairs differ).
  *
  * Faults, drawn from the seed and triggered as the tool sends its PUTs: kill -9 of a range's
  * head, middle or tail, or of any server; a pause of a head (its loop stalls 0.1-3 s, the failure
@@ -36,7 +41,7 @@
  *  - the restore either succeeds, and then every live replica of every range (a server alive and
  *    in the range's chain of the scheduler's last view) holds exactly the checkpoint's records
  *    (each key created with its version, then holding its value, no other key), or fails with
- *    CPS_EUNAVAILABLE naming a range whose chain is empty in the scheduler's view, or after
+ *    CPS_EUNAVAILABLE naming a range without a live replica in the view it failed under, or after
  *    the machine's passes (cps__rs_pass_limit: 10) with at least that many faults (never, with
  *    at most 3); any other failure (a timeout, a refusal of the records) is a violation, since
  *    every fault here ends in seconds and a late view within the back-off's budget;
@@ -61,8 +66,14 @@
  *  - the old pacing (8 passes, 500 ms apart: gap_ms 500, gap_max_ms 500, budget_ms 3500): seed
  *    713; 1 of 1..1000, 13 of 1001..11000 (test_passes_back_off_within_the_budget and
  *    test_a_head_refusing_for_13_s_is_waited_out also do).
+ * With --coordinator, seeds 1..1000: a new view never taken 464 (first 2), an earlier pass's answer
+ * 6 (200), the wait without its early return 185 (2), unpaced passes 1 (85), the old pacing 1
+ * (85); and one only the coordinator shows: a range whose only replica died taken for a range
+ * with a replica (cps__restore_route judging chain_len 0 only, as before; the coordinator keeps a
+ * dead last replica in its chain) fails 121 (first 4: the restore waits out its timeout instead
+ * of failing by name; 253 before restarts were modelled).
  *
- * usage: sim_restore [--seed N] [--seeds K] [-v]
+ * usage: sim_restore [--seed N] [--seeds K] [--coordinator] [-v]
  */
 #include <stdarg.h>
 
