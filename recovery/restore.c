@@ -98,7 +98,7 @@ void cps__rs_cfg_defaults(cps__rs_cfg *cfg, uint64_t timeout_ms)
 uint64_t cps__rs_gap(const cps__rs_cfg *cfg, uint32_t pass)
 {
     uint64_t g = cfg->gap_ms ? cfg->gap_ms : 1;
-    for (uint32_t k = 1; k < pass && g < cfg->gap_max_ms; k++)
+    for (uint32_t k = 1; k < pass && g < cfg->gap_max_ms && g <= UINT64_MAX / 2; k++)
         g *= 2;
     return g < cfg->gap_max_ms ? g : cfg->gap_max_ms ? cfg->gap_max_ms : 1;
 }

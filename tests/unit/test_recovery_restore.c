@@ -372,6 +372,12 @@ static void test_passes_back_off_within_the_budget(void **state)
     assert_int_equal(cfg.budget_ms, CPS_RS_BUDGET_MS);
     assert_true(CPS_RS_BUDGET_MS >= 15000);
     assert_int_equal(cps__rs_pass_limit(&cfg), 10);
+    cps__rs_cfg odd = cfg;
+    odd.budget_ms = 0; /* not even pass 2's gap: one pass */
+    assert_int_equal(cps__rs_pass_limit(&odd), 1);
+    odd.gap_max_ms = UINT64_MAX; /* no cap: the doubling stops before it wraps */
+    assert_true(cps__rs_gap(&odd, 100) >= cps__rs_gap(&odd, 99));
+    assert_true(cps__rs_gap(&odd, 100) > 0);
     uint64_t begun[16];
     uint32_t n = refused_until(&f, &cfg, UINT64_MAX, begun, 16);
     assert_int_equal(n, 10);
