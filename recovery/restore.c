@@ -36,6 +36,7 @@ int cps__rs_init(cps__restore *m, const cps__rs_cfg *cfg, const cps__view *v, ui
     if (rc != 0)
         return rc;
     m->cfg = *cfg;
+    m->limit = cps__rs_pass_limit(cfg);
     m->v = v;
     m->epoch = v->epoch;
     m->now = now;
@@ -87,10 +88,34 @@ void cps__rs_cfg_defaults(cps__rs_cfg *cfg, uint64_t timeout_ms)
                          .refresh_ms = 2000,
                          .silent_ms = 15000,
                          .timeout_ms = timeout_ms,
-                         .gap_ms = 500,
+                         .gap_ms = 250,
+                         .gap_max_ms = 2000,
+                         .budget_ms = CPS_RS_BUDGET_MS,
                          .probe_ms = 1000,
-                         .retry_ms = 20,
-                         .passes = 8};
+                         .retry_ms = 20};
+}
+
+uint64_t cps__rs_gap(const cps__rs_cfg *cfg, uint32_t pass)
+{
+    uint64_t g = cfg->gap_ms ? cfg->gap_ms : 1;
+    for (uint32_t k = 1; k < pass && g < cfg->gap_max_ms && g <= UINT64_MAX / 2; k++)
+        g *= 2;
+    return g < cfg->gap_max_ms ? g : cfg->gap_max_ms ? cfg->gap_max_ms : 1;
+}
+
+uint32_t cps__rs_pass_limit(const cps__rs_cfg *cfg)
+{
+    uint64_t left = cfg->budget_ms; /* what the gaps may still spend */
+    uint32_t pass = 1;
+    for (uint64_t g = cps__rs_gap(cfg, pass); g <= left; g = cps__rs_gap(cfg, pass)) {
+        if (g == cps__rs_gap(cfg, pass + 1)) { /* the cap: the rest at once */
+            uint64_t n = left / g;
+            return n < UINT32_MAX - pass ? pass + (uint32_t)n : UINT32_MAX;
+        }
+        left -= g;
+        pass++;
+    }
+    return pass;
 }
 
 static void begin_pass(cps__restore *m, cps__rs_ready *o)
@@ -128,7 +153,7 @@ static void end_pass(cps__restore *m, cps__rs_ready *o)
     if (again == 0) {
         m->phase = CPS_RS_END;
         emit(o, CPS_RS_DONE, 0, 0, 0);
-    } else if (m->book.pass >= m->cfg.passes) {
+    } else if (m->book.pass >= m->limit) { /* the next pass's gap would pass the budget */
         fail(m, o, CPS_EUNAVAILABLE, CPS_RS_WHY_PASSES, CPS_RR_NONE);
     } else {
         m->phase = CPS_RS_PACING;
@@ -214,7 +239,7 @@ static void advance(cps__restore *m, cps__rs_ready *o)
             begin_pass(m, o);
             return;
         case CPS_RS_PACING:
-            if (m->now >= cps__rr_pass_due(&m->book, m->cfg.gap_ms)) {
+            if (m->now >= cps__rr_pass_due(&m->book, cps__rs_gap(&m->cfg, m->book.pass))) {
                 /* A pass after "not head", "busy" or a drop goes by the view as it is now. */
                 m->look_pass = 1;
                 look(m, o);
@@ -343,7 +368,7 @@ uint64_t cps__rs_deadline(const cps__restore *m)
     if (m->phase == CPS_RS_START)
         return m->now;
     if (m->phase == CPS_RS_PACING)
-        return cps__rr_pass_due(&m->book, m->cfg.gap_ms);
+        return cps__rr_pass_due(&m->book, cps__rs_gap(&m->cfg, m->book.pass));
     if (m->phase == CPS_RS_STREAMING && m->held == CPS_RR_NONE)
         return UINT64_MAX;
     uint64_t t = m->now + m->cfg.look_ms;

@@ -28,19 +28,46 @@ typedef struct cps__rs_cfg {
     uint64_t refresh_ms; /* the view again this often when no chain member looks gone */
     uint64_t silent_ms;  /* a head silent this long in a pass has its range streamed again */
     uint64_t timeout_ms; /* the restore's timeout: a wait's, a silence's, the tails' */
-    uint64_t gap_ms;     /* a pass begins at least this long after the last one began */
+    uint64_t gap_ms;     /* pass 2 begins at least this long after pass 1 began; each later
+                          * gap doubles (the back-off, cps__rs_gap) ... */
+    uint64_t gap_max_ms; /* ... up to this */
+    uint64_t budget_ms;  /* the gaps of all passes sum to at most this: the restore gives up
+                          * rather than begin a pass past it (cps__rs_pass_limit) */
     uint64_t probe_ms;   /* a tail probe's answer is waited for this long */
     uint64_t retry_ms;   /* ... and a tail probed again this long after a miss */
-    uint32_t passes;     /* passes at most */
 } cps__rs_cfg;
+
+/* The back-off's budget: how long ranges refused by "not head" or "busy" (a head whose view is
+ * late, a scheduler slow to publish one, a paused head) are tried again before the restore
+ * fails. Production's failure timeout is 2 s; this waits out a view published 13 s late. */
+#define CPS_RS_BUDGET_MS 15000
 
 /**
  * @brief The restore tool's timers and limits, the same for the tool and the simulator (which
- *        must run what production runs): look 500 ms, refresh 2 s, a head silent 15 s, a pass
- *        at least 500 ms after the last began, a tail probe answered within 1 s and retried
- *        20 ms after a miss, 8 passes; timeout_ms: the caller's (the restore's --timeout).
+ *        must run what production runs): look 500 ms, refresh 2 s, a head silent 15 s, pass 2
+ *        at least 250 ms after pass 1 began and each later gap doubled up to 2 s, the gaps
+ *        within CPS_RS_BUDGET_MS (10 passes, the 10th at least 13.75 s after the first), a
+ *        tail probe answered within 1 s and retried 20 ms after a miss; timeout_ms: the
+ *        caller's (the restore's --timeout).
  */
 void cps__rs_cfg_defaults(cps__rs_cfg *cfg, uint64_t timeout_ms);
+
+/**
+ * @brief The back-off: how long after pass `pass` (1: the first) began pass + 1 may begin:
+ *        gap_ms doubled pass - 1 times, at most gap_max_ms (at least 1 ms).
+ *
+ *        Why a back-off in time, not a pass count: a range stopped by "not head" or "busy" is
+ *        refused again until the head installs the view (or resumes), and how long that takes
+ *        is the scheduler's, not the restore's. Fixed 500 ms gaps and 8 passes gave up after
+ *        3.5 s; doubling keeps the first retries quick (a head change the view already shows)
+ *        and spaces the rest, so the budget waits out 15 s with 10 passes, each of which reads
+ *        and streams its ranges again. Passes counted only when the view did not change would
+ *        not help: a slow scheduler is a view that does not change.
+ */
+uint64_t cps__rs_gap(const cps__rs_cfg *cfg, uint32_t pass);
+
+/* How many passes the budget allows (each gap within it; 1 when even pass 2's is not). */
+uint32_t cps__rs_pass_limit(const cps__rs_cfg *cfg);
 
 /* Events (cps__rs_event.kind). */
 enum {
@@ -130,6 +157,7 @@ typedef struct cps__restore {
     uint64_t probe_again;    /* ... probed again then */
     uint32_t probe_to;       /* ... the tail that probe went to */
     uint64_t tails_deadline; /* ... every tail confirmed by then */
+    uint32_t limit;          /* passes at most (cps__rs_pass_limit) */
     uint32_t resent;         /* ranges streamed again, over all passes */
     int rc, why;             /* the end: 0, or the failure */
     uint32_t bad;            /* the range a failure names (CPS_RR_NONE: none) */

@@ -6,6 +6,19 @@
 
 #include "chainps/error.h"
 
+/* The coordinator keeps a dead last replica in its chain, for the range to wait for it to return
+ * (recovery/view_change.c): a chain whose members the view all calls dead holds no replica, as an
+ * empty one. (A member the view does not list is taken for alive: the view's own business.) */
+static int has_live(const cps__view *v, const cps__range *g)
+{
+    for (uint32_t i = 0; i < g->chain_len; i++) {
+        const cps__node_info *n = cps__view_node(v, g->chain[i]);
+        if (!n || n->alive)
+            return 1;
+    }
+    return 0;
+}
+
 int cps__restore_route(const cps__view *v, uint32_t nranges, const uint32_t *sent_head,
                        unsigned char *resend, uint32_t *bad)
 {
@@ -15,7 +28,7 @@ int cps__restore_route(const cps__view *v, uint32_t nranges, const uint32_t *sen
     int rc = 0;
     for (uint32_t r = 0; r < nranges; r++) {
         const cps__range *g = &v->ranges[r];
-        if (g->chain_len == 0) {
+        if (!has_live(v, g)) {
             resend[r] = 0;
             if (rc == 0)
                 *bad = r;

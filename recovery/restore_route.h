@@ -32,8 +32,9 @@
  * @param[out] resend    per range (caller's array of nranges): 1 if its stream starts again at
  *                       v's head, 0 if what was sent still counts
  * @param[out] bad       the first range without a live replica (set only on CPS_EUNAVAILABLE)
- * @return 0; CPS_EUNAVAILABLE (a range's chain is empty in v); CPS_EINVAL (NULL argument, or a
- *         view of another range count).
+ * @return 0; CPS_EUNAVAILABLE (no member of a range's chain is alive in v: its chain is empty,
+ *         or holds only the dead last replica the coordinator keeps for the range to wait for);
+ *         CPS_EINVAL (NULL argument, or a view of another range count).
  */
 int cps__restore_route(const cps__view *v, uint32_t nranges, const uint32_t *sent_head,
                        unsigned char *resend, uint32_t *bad);
@@ -145,11 +146,12 @@ void cps__rr_book_fini(cps__rr_book *b);
 uint32_t cps__rr_pass_begin(cps__rr_book *b, uint64_t seq0, uint64_t now);
 
 /**
- * @brief When the next pass may begin: gap_ms after the last one began (0 before the first). A
- *        range stopped by "not head" from a new head that has not installed the view the tool
- *        reads already (or by "busy") would be refused again by a pass begun at once, and the
- *        passes spent in moments (sim_restore seeds 5471 and 9630: a view 300 ms late at the new
- *        head took all 8 passes in 240 ms); a head change, a drop or a silence costs gap_ms more.
+ * @brief When the next pass may begin: gap_ms after the last one began (0 before the first;
+ *        the machine's back-off chooses gap_ms, cps__rs_gap). A range stopped by "not head" from
+ *        a new head that has not installed the view the tool reads already (or by "busy") would
+ *        be refused again by a pass begun at once, and the passes spent in moments (sim_restore
+ *        seeds 5471 and 9630, before the back-off: a view 300 ms late at the new head took all 8
+ *        passes in 240 ms); a head change, a drop or a silence costs gap_ms more.
  */
 uint64_t cps__rr_pass_due(const cps__rr_book *b, uint64_t gap_ms);
 

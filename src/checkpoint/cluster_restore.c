@@ -119,8 +119,9 @@ static void log_failure(restore_ctx *x, const cps__rs_out *o)
         break;
     case CPS_RS_WHY_PASSES:
         cps__log(CPS_LOG_ERROR, SUB,
-                 "%u range(s) still to stream again after %u passes: the restore gives up",
-                 cps__rr_stopped(&x->m.book), x->m.cfg.passes);
+                 "%u range(s) still to stream again after %u passes, the back-off's %.0f s "
+                 "spent: the restore gives up",
+                 cps__rr_stopped(&x->m.book), x->m.book.pass, x->m.cfg.budget_ms / 1000.0);
         break;
     case CPS_RS_WHY_NO_REPLICA:
         cps__log(CPS_LOG_ERROR, SUB,

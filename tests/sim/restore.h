@@ -20,7 +20,7 @@
 #define MAX_SERVERS 5
 #define MAX_RANGES  4
 #define MAX_KEYS    12
-#define MAX_EPOCHS  16
+#define MAX_EPOCHS  64
 #define MAX_FAULTS  3
 #define MAX_SENT    4096
 #define TOOL        (MAX_SERVERS + 1) /* the restore tool's node in the simulator */
@@ -33,8 +33,19 @@
 #define MAX_EVENTS   2000000 /* a runaway seed fails */
 
 enum { REC_CREATE = 1, REC_SLICE = 2 };
-enum { SRV_UP = 0, SRV_PAUSED, SRV_DEAD, SRV_FENCED };
-enum { EV_MSG = 1, EV_TICK, EV_RESUME, EV_FAULT, EV_DECLARE, EV_TWAKE };
+/* SRV_HELLO (--coordinator): restarted, saying HELLO until its WELCOME lets it in. */
+enum { SRV_UP = 0, SRV_PAUSED, SRV_DEAD, SRV_FENCED, SRV_HELLO };
+enum {
+    EV_MSG = 1,
+    EV_TICK,
+    EV_RESUME,
+    EV_FAULT,
+    EV_DECLARE,
+    EV_TWAKE,
+    EV_STICK,
+    EV_SNAPSHOT,
+    EV_RESTART
+};
 enum { F_KILL_HEAD = 0, F_KILL_MIDDLE, F_KILL_TAIL, F_KILL_ANY, F_PAUSE_HEAD, F_KINDS };
 
 typedef struct msg {
@@ -60,6 +71,13 @@ typedef struct rstore {
     uint64_t version[MAX_KEYS], value[MAX_KEYS];
 } rstore;
 
+/* A sent snapshot whose socket stays open until the replica lets it close (restore_join.c). */
+typedef struct linger {
+    uint32_t range, joiner;
+    uint64_t join_id, ended_ms;
+} linger;
+#define MAX_LINGERS 8
+
 typedef struct server {
     uint32_t id;
     int state;
@@ -69,6 +87,12 @@ typedef struct server {
     msg *pend, *pend_tail; /* came while paused, in order */
     int hb_stalled;        /* paused with its heartbeat thread: may be declared dead */
     uint64_t resume_at;
+    uint64_t beat_at;  /* --coordinator: its heartbeat thread's next beat */
+    int gone;          /* --coordinator: killed, and its connection refuses (the scheduler sees) */
+    uint32_t boot;     /* its process's life (1 at the start; a restart adds one) */
+    uint64_t hello_at; /* SRV_HELLO: its next HELLO */
+    linger lingers[MAX_LINGERS];
+    uint32_t nlingers;
 } server;
 
 typedef struct sent_put {
@@ -79,6 +103,8 @@ typedef struct sent_put {
 
 typedef struct world {
     uint64_t rng, now, evn, nevents;
+    int coord_on;             /* --coordinator: the production coordinator (restore_sched.c) */
+    struct cps__coord *coord; /* ... it */
     sim_verdict v;
     int verbose;
     uint32_t nservers, nranges, replicas, per_put;
@@ -113,6 +139,7 @@ typedef struct world {
     cps__restore m;         /* the production restore machine (recovery/restore.h) */
     uint64_t next_req, puts_sent;
     uint32_t pass, bad, resent;
+    uint64_t fail_epoch;  /* the tool's view when it failed */
     int stream, sent_now; /* the machine said STREAM; a PUT went out in the last feed */
     uint32_t buffered[MAX_RANGES];
     uint64_t buf[MAX_RANGES][2 * 3]; /* one PUT's records being filled: (word0, word1) pairs */
@@ -139,6 +166,22 @@ void msg_free(msg *m);
  * message queued, or NULL if lost. */
 msg *net_send(world *w, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
               size_t len, int fifo);
+
+/* A view message to server `to` naming view `epoch` (late: up to view_ms on the way). */
+void view_post(world *w, uint32_t to, const cps__msg_hdr *h, int late);
+
+/* restore_sched.c: the production coordinator as the scheduler (--coordinator). */
+void rsched_setup(world *w); /* the servers' HELLOs; its first view is w->views[1] */
+void rsched_teardown(world *w);
+void rsched_deliver(world *w, msg *m); /* a message to the scheduler (node 0) */
+void rsched_tick(world *w);            /* EV_STICK */
+void rsched_beat(world *w, server *s); /* at the server's tick: its heartbeat (or HELLO) */
+
+/* restore_join.c: the server's side of a join (--coordinator). */
+void rjoin_snapshot(world *w, server *s, const cps__replica_out *o);
+void rjoin_snapshot_run(world *w, msg *m); /* EV_SNAPSHOT */
+int rjoin_take(world *w, server *s, const cps__replica_out *o, uint64_t *value);
+void rjoin_reap(world *w, server *s);
 
 /* restore_tool.c: the restore tool, a thread that runs only while the simulator waits for it. */
 void *tool_main(void *arg);

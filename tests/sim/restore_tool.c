@@ -170,6 +170,7 @@ static void feed(world *w, cps__rs_event e)
                 w->rc = x->rc;
                 w->failed_by = x->why;
                 w->bad = x->range;
+                w->fail_epoch = w->tview->epoch;
                 trace(w, "tool: failed (%s, why %d, range %u)", cps_err_name(x->rc), x->why,
                       x->range);
                 break;

@@ -16,10 +16,11 @@ static const cps__rs_cfg CFG = {.look_ms = 500,
                                 .refresh_ms = 2000,
                                 .silent_ms = 15000,
                                 .timeout_ms = 120000,
-                                .gap_ms = 500,
+                                .gap_ms = 250,
+                                .gap_max_ms = 2000,
+                                .budget_ms = 750, /* gaps of 250 and 500: 3 passes */
                                 .probe_ms = 1000,
-                                .retry_ms = 20,
-                                .passes = 3};
+                                .retry_ms = 20};
 
 typedef struct fixture {
     cps__view v[3];
@@ -281,8 +282,10 @@ static void test_a_head_silent_through_every_pass_fails_by_name(void **state)
     fixture f;
     start(&f);
     cps__rs_cfg cfg = CFG;
-    cfg.passes = 100;
+    cfg.budget_ms = 1000000;
     f.m.cfg = cfg;
+    f.m.limit = cps__rs_pass_limit(&cfg);
+    assert_true(f.m.limit > 100);
     uint64_t t = 1000;
     for (int guard = 0; !cps__rs_ended(&f.m); guard++) {
         assert_true(guard < 100);
@@ -304,14 +307,101 @@ static void test_the_pass_limit_fails_the_restore(void **state)
     fixture f;
     start(&f);
     uint64_t t = 1000;
+    assert_int_equal(cps__rs_pass_limit(&CFG), 3);
     for (uint32_t p = 1; !cps__rs_ended(&f.m); p++) {
-        assert_true(p <= CFG.passes);
+        assert_true(p <= 3);
         t = silent_pass(&f, t);
         t = next_pass(&f, t);
     }
-    assert_int_equal(f.m.book.pass, CFG.passes);
+    assert_int_equal(f.m.book.pass, 3);
     assert_int_equal(f.m.rc, CPS_EUNAVAILABLE);
     assert_int_equal(f.m.why, CPS_RS_WHY_PASSES);
+    cps__rs_fini(&f.m);
+}
+
+/* Drive a restore under cfg whose range 0's head answers "not head" (a view late at the new head,
+ * a scheduler slow to publish it) to every PUT before accept_at, and takes them from then on;
+ * range 1 is confirmed in the first pass. begun[]: when each pass began (at most max). */
+static uint32_t refused_until(fixture *f, const cps__rs_cfg *cfg, uint64_t accept_at,
+                              uint64_t *begun, uint32_t max)
+{
+    views(f);
+    assert_int_equal(cps__rs_init(&f->m, cfg, &f->v[0], 2, 1000), 0);
+    assert_int_equal(step(f, CPS_RS_TICK, 1000, 0), 0);
+    uint64_t t = 1000;
+    uint32_t n = 0;
+    while (!cps__rs_ended(&f->m)) {
+        only(f, CPS_RS_STREAM);
+        assert_true(n < max);
+        begun[n++] = t;
+        assert_int_equal(step(f, CPS_RS_READY, t, 0), 0);
+        uint32_t head = only(f, CPS_RS_PUT)->to;
+        assert_int_equal(step(f, CPS_RS_STREAMED, t, 0), 0);
+        cps__rs_event e = {.kind = CPS_RS_ANSWER, .now = t, .range = 0, .seq = f->seq};
+        e.ans = (cps__rr_answer){.sender = head, .put_seq = f->seq};
+        if (t < accept_at)
+            e.ans.error = 1, e.ans.status = CPS_ESTALE_EPOCH;
+        assert_int_equal(cps__rs_step(&f->m, &e, &f->o), 0);
+        for (int guard = 0; !cps__rs_ended(&f->m) && !streamed(f); guard++) {
+            assert_true(guard < 100);
+            const cps__rs_out *last = f->o.n ? &f->o.out[f->o.n - 1] : NULL;
+            if (last && last->kind == CPS_RS_PROBE_TAIL) {
+                assert_int_equal(probe(f, last->range, f->seq, t), 0);
+            } else if (last && last->kind == CPS_RS_GET_VIEW) {
+                assert_int_equal(view(f, 1, t), 0); /* node 2 is the head now */
+            } else {
+                uint64_t due = cps__rs_deadline(&f->m);
+                t = due > t ? due : t;
+                assert_int_equal(step(f, CPS_RS_TICK, t, 0), 0);
+            }
+        }
+    }
+    return n;
+}
+
+static void test_passes_back_off_within_the_budget(void **state)
+{
+    (void)state;
+    fixture f;
+    cps__rs_cfg cfg;
+    cps__rs_cfg_defaults(&cfg, 120000);
+    /* Production's back-off: 250 ms doubling to 2 s, within 15 s: 10 passes. */
+    static const uint64_t gap[] = {250, 500, 1000, 2000, 2000, 2000, 2000, 2000, 2000};
+    for (uint32_t p = 1; p <= 9; p++)
+        assert_int_equal(cps__rs_gap(&cfg, p), gap[p - 1]);
+    assert_int_equal(cfg.budget_ms, CPS_RS_BUDGET_MS);
+    assert_true(CPS_RS_BUDGET_MS >= 15000);
+    assert_int_equal(cps__rs_pass_limit(&cfg), 10);
+    cps__rs_cfg odd = cfg;
+    odd.budget_ms = 0; /* not even pass 2's gap: one pass */
+    assert_int_equal(cps__rs_pass_limit(&odd), 1);
+    odd.gap_max_ms = UINT64_MAX; /* no cap: the doubling stops before it wraps */
+    assert_true(cps__rs_gap(&odd, 100) >= cps__rs_gap(&odd, 99));
+    assert_true(cps__rs_gap(&odd, 100) > 0);
+    uint64_t begun[16];
+    uint32_t n = refused_until(&f, &cfg, UINT64_MAX, begun, 16);
+    assert_int_equal(n, 10);
+    for (uint32_t p = 1; p < n; p++)
+        assert_int_equal(begun[p] - begun[p - 1], gap[p - 1]);
+    assert_int_equal(begun[n - 1] - begun[0], 13750);
+    assert_int_equal(f.m.rc, CPS_EUNAVAILABLE);
+    assert_int_equal(f.m.why, CPS_RS_WHY_PASSES);
+    cps__rs_fini(&f.m);
+}
+
+static void test_a_head_refusing_for_13_s_is_waited_out(void **state)
+{
+    (void)state;
+    fixture f;
+    cps__rs_cfg cfg;
+    cps__rs_cfg_defaults(&cfg, 120000);
+    uint64_t begun[16];
+    /* The new head installs the view 13 s after the restore began: the old pacing (8 passes
+     * 500 ms apart) gave up after 3.5 s. */
+    uint32_t n = refused_until(&f, &cfg, 1000 + 13000, begun, 16);
+    assert_int_equal(n, 10);
+    assert_int_equal(f.m.rc, 0);
+    only(&f, CPS_RS_DONE);
     cps__rs_fini(&f.m);
 }
 
@@ -394,6 +484,8 @@ int main(void)
         cmocka_unit_test(test_passes_wait_for_the_gap),
         cmocka_unit_test(test_a_head_silent_through_every_pass_fails_by_name),
         cmocka_unit_test(test_the_pass_limit_fails_the_restore),
+        cmocka_unit_test(test_passes_back_off_within_the_budget),
+        cmocka_unit_test(test_a_head_refusing_for_13_s_is_waited_out),
         cmocka_unit_test(test_a_view_without_the_head_drops_the_held_put),
         cmocka_unit_test(test_no_look_before_refresh_ms_when_nothing_is_gone),
         cmocka_unit_test(test_a_range_without_a_replica_fails_by_name),

@@ -76,6 +76,29 @@ static void test_no_live_replica_fails_naming_the_first_such_range(void **state)
     assert_int_equal(again[0], 1); /* still judged: the head moved */
 }
 
+static void test_a_dead_last_replica_kept_in_its_chain_is_no_replica(void **state)
+{
+    (void)state;
+    /* The coordinator keeps a range's last replica in its chain when it dies (the range waits for
+     * it): node 2, dead, is all range 1 has. */
+    const uint32_t chains[3][3] = {{1}, {2}, {3}};
+    const uint32_t lens[3] = {1, 1, 1};
+    cps__view v = view_of(chains, lens);
+    cps__node_info nodes[3];
+    memset(nodes, 0, sizeof nodes);
+    for (uint32_t i = 0; i < 3; i++)
+        nodes[i].id = i + 1, nodes[i].alive = i != 1;
+    v.nodes = nodes;
+    v.nnodes = 3;
+    const uint32_t sent[3] = {1, 2, 3};
+    unsigned char again[3];
+    uint32_t bad = 77;
+    assert_int_equal(cps__restore_route(&v, 3, sent, again, &bad), CPS_EUNAVAILABLE);
+    assert_int_equal(bad, 1);
+    nodes[1].alive = 1; /* it came back */
+    assert_int_equal(cps__restore_route(&v, 3, sent, again, &bad), 0);
+}
+
 static void test_bad_arguments(void **state)
 {
     (void)state;
@@ -292,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_a_dead_tail_keeps_the_stream_a_dead_head_restarts_it),
         cmocka_unit_test(test_a_range_not_streamed_yet_has_nothing_to_lose),
         cmocka_unit_test(test_no_live_replica_fails_naming_the_first_such_range),
+        cmocka_unit_test(test_a_dead_last_replica_kept_in_its_chain_is_no_replica),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_answers_in_order_are_taken_a_later_one_proves_a_drop),
         cmocka_unit_test(test_an_error_after_a_drop_is_its_consequence),
