@@ -185,16 +185,17 @@ int cps__auth_create_file(const char *path, char *err, size_t errlen)
 
 /* ---- sealing and checking ---- */
 
-/* OpenSSL 3.0's Poly1305 for AVX-512 IFMA (Intel since Ice Lake) returns from its final blocks
- * (EVP_EncryptFinal_ex) with the upper halves of the vector registers in use and no vzeroupper.
- * Until the thread next runs one, every legacy SSE instruction it executes pays the transition
- * penalty: all scalar float and double code built for baseline x86-64, which is the optimizer's
- * apply, libm, the application's own loops. On a Xeon with IFMA a scalar loop after one 64-byte
- * MAC ran 21 times slower (8 against 175 ms); in a push+pull job this made the MAC cost several
- * times its own arithmetic (bench/results/transport.md, "The MAC's hidden cost"). So every call
- * into OpenSSL's cipher ends with a vzeroupper: about a cycle, also on machines whose OpenSSL
- * leaves the state clean. Only where the CPU and the operating system support AVX (the
- * instruction faults otherwise); the clobbers tell the compiler that vector registers change. */
+/* On a Xeon with AVX-512 (IFMA), OpenSSL 3.0's ChaCha20-Poly1305 returns from its final step
+ * (EVP_EncryptFinal_ex, whatever the length) with the upper halves of the vector registers in use
+ * and no vzeroupper; with its AVX-512 paths masked (OPENSSL_ia32cap) it does not. Until the thread
+ * next runs a vzeroupper, every legacy SSE instruction it executes pays the transition penalty:
+ * all scalar float and double code built for baseline x86-64 (libm, the optimizer, the
+ * application's own loops). A scalar loop after one 64-byte MAC ran 21 times slower (175 against
+ * 8 ms), and in a push+pull job the MAC cost several times its own arithmetic
+ * (bench/results/transport.md §9). So every call into OpenSSL's cipher ends with a vzeroupper:
+ * about a cycle, also where OpenSSL leaves the state clean. Only where the CPU and the operating
+ * system support AVX (the instruction faults otherwise); the clobbers tell the compiler that the
+ * vector registers change. */
 static void vec_clean(void)
 {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
