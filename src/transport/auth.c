@@ -185,6 +185,29 @@ int cps__auth_create_file(const char *path, char *err, size_t errlen)
 
 /* ---- sealing and checking ---- */
 
+/* On a Xeon with AVX-512 (IFMA), OpenSSL 3.0's ChaCha20-Poly1305 returns from its final step
+ * (EVP_EncryptFinal_ex, whatever the length) with the upper halves of the vector registers in use
+ * and no vzeroupper; with its AVX-512 paths masked (OPENSSL_ia32cap) it does not. Until the thread
+ * next runs a vzeroupper, every legacy SSE instruction it executes pays the transition penalty:
+ * all scalar float and double code built for baseline x86-64 (libm, the optimizer, the
+ * application's own loops). A scalar loop after one 64-byte MAC ran 21 times slower (175 against
+ * 8 ms), and in a push+pull job the MAC cost several times its own arithmetic
+ * (bench/results/transport.md §9). So every call into OpenSSL's cipher ends with a vzeroupper:
+ * about a cycle, also where OpenSSL leaves the state clean. Only where the CPU and the operating
+ * system support AVX (the instruction faults otherwise); the clobbers tell the compiler that the
+ * vector registers change. */
+static void vec_clean(void)
+{
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    /* libgcc fills the CPU model in a constructor: one load here, no race between threads. */
+    if (__builtin_cpu_supports("avx"))
+        __asm__ volatile("vzeroupper" ::
+                             : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7",
+                               "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15",
+                               "memory");
+#endif
+}
+
 static EVP_CIPHER_CTX *mac_new(void)
 {
     EVP_CIPHER_CTX *c = EVP_CIPHER_CTX_new();
@@ -204,6 +227,7 @@ static int mac_key(const cps__auth *a, EVP_CIPHER_CTX *c, const unsigned char *s
     if (rc == 0 && EVP_EncryptInit_ex(c, NULL, NULL, sub, NULL) != 1)
         rc = CPS_ENOMEM;
     OPENSSL_cleanse(sub, sizeof sub);
+    vec_clean();
     return rc;
 }
 
@@ -216,11 +240,14 @@ static int mac_update(EVP_CIPHER_CTX *c, const unsigned char *data, size_t len)
     int outl;
     while (len > 0) {
         int part = len > (1u << 30) ? (1 << 30) : (int)len;
-        if (EVP_EncryptUpdate(c, NULL, &outl, data, part) != 1)
+        if (EVP_EncryptUpdate(c, NULL, &outl, data, part) != 1) {
+            vec_clean();
             return -1;
+        }
         data += part;
         len -= (size_t)part;
     }
+    vec_clean();
     return 0;
 }
 
@@ -246,17 +273,21 @@ static int mac_start(EVP_CIPHER_CTX *c, uint64_t counter)
 {
     unsigned char nonce[NONCE_LEN] = {0};
     cps__le64_put(nonce, counter);
-    return EVP_EncryptInit_ex(c, NULL, NULL, NULL, nonce) == 1 ? 0 : -1;
+    int rc = EVP_EncryptInit_ex(c, NULL, NULL, NULL, nonce) == 1 ? 0 : -1;
+    vec_clean();
+    return rc;
 }
 
 static int mac_finish(EVP_CIPHER_CTX *c, unsigned char tag[CPS_AUTH_TAG])
 {
     int outl;
     unsigned char none[16];
-    return EVP_EncryptFinal_ex(c, none, &outl) == 1 &&
-                   EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, CPS_AUTH_TAG, tag) == 1
-               ? 0
-               : -1;
+    int rc = EVP_EncryptFinal_ex(c, none, &outl) == 1 &&
+                     EVP_CIPHER_CTX_ctrl(c, EVP_CTRL_AEAD_GET_TAG, CPS_AUTH_TAG, tag) == 1
+                 ? 0
+                 : -1;
+    vec_clean();
+    return rc;
 }
 
 /* The tag of data[0, len) (len >= 24: it ends with the salt and the counter): ChaCha20-Poly1305

@@ -19,6 +19,7 @@ int main(void)
         cmocka_unit_test(forwarded_buffer_is_resealed),
         cmocka_unit_test(deferred_check_rides_on_the_copy),
         cmocka_unit_test(old_version_peer_is_logged_as_such),
+        cmocka_unit_test(mac_leaves_vector_state_clean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -86,5 +86,7 @@ void fused_copy_is_the_same_mac(void **state);
 void fill_macs_as_it_copies(void **state);
 /* deferred.c */
 void deferred_check_rides_on_the_copy(void **state);
+/* vector_state.c */
+void mac_leaves_vector_state_clean(void **state);
 
 #endif
