@@ -29,8 +29,12 @@
  *  - state transfer: both sides are the replica's (replication/replica_join.c, running
  *    recovery/joiner.c); the sim performs its ready items as the server does: JOIN_RANGE ->
  *    JOIN_CLEAR (clearing the copy) -> SNAP_REQ (re-sent until the snapshot comes) -> the
- *    tail's shadow and SNAPSHOT, a snapshot of the tail's store a moment later -> SNAP over the
- *    network (one message) -> JOIN_INSTALL, then the replica's READY -> CAUGHT_UP -> a view
+ *    tail's shadow and SNAPSHOT, one read of the tail's store a moment later -> 1-4 SNAP chunks
+ *    of that read, 1-40 ms apart, on a connection of their own (in order; it dies with the
+ *    tail's process, and a partition or a drop breaks it for the rest of the stream) -> a
+ *    JOIN_INSTALL per chunk (each writes its key groups; the last the read's sequence number and
+ *    records, and invariant 3 checks every group is that read's), then the replica's READY ->
+ *    CAUGHT_UP -> a view
  *    with the joiner as the new tail, whose reads wait for CHAIN_MARK
  *    (cps__chain_can_serve_pull), and a second CAUGHT_UP (aux 1) once they may be served; a join
  *    given up (timeout, a view that ends it, a failed step) reports CAUGHT_UP aux 2;

@@ -595,7 +595,7 @@ static void stream_send(sim *sm, sim_server *s, uint32_t to, const cps__msg_hdr 
     memcpy(c->buf + CPS_WIRE_HDR_SIZE, pl, SNAP_CHUNK_LEN);
     /* As the network's delays: mostly a few ms, sometimes long. */
     uint64_t t = sm->now + (snap_rnd(sm, 1000) < sm->p.long_per_mille ? 20 + snap_rnd(sm, 800)
-                                                                        : 1 + snap_rnd(sm, 12));
+                                                                      : 1 + snap_rnd(sm, 12));
     if (t < st->floor)
         t = st->floor;
     st->floor = t;
