@@ -539,9 +539,40 @@ void sim_check_reply(sim *sm, sim_server *s, uint32_t r, const cps__chain_req *q
     check_acked_on_members(sm, &k, when);
 }
 
-/* A snapshot installed at a joiner agrees with every live replica at equal sequence numbers. */
+/* Invariant 3 at a joiner's install: the snapshot's chunks it took hold one read's values. Its
+ * key groups came from the chunks that last wrote them; a group of a read at another sequence
+ * number than the snapshot's (the last chunk's, which the joiner replays forwarded updates
+ * after) holds updates it will apply twice, or lacks ones it will never get; a group no chunk
+ * wrote lacks its values. Production's chunks carry no number: only one stream per join keeps
+ * them one read's (the replica's snapshot guard, replication/replica_join.c). */
+static void check_snapshot_groups(sim *sm, const sim_server *s, uint32_t r)
+{
+    const sim_rstore *st = &s->rs[r];
+    for (uint32_t g = 0; g < SIM_SNAP_GROUPS; g++) {
+        uint32_t k = s->groups[(size_t)r * SIM_SNAP_GROUPS + g];
+        if (k && sm->snaps[k - 1]->st.applied == st->applied)
+            continue;
+        if (k)
+            sim_fail(sm, "(3) replicas agree",
+                     "range %u: snapshot installed at server %u at seq %" PRIu64
+                     " holds key group %u as read at seq %" PRIu64 " (chunks of two reads)",
+                     r, s->id, st->applied, g, sm->snaps[k - 1]->st.applied);
+        else
+            sim_fail(sm, "(3) replicas agree",
+                     "range %u: snapshot installed at server %u at seq %" PRIu64
+                     " lacks key group %u (no chunk carried it)",
+                     r, s->id, st->applied, g);
+        return;
+    }
+}
+
+/* A snapshot installed at a joiner is one read's, and agrees with every live replica at equal
+ * sequence numbers. */
 void sim_check_snapshot(sim *sm, sim_server *s, uint32_t r)
 {
+    check_snapshot_groups(sm, s, r);
+    if (sm->failed)
+        return;
     const sim_rstore *st = &s->rs[r];
     const cps__range *rg = &sim_cur_view(sm)->ranges[r];
     for (uint32_t i = 0; i < rg->chain_len; i++) {

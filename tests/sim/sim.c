@@ -29,8 +29,12 @@
  *  - state transfer: both sides are the replica's (replication/replica_join.c, running
  *    recovery/joiner.c); the sim performs its ready items as the server does: JOIN_RANGE ->
  *    JOIN_CLEAR (clearing the copy) -> SNAP_REQ (re-sent until the snapshot comes) -> the
- *    tail's shadow and SNAPSHOT, a snapshot of the tail's store a moment later -> SNAP over the
- *    network (one message) -> JOIN_INSTALL, then the replica's READY -> CAUGHT_UP -> a view
+ *    tail's shadow and SNAPSHOT, one read of the tail's store a moment later -> 1-4 SNAP chunks
+ *    of that read, 1-40 ms apart, on a connection of their own (in order; it dies with the
+ *    tail's process, and a partition or a drop breaks it for the rest of the stream) -> a
+ *    JOIN_INSTALL per chunk (each writes its key groups; the last the read's sequence number and
+ *    records, and invariant 3 checks every group is that read's), then the replica's READY ->
+ *    CAUGHT_UP -> a view
  *    with the joiner as the new tail, whose reads wait for CHAIN_MARK
  *    (cps__chain_can_serve_pull), and a second CAUGHT_UP (aux 1) once they may be served; a join
  *    given up (timeout, a view that ends it, a failed step) reports CAUGHT_UP aux 2;
@@ -250,6 +254,7 @@ static void net_send(sim *sm, uint32_t from, uint32_t to, const void *buf, size_
         m->to = to;
         m->inc = from >= 1 && from <= sm->p.servers ? sm->servers[from - 1].inc : 0;
         m->wire = sm->on_wire;
+        m->stream = 0;
         m->len = len;
         memcpy(m->buf, buf, len);
         uint64_t t = sm->now + extra + net_delay(sm);
@@ -685,10 +690,28 @@ static void deliver(sim *sm, sim_msg *m)
             sim_sched_deliver(sm, m);
     } else if (m->to <= sm->p.servers) {
         sim_server *s = &sm->servers[m->to - 1];
+        int was_held = m->stream == 2;
+        if (was_held) {
+            s->held_chunks--;
+            m->stream = 1;
+        }
         if (lost_with_sender(sm, m)) {
             /* lost */
         } else if (s->state == SRV_CRASHED) {
             sim_trace(sm, "message %u -> crashed s%u lost", m->from, s->id);
+        } else if (m->stream && (s->state == SRV_PAUSED || (!was_held && s->held_chunks))) {
+            /* A snapshot's chunks stay in their connection's order: held behind the ones its
+             * inbox holds already. */
+            uint64_t t = s->state == SRV_PAUSED ? s->resume_at + 1 : sm->now + 1;
+            if (t < s->held_until)
+                t = s->held_until;
+            if (t <= sm->now)
+                t = sm->now + 1;
+            s->held_until = t;
+            m->stream = 2;
+            s->held_chunks++;
+            ev_push(sm, t, EV_DELIVER, m->to, m);
+            return;
         } else if (s->state == SRV_PAUSED) {
             /* Held by its inbox until it runs again. */
             ev_push(sm, s->resume_at + 1 + rnd(sm, 20), EV_DELIVER, m->to, m);
@@ -776,6 +799,7 @@ static void setup(sim *sm)
 {
     const sim_params *p = &sm->p;
     sim_rng_seed(&sm->rng, p->seed ^ 0x5eed5eed5eed5eedull);
+    sim_rng_seed(&sm->snap_rng, p->seed ^ 0x5a995a995a995a99ull);
     sm->nranges = p->ranges;
     sm->lossy = p->faults == SIM_F_DROPS || p->faults == SIM_F_ALL;
     sm->phase = PHASE_FAULTS;

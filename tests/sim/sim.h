@@ -164,6 +164,9 @@ typedef struct sim_msg {
     uint32_t from, to;
     uint32_t inc; /* the sending server's incarnation (lost with it if it crashes) */
     int wire;     /* on the wire: arrives though its sender crashed (sim.c's lost_with_sender) */
+    /* 1: a snapshot's chunk on its own connection (in order, never dropped or doubled alone);
+     * 2: one its paused receiver's inbox holds (sim.c's deliver). */
+    int stream;
     size_t len;
     _Alignas(8) uint8_t buf[]; /* whole wire message; 8-byte aligned payload after the header */
 } sim_msg;
@@ -222,9 +225,16 @@ typedef struct sim_step_set {
     uint64_t step, hash;
 } sim_step_set;
 
-/* A snapshot of one range of a tail's store, referenced by SNAP messages (aux = index). */
+/* A snapshot's values come in this many key groups per range: chunk i of a stream of n carries
+ * groups [i * G / n, (i + 1) * G / n) as its read found them, as production's chunks carry the
+ * records of one range slice by slice. */
+#define SIM_SNAP_GROUPS 8
+/* One read of one range of a tail's store (production's read transaction), referenced by the SNAP
+ * chunks streamed from it (payload: its index in sim.snaps, the chunk's index and count). The
+ * last chunk also carries the read's sequence number, exactly-once records and SSP clocks. */
 typedef struct sim_snap {
     uint32_t range, source;
+    uint32_t chunks;
     sim_rstore st;
 } sim_snap;
 
@@ -263,6 +273,13 @@ typedef struct sim_server {
     sim_rstore *old_rs;
     int disk_back;
     uint8_t *copying; /* per range: holds a snapshot, not yet a member */
+    /* Per range and key group (SIM_SNAP_GROUPS), the read (1 + index in sim.snaps) whose chunk
+     * last wrote the group's values into this store during a join, 0: none since JOIN_CLEAR. */
+    uint32_t *groups;
+    /* Snapshot chunks its inbox holds while paused (later ones queue behind them), and when the
+     * last held one is due. */
+    uint32_t held_chunks;
+    uint64_t held_until;
     /* The WELCOME (its epoch, and the life it answered) the server was last let in by: a late
      * copy of it may reach its next life (--fence-faults). Epoch 0: none yet. */
     uint64_t welcome_epoch;
@@ -357,6 +374,9 @@ typedef struct sim {
     uint64_t *acked_seq; /* per range: the highest sequence number acknowledged to a worker */
     sim_snap **snaps;
     uint32_t nsnaps, snaps_cap;
+    /* The snapshot streams' own draws (chunk counts and spacing, their connection's delays and
+     * breaks), so that they leave the run's other draws where they were. */
+    sim_rng snap_rng;
     uint64_t moves, drains;
     uint64_t restarts, wipes, disks_back, partitions, joins, rejoins, gated, ssp_parked;
     uint64_t stale_welcomes;
@@ -430,6 +450,7 @@ void sim_server_reset(sim *sm, sim_server *s);
 void sim_server_deliver(sim *sm, sim_server *s, const sim_msg *m);
 void sim_server_tick(sim *sm, sim_server *s);
 void sim_server_acks_due(sim *sm, sim_server *s);
+/* The snapshot thread's next step: read the store (the first), send one chunk. */
 void sim_snapshot_run(sim *sm, sim_msg *m);
 
 /* sim_drain.c: the server's side of a drain (--drains) */

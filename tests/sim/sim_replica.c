@@ -262,6 +262,22 @@ static int send_ahead(sim *sm, sim_server *s, const cps__replica_out *o)
     return sim_fwd_crash_point(sm, s, middle);
 }
 
+/* A snapshot thread's progress, after the SNAP header in its EV_SNAPSHOT event's message. */
+typedef struct snap_stream {
+    uint64_t snap;  /* its read: index in sm->snaps; UINT64_MAX until it reads the store */
+    uint32_t next;  /* the chunk it sends next */
+    int broken;     /* its connection broke: what it still sends is lost */
+    uint64_t floor; /* when its last chunk sent arrives: the next one arrives no earlier */
+} snap_stream;
+
+/* The payload of a SNAP chunk: the read, the chunk's index and the stream's chunk count. */
+#define SNAP_CHUNK_LEN 16
+
+static uint64_t snap_rnd(sim *sm, uint64_t n)
+{
+    return sim_rng_next(&sm->snap_rng) % n;
+}
+
 /* SNAPSHOT at the tail: the snapshot thread reads the store a moment later (sim_snapshot_run). */
 static void start_snapshot(sim *sm, sim_server *s, const cps__replica_out *o)
 {
@@ -277,34 +293,55 @@ static void start_snapshot(sim *sm, sim_server *s, const cps__replica_out *o)
                  s->id, s->epoch, o->range, o->to, o->seq, o->req.epoch);
         return;
     }
-    sim_msg *m = sim_xmalloc(sizeof *m + CPS_WIRE_HDR_SIZE);
+    sim_msg *m = sim_xmalloc(sizeof *m + CPS_WIRE_HDR_SIZE + sizeof(snap_stream));
     m->from = s->id;
     m->to = o->to;
     m->inc = s->inc;
-    m->len = CPS_WIRE_HDR_SIZE;
-    /* step: the join id of the request, echoed; one chunk, the last. */
+    m->wire = 0;
+    m->stream = 0;
+    m->len = CPS_WIRE_HDR_SIZE + sizeof(snap_stream);
+    /* step: the join id of the request, echoed on every chunk. */
     cps__msg_hdr sh = {.type = CPS_MSG_SNAP,
                        .sender = s->id,
                        .epoch = s->epoch,
                        .range = o->range,
-                       .step = o->seq,
-                       .aux = 1};
+                       .step = o->seq};
     cps__wire_hdr_encode(m->buf, &sh);
+    snap_stream st = {.snap = UINT64_MAX};
+    memcpy(m->buf + CPS_WIRE_HDR_SIZE, &st, sizeof st);
     sim_ev_push(sm, sm->now + sim_rnd(sm, 40), EV_SNAPSHOT, s->id, m);
 }
 
-/* JOIN_INSTALL: the snapshot (the SNAP's payload: its index in sm->snaps) into our store. */
+/* Key groups [lo, hi) of SIM_SNAP_GROUPS: what chunk i of n carries. */
+static void chunk_groups(uint32_t i, uint32_t n, uint32_t *lo, uint32_t *hi)
+{
+    *lo = i * SIM_SNAP_GROUPS / n;
+    *hi = (i + 1) * SIM_SNAP_GROUPS / n;
+}
+
+/* JOIN_INSTALL: one SNAP chunk into our store (its payload names the read and the chunk). The
+ * chunk writes its key groups' values as the read found them; the last one also the read's
+ * sequence number, exactly-once records and SSP clocks (here the whole log of the read stands
+ * for the values, once every group is in: sim_check_snapshot checks that they are one read's). */
 static int install_snapshot(sim *sm, sim_server *s, const cps__replica_out *o, uint64_t *value)
 {
     uint32_t r = o->range;
-    uint64_t k = o->upd.body_len == 8 ? cps__le64_get(o->upd.body) : UINT64_MAX;
-    if (k >= sm->nsnaps) {
-        sim_fail(sm, "api", "server %u: JOIN_INSTALL of r%u names no snapshot", s->id, r);
+    uint64_t k = o->upd.body_len == SNAP_CHUNK_LEN ? cps__le64_get(o->upd.body) : UINT64_MAX;
+    uint32_t i = k < sm->nsnaps ? cps__le32_get(o->upd.body + 8) : 0;
+    uint32_t n = k < sm->nsnaps ? cps__le32_get(o->upd.body + 12) : 0;
+    if (k >= sm->nsnaps || n != sm->snaps[k]->chunks || i >= n || (i == n - 1) != (o->last != 0)) {
+        sim_fail(sm, "api", "server %u: JOIN_INSTALL of r%u names no snapshot chunk", s->id, r);
         return CPS_EINVAL;
     }
     const sim_snap *sn = sm->snaps[k];
-    sim_rstore_copy(&s->rs[r], &sn->st);
+    uint32_t lo, hi;
+    chunk_groups(i, n, &lo, &hi);
+    for (uint32_t g = lo; g < hi; g++)
+        s->groups[(size_t)r * SIM_SNAP_GROUPS + g] = (uint32_t)k + 1;
     s->copying[r] = 1;
+    if (!o->last)
+        return 0;
+    sim_rstore_copy(&s->rs[r], &sn->st);
     sim_check_snapshot(sm, s, r);
     *value = sn->st.applied;
     return 0;
@@ -372,6 +409,8 @@ static int perform_list(sim *sm, sim_server *s, uint32_t *range, int *rc, uint64
         case CPS_RO_JOIN_CLEAR:
             sim_rstore_clear(&s->rs[o->range]); /* the server's cps__server_clear_range */
             s->copying[o->range] = 0;
+            memset(&s->groups[(size_t)o->range * SIM_SNAP_GROUPS], 0,
+                   SIM_SNAP_GROUPS * sizeof *s->groups);
             *range = o->range;
             *rc = 0;
             answer = 1;
@@ -469,6 +508,7 @@ void sim_server_start(sim *sm, sim_server *s, const cps__view *v)
     s->sm = sm;
     s->rs = sim_xcalloc(sm->nranges, sizeof *s->rs);
     s->copying = sim_xcalloc(sm->nranges, sizeof *s->copying);
+    s->groups = sim_xcalloc((size_t)sm->nranges * SIM_SNAP_GROUPS, sizeof *s->groups);
     replica_new(sm, s);
     s->ticking = 1;
     s->epoch = v->epoch; /* the replica (and its fence) install v as it is */
@@ -489,6 +529,7 @@ void sim_server_free(sim *sm, sim_server *s)
     s->chain = NULL;
     free(s->parked);
     free(s->copying);
+    free(s->groups);
     free(s->lingers);
     free(s->drain_held);
 }
@@ -525,7 +566,46 @@ static void take_view(sim *sm, sim_server *s, uint64_t epoch)
     run_held(sm, s);
 }
 
-/* The snapshot thread reads the store (whatever the chain did since) and sends it. */
+/* One chunk onto the stream's connection (one per snapshot thread, production's socket of its
+ * own): in order, each after a network delay; a partition or a drop breaks the connection, and
+ * the thread, which cannot tell, sends the rest into nothing. Lost with its sender's process. */
+static void stream_send(sim *sm, sim_server *s, uint32_t to, const cps__msg_hdr *h,
+                        const uint8_t *pl, snap_stream *st)
+{
+    if (st->broken)
+        return;
+    if ((sm->cut_active && sm->cut[s->id][to]) ||
+        (sm->lossy && snap_rnd(sm, 1000) < sm->p.drop_per_mille)) {
+        st->broken = 1;
+        sm->drops++;
+        sim_trace(sm, "s%u snapshot of r%u to s%u: connection broken", s->id, h->range, to);
+        return;
+    }
+    size_t len = CPS_WIRE_HDR_SIZE + SNAP_CHUNK_LEN;
+    sim_msg *c = sim_xmalloc(sizeof *c + len);
+    c->from = s->id;
+    c->to = to;
+    c->inc = s->inc;
+    c->wire = 0;
+    c->stream = 1;
+    c->len = len;
+    cps__msg_hdr hh = *h;
+    hh.payload_len = hh.raw_len = SNAP_CHUNK_LEN;
+    cps__wire_hdr_encode(c->buf, &hh);
+    memcpy(c->buf + CPS_WIRE_HDR_SIZE, pl, SNAP_CHUNK_LEN);
+    /* As the network's delays: mostly a few ms, sometimes long. */
+    uint64_t t = sm->now + (snap_rnd(sm, 1000) < sm->p.long_per_mille ? 20 + snap_rnd(sm, 800)
+                                                                      : 1 + snap_rnd(sm, 12));
+    if (t < st->floor)
+        t = st->floor;
+    st->floor = t;
+    sim_ev_push(sm, t, EV_DELIVER, to, c);
+    sm->sent++;
+}
+
+/* The snapshot thread: the first step reads the store (whatever the chain did since), every
+ * step sends the next chunk of that read, 1-40 ms apart, so that a repeated SNAP_REQ of the join
+ * can come while it streams. */
 void sim_snapshot_run(sim *sm, sim_msg *m)
 {
     sim_server *s = &sm->servers[m->from - 1];
@@ -538,27 +618,43 @@ void sim_snapshot_run(sim *sm, sim_msg *m)
         return;
     }
     cps__msg_hdr h;
-    cps__wire_hdr_decode(m->buf, m->len, &h);
-    if (sm->nsnaps == sm->snaps_cap) {
-        sm->snaps_cap = sm->snaps_cap ? 2 * sm->snaps_cap : 16;
-        sm->snaps = realloc(sm->snaps, sm->snaps_cap * sizeof *sm->snaps);
-        if (!sm->snaps) {
-            fprintf(stderr, "sim: out of memory\n");
-            exit(2);
+    cps__wire_hdr_decode(m->buf, CPS_WIRE_HDR_SIZE, &h); /* the stream's state follows */
+    snap_stream st;
+    memcpy(&st, m->buf + CPS_WIRE_HDR_SIZE, sizeof st);
+    if (st.snap == UINT64_MAX) {
+        if (sm->nsnaps == sm->snaps_cap) {
+            sm->snaps_cap = sm->snaps_cap ? 2 * sm->snaps_cap : 16;
+            sm->snaps = realloc(sm->snaps, sm->snaps_cap * sizeof *sm->snaps);
+            if (!sm->snaps) {
+                fprintf(stderr, "sim: out of memory\n");
+                exit(2);
+            }
         }
+        sim_check_copy_source(sm, s, h.range, m->to);
+        sim_snap *sn = sim_xcalloc(1, sizeof *sn);
+        sn->range = h.range;
+        sn->source = s->id;
+        sn->chunks = 1 + (uint32_t)snap_rnd(sm, 4);
+        sim_rstore_copy(&sn->st, &s->rs[h.range]);
+        st.snap = sm->nsnaps;
+        sm->snaps[sm->nsnaps++] = sn;
+        sim_trace(sm, "s%u snapshot %" PRIu64 " of r%u at seq %" PRIu64 " -> s%u (%u chunks)",
+                  s->id, st.snap, h.range, sn->st.applied, m->to, sn->chunks);
     }
-    sim_check_copy_source(sm, s, h.range, m->to);
-    sim_snap *sn = sim_xcalloc(1, sizeof *sn);
-    sn->range = h.range;
-    sn->source = s->id;
-    sim_rstore_copy(&sn->st, &s->rs[h.range]);
+    const sim_snap *sn = sm->snaps[st.snap];
+    uint32_t i = st.next++;
     h.req_seq = sn->st.applied;
-    uint8_t index[8]; /* the payload: the snapshot's index in sm->snaps */
-    cps__le64_put(index, sm->nsnaps);
-    sm->snaps[sm->nsnaps++] = sn;
-    sim_trace(sm, "s%u snapshot of r%u at seq %" PRIu64 " -> s%u", s->id, h.range, h.req_seq,
-              m->to);
-    sim_send_hdr(sm, s->id, m->to, &h, index, sizeof index, 0);
+    h.aux = i + 1 == sn->chunks; /* the last */
+    uint8_t pl[SNAP_CHUNK_LEN];
+    cps__le64_put(pl, st.snap);
+    cps__le32_put(pl + 8, i);
+    cps__le32_put(pl + 12, sn->chunks);
+    stream_send(sm, s, m->to, &h, pl, &st);
+    if (st.next < sn->chunks) {
+        memcpy(m->buf + CPS_WIRE_HDR_SIZE, &st, sizeof st);
+        sim_ev_push(sm, sm->now + 1 + snap_rnd(sm, 40), EV_SNAPSHOT, s->id, m);
+        return;
+    }
     /* Sent, but its socket lingers until the replica lets it close (sim_reap_snapshots): the
      * joiner's requests of this join that come meanwhile are ignored, as in production. */
     if (s->nlingers == s->lingers_cap) {
