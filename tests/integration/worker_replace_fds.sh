@@ -5,14 +5,15 @@
 # a worker is killed -9 REPLACEMENTS+1 times (alternating ranks) and started again by launch.
 # The fd counts of the scheduler and of both servers are taken after the first replacement (every
 # socket a steady job needs is open by then) and after the last: they may not grow by more than
-# SLACK.
+# SLACK. Each count is taken once the scheduler has logged the replaced worker's death and its
+# replacement's admission and the three counts have held still for half a second (a fixed 4 s
+# wait before: 4 s of the test per replacement).
 # Usage: worker_replace_fds.sh CHAINPS LSQ_WORKER
 set -u
 CHAINPS=$1
 LSQ=$2
 REPLACEMENTS=${REPLACEMENTS:-5}
 SLACK=${SLACK:-1}
-WAIT=${WAIT:-4}
 dir=$(mktemp -d "${TMPDIR:-/tmp}/replace_fds.XXXXXX")
 export CHAINPS_WORKER_DEAD_AFTER_MS=1000
 "$CHAINPS" launch --servers 2 --replicas 2 --workers 2 --restart-workers --timeout 300 -- \
@@ -39,8 +40,25 @@ worker_of_rank() {
 }
 nfd() { ls "/proc/$1/fd" 2>/dev/null | wc -l; }
 counts() { echo "$(nfd "$sched") $(nfd "$srv0") $(nfd "$srv1")"; }
+# lines of the job's log matching $1
+logged() { grep -c -- "$1" "$dir/launch.log"; }
+# wait (up to 10 s) until the fd counts hold still for 0.5 s
+steady() {
+    local prev cur t
+    prev=$(counts)
+    for t in $(seq 1 20); do
+        sleep 0.5
+        cur=$(counts)
+        [ "$cur" = "$prev" ] && return
+        prev=$cur
+    done
+}
 
-sleep "$WAIT"
+# The job up: both workers admitted (each pushes from then on), then its sockets settled.
+for t in $(seq 1 300); do
+    [ "$(logged ") joined from")" -ge 4 ] && break
+    sleep 0.1
+done
 sched=$(child " scheduler ")
 srv0=$(child " server " "--rank 0")
 srv1=$(child " server " "--rank 1")
@@ -49,12 +67,15 @@ if [ -z "$sched" ] || [ -z "$srv0" ] || [ -z "$srv1" ]; then
     cat "$dir/launch.log"
     exit 1
 fi
+steady
 echo "started: fds (scheduler server0 server1): $(counts)"
 
 replace() { # kill the worker of rank $1 and wait for its replacement to be admitted
-    local old new t
+    local old new t dead joined
     old=$(worker_of_rank "$1")
     [ -n "$old" ] || { echo "FAIL: no worker of rank $1"; tail -30 "$dir/launch.log"; exit 1; }
+    dead=$(logged "worker [0-9]* (rank $1) silent for")
+    joined=$(logged "worker [0-9]* (rank $1) joined from")
     kill -9 "$old"
     for t in $(seq 1 60); do
         sleep 0.2
@@ -63,8 +84,20 @@ replace() { # kill the worker of rank $1 and wait for its replacement to be admi
     done
     [ -n "$new" ] && [ "$new" != "$old" ] || {
         echo "FAIL: rank $1 not replaced"; tail -30 "$dir/launch.log"; exit 1; }
-    # declared dead (1 s), the replacement admitted, the views out
-    sleep "$WAIT"
+    # declared dead (1 s), the replacement admitted (launch starts it once the death is
+    # declared), the views out
+    local seen=no
+    for t in $(seq 1 150); do
+        if [ "$(logged "worker [0-9]* (rank $1) silent for")" -gt "$dead" ] &&
+            [ "$(logged "worker [0-9]* (rank $1) joined from")" -gt "$joined" ]; then
+            seen=yes
+            break
+        fi
+        sleep 0.1
+    done
+    [ "$seen" = yes ] || {
+        echo "FAIL: rank $1: no death and admission logged"; tail -30 "$dir/launch.log"; exit 1; }
+    steady
 }
 
 replace 0
