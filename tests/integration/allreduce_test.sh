@@ -133,11 +133,14 @@ echo "ok: a worker killed -9 in the middle: the survivors finished all 400 all-r
 #    -9 after 100 steps; its replacement fetches w and the step from rank 0 (whose ring waits for
 #    it) and both end with the same w. The answer comes in parts of 1000 values
 #    (CHAINPS_FETCH_PART), 4 per request: w's 5000 values and the last result's take 3 requests.
+#    The replacement then starts its first all-reduce and fetches again under it (--busy-fetch):
+#    refused CPS_EBUSY with nothing written, and the all-reduce goes on where the first fetch put
+#    it (the equal final w shows it).
 if [ "${EQUAL_WORKERS-x}" != "" ]; then
     out="$dir/replace"
     mkdir -p "$out"
     CHAINPS_FETCH_PART=1000 "$CHAINPS" launch --servers 1 --workers 2 --restart-workers --timeout 150 -- \
-        "$APP" --out "$out" --train --len 5000 --iters 600 --step-ms 10 >"$out.log" 2>&1 &
+        "$APP" --out "$out" --train --busy-fetch --len 5000 --iters 600 --step-ms 10 >"$out.log" 2>&1 &
     lp=$!
     for t in $(seq 1 150); do
         [ -s "$out/rank1.txt" ] && [ "$(wc -l <"$out/rank1.txt")" -ge 100 ] && break
@@ -152,6 +155,8 @@ if [ "${EQUAL_WORKERS-x}" != "" ]; then
     [ $rc = 0 ] || { tail -30 "$out.log"; fail "the job with a replaced worker exited $rc"; }
     grep -q 'rank 1: replacement starts at step [1-9]' "$out.log" ||
         { tail -30 "$out.log"; fail "the replacement did not fetch w from a live worker"; }
+    grep -q 'rank 1: busy fetch refused' "$out.log" ||
+        { grep 'rank 1' "$out.log" | tail -5; fail "a fetch under a running all-reduce was not refused"; }
     # The last window ends at the answer's total: w and, past its 5000 values, the result.
     grep -q 'sent values 4000\.\.[0-9]* of ' "$out.log" &&
         grep -Eq 'sent values 8000\.\.10000 of 10000 ' "$out.log" ||
@@ -160,7 +165,7 @@ if [ "${EQUAL_WORKERS-x}" != "" ]; then
     [ "$(sed -n 's/.*final w \([0-9a-f]*\).*/\1/p' "$out.log" | wc -l)" = 2 ] &&
         [ "$(echo "$finals" | wc -l)" = 1 ] ||
         { grep 'final w\|replacement' "$out.log"; fail "the workers ended with different w"; }
-    echo "ok: --restart-workers: $(grep -o 'replacement starts at step [0-9]*' "$out.log"), both workers end with w $finals"
+    echo "ok: --restart-workers: $(grep -o 'replacement starts at step [0-9]*' "$out.log"), a fetch under its first all-reduce refused, both workers end with w $finals"
 fi
 # 4. Checkpoints hold the all-reduced w: a 2-worker job (allreduce_app --train --ckpt, no server
 #    tensor at all) with a checkpoint every 100 steps; w (20 KB, 5 chunks) at the export's step
