@@ -182,6 +182,9 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     m->prng = sim_mix64(seed ^ 0x9a0c7ull);
     m->share_at_start = (int)sim_draw(&m->prng, 2);
     m->share_after_fetch = (int)sim_draw(&m->prng, 2);
+    /* Half the programs compute for up to 3 re-send delays between calls, so that a request
+     * waits for the sharer's next call and is asked again meanwhile. */
+    m->compute_ms = sim_draw(&m->prng, 2) ? 3 * CPS_FETCH_RESEND_MS : 0;
     if (slow_parts) {
         /* A whole part's time on the pipe: up to 3 re-send delays (a 64 MiB part over 1 GbE
          * takes ~0.54 s), so a part often arrives after its request was sent again. A stream
@@ -219,7 +222,8 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     }
     /* Kills fall anywhere in the job: before, inside (any ring step, any chunk) or between
      * collectives. A ring step takes about 11 ms here. */
-    uint64_t span = (uint64_t)m->seqs * 2 * m->norig * 12 * (1 + m->n / (m->chunk * m->norig));
+    uint64_t span = (uint64_t)m->seqs * 2 * m->norig * 12 * (1 + m->n / (m->chunk * m->norig)) +
+                    m->seqs * m->compute_ms / 2;
     uint32_t order[MAX_ORIG];
     for (uint32_t i = 0; i < m->norig; i++)
         order[i] = i;

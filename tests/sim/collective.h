@@ -142,6 +142,7 @@ typedef struct model {
      * replacement shares what it fetched at once (allreduce_app) or after its first step. */
     uint64_t prng;
     int share_at_start, share_after_fetch;
+    uint64_t compute_ms; /* a step's computing between calls takes up to this much more (0: none) */
     uint32_t held_msgs;    /* messages that waited for a call (printed) */
     uint32_t held_reqs;    /* of them, fetch requests */
     uint32_t tail_answers; /* answers given past a completion, before the share */

@@ -167,7 +167,9 @@ static void on_finish(model *m, uint32_t wi, const cps__coll_act *a)
         post(m, m->now + 1 + sim_draw(&m->prng, 30), (event){.type = EV_BARRIER, .to = wi});
         return;
     }
-    post(m, m->now + rnd(m, 30), (event){.type = EV_START, .to = wi}); /* compute, then call */
+    /* compute, then call (a long step with some programs: requests wait for it to end) */
+    uint64_t compute = rnd(m, 30) + (m->compute_ms ? sim_draw(&m->prng, m->compute_ms) : 0);
+    post(m, m->now + compute, (event){.type = EV_START, .to = wi});
 }
 
 void perform(model *m, uint32_t wi)
