@@ -84,7 +84,10 @@ static int busy_fetch_refused(cps_client *c, int len, int rank)
     free(scratch);
     if (rc != CPS_EBUSY || bad || step != 12345) {
         fprintf(stderr, "rank %d: fetch under a running all-reduce: %s, buffer %s, step %llu\n",
-                rank, rc < 0 ? cps_err_name(rc) : rc == 1 ? "fetched" : "nothing to fetch",
+                rank,
+                rc < 0    ? cps_err_name(rc)
+                : rc == 1 ? "fetched"
+                          : "nothing to fetch",
                 bad ? "written" : "untouched", (unsigned long long)step);
         return 1;
     }

@@ -43,9 +43,9 @@ enum {
     EV_KILL,
     EV_DECLARE,
     EV_JOIN,
-    EV_FREQ,  /* a replacement's request for a shared state (m.seq = its number, m.index = from) */
-    EV_FPART, /* a part of the answer (part, status; whole: an answer in one message) */
-    EV_FTICK, /* a fetching replacement's loop comes round (cps_allreduce_fetch's 50 ms wait) */
+    EV_FREQ,   /* a replacement's request for a shared state (m.seq = its number, m.index = from) */
+    EV_FPART,  /* a part of the answer (part, status; whole: an answer in one message) */
+    EV_FTICK,  /* a fetching replacement's loop comes round (cps_allreduce_fetch's 50 ms wait) */
     EV_BARRIER /* a worker past its last collective shares and enters cps_barrier */
 };
 
@@ -143,8 +143,8 @@ typedef struct model {
     uint64_t prng;
     int share_at_start, share_after_fetch;
     uint64_t compute_ms; /* a step's computing between calls takes up to this much more (0: none) */
-    uint32_t held_msgs;    /* messages that waited for a call (printed) */
-    uint32_t held_reqs;    /* of them, fetch requests */
+    uint32_t held_msgs;  /* messages that waited for a call (printed) */
+    uint32_t held_reqs;  /* of them, fetch requests */
     uint32_t tail_answers; /* answers given past a completion, before the share */
 } model;
 

@@ -7,8 +7,8 @@ int in_call(const model *m, uint32_t wi)
 {
     const worker *w = &m->w[wi];
     /* epoch 0: still in cps_open, whose loop reads the inbox too */
-    return w->alive && (w->epoch == 0 || w->running || w->fetching || w->in_barrier ||
-                        m->now < w->tail_until);
+    return w->alive &&
+           (w->epoch == 0 || w->running || w->fetching || w->in_barrier || m->now < w->tail_until);
 }
 
 static void hold(model *m, uint32_t wi, event *e)
