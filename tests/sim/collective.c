@@ -33,7 +33,7 @@
  * answers with another identity; parts lost with a killed sharer are asked again. An assembled
  * state must be one collective's throughout.
  * --guess-seq: replacements fetch nothing and guess the ring's sequence (cps__coll_set_joining);
- * the job's end can then still race them (11 seeds of 20,000 hang: known, documented).
+ * the job's end can then still race them (7 seeds of 20,000 hang: known, documented).
  * --no-adopt: the state and the result exceed one message; in parts the result travels anyway.
  * --old-peers: answers in one message, as between workers that predate parts; with --no-adopt the
  * result then stays behind and replacements help with zeros (sim.collective_oldpeers).
