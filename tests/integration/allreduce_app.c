@@ -18,7 +18,9 @@
  * servers' sync step boundary is then the cut's). Prints "commit <step> <xxh3 of w> <fnv1a-64 of
  * w>" after every step; in a job restored from an export (CHAINPS_RESTORE_FROM) w comes back
  * through cps_local_fetch and the worker prints "restored w <hash> at step <step>" and starts
- * there. Exits 0 when every iteration completed, 1 on the first error (printed with its name).
+ * there. Exits 0 when every iteration completed, or when a replacement's fetch says the job has
+ * ended (CPS_ESHUTDOWN: the others finished without it; it prints "the job has ended"), 1 on the
+ * first error (printed with its name).
  * --busy-fetch (with --train): a replacement that fetched starts its first all-reduce
  * asynchronously and calls cps_allreduce_fetch again while it runs: that call must fail CPS_EBUSY
  * and write nothing (its buffer and step stay as they were), and the all-reduce must complete
@@ -146,6 +148,19 @@ int main(int argc, char **argv)
     if (train) {
         uint64_t step = 0;
         rc = cps_allreduce_fetch(c, w, (uint64_t)len, &step);
+        if (rc == CPS_ESHUTDOWN) {
+            /* The others completed the last step without the worker we replace and left: the
+             * job's work is done, and so is ours. */
+            printf("rank %d: the job has ended before this replacement could join\n", rank);
+            fflush(stdout);
+            free(v);
+            free(w);
+            free(lat);
+            free(cpu);
+            if (log)
+                fclose(log);
+            return cps_close(c) != 0;
+        }
         if (rc < 0) {
             fprintf(stderr, "rank %d: fetch: %s\n", rank, cps_err_name(rc));
             return 1;

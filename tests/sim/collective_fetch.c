@@ -71,8 +71,8 @@ void fetch_drive(model *m, uint32_t wi)
         uint32_t to;
         uint64_t req;
         int result;
-        int what =
-            cps__fetch_next(&w->fetch, &cv, v->members, v->n, w->id, 0, m->now, &to, &req, &result);
+        int what = cps__fetch_next(&w->fetch, &cv, v->members, v->n, w->id, 0, 0, m->now, &to, &req,
+                                   &result);
         if (what == CPS_FETCH_DONE) {
             fetch_done(m, wi, result);
             return;
