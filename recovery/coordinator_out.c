@@ -103,8 +103,9 @@ void cps__co_send_view(cps__coord *c, uint32_t peer, uint8_t type)
     if (type == CPS_MSG_WELCOME)
         a->hdr.req_seq = n ? n->boot_id : 0;
     /* Whether the workers not live in it finished rather than died: a replacement alone in the
-     * view then knows the job's work is done (issue 29). */
-    if (c->started && cps__co_unfinished_dead_rank(c) == UINT32_MAX)
+     * view then knows the job's work is done (issue 29). Only workers read it. */
+    if (n && n->info.role == CPS_ROLE_WORKER && c->started &&
+        cps__co_unfinished_dead_rank(c) == UINT32_MAX)
         a->hdr.step = CPS_VIEW_WORKERS_SETTLED;
 }
 

@@ -176,28 +176,34 @@ fi
 #    fetch returns CPS_ESHUTDOWN, it says the job has ended and exits 0, and the job succeeds
 #    (it failed "job FAILED" when the fetch returned CPS_ENOPEER). The survivors end with equal w.
 if [ "${EQUAL_WORKERS-x}" != "" ]; then
-    out="$dir/lastkill"
-    mkdir -p "$out"
-    "$CHAINPS" launch --servers 1 --workers 3 --restart-workers --timeout 100 -- \
-        "$APP" --out "$out" --train --len 5000 --iters 100 --step-ms 30 >"$out.log" 2>&1 &
-    lp=$!
-    for t in $(seq 1 300); do
-        [ -s "$out/rank2.txt" ] && break
-        sleep 0.1
+    # The window is a step (30 ms) and the last all-reduce: a loaded machine may miss it (the
+    # victim already wrote its 100th line). That run proves nothing, and the job is run again.
+    for attempt in 1 2 3; do
+        out="$dir/lastkill$attempt"
+        mkdir -p "$out"
+        "$CHAINPS" launch --servers 1 --workers 3 --restart-workers --timeout 100 -- \
+            "$APP" --out "$out" --train --len 5000 --iters 100 --step-ms 30 >"$out.log" 2>&1 &
+        lp=$!
+        for t in $(seq 1 300); do
+            [ -s "$out/rank2.txt" ] && break
+            sleep 0.1
+        done
+        pid=$(worker_of_rank 2)
+        [ -n "$pid" ] || { tail -20 "$out.log"; fail "no worker of rank 2"; }
+        # Every 5 ms: the 99th line stays the last for a step and the last all-reduce.
+        for t in $(seq 1 6000); do
+            [ "$(wc -l <"$out/rank2.txt")" -ge 99 ] && break
+            sleep 0.005
+        done
+        kill -9 "$pid"
+        lines=$(wc -l <"$out/rank2.txt")
+        wait "$lp"
+        rc=$?
+        lp=
+        [ "$lines" = 99 ] && break
+        echo "last kill, attempt $attempt: rank 2 was killed after $lines all-reduces, not in the last one: again"
     done
-    pid=$(worker_of_rank 2)
-    [ -n "$pid" ] || { tail -20 "$out.log"; fail "no worker of rank 2"; }
-    # Every 5 ms: the 99th line stays the last for a step (30 ms) and the last all-reduce.
-    for t in $(seq 1 6000); do
-        [ "$(wc -l <"$out/rank2.txt")" -ge 99 ] && break
-        sleep 0.005
-    done
-    kill -9 "$pid"
-    lines=$(wc -l <"$out/rank2.txt")
-    wait "$lp"
-    rc=$?
-    lp=
-    [ "$lines" = 99 ] || fail "rank 2 was killed after $lines all-reduces, not in the last one (a slow machine?)"
+    [ "$lines" = 99 ] || fail "rank 2 was never killed in the last all-reduce (3 attempts)"
     [ $rc = 0 ] || { tail -30 "$out.log"; fail "the job whose worker died in the last all-reduce exited $rc"; }
     grep -q 'rank 2: the job has ended before this replacement could join' "$out.log" ||
         { grep 'rank 2\|replacement' "$out.log" | tail -10; fail "the replacement did not end saying the job had ended"; }
