@@ -692,8 +692,9 @@ int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
                  (unsigned long long)len, (unsigned long long)a->fetch.step, a->fetch.from);
     }
     if (rc == CPS_ESHUTDOWN)
-        cps__log(CPS_LOG_INFO, "allreduce",
-                 "replacement: the job has ended (the other workers finished and left)");
+        cps__log(CPS_LOG_INFO, "allreduce", "replacement: the job has ended%s",
+                 cps__sess_shutdown(c->sess) ? ""
+                                             : " (the other workers finished their work and left)");
     else if (rc < 0)
         cps__log(CPS_LOG_ERROR, "allreduce", "replacement: cannot fetch the shared values: %s",
                  cps_strerror(rc));
