@@ -749,9 +749,7 @@ void cps__co_release_barrier(cps__coord *c)
     cps__co_log(c, CPS_LOG_DEBUG, "barrier released (%u workers)", live);
 }
 
-/* A worker rank that no live worker holds and none finished (its worker died and no other took
- * its place yet), or UINT32_MAX. */
-static uint32_t unfinished_dead_rank(const cps__coord *c)
+uint32_t cps__co_unfinished_dead_rank(const cps__coord *c)
 {
     for (uint32_t r = 0; r < c->cfg.num_workers; r++) {
         int held = 0;
@@ -777,7 +775,7 @@ void cps__co_end_job(cps__coord *c)
         if (n->info.role == CPS_ROLE_WORKER && !n->done && n->info.alive)
             return;
     }
-    uint32_t dead_rank = c->cfg.await_replacements ? unfinished_dead_rank(c) : UINT32_MAX;
+    uint32_t dead_rank = c->cfg.await_replacements ? cps__co_unfinished_dead_rank(c) : UINT32_MAX;
     if (dead_rank != UINT32_MAX) {
         /* Ending now would leave the worker that takes its place (chainps launch
          * --restart-workers starts one) without servers: it could only fail. Whoever started us

@@ -9,6 +9,8 @@
 #include "chainps/error.h"
 #include "core/array.h"
 #include "core/log.h"
+#include "core/wire.h"
+#include "recovery/coordinator_membership.h"
 #include "recovery/coordinator_out.h"
 
 /* ---- the output ---- */
@@ -100,6 +102,11 @@ void cps__co_send_view(cps__coord *c, uint32_t peer, uint8_t type)
      * its own (recovery/fence.h). */
     if (type == CPS_MSG_WELCOME)
         a->hdr.req_seq = n ? n->boot_id : 0;
+    /* Whether the workers not live in it finished rather than died: a replacement alone in the
+     * view then knows the job's work is done (issue 29). Only workers read it. */
+    if (n && n->info.role == CPS_ROLE_WORKER && c->started &&
+        cps__co_unfinished_dead_rank(c) == UINT32_MAX)
+        a->hdr.step = CPS_VIEW_WORKERS_SETTLED;
 }
 
 void cps__co_send_simple(cps__coord *c, uint32_t peer, uint8_t type, const cps__msg_hdr *req)

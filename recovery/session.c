@@ -29,6 +29,8 @@ struct cps__sess {
     cps__sess_clock *clocks;
     uint64_t start_step;
     int shutdown;
+    int settled; /* the views of epoch settled_epoch say CPS_VIEW_WORKERS_SETTLED (core/wire.h) */
+    uint64_t settled_epoch;
     int view_asked;
     uint64_t view_asked_ms;
     uint64_t sched_heard_ms;
@@ -418,6 +420,19 @@ static int install_view(cps__sess *s, cps__view *v, uint64_t now)
     return 0;
 }
 
+/* The scheduler's word on a view it sent: taken from a view of the epoch we now hold. Within
+ * one epoch it only goes from 0 to 1 (a replacement joining, a worker finishing, both publish;
+ * only a death, which publishes a new epoch, takes it back), so the copies of one epoch,
+ * in whatever order, may only add it. */
+static void settled_in(cps__sess *s, const cps__msg_hdr *h)
+{
+    if (h->epoch != s->view.epoch)
+        return; /* an older view's (or one that was not installed) */
+    int word = (h->step & CPS_VIEW_WORKERS_SETTLED) != 0;
+    s->settled = s->settled_epoch == h->epoch ? s->settled | word : word;
+    s->settled_epoch = h->epoch;
+}
+
 static int view_msg(cps__sess *s, const void *payload, size_t len, uint64_t now)
 {
     cps__view v;
@@ -538,6 +553,7 @@ int cps__sess_step(cps__sess *s, const cps__msg_hdr *h, const void *payload, siz
             if (h->type == CPS_MSG_WELCOME && s->id == 0)
                 s->id = h->req_worker;
             rc = view_msg(s, payload, len, now);
+            settled_in(s, h);
         }
         break;
     case CPS_MSG_ACK:
@@ -747,6 +763,11 @@ uint32_t cps__sess_id(const cps__sess *s)
 int cps__sess_shutdown(const cps__sess *s)
 {
     return s->shutdown;
+}
+
+int cps__sess_workers_settled(const cps__sess *s)
+{
+    return s->settled;
 }
 
 uint32_t cps__sess_pending(const cps__sess *s)

@@ -216,6 +216,9 @@ const cps__view *cps__sess_view(const cps__sess *s);
 uint32_t cps__sess_id(const cps__sess *s);
 /* 1 once the job is over for us (the scheduler said so, or refused us). */
 int cps__sess_shutdown(const cps__sess *s);
+/* 1 when the view we hold came with the scheduler's word that no worker rank awaits a
+ * replacement (CPS_VIEW_WORKERS_SETTLED, core/wire.h): workers not live in it finished. */
+int cps__sess_workers_settled(const cps__sess *s);
 /* Our rank, as the view names it (0 before the join). */
 uint32_t cps__sess_rank(const cps__sess *s);
 /* Requests in the table, and those of them given up yet still sent (detached). */

@@ -39,8 +39,8 @@ static int done(cps__fetch *f, int outcome, int *result)
 }
 
 int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, uint32_t n,
-                    uint32_t me, int shutdown, uint64_t now, uint32_t *to, uint64_t *req,
-                    int *result)
+                    uint32_t me, int shutdown, int settled, uint64_t now, uint32_t *to,
+                    uint64_t *req, int *result)
 {
     if (!f->active)
         return done(f, CPS_EINVAL, result);
@@ -67,8 +67,11 @@ int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, 
     /* (Again) to the first live worker: the one asked may have died since. */
     const cps__node_info *w = f->from ? cps__view_node(v, f->from) : NULL;
     uint32_t t = w && w->alive ? f->from : target(members, n, me, 0);
+    /* Nobody left to ask. If the others finished (they completed the last all-reduce without
+     * the worker we replace, passed the barrier and left), the job's work is done: that is the
+     * job's end for us, not a failure. If some died, their replacements may still come. */
     if (!t)
-        return done(f, CPS_ENOPEER, result);
+        return done(f, settled ? CPS_ESHUTDOWN : CPS_ENOPEER, result);
     if (t != f->from) {
         f->has_id = 0; /* another sharer's answer is another answer */
         f->req0 = f->req + 1;

@@ -53,19 +53,23 @@ void cps__fetch_stop(cps__fetch *f);
 enum { CPS_FETCH_WAIT = 0, CPS_FETCH_SEND = 1, CPS_FETCH_DONE = 2 };
 
 /* What to do now. The ring's `n` members in order (`members`, this worker `me` among them or
- * not) and the view `v` say who may be asked; `shutdown`: the job ended.
+ * not) and the view `v` say who may be asked; `shutdown`: the job ended; `settled`: the
+ * scheduler says no worker rank awaits a replacement, so a worker not live in `v` finished its
+ * work and left rather than died (CPS_VIEW_WORKERS_SETTLED, core/wire.h).
  *  - CPS_FETCH_SEND: send request *req (asking for f->len values, in parts from value f->ask on)
  *    to worker *to now.
  *  - CPS_FETCH_WAIT: let the client's loop run a little (answers come through it), then ask
  *    again.
  *  - CPS_FETCH_DONE: the fetch is over with *result: 1 (the values were taken, f->step is the
  *    sharer's step), or CPS_ENOTFOUND (no live worker shares a buffer), CPS_ESIZE (the sharer
- *    holds another length), CPS_ENOPEER (no live worker to ask), CPS_ETIMEDOUT, CPS_ESHUTDOWN,
- *    or a sharer's other refusal. A refusal CPS_ENOTFOUND moves on to the next member after the
- *    one that gave it, in ring order. */
+ *    holds another length), CPS_ENOPEER (no live worker to ask, and some died: their
+ *    replacements may come), CPS_ETIMEDOUT, CPS_ESHUTDOWN (the job ended, or no live worker is
+ *    left to ask and every other one finished: the job's work is done, nobody will all-reduce
+ *    with us), or a sharer's other refusal. A refusal CPS_ENOTFOUND moves on to the next member
+ * after the one that gave it, in ring order. */
 int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, uint32_t n,
-                    uint32_t me, int shutdown, uint64_t now, uint32_t *to, uint64_t *req,
-                    int *result);
+                    uint32_t me, int shutdown, int settled, uint64_t now, uint32_t *to,
+                    uint64_t *req, int *result);
 
 /* An answer in one message (a sharer that predates parts, asked in parts; see cps__fetch_part)
  * to request `req_seq` from worker `from`: the sharer's `status` (0 or CPS_E...),

@@ -96,9 +96,14 @@ CPS_API int cps_allreduce_share(struct cps_client *c, const float *buf, uint64_t
  * written as parts arrive, so after an error its contents are unspecified.
  * @param[out] step the step the live worker shared with its buffer (may be NULL).
  * @return 1: fetched; 0: this worker started with the job (nothing to fetch, buf untouched);
+ *         CPS_ESHUTDOWN: the job has ended for this worker: the scheduler ended it, or the other
+ *         workers finished their work without the one this worker replaces (it died in their
+ *         last all-reduce) and left, as the scheduler says, so nobody will all-reduce with it:
+ *         a clean end, close the client and exit successfully;
  *         CPS_ESIZE (the shared buffer has another length), CPS_ENOTFOUND (the live worker
- *         shares nothing), CPS_ENOPEER (no live worker), CPS_ETIMEDOUT, CPS_EINVAL, CPS_EBUSY
- *         (an all-reduce of this client is running or queued: call it before the first).
+ *         shares nothing), CPS_ENOPEER (no live worker, and some died: nobody to copy from),
+ *         CPS_ETIMEDOUT, CPS_EINVAL, CPS_EBUSY (an all-reduce of this client is running or
+ *         queued: call it before the first).
  */
 CPS_API int cps_allreduce_fetch(struct cps_client *c, float *buf, uint64_t len, uint64_t *step);
 

@@ -25,7 +25,10 @@ in two. Those ``on_servers`` picks (by default: embeddings, i.e. names containin
 tensors of ``server_threshold`` values or more) live on the servers as above; the rest are
 all-reduced among the workers (``client.allreduce``, mean over the live workers, the same bits on
 every worker) in ``step()`` and updated by the local optimizer on every worker. They start from
-rank 0's values. Their storage moves into one flat buffer with the local optimizer's float32
+rank 0's values (a replacement of a dead worker: a live worker's, with its step). A replacement
+that arrives when the other workers have already finished the job without it (its predecessor
+died in the last all-reduce) has nothing to do: the constructor closes the client and exits the
+process with status 0 (``SystemExit``), saying so on stderr. Their storage moves into one flat buffer with the local optimizer's float32
 state (``p.data`` and the state's tensors become views of it) and their gradients into another
 (``p.grad`` views, which ``zero_grad`` zeroes in place): the all-reduce, the share to a
 replacement of a dead worker (parameters and optimizer state) and the checkpoint listing read
@@ -86,6 +89,17 @@ def _check_param(name, p):
         raise TypeError(f"parameter {name}: on {p.device}; chainps takes CPU tensors only")
     if not p.is_contiguous():
         raise ValueError(f"parameter {name}: not contiguous")
+
+
+def _replacement_too_late(client):
+    """The other workers finished the job without the worker we replace (it died in their last
+    all-reduce) and left: nobody will all-reduce with us, and the job's work is done. Ending here
+    with status 0 is the job's clean end; failing would fail a job that succeeded."""
+    import sys
+    print(f"chainps.torch: rank {client.rank}: the job has ended (the other workers finished "
+          "without this replacement); exiting", file=sys.stderr, flush=True)
+    client.close()
+    raise SystemExit(0)
 
 
 class DistributedOptimizer:
@@ -183,7 +197,12 @@ class DistributedOptimizer:
             self._flatten_local()
             # A replacement of a dead worker copies the flat buffer from a live one: the
             # parameters and the optimizer's state of the live worker's last completed step.
-            self._local_start = self.client.allreduce_fetch(self._flat)
+            try:
+                self._local_start = self.client.allreduce_fetch(self._flat)
+            except chainps.Error as e:
+                if getattr(e, "name", "") != "CPS_ESHUTDOWN":
+                    raise
+                _replacement_too_late(self.client)
             if self._local_start is None:
                 with torch.no_grad():
                     for (_, p), v in zip(self._local, self._pviews):

@@ -126,6 +126,14 @@ enum cps__msg_type {
     (CPS_WF_SNAPPY | CPS_WF_REPLY | CPS_WF_NOAGG | CPS_WF_LOSSY | CPS_WF_LATE | CPS_WF_FIRST |     \
      CPS_WF_SHADOW)
 
+/* VIEW and WELCOME from the scheduler (aux: the job's id): header `step` bit 0 says that no
+ * worker rank awaits a replacement: each is held by a live worker of the view or its worker
+ * finished and said goodbye. So a worker not live in it left cleanly, and a replacement alone
+ * in the view has nobody to wait for: the job's work is done (replication/ring_fetch.h). A
+ * scheduler that predates it sends 0 (the replacement then fails CPS_ENOPEER, as it did), and a
+ * worker that predates it ignores `step` on a view: no version change. */
+#define CPS_VIEW_WORKERS_SETTLED 1u
+
 /* Request sequence spaces (header req_seq): dense pushes count 1, 2, ... per (worker, range);
  * sparse-row pushes (CPS_WF_NOAGG) have CPS_SEQ_SPARSE set and their own count; every other
  * request (declare, pull) has CPS_SEQ_OTHER set, so it can never leave a gap in a push space. */

@@ -665,7 +665,8 @@ int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
         uint32_t to;
         uint64_t req;
         int what = cps__fetch_next(&a->fetch, c->view, a->members, a->nmembers, c->id,
-                                   cps__sess_shutdown(c->sess), cps__now_ms(), &to, &req, &rc);
+                                   cps__sess_shutdown(c->sess), cps__sess_workers_settled(c->sess),
+                                   cps__now_ms(), &to, &req, &rc);
         if (what == CPS_FETCH_DONE)
             break;
         if (what == CPS_FETCH_SEND) {
@@ -690,7 +691,11 @@ int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
                  "replacement: %llu values (step %llu) fetched from worker %u",
                  (unsigned long long)len, (unsigned long long)a->fetch.step, a->fetch.from);
     }
-    if (rc < 0)
+    if (rc == CPS_ESHUTDOWN)
+        cps__log(CPS_LOG_INFO, "allreduce", "replacement: the job has ended%s",
+                 cps__sess_shutdown(c->sess) ? ""
+                                             : " (the other workers finished their work and left)");
+    else if (rc < 0)
         cps__log(CPS_LOG_ERROR, "allreduce", "replacement: cannot fetch the shared values: %s",
                  cps_strerror(rc));
     a->fetch_buf = NULL;

@@ -18,7 +18,14 @@
  * servers' sync step boundary is then the cut's). Prints "commit <step> <xxh3 of w> <fnv1a-64 of
  * w>" after every step; in a job restored from an export (CHAINPS_RESTORE_FROM) w comes back
  * through cps_local_fetch and the worker prints "restored w <hash> at step <step>" and starts
- * there. Exits 0 when every iteration completed, 1 on the first error (printed with its name). */
+ * there. Exits 0 when every iteration completed, or when a replacement's fetch says the job has
+ * ended (CPS_ESHUTDOWN: the others finished without it; it prints "the job has ended"), 1 on the
+ * first error (printed with its name).
+ * --busy-fetch (with --train): a replacement that fetched starts its first all-reduce
+ * asynchronously and calls cps_allreduce_fetch again while it runs: that call must fail CPS_EBUSY
+ * and write nothing (its buffer and step stay as they were), and the all-reduce must complete
+ * as usual (the workers' final w shows it joined the ring where the first fetch put it). Prints
+ * "busy fetch refused" when so. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,10 +70,38 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* --busy-fetch: a fetch under a running or queued all-reduce. 0 when it failed CPS_EBUSY and left
+ * its buffer and step untouched; else 1, the failure printed. */
+static int busy_fetch_refused(cps_client *c, int len, int rank)
+{
+    float *scratch = malloc((size_t)len * sizeof *scratch);
+    if (!scratch)
+        return 1;
+    for (int j = 0; j < len; j++)
+        scratch[j] = -7.0f; /* a value no fetched w holds: any write shows */
+    uint64_t step = 12345;
+    int rc = cps_allreduce_fetch(c, scratch, (uint64_t)len, &step), bad = 0;
+    for (int j = 0; j < len && !bad; j++)
+        bad = scratch[j] != -7.0f;
+    free(scratch);
+    if (rc != CPS_EBUSY || bad || step != 12345) {
+        fprintf(stderr, "rank %d: fetch under a running all-reduce: %s, buffer %s, step %llu\n",
+                rank,
+                rc < 0    ? cps_err_name(rc)
+                : rc == 1 ? "fetched"
+                          : "nothing to fetch",
+                bad ? "written" : "untouched", (unsigned long long)step);
+        return 1;
+    }
+    printf("rank %d: busy fetch refused\n", rank);
+    fflush(stdout);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     int len = 1000, iters = 10, mean = 0, async = 0, step_ms = 0, warmup = 3, bench = 0, train = 0,
-        ckpt = 0, server_tensor = 0;
+        ckpt = 0, server_tensor = 0, busy_fetch = 0, fetched = 0;
     const char *out = NULL;
     const tc_flag flags[] = {{"--len", TC_INT, &len},
                              {"--iters", TC_INT, &iters},
@@ -79,6 +114,7 @@ int main(int argc, char **argv)
                              {"--out", TC_STR, &out},
                              {"--ckpt", TC_SWITCH, &ckpt},
                              {"--server-tensor", TC_SWITCH, &server_tensor},
+                             {"--busy-fetch", TC_SWITCH, &busy_fetch},
                              {NULL, 0, NULL}};
     if (tc_flags_parse(argc, argv, flags) != 0 || len <= 0 || iters <= 0)
         return 2;
@@ -112,6 +148,19 @@ int main(int argc, char **argv)
     if (train) {
         uint64_t step = 0;
         rc = cps_allreduce_fetch(c, w, (uint64_t)len, &step);
+        if (rc == CPS_ESHUTDOWN) {
+            /* The others completed the last step without the worker we replace and left: the
+             * job's work is done, and so is ours. */
+            printf("rank %d: the job has ended before this replacement could join\n", rank);
+            fflush(stdout);
+            free(v);
+            free(w);
+            free(lat);
+            free(cpu);
+            if (log)
+                fclose(log);
+            return cps_close(c) != 0;
+        }
         if (rc < 0) {
             fprintf(stderr, "rank %d: fetch: %s\n", rank, cps_err_name(rc));
             return 1;
@@ -119,6 +168,7 @@ int main(int argc, char **argv)
         if (rc == 1) {
             printf("rank %d: replacement starts at step %llu\n", rank, (unsigned long long)step);
             first = (int)step;
+            fetched = 1;
         }
         if (ckpt && rc == 0) {
             uint64_t at = 0;
@@ -160,9 +210,13 @@ int main(int argc, char **argv)
             for (int j = 0; j < len; j++)
                 v[j] = v[j] * 1e-3f + 0.01f * w[j];
         uint64_t c0 = now_us(CLOCK_PROCESS_CPUTIME_ID), t0 = now_us(CLOCK_MONOTONIC);
-        if (async) {
+        int busy_now = busy_fetch && fetched && i == first;
+        if (async || busy_now) {
             cps_allreduce_handle *h;
             rc = cps_allreduce_async(c, v, (uint64_t)len, op, &h);
+            /* On a failure h stays queued: cps_close frees it. */
+            if (rc == 0 && busy_now)
+                rc = busy_fetch_refused(c, len, rank) ? CPS_EBUSY : 0;
             if (rc == 0)
                 while ((rc = cps_allreduce_wait(h, 20)) == 1)
                     ;

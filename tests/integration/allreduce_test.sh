@@ -5,7 +5,9 @@
 #  2. 4 workers, one killed -9 in the middle of the all-reduces: the job finishes without a
 #     restart, and the survivors agree on every all-reduce, the ones after the kill included.
 #  3. --restart-workers: the replacement fetches the trained values from a live worker
-#     (cps_allreduce_fetch) and both workers end with the same values.
+#     (cps_allreduce_fetch) and both workers end with the same values; with 3 workers and one
+#     killed in the last all-reduce, its replacement learns that the job has ended and the job
+#     succeeds.
 #  4. checkpoints of a job whose every tensor is all-reduced: step-based periodic exports (their
 #     step is the workers' cps_local_commit) hold the all-reduced values (cps_local_add/commit),
 #     sent in chunks of 4 KiB (CHAINPS_LOCAL_CHUNK); a job restored from one gives both workers
@@ -133,11 +135,14 @@ echo "ok: a worker killed -9 in the middle: the survivors finished all 400 all-r
 #    -9 after 100 steps; its replacement fetches w and the step from rank 0 (whose ring waits for
 #    it) and both end with the same w. The answer comes in parts of 1000 values
 #    (CHAINPS_FETCH_PART), 4 per request: w's 5000 values and the last result's take 3 requests.
+#    The replacement then starts its first all-reduce and fetches again under it (--busy-fetch):
+#    refused CPS_EBUSY with nothing written, and the all-reduce goes on where the first fetch put
+#    it (the equal final w shows it).
 if [ "${EQUAL_WORKERS-x}" != "" ]; then
     out="$dir/replace"
     mkdir -p "$out"
     CHAINPS_FETCH_PART=1000 "$CHAINPS" launch --servers 1 --workers 2 --restart-workers --timeout 150 -- \
-        "$APP" --out "$out" --train --len 5000 --iters 600 --step-ms 10 >"$out.log" 2>&1 &
+        "$APP" --out "$out" --train --busy-fetch --len 5000 --iters 600 --step-ms 10 >"$out.log" 2>&1 &
     lp=$!
     for t in $(seq 1 150); do
         [ -s "$out/rank1.txt" ] && [ "$(wc -l <"$out/rank1.txt")" -ge 100 ] && break
@@ -152,6 +157,8 @@ if [ "${EQUAL_WORKERS-x}" != "" ]; then
     [ $rc = 0 ] || { tail -30 "$out.log"; fail "the job with a replaced worker exited $rc"; }
     grep -q 'rank 1: replacement starts at step [1-9]' "$out.log" ||
         { tail -30 "$out.log"; fail "the replacement did not fetch w from a live worker"; }
+    grep -q 'rank 1: busy fetch refused' "$out.log" ||
+        { grep 'rank 1' "$out.log" | tail -5; fail "a fetch under a running all-reduce was not refused"; }
     # The last window ends at the answer's total: w and, past its 5000 values, the result.
     grep -q 'sent values 4000\.\.[0-9]* of ' "$out.log" &&
         grep -Eq 'sent values 8000\.\.10000 of 10000 ' "$out.log" ||
@@ -160,8 +167,56 @@ if [ "${EQUAL_WORKERS-x}" != "" ]; then
     [ "$(sed -n 's/.*final w \([0-9a-f]*\).*/\1/p' "$out.log" | wc -l)" = 2 ] &&
         [ "$(echo "$finals" | wc -l)" = 1 ] ||
         { grep 'final w\|replacement' "$out.log"; fail "the workers ended with different w"; }
-    echo "ok: --restart-workers: $(grep -o 'replacement starts at step [0-9]*' "$out.log"), both workers end with w $finals"
+    echo "ok: --restart-workers: $(grep -o 'replacement starts at step [0-9]*' "$out.log"), a fetch under its first all-reduce refused, both workers end with w $finals"
 fi
+# 3b. Under --restart-workers with 3 workers, rank 2 killed -9 in the job's last all-reduce (its
+#    99th line of 100 written): the survivors complete it without rank 2, pass the barrier (a
+#    dead worker does not hold it) and leave. Rank 2's replacement then has nobody to fetch from,
+#    but the scheduler's views say every other worker finished (CPS_VIEW_WORKERS_SETTLED): its
+#    fetch returns CPS_ESHUTDOWN, it says the job has ended and exits 0, and the job succeeds
+#    (it failed "job FAILED" when the fetch returned CPS_ENOPEER). The survivors end with equal w.
+if [ "${EQUAL_WORKERS-x}" != "" ]; then
+    # The window is a step (30 ms) and the last all-reduce: a loaded machine may miss it (the
+    # victim already wrote its 100th line). That run proves nothing, and the job is run again.
+    for attempt in 1 2 3; do
+        out="$dir/lastkill$attempt"
+        mkdir -p "$out"
+        "$CHAINPS" launch --servers 1 --workers 3 --restart-workers --timeout 100 -- \
+            "$APP" --out "$out" --train --len 5000 --iters 100 --step-ms 30 >"$out.log" 2>&1 &
+        lp=$!
+        for t in $(seq 1 300); do
+            [ -s "$out/rank2.txt" ] && break
+            sleep 0.1
+        done
+        pid=$(worker_of_rank 2)
+        [ -n "$pid" ] || { tail -20 "$out.log"; fail "no worker of rank 2"; }
+        # Every 5 ms: the 99th line stays the last for a step and the last all-reduce.
+        for t in $(seq 1 6000); do
+            [ "$(wc -l <"$out/rank2.txt")" -ge 99 ] && break
+            sleep 0.005
+        done
+        kill -9 "$pid"
+        lines=$(wc -l <"$out/rank2.txt")
+        wait "$lp"
+        rc=$?
+        lp=
+        [ "$lines" = 99 ] && break
+        echo "last kill, attempt $attempt: rank 2 was killed after $lines all-reduces, not in the last one: again"
+    done
+    [ "$lines" = 99 ] || fail "rank 2 was never killed in the last all-reduce (3 attempts)"
+    [ $rc = 0 ] || { tail -30 "$out.log"; fail "the job whose worker died in the last all-reduce exited $rc"; }
+    grep -q 'rank 2: the job has ended before this replacement could join' "$out.log" ||
+        { grep 'rank 2\|replacement' "$out.log" | tail -10; fail "the replacement did not end saying the job had ended"; }
+    for rank in 0 1; do
+        [ "$(hashes "$out" $rank | wc -l)" = 100 ] || fail "last kill: rank $rank did not complete 100"
+    done
+    cmp -s <(hashes "$out" 0) <(hashes "$out" 1) || fail "last kill: the survivors hold other bits"
+    finals=$(sed -n 's/.*final w \([0-9a-f]*\).*/\1/p' "$out.log")
+    [ "$(echo "$finals" | wc -l)" = 2 ] && [ "$(echo "$finals" | sort -u | wc -l)" = 1 ] ||
+        { grep 'final w' "$out.log"; fail "last kill: the survivors ended with different w"; }
+    echo "ok: --restart-workers, 3 workers, rank 2 killed in the last all-reduce: the job succeeds, the replacement says the job has ended, the survivors end with w $(echo "$finals" | head -1)"
+fi
+
 # 4. Checkpoints hold the all-reduced w: a 2-worker job (allreduce_app --train --ckpt, no server
 #    tensor at all) with a checkpoint every 100 steps; w (20 KB, 5 chunks) at the export's step
 #    (printed by both workers as they commit it) is what both workers of a job restored from it

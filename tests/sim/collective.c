@@ -33,16 +33,24 @@
  * answers with another identity; parts lost with a killed sharer are asked again. An assembled
  * state must be one collective's throughout.
  * --guess-seq: replacements fetch nothing and guess the ring's sequence (cps__coll_set_joining);
- * the job's end can then still race them (11 seeds of 20,000 hang: known, documented).
+ * the job's end can then still race them (7 seeds of 20,000 hang: known, documented).
  * --no-adopt: the state and the result exceed one message; in parts the result travels anyway.
  * --old-peers: answers in one message, as between workers that predate parts; with --no-adopt the
  * result then stays behind and replacements help with zeros (sim.collective_oldpeers).
  * --slow-parts: a part's time on its pipe grows with its values, a whole part's up to three
  * times CPS_FETCH_RESEND_MS (a large part over a slow link), so parts arrive after their request
  * was sent again and must still count (sim.collective_slowparts).
- * The sharer sends a window once per asker (cps__fetch_serve_again), as the shell does. It
- * answers whenever it is alive, where the shell answers only inside a call after a share: not
- * modelled.
+ * The sharer sends a window once per asker (cps__fetch_serve_again), as the shell does.
+ * Programs: the shell reads its inbox (ring messages, views, fetch requests) only inside a call:
+ * while a collective runs, while it fetches, in cps_open and in cps_barrier after the last
+ * collective. Between calls (the program computing) messages wait and are read, in order, once
+ * the next call has started its collective. A sharer answers with what it last shared
+ * (cps_allreduce_share), which the program calls between calls, so a request read in the loop
+ * turn that completed a collective (0-2 ms past it) gets the state before it, without its
+ * result. Per seed (a stream of their own) programs share their initial state before the first
+ * collective (allreduce_app) or only after it (chainps.torch), and a replacement shares what it
+ * fetched at once or only after its first collective; before its first share a worker answers
+ * CPS_ENOTFOUND.
  * --slow: one worker stalls once (its messages leave late, none is lost) for up to 90% of the
  * timeout, moved onto the predecessor of a replacement that a view made listen when there is
  * one; the same checks hold (sim.collective_slow).
@@ -58,6 +66,9 @@
 
 static uint64_t total_slowed;               /* over all seeds (printed with --slow) */
 static uint64_t total_fetches, total_parts; /* replacements' fetches done, parts they took */
+/* messages that waited for their receiver's next call, fetch requests among them, and answers
+ * given in a completion's loop turn before the share */
+static uint64_t total_held, total_held_reqs, total_tail;
 
 /* ---- the checks at the end of a seed ---- */
 
@@ -167,6 +178,13 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     m->part = 1 + (uint32_t)sim_draw(&frng, m->slen / 2);
     m->window = 1 + (uint32_t)sim_draw(&frng, 3);
     m->msg_limit = no_adopt ? m->slen + (uint32_t)sim_draw(&frng, m->n) : MAX_S + MAX_N;
+    /* The programs around the shells, from a stream of their own. */
+    m->prng = sim_mix64(seed ^ 0x9a0c7ull);
+    m->share_at_start = (int)sim_draw(&m->prng, 2);
+    m->share_after_fetch = (int)sim_draw(&m->prng, 2);
+    /* Half the programs compute for up to 3 re-send delays between calls, so that a request
+     * waits for the sharer's next call and is asked again meanwhile. */
+    m->compute_ms = sim_draw(&m->prng, 2) ? 3 * CPS_FETCH_RESEND_MS : 0;
     if (slow_parts) {
         /* A whole part's time on the pipe: up to 3 re-send delays (a 64 MiB part over 1 GbE
          * takes ~0.54 s), so a part often arrives after its request was sent again. A stream
@@ -204,7 +222,8 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     }
     /* Kills fall anywhere in the job: before, inside (any ring step, any chunk) or between
      * collectives. A ring step takes about 11 ms here. */
-    uint64_t span = (uint64_t)m->seqs * 2 * m->norig * 12 * (1 + m->n / (m->chunk * m->norig));
+    uint64_t span = (uint64_t)m->seqs * 2 * m->norig * 12 * (1 + m->n / (m->chunk * m->norig)) +
+                    m->seqs * m->compute_ms / 2;
     uint32_t order[MAX_ORIG];
     for (uint32_t i = 0; i < m->norig; i++)
         order[i] = i;
@@ -239,20 +258,9 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
         worker *w = e.type >= 0 && e.to < MAX_W ? &m->w[e.to] : NULL;
         switch (e.type) {
         case EV_MSG:
-            if (w->alive) {
-                /* --mix-epochs: the fencing undone, an old epoch's message taken as current. */
-                if (m->mix && e.m.epoch < w->epoch)
-                    e.m.epoch = w->epoch;
-                if (m->verbose > 1)
-                    printf("  t=%" PRIu64 " %u -> %u: kind %u epoch %" PRIu64 " seq %" PRIu64
-                           " index %" PRIu64 "\n",
-                           m->now, e.m.from, w->id, e.m.kind, e.m.epoch, e.m.seq, e.m.index);
-                cps__coll_step(w->c, &e.m, m->now);
-                perform(m, e.to);
-            }
-            break;
         case EV_VIEW:
-            deliver_view(m, e.to, e.epoch);
+        case EV_FREQ:
+            deliver(m, &e); /* now, or at the next call's start */
             break;
         case EV_GETVIEW:
             if (m->in_view[e.from])
@@ -280,16 +288,19 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
         case EV_JOIN:
             on_join(m, e.to);
             break;
-        case EV_FREQ:
-            if (w->alive)
-                fetch_serve(m, e.to, e.from, e.m.seq, e.m.index);
-            break;
         case EV_FPART:
             fetch_receive(m, e.to, &e);
             break;
         case EV_FTICK:
             w->ftick_pending = 0;
             fetch_drive(m, e.to);
+            break;
+        case EV_BARRIER:
+            if (w->alive) {
+                w->in_barrier = 1;
+                share_now(m, e.to);
+                enter_call(m, e.to);
+            }
             break;
         default:
             break; /* a message that died with its sender */
@@ -301,6 +312,9 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     if (!m->v.failed)
         check(m);
     for (uint32_t i = 0; i < m->nw; i++) {
+        for (uint32_t k = 0; k < m->w[i].nheld; k++)
+            free(m->w[i].held[k].vals);
+        free(m->w[i].held);
         cps__coll_stats st = {0};
         if (m->w[i].c) {
             cps__coll_stats_get(m->w[i].c, &st);
@@ -316,6 +330,9 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     total_slowed += m->slow_delayed;
     total_parts += m->fetch_parts;
     total_fetches += m->fetches;
+    total_held += m->held_msgs;
+    total_held_reqs += m->held_reqs;
+    total_tail += m->tail_answers;
     int failed = m->v.failed;
     if (failed)
         snprintf(why, why_len, "%s", m->v.why);
@@ -375,5 +392,8 @@ int main(int argc, char **argv)
     if (!guess)
         printf("; %" PRIu64 " fetches brought a state, in %" PRIu64 " parts (both runs)",
                total_fetches, total_parts);
+    printf("; %" PRIu64 " messages waited for a call (%" PRIu64 " fetch requests), %" PRIu64
+           " answers before a share (both runs)",
+           total_held, total_held_reqs, total_tail);
     return sim_seed_end(&t);
 }

@@ -43,10 +43,15 @@ enum {
     EV_KILL,
     EV_DECLARE,
     EV_JOIN,
-    EV_FREQ,  /* a replacement's request for a shared state (m.seq = its number, m.index = from) */
-    EV_FPART, /* a part of the answer (part, status; whole: an answer in one message) */
-    EV_FTICK  /* a fetching replacement's loop comes round (cps_allreduce_fetch's 50 ms wait) */
+    EV_FREQ,   /* a replacement's request for a shared state (m.seq = its number, m.index = from) */
+    EV_FPART,  /* a part of the answer (part, status; whole: an answer in one message) */
+    EV_FTICK,  /* a fetching replacement's loop comes round (cps_allreduce_fetch's 50 ms wait) */
+    EV_BARRIER /* a worker past its last collective shares and enters cps_barrier */
 };
+
+/* Messages a worker's inbox holds while its program computes between two calls (the shell reads
+ * them only inside a call): at most this many. */
+#define MAX_HELD 256
 
 typedef struct event {
     uint64_t t, order;
@@ -83,6 +88,16 @@ typedef struct worker {
     uint64_t fetched_next; /* an answer in one message: its header's aux */
     float fstate[MAX_S], fres[MAX_N];
     cps__fetch_served served[CPS_FETCH_SERVED_ASKERS]; /* as a sharer (ring_fetch.h) */
+    /* The program around the shell: it is inside a call (its loop reads the inbox) while a
+     * collective runs, while it fetches, in cps_barrier after its last collective, and for
+     * `tail_until` past a completion (the rest of that loop turn, before the program shares the
+     * new state); between calls what arrives waits in `held`, read at the next call's start. */
+    int in_barrier;
+    uint64_t tail_until;
+    int sharing;     /* it called cps_allreduce_share ... */
+    uint64_t shared; /* ... last with the state of collective `shared` (0: before the first) */
+    event *held;
+    uint32_t nheld;
 } worker;
 
 typedef struct record {
@@ -122,6 +137,15 @@ typedef struct model {
     uint32_t slow_delayed; /* messages the stall held back */
     int slow_aimed;        /* the stall was moved onto a listening replacement's predecessor */
     uint64_t part_ms;      /* --slow-parts: a whole part's time on the pipe (0: none) */
+    /* The programs (a stream of their own): whether they share their first state before the
+     * first collective (allreduce_app) or only after it (chainps.torch), and whether a
+     * replacement shares what it fetched at once (allreduce_app) or after its first step. */
+    uint64_t prng;
+    int share_at_start, share_after_fetch;
+    uint64_t compute_ms; /* a step's computing between calls takes up to this much more (0: none) */
+    uint32_t held_msgs;  /* messages that waited for a call (printed) */
+    uint32_t held_reqs;  /* of them, fetch requests */
+    uint32_t tail_answers; /* answers given past a completion, before the share */
 } model;
 
 uint64_t rnd(model *m, uint64_t n);
@@ -157,6 +181,19 @@ void on_kill(model *m, uint32_t wi);
 void on_declare(model *m, uint32_t wi);
 
 void on_join(model *m, uint32_t ri);
+
+/* Whether worker wi's program is inside a call now (its shell reads what arrives). */
+int in_call(const model *m, uint32_t wi);
+
+/* A ring message, a view or a fetch request reaches worker e->to: read now when its program is
+ * inside a call, else held until the next call's start. Takes e->vals (NULL after). */
+void deliver(model *m, event *e);
+
+/* Worker wi's program enters a call: what waited in its inbox is read now, in order. */
+void enter_call(model *m, uint32_t wi);
+
+/* The program calls cps_allreduce_share with the state its completed collectives made. */
+void share_now(model *m, uint32_t wi);
 
 /* cps_allreduce_fetch's loop: ask, wait, ask again, until the fetch ends. */
 void fetch_drive(model *m, uint32_t wi);

@@ -46,8 +46,12 @@ static void fetch_done(model *m, uint32_t wi, int result)
         printf("  t=%" PRIu64 " replacement %u fetched (%s): next collective %" PRIu64 ", %" PRIu64
                " values of result\n",
                m->now, w->id, result == 1 ? "ok" : cps_strerror(result), at + 1, rn);
+    if (result == 1 && m->share_after_fetch) {
+        w->sharing = 1; /* allreduce_app shares what it fetched before its loop */
+        w->shared = at;
+    }
     if (at >= m->seqs)
-        w->done = 1;
+        w->done = w->in_barrier = 1;
     else
         post(m, m->now + 1 + rnd(m, 20), (event){.type = EV_START, .to = wi});
 }
@@ -67,8 +71,8 @@ void fetch_drive(model *m, uint32_t wi)
         uint32_t to;
         uint64_t req;
         int result;
-        int what =
-            cps__fetch_next(&w->fetch, &cv, v->members, v->n, w->id, 0, m->now, &to, &req, &result);
+        int what = cps__fetch_next(&w->fetch, &cv, v->members, v->n, w->id, 0, 0, m->now, &to, &req,
+                                   &result);
         if (what == CPS_FETCH_DONE) {
             fetch_done(m, wi, result);
             return;
@@ -103,7 +107,7 @@ void fetch_serve(model *m, uint32_t si, uint32_t ri, uint64_t req, uint64_t from
     uint64_t rseq = 0, rn = 0, total = 0;
     const float *rvals = NULL;
     int has = cps__coll_last_result(s->c, &rseq, &rvals, &rn);
-    uint64_t k = s->completed, share = k > 0 ? m->slen : 0;
+    uint64_t k = s->shared, share = s->sharing ? m->slen : 0;
     event e = {.type = EV_FPART, .from = si, .to = ri};
     e.m.seq = req;
     if (!m->old_peers && !cps__fetch_serve_again(s->served, m->w[ri].id, k, from, m->now))

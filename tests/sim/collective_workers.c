@@ -2,6 +2,99 @@
  * scheduler's views, kills and replacements (collective.h). */
 #include "collective.h"
 
+/* ---- the program around the shell: calls, and the inbox between them ---- */
+int in_call(const model *m, uint32_t wi)
+{
+    const worker *w = &m->w[wi];
+    /* epoch 0: still in cps_open, whose loop reads the inbox too */
+    return w->alive &&
+           (w->epoch == 0 || w->running || w->fetching || w->in_barrier || m->now < w->tail_until);
+}
+
+static void hold(model *m, uint32_t wi, event *e)
+{
+    worker *w = &m->w[wi];
+    if (!w->held && !(w->held = malloc(MAX_HELD * sizeof *w->held))) {
+        fprintf(stderr, "sim_collective: out of memory\n");
+        exit(2);
+    }
+    if (w->nheld == MAX_HELD) {
+        sim_fail(&m->v, "worker %u's inbox holds more than %d messages between calls", w->id,
+                 MAX_HELD);
+        return;
+    }
+    w->held[w->nheld++] = *e;
+    e->vals = NULL;
+}
+
+void deliver(model *m, event *e)
+{
+    worker *w = &m->w[e->to];
+    if (!w->alive)
+        return;
+    if (!in_call(m, e->to)) {
+        m->held_msgs++;
+        m->held_reqs += e->type == EV_FREQ;
+        hold(m, e->to, e);
+        return;
+    }
+    switch (e->type) {
+    case EV_MSG:
+        /* --mix-epochs: the fencing undone, an old epoch's message taken as current. */
+        if (m->mix && e->m.epoch < w->epoch)
+            e->m.epoch = w->epoch;
+        if (m->verbose > 1)
+            printf("  t=%" PRIu64 " %u -> %u: kind %u epoch %" PRIu64 " seq %" PRIu64
+                   " index %" PRIu64 "\n",
+                   m->now, e->m.from, w->id, e->m.kind, e->m.epoch, e->m.seq, e->m.index);
+        cps__coll_step(w->c, &e->m, m->now);
+        perform(m, e->to);
+        break;
+    case EV_VIEW:
+        deliver_view(m, e->to, e->epoch);
+        break;
+    case EV_FREQ:
+        if (!w->running && !w->fetching && !w->in_barrier && w->epoch)
+            m->tail_answers++;
+        fetch_serve(m, e->to, e->from, e->m.seq, e->m.index);
+        break;
+    default:
+        break;
+    }
+}
+
+void enter_call(model *m, uint32_t wi)
+{
+    worker *w = &m->w[wi];
+    uint32_t n = w->nheld;
+    if (n == 0)
+        return;
+    event *held = w->held;
+    w->held = NULL;
+    w->nheld = 0;
+    /* In arrival order; once the call is over (a completion among them), the rest waits again. */
+    for (uint32_t i = 0; i < n; i++) {
+        if (!m->v.failed)
+            deliver(m, &held[i]);
+        free(held[i].vals);
+    }
+    if (!w->held)
+        w->held = held;
+    else
+        free(held);
+}
+
+void share_now(model *m, uint32_t wi)
+{
+    worker *w = &m->w[wi];
+    /* The state of the last completed step; before the first, the initial parameters for a
+     * program that shares them (a replacement's come from its fetch: fetch_done). */
+    if (w->completed > 0 || (!w->repl && m->share_at_start)) {
+        w->sharing = 1;
+        w->shared = w->completed;
+    }
+}
+
 /* ---- the workers' shell ---- */
 void schedule_tick(model *m, uint32_t wi)
 {
@@ -61,15 +154,22 @@ static void on_finish(model *m, uint32_t wi, const cps__coll_act *a)
     }
     m->hash = sim_mix64(m->hash ^ m->now);
     w->completed = a->seq;
+    /* The rest of the loop turn that completed it is still the call: a fetch request read there
+     * is answered with the state shared before (the program shares the new one after the
+     * call). */
+    w->tail_until = m->now + sim_draw(&m->prng, 3);
     if (m->verbose)
         printf("  t=%" PRIu64 " worker %u completes collective %" PRIu64 " under epoch %" PRIu64
                "\n",
                m->now, w->id, a->seq, a->epoch);
     if (a->seq >= m->seqs) {
-        w->done = 1;
+        w->done = 1; /* then shares and waits in cps_barrier */
+        post(m, m->now + 1 + sim_draw(&m->prng, 30), (event){.type = EV_BARRIER, .to = wi});
         return;
     }
-    post(m, m->now + rnd(m, 30), (event){.type = EV_START, .to = wi}); /* compute, then call */
+    /* compute, then call (a long step with some programs: requests wait for it to end) */
+    uint64_t compute = rnd(m, 30) + (m->compute_ms ? sim_draw(&m->prng, m->compute_ms) : 0);
+    post(m, m->now + compute, (event){.type = EV_START, .to = wi});
 }
 
 void perform(model *m, uint32_t wi)
@@ -121,6 +221,7 @@ void start_call(model *m, uint32_t wi)
     worker *w = &m->w[wi];
     if (!w->alive || w->done || w->running)
         return;
+    share_now(m, wi); /* the last step's state, shared before the next call */
     w->calls++;
     for (uint32_t j = 0; j < m->n; j++)
         w->in[j] = input_value(m->seed, w->id, w->repl ? 1000 + w->calls : w->calls, j);
@@ -134,6 +235,7 @@ void start_call(model *m, uint32_t wi)
     }
     schedule_tick(m, wi);
     perform(m, wi);
+    enter_call(m, wi); /* inside cps_allreduce: the inbox is read */
 }
 
 void deliver_view(model *m, uint32_t wi, uint64_t epoch)
@@ -189,7 +291,7 @@ void deliver_view(model *m, uint32_t wi, uint64_t epoch)
                 if (i != wi && m->w[i].alive && m->in_view[i] && m->w[i].rank == rank)
                     at = m->w[i].completed;
         if (at >= m->seqs)
-            w->done = 1;
+            w->done = w->in_barrier = 1;
         else
             post(m, m->now + 1 + rnd(m, 20), (event){.type = EV_START, .to = wi});
     }
@@ -227,6 +329,9 @@ void on_kill(model *m, uint32_t wi)
         return;
     w->alive = 0;
     w->killed = 1;
+    for (uint32_t k = 0; k < w->nheld; k++) /* its inbox dies with it */
+        free(w->held[k].vals);
+    w->nheld = 0;
     if (m->verbose)
         printf("  t=%" PRIu64 " worker %u killed -9 (running collective %" PRIu64 ": %d)\n", m->now,
                w->id, w->calls, w->running);

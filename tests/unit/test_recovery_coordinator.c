@@ -12,6 +12,7 @@ int main(void)
         cmocka_unit_test(a_tail_that_never_confirms_leaves_its_chain),
         cmocka_unit_test(a_barrier_waits_for_every_live_worker),
         cmocka_unit_test(the_job_ends_when_every_worker_finished),
+        cmocka_unit_test(views_say_whether_the_missing_workers_finished),
         cmocka_unit_test(a_gone_worker_is_dead_unless_it_finished),
         cmocka_unit_test(a_drain_needs_room_and_moves_the_ranges),
         cmocka_unit_test(a_new_life_is_a_death_then_a_return),

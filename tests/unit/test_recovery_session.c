@@ -102,6 +102,15 @@ static int view_in(cps__sess *s, uint64_t epoch, uint32_t mode,
     return cps__sess_step(s, &h, buf, n, now);
 }
 
+/* View `epoch` (HEAD_1's chains) with the scheduler's header `step`. */
+static void view_step_in(cps__sess *s, uint64_t epoch, uint64_t step, uint64_t now)
+{
+    char buf[4096];
+    size_t n = view_bytes(buf, sizeof buf, epoch, CPS_MODE_SYNC, HEAD_1);
+    cps__msg_hdr h = {.type = CPS_MSG_VIEW, .sender = 0, .epoch = epoch, .step = step};
+    assert_int_equal(cps__sess_step(s, &h, buf, n, now), 0);
+}
+
 /* A session that joined: HELLO out, WELCOME in. */
 static cps__sess *joined(uint32_t mode, const uint32_t chains[][CPS_MAX_REPLICAS + 1])
 {
@@ -414,6 +423,30 @@ static void test_replacement_first_push(void **state)
     cps__sess_destroy(s);
 }
 
+/* The scheduler's word that the workers not live in a view finished (CPS_VIEW_WORKERS_SETTLED):
+ * taken with the view it came on; a copy of the same epoch without it (sent before a worker's
+ * goodbye, arriving late) does not take it back, a newer view does; an older view's is
+ * ignored. Without the bit (a scheduler that predates it) it is never set. */
+static void test_workers_settled_comes_with_the_view(void **state)
+{
+    (void)state;
+    cps__sess *s = joined(CPS_MODE_SYNC, HEAD_1);
+    assert_int_equal(cps__sess_workers_settled(s), 0); /* the WELCOME had no word */
+    view_step_in(s, 2, CPS_VIEW_WORKERS_SETTLED, T0 + 10);
+    assert_int_equal(cps__sess_workers_settled(s), 1);
+    view_step_in(s, 2, 0, T0 + 20);
+    assert_int_equal(cps__sess_workers_settled(s), 1);
+    view_step_in(s, 1, 0, T0 + 30);
+    assert_int_equal(cps__sess_workers_settled(s), 1);
+    view_step_in(s, 3, 0, T0 + 40); /* a death: a rank awaits its replacement */
+    assert_int_equal(cps__sess_workers_settled(s), 0);
+    view_step_in(s, 2, CPS_VIEW_WORKERS_SETTLED, T0 + 50); /* older: not ours */
+    assert_int_equal(cps__sess_workers_settled(s), 0);
+    view_step_in(s, 3, CPS_VIEW_WORKERS_SETTLED, T0 + 60); /* the goodbye, same epoch */
+    assert_int_equal(cps__sess_workers_settled(s), 1);
+    cps__sess_destroy(s);
+}
+
 /* A server's refusal fails the part with its error; the scheduler's untagged refusal ends the
  * job for us, and the call in progress with it. */
 static void test_refused_and_expelled(void **state)
@@ -585,6 +618,7 @@ int main(void)
         cmocka_unit_test(test_welcome_must_list_us_as_a_worker),
         cmocka_unit_test(test_waiting_ends_on_answer_or_shutdown),
         cmocka_unit_test(test_no_answer_after_shutdown),
+        cmocka_unit_test(test_workers_settled_comes_with_the_view),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

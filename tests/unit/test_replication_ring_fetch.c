@@ -38,7 +38,16 @@ static step_out next(cps__fetch *f, const cps__view *v, const uint32_t *m, uint3
                      uint64_t now)
 {
     step_out o = {0};
-    o.what = cps__fetch_next(f, v, m, n, ME, shutdown, now, &o.to, &o.req, &o.result);
+    o.what = cps__fetch_next(f, v, m, n, ME, shutdown, 0, now, &o.to, &o.req, &o.result);
+    return o;
+}
+
+/* As next(), with the scheduler's word that no worker rank awaits a replacement. */
+static step_out next_settled(cps__fetch *f, const cps__view *v, const uint32_t *m, uint32_t n,
+                             uint64_t now)
+{
+    step_out o = {0};
+    o.what = cps__fetch_next(f, v, m, n, ME, 0, 1, now, &o.to, &o.req, &o.result);
     return o;
 }
 
@@ -163,6 +172,45 @@ static void a_dead_member_is_replaced_and_the_fetch_gives_up_in_time(void **stat
 
 /* The sharer: nothing shared, another length, or the values with the result of the shared
  * state's own collective when both fit in a message. */
+/* The worker we replace died in the job's last all-reduce; the others completed it without
+ * it, passed the barrier and left (issue 29). With nobody left to ask, the scheduler's word
+ * decides: every other worker finished -> the job's work is done (CPS_ESHUTDOWN, a clean end);
+ * some died -> CPS_ENOPEER (their replacements may come). A live member is asked whatever the
+ * word, and the sharer leaving under the fetch ends it so too. */
+static void nobody_left_because_all_finished_is_the_jobs_end(void **state)
+{
+    (void)state;
+    cps__view v;
+    make(&v, 0);
+    const uint32_t alone[] = {ME};
+    cps__fetch f = {0};
+    cps__fetch_start(&f, 100, 0, 1000);
+    step_out o = next_settled(&f, &v, alone, 1, 0);
+    assert_int_equal(o.what, CPS_FETCH_DONE);
+    assert_int_equal(o.result, CPS_ESHUTDOWN);
+    assert_int_equal(f.active, 0);
+
+    cps__fetch_start(&f, 100, 0, 1000);
+    o = next(&f, &v, alone, 1, 0, 0);
+    assert_int_equal(o.result, CPS_ENOPEER);
+
+    /* Settled, with a live member: it is asked (the word alone ends nothing). */
+    cps__fetch_start(&f, 100, 0, 1000);
+    o = next_settled(&f, &v, ring, 4, 0);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(o.to, 10);
+    /* It finished and left before answering (a view without it, and the others): the job's end. */
+    cps__view gone;
+    make(&gone, 10);
+    o = next_settled(&f, &gone, alone, 1, CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.what, CPS_FETCH_DONE);
+    assert_int_equal(o.result, CPS_ESHUTDOWN);
+    /* Its answer, late, no longer counts. */
+    assert_int_equal(cps__fetch_answer(&f, 10, o.req, 0, 100, 1), 0);
+    cps__view_fini(&gone);
+    cps__view_fini(&v);
+}
+
 static void the_sharer_answers_with_what_it_holds(void **state)
 {
     (void)state;
@@ -635,6 +683,7 @@ int main(void)
         cmocka_unit_test(asks_the_first_member_resends_and_takes_the_answer),
         cmocka_unit_test(a_member_sharing_nothing_passes_to_the_next),
         cmocka_unit_test(a_dead_member_is_replaced_and_the_fetch_gives_up_in_time),
+        cmocka_unit_test(nobody_left_because_all_finished_is_the_jobs_end),
         cmocka_unit_test(the_sharer_answers_with_what_it_holds),
         cmocka_unit_test(a_multi_part_answer_is_assembled),
         cmocka_unit_test(parts_of_two_answers_never_mix),

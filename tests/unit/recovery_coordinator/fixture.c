@@ -5,6 +5,7 @@ cps__config cfg;
 int hold;              /* the next make() holds the workers back until a RELEASE (--restore-from) */
 uint32_t replicas = 3; /* the chains' length of the next make() */
 int allow_rollback;    /* the next make() runs with --allow-rollback */
+int await_replacements; /* the next make() runs with --await-replacements */
 
 cps__coord *make(uint32_t servers, uint32_t workers)
 {
@@ -19,6 +20,7 @@ cps__coord *make(uint32_t servers, uint32_t workers)
     cfg.join_timeout_ms = 10000;
     cfg.hold_workers = hold;
     cfg.allow_rollback = allow_rollback;
+    cfg.await_replacements = await_replacements;
     cps__coord_config cc = {&cfg, 500, 100, 5000, 200, 0x40000000u, 0, 0};
     cps__coord *c = NULL;
     assert_int_equal(cps__coord_create(&cc, &c), 0);

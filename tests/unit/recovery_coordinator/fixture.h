@@ -16,6 +16,7 @@
 #include "chainps/error.h"
 #include "core/config.h"
 #include "core/log.h"
+#include "core/wire.h"
 #include "recovery/coordinator.h"
 #include "recovery/view_change.h"
 
@@ -41,8 +42,9 @@ typedef struct store {
 
 extern cps__config cfg;
 extern int hold; /* the next make() holds the workers back until a RELEASE (--restore-from) */
-extern uint32_t replicas;  /* the chains' length of the next make() */
-extern int allow_rollback; /* the next make() runs with --allow-rollback */
+extern uint32_t replicas;      /* the chains' length of the next make() */
+extern int allow_rollback;     /* the next make() runs with --allow-rollback */
+extern int await_replacements; /* the next make() runs with --await-replacements */
 
 cps__coord *make(uint32_t servers, uint32_t workers);
 
@@ -116,6 +118,7 @@ void joiners_caught_up_together_go_out_in_one_view(void **state);
 void a_tail_that_never_confirms_leaves_its_chain(void **state);
 void a_barrier_waits_for_every_live_worker(void **state);
 void the_job_ends_when_every_worker_finished(void **state);
+void views_say_whether_the_missing_workers_finished(void **state);
 void a_drain_needs_room_and_moves_the_ranges(void **state);
 void a_new_life_is_a_death_then_a_return(void **state);
 /* deaths.c */

@@ -160,6 +160,51 @@ void a_barrier_waits_for_every_live_worker(void **state)
     cps__coord_destroy(c);
 }
 
+/* Issue 29: views say whether the workers they do not show live finished (CPS_VIEW_WORKERS_SETTLED
+ * in the header's step). A worker killed in the last all-reduce: the views after its death lack
+ * the word while its rank awaits a replacement, also after the others said goodbye; the
+ * replacement's WELCOME has it (every other rank finished), so the replacement, alone, knows the
+ * job's work is done. */
+void views_say_whether_the_missing_workers_finished(void **state)
+{
+    (void)state;
+    await_replacements = 1;
+    cps__coord *c = running(3, 3); /* servers 1..3, workers 4..6 (ranks 0..2) */
+    await_replacements = 0;
+    msg(c, CPS_MSG_HEARTBEAT, 4, 5);
+    const cps__coord_action *v = find(c, CPS_CO_VIEW, 0, UINT32_MAX);
+    assert_null(v); /* nothing changed: no view */
+    const uint32_t killed[] = {6};
+    cps__coord_tick(c, 10, killed, 1);
+    v = find(c, CPS_CO_VIEW, CPS_MSG_VIEW, 4);
+    assert_non_null(v);
+    assert_int_equal(v->hdr.step, 0);
+    perform(c, 0, 10);
+    done(c);
+    for (uint32_t w = 4; w <= 5; w++) {
+        msg(c, CPS_MSG_BYE, w, 10 * w);
+        assert_false(cps__coord_finished(c)); /* open for rank 2's replacement */
+        if (w == 4) {
+            v = find(c, CPS_CO_VIEW, CPS_MSG_VIEW, 5);
+            assert_non_null(v);
+            assert_int_equal(v->hdr.step, 0);
+        }
+        perform(c, 0, 10 * w);
+        done(c);
+    }
+    hello(c, CPS_ROLE_WORKER, 8003, 77, 100); /* the replacement takes rank 2 */
+    perform(c, 0, 100);
+    v = find(c, CPS_CO_VIEW, CPS_MSG_WELCOME, UINT32_MAX);
+    assert_non_null(v);
+    assert_int_equal(v->hdr.step, CPS_VIEW_WORKERS_SETTLED);
+    uint32_t id = v->peer;
+    done(c);
+    /* It says goodbye at once: the job ends. */
+    msg(c, CPS_MSG_BYE, id, 110);
+    assert_true(cps__coord_finished(c));
+    cps__coord_destroy(c);
+}
+
 /* The job ends when every worker said BYE: every server is told to exit, and the finished job
  * is persisted (a restarted scheduler does not resume it). */
 void the_job_ends_when_every_worker_finished(void **state)
