@@ -179,8 +179,15 @@ int cps__joiner_snap(cps__joiner *j, uint32_t from, uint32_t range, uint64_t joi
     join_range *jr = &j->ranges[range];
     if (!jr->active || jr->wait != WAIT_NONE || jr->source != from || jr->id != join_id)
         return CPS_JOINER_IGNORED; /* from an earlier join, after the last chunk, or not ours */
-    if (num < jr->next_chunk)
+    if (num == 0 && jr->next_chunk > 0) {
+        /* A new stream of this join: the source served a repeated SNAP_REQ with a new read once
+         * the earlier stream was over (its send failed, or its socket lingered out). Its chunks
+         * write the range again from the start; counted on from the earlier stream's, they
+         * would install the chunks of two reads. (Chunk 0 itself comes once per connection.) */
+        jr->next_chunk = 0;
+    } else if (num < jr->next_chunk) {
         return CPS_JOINER_IGNORED; /* a repeat: its records are in already */
+    }
     if (!chain_joining) {
         /* A view since made us a member of the range, or took it from us: a snapshot written
          * now would overwrite a store the chain already serves from. */

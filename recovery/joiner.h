@@ -19,8 +19,10 @@
  * install a snapshot lacking chunk 1's records, report CAUGHT_UP and serve as a replica missing
  * acknowledged updates. So only the next number is taken: a lower one is a repeat (ignored; it
  * would write the same records again), a higher one a gap, which gives the join up at once (the
- * scheduler orders another) rather than install. A chunk after the last one finds the join over
- * and is ignored. A chunk of another join (an earlier one, or from another source) is ignored by
+ * scheduler orders another) rather than install. Number 0 after others starts over: a new stream
+ * of the join (a new read, served for a repeated SNAP_REQ once the earlier stream was over)
+ * writes the range again from its start. A chunk after the last one finds the join over and is
+ * ignored. A chunk of another join (an earlier one, or from another source) is ignored by
  * its join id (the header's step) and sender.
  */
 #ifndef CPS_RECOVERY_JOINER_H
@@ -111,8 +113,9 @@ int cps__joiner_order(cps__joiner *j, const cps__view *v, uint32_t range, uint32
  * stream (the header's req_worker), `len` payload bytes, the last one when `last`.
  * `chain_joining` is cps__chain_joining(range): a view that made us a member, or took the range
  * away, ended the chain's join, and the chunk must not be written (ABORT). A number below the
- * next expected is a repeat (ignored); one above it means a chunk was lost: the join is given up
- * (ABORT with status CPS_EPROTO, CAUGHT_UP aux 2), nothing installed. Taken: one INSTALL.
+ * next expected is a repeat (ignored), except 0, which starts a new stream of the join; one above
+ * it means a chunk was lost: the join is given up (ABORT with status CPS_EPROTO, CAUGHT_UP aux 2),
+ * nothing installed. Taken: one INSTALL.
  * Returns a verdict (>= 0). */
 int cps__joiner_snap(cps__joiner *j, uint32_t from, uint32_t range, uint64_t join_id, uint32_t num,
                      int last, size_t len, int chain_joining, uint64_t now);

@@ -244,10 +244,24 @@ static void test_repeated_chunk_ignored(void **state)
     take_chunk(j, JOIN_ID, 1, 2);
     assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 1, 0, 4096, 1, 3), CPS_JOINER_IGNORED);
     assert_int_equal(cps__joiner_actions(j, NULL), 0);
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 0, 0, 4096, 1, 3), CPS_JOINER_IGNORED);
     assert_int_equal(cps__joiner_active(j, 0), 1);
     finish_join(j, JOIN_ID, 2, SNAP_SEQ, 4);
     assert_int_equal(cps__joiner_bytes(j, 0), 2 * 4096 + 100);
+}
+
+/* The source served a repeat of our SNAP_REQ with a new read once its first stream was over
+ * (that one broke for good after chunk 1): the new stream's chunks are written from its chunk 0
+ * on, none of them skipped as a repeat of the first stream's, so the install is one read's. */
+static void test_second_stream_starts_over(void **state)
+{
+    fixture *f = *state;
+    cps__joiner *j = f->j;
+    start_join(j, &f->v, JOIN_ID, 0);
+    take_chunk(j, JOIN_ID, 0, 1);
+    take_chunk(j, JOIN_ID, 1, 2);
+    take_chunk(j, JOIN_ID, 0, 3);
+    take_chunk(j, JOIN_ID, 1, 4);
+    finish_join(j, JOIN_ID, 2, SNAP_SEQ, 5);
 }
 
 /* A chunk of another join is judged by its join id before its number: one whose number would be
@@ -468,6 +482,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_chunk_gap_gives_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_repeated_chunk_ignored, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_join_chunk_ignored, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_second_stream_starts_over, setup, teardown),
         cmocka_unit_test_setup_teardown(test_duplicates_after_done, setup, teardown),
         cmocka_unit_test_setup_teardown(test_caught_up_confirmed_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_view_makes_member, setup, teardown),
