@@ -12,7 +12,8 @@ typedef struct join_range {
     int active; /* ordered, snapshot not complete */
     int wait;   /* WAIT_* */
     int got_snap;
-    int last_chunk; /* the chunk being installed is the last one: READY follows */
+    int last_chunk;      /* the chunk being installed is the last one: READY follows */
+    uint32_t next_chunk; /* the number of the chunk to take next (0 at each new join) */
     uint32_t source;
     uint64_t id;      /* the last join ordered (under way or not): CAUGHT_UP echoes it */
     uint64_t done_id; /* the last join installed: a repeat of its order must not clear the copy */
@@ -156,6 +157,7 @@ int cps__joiner_order(cps__joiner *j, const cps__view *v, uint32_t range, uint32
     jr->active = 1;
     jr->wait = WAIT_BEGIN;
     jr->got_snap = 0;
+    jr->next_chunk = 0;
     jr->source = source;
     jr->id = join_id;
     jr->deadline_ms = now + j->cfg.timeout_ms;
@@ -167,8 +169,8 @@ int cps__joiner_order(cps__joiner *j, const cps__view *v, uint32_t range, uint32
     return CPS_JOINER_TAKEN;
 }
 
-int cps__joiner_snap(cps__joiner *j, uint32_t from, uint32_t range, uint64_t join_id, int last,
-                     size_t len, int chain_joining, uint64_t now)
+int cps__joiner_snap(cps__joiner *j, uint32_t from, uint32_t range, uint64_t join_id, uint32_t num,
+                     int last, size_t len, int chain_joining, uint64_t now)
 {
     (void)now;
     j->nactions = 0;
@@ -177,12 +179,29 @@ int cps__joiner_snap(cps__joiner *j, uint32_t from, uint32_t range, uint64_t joi
     join_range *jr = &j->ranges[range];
     if (!jr->active || jr->wait != WAIT_NONE || jr->source != from || jr->id != join_id)
         return CPS_JOINER_IGNORED; /* from an earlier join, after the last chunk, or not ours */
+    if (num == 0 && jr->next_chunk > 0) {
+        /* A new stream of this join: the source served a repeated SNAP_REQ with a new read once
+         * the earlier stream was over (its send failed, or its socket lingered out). Its chunks
+         * write the range again from the start; counted on from the earlier stream's, they
+         * would install the chunks of two reads. (Chunk 0 itself comes once per connection.) */
+        jr->next_chunk = 0;
+    } else if (num < jr->next_chunk) {
+        return CPS_JOINER_IGNORED; /* a repeat: its records are in already */
+    }
     if (!chain_joining) {
         /* A view since made us a member of the range, or took it from us: a snapshot written
          * now would overwrite a store the chain already serves from. */
         give_up(j, range, "the chain is no longer joining", CPS_ESTALE_EPOCH);
         return CPS_JOINER_TAKEN;
     }
+    if (num > jr->next_chunk) {
+        /* A chunk of this stream never came (its connection broke while it was on the wire and
+         * nanomsg reconnected for the next): the records it carried are nowhere else, so what
+         * follows must not be installed as a whole snapshot. */
+        give_up(j, range, "a snapshot chunk was lost", CPS_EPROTO);
+        return CPS_JOINER_TAKEN;
+    }
+    jr->next_chunk++;
     jr->got_snap = 1;
     jr->bytes += len;
     jr->wait = WAIT_INSTALL;

@@ -12,10 +12,18 @@
  * arrives as `now`, in milliseconds of any monotonic clock). Not thread-safe: one event loop owns
  * a cps__joiner.
  *
- * Why the chunks carry no number: they come from one snapshot thread over one connection, so in
- * order; a repeated chunk writes the same records again (idempotent), and a chunk after the last
- * one finds the join over and is ignored. A chunk of another join (an earlier one, or from another
- * source) is ignored by its join id (the header's step) and sender.
+ * Why the chunks carry a number (the header's req_worker, 0, 1, 2, ... within a stream): they
+ * come from one snapshot thread over one connection, so in order, but nanomsg's tcp transport
+ * reconnects by itself: a connection that breaks while a chunk is on the wire loses that chunk,
+ * and the next goes over the new connection. Without numbers the joiner would take 0, 2, 3 (last),
+ * install a snapshot lacking chunk 1's records, report CAUGHT_UP and serve as a replica missing
+ * acknowledged updates. So only the next number is taken: a lower one is a repeat (ignored; it
+ * would write the same records again), a higher one a gap, which gives the join up at once (the
+ * scheduler orders another) rather than install. Number 0 after others starts over: a new stream
+ * of the join (a new read, served for a repeated SNAP_REQ once the earlier stream was over)
+ * writes the range again from its start. A chunk after the last one finds the join over and is
+ * ignored. A chunk of another join (an earlier one, or from another source) is ignored by
+ * its join id (the header's step) and sender.
  */
 #ifndef CPS_RECOVERY_JOINER_H
 #define CPS_RECOVERY_JOINER_H
@@ -101,12 +109,16 @@ int cps__joiner_view(cps__joiner *j, const cps__view *v, uint64_t now);
 int cps__joiner_order(cps__joiner *j, const cps__view *v, uint32_t range, uint32_t source,
                       uint64_t join_id, uint64_t epoch, uint64_t now);
 
-/* A SNAP chunk of `range` from `from` for join `join_id` (the header's step), `len` payload
- * bytes, the last one when `last`. `chain_joining` is cps__chain_joining(range): a view that made
- * us a member, or took the range away, ended the chain's join, and the chunk must not be
- * written (ABORT). Taken: one INSTALL. Returns a verdict (>= 0). */
-int cps__joiner_snap(cps__joiner *j, uint32_t from, uint32_t range, uint64_t join_id, int last,
-                     size_t len, int chain_joining, uint64_t now);
+/* A SNAP chunk of `range` from `from` for join `join_id` (the header's step), number `num` in its
+ * stream (the header's req_worker), `len` payload bytes, the last one when `last`.
+ * `chain_joining` is cps__chain_joining(range): a view that made us a member, or took the range
+ * away, ended the chain's join, and the chunk must not be written (ABORT). A number below the
+ * next expected is a repeat (ignored), except 0, which starts a new stream of the join; one above
+ * it means a chunk was lost: the join is given up (ABORT with status CPS_EPROTO, CAUGHT_UP aux 2),
+ * nothing installed. Taken: one INSTALL.
+ * Returns a verdict (>= 0). */
+int cps__joiner_snap(cps__joiner *j, uint32_t from, uint32_t range, uint64_t join_id, uint32_t num,
+                     int last, size_t len, int chain_joining, uint64_t now);
 
 /* The outcome of the BEGIN, INSTALL or READY of `range` from the last call: rc 0 or a CPS_E*
  * code, and `value` as that action says. A failure gives the join up (ABORT, CAUGHT_UP aux 2,

@@ -109,7 +109,7 @@ extern "C" {
 /** The wire protocol these headers' library speaks (the version byte of every message). Nodes
  * of different wire versions refuse each other's messages, naming both versions: every process
  * of a job, workers included, must run a library of the same wire version. */
-#define CHAINPS_WIRE_VERSION 5
+#define CHAINPS_WIRE_VERSION 6
 
 /**
  * @brief The library's version, "MAJOR.MINOR.PATCH" (a static string). A program built against

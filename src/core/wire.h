@@ -6,7 +6,7 @@
  * by decoders are borrowed from the input buffer and live as long as it does.
  *
  * Header layout (offsets in bytes, all little-endian):
- *    0 u32 magic 'CPS1' (0x31535043)   4 u8 version (5)    5 u8 type    6 u16 flags
+ *    0 u32 magic 'CPS1' (0x31535043)   4 u8 version (6)    5 u8 type    6 u16 flags
  *    8 u32 sender node id             12 i32 status (0 or CPS_E... in replies)
  *   16 u64 view epoch                 24 u32 request worker id   28 u32 range id
  *   32 u64 request sequence number    40 u64 training step
@@ -23,15 +23,19 @@
 #include "chainps/chainps.h" /* CPS_MAX_NDIM */
 
 #define CPS_WIRE_MAGIC 0x31535043u
-/* 5: chains forward before they apply (a FWD's aux is how far its sender applied, a CHAIN_MARK
- * with CPS_CHAIN_MARK_APPLIED says it applied; a successor of version 4 would apply FWDs its
- * predecessor had not), FWDs to a shadow flagged CPS_WF_SHADOW, and a HELLO may end with a flags
- * word (CPS_HELLO_EMPTY) that a scheduler of version 4 refuses by its size. 4: the MAC trailer
- * (src/transport/auth.h) is ChaCha20-Poly1305 instead of GMAC; the transport refuses another
- * version's messages before checking their MAC, and says why. 3: dense tensors cut into chunks of
- * at most 128 Ki values. 2: tensor keys and key-set signatures hashed with XXH3 instead of FNV-1a.
- * Nodes of two versions would place the same tensor on different keys, so they must not talk. */
-#define CPS_WIRE_VERSION  5
+/* 6: SNAP chunks are numbered (req_worker: 0, 1, 2, ... within a stream) and a joiner takes only
+ * the next number; a joiner of version 6 behind a tail of version 5 would see every chunk as
+ * number 0 (a repeat) and never finish a join of more than one chunk, and a joiner of version 5
+ * would still install a stream that lost a chunk. 5: chains forward before they apply (a FWD's aux
+ * is how far its sender applied, a CHAIN_MARK with CPS_CHAIN_MARK_APPLIED says it applied; a
+ * successor of version 4 would apply FWDs its predecessor had not), FWDs to a shadow flagged
+ * CPS_WF_SHADOW, and a HELLO may end with a flags word (CPS_HELLO_EMPTY) that a scheduler of
+ * version 4 refuses by its size. 4: the MAC trailer (src/transport/auth.h) is ChaCha20-Poly1305
+ * instead of GMAC; the transport refuses another version's messages before checking their MAC, and
+ * says why. 3: dense tensors cut into chunks of at most 128 Ki values. 2: tensor keys and key-set
+ * signatures hashed with XXH3 instead of FNV-1a. Nodes of two versions would place the same tensor
+ * on different keys, so they must not talk. */
+#define CPS_WIRE_VERSION  6
 #define CPS_WIRE_HDR_SIZE 64
 /* Hard cap on one message's payload (compressed or not); larger is refused as CPS_ESIZE. */
 #define CPS_WIRE_MAX_PAYLOAD (1u << 30)
@@ -62,7 +66,8 @@ enum cps__msg_type {
     CPS_MSG_JOIN_RANGE = 30,   /* scheduler -> server: copy `range` from node `aux`, then join */
     CPS_MSG_SNAP_REQ = 31,     /* joiner -> tail: send me a snapshot of `range` */
     CPS_MSG_SNAP = 32,         /* tail -> joiner: snapshot records (req_seq = snapshot seq;
-                                  aux = 1 on the last chunk) */
+                                  step = join id; aux = 1 on the last chunk; req_worker = the
+                                  chunk's number in its stream, from 0) */
     CPS_MSG_CAUGHT_UP = 33,    /* joiner -> scheduler: `range` copied, applied up to req_seq */
     CPS_MSG_CHAIN_MARK = 34,   /* ex-tail -> its new successor: I had applied up to req_seq */
     /* Checkpoints (src/server/cut.c, src/checkpoint/cluster_*.c). A tool that is not a member of

@@ -49,6 +49,7 @@ typedef struct snap_job {
     unsigned char *buf;
     size_t used;
     uint64_t seq, step, bytes, records;
+    uint32_t chunks; /* sent so far: the next chunk's number */
 } snap_job;
 
 static int job_flush(snap_job *j, int last)
@@ -61,6 +62,9 @@ static int job_flush(snap_job *j, int last)
     h.req_seq = j->seq;
     h.step = j->join_id; /* the range's step travels in the range entry */
     h.aux = (uint64_t)last;
+    /* The chunk's number: nanomsg reconnects a broken connection by itself, so a chunk lost on
+     * the old one is followed by the next on the new; the joiner gives up at the gap. */
+    h.req_worker = j->chunks++;
     int rc = cps__msg_send(j->tp, j->joiner, &h, j->buf, j->used);
     j->bytes += j->used;
     j->used = 0;

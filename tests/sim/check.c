@@ -543,8 +543,9 @@ void sim_check_reply(sim *sm, sim_server *s, uint32_t r, const cps__chain_req *q
  * key groups came from the chunks that last wrote them; a group of a read at another sequence
  * number than the snapshot's (the last chunk's, which the joiner replays forwarded updates
  * after) holds updates it will apply twice, or lacks ones it will never get; a group no chunk
- * wrote lacks its values. Production's chunks carry no number: only one stream per join keeps
- * them one read's (the replica's snapshot guard, replication/replica_join.c). */
+ * wrote lacks its values. Only one stream per join keeps them one read's (the replica's snapshot
+ * guard, replication/replica_join.c), and the chunks' numbers keep a stream that lost one from
+ * being installed (recovery/joiner.c; --snap-gaps). */
 static void check_snapshot_groups(sim *sm, const sim_server *s, uint32_t r)
 {
     const sim_rstore *st = &s->rs[r];

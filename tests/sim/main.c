@@ -4,7 +4,7 @@
  *       [--mode sync|async|ssp|ssp:N] [--faults
  * none|drops|crash|pause|restart|partition|join|scale|all]
  *       [--events N] [--refusals] [--sched-restarts] [--push-pull] [--views-unordered]
- *       [--fwd-crashes] [--single-probe] [--fence-faults] [--drains] [-v]
+ *       [--fwd-crashes] [--single-probe] [--fence-faults] [--drains] [--snap-gaps] [-v]
  *   sim --regressions FILE
  *
  * Parameters not given are drawn from the seed, from a stream of their own, in a fixed order:
@@ -31,7 +31,9 @@
  * server dead after one unanswered probe (false deaths of slow servers become common);
  * --fence-faults sends a server's new life late copies of the WELCOME that let its previous life
  * in (sim.h); --drains has the operator stop servers with SIGTERM, each asking to be drained first
- * (sim_drain.c). Fault kinds: see sim.h; `all` mixes every kind. */
+ * (sim_drain.c); --snap-gaps has snapshot streams lose a chunk before their last while the later
+ * ones arrive (nanomsg reconnecting under them: sim.h). Fault kinds: see sim.h; `all` mixes every
+ * kind. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,7 +51,7 @@ typedef struct cli {
     uint32_t backup; /* --backup-workers B: sync mode, at least B+1 workers */
     uint64_t events;
     int verbose, refusals, sched_restarts, push_pull, views_unordered, fwd_crashes, allow_rollback,
-        wipe_sole, single_probe, fence_faults, drains;
+        wipe_sole, single_probe, fence_faults, drains, snap_gaps;
     const char *regressions;
 } cli;
 
@@ -66,7 +68,7 @@ static void usage(void)
             "           [--events N] [--refusals] [--sched-restarts] [--push-pull]\n"
             "           [--views-unordered] [--allow-rollback] [--wipe-sole]\n"
             "           [--backup-workers B] [--fwd-crashes] [--single-probe]\n"
-            "           [--fence-faults] [--drains] [-v]\n"
+            "           [--fence-faults] [--drains] [--snap-gaps] [-v]\n"
             "       sim --regressions FILE\n");
 }
 
@@ -141,6 +143,10 @@ static int parse_args(int argc, char **argv, cli *c)
         }
         if (strcmp(a, "--drains") == 0) {
             c->drains = 1;
+            continue;
+        }
+        if (strcmp(a, "--snap-gaps") == 0) {
+            c->snap_gaps = 1;
             continue;
         }
         i++;
@@ -257,7 +263,8 @@ static int make_params(const cli *c, uint64_t seed, sim_params *p)
     p->single_probe = c->single_probe;
     /* Off unless asked (sim.seeds_fence), so that the other tests' seeds keep their runs. */
     p->fence_faults = c->fence_faults;
-    p->drains = c->drains; /* off unless asked (sim.seeds_drain), as the others */
+    p->drains = c->drains;       /* off unless asked (sim.seeds_drain), as the others */
+    p->snap_gaps = c->snap_gaps; /* off unless asked (sim.seeds_snap_gaps), as the others */
     if (p->replicas > p->servers) {
         fprintf(stderr, "sim: --replicas %u > --servers %u\n", p->replicas, p->servers);
         return -1;
@@ -299,6 +306,8 @@ static void print_replay(const char *prog, const cli *c, const sim_params *p)
         printf(" --fence-faults");
     if (c->drains)
         printf(" --drains");
+    if (c->snap_gaps)
+        printf(" --snap-gaps");
     if (c->backup)
         printf(" --backup-workers %u", c->backup);
     printf("\n");
@@ -310,7 +319,7 @@ static int run_cli(const char *prog, const cli *c)
     uint64_t restarts = 0, wipes = 0, disks_back = 0, parts = 0, joins = 0, rejoins = 0, gated = 0,
              parked = 0;
     uint64_t unavailable = 0, false_deaths = 0, moves = 0, drains = 0, late = 0;
-    uint64_t fwd_crashes[2] = {0, 0}, stale_welcomes = 0, sigterms = 0;
+    uint64_t fwd_crashes[2] = {0, 0}, stale_welcomes = 0, sigterms = 0, snap_gaps = 0;
     for (uint64_t i = 0; i < c->seeds; i++) {
         sim_params p;
         if (make_params(c, c->seed + i, &p) != 0)
@@ -360,6 +369,7 @@ static int run_cli(const char *prog, const cli *c)
         fwd_crashes[1] += s.fwd_crashes[1];
         stale_welcomes += s.stale_welcomes;
         sigterms += s.sigterms;
+        snap_gaps += s.snap_gaps;
     }
     printf("sim: %" PRIu64 " seeds from %" PRIu64 " passed: %" PRIu64 " events, %" PRIu64
            " requests acknowledged, %" PRIu64 " views, %" PRIu64 " servers failed, %" PRIu64
@@ -387,6 +397,12 @@ static int run_cli(const char *prog, const cli *c)
     if (c->drains && c->seeds > 1 && drains == 0) {
         /* Every seed passed, but no drain ever ended: the seeds did not test drains. */
         printf("sim: FAIL: --drains over %" PRIu64 " seeds, and no server was drained\n", c->seeds);
+        return 1;
+    }
+    if (c->snap_gaps)
+        printf("sim: %" PRIu64 " snapshot chunks lost with later ones arriving\n", snap_gaps);
+    if (c->snap_gaps && c->seeds > 1 && snap_gaps == 0) {
+        printf("sim: FAIL: --snap-gaps over %" PRIu64 " seeds, and no chunk was lost\n", c->seeds);
         return 1;
     }
     if (c->backup)

@@ -31,7 +31,9 @@
  *    JOIN_CLEAR (clearing the copy) -> SNAP_REQ (re-sent until the snapshot comes) -> the
  *    tail's shadow and SNAPSHOT, one read of the tail's store a moment later -> 1-4 SNAP chunks
  *    of that read, 1-40 ms apart, on a connection of their own (in order; it dies with the
- *    tail's process, and a partition or a drop breaks it for the rest of the stream) -> a
+ *    tail's process, and a partition or a drop breaks it for the rest of the stream; with
+ *    --snap-gaps nanomsg reconnects under it: one chunk is lost, the later ones still arrive,
+ *    and the joiner must give the join up at the gap in the chunks' numbers) -> a
  *    JOIN_INSTALL per chunk (each writes its key groups; the last the read's sequence number and
  *    records, and invariant 3 checks every group is that read's), then the replica's READY ->
  *    CAUGHT_UP -> a view
@@ -800,6 +802,7 @@ static void setup(sim *sm)
     const sim_params *p = &sm->p;
     sim_rng_seed(&sm->rng, p->seed ^ 0x5eed5eed5eed5eedull);
     sim_rng_seed(&sm->snap_rng, p->seed ^ 0x5a995a995a995a99ull);
+    sim_rng_seed(&sm->gap_rng, p->seed ^ 0x6a9c6a9c6a9c6a9cull);
     sm->nranges = p->ranges;
     sm->lossy = p->faults == SIM_F_DROPS || p->faults == SIM_F_ALL;
     sm->phase = PHASE_FAULTS;
@@ -1028,6 +1031,7 @@ int sim_run(const sim_params *p, sim_summary *out)
         out->rejoins = sm->rejoins;
         out->stale_welcomes = sm->stale_welcomes;
         out->sigterms = sm->sigterms;
+        out->snap_gaps = sm->snap_gaps;
         out->gated = sm->gated;
         out->ssp_parked = sm->ssp_parked;
         out->false_deaths = sm->false_deaths;

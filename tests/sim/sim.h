@@ -140,6 +140,11 @@ typedef struct sim_params {
     /* --drains: the operator stops servers with SIGTERM, and each asks the scheduler to drain it
      * first (the server's side of a drain, sim_drain.c); never drawn. */
     int drains;
+    /* --snap-gaps: nanomsg's reconnect under a snapshot stream (never drawn, so that other tests'
+     * seeds keep their runs): a stream loses one chunk before its last and the later chunks still
+     * arrive, over the connection nanomsg opened again. The joiner must see the gap in the chunks'
+     * numbers and give the join up; invariant 3 fails an install that lacks the lost chunk. */
+    int snap_gaps;
 } sim_params;
 
 typedef struct sim_summary {
@@ -154,6 +159,7 @@ typedef struct sim_summary {
     uint64_t fwd_crashes[2];
     uint64_t stale_welcomes; /* late WELCOMEs sent to a later life (--fence-faults) */
     uint64_t sigterms;       /* servers stopped with SIGTERM (--drains) */
+    uint64_t snap_gaps;      /* snapshot chunks lost with later ones arriving (--snap-gaps) */
 } sim_summary;
 
 typedef struct sim_rng {
@@ -377,6 +383,8 @@ typedef struct sim {
     /* The snapshot streams' own draws (chunk counts and spacing, their connection's delays and
      * breaks), so that they leave the run's other draws where they were. */
     sim_rng snap_rng;
+    sim_rng gap_rng; /* --snap-gaps: which chunk a stream loses, from a stream of its own */
+    uint64_t snap_gaps;
     uint64_t moves, drains;
     uint64_t restarts, wipes, disks_back, partitions, joins, rejoins, gated, ssp_parked;
     uint64_t stale_welcomes;

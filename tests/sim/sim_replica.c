@@ -267,11 +267,15 @@ typedef struct snap_stream {
     uint64_t snap;  /* its read: index in sm->snaps; UINT64_MAX until it reads the store */
     uint32_t next;  /* the chunk it sends next */
     int broken;     /* its connection broke: what it still sends is lost */
+    int gapped;     /* --snap-gaps: it lost one chunk already (one per stream) */
     uint64_t floor; /* when its last chunk sent arrives: the next one arrives no earlier */
 } snap_stream;
 
 /* The payload of a SNAP chunk: the read, the chunk's index and the stream's chunk count. */
 #define SNAP_CHUNK_LEN 16
+/* --snap-gaps: the chance, per chunk before a stream's last, that the stream loses it (at most
+ * one per stream). */
+#define SIM_SNAP_GAP_PER_MILLE 250
 
 static uint64_t snap_rnd(sim *sm, uint64_t n)
 {
@@ -574,6 +578,16 @@ static void stream_send(sim *sm, sim_server *s, uint32_t to, const cps__msg_hdr 
 {
     if (st->broken)
         return;
+    if (sm->p.snap_gaps && !st->gapped && h->aux == 0 &&
+        sim_rng_next(&sm->gap_rng) % 1000 < SIM_SNAP_GAP_PER_MILLE) {
+        /* The connection broke with this chunk on the wire and nanomsg connected again: this
+         * one is lost, the next goes out over the new connection. */
+        st->gapped = 1;
+        sm->snap_gaps++;
+        sim_trace(sm, "s%u snapshot of r%u to s%u: chunk %u lost, the connection reconnected",
+                  s->id, h->range, to, h->req_worker);
+        return;
+    }
     if ((sm->cut_active && sm->cut[s->id][to]) ||
         (sm->lossy && snap_rnd(sm, 1000) < sm->p.drop_per_mille)) {
         st->broken = 1;
@@ -645,6 +659,7 @@ void sim_snapshot_run(sim *sm, sim_msg *m)
     uint32_t i = st.next++;
     h.req_seq = sn->st.applied;
     h.aux = i + 1 == sn->chunks; /* the last */
+    h.req_worker = i;            /* its number in the stream, as production's job_flush */
     uint8_t pl[SNAP_CHUNK_LEN];
     cps__le64_put(pl, st.snap);
     cps__le32_put(pl + 8, i);

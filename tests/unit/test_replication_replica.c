@@ -21,6 +21,7 @@ int main(void)
         cmocka_unit_test(a_range_moved_away_is_dropped),
         cmocka_unit_test(a_request_for_a_stale_epoch_or_another_head_is_refused),
         cmocka_unit_test(a_join_is_decided_by_the_replica_and_performed_by_the_shell),
+        cmocka_unit_test(a_snapshot_stream_with_a_gap_is_not_installed),
         cmocka_unit_test(a_replica_not_let_in_takes_only_its_welcome),
         cmocka_unit_test(an_unsure_replica_asks_and_drops_until_confirmed),
         cmocka_unit_test(a_view_counting_us_dead_fences_the_replica),

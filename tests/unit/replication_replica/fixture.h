@@ -102,6 +102,7 @@ void a_put_verdict_says_not_head_before_any_record_is_read(void **state);
 void a_request_for_a_stale_epoch_or_another_head_is_refused(void **state);
 void a_send_without_room_in_the_ready_list_takes_no_buffer(void **state);
 void a_join_is_decided_by_the_replica_and_performed_by_the_shell(void **state);
+void a_snapshot_stream_with_a_gap_is_not_installed(void **state);
 /* fence.c */
 void a_replica_not_let_in_takes_only_its_welcome(void **state);
 void an_unsure_replica_asks_and_drops_until_confirmed(void **state);

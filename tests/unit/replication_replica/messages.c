@@ -490,6 +490,41 @@ void a_send_without_room_in_the_ready_list_takes_no_buffer(void **state)
     finish(r, &f);
 }
 
+/* The chunks' numbers travel in the header's req_worker: a stream that lost chunk 1 (nanomsg
+ * reconnected under it) has its last chunk refused, the join given up and the scheduler told at
+ * once (CAUGHT_UP aux 2), so it orders another. */
+void a_snapshot_stream_with_a_gap_is_not_installed(void **state)
+{
+    (void)state;
+    fake f = {.declared = 1};
+    cps__replica *r = new_replica(&f);
+    set_view(r, 3, CPS_MODE_ASYNC, 2, 1, 1);
+    perform(r, &f);
+    cps__replica_msg m = transfer_msg(&f, CPS_MSG_JOIN_RANGE, 0, 3, 1, 7, 2, 0);
+    cps__replica_step(r, &m, 10);
+    assert_string_equal(perform(r, &f), "C");
+    assert_int_equal(cps__replica_join_result(r, 1, 0, 0, 10), 0);
+    assert_string_equal(perform(r, &f), "S");              /* SNAP_REQ */
+    m = transfer_msg(&f, CPS_MSG_SNAP, 2, 3, 1, 7, 0, 16); /* chunk 0 */
+    cps__replica_step(r, &m, 20);
+    assert_string_equal(perform(r, &f), "I");
+    assert_false(item(r, CPS_RO_JOIN_INSTALL, 0)->last);
+    assert_int_equal(cps__replica_join_result(r, 1, 0, 0, 20), 0);
+    perform(r, &f);
+    m = transfer_msg(&f, CPS_MSG_SNAP, 2, 3, 1, 7, 1, 16); /* chunk 2, the last */
+    m.hdr.req_worker = 2;
+    cps__replica_step(r, &m, 22);
+    const cps__replica_out *up = sent(r, CPS_MSG_CAUGHT_UP);
+    assert_non_null(up);
+    assert_int_equal(up->hdr.aux, 2);
+    assert_int_equal(up->hdr.step, 7);
+    assert_string_equal(perform(r, &f), "S"); /* no INSTALL */
+    assert_false(cps__replica_joining(r, 1));
+    assert_int_equal(cps__replica_join_result(r, 1, 0, 0, 22), CPS_EINVAL);
+    cps__replica_tick(r, 30, 1);
+    finish(r, &f);
+}
+
 /* Both sides of state transfer are the replica's: the shell only clears, writes and streams.
  * Range 1 is server 2's (we copy it); range 0 is ours alone (we are its tail). */
 void a_join_is_decided_by_the_replica_and_performed_by_the_shell(void **state)

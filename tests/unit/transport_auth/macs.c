@@ -137,7 +137,7 @@ void other_wire_version_is_named(void **state)
     assert_int_equal(cps__auth_create(NULL, &open_tx), 0);
     assert_int_equal(cps__auth_create(NULL, &open_rx), 0);
     unsigned char *m = message(5);
-    assert_int_equal(CPS_WIRE_VERSION, 5);
+    assert_int_equal(CPS_WIRE_VERSION, 6);
 
     header(m, 3);
     seal_v3(m, BODY, KEY, 1);
@@ -154,6 +154,11 @@ void other_wire_version_is_named(void **state)
     /* Version 4 (same MAC, chains that applied before forwarding) is refused, however well
      * sealed: its successors would apply FWDs their predecessor had not. */
     header(m, 4);
+    cps__auth_seal(tx, m, BODY);
+    assert_int_equal(open_copy(rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_VERSION);
+    /* Version 5 too: its SNAP chunks carry no number, so its joiners install a stream that lost
+     * a chunk, and behind its tails ours never finish a join. */
+    header(m, 5);
     cps__auth_seal(tx, m, BODY);
     assert_int_equal(open_copy(rx, m, BODY + CPS_AUTH_TRAILER), CPS_AUTH_VERSION);
     /* A later version too, however well sealed. */
