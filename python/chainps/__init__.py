@@ -28,8 +28,22 @@ from chainps._chainps import *  # noqa: F401,F403  (the CPS_E... constants)
 
 __version__ = _chainps.version
 
-__all__ = ["init", "Client", "Tensor", "Handle", "Error", "TimeoutError", "Init", "SGD",
-           "Momentum", "AdaGrad", "Adam", "RMSProp", "init_values", "__version__"]
+__all__ = ["init", "Client", "Tensor", "Handle", "Error", "TimeoutError", "JobEnded", "Init",
+           "SGD", "Momentum", "AdaGrad", "Adam", "RMSProp", "init_values", "__version__"]
+
+
+class JobEnded(SystemExit):
+    """The job ended before this worker could take part: the replacement of a worker that died
+    in the job's last all-reduce, started after the others had finished and left. There is
+    nothing left to do. It is a SystemExit with status 0, so a script that does not catch it ends
+    cleanly (the job succeeded); one that must do more can catch it by name."""
+
+    def __init__(self, message):
+        super().__init__(0)
+        self.message = message
+
+    def __str__(self):
+        return self.message
 
 _INIT_KINDS = {"zeros": 0, "constant": 1, "uniform": 2, "normal": 3}
 _OPTIM_KINDS = {"sgd": 0, "momentum": 1, "adagrad": 2, "adam": 3, "rmsprop": 4}

@@ -27,8 +27,9 @@ all-reduced among the workers (``client.allreduce``, mean over the live workers,
 every worker) in ``step()`` and updated by the local optimizer on every worker. They start from
 rank 0's values (a replacement of a dead worker: a live worker's, with its step). A replacement
 that arrives when the other workers have already finished the job without it (its predecessor
-died in the last all-reduce) has nothing to do: the constructor closes the client and exits the
-process with status 0 (``SystemExit``), saying so on stderr. Their storage moves into one flat buffer with the local optimizer's float32
+died in the last all-reduce) has nothing to do: the constructor closes the client, says so on
+stderr and raises ``chainps.JobEnded``, a ``SystemExit`` with status 0 (uncaught, the script ends
+cleanly; catch it by name to do more). Their storage moves into one flat buffer with the local optimizer's float32
 state (``p.data`` and the state's tensors become views of it) and their gradients into another
 (``p.grad`` views, which ``zero_grad`` zeroes in place): the all-reduce, the share to a
 replacement of a dead worker (parameters and optimizer state) and the checkpoint listing read
@@ -99,7 +100,7 @@ def _replacement_too_late(client):
     print(f"chainps.torch: rank {client.rank}: the job has ended (the other workers finished "
           "without this replacement); exiting", file=sys.stderr, flush=True)
     client.close()
-    raise SystemExit(0)
+    raise chainps.JobEnded(f"rank {client.rank}: the job has ended without this replacement")
 
 
 class DistributedOptimizer:

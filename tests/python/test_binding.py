@@ -467,3 +467,18 @@ def test_a_failed_asynchronous_push_says_why_at_wait(tmp_path):
     assert r.returncode == 0, r.stderr
     assert ("error: CPS_EUNAVAILABLE | range 0 unavailable for 2000 ms: failing the request"
             in r.stdout), r.stdout + r.stderr
+
+
+def test_job_ended_ends_a_script_cleanly_and_can_be_caught():
+    """chainps.JobEnded (a replacement started after the others finished the job) ends an
+    uncaught script with status 0, saying nothing on stderr, and is caught by name."""
+    env = tj.env()
+    r = subprocess.run([sys.executable, "-c", "import chainps\nraise chainps.JobEnded('over')\n"
+                        "print('not reached')"], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and r.stdout == "" and r.stderr == "", r
+    r = subprocess.run([sys.executable, "-c", "import chainps\ntry:\n"
+                        "    raise chainps.JobEnded('over')\nexcept chainps.JobEnded as e:\n"
+                        "    print('caught:', e, e.code)\n"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "caught: over 0\n", r
