@@ -54,7 +54,8 @@
  *   - checkpoints: CHAINPS_RESTORE_FROM (a worker's all-reduced tensors, cps_local_fetch),
  *     CHAINPS_LOCAL_CHUNK (bytes per message of the local tensors an export takes);
  *   - tests only: CHAINPS_FAILPOINT_SCHED_SAVE (a scheduler fails chosen view saves),
- *     CHAINPS_FETCH_PART (values per part of an answer to cps_allreduce_fetch);
+ *     CHAINPS_FETCH_PART (values per part of an answer to cps_allreduce_fetch),
+ *     CHAINPS_SNAP_CHUNK_KB (KiB per chunk of a snapshot sent to a joining server);
  *   - not its own: GLIBC_TUNABLES, OPENBLAS_NUM_THREADS (above).
  *   A ps-lite job (DMLC_ROLE without CHAINPS_MODE, CHAINPS_ROLE or MS_ROLE) runs in async mode.
  * - Errors are also logged to stderr; CHAINPS_VERBOSE sets how much else is.

@@ -25,7 +25,7 @@
 #include "entries.h"
 #include "server.h"
 
-#define SNAP_CHUNK    (4u << 20)
+#define SNAP_CHUNK    (4u << 20) /* bytes per chunk; CHAINPS_SNAP_CHUNK_KB sets fewer (tests) */
 #define SNAP_FLUSH_MS 30000
 
 /* ---- source side (the range's tail) ---- */
@@ -47,10 +47,29 @@ typedef struct snap_job {
     /* the chunk being filled */
     cps__tp *tp;
     unsigned char *buf;
-    size_t used;
+    size_t used, chunk_max; /* bytes in it; the most a chunk holds (one record may hold more) */
     uint64_t seq, step, bytes, records;
     uint32_t chunks; /* sent so far: the next chunk's number */
 } snap_job;
+
+/* Bytes per snapshot chunk: SNAP_CHUNK, or CHAINPS_SNAP_CHUNK_KB KiB (1 to 4096), the tests' knob
+ * that makes even a small model's snapshot travel as many chunks. A bad value is logged, naming
+ * it, and the default used: a snapshot must not fail over a test knob. */
+static size_t snap_chunk_bytes(void)
+{
+    const char *env = getenv("CHAINPS_SNAP_CHUNK_KB");
+    uint32_t kb = 0;
+    char err[160];
+    if (!env || !*env)
+        return SNAP_CHUNK;
+    if (cps__config_parse_u32("CHAINPS_SNAP_CHUNK_KB", env, 1, SNAP_CHUNK >> 10, &kb, err,
+                              sizeof err) != 0) {
+        cps__log(CPS_LOG_ERROR, "server", "%s; snapshots use chunks of %u KiB", err,
+                 SNAP_CHUNK >> 10);
+        return SNAP_CHUNK;
+    }
+    return (size_t)kb << 10;
+}
 
 static int job_flush(snap_job *j, int last)
 {
@@ -77,12 +96,12 @@ static int job_flush(snap_job *j, int last)
 
 static int job_room(snap_job *j, size_t need)
 {
-    if (j->used + need > SNAP_CHUNK && j->used > 0) {
+    if (j->used + need > j->chunk_max && j->used > 0) {
         int rc = job_flush(j, 0);
         if (rc != 0)
             return rc;
     }
-    if (need > SNAP_CHUNK) {
+    if (need > j->chunk_max) {
         unsigned char *grown = realloc(j->buf, need);
         if (!grown)
             return CPS_ENOMEM;
@@ -150,7 +169,8 @@ static void *snap_main(void *arg)
 {
     snap_job *j = arg;
     uint64_t t0 = cps__now_ms();
-    j->buf = malloc(SNAP_CHUNK);
+    j->chunk_max = snap_chunk_bytes();
+    j->buf = malloc(j->chunk_max);
     int rc = j->buf ? cps__tp_create(j->keyed ? j->key : NULL, &j->tp) : CPS_ENOMEM;
     if (rc == 0)
         rc = cps__tp_peer_set(j->tp, j->joiner, j->joiner_addr);
@@ -162,9 +182,9 @@ static void *snap_main(void *arg)
     if (rc == 0)
         cps__log(CPS_LOG_INFO, "server",
                  "range %u: snapshot at seq %llu sent to node %u: %llu "
-                 "records, %.1f MB in %llu ms (%.0f MB/s)",
+                 "records, %.1f MB in %u chunks, %llu ms (%.0f MB/s)",
                  j->range, (unsigned long long)j->seq, j->joiner, (unsigned long long)j->records,
-                 j->bytes / 1e6, (unsigned long long)ms, ms ? j->bytes / 1e3 / (double)ms : 0.0);
+                 j->bytes / 1e6, j->chunks, (unsigned long long)ms, ms ? j->bytes / 1e3 / (double)ms : 0.0);
     else
         cps__log(CPS_LOG_ERROR, "server", "range %u: snapshot for node %u failed: %s", j->range,
                  j->joiner, cps_strerror(rc));

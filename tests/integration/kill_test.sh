@@ -65,6 +65,16 @@ for rank in $ranks; do
         at=$((at + 3))
         echo "again with the kill at $at s"
     done
+    if [ -n "${SNAP_CHUNKS_MIN:-}" ]; then
+        # CHAINPS_SNAP_CHUNK_KB made the snapshots small: at least one of them must have gone
+        # as SNAP_CHUNKS_MIN numbered chunks or more, or the test did not do what it says.
+        most=$(sed -n 's/.*snapshot at seq .* in \([0-9]*\) chunks.*/\1/p' "$log" | sort -n | tail -1)
+        if [ -z "$most" ] || [ "$most" -lt "$SNAP_CHUNKS_MIN" ]; then
+            echo "FAIL: no snapshot went as $SNAP_CHUNKS_MIN chunks or more (most: '${most:-none}')"
+            exit 1
+        fi
+        echo "snapshots in chunks: the largest went as $most"
+    fi
     got=$(checksums "$log")
     if [ -z "$ref" ] || [ "$got" != "$ref" ]; then
         echo "FAIL: fault-free checksum '$ref', with server $rank killed '$got'"
