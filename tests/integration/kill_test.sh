@@ -8,7 +8,13 @@
 # examples/fmnist. fmnist's tensors are spread over every range, so each kill there takes out
 # the head of one range, the middle of another and the tail of a third, all holding data.
 # LSQ_STEPS: lsq_worker's steps (20000; the sanitizer build's chaos.kill_chain trains 10000,
-# which there still lasts twice as long as 20000 in Release).
+# which there still lasts twice as long as 20000 in Release). lsq trains with lr 40/LSQ_STEPS
+# (0.002 for 20000): at lsq_worker's own 0.1 it reaches an exact float fixed point by step 550,
+# long before the kill, after which its final weights no longer tell whether an update went
+# missing; at 40/steps the weights still move at the last step. Besides the final checksum each
+# lsq run's trajectory hash (every step's pulled weights, lsq_worker.c) must equal the fault-free
+# run's: sync mode, the same two worker processes, so it is bitwise the same if no acknowledged
+# update was lost, doubled or served stale by a new tail.
 # usage: [WORKLOAD=fmnist] [LSQ_STEPS=N] kill_test.sh CHAINPS PROGRAM RANKS
 set -eu
 cps=$1
@@ -26,10 +32,14 @@ if [ "$WORKLOAD" = fmnist ]; then
     prog="$bin $(workload_fmnist_args 600 "$dir/fm" 10)"
     kill_after=2
 else
-    prog="$bin --steps ${LSQ_STEPS:-20000}"
+    lsq_steps=${LSQ_STEPS:-20000}
+    prog="$bin --steps $lsq_steps --lr $(awk "BEGIN { print 40 / $lsq_steps }")"
     kill_after=0
 fi
+# "checksum C" of every worker's final line, and for lsq "trajectory T, checksum C" (fmnist has
+# no trajectory): each must be one line, the same in every run.
 checksums() { sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$1" | sort -u; }
+trajectories() { sed -n 's/.*final: .*trajectory \([-0-9a-f]*\), checksum .*$/\1/p' "$1" | sort -u; }
 "$cps" launch $job -- $prog >"$dir/ref.log" 2>&1 &
 ref_pid=$!
 t=0 # tenths of a second until the fault-free run trained
@@ -43,6 +53,15 @@ wait $ref_pid || {
     exit 1
 }
 ref=$(checksums "$dir/ref.log")
+ref_traj=$(trajectories "$dir/ref.log")
+if [ "$WORKLOAD" != fmnist ]; then
+    case $ref_traj in
+    *[!0-9a-f]* | "")
+        echo "FAIL: the fault-free run's trajectory hash '$ref_traj' is not one hash"
+        exit 1
+        ;;
+    esac
+fi
 kill_at=$(((t + 9) / 10 + kill_after))
 [ $kill_at -ge 1 ] || kill_at=1
 echo "the fault-free run trained after $((t / 10)).$((t % 10)) s: kills at $kill_at s"
@@ -70,6 +89,12 @@ for rank in $ranks; do
         echo "FAIL: fault-free checksum '$ref', with server $rank killed '$got'"
         exit 1
     fi
+    got_traj=$(trajectories "$log")
+    if [ "$got_traj" != "$ref_traj" ]; then
+        echo "FAIL: fault-free trajectory '$ref_traj', with server $rank killed '$got_traj'" \
+            "(the final checksums agree: the run went another way and met it again)"
+        exit 1
+    fi
     echo "PASS: $WORKLOAD: server $rank killed mid-run; final parameters identical to the" \
-        "fault-free run ($got)"
+        "fault-free run ($got${ref_traj:+, every step's pull too: trajectory $got_traj})"
 done
