@@ -13,10 +13,11 @@
  * A job restored from a checkpoint resumes at the checkpoint's step (cps_tensor_step).
  * Prints "final: rank R max |w - w*| = E, trajectory T, checksum C" and exits 0 if within
  * tolerance. C is XXH3-64 of the final weights. T is a running XXH3-64 over every step's number
- * and the weights pulled at it, from the first pull on: least squares reaches an exact float
- * fixed point (16 dims, lr 0.1: from step 550 on), after which C no longer depends on what happened
- * before, so an update lost or applied twice early in a run shows only in T. In sync mode T is
- * the same in every worker and, with the same workers and steps, bitwise the fault-free run's.
+ * and the weights pulled at it, from the first pull on. Least squares reaches an exact float
+ * fixed point (16 dims, lr 0.1: from step 550 on), and a run that went another way can meet the
+ * same bits again: a replica left stale by a lost update may show only in T (docs/testing.md).
+ * In sync mode T is the same in every worker and, with the same workers and steps, bitwise the
+ * fault-free run's.
  * T is "-" where it cannot be compared: outside sync mode (async/SSP apply the workers' pushes in
  * arrival order), when backup workers dropped a late push of this worker (which ones depends on
  * timing), and in a worker that did not start at step 0 (resumed from a checkpoint, or a
@@ -171,8 +172,8 @@ int main(int argc, char **argv)
     if (rc != 0)
         fprintf(stderr, "lsq_worker: training failed: %s\n", cps_strerror(rc));
     else
-        printf("final: rank %d max |w - w*| = %.3g, trajectory %s, checksum %016llx\n", rank,
-               err, tr, (unsigned long long)h);
+        printf("final: rank %d max |w - w*| = %.3g, trajectory %s, checksum %016llx\n", rank, err,
+               tr, (unsigned long long)h);
     int close_rc = cps_close(c);
     free(wstar), free(X), free(y), free(w), free(g);
     if (rc != 0 || close_rc != 0)
