@@ -38,10 +38,9 @@ else
     prog="$bin --steps $lsq_steps --lr ${LSQ_LR:-$(awk "BEGIN { print 40 / $lsq_steps }")}"
     kill_after=0
 fi
-# "checksum C" of every worker's final line, and for lsq "trajectory T, checksum C" (fmnist has
-# no trajectory): each must be one line, the same in every run.
+# "checksum C" of every worker's final line (and workload_trajectories, lsq only): each must be
+# one line, the same in every run.
 checksums() { sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$1" | sort -u; }
-trajectories() { sed -n 's/.*final: .*trajectory \([-0-9a-f]*\), checksum .*$/\1/p' "$1" | sort -u; }
 "$cps" launch $job -- $prog >"$dir/ref.log" 2>&1 &
 ref_pid=$!
 t=0 # tenths of a second until the fault-free run trained
@@ -55,7 +54,7 @@ wait $ref_pid || {
     exit 1
 }
 ref=$(checksums "$dir/ref.log")
-ref_traj=$(trajectories "$dir/ref.log")
+ref_traj=$(workload_trajectories "$dir/ref.log")
 if [ "$WORKLOAD" != fmnist ]; then
     case $ref_traj in
     *[!0-9a-f]* | "")
@@ -87,7 +86,7 @@ for rank in $ranks; do
         echo "again with the kill at $at s"
     done
     got=$(checksums "$log")
-    got_traj=$(trajectories "$log")
+    got_traj=$(workload_trajectories "$log")
     if [ -z "$ref" ] || [ "$got" != "$ref" ] || [ "$got_traj" != "$ref_traj" ]; then
         echo "FAIL: fault-free checksum '$ref', with server $rank killed '$got';" \
             "trajectory '$ref_traj' and '$got_traj'"

@@ -26,9 +26,6 @@ else
 fi
 fail() { echo "FAIL: $*"; exit 1; }
 checksums() { sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$1" | sort -u; }
-# lsq_worker's trajectory hash (every step's pulled weights; fmnist: nothing): the scheduler run
-# keeps both worker processes in sync mode, so it must match the fault-free run's too.
-trajectories() { sed -n 's/.*final: .*trajectory \([-0-9a-f]*\), checksum .*$/\1/p' "$1" | sort -u; }
 
 # A child of launch by role: "scheduler" (chainps scheduler) or a worker's rank.
 child() {
@@ -70,7 +67,9 @@ finals() { grep -c "^\[worker $2\] final: " "$tmp/$1.log"; }
 run ref none
 [ "$(cat "$tmp/ref.rc")" = 0 ] || { tail -20 "$tmp/ref.log"; fail "the fault-free job failed"; }
 ref=$(checksums "$tmp/ref.log")
-ref_traj=$(trajectories "$tmp/ref.log")
+# The scheduler-killed run keeps both worker processes in sync mode: lsq_worker's trajectory
+# hash (every step's pulled weights) must be the fault-free run's too.
+ref_traj=$(workload_trajectories "$tmp/ref.log")
 [ "$WORKLOAD" = fmnist ] || [[ $ref_traj =~ ^[0-9a-f]{16}$ ]] ||
     fail "the fault-free run's trajectory hash '$ref_traj' is not one hash"
 
@@ -79,8 +78,8 @@ grep -E "^launch:" "$tmp/sched.log"
 [ "$(cat "$tmp/sched.rc")" = 0 ] || { tail -30 "$tmp/sched.log"; fail "the job with its scheduler killed failed"; }
 grep -q "restarted the scheduler" "$tmp/sched.log" || fail "the scheduler was not restarted"
 [ "$(checksums "$tmp/sched.log")" = "$ref" ] || fail "scheduler killed: checksum $(checksums "$tmp/sched.log"), fault-free $ref"
-[ "$(trajectories "$tmp/sched.log")" = "$ref_traj" ] ||
-    fail "scheduler killed: trajectory $(trajectories "$tmp/sched.log"), fault-free $ref_traj"
+[ "$(workload_trajectories "$tmp/sched.log")" = "$ref_traj" ] ||
+    fail "scheduler killed: trajectory $(workload_trajectories "$tmp/sched.log"), fault-free $ref_traj"
 
 run drop 1
 grep -E "^launch:" "$tmp/drop.log"

@@ -49,11 +49,10 @@ fi
 # lsq_worker's trajectory hash too (every step's pulled values; fmnist prints none): sync, the
 # same two worker processes, so the scaled run must pull what the fixed-size run pulled at every
 # step, not only end with the same values.
-trajectories() { sed -n 's/.*final: .*trajectory \([-0-9a-f]*\), checksum .*$/\1/p' "$1" | sort -u; }
 "$cps" launch $job -- $prog >"$dir/ref.log" 2>&1 || true
 ref=$(sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$dir/ref.log" | sort -u)
 [ -n "$ref" ] || fail "the fixed-size run gave no checksum"
-ref_traj=$(trajectories "$dir/ref.log")
+ref_traj=$(workload_trajectories "$dir/ref.log")
 
 "$cps" secret "$dir/secret" >/dev/null
 extra=
@@ -148,7 +147,7 @@ launch_pid=
 [ "$rc" = 0 ] || fail "the scaled job exited $rc"
 got=$(sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$dir/launch.log" | sort -u)
 [ "$got" = "$ref" ] || fail "fixed-size checksum '$ref', scaled '$got'"
-got_traj=$(trajectories "$dir/launch.log")
+got_traj=$(workload_trajectories "$dir/launch.log")
 [ "$got_traj" = "$ref_traj" ] || fail "fixed-size trajectory '$ref_traj', scaled '$got_traj'"
 [ "$WORKLOAD" = fmnist ] || [ "$(echo "$ref_traj" | grep -cx '[0-9a-f]\{16\}')" = 1 ] ||
     fail "the fixed-size run's trajectory '$ref_traj' is not one hash"
