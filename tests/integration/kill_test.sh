@@ -1,15 +1,23 @@
 #!/bin/sh
 # Kill one server (by rank) during sync training and check that the job finishes with exactly
 # the parameters of a fault-free run. With 3 servers on a ring, range 0's chain is rank 0 ->
-# rank 1 -> rank 2: killing rank 0, 1 or 2 kills its head, middle or tail. RANKS may name
+# rank 1 -> rank 2: killing rank 0, 1 or 2 kills its head, middle or tail (lsq_worker's one
+# tensor lies on range 2, 2 -> 0 -> 1: there they are its middle, tail and head). RANKS may name
 # several ranks ("0 1 2"): one fault-free run, then one run per rank, each with that server
 # killed (launch --kill-at) and restarted 2 s later.
 # WORKLOAD=lsq (default) or fmnist (tests/integration/workload.sh): PROGRAM is lsq_worker or
 # examples/fmnist. fmnist's tensors are spread over every range, so each kill there takes out
 # the head of one range, the middle of another and the tail of a third, all holding data.
 # LSQ_STEPS: lsq_worker's steps (20000; the sanitizer build's chaos.kill_chain trains 10000,
-# which there still lasts twice as long as 20000 in Release).
-# usage: [WORKLOAD=fmnist] [LSQ_STEPS=N] kill_test.sh CHAINPS PROGRAM RANKS
+# which there still lasts twice as long as 20000 in Release). lsq trains with lr 40/LSQ_STEPS
+# (0.002 for 20000): at lsq_worker's own 0.1 it reaches an exact float fixed point by step 550,
+# long before the kill, after which its final weights no longer tell whether an update went
+# missing; at 40/steps the weights still move at the last step. Besides the final checksum each
+# lsq run's trajectory hash (every step's pulled weights, lsq_worker.c) must equal the fault-free
+# run's: sync mode, the same two worker processes, so it is bitwise the same if no acknowledged
+# update was lost, doubled or served stale by a new tail.
+# LSQ_LR overrides the learning rate (0.1: the old converged runs, to compare).
+# usage: [WORKLOAD=fmnist] [LSQ_STEPS=N] [LSQ_LR=X] kill_test.sh CHAINPS PROGRAM RANKS
 set -eu
 cps=$1
 bin=$2
@@ -26,9 +34,12 @@ if [ "$WORKLOAD" = fmnist ]; then
     prog="$bin $(workload_fmnist_args 600 "$dir/fm" 10)"
     kill_after=2
 else
-    prog="$bin --steps ${LSQ_STEPS:-20000}"
+    lsq_steps=${LSQ_STEPS:-20000}
+    prog="$bin --steps $lsq_steps --lr ${LSQ_LR:-$(awk "BEGIN { print 40 / $lsq_steps }")}"
     kill_after=0
 fi
+# "checksum C" of every worker's final line (and workload_trajectories, lsq only): each must be
+# one line, the same in every run.
 checksums() { sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$1" | sort -u; }
 "$cps" launch $job -- $prog >"$dir/ref.log" 2>&1 &
 ref_pid=$!
@@ -43,6 +54,15 @@ wait $ref_pid || {
     exit 1
 }
 ref=$(checksums "$dir/ref.log")
+ref_traj=$(workload_trajectories "$dir/ref.log")
+if [ "$WORKLOAD" != fmnist ]; then
+    case $ref_traj in
+    *[!0-9a-f]* | "")
+        echo "FAIL: the fault-free run's trajectory hash '$ref_traj' is not one hash"
+        exit 1
+        ;;
+    esac
+fi
 kill_at=$(((t + 9) / 10 + kill_after))
 [ $kill_at -ge 1 ] || kill_at=1
 echo "the fault-free run trained after $((t / 10)).$((t % 10)) s: kills at $kill_at s"
@@ -76,10 +96,12 @@ for rank in $ranks; do
         echo "snapshots in chunks: the largest went as $most"
     fi
     got=$(checksums "$log")
-    if [ -z "$ref" ] || [ "$got" != "$ref" ]; then
-        echo "FAIL: fault-free checksum '$ref', with server $rank killed '$got'"
+    got_traj=$(workload_trajectories "$log")
+    if [ -z "$ref" ] || [ "$got" != "$ref" ] || [ "$got_traj" != "$ref_traj" ]; then
+        echo "FAIL: fault-free checksum '$ref', with server $rank killed '$got';" \
+            "trajectory '$ref_traj' and '$got_traj'"
         exit 1
     fi
     echo "PASS: $WORKLOAD: server $rank killed mid-run; final parameters identical to the" \
-        "fault-free run ($got)"
+        "fault-free run ($got${ref_traj:+, and so was every pull on the way: trajectory $got_traj})"
 done

@@ -67,12 +67,19 @@ finals() { grep -c "^\[worker $2\] final: " "$tmp/$1.log"; }
 run ref none
 [ "$(cat "$tmp/ref.rc")" = 0 ] || { tail -20 "$tmp/ref.log"; fail "the fault-free job failed"; }
 ref=$(checksums "$tmp/ref.log")
+# The scheduler-killed run keeps both worker processes in sync mode: lsq_worker's trajectory
+# hash (every step's pulled weights) must be the fault-free run's too.
+ref_traj=$(workload_trajectories "$tmp/ref.log")
+[ "$WORKLOAD" = fmnist ] || [[ $ref_traj =~ ^[0-9a-f]{16}$ ]] ||
+    fail "the fault-free run's trajectory hash '$ref_traj' is not one hash"
 
 run sched scheduler
 grep -E "^launch:" "$tmp/sched.log"
 [ "$(cat "$tmp/sched.rc")" = 0 ] || { tail -30 "$tmp/sched.log"; fail "the job with its scheduler killed failed"; }
 grep -q "restarted the scheduler" "$tmp/sched.log" || fail "the scheduler was not restarted"
 [ "$(checksums "$tmp/sched.log")" = "$ref" ] || fail "scheduler killed: checksum $(checksums "$tmp/sched.log"), fault-free $ref"
+[ "$(workload_trajectories "$tmp/sched.log")" = "$ref_traj" ] ||
+    fail "scheduler killed: trajectory $(workload_trajectories "$tmp/sched.log"), fault-free $ref_traj"
 
 run drop 1
 grep -E "^launch:" "$tmp/drop.log"
@@ -87,4 +94,4 @@ grep -E "^launch:" "$tmp/restart.log"
 grep -q "restarted worker 1" "$tmp/restart.log" || fail "worker 1 was not restarted"
 [ "$(finals restart 0)" = 1 ] || fail "rank 0 did not finish"
 [ "$(finals restart 1)" = 1 ] || fail "the replacement of rank 1 did not finish"
-echo "PASS: $WORKLOAD: scheduler restarted (bitwise $ref), a dead worker dropped, a dead worker replaced"
+echo "PASS: $WORKLOAD: scheduler restarted (bitwise $ref${ref_traj:+, trajectory $ref_traj}), a dead worker dropped, a dead worker replaced"

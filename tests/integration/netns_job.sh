@@ -97,10 +97,18 @@ if [[ $WORKLOAD == fmnist ]]; then
     prog=("$bin" $(workload_fmnist_args "$steps" "$t/fm" 10))
     pace=()
 fi
-ref=$("$cps" launch "${job[@]}" --timeout 60 --data "$t/ref" -- "${prog[@]}" 2>&1 |
-    sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' | sort -u)
+# lsq_worker's trajectory hash (every step's pulled weights) as well: sync mode and the same two
+# worker processes throughout, so any update lost, doubled or served stale on the way shows even
+# if the final weights met again (fmnist prints none: "").
+"$cps" launch "${job[@]}" --timeout 60 --data "$t/ref" -- "${prog[@]}" >"$t/ref.out" 2>&1
+ref=$(sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$t/ref.out" | sort -u)
+ref_traj=$(workload_trajectories <"$t/ref.out")
 [[ -n $ref && $ref != *$'\n'* ]] || {
     say "FAIL: the loopback reference run gave checksum(s) '$ref'"
+    exit 1
+}
+[[ $WORKLOAD == fmnist || $ref_traj =~ ^[0-9a-f]{16}$ ]] || {
+    say "FAIL: the loopback reference run gave trajectory hash(es) '$ref_traj'"
     exit 1
 }
 
@@ -210,6 +218,8 @@ got=$(cat "$t/w0.log" "$t/w1.log" | sed -n 's/.*final: .*checksum \([0-9a-f]*\)$
 n_got=$(cat "$t/w0.log" "$t/w1.log" | grep -c "final: " || true)
 [[ $n_got == 2 && $got == "$ref" ]] ||
     bad "final checksum(s) '$got' ($n_got of 2 workers), loopback reference '$ref'"
+got_traj=$(cat "$t/w0.log" "$t/w1.log" | workload_trajectories)
+[[ $got_traj == "$ref_traj" ]] || bad "trajectory hash(es) '$got_traj', loopback reference '$ref_traj'"
 # The scheduler ends the job and the servers leave; give them a moment, then the trap ends them.
 for _ in $(seq 50); do
     kill -0 "${pids[0]}" 2>/dev/null || break
@@ -265,4 +275,4 @@ if ((fails > 0)); then
     done
     exit 1
 fi
-say "PASS: $WORKLOAD: checksum $got identical to loopback; deaths as the fault explains"
+say "PASS: $WORKLOAD: checksum $got${ref_traj:+ and trajectory $got_traj} identical to loopback; deaths as the fault explains"

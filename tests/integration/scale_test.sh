@@ -46,8 +46,13 @@ else
     pace="--step-ms 3"
     values_each=70000
 fi
-ref=$("$cps" launch $job -- $prog 2>&1 | sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' | sort -u)
+# lsq_worker's trajectory hash too (every step's pulled values; fmnist prints none): sync, the
+# same two worker processes, so the scaled run must pull what the fixed-size run pulled at every
+# step, not only end with the same values.
+"$cps" launch $job -- $prog >"$dir/ref.log" 2>&1 || true
+ref=$(sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$dir/ref.log" | sort -u)
 [ -n "$ref" ] || fail "the fixed-size run gave no checksum"
+ref_traj=$(workload_trajectories "$dir/ref.log")
 
 "$cps" secret "$dir/secret" >/dev/null
 extra=
@@ -142,5 +147,9 @@ launch_pid=
 [ "$rc" = 0 ] || fail "the scaled job exited $rc"
 got=$(sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$dir/launch.log" | sort -u)
 [ "$got" = "$ref" ] || fail "fixed-size checksum '$ref', scaled '$got'"
+got_traj=$(workload_trajectories "$dir/launch.log")
+[ "$got_traj" = "$ref_traj" ] || fail "fixed-size trajectory '$ref_traj', scaled '$got_traj'"
+[ "$WORKLOAD" = fmnist ] || [ "$(echo "$ref_traj" | grep -cx '[0-9a-f]\{16\}')" = 1 ] ||
+    fail "the fixed-size run's trajectory '$ref_traj' is not one hash"
 grep -E "moves from server|drained" "$dir/launch.log" | head -3
-echo "PASS ($WORKLOAD, $variant): grew 2 -> 4 servers, balanced, drained back to 2; parameters identical ($got)"
+echo "PASS ($WORKLOAD, $variant): grew 2 -> 4 servers, balanced, drained back to 2; parameters identical ($got${ref_traj:+, trajectory $got_traj})"

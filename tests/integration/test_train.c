@@ -22,6 +22,7 @@ typedef struct run_result {
     int nfinal;
     double err[2];
     char checksum[2][32];
+    char trajectory[2][32]; /* "-" outside sync mode */
 } run_result;
 
 /* Run one launch job and collect each worker's "final:" line. */
@@ -37,11 +38,13 @@ static void run_job(const char *name, const char *mode, run_result *r)
     for (const char *p = log; (p = strstr(p, "final: rank ")) != NULL; p++) {
         int rank;
         double err;
-        char sum[32];
-        if (sscanf(p, "final: rank %d max |w - w*| = %lf, checksum %31s", &rank, &err, sum) == 3 &&
+        char sum[32], traj[32];
+        if (sscanf(p, "final: rank %d max |w - w*| = %lf, trajectory %31[^,], checksum %31s", &rank,
+                   &err, traj, sum) == 4 &&
             rank >= 0 && rank < 2) {
             r->err[rank] = err;
             snprintf(r->checksum[rank], sizeof r->checksum[rank], "%s", sum);
+            snprintf(r->trajectory[rank], sizeof r->trajectory[rank], "%s", traj);
             r->nfinal++;
         }
     }
@@ -67,10 +70,15 @@ static void test_sync_deterministic(void **state)
     /* Sync SGD applies one aggregate per step, summed in rank order: both workers pull the same
      * bits, and a rerun from the same start computes the same bits again. */
     assert_string_equal(a.checksum[0], a.checksum[1]);
+    /* So does every step's pull before the last (the trajectory hash: 16 hex digits). */
+    assert_int_equal(strlen(a.trajectory[0]), 16);
+    assert_string_equal(a.trajectory[0], a.trajectory[1]);
     run_job("launch-sync-2", "sync", &b);
     check_trained(&b);
     assert_string_equal(b.checksum[0], b.checksum[1]);
     assert_string_equal(a.checksum[0], b.checksum[0]);
+    assert_string_equal(b.trajectory[0], b.trajectory[1]);
+    assert_string_equal(a.trajectory[0], b.trajectory[0]);
 }
 
 static void test_async(void **state)
@@ -79,6 +87,9 @@ static void test_async(void **state)
     run_result r;
     run_job("launch-async", "async", &r);
     check_trained(&r);
+    /* Pushes apply in arrival order: no trajectory to compare with another run's. */
+    assert_string_equal(r.trajectory[0], "-");
+    assert_string_equal(r.trajectory[1], "-");
 }
 
 static void test_ssp(void **state)
@@ -87,6 +98,7 @@ static void test_ssp(void **state)
     run_result r;
     run_job("launch-ssp2", "ssp:2", &r);
     check_trained(&r);
+    assert_string_equal(r.trajectory[0], "-");
 }
 
 /* The same job with every process started on its own (no launch): scheduler, two servers with

@@ -47,6 +47,14 @@ workload_training_re() {
     fi
 }
 
+# lsq_worker's trajectory hashes in FILE... (stdin without), one line each, sorted, deduplicated:
+# "T" of each `final: ... trajectory T, checksum C` line ("-" where it is not comparable); fmnist
+# prints none. In sync mode with the same worker processes a faulted run's must be its
+# fault-free reference's (docs/testing.md).
+workload_trajectories() {
+    sed -n 's/.*final: .*trajectory \([-0-9a-f]*\), checksum .*$/\1/p' "$@" | sort -u
+}
+
 # The fault (the first line matching FAULT_RE in LOG) fell while the job trained: after the
 # training line and before the first worker's final line. A fault outside that window checks
 # nothing, so it fails the test (a job too short, or a machine too slow to start it in time).
