@@ -75,41 +75,6 @@
 
 #include "sim.h"
 
-/* ---- PRNG: splitmix64 seeds xoshiro256** (Blackman & Vigna) ---- */
-
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-void sim_rng_seed(sim_rng *r, uint64_t seed)
-{
-    for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&seed);
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-uint64_t sim_rng_next(sim_rng *r)
-{
-    uint64_t *s = r->s;
-    uint64_t out = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return out;
-}
-
 /* Uniform in [0, n); n > 0. The modulo bias is irrelevant for a test's choices. */
 static uint64_t rnd(sim *sm, uint64_t n)
 {
@@ -153,57 +118,6 @@ void sim_fail(sim *sm, const char *inv, const char *fmt, ...)
     uint64_t first = sm->trace_pos > SIM_TRACE_LINES ? sm->trace_pos - SIM_TRACE_LINES : 0;
     for (uint64_t i = first; i < sm->trace_pos; i++)
         printf("    %s\n", sm->trace[i % SIM_TRACE_LINES]);
-}
-
-/* ---- event queue: a binary heap ordered by (time, insertion number) ---- */
-
-static int ev_less(const sim_event *a, const sim_event *b)
-{
-    return a->t < b->t || (a->t == b->t && a->n < b->n);
-}
-
-static void ev_push(sim *sm, uint64_t t, int type, uint32_t node, sim_msg *m)
-{
-    if (sm->nev == sm->ev_cap) {
-        sm->ev_cap = sm->ev_cap ? sm->ev_cap * 2 : 1024;
-        sm->ev = realloc(sm->ev, sm->ev_cap * sizeof *sm->ev);
-        if (!sm->ev) {
-            fprintf(stderr, "sim: out of memory\n");
-            exit(2);
-        }
-    }
-    sim_event e = {t, sm->ev_counter++, type, node, m};
-    size_t i = sm->nev++;
-    while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!ev_less(&e, &sm->ev[parent]))
-            break;
-        sm->ev[i] = sm->ev[parent];
-        i = parent;
-    }
-    sm->ev[i] = e;
-}
-
-static sim_event ev_pop(sim *sm)
-{
-    sim_event top = sm->ev[0];
-    sim_event last = sm->ev[--sm->nev];
-    size_t i = 0;
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        const sim_event *best = &last;
-        if (l < sm->nev && ev_less(&sm->ev[l], best))
-            m = l, best = &sm->ev[l];
-        if (r < sm->nev && ev_less(&sm->ev[r], best))
-            m = r;
-        if (m == i)
-            break;
-        sm->ev[i] = sm->ev[m];
-        i = m;
-    }
-    if (sm->nev > 0)
-        sm->ev[i] = last;
-    return top;
 }
 
 /* ---- the network ---- */
@@ -263,7 +177,7 @@ static void net_send(sim *sm, uint32_t from, uint32_t to, const void *buf, size_
         if (t < sm->net_floor)
             t = sm->net_floor; /* sim_sched.c: one connection's messages stay in order */
         sm->net_last_due = t;
-        ev_push(sm, t, EV_DELIVER, to, m);
+        sim_ev_push(sm, t, EV_DELIVER, to, m);
     }
     sm->sent++;
 }
@@ -355,11 +269,6 @@ uint64_t sim_rnd(sim *sm, uint64_t n)
     return rnd(sm, n);
 }
 
-void sim_ev_push(sim *sm, uint64_t t, int type, uint32_t node, sim_msg *m)
-{
-    ev_push(sm, t, type, node, m);
-}
-
 void sim_net_send(sim *sm, uint32_t from, uint32_t to, const void *buf, size_t len, uint64_t extra)
 {
     net_send(sm, from, to, buf, len, extra);
@@ -418,7 +327,7 @@ int sim_in_chain(const cps__range *rg, uint32_t id)
 
 void sim_push_restart(sim *sm, uint32_t id, uint64_t after)
 {
-    ev_push(sm, sm->now + after, EV_RESTART, id, NULL);
+    sim_ev_push(sm, sm->now + after, EV_RESTART, id, NULL);
 }
 
 /* ---- faults (the scheduler itself is the production coordinator: sim_sched.c) ---- */
@@ -477,7 +386,7 @@ static void partition(sim *sm)
     sim_trace(sm, "partition: s%u%s%s cut from%s%s%s", set[0], n == 2 ? " and another" : "", "",
               from_sched ? " scheduler" : "", from_peers ? " peers" : "",
               from_workers ? " workers" : "");
-    ev_push(sm, sm->now + 50 + rnd(sm, 2500), EV_HEAL_CUT, 0, NULL);
+    sim_ev_push(sm, sm->now + 50 + rnd(sm, 2500), EV_HEAL_CUT, 0, NULL);
     if (from_sched && !sm->pending_victim) {
         /* Silent to the scheduler: its detector may declare it dead before the partition heals. */
         sm->pending_victim = set[0];
@@ -492,7 +401,8 @@ static void crash(sim *sm, sim_server *s)
     s->inc++;
     if (has_restarts(sm) &&
         (!sim_sched_removable(sm, s->id) || chance(sm, sm->p.restart_per_mille)))
-        ev_push(sm, sm->now + 1 + rnd(sm, chance(sm, 500) ? 400 : 3000), EV_RESTART, s->id, NULL);
+        sim_ev_push(sm, sm->now + 1 + rnd(sm, chance(sm, 500) ? 400 : 3000), EV_RESTART, s->id,
+                    NULL);
 }
 
 static void fault(sim *sm)
@@ -537,7 +447,7 @@ static void fault(sim *sm)
         /* Sometimes shorter than the failure detector's delay: a node declared dead that was
          * only slow, and goes on in its old epoch. */
         s->resume_at = sm->now + (chance(sm, 400) ? 1 + rnd(sm, 400) : 100 + rnd(sm, 3000));
-        ev_push(sm, s->resume_at, EV_RESUME, s->id, NULL);
+        sim_ev_push(sm, s->resume_at, EV_RESUME, s->id, NULL);
     } else {
         crash(sm, s);
     }
@@ -636,7 +546,7 @@ void sim_old_disk_back(sim *sm, uint32_t id)
               "s%u kept out: its empty store is a range's only replica; the operator puts "
               "its old disk back",
               id);
-    ev_push(sm, sm->now + 1 + rnd(sm, 3000), EV_RESTART, id, NULL);
+    sim_ev_push(sm, sm->now + 1 + rnd(sm, 3000), EV_RESTART, id, NULL);
 }
 
 /* With --allow-rollback, the operator answers a range stranded with a fallback as the ERROR
@@ -648,7 +558,7 @@ void sim_rollback_restart(sim *sm)
         return;
     sm->rollback_due = 1;
     sim_trace(sm, "operator: restarts the scheduler with --allow-rollback");
-    ev_push(sm, sm->now + 1 + rnd(sm, 1000), EV_SCHED_RESTART, 0, NULL);
+    sim_ev_push(sm, sm->now + 1 + rnd(sm, 1000), EV_SCHED_RESTART, 0, NULL);
 }
 
 /* A crashed server the view keeps as the last replica of a range (repair.c leaves a dead last
@@ -666,7 +576,7 @@ void sim_restart_last_replica(sim *sm, uint32_t id)
             s->restart_due = 1;
             sim_trace(sm, "s%u, crashed, is the last replica of r%u: the operator restarts it", id,
                       r);
-            ev_push(sm, sm->now + 1 + rnd(sm, 3000), EV_RESTART, id, NULL);
+            sim_ev_push(sm, sm->now + 1 + rnd(sm, 3000), EV_RESTART, id, NULL);
             return;
         }
 }
@@ -712,11 +622,11 @@ static void deliver(sim *sm, sim_msg *m)
             s->held_until = t;
             m->stream = 2;
             s->held_chunks++;
-            ev_push(sm, t, EV_DELIVER, m->to, m);
+            sim_ev_push(sm, t, EV_DELIVER, m->to, m);
             return;
         } else if (s->state == SRV_PAUSED) {
             /* Held by its inbox until it runs again. */
-            ev_push(sm, s->resume_at + 1 + rnd(sm, 20), EV_DELIVER, m->to, m);
+            sim_ev_push(sm, s->resume_at + 1 + rnd(sm, 20), EV_DELIVER, m->to, m);
             return;
         } else if (m->from != 0 || !sim_sched_to_server(sm, s, m)) {
             sim_server_deliver(sm, s, m);
@@ -823,15 +733,15 @@ static void setup(sim *sm)
         s->id = i + 1;
         s->state = SRV_UP;
         sim_server_start(sm, s, v);
-        ev_push(sm, rnd(sm, p->tick_ms), EV_TICK, s->id, NULL);
+        sim_ev_push(sm, rnd(sm, p->tick_ms), EV_TICK, s->id, NULL);
     }
     sm->workers = xcalloc(p->workers, sizeof *sm->workers);
     for (uint32_t k = 0; k < p->workers; k++) {
         sim_worker *w = &sm->workers[k];
         sim_worker_init(sm, w, p->servers + 1 + k, v);
-        ev_push(sm, rnd(sm, SIM_WORKER_TICK_MS), EV_WTICK, w->id, NULL);
+        sim_ev_push(sm, rnd(sm, SIM_WORKER_TICK_MS), EV_WTICK, w->id, NULL);
     }
-    ev_push(sm, SIM_SCHED_TICK_MS, EV_REPAIR, 0, NULL);
+    sim_ev_push(sm, SIM_SCHED_TICK_MS, EV_REPAIR, 0, NULL);
 }
 
 static void teardown(sim *sm)
@@ -893,13 +803,13 @@ static void step(sim *sm, sim_event e)
                 send_hdr(sm, s->id, 0, &h, NULL, 0, 0);
             }
         }
-        ev_push(sm, sm->now + sm->p.tick_ms, EV_TICK, s->id, NULL);
+        sim_ev_push(sm, sm->now + sm->p.tick_ms, EV_TICK, s->id, NULL);
         break;
     }
     case EV_WTICK: {
         sim_worker *w = &sm->workers[worker_rank(sm, e.node)];
         sim_worker_tick(sm, w);
-        ev_push(sm, sm->now + SIM_WORKER_TICK_MS, EV_WTICK, w->id, NULL);
+        sim_ev_push(sm, sm->now + SIM_WORKER_TICK_MS, EV_WTICK, w->id, NULL);
         break;
     }
     case EV_RESTART:
@@ -919,7 +829,7 @@ static void step(sim *sm, sim_event e)
         break;
     case EV_REPAIR:
         sim_sched_tick(sm);
-        ev_push(sm, sm->now + SIM_SCHED_TICK_MS, EV_REPAIR, 0, NULL);
+        sim_ev_push(sm, sm->now + SIM_SCHED_TICK_MS, EV_REPAIR, 0, NULL);
         break;
     case EV_SNAPSHOT:
         sim_snapshot_run(sm, e.m);
@@ -955,7 +865,7 @@ int sim_run(const sim_params *p, sim_summary *out)
             : (uint32_t)(1000000ull * (1 + p->servers) / (p->events ? p->events : 1));
     uint64_t heal_at = 0;
     while (!sm->failed && sm->nev > 0) {
-        sim_event e = ev_pop(sm);
+        sim_event e = sim_ev_pop(sm);
         sm->now = e.t;
         sm->nevents++;
         if (sm->phase == PHASE_FAULTS && sm->nevents >= p->events) {

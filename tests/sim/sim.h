@@ -442,6 +442,8 @@ int sim_sched_to_worker(sim *sm, sim_worker *w, const sim_msg *m);
 void sim_sched_end(sim *sm);
 int sim_sched_ended(sim *sm);
 void sim_ev_push(sim *sm, uint64_t t, int type, uint32_t node, sim_msg *m);
+/* The earliest event (by time, then insertion); the queue must not be empty. */
+sim_event sim_ev_pop(sim *sm);
 void sim_net_send(sim *sm, uint32_t from, uint32_t to, const void *buf, size_t len, uint64_t extra);
 void sim_send_hdr(sim *sm, uint32_t from, uint32_t to, const cps__msg_hdr *h, const void *pl,
                   size_t plen, uint64_t extra);
