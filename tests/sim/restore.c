@@ -812,9 +812,20 @@ static int final_check(world *w)
             cps__view_range_available(&w->views[w->fail_epoch], w->bad))
             sim_fail(&w->v, "CPS_EUNAVAILABLE names range %u, which has a replica in view %" PRIu64,
                      w->bad, w->fail_epoch);
+        else if (w->bad_done)
+            sim_fail(&w->v, "CPS_EUNAVAILABLE names range %u, which its tail confirmed", w->bad);
+        else if (w->coord_on && !w->bad_down)
+            /* The coordinator keeps a dead last replica for the range to come back with it: the
+             * restore may give the range up only while its servers stay down. */
+            sim_fail(&w->v,
+                     "CPS_EUNAVAILABLE names range %u at %" PRIu64
+                     " ms, but a server of its chain had restarted on its store",
+                     w->bad, w->fail_at);
         return 0;
     }
-    if (w->failed_by == WHY_PASSES && w->fired >= w->m.limit)
+    cps__rs_cfg cfg;
+    cps__rs_cfg_defaults(&cfg, TIMEOUT_MS);
+    if (w->failed_by == WHY_PASSES && w->fired >= cps__rs_pass_limit(&cfg))
         return 0;
     static const char *why[] = {"?",
                                 "a wait's deadline",
@@ -868,8 +879,14 @@ static int run_seed(uint64_t seed, int verbose, int coord, char *why, size_t why
         case EV_TICK:
             if (w->coord_on)
                 rsched_beat(w, s);
-            if (s->state == SRV_UP)
+            if (s->state == SRV_UP) {
                 server_tick(w, s);
+            } else if (s->state == SRV_HELLO) {
+                /* Its loop turns while it waits for its WELCOME (sim_replica.c's
+                 * sim_server_tick): a stall is measured from its last turn, not its start. */
+                cps__replica_turned(s->rep, w->now);
+                perform(w, s);
+            }
             if (s->state != SRV_DEAD && s->state != SRV_FENCED)
                 ev_push(w, w->now + TICK_MS, EV_TICK, s->id, 0, NULL);
             break;

@@ -140,6 +140,9 @@ typedef struct world {
     uint64_t next_req, puts_sent;
     uint32_t pass, bad, resent;
     uint64_t fail_epoch;  /* the tool's view when it failed */
+    uint64_t fail_at;     /* ... and when */
+    int bad_done;         /* the range the failure names was confirmed by its tail */
+    int bad_down;         /* ... its chain's members were all down then (not restarted) */
     int stream, sent_now; /* the machine said STREAM; a PUT went out in the last feed */
     uint32_t buffered[MAX_RANGES];
     uint64_t buf[MAX_RANGES][2 * 3]; /* one PUT's records being filled: (word0, word1) pairs */

@@ -109,7 +109,8 @@ static void perform(world *w, int send)
             /* The servers read a view by the epoch it names (restore.c's on_view). A publish
              * reaches each server up to view_ms late; an answer to one server at once. */
             h.aux = h.epoch; /* WELCOME's req_seq names the life it answers */
-            view_post(w, a->peer, &h, nviews > 1);
+            /* Only a broadcast VIEW is late; a WELCOME answers one server's HELLO. */
+            view_post(w, a->peer, &h, nviews > 1 && h.type == CPS_MSG_VIEW);
             break;
         case CPS_CO_MSG:
             if (is_server(w, a->peer))

@@ -82,6 +82,19 @@ static int chain_gone(const world *w)
     return 0;
 }
 
+/* Every member of range r's chain in the tool's view is down now: killed or fenced, not
+ * restarted on its store (one saying HELLO has restarted). */
+static int range_down(const world *w, uint32_t r)
+{
+    const cps__range *g = &w->tview->ranges[r];
+    for (uint32_t i = 0; i < g->chain_len; i++) {
+        int st = w->srv[g->chain[i]].state;
+        if (st != SRV_DEAD && st != SRV_FENCED)
+            return 0;
+    }
+    return 1;
+}
+
 static cps__rs_event event_of(world *w, int kind)
 {
     cps__rs_event e;
@@ -171,6 +184,9 @@ static void feed(world *w, cps__rs_event e)
                 w->failed_by = x->why;
                 w->bad = x->range;
                 w->fail_epoch = w->tview->epoch;
+                w->fail_at = w->now;
+                w->bad_done = x->range < w->nranges && w->m.book.g[x->range].skip;
+                w->bad_down = x->range < w->nranges && range_down(w, x->range);
                 trace(w, "tool: failed (%s, why %d, range %u)", cps_err_name(x->rc), x->why,
                       x->range);
                 break;
