@@ -95,6 +95,9 @@ typedef struct cps__rs_event {
     int ok;
     cps__rr_answer ans;
     uint64_t seq;
+    uint64_t epoch; /* PROBE: the answerer's view epoch (0: unknown). One newer than the
+                     * machine's is no confirmation: the chain may have grown a tail since (a
+                     * joiner that lacks what this one holds), so the view is looked at first */
 } cps__rs_event;
 
 /* Outputs, performed in order (cps__rs_out.kind). */

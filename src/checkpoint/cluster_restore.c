@@ -234,6 +234,7 @@ static int rs_wait(restore_ctx *x)
         e.from = rx.hdr.sender;
         e.ok = !err;
         e.seq = rx.hdr.req_seq;
+        e.epoch = rx.hdr.epoch;
     } else {
         e = rs_event(x, CPS_RS_ANSWER);
         e.ans =

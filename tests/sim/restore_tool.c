@@ -244,6 +244,7 @@ static void wait_event(world *w)
         e.from = m->h.sender;
         e.ok = m->h.type == CPS_MSG_CUT_PROBE;
         e.seq = m->h.req_seq;
+        e.epoch = m->h.epoch;
         int was = r < w->nranges && cps__rr_open(b, r);
         feed(w, e);
         if (was && b->g[r].skip) {

@@ -651,6 +651,26 @@ static void test_a_replica_dead_past_the_budget_fails_by_name(void **state)
     cps__rs_fini(&f.m);
 }
 
+static void test_a_tail_answering_from_a_newer_view_is_no_confirmation(void **state)
+{
+    (void)state;
+    fixture f;
+    start(&f);
+    assert_int_equal(step(&f, CPS_RS_STREAMED, 1000, 0), 0);
+    assert_int_equal(only(&f, CPS_RS_PROBE_TAIL)->to, 2); /* range 0's tail in view 0 */
+    /* Node 2 answers from view 3 (epoch 4): a joiner may be the tail there, lacking records. */
+    cps__rs_event e = {
+        .kind = CPS_RS_PROBE, .now = 1001, .range = 0, .from = 2, .ok = 1, .seq = 0, .epoch = 4};
+    assert_int_equal(cps__rs_step(&f.m, &e, &f.o), 0);
+    assert_false(f.m.book.g[0].skip);
+    only(&f, CPS_RS_GET_VIEW);
+    assert_int_equal(view(&f, 3, 1001), 0); /* range 0: node 1's alone, node 1 dead: waits */
+    e.epoch = 1;
+    assert_int_equal(cps__rs_step(&f.m, &e, &f.o), 0);
+    assert_false(f.m.book.g[0].skip);
+    cps__rs_fini(&f.m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -672,6 +692,7 @@ int main(void)
         cmocka_unit_test(test_a_range_done_is_not_failed_by_a_later_view),
         cmocka_unit_test(test_a_dead_last_replica_is_waited_for),
         cmocka_unit_test(test_a_replica_dead_past_the_budget_fails_by_name),
+        cmocka_unit_test(test_a_tail_answering_from_a_newer_view_is_no_confirmation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
