@@ -119,13 +119,25 @@ uint32_t cps__rs_pass_limit(const cps__rs_cfg *cfg)
     return pass;
 }
 
+/* Ranges not done whose chain has no live member in the view taken now: one that had one in the
+ * last is a new stall, which the back-off waits out with its whole budget (end_pass). */
+static void note_down(cps__restore *m)
+{
+    for (uint32_t r = 0; r < m->book.nranges; r++) {
+        cps__rr_range *g = &m->book.g[r];
+        unsigned char down = !g->skip && !cps__view_range_available(m->v, r);
+        m->fresh += down && !g->down;
+        g->down = down;
+    }
+}
+
 static void begin_pass(cps__restore *m, cps__rs_ready *o)
 {
     uint32_t again = cps__rr_pass_begin(&m->book, m->last_seq + 1, m->now);
     m->resent += again;
     m->run++;
-    m->confirmed = 0;
     m->phase = CPS_RS_STREAMING;
+    note_down(m);
     /* A chain of only dead members may come back (its server restarting on its data): the range
      * is not streamed now and waits for the back-off; an empty chain cannot come back. */
     for (uint32_t r = 0; r < m->book.nranges; r++) {
@@ -170,12 +182,14 @@ static void end_pass(cps__restore *m, cps__rs_ready *o)
         emit(o, CPS_RS_DONE, 0, 0, 0);
         return;
     }
-    /* A tail confirmed a range: the restore moved, so the incident that stopped the others is a
-     * new one and gets the whole budget (at most nranges times: the restore still ends). */
-    if (m->confirmed && m->run > 1) {
+    /* A tail confirmed a range (the restore moved), or a range lost its last live replica (a new
+     * stall): what stops the restore now is a new incident, which gets the whole budget (at most
+     * once per range confirmed or per death: the restore still ends). */
+    if ((m->confirmed || m->fresh) && m->run > 1) {
         m->run = 1;
         m->spent_ms = 0;
     }
+    m->confirmed = m->fresh = 0;
     uint64_t gap = cps__rs_gap(&m->cfg, m->run);
     if (m->spent_ms + gap > m->cfg.budget_ms) { /* the next pass's gap would pass the budget */
         uint32_t r = CPS_RR_NONE;
@@ -309,6 +323,7 @@ static void on_view(cps__restore *m, const cps__view *v, cps__rs_ready *o)
         }
         m->v = v;
         m->epoch = v->epoch;
+        note_down(m);
     }
     if (m->look_pass) {
         m->look_pass = 0;

@@ -33,8 +33,9 @@ typedef struct cps__rs_cfg {
     uint64_t gap_max_ms; /* ... up to this (0: refused by cps__rs_init, not "no cap") */
     uint64_t budget_ms;  /* the gaps of one incident sum to at most this: the restore gives up
                           * rather than begin a pass past it (cps__rs_pass_limit). An incident
-                          * ends with a pass in which a tail confirmed a range: the back-off
-                          * starts again at gap_ms with the whole budget */
+                          * ends with a pass in which a tail confirmed a range or a range lost
+                          * its last live replica: the back-off starts again at gap_ms with the
+                          * whole budget */
     uint64_t probe_ms;   /* a tail probe's answer is waited for this long */
     uint64_t retry_ms;   /* ... and a tail probed again this long after a miss */
 } cps__rs_cfg;
@@ -168,7 +169,8 @@ typedef struct cps__restore {
     uint64_t tails_deadline; /* ... every tail confirmed by then */
     uint32_t run;            /* passes in this incident (1: the first pass, or the one that
                               * confirmed a range last) */
-    uint32_t confirmed;      /* ranges a tail confirmed in this pass */
+    uint32_t confirmed;      /* ranges a tail confirmed since the last pass ended */
+    uint32_t fresh;          /* ranges that lost their last live replica since then */
     uint64_t spent_ms;       /* the gaps of this incident so far (within cfg.budget_ms) */
     uint64_t waited_ms;      /* the gaps of the whole restore */
     uint64_t gap;            /* the gap before the next pass (PACING) */

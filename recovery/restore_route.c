@@ -32,9 +32,8 @@ int cps__restore_route(const cps__view *v, uint32_t nranges, const uint32_t *sen
         if (!cps__view_range_available(v, r))
             resend[r] = CPS_RR_DOWN;
         else
-            resend[r] = sent_head[r] != CPS_RR_NONE && sent_head[r] != g->chain[0]
-                            ? CPS_RR_RESTART
-                            : CPS_RR_KEEP;
+            resend[r] = sent_head[r] != CPS_RR_NONE && sent_head[r] != g->chain[0] ? CPS_RR_RESTART
+                                                                                   : CPS_RR_KEEP;
     }
     return rc;
 }

@@ -131,6 +131,7 @@ typedef struct cps__rr_range {
     uint64_t heard_ms;    /* the head's last answer (or the send that found none in flight) */
     uint64_t quiet_since; /* the head's last answer in any pass, or that head's first PUT */
     uint32_t quiet_head;  /* the head quiet_since is of (CPS_RR_NONE: none yet) */
+    unsigned char down;   /* its chain had no live member in the last view the machine took */
 } cps__rr_range;
 
 typedef struct cps__rr_book {

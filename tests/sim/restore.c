@@ -436,6 +436,7 @@ static void on_view(world *w, server *s, uint64_t epoch)
         trace(w, "s%u fenced by view %" PRIu64 ": it stops%s", s->id, epoch,
               w->coord_on ? ", then rejoins in a new life" : " (no rejoin here)");
         s->state = SRV_FENCED;
+        s->down_at = w->now;
         if (w->coord_on)
             ev_push(w, w->now + 100 + rnd(w, 500), EV_RESTART, s->id, 0, NULL);
         return;
@@ -621,6 +622,7 @@ static int fault(world *w, uint32_t i)
     }
     trace(w, "FAULT: kill -9 server %u", id);
     s->state = SRV_DEAD;
+    s->down_at = w->now;
     ev_push(w, w->now + 300 + rnd(w, 1200), EV_DECLARE, id, 0, NULL);
     if (w->coord_on && rnd(w, 2)) /* it comes back on its store (LMDB on disk) */
         ev_push(w, w->now + 1000 + rnd(w, 3000), EV_RESTART, id, 0, NULL);
@@ -787,8 +789,20 @@ static void deliver(world *w, msg *m)
     msg_free(m);
 }
 
+/* The least time the back-off waits between the first pass that begins after a range went down
+ * and its last: the gaps of passes 2 to the limit's last but one (13.5 s). */
+static uint64_t back_off_quiet(const cps__rs_cfg *cfg)
+{
+    uint64_t t = 0;
+    for (uint32_t p = 2; p < cps__rs_pass_limit(cfg); p++)
+        t += cps__rs_gap(cfg, p);
+    return t;
+}
+
 static int final_check(world *w)
 {
+    cps__rs_cfg cfg;
+    cps__rs_cfg_defaults(&cfg, TIMEOUT_MS);
     const cps__view *v = &w->views[w->epoch];
     if (w->rc == 0) {
         for (uint32_t r = 0; r < w->nranges; r++)
@@ -814,17 +828,21 @@ static int final_check(world *w)
                      w->bad, w->fail_epoch);
         else if (w->bad_done)
             sim_fail(&w->v, "CPS_EUNAVAILABLE names range %u, which its tail confirmed", w->bad);
-        else if (w->coord_on && !w->bad_down)
-            /* The coordinator keeps a dead last replica for the range to come back with it: the
-             * restore may give the range up only while its servers stay down. */
+        else if (w->bad_chain && !w->bad_down)
+            /* A dead last replica is kept in the chain for the range to come back with it: the
+             * restore may give the range up only while its servers stay down ... */
             sim_fail(&w->v,
                      "CPS_EUNAVAILABLE names range %u at %" PRIu64
                      " ms, but a server of its chain had restarted on its store",
                      w->bad, w->fail_at);
+        else if (w->bad_chain && w->fail_at < w->bad_down_at + back_off_quiet(&cfg))
+            /* ... and for the back-off's budget (the passes after the one that saw it go). */
+            sim_fail(&w->v,
+                     "CPS_EUNAVAILABLE names range %u at %" PRIu64 " ms, %" PRIu64
+                     " ms after its last replica went down: within the back-off",
+                     w->bad, w->fail_at, w->fail_at - w->bad_down_at);
         return 0;
     }
-    cps__rs_cfg cfg;
-    cps__rs_cfg_defaults(&cfg, TIMEOUT_MS);
     if (w->failed_by == WHY_PASSES && w->fired >= cps__rs_pass_limit(&cfg))
         return 0;
     static const char *why[] = {"?",

@@ -83,14 +83,17 @@ static int chain_gone(const world *w)
 }
 
 /* Every member of range r's chain in the tool's view is down now: killed or fenced, not
- * restarted on its store (one saying HELLO has restarted). */
-static int range_down(const world *w, uint32_t r)
+ * restarted on its store (one saying HELLO has restarted); *since: the last to go down, when. */
+static int range_down(const world *w, uint32_t r, uint64_t *since)
 {
     const cps__range *g = &w->tview->ranges[r];
+    *since = 0;
     for (uint32_t i = 0; i < g->chain_len; i++) {
-        int st = w->srv[g->chain[i]].state;
-        if (st != SRV_DEAD && st != SRV_FENCED)
+        const server *s = &w->srv[g->chain[i]];
+        if (s->state != SRV_DEAD && s->state != SRV_FENCED)
             return 0;
+        if (s->down_at > *since)
+            *since = s->down_at;
     }
     return 1;
 }
@@ -186,7 +189,10 @@ static void feed(world *w, cps__rs_event e)
                 w->fail_epoch = w->tview->epoch;
                 w->fail_at = w->now;
                 w->bad_done = x->range < w->nranges && w->m.book.g[x->range].skip;
-                w->bad_down = x->range < w->nranges && range_down(w, x->range);
+                if (x->range < w->nranges) {
+                    w->bad_chain = w->tview->ranges[x->range].chain_len != 0;
+                    w->bad_down = range_down(w, x->range, &w->bad_down_at);
+                }
                 trace(w, "tool: failed (%s, why %d, range %u)", cps_err_name(x->rc), x->why,
                       x->range);
                 break;

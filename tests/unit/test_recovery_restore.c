@@ -520,9 +520,9 @@ static void test_a_later_incident_gets_the_whole_budget(void **state)
     assert_int_equal(f.m.rc, 0);
     only(&f, CPS_RS_DONE);
     assert_int_equal(n, 17);
-    assert_int_equal(begun[7], 10750);              /* range 1 confirmed in pass 8 */
-    assert_int_equal(begun[8] - begun[7], 250);     /* the back-off again from gap_ms */
-    assert_int_equal(begun[16] - begun[7], 13750);  /* ... with its whole budget */
+    assert_int_equal(begun[7], 10750);             /* range 1 confirmed in pass 8 */
+    assert_int_equal(begun[8] - begun[7], 250);    /* the back-off again from gap_ms */
+    assert_int_equal(begun[16] - begun[7], 13750); /* ... with its whole budget */
     assert_int_equal(f.m.waited_ms, 9750 + 13750);
     cps__rs_fini(&f.m);
 }
@@ -548,7 +548,8 @@ static uint64_t confirm_0_refuse_1(fixture *f)
     assert_int_equal(step(f, CPS_RS_STREAMED, 1000, 0), 0);
     assert_int_equal(answer(f, 0, 1, s0, 1001), 0);
     cps__rs_event e = {.kind = CPS_RS_ANSWER, .now = 1001, .range = 1};
-    e.ans = (cps__rr_answer){.sender = 2, .error = 1, .status = CPS_ESTALE_EPOCH, .put_seq = f->seq};
+    e.ans =
+        (cps__rr_answer){.sender = 2, .error = 1, .status = CPS_ESTALE_EPOCH, .put_seq = f->seq};
     assert_int_equal(cps__rs_step(&f->m, &e, &f->o), 0);
     assert_int_equal(only(f, CPS_RS_PROBE_TAIL)->range, 0);
     assert_int_equal(probe(f, 0, s0, 1002), 0);
