@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "chainps/error.h"
+#include "recovery/view_change.h"
 
 static void emit(cps__rs_ready *o, int kind, uint32_t range, uint32_t to, uint64_t seq)
 {
@@ -30,13 +31,13 @@ int cps__rs_init(cps__restore *m, const cps__rs_cfg *cfg, const cps__view *v, ui
     if (!m)
         return CPS_EINVAL;
     memset(m, 0, sizeof *m);
-    if (!cfg || !v || v->nranges != nranges)
+    /* gap_max_ms 0 would make every gap 1 ms: a zeroed cfg, not a back-off. */
+    if (!cfg || !v || v->nranges != nranges || cfg->gap_max_ms == 0)
         return CPS_EINVAL;
     int rc = cps__rr_book_init(&m->book, nranges);
     if (rc != 0)
         return rc;
     m->cfg = *cfg;
-    m->limit = cps__rs_pass_limit(cfg);
     m->v = v;
     m->epoch = v->epoch;
     m->now = now;
@@ -118,11 +119,37 @@ uint32_t cps__rs_pass_limit(const cps__rs_cfg *cfg)
     return pass;
 }
 
+/* Ranges not done whose chain has no live member in the view taken now: one that had one in the
+ * last is a new stall, which the back-off waits out with its whole budget (end_pass). */
+static void note_down(cps__restore *m)
+{
+    for (uint32_t r = 0; r < m->book.nranges; r++) {
+        cps__rr_range *g = &m->book.g[r];
+        unsigned char down = !g->skip && !cps__view_range_available(m->v, r);
+        m->fresh += down && !g->down;
+        g->down = down;
+    }
+}
+
 static void begin_pass(cps__restore *m, cps__rs_ready *o)
 {
     uint32_t again = cps__rr_pass_begin(&m->book, m->last_seq + 1, m->now);
     m->resent += again;
+    m->run++;
     m->phase = CPS_RS_STREAMING;
+    note_down(m);
+    /* A chain of only dead members may come back (its server restarting on its data): the range
+     * is not streamed now and waits for the back-off; an empty chain cannot come back. */
+    for (uint32_t r = 0; r < m->book.nranges; r++) {
+        if (!cps__rr_open(&m->book, r))
+            continue;
+        if (m->v->ranges[r].chain_len == 0) {
+            fail(m, o, CPS_EUNAVAILABLE, CPS_RS_WHY_NO_REPLICA, r);
+            return;
+        }
+        if (!cps__view_range_available(m->v, r))
+            cps__rr_hold(&m->book, r);
+    }
     emit(o, CPS_RS_STREAM, 0, 0, 0);
 }
 
@@ -153,11 +180,29 @@ static void end_pass(cps__restore *m, cps__rs_ready *o)
     if (again == 0) {
         m->phase = CPS_RS_END;
         emit(o, CPS_RS_DONE, 0, 0, 0);
-    } else if (m->book.pass >= m->limit) { /* the next pass's gap would pass the budget */
-        fail(m, o, CPS_EUNAVAILABLE, CPS_RS_WHY_PASSES, CPS_RR_NONE);
-    } else {
-        m->phase = CPS_RS_PACING;
+        return;
     }
+    /* A tail confirmed a range (the restore moved), or a range lost its last live replica (a new
+     * stall): what stops the restore now is a new incident, which gets the whole budget (at most
+     * once per range confirmed or per death: the restore still ends). */
+    if ((m->confirmed || m->fresh) && m->run > 1) {
+        m->run = 1;
+        m->spent_ms = 0;
+    }
+    m->confirmed = m->fresh = 0;
+    uint64_t gap = cps__rs_gap(&m->cfg, m->run);
+    if (m->spent_ms + gap > m->cfg.budget_ms) { /* the next pass's gap would pass the budget */
+        uint32_t r = CPS_RR_NONE;
+        if (cps__rr_down(&m->book, m->v, &r))
+            fail(m, o, CPS_EUNAVAILABLE, CPS_RS_WHY_NO_REPLICA, r);
+        else
+            fail(m, o, CPS_EUNAVAILABLE, CPS_RS_WHY_PASSES, CPS_RR_NONE);
+        return;
+    }
+    m->spent_ms += gap;
+    m->waited_ms += gap;
+    m->gap = gap;
+    m->phase = CPS_RS_PACING;
 }
 
 /* Waiting for the heads' answers (a READY held, or the pass's last PUTs out). */
@@ -239,7 +284,7 @@ static void advance(cps__restore *m, cps__rs_ready *o)
             begin_pass(m, o);
             return;
         case CPS_RS_PACING:
-            if (m->now >= cps__rr_pass_due(&m->book, cps__rs_gap(&m->cfg, m->book.pass))) {
+            if (m->now >= cps__rr_pass_due(&m->book, m->gap)) {
                 /* A pass after "not head", "busy" or a drop goes by the view as it is now. */
                 m->look_pass = 1;
                 look(m, o);
@@ -278,6 +323,7 @@ static void on_view(cps__restore *m, const cps__view *v, cps__rs_ready *o)
         }
         m->v = v;
         m->epoch = v->epoch;
+        note_down(m);
     }
     if (m->look_pass) {
         m->look_pass = 0;
@@ -324,7 +370,14 @@ int cps__rs_step(cps__restore *m, const cps__rs_event *e, cps__rs_ready *out)
             e->from != m->probe_to)
             break;
         m->probe_until = 0;
-        if (e->ok && cps__rr_confirm(&m->book, e->range, e->seq)) {
+        if (e->epoch > m->epoch) {
+            /* The tail the machine probed is not the tail any more, perhaps: a miss, and the
+             * view before the next probe (sim_restore --coordinator seed 5241: a joiner became
+             * tail, then lost what the old tail confirmed when the head died). */
+            m->probe_until = m->now ? m->now : 1;
+            m->next_look = 0;
+        } else if (e->ok && cps__rr_confirm(&m->book, e->range, e->seq)) {
+            m->confirmed++;
             m->cursor++;
             m->probe_again = 0;
         } else {
@@ -368,7 +421,7 @@ uint64_t cps__rs_deadline(const cps__restore *m)
     if (m->phase == CPS_RS_START)
         return m->now;
     if (m->phase == CPS_RS_PACING)
-        return cps__rr_pass_due(&m->book, cps__rs_gap(&m->cfg, m->book.pass));
+        return cps__rr_pass_due(&m->book, m->gap);
     if (m->phase == CPS_RS_STREAMING && m->held == CPS_RR_NONE)
         return UINT64_MAX;
     uint64_t t = m->now + m->cfg.look_ms;

@@ -30,9 +30,12 @@ typedef struct cps__rs_cfg {
     uint64_t timeout_ms; /* the restore's timeout: a wait's, a silence's, the tails' */
     uint64_t gap_ms;     /* pass 2 begins at least this long after pass 1 began; each later
                           * gap doubles (the back-off, cps__rs_gap) ... */
-    uint64_t gap_max_ms; /* ... up to this */
-    uint64_t budget_ms;  /* the gaps of all passes sum to at most this: the restore gives up
-                          * rather than begin a pass past it (cps__rs_pass_limit) */
+    uint64_t gap_max_ms; /* ... up to this (0: refused by cps__rs_init, not "no cap") */
+    uint64_t budget_ms;  /* the gaps of one incident sum to at most this: the restore gives up
+                          * rather than begin a pass past it (cps__rs_pass_limit). An incident
+                          * ends with a pass in which a tail confirmed a range or a range lost
+                          * its last live replica: the back-off starts again at gap_ms with the
+                          * whole budget */
     uint64_t probe_ms;   /* a tail probe's answer is waited for this long */
     uint64_t retry_ms;   /* ... and a tail probed again this long after a miss */
 } cps__rs_cfg;
@@ -45,8 +48,9 @@ typedef struct cps__rs_cfg {
 /**
  * @brief The restore tool's timers and limits, the same for the tool and the simulator (which
  *        must run what production runs): look 500 ms, refresh 2 s, a head silent 15 s, pass 2
- *        at least 250 ms after pass 1 began and each later gap doubled up to 2 s, the gaps
- *        within CPS_RS_BUDGET_MS (10 passes, the 10th at least 13.75 s after the first), a
+ *        at least 250 ms after pass 1 began and each later gap doubled up to 2 s, the gaps of
+ *        an incident within CPS_RS_BUDGET_MS (10 passes, the 10th at least 13.75 s after the
+ *        first; a pass in which a tail confirmed a range ends the incident), a
  *        tail probe answered within 1 s and retried 20 ms after a miss; timeout_ms: the
  *        caller's (the restore's --timeout).
  */
@@ -66,7 +70,9 @@ void cps__rs_cfg_defaults(cps__rs_cfg *cfg, uint64_t timeout_ms);
  */
 uint64_t cps__rs_gap(const cps__rs_cfg *cfg, uint32_t pass);
 
-/* How many passes the budget allows (each gap within it; 1 when even pass 2's is not). */
+/* How many passes one incident's budget allows (each gap within it; 1 when even pass 2's is
+ * not): the machine keeps a running total of its gaps instead, and stops when the next would
+ * pass budget_ms; this says how many passes that makes. */
 uint32_t cps__rs_pass_limit(const cps__rs_cfg *cfg);
 
 /* Events (cps__rs_event.kind). */
@@ -90,6 +96,9 @@ typedef struct cps__rs_event {
     int ok;
     cps__rr_answer ans;
     uint64_t seq;
+    uint64_t epoch; /* PROBE: the answerer's view epoch (0: unknown). One newer than the
+                     * machine's is no confirmation: the chain may have grown a tail since (a
+                     * joiner that lacks what this one holds), so the view is looked at first */
 } cps__rs_event;
 
 /* Outputs, performed in order (cps__rs_out.kind). */
@@ -110,7 +119,8 @@ enum {
     CPS_RS_WHY_FATAL,      /* a head refused the records (its status) */
     CPS_RS_WHY_SILENT,     /* range's head silent through every pass for the timeout */
     CPS_RS_WHY_PASSES,     /* ranges still to stream after the last pass (CPS_EUNAVAILABLE) */
-    CPS_RS_WHY_NO_REPLICA, /* range has no live replica (CPS_EUNAVAILABLE) */
+    CPS_RS_WHY_NO_REPLICA, /* range, not done, has an empty chain (at once), or its chain's
+                            * members stayed dead past the back-off's budget (CPS_EUNAVAILABLE) */
 };
 
 typedef struct cps__rs_out {
@@ -157,7 +167,13 @@ typedef struct cps__restore {
     uint64_t probe_again;    /* ... probed again then */
     uint32_t probe_to;       /* ... the tail that probe went to */
     uint64_t tails_deadline; /* ... every tail confirmed by then */
-    uint32_t limit;          /* passes at most (cps__rs_pass_limit) */
+    uint32_t run;            /* passes in this incident (1: the first pass, or the one that
+                              * confirmed a range last) */
+    uint32_t confirmed;      /* ranges a tail confirmed since the last pass ended */
+    uint32_t fresh;          /* ranges that lost their last live replica since then */
+    uint64_t spent_ms;       /* the gaps of this incident so far (within cfg.budget_ms) */
+    uint64_t waited_ms;      /* the gaps of the whole restore */
+    uint64_t gap;            /* the gap before the next pass (PACING) */
     uint32_t resent;         /* ranges streamed again, over all passes */
     int rc, why;             /* the end: 0, or the failure */
     uint32_t bad;            /* the range a failure names (CPS_RR_NONE: none) */
@@ -166,7 +182,8 @@ typedef struct cps__restore {
 /**
  * @brief A restore of nranges ranges under view v (borrowed: the shell keeps it alive and feeds
  *        each newer one as a VIEW event), at time now. Free with cps__rs_fini (also after a
- *        failed init). Errors: CPS_EINVAL (NULL, or v of another range count), CPS_ENOMEM.
+ *        failed init). Errors: CPS_EINVAL (NULL, v of another range count, or
+ *        cfg->gap_max_ms 0), CPS_ENOMEM.
  */
 int cps__rs_init(cps__restore *m, const cps__rs_cfg *cfg, const cps__view *v, uint32_t nranges,
                  uint64_t now);

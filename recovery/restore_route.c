@@ -5,22 +5,10 @@
 #include <string.h>
 
 #include "chainps/error.h"
-
-/* The coordinator keeps a dead last replica in its chain, for the range to wait for it to return
- * (recovery/view_change.c): a chain whose members the view all calls dead holds no replica, as an
- * empty one. (A member the view does not list is taken for alive: the view's own business.) */
-static int has_live(const cps__view *v, const cps__range *g)
-{
-    for (uint32_t i = 0; i < g->chain_len; i++) {
-        const cps__node_info *n = cps__view_node(v, g->chain[i]);
-        if (!n || n->alive)
-            return 1;
-    }
-    return 0;
-}
+#include "recovery/view_change.h"
 
 int cps__restore_route(const cps__view *v, uint32_t nranges, const uint32_t *sent_head,
-                       unsigned char *resend, uint32_t *bad)
+                       const unsigned char *done, unsigned char *resend, uint32_t *bad)
 {
     if (!v || !sent_head || !resend || !bad || v->nranges != nranges || (nranges && !v->ranges))
         return CPS_EINVAL;
@@ -28,14 +16,24 @@ int cps__restore_route(const cps__view *v, uint32_t nranges, const uint32_t *sen
     int rc = 0;
     for (uint32_t r = 0; r < nranges; r++) {
         const cps__range *g = &v->ranges[r];
-        if (!has_live(v, g)) {
-            resend[r] = 0;
+        if (done && done[r]) { /* confirmed by its tail: the view no longer matters to it */
+            resend[r] = CPS_RR_KEEP;
+            continue;
+        }
+        if (g->chain_len == 0) {
+            resend[r] = CPS_RR_KEEP;
             if (rc == 0)
                 *bad = r;
             rc = CPS_EUNAVAILABLE;
             continue;
         }
-        resend[r] = sent_head[r] != CPS_RR_NONE && sent_head[r] != g->chain[0];
+        /* A dead last replica the coordinator keeps (recovery/view_change.h) may restart on its
+         * data: the range waits for it rather than fail. */
+        if (!cps__view_range_available(v, r))
+            resend[r] = CPS_RR_DOWN;
+        else
+            resend[r] = sent_head[r] != CPS_RR_NONE && sent_head[r] != g->chain[0] ? CPS_RR_RESTART
+                                                                                   : CPS_RR_KEEP;
     }
     return rc;
 }
@@ -77,7 +75,8 @@ int cps__rr_book_init(cps__rr_book *b, uint32_t nranges)
     b->g = calloc(n, sizeof *b->g);
     b->resend = calloc(n, 1);
     b->heads = calloc(n, sizeof *b->heads);
-    if (!b->g || !b->resend || !b->heads)
+    b->done = calloc(n, 1);
+    if (!b->g || !b->resend || !b->heads || !b->done)
         return CPS_ENOMEM;
     b->nranges = nranges;
     for (uint32_t r = 0; r < nranges; r++)
@@ -92,6 +91,7 @@ void cps__rr_book_fini(cps__rr_book *b)
     free(b->g);
     free(b->resend);
     free(b->heads);
+    free(b->done);
     memset(b, 0, sizeof *b);
 }
 
@@ -137,6 +137,14 @@ static void stop(cps__rr_range *g)
     g->again = 1;
     g->inflight = 0;
     g->fly0 = 0;
+}
+
+int cps__rr_hold(cps__rr_book *b, uint32_t r)
+{
+    if (!cps__rr_open(b, r))
+        return 0;
+    stop(&b->g[r]);
+    return 1;
 }
 
 uint32_t cps__rr_target(cps__rr_book *b, uint32_t r, uint32_t view_head)
@@ -202,16 +210,28 @@ int cps__rr_look(cps__rr_book *b, const cps__view *v, uint32_t *stopped, uint32_
         *stopped = 0;
     if (!v || !bad)
         return CPS_EINVAL;
-    for (uint32_t r = 0; r < b->nranges; r++)
+    for (uint32_t r = 0; r < b->nranges; r++) {
         b->heads[r] = b->g[r].head;
-    int rc = cps__restore_route(v, b->nranges, b->heads, b->resend, bad);
+        b->done[r] = b->g[r].skip;
+    }
+    int rc = cps__restore_route(v, b->nranges, b->heads, b->done, b->resend, bad);
     for (uint32_t r = 0; rc == 0 && r < b->nranges; r++)
-        if (b->resend[r] && cps__rr_open(b, r)) {
+        if (b->resend[r] != CPS_RR_KEEP && cps__rr_open(b, r)) {
             stop(&b->g[r]);
             if (stopped)
                 (*stopped)++;
         }
     return rc;
+}
+
+int cps__rr_down(const cps__rr_book *b, const cps__view *v, uint32_t *range)
+{
+    for (uint32_t r = 0; r < b->nranges && r < v->nranges; r++)
+        if (!b->g[r].skip && !cps__view_range_available(v, r)) {
+            *range = r;
+            return 1;
+        }
+    return 0;
 }
 
 int cps__rr_overdue(cps__rr_book *b, uint64_t now, uint64_t silent_ms, uint64_t timeout_ms,

@@ -10,7 +10,13 @@
  *   range, even one the old head answered (a head answers before its successor has the update),
  *   so the range's stream starts again at the new head. Every record sets values (a create resets
  *   the key, a slice overwrites), so the stream sent again in its order leaves the same bytes;
- * - no live replica is left: the range cannot be restored; the restore fails at once, naming it.
+ * - the chain is empty: the range cannot be restored; the restore fails at once, naming it;
+ * - the chain holds only dead members (the last replica the coordinator keeps, recovery/
+ *   view_change.h): the range comes back if that server restarts on its data, so it is not
+ *   streamed now and waits, looked at again on each view and pass (the restore machine's
+ *   back-off bounds the wait and then fails naming it, recovery/restore.h);
+ * - a range its tail already confirmed is done whatever the view says later: none of this
+ *   applies to it.
  *
  * Pure: no I/O, no clock. */
 #ifndef CPS_RECOVERY_RESTORE_ROUTE_H
@@ -23,21 +29,28 @@
 /* No PUT of the range went anywhere yet (cps__restore_route's sent_head). */
 #define CPS_RR_NONE UINT32_MAX
 
+/* What a view means for a range's stream (cps__restore_route's resend). */
+#define CPS_RR_KEEP    0 /* what was sent still counts */
+#define CPS_RR_RESTART 1 /* the head changed: the stream starts again at v's head */
+#define CPS_RR_DOWN    2 /* no member of the chain is alive: not streamed until one is */
+
 /**
  * @brief Which ranges' streams must start again under view `v`.
  * @param[in]  v         the newest view
  * @param[in]  nranges   ranges of the restore (v->nranges must be the same)
  * @param[in]  sent_head per range, the node its PUTs of the current stream went to
  *                       (CPS_RR_NONE: none yet, nothing to lose)
- * @param[out] resend    per range (caller's array of nranges): 1 if its stream starts again at
- *                       v's head, 0 if what was sent still counts
- * @param[out] bad       the first range without a live replica (set only on CPS_EUNAVAILABLE)
- * @return 0; CPS_EUNAVAILABLE (no member of a range's chain is alive in v: its chain is empty,
- *         or holds only the dead last replica the coordinator keeps for the range to wait for);
+ * @param[in]  done      per range, 1 if its tail confirmed it (not judged: CPS_RR_KEEP);
+ *                       NULL: none is
+ * @param[out] resend    per range (caller's array of nranges): CPS_RR_KEEP, CPS_RR_RESTART or
+ *                       CPS_RR_DOWN (cps__view_range_available is 0: only dead members)
+ * @param[out] bad       the first range not done with an empty chain (set only on
+ *                       CPS_EUNAVAILABLE)
+ * @return 0; CPS_EUNAVAILABLE (a range not done has an empty chain: nothing can come back);
  *         CPS_EINVAL (NULL argument, or a view of another range count).
  */
 int cps__restore_route(const cps__view *v, uint32_t nranges, const uint32_t *sent_head,
-                       unsigned char *resend, uint32_t *bad);
+                       const unsigned char *done, unsigned char *resend, uint32_t *bad);
 
 /* What a restore makes of one answer of a range's head (cps__restore_answer). */
 #define CPS_RR_IGNORE 0 /* no answer to this pass's PUTs in flight: drop it */
@@ -118,6 +131,7 @@ typedef struct cps__rr_range {
     uint64_t heard_ms;    /* the head's last answer (or the send that found none in flight) */
     uint64_t quiet_since; /* the head's last answer in any pass, or that head's first PUT */
     uint32_t quiet_head;  /* the head quiet_since is of (CPS_RR_NONE: none yet) */
+    unsigned char down;   /* its chain had no live member in the last view the machine took */
 } cps__rr_range;
 
 typedef struct cps__rr_book {
@@ -125,6 +139,7 @@ typedef struct cps__rr_book {
     cps__rr_range *g;      /* per range */
     unsigned char *resend; /* scratch for cps__restore_route */
     uint32_t *heads;       /* scratch: g[r].head, for cps__restore_route */
+    unsigned char *done;   /* scratch: g[r].skip, for cps__restore_route */
     uint64_t seq0;         /* this pass's first req_seq: earlier numbers answer earlier passes */
     uint32_t pass;         /* passes begun (1 in the first) */
     uint64_t begun_ms;     /* when the last pass began */
@@ -160,6 +175,10 @@ int cps__rr_open(const cps__rr_book *b, uint32_t r);
 /* Ranges stopped in this pass (streamed again in the next). */
 uint32_t cps__rr_stopped(const cps__rr_book *b);
 
+/* Range r (open) is stopped before any PUT: not streamed in this pass, streamed again in the
+ * next (its chain holds no live member now). Returns 1 if it stopped it, 0 if r was not open. */
+int cps__rr_hold(cps__rr_book *b, uint32_t r);
+
 /**
  * @brief Where range r's next PUT goes: the head of this pass's earlier PUTs, or, for its first,
  *        view_head (which it then is for the whole pass: a head change is the view's news,
@@ -186,12 +205,17 @@ int cps__rr_take(cps__rr_book *b, uint32_t r, const cps__rr_answer *a, uint64_t 
                  uint64_t now, uint32_t *lost);
 
 /**
- * @brief A view came (the newest): ranges open whose head changed stop (cps__restore_route).
+ * @brief A view came (the newest): ranges open whose head changed, or whose chain holds only
+ *        dead members, stop (cps__restore_route; ranges already done are not judged).
  * @param[out] stopped how many it stopped (may be NULL)
- * @param[out] bad     on CPS_EUNAVAILABLE, the first range without a live replica
+ * @param[out] bad     on CPS_EUNAVAILABLE, the first range not done with an empty chain
  * @return 0, CPS_EUNAVAILABLE (nothing stopped then), CPS_EINVAL (another range count).
  */
 int cps__rr_look(cps__rr_book *b, const cps__view *v, uint32_t *stopped, uint32_t *bad);
+
+/* 1 with *range, the first range not done that has no live replica in v (an empty chain or only
+ * dead members); 0 if there is none. */
+int cps__rr_down(const cps__rr_book *b, const cps__view *v, uint32_t *range);
 
 /**
  * @brief The silence of every open range's head at `now` (cps__restore_silence): silent ones

@@ -119,15 +119,16 @@ static void log_failure(restore_ctx *x, const cps__rs_out *o)
         break;
     case CPS_RS_WHY_PASSES:
         cps__log(CPS_LOG_ERROR, SUB,
-                 "%u range(s) still to stream again after %u passes, the back-off's %.0f s "
-                 "spent: the restore gives up",
-                 cps__rr_stopped(&x->m.book), x->m.book.pass, x->m.cfg.budget_ms / 1000.0);
+                 "%u range(s) still to stream again after %u passes, %.2f s of back-off "
+                 "waited (%.2f s in this incident, of %.0f s): the restore gives up",
+                 cps__rr_stopped(&x->m.book), x->m.book.pass, x->m.waited_ms / 1000.0,
+                 x->m.spent_ms / 1000.0, x->m.cfg.budget_ms / 1000.0);
         break;
     case CPS_RS_WHY_NO_REPLICA:
         cps__log(CPS_LOG_ERROR, SUB,
                  "range %u has no live replica in view epoch %" PRIu64
-                 ": its records cannot be restored",
-                 o->range, l->view.epoch);
+                 " (after %.2f s of back-off): its records cannot be restored",
+                 o->range, l->view.epoch, x->m.waited_ms / 1000.0);
         x->no_replica = 1;
         break;
     case CPS_RS_WHY_FATAL:
@@ -233,6 +234,7 @@ static int rs_wait(restore_ctx *x)
         e.from = rx.hdr.sender;
         e.ok = !err;
         e.seq = rx.hdr.req_seq;
+        e.epoch = rx.hdr.epoch;
     } else {
         e = rs_event(x, CPS_RS_ANSWER);
         e.ans =

@@ -91,6 +91,7 @@ typedef struct server {
     int gone;          /* --coordinator: killed, and its connection refuses (the scheduler sees) */
     uint32_t boot;     /* its process's life (1 at the start; a restart adds one) */
     uint64_t hello_at; /* SRV_HELLO: its next HELLO */
+    uint64_t down_at;  /* when it was last killed or fenced */
     linger lingers[MAX_LINGERS];
     uint32_t nlingers;
 } server;
@@ -140,6 +141,11 @@ typedef struct world {
     uint64_t next_req, puts_sent;
     uint32_t pass, bad, resent;
     uint64_t fail_epoch;  /* the tool's view when it failed */
+    uint64_t fail_at;     /* ... and when */
+    int bad_done;         /* the range the failure names was confirmed by its tail */
+    int bad_chain;        /* ... its chain (in the tool's view then) was not empty */
+    int bad_down;         /* ... its chain's members were all down then (not restarted) */
+    uint64_t bad_down_at; /* ... since then (the last of them to go down) */
     int stream, sent_now; /* the machine said STREAM; a PUT went out in the last feed */
     uint32_t buffered[MAX_RANGES];
     uint64_t buf[MAX_RANGES][2 * 3]; /* one PUT's records being filled: (word0, word1) pairs */

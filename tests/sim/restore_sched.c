@@ -18,6 +18,7 @@
 #include "restore.h"
 
 #include "recovery/coordinator.h"
+#include "coord_out.h"
 
 #define BEAT_MS         100
 #define SCHED_TICK_MS   20
@@ -73,14 +74,6 @@ static void record_encoded(world *w, const cps__coord_blob *b, int prefix)
     cps__view_fini(&v);
 }
 
-static int is_reply(const cps__coord_out *o, size_t i)
-{
-    for (size_t k = 0; k < o->n; k++)
-        if (o->a[k].kind == CPS_CO_REPLY && o->a[k].view == i)
-            return 1;
-    return 0;
-}
-
 static int is_server(const world *w, uint32_t id)
 {
     return id >= 1 && id <= w->nservers;
@@ -94,7 +87,7 @@ static void perform(world *w, int send)
     if (o->persist)
         cps__coord_persisted(w->coord, 0, w->now);
     for (size_t i = 0; i < o->nviews && !w->v.failed; i++)
-        if (!is_reply(o, i))
+        if (!sim_co_is_reply(o, i))
             record_encoded(w, &o->views[i], 0);
     size_t nviews = 0;
     for (size_t i = 0; i < o->n; i++)
@@ -109,7 +102,8 @@ static void perform(world *w, int send)
             /* The servers read a view by the epoch it names (restore.c's on_view). A publish
              * reaches each server up to view_ms late; an answer to one server at once. */
             h.aux = h.epoch; /* WELCOME's req_seq names the life it answers */
-            view_post(w, a->peer, &h, nviews > 1);
+            /* Only a broadcast VIEW is late; a WELCOME answers one server's HELLO. */
+            view_post(w, a->peer, &h, nviews > 1 && h.type == CPS_MSG_VIEW);
             break;
         case CPS_CO_MSG:
             if (is_server(w, a->peer))

@@ -82,6 +82,22 @@ static int chain_gone(const world *w)
     return 0;
 }
 
+/* Every member of range r's chain in the tool's view is down now: killed or fenced, not
+ * restarted on its store (one saying HELLO has restarted); *since: the last to go down, when. */
+static int range_down(const world *w, uint32_t r, uint64_t *since)
+{
+    const cps__range *g = &w->tview->ranges[r];
+    *since = 0;
+    for (uint32_t i = 0; i < g->chain_len; i++) {
+        const server *s = &w->srv[g->chain[i]];
+        if (s->state != SRV_DEAD && s->state != SRV_FENCED)
+            return 0;
+        if (s->down_at > *since)
+            *since = s->down_at;
+    }
+    return 1;
+}
+
 static cps__rs_event event_of(world *w, int kind)
 {
     cps__rs_event e;
@@ -171,6 +187,12 @@ static void feed(world *w, cps__rs_event e)
                 w->failed_by = x->why;
                 w->bad = x->range;
                 w->fail_epoch = w->tview->epoch;
+                w->fail_at = w->now;
+                w->bad_done = x->range < w->nranges && w->m.book.g[x->range].skip;
+                if (x->range < w->nranges) {
+                    w->bad_chain = w->tview->ranges[x->range].chain_len != 0;
+                    w->bad_down = range_down(w, x->range, &w->bad_down_at);
+                }
                 trace(w, "tool: failed (%s, why %d, range %u)", cps_err_name(x->rc), x->why,
                       x->range);
                 break;
@@ -228,6 +250,7 @@ static void wait_event(world *w)
         e.from = m->h.sender;
         e.ok = m->h.type == CPS_MSG_CUT_PROBE;
         e.seq = m->h.req_seq;
+        e.epoch = m->h.epoch;
         int was = r < w->nranges && cps__rr_open(b, r);
         feed(w, e);
         if (was && b->g[r].skip) {

@@ -21,6 +21,7 @@
 #include "recovery/suspect.h"
 
 #include "sim.h"
+#include "coord_out.h"
 
 /* The operator's tool (DRAIN): a peer id no node has. */
 #define SIM_TOOL 0x40000001u
@@ -156,15 +157,6 @@ static int is_node(const sim *sm, uint32_t id)
     return id >= 1 && id <= sm->p.servers + sm->p.workers;
 }
 
-/* 1 if payload i of the output is a tool's answer (CPS_CO_REPLY), not a view. */
-static int is_reply(const cps__coord_out *o, size_t i)
-{
-    for (size_t k = 0; k < o->n; k++)
-        if (o->a[k].kind == CPS_CO_REPLY && o->a[k].view == i)
-            return 1;
-    return 0;
-}
-
 /* A STATUS reply, as `chainps status` reads it, must say what the coordinator holds: its view,
  * whether the job runs, each member's age since last heard, each range's copy under way. */
 static void check_status(sim *sm, const cps__coord_out *o, const cps__coord_action *a)
@@ -240,7 +232,7 @@ static void perform(sim *sm, int send)
     if (o->persist)
         cps__coord_persisted(sm->coord, 0, sm->now);
     for (size_t i = 0; i < o->nviews && !sm->failed; i++) {
-        if (is_reply(o, i))
+        if (sim_co_is_reply(o, i))
             continue; /* a tool's answer (STATUS), checked below */
         cps__view v;
         cps__view_init(&v);

@@ -13,8 +13,9 @@
 #include "recovery/restore_route.h"
 
 static cps__range ranges[3];
+static cps__node_info nodes[4];
 
-/* A view of 3 ranges; range r has the chain chains[r][0..lens[r]). */
+/* A view of 3 ranges; range r has the chain chains[r][0..lens[r]); nodes 1 to 4, alive. */
 static cps__view view_of(const uint32_t chains[3][3], const uint32_t lens[3])
 {
     cps__view v;
@@ -22,6 +23,11 @@ static cps__view view_of(const uint32_t chains[3][3], const uint32_t lens[3])
     v.epoch = 2;
     v.nranges = 3;
     v.ranges = ranges;
+    memset(nodes, 0, sizeof nodes);
+    for (uint32_t i = 0; i < 4; i++)
+        nodes[i].id = i + 1, nodes[i].alive = 1;
+    v.nodes = nodes;
+    v.nnodes = 4;
     for (uint32_t r = 0; r < 3; r++) {
         memset(&ranges[r], 0, sizeof ranges[r]);
         ranges[r].chain_len = lens[r];
@@ -40,7 +46,7 @@ static void test_a_dead_tail_keeps_the_stream_a_dead_head_restarts_it(void **sta
     const uint32_t sent[3] = {1, 2, 3};
     unsigned char again[3] = {9, 9, 9};
     uint32_t bad = 77;
-    assert_int_equal(cps__restore_route(&v, 3, sent, again, &bad), 0);
+    assert_int_equal(cps__restore_route(&v, 3, sent, NULL, again, &bad), 0);
     assert_int_equal(again[0], 0); /* its tail died: the head forwards to the new tail itself */
     assert_int_equal(again[1], 1); /* its head died: node 3 may lack any of its records */
     assert_int_equal(again[2], 0); /* untouched */
@@ -56,7 +62,7 @@ static void test_a_range_not_streamed_yet_has_nothing_to_lose(void **state)
     const uint32_t sent[3] = {CPS_RR_NONE, 1, 3};
     unsigned char again[3];
     uint32_t bad;
-    assert_int_equal(cps__restore_route(&v, 3, sent, again, &bad), 0);
+    assert_int_equal(cps__restore_route(&v, 3, sent, NULL, again, &bad), 0);
     assert_int_equal(again[0], 0);
     assert_int_equal(again[1], 1); /* the head moved to another live node: again too */
     assert_int_equal(again[2], 0);
@@ -71,32 +77,52 @@ static void test_no_live_replica_fails_naming_the_first_such_range(void **state)
     const uint32_t sent[3] = {2, 2, CPS_RR_NONE};
     unsigned char again[3];
     uint32_t bad = 77;
-    assert_int_equal(cps__restore_route(&v, 3, sent, again, &bad), CPS_EUNAVAILABLE);
+    assert_int_equal(cps__restore_route(&v, 3, sent, NULL, again, &bad), CPS_EUNAVAILABLE);
     assert_int_equal(bad, 1);
     assert_int_equal(again[0], 1); /* still judged: the head moved */
 }
 
-static void test_a_dead_last_replica_kept_in_its_chain_is_no_replica(void **state)
+static void test_a_dead_last_replica_kept_in_its_chain_waits(void **state)
 {
     (void)state;
-    /* The coordinator keeps a range's last replica in its chain when it dies (the range waits for
-     * it): node 2, dead, is all range 1 has. */
+    /* The coordinator keeps a range's last replica in its chain when it dies: the range comes
+     * back if node 2 restarts on its data, so range 1 is down (not streamed), not lost. */
     const uint32_t chains[3][3] = {{1}, {2}, {3}};
     const uint32_t lens[3] = {1, 1, 1};
     cps__view v = view_of(chains, lens);
-    cps__node_info nodes[3];
-    memset(nodes, 0, sizeof nodes);
-    for (uint32_t i = 0; i < 3; i++)
-        nodes[i].id = i + 1, nodes[i].alive = i != 1;
-    v.nodes = nodes;
-    v.nnodes = 3;
+    nodes[1].alive = 0;
     const uint32_t sent[3] = {1, 2, 3};
     unsigned char again[3];
     uint32_t bad = 77;
-    assert_int_equal(cps__restore_route(&v, 3, sent, again, &bad), CPS_EUNAVAILABLE);
-    assert_int_equal(bad, 1);
+    assert_int_equal(cps__restore_route(&v, 3, sent, NULL, again, &bad), 0);
+    assert_int_equal(again[1], CPS_RR_DOWN);
+    assert_int_equal(again[0], CPS_RR_KEEP);
+    assert_int_equal(bad, 77);
     nodes[1].alive = 1; /* it came back */
-    assert_int_equal(cps__restore_route(&v, 3, sent, again, &bad), 0);
+    assert_int_equal(cps__restore_route(&v, 3, sent, NULL, again, &bad), 0);
+    assert_int_equal(again[1], CPS_RR_KEEP);
+}
+
+static void test_a_range_done_is_not_judged(void **state)
+{
+    (void)state;
+    /* Range 1 was confirmed by its tail: neither an empty chain nor a dead one fails or stops it
+     * ("a range its tail confirmed is not streamed again, whatever the view does later"). */
+    const uint32_t chains[3][3] = {{1}, {0}, {2}};
+    const uint32_t lens[3] = {1, 0, 1};
+    cps__view v = view_of(chains, lens);
+    nodes[1].alive = 0;
+    const uint32_t sent[3] = {1, 2, 3};
+    const unsigned char done[3] = {0, 1, 1};
+    unsigned char again[3];
+    uint32_t bad = 77;
+    assert_int_equal(cps__restore_route(&v, 3, sent, done, again, &bad), 0);
+    assert_int_equal(again[1], CPS_RR_KEEP);
+    assert_int_equal(again[2], CPS_RR_KEEP);
+    assert_int_equal(bad, 77);
+    assert_int_equal(cps__restore_route(&v, 3, sent, NULL, again, &bad), CPS_EUNAVAILABLE);
+    assert_int_equal(bad, 1);
+    assert_int_equal(again[2], CPS_RR_DOWN);
 }
 
 static void test_bad_arguments(void **state)
@@ -108,11 +134,11 @@ static void test_bad_arguments(void **state)
     const uint32_t sent[3] = {1, 1, 1};
     unsigned char again[3];
     uint32_t bad;
-    assert_int_equal(cps__restore_route(&v, 2, sent, again, &bad), CPS_EINVAL);
-    assert_int_equal(cps__restore_route(NULL, 3, sent, again, &bad), CPS_EINVAL);
-    assert_int_equal(cps__restore_route(&v, 3, NULL, again, &bad), CPS_EINVAL);
-    assert_int_equal(cps__restore_route(&v, 3, sent, NULL, &bad), CPS_EINVAL);
-    assert_int_equal(cps__restore_route(&v, 3, sent, again, NULL), CPS_EINVAL);
+    assert_int_equal(cps__restore_route(&v, 2, sent, NULL, again, &bad), CPS_EINVAL);
+    assert_int_equal(cps__restore_route(NULL, 3, sent, NULL, again, &bad), CPS_EINVAL);
+    assert_int_equal(cps__restore_route(&v, 3, NULL, NULL, again, &bad), CPS_EINVAL);
+    assert_int_equal(cps__restore_route(&v, 3, sent, NULL, NULL, &bad), CPS_EINVAL);
+    assert_int_equal(cps__restore_route(&v, 3, sent, NULL, again, NULL), CPS_EINVAL);
 }
 
 /* Answers of node 4, head of a range whose pass began at req_seq 100; PUTs 105 and 109 are in
@@ -315,7 +341,8 @@ int main(void)
         cmocka_unit_test(test_a_dead_tail_keeps_the_stream_a_dead_head_restarts_it),
         cmocka_unit_test(test_a_range_not_streamed_yet_has_nothing_to_lose),
         cmocka_unit_test(test_no_live_replica_fails_naming_the_first_such_range),
-        cmocka_unit_test(test_a_dead_last_replica_kept_in_its_chain_is_no_replica),
+        cmocka_unit_test(test_a_dead_last_replica_kept_in_its_chain_waits),
+        cmocka_unit_test(test_a_range_done_is_not_judged),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_answers_in_order_are_taken_a_later_one_proves_a_drop),
         cmocka_unit_test(test_an_error_after_a_drop_is_its_consequence),

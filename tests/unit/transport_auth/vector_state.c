@@ -11,11 +11,24 @@
 
 #define UPPER_IN_USE ((1u << 2) | (1u << 6))
 
-/* 1 if XGETBV with ECX = 1 works here (the OS enabled XSAVE, the CPU has AVX and XINUSE). */
+/* XCR0 (XGETBV with ECX = 0): the state components the OS saves and so lets a thread use. */
+static unsigned xcr0(void)
+{
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    return lo;
+}
+
+/* 1 if XGETBV with ECX = 1 works here and the probe's ymm instruction may run: the OS enabled
+ * XSAVE and the SSE and AVX state (XCR0 bits 1 and 2: without them a ymm instruction faults,
+ * SIGILL, however the CPU reports AVX), the CPU has AVX and XINUSE. */
 static int xinuse_readable(void)
 {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX))
+        return 0;
+    if ((xcr0() & 6) != 6)
         return 0;
     if (!__get_cpuid_count(0xd, 1, &a, &b, &c, &d))
         return 0;
