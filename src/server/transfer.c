@@ -184,7 +184,8 @@ static void *snap_main(void *arg)
                  "range %u: snapshot at seq %llu sent to node %u: %llu "
                  "records, %.1f MB in %u chunks, %llu ms (%.0f MB/s)",
                  j->range, (unsigned long long)j->seq, j->joiner, (unsigned long long)j->records,
-                 j->bytes / 1e6, j->chunks, (unsigned long long)ms, ms ? j->bytes / 1e3 / (double)ms : 0.0);
+                 j->bytes / 1e6, j->chunks, (unsigned long long)ms,
+                 ms ? j->bytes / 1e3 / (double)ms : 0.0);
     else
         cps__log(CPS_LOG_ERROR, "server", "range %u: snapshot for node %u failed: %s", j->range,
                  j->joiner, cps_strerror(rc));
