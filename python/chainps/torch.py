@@ -25,16 +25,17 @@ in two. Those ``on_servers`` picks (by default: embeddings, i.e. names containin
 tensors of ``server_threshold`` values or more) live on the servers as above; the rest are
 all-reduced among the workers (``client.allreduce``, mean over the live workers, the same bits on
 every worker) in ``step()`` and updated by the local optimizer on every worker. They start from
-rank 0's values (a replacement of a dead worker: a live worker's, with its step). A replacement
-that arrives when the other workers have already finished the job without it (its predecessor
-died in the last all-reduce) has nothing to do: the constructor closes the client, says so on
-stderr and raises ``chainps.JobEnded``, a ``SystemExit`` with status 0 (uncaught, the script ends
-cleanly; catch it by name to do more). Their storage moves into one flat buffer with the local optimizer's float32
+rank 0's values (a replacement of a dead worker: a live worker's, with its step). The
+all-reduced parameters' storage moves into one flat buffer with the local optimizer's float32
 state (``p.data`` and the state's tensors become views of it) and their gradients into another
 (``p.grad`` views, which ``zero_grad`` zeroes in place): the all-reduce, the share to a
 replacement of a dead worker (parameters and optimizer state) and the checkpoint listing read
-them there, without a copy per step. The local optimizer's state layout is learnt from a copy of
-it stepped once on zeros. Without ``local_optim`` every parameter lives on the servers.
+them there, without a copy per step. The local optimizer's state layout is learnt from a copy
+of it stepped once on zeros. A replacement that arrives when the other workers have already
+finished the job without it (its predecessor died in the last all-reduce) has nothing to do: the
+constructor closes the client, says so on stderr and raises ``chainps.JobEnded``, a
+``SystemExit`` with status 0 (uncaught, the script ends cleanly; catch it by name to do more).
+Without ``local_optim`` every parameter lives on the servers.
 
 Initial values come from the servers (the first declaration creates them; every worker pulls
 the same ones), drawn like torch's defaults for Linear and Conv layers: weights and their biases
@@ -201,7 +202,7 @@ class DistributedOptimizer:
             try:
                 self._local_start = self.client.allreduce_fetch(self._flat)
             except chainps.Error as e:
-                if getattr(e, "name", "") != "CPS_ESHUTDOWN":
+                if e.code != chainps.CPS_ESHUTDOWN:
                     raise
                 _replacement_too_late(self.client)
             if self._local_start is None:
