@@ -38,8 +38,9 @@ int cps__coord_create(const cps__coord_config *cfg, cps__coord **out)
     c->former = calloc(CPS_MAX_RANGES, sizeof *c->former);
     c->former_epoch = calloc(CPS_MAX_RANGES, sizeof *c->former_epoch);
     c->rollback_ok = calloc(CPS_MAX_RANGES, 1);
+    c->rank_held = calloc(c->cfg.num_workers ? c->cfg.num_workers : 1, 1);
     cps__detector_config dc = {c->cfg.dead_after_ms, 2 * c->cfg.dead_after_ms};
-    int rc = c->nodes && c->former && c->former_epoch && c->rollback_ok
+    int rc = c->nodes && c->former && c->former_epoch && c->rollback_ok && c->rank_held
                  ? cps__detector_create(&dc, &c->detector)
                  : CPS_ENOMEM;
     cps__suspect_config sc = {cps__suspect_evidence_ms(c->cfg.dead_after_ms),
@@ -69,6 +70,7 @@ void cps__coord_destroy(cps__coord *c)
     free(c->former);
     free(c->former_epoch);
     free(c->rollback_ok);
+    free(c->rank_held);
     free(c->blob_buf);
     cps__registry_fini(&c->reg);
     free(c);
@@ -373,9 +375,10 @@ int cps__coord_resume(cps__coord *c, cps__coord_get_fn get, void *ctx, uint64_t 
     /* Everyone learns we are back (and anyone who missed a view gets it now). */
     c->view.epoch++;
     cps__co_save(c);
+    int settled = cps__co_workers_settled(c);
     for (uint32_t i = 0; i < c->nnodes; i++)
         if (!c->nodes[i].done)
-            cps__co_send_view(c, c->nodes[i].info.id, CPS_MSG_VIEW);
+            cps__co_send_view(c, c->nodes[i].info.id, CPS_MSG_VIEW, settled);
     return 1;
 }
 
@@ -444,8 +447,9 @@ static int member_msg(cps__coord *c, const cps__msg_hdr *h, const void *pl, size
         cps__co_worker_heartbeat(c, n, now);
     if (!n->info.alive && n->info.role == CPS_ROLE_SERVER && c->started &&
         h->type != CPS_MSG_GET_VIEW) {
-        /* Declared dead but still talking (paused, partitioned): show it the view. */
-        cps__co_send_view(c, n->info.id, CPS_MSG_VIEW);
+        /* Declared dead but still talking (paused, partitioned): show it the view (a server's
+         * carries no settled word). */
+        cps__co_send_view(c, n->info.id, CPS_MSG_VIEW, 0);
         return 0;
     }
     switch (h->type) {
@@ -457,14 +461,14 @@ static int member_msg(cps__coord *c, const cps__msg_hdr *h, const void *pl, size
          * gets the view (the simulator found runs that never finished, e.g. seed 1485 --faults
          * drops). Not a worker's: it names the epoch of its last push, and asks by itself. */
         if (c->started && n->info.role == CPS_ROLE_SERVER && h->epoch < c->view.epoch)
-            cps__co_send_view(c, n->info.id, CPS_MSG_VIEW);
+            cps__co_send_view(c, n->info.id, CPS_MSG_VIEW, 0);
         break;
     case CPS_MSG_CAUGHT_UP:
         cps__co_caught_up(c, n, h, now);
         break;
     case CPS_MSG_GET_VIEW:
         if (c->started)
-            cps__co_send_view(c, n->info.id, CPS_MSG_VIEW);
+            cps__co_send_view(c, n->info.id, CPS_MSG_VIEW, cps__co_workers_settled(c));
         break;
     case CPS_MSG_BARRIER:
         if (n->info.role == CPS_ROLE_WORKER) {

@@ -107,8 +107,9 @@ static int start_job(cps__coord *c, uint64_t now)
                 c->view.backup_workers);
     c->held_type = CPS_MSG_WELCOME;
     cps__co_save(c);
+    int settled = cps__co_workers_settled(c);
     for (uint32_t i = 0; i < c->nnodes; i++)
-        cps__co_send_view(c, c->nodes[i].info.id, CPS_MSG_WELCOME);
+        cps__co_send_view(c, c->nodes[i].info.id, CPS_MSG_WELCOME, settled);
     if (c->cfg.hold_workers)
         cps__co_log(c, CPS_LOG_INFO, "holding the workers back until the checkpoint is restored");
     return 0;
@@ -250,7 +251,7 @@ void cps__co_hello(cps__coord *c, const cps__msg_hdr *h, const void *pl, size_t 
         cps__co_sync_view_nodes(c);
         if (moved || revived)
             cps__co_publish(c, revived ? "a node came back" : "a node moved");
-        cps__co_send_view(c, n->info.id, CPS_MSG_WELCOME);
+        cps__co_send_view(c, n->info.id, CPS_MSG_WELCOME, cps__co_workers_settled(c));
         return;
     }
     if (cps__co_count_role(c, CPS_ROLE_SERVER) == c->cfg.num_servers &&
@@ -751,17 +752,25 @@ void cps__co_release_barrier(cps__coord *c)
 
 uint32_t cps__co_unfinished_dead_rank(const cps__coord *c)
 {
-    for (uint32_t r = 0; r < c->cfg.num_workers; r++) {
-        int held = 0;
-        for (uint32_t i = 0; i < c->nnodes && !held; i++) {
-            const cps__coord_node *n = &c->nodes[i];
-            held =
-                n->info.role == CPS_ROLE_WORKER && n->info.rank == r && (n->done || n->info.alive);
-        }
-        if (!held)
-            return r;
+    /* One pass over the nodes, then one over the ranks: every goodbye at the job's end sends a
+     * view to each worker, so ranks x nodes here would cost the job's end W^2 N. */
+    unsigned char *held = c->rank_held;
+    memset(held, 0, c->cfg.num_workers);
+    for (uint32_t i = 0; i < c->nnodes; i++) {
+        const cps__coord_node *n = &c->nodes[i];
+        if (n->info.role == CPS_ROLE_WORKER && n->info.rank < c->cfg.num_workers &&
+            (n->done || n->info.alive))
+            held[n->info.rank] = 1;
     }
+    for (uint32_t r = 0; r < c->cfg.num_workers; r++)
+        if (!held[r])
+            return r;
     return UINT32_MAX;
+}
+
+int cps__co_workers_settled(const cps__coord *c)
+{
+    return c->started && cps__co_unfinished_dead_rank(c) == UINT32_MAX;
 }
 
 /* Every worker finished or died: the job is over (unless held for inspection, or a dead

@@ -79,7 +79,7 @@ static uint32_t view_blob(cps__coord *c)
     return cps__co_payload(c, buf, len);
 }
 
-void cps__co_send_view(cps__coord *c, uint32_t peer, uint8_t type)
+void cps__co_send_view(cps__coord *c, uint32_t peer, uint8_t type, int settled)
 {
     if (c->unsaved)
         return; /* sent once saved; nodes ask again meanwhile */
@@ -104,8 +104,7 @@ void cps__co_send_view(cps__coord *c, uint32_t peer, uint8_t type)
         a->hdr.req_seq = n ? n->boot_id : 0;
     /* Whether the workers not live in it finished rather than died: a replacement alone in the
      * view then knows the job's work is done (issue 29). Only workers read it. */
-    if (n && n->info.role == CPS_ROLE_WORKER && c->started &&
-        cps__co_unfinished_dead_rank(c) == UINT32_MAX)
+    if (n && n->info.role == CPS_ROLE_WORKER && settled)
         a->hdr.step = CPS_VIEW_WORKERS_SETTLED;
 }
 
@@ -185,9 +184,10 @@ void cps__coord_persisted(cps__coord *c, int rc, uint64_t now)
                 c->out.a[0] = line;
             }
             c->failed_saves = 0;
+            int settled = cps__co_workers_settled(c);
             for (uint32_t i = 0; i < c->nnodes; i++)
                 if (!c->nodes[i].done)
-                    cps__co_send_view(c, c->nodes[i].info.id, c->held_type);
+                    cps__co_send_view(c, c->nodes[i].info.id, c->held_type, settled);
         }
         c->held_type = 0;
     }
@@ -258,9 +258,10 @@ void cps__co_publish(cps__coord *c, const char *why)
     cps__co_save(c);
     /* A finished worker has closed its inbox: a view for it would wait in its queue for ever,
      * and the scheduler only exits once every queue is empty. */
+    int settled = cps__co_workers_settled(c);
     for (uint32_t i = 0; i < c->nnodes; i++)
         if (!c->nodes[i].done && !c->nodes[i].left)
-            cps__co_send_view(c, c->nodes[i].info.id, CPS_MSG_VIEW);
+            cps__co_send_view(c, c->nodes[i].info.id, CPS_MSG_VIEW, settled);
     /* Whether it went out is known once the shell saved it: the line is written then. */
     cps__coord_action *a = cps__co_push(c, CPS_CO_LOG, 0);
     a->level = CPS_LOG_INFO;

@@ -9,7 +9,9 @@
 void cps__co_log(cps__coord *c, int level, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 cps__coord_action *cps__co_push(cps__coord *c, int kind, uint32_t peer);
-void cps__co_send_view(cps__coord *c, uint32_t peer, uint8_t type);
+/* The view to `peer` as `type` (VIEW or WELCOME); `settled`: cps__co_workers_settled, computed
+ * once by the caller for every view of its round. */
+void cps__co_send_view(cps__coord *c, uint32_t peer, uint8_t type, int settled);
 void cps__co_send_simple(cps__coord *c, uint32_t peer, uint8_t type, const cps__msg_hdr *req);
 void cps__co_reply_error(cps__coord *c, const cps__msg_hdr *req, uint32_t peer, int code,
                          const char *text);

@@ -60,6 +60,8 @@ struct cps__coord {
      * this life resumed (cps__coord_resume); each is cleared once rolled back or once that
      * replica is let in, and nothing later sets it. Not persisted. */
     unsigned char *rollback_ok;
+    /* cps__co_unfinished_dead_rank's scratch: one byte a worker rank (cfg.num_workers). */
+    unsigned char *rank_held;
     cps__registry reg; /* the tensors workers declared (REGISTER), for checkpoints (REGISTRY) */
     uint64_t wall_ms;  /* this turn's wall clock (cps__coord_set_wall), for STATUS's ages */
     cps__coord_out out;

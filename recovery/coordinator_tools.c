@@ -8,6 +8,7 @@
 
 #include "chainps/error.h"
 #include "core/log.h"
+#include "recovery/coordinator_membership.h"
 #include "recovery/coordinator_tools.h"
 
 int cps__coord_tool_request(const cps__msg_hdr *h)
@@ -170,9 +171,10 @@ void cps__co_release(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to)
     if (c->cfg.hold_workers) {
         c->cfg.hold_workers = 0;
         cps__co_log(c, CPS_LOG_INFO, "checkpoint restored: admitting the workers");
+        int settled = cps__co_workers_settled(c);
         for (uint32_t i = 0; i < c->nnodes; i++)
             if (c->nodes[i].info.role == CPS_ROLE_WORKER && c->started)
-                cps__co_send_view(c, c->nodes[i].info.id, CPS_MSG_WELCOME);
+                cps__co_send_view(c, c->nodes[i].info.id, CPS_MSG_WELCOME, settled);
     }
     if (reply_to && reply_to != h->sender) {
         cps__coord_action *a = cps__co_push(c, CPS_CO_MSG, reply_to);

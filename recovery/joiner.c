@@ -14,6 +14,7 @@ typedef struct join_range {
     int got_snap;
     int last_chunk;      /* the chunk being installed is the last one: READY follows */
     uint32_t next_chunk; /* the number of the chunk to take next (0 at each new join) */
+    uint64_t stream_seq; /* the read of the stream taken (its chunk 0's), once next_chunk > 0 */
     uint32_t source;
     uint64_t id;      /* the last join ordered (under way or not): CAUGHT_UP echoes it */
     uint64_t done_id; /* the last join installed: a repeat of its order must not clear the copy */
@@ -170,7 +171,7 @@ int cps__joiner_order(cps__joiner *j, const cps__view *v, uint32_t range, uint32
 }
 
 int cps__joiner_snap(cps__joiner *j, uint32_t from, uint32_t range, uint64_t join_id, uint32_t num,
-                     int last, size_t len, int chain_joining, uint64_t now)
+                     uint64_t read_seq, int last, size_t len, int chain_joining, uint64_t now)
 {
     (void)now;
     j->nactions = 0;
@@ -179,6 +180,11 @@ int cps__joiner_snap(cps__joiner *j, uint32_t from, uint32_t range, uint64_t joi
     join_range *jr = &j->ranges[range];
     if (!jr->active || jr->wait != WAIT_NONE || jr->source != from || jr->id != join_id)
         return CPS_JOINER_IGNORED; /* from an earlier join, after the last chunk, or not ours */
+    if (jr->next_chunk > 0 && (num == 0 ? read_seq < jr->stream_seq : read_seq != jr->stream_seq))
+        /* An earlier stream of this join cut short while its chunks were still on the wire: a
+         * late chunk 0, or any later chunk of a read other than the one taken, would mix two
+         * reads' records (two reads at one sequence number hold the same records). */
+        return CPS_JOINER_IGNORED;
     if (num == 0 && jr->next_chunk > 0) {
         /* A new stream of this join: the source served a repeated SNAP_REQ with a new read once
          * the earlier stream was over (its send failed, or its socket lingered out). Its chunks
@@ -201,6 +207,8 @@ int cps__joiner_snap(cps__joiner *j, uint32_t from, uint32_t range, uint64_t joi
         give_up(j, range, "a snapshot chunk was lost", CPS_EPROTO);
         return CPS_JOINER_TAKEN;
     }
+    if (num == 0)
+        jr->stream_seq = read_seq;
     jr->next_chunk++;
     jr->got_snap = 1;
     jr->bytes += len;

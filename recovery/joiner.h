@@ -110,15 +110,17 @@ int cps__joiner_order(cps__joiner *j, const cps__view *v, uint32_t range, uint32
                       uint64_t join_id, uint64_t epoch, uint64_t now);
 
 /* A SNAP chunk of `range` from `from` for join `join_id` (the header's step), number `num` in its
- * stream (the header's req_worker), `len` payload bytes, the last one when `last`.
+ * stream (the header's req_worker), of the read at sequence number `read_seq` (the header's
+ * req_seq), `len` payload bytes, the last one when `last`.
  * `chain_joining` is cps__chain_joining(range): a view that made us a member, or took the range
  * away, ended the chain's join, and the chunk must not be written (ABORT). A number below the
  * next expected is a repeat (ignored), except 0, which starts a new stream of the join; one above
  * it means a chunk was lost: the join is given up (ABORT with status CPS_EPROTO, CAUGHT_UP aux 2),
- * nothing installed. Taken: one INSTALL.
+ * nothing installed. Once a stream's chunk 0 is taken, a chunk 0 of a lower read_seq, or a later
+ * chunk of another read_seq, belongs to an earlier stream cut short: ignored. Taken: one INSTALL.
  * Returns a verdict (>= 0). */
 int cps__joiner_snap(cps__joiner *j, uint32_t from, uint32_t range, uint64_t join_id, uint32_t num,
-                     int last, size_t len, int chain_joining, uint64_t now);
+                     uint64_t read_seq, int last, size_t len, int chain_joining, uint64_t now);
 
 /* The outcome of the BEGIN, INSTALL or READY of `range` from the last call: rc 0 or a CPS_E*
  * code, and `value` as that action says. A failure gives the join up (ABORT, CAUGHT_UP aux 2,

@@ -767,7 +767,9 @@ int cps__sess_shutdown(const cps__sess *s)
 
 int cps__sess_workers_settled(const cps__sess *s)
 {
-    return s->settled;
+    /* cps__sess_view_in installs views without their header: an older epoch's word is not the
+     * held view's. */
+    return s->settled && s->settled_epoch == s->view.epoch;
 }
 
 uint32_t cps__sess_pending(const cps__sess *s)

@@ -250,8 +250,8 @@ void cps__rp_on_transfer(cps__replica *r, rmsg *p, uint64_t now)
         run_joiner(r, now); /* an order ignored may still ask for the view */
     } else if (h->type == CPS_MSG_SNAP) {
         int joining = range < r->view.nranges && cps__chain_joining(r->chain, range);
-        if (cps__joiner_snap(r->joiner, h->sender, range, h->step, h->req_worker, h->aux == 1,
-                             p->m.len, joining, now) > 0) {
+        if (cps__joiner_snap(r->joiner, h->sender, range, h->step, h->req_worker, h->req_seq,
+                             h->aux == 1, p->m.len, joining, now) > 0) {
             r->join_snap = p; /* INSTALL points into it */
             run_joiner(r, now);
             if (r->join_wait)

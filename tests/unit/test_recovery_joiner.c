@@ -132,7 +132,8 @@ static void start_join(cps__joiner *j, const cps__view *v, uint64_t id, uint64_t
  * `applied`. */
 static void finish_join(cps__joiner *j, uint64_t id, uint32_t num, uint64_t applied, uint64_t now)
 {
-    assert_int_equal(cps__joiner_snap(j, 3, 0, id, num, 1, 100, 1, now), CPS_JOINER_TAKEN);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, id, num, SNAP_SEQ, 1, 100, 1, now),
+                     CPS_JOINER_TAKEN);
     assert_int_equal(only(j, CPS_JA_INSTALL)->last, 1);
     assert_int_equal(cps__joiner_result(j, 0, 0, SNAP_SEQ, now), 1);
     assert_int_equal(only(j, CPS_JA_READY)->seq, SNAP_SEQ);
@@ -165,7 +166,7 @@ static void test_snapshot_in_order(void **state)
     start_join(j, v, JOIN_ID, 0);
     /* Two chunks before the last: each written, nothing else. */
     for (int k = 0; k < 2; k++) {
-        assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, (uint32_t)k, 0, 4096, 1, 10),
+        assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, (uint32_t)k, SNAP_SEQ, 0, 4096, 1, 10),
                          CPS_JOINER_TAKEN);
         assert_int_equal(only(j, CPS_JA_INSTALL)->last, 0);
         assert_int_equal(cps__joiner_result(j, 0, 0, 0, 10), 0);
@@ -185,12 +186,16 @@ static void test_stale_chunks_ignored(void **state)
     cps__view *v = &f->v;
     start_join(j, v, JOIN_ID, 0);
     /* A chunk of an earlier join of the range, from the same tail: its shadow may be gone. */
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID - 1, 0, 1, 10, 1, 5), CPS_JOINER_IGNORED);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID - 1, 0, SNAP_SEQ, 1, 10, 1, 5),
+                     CPS_JOINER_IGNORED);
     assert_int_equal(cps__joiner_actions(j, NULL), 0);
     /* From another server than the source, or for a range we do not copy. */
-    assert_int_equal(cps__joiner_snap(j, 2, 0, JOIN_ID, 0, 1, 10, 1, 5), CPS_JOINER_IGNORED);
-    assert_int_equal(cps__joiner_snap(j, 3, 1, JOIN_ID, 0, 1, 10, 1, 5), CPS_JOINER_IGNORED);
-    assert_int_equal(cps__joiner_snap(j, 3, NRANGES, JOIN_ID, 0, 1, 10, 1, 5), CPS_JOINER_IGNORED);
+    assert_int_equal(cps__joiner_snap(j, 2, 0, JOIN_ID, 0, SNAP_SEQ, 1, 10, 1, 5),
+                     CPS_JOINER_IGNORED);
+    assert_int_equal(cps__joiner_snap(j, 3, 1, JOIN_ID, 0, SNAP_SEQ, 1, 10, 1, 5),
+                     CPS_JOINER_IGNORED);
+    assert_int_equal(cps__joiner_snap(j, 3, NRANGES, JOIN_ID, 0, SNAP_SEQ, 1, 10, 1, 5),
+                     CPS_JOINER_IGNORED);
     /* The join goes on as if nothing came. */
     assert_int_equal(cps__joiner_active(j, 0), 1);
     finish_join(j, JOIN_ID, 0, SNAP_SEQ, 6);
@@ -199,7 +204,8 @@ static void test_stale_chunks_ignored(void **state)
 /* Take chunk `num` (not the last) of join `id` and write it. */
 static void take_chunk(cps__joiner *j, uint64_t id, uint32_t num, uint64_t now)
 {
-    assert_int_equal(cps__joiner_snap(j, 3, 0, id, num, 0, 4096, 1, now), CPS_JOINER_TAKEN);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, id, num, SNAP_SEQ, 0, 4096, 1, now),
+                     CPS_JOINER_TAKEN);
     assert_int_equal(only(j, CPS_JA_INSTALL)->last, 0);
     assert_int_equal(cps__joiner_result(j, 0, 0, 0, now), 0);
 }
@@ -223,12 +229,15 @@ static void test_chunk_gap_gives_up(void **state)
     cps__joiner *j = f->j;
     start_join(j, &f->v, JOIN_ID, 0);
     take_chunk(j, JOIN_ID, 0, 1);
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 2, 1, 100, 1, 2), CPS_JOINER_TAKEN);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 2, SNAP_SEQ, 1, 100, 1, 2),
+                     CPS_JOINER_TAKEN);
     expect_gave_up(j, 0, CPS_EPROTO, JOIN_ID);
     assert_int_equal(cps__joiner_result(j, 0, 0, SNAP_SEQ, 2), CPS_EINVAL); /* no INSTALL */
     /* What still comes of that stream finds the join over. */
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 3, 1, 100, 1, 3), CPS_JOINER_IGNORED);
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 1, 0, 100, 1, 3), CPS_JOINER_IGNORED);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 3, SNAP_SEQ, 1, 100, 1, 3),
+                     CPS_JOINER_IGNORED);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 1, SNAP_SEQ, 0, 100, 1, 3),
+                     CPS_JOINER_IGNORED);
     assert_int_equal(cps__joiner_tick(j, 4, serve_yes, NULL), 0); /* nothing to confirm */
     /* The next join counts its own stream from 0. */
     start_join(j, &f->v, JOIN_ID + 1, 10);
@@ -242,7 +251,8 @@ static void test_repeated_chunk_ignored(void **state)
     start_join(j, &f->v, JOIN_ID, 0);
     take_chunk(j, JOIN_ID, 0, 1);
     take_chunk(j, JOIN_ID, 1, 2);
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 1, 0, 4096, 1, 3), CPS_JOINER_IGNORED);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 1, SNAP_SEQ, 0, 4096, 1, 3),
+                     CPS_JOINER_IGNORED);
     assert_int_equal(cps__joiner_actions(j, NULL), 0);
     assert_int_equal(cps__joiner_active(j, 0), 1);
     finish_join(j, JOIN_ID, 2, SNAP_SEQ, 4);
@@ -264,6 +274,47 @@ static void test_second_stream_starts_over(void **state)
     finish_join(j, JOIN_ID, 2, SNAP_SEQ, 5);
 }
 
+/* Chunk `num` of the read at `seq` (not the last) is dropped: nothing written. */
+static void drop_chunk(cps__joiner *j, uint32_t num, uint64_t seq, uint64_t now)
+{
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, num, seq, 0, 7, 1, now),
+                     CPS_JOINER_IGNORED);
+    assert_int_equal(cps__joiner_actions(j, NULL), 0);
+}
+
+/* Stream A (an earlier read, cut short while its chunks were on the wire) and stream B of the
+ * same join interleave as A0, B0, A1, B1, A2, B2: every chunk of A after B0 is dropped and B's
+ * own chunks are all taken, so what is installed is B's read alone. */
+static void test_cut_stream_not_mixed(void **state)
+{
+    fixture *f = *state;
+    cps__joiner *j = f->j;
+    start_join(j, &f->v, JOIN_ID, 0);
+    const uint64_t a = SNAP_SEQ - 2;
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 0, a, 0, 7, 1, 1), CPS_JOINER_TAKEN);
+    assert_int_equal(cps__joiner_result(j, 0, 0, 0, 1), 0);
+    take_chunk(j, JOIN_ID, 0, 2); /* B0: a new stream, counted from 0 */
+    drop_chunk(j, 1, a, 3);       /* A1 is not B1 */
+    take_chunk(j, JOIN_ID, 1, 4);
+    drop_chunk(j, 2, a, 5);
+    finish_join(j, JOIN_ID, 2, SNAP_SEQ, 6);
+    assert_int_equal(cps__joiner_bytes(j, 0), 7 + 2 * 4096 + 100);
+}
+
+/* A0 comes late, after B0: it restarts nothing, and B goes on to its end. */
+static void test_late_first_chunk_dropped(void **state)
+{
+    fixture *f = *state;
+    cps__joiner *j = f->j;
+    start_join(j, &f->v, JOIN_ID, 0);
+    take_chunk(j, JOIN_ID, 0, 1);
+    drop_chunk(j, 0, SNAP_SEQ - 1, 2);
+    take_chunk(j, JOIN_ID, 1, 3);
+    drop_chunk(j, 1, SNAP_SEQ - 1, 4);
+    finish_join(j, JOIN_ID, 2, SNAP_SEQ, 5);
+    assert_int_equal(cps__joiner_bytes(j, 0), 2 * 4096 + 100);
+}
+
 /* A chunk of another join is judged by its join id before its number: one whose number would be
  * a gap in ours ends nothing, and one whose number is ours next is not taken. */
 static void test_other_join_chunk_ignored(void **state)
@@ -272,8 +323,10 @@ static void test_other_join_chunk_ignored(void **state)
     cps__joiner *j = f->j;
     start_join(j, &f->v, JOIN_ID, 0);
     take_chunk(j, JOIN_ID, 0, 1);
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID - 1, 5, 1, 10, 1, 2), CPS_JOINER_IGNORED);
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID + 1, 1, 1, 10, 1, 2), CPS_JOINER_IGNORED);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID - 1, 5, SNAP_SEQ, 1, 10, 1, 2),
+                     CPS_JOINER_IGNORED);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID + 1, 1, SNAP_SEQ, 1, 10, 1, 2),
+                     CPS_JOINER_IGNORED);
     assert_int_equal(cps__joiner_actions(j, NULL), 0);
     assert_int_equal(cps__joiner_active(j, 0), 1);
     finish_join(j, JOIN_ID, 1, SNAP_SEQ, 3);
@@ -287,7 +340,8 @@ static void test_duplicates_after_done(void **state)
     start_join(j, v, JOIN_ID, 0);
     finish_join(j, JOIN_ID, 0, SNAP_SEQ, 1);
     /* The last chunk again: the join is over, nothing is written or reported twice. */
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 0, 1, 100, 1, 2), CPS_JOINER_IGNORED);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 0, SNAP_SEQ, 1, 100, 1, 2),
+                     CPS_JOINER_IGNORED);
     assert_int_equal(cps__joiner_actions(j, NULL), 0);
     /* The order again: clearing the copy just reported would lose it. */
     assert_int_equal(cps__joiner_order(j, v, 0, 3, JOIN_ID, 7, 3), CPS_JOINER_IGNORED);
@@ -332,7 +386,8 @@ static void test_view_makes_member(void **state)
     v->ranges[0].chain[v->ranges[0].chain_len++] = SELF;
     assert_int_equal(cps__joiner_view(j, v, 10), 2);
     expect_gave_up(j, 0, CPS_ESTALE_EPOCH, JOIN_ID);
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 0, 1, 10, 1, 11), CPS_JOINER_IGNORED);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 0, SNAP_SEQ, 1, 10, 1, 11),
+                     CPS_JOINER_IGNORED);
     /* Nothing to confirm: no CAUGHT_UP was sent for it. */
     assert_int_equal(cps__joiner_tick(j, 12, serve_yes, NULL), 0);
 }
@@ -344,7 +399,8 @@ static void test_chain_not_joining(void **state)
     cps__view *v = &f->v;
     start_join(j, v, JOIN_ID, 0);
     /* The chain's join ended (cps__chain_joining is 0): the chunk must not be written. */
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 0, 1, 10, 0, 5), CPS_JOINER_TAKEN);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 0, SNAP_SEQ, 1, 10, 0, 5),
+                     CPS_JOINER_TAKEN);
     expect_gave_up(j, 0, CPS_ESTALE_EPOCH, JOIN_ID);
 }
 
@@ -370,7 +426,8 @@ static void test_source_leaves(void **state)
     assert_int_equal(a->hdr.epoch, 8);
     assert_int_equal(cps__joiner_source(j, 0), 2);
     /* A late chunk of the old source is not taken. */
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 0, 1, 10, 1, 21), CPS_JOINER_IGNORED);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 0, SNAP_SEQ, 1, 10, 1, 21),
+                     CPS_JOINER_IGNORED);
 }
 
 static void test_retry_and_give_up(void **state)
@@ -385,7 +442,8 @@ static void test_retry_and_give_up(void **state)
     expect_send(only(j, CPS_JA_SEND), 3, CPS_MSG_SNAP_REQ, JOIN_ID, 0);
     assert_int_equal(cps__joiner_tick(j, 1002 + RETRY, NULL, NULL), 0);
     /* A chunk came: no more re-sends, but the deadline still holds. */
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 0, 0, 10, 1, 2500), CPS_JOINER_TAKEN);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID, 0, SNAP_SEQ, 0, 10, 1, 2500),
+                     CPS_JOINER_TAKEN);
     assert_int_equal(cps__joiner_result(j, 0, 0, 0, 2500), 0);
     assert_int_equal(cps__joiner_tick(j, 1000 + TIMEOUT, NULL, NULL), 0);
     assert_int_equal(cps__joiner_tick(j, 1001 + TIMEOUT, NULL, NULL), 2);
@@ -404,7 +462,8 @@ static void test_failed_steps(void **state)
     expect_gave_up(j, 0, CPS_ENOSPC, JOIN_ID);
     /* Replaying fails after the snapshot: given up too, nothing to confirm. */
     start_join(j, v, JOIN_ID + 1, 10);
-    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID + 1, 0, 1, 10, 1, 11), CPS_JOINER_TAKEN);
+    assert_int_equal(cps__joiner_snap(j, 3, 0, JOIN_ID + 1, 0, SNAP_SEQ, 1, 10, 1, 11),
+                     CPS_JOINER_TAKEN);
     assert_int_equal(cps__joiner_result(j, 0, 0, SNAP_SEQ, 11), 1);
     assert_int_equal(cps__joiner_result(j, 0, CPS_EPROTO, 0, 11), 2);
     expect_gave_up(j, 0, CPS_EPROTO, JOIN_ID + 1);
@@ -483,6 +542,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_repeated_chunk_ignored, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_join_chunk_ignored, setup, teardown),
         cmocka_unit_test_setup_teardown(test_second_stream_starts_over, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cut_stream_not_mixed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_late_first_chunk_dropped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_duplicates_after_done, setup, teardown),
         cmocka_unit_test_setup_teardown(test_caught_up_confirmed_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_view_makes_member, setup, teardown),

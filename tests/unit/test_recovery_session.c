@@ -447,6 +447,29 @@ static void test_workers_settled_comes_with_the_view(void **state)
     cps__sess_destroy(s);
 }
 
+/* A view installed without its header (cps__sess_view_in: the shell's, from a peer's copy) has
+ * no settled word: the word of the older epoch held before it says nothing about it. */
+static void test_workers_settled_not_kept_by_a_newer_view(void **state)
+{
+    (void)state;
+    cps__sess *s = joined(CPS_MODE_SYNC, HEAD_1);
+    view_step_in(s, 2, CPS_VIEW_WORKERS_SETTLED, T0 + 10);
+    assert_int_equal(cps__sess_workers_settled(s), 1);
+    char buf[4096];
+    size_t n = view_bytes(buf, sizeof buf, 3, CPS_MODE_SYNC, HEAD_1);
+    cps__view v;
+    cps__view_init(&v);
+    assert_int_equal(cps__view_decode(buf, n, &v), 0);
+    assert_int_equal(cps__sess_view_in(s, 0, &v, T0 + 20), 0);
+    cps__view_fini(&v);
+    assert_int_equal(cps__sess_view(s)->epoch, 3);
+    assert_int_equal(cps__sess_workers_settled(s), 0);
+    /* The scheduler's own copy of epoch 3 brings the word back. */
+    view_step_in(s, 3, CPS_VIEW_WORKERS_SETTLED, T0 + 30);
+    assert_int_equal(cps__sess_workers_settled(s), 1);
+    cps__sess_destroy(s);
+}
+
 /* A server's refusal fails the part with its error; the scheduler's untagged refusal ends the
  * job for us, and the call in progress with it. */
 static void test_refused_and_expelled(void **state)
@@ -619,6 +642,7 @@ int main(void)
         cmocka_unit_test(test_waiting_ends_on_answer_or_shutdown),
         cmocka_unit_test(test_no_answer_after_shutdown),
         cmocka_unit_test(test_workers_settled_comes_with_the_view),
+        cmocka_unit_test(test_workers_settled_not_kept_by_a_newer_view),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
