@@ -137,14 +137,15 @@ run_job() {
     grep -E 'chainps.sbatch|^srun' "$out_file" || true
 }
 
-checksum() { # the workers' common final "trajectory checksum" (fmnist: checksum), or nothing
-    # lsq_worker's trajectory hash (every step's pulled weights) too: sync, the same two worker
-    # processes in every run, so it must be the fault-free run's as well.
-    sed -n -e 's/.*final: .*trajectory \([0-9a-f]*\), checksum \([0-9a-f]*\)$/\1 \2/p' -e t \
-        -e 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$1" | sort -u
+checksum() { # the workers' final checksum(s), one a line
+    sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$1" | sort -u
 }
-check_job() { # NAME REF_CHECKSUM
-    local name=$1 ref=$2 sum
+# lsq_worker's trajectory hash (every step's pulled weights) too: sync, the same two worker
+# processes in every run, so a faulted run's must be the fault-free run's (workload.sh).
+# shellcheck source=tests/integration/workload.sh
+. "$here/workload.sh"
+check_job() { # NAME REF_CHECKSUM [REF_TRAJECTORY]
+    local name=$1 ref=$2 ref_traj=${3:-} sum traj
     if ((job_rc != 0)); then
         tail -30 "$out_file"
         echo "FAIL: $name: the job exited $job_rc"
@@ -167,24 +168,32 @@ check_job() { # NAME REF_CHECKSUM
         echo "FAIL: $name: checksum '$sum', fault-free run '$ref'"
         exit 1
     fi
-    echo "$name: PASS (checksum $sum)"
+    if [[ -n $ref_traj ]]; then
+        traj=$(workload_trajectories "$out_file")
+        if [[ $traj != "$ref_traj" ]]; then
+            echo "FAIL: $name: trajectory '$traj', fault-free run '$ref_traj'"
+            exit 1
+        fi
+    fi
+    echo "$name: PASS (checksum $sum${ref_traj:+, trajectory $traj})"
 }
 
 run_job plain -1 0 || exit 1
 check_job plain ""
 ref=$(checksum "$out_file")
+ref_traj=$(workload_ref_trajectory "$out_file") || { echo "FAIL: plain: $ref_traj"; exit 1; }
 
 # The faulty runs sleep 1 ms a step, so that training outlasts the kill (a second in), the
 # failover (~70 ms since the connection check) and, in the restart case, the new srun step and
 # its state transfer; the sleep changes no value.
 slow=("$lsq" --steps "$steps" --lr "$lr" --step-ms 1)
 run_job kill 1 0 2 "${slow[@]}" || exit 1
-check_job kill "$ref"
+check_job kill "$ref" "$ref_traj"
 grep -q 'declared dead' "$out_file" || { echo "FAIL: kill: no server was declared dead"; exit 1; }
 grep -E 'Killed|declared dead' "$out_file" || true
 
 run_job restart 0 1 2 "${slow[@]}" || exit 1
-check_job restart "$ref"
+check_job restart "$ref" "$ref_traj"
 grep -q 'restarting it on' "$out_file" || { echo "FAIL: restart: the server was not restarted"; exit 1; }
 grep -q 'joined range' "$out_file" || { echo "FAIL: restart: the restarted server joined no range"; exit 1; }
 grep -E 'declared dead|restarting it on|joined range' "$out_file" || true

@@ -67,11 +67,16 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 143' TERM INT
-# "T C" of each worker's final line: lsq_worker's trajectory hash (every step's pulled values)
-# and final checksum. Every run here is sync with the same worker processes as its reference, so
-# both must match: the trajectory also catches an update lost or doubled on the way whose effect
-# the final values no longer show.
-checksums() { sed -n 's/.*final: .*trajectory \([-0-9a-f]*\), checksum \([0-9a-f]*\)$/\1 \2/p' "$@" | sort -u; }
+# "T C": the workers' trajectory hash(es) (lsq_worker: every step's pulled values) and final
+# checksum(s) in the logs given. Every run here is sync with the same worker processes as its
+# reference, so both must match: the trajectory also catches an update lost or doubled on the way
+# whose effect the final values no longer show. The reference's T is one hash
+# (workload_ref_trajectory), so a run printing "trajectory -" differs from it.
+# shellcheck source=tests/integration/workload.sh
+. "$here/workload.sh"
+checksums() {
+    echo "$(workload_trajectories "$@") $(sed -n 's/.*final: .*checksum \([0-9a-f]*\)$/\1/p' "$@" | sort -u)"
+}
 fail() {
     say "FAIL: $*"
     keep=1
@@ -94,8 +99,9 @@ fi
 # The reference: every channel tcp:// (an empty CHAINPS_RUNTIME_DIR turns ipc off).
 CHAINPS_RUNTIME_DIR='' "$cps" launch "${job[@]}" --timeout 90 --data "$t/ref" -- "${prog[@]}" \
     >"$t/ref.log" 2>&1 || fail "the tcp:// reference run failed: $(tail -5 "$t/ref.log")"
+ref_traj=$(workload_ref_trajectory "$t/ref.log") || fail "$ref_traj"
 ref=$(checksums "$t/ref.log")
-[[ -n $ref && $ref != *$'\n'* && $ref != -* ]] || fail "the reference run gave checksum(s) '$ref'"
+[[ $ref =~ ^$ref_traj\ [0-9a-f]+$ ]] || fail "the reference run gave checksum(s) '$ref'"
 grep -q "over ipc" "$t/ref.log" && fail "the reference run used ipc"
 
 rundir=$t/run

@@ -1,5 +1,5 @@
 # Workloads of the fault tests (issue 26), sourced by kill_test.sh, launch_resilience.sh,
-# scale_test.sh and netns_job.sh. `WORKLOAD` chooses what the job trains:
+# scale_test.sh and netns_job.sh (slurm_job.sh and transport_job.sh: the trajectory helpers). `WORKLOAD` chooses what the job trains:
 #   lsq     tests/integration/lsq_worker: one tensor, paced steps (the default)
 #   fmnist  examples/fmnist --model mlp: the Fashion-MNIST MLP users run, 6 tensors (fc1.weight
 #           cut into chunks over every range, the others whole on ranges chosen by name), one
@@ -53,6 +53,24 @@ workload_training_re() {
 # fault-free reference's (docs/testing.md).
 workload_trajectories() {
     sed -n 's/.*final: .*trajectory \([-0-9a-f]*\), checksum .*$/\1/p' "$@" | sort -u
+}
+
+# The fault-free run's trajectory hash: the one 16-hex-digit T that every lsq_worker in FILE
+# printed. Anything else ("-", no final line, workers that differ) prints a FAIL reason instead
+# and returns 1: a reference of "-" or none would let a faulted run's "-" pass unchecked.
+#   ref_traj=$(workload_ref_trajectory FILE) || fail "$ref_traj"
+# The faulted runs then compare `workload_trajectories` of their logs with it as strings.
+workload_ref_trajectory() { # FILE
+    wl_rt=$(workload_trajectories "$1")
+    case $wl_rt in
+    "" | *[!0-9a-f]*) ;;
+    ????????????????)
+        echo "$wl_rt"
+        return 0
+        ;;
+    esac
+    echo "the fault-free run's trajectory hash(es) '$wl_rt' ($1) are not one 16-hex-digit hash"
+    return 1
 }
 
 # The fault (the first line matching FAULT_RE in LOG) fell while the job trained: after the
