@@ -4,8 +4,10 @@
  * end it checks that the job finished without a restart, that every range's replicas agree,
  * that (sync) the workers ended with the same parameters, and, in sync mode with no worker
  * killed, that the final parameters are bitwise those of the reference run (no acknowledged
- * update lost or applied twice). A killed worker is not bitwise-comparable even when replaced:
- * the steps between its death and its replacement's join close without its gradient. */
+ * update lost or applied twice), and so is the trajectory where the workers print one (the
+ * weights pulled at every step: a lost update after the weights froze changes only that). A killed
+ * worker is not bitwise-comparable even when replaced: the steps between its death and its
+ * replacement's join close without its gradient. */
 #include <getopt.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -29,7 +31,11 @@ static const char chaos_usage[] =
     "worker ended with the same parameters, and (sync mode, no worker killed) the final\n"
     "parameters are bitwise identical to a fault-free run of the same job, which chaos runs\n"
     "first. The workers must print `checksum <hex>` of their final parameters (as\n"
-    "examples/fmnist and tests/integration/lsq_worker do).\n"
+    "examples/fmnist and tests/integration/lsq_worker do). A worker that also prints\n"
+    "`trajectory <hex>` (a hash of the weights it pulled at every step, as lsq_worker does)\n"
+    "has it compared too, with the other workers' and (same conditions) the fault-free run's:\n"
+    "an update lost or applied twice after the weights stopped changing shows only there.\n"
+    "`trajectory -` (or none) is not compared, and the output says so.\n"
     "The last line is `chaos: PASS ...` or `chaos: FAIL <what>`; the exit status 0 or 1.\n"
     "\n"
     "  --seed N           the seed of every random choice (required)\n"
@@ -283,8 +289,16 @@ static int run_status(const cps__job *j, const char *arg1, const char *arg2)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* The fault-free run: the workers' final checksums. Returns 0 if it succeeded. */
-static int reference_run(const cps__config *cfg, char **prog, char sums[][40], int W)
+/* A trajectory hash that can be compared: printed, and not "-". */
+static int comparable_traj(const char *t)
+{
+    return t[0] && strcmp(t, "-") != 0;
+}
+
+/* The fault-free run: the workers' final checksums and trajectories. Returns 0 if it
+ * succeeded. */
+static int reference_run(const cps__config *cfg, char **prog, char sums[][40], char trajs[][40],
+                         int W)
 {
     cps__job j;
     if (cps__job_init(&j, cfg, 0, 0, prog) != 0)
@@ -318,8 +332,10 @@ static int reference_run(const cps__config *cfg, char **prog, char sums[][40], i
     }
     cps__job_stop(&j, 1 + j.S, j.n, rc ? 0 : 5000);
     cps__job_stop(&j, 0, 1 + j.S, 10000);
-    for (int w = 0; w < W; w++)
+    for (int w = 0; w < W; w++) {
         snprintf(sums[w], 40, "%s", j.kids[1 + j.S + w].last_checksum);
+        snprintf(trajs[w], 40, "%s", j.kids[1 + j.S + w].last_trajectory);
+    }
     cps__job_fini(&j);
     return rc;
 }
@@ -429,25 +445,33 @@ int cps__cli_chaos(int argc, char **argv)
     sigaction(SIGTERM, &sa, NULL);
     int W = (int)cfg.num_workers;
     char(*ref)[40] = calloc((size_t)W, sizeof *ref);
-    if (!ref)
+    char(*ref_traj)[40] = calloc((size_t)W, sizeof *ref_traj);
+    if (!ref || !ref_traj) {
+        free(ref);
+        free(ref_traj);
         return 1;
+    }
     uint64_t seed = c.rng;
     c.rng = cps__splitmix64(seed ^ 0x63686171736fULL);
     int compare = c.reference && cfg.mode == CPS_MODE_SYNC;
     if (compare) {
         printf("chaos: seed %llu: fault-free reference run first\n", (unsigned long long)seed);
         fflush(stdout);
-        if (reference_run(&cfg, prog, ref, W) != 0) {
+        if (reference_run(&cfg, prog, ref, ref_traj, W) != 0) {
             printf("chaos: FAIL the fault-free reference run failed\n");
             free(ref);
+            free(ref_traj);
             return 1;
         }
-        printf("chaos: reference checksum %s\n", ref[0][0] ? ref[0] : "(none printed)");
+        printf("chaos: reference checksum %s, trajectory %s\n",
+               ref[0][0] ? ref[0] : "(none printed)",
+               ref_traj[0][0] ? ref_traj[0] : "(none printed)");
     }
 
     cps__job j;
     if (cps__job_init(&j, &cfg, data_given, port, prog) != 0) {
         free(ref);
+        free(ref_traj);
         return 1;
     }
     j.hold = 1; /* keep the servers up at the end, to compare the replicas */
@@ -555,14 +579,51 @@ int cps__cli_chaos(int argc, char **argv)
         if (!first)
             sums_agree = -1;
     }
-    int identical = -1;
-    char got[40] = "";
+    /* Sync: every worker that started at step 0 pulled the same weights at every step. */
+    int trajs_agree = -1;
+    char traj_skip[160] = "";
+    if (cfg.mode == CPS_MODE_SYNC && workers_done && !fail) {
+        const char *first = NULL;
+        for (int i = 1 + j.S; i < j.n; i++) {
+            const char *t = j.kids[i].last_trajectory;
+            if (c.killed_for_good[i])
+                continue;
+            if (!comparable_traj(t)) {
+                if (!traj_skip[0])
+                    snprintf(traj_skip, sizeof traj_skip, "%s printed %s", j.kids[i].tag,
+                             t[0] ? "trajectory -" : "no trajectory");
+                continue;
+            }
+            if (first && strcmp(first, t))
+                trajs_agree = 0;
+            else if (trajs_agree < 0 && first)
+                trajs_agree = 1;
+            first = first ? first : t;
+        }
+    }
+    int identical = -1, traj_identical = -1;
+    char got[40] = "", got_traj[40] = "", want_traj[40] = "";
     if (compare && !killed_workers && workers_done && !fail) {
         identical = 1;
         for (int w = 0; w < W; w++) {
             const char *sum = j.kids[1 + j.S + w].last_checksum;
             snprintf(got, sizeof got, "%s", sum);
             identical &= sum[0] && !strcmp(sum, ref[w]);
+            /* A "-" on either side (e.g. backup workers dropped a late push) is not compared. */
+            const char *t = j.kids[1 + j.S + w].last_trajectory;
+            if (!comparable_traj(t) || !comparable_traj(ref_traj[w])) {
+                const char *side = comparable_traj(t) ? ref_traj[w] : t;
+                if (!traj_skip[0])
+                    snprintf(traj_skip, sizeof traj_skip, "worker %d printed %s in the %s run", w,
+                             side[0] ? "trajectory -" : "no trajectory",
+                             comparable_traj(t) ? "fault-free" : "faulted");
+                continue;
+            }
+            if (traj_identical != 0 || strcmp(t, ref_traj[w])) {
+                snprintf(got_traj, sizeof got_traj, "%s", t);
+                snprintf(want_traj, sizeof want_traj, "%s", ref_traj[w]);
+            }
+            traj_identical = (traj_identical != 0) && !strcmp(t, ref_traj[w]);
         }
     }
     printf("chaos: %u kills, %u pauses, %u drains, %u restarts, %u worker replacements in "
@@ -574,6 +635,8 @@ int cps__cli_chaos(int argc, char **argv)
     printf("chaos: replicas agree: %s\n", verify == 0 ? "yes" : verify < 0 ? "not checked" : "NO");
     if (sums_agree >= 0)
         printf("chaos: workers' final checksums agree: %s\n", sums_agree ? "yes" : "NO");
+    if (trajs_agree >= 0)
+        printf("chaos: workers' trajectories agree: %s\n", trajs_agree ? "yes" : "NO");
     if (identical >= 0)
         printf("chaos: final parameters identical to the fault-free run: %s (%s vs %s)\n",
                identical ? "yes" : "NO", got, ref[0]);
@@ -582,14 +645,26 @@ int cps__cli_chaos(int argc, char **argv)
                !compare         ? "not sync mode, or --no-reference"
                : killed_workers ? "a worker was killed"
                                 : "the job did not finish");
+    if (traj_identical >= 0)
+        printf("chaos: trajectory identical to the fault-free run: %s (%s vs %s)\n",
+               traj_identical ? "yes" : "NO", got_traj, want_traj);
+    if (traj_skip[0])
+        printf("chaos: trajectory not comparable: %s%s\n", traj_skip,
+               traj_identical >= 0 || trajs_agree >= 0 ? " (the others compared)" : "");
     if (!fail && !workers_done)
         fail = "the job did not finish";
     if (!fail && verify != 0)
         fail = "replicas differ (or could not be compared)";
     if (!fail && sums_agree == 0)
         fail = "workers ended with different parameters";
+    if (!fail && trajs_agree == 0)
+        fail = "workers pulled different weights along the way (trajectories differ)";
     if (!fail && identical == 0)
-        fail = "final parameters differ from the fault-free run";
+        fail = traj_identical == 0
+                   ? "final parameters and trajectory differ from the fault-free run"
+                   : "final parameters differ from the fault-free run";
+    if (!fail && traj_identical == 0)
+        fail = "trajectory differs from the fault-free run (final parameters equal)";
     if (!fail && c.drain_failed)
         fail = "a drained server did not exit 0";
     cps__job_fini(&j);
@@ -599,13 +674,17 @@ int cps__cli_chaos(int argc, char **argv)
     free(c.draining);
     free(c.replaced);
     free(ref);
+    free(ref_traj);
     if (fail) {
         printf("chaos: FAIL %s (replay: chainps chaos --seed %llu ...)\n", fail,
                (unsigned long long)seed);
         return 1;
     }
-    printf("chaos: PASS seed %llu: %u faults, job finished, replicas agree%s\n",
+    printf("chaos: PASS seed %llu: %u faults, job finished, replicas agree%s, %s\n",
            (unsigned long long)seed, c.kills + c.pauses + c.drains,
-           identical == 1 ? ", parameters bitwise identical to the fault-free run" : "");
+           identical == 1 ? ", parameters bitwise identical to the fault-free run" : "",
+           traj_identical == 1 ? "trajectory bitwise the fault-free run's"
+           : trajs_agree == 1  ? "trajectories compared across workers only"
+                               : "trajectories not compared");
     return 0;
 }

@@ -183,19 +183,32 @@ int cps__job_init(cps__job *j, const cps__config *cfg, int data_given, int port,
     return 0;
 }
 
-/* Remember the last "checksum <hex>" a worker printed: chaos compares runs with it. */
+/* Copy the token after the last `key` in text[0..n) into out: lowercase hex digits, or a lone
+ * "-" when dash_ok. Leaves out alone where key does not occur. */
+static void note_hex(char *out, size_t cap, const char *key, int dash_ok, const char *text,
+                     size_t n)
+{
+    size_t klen = strlen(key);
+    for (size_t i = 0; i + klen < n; i++) {
+        if (memcmp(text + i, key, klen) != 0)
+            continue;
+        size_t k = 0, p = i + klen;
+        if (dash_ok && text[p] == '-') {
+            out[k++] = '-';
+        } else {
+            while (p < n && k + 1 < cap &&
+                   ((text[p] >= '0' && text[p] <= '9') || (text[p] >= 'a' && text[p] <= 'f')))
+                out[k++] = text[p++];
+        }
+        out[k] = 0;
+    }
+}
+
+/* Remember the last checksum and trajectory a worker printed: chaos compares runs with them. */
 static void note_checksum(cps__child *c, const char *text, size_t n)
 {
-    static const char key[] = "checksum ";
-    for (size_t i = 0; i + sizeof key - 1 < n; i++) {
-        if (memcmp(text + i, key, sizeof key - 1) != 0)
-            continue;
-        size_t k = 0, p = i + sizeof key - 1;
-        while (p < n && k + 1 < sizeof c->last_checksum &&
-               ((text[p] >= '0' && text[p] <= '9') || (text[p] >= 'a' && text[p] <= 'f')))
-            c->last_checksum[k++] = text[p++];
-        c->last_checksum[k] = 0;
-    }
+    note_hex(c->last_checksum, sizeof c->last_checksum, "checksum ", 0, text, n);
+    note_hex(c->last_trajectory, sizeof c->last_trajectory, "trajectory ", 1, text, n);
 }
 
 /* Keep the first ERROR line of a chainps process (the log's "... ERROR subsystem: text"): when

@@ -20,7 +20,10 @@ typedef struct cps__child {
     char line[4096];
     size_t linelen;
     char last_checksum[40]; /* the last "checksum <hex>" the process printed */
-    char first_error[512];  /* its first ERROR log line since it was (re)started, "" if none */
+    /* The last "trajectory <hex>" (lsq_worker's hash of every step's pulled weights) or
+     * "trajectory -" (not comparable) it printed; "" if none. */
+    char last_trajectory[40];
+    char first_error[512]; /* its first ERROR log line since it was (re)started, "" if none */
 } cps__child;
 
 typedef struct cps__job {
