@@ -50,6 +50,13 @@ static step_out next_settled(cps__fetch *f, const cps__view *v, const uint32_t *
     o.what = cps__fetch_next(f, v, m, n, ME, 0, 1, now, &o.to, &o.req, &o.result);
     return o;
 }
+/* A fetch of 100 values begun over `ring` at time 0 (deadline 5000 ms): its first step, the
+ * request to the first member. */
+static step_out begin(cps__fetch *f, const cps__view *v)
+{
+    cps__fetch_start(f, 100, 0, 5000);
+    return next(f, v, ring, 4, 0, 0);
+}
 
 /* The first member is asked at once, again every CPS_FETCH_RESEND_MS with a new number, and its
  * answer to the latest request ends the fetch with the values. */
@@ -97,8 +104,7 @@ static void a_member_sharing_nothing_passes_to_the_next(void **state)
     cps__view v;
     make(&v, 0);
     cps__fetch f = {0};
-    cps__fetch_start(&f, 100, 0, 5000);
-    step_out o = next(&f, &v, ring, 4, 0, 0);
+    step_out o = begin(&f, &v);
     assert_int_equal(o.to, 10);
     assert_int_equal(cps__fetch_answer(&f, 10, o.req, CPS_ENOTFOUND, 0, 0), 0);
     o = next(&f, &v, ring, 4, 0, 1); /* at once, not after the re-send delay */
@@ -112,15 +118,13 @@ static void a_member_sharing_nothing_passes_to_the_next(void **state)
     assert_int_equal(o.what, CPS_FETCH_DONE);
     assert_int_equal(o.result, CPS_ENOTFOUND);
 
-    cps__fetch_start(&f, 100, 0, 5000);
-    o = next(&f, &v, ring, 4, 0, 0);
+    o = begin(&f, &v);
     assert_int_equal(cps__fetch_answer(&f, 10, o.req, CPS_ESIZE, 0, 0), 0);
     o = next(&f, &v, ring, 4, 0, 1);
     assert_int_equal(o.what, CPS_FETCH_DONE);
     assert_int_equal(o.result, CPS_ESIZE);
 
-    cps__fetch_start(&f, 100, 0, 5000);
-    o = next(&f, &v, ring, 4, 0, 0);
+    o = begin(&f, &v);
     assert_int_equal(cps__fetch_answer(&f, 10, o.req, 0, 99, 0), 0);
     o = next(&f, &v, ring, 4, 0, 1);
     assert_int_equal(o.result, CPS_ESIZE);
@@ -263,8 +267,7 @@ static void a_multi_part_answer_is_assembled(void **state)
     cps__view v;
     make(&v, 0);
     cps__fetch f = {0};
-    cps__fetch_start(&f, 100, 0, 5000);
-    step_out o = next(&f, &v, ring, 4, 0, 0);
+    step_out o = begin(&f, &v);
     assert_int_equal(o.what, CPS_FETCH_SEND);
     assert_int_equal(f.ask, 0);
     for (uint32_t k = 0; k < 4; k++) {
@@ -322,8 +325,7 @@ static void parts_of_two_answers_never_mix(void **state)
     make(&v, 0);
     make(&dead10, 10);
     cps__fetch f = {0};
-    cps__fetch_start(&f, 100, 0, 5000);
-    step_out o = next(&f, &v, ring, 4, 0, 0);
+    step_out o = begin(&f, &v);
     cps__fetch_part p = part(1, 0, 30, 160, 0);
     assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 1), 1);
     p = part(1, 30, 30, 160, 0);
@@ -362,8 +364,7 @@ static void parts_of_two_answers_never_mix(void **state)
 
     /* Another sharer: 10 died after two parts; 11 is asked from 0, and a late part of 10's is
      * not taken. */
-    cps__fetch_start(&f, 100, 0, 5000);
-    o = next(&f, &v, ring, 4, 0, 0);
+    o = begin(&f, &v);
     uint64_t first = o.req;
     p = part(1, 0, 30, 160, 0);
     assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, 1), 1);
@@ -378,8 +379,7 @@ static void parts_of_two_answers_never_mix(void **state)
     assert_int_equal(cps__fetch_part_take(&f, 11, o.req, 0, &p, 303), 1);
     assert_int_equal(next(&f, &dead10, later, 3, 0, 304).result, 1);
     /* A sharer that has gone silent since it refused: the next one starts from 0 too. */
-    cps__fetch_start(&f, 100, 0, 5000);
-    o = next(&f, &v, ring, 4, 0, 0);
+    o = begin(&f, &v);
     p = part(1, 0, 30, 160, 0);
     assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 1), 1);
     assert_int_equal(cps__fetch_part_take(&f, 10, o.req, CPS_ENOTFOUND, &p, 2), 0);
@@ -401,8 +401,7 @@ static void a_missing_part_is_asked_again(void **state)
     cps__view v;
     make(&v, 0);
     cps__fetch f = {0};
-    cps__fetch_start(&f, 100, 0, 5000);
-    step_out o = next(&f, &v, ring, 4, 0, 0);
+    step_out o = begin(&f, &v);
     uint64_t first = o.req;
     cps__fetch_part p = part(1, 0, 30, 160, 0);
     assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, 100), 1);
@@ -422,12 +421,10 @@ static void a_missing_part_is_asked_again(void **state)
     assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 501), 1);
     assert_int_equal(next(&f, &v, ring, 4, 0, 502).result, 1);
     /* A refusal in a part ends the fetch with it; a total below the length is CPS_ESIZE. */
-    cps__fetch_start(&f, 100, 0, 5000);
-    o = next(&f, &v, ring, 4, 0, 0);
+    o = begin(&f, &v);
     assert_int_equal(cps__fetch_part_take(&f, 10, o.req, CPS_ESIZE, &p, 1), 0);
     assert_int_equal(next(&f, &v, ring, 4, 0, 1).result, CPS_ESIZE);
-    cps__fetch_start(&f, 100, 0, 5000);
-    o = next(&f, &v, ring, 4, 0, 0);
+    o = begin(&f, &v);
     p = part(1, 0, 99, 99, 1);
     assert_int_equal(cps__fetch_part_take(&f, 10, o.req, 0, &p, 1), 0);
     assert_int_equal(next(&f, &v, ring, 4, 0, 1).result, CPS_ESIZE);
@@ -549,8 +546,7 @@ static void an_impossible_total_is_refused(void **state)
     cps__view v;
     make(&v, 0);
     cps__fetch f = {0};
-    cps__fetch_start(&f, 100, 0, 5000);
-    step_out o = next(&f, &v, ring, 4, 0, 0);
+    step_out o = begin(&f, &v);
     cps__fetch_part p = part(1, 0, 1, 100 + (1ull << 62) + 1, 0);
     assert_int_equal(cps__fetch_part_wanted(&f, 10, o.req, &p), 0);
     p.total = 100 + (1ull << 32);
@@ -637,8 +633,7 @@ static void a_dropped_answer_does_not_begin_again(void **state)
     cps__view v;
     make(&v, 0);
     cps__fetch f = {0};
-    cps__fetch_start(&f, 100, 0, 5000);
-    step_out o = next(&f, &v, ring, 4, 0, 0);
+    step_out o = begin(&f, &v);
     uint64_t first = o.req;
     cps__fetch_part p = part(1, 0, 30, 160, 0);
     assert_int_equal(cps__fetch_part_take(&f, 10, first, 0, &p, 1), 1);
