@@ -98,10 +98,11 @@ def _replacement_too_late(client):
     all-reduce) and left: nobody will all-reduce with us, and the job's work is done. Ending here
     with status 0 is the job's clean end; failing would fail a job that succeeded."""
     import sys
-    print(f"chainps.torch: rank {client.rank}: the job has ended (the other workers finished "
+    rank = client.rank  # a closed client answers nothing, its rank included (ValueError)
+    print(f"chainps.torch: rank {rank}: the job has ended (the other workers finished "
           "without this replacement); exiting", file=sys.stderr, flush=True)
     client.close()
-    raise chainps.JobEnded(f"rank {client.rank}: the job has ended without this replacement")
+    raise chainps.JobEnded(f"rank {rank}: the job has ended without this replacement")
 
 
 class DistributedOptimizer:
