@@ -43,8 +43,8 @@ def main():
             model.named_parameters(), client=client, on_servers=lambda n, p: False,
             local_optim=lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9))
     except chainps.JobEnded as e:
-        print(f"torch_end_job: rank {rank}: caught chainps.JobEnded ({e}), a SystemExit with "
-              f"status {e.code}; raising it again", flush=True)
+        print(f"torch_end_job: nothing left to train: {e} (chainps.JobEnded, status {e.code})",
+              flush=True)
         raise
     print(f"torch_end_job: rank {rank} starts at step {opt.start_step}", flush=True)
     with open(os.path.join(args.out, f"rank{rank}.txt"), "a") as log:
