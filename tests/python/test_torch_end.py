@@ -58,7 +58,11 @@ def run_killing_in_last_step(out, log_path, timeout=150):
             written = len(lines(victim_log))
             p.wait(timeout=timeout)
         finally:
-            tj.kill_all([p])
+            # The job's process group (launch's own pid: start_new_session): launch and every
+            # process it started, should the test fail before the job ends.
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
         log.seek(0)
         return p.returncode, log.read(), written
 
