@@ -750,29 +750,6 @@ void cps__co_release_barrier(cps__coord *c)
     cps__co_log(c, CPS_LOG_DEBUG, "barrier released (%u workers)", live);
 }
 
-uint32_t cps__co_unfinished_dead_rank(const cps__coord *c)
-{
-    /* One pass over the nodes, then one over the ranks: every goodbye at the job's end sends a
-     * view to each worker, so ranks x nodes here would cost the job's end W^2 N. */
-    unsigned char *held = c->rank_held;
-    memset(held, 0, c->cfg.num_workers);
-    for (uint32_t i = 0; i < c->nnodes; i++) {
-        const cps__coord_node *n = &c->nodes[i];
-        if (n->info.role == CPS_ROLE_WORKER && n->info.rank < c->cfg.num_workers &&
-            (n->done || n->info.alive))
-            held[n->info.rank] = 1;
-    }
-    for (uint32_t r = 0; r < c->cfg.num_workers; r++)
-        if (!held[r])
-            return r;
-    return UINT32_MAX;
-}
-
-int cps__co_workers_settled(const cps__coord *c)
-{
-    return c->started && cps__co_unfinished_dead_rank(c) == UINT32_MAX;
-}
-
 /* Every worker finished or died: the job is over (unless held for inspection, or a dead
  * worker's replacement is awaited). */
 void cps__co_end_job(cps__coord *c)

@@ -15,13 +15,6 @@ void cps__co_caught_up(cps__coord *c, const cps__coord_node *n, const cps__msg_h
 void cps__co_drain(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to, uint64_t now);
 void cps__co_release_barrier(cps__coord *c);
 void cps__co_end_job(cps__coord *c);
-/* A worker rank that no live worker holds and none finished (its worker died and no other took
- * its place yet), or UINT32_MAX. */
-uint32_t cps__co_unfinished_dead_rank(const cps__coord *c);
-/* 1 once the job started and no rank is left unfinished by a dead worker: then the views sent
- * to workers (not those to servers) say CPS_VIEW_WORKERS_SETTLED. Computed once per round of
- * views (it costs ranks + nodes), and passed to each cps__co_send_view. */
-int cps__co_workers_settled(const cps__coord *c);
 void cps__co_shutdown(cps__coord *c);
 void cps__co_suspect(cps__coord *c, const cps__coord_node *n, const cps__msg_hdr *h, const void *pl,
                      size_t len, uint64_t now);

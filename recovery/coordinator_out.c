@@ -10,7 +10,6 @@
 #include "core/array.h"
 #include "core/log.h"
 #include "core/wire.h"
-#include "recovery/coordinator_membership.h"
 #include "recovery/coordinator_out.h"
 
 /* ---- the output ---- */

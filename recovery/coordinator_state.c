@@ -1,7 +1,9 @@
 /* The coordinator's state as every part reads it: its members, and the read-only views the
- * shell shows (coordinator.h). Pure lookups: nothing here changes the state or calls
- * another file of the coordinator. */
+ * shell shows (coordinator.h). Pure lookups: nothing here changes the state (beyond a lookup's
+ * own scratch, rank_held) or calls another file of the coordinator. */
 #include "recovery/coordinator_state.h"
+
+#include <string.h>
 
 /* ---- members ---- */
 
@@ -106,4 +108,29 @@ int cps__coord_gave_up(const cps__coord *c)
 uint64_t cps__coord_epoch(const cps__coord *c)
 {
     return c->view.epoch;
+}
+
+/* ---- the workers' ranks ---- */
+
+uint32_t cps__co_unfinished_dead_rank(const cps__coord *c)
+{
+    /* One pass over the nodes, then one over the ranks: every goodbye at the job's end sends a
+     * view to each worker, so ranks x nodes here would cost the job's end W^2 N. */
+    unsigned char *held = c->rank_held;
+    memset(held, 0, c->cfg.num_workers);
+    for (uint32_t i = 0; i < c->nnodes; i++) {
+        const cps__coord_node *n = &c->nodes[i];
+        if (n->info.role == CPS_ROLE_WORKER && n->info.rank < c->cfg.num_workers &&
+            (n->done || n->info.alive))
+            held[n->info.rank] = 1;
+    }
+    for (uint32_t r = 0; r < c->cfg.num_workers; r++)
+        if (!held[r])
+            return r;
+    return UINT32_MAX;
+}
+
+int cps__co_workers_settled(const cps__coord *c)
+{
+    return c->started && cps__co_unfinished_dead_rank(c) == UINT32_MAX;
 }

@@ -75,5 +75,12 @@ cps__coord_node *cps__co_find(cps__coord *c, uint32_t id);
 int cps__co_superseded(const cps__coord *c, const cps__coord_node *n);
 uint32_t cps__co_count_role(const cps__coord *c, int role);
 const char *cps__co_role(int role);
+/* A worker rank that no live worker holds and none finished (its worker died and no other took
+ * its place yet), or UINT32_MAX. */
+uint32_t cps__co_unfinished_dead_rank(const cps__coord *c);
+/* 1 once the job started and no rank is left unfinished by a dead worker: then the views sent
+ * to workers (not those to servers) say CPS_VIEW_WORKERS_SETTLED. Computed once per round of
+ * views (it costs ranks + nodes), and passed to each cps__co_send_view. */
+int cps__co_workers_settled(const cps__coord *c);
 
 #endif
