@@ -239,27 +239,38 @@ why=$(netns_can_run) || skip "$why"
 tag=cpi$$
 netns_hub "$tag" || skip "cannot make a network namespace (ip netns add)"
 
-if [[ $scen == forge ]]; then
-    [[ -n $delayer ]] || { echo "usage: transport_job.sh CHAINPS LSQ_WORKER forge NETDELAY" >&2; exit 2; }
+# The forge scenarios: node namespaces NAME:IP... (the scheduler first) routed through netdelay,
+# forging as its flags (after --) say, and the job's secret; frun then starts a process in one of
+# them with the job's environment (CHAINPS_FRAME_KB=$frame_kb).
+forge_start() { # NAME:IP... -- NETDELAY_FLAGS...
+    [[ -n $delayer ]] || { echo "usage: transport_job.sh CHAINPS LSQ_WORKER $scen NETDELAY" >&2; exit 2; }
     [[ -c /dev/net/tun ]] || skip "no /dev/net/tun (netdelay needs TUN devices)"
-    for n in sched:10.213.3.1 s0:10.213.3.11 s1:10.213.3.12 w0:10.213.3.21; do
-        netns_host "${n%%:*}" "${n#*:}"
+    sched_ip=${1#*:}
+    while [[ $1 != -- ]]; do
+        netns_host "${1%%:*}" "${1#*:}"
+        shift
     done
-    NETNS_DELAY_ARGS="--forge-port 9100 --forge-after ${FORGE_AFTER:-3000000}" \
-        netns_delay_start "$(readlink -f "$delayer")" 0 "$t/netdelay.log" || {
+    shift
+    NETNS_DELAY_ARGS="$*" netns_delay_start "$(readlink -f "$delayer")" 0 "$t/netdelay.log" || {
         cat "$t/netdelay.log"
         skip "netdelay could not make its TUN devices"
     }
     "$cps" secret "$t/job.secret" >/dev/null
-    frun() { # NS CMD...
-        local n=$1
-        shift
-        ip netns exec "$tag-$n" env CHAINPS_SECRET_FILE="$t/job.secret" CHAINPS_RUNTIME_DIR= \
-            CHAINPS_FRAME_KB="${FORGE_FRAME_KB:-256}" \
-            CHAINPS_SCHEDULER=10.213.3.1:9091 CHAINPS_BIND="${netns_addr[$n]}" \
-            CHAINPS_ADVERTISE="${netns_addr[$n]}" "$@" >"$t/$n.log" 2>&1 &
-        pids+=($!)
-    }
+}
+frun() { # NS CMD...
+    local n=$1
+    shift
+    ip netns exec "$tag-$n" env CHAINPS_SECRET_FILE="$t/job.secret" CHAINPS_RUNTIME_DIR= \
+        CHAINPS_FRAME_KB="$frame_kb" CHAINPS_SCHEDULER="$sched_ip:9091" \
+        CHAINPS_BIND="${netns_addr[$n]}" CHAINPS_ADVERTISE="${netns_addr[$n]}" "$@" \
+        >"$t/$n.log" 2>&1 &
+    pids+=($!)
+}
+
+if [[ $scen == forge ]]; then
+    frame_kb=${FORGE_FRAME_KB:-256}
+    forge_start sched:10.213.3.1 s0:10.213.3.11 s1:10.213.3.12 w0:10.213.3.21 -- \
+        --forge-port 9100 --forge-after "${FORGE_AFTER:-3000000}"
     frun sched "$cps" scheduler --servers 2 --workers 1 --replicas 2 --mode sync --port 9091 \
         --bind 10.213.3.1 --data "$t/sched" --join-timeout 30
     frun s0 "$cps" server --rank 0 --port 9100 --data "$t/s0" --join-timeout 30
@@ -280,34 +291,22 @@ if [[ $scen == forge ]]; then
 fi
 
 if [[ $scen == forgehead || $scen == forgemiddle ]]; then
-    [[ -n $delayer ]] || { echo "usage: transport_job.sh CHAINPS LSQ_WORKER $scen NETDELAY" >&2; exit 2; }
-    [[ -c /dev/net/tun ]] || skip "no /dev/net/tun (netdelay needs TUN devices)"
-    for n in sched:10.213.4.1 s0:10.213.4.11 s1:10.213.4.12 s2:10.213.4.13 w0:10.213.4.21; do
-        netns_host "${n%%:*}" "${n#*:}"
-    done
     # A step's 1.2 MB goes as three 400 KB pushes (PUSH_PULL, lsq_worker's) and FWDs: 3 MB in,
     # the byte lands in the middle of one of them.
-    if [[ $scen == forgehead ]]; then from=w0 victim=s0 type=23; else from=s0 victim=s1 type=28; fi
-    NETNS_DELAY_ARGS="--forge-port 9100 --forge-after ${FORGE_AFTER:-3000000} --forge-from ${netns_addr[$from]}" \
-        netns_delay_start "$(readlink -f "$delayer")" 0 "$t/netdelay.log" || {
-        cat "$t/netdelay.log"
-        skip "netdelay could not make its TUN devices"
-    }
-    "$cps" secret "$t/job.secret" >/dev/null
-    crun() { # NS CMD...
-        local n=$1
-        shift
-        ip netns exec "$tag-$n" env CHAINPS_SECRET_FILE="$t/job.secret" CHAINPS_RUNTIME_DIR= \
-            CHAINPS_FRAME_KB=0 CHAINPS_SCHEDULER=10.213.4.1:9091 CHAINPS_BIND="${netns_addr[$n]}" \
-            CHAINPS_ADVERTISE="${netns_addr[$n]}" "$@" >"$t/$n.log" 2>&1 &
-        pids+=($!)
-    }
-    crun sched "$cps" scheduler "${job[@]}" --port 9091 --bind 10.213.4.1 --data "$t/sched" \
+    if [[ $scen == forgehead ]]; then
+        from=10.213.4.21 victim=s0 type=23
+    else
+        from=10.213.4.11 victim=s1 type=28
+    fi
+    frame_kb=0
+    forge_start sched:10.213.4.1 s0:10.213.4.11 s1:10.213.4.12 s2:10.213.4.13 w0:10.213.4.21 -- \
+        --forge-port 9100 --forge-after "${FORGE_AFTER:-3000000}" --forge-from "$from"
+    frun sched "$cps" scheduler "${job[@]}" --port 9091 --bind 10.213.4.1 --data "$t/sched" \
         --join-timeout 30
     for r in 0 1 2; do
-        crun "s$r" "$cps" server --rank "$r" --port 9100 --data "$t/s$r" --join-timeout 30
+        frun "s$r" "$cps" server --rank "$r" --port 9100 --data "$t/s$r" --join-timeout 30
     done
-    crun w0 env CHAINPS_ROLE=worker CHAINPS_RANK=0 "${prog[@]}"
+    frun w0 env CHAINPS_ROLE=worker CHAINPS_RANK=0 "${prog[@]}"
     wpid=${pids[-1]}
     wait "$wpid" || fail "the worker exited with status $?: $(tail -5 "$t/w0.log")"
     netns_delay_stop
