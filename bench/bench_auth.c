@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "bench.h"
 #include "flags.h"
@@ -32,13 +31,6 @@
 #define BATCH_BYTES  (64u << 20)
 #define MAX_SIZES    8
 #define MIN_PER_RUNS 4
-
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* One case: `nbuf` buffers of `size` bytes (plus the trailer), `per` messages per batch. */
 static int run_case(size_t size, int cold, int reps, double *seal_ns, double *open_ns)
@@ -70,7 +62,7 @@ static int run_case(size_t size, int cold, int reps, double *seal_ns, double *op
         /* Seal a batch, then open the same messages in the same order: a hot buffer is opened
          * right after it is sealed (one message), a cold ring is walked twice. */
         size_t first = at;
-        double t0 = cpu_s();
+        double t0 = tc_thread_cpu_s();
         for (size_t i = 0; i < per; i++) {
             unsigned char *m = ring + ((first + i) % nbuf) * stride;
             cps__auth_seal(tx, m, size);
@@ -79,7 +71,7 @@ static int run_case(size_t size, int cold, int reps, double *seal_ns, double *op
                 bad |= cps__auth_open(rx, m, size + CPS_AUTH_TRAILER, &body) != CPS_AUTH_OK;
             }
         }
-        double t1 = cpu_s();
+        double t1 = tc_thread_cpu_s();
         if (cold) {
             for (size_t i = 0; i < per; i++) {
                 size_t body;
@@ -87,7 +79,7 @@ static int run_case(size_t size, int cold, int reps, double *seal_ns, double *op
                 bad |= cps__auth_open(rx, m, size + CPS_AUTH_TRAILER, &body) != CPS_AUTH_OK;
             }
         }
-        double t2 = cpu_s();
+        double t2 = tc_thread_cpu_s();
         at = (first + per) % nbuf;
         if (r < 0)
             continue;
@@ -96,10 +88,10 @@ static int run_case(size_t size, int cold, int reps, double *seal_ns, double *op
             to[r] = (t2 - t1) * 1e9 / (double)per;
         } else {
             /* Hot: seal and open alternate, so time them apart in a second loop. */
-            double u0 = cpu_s();
+            double u0 = tc_thread_cpu_s();
             for (size_t i = 0; i < per; i++)
                 cps__auth_seal(tx, ring, size);
-            double u1 = cpu_s();
+            double u1 = tc_thread_cpu_s();
             ts[r] = (u1 - u0) * 1e9 / (double)per;
             to[r] = (t1 - t0) * 1e9 / (double)per - ts[r];
         }
@@ -134,7 +126,7 @@ static int run_copy(size_t size, int reps, double out[5])
         double v[5];
         for (int k = 0; k < 5; k++) {
             /* k even: seal (src -> dst message); k odd: open (dst message -> src). */
-            double t0 = cpu_s();
+            double t0 = tc_thread_cpu_s();
             for (size_t i = 0; i < per; i++) {
                 size_t j = (at + i) % nbuf;
                 unsigned char *m = dst + j * stride, *o = src + j * stride;
@@ -158,7 +150,7 @@ static int run_copy(size_t size, int reps, double out[5])
                            CPS_AUTH_OK;
                 }
             }
-            v[k] = (cpu_s() - t0) * 1e9 / (double)per;
+            v[k] = (tc_thread_cpu_s() - t0) * 1e9 / (double)per;
         }
         at = (at + per) % nbuf;
         if (r >= 0)
@@ -180,17 +172,9 @@ int main(int argc, char **argv)
     const tc_flag flags[] = {
         {"--reps", TC_INT, &reps}, {"--out", TC_STR, &outp}, {"--sizes", TC_STR, &list}, {NULL}};
     size_t sizes[MAX_SIZES];
-    int nsizes = 0;
     int ok = tc_flags_parse(argc, argv, flags) == 0 && reps >= 1;
-    for (const char *s = list; ok && *s; s += *s == ',') {
-        char *end;
-        unsigned long long v = strtoull(s, &end, 10);
-        ok = end != s && v > 0 && nsizes < MAX_SIZES;
-        if (ok)
-            sizes[nsizes++] = (size_t)v;
-        s = end;
-    }
-    if (!ok || nsizes == 0) {
+    int nsizes = ok ? tc_sizes_parse(list, sizes, MAX_SIZES, 1) : -1;
+    if (nsizes <= 0) {
         fprintf(stderr, "usage: %s [--reps N] [--sizes BYTES,...] [--out FILE]\n", argv[0]);
         return 2;
     }

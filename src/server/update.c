@@ -9,14 +9,23 @@
  * transport first, whose I/O thread sends it while this thread writes.
  *
  * Why a push's MAC is still checked by the transport before the replica sees it, rather than
- * during the FWD's copy or the apply's pass over the values (which would save a pass): the
- * replica's step changes its state on the push before either copy happens (the chain's record
- * of each worker's last request, the range's next sequence number, the forwarded-but-unacked
- * list, a sync step's contributions), so a tag found wrong at the copy or in the write would
- * leave a replica that counts as applied a push that never was: the genuine retry would be
- * acknowledged as a duplicate and lost, or the server would have to leave (poisoned) on any
- * forged message. Checking there needs the replica to hold a push as "check pending" and take it
- * back whole (issue 30). */
+ * during the FWD's copy or the apply's pass over the values (which would save the MAC's pass
+ * over memory, not its arithmetic): the replica's step changes its state on the push before
+ * either copy happens (the chain's record of each worker's last request, the range's next
+ * sequence number, the forwarded-but-unacked list, a sync step's contributions), so a tag
+ * found wrong at the copy or in the write would leave a replica that counts as applied a push
+ * that never was: the genuine retry would be acknowledged as a duplicate and lost, or the
+ * server would have to leave (poisoned) on any forged message. Checking there needs the replica
+ * to hold a push as "check pending" and take it back whole, and the chain a FWD that its
+ * successor holds until confirmed or cancelled.
+ *
+ * Measured, that would not pay (issue 30; docs/security.md, bench/results/check_pending.md): a
+ * check that rides on a copy saves only the MAC's own pass over memory, not Poly1305's
+ * arithmetic, which stays on this thread. bench/bench_check_apply (the check of each 16 KiB
+ * piece right before the optimizer reads it, against the check and then the apply) saves 2-6%
+ * of the server's CPU for that push at 1 MiB and 6-13% at 16 MiB, 0.5-2% and 2-4.5% of the
+ * server's whole CPU per push+pull in a job; removing the check outright, which no design may,
+ * would save about a quarter. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -36,7 +36,9 @@
  * port P (from any node) have carried N bytes of payload, one byte in the middle of the next
  * segment's payload is flipped and its TCP checksum mended, so the receiving kernel takes it and
  * the application gets a stream with one forged byte, as from a forger on the path. Once only;
- * reported at the end ("forged 1 byte ...").
+ * reported at the end ("forged 1 byte ..."). --forge-from IPv4 counts and forges only segments
+ * from that address: which sender's messages get the byte (a worker's pushes to a chain's head,
+ * or the head's forwards to the next replica).
  *
  * Prints "netdelay: ready" on stdout once every device exists. Ends on SIGTERM or SIGINT:
  * closing the devices removes them from their namespaces; prints what it forwarded and dropped
@@ -170,13 +172,14 @@ static int forge_byte(unsigned char *p, size_t len)
 static void usage(void)
 {
     fprintf(stderr, "usage: netdelay [--delay-us US] [--rt-prio P] [--ifname NAME] [--mtu N] "
-                    "[--slots N] [--forge-port P --forge-after N] NETNS=IPv4 ...\n");
+                    "[--slots N] [--forge-port P --forge-after N [--forge-from IPv4]] NETNS=IPv4 "
+                    "...\n");
 }
 
 int main(int argc, char **argv)
 {
     int delay_us = 2000, mtu = 1500, nslots = 16384, rt_prio = 0, forge_port = 0, forge_after = 0;
-    const char *ifname = "eth0";
+    const char *ifname = "eth0", *forge_from = NULL;
     /* Flags first, then the NETNS=IPv4 pairs. */
     int nflag = 1;
     while (nflag < argc && strncmp(argv[nflag], "--", 2) == 0)
@@ -190,10 +193,16 @@ int main(int argc, char **argv)
                              {"--slots", TC_INT, &nslots},
                              {"--forge-port", TC_INT, &forge_port},
                              {"--forge-after", TC_INT, &forge_after},
+                             {"--forge-from", TC_STR, &forge_from},
                              {NULL, TC_SWITCH, NULL}};
     if (tc_flags_parse(nflag, argv, flags) != 0 || nflag >= argc || delay_us < 0 || mtu < 576 ||
         mtu > 65535 || nslots < 1) {
         usage();
+        return 2;
+    }
+    struct in_addr from = {0};
+    if (forge_from && inet_pton(AF_INET, forge_from, &from) != 1) {
+        fprintf(stderr, "netdelay: --forge-from '%s' is not an IPv4 address\n", forge_from);
         return 2;
     }
     node nodes[MAX_NODES];
@@ -332,7 +341,8 @@ int main(int argc, char **argv)
                     dropped_addr++;
                     continue;
                 }
-                if (forge_port > 0 && !forged && p[9] == 6 && len >= 40) {
+                if (forge_port > 0 && !forged && p[9] == 6 && len >= 40 &&
+                    (!forge_from || memcmp(p + 12, &from.s_addr, 4) == 0)) {
                     size_t ihl = (size_t)(p[0] & 15) * 4;
                     const unsigned char *t = p + ihl;
                     if ((size_t)len >= ihl + 20 && (t[2] << 8 | t[3]) == forge_port) {

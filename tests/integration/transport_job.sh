@@ -31,11 +31,23 @@
 #             refused the frame (failed authentication) and dropped that message whole; the job
 #             ends with the checksum of the undisturbed run (nothing of the forged push applied,
 #             its re-send applied once).
+#   forgehead, forgemiddle   the same with messages whole (unframed, the default: one MAC over
+#             the message) through one chain of three (--ranges 1: servers 0, 1, 2 are head,
+#             middle and tail), netdelay forging only segments from the worker (forgehead: a
+#             push to the head) or from the head (forgemiddle: a FWD to the middle replica).
+#             Checked: netdelay forged it; that server, and only it, refused a message of that
+#             type (PUSH_PULL 23, FWD 28) as failing authentication; the job ends with the undisturbed
+#             run's trajectory and checksum: nothing of the forged message was applied,
+#             forwarded or acknowledged anywhere, and its re-send (the worker's after its request
+#             timeout, the head's after 200 ms) was applied once. This pins what the server's
+#             check of a push before anything reads it guarantees (issue 30, "check pending":
+#             docs/security.md says why the check stays a pass of its own).
 # Both use sync mode with a small learning rate (every update shows in the checksum, as in
 # netns_job.sh). Needs root (setpriv to nobody; namespaces for mixed): exits 77 when not root or
 # when a namespace cannot be made. Every process is ended by its PID, namespaces deleted (trap).
 #
-# usage: transport_job.sh CHAINPS LSQ_WORKER outsider|ring|ringkill|mixed|forge [NETDELAY]
+# usage: transport_job.sh CHAINPS LSQ_WORKER outsider|ring|ringkill|mixed|forge|forgehead|forgemiddle
+#        [NETDELAY]
 set -euo pipefail
 cps=$(readlink -f "${1:?usage: transport_job.sh CHAINPS LSQ_WORKER outsider|mixed|forge [NETDELAY]}")
 bin=$(readlink -f "${2:?LSQ_WORKER}")
@@ -48,7 +60,7 @@ skip() {
     say "SKIP: $*"
     exit 77
 }
-case $scen in outsider | ring | ringkill | mixed | forge) ;; *) echo "unknown scenario '$scen'" >&2; exit 2 ;; esac
+case $scen in outsider | ring | ringkill | mixed | forge | forgehead | forgemiddle) ;; *) echo "unknown scenario '$scen'" >&2; exit 2 ;; esac
 [[ $(id -u) == 0 ]] || skip "needs root (to run a process as nobody / to make namespaces)"
 py=/usr/bin/python3
 [[ -x $py ]] || py=$(command -v python3) || skip "no python3 for the outsider's connect"
@@ -94,6 +106,10 @@ if [[ $scen == ring* ]]; then
 fi
 if [[ $scen == forge ]]; then
     job=(--servers 2 --replicas 2 --workers 1 --mode sync)
+    prog=("$bin" --dim 300000 --steps "${FORGE_STEPS:-20}" --lr 0.002 --tol 10)
+fi
+if [[ $scen == forgehead || $scen == forgemiddle ]]; then
+    job=(--servers 3 --replicas 3 --ranges 1 --workers 1 --mode sync)
     prog=("$bin" --dim 300000 --steps "${FORGE_STEPS:-20}" --lr 0.002 --tol 10)
 fi
 # The reference: every channel tcp:// (an empty CHAINPS_RUNTIME_DIR turns ipc off).
@@ -223,27 +239,38 @@ why=$(netns_can_run) || skip "$why"
 tag=cpi$$
 netns_hub "$tag" || skip "cannot make a network namespace (ip netns add)"
 
-if [[ $scen == forge ]]; then
-    [[ -n $delayer ]] || { echo "usage: transport_job.sh CHAINPS LSQ_WORKER forge NETDELAY" >&2; exit 2; }
+# The forge scenarios: node namespaces NAME:IP... (the scheduler first) routed through netdelay,
+# forging as its flags (after --) say, and the job's secret; frun then starts a process in one of
+# them with the job's environment (CHAINPS_FRAME_KB=$frame_kb).
+forge_start() { # NAME:IP... -- NETDELAY_FLAGS...
+    [[ -n $delayer ]] || { echo "usage: transport_job.sh CHAINPS LSQ_WORKER $scen NETDELAY" >&2; exit 2; }
     [[ -c /dev/net/tun ]] || skip "no /dev/net/tun (netdelay needs TUN devices)"
-    for n in sched:10.213.3.1 s0:10.213.3.11 s1:10.213.3.12 w0:10.213.3.21; do
-        netns_host "${n%%:*}" "${n#*:}"
+    sched_ip=${1#*:}
+    while [[ $1 != -- ]]; do
+        netns_host "${1%%:*}" "${1#*:}"
+        shift
     done
-    NETNS_DELAY_ARGS="--forge-port 9100 --forge-after ${FORGE_AFTER:-3000000}" \
-        netns_delay_start "$(readlink -f "$delayer")" 0 "$t/netdelay.log" || {
+    shift
+    NETNS_DELAY_ARGS="$*" netns_delay_start "$(readlink -f "$delayer")" 0 "$t/netdelay.log" || {
         cat "$t/netdelay.log"
         skip "netdelay could not make its TUN devices"
     }
     "$cps" secret "$t/job.secret" >/dev/null
-    frun() { # NS CMD...
-        local n=$1
-        shift
-        ip netns exec "$tag-$n" env CHAINPS_SECRET_FILE="$t/job.secret" CHAINPS_RUNTIME_DIR= \
-            CHAINPS_FRAME_KB="${FORGE_FRAME_KB:-256}" \
-            CHAINPS_SCHEDULER=10.213.3.1:9091 CHAINPS_BIND="${netns_addr[$n]}" \
-            CHAINPS_ADVERTISE="${netns_addr[$n]}" "$@" >"$t/$n.log" 2>&1 &
-        pids+=($!)
-    }
+}
+frun() { # NS CMD...
+    local n=$1
+    shift
+    ip netns exec "$tag-$n" env CHAINPS_SECRET_FILE="$t/job.secret" CHAINPS_RUNTIME_DIR= \
+        CHAINPS_FRAME_KB="$frame_kb" CHAINPS_SCHEDULER="$sched_ip:9091" \
+        CHAINPS_BIND="${netns_addr[$n]}" CHAINPS_ADVERTISE="${netns_addr[$n]}" "$@" \
+        >"$t/$n.log" 2>&1 &
+    pids+=($!)
+}
+
+if [[ $scen == forge ]]; then
+    frame_kb=${FORGE_FRAME_KB:-256}
+    forge_start sched:10.213.3.1 s0:10.213.3.11 s1:10.213.3.12 w0:10.213.3.21 -- \
+        --forge-port 9100 --forge-after "${FORGE_AFTER:-3000000}"
     frun sched "$cps" scheduler --servers 2 --workers 1 --replicas 2 --mode sync --port 9091 \
         --bind 10.213.3.1 --data "$t/sched" --join-timeout 30
     frun s0 "$cps" server --rank 0 --port 9100 --data "$t/s0" --join-timeout 30
@@ -260,6 +287,41 @@ if [[ $scen == forge ]]; then
     got=$(checksums "$t/w0.log")
     [[ $got == "$ref" ]] || fail "checksum '$got', undisturbed run '$ref'"
     say "PASS: $(grep -h "forged 1 byte" "$t/netdelay.log" | sed 's/^netdelay: //'); refused and dropped whole; checksum $got as undisturbed"
+    exit 0
+fi
+
+if [[ $scen == forgehead || $scen == forgemiddle ]]; then
+    # A step's 1.2 MB goes as three 400 KB pushes (PUSH_PULL, lsq_worker's) and FWDs: 3 MB in,
+    # the byte lands in the middle of one of them.
+    if [[ $scen == forgehead ]]; then
+        from=10.213.4.21 victim=s0 type=23
+    else
+        from=10.213.4.11 victim=s1 type=28
+    fi
+    frame_kb=0
+    forge_start sched:10.213.4.1 s0:10.213.4.11 s1:10.213.4.12 s2:10.213.4.13 w0:10.213.4.21 -- \
+        --forge-port 9100 --forge-after "${FORGE_AFTER:-3000000}" --forge-from "$from"
+    frun sched "$cps" scheduler "${job[@]}" --port 9091 --bind 10.213.4.1 --data "$t/sched" \
+        --join-timeout 30
+    for r in 0 1 2; do
+        frun "s$r" "$cps" server --rank "$r" --port 9100 --data "$t/s$r" --join-timeout 30
+    done
+    frun w0 env CHAINPS_ROLE=worker CHAINPS_RANK=0 "${prog[@]}"
+    wpid=${pids[-1]}
+    wait "$wpid" || fail "the worker exited with status $?: $(tail -5 "$t/w0.log")"
+    netns_delay_stop
+    grep -q "forged 1 byte" "$t/netdelay.log" || fail "netdelay forged nothing: $(cat "$t/netdelay.log")"
+    refusal=$(grep -h "failed authentication" "$t/$victim.log" || true)
+    say "$victim: ${refusal:-no refusal}"
+    [[ $refusal == *"type $type,"* ]] ||
+        fail "$victim refused no message of type $type as failing authentication"
+    for r in 0 1 2; do
+        [[ s$r == "$victim" ]] && continue
+        ! grep -q "failed authentication" "$t/s$r.log" || fail "s$r refused a message too: $(grep -h "failed authentication" "$t/s$r.log")"
+    done
+    got=$(checksums "$t/w0.log")
+    [[ $got == "$ref" ]] || fail "checksum '$got', undisturbed run '$ref'"
+    say "PASS: $(grep -h "forged 1 byte" "$t/netdelay.log" | sed 's/^netdelay: //'); $victim refused the type-$type message; checksum $got as undisturbed"
     exit 0
 fi
 
