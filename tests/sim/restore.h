@@ -1,5 +1,5 @@
-/* sim_restore's world, shared by the simulator (restore.c) and the restore tool it runs
- * (restore_tool.c): see restore.c for what it models. */
+/* sim_restore's world, shared by the simulator (restore.c), its servers (restore_servers.c) and
+ * the restore tool it runs (restore_tool.c): see restore.c for what it models. */
 #ifndef CPS_TESTS_SIM_RESTORE_H
 #define CPS_TESTS_SIM_RESTORE_H
 
@@ -175,6 +175,17 @@ msg *net_send(world *w, uint32_t from, uint32_t to, const cps__msg_hdr *h, const
 
 /* A view message to server `to` naming view `epoch` (late: up to view_ms on the way). */
 void view_post(world *w, uint32_t to, const cps__msg_hdr *h, int late);
+
+/* restore_servers.c: the servers, the production replica behind src/server's shell. */
+void rsrv_new(world *w, server *s);             /* s's replica, made at w->now (exits on failure) */
+void rsrv_perform(world *w, server *s);         /* its ready list, and the join outcomes it owes */
+void rsrv_perform_all(world *w, server *s);     /* ... and its replica's due work, while it is up */
+void rsrv_deliver(world *w, server *s, msg *m); /* m reaches s, up or saying HELLO */
+void rsrv_tick(world *w, server *s);            /* its loop turns (EV_TICK, EV_RESUME) */
+/* --coordinator: killed or fenced, s starts again on its store in a new life. */
+void rsrv_restart(world *w, server *s);
+/* Store st holds range r exactly as the checkpoint has it. */
+int rsrv_holds_whole(const world *w, const rstore *st, uint32_t r);
 
 /* restore_sched.c: the production coordinator as the scheduler (--coordinator). */
 void rsched_setup(world *w); /* the servers' HELLOs; its first view is w->views[1] */
