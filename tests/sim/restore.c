@@ -20,15 +20,18 @@
  * (passes and their pacing, targets, which answer counts, a head that changed, a silent head, the
  * looks at the view, the tails' confirmation, the limits) is the machine's: cps__rs_step.
  *
- * The scheduler, by default, is a model: a killed server is declared dead after 0.3-1.5 s, a
- * paused one only when its heartbeat stalled with its loop and the pause passed the failure
- * timeout; a view without it goes to every server (FIFO per server) and answers GET_VIEW. Chains
- * only shrink (no repair, no rejoin: a fenced server stops). With --coordinator it is the
- * production coordinator (restore_sched.c): the servers heartbeat, its detector declares deaths,
- * its views and epochs are the job's, its repairs copy ranges onto live servers while the restore
- * streams (restore_join.c performs the joins), and killed servers (half of them, after 1-4 s) and
- * fenced ones come back on their store in a new life and are let in again. The faults are
- * drawn alike in both modes; the runs part at the first death (its views and repairs differ).
+ * The scheduler is the production coordinator (restore_sched.c): the servers heartbeat, its
+ * detector declares deaths, its views and epochs are the job's, its repairs copy ranges onto live
+ * servers while the restore streams (restore_join.c performs the joins), and killed servers (half
+ * of them, after 1-4 s) and fenced ones come back on their store in a new life and are let in
+ * again. With --model it is a small model instead: a killed server is declared dead after
+ * 0.3-1.5 s, a paused one only when its heartbeat stalled with its loop and the pause passed the
+ * failure timeout; a view without it goes to every server (FIFO per server) and answers GET_VIEW.
+ * Chains only shrink (no repair, no rejoin: a fenced server stops), so a chain can end empty,
+ * which the coordinator never sends (it keeps a dead last replica in its chain): the model stays
+ * for the restore's answer to an empty chain (a confirmed range judged by a later view fails only
+ * there, below). The faults are drawn alike in both modes; the runs part at the first death (its
+ * views and repairs differ).
  *
  * Faults, drawn from the seed and triggered as the tool sends its PUTs: kill -9 of a range's
  * head, middle or tail, or of any server; a pause of a head (its loop stalls 0.1-3 s, the failure
@@ -52,45 +55,38 @@
  *  - a range the book marks done is held whole, at that moment, by the tail that confirmed it.
  *
  * Bugs seeded by hand in the production machine (recovery/restore.c, restore_route.c), each then
- * removed, with the seeds that fail (sim.restore_regressions runs the first of each; counted
- * again after the back-off and the slow-scheduler seeds):
+ * removed: failures of seeds 1..1000 (the default, the coordinator) and the first seed that fails,
+ * measured on caa137c (sim.restore_regressions runs a seed of each):
  *  - a tool that never takes a new view (on_view ignores it: the old "refresh_view returns at
- *    once"): seed 2; 519 of 1..1000, 5,075 of 1001..11000 (a head's silence, the pass limit);
+ *    once"): 592, seed 2 (a head's silence, the pass limit);
  *  - an earlier pass's answer counted as this pass's (cps__restore_answer takes a reply with
- *    put_seq < seq0 from the head as TAKEN): seed 80; 3 of 1..1000, 54 of 1001..11000, by the
- *    check of what the machine took (seed 395 caught it before the back-off);
+ *    put_seq < seq0 from the head as TAKEN): 6, seed 200, by the check of what the machine took;
  *  - a range stopped by a silence or a view while the tool waits, the held PUT or the pass's
- *    drain looked at again only on the next answer (the old "wait without its early return"):
- *    seed 6; 216 of 1..1000, 2,097 of 1001..11000: the wait runs to its deadline;
- *  - passes not paced (PACING begins the next pass at once): seed 204; 3 of 1..1000, 30 of
- *    1001..11000, all slow-scheduler seeds (the pass limit spent before the view arrives; no
- *    seed caught it before they were drawn; test_passes_wait_for_the_gap also does);
- *  - the old pacing (8 passes, 500 ms apart: gap_ms 500, gap_max_ms 500, budget_ms 3500): seed
- *    713; 1 of 1..1000, 13 of 1001..11000 (test_passes_back_off_within_the_budget and
- *    test_a_head_refusing_for_13_s_is_waited_out also do).
- * With --coordinator, seeds 1..1000: a new view never taken 464 (first 2), an earlier pass's answer
- * 6 (200), the wait without its early return 185 (2), unpaced passes 1 (85), the old pacing 1
- * (85); and one only the coordinator shows: a range whose only replica died taken for a range
- * with a replica (cps__restore_route judging chain_len 0 only, as before; the coordinator keeps a
- * dead last replica in its chain) fails 121 (first 4: the restore waits out its timeout instead
- * of failing by name; 253 before restarts were modelled). Seeded again after the review of
- * issue 28 (its mends: a range waits for its dead last replica, a confirmed range is not judged
- * again, the back-off per incident, a tail's answer from a newer view no confirmation), failures
- * of 1..1000 / 1001..11000, first seed:
- *  - dead-only chains taken for live ones (route and pass): --coordinator 124 / 1,255, seed 4;
- *  - the old rule, a dead-only chain failing at once: --coordinator 222 / 2,313, seed 4 (its
- *    server restarts on its store within the back-off);
- *  - a confirmed range judged by later views (cps__rr_look without `done`): 8 / 102, seed 212
- *    (an empty chain names a range already restored);
- *  - the back-off never reset (a gap index for the whole restore): --coordinator 4 / 55, seed 58;
- *  - a tail's answer from a newer view taken: --coordinator 0 / 1, seed 5241 (a joiner became
- *    the tail without the last records, then the old tail, the head, died).
- * Counts with every mend: 753 / 247 and 7,406 / 2,594 (restored / failed as allowed); with
- * --coordinator 880 / 120 and 8,760 / 1,240 (776 / 224 and 7,657 / 2,343 before: a dead last
- * replica failed the restore at once). The old seeds still catch their bugs (2, 80, 204, 713);
- * the wait without its early return (seed 6) was not seeded again.
+ *    drain looked at again only on the next answer (the old "wait without its early return":
+ *    wait_answers skips both unless the event is an answer): 393, seed 2 (the wait runs to its
+ *    deadline);
+ *  - passes not paced (PACING begins the next pass at once): 213, seed 4 (the pass limit spent
+ *    before the view arrives; test_passes_wait_for_the_gap also fails);
+ *  - the old pacing (8 passes, 500 ms apart: gap_ms 500, gap_max_ms 500, budget_ms 3500): 6,
+ *    seed 85 (test_passes_back_off_within_the_budget and
+ * test_a_head_refusing_for_13_s_is_waited_out also fail);
+ *  - dead-only chains taken for live ones (cps__restore_route judging chain_len 0 only, and
+ *    begin_pass not holding them): 124, seed 4 (the restore waits out its timeout instead of
+ *    failing by name; 1,255 of 1001..11000 when measured with --coordinator);
+ *  - the old rule, a dead-only chain failing at once: 222, seed 4 (its server restarts on its
+ *    store within the back-off; 2,313 of 1001..11000);
+ *  - the back-off never reset (a gap index for the whole restore): 4, seed 58 (55 of
+ *    1001..11000);
+ *  - a tail's answer from a newer view taken: 0, but seed 5241 (1 of 1001..11000: a joiner became
+ *    the tail without the last records, then the old tail, the head, died);
+ *  - a confirmed range judged by later views (cps__rr_look without `done`): none of 1..11000
+ *    (the coordinator sends no empty chain); with --model 8 of 1..1000, seed 212 (an empty chain
+ *    names a range already restored).
+ * With --model the others fail 529 (seed 2), 3 (80), 216 (6), 3 (204), 1 (713), 0, 0, 0 and 0 of
+ * 1..1000. Counts with every mend, restored / failed as allowed: 880 / 120 of 1..1000 and
+ * 8,760 / 1,240 of 1001..11000; with --model 753 / 247 and 7,406 / 2,594.
  *
- * usage: sim_restore [--seed N] [--seeds K] [--coordinator] [-v]
+ * usage: sim_restore [--seed N] [--seeds K] [--model] [-v]
  */
 #include <stdarg.h>
 
@@ -452,7 +448,7 @@ static int final_check(world *w)
     }
     if (w->failed_by == WHY_NO_REPLICA && w->rc == CPS_EUNAVAILABLE) {
         /* Judged by the view the tool failed under: a server may come back on its store since
-         * (--coordinator), and the range with it. */
+         * (not --model), and the range with it. */
         if (w->bad >= w->nranges || w->fail_epoch > w->epoch ||
             cps__view_range_available(&w->views[w->fail_epoch], w->bad))
             sim_fail(&w->v, "CPS_EUNAVAILABLE names range %u, which has a replica in view %" PRIu64,
@@ -621,13 +617,13 @@ static int run_seed(uint64_t seed, int verbose, int coord, char *why, size_t why
 int main(int argc, char **argv)
 {
     sim_seed_args a;
-    if (sim_seed_args_parse(argc, argv, "sim_restore", "--coordinator", &a) != 0)
+    if (sim_seed_args_parse(argc, argv, "sim_restore", "--model", &a) != 0)
         return 2;
     sim_seed_tally t = {0, 0};
     uint64_t restored = 0, refused = 0;
     for (uint64_t s = a.seed; s < a.seed + a.seeds; s++) {
         char why[512] = "", outcome[200] = "";
-        int rc = run_seed(s, a.verbose, a.variant, why, sizeof why, outcome, sizeof outcome);
+        int rc = run_seed(s, a.verbose, !a.variant, why, sizeof why, outcome, sizeof outcome);
         if (rc >= 0 && a.verbose)
             printf("seed %" PRIu64 ": %s\n", s, outcome);
         restored += rc == 0;
@@ -635,7 +631,7 @@ int main(int argc, char **argv)
         if (sim_seed_count(&t, "sim_restore", s, rc == 2 ? 0 : rc, why) < 0)
             return 1;
     }
-    sim_seed_summary(&t, "sim_restore", &a, "--coordinator");
+    sim_seed_summary(&t, "sim_restore", &a, "--model");
     printf("; restores: %" PRIu64 " complete, %" PRIu64 " failed as allowed", restored, refused);
     return sim_seed_end(&t);
 }

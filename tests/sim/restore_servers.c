@@ -266,7 +266,7 @@ void rsrv_deliver(world *w, server *s, msg *m)
 {
     const cps__msg_hdr *h = &m->h;
     switch (h->type) {
-    case CPS_MSG_JOIN_RANGE: /* the coordinator's only (--coordinator) */
+    case CPS_MSG_JOIN_RANGE: /* the coordinator's only (not --model) */
     case CPS_MSG_SNAP_REQ:
     case CPS_MSG_SNAP:
     case CPS_MSG_FWD:
@@ -365,7 +365,7 @@ void rsrv_new(world *w, server *s)
     }
 }
 
-/* --coordinator: a killed or fenced server starts again, on its store, in a new life: a new
+/* Not --model: a killed or fenced server starts again, on its store, in a new life: a new
  * replica (its joins, lingering snapshots and pending messages went with the old process) that
  * says HELLO until its WELCOME lets it in. */
 void rsrv_restart(world *w, server *s)
