@@ -372,7 +372,7 @@ int cps__rs_step(cps__restore *m, const cps__rs_event *e, cps__rs_ready *out)
         m->probe_until = 0;
         if (e->epoch > m->epoch) {
             /* The tail the machine probed is not the tail any more, perhaps: a miss, and the
-             * view before the next probe (sim_restore --coordinator seed 5241: a joiner became
+             * view before the next probe (sim_restore seed 5241: a joiner became
              * tail, then lost what the old tail confirmed when the head died). */
             m->probe_until = m->now ? m->now : 1;
             m->next_look = 0;

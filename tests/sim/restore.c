@@ -3,14 +3,14 @@
  * (recovery/restore.h) at the tool.
  *
  * Two to five servers hold one to four ranges on chains of one to three; each server is the
- * replica behind a small shell that does what src/server does with a restore's messages: a PUT
- * is admitted by the replica's standing (cps__replica_admit), then asked cps__replica_put_verdict
- * ("not head" ESTALE_EPOCH, "busy" EAGAIN), its records checked against the store (a slice of a
- * key never created: EPROTO), submitted with cps__replica_put, and answered with the head's
- * sequence number (req_seq) and the PUT's own number echoed (aux); a CUT_PROBE is answered with
- * the replica's sequence number by any chain member. The chain forwards each PUT down the chain
- * as it does a worker's push (FWDs, acks and marks over a lossy, reordering network); a server's
- * loop turns every TICK_MS (cps__replica_turned, cps__replica_tick).
+ * replica behind a small shell (restore_servers.c) that does what src/server does with a restore's
+ * messages: a PUT is admitted by the replica's standing (cps__replica_admit), then asked
+ * cps__replica_put_verdict ("not head" ESTALE_EPOCH, "busy" EAGAIN), its records checked against
+ * the store (a slice of a key never created: EPROTO), submitted with cps__replica_put, and answered
+ * with the head's sequence number (req_seq) and the PUT's own number echoed (aux); a CUT_PROBE is
+ * answered with the replica's sequence number by any chain member. The chain forwards each PUT down
+ * the chain as it does a worker's push (FWDs, acks and marks over a lossy, reordering network); a
+ * server's loop turns every TICK_MS (cps__replica_turned, cps__replica_tick).
  *
  * The restore tool (restore_tool.c) runs as a coroutine (a thread that runs only while the
  * simulator waits for it) and is a shell around the machine, as src/checkpoint/cluster_restore.c
@@ -20,15 +20,18 @@
  * (passes and their pacing, targets, which answer counts, a head that changed, a silent head, the
  * looks at the view, the tails' confirmation, the limits) is the machine's: cps__rs_step.
  *
- * The scheduler, by default, is a model: a killed server is declared dead after 0.3-1.5 s, a
- * paused one only when its heartbeat stalled with its loop and the pause passed the failure
- * timeout; a view without it goes to every server (FIFO per server) and answers GET_VIEW. Chains
- * only shrink (no repair, no rejoin: a fenced server stops). With --coordinator it is the
- * production coordinator (restore_sched.c): the servers heartbeat, its detector declares deaths,
- * its views and epochs are the job's, its repairs copy ranges onto live servers while the restore
- * streams (restore_join.c performs the joins), and killed servers (half of them, after 1-4 s) and
- * fenced ones come back on their store in a new life and are let in again. The faults are
- * drawn alike in both modes; the runs part at the first death (its views and repairs differ).
+ * The scheduler is the production coordinator (restore_sched.c): the servers heartbeat, its
+ * detector declares deaths, its views and epochs are the job's, its repairs copy ranges onto live
+ * servers while the restore streams (restore_join.c performs the joins), and killed servers (half
+ * of them, after 1-4 s) and fenced ones come back on their store in a new life and are let in
+ * again. With --model it is a small model instead: a killed server is declared dead after
+ * 0.3-1.5 s, a paused one only when its heartbeat stalled with its loop and the pause passed the
+ * failure timeout; a view without it goes to every server (FIFO per server) and answers GET_VIEW.
+ * Chains only shrink (no repair, no rejoin: a fenced server stops), so a chain can end empty,
+ * which the coordinator never sends (it keeps a dead last replica in its chain): the model stays
+ * for the restore's answer to an empty chain (a confirmed range judged by a later view fails only
+ * there, below). The faults are drawn alike in both modes; the runs part at the first death (its
+ * views and repairs differ).
  *
  * Faults, drawn from the seed and triggered as the tool sends its PUTs: kill -9 of a range's
  * head, middle or tail, or of any server; a pause of a head (its loop stalls 0.1-3 s, the failure
@@ -52,45 +55,38 @@
  *  - a range the book marks done is held whole, at that moment, by the tail that confirmed it.
  *
  * Bugs seeded by hand in the production machine (recovery/restore.c, restore_route.c), each then
- * removed, with the seeds that fail (sim.restore_regressions runs the first of each; counted
- * again after the back-off and the slow-scheduler seeds):
+ * removed: failures of seeds 1..1000 (the default, the coordinator) and the first seed that fails,
+ * measured on caa137c (sim.restore_regressions runs a seed of each):
  *  - a tool that never takes a new view (on_view ignores it: the old "refresh_view returns at
- *    once"): seed 2; 519 of 1..1000, 5,075 of 1001..11000 (a head's silence, the pass limit);
+ *    once"): 592, seed 2 (a head's silence, the pass limit);
  *  - an earlier pass's answer counted as this pass's (cps__restore_answer takes a reply with
- *    put_seq < seq0 from the head as TAKEN): seed 80; 3 of 1..1000, 54 of 1001..11000, by the
- *    check of what the machine took (seed 395 caught it before the back-off);
+ *    put_seq < seq0 from the head as TAKEN): 6, seed 200, by the check of what the machine took;
  *  - a range stopped by a silence or a view while the tool waits, the held PUT or the pass's
- *    drain looked at again only on the next answer (the old "wait without its early return"):
- *    seed 6; 216 of 1..1000, 2,097 of 1001..11000: the wait runs to its deadline;
- *  - passes not paced (PACING begins the next pass at once): seed 204; 3 of 1..1000, 30 of
- *    1001..11000, all slow-scheduler seeds (the pass limit spent before the view arrives; no
- *    seed caught it before they were drawn; test_passes_wait_for_the_gap also does);
- *  - the old pacing (8 passes, 500 ms apart: gap_ms 500, gap_max_ms 500, budget_ms 3500): seed
- *    713; 1 of 1..1000, 13 of 1001..11000 (test_passes_back_off_within_the_budget and
- *    test_a_head_refusing_for_13_s_is_waited_out also do).
- * With --coordinator, seeds 1..1000: a new view never taken 464 (first 2), an earlier pass's answer
- * 6 (200), the wait without its early return 185 (2), unpaced passes 1 (85), the old pacing 1
- * (85); and one only the coordinator shows: a range whose only replica died taken for a range
- * with a replica (cps__restore_route judging chain_len 0 only, as before; the coordinator keeps a
- * dead last replica in its chain) fails 121 (first 4: the restore waits out its timeout instead
- * of failing by name; 253 before restarts were modelled). Seeded again after the review of
- * issue 28 (its mends: a range waits for its dead last replica, a confirmed range is not judged
- * again, the back-off per incident, a tail's answer from a newer view no confirmation), failures
- * of 1..1000 / 1001..11000, first seed:
- *  - dead-only chains taken for live ones (route and pass): --coordinator 124 / 1,255, seed 4;
- *  - the old rule, a dead-only chain failing at once: --coordinator 222 / 2,313, seed 4 (its
- *    server restarts on its store within the back-off);
- *  - a confirmed range judged by later views (cps__rr_look without `done`): 8 / 102, seed 212
- *    (an empty chain names a range already restored);
- *  - the back-off never reset (a gap index for the whole restore): --coordinator 4 / 55, seed 58;
- *  - a tail's answer from a newer view taken: --coordinator 0 / 1, seed 5241 (a joiner became
- *    the tail without the last records, then the old tail, the head, died).
- * Counts with every mend: 753 / 247 and 7,406 / 2,594 (restored / failed as allowed); with
- * --coordinator 880 / 120 and 8,760 / 1,240 (776 / 224 and 7,657 / 2,343 before: a dead last
- * replica failed the restore at once). The old seeds still catch their bugs (2, 80, 204, 713);
- * the wait without its early return (seed 6) was not seeded again.
+ *    drain looked at again only on the next answer (the old "wait without its early return":
+ *    wait_answers skips both unless the event is an answer): 393, seed 2 (the wait runs to its
+ *    deadline);
+ *  - passes not paced (PACING begins the next pass at once): 213, seed 4 (the pass limit spent
+ *    before the view arrives; test_passes_wait_for_the_gap also fails);
+ *  - the old pacing (8 passes, 500 ms apart: gap_ms 500, gap_max_ms 500, budget_ms 3500): 6,
+ *    seed 85 (test_passes_back_off_within_the_budget and
+ * test_a_head_refusing_for_13_s_is_waited_out also fail);
+ *  - dead-only chains taken for live ones (cps__restore_route judging chain_len 0 only, and
+ *    begin_pass not holding them): 124, seed 4 (the restore waits out its timeout instead of
+ *    failing by name; 1,255 of 1001..11000 when measured with --coordinator);
+ *  - the old rule, a dead-only chain failing at once: 222, seed 4 (its server restarts on its
+ *    store within the back-off; 2,313 of 1001..11000);
+ *  - the back-off never reset (a gap index for the whole restore): 4, seed 58 (55 of
+ *    1001..11000);
+ *  - a tail's answer from a newer view taken: 0, but seed 5241 (1 of 1001..11000: a joiner became
+ *    the tail without the last records, then the old tail, the head, died);
+ *  - a confirmed range judged by later views (cps__rr_look without `done`): none of 1..11000
+ *    (the coordinator sends no empty chain); with --model 8 of 1..1000, seed 212 (an empty chain
+ *    names a range already restored).
+ * With --model the others fail 529 (seed 2), 3 (80), 216 (6), 3 (204), 1 (713), 0, 0, 0 and 0 of
+ * 1..1000. Counts with every mend, restored / failed as allowed: 880 / 120 of 1..1000 and
+ * 8,760 / 1,240 of 1001..11000; with --model 753 / 247 and 7,406 / 2,594.
  *
- * usage: sim_restore [--seed N] [--seeds K] [--coordinator] [-v]
+ * usage: sim_restore [--seed N] [--seeds K] [--model] [-v]
  */
 #include <stdarg.h>
 
@@ -204,350 +200,6 @@ msg *net_send(world *w, uint32_t from, uint32_t to, const cps__msg_hdr *h, const
     return net_post(w, from, to, h, pl, len, fifo, 0);
 }
 
-/* ---- the checkpoint's records ---- */
-
-static void rec_decode(const uint64_t *p, int *kind, uint32_t *key, uint64_t *val)
-{
-    *kind = (int)(p[0] >> 56);
-    *key = (uint32_t)(p[0] & 0xffffffffu);
-    *val = p[1];
-}
-
-/* The shell's check of a PUT's records (src/server's cps__server_check_put): a slice of a key
- * neither in the store nor created earlier in the PUT is refused. */
-static int check_records(const rstore *st, const void *entries, size_t len)
-{
-    uint8_t made[MAX_KEYS];
-    memcpy(made, st->exists, sizeof made);
-    const uint64_t *p = entries;
-    for (size_t i = 0; i + 16 <= len; i += 16, p += 2) {
-        int kind;
-        uint32_t key;
-        uint64_t val;
-        rec_decode(p, &kind, &key, &val);
-        if (key >= MAX_KEYS || (kind != REC_CREATE && kind != REC_SLICE))
-            return CPS_EPROTO;
-        if (kind == REC_CREATE)
-            made[key] = 1;
-        else if (!made[key])
-            return CPS_EPROTO;
-    }
-    return 0;
-}
-
-static void apply_records(rstore *st, const void *entries, size_t len)
-{
-    const uint64_t *p = entries;
-    for (size_t i = 0; i + 16 <= len; i += 16, p += 2) {
-        int kind;
-        uint32_t key;
-        uint64_t val;
-        rec_decode(p, &kind, &key, &val);
-        if (kind == REC_CREATE) {
-            st->exists[key] = 1;
-            st->version[key] = val;
-            st->value[key] = 0;
-        } else {
-            st->value[key] = val;
-        }
-    }
-}
-
-/* The range as the checkpoint has it: every key, its version and value, nothing else. */
-static int holds_whole(const world *w, const rstore *st, uint32_t r)
-{
-    for (uint32_t k = 0; k < MAX_KEYS; k++) {
-        int want = k < w->nkeys[r];
-        if (st->exists[k] != want)
-            return 0;
-        if (want && (st->version[k] != w->version[r][k] || st->value[k] != w->value[r][k]))
-            return 0;
-    }
-    return 1;
-}
-
-/* ---- the servers: the production replica behind a shell ---- */
-
-static int env_range_seq(void *ctx, uint32_t range, uint64_t *seq)
-{
-    server *s = ctx;
-    *seq = range < MAX_RANGES ? s->rs[range].applied : 0;
-    return 0;
-}
-
-static int env_zero(void *ctx, uint32_t range, uint32_t id, uint64_t *v)
-{
-    (void)ctx, (void)range, (void)id;
-    *v = 0;
-    return 0;
-}
-
-static int env_agg(void *ctx, uint32_t range, uint64_t sig, uint64_t *step)
-{
-    (void)ctx, (void)range, (void)sig;
-    *step = 0;
-    return 0;
-}
-
-static int env_keys(void *ctx, const cps__kv *kv, const cps__param_spec *spec, uint64_t *bad,
-                    uint32_t *have)
-{
-    (void)ctx, (void)kv, (void)spec;
-    *bad = 0;
-    *have = 0;
-    return 0;
-}
-
-static int env_scan(void *ctx, uint32_t range, int (*fn)(void *, uint32_t, uint64_t), void *arg)
-{
-    (void)ctx, (void)range, (void)fn, (void)arg;
-    return 0;
-}
-
-static void env_add(void *ctx, float *acc, const float *x, size_t n)
-{
-    (void)ctx;
-    for (size_t i = 0; i < n; i++)
-        acc[i] += x[i];
-}
-
-static void env_release(void *ctx, void *owner)
-{
-    (void)ctx;
-    free(owner);
-}
-
-static void *env_alloc(void *ctx, uint32_t to, size_t len)
-{
-    (void)ctx, (void)to;
-    return malloc(len);
-}
-
-/* Perform the ready list, in order; a JOIN_CLEAR or JOIN_INSTALL ends it: 1 then, with its
- * outcome for cps__replica_join_result. */
-static int perform_list(world *w, server *s, uint32_t *range, int *rc, uint64_t *value)
-{
-    const cps__replica_out *out;
-    size_t n = cps__replica_ready(s->rep, &out);
-    int answer = 0;
-    for (size_t i = 0; i < n; i++) {
-        const cps__replica_out *o = &out[i];
-        switch (o->kind) {
-        case CPS_RO_WRITE:
-            if (o->upd.kind != CPS_UPD_PUT) {
-                sim_fail(&w->v, "server %u: a WRITE of kind %u (only PUTs here)", s->id,
-                         o->upd.kind);
-                break;
-            }
-            apply_records(&s->rs[o->range], o->upd.body, o->upd.body_len);
-            s->rs[o->range].applied = o->seq;
-            trace(w, "s%u applies r%u seq %" PRIu64, s->id, o->range, o->seq);
-            break;
-        case CPS_RO_SEND:
-            if (o->msg) {
-                cps__msg_hdr h;
-                if (cps__wire_hdr_decode(o->msg, o->len, &h) == 0)
-                    net_send(w, s->id, o->to, &h, (const uint8_t *)o->msg + CPS_WIRE_HDR_SIZE,
-                             o->len - CPS_WIRE_HDR_SIZE, o->to == 0);
-                free(o->msg);
-            } else {
-                /* To the scheduler (a CAUGHT_UP): its connection; else a lossy chain link. */
-                net_send(w, s->id, o->to, &o->hdr, NULL, 0, o->to == 0);
-            }
-            break;
-        case CPS_RO_SNAPSHOT:
-            rjoin_snapshot(w, s, o);
-            break;
-        case CPS_RO_JOIN_CLEAR:
-        case CPS_RO_JOIN_INSTALL:
-            *range = o->range;
-            *rc = rjoin_take(w, s, o, value);
-            answer = 1;
-            break;
-        case CPS_RO_ASK_VIEW: {
-            cps__msg_hdr g = {.type = CPS_MSG_GET_VIEW, .sender = s->id};
-            net_send(w, s->id, 0, &g, NULL, 0, 1);
-            break;
-        }
-        case CPS_RO_DROP_RANGE:
-            memset(&s->rs[o->range], 0, sizeof s->rs[o->range]);
-            break;
-        case CPS_RO_LOG:
-            trace(w, "s%u: %s", s->id, o->text);
-            break;
-        default:
-            sim_fail(&w->v, "server %u: ready item %d in a restore", s->id, o->kind);
-        }
-    }
-    return answer && !w->v.failed;
-}
-
-/* Perform the ready list, and answer a join step's outcome until none is owed. */
-static void perform(world *w, server *s)
-{
-    uint32_t range = 0;
-    int rc = 0;
-    uint64_t value = 0;
-    while (perform_list(w, s, &range, &rc, &value))
-        cps__replica_join_result(s->rep, range, rc, value, w->now);
-}
-
-static void perform_all(world *w, server *s)
-{
-    perform(w, s);
-    while (s->state == SRV_UP && cps__replica_next(s->rep, w->now))
-        perform(w, s);
-}
-
-static void reply(world *w, server *s, const cps__msg_hdr *q, int status, uint64_t seq,
-                  uint64_t aux, int whole)
-{
-    cps__msg_hdr h = {0};
-    h.type = status ? CPS_MSG_ERROR : q->type;
-    h.flags = CPS_WF_REPLY;
-    h.sender = s->id;
-    h.status = status;
-    h.epoch = s->view ? s->view->epoch : 0;
-    h.range = q->range;
-    h.req_seq = status ? q->req_seq : seq;
-    h.aux = aux;
-    msg *m = net_send(w, s->id, TOOL, &h, NULL, 0, 1);
-    m->whole = whole; /* the sim's note on the answer (never on the wire) */
-}
-
-static void on_put(world *w, server *s, msg *m)
-{
-    const cps__msg_hdr *h = &m->h;
-    if (h->range >= w->nranges || !m->len || m->len % 16) {
-        reply(w, s, h, CPS_EPROTO, 0, 0, 0);
-        return;
-    }
-    int v = cps__replica_put_verdict(s->rep, h->range);
-    if (v != CPS_ADMIT_NEW) {
-        reply(w, s, h, cps__cut_put_status(v), 0, 0, 0);
-        return;
-    }
-    int rc = check_records(&s->rs[h->range], m->pl, m->len);
-    if (rc != 0) {
-        reply(w, s, h, rc, 0, 0, 0);
-        return;
-    }
-    v = cps__replica_put(s->rep, h->range, h->req_seq, m->pl, m->len, w->now);
-    perform_all(w, s);
-    if (v != CPS_ADMIT_NEW) {
-        reply(w, s, h, cps__cut_put_status(v), 0, 0, 0);
-        return;
-    }
-    reply(w, s, h, 0, s->rs[h->range].applied, h->aux, 0);
-}
-
-static void on_view(world *w, server *s, uint64_t epoch)
-{
-    const cps__view *v = &w->views[epoch];
-    int verdict = cps__replica_view_news(s->rep, v, s->id, 0);
-    perform(w, s);
-    if (verdict != CPS_RV_NEWER && verdict != CPS_RV_LET_IN)
-        return;
-    verdict = cps__replica_view(s->rep, v, s->id, w->now);
-    if (verdict == CPS_RV_FENCED) {
-        trace(w, "s%u fenced by view %" PRIu64 ": it stops%s", s->id, epoch,
-              w->coord_on ? ", then rejoins in a new life" : " (no rejoin here)");
-        s->state = SRV_FENCED;
-        s->down_at = w->now;
-        if (w->coord_on)
-            ev_push(w, w->now + 100 + rnd(w, 500), EV_RESTART, s->id, 0, NULL);
-        return;
-    }
-    if (verdict == CPS_RV_INSTALLED)
-        s->view = v;
-    perform_all(w, s);
-}
-
-static void server_deliver(world *w, server *s, msg *m)
-{
-    const cps__msg_hdr *h = &m->h;
-    switch (h->type) {
-    case CPS_MSG_JOIN_RANGE: /* the coordinator's only (--coordinator) */
-    case CPS_MSG_SNAP_REQ:
-    case CPS_MSG_SNAP:
-    case CPS_MSG_FWD:
-    case CPS_MSG_CHAIN_ACK:
-    case CPS_MSG_CHAIN_MARK: {
-        cps__replica_msg rm = {*h, m->pl, m->len, m->pl};
-        m->pl = NULL; /* the replica's now (env_release) */
-        cps__replica_step(s->rep, &rm, w->now);
-        perform_all(w, s);
-        return;
-    }
-    default:
-        break;
-    }
-    if (w->coord_on && m->from == 0 && h->type == CPS_MSG_PROBE) {
-        /* A server process answers the coordinator's probe whatever its standing. */
-        cps__msg_hdr a = {.type = CPS_MSG_PROBE,
-                          .flags = CPS_WF_REPLY,
-                          .sender = s->id,
-                          .epoch = s->view ? s->view->epoch : 0,
-                          .req_seq = h->req_seq};
-        net_send(w, s->id, 0, &a, NULL, 0, 1);
-        return;
-    }
-    if (w->coord_on && m->from == 0 && h->type == CPS_MSG_SHUTDOWN)
-        return; /* the job's end: not modelled (the run ends with the restore) */
-    if (s->state == SRV_HELLO) {
-        /* Not let in yet: the replica's fence lets only this life's WELCOME in. */
-        int ok = h->type == CPS_MSG_VIEW || h->type == CPS_MSG_WELCOME;
-        if (ok)
-            ok = cps__replica_admit(s->rep, h, s->boot, w->now) == CPS_FENCE_SERVE;
-        perform(w, s);
-        if (!ok)
-            return;
-        if (h->type != CPS_MSG_WELCOME || h->req_seq != s->boot) {
-            sim_fail(
-                &w->v, "server %u (life %u) let in by a %s of epoch %" PRIu64 " for life %" PRIu64,
-                s->id, s->boot, h->type == CPS_MSG_VIEW ? "VIEW" : "WELCOME", h->epoch, h->req_seq);
-            return;
-        }
-        trace(w, "s%u let in at view %" PRIu64, s->id, h->aux);
-        s->state = SRV_UP;
-        on_view(w, s, h->aux);
-        return;
-    }
-    int ok = cps__replica_admit(s->rep, h, s->boot, w->now) == CPS_FENCE_SERVE;
-    perform(w, s);
-    if (!ok) {
-        trace(w, "s%u drops %s r%u req %" PRIu64 " (standing)", s->id,
-              h->type == CPS_MSG_PUT ? "PUT" : "message", h->range, h->req_seq);
-        return;
-    }
-    if (h->type == CPS_MSG_VIEW || h->type == CPS_MSG_WELCOME) {
-        on_view(w, s, h->aux);
-    } else if (h->type == CPS_MSG_PUT) {
-        on_put(w, s, m);
-    } else if (h->type == CPS_MSG_CUT_PROBE) {
-        if (!s->view || !cps__cut_holds(s->view, s->id, h->range))
-            reply(w, s, h, CPS_ESTALE_EPOCH, 0, 0, 0);
-        else
-            reply(w, s, h, 0, s->rs[h->range].applied, 0,
-                  holds_whole(w, &s->rs[h->range], h->range));
-    } else {
-        sim_fail(&w->v, "server %u: unexpected message type %u", s->id, h->type);
-    }
-}
-
-static void server_tick(world *w, server *s)
-{
-    cps__replica_turned(s->rep, w->now);
-    perform(w, s);
-    cps__replica_tick(s->rep, w->now, 0);
-    perform_all(w, s);
-    if (w->coord_on && s->state == SRV_UP) {
-        rjoin_reap(w, s);
-        cps__replica_join_tick(s->rep, w->now);
-        perform_all(w, s);
-    }
-}
-
 /* ---- the scheduler (a model: deaths declared, views sent, GET_VIEW answered) ---- */
 
 /* A view to `to`: a server's may come late (a loaded scheduler, a slow connection), so that the
@@ -646,48 +298,6 @@ static int fault(world *w, uint32_t i)
     return 1;
 }
 
-static void replica_new(world *w, server *s)
-{
-    cps__replica_env env = {s,        env_range_seq, env_zero,    env_agg,  env_keys,
-                            env_scan, env_add,       env_release, env_alloc};
-    cps__replica_config cfg = {.self = s->id,
-                               .resend_ms = RESEND_MS,
-                               .max_unacked = 1024,
-                               .max_held = 1024,
-                               .join_timeout_ms = 120000,
-                               .snap_retry_ms = 1000,
-                               .dead_after_ms = DEAD_AFTER,
-                               .start_ms = w->now};
-    if (cps__replica_create(&cfg, &env, &s->rep) != 0) {
-        fprintf(stderr, "sim_restore: replica setup failed\n");
-        exit(2);
-    }
-}
-
-/* --coordinator: a killed or fenced server starts again, on its store, in a new life: a new
- * replica (its joins, lingering snapshots and pending messages went with the old process) that
- * says HELLO until its WELCOME lets it in. */
-static void restart(world *w, server *s)
-{
-    if (s->state != SRV_DEAD && s->state != SRV_FENCED)
-        return;
-    cps__replica_destroy(s->rep);
-    replica_new(w, s);
-    for (msg *m = s->pend, *n; m; m = n) {
-        n = m->next;
-        msg_free(m);
-    }
-    s->pend = s->pend_tail = NULL;
-    s->state = SRV_HELLO;
-    s->boot++;
-    s->view = NULL;
-    s->nlingers = 0;
-    s->gone = 0;
-    s->hb_stalled = 0;
-    s->beat_at = s->hello_at = 0;
-    trace(w, "server %u restarts (life %u)", s->id, s->boot);
-    ev_push(w, w->now + 1, EV_TICK, s->id, 0, NULL);
-}
 /* ---- one seed ---- */
 
 static void setup(world *w)
@@ -743,12 +353,12 @@ static void setup(world *w)
         server *s = &w->srv[id];
         s->id = id;
         s->boot = 1;
-        replica_new(w, s);
+        rsrv_new(w, s);
         if (cps__replica_set_view(s->rep, v, id, 1, 0) != 0) {
             fprintf(stderr, "sim_restore: replica setup failed\n");
             exit(2);
         }
-        perform_all(w, s);
+        rsrv_perform_all(w, s);
         s->view = v;
         ev_push(w, 1 + rnd(w, TICK_MS), EV_TICK, id, 0, NULL);
     }
@@ -802,7 +412,7 @@ static void deliver(world *w, msg *m)
         s->pend_tail = m;
         return;
     }
-    server_deliver(w, s, m);
+    rsrv_deliver(w, s, m);
     msg_free(m);
 }
 
@@ -828,7 +438,7 @@ static int final_check(world *w)
                 const cps__node_info *ni = cps__view_node(v, s->id);
                 if (s->state == SRV_DEAD || s->state == SRV_FENCED || !ni || !ni->alive)
                     continue;
-                if (!holds_whole(w, &s->rs[r], r))
+                if (!rsrv_holds_whole(w, &s->rs[r], r))
                     sim_fail(&w->v,
                              "the restore succeeded but live replica %u of range %u does not "
                              "hold the checkpoint's records",
@@ -838,7 +448,7 @@ static int final_check(world *w)
     }
     if (w->failed_by == WHY_NO_REPLICA && w->rc == CPS_EUNAVAILABLE) {
         /* Judged by the view the tool failed under: a server may come back on its store since
-         * (--coordinator), and the range with it. */
+         * (not --model), and the range with it. */
         if (w->bad >= w->nranges || w->fail_epoch > w->epoch ||
             cps__view_range_available(&w->views[w->fail_epoch], w->bad))
             sim_fail(&w->v, "CPS_EUNAVAILABLE names range %u, which has a replica in view %" PRIu64,
@@ -915,12 +525,12 @@ static int run_seed(uint64_t seed, int verbose, int coord, char *why, size_t why
             if (w->coord_on)
                 rsched_beat(w, s);
             if (s->state == SRV_UP) {
-                server_tick(w, s);
+                rsrv_tick(w, s);
             } else if (s->state == SRV_HELLO) {
                 /* Its loop turns while it waits for its WELCOME (sim_replica.c's
                  * sim_server_tick): a stall is measured from its last turn, not its start. */
                 cps__replica_turned(s->rep, w->now);
-                perform(w, s);
+                rsrv_perform(w, s);
             }
             if (s->state != SRV_DEAD && s->state != SRV_FENCED)
                 ev_push(w, w->now + TICK_MS, EV_TICK, s->id, 0, NULL);
@@ -930,13 +540,13 @@ static int run_seed(uint64_t seed, int verbose, int coord, char *why, size_t why
                 break;
             s->state = SRV_UP;
             trace(w, "server %u resumes", s->id);
-            server_tick(w, s);
+            rsrv_tick(w, s);
             while (s->pend && s->state == SRV_UP) {
                 msg *m = s->pend;
                 s->pend = m->next;
                 if (!s->pend)
                     s->pend_tail = NULL;
-                server_deliver(w, s, m);
+                rsrv_deliver(w, s, m);
                 msg_free(m);
             }
             break;
@@ -958,7 +568,7 @@ static int run_seed(uint64_t seed, int verbose, int coord, char *why, size_t why
             break;
         case EV_RESTART:
             if (!w->done)
-                restart(w, s);
+                rsrv_restart(w, s);
             break;
         case EV_TWAKE:
             if (!w->done && e.arg == w->wake_gen)
@@ -1007,13 +617,13 @@ static int run_seed(uint64_t seed, int verbose, int coord, char *why, size_t why
 int main(int argc, char **argv)
 {
     sim_seed_args a;
-    if (sim_seed_args_parse(argc, argv, "sim_restore", "--coordinator", &a) != 0)
+    if (sim_seed_args_parse(argc, argv, "sim_restore", "--model", &a) != 0)
         return 2;
     sim_seed_tally t = {0, 0};
     uint64_t restored = 0, refused = 0;
     for (uint64_t s = a.seed; s < a.seed + a.seeds; s++) {
         char why[512] = "", outcome[200] = "";
-        int rc = run_seed(s, a.verbose, a.variant, why, sizeof why, outcome, sizeof outcome);
+        int rc = run_seed(s, a.verbose, !a.variant, why, sizeof why, outcome, sizeof outcome);
         if (rc >= 0 && a.verbose)
             printf("seed %" PRIu64 ": %s\n", s, outcome);
         restored += rc == 0;
@@ -1021,7 +631,7 @@ int main(int argc, char **argv)
         if (sim_seed_count(&t, "sim_restore", s, rc == 2 ? 0 : rc, why) < 0)
             return 1;
     }
-    sim_seed_summary(&t, "sim_restore", &a, "--coordinator");
+    sim_seed_summary(&t, "sim_restore", &a, "--model");
     printf("; restores: %" PRIu64 " complete, %" PRIu64 " failed as allowed", restored, refused);
     return sim_seed_end(&t);
 }

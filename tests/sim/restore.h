@@ -1,5 +1,5 @@
-/* sim_restore's world, shared by the simulator (restore.c) and the restore tool it runs
- * (restore_tool.c): see restore.c for what it models. */
+/* sim_restore's world, shared by the simulator (restore.c), its servers (restore_servers.c) and
+ * the restore tool it runs (restore_tool.c): see restore.c for what it models. */
 #ifndef CPS_TESTS_SIM_RESTORE_H
 #define CPS_TESTS_SIM_RESTORE_H
 
@@ -33,7 +33,7 @@
 #define MAX_EVENTS   2000000 /* a runaway seed fails */
 
 enum { REC_CREATE = 1, REC_SLICE = 2 };
-/* SRV_HELLO (--coordinator): restarted, saying HELLO until its WELCOME lets it in. */
+/* SRV_HELLO (not --model): restarted, saying HELLO until its WELCOME lets it in. */
 enum { SRV_UP = 0, SRV_PAUSED, SRV_DEAD, SRV_FENCED, SRV_HELLO };
 enum {
     EV_MSG = 1,
@@ -87,8 +87,8 @@ typedef struct server {
     msg *pend, *pend_tail; /* came while paused, in order */
     int hb_stalled;        /* paused with its heartbeat thread: may be declared dead */
     uint64_t resume_at;
-    uint64_t beat_at;  /* --coordinator: its heartbeat thread's next beat */
-    int gone;          /* --coordinator: killed, and its connection refuses (the scheduler sees) */
+    uint64_t beat_at;  /* not --model: its heartbeat thread's next beat */
+    int gone;          /* not --model: killed, and its connection refuses (the scheduler sees) */
     uint32_t boot;     /* its process's life (1 at the start; a restart adds one) */
     uint64_t hello_at; /* SRV_HELLO: its next HELLO */
     uint64_t down_at;  /* when it was last killed or fenced */
@@ -104,7 +104,7 @@ typedef struct sent_put {
 
 typedef struct world {
     uint64_t rng, now, evn, nevents;
-    int coord_on;             /* --coordinator: the production coordinator (restore_sched.c) */
+    int coord_on;             /* the production coordinator (restore_sched.c); 0: --model */
     struct cps__coord *coord; /* ... it */
     sim_verdict v;
     int verbose;
@@ -176,14 +176,25 @@ msg *net_send(world *w, uint32_t from, uint32_t to, const cps__msg_hdr *h, const
 /* A view message to server `to` naming view `epoch` (late: up to view_ms on the way). */
 void view_post(world *w, uint32_t to, const cps__msg_hdr *h, int late);
 
-/* restore_sched.c: the production coordinator as the scheduler (--coordinator). */
+/* restore_servers.c: the servers, the production replica behind src/server's shell. */
+void rsrv_new(world *w, server *s);             /* s's replica, made at w->now (exits on failure) */
+void rsrv_perform(world *w, server *s);         /* its ready list, and the join outcomes it owes */
+void rsrv_perform_all(world *w, server *s);     /* ... and its replica's due work, while it is up */
+void rsrv_deliver(world *w, server *s, msg *m); /* m reaches s, up or saying HELLO */
+void rsrv_tick(world *w, server *s);            /* its loop turns (EV_TICK, EV_RESUME) */
+/* Not --model: killed or fenced, s starts again on its store in a new life. */
+void rsrv_restart(world *w, server *s);
+/* Store st holds range r exactly as the checkpoint has it. */
+int rsrv_holds_whole(const world *w, const rstore *st, uint32_t r);
+
+/* restore_sched.c: the production coordinator as the scheduler (not --model). */
 void rsched_setup(world *w); /* the servers' HELLOs; its first view is w->views[1] */
 void rsched_teardown(world *w);
 void rsched_deliver(world *w, msg *m); /* a message to the scheduler (node 0) */
 void rsched_tick(world *w);            /* EV_STICK */
 void rsched_beat(world *w, server *s); /* at the server's tick: its heartbeat (or HELLO) */
 
-/* restore_join.c: the server's side of a join (--coordinator). */
+/* restore_join.c: the server's side of a join (not --model). */
 void rjoin_snapshot(world *w, server *s, const cps__replica_out *o);
 void rjoin_snapshot_run(world *w, msg *m); /* EV_SNAPSHOT */
 int rjoin_take(world *w, server *s, const cps__replica_out *o, uint64_t *value);

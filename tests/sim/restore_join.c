@@ -1,4 +1,4 @@
-/* sim_restore --coordinator: the server's side of a join, as src/server performs the replica's
+/* sim_restore (not --model): the server's side of a join, as src/server performs the replica's
  * join items (replication/replica_join.c decides; this only performs): JOIN_RANGE from the
  * coordinator -> JOIN_CLEAR (the copy cleared) -> SNAP_REQ to the range's tail -> the tail's
  * SNAPSHOT, a read of its store a moment later (the snapshot thread), sent as one SNAP over its

@@ -1,5 +1,5 @@
-/* sim_restore --coordinator: the production coordinator (recovery/coordinator.h) as the scheduler
- * of the restore simulator, in place of restore.c's model (declare, send_view).
+/* sim_restore's scheduler: the production coordinator (recovery/coordinator.h), by default
+ * (restore.c's small model, declare and send_view, only with --model).
  *
  * The shell here does what src/scheduler does with the coordinator, over the simulated network:
  * the servers say HELLO and the coordinator's first view is the job's (its chains, not the
