@@ -10,6 +10,7 @@
 #include "recovery/coordinator_membership.h"
 #include "recovery/incarnation.h"
 #include "recovery/view_change.h"
+#include "recovery/workers_end.h"
 
 /* ---- ranks ---- */
 
@@ -727,24 +728,29 @@ void cps__co_drain(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to, uint
 
 /* ---- barriers and the end of the job ---- */
 
+/* The coordinator's nodes as the workers' end rules read them (recovery/workers_end.h). */
+static int worker_at(const void *ctx, uint32_t i, cps__worker_mark *out)
+{
+    const cps__coord_node *n = &((const cps__coord *)ctx)->nodes[i];
+    if (n->info.role != CPS_ROLE_WORKER)
+        return 0;
+    *out = (cps__worker_mark){
+        .rank = n->info.rank, .alive = n->info.alive, .done = n->done, .in_barrier = n->in_barrier};
+    return 1;
+}
+
 void cps__co_release_barrier(cps__coord *c)
 {
-    uint32_t waiting = 0, live = 0;
-    for (uint32_t i = 0; i < c->nnodes; i++) {
-        const cps__coord_node *n = &c->nodes[i];
-        if (n->info.role != CPS_ROLE_WORKER || n->done || !n->info.alive)
-            continue; /* finished or dead workers do not hold a barrier up */
-        live++;
-        waiting += n->in_barrier;
-    }
-    if (live == 0 || waiting < live)
+    if (!cps__workers_barrier_releases(c->nnodes, worker_at, c))
         return;
+    uint32_t live = 0;
     for (uint32_t i = 0; i < c->nnodes; i++) {
         cps__coord_node *n = &c->nodes[i];
         if (n->info.role == CPS_ROLE_WORKER && n->in_barrier) {
             cps__msg_hdr req = {.req_worker = n->info.id, .req_seq = n->barrier_seq};
             cps__co_send_simple(c, n->info.id, CPS_MSG_BARRIER_DONE, &req);
             n->in_barrier = 0;
+            live += !n->done && n->info.alive;
         }
     }
     cps__co_log(c, CPS_LOG_DEBUG, "barrier released (%u workers)", live);
@@ -752,20 +758,8 @@ void cps__co_release_barrier(cps__coord *c)
 
 uint32_t cps__co_unfinished_dead_rank(const cps__coord *c)
 {
-    /* One pass over the nodes, then one over the ranks: every goodbye at the job's end sends a
-     * view to each worker, so ranks x nodes here would cost the job's end W^2 N. */
-    unsigned char *held = c->rank_held;
-    memset(held, 0, c->cfg.num_workers);
-    for (uint32_t i = 0; i < c->nnodes; i++) {
-        const cps__coord_node *n = &c->nodes[i];
-        if (n->info.role == CPS_ROLE_WORKER && n->info.rank < c->cfg.num_workers &&
-            (n->done || n->info.alive))
-            held[n->info.rank] = 1;
-    }
-    for (uint32_t r = 0; r < c->cfg.num_workers; r++)
-        if (!held[r])
-            return r;
-    return UINT32_MAX;
+    return cps__workers_unfinished_dead_rank(c->nnodes, worker_at, c, c->cfg.num_workers,
+                                             c->rank_held);
 }
 
 int cps__co_workers_settled(const cps__coord *c)
