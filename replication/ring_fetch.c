@@ -81,6 +81,7 @@ static int pass_over(cps__fetch *f, const cps__view *v, int settled, uint64_t no
      * word) rather than fail, and ask the live members again meanwhile. */
     if (!f->idle) {
         f->idle = 1;
+        f->waited = 1;
         f->idle_ms = now;
     }
     f->from = 0;
@@ -126,7 +127,7 @@ int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, 
     if (shutdown)
         return done(f, CPS_ESHUTDOWN, result);
     if (now >= f->deadline)
-        return done(f, f->idle ? CPS_ENOPEER : CPS_ETIMEDOUT, result);
+        return done(f, f->waited ? CPS_ENOPEER : CPS_ETIMEDOUT, result);
     if (ended)
         return pass_over(f, v, settled, now, result);
     if (f->idle) {

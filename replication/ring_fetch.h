@@ -42,6 +42,7 @@ typedef struct cps__fetch {
      * worker rank awaits its replacement) and asks again. */
     uint32_t empties;
     int plain, idle;
+    int waited; /* some pass ended so: at the deadline, CPS_ENOPEER rather than CPS_ETIMEDOUT */
     uint64_t idle_ms;
     uint64_t step; /* with result 1: the sharer's step */
     /* An answer in parts (cps__fetch_part_take): the parts taken so far are the first `have`
@@ -86,8 +87,9 @@ uint64_t cps__fetch_refusal_step(int status, int replacement, int ever_held);
  *  - CPS_FETCH_DONE: the fetch is over with *result: 1 (the values were taken, f->step is the
  *    sharer's step), or CPS_ENOTFOUND (no live worker shares a buffer: one has shared nothing
  *    yet, or every worker rank is live and none ever held a state), CPS_ESIZE (the sharer
- *    holds another length), CPS_ENOPEER (at the deadline: no live worker held a state to ask
- *    for, and some died whose replacements did not come), CPS_ETIMEDOUT, CPS_ESHUTDOWN (the
+ *    holds another length), CPS_ENOPEER (at the deadline, after a pass found no live worker
+ *    holding a state while some rank awaited its replacement: it did not come), CPS_ETIMEDOUT
+ *    (at the deadline otherwise), CPS_ESHUTDOWN (the
  *    job ended; or, with `settled`, no live worker is left to ask, or every live one is a
  *    replacement that never held a state while some rank's worker finished: the job's work is
  *    done, nobody will all-reduce with us), or a sharer's other refusal.
