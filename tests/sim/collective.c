@@ -51,6 +51,15 @@
  * collective (allreduce_app) or only after it (chainps.torch), and a replacement shares what it
  * fetched at once or only after its first collective; before its first share a worker answers
  * CPS_ENOTFOUND.
+ * The job's end: workers past their last collective wait in cps_barrier, which releases by the
+ * coordinator's rule (recovery/workers_end.c), and then leave (goodbye); views carry the
+ * scheduler's word (settled, by the same file's rule), which a replacement's fetch reads. A fetch
+ * that says the job has ended (CPS_ESHUTDOWN) is right only once some worker completed the last
+ * collective and finished.
+ * --end-kills: one worker, or two of 4 or more, killed inside the last collective, every one
+ * replaced: each replacement must fetch the final state or be told the job has ended; any other
+ * end of its fetch fails the seed (sim.collective_end; with --old-peers, whose refusals carry no
+ * word, seeds must fail: sim.collective_end_catches).
  * --slow: one worker stalls once (its messages leave late, none is lost) for up to 90% of the
  * timeout, moved onto the predecessor of a replacement that a view made listen when there is
  * one; the same checks hold (sim.collective_slow).
@@ -59,7 +68,7 @@
  * receiver's is relabelled with the receiver's epoch before delivery. Seeds must then fail.
  *
  * usage: sim_collective [--seed N] [--seeds K] [--mix-epochs] [--guess-seq] [--no-adopt]
- * [--old-peers] [--slow] [--slow-parts]
+ * [--old-peers] [--slow] [--slow-parts] [--end-kills]
  * [-v]   (-v with SIM_TRACE=1 in the environment also prints every message delivered)
  */
 #include "collective.h"
