@@ -10,6 +10,7 @@
 #include "recovery/coordinator_membership.h"
 #include "recovery/incarnation.h"
 #include "recovery/view_change.h"
+#include "recovery/workers_end.h"
 
 /* ---- ranks ---- */
 
@@ -729,22 +730,16 @@ void cps__co_drain(cps__coord *c, const cps__msg_hdr *h, uint32_t reply_to, uint
 
 void cps__co_release_barrier(cps__coord *c)
 {
-    uint32_t waiting = 0, live = 0;
-    for (uint32_t i = 0; i < c->nnodes; i++) {
-        const cps__coord_node *n = &c->nodes[i];
-        if (n->info.role != CPS_ROLE_WORKER || n->done || !n->info.alive)
-            continue; /* finished or dead workers do not hold a barrier up */
-        live++;
-        waiting += n->in_barrier;
-    }
-    if (live == 0 || waiting < live)
+    if (!cps__workers_barrier_releases(c->nnodes, cps__co_worker_at, c))
         return;
+    uint32_t live = 0;
     for (uint32_t i = 0; i < c->nnodes; i++) {
         cps__coord_node *n = &c->nodes[i];
         if (n->info.role == CPS_ROLE_WORKER && n->in_barrier) {
             cps__msg_hdr req = {.req_worker = n->info.id, .req_seq = n->barrier_seq};
             cps__co_send_simple(c, n->info.id, CPS_MSG_BARRIER_DONE, &req);
             n->in_barrier = 0;
+            live += !n->done && n->info.alive;
         }
     }
     cps__co_log(c, CPS_LOG_DEBUG, "barrier released (%u workers)", live);

@@ -3,8 +3,6 @@
  * own scratch, rank_held) or calls another file of the coordinator. */
 #include "recovery/coordinator_state.h"
 
-#include <string.h>
-
 /* ---- members ---- */
 
 const char *cps__co_role(int role)
@@ -112,22 +110,21 @@ uint64_t cps__coord_epoch(const cps__coord *c)
 
 /* ---- the workers' ranks ---- */
 
+/* The coordinator's nodes as the workers' end rules read them (recovery/workers_end.h). */
+int cps__co_worker_at(const void *ctx, uint32_t i, cps__worker_mark *out)
+{
+    const cps__coord_node *n = &((const cps__coord *)ctx)->nodes[i];
+    if (n->info.role != CPS_ROLE_WORKER)
+        return 0;
+    *out = (cps__worker_mark){
+        .rank = n->info.rank, .alive = n->info.alive, .done = n->done, .in_barrier = n->in_barrier};
+    return 1;
+}
+
 uint32_t cps__co_unfinished_dead_rank(const cps__coord *c)
 {
-    /* One pass over the nodes, then one over the ranks: every goodbye at the job's end sends a
-     * view to each worker, so ranks x nodes here would cost the job's end W^2 N. */
-    unsigned char *held = c->rank_held;
-    memset(held, 0, c->cfg.num_workers);
-    for (uint32_t i = 0; i < c->nnodes; i++) {
-        const cps__coord_node *n = &c->nodes[i];
-        if (n->info.role == CPS_ROLE_WORKER && n->info.rank < c->cfg.num_workers &&
-            (n->done || n->info.alive))
-            held[n->info.rank] = 1;
-    }
-    for (uint32_t r = 0; r < c->cfg.num_workers; r++)
-        if (!held[r])
-            return r;
-    return UINT32_MAX;
+    return cps__workers_unfinished_dead_rank(c->nnodes, cps__co_worker_at, c, c->cfg.num_workers,
+                                             c->rank_held);
 }
 
 int cps__co_workers_settled(const cps__coord *c)

@@ -11,6 +11,7 @@
 #include "recovery/registry.h"
 #include "recovery/repair.h"
 #include "recovery/suspect.h"
+#include "recovery/workers_end.h"
 
 #define CPS_COORD_SELF 0u /* the scheduler's node id */
 
@@ -75,6 +76,8 @@ cps__coord_node *cps__co_find(cps__coord *c, uint32_t id);
 int cps__co_superseded(const cps__coord *c, const cps__coord_node *n);
 uint32_t cps__co_count_role(const cps__coord *c, int role);
 const char *cps__co_role(int role);
+/* Node i of the coordinator (ctx) as the workers' end rules read it (a cps__worker_at). */
+int cps__co_worker_at(const void *ctx, uint32_t i, cps__worker_mark *out);
 /* A worker rank that no live worker holds and none finished (its worker died and no other took
  * its place yet), or UINT32_MAX. */
 uint32_t cps__co_unfinished_dead_rank(const cps__coord *c);

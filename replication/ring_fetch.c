@@ -38,28 +38,109 @@ static int done(cps__fetch *f, int outcome, int *result)
     return CPS_FETCH_DONE;
 }
 
+uint64_t cps__fetch_refusal_step(int status, int replacement, int ever_held)
+{
+    return status == CPS_ENOTFOUND && replacement && !ever_held ? CPS_FETCH_NEVER_HELD : 0;
+}
+
+static int is_member(const uint32_t *members, uint32_t n, uint32_t id)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (members[i] == id)
+            return 1;
+    return 0;
+}
+
+/* Some worker rank of the job has no live worker in `v`. With the scheduler's word (every rank
+ * is held by a live worker or by one that finished) that rank's worker finished. Two live
+ * workers of one rank would hide a rank: counted so, the answer errs towards "none finished". */
+static int some_rank_not_live(const cps__view *v)
+{
+    uint32_t live = 0;
+    for (uint32_t i = 0; i < v->nnodes; i++)
+        live += v->nodes[i].role == CPS_ROLE_WORKER && v->nodes[i].alive;
+    return live < v->num_workers;
+}
+
+/* A pass is over and nobody gave the state: nobody live was left to ask, or only replacements
+ * that never held one (a member that has shared nothing yet ended the fetch before). */
+static int pass_over(cps__fetch *f, const cps__view *v, int settled, uint64_t now, int *result)
+{
+    if (settled) {
+        /* Every rank is held by a live worker or by one that finished. With nobody live to ask,
+         * the others finished: they completed the last all-reduce without the worker we
+         * replace, passed the barrier and left, and the job's work is done (nobody will
+         * all-reduce with us). With only empty replacements live, the same when some rank's
+         * worker finished (it took the final state along, and nobody needs it: no rank has a
+         * step left to run); when every rank is live, nobody holds the state any more. */
+        if (f->empties == 0 || some_rank_not_live(v))
+            return done(f, CPS_ESHUTDOWN, result);
+        return done(f, CPS_ENOTFOUND, result);
+    }
+    /* A worker killed with the one we replace awaits its replacement: wait for it (or for the
+     * word) rather than fail, and ask the live members again meanwhile. */
+    if (!f->idle) {
+        f->idle = 1;
+        f->waited = 1;
+        f->idle_ms = now;
+    }
+    f->from = 0;
+    f->sent = 0;
+    f->has_id = 0;
+    return CPS_FETCH_WAIT;
+}
+
 int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, uint32_t n,
                     uint32_t me, int shutdown, int settled, uint64_t now, uint32_t *to,
                     uint64_t *req, int *result)
 {
     if (!f->active)
         return done(f, CPS_EINVAL, result);
+    int ended = 0;
     if (f->answered) {
         if (f->result != CPS_ENOTFOUND)
             return done(f, f->result, result);
         /* That one shares nothing (another replacement?): ask the next. */
         f->answered = 0;
         f->has_id = 0;
-        f->from = target(members, n, me, f->from);
-        if (!f->from)
-            return done(f, CPS_ENOTFOUND, result);
+        if (f->empty)
+            f->empties++;
+        else
+            f->plain = 1;
+        if (!is_member(members, n, f->from)) {
+            /* It left the ring (finished, or died) before we moved on: the ring changed under
+             * this pass, so begin another over the members there are now. */
+            f->empties = 0;
+            f->plain = 0;
+            f->from = target(members, n, me, 0);
+        } else {
+            f->from = target(members, n, me, f->from);
+        }
+        if (!f->from) {
+            if (f->plain)
+                return done(f, CPS_ENOTFOUND, result);
+            ended = 1;
+        }
         f->sent = 0;
         f->req0 = f->req + 1;
     }
     if (shutdown)
         return done(f, CPS_ESHUTDOWN, result);
     if (now >= f->deadline)
-        return done(f, CPS_ETIMEDOUT, result);
+        return done(f, f->waited ? CPS_ENOPEER : CPS_ETIMEDOUT, result);
+    if (ended)
+        return pass_over(f, v, settled, now, result);
+    if (f->idle) {
+        /* Ask again after a while (a replacement may have come, or fetched), and at once when
+         * the word comes: every live member, from the first. */
+        if (!settled && now - f->idle_ms < CPS_FETCH_RESEND_MS)
+            return CPS_FETCH_WAIT;
+        f->idle = 0;
+        f->empties = 0;
+        f->plain = 0;
+        f->from = 0;
+        f->sent = 0;
+    }
     /* Re-sent after a silence (a part lost with a dead sharer, or the request itself), and at
      * once for the next window of an answer in parts (sent cleared). */
     if (f->sent && now - f->sent_ms < CPS_FETCH_RESEND_MS)
@@ -67,11 +148,8 @@ int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, 
     /* (Again) to the first live worker: the one asked may have died since. */
     const cps__node_info *w = f->from ? cps__view_node(v, f->from) : NULL;
     uint32_t t = w && w->alive ? f->from : target(members, n, me, 0);
-    /* Nobody left to ask. If the others finished (they completed the last all-reduce without
-     * the worker we replace, passed the barrier and left), the job's work is done: that is the
-     * job's end for us, not a failure. If some died, their replacements may still come. */
     if (!t)
-        return done(f, settled ? CPS_ESHUTDOWN : CPS_ENOPEER, result);
+        return pass_over(f, v, settled, now, result);
     if (t != f->from) {
         f->has_id = 0; /* another sharer's answer is another answer */
         f->req0 = f->req + 1;
@@ -95,6 +173,7 @@ int cps__fetch_answer(cps__fetch *f, uint32_t from, uint64_t req_seq, int status
     f->answered = 1;
     if (status < 0) {
         f->result = status;
+        f->empty = status == CPS_ENOTFOUND && (step & CPS_FETCH_NEVER_HELD);
         return 0;
     }
     if (count < f->len) {
@@ -258,6 +337,7 @@ int cps__fetch_part_take(cps__fetch *f, uint32_t from, uint64_t req_seq, int sta
         }
         f->answered = 1;
         f->result = status;
+        f->empty = status == CPS_ENOTFOUND && (p->step & CPS_FETCH_NEVER_HELD);
         return 0;
     }
     if (p->total < f->len) {

@@ -33,6 +33,17 @@ typedef struct cps__fetch {
     uint32_t from; /* the worker asked (0: none yet) */
     int answered;  /* an answer to `req` from `from` came, with `result` */
     int result;    /* 1: the values were taken; else the sharer's refusal (CPS_E...) */
+    int empty;     /* that refusal was CPS_ENOTFOUND with CPS_FETCH_NEVER_HELD: a replacement
+                      that never held a state, not a worker that has shared nothing yet */
+    /* A pass asks the live members in ring order until one gives the state. So far in this
+     * pass: `empties` replacements said they never held one, `plain` some member has shared
+     * nothing yet. At a pass's end with only empty replacements asked (or nobody), the fetch
+     * decides with the scheduler's word, or is `idle` since `idle_ms` until the word comes (a
+     * worker rank awaits its replacement) and asks again. */
+    uint32_t empties;
+    int plain, idle;
+    int waited; /* some pass ended so: at the deadline, CPS_ENOPEER rather than CPS_ETIMEDOUT */
+    uint64_t idle_ms;
     uint64_t step; /* with result 1: the sharer's step */
     /* An answer in parts (cps__fetch_part_take): the parts taken so far are the first `have`
      * values of one answer of worker `from`, the one named by (gen, step, next, total) */
@@ -52,6 +63,19 @@ void cps__fetch_stop(cps__fetch *f);
 
 enum { CPS_FETCH_WAIT = 0, CPS_FETCH_SEND = 1, CPS_FETCH_DONE = 2 };
 
+/* A refusal CPS_ENOTFOUND whose header `step` has this bit says "I am a replacement that never
+ * held a state" (it took a dead worker's rank and has neither fetched, shared nor completed a
+ * collective), as opposed to "I have shared nothing yet" (step 0: a worker before its first
+ * share). Askers that predate it ignore a refusal's `step`, and a sharer that predates it sends
+ * 0, which reads as the latter: no new wire version. */
+#define CPS_FETCH_NEVER_HELD 1ull
+
+/* The sharer's side: the header `step` of its refusal `status` (0 or CPS_E...), given whether it
+ * is a `replacement` and whether it `ever_held` a state (shared one, fetched one or completed a
+ * collective): CPS_FETCH_NEVER_HELD for a replacement's CPS_ENOTFOUND that never held one, else
+ * 0. */
+uint64_t cps__fetch_refusal_step(int status, int replacement, int ever_held);
+
 /* What to do now. The ring's `n` members in order (`members`, this worker `me` among them or
  * not) and the view `v` say who may be asked; `shutdown`: the job ended; `settled`: the
  * scheduler says no worker rank awaits a replacement, so a worker not live in `v` finished its
@@ -61,22 +85,29 @@ enum { CPS_FETCH_WAIT = 0, CPS_FETCH_SEND = 1, CPS_FETCH_DONE = 2 };
  *  - CPS_FETCH_WAIT: let the client's loop run a little (answers come through it), then ask
  *    again.
  *  - CPS_FETCH_DONE: the fetch is over with *result: 1 (the values were taken, f->step is the
- *    sharer's step), or CPS_ENOTFOUND (no live worker shares a buffer), CPS_ESIZE (the sharer
- *    holds another length), CPS_ENOPEER (no live worker to ask, and some died: their
- *    replacements may come), CPS_ETIMEDOUT, CPS_ESHUTDOWN (the job ended, or no live worker is
- *    left to ask and every other one finished: the job's work is done, nobody will all-reduce
- *    with us), or a sharer's other refusal. A refusal CPS_ENOTFOUND moves on to the next member
- * after the one that gave it, in ring order. */
+ *    sharer's step), or CPS_ENOTFOUND (no live worker shares a buffer: one has shared nothing
+ *    yet, or every worker rank is live and none ever held a state), CPS_ESIZE (the sharer
+ *    holds another length), CPS_ENOPEER (at the deadline, after a pass found no live worker
+ *    holding a state while some rank awaited its replacement: it did not come), CPS_ETIMEDOUT
+ *    (at the deadline otherwise), CPS_ESHUTDOWN (the
+ *    job ended; or, with `settled`, no live worker is left to ask, or every live one is a
+ *    replacement that never held a state while some rank's worker finished: the job's work is
+ *    done, nobody will all-reduce with us), or a sharer's other refusal.
+ * A refusal CPS_ENOTFOUND moves on to the next member after the one that gave it, in ring
+ * order. When nobody is left to ask (or only replacements that never held a state) and the word
+ * is absent, the fetch waits (CPS_FETCH_WAIT) and asks the live members again every
+ * CPS_FETCH_RESEND_MS, and at once when the word comes: a worker killed with us may still be
+ * replaced, and the word says when every rank is accounted for. */
 int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, uint32_t n,
                     uint32_t me, int shutdown, int settled, uint64_t now, uint32_t *to,
                     uint64_t *req, int *result);
 
 /* An answer in one message (a sharer that predates parts, asked in parts; see cps__fetch_part)
  * to request `req_seq` from worker `from`: the sharer's `status` (0 or CPS_E...),
- * `count` values, its `step`. 1 when the shell takes the first f->len values of it (and may
- * adopt the ring's next collective and the result that follow them, collective.h); 0 when it
- * is ignored (no fetch under way, another request's, or the outcome is a refusal, kept for
- * cps__fetch_next). */
+ * `count` values, its `step` (for a refusal, its word: CPS_FETCH_NEVER_HELD). 1 when the shell
+ * takes the first f->len values of it (and may adopt the ring's next collective and the result that
+ * follow them, collective.h); 0 when it is ignored (no fetch under way, another request's, or the
+ * outcome is a refusal, kept for cps__fetch_next). */
 int cps__fetch_answer(cps__fetch *f, uint32_t from, uint64_t req_seq, int status, uint64_t count,
                       uint64_t step);
 
@@ -189,17 +220,18 @@ void cps__fetch_served_note(cps__fetch_served *s, uint32_t to, uint64_t gen, uin
                             uint64_t end, uint64_t now);
 
 /* A part `p` of an answer to request `req_seq` from worker `from`, with the sharer's `status`,
- * arrived at `now`. Parts answering any request sent to `from` since it was chosen count
- * (their identity and offset say they carry the same values); a refusal only the last
- * request's, and a refusal CPS_EINVAL to a request from a value past the start (the sharer's new
- * answer is shorter than the old one we resumed) restarts the assembly from value 0 instead of
- * ending the fetch. A total of 2^32 values or more past f->len is refused (CPS_EPROTO). 1: take
- * it (copy its values to the answer's value p->off on: the first
- * f->len values are the shared state, the rest the result); 0: ignored (no fetch under way,
- * another request's or worker's, a part out of order, a part of another answer, which restarts
- * the assembly from value 0, or a refusal, kept for cps__fetch_next). When the last part is taken,
- * cps__fetch_next says CPS_FETCH_DONE with result 1: f->step, f->next and f->total describe the
- * whole answer (f->total - f->len values of result, of collective f->next - 1). */
+ * arrived at `now` (for a refusal, which has no payload, only p->step counts: the header's
+ * `step`, the refusal's word CPS_FETCH_NEVER_HELD). Parts answering any request sent to `from`
+ * since it was chosen count (their identity and offset say they carry the same values); a refusal
+ * only the last request's, and a refusal CPS_EINVAL to a request from a value past the start (the
+ * sharer's new answer is shorter than the old one we resumed) restarts the assembly from value 0
+ * instead of ending the fetch. A total of 2^32 values or more past f->len is refused (CPS_EPROTO).
+ * 1: take it (copy its values to the answer's value p->off on: the first f->len values are the
+ * shared state, the rest the result); 0: ignored (no fetch under way, another request's or
+ * worker's, a part out of order, a part of another answer, which restarts the assembly from value
+ * 0, or a refusal, kept for cps__fetch_next). When the last part is taken, cps__fetch_next says
+ * CPS_FETCH_DONE with result 1: f->step, f->next and f->total describe the whole answer (f->total -
+ * f->len values of result, of collective f->next - 1). */
 int cps__fetch_part_take(cps__fetch *f, uint32_t from, uint64_t req_seq, int status,
                          const cps__fetch_part *p, uint64_t now);
 

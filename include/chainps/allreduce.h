@@ -98,10 +98,13 @@ CPS_API int cps_allreduce_share(struct cps_client *c, const float *buf, uint64_t
  * @return 1: fetched; 0: this worker started with the job (nothing to fetch, buf untouched);
  *         CPS_ESHUTDOWN: the job has ended for this worker: the scheduler ended it, or the other
  *         workers finished their work without the one this worker replaces (it died in their
- *         last all-reduce) and left, as the scheduler says, so nobody will all-reduce with it:
- *         a clean end, close the client and exit successfully;
+ *         last all-reduce) and left, as the scheduler says, so nobody will all-reduce with it
+ *         (the only live workers left are replacements like this one, holding no state): a
+ *         clean end, close the client and exit successfully;
  *         CPS_ESIZE (the shared buffer has another length), CPS_ENOTFOUND (the live worker
- *         shares nothing), CPS_ENOPEER (no live worker, and some died: nobody to copy from),
+ *         shares nothing, or every worker died and was replaced: nobody holds a state),
+ *         CPS_ENOPEER (after waiting CHAINPS_UNAVAILABLE_TIMEOUT_MS: no live worker holds a
+ *         state, and a dead worker's replacement, which the fetch waited for, never came),
  *         CPS_ETIMEDOUT, CPS_EINVAL, CPS_EBUSY (an all-reduce of this client is running or
  *         queued: call it before the first).
  */

@@ -46,7 +46,8 @@ struct cps_allreduce_handle {
 struct cps__ar {
     cps__coll *coll;
     uint32_t nmembers;
-    int joiner; /* this worker took the rank of a dead one (decided at the first view) */
+    int joiner;  /* this worker took the rank of a dead one (decided at the first view) */
+    int fetched; /* a fetch of ours brought a state */
     const float *share_buf;
     uint64_t share_len, share_step;
     uint64_t share_seq;   /* the ring's last collective when the buffer was shared */
@@ -279,6 +280,13 @@ void cps__ar_on_view(cps_client *c)
     perform(c);
 }
 
+/* A refusal's word: a replacement that never held a state says so, and an asker that finds
+ * only such replacements alive knows nobody holds one (ring_fetch.h). */
+static uint64_t refusal_step(const cps__ar *a, int status, int has_result)
+{
+    return cps__fetch_refusal_step(status, a->joiner, a->share_gen > 0 || a->fetched || has_result);
+}
+
 /* A replacement asks for our shared buffer: answer at once (we are inside a call, so the owner
  * is not writing it). The answer in parts, from the value the request names: every part carries the
  * answer's identity (ring_fetch.h), and the result always goes after the shared values. */
@@ -297,6 +305,7 @@ static void serve_parts(cps_client *c, const cps__msg_hdr *req)
     h.status = cps__fetch_serve_parts(a->share_buf ? a->share_len : 0, req->aux, a->share_seq, has,
                                       rseq, rn, from, &total);
     if (h.status != 0) {
+        h.step = refusal_step(a, h.status, has);
         int rc = cps__msg_send(c->tp, req->sender, &h, NULL, 0);
         if (rc != 0)
             cps__log(CPS_LOG_WARN, "allreduce", "cannot answer worker %u's state request: %s",
@@ -364,6 +373,7 @@ static void serve_state(cps_client *c, const cps__msg_hdr *req)
     int has = cps__coll_last_result(a->coll, &rseq, &res, &rn), with_result;
     h.status = cps__fetch_serve(a->share_buf ? a->share_len : 0, req->aux, a->share_seq, has, rseq,
                                 rn, &with_result);
+    h.step = refusal_step(a, h.status, has);
     if (h.status == 0) {
         vals = a->share_buf;
         n = a->share_len;
@@ -423,6 +433,7 @@ static void on_part(cps_client *c, const cps__rx *rx)
     const cps__msg_hdr *h = &rx->hdr;
     cps__fetch_part p = {0};
     const float *vals = NULL;
+    p.step = h->step; /* a refusal's word (CPS_FETCH_NEVER_HELD); a part's decode sets it too */
     if (h->status == 0 &&
         cps__fetch_part_decode(rx->payload, rx->len, h->step, h->aux, &p, &vals) != 0) {
         cps__log(CPS_LOG_WARN, "allreduce", "malformed answer part from worker %u dropped",
@@ -469,6 +480,10 @@ void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
         return;
     }
     if (h->range == KIND_STATE_REQ) {
+        /* Before our first view we do not know whether we replace a dead worker, so our refusal
+         * would say the wrong thing: the asker asks again after CPS_FETCH_RESEND_MS. */
+        if (a->epoch_fed == 0)
+            return;
         if (h->step & CPS_FETCH_IN_PARTS)
             serve_parts(c, h);
         else
@@ -685,6 +700,7 @@ int cps_allreduce_fetch(cps_client *c, float *buf, uint64_t len, uint64_t *step)
         }
     }
     if (rc == 1) {
+        a->fetched = 1;
         if (step)
             *step = a->fetch.step;
         cps__log(CPS_LOG_INFO, "allreduce",

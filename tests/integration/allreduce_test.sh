@@ -7,7 +7,7 @@
 #  3. --restart-workers: the replacement fetches the trained values from a live worker
 #     (cps_allreduce_fetch) and both workers end with the same values; with 3 workers and one
 #     killed in the last all-reduce, its replacement learns that the job has ended and the job
-#     succeeds.
+#     succeeds; with 5 workers and two killed there, both replacements learn it (3c).
 #  4. checkpoints of a job whose every tensor is all-reduced: step-based periodic exports (their
 #     step is the workers' cps_local_commit) hold the all-reduced values (cps_local_add/commit),
 #     sent in chunks of 4 KiB (CHAINPS_LOCAL_CHUNK); a job restored from one gives both workers
@@ -215,6 +215,56 @@ if [ "${EQUAL_WORKERS-x}" != "" ]; then
     [ "$(echo "$finals" | wc -l)" = 2 ] && [ "$(echo "$finals" | sort -u | wc -l)" = 1 ] ||
         { grep 'final w' "$out.log"; fail "last kill: the survivors ended with different w"; }
     echo "ok: --restart-workers, 3 workers, rank 2 killed in the last all-reduce: the job succeeds, the replacement says the job has ended, the survivors end with w $(echo "$finals" | head -1)"
+fi
+
+# 3c. The same with 5 workers and two of them, ranks 3 and 4, killed -9 in the job's last
+#    all-reduce: ranks 0 to 2 complete it and leave. The first replacement finds nobody to ask
+#    while rank 4 awaits its own (no word yet): it waits instead of failing CPS_ENOPEER. Once
+#    both are live, each asks the other, which refuses saying it is a replacement that never
+#    held a state; with the word (every rank held by a live or a finished worker) and a finished
+#    rank, both end CPS_ESHUTDOWN: they say the job has ended and exit 0, and the job succeeds.
+#    Before (issue 29) the first failed CPS_ENOPEER at once, or both CPS_ENOTFOUND: "job FAILED".
+if [ "${EQUAL_WORKERS-x}" != "" ]; then
+    for attempt in 1 2 3; do
+        out="$dir/twokill$attempt"
+        mkdir -p "$out"
+        "$CHAINPS" launch --servers 1 --workers 5 --restart-workers --timeout 100 -- \
+            "$APP" --out "$out" --train --len 5000 --iters 100 --step-ms 30 >"$out.log" 2>&1 &
+        lp=$!
+        for t in $(seq 1 300); do
+            [ -s "$out/rank3.txt" ] && [ -s "$out/rank4.txt" ] && break
+            sleep 0.1
+        done
+        p3=$(worker_of_rank 3)
+        p4=$(worker_of_rank 4)
+        [ -n "$p3" ] && [ -n "$p4" ] || { tail -20 "$out.log"; fail "no workers of ranks 3 and 4"; }
+        for t in $(seq 1 6000); do
+            [ "$(wc -l <"$out/rank3.txt")" -ge 99 ] && [ "$(wc -l <"$out/rank4.txt")" -ge 99 ] && break
+            sleep 0.005
+        done
+        kill -9 "$p3" "$p4"
+        l3=$(wc -l <"$out/rank3.txt")
+        l4=$(wc -l <"$out/rank4.txt")
+        wait "$lp"
+        rc=$?
+        lp=
+        [ "$l3" = 99 ] && [ "$l4" = 99 ] && break
+        echo "two kills, attempt $attempt: ranks 3 and 4 were killed after $l3 and $l4 all-reduces, not both in the last one: again"
+    done
+    [ "$l3" = 99 ] && [ "$l4" = 99 ] || fail "ranks 3 and 4 were never both killed in the last all-reduce (3 attempts)"
+    [ $rc = 0 ] || { grep 'rank [34]\|replacement\|FAIL' "$out.log" | tail -20; fail "the job whose two workers died in the last all-reduce exited $rc"; }
+    for rank in 3 4; do
+        grep -q "rank $rank: the job has ended before this replacement could join" "$out.log" ||
+            { grep "rank $rank\|replacement" "$out.log" | tail -10; fail "rank $rank's replacement did not end saying the job had ended"; }
+    done
+    for rank in 0 1 2; do
+        [ "$(hashes "$out" $rank | wc -l)" = 100 ] || fail "two kills: rank $rank did not complete 100"
+        cmp -s <(hashes "$out" 0) <(hashes "$out" $rank) || fail "two kills: ranks 0 and $rank hold other bits"
+    done
+    finals=$(sed -n 's/.*final w \([0-9a-f]*\).*/\1/p' "$out.log")
+    [ "$(echo "$finals" | wc -l)" = 3 ] && [ "$(echo "$finals" | sort -u | wc -l)" = 1 ] ||
+        { grep 'final w' "$out.log"; fail "two kills: the survivors ended with different w"; }
+    echo "ok: --restart-workers, 5 workers, ranks 3 and 4 killed in the last all-reduce: the job succeeds, both replacements say the job has ended, the survivors end with w $(echo "$finals" | head -1)"
 fi
 
 # 4. Checkpoints hold the all-reduced w: a 2-worker job (allreduce_app --train --ckpt, no server

@@ -51,6 +51,15 @@
  * collective (allreduce_app) or only after it (chainps.torch), and a replacement shares what it
  * fetched at once or only after its first collective; before its first share a worker answers
  * CPS_ENOTFOUND.
+ * The job's end: workers past their last collective wait in cps_barrier, which releases by the
+ * coordinator's rule (recovery/workers_end.c), and then leave (goodbye); views carry the
+ * scheduler's word (settled, by the same file's rule), which a replacement's fetch reads. A fetch
+ * that says the job has ended (CPS_ESHUTDOWN) is right only once some worker completed the last
+ * collective and finished.
+ * --end-kills: one worker, or two of 4 or more, killed inside the last collective, every one
+ * replaced: each replacement must fetch the final state or be told the job has ended; any other
+ * end of its fetch fails the seed (sim.collective_end; with --old-peers, whose refusals carry no
+ * word, seeds must fail: sim.collective_end_catches).
  * --slow: one worker stalls once (its messages leave late, none is lost) for up to 90% of the
  * timeout, moved onto the predecessor of a replacement that a view made listen when there is
  * one; the same checks hold (sim.collective_slow).
@@ -59,7 +68,7 @@
  * receiver's is relabelled with the receiver's epoch before delivery. Seeds must then fail.
  *
  * usage: sim_collective [--seed N] [--seeds K] [--mix-epochs] [--guess-seq] [--no-adopt]
- * [--old-peers] [--slow] [--slow-parts]
+ * [--old-peers] [--slow] [--slow-parts] [--end-kills]
  * [-v]   (-v with SIM_TRACE=1 in the environment also prints every message delivered)
  */
 #include "collective.h"
@@ -149,7 +158,8 @@ static void check(model *m)
     }
 }
 
-static int no_adopt, old_peers, slow_parts;
+static int no_adopt, old_peers, slow_parts, end_kills;
+static uint64_t total_job_ends, total_final_fetches, total_left;
 
 static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, uint64_t *hash,
                     char *why, size_t why_len)
@@ -170,6 +180,14 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     m->seqs = 2 + (uint32_t)rnd(m, MAX_SEQ - 1);
     m->op = rnd(m, 2) ? CPS_COLL_SUM : CPS_COLL_MEAN;
     uint32_t kills = (uint32_t)rnd(m, m->norig);
+    if (end_kills) {
+        /* Only the last collective's kills (arm_end_kills): one, or two when two or more
+         * others remain to complete it. Drawn from a stream of their own. */
+        uint64_t erng = sim_mix64(seed ^ 0xe2d6ull);
+        m->end_kills = 1;
+        m->end_n = m->norig >= 4 ? 1 + (uint32_t)sim_draw(&erng, 2) : 1;
+        kills = 0;
+    }
     /* The shared state and its answer: parts of at most half the state, so every fetch comes in
      * several parts, and windows of 1 to 3 parts. Drawn from a stream of their own, so the seeds
      * of --guess-seq (no fetch) run as they did before the fetch was modelled. */
@@ -283,7 +301,7 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
             on_kill(m, e.to);
             break;
         case EV_DECLARE:
-            on_declare(m, e.to);
+            on_declare(m, e.to, e.from == 1);
             break;
         case EV_JOIN:
             on_join(m, e.to);
@@ -296,11 +314,10 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
             fetch_drive(m, e.to);
             break;
         case EV_BARRIER:
-            if (w->alive) {
-                w->in_barrier = 1;
-                share_now(m, e.to);
-                enter_call(m, e.to);
-            }
+            enter_barrier(m, e.to);
+            break;
+        case EV_BYE:
+            on_bye(m, e.to);
             break;
         default:
             break; /* a message that died with its sender */
@@ -333,6 +350,9 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     total_held += m->held_msgs;
     total_held_reqs += m->held_reqs;
     total_tail += m->tail_answers;
+    total_job_ends += m->job_ends;
+    total_final_fetches += m->final_fetches;
+    total_left += m->left;
     int failed = m->v.failed;
     if (failed)
         snprintf(why, why_len, "%s", m->v.why);
@@ -356,6 +376,8 @@ int main(int argc, char **argv)
             old_peers = 1;
         else if (!strcmp(argv[i], "--slow-parts"))
             slow_parts = 1;
+        else if (!strcmp(argv[i], "--end-kills"))
+            end_kills = 1;
         else
             argv[kept++] = argv[i];
     }
@@ -363,8 +385,8 @@ int main(int argc, char **argv)
     sim_seed_args a;
     if (sim_seed_args_parse(argc, argv, "sim_collective", "--mix-epochs", &a) != 0) {
         fprintf(stderr,
-                "  sim_collective also takes --guess-seq, --no-adopt, --old-peers, --slow and\n"
-                "  --slow-parts\n");
+                "  sim_collective also takes --guess-seq, --no-adopt, --old-peers, --slow,\n"
+                "  --slow-parts and --end-kills\n");
         return 2;
     }
     sim_seed_tally t = {0, 0};
@@ -395,5 +417,8 @@ int main(int argc, char **argv)
     printf("; %" PRIu64 " messages waited for a call (%" PRIu64 " fetch requests), %" PRIu64
            " answers before a share (both runs)",
            total_held, total_held_reqs, total_tail);
+    printf("; %" PRIu64 " workers left through the barrier, %" PRIu64
+           " replacements told the job ended, %" PRIu64 " fetched the final state (both runs)",
+           total_left, total_job_ends, total_final_fetches);
     return sim_seed_end(&t);
 }

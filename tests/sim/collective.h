@@ -19,6 +19,7 @@
 #include "chainps/error.h"
 #include "replication/collective.h"
 #include "replication/ring_fetch.h"
+#include "recovery/workers_end.h"
 
 #define MAX_ORIG     6
 #define MAX_REPL     2
@@ -43,10 +44,11 @@ enum {
     EV_KILL,
     EV_DECLARE,
     EV_JOIN,
-    EV_FREQ,   /* a replacement's request for a shared state (m.seq = its number, m.index = from) */
-    EV_FPART,  /* a part of the answer (part, status; whole: an answer in one message) */
-    EV_FTICK,  /* a fetching replacement's loop comes round (cps_allreduce_fetch's 50 ms wait) */
-    EV_BARRIER /* a worker past its last collective shares and enters cps_barrier */
+    EV_FREQ,  /* a replacement's request for a shared state (m.seq = its number, m.index = from) */
+    EV_FPART, /* a part of the answer (part, status; whole: an answer in one message) */
+    EV_FTICK, /* a fetching replacement's loop comes round (cps_allreduce_fetch's 50 ms wait) */
+    EV_BARRIER, /* a worker past its last collective shares and enters cps_barrier */
+    EV_BYE      /* a worker released from the barrier (or told the job ended) closes: goodbye */
 };
 
 /* Messages a worker's inbox holds while its program computes between two calls (the shell reads
@@ -67,12 +69,18 @@ typedef struct event {
 typedef struct view {
     uint32_t members[MAX_W]; /* node ids in rank order */
     uint32_t n;
+    int settled; /* the scheduler's word: no worker rank awaits a replacement (workers_end.h) */
 } view;
 
 typedef struct worker {
     uint32_t id, rank;
     int exists, alive, done, repl;
-    int killed; /* its results no longer count: the live ones need not agree with them */
+    int bye;         /* it finished: released from cps_barrier (or its fetch said the job ended), it
+                        said goodbye in cps_close and left */
+    int ended;       /* a replacement whose fetch said the job has ended (CPS_ESHUTDOWN) */
+    int fetched;     /* a replacement whose fetch brought a state */
+    int ever_shared; /* it called cps_allreduce_share with a state at least once */
+    int killed;      /* its results no longer count: the live ones need not agree with them */
     cps__coll *c;
     uint64_t epoch;     /* the last view installed */
     uint64_t calls;     /* collectives started */
@@ -146,6 +154,14 @@ typedef struct model {
     uint32_t held_msgs;  /* messages that waited for a call (printed) */
     uint32_t held_reqs;  /* of them, fetch requests */
     uint32_t tail_answers; /* answers given past a completion, before the share */
+    /* --end-kills: one or two workers are killed in the job's last collective (the first
+     * worker's start of it arms them), and every killed worker is replaced. */
+    int end_kills, end_armed;
+    uint32_t end_n;         /* how many it kills */
+    uint32_t job_ends;      /* replacements told the job has ended (CPS_ESHUTDOWN) */
+    uint32_t final_fetches; /* replacements that fetched the final state */
+    uint32_t left;          /* workers released from the barrier that left */
+    unsigned char held_scratch[MAX_W];
 } model;
 
 uint64_t rnd(model *m, uint64_t n);
@@ -178,7 +194,15 @@ void deliver_view(model *m, uint32_t wi, uint64_t epoch);
 
 void on_kill(model *m, uint32_t wi);
 
-void on_declare(model *m, uint32_t wi);
+/* The scheduler declares worker wi dead (`failed`: its program exited on an error, and is not
+ * replaced) and publishes a view without it. */
+void on_declare(model *m, uint32_t wi, int failed);
+
+/* The scheduler publishes a view of the workers in m->in_view, with its word (settled). */
+void publish_view(model *m);
+
+/* --end-kills: the kills of the last collective, armed when the first worker starts it. */
+void arm_end_kills(model *m);
 
 void on_join(model *m, uint32_t ri);
 
@@ -194,6 +218,22 @@ void enter_call(model *m, uint32_t wi);
 
 /* The program calls cps_allreduce_share with the state its completed collectives made. */
 void share_now(model *m, uint32_t wi);
+
+/* Some worker completed the job's last collective and finished (left through the barrier). A
+ * replacement that learnt nothing from a fetch (it guesses, or every answer was a refusal) and
+ * joins then has nothing to run: the program's own count of steps says so (the model stands in
+ * for it by looking). */
+int others_finished(const model *m);
+
+/* Worker wi's program is past its last collective: it shares and enters cps_barrier. */
+void enter_barrier(model *m, uint32_t wi);
+
+/* The scheduler's barrier rule (recovery/workers_end.c) over the modelled workers: when it says
+ * so, every worker waiting leaves (BARRIER_DONE, then cps_close's goodbye: EV_BYE). */
+void barrier_check(model *m);
+
+/* Worker wi said goodbye (cps_close): finished, out of the view. */
+void on_bye(model *m, uint32_t wi);
 
 /* cps_allreduce_fetch's loop: ask, wait, ask again, until the fetch ends. */
 void fetch_drive(model *m, uint32_t wi);

@@ -40,18 +40,51 @@ static void fetch_done(model *m, uint32_t wi, int result)
     } else if (result == CPS_ETIMEDOUT) {
         sim_fail(&m->v, "replacement %u's fetch hung", w->id);
         return;
+    } else if (result == CPS_ESHUTDOWN) {
+        /* The job's end: right only when its work is done, i.e. some worker completed the last
+         * collective and finished. The program closes the client and exits 0. */
+        if (!others_finished(m)) {
+            sim_fail(&m->v, "replacement %u told the job has ended while its work is not done",
+                     w->id);
+            return;
+        }
+        if (m->verbose)
+            printf("  t=%" PRIu64 " replacement %u: the job has ended\n", m->now, w->id);
+        m->job_ends++;
+        w->ended = w->done = 1;
+        post(m, link_at(m, wi, SCHED), (event){.type = EV_BYE, .to = wi});
+        return;
+    } else if (result == CPS_ENOPEER && !m->end_kills) {
+        /* Nobody to fetch from until the deadline: a dead worker's replacement never came (the
+         * model replaces some only). The documented error; the program ends on it. */
+        m->enopeer++;
+        w->done = 1;
+        w->alive = 0;
+        post(m, m->now + 5 + rnd(m, 300), (event){.type = EV_DECLARE, .to = wi, .from = 1});
+        return;
+    } else if (m->end_kills) {
+        /* Killed in the last collective while others complete it: the replacement gets the
+         * final state or the job's end; anything else fails the job. */
+        sim_fail(&m->v, "replacement %u's fetch failed %s (the job would fail)", w->id,
+                 cps_strerror(result));
+        return;
     }
-    /* Otherwise nobody shares anything (CPS_ENOTFOUND, CPS_ENOPEER): the sequence is guessed. */
+    /* Otherwise nobody shares anything (CPS_ENOTFOUND): the sequence is guessed. */
     if (m->verbose)
         printf("  t=%" PRIu64 " replacement %u fetched (%s): next collective %" PRIu64 ", %" PRIu64
                " values of result\n",
                m->now, w->id, result == 1 ? "ok" : cps_strerror(result), at + 1, rn);
+    if (result == 1) {
+        w->fetched = 1;
+        m->final_fetches += at >= m->seqs;
+    }
     if (result == 1 && m->share_after_fetch) {
         w->sharing = 1; /* allreduce_app shares what it fetched before its loop */
         w->shared = at;
+        w->ever_shared = 1;
     }
-    if (at >= m->seqs)
-        w->done = w->in_barrier = 1;
+    if (at >= m->seqs || (result != 1 && others_finished(m)))
+        enter_barrier(m, wi);
     else
         post(m, m->now + 1 + rnd(m, 20), (event){.type = EV_START, .to = wi});
 }
@@ -66,13 +99,13 @@ void fetch_drive(model *m, uint32_t wi)
     cps__node_info nodes[MAX_W];
     for (uint32_t i = 0; i < v->n; i++)
         nodes[i] = (cps__node_info){.id = v->members[i], .role = CPS_ROLE_WORKER, .alive = 1};
-    cps__view cv = {.epoch = w->epoch, .nnodes = v->n, .nodes = nodes};
+    cps__view cv = {.epoch = w->epoch, .num_workers = m->norig, .nnodes = v->n, .nodes = nodes};
     for (;;) {
         uint32_t to;
         uint64_t req;
         int result;
-        int what = cps__fetch_next(&w->fetch, &cv, v->members, v->n, w->id, 0, 0, m->now, &to, &req,
-                                   &result);
+        int what = cps__fetch_next(&w->fetch, &cv, v->members, v->n, w->id, 0, v->settled, m->now,
+                                   &to, &req, &result);
         if (what == CPS_FETCH_DONE) {
             fetch_done(m, wi, result);
             return;
@@ -126,6 +159,12 @@ void fetch_serve(model *m, uint32_t si, uint32_t ri, uint64_t req, uint64_t from
         e.part.count = e.status == 0 ? m->slen + (with ? rn : 0) : 0;
     } else {
         e.status = cps__fetch_serve_parts(share, m->slen, k, has, rseq, rn, from, &total);
+    }
+    if (e.status != 0) {
+        /* The refusal's word, as the shell decides it (src/worker/collective.c: it held a state
+         * when it shared one, fetched one or completed a collective); an older sharer's is 0. */
+        int held = s->ever_shared || s->fetched || has;
+        e.part.step = m->old_peers ? 0 : cps__fetch_refusal_step(e.status, s->repl, held);
     }
     if (e.status != 0 || e.whole) {
         e.vals = malloc((e.part.count + 1) * sizeof(float));

@@ -92,7 +92,74 @@ void share_now(model *m, uint32_t wi)
     if (w->completed > 0 || (!w->repl && m->share_at_start)) {
         w->sharing = 1;
         w->shared = w->completed;
+        w->ever_shared = 1;
     }
+}
+
+int others_finished(const model *m)
+{
+    for (uint32_t i = 0; i < m->nw; i++)
+        if (m->w[i].bye && m->w[i].completed >= m->seqs)
+            return 1;
+    return 0;
+}
+
+void enter_barrier(model *m, uint32_t wi)
+{
+    worker *w = &m->w[wi];
+    if (!w->alive)
+        return;
+    w->done = w->in_barrier = 1;
+    share_now(m, wi);
+    enter_call(m, wi);
+    barrier_check(m);
+}
+
+/* The modelled workers as the scheduler's records (recovery/workers_end.h): a replacement is
+ * one from its join on; alive as the scheduler believes (a killed worker until declared dead). */
+static int worker_at(const void *ctx, uint32_t i, cps__worker_mark *out)
+{
+    const model *m = ctx;
+    const worker *w = &m->w[i];
+    if (!w->exists)
+        return 0;
+    *out = (cps__worker_mark){
+        .rank = w->rank, .alive = m->in_view[i], .done = w->bye, .in_barrier = w->in_barrier};
+    return 1;
+}
+
+void barrier_check(model *m)
+{
+    if (!cps__workers_barrier_releases(m->nw, worker_at, m))
+        return;
+    for (uint32_t i = 0; i < m->nw; i++) {
+        worker *w = &m->w[i];
+        if (!w->exists || !w->in_barrier || !w->alive)
+            continue;
+        /* BARRIER_DONE, then the program closes: out of any call from here on. */
+        w->in_barrier = 0;
+        post(m, link_at(m, SCHED, i), (event){.type = EV_BYE, .to = i});
+    }
+}
+
+void on_bye(model *m, uint32_t wi)
+{
+    worker *w = &m->w[wi];
+    if (!w->alive)
+        return;
+    if (m->verbose)
+        printf("  t=%" PRIu64 " worker %u says goodbye\n", m->now, w->id);
+    w->alive = 0;
+    w->bye = 1;
+    m->left++;
+    for (uint32_t k = 0; k < w->nheld; k++) /* what it never read goes with it */
+        free(w->held[k].vals);
+    w->nheld = 0;
+    m->in_view[wi] = 0;
+    /* The scheduler: a finished worker releases the barrier for the others, and a view without
+     * it goes out (worker_bye). */
+    barrier_check(m);
+    publish_view(m);
 }
 
 /* ---- the workers' shell ---- */
@@ -110,7 +177,7 @@ static void on_finish(model *m, uint32_t wi, const cps__coll_act *a)
     w->running = 0;
     if (a->kind == CPS_COLL_FAILED) {
         const view *v = &m->views[w->epoch];
-        if (a->status == CPS_ENOPEER && v->n == 1) {
+        if (a->status == CPS_ENOPEER && v->n == 1 && !m->end_kills) {
             m->enopeer++; /* every peer gone: the documented error; the program ends */
         } else {
             /* Among them the job's end racing a replacement (a survivor restarting the last
@@ -125,6 +192,9 @@ static void on_finish(model *m, uint32_t wi, const cps__coll_act *a)
         }
         w->done = 1;
         w->alive = 0;
+        /* The process exits: the scheduler sees its connection close (no replacement: a
+         * failed program is not restarted). */
+        post(m, m->now + 5 + rnd(m, 300), (event){.type = EV_DECLARE, .to = wi, .from = 1});
         return;
     }
     if (!w->repl && a->seq != w->calls) {
@@ -167,6 +237,7 @@ static void on_finish(model *m, uint32_t wi, const cps__coll_act *a)
         post(m, m->now + 1 + sim_draw(&m->prng, 30), (event){.type = EV_BARRIER, .to = wi});
         return;
     }
+
     /* compute, then call (a long step with some programs: requests wait for it to end) */
     uint64_t compute = rnd(m, 30) + (m->compute_ms ? sim_draw(&m->prng, m->compute_ms) : 0);
     post(m, m->now + compute, (event){.type = EV_START, .to = wi});
@@ -223,6 +294,8 @@ void start_call(model *m, uint32_t wi)
         return;
     share_now(m, wi); /* the last step's state, shared before the next call */
     w->calls++;
+    if (m->end_kills && !m->end_armed && !w->repl && w->calls == m->seqs)
+        arm_end_kills(m);
     for (uint32_t j = 0; j < m->n; j++)
         w->in[j] = input_value(m->seed, w->id, w->repl ? 1000 + w->calls : w->calls, j);
     memcpy(w->buf, w->in, m->n * sizeof(float));
@@ -290,15 +363,15 @@ void deliver_view(model *m, uint32_t wi, uint64_t epoch)
             for (uint32_t i = 0; i < m->nw && !at; i++)
                 if (i != wi && m->w[i].alive && m->in_view[i] && m->w[i].rank == rank)
                     at = m->w[i].completed;
-        if (at >= m->seqs)
-            w->done = w->in_barrier = 1;
+        if (at >= m->seqs || others_finished(m))
+            enter_barrier(m, wi);
         else
             post(m, m->now + 1 + rnd(m, 20), (event){.type = EV_START, .to = wi});
     }
 }
 
 /* ---- the scheduler ---- */
-static void publish(model *m)
+void publish_view(model *m)
 {
     if (m->nviews == MAX_VIEWS) {
         sim_fail(&m->v, "too many views");
@@ -311,8 +384,11 @@ static void publish(model *m)
         for (uint32_t i = 0; i < m->nw; i++)
             if (m->in_view[i] && m->w[i].rank == rank)
                 v->members[v->n++] = m->w[i].id;
+    /* The word every VIEW and WELCOME carries, by the coordinator's rule. */
+    v->settled = cps__workers_unfinished_dead_rank(m->nw, worker_at, m, m->norig,
+                                                   m->held_scratch) == UINT32_MAX;
     if (m->verbose) {
-        printf("  t=%" PRIu64 " view %u:", m->now, m->nviews);
+        printf("  t=%" PRIu64 " view %u%s:", m->now, m->nviews, v->settled ? " (settled)" : "");
         for (uint32_t i = 0; i < v->n; i++)
             printf(" %u", v->members[i]);
         printf("\n");
@@ -320,6 +396,17 @@ static void publish(model *m)
     for (uint32_t i = 0; i < m->nw; i++)
         if (m->in_view[i])
             post(m, link_at(m, SCHED, i), (event){.type = EV_VIEW, .to = i, .epoch = m->nviews});
+}
+
+/* --end-kills: the first worker to start the last collective arms one or two kills of distinct
+ * original workers, falling inside that collective (a ring step takes about 11 ms here). */
+void arm_end_kills(model *m)
+{
+    m->end_armed = 1;
+    uint64_t span = 2 * m->norig * 12 * (1 + m->n / (m->chunk * m->norig)) + 40;
+    uint32_t first = (uint32_t)rnd(m, m->norig);
+    for (uint32_t k = 0; k < m->end_n; k++)
+        post(m, m->now + rnd(m, span), (event){.type = EV_KILL, .to = (first + k) % m->norig});
 }
 
 void on_kill(model *m, uint32_t wi)
@@ -349,12 +436,17 @@ void on_kill(model *m, uint32_t wi)
     post(m, m->now + 5 + rnd(m, 300), (event){.type = EV_DECLARE, .to = wi});
 }
 
-void on_declare(model *m, uint32_t wi)
+void on_declare(model *m, uint32_t wi, int failed)
 {
+    if (!m->in_view[wi])
+        return;
     m->in_view[wi] = 0;
-    publish(m);
-    /* --restart-workers: sometimes a replacement of the same rank comes. */
-    if (m->nw < MAX_W && rnd(m, 2) == 0) {
+    /* A dead worker does not hold the barrier up. */
+    barrier_check(m);
+    publish_view(m);
+    /* --restart-workers: sometimes a replacement of the same rank comes (with --end-kills,
+     * always); a program that failed is not restarted. */
+    if (!failed && m->nw < MAX_W && (m->end_kills || rnd(m, 2) == 0)) {
         uint32_t ri = m->nw++;
         worker *r = &m->w[ri];
         memset(r, 0, sizeof *r);
@@ -377,5 +469,5 @@ void on_join(model *m, uint32_t ri)
     m->in_view[ri] = 1;
     if (m->verbose)
         printf("  t=%" PRIu64 " replacement %u of rank %u joins\n", m->now, r->id, r->rank);
-    publish(m);
+    publish_view(m);
 }

@@ -156,9 +156,15 @@ static void a_dead_member_is_replaced_and_the_fetch_gives_up_in_time(void **stat
     assert_int_equal(o.what, CPS_FETCH_DONE);
     assert_int_equal(o.result, CPS_ETIMEDOUT);
 
+    /* Nobody left, and some rank awaits its replacement: wait for it, asking nobody, until the
+     * deadline, then CPS_ENOPEER. */
     const uint32_t alone[] = {ME};
     cps__fetch_start(&f, 100, 0, 1000);
     o = next(&f, &v, alone, 1, 0, 0);
+    assert_int_equal(o.what, CPS_FETCH_WAIT);
+    o = next(&f, &v, alone, 1, 0, 999);
+    assert_int_equal(o.what, CPS_FETCH_WAIT);
+    o = next(&f, &v, alone, 1, 0, 1000);
     assert_int_equal(o.what, CPS_FETCH_DONE);
     assert_int_equal(o.result, CPS_ENOPEER);
 
@@ -196,7 +202,10 @@ static void nobody_left_because_all_finished_is_the_jobs_end(void **state)
 
     cps__fetch_start(&f, 100, 0, 1000);
     o = next(&f, &v, alone, 1, 0, 0);
-    assert_int_equal(o.result, CPS_ENOPEER);
+    assert_int_equal(o.what, CPS_FETCH_WAIT); /* some rank awaits its replacement */
+    o = next_settled(&f, &v, alone, 1, 1);    /* the word comes: every rank is accounted for */
+    assert_int_equal(o.what, CPS_FETCH_DONE);
+    assert_int_equal(o.result, CPS_ESHUTDOWN);
 
     /* Settled, with a live member: it is asked (the word alone ends nothing). */
     cps__fetch_start(&f, 100, 0, 1000);
@@ -213,6 +222,175 @@ static void nobody_left_because_all_finished_is_the_jobs_end(void **state)
     assert_int_equal(cps__fetch_answer(&f, 10, o.req, 0, 100, 1), 0);
     cps__view_fini(&gone);
     cps__view_fini(&v);
+}
+
+/* A job of `workers` ranks whose live workers are ids 10 + i for the bits i of `alive` (rank i):
+ * the others finished or died (the view does not tell them apart; the scheduler's word does). */
+static void make_job(cps__view *v, uint32_t alive, uint32_t workers)
+{
+    make(v, 0);
+    v->num_workers = workers;
+    for (uint32_t i = 0; i < 4; i++)
+        v->nodes[i].alive = (alive >> i) & 1;
+}
+
+/* A refusal CPS_ENOTFOUND of `from` to the last request: with the replacement's word or not. */
+static void refuse(cps__fetch *f, uint32_t from, uint64_t req, int never_held)
+{
+    assert_int_equal(
+        cps__fetch_answer(f, from, req, CPS_ENOTFOUND, 0, never_held ? CPS_FETCH_NEVER_HELD : 0),
+        0);
+}
+
+/* The sharer's word: only a replacement that never held a state says it never held one. */
+static void only_an_empty_replacement_says_it_never_held_a_state(void **state)
+{
+    (void)state;
+    assert_int_equal(cps__fetch_refusal_step(CPS_ENOTFOUND, 1, 0), CPS_FETCH_NEVER_HELD);
+    assert_int_equal(cps__fetch_refusal_step(CPS_ENOTFOUND, 1, 1), 0); /* fetched or shared */
+    assert_int_equal(cps__fetch_refusal_step(CPS_ENOTFOUND, 0, 0), 0); /* nothing shared yet */
+    assert_int_equal(cps__fetch_refusal_step(CPS_ESIZE, 1, 0), 0);
+    assert_int_equal(cps__fetch_refusal_step(0, 1, 0), 0);
+}
+
+/* Issue 29: workers ME (rank 2) and 13 (rank 3) of a 5-rank job killed in its last all-reduce;
+ * ranks 0, 1 and 4 completed it, passed the barrier and left. ME's replacement comes first:
+ * nobody to ask, rank 3 awaits its replacement (no word), so it waits instead of failing. Then
+ * 13's replacement is live (the word comes with its view): asked, it says it never held a state,
+ * and nobody else is left: the job's work is done. */
+static void two_replacements_of_the_last_all_reduce_see_the_jobs_end(void **state)
+{
+    (void)state;
+    cps__view only_me, both;
+    make_job(&only_me, 1u << 2, 5);
+    make_job(&both, (1u << 2) | (1u << 3), 5);
+    const uint32_t alone[] = {ME}, two[] = {ME, 13};
+    cps__fetch f = {0};
+    cps__fetch_start(&f, 100, 0, 5000);
+    step_out o = next(&f, &only_me, alone, 1, 0, 0);
+    assert_int_equal(o.what, CPS_FETCH_WAIT);
+    o = next(&f, &only_me, alone, 1, 0, CPS_FETCH_RESEND_MS); /* asks again: nobody */
+    assert_int_equal(o.what, CPS_FETCH_WAIT);
+    /* 13's replacement, alive, before the word: asked at the next round. */
+    o = next(&f, &both, two, 2, 0, 2 * CPS_FETCH_RESEND_MS - 1);
+    assert_int_equal(o.what, CPS_FETCH_WAIT);
+    o = next(&f, &both, two, 2, 0, 2 * CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(o.to, 13);
+    refuse(&f, 13, o.req, 1);
+    o = next(&f, &both, two, 2, 0, 2 * CPS_FETCH_RESEND_MS + 1);
+    assert_int_equal(o.what, CPS_FETCH_WAIT); /* no word yet: ask again later */
+    o = next(&f, &both, two, 2, 0, 3 * CPS_FETCH_RESEND_MS + 1);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(o.to, 13);
+    refuse(&f, 13, o.req, 1);
+    o = next_settled(&f, &both, two, 2, 3 * CPS_FETCH_RESEND_MS + 2);
+    assert_int_equal(o.what, CPS_FETCH_DONE);
+    assert_int_equal(o.result, CPS_ESHUTDOWN);
+
+    /* The word already there when the pass ends: at once. */
+    cps__fetch_start(&f, 100, 0, 5000);
+    o = next_settled(&f, &both, two, 2, 0);
+    assert_int_equal(o.to, 13);
+    refuse(&f, 13, o.req, 1);
+    o = next_settled(&f, &both, two, 2, 1);
+    assert_int_equal(o.what, CPS_FETCH_DONE);
+    assert_int_equal(o.result, CPS_ESHUTDOWN);
+
+    /* The word coming while we wait: everybody live is asked again at once, then the end. */
+    cps__fetch_start(&f, 100, 0, 5000);
+    o = next(&f, &only_me, alone, 1, 0, 0);
+    assert_int_equal(o.what, CPS_FETCH_WAIT);
+    o = next_settled(&f, &both, two, 2, 1);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(o.to, 13);
+    refuse(&f, 13, o.req, 1);
+    o = next_settled(&f, &both, two, 2, 2);
+    assert_int_equal(o.result, CPS_ESHUTDOWN);
+
+    /* Without the word, the wait ends at the deadline: CPS_ENOPEER (a replacement that never
+     * came), not a hang. */
+    cps__fetch_start(&f, 100, 0, 1000);
+    o = next(&f, &both, two, 2, 0, 0);
+    refuse(&f, 13, o.req, 1);
+    o = next(&f, &both, two, 2, 0, 1);
+    assert_int_equal(o.what, CPS_FETCH_WAIT);
+    o = next(&f, &both, two, 2, 0, 1000);
+    assert_int_equal(o.what, CPS_FETCH_DONE);
+    assert_int_equal(o.result, CPS_ENOPEER);
+    cps__view_fini(&only_me);
+    cps__view_fini(&both);
+}
+
+/* What the replacement's word must not turn into the job's end. A member that has shared
+ * nothing yet (no word: an older sharer, or a worker before its first share) ends the fetch
+ * CPS_ENOTFOUND as before; so do empty replacements holding every rank (every worker died:
+ * nobody finished, and the state is lost). A live member holding the state after an empty
+ * replacement gives it. The word also comes in a part's refusal. */
+static void the_word_ends_the_job_only_when_some_worker_finished(void **state)
+{
+    (void)state;
+    cps__view v, all4;
+    make_job(&v, (1u << 2) | (1u << 3), 5);
+    make_job(&all4, 0xf, 4);
+    const uint32_t two[] = {ME, 13};
+    cps__fetch f = {0};
+    cps__fetch_start(&f, 100, 0, 5000);
+    step_out o = next_settled(&f, &v, two, 2, 0);
+    refuse(&f, 13, o.req, 0);
+    o = next_settled(&f, &v, two, 2, 1);
+    assert_int_equal(o.what, CPS_FETCH_DONE);
+    assert_int_equal(o.result, CPS_ENOTFOUND);
+
+    /* Every rank live, all replacements that never held a state. */
+    cps__fetch_start(&f, 100, 0, 5000);
+    o = next_settled(&f, &all4, ring, 4, 0);
+    for (uint32_t k = 0; k < 3; k++) {
+        assert_int_equal(o.what, CPS_FETCH_SEND);
+        refuse(&f, o.to, o.req, 1);
+        o = next_settled(&f, &all4, ring, 4, 1 + k);
+    }
+    assert_int_equal(o.what, CPS_FETCH_DONE);
+    assert_int_equal(o.result, CPS_ENOTFOUND);
+
+    /* 10 an empty replacement, 11 a survivor with the state. */
+    cps__fetch_start(&f, 100, 0, 5000);
+    o = next_settled(&f, &all4, ring, 4, 0);
+    assert_int_equal(o.to, 10);
+    refuse(&f, 10, o.req, 1);
+    o = next_settled(&f, &all4, ring, 4, 1);
+    assert_int_equal(o.to, 11);
+    assert_int_equal(cps__fetch_answer(&f, 11, o.req, 0, 100, 9), 1);
+    o = next_settled(&f, &all4, ring, 4, 2);
+    assert_int_equal(o.result, 1);
+
+    /* In parts: a refusal carries the word in its header step. */
+    cps__fetch_start(&f, 100, 0, 5000);
+    o = next_settled(&f, &v, two, 2, 0);
+    cps__fetch_part w = {.step = CPS_FETCH_NEVER_HELD};
+    assert_int_equal(cps__fetch_part_take(&f, 13, o.req, CPS_ENOTFOUND, &w, 1), 0);
+    o = next_settled(&f, &v, two, 2, 1);
+    assert_int_equal(o.result, CPS_ESHUTDOWN);
+    cps__fetch_start(&f, 100, 0, 5000);
+    o = next_settled(&f, &v, two, 2, 0);
+    w.step = 0;
+    assert_int_equal(cps__fetch_part_take(&f, 13, o.req, CPS_ENOTFOUND, &w, 1), 0);
+    o = next_settled(&f, &v, two, 2, 1);
+    assert_int_equal(o.result, CPS_ENOTFOUND);
+
+    /* The empty replacement asked left the ring before we moved on (it ended the job itself):
+     * a new pass over who is left, nobody, and the word: the end. */
+    cps__view me_only;
+    make_job(&me_only, 1u << 2, 5);
+    const uint32_t alone[] = {ME};
+    cps__fetch_start(&f, 100, 0, 5000);
+    o = next_settled(&f, &v, two, 2, 0);
+    refuse(&f, 13, o.req, 1);
+    o = next_settled(&f, &me_only, alone, 1, 1);
+    assert_int_equal(o.result, CPS_ESHUTDOWN);
+    cps__view_fini(&me_only);
+    cps__view_fini(&v);
+    cps__view_fini(&all4);
 }
 
 static void the_sharer_answers_with_what_it_holds(void **state)
@@ -679,6 +857,9 @@ int main(void)
         cmocka_unit_test(a_member_sharing_nothing_passes_to_the_next),
         cmocka_unit_test(a_dead_member_is_replaced_and_the_fetch_gives_up_in_time),
         cmocka_unit_test(nobody_left_because_all_finished_is_the_jobs_end),
+        cmocka_unit_test(only_an_empty_replacement_says_it_never_held_a_state),
+        cmocka_unit_test(two_replacements_of_the_last_all_reduce_see_the_jobs_end),
+        cmocka_unit_test(the_word_ends_the_job_only_when_some_worker_finished),
         cmocka_unit_test(the_sharer_answers_with_what_it_holds),
         cmocka_unit_test(a_multi_part_answer_is_assembled),
         cmocka_unit_test(parts_of_two_answers_never_mix),
