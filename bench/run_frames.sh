@@ -26,7 +26,8 @@
 # stat` for context switches, CPU migrations, syscalls and task clock, into
 # DIR/SIDE.SIZE.rROUND.{s,0,w}.stat), ALT=BUILD_DIR (an A/B run: sides `a-auth` and `a-insecure`
 # run the chainps and bench_ps of BUILD_DIR, interleaved with this build's; the table then also
-# gives this build / ALT per round as the rows `auth/a-auth` and `insecure/a-insecure`).
+# gives this build / ALT per round as the rows `auth/a-auth` and `insecure/a-insecure`; ALT_ENV:
+# VAR=value assignments, space-separated, for the ALT sides only).
 # Namespaces cpsf<PID>-*; every process is ended by its PID and every namespace deleted on exit.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -113,7 +114,7 @@ finish() { # SIDE ROUND WORKER_PID: wait for the worker, end the rest, tag its l
 }
 run_chainps() { # SIDE ROUND SIZE
     local env=(CHAINPS_SECRET_FILE="$work/job.secret" CHAINPS_SCHEDULER="$A:9091"
-        CHAINPS_RUNTIME_DIR=) build=$build
+        CHAINPS_RUNTIME_DIR=) build=$build ae=()
     case $1 in
     a-*) build=$alt ;;
     esac
@@ -121,6 +122,10 @@ run_chainps() { # SIDE ROUND SIZE
     insecure) env=(CHAINPS_INSECURE=1 CHAINPS_SCHEDULER="$A:9091" CHAINPS_RUNTIME_DIR=) ;;
     auth) ;; # the default: CHAINPS_FRAME_KB unset
     *) env+=(CHAINPS_FRAME_KB="${1#frames}") ;;
+    esac
+    # ALT_ENV: assignments for the ALT sides only (the same build with a knob set, say).
+    case $1 in
+    a-*) [ -n "${ALT_ENV:-}" ] && read -ra ae <<<"$ALT_ENV" && env+=("${ae[@]}") ;;
     esac
     rm -rf "$work/d"
     in_ns a "$work/t.s" env "${env[@]}" "$build/chainps" scheduler --servers 1 --workers 1 \
