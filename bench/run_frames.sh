@@ -22,8 +22,13 @@
 # run_frames), ITERS (per size;
 # default bench_ps's rule), KEEP=1, PERF=DIR (every process under `perf record`, DWARF call
 # graphs, into DIR/SIDE.SIZE.rROUND.{s,0,w}.perf: for profiles, not figures, so no report is
-# written unless BENCH_RESULTS_DIR names a directory). Namespaces cpsf<PID>-*; every process is ended by its PID and
-# every namespace deleted on exit.
+# written unless BENCH_RESULTS_DIR names a directory), PERF_STAT=DIR (every process under `perf
+# stat` for context switches, CPU migrations, syscalls and task clock, into
+# DIR/SIDE.SIZE.rROUND.{s,0,w}.stat), ALT=BUILD_DIR (an A/B run: sides `a-auth` and `a-insecure`
+# run the chainps and bench_ps of BUILD_DIR, interleaved with this build's; the table then also
+# gives this build / ALT per round as the rows `auth/a-auth` and `insecure/a-insecure`; ALT_ENV:
+# VAR=value assignments, space-separated, for the ALT sides only).
+# Namespaces cpsf<PID>-*; every process is ended by its PID and every namespace deleted on exit.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
@@ -34,8 +39,12 @@ if [ -n "$pslite" ]; then
     pslite=$(readlink -f "$pslite")
     [ -x "$pslite" ] || { echo "run_frames: $2 not found" >&2; exit 2; }
 fi
+alt=
+[ -n "${ALT:-}" ] && { alt=$(cd "$ALT" && pwd) || exit 2; }
 for p in chainps bench/bench_ps; do
-    [ -x "$build/$p" ] || { echo "run_frames: $build/$p not built" >&2; exit 2; }
+    for b in "$build" $alt; do
+        [ -x "$b/$p" ] || { echo "run_frames: $b/$p not built" >&2; exit 2; }
+    done
 done
 ROUNDS=${ROUNDS:-3}
 SIZES=${SIZES:-1048576,16777216}
@@ -78,6 +87,9 @@ in_ns() { # NS TIMEFILE CMD...: in the background, timed, its PID kept
     # suffix); perf's own CPU then counts in the side's CPU ms/GB, so such a run is for profiles.
     [ -n "${PERF:-}" ] &&
         rec=(perf record -q -F 499 --call-graph dwarf,8192 -o "$PERF/$prof_side.${tf##*/t.}.perf" --)
+    [ -n "${PERF_STAT:-}" ] &&
+        rec=(perf stat -e task-clock,context-switches,cpu-migrations,raw_syscalls:sys_enter
+            -o "$PERF_STAT/$prof_side.${tf##*/t.}.stat" --)
     ip netns exec "$tag-$n" /usr/bin/time -f %U,%S -o "$tf" timeout -k 5 200 "${rec[@]}" "$@" \
         >>"$work/run.log" 2>&1 &
     pids+=($!)
@@ -102,11 +114,18 @@ finish() { # SIDE ROUND WORKER_PID: wait for the worker, end the rest, tag its l
 }
 run_chainps() { # SIDE ROUND SIZE
     local env=(CHAINPS_SECRET_FILE="$work/job.secret" CHAINPS_SCHEDULER="$A:9091"
-        CHAINPS_RUNTIME_DIR=)
+        CHAINPS_RUNTIME_DIR=) build=$build ae=()
     case $1 in
+    a-*) build=$alt ;;
+    esac
+    case ${1#a-} in
     insecure) env=(CHAINPS_INSECURE=1 CHAINPS_SCHEDULER="$A:9091" CHAINPS_RUNTIME_DIR=) ;;
     auth) ;; # the default: CHAINPS_FRAME_KB unset
     *) env+=(CHAINPS_FRAME_KB="${1#frames}") ;;
+    esac
+    # ALT_ENV: assignments for the ALT sides only (the same build with a knob set, say).
+    case $1 in
+    a-*) [ -n "${ALT_ENV:-}" ] && read -ra ae <<<"$ALT_ENV" && env+=("${ae[@]}") ;;
     esac
     rm -rf "$work/d"
     in_ns a "$work/t.s" env "${env[@]}" "$build/chainps" scheduler --servers 1 --workers 1 \
@@ -131,6 +150,7 @@ for f in $FRAMES; do
     if [ "$f" = auth ]; then sides+=(auth); else sides+=("frames$f"); fi
 done
 sides+=(insecure)
+[ -n "$alt" ] && sides+=(a-auth a-insecure)
 [ -n "$pslite" ] && sides+=(pslite)
 : >"$work/all.txt"
 : >"$work/run.txt"
@@ -164,6 +184,13 @@ END {
                 key = p[1] SUBSEP p[2] "/pslite" SUBSEP m
                 val[key, ++cnt[key]] = sum[k, m] / sum[o, m]
             }
+            # ALT: this build / the other one, per round.
+            o = p[1] SUBSEP "a-" p[2] SUBSEP p[3]
+            if (p[2] !~ /^a-/ && (o in runs) && sum[o, m] > 0) {
+                key = p[1] SUBSEP p[2] "/a-" p[2] SUBSEP m
+                val[key, ++cnt[key]] = sum[k, m] / sum[o, m]
+                ab[p[2]] = 1
+            }
         }
     }
     printf "\n%-10s %-12s", "cell", "metric"
@@ -177,6 +204,21 @@ END {
             printf "%-10s %-12s", i == 1 ? c : "", mname[i]
             for (j = 1; j <= nside; j++) printf " | %-20s", stat(c SUBSEP sides[j] SUBSEP m, fmt)
             printf "\n"
+        }
+    }
+    if (length(ab)) {
+        printf "\nthis build / ALT (median of per-round ratios, min-max)\n"
+        printf "%-10s %-12s", "cell", "metric"
+        for (s in ab) printf " | %-20s", s "/a-" s
+        printf "\n"
+        for (ci = 1; ci <= ncells; ci++) {
+            c = cells[ci]
+            for (i = 1; i <= nm; i++) {
+                printf "%-10s %-12s", i == 1 ? c : "", mname[i]
+                for (s in ab)
+                    printf " | %-20s", stat(c SUBSEP s "/a-" s SUBSEP metrics[i], "%.2f")
+                printf "\n"
+            }
         }
     }
     if ("pslite" in seenside || sidelist ~ /pslite/) {

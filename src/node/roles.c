@@ -1,5 +1,6 @@
 #include "roles.h"
 
+#include <cblas.h>
 #include <malloc.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -48,4 +49,15 @@ void cps__tune_malloc(void)
         return;
     mallopt(M_TRIM_THRESHOLD, 512 << 20);
     mallopt(M_MMAP_THRESHOLD, 128 << 20);
+}
+
+/* OpenBLAS (pthread builds) exports the shutdown of its pool, which its own fork handler uses, but
+ * no public header declares it: weak, so a BLAS without it links and this call is skipped. */
+extern int blas_thread_shutdown_(void) __attribute__((weak));
+
+void cps__blas_one_thread(void)
+{
+    openblas_set_num_threads(1);
+    if (blas_thread_shutdown_)
+        blas_thread_shutdown_();
 }

@@ -2,7 +2,6 @@
  * declare/push/pull requests from workers until the scheduler ends the job. */
 #include "server.h"
 
-#include <cblas.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -763,7 +762,7 @@ int cps__server_run(const cps__config *cfg)
     cps__view_init(&s.view);
     s.boot_id = cps__splitmix64(cps__now_ms() ^ ((uint64_t)getpid() << 32)) | 1;
     /* Servers share the machine's cores with workers: BLAS must not spawn threads. */
-    openblas_set_num_threads(1);
+    cps__blas_one_thread();
     cps__tune_malloc();
 
     cps__store_opts so = {.initial_map_bytes = 0,

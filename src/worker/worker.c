@@ -6,7 +6,6 @@
 #include "collective.h"
 #include "localset.h"
 
-#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -163,7 +162,7 @@ int cps_open(cps_client **out)
     cps__tune_malloc();
     /* Workers share the cores with each other: one BLAS thread each unless the user said. */
     if (!getenv("OPENBLAS_NUM_THREADS"))
-        openblas_set_num_threads(1);
+        cps__blas_one_thread();
     cps_client *c = calloc(1, sizeof *c);
     if (!c)
         return CPS_ENOMEM;
