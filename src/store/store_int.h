@@ -1,13 +1,14 @@
-/* Private to src/store: the store's state and what the files that make it up share.
+/* Private to src/store: what the files behind store.h (the store's face) share: its state,
+ * the failure reports, and the calls one file makes into another.
  *
- *   store.c    the environment: open (directory lock, LMDB environment, databases), close, flushes
+ *   env.c      the environment: open (directory lock, LMDB environment, databases), close, flushes
  *   txn.c      write transactions (rerun after MDB_MAP_FULL), read transactions, snapshots
  *   growth.c   the map's size: growth, room ahead of snapshots and of known writes, counters
  *   disk.c     a full disk: blocks reserved ahead of the map, the SIGBUS guard
  *   params.c   parameter records: create, apply, read, write, scan, checksum, counts
  *   tables.c   range meta, exactly-once records, named values and blobs; clear, wipe
  *   record.c   the parameter record's byte layout and its checks
- * Calls run downward only: store.c calls disk.c; txn.c calls growth.c, which calls disk.c and
+ * Calls run downward only: env.c calls disk.c; txn.c calls growth.c, which calls disk.c and
  * record.c; params.c calls record.c; tables.c calls none of them. The failure reports below
  * (lmdb_fail, env_fail) are shared by all. */
 #ifndef CPS_STORE_INT_H
