@@ -11,6 +11,8 @@
 #include "core/log.h"
 #include "store/store_int.h"
 
+/* No map grows past this, however many growths (txn.c's MAX_GROWTHS) a write asks: a runaway
+ * caller (e.g. one that writes garbage sizes) must not eat the disk. */
 #define MAX_MAP_BYTES ((size_t)1 << 40)
 /* cps__store_reserve: beyond the bytes asked, room for the transaction's own bookkeeping (the
  * freelist and meta records, the branch pages it copies), and the unit the map grows by. */
