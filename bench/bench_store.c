@@ -4,7 +4,7 @@
  * Built by bench/CMakeLists.txt as bench_store (linked against cps__store, which brings
  * cps_optim, cps__core, LMDB and OpenBLAS). Or compile by hand from the repository root, e.g.:
  *   cc -std=c11 -O2 -D_GNU_SOURCE -ffp-contract=off -Iinclude -Isrc -Itests/common \
- *      $(pkg-config --cflags openblas) bench/bench_store.c src/store/store.c \
+ *      $(pkg-config --cflags openblas) bench/bench_store.c src/store/[a-z]*.c \
  *      src/optim/optim.c src/optim/init.c src/core/log.c src/core/error.c \
  *      tests/common/clock.c -o /tmp/bench_store $(pkg-config --libs lmdb openblas libxxhash) \
  *      -lm -lpthread
