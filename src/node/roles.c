@@ -55,9 +55,11 @@ void cps__tune_malloc(void)
  * no public header declares it: weak, so a BLAS without it links and this call is skipped. */
 extern int blas_thread_shutdown_(void) __attribute__((weak));
 
-void cps__blas_one_thread(void)
+void cps__blas_end_pool(void)
 {
     openblas_set_num_threads(1);
-    if (blas_thread_shutdown_)
+    /* Only the pthread build (openblas_get_parallel() == 1): the OpenMP build exports the same
+     * name, and its version frees the threads' buffers without a lock. */
+    if (blas_thread_shutdown_ && openblas_get_parallel() == 1)
         blas_thread_shutdown_();
 }

@@ -25,14 +25,17 @@ int cps__role_stop_signals(void);
  * Does nothing when the user set GLIBC_TUNABLES. */
 void cps__tune_malloc(void);
 
-/* BLAS on the calling thread only, and no idle BLAS threads. openblas_set_num_threads() alone
- * (OpenBLAS 0.3.21, pthread build) starts the pool of (cores - 1) threads if it is not running,
- * and each of them then spins in sched_yield() for 2^28 TSC ticks (~0.1 s) before it sleeps:
- * an idle `chainps server` took 17-37 ms of CPU and 4,500-76,000 system calls in its first
+/* BLAS on the calling thread only, and no idle BLAS threads. For the server's process only:
+ * ending the pool does not wait for BLAS work other threads have queued (a thread inside BLAS at
+ * that moment could wait for ever), so it may run only where no other thread can be in BLAS,
+ * never in a worker (the user's process: its own threads, torch, numpy). openblas_set_num_threads()
+ * alone (OpenBLAS 0.3.21, pthread build) starts the pool of (cores - 1) threads if it is not
+ * running, and each of them then spins in sched_yield() for 2^28 TSC ticks (~0.1 s) before it
+ * sleeps: an idle `chainps server` took 17-37 ms of CPU and 4,500-76,000 system calls in its first
  * second, against 14-15 ms and 1,100 with the pool ended at once (bench/results/transport.md
  * §10). This sets one thread and ends the pool (OpenBLAS starts it again should a later call
  * ask for more threads). OPENBLAS_NUM_THREADS=1 in the environment avoids the pool altogether. */
-void cps__blas_one_thread(void);
+void cps__blas_end_pool(void);
 
 /* Install SIGINT/SIGTERM handlers that request a stop, and ignore SIGPIPE. */
 void cps__role_install_signals(void);

@@ -762,7 +762,7 @@ int cps__server_run(const cps__config *cfg)
     cps__view_init(&s.view);
     s.boot_id = cps__splitmix64(cps__now_ms() ^ ((uint64_t)getpid() << 32)) | 1;
     /* Servers share the machine's cores with workers: BLAS must not spawn threads. */
-    cps__blas_one_thread();
+    cps__blas_end_pool();
     cps__tune_malloc();
 
     cps__store_opts so = {.initial_map_bytes = 0,

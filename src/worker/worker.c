@@ -6,6 +6,7 @@
 #include "collective.h"
 #include "localset.h"
 
+#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -160,9 +161,11 @@ int cps_open(cps_client **out)
     }
     cps__config_finalize(&cfg, CPS_ROLE_WORKER);
     cps__tune_malloc();
-    /* Workers share the cores with each other: one BLAS thread each unless the user said. */
+    /* Workers share the cores with each other: one BLAS thread each unless the user said. The
+     * pool is not ended here (cps__blas_end_pool): this is the user's process, where another
+     * thread may be inside BLAS. */
     if (!getenv("OPENBLAS_NUM_THREADS"))
-        cps__blas_one_thread();
+        openblas_set_num_threads(1);
     cps_client *c = calloc(1, sizeof *c);
     if (!c)
         return CPS_ENOMEM;
