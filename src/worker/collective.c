@@ -178,7 +178,9 @@ static void send_msg(cps_client *c, uint32_t to, const cps__coll_msg *m, int bui
         cps__log(CPS_LOG_ERROR, "allreduce", "out of memory for a %zu-byte message", bytes);
         return; /* the collective times out rather than reducing without the chunk */
     } else if (bytes) {
-        memcpy((char *)buf + CPS_WIRE_HDR_SIZE, m->vals, bytes);
+        /* The copy carries the MAC where the message is sealed whole (cps__tp_fill). */
+        if (cps__tp_fill(c->tp, buf, CPS_WIRE_HDR_SIZE, m->vals, bytes) != 0)
+            memcpy((char *)buf + CPS_WIRE_HDR_SIZE, m->vals, bytes);
     }
     int rc = cps__tp_send(c->tp, to, buf, CPS_WIRE_HDR_SIZE + bytes);
     if (rc != 0) {
