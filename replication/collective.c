@@ -76,6 +76,7 @@ struct cps__coll {
     size_t nout, out_cap;
     cps__coll_out_fn out_fn; /* cps__coll_set_out */
     void *out_ctx;
+    cps__coll_written_fn written_fn; /* cps__coll_set_written */
     cps__coll_stats stats;
 };
 
@@ -232,6 +233,11 @@ void cps__coll_set_out(cps__coll *c, cps__coll_out_fn fn, void *ctx)
 {
     c->out_fn = fn;
     c->out_ctx = ctx;
+}
+
+void cps__coll_set_written(cps__coll *c, cps__coll_written_fn fn)
+{
+    c->written_fn = fn;
 }
 
 /* The payload of forwarded message a, from the out hook, or NULL (then a points at c->work). */
@@ -737,13 +743,28 @@ static int handle(cps__coll *c, const cps__coll_msg *m, uint64_t now)
         if (!out)
             reduce_into(w, NULL, in, own, cnt, mean, (float)c->p);
         else
-            reduce_into(out, k == c->p - 2 ? w : NULL, in, own, cnt, mean, (float)c->p);
+            /* In pieces, each handed to the written hook (the MAC) while in L1. The reduction
+             * is elementwise, so the bits are those of one pass. */
+            for (uint64_t o = 0; o < cnt; o += CPS_COLL_PIECE) {
+                uint64_t np = cnt - o < CPS_COLL_PIECE ? cnt - o : CPS_COLL_PIECE;
+                reduce_into(out + o, k == c->p - 2 ? w + o : NULL, in + o, own + o, np, mean,
+                            (float)c->p);
+                if (c->written_fn)
+                    c->written_fn(c->out_ctx, out, o + np);
+            }
     } else if (cnt) {
         /* All-gather: the result's chunk, kept and passed on. The second copy reads the first,
-         * still in cache, rather than the sender's memory again. */
-        memcpy(w, m->vals, cnt * sizeof(float));
+         * still in cache, rather than the sender's memory again. A chunk the shell placed
+         * (cps__coll_place) is in w already. */
+        if (m->vals != w)
+            memcpy(w, m->vals, cnt * sizeof(float));
         if (out)
-            memcpy(out, w, cnt * sizeof(float));
+            for (uint64_t o = 0; o < cnt; o += CPS_COLL_PIECE) {
+                uint64_t np = cnt - o < CPS_COLL_PIECE ? cnt - o : CPS_COLL_PIECE;
+                memcpy(out + o, w + o, np * sizeof(float));
+                if (c->written_fn)
+                    c->written_fn(c->out_ctx, out, o + np);
+            }
     }
     c->last_progress = now;
     c->next_in++;
@@ -823,6 +844,24 @@ void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now)
         stash_add(c, m);
     else
         drain_stash(c, now);
+}
+
+float *cps__coll_place(cps__coll *c, const cps__coll_msg *m)
+{
+    uint32_t from_pos;
+    /* The conditions under which handle() goes straight to the all-gather copy, and no path
+     * before it (a restart, a join, a view) can rewrite the working buffer first. */
+    if (m->kind != CPS_COLL_DATA || !c->members || !c->running || c->listen || c->help_for ||
+        c->joining || c->alone || m->epoch != c->epoch || m->seq != c->seq || m->n != c->n ||
+        m->index != c->next_in || m->from == c->me || !member_pos(c, m->from, &from_pos) ||
+        from_pos != (c->pos + c->p - 1) % c->p || m->index / c->nchunks < c->p - 1 ||
+        m->index >= 2 * (uint64_t)(c->p - 1) * c->nchunks)
+        return NULL;
+    uint64_t lo, hi;
+    chunk_span(c, m->index, 0, &lo, &hi);
+    if (hi == lo || m->count != hi - lo)
+        return NULL;
+    return c->work + lo;
 }
 
 uint64_t cps__coll_seq(const cps__coll *c)

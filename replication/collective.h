@@ -108,6 +108,13 @@ void cps__coll_destroy(cps__coll *c);
  * The values, and so the result's bits, are the same either way. */
 typedef float *(*cps__coll_out_fn)(void *ctx, uint32_t to, const cps__coll_msg *m);
 void cps__coll_set_out(cps__coll *c, cps__coll_out_fn fn, void *ctx);
+/* Told (optional; ctx is the out hook's) as a payload from the out hook is written, piece by
+ * piece of CPS_COLL_PIECE values: payload[0, done) is final and will not be written again, so
+ * the shell can run the message's MAC over each piece while it is still in L1 (the transport's
+ * cps__tp_fill) instead of in a pass of its own at send. Called with done rising to m->count. */
+#define CPS_COLL_PIECE 4096u
+typedef void (*cps__coll_written_fn)(void *ctx, float *payload, uint64_t done);
+void cps__coll_set_written(cps__coll *c, cps__coll_written_fn fn);
 
 /* Our node id, when it was not known at create (a worker still joining gets ring messages
  * before its id): before the first cps__coll_view. */
@@ -130,6 +137,18 @@ int cps__coll_start(cps__coll *c, float *data, uint64_t n, int op, uint64_t now,
 
 /* A message from the transport (authenticated already). Never fails: a bad one is counted. */
 void cps__coll_step(cps__coll *c, const cps__coll_msg *m, uint64_t now);
+
+/* Where the values of all-gather message m (every field set but vals, read from a header not
+ * yet authenticated) would be copied if cps__coll_step got it now: the span of our working
+ * buffer it fills, m->count floats. Only for the plain case (the running collective's next
+ * chunk from our predecessor, in the all-gather phase, not helping or listening); NULL
+ * otherwise. The shell may then check the message while copying its values there (one pass)
+ * and, if the check passes, call cps__coll_step with m.vals = that pointer before anything else
+ * changes this object: the ring skips its own copy. If the check fails the span holds bytes to
+ * throw away: skip the step; the span is dead until the genuine chunk (which rewrites all of it)
+ * is taken, since nothing reads it before (the result is copied out only when every chunk is
+ * in, and a restart writes it afresh). */
+float *cps__coll_place(cps__coll *c, const cps__coll_msg *m);
 
 /* This endpoint is a replacement joining a running ring: until its first collective completes,
  * that collective takes the highest sequence number of the ring's data messages under the current

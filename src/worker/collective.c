@@ -5,7 +5,8 @@
  * chunk), range = kind (0 data, 1 result, 4 ask, 5 listen: collective.h), aux = the length,
  * req_worker = the sender; payload = the chunk's float32 values, little-endian, never compressed
  * (gradients do not compress, and the ring's latency is its cost). The transport has checked the
- * MAC already. */
+ * MAC already, except for an all-gather chunk over tcp:// with a key, whose MAC is checked as
+ * its values are copied into the ring's buffer (cps__ar_on_pending). */
 #include "worker/collective.h"
 
 #include <stdio.h>
@@ -68,6 +69,7 @@ struct cps__ar {
 };
 
 static float *out_payload(void *ctx, uint32_t to, const cps__coll_msg *m);
+static void out_written(void *ctx, float *payload, uint64_t done);
 
 static int ar_get(cps_client *c, cps__ar **out)
 {
@@ -108,6 +110,7 @@ static int ar_get(cps_client *c, cps__ar **out)
             return rc;
         }
         cps__coll_set_out(a->coll, out_payload, c);
+        cps__coll_set_written(a->coll, out_written);
         c->ar = a;
         cps__ar_on_view(c);
     }
@@ -154,6 +157,18 @@ static float *out_payload(void *ctx, uint32_t to, const cps__coll_msg *m)
     return buf ? (float *)(void *)(buf + CPS_WIRE_HDR_SIZE) : NULL;
 }
 
+/* The ring's written hook (cps__coll_set_written): payload[0, done) of out_payload's message is
+ * final. cps__tp_fill of no bytes at its end MACs the bytes written since the last piece (the
+ * header too, the first time) while the reduction has them in L1, where the message will be
+ * sealed whole (tcp://, with a key); cps__tp_send then only finishes the tag. Elsewhere (ipc://,
+ * --insecure) it does nothing. */
+static void out_written(void *ctx, float *payload, uint64_t done)
+{
+    cps_client *c = ctx;
+    cps__tp_fill(c->tp, (char *)payload - CPS_WIRE_HDR_SIZE,
+                 CPS_WIRE_HDR_SIZE + done * sizeof(float), NULL, 0);
+}
+
 static void send_msg(cps_client *c, uint32_t to, const cps__coll_msg *m, int built)
 {
     size_t bytes = m->count * sizeof(float);
@@ -164,7 +179,9 @@ static void send_msg(cps_client *c, uint32_t to, const cps__coll_msg *m, int bui
         cps__log(CPS_LOG_ERROR, "allreduce", "out of memory for a %zu-byte message", bytes);
         return; /* the collective times out rather than reducing without the chunk */
     } else if (bytes) {
-        memcpy((char *)buf + CPS_WIRE_HDR_SIZE, m->vals, bytes);
+        /* The copy carries the MAC where the message is sealed whole (cps__tp_fill). */
+        if (cps__tp_fill(c->tp, buf, CPS_WIRE_HDR_SIZE, m->vals, bytes) != 0)
+            memcpy((char *)buf + CPS_WIRE_HDR_SIZE, m->vals, bytes);
     }
     int rc = cps__tp_send(c->tp, to, buf, CPS_WIRE_HDR_SIZE + bytes);
     if (rc != 0) {
@@ -467,7 +484,8 @@ static void on_part(cps_client *c, const cps__rx *rx)
         adopt_fetched(c, a->fetch.next, a->fetch_res, a->fetch.total - len);
 }
 
-void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
+/* A ring message; `placed`: its values are in the ring's buffer already (cps__coll_place). */
+static void on_coll(cps_client *c, const cps__rx *rx, const float *placed)
 {
     cps__ar *a;
     if (ar_get(c, &a) != 0)
@@ -509,10 +527,50 @@ void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
                        .seq = h->req_seq,
                        .index = h->step,
                        .n = h->aux,
-                       .vals = rx->payload,
+                       .vals = placed ? placed : rx->payload,
                        .count = rx->len / sizeof(float)};
     cps__coll_step(a->coll, &m, cps__now_ms());
     perform(c);
+}
+
+void cps__ar_on_msg(cps_client *c, const cps__rx *rx)
+{
+    on_coll(c, rx, NULL);
+}
+
+void cps__ar_on_pending(cps_client *c, cps__tp_pending *pm)
+{
+    cps__ar *a;
+    size_t len;
+    const unsigned char *b = cps__tp_pending_peek(pm, &len);
+    cps__msg_hdr h;
+    if (ar_get(c, &a) != 0 || cps__wire_hdr_decode(b, len, &h) != 0 || (h.flags & CPS_WF_SNAPPY) ||
+        h.req_worker != h.sender || h.range != CPS_COLL_DATA || h.payload_len % sizeof(float) != 0)
+        return; /* declined: checked by the transport, then on_coll as any message */
+    /* A newer view restarts the ring, which rewrites its buffer: taken before the place is
+     * asked for, so nothing changes the ring between place and step (on_coll's call is then a
+     * no-op). */
+    cps__ar_on_view(c);
+    cps__coll_msg m = {.from = h.sender,
+                       .kind = h.range,
+                       .epoch = h.epoch,
+                       .seq = h.req_seq,
+                       .index = h.step,
+                       .n = h.aux,
+                       .count = h.payload_len / sizeof(float)};
+    float *dst = cps__coll_place(a->coll, &m);
+    if (!dst)
+        return;
+    /* Refused (a forgery, a replay): the transport counted and logged it; the span holds bytes
+     * that nothing reads before the genuine chunk rewrites them (cps__coll_place). */
+    if (cps__tp_pending_open_copy(pm, CPS_WIRE_HDR_SIZE, dst, h.payload_len) != 0)
+        return;
+    void *buf;
+    cps__rx rx;
+    if (cps__tp_pending_take(pm, &buf, &len) != 0 || cps__rx_parse(&rx, buf, len) != 0)
+        return;
+    on_coll(c, &rx, dst);
+    cps__rx_free(&rx);
 }
 
 void cps__ar_tick(cps_client *c)

@@ -81,7 +81,8 @@ static int values_span(const cps__part *p, const unsigned char *pl, size_t plen,
  * exactly that part's. A reply that is not such a one is declined (the transport checks it and
  * it goes through handle_msg as any message). A refused one is dropped like a lost reply: the
  * session never saw it, so the request is re-sent at its timeout. Its bytes may by then be in
- * the caller's buffer (cps_pull says so): the answer that completes the part writes it all. */
+ * the caller's buffer (cps_pull says so): the answer that completes the part writes it all. A
+ * ring message (CPS_MSG_COLL) goes to the all-reduce's own check (cps__ar_on_pending). */
 static void take_checked_values(void *ctx, cps__tp_pending *m)
 {
     cps_client *c = ctx;
@@ -91,8 +92,13 @@ static void take_checked_values(void *ctx, cps__tp_pending *m)
     cps__sess_op *so;
     uint32_t part;
     size_t at, n;
-    if (cps__wire_hdr_decode(b, len, &h) != 0 || (h.flags & CPS_WF_SNAPPY) ||
-        !cps__sess_values_target(c->sess, &h, &so, &part))
+    if (cps__wire_hdr_decode(b, len, &h) != 0)
+        return;
+    if (h.type == CPS_MSG_COLL) {
+        cps__ar_on_pending(c, m); /* an all-gather chunk, checked as the ring copies it */
+        return;
+    }
+    if ((h.flags & CPS_WF_SNAPPY) || !cps__sess_values_target(c->sess, &h, &so, &part))
         return;
     cps__op *op = cps__op_of(so);
     const cps__part *p = &op->parts[part];
@@ -196,8 +202,10 @@ int cps_open(cps_client **out)
         rc = cps__tp_bind(c->tp, cfg.bind_host, cfg.port, &port);
     if (rc == 0)
         rc = cps__loop_create(&c->loop);
-    if (rc == 0)
+    if (rc == 0) {
         cps__tp_defer_check(c->tp, CPS_MSG_VALUES, take_checked_values, c);
+        cps__tp_defer_check(c->tp, CPS_MSG_COLL, take_checked_values, c);
+    }
     if (rc == 0)
         rc = cps__loop_tp_attach(&c->inbox, c->loop, c->tp, handle_msg, c, 0);
     char url[CPS_ADDR_MAX + 16];

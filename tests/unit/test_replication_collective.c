@@ -13,6 +13,8 @@ int main(void)
         cmocka_unit_test_teardown(test_kill_any_phase_built, hook_off),
         cmocka_unit_test(test_replacement_joins),
         cmocka_unit_test(test_alone_and_errors),
+        cmocka_unit_test_teardown(test_written_pieces_and_placed_chunks, hook_off),
+        cmocka_unit_test_teardown(test_place_only_the_plain_case, hook_off),
         cmocka_unit_test(test_epochs),
         cmocka_unit_test(test_joiner_restart_in_drain),
         cmocka_unit_test(test_joiner_listens_after_view),

@@ -8,6 +8,26 @@
 int hook_mode;
 long hook_out;             /* payloads given and not yet sent or dropped */
 uint64_t kill_seeds = 400; /* test_kill_any_phase's seeds (fewer with the hook: time) */
+int place_mode;
+long placed, written_calls, gather_seen;
+
+/* The payload last given (a new one starts its pieces at 0) and how far it was written. */
+static const float *last;
+static uint64_t last_done;
+
+/* The written hook: pieces in order, each final and written (no NaN left from hook_payload). */
+static void hook_written(void *ctx, float *payload, uint64_t done)
+{
+    (void)ctx;
+    uint64_t from = payload == last ? last_done : 0;
+    assert_true(done > from && done - from <= CPS_COLL_PIECE);
+    assert_true(from % CPS_COLL_PIECE == 0);
+    for (uint64_t j = from; j < done; j++)
+        assert_false(payload[j] != payload[j]);
+    last = payload;
+    last_done = done;
+    written_calls++;
+}
 
 static float *hook_payload(void *ctx, uint32_t to, const cps__coll_msg *m)
 {
@@ -23,6 +43,7 @@ static float *hook_payload(void *ctx, uint32_t to, const cps__coll_msg *m)
     for (uint64_t j = 0; j < m->count; j++)
         p[j] = __builtin_nanf("");
     hook_out++;
+    last = NULL;
     return p;
 }
 
@@ -107,8 +128,10 @@ void net_init(net *t, uint32_t n, uint64_t len, uint32_t chunk, int op, uint64_t
         nd->alive = 1;
         t->members[i] = nd->id;
         assert_int_equal(cps__coll_create(nd->id, chunk, 10000, &nd->c), 0);
-        if (hook_mode)
+        if (hook_mode) {
             cps__coll_set_out(nd->c, hook_payload, &t->hook_rng);
+            cps__coll_set_written(nd->c, hook_written);
+        }
         for (int k = 0; k < MAXSEQ; k++) {
             nd->data[k] = malloc(len * sizeof(float));
             nd->status[k] = 2;
@@ -161,6 +184,22 @@ int deliver_one(net *t)
     node *to = by_id(t, q.to);
     if (to->alive) {
         q.m.from = q.from;
+        float *dst = place_mode ? cps__coll_place(to->c, &q.m) : NULL;
+        uint64_t nch = cps__coll_chunks(t->len, t->nmembers, t->chunk);
+        gather_seen += q.m.kind == CPS_COLL_DATA && q.m.count && q.m.index / nch + 1 >= t->nmembers;
+        if (dst) {
+            /* Refused: a forged piece in the middle, the rest genuine; never stepped. */
+            uint64_t mid = q.m.count / 2,
+                     end = mid + CPS_COLL_PIECE < q.m.count ? mid + CPS_COLL_PIECE : q.m.count;
+            memcpy(dst, q.m.vals, q.m.count * sizeof(float));
+            for (uint64_t j = mid; j < end; j++)
+                dst[j] = 1e30f;
+            /* The genuine one: the same place (nothing changed), values copied there. */
+            assert_ptr_equal(cps__coll_place(to->c, &q.m), dst);
+            memcpy(dst, q.m.vals, q.m.count * sizeof(float));
+            q.m.vals = dst;
+            placed++;
+        }
         cps__coll_step(to->c, &q.m, t->now);
         perform(t, to);
     }
@@ -224,6 +263,7 @@ int hook_off(void **state)
     (void)state;
     hook_mode = 0;
     hook_out = 0;
+    place_mode = 0;
     kill_seeds = 400;
     return 0;
 }

@@ -59,7 +59,14 @@ typedef struct net {
  * not write shows in the result. */
 extern int hook_mode;
 
-extern long hook_out;       /* payloads given and not yet sent or dropped */
+extern long hook_out; /* payloads given and not yet sent or dropped */
+/* The shell's check-while-copying path (cps__coll_place), as a test double: 1 every all-gather
+ * chunk the ring would place is first "refused" (its values with a forged piece in the middle
+ * copied to the place, no step, as a refused cps__tp_pending_open_copy leaves it), then taken
+ * genuine (copied there again, stepped with vals at the place). */
+extern int place_mode;
+/* chunks placed; written hook calls (cps__coll_set_written); all-gather chunks delivered */
+extern long placed, written_calls, gather_seen;
 extern uint64_t kill_seeds; /* test_kill_any_phase's seeds (fewer with the hook: time) */
 
 uint64_t rnd(net *t);
@@ -109,6 +116,9 @@ void test_kill_any_phase(void **state);
 void test_kill_any_phase_built(void **state);
 void test_replacement_joins(void **state);
 void test_alone_and_errors(void **state);
+/* place.c */
+void test_written_pieces_and_placed_chunks(void **state);
+void test_place_only_the_plain_case(void **state);
 /* joiners.c */
 void test_next_seq_waits_for_no_calls(void **state);
 void test_epochs(void **state);
