@@ -118,12 +118,14 @@ if [[ $scen == forgechain ]]; then
     prog=("$bin" --dim 300000 --steps "${FORGE_STEPS:-20}" --lr 0.002 --tol 10)
 fi
 # The reference: every channel tcp:// (an empty CHAINPS_RUNTIME_DIR turns ipc off).
+ref_t0=$SECONDS
 CHAINPS_RUNTIME_DIR='' "$cps" launch "${job[@]}" --timeout 90 --data "$t/ref" -- "${prog[@]}" \
     >"$t/ref.log" 2>&1 || fail "the tcp:// reference run failed: $(tail -5 "$t/ref.log")"
 ref_traj=$(workload_ref_trajectory "$t/ref.log") || fail "$ref_traj"
 ref=$(checksums "$t/ref.log")
 [[ $ref =~ ^$ref_traj\ [0-9a-f]+$ ]] || fail "the reference run gave checksum(s) '$ref'"
 grep -q "over ipc" "$t/ref.log" && fail "the reference run used ipc"
+say "the tcp:// reference run took $((SECONDS - ref_t0)) s"
 
 rundir=$t/run
 if [[ $scen == ring* ]]; then
@@ -297,8 +299,9 @@ forge_end() { # SERVER_NAMES...
     out=$(fstatus --verify 2>&1) || rc=$?
     echo "$out" >"$ld/verify.log"
     say "status --verify: $(grep "^verify: " <<<"$out" || echo "no verdict, exit status $rc")"
-    ((rc == 0)) && grep -q "^verify: OK" <<<"$out" ||
+    if ((rc != 0)) || ! grep -q "^verify: OK" <<<"$out"; then
         fail "status --verify exited $rc: $(sed -n '/^verify:$/,$p' <<<"$out" | tr '\n' ';')"
+    fi
     fstatus --end >"$ld/end.log" 2>&1 || fail "status --end failed: $(cat "$ld/end.log")"
     for s in "$@"; do
         for _ in $(seq 300); do
