@@ -27,31 +27,36 @@
 #             the middle of the TCP stream to the servers' port once 3 MB have gone there: the
 #             worker pushes 1.2 MB tensors (lsq_worker --dim 300000) with CHAINPS_FRAME_KB=256
 #             (framing is off by default), so the byte lands in a frame of a large authenticated
-#             message. Checked: netdelay forged it; a server
-#             refused the frame (failed authentication) and dropped that message whole; the job
-#             ends with the checksum of the undisturbed run (nothing of the forged push applied,
-#             its re-send applied once).
-#   forgehead, forgemiddle   the same with messages whole (unframed, the default: one MAC over
-#             the message) through one chain of three (--ranges 1: servers 0, 1, 2 are head,
-#             middle and tail), netdelay forging only segments from the worker (forgehead: a
-#             push to the head) or from the head (forgemiddle: a FWD to the middle replica).
-#             Checked: netdelay forged it; that server, and only it, refused a message of that
-#             type (PUSH_PULL 23, FWD 28) as failing authentication; the job ends with the undisturbed
-#             run's trajectory and checksum: nothing of the forged message was applied,
-#             forwarded or acknowledged anywhere, and its re-send (the worker's after its request
-#             timeout, the head's after 200 ms) was applied once. This pins what the server's
-#             check of a push before anything reads it guarantees (issue 30, "check pending":
-#             docs/security.md says why the check stays a pass of its own).
+#             message. Checked: netdelay forged it; a server refused the frame (failed
+#             authentication) and dropped that message whole; the job ends with the checksum of
+#             the undisturbed run; and at its end (forge_end) the replicas are identical and each
+#             applied as many updates as in the undisturbed run (nothing of the forged push
+#             applied, its re-send applied once).
+#   forgechain   after one reference, two jobs (FORGE_HOPS, default "head middle"): the same with
+#             messages whole (unframed, the default: one MAC over the message) through one chain
+#             of three (--ranges 1: servers 0, 1, 2 are head, middle and tail), netdelay forging
+#             only segments from the worker (head: a push to the head) or from the head (middle:
+#             a FWD to the middle replica). Checked for each: netdelay forged it; that server, and
+#             only it, refused a message of that type (PUSH_PULL 23, FWD 28) as failing
+#             authentication; the job ends with the undisturbed run's trajectory and checksum;
+#             and with the worker done, the scheduler holding the servers (--hold), `chainps
+#             status --verify` finds the three replicas at one sequence number with one checksum,
+#             and each applied as many updates as each server of the undisturbed run: nothing of
+#             the forged message was applied (nor applied and left unforwarded), none was
+#             acknowledged without being applied, and its re-send (the worker's after its
+#             request timeout, the head's after 200 ms) was applied once. This pins what the
+#             server's check of a push before anything reads it guarantees (issue 30, "check
+#             pending": docs/security.md says why the check stays a pass of its own).
 # Both use sync mode with a small learning rate (every update shows in the checksum, as in
 # netns_job.sh). Needs root (setpriv to nobody; namespaces for mixed): exits 77 when not root or
 # when a namespace cannot be made. Every process is ended by its PID, namespaces deleted (trap).
 #
-# usage: transport_job.sh CHAINPS LSQ_WORKER outsider|ring|ringkill|mixed|forge|forgehead|forgemiddle
-#        [NETDELAY]
+# usage: transport_job.sh CHAINPS LSQ_WORKER outsider|ring|ringkill|mixed|forge|forgechain [NETDELAY]
 set -euo pipefail
-cps=$(readlink -f "${1:?usage: transport_job.sh CHAINPS LSQ_WORKER outsider|mixed|forge [NETDELAY]}")
-bin=$(readlink -f "${2:?LSQ_WORKER}")
-scen=${3:?outsider, mixed or forge}
+usage="usage: transport_job.sh CHAINPS LSQ_WORKER outsider|ring|ringkill|mixed|forge|forgechain [NETDELAY]"
+cps=$(readlink -f "${1:?$usage}")
+bin=$(readlink -f "${2:?$usage}")
+scen=${3:?$usage}
 delayer=${4:-}
 here=$(cd "$(dirname "$0")" && pwd)
 steps=${IPC_STEPS:-1500}
@@ -60,7 +65,7 @@ skip() {
     say "SKIP: $*"
     exit 77
 }
-case $scen in outsider | ring | ringkill | mixed | forge | forgehead | forgemiddle) ;; *) echo "unknown scenario '$scen'" >&2; exit 2 ;; esac
+case $scen in outsider | ring | ringkill | mixed | forge | forgechain) ;; *) echo "unknown scenario '$scen'; $usage" >&2; exit 2 ;; esac
 [[ $(id -u) == 0 ]] || skip "needs root (to run a process as nobody / to make namespaces)"
 py=/usr/bin/python3
 [[ -x $py ]] || py=$(command -v python3) || skip "no python3 for the outsider's connect"
@@ -108,17 +113,19 @@ if [[ $scen == forge ]]; then
     job=(--servers 2 --replicas 2 --workers 1 --mode sync)
     prog=("$bin" --dim 300000 --steps "${FORGE_STEPS:-20}" --lr 0.002 --tol 10)
 fi
-if [[ $scen == forgehead || $scen == forgemiddle ]]; then
+if [[ $scen == forgechain ]]; then
     job=(--servers 3 --replicas 3 --ranges 1 --workers 1 --mode sync)
     prog=("$bin" --dim 300000 --steps "${FORGE_STEPS:-20}" --lr 0.002 --tol 10)
 fi
 # The reference: every channel tcp:// (an empty CHAINPS_RUNTIME_DIR turns ipc off).
+ref_t0=$SECONDS
 CHAINPS_RUNTIME_DIR='' "$cps" launch "${job[@]}" --timeout 90 --data "$t/ref" -- "${prog[@]}" \
     >"$t/ref.log" 2>&1 || fail "the tcp:// reference run failed: $(tail -5 "$t/ref.log")"
 ref_traj=$(workload_ref_trajectory "$t/ref.log") || fail "$ref_traj"
 ref=$(checksums "$t/ref.log")
 [[ $ref =~ ^$ref_traj\ [0-9a-f]+$ ]] || fail "the reference run gave checksum(s) '$ref'"
 grep -q "over ipc" "$t/ref.log" && fail "the reference run used ipc"
+say "the tcp:// reference run took $((SECONDS - ref_t0)) s"
 
 rundir=$t/run
 if [[ $scen == ring* ]]; then
@@ -241,9 +248,11 @@ netns_hub "$tag" || skip "cannot make a network namespace (ip netns add)"
 
 # The forge scenarios: node namespaces NAME:IP... (the scheduler first) routed through netdelay,
 # forging as its flags (after --) say, and the job's secret; frun then starts a process in one of
-# them with the job's environment (CHAINPS_FRAME_KB=$frame_kb).
+# them with the job's environment (CHAINPS_FRAME_KB=$frame_kb), logging to $ld/NAME.log.
+declare -A fpid=()
+ld=$t
 forge_start() { # NAME:IP... -- NETDELAY_FLAGS...
-    [[ -n $delayer ]] || { echo "usage: transport_job.sh CHAINPS LSQ_WORKER $scen NETDELAY" >&2; exit 2; }
+    [[ -n $delayer ]] || { echo "$usage" >&2; exit 2; }
     [[ -c /dev/net/tun ]] || skip "no /dev/net/tun (netdelay needs TUN devices)"
     sched_ip=${1#*:}
     while [[ $1 != -- ]]; do
@@ -251,20 +260,59 @@ forge_start() { # NAME:IP... -- NETDELAY_FLAGS...
         shift
     done
     shift
-    NETNS_DELAY_ARGS="$*" netns_delay_start "$(readlink -f "$delayer")" 0 "$t/netdelay.log" || {
-        cat "$t/netdelay.log"
+    NETNS_DELAY_ARGS="$*" netns_delay_start "$(readlink -f "$delayer")" 0 "$ld/netdelay.log" || {
+        cat "$ld/netdelay.log"
         skip "netdelay could not make its TUN devices"
     }
-    "$cps" secret "$t/job.secret" >/dev/null
+    "$cps" secret "$ld/job.secret" >/dev/null
 }
 frun() { # NS CMD...
     local n=$1
     shift
-    ip netns exec "$tag-$n" env CHAINPS_SECRET_FILE="$t/job.secret" CHAINPS_RUNTIME_DIR= \
+    ip netns exec "$tag-$n" env CHAINPS_SECRET_FILE="$ld/job.secret" CHAINPS_RUNTIME_DIR= \
         CHAINPS_FRAME_KB="$frame_kb" CHAINPS_SCHEDULER="$sched_ip:9091" \
         CHAINPS_BIND="${netns_addr[$n]}" CHAINPS_ADVERTISE="${netns_addr[$n]}" "$@" \
-        >"$t/$n.log" 2>&1 &
+        >"$ld/$n.log" 2>&1 &
     pids+=($!)
+    fpid[$n]=$!
+}
+# The updates a server applied, from the line it logs as it stops.
+applied() { sed -n 's/.*stopping: \([0-9]*\) updates applied.*/\1/p' "$@"; }
+# Every server of the undisturbed run applied every update (one range, or chains through all of
+# them): one count.
+ref_applied=$(applied "$t/ref.log" | sort -u)
+[[ $ref_applied =~ ^[0-9]+$ ]] || fail "the reference's servers applied '$ref_applied' updates"
+# The job's end in a forge scenario, the worker done: the scheduler (--hold) keeps the servers up,
+# and `chainps status --verify` from the worker's namespace (through netdelay) must find every
+# replica of every range at one sequence number with one checksum: a server that applied the
+# forged message and did not forward it, or applied a re-send twice, stands apart. Then
+# `status --end` stops the servers, and each must have applied as many updates as each server of
+# the reference: one more is the forged message or a re-send applied besides the good one, one
+# fewer a message acknowledged (so never re-sent) without being applied.
+fstatus() { # ARGS...
+    ip netns exec "$tag-w0" env CHAINPS_SECRET_FILE="$ld/job.secret" CHAINPS_RUNTIME_DIR= \
+        CHAINPS_BIND="${netns_addr[w0]}" CHAINPS_ADVERTISE="${netns_addr[w0]}" \
+        timeout 60 "$cps" status --scheduler "$sched_ip:9091" "$@"
+}
+forge_end() { # SERVER_NAMES...
+    local out rc=0 s n
+    out=$(fstatus --verify 2>&1) || rc=$?
+    echo "$out" >"$ld/verify.log"
+    say "status --verify: $(grep "^verify: " <<<"$out" || echo "no verdict, exit status $rc")"
+    if ((rc != 0)) || ! grep -q "^verify: OK" <<<"$out"; then
+        fail "status --verify exited $rc: $(sed -n '/^verify:$/,$p' <<<"$out" | tr '\n' ';')"
+    fi
+    fstatus --end >"$ld/end.log" 2>&1 || fail "status --end failed: $(cat "$ld/end.log")"
+    for s in "$@"; do
+        for _ in $(seq 300); do
+            [[ -n $(applied "$ld/$s.log") ]] && break
+            sleep 0.1
+        done
+        n=$(applied "$ld/$s.log")
+        [[ $n == "$ref_applied" ]] ||
+            fail "$s applied ${n:-no count of} updates, each server of the undisturbed run $ref_applied"
+    done
+    say "servers $* each applied $ref_applied updates, as in the undisturbed run"
 }
 
 if [[ $scen == forge ]]; then
@@ -272,12 +320,12 @@ if [[ $scen == forge ]]; then
     forge_start sched:10.213.3.1 s0:10.213.3.11 s1:10.213.3.12 w0:10.213.3.21 -- \
         --forge-port 9100 --forge-after "${FORGE_AFTER:-3000000}"
     frun sched "$cps" scheduler --servers 2 --workers 1 --replicas 2 --mode sync --port 9091 \
-        --bind 10.213.3.1 --data "$t/sched" --join-timeout 30
+        --bind 10.213.3.1 --data "$t/sched" --join-timeout 30 --hold
     frun s0 "$cps" server --rank 0 --port 9100 --data "$t/s0" --join-timeout 30
     frun s1 "$cps" server --rank 1 --port 9100 --data "$t/s1" --join-timeout 30
     frun w0 env CHAINPS_ROLE=worker CHAINPS_RANK=0 "${prog[@]}"
-    wpid=${pids[-1]}
-    wait "$wpid" || fail "the worker exited with status $?: $(tail -5 "$t/w0.log")"
+    wait "${fpid[w0]}" || fail "the worker exited with status $?: $(tail -5 "$t/w0.log")"
+    forge_end s0 s1
     netns_delay_stop
     grep -q "forged 1 byte" "$t/netdelay.log" || fail "netdelay forged nothing: $(cat "$t/netdelay.log")"
     grep -h "failed authentication\|dropped a framed message whole" "$t/s0.log" "$t/s1.log" || true
@@ -286,42 +334,58 @@ if [[ $scen == forge ]]; then
         fail "no server dropped the forged message whole"
     got=$(checksums "$t/w0.log")
     [[ $got == "$ref" ]] || fail "checksum '$got', undisturbed run '$ref'"
-    say "PASS: $(grep -h "forged 1 byte" "$t/netdelay.log" | sed 's/^netdelay: //'); refused and dropped whole; checksum $got as undisturbed"
+    say "PASS: $(grep -h "forged 1 byte" "$t/netdelay.log" | sed 's/^netdelay: //'); refused and dropped whole; replicas identical; checksum $got as undisturbed"
     exit 0
 fi
 
-if [[ $scen == forgehead || $scen == forgemiddle ]]; then
+# forgechain: after the one reference, one job per hop, each in namespaces of its own (the
+# previous hop's job ended by PID and its namespaces deleted) and its logs in $t/HOP.
+forge_hop() { # head|middle
+    local hop=$1 from victim type refusal r
     # A step's 1.2 MB goes as three 400 KB pushes (PUSH_PULL, lsq_worker's) and FWDs: 3 MB in,
     # the byte lands in the middle of one of them.
-    if [[ $scen == forgehead ]]; then
+    if [[ $hop == head ]]; then
         from=10.213.4.21 victim=s0 type=23
     else
         from=10.213.4.11 victim=s1 type=28
     fi
+    scen=forge_$hop # what say and fail name
+    ld=$t/$hop
+    mkdir "$ld"
+    stop_pids "${pids[@]}"
+    pids=()
+    fpid=()
+    netns_delete
+    tag=cpi$$$hop
+    netns_hub "$tag" || skip "cannot make a network namespace (ip netns add)"
     frame_kb=0
     forge_start sched:10.213.4.1 s0:10.213.4.11 s1:10.213.4.12 s2:10.213.4.13 w0:10.213.4.21 -- \
         --forge-port 9100 --forge-after "${FORGE_AFTER:-3000000}" --forge-from "$from"
-    frun sched "$cps" scheduler "${job[@]}" --port 9091 --bind 10.213.4.1 --data "$t/sched" \
-        --join-timeout 30
+    frun sched "$cps" scheduler "${job[@]}" --port 9091 --bind 10.213.4.1 --data "$ld/sched" \
+        --join-timeout 30 --hold
     for r in 0 1 2; do
-        frun "s$r" "$cps" server --rank "$r" --port 9100 --data "$t/s$r" --join-timeout 30
+        frun "s$r" "$cps" server --rank "$r" --port 9100 --data "$ld/s$r" --join-timeout 30
     done
     frun w0 env CHAINPS_ROLE=worker CHAINPS_RANK=0 "${prog[@]}"
-    wpid=${pids[-1]}
-    wait "$wpid" || fail "the worker exited with status $?: $(tail -5 "$t/w0.log")"
+    wait "${fpid[w0]}" || fail "the worker exited with status $?: $(tail -5 "$ld/w0.log")"
+    forge_end s0 s1 s2
     netns_delay_stop
-    grep -q "forged 1 byte" "$t/netdelay.log" || fail "netdelay forged nothing: $(cat "$t/netdelay.log")"
-    refusal=$(grep -h "failed authentication" "$t/$victim.log" || true)
+    grep -q "forged 1 byte" "$ld/netdelay.log" || fail "netdelay forged nothing: $(cat "$ld/netdelay.log")"
+    refusal=$(grep -h "failed authentication" "$ld/$victim.log" || true)
     say "$victim: ${refusal:-no refusal}"
     [[ $refusal == *"type $type,"* ]] ||
         fail "$victim refused no message of type $type as failing authentication"
     for r in 0 1 2; do
         [[ s$r == "$victim" ]] && continue
-        ! grep -q "failed authentication" "$t/s$r.log" || fail "s$r refused a message too: $(grep -h "failed authentication" "$t/s$r.log")"
+        ! grep -q "failed authentication" "$ld/s$r.log" || fail "s$r refused a message too: $(grep -h "failed authentication" "$ld/s$r.log")"
     done
-    got=$(checksums "$t/w0.log")
+    got=$(checksums "$ld/w0.log")
     [[ $got == "$ref" ]] || fail "checksum '$got', undisturbed run '$ref'"
-    say "PASS: $(grep -h "forged 1 byte" "$t/netdelay.log" | sed 's/^netdelay: //'); $victim refused the type-$type message; checksum $got as undisturbed"
+    say "PASS: $(grep -h "forged 1 byte" "$ld/netdelay.log" | sed 's/^netdelay: //'); $victim refused the type-$type message; replicas identical; checksum $got as undisturbed"
+}
+
+if [[ $scen == forgechain ]]; then
+    for hop in ${FORGE_HOPS:-head middle}; do forge_hop "$hop"; done
     exit 0
 fi
 
