@@ -159,7 +159,7 @@ static void check(model *m)
 }
 
 static int no_adopt, old_peers, slow_parts, end_kills;
-static uint64_t total_job_ends, total_final_fetches, total_left;
+static uint64_t total_job_ends, total_final_fetches, total_left, total_repl_kills;
 
 static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, uint64_t *hash,
                     char *why, size_t why_len)
@@ -186,6 +186,7 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
         uint64_t erng = sim_mix64(seed ^ 0xe2d6ull);
         m->end_kills = 1;
         m->end_n = m->norig >= 4 ? 1 + (uint32_t)sim_draw(&erng, 2) : 1;
+        m->erng = erng; /* then the kills of replacements (maybe_kill_replacement) */
         kills = 0;
     }
     /* The shared state and its answer: parts of at most half the state, so every fetch comes in
@@ -353,6 +354,7 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     total_job_ends += m->job_ends;
     total_final_fetches += m->final_fetches;
     total_left += m->left;
+    total_repl_kills += m->repl_kills;
     int failed = m->v.failed;
     if (failed)
         snprintf(why, why_len, "%s", m->v.why);
@@ -420,5 +422,8 @@ int main(int argc, char **argv)
     printf("; %" PRIu64 " workers left through the barrier, %" PRIu64
            " replacements told the job ended, %" PRIu64 " fetched the final state (both runs)",
            total_left, total_job_ends, total_final_fetches);
+    if (end_kills)
+        printf("; %" PRIu64 " replacements killed holding the final state (both runs)",
+               total_repl_kills);
     return sim_seed_end(&t);
 }
