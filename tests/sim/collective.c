@@ -55,10 +55,14 @@
  * coordinator's rule (recovery/workers_end.c), and then leave (goodbye); views carry the
  * scheduler's word (settled, by the same file's rule), which a replacement's fetch reads. A fetch
  * that says the job has ended (CPS_ESHUTDOWN) is right only once some worker completed the last
- * collective and finished.
+ * collective and finished, and while no live worker holds a state (shares one, fetched one or
+ * completed the last collective): the asker saw only replacements that never held one.
  * --end-kills: one worker, or two of 4 or more, killed inside the last collective, every one
- * replaced: each replacement must fetch the final state or be told the job has ended; any other
- * end of its fetch fails the seed (sim.collective_end; with --old-peers, whose refusals carry no
+ * replaced; and, a third of the time, a replacement that fetched the final state or completed
+ * the last collective is killed up to 80 ms later and replaced in turn (while the model has a
+ * slot for its replacement; a stream of its own, so only the draws after such a kill move):
+ * each replacement must fetch the final state or be told the job has ended; any other end of
+ * its fetch fails the seed (sim.collective_end; with --old-peers, whose refusals carry no
  * word, seeds must fail: sim.collective_end_catches).
  * --slow: one worker stalls once (its messages leave late, none is lost) for up to 90% of the
  * timeout, moved onto the predecessor of a replacement that a view made listen when there is
