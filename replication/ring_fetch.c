@@ -346,6 +346,7 @@ int cps__fetch_part_take(cps__fetch *f, uint32_t from, uint64_t req_seq, int sta
             f->have = 0;
             f->sent = 0;
             f->req0 = f->req + 1;
+            f->waited = 0; /* a sharer answered */
             return 0;
         }
         f->answered = 1;

@@ -43,9 +43,9 @@ typedef struct cps__fetch {
     uint32_t empties;
     int plain, idle;
     /* Some pass ended so, and no member answered since with anything but a never-held refusal
-     * (a plain refusal, or a part): at the deadline, CPS_ENOPEER rather than CPS_ETIMEDOUT. A
-     * member silent from its first request leaves it set: an empty replacement slow to answer
-     * and a stalled sharer cannot be told apart. */
+     * (a plain refusal, a part, or CPS_EINVAL to a resume): at the deadline, CPS_ENOPEER
+     * rather than CPS_ETIMEDOUT. A member silent from its first request leaves it set: an
+     * empty replacement slow to answer and a stalled sharer cannot be told apart. */
     int waited;
     uint64_t idle_ms;
     uint64_t step; /* with result 1: the sharer's step */
