@@ -16,7 +16,7 @@ void cps__fetch_stop(cps__fetch *f)
 }
 
 /* The member to ask after `after` in ring order (0: from the start), not us; 0 if none. A
- * worker `after` that left the ring has no successor here: the fetch ends. */
+ * worker `after` that left the ring has no successor here: callers begin a new pass instead. */
 static uint32_t target(const uint32_t *members, uint32_t n, uint32_t me, uint32_t after)
 {
     int past = after == 0;
@@ -29,6 +29,17 @@ static uint32_t target(const uint32_t *members, uint32_t n, uint32_t me, uint32_
             return members[i];
     }
     return 0;
+}
+
+/* A pass begins again from the first member: what the last one learnt (who was asked, the
+ * refusals counted, the parts taken) says nothing of the ring there is now. */
+static void new_pass(cps__fetch *f)
+{
+    f->from = 0;
+    f->sent = 0;
+    f->has_id = 0;
+    f->empties = 0;
+    f->plain = 0;
 }
 
 static int done(cps__fetch *f, int outcome, int *result)
@@ -84,9 +95,7 @@ static int pass_over(cps__fetch *f, const cps__view *v, int settled, uint64_t no
         f->waited = 1;
         f->idle_ms = now;
     }
-    f->from = 0;
-    f->sent = 0;
-    f->has_id = 0;
+    new_pass(f);
     return CPS_FETCH_WAIT;
 }
 
@@ -103,15 +112,18 @@ int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, 
         /* That one shares nothing (another replacement?): ask the next. */
         f->answered = 0;
         f->has_id = 0;
-        if (f->empty)
+        if (f->empty) {
             f->empties++;
-        else
+        } else {
             f->plain = 1;
+            /* A member that will share answered: the deadline is no longer the awaited
+             * replacement's (CPS_ENOPEER) but this pass's (CPS_ETIMEDOUT). */
+            f->waited = 0;
+        }
         if (!is_member(members, n, f->from)) {
             /* It left the ring (finished, or died) before we moved on: the ring changed under
              * this pass, so begin another over the members there are now. */
-            f->empties = 0;
-            f->plain = 0;
+            new_pass(f);
             f->from = target(members, n, me, 0);
         } else {
             f->from = target(members, n, me, f->from);
@@ -136,18 +148,19 @@ int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, 
         if (!settled && now - f->idle_ms < CPS_FETCH_RESEND_MS)
             return CPS_FETCH_WAIT;
         f->idle = 0;
-        f->empties = 0;
-        f->plain = 0;
-        f->from = 0;
-        f->sent = 0;
+        new_pass(f);
     }
     /* Re-sent after a silence (a part lost with a dead sharer, or the request itself), and at
      * once for the next window of an answer in parts (sent cleared). */
     if (f->sent && now - f->sent_ms < CPS_FETCH_RESEND_MS)
         return CPS_FETCH_WAIT;
-    /* (Again) to the first live worker: the one asked may have died since. */
+    /* The one asked died since (or left the view): a new pass from the first live worker, as
+     * when it leaves the ring after refusing; its predecessors' refusals may be stale (one
+     * that refused plainly may have finished and left since). */
     const cps__node_info *w = f->from ? cps__view_node(v, f->from) : NULL;
-    uint32_t t = w && w->alive ? f->from : target(members, n, me, 0);
+    if (f->from && !(w && w->alive))
+        new_pass(f);
+    uint32_t t = f->from ? f->from : target(members, n, me, 0);
     if (!t)
         return pass_over(f, v, settled, now, result);
     if (t != f->from) {
@@ -333,6 +346,7 @@ int cps__fetch_part_take(cps__fetch *f, uint32_t from, uint64_t req_seq, int sta
             f->have = 0;
             f->sent = 0;
             f->req0 = f->req + 1;
+            f->waited = 0; /* a sharer answered */
             return 0;
         }
         f->answered = 1;
@@ -379,6 +393,7 @@ int cps__fetch_part_take(cps__fetch *f, uint32_t from, uint64_t req_seq, int sta
         return 0; /* a part already taken (a re-ask crossed it), or after a gap */
     f->have += p->count;
     f->sent_ms = now; /* progress: the re-send waits again */
+    f->waited = 0;    /* a sharer answers: its silence from now on is CPS_ETIMEDOUT's */
     if (f->have == f->total) {
         f->answered = 1;
         f->result = 1;

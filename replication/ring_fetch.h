@@ -42,7 +42,11 @@ typedef struct cps__fetch {
      * worker rank awaits its replacement) and asks again. */
     uint32_t empties;
     int plain, idle;
-    int waited; /* some pass ended so: at the deadline, CPS_ENOPEER rather than CPS_ETIMEDOUT */
+    /* Some pass ended so, and no member answered since with anything but a never-held refusal
+     * (a plain refusal, a part, or CPS_EINVAL to a resume): at the deadline, CPS_ENOPEER
+     * rather than CPS_ETIMEDOUT. A member silent from its first request leaves it set: an
+     * empty replacement slow to answer and a stalled sharer cannot be told apart. */
+    int waited;
     uint64_t idle_ms;
     uint64_t step; /* with result 1: the sharer's step */
     /* An answer in parts (cps__fetch_part_take): the parts taken so far are the first `have`
@@ -88,16 +92,18 @@ uint64_t cps__fetch_refusal_step(int status, int replacement, int ever_held);
  *    sharer's step), or CPS_ENOTFOUND (no live worker shares a buffer: one has shared nothing
  *    yet, or every worker rank is live and none ever held a state), CPS_ESIZE (the sharer
  *    holds another length), CPS_ENOPEER (at the deadline, after a pass found no live worker
- *    holding a state while some rank awaited its replacement: it did not come), CPS_ETIMEDOUT
- *    (at the deadline otherwise), CPS_ESHUTDOWN (the
+ *    holding a state while some rank awaited its replacement, and no member answered since with
+ *    a plain refusal or a part: the replacement did not come), CPS_ETIMEDOUT (at the deadline
+ *    otherwise), CPS_ESHUTDOWN (the
  *    job ended; or, with `settled`, no live worker is left to ask, or every live one is a
  *    replacement that never held a state while some rank's worker finished: the job's work is
  *    done, nobody will all-reduce with us), or a sharer's other refusal.
  * A refusal CPS_ENOTFOUND moves on to the next member after the one that gave it, in ring
- * order. When nobody is left to ask (or only replacements that never held a state) and the word
- * is absent, the fetch waits (CPS_FETCH_WAIT) and asks the live members again every
- * CPS_FETCH_RESEND_MS, and at once when the word comes: a worker killed with us may still be
- * replaced, and the word says when every rank is accounted for. */
+ * order; when the member asked died or left the ring, a new pass begins from the first member
+ * (the refusals counted so far are dropped). When nobody is left to ask (or only replacements that
+ * never held a state) and the word is absent, the fetch waits (CPS_FETCH_WAIT) and asks the live
+ * members again every CPS_FETCH_RESEND_MS, and at once when the word comes: a worker killed with us
+ * may still be replaced, and the word says when every rank is accounted for. */
 int cps__fetch_next(cps__fetch *f, const cps__view *v, const uint32_t *members, uint32_t n,
                     uint32_t me, int shutdown, int settled, uint64_t now, uint32_t *to,
                     uint64_t *req, int *result);

@@ -55,10 +55,14 @@
  * coordinator's rule (recovery/workers_end.c), and then leave (goodbye); views carry the
  * scheduler's word (settled, by the same file's rule), which a replacement's fetch reads. A fetch
  * that says the job has ended (CPS_ESHUTDOWN) is right only once some worker completed the last
- * collective and finished.
+ * collective and finished, and while no live worker holds a state (shares one, fetched one or
+ * completed the last collective): the asker saw only replacements that never held one.
  * --end-kills: one worker, or two of 4 or more, killed inside the last collective, every one
- * replaced: each replacement must fetch the final state or be told the job has ended; any other
- * end of its fetch fails the seed (sim.collective_end; with --old-peers, whose refusals carry no
+ * replaced; and, a third of the time, a replacement that fetched the final state or completed
+ * the last collective is killed up to 80 ms later and replaced in turn (while the model has a
+ * slot for its replacement; a stream of its own, so only the draws after such a kill move):
+ * each replacement must fetch the final state or be told the job has ended; any other end of
+ * its fetch fails the seed (sim.collective_end; with --old-peers, whose refusals carry no
  * word, seeds must fail: sim.collective_end_catches).
  * --slow: one worker stalls once (its messages leave late, none is lost) for up to 90% of the
  * timeout, moved onto the predecessor of a replacement that a view made listen when there is
@@ -159,7 +163,7 @@ static void check(model *m)
 }
 
 static int no_adopt, old_peers, slow_parts, end_kills;
-static uint64_t total_job_ends, total_final_fetches, total_left;
+static uint64_t total_job_ends, total_final_fetches, total_left, total_repl_kills;
 
 static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, uint64_t *hash,
                     char *why, size_t why_len)
@@ -186,6 +190,7 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
         uint64_t erng = sim_mix64(seed ^ 0xe2d6ull);
         m->end_kills = 1;
         m->end_n = m->norig >= 4 ? 1 + (uint32_t)sim_draw(&erng, 2) : 1;
+        m->erng = erng; /* then the kills of replacements (maybe_kill_replacement) */
         kills = 0;
     }
     /* The shared state and its answer: parts of at most half the state, so every fetch comes in
@@ -353,6 +358,7 @@ static int run_seed(uint64_t seed, int mix, int guess, int slow, int verbose, ui
     total_job_ends += m->job_ends;
     total_final_fetches += m->final_fetches;
     total_left += m->left;
+    total_repl_kills += m->repl_kills;
     int failed = m->v.failed;
     if (failed)
         snprintf(why, why_len, "%s", m->v.why);
@@ -420,5 +426,8 @@ int main(int argc, char **argv)
     printf("; %" PRIu64 " workers left through the barrier, %" PRIu64
            " replacements told the job ended, %" PRIu64 " fetched the final state (both runs)",
            total_left, total_job_ends, total_final_fetches);
+    if (end_kills)
+        printf("; %" PRIu64 " replacements killed holding the final state (both runs)",
+               total_repl_kills);
     return sim_seed_end(&t);
 }

@@ -157,7 +157,13 @@ typedef struct model {
     /* --end-kills: one or two workers are killed in the job's last collective (the first
      * worker's start of it arms them), and every killed worker is replaced. */
     int end_kills, end_armed;
-    uint32_t end_n;         /* how many it kills */
+    uint32_t end_n; /* how many it kills */
+    /* --end-kills also kills some replacements once they held the final state (its fetch
+     * succeeded, or it completed the last collective), from the stream `erng` (the other draws
+     * stay as they were until the first such kill); `owed`: kills whose replacement has not been
+     * created yet, so that a replacement is only killed while a slot for its own remains. */
+    uint64_t erng;
+    uint32_t owed, repl_kills;
     uint32_t job_ends;      /* replacements told the job has ended (CPS_ESHUTDOWN) */
     uint32_t final_fetches; /* replacements that fetched the final state */
     uint32_t left;          /* workers released from the barrier that left */
@@ -203,6 +209,10 @@ void publish_view(model *m);
 
 /* --end-kills: the kills of the last collective, armed when the first worker starts it. */
 void arm_end_kills(model *m);
+
+/* --end-kills: replacement wi now holds the final state (it fetched one, or completed the last
+ * collective): sometimes it is killed a little later, and replaced in turn. */
+void maybe_kill_replacement(model *m, uint32_t wi);
 
 void on_join(model *m, uint32_t ri);
 

@@ -48,6 +48,20 @@ static void fetch_done(model *m, uint32_t wi, int result)
                      w->id);
             return;
         }
+        /* ... and only when every live worker it could ask is a replacement that never held a
+         * state (docs/collective.md): one that shares, fetched or completed the last collective
+         * holds the final state and would have given it. */
+        for (uint32_t i = 0; i < m->nw; i++) {
+            const worker *o = &m->w[i];
+            if (i != wi && o->alive && m->in_view[i] &&
+                (o->sharing || o->fetched || o->completed >= m->seqs)) {
+                sim_fail(&m->v,
+                         "replacement %u told the job has ended while worker %u holds a state "
+                         "(sharing %d, fetched %d, completed %" PRIu64 ")",
+                         w->id, o->id, o->sharing, o->fetched, o->completed);
+                return;
+            }
+        }
         if (m->verbose)
             printf("  t=%" PRIu64 " replacement %u: the job has ended\n", m->now, w->id);
         m->job_ends++;
@@ -77,6 +91,8 @@ static void fetch_done(model *m, uint32_t wi, int result)
     if (result == 1) {
         w->fetched = 1;
         m->final_fetches += at >= m->seqs;
+        if (at >= m->seqs)
+            maybe_kill_replacement(m, wi);
     }
     if (result == 1 && m->share_after_fetch) {
         w->sharing = 1; /* allreduce_app shares what it fetched before its loop */

@@ -235,6 +235,7 @@ static void on_finish(model *m, uint32_t wi, const cps__coll_act *a)
     if (a->seq >= m->seqs) {
         w->done = 1; /* then shares and waits in cps_barrier */
         post(m, m->now + 1 + sim_draw(&m->prng, 30), (event){.type = EV_BARRIER, .to = wi});
+        maybe_kill_replacement(m, wi);
         return;
     }
 
@@ -407,13 +408,30 @@ void arm_end_kills(model *m)
     uint32_t first = (uint32_t)rnd(m, m->norig);
     for (uint32_t k = 0; k < m->end_n; k++)
         post(m, m->now + rnd(m, span), (event){.type = EV_KILL, .to = (first + k) % m->norig});
+    m->owed += m->end_n;
+}
+
+void maybe_kill_replacement(model *m, uint32_t wi)
+{
+    worker *w = &m->w[wi];
+    if (!m->end_kills || !w->repl || !w->alive || m->nw + m->owed >= MAX_W)
+        return;
+    if (sim_draw(&m->erng, 3) != 0)
+        return;
+    m->owed++;
+    m->repl_kills++;
+    /* At once, before its share or inside its barrier: it may have answered a fetch or not. */
+    post(m, m->now + sim_draw(&m->erng, 80), (event){.type = EV_KILL, .to = wi});
 }
 
 void on_kill(model *m, uint32_t wi)
 {
     worker *w = &m->w[wi];
-    if (!w->alive)
+    if (!w->alive) {
+        if (m->owed) /* it left before: no replacement comes for this kill */
+            m->owed--;
         return;
+    }
     w->alive = 0;
     w->killed = 1;
     for (uint32_t k = 0; k < w->nheld; k++) /* its inbox dies with it */
@@ -453,6 +471,8 @@ void on_declare(model *m, uint32_t wi, int failed)
         r->id = REPL_ID_BASE + ri;
         r->rank = m->w[wi].rank;
         r->repl = 1;
+        if (m->owed)
+            m->owed--;
         post(m, m->now + 20 + rnd(m, 500), (event){.type = EV_JOIN, .to = ri});
     }
 }

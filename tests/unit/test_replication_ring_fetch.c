@@ -850,6 +850,130 @@ static void a_window_on_its_way_is_not_sent_again(void **state)
     assert_int_equal(cps__fetch_serve_again(s, 20, 1, 130, 300), 0);
 }
 
+/* Issue 29, review: the member asked dies, and the pass begins again from the first member
+ * without what the old pass counted. 10, before its last share, refused plainly; 11, asked
+ * next, died; 10 then finished and left. The new pass finds only 13, an empty replacement:
+ * with the word and a rank finished, the job's end (a plain refusal carried over from the old
+ * pass made it CPS_ENOTFOUND, and the job failed). */
+static void a_refusal_before_a_dying_member_does_not_outlive_the_pass(void **state)
+{
+    (void)state;
+    cps__view all4, after;
+    make_job(&all4, 0xf, 4);
+    make_job(&after, (1u << 2) | (1u << 3), 4); /* 10 finished, 11 died */
+    const uint32_t two[] = {ME, 13};
+    cps__fetch f = {0};
+    cps__fetch_start(&f, 100, 0, 5000);
+    step_out o = next_settled(&f, &all4, ring, 4, 0);
+    assert_int_equal(o.to, 10);
+    refuse(&f, 10, o.req, 0);
+    o = next_settled(&f, &all4, ring, 4, 1);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(o.to, 11);
+    o = next_settled(&f, &after, two, 2, 1 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(o.to, 13);
+    refuse(&f, 13, o.req, 1);
+    o = next_settled(&f, &after, two, 2, 2 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.what, CPS_FETCH_DONE);
+    assert_int_equal(o.result, CPS_ESHUTDOWN);
+
+    /* The same with 11 gone from the view altogether. */
+    cps__view gone;
+    make_job(&gone, (1u << 2) | (1u << 3), 4);
+    gone.nodes[1].id = 99;
+    cps__fetch_start(&f, 100, 0, 5000);
+    o = next_settled(&f, &all4, ring, 4, 0);
+    refuse(&f, 10, o.req, 0);
+    o = next_settled(&f, &all4, ring, 4, 1);
+    assert_int_equal(o.to, 11);
+    o = next_settled(&f, &gone, two, 2, 1 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.to, 13);
+    refuse(&f, 13, o.req, 1);
+    o = next_settled(&f, &gone, two, 2, 2 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.result, CPS_ESHUTDOWN);
+
+    /* While 10 is still in the ring, its plain refusal in the new pass still ends the fetch
+     * CPS_ENOTFOUND (it will share; nothing to wait for). */
+    cps__view no11;
+    make_job(&no11, 0xd, 4);
+    const uint32_t three[] = {10, ME, 13};
+    cps__fetch_start(&f, 100, 0, 5000);
+    o = next_settled(&f, &all4, ring, 4, 0);
+    refuse(&f, 10, o.req, 0);
+    o = next_settled(&f, &all4, ring, 4, 1);
+    o = next_settled(&f, &no11, three, 3, 1 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.to, 10);
+    refuse(&f, 10, o.req, 0);
+    o = next_settled(&f, &no11, three, 3, 2 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.to, 13);
+    refuse(&f, 13, o.req, 1);
+    o = next_settled(&f, &no11, three, 3, 3 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.result, CPS_ENOTFOUND);
+    cps__view_fini(&all4);
+    cps__view_fini(&after);
+    cps__view_fini(&gone);
+    cps__view_fini(&no11);
+}
+
+/* Issue 29, review: a pass ended with only empty replacements and no word (a rank awaited its
+ * replacement), so the fetch waited. A later pass reaches a member that answers otherwise; if
+ * the fetch then runs out of time, that member's silence is the cause: CPS_ETIMEDOUT, not
+ * CPS_ENOPEER (which says the awaited replacement never came). */
+static void a_member_answering_after_a_wait_owns_the_deadline(void **state)
+{
+    (void)state;
+    cps__view both, three_live;
+    make_job(&both, (1u << 2) | (1u << 3), 5);
+    make_job(&three_live, (1u << 0) | (1u << 2) | (1u << 3), 5);
+    const uint32_t two[] = {ME, 13}, three[] = {10, ME, 13};
+
+    /* 13 said it never held a state; asked again, it fetched one meanwhile and answers in parts,
+     * then falls silent. */
+    cps__fetch f = {0};
+    cps__fetch_start(&f, 100, 0, 1000);
+    step_out o = next(&f, &both, two, 2, 0, 0);
+    refuse(&f, 13, o.req, 1);
+    o = next(&f, &both, two, 2, 0, 1);
+    assert_int_equal(o.what, CPS_FETCH_WAIT);
+    o = next(&f, &both, two, 2, 0, 1 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.what, CPS_FETCH_SEND);
+    assert_int_equal(o.to, 13);
+    cps__fetch_part p = part(1, 0, 50, 100, 0);
+    assert_int_equal(cps__fetch_part_take(&f, 13, o.req, 0, &p, 2 + CPS_FETCH_RESEND_MS), 1);
+    o = next(&f, &both, two, 2, 0, 1000);
+    assert_int_equal(o.what, CPS_FETCH_DONE);
+    assert_int_equal(o.result, CPS_ETIMEDOUT);
+
+    /* 10 joins the ring and refuses plainly (it will share); 13, asked next, is silent. */
+    cps__fetch_start(&f, 100, 0, 1000);
+    o = next(&f, &both, two, 2, 0, 0);
+    refuse(&f, 13, o.req, 1);
+    o = next(&f, &both, two, 2, 0, 1);
+    o = next(&f, &three_live, three, 3, 0, 1 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.to, 10);
+    refuse(&f, 10, o.req, 0);
+    o = next(&f, &three_live, three, 3, 0, 2 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.to, 13);
+    o = next(&f, &three_live, three, 3, 0, 1000);
+    assert_int_equal(o.result, CPS_ETIMEDOUT);
+
+    /* Only never-held refusals since the wait: still the replacement that never came. */
+    cps__fetch_start(&f, 100, 0, 1000);
+    o = next(&f, &both, two, 2, 0, 0);
+    refuse(&f, 13, o.req, 1);
+    o = next(&f, &both, two, 2, 0, 1);
+    o = next(&f, &both, two, 2, 0, 1 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.to, 13);
+    refuse(&f, 13, o.req, 1);
+    o = next(&f, &both, two, 2, 0, 2 + CPS_FETCH_RESEND_MS);
+    assert_int_equal(o.what, CPS_FETCH_WAIT);
+    o = next(&f, &both, two, 2, 0, 1000);
+    assert_int_equal(o.result, CPS_ENOPEER);
+    cps__view_fini(&both);
+    cps__view_fini(&three_live);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -872,6 +996,8 @@ int main(void)
         cmocka_unit_test(a_resume_past_a_shorter_answer_starts_over),
         cmocka_unit_test(a_window_on_its_way_is_not_sent_again),
         cmocka_unit_test(a_dropped_answer_does_not_begin_again),
+        cmocka_unit_test(a_refusal_before_a_dying_member_does_not_outlive_the_pass),
+        cmocka_unit_test(a_member_answering_after_a_wait_owns_the_deadline),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
