@@ -136,7 +136,8 @@ class DistributedOptimizer:
             Row pushes apply on arrival even in sync mode (no per-step aggregate).
         sync_every: talk to the servers and the ring once every k steps (gradient
             accumulation, not local SGD: the update is that of a k times larger batch, and the
-            bytes pushed, pulled and all-reduced fall by k). All-reduced parameters (hybrid
+            bytes pushed, pulled and all-reduced fall by k; a sparse table's pushes fall by k,
+            its bytes by how often its rows come back within a window). All-reduced parameters (hybrid
             mode): their gradients are summed for k steps, all-reduced and the local optimizer
             stepped once every k, bitwise the same on every worker. Parameters on the servers:
             a dense tensor's gradients are summed locally and the window's mean (sum / k)
