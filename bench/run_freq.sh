@@ -203,12 +203,18 @@ AWK
     if grep -q '^curve ' "$res"; then
         echo
         echo "hybrid's test accuracy along each run (rank 0, the servers' table pulled into a copy"
-        echo "of the model at 1/8, 1/4 and 1/2 of the steps; program k n: step accuracy ...):"
+        echo "of the model at 1/8, 1/4 and 1/2 of the steps, then the final accuracy; one line per"
+        echo "run, rounds in file order; program k n: step accuracy ...):"
         echo
         echo '```'
-        awk '/^curve / { key = $2 " " $3 " " $4; if (!(key in line)) order[++n] = key
-                         line[key] = line[key] "  " $5 " " $6 "%" }
-             END { for (i = 1; i <= n; i++) print order[i] ":" line[order[i]] }' "$res"
+        # A run's line comes before its curve lines: each run line starts a record.
+        awk 'function out() { if (rec != "") print rec "  " last; rec = "" }
+             /^#/ { next }
+             /^curve / { if (rec != "") rec = rec "  " $5 " " $6 "%"; next }
+             { out() }
+             /^hybrid-/ && $1 !~ /-old$/ { s = $1; sub(/^hybrid-/, "", s)
+                 rec = $1 " " $2 " " $3 ":"; last = s " " $4 "%" }
+             END { out() }' "$res" | sort -s -k1,1 -k2,2n -k3,3n
         echo '```'
     fi
     echo "$end"
