@@ -11,9 +11,11 @@
 #   fmnist-ps  the same MLP with its parameters on 2 servers (sync mode, the servers' momentum),
 #           the window's mean gradient pushed every k-th step (cps_freq, CPS_FREQ_SERVERS);
 #           warm-up 0 only (a warm-up needs the parameters on the workers)
-#   hybrid  examples/hybrid/train.py (PyTorch: the embedding table on 2 servers, the dense layers
-#           all-reduced by DistributedOptimizer(sync_every=, warmup_steps=)), STEPS_HYBRID steps
-#           (default 6000: see freq.md for why) of batch 64 per worker
+#   hybrid  examples/hybrid/train.py (PyTorch: the embedding table on 2 servers as row pushes,
+#           the dense layers all-reduced, both every k-th step by DistributedOptimizer(sync_every=,
+#           warmup_steps=)), STEPS_HYBRID steps (default 48000: see freq.md for why) of batch 64
+#           per worker; rank 0 also prints the test accuracy after 1/8, 1/4 and 1/2 of them
+#           (--eval-at), to show where the curve flattens: the "curves" lines of the output
 #   torch   examples/torch/train.py --allreduce (PyTorch LeNet-5 on Fashion-MNIST, every parameter
 #           all-reduced by DistributedOptimizer(sync_every=, warmup_steps=), torch.optim momentum
 #           0.9 lr 0.02 on each worker; 1 server, which holds nothing), STEPS_TORCH steps (default
@@ -37,7 +39,7 @@ PY=/usr/bin/python3
 HYBRID=$root/examples/hybrid/train.py
 export PYTHONPATH=$build/python${PYTHONPATH:+:$PYTHONPATH}
 REPS=${REPS:-3}
-STEPS_HYBRID=${STEPS_HYBRID:-6000}
+STEPS_HYBRID=${STEPS_HYBRID:-48000}
 STEPS_TORCH=${STEPS_TORCH:-469}
 TORCH=$root/examples/torch/train.py
 KS=${KS:-1 4 16}
@@ -95,11 +97,17 @@ py_parse() { # name k n div
     ' >>"$res" || { echo "$1 k=$2 n=$3 failed:"; tail -5 "$tmp.out"; }
 }
 hybrid_run() { # k n
-    timeout 300 "$CHAINPS" launch --servers 2 --workers 2 --timeout 280 -- \
-        "$PY" "$HYBRID" --steps "$STEPS_HYBRID" --log-every 100000 --sync-every "$1" \
-        --warmup "$2" >"$tmp.out" 2>&1
+    # 300 s and 1 s per 20 steps (a 48,000-step run took 5 min at load 8).
+    local s=$STEPS_HYBRID lim=$((300 + STEPS_HYBRID / 20))
+    timeout "$lim" "$CHAINPS" launch --servers 2 --workers 2 --timeout $((lim - 20)) -- \
+        "$PY" "$HYBRID" --steps "$s" --log-every 100000000 --sync-every "$1" --warmup "$2" \
+        --eval-at "$((s / 8)),$((s / 4)),$((s / 2))" >"$tmp.out" 2>&1
     # Each worker's rate is already the job's (its samples x workers / its time): their mean.
-    py_parse "hybrid-$STEPS_HYBRID" "$1" "$2" 2
+    py_parse "hybrid-$s" "$1" "$2" 2
+    # The curve: "curve NAME K N STEP ACCURACY" lines (the last point is the final accuracy).
+    sed -nE 's/.*eval: step ([0-9]+) test accuracy ([0-9.]+)%.*/\1 \2/p' "$tmp.out" |
+        awk -v name="hybrid-$s" -v k="$1" -v n="$2" '{ print "curve", name, k, n, $1, $2 }' \
+            >>"$res"
 }
 torch_run() { # k n
     timeout 600 "$CHAINPS" launch --servers 1 --workers 2 --timeout 580 -- \
@@ -139,7 +147,7 @@ mkdir -p "$(dirname "$OUT")"
     echo "$begin"
     echo "# Communication frequency and warm-up (bench/run_freq.sh)"
     echo
-    echo "2 workers on $(nproc) cores; every cell is the median over its runs ($(grep -vc '^#' "$res")"
+    echo "2 workers on $(nproc) cores; every cell is the median over its runs ($(grep -vc -e '^#' -e '^curve ' "$res")"
     echo "runs in all${RAW:+, kept in $(basename "$RAW")}; samples/s with min-max). Rounds are interleaved"
     echo "(every cell once per round). samples/s depend on the machine's load (each invocation's load"
     echo "average below). Invocations:"
@@ -150,8 +158,11 @@ mkdir -p "$(dirname "$OUT")"
     echo "  469 steps of 64; every parameter all-reduced through cps_freq, momentum 0.9 lr 0.01 cosine"
     echo "  on each worker); test accuracy on the 10,000 test images."
     echo "- hybrid-S: examples/hybrid/train.py --steps S (batch 64 per worker; the 100,000 x 16"
-    echo "  table on 2 servers as row pushes, the dense layers all-reduced by DistributedOptimizer);"
+    echo "  table on 2 servers as row pushes, the dense layers all-reduced by DistributedOptimizer;"
+    echo "  with k > 1 both sync every k-th step, the table's rows as one push of the window's rows);"
     echo "  test accuracy on its 4,000 made test samples. Server bytes: pushed + pulled by both workers."
+    echo "  hybrid-600-old and hybrid-6000-old: before the servers' parameters synced every k-th step"
+    echo "  (the table's rows were pushed every step)."
     echo "- torch-S: examples/torch/train.py --allreduce --steps S (PyTorch LeNet-5 on Fashion-MNIST,"
     echo "  batches of 64, 469 steps being one epoch of each worker's 30,000 images; every parameter"
     echo "  all-reduced by DistributedOptimizer(sync_every=k, warmup_steps=n), torch.optim momentum 0.9"
@@ -166,7 +177,7 @@ mkdir -p "$(dirname "$OUT")"
     echo "| program | sync_every k | warm-up n | test accuracy | all-reduce MB | server MB | samples/s (job) | min-max |"
     echo "|---|---|---|---|---|---|---|---|"
     awk -f "$here/lib_median.awk" -f <(cat <<'AWK'
-        /^#/ { next }
+        /^#/ || /^curve / { next }
         { key = $1 " " $2 " " $3; if (!(key in cnt)) order[++nk] = key; c = ++cnt[key]
           acc[key, c] = $4; rate[key, c] = $5; ar[key] = $6; srv[key, c] = $7 }
         END {
@@ -187,8 +198,25 @@ AWK
     echo "Raw runs (program k n accuracy samples/s all-reduce-bytes server-bytes):"
     echo
     echo '```'
-    grep -v '^#' "$res"
+    grep -v -e '^#' -e '^curve ' "$res"
     echo '```'
+    if grep -q '^curve ' "$res"; then
+        echo
+        echo "hybrid's test accuracy along each run (rank 0, the servers' table pulled into a copy"
+        echo "of the model at 1/8, 1/4 and 1/2 of the steps, then the final accuracy; one line per"
+        echo "run, rounds in file order; program k n: step accuracy ...):"
+        echo
+        echo '```'
+        # A run's line comes before its curve lines: each run line starts a record.
+        awk 'function out() { if (rec != "") print rec "  " last; rec = "" }
+             /^#/ { next }
+             /^curve / { if (rec != "") rec = rec "  " $5 " " $6 "%"; next }
+             { out() }
+             /^hybrid-/ && $1 !~ /-old$/ { s = $1; sub(/^hybrid-/, "", s)
+                 rec = $1 " " $2 " " $3 ":"; last = s " " $4 "%" }
+             END { out() }' "$res" | sort -s -k1,1 -k2,2n -k3,3n
+        echo '```'
+    fi
     echo "$end"
 } >"$tmp.gen"
 if [ ! -e "$OUT" ]; then

@@ -19,6 +19,7 @@ checksum of all parameters (the same on every worker in sync mode).
 """
 
 import argparse
+import copy
 import hashlib
 import sys
 import time
@@ -60,6 +61,18 @@ def checksum(model):
     return h.hexdigest()
 
 
+def evaluate(model, opt, tx, ty):
+    # The servers' values pulled into a copy of the model: this worker's own table rows are
+    # only as fresh as its last pull of them, and the training must not see this pull.
+    m = copy.deepcopy(model)
+    params = dict(m.named_parameters())
+    with torch.no_grad():
+        hs = [opt.client.pull_async(t, params[n].data) for n, t in opt.tensors().items()]
+        for h in hs:
+            h.wait()
+        return float(((m(tx) > 0).float() == ty).float().mean()) * 100
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--placement", choices=["hybrid", "servers"], default="hybrid")
@@ -74,10 +87,16 @@ def main(argv):
     ap.add_argument("--data-seed", type=int, default=7)
     ap.add_argument("--log-every", type=int, default=200)
     ap.add_argument("--sync-every", type=int, default=1,
-                    help="hybrid: all-reduce the dense layers' gradients once every K steps (1)")
+                    help="accumulate K steps' gradients: all-reduce the dense layers' and push "
+                         "the table's rows (one rows_push of the window's rows) once every K (1)")
+    ap.add_argument("--eval-at", default="",
+                    help="steps (comma-separated) after which rank 0 prints the test accuracy "
+                         "of the servers' current table with its dense layers (a copy: "
+                         "training goes on unchanged), to see where the curve flattens")
     ap.add_argument("--warmup", type=int, default=0,
                     help="hybrid: N steps on each worker's own gradients, then average (0)")
     a = ap.parse_args(argv)
+    eval_at = {int(s) for s in a.eval_at.split(",") if s}
 
     torch.set_num_threads(1)
     client = chainps.init()
@@ -101,7 +120,7 @@ def main(argv):
     tx, ty = make_data(4000, a.vocab, a.bag, 2000 + a.seed, a.data_seed)
     loss_fn = torch.nn.BCEWithLogitsLoss()
     t0 = time.perf_counter()
-    seen = 0
+    seen = eval_pulled = 0
     n = x.shape[0]
     # A replacement of a dead worker starts at the step the others are on.
     for step in range(opt.start_step, a.steps):
@@ -114,6 +133,11 @@ def main(argv):
         seen += xb.shape[0]
         if (step + 1) % a.log_every == 0:
             print(f"step {step + 1}: loss {loss.item():.4f}", flush=True)
+        if rank == 0 and step + 1 in eval_at:
+            before = client.stats()["pull_bytes"]
+            print(f"eval: step {step + 1} test accuracy {evaluate(model, opt, tx, ty):.2f}%",
+                  flush=True)
+            eval_pulled += client.stats()["pull_bytes"] - before  # not the training's traffic
     rate = seen * workers / (time.perf_counter() - t0)
     st = client.stats()  # the training loop's traffic, before the final pull
     client.barrier()  # every worker's last step is in before anyone reads the final values
@@ -122,8 +146,8 @@ def main(argv):
         acc = float(((model(tx) > 0).float() == ty).float().mean()) * 100
     print(f"final: test accuracy {acc:.2f}%, {rate:.1f} samples/s, steps {a.steps}, "
           f"checksum {checksum(model)}, pushed {st['push_wire_bytes']} bytes, pulled "
-          f"{st['pull_bytes']} bytes, all-reduce sent {st['allreduce_bytes_sent']} bytes",
-          flush=True)
+          f"{st['pull_bytes'] - eval_pulled} bytes, all-reduce sent "
+          f"{st['allreduce_bytes_sent']} bytes", flush=True)
     client.barrier()
     client.close()
 

@@ -57,8 +57,9 @@ def parse_args(argv):
                          "and updated there by the same optimizer (torch.optim), not on the "
                          "servers")
     ap.add_argument("--sync-every", type=int, default=1, metavar="K",
-                    help="with --allreduce: accumulate K steps' gradients, all-reduce and step "
-                         "once every K (1)")
+                    help="accumulate K steps' gradients and talk to the ring (--allreduce: "
+                         "all-reduce and step once every K) or the servers (push the K steps' "
+                         "mean and pull once every K) (1)")
     ap.add_argument("--warmup", type=int, default=0, metavar="N",
                     help="with --allreduce: N steps on each worker's own gradients, then the "
                          "parameters are averaged (0)")
@@ -78,10 +79,10 @@ def parse_args(argv):
         ap.error("--epochs, --batch and --threads must be >= 1; --steps and --lr >= 0")
     if a.sync_every < 1 or a.warmup < 0:
         ap.error("--sync-every must be >= 1 and --warmup >= 0")
-    # The servers' parameters push every step (DistributedOptimizer's sync_every is about the
-    # all-reduced ones): without --allreduce the flags would silently do nothing.
-    if (a.sync_every != 1 or a.warmup) and not a.allreduce:
-        ap.error("--sync-every and --warmup need --allreduce")
+    # The servers' parameters have no warm-up (one copy, on the servers): without --allreduce
+    # the flag would silently do nothing.
+    if a.warmup and not a.allreduce:
+        ap.error("--warmup needs --allreduce")
     if a.allreduce and a.local:
         ap.error("--allreduce and --local exclude each other")
     if not a.lr:
@@ -226,7 +227,7 @@ def main(argv):
     if client:
         # Chosen per tensor: a bias is too small for compression to pay.
         compress = (lambda name, p: a.compress if p.dim() > 1 else None) if a.compress else None
-        hybrid = {}
+        hybrid = {"sync_every": a.sync_every}
         if a.allreduce:
             # No parameter on the servers: every one is all-reduced and stepped locally.
             hybrid = dict(on_servers=(), local_optim=lambda ps: local_optimizer(torch, a, ps),
@@ -236,7 +237,7 @@ def main(argv):
                                        compress=compress, **hybrid)
         start = opt.start_step
         where = (f"all-reduced, sync every {a.sync_every}, warm-up {a.warmup}" if a.allreduce
-                 else f"{client.num_servers} servers")
+                 else f"{client.num_servers} servers, sync every {a.sync_every}")
         print(f"worker {rank} of {nw}: mode {client.mode}, {where}, steps {start}..{total}",
               flush=True)
     else:
@@ -273,7 +274,7 @@ def main(argv):
     elapsed = time.monotonic() - t0
     traffic = ""
     if client:
-        if a.allreduce:
+        if a.allreduce or a.sync_every != 1:
             # The training loop's traffic, before the final pull (bench/run_freq.sh reads it).
             # Only here: other runs' final lines end with the checksum, as scripts expect.
             st = client.stats()

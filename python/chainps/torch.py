@@ -135,18 +135,32 @@ class DistributedOptimizer:
             embeddings on the servers, otherwise none. A torch sparse gradient
             (``nn.Embedding(sparse=True)``) gives its rows; a dense one its nonzero rows.
             Row pushes apply on arrival even in sync mode (no per-step aggregate).
-        sync_every: hybrid mode, all-reduced parameters: accumulate their gradients for k steps
-            and all-reduce and step the local optimizer once every k (gradient accumulation,
-            not local SGD: the result is that of a k times larger batch, bitwise the same on
-            every worker, and the bytes on the ring fall by k). Windows end on the job's step
-            (after the warm-up, every k-th), not on this process's count, so a replacement
-            worker syncs at the same steps as the others. This is the C API's cps_freq
-            (``client.freq``), bounds included (1 .. 2**20). The servers' parameters still push
-            every step.
+        sync_every: talk to the servers and the ring once every k steps (gradient
+            accumulation, not local SGD: the update is that of a k times larger batch, and the
+            bytes pushed, pulled and all-reduced fall by k; a sparse table's pushes fall by k,
+            its bytes by how often its rows come back within a window). All-reduced parameters (hybrid
+            mode): their gradients are summed for k steps, all-reduced and the local optimizer
+            stepped once every k, bitwise the same on every worker. Parameters on the servers:
+            a dense tensor's gradients are summed locally and the window's mean (sum / k)
+            push-pulled at every k-th step (the C API's CPS_FREQ_SERVERS); a sparse table's
+            row gradients are summed by row index (duplicates added in step order, rows
+            sorted) and go as one rows_push of the window's rows (sum / k), followed by one
+            rows_pull of them. Nothing is pulled in between: in sync mode the servers'
+            values change only when every worker's window push is in, so a pull at the other
+            steps would bring the same bits (the model's parameters do not move inside a
+            window, as the all-reduced ones do not). Windows end on the job's step (every
+            k-th; for the all-reduced ones after the warm-up), not on this process's count,
+            so a replacement worker syncs at the same steps as the others. This is the C
+            API's cps_freq (``client.freq``), bounds included (1 .. 2**20).
+        server_sync_every: the servers' parameters' k, when it should differ from
+            ``sync_every`` (None, the default: the same k; 1: push every step, as before
+            issue 29's server accumulation).
         warmup_steps: hybrid mode: for the first n steps each worker steps its local optimizer
             on its own gradients without talking to the others; at the first synchronisation
             the parameters and the local optimizer's state are averaged (all-reduce mean), so
-            every worker continues from the same bits.
+            every worker continues from the same bits. The servers' parameters have no warm-up
+            (there is one copy of them, on the servers: nothing to train apart and average):
+            their windows of k run from the job's step 0, during the warm-up too.
 
     The constructor declares every parameter (with its shape) and pulls its values into the
     model, so every worker starts from the same parameters. Raises TypeError/ValueError for a
@@ -156,7 +170,8 @@ class DistributedOptimizer:
 
     def __init__(self, named_parameters, optim=None, client=None, init=None, seed=0,
                  overlap=True, prefix="", compress=None, on_servers=None, local_optim=None,
-                 server_threshold=1 << 16, sparse=None, sync_every=1, warmup_steps=0):
+                 server_threshold=1 << 16, sparse=None, sync_every=1, warmup_steps=0,
+                 server_sync_every=None):
         self.client = client if client is not None else chainps.init()
         named = [(prefix + n, p) for n, p in named_parameters if p.requires_grad]
         if not named:
@@ -169,6 +184,10 @@ class DistributedOptimizer:
         # anything is declared, with or without all-reduced parameters.
         self.client.freq([torch.zeros(1)], [torch.zeros(1)], int(sync_every), int(warmup_steps))
         self.sync_every, self.warmup_steps = int(sync_every), int(warmup_steps)
+        self.server_sync_every = (self.sync_every if server_sync_every is None
+                                  else int(server_sync_every))
+        if self.server_sync_every != self.sync_every:
+            self.client.freq([torch.zeros(1)], None, self.server_sync_every, 0, 0, True)
         if local_optim is not None:
             if on_servers is None:
                 pick = lambda n, p: default_on_servers(n, p, server_threshold)  # noqa: E731
@@ -252,8 +271,9 @@ class DistributedOptimizer:
             spec = compress(name, p) if callable(compress) else compress
             if spec is not None:
                 self.client.compress(t, spec)
-            if self.grad_scale != 1.0:
-                self._send[name] = torch.empty_like(p, memory_format=torch.contiguous_format)
+            if self.grad_scale != 1.0 or (self.server_sync_every > 1 and name not in self._rows):
+                # (With k > 1, the buffer the server schedule sums from: it must stay put.)
+                self._send[name] = torch.zeros_like(p, memory_format=torch.contiguous_format)
         # Every worker starts from the servers' values (fresh, or those of a resumed job).
         # (With every parameter all-reduced there is nothing to pull.)
         with torch.no_grad():
@@ -263,6 +283,11 @@ class DistributedOptimizer:
         # Where this worker's loop starts: the job's step for a replacement of a dead worker
         # (or a restored job), the same for every tensor (cps_start_step).
         self.start_step = self.client.start_step
+        self._dense = [(n, p) for n, p in self._named if n not in self._rows]
+        if self.server_sync_every > 1 and self._dense:
+            # The servers' clock counts pushes, one per window of k steps: the job's step is k
+            # times it (a replacement or a restored job starts at a window's boundary).
+            self.start_step *= self.server_sync_every
         # Dense sync steps this replacement's loop runs without pushing to the servers.
         self._servers_ahead = 0
         if self._local and self._local_start is not None:
@@ -282,6 +307,12 @@ class DistributedOptimizer:
         self.steps = 0
         if self._local:
             self._freq = self._make_freq()
+        # The servers' parameters' windows (sync_every > 1): dense tensors through a cps_freq
+        # over their send buffers, the tables' (rows, values) of each step of the window.
+        self._sfreq = None
+        self._row_win = {n: [] for n in self._rows}
+        if self.server_sync_every > 1 and self._dense:
+            self._sfreq = self._make_sfreq()
         self._share()
         self._handles = {}
         self._hooks = []
@@ -363,6 +394,53 @@ class DistributedOptimizer:
         # averaged, in one all-reduce.
         return self.client.freq([self._grads], [self._state_flat], self.sync_every,
                                 self.warmup_steps, self.start_step + self.steps)
+
+    def _make_sfreq(self):
+        # The dense server tensors' windows from the job's step, no warm-up (see sync_every).
+        bufs = [self._send[n].view(-1) for n, _ in self._dense]
+        return self.client.freq(bufs, None, self.server_sync_every, 0,
+                                self.start_step + self.steps, True)
+
+    def _servers_window(self):
+        # The end of a step for the servers' parameters when they sync every k > 1 steps: the
+        # dense tensors' sum goes into the schedule, and at the window's last step its mean is
+        # push-pulled; the tables' rows of the window go as one push and one pull.
+        k = self.server_sync_every
+        job = self.start_step + self.steps
+        f = self._sfreq
+        if f is not None:
+            if f.step != job:
+                f = self._sfreq = self._make_sfreq()
+            if f.grad() and not self._servers_ahead:
+                hs = [self.client.push_pull_async(self._tensors[n], self._send[n], p.data)
+                      for n, p in self._dense]
+                for h in hs:
+                    h.wait()
+            f.step_end()
+        if (job + 1) % k:
+            return
+        for name, p in self._named:
+            win = self._row_win.get(name)
+            if win:
+                self._row_win[name] = []
+                self._rows_flush(name, p, win, k)
+
+    def _rows_flush(self, name, p, win, k):
+        # Each step's rows are unique (coalesced), so one index_add_ per step, in step order,
+        # adds every row's values in the same order in every run; the rows go sorted.
+        rows, inv = torch.unique(torch.cat([r for r, _ in win]), sorted=True,
+                                 return_inverse=True)
+        acc = torch.zeros(rows.numel(), p.shape[1])
+        off = 0
+        for r, v in win:
+            acc.index_add_(0, inv[off:off + r.numel()], v)
+            off += r.numel()
+        acc.div_(float(k))  # the window's mean, as cps_freq's sum / k for dense tensors
+        t = self._tensors[name]
+        self.client.rows_push(t, rows, acc)
+        out = torch.empty_like(acc)
+        self.client.rows_pull(t, rows, out)
+        p.data.index_copy_(0, rows, out)
 
     def _sync_local_from_rank0(self):
         # A sum in which every worker but rank 0 gives zeros is rank 0's values, bit for bit.
@@ -510,6 +588,18 @@ class DistributedOptimizer:
         if name in self._rows:
             self._rows_step(name, p, g)
             return
+        if self._sfreq is not None:
+            # Into the schedule's buffer, summed at step() (a step the servers closed before
+            # this replacement joined counts as zeros, and its window pushes nothing).
+            send = self._send[name]
+            if g is None or self._servers_ahead:
+                send.zero_()
+            else:
+                if g.dtype != torch.float32 or g.is_sparse:
+                    g = g.to(torch.float32).to_dense()
+                torch.mul(g, self.grad_scale, out=send)
+            self._handles[name] = (None, send)
+            return
         if self._servers_ahead:
             # A step the servers closed before this replacement joined: its parameters already
             # hold that step's result (pulled at construction), and it must push nothing.
@@ -537,7 +627,10 @@ class DistributedOptimizer:
         else:
             rows = torch.nonzero(g.abs().sum(1)).reshape(-1)
             vals = g.index_select(0, rows)
-        if rows.numel():
+        if rows.numel() and self.server_sync_every > 1:
+            # Kept for the window's one push (copies: the gradient's storage is reused).
+            self._row_win[name].append((rows.clone(), vals.to(torch.float32) * self.grad_scale))
+        elif rows.numel():
             rows = rows.contiguous()
             vals = (vals.to(torch.float32) * self.grad_scale).contiguous()
             self.client.rows_push(t, rows, vals)
@@ -600,6 +693,8 @@ class DistributedOptimizer:
                         self._handles[name][0].wait()
             finally:
                 self._handles.clear()
+            if self.server_sync_every > 1:
+                self._servers_window()
         if self._servers_ahead:
             self._servers_ahead -= 1
         if self._local:

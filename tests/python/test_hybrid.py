@@ -12,6 +12,7 @@ import torch_jobs as tj
 import torch  # noqa: E402,F401
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLE = os.path.join(tj.ROOT, "examples", "hybrid", "train.py")
+SERVER_FREQ = os.path.join(HERE, "server_freq_job.py")
 
 
 def launch(program, args, timeout=240, launch_args=("--servers", "2")):
@@ -69,3 +70,56 @@ def test_example_survives_a_server_kill():
     assert rc == 0 and len(f) == 2, out[-5000:]
     assert "SIGKILL server 0" in out, out[-3000:]
     assert f[0][2] == f[1][2], f"workers differ after a server kill: {f}"
+
+
+def server_freq(k, warmup=0):
+    """server_freq_job.py in a 2-worker sync job: per worker (checksum, pushes, push bytes,
+    pull bytes, all-reduce bytes, steps after which the servers' dense layer moved)."""
+    rc, out = launch(SERVER_FREQ, ["--k", str(k), "--warmup", str(warmup)],
+                     launch_args=("--servers", "2", "--mode", "sync"))
+    pat = (r"server_freq_job: rank (\d) checksum ([0-9a-f]+) pushes (\d+) push_raw (\d+) "
+           r"pull (\d+) allreduce (\d+) moved ([0-9,]*)")
+    got = sorted(re.findall(pat, out))
+    assert rc == 0 and len(got) == 2, out[-5000:]
+    rows = [(c, int(n), int(p), int(q), int(a), m) for _, c, n, p, q, a, m in got]
+    assert rows[0][0] == rows[1][0], f"the workers ended with different parameters: {rows}"
+    return rows
+
+
+def total(rows, i):
+    return sum(r[i] for r in rows)
+
+
+@pytest.fixture(scope="module")
+def server_freq_4():
+    return server_freq(4)
+
+
+def test_servers_sync_every_pushes_once_per_window_and_repeats_bitwise(server_freq_4):
+    """sync_every=4 for the servers' parameters (a row-pushed table and a dense layer; a head
+    all-reduced), 48 steps: a quarter of the pushes and of the bytes pushed of k = 1 (the table's
+    rows summed by row over the window, the dense layer's gradients through cps_freq), far
+    fewer bytes pulled (the initial pull of every value counts in both), the servers' dense
+    layer moving after every 4th step only, and a second run with k = 4 ending on the same
+    bits."""
+    k1, k4 = server_freq(1), server_freq_4
+    assert total(k1, 1) == 4 * total(k4, 1), (k1, k4)
+    ratio = total(k1, 2) / total(k4, 2)
+    assert 3.8 < ratio < 4.2, f"bytes pushed fell by {ratio:.2f}x with k = 4: {k1} {k4}"
+    assert total(k1, 3) / total(k4, 3) > 3.0, (k1, k4)
+    assert 3.5 < total(k1, 4) / total(k4, 4) < 4.1, (k1, k4)
+    want = ",".join(str(s) for s in range(3, 48, 4))
+    assert k4[0][5] == k4[1][5] == want, f"the servers' dense layer moved after steps {k4}"
+    assert k4[0][0] != k1[0][0], "sync_every=4 changed nothing"
+    again = server_freq(4)
+    assert again == k4, f"a second run with k = 4 differs: {k4} then {again}"
+
+
+def test_servers_windows_ignore_the_warm_up(server_freq_4):
+    """A warm-up of 6 steps trains the all-reduced head apart on each worker, then averages it;
+    the servers' parameters, of which there is one copy, keep their windows of 4 from step 0:
+    the same pushes and bytes as without a warm-up, the workers ending on the same bits."""
+    w = server_freq(4, warmup=6)
+    assert [r[1:4] for r in w] == [r[1:4] for r in server_freq_4], (w, server_freq_4)
+    assert w[0][5] == server_freq_4[0][5], w
+    assert w[0][0] != server_freq_4[0][0], "the warm-up changed nothing"

@@ -193,12 +193,37 @@ def test_allreduce_sync_every_is_bitwise_deterministic_and_bytes_fall_by_k(allre
     assert f[0][0] > 30.0, f"test accuracy {f[0][0]}%"
 
 
-def test_sync_every_without_allreduce_is_refused():
-    # The servers' parameters push every step: the flag would do nothing, so it is an error.
-    out = tj.subprocess.run([tj.PYTHON, tj.TRAIN, "--sync-every", "4"], capture_output=True,
+def test_warmup_without_allreduce_is_refused():
+    # The servers' parameters have no warm-up (one copy, on the servers): the flag would do
+    # nothing, so it is an error.
+    out = tj.subprocess.run([tj.PYTHON, tj.TRAIN, "--warmup", "4"], capture_output=True,
                             text=True, timeout=60, env=tj.env())
-    assert out.returncode == 2 and "--sync-every and --warmup need --allreduce" in out.stderr, \
+    assert out.returncode == 2 and "--warmup needs --allreduce" in out.stderr, \
         out.stdout + out.stderr
+
+
+def pushed_bytes(out):
+    """Both workers' push payload bytes (from their final lines)."""
+    sent = [int(b) for b in re.findall(r"final: .* pushed (\d+) bytes", out)]
+    assert len(sent) == 2, out[-3000:]
+    return sum(sent)
+
+
+def test_sync_every_on_the_servers_pushes_once_per_window():
+    """Every parameter on the servers, --sync-every K: each worker sums K steps' gradients and
+    push-pulls their mean once per window of the job's steps (150 steps: 75 windows with
+    K = 2, 37 with K = 4, every push the whole model, uncompressed), and a sync run with the
+    same K gives the same bits again."""
+    f4, out4 = run_ok(SYNC, STEPS + ["--sync-every", "4"])
+    assert f4[0][2] == f4[1][2], "workers ended with different parameters"
+    again, out4b = run_ok(SYNC, STEPS + ["--sync-every", "4"])
+    assert again[0][2] == again[1][2] == f4[0][2], "a second run with the same k differs"
+    assert pushed_bytes(out4b) == pushed_bytes(out4)
+    f2, out2 = run_ok(SYNC, STEPS + ["--sync-every", "2"])
+    assert f2[0][2] == f2[1][2] != f4[0][2], "k = 2 and k = 4 ended alike"
+    assert pushed_bytes(out2) * 37 == pushed_bytes(out4) * 75, (pushed_bytes(out2),
+                                                              pushed_bytes(out4))
+    assert f4[0][0] > 30.0, f"test accuracy {f4[0][0]}%"
 
 
 if __name__ == "__main__":
