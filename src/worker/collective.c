@@ -561,10 +561,20 @@ void cps__ar_on_pending(cps_client *c, cps__tp_pending *pm)
     float *dst = cps__coll_place(a->coll, &m);
     if (!dst)
         return;
-    /* Refused (a forgery, a replay): the transport counted and logged it; the span holds bytes
-     * that nothing reads before the genuine chunk rewrites them (cps__coll_place). */
-    if (cps__tp_pending_open_copy(pm, CPS_WIRE_HDR_SIZE, dst, h.payload_len) != 0)
+    /* Refused (a forgery, a replay, a byte damaged on the path): the transport counted and
+     * logged it; the span holds bytes that nothing reads before the genuine chunk rewrites them
+     * (cps__coll_place). Nothing re-sends a chunk: if this was the genuine one, the ring gets its
+     * result from a member that completed it (cps__coll_lost); if it was a forgery, the genuine
+     * chunk still comes and the answers, the same bits, are dropped as stale. */
+    if (cps__tp_pending_open_copy(pm, CPS_WIRE_HDR_SIZE, dst, h.payload_len) != 0) {
+        cps__log(CPS_LOG_WARN, "allreduce",
+                 "a ring chunk of all-reduce %llu (index %llu) was refused: asking the members "
+                 "for its result",
+                 (unsigned long long)h.req_seq, (unsigned long long)h.step);
+        cps__coll_lost(a->coll, cps__now_ms());
+        perform(c);
         return;
+    }
     void *buf;
     cps__rx rx;
     if (cps__tp_pending_take(pm, &buf, &len) != 0 || cps__rx_parse(&rx, buf, len) != 0)
