@@ -48,7 +48,8 @@ enum cps__coll_kind {
     CPS_COLL_RESULT = 1, /* a completed collective's whole result (index 0) */
     /* 2, 3 and 6 are the shell's (a replacement's state request, its answer in one message,
      * a part of its answer in parts: replication/ring_fetch.h). */
-    CPS_COLL_ASK = 4,   /* "send your result of seq to all": from a member that cannot run it */
+    CPS_COLL_ASK = 4,   /* "send your result of seq to all": from a member that cannot run it,
+                         * or that lost a chunk of it (cps__coll_lost) */
     CPS_COLL_LISTEN = 5 /* a joiner re-formed by a view waits for its predecessor (seq: its own) */
 };
 
