@@ -69,6 +69,9 @@ struct cps__coll {
     uint64_t bcast_epoch; /* epoch under which done_seq's result was last sent to all */
     /* The (epoch, seq) we last asked the members for (CPS_COLL_ASK): one ask per pair. */
     uint64_t asked_epoch, asked_seq;
+    /* cps__coll_lost: a message of the running collective (this epoch and seq) was refused;
+     * its result is asked for again every CPS_COLL_LOST_ASK_MS from lost_ask_ms. */
+    uint64_t lost_epoch, lost_seq, lost_ask_ms;
     stashed *stash;
     size_t nstash, stash_cap;
     int draining, redrain; /* drain_stash is running; a nested call asked it to rescan */
@@ -174,6 +177,7 @@ static void finish(cps__coll *c, int status)
     }
     c->running = 0;
     c->data = NULL;
+    c->lost_seq = 0;
     if (status == 0) {
         c->stats.completed++;
         c->joining = 0;
@@ -913,9 +917,36 @@ int cps__coll_set_next_seq(cps__coll *c, uint64_t next, int calls_queued)
     return 0;
 }
 
+/* The running collective lost a message: ask for its result, past the one-ask-per-pair rule
+ * (an ask sent before any member completed it went unanswered). */
+static void lost_ask(cps__coll *c, uint64_t now)
+{
+    c->asked_epoch = 0;
+    ask_result(c, c->seq);
+    c->lost_ask_ms = now;
+}
+
+static int lost_running(const cps__coll *c)
+{
+    return c->running && !c->alone && !c->listen && !c->help_for && c->lost_seq == c->seq &&
+           c->lost_epoch == c->epoch;
+}
+
+void cps__coll_lost(cps__coll *c, uint64_t now)
+{
+    c->nout = 0;
+    if (!c->running || c->alone || c->listen || c->help_for)
+        return;
+    c->lost_epoch = c->epoch;
+    c->lost_seq = c->seq;
+    lost_ask(c, now);
+}
+
 void cps__coll_tick(cps__coll *c, uint64_t now)
 {
     c->nout = 0;
+    if (lost_running(c) && now >= c->lost_ask_ms + CPS_COLL_LOST_ASK_MS)
+        lost_ask(c, now);
     if (c->running && now > c->last_progress && now - c->last_progress >= c->timeout_ms)
         finish(c, c->alone ? CPS_ENOPEER : CPS_ETIMEDOUT);
 }

@@ -48,7 +48,8 @@ enum cps__coll_kind {
     CPS_COLL_RESULT = 1, /* a completed collective's whole result (index 0) */
     /* 2, 3 and 6 are the shell's (a replacement's state request, its answer in one message,
      * a part of its answer in parts: replication/ring_fetch.h). */
-    CPS_COLL_ASK = 4,   /* "send your result of seq to all": from a member that cannot run it */
+    CPS_COLL_ASK = 4,   /* "send your result of seq to all": from a member that cannot run it,
+                         * or that lost a chunk of it (cps__coll_lost) */
     CPS_COLL_LISTEN = 5 /* a joiner re-formed by a view waits for its predecessor (seq: its own) */
 };
 
@@ -199,6 +200,17 @@ int cps__coll_last_result(const cps__coll *c, uint64_t *seq, const float **vals,
  * part we never had. The values are copied. Errors: CPS_EINVAL (running, or seq is not the one
  * before our next), CPS_ENOMEM. Like cps__coll_set_next_seq, it leaves actions to perform. */
 int cps__coll_adopt_result(cps__coll *c, uint64_t seq, const float *vals, uint64_t n);
+
+/* A ring message for us was refused by the transport (it failed authentication: forged, or
+ * damaged on the path) while our collective runs. Nothing re-sends it (its sender forwarded it and
+ * keeps no copy of a reduction it forwarded), so the ring would wait out its timeout. A member that
+ * completed this collective holds its result: ask every member for it (CPS_COLL_ASK), and again
+ * every CPS_COLL_LOST_ASK_MS on tick until it completes; those that completed it send it to all,
+ * who take it (the bits every member that completed holds, wholly of one epoch). Nothing when no
+ * collective runs, or while listening or helping. When no member can complete it (a refused
+ * reduce-scatter chunk holds up the whole ring), it still fails CPS_ETIMEDOUT at its timeout. */
+#define CPS_COLL_LOST_ASK_MS 200u
+void cps__coll_lost(cps__coll *c, uint64_t now);
 
 /* Time passes: a collective without progress for timeout_ms fails CPS_ETIMEDOUT. */
 void cps__coll_tick(cps__coll *c, uint64_t now);

@@ -66,6 +66,9 @@ struct cps__ar {
     uint32_t *members;
     uint32_t cap;
     uint64_t view_asked_ms;
+    /* Ring chunks refused on the check-while-copying path: logged at most once a second (an
+     * outsider's forgeries must not flood the log), with how many went unlogged. */
+    uint64_t lost_logged_ms, lost_unlogged;
 };
 
 static float *out_payload(void *ctx, uint32_t to, const cps__coll_msg *m);
@@ -561,10 +564,28 @@ void cps__ar_on_pending(cps_client *c, cps__tp_pending *pm)
     float *dst = cps__coll_place(a->coll, &m);
     if (!dst)
         return;
-    /* Refused (a forgery, a replay): the transport counted and logged it; the span holds bytes
-     * that nothing reads before the genuine chunk rewrites them (cps__coll_place). */
-    if (cps__tp_pending_open_copy(pm, CPS_WIRE_HDR_SIZE, dst, h.payload_len) != 0)
+    /* Refused (a forgery, a replay, a byte damaged on the path): the transport counted and
+     * logged it; the span holds bytes that nothing reads before the genuine chunk rewrites them
+     * (cps__coll_place). Nothing re-sends a chunk: if this was the genuine one, the ring gets its
+     * result from a member that completed it (cps__coll_lost); if it was a forgery, the genuine
+     * chunk still comes and the answers, the same bits, are dropped as stale. */
+    if (cps__tp_pending_open_copy(pm, CPS_WIRE_HDR_SIZE, dst, h.payload_len) != 0) {
+        uint64_t now = cps__now_ms();
+        if (!a->lost_logged_ms || now - a->lost_logged_ms >= 1000) {
+            cps__log(CPS_LOG_WARN, "allreduce",
+                     "a ring chunk of all-reduce %llu (index %llu) was refused: asking the "
+                     "members for its result (%llu more refused since the last such line)",
+                     (unsigned long long)h.req_seq, (unsigned long long)h.step,
+                     (unsigned long long)a->lost_unlogged);
+            a->lost_logged_ms = now;
+            a->lost_unlogged = 0;
+        } else {
+            a->lost_unlogged++;
+        }
+        cps__coll_lost(a->coll, now);
+        perform(c);
         return;
+    }
     void *buf;
     cps__rx rx;
     if (cps__tp_pending_take(pm, &buf, &len) != 0 || cps__rx_parse(&rx, buf, len) != 0)

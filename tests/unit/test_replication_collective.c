@@ -29,6 +29,8 @@ int main(void)
         cmocka_unit_test(test_listening_joiner_takes_a_result),
         cmocka_unit_test(test_listener_ignores_an_older_result),
         cmocka_unit_test(test_listen_in_a_completed_collective_gets_the_result),
+        cmocka_unit_test(test_lost_chunk_taken_from_a_result),
+        cmocka_unit_test(test_lost_when_idle_asks_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -135,5 +135,8 @@ void test_idle_joiner_asks_for_a_restart(void **state);
 void test_listening_joiner_takes_a_result(void **state);
 void test_listener_ignores_an_older_result(void **state);
 void test_listen_in_a_completed_collective_gets_the_result(void **state);
+/* lost.c */
+void test_lost_chunk_taken_from_a_result(void **state);
+void test_lost_when_idle_asks_nothing(void **state);
 
 #endif
