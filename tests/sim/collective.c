@@ -429,5 +429,5 @@ int main(int argc, char **argv)
     if (end_kills)
         printf("; %" PRIu64 " replacements killed holding the final state (both runs)",
                total_repl_kills);
-    return sim_seed_end(&t);
+    return sim_seed_end(&t, &a, "--mix-epochs");
 }

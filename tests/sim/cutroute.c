@@ -347,5 +347,5 @@ int main(int argc, char **argv)
     printf("; exports: %" PRIu64 " complete, failed by name: %" PRIu64 " EAGAIN, %" PRIu64
            " EPAST, %" PRIu64 " EUNAVAILABLE, %" PRIu64 " other",
            done, lost[0], lost[1], lost[2], lost[3]);
-    return sim_seed_end(&t);
+    return sim_seed_end(&t, &a, "--no-absorb");
 }

@@ -444,5 +444,5 @@ int main(int argc, char **argv)
             return 1;
     }
     sim_seed_summary(&t, "sim_replace", &a, "--no-first");
-    return sim_seed_end(&t);
+    return sim_seed_end(&t, &a, "--no-first");
 }

@@ -633,5 +633,5 @@ int main(int argc, char **argv)
     }
     sim_seed_summary(&t, "sim_restore", &a, "--model");
     printf("; restores: %" PRIu64 " complete, %" PRIu64 " failed as allowed", restored, refused);
-    return sim_seed_end(&t);
+    return sim_seed_end(&t, &a, "--model");
 }

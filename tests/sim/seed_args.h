@@ -107,11 +107,14 @@ static inline void sim_seed_summary(const sim_seed_tally *t, const char *prog,
            a->variant ? ")" : "", a->seeds - t->failed, t->failed);
 }
 
-/* End the summary line with the first failing seed's command; the process's exit status. */
-static inline int sim_seed_end(const sim_seed_tally *t)
+/* End the summary line with the first failing seed's command (with the variant's flag when the
+ * run had it, so the command replays that seed as it ran); the process's exit status. */
+static inline int sim_seed_end(const sim_seed_tally *t, const sim_seed_args *a,
+                               const char *variant_flag)
 {
     if (t->failed)
-        printf(" (first: --seed %" PRIu64 " --seeds 1 -v)", t->first_failed);
+        printf(" (first: --seed %" PRIu64 " --seeds 1%s%s -v)", t->first_failed,
+               a->variant ? " " : "", a->variant ? variant_flag : "");
     printf("\n");
     return t->failed ? 1 : 0;
 }
