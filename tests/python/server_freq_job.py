@@ -10,10 +10,17 @@ layer changed in this worker's model).
 
 Rank r's bags hold only ids = r (mod workers): row pushes apply on arrival even in sync mode,
 so rows that two workers share would make the bits depend on which push a server got first.
-With disjoint rows every value has one writer and the run is repeatable bit for bit."""
+With disjoint rows every value has one writer and the run is repeatable bit for bit.
+
+For test_freq_replace.py: --step-ms paces the steps, --out makes each step append its number to
+OUT/rankR.txt once done (so the test can kill a worker inside a window), and each worker prints
+"server_freq_job: rank R starts at S clock C" (the optimizer's start_step, and the servers' push
+clock, cps_start_step, that it was derived from)."""
 import argparse
 import hashlib
+import os
 import sys
+import time
 
 import torch
 
@@ -39,6 +46,8 @@ def main(argv):
     ap.add_argument("--k", type=int, default=1)
     ap.add_argument("--warmup", type=int, default=0)
     ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--step-ms", type=float, default=0)
+    ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     client = chainps.init()
@@ -52,10 +61,15 @@ def main(argv):
         warmup_steps=a.warmup)
     assert opt.placement() == {"servers": ["embed.weight", "dense.weight", "dense.bias"],
                                "allreduce": ["head.weight", "head.bias"]}, opt.placement()
+    print(f"server_freq_job: rank {rank} starts at {opt.start_step} clock {client.start_step}",
+          flush=True)
     g = torch.Generator().manual_seed(100 + rank)
     mine = torch.arange(rank, VOCAB, nw)
     moved = []
+    log = open(os.path.join(a.out, f"rank{rank}.txt"), "a") if a.out else None
     for step in range(opt.start_step, a.steps):
+        if a.step_ms:
+            time.sleep(a.step_ms / 1000)
         ids = mine[torch.randint(len(mine), (BATCH, BAG), generator=g)]
         y = (ids.float().mean(1) > VOCAB / 2).float()
         opt.zero_grad()
@@ -64,6 +78,9 @@ def main(argv):
         opt.step()
         if not torch.equal(before, model.dense.weight):
             moved.append(step)
+        if log:
+            log.write(f"{step}\n")
+            log.flush()
     st = client.stats()  # the training loop's traffic, before the final pull
     client.barrier()
     opt.pull()
