@@ -303,7 +303,10 @@ class DistributedOptimizer:
             # The export's local/step: in a job whose server tensors are all row-pushed tables
             # the servers' cut is step 0 while the all-reduced half was taken later; its
             # windows and warm-up go on from there (as cps_local_fetch's step in C).
-            self.start_step = max(self.start_step, self._restored_step)
+            restored = self._restored_step
+            if self.server_sync_every > 1 and self._dense:
+                restored *= self.server_sync_every  # committed in windows (see _share)
+            self.start_step = max(self.start_step, restored)
         self.steps = 0
         if self._local:
             self._freq = self._make_freq()
@@ -407,6 +410,16 @@ class DistributedOptimizer:
         # push-pulled; the tables' rows of the window go as one push and one pull.
         k = self.server_sync_every
         job = self.start_step + self.steps
+        if (job + 1) % k == 0:
+            # The rows first: the dense push closes the servers' step (in sync mode once every
+            # worker's is in), where an export cuts; rows pushed after it would miss the cut
+            # (the export's table without the window's last rows, and a restored job off the
+            # uninterrupted run's bits).
+            for name, p in self._named:
+                win = self._row_win.get(name)
+                if win:
+                    self._row_win[name] = []
+                    self._rows_flush(name, p, win, k)
         f = self._sfreq
         if f is not None:
             if f.step != job:
@@ -417,13 +430,6 @@ class DistributedOptimizer:
                 for h in hs:
                     h.wait()
             f.step_end()
-        if (job + 1) % k:
-            return
-        for name, p in self._named:
-            win = self._row_win.get(name)
-            if win:
-                self._row_win[name] = []
-                self._rows_flush(name, p, win, k)
 
     def _rows_flush(self, name, p, win, k):
         # Each step's rows are unique (coalesced), so one index_add_ per step, in step order,
@@ -474,6 +480,15 @@ class DistributedOptimizer:
         step = self.start_step + self.steps
         self.client.allreduce_share(self._flat, step)
         self._lend(None)
+        if self.server_sync_every > 1 and self._dense:
+            # An export cuts the servers at their push clock, one push per window: the
+            # all-reduced half is committed in the same unit, at the windows' boundaries only
+            # (job step k * c is clock c), or no export would ever find the two halves at one
+            # step (the scheduler: "the job is already past step 3").
+            k = self.server_sync_every
+            if step % k == 0:
+                self._commit_local(step // k)
+            return
         self._commit_local(step)
 
     # ---- the all-reduced part in checkpoints (include/chainps/localstate.h) ---------------

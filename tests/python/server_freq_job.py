@@ -48,6 +48,9 @@ def main(argv):
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--step-ms", type=float, default=0)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--step-data", action="store_true",
+                    help="draw each step's batch from a generator seeded by (rank, step), so a "
+                         "job restored at step S trains on the batches the whole run had there")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     client = chainps.init()
@@ -70,6 +73,8 @@ def main(argv):
     for step in range(opt.start_step, a.steps):
         if a.step_ms:
             time.sleep(a.step_ms / 1000)
+        if a.step_data:
+            g = torch.Generator().manual_seed(1000 * rank + step)
         ids = mine[torch.randint(len(mine), (BATCH, BAG), generator=g)]
         y = (ids.float().mean(1) > VOCAB / 2).float()
         opt.zero_grad()

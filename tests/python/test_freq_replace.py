@@ -25,6 +25,7 @@ import signal
 import subprocess
 import time
 
+import chainps.checkpoint as ck
 import torch_jobs as tj
 
 # python3-torch comes with scripts/deps.sh test: missing, it is a failed install, not a skip.
@@ -88,8 +89,8 @@ def finals(log):
     return got
 
 
-def window_ends(first):
-    return ",".join(str(s) for s in range(first, STEPS) if s % K == K - 1)
+def window_ends(first, steps=STEPS):
+    return ",".join(str(s) for s in range(first, steps) if s % K == K - 1)
 
 
 def test_replacement_with_servers_sync_every_4(tmp_path):
@@ -136,3 +137,41 @@ def test_replacement_with_servers_sync_every_4(tmp_path):
     print(f"killed after {written} steps; replacement at step {start}, servers' clock {clock} "
           f"({'closed' if closed else 'open'} window); checksum {f[0][0]}, uninterrupted "
           f"{f0[0][0]}")
+
+
+def test_restore_with_servers_sync_every_4_resumes_bitwise(tmp_path):
+    """Exports every 3 server steps of a 2-worker sync job with k = 4 (a server step is a window:
+    export step-c is job step 4c), then a fresh job restored from step 6 with the same k: it
+    starts at job step 24 and ends on the uninterrupted run's bits (each step's batch is seeded
+    by (rank, step), --step-data, so the restored job trains on the same batches).
+
+    Before issue 29's fix the workers committed the all-reduced half at job steps while the
+    servers' cut counts windows, and no export was ever written ("ckpt: the job is already past
+    step 3"); with that mended, the window's rows, pushed after the dense push that closes the
+    servers' step, missed the cut, and the restored job ended on other bits."""
+    ck_dir = tmp_path / "ck"
+
+    def job(args, job_args):
+        cmd = [tj.cli(), "launch", "--timeout", "80", "--servers", "2", "--workers", "2",
+               "--mode", "sync", *args, "--", tj.PYTHON, JOB, "--k", str(K), "--steps", "48",
+               "--step-data", *job_args]
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=tj.env(), timeout=100)
+        got = sorted(re.findall(FINAL, p.stdout))
+        assert p.returncode == 0 and len(got) == 2, p.stdout[-5000:]
+        return got, p.stdout
+
+    whole, out = job(["--checkpoint-every", "3", "--checkpoint-dir", str(ck_dir), "--keep", "20"],
+                     ["--step-ms", "50"])
+    path = ck_dir / "step-0000000006"
+    assert path.is_dir(), (sorted(os.listdir(ck_dir)) if ck_dir.is_dir() else None, out[-5000:])
+    meta = ck.metadata(str(path))
+    assert meta["step"] == meta["local/step"] == "6" and meta["cut"] == "step boundary", meta
+    again, out = job(["--restore-from", str(path)], [])
+    starts = re.findall(r"server_freq_job: rank \d starts at (\d+) clock (\d+)", out)
+    assert starts == [("24", "6")] * 2, starts
+    assert whole[0][1] == whole[1][1] and again[0][1] == again[1][1], (whole, again)
+    assert again[0][1] == whole[0][1], f"restored at step 24: {again}, uninterrupted: {whole}"
+    # The restored job pushes windows 6..11 only: half the uninterrupted run's pushes.
+    assert [int(g[2]) for g in again] == [18, 18] and [int(g[2]) for g in whole] == [36, 36]
+    assert again[0][3] == window_ends(24, 48) and whole[0][3] == window_ends(0, 48), again
