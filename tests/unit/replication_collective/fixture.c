@@ -167,10 +167,8 @@ void start(net *t, node *nd, int k)
 }
 
 /* Deliver one message: a random one among those at the head of their pipe. 0 if none. */
-int deliver_one(net *t)
+qmsg take_next(net *t)
 {
-    if (t->nq == 0)
-        return 0;
     size_t pick = rnd(t) % t->nq;
     /* The first message of the picked one's pipe. */
     for (size_t i = 0; i < pick; i++)
@@ -181,6 +179,14 @@ int deliver_one(net *t)
     qmsg q = t->q[pick];
     memmove(&t->q[pick], &t->q[pick + 1], (t->nq - pick - 1) * sizeof *t->q);
     t->nq--;
+    return q;
+}
+
+int deliver_one(net *t)
+{
+    if (t->nq == 0)
+        return 0;
+    qmsg q = take_next(t);
     node *to = by_id(t, q.to);
     if (to->alive) {
         q.m.from = q.from;

@@ -82,6 +82,8 @@ void net_fini(net *t);
 void start(net *t, node *nd, int k);
 
 /* Deliver one message: a random one among those at the head of their pipe. 0 if none. */
+/* Take the next message off the queue (a random pipe, its first message). t->nq > 0. */
+qmsg take_next(net *t);
 int deliver_one(net *t);
 
 void kill_node(net *t, node *nd);

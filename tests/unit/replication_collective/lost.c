@@ -9,15 +9,7 @@ static int deliver_or_lose(net *t, uint32_t victim, uint64_t drop, int *dropped)
 {
     if (t->nq == 0)
         return 0;
-    size_t pick = rnd(t) % t->nq;
-    for (size_t i = 0; i < pick; i++)
-        if (t->q[i].from == t->q[pick].from && t->q[i].to == t->q[pick].to) {
-            pick = i;
-            break;
-        }
-    qmsg q = t->q[pick];
-    memmove(&t->q[pick], &t->q[pick + 1], (t->nq - pick - 1) * sizeof *t->q);
-    t->nq--;
+    qmsg q = take_next(t);
     node *to = by_id(t, q.to);
     q.m.from = q.from;
     if (!*dropped && q.to == victim && q.m.kind == CPS_COLL_DATA && q.m.index == drop) {
